@@ -1,0 +1,108 @@
+"""The `wok` command. Only this module exits the process; the library raises."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from .errors import ConfigError
+
+
+def _serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve models over the KServe V2 gRPC protocol")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8001, help="gRPC port (default 8001; 0 picks a free one)")
+    p.add_argument("--model-repository", type=Path, help="folder of models; without it the demo models serve")
+    p.add_argument(
+        "--models", default="mlp,recsys,encoder", help="demo models to serve, comma-separated (default all three)"
+    )
+    p.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain on SIGTERM (default 30)")
+    p.add_argument("--max-request-bytes", type=int, default=64 << 20, help="largest request accepted")
+    p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument(
+        "--demo-option",
+        action="append",
+        default=[],
+        metavar="MODEL.KEY=VALUE",
+        help="size option of a demo model, e.g. recsys.num_embeddings=50000 (repeatable)",
+    )
+    p.add_argument("--log-level", default="INFO")
+
+
+def _parse_value(v: str):
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+def _demo_options(items: list[str]) -> dict:
+    out: dict[str, dict] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        model, dot, opt = key.partition(".")
+        if not eq or not dot:
+            raise ConfigError(f"--demo-option {item!r}: expected MODEL.KEY=VALUE")
+        out.setdefault(model, {})[opt] = _parse_value(value)
+    return out
+
+
+def _pick_loop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def _serve(args) -> int:
+    import torch
+
+    from .app import WokServer, build_repository
+    from .config import server_settings
+
+    settings = server_settings(
+        host=args.host,
+        grpc_port=args.port,
+        model_repository=args.model_repository,
+        demo_models=tuple(m for m in args.models.split(",") if m),
+        grace_period_s=args.grace_period,
+        max_request_bytes=args.max_request_bytes,
+        torch_threads=args.torch_threads,
+    )
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    server = WokServer(settings, build_repository(settings, _demo_options(args.demo_option)))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    print(f"wok: serving {', '.join(server.runtimes)} on {settings.host}:{server.port}", file=sys.stderr, flush=True)
+    await stop.wait()
+    await server.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="wok", description="wok: a dynamic-batching inference server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _pick_loop()
+    try:
+        return asyncio.run(_serve(args))
+    except ConfigError as exc:
+        print(f"wok: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

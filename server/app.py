@@ -1,0 +1,145 @@
+"""The server: builds each model's executor and batcher, serves gRPC, and stops in stages.
+
+Stop (SIGTERM/SIGINT, or `stop()`), in order, within the grace period:
+  1. health turns NOT_SERVING and new inference calls get UNAVAILABLE;
+  2. each batcher runs what is queued and in flight (flush reason "drain");
+  3. the gRPC server stops, letting the calls still writing their responses finish;
+  4. the executors' threads end.
+If the grace period runs out, what is still queued fails with UNAVAILABLE: every
+accepted request gets exactly one response either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from .batcher import Batcher, BatchingPolicy
+from .config import ServerSettings
+from .executor import Executor
+from .repository import ModelRepository
+from .service import InferenceService
+from .servable import Servable
+from .stats import ModelStats
+from .v2pb import grpc_service_pb2 as pb
+from .v2pb import grpc_service_pb2_grpc as pb_grpc
+
+log = logging.getLogger("wok")
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+
+
+@dataclass
+class ModelRuntime:
+    servable: Servable
+    executor: Executor
+    batcher: Batcher
+    stats: ModelStats
+
+    @property
+    def default_timeout_s(self) -> float | None:
+        ms = self.servable.config.dynamic_batching.default_timeout_ms
+        return ms / 1e3 if ms else None
+
+
+class WokServer:
+    def __init__(self, settings: ServerSettings, repository: ModelRepository) -> None:
+        self.settings = settings
+        self.repository = repository
+        self.runtimes: dict[str, ModelRuntime] = {}
+        self.port: int | None = None
+        self.draining = False
+        self._started = False
+        self._grpc: grpc.aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None
+        self._stopped: asyncio.Event | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self._started and not self.draining
+
+    def runtime(self, name: str, version: str = "") -> ModelRuntime:
+        return self.runtimes[self.repository.get(name, version).name]
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        for name, servable in self.repository.models.items():
+            cfg = servable.config
+            # Moving modules to devices and the warm-up batch block; keep them off the loop.
+            executor = await loop.run_in_executor(None, Executor, servable, cfg.instances)
+            await loop.run_in_executor(None, executor.warmup)
+            db = cfg.dynamic_batching
+            policy = BatchingPolicy(
+                cfg.max_batch_size, db.max_queue_delay_ms / 1e3, db.preferred_batch_sizes, db.max_queue_size
+            )
+            stats = ModelStats(name)
+            batcher = Batcher(name, executor, policy, stats)
+            batcher.start()
+            self.runtimes[name] = ModelRuntime(servable, executor, batcher, stats)
+
+        transport_limit = 4 * self.settings.max_request_bytes + (1 << 20)
+        self._grpc = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", transport_limit),
+                ("grpc.max_send_message_length", transport_limit),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(self), self._grpc)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        reflection.enable_server_reflection(
+            [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            self._grpc,
+        )
+        address = f"{self.settings.host}:{self.settings.grpc_port}"
+        self.port = self._grpc.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC to {address}")
+        await self._grpc.start()
+        for service in ("", SERVICE_NAME, *self.runtimes):
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._started = True
+        log.info("wok serving %s on %s:%d", ", ".join(self.runtimes), self.settings.host, self.port)
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self.draining:
+            await self._stopped.wait()
+            return
+        grace = self.settings.grace_period_s if grace is None else grace
+        deadline = time.monotonic() + grace
+        self.draining = True
+        log.info("stopping: draining %d model(s) within %.1f s", len(self.runtimes), grace)
+        if self._health is not None:
+            for service in ("", SERVICE_NAME, *self.runtimes):
+                await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        drains = [asyncio.ensure_future(rt.batcher.stop()) for rt in self.runtimes.values()]
+        if drains:
+            done, pending = await asyncio.wait(drains, timeout=max(0.0, deadline - time.monotonic()))
+            for d in pending:
+                d.cancel()
+            await asyncio.gather(*drains, return_exceptions=True)
+            if pending:
+                log.warning("grace period over: %d model(s) still had queued requests", len(pending))
+        if self._grpc is not None:
+            await self._grpc.stop(max(0.5, deadline - time.monotonic()))
+        loop = asyncio.get_running_loop()
+        for rt in self.runtimes.values():
+            await loop.run_in_executor(None, rt.executor.shutdown)
+        self._stopped.set()
+        log.info("stopped")
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+
+def build_repository(settings: ServerSettings, demo_options: dict | None = None) -> ModelRepository:
+    if settings.model_repository is not None:
+        return ModelRepository.from_directory(settings.model_repository)
+    return ModelRepository.demo(settings.demo_models, **(demo_options or {}))

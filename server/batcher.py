@@ -1,0 +1,323 @@
+"""The dynamic batcher: one owned task per model that turns queued requests into batches.
+
+Requests wait in FIFO queues, one per batch key (requests of different keys cannot share
+a batch). A key's queue flushes when its samples reach the target size (max_batch_size,
+or the largest preferred size) or when its oldest request has waited max_queue_delay;
+on stop, everything left flushes at once ("drain"). A batch is formed only when an
+executor slot is free, so under load batches fill up while the instances are busy.
+
+Each request has one future. The batcher hands a batch to the executor once and gets it
+back once (one thread hop each way), then resolves every future of the batch; a batch
+that fails fails every caller in it. Submitting and withdrawing are O(1); dead entries
+(withdrawn, expired) are skipped when a batch is formed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import DeadlineExceeded, ModelExecutionError, QueueFull, ShuttingDown
+from .executor import BatchResult, Executor
+from .stats import ModelStats
+
+QUEUED, RUNNING, DONE, WITHDRAWN = range(4)
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """One request's life in the batcher."""
+
+    inputs: dict[str, np.ndarray]
+    rows: int
+    key: Hashable
+    arrival: float  # time.monotonic() when it was accepted
+    deadline: float | None  # time.monotonic() after which it must not run
+    future: asyncio.Future
+    state: int = QUEUED
+    dispatched: float = 0.0
+    completed: float = 0.0
+
+
+@dataclass(slots=True)
+class Batch:
+    requests: list[Pending]
+    samples: int
+    reason: str
+    instance: int = 0
+    slot: int = 0
+    dispatched: float = 0.0
+
+
+@dataclass(frozen=True)
+class BatchingPolicy:
+    max_batch_size: int
+    max_queue_delay_s: float
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_size: int = 0
+
+    @property
+    def flush_size(self) -> int:
+        return max(self.preferred_batch_sizes) if self.preferred_batch_sizes else self.max_batch_size
+
+
+@dataclass
+class _Queue:
+    entries: deque = field(default_factory=deque)
+    samples: int = 0  # live (queued) samples only
+
+
+class Batcher:
+    def __init__(self, name: str, executor: Executor, policy: BatchingPolicy, stats: ModelStats) -> None:
+        self.name = name
+        self.executor = executor
+        self.policy = policy
+        self.stats = stats
+        self._queues: dict[Hashable, _Queue] = {}
+        self._queued = 0  # live queued requests
+        self._inflight = 0  # batches in the executor
+        self._free_slots = [(i, s) for s in range(executor.depth) for i in range(len(executor.instances))]
+        self._busy = [0] * len(executor.instances)
+        self._stopping = False
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the batching task on the running loop."""
+        if self._task is not None:
+            raise RuntimeError(f"batcher for '{self.name}' already started")
+        self._loop = asyncio.get_running_loop()
+        self._wakeup = asyncio.Event()
+        self._task = self._loop.create_task(self._run(), name=f"wok-batcher-{self.name}")
+
+    async def stop(self) -> None:
+        """Refuse new requests, run everything queued and in flight, then end the task.
+
+        If this is cancelled (the grace period ran out), the task is cancelled too and what
+        is still queued fails with UNAVAILABLE.
+        """
+        self._stopping = True
+        if self._task is None:
+            return
+        self._wakeup.set()
+        try:
+            await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            raise
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    # -- requests ------------------------------------------------------------------------
+    def submit(self, inputs: dict[str, np.ndarray], rows: int, key: Hashable, deadline: float | None) -> Pending:
+        """Queue a checked request; raises QueueFull or ShuttingDown at once."""
+        if self._stopping:
+            raise ShuttingDown(f"server is shutting down; model '{self.name}' accepts no new requests")
+        limit = self.policy.max_queue_size
+        if limit and self._queued >= limit:
+            raise QueueFull(
+                f"model '{self.name}' queue is full: {self._queued} requests queued, "
+                f"max_queue_size is {limit}; retry later"
+            )
+        p = Pending(inputs, rows, key, time.monotonic(), deadline, self._loop.create_future())
+        q = self._queues.get(key)
+        if q is None:
+            q = self._queues[key] = _Queue()
+        was_empty = q.samples == 0
+        q.entries.append(p)
+        q.samples += rows
+        self._queued += 1
+        # Wake the task only when this arrival can change its decision: a new oldest
+        # request (a new flush timer) or a queue that just reached its flush size.
+        if was_empty or q.samples >= self.policy.flush_size:
+            self._wakeup.set()
+        return p
+
+    def withdraw(self, p: Pending) -> None:
+        """The caller gave up (cancelled): leave the queue if still queued."""
+        if p.state == QUEUED:
+            self._forget(p)
+            p.state = WITHDRAWN
+
+    def _forget(self, p: Pending) -> None:
+        self._queues[p.key].samples -= p.rows
+        self._queued -= 1
+
+    # -- the task ------------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = self._loop
+        try:
+            while True:
+                now = time.monotonic()
+                if self._free_slots:
+                    q, reason, wait = self._pick(now)
+                    if q is not None:
+                        batch = self._form(q, reason, now)
+                        if batch is not None:
+                            self._dispatch(batch)
+                        continue
+                else:
+                    wait = None
+                if self._stopping and self._queued == 0 and self._inflight == 0:
+                    return
+                self._wakeup.clear()
+                timer = loop.call_later(wait, self._wakeup.set) if wait is not None else None
+                await self._wakeup.wait()
+                if timer is not None:
+                    timer.cancel()
+        except asyncio.CancelledError:
+            self._fail_queued(ShuttingDown(f"server stopped before model '{self.name}' ran this request"))
+            raise
+
+    def _pick(self, now: float) -> tuple[_Queue | None, str, float | None]:
+        """The queue to flush now and why; else (None, '', seconds until the next delay flush)."""
+        best_q, best_reason, best_arrival = None, "", None
+        next_due = None
+        delay = self.policy.max_queue_delay_s
+        for key in list(self._queues):
+            q = self._queues[key]
+            head = self._head(q)
+            if head is None:
+                del self._queues[key]
+                continue
+            if self._stopping:
+                reason = "drain"
+            elif q.samples >= self.policy.flush_size:
+                reason = "size"
+            elif now - head.arrival >= delay:
+                reason = "delay"
+            else:
+                due = head.arrival + delay - now
+                next_due = due if next_due is None else min(next_due, due)
+                continue
+            if best_arrival is None or head.arrival < best_arrival:
+                best_q, best_reason, best_arrival = q, reason, head.arrival
+        return best_q, best_reason, next_due
+
+    @staticmethod
+    def _head(q: _Queue) -> Pending | None:
+        entries = q.entries
+        while entries and entries[0].state != QUEUED:
+            entries.popleft()
+        return entries[0] if entries else None
+
+    def _form(self, q: _Queue, reason: str, now: float) -> Batch | None:
+        limit = self.policy.max_batch_size
+        if reason == "size" and self.policy.preferred_batch_sizes:
+            fitting = [s for s in self.policy.preferred_batch_sizes if s <= q.samples]
+            limit = max(fitting) if fitting else limit
+        taken: list[Pending] = []
+        samples = 0
+        entries = q.entries
+        while entries:
+            p = entries[0]
+            if p.state != QUEUED:
+                entries.popleft()
+                continue
+            if p.deadline is not None and now >= p.deadline:
+                entries.popleft()
+                self._forget(p)
+                p.state = DONE
+                if not p.future.done():
+                    p.future.set_exception(
+                        DeadlineExceeded(
+                            f"request to model '{self.name}' waited {1e3 * (now - p.arrival):.1f} ms "
+                            f"in the queue and its deadline passed before it could run"
+                        )
+                    )
+                    self.stats.fail.add(now - p.arrival)
+                continue
+            if samples + p.rows > limit:
+                break
+            entries.popleft()
+            self._forget(p)
+            p.state = RUNNING
+            p.dispatched = now
+            taken.append(p)
+            samples += p.rows
+        if not taken:
+            return None
+        return Batch(taken, samples, reason)
+
+    def _dispatch(self, batch: Batch) -> None:
+        i = min(range(len(self._free_slots)), key=lambda j: self._busy[self._free_slots[j][0]])
+        inst, slot = self._free_slots.pop(i)
+        self._busy[inst] += 1
+        self._inflight += 1
+        batch.instance, batch.slot = inst, slot
+        batch.dispatched = batch.requests[0].dispatched
+        self.stats.record_flush(batch.reason)
+        loop = self._loop
+        fut = self.executor.instances[inst].submit(
+            [p.inputs for p in batch.requests], [p.rows for p in batch.requests], slot
+        )
+
+        def _back_on_loop(f: concurrent.futures.Future) -> None:
+            try:
+                loop.call_soon_threadsafe(self._complete, batch, f)
+            except RuntimeError:  # the loop closed under a hard stop; nobody awaits these
+                pass
+
+        fut.add_done_callback(_back_on_loop)
+
+    def _complete(self, batch: Batch, f: concurrent.futures.Future) -> None:
+        now = time.monotonic()
+        self._free_slots.append((batch.instance, batch.slot))
+        self._busy[batch.instance] -= 1
+        self._inflight -= 1
+        self._wakeup.set()
+        exc = f.exception()
+        if exc is not None:
+            if not isinstance(exc, ModelExecutionError):
+                exc = ModelExecutionError(f"model '{self.name}' failed: {type(exc).__name__}: {exc}")
+            for p in batch.requests:
+                p.state = DONE
+                p.completed = now
+                if not p.future.done():
+                    p.future.set_exception(exc)
+                self.stats.fail.add(now - p.arrival)
+            return
+        result: BatchResult = f.result()
+        t = result.times
+        queue_s = 0.0
+        for p, out in zip(batch.requests, result.outputs):
+            p.state = DONE
+            p.completed = now
+            queue_s += p.dispatched - p.arrival
+            if not p.future.done():
+                p.future.set_result(out)
+        self.stats.record_batch(batch.samples, len(batch.requests), queue_s, t.assemble + t.h2d, t.compute, t.d2h)
+
+    def _fail_queued(self, exc: Exception) -> None:
+        for q in self._queues.values():
+            for p in q.entries:
+                if p.state == QUEUED:
+                    p.state = DONE
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+            q.entries.clear()
+            q.samples = 0
+        self._queues.clear()
+        self._queued = 0

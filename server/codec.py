@@ -1,0 +1,264 @@
+"""Between V2 protobuf messages and numpy arrays, both ways, with the request checks.
+
+`decode_request` is where a malformed request is caught, before it can join a batch:
+each failure is an InvalidInput naming the input, what was expected and what was got.
+The client library uses `encode_request` and `decode_response` from here too, so both
+ends read the protocol the same way.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from .datatypes import DATATYPES, Datatype
+from .errors import InvalidInput
+from .v2pb import grpc_service_pb2 as pb
+
+_LEN = struct.Struct("<I")
+
+
+def _shape_str(shape: Iterable[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+# -- BYTES ---------------------------------------------------------------------------
+def serialize_bytes(a: np.ndarray) -> bytes:
+    """Raw BYTES content: each element as a 4-byte little-endian length, then its bytes."""
+    parts = []
+    for item in a.reshape(-1):
+        b = item if isinstance(item, bytes) else str(item).encode()
+        parts.append(_LEN.pack(len(b)))
+        parts.append(b)
+    return b"".join(parts)
+
+
+def deserialize_bytes(raw: bytes, count: int, name: str) -> np.ndarray:
+    out = np.empty(count, dtype=object)
+    pos = 0
+    for i in range(count):
+        if pos + 4 > len(raw):
+            raise InvalidInput(f"input '{name}': raw BYTES content ends after {i} of {count} elements")
+        (n,) = _LEN.unpack_from(raw, pos)
+        pos += 4
+        if pos + n > len(raw):
+            raise InvalidInput(f"input '{name}': raw BYTES element {i} claims {n} bytes, {len(raw) - pos} left")
+        out[i] = raw[pos : pos + n]
+        pos += n
+    if pos != len(raw):
+        raise InvalidInput(f"input '{name}': raw BYTES content has {len(raw) - pos} bytes after {count} elements")
+    return out
+
+
+# -- tensors ---------------------------------------------------------------------------
+def array_from_raw(raw: bytes, dt: Datatype, shape: tuple[int, ...], name: str) -> np.ndarray:
+    count = int(np.prod(shape))
+    if dt.name == "BYTES":
+        return deserialize_bytes(raw, count, name).reshape(shape)
+    expected = count * dt.itemsize
+    if len(raw) != expected:
+        raise InvalidInput(
+            f"input '{name}': raw content is {len(raw)} bytes, expected {expected} "
+            f"(shape {_shape_str(shape)} of {dt.name}, {dt.itemsize} bytes each)"
+        )
+    return np.frombuffer(raw, dtype=dt.numpy).reshape(shape)
+
+
+def array_from_contents(contents: pb.InferTensorContents, dt: Datatype, shape: tuple[int, ...], name: str) -> np.ndarray:
+    if dt.contents_field is None:
+        raise InvalidInput(f"input '{name}': datatype {dt.name} must be sent in raw_input_contents")
+    values = getattr(contents, dt.contents_field)
+    count = int(np.prod(shape))
+    if len(values) != count:
+        raise InvalidInput(
+            f"input '{name}': contents hold {len(values)} values, expected {count} (shape {_shape_str(shape)})"
+        )
+    if dt.name == "BYTES":
+        a = np.empty(count, dtype=object)
+        a[:] = list(values)
+        return a.reshape(shape)
+    try:
+        return np.asarray(values, dtype=dt.numpy).reshape(shape)
+    except OverflowError:
+        raise InvalidInput(f"input '{name}': a value does not fit {dt.name}") from None
+
+
+@dataclass(slots=True)
+class DecodedRequest:
+    inputs: dict[str, np.ndarray]
+    rows: int
+    outputs: tuple[str, ...] | None
+    timeout_s: float | None
+
+
+def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = None) -> DecodedRequest:
+    """Check a ModelInferRequest against the model's config and decode its inputs."""
+    cfg = servable.config
+    model = cfg.name
+    if max_bytes is not None:
+        size = req.ByteSize()
+        if size > max_bytes:
+            raise InvalidInput(f"request to model '{model}' is {size} bytes, over the limit of {max_bytes} bytes")
+    expected_names = ", ".join(t.name for t in cfg.inputs)
+    seen: dict[str, int] = {}
+    for i, t in enumerate(req.inputs):
+        if cfg.input(t.name) is None:
+            raise InvalidInput(f"unexpected input '{t.name}' for model '{model}'; expected inputs: {expected_names}")
+        if t.name in seen:
+            raise InvalidInput(f"input '{t.name}' appears more than once")
+        seen[t.name] = i
+    missing = [t.name for t in cfg.inputs if t.name not in seen]
+    if missing:
+        raise InvalidInput(
+            f"missing input '{missing[0]}' for model '{model}'; expected inputs: {expected_names}"
+        )
+    raw = req.raw_input_contents
+    if raw and len(raw) != len(req.inputs):
+        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(req.inputs)} inputs")
+
+    arrays: dict[str, np.ndarray] = {}
+    rows = None
+    for tcfg in cfg.inputs:
+        i = seen[tcfg.name]
+        t = req.inputs[i]
+        name = tcfg.name
+        dt = DATATYPES[tcfg.datatype]
+        if t.datatype != tcfg.datatype:
+            raise InvalidInput(f"input '{name}': expected datatype {tcfg.datatype}, got {t.datatype or '(none)'}")
+        shape = tuple(t.shape)
+        want = (-1, *tcfg.dims)
+        if len(shape) != len(want) or any(w != -1 and w != s for w, s in zip(want, shape)) or any(
+            s < 0 for s in shape
+        ):
+            raise InvalidInput(
+                f"input '{name}': expected shape {_shape_str(want)} (batch first, -1 = any), "
+                f"got {_shape_str(shape)}"
+            )
+        n = shape[0]
+        if n < 1:
+            raise InvalidInput(f"input '{name}': batch dimension is 0; send at least one row")
+        if n > cfg.max_batch_size:
+            raise InvalidInput(
+                f"input '{name}': {n} rows exceed max_batch_size {cfg.max_batch_size} of model '{model}'"
+            )
+        if rows is None:
+            rows = n
+        elif n != rows:
+            first = cfg.inputs[0].name
+            raise InvalidInput(f"input '{name}' has {n} rows, input '{first}' has {rows}; they must match")
+        if raw:
+            arrays[name] = array_from_raw(raw[i], dt, shape, name)
+        else:
+            arrays[name] = array_from_contents(t.contents, dt, shape, name)
+
+    outputs = None
+    if req.outputs:
+        known = {t.name for t in cfg.outputs}
+        names = []
+        for o in req.outputs:
+            if o.name not in known:
+                raise InvalidInput(
+                    f"unknown output '{o.name}' requested from model '{model}'; outputs: "
+                    + ", ".join(t.name for t in cfg.outputs)
+                )
+            names.append(o.name)
+        outputs = tuple(names)
+
+    timeout_s = None
+    if "timeout" in req.parameters:
+        p = req.parameters["timeout"]
+        which = p.WhichOneof("parameter_choice")
+        if which not in ("int64_param", "uint64_param") or getattr(p, which) < 0:
+            raise InvalidInput("parameter 'timeout': expected a non-negative integer of microseconds")
+        us = getattr(p, which)
+        timeout_s = us / 1e6 if us > 0 else None
+
+    servable.check(arrays)
+    return DecodedRequest(arrays, rows, outputs, timeout_s)
+
+
+def encode_response(
+    model: str,
+    request_id: str,
+    outputs: Mapping[str, np.ndarray],
+    types: Mapping[str, Datatype],
+    only: tuple[str, ...] | None = None,
+) -> pb.ModelInferResponse:
+    resp = pb.ModelInferResponse(model_name=model, model_version="1", id=request_id)
+    for name in only or outputs.keys():
+        a = outputs[name]
+        dt = types[name]
+        resp.outputs.add(name=name, datatype=dt.name, shape=a.shape)
+        resp.raw_output_contents.append(serialize_bytes(a) if dt.name == "BYTES" else a.tobytes())
+    return resp
+
+
+# -- client side -------------------------------------------------------------------------
+_NUMPY_TO_V2 = {
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.uint8): "UINT8",
+    np.dtype(np.uint16): "UINT16",
+    np.dtype(np.uint32): "UINT32",
+    np.dtype(np.uint64): "UINT64",
+    np.dtype(np.int8): "INT8",
+    np.dtype(np.int16): "INT16",
+    np.dtype(np.int32): "INT32",
+    np.dtype(np.int64): "INT64",
+    np.dtype(np.float16): "FP16",
+    np.dtype(np.float32): "FP32",
+    np.dtype(np.float64): "FP64",
+    np.dtype(object): "BYTES",
+}
+
+
+def v2_datatype_of(a: np.ndarray) -> str:
+    if a.dtype.kind in "SU":
+        return "BYTES"
+    try:
+        return _NUMPY_TO_V2[a.dtype]
+    except KeyError:
+        raise ValueError(f"numpy dtype {a.dtype} has no V2 datatype") from None
+
+
+def encode_request(
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    outputs: Iterable[str] | None = None,
+    request_id: str = "",
+    timeout_us: int | None = None,
+    datatypes: Mapping[str, str] | None = None,
+) -> pb.ModelInferRequest:
+    """A ModelInferRequest with every input in raw_input_contents."""
+    req = pb.ModelInferRequest(model_name=model, id=request_id)
+    for name, a in inputs.items():
+        a = np.asarray(a)
+        dtype = (datatypes or {}).get(name) or v2_datatype_of(a)
+        req.inputs.add(name=name, datatype=dtype, shape=a.shape)
+        if dtype == "BYTES":
+            req.raw_input_contents.append(serialize_bytes(a))
+        else:
+            req.raw_input_contents.append(np.ascontiguousarray(a).tobytes())
+    for name in outputs or ():
+        req.outputs.add(name=name)
+    if timeout_us is not None:
+        req.parameters["timeout"].int64_param = int(timeout_us)
+    return req
+
+
+def decode_response(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:
+    out = {}
+    raw = resp.raw_output_contents
+    for i, t in enumerate(resp.outputs):
+        dt = DATATYPES[t.datatype]
+        shape = tuple(t.shape)
+        if raw:
+            if dt.name == "BYTES":
+                out[t.name] = deserialize_bytes(raw[i], int(np.prod(shape)), t.name).reshape(shape)
+            else:
+                out[t.name] = np.frombuffer(raw[i], dtype=dt.numpy).reshape(shape)
+        else:
+            out[t.name] = array_from_contents(t.contents, dt, shape, t.name)
+    return out

@@ -1,0 +1,230 @@
+"""Typed settings: the server's and each model's, checked at construction.
+
+Every field says its unit. A model's config is read from `config.toml` or `config.yaml`
+in its folder of the repository; a bad value fails the load with the file, the field and
+what was wrong (see `load_model_config`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .datatypes import DATATYPES
+from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorConfig(_Strict):
+    """One input or output of a model."""
+
+    name: str = Field(min_length=1, description="Tensor name as clients send it.")
+    datatype: str = Field(description="V2 datatype name: FP32, INT64, BF16, ...")
+    dims: tuple[int, ...] = Field(
+        description="Shape of one sample, without the batch dimension; -1 marks a variable size."
+    )
+
+    @field_validator("datatype")
+    @classmethod
+    def _known_datatype(cls, v: str) -> str:
+        if v not in DATATYPES:
+            raise ValueError(f"unknown datatype {v!r}; expected one of {', '.join(DATATYPES)}")
+        return v
+
+    @field_validator("dims")
+    @classmethod
+    def _valid_dims(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [d for d in v if d != -1 and d < 1]
+        if bad:
+            raise ValueError(f"each dim must be -1 (variable) or >= 1; got {list(v)}")
+        return v
+
+    @property
+    def variable(self) -> bool:
+        return -1 in self.dims
+
+
+class DynamicBatchingConfig(_Strict):
+    """When the batcher flushes, and how much it holds."""
+
+    max_queue_delay_ms: float = Field(
+        5.0, ge=0, le=60_000, description="Longest time (ms) the oldest queued request waits for a batch to fill."
+    )
+    preferred_batch_sizes: tuple[int, ...] = Field(
+        (), description="Batch sizes (samples) to flush at as soon as they are reached."
+    )
+    max_queue_size: int = Field(
+        0, ge=0, description="Most requests queued per model; 0 is unbounded. Beyond it: RESOURCE_EXHAUSTED."
+    )
+    default_timeout_ms: float = Field(
+        0, ge=0, description="Deadline (ms from arrival) for requests that bring none; 0 is none."
+    )
+
+
+class InstanceConfig(_Strict):
+    """How many copies of the model run, and where."""
+
+    count: int = Field(1, ge=1, le=64, description="Model instances; each runs one batch at a time.")
+    devices: tuple[str, ...] = Field(
+        ("auto",),
+        description="Devices the instances are spread over, round robin: 'cpu', 'cuda', 'cuda:N', "
+        "or 'auto' (cuda:0 when a CUDA device is present, else cpu).",
+    )
+    pipeline_depth: int = Field(
+        2, ge=1, le=8, description="Batches in flight per instance, so copies overlap compute."
+    )
+
+    @field_validator("devices")
+    @classmethod
+    def _valid_devices(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("at least one device is needed")
+        for d in v:
+            head, _, idx = d.partition(":")
+            if head not in {"auto", "cpu", "cuda"} or (idx and (head != "cuda" or not idx.isdigit())):
+                raise ValueError(f"device {d!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N'")
+        return v
+
+
+Platform = Literal["torchscript", "torch_export", "python"]
+
+
+class ModelConfig(_Strict):
+    """One served model."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    platform: Platform = Field(
+        description="torchscript (a torch.jit file), torch_export (a torch.export .pt2 program) "
+        "or python (a factory 'module:callable' returning an nn.Module)."
+    )
+    model_file: str | None = Field(
+        None, description="File, relative to the model's folder, for torchscript and torch_export."
+    )
+    factory: str | None = Field(None, description="'module:callable' for the python platform.")
+    weights: str | None = Field(
+        None,
+        description="Optional state dict, relative to the model's folder: .safetensors, or a "
+        "torch file loaded with weights_only=True. Never unpickled as arbitrary objects.",
+    )
+    parameters: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="Keyword arguments passed to the python factory."
+    )
+    inputs: tuple[TensorConfig, ...] = Field(min_length=1)
+    outputs: tuple[TensorConfig, ...] = Field(min_length=1)
+    max_batch_size: int = Field(
+        ge=1, le=65_536, description="Most samples (rows of the batch dimension) in one batch."
+    )
+    dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
+    instances: InstanceConfig = InstanceConfig()
+    precision: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="Floating-point type the model computes in; inputs are cast on the device."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        if self.platform == "python":
+            if not self.factory or ":" not in self.factory:
+                raise ValueError("platform 'python' needs factory = 'module:callable'")
+        elif not self.model_file:
+            raise ValueError(f"platform {self.platform!r} needs model_file")
+        for kind, tensors in (("input", self.inputs), ("output", self.outputs)):
+            names = [t.name for t in tensors]
+            dup = {n for n in names if names.count(n) > 1}
+            if dup:
+                raise ValueError(f"{kind} names repeat: {sorted(dup)}")
+        for size in self.dynamic_batching.preferred_batch_sizes:
+            if not 1 <= size <= self.max_batch_size:
+                raise ValueError(
+                    f"preferred batch size {size} is outside 1..max_batch_size ({self.max_batch_size})"
+                )
+        return self
+
+    def input(self, name: str) -> TensorConfig | None:
+        return next((t for t in self.inputs if t.name == name), None)
+
+
+class ServerSettings(_Strict):
+    """The server process."""
+
+    host: str = Field("127.0.0.1", description="Address the gRPC port binds to.")
+    grpc_port: int = Field(8001, ge=0, le=65_535, description="gRPC port; 0 picks a free one.")
+    model_repository: Path | None = Field(
+        None, description="Folder with one sub-folder per model; None serves the built-in demo models."
+    )
+    demo_models: tuple[str, ...] = Field(
+        ("mlp", "recsys", "encoder"), description="Built-in models served when there is no repository."
+    )
+    grace_period_s: float = Field(
+        30.0, ge=0, description="Seconds queued and running requests get to finish on SIGTERM/SIGINT."
+    )
+    max_request_bytes: int = Field(
+        64 << 20, ge=1024, description="Largest ModelInfer request (bytes) accepted; larger: INVALID_ARGUMENT."
+    )
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads; None keeps torch's default."
+    )
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        got = e.get("input")
+        got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"{where}: {e['msg']}{got_s}")
+    return "; ".join(lines)
+
+
+def read_config_file(path: Path) -> dict:
+    text = path.read_text()
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a table of settings, got {type(data).__name__}")
+    return data
+
+
+def model_config_from_dict(data: dict, source: str) -> ModelConfig:
+    try:
+        return ModelConfig(**data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from None
+    except TypeError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+CONFIG_NAMES = ("config.toml", "config.yaml", "config.yml")
+
+
+def load_model_config(model_dir: Path) -> ModelConfig:
+    """Read and check the config of the model in `model_dir`; its name defaults to the folder's."""
+    found = [model_dir / n for n in CONFIG_NAMES if (model_dir / n).is_file()]
+    if not found:
+        raise ConfigError(f"{model_dir}: no config file; expected one of {', '.join(CONFIG_NAMES)}")
+    if len(found) > 1:
+        raise ConfigError(f"{model_dir}: more than one config file: {', '.join(p.name for p in found)}")
+    data = read_config_file(found[0])
+    data.setdefault("name", model_dir.name)
+    return model_config_from_dict(data, str(found[0]))
+
+
+def server_settings(**values) -> ServerSettings:
+    """ServerSettings with ConfigError (naming each bad field) instead of pydantic's error."""
+    try:
+        return ServerSettings(**values)
+    except ValidationError as exc:
+        raise ConfigError(f"server settings: {_describe(exc)}") from None

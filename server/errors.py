@@ -1,0 +1,57 @@
+"""wok's exceptions and the one place that maps them to gRPC status codes.
+
+Library code raises these; the service turns them into a status with `to_status`, and the
+streaming RPC into an `error_message`. Messages name the input, what was expected and
+what was got, because that is what a user needs to fix a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+
+class WokError(Exception):
+    """Base of the errors a request can end with; `code` is the gRPC status it maps to."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class ModelNotFound(WokError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class InvalidInput(WokError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class QueueFull(WokError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceeded(WokError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class ShuttingDown(WokError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class ModelExecutionError(WokError):
+    """The model raised while running a batch; every request of that batch ends with it."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+class ConfigError(ValueError):
+    """A model or server configuration is invalid; raised at load, never per request."""
+
+
+def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status code and details for an exception that ended a request."""
+    if isinstance(exc, WokError):
+        return exc.code, str(exc)
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"

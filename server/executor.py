@@ -1,0 +1,228 @@
+"""Runs batches on model instances: host buffers → device → model → host, off the event loop.
+
+Each instance owns one worker thread that assembles a batch into reusable host buffers
+and launches its work, and (on CUDA) a second thread that waits for the batch's CUDA
+event, so the event loop never blocks on the device. On CUDA the three stages run on
+three streams of the instance (copy in, compute, copy out), ordered by events, and with
+`pipeline_depth` >= 2 the copy of batch k+1 overlaps the compute of batch k. Host
+buffers are page-locked so that `non_blocking` copies are truly asynchronous. On the CPU
+the same stages run in order on the worker thread, timed with clocks.
+
+An instance has `pipeline_depth` slots; each slot owns its host buffers, and a slot is
+reused only after its batch completed, so no buffer is overwritten while a copy reads it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .config import InstanceConfig
+from .datatypes import to_numpy_view
+from .errors import ModelExecutionError
+from .servable import HostBuffers, Servable
+
+
+@dataclass(slots=True)
+class StageTimes:
+    """Seconds spent per stage of one batch."""
+
+    assemble: float = 0.0
+    h2d: float = 0.0
+    compute: float = 0.0
+    d2h: float = 0.0
+
+
+@dataclass(slots=True)
+class BatchResult:
+    outputs: list[dict[str, np.ndarray]]  # per request, owned (never views of reused buffers)
+    times: StageTimes
+    instance: int
+
+
+def resolve_devices(spec: Sequence[str]) -> list[torch.device]:
+    out = []
+    for d in spec:
+        if d == "auto":
+            d = "cuda:0" if torch.cuda.is_available() else "cpu"
+        dev = torch.device(d)
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ModelExecutionError(f"device {d!r} requested but no CUDA device is present")
+            if dev.index is None:
+                dev = torch.device("cuda", 0)
+            if dev.index >= torch.cuda.device_count():
+                raise ModelExecutionError(
+                    f"device {d!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
+                )
+        out.append(dev)
+    return out
+
+
+class _Slot:
+    __slots__ = ("inputs", "outputs")
+
+    def __init__(self, pinned: bool) -> None:
+        self.inputs = HostBuffers(pinned)
+        self.outputs = HostBuffers(pinned)
+
+
+class Instance:
+    """One copy of the model on one device, with its worker thread(s) and slots."""
+
+    def __init__(self, servable: Servable, index: int, device: torch.device, depth: int) -> None:
+        self.servable = servable
+        self.index = index
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.module = servable.module_for(device)
+        self.slots = [_Slot(pinned=self.cuda) for _ in range(depth)]
+        tag = f"wok-{servable.name}-{index}"
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{tag}-run")
+        self._waiter = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{tag}-wait") if self.cuda else None
+        )
+        if self.cuda:
+            with torch.cuda.device(device):
+                self.h2d_stream = torch.cuda.Stream(device)
+                self.compute_stream = torch.cuda.Stream(device)
+                self.d2h_stream = torch.cuda.Stream(device)
+
+    def submit(
+        self, inputs: Sequence[dict[str, np.ndarray]], rows: Sequence[int], slot: int
+    ) -> concurrent.futures.Future:
+        """Run one batch in `slot`; the future's result is a BatchResult."""
+        if self.cuda:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            launched = self._worker.submit(self._launch_cuda, inputs, rows, self.slots[slot])
+
+            def _then_wait(f: concurrent.futures.Future) -> None:
+                if f.exception() is not None:
+                    done.set_exception(f.exception())
+                    return
+                w = self._waiter.submit(self._finish_cuda, f.result(), rows)
+                w.add_done_callback(lambda g: _copy_outcome(g, done))
+
+            launched.add_done_callback(_then_wait)
+            return done
+        return self._worker.submit(self._run_cpu, inputs, rows, self.slots[slot])
+
+    def shutdown(self) -> None:
+        self._worker.shutdown(wait=True)
+        if self._waiter is not None:
+            self._waiter.shutdown(wait=True)
+
+    # -- CPU: every stage in order on the worker thread -----------------------------------
+    def _run_cpu(self, inputs, rows, slot: _Slot) -> BatchResult:
+        s = self.servable
+        t0 = time.perf_counter()
+        host = s.assemble(inputs, sum(rows), slot.inputs)
+        t1 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                out = s.forward(self.module, s.prepare(host))
+        except ModelExecutionError:
+            raise
+        except Exception as exc:
+            raise ModelExecutionError(f"model '{s.name}' failed: {type(exc).__name__}: {exc}") from exc
+        t2 = time.perf_counter()
+        # The module's outputs are fresh tensors, so per-request views of them are safe to
+        # hand out; only contiguity is needed for tobytes() to be a single copy.
+        arrays = {k: np.ascontiguousarray(to_numpy_view(v.detach())) for k, v in out.items()}
+        per_request = s.split(arrays, rows)
+        t3 = time.perf_counter()
+        return BatchResult(per_request, StageTimes(t1 - t0, 0.0, t2 - t1, t3 - t2), self.index)
+
+    # -- CUDA: launch on three streams, then wait for the last event on another thread -----
+    def _launch_cuda(self, inputs, rows, slot: _Slot):
+        s = self.servable
+        t0 = time.perf_counter()
+        host = s.assemble(inputs, sum(rows), slot.inputs)
+        assemble = time.perf_counter() - t0
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
+        try:
+            with torch.cuda.device(self.device):
+                with torch.cuda.stream(self.h2d_stream):
+                    ev[0].record()
+                    dev_in = {k: v.to(self.device, non_blocking=True) for k, v in host.items()}
+                    ev[1].record()
+                self.compute_stream.wait_event(ev[1])
+                with torch.cuda.stream(self.compute_stream):
+                    for t in dev_in.values():
+                        # Allocated on the copy stream, used on this one: tell the allocator.
+                        t.record_stream(self.compute_stream)
+                    ev[2].record()
+                    with torch.inference_mode():
+                        out = s.forward(self.module, s.prepare(dev_in))
+                    ev[3].record()
+                self.d2h_stream.wait_event(ev[3])
+                with torch.cuda.stream(self.d2h_stream):
+                    host_out = {}
+                    for k, v in out.items():
+                        v.record_stream(self.d2h_stream)
+                        dst = slot.outputs.get(k, v.shape, v.dtype)
+                        dst.copy_(v, non_blocking=True)
+                        host_out[k] = dst
+                    ev[4].record()
+        except ModelExecutionError:
+            raise
+        except Exception as exc:
+            raise ModelExecutionError(f"model '{s.name}' failed: {type(exc).__name__}: {exc}") from exc
+        return host_out, ev, assemble
+
+    def _finish_cuda(self, launched, rows) -> BatchResult:
+        host_out, ev, assemble = launched
+        try:
+            ev[4].synchronize()
+        except Exception as exc:
+            raise ModelExecutionError(f"model '{self.servable.name}' failed on the device: {exc}") from exc
+        times = StageTimes(
+            assemble,
+            ev[0].elapsed_time(ev[1]) / 1e3,
+            ev[2].elapsed_time(ev[3]) / 1e3,
+            ev[3].elapsed_time(ev[4]) / 1e3,
+        )
+        # The pinned output buffers belong to the slot and will be reused: copy out.
+        arrays = {k: to_numpy_view(v).copy() for k, v in host_out.items()}
+        return BatchResult(self.servable.split(arrays, rows), times, self.index)
+
+
+def _copy_outcome(src: concurrent.futures.Future, dst: concurrent.futures.Future) -> None:
+    if src.exception() is not None:
+        dst.set_exception(src.exception())
+    else:
+        dst.set_result(src.result())
+
+
+class Executor:
+    """The instances of one model and their slots."""
+
+    def __init__(self, servable: Servable, cfg: InstanceConfig) -> None:
+        devices = resolve_devices(cfg.devices)
+        self.instances = [
+            Instance(servable, i, devices[i % len(devices)], cfg.pipeline_depth) for i in range(cfg.count)
+        ]
+        self.depth = cfg.pipeline_depth
+
+    @property
+    def slot_count(self) -> int:
+        return len(self.instances) * self.depth
+
+    def warmup(self) -> None:
+        """Run one single-row batch of zeros on each instance, so the first request pays no lazy init."""
+        s = self.instances[0].servable
+        sample = {
+            t.name: np.zeros((1, *[d if d > 0 else 1 for d in t.dims]), dtype=s.input_types[t.name].numpy)
+            for t in s.config.inputs
+        }
+        for inst in self.instances:
+            inst.submit([sample], [1], 0).result()
+
+    def shutdown(self) -> None:
+        for inst in self.instances:
+            inst.shutdown()

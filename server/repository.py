@@ -1,0 +1,129 @@
+"""Where models come from: a repository folder, or the built-in demo models.
+
+A repository holds one folder per model, each with a `config.toml` or `config.yaml`
+(see config.ModelConfig) and the files it names. Weights never go through arbitrary
+unpickling: TorchScript and torch.export files are loaded by their own loaders, state
+dicts with `weights_only=True` or from safetensors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import CONFIG_NAMES, ModelConfig, load_model_config
+from .errors import ConfigError, ModelNotFound
+from .servable import Servable
+
+VERSION = "1"
+
+
+def _load_factory(cfg: ModelConfig, model_dir: Path):
+    module_name, _, attr = cfg.factory.partition(":")
+    local = model_dir / (module_name.replace(".", "/") + ".py")
+    if local.is_file():
+        # A factory file inside the model's folder is imported under a private name, so two
+        # models may each have their own model.py.
+        unique = f"wok_repository_{cfg.name.replace('-', '_').replace('.', '_')}_{module_name.replace('.', '_')}"
+        spec = importlib.util.spec_from_file_location(unique, local)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[unique] = mod
+        spec.loader.exec_module(mod)
+    else:
+        try:
+            mod = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ConfigError(f"model '{cfg.name}': cannot import factory module {module_name!r}: {exc}") from None
+    try:
+        return getattr(mod, attr)
+    except AttributeError:
+        raise ConfigError(f"model '{cfg.name}': module {module_name!r} has no attribute {attr!r}") from None
+
+
+def _load_weights(module: nn.Module, path: Path, cfg: ModelConfig) -> None:
+    if not path.is_file():
+        raise ConfigError(f"model '{cfg.name}': weights file {path} does not exist")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+    else:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ConfigError(f"model '{cfg.name}': {path} is not a weights-only state dict: {exc}") from None
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ConfigError(f"model '{cfg.name}': weights in {path} do not fit the module: {exc}") from None
+
+
+def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
+    """Build the Servable for the model in `model_dir`."""
+    cfg = cfg or load_model_config(model_dir)
+    if cfg.platform == "python":
+        made = _load_factory(cfg, model_dir)(**cfg.parameters)
+        if isinstance(made, Servable):
+            return made
+        if not isinstance(made, nn.Module):
+            raise ConfigError(
+                f"model '{cfg.name}': factory {cfg.factory} returned {type(made).__name__}, expected an nn.Module"
+            )
+        module = made
+    else:
+        path = model_dir / cfg.model_file
+        if not path.is_file():
+            raise ConfigError(f"model '{cfg.name}': model_file {path} does not exist")
+        try:
+            if cfg.platform == "torchscript":
+                module = torch.jit.load(str(path), map_location="cpu")
+            else:
+                module = torch.export.load(str(path)).module()
+        except Exception as exc:
+            raise ConfigError(f"model '{cfg.name}': cannot load {cfg.platform} file {path}: {exc}") from None
+    if cfg.weights:
+        _load_weights(module, model_dir / cfg.weights, cfg)
+    return Servable(cfg, module)
+
+
+class ModelRepository:
+    """The models a server serves, by name (one version each, "1")."""
+
+    def __init__(self, servables: Iterable[Servable], source: str) -> None:
+        self.source = source
+        self.models: dict[str, Servable] = {}
+        for s in servables:
+            if s.name in self.models:
+                raise ConfigError(f"{source}: two models are named '{s.name}'")
+            self.models[s.name] = s
+
+    @classmethod
+    def from_directory(cls, root: Path) -> ModelRepository:
+        root = Path(root)
+        if not root.is_dir():
+            raise ConfigError(f"model repository {root} is not a folder")
+        dirs = sorted(d for d in root.iterdir() if d.is_dir() and any((d / n).is_file() for n in CONFIG_NAMES))
+        if not dirs:
+            raise ConfigError(f"model repository {root} has no model folders (each needs {' or '.join(CONFIG_NAMES)})")
+        return cls((load_servable(d) for d in dirs), str(root))
+
+    @classmethod
+    def demo(cls, names: Iterable[str], **options) -> ModelRepository:
+        from .models import build_demo
+
+        return cls((build_demo(n, **options.get(n, {})) for n in names), "built-in demo models")
+
+    def get(self, name: str, version: str = "") -> Servable:
+        s = self.models.get(name)
+        if s is None:
+            known = ", ".join(sorted(self.models)) or "(none)"
+            raise ModelNotFound(f"unknown model '{name}'; this server serves: {known}")
+        if version not in ("", VERSION):
+            raise ModelNotFound(f"model '{name}' has no version '{version}'; available: {VERSION}")
+        return s

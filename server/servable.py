@@ -1,0 +1,150 @@
+"""What the executor runs: a model's module plus how its requests share a batch.
+
+A `Servable` is built once per model. The executor asks it for one module per instance
+(`module_for`), then, per batch: `assemble` the requests' inputs into host buffers,
+`forward` them on the device, and `split` the outputs back into per-request rows.
+Requests share a batch only when their `batch_key`s are equal; the default key is the
+shape of every variable-sized input, so generic models never see mixed shapes.
+Demo models override the hooks to pad or to bucket by length.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .datatypes import Datatype, datatype, to_numpy_view
+from .errors import ModelExecutionError
+
+PRECISION = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class HostBuffers:
+    """Reusable host tensors for one in-flight batch slot, page-locked when `pinned`.
+
+    Buffers grow to the largest request seen and are then reused, so a steady load
+    allocates nothing per batch.
+    """
+
+    def __init__(self, pinned: bool) -> None:
+        self.pinned = pinned
+        self._flat: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        numel = int(np.prod(shape)) if len(shape) else 1
+        buf = self._flat.get(name)
+        if buf is None or buf.dtype != dtype or buf.numel() < numel:
+            buf = torch.empty(max(numel, 1), dtype=dtype, pin_memory=self.pinned)
+            self._flat[name] = buf
+        return buf[:numel].view(tuple(shape))
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._flat.values())
+
+
+class Servable:
+    """A model as served: config, the module (one copy per device) and the batching hooks."""
+
+    def __init__(self, config: ModelConfig, module: nn.Module, *, platform_label: str | None = None) -> None:
+        self.config = config
+        self.platform_label = platform_label or config.platform
+        self._module = module.eval()
+        self._per_device: dict[str, nn.Module] = {}
+        self._lock = threading.Lock()
+        self.compute_dtype = PRECISION[config.precision]
+        self.input_types: dict[str, Datatype] = {t.name: datatype(t.datatype) for t in config.inputs}
+        self.output_types: dict[str, Datatype] = {t.name: datatype(t.datatype) for t in config.outputs}
+        self._variable_inputs = [t.name for t in config.inputs if t.variable]
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    # -- instances -----------------------------------------------------------------
+    def module_for(self, device: torch.device) -> nn.Module:
+        """The module on `device`, cast to the configured precision; one copy per device."""
+        key = str(device)
+        with self._lock:
+            mod = self._per_device.get(key)
+            if mod is None:
+                mod = self._module if device.type == "cpu" else copy.deepcopy(self._module)
+                mod = mod.to(device)
+                if self.compute_dtype != torch.float32:
+                    mod = mod.to(self.compute_dtype)
+                self._per_device[key] = mod
+            return mod
+
+    # -- per request, on the event loop, before the request joins a queue ------------
+    def check(self, inputs: dict[str, np.ndarray]) -> None:
+        """Value checks beyond datatype and shape; raise InvalidInput. Default: none."""
+
+    def batch_key(self, inputs: dict[str, np.ndarray]) -> Hashable:
+        """Requests share a batch only when their keys are equal."""
+        if not self._variable_inputs:
+            return None
+        return tuple(inputs[n].shape[1:] for n in self._variable_inputs)
+
+    # -- per batch, on the instance's worker thread ----------------------------------
+    def assemble(
+        self, requests: Sequence[dict[str, np.ndarray]], rows: int, buffers: HostBuffers
+    ) -> dict[str, torch.Tensor]:
+        """Copy the requests' inputs, row after row, into host buffers."""
+        out = {}
+        first = requests[0]
+        for name, dt in self.input_types.items():
+            sample_shape = first[name].shape[1:]
+            buf = buffers.get(name, (rows, *sample_shape), dt.torch)
+            view = to_numpy_view(buf)
+            r = 0
+            for req in requests:
+                a = req[name]
+                view[r : r + a.shape[0]] = a
+                r += a.shape[0]
+            out[name] = buf
+        return out
+
+    def prepare(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """On the device: cast floating inputs to the compute precision."""
+        if self.compute_dtype == torch.float32:
+            return tensors
+        return {k: (v.to(self.compute_dtype) if v.is_floating_point() else v) for k, v in tensors.items()}
+
+    def forward(self, module: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Run the module; positional inputs in config order, outputs named by config order."""
+        result = module(*[tensors[t.name] for t in self.config.inputs])
+        return self.name_outputs(result)
+
+    def name_outputs(self, result) -> dict[str, torch.Tensor]:
+        names = [t.name for t in self.config.outputs]
+        if isinstance(result, torch.Tensor):
+            result = (result,)
+        if isinstance(result, dict):
+            missing = [n for n in names if n not in result]
+            if missing:
+                raise ModelExecutionError(f"model '{self.name}' returned no output named {missing}")
+            result = [result[n] for n in names]
+        result = list(result)
+        if len(result) != len(names):
+            raise ModelExecutionError(
+                f"model '{self.name}' returned {len(result)} outputs, config declares {len(names)}"
+            )
+        out = {}
+        for n, t in zip(names, result):
+            want = self.output_types[n].torch
+            out[n] = t if t.dtype == want else t.to(want)
+        return out
+
+    def split(self, outputs: dict[str, np.ndarray], rows: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        """Per-request views of the batch outputs, by rows."""
+        per_request = []
+        r = 0
+        for n in rows:
+            per_request.append({k: v[r : r + n] for k, v in outputs.items()})
+            r += n
+        return per_request

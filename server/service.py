@@ -1,0 +1,186 @@
+"""The KServe V2 gRPC service: decode, hand to the model's batcher, await, encode.
+
+Every exception that ends a request is turned into a status in one place
+(`errors.to_status`): `_abort` for unary calls, an `error_message` for the stream (as
+Triton does, so the stream stays open for the requests after a bad one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+import grpc
+
+from . import __version__
+from .codec import decode_request, encode_response
+from .errors import ShuttingDown, WokError, to_status
+from .repository import VERSION
+from .v2pb import grpc_service_pb2 as pb
+from .v2pb import grpc_service_pb2_grpc as pb_grpc
+from .v2pb import model_config_pb2 as mc
+
+if TYPE_CHECKING:
+    from .app import ModelRuntime, WokServer
+
+EXTENSIONS = ("model_configuration", "statistics", "model_repository")
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException):
+    code, details = to_status(exc)
+    await context.abort(code, details)
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, server: WokServer) -> None:
+        self.server = server
+
+    # -- the inference path ------------------------------------------------------------------
+    async def infer(self, request: pb.ModelInferRequest, time_remaining: float | None) -> pb.ModelInferResponse:
+        """Run one request through its model's batcher; raises WokError on failure."""
+        arrival = time.monotonic()
+        server = self.server
+        rt: ModelRuntime = server.runtime(request.model_name, request.model_version)
+        if server.draining:
+            raise ShuttingDown("server is shutting down and accepts no new requests")
+        servable = rt.servable
+        dec = decode_request(request, servable, server.settings.max_request_bytes)
+        deadline = None
+        if time_remaining is not None:
+            deadline = arrival + time_remaining
+        timeout = dec.timeout_s or rt.default_timeout_s
+        if timeout:
+            deadline = arrival + timeout if deadline is None else min(deadline, arrival + timeout)
+        p = rt.batcher.submit(dec.inputs, dec.rows, servable.batch_key(dec.inputs), deadline)
+        try:
+            outputs = await p.future
+        except asyncio.CancelledError:
+            rt.batcher.withdraw(p)
+            raise
+        resp = encode_response(servable.name, request.id, outputs, servable.output_types, dec.outputs)
+        rt.stats.success.add(time.monotonic() - p.arrival)
+        return resp
+
+    async def ModelInfer(self, request, context):
+        try:
+            return await self.infer(request, context.time_remaining())
+        except WokError as exc:
+            await _abort(context, exc)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        results: asyncio.Queue = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+
+        async def one(req: pb.ModelInferRequest) -> None:
+            try:
+                resp = await self.infer(req, context.time_remaining())
+                results.put_nowait(pb.ModelStreamInferResponse(infer_response=resp))
+            except WokError as exc:
+                _, details = to_status(exc)
+                failed = pb.ModelInferResponse(model_name=req.model_name, model_version=req.model_version, id=req.id)
+                results.put_nowait(pb.ModelStreamInferResponse(error_message=details, infer_response=failed))
+
+        async def read() -> None:
+            try:
+                async for req in request_iterator:
+                    t = asyncio.get_running_loop().create_task(one(req))
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+                if tasks:
+                    await asyncio.gather(*tasks)
+            finally:
+                results.put_nowait(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (item := await results.get()) is not None:
+                yield item
+            await reader  # surfaces a failure of the request stream itself
+        finally:
+            if not reader.done():
+                reader.cancel()
+            for t in list(tasks):
+                t.cancel()
+
+    # -- health and metadata ----------------------------------------------------------------
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.server.ready)
+
+    async def ModelReady(self, request, context):
+        try:
+            self.server.runtime(request.name, request.version)
+        except WokError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=self.server.ready)
+
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(name="wok", version=__version__, extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, request, context):
+        try:
+            s = self.server.runtime(request.name, request.version).servable
+        except WokError as exc:
+            await _abort(context, exc)
+        cfg = s.config
+        resp = pb.ModelMetadataResponse(name=cfg.name, versions=[VERSION], platform=s.platform_label)
+        for t in cfg.inputs:
+            resp.inputs.add(name=t.name, datatype=t.datatype, shape=[-1, *t.dims])
+        for t in cfg.outputs:
+            resp.outputs.add(name=t.name, datatype=t.datatype, shape=[-1, *t.dims])
+        return resp
+
+    async def ModelConfig(self, request, context):
+        try:
+            rt = self.server.runtime(request.name, request.version)
+        except WokError as exc:
+            await _abort(context, exc)
+        return pb.ModelConfigResponse(config=model_config_proto(rt))
+
+    async def ModelStatistics(self, request, context):
+        if request.name:
+            try:
+                rts = [self.server.runtime(request.name, request.version)]
+            except WokError as exc:
+                await _abort(context, exc)
+        else:
+            rts = list(self.server.runtimes.values())
+        return pb.ModelStatisticsResponse(model_stats=[rt.stats.to_proto() for rt in rts])
+
+    async def RepositoryIndex(self, request, context):
+        resp = pb.RepositoryIndexResponse()
+        for name in sorted(self.server.runtimes):
+            resp.models.add(name=name, version=VERSION, state="READY" if self.server.ready else "UNAVAILABLE")
+        return resp
+
+
+def model_config_proto(rt: ModelRuntime) -> mc.ModelConfig:
+    s = rt.servable
+    cfg = s.config
+    out = mc.ModelConfig(name=cfg.name, platform=s.platform_label, backend="wok", max_batch_size=cfg.max_batch_size)
+    for t in cfg.inputs:
+        out.input.add(name=t.name, data_type=s.input_types[t.name].config_enum, dims=t.dims)
+    for t in cfg.outputs:
+        out.output.add(name=t.name, data_type=s.output_types[t.name].config_enum, dims=t.dims)
+    db = cfg.dynamic_batching
+    out.dynamic_batching.preferred_batch_size.extend(db.preferred_batch_sizes)
+    out.dynamic_batching.max_queue_delay_microseconds = int(db.max_queue_delay_ms * 1000)
+    out.dynamic_batching.default_queue_policy.max_queue_size = db.max_queue_size
+    out.dynamic_batching.default_queue_policy.default_timeout_microseconds = int(db.default_timeout_ms * 1000)
+    out.dynamic_batching.default_queue_policy.allow_timeout_override = True
+    by_kind: dict[str, list[int]] = {}
+    for inst in rt.executor.instances:
+        by_kind.setdefault(inst.device.type, []).append(inst.device.index or 0)
+    for kind, idx in by_kind.items():
+        g = out.instance_group.add(name=f"{cfg.name}_{kind}", count=len(idx))
+        if kind == "cuda":
+            g.kind = mc.ModelInstanceGroup.KIND_GPU
+            g.gpus.extend(sorted(set(idx)))
+        else:
+            g.kind = mc.ModelInstanceGroup.KIND_CPU
+    for k, v in cfg.parameters.items():
+        out.parameters[k].string_value = str(v)
+    return out
