@@ -1,0 +1,164 @@
+"""Each kind of bad request gets its status and a message naming input, expected and got;
+the requests around it are unaffected and the server keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+
+from wok.codec import decode_response, encode_request
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+GOOD = {"INPUT0": np.ones((1, 256), np.float32)}
+
+
+def raw_len_mismatch() -> pb.ModelInferRequest:
+    req = encode_request("mlp", GOOD)
+    req.raw_input_contents[0] = req.raw_input_contents[0][:-4]
+    return req
+
+
+def typed_count_mismatch() -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name="mlp")
+    t = req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 256])
+    t.contents.fp32_contents.extend([1.0] * 255)
+    return req
+
+
+CASES = {
+    "unknown model": (
+        encode_request("nope", GOOD),
+        grpc.StatusCode.NOT_FOUND,
+        "unknown model 'nope'; this server serves: encoder, mlp, recsys",
+    ),
+    "unknown version": (
+        pb.ModelInferRequest(model_name="mlp", model_version="7"),
+        grpc.StatusCode.NOT_FOUND,
+        "model 'mlp' has no version '7'; available: 1",
+    ),
+    "wrong datatype": (
+        encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float64)}),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'INPUT0': expected datatype FP32, got FP64",
+    ),
+    "wrong shape": (
+        encode_request("mlp", {"INPUT0": np.ones((1, 255), np.float32)}),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'INPUT0': expected shape [-1, 256] (batch first, -1 = any), got [1, 255]",
+    ),
+    "missing batch dimension": (
+        encode_request("mlp", {"INPUT0": np.ones(256, np.float32)}),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'INPUT0': expected shape [-1, 256] (batch first, -1 = any), got [256]",
+    ),
+    "raw length": (
+        raw_len_mismatch(),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'INPUT0': raw content is 1020 bytes, expected 1024 (shape [1, 256] of FP32, 4 bytes each)",
+    ),
+    "typed contents count": (
+        typed_count_mismatch(),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'INPUT0': contents hold 255 values, expected 256 (shape [1, 256])",
+    ),
+    "missing input": (
+        encode_request("recsys", {"dense": np.ones((1, 13), np.float32)}),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "missing input 'ids' for model 'recsys'; expected inputs: dense, ids",
+    ),
+    "unexpected input": (
+        encode_request("mlp", {**GOOD, "EXTRA": np.ones((1, 2), np.float32)}),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unexpected input 'EXTRA' for model 'mlp'; expected inputs: INPUT0",
+    ),
+    "too many rows": (
+        encode_request("mlp", {"INPUT0": np.ones((33, 256), np.float32)}),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'INPUT0': 33 rows exceed max_batch_size 32 of model 'mlp'",
+    ),
+    "rows differ between inputs": (
+        encode_request("recsys", {"dense": np.ones((2, 13), np.float32), "ids": np.ones((3, 2), np.int64)}),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'ids' has 3 rows, input 'dense' has 2; they must match",
+    ),
+    "id out of range": (
+        encode_request("encoder", {"tokens": np.array([[1, 2, 5000]], np.int64)}),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "input 'tokens': token ids must be in [0, 1000); got values from 1 to 5000",
+    ),
+    "unknown output": (
+        encode_request("mlp", GOOD, outputs=["NOPE"]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unknown output 'NOPE' requested from model 'mlp'; outputs: OUTPUT0",
+    ),
+    "over the size limit": (
+        encode_request("recsys", {"dense": np.ones((1, 13), np.float32), "ids": np.ones((1, 6000), np.int64)}),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "request to model 'recsys' is 48",  # then the rest of its size in bytes
+    ),
+}
+
+
+async def test_each_bad_request_gets_its_status_and_message_and_the_next_request_succeeds(serve):
+    # 40 KiB: 33 rows of mlp input (33 KiB) fit, so that case reaches the row check;
+    # 6000 recsys ids (48 KiB) do not.
+    async with serve(max_request_bytes=40 * 1024) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            for label, (req, code, message) in CASES.items():
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.ModelInfer(req)
+                assert info.value.code() == code, f"{label}: {info.value.details()}"
+                assert info.value.details().startswith(message), f"{label}: {info.value.details()}"
+                ok = decode_response(await stub.ModelInfer(encode_request("mlp", GOOD)))
+                assert ok["OUTPUT0"].shape == (1, 256), label
+
+
+async def test_a_bad_request_never_affects_the_requests_sent_with_it(serve):
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            x = np.arange(256, dtype=np.float32).reshape(1, 256) / 256
+            alone = decode_response(await stub.ModelInfer(encode_request("mlp", {"INPUT0": x})))["OUTPUT0"]
+            bad = encode_request("mlp", {"INPUT0": np.ones((1, 255), np.float32)})
+            calls = [stub.ModelInfer(encode_request("mlp", {"INPUT0": x})) for _ in range(20)]
+            calls[10:10] = [stub.ModelInfer(bad)]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert len(errors) == 1 and errors[0].code() == grpc.StatusCode.INVALID_ARGUMENT
+    for r in results:
+        if not isinstance(r, Exception):
+            np.testing.assert_allclose(decode_response(r)["OUTPUT0"], alone, rtol=1e-5, atol=1e-6)
+
+
+async def test_typed_contents_are_accepted_like_raw_ones(serve):
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            x = np.linspace(-1, 1, 512, dtype=np.float32).reshape(2, 256)
+            req = pb.ModelInferRequest(model_name="mlp")
+            t = req.inputs.add(name="INPUT0", datatype="FP32", shape=[2, 256])
+            t.contents.fp32_contents.extend(x.ravel().tolist())
+            typed = decode_response(await stub.ModelInfer(req))["OUTPUT0"]
+            raw = decode_response(await stub.ModelInfer(encode_request("mlp", {"INPUT0": x})))["OUTPUT0"]
+    np.testing.assert_array_equal(typed, raw)
+
+
+async def test_a_model_that_raises_fails_its_batch_with_internal_and_the_server_keeps_serving(
+    serve, slow_repository
+):
+    repo = slow_repository(sleep_ms=1, max_batch_size=4, delay_ms=50)
+    async with serve(repository=repo) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            nan = encode_request("slow", {"INPUT0": np.full((1, 4), np.nan, np.float32)})
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(nan)
+            assert info.value.code() == grpc.StatusCode.INTERNAL
+            assert info.value.details() == "model 'slow' failed: ValueError: NaN in batch"
+            ok = decode_response(await stub.ModelInfer(encode_request("slow", {"INPUT0": np.ones((1, 4), np.float32)})))
+            np.testing.assert_array_equal(ok["OUTPUT0"], np.full((1, 4), 2.0, np.float32))

@@ -1,0 +1,93 @@
+"""A full queue rejects at once; SIGTERM drains: every accepted request gets its answer."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from wok.codec import decode_response, encode_request
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+
+def request(i: int) -> pb.ModelInferRequest:
+    return encode_request("slow", {"INPUT0": np.full((1, 4), float(i), np.float32)}, request_id=str(i))
+
+
+def check_answer(i: int, resp: pb.ModelInferResponse) -> None:
+    assert resp.id == str(i)
+    np.testing.assert_array_equal(decode_response(resp)["OUTPUT0"], np.full((1, 4), 2.0 * i, np.float32))
+
+
+async def test_a_burst_over_max_queue_size_is_rejected_at_once_and_the_rest_succeed(serve, slow_repository):
+    repo = slow_repository(sleep_ms=30, max_batch_size=4, delay_ms=1, max_queue_size=8)
+    async with serve(repository=repo) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            await stub.ServerReady(pb.ServerReadyRequest())
+            results = await asyncio.gather(*(stub.ModelInfer(request(i)) for i in range(64)), return_exceptions=True)
+            stats = (await stub.ModelStatistics(pb.ModelStatisticsRequest(name="slow"))).model_stats[0]
+    rejected = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    others = [r for r in results if isinstance(r, Exception) and not isinstance(r, grpc.aio.AioRpcError)]
+    assert not others, others
+    assert rejected, "the burst never filled the queue"
+    for r in rejected:
+        assert r.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert r.details() == "model 'slow' queue is full: 8 requests queued, max_queue_size is 8; retry later"
+    accepted = [(i, r) for i, r in enumerate(results) if not isinstance(r, Exception)]
+    for i, r in accepted:
+        check_answer(i, r)
+    assert stats.inference_count == len(accepted) == 64 - len(rejected)
+
+
+def test_sigterm_mid_burst_answers_every_accepted_request_and_exits_0(slow_repository, start_server):
+    # 40 ms per batch of 4: 64 requests need about 0.64 s, so most are queued at the signal.
+    repo = slow_repository(sleep_ms=40, max_batch_size=4, delay_ms=1)
+    sp = start_server("--model-repository", str(repo), "--grace-period", "20")
+    try:
+        results, refused, elapsed = asyncio.run(_burst_then_sigterm(sp))
+        code = sp.proc.wait(30)
+    finally:
+        if sp.proc.poll() is None:
+            sp.proc.kill()
+    assert code == 0, "\n".join(sp.log[-30:])
+    assert elapsed < 20, f"drain took {elapsed:.1f} s, over the grace period"
+    for i, r in enumerate(results):
+        assert not isinstance(r, Exception), f"request {i} accepted before SIGTERM failed: {r!r}"
+        check_answer(i, r)
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+    assert any("stopping: draining" in line for line in sp.log)
+
+
+async def _burst_then_sigterm(sp):
+    async with grpc.aio.insecure_channel(sp.target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        calls = [asyncio.ensure_future(stub.ModelInfer(request(i))) for i in range(64)]
+        # All 64 are on the wire at once; two finished batches (>= 80 ms later) mean the
+        # server has long since taken the rest into its queue.
+        while True:
+            s = (await stub.ModelStatistics(pb.ModelStatisticsRequest(name="slow"))).model_stats[0]
+            if s.inference_count >= 8:
+                break
+            await asyncio.sleep(0.005)
+        sent = time.monotonic()
+        sp.proc.send_signal(signal.SIGTERM)
+        # Once the server says it is not ready, a new call is refused (UNAVAILABLE), whether
+        # the server still drains or has already closed its port.
+        refused = None
+        try:
+            while (await stub.ServerReady(pb.ServerReadyRequest(), timeout=10)).ready:
+                await asyncio.sleep(0.002)
+            await stub.ModelInfer(request(999), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            refused = exc
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        elapsed = time.monotonic() - sent
+    if refused is None:
+        pytest.fail("a request sent after SIGTERM was served")
+    return results, refused, elapsed

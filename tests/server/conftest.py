@@ -1,0 +1,71 @@
+"""A model whose execution the test controls: it waits on a gate and records each batch."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from wok.config import model_config_from_dict
+from wok.executor import Executor
+from wok.servable import Servable
+
+
+class GatedDouble(nn.Module):
+    """Returns 2x; blocks while the gate is closed; raises on a batch holding a NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.batch_sizes: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.batch_sizes.append(int(x.shape[0]))
+        self.entered.set()
+        if not self.gate.wait(timeout=30):
+            raise RuntimeError("test gate never opened")
+        if torch.isnan(x).any():
+            raise ValueError("NaN in batch")
+        return x * 2
+
+
+def gated_servable(max_batch_size=8, delay_ms=10_000.0, preferred=(), max_queue_size=0, depth=1, dims=(4,)):
+    cfg = model_config_from_dict(
+        {
+            "name": "gated",
+            "platform": "python",
+            "factory": "tests:unused",
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": list(dims)}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": list(dims)}],
+            "max_batch_size": max_batch_size,
+            "dynamic_batching": {
+                "max_queue_delay_ms": delay_ms,
+                "preferred_batch_sizes": list(preferred),
+                "max_queue_size": max_queue_size,
+            },
+            "instances": {"count": 1, "devices": ["cpu"], "pipeline_depth": depth},
+        },
+        "test",
+    )
+    module = GatedDouble()
+    return Servable(cfg, module), module
+
+
+@pytest.fixture
+def gated():
+    """Build (servable, module, executor); executors are shut down at the end."""
+    made = []
+
+    def build(**kw):
+        s, m = gated_servable(**kw)
+        ex = Executor(s, s.config.instances)
+        made.append(ex)
+        return s, m, ex
+
+    yield build
+    for ex in made:
+        ex.shutdown()

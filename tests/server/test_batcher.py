@@ -1,0 +1,215 @@
+"""The batcher's flush decisions, with a model whose progress the test gates."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from wok.batcher import Batcher, BatchingPolicy
+from wok.errors import DeadlineExceeded, ModelExecutionError, QueueFull, ShuttingDown
+from wok.stats import ModelStats
+
+
+def make_batcher(servable, executor) -> Batcher:
+    cfg = servable.config
+    db = cfg.dynamic_batching
+    policy = BatchingPolicy(cfg.max_batch_size, db.max_queue_delay_ms / 1e3, db.preferred_batch_sizes, db.max_queue_size)
+    b = Batcher(cfg.name, executor, policy, ModelStats(cfg.name))
+    b.start()
+    return b
+
+
+def row(value: float, rows: int = 1) -> dict[str, np.ndarray]:
+    return {"INPUT0": np.full((rows, 4), value, dtype=np.float32)}
+
+
+def submit(b: Batcher, value: float, rows: int = 1, key=None, deadline=None):
+    return b.submit(row(value, rows), rows, key, deadline)
+
+
+async def wait_entered(module) -> None:
+    await asyncio.to_thread(module.entered.wait, 10)
+    module.entered.clear()
+
+
+async def finish(b: Batcher) -> None:
+    await b.stop()
+    assert b.queued == 0 and b.inflight == 0
+
+
+async def test_flushes_at_max_batch_size_and_keeps_each_result_with_its_request(gated):
+    s, m, ex = gated(max_batch_size=8, delay_ms=60_000)
+    b = make_batcher(s, ex)
+    ps = [submit(b, float(i)) for i in range(8)]
+    outs = await asyncio.gather(*(p.future for p in ps))
+    assert m.batch_sizes == [8]
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0 * i, dtype=np.float32))
+    assert b.stats.flushes == {"size": 1}
+    await finish(b)
+
+
+async def test_flushes_after_the_queue_delay(gated):
+    s, m, ex = gated(max_batch_size=8, delay_ms=20)
+    b = make_batcher(s, ex)
+    ps = [submit(b, 1.0) for _ in range(3)]
+    await asyncio.gather(*(p.future for p in ps))
+    assert m.batch_sizes == [3]
+    assert b.stats.flushes == {"delay": 1}
+    # The oldest request waited the whole delay window before the batch left.
+    assert ps[0].dispatched - ps[0].arrival >= 0.020
+    await finish(b)
+
+
+async def test_multi_row_requests_are_never_split_and_batches_never_exceed_the_maximum(gated):
+    s, m, ex = gated(max_batch_size=8, delay_ms=60_000)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    first = submit(b, 0.0, rows=8)  # size flush, then blocks in the model
+    await wait_entered(m)
+    ps = [submit(b, float(i), rows=3) for i in range(1, 4)]  # 9 rows: 3+3 fit, the third waits
+    m.gate.set()
+    await first.future
+    await asyncio.gather(ps[0].future, ps[1].future)
+    assert m.batch_sizes == [8, 6]
+    assert b.queued == 1
+    await b.stop()  # drains the last one
+    out = await ps[2].future
+    np.testing.assert_array_equal(out["OUTPUT0"], np.full((3, 4), 6.0, dtype=np.float32))
+    assert m.batch_sizes == [8, 6, 3]
+    assert b.stats.flushes == {"size": 2, "drain": 1}
+
+
+async def test_requests_queue_while_the_instance_is_busy_and_then_fill_a_batch(gated):
+    s, m, ex = gated(max_batch_size=8, delay_ms=0, depth=1)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    first = submit(b, 0.0)
+    await wait_entered(m)
+    rest = [submit(b, float(i)) for i in range(1, 11)]
+    assert b.queued == 10 and b.inflight == 1
+    m.gate.set()
+    await asyncio.gather(first.future, *(p.future for p in rest))
+    assert m.batch_sizes == [1, 8, 2]
+    assert b.stats.execution_count == 3 and b.stats.inference_count == 11
+    await finish(b)
+
+
+async def test_preferred_size_flushes_before_the_maximum(gated):
+    s, m, ex = gated(max_batch_size=8, delay_ms=60_000, preferred=(4,))
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    ps = [submit(b, float(i)) for i in range(5)]
+    await wait_entered(m)
+    m.gate.set()
+    await asyncio.gather(*(p.future for p in ps[:4]))
+    assert m.batch_sizes == [4] and b.queued == 1
+    await finish(b)
+    assert m.batch_sizes == [4, 1]
+
+
+async def test_a_full_queue_rejects_at_once(gated):
+    s, m, ex = gated(max_batch_size=1, delay_ms=0, max_queue_size=2)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    running = submit(b, 0.0)
+    await wait_entered(m)
+    queued = [submit(b, 1.0), submit(b, 2.0)]
+    with pytest.raises(QueueFull, match=r"model 'gated' queue is full: 2 requests queued, max_queue_size is 2"):
+        submit(b, 3.0)
+    m.gate.set()
+    await asyncio.gather(running.future, *(p.future for p in queued))
+    await finish(b)
+
+
+async def test_an_expired_request_is_dropped_before_it_runs(gated):
+    s, m, ex = gated(max_batch_size=8, delay_ms=0, depth=1)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    running = submit(b, 0.0)
+    await wait_entered(m)
+    expired = submit(b, 1.0, deadline=time.monotonic())
+    live = submit(b, 2.0)
+    m.gate.set()
+    with pytest.raises(DeadlineExceeded, match="deadline passed before it could run"):
+        await expired.future
+    await asyncio.gather(running.future, live.future)
+    assert m.batch_sizes == [1, 1]
+    assert b.stats.fail.count == 1
+    await finish(b)
+
+
+async def test_a_withdrawn_request_leaves_the_queue(gated):
+    s, m, ex = gated(max_batch_size=8, delay_ms=0, depth=1)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    running = submit(b, 0.0)
+    await wait_entered(m)
+    gone = submit(b, 1.0)
+    kept = submit(b, 2.0)
+    b.withdraw(gone)
+    assert b.queued == 1
+    m.gate.set()
+    await asyncio.gather(running.future, kept.future)
+    assert m.batch_sizes == [1, 1]
+    assert not gone.future.done()
+    await finish(b)
+
+
+async def test_a_failing_batch_fails_every_caller_in_it_and_the_next_batch_runs(gated):
+    s, m, ex = gated(max_batch_size=3, delay_ms=60_000)
+    b = make_batcher(s, ex)
+    bad = [submit(b, 1.0), submit(b, float("nan")), submit(b, 2.0)]
+    results = await asyncio.gather(*(p.future for p in bad), return_exceptions=True)
+    assert all(isinstance(r, ModelExecutionError) for r in results)
+    assert "ValueError: NaN in batch" in str(results[0])
+    good = [submit(b, 1.0) for _ in range(3)]
+    outs = await asyncio.gather(*(p.future for p in good))
+    assert all(o["OUTPUT0"][0, 0] == 2.0 for o in outs)
+    await finish(b)
+
+
+async def test_requests_with_different_keys_never_share_a_batch(gated):
+    s, m, ex = gated(max_batch_size=8, delay_ms=60_000)
+    b = make_batcher(s, ex)
+    a = [submit(b, 1.0, key="a") for _ in range(3)]
+    c = [submit(b, 2.0, key="c") for _ in range(2)]
+    await b.stop()
+    await asyncio.gather(*(p.future for p in a + c))
+    assert sorted(m.batch_sizes) == [2, 3]
+
+
+async def test_stop_drains_the_queue_and_refuses_new_requests(gated):
+    s, m, ex = gated(max_batch_size=8, delay_ms=60_000)
+    b = make_batcher(s, ex)
+    ps = [submit(b, float(i)) for i in range(5)]
+    stopping = asyncio.ensure_future(b.stop())
+    await asyncio.sleep(0)  # let stop() mark the batcher as stopping
+    with pytest.raises(ShuttingDown):
+        submit(b, 9.0)
+    await stopping
+    outs = await asyncio.gather(*(p.future for p in ps))
+    assert [o["OUTPUT0"][0, 0] for o in outs] == [0.0, 2.0, 4.0, 6.0, 8.0]
+    assert b.stats.flushes == {"drain": 1}
+
+
+async def test_a_cancelled_stop_fails_what_is_still_queued(gated):
+    s, m, ex = gated(max_batch_size=1, delay_ms=0, depth=1)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    running = submit(b, 0.0)
+    await wait_entered(m)
+    queued = submit(b, 1.0)
+    stopping = asyncio.ensure_future(b.stop())
+    await asyncio.sleep(0)
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    with pytest.raises(ShuttingDown):
+        await queued.future
+    assert b.queued == 0
+    m.gate.set()
+    await running.future
