@@ -43,6 +43,9 @@ class BatchResult:
     outputs: list[dict[str, np.ndarray]]  # per request, owned (never views of reused buffers)
     times: StageTimes
     instance: int
+    # CUDA only: the batch's events (copy-in start/end, compute start/end, copy-out end),
+    # kept so that a trace can show batches overlapping across streams.
+    events: tuple | None = None
 
 
 def resolve_devices(spec: Sequence[str]) -> list[torch.device]:
@@ -189,7 +192,7 @@ class Instance:
         )
         # The pinned output buffers belong to the slot and will be reused: copy out.
         arrays = {k: to_numpy_view(v).copy() for k, v in host_out.items()}
-        return BatchResult(self.servable.split(arrays, rows), times, self.index)
+        return BatchResult(self.servable.split(arrays, rows), times, self.index, tuple(ev))
 
 
 def _copy_outcome(src: concurrent.futures.Future, dst: concurrent.futures.Future) -> None:

@@ -1,0 +1,22 @@
+"""bench/gpu_check.py is what runs on a GPU host; its CPU dry run keeps it from rotting here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_dry_run_on_cpu_writes_its_figures(tmp_path):
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "gc.json"
+    assert mod.main(["--device", "cpu", "--batches", "3", "--rows", "16", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["schema"] == "wok.gpu_check/1"
+    assert report["server"]["equal_to_cpu"] is True
+    assert report["server"]["mean_batch_size"] > 1
+    assert report["checks"]["pinned host buffers"] is None  # not applicable without CUDA

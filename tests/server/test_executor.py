@@ -1,0 +1,109 @@
+"""The executor's pipeline: same answers on every path, stages timed, buffers reused.
+
+The CUDA tests run only where a CUDA device is present; on a machine without one,
+bench/gpu_check.py is the script to run on a GPU host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from wok.config import InstanceConfig
+from wok.executor import Executor
+from wok.models import build_demo
+
+NO_CUDA = "no CUDA device here; the CUDA path is checked on a GPU by bench/gpu_check.py"
+
+
+def mlp_requests(n_requests: int, rows: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [{"INPUT0": rng.standard_normal((rows, 256), dtype=np.float32)} for _ in range(n_requests)]
+
+
+def reference(servable, reqs):
+    module = servable.module_for(torch.device("cpu"))
+    with torch.inference_mode():
+        return [module(torch.from_numpy(r["INPUT0"])).numpy() for r in reqs]
+
+
+def run(executor, reqs, slot=0, instance=0):
+    return executor.instances[instance].submit(reqs, [r["INPUT0"].shape[0] for r in reqs], slot).result(30)
+
+
+def test_cpu_batch_matches_each_request_alone_and_times_its_stages():
+    s = build_demo("mlp")
+    ex = Executor(s, InstanceConfig(count=1, devices=("cpu",), pipeline_depth=2))
+    try:
+        reqs = mlp_requests(5, rows=2)
+        result = run(ex, reqs)
+        for got, want in zip(result.outputs, reference(s, reqs)):
+            np.testing.assert_allclose(got["OUTPUT0"], want, rtol=1e-5, atol=1e-6)
+        assert result.times.assemble > 0 and result.times.compute > 0
+        assert result.events is None
+    finally:
+        ex.shutdown()
+
+
+def test_host_buffers_are_reused_between_batches_of_a_slot():
+    s = build_demo("mlp")
+    ex = Executor(s, InstanceConfig(count=1, devices=("cpu",), pipeline_depth=1))
+    try:
+        run(ex, mlp_requests(4, rows=2))
+        buf = ex.instances[0].slots[0].inputs._flat["INPUT0"]
+        first_ptr = buf.data_ptr()
+        second = run(ex, mlp_requests(3, rows=1, seed=1))
+        assert ex.instances[0].slots[0].inputs._flat["INPUT0"].data_ptr() == first_ptr
+        # The smaller batch reused the buffer without leaking rows of the larger one.
+        assert [o["OUTPUT0"].shape for o in second.outputs] == [(1, 256)] * 3
+    finally:
+        ex.shutdown()
+
+
+def test_instances_spread_over_the_listed_devices():
+    s = build_demo("mlp")
+    ex = Executor(s, InstanceConfig(count=3, devices=("cpu",), pipeline_depth=2))
+    try:
+        assert [i.device.type for i in ex.instances] == ["cpu"] * 3
+        assert ex.slot_count == 6
+        reqs = mlp_requests(2, rows=1)
+        for k in range(3):
+            np.testing.assert_allclose(run(ex, reqs, instance=k).outputs[0]["OUTPUT0"], reference(s, reqs)[0], rtol=1e-5, atol=1e-6)
+    finally:
+        ex.shutdown()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_cuda_path_uses_pinned_buffers_streams_and_events():
+    s = build_demo("mlp")
+    ex = Executor(s, InstanceConfig(count=1, devices=("cuda:0",), pipeline_depth=2))
+    try:
+        inst = ex.instances[0]
+        assert len({inst.h2d_stream, inst.compute_stream, inst.d2h_stream}) == 3
+        reqs = mlp_requests(8, rows=4)
+        result = run(ex, reqs)
+        assert inst.slots[0].inputs._flat["INPUT0"].is_pinned()
+        assert inst.slots[0].outputs._flat["OUTPUT0"].is_pinned()
+        assert result.events is not None and len(result.events) == 5
+        assert result.times.h2d > 0 and result.times.compute > 0 and result.times.d2h > 0
+        for got, want in zip(result.outputs, reference(s, reqs)):
+            np.testing.assert_allclose(got["OUTPUT0"], want, rtol=1e-3, atol=1e-4)
+    finally:
+        ex.shutdown()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_cuda_two_slots_in_flight_give_the_same_answers():
+    s = build_demo("mlp")
+    ex = Executor(s, InstanceConfig(count=1, devices=("cuda:0",), pipeline_depth=2))
+    try:
+        a, b = mlp_requests(4, rows=8, seed=1), mlp_requests(4, rows=8, seed=2)
+        inst = ex.instances[0]
+        fa = inst.submit(a, [8] * 4, 0)
+        fb = inst.submit(b, [8] * 4, 1)
+        for reqs, fut in ((a, fa), (b, fb)):
+            for got, want in zip(fut.result(30).outputs, reference(s, reqs)):
+                np.testing.assert_allclose(got["OUTPUT0"], want, rtol=1e-3, atol=1e-4)
+    finally:
+        ex.shutdown()
