@@ -25,7 +25,6 @@ import time
 
 import numpy as np
 import torch
-
 from wok.config import InstanceConfig
 from wok.executor import Executor
 from wok.models import build_demo
@@ -66,7 +65,6 @@ def stage_medians(results) -> dict[str, float]:
 
 async def server_check(device: str) -> dict:
     import grpc
-
     from wok.app import WokServer
     from wok.codec import decode_response, encode_request
     from wok.config import model_config_from_dict, server_settings
@@ -126,11 +124,15 @@ def main(argv=None) -> int:
             drive(ex, batches[:4], depth)  # warm-up: allocator, kernels
             wall, results = drive(ex, batches, depth)
             pinned = all(
-                b.is_pinned() for slot in ex.instances[0].slots for b in (*slot.inputs._flat.values(), *slot.outputs._flat.values())
+                b.is_pinned()
+                for slot in ex.instances[0].slots
+                for b in (*slot.inputs._flat.values(), *slot.outputs._flat.values())
             )
         finally:
             ex.shutdown()
-        runs.setdefault(depth, []).append({"wall_s": wall, "pinned": pinned, "overlap": overlaps(results), "stages_ms": stage_medians(results)})
+        runs.setdefault(depth, []).append(
+            {"wall_s": wall, "pinned": pinned, "overlap": overlaps(results), "stages_ms": stage_medians(results)}
+        )
 
     served = asyncio.run(server_check(args.device))
     d1 = statistics.median(r["wall_s"] for r in runs[1])
@@ -167,7 +169,10 @@ def main(argv=None) -> int:
         ("wall, pipeline_depth 2 (median of 2) s", f"{d2:.3f}"),
         ("speed-up depth 2 / depth 1", f"{d1 / d2:.2f}x"),
         ("batch pairs with copy-in during compute", f"{hits}/{pairs}"),
-        ("median assemble / H2D / compute / D2H ms", f"{st['assemble']:.2f}/{st['h2d']:.2f}/{st['compute']:.2f}/{st['d2h']:.2f}"),
+        (
+            "median assemble / H2D / compute / D2H ms",
+            f"{st['assemble']:.2f}/{st['h2d']:.2f}/{st['compute']:.2f}/{st['d2h']:.2f}",
+        ),
         ("server: 512 concurrent mlp requests, s", f"{served['wall_s']:.3f}"),
         ("server: mean batch size", f"{served['mean_batch_size']:.1f}"),
         ("server: max |GPU - CPU|", f"{served['max_abs_err']:.2e}"),

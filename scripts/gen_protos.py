@@ -21,9 +21,8 @@ DEFAULT_OUT = ROOT / "server" / "v2pb"
 
 def generate(out_dir: Path) -> list[Path]:
     """Run protoc (from grpcio-tools) and move the results into out_dir; returns the files."""
-    from grpc_tools import protoc
-
     import grpc_tools
+    from grpc_tools import protoc
 
     include = Path(grpc_tools.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory() as tmp:

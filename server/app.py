@@ -24,8 +24,8 @@ from .batcher import Batcher, BatchingPolicy
 from .config import ServerSettings
 from .executor import Executor
 from .repository import ModelRepository
-from .service import InferenceService
 from .servable import Servable
+from .service import InferenceService
 from .stats import ModelStats
 from .v2pb import grpc_service_pb2 as pb
 from .v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -121,7 +121,7 @@ class WokServer:
                 await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         drains = [asyncio.ensure_future(rt.batcher.stop()) for rt in self.runtimes.values()]
         if drains:
-            done, pending = await asyncio.wait(drains, timeout=max(0.0, deadline - time.monotonic()))
+            _, pending = await asyncio.wait(drains, timeout=max(0.0, deadline - time.monotonic()))
             for d in pending:
                 d.cancel()
             await asyncio.gather(*drains, return_exceptions=True)

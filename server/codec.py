@@ -67,7 +67,9 @@ def array_from_raw(raw: bytes, dt: Datatype, shape: tuple[int, ...], name: str) 
     return np.frombuffer(raw, dtype=dt.numpy).reshape(shape)
 
 
-def array_from_contents(contents: pb.InferTensorContents, dt: Datatype, shape: tuple[int, ...], name: str) -> np.ndarray:
+def array_from_contents(
+    contents: pb.InferTensorContents, dt: Datatype, shape: tuple[int, ...], name: str
+) -> np.ndarray:
     if dt.contents_field is None:
         raise InvalidInput(f"input '{name}': datatype {dt.name} must be sent in raw_input_contents")
     values = getattr(contents, dt.contents_field)
@@ -112,9 +114,7 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
         seen[t.name] = i
     missing = [t.name for t in cfg.inputs if t.name not in seen]
     if missing:
-        raise InvalidInput(
-            f"missing input '{missing[0]}' for model '{model}'; expected inputs: {expected_names}"
-        )
+        raise InvalidInput(f"missing input '{missing[0]}' for model '{model}'; expected inputs: {expected_names}")
     raw = req.raw_input_contents
     if raw and len(raw) != len(req.inputs):
         raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(req.inputs)} inputs")
@@ -130,12 +130,9 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
             raise InvalidInput(f"input '{name}': expected datatype {tcfg.datatype}, got {t.datatype or '(none)'}")
         shape = tuple(t.shape)
         want = (-1, *tcfg.dims)
-        if len(shape) != len(want) or any(w != -1 and w != s for w, s in zip(want, shape)) or any(
-            s < 0 for s in shape
-        ):
+        if len(shape) != len(want) or any(w != -1 and w != s for w, s in zip(want, shape)) or any(s < 0 for s in shape):
             raise InvalidInput(
-                f"input '{name}': expected shape {_shape_str(want)} (batch first, -1 = any), "
-                f"got {_shape_str(shape)}"
+                f"input '{name}': expected shape {_shape_str(want)} (batch first, -1 = any), got {_shape_str(shape)}"
             )
         n = shape[0]
         if n < 1:

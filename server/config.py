@@ -82,9 +82,7 @@ class InstanceConfig(_Strict):
         description="Devices the instances are spread over, round robin: 'cpu', 'cuda', 'cuda:N', "
         "or 'auto' (cuda:0 when a CUDA device is present, else cpu).",
     )
-    pipeline_depth: int = Field(
-        2, ge=1, le=8, description="Batches in flight per instance, so copies overlap compute."
-    )
+    pipeline_depth: int = Field(2, ge=1, le=8, description="Batches in flight per instance, so copies overlap compute.")
 
     @field_validator("devices")
     @classmethod
@@ -123,9 +121,7 @@ class ModelConfig(_Strict):
     )
     inputs: tuple[TensorConfig, ...] = Field(min_length=1)
     outputs: tuple[TensorConfig, ...] = Field(min_length=1)
-    max_batch_size: int = Field(
-        ge=1, le=65_536, description="Most samples (rows of the batch dimension) in one batch."
-    )
+    max_batch_size: int = Field(ge=1, le=65_536, description="Most samples (rows of the batch dimension) in one batch.")
     dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
     instances: InstanceConfig = InstanceConfig()
     precision: Literal["fp32", "fp16", "bf16"] = Field(
@@ -146,9 +142,7 @@ class ModelConfig(_Strict):
                 raise ValueError(f"{kind} names repeat: {sorted(dup)}")
         for size in self.dynamic_batching.preferred_batch_sizes:
             if not 1 <= size <= self.max_batch_size:
-                raise ValueError(
-                    f"preferred batch size {size} is outside 1..max_batch_size ({self.max_batch_size})"
-                )
+                raise ValueError(f"preferred batch size {size} is outside 1..max_batch_size ({self.max_batch_size})")
         return self
 
     def input(self, name: str) -> TensorConfig | None:
@@ -172,9 +166,7 @@ class ServerSettings(_Strict):
     max_request_bytes: int = Field(
         64 << 20, ge=1024, description="Largest ModelInfer request (bytes) accepted; larger: INVALID_ARGUMENT."
     )
-    torch_threads: int | None = Field(
-        None, ge=1, description="torch intra-op threads; None keeps torch's default."
-    )
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None keeps torch's default.")
 
 
 def _describe(err: ValidationError) -> str:

@@ -87,9 +87,7 @@ class Instance:
         self.slots = [_Slot(pinned=self.cuda) for _ in range(depth)]
         tag = f"wok-{servable.name}-{index}"
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{tag}-run")
-        self._waiter = (
-            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{tag}-wait") if self.cuda else None
-        )
+        self._waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{tag}-wait") if self.cuda else None
         if self.cuda:
             with torch.cuda.device(device):
                 self.h2d_stream = torch.cuda.Stream(device)

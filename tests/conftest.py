@@ -12,16 +12,19 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 READY = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
 # Small demo sizes keep start-up fast; the defaults are what `wok serve` uses.
 SMALL_DEMO = ["--demo-option", "recsys.num_embeddings=20000"]
+SMALL_DEMO_OPTIONS = {"recsys": {"num_embeddings": 20000}}
 
 
 @dataclass
@@ -102,11 +105,7 @@ async def running_server(models=("mlp", "recsys", "encoder"), repository=None, *
     from wok.config import server_settings
 
     s = server_settings(grpc_port=0, demo_models=tuple(models), model_repository=repository, **settings)
-    if repository is None:
-        repo = build_repository(s, {"recsys": {"num_embeddings": 20000}})
-    else:
-        repo = build_repository(s)
-    server = WokServer(s, repo)
+    server = WokServer(s, build_repository(s, SMALL_DEMO_OPTIONS))
     await server.start()
     try:
         yield server
@@ -120,3 +119,77 @@ async def running_server(models=("mlp", "recsys", "encoder"), repository=None, *
 def serve():
     """`async with serve(models=..., **settings) as server:` a server in this test's loop."""
     return running_server
+
+
+SLOW_MODEL = textwrap.dedent(
+    """
+    import time
+
+    import torch
+    from torch import nn
+
+
+    class SlowDouble(nn.Module):
+        # Sleeps per batch so that a burst really queues; raises on NaN so tests can make a
+        # batch fail on purpose.
+        def __init__(self, sleep_ms: float) -> None:
+            super().__init__()
+            self.sleep_s = sleep_ms / 1e3
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(self.sleep_s)
+            if torch.isnan(x).any():
+                raise ValueError("NaN in batch")
+            return x * 2
+
+
+    def build(sleep_ms: float = 20.0) -> nn.Module:
+        return SlowDouble(sleep_ms)
+    """
+)
+
+
+def write_slow_model(
+    root: Path, name="slow", *, sleep_ms=20.0, max_batch_size=4, delay_ms=1.0, max_queue_size=0
+) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "model.py").write_text(SLOW_MODEL)
+    (d / "config.toml").write_text(
+        textwrap.dedent(
+            f"""
+            platform = "python"
+            factory = "model:build"
+            max_batch_size = {max_batch_size}
+            parameters = {{ sleep_ms = {sleep_ms} }}
+
+            [[inputs]]
+            name = "INPUT0"
+            datatype = "FP32"
+            dims = [4]
+
+            [[outputs]]
+            name = "OUTPUT0"
+            datatype = "FP32"
+            dims = [4]
+
+            [dynamic_batching]
+            max_queue_delay_ms = {delay_ms}
+            max_queue_size = {max_queue_size}
+
+            [instances]
+            devices = ["cpu"]
+            """
+        )
+    )
+    return root
+
+
+@pytest.fixture
+def slow_repository(tmp_path):
+    """`slow_repository(**options)` → a repository folder holding the slow model."""
+
+    def make(**options) -> Path:
+        return write_slow_model(tmp_path / "repo", **options)
+
+    return make

@@ -51,9 +51,7 @@ class Encoder(nn.Module):
         # nn.Embedding's N(0, 1) would swamp the attention block's residual at this width.
         nn.init.normal_(self.tokens.weight, std=0.02)
         nn.init.normal_(self.positions.weight, std=0.02)
-        layer = nn.TransformerEncoderLayer(
-            d_model, nhead, dim_feedforward, dropout=0.0, batch_first=True
-        )
+        layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=0.0, batch_first=True)
         # Nested tensors would drop padded positions in a layout that varies with the
         # batch; a dense padded batch plus the key mask keeps results batch-independent.
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
@@ -79,16 +77,12 @@ class EncoderServable(Servable):
         if length < 1:
             raise InvalidInput("input 'tokens': sequence length must be at least 1; got 0")
         if length > self.max_length:
-            raise InvalidInput(
-                f"input 'tokens': sequence length must be at most {self.max_length}; got {length}"
-            )
+            raise InvalidInput(f"input 'tokens': sequence length must be at most {self.max_length}; got {length}")
         if tokens.size == 0:
             return
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= self.vocab:
-            raise InvalidInput(
-                f"input 'tokens': token ids must be in [0, {self.vocab}); got values from {lo} to {hi}"
-            )
+            raise InvalidInput(f"input 'tokens': token ids must be in [0, {self.vocab}); got values from {lo} to {hi}")
 
     def batch_key(self, inputs: dict[str, np.ndarray]) -> Hashable:
         return length_bucket(inputs["tokens"].shape[1], self.max_length)
@@ -110,9 +104,7 @@ class EncoderServable(Servable):
             r += n
         return {"tokens": tokens, "lengths": lengths}
 
-    def forward(
-        self, module: nn.Module, tensors: dict[str, torch.Tensor]
-    ) -> dict[str, torch.Tensor]:
+    def forward(self, module: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return self.name_outputs(module(tensors["tokens"], tensors["lengths"]))
 
 

@@ -35,9 +35,7 @@ class Recsys(nn.Module):
         self.bottom = nn.Sequential(nn.Linear(dense_features, dim), nn.ReLU())
         self.top = nn.Sequential(nn.Linear(2 * dim, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
-    def forward(
-        self, dense: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         pooled = self.table(ids, offsets)
         return torch.sigmoid(self.top(torch.cat([self.bottom(dense), pooled], dim=1)))
 
@@ -53,9 +51,7 @@ class RecsysServable(Servable):
             return
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.num_embeddings:
-            raise InvalidInput(
-                f"input 'ids': ids must be in [0, {self.num_embeddings}); got values from {lo} to {hi}"
-            )
+            raise InvalidInput(f"input 'ids': ids must be in [0, {self.num_embeddings}); got values from {lo} to {hi}")
 
     def batch_key(self, inputs: dict[str, np.ndarray]) -> Hashable:
         return None
@@ -79,9 +75,7 @@ class RecsysServable(Servable):
             i += n * per_row
         return {"dense": dense, "ids": ids, "offsets": offsets}
 
-    def forward(
-        self, module: nn.Module, tensors: dict[str, torch.Tensor]
-    ) -> dict[str, torch.Tensor]:
+    def forward(self, module: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return self.name_outputs(module(tensors["dense"], tensors["ids"], tensors["offsets"]))
 
 
@@ -95,9 +89,7 @@ def build(
 ) -> Servable:
     """The `recsys` demo model: `num_embeddings` x `dim` table, `dense_features` dense inputs."""
     if num_embeddings < MIN_TABLE_ROWS:
-        raise ValueError(
-            f"{NAME}: num_embeddings must be >= {MIN_TABLE_ROWS}; got {num_embeddings}"
-        )
+        raise ValueError(f"{NAME}: num_embeddings must be >= {MIN_TABLE_ROWS}; got {num_embeddings}")
     for opt, value in (("dim", dim), ("dense_features", dense_features), ("hidden", hidden)):
         if value < 1:
             raise ValueError(f"{NAME}: {opt} must be >= 1; got {value}")

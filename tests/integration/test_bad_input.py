@@ -8,7 +8,6 @@ import asyncio
 import grpc
 import numpy as np
 import pytest
-
 from wok.codec import decode_response, encode_request
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -148,9 +147,7 @@ async def test_typed_contents_are_accepted_like_raw_ones(serve):
     np.testing.assert_array_equal(typed, raw)
 
 
-async def test_a_model_that_raises_fails_its_batch_with_internal_and_the_server_keeps_serving(
-    serve, slow_repository
-):
+async def test_a_model_that_raises_fails_its_batch_with_internal_and_the_server_keeps_serving(serve, slow_repository):
     repo = slow_repository(sleep_ms=1, max_batch_size=4, delay_ms=50)
     async with serve(repository=repo) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:

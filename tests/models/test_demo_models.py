@@ -218,9 +218,7 @@ def test_recsys_scores_are_not_saturated(recsys):
 
 def test_encoder_lengths_in_one_bucket_share_a_batch(encoder):
     rng = _rng(7)
-    requests = [
-        encoder_request(rng, n, length) for n, length in ((2, 9), (1, 16), (3, 12), (1, 10))
-    ]
+    requests = [encoder_request(rng, n, length) for n, length in ((2, 9), (1, 16), (3, 12), (1, 10))]
     assert len({encoder.batch_key(r) for r in requests}) == 1
     _assert_batched_equals_alone(encoder, requests)
 
@@ -280,9 +278,7 @@ def test_recsys_rejects_out_of_range_ids(recsys):
     ids = np.array([[1, -3], [250_001, 7]], dtype=np.int64)
     with pytest.raises(InvalidInput) as info:
         recsys.check({"dense": np.zeros((2, 13), np.float32), "ids": ids})
-    assert str(info.value) == (
-        "input 'ids': ids must be in [0, 200000); got values from -3 to 250001"
-    )
+    assert str(info.value) == ("input 'ids': ids must be in [0, 200000); got values from -3 to 250001")
 
 
 def test_encoder_accepts_small_ids(encoder):

@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 import pytest
-
 from wok.batcher import Batcher, BatchingPolicy
 from wok.errors import DeadlineExceeded, ModelExecutionError, QueueFull, ShuttingDown
 from wok.stats import ModelStats
@@ -16,7 +15,9 @@ from wok.stats import ModelStats
 def make_batcher(servable, executor) -> Batcher:
     cfg = servable.config
     db = cfg.dynamic_batching
-    policy = BatchingPolicy(cfg.max_batch_size, db.max_queue_delay_ms / 1e3, db.preferred_batch_sizes, db.max_queue_size)
+    policy = BatchingPolicy(
+        cfg.max_batch_size, db.max_queue_delay_ms / 1e3, db.preferred_batch_sizes, db.max_queue_size
+    )
     b = Batcher(cfg.name, executor, policy, ModelStats(cfg.name))
     b.start()
     return b
@@ -160,7 +161,7 @@ async def test_a_withdrawn_request_leaves_the_queue(gated):
 
 
 async def test_a_failing_batch_fails_every_caller_in_it_and_the_next_batch_runs(gated):
-    s, m, ex = gated(max_batch_size=3, delay_ms=60_000)
+    s, _, ex = gated(max_batch_size=3, delay_ms=60_000)
     b = make_batcher(s, ex)
     bad = [submit(b, 1.0), submit(b, float("nan")), submit(b, 2.0)]
     results = await asyncio.gather(*(p.future for p in bad), return_exceptions=True)
@@ -183,7 +184,7 @@ async def test_requests_with_different_keys_never_share_a_batch(gated):
 
 
 async def test_stop_drains_the_queue_and_refuses_new_requests(gated):
-    s, m, ex = gated(max_batch_size=8, delay_ms=60_000)
+    s, _, ex = gated(max_batch_size=8, delay_ms=60_000)
     b = make_batcher(s, ex)
     ps = [submit(b, float(i)) for i in range(5)]
     stopping = asyncio.ensure_future(b.stop())

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from wok.config import InstanceConfig
 from wok.executor import Executor
 from wok.models import build_demo
@@ -69,7 +68,9 @@ def test_instances_spread_over_the_listed_devices():
         assert ex.slot_count == 6
         reqs = mlp_requests(2, rows=1)
         for k in range(3):
-            np.testing.assert_allclose(run(ex, reqs, instance=k).outputs[0]["OUTPUT0"], reference(s, reqs)[0], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                run(ex, reqs, instance=k).outputs[0]["OUTPUT0"], reference(s, reqs)[0], rtol=1e-5, atol=1e-6
+            )
     finally:
         ex.shutdown()
 

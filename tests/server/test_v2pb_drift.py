@@ -19,7 +19,11 @@ def test_generated_stubs_match_proto_sources(tmp_path):
     gen = _generator()
     fresh = {p.name: p.read_bytes() for p in gen.generate(tmp_path)}
     committed_dir = ROOT / "server" / "v2pb"
-    committed = {p.name: p.read_bytes() for p in committed_dir.iterdir() if p.suffix in (".py", ".pyi") and p.name != "__init__.py"}
+    committed = {
+        p.name: p.read_bytes()
+        for p in committed_dir.iterdir()
+        if p.suffix in (".py", ".pyi") and p.name != "__init__.py"
+    }
     assert sorted(fresh) == sorted(committed), "generated file set differs; run python scripts/gen_protos.py"
     stale = [name for name in fresh if fresh[name] != committed[name]]
     assert not stale, f"{stale} differ from proto/; run python scripts/gen_protos.py and commit"
@@ -32,8 +36,16 @@ def test_wire_names_are_tritons():
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     assert service.full_name == "inference.GRPCInferenceService"
     assert {m.name for m in service.methods} == {
-        "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
-        "ModelStreamInfer", "ModelConfig", "ModelStatistics", "RepositoryIndex",
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ModelInfer",
+        "ModelStreamInfer",
+        "ModelConfig",
+        "ModelStatistics",
+        "RepositoryIndex",
     }
     stream = service.methods_by_name["ModelStreamInfer"]
     assert stream.client_streaming and stream.server_streaming

@@ -1,0 +1,67 @@
+"""Health (overall and per model), reflection, and the staged stop as a client sees them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from wok.codec import decode_response, encode_request
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def test_health_is_served_overall_per_service_and_per_model(serve):
+    async with serve(models=("mlp", "encoder")) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            h = health_pb2_grpc.HealthStub(ch)
+            for name in ("", "inference.GRPCInferenceService", "mlp", "encoder"):
+                assert (await h.Check(health_pb2.HealthCheckRequest(service=name))).status == SERVING, name
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await h.Check(health_pb2.HealthCheckRequest(service="recsys"))
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_reflection_lists_the_inference_and_health_services(serve):
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+
+            async def ask():
+                yield reflection_pb2.ServerReflectionRequest(list_services="")
+
+            names = set()
+            async for resp in stub.ServerReflectionInfo(ask()):
+                names |= {s.name for s in resp.list_services_response.service}
+    assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
+
+
+async def test_stop_turns_health_not_serving_refuses_new_calls_and_finishes_accepted_ones(serve, slow_repository):
+    repo = slow_repository(sleep_ms=300, max_batch_size=1, delay_ms=0)
+    async with serve(repository=repo) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            h = health_pb2_grpc.HealthStub(ch)
+            x = {"INPUT0": np.ones((1, 4), np.float32)}
+            accepted = asyncio.ensure_future(stub.ModelInfer(encode_request("slow", x)))
+            while server.runtimes["slow"].stats.execution_count == 0 and server.runtimes["slow"].batcher.inflight == 0:
+                await asyncio.sleep(0.001)
+            stopping = asyncio.ensure_future(server.stop(grace=10))
+            while not server.draining:
+                await asyncio.sleep(0)
+            for name in ("", "slow"):
+                assert (await h.Check(health_pb2.HealthCheckRequest(service=name))).status == NOT_SERVING
+            assert not (await stub.ServerReady(pb.ServerReadyRequest())).ready
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(encode_request("slow", x))
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert info.value.details() == "server is shutting down and accepts no new requests"
+            out = decode_response(await accepted)
+            np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+            await stopping
