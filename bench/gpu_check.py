@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 import torch
+
 from wok.config import InstanceConfig
 from wok.executor import Executor
 from wok.models import build_demo
@@ -65,6 +66,7 @@ def stage_medians(results) -> dict[str, float]:
 
 async def server_check(device: str) -> dict:
     import grpc
+
     from wok.app import WokServer
     from wok.codec import decode_response, encode_request
     from wok.config import model_config_from_dict, server_settings

@@ -8,6 +8,7 @@ import asyncio
 import grpc
 import numpy as np
 import pytest
+
 from wok.codec import decode_response, encode_request
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc

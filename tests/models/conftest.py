@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from wok.models import build_demo
 from wok.servable import Servable
 

@@ -7,6 +7,7 @@ import importlib
 import numpy as np
 import pytest
 import torch
+
 from wok.errors import InvalidInput
 from wok.models import DEMO_MODELS, build_demo
 from wok.models.encoder import length_bucket

@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch
 from torch import nn
+
 from wok.config import model_config_from_dict
 from wok.executor import Executor
 from wok.servable import Servable

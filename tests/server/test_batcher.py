@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+
 from wok.batcher import Batcher, BatchingPolicy
 from wok.errors import DeadlineExceeded, ModelExecutionError, QueueFull, ShuttingDown
 from wok.stats import ModelStats

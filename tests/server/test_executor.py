@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from wok.config import InstanceConfig
 from wok.executor import Executor
 from wok.models import build_demo
