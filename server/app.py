@@ -89,6 +89,10 @@ class WokServer:
                 ("grpc.max_receive_message_length", transport_limit),
                 ("grpc.max_send_message_length", transport_limit),
                 ("grpc.so_reuseport", 0),
+                # gRPC core cancels calls beyond 1000 waiting for the application (3000 hard);
+                # admission is the batcher's job (max_queue_size), so lift that limit.
+                ("grpc.server.max_pending_requests", 1 << 20),
+                ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
             ]
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(self), self._grpc)

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from .config import InstanceConfig
-from .datatypes import to_numpy_view
 from .errors import ModelExecutionError
 from .servable import HostBuffers, Servable
+from .tensors import to_numpy_view
 
 
 @dataclass(slots=True)

@@ -34,7 +34,13 @@ def _load_factory(cfg: ModelConfig, model_dir: Path):
         spec = importlib.util.spec_from_file_location(unique, local)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[unique] = mod
-        spec.loader.exec_module(mod)
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as exc:
+            del sys.modules[unique]
+            raise ConfigError(
+                f"model '{cfg.name}': cannot import factory module {str(local)!r}: {type(exc).__name__}: {exc}"
+            ) from exc
     else:
         try:
             mod = importlib.import_module(module_name)
@@ -52,7 +58,10 @@ def _load_weights(module: nn.Module, path: Path, cfg: ModelConfig) -> None:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        state = load_file(str(path))
+        try:
+            state = load_file(str(path))
+        except Exception as exc:
+            raise ConfigError(f"model '{cfg.name}': {path} is not a valid safetensors file: {exc}") from None
     else:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -60,7 +69,7 @@ def _load_weights(module: nn.Module, path: Path, cfg: ModelConfig) -> None:
             raise ConfigError(f"model '{cfg.name}': {path} is not a weights-only state dict: {exc}") from None
     try:
         module.load_state_dict(state)
-    except RuntimeError as exc:
+    except (RuntimeError, TypeError) as exc:
         raise ConfigError(f"model '{cfg.name}': weights in {path} do not fit the module: {exc}") from None
 
 
@@ -68,7 +77,14 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
     """Build the Servable for the model in `model_dir`."""
     cfg = cfg or load_model_config(model_dir)
     if cfg.platform == "python":
-        made = _load_factory(cfg, model_dir)(**cfg.parameters)
+        factory = _load_factory(cfg, model_dir)
+        try:
+            made = factory(**cfg.parameters)
+        except Exception as exc:
+            raise ConfigError(
+                f"model '{cfg.name}': factory {cfg.factory} failed with parameters {cfg.parameters}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         if isinstance(made, Servable):
             return made
         if not isinstance(made, nn.Module):
@@ -85,6 +101,10 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
                 module = torch.jit.load(str(path), map_location="cpu")
             else:
                 module = torch.export.load(str(path)).module()
+                # torch makes train()/eval() raise on this module (its mode was fixed at
+                # export), but Servable calls eval() on every module: drop those overrides.
+                for attr in ("train", "eval"):
+                    module.__dict__.pop(attr, None)
         except Exception as exc:
             raise ConfigError(f"model '{cfg.name}': cannot load {cfg.platform} file {path}: {exc}") from None
     if cfg.weights:

@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .datatypes import Datatype, datatype, to_numpy_view
+from .datatypes import Datatype, datatype
 from .errors import ModelExecutionError
+from .tensors import to_numpy_view, torch_dtype
 
 PRECISION = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -99,7 +100,7 @@ class Servable:
         first = requests[0]
         for name, dt in self.input_types.items():
             sample_shape = first[name].shape[1:]
-            buf = buffers.get(name, (rows, *sample_shape), dt.torch)
+            buf = buffers.get(name, (rows, *sample_shape), torch_dtype(dt))
             view = to_numpy_view(buf)
             r = 0
             for req in requests:
@@ -136,7 +137,7 @@ class Servable:
             )
         out = {}
         for n, t in zip(names, result):
-            want = self.output_types[n].torch
+            want = torch_dtype(self.output_types[n])
             out[n] = t if t.dtype == want else t.to(want)
         return out
 

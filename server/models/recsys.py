@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from ..config import model_config_from_dict
-from ..datatypes import to_numpy_view
 from ..errors import InvalidInput
 from ..servable import HostBuffers, Servable
+from ..tensors import to_numpy_view
 
 NAME = "recsys"
 SEED = 0x726563

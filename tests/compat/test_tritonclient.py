@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from wok.models import build_demo
 from wok.servable import HostBuffers, Servable
 
@@ -47,8 +48,7 @@ def peer_run(server_process, tmp_path_factory) -> tuple[dict, Path]:
     if proc.returncode != 0:
         pytest.fail(
             f"triton_peer.py exited {proc.returncode}\n--- stderr ---\n{proc.stderr}"
-            f"\n--- stdout ---\n{proc.stdout}\n--- server log ---\n"
-            + "\n".join(server_process.log[-40:])
+            f"\n--- stdout ---\n{proc.stdout}\n--- server log ---\n" + "\n".join(server_process.log[-40:])
         )
     return json.loads((out / "report.json").read_text()), out
 
@@ -91,12 +91,8 @@ def test_model_metadata_matches_config(peer_run, servables):
             # MessageToJson renders int64 shapes as strings.
             return [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in entries]
 
-        assert tensors(meta["inputs"]) == [
-            (t.name, t.datatype, [-1, *t.dims]) for t in cfg.inputs
-        ], m
-        assert tensors(meta["outputs"]) == [
-            (t.name, t.datatype, [-1, *t.dims]) for t in cfg.outputs
-        ], m
+        assert tensors(meta["inputs"]) == [(t.name, t.datatype, [-1, *t.dims]) for t in cfg.inputs], m
+        assert tensors(meta["outputs"]) == [(t.name, t.datatype, [-1, *t.dims]) for t in cfg.outputs], m
 
 
 def test_model_config_matches_config(peer_run, servables):
@@ -110,12 +106,8 @@ def test_model_config_matches_config(peer_run, servables):
         def tensors(entries):
             return [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in entries]
 
-        assert tensors(got["input"]) == [
-            (t.name, f"TYPE_{t.datatype}", list(t.dims)) for t in cfg.inputs
-        ], m
-        assert tensors(got["output"]) == [
-            (t.name, f"TYPE_{t.datatype}", list(t.dims)) for t in cfg.outputs
-        ], m
+        assert tensors(got["input"]) == [(t.name, f"TYPE_{t.datatype}", list(t.dims)) for t in cfg.inputs], m
+        assert tensors(got["output"]) == [(t.name, f"TYPE_{t.datatype}", list(t.dims)) for t in cfg.outputs], m
         delay_us = int(got["dynamic_batching"].get("max_queue_delay_microseconds", 0))
         assert delay_us == int(cfg.dynamic_batching.max_queue_delay_ms * 1000), m
         params = got.get("parameters", {})
@@ -147,9 +139,7 @@ def test_statistics_count_the_peer_requests(peer_run):
         samples = a["inference_count"] - b["inference_count"]
         batches = a["execution_count"] - b["execution_count"]
         # inference_count counts rows, as Triton does, so it grows by exactly what was sent.
-        assert samples == rows[m], (
-            f"{m}: inference_count grew by {samples}, the peer sent {rows[m]} rows"
-        )
+        assert samples == rows[m], f"{m}: inference_count grew by {samples}, the peer sent {rows[m]} rows"
         assert 1 <= batches <= samples, f"{m}: execution_count grew by {batches} for {samples} rows"
         assert a["inference_count"] >= a["execution_count"], (m, a)
 
@@ -172,9 +162,7 @@ def test_outputs_match_the_model_in_process(peer_run, servables):
                 assert got.dtype == want[name].dtype, (mode, case, name, got.dtype)
                 assert got.shape == want[name].shape, (mode, case, name, got.shape)
                 assert got.shape[0] == rows
-                np.testing.assert_allclose(
-                    got, want[name], rtol=1e-5, atol=1e-6, err_msg=f"{mode}/{case}/{name}"
-                )
+                np.testing.assert_allclose(got, want[name], rtol=1e-5, atol=1e-6, err_msg=f"{mode}/{case}/{name}")
 
 
 def test_bad_request_is_invalid_argument(peer_run):

@@ -117,13 +117,9 @@ class Peer:
         self.report["rows_sent"][model] += next(iter(arrays.values())).shape[0]
         resp = result.get_response()
         if resp.model_name != model:
-            raise AssertionError(
-                f"{mode}/{case}: response model_name {resp.model_name!r}, want {model!r}"
-            )
+            raise AssertionError(f"{mode}/{case}: response model_name {resp.model_name!r}, want {model!r}")
         if resp.id != f"{mode}-{case}":
-            raise AssertionError(
-                f"{mode}/{case}: response id {resp.id!r}, want {mode + '-' + case!r}"
-            )
+            raise AssertionError(f"{mode}/{case}: response id {resp.id!r}, want {mode + '-' + case!r}")
         files = {}
         for out in resp.outputs:
             a = result.as_numpy(out.name)
@@ -146,9 +142,7 @@ class Peer:
         self.report["model_metadata"] = {}
         self.report["model_config"] = {}
         for m in MODELS:
-            self.report["model_ready"][m] = self.record(
-                "is_model_ready", m, client.is_model_ready, m
-            )
+            self.report["model_ready"][m] = self.record("is_model_ready", m, client.is_model_ready, m)
             self.report["model_metadata"][m] = self.record(
                 "get_model_metadata", m, client.get_model_metadata, m, as_json=True
             )
@@ -180,9 +174,7 @@ class Peer:
                 continue
             entries = [s for s in stats.get("model_stats", []) if s.get("name") == m]
             if len(entries) != 1:
-                self.fail(
-                    f"get_inference_statistics[{key}]", m, f"no single entry for {m}: {stats}"
-                )
+                self.fail(f"get_inference_statistics[{key}]", m, f"no single entry for {m}: {stats}")
                 continue
             # MessageToJson renders uint64 as strings and leaves zero counts out.
             counts[m] = {
@@ -222,9 +214,7 @@ class Peer:
                 client_timeout=CALL_TIMEOUT_S,
             )
             if result is not None:
-                self.record(
-                    "infer[typed contents].result", model, self.save_result, "typed", case, result
-                )
+                self.record("infer[typed contents].result", model, self.save_result, "typed", case, result)
 
     def callback_infer(self, client) -> None:
         """The sync client's async_infer: all requests in flight at once, so they can batch."""
@@ -257,9 +247,7 @@ class Peer:
             if error is not None:
                 self.fail("async_infer.callback", model, _describe(error))
             else:
-                self.record(
-                    "async_infer.result", model, self.save_result, "async_infer", case, result
-                )
+                self.record("async_infer.result", model, self.save_result, "async_infer", case, result)
 
     def stream_infer(self, client) -> None:
         """One bidirectional stream: every case, plus a bad request that must not end it."""
@@ -308,9 +296,7 @@ class Peer:
             if case is None:
                 self.fail("stream.result", None, f"unexpected response id {rid!r}")
                 continue
-            self.record(
-                "stream.result", self.cases[case][0], self.save_result, "stream", case, result
-            )
+            self.record("stream.result", self.cases[case][0], self.save_result, "stream", case, result)
         for rid in sent:
             self.fail("stream.result", None, f"no response for {rid}")
         self.report["stream_errors"] = [_describe(e) for e in errors]
@@ -330,9 +316,7 @@ class Peer:
             client.infer("mlp", bad_inputs(), client_timeout=CALL_TIMEOUT_S)
         except InferenceServerException as exc:
             entry.update(raised=True, status=exc.status(), message=exc.message())
-        ok = entry["status"] == "StatusCode.INVALID_ARGUMENT" and "INPUT0" in (
-            entry["message"] or ""
-        )
+        ok = entry["status"] == "StatusCode.INVALID_ARGUMENT" and "INPUT0" in (entry["message"] or "")
         self.report["calls"].append(
             {
                 "call": "infer[bad shape]",

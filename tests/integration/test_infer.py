@@ -52,3 +52,14 @@ async def test_each_demo_model_answers_a_multi_row_request(serve):
                 got = decode_response(await stub.ModelInfer(encode_request(model, inputs)))
                 assert got[out].shape == shape and got[out].dtype == np.float32
                 assert np.isfinite(got[out]).all()
+
+
+async def test_3000_calls_in_flight_at_once_all_succeed(serve):
+    # gRPC core's own pending-call limit (1000 by default) would cancel some of these.
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            req = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
+            results = await asyncio.gather(*(stub.ModelInfer(req) for _ in range(3000)), return_exceptions=True)
+    failed = [r for r in results if isinstance(r, Exception)]
+    assert not failed, f"{len(failed)} failed, first: {failed[0]!r}"

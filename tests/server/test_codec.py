@@ -9,9 +9,10 @@ from torch import nn
 
 from wok.codec import decode_request, decode_response, encode_request, encode_response
 from wok.config import model_config_from_dict
-from wok.datatypes import DATATYPES, from_numpy, to_numpy_view
+from wok.datatypes import DATATYPES
 from wok.errors import InvalidInput
 from wok.servable import HostBuffers, Servable
+from wok.tensors import from_numpy, to_numpy_view
 from wok.v2pb import grpc_service_pb2 as pb
 
 NUMERIC = [n for n in DATATYPES if n != "BYTES"]

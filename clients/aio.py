@@ -1,0 +1,207 @@
+"""The asyncio client, over one `grpc.aio` channel.
+
+A grpc.aio channel belongs to the event loop it is made in, so the channel is made on
+first use (or in `__aenter__`) inside the running loop, never at construction. `infer`
+is the load generator's hot path: encode, one awaited unary call, decode, nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+
+from wok.codec import decode_response, encode_request
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb.grpc_service_pb2_grpc import GRPCInferenceServiceStub
+
+from .channel import channel_options, channel_target
+from .errors import InferError
+from .messages import ModelInfo, StreamItem, StreamResult, stream_request, stream_result
+
+
+class AsyncClient:
+    """A KServe V2 client for asyncio; numpy arrays in and out.
+
+    `target` is one gRPC target ("host:port", "dns:///name:port", ...) or several
+    "host:port" servers, balanced round robin over one channel. `options` are extra
+    gRPC channel options. Use as `async with AsyncClient(...) as client:` or call
+    `close()`; a closed client cannot be used again. All calls must come from the loop
+    that made the first one.
+
+    Every failed call raises InferError. The metadata calls return the protocol's
+    response messages (`wok.v2pb.grpc_service_pb2`) as they are, except `model_metadata`.
+    `timeout` is always in seconds and becomes the gRPC deadline.
+    """
+
+    def __init__(self, target: str | Sequence[str], *, options: Sequence[tuple[str, Any]] | None = None) -> None:
+        self.target = channel_target(target)
+        self._options = channel_options(options)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: GRPCInferenceServiceStub | None = None
+        self._closed = False
+
+    def _connect(self) -> GRPCInferenceServiceStub:
+        if self._closed:
+            raise RuntimeError("this AsyncClient is closed")
+        # Outside a running loop grpc.aio would bind the channel to a loop nobody runs.
+        asyncio.get_running_loop()
+        self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+        self._stub = GRPCInferenceServiceStub(self._channel)
+        return self._stub
+
+    async def __aenter__(self) -> AsyncClient:
+        if self._stub is None:
+            self._connect()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel; calls still in flight end with CANCELLED."""
+        self._closed = True
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close()
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until the channel is connected (to at least one server); TimeoutError if not in time."""
+        if self._stub is None:
+            self._connect()
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"{self.target}: not connected within {timeout} s") from None
+
+    async def _unary(self, method: str, request, timeout: float | None):
+        stub = self._stub or self._connect()
+        try:
+            return await getattr(stub, method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise InferError.from_rpc_error(exc) from None
+
+    # -- health and metadata ---------------------------------------------------------------
+    async def server_live(self, *, timeout: float | None = None) -> bool:
+        return (await self._unary("ServerLive", pb.ServerLiveRequest(), timeout)).live
+
+    async def server_ready(self, *, timeout: float | None = None) -> bool:
+        return (await self._unary("ServerReady", pb.ServerReadyRequest(), timeout)).ready
+
+    async def model_ready(self, name: str, *, timeout: float | None = None) -> bool:
+        return (await self._unary("ModelReady", pb.ModelReadyRequest(name=name), timeout)).ready
+
+    async def server_metadata(self, *, timeout: float | None = None) -> pb.ServerMetadataResponse:
+        return await self._unary("ServerMetadata", pb.ServerMetadataRequest(), timeout)
+
+    async def model_metadata(self, name: str, *, timeout: float | None = None) -> ModelInfo:
+        """The model's inputs and outputs: names, datatypes, shapes (batch first, -1 = any)."""
+        return ModelInfo.from_proto(await self._unary("ModelMetadata", pb.ModelMetadataRequest(name=name), timeout))
+
+    async def model_config(self, name: str, *, timeout: float | None = None) -> pb.ModelConfigResponse:
+        return await self._unary("ModelConfig", pb.ModelConfigRequest(name=name), timeout)
+
+    async def model_statistics(self, name: str = "", *, timeout: float | None = None) -> pb.ModelStatisticsResponse:
+        """Statistics of model `name`, or of every model when `name` is empty."""
+        return await self._unary("ModelStatistics", pb.ModelStatisticsRequest(name=name), timeout)
+
+    async def repository_index(self, *, timeout: float | None = None) -> pb.RepositoryIndexResponse:
+        return await self._unary("RepositoryIndex", pb.RepositoryIndexRequest(), timeout)
+
+    # -- inference ---------------------------------------------------------------------------
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        outputs: Iterable[str] | None = None,
+        timeout: float | None = None,
+        request_id: str = "",
+        server_timeout_us: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run one request; returns every output, or only those named in `outputs`.
+
+        The V2 datatype of each input follows its numpy dtype. `server_timeout_us` is the
+        V2 `timeout` parameter: how long the server may queue the request. The returned
+        arrays are read-only views of the response; copy one to change it.
+        """
+        request = encode_request(model, inputs, outputs, request_id, server_timeout_us)
+        stub = self._stub or self._connect()
+        try:
+            response = await stub.ModelInfer(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise InferError.from_rpc_error(exc) from None
+        return decode_response(response)
+
+    async def stream_infer(
+        self,
+        requests: AsyncIterable[StreamItem] | Iterable[StreamItem],
+        *,
+        timeout: float | None = None,
+    ) -> AsyncIterator[StreamResult]:
+        """Send `requests` on one ModelStreamInfer stream; yield results as they arrive.
+
+        An item is `(model, inputs)` or a mapping with `model`, `inputs` and optionally
+        `outputs`, `request_id`, `server_timeout_us`. An item without a request id gets
+        its position in the stream ("0", "1", ...). A request the server rejects comes
+        back as a StreamResult with `error` set, and the stream goes on. If `requests`
+        raises (or holds a malformed item), nothing more is sent, the results of what was
+        sent still come, and then that exception is raised. A failure of the stream
+        itself (deadline `timeout` for the whole stream, server gone) raises InferError.
+        Leaving early cancels the stream once the generator is closed: wrap it in
+        `contextlib.aclosing` to close it at once.
+        """
+        stub = self._stub or self._connect()
+        call = stub.ModelStreamInfer(timeout=timeout)
+        writer = asyncio.ensure_future(_write_requests(call, requests))
+        try:
+            while True:
+                try:
+                    response = await call.read()
+                except grpc.RpcError as exc:
+                    raise InferError.from_rpc_error(exc) from None
+                if response is grpc.aio.EOF:
+                    break
+                yield stream_result(response)
+            # The server ends the stream only after the writer half-closed it.
+            error = await writer
+        finally:
+            call.cancel()
+            writer.cancel()
+        if error is not None:
+            raise error
+
+
+async def _write_requests(call, requests) -> Exception | None:
+    """Write every request, then half-close; returns the error that stopped the caller's
+    requests early. A failure of the call itself is left to the reader to report."""
+    error = None
+    try:
+        async for index, item in _enumerate(requests):
+            request = stream_request(item, index)
+            try:
+                await call.write(request)
+            except (grpc.RpcError, asyncio.InvalidStateError):
+                return None
+    except Exception as exc:
+        error = exc
+    try:
+        await call.done_writing()
+    except (grpc.RpcError, asyncio.InvalidStateError):
+        pass
+    return error
+
+
+async def _enumerate(items: AsyncIterable | Iterable) -> AsyncIterator[tuple[int, Any]]:
+    index = 0
+    if isinstance(items, AsyncIterable):
+        async for item in items:
+            yield index, item
+            index += 1
+    else:
+        for item in items:
+            yield index, item
+            index += 1

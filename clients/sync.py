@@ -1,0 +1,131 @@
+"""The blocking client, over a plain `grpc` channel; no event loop anywhere.
+
+The channel is thread-safe, so one Client can serve many threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+
+from wok.codec import decode_response, encode_request
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb.grpc_service_pb2_grpc import GRPCInferenceServiceStub
+
+from .channel import channel_options, channel_target
+from .errors import InferError
+from .messages import ModelInfo, StreamItem, StreamResult, stream_request, stream_result
+
+
+class Client:
+    """A blocking KServe V2 client; the same calls as AsyncClient, without `await`.
+
+    `target` and `options` are as for AsyncClient. Use as `with Client(...) as client:`
+    or call `close()`. Every failed call raises InferError; the metadata calls return the
+    protocol's response messages as they are, except `model_metadata`.
+    """
+
+    def __init__(self, target: str | Sequence[str], *, options: Sequence[tuple[str, Any]] | None = None) -> None:
+        self.target = channel_target(target)
+        self._channel = grpc.insecure_channel(self.target, options=channel_options(options))
+        self._stub = GRPCInferenceServiceStub(self._channel)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the channel; calls still in flight end with CANCELLED."""
+        self._channel.close()
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until the channel is connected (to at least one server); TimeoutError if not in time."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise TimeoutError(f"{self.target}: not connected within {timeout} s") from None
+
+    def _unary(self, method: str, request, timeout: float | None):
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise InferError.from_rpc_error(exc) from None
+
+    # -- health and metadata ---------------------------------------------------------------
+    def server_live(self, *, timeout: float | None = None) -> bool:
+        return self._unary("ServerLive", pb.ServerLiveRequest(), timeout).live
+
+    def server_ready(self, *, timeout: float | None = None) -> bool:
+        return self._unary("ServerReady", pb.ServerReadyRequest(), timeout).ready
+
+    def model_ready(self, name: str, *, timeout: float | None = None) -> bool:
+        return self._unary("ModelReady", pb.ModelReadyRequest(name=name), timeout).ready
+
+    def server_metadata(self, *, timeout: float | None = None) -> pb.ServerMetadataResponse:
+        return self._unary("ServerMetadata", pb.ServerMetadataRequest(), timeout)
+
+    def model_metadata(self, name: str, *, timeout: float | None = None) -> ModelInfo:
+        """The model's inputs and outputs: names, datatypes, shapes (batch first, -1 = any)."""
+        return ModelInfo.from_proto(self._unary("ModelMetadata", pb.ModelMetadataRequest(name=name), timeout))
+
+    def model_config(self, name: str, *, timeout: float | None = None) -> pb.ModelConfigResponse:
+        return self._unary("ModelConfig", pb.ModelConfigRequest(name=name), timeout)
+
+    def model_statistics(self, name: str = "", *, timeout: float | None = None) -> pb.ModelStatisticsResponse:
+        """Statistics of model `name`, or of every model when `name` is empty."""
+        return self._unary("ModelStatistics", pb.ModelStatisticsRequest(name=name), timeout)
+
+    def repository_index(self, *, timeout: float | None = None) -> pb.RepositoryIndexResponse:
+        return self._unary("RepositoryIndex", pb.RepositoryIndexRequest(), timeout)
+
+    # -- inference ---------------------------------------------------------------------------
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        outputs: Iterable[str] | None = None,
+        timeout: float | None = None,
+        request_id: str = "",
+        server_timeout_us: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run one request; see AsyncClient.infer."""
+        request = encode_request(model, inputs, outputs, request_id, server_timeout_us)
+        try:
+            response = self._stub.ModelInfer(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise InferError.from_rpc_error(exc) from None
+        return decode_response(response)
+
+    def stream_infer(self, requests: Iterable[StreamItem], *, timeout: float | None = None) -> Iterator[StreamResult]:
+        """Send `requests` on one stream; yield results as they arrive. See AsyncClient.stream_infer.
+
+        Nothing is sent until the first result is asked for. Leaving early (closing the
+        generator, or dropping it) cancels the stream.
+        """
+        failure: list[Exception] = []
+        responses = self._stub.ModelStreamInfer(_requests(requests, failure), timeout=timeout)
+        try:
+            for response in responses:
+                yield stream_result(response)
+        except grpc.RpcError as exc:
+            raise InferError.from_rpc_error(exc) from None
+        finally:
+            responses.cancel()
+        # grpc consumes the requests on its own thread and would log and hide an
+        # exception raised there; it is kept and raised here, after the results.
+        if failure:
+            raise failure[0]
+
+
+def _requests(requests: Iterable[StreamItem], failure: list[Exception]) -> Iterator[pb.ModelInferRequest]:
+    try:
+        for index, item in enumerate(requests):
+            yield stream_request(item, index)
+    except Exception as exc:
+        failure.append(exc)

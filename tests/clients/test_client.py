@@ -1,0 +1,387 @@
+"""wok.clients against real servers started in the test's loop (`serve`).
+
+The sync client runs in a worker thread (`asyncio.to_thread`) so the server's loop keeps
+serving while it blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pickle
+import socket
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from wok.clients import AsyncClient, Client, InferError, ModelInfo, StreamResult, TensorInfo
+from wok.clients.channel import ROUND_ROBIN, channel_options, channel_target
+from wok.servable import HostBuffers, Servable
+
+pytestmark = pytest.mark.timeout(60)
+TOL = {"rtol": 1e-5, "atol": 1e-6}
+CODE = grpc.StatusCode
+
+
+def requests_for(model: str, rng: np.random.Generator, n: int = 3) -> dict[str, np.ndarray]:
+    if model == "mlp":
+        return {"INPUT0": rng.standard_normal((n, 256), dtype=np.float32)}
+    if model == "recsys":
+        return {
+            "dense": rng.standard_normal((n, 13), dtype=np.float32),
+            "ids": rng.integers(0, 50, (n, 5), dtype=np.int64),
+        }
+    assert model == "encoder"
+    return {"tokens": rng.integers(0, 50, (n, 11), dtype=np.int64)}
+
+
+def reference(s: Servable, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The servable run directly on the CPU, as the executor would run a batch of one request."""
+    rows = next(iter(inputs.values())).shape[0]
+    with torch.inference_mode():
+        if s.name == "mlp":
+            out = {"OUTPUT0": s.module_for(torch.device("cpu"))(torch.from_numpy(inputs["INPUT0"]))}
+        else:
+            tensors = s.assemble([inputs], rows, HostBuffers(pinned=False))
+            out = s.forward(s.module_for(torch.device("cpu")), s.prepare(tensors))
+    return {k: v.numpy().copy() for k, v in out.items()}
+
+
+def target(server) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+# -- channel targets ----------------------------------------------------------------------
+
+
+def test_single_targets_pass_through():
+    for t in ("127.0.0.1:1", "dns:///example.com:8001", "unix:/tmp/wok.sock", "ipv4:1.2.3.4:5,1.2.3.5:5"):
+        assert channel_target(t) == t
+        assert channel_target([t]) == t
+
+
+def test_several_targets_make_one_uri():
+    assert channel_target(["10.0.0.1:1", "10.0.0.2:2"]) == "ipv4:10.0.0.1:1,10.0.0.2:2"
+    assert channel_target(("[::1]:1", "[fe80::2]:2")) == "ipv6:[::1]:1,[fe80::2]:2"
+
+
+def test_several_targets_resolve_names(monkeypatch):
+    def fake_getaddrinfo(host, port, *args, **kwargs):
+        assert host == "box"
+        return [
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+        ]
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
+    assert channel_target(["box:7", "10.0.0.2:8"]) == "ipv4:127.0.0.1:7,10.0.0.2:8"
+    assert channel_target(["box:7", "[::2]:8"]) == "ipv6:[::1]:7,[::2]:8"
+
+
+@pytest.mark.parametrize(
+    "targets",
+    [[], ["10.0.0.1:1", "[::1]:2"], ["10.0.0.1:1", "dns:///x:2"], ["10.0.0.1:1", "10.0.0.2"], ["1.2.3.4:1", "::1:2"]],
+)
+def test_bad_target_lists(targets):
+    with pytest.raises(ValueError):
+        channel_target(targets)
+
+
+def test_channel_options_defaults_and_overrides():
+    opts = dict(channel_options(None))
+    assert opts["grpc.service_config"] == ROUND_ROBIN
+    assert opts["grpc.max_receive_message_length"] == -1
+    opts = dict(channel_options([("grpc.max_receive_message_length", 1024), ("grpc.primary_user_agent", "x")]))
+    assert opts["grpc.max_receive_message_length"] == 1024 and opts["grpc.primary_user_agent"] == "x"
+
+
+def test_infer_error_message_and_pickle():
+    err = InferError(CODE.NOT_FOUND, "no model 'x'")
+    assert str(err) == "NOT_FOUND: no model 'x'"
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.code, back.details, str(back)) == (err.code, err.details, str(err))
+
+
+def test_async_client_makes_no_channel_outside_a_loop():
+    client = AsyncClient("127.0.0.1:1")
+    assert client._channel is None
+    with pytest.raises(RuntimeError):
+        client._connect()
+
+
+# -- the async client ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["mlp", "recsys", "encoder"])
+async def test_infer_matches_the_servable(serve, model):
+    rng = np.random.default_rng(1)
+    inputs = requests_for(model, rng)
+    async with serve(models=(model,)) as server, AsyncClient(target(server)) as client:
+        out = await client.infer(model, inputs, request_id="r1")
+        want = reference(server.runtimes[model].servable, inputs)
+    assert out.keys() == want.keys()
+    for name, a in out.items():
+        assert a.shape == want[name].shape and a.dtype == want[name].dtype
+        np.testing.assert_allclose(a, want[name], **TOL)
+    expected_shape = {"mlp": (3, 256), "recsys": (3, 1), "encoder": (3, 128)}[model]
+    assert next(iter(out.values())).shape == expected_shape
+
+
+async def test_health_metadata_and_statistics(serve):
+    rng = np.random.default_rng(2)
+    async with serve(models=("mlp", "recsys")) as server, AsyncClient(target(server)) as client:
+        assert await client.server_live() and await client.server_ready()
+        assert await client.model_ready("mlp")
+        assert not await client.model_ready("nope")
+
+        info = await client.model_metadata("recsys")
+        assert isinstance(info, ModelInfo) and info.name == "recsys"
+        assert list(info.inputs) == ["dense", "ids"]
+        assert info.inputs["dense"] == TensorInfo("dense", "FP32", (-1, 13))
+        assert info.inputs["ids"].shape == (-1, -1) and info.inputs["ids"].numpy_dtype == np.int64
+        assert info.outputs["score"] == TensorInfo("score", "FP32", (-1, 1))
+
+        assert (await client.server_metadata()).name == "wok"
+        assert (await client.model_config("mlp")).config.max_batch_size == 32
+        assert [m.name for m in (await client.repository_index()).models] == ["mlp", "recsys"]
+
+        await client.infer("mlp", requests_for("mlp", rng, n=4))
+        (stats,) = (await client.model_statistics("mlp")).model_stats
+        assert stats.name == "mlp" and stats.inference_count == 4 and stats.execution_count == 1
+        assert {s.name for s in (await client.model_statistics()).model_stats} == {"mlp", "recsys"}
+
+
+async def test_outputs_are_selected_by_name(serve):
+    x = requests_for("mlp", np.random.default_rng(3))
+    async with serve(models=("mlp",)) as server, AsyncClient(target(server)) as client:
+        assert (await client.infer("mlp", x, outputs=["OUTPUT0"])).keys() == {"OUTPUT0"}
+        with pytest.raises(InferError) as e:
+            await client.infer("mlp", x, outputs=["OUTPUT9"])
+    assert e.value.code == CODE.INVALID_ARGUMENT and "OUTPUT9" in e.value.details
+
+
+async def test_errors_carry_code_and_details(serve):
+    x = requests_for("mlp", np.random.default_rng(4))
+    async with serve(models=("mlp",)) as server, AsyncClient(target(server)) as client:
+        with pytest.raises(InferError) as e:
+            await client.infer("nope", x)
+        assert e.value.code == CODE.NOT_FOUND and "nope" in e.value.details
+        assert str(e.value) == f"NOT_FOUND: {e.value.details}"
+
+        with pytest.raises(InferError) as e:
+            await client.infer("mlp", {"INPUT0": x["INPUT0"][:, :255]})
+        assert e.value.code == CODE.INVALID_ARGUMENT
+        assert "INPUT0" in e.value.details and "[3, 255]" in e.value.details
+
+        with pytest.raises(InferError) as e:
+            await client.model_metadata("nope")
+        assert e.value.code == CODE.NOT_FOUND
+
+        # The client is still usable after failures.
+        assert (await client.infer("mlp", x))["OUTPUT0"].shape == (3, 256)
+
+
+async def test_deadlines(serve):
+    x = requests_for("mlp", np.random.default_rng(5))
+    async with serve(models=("mlp",)) as server, AsyncClient(target(server)) as client:
+        with pytest.raises(InferError) as e:
+            await client.infer("mlp", x, timeout=1e-6)
+        assert e.value.code == CODE.DEADLINE_EXCEEDED
+        # A 1 us queue budget expires while the batcher waits for the batch to fill.
+        with pytest.raises(InferError) as e:
+            await client.infer("mlp", x, server_timeout_us=1)
+        assert e.value.code == CODE.DEADLINE_EXCEEDED and "deadline" in e.value.details
+
+
+async def test_cancellation_is_not_swallowed(serve):
+    x = requests_for("mlp", np.random.default_rng(6))
+    async with serve(models=("mlp",)) as server, AsyncClient(target(server)) as client:
+        batcher = server.runtimes["mlp"].batcher
+        task = asyncio.ensure_future(client.infer("mlp", x))
+
+        async def reached_the_batcher():
+            while not (batcher.queued or batcher.inflight or task.done()):
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(reached_the_batcher(), 10)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (await client.infer("mlp", x))["OUTPUT0"].shape == (3, 256)
+
+
+async def test_stream_with_a_bad_request_in_the_middle(serve):
+    rng = np.random.default_rng(7)
+    good = [requests_for("mlp", rng, n=i + 1) for i in range(4)]
+    bad = {"INPUT0": np.zeros((2, 7), np.float32)}
+
+    async def requests():
+        yield ("mlp", good[0])
+        yield {"model": "mlp", "inputs": good[1], "request_id": "mine"}
+        yield ("mlp", bad)
+        yield {"model": "nope", "inputs": good[2]}
+        yield {"model": "mlp", "inputs": good[3], "outputs": ["OUTPUT0"]}
+
+    async with serve(models=("mlp",)) as server, AsyncClient(target(server)) as client:
+        results = [r async for r in client.stream_infer(requests())]
+        servable = server.runtimes["mlp"].servable
+        by_id = {r.id: r for r in results}
+        assert len(results) == 5 and by_id.keys() == {"0", "mine", "2", "3", "4"}
+        assert all(isinstance(r, StreamResult) for r in results)
+        for rid, inputs in (("0", good[0]), ("mine", good[1]), ("4", good[3])):
+            r = by_id[rid]
+            assert r.ok and r.model == "mlp"
+            np.testing.assert_allclose(r.outputs["OUTPUT0"], reference(servable, inputs)["OUTPUT0"], **TOL)
+        assert not by_id["2"].ok and by_id["2"].outputs is None
+        assert "INPUT0" in by_id["2"].error and "[2, 7]" in by_id["2"].error
+        assert not by_id["3"].ok and "nope" in by_id["3"].error
+
+
+async def test_stream_accepts_a_plain_iterable_and_reports_caller_errors(serve):
+    x = requests_for("mlp", np.random.default_rng(8))
+
+    def requests():
+        yield ("mlp", x)
+        raise ValueError("caller's own failure")
+
+    async with serve(models=("mlp",)) as server, AsyncClient(target(server)) as client:
+        seen = []
+        with pytest.raises(ValueError, match="caller's own failure"):
+            async for r in client.stream_infer(requests()):
+                seen.append(r)
+        assert [(r.id, r.ok) for r in seen] == [("0", True)]
+
+        with pytest.raises(TypeError, match="stream request 1"):
+            async for _ in client.stream_infer([("mlp", x), {"model": "mlp", "input": x}]):
+                pass
+
+
+async def test_leaving_a_stream_early_cancels_it(serve):
+    x = requests_for("mlp", np.random.default_rng(9))
+    more = asyncio.Event()
+
+    async def requests():
+        yield ("mlp", x)
+        await more.wait()  # never set: the stream stays open until the client leaves
+        yield ("mlp", x)
+
+    async with serve(models=("mlp",)) as server, AsyncClient(target(server)) as client:
+        async with contextlib.aclosing(client.stream_infer(requests())) as results:
+            async for r in results:
+                assert r.ok
+                break
+        assert (await client.infer("mlp", x))["OUTPUT0"].shape == (3, 256)
+
+
+async def test_stream_deadline_raises(serve):
+    x = requests_for("mlp", np.random.default_rng(10))
+
+    async def requests():
+        yield ("mlp", x)
+        await asyncio.Event().wait()
+
+    async with serve(models=("mlp",)) as server, AsyncClient(target(server)) as client:
+        seen = []
+        with pytest.raises(InferError) as e:
+            async for r in client.stream_infer(requests(), timeout=0.5):
+                seen.append(r)
+        assert e.value.code == CODE.DEADLINE_EXCEEDED and len(seen) == 1
+
+
+async def test_closed_client_refuses_calls(serve):
+    async with serve(models=("mlp",)) as server:
+        client = AsyncClient(target(server))
+        assert await client.server_live()
+        await client.close()
+        await client.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            await client.server_live()
+
+
+async def test_several_targets_reach_every_server(serve):
+    rng = np.random.default_rng(11)
+    x = requests_for("mlp", rng, n=1)
+    async with serve(models=("mlp",)) as a, serve(models=("mlp",)) as b:
+        stats = [a.runtimes["mlp"].stats, b.runtimes["mlp"].stats]
+        async with AsyncClient([target(a), target(b)]) as client:
+            assert client.target == f"ipv4:{target(a)},{target(b)}"
+            await client.wait_ready(timeout=10)
+            # round_robin only picks subchannels that are READY; the second may still be
+            # connecting after the first call, so send until both have answered (bounded).
+            for _ in range(200):
+                await client.infer("mlp", x)
+                if all(s.inference_count for s in stats):
+                    break
+    assert all(s.inference_count > 0 and s.execution_count > 0 for s in stats)
+
+
+async def test_wait_ready_times_out_without_a_server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        async with AsyncClient(f"127.0.0.1:{port}") as client:
+            with pytest.raises(TimeoutError):
+                await client.wait_ready(timeout=0.2)
+            with pytest.raises(InferError) as e:
+                await client.server_live(timeout=5)
+    assert e.value.code in (CODE.UNAVAILABLE, CODE.DEADLINE_EXCEEDED)
+
+
+# -- the sync client ---------------------------------------------------------------------------
+
+
+async def test_sync_client(serve):
+    rng = np.random.default_rng(12)
+    xs = [requests_for("mlp", rng, n=2) for _ in range(3)]
+
+    def run(address: str):
+        with pytest.raises(RuntimeError):  # no loop hides in this thread
+            asyncio.get_running_loop()
+        with Client(address) as client:
+            client.wait_ready(timeout=10)
+            assert client.server_live() and client.server_ready() and client.model_ready("mlp")
+            info = client.model_metadata("mlp")
+            assert info.inputs["INPUT0"].shape == (-1, 256) and info.outputs["OUTPUT0"].datatype == "FP32"
+            assert client.model_config("mlp").config.name == "mlp"
+            assert client.server_metadata().name == "wok"
+            assert [m.name for m in client.repository_index().models] == ["mlp"]
+            out = client.infer("mlp", xs[0], request_id="s")
+            errors = []
+            for call in (
+                lambda: client.infer("nope", xs[0]),
+                lambda: client.infer("mlp", {"INPUT0": np.zeros((1, 3), np.float32)}),
+                lambda: client.infer("mlp", xs[0], timeout=1e-6),
+            ):
+                with pytest.raises(InferError) as e:
+                    call()
+                errors.append(e.value)
+            bad = {"INPUT0": np.zeros((1, 3), np.float32)}
+            stream = list(client.stream_infer([("mlp", xs[1]), ("mlp", bad), {"model": "mlp", "inputs": xs[2]}]))
+
+            def failing():
+                yield ("mlp", xs[1])
+                raise ValueError("caller's own failure")
+
+            seen = []
+            with pytest.raises(ValueError, match="caller's own failure"):
+                for r in client.stream_infer(failing()):
+                    seen.append(r)
+            stats = client.model_statistics("mlp").model_stats[0]
+        return out, errors, stream, seen, stats
+
+    async with serve(models=("mlp",)) as server:
+        out, errors, stream, seen, stats = await asyncio.to_thread(run, target(server))
+        servable = server.runtimes["mlp"].servable
+    np.testing.assert_allclose(out["OUTPUT0"], reference(servable, xs[0])["OUTPUT0"], **TOL)
+    assert [e.code for e in errors] == [CODE.NOT_FOUND, CODE.INVALID_ARGUMENT, CODE.DEADLINE_EXCEEDED]
+    assert "nope" in errors[0].details and "INPUT0" in errors[1].details
+    by_id = {r.id: r for r in stream}
+    assert by_id.keys() == {"0", "1", "2"}
+    assert by_id["0"].ok and by_id["2"].ok and not by_id["1"].ok and "INPUT0" in by_id["1"].error
+    np.testing.assert_allclose(by_id["2"].outputs["OUTPUT0"], reference(servable, xs[2])["OUTPUT0"], **TOL)
+    assert [(r.id, r.ok) for r in seen] == [("0", True)]
+    assert stats.inference_count == 2 + 2 + 2 + 2  # infer, two good stream requests, the failing stream's one

@@ -1,0 +1,323 @@
+"""Each config rule fails the load with a ConfigError naming the file, the field and what was got.
+
+Configs are written to real folders and read with `load_model_config`, the path a server
+takes, so the file name in the message is the one a user would have to open.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from wok.config import ModelConfig, load_model_config, model_config_from_dict, server_settings
+from wok.errors import ConfigError
+
+# A valid python-platform config; each test breaks one thing in it.
+BASE = {
+    "platform": "python",
+    "factory": "model:build",
+    "max_batch_size": 8,
+    "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
+    "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [3]}],
+    "dynamic_batching": {"max_queue_delay_ms": 2.0, "preferred_batch_sizes": [4, 8]},
+    "instances": {"count": 2, "devices": ["cpu"]},
+    "parameters": {"hidden": 16, "scale": 0.5, "act": "relu", "bias": True},
+}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    return repr(v)
+
+
+def to_toml(data: dict) -> str:
+    """Just enough TOML for these configs: scalars, arrays, inline tables."""
+    return "".join(f"{k} = {_toml_value(v)}\n" for k, v in data.items())
+
+
+def write_model(root: Path, data: dict, name: str = "m", filename: str = "config.toml") -> Path:
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    text = to_toml(data) if filename.endswith(".toml") else yaml.safe_dump(data)
+    (d / filename).write_text(text)
+    return d
+
+
+def changed(**changes) -> dict:
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in BASE.items()}
+    data.update(changes)
+    return data
+
+
+def load_error(tmp_path: Path, data: dict, filename: str = "config.toml") -> tuple[str, Path]:
+    d = write_model(tmp_path, data, filename=filename)
+    with pytest.raises(ConfigError) as info:
+        load_model_config(d)
+    return str(info.value), d / filename
+
+
+def test_base_config_is_valid(tmp_path):
+    # Guards the other tests: each failure below is due to its one change, not to BASE.
+    cfg = load_model_config(write_model(tmp_path, BASE))
+    assert cfg.platform == "python" and cfg.max_batch_size == 8
+    assert cfg.dynamic_batching.preferred_batch_sizes == (4, 8)
+    assert cfg.parameters == {"hidden": 16, "scale": 0.5, "act": "relu", "bias": True}
+    assert cfg.instances.devices == ("cpu",)
+
+
+def test_unknown_datatype(tmp_path):
+    msg, path = load_error(tmp_path, changed(inputs=[{"name": "INPUT0", "datatype": "FP33", "dims": [4]}]))
+    assert msg.startswith(f"{path}: ")
+    assert "inputs.0.datatype" in msg
+    assert "unknown datatype 'FP33'" in msg
+    assert "FP32" in msg  # the accepted names are listed
+
+
+def test_zero_dim(tmp_path):
+    msg, path = load_error(tmp_path, changed(outputs=[{"name": "OUTPUT0", "datatype": "FP32", "dims": [3, 0]}]))
+    assert msg.startswith(f"{path}: ")
+    assert "outputs.0.dims" in msg
+    assert "-1 (variable) or >= 1" in msg
+    assert "[3, 0]" in msg
+
+
+def test_variable_dim_is_accepted(tmp_path):
+    cfg = load_model_config(
+        write_model(tmp_path, changed(inputs=[{"name": "INPUT0", "datatype": "INT64", "dims": [-1]}]))
+    )
+    assert cfg.inputs[0].variable
+
+
+def test_negative_queue_delay(tmp_path):
+    msg, path = load_error(tmp_path, changed(dynamic_batching={"max_queue_delay_ms": -1.5}))
+    assert msg.startswith(f"{path}: ")
+    assert "dynamic_batching.max_queue_delay_ms" in msg
+    assert "greater than or equal to 0" in msg
+    assert "(got -1.5)" in msg
+
+
+def test_zero_max_batch_size(tmp_path):
+    msg, path = load_error(tmp_path, changed(max_batch_size=0, dynamic_batching={"max_queue_delay_ms": 1.0}))
+    assert msg.startswith(f"{path}: ")
+    assert "max_batch_size" in msg
+    assert "greater than or equal to 1" in msg
+    assert "(got 0)" in msg
+
+
+def test_preferred_batch_size_above_max(tmp_path):
+    msg, path = load_error(tmp_path, changed(dynamic_batching={"preferred_batch_sizes": [4, 16]}))
+    assert msg.startswith(f"{path}: ")
+    assert "preferred batch size 16" in msg
+    assert "max_batch_size (8)" in msg
+
+
+def test_python_platform_without_factory(tmp_path):
+    data = changed()
+    del data["factory"]
+    msg, path = load_error(tmp_path, data)
+    assert msg.startswith(f"{path}: ")
+    assert "platform 'python' needs factory" in msg
+
+
+def test_python_factory_without_callable(tmp_path):
+    # "model" alone would import but name no callable; caught at config time, not at load.
+    msg, _ = load_error(tmp_path, changed(factory="model"))
+    assert "factory = 'module:callable'" in msg
+
+
+def test_torchscript_without_model_file(tmp_path):
+    data = changed(platform="torchscript")
+    del data["factory"]
+    msg, path = load_error(tmp_path, data)
+    assert msg.startswith(f"{path}: ")
+    assert "platform 'torchscript' needs model_file" in msg
+
+
+def test_duplicate_input_names(tmp_path):
+    inputs = [
+        {"name": "INPUT0", "datatype": "FP32", "dims": [4]},
+        {"name": "INPUT0", "datatype": "INT64", "dims": [2]},
+    ]
+    msg, path = load_error(tmp_path, changed(inputs=inputs))
+    assert msg.startswith(f"{path}: ")
+    assert "input names repeat" in msg
+    assert "'INPUT0'" in msg
+
+
+def test_misspelt_field_is_rejected(tmp_path):
+    # A typo must not silently fall back to a default: max_batch_size is missing and the
+    # misspelling is named.
+    data = changed()
+    data["max_batch_sise"] = data.pop("max_batch_size")
+    msg, path = load_error(tmp_path, data)
+    assert msg.startswith(f"{path}: ")
+    assert "max_batch_sise: Extra inputs are not permitted (got 8)" in msg
+    assert "max_batch_size: Field required" in msg
+
+
+def test_misspelt_nested_field_is_rejected(tmp_path):
+    msg, _ = load_error(tmp_path, changed(dynamic_batching={"max_queue_delay": 3}))
+    assert "dynamic_batching.max_queue_delay: Extra inputs are not permitted (got 3)" in msg
+
+
+def test_bad_device_string(tmp_path):
+    msg, path = load_error(tmp_path, changed(instances={"devices": ["cpu", "gpu:0"]}))
+    assert msg.startswith(f"{path}: ")
+    assert "instances.devices" in msg
+    assert "device 'gpu:0'" in msg
+
+
+@pytest.mark.parametrize("device", ["cuda:x", "cpu:0", ""])
+def test_other_bad_devices(tmp_path, device):
+    msg, _ = load_error(tmp_path, changed(instances={"devices": [device]}))
+    assert f"device {device!r}" in msg
+
+
+def test_bad_toml_syntax(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.toml").write_text('platform = "python"\nmax_batch_size = = 8\n')
+    with pytest.raises(ConfigError) as info:
+        load_model_config(d)
+    msg = str(info.value)
+    assert msg.startswith(f"{d / 'config.toml'}: not valid TOML")
+    assert "line 2" in msg  # tomllib's position survives, so the user can find it
+
+
+def test_bad_yaml_syntax(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.yaml").write_text("platform: python\ninputs: [unclosed\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{d / 'config.yaml'}: not valid YAML")):
+        load_model_config(d)
+
+
+def test_config_that_is_not_a_table(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.yaml").write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{d / 'config.yaml'}: expected a table of settings, got list")):
+        load_model_config(d)
+
+
+@pytest.mark.parametrize("filename", ["config.yaml", "config.yml"])
+def test_yaml_config_equals_toml(tmp_path, filename):
+    from_toml = load_model_config(write_model(tmp_path / "a", BASE, name="m"))
+    from_yaml = load_model_config(write_model(tmp_path / "b", BASE, name="m", filename=filename))
+    assert from_yaml == from_toml
+
+
+def test_yaml_errors_name_the_yaml_file(tmp_path):
+    msg, path = load_error(tmp_path, changed(max_batch_size=0), filename="config.yaml")
+    assert msg.startswith(f"{path}: ")
+    assert "max_batch_size" in msg
+
+
+def test_two_config_files_rejected(tmp_path):
+    d = write_model(tmp_path, BASE)
+    write_model(tmp_path, BASE, filename="config.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_model_config(d)
+    assert str(info.value) == f"{d}: more than one config file: config.toml, config.yaml"
+
+
+def test_no_config_file(tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    with pytest.raises(ConfigError) as info:
+        load_model_config(d)
+    assert str(info.value).startswith(f"{d}: no config file; expected one of config.toml")
+
+
+def test_folder_name_is_the_default_model_name(tmp_path):
+    assert load_model_config(write_model(tmp_path, BASE, name="resnet-50.v2")).name == "resnet-50.v2"
+
+
+def test_explicit_name_wins_over_folder_name(tmp_path):
+    assert load_model_config(write_model(tmp_path, changed(name="other"), name="folder")).name == "other"
+
+
+def test_folder_name_unfit_for_a_model_name(tmp_path):
+    msg, _ = load_error(tmp_path, changed(name="has space"))
+    assert "name: String should match pattern" in msg
+    assert "(got 'has space')" in msg
+
+
+def test_model_config_from_dict_names_its_source():
+    with pytest.raises(ConfigError) as info:
+        model_config_from_dict(changed(name="x", precision="fp64"), "inline source")
+    msg = str(info.value)
+    assert msg.startswith("inline source: ")
+    assert "precision" in msg and "(got 'fp64')" in msg
+
+
+def test_config_is_frozen(tmp_path):
+    cfg = load_model_config(write_model(tmp_path, BASE))
+    assert isinstance(cfg, ModelConfig)
+    with pytest.raises(ValueError):
+        cfg.max_batch_size = 4  # type: ignore[misc]
+
+
+def test_server_settings_port_out_of_range():
+    with pytest.raises(ConfigError) as info:
+        server_settings(grpc_port=70000)
+    msg = str(info.value)
+    assert msg.startswith("server settings: ")
+    assert "grpc_port" in msg
+    assert "less than or equal to 65535" in msg
+    assert "(got 70000)" in msg
+
+
+def test_server_settings_unknown_field():
+    with pytest.raises(ConfigError, match=re.escape("grpc_prot: Extra inputs are not permitted (got 1)")):
+        server_settings(grpc_prot=1)
+
+
+def test_server_settings_defaults():
+    s = server_settings(grpc_port=0)
+    assert s.grpc_port == 0 and s.model_repository is None
+
+
+TOML_BY_HAND = textwrap.dedent(
+    """
+    platform = "python"
+    factory = "model:build"
+    max_batch_size = 8
+
+    [[inputs]]
+    name = "INPUT0"
+    datatype = "FP32"
+    dims = [4]
+
+    [[outputs]]
+    name = "OUTPUT0"
+    datatype = "FP32"
+    dims = [3]
+
+    [dynamic_batching]
+    max_queue_delay_ms = 2.0
+    """
+)
+
+
+def test_hand_written_toml_with_tables(tmp_path):
+    # The documented layout ([[inputs]] tables) rather than the inline form used above.
+    d = tmp_path / "hand"
+    d.mkdir()
+    (d / "config.toml").write_text(TOML_BY_HAND)
+    cfg = load_model_config(d)
+    assert cfg.name == "hand"
+    assert cfg.inputs[0].dims == (4,) and cfg.outputs[0].dims == (3,)
+    assert cfg.dynamic_batching.max_queue_delay_ms == 2.0

@@ -1,0 +1,468 @@
+"""Models loaded from real files in a repository folder, each platform and each way it fails.
+
+Every model here is written to tmp_path the way a user would lay it out, then loaded with
+`load_servable` / `ModelRepository.from_directory`; outputs are compared with the module
+the files were made from, so a loader that silently drops weights or shapes is caught.
+"""
+
+from __future__ import annotations
+
+import pickle
+import textwrap
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from wok.codec import decode_response, encode_request
+from wok.errors import ConfigError, ModelNotFound
+from wok.repository import ModelRepository, load_servable
+from wok.servable import Servable
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+CPU = torch.device("cpu")
+# torch 2.13 deprecates torch.jit, but the torchscript platform is still served.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")
+
+
+def config_toml(platform: str, *, extra: str = "", in_dims="[4]", out_dims="[3]", mbs=8) -> str:
+    return textwrap.dedent(
+        f"""
+        platform = "{platform}"
+        max_batch_size = {mbs}
+        {extra}
+
+        [[inputs]]
+        name = "INPUT0"
+        datatype = "FP32"
+        dims = {in_dims}
+
+        [[outputs]]
+        name = "OUTPUT0"
+        datatype = "FP32"
+        dims = {out_dims}
+
+        [dynamic_batching]
+        max_queue_delay_ms = 1.0
+
+        [instances]
+        devices = ["cpu"]
+        """
+    )
+
+
+def model_dir(root: Path, name: str, platform: str, extra: str = "", **kw) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.toml").write_text(config_toml(platform, extra=extra, **kw))
+    return d
+
+
+def run(servable: Servable, x: torch.Tensor) -> torch.Tensor:
+    """What the executor does for one batch on CPU."""
+    module = servable.module_for(CPU)
+    with torch.inference_mode():
+        return servable.forward(module, {"INPUT0": x})["OUTPUT0"]
+
+
+def reference_linear(seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(4, 3).eval()
+
+
+# A python-platform model whose weights come from a file: built with deterministic but
+# different-from-the-file values, so an ignored weights file shows up as a mismatch.
+LINEAR_FACTORY = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    def build(out_features: int = 3) -> nn.Module:
+        m = nn.Linear(4, out_features)
+        with torch.no_grad():
+            m.weight.fill_(0.0)
+            m.bias.fill_(0.0)
+        return m
+    """
+)
+
+
+# -- torchscript -----------------------------------------------------------------------
+def write_torchscript(root: Path, name: str = "ts") -> tuple[Path, nn.Module]:
+    ref = reference_linear(1)
+    d = model_dir(root, name, "torchscript", extra='model_file = "model.pt"')
+    torch.jit.script(ref).save(str(d / "model.pt"))
+    return d, ref
+
+
+def test_torchscript_loads_and_matches(tmp_path):
+    d, ref = write_torchscript(tmp_path)
+    s = load_servable(d)
+    assert s.name == "ts" and s.platform_label == "torchscript"
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(run(s, x), ref(x).detach())
+
+
+async def test_torchscript_round_trip_through_server(tmp_path, serve):
+    repo = tmp_path / "repo"
+    _, ref = write_torchscript(repo)
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    async with serve(repository=repo) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            resp = await stub.ModelInfer(encode_request("ts", {"INPUT0": x}), timeout=30)
+    out = decode_response(resp)["OUTPUT0"]
+    assert out.shape == (2, 3) and out.dtype == np.float32
+    np.testing.assert_allclose(out, ref(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_corrupt_torchscript_file(tmp_path):
+    d = model_dir(tmp_path, "ts", "torchscript", extra='model_file = "model.pt"')
+    (d / "model.pt").write_bytes(b"not a torchscript archive")
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value).startswith(f"model 'ts': cannot load torchscript file {d / 'model.pt'}: ")
+
+
+# -- torch.export ----------------------------------------------------------------------
+def write_exported(root: Path) -> tuple[Path, nn.Module]:
+    ref = reference_linear(2)
+    # min=1 exports and runs fine with torch 2.13; the example batch must not be 1 or the
+    # tracer would specialize the dim to a constant.
+    batch = torch.export.Dim("batch", min=1, max=64)
+    ep = torch.export.export(ref, (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
+    d = model_dir(root, "exported", "torch_export", extra='model_file = "model.pt2"')
+    torch.export.save(ep, str(d / "model.pt2"))
+    return d, ref
+
+
+def test_torch_export_dynamic_batch(tmp_path):
+    d, ref = write_exported(tmp_path)
+    s = load_servable(d)
+    assert s.platform_label == "torch_export"
+    for rows in (1, 5):
+        x = torch.randn(rows, 4)
+        out = run(s, x)
+        assert out.shape == (rows, 3)
+        torch.testing.assert_close(out, ref(x).detach())
+
+
+async def test_torch_export_round_trip_through_server(tmp_path, serve):
+    repo = tmp_path / "repo"
+    _, ref = write_exported(repo)
+    rng = np.random.default_rng(1)
+    async with serve(repository=repo) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            for rows in (1, 5):
+                x = rng.standard_normal((rows, 4)).astype(np.float32)
+                resp = await stub.ModelInfer(encode_request("exported", {"INPUT0": x}), timeout=30)
+                out = decode_response(resp)["OUTPUT0"]
+                want = ref(torch.from_numpy(x)).detach().numpy()
+                np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_torch_export_model_file_missing(tmp_path):
+    d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"')
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == f"model 'exported': model_file {d / 'model.pt2'} does not exist"
+
+
+# -- python factories ------------------------------------------------------------------
+SCALE_FACTORY = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class Scale(nn.Module):
+        def __init__(self, factor, offset, negate):
+            super().__init__()
+            self.factor, self.offset, self.negate = factor, offset, negate
+
+        def forward(self, x):
+            y = x * self.factor + self.offset
+            return -y if self.negate else y
+
+
+    def build(factor: float, offset: int = 0, negate: bool = False, label: str = "") -> nn.Module:
+        assert label == "scaled", label
+        return Scale(factor, offset, negate)
+    """
+)
+
+
+def test_python_factory_gets_parameters(tmp_path):
+    d = model_dir(
+        tmp_path,
+        "scaled",
+        "python",
+        extra='factory = "model:build"\nparameters = { factor = 2.5, offset = 1, negate = true, label = "scaled" }',
+        out_dims="[4]",
+    )
+    (d / "model.py").write_text(SCALE_FACTORY)
+    s = load_servable(d)
+    x = torch.arange(8, dtype=torch.float32).reshape(2, 4)
+    torch.testing.assert_close(run(s, x), -(x * 2.5 + 1))
+
+
+def test_two_models_with_their_own_model_py(tmp_path):
+    # Same module name, different code: each model must get its own file.
+    for name, body in (("plus", "x + 1"), ("times", "x * 10")):
+        d = model_dir(tmp_path, name, "python", extra='factory = "model:build"', out_dims="[4]")
+        (d / "model.py").write_text(
+            textwrap.dedent(
+                f"""
+                from torch import nn
+
+
+                class M(nn.Module):
+                    def forward(self, x):
+                        return {body}
+
+
+                def build():
+                    return M()
+                """
+            )
+        )
+    repo = ModelRepository.from_directory(tmp_path)
+    assert sorted(repo.models) == ["plus", "times"]
+    x = torch.ones(2, 4)
+    torch.testing.assert_close(run(repo.get("plus"), x), x + 1)
+    torch.testing.assert_close(run(repo.get("times"), x), x * 10)
+
+
+def test_model_folder_module_preferred_over_installed_one(tmp_path):
+    # `json` is importable from the standard library; the folder's json.py must win.
+    d = model_dir(tmp_path, "shadow", "python", extra='factory = "json:build"', out_dims="[4]")
+    (d / "json.py").write_text("from torch import nn\n\ndef build():\n    return nn.Identity()\n")
+    s = load_servable(d)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(run(s, x), x)
+
+
+def test_installed_factory_module(tmp_path):
+    # No model.py in the folder: the factory is imported as an ordinary module.
+    d = model_dir(tmp_path, "flat", "python", extra='factory = "torch.nn:Identity"', out_dims="[4]")
+    s = load_servable(d)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(run(s, x), x)
+
+
+def test_factory_module_not_importable(tmp_path):
+    d = model_dir(tmp_path, "m", "python", extra='factory = "wok_no_such_module_xyz:build"')
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    msg = str(info.value)
+    assert msg.startswith("model 'm': cannot import factory module 'wok_no_such_module_xyz': ")
+
+
+def test_factory_attribute_missing(tmp_path):
+    d = model_dir(tmp_path, "m", "python", extra='factory = "model:make"')
+    (d / "model.py").write_text(LINEAR_FACTORY)
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == "model 'm': module 'model' has no attribute 'make'"
+
+
+def test_factory_returning_non_module(tmp_path):
+    d = model_dir(tmp_path, "m", "python", extra='factory = "model:build"')
+    (d / "model.py").write_text("def build():\n    return {'not': 'a module'}\n")
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == "model 'm': factory model:build returned dict, expected an nn.Module"
+
+
+def test_factory_module_failing_at_import(tmp_path):
+    d = model_dir(tmp_path, "m", "python", extra='factory = "model:build"')
+    (d / "model.py").write_text("def build(:\n")
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    msg = str(info.value)
+    assert msg.startswith(f"model 'm': cannot import factory module {str(d / 'model.py')!r}: ")
+    assert "SyntaxError" in msg
+
+
+def test_factory_rejecting_parameters(tmp_path):
+    # A misspelt parameter surfaces as the factory's TypeError; it must name the model.
+    d = model_dir(tmp_path, "m", "python", extra='factory = "model:build"\nparameters = { out_featurs = 3 }')
+    (d / "model.py").write_text(LINEAR_FACTORY)
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    msg = str(info.value)
+    assert msg.startswith("model 'm': factory model:build failed with parameters {'out_featurs': 3}: TypeError")
+    assert "out_featurs" in msg
+
+
+# -- weights ---------------------------------------------------------------------------
+def weighted_model(root: Path, weights: str, name: str = "w") -> Path:
+    d = model_dir(root, name, "python", extra=f'factory = "model:build"\nweights = "{weights}"')
+    (d / "model.py").write_text(LINEAR_FACTORY)
+    return d
+
+
+def test_safetensors_weights_are_used(tmp_path):
+    ref = reference_linear(3)
+    d = weighted_model(tmp_path, "w.safetensors")
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(d / "w.safetensors"))
+    x = torch.randn(4, 4)
+    torch.testing.assert_close(run(load_servable(d), x), ref(x).detach())
+
+
+def test_torch_state_dict_weights_are_used(tmp_path):
+    ref = reference_linear(4)
+    d = weighted_model(tmp_path, "w.pt")
+    torch.save(ref.state_dict(), d / "w.pt")
+    x = torch.randn(4, 4)
+    torch.testing.assert_close(run(load_servable(d), x), ref(x).detach())
+
+
+def test_weights_on_a_torchscript_model(tmp_path):
+    d, _ = write_torchscript(tmp_path)
+    other = reference_linear(5)
+    torch.save(other.state_dict(), d / "w.pt")
+    (d / "config.toml").write_text(config_toml("torchscript", extra='model_file = "model.pt"\nweights = "w.pt"'))
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(run(load_servable(d), x), other(x).detach())
+
+
+class WritesMarker:
+    """Unpickling this writes a file: proof that arbitrary unpickling took place."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "unpickled"))
+
+
+def test_pickle_payload_is_live(tmp_path):
+    # The control for the refusal test below: plain unpickling really runs the payload.
+    marker = tmp_path / "control"
+    pickle.loads(pickle.dumps(WritesMarker(marker)))
+    assert marker.read_text() == "unpickled"
+
+
+def test_arbitrary_pickle_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    d = weighted_model(tmp_path, "w.pt")
+    torch.save(WritesMarker(marker), d / "w.pt")
+    assert not marker.exists()
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value).startswith(f"model 'w': {d / 'w.pt'} is not a weights-only state dict: ")
+    assert not marker.exists()
+
+
+def test_whole_module_pickle_refused(tmp_path):
+    d = weighted_model(tmp_path, "w.pt")
+    torch.save(reference_linear(), d / "w.pt")
+    with pytest.raises(ConfigError, match="is not a weights-only state dict"):
+        load_servable(d)
+
+
+def test_weights_that_do_not_fit(tmp_path):
+    d = weighted_model(tmp_path, "w.safetensors")
+    save_file({"weight": torch.zeros(5, 4), "bias": torch.zeros(5)}, str(d / "w.safetensors"))
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    msg = str(info.value)
+    assert msg.startswith(f"model 'w': weights in {d / 'w.safetensors'} do not fit the module: ")
+    assert "size mismatch for weight" in msg
+
+
+def test_weights_with_missing_keys(tmp_path):
+    d = weighted_model(tmp_path, "w.pt")
+    torch.save({"weight": torch.zeros(3, 4)}, d / "w.pt")
+    with pytest.raises(ConfigError, match=r"(?s)do not fit the module: .*Missing key\(s\).*\"bias\""):
+        load_servable(d)
+
+
+def test_weights_file_that_is_not_a_dict(tmp_path):
+    d = weighted_model(tmp_path, "w.pt")
+    torch.save(torch.zeros(3), d / "w.pt")
+    with pytest.raises(ConfigError, match=r"^model 'w': weights in .*w\.pt do not fit the module: .*dict"):
+        load_servable(d)
+
+
+def test_corrupt_safetensors(tmp_path):
+    d = weighted_model(tmp_path, "w.safetensors")
+    (d / "w.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value).startswith(f"model 'w': {d / 'w.safetensors'} is not a valid safetensors file: ")
+
+
+def test_weights_file_missing(tmp_path):
+    d = weighted_model(tmp_path, "absent.pt")
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == f"model 'w': weights file {d / 'absent.pt'} does not exist"
+
+
+# -- the repository --------------------------------------------------------------------
+def test_repository_path_is_a_file(tmp_path):
+    f = tmp_path / "repo.txt"
+    f.write_text("")
+    with pytest.raises(ConfigError) as info:
+        ModelRepository.from_directory(f)
+    assert str(info.value) == f"model repository {f} is not a folder"
+
+
+def test_repository_path_missing(tmp_path):
+    with pytest.raises(ConfigError, match="is not a folder"):
+        ModelRepository.from_directory(tmp_path / "nowhere")
+
+
+def test_empty_repository(tmp_path):
+    # Folders without a config and stray files are not models.
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "README.md").write_text("")
+    with pytest.raises(ConfigError) as info:
+        ModelRepository.from_directory(tmp_path)
+    msg = str(info.value)
+    assert msg.startswith(f"model repository {tmp_path} has no model folders")
+    assert "config.toml" in msg
+
+
+def test_torchscript_model_file_missing(tmp_path):
+    d = model_dir(tmp_path, "ts", "torchscript", extra='model_file = "model.pt"')
+    with pytest.raises(ConfigError) as info:
+        ModelRepository.from_directory(tmp_path)
+    assert str(info.value) == f"model 'ts': model_file {d / 'model.pt'} does not exist"
+
+
+def test_bad_config_fails_the_whole_repository(tmp_path):
+    write_torchscript(tmp_path, "good")
+    d = model_dir(tmp_path, "bad", "torchscript", extra='model_file = "model.pt"', mbs=0)
+    with pytest.raises(ConfigError) as info:
+        ModelRepository.from_directory(tmp_path)
+    assert str(info.value).startswith(f"{d / 'config.toml'}: max_batch_size")
+
+
+def test_two_models_with_one_name(tmp_path):
+    for folder in ("a", "b"):
+        model_dir(tmp_path, folder, "python", extra='name = "same"\nfactory = "torch.nn:Identity"', out_dims="[4]")
+    with pytest.raises(ConfigError) as info:
+        ModelRepository.from_directory(tmp_path)
+    assert str(info.value) == f"{tmp_path}: two models are named 'same'"
+
+
+def test_get_unknown_model_and_version(tmp_path):
+    for name in ("beta", "alpha"):
+        model_dir(tmp_path, name, "python", extra='factory = "torch.nn:Identity"', out_dims="[4]")
+    repo = ModelRepository.from_directory(tmp_path)
+    assert repo.get("alpha") is repo.get("alpha", "1")
+    with pytest.raises(ModelNotFound) as info:
+        repo.get("gamma")
+    assert str(info.value) == "unknown model 'gamma'; this server serves: alpha, beta"
+    with pytest.raises(ModelNotFound) as info:
+        repo.get("alpha", "2")
+    assert str(info.value) == "model 'alpha' has no version '2'; available: 1"
