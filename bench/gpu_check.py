@@ -79,7 +79,7 @@ async def server_check(device: str) -> dict:
     data = base.config.model_dump()
     data["instances"] = {"count": 1, "devices": [device], "pipeline_depth": 2}
     servable = Servable(model_config_from_dict(data, "gpu check"), base._module)
-    server = WokServer(server_settings(grpc_port=0), ModelRepository([servable], "gpu check"))
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "gpu check"))
     await server.start()
     try:
         xs = np.random.default_rng(0).standard_normal((512, 256), dtype=np.float32)

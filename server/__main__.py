@@ -23,6 +23,14 @@ def _serve_parser(sub) -> None:
     p.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain on SIGTERM (default 30)")
     p.add_argument("--max-request-bytes", type=int, default=64 << 20, help="largest request accepted")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the /metrics port (default 127.0.0.1)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8002,
+        help="HTTP port of /metrics (default 8002; 0 picks a free one; -1: none)",
+    )
+    p.add_argument("--no-metrics", action="store_true", help="record no metrics (to measure what they cost)")
     p.add_argument(
         "--demo-option",
         action="append",
@@ -75,6 +83,9 @@ async def _serve(args) -> int:
         grace_period_s=args.grace_period,
         max_request_bytes=args.max_request_bytes,
         torch_threads=args.torch_threads,
+        metrics=not args.no_metrics,
+        metrics_host=args.metrics_host,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
     )
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
@@ -84,6 +95,8 @@ async def _serve(args) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
+    if server.http is not None:
+        print(f"wok: metrics on http://{settings.metrics_host}:{server.http.port}/metrics", file=sys.stderr, flush=True)
     print(f"wok: serving {', '.join(server.runtimes)} on {settings.host}:{server.port}", file=sys.stderr, flush=True)
     await stop.wait()
     await server.stop()

@@ -19,10 +19,13 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from .batcher import Batcher, BatchingPolicy
 from .config import ServerSettings
 from .executor import Executor
+from .http import MetricsHTTPServer
+from .metrics import ModelMetrics, WokMetrics
 from .repository import ModelRepository
 from .servable import Servable
 from .service import InferenceService
@@ -40,6 +43,7 @@ class ModelRuntime:
     executor: Executor
     batcher: Batcher
     stats: ModelStats
+    metrics: ModelMetrics
 
     @property
     def default_timeout_s(self) -> float | None:
@@ -47,10 +51,24 @@ class ModelRuntime:
         return ms / 1e3 if ms else None
 
 
+def default_registry() -> CollectorRegistry:
+    """A registry of the server's own, with the process, platform and GC collectors."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
 class WokServer:
-    def __init__(self, settings: ServerSettings, repository: ModelRepository) -> None:
+    def __init__(
+        self, settings: ServerSettings, repository: ModelRepository, *, registry: CollectorRegistry | None = None
+    ) -> None:
         self.settings = settings
         self.repository = repository
+        self.registry = registry if registry is not None else default_registry()
+        self.metrics = WokMetrics(self.registry, enabled=settings.metrics)
+        self.http: MetricsHTTPServer | None = None
         self.runtimes: dict[str, ModelRuntime] = {}
         self.port: int | None = None
         self.draining = False
@@ -79,9 +97,10 @@ class WokServer:
                 cfg.max_batch_size, db.max_queue_delay_ms / 1e3, db.preferred_batch_sizes, db.max_queue_size
             )
             stats = ModelStats(name)
-            batcher = Batcher(name, executor, policy, stats)
+            metrics = self.metrics.model(name, len(executor.instances))
+            batcher = Batcher(name, executor, policy, stats, metrics)
             batcher.start()
-            self.runtimes[name] = ModelRuntime(servable, executor, batcher, stats)
+            self.runtimes[name] = ModelRuntime(servable, executor, batcher, stats, metrics)
 
         transport_limit = 4 * self.settings.max_request_bytes + (1 << 20)
         self._grpc = grpc.aio.server(
@@ -107,10 +126,15 @@ class WokServer:
         if self.port == 0:
             raise OSError(f"cannot bind gRPC to {address}")
         await self._grpc.start()
+        if self.settings.metrics_port is not None:
+            self.http = MetricsHTTPServer(self.registry, self.settings.metrics_host, self.settings.metrics_port)
+            await self.http.start()
         for service in ("", SERVICE_NAME, *self.runtimes):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self._started = True
         log.info("wok serving %s on %s:%d", ", ".join(self.runtimes), self.settings.host, self.port)
+        if self.http is not None:
+            log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.http.port)
 
     async def stop(self, grace: float | None = None) -> None:
         if self.draining:
@@ -133,6 +157,10 @@ class WokServer:
                 log.warning("grace period over: %d model(s) still had queued requests", len(pending))
         if self._grpc is not None:
             await self._grpc.stop(max(0.5, deadline - time.monotonic()))
+        # Metrics stay up through the drain, so the last scrape sees it.
+        if self.http is not None:
+            await self.http.stop()
+        self.metrics.close()
         loop = asyncio.get_running_loop()
         for rt in self.runtimes.values():
             await loop.run_in_executor(None, rt.executor.shutdown)

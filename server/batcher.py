@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import DeadlineExceeded, ModelExecutionError, QueueFull, ShuttingDown
 from .executor import BatchResult, Executor
+from .metrics import ModelMetrics
 from .stats import ModelStats
 
 QUEUED, RUNNING, DONE, WITHDRAWN = range(4)
@@ -37,12 +38,12 @@ class Pending:
     inputs: dict[str, np.ndarray]
     rows: int
     key: Hashable
-    arrival: float  # time.monotonic() when it was accepted
-    deadline: float | None  # time.monotonic() after which it must not run
+    arrival: float  # time.perf_counter() when it joined the queue
+    deadline: float | None  # time.perf_counter() after which it must not run
     future: asyncio.Future
     state: int = QUEUED
     dispatched: float = 0.0
-    completed: float = 0.0
+    finished: float = 0.0  # when its batch's outputs were on the host (executor clock)
 
 
 @dataclass(slots=True)
@@ -74,11 +75,21 @@ class _Queue:
 
 
 class Batcher:
-    def __init__(self, name: str, executor: Executor, policy: BatchingPolicy, stats: ModelStats) -> None:
+    def __init__(
+        self,
+        name: str,
+        executor: Executor,
+        policy: BatchingPolicy,
+        stats: ModelStats,
+        metrics: ModelMetrics | None = None,
+    ) -> None:
         self.name = name
         self.executor = executor
         self.policy = policy
         self.stats = stats
+        self.metrics = metrics or ModelMetrics(name, len(executor.instances))
+        self.metrics.queue_depth = lambda: self._queued
+        self.metrics.inflight = lambda: self._inflight
         self._queues: dict[Hashable, _Queue] = {}
         self._queued = 0  # live queued requests
         self._inflight = 0  # batches in the executor
@@ -141,7 +152,7 @@ class Batcher:
                 f"model '{self.name}' queue is full: {self._queued} requests queued, "
                 f"max_queue_size is {limit}; retry later"
             )
-        p = Pending(inputs, rows, key, time.monotonic(), deadline, self._loop.create_future())
+        p = Pending(inputs, rows, key, time.perf_counter(), deadline, self._loop.create_future())
         q = self._queues.get(key)
         if q is None:
             q = self._queues[key] = _Queue()
@@ -170,7 +181,7 @@ class Batcher:
         loop = self._loop
         try:
             while True:
-                now = time.monotonic()
+                now = time.perf_counter()
                 if self._free_slots:
                     q, reason, wait = self._pick(now)
                     if q is not None:
@@ -269,6 +280,7 @@ class Batcher:
         batch.instance, batch.slot = inst, slot
         batch.dispatched = batch.requests[0].dispatched
         self.stats.record_flush(batch.reason)
+        self.metrics.record_flush(batch.reason)
         loop = self._loop
         fut = self.executor.instances[inst].submit(
             [p.inputs for p in batch.requests], [p.rows for p in batch.requests], slot
@@ -283,7 +295,7 @@ class Batcher:
         fut.add_done_callback(_back_on_loop)
 
     def _complete(self, batch: Batch, f: concurrent.futures.Future) -> None:
-        now = time.monotonic()
+        now = time.perf_counter()
         self._free_slots.append((batch.instance, batch.slot))
         self._busy[batch.instance] -= 1
         self._inflight -= 1
@@ -294,21 +306,25 @@ class Batcher:
                 exc = ModelExecutionError(f"model '{self.name}' failed: {type(exc).__name__}: {exc}")
             for p in batch.requests:
                 p.state = DONE
-                p.completed = now
+                p.finished = now
                 if not p.future.done():
                     p.future.set_exception(exc)
                 self.stats.fail.add(now - p.arrival)
             return
         result: BatchResult = f.result()
         t = result.times
-        queue_s = 0.0
+        waits = [p.dispatched - p.arrival for p in batch.requests]
         for p, out in zip(batch.requests, result.outputs):
             p.state = DONE
-            p.completed = now
-            queue_s += p.dispatched - p.arrival
+            p.finished = result.finished
             if not p.future.done():
                 p.future.set_result(out)
-        self.stats.record_batch(batch.samples, len(batch.requests), queue_s, t.assemble + t.h2d, t.compute, t.d2h)
+        n = len(batch.requests)
+        self.stats.record_batch(batch.samples, n, sum(waits), t.assemble + t.h2d, t.compute, t.d2h)
+        # Assemble is charged from the dispatch, so the hop to the worker thread is counted.
+        assemble = result.started - batch.dispatched + t.assemble
+        busy = result.finished - result.started
+        self.metrics.record_batch(batch.instance, n, batch.samples, waits, assemble, t.h2d, t.compute, t.d2h, busy)
 
     def _fail_queued(self, exc: Exception) -> None:
         for q in self._queues.values():

@@ -167,6 +167,11 @@ class ServerSettings(_Strict):
         64 << 20, ge=1024, description="Largest ModelInfer request (bytes) accepted; larger: INVALID_ARGUMENT."
     )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None keeps torch's default.")
+    metrics: bool = Field(True, description="Record metrics; off only to measure what they cost.")
+    metrics_host: str = Field("127.0.0.1", description="Address the /metrics HTTP port binds to.")
+    metrics_port: int | None = Field(
+        8002, ge=0, le=65_535, description="HTTP port of /metrics; 0 picks a free one, None serves none."
+    )
 
 
 def _describe(err: ValidationError) -> str:

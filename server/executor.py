@@ -43,6 +43,8 @@ class BatchResult:
     outputs: list[dict[str, np.ndarray]]  # per request, owned (never views of reused buffers)
     times: StageTimes
     instance: int
+    started: float  # time.perf_counter() when the worker took the batch
+    finished: float  # time.perf_counter() when its outputs were on the host
     # CUDA only: the batch's events (copy-in start/end, compute start/end, copy-out end),
     # kept so that a trace can show batches overlapping across streams.
     events: tuple | None = None
@@ -137,7 +139,7 @@ class Instance:
         arrays = {k: np.ascontiguousarray(to_numpy_view(v.detach())) for k, v in out.items()}
         per_request = s.split(arrays, rows)
         t3 = time.perf_counter()
-        return BatchResult(per_request, StageTimes(t1 - t0, 0.0, t2 - t1, t3 - t2), self.index)
+        return BatchResult(per_request, StageTimes(t1 - t0, 0.0, t2 - t1, t3 - t2), self.index, t0, t3)
 
     # -- CUDA: launch on three streams, then wait for the last event on another thread -----
     def _launch_cuda(self, inputs, rows, slot: _Slot):
@@ -174,10 +176,10 @@ class Instance:
             raise
         except Exception as exc:
             raise ModelExecutionError(f"model '{s.name}' failed: {type(exc).__name__}: {exc}") from exc
-        return host_out, ev, assemble
+        return host_out, ev, assemble, t0
 
     def _finish_cuda(self, launched, rows) -> BatchResult:
-        host_out, ev, assemble = launched
+        host_out, ev, assemble, started = launched
         try:
             ev[4].synchronize()
         except Exception as exc:
@@ -190,7 +192,8 @@ class Instance:
         )
         # The pinned output buffers belong to the slot and will be reused: copy out.
         arrays = {k: to_numpy_view(v).copy() for k, v in host_out.items()}
-        return BatchResult(self.servable.split(arrays, rows), times, self.index, tuple(ev))
+        per_request = self.servable.split(arrays, rows)
+        return BatchResult(per_request, times, self.index, started, time.perf_counter(), tuple(ev))
 
 
 def _copy_outcome(src: concurrent.futures.Future, dst: concurrent.futures.Future) -> None:

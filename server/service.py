@@ -15,7 +15,7 @@ import grpc
 
 from . import __version__
 from .codec import decode_request, encode_response
-from .errors import ShuttingDown, WokError, to_status
+from .errors import DeadlineExceeded, InvalidInput, ModelNotFound, QueueFull, ShuttingDown, WokError, to_status
 from .repository import VERSION
 from .v2pb import grpc_service_pb2 as pb
 from .v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -25,6 +25,12 @@ if TYPE_CHECKING:
     from .app import ModelRuntime, WokServer
 
 EXTENSIONS = ("model_configuration", "statistics", "model_repository")
+REJECTION_REASON = {
+    QueueFull: "queue_full",
+    DeadlineExceeded: "deadline",
+    InvalidInput: "invalid",
+    ShuttingDown: "shutting_down",
+}
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException):
@@ -39,9 +45,30 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     # -- the inference path ------------------------------------------------------------------
     async def infer(self, request: pb.ModelInferRequest, time_remaining: float | None) -> pb.ModelInferResponse:
         """Run one request through its model's batcher; raises WokError on failure."""
-        arrival = time.monotonic()
+        arrival = time.perf_counter()
         server = self.server
-        rt: ModelRuntime = server.runtime(request.model_name, request.model_version)
+        try:
+            rt: ModelRuntime = server.runtime(request.model_name, request.model_version)
+        except ModelNotFound:
+            server.metrics.unknown_model_requests += 1
+            raise
+        m = rt.metrics
+        try:
+            resp = await self._run(rt, request, time_remaining, arrival)
+        except WokError as exc:
+            m.record_status(exc.code.name)
+            reason = REJECTION_REASON.get(type(exc))
+            if reason is not None:
+                m.record_rejection(reason)
+            raise
+        except asyncio.CancelledError:
+            m.record_status("CANCELLED")
+            raise
+        m.record_status("OK")
+        return resp
+
+    async def _run(self, rt: ModelRuntime, request, time_remaining: float | None, arrival: float):
+        server = self.server
         if server.draining:
             raise ShuttingDown("server is shutting down and accepts no new requests")
         servable = rt.servable
@@ -58,8 +85,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except asyncio.CancelledError:
             rt.batcher.withdraw(p)
             raise
+        resumed = time.perf_counter()
         resp = encode_response(servable.name, request.id, outputs, servable.output_types, dec.outputs)
-        rt.stats.success.add(time.monotonic() - p.arrival)
+        done = time.perf_counter()
+        rt.stats.success.add(done - arrival)
+        rt.metrics.record_response(p.arrival - arrival, resumed - p.finished, done - resumed, done - arrival)
         return resp
 
     async def ModelInfer(self, request, context):

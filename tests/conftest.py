@@ -47,7 +47,7 @@ class ServerProcess:
 
 def start_server_process(*args: str, timeout: float = 120.0) -> ServerProcess:
     """Start `python -m wok serve --port 0 ARGS` and wait for its ready line."""
-    cmd = [sys.executable, "-m", "wok", "serve", "--port", "0", *args]
+    cmd = [sys.executable, "-m", "wok", "serve", "--port", "0", "--metrics-port", "0", *args]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
@@ -104,6 +104,7 @@ async def running_server(models=("mlp", "recsys", "encoder"), repository=None, *
     from wok.app import WokServer, build_repository
     from wok.config import server_settings
 
+    settings.setdefault("metrics_port", 0)
     s = server_settings(grpc_port=0, demo_models=tuple(models), model_repository=repository, **settings)
     server = WokServer(s, build_repository(s, SMALL_DEMO_OPTIONS))
     await server.start()

@@ -133,7 +133,7 @@ async def test_an_expired_request_is_dropped_before_it_runs(gated):
     m.gate.clear()
     running = submit(b, 0.0)
     await wait_entered(m)
-    expired = submit(b, 1.0, deadline=time.monotonic())
+    expired = submit(b, 1.0, deadline=time.perf_counter())
     live = submit(b, 2.0)
     m.gate.set()
     with pytest.raises(DeadlineExceeded, match="deadline passed before it could run"):

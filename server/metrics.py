@@ -1,0 +1,292 @@
+"""Prometheus metrics, recorded on the hot path at the cost of a few list updates.
+
+One `WokMetrics` per server, registered in the `registry` it is given (tests pass their
+own `CollectorRegistry`). It is a custom collector: the hot path updates plain Python
+counters and bucket lists (`WeightedHistogram`), and the Prometheus families are built
+only when scraped. A batch-level stage (assemble, H2D, compute, D2H) is observed once per
+batch with the batch's request count as weight, which gives exactly the histogram that
+one observation per request would, at a per-batch cost.
+
+The stages partition a request's life as the server sees it, so their means add up to
+the end-to-end mean: decode (request checks) → queue → assemble (including the hop to
+the worker thread) → h2d → compute → d2h → respond (back to the event loop and the
+caller's coroutine) → encode (the response message).
+
+All times are seconds, sizes bytes, following Prometheus' base-unit convention.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+log = logging.getLogger("wok.metrics")
+
+STAGES = ("decode", "queue", "assemble", "h2d", "compute", "d2h", "respond", "encode")
+FLUSH_REASONS = ("size", "delay", "drain", "deadline")
+REJECTION_REASONS = ("queue_full", "deadline", "invalid", "shutting_down", "not_found")
+
+# 25 µs resolves the sub-millisecond stages (decode, H2D of a small batch); 60 s bounds
+# the multi-second tails of an overloaded queue. Roughly 1-2.5-5 per decade.
+LATENCY_BUCKETS = (
+    25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
+    1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
+
+
+class WeightedHistogram:
+    """Bucket counts and a sum; `observe(value, n)` counts the value n times."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        # bisect_left: a value equal to a bound belongs to that bound's bucket (le is <=).
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.total += value * n
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, running = [], 0
+        for bound, c in zip(self.bounds, self.counts):
+            running += c
+            out.append((_fmt(bound), running))
+        out.append(("+Inf", running + self.counts[-1]))
+        return out
+
+
+def _fmt(bound: float) -> str:
+    return repr(float(bound)) if bound < 1e-4 else f"{bound:g}"
+
+
+class ModelMetrics:
+    """The series of one model; the batcher and the service update these."""
+
+    def __init__(self, name: str, instances: int) -> None:
+        self.name = name
+        self.stages = {s: WeightedHistogram(LATENCY_BUCKETS) for s in STAGES}
+        self.request = WeightedHistogram(LATENCY_BUCKETS)
+        self.batch_size = WeightedHistogram(BATCH_SIZE_BUCKETS)
+        self.flushes = dict.fromkeys(FLUSH_REASONS, 0)
+        self.rejections = dict.fromkeys(REJECTION_REASONS, 0)
+        self.responses: dict[str, int] = {}
+        self.busy_seconds = [0.0] * instances
+        # Read at scrape time from the batcher, so the hot path keeps no gauge of its own.
+        self.queue_depth: Callable[[], int] = lambda: 0
+        self.inflight: Callable[[], int] = lambda: 0
+
+    def record_batch(
+        self,
+        instance: int,
+        requests: int,
+        samples: int,
+        queue_waits: Iterable[float],
+        assemble: float,
+        h2d: float,
+        compute: float,
+        d2h: float,
+        busy: float,
+    ) -> None:
+        st = self.stages
+        q = st["queue"]
+        for w in queue_waits:
+            q.observe(w)
+        st["assemble"].observe(assemble, requests)
+        st["h2d"].observe(h2d, requests)
+        st["compute"].observe(compute, requests)
+        st["d2h"].observe(d2h, requests)
+        self.batch_size.observe(samples)
+        self.busy_seconds[instance] += busy
+
+    def record_flush(self, reason: str) -> None:
+        self.flushes[reason] = self.flushes.get(reason, 0) + 1
+
+    def record_response(self, decode: float, respond: float, encode: float, total: float) -> None:
+        st = self.stages
+        st["decode"].observe(decode)
+        st["respond"].observe(respond)
+        st["encode"].observe(encode)
+        self.request.observe(total)
+
+    def record_status(self, code: str) -> None:
+        self.responses[code] = self.responses.get(code, 0) + 1
+
+    def record_rejection(self, reason: str) -> None:
+        self.rejections[reason] = self.rejections.get(reason, 0) + 1
+
+
+class NullModelMetrics(ModelMetrics):
+    """Records nothing: for measuring what metrics cost (`wok serve --no-metrics`)."""
+
+    def record_batch(self, *args, **kwargs) -> None:
+        pass
+
+    def record_flush(self, reason: str) -> None:
+        pass
+
+    def record_response(self, decode: float, respond: float, encode: float, total: float) -> None:
+        pass
+
+    def record_status(self, code: str) -> None:
+        pass
+
+    def record_rejection(self, reason: str) -> None:
+        pass
+
+
+class WokMetrics:
+    """The server's collector: every model's series, plus GPU gauges when NVML has devices."""
+
+    def __init__(self, registry: CollectorRegistry, *, gpu: bool = True, enabled: bool = True) -> None:
+        self.registry = registry
+        self.enabled = enabled
+        self.models: dict[str, ModelMetrics] = {}
+        # Requests naming no served model are counted here, without the name, so that a
+        # client cannot grow the label set.
+        self.unknown_model_requests = 0
+        self._gpu = GpuSampler.create() if gpu else None
+        registry.register(self)
+
+    def model(self, name: str, instances: int) -> ModelMetrics:
+        m = self.models.get(name)
+        if m is None:
+            m = self.models[name] = (ModelMetrics if self.enabled else NullModelMetrics)(name, instances)
+        return m
+
+    def close(self) -> None:
+        self.registry.unregister(self)
+        if self._gpu is not None:
+            self._gpu.close()
+
+    def describe(self) -> list[Metric]:
+        # Registration checks names against describe(); an empty list skips that work.
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        models = list(self.models.values())
+        stage = HistogramMetricFamily(
+            "wok_request_stage_duration_seconds",
+            "Time a request spent in each stage on the server: decode, queue, assemble (with the hop "
+            "to the worker), h2d, compute, d2h, respond (back to the caller) and encode; batch stages "
+            "count once per request of the batch",
+            labels=["model", "stage"],
+        )
+        e2e = HistogramMetricFamily(
+            "wok_request_duration_seconds",
+            "End-to-end time of a successful request as the server sees it, from its arrival to its encoded response",
+            labels=["model"],
+        )
+        bs = HistogramMetricFamily("wok_batch_size", "Samples (rows) per executed batch", labels=["model"])
+        flush = CounterMetricFamily(
+            "wok_batch_flushes", "Batches flushed, by reason: size, delay, drain, deadline", labels=["model", "reason"]
+        )
+        resp = CounterMetricFamily(
+            "wok_responses", "Inference requests answered, by final gRPC status code", labels=["model", "code"]
+        )
+        rej = CounterMetricFamily(
+            "wok_rejected_requests",
+            "Inference requests refused before running, by reason: queue_full, deadline, invalid, "
+            "shutting_down, not_found",
+            labels=["model", "reason"],
+        )
+        busy = CounterMetricFamily(
+            "wok_instance_busy_seconds",
+            "Seconds each model instance spent running batches; its rate is the busy ratio",
+            labels=["model", "instance"],
+        )
+        depth = GaugeMetricFamily("wok_queue_depth", "Requests waiting in the model's queue", labels=["model"])
+        inflight = GaugeMetricFamily(
+            "wok_inflight_batches", "Batches handed to the model's instances and not yet finished", labels=["model"]
+        )
+        for m in models:
+            for s, h in m.stages.items():
+                stage.add_metric([m.name, s], h.cumulative(), h.total)
+            e2e.add_metric([m.name], m.request.cumulative(), m.request.total)
+            bs.add_metric([m.name], m.batch_size.cumulative(), m.batch_size.total)
+            for reason, n in list(m.flushes.items()):
+                flush.add_metric([m.name, reason], n)
+            for code, n in list(m.responses.items()):
+                resp.add_metric([m.name, code], n)
+            for reason, n in list(m.rejections.items()):
+                rej.add_metric([m.name, reason], n)
+            for i, secs in enumerate(m.busy_seconds):
+                busy.add_metric([m.name, str(i)], secs)
+            depth.add_metric([m.name], m.queue_depth())
+            inflight.add_metric([m.name], m.inflight())
+        rej.add_metric(["", "not_found"], self.unknown_model_requests)
+        yield from (stage, e2e, bs, flush, resp, rej, busy, depth, inflight)
+        if self._gpu is not None:
+            yield from self._gpu.collect()
+
+
+class GpuSampler:
+    """GPU gauges read through NVML at scrape time; absent (not zero) where there is no GPU."""
+
+    def __init__(self, nvml, handles: list) -> None:
+        self._nvml = nvml
+        self._handles = handles
+
+    @classmethod
+    def create(cls) -> GpuSampler | None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception as exc:  # no library, no driver, no device: no GPU series
+            log.debug("no NVML: %s", exc)
+            return None
+        try:
+            n = pynvml.nvmlDeviceGetCount()
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        except Exception as exc:
+            log.warning("NVML is present but lists no devices: %s", exc)
+            pynvml.nvmlShutdown()
+            return None
+        if not handles:
+            pynvml.nvmlShutdown()
+            return None
+        return cls(pynvml, handles)
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception as exc:
+            log.debug("nvmlShutdown: %s", exc)
+
+    def collect(self) -> Iterable[Metric]:
+        nv = self._nvml
+        util = GaugeMetricFamily(
+            "wok_gpu_utilization_ratio", "GPU busy ratio over NVML's last sample period", labels=["gpu"]
+        )
+        used = GaugeMetricFamily("wok_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"])
+        total = GaugeMetricFamily("wok_gpu_memory_total_bytes", "GPU memory in all", labels=["gpu"])
+        temp = GaugeMetricFamily("wok_gpu_temperature_celsius", "GPU core temperature", labels=["gpu"])
+        power = GaugeMetricFamily("wok_gpu_power_watts", "GPU power draw", labels=["gpu"])
+        for i, h in enumerate(self._handles):
+            gpu = [str(i)]
+            # Each reading is independent: a device that does not report power still reports the rest.
+            for family, read in (
+                (util, lambda h=h: nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0),
+                (used, lambda h=h: nv.nvmlDeviceGetMemoryInfo(h).used),
+                (total, lambda h=h: nv.nvmlDeviceGetMemoryInfo(h).total),
+                (temp, lambda h=h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                (power, lambda h=h: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
+            ):
+                try:
+                    family.add_metric(gpu, float(read()))
+                except Exception as exc:
+                    log.debug("NVML read failed on gpu %d: %s", i, exc)
+        return [util, used, total, temp, power]

@@ -1,0 +1,121 @@
+"""Metrics: histogram arithmetic by hand, and a live scrape after real traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from wok.codec import encode_request
+from wok.metrics import LATENCY_BUCKETS, STAGES, WeightedHistogram, WokMetrics
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+
+def test_weighted_observation_equals_repeated_observations():
+    a, b = WeightedHistogram((1.0, 2.0, 5.0)), WeightedHistogram((1.0, 2.0, 5.0))
+    for value, n in ((0.5, 3), (1.0, 2), (1.5, 1), (7.0, 4)):
+        a.observe(value, n)
+        for _ in range(n):
+            b.observe(value)
+    assert a.counts == b.counts == [5, 1, 0, 4]  # 1.0 is in the le="1" bucket: le is inclusive
+    assert a.total == pytest.approx(0.5 * 3 + 1.0 * 2 + 1.5 + 7.0 * 4)
+    assert a.cumulative() == [("1", 5), ("2", 6), ("5", 6), ("+Inf", 10)]
+
+
+def test_latency_buckets_resolve_sub_millisecond_and_multi_second_times():
+    assert LATENCY_BUCKETS[0] <= 25e-6 and LATENCY_BUCKETS[-1] >= 60
+    assert list(LATENCY_BUCKETS) == sorted(LATENCY_BUCKETS)
+    # No two neighbours more than 3x apart: a quantile read off them is within that factor.
+    assert max(b / a for a, b in itertools.pairwise(LATENCY_BUCKETS)) <= 3.0
+
+
+def test_an_injected_registry_holds_the_series_and_close_removes_them():
+    registry = CollectorRegistry()
+    metrics = WokMetrics(registry, gpu=False)
+    m = metrics.model("mlp", instances=1)
+    m.record_batch(
+        0, requests=2, samples=3, queue_waits=[0.001, 0.002], assemble=1e-4, h2d=0, compute=0.01, d2h=1e-5, busy=0.0102
+    )
+    assert registry.get_sample_value("wok_batch_size_count", {"model": "mlp"}) == 1
+    assert (
+        registry.get_sample_value("wok_request_stage_duration_seconds_count", {"model": "mlp", "stage": "compute"}) == 2
+    )
+    assert registry.get_sample_value(
+        "wok_instance_busy_seconds_total", {"model": "mlp", "instance": "0"}
+    ) == pytest.approx(0.0102)
+    metrics.close()
+    assert registry.get_sample_value("wok_batch_size_count", {"model": "mlp"}) is None
+
+
+def scrape(port: int) -> dict:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {f.name: f for f in text_string_to_metric_families(body)}
+
+
+def sample(families: dict, family: str, suffix: str, **labels) -> float:
+    for s in families[family].samples:
+        if s.name == family + suffix and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise KeyError((family, suffix, labels))
+
+
+async def test_after_a_burst_every_stage_has_counts_and_stage_means_add_up_to_the_end_to_end_mean(serve):
+    async with serve() as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            rng = np.random.default_rng(0)
+            reqs = {
+                "mlp": lambda: {"INPUT0": rng.standard_normal((1, 256), dtype=np.float32)},
+                "recsys": lambda: {"dense": np.ones((1, 13), np.float32), "ids": rng.integers(0, 50, (1, 7))},
+                "encoder": lambda: {"tokens": rng.integers(0, 50, (1, int(rng.integers(1, 40))))},
+            }
+            calls = [stub.ModelInfer(encode_request(m, make())) for m, make in reqs.items() for _ in range(150)]
+            await asyncio.gather(*calls)
+            families = await asyncio.to_thread(scrape, server.http.port)
+    for model in reqs:
+        n = sample(families, "wok_request_duration_seconds", "_count", model=model)
+        assert n == 150
+        e2e_mean = sample(families, "wok_request_duration_seconds", "_sum", model=model) / n
+        stage_means = {}
+        for stage in STAGES:
+            count = sample(families, "wok_request_stage_duration_seconds", "_count", model=model, stage=stage)
+            assert count == 150, (model, stage)
+            stage_means[stage] = (
+                sample(families, "wok_request_stage_duration_seconds", "_sum", model=model, stage=stage) / count
+            )
+        assert sum(stage_means.values()) == pytest.approx(e2e_mean, rel=0.10), (model, stage_means, e2e_mean)
+        assert sample(families, "wok_responses", "_total", model=model, code="OK") == 150
+        assert sample(families, "wok_batch_size", "_sum", model=model) == 150
+        assert sample(families, "wok_queue_depth", "", model=model) == 0
+
+
+async def test_rejections_and_status_codes_are_counted_by_reason(serve):
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            for bad in (encode_request("mlp", {"INPUT0": np.ones((1, 3), np.float32)}), encode_request("nope", {})):
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await stub.ModelInfer(bad)
+            families = await asyncio.to_thread(scrape, server.http.port)
+    assert sample(families, "wok_rejected_requests", "_total", model="mlp", reason="invalid") == 1
+    assert sample(families, "wok_responses", "_total", model="mlp", code="INVALID_ARGUMENT") == 1
+    assert sample(families, "wok_rejected_requests", "_total", model="", reason="not_found") == 1
+
+
+async def test_openmetrics_is_served_when_asked_for(serve):
+    async with serve(models=("mlp",)) as server:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{server.http.port}/metrics",
+            headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+        )
+        resp = await asyncio.to_thread(urllib.request.urlopen, req, timeout=10)
+        body = resp.read().decode()
+    assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert body.rstrip().endswith("# EOF")
+    assert "wok_batch_size" in body
