@@ -5,11 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
 
 from .errors import ConfigError
+
+
+class StartError(RuntimeError):
+    """The server could not start (a port taken, a device missing)."""
 
 
 def _serve_parser(sub) -> None:
@@ -92,14 +97,29 @@ async def _serve(args) -> int:
     server = WokServer(settings, build_repository(settings, _demo_options(args.demo_option)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():  # a second signal: the operator wants out now
+            print("wok: second signal, exiting without draining", file=sys.stderr, flush=True)
+            os._exit(1)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await server.start()
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await server.start()
+    except Exception as exc:
+        await server.stop(grace=0)
+        raise StartError(f"cannot start: {exc}") from exc
     if server.http is not None:
         print(f"wok: metrics on http://{settings.metrics_host}:{server.http.port}/metrics", file=sys.stderr, flush=True)
     print(f"wok: serving {', '.join(server.runtimes)} on {settings.host}:{server.port}", file=sys.stderr, flush=True)
     await stop.wait()
     await server.stop()
+    if server.abandoned_work:
+        # A model thread is stuck; Python would wait for it forever at exit.
+        print("wok: a model was still running after the grace period; exiting", file=sys.stderr, flush=True)
+        os._exit(1)
     return 0
 
 
@@ -115,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"wok: {exc}", file=sys.stderr)
         return 2
+    except StartError as exc:
+        print(f"wok: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

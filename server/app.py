@@ -69,6 +69,9 @@ class WokServer:
         self.registry = registry if registry is not None else default_registry()
         self.metrics = WokMetrics(self.registry, enabled=settings.metrics)
         self.http: MetricsHTTPServer | None = None
+        self.service: InferenceService | None = None
+        # Set when stop() gave up on a model thread; the process must then exit hard.
+        self.abandoned_work = False
         self.runtimes: dict[str, ModelRuntime] = {}
         self.port: int | None = None
         self.draining = False
@@ -114,7 +117,8 @@ class WokServer:
                 ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
             ]
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(self), self._grpc)
+        self.service = InferenceService(self)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, self._grpc)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(
@@ -137,11 +141,18 @@ class WokServer:
             log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.http.port)
 
     async def stop(self, grace: float | None = None) -> None:
+        """Stop in stages within `grace` seconds (the settings' grace period by default)."""
+        if self._stopped is None:
+            self._stopped = asyncio.Event()
         if self.draining:
             await self._stopped.wait()
             return
         grace = self.settings.grace_period_s if grace is None else grace
         deadline = time.monotonic() + grace
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         self.draining = True
         log.info("stopping: draining %d model(s) within %.1f s", len(self.runtimes), grace)
         if self._health is not None:
@@ -149,21 +160,33 @@ class WokServer:
                 await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         drains = [asyncio.ensure_future(rt.batcher.stop()) for rt in self.runtimes.values()]
         if drains:
-            _, pending = await asyncio.wait(drains, timeout=max(0.0, deadline - time.monotonic()))
+            _, pending = await asyncio.wait(drains, timeout=left())
             for d in pending:
                 d.cancel()
             await asyncio.gather(*drains, return_exceptions=True)
             if pending:
                 log.warning("grace period over: %d model(s) still had queued requests", len(pending))
+        if self.service is not None:
+            # Every accepted request has its result; let the handlers hand them to gRPC.
+            try:
+                await asyncio.wait_for(self.service.idle(), timeout=left())
+            except asyncio.TimeoutError:
+                log.warning("grace period over with %d request(s) still being answered", self.service.active)
         if self._grpc is not None:
-            await self._grpc.stop(max(0.5, deadline - time.monotonic()))
+            # Only idle streams and responses on the wire remain: a short grace, not the rest.
+            await self._grpc.stop(min(1.0, max(0.1, left())))
         # Metrics stay up through the drain, so the last scrape sees it.
         if self.http is not None:
             await self.http.stop()
         self.metrics.close()
         loop = asyncio.get_running_loop()
         for rt in self.runtimes.values():
-            await loop.run_in_executor(None, rt.executor.shutdown)
+            try:
+                await asyncio.wait_for(loop.run_in_executor(None, rt.executor.shutdown), timeout=max(left(), 1.0))
+            except asyncio.TimeoutError:
+                # A batch stuck in the model: its thread cannot be interrupted from Python.
+                log.error("model '%s' is still running a batch after the grace period", rt.servable.name)
+                self.abandoned_work = True
         self._stopped.set()
         log.info("stopped")
 

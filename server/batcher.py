@@ -8,14 +8,19 @@ executor slot is free, so under load batches fill up while the instances are bus
 
 Each request has one future. The batcher hands a batch to the executor once and gets it
 back once (one thread hop each way), then resolves every future of the batch; a batch
-that fails fails every caller in it. Submitting and withdrawing are O(1); dead entries
-(withdrawn, expired) are skipped when a batch is formed.
+that fails fails every caller in it. Submitting and withdrawing are O(1) (a heap push
+when a queue gets a new head, so O(log keys)); dead entries (withdrawn, expired) are
+skipped lazily. A heap of queue heads by arrival finds the next delay flush, and a set
+of queues at their flush size finds size flushes, without scanning every key.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import heapq
+import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Hashable
@@ -23,10 +28,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import DeadlineExceeded, ModelExecutionError, QueueFull, ShuttingDown
+from .errors import DeadlineExceeded, InvalidInput, ModelExecutionError, QueueFull, ShuttingDown
 from .executor import BatchResult, Executor
 from .metrics import ModelMetrics
 from .stats import ModelStats
+
+log = logging.getLogger("wok.batcher")
 
 QUEUED, RUNNING, DONE, WITHDRAWN = range(4)
 
@@ -91,9 +98,16 @@ class Batcher:
         self.metrics.queue_depth = lambda: self._queued
         self.metrics.inflight = lambda: self._inflight
         self._queues: dict[Hashable, _Queue] = {}
+        # (arrival of a queue's head, tie-breaker, key); entries go stale as heads leave and
+        # are dropped or refreshed when they reach the top. Every non-empty queue has one
+        # entry whose arrival is at most its head's.
+        self._heads: list[tuple[float, int, Hashable]] = []
+        self._seq = itertools.count()
+        self._full: set[Hashable] = set()  # keys whose queues (may) hold flush_size samples
+        self._failed: BaseException | None = None
         self._queued = 0  # live queued requests
         self._inflight = 0  # batches in the executor
-        self._free_slots = [(i, s) for s in range(executor.depth) for i in range(len(executor.instances))]
+        self._free_slots = executor.slots()
         self._busy = [0] * len(executor.instances)
         self._stopping = False
         self._task: asyncio.Task | None = None
@@ -144,6 +158,10 @@ class Batcher:
     # -- requests ------------------------------------------------------------------------
     def submit(self, inputs: dict[str, np.ndarray], rows: int, key: Hashable, deadline: float | None) -> Pending:
         """Queue a checked request; raises QueueFull or ShuttingDown at once."""
+        if self._failed is not None:
+            raise ModelExecutionError(f"model '{self.name}' cannot run requests: its batcher failed: {self._failed}")
+        if rows > self.policy.max_batch_size:
+            raise InvalidInput(f"{rows} rows exceed max_batch_size {self.policy.max_batch_size} of model '{self.name}'")
         if self._stopping:
             raise ShuttingDown(f"server is shutting down; model '{self.name}' accepts no new requests")
         limit = self.policy.max_queue_size
@@ -156,13 +174,19 @@ class Batcher:
         q = self._queues.get(key)
         if q is None:
             q = self._queues[key] = _Queue()
-        was_empty = q.samples == 0
+        idle = self._queued == 0
+        if q.samples == 0:
+            heapq.heappush(self._heads, (p.arrival, next(self._seq), key))
         q.entries.append(p)
         q.samples += rows
         self._queued += 1
-        # Wake the task only when this arrival can change its decision: a new oldest
-        # request (a new flush timer) or a queue that just reached its flush size.
-        if was_empty or q.samples >= self.policy.flush_size:
+        full = q.samples >= self.policy.flush_size
+        if full:
+            self._full.add(key)
+        # Wake the task only when this arrival can change its decision: with nothing queued
+        # it has no timer, and a full queue flushes now. A new head is never older than the
+        # one whose timer is already set.
+        if idle or full:
             self._wakeup.set()
         return p
 
@@ -183,9 +207,9 @@ class Batcher:
             while True:
                 now = time.perf_counter()
                 if self._free_slots:
-                    q, reason, wait = self._pick(now)
+                    key, q, reason, wait = self._pick(now)
                     if q is not None:
-                        batch = self._form(q, reason, now)
+                        batch = self._form(key, q, reason, now)
                         if batch is not None:
                             self._dispatch(batch)
                         continue
@@ -201,31 +225,47 @@ class Batcher:
         except asyncio.CancelledError:
             self._fail_queued(ShuttingDown(f"server stopped before model '{self.name}' ran this request"))
             raise
+        except Exception as exc:
+            # A bug here must not leave callers waiting forever: fail them, refuse new work.
+            log.exception("batcher for model '%s' failed", self.name)
+            self._failed = exc
+            self._fail_queued(ModelExecutionError(f"model '{self.name}': batcher failed: {exc}"))
+            raise
 
-    def _pick(self, now: float) -> tuple[_Queue | None, str, float | None]:
-        """The queue to flush now and why; else (None, '', seconds until the next delay flush)."""
-        best_q, best_reason, best_arrival = None, "", None
-        next_due = None
-        delay = self.policy.max_queue_delay_s
-        for key in list(self._queues):
-            q = self._queues[key]
-            head = self._head(q)
+    def _pick(self, now: float) -> tuple[Hashable, _Queue | None, str, float | None]:
+        """(key, queue, reason) to flush now; else (None, None, '', seconds to the next delay flush)."""
+        flush_size = self.policy.flush_size
+        best = None
+        for key in list(self._full):
+            q = self._queues.get(key)
+            head = self._head(q) if q is not None else None
+            if head is None or q.samples < flush_size:
+                self._full.discard(key)
+                continue
+            if best is None or head.arrival < best[2].arrival:
+                best = (key, q, head)
+        if best is not None:
+            return best[0], best[1], "drain" if self._stopping else "size", None
+        heads = self._heads
+        while heads:
+            arrival, _, key = heads[0]
+            q = self._queues.get(key)
+            head = self._head(q) if q is not None else None
             if head is None:
-                del self._queues[key]
+                heapq.heappop(heads)
+                if q is not None and q.samples == 0:
+                    del self._queues[key]
+                continue
+            if head.arrival != arrival:  # stale: its head left; requeue the current one
+                heapq.heapreplace(heads, (head.arrival, next(self._seq), key))
                 continue
             if self._stopping:
-                reason = "drain"
-            elif q.samples >= self.policy.flush_size:
-                reason = "size"
-            elif now - head.arrival >= delay:
-                reason = "delay"
-            else:
-                due = head.arrival + delay - now
-                next_due = due if next_due is None else min(next_due, due)
-                continue
-            if best_arrival is None or head.arrival < best_arrival:
-                best_q, best_reason, best_arrival = q, reason, head.arrival
-        return best_q, best_reason, next_due
+                return key, q, "drain", None
+            due = arrival + self.policy.max_queue_delay_s - now
+            if due <= 0:
+                return key, q, "delay", None
+            return None, None, "", due
+        return None, None, "", None
 
     @staticmethod
     def _head(q: _Queue) -> Pending | None:
@@ -234,11 +274,14 @@ class Batcher:
             entries.popleft()
         return entries[0] if entries else None
 
-    def _form(self, q: _Queue, reason: str, now: float) -> Batch | None:
+    def _form(self, key: Hashable, q: _Queue, reason: str, now: float) -> Batch | None:
         limit = self.policy.max_batch_size
         if reason == "size" and self.policy.preferred_batch_sizes:
             fitting = [s for s in self.policy.preferred_batch_sizes if s <= q.samples]
-            limit = max(fitting) if fitting else limit
+            head = self._head(q)
+            # A request larger than every fitting preferred size still goes, up to the maximum.
+            if fitting and head is not None and head.rows <= max(fitting):
+                limit = max(fitting)
         taken: list[Pending] = []
         samples = 0
         entries = q.entries
@@ -268,6 +311,9 @@ class Batcher:
             p.dispatched = now
             taken.append(p)
             samples += p.rows
+        head = self._head(q)
+        if head is not None and taken:
+            heapq.heappush(self._heads, (head.arrival, next(self._seq), key))
         if not taken:
             return None
         return Batch(taken, samples, reason)
@@ -282,9 +328,15 @@ class Batcher:
         self.stats.record_flush(batch.reason)
         self.metrics.record_flush(batch.reason)
         loop = self._loop
-        fut = self.executor.instances[inst].submit(
-            [p.inputs for p in batch.requests], [p.rows for p in batch.requests], slot
-        )
+        try:
+            fut = self.executor.instances[inst].submit(
+                [p.inputs for p in batch.requests], [p.rows for p in batch.requests], slot
+            )
+        except Exception as exc:  # e.g. the executor was shut down: fail this batch, keep going
+            fut = concurrent.futures.Future()
+            fut.set_exception(exc)
+            self._complete(batch, fut)
+            return
 
         def _back_on_loop(f: concurrent.futures.Future) -> None:
             try:
@@ -312,6 +364,14 @@ class Batcher:
                 self.stats.fail.add(now - p.arrival)
             return
         result: BatchResult = f.result()
+        if len(result.outputs) != len(batch.requests):
+            n, got = len(batch.requests), len(result.outputs)
+            exc = ModelExecutionError(f"model '{self.name}' split a batch of {n} requests into {got} results")
+            for p in batch.requests:
+                p.state = DONE
+                if not p.future.done():
+                    p.future.set_exception(exc)
+            return
         t = result.times
         waits = [p.dispatched - p.arrival for p in batch.requests]
         for p, out in zip(batch.requests, result.outputs):
@@ -336,4 +396,6 @@ class Batcher:
             q.entries.clear()
             q.samples = 0
         self._queues.clear()
+        self._heads.clear()
+        self._full.clear()
         self._queued = 0

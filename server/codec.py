@@ -8,6 +8,7 @@ ends read the protocol the same way.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,6 +38,11 @@ def serialize_bytes(a: np.ndarray) -> bytes:
 
 
 def deserialize_bytes(raw: bytes, count: int, name: str) -> np.ndarray:
+    if count > len(raw) // 4:  # checked before allocating: each element needs its 4-byte length
+        raise InvalidInput(
+            f"input '{name}': raw BYTES content of {len(raw)} bytes cannot hold {count} elements "
+            f"(each needs at least 4 bytes)"
+        )
     out = np.empty(count, dtype=object)
     pos = 0
     for i in range(count):
@@ -55,7 +61,7 @@ def deserialize_bytes(raw: bytes, count: int, name: str) -> np.ndarray:
 
 # -- tensors ---------------------------------------------------------------------------
 def array_from_raw(raw: bytes, dt: Datatype, shape: tuple[int, ...], name: str) -> np.ndarray:
-    count = int(np.prod(shape))
+    count = math.prod(shape)
     if dt.name == "BYTES":
         return deserialize_bytes(raw, count, name).reshape(shape)
     expected = count * dt.itemsize
@@ -73,7 +79,7 @@ def array_from_contents(
     if dt.contents_field is None:
         raise InvalidInput(f"input '{name}': datatype {dt.name} must be sent in raw_input_contents")
     values = getattr(contents, dt.contents_field)
-    count = int(np.prod(shape))
+    count = math.prod(shape)
     if len(values) != count:
         raise InvalidInput(
             f"input '{name}': contents hold {len(values)} values, expected {count} (shape {_shape_str(shape)})"
@@ -253,7 +259,7 @@ def decode_response(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:
         shape = tuple(t.shape)
         if raw:
             if dt.name == "BYTES":
-                out[t.name] = deserialize_bytes(raw[i], int(np.prod(shape)), t.name).reshape(shape)
+                out[t.name] = deserialize_bytes(raw[i], math.prod(shape), t.name).reshape(shape)
             else:
                 out[t.name] = np.frombuffer(raw[i], dtype=dt.numpy).reshape(shape)
         else:

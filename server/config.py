@@ -82,7 +82,13 @@ class InstanceConfig(_Strict):
         description="Devices the instances are spread over, round robin: 'cpu', 'cuda', 'cuda:N', "
         "or 'auto' (cuda:0 when a CUDA device is present, else cpu).",
     )
-    pipeline_depth: int = Field(2, ge=1, le=8, description="Batches in flight per instance, so copies overlap compute.")
+    pipeline_depth: int | None = Field(
+        None,
+        ge=1,
+        le=8,
+        description="Batches in flight per instance, so copies overlap compute; None: 2 on CUDA, 1 on the CPU "
+        "(where one worker thread runs every stage, so a second batch would only wait, smaller).",
+    )
 
     @field_validator("devices")
     @classmethod

@@ -8,8 +8,10 @@ three streams of the instance (copy in, compute, copy out), ordered by events, a
 buffers are page-locked so that `non_blocking` copies are truly asynchronous. On the CPU
 the same stages run in order on the worker thread, timed with clocks.
 
-An instance has `pipeline_depth` slots; each slot owns its host buffers, and a slot is
-reused only after its batch completed, so no buffer is overwritten while a copy reads it.
+An instance has `pipeline_depth` slots (by default 2 on CUDA, 1 on the CPU, where a
+second batch in flight would only wait for the worker, formed early and small); each
+slot owns its host buffers, and a slot is reused only after its batch completed, so no
+buffer is overwritten while a copy reads it.
 """
 
 from __future__ import annotations
@@ -105,11 +107,17 @@ class Instance:
             launched = self._worker.submit(self._launch_cuda, inputs, rows, self.slots[slot])
 
             def _then_wait(f: concurrent.futures.Future) -> None:
-                if f.exception() is not None:
-                    done.set_exception(f.exception())
-                    return
-                w = self._waiter.submit(self._finish_cuda, f.result(), rows)
-                w.add_done_callback(lambda g: _copy_outcome(g, done))
+                # Anything raised in a done-callback is only logged by concurrent.futures, so
+                # catch it all here: `done` must always be set, or the slot leaks.
+                try:
+                    if f.exception() is not None:
+                        done.set_exception(f.exception())
+                        return
+                    w = self._waiter.submit(self._finish_cuda, f.result(), rows)
+                    w.add_done_callback(lambda g: _copy_outcome(g, done))
+                except BaseException as exc:
+                    if not done.done():
+                        done.set_exception(exc)
 
             launched.add_done_callback(_then_wait)
             return done
@@ -134,9 +142,15 @@ class Instance:
         except Exception as exc:
             raise ModelExecutionError(f"model '{s.name}' failed: {type(exc).__name__}: {exc}") from exc
         t2 = time.perf_counter()
-        # The module's outputs are fresh tensors, so per-request views of them are safe to
-        # hand out; only contiguity is needed for tobytes() to be a single copy.
-        arrays = {k: np.ascontiguousarray(to_numpy_view(v.detach())) for k, v in out.items()}
+        # Outputs are usually fresh tensors, so per-request views of them are safe to hand
+        # out. An output that aliases an input (identity, a slice of it) lives in this slot's
+        # reusable buffer, which the next batch overwrites: copy that one.
+        reused = slot.inputs.storage_ptrs()
+        arrays = {}
+        for k, v in out.items():
+            a = to_numpy_view(v.detach())
+            alias = v.untyped_storage().data_ptr() in reused
+            arrays[k] = a.copy() if alias else np.ascontiguousarray(a)
         per_request = s.split(arrays, rows)
         t3 = time.perf_counter()
         return BatchResult(per_request, StageTimes(t1 - t0, 0.0, t2 - t1, t3 - t2), self.index, t0, t3)
@@ -208,14 +222,20 @@ class Executor:
 
     def __init__(self, servable: Servable, cfg: InstanceConfig) -> None:
         devices = resolve_devices(cfg.devices)
-        self.instances = [
-            Instance(servable, i, devices[i % len(devices)], cfg.pipeline_depth) for i in range(cfg.count)
-        ]
-        self.depth = cfg.pipeline_depth
+        self.instances = []
+        for i in range(cfg.count):
+            device = devices[i % len(devices)]
+            depth = cfg.pipeline_depth or (2 if device.type == "cuda" else 1)
+            self.instances.append(Instance(servable, i, device, depth))
 
     @property
     def slot_count(self) -> int:
-        return len(self.instances) * self.depth
+        return sum(len(inst.slots) for inst in self.instances)
+
+    def slots(self) -> list[tuple[int, int]]:
+        """(instance, slot) pairs, every instance's first slot before any second one."""
+        deepest = max(len(inst.slots) for inst in self.instances)
+        return [(i, s) for s in range(deepest) for i, inst in enumerate(self.instances) if s < len(inst.slots)]
 
     def warmup(self) -> None:
         """Run one single-row batch of zeros on each instance, so the first request pays no lazy init."""

@@ -205,7 +205,8 @@ class WokMetrics:
         busy = CounterMetricFamily(
             "wok_instance_busy_seconds",
             "Seconds each model instance spent running batches; its rate is the busy ratio",
-            labels=["model", "instance"],
+            # Not "instance": Prometheus gives every target an `instance` label (host:port).
+            labels=["model", "model_instance"],
         )
         depth = GaugeMetricFamily("wok_queue_depth", "Requests waiting in the model's queue", labels=["model"])
         inflight = GaugeMetricFamily(

@@ -48,6 +48,9 @@ class HostBuffers:
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._flat.values())
 
+    def storage_ptrs(self) -> set[int]:
+        return {b.untyped_storage().data_ptr() for b in self._flat.values()}
+
 
 class Servable:
     """A model as served: config, the module (one copy per device) and the batching hooks."""
@@ -143,6 +146,12 @@ class Servable:
 
     def split(self, outputs: dict[str, np.ndarray], rows: Sequence[int]) -> list[dict[str, np.ndarray]]:
         """Per-request views of the batch outputs, by rows."""
+        total = sum(rows)
+        for k, v in outputs.items():
+            if v.ndim == 0 or v.shape[0] != total:
+                raise ModelExecutionError(
+                    f"model '{self.name}' output '{k}' has shape {list(v.shape)}; expected {total} rows, one per sample"
+                )
         per_request = []
         r = 0
         for n in rows:

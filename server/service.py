@@ -8,6 +8,7 @@ Triton does, so the stream stays open for the requests after a bad one).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ from .v2pb import model_config_pb2 as mc
 if TYPE_CHECKING:
     from .app import ModelRuntime, WokServer
 
+log = logging.getLogger("wok.service")
 EXTENSIONS = ("model_configuration", "statistics", "model_repository")
 REJECTION_REASON = {
     QueueFull: "queue_full",
@@ -41,6 +43,13 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException):
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, server: WokServer) -> None:
         self.server = server
+        self.active = 0  # inference calls between arrival and their response
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def idle(self) -> None:
+        """Return once no inference call is being handled."""
+        await self._idle.wait()
 
     # -- the inference path ------------------------------------------------------------------
     async def infer(self, request: pb.ModelInferRequest, time_remaining: float | None) -> pb.ModelInferResponse:
@@ -53,6 +62,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             server.metrics.unknown_model_requests += 1
             raise
         m = rt.metrics
+        self.active += 1
+        self._idle.clear()
         try:
             resp = await self._run(rt, request, time_remaining, arrival)
         except WokError as exc:
@@ -64,6 +75,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except asyncio.CancelledError:
             m.record_status("CANCELLED")
             raise
+        finally:
+            self.active -= 1
+            if self.active == 0:
+                self._idle.set()
         m.record_status("OK")
         return resp
 
@@ -97,6 +112,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             return await self.infer(request, context.time_remaining())
         except WokError as exc:
             await _abort(context, exc)
+        except Exception as exc:  # a bug, not the request's fault: INTERNAL, and log it
+            log.exception("ModelInfer for model '%s' failed", request.model_name)
+            await _abort(context, exc)
 
     async def ModelStreamInfer(self, request_iterator, context):
         results: asyncio.Queue = asyncio.Queue()
@@ -106,7 +124,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 resp = await self.infer(req, context.time_remaining())
                 results.put_nowait(pb.ModelStreamInferResponse(infer_response=resp))
-            except WokError as exc:
+            except Exception as exc:  # every request on the stream gets its one answer
+                if not isinstance(exc, WokError):
+                    log.exception("ModelStreamInfer request for model '%s' failed", req.model_name)
                 _, details = to_status(exc)
                 failed = pb.ModelInferResponse(model_name=req.model_name, model_version=req.model_version, id=req.id)
                 results.put_nowait(pb.ModelStreamInferResponse(error_message=details, infer_response=failed))

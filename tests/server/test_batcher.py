@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from wok.batcher import Batcher, BatchingPolicy
-from wok.errors import DeadlineExceeded, ModelExecutionError, QueueFull, ShuttingDown
+from wok.errors import DeadlineExceeded, InvalidInput, ModelExecutionError, QueueFull, ShuttingDown
 from wok.stats import ModelStats
 
 
@@ -215,3 +215,47 @@ async def test_a_cancelled_stop_fails_what_is_still_queued(gated):
     assert b.queued == 0
     m.gate.set()
     await running.future
+
+
+async def test_a_request_larger_than_every_preferred_size_still_runs(gated):
+    s, m, ex = gated(max_batch_size=8, delay_ms=60_000, preferred=(4,))
+    b = make_batcher(s, ex)
+    big = submit(b, 1.0, rows=6)  # past the preferred size at once, but cannot fit in it
+    out = await big.future
+    assert out["OUTPUT0"].shape == (6, 4) and m.batch_sizes == [6]
+    await finish(b)
+
+
+async def test_more_rows_than_the_maximum_are_refused_at_submit(gated):
+    s, _, ex = gated(max_batch_size=4)
+    b = make_batcher(s, ex)
+    with pytest.raises(InvalidInput, match="9 rows exceed max_batch_size 4 of model 'gated'"):
+        submit(b, 1.0, rows=9)
+    await finish(b)
+
+
+async def test_many_keys_flush_in_arrival_order_by_delay(gated):
+    s, m, ex = gated(max_batch_size=8, delay_ms=1, depth=1)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    first = submit(b, 0.0, key="k0")
+    await wait_entered(m)
+    ps = [submit(b, float(i), key=f"k{i}") for i in range(1, 200)]
+    m.gate.set()
+    await asyncio.gather(first.future, *(p.future for p in ps))
+    order = sorted(ps, key=lambda p: p.dispatched)
+    assert [p.key for p in order] == [p.key for p in ps]  # oldest head first, key after key
+    assert m.batch_sizes == [1] * 200
+    await finish(b)
+
+
+async def test_an_executor_that_refuses_work_fails_the_batch_and_the_batcher_lives_on(gated):
+    s, _, ex = gated(max_batch_size=2, delay_ms=60_000)
+    b = make_batcher(s, ex)
+    ex.instances[0]._worker.shutdown()  # submit() now raises RuntimeError
+    ps = [submit(b, 1.0), submit(b, 2.0)]
+    results = await asyncio.gather(*(p.future for p in ps), return_exceptions=True)
+    assert all(isinstance(r, ModelExecutionError) for r in results)
+    assert "cannot schedule new futures after shutdown" in str(results[0])
+    assert b.inflight == 0 and not b._task.done()
+    await finish(b)

@@ -117,3 +117,38 @@ def test_requested_outputs_and_the_timeout_parameter():
     req.parameters["timeout"].string_param = "soon"
     with pytest.raises(InvalidInput, match="parameter 'timeout': expected a non-negative integer of microseconds"):
         decode_request(req, s)
+
+
+def test_a_shape_whose_element_count_overflows_int64_is_invalid_not_a_crash():
+    req = pb.ModelInferRequest(model_name="id")
+    req.inputs.add(name="X", datatype="FP32", shape=[4, 2**62])
+    req.raw_input_contents.append(b"")
+    s = identity("FP32")
+    with pytest.raises(InvalidInput, match=r"input 'X': expected shape \[-1, 3\]"):
+        decode_request(req, s)
+    wide = identity_dims("FP32", [-1])
+    with pytest.raises(InvalidInput, match=r"raw content is 0 bytes, expected 73786976294838206464 "):
+        decode_request(req, wide)
+
+
+def test_a_bytes_shape_larger_than_its_content_is_refused_before_allocating():
+    req = pb.ModelInferRequest(model_name="id")
+    req.inputs.add(name="X", datatype="BYTES", shape=[1, 2**27])
+    req.raw_input_contents.append(b"")
+    with pytest.raises(InvalidInput, match="raw BYTES content of 0 bytes cannot hold 134217728 elements"):
+        decode_request(req, identity_dims("BYTES", [-1]))
+
+
+def identity_dims(datatype: str, dims: list[int]) -> Servable:
+    cfg = model_config_from_dict(
+        {
+            "name": "id",
+            "platform": "python",
+            "factory": "x:y",
+            "inputs": [{"name": "X", "datatype": datatype, "dims": dims}],
+            "outputs": [{"name": "Y", "datatype": datatype, "dims": dims}],
+            "max_batch_size": 4,
+        },
+        "test",
+    )
+    return Servable(cfg, nn.Identity())

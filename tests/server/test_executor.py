@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from wok.config import InstanceConfig
+from wok.errors import ModelExecutionError
 from wok.executor import Executor
 from wok.models import build_demo
 
@@ -109,3 +110,51 @@ def test_cuda_two_slots_in_flight_give_the_same_answers():
                 np.testing.assert_allclose(got["OUTPUT0"], want, rtol=1e-3, atol=1e-4)
     finally:
         ex.shutdown()
+
+
+def _servable(module, name="m"):
+    from wok.config import model_config_from_dict
+    from wok.servable import Servable
+
+    cfg = model_config_from_dict(
+        {
+            "name": name,
+            "platform": "python",
+            "factory": "x:y",
+            "inputs": [{"name": "X", "datatype": "FP32", "dims": [2]}],
+            "outputs": [{"name": "Y", "datatype": "FP32", "dims": [2]}],
+            "max_batch_size": 8,
+            "instances": {"devices": ["cpu"], "pipeline_depth": 1},
+        },
+        "test",
+    )
+    return Servable(cfg, module)
+
+
+def test_an_output_aliasing_the_input_buffer_survives_the_next_batch():
+    s = _servable(torch.nn.Identity())
+    ex = Executor(s, s.config.instances)
+    try:
+        first = run_x(ex, 1.0)
+        run_x(ex, 2.0)  # same slot: overwrites the reusable input buffer
+        np.testing.assert_array_equal(first.outputs[0]["Y"], np.full((3, 2), 1.0, np.float32))
+    finally:
+        ex.shutdown()
+
+
+def test_a_model_returning_the_wrong_number_of_rows_fails_the_batch():
+    class FirstRow(torch.nn.Module):
+        def forward(self, x):
+            return x[:1]
+
+    s = _servable(FirstRow(), "short")
+    ex = Executor(s, s.config.instances)
+    try:
+        with pytest.raises(ModelExecutionError, match=r"model 'short' output 'Y' has shape \[1, 2\]; expected 3 rows"):
+            run_x(ex, 1.0)
+    finally:
+        ex.shutdown()
+
+
+def run_x(ex, value):
+    return ex.instances[0].submit([{"X": np.full((3, 2), value, np.float32)}], [3], 0).result(30)

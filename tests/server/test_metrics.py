@@ -47,7 +47,7 @@ def test_an_injected_registry_holds_the_series_and_close_removes_them():
         registry.get_sample_value("wok_request_stage_duration_seconds_count", {"model": "mlp", "stage": "compute"}) == 2
     )
     assert registry.get_sample_value(
-        "wok_instance_busy_seconds_total", {"model": "mlp", "instance": "0"}
+        "wok_instance_busy_seconds_total", {"model": "mlp", "model_instance": "0"}
     ) == pytest.approx(0.0102)
     metrics.close()
     assert registry.get_sample_value("wok_batch_size_count", {"model": "mlp"}) is None

@@ -1,0 +1,361 @@
+"""The monitoring files in deploy/: valid for Prometheus, and naming only metrics wok exports.
+
+promtool (from Debian's `prometheus` package, which `.ci/run` installs) checks the
+Prometheus config, the rule files, the rules' unit tests and every dashboard query. The
+metric names that the rules and the dashboard use are checked against a live scrape of a
+real server after real traffic; the GPU gauges, absent where there is no GPU, against
+what `GpuSampler` collects from a fake NVML.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import grpc
+import numpy as np
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from wok.codec import encode_request
+from wok.metrics import GpuSampler
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMETHEUS = ROOT / "deploy" / "prometheus"
+CONFIG = PROMETHEUS / "prometheus.yml"
+RULE_FILES = sorted(PROMETHEUS.glob("*_rules.yml"))
+RULE_TESTS = PROMETHEUS / "alert_rules_test.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "wok-dashboard.json"
+
+# Prometheus' own series, not wok's.
+PROMETHEUS_SERIES = {"up"}
+# Values that stand in for the dashboard's Grafana variables when its queries go to promtool.
+GRAFANA_VARIABLES = {"__rate_interval": "1m", "__interval": "15s", "__range": "1h", "model": ".*", "percentile": "99"}
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool not found: it comes with Debian's `prometheus` package, which .ci/run installs")
+    return path
+
+
+def run_promtool(promtool: str, *args: str | Path) -> None:
+    r = subprocess.run([promtool, *map(str, args)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"promtool {' '.join(map(str, args))}\n{r.stdout}\n{r.stderr}"
+
+
+# -- what the files say ---------------------------------------------------------------------
+
+
+def load_rules() -> list[dict]:
+    return [
+        rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]
+    ]
+
+
+def load_dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def data_panels(dashboard: dict) -> list[dict]:
+    """Every panel but rows (which only group panels), nested ones included."""
+    out = []
+    for p in dashboard["panels"]:
+        if p.get("type") == "row":
+            out.extend(p.get("panels", []))
+        else:
+            out.append(p)
+    return out
+
+
+def dashboard_exprs(dashboard: dict) -> list[str]:
+    return [t["expr"] for p in data_panels(dashboard) for t in p.get("targets", [])]
+
+
+def grafana_to_promql(expr: str) -> str:
+    """A dashboard query with its Grafana variables replaced by plausible values."""
+
+    def value(m: re.Match) -> str:
+        name = m.group(1) or m.group(2)
+        assert name in GRAFANA_VARIABLES, f"unknown Grafana variable ${name} in {expr!r}"
+        return GRAFANA_VARIABLES[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, expr)
+
+
+# PromQL words that can stand where a metric name could: keywords and operators.
+PROMQL_KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "inf",
+    "nan",
+}
+GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+IDENTIFIER = re.compile(r"(?<![\w:.$])([A-Za-z_:][\w:]*)(?![\w:])(?!\s*\()")
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric (and recording-rule) names in a PromQL expression.
+
+    Strings, label matchers, range/subquery brackets, grouping clauses and Grafana
+    variables are blanked first; what remains are identifiers that are metric names,
+    function names (followed by `(`) or keywords.
+    """
+    e = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)
+    e = re.sub(r"\{[^}]*\}", "{}", e)
+    e = re.sub(r"\[[^\]]*\]", "[]", e)
+    e = GROUPING.sub(" ", e)
+    e = re.sub(r"\$\{?\w+\}?", " ", e)
+    return {m.group(1) for m in IDENTIFIER.finditer(e)} - PROMQL_KEYWORDS
+
+
+def test_metric_name_extraction_finds_metrics_and_nothing_else():
+    assert metric_names(
+        'histogram_quantile(0.99, sum by (model, stage, le) (rate(x_bucket{model=~"$model", le!="1e-3"}[1m])))'
+    ) == {"x_bucket"}
+    assert metric_names("sum(rate(a_total[5m])) by (code) / ignoring(code) group_left sum(rate(b_total[5m]))") == {
+        "a_total",
+        "b_total",
+    }
+    assert metric_names('up{job="wok"} == 0 and on (instance) c offset 5m > 1e-3 unless d') == {"up", "c", "d"}
+    assert metric_names("(x or y * 0) / level:rule_name:rate1m") == {"x", "y", "level:rule_name:rate1m"}
+    assert metric_names("avg_over_time(g[$__rate_interval]) > bool 2") == {"g"}
+
+
+def referenced_metric_names() -> dict[str, set[str]]:
+    """Each metric name the rules, their unit tests and the dashboard use → where."""
+    where: dict[str, set[str]] = {}
+
+    def add(names: set[str], source: str) -> None:
+        for n in names:
+            where.setdefault(n, set()).add(source)
+
+    for rule in load_rules():
+        add(metric_names(rule["expr"]), f"rule {rule.get('record') or rule.get('alert')}")
+    for t in yaml.safe_load(RULE_TESTS.read_text())["tests"]:
+        for s in t.get("input_series", []):
+            add({s["series"].split("{", 1)[0].strip()}, f"{RULE_TESTS.name} input series")
+    dashboard = load_dashboard()
+    for p in data_panels(dashboard):
+        for t in p.get("targets", []):
+            add(metric_names(t["expr"]), f"panel {p['title']!r}")
+    for var in dashboard["templating"]["list"]:
+        if var["type"] == "query":
+            query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+            m = re.fullmatch(r"label_values\((.*),\s*\w+\s*\)", query.strip())
+            assert m, f"variable {var['name']}: expected label_values(SELECTOR, LABEL), got {query!r}"
+            add(metric_names(m.group(1)), f"variable {var['name']}")
+    recorded = {r["record"] for r in load_rules() if "record" in r}
+    return {n: srcs for n, srcs in where.items() if n not in recorded and n not in PROMETHEUS_SERIES}
+
+
+# -- promtool -------------------------------------------------------------------------------
+
+
+def test_the_rule_files_are_the_ones_the_config_loads():
+    config = yaml.safe_load(CONFIG.read_text())
+    assert (
+        sorted(config["rule_files"]) == sorted(p.name for p in RULE_FILES) == ["alert_rules.yml", "recording_rules.yml"]
+    )
+    assert config["global"]["scrape_interval"] == "15s"
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == "wok"
+    assert job["static_configs"][0]["targets"] == ["localhost:8002"]
+    assert not job.get("honor_labels"), "honor_labels would let a scraped label override the target's"
+
+
+def test_promtool_accepts_the_config(promtool):
+    run_promtool(promtool, "check", "config", CONFIG)  # also checks the rule files it loads
+
+
+def test_promtool_accepts_the_rule_files(promtool):
+    run_promtool(promtool, "check", "rules", *RULE_FILES)
+
+
+def test_the_rules_unit_tests_pass(promtool):
+    run_promtool(promtool, "test", "rules", RULE_TESTS)
+
+
+def test_every_dashboard_query_is_valid_promql(promtool, tmp_path):
+    exprs = dashboard_exprs(load_dashboard())
+    rules = [{"record": f"dashboard:query_{i}:check", "expr": grafana_to_promql(e)} for i, e in enumerate(exprs)]
+    path = tmp_path / "dashboard_rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    run_promtool(promtool, "check", "rules", path)
+
+
+# -- the rules ------------------------------------------------------------------------------
+
+
+def test_recording_rules_follow_level_metric_operations_naming():
+    records = [r["record"] for r in load_rules() if "record" in r]
+    assert len(records) == len(set(records))
+    for name in records:
+        level, metric, ops = name.split(":")
+        assert re.fullmatch(r"[a-z_]+", level) and metric.startswith("wok_") and re.fullmatch(r"[a-z0-9_]+", ops), name
+    for must in (
+        "model_stage:wok_request_stage_duration_seconds:p50_1m",
+        "model_stage:wok_request_stage_duration_seconds:p95_1m",
+        "model_stage:wok_request_stage_duration_seconds:p99_1m",
+        "model:wok_request_duration_seconds:p99_1m",
+        "model_code:wok_responses:rate1m",
+        "model:wok_responses:success_ratio_rate1m",
+        "model:wok_batch_size:mean_1m",
+        "model_instance:wok_instance_busy_seconds:rate1m",
+        "model_reason:wok_rejected_requests:rate1m",
+    ):
+        assert must in records
+
+
+def test_every_alert_has_a_severity_and_annotations_that_name_its_labels():
+    alerts = {r["alert"]: r for r in load_rules() if "alert" in r}
+    assert {
+        "WokDown",
+        "WokLatencyP99AboveSLO",
+        "WokQueueSaturated",
+        "WokRequestsRejected",
+        "WokClientRequestsRejected",
+        "WokGpuTemperatureHigh",
+    } <= set(alerts)
+    for name, a in alerts.items():
+        assert a["labels"]["severity"] in ("critical", "warning", "info"), name
+        assert a.get("for"), name
+        assert "$labels" in a["annotations"]["summary"], name
+        assert a["annotations"]["description"].strip(), name
+    assert 'reason!~"invalid|not_found"' in alerts["WokRequestsRejected"]["expr"]
+    assert "> 0.2" in alerts["WokLatencyP99AboveSLO"]["expr"]
+
+
+# -- the dashboard --------------------------------------------------------------------------
+
+
+def test_the_dashboard_has_its_variables_and_every_panel_a_query():
+    d = load_dashboard()
+    assert 36 <= d["schemaVersion"] <= 41
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    model = variables["model"]
+    assert model["type"] == "query" and model["multi"] and model["includeAll"]
+    assert model["datasource"]["uid"] == "${datasource}"
+
+    ids = [p["id"] for p in d["panels"]] + [q["id"] for p in d["panels"] for q in p.get("panels", [])]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for p in d["panels"]:
+        if p["type"] == "row":
+            assert not p.get("targets"), p["title"]
+    panels = data_panels(d)
+    assert len(panels) >= 10
+    for p in panels:
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        assert p["targets"], p["title"]
+        for t in p["targets"]:
+            assert t["expr"].strip(), p["title"]
+            assert t.get("datasource", p["datasource"]) == p["datasource"], p["title"]
+    heatmaps = [p for p in panels if p["type"] == "heatmap"]
+    assert heatmaps and all(t["format"] == "heatmap" for p in heatmaps for t in p["targets"])
+    assert any("wok_request_duration_seconds_bucket" in t["expr"] for p in heatmaps for t in p["targets"])
+
+
+def test_the_dashboard_works_without_the_recording_rules():
+    recorded = {r["record"] for r in load_rules() if "record" in r}
+    for expr in dashboard_exprs(load_dashboard()):
+        assert not metric_names(expr) & recorded, expr
+
+
+# -- the names against what wok exports ------------------------------------------------------
+
+
+class FakeNvml:
+    """What GpuSampler calls of pynvml, with plausible readings."""
+
+    NVML_TEMPERATURE_GPU = 0
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return SimpleNamespace(gpu=40, memory=10)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(used=1 << 30, total=80 << 30, free=79 << 30)
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 55
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 250_000  # milliwatts
+
+    def nvmlShutdown(self):
+        pass
+
+
+def gpu_sample_names() -> set[str]:
+    families = list(GpuSampler(FakeNvml(), ["gpu0"]).collect())
+    for f in families:
+        # A read the fake cannot answer is skipped silently, which would hide a renamed call.
+        assert [s.labels for s in f.samples] == [{"gpu": "0"}], f"{f.name}: the fake NVML lacks what it reads"
+    return {s.name for f in families for s in f.samples}
+
+
+def scrape_sample_names(port: int) -> set[str]:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {s.name for f in text_string_to_metric_families(body) for s in f.samples}
+
+
+async def test_every_metric_the_rules_and_dashboard_use_is_exported(serve):
+    async with serve(models=("mlp", "recsys", "encoder")) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            await asyncio.gather(
+                stub.ModelInfer(encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})),
+                stub.ModelInfer(
+                    encode_request("recsys", {"dense": np.ones((1, 13), np.float32), "ids": np.arange(7)[None]})
+                ),
+                stub.ModelInfer(encode_request("encoder", {"tokens": np.arange(9)[None]})),
+            )
+            with pytest.raises(grpc.aio.AioRpcError):  # wrong shape: counted as rejected, invalid
+                await stub.ModelInfer(encode_request("mlp", {"INPUT0": np.ones((1, 3), np.float32)}))
+            live = await asyncio.to_thread(scrape_sample_names, server.http.port)
+
+    gpu = gpu_sample_names()
+    assert gpu == {
+        "wok_gpu_utilization_ratio",
+        "wok_gpu_memory_used_bytes",
+        "wok_gpu_memory_total_bytes",
+        "wok_gpu_temperature_celsius",
+        "wok_gpu_power_watts",
+    }
+    exported = live | gpu
+    referenced = referenced_metric_names()
+    # The extraction must have found the families the files are about, or this test proves nothing.
+    assert {
+        "wok_request_stage_duration_seconds_bucket",
+        "wok_request_duration_seconds_bucket",
+        "wok_responses_total",
+        "wok_rejected_requests_total",
+        "wok_batch_size_sum",
+        "wok_batch_size_count",
+        "wok_batch_flushes_total",
+        "wok_instance_busy_seconds_total",
+        "wok_queue_depth",
+        "wok_inflight_batches",
+        "wok_gpu_temperature_celsius",
+    } <= set(referenced)
+    missing = {n: sorted(srcs) for n, srcs in referenced.items() if n not in exported}
+    assert not missing, f"referenced but not exported: {missing}"
