@@ -127,7 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wok", description="wok: a dynamic-batching inference server")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    from .bench import cli as bench_cli
+
+    bench_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        logging.basicConfig(level=logging.WARNING)
+        try:
+            return bench_cli.run(args)
+        except ValueError as exc:  # a bad option value, named by the parser that refused it
+            print(f"wok bench: {exc}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _pick_loop()
     try:

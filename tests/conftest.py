@@ -81,9 +81,8 @@ def server_process() -> Iterator[ServerProcess]:
     assert code == 0, "\n".join(sp.log[-40:])
 
 
-@pytest.fixture
-def start_server():
-    """`start_server(*args)`: a `wok serve` process of the test's own; killed if left running."""
+def _starter():
+    """A start function that remembers what it started, and a cleanup that stops it all."""
     started: list[ServerProcess] = []
 
     def start(*args: str) -> ServerProcess:
@@ -91,11 +90,24 @@ def start_server():
         started.append(sp)
         return sp
 
+    def cleanup(graceful: bool) -> None:
+        for sp in started:
+            if sp.proc.poll() is None:
+                if graceful:
+                    sp.terminate()
+                else:
+                    sp.proc.kill()
+                    sp.proc.wait()
+
+    return start, cleanup
+
+
+@pytest.fixture
+def start_server():
+    """`start_server(*args)`: a `wok serve` process of the test's own; killed if left running."""
+    start, cleanup = _starter()
     yield start
-    for sp in started:
-        if sp.proc.poll() is None:
-            sp.proc.kill()
-            sp.proc.wait()
+    cleanup(graceful=False)
 
 
 @asynccontextmanager
@@ -194,3 +206,11 @@ def slow_repository(tmp_path):
         return write_slow_model(tmp_path / "repo", **options)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def start_server_module():
+    """Like `start_server`, for a server shared by one test module; stopped with SIGTERM."""
+    start, cleanup = _starter()
+    yield start
+    cleanup(graceful=True)

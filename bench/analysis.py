@@ -1,0 +1,347 @@
+"""From a ramp's raw per-request arrays to the figures of the `wok.bench/1` result.
+
+Everything here is pure arithmetic on numpy arrays and dicts (no I/O, no torch), so that
+`wok bench` and `wok simulate` produce the same schema (docs/bench-schema.md) and the
+verdicts can be tested on hand-made data.
+
+Percentiles are nearest-rank: the p-th percentile of n samples is the ceil(p·n)-th
+smallest (numpy's method="inverted_cdf"). It is always a latency some request actually
+had, and it is exactly the statement an SLO makes: at least p of the requests finished
+within it. Interpolating methods (numpy's default "linear") invent values between two
+requests, and "higher" (sorted[ceil(p·(n-1))]) turns P99 of 100 requests into the max.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+
+import numpy as np
+
+SCHEMA = "wok.bench/1"
+LATENCY_KEYS = ("mean", "p50", "p90", "p95", "p99", "p999", "max")
+# Exact fractions, so that ceil(p·n) has no rounding error (0.999 * 1000 is not 999.0 in floats).
+_QUANTILES = {"p50": (1, 2), "p90": (9, 10), "p95": (19, 20), "p99": (99, 100), "p999": (999, 1000)}
+LATE_SEND_MS = 1.0
+# Server figures that a step carries at its top level; the scraped view also stays whole under "server".
+SERVER_KEYS = ("queue_ms", "mean_batch_size", "flush_reasons", "stages_ms", "gpu")
+# Far enough under the SLO that an achieved rate below the offered one cannot be the server's doing.
+FAR_UNDER_SLO = 0.5
+UNDER_DELIVERY = 0.98
+LITTLE_TOLERANCE = 0.25
+NAN = float("nan")
+
+
+def _nearest_rank(sorted_ms: np.ndarray, num: int, den: int) -> float:
+    n = len(sorted_ms)
+    k = -(-num * n // den)  # ceil(num·n/den) in integers
+    return float(sorted_ms[min(max(k, 1), n) - 1])
+
+
+def latency_summary(ms: np.ndarray) -> dict[str, float]:
+    """Mean, nearest-rank percentiles and max of all samples; all NaN when there are none.
+
+    Non-finite samples are left out: a request that never completed has no latency (it is
+    counted as an error by its status code instead).
+    """
+    a = np.asarray(ms, dtype=np.float64).ravel()
+    a = np.sort(a[np.isfinite(a)])
+    if a.size == 0:
+        return dict.fromkeys(LATENCY_KEYS, NAN)
+    out = {"mean": float(a.mean())}
+    for key, (num, den) in _QUANTILES.items():
+        out[key] = _nearest_rank(a, num, den)
+    out["max"] = float(a[-1])
+    return {k: out[k] for k in LATENCY_KEYS}
+
+
+def _finite(x) -> bool:
+    # Figures come as floats from step_result, None from a JSON file, numpy scalars from callers.
+    try:
+        return x is not None and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def step_result(
+    *,
+    offered_qps: float,
+    duration_s: float,
+    intended_s: np.ndarray,
+    sent_s: np.ndarray,
+    done_s: np.ndarray,
+    codes: np.ndarray,
+    inflight_samples: np.ndarray | None = None,
+    server: dict | None = None,
+    phase: str = "ramp",
+) -> dict:
+    """One step of the schema from its measured window's raw arrays (seconds from the window's start).
+
+    Latency runs from the intended send time (open loop), so a request the generator sent
+    late is charged its full wait: a stall never hides behind a delayed send. Latency
+    figures cover successful requests; errors are counted by code. `sent_s` is NaN for a
+    request never sent, `done_s` NaN for one that never completed (its code says why).
+    """
+    if duration_s <= 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    intended = np.asarray(intended_s, dtype=np.float64).ravel()
+    sent = np.asarray(sent_s, dtype=np.float64).ravel()
+    done = np.asarray(done_s, dtype=np.float64).ravel()
+    code = np.asarray(codes).astype(str).ravel()
+    n = intended.size
+    if not (sent.size == done.size == code.size == n):
+        raise ValueError(
+            f"arrays differ in length: intended {n}, sent {sent.size}, done {done.size}, codes {code.size}"
+        )
+    ok_mask = code == "OK"
+    if not np.isfinite(done[ok_mask]).all():
+        raise ValueError("a request with code OK has no completion time")
+    ok = int(ok_mask.sum())
+    errors = dict(sorted(Counter(code[~ok_mask].tolist()).items()))
+
+    lag_ms = 1e3 * (sent - intended)
+    lag_ms = lag_ms[np.isfinite(lag_ms)]
+    lag = latency_summary(lag_ms)
+
+    # Little's law over what the in-flight samples count: requests sent and not yet answered,
+    # whatever their outcome. λ is the rate of actual sends, W their mean time on the wire.
+    was_sent = np.isfinite(sent)
+    arrival_rate = float(was_sent.sum()) / duration_s
+    in_system = done[was_sent] - sent[was_sent]
+    in_system = in_system[np.isfinite(in_system)]
+    w_s = float(in_system.mean()) if in_system.size else NAN
+    lambda_w = arrival_rate * w_s if in_system.size else NAN
+    measured = NAN
+    if inflight_samples is not None and np.asarray(inflight_samples).size:
+        measured = float(np.mean(np.asarray(inflight_samples, dtype=np.float64)))
+    rel = (lambda_w - measured) / measured if measured > 0 and math.isfinite(lambda_w) else NAN
+
+    step = {
+        "offered_qps": float(offered_qps),
+        # Completions, not admissions: past capacity the answers to a step's requests spread
+        # beyond the step, and the rate they came at is the server's throughput.
+        "achieved_qps": ok / max(duration_s, float(done[ok_mask].max())) if ok else 0.0,
+        "duration_s": float(duration_s),
+        "phase": phase,
+        "requests": int(n),
+        "ok": ok,
+        "errors": errors,
+        "success_rate": ok / n if n else NAN,
+        "latency_ms": latency_summary(1e3 * (done[ok_mask] - intended[ok_mask])),
+        "dispatch_lag_ms": {"p50": lag["p50"], "p99": lag["p99"], "max": lag["max"]},
+        "late_sends": int((lag_ms > LATE_SEND_MS).sum()),
+        "littles_law": {
+            "mean_inflight_measured": measured,
+            "lambda_w": lambda_w,
+            "relative_error": rel,
+            "arrival_rate_qps": arrival_rate,
+            "mean_in_flight_ms": 1e3 * w_s,
+        },
+    }
+    for key in SERVER_KEYS:
+        step[key] = None if server is None else server.get(key)
+    step["server"] = server
+    return step
+
+
+def _sorted_steps(steps: Sequence[dict]) -> list[dict]:
+    # Refinement steps arrive after the ramp's; the verdicts read the curve in QPS order.
+    return sorted(steps, key=lambda s: s["offered_qps"])
+
+
+def find_knee(steps: list[dict], threshold: float = 0.5) -> float | None:
+    """Offered QPS of the first step where achieved throughput stops following the offer.
+
+    That is the first step i ≥ 1 (in offered order) whose marginal gain
+    (achieved_i − achieved_{i−1}) / (offered_i − offered_{i−1}) is below `threshold`.
+    `achieved_qps` counts successful requests only, so a server that answers the extra
+    load with errors has reached its knee too. Steps at an already-seen offer are skipped.
+    """
+    prev = None
+    for step in _sorted_steps(steps):
+        if prev is not None and step["offered_qps"] > prev["offered_qps"]:
+            gain = (step["achieved_qps"] - prev["achieved_qps"]) / (step["offered_qps"] - prev["offered_qps"])
+            if gain < threshold:
+                return step["offered_qps"]
+        if prev is None or step["offered_qps"] > prev["offered_qps"]:
+            prev = step
+    return None
+
+
+def passes_slo(step: dict, slo_p99_ms: float, min_success_rate: float = 0.99) -> bool:
+    """P99 within the SLO and enough successes (a step without successes has no P99: it fails)."""
+    p99 = step["latency_ms"]["p99"]
+    rate = step["success_rate"]
+    return _finite(p99) and p99 <= slo_p99_ms and _finite(rate) and rate >= min_success_rate
+
+
+def max_qps_under_slo(steps: list[dict], slo_p99_ms: float, min_success_rate: float = 0.99) -> float | None:
+    """The highest offered QPS that passed, among the steps below the first failing one.
+
+    A ramp is monotone: a server that failed at 400 QPS and passed at 800 is noisy, and
+    800 is not a rate it can be trusted with. None when the lowest step already fails.
+    """
+    best = None
+    for step in _sorted_steps(steps):
+        if not passes_slo(step, slo_p99_ms, min_success_rate):
+            break
+        best = step["offered_qps"]
+    return best
+
+
+def refine_points(last_pass: float, first_fail: float, n: int) -> list[float]:
+    """n offers evenly spaced strictly between a passing and a failing offer (a grid refinement)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    step = (first_fail - last_pass) / (n + 1)
+    return [last_pass + k * step for k in range(1, n + 1)]
+
+
+def bisect_max_qps(
+    run_at: Callable[[float], dict],
+    lo: float,
+    hi: float,
+    slo_p99_ms: float,
+    iterations: int,
+    *,
+    min_success_rate: float = 0.99,
+) -> tuple[float, list[dict]]:
+    """Bisect between a passing `lo` and a failing `hi`, running one step per iteration.
+
+    Returns the highest passing offer found (within (hi − lo) / 2**iterations of the
+    threshold) and the steps run, each marked phase "refine".
+    """
+    if not lo < hi:
+        raise ValueError(f"need lo < hi, got lo={lo}, hi={hi}")
+    extra = []
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        step = run_at(mid)
+        step["phase"] = "refine"
+        extra.append(step)
+        if passes_slo(step, slo_p99_ms, min_success_rate):
+            lo = mid
+        else:
+            hi = mid
+    return lo, extra
+
+
+def should_stop_early(step: dict, slo_p99_ms: float, factor: float) -> bool:
+    """True when higher steps can tell nothing more: P99 beyond factor × SLO, or most requests fail.
+
+    A step with no requests at all (success rate NaN) stops too: the generator is not working.
+    """
+    rate = step["success_rate"]
+    if not _finite(rate) or rate < 0.5:
+        return True
+    p99 = step["latency_ms"]["p99"]
+    return _finite(p99) and p99 > factor * slo_p99_ms
+
+
+def _qps(x: float) -> str:
+    return f"{x:g}"
+
+
+def check_precision(step: dict, slo_p99_ms: float | None = None) -> list[str]:
+    """Warnings that a step measured the generator rather than the server.
+
+    Without `slo_p99_ms` the under-delivery check cannot tell "far under the SLO" and
+    requires only that nearly everything succeeded.
+    """
+    out = []
+    name = f"step {_qps(step['offered_qps'])} QPS"
+    if step["requests"] == 0:
+        return [f"{name}: no request was scheduled in the measured window"]
+    lag99 = step["dispatch_lag_ms"]["p99"]
+    if _finite(lag99) and lag99 > LATE_SEND_MS:
+        out.append(
+            f"{name}: dispatch lag p99 {lag99:.1f} ms > {LATE_SEND_MS:g} ms: the generator could not keep the schedule"
+        )
+    offered, achieved, duration = step["offered_qps"], step["achieved_qps"], step["duration_s"]
+    p99 = step["latency_ms"]["p99"]
+    healthy = _finite(step["success_rate"]) and step["success_rate"] >= 0.99
+    fast = slo_p99_ms is None or (_finite(p99) and p99 <= FAR_UNDER_SLO * slo_p99_ms)
+    # Poisson arrivals alone put the count 3·sqrt(N) off on a short step; warn only beyond that.
+    noise = 3 * math.sqrt(max(offered * duration, 0.0)) / duration
+    shortfall = offered - achieved
+    if healthy and fast and shortfall > max((1 - UNDER_DELIVERY) * offered, noise):
+        out.append(
+            f"{name}: achieved {achieved:.1f} QPS < {100 * UNDER_DELIVERY:g}% of offered while requests succeed "
+            "quickly: the generator under-delivered"
+        )
+    rel = step["littles_law"]["relative_error"]
+    # Little's law holds for a stationary system; past capacity the queue grows through the
+    # step and L over the window need not equal λW, so only a keeping-up step is checked.
+    steady = offered > 0 and achieved >= 0.95 * offered
+    if steady and _finite(rel) and abs(rel) > LITTLE_TOLERANCE:
+        out.append(
+            f"{name}: in-flight samples disagree with Little's law by {100 * rel:+.0f}%: "
+            "the client's clocks or counters are suspect"
+        )
+    return out
+
+
+def ramp_result(
+    *,
+    steps: list[dict],
+    slo_p99_ms: float,
+    config: dict,
+    knee_threshold: float = 0.5,
+    timeline: dict | None = None,
+    min_success_rate: float = 0.99,
+    created: str | None = None,
+) -> dict:
+    """The whole `wok.bench/1` document: config, verdicts, steps in offered order, warnings."""
+    config = dict(config)
+    config.setdefault("source", "bench")
+    if config["source"] not in ("bench", "simulate"):
+        raise ValueError(f"config source must be 'bench' or 'simulate', got {config['source']!r}")
+    ordered = _sorted_steps(steps)
+    knee = find_knee(ordered, knee_threshold)
+    best = max_qps_under_slo(ordered, slo_p99_ms, min_success_rate)
+    warnings = [w for s in ordered for w in check_precision(s, slo_p99_ms)]
+    if ordered and best is None:
+        warnings.append(f"the lowest step ({_qps(ordered[0]['offered_qps'])} QPS) already misses the SLO")
+    elif ordered and best == ordered[-1]["offered_qps"]:
+        warnings.append(
+            f"every step met the SLO: the maximum is at least {_qps(best)} QPS; add higher steps to find it"
+        )
+    fail_seen = False
+    for s in ordered:
+        ok = passes_slo(s, slo_p99_ms, min_success_rate)
+        if fail_seen and ok:
+            warnings.append(
+                f"step {_qps(s['offered_qps'])} QPS met the SLO after a lower step missed it: "
+                "ignored as noise in max_qps_under_slo"
+            )
+        fail_seen = fail_seen or not ok
+    return {
+        "schema": SCHEMA,
+        "created": created or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "config": config,
+        "slo_p99_ms": float(slo_p99_ms),
+        "min_success_rate": float(min_success_rate),
+        "knee_threshold": float(knee_threshold),
+        "knee_qps": knee,
+        "max_qps_under_slo": best,
+        "steps": ordered,
+        "timeline": _check_timeline(timeline),
+        "warnings": warnings,
+    }
+
+
+TIMELINE_KEYS = ("t_s", "offered", "achieved", "p99_ms")
+
+
+def _check_timeline(timeline: dict | None) -> dict | None:
+    if timeline is None:
+        return None
+    missing = [k for k in TIMELINE_KEYS if k not in timeline]
+    if missing:
+        raise ValueError(f"timeline lacks {missing}")
+    lengths = {k: len(timeline[k]) for k in TIMELINE_KEYS}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"timeline series differ in length: {lengths}")
+    return {k: list(v) for k, v in timeline.items()}

@@ -1,0 +1,639 @@
+"""Arrival processes for the open-loop load generator: when each request is meant to be sent.
+
+Every process gives, for a window of `duration_s` seconds, the intended send times as
+offsets from the window's start (sorted float64, each in [0, duration_s)). Open loop
+means these times do not move when the server is slow: a late response never delays
+the next send, so queueing shows up as latency instead of being hidden by a slower
+client (coordinated omission).
+
+`rate(t)` is the intensity λ(t) in requests/s at the same offsets that `times()` uses,
+so realised per-second counts can be set against it; `cumulative(t)` is its integral
+over [0, t), the expected number of arrivals before t. The inhomogeneous processes
+(Burst, Sawtooth) are drawn exactly by thinning (Lewis and Shedler, 1979): a homogeneous
+Poisson stream at the peak rate, each arrival kept with probability λ(t)/λ_max. No time
+step is involved, so no bin width biases the counts.
+
+numpy only: bench worker processes import this and must start fast (no torch).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "Arrivals",
+    "Burst",
+    "Constant",
+    "Poisson",
+    "Sawtooth",
+    "TraceReplay",
+    "load_trace",
+    "parse_arrivals",
+    "parse_duration",
+    "parse_steps",
+]
+
+
+@runtime_checkable
+class Arrivals(Protocol):
+    name: str
+
+    def times(self, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+        """Sorted float64 send offsets in [0, duration_s)."""
+        ...
+
+    def rate(self, t: np.ndarray | float) -> np.ndarray | float:
+        """Expected λ(t) in requests/s; t as offsets from the window's start."""
+        ...
+
+    @property
+    def mean_rate(self) -> float:
+        """Requests/s averaged over a step: the "offered QPS" to report."""
+        ...
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _check_rate(what: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite rate >= 0; got {value:g}")
+    return value
+
+
+def _check_duration(duration_s: float) -> float:
+    duration_s = float(duration_s)
+    if not math.isfinite(duration_s) or duration_s < 0:
+        raise ValueError(f"duration_s must be finite and >= 0; got {duration_s:g}")
+    return duration_s
+
+
+def _shaped(t: np.ndarray | float, value: np.ndarray) -> np.ndarray | float:
+    """A float for a scalar t, an array shaped like t otherwise."""
+    return float(value) if np.ndim(t) == 0 else value
+
+
+def _homogeneous(rate: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+    """Poisson arrivals at `rate` over [0, duration_s), as cumulative exponential gaps."""
+    if rate <= 0 or duration_s <= 0:
+        return np.empty(0, dtype=np.float64)
+    mean = rate * duration_s
+    # Mean + 6σ covers the window in one draw except about once in 10^9 windows;
+    # the loop only keeps a rare short draw correct.
+    chunk = int(mean + 6 * math.sqrt(mean) + 16)
+    parts = []
+    start = 0.0
+    while True:
+        t = start + np.cumsum(rng.exponential(1.0 / rate, chunk))
+        parts.append(t)
+        if t[-1] >= duration_s:
+            break
+        start = float(t[-1])
+    times = np.concatenate(parts)
+    return times[times < duration_s]
+
+
+def _thin(
+    rate_fn: Callable[[np.ndarray], np.ndarray], peak: float, duration_s: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Inhomogeneous Poisson arrivals by thinning; `peak` must bound rate_fn on [0, duration_s)."""
+    candidates = _homogeneous(peak, duration_s, rng)
+    keep = rng.random(candidates.size) * peak < rate_fn(candidates)
+    return candidates[keep]
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])  # scipy would be the only other source; bench avoids it
+
+
+# -- processes -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Constant:
+    """Evenly spaced arrivals, 1/qps apart.
+
+    The first is at offset 0, unless `random_phase`: then it is uniform in [0, 1/qps),
+    drawn from the rng, so that windows or processes started together do not all fire
+    on the same instants.
+    """
+
+    qps: float
+    random_phase: bool = False
+    name: str = field(default="constant", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "qps", _check_rate("qps", self.qps))
+
+    def times(self, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+        duration_s = _check_duration(duration_s)
+        if self.qps == 0 or duration_s == 0:
+            return np.empty(0, dtype=np.float64)
+        phase = rng.uniform(0.0, 1.0 / self.qps) if self.random_phase else 0.0
+        # k / qps rather than a running sum: no rounding drift over long windows.
+        times = phase + np.arange(math.ceil(duration_s * self.qps) + 1, dtype=np.float64) / self.qps
+        return times[times < duration_s]
+
+    def rate(self, t: np.ndarray | float) -> np.ndarray | float:
+        return _shaped(t, np.full(np.shape(t), self.qps))
+
+    def cumulative(self, t: np.ndarray | float) -> np.ndarray | float:
+        """Expected arrivals in [0, t): qps·t (averaged over the phase; a fixed phase is within 1)."""
+        return _shaped(t, self.qps * np.asarray(t, dtype=np.float64))
+
+    @property
+    def mean_rate(self) -> float:
+        return self.qps
+
+
+@dataclass(frozen=True)
+class Poisson:
+    """Homogeneous Poisson arrivals: independent Exp(qps) gaps, the first one from offset 0."""
+
+    qps: float
+    name: str = field(default="poisson", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "qps", _check_rate("qps", self.qps))
+
+    def times(self, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+        return _homogeneous(self.qps, _check_duration(duration_s), rng)
+
+    def rate(self, t: np.ndarray | float) -> np.ndarray | float:
+        return _shaped(t, np.full(np.shape(t), self.qps))
+
+    def cumulative(self, t: np.ndarray | float) -> np.ndarray | float:
+        return _shaped(t, self.qps * np.asarray(t, dtype=np.float64))
+
+    @property
+    def mean_rate(self) -> float:
+        return self.qps
+
+
+@dataclass(frozen=True)
+class Burst:
+    """Poisson arrivals at λ(t) = base_qps + amplitude_qps·exp(−(t − t0_s)² / 2σ²).
+
+    `mean_rate` averages λ over [0, duration_s) when duration_s is given, which is what
+    the offered QPS of a step means; without it, over [0, 2·t0_s), which is the same
+    thing for a burst centred in its step (the default, t0 = 50%).
+    """
+
+    base_qps: float
+    amplitude_qps: float
+    t0_s: float
+    sigma_s: float
+    duration_s: float | None = None
+    name: str = field(default="burst", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base_qps", _check_rate("base_qps", self.base_qps))
+        object.__setattr__(self, "amplitude_qps", _check_rate("amplitude_qps", self.amplitude_qps))
+        object.__setattr__(self, "t0_s", float(self.t0_s))
+        object.__setattr__(self, "sigma_s", float(self.sigma_s))
+        if not math.isfinite(self.t0_s):
+            raise ValueError(f"t0_s must be finite; got {self.t0_s}")
+        if not (math.isfinite(self.sigma_s) and self.sigma_s > 0):
+            raise ValueError(f"sigma_s must be finite and > 0; got {self.sigma_s:g}")
+        if self.duration_s is not None:
+            object.__setattr__(self, "duration_s", _check_duration(self.duration_s))
+        elif self.t0_s <= 0:
+            raise ValueError("Burst: give duration_s when t0_s <= 0 (mean_rate averages over the step)")
+
+    def rate(self, t: np.ndarray | float) -> np.ndarray | float:
+        t = np.asarray(t, dtype=np.float64)
+        return _shaped(t, self.base_qps + self.amplitude_qps * np.exp(-0.5 * ((t - self.t0_s) / self.sigma_s) ** 2))
+
+    def cumulative(self, t: np.ndarray | float) -> np.ndarray | float:
+        t = np.asarray(t, dtype=np.float64)
+        s = self.sigma_s * math.sqrt(2.0)
+        burst = (
+            self.amplitude_qps
+            * self.sigma_s
+            * math.sqrt(math.pi / 2)
+            * (_erf((t - self.t0_s) / s) + math.erf(self.t0_s / s))
+        )
+        return _shaped(t, self.base_qps * t + burst)
+
+    def times(self, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+        duration_s = _check_duration(duration_s)
+        # Thinning needs a bound on λ over the window; its maximum, at the point nearest t0,
+        # is the tightest (fewest rejected candidates), also when the peak lies outside.
+        nearest = min(max(self.t0_s, 0.0), duration_s)
+        return _thin(self.rate, float(self.rate(nearest)), duration_s, rng)
+
+    @property
+    def mean_rate(self) -> float:
+        window = self.duration_s if self.duration_s is not None else 2.0 * self.t0_s
+        if window == 0:
+            return float(self.rate(0.0))
+        return float(self.cumulative(window)) / window
+
+
+@dataclass(frozen=True)
+class Sawtooth:
+    """Poisson arrivals whose λ rises linearly from low_qps to high_qps over each period, then drops.
+
+    `mean_rate` is (low + high) / 2, the mean over whole periods; a step that ends
+    mid-period offers slightly less (or more, for low > high, a falling ramp).
+    """
+
+    low_qps: float
+    high_qps: float
+    period_s: float
+    name: str = field(default="sawtooth", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "low_qps", _check_rate("low_qps", self.low_qps))
+        object.__setattr__(self, "high_qps", _check_rate("high_qps", self.high_qps))
+        object.__setattr__(self, "period_s", float(self.period_s))
+        if not (math.isfinite(self.period_s) and self.period_s > 0):
+            raise ValueError(f"period_s must be finite and > 0; got {self.period_s:g}")
+
+    def rate(self, t: np.ndarray | float) -> np.ndarray | float:
+        t = np.asarray(t, dtype=np.float64)
+        phase = np.mod(t, self.period_s) / self.period_s
+        return _shaped(t, self.low_qps + (self.high_qps - self.low_qps) * phase)
+
+    def cumulative(self, t: np.ndarray | float) -> np.ndarray | float:
+        t = np.asarray(t, dtype=np.float64)
+        whole, x = np.divmod(t, self.period_s)
+        per_period = 0.5 * (self.low_qps + self.high_qps) * self.period_s
+        partial = self.low_qps * x + (self.high_qps - self.low_qps) * x * x / (2.0 * self.period_s)
+        return _shaped(t, whole * per_period + partial)
+
+    def times(self, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+        return _thin(self.rate, max(self.low_qps, self.high_qps), _check_duration(duration_s), rng)
+
+    @property
+    def mean_rate(self) -> float:
+        return 0.5 * (self.low_qps + self.high_qps)
+
+
+class TraceReplay:
+    """Recorded arrival times, replayed: shifted so the first is at 0, divided by `time_scale`.
+
+    `time_scale` 2.0 plays the trace twice as fast. A window longer than the trace
+    repeats it with period span·n/(n − 1) (the wrap-around gap is the trace's mean gap,
+    so copies neither overlap nor leave a hole); a shorter window truncates it. The
+    replay is deterministic: `times()` ignores its rng.
+
+    `rate(t)` is the trace's mean rate n/period, flat: a recording has no intensity
+    behind it to report. `sizes_for(times)` gives the recorded payload size of each
+    arrival `times()` emitted, or None when the trace has no sizes.
+    """
+
+    name = "trace"
+
+    def __init__(
+        self,
+        timestamps_s: Sequence[float] | np.ndarray,
+        sizes: Sequence[int] | np.ndarray | None = None,
+        time_scale: float = 1.0,
+    ) -> None:
+        ts = np.asarray(timestamps_s, dtype=np.float64).reshape(-1)
+        if not np.all(np.isfinite(ts)):
+            raise ValueError("trace timestamps must be finite")
+        if not (math.isfinite(time_scale) and time_scale > 0):
+            raise ValueError(f"time_scale must be finite and > 0; got {time_scale:g}")
+        order = np.argsort(ts, kind="stable")  # stable: equal timestamps keep their sizes' order
+        ts = ts[order]
+        if ts.size < 2 or ts[-1] == ts[0]:
+            raise ValueError("a trace needs at least two distinct timestamps")
+        if sizes is not None:
+            raw = np.asarray(sizes).reshape(-1)
+            if raw.size != ts.size:
+                raise ValueError(f"trace has {ts.size} timestamps but {raw.size} sizes")
+            sizes = raw.astype(np.int64)
+            if np.any(sizes != raw) or np.any(sizes < 0):
+                raise ValueError("trace sizes must be integers >= 0")
+            sizes = sizes[order]
+        self.timestamps_s = ts
+        self.sizes = sizes
+        self.time_scale = float(time_scale)
+        self.offsets = (ts - ts[0]) / self.time_scale
+        n = ts.size
+        self.period_s = float(self.offsets[-1]) * n / (n - 1)
+
+    def __repr__(self) -> str:
+        return (
+            f"TraceReplay({self.timestamps_s.size} arrivals, period {self.period_s:g} s, "
+            f"time_scale={self.time_scale:g}, sizes={'yes' if self.sizes is not None else 'no'})"
+        )
+
+    def times(self, duration_s: float, rng: np.random.Generator | None = None) -> np.ndarray:
+        duration_s = _check_duration(duration_s)
+        copies = math.ceil(duration_s / self.period_s)
+        times = (np.arange(copies, dtype=np.float64)[:, None] * self.period_s + self.offsets[None, :]).reshape(-1)
+        return times[times < duration_s]
+
+    def sizes_for(self, times: np.ndarray) -> np.ndarray | None:
+        """The recorded size of each arrival in `times` (as `times()` returned them), or None."""
+        if self.sizes is None:
+            return None
+        times = np.asarray(times, dtype=np.float64).reshape(-1)
+        if times.size == 0:
+            return np.empty(0, dtype=np.int64)
+        # Tolerance for the round trip copy·period + offset − copy·period in floating point.
+        eps = 1e-9 * max(1.0, self.period_s)
+        copy = np.floor((times + eps) / self.period_s)
+        residual = times - copy * self.period_s
+        index = np.searchsorted(self.offsets, residual - eps, side="left")
+        # Equal timestamps map to the first of their run; their rank within the run picks the rest.
+        run_start = np.r_[True, np.diff(times) != 0]
+        starts = np.flatnonzero(run_start)
+        rank = np.arange(times.size) - np.repeat(starts, np.diff(np.r_[starts, times.size]))
+        index = np.clip(index + rank, 0, self.offsets.size - 1)
+        return self.sizes[index]
+
+    def rate(self, t: np.ndarray | float) -> np.ndarray | float:
+        return _shaped(t, np.full(np.shape(t), self.mean_rate))
+
+    def cumulative(self, t: np.ndarray | float) -> np.ndarray | float:
+        """Replayed arrivals in [0, t) (exact: the replay is deterministic)."""
+        t = np.asarray(t, dtype=np.float64)
+        copy, residual = np.divmod(np.maximum(t, 0.0), self.period_s)
+        count = copy * self.offsets.size + np.searchsorted(self.offsets, residual, side="left")
+        return _shaped(t, count.astype(np.float64))
+
+    @property
+    def mean_rate(self) -> float:
+        return self.offsets.size / self.period_s
+
+
+# -- trace files -----------------------------------------------------------------------------
+def _timestamp(value: object, where: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        try:
+            when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            # Naive times are read as UTC: only differences matter, and UTC has no DST jumps.
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=timezone.utc)
+            return when.timestamp()
+    raise ValueError(f"{where}: timestamp {value!r} is neither seconds nor an ISO 8601 time")
+
+
+def _size(value: object, where: str) -> int:
+    if isinstance(value, str):
+        value = value.strip()
+        if re.fullmatch(r"\d+", value):
+            return int(value)
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    elif isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    raise ValueError(f"{where}: size {value!r} is not an integer >= 0")
+
+
+def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
+    """A TraceReplay from a CSV (header with `timestamp`, optional `size`) or JSONL file.
+
+    JSONL has one object per line, `{"timestamp": ..., "size": ...}`; a `.jsonl` or
+    `.ndjson` name, or a first line starting with `{`, selects it. Timestamps are
+    seconds (any origin, e.g. Unix time) or ISO 8601 strings. Sizes are all or none.
+    """
+    path = Path(path)
+    text = path.read_text()
+    stripped = text.lstrip()
+    stamps: list[float] = []
+    sizes: list[int | None] = []
+    wheres: list[str] = []
+    if path.suffix.lower() in (".jsonl", ".ndjson") or stripped.startswith("{"):
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not JSON ({e.msg})") from None
+            if not isinstance(obj, dict) or "timestamp" not in obj:
+                raise ValueError(f'{where}: expected an object with a "timestamp" field')
+            stamps.append(_timestamp(obj["timestamp"], where))
+            sizes.append(_size(obj["size"], where) if obj.get("size") is not None else None)
+            wheres.append(where)
+    else:
+        reader = csv.DictReader(text.splitlines())
+        fields = [f.strip() for f in reader.fieldnames or []]
+        if "timestamp" not in fields:
+            raise ValueError(f"{path}: CSV header must have a 'timestamp' column; got {', '.join(fields) or 'none'}")
+        reader.fieldnames = fields
+        for row in reader:
+            where = f"{path}:{reader.line_num}"
+            stamps.append(_timestamp(row["timestamp"], where))
+            size = (row.get("size") or "").strip()
+            sizes.append(_size(size, where) if size else None)
+            wheres.append(where)
+    if not stamps:
+        raise ValueError(f"{path}: no arrivals")
+    have = [s is not None for s in sizes]
+    if any(have) and not all(have):
+        raise ValueError(
+            f"{wheres[have.index(False)]}: no size, but {wheres[have.index(True)]} has one; "
+            "give every arrival a size or none"
+        )
+    return TraceReplay(stamps, sizes if all(have) else None, time_scale)
+
+
+# -- parsing ---------------------------------------------------------------------------------
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]([-+]?\d+))?\s*(ms|s|m|h)?\s*")
+_UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(s: str) -> float:
+    """Seconds in "250ms", "30s", "5m", "1.5h" or a plain number of seconds."""
+    m = _DURATION.fullmatch(s)
+    if m is None:
+        raise ValueError(
+            f"invalid duration {s!r}: expected a number >= 0 with an optional unit ms, s, m or h "
+            "(e.g. '250ms', '30s', '5m', '1.5h')"
+        )
+    number = float(m.group(1) + (f"e{m.group(2)}" if m.group(2) else ""))
+    return number * _UNIT[m.group(3)]
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+MAX_STEPS = 1000
+
+
+def parse_steps(spec: str) -> list[float]:
+    """QPS steps from a list "50,100,200" (kept in the order given) or a range "start:stop:factor".
+
+    A range multiplies by `factor` (> 1) from `start` while the value is <= `stop`;
+    `stop` itself is the last step when the sequence hits it (to within 1e-9, so that
+    "0.1:0.8:2" ends on 0.8 despite binary rounding).
+    """
+    text = spec.strip()
+    if not text:
+        raise ValueError("QPS steps '': expected a list like '50,100,200' or a range start:stop:factor like '50:800:2'")
+    if ":" in text:
+        parts = [p.strip() for p in text.split(":")]
+        if len(parts) != 3:
+            raise ValueError(f"QPS range {spec!r}: expected start:stop:factor (e.g. '50:800:2')")
+        values = [_number(p) for p in parts]
+        for label, p, v in zip(("start", "stop", "factor"), parts, values):
+            if v is None:
+                raise ValueError(f"QPS range {spec!r}: {label} {p!r} is not a number")
+        start, stop, factor = values
+        if start <= 0:
+            raise ValueError(f"QPS range {spec!r}: start must be > 0; got {start:g}")
+        if stop < start:
+            raise ValueError(f"QPS range {spec!r}: stop {stop:g} is below start {start:g}")
+        if factor <= 1:
+            raise ValueError(f"QPS range {spec!r}: factor must be > 1; got {factor:g}")
+        count = math.floor(math.log(stop / start) / math.log(factor) + 1e-9) + 1
+        if count > MAX_STEPS:
+            raise ValueError(f"QPS range {spec!r}: {count} steps; at most {MAX_STEPS}")
+        steps = [start * factor**k for k in range(count)]
+        if math.isclose(steps[-1], stop, rel_tol=1e-9):
+            steps[-1] = stop
+        return steps
+    steps = []
+    for item in text.split(","):
+        item = item.strip()
+        value = _number(item)
+        if value is None:
+            raise ValueError(f"QPS steps {spec!r}: {item!r} is not a number")
+        if value <= 0:
+            raise ValueError(f"QPS steps {spec!r}: each step must be > 0; got {value:g}")
+        steps.append(value)
+    if len(steps) > MAX_STEPS:
+        raise ValueError(f"QPS steps {spec!r}: {len(steps)} steps; at most {MAX_STEPS}")
+    return steps
+
+
+_OPTIONS = {
+    "constant": (),
+    "poisson": (),
+    "burst": ("amplitude", "t0", "sigma"),
+    "sawtooth": ("low", "high", "period"),
+    "trace": ("scale",),
+}
+
+
+def _options(spec: str, kind: str, items: list[str]) -> dict[str, str]:
+    allowed = _OPTIONS[kind]
+    out: dict[str, str] = {}
+    for item in items:
+        key, eq, value = (x.strip() for x in item.partition("="))
+        if not allowed:
+            raise ValueError(f"arrivals {spec!r}: {kind} takes no options; got {item.strip()!r}")
+        if not eq or not key or not value:
+            raise ValueError(f"arrivals {spec!r}: expected key=value; got {item.strip()!r}")
+        if key not in allowed:
+            raise ValueError(f"arrivals {spec!r}: unknown option {key!r} for {kind}; expected {', '.join(allowed)}")
+        if key in out:
+            raise ValueError(f"arrivals {spec!r}: option {key!r} given twice")
+        out[key] = value
+    return out
+
+
+def _rate_option(spec: str, key: str, value: str, qps: float) -> float:
+    """'4x' is a multiple of the step's qps, '200' an absolute rate."""
+    multiple = value.lower().endswith("x")
+    number = _number(value[:-1] if multiple else value)
+    if number is None or number < 0:
+        raise ValueError(
+            f"arrivals {spec!r}: {key}={value} is neither a multiple of the step's rate like '4x' "
+            "nor a rate >= 0 like '200'"
+        )
+    return number * qps if multiple else number
+
+
+def _time_option(spec: str, key: str, value: str, duration_s: float | None) -> float:
+    """'30s', '500ms', '2m' or a fraction of the step '50%'."""
+    if value.endswith("%"):
+        fraction = _number(value[:-1])
+        if fraction is None or fraction < 0:
+            raise ValueError(f"arrivals {spec!r}: {key}={value} is not a percentage >= 0 of the step")
+        if duration_s is None:
+            raise ValueError(
+                f"arrivals {spec!r}: {key}={value} is a fraction of the step; parse_arrivals needs duration_s"
+            )
+        return fraction / 100.0 * duration_s
+    try:
+        return parse_duration(value)
+    except ValueError:
+        raise ValueError(
+            f"arrivals {spec!r}: {key}={value} is neither a duration like '30s', '500ms', '2m' "
+            "nor a fraction of the step like '50%'"
+        ) from None
+
+
+def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) -> Arrivals:
+    """The arrival process a CLI spec names, at the step's offered rate `qps`.
+
+    constant | poisson | burst[:amplitude=4x,t0=50%,sigma=10%] |
+    sawtooth[:low=0.5x,high=1.5x,period=10s] | trace:PATH[,scale=1|auto]
+
+    Rates are multiples of qps ('4x') or absolute ('200'); burst's base rate is qps.
+    Times are durations ('30s', '500ms', '2m') or fractions of the step ('50%'), which
+    need `duration_s`, the length of the window `times()` will be given (burst's defaults
+    are fractions). A trace replays at its recorded pace (scale=1), `scale` times
+    faster, or with scale=auto at whatever pace makes its mean rate qps.
+    """
+    qps = _check_rate("qps", qps)
+    kind, _, rest = spec.strip().partition(":")
+    kind = kind.strip().lower()
+    if kind not in _OPTIONS:
+        raise ValueError(
+            f"arrivals {spec!r}: unknown process {kind!r}; expected constant, poisson, burst, sawtooth or trace:PATH"
+        )
+    items = rest.split(",") if rest.strip() else []
+    if kind == "trace":
+        if not items or not items[0].strip():
+            raise ValueError(f"arrivals {spec!r}: expected trace:PATH[,scale=N]")
+        path, items = items[0].strip(), items[1:]
+    opts = _options(spec, kind, items)
+    if kind == "constant":
+        return Constant(qps)
+    if kind == "poisson":
+        return Poisson(qps)
+    if kind == "burst":
+        amplitude = _rate_option(spec, "amplitude", opts.get("amplitude", "4x"), qps)
+        t0 = _time_option(spec, "t0", opts.get("t0", "50%"), duration_s)
+        sigma = _time_option(spec, "sigma", opts.get("sigma", "10%"), duration_s)
+        if sigma <= 0:
+            raise ValueError(f"arrivals {spec!r}: sigma must be > 0")
+        if duration_s is None and t0 <= 0:
+            raise ValueError(f"arrivals {spec!r}: a burst at t0=0 needs duration_s for its mean rate")
+        return Burst(qps, amplitude, t0, sigma, duration_s)
+    if kind == "sawtooth":
+        low = _rate_option(spec, "low", opts.get("low", "0.5x"), qps)
+        high = _rate_option(spec, "high", opts.get("high", "1.5x"), qps)
+        period = _time_option(spec, "period", opts.get("period", "10s"), duration_s)
+        if period <= 0:
+            raise ValueError(f"arrivals {spec!r}: period must be > 0")
+        return Sawtooth(low, high, period)
+    trace = load_trace(path)
+    scale = opts.get("scale", "1")
+    if scale.lower() == "auto":
+        if qps == 0:
+            raise ValueError(f"arrivals {spec!r}: scale=auto needs a qps > 0")
+        return TraceReplay(trace.timestamps_s, trace.sizes, qps / trace.mean_rate)
+    factor = _number(scale)
+    if factor is None or factor <= 0:
+        raise ValueError(f"arrivals {spec!r}: scale={scale} is neither a number > 0 nor 'auto'")
+    return TraceReplay(trace.timestamps_s, trace.sizes, factor)

@@ -1,0 +1,373 @@
+"""Request payloads built from a model's metadata, with variable dimensions of sampled length.
+
+The load generator knows a model only through its V2 ModelMetadata: names, datatypes
+and shapes with -1 for the batch dimension and for any dimension of variable length.
+A PayloadGenerator fills those in: the batch dimension with `rows`, every other -1 with
+one length per request drawn from a size distribution (a sequence length, a number of
+ids), so that the server sees the spread of shapes a real workload brings. Payloads
+are pre-made in a pool; the send loop only picks one.
+
+numpy and wok.datatypes only: bench worker processes import this and must start fast.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from wok.datatypes import datatype
+
+__all__ = [
+    "Empirical",
+    "Fixed",
+    "LogNormal",
+    "Mix",
+    "PayloadGenerator",
+    "Sizes",
+    "TensorSpec",
+    "Uniform",
+    "parse_mix",
+    "parse_sizes",
+]
+
+
+def _int(value: object, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer, float)):
+        raise ValueError(f"{what} must be an integer >= {minimum}; got {value!r}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{what} must be an integer >= {minimum}; got {value!r}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}; got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input as ModelMetadata gives it: batch dimension first, -1 where any length goes."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        datatype(self.datatype)  # an unknown name fails here, with the list of known ones
+        shape = tuple(int(d) for d in self.shape)
+        if any(d < -1 for d in shape):
+            raise ValueError(f"input '{self.name}': dimensions must be >= 0 or -1; got {list(shape)}")
+        object.__setattr__(self, "shape", shape)
+
+
+# -- sizes -------------------------------------------------------------------------------------
+@runtime_checkable
+class Sizes(Protocol):
+    """The distribution of a variable dimension's length."""
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """n lengths as int64, each >= 0."""
+        ...
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """Always `n` (0 allowed: some models, like recsys's ids, accept an empty list)."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "n", _int(self.n, "fixed size", 0))
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.n, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Uniform over lo..hi, both included (lo may be 0)."""
+
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lo", _int(self.lo, "uniform lo", 0))
+        object.__setattr__(self, "hi", _int(self.hi, "uniform hi", 0))
+        if self.hi < self.lo:
+            raise ValueError(f"uniform hi {self.hi} is below lo {self.lo}")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.integers(self.lo, self.hi + 1, n, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """round(median·e^(σZ)), clipped to [1, max]: most requests short, a long tail of long ones.
+
+    Never 0. Clipping piles the tail beyond `max` onto `max`, as a model's length limit
+    would (truncation) rather than dropping those requests.
+    """
+
+    median: float
+    sigma: float
+    max: int
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.median) and self.median > 0):
+            raise ValueError(f"lognormal median must be > 0; got {self.median!r}")
+        if not (math.isfinite(self.sigma) and self.sigma >= 0):
+            raise ValueError(f"lognormal sigma must be >= 0; got {self.sigma!r}")
+        object.__setattr__(self, "max", _int(self.max, "lognormal max", 1))
+        if self.median > self.max:
+            raise ValueError(f"lognormal median {self.median:g} is above max {self.max}")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        x = np.rint(self.median * np.exp(self.sigma * rng.standard_normal(n)))
+        return np.clip(x, 1, self.max).astype(np.int64)
+
+
+class Empirical:
+    """Resampled, with replacement, from observed sizes (e.g. a trace's size column); 0 allowed."""
+
+    def __init__(self, values: Sequence[int] | np.ndarray) -> None:
+        raw = np.asarray(values).reshape(-1)
+        if raw.size == 0:
+            raise ValueError("empirical sizes: no values")
+        if raw.dtype.kind not in "iuf" or np.any(raw != np.floor(raw)) or np.any(raw < 0):
+            raise ValueError("empirical sizes must be integers >= 0")
+        self.values = raw.astype(np.int64)
+
+    def __repr__(self) -> str:
+        return f"Empirical({self.values.size} values, {self.values.min()}..{self.values.max()})"
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return self.values[rng.integers(0, self.values.size, n)]
+
+
+def _read_sizes(path: Path) -> np.ndarray:
+    """Sizes from one integer a line, a CSV with a `size` column, or JSONL objects with "size"."""
+    text = path.read_text()
+    lines = [(i, line.strip()) for i, line in enumerate(text.splitlines(), 1)]
+    lines = [(i, line) for i, line in lines if line and not line.startswith("#")]
+    if not lines:
+        raise ValueError(f"{path}: no sizes")
+    values = []
+    first = lines[0][1]
+    if path.suffix.lower() in (".jsonl", ".ndjson") or first.startswith("{"):
+        for i, line in lines:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from None
+            if not isinstance(obj, dict) or obj.get("size") is None:
+                raise ValueError(f'{path}:{i}: expected an object with a "size" field')
+            values.append((i, obj["size"]))
+    elif re.fullmatch(r"\d+", first):
+        values = lines
+    else:
+        reader = csv.DictReader(text.splitlines())
+        fields = [f.strip() for f in reader.fieldnames or []]
+        if "size" not in fields:
+            raise ValueError(f"{path}: expected one integer a line, or a CSV header with a 'size' column")
+        reader.fieldnames = fields
+        values = [(reader.line_num, row["size"]) for row in reader]
+    out = []
+    for i, v in values:
+        text_v = str(v).strip()
+        if isinstance(v, bool) or not re.fullmatch(r"\d+", text_v):
+            raise ValueError(f"{path}:{i}: size {v!r} is not an integer >= 0")
+        out.append(int(text_v))
+    return np.asarray(out, dtype=np.int64)
+
+
+_SIZES_HELP = "expected fixed:N, uniform:LO:HI, lognormal:median=M,sigma=S,max=N or empirical:PATH"
+
+
+def parse_sizes(spec: str) -> Sizes:
+    """ "fixed:16" (or just "16"), "uniform:1:64", "lognormal:median=20,sigma=0.8,max=256", "empirical:PATH"."""
+    kind, _, rest = spec.strip().partition(":")
+    kind = kind.strip().lower()
+    rest = rest.strip()
+    try:
+        if re.fullmatch(r"\d+", kind) and not rest:
+            return Fixed(int(kind))
+        if kind == "fixed":
+            if not re.fullmatch(r"\d+", rest):
+                raise ValueError(f"expected fixed:N with N an integer >= 0; got {rest!r}")
+            return Fixed(int(rest))
+        if kind == "uniform":
+            m = re.fullmatch(r"(\d+)\s*:\s*(\d+)", rest)
+            if m is None:
+                raise ValueError(f"expected uniform:LO:HI with integers 0 <= LO <= HI; got {rest!r}")
+            return Uniform(int(m.group(1)), int(m.group(2)))
+        if kind == "lognormal":
+            opts: dict[str, str] = {}
+            for item in rest.split(",") if rest else []:
+                key, eq, value = (x.strip() for x in item.partition("="))
+                if not eq or key not in ("median", "sigma", "max") or key in opts or not value:
+                    raise ValueError(f"expected median=M,sigma=S,max=N, each once; got {item.strip()!r}")
+                opts[key] = value
+            missing = [k for k in ("median", "sigma", "max") if k not in opts]
+            if missing:
+                raise ValueError(f"lognormal needs median, sigma and max; missing {', '.join(missing)}")
+            try:
+                median, sigma = float(opts["median"]), float(opts["sigma"])
+            except ValueError:
+                raise ValueError("lognormal median and sigma must be numbers") from None
+            if not re.fullmatch(r"\d+", opts["max"]):
+                raise ValueError(f"lognormal max must be an integer >= 1; got {opts['max']!r}")
+            return LogNormal(median, sigma, int(opts["max"]))
+        if kind == "empirical":
+            if not rest:
+                raise ValueError("expected empirical:PATH")
+            return Empirical(_read_sizes(Path(rest)))
+    except (ValueError, OSError) as e:
+        raise ValueError(f"sizes {spec!r}: {e}") from None
+    raise ValueError(f"sizes {spec!r}: unknown distribution {kind!r}; {_SIZES_HELP}")
+
+
+# -- payloads ----------------------------------------------------------------------------------
+class PayloadGenerator:
+    """One request's inputs for `model`, shaped by its metadata.
+
+    The first dimension is the batch: -1 there becomes `rows` (a fixed first dimension,
+    from a model that does not batch, is kept). Every other -1 becomes the request's
+    size: the one given to make(), or one drawn from `sizes`, shared by all variable
+    dimensions of the request. Values: integers uniform in [0, int_high) (capped at the
+    type's maximum; every wok demo model accepts ids below 50), floats standard normal
+    in the declared type (BF16 as the uint16 words of truncated float32), BOOL fair
+    coin flips, BYTES short random lowercase strings.
+
+    `rng` may be None in make() and pool(): the generator's own, seeded with `seed`.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        inputs: Sequence[TensorSpec],
+        sizes: Sizes = Fixed(16),  # frozen, so one shared default is safe
+        rows: int = 1,
+        seed: int = 0,
+        int_high: int = 50,
+    ) -> None:
+        # Any object with name, datatype and shape will do (a client's TensorInfo, a protobuf).
+        self.inputs = tuple(
+            t if isinstance(t, TensorSpec) else TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in inputs
+        )
+        if not self.inputs:
+            raise ValueError(f"model '{model}': no inputs to generate")
+        self.model = model
+        self.sizes = sizes
+        self.rows = _int(rows, "rows", 1)
+        self.int_high = _int(int_high, "int_high", 1)
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def datatypes(self) -> dict[str, str]:
+        """Input name -> V2 datatype, for encode_request(datatypes=...): BF16 cannot be told from UINT16."""
+        return {t.name: t.datatype for t in self.inputs}
+
+    def shape_of(self, spec: TensorSpec, size: int) -> tuple[int, ...]:
+        if not spec.shape:
+            return ()
+        first = self.rows if spec.shape[0] == -1 else spec.shape[0]
+        return (first, *(size if d == -1 else d for d in spec.shape[1:]))
+
+    def _values(self, spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+        dt = datatype(spec.datatype)
+        kind = dt.numpy.kind
+        if dt.name == "BF16":
+            bits = rng.standard_normal(shape, dtype=np.float32).view(np.uint32)
+            return (bits >> 16).astype(np.uint16)
+        if kind == "f":
+            if dt.numpy == np.float32 or dt.numpy == np.float64:
+                return rng.standard_normal(shape, dtype=dt.numpy)
+            return rng.standard_normal(shape, dtype=np.float32).astype(dt.numpy)
+        if kind in "iu":
+            high = min(self.int_high, int(np.iinfo(dt.numpy).max) + 1)
+            return rng.integers(0, high, shape, dtype=dt.numpy)
+        if kind == "b":
+            return rng.random(shape) < 0.5
+        # BYTES: one draw of letters, cut into strings of 1 to 16 bytes.
+        count = math.prod(shape)
+        lengths = rng.integers(1, 17, count)
+        letters = rng.integers(ord("a"), ord("z") + 1, int(lengths.sum()), dtype=np.uint8).tobytes()
+        ends = np.cumsum(lengths)
+        out = np.empty(count, dtype=object)
+        out[:] = [letters[e - n : e] for e, n in zip(ends.tolist(), lengths.tolist())]
+        return out.reshape(shape)
+
+    def make(self, rng: np.random.Generator | None = None, size: int | None = None) -> dict[str, np.ndarray]:
+        """One request's inputs, by name in the model's order."""
+        rng = self.rng if rng is None else rng
+        if size is None:
+            size = int(self.sizes.sample(rng, 1)[0])
+        size = _int(size, "size", 0)
+        return {t.name: self._values(t, self.shape_of(t, size), rng) for t in self.inputs}
+
+    def pool(self, n: int, rng: np.random.Generator | None = None) -> list[dict[str, np.ndarray]]:
+        """n pre-made requests, sizes drawn independently from `sizes`."""
+        rng = self.rng if rng is None else rng
+        return [self.make(rng, int(s)) for s in self.sizes.sample(rng, _int(n, "n", 0))]
+
+
+class Mix:
+    """Several models' generators, chosen per request by weight (weights need not sum to 1)."""
+
+    def __init__(self, entries: Sequence[tuple[PayloadGenerator, float]]) -> None:
+        if not entries:
+            raise ValueError("a mix needs at least one model")
+        self.generators = [g for g, _ in entries]
+        weights = np.asarray([w for _, w in entries], dtype=np.float64)
+        if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights.sum() <= 0:
+            raise ValueError(f"mix weights must be >= 0 with a positive sum; got {weights.tolist()}")
+        self.weights = weights / weights.sum()
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def choose(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """The index of the generator for each of n requests (int64)."""
+        if len(self.generators) == 1:
+            return np.zeros(n, dtype=np.int64)
+        return rng.choice(len(self.generators), size=n, p=self.weights).astype(np.int64)
+
+
+def parse_mix(spec: str) -> list[tuple[str, float]]:
+    """ "mlp:0.7,encoder:0.3" -> [("mlp", 0.7), ("encoder", 0.3)], weights normalised to sum 1.
+
+    Weights are given for every model or for none ("mlp,encoder" mixes equally).
+    """
+    items = [item.strip() for item in spec.split(",")]
+    if not spec.strip() or any(not item for item in items):
+        raise ValueError(f"model mix {spec!r}: expected NAME[:WEIGHT],... (e.g. 'mlp:0.7,encoder:0.3')")
+    names: list[str] = []
+    weights: list[float | None] = []
+    for item in items:
+        name, colon, weight = (x.strip() for x in item.rpartition(":")) if ":" in item else (item, "", "")
+        if not name:
+            raise ValueError(f"model mix {spec!r}: {item!r} has no model name")
+        if name in names:
+            raise ValueError(f"model mix {spec!r}: model {name!r} appears twice")
+        value: float | None = None
+        if colon:
+            try:
+                value = float(weight)
+            except ValueError:
+                value = None
+            if value is None or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"model mix {spec!r}: weight {weight!r} of {name!r} is not a number > 0")
+        names.append(name)
+        weights.append(value)
+    given = [w is not None for w in weights]
+    if any(given) and not all(given):
+        raise ValueError(f"model mix {spec!r}: give a weight for every model or for none")
+    raw = [w if w is not None else 1.0 for w in weights]
+    total = sum(raw)
+    return [(name, w / total) for name, w in zip(names, raw)]

@@ -1,0 +1,570 @@
+"""Write a `wok.bench/1` result as JSON, CSV, PNG plots, one self-contained HTML page, or a table.
+
+The HTML report has no external reference at all (inline CSS, plots as data: URIs, a
+Content-Security-Policy that forbids any fetch), so it can be mailed, attached to a CI
+run, or opened offline. Plots use matplotlib's object API on a standalone Figure, which
+needs no display and keeps no global pyplot state between reports.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import matplotlib
+import numpy as np
+
+# Agg needs no display. Left alone when pyplot is already in use (a notebook): switching
+# would close that session's figures, and the Figure API below does not need the backend.
+if "matplotlib.pyplot" not in sys.modules:
+    matplotlib.use("Agg")
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+from .analysis import LATENCY_KEYS, passes_slo
+
+PathOrFile = str | os.PathLike | IO
+
+COLORS = {"p50": "#4c72b0", "p95": "#dd8452", "p99": "#c44e52", "slo": "#b22222", "knee": "#8172b3", "max": "#2e8b57"}
+LOG_SPAN = 4.0  # log x once the steps span more than this ratio: 50..400 QPS would crowd the left otherwise
+LOG_Y_SPAN = 50.0  # past the knee latency grows by orders of magnitude; a linear axis flattens the rest
+
+
+# ---------------------------------------------------------------------------- JSON / CSV
+
+
+def _plain(x: Any) -> Any:
+    """JSON-ready copy: NaN and ±inf become null, numpy values Python ones, tuples lists."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _plain(x.tolist())
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, os.PathLike):
+        return os.fspath(x)
+    return x
+
+
+def to_json(result: dict) -> str:
+    """The JSON text of a result, keys in the order the schema builds them."""
+    return json.dumps(_plain(result), indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def write_json(result: dict, path) -> None:
+    """NaN → null, key order as built (schema first, steps in offered order), indent 2."""
+    Path(path).write_text(to_json(result), encoding="utf-8")
+
+
+CSV_COLUMNS = (
+    "offered_qps",
+    "achieved_qps",
+    "phase",
+    "requests",
+    "ok",
+    "errors",
+    "success_rate",
+    *(f"latency_{k}_ms" for k in LATENCY_KEYS),
+    "queue_mean_ms",
+    "queue_p99_ms",
+    "mean_batch_size",
+    "dispatch_lag_p99_ms",
+)
+
+
+def _num(x: Any) -> float:
+    try:
+        return float(x) if x is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _get(d: dict | None, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def _steps(result_or_steps: dict | Sequence[dict]) -> list[dict]:
+    steps = result_or_steps["steps"] if isinstance(result_or_steps, dict) else result_or_steps
+    return sorted(steps, key=lambda s: s["offered_qps"])
+
+
+def _csv_row(step: dict) -> dict:
+    row = {
+        "offered_qps": step["offered_qps"],
+        "achieved_qps": step["achieved_qps"],
+        "phase": step.get("phase", "ramp"),
+        "requests": step["requests"],
+        "ok": step["ok"],
+        "errors": sum((step.get("errors") or {}).values()),
+        "success_rate": step["success_rate"],
+        "queue_mean_ms": _get(step, "queue_ms", "mean"),
+        "queue_p99_ms": _get(step, "queue_ms", "p99"),
+        "mean_batch_size": step.get("mean_batch_size"),
+        "dispatch_lag_p99_ms": _get(step, "dispatch_lag_ms", "p99"),
+    }
+    for k in LATENCY_KEYS:
+        row[f"latency_{k}_ms"] = _get(step, "latency_ms", k)
+    # An empty cell, not "nan": spreadsheets and pandas both read it as missing.
+    return {k: ("" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v) for k, v in row.items()}
+
+
+def write_csv(result: dict, path) -> None:
+    """One row per step, in offered order; missing figures are empty cells."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for step in _steps(result):
+            w.writerow(_csv_row(step))
+
+
+# ---------------------------------------------------------------------------- plots
+
+
+def _series(steps: list[dict], *keys: str) -> np.ndarray:
+    return np.array([_num(_get(s, *keys)) for s in steps], dtype=np.float64)
+
+
+def _span(values: np.ndarray) -> float:
+    v = values[np.isfinite(values) & (values > 0)]
+    return float(v.max() / v.min()) if v.size else 1.0
+
+
+def _log_axis(ax, which: str, ticks: np.ndarray | None = None) -> None:
+    """Log scale with plain numbers ("400", not "4×10²"); on x, ticks at the offers themselves."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    if ticks is not None and 0 < len(ticks) <= 12:
+        axis.set_ticks(ticks)
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _placeholder(fig: Figure, text: str) -> None:
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=12, color="#666", transform=ax.transAxes)
+
+
+def _mark_offer(ax, x: float | None, label: str, color: str, y_frac: float, offers: np.ndarray) -> None:
+    if x is None:
+        return
+    ax.axvline(x, color=color, linestyle=":", linewidth=1.5, label=label)
+    # Labels of marks in the right part of the plot go to the line's left, so they stay inside the axes.
+    lo, hi = float(np.nanmin(offers)), float(np.nanmax(offers))
+    scale = np.log if _span(offers) > LOG_SPAN else (lambda v: v)
+    frac = (scale(x) - scale(lo)) / (scale(hi) - scale(lo)) if hi > lo else 0.0
+    left = frac > 0.6
+    ax.annotate(
+        label,
+        xy=(x, y_frac),
+        xycoords=("data", "axes fraction"),
+        xytext=(-4 if left else 4, 0),
+        textcoords="offset points",
+        ha="right" if left else "left",
+        color=color,
+        fontsize=9,
+        va="top",
+    )
+
+
+def latency_figure(result: dict) -> Figure:
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    steps = _steps(result)
+    if not steps:
+        _placeholder(fig, "no steps in this result")
+        return fig
+    ax = fig.add_subplot()
+    x = _series(steps, "offered_qps")
+    for key in ("p50", "p95", "p99"):
+        ax.plot(x, _series(steps, "latency_ms", key), marker="o", markersize=4, color=COLORS[key], label=key.upper())
+    slo = _num(result.get("slo_p99_ms"))
+    if math.isfinite(slo):
+        ax.axhline(slo, color=COLORS["slo"], linestyle="--", linewidth=1.2, label=f"SLO: P99 ≤ {slo:g} ms")
+    best = result.get("max_qps_under_slo")
+    if best is not None:
+        at = next((s for s in steps if s["offered_qps"] == best), None)
+        if at is not None:
+            ax.plot(
+                [best], [_num(_get(at, "latency_ms", "p99"))], marker="*", markersize=14, color=COLORS["max"], zorder=5
+            )
+    _mark_offer(ax, result.get("knee_qps"), f"knee {_fmt_qps(result.get('knee_qps'))} QPS", COLORS["knee"], 0.98, x)
+    _mark_offer(ax, best, f"max under SLO {_fmt_qps(best)} QPS", COLORS["max"], 0.85, x)
+    if _span(x) > LOG_SPAN:
+        _log_axis(ax, "x", x)
+    lat = np.concatenate([_series(steps, "latency_ms", k) for k in ("p50", "p95", "p99")] + [np.array([slo])])
+    if _span(lat) > LOG_Y_SPAN:
+        _log_axis(ax, "y")
+    ax.set_xlabel("offered load (QPS)")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title("Latency vs offered load")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
+
+
+def throughput_figure(result: dict) -> Figure:
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    steps = _steps(result)
+    if not steps:
+        _placeholder(fig, "no steps in this result")
+        return fig
+    ax = fig.add_subplot()
+    x = _series(steps, "offered_qps")
+    y = _series(steps, "achieved_qps")
+    lim = [float(np.nanmin(x)), float(np.nanmax(x))]
+    ax.plot(lim, lim, color="#999", linestyle="--", linewidth=1, label="achieved = offered")
+    ax.plot(x, y, marker="o", markersize=4, color=COLORS["p50"], label="achieved (successful requests)")
+    _mark_offer(ax, result.get("knee_qps"), f"knee {_fmt_qps(result.get('knee_qps'))} QPS", COLORS["knee"], 0.98, x)
+    best = result.get("max_qps_under_slo")
+    _mark_offer(ax, best, f"max under SLO {_fmt_qps(best)} QPS", COLORS["max"], 0.85, x)
+    if _span(x) > LOG_SPAN:
+        # Both axes, so that y = x stays the diagonal.
+        _log_axis(ax, "x", x)
+        _log_axis(ax, "y", x)
+    ax.set_xlabel("offered load (QPS)")
+    ax.set_ylabel("achieved throughput (QPS)")
+    ax.set_title("Throughput vs offered load")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
+
+
+def timeline_figure(result: dict) -> Figure:
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    tl = result.get("timeline")
+    if not tl or not tl.get("t_s"):
+        _placeholder(fig, "no timeline in this result\n(per-second series were not recorded)")
+        return fig
+    t = np.array([_num(v) for v in tl["t_s"]])
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    top.step(t, [_num(v) for v in tl["offered"]], where="post", color="#999", label="offered")
+    top.step(t, [_num(v) for v in tl["achieved"]], where="post", color=COLORS["p50"], label="achieved")
+    top.set_ylabel("QPS")
+    top.set_title("Load and P99 over time (1 s bins)")
+    top.legend(loc="upper left", fontsize=8)
+    top.grid(True, alpha=0.3)
+    p99 = np.array([_num(v) for v in tl["p99_ms"]])
+    bottom.plot(t, p99, color=COLORS["p99"], linewidth=1.2, label="P99")
+    slo = _num(result.get("slo_p99_ms"))
+    if math.isfinite(slo):
+        bottom.axhline(slo, color=COLORS["slo"], linestyle="--", linewidth=1.2, label=f"SLO {slo:g} ms")
+    if _span(np.append(p99, slo)) > LOG_Y_SPAN:
+        _log_axis(bottom, "y")
+    bottom.set_ylabel("P99 latency (ms)")
+    bottom.set_xlabel("time since the first step (s)")
+    bottom.legend(loc="upper left", fontsize=8)
+    bottom.grid(True, alpha=0.3)
+    return fig
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return buf.getvalue()
+
+
+def _write_bytes(data: bytes, path: PathOrFile) -> None:
+    if hasattr(path, "write"):
+        path.write(data)
+    else:
+        Path(path).write_bytes(data)
+
+
+def plot_latency_vs_offered(result: dict, path: PathOrFile) -> None:
+    """P50/P95/P99 against offered QPS, with the SLO line, the knee and the max under the SLO."""
+    _write_bytes(_png(latency_figure(result)), path)
+
+
+def plot_throughput(result: dict, path: PathOrFile) -> None:
+    """Achieved against offered QPS, with y = x and the knee."""
+    _write_bytes(_png(throughput_figure(result)), path)
+
+
+def plot_timeline(result: dict, path: PathOrFile) -> None:
+    """Offered and achieved QPS, and P99, per second; a placeholder figure when there is no timeline."""
+    _write_bytes(_png(timeline_figure(result)), path)
+
+
+# ---------------------------------------------------------------------------- text
+
+
+def _fmt_qps(x: Any) -> str:
+    v = _num(x)
+    if not math.isfinite(v):
+        return "-"
+    return f"{v:g}" if v == round(v) else f"{v:.1f}"
+
+
+def _fmt_ms(x: Any) -> str:
+    v = _num(x)
+    if not math.isfinite(v):
+        return "-"
+    return f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def _fmt_pct(x: Any) -> str:
+    v = _num(x)
+    return "-" if not math.isfinite(v) else f"{100 * v:.2f}"
+
+
+def _verdict(step: dict, result: dict | None) -> str:
+    if not result or result.get("slo_p99_ms") is None:
+        return ""
+    return "pass" if passes_slo(step, result["slo_p99_ms"], result.get("min_success_rate", 0.99)) else "FAIL"
+
+
+def _table_rows(result_or_steps) -> tuple[list[str], list[list[str]]]:
+    result = result_or_steps if isinstance(result_or_steps, dict) else None
+    steps = _steps(result_or_steps)
+    refine = any(s.get("phase", "ramp") != "ramp" for s in steps)
+    head = ["offered", "achieved", "ok %", "p50 ms", "p95 ms", "p99 ms", "max ms", "queue p99", "batch", "lag p99"]
+    head += ["errors"] + (["phase"] if refine else []) + (["SLO"] if result else [])
+    rows = []
+    for s in steps:
+        row = [
+            _fmt_qps(s["offered_qps"]),
+            f"{_num(s['achieved_qps']):.1f}",
+            _fmt_pct(s["success_rate"]),
+            *(_fmt_ms(_get(s, "latency_ms", k)) for k in ("p50", "p95", "p99", "max")),
+            _fmt_ms(_get(s, "queue_ms", "p99")),
+            "-" if s.get("mean_batch_size") is None else f"{_num(s['mean_batch_size']):.1f}",
+            _fmt_ms(_get(s, "dispatch_lag_ms", "p99")),
+            str(sum((s.get("errors") or {}).values())),
+        ]
+        row += [s.get("phase", "ramp")] if refine else []
+        row += [_verdict(s, result)] if result else []
+        rows.append(row)
+    return head, rows
+
+
+def _verdict_lines(result: dict) -> list[str]:
+    slo = _num(result.get("slo_p99_ms"))
+    best, knee = result.get("max_qps_under_slo"), result.get("knee_qps")
+    return [
+        f"max QPS under SLO (P99 ≤ {slo:g} ms): {'none: no step met it' if best is None else _fmt_qps(best)}",
+        f"knee: {'none: throughput kept up at every step' if knee is None else f'{_fmt_qps(knee)} QPS'}",
+    ]
+
+
+def print_table(result_or_steps: dict | Sequence[dict], file=None) -> None:
+    """A fixed-width table of the steps; with a whole result, an SLO column and the two verdicts under it.
+
+    Uses rich when it is installed, in plain text either way: no colour, no markup, and
+    wide enough that a row never wraps when the output is a file or a pipe.
+    """
+    file = sys.stdout if file is None else file
+    head, rows = _table_rows(result_or_steps)
+    footer = _verdict_lines(result_or_steps) if isinstance(result_or_steps, dict) else []
+    try:
+        from rich import box
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        Console = None
+    if Console is not None:
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for h in head:
+            table.add_column(h, justify="right", no_wrap=True)
+        for r in rows:
+            table.add_row(*r)
+        console = Console(file=file, color_system=None, highlight=False, markup=False, emoji=False, width=240)
+        console.print(table)
+        for line in footer:
+            console.print(line)
+        return
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths)), file=file)
+    print("  ".join("-" * w for w in widths), file=file)
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths)), file=file)
+    for line in footer:
+        print(line, file=file)
+
+
+# ---------------------------------------------------------------------------- HTML
+
+CSS = """
+:root { --fg: #1d2329; --muted: #5f6b76; --line: #d9dee3; --pass: #1f7a45; --fail: #b3261e; --bg2: #f5f7f9; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif;
+       color: var(--fg); background: #fff; }
+main { max-width: 1180px; margin: 0 auto; padding: 24px 28px 48px; }
+h1 { font-size: 22px; margin: 0 0 4px; }
+h2 { font-size: 17px; margin: 32px 0 10px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
+.meta { color: var(--muted); margin: 0 0 18px; }
+.cards { display: flex; flex-wrap: wrap; gap: 12px; }
+.card { flex: 1 1 200px; border: 1px solid var(--line); border-radius: 8px; padding: 12px 14px;
+        background: var(--bg2); }
+.card .k { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
+.card .v { font-size: 24px; font-weight: 600; margin-top: 2px; }
+.card .n { color: var(--muted); font-size: 12px; }
+.warnings { border-left: 4px solid #d9822b; background: #fff7ed; padding: 8px 14px; margin: 16px 0 0; }
+.warnings ul { margin: 4px 0; padding-left: 18px; }
+.ok-note { color: var(--pass); margin: 16px 0 0; }
+figure { margin: 18px 0; }
+figure img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }
+figcaption { color: var(--muted); font-size: 12px; }
+table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
+table.steps { width: 100%; font-size: 12.5px; }
+th, td { border-bottom: 1px solid var(--line); padding: 4px 6px; text-align: right; white-space: nowrap; }
+th { background: var(--bg2); position: sticky; top: 0; white-space: normal; vertical-align: bottom; }
+td.l, th.l { text-align: left; white-space: normal; min-width: 16em; }
+tr.fail td.v { color: var(--fail); font-weight: 600; }
+tr td.v { color: var(--pass); }
+tr.knee td { background: #f1eefa; }
+table.config td { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12.5px; }
+.wrap { overflow-x: auto; }
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _img(fig: Figure, alt: str, caption: str) -> str:
+    data = base64.b64encode(_png(fig)).decode("ascii")
+    img = f'<img src="data:image/png;base64,{data}" alt="{_e(alt)}">'
+    return f"<figure>{img}<figcaption>{_e(caption)}</figcaption></figure>"
+
+
+def _models(config: dict) -> str:
+    models = config.get("models", config.get("model"))
+    if isinstance(models, (list, tuple)):
+        return ", ".join(str(m[0]) if isinstance(m, (list, tuple)) else str(m) for m in models)
+    return "" if models is None else str(models)
+
+
+def _card(key: str, value: str, note: str = "") -> str:
+    inner = f'<div class="k">{_e(key)}</div><div class="v">{_e(value)}</div><div class="n">{_e(note)}</div>'
+    return f'<div class="card">{inner}</div>'
+
+
+def _steps_table(result: dict) -> str:
+    steps = _steps(result)
+    refine = any(st.get("phase", "ramp") != "ramp" for st in steps)
+    head = ["offered QPS", "achieved QPS"] + (["phase"] if refine else []) + ["requests", "ok", "success %"]
+    head += [f"{k} ms" for k in LATENCY_KEYS] + ["queue mean ms", "queue p99 ms", "mean batch", "lag p99 ms"]
+    head += ["late sends", "SLO", "errors"]
+    out = ['<div class="wrap"><table class="steps"><thead><tr>']
+    out += [f"<th{' class=l' if h == 'errors' else ''}>{_e(h)}</th>" for h in head]
+    out.append("</tr></thead><tbody>")
+    knee = result.get("knee_qps")
+    for s in steps:
+        verdict = _verdict(s, result)
+        classes = ("fail" if verdict == "FAIL" else "", "knee" if s["offered_qps"] == knee else "")
+        cells = [_fmt_qps(s["offered_qps"]), f"{_num(s['achieved_qps']):.1f}"]
+        cells += [s.get("phase", "ramp")] if refine else []
+        cells += [str(s["requests"]), str(s["ok"]), _fmt_pct(s["success_rate"])]
+        cells += [_fmt_ms(_get(s, "latency_ms", k)) for k in LATENCY_KEYS]
+        cells += [_fmt_ms(_get(s, "queue_ms", "mean")), _fmt_ms(_get(s, "queue_ms", "p99"))]
+        cells += ["-" if s.get("mean_batch_size") is None else f"{_num(s['mean_batch_size']):.1f}"]
+        cells += [_fmt_ms(_get(s, "dispatch_lag_ms", "p99")), str(s.get("late_sends", "-"))]
+        errors = ", ".join(f"{k}: {v}" for k, v in (s.get("errors") or {}).items()) or "-"
+        tds = [f"<td>{_e(c)}</td>" for c in cells]
+        tds += [f'<td class="v">{_e(verdict)}</td>', f'<td class="l">{_e(errors)}</td>']
+        out.append(f'<tr class="{" ".join(c for c in classes if c)}">' + "".join(tds) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "".join(out)
+
+
+def _config_table(result: dict) -> str:
+    rows = [("schema", result.get("schema")), ("created", result.get("created"))]
+    rows += list((result.get("config") or {}).items())
+    rows += [(k, result.get(k)) for k in ("slo_p99_ms", "min_success_rate", "knee_threshold")]
+    out = ['<table class="config"><tbody>']
+    for k, v in rows:
+        text = v if isinstance(v, str) else json.dumps(_plain(v), ensure_ascii=False)
+        out.append(f'<tr><th class="l">{_e(k)}</th><td class="l">{_e(text)}</td></tr>')
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def render_html(result: dict, *, title: str | None = None) -> str:
+    """The report page as one string (what write_html writes)."""
+    config = result.get("config") or {}
+    title = title or f"wok bench: {_models(config) or 'model'} on {config.get('target', '?')}"
+    slo = _num(result.get("slo_p99_ms"))
+    steps = _steps(result)
+    peak = max((_num(s["achieved_qps"]) for s in steps), default=math.nan)
+    best, knee = result.get("max_qps_under_slo"), result.get("knee_qps")
+    cards = [
+        _card("max QPS under SLO", _fmt_qps(best), "no step met the SLO" if best is None else "highest passing step"),
+        _card("knee", "none" if knee is None else f"{_fmt_qps(knee)} QPS", "where achieved stops following offered"),
+        _card("SLO", f"P99 ≤ {slo:g} ms", f"and ≥ {100 * _num(result.get('min_success_rate', 0.99)):g}% success"),
+        _card(
+            "peak achieved", f"{_fmt_qps(round(peak, 1)) if math.isfinite(peak) else '-'} QPS", "successful requests"
+        ),
+    ]
+    warnings = result.get("warnings") or []
+    if warnings:
+        warn = '<div class="warnings"><strong>Warnings</strong><ul>' + "".join(f"<li>{_e(w)}</li>" for w in warnings)
+        warn += "</ul></div>"
+    else:
+        warn = '<p class="ok-note">No warnings: the generator kept its schedule at every step.</p>'
+    source = config.get("source", "bench")
+    meta = (
+        f"{_e(result.get('schema', ''))} · {_e(source)} · created {_e(result.get('created', ''))} · {len(steps)} steps"
+    )
+    figures = [
+        _img(
+            latency_figure(result),
+            "Latency percentiles against offered QPS",
+            "Latency is measured from each request's intended send time (open loop).",
+        ),
+        _img(
+            throughput_figure(result),
+            "Achieved against offered QPS",
+            "Achieved counts successful requests per second of the measured window.",
+        ),
+        _img(
+            timeline_figure(result), "QPS and P99 over time", "Per-second bins over the whole run, warm-ups included."
+        ),
+    ]
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_e(title)}</title>
+<style>{CSS}</style>
+</head>
+<body>
+<main>
+<h1>{_e(title)}</h1>
+<p class="meta">{meta}</p>
+<section class="cards">{"".join(cards)}</section>
+{warn}
+<h2>Plots</h2>
+{"".join(figures)}
+<h2>Steps</h2>
+{_steps_table(result)}
+<h2>Configuration</h2>
+{_config_table(result)}
+</main>
+</body>
+</html>
+"""
+
+
+def write_html(result: dict, path, *, title: str | None = None) -> None:
+    """One self-contained HTML file: verdicts, warnings, the three plots inline, the step table, the config."""
+    Path(path).write_text(render_html(result, title=title), encoding="utf-8")

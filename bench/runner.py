@@ -1,0 +1,227 @@
+"""A stepped QPS ramp: schedules each step, runs it on the workers, and judges it.
+
+Each step's schedule comes from its arrival process (at the step's offered rate) and is
+dealt round-robin to the workers, so every worker sends at a fraction of the rate. The
+first `warmup_s` of each step run but are not counted. Latency is measured from each
+request's intended send time, so a late send (or a stalled server) shows in the figures
+of every request it delays.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import analysis
+from .arrivals import parse_arrivals
+from .payloads import Mix, PayloadGenerator, TensorSpec, parse_sizes
+from .scrape import scrape, server_view
+from .workers import OK, Share, WorkerPool
+
+POOL_PER_MODEL = 256  # distinct pre-made payloads per model, cycled
+STATUS_NAMES: dict[int, str] = {}
+
+
+def status_name(code: int) -> str:
+    if not STATUS_NAMES:
+        import grpc
+
+        STATUS_NAMES.update({c.value[0]: c.name for c in grpc.StatusCode})
+    return STATUS_NAMES.get(int(code), str(code))
+
+
+@dataclass
+class RampConfig:
+    target: str
+    models: list[tuple[str, float]]  # (model, weight)
+    steps: list[float]  # offered QPS per step
+    step_duration_s: float
+    warmup_s: float = 1.0
+    arrival: str = "poisson"
+    sizes: str = "fixed:16"
+    rows: int = 1
+    slo_p99_ms: float = 200.0
+    workers: int = 2
+    timeout_s: float = 30.0
+    metrics_url: str | None = None
+    seed: int = 0
+    stop_factor: float = 10.0
+    refine: int = 0
+    knee_threshold: float = 0.5
+
+
+def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix]:
+    """Serialized requests for every model of the mix; (start, count) of each model's slice."""
+    from wok.clients import Client
+    from wok.codec import encode_request
+
+    rng = np.random.default_rng(cfg.seed)
+    pool: list[bytes] = []
+    slices = []
+    gens = []
+    with Client(cfg.target) as client:
+        for name, weight in cfg.models:
+            info = client.model_metadata(name)
+            specs = [TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in info.inputs.values()]
+            gen = PayloadGenerator(name, specs, sizes=parse_sizes(cfg.sizes), rows=cfg.rows, seed=cfg.seed)
+            start = len(pool)
+            for inputs in gen.pool(POOL_PER_MODEL, rng):
+                pool.append(encode_request(name, inputs, datatypes=gen.datatypes).SerializeToString())
+            slices.append((start, len(pool) - start))
+            gens.append((gen, weight))
+    return pool, slices, Mix(gens)
+
+
+class Ramp:
+    def __init__(self, cfg: RampConfig, progress: Callable[[str], None] | None = None) -> None:
+        self.cfg = cfg
+        self.say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.rng = np.random.default_rng(cfg.seed + 1)
+        self.pool, self.slices, self.mix = build_pool(cfg)
+        self.timeline: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._clock0: float | None = None
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        workers = WorkerPool(cfg.target, self.pool, cfg.workers)
+        steps: list[dict] = []
+        try:
+            for i, qps in enumerate(cfg.steps):
+                step = self.run_step(workers, qps, f"step {i + 1}/{len(cfg.steps)}")
+                steps.append(step)
+                if analysis.should_stop_early(step, cfg.slo_p99_ms, cfg.stop_factor):
+                    self.say(f"stopping early: P99 {step['latency_ms']['p99']:.1f} ms is far over the SLO")
+                    break
+            if cfg.refine:
+                lo = analysis.max_qps_under_slo(steps, cfg.slo_p99_ms)
+                higher = [s["offered_qps"] for s in steps if lo is not None and s["offered_qps"] > lo]
+                if lo is not None and higher:
+                    _, extra = analysis.bisect_max_qps(
+                        lambda q: self.run_step(workers, q, "refine"), lo, min(higher), cfg.slo_p99_ms, cfg.refine
+                    )
+                    steps = sorted(steps + extra, key=lambda s: s["offered_qps"])
+        finally:
+            workers.close()
+        config = {**asdict(self.cfg), "source": "bench"}
+        return analysis.ramp_result(
+            steps=steps,
+            slo_p99_ms=cfg.slo_p99_ms,
+            config=config,
+            knee_threshold=cfg.knee_threshold,
+            timeline=self._timeline(),
+        )
+
+    def run_step(self, workers: WorkerPool, qps: float, label: str) -> dict:
+        cfg = self.cfg
+        total = cfg.warmup_s + cfg.step_duration_s
+        arrivals = parse_arrivals(cfg.arrival, qps, duration_s=total)
+        times = arrivals.times(total, self.rng)
+        model_of = self.mix.choose(self.rng, len(times))
+        which = np.empty(len(times), dtype=np.int64)
+        for m, (start, count) in enumerate(self.slices):
+            idx = np.flatnonzero(model_of == m)
+            which[idx] = start + self.rng.integers(0, count, len(idx))
+        n = len(workers)
+        # A lead lets every worker receive its share (pickled arrays) before t = 0.
+        start_at = time.monotonic() + 0.2 + 2e-6 * len(times)
+        if self._clock0 is None:
+            self._clock0 = start_at
+        shares = [Share(start_at, times[w::n], which[w::n], cfg.timeout_s) for w in range(n)]
+        self.say(f"{label}: {qps:g} QPS offered for {cfg.step_duration_s:g} s (+{cfg.warmup_s:g} s warm-up)")
+        before = None
+        if cfg.metrics_url:
+            # Scraped when the warm-up ends, so the server's figures cover the measured window.
+            time.sleep(max(0.0, start_at + cfg.warmup_s - time.monotonic()))
+            before = scrape(cfg.metrics_url)
+        outcomes = self._collect(workers, shares)
+        after = scrape(cfg.metrics_url) if cfg.metrics_url else None
+        intended = np.concatenate([s.times for s in shares])
+        sent = np.concatenate([o.sent for o in outcomes])
+        done = np.concatenate([o.done for o in outcomes])
+        codes = np.concatenate([o.codes for o in outcomes])
+        self.timeline.append(
+            (intended + start_at - self._clock0, done + start_at - self._clock0, done - intended, codes)
+        )
+        keep = intended >= cfg.warmup_s
+        w = cfg.warmup_s
+        inflight_total = _mean_inflight([o.inflight for o in outcomes], w, total)
+        server = None
+        if len(cfg.models) == 1:
+            server = server_view(before, after, cfg.models[0][0])
+        step = analysis.step_result(
+            offered_qps=qps,
+            duration_s=cfg.step_duration_s,
+            intended_s=intended[keep] - w,
+            sent_s=sent[keep] - w,
+            done_s=done[keep] - w,
+            codes=np.array([("OK" if c == OK else status_name(c)) for c in codes[keep]]),
+            inflight_samples=inflight_total,
+            server=server,
+        )
+        lat = step["latency_ms"]
+        self.say(
+            f"{label}: achieved {step['achieved_qps']:.1f} QPS, ok {100 * step['success_rate']:.1f}%, "
+            f"P50 {_ms(lat['p50'])} P99 {_ms(lat['p99'])} max {_ms(lat['max'])}"
+        )
+        for warning in analysis.check_precision(step):
+            self.say(f"warning: {warning}")
+        return step
+
+    def _collect(self, workers: WorkerPool, shares: list[Share]):
+        if not sys.stderr.isatty():
+            return workers.run(shares)
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        start = shares[0].start_at
+        total = self.cfg.warmup_s + self.cfg.step_duration_s
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), transient=True) as bar:
+            task = bar.add_task("step", total=total)
+
+            def tick() -> None:
+                bar.update(task, completed=min(total, max(0.0, time.monotonic() - start)))
+
+            return workers.run(shares, on_tick=tick)
+
+    def _timeline(self) -> dict | None:
+        if not self.timeline:
+            return None
+        intended = np.concatenate([t[0] for t in self.timeline])
+        done = np.concatenate([t[1] for t in self.timeline])
+        lat = np.concatenate([t[2] for t in self.timeline])
+        codes = np.concatenate([t[3] for t in self.timeline])
+        end = math.ceil(np.nanmax(done)) if len(done) else 0
+        t_s, offered, achieved, p99 = [], [], [], []
+        sec_i = np.floor(intended).astype(int)
+        sec_d = np.floor(np.nan_to_num(done, nan=-1)).astype(int)
+        for s in range(max(end, 0)):
+            t_s.append(s)
+            offered.append(int(np.count_nonzero(sec_i == s)))
+            ok_here = (sec_d == s) & (codes == OK)
+            achieved.append(int(np.count_nonzero(ok_here)))
+            p99.append(analysis.latency_summary(lat[ok_here] * 1e3)["p99"] if ok_here.any() else None)
+        return {"t_s": t_s, "offered": offered, "achieved": achieved, "p99_ms": p99}
+
+
+def _mean_inflight(per_worker: list[np.ndarray], start: float, end: float) -> np.ndarray:
+    """Time-weighted mean of requests in flight over [start, end), summed over the workers.
+
+    Weighted by the time each sample stands for, because a busy worker samples late: an
+    unweighted mean would under-count exactly when many requests are in flight.
+    """
+    total = 0.0
+    for samples in per_worker:
+        inside = samples[(samples[:, 0] >= start) & (samples[:, 0] < end)]
+        if len(inside) < 2:
+            return np.empty(0)
+        t = np.append(inside[:, 0], end)
+        total += float(np.sum(inside[:, 1] * np.diff(t)) / (end - inside[0, 0]))
+    return np.array([total])
+
+
+def _ms(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f} ms"

@@ -1,0 +1,124 @@
+"""The server's own view of a step, from two scrapes of its Prometheus /metrics.
+
+Works with any server that exports wok's metric names; a server that does not (Triton,
+MLServer) or cannot be reached simply yields no server figures.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+STAGE = "wok_request_stage_duration_seconds"
+E2E = "wok_request_duration_seconds"
+BATCH = "wok_batch_size"
+FLUSHES = "wok_batch_flushes"
+GPU = (
+    "wok_gpu_utilization_ratio",
+    "wok_gpu_memory_used_bytes",
+    "wok_gpu_memory_total_bytes",
+    "wok_gpu_temperature_celsius",
+)
+
+
+@dataclass
+class Snapshot:
+    """Cumulative series of one scrape, keyed by (sample name, sorted label items)."""
+
+    values: dict[tuple[str, tuple], float] = field(default_factory=dict)
+
+    def get(self, name: str, **labels) -> float:
+        return self.values.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def buckets(self, name: str, **labels) -> list[tuple[float, float]]:
+        want = set(labels.items())
+        out = []
+        for (n, items), v in self.values.items():
+            if n == name + "_bucket" and want <= set(items):
+                le = dict(items)["le"]
+                out.append((math.inf if le == "+Inf" else float(le), v))
+        return sorted(out)
+
+
+def scrape(url: str, timeout: float = 5.0) -> Snapshot | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body = resp.read().decode()
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    snap = Snapshot()
+    for family in text_string_to_metric_families(body):
+        for s in family.samples:
+            snap.values[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return snap
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative (le, count) pairs: linear within a bucket."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total = buckets[-1][1]
+    rank = q * total
+    prev_le, prev_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if math.isinf(le):
+                return prev_le
+            if count == prev_count:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
+        prev_le, prev_count = le, count
+    return prev_le
+
+
+def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> dict | None:
+    """What the server saw of `model` between two scrapes: stage means, queue, batching, GPU."""
+    if before is None or after is None:
+        return None
+    if (E2E + "_count", (("model", model),)) not in after.values:
+        return None
+
+    def delta(name: str, **labels) -> float:
+        return after.get(name, **labels) - before.get(name, **labels)
+
+    n = delta(E2E + "_count", model=model)
+    out: dict = {"requests": n}
+    if n <= 0:
+        return out
+    out["e2e_ms"] = {"mean": 1e3 * delta(E2E + "_sum", model=model) / n}
+    stages = {}
+    for (name, items), _ in after.values.items():
+        if name == STAGE + "_count" and dict(items).get("model") == model:
+            stage = dict(items)["stage"]
+            c = delta(STAGE + "_count", model=model, stage=stage)
+            if c > 0:
+                stages[stage] = 1e3 * delta(STAGE + "_sum", model=model, stage=stage) / c
+    out["stages_ms"] = stages
+    qb_after = after.buckets(STAGE, model=model, stage="queue")
+    qb_before = dict(before.buckets(STAGE, model=model, stage="queue"))
+    q_delta = [(le, c - qb_before.get(le, 0.0)) for le, c in qb_after]
+    p99 = histogram_quantile(0.99, q_delta)
+    out["queue_ms"] = {"mean": stages.get("queue"), "p99": None if p99 is None else 1e3 * p99}
+    batches = delta(BATCH + "_count", model=model)
+    if batches > 0:
+        out["mean_batch_size"] = delta(BATCH + "_sum", model=model) / batches
+        out["batches"] = batches
+    flushes = {}
+    for (name, items), _ in after.values.items():
+        if name == FLUSHES + "_total" and dict(items).get("model") == model:
+            reason = dict(items)["reason"]
+            d = delta(FLUSHES + "_total", model=model, reason=reason)
+            if d:
+                flushes[reason] = d
+    out["flush_reasons"] = flushes
+    gpu = {}
+    for (name, items), v in after.values.items():
+        if name in GPU:
+            gpu.setdefault(dict(items).get("gpu", "0"), {})[name.removeprefix("wok_gpu_")] = v
+    if gpu:
+        out["gpu"] = gpu
+    return out

@@ -1,0 +1,161 @@
+"""Load-generator worker processes: each has its own event loop and gRPC channel.
+
+The coordinator sends a worker its share of a step's schedule (intended send times,
+which request to send at each); the worker sends each at its time, open loop, whatever
+the server is doing, and returns per-request arrays. Times are time.monotonic(), which is
+one clock for every process on the machine, so all workers share the step's start.
+
+Requests travel pre-serialized: the worker's gRPC call neither encodes requests nor
+decodes responses, so a worker's time goes to keeping the schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+METHOD = "/inference.GRPCInferenceService/ModelInfer"
+SAMPLE_EVERY_S = 0.01  # how often the in-flight count is sampled, for the Little's-law check
+OK = 0  # grpc.StatusCode.OK's number; others are their own numbers
+
+
+@dataclass
+class Share:
+    """One worker's part of one step."""
+
+    start_at: float  # time.monotonic() of the step's t = 0
+    times: np.ndarray  # intended send offsets, seconds from start_at
+    which: np.ndarray  # index into the worker's request pool, per request
+    timeout_s: float
+
+
+@dataclass
+class Outcome:
+    sent: np.ndarray  # actual send offsets
+    done: np.ndarray  # completion offsets
+    codes: np.ndarray  # gRPC status numbers (0 = OK)
+    inflight: np.ndarray  # (offset, requests in flight) samples
+
+
+async def _run_share(call, pool: list[bytes], share: Share) -> Outcome:
+    n = len(share.times)
+    sent = np.full(n, np.nan)
+    done = np.full(n, np.nan)
+    codes = np.zeros(n, dtype=np.int16)
+    start = share.start_at
+    inflight = 0
+    samples: list[tuple[float, int]] = []
+    import grpc
+
+    async def one(i: int, payload: bytes) -> None:
+        nonlocal inflight
+        inflight += 1
+        sent[i] = time.monotonic() - start
+        try:
+            await call(payload, timeout=share.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            codes[i] = exc.code().value[0]
+        except Exception:
+            codes[i] = grpc.StatusCode.UNKNOWN.value[0]
+        finally:
+            done[i] = time.monotonic() - start
+            inflight -= 1
+
+    async def sampler() -> None:
+        while True:
+            samples.append((time.monotonic() - start, inflight))
+            await asyncio.sleep(SAMPLE_EVERY_S)
+
+    loop = asyncio.get_running_loop()
+    tasks = []
+    sampling = None
+    for i in range(n):
+        delay = start + share.times[i] - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if sampling is None:
+            sampling = loop.create_task(sampler())
+        tasks.append(loop.create_task(one(i, pool[share.which[i]])))
+    if tasks:
+        await asyncio.gather(*tasks)
+    if sampling is not None:
+        sampling.cancel()
+    return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2))
+
+
+async def _serve(conn, target: str, pool: list[bytes]) -> None:
+    import grpc
+
+    loop = asyncio.get_running_loop()
+    options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    async with grpc.aio.insecure_channel(target, options=options) as channel:
+        call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+        conn.send("ready")
+        while True:
+            share = await loop.run_in_executor(None, conn.recv)
+            if share is None:
+                return
+            conn.send(await _run_share(call, pool, share))
+
+
+def _main(conn, target: str, pool: list[bytes]) -> None:
+    # The worker's own collector pauses would show up as dispatch lag; it allocates little.
+    gc.disable()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(_serve(conn, target, pool))
+
+
+class WorkerPool:
+    """N worker processes, started once per ramp, each with the same request pool."""
+
+    def __init__(self, target: str, pool: list[bytes], n: int) -> None:
+        ctx = mp.get_context("spawn")  # gRPC does not survive fork
+        self._conns = []
+        self._procs = []
+        for _ in range(n):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_main, args=(child, target, pool), daemon=True)
+            p.start()
+            self._conns.append(parent)
+            self._procs.append(p)
+        for c in self._conns:
+            if not c.poll(60):
+                raise RuntimeError("a bench worker did not start within 60 s")
+            c.recv()
+
+    def __len__(self) -> int:
+        return len(self._conns)
+
+    def run(self, shares: list[Share], on_tick: Callable[[], None] | None = None) -> list[Outcome]:
+        """Run one step; `on_tick` is called about every 0.2 s while waiting (for progress)."""
+        for c, s in zip(self._conns, shares):
+            c.send(s)
+        out = []
+        for c in self._conns:
+            while not c.poll(0.2):
+                if on_tick is not None:
+                    on_tick()
+            out.append(c.recv())
+        return out
+
+    def close(self) -> None:
+        for c in self._conns:
+            try:
+                c.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self._procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()

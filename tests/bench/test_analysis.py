@@ -1,0 +1,391 @@
+"""The bench's arithmetic on hand-made arrays whose answers are known exactly."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from wok.bench import analysis
+from wok.bench.analysis import (
+    LATENCY_KEYS,
+    bisect_max_qps,
+    check_precision,
+    find_knee,
+    latency_summary,
+    max_qps_under_slo,
+    ramp_result,
+    refine_points,
+    should_stop_early,
+    step_result,
+)
+
+# ---------------------------------------------------------------------------- latency_summary
+
+
+def test_nearest_rank_percentiles_of_1_to_100():
+    # Shuffled, so that the function has to sort. With n = 100 the p-th percentile is the
+    # ceil(p·100)-th smallest: p50 → 50, p90 → 90, p99 → 99, p999 → ceil(99.9) = 100.
+    ms = np.random.default_rng(0).permutation(np.arange(1.0, 101.0))
+    s = latency_summary(ms)
+    assert tuple(s) == LATENCY_KEYS
+    assert s == {"mean": 50.5, "p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 100.0, "max": 100.0}
+
+
+def test_nearest_rank_at_1000_samples_has_no_float_rounding():
+    # 0.999 * 1000 is 999.0000000000001 in floats; a float ceil would give the 1000th value.
+    s = latency_summary(np.arange(1.0, 1001.0))
+    assert s["p999"] == 999.0 and s["p99"] == 990.0 and s["max"] == 1000.0
+
+
+def test_percentiles_of_few_samples_are_observed_values():
+    # n = 3: p50 → ceil(1.5) = 2nd, p90 → ceil(2.7) = 3rd; nothing interpolated.
+    s = latency_summary(np.array([30.0, 10.0, 20.0]))
+    assert (s["p50"], s["p90"], s["p99"], s["max"]) == (20.0, 30.0, 30.0, 30.0)
+    assert s["mean"] == 20.0
+    one = latency_summary(np.array([7.0]))
+    assert all(one[k] == 7.0 for k in LATENCY_KEYS)
+
+
+def test_empty_and_non_finite_samples():
+    assert all(math.isnan(v) for v in latency_summary(np.array([])).values())
+    s = latency_summary(np.array([np.nan, 5.0, np.inf, 1.0]))
+    assert s["max"] == 5.0 and s["mean"] == 3.0
+
+
+# ---------------------------------------------------------------------------- step_result
+
+
+def schedule(qps: float, duration: float) -> np.ndarray:
+    return np.arange(0.0, duration, 1.0 / qps)
+
+
+def test_latency_runs_from_the_intended_time_so_a_late_send_counts_in_full():
+    intended = np.array([0.0, 0.1, 0.2, 0.3])
+    sent = intended + np.array([0.0, 0.0, 0.050, 0.0002])  # the third left 50 ms late
+    done = sent + 0.010  # every request took 10 ms on the wire
+    step = step_result(
+        offered_qps=4, duration_s=1.0, intended_s=intended, sent_s=sent, done_s=done, codes=np.array(["OK"] * 4)
+    )
+    lat = step["latency_ms"]
+    assert lat["max"] == pytest.approx(60.0)  # 50 ms late + 10 ms: the delay is not hidden
+    assert lat["p50"] == pytest.approx(10.0)
+    assert lat["mean"] == pytest.approx((10 + 10 + 60 + 10.2) / 4)
+    lag = step["dispatch_lag_ms"]
+    assert lag["max"] == pytest.approx(50.0)
+    assert lag["p50"] == pytest.approx(0.0)  # nearest rank: 2nd of [0, 0, 0.2, 50]
+    assert lag["p99"] == pytest.approx(50.0)
+    assert step["late_sends"] == 1  # 0.2 ms is on time, 50 ms is late
+    assert step["achieved_qps"] == 4.0 and step["success_rate"] == 1.0 and step["errors"] == {}
+    assert step["phase"] == "ramp"
+
+
+def test_errors_are_counted_by_code_and_left_out_of_latency():
+    intended = schedule(10, 1.0)  # 10 requests
+    codes = np.array(["OK"] * 6 + ["UNAVAILABLE"] * 3 + ["DEADLINE_EXCEEDED"])
+    done = intended + 0.005
+    done[6:9] = intended[6:9] + 0.0001  # fast refusals must not pull the latency down
+    done[9] = np.nan  # never answered
+    step = step_result(offered_qps=10, duration_s=1.0, intended_s=intended, sent_s=intended, done_s=done, codes=codes)
+    assert step["requests"] == 10 and step["ok"] == 6
+    assert step["errors"] == {"DEADLINE_EXCEEDED": 1, "UNAVAILABLE": 3}
+    assert list(step["errors"]) == sorted(step["errors"])
+    assert step["success_rate"] == 0.6
+    assert step["achieved_qps"] == 6.0  # successful completions only
+    assert step["latency_ms"]["p50"] == pytest.approx(5.0) and step["latency_ms"]["max"] == pytest.approx(5.0)
+
+
+def test_an_ok_without_completion_time_is_refused():
+    with pytest.raises(ValueError, match="OK"):
+        step_result(
+            offered_qps=1,
+            duration_s=1,
+            intended_s=np.array([0.0]),
+            sent_s=np.array([0.0]),
+            done_s=np.array([np.nan]),
+            codes=np.array(["OK"]),
+        )
+    with pytest.raises(ValueError, match="length"):
+        step_result(
+            offered_qps=1,
+            duration_s=1,
+            intended_s=np.array([0.0, 1.0]),
+            sent_s=np.array([0.0]),
+            done_s=np.array([0.1]),
+            codes=np.array(["OK"]),
+        )
+
+
+def test_littles_law_holds_on_a_hand_built_single_server_queue():
+    """Pairs of requests arrive together every 20 ms at one server with a fixed 8 ms service time.
+
+    Per 20 ms cycle: the first of a pair is served over [0, 8) ms and done at 8 ms; the
+    second waits for it and is served over [8, 16), done at 16 ms. Time in system: 8 and
+    16 ms, so W = 12 ms; arrivals λ = 2 per 20 ms = 100/s; λW = 100 × 0.012 = 1.2.
+    In flight over the cycle: 2 during [0, 8), 1 during [8, 16), 0 during [16, 20), so the
+    time-average is (2·8 + 1·8 + 0·4) / 20 = 1.2: sampling each 1 ms at the cell midpoints
+    gives eight 2s, eight 1s and four 0s per cycle.
+    """
+    cycles, period = 500, 0.020
+    starts = np.arange(cycles) * period
+    intended = np.repeat(starts, 2)
+    done = intended + np.tile([0.008, 0.016], cycles)
+    per_cycle = [2] * 8 + [1] * 8 + [0] * 4
+    samples = np.tile(per_cycle, cycles).astype(float)
+    # The samples are what a 1 ms in-flight sampler would read off these very arrays.
+    grid = (np.arange(cycles * 20) + 0.5) * 1e-3
+    counted = ((intended[None, :] <= grid[:, None]) & (grid[:, None] < done[None, :])).sum(axis=1)
+    assert (counted == samples).all()
+    step = step_result(
+        offered_qps=100,
+        duration_s=cycles * period,
+        intended_s=intended,
+        sent_s=intended,
+        done_s=done,
+        codes=np.array(["OK"] * len(intended)),
+        inflight_samples=samples,
+    )
+    little = step["littles_law"]
+    assert little["mean_inflight_measured"] == pytest.approx(1.2)
+    assert little["lambda_w"] == pytest.approx(1.2)
+    assert little["arrival_rate_qps"] == pytest.approx(100.0)
+    assert little["mean_in_flight_ms"] == pytest.approx(12.0)
+    assert abs(little["relative_error"]) < 1e-9
+    assert step["latency_ms"]["mean"] == pytest.approx(12.0)
+    assert step["latency_ms"]["p50"] == pytest.approx(8.0) and step["latency_ms"]["max"] == pytest.approx(16.0)
+
+
+def test_littles_law_is_nan_without_samples():
+    t = schedule(10, 1.0)
+    step = step_result(offered_qps=10, duration_s=1, intended_s=t, sent_s=t, done_s=t + 0.01, codes=["OK"] * 10)
+    assert math.isnan(step["littles_law"]["mean_inflight_measured"])
+    assert math.isnan(step["littles_law"]["relative_error"])
+
+
+def test_server_figures_are_copied_and_the_whole_view_kept():
+    t = schedule(10, 1.0)
+    server = {
+        "requests": 123,  # the server's own count: must not replace the client's
+        "e2e_ms": {"mean": 3.0},
+        "queue_ms": {"mean": 1.0, "p99": 2.5},
+        "mean_batch_size": 4.5,
+        "flush_reasons": {"size": 3, "delay": 7},
+        "stages_ms": {"queue": 1.0, "compute": 1.5},
+        "gpu": {"0": {"utilization_ratio": 0.5}},
+    }
+    step = step_result(
+        offered_qps=10, duration_s=1, intended_s=t, sent_s=t, done_s=t + 0.01, codes=["OK"] * 10, server=server
+    )
+    assert step["requests"] == 10
+    assert step["queue_ms"] == {"mean": 1.0, "p99": 2.5} and step["mean_batch_size"] == 4.5
+    assert step["flush_reasons"] == {"size": 3, "delay": 7} and step["stages_ms"]["compute"] == 1.5
+    assert step["gpu"] == {"0": {"utilization_ratio": 0.5}}
+    assert step["server"]["e2e_ms"] == {"mean": 3.0}
+    bare = step_result(offered_qps=10, duration_s=1, intended_s=t, sent_s=t, done_s=t + 0.01, codes=["OK"] * 10)
+    assert all(bare[k] is None for k in analysis.SERVER_KEYS) and bare["server"] is None
+
+
+# ---------------------------------------------------------------------------- verdicts
+
+
+def fake_step(offered, achieved=None, p99=10.0, success=1.0, lag99=0.1, duration=60.0, requests=None) -> dict:
+    """A step dict with just the figures the verdicts read."""
+    achieved = offered if achieved is None else achieved
+    lat = dict.fromkeys(LATENCY_KEYS, p99 / 2)
+    lat["p99"] = p99
+    return {
+        "offered_qps": float(offered),
+        "achieved_qps": float(achieved),
+        "duration_s": duration,
+        "phase": "ramp",
+        "requests": int(offered * duration) if requests is None else requests,
+        "ok": int(achieved * duration),
+        "errors": {},
+        "success_rate": success,
+        "latency_ms": lat,
+        "dispatch_lag_ms": {"p50": lag99 / 2, "p99": lag99, "max": lag99},
+        "late_sends": 0,
+        "littles_law": {"mean_inflight_measured": math.nan, "lambda_w": math.nan, "relative_error": math.nan},
+    }
+
+
+def curve(points) -> list[dict]:
+    return [fake_step(o, a) for o, a in points]
+
+
+def test_knee_is_the_first_step_whose_marginal_gain_falls_below_the_threshold():
+    # Gains: 100→200: 1.0, 200→400: 150/200 = 0.75, 400→800: 150/400 = 0.375 < 0.5.
+    steps = curve([(100, 100), (200, 200), (400, 350), (800, 500), (1600, 510)])
+    assert find_knee(steps) == 800
+    assert find_knee(steps, threshold=0.8) == 400  # 0.75 < 0.8
+    assert find_knee(steps, threshold=0.3) == 1600  # 10/800
+    # Order of the list does not matter (refinement steps arrive last).
+    assert find_knee(list(reversed(steps))) == 800
+
+
+def test_no_knee_on_a_straight_line_and_none_for_too_few_steps():
+    assert find_knee(curve([(50, 50), (100, 99.5), (200, 199), (400, 398)])) is None
+    assert find_knee(curve([(50, 50)])) is None
+    assert find_knee([]) is None
+
+
+def test_knee_counts_successes_only_so_an_erroring_server_has_a_knee():
+    steps = curve([(100, 100), (200, 200), (400, 210)])  # 400 offered, 210 succeed, the rest fail
+    assert find_knee(steps) == 400
+
+
+def test_knee_skips_a_repeated_offer():
+    steps = curve([(100, 100), (200, 200), (200, 190), (400, 400)])
+    assert find_knee(steps) is None
+
+
+def slo_curve(points, success=None) -> list[dict]:
+    success = success or {}
+    return [fake_step(o, p99=p, success=success.get(o, 1.0)) for o, p in points]
+
+
+def test_max_qps_under_slo_is_the_highest_passing_step_before_the_first_failure():
+    steps = slo_curve([(50, 20), (100, 40), (200, 199.9), (400, 250), (800, 900)])
+    assert max_qps_under_slo(steps, 200) == 200
+    assert max_qps_under_slo(steps, 40) == 100  # equal to the SLO passes
+    assert max_qps_under_slo(steps, 1000) == 800
+
+
+def test_a_pass_after_a_failure_is_noise():
+    steps = slo_curve([(50, 20), (100, 300), (200, 150), (400, 500)])
+    assert max_qps_under_slo(steps, 200) == 50
+
+
+def test_first_step_failing_gives_none():
+    assert max_qps_under_slo(slo_curve([(50, 300), (100, 400)]), 200) is None
+    assert max_qps_under_slo([], 200) is None
+
+
+def test_success_rate_below_the_minimum_fails_a_fast_step():
+    steps = slo_curve([(50, 20), (100, 20), (200, 20)], success={200: 0.98})
+    assert max_qps_under_slo(steps, 200) == 100
+    assert max_qps_under_slo(steps, 200, min_success_rate=0.95) == 200
+
+
+def test_a_step_without_successes_has_no_p99_and_fails():
+    steps = slo_curve([(50, 20), (100, math.nan)], success={100: 0.0})
+    assert max_qps_under_slo(steps, 200) == 50
+
+
+def test_refine_points_are_evenly_spaced_strictly_inside():
+    assert refine_points(100, 200, 3) == [125.0, 150.0, 175.0]
+    assert refine_points(100, 200, 0) == []
+
+
+@pytest.mark.parametrize("threshold", [123.4, 301.0, 399.99, 100.01])
+def test_bisect_finds_the_threshold_within_the_tolerance_of_its_iterations(threshold):
+    """p99 = 100 ms × qps / threshold: it meets a 100 ms SLO exactly up to `threshold` QPS."""
+    calls = []
+
+    def run_at(qps: float) -> dict:
+        calls.append(qps)
+        return fake_step(qps, p99=100.0 * qps / threshold)
+
+    lo, hi, iterations = 100.0, 400.0, 8
+    best, extra = bisect_max_qps(run_at, lo, hi, 100.0, iterations)
+    assert len(calls) == iterations and [s["offered_qps"] for s in extra] == calls
+    assert all(s["phase"] == "refine" for s in extra)
+    assert best <= threshold  # what it reports passed
+    assert threshold - best <= (hi - lo) / 2**iterations
+    # The refinement steps agree with the verdict the result will carry.
+    assert max_qps_under_slo([fake_step(100, p99=1), *extra], 100.0) == best
+
+
+def test_bisect_needs_an_ordered_bracket():
+    with pytest.raises(ValueError):
+        bisect_max_qps(lambda q: fake_step(q), 200, 100, 100, 3)
+
+
+def test_stop_early():
+    assert not should_stop_early(fake_step(100, p99=1999), 200, 10)
+    assert should_stop_early(fake_step(100, p99=2001), 200, 10)
+    assert should_stop_early(fake_step(100, p99=10, success=0.49), 200, 10)
+    assert should_stop_early(fake_step(100, p99=math.nan, success=math.nan, requests=0), 200, 10)
+
+
+# ---------------------------------------------------------------------------- warnings
+
+
+def test_dispatch_lag_warning():
+    assert check_precision(fake_step(400, lag99=0.9)) == []
+    (w,) = check_precision(fake_step(400, lag99=1.8))
+    assert w == "step 400 QPS: dispatch lag p99 1.8 ms > 1 ms: the generator could not keep the schedule"
+
+
+def test_under_delivery_warning_only_when_the_server_is_fast_and_healthy():
+    under = fake_step(100, achieved=90, p99=20)
+    (w,) = check_precision(under, slo_p99_ms=200)
+    assert w.startswith("step 100 QPS: achieved 90.0 QPS") and "under-delivered" in w
+    assert check_precision(under) != []  # without an SLO: healthy is enough
+    # Slow (P99 near the SLO): the server is the likelier cause, not the generator.
+    assert check_precision(fake_step(100, achieved=90, p99=150), slo_p99_ms=200) == []
+    # Failing requests explain the shortfall themselves.
+    assert check_precision(fake_step(100, achieved=90, p99=20, success=0.9), slo_p99_ms=200) == []
+    # 1.5% short is within the 2% margin.
+    assert check_precision(fake_step(100, achieved=98.5, p99=20), slo_p99_ms=200) == []
+    # On a 2 s step Poisson noise alone is 3·sqrt(200)/2 ≈ 21 QPS: 10 short is not evidence.
+    assert check_precision(fake_step(100, achieved=90, p99=20, duration=2.0), slo_p99_ms=200) == []
+
+
+def test_littles_law_disagreement_warns():
+    step = fake_step(100)
+    step["littles_law"] = {"mean_inflight_measured": 1.0, "lambda_w": 1.5, "relative_error": 0.5}
+    (w,) = check_precision(step)
+    assert "Little's law" in w and "+50%" in w
+
+
+def test_an_empty_step_warns():
+    (w,) = check_precision(fake_step(100, requests=0, success=math.nan))
+    assert "no request" in w
+
+
+# ---------------------------------------------------------------------------- ramp_result
+
+
+def test_ramp_result_carries_the_verdicts_in_offered_order():
+    steps = [fake_step(o, a, p) for o, a, p in [(400, 250, 900), (50, 50, 10), (100, 100, 20), (200, 195, 150)]]
+    steps[0]["dispatch_lag_ms"]["p99"] = 1.8
+    config = {"target": "localhost:8001", "models": [["mlp", 1.0]], "steps": [50, 100, 200, 400]}
+    r = ramp_result(steps=steps, slo_p99_ms=200, config=config, timeline=None)
+    assert r["schema"] == "wok.bench/1"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r["created"])
+    assert r["config"]["source"] == "bench" and r["config"]["target"] == "localhost:8001"
+    assert [s["offered_qps"] for s in r["steps"]] == [50, 100, 200, 400]
+    assert r["knee_qps"] == 400  # gains 1.0, 0.95, then (250 - 195) / 200 = 0.275
+    assert r["max_qps_under_slo"] == 200
+    assert r["timeline"] is None
+    assert any("dispatch lag p99 1.8 ms" in w for w in r["warnings"])
+    assert config.get("source") is None  # the caller's dict is not modified
+
+
+def test_ramp_result_knee_and_edge_warnings():
+    steps = [fake_step(o, a, 10) for o, a in [(100, 100), (200, 200), (400, 220)]]
+    r = ramp_result(steps=steps, slo_p99_ms=200, config={"source": "simulate"}, created="2025-01-01T00:00:00Z")
+    assert r["knee_qps"] == 400 and r["max_qps_under_slo"] == 400
+    assert r["created"] == "2025-01-01T00:00:00Z" and r["config"]["source"] == "simulate"
+    assert any("every step met the SLO" in w for w in r["warnings"])
+    failing = ramp_result(steps=[fake_step(100, p99=500)], slo_p99_ms=200, config={})
+    assert failing["max_qps_under_slo"] is None
+    assert any("already misses the SLO" in w for w in failing["warnings"])
+    noisy = ramp_result(steps=slo_curve([(50, 20), (100, 300), (200, 150)]), slo_p99_ms=200, config={})
+    assert noisy["max_qps_under_slo"] == 50
+    assert any("step 200 QPS met the SLO after a lower step missed it" in w for w in noisy["warnings"])
+    with pytest.raises(ValueError, match="source"):
+        ramp_result(steps=[], slo_p99_ms=200, config={"source": "elsewhere"})
+
+
+def test_ramp_result_checks_the_timeline():
+    tl = {"t_s": [0, 1, 2], "offered": [10, 10, 10], "achieved": [10, 9, 10], "p99_ms": [5.0, None, 6.0]}
+    r = ramp_result(steps=[fake_step(10)], slo_p99_ms=200, config={}, timeline=tl)
+    assert r["timeline"] == tl
+    with pytest.raises(ValueError, match="length"):
+        ramp_result(steps=[], slo_p99_ms=200, config={}, timeline={**tl, "p99_ms": [1.0]})
+    with pytest.raises(ValueError, match="lacks"):
+        ramp_result(steps=[], slo_p99_ms=200, config={}, timeline={"t_s": []})

@@ -1,0 +1,382 @@
+"""bench/arrivals.py: the arrival processes have the distributions they claim, and the specs parse.
+
+The statistical tests use fixed seeds, so they are deterministic; their thresholds are
+set so that a plausible wrong implementation fails them, and the tests that prove it
+(a generator with the right mean but the wrong shape, a burst with σ read as σ²) are here
+too. Expected counts come from scipy's quadrature of λ(t) written out in this file, not
+from the module's own `cumulative`, so a shared mistake cannot cancel out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from itertools import pairwise
+
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from wok.bench.arrivals import (
+    Arrivals,
+    Burst,
+    Constant,
+    Poisson,
+    Sawtooth,
+    TraceReplay,
+    load_trace,
+    parse_arrivals,
+    parse_duration,
+    parse_steps,
+)
+
+QPS = 200.0
+
+
+def gaps_of(times: np.ndarray) -> np.ndarray:
+    # The gap from the window's start counts too: a Poisson stream is memoryless.
+    return np.diff(np.r_[0.0, times])
+
+
+def counts_per_bin(process, duration_s: float, windows: int, seed: int, bin_s: float = 1.0) -> np.ndarray:
+    """Arrivals per bin, summed over independent windows."""
+    rng = np.random.default_rng(seed)
+    edges = np.arange(0.0, duration_s + bin_s / 2, bin_s)
+    total = np.zeros(len(edges) - 1)
+    for _ in range(windows):
+        total += np.histogram(process.times(duration_s, rng), bins=edges)[0]
+    return total
+
+
+def expected_per_bin(rate, duration_s: float, windows: int, bin_s: float = 1.0) -> np.ndarray:
+    edges = np.arange(0.0, duration_s + bin_s / 2, bin_s)
+    return np.array([windows * integrate.quad(rate, a, b)[0] for a, b in pairwise(edges)])
+
+
+def chi2_pvalue(observed: np.ndarray, expected: np.ndarray) -> float:
+    # Expected counts are known, not fitted, so every bin is a degree of freedom.
+    stat = float(np.sum((observed - expected) ** 2 / expected))
+    return float(stats.chi2.sf(stat, df=len(observed)))
+
+
+# -- every process ---------------------------------------------------------------------------
+PROCESSES = [
+    Constant(50.0),
+    Constant(50.0, random_phase=True),
+    Poisson(50.0),
+    Burst(20.0, 80.0, 5.0, 1.0),
+    Sawtooth(10.0, 90.0, 3.0),
+    TraceReplay([0.0, 0.1, 0.15, 0.7], sizes=[1, 2, 3, 4]),
+]
+
+
+@pytest.mark.parametrize("process", PROCESSES, ids=lambda p: p.name)
+def test_times_are_sorted_float64_offsets_inside_the_window(process):
+    assert isinstance(process, Arrivals)
+    t = process.times(10.0, np.random.default_rng(1))
+    assert t.dtype == np.float64 and t.ndim == 1 and t.size > 0
+    assert np.all(np.diff(t) >= 0)
+    assert t[0] >= 0.0 and t[-1] < 10.0
+    assert np.array_equal(t, process.times(10.0, np.random.default_rng(1)))  # same seed, same schedule
+    assert process.times(0.0, np.random.default_rng(1)).size == 0
+    assert isinstance(process.rate(1.0), float)
+    assert process.rate(np.array([1.0, 2.0])).shape == (2,)
+    assert process.mean_rate > 0
+
+
+# -- Constant and Poisson --------------------------------------------------------------------
+def test_constant_is_evenly_spaced_from_zero():
+    t = Constant(8.0).times(2.0, np.random.default_rng(0))
+    assert np.array_equal(t, np.arange(16) / 8.0)  # exact: k/qps, no running sum
+
+
+def test_constant_with_a_random_phase_keeps_its_spacing():
+    t = Constant(8.0, random_phase=True).times(2.0, np.random.default_rng(3))
+    assert 0.0 < t[0] < 1 / 8.0
+    np.testing.assert_allclose(np.diff(t), 1 / 8.0, rtol=1e-12)
+    assert len(t) == 16 - (t[0] + 15 / 8.0 >= 2.0)
+
+
+def test_poisson_gaps_are_exponential():
+    t = Poisson(QPS).times(30.0, np.random.default_rng(7))
+    result = stats.kstest(gaps_of(t), "expon", args=(0, 1 / QPS))
+    assert result.pvalue > 0.01, result
+
+
+def wrong_constant_gaps(qps: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+    return np.arange(1, int(qps * duration_s)) / qps
+
+
+def wrong_uniform_gaps(qps: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+    # The right mean gap, the wrong shape: only a test of the distribution can catch it.
+    t = np.cumsum(rng.uniform(0, 2 / qps, int(2 * qps * duration_s)))
+    return t[t < duration_s]
+
+
+@pytest.mark.parametrize("wrong", [wrong_constant_gaps, wrong_uniform_gaps])
+def test_the_exponential_gap_test_rejects_a_wrong_generator(wrong):
+    # Constant gaps put the KS distance at 1 − 1/e ≈ 0.63, uniform ones at ≥ 0.15; with
+    # ~6000 gaps the 1% critical distance is ≈ 0.021, so both fail by far.
+    t = wrong(QPS, 30.0, np.random.default_rng(7))
+    assert stats.kstest(gaps_of(t), "expon", args=(0, 1 / QPS)).pvalue < 1e-6
+
+
+def test_poisson_counts_have_mean_and_variance_lambda_t():
+    rng = np.random.default_rng(11)
+    lam_t = QPS * 5.0
+    counts = np.array([Poisson(QPS).times(5.0, rng).size for _ in range(60)])
+    assert abs(counts.mean() - lam_t) < 4 * math.sqrt(lam_t / len(counts))
+    # Index of dispersion: Σ(N − N̄)²/N̄ ~ χ²(k − 1) for Poisson counts. Constant arrivals
+    # (variance 0) land in the far lower tail, bunched ones in the upper.
+    dispersion = float(np.sum((counts - counts.mean()) ** 2) / counts.mean())
+    assert 0.005 < stats.chi2.cdf(dispersion, df=len(counts) - 1) < 0.995
+
+
+# -- Burst -----------------------------------------------------------------------------------
+BASE, AMP, T0, SIGMA, T = 20.0, 80.0, 10.0, 2.0, 20.0
+WINDOWS = 200
+
+
+def burst_rate(t: float, sigma: float = SIGMA) -> float:
+    return BASE + AMP * math.exp(-((t - T0) ** 2) / (2 * sigma**2))
+
+
+def test_burst_rate_is_at_offsets_from_the_step_start():
+    b = Burst(BASE, AMP, T0, SIGMA)
+    assert b.rate(T0) == BASE + AMP
+    assert b.rate(0.0) == pytest.approx(BASE, abs=1e-3)  # 5σ before the peak
+    np.testing.assert_allclose(b.rate(np.array([8.0, 12.0])), burst_rate(8.0))
+    np.testing.assert_allclose(b.cumulative(T), integrate.quad(burst_rate, 0, T)[0], rtol=1e-9)
+    assert Burst(BASE, AMP, T0, SIGMA, duration_s=T).mean_rate == pytest.approx(
+        integrate.quad(burst_rate, 0, T)[0] / T, rel=1e-9
+    )
+
+
+def test_burst_per_second_counts_follow_lambda():
+    observed = counts_per_bin(Burst(BASE, AMP, T0, SIGMA), T, WINDOWS, seed=5)
+    expected = expected_per_bin(burst_rate, T, WINDOWS)
+    z = (observed - expected) / np.sqrt(expected)
+    assert np.all(np.abs(z) < 4), z.round(2)
+    assert chi2_pvalue(observed, expected) > 0.01
+    # The two seconds either side of t0 carry ~0.97 (base + A) each; the edges only base.
+    peak = observed[[9, 10]].mean() / WINDOWS
+    assert 0.9 * (BASE + AMP) < peak < BASE + AMP
+    baseline = observed[np.r_[0:3, 17:20]].mean() / WINDOWS
+    assert baseline == pytest.approx(BASE, rel=0.05)
+
+
+def test_the_burst_count_test_rejects_sigma_read_as_variance():
+    # Burst(σ=√2) is what a σ²-for-σ slip produces; it carries 30% less burst mass.
+    observed = counts_per_bin(Burst(BASE, AMP, T0, math.sqrt(SIGMA)), T, WINDOWS, seed=5)
+    assert chi2_pvalue(observed, expected_per_bin(burst_rate, T, WINDOWS)) < 1e-6
+
+
+def test_a_burst_outside_the_window_is_thinned_from_the_right_bound():
+    # Peak at 30 s in a 10 s window: λ_max is λ(10), not base + A; the counts still match.
+    b = Burst(5.0, 200.0, 30.0, 8.0)
+    observed = counts_per_bin(b, 10.0, 100, seed=9)
+    expected = expected_per_bin(lambda t: 5.0 + 200.0 * math.exp(-((t - 30.0) ** 2) / 128.0), 10.0, 100)
+    assert chi2_pvalue(observed, expected) > 0.01
+
+
+# -- Sawtooth --------------------------------------------------------------------------------
+def test_sawtooth_counts_per_second_follow_the_ramp():
+    low, high, period, windows = 10.0, 90.0, 5.0, 100
+    observed = counts_per_bin(Sawtooth(low, high, period), 20.0, windows, seed=13)
+    # λ is linear within each 1 s bin, so its integral is λ at the bin's middle.
+    expected = windows * np.array([low + (high - low) * ((k % 5) + 0.5) / period for k in range(20)])
+    np.testing.assert_allclose(expected, expected_per_bin(Sawtooth(low, high, period).rate, 20.0, windows))
+    assert np.all(np.abs((observed - expected) / np.sqrt(expected)) < 4)
+    assert chi2_pvalue(observed, expected) > 0.01
+    by_phase = observed.reshape(4, 5)
+    assert np.all(np.diff(by_phase, axis=1) > 0)  # rises within every period
+    # A falling ramp (low and high swapped) has the same mean and must fail.
+    falling = counts_per_bin(Sawtooth(high, low, period), 20.0, windows, seed=13)
+    assert chi2_pvalue(falling, expected) < 1e-6
+
+
+def test_sawtooth_rate_and_mean():
+    s = Sawtooth(10.0, 90.0, 5.0)
+    np.testing.assert_allclose(s.rate(np.array([0.0, 2.5, 4.999, 5.0, 7.5])), [10, 50, 89.984, 10, 50])
+    assert s.mean_rate == 50.0
+    assert s.cumulative(12.5) == pytest.approx(integrate.quad(s.rate, 0, 12.5, limit=200, points=[5, 10])[0])
+
+
+# -- TraceReplay -----------------------------------------------------------------------------
+def test_trace_replay_shifts_scales_repeats_and_truncates():
+    tr = TraceReplay([103.0, 100.0, 100.5, 101.0], sizes=[9, 3, 5, 7], time_scale=2.0)
+    # Sorted and shifted: 0, 0.5, 1, 3 s; twice as fast: 0, 0.25, 0.5, 1.5 s. The period
+    # adds the mean gap to the span, 3·4/3 = 4 s → 2 s.
+    assert tr.period_s == 2.0 and tr.mean_rate == 2.0
+    t = tr.times(5.0, np.random.default_rng(0))
+    np.testing.assert_allclose(t, [0, 0.25, 0.5, 1.5, 2, 2.25, 2.5, 3.5, 4, 4.25, 4.5])
+    assert tr.sizes_for(t).tolist() == [3, 5, 7, 9, 3, 5, 7, 9, 3, 5, 7]
+    assert tr.times(1.0).tolist() == [0, 0.25, 0.5]
+    assert tr.cumulative(np.array([1.0, 5.0])).tolist() == [3, 11]
+
+
+def test_trace_sizes_line_up_through_equal_timestamps_and_many_copies():
+    tr = TraceReplay([0.0, 0.1, 0.1, 0.3], sizes=[1, 2, 3, 4], time_scale=3.0)
+    t = tr.times(40.0)
+    assert t.size == 4 * 300
+    assert tr.sizes_for(t).tolist() == [1, 2, 3, 4] * 300
+    assert TraceReplay([0.0, 1.0]).sizes_for(t) is None
+
+
+def test_load_trace_csv_and_jsonl(tmp_path):
+    csv_path = tmp_path / "t.csv"
+    csv_path.write_text("timestamp,size\n1700000000.5,12\n1700000000.0,4\n1700000001.0,30\n")
+    tr = load_trace(csv_path)
+    assert tr.offsets.tolist() == [0.0, 0.5, 1.0] and tr.sizes.tolist() == [4, 12, 30]
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text(
+        "\n".join(json.dumps({"timestamp": ts}) for ts in ["2024-05-01T12:00:00Z", "2024-05-01T12:00:01.25Z"]) + "\n"
+    )
+    tr = load_trace(jsonl)
+    assert tr.offsets.tolist() == [0.0, 1.25] and tr.sizes is None
+
+
+def test_load_trace_errors(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_text("time,size\n1,2\n")
+    with pytest.raises(ValueError, match=r"CSV header must have a 'timestamp' column; got time, size$"):
+        load_trace(p)
+    p.write_text("timestamp,size\n1,2\n2,\n")
+    with pytest.raises(ValueError, match=r"bad.csv:3: no size, but .*bad.csv:2 has one"):
+        load_trace(p)
+    p.write_text("timestamp\nyesterday\n")
+    with pytest.raises(ValueError, match=r"bad.csv:2: timestamp 'yesterday' is neither seconds nor an ISO 8601 time"):
+        load_trace(p)
+
+
+# -- parsing ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("5m", 300.0), ("30s", 30.0), ("250ms", 0.25), ("1.5h", 5400.0), ("7", 7.0), (" 2.5 s", 2.5)]
+)
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["5 parsecs", "", "-3s", "s", "1.2.3s"])
+def test_parse_duration_errors(text):
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration(text)
+
+
+def test_parse_duration_error_text():
+    with pytest.raises(ValueError) as e:
+        parse_duration("5 parsecs")
+    assert str(e.value) == (
+        "invalid duration '5 parsecs': expected a number >= 0 with an optional unit ms, s, m or h "
+        "(e.g. '250ms', '30s', '5m', '1.5h')"
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "steps"),
+    [
+        ("50,100,200,400", [50, 100, 200, 400]),
+        ("400, 100", [400, 100]),
+        ("50:800:2", [50, 100, 200, 400, 800]),
+        ("50:700:2", [50, 100, 200, 400]),
+        ("0.1:0.8:2", [0.1, 0.2, 0.4, 0.8]),
+        ("10:10:3", [10]),
+        ("100:1000:1.5", [100 * 1.5**k for k in range(6)]),
+    ],
+)
+def test_parse_steps(spec, steps):
+    assert parse_steps(spec) == pytest.approx(steps, rel=1e-12)
+
+
+def test_parse_steps_ends_exactly_on_stop():
+    assert parse_steps("0.1:0.8:2")[-1] == 0.8
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("50:800:1", "QPS range '50:800:1': factor must be > 1; got 1"),
+        ("800:50:2", "QPS range '800:50:2': stop 50 is below start 800"),
+        ("50:800", "QPS range '50:800': expected start:stop:factor (e.g. '50:800:2')"),
+        ("50:x:2", "QPS range '50:x:2': stop 'x' is not a number"),
+        ("0:800:2", "QPS range '0:800:2': start must be > 0; got 0"),
+        ("50,abc", "QPS steps '50,abc': 'abc' is not a number"),
+        ("50,0", "QPS steps '50,0': each step must be > 0; got 0"),
+        ("1:1e9:1.0001", "QPS range '1:1e9:1.0001': 207244 steps; at most 1000"),
+    ],
+)
+def test_parse_steps_errors(spec, message):
+    with pytest.raises(ValueError) as e:
+        parse_steps(spec)
+    assert str(e.value) == message
+
+
+def test_parse_arrivals_happy_paths(tmp_path):
+    assert parse_arrivals("constant", 100) == Constant(100.0)
+    assert parse_arrivals(" Poisson ", 100) == Poisson(100.0)
+    assert parse_arrivals("burst:amplitude=4x,t0=30s,sigma=5s", 100) == Burst(100.0, 400.0, 30.0, 5.0)
+    assert parse_arrivals("burst", 100, duration_s=60) == Burst(100.0, 400.0, 30.0, 6.0, duration_s=60.0)
+    assert parse_arrivals("burst:amplitude=200,t0=500ms,sigma=2m", 50) == Burst(50.0, 200.0, 0.5, 120.0)
+    assert parse_arrivals("sawtooth:low=0.5x,high=1.5x,period=10s", 100) == Sawtooth(50.0, 150.0, 10.0)
+    assert parse_arrivals("sawtooth", 100) == Sawtooth(50.0, 150.0, 10.0)
+    assert parse_arrivals("sawtooth:period=25%", 100, duration_s=60) == Sawtooth(50.0, 150.0, 15.0)
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp\n0\n1\n2\n3\n")  # 4 arrivals per 4 s period: 1/s recorded
+    assert parse_arrivals(f"trace:{trace}", 100).time_scale == 1.0
+    assert parse_arrivals(f"trace:{trace},scale=2", 100).mean_rate == 2.0
+    assert parse_arrivals(f"trace:{trace},scale=auto", 100).mean_rate == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            "zigzag",
+            "arrivals 'zigzag': unknown process 'zigzag'; expected constant, poisson, burst, sawtooth or trace:PATH",
+        ),
+        ("burst", "arrivals 'burst': t0=50% is a fraction of the step; parse_arrivals needs duration_s"),
+        (
+            "burst:amplitude=4y,t0=1s,sigma=1s",
+            "arrivals 'burst:amplitude=4y,t0=1s,sigma=1s': amplitude=4y is neither a multiple of the step's rate "
+            "like '4x' nor a rate >= 0 like '200'",
+        ),
+        (
+            "burst:t0=soon,sigma=1s",
+            "arrivals 'burst:t0=soon,sigma=1s': t0=soon is neither a duration like '30s', '500ms', '2m' "
+            "nor a fraction of the step like '50%'",
+        ),
+        ("burst:peak=3x", "arrivals 'burst:peak=3x': unknown option 'peak' for burst; expected amplitude, t0, sigma"),
+        ("burst:t0=1s,t0=2s", "arrivals 'burst:t0=1s,t0=2s': option 't0' given twice"),
+        ("poisson:rate=3", "arrivals 'poisson:rate=3': poisson takes no options; got 'rate=3'"),
+        ("sawtooth:low", "arrivals 'sawtooth:low': expected key=value; got 'low'"),
+        ("trace:", "arrivals 'trace:': expected trace:PATH[,scale=N]"),
+    ],
+)
+def test_parse_arrivals_errors(spec, message):
+    with pytest.raises(ValueError) as e:
+        parse_arrivals(spec, 100)
+    assert str(e.value) == message
+
+
+def test_parse_arrivals_bad_trace_scale(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp\n0\n1\n")
+    with pytest.raises(ValueError, match=r"scale=fast is neither a number > 0 nor 'auto'"):
+        parse_arrivals(f"trace:{trace},scale=fast", 100)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Poisson(-1), "qps must be a finite rate >= 0; got -1"),
+        (lambda: Burst(1, 1, 5, 0), "sigma_s must be finite and > 0; got 0"),
+        (lambda: Burst(1, 1, 0, 1), "Burst: give duration_s when t0_s <= 0 (mean_rate averages over the step)"),
+        (lambda: Sawtooth(1, 2, 0), "period_s must be finite and > 0; got 0"),
+        (lambda: TraceReplay([1.0, 1.0]), "a trace needs at least two distinct timestamps"),
+        (lambda: TraceReplay([1.0, 2.0], sizes=[1]), "trace has 2 timestamps but 1 sizes"),
+    ],
+)
+def test_constructor_errors(make, message):
+    with pytest.raises(ValueError) as e:
+        make()
+    assert str(e.value) == message

@@ -1,0 +1,275 @@
+"""bench/payloads.py: payloads fit the demo models' metadata, sizes have their distributions.
+
+The TensorSpecs are written out by hand, as a reader of the V2 ModelMetadata would see
+them, and checked against the real demo configs; the payloads then go through the same
+encode_request / decode_request pair the server uses, model checks included.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from wok.bench.payloads import (
+    Empirical,
+    Fixed,
+    LogNormal,
+    Mix,
+    PayloadGenerator,
+    Sizes,
+    TensorSpec,
+    Uniform,
+    parse_mix,
+    parse_sizes,
+)
+from wok.codec import decode_request, deserialize_bytes, encode_request
+
+DEMO_SPECS = {
+    "mlp": [TensorSpec("INPUT0", "FP32", (-1, 256))],
+    "recsys": [TensorSpec("dense", "FP32", (-1, 13)), TensorSpec("ids", "INT64", (-1, -1))],
+    "encoder": [TensorSpec("tokens", "INT64", (-1, -1))],
+}
+# A smaller table keeps the build fast; the metadata does not depend on it.
+DEMO_OPTIONS = {"recsys": {"num_embeddings": 20000}}
+
+
+def test_bench_modules_do_not_import_torch():
+    code = "import sys, wok.bench.arrivals, wok.bench.payloads; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# -- payloads ----------------------------------------------------------------------------------
+def test_shapes_and_dtypes_follow_the_metadata():
+    rng = np.random.default_rng(0)
+    mlp = PayloadGenerator("mlp", DEMO_SPECS["mlp"], rows=3).make(rng)
+    assert list(mlp) == ["INPUT0"]
+    assert mlp["INPUT0"].shape == (3, 256) and mlp["INPUT0"].dtype == np.float32
+
+    recsys = PayloadGenerator("recsys", DEMO_SPECS["recsys"], rows=2).make(rng, size=7)
+    assert recsys["dense"].shape == (2, 13) and recsys["dense"].dtype == np.float32
+    assert recsys["ids"].shape == (2, 7) and recsys["ids"].dtype == np.int64
+
+    gen = PayloadGenerator("encoder", DEMO_SPECS["encoder"], sizes=Uniform(3, 5))
+    assert {p["tokens"].shape for p in gen.pool(200, rng)} == {(1, 3), (1, 4), (1, 5)}
+    assert gen.make(rng, size=0)["tokens"].shape == (1, 0)
+
+
+def test_all_variable_dimensions_of_a_request_share_its_size():
+    gen = PayloadGenerator("m", [TensorSpec("a", "FP32", (-1, -1, 4, -1)), TensorSpec("b", "INT32", (-1, -1))])
+    p = gen.make(np.random.default_rng(0), size=6)
+    assert p["a"].shape == (1, 6, 4, 6) and p["b"].shape == (1, 6)
+
+
+def test_a_fixed_first_dimension_is_kept():
+    p = PayloadGenerator("m", [TensorSpec("x", "FP32", (3, -1))], rows=5).make(np.random.default_rng(0), size=2)
+    assert p["x"].shape == (3, 2)
+
+
+def test_integer_values_cover_zero_to_int_high_exclusive():
+    rng = np.random.default_rng(1)
+    ids = np.concatenate([p["tokens"].ravel() for p in PayloadGenerator("e", DEMO_SPECS["encoder"]).pool(100, rng)])
+    assert ids.min() == 0 and ids.max() == 49
+    small = PayloadGenerator("e", DEMO_SPECS["encoder"], int_high=3).make(rng, size=500)["tokens"]
+    assert set(np.unique(small)) == {0, 1, 2}
+    # int_high beyond the type's range is capped, not wrapped into negatives.
+    i8 = PayloadGenerator("m", [TensorSpec("x", "INT8", (-1, 1000))], int_high=1000).make(rng)["x"]
+    assert i8.min() >= 0 and i8.max() == 127
+
+
+def test_floats_are_standard_normal_in_the_declared_type():
+    x = PayloadGenerator("mlp", DEMO_SPECS["mlp"], rows=64).make(np.random.default_rng(2))["INPUT0"]
+    assert abs(x.mean()) < 0.02 and abs(x.std() - 1) < 0.02
+    for name, dtype in [("FP16", np.float16), ("FP64", np.float64)]:
+        assert PayloadGenerator("m", [TensorSpec("x", name, (-1, 4))]).make()["x"].dtype == dtype
+
+
+def test_bool_bytes_and_bf16_inputs_encode():
+    specs = [
+        TensorSpec("flag", "BOOL", (-1, 8)),
+        TensorSpec("text", "BYTES", (-1, 3)),
+        TensorSpec("h", "BF16", (-1, 4)),
+    ]
+    gen = PayloadGenerator("m", specs, rows=2)
+    p = gen.make(np.random.default_rng(3))
+    assert p["flag"].dtype == np.bool_ and p["flag"].shape == (2, 8)
+    assert p["text"].dtype == object and all(isinstance(b, bytes) and 1 <= len(b) <= 16 for b in p["text"].ravel())
+    assert p["h"].dtype == np.uint16
+    # The top 16 bits of a float32 are its bfloat16: reading them back gives normal values.
+    as_f32 = (p["h"].astype(np.uint32) << 16).view(np.float32)
+    assert np.all(np.isfinite(as_f32)) and np.all(np.abs(as_f32) < 10)
+
+    req = encode_request("m", p, datatypes=gen.datatypes)
+    assert [t.datatype for t in req.inputs] == ["BOOL", "BYTES", "BF16"]
+    assert deserialize_bytes(req.raw_input_contents[1], 6, "text").tolist() == p["text"].ravel().tolist()
+
+
+def test_the_generators_own_rng_is_seeded():
+    a = PayloadGenerator("e", DEMO_SPECS["encoder"], sizes=Uniform(1, 50), seed=4).pool(5)
+    b = PayloadGenerator("e", DEMO_SPECS["encoder"], sizes=Uniform(1, 50), seed=4).pool(5)
+    assert all(np.array_equal(x["tokens"], y["tokens"]) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def demo_servables():
+    from wok.models import build_demo  # imports torch: only these tests pay for it
+
+    return {name: build_demo(name, **DEMO_OPTIONS.get(name, {})) for name in DEMO_SPECS}
+
+
+@pytest.mark.parametrize("name", list(DEMO_SPECS))
+def test_payloads_pass_the_servers_request_checks(name, demo_servables):
+    servable = demo_servables[name]
+    # The hand-written specs are what the server's metadata says.
+    assert [(t.name, t.datatype, (-1, *t.dims)) for t in servable.config.inputs] == [
+        (s.name, s.datatype, s.shape) for s in DEMO_SPECS[name]
+    ]
+    gen = PayloadGenerator(name, DEMO_SPECS[name], sizes=LogNormal(20, 0.8, 256), rows=4)
+    for payload in gen.pool(20, np.random.default_rng(5)):
+        decoded = decode_request(encode_request(name, payload, datatypes=gen.datatypes), servable)
+        assert decoded.rows == 4
+        for key, a in payload.items():
+            np.testing.assert_array_equal(decoded.inputs[key], a)
+
+
+def test_tensor_spec_rejects_an_unknown_datatype():
+    with pytest.raises(ValueError, match="unknown datatype 'FLOAT'"):
+        TensorSpec("x", "FLOAT", (-1, 2))
+
+
+# -- sizes -------------------------------------------------------------------------------------
+def test_fixed_and_uniform():
+    rng = np.random.default_rng(6)
+    assert isinstance(Fixed(3), Sizes)
+    assert Fixed(16).sample(rng, 4).tolist() == [16] * 4
+    u = Uniform(1, 8).sample(rng, 8000)
+    assert u.dtype == np.int64
+    counts = np.bincount(u, minlength=9)[1:]
+    assert counts.sum() == 8000  # nothing outside 1..8, both ends inclusive
+    assert stats.chisquare(counts).pvalue > 0.01
+
+
+def test_lognormal_median_and_tail():
+    x = LogNormal(20, 0.8, 256).sample(np.random.default_rng(7), 20000)
+    assert x.dtype == np.int64 and x.min() >= 1
+    assert 19 <= np.median(x) <= 21
+    # 90th percentile 20·e^(0.8·1.2816) ≈ 55.8. σ mistaken for the variance (0.64) puts it
+    # at 45, and reading 20 as the mean instead of the median at 40; both miss by far.
+    assert np.percentile(x, 90) == pytest.approx(55.8, rel=0.05)
+    assert np.percentile(x, 99) == pytest.approx(20 * np.exp(0.8 * 2.3263), rel=0.08)
+
+
+def test_lognormal_is_clipped_to_one_and_max():
+    x = LogNormal(100, 2.0, 128).sample(np.random.default_rng(8), 20000)
+    assert x.min() == 1 and x.max() == 128
+    # What lies beyond max piles onto max: P(100·e^(2Z) ≥ 127.5) = P(Z ≥ 0.1215) ≈ 0.452.
+    assert np.mean(x == 128) == pytest.approx(0.452, abs=0.015)
+    assert np.mean(x == 1) == pytest.approx(stats.norm.cdf(np.log(1.5 / 100) / 2), abs=0.005)
+
+
+def test_empirical_resamples_the_observed_values():
+    x = Empirical([1, 1, 1, 8]).sample(np.random.default_rng(9), 20000)
+    assert set(np.unique(x)) == {1, 8}
+    assert np.mean(x == 8) == pytest.approx(0.25, abs=0.015)
+
+
+def test_empirical_from_files(tmp_path):
+    lines = tmp_path / "sizes.txt"
+    lines.write_text("# observed lengths\n3\n5\n\n5\n")
+    plain = parse_sizes(f"empirical:{lines}")
+    assert sorted(plain.values.tolist()) == [3, 5, 5]
+    trace_csv = tmp_path / "trace.csv"
+    trace_csv.write_text("timestamp,size\n0.0,12\n0.5,40\n")
+    assert parse_sizes(f"empirical:{trace_csv}").values.tolist() == [12, 40]
+    trace_jsonl = tmp_path / "trace.jsonl"
+    trace_jsonl.write_text(json.dumps({"timestamp": 0, "size": 7}) + "\n" + json.dumps({"timestamp": 1, "size": 0}))
+    assert parse_sizes(f"empirical:{trace_jsonl}").values.tolist() == [7, 0]
+
+
+def test_parse_sizes():
+    assert parse_sizes("fixed:16") == Fixed(16)
+    assert parse_sizes("16") == Fixed(16)
+    assert parse_sizes("uniform:1:64") == Uniform(1, 64)
+    assert parse_sizes("lognormal:median=20,sigma=0.8,max=256") == LogNormal(20.0, 0.8, 256)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            "gaussian:3",
+            "sizes 'gaussian:3': unknown distribution 'gaussian'; expected fixed:N, uniform:LO:HI, "
+            "lognormal:median=M,sigma=S,max=N or empirical:PATH",
+        ),
+        ("uniform:64:1", "sizes 'uniform:64:1': uniform hi 1 is below lo 64"),
+        ("uniform:1", "sizes 'uniform:1': expected uniform:LO:HI with integers 0 <= LO <= HI; got '1'"),
+        ("fixed:-1", "sizes 'fixed:-1': expected fixed:N with N an integer >= 0; got '-1'"),
+        (
+            "lognormal:median=20,sigma=0.8",
+            "sizes 'lognormal:median=20,sigma=0.8': lognormal needs median, sigma and max; missing max",
+        ),
+        (
+            "lognormal:median=300,sigma=1,max=256",
+            "sizes 'lognormal:median=300,sigma=1,max=256': lognormal median 300 is above max 256",
+        ),
+    ],
+)
+def test_parse_sizes_errors(spec, message):
+    with pytest.raises(ValueError) as e:
+        parse_sizes(spec)
+    assert str(e.value) == message
+
+
+def test_parse_sizes_empirical_file_errors(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("3\nfour\n")
+    with pytest.raises(ValueError, match=r"bad.txt:2: size 'four' is not an integer >= 0"):
+        parse_sizes(f"empirical:{bad}")
+    with pytest.raises(ValueError, match=r"sizes 'empirical:/nonexistent/x': .*No such file"):
+        parse_sizes("empirical:/nonexistent/x")
+
+
+# -- mixes -------------------------------------------------------------------------------------
+def test_mix_proportions_follow_the_weights():
+    gens = [PayloadGenerator(n, DEMO_SPECS[n]) for n in ("mlp", "encoder", "recsys")]
+    mix = Mix(list(zip(gens, [7.0, 2.0, 1.0])))  # weights need not sum to 1
+    picks = mix.choose(np.random.default_rng(10), 20000)
+    assert picks.dtype == np.int64
+    # ±0.015 is ~4.5σ at n = 20000 for p = 0.7; swapping two weights moves a share by ≥ 0.1.
+    np.testing.assert_allclose(np.bincount(picks, minlength=3) / 20000, [0.7, 0.2, 0.1], atol=0.015)
+    assert Mix([(gens[0], 1.0)]).choose(np.random.default_rng(0), 5).tolist() == [0] * 5
+
+
+def test_mix_rejects_bad_weights():
+    gen = PayloadGenerator("mlp", DEMO_SPECS["mlp"])
+    with pytest.raises(ValueError, match="mix weights must be >= 0 with a positive sum"):
+        Mix([(gen, 0.0)])
+
+
+def test_parse_mix():
+    assert parse_mix("mlp:0.7,encoder:0.3") == [("mlp", 0.7), ("encoder", 0.3)]
+    assert parse_mix("mlp") == [("mlp", 1.0)]
+    assert parse_mix("mlp:3, encoder:1") == [("mlp", 0.75), ("encoder", 0.25)]
+    assert parse_mix("mlp,encoder") == [("mlp", 0.5), ("encoder", 0.5)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("mlp:0.7,encoder", "model mix 'mlp:0.7,encoder': give a weight for every model or for none"),
+        ("mlp:0,encoder:1", "model mix 'mlp:0,encoder:1': weight '0' of 'mlp' is not a number > 0"),
+        ("mlp:x", "model mix 'mlp:x': weight 'x' of 'mlp' is not a number > 0"),
+        ("mlp,mlp", "model mix 'mlp,mlp': model 'mlp' appears twice"),
+        ("mlp,,encoder", "model mix 'mlp,,encoder': expected NAME[:WEIGHT],... (e.g. 'mlp:0.7,encoder:0.3')"),
+        (":0.5", "model mix ':0.5': ':0.5' has no model name"),
+    ],
+)
+def test_parse_mix_errors(spec, message):
+    with pytest.raises(ValueError) as e:
+        parse_mix(spec)
+    assert str(e.value) == message

@@ -1,0 +1,143 @@
+"""The load generator against a real wok server: open loop, on schedule, agreeing with the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from wok.bench import analysis
+from wok.bench.runner import Ramp, RampConfig, build_pool
+from wok.bench.scrape import scrape
+from wok.bench.workers import OK, Share, WorkerPool
+from wok.metrics import LATENCY_BUCKETS
+
+
+def bucket_of(seconds: float) -> int:
+    return int(np.searchsorted(LATENCY_BUCKETS, seconds))
+
+
+def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(bench_server, metrics_url):
+    cfg = RampConfig(
+        target=bench_server.target,
+        models=[("mlp", 1.0)],
+        steps=[50, 100, 200],
+        step_duration_s=3.0,
+        warmup_s=0.5,
+        arrival="constant",
+        workers=2,
+        metrics_url=metrics_url,
+    )
+    result = Ramp(cfg, progress=lambda _: None).run()
+    assert result["schema"] == "wok.bench/1"
+    for step in result["steps"]:
+        offered, achieved = step["offered_qps"], step["achieved_qps"]
+        assert abs(achieved - offered) <= 0.02 * offered, step
+        assert step["success_rate"] == 1.0
+        server = step.get("server") or step
+        e2e_ms = server["e2e_ms"]["mean"] if "e2e_ms" in server else None
+        assert step.get("mean_batch_size"), step
+        # The client's P50 is the server's time plus transport: it lies in the server's
+        # mean's bucket or the next one up (below capacity the distribution is narrow).
+        if e2e_ms is not None:
+            client_b, server_b = bucket_of(step["latency_ms"]["p50"] / 1e3), bucket_of(e2e_ms / 1e3)
+            assert server_b <= client_b <= server_b + 1, (step["latency_ms"], e2e_ms)
+        assert step["dispatch_lag_ms"]["p99"] < 5, step["dispatch_lag_ms"]
+
+
+def test_a_stalled_server_delays_every_request_scheduled_during_the_stall(bench_server):
+    """Coordinated omission: latency runs from the intended send time, so a stall counts in full."""
+    cfg = RampConfig(target=bench_server.target, models=[("mlp", 1.0)], steps=[100], step_duration_s=3)
+    pool, _, _ = build_pool(cfg)
+    workers = WorkerPool(cfg.target, pool, 2)
+    try:
+        times = np.arange(0, 3.0, 0.01)  # 100 QPS for 3 s
+        start_at = time.monotonic() + 0.3
+        stall_from, stall_s = 1.0, 0.6
+        pid = bench_server.proc.pid
+
+        def stall() -> None:
+            time.sleep(max(0.0, start_at + stall_from - time.monotonic()))
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(stall_s)
+            os.kill(pid, signal.SIGCONT)
+
+        staller = threading.Thread(target=stall)
+        staller.start()
+        shares = [Share(start_at, times[w::2], np.zeros(len(times[w::2]), dtype=np.int64), 30.0) for w in range(2)]
+        outcomes = workers.run(shares)
+        staller.join()
+    finally:
+        workers.close()
+    intended = np.concatenate([s.times for s in shares])
+    done = np.concatenate([o.done for o in outcomes])
+    codes = np.concatenate([o.codes for o in outcomes])
+    assert (codes == OK).all()
+    latency = done - intended
+    during = (intended >= stall_from + 0.02) & (intended < stall_from + stall_s - 0.02)
+    assert during.sum() >= 50
+    # Each request scheduled during the stall waited at least until the stall ended.
+    owed = stall_from + stall_s - intended[during]
+    assert (latency[during] >= owed - 0.005).all(), (latency[during] - owed).min()
+    before = intended < stall_from - 0.1
+    assert np.median(latency[before]) < 0.1
+
+
+def test_a_ramp_past_capacity_finds_a_knee(bench_server, metrics_url, tmp_path):
+    cfg = RampConfig(
+        target=bench_server.target,
+        models=[("mlp", 1.0)],
+        steps=[500, 1000, 2000, 4000, 8000],
+        step_duration_s=2.0,
+        warmup_s=0.5,
+        slo_p99_ms=200,
+        workers=2,
+        stop_factor=1e9,  # run every step: the test wants the flat part of the curve
+        metrics_url=metrics_url,
+    )
+    result = Ramp(cfg, progress=lambda _: None).run()
+    steps = result["steps"]
+    assert result["knee_qps"] is not None, [(s["offered_qps"], s["achieved_qps"]) for s in steps]
+    assert result["knee_qps"] == analysis.find_knee(steps, cfg.knee_threshold)
+    assert max(s["achieved_qps"] for s in steps) < 8000 * 0.9  # this machine cannot serve 8000
+    from wok.bench import report
+
+    report.write_html(result, tmp_path / "ramp.html")
+    assert (tmp_path / "ramp.html").stat().st_size > 20_000
+
+
+def test_server_metrics_are_scraped(metrics_url):
+    snap = scrape(metrics_url)
+    assert snap is not None and snap.get("wok_request_duration_seconds_count", model="mlp") >= 0
+
+
+@pytest.fixture(autouse=True)
+def _server_alive(bench_server):
+    yield
+    assert bench_server.proc.poll() is None, "\n".join(bench_server.log[-20:])
+
+
+def test_the_cli_writes_every_output_and_gates_on_require_qps(bench_server, metrics_url, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "r"
+    cmd = [
+        sys.executable, "-m", "wok", "bench", "ramp", "--target", bench_server.target, "--model", "mlp",
+        "--steps", "50:100:2", "--step-duration", "1s", "--warmup", "0.2s", "--metrics-url", metrics_url,
+        "--json", f"{out}.json", "--csv", f"{out}.csv", "--html", f"{out}.html", "--require-qps", "1000000",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert "below the required 1e+06" in done.stderr
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert [s["offered_qps"] for s in result["steps"]] == [50, 100]
+    assert result["max_qps_under_slo"] == 100
+    assert out.with_suffix(".csv").read_text().count("\n") == 3
+    assert out.with_suffix(".html").read_text().count("data:image/png;base64,") == 3
+    assert "offered" in done.stdout and "max QPS under SLO" in done.stdout

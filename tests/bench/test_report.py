@@ -1,0 +1,352 @@
+"""The bench's outputs: JSON, CSV, PNG plots, one offline HTML page (rendered by headless Chromium), the table."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wok.bench import report
+from wok.bench.analysis import LATENCY_KEYS, ramp_result, step_result
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SLO_MS = 200.0
+
+
+def synthetic_step(qps: float, capacity: float, rng: np.random.Generator, duration: float = 20.0) -> dict:
+    """A server of `capacity` QPS: below it ~5 ms, past it a backlog that grows through the step."""
+    intended = np.sort(rng.uniform(0, duration, rng.poisson(qps * duration)))
+    sent = intended + rng.exponential(0.0001, intended.size)
+    service = rng.lognormal(np.log(0.005), 0.3, intended.size)
+    backlog = np.maximum(0.0, intended * (qps - capacity) / capacity)  # seconds of queue ahead
+    done = sent + service + backlog
+    codes = np.array(["OK"] * intended.size, dtype=object)
+    if qps > capacity:
+        codes[rng.random(intended.size) < 0.02] = "RESOURCE_EXHAUSTED"
+        # What completes within the window is what the server could do.
+        late = done > duration + 1.0
+        codes[late] = "DEADLINE_EXCEEDED"
+        done[late] = np.nan
+    server = {
+        "queue_ms": {"mean": 1.0 + 1e3 * backlog.mean(), "p99": 2.0 + 1e3 * np.percentile(backlog, 99)},
+        "mean_batch_size": min(64.0, qps / 50),
+        "flush_reasons": {"size": 10, "delay": 90},
+        "stages_ms": {"queue": 1.0, "compute": 3.0},
+    }
+    return step_result(
+        offered_qps=qps,
+        duration_s=duration,
+        intended_s=intended,
+        sent_s=sent,
+        done_s=done,
+        codes=codes.astype(str),
+        server=server,
+    )
+
+
+def synthetic_result(timeline: bool = True) -> dict:
+    rng = np.random.default_rng(7)
+    offers = [50, 100, 200, 400, 800]
+    steps = [synthetic_step(q, 250.0, rng) for q in offers]
+    tl = None
+    if timeline:
+        t = list(range(len(offers) * 20))
+        offered = [offers[i // 20] for i in t]
+        achieved = [min(o, 250) for o in offered]
+        p99 = [5.0 if o <= 250 else 5.0 + 50 * (i % 20) for i, o in zip(t, offered)]
+        p99[3] = None  # a second without completions
+        tl = {"t_s": t, "offered": offered, "achieved": achieved, "p99_ms": p99}
+    config = {
+        "target": "127.0.0.1:8001",
+        "models": [["mlp", 1.0]],
+        "steps": offers,
+        "step_duration_s": 20.0,
+        "warmup_s": 2.0,
+        "arrival": "poisson",
+        "sizes": "fixed:16",
+        "workers": 2,
+        "source": "bench",
+    }
+    return ramp_result(steps=steps, slo_p99_ms=SLO_MS, config=config, timeline=tl)
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    r = synthetic_result()
+    # The synthetic server saturates at 250 QPS: 400 offered is both the knee and the first miss.
+    assert r["knee_qps"] == 400 and r["max_qps_under_slo"] == 200, [
+        (s["offered_qps"], s["achieved_qps"], s["latency_ms"]["p99"]) for s in r["steps"]
+    ]
+    return r
+
+
+# ---------------------------------------------------------------------------- JSON / CSV
+
+
+def test_json_round_trip_turns_nan_into_null(result, tmp_path):
+    r = dict(result)
+    empty = step_result(
+        offered_qps=1600,
+        duration_s=1.0,
+        intended_s=np.array([0.1]),
+        sent_s=np.array([0.1]),
+        done_s=np.array([np.nan]),
+        codes=np.array(["UNAVAILABLE"]),
+    )
+    r["steps"] = [*result["steps"], empty]
+    path = tmp_path / "r.json"
+    report.write_json(r, path)
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    back = json.loads(text)
+    assert back["schema"] == "wok.bench/1"
+    assert list(back) == list(r)  # the builder's key order
+    assert text.startswith('{\n  "schema": "wok.bench/1",\n')
+    last = back["steps"][-1]
+    assert all(last["latency_ms"][k] is None for k in LATENCY_KEYS)
+    assert last["errors"] == {"UNAVAILABLE": 1} and last["littles_law"]["relative_error"] is None
+    first = back["steps"][0]
+    assert first["latency_ms"]["p99"] == pytest.approx(result["steps"][0]["latency_ms"]["p99"])
+    assert back["knee_qps"] == 400 and back["max_qps_under_slo"] == 200
+    # Written twice, the same bytes: a result diffs cleanly.
+    report.write_json(json.loads(text), tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_text() == text
+
+
+def test_json_takes_numpy_values():
+    text = report.to_json({"a": np.float64("nan"), "b": np.int64(3), "c": np.array([1.5, np.inf]), "d": (1, 2)})
+    assert json.loads(text) == {"a": None, "b": 3, "c": [1.5, None], "d": [1, 2]}
+
+
+def test_csv_has_one_row_per_step(result, tmp_path):
+    path = tmp_path / "r.csv"
+    report.write_csv(result, path)
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(path, newline="") as f:
+        header = next(csv.reader(f))
+    assert header[:2] == ["offered_qps", "achieved_qps"]
+    for col in ("requests", "ok", "success_rate", "queue_mean_ms", "queue_p99_ms", "mean_batch_size"):
+        assert col in header
+    assert "dispatch_lag_p99_ms" in header
+    assert [f"latency_{k}_ms" for k in ("p50", "p90", "p95", "p99", "p999", "max")] == [
+        h for h in header if h.startswith("latency_p") or h == "latency_max_ms"
+    ]
+    assert [float(r["offered_qps"]) for r in rows] == [50, 100, 200, 400, 800]
+    for r, s in zip(rows, result["steps"]):
+        assert int(r["requests"]) == s["requests"] and int(r["ok"]) == s["ok"]
+        assert float(r["latency_p99_ms"]) == pytest.approx(s["latency_ms"]["p99"])
+        assert float(r["mean_batch_size"]) == pytest.approx(s["mean_batch_size"])
+
+
+def test_csv_leaves_missing_figures_empty(tmp_path):
+    step = step_result(
+        offered_qps=10,
+        duration_s=1,
+        intended_s=np.array([0.0]),
+        sent_s=np.array([0.0]),
+        done_s=np.array([np.nan]),
+        codes=np.array(["UNAVAILABLE"]),
+    )
+    report.write_csv({"steps": [step]}, tmp_path / "e.csv")
+    with open(tmp_path / "e.csv", newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["latency_p99_ms"] == "" and row["queue_p99_ms"] == "" and row["errors"] == "1"
+
+
+# ---------------------------------------------------------------------------- plots
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and len(data) > 1000
+
+
+@pytest.mark.parametrize("plot", [report.plot_latency_vs_offered, report.plot_throughput, report.plot_timeline])
+def test_each_plot_writes_a_png(plot, result, tmp_path):
+    path = tmp_path / f"{plot.__name__}.png"
+    plot(result, path)
+    assert_png(path)
+
+
+@pytest.mark.parametrize("plot", [report.plot_latency_vs_offered, report.plot_throughput, report.plot_timeline])
+def test_plots_survive_a_sparse_result(plot, tmp_path):
+    """No timeline, no knee, no passing step, nulls from JSON: each still draws a figure."""
+    r = json.loads(report.to_json(synthetic_result(timeline=False)))
+    r["knee_qps"] = None
+    r["max_qps_under_slo"] = None
+    r["steps"][0]["latency_ms"] = dict.fromkeys(LATENCY_KEYS)
+    plot(r, tmp_path / "p.png")
+    assert_png(tmp_path / "p.png")
+    plot({"steps": [], "slo_p99_ms": 100}, tmp_path / "empty.png")
+    assert_png(tmp_path / "empty.png")
+
+
+def test_a_plot_can_go_to_a_file_object(result):
+    buf = io.BytesIO()
+    report.plot_throughput(result, buf)
+    assert buf.getvalue()[:8] == PNG_SIGNATURE
+
+
+def test_plotting_leaves_no_pyplot_figures(result, tmp_path):
+    report.plot_latency_vs_offered(result, tmp_path / "a.png")
+    if "matplotlib.pyplot" in sys.modules:
+        import matplotlib.pyplot as plt
+
+        assert plt.get_fignums() == []
+
+
+# ---------------------------------------------------------------------------- HTML
+
+EXTERNAL = re.compile(
+    r"""(src|href|action|poster|data)\s*=\s*["']?\s*(https?:|//|file:)|url\(|@import|<script|<link""", re.I
+)
+
+
+def test_html_is_one_self_contained_file(result, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    report.write_html(result, out / "report.html", title="mlp <ramp> & co")
+    assert [p.name for p in out.iterdir()] == ["report.html"]  # no side files
+    text = (out / "report.html").read_text()
+    assert 'src="http' not in text and 'href="http' not in text
+    assert not EXTERNAL.search(text), EXTERNAL.search(text)
+    assert text.count('src="data:image/png;base64,') == 3
+    for b64 in re.findall(r'src="data:image/png;base64,([^"]+)"', text):
+        import base64
+
+        assert base64.b64decode(b64)[:8] == PNG_SIGNATURE
+    assert "<style>" in text and "Content-Security-Policy" in text
+    assert "mlp &lt;ramp&gt; &amp; co" in text  # the title is escaped
+    # The verdicts.
+    assert "max QPS under SLO" in text and ">200<" in text
+    assert "knee" in text and "400 QPS" in text
+    assert "P99 ≤ 200 ms" in text
+    for w in result["warnings"]:
+        assert report._e(w) in text
+    # The table: one row per step, the failing ones marked.
+    table = text[text.index('<table class="steps">') : text.index("</table>", text.index('<table class="steps">'))]
+    assert table.count("<tr") == 1 + len(result["steps"])
+    assert table.count(">FAIL<") == 2 and table.count(">pass<") == 3
+    assert "RESOURCE_EXHAUSTED" in table
+    # The config.
+    assert "127.0.0.1:8001" in text and "poisson" in text
+
+
+def test_html_default_title_names_model_and_target(result):
+    text = report.render_html(result)
+    assert "<title>wok bench: mlp on 127.0.0.1:8001</title>" in text
+
+
+def test_html_says_so_when_there_are_no_warnings(result):
+    text = report.render_html({**result, "warnings": []})
+    assert "No warnings" in text
+
+
+def find_chromium() -> str | None:
+    for name in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
+        if name and os.path.exists(name):
+            return name
+    return None
+
+
+def wait_for_apt_install(log: Path = Path("/tmp/apt-chromium.log"), timeout: float = 600.0) -> None:
+    """On a development machine chromium may still be installing when this test starts."""
+    deadline = time.monotonic() + timeout
+    while log.exists() and time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        if re.search(r"^rc=\d+", text, re.M):
+            return
+        time.sleep(5)
+
+
+def test_html_renders_in_headless_chromium(result, tmp_path):
+    if find_chromium() is None:
+        wait_for_apt_install()
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("Debian's chromium package is not installed (.ci/run installs it)")
+    html_path = tmp_path / "report.html"
+    report.write_html(result, html_path)
+    shot = tmp_path / "report.png"
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=1280,2400",
+        f"--screenshot={shot}",
+        html_path.as_uri(),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert shot.exists(), proc.stderr[-3000:]
+    data = shot.read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    # A blank 1280×2400 page compresses to a few KB; plots and tables make it far larger.
+    assert len(data) > 20_000, len(data)
+    if os.environ.get("WOK_SAVE_SCREENSHOTS") == "1":
+        dest = ROOT / "docs" / "images" / "bench-report-example.png"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, dest)
+
+
+# ---------------------------------------------------------------------------- table
+
+
+def test_plain_table_lines_up(result, monkeypatch):
+    monkeypatch.setitem(sys.modules, "rich", None)  # the fallback, whether or not rich is installed
+    buf = io.StringIO()
+    report.print_table(result, file=buf)
+    text = buf.getvalue()
+    assert "\x1b[" not in text
+    lines = text.splitlines()
+    header, rule, *rows = lines
+    assert header.split()[:2] == ["offered", "achieved"] and set(rule.replace(" ", "")) == {"-"}
+    body = rows[: len(result["steps"])]
+    assert len({len(line) for line in [header, rule, *body]}) == 1  # fixed width
+    assert [line.split()[0] for line in body] == ["50", "100", "200", "400", "800"]
+    assert [line.split()[-1] for line in body] == ["pass", "pass", "pass", "FAIL", "FAIL"]
+    assert "max QPS under SLO (P99 ≤ 200 ms): 200" in text and "knee: 400 QPS" in text
+
+
+def test_table_says_none_for_missing_verdicts(result):
+    buf = io.StringIO()
+    report.print_table({**result, "knee_qps": None, "max_qps_under_slo": None}, file=buf)
+    assert "knee: none" in buf.getvalue() and "max QPS under SLO (P99 ≤ 200 ms): none" in buf.getvalue()
+
+
+def test_table_of_bare_steps_has_no_verdicts(result):
+    buf = io.StringIO()
+    report.print_table(result["steps"], file=buf)
+    text = buf.getvalue()
+    assert "pass" not in text and "knee" not in text and "\x1b[" not in text
+    assert "800" in text
+
+
+def test_rich_table_is_plain_text_too(result):
+    pytest.importorskip("rich")
+    buf = io.StringIO()
+    report.print_table(result, file=buf)
+    text = buf.getvalue()
+    assert "\x1b[" not in text
+    assert "offered" in text and "FAIL" in text and "knee: 400 QPS" in text
+    assert all(len(line) < 240 for line in text.splitlines())
+    rows = [line for line in text.splitlines() if line.strip().split(" ")[0] in {"50", "100", "200", "400", "800"}]
+    assert len(rows) == 5 and not any(math.isnan(float(r.split()[1])) for r in rows)
