@@ -133,12 +133,13 @@ class Ramp:
             self._clock0 = start_at
         shares = [Share(start_at, times[w::n], which[w::n], cfg.timeout_s) for w in range(n)]
         self.say(f"{label}: {qps:g} QPS offered for {cfg.step_duration_s:g} s (+{cfg.warmup_s:g} s warm-up)")
+        workers.start(shares)
         before = None
         if cfg.metrics_url:
             # Scraped when the warm-up ends, so the server's figures cover the measured window.
             time.sleep(max(0.0, start_at + cfg.warmup_s - time.monotonic()))
             before = scrape(cfg.metrics_url)
-        outcomes = self._collect(workers, shares)
+        outcomes = self._collect(workers, start_at)
         after = scrape(cfg.metrics_url) if cfg.metrics_url else None
         intended = np.concatenate([s.times for s in shares])
         sent = np.concatenate([o.sent for o in outcomes])
@@ -168,16 +169,15 @@ class Ramp:
             f"{label}: achieved {step['achieved_qps']:.1f} QPS, ok {100 * step['success_rate']:.1f}%, "
             f"P50 {_ms(lat['p50'])} P99 {_ms(lat['p99'])} max {_ms(lat['max'])}"
         )
-        for warning in analysis.check_precision(step):
+        for warning in analysis.check_precision(step, cfg.slo_p99_ms):
             self.say(f"warning: {warning}")
         return step
 
-    def _collect(self, workers: WorkerPool, shares: list[Share]):
+    def _collect(self, workers: WorkerPool, start: float):
         if not sys.stderr.isatty():
-            return workers.run(shares)
+            return workers.finish()
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-        start = shares[0].start_at
         total = self.cfg.warmup_s + self.cfg.step_duration_s
         with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), transient=True) as bar:
             task = bar.add_task("step", total=total)
@@ -185,7 +185,7 @@ class Ramp:
             def tick() -> None:
                 bar.update(task, completed=min(total, max(0.0, time.monotonic() - start)))
 
-            return workers.run(shares, on_tick=tick)
+            return workers.finish(on_tick=tick)
 
     def _timeline(self) -> dict | None:
         if not self.timeline:

@@ -139,8 +139,16 @@ class WorkerPool:
 
     def run(self, shares: list[Share], on_tick: Callable[[], None] | None = None) -> list[Outcome]:
         """Run one step; `on_tick` is called about every 0.2 s while waiting (for progress)."""
+        self.start(shares)
+        return self.finish(on_tick)
+
+    def start(self, shares: list[Share]) -> None:
+        """Hand each worker its share; they send on schedule from `Share.start_at`."""
         for c, s in zip(self._conns, shares):
             c.send(s)
+
+    def finish(self, on_tick: Callable[[], None] | None = None) -> list[Outcome]:
+        """Wait for every worker's outcome of the step started last."""
         out = []
         for c in self._conns:
             while not c.poll(0.2):
