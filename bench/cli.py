@@ -43,6 +43,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", type=Path, help="write the result (schema wok.bench/1) here")
     p.add_argument("--csv", type=Path, help="write one row per step here")
     p.add_argument("--html", type=Path, help="write a self-contained HTML report here")
+    p.add_argument("--plots", type=Path, help="write the plots as PNG files into this folder")
 
 
 def _metrics_url(spec: str, target: str) -> str | None:
@@ -91,6 +92,11 @@ def run(args) -> int:
         report.write_csv(result, args.csv)
     if args.html:
         report.write_html(result, args.html)
+    if args.plots:
+        args.plots.mkdir(parents=True, exist_ok=True)
+        report.plot_latency_vs_offered(result, args.plots / "latency_vs_offered.png")
+        report.plot_throughput(result, args.plots / "throughput.png")
+        report.plot_timeline(result, args.plots / "timeline.png")
     best = result["max_qps_under_slo"]
     if args.require_qps is not None and (best is None or best < args.require_qps):
         print(f"wok bench: max QPS under the SLO is {best}, below the required {args.require_qps:g}", file=sys.stderr)

@@ -89,7 +89,12 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> 
     out: dict = {"requests": n}
     if n <= 0:
         return out
+    e2e_before = dict(before.buckets(E2E, model=model))
+    e2e_delta = [(le, c - e2e_before.get(le, 0.0)) for le, c in after.buckets(E2E, model=model)]
     out["e2e_ms"] = {"mean": 1e3 * delta(E2E + "_sum", model=model) / n}
+    for q, key in ((0.5, "p50"), (0.99, "p99")):
+        v = histogram_quantile(q, e2e_delta)
+        out["e2e_ms"][key] = None if v is None else 1e3 * v
     stages = {}
     for (name, items), _ in after.values.items():
         if name == STAGE + "_count" and dict(items).get("model") == model:
