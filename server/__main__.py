@@ -130,6 +130,11 @@ async def _serve(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # OpenMP threads that spin after each parallel region take the cores the event loop and
+    # the gRPC threads need between batches; side by side on 2 cores, passive waiting cut
+    # mlp's P99 at 1,000 QPS from 47 ms to 10 ms. Read when torch loads OpenMP, so set
+    # before any import of torch; an operator's own setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = argparse.ArgumentParser(prog="wok", description="wok: a dynamic-batching inference server")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
