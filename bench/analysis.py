@@ -76,6 +76,7 @@ def step_result(
     inflight_samples: np.ndarray | None = None,
     server: dict | None = None,
     phase: str = "ramp",
+    completed_ok: int | None = None,
 ) -> dict:
     """One step of the schema from its measured window's raw arrays (seconds from the window's start).
 
@@ -120,9 +121,14 @@ def step_result(
 
     step = {
         "offered_qps": float(offered_qps),
-        # Completions, not admissions: past capacity the answers to a step's requests spread
-        # beyond the step, and the rate they came at is the server's throughput.
-        "achieved_qps": ok / max(duration_s, float(done[ok_mask].max())) if ok else 0.0,
+        # Completions inside the window, not admissions: past capacity the answers to a step's
+        # requests spread beyond it, and the rate they come at is the server's throughput.
+        # `completed_ok` (from the caller, who also sees the warm-up's requests) counts every
+        # successful completion in the window; without it, the window's own requests do.
+        "achieved_qps": (
+            completed_ok if completed_ok is not None else int((ok_mask & (done >= 0) & (done < duration_s)).sum())
+        )
+        / duration_s,
         "duration_s": float(duration_s),
         "phase": phase,
         "requests": int(n),

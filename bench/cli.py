@@ -59,6 +59,7 @@ def _metrics_url(spec: str, target: str) -> str | None:
 
 
 def run(args) -> int:
+    from ..clients import InferError
     from . import report
     from .arrivals import parse_duration, parse_steps
     from .payloads import parse_mix
@@ -84,7 +85,11 @@ def run(args) -> int:
         refine=args.refine,
         knee_threshold=args.knee_threshold,
     )
-    result = Ramp(cfg).run()
+    try:
+        result = Ramp(cfg).run()
+    except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
+        print(f"wok bench: {exc}", file=sys.stderr)
+        return 1
     report.print_table(result)
     if args.json:
         report.write_json(result, args.json)

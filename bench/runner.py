@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -66,7 +67,7 @@ def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix
     gens = []
     with Client(cfg.target) as client:
         for name, weight in cfg.models:
-            info = client.model_metadata(name)
+            info = client.model_metadata(name, timeout=30)
             specs = [TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in info.inputs.values()]
             gen = PayloadGenerator(name, specs, sizes=parse_sizes(cfg.sizes), rows=cfg.rows, seed=cfg.seed)
             start = len(pool)
@@ -90,14 +91,24 @@ class Ramp:
         cfg = self.cfg
         workers = WorkerPool(cfg.target, self.pool, cfg.workers)
         steps: list[dict] = []
+        interrupted = None
         try:
             for i, qps in enumerate(cfg.steps):
-                step = self.run_step(workers, qps, f"step {i + 1}/{len(cfg.steps)}")
+                try:
+                    step = self.run_step(workers, qps, f"step {i + 1}/{len(cfg.steps)}")
+                except (Exception, KeyboardInterrupt) as exc:
+                    if not steps:
+                        raise
+                    # Keep what was measured: the steps done so far are still a result.
+                    interrupted = f"ramp ended early at {qps:g} QPS: {type(exc).__name__}: {exc}"
+                    self.say(interrupted)
+                    break
                 steps.append(step)
                 if analysis.should_stop_early(step, cfg.slo_p99_ms, cfg.stop_factor):
-                    self.say(f"stopping early: P99 {step['latency_ms']['p99']:.1f} ms is far over the SLO")
+                    p99, ok = step["latency_ms"]["p99"], step["success_rate"]
+                    self.say(f"stopping early: the step broke the SLO by far (P99 {_ms(p99)}, {100 * ok:.1f}% ok)")
                     break
-            if cfg.refine:
+            if cfg.refine and interrupted is None:
                 lo = analysis.max_qps_under_slo(steps, cfg.slo_p99_ms)
                 higher = [s["offered_qps"] for s in steps if lo is not None and s["offered_qps"] > lo]
                 if lo is not None and higher:
@@ -108,13 +119,16 @@ class Ramp:
         finally:
             workers.close()
         config = {**asdict(self.cfg), "source": "bench"}
-        return analysis.ramp_result(
+        result = analysis.ramp_result(
             steps=steps,
             slo_p99_ms=cfg.slo_p99_ms,
             config=config,
             knee_threshold=cfg.knee_threshold,
             timeline=self._timeline(),
         )
+        if interrupted:
+            result["warnings"].append(interrupted)
+        return result
 
     def run_step(self, workers: WorkerPool, qps: float, label: str) -> dict:
         cfg = self.cfg
@@ -134,13 +148,22 @@ class Ramp:
         shares = [Share(start_at, times[w::n], which[w::n], cfg.timeout_s) for w in range(n)]
         self.say(f"{label}: {qps:g} QPS offered for {cfg.step_duration_s:g} s (+{cfg.warmup_s:g} s warm-up)")
         workers.start(shares)
-        before = None
+        scrapes: dict[str, object] = {}
+        scraper = None
         if cfg.metrics_url:
-            # Scraped when the warm-up ends, so the server's figures cover the measured window.
-            time.sleep(max(0.0, start_at + cfg.warmup_s - time.monotonic()))
-            before = scrape(cfg.metrics_url)
+            # Scraped as the warm-up ends and as the window ends, so the server's figures
+            # cover the measured window (the requests it completed in it).
+            def scrape_window() -> None:
+                for key, at in (("before", start_at + cfg.warmup_s), ("after", start_at + total)):
+                    time.sleep(max(0.0, at - time.monotonic()))
+                    scrapes[key] = scrape(cfg.metrics_url)
+
+            scraper = threading.Thread(target=scrape_window, daemon=True)
+            scraper.start()
         outcomes = self._collect(workers, start_at)
-        after = scrape(cfg.metrics_url) if cfg.metrics_url else None
+        if scraper is not None:
+            scraper.join()
+        before, after = scrapes.get("before"), scrapes.get("after")
         intended = np.concatenate([s.times for s in shares])
         sent = np.concatenate([o.sent for o in outcomes])
         done = np.concatenate([o.done for o in outcomes])
@@ -154,8 +177,10 @@ class Ramp:
         server = None
         if len(cfg.models) == 1:
             server = server_view(before, after, cfg.models[0][0])
+        in_window = (codes == OK) & (done >= w) & (done < total)
         step = analysis.step_result(
-            offered_qps=qps,
+            offered_qps=arrivals.mean_rate,
+            completed_ok=int(in_window.sum()),
             duration_s=cfg.step_duration_s,
             intended_s=intended[keep] - w,
             sent_s=sent[keep] - w,
@@ -164,6 +189,7 @@ class Ramp:
             inflight_samples=inflight_total,
             server=server,
         )
+        step["nominal_qps"] = qps
         lat = step["latency_ms"]
         self.say(
             f"{label}: achieved {step['achieved_qps']:.1f} QPS, ok {100 * step['success_rate']:.1f}%, "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import multiprocessing as mp
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,6 +106,8 @@ async def _serve(conn, target: str, pool: list[bytes]) -> None:
 
 
 def _main(conn, target: str, pool: list[bytes]) -> None:
+    # Ctrl-C reaches the whole process group; the coordinator decides what it means.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The worker's own collector pauses would show up as dispatch lag; it allocates little.
     gc.disable()
     try:
@@ -150,11 +153,15 @@ class WorkerPool:
     def finish(self, on_tick: Callable[[], None] | None = None) -> list[Outcome]:
         """Wait for every worker's outcome of the step started last."""
         out = []
-        for c in self._conns:
-            while not c.poll(0.2):
-                if on_tick is not None:
-                    on_tick()
-            out.append(c.recv())
+        for c, p in zip(self._conns, self._procs):
+            try:
+                while not c.poll(0.2):
+                    if on_tick is not None:
+                        on_tick()
+                out.append(c.recv())
+            except (EOFError, OSError):
+                p.join(1)
+                raise RuntimeError(f"bench worker {p.pid} died (exit code {p.exitcode})") from None
         return out
 
     def close(self) -> None:

@@ -373,18 +373,22 @@ class Batcher:
                     p.future.set_exception(exc)
             return
         t = result.times
-        waits = [p.dispatched - p.arrival for p in batch.requests]
+        # Metrics count the requests whose callers still wait, as the end-to-end histogram
+        # will: a caller cancelled meanwhile would otherwise be in the stages but not in the total.
+        waits = [p.dispatched - p.arrival for p in batch.requests if not p.future.cancelled()]
         for p, out in zip(batch.requests, result.outputs):
             p.state = DONE
             p.finished = result.finished
             if not p.future.done():
                 p.future.set_result(out)
         n = len(batch.requests)
-        self.stats.record_batch(batch.samples, n, sum(waits), t.assemble + t.h2d, t.compute, t.d2h)
+        queued_s = sum(p.dispatched - p.arrival for p in batch.requests)
+        self.stats.record_batch(batch.samples, n, queued_s, t.assemble + t.h2d, t.compute, t.d2h)
         # Assemble is charged from the dispatch, so the hop to the worker thread is counted.
         assemble = result.started - batch.dispatched + t.assemble
         busy = result.finished - result.started
-        self.metrics.record_batch(batch.instance, n, batch.samples, waits, assemble, t.h2d, t.compute, t.d2h, busy)
+        live = len(waits)
+        self.metrics.record_batch(batch.instance, live, batch.samples, waits, assemble, t.h2d, t.compute, t.d2h, busy)
 
     def _fail_queued(self, exc: Exception) -> None:
         for q in self._queues.values():

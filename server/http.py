@@ -15,6 +15,9 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 log = logging.getLogger("wok.http")
 MAX_HEADER_BYTES = 16 << 10
+HEADER_TIMEOUT_S = 10.0  # a request's headers must arrive within this
+IDLE_TIMEOUT_S = 120.0  # a kept-alive connection with no request for this long is closed
+MAX_CONNECTIONS = 64  # beyond this, new connections are closed at once: sockets are the gRPC port's too
 
 
 class MetricsHTTPServer:
@@ -44,14 +47,23 @@ class MetricsHTTPServer:
         return text_format.generate_latest(self.registry), text_format.CONTENT_TYPE_LATEST
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._clients) >= MAX_CONNECTIONS:
+            writer.close()
+            return
         task = asyncio.current_task()
         self._clients.add(task)
         try:
+            first = True
             while True:
                 try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    # A scraper sends its request at once; an idle or trickling client must
+                    # not hold a socket (and its file descriptor) forever.
+                    head = await asyncio.wait_for(
+                        reader.readuntil(b"\r\n\r\n"), HEADER_TIMEOUT_S if first else IDLE_TIMEOUT_S
+                    )
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, asyncio.TimeoutError):
                     return
+                first = False
                 lines = head.decode("latin-1").split("\r\n")
                 parts = lines[0].split(" ")
                 headers = {}

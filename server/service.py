@@ -75,6 +75,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except asyncio.CancelledError:
             m.record_status("CANCELLED")
             raise
+        except Exception:
+            m.record_status("INTERNAL")  # the handler logs it and answers INTERNAL
+            raise
         finally:
             self.active -= 1
             if self.active == 0:

@@ -146,3 +146,20 @@ def test_the_cli_writes_every_output_and_gates_on_require_qps(bench_server, metr
     assert "offered" in done.stdout and "max QPS under SLO" in done.stdout
     pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert pngs == ["latency_vs_offered.png", "throughput.png", "timeline.png"]
+
+
+def test_a_burst_step_reports_the_rate_it_really_offered(bench_server):
+    cfg = RampConfig(
+        target=bench_server.target,
+        models=[("mlp", 1.0)],
+        steps=[100],
+        step_duration_s=2.0,
+        warmup_s=0.2,
+        arrival="burst:amplitude=4x,t0=50%,sigma=10%",
+        metrics_url=None,
+    )
+    (step,) = Ramp(cfg, progress=lambda _: None).run()["steps"]
+    assert step["nominal_qps"] == 100
+    # λ_base + A·σ·√(2π)/T over the step: 100 + 400 · 0.22 · 2.507 / 2.2 ≈ 200 QPS.
+    assert 180 < step["offered_qps"] < 220
+    assert abs(step["achieved_qps"] - step["offered_qps"]) < 0.15 * step["offered_qps"]

@@ -119,3 +119,49 @@ async def test_openmetrics_is_served_when_asked_for(serve):
     assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
     assert body.rstrip().endswith("# EOF")
     assert "wok_batch_size" in body
+
+
+async def test_a_client_that_never_finishes_its_request_is_dropped_and_scrapes_go_on(serve, monkeypatch):
+    from wok import http
+
+    monkeypatch.setattr(http, "HEADER_TIMEOUT_S", 0.2)
+    async with serve(models=("mlp",)) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.http.port)
+        writer.write(b"GET /metr")  # and never the rest
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), timeout=5) == b""  # the server closed it
+        writer.close()
+        families = await asyncio.to_thread(scrape, server.http.port)
+    assert "wok_batch_size" in families
+
+
+async def test_connections_beyond_the_cap_are_closed_at_once(serve, monkeypatch):
+    from wok import http
+
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
+    async with serve(models=("mlp",)) as server:
+        held = [await asyncio.open_connection("127.0.0.1", server.http.port) for _ in range(2)]
+        while len(server.http._clients) < 2:  # until the server has accepted both
+            await asyncio.sleep(0.001)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.http.port)
+        assert await asyncio.wait_for(reader.read(), timeout=5) == b""
+        for _, w in [*held, (reader, writer)]:
+            w.close()
+
+
+async def test_callers_that_gave_up_are_in_no_stage_so_stages_still_add_up(serve, slow_repository):
+    repo = slow_repository(sleep_ms=40, max_batch_size=4, delay_ms=1)
+    async with serve(repository=repo) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            x = {"INPUT0": np.ones((1, 4), np.float32)}
+            # Deadlines that expire while the batches run: those callers are gone when they end.
+            calls = [stub.ModelInfer(encode_request("slow", x), timeout=0.03 if i % 2 else 10) for i in range(24)]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            families = await asyncio.to_thread(scrape, server.http.port)
+    ok = sum(not isinstance(r, Exception) for r in results)
+    assert 0 < ok < 24
+    assert sample(families, "wok_request_duration_seconds", "_count", model="slow") == ok
+    for stage in STAGES:
+        count = sample(families, "wok_request_stage_duration_seconds", "_count", model="slow", stage=stage)
+        assert count == ok, (stage, count, ok)
