@@ -46,6 +46,67 @@ def add_parser(sub) -> None:
     p.add_argument("--plots", type=Path, help="write the plots as PNG files into this folder")
 
 
+def add_simulate_parser(sub) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="simulate the batcher at stepped QPS (discrete-event)",
+        description="Simulate wok's batcher (flush on size or queue delay, batch time α + β·n) at each step's "
+        "offered load, and report the bench's per-step table and JSON schema, plus utilization.",
+    )
+    p.add_argument("--alpha", default="0ms", help="fixed time per batch (default 0ms)")
+    p.add_argument("--beta", default="1ms", help="time per sample in a batch (default 1ms)")
+    p.add_argument("--max-batch-size", type=int, default=1)
+    p.add_argument("--max-queue-delay", default="0ms", help="longest wait of the oldest queued request")
+    p.add_argument("--instances", type=int, default=1)
+    p.add_argument("--max-queue-size", type=int, default=0, help="queued requests beyond which arrivals are rejected")
+    p.add_argument("--arrival", default="poisson", help="as for wok bench ramp")
+    p.add_argument("--steps", default="300,600,900", help="QPS per step: a list, or start:stop:factor")
+    p.add_argument("--step-duration", default="600s")
+    p.add_argument("--warmup", default="0s")
+    p.add_argument("--slo-p99", default="200ms")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path)
+    p.add_argument("--csv", type=Path)
+    p.add_argument("--html", type=Path)
+
+
+def run_simulate(args) -> int:
+    from . import report
+    from .arrivals import parse_duration, parse_steps
+    from .simulate import BatcherModel, SimConfig, simulate_ramp
+
+    model = BatcherModel(
+        alpha_s=parse_duration(args.alpha),
+        beta_s=parse_duration(args.beta),
+        max_batch_size=args.max_batch_size,
+        max_queue_delay_s=parse_duration(args.max_queue_delay),
+        instances=args.instances,
+        max_queue_size=args.max_queue_size,
+    )
+    cfg = SimConfig(
+        model=model,
+        steps=parse_steps(args.steps),
+        step_duration_s=parse_duration(args.step_duration),
+        warmup_s=parse_duration(args.warmup),
+        arrival=args.arrival,
+        slo_p99_ms=1e3 * parse_duration(args.slo_p99),
+        seed=args.seed,
+    )
+    result = simulate_ramp(cfg)
+    report.print_table(result)
+    print(
+        "utilization per step: "
+        + ", ".join(f"{s['offered_qps']:g} QPS {100 * s['utilization']:.0f}%" for s in result["steps"])
+    )
+    if args.json:
+        report.write_json(result, args.json)
+    if args.csv:
+        report.write_csv(result, args.csv)
+    if args.html:
+        report.write_html(result, args.html)
+    return 0
+
+
 def _metrics_url(spec: str, target: str) -> str | None:
     if spec == "none":
         return None

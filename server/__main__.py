@@ -141,7 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     from .bench import cli as bench_cli
 
     bench_cli.add_parser(sub)
+    bench_cli.add_simulate_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "simulate":
+        try:
+            return bench_cli.run_simulate(args)
+        except ValueError as exc:
+            print(f"wok simulate: {exc}", file=sys.stderr)
+            return 2
     if args.command == "bench":
         logging.basicConfig(level=logging.WARNING)
         try:
