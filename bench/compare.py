@@ -1,0 +1,702 @@
+"""Side-by-side: the same model and the same ramp against wok and its peers, in one run.
+
+    python bench/compare.py --servers wok,pytriton,mlserver --reps 3 --json docs/results/compare-DATE.json
+
+Each peer is installed into its own virtual environment under `.bench-peers/` (git-ignored;
+never a dependency of wok), rebuilt only when its recipe changes. One server runs at a time:
+for each repetition, for each server (the order rotated every repetition), the harness starts
+the server in its own session, waits until the model is ready over gRPC, runs wok's own ramp
+against it in-process, reads the CPU time and RSS of the server's whole session from /proc,
+and stops it (SIGTERM to the process group, then SIGKILL). Every server it started is stopped
+on any exit, Ctrl-C included. The output (schema `wok.compare/1`) is described in
+docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+SCHEMA = "wok.compare/1"
+ROOT = Path(__file__).resolve().parent.parent
+PEERS_DIR = ROOT / ".bench-peers"
+TEMPLATES = Path(__file__).resolve().parent / "peers"
+SLOS_MS = (50.0, 200.0)
+REPORT_AT = (100.0, 1000.0)
+DEFAULT_STEPS = "100,200,400,800,1200,1600,2000,2400,3200,4000"
+STEP_KEYS = ("offered_qps", "achieved_qps", "requests", "ok", "errors", "success_rate", "latency_ms", "dispatch_lag_ms")
+
+
+def say(msg: str) -> None:
+    print(f"[compare {datetime.now(timezone.utc).strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- /proc accounting
+
+
+@dataclass
+class ProcStat:
+    pid: int
+    ppid: int
+    pgrp: int
+    session: int
+    cpu_ticks: int  # utime + stime + cutime + cstime
+    rss_pages: int
+
+
+def parse_stat(text: str) -> ProcStat:
+    """One /proc/PID/stat line. The command name may hold spaces and ')', so split after the last ')'."""
+    pid = int(text[: text.index("(")].strip())
+    rest = text[text.rindex(")") + 2 :].split()
+    # rest[0] is field 3 (state); field n is rest[n - 3].
+    ppid, pgrp, session = int(rest[1]), int(rest[2]), int(rest[3])
+    utime, stime, cutime, cstime = (int(rest[i]) for i in (11, 12, 13, 14))
+    rss = int(rest[21])
+    return ProcStat(pid, ppid, pgrp, session, utime + stime + cutime + cstime, rss)
+
+
+def read_procs(proc_root: Path = Path("/proc")) -> list[ProcStat]:
+    out = []
+    for entry in proc_root.iterdir() if proc_root.exists() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            out.append(parse_stat((entry / "stat").read_text()))
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not readable
+    return out
+
+
+def session_members(procs: Iterable[ProcStat], leader: int) -> list[ProcStat]:
+    """The server's tree: every process of its session, plus descendants that left the session."""
+    procs = list(procs)
+    members = {p.pid: p for p in procs if p.session == leader or p.pid == leader}
+    grew = True
+    while grew:
+        grew = False
+        for p in procs:
+            if p.pid not in members and p.ppid in members:
+                members[p.pid] = p
+                grew = True
+    return list(members.values())
+
+
+@dataclass
+class Usage:
+    cpu_s: float
+    rss_bytes: int
+    pids: int
+
+
+def tree_usage(
+    leader: int,
+    proc_root: Path = Path("/proc"),
+    ticks_per_s: float | None = None,
+    page_size: int | None = None,
+) -> Usage:
+    """CPU seconds (user + system, reaped children included) and RSS summed over the server's tree."""
+    hz = ticks_per_s or os.sysconf("SC_CLK_TCK")
+    page = page_size or os.sysconf("SC_PAGE_SIZE")
+    members = session_members(read_procs(proc_root), leader)
+    return Usage(
+        cpu_s=sum(p.cpu_ticks for p in members) / hz,
+        rss_bytes=sum(p.rss_pages for p in members) * page,
+        pids=len(members),
+    )
+
+
+def cpu_per_request(before: Usage, after: Usage, wall_s: float, ok_requests: int) -> dict:
+    """The server's CPU over one step: µs per successful request, and cores busy on average."""
+    cpu = max(0.0, after.cpu_s - before.cpu_s)
+    return {
+        "cpu_s": cpu,
+        "wall_s": wall_s,
+        "requests": ok_requests,
+        "us_per_request": cpu / ok_requests * 1e6 if ok_requests else None,
+        "cores": cpu / wall_s if wall_s > 0 else None,
+    }
+
+
+def system_busy_s(proc_root: Path = Path("/proc"), ticks_per_s: float | None = None) -> float:
+    """CPU seconds the whole machine has been busy (all cores; /proc/stat minus idle and iowait)."""
+    hz = ticks_per_s or os.sysconf("SC_CLK_TCK")
+    fields = (proc_root / "stat").read_text().splitlines()[0].split()[1:]
+    ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / hz
+
+
+def host_load(server_cpu_s: float, loadgen_cpu_s: float, busy_s: float, wall_s: float) -> dict:
+    """Cores used by the load generator and by everything else (neither it nor the server) over a step."""
+    other = max(0.0, busy_s - server_cpu_s - loadgen_cpu_s)
+    return {"loadgen_cores": loadgen_cpu_s / wall_s, "other_cores": other / wall_s}
+
+
+class RssSampler:
+    """Peak of the tree's summed RSS, sampled every `interval_s` in a thread."""
+
+    def __init__(self, leader: int, interval_s: float = 0.25) -> None:
+        self.leader, self.interval_s = leader, interval_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, tree_usage(self.leader).rss_bytes)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Peer:
+    name: str
+    pip: list[str]  # what `pip install` gets in the peer's own venv; empty for wok itself
+    launch: Callable[[Peer, dict], tuple[list[str], dict, Path]]  # ports -> (argv, extra env, cwd)
+    ready_timeout_s: float = 180.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def venv(self) -> Path:
+        return PEERS_DIR / self.name
+
+    @property
+    def python(self) -> str:
+        return sys.executable if not self.pip else str(self.venv / "bin" / "python")
+
+    @property
+    def recipe(self) -> str:
+        return "pip install " + " ".join(self.pip) if self.pip else "this checkout (.venv)"
+
+
+def _venv_libdir(python: str) -> str:
+    return subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def _launch_wok(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
+    argv = [sys.executable, "-m", "wok", "serve", "--models", "mlp"]
+    argv += ["--port", str(ports["grpc"]), "--metrics-port", str(ports["metrics"]), "--log-level", "WARNING"]
+    return argv, {}, ROOT
+
+
+def _launch_pytriton(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
+    # tritonserver needs the interpreter's libpython on the loader path.
+    libdir = _venv_libdir(peer.python)
+    env = {"LD_LIBRARY_PATH": ":".join(x for x in (libdir, os.environ.get("LD_LIBRARY_PATH", "")) if x)}
+    script = TEMPLATES / "pytriton_server.py"
+    argv = [peer.python, str(script), str(ports["grpc"]), str(ports["http"]), str(ports["metrics"])]
+    return argv, env, PEERS_DIR
+
+
+def _launch_mlserver(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
+    run = PEERS_DIR / "run"
+    folder = run / "mlserver_model"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(TEMPLATES / "mlserver_model", folder)
+    settings = {"http_port": ports["http"], "grpc_port": ports["grpc"], "metrics_port": ports["metrics"]}
+    (folder / "settings.json").write_text(json.dumps(settings) + "\n")
+    return [str(peer.venv / "bin" / "mlserver"), "start", folder.name], {}, run
+
+
+PEERS: dict[str, Peer] = {
+    "wok": Peer("wok", [], _launch_wok, ready_timeout_s=120.0),
+    "pytriton": Peer("pytriton", ["nvidia-pytriton==0.7.0", "torch==2.13.0", "numpy"], _launch_pytriton),
+    "mlserver": Peer("mlserver", ["mlserver==1.7.1", "uvloop==0.21.0", "torch==2.13.0", "numpy"], _launch_mlserver),
+}
+
+
+def ensure_venv(peer: Peer) -> None:
+    """Create the peer's venv unless one built from the same recipe is there (marker `.wok-recipe`)."""
+    if not peer.pip:
+        return
+    marker = peer.venv / ".wok-recipe"
+    if marker.exists() and marker.read_text().strip() == peer.recipe:
+        return
+    say(f"{peer.name}: building {peer.venv} ({peer.recipe})")
+    shutil.rmtree(peer.venv, ignore_errors=True)
+    PEERS_DIR.mkdir(parents=True, exist_ok=True)
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    subprocess.run([base, "-m", "venv", str(peer.venv)], check=True)
+    log = PEERS_DIR / f"{peer.name}.install.log"
+    with log.open("w") as f:
+        subprocess.run([peer.python, "-m", "pip", "install", *peer.pip], check=True, stdout=f, stderr=f)
+    marker.write_text(peer.recipe + "\n")
+
+
+def peer_version(peer: Peer) -> str:
+    if not peer.pip:
+        from importlib.metadata import version
+
+        return f"wok {version('wok')}"
+    dist = peer.pip[0].split("==")[0]
+    code = f"from importlib.metadata import version as v; print(v('{dist}'), v('torch'))"
+    out = subprocess.run([peer.python, "-c", code], capture_output=True, text=True).stdout.split()
+    return f"{dist} {out[0]}, torch {out[1]}" if len(out) == 2 else "?"
+
+
+class Server:
+    """One running server, in its own session so the whole tree can be measured and killed."""
+
+    def __init__(self, peer: Peer, log_dir: Path) -> None:
+        self.peer = peer
+        self.ports = {"grpc": free_port(), "http": free_port(), "metrics": free_port()}
+        self.target = f"127.0.0.1:{self.ports['grpc']}"
+        self.log_path = log_dir / f"{peer.name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> float:
+        argv, env, cwd = self.peer.launch(self.peer, self.ports)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        _RUNNING.add(self)
+        self.wait_ready(t0)
+        return time.monotonic() - t0
+
+    def wait_ready(self, t0: float) -> None:
+        from wok.clients import Client
+
+        deadline = t0 + self.peer.ready_timeout_s
+        with Client(self.target) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.peer.name} exited with {self.proc.returncode}; see {self.log_path}")
+                try:
+                    if client.model_ready("mlp", timeout=1.0):
+                        return
+                except Exception:
+                    pass
+                time.sleep(0.25)
+        raise TimeoutError(f"{self.peer.name} not ready after {self.peer.ready_timeout_s:g} s; see {self.log_path}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        _signal_tree(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        # Whatever is left of the tree (tritonserver, python stubs, workers) gets SIGKILL.
+        deadline = time.monotonic() + 5.0
+        while _tree_pids(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _tree_pids(pgid):
+            _signal_tree(pgid, signal.SIGKILL)
+            deadline = time.monotonic() + 5.0
+            while _tree_pids(pgid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        if self.proc.poll() is None:
+            self.proc.wait(5.0)
+        _RUNNING.discard(self)
+
+
+_RUNNING: set[Server] = set()
+
+
+def _tree_pids(leader: int) -> list[int]:
+    return [p.pid for p in session_members(read_procs(), leader) if p.pid != os.getpid()]
+
+
+def _signal_tree(leader: int, sig: int) -> None:
+    try:
+        os.killpg(leader, sig)
+    except ProcessLookupError:
+        pass
+    for pid in _tree_pids(leader):  # descendants that moved to another group
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_all() -> None:
+    for server in list(_RUNNING):
+        try:
+            server.stop(grace_s=10.0)
+        except Exception as exc:  # keep stopping the others
+            say(f"stopping {server.peer.name}: {exc}")
+
+
+# --------------------------------------------------------------------------- one ramp
+
+
+def metered_ramp(server: Server, cfg, progress: Callable[[str], None]) -> dict:
+    """wok's ramp, with the server tree's CPU read before and after each step."""
+    import numpy as np
+
+    from wok.bench.runner import Ramp
+    from wok.bench.workers import OK
+
+    class MeteredRamp(Ramp):
+        def run_step(self, workers, qps, label):
+            me = os.getpid()
+            before, gen0, busy0, t0 = tree_usage(server.pid), tree_usage(me), system_busy_s(), time.monotonic()
+            step = super().run_step(workers, qps, label)
+            after, gen1, busy1 = tree_usage(server.pid), tree_usage(me), system_busy_s()
+            wall = time.monotonic() - t0
+            # Every request of the step counts here (warm-up included), as does its CPU.
+            ok = int(np.count_nonzero(self.timeline[-1][3] == OK))
+            step["server_cpu"] = cpu_per_request(before, after, wall, ok)
+            # Noise check on a shared machine: who else was busy during the step.
+            # The server is this process's child, so this process's tree holds it: take it out.
+            server_s = after.cpu_s - before.cpu_s
+            step["host_cpu"] = host_load(server_s, gen1.cpu_s - gen0.cpu_s - server_s, busy1 - busy0, wall)
+            if step["host_cpu"]["other_cores"] > 0.25:
+                self.say(f"warning: other processes used {step['host_cpu']['other_cores']:.2f} cores during this step")
+            return step
+
+    return MeteredRamp(cfg, progress=progress).run()
+
+
+def summarize_run(result: dict) -> dict:
+    from wok.bench.analysis import max_qps_under_slo
+
+    steps = [
+        {k: s.get(k) for k in STEP_KEYS} | {"server_cpu": s.get("server_cpu"), "host_cpu": s.get("host_cpu")}
+        for s in result["steps"]
+    ]
+    return {
+        "max_qps": {f"{slo:g}": max_qps_under_slo(result["steps"], slo) for slo in SLOS_MS},
+        "steps": steps,
+        "warnings": result.get("warnings", []),
+    }
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def spread(values: Iterable[float | None]) -> dict:
+    """Median and min–max over the repetitions; None values (not measured) are left out."""
+    vals = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def step_at(run: dict, qps: float) -> dict | None:
+    for s in run.get("steps", []):
+        if abs(s["offered_qps"] - qps) < 1e-9:
+            return s
+    return None
+
+
+def _lat(run: dict, qps: float, key: str) -> float | None:
+    s = step_at(run, qps)
+    return None if s is None else s["latency_ms"].get(key)
+
+
+def _cpu(run: dict, qps: float) -> float | None:
+    s = step_at(run, qps)
+    return None if s is None or not s.get("server_cpu") else s["server_cpu"]["us_per_request"]
+
+
+def aggregate(runs: list[dict], servers: list[str], report_at: Iterable[float] = REPORT_AT) -> dict:
+    """Per server: median and spread of each headline figure over its successful runs.
+
+    A ramp whose lowest step already misses an SLO counts as 0 QPS for that SLO.
+    """
+    out = {}
+    for name in servers:
+        mine = [r for r in runs if r["server"] == name and not r.get("error")]
+        summary = {"runs": len(mine)}
+        for slo in SLOS_MS:
+            key = f"{slo:g}"
+            summary[f"max_qps_p99_{key}ms"] = spread((r["max_qps"][key] or 0.0) for r in mine)
+        for q in report_at:
+            summary[f"p50_ms_at_{q:g}"] = spread(_lat(r, q, "p50") for r in mine)
+            summary[f"p99_ms_at_{q:g}"] = spread(_lat(r, q, "p99") for r in mine)
+            summary[f"cpu_us_per_request_at_{q:g}"] = spread(_cpu(r, q) for r in mine)
+        summary["peak_rss_mb"] = spread(r["peak_rss_bytes"] / 2**20 for r in mine if r.get("peak_rss_bytes"))
+        summary["ready_s"] = spread(r.get("ready_s") for r in mine)
+        summary["other_cores_max"] = spread(
+            max((s["host_cpu"]["other_cores"] for s in r["steps"] if s.get("host_cpu")), default=None) for r in mine
+        )
+        out[name] = summary
+    return out
+
+
+def _fmt(sp: dict, digits: int = 0) -> str:
+    if not sp or sp.get("median") is None:
+        return "-"
+    f = f"{{:,.{digits}f}}"
+    med = f.format(sp["median"])
+    if sp["n"] > 1:
+        return f"{med} ({f.format(sp['min'])}–{f.format(sp['max'])})"
+    return med
+
+
+def table_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    servers = doc["config"]["servers"]
+    report_at = doc["config"]["report_at_qps"]
+    header = ["metric", *servers]
+    rows = []
+    for slo in SLOS_MS:
+        rows.append(
+            [f"max QPS, P99 ≤ {slo:g} ms"] + [_fmt(doc["summary"][s][f"max_qps_p99_{slo:g}ms"]) for s in servers]
+        )
+    for q in report_at:
+        for p in ("p50", "p99"):
+            rows.append(
+                [f"{p.upper()} ms at {q:,g} QPS"] + [_fmt(doc["summary"][s][f"{p}_ms_at_{q:g}"], 1) for s in servers]
+            )
+    for q in report_at:
+        rows.append(
+            [f"CPU µs/request at {q:,g} QPS"]
+            + [_fmt(doc["summary"][s][f"cpu_us_per_request_at_{q:g}"]) for s in servers]
+        )
+    rows.append(["peak RSS, MiB"] + [_fmt(doc["summary"][s]["peak_rss_mb"]) for s in servers])
+    rows.append(
+        ["other load, cores (worst step)"] + [_fmt(doc["summary"][s].get("other_cores_max"), 2) for s in servers]
+    )
+    rows.append(["runs (ok)"] + [str(doc["summary"][s]["runs"]) for s in servers])
+    return header, rows
+
+
+def render_table(doc: dict, markdown: bool = False) -> str:
+    header, rows = table_rows(doc)
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["--:"] * (len(header) - 1)) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)])
+
+
+def build_doc(config: dict, versions: dict, runs: list[dict], created: str | None = None) -> dict:
+    return {
+        "schema": SCHEMA,
+        "created": created or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": host_info(),
+        "config": config,
+        "servers": versions,
+        "runs": runs,
+        "summary": aggregate(runs, config["servers"], config["report_at_qps"]),
+    }
+
+
+def host_info() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    try:
+        info["loadavg_at_end"] = list(os.getloadavg())
+    except OSError:
+        pass
+    return info
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_duration(text: str) -> float:
+    text = text.strip()
+    for suffix, mul in (("ms", 1e-3), ("s", 1.0), ("m", 60.0)):
+        if text.endswith(suffix) and text[: -len(suffix)].replace(".", "", 1).isdigit():
+            return float(text[: -len(suffix)]) * mul
+    return float(text)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--servers", default="wok,pytriton,mlserver", help=f"comma list of {', '.join(PEERS)}")
+    p.add_argument("--steps", default=DEFAULT_STEPS, help="offered QPS per step")
+    p.add_argument("--step-duration", default="5s", help="measured length of each step (default 5s)")
+    p.add_argument("--warmup", default="1s", help="uncounted start of each step (default 1s)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions; server order rotates each one (default 3)")
+    p.add_argument("--json", type=Path, help="write the wok.compare/1 document here")
+    p.add_argument(
+        "--stop-factor",
+        type=float,
+        default=20.0,
+        help="end a server's ramp after a step whose P99 exceeds this × the 200 ms SLO (default 20)",
+    )
+    p.add_argument("--workers", type=int, default=2, help="load-generator processes (default 2)")
+    p.add_argument("--arrival", default="poisson")
+    p.add_argument("--report-at", default="100,1000", help="offered QPS at which latency and CPU are tabled")
+    p.add_argument("--install-only", action="store_true", help="build the peers' venvs and exit")
+    args = p.parse_args(argv)
+    args.server_list = [s.strip() for s in args.servers.split(",") if s.strip()]
+    unknown = [s for s in args.server_list if s not in PEERS]
+    if unknown:
+        p.error(f"unknown server(s) {unknown}; known: {', '.join(PEERS)}")
+    args.step_list = [float(x) for x in args.steps.split(",")]
+    args.report_list = [float(x) for x in args.report_at.split(",")]
+    return args
+
+
+def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path) -> dict:
+    from wok.bench.runner import RampConfig
+
+    record: dict = {"rep": rep, "server": peer.name, "error": None}
+    server = Server(peer, log_dir)
+    record["target"] = server.target
+    try:
+        say(f"rep {rep}: starting {peer.name}")
+        record["ready_s"] = server.start()
+        say(f"rep {rep}: {peer.name} ready in {record['ready_s']:.1f} s on {server.target}")
+        metrics = f"http://127.0.0.1:{server.ports['metrics']}/metrics" if peer.name == "wok" else None
+        cfg = RampConfig(target=server.target, models=[("mlp", 1.0)], metrics_url=metrics, **cfg_kwargs)
+        with RssSampler(server.pid) as rss:
+            result = metered_ramp(server, cfg, progress=lambda m: say(f"rep {rep} {peer.name}: {m}"))
+        record.update(summarize_run(result))
+        record["peak_rss_bytes"] = rss.peak
+        say(
+            f"rep {rep}: {peer.name} max QPS under P99≤50 ms {record['max_qps']['50']}, "
+            f"≤200 ms {record['max_qps']['200']}, peak RSS {rss.peak / 2**20:.0f} MiB"
+        )
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        say(f"rep {rep}: {peer.name} failed: {record['error']}")
+    finally:
+        server.stop()
+        left = _tree_pids(server.pid) if server.proc else []
+        if left:
+            say(f"warning: {peer.name} left processes {left}")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    peers = [PEERS[s] for s in args.server_list]
+    for peer in peers:
+        ensure_venv(peer)
+    if args.install_only:
+        return 0
+    cfg_kwargs = {
+        "steps": args.step_list,
+        "step_duration_s": parse_duration(args.step_duration),
+        "warmup_s": parse_duration(args.warmup),
+        "arrival": args.arrival,
+        "slo_p99_ms": max(SLOS_MS),
+        "workers": args.workers,
+        "stop_factor": args.stop_factor,
+    }
+    load_at_start = list(os.getloadavg())
+    versions = {p.name: {"version": peer_version(p), "recipe": p.recipe} for p in peers}
+    log_dir = PEERS_DIR / "logs" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    runs: list[dict] = []
+    orders = []
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for s in previous:
+        signal.signal(s, on_signal)
+    interrupted = False
+    try:
+        for rep in range(1, args.reps + 1):
+            k = (rep - 1) % len(peers)
+            order = peers[k:] + peers[:k]
+            orders.append([p.name for p in order])
+            for peer in order:
+                runs.append(run_one(peer, rep, cfg_kwargs, log_dir))
+    except KeyboardInterrupt:
+        interrupted = True
+        say("interrupted: stopping servers and writing what was measured")
+    finally:
+        stop_all()
+        for s, h in previous.items():
+            signal.signal(s, h)
+    config = {
+        "servers": args.server_list,
+        "reps": args.reps,
+        "orders": orders,
+        "steps_qps": args.step_list,
+        "report_at_qps": args.report_list,
+        "slos_p99_ms": list(SLOS_MS),
+        "min_success_rate": 0.99,
+        "interrupted": interrupted,
+        "loadavg_at_start": load_at_start,
+        "logs": str(log_dir.relative_to(ROOT)) if log_dir.is_relative_to(ROOT) else str(log_dir),
+        **{k: v for k, v in cfg_kwargs.items() if k != "steps"},
+    }
+    doc = build_doc(config, versions, runs)
+    print(render_table(doc))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(clean(doc), indent=1, allow_nan=False, default=_json_default) + "\n")
+        say(f"wrote {args.json}")
+    return 130 if interrupted else (1 if any(r["error"] for r in runs) else 0)
+
+
+def clean(obj):
+    """NaN and infinities become null, numpy scalars plain numbers: strict JSON."""
+    if isinstance(obj, dict):
+        return {k: clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _json_default(obj):
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

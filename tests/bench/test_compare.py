@@ -1,0 +1,149 @@
+"""bench/compare.py: /proc accounting, aggregation, table and JSON shape, and a wok-only smoke run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wok.bench import compare
+from wok.bench.analysis import max_qps_under_slo
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def stat_line(pid, ppid, pgrp, session, utime, stime, rss, comm="py thon)", cutime=0, cstime=0):
+    # Fields 1..24 of /proc/PID/stat; the name holds a space and a ')' on purpose.
+    fields = [str(pid), f"({comm})", "S", str(ppid), str(pgrp), str(session)] + ["0"] * 7
+    fields += [str(utime), str(stime), str(cutime), str(cstime)] + ["0"] * 6 + [str(rss)]
+    return " ".join(fields) + " 0 0 0\n"
+
+
+def fake_proc(root: Path, procs: list[tuple]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for old in root.iterdir():
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    (root / "self").mkdir()
+    for p in procs:
+        d = root / str(p[0])
+        d.mkdir()
+        (d / "stat").write_text(stat_line(*p[:7], **(p[7] if len(p) > 7 else {})))
+    return root
+
+
+def test_parse_stat_survives_odd_names():
+    st = compare.parse_stat(stat_line(42, 1, 42, 42, 10, 5, 300, comm="a) b", cutime=2, cstime=3))
+    assert (st.pid, st.ppid, st.pgrp, st.session, st.cpu_ticks, st.rss_pages) == (42, 1, 42, 42, 20, 300)
+
+
+def test_tree_usage_and_cpu_per_request_from_fake_proc(tmp_path):
+    root = tmp_path / "proc"
+    # Leader 100; 101 in its session; 102 left the session (setsid) but is 101's child; 200 unrelated.
+    fake_proc(root, [(100, 1, 100, 100, 100, 50, 1000), (101, 100, 100, 100, 30, 20, 500),
+                     (102, 101, 102, 102, 0, 0, 250), (200, 1, 200, 200, 999, 999, 9999)])  # fmt: skip
+    before = compare.tree_usage(100, proc_root=root, ticks_per_s=100, page_size=4096)
+    assert before.pids == 3
+    assert before.cpu_s == pytest.approx(2.0)  # (150 + 50) ticks / 100 Hz
+    assert before.rss_bytes == 1750 * 4096
+    # One second later: the tree used 150 more ticks (1.5 s of CPU), 102 grew.
+    fake_proc(root, [(100, 1, 100, 100, 200, 80, 1000), (101, 100, 100, 100, 50, 20, 500),
+                     (102, 101, 102, 102, 10, 10, 300), (200, 1, 200, 200, 5000, 5000, 9999)])  # fmt: skip
+    after = compare.tree_usage(100, proc_root=root, ticks_per_s=100, page_size=4096)
+    assert after.cpu_s == pytest.approx(3.7)
+    cpu = compare.cpu_per_request(before, after, wall_s=2.0, ok_requests=1000)
+    assert cpu["cpu_s"] == pytest.approx(1.7)
+    assert cpu["us_per_request"] == pytest.approx(1700.0)
+    assert cpu["cores"] == pytest.approx(0.85)
+    assert compare.cpu_per_request(before, after, 2.0, 0)["us_per_request"] is None
+
+
+def test_system_busy_and_host_load(tmp_path):
+    (tmp_path / "stat").write_text("cpu  100 0 50 1000 30 5 5 0 0 0\ncpu0 1 2 3\n")
+    assert compare.system_busy_s(tmp_path, ticks_per_s=100) == pytest.approx(1.6)
+    load = compare.host_load(server_cpu_s=1.0, loadgen_cpu_s=0.5, busy_s=2.0, wall_s=2.0)
+    assert load == {"loadgen_cores": 0.25, "other_cores": 0.25}
+
+
+def test_spread_median_and_range():
+    assert compare.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert compare.spread([4.0, None, float("nan"), 2.0]) == {"median": 3.0, "min": 2.0, "max": 4.0, "n": 2}
+    assert compare.spread([None]) == {"median": None, "min": None, "max": None, "n": 0}
+
+
+def step(qps, p50, p99, us=None, ok=1.0):
+    return {
+        "offered_qps": qps,
+        "achieved_qps": qps * ok,
+        "success_rate": ok,
+        "latency_ms": {"p50": p50, "p99": p99},
+        "server_cpu": None if us is None else {"us_per_request": us},
+    }
+
+
+def synthetic_runs():
+    runs = []
+    for rep, (p99_1000, cap) in enumerate([(30.0, 1600), (60.0, 1200), (40.0, 2000)], start=1):
+        steps = [step(100, 2.0, 5.0 + rep, us=900), step(1000, 3.0, p99_1000, us=300 + rep)]
+        steps.append(step(cap, 20.0, 150.0))
+        steps.append(step(4000, 900.0, 9000.0, ok=0.4))
+        max50 = max_qps_under_slo(steps, 50.0)
+        runs.append({"rep": rep, "server": "a", "error": None, "ready_s": 1.0, "peak_rss_bytes": rep * 2**20,
+                     "max_qps": {"50": max50, "200": max_qps_under_slo(steps, 200.0)}, "steps": steps})  # fmt: skip
+    runs.append({"rep": 1, "server": "b", "error": None, "ready_s": 2.0, "peak_rss_bytes": 2**30,
+                 "max_qps": {"50": None, "200": 100.0}, "steps": [step(100, 60.0, 120.0, us=5000)]})  # fmt: skip
+    runs.append({"rep": 2, "server": "b", "error": "TimeoutError: not ready"})
+    return runs
+
+
+def test_aggregate_table_and_json_shape():
+    runs = synthetic_runs()
+    config = {"servers": ["a", "b"], "report_at_qps": [100.0, 1000.0]}
+    doc = compare.build_doc(
+        config, {"a": {"version": "1"}, "b": {"version": "2"}}, runs, created="2026-01-01T00:00:00Z"
+    )
+    assert doc["schema"] == "wok.compare/1"
+    a, b = doc["summary"]["a"], doc["summary"]["b"]
+    assert a["runs"] == 3 and b["runs"] == 1  # the failed run is left out
+    assert a["max_qps_p99_50ms"] == {"median": 1000.0, "min": 100.0, "max": 1000.0, "n": 3}  # rep 2: 60 ms at 1000
+    assert a["max_qps_p99_200ms"] == {"median": 1600.0, "min": 1200.0, "max": 2000.0, "n": 3}
+    assert a["p99_ms_at_1000"] == {"median": 40.0, "min": 30.0, "max": 60.0, "n": 3}
+    assert a["cpu_us_per_request_at_1000"]["median"] == 302.0
+    assert a["peak_rss_mb"] == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert b["max_qps_p99_50ms"]["median"] == 0.0  # lowest step failed: counts as 0
+    assert b["p99_ms_at_1000"]["n"] == 0
+    text = compare.render_table(doc)
+    assert "1,600 (1,200–2,000)" in text and "max QPS, P99 ≤ 50 ms" in text
+    md = compare.render_table(doc, markdown=True).splitlines()
+    assert md[0] == "| metric | a | b |" and len({line.count("|") for line in md}) == 1
+    json.loads(json.dumps(compare.clean(doc), allow_nan=False))
+
+
+def test_unknown_server_is_refused():
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--servers", "wok,nope"])
+
+
+def test_smoke_wok_only(tmp_path):
+    out = tmp_path / "c.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--servers", "wok", "--steps", "50,100",
+           "--step-duration", "1s", "--warmup", "0.3s", "--reps", "1", "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "wok.compare/1"
+    (run,) = doc["runs"]
+    assert run["server"] == "wok" and run["error"] is None
+    assert [s["offered_qps"] for s in run["steps"]] == [50.0, 100.0]
+    assert all(s["success_rate"] == 1.0 for s in run["steps"])
+    assert all(s["server_cpu"]["us_per_request"] > 0 for s in run["steps"])
+    assert all(s["host_cpu"]["other_cores"] >= 0 for s in run["steps"])
+    assert run["peak_rss_bytes"] > 10 * 2**20
+    assert "max QPS, P99 ≤ 200 ms" in proc.stdout
+    port = run["target"].rsplit(":", 1)[1]
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"--port {port} " not in ps  # the server was stopped
