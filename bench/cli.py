@@ -40,10 +40,32 @@ def add_parser(sub) -> None:
     p.add_argument("--refine", type=int, default=0, help="bisection steps between the last pass and first failure")
     p.add_argument("--knee-threshold", type=float, default=0.5, help="Δachieved/Δoffered below this is the knee")
     p.add_argument("--require-qps", type=float, help=f"exit {REQUIRE_QPS_NOT_MET} unless max QPS under SLO ≥ this")
+    _add_outputs(p)
+
+
+def _add_outputs(p) -> None:
+    """The result files every figure-producing command writes."""
     p.add_argument("--json", type=Path, help="write the result (schema wok.bench/1) here")
     p.add_argument("--csv", type=Path, help="write one row per step here")
     p.add_argument("--html", type=Path, help="write a self-contained HTML report here")
     p.add_argument("--plots", type=Path, help="write the plots as PNG files into this folder")
+
+
+def _write_outputs(result: dict, args) -> None:
+    from . import report
+
+    report.print_table(result)
+    if args.json:
+        report.write_json(result, args.json)
+    if args.csv:
+        report.write_csv(result, args.csv)
+    if args.html:
+        report.write_html(result, args.html)
+    if args.plots:
+        args.plots.mkdir(parents=True, exist_ok=True)
+        report.plot_latency_vs_offered(result, args.plots / "latency_vs_offered.png")
+        report.plot_throughput(result, args.plots / "throughput.png")
+        report.plot_timeline(result, args.plots / "timeline.png")
 
 
 def add_simulate_parser(sub) -> None:
@@ -65,13 +87,10 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--warmup", default="0s")
     p.add_argument("--slo-p99", default="200ms")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path)
-    p.add_argument("--csv", type=Path)
-    p.add_argument("--html", type=Path)
+    _add_outputs(p)
 
 
 def run_simulate(args) -> int:
-    from . import report
     from .arrivals import parse_duration, parse_steps
     from .simulate import BatcherModel, SimConfig, simulate_ramp
 
@@ -93,17 +112,11 @@ def run_simulate(args) -> int:
         seed=args.seed,
     )
     result = simulate_ramp(cfg)
-    report.print_table(result)
+    _write_outputs(result, args)
     print(
         "utilization per step: "
         + ", ".join(f"{s['offered_qps']:g} QPS {100 * s['utilization']:.0f}%" for s in result["steps"])
     )
-    if args.json:
-        report.write_json(result, args.json)
-    if args.csv:
-        report.write_csv(result, args.csv)
-    if args.html:
-        report.write_html(result, args.html)
     return 0
 
 
@@ -121,7 +134,6 @@ def _metrics_url(spec: str, target: str) -> str | None:
 
 def run(args) -> int:
     from ..clients import InferError
-    from . import report
     from .arrivals import parse_duration, parse_steps
     from .payloads import parse_mix
     from .runner import Ramp, RampConfig
@@ -151,18 +163,7 @@ def run(args) -> int:
     except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
         print(f"wok bench: {exc}", file=sys.stderr)
         return 1
-    report.print_table(result)
-    if args.json:
-        report.write_json(result, args.json)
-    if args.csv:
-        report.write_csv(result, args.csv)
-    if args.html:
-        report.write_html(result, args.html)
-    if args.plots:
-        args.plots.mkdir(parents=True, exist_ok=True)
-        report.plot_latency_vs_offered(result, args.plots / "latency_vs_offered.png")
-        report.plot_throughput(result, args.plots / "throughput.png")
-        report.plot_timeline(result, args.plots / "timeline.png")
+    _write_outputs(result, args)
     best = result["max_qps_under_slo"]
     if args.require_qps is not None and (best is None or best < args.require_qps):
         print(f"wok bench: max QPS under the SLO is {best}, below the required {args.require_qps:g}", file=sys.stderr)
