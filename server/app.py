@@ -190,9 +190,6 @@ class WokServer:
         self._stopped.set()
         log.info("stopped")
 
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
-
 
 def build_repository(settings: ServerSettings, demo_options: dict | None = None) -> ModelRepository:
     if settings.model_repository is not None:

@@ -151,10 +151,6 @@ class Batcher:
     def inflight(self) -> int:
         return self._inflight
 
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
-
     # -- requests ------------------------------------------------------------------------
     def submit(self, inputs: dict[str, np.ndarray], rows: int, key: Hashable, deadline: float | None) -> Pending:
         """Queue a checked request; raises QueueFull or ShuttingDown at once."""

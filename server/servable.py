@@ -45,9 +45,6 @@ class HostBuffers:
             self._flat[name] = buf
         return buf[:numel].view(tuple(shape))
 
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self._flat.values())
-
     def storage_ptrs(self) -> set[int]:
         return {b.untyped_storage().data_ptr() for b in self._flat.values()}
 
