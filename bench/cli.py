@@ -41,6 +41,7 @@ def add_parser(sub) -> None:
     p.add_argument("--knee-threshold", type=float, default=0.5, help="Δachieved/Δoffered below this is the knee")
     p.add_argument("--require-qps", type=float, help=f"exit {REQUIRE_QPS_NOT_MET} unless max QPS under SLO ≥ this")
     _add_outputs(p)
+    p.set_defaults(run=run)
 
 
 def _add_outputs(p) -> None:
@@ -88,6 +89,7 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--slo-p99", default="200ms")
     p.add_argument("--seed", type=int, default=0)
     _add_outputs(p)
+    p.set_defaults(run=run_simulate)
 
 
 def run_simulate(args) -> int:
@@ -169,3 +171,8 @@ def run(args) -> int:
         print(f"wok bench: max QPS under the SLO is {best}, below the required {args.require_qps:g}", file=sys.stderr)
         return REQUIRE_QPS_NOT_MET
     return 0
+
+
+# The `wok` subcommands besides `serve`, each a function that adds its parser to argparse's
+# subparsers and sets `run`; wok.__main__ registers them in this order.
+COMMANDS = [add_parser, add_simulate_parser]

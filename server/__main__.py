@@ -140,21 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(sub)
     from .bench import cli as bench_cli
 
-    bench_cli.add_parser(sub)
-    bench_cli.add_simulate_parser(sub)
+    # Each figure-producing command registers itself with `p.set_defaults(run=fn, name=...)`;
+    # `run(args)` returns the exit status and raises ValueError for a bad option value.
+    for register in bench_cli.COMMANDS:
+        register(sub)
     args = parser.parse_args(argv)
-    if args.command == "simulate":
-        try:
-            return bench_cli.run_simulate(args)
-        except ValueError as exc:
-            print(f"wok simulate: {exc}", file=sys.stderr)
-            return 2
-    if args.command == "bench":
+    if args.command != "serve":
         logging.basicConfig(level=logging.WARNING)
         try:
-            return bench_cli.run(args)
+            return args.run(args)
         except ValueError as exc:  # a bad option value, named by the parser that refused it
-            print(f"wok bench: {exc}", file=sys.stderr)
+            print(f"wok {args.command}: {exc}", file=sys.stderr)
             return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _pick_loop()
