@@ -61,6 +61,9 @@ class Batch:
     instance: int = 0
     slot: int = 0
     dispatched: float = 0.0
+    # When its instance started waiting for it with requests queued (None: the instance
+    # was busy when it was dispatched); the wait ends when the worker starts the batch.
+    idle_from: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,10 @@ class Batcher:
         self._inflight = 0  # batches in the executor
         self._free_slots = executor.slots()
         self._busy = [0] * len(executor.instances)
+        # For the idle-while-queued time: when each instance last finished its last batch,
+        # and since when requests have been queued (None while nothing is).
+        self._idle_since = [time.perf_counter()] * len(executor.instances)
+        self._queued_since: float | None = None
         self._stopping = False
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -171,6 +178,8 @@ class Batcher:
         if q is None:
             q = self._queues[key] = _Queue()
         idle = self._queued == 0
+        if idle:
+            self._queued_since = p.arrival
         if q.samples == 0:
             heapq.heappush(self._heads, (p.arrival, next(self._seq), key))
         q.entries.append(p)
@@ -195,6 +204,8 @@ class Batcher:
     def _forget(self, p: Pending) -> None:
         self._queues[p.key].samples -= p.rows
         self._queued -= 1
+        if self._queued == 0:
+            self._queued_since = None
 
     # -- the task ------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -205,9 +216,10 @@ class Batcher:
                 if self._free_slots:
                     key, q, reason, wait = self._pick(now)
                     if q is not None:
+                        queued_since = self._queued_since
                         batch = self._form(key, q, reason, now)
                         if batch is not None:
-                            self._dispatch(batch)
+                            self._dispatch(batch, queued_since)
                         continue
                 else:
                     wait = None
@@ -314,9 +326,11 @@ class Batcher:
             return None
         return Batch(taken, samples, reason)
 
-    def _dispatch(self, batch: Batch) -> None:
+    def _dispatch(self, batch: Batch, queued_since: float | None) -> None:
         i = min(range(len(self._free_slots)), key=lambda j: self._busy[self._free_slots[j][0]])
         inst, slot = self._free_slots.pop(i)
+        if self._busy[inst] == 0 and queued_since is not None:
+            batch.idle_from = max(self._idle_since[inst], queued_since)
         self._busy[inst] += 1
         self._inflight += 1
         batch.instance, batch.slot = inst, slot
@@ -344,12 +358,15 @@ class Batcher:
 
     def _complete(self, batch: Batch, f: concurrent.futures.Future) -> None:
         now = time.perf_counter()
-        self._free_slots.append((batch.instance, batch.slot))
-        self._busy[batch.instance] -= 1
+        inst = batch.instance
+        self._free_slots.append((inst, batch.slot))
+        self._busy[inst] -= 1
         self._inflight -= 1
         self._wakeup.set()
         exc = f.exception()
         if exc is not None:
+            if self._busy[inst] == 0:
+                self._idle_since[inst] = now
             if not isinstance(exc, ModelExecutionError):
                 exc = ModelExecutionError(f"model '{self.name}' failed: {type(exc).__name__}: {exc}")
             for p in batch.requests:
@@ -360,6 +377,10 @@ class Batcher:
                 self.stats.fail.add(now - p.arrival)
             return
         result: BatchResult = f.result()
+        if batch.idle_from is not None and result.started > batch.idle_from:
+            self.metrics.record_idle_queued(inst, result.started - batch.idle_from)
+        if self._busy[inst] == 0:
+            self._idle_since[inst] = result.finished
         if len(result.outputs) != len(batch.requests):
             n, got = len(batch.requests), len(result.outputs)
             exc = ModelExecutionError(f"model '{self.name}' split a batch of {n} requests into {got} results")

@@ -84,6 +84,9 @@ class ModelMetrics:
         self.rejections = dict.fromkeys(REJECTION_REASONS, 0)
         self.responses: dict[str, int] = {}
         self.busy_seconds = [0.0] * instances
+        # Seconds an instance had nothing to run while requests waited: the delay window at
+        # low load (by design), dispatch gaps at saturation (waste).
+        self.idle_queued_seconds = [0.0] * instances
         # Read at scrape time from the batcher, so the hot path keeps no gauge of its own.
         self.queue_depth: Callable[[], int] = lambda: 0
         self.inflight: Callable[[], int] = lambda: 0
@@ -111,6 +114,9 @@ class ModelMetrics:
         self.batch_size.observe(samples)
         self.busy_seconds[instance] += busy
 
+    def record_idle_queued(self, instance: int, seconds: float) -> None:
+        self.idle_queued_seconds[instance] += seconds
+
     def record_flush(self, reason: str) -> None:
         self.flushes[reason] = self.flushes.get(reason, 0) + 1
 
@@ -132,6 +138,9 @@ class NullModelMetrics(ModelMetrics):
     """Records nothing: for measuring what metrics cost (`wok serve --no-metrics`)."""
 
     def record_batch(self, *args, **kwargs) -> None:
+        pass
+
+    def record_idle_queued(self, instance: int, seconds: float) -> None:
         pass
 
     def record_flush(self, reason: str) -> None:
@@ -208,6 +217,12 @@ class WokMetrics:
             # Not "instance": Prometheus gives every target an `instance` label (host:port).
             labels=["model", "model_instance"],
         )
+        idle_queued = CounterMetricFamily(
+            "wok_instance_idle_queued_seconds",
+            "Seconds each model instance had no batch to run while requests were queued for its model, up to "
+            "when its worker started the next batch: the queue delay window at low load, dispatch gaps under load",
+            labels=["model", "model_instance"],
+        )
         depth = GaugeMetricFamily("wok_queue_depth", "Requests waiting in the model's queue", labels=["model"])
         inflight = GaugeMetricFamily(
             "wok_inflight_batches", "Batches handed to the model's instances and not yet finished", labels=["model"]
@@ -225,10 +240,12 @@ class WokMetrics:
                 rej.add_metric([m.name, reason], n)
             for i, secs in enumerate(m.busy_seconds):
                 busy.add_metric([m.name, str(i)], secs)
+            for i, secs in enumerate(m.idle_queued_seconds):
+                idle_queued.add_metric([m.name, str(i)], secs)
             depth.add_metric([m.name], m.queue_depth())
             inflight.add_metric([m.name], m.inflight())
         rej.add_metric(["", "not_found"], self.unknown_model_requests)
-        yield from (stage, e2e, bs, flush, resp, rej, busy, depth, inflight)
+        yield from (stage, e2e, bs, flush, resp, rej, busy, idle_queued, depth, inflight)
         if self._gpu is not None:
             yield from self._gpu.collect()
 

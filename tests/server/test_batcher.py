@@ -259,3 +259,35 @@ async def test_an_executor_that_refuses_work_fails_the_batch_and_the_batcher_liv
     assert "cannot schedule new futures after shutdown" in str(results[0])
     assert b.inflight == 0 and not b._task.done()
     await finish(b)
+
+
+async def test_idle_while_queued_counts_the_delay_window(gated):
+    s, _, ex = gated(max_batch_size=8, delay_ms=30)
+    b = make_batcher(s, ex)
+    start = time.perf_counter()
+    p = submit(b, 1.0)
+    await p.future
+    elapsed = time.perf_counter() - start
+    idle = b.metrics.idle_queued_seconds[0]
+    # The instance was free while the request waited out its window: that is the time counted.
+    assert 0.030 <= idle <= elapsed
+    await finish(b)
+
+
+async def test_idle_while_queued_leaves_out_the_time_the_instance_was_busy(gated):
+    s, m, ex = gated(max_batch_size=8, delay_ms=0, depth=1)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    first = submit(b, 0.0)
+    await wait_entered(m)
+    rest = [submit(b, float(i)) for i in range(1, 9)]
+    busy_from = time.perf_counter()
+    await asyncio.sleep(0.05)  # not a gate: it makes the busy period at least this long
+    m.gate.set()
+    await asyncio.gather(first.future, *(p.future for p in rest))
+    assert time.perf_counter() - busy_from >= 0.05
+    assert m.batch_sizes == [1, 8]
+    # Queued for the whole busy period, but the instance was running: only the hops from the
+    # loop to the worker (before each batch) count, far below the 50 ms it was busy.
+    assert 0 < b.metrics.idle_queued_seconds[0] < 0.05
+    await finish(b)

@@ -49,6 +49,11 @@ def test_an_injected_registry_holds_the_series_and_close_removes_them():
     assert registry.get_sample_value(
         "wok_instance_busy_seconds_total", {"model": "mlp", "model_instance": "0"}
     ) == pytest.approx(0.0102)
+    m.record_idle_queued(0, 0.003)
+    m.record_idle_queued(0, 0.001)
+    assert registry.get_sample_value(
+        "wok_instance_idle_queued_seconds_total", {"model": "mlp", "model_instance": "0"}
+    ) == pytest.approx(0.004)
     metrics.close()
     assert registry.get_sample_value("wok_batch_size_count", {"model": "mlp"}) is None
 
