@@ -173,6 +173,100 @@ def run(args) -> int:
     return 0
 
 
+def add_plan_parser(sub) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="GPUs for a peak load, per team, and the autoscaling manifests",
+        description="N = ⌈peak QPS × T_batch / (n × U_target)⌉ GPUs plus k for redundancy, computed exactly; "
+        "per-team quotas; an autoscaling policy as a Kubernetes HPA (Prometheus adapter) and a KEDA "
+        "ScaledObject. See docs/plan.md.",
+    )
+    peak = p.add_argument_group("peak load (one of)")
+    peak.add_argument("--peak-qps", help="the peak request rate")
+    peak.add_argument("--burst", help="Gaussian burst base=QPS,amplitude=QPS|Nx[,sigma=30s]: peak = base + amplitude")
+    peak.add_argument("--team", action="append", default=[], metavar="NAME=QPS", help="a team's peak (repeat)")
+    batch = p.add_argument_group("batch time (one of)")
+    batch.add_argument("--t-batch", help="time of one batch of --batch-size rows, e.g. 20ms")
+    batch.add_argument("--alpha", help="T_batch = α + β·n: α, e.g. 2ms (with --beta)")
+    batch.add_argument("--beta", help="β, the time per row, e.g. 0.5ms (with --alpha)")
+    batch.add_argument("--profile", type=Path, help="α and β from a `wok profile --json` file (wok.profile/1)")
+    batch.add_argument("--from-ramp", type=Path, help="T_batch and n from a `wok bench ramp --json` result")
+    batch.add_argument("--batch-size", help="n, the mean rows per batch (not with --from-ramp)")
+    p.add_argument("--target-util", default="0.65", help="U_target in (0, 1] (default 0.65; advised 0.6-0.7)")
+    p.add_argument("--redundancy", type=int, default=1, help="k replicas beyond N (default 1)")
+    auto = p.add_argument_group("autoscaling")
+    auto.add_argument("--scale-out-above", default="0.7", help="busy ratio to scale out above (default 0.7)")
+    auto.add_argument("--scale-in-below", default="0.3", help="busy ratio to scale in below (default 0.3)")
+    auto.add_argument("--sustain", default="3m", help="how long either must hold: the stabilization windows (3m)")
+    auto.add_argument("--max-replicas", type=int, help="the autoscaler's ceiling (default 2 × (N + k))")
+    auto.add_argument("--model", help="the model whose busy time drives scaling (default: the ramp's, or mlp)")
+    auto.add_argument("--deployment", default="wok", help="the Deployment to scale (default wok)")
+    auto.add_argument("--namespace", default="wok", help="its namespace (default wok)")
+    auto.add_argument("--prometheus-url", default="http://prometheus-operated.monitoring.svc:9090",
+                      help="Prometheus as KEDA reaches it")  # fmt: skip
+    auto.add_argument("--adapter-namespace", default="monitoring", help="the Prometheus adapter's namespace")
+    p.add_argument("--json", type=Path, help="write the plan (schema wok.plan/1) here")
+    p.add_argument("--markdown", type=Path, help="write the plan as markdown here")
+    p.add_argument("--manifests", type=Path, help="write the Kubernetes manifests into this folder")
+    p.set_defaults(run=run_plan)
+
+
+def run_plan(args) -> int:
+    from . import plan
+
+    sources = [x for x in ("t_batch", "alpha", "profile", "from_ramp") if getattr(args, x) is not None]
+    if args.beta is not None and args.alpha is None:
+        raise ValueError("--beta needs --alpha")
+    if len(sources) != 1:
+        raise ValueError("give the batch time one way: --t-batch, --alpha/--beta, --profile or --from-ramp")
+    if args.from_ramp is not None:
+        if args.batch_size is not None:
+            raise ValueError("--from-ramp takes n from the ramp: drop --batch-size")
+        batch = plan.batch_from_ramp(args.from_ramp)
+    else:
+        if args.batch_size is None:
+            raise ValueError("--batch-size is needed with --t-batch, --alpha/--beta and --profile")
+        n = plan.exact(args.batch_size, "--batch-size")
+        if args.t_batch is not None:
+            batch = plan.batch_given(plan.exact_duration(args.t_batch, "--t-batch"), n)
+        elif args.alpha is not None:
+            if args.beta is None:
+                raise ValueError("--alpha needs --beta")
+            alpha, beta = plan.exact_duration(args.alpha, "--alpha"), plan.exact_duration(args.beta, "--beta")
+            batch = plan.batch_from_alpha_beta(alpha, beta, n)
+        else:
+            batch = plan.batch_from_profile(args.profile, n)
+    model = args.model or batch.detail.get("model") or "mlp"
+    autoscaling = plan.Autoscaling(
+        scale_out_above=plan.exact(args.scale_out_above, "--scale-out-above"),
+        scale_in_below=plan.exact(args.scale_in_below, "--scale-in-below"),
+        sustain_s=plan.exact_duration(args.sustain, "--sustain"),
+        max_replicas=args.max_replicas,
+        model=model,
+        deployment=args.deployment,
+        namespace=args.namespace,
+        prometheus_url=args.prometheus_url,
+        adapter_namespace=args.adapter_namespace,
+    )
+    result = plan.build_plan(
+        batch=batch,
+        peak_qps=None if args.peak_qps is None else plan.exact(args.peak_qps, "--peak-qps"),
+        burst=None if args.burst is None else plan.parse_burst(args.burst),
+        teams=[plan.parse_team(t) for t in args.team],
+        target_util=plan.exact(args.target_util, "--target-util"),
+        redundancy=args.redundancy,
+        autoscaling=autoscaling,
+    )
+    if args.manifests:
+        plan.write_manifests(result, args.manifests)
+    plan.print_table(result)
+    if args.json:
+        plan.write_json(result, args.json)
+    if args.markdown:
+        args.markdown.write_text(plan.to_markdown(result), encoding="utf-8")
+    return 0
+
+
 # The `wok` subcommands besides `serve`, each a function that adds its parser to argparse's
 # subparsers and sets `run`; wok.__main__ registers them in this order.
-COMMANDS = [add_parser, add_simulate_parser]
+COMMANDS = [add_parser, add_simulate_parser, add_plan_parser]

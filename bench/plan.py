@@ -1,0 +1,1039 @@
+"""`wok plan`: how many GPUs the peak needs, per team, and the autoscaling policy that keeps them.
+
+N_GPU = ⌈λ_peak · T_batch / (n · U_target)⌉, plus k replicas of redundancy (N + k):
+λ_peak · T_batch / n is the GPU time the peak asks for per second (batches per second ×
+time per batch), so it is the number of GPUs that would be busy all the time; dividing by
+U_target leaves each one idle the rest of the time, the headroom that keeps the queue short.
+
+Every number is computed exactly, as a Fraction of the decimal text it was given in (a CLI
+argument, or a number in a JSON file read with `parse_float=Decimal`): 5000 × 0.020 /
+(16 × 0.65) is 125/13 = 9.615…, which rounds up to 10, and 2000 × 0.026 / (16 × 0.65) is
+exactly 5, which stays 5, while the same arithmetic in binary floats (on the
+0.026000000000000002 s that 26 × 0.001 gives) lands on 5.000000000000001 and would round up
+to one GPU too many. Nothing here rounds until the ceiling.
+
+The plan is one JSON document (schema `wok.plan/1`, docs/plan.md), a markdown view of it,
+a table on stdout, and Kubernetes manifests for the autoscaling policy. Library code raises
+ValueError on bad input; only the CLI exits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from pathlib import Path
+
+import yaml
+
+from .arrivals import parse_duration
+
+SCHEMA = "wok.plan/1"
+TARGET_UTIL_DEFAULT = Fraction(13, 20)  # 0.65
+TARGET_UTIL_ADVISED = (Fraction(3, 5), Fraction(7, 10))  # 0.6 .. 0.7
+# The HPA controller's cluster-wide tolerance (--horizontal-pod-autoscaler-tolerance) when an
+# object sets none of its own: no scaling while |metric / target − 1| ≤ 0.1.
+HPA_DEFAULT_TOLERANCE = Fraction(1, 10)
+# The batch stages of a request (docs/metrics.md); together they are the instance's time per batch.
+BATCH_STAGES = ("assemble", "h2d", "compute", "d2h")
+METRIC_NAME = "wok_instance_busy_ratio"  # what the Prometheus adapter calls the per-pod busy ratio
+BUSY_COUNTER = "wok_instance_busy_seconds_total"
+RATE_WINDOW = "1m"  # as deploy/prometheus/recording_rules.yml: 4 scrapes at 15 s
+MANIFEST_FILES = ("hpa.yaml", "prometheus-adapter-rules.yaml", "keda-scaledobject.yaml")
+
+
+# ---------------------------------------------------------------------------- exact numbers
+
+
+def exact(value, what: str) -> Fraction:
+    """The exact value of a decimal number given as text, int, Decimal or Fraction (never a float)."""
+    if isinstance(value, Fraction):
+        return value
+    if isinstance(value, (bool, float)):
+        raise ValueError(f"{what}: {value!r} must be decimal text, not a binary float")
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, Decimal):
+        d = value
+    else:
+        text = str(value).strip()
+        try:
+            d = Decimal(text)
+        except InvalidOperation:
+            raise ValueError(f"{what}: {value!r} is not a number") from None
+    if not d.is_finite():
+        raise ValueError(f"{what}: {value!r} is not a finite number")
+    return Fraction(d)
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]([-+]?\d+))?\s*(ms|s|m|h)?\s*")
+_UNIT = {"ms": Fraction(1, 1000), "s": Fraction(1), "m": Fraction(60), "h": Fraction(3600), None: Fraction(1)}
+
+
+def exact_duration(text: str, what: str) -> Fraction:
+    """Seconds, exactly, in the syntax of `wok.bench.arrivals.parse_duration` ("20ms", "2s", "5m")."""
+    try:
+        parse_duration(text)  # the same syntax and the same message for a bad one
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+    m = _DURATION.fullmatch(text)
+    number = Fraction(Decimal(m.group(1) + (f"e{m.group(2)}" if m.group(2) else "")))
+    return number * _UNIT[m.group(3)]
+
+
+def ceil(x: Fraction) -> int:
+    return -(-x.numerator // x.denominator)
+
+
+def decimal_text(x: Fraction, places: int = 6) -> str:
+    """x in decimals: exact when it terminates within `places`, else rounded and marked with '…'."""
+    if x.denominator == 1:
+        return str(x.numerator)
+    scaled = x * 10**places
+    if scaled.denominator == 1:
+        text = f"{Decimal(scaled.numerator).scaleb(-places):f}".rstrip("0").rstrip(".")
+        return text
+    rounded = Decimal(round(scaled)).scaleb(-places)
+    return f"{rounded:f}".rstrip("0").rstrip(".") + "…"
+
+
+def _num(x: Fraction) -> float | int:
+    return x.numerator if x.denominator == 1 else float(x)
+
+
+def _exact_str(x: Fraction) -> str:
+    return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Burst:
+    """A Gaussian burst λ(t) = base + A·exp(−(t − t0)² / 2σ²): its peak is base + A."""
+
+    base_qps: Fraction
+    amplitude_qps: Fraction
+    sigma_s: Fraction | None = None
+
+    @property
+    def peak_qps(self) -> Fraction:
+        return self.base_qps + self.amplitude_qps
+
+    def seconds_above(self, level_qps: Fraction) -> float | None:
+        """How long λ(t) stays above `level_qps`: 2σ·√(2·ln(A / (level − base))).
+
+        0 when the peak does not exceed the level; None when that time is unbounded (the
+        level is at or below the base) or unknown (no σ).
+        """
+        if level_qps >= self.peak_qps:
+            return 0.0
+        if level_qps <= self.base_qps or self.sigma_s is None:
+            return None
+        return 2.0 * float(self.sigma_s) * math.sqrt(2.0 * math.log(self.amplitude_qps / (level_qps - self.base_qps)))
+
+
+def parse_burst(spec: str) -> Burst:
+    """'base=1000,amplitude=4000,sigma=30s'; amplitude may be a multiple of the base ('4x'); sigma is optional."""
+    opts: dict[str, str] = {}
+    for item in spec.split(","):
+        key, eq, value = (x.strip() for x in item.partition("="))
+        if not eq or not key or not value:
+            raise ValueError(f"burst {spec!r}: expected key=value items like base=1000,amplitude=4000,sigma=30s")
+        if key not in ("base", "amplitude", "sigma", "t0"):
+            raise ValueError(f"burst {spec!r}: unknown option {key!r}; expected base, amplitude, sigma")
+        if key in opts:
+            raise ValueError(f"burst {spec!r}: option {key!r} given twice")
+        opts[key] = value
+    for key in ("base", "amplitude"):
+        if key not in opts:
+            raise ValueError(f"burst {spec!r}: {key}= is required")
+    base = exact(opts["base"], f"burst {spec!r}: base")
+    amp_text = opts["amplitude"]
+    if amp_text.lower().endswith("x"):
+        amplitude = exact(amp_text[:-1], f"burst {spec!r}: amplitude") * base
+    else:
+        amplitude = exact(amp_text, f"burst {spec!r}: amplitude")
+    if base < 0 or amplitude < 0:
+        raise ValueError(f"burst {spec!r}: base and amplitude must be >= 0")
+    sigma = None
+    if "sigma" in opts:
+        sigma = exact_duration(opts["sigma"], f"burst {spec!r}: sigma")
+        if sigma <= 0:
+            raise ValueError(f"burst {spec!r}: sigma must be > 0")
+    if base + amplitude <= 0:
+        raise ValueError(f"burst {spec!r}: the peak base + amplitude must be > 0")
+    return Burst(base, amplitude, sigma)
+
+
+_TEAM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def parse_team(spec: str) -> tuple[str, Fraction]:
+    """'search=3000': a team name and its peak QPS."""
+    name, eq, value = (x.strip() for x in spec.partition("="))
+    if not eq or not _TEAM.fullmatch(name):
+        raise ValueError(f"team {spec!r}: expected NAME=PEAK_QPS like search=3000")
+    qps = exact(value, f"team {name}: peak QPS")
+    if qps <= 0:
+        raise ValueError(f"team {name}: peak QPS must be > 0; got {value}")
+    return name, qps
+
+
+@dataclass(frozen=True)
+class BatchTime:
+    """T_batch and n, and where they came from (shown in the plan)."""
+
+    t_batch_s: Fraction
+    batch_size: Fraction
+    source: str  # "given", "alpha_beta", "profile", "ramp"
+    detail: dict = field(default_factory=dict)  # JSON-ready, copied into the plan's inputs
+    alpha_s: Fraction | None = None
+    beta_s: Fraction | None = None
+    # From a ramp, exactly: the step's offered and achieved QPS, and its batch stages' means in ms.
+    step_qps: Fraction | None = None
+    achieved_qps: Fraction | None = None
+    stages_ms: dict[str, Fraction] = field(default_factory=dict)
+
+
+def _check_batch(t: Fraction, n: Fraction) -> None:
+    if t <= 0:
+        raise ValueError(f"T_batch must be > 0 s; got {decimal_text(t)}")
+    if n <= 0:
+        raise ValueError(f"the batch size n must be > 0; got {decimal_text(n)}")
+
+
+def batch_given(t_batch_s: Fraction, batch_size: Fraction) -> BatchTime:
+    _check_batch(t_batch_s, batch_size)
+    return BatchTime(t_batch_s, batch_size, "given")
+
+
+def batch_from_alpha_beta(alpha_s: Fraction, beta_s: Fraction, batch_size: Fraction, **detail) -> BatchTime:
+    """T_batch = α + β·n, the linear batch-time model `wok profile` fits."""
+    if alpha_s < 0 or beta_s < 0:
+        raise ValueError(f"α and β must be >= 0; got α={decimal_text(alpha_s)} s, β={decimal_text(beta_s)} s")
+    t = alpha_s + beta_s * batch_size
+    _check_batch(t, batch_size)
+    return BatchTime(t, batch_size, "profile" if detail else "alpha_beta", detail, alpha_s, beta_s)
+
+
+def _load_json(path: Path, what: str) -> dict:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: {exc.strerror or exc}") from None
+    try:
+        # Decimal keeps the numbers as written, so the arithmetic on them stays exact.
+        doc = json.loads(text, parse_float=Decimal)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} {path}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{what} {path}: expected a JSON object")
+    return doc
+
+
+def batch_from_profile(path: Path, batch_size: Fraction) -> BatchTime:
+    """α and β from a `wok profile --json` document (schema wok.profile/1: `fit.alpha_s`, `fit.beta_s`)."""
+    doc = _load_json(path, "profile")
+    schema = doc.get("schema")
+    if not (isinstance(schema, str) and schema.startswith("wok.profile/")):
+        raise ValueError(f"profile {path}: schema is {schema!r}, expected 'wok.profile/1'")
+    if schema != "wok.profile/1":
+        raise ValueError(f"profile {path}: schema {schema!r} is newer than the wok.profile/1 this planner reads")
+    fit = doc.get("fit")
+    if not isinstance(fit, dict) or fit.get("alpha_s") is None or fit.get("beta_s") is None:
+        raise ValueError(f"profile {path}: no fit.alpha_s and fit.beta_s")
+    alpha = exact(fit["alpha_s"], f"profile {path}: fit.alpha_s")
+    beta = exact(fit["beta_s"], f"profile {path}: fit.beta_s")
+    detail = {"path": str(path), "model": doc.get("model")}
+    if fit.get("r2") is not None:
+        detail["r2"] = float(fit["r2"])
+    return batch_from_alpha_beta(alpha, beta, batch_size, **detail)
+
+
+def batch_from_ramp(path: Path) -> BatchTime:
+    """T_batch and n from the step of a `wok bench ramp` result at its max QPS under the SLO.
+
+    n is the server's mean batch size in that step and T_batch the sum of the per-request
+    means of its batch stages (assemble, h2d, compute, d2h; docs/metrics.md). The stage
+    histograms charge each request its batch's time, so that mean is weighted by the
+    requests in each batch: when batch sizes vary and bigger batches take longer it is a
+    little above the mean time per batch, which makes the plan err towards more GPUs.
+    """
+    doc = _load_json(path, "ramp result")
+    if doc.get("schema") != "wok.bench/1":
+        raise ValueError(f"ramp result {path}: schema is {doc.get('schema')!r}, expected 'wok.bench/1'")
+    best = doc.get("max_qps_under_slo")
+    if best is None:
+        raise ValueError(f"ramp result {path}: no step met the SLO (max_qps_under_slo is null): nothing to plan on")
+    best = exact(best, f"ramp result {path}: max_qps_under_slo")
+    steps = [s for s in doc.get("steps", []) if exact(s["offered_qps"], "offered_qps") == best]
+    if not steps:
+        raise ValueError(f"ramp result {path}: no step at max_qps_under_slo = {decimal_text(best)} QPS")
+    step = steps[0]
+    where = f"ramp result {path}, step {decimal_text(best)} QPS"
+    stages = step.get("stages_ms")
+    n = step.get("mean_batch_size")
+    if not stages or n is None or stages.get("compute") is None:
+        raise ValueError(
+            f"{where}: no server-side batch figures (mean_batch_size, stages_ms): the ramp did not scrape the "
+            "server's /metrics, or it ran a mix of models"
+        )
+    parts = {s: exact(stages[s], f"{where}: stages_ms.{s}") for s in BATCH_STAGES if stages.get(s) is not None}
+    t = sum(parts.values(), Fraction(0)) / 1000
+    n = exact(n, f"{where}: mean_batch_size")
+    _check_batch(t, n)
+    p99 = (step.get("latency_ms") or {}).get("p99")
+    models = (doc.get("config") or {}).get("models") or []
+    detail = {
+        "path": str(path),
+        "model": models[0][0] if len(models) == 1 else None,
+        "step_offered_qps": _num(best),
+        "achieved_qps": float(step["achieved_qps"]),
+        "p99_ms": None if p99 is None else float(p99),
+        "slo_p99_ms": float(doc["slo_p99_ms"]),
+        "stages_ms": {s: float(v) for s, v in parts.items()},
+        "flush_reasons": {k: float(v) for k, v in (step.get("flush_reasons") or {}).items()},
+    }
+    achieved = exact(step["achieved_qps"], f"{where}: achieved_qps")
+    return BatchTime(t, n, "ramp", detail, step_qps=best, achieved_qps=achieved, stages_ms=parts)
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    """The policy: scale out above `scale_out_above` busy, in below `scale_in_below`, each sustained `sustain_s`."""
+
+    scale_out_above: Fraction = Fraction(7, 10)
+    scale_in_below: Fraction = Fraction(3, 10)
+    sustain_s: Fraction = Fraction(180)
+    max_replicas: int | None = None  # default: 2 × (N + k)
+    model: str = "mlp"
+    deployment: str = "wok"
+    namespace: str = "wok"  # as deploy/k8s
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    adapter_namespace: str = "monitoring"
+
+    def check(self) -> None:
+        if not 0 < self.scale_in_below < self.scale_out_above <= 1:
+            raise ValueError(
+                "autoscaling thresholds must satisfy 0 < scale-in-below < scale-out-above <= 1; got "
+                f"{decimal_text(self.scale_in_below)} and {decimal_text(self.scale_out_above)}"
+            )
+        if not 0 <= self.sustain_s <= 3600 or self.sustain_s.denominator != 1:
+            raise ValueError(
+                f"sustain must be whole seconds from 0 to 1h (the HPA's stabilization window); "
+                f"got {decimal_text(self.sustain_s)} s"
+            )
+        if self.max_replicas is not None and self.max_replicas < 1:
+            raise ValueError(f"max replicas must be >= 1; got {self.max_replicas}")
+        for what, name in (
+            ("deployment", self.deployment),
+            ("namespace", self.namespace),
+            ("adapter namespace", self.adapter_namespace),
+        ):
+            if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", name):
+                raise ValueError(f"{what} {name!r} is not a Kubernetes name (lower case letters, digits, '-')")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.model):
+            raise ValueError(f"model {self.model!r}: letters, digits, '_', '.', '-' only (it goes into PromQL)")
+
+
+# ---------------------------------------------------------------------------- the plan
+
+
+def _step(name: str, formula: str, substituted: str, value: Fraction, unit: str = "") -> dict:
+    return {
+        "name": name,
+        "formula": formula,
+        "substituted": substituted,
+        "value": _num(value),
+        "exact": _exact_str(value),
+        "unit": unit,
+    }
+
+
+def _d(x: Fraction) -> str:
+    return decimal_text(x)
+
+
+def largest_remainder(shares: dict[str, Fraction], total: int) -> dict[str, int]:
+    """Integers summing to `total = ⌈Σ shares⌉`: each ⌊share⌋, plus one for the largest fractional parts.
+
+    That is Hamilton's method. Ties go to the larger share, then to the name first in sort order.
+    """
+    if total != ceil(sum(shares.values(), Fraction(0))):
+        raise ValueError(f"total {total} is not ⌈Σ shares⌉")
+    quota = {name: x.numerator // x.denominator for name, x in shares.items()}
+    left = total - sum(quota.values())  # ⌈Σ frac⌉ ≤ the number of shares
+    order = sorted(shares, key=lambda t: (-(shares[t] - quota[t]), -shares[t], t))
+    for t in order[:left]:
+        quota[t] += 1
+    return quota
+
+
+def build_plan(
+    *,
+    batch: BatchTime,
+    peak_qps: Fraction | None = None,
+    burst: Burst | None = None,
+    teams: list[tuple[str, Fraction]] | None = None,
+    target_util: Fraction = TARGET_UTIL_DEFAULT,
+    redundancy: int = 1,
+    autoscaling: Autoscaling | None = None,
+    created: str | None = None,
+) -> dict:
+    """The whole `wok.plan/1` document (docs/plan.md): inputs, the arithmetic step by step, the result."""
+    teams = list(teams or [])
+    given = [x for x in (peak_qps is not None, burst is not None, bool(teams)) if x]
+    if len(given) != 1:
+        raise ValueError("give the peak exactly one way: a peak QPS, a burst profile, or per-team peaks")
+    if not 0 < target_util <= 1:
+        raise ValueError(f"target utilization must be in (0, 1]; got {_d(target_util)}")
+    if isinstance(redundancy, bool) or not isinstance(redundancy, int) or redundancy < 0:
+        raise ValueError(f"redundancy k must be an integer >= 0; got {redundancy!r}")
+    names = [t for t, _ in teams]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a team is named twice: {names}")
+    autoscaling = autoscaling or Autoscaling()
+    autoscaling.check()
+    warnings: list[str] = []
+    lo, hi = TARGET_UTIL_ADVISED
+    if not lo <= target_util <= hi:
+        warnings.append(
+            f"target utilization {_d(target_util)} is outside the advised {_d(lo)}–{_d(hi)}: "
+            + (
+                "below it GPUs idle for little gain in latency"
+                if target_util < lo
+                else "above it the queue (and P99) grows steeply as load nears capacity, and a lost replica "
+                "or a forecast miss has little room"
+            )
+        )
+
+    t, n, u, k = batch.t_batch_s, batch.batch_size, target_util, redundancy
+    steps: list[dict] = []
+
+    # -- the peak
+    if peak_qps is not None:
+        if peak_qps <= 0:
+            raise ValueError(f"peak QPS must be > 0; got {_d(peak_qps)}")
+        lam = peak_qps
+        peak_in = {"source": "given", "peak_qps": _num(lam), "exact": _exact_str(lam)}
+    elif burst is not None:
+        lam = burst.peak_qps
+        peak_in = {
+            "source": "burst",
+            "peak_qps": _num(lam),
+            "exact": _exact_str(lam),
+            "burst": {
+                "base_qps": _num(burst.base_qps),
+                "amplitude_qps": _num(burst.amplitude_qps),
+                "sigma_s": None if burst.sigma_s is None else _num(burst.sigma_s),
+            },
+        }
+        steps.append(
+            _step("peak", "λ_peak = λ_base + A", f"{_d(burst.base_qps)} + {_d(burst.amplitude_qps)}", lam, "QPS")
+        )
+    else:
+        lam = sum((q for _, q in teams), Fraction(0))
+        peak_in = {
+            "source": "teams",
+            "peak_qps": _num(lam),
+            "exact": _exact_str(lam),
+            "teams": [{"name": name, "peak_qps": _num(q)} for name, q in teams],
+        }
+        steps.append(
+            _step("peak", "λ_peak = Σ team peaks", " + ".join(_d(q) for _, q in teams), lam, "QPS"),
+        )
+
+    # -- T_batch
+    if batch.alpha_s is not None:
+        steps.append(
+            _step(
+                "T_batch",
+                "T_batch = α + β·n",
+                f"{_d(batch.alpha_s)} s + {_d(batch.beta_s)} s × {_d(n)}",
+                t,
+                "s",
+            )
+        )
+    elif batch.source == "ramp":
+        stages = batch.stages_ms
+        steps.append(
+            _step(
+                "T_batch",
+                "T_batch = Σ batch stage means (" + " + ".join(stages) + ")",
+                " + ".join(f"{_d(v)} ms" for v in stages.values()),
+                t,
+                "s",
+            )
+        )
+
+    busy = lam * t / n
+    steps.append(
+        _step(
+            "GPU load",
+            "ρ = λ_peak × T_batch / n   (GPUs busy all the time)",
+            f"{_d(lam)} × {_d(t)} / {_d(n)}",
+            busy,
+            "GPUs",
+        )
+    )
+    n_exact = busy / u
+    steps.append(_step("GPUs at target", "ρ / U_target", f"{_d(busy)} / {_d(u)}", n_exact, "GPUs"))
+    n_gpu = ceil(n_exact)
+    steps.append(
+        _step(
+            "N",
+            "N = ⌈ρ / U_target⌉",
+            f"⌈{_d(n_exact)}⌉" + ("  (an integer: stays)" if n_exact.denominator == 1 else ""),
+            Fraction(n_gpu),
+            "GPUs",
+        )
+    )
+    total = n_gpu + k
+    steps.append(_step("N + k", "N + k", f"{n_gpu} + {k}", Fraction(total), "replicas"))
+
+    per_replica_full = n / t
+    per_replica_target = per_replica_full * u
+    result = {
+        "gpus_exact": _num(n_exact),
+        "gpus_exact_fraction": _exact_str(n_exact),
+        "gpus": n_gpu,
+        "redundancy": k,
+        "replicas": total,
+        "qps_per_replica_full": _num(per_replica_full),
+        "qps_per_replica_at_target": _num(per_replica_target),
+        "utilization_at_peak": _num(busy / n_gpu),
+        "utilization_at_peak_all_replicas": _num(busy / total),
+    }
+
+    # -- teams
+    teams_out = None
+    if teams:
+        rows = []
+        shares = {}
+        for name, q in teams:
+            x = q * t / (n * u)
+            shares[name] = x
+            rows.append(
+                {
+                    "name": name,
+                    "peak_qps": _num(q),
+                    "share_of_peak": _num(q / lam),
+                    "gpus_exact": _num(x),
+                    "gpus_exact_fraction": _exact_str(x),
+                    "own_pool_gpus": ceil(x),
+                    "own_pool_replicas": ceil(x) + k,
+                }
+            )
+        quota = largest_remainder(shares, n_gpu)
+        for r in rows:
+            r["quota_gpus"] = quota[r["name"]]
+        own = sum(r["own_pool_gpus"] for r in rows)
+        teams_out = {
+            "rows": rows,
+            "shared_gpus": n_gpu,
+            "shared_replicas": total,
+            "own_pools_gpus": own,
+            "own_pools_replicas": own + k * len(rows),
+            "rounding_overhead_gpus": own - n_gpu,
+            "rounding": (
+                "shared: one fleet of N = ⌈Σ team GPUs⌉ rounds once, and k redundant replicas serve every team; "
+                "each team is charged quota_gpus, ⌊its exact share⌋ plus one GPU for the teams with the largest "
+                "fractional parts until the quotas add up to N (largest remainder). Own pools: each team "
+                "rounds up on its own and keeps its own k, which costs own_pools_replicas − shared_replicas "
+                "more replicas"
+            ),
+        }
+        steps.append(
+            _step(
+                "teams, own pools",
+                "Σ ⌈λ_team × T_batch / (n × U_target)⌉",
+                " + ".join(f"⌈{_d(shares[name])}⌉" for name, _ in teams),
+                Fraction(own),
+                "GPUs",
+            )
+        )
+
+    # -- autoscaling
+    a = autoscaling
+    max_replicas = a.max_replicas if a.max_replicas is not None else 2 * total
+    if max_replicas < total:
+        raise ValueError(f"max replicas {max_replicas} is below the planned minimum N + k = {total}")
+    scale_down_tol = _tolerance_for(a.scale_in_below, a.scale_out_above)
+    keda_threshold = _round_up(a.scale_out_above / (1 + HPA_DEFAULT_TOLERANCE), 4)
+    burst_out = None
+    why_min = (
+        f"min replicas = N + k = {total}: the HPA acts only after the load has stayed above "
+        f"{_d(a.scale_out_above)} for {_d(a.sustain_s)} s, and a new replica then still has to be scheduled, "
+        "start and load its model; a peak that arrives faster than that would be served by the replicas "
+        "already running, so they must carry the planned peak (N) and survive the loss of k. Autoscaling "
+        "adds replicas only for load beyond the plan, and scales back to N + k, never below"
+    )
+    if burst is not None:
+        base_gpus = ceil(burst.base_qps * t / (n * u)) if burst.base_qps > 0 else 0
+        base_capacity = base_gpus * per_replica_target
+        above = burst.seconds_above(base_capacity)
+        burst_out = {
+            "base_gpus": base_gpus,
+            "base_capacity_qps": _num(base_capacity),
+            "seconds_above_base_capacity": above,
+        }
+        if above is not None:
+            verdict = "shorter" if above < float(a.sustain_s) else "longer"
+            why_min += (
+                f". Here the burst stays above what the {base_gpus} replicas the base load needs can carry at "
+                f"U_target ({_d(base_capacity)} QPS) for {above:.0f} s, {verdict} than the {_d(a.sustain_s)} s "
+                "the autoscaler waits before it even starts a replica"
+            )
+            if verdict == "longer":
+                why_min += (
+                    ": a floor sized for the base load plus autoscaling could follow this burst if replicas start "
+                    "well within the rest of it; the plan keeps N + k because a replica that fails to start in "
+                    "time costs the SLO, while an idle one costs only money"
+                )
+    autoscale = {
+        "model": a.model,
+        "deployment": a.deployment,
+        "namespace": a.namespace,
+        "prometheus_url": a.prometheus_url,
+        "adapter_namespace": a.adapter_namespace,
+        "min_replicas": total,
+        "max_replicas": max_replicas,
+        "why_min_replicas": why_min,
+        "scale_out_above": _num(a.scale_out_above),
+        "scale_in_below": _num(a.scale_in_below),
+        "sustain_s": _num(a.sustain_s),
+        "metric": {
+            "name": METRIC_NAME,
+            "per_pod": f'sum by (namespace, pod) (rate({BUSY_COUNTER}{{model="{a.model}"}}[{RATE_WINDOW}]))',
+            "meaning": "seconds per second the pod's model instances spent running batches: its busy ratio",
+        },
+        "hpa": {
+            "target_average_value": _num(a.scale_out_above),
+            "scale_up_tolerance": 0,
+            "scale_down_tolerance": _num(scale_down_tol),
+            "scale_in_below_effective": _num(a.scale_out_above * (1 - scale_down_tol)),
+        },
+        "keda": {
+            "threshold": _num(keda_threshold),
+            "scale_out_above_effective": _num(keda_threshold * (1 + HPA_DEFAULT_TOLERANCE)),
+            "scale_in_below_effective": _num(keda_threshold * (1 - HPA_DEFAULT_TOLERANCE)),
+        },
+        "manifests": None,
+    }
+    if a.scale_out_above * (1 - scale_down_tol) > a.scale_in_below:
+        raise AssertionError("the scale-down tolerance must put scale-in at or below the asked threshold")
+
+    # -- cross-check against what the ramp served
+    cross = None
+    if batch.source == "ramp":
+        served = batch.step_qps
+        n_ramp = ceil(lam / served)
+        step_busy = batch.achieved_qps * t / n
+        cross = {
+            "max_qps_under_slo": _num(served),
+            "replicas_at_measured_max": n_ramp,
+            "utilization_at_step": float(step_busy),
+        }
+        steps.append(
+            _step(
+                "cross-check",
+                "⌈λ_peak / max QPS under the SLO of one replica⌉",
+                f"⌈{_d(lam)} / {_d(served)}⌉",
+                Fraction(n_ramp),
+                "GPUs",
+            )
+        )
+        if served < per_replica_target:
+            warnings.append(
+                f"one replica met the SLO only up to {_d(served)} QPS in the ramp, below the "
+                f"{decimal_text(per_replica_target, 1)} QPS per replica this plan puts on it at U_target (its "
+                f"batches kept the instance only {100 * float(step_busy):.0f}% busy there): something besides "
+                f"the batch time limits it (CPU, the event loop, the network), and sizing by the ramp would take "
+                f"{n_ramp} GPUs, not {n_gpu}"
+            )
+        flushes = batch.detail.get("flush_reasons") or {}
+        if flushes and flushes.get("size", 0) < 0.5 * sum(flushes.values()):
+            warnings.append(
+                f"at the chosen step most batches left on the queue delay, not full (mean {decimal_text(n, 2)} "
+                "rows): n grows with load, so at a replica's planned load its batches may be bigger and its "
+                "T_batch per request smaller than measured; the plan errs towards more GPUs"
+            )
+    if batch.source == "ramp" and batch.detail.get("model") and a.model != batch.detail["model"]:
+        warnings.append(f"the ramp measured model {batch.detail['model']!r}, the manifests scale on {a.model!r}")
+
+    batch_in = {
+        "source": batch.source,
+        "t_batch_s": _num(t),
+        "t_batch_exact": _exact_str(t),
+        "batch_size": _num(n),
+        "batch_size_exact": _exact_str(n),
+        "alpha_s": None if batch.alpha_s is None else _num(batch.alpha_s),
+        "beta_s": None if batch.beta_s is None else _num(batch.beta_s),
+        **({"ramp": batch.detail} if batch.source == "ramp" else {}),
+        **({"profile": batch.detail} if batch.source == "profile" else {}),
+    }
+    return {
+        "schema": SCHEMA,
+        "created": created or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "inputs": {
+            "peak": peak_in,
+            "batch": batch_in,
+            "target_utilization": _num(u),
+            "redundancy": k,
+        },
+        "steps": steps,
+        "result": result,
+        "teams": teams_out,
+        "burst": burst_out,
+        "cross_check": cross,
+        "autoscaling": autoscale,
+        "warnings": warnings,
+    }
+
+
+def _round_up(x: Fraction, places: int) -> Fraction:
+    scale = 10**places
+    return Fraction(ceil(x * scale), scale)
+
+
+def _tolerance_for(scale_in_below: Fraction, target: Fraction) -> Fraction:
+    """The HPA scale-down tolerance t with target·(1 − t) ≤ scale_in_below, t rounded up to 4 places."""
+    return _round_up(1 - scale_in_below / target, 4)
+
+
+# ---------------------------------------------------------------------------- manifests
+
+
+def _quantity(x: Fraction | float | int) -> str:
+    """A Kubernetes quantity: plain decimal text."""
+    x = exact(Decimal(repr(x)) if isinstance(x, float) else x, "quantity")
+    return decimal_text(x, 9).rstrip("…")
+
+
+def _behavior(window_s: int, tolerances: tuple | None) -> dict:
+    """HPA behavior: both stabilization windows = the sustain time; scale up by up to 100% or 4 pods a
+    minute (Kubernetes' default, written out), down by 1 pod a minute; tolerances (up, down) if given."""
+    rules = {}
+    for i, (direction, policies) in enumerate(
+        (
+            (
+                "scaleUp",
+                [
+                    {"type": "Percent", "value": 100, "periodSeconds": 60},
+                    {"type": "Pods", "value": 4, "periodSeconds": 60},
+                ],
+            ),
+            ("scaleDown", [{"type": "Pods", "value": 1, "periodSeconds": 60}]),
+        )
+    ):
+        rule = {"stabilizationWindowSeconds": window_s}
+        if tolerances is not None:
+            rule["tolerance"] = _quantity(tolerances[i])
+        rules[direction] = {**rule, "selectPolicy": "Max", "policies": policies}
+    return rules
+
+
+def manifests(plan: dict) -> dict[str, list[dict]]:
+    """The Kubernetes objects of the autoscaling policy, by file name.
+
+    hpa.yaml: an autoscaling/v2 HorizontalPodAutoscaler on the per-pod busy ratio, served by the
+    Prometheus adapter with the rules of prometheus-adapter-rules.yaml. keda-scaledobject.yaml:
+    the same policy through KEDA's Prometheus scaler. Apply one of the two, not both: each
+    makes an HPA for the same Deployment, and two HPAs on one target fight.
+    """
+    a = plan["autoscaling"]
+    window = int(a["sustain_s"])
+    labels = {"app.kubernetes.io/name": "wok", "app.kubernetes.io/component": "autoscaling"}
+    target = {"apiVersion": "apps/v1", "kind": "Deployment", "name": a["deployment"]}
+
+    def scaler(api_version: str, kind: str, replicas: tuple[str, str], **spec) -> dict:
+        low, high = replicas
+        return {
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": {"name": a["deployment"], "namespace": a["namespace"], "labels": labels},
+            "spec": {"scaleTargetRef": target, low: a["min_replicas"], high: a["max_replicas"], **spec},
+        }
+
+    hpa = scaler(
+        "autoscaling/v2",
+        "HorizontalPodAutoscaler",
+        ("minReplicas", "maxReplicas"),
+        metrics=[
+            {
+                "type": "Pods",
+                "pods": {
+                    "metric": {"name": METRIC_NAME},
+                    "target": {"type": "AverageValue", "averageValue": _quantity(a["hpa"]["target_average_value"])},
+                },
+            }
+        ],
+        behavior=_behavior(window, (a["hpa"]["scale_up_tolerance"], a["hpa"]["scale_down_tolerance"])),
+    )
+    model = a["model"]
+    adapter_config = {
+        "rules": [
+            {
+                "seriesQuery": f'{BUSY_COUNTER}{{namespace!="",pod!="",model="{model}"}}',
+                "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
+                "name": {"matches": f"^{BUSY_COUNTER}$", "as": METRIC_NAME},
+                "metricsQuery": (
+                    f'sum by (<<.GroupBy>>) (rate(<<.Series>>{{<<.LabelMatchers>>,model="{model}"}}[{RATE_WINDOW}]))'
+                ),
+            }
+        ]
+    }
+    adapter = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "prometheus-adapter", "namespace": a["adapter_namespace"], "labels": labels},
+        "data": {"config.yaml": yaml.safe_dump(adapter_config, sort_keys=False, width=1000)},
+    }
+    keda_query = (
+        f'sum(rate({BUSY_COUNTER}{{namespace="{a["namespace"]}",pod=~"{a["deployment"]}-.*",'
+        f'model="{model}"}}[{RATE_WINDOW}]))'
+    )
+    scaled = scaler(
+        "keda.sh/v1alpha1",
+        "ScaledObject",
+        ("minReplicaCount", "maxReplicaCount"),
+        pollingInterval=15,
+        # No per-direction tolerance: the KEDA CRD this is checked against predates it.
+        advanced={"horizontalPodAutoscalerConfig": {"behavior": _behavior(window, None)}},
+        triggers=[
+            {
+                "type": "prometheus",
+                "name": "busy-ratio",
+                "metricType": "AverageValue",
+                "metadata": {
+                    "serverAddress": a["prometheus_url"],
+                    "query": keda_query,
+                    "threshold": _quantity(a["keda"]["threshold"]),
+                },
+            }
+        ],
+    )
+    return {MANIFEST_FILES[0]: [hpa], MANIFEST_FILES[1]: [adapter], MANIFEST_FILES[2]: [scaled]}
+
+
+_HEADERS = {
+    "hpa.yaml": "HorizontalPodAutoscaler for {deployment}: scale out above {out} busy, in below {inn}, each "
+    "sustained {sustain} s.\n# Needs the Prometheus adapter with the rules of prometheus-adapter-rules.yaml. The "
+    "per-direction `tolerance`\n# needs the HPAConfigurableTolerance feature gate (beta from Kubernetes 1.35); "
+    "without it the\n# API server drops the field and the cluster-wide tolerance (10% by default) "
+    "applies.\n# Apply this OR keda-scaledobject.yaml, not both.",
+    "prometheus-adapter-rules.yaml": "Prometheus adapter rules: the per-pod busy ratio of wok's model instances "
+    "as the custom\n# metric {metric}. Merge `rules` into the adapter's config (the Helm chart's "
+    "rules.custom)\n# if it already has some.",
+    "keda-scaledobject.yaml": "KEDA ScaledObject for {deployment} (KEDA's own HPA, Prometheus scaler). Apply this "
+    "OR hpa.yaml.\n# The threshold is set so that KEDA's HPA, with the cluster-wide 10% tolerance, scales out "
+    "above {keda_out};\n# it then scales in below {keda_in}, not {inn}: see docs/plan.md.",
+}
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML with multi-line strings (the adapter's embedded config) as literal blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, text: str):
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(docs: list[dict]) -> str:
+    return "---\n".join(yaml.dump(d, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True) for d in docs)
+
+
+def write_manifests(plan: dict, folder: Path) -> list[Path]:
+    """Write the manifests into `folder` (made if needed); returns the paths, and records the names in the plan."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    a = plan["autoscaling"]
+    fmt = {
+        "deployment": a["deployment"],
+        "out": a["scale_out_above"],
+        "inn": a["scale_in_below"],
+        "sustain": a["sustain_s"],
+        "metric": a["metric"]["name"],
+        "keda_out": a["keda"]["scale_out_above_effective"],
+        "keda_in": a["keda"]["scale_in_below_effective"],
+    }
+    paths = []
+    for name, docs in manifests(plan).items():
+        header = "# " + _HEADERS[name].format(**fmt) + f"\n# Written by `wok plan` ({SCHEMA}).\n"
+        path = folder / name
+        path.write_text(header + to_yaml(docs), encoding="utf-8")
+        paths.append(path)
+    a["manifests"] = [str(p) for p in paths]
+    return paths
+
+
+# ---------------------------------------------------------------------------- views
+
+
+def to_json(plan: dict) -> str:
+    return json.dumps(plan, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def write_json(plan: dict, path: Path) -> None:
+    Path(path).write_text(to_json(plan), encoding="utf-8")
+
+
+def _f(x, places: int = 6) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, int):
+        return str(x)
+    return decimal_text(exact(Decimal(repr(x)), "figure"), places)
+
+
+def _input_rows(plan: dict) -> list[tuple[str, str]]:
+    i = plan["inputs"]
+    peak, batch = i["peak"], i["batch"]
+    rows = [("peak λ", f"{_f(peak['peak_qps'])} QPS ({peak['source']})")]
+    if peak.get("burst"):
+        b = peak["burst"]
+        sigma = "" if b["sigma_s"] is None else f", σ = {_f(b['sigma_s'])} s"
+        rows.append(("burst", f"λ_base = {_f(b['base_qps'])} QPS, A = {_f(b['amplitude_qps'])} QPS{sigma}"))
+    for t in peak.get("teams") or []:
+        rows.append((f"team {t['name']}", f"{_f(t['peak_qps'])} QPS"))
+    rows.append(("T_batch", f"{_f(batch['t_batch_s'])} s ({batch['source']})"))
+    rows.append(("n (batch size)", _f(batch["batch_size"])))
+    if batch["alpha_s"] is not None:
+        rows.append(("α, β", f"{_f(batch['alpha_s'])} s, {_f(batch['beta_s'])} s per row"))
+    if batch.get("ramp"):
+        r = batch["ramp"]
+        rows.append(
+            (
+                "ramp step",
+                f"{_f(r['step_offered_qps'])} QPS, the max under the SLO (P99 {_f(r['p99_ms'], 1)} ms ≤ "
+                f"{_f(r['slo_p99_ms'])} ms) of {r['path']}",
+            )
+        )
+    if batch.get("profile"):
+        rows.append(("profile", batch["profile"]["path"]))
+    rows.append(("U_target", _f(i["target_utilization"])))
+    rows.append(("redundancy k", str(i["redundancy"])))
+    return rows
+
+
+def to_markdown(plan: dict) -> str:
+    """The plan as markdown: inputs, each step of the arithmetic, the result, teams, autoscaling, warnings."""
+    r, a = plan["result"], plan["autoscaling"]
+    out = [f"# Capacity plan ({plan['schema']}, {plan['created']})", ""]
+    out += [
+        f"**{r['replicas']} replicas**: N = {r['gpus']} GPUs for the peak at U_target, plus k = {r['redundancy']}.",
+        "",
+    ]
+    out += ["## Inputs", "", "| input | value |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in _input_rows(plan)]
+    out += ["", "## Arithmetic", "", "| step | formula | with the numbers | = | exact |", "|---|---|---|---|---|"]
+    for s in plan["steps"]:
+        out.append(
+            f"| {s['name']} | {s['formula']} | {s['substituted']} | {_f(s['value'])} {s['unit']} | {s['exact']} |"
+        )
+    out += [
+        "",
+        f"One replica serves {_f(r['qps_per_replica_full'], 1)} QPS at 100% busy and "
+        f"{_f(r['qps_per_replica_at_target'], 1)} QPS at U_target. At the peak the {r['gpus']} GPUs are "
+        f"{_f(100 * r['utilization_at_peak'], 1)}% busy, all {r['replicas']} replicas "
+        f"{_f(100 * r['utilization_at_peak_all_replicas'], 1)}%.",
+        "",
+    ]
+    if plan["teams"]:
+        t = plan["teams"]
+        out += ["## Teams", "", "| team | peak QPS | share | GPUs (exact) | own pool ⌈⌉ | quota in the shared fleet |"]
+        out += ["|---|---|---|---|---|---|"]
+        for row in t["rows"]:
+            out.append(
+                f"| {row['name']} | {_f(row['peak_qps'])} | {_f(100 * row['share_of_peak'], 1)}% | "
+                f"{_f(row['gpus_exact'])} | {row['own_pool_gpus']} | {row['quota_gpus']} |"
+            )
+        out += [
+            "",
+            f"Shared fleet: {t['shared_gpus']} GPUs + k = {t['shared_replicas']} replicas. Own pools: "
+            f"{t['own_pools_gpus']} GPUs, {t['own_pools_replicas']} replicas with k each "
+            f"(rounding costs {t['rounding_overhead_gpus']} GPU(s)). Rounding: {t['rounding']}.",
+            "",
+        ]
+    if plan["cross_check"]:
+        c = plan["cross_check"]
+        out += [
+            "## Against the ramp",
+            "",
+            f"The ramp's step at {_f(c['max_qps_under_slo'])} QPS kept the instance "
+            f"{_f(100 * c['utilization_at_step'], 1)}% busy; sized by what one replica served within the SLO, "
+            f"the peak takes {c['replicas_at_measured_max']} GPUs.",
+            "",
+        ]
+    out += [
+        "## Autoscaling",
+        "",
+        f"Scale out above {_f(a['scale_out_above'])} busy, in below {_f(a['scale_in_below'])}, each sustained "
+        f"{_f(a['sustain_s'])} s (the HPA's stabilization windows), between {a['min_replicas']} and "
+        f"{a['max_replicas']} replicas of Deployment `{a['deployment']}` in `{a['namespace']}`, on the metric "
+        f"`{a['metric']['name']}` = `{a['metric']['per_pod']}`.",
+        "",
+        f"- HPA: target average {_f(a['hpa']['target_average_value'])}, scale-up tolerance 0, scale-down tolerance "
+        f"{_f(a['hpa']['scale_down_tolerance'])} (scale in below {_f(a['hpa']['scale_in_below_effective'])}).",
+        f"- KEDA: threshold {_f(a['keda']['threshold'])}; with the default 10% tolerance it scales out above "
+        f"{_f(a['keda']['scale_out_above_effective'])} and in below {_f(a['keda']['scale_in_below_effective'])}.",
+        f"- Why {a['min_replicas']} at least: {a['why_min_replicas']}.",
+    ]
+    if a["manifests"]:
+        out.append("- Manifests: " + ", ".join(f"`{p}`" for p in a["manifests"]))
+    out.append("")
+    if plan["warnings"]:
+        out += ["## Warnings", ""] + [f"- {w}" for w in plan["warnings"]] + [""]
+    return "\n".join(out)
+
+
+def print_table(plan: dict, file=None) -> None:
+    """Inputs, the arithmetic and the result as plain-text tables (rich, no colour or markup)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    file = sys.stdout if file is None else file
+    console = Console(file=file, color_system=None, highlight=False, markup=False, emoji=False, width=200)
+    inputs = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    inputs.add_column("input")
+    inputs.add_column("value")
+    for k, v in _input_rows(plan):
+        inputs.add_row(k, v)
+    console.print(inputs)
+    steps = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for h, just in (("step", "left"), ("formula", "left"), ("with the numbers", "left"), ("=", "right")):
+        steps.add_column(h, justify=just)
+    for s in plan["steps"]:
+        steps.add_row(s["name"], s["formula"], s["substituted"], f"{_f(s['value'])} {s['unit']}")
+    console.print(steps)
+    if plan["teams"]:
+        t = plan["teams"]
+        teams = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for h in ("team", "peak QPS", "GPUs exact", "own pool", "quota"):
+            teams.add_column(h, justify="right")
+        for row in t["rows"]:
+            cells = (_f(row["peak_qps"]), _f(row["gpus_exact"]), str(row["own_pool_gpus"]), str(row["quota_gpus"]))
+            teams.add_row(row["name"], *cells)
+        console.print(teams)
+        console.print(
+            f"teams: shared {t['shared_replicas']} replicas, own pools {t['own_pools_replicas']} "
+            f"(rounding overhead {t['rounding_overhead_gpus']} GPU)"
+        )
+    r, a = plan["result"], plan["autoscaling"]
+    console.print(
+        f"plan: N = {r['gpus']} GPUs + k = {r['redundancy']} → {r['replicas']} replicas; autoscale "
+        f"{a['min_replicas']}..{a['max_replicas']}, out above {_f(a['scale_out_above'])}, in below "
+        f"{_f(a['scale_in_below'])}, sustained {_f(a['sustain_s'])} s"
+    )
+    for w in plan["warnings"]:
+        console.print(f"warning: {w}")

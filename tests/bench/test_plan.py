@@ -1,0 +1,541 @@
+"""`wok plan`: hand-computed capacity examples reproduced exactly, and manifests that pass schema checks.
+
+Every expected number below is worked by hand in the comment next to it; the planner
+computes with exact fractions, so the checks are equalities, not tolerances.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+import subprocess
+from fractions import Fraction
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from wok.__main__ import main
+from wok.bench import plan
+from wok.bench.arrivals import parse_duration
+from wok.bench.plan import Autoscaling, batch_from_alpha_beta, batch_given, build_plan, exact
+
+F = Fraction
+KEDA_CRD = Path(__file__).parents[1] / "deploy" / "keda" / "keda.sh_scaledobjects.yaml"
+
+
+def given(t_ms: str, n: str) -> plan.BatchTime:
+    return batch_given(plan.exact_duration(t_ms, "t"), exact(n, "n"))
+
+
+def make(batch=None, **kw) -> dict:
+    return build_plan(batch=batch or given("20ms", "16"), created="2026-01-01T00:00:00Z", **kw)
+
+
+# ---------------------------------------------------------------------------- the formula
+
+
+def test_the_issue_example_rounds_up_to_ten_plus_one():
+    # ρ = 5000 × 0.020 / 16 = 6.25 GPUs busy; 6.25 / 0.65 = 125/13 = 9.615…; ⌈⌉ = 10; + k = 11.
+    p = make(peak_qps=F(5000), target_util=F("0.65"), redundancy=1)
+    r = p["result"]
+    assert r["gpus_exact_fraction"] == "125/13"
+    assert (r["gpus"], r["redundancy"], r["replicas"]) == (10, 1, 11)
+    # One replica: 16 / 0.020 = 800 QPS flat out, 520 at 65%; at the peak 6.25 / 10 = 62.5% busy.
+    assert (r["qps_per_replica_full"], r["qps_per_replica_at_target"]) == (800, 520)
+    assert r["utilization_at_peak"] == 0.625
+    assert r["utilization_at_peak_all_replicas"] == 6.25 / 11
+    names = [s["name"] for s in p["steps"]]
+    assert names == ["GPU load", "GPUs at target", "N", "N + k"]
+    assert [s["exact"] for s in p["steps"]] == ["25/4", "125/13", "10", "11"]
+    assert p["steps"][0]["substituted"] == "5000 × 0.02 / 16"
+    assert p["warnings"] == []
+
+
+def test_an_exact_integer_stays_put_where_floats_would_round_up():
+    # 2000 × 0.026 / (16 × 0.65) = 52 / 10.4 = 5 exactly: N = 5, not 6.
+    p = make(batch=given("26ms", "16"), peak_qps=F(2000), redundancy=0)
+    assert p["result"]["gpus_exact_fraction"] == "5"
+    assert p["result"]["gpus"] == 5
+    assert p["result"]["replicas"] == 5
+    assert "an integer: stays" in p["steps"][2]["substituted"]
+    # The same arithmetic in binary floats, on the seconds parse_duration gives for "26ms"
+    # (26 × 0.001 = 0.026000000000000002), lands above 5 and would plan a sixth GPU.
+    assert math.ceil(2000 * parse_duration("26ms") / (16 * 0.65)) == 6
+
+
+@pytest.mark.parametrize(("k", "replicas"), [(0, 10), (1, 11), (3, 13)])
+def test_redundancy_adds_k_replicas(k, replicas):
+    p = make(peak_qps=F(5000), redundancy=k)
+    assert (p["result"]["gpus"], p["result"]["replicas"]) == (10, replicas)
+    assert p["autoscaling"]["min_replicas"] == replicas
+
+
+def test_redundancy_must_be_a_whole_number_of_replicas():
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="redundancy"):
+            make(peak_qps=F(5000), redundancy=bad)
+
+
+def test_target_utilization_warns_outside_the_advised_band_but_allows_up_to_one():
+    # U = 1: 6.25 / 1 → 7 GPUs, with a warning; U = 0.5: 12.5 → 13, with a warning.
+    assert make(peak_qps=F(5000), target_util=F(1))["result"]["gpus"] == 7
+    assert "outside the advised 0.6–0.7" in make(peak_qps=F(5000), target_util=F(1))["warnings"][0]
+    low = make(peak_qps=F(5000), target_util=F(1, 2))
+    assert low["result"]["gpus"] == 13
+    assert "below it GPUs idle" in low["warnings"][0]
+    for edge in (F(3, 5), F(7, 10)):
+        assert make(peak_qps=F(5000), target_util=edge)["warnings"] == []
+    for bad in (F(0), F(-1, 10), F(11, 10)):
+        with pytest.raises(ValueError, match="target utilization"):
+            make(peak_qps=F(5000), target_util=bad)
+
+
+def test_alpha_beta_gives_t_batch():
+    # T = 2 ms + 1.125 ms × 16 = 20 ms: the issue's example again.
+    b = batch_from_alpha_beta(F(2, 1000), F(1125, 10**6), F(16))
+    assert b.t_batch_s == F(1, 50)
+    p = make(batch=b, peak_qps=F(5000))
+    assert p["steps"][0]["name"] == "T_batch"
+    assert p["steps"][0]["substituted"] == "0.002 s + 0.001125 s × 16"
+    assert p["result"]["gpus"] == 10
+
+
+def test_the_peak_is_given_one_way_only():
+    with pytest.raises(ValueError, match="exactly one way"):
+        make(peak_qps=F(5000), teams=[("a", F(1))])
+    with pytest.raises(ValueError, match="exactly one way"):
+        make()
+
+
+# ---------------------------------------------------------------------------- exact parsing
+
+
+def test_durations_and_numbers_parse_exactly():
+    assert plan.exact_duration("20ms", "t") == F(1, 50)
+    assert plan.exact_duration("1.5h", "t") == 5400
+    assert plan.exact_duration("2e-3s", "t") == F(1, 500)
+    assert exact("0.65", "u") == F(13, 20)
+    with pytest.raises(ValueError, match="not a binary float"):
+        exact(0.65, "u")
+    with pytest.raises(ValueError, match="not a number"):
+        exact("lots", "u")
+    with pytest.raises(ValueError, match="finite"):
+        exact("inf", "u")
+    with pytest.raises(ValueError, match="invalid duration"):
+        plan.exact_duration("20 parsecs", "t")
+
+
+def test_decimal_text_is_exact_or_marked():
+    assert plan.decimal_text(F(25, 4)) == "6.25"
+    assert plan.decimal_text(F(125, 13)) == "9.615385…"
+    assert plan.decimal_text(F(5)) == "5"
+
+
+# ---------------------------------------------------------------------------- burst
+
+
+def test_a_burst_peaks_at_base_plus_amplitude():
+    b = plan.parse_burst("base=1000,amplitude=4000,sigma=30s")
+    assert (b.base_qps, b.amplitude_qps, b.sigma_s, b.peak_qps) == (1000, 4000, 30, 5000)
+    assert plan.parse_burst("base=1000,amplitude=4x").peak_qps == 5000
+    p = make(burst=b)
+    assert p["inputs"]["peak"]["source"] == "burst"
+    assert p["steps"][0]["substituted"] == "1000 + 4000"
+    assert p["result"]["replicas"] == 11
+    # The base alone: ⌈1000 × 0.02 / (16 × 0.65)⌉ = ⌈1.923…⌉ = 2 replicas, 2 × 520 = 1040 QPS at U.
+    # λ(t) > 1040 while 4000·exp(−x²/2σ²) > 40: |x| < σ·√(2·ln 100), so for 2 × 30 × 3.03485 = 182.09 s.
+    assert p["burst"]["base_gpus"] == 2
+    assert p["burst"]["base_capacity_qps"] == 1040
+    assert p["burst"]["seconds_above_base_capacity"] == pytest.approx(182.0911, abs=1e-3)
+    assert "for 182 s, longer than the 180 s" in p["autoscaling"]["why_min_replicas"]
+
+
+def test_burst_specs_are_checked():
+    for bad, msg in (
+        ("base=1000", "amplitude= is required"),
+        ("base=1000,amplitude=1,foo=2", "unknown option"),
+        ("base=1000,amplitude=-5", ">= 0"),
+        ("base=1000,amplitude=5,sigma=0s", "sigma must be > 0"),
+        ("base=1000,base=2,amplitude=5", "given twice"),
+        ("1000", "key=value"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            plan.parse_burst(bad)
+
+
+# ---------------------------------------------------------------------------- teams
+
+
+def test_teams_share_one_rounding():
+    # search: 3000 × 0.02 / 10.4 = 75/13 = 5.769…; ads: 2000 × 0.02 / 10.4 = 50/13 = 3.846…
+    # Own pools: 6 + 4 = 10 GPUs; shared: ⌈125/13⌉ = 10; quotas ⌊⌋ = 5 + 3 = 8, the 2 left go to
+    # the two largest remainders (0.846 ads, 0.769 search): 6 and 4.
+    p = make(teams=[plan.parse_team("search=3000"), plan.parse_team("ads=2000")])
+    t = p["teams"]
+    rows = {r["name"]: r for r in t["rows"]}
+    assert rows["search"]["gpus_exact_fraction"] == "75/13"
+    assert rows["ads"]["gpus_exact_fraction"] == "50/13"
+    assert (rows["search"]["own_pool_gpus"], rows["ads"]["own_pool_gpus"]) == (6, 4)
+    assert (rows["search"]["quota_gpus"], rows["ads"]["quota_gpus"]) == (6, 4)
+    assert rows["search"]["share_of_peak"] == 0.6
+    assert (t["shared_gpus"], t["own_pools_gpus"], t["rounding_overhead_gpus"]) == (10, 10, 0)
+    # k = 1 for the shared fleet, one per own pool: 11 against 12.
+    assert (t["shared_replicas"], t["own_pools_replicas"]) == (11, 12)
+    assert p["inputs"]["peak"]["peak_qps"] == 5000
+
+
+def test_rounding_each_team_up_costs_gpus_the_shared_fleet_saves():
+    # Three teams of 1100 QPS: each 22/10.4 = 2.115… → 3 GPUs of its own, 9 in all; together
+    # 3300 → 6.346… → 7. Quotas: 2 each, 1 left, remainders tie, so it goes by name: ads.
+    p = make(teams=[("search", F(1100)), ("feed", F(1100)), ("ads", F(1100))], redundancy=1)
+    t = p["teams"]
+    assert (t["own_pools_gpus"], t["shared_gpus"], t["rounding_overhead_gpus"]) == (9, 7, 2)
+    assert {r["name"]: r["quota_gpus"] for r in t["rows"]} == {"search": 2, "feed": 2, "ads": 3}
+    assert (t["shared_replicas"], t["own_pools_replicas"]) == (8, 12)
+    assert p["steps"][-1]["substituted"] == "⌈2.115385…⌉ + ⌈2.115385…⌉ + ⌈2.115385…⌉"
+
+
+def test_largest_remainder_sums_to_the_total():
+    shares = {"a": F(7, 3), "b": F(5, 4), "c": F(1, 6)}  # Σ = 3.75 → 4; ⌊⌋ = 2 + 1 + 0; one left → a (1/3)
+    assert plan.largest_remainder(shares, 4) == {"a": 3, "b": 1, "c": 0}
+    with pytest.raises(ValueError):
+        plan.largest_remainder(shares, 5)
+
+
+def test_team_specs_are_checked():
+    with pytest.raises(ValueError, match="NAME=PEAK_QPS"):
+        plan.parse_team("search")
+    with pytest.raises(ValueError, match="> 0"):
+        plan.parse_team("search=0")
+    with pytest.raises(ValueError, match="named twice"):
+        make(teams=[("a", F(1)), ("a", F(2))])
+
+
+# ---------------------------------------------------------------------------- from files
+
+
+def _ramp(tmp_path: Path, compute_ms: str = "4.0", best: str = "2000") -> Path:
+    """A small wok.bench/1 result by hand: 1000 and 2000 QPS pass a 50 ms SLO, 4000 fails."""
+
+    def step(qps, p99, batch, stages):
+        return {
+            "offered_qps": qps,
+            "achieved_qps": qps,
+            "duration_s": 10.0,
+            "phase": "ramp",
+            "requests": int(qps * 10),
+            "ok": int(qps * 10),
+            "errors": {},
+            "success_rate": 1.0,
+            "latency_ms": {"mean": 5.0, "p50": 4.0, "p90": 8.0, "p95": 9.0, "p99": p99, "p999": p99, "max": p99},
+            "mean_batch_size": batch,
+            "flush_reasons": {"size": 900.0, "delay": 100.0},
+            "stages_ms": stages,
+        }
+
+    text = json.dumps(
+        {
+            "schema": "wok.bench/1",
+            "config": {"source": "bench", "models": [["mlp", 1.0]]},
+            "slo_p99_ms": 50.0,
+            "max_qps_under_slo": None if best is None else float(best),
+            "steps": [
+                step(1000.0, 20.0, 6.0, {"assemble": 0.5, "h2d": 0.0, "compute": 2.0, "d2h": 0.5}),
+                step(2000.0, 40.0, 12.5, {"queue": 9.0, "assemble": 0.5, "h2d": 0.0, "compute": 0.0, "d2h": 0.5}),
+                step(4000.0, 900.0, 30.0, {"assemble": 1.0, "h2d": 0.0, "compute": 8.0, "d2h": 0.5}),
+            ],
+        }
+    ).replace('"compute": 0.0', f'"compute": {compute_ms}')
+    path = tmp_path / "ramp.json"
+    path.write_text(text)
+    return path
+
+
+def test_from_ramp_takes_the_step_at_the_max_qps_under_the_slo(tmp_path):
+    # The 2000 QPS step: n = 12.5, T = 0.5 + 0 + 4.0 + 0.5 = 5 ms (queue is not a batch stage).
+    # ρ = 5000 × 0.005 / 12.5 = 2; / 0.65 = 40/13 = 3.077 → 4 GPUs, + 1 = 5.
+    b = plan.batch_from_ramp(_ramp(tmp_path))
+    assert (b.t_batch_s, b.batch_size) == (F(1, 200), F(25, 2))
+    p = make(batch=b, peak_qps=F(5000))
+    assert p["inputs"]["batch"]["ramp"]["step_offered_qps"] == 2000
+    assert p["inputs"]["batch"]["ramp"]["model"] == "mlp"
+    assert p["steps"][0]["substituted"] == "0.5 ms + 0 ms + 4 ms + 0.5 ms"
+    assert (p["result"]["gpus_exact_fraction"], p["result"]["gpus"], p["result"]["replicas"]) == ("40/13", 4, 5)
+    # One replica carried 2000 QPS within the SLO: ⌈5000 / 2000⌉ = 3 ≤ 4, and the plan puts
+    # 12.5 / 0.005 × 0.65 = 1625 QPS on each, under 2000: no warning.
+    assert p["cross_check"] == {"max_qps_under_slo": 2000, "replicas_at_measured_max": 3, "utilization_at_step": 0.8}
+    assert p["warnings"] == []
+
+
+def test_from_ramp_warns_when_the_replica_was_limited_by_something_else(tmp_path):
+    # compute 1 ms: T = 2 ms, the plan would put 12.5 / 0.002 × 0.65 = 4062.5 QPS on a replica that
+    # met the SLO only up to 2000 (it was 2000 × 0.002 / 12.5 = 32% busy there).
+    p = make(batch=plan.batch_from_ramp(_ramp(tmp_path, compute_ms="1.0")), peak_qps=F(5000))
+    assert p["result"]["gpus"] == 2  # 5000 × 0.002 / 12.5 = 0.8; / 0.65 = 1.23 → 2
+    assert p["cross_check"]["replicas_at_measured_max"] == 3
+    assert p["cross_check"]["utilization_at_step"] == 0.32
+    assert any("would take 3 GPUs, not 2" in w for w in p["warnings"])
+
+
+def test_from_ramp_refuses_results_without_an_answer(tmp_path):
+    with pytest.raises(ValueError, match="no step met the SLO"):
+        plan.batch_from_ramp(_ramp(tmp_path, best=None))
+    with pytest.raises(ValueError, match="no step at max_qps_under_slo"):
+        plan.batch_from_ramp(_ramp(tmp_path, best="3000"))
+    doc = json.loads(_ramp(tmp_path).read_text())
+    doc["steps"][1]["stages_ms"] = None
+    (tmp_path / "bare.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="no server-side batch figures"):
+        plan.batch_from_ramp(tmp_path / "bare.json")
+    (tmp_path / "other.json").write_text('{"schema": "wok.plan/1"}')
+    with pytest.raises(ValueError, match=r"expected 'wok\.bench/1'"):
+        plan.batch_from_ramp(tmp_path / "other.json")
+
+
+def test_from_profile_reads_the_fit(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(
+        json.dumps({"schema": "wok.profile/1", "model": "mlp", "fit": {"alpha_s": 0.002, "beta_s": 0.001125}})
+    )
+    b = plan.batch_from_profile(path, F(16))
+    assert (b.alpha_s, b.beta_s, b.t_batch_s) == (F(1, 500), F(9, 8000), F(1, 50))
+    p = make(batch=b, peak_qps=F(5000))
+    assert p["inputs"]["batch"]["source"] == "profile"
+    assert p["inputs"]["batch"]["profile"]["path"] == str(path)
+    assert p["result"]["gpus"] == 10
+    path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {}}))
+    with pytest.raises(ValueError, match=r"no fit\.alpha_s"):
+        plan.batch_from_profile(path, F(16))
+
+
+# ---------------------------------------------------------------------------- autoscaling
+
+
+def test_the_policy_thresholds():
+    a = make(peak_qps=F(5000))["autoscaling"]
+    assert (a["min_replicas"], a["max_replicas"], a["sustain_s"]) == (11, 22, 180)
+    # HPA: target 0.7, no tolerance upwards; downwards 1 − 0.3/0.7 = 4/7 = 0.571428…, rounded up
+    # to 0.5715 so that scale-in starts at 0.7 × 0.4285 = 0.29995, just under 30%.
+    assert a["hpa"] == {
+        "target_average_value": 0.7,
+        "scale_up_tolerance": 0,
+        "scale_down_tolerance": 0.5715,
+        "scale_in_below_effective": 0.29995,
+    }
+    # KEDA, 10% tolerance: 0.7 / 1.1 = 0.63636… → 0.6364; out above 0.70004, in below 0.57276.
+    assert a["keda"] == {"threshold": 0.6364, "scale_out_above_effective": 0.70004, "scale_in_below_effective": 0.57276}
+
+
+def test_autoscaling_options_are_checked():
+    for bad in (
+        Autoscaling(scale_in_below=F(8, 10)),
+        Autoscaling(sustain_s=F(3601)),
+        Autoscaling(deployment="Wok_Server"),
+        Autoscaling(model='mlp"}'),
+        Autoscaling(max_replicas=0),
+    ):
+        with pytest.raises(ValueError):
+            make(peak_qps=F(5000), autoscaling=bad)
+    with pytest.raises(ValueError, match="below the planned minimum"):
+        make(peak_qps=F(5000), autoscaling=Autoscaling(max_replicas=10))
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict[str, list[dict]]:
+    folder = tmp_path_factory.mktemp("manifests")
+    p = make(burst=plan.parse_burst("base=1000,amplitude=4000,sigma=30s"), redundancy=1)
+    paths = plan.write_manifests(p, folder)
+    assert [x.name for x in paths] == list(plan.MANIFEST_FILES)
+    assert p["autoscaling"]["manifests"] == [str(x) for x in paths]
+    return {x.name: [d for d in yaml.safe_load_all(x.read_text()) if d] for x in paths}
+
+
+@pytest.mark.parametrize("version", ["1.33", "1.35", kubernetes_validate.latest_version()])
+def test_the_hpa_and_adapter_config_pass_the_kubernetes_schema(written, version):
+    for name in ("hpa.yaml", "prometheus-adapter-rules.yaml"):
+        for doc in written[name]:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_kubernetes_schema_check_can_fail(written):
+    hpa = copy.deepcopy(written["hpa.yaml"][0])
+    hpa["spec"]["behavior"]["scaleUp"]["stabilisationWindowSeconds"] = 180
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(hpa, "1.35", strict=True)
+    # The per-direction tolerance came with Kubernetes 1.33 (feature gate HPAConfigurableTolerance).
+    with pytest.raises(kubernetes_validate.ValidationError, match="tolerance"):
+        kubernetes_validate.validate(written["hpa.yaml"][0], "1.32", strict=True)
+
+
+def test_the_hpa_encodes_the_policy(written):
+    spec = written["hpa.yaml"][0]["spec"]
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (11, 22)
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "wok"}
+    metric = spec["metrics"][0]
+    assert metric["type"] == "Pods"
+    assert metric["pods"]["metric"]["name"] == plan.METRIC_NAME
+    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "0.7"}
+    up, down = spec["behavior"]["scaleUp"], spec["behavior"]["scaleDown"]
+    assert up["stabilizationWindowSeconds"] == down["stabilizationWindowSeconds"] == 180
+    assert (up["tolerance"], down["tolerance"]) == ("0", "0.5715")
+
+
+def _keda_schema() -> dict:
+    """KEDA's openAPIV3Schema, with unknown fields refused as the API server prunes or rejects them."""
+    crd = next(d for d in yaml.safe_load_all(KEDA_CRD.read_text()) if d)
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
+
+    def close(node):
+        if isinstance(node, dict):
+            if "properties" in node and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+            for v in node.values():
+                close(v)
+        elif isinstance(node, list):
+            for v in node:
+                close(v)
+
+    close(schema)
+    # Metadata is ObjectMeta, which the CRD leaves to the API server.
+    schema["properties"]["metadata"] = {"type": "object"}
+    return schema
+
+
+def test_the_keda_scaledobject_passes_kedas_crd_schema(written):
+    (doc,) = written["keda-scaledobject.yaml"]
+    assert (doc["apiVersion"], doc["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
+    jsonschema.Draft7Validator(_keda_schema()).validate(doc)
+    spec = doc["spec"]
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (11, 22)
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == behavior["scaleDown"]["stabilizationWindowSeconds"]
+    (trigger,) = spec["triggers"]
+    assert (trigger["type"], trigger["metricType"], trigger["metadata"]["threshold"]) == (
+        "prometheus",
+        "AverageValue",
+        "0.6364",
+    )
+
+
+def test_the_keda_schema_check_can_fail(written):
+    validator = jsonschema.Draft7Validator(_keda_schema())
+    doc = copy.deepcopy(written["keda-scaledobject.yaml"][0])
+    doc["spec"]["minReplicas"] = doc["spec"].pop("minReplicaCount")  # the HPA's spelling
+    assert not validator.is_valid(doc)
+    doc = copy.deepcopy(written["keda-scaledobject.yaml"][0])
+    doc["spec"]["triggers"][0]["metadata"]["threshold"] = 0.6364  # metadata values are strings
+    assert not validator.is_valid(doc)
+
+
+def test_the_adapter_rule_names_wok_metrics(written):
+    (cm,) = written["prometheus-adapter-rules.yaml"]
+    (rule,) = yaml.safe_load(cm["data"]["config.yaml"])["rules"]
+    assert rule["name"] == {"matches": "^wok_instance_busy_seconds_total$", "as": plan.METRIC_NAME}
+    assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+    assert "wok_instance_busy_seconds_total" in rule["seriesQuery"]
+
+
+def test_wok_exports_the_counter_the_rules_read():
+    # The real metrics module, one batch of 2 ms on instance 0 of mlp: the exposition has the
+    # series the adapter's seriesQuery and KEDA's query select (name, and the `model` label).
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from wok.metrics import WokMetrics
+
+    registry = CollectorRegistry()
+    metrics = WokMetrics(registry, gpu=False)
+    metrics.model("mlp", 1).record_batch(0, 1, 1, [0.001], 0.0, 0.0, 0.002, 0.0, 0.002)
+    text = generate_latest(registry).decode()
+    assert 'wok_instance_busy_seconds_total{model="mlp",model_instance="0"} 0.002' in text
+    metrics.close()
+
+
+def test_every_query_is_valid_promql(written, tmp_path):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found: it comes with Debian's `prometheus` package, which .ci/run installs")
+    (cm,) = written["prometheus-adapter-rules.yaml"]
+    (rule,) = yaml.safe_load(cm["data"]["config.yaml"])["rules"]
+    # The adapter fills in its template; this is what it sends for one pod.
+    adapter = (
+        rule["metricsQuery"]
+        .replace("<<.Series>>", "wok_instance_busy_seconds_total")
+        .replace("<<.LabelMatchers>>", 'namespace="wok",pod="wok-0"')
+        .replace("<<.GroupBy>>", "pod")
+    )
+    keda = written["keda-scaledobject.yaml"][0]["spec"]["triggers"][0]["metadata"]["query"]
+    exprs = {"adapter": adapter, "keda": keda, "series": rule["seriesQuery"]}
+    rules = {"groups": [{"name": "plan", "rules": [{"record": f"plan:{k}", "expr": v} for k, v in exprs.items()]}]}
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    r = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------------------- outputs and CLI
+
+
+def test_json_and_markdown_show_every_input_and_step(tmp_path):
+    p = make(teams=[("search", F(3000)), ("ads", F(2000))])
+    plan.write_json(p, tmp_path / "plan.json")
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert doc["schema"] == "wok.plan/1"
+    assert list(doc) == [
+        "schema",
+        "created",
+        "inputs",
+        "steps",
+        "result",
+        "teams",
+        "burst",
+        "cross_check",
+        "autoscaling",
+        "warnings",
+    ]
+    md = plan.to_markdown(p)
+    for text in ("| team search | 3000 QPS |", "| U_target | 0.65 |", "⌈9.615385…⌉", "| 125/13 |", "**11 replicas**"):
+        assert text in md
+
+
+def test_the_cli_plans_the_issue_example(tmp_path, capsys):
+    argv = ["plan", "--peak-qps", "5000", "--t-batch", "20ms", "--batch-size", "16", "--target-util", "0.65"]
+    argv += ["--redundancy", "1", "--json", str(tmp_path / "p.json"), "--markdown", str(tmp_path / "p.md")]
+    argv += ["--manifests", str(tmp_path / "k8s")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "N = 10 GPUs + k = 1 → 11 replicas" in out
+    assert "9.615385…" in out
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["result"]["replicas"] == 11
+    assert sorted(x.name for x in (tmp_path / "k8s").iterdir()) == sorted(plan.MANIFEST_FILES)
+    assert (tmp_path / "p.md").read_text().startswith("# Capacity plan")
+
+
+def test_the_cli_from_ramp_and_burst(tmp_path, capsys):
+    ramp = _ramp(tmp_path)
+    assert main(["plan", "--from-ramp", str(ramp), "--burst", "base=1000,amplitude=4000"]) == 0
+    assert "N = 4 GPUs + k = 1 → 5 replicas" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--peak-qps", "5000", "--batch-size", "16"], "one way"),
+        (["--peak-qps", "5000", "--t-batch", "20ms"], "--batch-size is needed"),
+        (["--peak-qps", "5000", "--alpha", "2ms", "--batch-size", "16"], "--alpha needs --beta"),
+        (["--peak-qps", "5000", "--t-batch", "20ms", "--batch-size", "16", "--target-util", "1.2"], "(0, 1]"),
+        (["--peak-qps", "x", "--t-batch", "20ms", "--batch-size", "16"], "not a number"),
+        (["--t-batch", "20ms", "--batch-size", "16"], "exactly one way"),
+    ],
+)
+def test_the_cli_refuses_bad_options(argv, message, capsys):
+    assert main(["plan", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wok plan: ")
+    assert message in err
