@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 
+from .histogram import LatencyHistogram
+
 SCHEMA = "wok.bench/1"
 LATENCY_KEYS = ("mean", "p50", "p90", "p95", "p99", "p999", "max")
 # Exact fractions, so that ceil(p·n) has no rounding error (0.999 * 1000 is not 999.0 in floats).
@@ -102,6 +104,7 @@ def step_result(
     ok = int(ok_mask.sum())
     errors = dict(sorted(Counter(code[~ok_mask].tolist()).items()))
 
+    latency = 1e3 * (done[ok_mask] - intended[ok_mask])
     lag_ms = 1e3 * (sent - intended)
     lag_ms = lag_ms[np.isfinite(lag_ms)]
     lag = latency_summary(lag_ms)
@@ -135,7 +138,11 @@ def step_result(
         "ok": ok,
         "errors": errors,
         "success_rate": ok / n if n else NAN,
-        "latency_ms": latency_summary(1e3 * (done[ok_mask] - intended[ok_mask])),
+        "latency_ms": latency_summary(latency),
+        # Exact percentiles above; the histogram is what several processes' results merge by
+        # (wok bench merge), whose percentiles then come from it: `latency_source` says which.
+        "latency_source": "exact",
+        "latency_histogram": LatencyHistogram.from_ms(latency).to_dict(),
         "dispatch_lag_ms": {"p50": lag["p50"], "p99": lag["p99"], "max": lag["max"]},
         "late_sends": int((lag_ms > LATE_SEND_MS).sum()),
         "littles_law": {

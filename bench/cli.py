@@ -42,6 +42,35 @@ def add_parser(sub) -> None:
     p.add_argument("--require-qps", type=float, help=f"exit {REQUIRE_QPS_NOT_MET} unless max QPS under SLO ≥ this")
     _add_outputs(p)
     p.set_defaults(run=run)
+    add_merge_parser(bsub)
+
+
+def add_merge_parser(bsub) -> None:
+    p = bsub.add_parser(
+        "merge",
+        help="merge the results of bench processes that ramped one server together",
+        description="Add up, step by step, the wok.bench/1 results of several processes that ran the same ramp at "
+        "the same time (e.g. a Kubernetes Indexed Job): counts and QPS add, percentiles come from the merged "
+        "latency histograms, the server's view from the first file (docs/bench.md).",
+    )
+    p.add_argument("results", nargs="+", type=Path, help="the parts' --json files")
+    _add_outputs(p)
+    p.set_defaults(run=run_merge)
+
+
+def run_merge(args) -> int:
+    import json
+
+    from .merge import merge_results
+
+    parts = []
+    for path in args.results:
+        try:
+            parts.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
+    _write_outputs(merge_results(parts, [str(p) for p in args.results]), args)
+    return 0
 
 
 def _add_outputs(p) -> None:

@@ -358,10 +358,19 @@ def _table_rows(result_or_steps) -> tuple[list[str], list[list[str]]]:
 def _verdict_lines(result: dict) -> list[str]:
     slo = _num(result.get("slo_p99_ms"))
     best, knee = result.get("max_qps_under_slo"), result.get("knee_qps")
-    return [
+    lines = [
         f"max QPS under SLO (P99 ≤ {slo:g} ms): {'none: no step met it' if best is None else _fmt_qps(best)}",
         f"knee: {'none: throughput kept up at every step' if knee is None else f'{_fmt_qps(knee)} QPS'}",
     ]
+    merged = (result.get("config") or {}).get("merged")
+    if merged:
+        errs = [_num(_get(s, "latency_histogram", "relative_error")) for s in _steps(result)]
+        err = max((e for e in errs if math.isfinite(e)), default=0.0)
+        lines.append(
+            f"merged from {len(merged['parts'])} results: percentiles from the merged histograms "
+            f"(at most {100 * err:.2g}% above exact), server columns from {merged.get('server_view_from')}"
+        )
+    return lines
 
 
 def print_table(result_or_steps: dict | Sequence[dict], file=None) -> None:

@@ -1,0 +1,171 @@
+"""A mergeable latency histogram: log-linear buckets over integer nanoseconds, as HdrHistogram has them.
+
+Two histograms with the same `sub_bucket_bits` merge exactly by adding counts bucket by
+bucket, so N bench processes that each saw part of the requests merge into the very
+histogram one process would have built from all of them, and into the same percentiles.
+
+Buckets. A latency is first floored to whole nanoseconds, v. Below 2·2^b (b =
+`sub_bucket_bits`) every nanosecond is its own bucket. Above, each power-of-two range
+[2^k, 2^(k+1)) is cut into 2^b equal buckets of width 2^(k−b): bucket index
+(k − b)·2^b + ⌊v / 2^(k−b)⌋ for k = bit length of v − 1 > b. A bucket's width is at most
+2^−b of its lower bound.
+
+Percentiles are nearest-rank, as analysis.latency_summary computes them from samples:
+the ⌈p·n⌉-th smallest latency, read off the cumulative counts as the upper bound of the
+bucket that holds it, clamped to the exact maximum. So the value is never below the true
+nearest-rank percentile and at most 2^−b above it (0.78% for the default b = 7), and it
+keeps the SLO reading: at least p of the requests finished within it. Count, sum, min
+and max are kept exactly (in whole nanoseconds), so the mean and max are exact too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+SUB_BUCKET_BITS = 7
+NS_PER_MS = 1_000_000
+QUANTILES = {"p50": (1, 2), "p90": (9, 10), "p95": (19, 20), "p99": (99, 100), "p999": (999, 1000)}
+KEYS = ("mean", "p50", "p90", "p95", "p99", "p999", "max")
+
+
+def relative_error(sub_bucket_bits: int = SUB_BUCKET_BITS) -> float:
+    """The most a percentile read from the histogram exceeds the exact one, relative to it."""
+    return 2.0**-sub_bucket_bits
+
+
+def bucket_index(ns: np.ndarray, bits: int = SUB_BUCKET_BITS) -> np.ndarray:
+    """Bucket of each non-negative integer nanosecond value (vectorized)."""
+    v = np.asarray(ns, dtype=np.int64)
+    if v.size and v.min() < 0:
+        raise ValueError("latencies must be >= 0")
+    k = np.zeros(v.shape, dtype=np.int64)
+    big = v >= (2 << bits)
+    if big.any():
+        # Bit length − 1 of each value, in integers (floats would misplace values near 2^53).
+        vb = v[big]
+        kb = np.zeros(vb.shape, dtype=np.int64)
+        for shift in (32, 16, 8, 4, 2, 1):
+            over = (vb >> (kb + shift)) > 0
+            kb += np.where(over, shift, 0)
+        k[big] = kb
+    shift = np.where(big, k - bits, 0)
+    return np.where(big, (k - bits) * (1 << bits) + (v >> shift), v)
+
+
+def bucket_bounds(index: int, bits: int = SUB_BUCKET_BITS) -> tuple[int, int]:
+    """[lower, upper) of bucket `index`, in nanoseconds."""
+    index = int(index)
+    if index < (2 << bits):
+        return index, index + 1
+    k = index // (1 << bits) + bits - 1  # the power of two the bucket lies in, 2^k
+    shift = k - bits
+    sub = index - (k - bits) * (1 << bits)  # v >> shift, in [2^b, 2^(b+1))
+    return sub << shift, (sub + 1) << shift
+
+
+class LatencyHistogram:
+    """Counts per log-linear bucket of nanosecond latencies, with exact count, sum, min and max."""
+
+    def __init__(self, sub_bucket_bits: int = SUB_BUCKET_BITS) -> None:
+        if not 1 <= sub_bucket_bits <= 16:
+            raise ValueError(f"sub_bucket_bits must be in [1, 16], got {sub_bucket_bits}")
+        self.bits = sub_bucket_bits
+        self.counts: dict[int, int] = {}
+        self.count = 0
+        self.sum_ns = 0
+        self.min_ns: int | None = None
+        self.max_ns: int | None = None
+
+    @classmethod
+    def from_ms(cls, ms: Iterable[float], sub_bucket_bits: int = SUB_BUCKET_BITS) -> LatencyHistogram:
+        h = cls(sub_bucket_bits)
+        h.record_ms(ms)
+        return h
+
+    def record_ms(self, ms: Iterable[float]) -> None:
+        """Add latencies given in milliseconds; non-finite ones are left out (they have no latency)."""
+        a = np.asarray(ms, dtype=np.float64).ravel()
+        a = a[np.isfinite(a)]
+        if a.size == 0:
+            return
+        ns = np.floor(np.maximum(a, 0.0) * NS_PER_MS).astype(np.int64)
+        idx, n = np.unique(bucket_index(ns, self.bits), return_counts=True)
+        for i, c in zip(idx.tolist(), n.tolist()):
+            self.counts[i] = self.counts.get(i, 0) + c
+        self.count += int(ns.size)
+        self.sum_ns += int(ns.sum(dtype=np.int64))
+        lo, hi = int(ns.min()), int(ns.max())
+        self.min_ns = lo if self.min_ns is None else min(self.min_ns, lo)
+        self.max_ns = hi if self.max_ns is None else max(self.max_ns, hi)
+
+    def merge(self, other: LatencyHistogram) -> LatencyHistogram:
+        """Add `other` into this one (same bucket layout required); returns self."""
+        if other.bits != self.bits:
+            raise ValueError(f"cannot merge histograms of {self.bits} and {other.bits} sub-bucket bits")
+        for i, c in other.counts.items():
+            self.counts[i] = self.counts.get(i, 0) + c
+        self.count += other.count
+        self.sum_ns += other.sum_ns
+        for attr, pick in (("min_ns", min), ("max_ns", max)):
+            mine, theirs = getattr(self, attr), getattr(other, attr)
+            setattr(self, attr, theirs if mine is None else mine if theirs is None else pick(mine, theirs))
+        return self
+
+    def quantile_ms(self, num: int, den: int) -> float:
+        """Nearest-rank quantile num/den: upper bound of the bucket of the ⌈num·n/den⌉-th latency, ≤ max."""
+        if self.count == 0:
+            return float("nan")
+        rank = min(max(-(-num * self.count // den), 1), self.count)
+        seen = 0
+        for i in sorted(self.counts):
+            seen += self.counts[i]
+            if seen >= rank:
+                _, upper = bucket_bounds(i, self.bits)
+                return min(upper, self.max_ns) / NS_PER_MS
+        raise AssertionError("bucket counts add up to less than count")
+
+    def summary(self) -> dict[str, float]:
+        """Mean, percentiles and max in ms, keyed as the schema's `latency_ms`; all NaN when empty."""
+        if self.count == 0:
+            return dict.fromkeys(KEYS, float("nan"))
+        out = {"mean": self.sum_ns / self.count / NS_PER_MS}
+        for key, (num, den) in QUANTILES.items():
+            out[key] = self.quantile_ms(num, den)
+        out["max"] = self.max_ns / NS_PER_MS
+        return out
+
+    def to_dict(self) -> dict:
+        """The JSON form: layout, exact totals, and the non-empty buckets in increasing order."""
+        idx = sorted(self.counts)
+        return {
+            "unit": "ns",
+            "sub_bucket_bits": self.bits,
+            "relative_error": relative_error(self.bits),
+            "count": self.count,
+            "sum_ns": self.sum_ns,
+            "min_ns": self.min_ns,
+            "max_ns": self.max_ns,
+            "buckets": idx,
+            "counts": [self.counts[i] for i in idx],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LatencyHistogram:
+        if d.get("unit") != "ns":
+            raise ValueError(f"histogram unit must be 'ns', got {d.get('unit')!r}")
+        h = cls(int(d["sub_bucket_bits"]))
+        if len(d["buckets"]) != len(d["counts"]):
+            raise ValueError("histogram buckets and counts differ in length")
+        for i, c in zip(d["buckets"], d["counts"]):
+            if int(c) < 0:
+                raise ValueError(f"negative count {c} in bucket {i}")
+            h.counts[int(i)] = h.counts.get(int(i), 0) + int(c)
+        h.count = int(d["count"])
+        if sum(h.counts.values()) != h.count:
+            raise ValueError(f"histogram counts add up to {sum(h.counts.values())}, not its count {h.count}")
+        h.sum_ns = int(d["sum_ns"])
+        h.min_ns = None if d["min_ns"] is None else int(d["min_ns"])
+        h.max_ns = None if d["max_ns"] is None else int(d["max_ns"])
+        return h

@@ -1,0 +1,169 @@
+"""One ramp result from the results of several bench processes that drove one server together.
+
+When the load comes from N machines (a Kubernetes Indexed Job, N `wok bench ramp`
+processes with the same steps and step duration, started together), each process's result
+holds its share of every step. `merge_results` adds them step by step, by the index of the
+step in each ramp (refinement steps are left out: each process bisected on its own):
+
+* counts add: offered, nominal and achieved QPS, requests, ok, errors by code, late sends;
+* latency percentiles come from the sum of the parts' histograms (`latency_histogram`,
+  bench/histogram.py), never from averaging percentiles: the merged histogram is exactly
+  the one a single process would have built from all the requests, so the percentiles are
+  too (`latency_source: "histogram"`, at most the histogram's relative error above the
+  exact nearest-rank value);
+* dispatch lag: the largest of the parts' p50, p99 and max, an upper bound of the merged
+  figure (the generators' health, not the server's);
+* Little's law: L and λ add, so λW adds; W is λW / λ;
+* the server's view (`server`, `queue_ms`, …) is taken from the first result given: every
+  process scraped the same server over the same window, so each scrape already counts all
+  the processes' requests; adding them would count the server N times.
+
+Verdicts (knee, max QPS under the SLO) and precision warnings are recomputed on the merged
+steps; the parts' own warnings are kept, prefixed with the part's name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from . import analysis
+from .histogram import LatencyHistogram
+
+NAN = float("nan")
+DURATION_TOLERANCE_S = 1e-6
+LAG_KEYS = ("p50", "p99", "max")
+
+
+def _num(x) -> float:
+    return float(x) if analysis._finite(x) else NAN
+
+
+def _sum_if_all(values) -> float:
+    """The sum, or NaN when any part lacks the figure (a partial sum would be a lie)."""
+    values = [_num(v) for v in values]
+    return NAN if any(math.isnan(v) for v in values) else math.fsum(values)
+
+
+def _max_finite(values) -> float:
+    finite = [_num(v) for v in values if analysis._finite(v)]
+    return max(finite) if finite else NAN
+
+
+def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
+    """One step from the same step of every part (see the module's docstring for each field)."""
+    if not steps:
+        raise ValueError("nothing to merge")
+    durations = {float(s["duration_s"]) for s in steps}
+    if max(durations) - min(durations) > DURATION_TOLERANCE_S:
+        raise ValueError(f"{label}: the parts' measured windows differ ({sorted(durations)} s); run them alike")
+    hist = None
+    for s in steps:
+        if "latency_histogram" not in s:
+            raise ValueError(f"{label}: a part has no latency_histogram (written by a wok bench older than merge)")
+        h = LatencyHistogram.from_dict(s["latency_histogram"])
+        hist = h if hist is None else hist.merge(h)
+    requests = sum(int(s["requests"]) for s in steps)
+    ok = sum(int(s["ok"]) for s in steps)
+    if hist.count != ok:
+        raise ValueError(f"{label}: the histograms hold {hist.count} latencies for {ok} OK requests")
+    errors = Counter()
+    for s in steps:
+        errors.update({k: int(v) for k, v in (s.get("errors") or {}).items()})
+    lw = [s.get("littles_law") or {} for s in steps]
+    measured = _sum_if_all(p.get("mean_inflight_measured") for p in lw)
+    lambda_w = _sum_if_all(p.get("lambda_w") for p in lw)
+    arrival = _sum_if_all(p.get("arrival_rate_qps") for p in lw)
+    first = steps[0]
+    step = {
+        "offered_qps": math.fsum(float(s["offered_qps"]) for s in steps),
+        "achieved_qps": math.fsum(float(s["achieved_qps"]) for s in steps),
+        "duration_s": float(first["duration_s"]),
+        "phase": "ramp",
+        "requests": requests,
+        "ok": ok,
+        "errors": dict(sorted(errors.items())),
+        "success_rate": ok / requests if requests else NAN,
+        "latency_ms": hist.summary(),
+        "latency_source": "histogram",
+        "latency_histogram": hist.to_dict(),
+        "dispatch_lag_ms": {k: _max_finite((s.get("dispatch_lag_ms") or {}).get(k) for s in steps) for k in LAG_KEYS},
+        "late_sends": sum(int(s.get("late_sends") or 0) for s in steps),
+        "littles_law": {
+            "mean_inflight_measured": measured,
+            "lambda_w": lambda_w,
+            "relative_error": (lambda_w - measured) / measured if measured > 0 and math.isfinite(lambda_w) else NAN,
+            "arrival_rate_qps": arrival,
+            "mean_in_flight_ms": 1e3 * lambda_w / arrival if arrival > 0 else NAN,
+        },
+    }
+    for key in analysis.SERVER_KEYS:
+        step[key] = first.get(key)
+    step["server"] = first.get("server")
+    if all("nominal_qps" in s for s in steps):
+        step["nominal_qps"] = math.fsum(float(s["nominal_qps"]) for s in steps)
+    return step
+
+
+def _same(results: Sequence[dict], names: Sequence[str], what: str, get) -> None:
+    values = [get(r) for r in results]
+    if any(v != values[0] for v in values):
+        shown = ", ".join(f"{n}: {v}" for n, v in zip(names, values))
+        raise ValueError(f"the results differ in {what} ({shown}); only runs of the same ramp merge")
+
+
+def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -> dict:
+    """A `wok.bench/1` result from the results of processes that ran the same ramp together."""
+    if not results:
+        raise ValueError("nothing to merge: give at least one result")
+    names = list(names) if names is not None else [f"part {i}" for i in range(len(results))]
+    if len(names) != len(results):
+        raise ValueError(f"{len(names)} names for {len(results)} results")
+    for r, name in zip(results, names):
+        if r.get("schema") != analysis.SCHEMA:
+            raise ValueError(f"{name}: schema {r.get('schema')!r}, expected {analysis.SCHEMA!r}")
+        if (r.get("config") or {}).get("source") != "bench":
+            raise ValueError(f"{name}: only measured ramps (config.source 'bench') merge")
+    _same(results, names, "the model mix", lambda r: [m[0] for m in r["config"].get("models", [])])
+    _same(results, names, "the SLO", lambda r: r["slo_p99_ms"])
+    _same(results, names, "the step duration", lambda r: r["config"].get("step_duration_s"))
+    first = results[0]
+
+    parts = [[s for s in r["steps"] if s.get("phase", "ramp") == "ramp"] for r in results]
+    n = min(len(p) for p in parts)
+    warnings = []
+    if any(len(p) != n for p in parts):
+        counts = ", ".join(f"{name}: {len(p)}" for name, p in zip(names, parts))
+        warnings.append(f"the parts ran different numbers of steps ({counts}): only the first {n} are merged")
+    if any(s.get("phase", "ramp") != "ramp" for r in results for s in r["steps"]):
+        warnings.append("refinement steps are left out: each process bisected on its own")
+    seeds = [r["config"].get("seed") for r in results]
+    if len(results) > 1 and len(set(map(str, seeds))) < len(seeds):
+        warnings.append(
+            "some parts ran with the same --seed: their arrival schedules coincide, so the merged load came "
+            "in lockstep bursts rather than as one process's schedule; give each process its own seed"
+        )
+    steps = [merge_steps([p[i] for p in parts], f"step {i + 1}") for i in range(n)]
+
+    config = dict(first["config"])
+    config["steps"] = [s.get("nominal_qps", s["offered_qps"]) for s in steps]
+    if all(analysis._finite(r["config"].get("workers")) for r in results):
+        config["workers"] = sum(int(r["config"]["workers"]) for r in results)
+    config["merged"] = {
+        "parts": names,
+        "targets": [r["config"].get("target") for r in results],
+        "seeds": seeds,
+        "server_view_from": names[0],
+    }
+    result = analysis.ramp_result(
+        steps=steps,
+        slo_p99_ms=first["slo_p99_ms"],
+        config=config,
+        knee_threshold=first.get("knee_threshold", 0.5),
+        min_success_rate=first.get("min_success_rate", 0.99),
+        timeline=None,
+    )
+    result["warnings"] = warnings + result["warnings"]
+    result["warnings"] += [f"{name}: {w}" for r, name in zip(results, names) for w in r.get("warnings", [])]
+    return result

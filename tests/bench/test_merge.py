@@ -1,0 +1,263 @@
+"""Mergeable latency histograms and `wok bench merge`: N processes' results add up to one process's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from wok.__main__ import main as wok_main
+from wok.bench import analysis, report
+from wok.bench.histogram import LatencyHistogram, bucket_bounds, bucket_index, relative_error
+from wok.bench.merge import merge_results
+
+ERR = relative_error()
+
+
+# -- the histogram --------------------------------------------------------------------------------------
+def test_buckets_by_hand_with_two_sub_bucket_bits():
+    # Below 2·2² = 8 ns every nanosecond is a bucket; [8, 16) splits into 4 buckets of 2 ns,
+    # [16, 32) into 4 of 4 ns: 8 → (3 − 2)·4 + 8 >> 1 = 8, 15 → 4 + 7 = 11, 16 → 2·4 + 16 >> 2 = 12.
+    assert bucket_index(np.array([0, 7, 8, 9, 10, 15, 16, 19, 20, 31, 32]), 2).tolist() == [
+        0, 7, 8, 8, 9, 11, 12, 12, 13, 15, 16,
+    ]  # fmt: skip
+    assert [bucket_bounds(i, 2) for i in (7, 8, 11, 12, 15, 16)] == [(7, 8), (8, 10), (14, 16), (16, 20), (28, 32),
+                                                                     (32, 40)]  # fmt: skip
+
+
+@pytest.mark.parametrize("bits", [1, 3, 7])
+def test_every_value_lies_in_its_bucket_and_buckets_are_at_most_2_to_minus_bits_wide(bits):
+    rng = np.random.default_rng(bits)
+    v = np.concatenate([np.arange(3000), rng.integers(0, 2**62, 20000), [2**40 - 1, 2**40, 2**63 - 1]])
+    idx = bucket_index(v, bits)
+    order = np.argsort(v)
+    assert (np.diff(idx[order]) >= 0).all()  # buckets are in value order
+    for x, i in zip(v.tolist(), idx.tolist()):
+        lo, hi = bucket_bounds(i, bits)
+        assert lo <= x < hi
+        assert hi - lo == 1 or (hi - lo) <= lo * 2.0**-bits
+
+
+def test_percentiles_by_hand():
+    # 1..100 ms: nearest-rank P50 is 50 ms = 5e7 ns, in [2^25, 2^26): buckets of 2^18 ns,
+    # 5e7 >> 18 = 190, so its bucket ends at 191·2^18 = 50,069,504 ns.
+    h = LatencyHistogram.from_ms(np.arange(1, 101, dtype=np.float64))
+    s = h.summary()
+    assert s["p50"] == 50.069504
+    assert s["mean"] == 50.5 and s["max"] == 100.0
+    assert s["p999"] == 100.0  # the bucket's end is clamped to the exact maximum
+    assert h.count == 100 and h.sum_ns == 5050 * 10**6 and h.min_ns == 10**6
+
+
+def test_percentiles_are_never_below_exact_and_at_most_the_relative_error_above():
+    rng = np.random.default_rng(7)
+    ms = np.concatenate([rng.lognormal(1.0, 1.2, 20000), rng.uniform(0.05, 0.3, 300)])
+    exact = analysis.latency_summary(ms)
+    approx = LatencyHistogram.from_ms(ms).summary()
+    for k in ("p50", "p90", "p95", "p99", "p999", "max"):
+        # 1e-6 ms: the histogram floors latencies to whole nanoseconds.
+        assert exact[k] - 1e-6 <= approx[k] <= exact[k] * (1 + ERR), (k, exact[k], approx[k])
+    assert approx["mean"] == pytest.approx(exact["mean"], abs=1e-6)
+
+
+def test_histograms_of_a_split_merge_into_the_histogram_of_the_whole():
+    rng = np.random.default_rng(3)
+    ms = rng.lognormal(0.5, 1.0, 5000)
+    owner = rng.integers(0, 4, ms.size)
+    parts = [LatencyHistogram.from_ms(ms[owner == i]) for i in range(4)]
+    merged = LatencyHistogram()
+    for p in parts:
+        merged.merge(LatencyHistogram.from_dict(json.loads(json.dumps(p.to_dict()))))
+    whole = LatencyHistogram.from_ms(ms)
+    assert merged.to_dict() == whole.to_dict()
+    assert merged.summary() == whole.summary()
+
+
+def test_a_histogram_that_does_not_add_up_or_another_layout_is_refused():
+    d = LatencyHistogram.from_ms([1.0, 2.0]).to_dict()
+    with pytest.raises(ValueError, match="add up to"):
+        LatencyHistogram.from_dict({**d, "count": 3})
+    with pytest.raises(ValueError, match="sub-bucket bits"):
+        LatencyHistogram(7).merge(LatencyHistogram(5))
+    assert np.isnan(LatencyHistogram().summary()["p99"])
+
+
+# -- merging results --------------------------------------------------------------------------------------
+def _requests(rng, n, duration):
+    intended = np.sort(rng.uniform(0, duration, n))
+    sent = intended + rng.exponential(0.0002, n)
+    done = sent + rng.lognormal(-4.0, 0.8, n)
+    codes = np.where(rng.random(n) < 0.03, "UNAVAILABLE", "OK")
+    codes[rng.random(n) < 0.01] = "DEADLINE_EXCEEDED"
+    return intended, sent, done, codes
+
+
+def _result(steps_data, offered, seed, duration):
+    steps = []
+    for (intended, sent, done, codes), qps in zip(steps_data, offered):
+        step = analysis.step_result(
+            offered_qps=qps,
+            duration_s=duration,
+            intended_s=intended,
+            sent_s=sent,
+            done_s=done,
+            codes=codes,
+            inflight_samples=np.array([qps * 0.02]),
+        )
+        step["nominal_qps"] = qps
+        steps.append(step)
+    config = {"source": "bench", "models": [["mlp", 1.0]], "step_duration_s": duration, "seed": seed, "workers": 2}
+    return json.loads(report.to_json(analysis.ramp_result(steps=steps, slo_p99_ms=50.0, config=config)))
+
+
+@pytest.fixture
+def split_ramp():
+    """One ramp's requests (3 steps), and the same requests dealt among 3 processes at random."""
+    rng = np.random.default_rng(11)
+    duration, offered, n_parts = 4.0, [150.0, 300.0, 600.0], 3
+    whole_data = [_requests(rng, int(q * duration), duration) for q in offered]
+    owners = [rng.integers(0, n_parts, len(d[0])) for d in whole_data]
+    parts = [
+        _result(
+            [tuple(a[o == i] for a in d) for d, o in zip(whole_data, owners)],
+            [q / n_parts for q in offered],
+            i,
+            duration,
+        )
+        for i in range(n_parts)
+    ]
+    whole = _result(whole_data, offered, 0, duration)
+    return whole, parts
+
+
+def test_merged_parts_have_the_counts_and_exactly_the_percentiles_of_the_whole(split_ramp):
+    whole, parts = split_ramp
+    merged = merge_results(parts, ["a.json", "b.json", "c.json"])
+    assert merged["schema"] == "wok.bench/1"
+    assert len(merged["steps"]) == len(whole["steps"])
+    for m, w in zip(merged["steps"], whole["steps"]):
+        for key in ("requests", "ok", "errors", "late_sends"):
+            assert m[key] == w[key], key
+        assert m["offered_qps"] == pytest.approx(w["offered_qps"])
+        assert m["nominal_qps"] == pytest.approx(w["nominal_qps"])
+        assert m["achieved_qps"] == pytest.approx(w["achieved_qps"])
+        assert m["success_rate"] == pytest.approx(w["success_rate"])
+        # Same buckets: the merged histogram is the whole's, so are its percentiles, exactly.
+        assert m["latency_histogram"] == w["latency_histogram"]
+        assert m["latency_ms"] == LatencyHistogram.from_dict(w["latency_histogram"]).summary()
+        assert m["latency_source"] == "histogram" and w["latency_source"] == "exact"
+        for k in ("p50", "p90", "p95", "p99", "p999", "max"):
+            assert w["latency_ms"][k] - 1e-6 <= m["latency_ms"][k] <= w["latency_ms"][k] * (1 + ERR)
+        # λW adds; the dispatch-lag figures are upper bounds of the whole's.
+        assert m["littles_law"]["lambda_w"] == pytest.approx(w["littles_law"]["lambda_w"])
+        assert m["littles_law"]["mean_in_flight_ms"] == pytest.approx(w["littles_law"]["mean_in_flight_ms"])
+        assert m["littles_law"]["arrival_rate_qps"] == pytest.approx(w["littles_law"]["arrival_rate_qps"])
+        assert m["dispatch_lag_ms"]["p99"] >= w["dispatch_lag_ms"]["p99"]
+        assert m["dispatch_lag_ms"]["max"] == w["dispatch_lag_ms"]["max"]
+    assert merged["max_qps_under_slo"] == whole["max_qps_under_slo"]
+    assert merged["config"]["steps"] == [150.0, 300.0, 600.0]
+    assert merged["config"]["workers"] == 6
+    assert merged["config"]["merged"]["parts"] == ["a.json", "b.json", "c.json"]
+
+
+def test_the_server_view_comes_from_the_first_part_only(split_ramp):
+    _, parts = split_ramp
+    for i, p in enumerate(parts):
+        p["steps"][0]["server"] = {"requests": 1000 + i}
+        p["steps"][0]["mean_batch_size"] = 4.0 + i
+    m = merge_results(parts)["steps"][0]
+    assert m["server"] == {"requests": 1000} and m["mean_batch_size"] == 4.0
+
+
+def test_parts_of_different_ramps_do_not_merge(split_ramp):
+    _, parts = split_ramp
+    other = json.loads(json.dumps(parts[1]))
+    other["steps"][1]["duration_s"] = 5.0
+    with pytest.raises(ValueError, match="step 2: the parts' measured windows differ"):
+        merge_results([parts[0], other])
+    other = json.loads(json.dumps(parts[1]))
+    other["config"]["models"] = [["encoder", 1.0]]
+    with pytest.raises(ValueError, match="model mix"):
+        merge_results([parts[0], other])
+    other = json.loads(json.dumps(parts[1]))
+    del other["steps"][0]["latency_histogram"]
+    with pytest.raises(ValueError, match="no latency_histogram"):
+        merge_results([parts[0], other])
+    other = json.loads(json.dumps(parts[1]))
+    other["config"]["source"] = "simulate"
+    with pytest.raises(ValueError, match="only measured ramps"):
+        merge_results([parts[0], other])
+
+
+def test_steps_only_some_parts_ran_are_left_out_with_a_warning(split_ramp):
+    _, parts = split_ramp
+    parts[2]["steps"] = parts[2]["steps"][:2]  # stopped early
+    merged = merge_results(parts)
+    assert len(merged["steps"]) == 2
+    assert any("different numbers of steps" in w for w in merged["warnings"])
+
+
+def test_parts_with_the_same_seed_are_warned_about(split_ramp):
+    _, parts = split_ramp
+    parts[1]["config"]["seed"] = parts[0]["config"]["seed"]
+    assert any("same --seed" in w for w in merge_results(parts)["warnings"])
+    assert not any("same --seed" in w for w in merge_results(split_ramp[1][1:])["warnings"])
+
+
+def test_wok_bench_merge_writes_the_merged_result_and_prints_the_table(split_ramp, tmp_path, capsys):
+    _, parts = split_ramp
+    paths = []
+    for i, p in enumerate(parts):
+        paths.append(tmp_path / f"part{i}.json")
+        paths[-1].write_text(json.dumps(p))
+    out = tmp_path / "merged.json"
+    assert wok_main(["bench", "merge", *map(str, paths), "--json", str(out), "--csv", str(tmp_path / "m.csv")]) == 0
+    merged = json.loads(out.read_text())
+    expected = json.loads(report.to_json(merge_results(parts, [str(p) for p in paths])))
+    assert merged == {**expected, "created": merged["created"]}
+    printed = capsys.readouterr().out
+    assert "merged from 3 results: percentiles from the merged histograms (at most 0.78% above exact)" in printed
+    assert wok_main(["bench", "merge", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json" in capsys.readouterr().err
+
+
+# -- a real run: two processes at half the rate, merged, against one process ------------------------------
+def _ramp(target, steps, seed, workers, out):
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", target, "--model", "mlp", "--steps", steps,
+           "--step-duration", "2s", "--warmup", "0.5s", "--arrival", "constant", "--workers", str(workers),
+           "--metrics-url", "none", "--seed", str(seed), "--json", str(out)]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_processes_at_half_the_rate_merge_into_the_counts_of_one_process(bench_server, tmp_path):
+    halves = [_ramp(bench_server.target, "20,40", seed, 1, tmp_path / f"half{seed}.json") for seed in (1, 2)]
+    for p in halves:
+        assert p.wait(timeout=300) == 0, p.stderr.read()
+    one = _ramp(bench_server.target, "40,80", 3, 2, tmp_path / "one.json")
+    assert one.wait(timeout=300) == 0, one.stderr.read()
+    parts = [json.loads((tmp_path / f"half{seed}.json").read_text()) for seed in (1, 2)]
+    single = json.loads((tmp_path / "one.json").read_text())
+    out = tmp_path / "merged.json"
+    assert wok_main(["bench", "merge", str(tmp_path / "half1.json"), str(tmp_path / "half2.json"),
+                     "--json", str(out)]) == 0  # fmt: skip
+    merged = json.loads(out.read_text())
+    assert [s["nominal_qps"] for s in merged["steps"]] == [40.0, 80.0]
+    for m, s, *halves_steps in zip(merged["steps"], single["steps"], *(p["steps"] for p in parts)):
+        # Constant arrivals: 2 s at 40 QPS is 80 requests, at 20 QPS twice 40.
+        assert m["requests"] == s["requests"] == 2 * 2 * m["nominal_qps"] / 2
+        assert m["ok"] == s["ok"] == m["requests"]
+        assert m["offered_qps"] == pytest.approx(s["offered_qps"])
+        for h in halves_steps:
+            # Each part's histogram percentiles agree with its exact ones within the relative error.
+            approx = LatencyHistogram.from_dict(h["latency_histogram"]).summary()
+            for k in ("p50", "p99", "max"):
+                assert h["latency_ms"][k] - 1e-6 <= approx[k] <= h["latency_ms"][k] * (1 + ERR)
+        for k in ("p50", "p90", "p99"):
+            # A quantile of the union lies between the parts' quantiles (here read from the histogram).
+            lo = min(h["latency_ms"][k] for h in halves_steps)
+            hi = max(h["latency_ms"][k] for h in halves_steps)
+            assert lo - 1e-6 <= m["latency_ms"][k] <= hi * (1 + ERR), (k, lo, m["latency_ms"][k], hi)
+        assert m["latency_ms"]["max"] == pytest.approx(max(h["latency_ms"]["max"] for h in halves_steps), abs=1e-6)
