@@ -98,8 +98,7 @@ def decimal_text(x: Fraction, places: int = 6) -> str:
     if scaled.denominator == 1:
         text = f"{Decimal(scaled.numerator).scaleb(-places):f}".rstrip("0").rstrip(".")
         return text
-    rounded = Decimal(round(scaled)).scaleb(-places)
-    return f"{rounded:f}".rstrip("0").rstrip(".") + "…"
+    return f"{Decimal(round(scaled)).scaleb(-places):f}…"
 
 
 def _num(x: Fraction) -> float | int:
@@ -661,8 +660,8 @@ def build_plan(
         if flushes and flushes.get("size", 0) < 0.5 * sum(flushes.values()):
             warnings.append(
                 f"at the chosen step most batches left on the queue delay, not full (mean {decimal_text(n, 2)} "
-                "rows): n grows with load, so at a replica's planned load its batches may be bigger and its "
-                "T_batch per request smaller than measured; the plan errs towards more GPUs"
+                "rows): n grows with load, so at a replica's planned load its batches may be bigger and "
+                "T_batch / n smaller than measured; on that count the plan errs towards more GPUs"
             )
     if batch.source == "ramp" and batch.detail.get("model") and a.model != batch.detail["model"]:
         warnings.append(f"the ramp measured model {batch.detail['model']!r}, the manifests scale on {a.model!r}")

@@ -134,6 +134,7 @@ def test_decimal_text_is_exact_or_marked():
     assert plan.decimal_text(F(25, 4)) == "6.25"
     assert plan.decimal_text(F(125, 13)) == "9.615385…"
     assert plan.decimal_text(F(5)) == "5"
+    assert plan.decimal_text(F(3303969, 100000), 1) == "33.0…"
 
 
 # ---------------------------------------------------------------------------- burst
