@@ -3,6 +3,13 @@
 Each sample brings dense features and a variable number of ids. `nn.EmbeddingBag` reads
 ids flat with per-sample offsets, so requests with different id counts need no padding
 and can all share one batch.
+
+Memory-bound by construction: per sample with k ids, the gathers read k·dim fp32 values
+while the top MLP does 2·(2·dim)·hidden FLOPs, so FLOPs per byte grow like hidden/(2k).
+With the default hidden = 8 a sample with 16 ids (the bench's default size) does about
+4,700 FLOPs for about 7,000 bytes: intensity 0.66 at batch 64, below 1 at every batch size
+from 4 ids per sample up (`wok profile recsys`, docs/profile.md). A 256-wide top MLP made
+the model compute-heavy instead (intensity 4.5 at batch 32).
 """
 
 from __future__ import annotations
@@ -83,7 +90,7 @@ def build(
     num_embeddings: int = 200_000,
     dim: int = 64,
     dense_features: int = 13,
-    hidden: int = 256,
+    hidden: int = 8,
     max_batch_size: int = 64,
     max_queue_delay_ms: float = 2.0,
 ) -> Servable:

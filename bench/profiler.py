@@ -1,0 +1,596 @@
+"""`wok profile`: batch time against batch size, FLOPs and bytes per batch, and the roofline.
+
+A model is run in-process through wok's own Executor, on one instance, exactly as the
+server runs a batch (assemble the requests' rows into the slot's host buffers, forward,
+split). For each batch size the batch time is the worker's time for one batch
+(`BatchResult.finished - started`); sizes are visited round robin, one batch each per
+round, so that a slow spell of a shared machine spreads over every size instead of
+bending the curve. T(n) = α + β·n is fitted by least squares on the per-size medians.
+
+The work of one batch is counted on the model itself, with one forward pass under two
+dispatch modes (see docs/profile.md for the full rules):
+
+* FLOPs: `torch.utils.flop_counter.FlopCounterMode` (matmuls, convolutions, the
+  attention kernels it knows: 2 FLOPs per multiply-add), plus what it does not count
+  that is added here: EmbeddingBag pooling (adds of the pooled rows) and CPU flash
+  attention. Elementwise ops (bias adds, activations, norms, softmax) are not counted;
+  every op seen without a formula is listed in `flops.uncounted_ops`.
+* bytes: each op reads its tensor inputs and writes its tensor outputs; a parameter is
+  read once per batch, however many ops use it; an embedding lookup reads only the rows it
+  gathers (one row per id), not the table; views move nothing.
+
+Intensity I = FLOPs / bytes per batch classifies the batch: compute-bound (I > 10),
+memory-bound (I < 1), in between otherwise; the roofline turns FLOPs and bytes into a
+predicted time, max(FLOPs/peak, bytes/bandwidth), compared with the forward time measured.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
+
+from wok.config import InstanceConfig
+from wok.executor import Executor, resolve_devices
+from wok.servable import HostBuffers, Servable
+
+from .analysis import latency_summary
+from .payloads import PayloadGenerator, TensorSpec, parse_sizes
+from .roofline import Roofline
+
+SCHEMA = "wok.profile/1"
+COMPUTE_BOUND = 10.0  # FLOP/byte above which a batch is compute-bound
+MEMORY_BOUND = 1.0  # ... and below which it is memory-bound
+DEFAULT_INT_HIGH = 50  # every wok demo model accepts ids below 50
+# The executor's stages (wok.executor.StageTimes); on the CPU h2d is 0 and d2h is the split.
+STAGES = ("assemble", "h2d", "compute", "d2h")
+
+aten = torch.ops.aten
+_EMBEDDING_BAG = {aten.embedding_bag, aten._embedding_bag, aten._embedding_bag_forward_only}
+_EMBEDDING = {aten.embedding}
+_CPU_FLASH = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# Ops that allocate without writing a value.
+_NO_WRITE = {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty}
+
+
+def classify(intensity: float) -> str:
+    if intensity > COMPUTE_BOUND:
+        return "compute-bound"
+    if intensity < MEMORY_BOUND:
+        return "memory-bound"
+    return "in between"
+
+
+# ---------------------------------------------------------------------------- counting
+
+
+def _tensors(x) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v)]
+    return []
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _named_args(func, args, kwargs) -> dict:
+    named = {a.name: v for a, v in zip(func._schema.arguments, args)}
+    named.update(kwargs)
+    return named
+
+
+@dataclass
+class WorkCount:
+    """What one forward pass of one batch did."""
+
+    flops_counter: int = 0  # FlopCounterMode's total
+    flops_added: dict[str, int] = field(default_factory=dict)  # "embedding_bag", "scaled_dot_product_attention"
+    param_bytes: int = 0  # parameters and buffers, each read once
+    activation_read_bytes: int = 0  # inputs and intermediates, read by every op that reads them
+    activation_write_bytes: int = 0  # every op output
+    embedding_row_bytes: int = 0  # rows gathered by embedding lookups
+    embedding_rows: int = 0
+    uncounted_ops: set[str] = field(default_factory=set)
+
+    @property
+    def flops(self) -> int:
+        return self.flops_counter + sum(self.flops_added.values())
+
+    @property
+    def bytes(self) -> int:
+        return self.param_bytes + self.activation_read_bytes + self.activation_write_bytes + self.embedding_row_bytes
+
+
+class _WorkMode(TorchDispatchMode):
+    """Counts bytes moved per op, and the FLOPs of ops FlopCounterMode has no formula for.
+
+    Entered before (under) FlopCounterMode, so it sees the ops after FlopCounterMode has
+    decomposed composite ones (linear → t + addmm).
+    """
+
+    def __init__(self, params: dict[int, int], work: WorkCount) -> None:
+        super().__init__()
+        self.params = params  # storage pointer -> bytes, for parameters and buffers
+        self.seen: set[int] = set()
+        self.work = work
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        ins, outs = _tensors((args, kwargs)), _tensors(out)
+        in_place = any(r.alias_info is not None and r.alias_info.is_write for r in func._schema.returns)
+        in_storages = {_storage(t) for t in ins}
+        if not in_place and outs and all(_storage(t) in in_storages for t in outs):
+            return out  # a view (t, view, transpose, detach, _unsafe_view): nothing moves
+        if packet in _EMBEDDING_BAG or packet in _EMBEDDING:
+            self._embedding(packet, _named_args(func, args, kwargs), outs[0])
+        else:
+            for t in ins:
+                self._read(t)
+            if packet not in _NO_WRITE:
+                self.work.activation_write_bytes += sum(_nbytes(t) for t in outs)
+            if packet is _CPU_FLASH and packet not in flop_registry:
+                q, k, v = args[:3]
+                self._add_flops("scaled_dot_product_attention", sdpa_flop_count(q.shape, k.shape, v.shape))
+            elif packet not in flop_registry and packet not in _NO_WRITE:
+                self.work.uncounted_ops.add(str(packet))
+        return out
+
+    def _read(self, t: torch.Tensor) -> None:
+        ptr = _storage(t)
+        if ptr in self.params:
+            if ptr not in self.seen:
+                self.seen.add(ptr)
+                self.work.param_bytes += self.params[ptr]
+        else:
+            self.work.activation_read_bytes += _nbytes(t)
+
+    def _add_flops(self, key: str, flops: int) -> None:
+        self.work.flops_added[key] = self.work.flops_added.get(key, 0) + int(flops)
+
+    def _embedding(self, packet, a: dict, pooled: torch.Tensor) -> None:
+        weight, indices = a["weight"], a["indices"]
+        row_bytes = weight.shape[-1] * weight.element_size()
+        # A bag skips its padding id; a plain lookup still reads that (zero) row.
+        padding = a.get("padding_idx") if packet in _EMBEDDING_BAG else None
+        valid = indices != padding if padding is not None and padding >= 0 else torch.ones_like(indices, dtype=bool)
+        rows = int(valid.sum())
+        self.work.embedding_rows += rows
+        self.work.embedding_row_bytes += rows * row_bytes
+        reads = [indices, a.get("offsets"), a.get("per_sample_weights")]
+        self.work.activation_read_bytes += sum(_nbytes(t) for t in reads if isinstance(t, torch.Tensor))
+        # Only the pooled (or gathered) rows are the op's result; the bag kernels' other
+        # outputs (offset2bag, bag sizes) are scratch of one implementation.
+        self.work.activation_write_bytes += _nbytes(pooled)
+        if packet in _EMBEDDING_BAG:
+            self._add_flops("embedding_bag", _bag_flops(a, valid, pooled))
+
+
+def _bag_flops(a: dict, valid: torch.Tensor, pooled: torch.Tensor) -> int:
+    """Pooling k rows of width D: (k-1)·D adds (sum), the same compares (max), plus D divides
+    (mean) per non-empty bag; per-sample weights add k·D multiplies."""
+    bags, dim = pooled.shape[0], pooled.shape[-1]
+    offsets = a["offsets"].to(torch.int64).cpu()
+    starts = offsets[:bags]
+    ends = torch.cat([offsets[1 : bags + 1], torch.tensor([valid.numel()])])[:bags]
+    if a.get("include_last_offset"):
+        ends = offsets[1 : bags + 1]
+    counted = torch.cat([torch.zeros(1, dtype=torch.int64), valid.reshape(-1).to(torch.int64).cpu().cumsum(0)])
+    k = counted[ends] - counted[starts]
+    flops = int((k - 1).clamp(min=0).sum()) * dim
+    if a.get("mode", 0) == 1:
+        flops += int((k > 0).sum()) * dim
+    if isinstance(a.get("per_sample_weights"), torch.Tensor):
+        flops += int(k.sum()) * dim
+    return flops
+
+
+def _parameter_storages(module: torch.nn.Module) -> dict[int, int]:
+    out = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        out[_storage(t)] = t.untyped_storage().nbytes()
+    return out
+
+
+def count_work(servable: Servable, device: torch.device, requests: Sequence[dict[str, np.ndarray]]) -> WorkCount:
+    """FLOPs and bytes of one forward pass over `requests` (one batch), on `device`."""
+    module = servable.module_for(device)
+    rows = sum(next(iter(r.values())).shape[0] for r in requests)
+    host = servable.assemble(requests, rows, HostBuffers(pinned=False))
+    tensors = servable.prepare({k: v.to(device) for k, v in host.items()})
+    work = WorkCount()
+    counter = FlopCounterMode(display=False)
+    # Fused inference kernels (nn.TransformerEncoderLayer's fast path) have no FLOP formula;
+    # the unfused path computes the same products, each a counted matmul.
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.inference_mode(), _WorkMode(_parameter_storages(module), work), counter:
+            servable.forward(module, tensors)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    work.flops_counter = int(counter.get_total_flops())
+    return work
+
+
+# ---------------------------------------------------------------------------- the fit
+
+
+@dataclass(frozen=True)
+class Fit:
+    alpha_s: float
+    beta_s: float
+    r2: float
+
+    def time_s(self, n: float) -> float:
+        return self.alpha_s + self.beta_s * n
+
+    def throughput(self, n: float) -> float:
+        """Samples per second at batch size n: n / (α + β·n)."""
+        t = self.time_s(n)
+        return n / t if t > 0 else math.nan
+
+    @property
+    def ceiling(self) -> float:
+        """1/β, the throughput that large batches approach; NaN when β ≤ 0 (no ceiling seen)."""
+        return 1.0 / self.beta_s if self.beta_s > 0 else math.nan
+
+
+def fit_linear(n: Sequence[float], t: Sequence[float]) -> Fit:
+    """Least squares T = α + β·n, and R² = 1 - SS_res / SS_tot (1 when every t is equal and fitted)."""
+    x, y = np.asarray(n, dtype=np.float64), np.asarray(t, dtype=np.float64)
+    if x.shape != y.shape or len(np.unique(x)) < 2:
+        raise ValueError("fitting T(n) = α + β·n needs times at two or more different batch sizes")
+    xm, ym = x.mean(), y.mean()
+    beta = float(((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum())
+    alpha = float(ym - beta * xm)
+    ss_res = float(((y - alpha - beta * x) ** 2).sum())
+    ss_tot = float(((y - ym) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    return Fit(alpha, beta, r2)
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+@dataclass
+class ProfileConfig:
+    batch_sizes: list[int]
+    warmup: int = 5  # batches per size before timing
+    repeats: int = 50  # timed batches per size
+    sizes: str = "fixed:16"  # length of variable dims, as `wok bench ramp --sizes`
+    int_high: int | None = None  # integer inputs uniform in [0, int_high); None: the smallest embedding table
+    device: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if len(set(self.batch_sizes)) < 2:
+            raise ValueError(f"--batch-sizes: need two or more different sizes to fit α and β; got {self.batch_sizes}")
+        if any(n < 1 for n in self.batch_sizes):
+            raise ValueError(f"--batch-sizes: sizes must be >= 1; got {self.batch_sizes}")
+        if self.warmup < 0 or self.repeats < 1:
+            raise ValueError(f"--warmup must be >= 0 and --repeats >= 1; got {self.warmup} and {self.repeats}")
+        if self.int_high is not None and self.int_high < 1:
+            raise ValueError(f"--int-high must be >= 1; got {self.int_high}")
+
+
+def default_batch_sizes(max_batch_size: int) -> list[int]:
+    """Powers of two up to max_batch_size, and max_batch_size itself."""
+    sizes = [1 << k for k in range(max_batch_size.bit_length()) if 1 << k <= max_batch_size]
+    return sizes if sizes[-1] == max_batch_size else [*sizes, max_batch_size]
+
+
+def parse_batch_sizes(spec: str) -> list[int]:
+    """ "1,2,4,8" or a range "1:32:2", as `parse_steps` reads QPS steps; whole numbers only."""
+    from .arrivals import parse_steps
+
+    values = parse_steps(spec)
+    if any(v != int(v) for v in values):
+        raise ValueError(f"--batch-sizes {spec!r}: batch sizes must be whole numbers")
+    return [int(v) for v in values]
+
+
+def id_range(servable: Servable) -> int:
+    """Ids valid for every embedding table of the model (its smallest one), else 50."""
+    tables = [
+        m.num_embeddings
+        for m in servable.module_for(torch.device("cpu")).modules()
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))
+    ]
+    return min(tables) if tables else DEFAULT_INT_HIGH
+
+
+def request_pool(servable: Servable, cfg: ProfileConfig, count: int) -> list[dict[str, np.ndarray]]:
+    """`count` one-row requests shaped by the model's inputs, as the bench would send them."""
+    specs = [TensorSpec(t.name, t.datatype, (-1, *t.dims)) for t in servable.config.inputs]
+    gen = PayloadGenerator(
+        servable.name,
+        specs,
+        sizes=parse_sizes(cfg.sizes),
+        rows=1,
+        seed=cfg.seed,
+        int_high=cfg.int_high or id_range(servable),
+    )
+    return gen.pool(count)
+
+
+Progress = Callable[[int], None]  # called with the number of batches just run
+
+
+def time_batches(
+    servable: Servable, device: torch.device, cfg: ProfileConfig, pool: list, progress: Progress | None = None
+) -> dict[int, dict[str, list[float]]]:
+    """Per batch size: the batch times and stage times (seconds) of `repeats` batches."""
+    executor = Executor(servable, InstanceConfig(count=1, devices=(str(device),)))
+    instance = executor.instances[0]
+    rng = np.random.default_rng(cfg.seed)
+    sizes = list(dict.fromkeys(cfg.batch_sizes))
+    out = {n: {k: [] for k in ("batch", *STAGES)} for n in sizes}
+
+    def run(n: int) -> object:
+        start = int(rng.integers(0, len(pool) - n + 1))
+        return instance.submit(pool[start : start + n], [1] * n, 0).result()
+
+    try:
+        for _ in range(cfg.warmup):
+            for n in sizes:
+                run(n)
+                if progress:
+                    progress(1)
+        for _ in range(cfg.repeats):
+            for n in sizes:
+                r = run(n)
+                out[n]["batch"].append(r.finished - r.started)
+                for k in STAGES:
+                    out[n][k].append(getattr(r.times, k))
+                if progress:
+                    progress(1)
+    finally:
+        executor.shutdown()
+    return out
+
+
+def _median(values: Sequence[float]) -> float:
+    return latency_summary(np.asarray(values))["p50"]
+
+
+def profile(
+    servable: Servable,
+    cfg: ProfileConfig,
+    roofline_of: Callable[[torch.device], Roofline],
+    progress: Progress | None = None,
+    source: str = "demo",
+) -> dict:
+    """Time, fit, count and place the model on the roofline; the `wok.profile/1` document."""
+    too_big = [n for n in cfg.batch_sizes if n > servable.config.max_batch_size]
+    if too_big:
+        raise ValueError(
+            f"--batch-sizes {too_big} exceed model '{servable.name}''s max_batch_size "
+            f"({servable.config.max_batch_size}): the server never forms such batches"
+        )
+    device = resolve_devices([cfg.device])[0]
+    sizes = list(dict.fromkeys(cfg.batch_sizes))
+    pool = request_pool(servable, cfg, max(256, 4 * max(sizes)))
+    roof = roofline_of(device)
+    times = time_batches(servable, device, cfg, pool, progress)
+    medians = [_median(times[n]["batch"]) for n in sizes]
+    fit = fit_linear(sizes, medians)
+    batches = []
+    uncounted: set[str] = set()
+    added: set[str] = set()
+    for n, median in zip(sizes, medians):
+        work = count_work(servable, device, pool[:n])
+        uncounted |= work.uncounted_ops
+        added |= set(work.flops_added)
+        summary = latency_summary(np.asarray(times[n]["batch"]))
+        forward = _median(times[n]["compute"])
+        intensity = work.flops / work.bytes if work.bytes else math.nan
+        predicted = roof.predicted_s(work.flops, work.bytes)
+        batches.append(
+            {
+                "batch_size": n,
+                "median_s": median,
+                "p99_s": summary["p99"],
+                "mean_s": summary["mean"],
+                "max_s": summary["max"],
+                "fit_s": fit.time_s(n),
+                "throughput_qps": n / median,
+                "fit_throughput_qps": fit.throughput(n),
+                "stages_median_s": {k: _median(times[n][k]) for k in STAGES},
+                "flops": work.flops,
+                "flops_per_inference": work.flops / n,
+                "bytes": work.bytes,
+                "bytes_per_inference": work.bytes / n,
+                "bytes_detail": {
+                    "parameters": work.param_bytes,
+                    "activations_read": work.activation_read_bytes,
+                    "activations_written": work.activation_write_bytes,
+                    "embedding_rows": work.embedding_row_bytes,
+                    "embedding_rows_gathered": work.embedding_rows,
+                },
+                "flops_detail": {"flop_counter": work.flops_counter, **work.flops_added},
+                "intensity_flop_per_byte": intensity,
+                "bound": classify(intensity),
+                "predicted_s": predicted,
+                "roofline_limit": roof.limit(work.flops, work.bytes),
+                "attained_fraction": predicted / forward if forward > 0 else math.nan,
+                "samples_s": times[n]["batch"],
+            }
+        )
+    cfg_out = asdict(cfg)
+    cfg_out["int_high"] = cfg.int_high or id_range(servable)
+    return {
+        "schema": SCHEMA,
+        "model": {
+            "name": servable.name,
+            "source": source,
+            "platform": servable.platform_label,
+            "precision": servable.config.precision,
+            "max_batch_size": servable.config.max_batch_size,
+            "parameters": sum(p.numel() for p in servable.module_for(torch.device("cpu")).parameters()),
+        },
+        "config": {**cfg_out, "device": str(device), "torch_threads": torch.get_num_threads()},
+        "device": roof.to_dict(),
+        "fit": {
+            "alpha_s": fit.alpha_s,
+            "beta_s": fit.beta_s,
+            "r2": fit.r2,
+            "on": "per-size medians",
+            "ceiling_qps": fit.ceiling,
+        },
+        "counting": {
+            "flops": "torch.utils.flop_counter.FlopCounterMode, plus the ops in flops_added",
+            "flops_added": sorted(added),
+            "uncounted_ops": sorted(uncounted),
+            "bytes": "each op reads its inputs and writes its outputs; parameters once per batch; "
+            "embedding lookups read the rows they gather; views move nothing",
+        },
+        "batches": batches,
+    }
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def _si(x: float, unit: str = "") -> str:
+    if not math.isfinite(x):
+        return "-"
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def _ms(x: float) -> str:
+    return "-" if not math.isfinite(x) else f"{1e3 * x:.3f}"
+
+
+def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
+    head = ["batch", "median ms", "p99 ms", "fit ms", "QPS", "fit QPS", "forward ms", "predicted ms", "attained"]
+    head += ["FLOP/inf", "bytes/batch", "I FLOP/B", "class", "roof"]
+    rows = []
+    for b in result["batches"]:
+        rows.append(
+            [
+                str(b["batch_size"]),
+                _ms(b["median_s"]),
+                _ms(b["p99_s"]),
+                _ms(b["fit_s"]),
+                f"{b['throughput_qps']:.0f}",
+                f"{b['fit_throughput_qps']:.0f}",
+                _ms(b["stages_median_s"]["compute"]),
+                _ms(b["predicted_s"]),
+                f"{100 * b['attained_fraction']:.0f}%",
+                _si(b["flops_per_inference"]),
+                _si(b["bytes"], "B"),
+                f"{b['intensity_flop_per_byte']:.2f}",
+                b["bound"],
+                b["roofline_limit"],
+            ]
+        )
+    return head, rows
+
+
+def summary_lines(result: dict) -> list[str]:
+    f, d = result["fit"], result["device"]
+    ceiling = f["ceiling_qps"]
+    ceiling_text = "none (β ≤ 0)" if ceiling is None or not math.isfinite(ceiling) else f"{ceiling:.0f} samples/s"
+    how = {k: ("measured" if v["measured"] else "given") for k, v in d["source"].items()}
+    lines = [
+        f"fit on {f['on']}: T(n) = α + β·n, α = {1e3 * f['alpha_s']:.4f} ms, β = {1e3 * f['beta_s']:.4f} ms/sample, "
+        f"R² = {f['r2']:.4f}; throughput ceiling 1/β = {ceiling_text}",
+        f"roofline of {d['name']}: peak {_si(d['peak_flops'], 'FLOP/s')} ({how['peak_flops']}), "
+        f"bandwidth {_si(d['bandwidth_bytes_s'], 'B/s')} ({how['bandwidth']}), "
+        f"ridge {d['ridge_flop_per_byte']:.1f} FLOP/B",
+        f"class: compute-bound I > {COMPUTE_BOUND:g}, memory-bound I < {MEMORY_BOUND:g}; "
+        "attained = predicted / measured forward time",
+    ]
+    if result["counting"]["uncounted_ops"]:
+        lines.append("ops with no FLOPs counted: " + ", ".join(result["counting"]["uncounted_ops"]))
+    return lines
+
+
+def print_table(result: dict, file=None) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    head, rows = table_rows(result)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for h in head:
+        table.add_column(h, justify="right", no_wrap=True)
+    for r in rows:
+        table.add_row(*r)
+    console = Console(file=file or sys.stdout, color_system=None, highlight=False, markup=False, emoji=False, width=240)
+    console.print(f"wok profile {result['model']['name']} on {result['config']['device']}")
+    console.print(table)
+    for line in summary_lines(result):
+        console.print(line)
+
+
+def profile_figure(result: dict):
+    """Left: the roofline with each batch size at (I, FLOPs / measured forward time).
+    Right: the median batch time with its p99, and the fitted line."""
+    from matplotlib.figure import Figure
+
+    from . import report  # noqa: F401  (selects the Agg backend as the bench's figures do)
+
+    d, f = result["device"], result["fit"]
+    peak, bw = d["peak_flops"], d["bandwidth_bytes_s"]
+    bs = result["batches"]
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    roof, curve = fig.subplots(1, 2)
+    xs = np.array([b["intensity_flop_per_byte"] for b in bs])
+    achieved = np.array([b["flops"] / b["stages_median_s"]["compute"] for b in bs])
+    lo = min(xs.min(), d["ridge_flop_per_byte"]) / 4
+    hi = max(xs.max(), d["ridge_flop_per_byte"]) * 4
+    grid = np.geomspace(lo, hi, 200)
+    roof.loglog(grid, np.minimum(peak, grid * bw), color="#333333", label="roofline min(peak, I·bandwidth)")
+    roof.axvline(MEMORY_BOUND, color="#4c72b0", ls=":", lw=1, label=f"I = {MEMORY_BOUND:g} (memory-bound below)")
+    roof.axvline(COMPUTE_BOUND, color="#c44e52", ls=":", lw=1, label=f"I = {COMPUTE_BOUND:g} (compute-bound above)")
+    roof.scatter(xs, achieved, color="#dd8452", zorder=3, label="measured: FLOPs / forward time")
+    for b, x, y in zip(bs, xs, achieved):
+        roof.annotate(f"n={b['batch_size']}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    roof.set_xlabel("arithmetic intensity (FLOP/byte)")
+    roof.set_ylabel("FLOP/s")
+    roof.set_title(f"{result['model']['name']} on {d['name']}", fontsize=10)
+    roof.legend(fontsize=7, loc="lower right")
+    roof.grid(True, which="both", alpha=0.25)
+    n = np.array([b["batch_size"] for b in bs], dtype=float)
+    med = np.array([b["median_s"] for b in bs]) * 1e3
+    p99 = np.array([b["p99_s"] for b in bs]) * 1e3
+    curve.plot(n, med, "o", color="#4c72b0", label="median batch time")
+    curve.plot(n, p99, "v", color="#c44e52", label="p99 batch time")
+    line = np.linspace(0, n.max(), 50)
+    curve.plot(line, 1e3 * (f["alpha_s"] + f["beta_s"] * line), color="#333333",
+               label=f"fit α={1e3 * f['alpha_s']:.3f} ms, β={1e3 * f['beta_s']:.4f} ms, R²={f['r2']:.3f}")  # fmt: skip
+    curve.set_xlabel("batch size n")
+    curve.set_ylabel("batch time (ms)")
+    curve.set_xlim(left=0)
+    curve.set_ylim(bottom=0)
+    curve.legend(fontsize=8, loc="upper left")
+    curve.grid(True, alpha=0.3)
+    return fig
+
+
+def plot_profile(result: dict, path) -> None:
+    fig = profile_figure(result)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=110)

@@ -1,0 +1,132 @@
+"""The roofline of a device: its peak FLOP/s and memory bandwidth, measured or given.
+
+`measure_device` runs two short micro-benchmarks on the device: a large fp32 matmul
+(2·N³ FLOPs per product; the best of a few runs is the peak) and a large fp32 copy
+(2·size bytes per copy: each byte read once and written once; the best run is the
+bandwidth). On a CPU the copy's write-allocate traffic (the destination line read before
+it is written) is not counted, as STREAM does not count it either.
+
+A kernel of arithmetic intensity I (FLOPs per byte moved) attains at most
+min(peak, I·bandwidth) FLOP/s; its predicted time is max(FLOPs/peak, bytes/bandwidth),
+and the ridge point peak/bandwidth is the intensity where the two terms are equal.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+import torch
+
+# Sizes that take a fraction of a second on the 2-core CI machine and saturate a GPU.
+CPU_MATMUL_N = 1536
+CUDA_MATMUL_N = 8192
+CPU_COPY_BYTES = 128 << 20
+CUDA_COPY_BYTES = 1 << 30
+
+_RATE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKMGTP]?)\s*")
+_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def parse_rate(spec: str, what: str) -> float:
+    """A positive rate such as "2.5e12", "900G" or "3.35T" (SI prefixes, no unit)."""
+    m = _RATE.fullmatch(spec)
+    if m is None:
+        raise ValueError(f"{what} {spec!r}: expected a number with an optional SI prefix (e.g. '900G', '3.35T')")
+    value = float(m.group(1)) * _PREFIX[m.group(2)]
+    if value <= 0:
+        raise ValueError(f"{what} {spec!r}: must be > 0")
+    return value
+
+
+@dataclass(frozen=True)
+class Roofline:
+    peak_flops: float  # FLOP/s
+    bandwidth: float  # bytes/s
+    source: dict  # per figure: "measured" (with how) or "given"
+    device: str
+
+    @property
+    def ridge(self) -> float:
+        """The intensity (FLOP/byte) above which a kernel is limited by compute on this device."""
+        return self.peak_flops / self.bandwidth
+
+    def predicted_s(self, flops: float, nbytes: float) -> float:
+        return max(flops / self.peak_flops, nbytes / self.bandwidth)
+
+    def limit(self, flops: float, nbytes: float) -> str:
+        """Which roof the prediction sits on: "compute" or "memory"."""
+        return "compute" if flops / self.peak_flops >= nbytes / self.bandwidth else "memory"
+
+    def attainable(self, intensity: float) -> float:
+        return min(self.peak_flops, intensity * self.bandwidth)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.device,
+            "peak_flops": self.peak_flops,
+            "bandwidth_bytes_s": self.bandwidth,
+            "ridge_flop_per_byte": self.ridge,
+            "source": self.source,
+        }
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({torch.get_num_threads()} torch threads)"
+
+
+def _best_seconds(fn, device: torch.device, repeats: int) -> float:
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    fn()  # warm-up: allocation, kernel selection, page faults
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_peak_flops(device: torch.device, n: int | None = None, repeats: int = 5) -> tuple[float, dict]:
+    """fp32 FLOP/s of the best of `repeats` N×N matmuls (2·N³ FLOPs each)."""
+    n = n or (CUDA_MATMUL_N if device.type == "cuda" else CPU_MATMUL_N)
+    with torch.inference_mode():
+        a = torch.randn(n, n, device=device)
+        b = torch.randn(n, n, device=device)
+        c = torch.empty(n, n, device=device)
+        best = _best_seconds(lambda: torch.mm(a, b, out=c), device, repeats)
+    return 2.0 * n**3 / best, {"method": f"best of {repeats} fp32 matmuls {n}x{n}", "seconds": best}
+
+
+def measure_bandwidth(device: torch.device, nbytes: int | None = None, repeats: int = 5) -> tuple[float, dict]:
+    """Bytes/s of the best of `repeats` copies of an fp32 buffer (read once, written once)."""
+    nbytes = nbytes or (CUDA_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES)
+    with torch.inference_mode():
+        src = torch.ones(nbytes // 4, device=device)
+        dst = torch.empty_like(src)
+        best = _best_seconds(lambda: dst.copy_(src), device, repeats)
+    moved = 2 * src.numel() * src.element_size()
+    return moved / best, {"method": f"best of {repeats} copies of {nbytes >> 20} MiB (read + write)", "seconds": best}
+
+
+def roofline_for(device: torch.device, peak_flops: float | None = None, bandwidth: float | None = None) -> Roofline:
+    """The device's roofline: each figure given, or measured when it is None."""
+    source = {}
+    if peak_flops is None:
+        peak_flops, how = measure_peak_flops(device)
+        source["peak_flops"] = {"measured": True, **how}
+    else:
+        source["peak_flops"] = {"measured": False, "method": "given (--peak-flops)"}
+    if bandwidth is None:
+        bandwidth, how = measure_bandwidth(device)
+        source["bandwidth"] = {"measured": True, **how}
+    else:
+        source["bandwidth"] = {"measured": False, "method": "given (--bandwidth)"}
+    return Roofline(peak_flops, bandwidth, source, device_name(device))

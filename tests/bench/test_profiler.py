@@ -1,0 +1,284 @@
+"""`wok profile`: FLOPs and bytes against hand-derived formulas, the fit, the classes, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from wok.__main__ import main
+from wok.bench import profiler
+from wok.bench.profiler import (
+    Fit,
+    ProfileConfig,
+    WorkCount,
+    classify,
+    count_work,
+    default_batch_sizes,
+    fit_linear,
+    request_pool,
+)
+from wok.bench.roofline import Roofline, measure_bandwidth, measure_peak_flops, parse_rate
+from wok.models import build_demo
+
+CPU = torch.device("cpu")
+FP32, INT64 = 4, 8
+
+
+def _pool(servable, n: int, sizes: str = "fixed:16") -> list[dict[str, np.ndarray]]:
+    return request_pool(servable, ProfileConfig(batch_sizes=[1, 2], sizes=sizes), n)
+
+
+# ---------------------------------------------------------------------------- mlp
+
+
+@pytest.mark.parametrize("n", [1, 7, 32])
+def test_mlp_flops_and_bytes_match_the_layer_shapes(n):
+    # mlp: Linear(256, 1024), ReLU, Linear(1024, 1024), ReLU, Linear(1024, 256), fp32.
+    i, h, o = 256, 1024, 256
+    mlp = build_demo("mlp")
+    work = count_work(mlp, CPU, _pool(mlp, n))
+    # 2 FLOPs per multiply-add of each matmul; bias adds and ReLUs are not counted.
+    assert work.flops == 2 * n * (i * h + h * h + h * o)
+    params = (i * h + h) + (h * h + h) + (h * o + o)
+    # addmm 1 reads x (n·i) writes n·h; relu reads and writes n·h; addmm 2 reads n·h writes
+    # n·h; relu n·h and n·h; addmm 3 reads n·h writes n·o. Weights and biases once each.
+    reads = n * (i + h + h + h + h)
+    writes = n * (h + h + h + h + o)
+    assert work.param_bytes == FP32 * params
+    assert (work.activation_read_bytes, work.activation_write_bytes) == (FP32 * reads, FP32 * writes)
+    assert work.bytes == FP32 * (params + reads + writes)
+    assert work.embedding_row_bytes == 0 and work.flops_added == {}
+    assert work.uncounted_ops == {"aten.relu"}
+
+
+def test_mlp_is_compute_bound_at_batch_32_and_memory_bound_alone():
+    mlp = build_demo("mlp")
+    pool = _pool(mlp, 32)
+    at = {n: count_work(mlp, CPU, pool[:n]) for n in (1, 32)}
+    # 100.7 MFLOP over 7.41 MB at 32; 3.1 MFLOP over 6.3 MB (mostly weights) alone.
+    assert at[32].flops / at[32].bytes == pytest.approx(13.576, abs=1e-3)
+    assert classify(at[32].flops / at[32].bytes) == "compute-bound"
+    assert classify(at[1].flops / at[1].bytes) == "memory-bound"
+
+
+# ---------------------------------------------------------------------------- recsys
+
+
+def _recsys_request(rng, ids: int) -> dict[str, np.ndarray]:
+    return {
+        "dense": rng.standard_normal((1, 13), dtype=np.float32),
+        "ids": rng.integers(0, 200_000, (1, ids), dtype=np.int64),
+    }
+
+
+def test_recsys_flops_and_bytes_match_the_layer_shapes():
+    # recsys: EmbeddingBag(200000, D, sum) over each sample's k ids; bottom Linear(F, D) +
+    # ReLU; cat → top Linear(2D, H), ReLU, Linear(H, 1), sigmoid. Bags of 0, 1, 5 and 16 ids.
+    f, d, hid = 13, 64, 8
+    counts = [0, 1, 5, 16, 16]
+    n, k_total = len(counts), sum(counts)
+    recsys = build_demo("recsys")
+    rng = np.random.default_rng(3)
+    work = count_work(recsys, CPU, [_recsys_request(rng, k) for k in counts])
+    matmuls = 2 * n * (f * d + 2 * d * hid + hid * 1)
+    pooling = sum(max(k - 1, 0) for k in counts) * d  # k rows summed: k-1 adds per element
+    assert work.flops_counter == matmuls
+    assert work.flops_added == {"embedding_bag": pooling}
+    assert work.flops == matmuls + pooling
+    params = (f * d + d) + (2 * d * hid + hid) + (hid + 1)  # the table is not read whole
+    assert work.param_bytes == FP32 * params
+    # The rows gathered, one per id, never the 200000 x 64 table.
+    assert (work.embedding_rows, work.embedding_row_bytes) == (k_total, FP32 * k_total * d)
+    # Reads: ids (int64) and offsets (int64, one per bag); dense n·F; relu n·D; cat 2·n·D;
+    # top addmm 2·n·D; relu n·H; last addmm n·H; sigmoid n.
+    reads = INT64 * (k_total + n) + FP32 * n * (f + d + 2 * d + 2 * d + hid + hid + 1)
+    # Writes: pooled n·D; bottom n·D; relu n·D; cat 2·n·D; top n·H; relu n·H; last n; sigmoid n.
+    writes = FP32 * n * (d + d + d + 2 * d + hid + hid + 1 + 1)
+    assert (work.activation_read_bytes, work.activation_write_bytes) == (reads, writes)
+    assert work.bytes == FP32 * params + FP32 * k_total * d + reads + writes
+    assert work.uncounted_ops == {"aten.relu", "aten.cat", "aten.sigmoid"}
+
+
+@pytest.mark.parametrize("sizes", ["fixed:16", "fixed:4", "uniform:4:64"])
+def test_recsys_is_memory_bound_at_every_batch_size(sizes):
+    recsys = build_demo("recsys")
+    pool = _pool(recsys, 64, sizes)
+    for n in default_batch_sizes(recsys.config.max_batch_size):
+        work = count_work(recsys, CPU, pool[:n])
+        assert classify(work.flops / work.bytes) == "memory-bound", (n, work)
+
+
+def _count(fn) -> WorkCount:
+    work = WorkCount()
+    with torch.inference_mode(), profiler._WorkMode({}, work):
+        fn()
+    return work
+
+
+def test_embedding_bag_mean_with_weights_and_padding_by_hand():
+    table = torch.randn(10, 4)
+    ids = torch.tensor([0, 3, 4, 0, 5, 6, 7])  # bags [0 3 4] [0] [5 6 7]; id 0 is padding
+    offsets = torch.tensor([0, 3, 4])
+    work = _count(lambda: F.embedding_bag(ids, table, offsets, mode="mean", padding_idx=0))
+    # Rows read: 2 + 0 + 3 (padding skipped). Mean: (k-1)·D adds + D divides per non-empty bag.
+    assert work.embedding_rows == 5
+    assert work.flops_added == {"embedding_bag": (1 + 0 + 2) * 4 + 2 * 4}
+    weights = torch.ones(7)
+    work = _count(lambda: F.embedding_bag(ids, table, offsets, mode="sum", per_sample_weights=weights))
+    # No padding: 7 rows; sum: (2 + 0 + 2)·D adds, and 7·D multiplies by the weights.
+    assert work.embedding_rows == 7
+    assert work.flops_added == {"embedding_bag": 4 * 4 + 7 * 4}
+    assert work.activation_read_bytes == INT64 * (7 + 3) + FP32 * 7
+    assert work.activation_write_bytes == FP32 * 3 * 4
+
+
+def test_views_move_nothing_and_parameters_are_read_once():
+    w = torch.randn(8, 8)
+    x = torch.randn(2, 8)
+    work = WorkCount()
+    with torch.inference_mode(), profiler._WorkMode({profiler._storage(w): w.untyped_storage().nbytes()}, work):
+        y = (x @ w.t()) @ w  # w read by two matmuls, once per batch; t() is a view
+        y.view(16)
+    assert work.param_bytes == FP32 * 64
+    assert work.activation_read_bytes == FP32 * (16 + 16)
+    assert work.activation_write_bytes == FP32 * (16 + 16)
+
+
+# ---------------------------------------------------------------------------- fit
+
+
+def test_the_fit_recovers_alpha_and_beta_exactly():
+    n = np.array([1, 2, 4, 8, 16, 32])
+    fit = fit_linear(n, 0.0021 + 0.00037 * n)
+    assert fit.alpha_s == pytest.approx(0.0021, rel=1e-12)
+    assert fit.beta_s == pytest.approx(0.00037, rel=1e-12)
+    assert fit.r2 == pytest.approx(1.0, abs=1e-12)
+
+
+def test_r2_on_a_hand_case():
+    # x = 1, 2, 3 and y = 1, 3, 2: β = Σ(x-x̄)(y-ȳ)/Σ(x-x̄)² = 1/2, α = ȳ - β·x̄ = 1; fitted
+    # 1.5, 2, 2.5; SS_res = 0.25 + 1 + 0.25 = 1.5, SS_tot = 1 + 1 + 0 = 2, R² = 1 - 1.5/2.
+    fit = fit_linear([1, 2, 3], [1, 3, 2])
+    assert (fit.alpha_s, fit.beta_s) == pytest.approx((1.0, 0.5))
+    assert fit.r2 == pytest.approx(0.25)
+
+
+def test_throughput_and_ceiling():
+    fit = Fit(alpha_s=0.002, beta_s=0.0005, r2=1.0)
+    assert fit.throughput(4) == pytest.approx(4 / 0.004)
+    assert fit.ceiling == pytest.approx(2000)
+    assert math.isnan(Fit(0.002, 0.0, 1.0).ceiling)
+
+
+def test_a_fit_needs_two_batch_sizes():
+    with pytest.raises(ValueError, match="two or more"):
+        fit_linear([4, 4], [1.0, 2.0])
+    with pytest.raises(ValueError, match="two or more"):
+        ProfileConfig(batch_sizes=[8, 8])
+
+
+def test_classes_at_the_thresholds():
+    assert [classify(x) for x in (0.99, 1.0, 10.0, 10.01)] == [
+        "memory-bound",
+        "in between",
+        "in between",
+        "compute-bound",
+    ]
+
+
+def test_default_batch_sizes_end_at_max_batch_size():
+    assert default_batch_sizes(32) == [1, 2, 4, 8, 16, 32]
+    assert default_batch_sizes(48) == [1, 2, 4, 8, 16, 32, 48]
+
+
+# ---------------------------------------------------------------------------- roofline
+
+
+def test_roofline_prediction_by_hand():
+    roof = Roofline(peak_flops=1e12, bandwidth=1e11, source={}, device="x")
+    assert roof.ridge == 10
+    assert roof.predicted_s(2e9, 1e8) == pytest.approx(2e-3)  # compute: 2 ms > 1 ms
+    assert roof.limit(2e9, 1e8) == "compute"
+    assert roof.predicted_s(1e9, 5e8) == pytest.approx(5e-3)  # memory: 5 ms > 1 ms
+    assert roof.limit(1e9, 5e8) == "memory"
+    assert roof.attainable(2.0) == 2e11 and roof.attainable(50.0) == 1e12
+
+
+def test_micro_benchmarks_report_what_they_timed():
+    flops, how = measure_peak_flops(CPU, n=128, repeats=2)
+    assert flops == pytest.approx(2 * 128**3 / how["seconds"])
+    bw, how = measure_bandwidth(CPU, nbytes=1 << 20, repeats=2)
+    assert bw == pytest.approx(2 * (1 << 20) / how["seconds"])
+
+
+def test_rates_parse_with_si_prefixes():
+    assert parse_rate("900G", "x") == 9e11
+    assert parse_rate("3.35T", "x") == pytest.approx(3.35e12)
+    assert parse_rate("2.5e12", "x") == 2.5e12
+    for bad in ("fast", "0", "1Q"):
+        with pytest.raises(ValueError):
+            parse_rate(bad, "--peak-flops")
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def test_cli_writes_the_documented_json(tmp_path, capsys):
+    out, png = tmp_path / "profile.json", tmp_path / "roofline.png"
+    argv = ["profile", "mlp", "--batch-sizes", "1,4,8", "--warmup", "1", "--repeats", "3"]
+    argv += ["--peak-flops", "100G", "--bandwidth", "20G", "--json", str(out), "--plot", str(png)]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "fit on per-size medians: T(n) = α + β·n" in table
+    assert "peak 100 GFLOP/s (given), bandwidth 20 GB/s (given)" in table
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "wok.profile/1"
+    assert [b["batch_size"] for b in doc["batches"]] == [1, 4, 8]
+    for b in doc["batches"]:
+        samples = sorted(b["samples_s"])
+        assert len(samples) == 3
+        assert b["median_s"] == samples[1]  # nearest rank: the ⌈0.5·3⌉ = 2nd smallest
+        assert b["p99_s"] == samples[2]
+        n = b["batch_size"]
+        assert b["flops"] == 2 * n * (256 * 1024 + 1024 * 1024 + 1024 * 256)
+        assert b["predicted_s"] == pytest.approx(max(b["flops"] / 1e11, b["bytes"] / 2e10))
+        assert b["intensity_flop_per_byte"] == pytest.approx(b["flops"] / b["bytes"])
+    fit = fit_linear([b["batch_size"] for b in doc["batches"]], [b["median_s"] for b in doc["batches"]])
+    assert (doc["fit"]["alpha_s"], doc["fit"]["beta_s"], doc["fit"]["r2"]) == pytest.approx(
+        (fit.alpha_s, fit.beta_s, fit.r2)
+    )
+    assert doc["device"]["peak_flops"] == 1e11 and doc["device"]["source"]["bandwidth"]["measured"] is False
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
+    repo = slow_repository(sleep_ms=2.0, max_batch_size=4)
+    out = tmp_path / "slow.json"
+    argv = ["profile", "slow", "--model-repository", str(repo), "--warmup", "0", "--repeats", "2"]
+    assert main([*argv, "--peak-flops", "1T", "--bandwidth", "1T", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [b["batch_size"] for b in doc["batches"]] == [1, 2, 4]  # powers of two up to max_batch_size
+    assert doc["model"]["source"] == str(repo)
+    # x * 2 is elementwise: no FLOPs counted, and the op is named as uncounted.
+    assert all(b["flops"] == 0 and b["bound"] == "memory-bound" for b in doc["batches"])
+    assert "aten.mul" in doc["counting"]["uncounted_ops"]
+    assert all(min(b["samples_s"]) >= 0.002 for b in doc["batches"])  # each batch sleeps 2 ms
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["profile", "mlp", "--batch-sizes", "16,64"], "exceed model 'mlp''s max_batch_size"),
+        (["profile", "mlp", "--batch-sizes", "1,2.5"], "whole numbers"),
+        (["profile", "mlp", "--peak-flops", "lots"], "--peak-flops 'lots'"),
+        (["profile", "nope"], "unknown demo model"),
+    ],
+)
+def test_cli_refuses_bad_options(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
