@@ -281,7 +281,7 @@ def batch_from_ramp(path: Path) -> BatchTime:
     if not stages or n is None or stages.get("compute") is None:
         raise ValueError(
             f"{where}: no server-side batch figures (mean_batch_size, stages_ms): the ramp did not scrape the "
-            "server's /metrics, or it ran a mix of models"
+            "server's /metrics, it ran a mix of models, or it is a simulation"
         )
     parts = {s: exact(stages[s], f"{where}: stages_ms.{s}") for s in BATCH_STAGES if stages.get(s) is not None}
     t = sum(parts.values(), Fraction(0)) / 1000
@@ -298,6 +298,7 @@ def batch_from_ramp(path: Path) -> BatchTime:
         "slo_p99_ms": float(doc["slo_p99_ms"]),
         "stages_ms": {s: float(v) for s, v in parts.items()},
         "flush_reasons": {k: float(v) for k, v in (step.get("flush_reasons") or {}).items()},
+        "highest_step": all(exact(s["offered_qps"], "offered_qps") <= best for s in doc["steps"]),
     }
     achieved = exact(step["achieved_qps"], f"{where}: achieved_qps")
     return BatchTime(t, n, "ramp", detail, step_qps=best, achieved_qps=achieved, stages_ms=parts)
@@ -655,6 +656,12 @@ def build_plan(
                 f"batches kept the instance only {100 * float(step_busy):.0f}% busy there): something besides "
                 f"the batch time limits it (CPU, the event loop, the network), and sizing by the ramp would take "
                 f"{n_ramp} GPUs, not {n_gpu}"
+            )
+        if batch.detail.get("highest_step"):
+            warnings.append(
+                f"every step of the ramp met the SLO, so one replica can carry more than {_d(served)} QPS: "
+                f"the cross-check's {n_ramp} GPUs is an upper bound, and the step's batches may be smaller "
+                "than at a replica's planned load"
             )
         flushes = batch.detail.get("flush_reasons") or {}
         if flushes and flushes.get("size", 0) < 0.5 * sum(flushes.values()):

@@ -283,6 +283,16 @@ def test_from_ramp_warns_when_the_replica_was_limited_by_something_else(tmp_path
     assert any("would take 3 GPUs, not 2" in w for w in p["warnings"])
 
 
+def test_from_ramp_says_when_the_ramp_never_found_the_limit(tmp_path):
+    doc = json.loads(_ramp(tmp_path).read_text())
+    del doc["steps"][2]  # only the two passing steps: the 2000 QPS one is the highest run
+    (tmp_path / "short.json").write_text(json.dumps(doc))
+    p = make(batch=plan.batch_from_ramp(tmp_path / "short.json"), peak_qps=F(5000))
+    assert p["inputs"]["batch"]["ramp"]["highest_step"] is True
+    assert any("every step of the ramp met the SLO" in w for w in p["warnings"])
+    assert make(batch=plan.batch_from_ramp(_ramp(tmp_path)), peak_qps=F(5000))["warnings"] == []
+
+
 def test_from_ramp_refuses_results_without_an_answer(tmp_path):
     with pytest.raises(ValueError, match="no step met the SLO"):
         plan.batch_from_ramp(_ramp(tmp_path, best=None))
