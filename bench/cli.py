@@ -375,6 +375,108 @@ def run_profile(args) -> int:
     return 0
 
 
+def add_tune_parser(sub) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="pick max_batch_size and max_queue_delay by simulating the batcher",
+        description="For every (max batch size, queue delay) pair, bisect on offered QPS in the batcher simulator "
+        "for the highest rate whose P99 meets the SLO; choose the best pair, print the table and write the model "
+        "config part (docs/tune.md).",
+    )
+    p.add_argument("--slo-p99", required=True, help="P99 latency objective, e.g. 50ms")
+    p.add_argument("--profile", type=Path, help="batch times from wok profile --json (schema wok.profile/1)")
+    p.add_argument("--alpha", help="fixed time per batch, e.g. 0.2ms (instead of --profile)")
+    p.add_argument("--beta", help="time per sample in a batch, e.g. 0.03ms (instead of --profile)")
+    p.add_argument(
+        "--batch-times", choices=("samples", "fit"), default="samples",
+        help="draw batch times from the profile's measured samples (default) or use α + β·n",
+    )  # fmt: skip
+    p.add_argument("--overhead", default="0ms", help="constant per-request time outside the batcher (default 0ms)")
+    p.add_argument("--overhead-samples", type=Path, help="measured per-request overheads (schema wok.overhead/1)")
+    p.add_argument("--arrival", default="poisson", help="as for wok bench ramp")
+    p.add_argument("--max-batch-sizes", default="4,8,16,32,64", help="batch sizes to try")
+    p.add_argument("--delays", default="0ms,1ms,2ms,5ms,10ms", help="queue delays to try")
+    p.add_argument("--default", default="32,5ms", help="the setting to compare with: MAX_BATCH_SIZE,DELAY, or none")
+    p.add_argument("--instances", type=int, default=1)
+    p.add_argument("--sim-duration", default="10s", help="simulated step length per evaluation (default 10s)")
+    p.add_argument("--sim-warmup", default="1s")
+    p.add_argument("--iterations", type=int, default=8, help="bisection steps per setting (default 8)")
+    p.add_argument("--tie", type=float, default=0.02, help="relative QPS difference counted as a tie (default 0.02)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--write-config", type=Path, help="write the chosen max_batch_size and [dynamic_batching] here")
+    p.add_argument("--json", type=Path, help="write the result (schema wok.tune/1) here")
+    p.set_defaults(run=run_tune)
+
+
+def run_tune(args) -> int:
+    from . import report
+    from .arrivals import parse_arrivals, parse_duration
+    from .tune import Profile, SearchConfig, load_overhead, load_profile, print_table, tune
+
+    if args.profile and (args.alpha or args.beta):
+        raise ValueError("give --profile or --alpha/--beta, not both")
+    if args.profile:
+        profile = load_profile(args.profile)
+    elif args.alpha and args.beta:
+        profile = Profile(parse_duration(args.alpha), parse_duration(args.beta), source="--alpha/--beta")
+    else:
+        raise ValueError("give --profile PATH, or both --alpha and --beta")
+
+    def ints(spec: str, what: str) -> list[int]:
+        try:
+            return [int(x) for x in spec.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"{what} {spec!r}: expected whole numbers like 4,8,16") from None
+
+    sizes = ints(args.max_batch_sizes, "--max-batch-sizes")
+    delays = [parse_duration(x.strip()) for x in args.delays.split(",") if x.strip()]
+    default = None
+    if args.default != "none":
+        n, comma, d = args.default.partition(",")
+        if not comma:
+            raise ValueError(f"--default {args.default!r}: expected MAX_BATCH_SIZE,DELAY like 32,5ms, or none")
+        default = (ints(n, "--default")[0], parse_duration(d.strip()))
+    if args.instances < 1 or args.iterations < 0 or not 0 <= args.tie < 1:
+        raise ValueError("--instances must be ≥ 1, --iterations ≥ 0 and --tie in [0, 1)")
+    if args.overhead_samples:
+        overhead = load_overhead(args.overhead_samples)
+    else:
+        constant = parse_duration(args.overhead)
+        overhead = (constant,) if constant > 0 else ()
+    parse_arrivals(args.arrival, 1.0, duration_s=1.0)  # a bad spec fails here, before any simulation
+    search = SearchConfig(
+        slo_p99_ms=1e3 * parse_duration(args.slo_p99),
+        arrival=args.arrival,
+        duration_s=parse_duration(args.sim_duration),
+        warmup_s=parse_duration(args.sim_warmup),
+        iterations=args.iterations,
+        seed=args.seed,
+        tie=args.tie,
+    )
+    if search.slo_p99_ms <= 0 or search.duration_s <= 0:
+        raise ValueError("--slo-p99 and --sim-duration must be > 0")
+    result = tune(
+        profile,
+        search,
+        sizes,
+        delays,
+        instances=args.instances,
+        overhead_s=overhead,
+        sampled=args.batch_times == "samples",
+        default=default,
+        progress=lambda msg: print(f"wok tune: {msg}", file=sys.stderr, flush=True),
+    )
+    print_table(result)
+    if args.json:
+        report.write_json(result, args.json)
+    if args.write_config:
+        if result["config_toml"] is None:
+            print("wok tune: no setting meets the SLO; no config written", file=sys.stderr)
+            return 1
+        args.write_config.write_text(result["config_toml"])
+    return 0 if result["chosen"] is not None else 1
+
+
 # The `wok` subcommands besides `serve`, each a function that adds its parser to argparse's
 # subparsers and sets `run`; wok.__main__ registers them in this order.
-COMMANDS = [add_parser, add_simulate_parser, add_plan_parser, add_profile_parser]
+COMMANDS = [add_parser, add_simulate_parser, add_plan_parser, add_profile_parser, add_tune_parser]

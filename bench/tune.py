@@ -1,0 +1,391 @@
+"""`wok tune`: pick `max_batch_size` and `max_queue_delay` by simulating the batcher.
+
+For every setting of the grid (batch sizes × queue delays) the batcher simulator
+(`wok.bench.simulate`) runs one step of the chosen arrival process at an offered rate,
+and a bisection on that rate finds the highest one whose P99 stays within the SLO (with
+≥ 99 % successes, the bench's own rule, `wok.bench.analysis.passes_slo`). Every
+evaluation uses the same seed, so settings are compared on the same random draws
+(common random numbers) and a rerun gives the same table.
+
+The bisection runs between 1 % of the setting's throughput ceiling
+instances · n / E[T(n)] (n = max_batch_size) and the ceiling itself, which counts as
+failing: at or above it the queue grows for as long as the load lasts. A setting that
+misses the SLO already at 1 % of its ceiling (a delay plus a batch longer than the SLO)
+scores 0. The setting with the highest such QPS wins
+(the default setting, 32 and 5 ms unless told otherwise, is always tried and can win);
+settings within `tie` (relative) of the best count as equal, and among them the one with
+the shortest delay, then the smallest batch, wins: it gives the lowest latency for the
+same capacity.
+
+Batch times come from a profile (`wok profile --json`, schema `wok.profile/1`: the fit
+α, β and, per batch size, the raw batch times `samples_s`) or from α and β given on the
+command line. Per-request time outside the batcher (gRPC, decode, encode, the client)
+can be added as measured samples (`wok.overhead/1`, written by `bench/tune_check.py`)
+or as a constant; see docs/tune.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from . import analysis
+from .simulate import BatcherModel, SimConfig, simulate_step
+
+SCHEMA = "wok.tune/1"
+PROFILE_SCHEMA = "wok.profile/1"
+OVERHEAD_SCHEMA = "wok.overhead/1"
+DEFAULT_SETTING = (32, 5e-3)  # the demo mlp's (and a repository model's default delay)
+LOW_FRACTION = 0.01
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Batch time as a function of batch size: the fit and, optionally, measured samples."""
+
+    alpha_s: float
+    beta_s: float
+    r2: float | None = None
+    samples: tuple[tuple[int, tuple[float, ...]], ...] = ()  # (batch size, batch times in s)
+    source: str = "given"
+
+
+def fit_linear(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float, float]:
+    """Least-squares T(n) = α + β·n over (n, T) pairs: (α, β, R²). R² is 1.0 when T does not vary."""
+    n = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times_s, dtype=np.float64)
+    if n.size != t.size or n.size < 2 or np.unique(n).size < 2:
+        raise ValueError("fitting T(n) = α + β·n needs at least two distinct batch sizes")
+    beta, alpha = np.polyfit(n, t, 1)
+    resid = t - (alpha + beta * n)
+    total = float(np.sum((t - t.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(resid**2)) / total if total > 0 else 1.0
+    return float(alpha), float(beta), r2
+
+
+def profile_document(samples: dict[int, Sequence[float]], source: str, model: str = "") -> dict:
+    """A `wok.profile/1`-shaped document (the part `wok tune` reads) from raw batch times per size.
+
+    The fit runs over every sample, not over per-size medians, so sizes with more samples
+    weigh more; `bench/tune_check.py` uses this when no profile is given.
+    """
+    if not samples:
+        raise ValueError("no batch times")
+    sizes = sorted(samples)
+    ns = [n for n in sizes for _ in samples[n]]
+    ts = [t for n in sizes for t in samples[n]]
+    alpha, beta, r2 = fit_linear(ns, ts)
+    batches = []
+    for n in sizes:
+        a = np.sort(np.asarray(samples[n], dtype=np.float64))
+        batches.append(
+            {
+                "batch_size": n,
+                "median_s": float(np.median(a)),
+                "p99_s": analysis.latency_summary(a)["p99"],
+                "samples_s": a.tolist(),
+            }
+        )
+    return {
+        "schema": PROFILE_SCHEMA,
+        "model": model,
+        "source": source,
+        "fit": {"alpha_s": alpha, "beta_s": beta, "r2": r2},
+        "batches": batches,
+    }
+
+
+def profile_from_document(doc: dict, where: str = "profile") -> Profile:
+    if doc.get("schema") != PROFILE_SCHEMA:
+        raise ValueError(f"{where}: schema is {doc.get('schema')!r}, expected {PROFILE_SCHEMA!r}")
+    try:
+        fit = doc["fit"]
+        alpha, beta = float(fit["alpha_s"]), float(fit["beta_s"])
+        r2 = fit.get("r2")
+        samples = []
+        for b in doc.get("batches", []):
+            times = tuple(float(x) for x in (b.get("samples_s") or []))
+            if times:
+                samples.append((int(b["batch_size"]), times))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: not a readable {PROFILE_SCHEMA} document: {exc!r}") from exc
+    # A fit can come out with α slightly below 0 (noise at small n); the simulator needs α, β ≥ 0.
+    return Profile(max(alpha, 0.0), max(beta, 0.0), None if r2 is None else float(r2), tuple(samples), where)
+
+
+def load_profile(path: Path) -> Profile:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read profile {path}: {exc}") from exc
+    return profile_from_document(doc, str(path))
+
+
+def overhead_document(samples_s: Sequence[float], method: str) -> dict:
+    a = np.asarray(samples_s, dtype=np.float64)
+    return {
+        "schema": OVERHEAD_SCHEMA,
+        "method": method,
+        "count": int(a.size),
+        "median_s": float(np.median(a)) if a.size else None,
+        "p99_s": analysis.latency_summary(a)["p99"] if a.size else None,
+        "samples_s": a.tolist(),
+    }
+
+
+def load_overhead(path: Path) -> tuple[float, ...]:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read overhead samples {path}: {exc}") from exc
+    if doc.get("schema") != OVERHEAD_SCHEMA or not doc.get("samples_s"):
+        raise ValueError(f"{path}: expected a {OVERHEAD_SCHEMA} document with samples_s")
+    return tuple(float(x) for x in doc["samples_s"])
+
+
+# ---------------------------------------------------------------------------- search
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    slo_p99_ms: float
+    arrival: str = "poisson"
+    duration_s: float = 10.0  # simulated seconds per evaluation
+    warmup_s: float = 1.0
+    iterations: int = 8
+    seed: int = 0
+    tie: float = 0.02
+
+
+def model_for(profile: Profile, max_batch_size: int, delay_s: float, *, instances: int = 1,
+              overhead_s: Sequence[float] = (), sampled: bool = True) -> BatcherModel:  # fmt: skip
+    return BatcherModel(
+        alpha_s=profile.alpha_s,
+        beta_s=profile.beta_s,
+        max_batch_size=max_batch_size,
+        max_queue_delay_s=delay_s,
+        instances=instances,
+        batch_samples=profile.samples if sampled else (),
+        overhead_samples_s=tuple(overhead_s),
+    )
+
+
+def ceiling_qps(model: BatcherModel) -> float:
+    """instances · n / E[T(n)] at n = max_batch_size: no arrival rate above it is sustainable."""
+    n = model.max_batch_size
+    return model.instances * n / model.mean_batch_time(n)
+
+
+def evaluate(model: BatcherModel, qps: float, search: SearchConfig) -> dict:
+    """One simulated step at `qps` (the bench's step schema), on the search's fixed seed."""
+    cfg = SimConfig(
+        model=model,
+        steps=[qps],
+        step_duration_s=search.duration_s,
+        warmup_s=search.warmup_s,
+        arrival=search.arrival,
+        slo_p99_ms=search.slo_p99_ms,
+        seed=search.seed,
+    )
+    return simulate_step(cfg, qps, np.random.default_rng(search.seed))
+
+
+def max_qps(model: BatcherModel, search: SearchConfig) -> dict:
+    """The highest offered QPS whose simulated P99 meets the SLO, by bisection (see the module's doc).
+
+    The ceiling itself counts as failing: at or above it the queue grows for as long as the
+    load lasts, so a pass there only says the simulated step was too short to show it.
+    """
+    top = ceiling_qps(model)
+    lo, hi = LOW_FRACTION * top, top
+    slo = search.slo_p99_ms
+    best = evaluate(model, lo, search)
+    out = {"ceiling_qps": top, "evaluations": 1}
+    if not analysis.passes_slo(best, slo):
+        return out | {"max_qps": 0.0, "step": best}
+    for _ in range(search.iterations):
+        mid = (lo + hi) / 2
+        step = evaluate(model, mid, search)
+        out["evaluations"] += 1
+        if analysis.passes_slo(step, slo):
+            lo, best = mid, step
+        else:
+            hi = mid
+    return out | {"max_qps": lo, "step": best}
+
+
+def _row(max_batch_size: int, delay_s: float, found: dict) -> dict:
+    step = found["step"]
+    return {
+        "max_batch_size": max_batch_size,
+        "max_queue_delay_ms": 1e3 * delay_s,
+        "max_qps": found["max_qps"],
+        "ceiling_qps": found["ceiling_qps"],
+        "p99_ms": step["latency_ms"]["p99"],
+        "p50_ms": step["latency_ms"]["p50"],
+        "mean_batch_size": step["mean_batch_size"],
+        "utilization": step["utilization"],
+        "evaluations": found["evaluations"],
+    }
+
+
+def choose(rows: list[dict], tie: float) -> dict | None:
+    """The best row: highest max QPS, ties (within `tie`, relative) to the shortest delay, then the smallest batch."""
+    best = max((r["max_qps"] for r in rows), default=0.0)
+    if best <= 0:
+        return None
+    close = [r for r in rows if r["max_qps"] >= (1 - tie) * best]
+    return min(close, key=lambda r: (r["max_queue_delay_ms"], r["max_batch_size"]))
+
+
+def tune(
+    profile: Profile,
+    search: SearchConfig,
+    batch_sizes: Sequence[int],
+    delays_s: Sequence[float],
+    *,
+    instances: int = 1,
+    overhead_s: Sequence[float] = (),
+    sampled: bool = True,
+    default: tuple[int, float] | None = DEFAULT_SETTING,
+    progress=None,
+) -> dict:
+    """Search the grid; the `wok.tune/1` document (docs/tune.md)."""
+    if not batch_sizes or not delays_s:
+        raise ValueError("need at least one batch size and one delay")
+    if any(n < 1 for n in batch_sizes) or any(d < 0 for d in delays_s):
+        raise ValueError("batch sizes must be ≥ 1 and delays ≥ 0")
+    say = progress or (lambda msg: None)
+    rows = []
+    grid = [(n, d) for n in batch_sizes for d in delays_s]
+    if default is not None and default not in grid:
+        grid.append(default)
+    for n, d in grid:
+        model = model_for(profile, n, d, instances=instances, overhead_s=overhead_s, sampled=sampled)
+        row = _row(n, d, max_qps(model, search))
+        row["in_grid"] = n in batch_sizes and d in delays_s
+        rows.append(row)
+        say(f"max_batch_size {n}, delay {1e3 * d:g} ms: {row['max_qps']:.0f} QPS")
+    # The default competes too: the tuner never recommends a setting it predicts to be worse.
+    chosen = choose(rows, search.tie)
+    default_row = None
+    if default is not None:
+        default_row = next(
+            r for r in rows if (r["max_batch_size"], r["max_queue_delay_ms"]) == (default[0], 1e3 * default[1])
+        )
+    o = np.asarray(overhead_s, dtype=np.float64)
+    toml = None if chosen is None else config_toml(chosen["max_batch_size"], 1e-3 * chosen["max_queue_delay_ms"])
+    return {
+        "schema": SCHEMA,
+        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "inputs": {
+            "slo_p99_ms": search.slo_p99_ms,
+            "arrival": search.arrival,
+            "alpha_s": profile.alpha_s,
+            "beta_s": profile.beta_s,
+            "r2": profile.r2,
+            "profile": profile.source,
+            "batch_times": "samples" if sampled and profile.samples else "fit",
+            "sampled_sizes": [n for n, _ in profile.samples] if sampled else [],
+            "overhead": (
+                {
+                    "count": int(o.size),
+                    "median_ms": 1e3 * float(np.median(o)),
+                    "p99_ms": 1e3 * float(np.quantile(o, 0.99)),
+                }
+                if o.size
+                else None
+            ),
+            "instances": instances,
+            "batch_sizes": list(batch_sizes),
+            "delays_ms": [1e3 * d for d in delays_s],
+            "sim_duration_s": search.duration_s,
+            "sim_warmup_s": search.warmup_s,
+            "iterations": search.iterations,
+            "seed": search.seed,
+            "tie": search.tie,
+            "min_success_rate": 0.99,
+        },
+        "settings": rows,
+        "chosen": chosen,
+        "default": default_row,
+        "config_toml": toml,
+    }
+
+
+# ---------------------------------------------------------------------------- outputs
+
+
+def config_toml(max_batch_size: int, delay_s: float, comment: str = "written by wok tune") -> str:
+    """The part of a model's config.toml that `wok tune` decides (README, "repository format")."""
+    return (
+        f"# {comment}\n"
+        f"max_batch_size = {max_batch_size}\n"
+        "\n"
+        "[dynamic_batching]\n"
+        f"max_queue_delay_ms = {_float(1e3 * delay_s)}\n"
+    )
+
+
+def _float(x: float) -> str:
+    r = round(x, 6)
+    return repr(float(r))
+
+
+def _fmt(x, spec: str) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return format(x, spec)
+
+
+def print_table(result: dict, file=None) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    file = sys.stdout if file is None else file
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for h in ("max batch", "delay ms", "max QPS (P99 ≤ SLO)", "ceiling QPS", "P99 ms there", "mean batch", "util", ""):
+        table.add_column(h, justify="right", no_wrap=True)
+    chosen, default = result["chosen"], result["default"]
+    for r in result["settings"]:
+        mark = []
+        if r is chosen:
+            mark.append("chosen")
+        if r is default:
+            mark.append("default")
+        table.add_row(
+            str(r["max_batch_size"]),
+            f"{r['max_queue_delay_ms']:g}",
+            f"{r['max_qps']:,.0f}",
+            f"{r['ceiling_qps']:,.0f}",
+            _fmt(r["p99_ms"], ".2f"),
+            _fmt(r["mean_batch_size"], ".1f"),
+            _fmt(None if r["utilization"] is None else 100 * r["utilization"], ".0f") + "%",
+            ", ".join(mark),
+        )
+    console = Console(file=file, color_system=None, highlight=False, markup=False, emoji=False, width=200)
+    inp = result["inputs"]
+    console.print(
+        f"batch time α = {1e3 * inp['alpha_s']:.3f} ms, β = {1e3 * inp['beta_s']:.4f} ms/sample "
+        f"({inp['batch_times']}); SLO P99 ≤ {inp['slo_p99_ms']:g} ms; {inp['arrival']} arrivals; "
+        f"{inp['sim_duration_s']:g} s simulated per point"
+    )
+    console.print(table)
+    if chosen is None:
+        console.print("no setting meets the SLO at any load")
+    else:
+        console.print(
+            f"chosen: max_batch_size = {chosen['max_batch_size']}, "
+            f"max_queue_delay_ms = {chosen['max_queue_delay_ms']:g} (predicted max QPS {chosen['max_qps']:,.0f})"
+        )

@@ -1,0 +1,212 @@
+"""`wok tune`: the fit, the bisection and the choice against hand-worked cases; the config it writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from wok.bench.simulate import BatcherModel, simulate
+from wok.bench.tune import (
+    Profile,
+    SearchConfig,
+    ceiling_qps,
+    choose,
+    config_toml,
+    fit_linear,
+    load_overhead,
+    load_profile,
+    max_qps,
+    model_for,
+    overhead_document,
+    profile_document,
+    profile_from_document,
+    tune,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def test_fit_recovers_an_exact_line():
+    alpha, beta, r2 = fit_linear([1, 2, 4, 8, 16], [1e-3 + 0.25e-3 * n for n in (1, 2, 4, 8, 16)])
+    assert alpha == pytest.approx(1e-3) and beta == pytest.approx(0.25e-3) and r2 == pytest.approx(1.0)
+
+
+def test_fit_by_hand_on_noisy_points():
+    # Points (1, 1), (2, 3), (3, 2): mean n 2, mean T 2; β = Σ(n−2)(T−2)/Σ(n−2)² = (−1·−1 + 0 + 1·0)/2 = 0.5,
+    # α = 2 − 0.5·2 = 1; residuals −0.5, 1, −0.5 → SSE 1.5 of SST 2 → R² = 0.25.
+    alpha, beta, r2 = fit_linear([1, 2, 3], [1, 3, 2])
+    assert (alpha, beta, r2) == pytest.approx((1.0, 0.5, 0.25))
+    with pytest.raises(ValueError, match="two distinct"):
+        fit_linear([4, 4], [1, 2])
+
+
+def test_a_profile_document_round_trips_and_reads_the_profilers_shape(tmp_path):
+    doc = profile_document({1: [1e-3, 1.2e-3], 4: [2e-3, 2.2e-3]}, source="test")
+    assert doc["schema"] == "wok.profile/1" and [b["batch_size"] for b in doc["batches"]] == [1, 4]
+    # Over all four points: β = (2.1 − 1.1) / 3 ms, α = 1.1 ms − β.
+    prof = profile_from_document(doc)
+    assert prof.beta_s == pytest.approx(1e-3 / 3) and prof.alpha_s == pytest.approx(1.1e-3 - 1e-3 / 3)
+    assert dict(prof.samples)[4] == (2e-3, 2.2e-3)
+    # What `wok profile --json` writes has more keys; only fit and batches[].samples_s are read.
+    path = tmp_path / "p.json"
+    path.write_text(
+        json.dumps(
+            {
+                "schema": "wok.profile/1",
+                "device": {"name": "cpu"},
+                "fit": {"alpha_s": -1e-5, "beta_s": 2e-4, "r2": 0.99, "ceiling_qps": 5000},
+                "batches": [{"batch_size": 8, "median_s": 1.6e-3, "p99_s": 2e-3, "samples_s": [1.6e-3]}],
+            }
+        )
+    )
+    prof = load_profile(path)
+    assert prof.alpha_s == 0.0  # a slightly negative fitted α is clamped: the simulator needs α ≥ 0
+    assert prof.beta_s == 2e-4 and prof.samples == ((8, (1.6e-3,)),)
+    path.write_text(json.dumps({"schema": "wok.bench/1"}))
+    with pytest.raises(ValueError, match=r"wok\.profile/1"):
+        load_profile(path)
+
+
+def test_overhead_samples_round_trip(tmp_path):
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps(overhead_document([1e-3, 2e-3], "test")))
+    assert load_overhead(path) == (1e-3, 2e-3)
+    path.write_text(json.dumps({"schema": "wok.overhead/1", "samples_s": []}))
+    with pytest.raises(ValueError, match="samples_s"):
+        load_overhead(path)
+
+
+def test_sampled_batch_times_and_overheads_enter_each_latency():
+    arrivals = np.arange(200) * 0.01  # 10 ms apart: no request ever waits for another
+    model = BatcherModel(
+        alpha_s=0.0, beta_s=1e-3, max_batch_size=1, max_queue_delay_s=0.0, batch_samples=((1, (1e-3, 3e-3)),)
+    )
+    lat = simulate(arrivals, model, rng=np.random.default_rng(3)).done - arrivals
+    assert set(np.round(lat * 1e3, 9)) == {1.0, 3.0}
+    with_overhead = BatcherModel(alpha_s=1e-3, beta_s=0.0, max_batch_size=1, max_queue_delay_s=0.0,
+                                 overhead_samples_s=(0.5e-3,))  # fmt: skip
+    np.testing.assert_allclose(simulate(arrivals, with_overhead).done - arrivals, 1.5e-3)
+    # A size without samples: the fit scaled by the nearest measured size's spread.
+    # Fit T(n) = 1 ms·n, samples at n = 1 average 2 ms (2 × the fit) → E[T(2)] = 2 × 2 ms.
+    assert model.mean_batch_time(2) == pytest.approx(4e-3)
+    assert model.mean_batch_time(1) == pytest.approx(2e-3)
+
+
+def test_ceiling_is_instances_times_n_over_t_n():
+    model = BatcherModel(alpha_s=1e-3, beta_s=0.25e-3, max_batch_size=16, max_queue_delay_s=0.0, instances=2)
+    assert ceiling_qps(model) == pytest.approx(2 * 16 / 5e-3)  # 6,400 QPS
+
+
+def test_bisection_converges_on_the_ceiling_when_latency_never_grows():
+    # Constant arrivals, batches of one, T = 1 ms: below 1,000 QPS no request waits, so every
+    # latency is 1 ms ≤ the 1.5 ms SLO, and the ceiling (1,000 QPS) itself counts as failing.
+    # Every midpoint passes: after 8 halvings of [10, 1000] the answer is 1000 − 990/2⁸.
+    model = BatcherModel(alpha_s=1e-3, beta_s=0.0, max_batch_size=1, max_queue_delay_s=0.0)
+    found = max_qps(model, SearchConfig(slo_p99_ms=1.5, arrival="constant", duration_s=2.0, warmup_s=0.0))
+    assert found["max_qps"] == pytest.approx(1000 - 990 / 256)
+    assert found["evaluations"] == 9
+    assert found["step"]["latency_ms"]["p99"] == pytest.approx(1.0)
+
+
+def test_a_delay_longer_than_the_slo_scores_zero_and_the_tuner_picks_another():
+    # SLO 5 ms. With a 10 ms window, a request at 1 % of the ceiling waits the whole window: 0 QPS.
+    profile = Profile(alpha_s=1e-3, beta_s=0.1e-3)
+    search = SearchConfig(slo_p99_ms=5.0, arrival="constant", duration_s=2.0, warmup_s=0.0, iterations=4)
+    result = tune(profile, search, [8], [0.0, 10e-3], default=None)
+    rows = {r["max_queue_delay_ms"]: r for r in result["settings"]}
+    assert rows[10.0]["max_qps"] == 0.0 and rows[0.0]["max_qps"] > 0
+    assert result["chosen"] is rows[0.0] and result["default"] is None
+    only_bad = tune(profile, search, [8], [10e-3], default=None)
+    assert only_bad["chosen"] is None and only_bad["config_toml"] is None
+
+
+def test_choose_breaks_ties_by_delay_then_batch_size():
+    rows = [
+        {"max_batch_size": 32, "max_queue_delay_ms": 5.0, "max_qps": 1000.0},
+        {"max_batch_size": 16, "max_queue_delay_ms": 1.0, "max_qps": 985.0},  # within 2 %: a tie
+        {"max_batch_size": 8, "max_queue_delay_ms": 1.0, "max_qps": 990.0},
+        {"max_batch_size": 4, "max_queue_delay_ms": 0.0, "max_qps": 900.0},  # 10 % down: not a tie
+    ]
+    assert choose(rows, tie=0.02) is rows[2]
+    assert choose(rows, tie=0.0) is rows[0]
+    assert choose([{"max_batch_size": 4, "max_queue_delay_ms": 0.0, "max_qps": 0.0}], tie=0.02) is None
+
+
+def test_the_default_competes_and_runs_are_reproducible():
+    profile = Profile(alpha_s=1e-3, beta_s=0.25e-3)
+    search = SearchConfig(slo_p99_ms=20.0, duration_s=3.0, warmup_s=0.5, iterations=5)
+    a = tune(profile, search, [4], [0.0], default=(32, 5e-3))
+    b = tune(profile, search, [4], [0.0], default=(32, 5e-3))
+    assert [r["max_qps"] for r in a["settings"]] == [r["max_qps"] for r in b["settings"]]
+    # 32 per 9 ms (3,556 QPS ceiling) beats 4 per 2 ms (2,000): outside the grid, the default still wins.
+    assert a["chosen"] is a["default"] and a["default"]["in_grid"] is False
+    assert a["settings"][0]["max_qps"] < 2000 < a["default"]["max_qps"] < 3556
+
+
+def test_the_config_written_is_a_valid_part_of_a_model_config():
+    from wok.config import model_config_from_dict
+
+    text = config_toml(16, 2.5e-3)
+    part = tomllib.loads(text)
+    assert part == {"max_batch_size": 16, "dynamic_batching": {"max_queue_delay_ms": 2.5}}
+    base = {
+        "name": "m",
+        "platform": "python",
+        "factory": "wok.models.mlp:build",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [256]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [256]}],
+    }
+    cfg = model_config_from_dict({**base, **part}, source="tune test")
+    assert cfg.max_batch_size == 16 and cfg.dynamic_batching.max_queue_delay_ms == 2.5
+
+
+def test_model_for_carries_the_profile_and_overheads():
+    profile = Profile(1e-3, 2e-4, samples=((4, (2e-3,)),))
+    m = model_for(profile, 8, 1e-3, overhead_s=(1e-4,))
+    assert (m.max_batch_size, m.max_queue_delay_s, m.batch_samples, m.overhead_samples_s) == (
+        8, 1e-3, ((4, (2e-3,)),), (1e-4,),
+    )  # fmt: skip
+    assert model_for(profile, 8, 1e-3, sampled=False).batch_samples == ()
+
+
+def _wok(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "wok", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_cli_prints_the_table_and_writes_json_and_config(tmp_path):
+    out, cfg = tmp_path / "tune.json", tmp_path / "config.toml"
+    done = _wok(
+        "tune", "--slo-p99", "20ms", "--alpha", "1ms", "--beta", "0.25ms", "--max-batch-sizes", "4,16",
+        "--delays", "0ms,5ms", "--sim-duration", "3s", "--iterations", "5", "--json", str(out),
+        "--write-config", str(cfg),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "chosen: max_batch_size =" in done.stdout and "default" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["schema"] == "wok.tune/1" and len(result["settings"]) == 5
+    chosen = result["chosen"]
+    assert tomllib.loads(cfg.read_text()) == {
+        "max_batch_size": chosen["max_batch_size"],
+        "dynamic_batching": {"max_queue_delay_ms": chosen["max_queue_delay_ms"]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--alpha", "1ms"], "--alpha"),
+        (["--alpha", "1ms", "--beta", "1ms", "--max-batch-sizes", "4,x"], "--max-batch-sizes"),
+        (["--alpha", "1ms", "--beta", "1ms", "--delays", "soon"], "invalid duration"),
+        (["--alpha", "1ms", "--beta", "1ms", "--default", "32"], "--default"),
+    ],
+)
+def test_the_cli_refuses_bad_values_with_exit_2(args, message):
+    done = _wok("tune", "--slo-p99", "20ms", *args)
+    assert done.returncode == 2 and "wok tune:" in done.stderr and message in done.stderr
