@@ -45,6 +45,27 @@ def _serve_parser(sub) -> None:
         help="size option of a demo model, e.g. recsys.num_embeddings=50000 (repeatable)",
     )
     p.add_argument("--log-level", default="INFO")
+    sec = p.add_argument_group("security", "TLS and bearer tokens on the gRPC port; see docs/security.md")
+    sec.add_argument(
+        "--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain: the gRPC port then speaks only TLS"
+    )
+    sec.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key of --tls-cert (unencrypted)")
+    sec.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        metavar="PATH",
+        help="PEM CA certificate(s): clients must then present a certificate (mTLS)",
+    )
+    # Tokens never on the command line: `ps` shows it to every user of the machine.
+    sec.add_argument(
+        "--auth-token-file",
+        type=Path,
+        metavar="PATH",
+        help="file of accepted bearer tokens, one per line: calls must then send 'authorization: Bearer <token>'",
+    )
+    sec.add_argument(
+        "--auth-token-env", metavar="VAR", help="environment variable holding accepted bearer tokens (comma-separated)"
+    )
 
 
 def _parse_value(v: str):
@@ -79,6 +100,7 @@ async def _serve(args) -> int:
     import torch
 
     from .app import WokServer, build_repository
+    from .auth import SecurityMode
     from .config import server_settings
 
     settings = server_settings(
@@ -92,6 +114,11 @@ async def _serve(args) -> int:
         metrics=not args.no_metrics,
         metrics_host=args.metrics_host,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        auth_token_file=args.auth_token_file,
+        auth_token_env=args.auth_token_env,
     )
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
@@ -120,6 +147,7 @@ async def _serve(args) -> int:
     if server.http is not None:
         print(f"wok: metrics on http://{settings.metrics_host}:{server.http.port}/metrics", file=sys.stderr, flush=True)
     print(f"wok: serving {', '.join(server.runtimes)} on {settings.host}:{server.port}", file=sys.stderr, flush=True)
+    print(f"wok: gRPC security: {SecurityMode.of(settings).describe()}", file=sys.stderr, flush=True)
     await stop.wait()
     await server.stop()
     if server.abandoned_work:

@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
+from .auth import SecurityMode, security_warnings, server_credentials, token_interceptor
 from .batcher import Batcher, BatchingPolicy
 from .config import ServerSettings
 from .executor import Executor
@@ -106,7 +107,10 @@ class WokServer:
             self.runtimes[name] = ModelRuntime(servable, executor, batcher, stats, metrics)
 
         transport_limit = 4 * self.settings.max_request_bytes + (1 << 20)
+        # Built before the port opens: a token source that fails now fails the start.
+        interceptor = token_interceptor(self.settings)
         self._grpc = grpc.aio.server(
+            interceptors=[interceptor] if interceptor is not None else None,
             options=[
                 ("grpc.max_receive_message_length", transport_limit),
                 ("grpc.max_send_message_length", transport_limit),
@@ -115,7 +119,7 @@ class WokServer:
                 # admission is the batcher's job (max_queue_size), so lift that limit.
                 ("grpc.server.max_pending_requests", 1 << 20),
                 ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
-            ]
+            ],
         )
         self.service = InferenceService(self)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, self._grpc)
@@ -126,7 +130,11 @@ class WokServer:
             self._grpc,
         )
         address = f"{self.settings.host}:{self.settings.grpc_port}"
-        self.port = self._grpc.add_insecure_port(address)
+        credentials = server_credentials(self.settings)
+        if credentials is None:
+            self.port = self._grpc.add_insecure_port(address)
+        else:
+            self.port = self._grpc.add_secure_port(address, credentials)
         if self.port == 0:
             raise OSError(f"cannot bind gRPC to {address}")
         await self._grpc.start()
@@ -137,6 +145,9 @@ class WokServer:
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self._started = True
         log.info("wok serving %s on %s:%d", ", ".join(self.runtimes), self.settings.host, self.port)
+        log.info("gRPC security: %s", SecurityMode.of(self.settings).describe())
+        for warning in security_warnings(self.settings):
+            log.warning("%s", warning)
         if self.http is not None:
             log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.http.port)
 

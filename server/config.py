@@ -7,13 +7,15 @@ what was wrong (see `load_model_config`).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from .auth import check_tls_files, load_tokens, read_secret_file
 from .datatypes import DATATYPES
 from .errors import ConfigError
 
@@ -103,6 +105,7 @@ class InstanceConfig(_Strict):
 
 
 Platform = Literal["torchscript", "torch_export", "python"]
+_FACTORY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ModelConfig(_Strict):
@@ -133,6 +136,19 @@ class ModelConfig(_Strict):
     precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32", description="Floating-point type the model computes in; inputs are cast on the device."
     )
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_is_a_module_name(cls, v: str | None) -> str | None:
+        # Security: a dotted module name only. The module is found in the model's own folder
+        # (model.py) or among installed packages; a relative name or a path could reach a
+        # file outside the repository (docs/security.md).
+        if v is not None and ":" in v and not _FACTORY.fullmatch(v):
+            raise ValueError(
+                "factory must be 'module:callable' with a dotted module name, such as 'model:build' or "
+                "'pkg.models:build'; relative names and paths are not accepted"
+            )
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
@@ -178,6 +194,51 @@ class ServerSettings(_Strict):
     metrics_port: int | None = Field(
         8002, ge=0, le=65_535, description="HTTP port of /metrics; 0 picks a free one, None serves none."
     )
+    # Security (see docs/security.md and server/auth.py). Files are read and checked here,
+    # so a bad one fails at start-up, naming the file; their contents never show in errors.
+    tls_cert: Path | None = Field(
+        None, description="PEM certificate chain of the gRPC port; with tls_key, the port speaks only TLS."
+    )
+    tls_key: Path | None = Field(None, description="PEM private key (unencrypted) of tls_cert.")
+    tls_client_ca: Path | None = Field(
+        None,
+        description="PEM CA certificate(s); when set, every client must present a certificate they signed (mTLS).",
+    )
+    auth_token_file: Path | None = Field(
+        None,
+        description="File of accepted bearer tokens (one per line, '#' comments); when set, calls without "
+        "'authorization: Bearer <token>' get UNAUTHENTICATED.",
+    )
+    auth_token_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of an environment variable holding accepted bearer tokens (comma or space separated).",
+    )
+
+    @field_validator("tls_cert", "tls_key", "tls_client_ca")
+    @classmethod
+    def _readable(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            read_secret_file(v)
+        return v
+
+    @field_validator("auth_token_file", "auth_token_env")
+    @classmethod
+    def _tokens(cls, v: Path | str | None, info: ValidationInfo) -> Path | str | None:
+        if v is not None:
+            load_tokens(**{info.field_name: v})
+        return v
+
+    @model_validator(mode="after")
+    def _security(self) -> ServerSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            given, missing = ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")
+            raise ValueError(f"{given} is given without {missing}: TLS needs both the certificate and its key")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key: client certificates are checked only over TLS")
+        if self.tls_cert is not None:
+            check_tls_files(self.tls_cert, self.tls_key, self.tls_client_ca)
+        return self
 
 
 def _describe(err: ValidationError) -> str:

@@ -1,0 +1,278 @@
+"""Transport security and authentication of the gRPC port: TLS, mTLS and bearer tokens.
+
+TLS: the server's certificate chain and key (PEM); with a client CA, every client must
+present a certificate signed by it (mTLS) or the handshake fails. `check_tls_files`
+reads and checks the files when the settings are made, so a bad file fails at start-up
+with the file and what is wrong with it, never at the first connection.
+
+Tokens: when a token file or environment variable is configured, every call must carry
+the metadata `authorization: Bearer <token>` with one of the accepted tokens, or it ends
+with UNAUTHENTICATED before its request is read. The comparison is in constant time (the
+SHA-256 digests of the presented and of every accepted token are compared, all of them,
+so neither the position nor the length of a match shows in the timing). Tokens never come
+from the command line (`ps` shows it to every user) and never appear in a log or status.
+
+Exempt from the token: `grpc.health.v1.Health` (Check and Watch), because Kubernetes'
+gRPC probes cannot send metadata; it tells only whether the server is serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import os
+import re
+import ssl
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+if TYPE_CHECKING:
+    from .config import ServerSettings
+
+log = logging.getLogger("wok.auth")
+
+AUTH_METADATA_KEY = "authorization"
+# Services a caller may use without a token: the probes of orchestrators cannot send one.
+EXEMPT_SERVICES: tuple[str, ...] = ("grpc.health.v1.Health",)
+MIN_TOKEN_CHARS = 16
+# RFC 6750's b64token: what may follow "Bearer " in an HTTP/2 header.
+_TOKEN_CHARS = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+_SPLIT = re.compile(r"[\s,]+")
+DENIED_LOG_EVERY_S = 10.0  # at most one warning per this many seconds about refused calls
+
+MISSING = "this server requires a bearer token: send the metadata 'authorization: Bearer <token>'"
+MALFORMED = "the 'authorization' metadata must be 'Bearer <token>' (one entry, scheme Bearer)"
+REFUSED = "the bearer token was not accepted"
+
+
+# -- files ---------------------------------------------------------------------------------
+def read_secret_file(path: Path) -> bytes:
+    """The bytes of `path`; ValueError saying why it cannot be read (never its contents)."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path} does not exist")
+    if not path.is_file():
+        raise ValueError(f"{path} is not a file")
+    try:
+        return path.read_bytes()
+    except PermissionError:
+        raise ValueError(f"{path} is not readable by this process (uid {os.getuid()})") from None
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read: {exc.strerror}") from None
+
+
+def _refuse_password() -> bytes:
+    raise ValueError("encrypted")
+
+
+def check_tls_files(cert: Path, key: Path, client_ca: Path | None) -> None:
+    """Check that the certificate chain and key are PEM, unencrypted and a pair, and that the
+    client CA file holds at least one certificate; ValueError naming the file otherwise."""
+    cert_pem, key_pem = read_secret_file(cert), read_secret_file(key)
+    if b"-----BEGIN CERTIFICATE-----" not in cert_pem:
+        raise ValueError(f"tls_cert {cert} holds no PEM certificate ('-----BEGIN CERTIFICATE-----')")
+    if b"ENCRYPTED" in key_pem:
+        raise ValueError(
+            f"tls_key {key} is encrypted; gRPC needs an unencrypted PEM key (keep it readable only to wok)"
+        )
+    if b"PRIVATE KEY-----" not in key_pem:
+        raise ValueError(f"tls_key {key} holds no PEM private key ('-----BEGIN ... PRIVATE KEY-----')")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(str(cert), str(key), password=_refuse_password)
+    except ssl.SSLError as exc:
+        if "KEY_VALUES_MISMATCH" in str(exc):
+            raise ValueError(f"tls_key {key} is not the key of the certificate in tls_cert {cert}") from None
+        raise ValueError(f"tls_cert {cert} and tls_key {key} cannot be loaded: {exc.reason or exc}") from None
+    if client_ca is not None:
+        ca_pem = read_secret_file(client_ca)
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=ca_pem.decode("ascii"))
+        except (ssl.SSLError, UnicodeDecodeError, ValueError):
+            raise ValueError(f"tls_client_ca {client_ca} holds no PEM CA certificate") from None
+
+
+def server_credentials(settings: ServerSettings) -> grpc.ServerCredentials | None:
+    """The gRPC server credentials the settings ask for; None for plaintext."""
+    if settings.tls_cert is None:
+        return None
+    ca = read_secret_file(settings.tls_client_ca) if settings.tls_client_ca is not None else None
+    return grpc.ssl_server_credentials(
+        [(read_secret_file(settings.tls_key), read_secret_file(settings.tls_cert))],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
+
+
+# -- tokens --------------------------------------------------------------------------------
+def parse_tokens(text: str, source: str) -> tuple[str, ...]:
+    """The tokens in `text`: separated by newlines, spaces or commas; lines starting with
+    '#' are comments. ValueError naming `source` and the token's position, never its text."""
+    tokens: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            tokens.extend(t for t in _SPLIT.split(line) if t)
+    if not tokens:
+        raise ValueError(f"{source} holds no token")
+    for i, token in enumerate(tokens, 1):
+        if not _TOKEN_CHARS.fullmatch(token):
+            raise ValueError(
+                f"{source}: token {i} has characters a bearer token cannot hold (allowed: A-Z a-z 0-9 - . _ ~ + / "
+                "and trailing =)"
+            )
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"{source}: token {i} is {len(token)} characters; at least {MIN_TOKEN_CHARS} are needed")
+    return tuple(dict.fromkeys(tokens))
+
+
+def load_tokens(auth_token_file: Path | None = None, auth_token_env: str | None = None) -> tuple[str, ...]:
+    """Every accepted token from the file and the environment variable (either may be None)."""
+    tokens: list[str] = []
+    if auth_token_file is not None:
+        raw = read_secret_file(auth_token_file)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{auth_token_file} is not UTF-8 text") from None
+        tokens.extend(parse_tokens(text, str(auth_token_file)))
+    if auth_token_env is not None:
+        value = os.environ.get(auth_token_env)
+        if not value:
+            raise ValueError(f"environment variable {auth_token_env} is not set, or empty")
+        tokens.extend(parse_tokens(value, f"environment variable {auth_token_env}"))
+    return tuple(dict.fromkeys(tokens))
+
+
+class TokenCheck:
+    """Accepts a call's metadata when it holds one accepted bearer token."""
+
+    def __init__(self, tokens: Iterable[str]) -> None:
+        self._digests = tuple(hashlib.sha256(t.encode()).digest() for t in tokens)
+        if not self._digests:
+            raise ValueError("no accepted token given")
+
+    def accepts(self, token: str) -> bool:
+        presented = hashlib.sha256(token.encode()).digest()
+        ok = False
+        for digest in self._digests:  # every one, whatever matched before
+            ok |= hmac.compare_digest(presented, digest)
+        return ok
+
+    def refusal(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
+        """None when the metadata authenticates the call; else the status details to send."""
+        values = [v for k, v in metadata or () if k == AUTH_METADATA_KEY]
+        if not values:
+            return MISSING
+        if len(values) > 1 or not isinstance(values[0], str):
+            return MALFORMED
+        scheme, _, token = values[0].strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return MALFORMED
+        return None if self.accepts(token) else REFUSED
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    """Ends every call without an accepted token with UNAUTHENTICATED, except exempt services.
+
+    A refused call is answered by a handler that never reads the request, whatever the
+    method (known or not: a caller without a token learns nothing of what is served).
+    """
+
+    def __init__(self, check: TokenCheck, exempt: Iterable[str] = EXEMPT_SERVICES) -> None:
+        self.check = check
+        self.exempt = frozenset(exempt)
+        self.refused = 0
+        self._logged_at = -DENIED_LOG_EVERY_S
+        self._logged_count = 0
+
+    async def intercept_service(self, continuation, handler_call_details):
+        service = handler_call_details.method.lstrip("/").rpartition("/")[0]
+        if service not in self.exempt:
+            reason = self.check.refusal(handler_call_details.invocation_metadata)
+            if reason is not None:
+                self.refused += 1
+                return grpc.stream_stream_rpc_method_handler(self._deny(reason, handler_call_details.method))
+        return await continuation(handler_call_details)
+
+    def _deny(self, reason: str, method: str):
+        async def deny(request_iterator, context: grpc.aio.ServicerContext):
+            now = time.monotonic()
+            if now - self._logged_at >= DENIED_LOG_EVERY_S:
+                log.warning(
+                    "refused %d call(s) without an accepted bearer token; latest: %s from %s (%s)",
+                    self.refused - self._logged_count,
+                    method,
+                    context.peer(),
+                    reason,
+                )
+                self._logged_at, self._logged_count = now, self.refused
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+
+        return deny
+
+
+def token_interceptor(settings: ServerSettings) -> BearerTokenInterceptor | None:
+    """The interceptor the settings ask for; None when no token is configured."""
+    if settings.auth_token_file is None and settings.auth_token_env is None:
+        return None
+    return BearerTokenInterceptor(TokenCheck(load_tokens(settings.auth_token_file, settings.auth_token_env)))
+
+
+# -- what the operator should hear about ----------------------------------------------------
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or a name) is the loopback interface only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class SecurityMode:
+    tls: bool
+    mtls: bool
+    token: bool
+
+    @classmethod
+    def of(cls, settings: ServerSettings) -> SecurityMode:
+        return cls(
+            tls=settings.tls_cert is not None,
+            mtls=settings.tls_client_ca is not None,
+            token=settings.auth_token_file is not None or settings.auth_token_env is not None,
+        )
+
+    def describe(self) -> str:
+        parts = ["TLS with client certificates (mTLS)" if self.mtls else "TLS" if self.tls else "plaintext"]
+        parts.append("bearer token required" if self.token else "no token")
+        return ", ".join(parts)
+
+
+def security_warnings(settings: ServerSettings) -> list[str]:
+    """Warnings for settings that expose the server beyond this machine without protection."""
+    mode = SecurityMode.of(settings)
+    out = []
+    if not is_loopback(settings.host) and not mode.tls:
+        what = "bearer tokens, requests and responses travel" if mode.token else "requests and responses travel"
+        out.append(f"gRPC listens on {settings.host} without TLS: {what} in clear text (give --tls-cert/--tls-key)")
+    if not is_loopback(settings.host) and not mode.token and not mode.mtls:
+        out.append(
+            f"gRPC listens on {settings.host} without authentication: anyone who reaches it may run the models "
+            "(give --auth-token-file, --auth-token-env or --tls-client-ca)"
+        )
+    if settings.metrics_port is not None and not is_loopback(settings.metrics_host):
+        out.append(
+            f"/metrics listens on {settings.metrics_host}: plain HTTP without authentication; anyone who reaches it "
+            "reads the model names and traffic figures"
+        )
+    return out
