@@ -40,6 +40,7 @@ def add_parser(sub) -> None:
     p.add_argument("--refine", type=int, default=0, help="bisection steps between the last pass and first failure")
     p.add_argument("--knee-threshold", type=float, default=0.5, help="Δachieved/Δoffered below this is the knee")
     p.add_argument("--require-qps", type=float, help=f"exit {REQUIRE_QPS_NOT_MET} unless max QPS under SLO ≥ this")
+    _add_security(p)
     _add_outputs(p)
     p.set_defaults(run=run)
     add_merge_parser(bsub)
@@ -71,6 +72,54 @@ def run_merge(args) -> int:
             raise ValueError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
     _write_outputs(merge_results(parts, [str(p) for p in args.results]), args)
     return 0
+
+
+def _add_security(p) -> None:
+    """How the bench reaches a server with TLS or bearer tokens (docs/security.md)."""
+    sec = p.add_argument_group("security", "TLS and bearer token towards the server")
+    sec.add_argument("--tls", action="store_true", help="speak TLS, trusting gRPC's bundled root certificates")
+    sec.add_argument("--tls-ca", type=Path, metavar="PATH", help="speak TLS, trusting the CA certificate(s) in PATH")
+    sec.add_argument("--tls-cert", type=Path, metavar="PATH", help="client certificate for mTLS (with --tls-key)")
+    sec.add_argument("--tls-key", type=Path, metavar="PATH", help="private key of --tls-cert")
+    # Never a token on the command line: `ps` shows it to every user of the machine.
+    sec.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="PATH",
+        help="send the bearer token in PATH (its first line that is not a # comment)",
+    )
+    sec.add_argument("--token-env", metavar="VAR", help="send the bearer token in environment variable VAR")
+
+
+def _security(args):
+    """(tls, token) from the security options; ValueError for a bad combination or file."""
+    import os
+
+    from ..clients import TLS
+
+    tls = None
+    if args.tls_ca or args.tls_cert or args.tls_key:
+        tls = TLS.from_files(args.tls_ca, args.tls_cert, args.tls_key)
+    elif args.tls:
+        tls = True
+    token = None
+    if args.token_file and args.token_env:
+        raise ValueError("give --token-file or --token-env, not both")
+    if args.token_file:
+        try:
+            text = args.token_file.read_text()
+        except OSError as exc:
+            raise ValueError(f"--token-file {args.token_file}: {exc.strerror or exc}") from None
+        # The server's format: the first line that is neither blank nor a '#' comment.
+        lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+        if not lines:
+            raise ValueError(f"--token-file {args.token_file} holds no token")
+        token = lines[0]
+    elif args.token_env:
+        token = os.environ.get(args.token_env)
+        if not token:
+            raise ValueError(f"--token-env: environment variable {args.token_env} is not set, or empty")
+    return tls, token
 
 
 def _add_outputs(p) -> None:
@@ -169,6 +218,7 @@ def run(args) -> int:
     from .payloads import parse_mix
     from .runner import Ramp, RampConfig
 
+    tls, token = _security(args)
     duration = parse_duration(args.step_duration)
     warmup = parse_duration(args.warmup) if args.warmup else min(30.0, 0.1 * duration)
     cfg = RampConfig(
@@ -188,6 +238,8 @@ def run(args) -> int:
         stop_factor=args.stop_factor,
         refine=args.refine,
         knee_threshold=args.knee_threshold,
+        tls=tls,
+        token=token,
     )
     try:
         result = Ramp(cfg).run()

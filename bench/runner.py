@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from wok.clients.channel import tls_mode
+
 from . import analysis
 from .arrivals import parse_arrivals
 from .payloads import Mix, PayloadGenerator, TensorSpec, parse_sizes
@@ -54,6 +56,8 @@ class RampConfig:
     stop_factor: float = 10.0
     refine: int = 0
     knee_threshold: float = 0.5
+    tls: object = None  # wok.clients.TLS, True (bundled roots) or None (plaintext)
+    token: str | None = None  # bearer token sent with every request
 
 
 def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix]:
@@ -65,7 +69,7 @@ def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix
     pool: list[bytes] = []
     slices = []
     gens = []
-    with Client(cfg.target) as client:
+    with Client(cfg.target, tls=cfg.tls, token=cfg.token) as client:
         for name, weight in cfg.models:
             info = client.model_metadata(name, timeout=30)
             specs = [TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in info.inputs.values()]
@@ -89,7 +93,7 @@ class Ramp:
 
     def run(self) -> dict:
         cfg = self.cfg
-        workers = WorkerPool(cfg.target, self.pool, cfg.workers)
+        workers = WorkerPool(cfg.target, self.pool, cfg.workers, tls=cfg.tls, token=cfg.token)
         steps: list[dict] = []
         interrupted = None
         try:
@@ -118,7 +122,8 @@ class Ramp:
                     steps = sorted(steps + extra, key=lambda s: s["offered_qps"])
         finally:
             workers.close()
-        config = {**asdict(self.cfg), "source": "bench"}
+        # Key material and the token never reach the result; only which kind of security was used.
+        config = {**asdict(self.cfg), "source": "bench", "tls": tls_mode(cfg.tls), "token": cfg.token is not None}
         result = analysis.ramp_result(
             steps=steps,
             slo_p99_ms=cfg.slo_p99_ms,

@@ -44,7 +44,7 @@ class Outcome:
     inflight: np.ndarray  # (offset, requests in flight) samples
 
 
-async def _run_share(call, pool: list[bytes], share: Share) -> Outcome:
+async def _run_share(call, pool: list[bytes], share: Share, metadata=None) -> Outcome:
     n = len(share.times)
     sent = np.full(n, np.nan)
     done = np.full(n, np.nan)
@@ -59,7 +59,7 @@ async def _run_share(call, pool: list[bytes], share: Share) -> Outcome:
         inflight += 1
         sent[i] = time.monotonic() - start
         try:
-            await call(payload, timeout=share.timeout_s)
+            await call(payload, timeout=share.timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             codes[i] = exc.code().value[0]
         except Exception:
@@ -90,22 +90,25 @@ async def _run_share(call, pool: list[bytes], share: Share) -> Outcome:
     return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2))
 
 
-async def _serve(conn, target: str, pool: list[bytes]) -> None:
+async def _serve(conn, target: str, pool: list[bytes], tls=None, token: str | None = None) -> None:
     import grpc
+
+    from wok.clients.channel import auth_metadata, channel_credentials, open_channel
 
     loop = asyncio.get_running_loop()
     options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-    async with grpc.aio.insecure_channel(target, options=options) as channel:
+    metadata = auth_metadata(token)
+    async with open_channel(grpc.aio, target, channel_credentials(tls), options) as channel:
         call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
         conn.send("ready")
         while True:
             share = await loop.run_in_executor(None, conn.recv)
             if share is None:
                 return
-            conn.send(await _run_share(call, pool, share))
+            conn.send(await _run_share(call, pool, share, metadata))
 
 
-def _main(conn, target: str, pool: list[bytes]) -> None:
+def _main(conn, target: str, pool: list[bytes], tls=None, token: str | None = None) -> None:
     # Ctrl-C reaches the whole process group; the coordinator decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The worker's own collector pauses would show up as dispatch lag; it allocates little.
@@ -116,19 +119,23 @@ def _main(conn, target: str, pool: list[bytes]) -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_serve(conn, target, pool))
+    asyncio.run(_serve(conn, target, pool, tls, token))
 
 
 class WorkerPool:
-    """N worker processes, started once per ramp, each with the same request pool."""
+    """N worker processes, started once per ramp, each with the same request pool.
 
-    def __init__(self, target: str, pool: list[bytes], n: int) -> None:
+    `tls` (a wok.clients.TLS, or True) and `token` are as for the clients; they reach the
+    workers through the spawn pipe, never their command line.
+    """
+
+    def __init__(self, target: str, pool: list[bytes], n: int, *, tls=None, token: str | None = None) -> None:
         ctx = mp.get_context("spawn")  # gRPC does not survive fork
         self._conns = []
         self._procs = []
         for _ in range(n):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_main, args=(child, target, pool), daemon=True)
+            p = ctx.Process(target=_main, args=(child, target, pool, tls, token), daemon=True)
             p.start()
             self._conns.append(parent)
             self._procs.append(p)

@@ -14,11 +14,18 @@
 calls: server_live, server_ready, model_ready, server_metadata, model_metadata,
 model_config, model_statistics, repository_index, infer, stream_infer, wait_ready,
 close. A failed call raises `InferError` with the gRPC `code` and the server's `details`.
+
+Over TLS, with a bearer token (see docs/security.md):
+
+    tls = TLS.from_files("ca.pem")                     # + certificate_chain=, private_key= for mTLS
+    with Client("wok.example:8001", tls=tls, token=os.environ["WOK_TOKEN"]) as client:
+        ...
 """
 
 from .aio import AsyncClient
+from .channel import TLS
 from .errors import InferError
 from .messages import ModelInfo, StreamResult, TensorInfo
 from .sync import Client
 
-__all__ = ["AsyncClient", "Client", "InferError", "ModelInfo", "StreamResult", "TensorInfo"]
+__all__ = ["TLS", "AsyncClient", "Client", "InferError", "ModelInfo", "StreamResult", "TensorInfo"]

@@ -18,7 +18,7 @@ from wok.codec import decode_response, encode_request
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 
-from .channel import channel_options, channel_target
+from .channel import TLS, auth_metadata, channel_credentials, channel_options, channel_target, open_channel
 from .errors import InferError
 from .messages import ModelInfo, StreamItem, StreamResult, stream_request, stream_result
 
@@ -28,7 +28,9 @@ class AsyncClient:
 
     `target` is one gRPC target ("host:port", "dns:///name:port", ...) or several
     "host:port" servers, balanced round robin over one channel. `options` are extra
-    gRPC channel options. Use as `async with AsyncClient(...) as client:` or call
+    gRPC channel options. `tls` makes the channel TLS (a `TLS`, or True for gRPC's bundled
+    roots; a client certificate in it is presented for mTLS); `token` is sent on every call
+    as `authorization: Bearer <token>`. Use as `async with AsyncClient(...) as client:` or call
     `close()`; a closed client cannot be used again. All calls must come from the loop
     that made the first one.
 
@@ -37,9 +39,18 @@ class AsyncClient:
     `timeout` is always in seconds and becomes the gRPC deadline.
     """
 
-    def __init__(self, target: str | Sequence[str], *, options: Sequence[tuple[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        target: str | Sequence[str],
+        *,
+        options: Sequence[tuple[str, Any]] | None = None,
+        tls: TLS | bool | None = None,
+        token: str | None = None,
+    ) -> None:
         self.target = channel_target(target)
         self._options = channel_options(options)
+        self._credentials = channel_credentials(tls)
+        self._metadata = auth_metadata(token)
         self._channel: grpc.aio.Channel | None = None
         self._stub: GRPCInferenceServiceStub | None = None
         self._closed = False
@@ -49,7 +60,7 @@ class AsyncClient:
             raise RuntimeError("this AsyncClient is closed")
         # Outside a running loop grpc.aio would bind the channel to a loop nobody runs.
         asyncio.get_running_loop()
-        self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+        self._channel = open_channel(grpc.aio, self.target, self._credentials, self._options)
         self._stub = GRPCInferenceServiceStub(self._channel)
         return self._stub
 
@@ -80,7 +91,7 @@ class AsyncClient:
     async def _unary(self, method: str, request, timeout: float | None):
         stub = self._stub or self._connect()
         try:
-            return await getattr(stub, method)(request, timeout=timeout)
+            return await getattr(stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise InferError.from_rpc_error(exc) from None
 
@@ -131,7 +142,7 @@ class AsyncClient:
         request = encode_request(model, inputs, outputs, request_id, server_timeout_us)
         stub = self._stub or self._connect()
         try:
-            response = await stub.ModelInfer(request, timeout=timeout)
+            response = await stub.ModelInfer(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise InferError.from_rpc_error(exc) from None
         return decode_response(response)
@@ -155,7 +166,7 @@ class AsyncClient:
         `contextlib.aclosing` to close it at once.
         """
         stub = self._stub or self._connect()
-        call = stub.ModelStreamInfer(timeout=timeout)
+        call = stub.ModelStreamInfer(timeout=timeout, metadata=self._metadata)
         writer = asyncio.ensure_future(_write_requests(call, requests))
         try:
             while True:

@@ -15,7 +15,7 @@ from wok.codec import decode_response, encode_request
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 
-from .channel import channel_options, channel_target
+from .channel import TLS, auth_metadata, channel_credentials, channel_options, channel_target, open_channel
 from .errors import InferError
 from .messages import ModelInfo, StreamItem, StreamResult, stream_request, stream_result
 
@@ -23,14 +23,22 @@ from .messages import ModelInfo, StreamItem, StreamResult, stream_request, strea
 class Client:
     """A blocking KServe V2 client; the same calls as AsyncClient, without `await`.
 
-    `target` and `options` are as for AsyncClient. Use as `with Client(...) as client:`
+    `target`, `options`, `tls` and `token` are as for AsyncClient. Use as `with Client(...) as client:`
     or call `close()`. Every failed call raises InferError; the metadata calls return the
     protocol's response messages as they are, except `model_metadata`.
     """
 
-    def __init__(self, target: str | Sequence[str], *, options: Sequence[tuple[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        target: str | Sequence[str],
+        *,
+        options: Sequence[tuple[str, Any]] | None = None,
+        tls: TLS | bool | None = None,
+        token: str | None = None,
+    ) -> None:
         self.target = channel_target(target)
-        self._channel = grpc.insecure_channel(self.target, options=channel_options(options))
+        self._metadata = auth_metadata(token)
+        self._channel = open_channel(grpc, self.target, channel_credentials(tls), channel_options(options))
         self._stub = GRPCInferenceServiceStub(self._channel)
 
     def __enter__(self) -> Client:
@@ -52,7 +60,7 @@ class Client:
 
     def _unary(self, method: str, request, timeout: float | None):
         try:
-            return getattr(self._stub, method)(request, timeout=timeout)
+            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise InferError.from_rpc_error(exc) from None
 
@@ -97,7 +105,7 @@ class Client:
         """Run one request; see AsyncClient.infer."""
         request = encode_request(model, inputs, outputs, request_id, server_timeout_us)
         try:
-            response = self._stub.ModelInfer(request, timeout=timeout)
+            response = self._stub.ModelInfer(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise InferError.from_rpc_error(exc) from None
         return decode_response(response)
@@ -109,7 +117,7 @@ class Client:
         generator, or dropping it) cancels the stream.
         """
         failure: list[Exception] = []
-        responses = self._stub.ModelStreamInfer(_requests(requests, failure), timeout=timeout)
+        responses = self._stub.ModelStreamInfer(_requests(requests, failure), timeout=timeout, metadata=self._metadata)
         try:
             for response in responses:
                 yield stream_result(response)
