@@ -1,0 +1,727 @@
+"""Security of the gRPC port: TLS, mTLS, bearer tokens, message size limits, loopback
+defaults, and where Python model code may come from (docs/security.md).
+
+Certificates are made here, for this run only: a CA, a server certificate for 127.0.0.1
+and localhost, a client certificate from the same CA, and one from a CA the server does
+not trust.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from wok.auth import MALFORMED, MISSING, REFUSED, TokenCheck, parse_tokens, security_warnings
+from wok.clients import TLS, AsyncClient, Client, InferError
+from wok.clients.channel import auth_metadata, tls_mode
+from wok.codec import encode_request
+from wok.config import model_config_from_dict, server_settings
+from wok.errors import ConfigError
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+TOKEN_A = "tok-A-1b0c4ee6a1f94c8a8d1e"
+TOKEN_B = "tok-B-9f21d7c3e5a64b0f9c2a"
+WRONG = "tok-X-00000000000000000000"
+X = np.linspace(-1, 1, 256, dtype=np.float32).reshape(1, 256)
+CALL_S = 30.0  # generous: a shared 2-core machine is slow, never wrong
+
+
+# -- a throwaway PKI -------------------------------------------------------------------------
+def _pem_key(key, password: bytes | None = None) -> bytes:
+    enc = serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc)
+
+
+def _cert(
+    subject: str, key, issuer: x509.Certificate | None, issuer_key, *, ca=False, server=False
+) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    b = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(issuer.subject if issuer else name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    )
+    if issuer is not None:
+        b = b.add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False)
+    if not ca:
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        b = b.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    if server:
+        san = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        b = b.add_extension(x509.SubjectAlternativeName(san), critical=False)
+    return b.sign(issuer_key, hashes.SHA256())
+
+
+@dataclass
+class PKI:
+    dir: Path
+
+    def path(self, name: str) -> Path:
+        return self.dir / name
+
+    def read(self, name: str) -> bytes:
+        return (self.dir / name).read_bytes()
+
+    def tls(self, ca="ca.pem", cert: str | None = None) -> TLS:
+        if cert is None:
+            return TLS(self.read(ca))
+        return TLS(self.read(ca), self.read(f"{cert}.pem"), self.read(f"{cert}.key"))
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> PKI:
+    d = tmp_path_factory.mktemp("pki")
+    files: dict[str, bytes] = {}
+    for ca_name in ("ca", "other-ca"):
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca = _cert(f"wok test {ca_name}", ca_key, None, ca_key, ca=True)
+        files[f"{ca_name}.pem"] = ca.public_bytes(serialization.Encoding.PEM)
+        for leaf, server in ((f"{ca_name}-server", True), (f"{ca_name}-client", False)):
+            key = ec.generate_private_key(ec.SECP256R1())
+            files[f"{leaf}.pem"] = _cert(leaf, key, ca, ca_key, server=server).public_bytes(serialization.Encoding.PEM)
+            files[f"{leaf}.key"] = _pem_key(key)
+    files["encrypted.key"] = _pem_key(ec.generate_private_key(ec.SECP256R1()), b"secret")
+    files["tokens"] = f"# accepted tokens\n{TOKEN_A}\n\n{TOKEN_B}\n".encode()
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    return PKI(d)
+
+
+def tls_settings(pki: PKI, *, mtls=False) -> dict:
+    out = {"tls_cert": pki.path("ca-server.pem"), "tls_key": pki.path("ca-server.key")}
+    if mtls:
+        out["tls_client_ca"] = pki.path("ca.pem")
+    return out
+
+
+# -- tokens, without a server ---------------------------------------------------------------
+def test_token_file_format_and_its_errors_never_show_a_token():
+    text = f"# comment\n{TOKEN_A}, {TOKEN_B}\n  {TOKEN_A}  \n"
+    assert parse_tokens(text, "f") == (TOKEN_A, TOKEN_B)
+    with pytest.raises(ValueError, match=r"^f holds no token$"):
+        parse_tokens("# only a comment\n\n", "f")
+    short = "short-token-123"  # 15 characters
+    with pytest.raises(ValueError) as info:
+        parse_tokens(f"{TOKEN_A}\n{short}\n", "f")
+    assert str(info.value) == "f: token 2 is 15 characters; at least 16 are needed"
+    with pytest.raises(ValueError) as info:
+        parse_tokens('tok"en-with-a-quote-1234', "f")
+    assert str(info.value).startswith("f: token 1 has characters a bearer token cannot hold")
+    assert "quote" not in str(info.value)
+
+
+def test_token_check_accepts_only_a_bearer_token_it_knows():
+    check = TokenCheck([TOKEN_A, TOKEN_B])
+    assert check.refusal([("authorization", f"Bearer {TOKEN_A}")]) is None
+    assert check.refusal([("user-agent", "x"), ("authorization", f"bearer {TOKEN_B}")]) is None  # scheme: any case
+    assert check.refusal(None) == MISSING
+    assert check.refusal([("user-agent", "x")]) == MISSING
+    assert check.refusal([("authorization", f"Bearer {WRONG}")]) == REFUSED
+    assert check.refusal([("authorization", f"Bearer {TOKEN_A}x")]) == REFUSED  # a longer one is another token
+    assert check.refusal([("authorization", f"Bearer {TOKEN_A[:-1]}")]) == REFUSED
+    assert check.refusal([("authorization", f"Basic {TOKEN_A}")]) == MALFORMED
+    assert check.refusal([("authorization", "Bearer ")]) == MALFORMED
+    assert check.refusal([("authorization", TOKEN_A)]) == MALFORMED
+    two = [("authorization", f"Bearer {TOKEN_A}"), ("authorization", f"Bearer {TOKEN_B}")]
+    assert check.refusal(two) == MALFORMED
+    for details in (MISSING, MALFORMED, REFUSED):
+        assert TOKEN_A not in details and "tok-" not in details
+
+
+def test_client_token_and_tls_arguments_are_checked_without_echoing_secrets(pki):
+    assert auth_metadata(None) is None
+    assert auth_metadata(TOKEN_A) == (("authorization", f"Bearer {TOKEN_A}"),)
+    for bad in ("", "two words", "line\nbreak"):
+        with pytest.raises(ValueError) as info:
+            auth_metadata(bad)
+        assert bad == "" or bad not in str(info.value)
+    with pytest.raises(ValueError, match="needs its private key"):
+        TLS(pki.read("ca.pem"), certificate_chain=pki.read("ca-client.pem"))
+    tls = pki.tls(cert="ca-client")
+    assert "PRIVATE" not in repr(tls) and repr(tls) == "TLS(root_certificates=custom, client_certificate=True)"
+    assert (tls_mode(None), tls_mode(True), tls_mode(pki.tls()), tls_mode(tls)) == ("none", "tls", "tls", "mtls")
+    with pytest.raises(ValueError, match=r"cannot read .*nope\.pem"):
+        TLS.from_files(pki.path("nope.pem"))
+
+
+# -- settings: each mistake named at construction ---------------------------------------------
+def settings_error(**values) -> str:
+    with pytest.raises(ConfigError) as info:
+        server_settings(**values)
+    return str(info.value)
+
+
+def test_tls_settings_name_each_mistake(pki, tmp_path):
+    p = pki.path
+    assert "tls_cert is given without tls_key" in settings_error(tls_cert=p("ca-server.pem"))
+    assert "tls_key is given without tls_cert" in settings_error(tls_key=p("ca-server.key"))
+    assert "tls_client_ca needs tls_cert and tls_key" in settings_error(tls_client_ca=p("ca.pem"))
+    msg = settings_error(tls_cert=tmp_path / "missing.pem", tls_key=p("ca-server.key"))
+    assert f"tls_cert: Value error, {tmp_path / 'missing.pem'} does not exist" in msg
+    assert f"{tmp_path} is not a file" in settings_error(tls_cert=tmp_path, tls_key=p("ca-server.key"))
+    msg = settings_error(tls_cert=p("ca-server.pem"), tls_key=p("other-ca-server.key"))
+    assert f"tls_key {p('other-ca-server.key')} is not the key of the certificate in tls_cert" in msg
+    msg = settings_error(tls_cert=p("ca-server.pem"), tls_key=p("encrypted.key"))
+    assert "is encrypted; gRPC needs an unencrypted PEM key" in msg
+    msg = settings_error(tls_cert=p("ca-server.key"), tls_key=p("ca-server.key"))
+    assert f"tls_cert {p('ca-server.key')} holds no PEM certificate" in msg
+    msg = settings_error(**tls_settings(pki), tls_client_ca=p("ca-server.key"))
+    assert f"tls_client_ca {p('ca-server.key')} holds no PEM CA certificate" in msg
+    # No key's contents in a message, even when the key is where a certificate should be.
+    key_lines = {line for name in ("ca-server.key", "other-ca-server.key") for line in pki.read(name).decode().split()}
+    assert not {w for w in msg.split() if len(w) > 20} & key_lines
+    s = server_settings(**tls_settings(pki, mtls=True))
+    assert (s.tls_cert, s.tls_client_ca) == (p("ca-server.pem"), p("ca.pem"))
+
+
+def test_token_settings_name_each_mistake(pki, tmp_path, monkeypatch):
+    missing = tmp_path / "no-tokens"
+    assert f"auth_token_file: Value error, {missing} does not exist" in settings_error(auth_token_file=missing)
+    empty = tmp_path / "empty"
+    empty.write_text("# nothing yet\n")
+    assert f"{empty} holds no token" in settings_error(auth_token_file=empty)
+    monkeypatch.delenv("WOK_TEST_TOKENS", raising=False)
+    assert "environment variable WOK_TEST_TOKENS is not set, or empty" in settings_error(
+        auth_token_env="WOK_TEST_TOKENS"
+    )
+    monkeypatch.setenv("WOK_TEST_TOKENS", "tooshort")
+    msg = settings_error(auth_token_env="WOK_TEST_TOKENS")
+    assert "environment variable WOK_TEST_TOKENS: token 1 is 8 characters" in msg and "tooshort" not in msg
+    assert "String should match pattern" in settings_error(auth_token_env="NOT-A-NAME")
+    monkeypatch.setenv("WOK_TEST_TOKENS", f"{TOKEN_A},{TOKEN_B}")
+    assert server_settings(auth_token_env="WOK_TEST_TOKENS", auth_token_file=pki.path("tokens")).auth_token_env
+
+
+def test_warnings_for_settings_that_expose_the_server():
+    assert security_warnings(server_settings()) == []  # the defaults: loopback only
+    exposed = security_warnings(server_settings(host="0.0.0.0"))
+    assert len(exposed) == 2
+    assert exposed[0].startswith("gRPC listens on 0.0.0.0 without TLS: requests and responses travel in clear")
+    assert exposed[1].startswith("gRPC listens on 0.0.0.0 without authentication")
+    metrics = security_warnings(server_settings(metrics_host="::"))
+    assert len(metrics) == 1 and metrics[0].startswith("/metrics listens on ::: plain HTTP without authentication")
+    assert security_warnings(server_settings(metrics_host="::", metrics_port=None)) == []
+    assert security_warnings(server_settings(host="::1", metrics_host="localhost")) == []
+
+
+def test_warnings_stop_when_tls_and_a_token_protect_the_port(pki):
+    s = server_settings(host="0.0.0.0", auth_token_file=pki.path("tokens"), **tls_settings(pki))
+    assert security_warnings(s) == []
+    token_only = security_warnings(server_settings(host="10.1.2.3", auth_token_file=pki.path("tokens")))
+    assert token_only == [
+        "gRPC listens on 10.1.2.3 without TLS: bearer tokens, requests and responses travel in clear text "
+        "(give --tls-cert/--tls-key)"
+    ]
+
+
+# -- tokens through a real server -------------------------------------------------------------
+async def test_calls_without_an_accepted_token_get_unauthenticated(serve, pki, caplog):
+    caplog.set_level(logging.WARNING, logger="wok.auth")
+    async with serve(models=("mlp",), auth_token_file=pki.path("tokens")) as server:
+        target = f"127.0.0.1:{server.port}"
+        async with AsyncClient(target) as anonymous, AsyncClient(target, token=WRONG) as wrong:
+            for client, details in ((anonymous, MISSING), (wrong, REFUSED)):
+                for call in (client.server_live(timeout=CALL_S), client.infer("mlp", {"INPUT0": X}, timeout=CALL_S)):
+                    with pytest.raises(InferError) as info:
+                        await call
+                    assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+                    assert info.value.details == details
+                    assert WRONG not in info.value.details
+            with pytest.raises(InferError) as info:
+                async for _ in anonymous.stream_infer([("mlp", {"INPUT0": X})], timeout=CALL_S):
+                    pass
+            assert (info.value.code, info.value.details) == (grpc.StatusCode.UNAUTHENTICATED, MISSING)
+        for token in (TOKEN_A, TOKEN_B):
+            async with AsyncClient(target, token=token) as client:
+                assert await client.server_live(timeout=CALL_S)
+                out = await client.infer("mlp", {"INPUT0": X}, timeout=CALL_S)
+                assert out["OUTPUT0"].shape == (1, 256)
+                results = [r async for r in client.stream_infer([("mlp", {"INPUT0": X})] * 3, timeout=CALL_S)]
+                assert [r.error for r in results] == [None] * 3
+        assert server.runtime("mlp").stats.inference_count == 2 + 2 * 3  # refused calls never reached the model
+    refused = [r.getMessage() for r in caplog.records if r.name == "wok.auth"]
+    assert refused and "without an accepted bearer token" in refused[0]
+    assert all(WRONG not in m and TOKEN_A not in m for m in refused)
+
+
+async def test_a_refused_call_is_answered_before_its_request_is_read(serve, pki):
+    # A body the server would reject as too large (INVALID_ARGUMENT) is never looked at:
+    # the token check comes first, for known and unknown methods alike.
+    async with serve(models=("mlp",), auth_token_file=pki.path("tokens"), max_request_bytes=4096) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            big = encode_request("mlp", {"INPUT0": np.ones((8, 256), np.float32)}).SerializeToString()
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            unknown = channel.unary_unary("/inference.GRPCInferenceService/RepositoryModelLoad")
+            for call in (infer, unknown):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call(big, timeout=CALL_S)
+                assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNAUTHENTICATED, MISSING)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await infer(big, timeout=CALL_S, metadata=(("authorization", f"Bearer {TOKEN_A}"),))
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await unknown(b"", timeout=CALL_S, metadata=(("authorization", f"Bearer {TOKEN_A}"),))
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_health_checks_need_no_token_and_reflection_does(serve, pki):
+    async with serve(models=("mlp",), auth_token_file=pki.path("tokens")) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "inference.GRPCInferenceService", "mlp"):
+                resp = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=CALL_S)
+                assert resp.status == health_pb2.HealthCheckResponse.SERVING
+            watch = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=CALL_S)
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+            watch.cancel()
+            reflect = channel.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+            call = reflect(timeout=CALL_S)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call.read()
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_the_token_can_come_from_an_environment_variable(serve, monkeypatch):
+    monkeypatch.setenv("WOK_TEST_TOKENS", f"{TOKEN_B}")
+    async with serve(models=("mlp",), auth_token_env="WOK_TEST_TOKENS") as server:
+        target = f"127.0.0.1:{server.port}"
+
+        def blocking() -> None:  # the blocking client, off the loop that runs the server
+            with Client(target, token=TOKEN_B) as client:
+                assert client.infer("mlp", {"INPUT0": X}, timeout=CALL_S)["OUTPUT0"].shape == (1, 256)
+            with Client(target, token=TOKEN_A) as client:
+                with pytest.raises(InferError) as info:
+                    client.server_ready(timeout=CALL_S)
+                assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+        await asyncio.to_thread(blocking)
+
+
+# -- TLS and mTLS ---------------------------------------------------------------------------
+async def assert_cannot_connect(target: str, **client) -> None:
+    async with AsyncClient(target, **client) as c:
+        with pytest.raises(InferError) as info:
+            await c.server_live(timeout=CALL_S)
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE, info.value
+
+
+async def test_tls_server_talks_only_tls_to_clients_that_trust_it(serve, pki):
+    async with serve(models=("mlp",), **tls_settings(pki)) as server:
+        target = f"127.0.0.1:{server.port}"
+        async with AsyncClient(target, tls=pki.tls()) as client:
+            assert await client.server_live(timeout=CALL_S)
+            assert (await client.infer("mlp", {"INPUT0": X}, timeout=CALL_S))["OUTPUT0"].shape == (1, 256)
+        async with AsyncClient(f"localhost:{server.port}", tls=pki.tls()) as client:  # the certificate's DNS name
+            assert await client.server_live(timeout=CALL_S)
+        await assert_cannot_connect(target)  # plaintext
+        await assert_cannot_connect(target, tls=pki.tls("other-ca.pem"))  # a CA that did not sign it
+        await assert_cannot_connect(target, tls=True)  # gRPC's bundled public roots
+        # A client certificate is optional without tls_client_ca.
+        async with AsyncClient(target, tls=pki.tls(cert="other-ca-client")) as client:
+            assert await client.server_live(timeout=CALL_S)
+
+
+async def test_mtls_refuses_clients_without_a_certificate_from_its_ca(serve, pki):
+    async with serve(models=("mlp",), **tls_settings(pki, mtls=True)) as server:
+        target = f"127.0.0.1:{server.port}"
+        await assert_cannot_connect(target, tls=pki.tls())  # no certificate
+        await assert_cannot_connect(target, tls=pki.tls(cert="other-ca-client"))  # one the CA did not sign
+        await assert_cannot_connect(target)  # plaintext
+        async with AsyncClient(target, tls=pki.tls(cert="ca-client")) as client:
+            assert (await client.infer("mlp", {"INPUT0": X}, timeout=CALL_S))["OUTPUT0"].shape == (1, 256)
+
+        def blocking() -> bool:
+            with Client(target, tls=TLS.from_files(pki.path("ca.pem"), *_client_files(pki))) as client:
+                return client.server_live(timeout=CALL_S)
+
+        assert await asyncio.to_thread(blocking)
+
+
+def _client_files(pki: PKI) -> tuple[Path, Path]:
+    return pki.path("ca-client.pem"), pki.path("ca-client.key")
+
+
+async def test_tls_and_token_together(serve, pki):
+    async with serve(models=("mlp",), auth_token_file=pki.path("tokens"), **tls_settings(pki)) as server:
+        target = f"127.0.0.1:{server.port}"
+        async with AsyncClient(target, tls=pki.tls()) as client:
+            with pytest.raises(InferError) as info:
+                await client.infer("mlp", {"INPUT0": X}, timeout=CALL_S)
+            assert (info.value.code, info.value.details) == (grpc.StatusCode.UNAUTHENTICATED, MISSING)
+        async with AsyncClient(target, tls=pki.tls(), token=TOKEN_A) as client:
+            assert (await client.infer("mlp", {"INPUT0": X}, timeout=CALL_S))["OUTPUT0"].shape == (1, 256)
+
+
+# -- message size limits ----------------------------------------------------------------------
+BIG_OUTPUT_MODEL = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class Spread(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.expand(x.shape[0], 300_000).contiguous()
+
+
+    def build() -> nn.Module:
+        return Spread()
+    """
+)
+
+
+def big_output_repository(root: Path) -> Path:
+    d = root / "repo" / "spread"
+    d.mkdir(parents=True)
+    (d / "model.py").write_text(BIG_OUTPUT_MODEL)
+    (d / "config.toml").write_text(
+        textwrap.dedent(
+            """
+            platform = "python"
+            factory = "model:build"
+            max_batch_size = 4
+            [[inputs]]
+            name = "INPUT0"
+            datatype = "FP32"
+            dims = [1]
+            [[outputs]]
+            name = "OUTPUT0"
+            datatype = "FP32"
+            dims = [300000]
+            [dynamic_batching]
+            max_queue_delay_ms = 0
+            [instances]
+            devices = ["cpu"]
+            """
+        )
+    )
+    return d.parent
+
+
+async def test_oversized_requests_and_responses_end_in_resource_exhausted_and_the_server_goes_on(serve, tmp_path):
+    # max_request_bytes = 1024: the decoder refuses requests over 1,024 bytes (INVALID_ARGUMENT,
+    # tests/integration/test_bad_input.py); gRPC itself refuses messages over
+    # 4 × 1,024 + 1,048,576 = 1,052,672 bytes, both ways, before any of wok's code runs.
+    async with serve(repository=big_output_repository(tmp_path), max_request_bytes=1024) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options=_unlimited()) as channel:
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            small = encode_request("spread", {"INPUT0": np.ones((1, 1), np.float32)}).SerializeToString()
+            for size, code in ((1_052_672 + 1, grpc.StatusCode.RESOURCE_EXHAUSTED), (1_052_672, None)):
+                # A request of exactly `size` bytes: a raw-contents padding of the right length.
+                request = _request_of_size(size)
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await infer(request, timeout=CALL_S)
+                if code is not None:
+                    assert info.value.code() == code, info.value.details()
+                    assert "larger than max (1052673 vs. 1052672)" in info.value.details()
+                else:  # through gRPC, and refused by the decoder
+                    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+                    assert "over the limit of 1024 bytes" in info.value.details()
+            # One row out is 1,200,000 bytes of FP32: over the send limit.
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await infer(small, timeout=CALL_S)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+            # The server goes on serving, that model included.
+            stats = pb_grpc.GRPCInferenceServiceStub(channel)
+            assert (await stats.ServerLive(pb.ServerLiveRequest(), timeout=CALL_S)).live
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await infer(small, timeout=CALL_S)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert server.runtime("spread").stats.inference_count == 2
+
+
+def _unlimited() -> list[tuple[str, int]]:
+    return [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+
+
+def _request_of_size(size: int) -> bytes:
+    """A serialized ModelInferRequest of exactly `size` bytes."""
+    req = pb.ModelInferRequest(model_name="spread")
+    req.raw_input_contents.append(b"")
+    base = req.ByteSize()
+    pad = size - base
+    # The length prefix grows with the padding; find the padding that lands exactly on size.
+    while True:
+        req.raw_input_contents[0] = b"\0" * pad
+        if req.ByteSize() == size:
+            return req.SerializeToString()
+        pad -= req.ByteSize() - size
+
+
+# -- loopback by default ------------------------------------------------------------------------
+def _listening(port: int) -> list[str]:
+    """Local addresses with a TCP socket listening on `port`, from /proc/net/tcp{,6}."""
+    out = []
+    for name, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        with open(name) as f:
+            next(f)
+            for line in f:
+                local, state = line.split()[1], line.split()[3]
+                addr_hex, port_hex = local.split(":")
+                if state == "0A" and int(port_hex, 16) == port:
+                    raw = bytes.fromhex(addr_hex)
+                    # The kernel prints each 32-bit word in host (little-endian) order.
+                    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                    assert len(addr_hex) == width
+                    ip = ipaddress.ip_address(words)
+                    # gRPC binds 127.0.0.1 on an IPv6 socket, as ::ffff:127.0.0.1.
+                    out.append(str(getattr(ip, "ipv4_mapped", None) or ip))
+    return out
+
+
+def test_grpc_and_metrics_listen_on_loopback_unless_told_otherwise(start_server):
+    sp = start_server("--models", "mlp")
+    metrics = next(line for line in sp.log if "wok: metrics on http://" in line)
+    metrics_port = int(metrics.rsplit(":", 1)[1].split("/")[0])
+    for port in (sp.port, metrics_port):
+        addresses = _listening(port)
+        assert addresses, f"nothing listens on port {port}"
+        assert all(ipaddress.ip_address(a).is_loopback for a in addresses), (port, addresses)
+    assert any("wok: gRPC security: plaintext, no token" in line for line in sp.log)
+    assert not any("WARNING" in line for line in sp.log), sp.log
+    defaults = server_settings()
+    assert (defaults.host, defaults.metrics_host) == ("127.0.0.1", "127.0.0.1")
+
+
+async def test_binding_beyond_loopback_without_protection_is_logged(serve, caplog):
+    caplog.set_level(logging.WARNING, logger="wok")
+    async with serve(models=("mlp",), host="0.0.0.0", metrics_host="0.0.0.0"):
+        pass
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "wok"]
+    assert len(warned) == 3, warned
+    assert warned[0].startswith("gRPC listens on 0.0.0.0 without TLS")
+    assert warned[2].startswith("/metrics listens on 0.0.0.0")
+
+
+# -- where model code comes from ---------------------------------------------------------------
+PROBE = textwrap.dedent(
+    """
+    import os
+    from pathlib import Path
+
+    Path(os.environ["WOK_PROBE_MARKER"]).write_text("imported")
+
+
+    def build():
+        raise RuntimeError("never built")
+    """
+)
+
+
+@pytest.fixture
+def probe(tmp_path, monkeypatch) -> Path:
+    """A module `wok_probe_evil` on sys.path and in the current folder (as a model folder too),
+    which writes a marker file if anything imports it."""
+    marker = tmp_path / "imported"
+    monkeypatch.setenv("WOK_PROBE_MARKER", str(marker))
+    code = tmp_path / "code"
+    (code / "evil").mkdir(parents=True)
+    (code / "wok_probe_evil.py").write_text(PROBE)
+    (code / "evil" / "wok_probe_evil.py").write_text(PROBE)
+    (code / "evil" / "config.toml").write_text(
+        'platform = "python"\nfactory = "wok_probe_evil:build"\nmax_batch_size = 1\n'
+        '[[inputs]]\nname = "I"\ndatatype = "FP32"\ndims = [1]\n'
+        '[[outputs]]\nname = "O"\ndatatype = "FP32"\ndims = [1]\n'
+    )
+    monkeypatch.syspath_prepend(str(code))
+    monkeypatch.chdir(code)
+    return marker
+
+
+async def test_no_request_and_no_stray_file_makes_the_server_import_code(serve, probe):
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            for name in ("wok_probe_evil", "wok_probe_evil:build", "evil", "./evil", "../code/evil", "this"):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.ModelInfer(encode_request(name, {"I": np.ones((1, 1), np.float32)}), timeout=CALL_S)
+                assert info.value.code() == grpc.StatusCode.NOT_FOUND
+                for call, request in (
+                    (stub.ModelMetadata, pb.ModelMetadataRequest),
+                    (stub.ModelConfig, pb.ModelConfigRequest),
+                ):
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        await call(request(name=name), timeout=CALL_S)
+                    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+            # V2's repository-control calls are not served: nothing loads a model at run time.
+            for method in ("RepositoryModelLoad", "RepositoryModelUnload"):
+                call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call(b"", timeout=CALL_S)
+                assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            index = await stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=CALL_S)
+            assert [m.name for m in index.models] == ["mlp"]
+    assert not probe.exists()
+    assert "wok_probe_evil" not in sys.modules
+
+
+def test_demo_model_names_never_import_a_module(probe):
+    from wok.app import build_repository
+
+    with pytest.raises(ValueError, match="unknown demo model 'wok_probe_evil'"):
+        build_repository(server_settings(demo_models=("wok_probe_evil",)))
+    assert not probe.exists()
+
+
+def test_factory_names_cannot_leave_the_repository(probe):
+    base = {
+        "name": "m",
+        "platform": "python",
+        "max_batch_size": 1,
+        "inputs": [{"name": "I", "datatype": "FP32", "dims": [1]}],
+        "outputs": [{"name": "O", "datatype": "FP32", "dims": [1]}],
+    }
+    # Before this check, '..x' became the path '//x.py' (the file system's root) and
+    # '...tmp.x' became '/tmp/x.py'.
+    for factory in ("..wok_probe_evil:build", "...code.wok_probe_evil:build", "/abs/path:build", "a/b:c", "a.:b"):
+        with pytest.raises(ConfigError) as info:
+            model_config_from_dict({**base, "factory": factory}, "cfg")
+        assert "factory must be 'module:callable' with a dotted module name" in str(info.value), factory
+    for factory in ("model:build", "pkg.models_2:build_it", "_x:_y"):
+        assert model_config_from_dict({**base, "factory": factory}, "cfg").factory == factory
+    assert not probe.exists()
+
+
+def test_a_repository_imports_only_from_its_own_folders(probe, tmp_path):
+    from wok.repository import ModelRepository
+
+    # The explicitly configured repository is the one place model code comes from: the
+    # probe's folder is served only when it is (part of) the repository given.
+    with pytest.raises(ConfigError, match="has no model folders"):
+        ModelRepository.from_directory(tmp_path / "code" / "evil")
+    assert not probe.exists()
+    with pytest.raises(ConfigError, match="factory wok_probe_evil:build failed"):
+        ModelRepository.from_directory(tmp_path / "code")
+    assert probe.read_text() == "imported"
+
+
+# -- the same server, the command line, tritonclient and the bench ------------------------------
+@pytest.fixture(scope="module")
+def secured_server(start_server_module, pki):
+    return start_server_module(
+        "--models",
+        "mlp",
+        "--tls-cert",
+        str(pki.path("ca-server.pem")),
+        "--tls-key",
+        str(pki.path("ca-server.key")),
+        "--auth-token-file",
+        str(pki.path("tokens")),
+    )
+
+
+def test_wok_serve_flags_turn_on_tls_and_tokens(secured_server, pki):
+    assert any("wok: gRPC security: TLS, bearer token required" in line for line in secured_server.log)
+    with Client(secured_server.target, tls=pki.tls(), token=TOKEN_A) as client:
+        assert client.infer("mlp", {"INPUT0": X}, timeout=CALL_S)["OUTPUT0"].shape == (1, 256)
+    with Client(secured_server.target) as plaintext:
+        with pytest.raises(InferError) as info:
+            plaintext.server_live(timeout=CALL_S)
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_wok_serve_refuses_bad_security_options_with_exit_2(pki, tmp_path):
+    cmd = [sys.executable, "-m", "wok", "serve", "--port", "0", "--models", "mlp"]
+    cases = {
+        ("--tls-cert", str(pki.path("ca-server.pem"))): "tls_cert is given without tls_key",
+        ("--auth-token-file", str(tmp_path / "none")): f"{tmp_path / 'none'} does not exist",
+        ("--auth-token-env", "WOK_TEST_UNSET_TOKENS"): "environment variable WOK_TEST_UNSET_TOKENS is not set",
+    }
+    env = {k: v for k, v in os.environ.items() if k != "WOK_TEST_UNSET_TOKENS"}
+    for args, message in cases.items():
+        proc = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr, proc.stderr
+
+
+TRITON_PEER = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    target, ca, token = sys.argv[1], sys.argv[2], sys.stdin.read().strip()
+    client = grpcclient.InferenceServerClient(target, ssl=True, root_certificates=ca)
+    headers = {"authorization": f"Bearer {token}"}
+    x = np.linspace(-1, 1, 256, dtype=np.float32).reshape(1, 256)
+    inp = grpcclient.InferInput("INPUT0", [1, 256], "FP32")
+    inp.set_data_from_numpy(x)
+    out = {"live": client.is_server_live(headers=headers)}
+    result = client.infer("mlp", [inp], headers=headers, client_timeout=60)
+    out["output"] = result.as_numpy("OUTPUT0").tolist()
+    try:
+        client.infer("mlp", [inp], client_timeout=60)
+        out["without_token"] = "accepted"
+    except InferenceServerException as exc:
+        out["without_token"] = [exc.status(), exc.message()]
+    print(json.dumps(out))
+    """
+)
+
+
+def test_unmodified_tritonclient_reaches_the_tls_and_token_server(secured_server, pki, tmp_path):
+    peer = tmp_path / "peer.py"
+    peer.write_text(TRITON_PEER)
+    # The token goes through stdin: never on a command line.
+    proc = subprocess.run(
+        [sys.executable, str(peer), secured_server.target, str(pki.path("ca.pem"))],
+        input=TOKEN_B,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["live"] is True
+    with Client(secured_server.target, tls=pki.tls(), token=TOKEN_A) as client:
+        expected = client.infer("mlp", {"INPUT0": X}, timeout=CALL_S)["OUTPUT0"]
+    np.testing.assert_allclose(np.array(out["output"], np.float32), expected, rtol=1e-5, atol=1e-6)
+    assert out["without_token"][0] == "StatusCode.UNAUTHENTICATED"
+    assert out["without_token"][1] == MISSING
+
+
+def test_bench_ramp_over_tls_with_a_token_and_without_one(secured_server, pki, tmp_path, monkeypatch):
+    from wok.__main__ import main
+
+    out = tmp_path / "ramp.json"
+    common = ["bench", "ramp", "--target", secured_server.target, "--model", "mlp", "--steps", "20"]
+    common += ["--step-duration", "1s", "--warmup", "0.2s", "--workers", "1", "--metrics-url", "none"]
+    common += ["--tls-ca", str(pki.path("ca.pem"))]
+    monkeypatch.setenv("WOK_TEST_BENCH_TOKEN", TOKEN_A)
+    assert main([*common, "--token-env", "WOK_TEST_BENCH_TOKEN", "--json", str(out)]) == 0
+    text = out.read_text()
+    result = json.loads(text)
+    assert result["steps"][0]["success_rate"] == 1.0
+    assert (result["config"]["tls"], result["config"]["token"]) == ("tls", True)
+    assert TOKEN_A not in text and "BEGIN" not in text
+    # Without the token the ramp cannot even read the model's metadata.
+    assert main(common) == 1
+    # A wrong option combination is a usage error.
+    assert main([*common, "--token-env", "WOK_TEST_BENCH_TOKEN", "--token-file", str(pki.path("tokens"))]) == 2
