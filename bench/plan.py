@@ -213,9 +213,13 @@ def batch_given(t_batch_s: Fraction, batch_size: Fraction) -> BatchTime:
 
 
 def batch_from_alpha_beta(alpha_s: Fraction, beta_s: Fraction, batch_size: Fraction, **detail) -> BatchTime:
-    """T_batch = α + β·n, the linear batch-time model `wok profile` fits."""
-    if alpha_s < 0 or beta_s < 0:
-        raise ValueError(f"α and β must be >= 0; got α={decimal_text(alpha_s)} s, β={decimal_text(beta_s)} s")
+    """T_batch = α + β·n, the linear batch-time model `wok profile` fits.
+
+    A least-squares α may come out slightly negative; that is allowed as long as T_batch > 0
+    (the plan warns), but β, the time per row, must be >= 0.
+    """
+    if beta_s < 0:
+        raise ValueError(f"β must be >= 0; got β={decimal_text(beta_s)} s")
     t = alpha_s + beta_s * batch_size
     _check_batch(t, batch_size)
     return BatchTime(t, batch_size, "profile" if detail else "alpha_beta", detail, alpha_s, beta_s)
@@ -249,7 +253,8 @@ def batch_from_profile(path: Path, batch_size: Fraction) -> BatchTime:
         raise ValueError(f"profile {path}: no fit.alpha_s and fit.beta_s")
     alpha = exact(fit["alpha_s"], f"profile {path}: fit.alpha_s")
     beta = exact(fit["beta_s"], f"profile {path}: fit.beta_s")
-    detail = {"path": str(path), "model": doc.get("model")}
+    model = doc.get("model")
+    detail = {"path": str(path), "model": model.get("name") if isinstance(model, dict) else model}
     if fit.get("r2") is not None:
         detail["r2"] = float(fit["r2"])
     return batch_from_alpha_beta(alpha, beta, batch_size, **detail)
@@ -414,6 +419,11 @@ def build_plan(
         )
 
     t, n, u, k = batch.t_batch_s, batch.batch_size, target_util, redundancy
+    if batch.alpha_s is not None and batch.alpha_s < 0:
+        warnings.append(
+            f"α = {_d(batch.alpha_s)} s is negative: the linear fit T = α + β·n does not hold at small batches; "
+            f"T_batch at n = {_d(n)} is {_d(t)} s"
+        )
     steps: list[dict] = []
 
     # -- the peak

@@ -105,6 +105,17 @@ def test_alpha_beta_gives_t_batch():
     assert p["result"]["gpus"] == 10
 
 
+def test_a_negative_alpha_is_allowed_with_a_warning_while_t_stays_positive():
+    # α = −1 ms, β = 1.5 ms: T = −0.001 + 0.0015 × 16 = 0.023 s.
+    p = make(batch=batch_from_alpha_beta(F(-1, 1000), F(3, 2000), F(16)), peak_qps=F(5000))
+    assert p["inputs"]["batch"]["t_batch_exact"] == "23/1000"
+    assert any("α = -0.001 s is negative" in w for w in p["warnings"])
+    with pytest.raises(ValueError, match="T_batch must be > 0"):
+        batch_from_alpha_beta(F(-1, 10), F(1, 1000), F(16))
+    with pytest.raises(ValueError, match="β must be >= 0"):
+        batch_from_alpha_beta(F(1, 1000), F(-1, 1000), F(16))
+
+
 def test_the_peak_is_given_one_way_only():
     with pytest.raises(ValueError, match="exactly one way"):
         make(peak_qps=F(5000), teams=[("a", F(1))])
@@ -310,14 +321,13 @@ def test_from_ramp_refuses_results_without_an_answer(tmp_path):
 
 def test_from_profile_reads_the_fit(tmp_path):
     path = tmp_path / "profile.json"
-    path.write_text(
-        json.dumps({"schema": "wok.profile/1", "model": "mlp", "fit": {"alpha_s": 0.002, "beta_s": 0.001125}})
-    )
+    fit = {"alpha_s": 0.002, "beta_s": 0.001125, "r2": 0.999}  # shaped as bench/profiler.py writes it
+    path.write_text(json.dumps({"schema": "wok.profile/1", "model": {"name": "mlp", "max_batch_size": 32}, "fit": fit}))
     b = plan.batch_from_profile(path, F(16))
     assert (b.alpha_s, b.beta_s, b.t_batch_s) == (F(1, 500), F(9, 8000), F(1, 50))
     p = make(batch=b, peak_qps=F(5000))
     assert p["inputs"]["batch"]["source"] == "profile"
-    assert p["inputs"]["batch"]["profile"]["path"] == str(path)
+    assert p["inputs"]["batch"]["profile"] == {"path": str(path), "model": "mlp", "r2": 0.999}
     assert p["result"]["gpus"] == 10
     path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {}}))
     with pytest.raises(ValueError, match=r"no fit\.alpha_s"):
