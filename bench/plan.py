@@ -521,167 +521,21 @@ def build_plan(
         "utilization_at_peak_all_replicas": _num(busy / total),
     }
 
-    # -- teams
     teams_out = None
     if teams:
-        rows = []
-        shares = {}
-        for name, q in teams:
-            x = q * t / (n * u)
-            shares[name] = x
-            rows.append(
-                {
-                    "name": name,
-                    "peak_qps": _num(q),
-                    "share_of_peak": _num(q / lam),
-                    "gpus_exact": _num(x),
-                    "gpus_exact_fraction": _exact_str(x),
-                    "own_pool_gpus": ceil(x),
-                    "own_pool_replicas": ceil(x) + k,
-                }
-            )
-        quota = largest_remainder(shares, n_gpu)
-        for r in rows:
-            r["quota_gpus"] = quota[r["name"]]
-        own = sum(r["own_pool_gpus"] for r in rows)
-        teams_out = {
-            "rows": rows,
-            "shared_gpus": n_gpu,
-            "shared_replicas": total,
-            "own_pools_gpus": own,
-            "own_pools_replicas": own + k * len(rows),
-            "rounding_overhead_gpus": own - n_gpu,
-            "rounding": (
-                "shared: one fleet of N = ⌈Σ team GPUs⌉ rounds once, and k redundant replicas serve every team; "
-                "each team is charged quota_gpus, ⌊its exact share⌋ plus one GPU for the teams with the largest "
-                "fractional parts until the quotas add up to N (largest remainder). Own pools: each team "
-                "rounds up on its own and keeps its own k, which costs own_pools_replicas − shared_replicas "
-                "more replicas"
-            ),
-        }
-        steps.append(
-            _step(
-                "teams, own pools",
-                "Σ ⌈λ_team × T_batch / (n × U_target)⌉",
-                " + ".join(f"⌈{_d(shares[name])}⌉" for name, _ in teams),
-                Fraction(own),
-                "GPUs",
-            )
-        )
+        teams_out, step = _teams(teams, lam, t / (n * u), n_gpu, k)
+        steps.append(step)
 
-    # -- autoscaling
-    a = autoscaling
-    max_replicas = a.max_replicas if a.max_replicas is not None else 2 * total
-    if max_replicas < total:
-        raise ValueError(f"max replicas {max_replicas} is below the planned minimum N + k = {total}")
-    scale_down_tol = _tolerance_for(a.scale_in_below, a.scale_out_above)
-    keda_threshold = _round_up(a.scale_out_above / (1 + HPA_DEFAULT_TOLERANCE), 4)
-    burst_out = None
-    why_min = (
-        f"min replicas = N + k = {total}: the HPA acts only after the load has stayed above "
-        f"{_d(a.scale_out_above)} for {_d(a.sustain_s)} s, and a new replica then still has to be scheduled, "
-        "start and load its model; a peak that arrives faster than that would be served by the replicas "
-        "already running, so they must carry the planned peak (N) and survive the loss of k. Autoscaling "
-        "adds replicas only for load beyond the plan, and scales back to N + k, never below"
-    )
-    if burst is not None:
-        base_gpus = ceil(burst.base_qps * t / (n * u)) if burst.base_qps > 0 else 0
-        base_capacity = base_gpus * per_replica_target
-        above = burst.seconds_above(base_capacity)
-        burst_out = {
-            "base_gpus": base_gpus,
-            "base_capacity_qps": _num(base_capacity),
-            "seconds_above_base_capacity": above,
-        }
-        if above is not None:
-            verdict = "shorter" if above < float(a.sustain_s) else "longer"
-            why_min += (
-                f". Here the burst stays above what the {base_gpus} replicas the base load needs can carry at "
-                f"U_target ({_d(base_capacity)} QPS) for {above:.0f} s, {verdict} than the {_d(a.sustain_s)} s "
-                "the autoscaler waits before it even starts a replica"
-            )
-            if verdict == "longer":
-                why_min += (
-                    ": a floor sized for the base load plus autoscaling could follow this burst if replicas start "
-                    "well within the rest of it; the plan keeps N + k because a replica that fails to start in "
-                    "time costs the SLO, while an idle one costs only money"
-                )
-    autoscale = {
-        "model": a.model,
-        "deployment": a.deployment,
-        "namespace": a.namespace,
-        "prometheus_url": a.prometheus_url,
-        "adapter_namespace": a.adapter_namespace,
-        "min_replicas": total,
-        "max_replicas": max_replicas,
-        "why_min_replicas": why_min,
-        "scale_out_above": _num(a.scale_out_above),
-        "scale_in_below": _num(a.scale_in_below),
-        "sustain_s": _num(a.sustain_s),
-        "metric": {
-            "name": METRIC_NAME,
-            "per_pod": f'sum by (namespace, pod) (rate({BUSY_COUNTER}{{model="{a.model}"}}[{RATE_WINDOW}]))',
-            "meaning": "seconds per second the pod's model instances spent running batches: its busy ratio",
-        },
-        "hpa": {
-            "target_average_value": _num(a.scale_out_above),
-            "scale_up_tolerance": 0,
-            "scale_down_tolerance": _num(scale_down_tol),
-            "scale_in_below_effective": _num(a.scale_out_above * (1 - scale_down_tol)),
-        },
-        "keda": {
-            "threshold": _num(keda_threshold),
-            "scale_out_above_effective": _num(keda_threshold * (1 + HPA_DEFAULT_TOLERANCE)),
-            "scale_in_below_effective": _num(keda_threshold * (1 - HPA_DEFAULT_TOLERANCE)),
-        },
-        "manifests": None,
-    }
-    if a.scale_out_above * (1 - scale_down_tol) > a.scale_in_below:
-        raise AssertionError("the scale-down tolerance must put scale-in at or below the asked threshold")
+    autoscale, burst_out = _autoscaling(autoscaling, total, burst, t / (n * u), per_replica_target)
 
-    # -- cross-check against what the ramp served
     cross = None
     if batch.source == "ramp":
-        served = batch.step_qps
-        n_ramp = ceil(lam / served)
-        step_busy = batch.achieved_qps * t / n
-        cross = {
-            "max_qps_under_slo": _num(served),
-            "replicas_at_measured_max": n_ramp,
-            "utilization_at_step": float(step_busy),
-        }
-        steps.append(
-            _step(
-                "cross-check",
-                "⌈λ_peak / max QPS under the SLO of one replica⌉",
-                f"⌈{_d(lam)} / {_d(served)}⌉",
-                Fraction(n_ramp),
-                "GPUs",
-            )
-        )
-        if served < per_replica_target:
+        cross, step = _ramp_check(batch, lam, per_replica_target, n_gpu, warnings)
+        steps.append(step)
+        if batch.detail.get("model") and autoscaling.model != batch.detail["model"]:
             warnings.append(
-                f"one replica met the SLO only up to {_d(served)} QPS in the ramp, below the "
-                f"{decimal_text(per_replica_target, 1)} QPS per replica this plan puts on it at U_target (its "
-                f"batches kept the instance only {100 * float(step_busy):.0f}% busy there): something besides "
-                f"the batch time limits it (CPU, the event loop, the network), and sizing by the ramp would take "
-                f"{n_ramp} GPUs, not {n_gpu}"
+                f"the ramp measured model {batch.detail['model']!r}, the manifests scale on {autoscaling.model!r}"
             )
-        if batch.detail.get("highest_step"):
-            warnings.append(
-                f"every step of the ramp met the SLO, so one replica can carry more than {_d(served)} QPS: "
-                f"the cross-check's {n_ramp} GPUs is an upper bound, and the step's batches may be smaller "
-                "than at a replica's planned load"
-            )
-        flushes = batch.detail.get("flush_reasons") or {}
-        if flushes and flushes.get("size", 0) < 0.5 * sum(flushes.values()):
-            warnings.append(
-                f"at the chosen step most batches left on the queue delay, not full (mean {decimal_text(n, 2)} "
-                "rows): n grows with load, so at a replica's planned load its batches may be bigger and "
-                "T_batch / n smaller than measured; on that count the plan errs towards more GPUs"
-            )
-    if batch.source == "ramp" and batch.detail.get("model") and a.model != batch.detail["model"]:
-        warnings.append(f"the ramp measured model {batch.detail['model']!r}, the manifests scale on {a.model!r}")
 
     batch_in = {
         "source": batch.source,
@@ -711,6 +565,165 @@ def build_plan(
         "autoscaling": autoscale,
         "warnings": warnings,
     }
+
+
+def _teams(teams: list[tuple[str, Fraction]], lam: Fraction, gpus_per_qps: Fraction, n_gpu: int, k: int):
+    """Each team's exact GPUs, own pool and quota of the shared fleet; and the own-pools step."""
+    shares = {name: q * gpus_per_qps for name, q in teams}
+    quota = largest_remainder(shares, n_gpu)
+    rows = [
+        {
+            "name": name,
+            "peak_qps": _num(q),
+            "share_of_peak": _num(q / lam),
+            "gpus_exact": _num(shares[name]),
+            "gpus_exact_fraction": _exact_str(shares[name]),
+            "own_pool_gpus": ceil(shares[name]),
+            "own_pool_replicas": ceil(shares[name]) + k,
+            "quota_gpus": quota[name],
+        }
+        for name, q in teams
+    ]
+    own = sum(r["own_pool_gpus"] for r in rows)
+    out = {
+        "rows": rows,
+        "shared_gpus": n_gpu,
+        "shared_replicas": n_gpu + k,
+        "own_pools_gpus": own,
+        "own_pools_replicas": own + k * len(rows),
+        "rounding_overhead_gpus": own - n_gpu,
+        "rounding": (
+            "shared: one fleet of N = ⌈Σ team GPUs⌉ rounds once, and k redundant replicas serve every team; "
+            "each team is charged quota_gpus, ⌊its exact share⌋ plus one GPU for the teams with the largest "
+            "fractional parts until the quotas add up to N (largest remainder). Own pools: each team "
+            "rounds up on its own and keeps its own k, which costs own_pools_replicas − shared_replicas "
+            "more replicas"
+        ),
+    }
+    step = _step(
+        "teams, own pools",
+        "Σ ⌈λ_team × T_batch / (n × U_target)⌉",
+        " + ".join(f"⌈{_d(shares[name])}⌉" for name, _ in teams),
+        Fraction(own),
+        "GPUs",
+    )
+    return out, step
+
+
+def _autoscaling(
+    a: Autoscaling, total: int, burst: Burst | None, gpus_per_qps: Fraction, per_replica_target: Fraction
+) -> tuple[dict, dict | None]:
+    """The policy's numbers (HPA target and tolerances, KEDA threshold, replica bounds) and why the floor is N + k."""
+    max_replicas = a.max_replicas if a.max_replicas is not None else 2 * total
+    if max_replicas < total:
+        raise ValueError(f"max replicas {max_replicas} is below the planned minimum N + k = {total}")
+    scale_down_tol = _tolerance_for(a.scale_in_below, a.scale_out_above)
+    if a.scale_out_above * (1 - scale_down_tol) > a.scale_in_below:
+        raise AssertionError("the scale-down tolerance must put scale-in at or below the asked threshold")
+    keda_threshold = _round_up(a.scale_out_above / (1 + HPA_DEFAULT_TOLERANCE), 4)
+    burst_out = None
+    why_min = (
+        f"min replicas = N + k = {total}: the HPA acts only after the load has stayed above "
+        f"{_d(a.scale_out_above)} for {_d(a.sustain_s)} s, and a new replica then still has to be scheduled, "
+        "start and load its model; a peak that arrives faster than that would be served by the replicas "
+        "already running, so they must carry the planned peak (N) and survive the loss of k. Autoscaling "
+        "adds replicas only for load beyond the plan, and scales back to N + k, never below"
+    )
+    if burst is not None:
+        base_gpus = ceil(burst.base_qps * gpus_per_qps)
+        base_capacity = base_gpus * per_replica_target
+        above = burst.seconds_above(base_capacity)
+        burst_out = {
+            "base_gpus": base_gpus,
+            "base_capacity_qps": _num(base_capacity),
+            "seconds_above_base_capacity": above,
+        }
+        if above is not None:
+            verdict = "shorter" if above < float(a.sustain_s) else "longer"
+            why_min += (
+                f". Here the burst stays above what the {base_gpus} replicas the base load needs can carry at "
+                f"U_target ({_d(base_capacity)} QPS) for {above:.0f} s, {verdict} than the {_d(a.sustain_s)} s "
+                "the autoscaler waits before it even starts a replica"
+            )
+            if verdict == "longer":
+                why_min += (
+                    ": a floor sized for the base load plus autoscaling could follow this burst if replicas start "
+                    "well within the rest of it; the plan keeps N + k because a replica that fails to start in "
+                    "time costs the SLO, while an idle one costs only money"
+                )
+    out = {
+        "model": a.model,
+        "deployment": a.deployment,
+        "namespace": a.namespace,
+        "prometheus_url": a.prometheus_url,
+        "adapter_namespace": a.adapter_namespace,
+        "min_replicas": total,
+        "max_replicas": max_replicas,
+        "why_min_replicas": why_min,
+        "scale_out_above": _num(a.scale_out_above),
+        "scale_in_below": _num(a.scale_in_below),
+        "sustain_s": _num(a.sustain_s),
+        "metric": {
+            "name": METRIC_NAME,
+            "per_pod": f'sum by (namespace, pod) (rate({BUSY_COUNTER}{{model="{a.model}"}}[{RATE_WINDOW}]))',
+            "meaning": "seconds per second the pod's model instances spent running batches: its busy ratio",
+        },
+        "hpa": {
+            "target_average_value": _num(a.scale_out_above),
+            "scale_up_tolerance": 0,
+            "scale_down_tolerance": _num(scale_down_tol),
+            "scale_in_below_effective": _num(a.scale_out_above * (1 - scale_down_tol)),
+        },
+        "keda": {
+            "threshold": _num(keda_threshold),
+            "scale_out_above_effective": _num(keda_threshold * (1 + HPA_DEFAULT_TOLERANCE)),
+            "scale_in_below_effective": _num(keda_threshold * (1 - HPA_DEFAULT_TOLERANCE)),
+        },
+        "manifests": None,
+    }
+    return out, burst_out
+
+
+def _ramp_check(batch: BatchTime, lam: Fraction, per_replica_target: Fraction, n_gpu: int, warnings: list[str]):
+    """The plan against what one replica served within the SLO in the ramp; appends its warnings."""
+    served = batch.step_qps
+    n_ramp = ceil(lam / served)
+    step_busy = batch.achieved_qps * batch.t_batch_s / batch.batch_size
+    cross = {
+        "max_qps_under_slo": _num(served),
+        "replicas_at_measured_max": n_ramp,
+        "utilization_at_step": float(step_busy),
+    }
+    step = _step(
+        "cross-check",
+        "⌈λ_peak / max QPS under the SLO of one replica⌉",
+        f"⌈{_d(lam)} / {_d(served)}⌉",
+        Fraction(n_ramp),
+        "GPUs",
+    )
+    if served < per_replica_target:
+        warnings.append(
+            f"one replica met the SLO only up to {_d(served)} QPS in the ramp, below the "
+            f"{decimal_text(per_replica_target, 1)} QPS per replica this plan puts on it at U_target (its "
+            f"batches kept the instance only {100 * float(step_busy):.0f}% busy there): something besides "
+            f"the batch time limits it (CPU, the event loop, the network), and sizing by the ramp would take "
+            f"{n_ramp} GPUs, not {n_gpu}"
+        )
+    if batch.detail.get("highest_step"):
+        warnings.append(
+            f"every step of the ramp met the SLO, so one replica can carry more than {_d(served)} QPS: "
+            f"the cross-check's {n_ramp} GPUs is an upper bound, and the step's batches may be smaller "
+            "than at a replica's planned load"
+        )
+    flushes = batch.detail.get("flush_reasons") or {}
+    if flushes and flushes.get("size", 0) < 0.5 * sum(flushes.values()):
+        warnings.append(
+            f"at the chosen step most batches left on the queue delay, not full (mean "
+            f"{decimal_text(batch.batch_size, 2)} rows): n grows with load, so at a replica's planned load its "
+            "batches may be bigger and T_batch / n smaller than measured; on that count the plan errs towards "
+            "more GPUs"
+        )
+    return cross, step
 
 
 def _round_up(x: Fraction, places: int) -> Fraction:
