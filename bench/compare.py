@@ -218,6 +218,10 @@ def _launch_wok(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
     return argv, {}, ROOT
 
 
+def _launch_bare(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
+    return [sys.executable, str(TEMPLATES / "bare_server.py"), str(ports["grpc"])], {}, ROOT
+
+
 def _launch_pytriton(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
     # tritonserver needs the interpreter's libpython on the loader path.
     libdir = _venv_libdir(peer.python)
@@ -239,6 +243,8 @@ def _launch_mlserver(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
 
 PEERS: dict[str, Peer] = {
     "wok": Peer("wok", [], _launch_wok, ready_timeout_s=120.0),
+    # Not a server of the model: the ceiling of Python gRPC (grpc.aio on uvloop) on this machine.
+    "bare": Peer("bare", [], _launch_bare, ready_timeout_s=60.0),
     "pytriton": Peer("pytriton", ["nvidia-pytriton==0.7.0", "torch==2.13.0", "numpy"], _launch_pytriton),
     "mlserver": Peer("mlserver", ["mlserver==1.7.1", "uvloop==0.21.0", "torch==2.13.0", "numpy"], _launch_mlserver),
 }
@@ -266,6 +272,8 @@ def peer_version(peer: Peer) -> str:
     if not peer.pip:
         from importlib.metadata import version
 
+        if peer.name == "bare":
+            return f"grpcio {version('grpcio')}, uvloop {version('uvloop')} (no model)"
         return f"wok {version('wok')}"
     dist = peer.pip[0].split("==")[0]
     code = f"from importlib.metadata import version as v; print(v('{dist}'), v('torch'))"

@@ -128,15 +128,17 @@ def test_unknown_server_is_refused():
         compare.parse_args(["--servers", "wok,nope"])
 
 
-def test_smoke_wok_only(tmp_path):
+def test_smoke_wok_and_the_bare_transport(tmp_path):
     out = tmp_path / "c.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--servers", "wok", "--steps", "50,100",
+    cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--servers", "wok,bare", "--steps", "50,100",
            "--step-duration", "1s", "--warmup", "0.3s", "--reps", "1", "--json", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90, cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["schema"] == "wok.compare/1"
-    (run,) = doc["runs"]
+    run, bare = doc["runs"]
+    assert bare["server"] == "bare" and bare["error"] is None
+    assert all(s["success_rate"] == 1.0 for s in bare["steps"])
     assert run["server"] == "wok" and run["error"] is None
     assert [s["offered_qps"] for s in run["steps"]] == [50.0, 100.0]
     assert all(s["success_rate"] == 1.0 for s in run["steps"])
