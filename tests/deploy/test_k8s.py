@@ -40,10 +40,18 @@ K8S = ROOT / "deploy" / "k8s"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 DOCKERIGNORE = ROOT / "deploy" / "Dockerfile.dockerignore"
 OLDEST_KUBERNETES = "1.30.0"
-KUBERNETES_VERSIONS = [OLDEST_KUBERNETES, kubernetes_validate.latest_version()]
-# Custom resources that kubernetes-validate has no schema for; `wok plan` writes a KEDA
-# ScaledObject into deploy/k8s/generated/, which tests/bench/test_plan.py checks against
-# KEDA's own CRD schema.
+# What `wok plan --manifests deploy/k8s/generated/` wrote: its HPA sets per-direction
+# tolerances, fields Kubernetes has from 1.33 on (docs/plan.md).
+GENERATED = K8S / "generated"
+OLDEST_FOR_GENERATED = "1.33.0"
+# The command in deploy/k8s/generated/README.md.
+PLAN_ARGS = [
+    "plan", "--peak-qps", "5000", "--t-batch", "20ms", "--batch-size", "16", "--target-util", "0.65",
+    "--redundancy", "1", "--deployment", "wok", "--namespace", "wok", "--model", "mlp",
+]  # fmt: skip
+KUBERNETES_VERSIONS = [OLDEST_KUBERNETES, OLDEST_FOR_GENERATED, kubernetes_validate.latest_version()]
+# Custom resources that kubernetes-validate has no schema for: the KEDA ScaledObject, which
+# tests/bench/test_plan.py checks against KEDA's own CRD schema.
 CUSTOM_KINDS = {"ScaledObject"}
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -56,8 +64,19 @@ def manifest_files() -> list[Path]:
     return sorted(K8S.rglob("*.yaml"))
 
 
-def load_all() -> list[tuple[Path, dict]]:
-    return [(p, doc) for p in manifest_files() for doc in yaml.safe_load_all(p.read_text()) if doc]
+def load_all(generated: bool = False) -> list[tuple[Path, dict]]:
+    """Every object in the manifests; those `wok plan` generated only when asked."""
+    return [
+        (p, doc)
+        for p in manifest_files()
+        if generated or GENERATED not in p.parents
+        for doc in yaml.safe_load_all(p.read_text())
+        if doc
+    ]
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
 
 
 def one(kind: str, name: str) -> dict:
@@ -171,15 +190,22 @@ def test_the_manifests_are_where_the_docs_say():
         "bench/20-merge-job.yaml",
         "bench/30-results-pod.yaml",
     } <= names
-    kinds = [d["kind"] for _, d in load_all()]
-    assert "HorizontalPodAutoscaler" not in kinds or any(p.parent.name == "generated" for p in manifest_files())
+    # The autoscaling comes from `wok plan`, never written by hand.
+    assert {
+        "generated/hpa.yaml",
+        "generated/keda-scaledobject.yaml",
+        "generated/prometheus-adapter-rules.yaml",
+    } <= names
+    assert not [p for p, d in load_all() if d["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")]
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_manifest_passes_the_kubernetes_schema(version):
     checked = 0
-    for path, doc in load_all():
+    for path, doc in load_all(generated=True):
         if doc["kind"] in CUSTOM_KINDS:
+            continue
+        if GENERATED in path.parents and version_key(version) < version_key(OLDEST_FOR_GENERATED):
             continue
         try:
             kubernetes_validate.validate(doc, version, strict=True)
@@ -188,7 +214,7 @@ def test_every_manifest_passes_the_kubernetes_schema(version):
                 f"{path.relative_to(ROOT)} ({doc['kind']} {doc['metadata']['name']}), Kubernetes {version}: {exc}"
             )
         checked += 1
-    assert checked >= 10
+    assert checked >= (10 if version == OLDEST_KUBERNETES else 12)
 
 
 def test_the_schema_check_catches_what_matters_here():
@@ -324,6 +350,40 @@ def test_the_container_is_locked_down_and_has_a_writable_tmp():
             assert sc["capabilities"]["drop"] == ["ALL"], path.name
             if c["command"][0] in ("wok", "/bin/sh"):
                 assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}, f"{path.name}: HOME=/tmp must be writable"
+
+
+def test_the_generated_autoscaling_scales_this_deployment_on_a_model_it_serves():
+    deployment = one("Deployment", "wok")
+    meta = deployment["metadata"]
+    target = {"apiVersion": deployment["apiVersion"], "kind": "Deployment", "name": meta["name"]}
+    generated = [d for p, d in load_all(generated=True) if GENERATED in p.parents]
+    (hpa,) = [d for d in generated if d["kind"] == "HorizontalPodAutoscaler"]
+    (scaled,) = [d for d in generated if d["kind"] == "ScaledObject"]
+    for d in (hpa, scaled):
+        assert d["metadata"]["namespace"] == meta["namespace"]
+        assert d["spec"]["scaleTargetRef"] == target
+    assert hpa["spec"]["minReplicas"] >= deployment["spec"]["replicas"]
+    (rules,) = [d for d in generated if d["kind"] == "ConfigMap"]
+    (rule,) = yaml.safe_load(rules["data"]["config.yaml"])["rules"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert rule["name"]["as"] == metric["pods"]["metric"]["name"]
+    (model,) = re.findall(r'model="([^"]+)"', rule["seriesQuery"])
+    assert model in repository_models(), f"the HPA follows model {model!r}, which the Deployment does not serve"
+
+
+def test_the_generated_manifests_are_what_wok_plan_writes_now(tmp_path):
+    readme = " ".join((GENERATED / "README.md").read_text().replace("\\\n", " ").split())
+    assert f"wok {' '.join(PLAN_ARGS)} --manifests deploy/k8s/generated/" in readme
+    out = subprocess.run(
+        [sys.executable, "-m", "wok", *PLAN_ARGS, "--manifests", str(tmp_path)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == sorted(p.name for p in GENERATED.glob("*.yaml"))
+    for name in written:
+        assert (tmp_path / name).read_text() == (GENERATED / name).read_text(), (
+            f"regenerate {name}: the README says how"
+        )
 
 
 # -- the image ---------------------------------------------------------------------------------
@@ -466,6 +526,62 @@ def test_the_merge_job_names_exactly_the_parts_the_ramp_writes(tmp_path):
     assert out.returncode == 0, out.stderr
     written = [str(parse_bench([expand(a, pod_env(c, i)) for a in c["args"]]).json) for i in range(n)]
     assert out.stdout.split() == written
+
+
+def test_two_parts_of_the_ramp_job_and_the_merge_job_script_run_on_loopback(start_server, tmp_path):
+    """The Job's own arguments, smaller: two parts against a real server, then the merge script.
+
+    Only what cannot run here changes: the target (a loopback server), the results folder,
+    the rates (÷ 100), the durations and the worker count. The seeds, the file names, the
+    shell loop and `wok bench merge` are the manifests' own.
+    """
+    from wok.bench.arrivals import parse_steps
+
+    _, c = ramp_job()
+    sp = start_server("--models", "mlp")
+    results = tmp_path / "results"
+    results.mkdir()
+    parts = 2
+    local = {
+        "--target": sp.target,
+        "--step-duration": "1s",
+        "--warmup": "0.5s",
+        "--workers": "1",
+    }
+    procs, per_pod = [], None
+    for i in range(parts):
+        argv = []
+        for a in c["args"]:
+            a = expand(a, pod_env(c, i)).replace("/results/", f"{results}/")
+            flag, eq, value = a.partition("=")
+            if flag == "--steps":
+                per_pod = [q / 100 for q in parse_steps(value)]
+                a = "--steps=" + ",".join(f"{q:g}" for q in per_pod)
+            elif eq and flag in local:
+                a = f"{flag}={local[flag]}"
+            argv.append(a)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "wok", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
+    for proc in procs:
+        out, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, out
+    merge = container(one("Job", "wok-bench-merge")["spec"]["template"]["spec"], "merge")
+    (script,) = merge["args"]
+    script = script.replace("/results/", f"{results}/").replace("exec wok ", f"exec {sys.executable} -m wok ")
+    done = subprocess.run(
+        ["/bin/sh", "-c", script], env={**os.environ, "PARTS": str(parts)}, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    merged = json.loads((results / "merged.json").read_text())
+    assert (results / "merged.html").is_file()
+    assert merged["config"]["merged"]["seeds"] == list(range(parts))
+    assert merged["config"]["steps"] == pytest.approx([parts * q for q in per_pod])
+    part_results = [json.loads((results / f"part-{i}.json").read_text()) for i in range(parts)]
+    for k, step in enumerate(merged["steps"]):
+        assert step["requests"] == sum(r["steps"][k]["requests"] for r in part_results)
 
 
 def start_barrier(tmp_path: Path, start_at: str) -> subprocess.CompletedProcess:
