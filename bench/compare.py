@@ -120,6 +120,47 @@ def tree_usage(
     )
 
 
+# Threads of the server's leader process, grouped by what /proc/PID/task/TID/comm can tell:
+# `loop` is the main thread (the event loop of wok and of the bare server), `model` wok's
+# model workers (named by wok.executor), `grpc` gRPC core's own threads; `other` holds the
+# rest, which the OS cannot tell apart (they keep the process's name): gRPC's Python poller
+# thread, OpenMP's workers, libuv's pool.
+THREAD_GROUPS = ("loop", "model", "grpc", "other")
+
+
+def thread_group(pid: int, tid: int, comm: str) -> str:
+    if tid == pid:
+        return "loop"
+    if comm.startswith("wok-"):
+        return "model"
+    if comm.startswith(("event_engine", "grpc_")):
+        return "grpc"
+    return "other"
+
+
+def thread_ticks(pid: int, proc_root: Path = Path("/proc")) -> dict[str, int]:
+    """CPU ticks (user + system) of the leader process's threads, by THREAD_GROUPS."""
+    out = dict.fromkeys(THREAD_GROUPS, 0)
+    task = proc_root / str(pid) / "task"
+    for entry in task.iterdir() if task.exists() else ():
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        comm = text[text.index("(") + 1 : text.rindex(")")]
+        rest = text[text.rindex(")") + 2 :].split()
+        out[thread_group(pid, int(entry.name), comm)] += int(rest[11]) + int(rest[12])
+    return out
+
+
+def threads_per_request(before: dict, after: dict, ok_requests: int, ticks_per_s: float | None = None) -> dict:
+    """µs of CPU per successful request, by thread group, over one step."""
+    hz = ticks_per_s or os.sysconf("SC_CLK_TCK")
+    if not ok_requests:
+        return dict.fromkeys(THREAD_GROUPS)
+    return {g: max(0, after.get(g, 0) - before.get(g, 0)) / hz / ok_requests * 1e6 for g in THREAD_GROUPS}
+
+
 def cpu_per_request(before: Usage, after: Usage, wall_s: float, ok_requests: int) -> dict:
     """The server's CPU over one step: µs per successful request, and cores busy on average."""
     cpu = max(0.0, after.cpu_s - before.cpu_s)
@@ -394,13 +435,16 @@ def metered_ramp(server: Server, cfg, progress: Callable[[str], None]) -> dict:
     class MeteredRamp(Ramp):
         def run_step(self, workers, qps, label):
             me = os.getpid()
+            threads0 = thread_ticks(server.pid)
             before, gen0, busy0, t0 = tree_usage(server.pid), tree_usage(me), system_busy_s(), time.monotonic()
             step = super().run_step(workers, qps, label)
             after, gen1, busy1 = tree_usage(server.pid), tree_usage(me), system_busy_s()
+            threads1 = thread_ticks(server.pid)
             wall = time.monotonic() - t0
             # Every request of the step counts here (warm-up included), as does its CPU.
             ok = int(np.count_nonzero(self.timeline[-1][3] == OK))
             step["server_cpu"] = cpu_per_request(before, after, wall, ok)
+            step["server_cpu"]["threads_us_per_request"] = threads_per_request(threads0, threads1, ok)
             # Noise check on a shared machine: who else was busy during the step.
             # The server is this process's child, so this process's tree holds it: take it out.
             server_s = after.cpu_s - before.cpu_s

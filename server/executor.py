@@ -17,6 +17,8 @@ buffer is overwritten while a copy reads it.
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,6 +73,19 @@ def resolve_devices(spec: Sequence[str]) -> list[torch.device]:
     return out
 
 
+def name_os_thread(name: str) -> None:
+    """Name the calling thread for the OS, so that `top -H`, `ps -L` and /proc/PID/task/TID/comm
+    tell a model's worker from gRPC's and OpenMP's threads (Python names only its own view of
+    a thread). Linux keeps 15 bytes; elsewhere this does nothing."""
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 class _Slot:
     __slots__ = ("inputs", "outputs")
 
@@ -90,8 +105,16 @@ class Instance:
         self.module = servable.module_for(device)
         self.slots = [_Slot(pinned=self.cuda) for _ in range(depth)]
         tag = f"wok-{servable.name}-{index}"
-        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{tag}-run")
-        self._waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{tag}-wait") if self.cuda else None
+        self._worker = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix=f"{tag}-run", initializer=name_os_thread, initargs=(f"wok-run-{index}",)
+        )
+        self._waiter = (
+            concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"{tag}-wait", initializer=name_os_thread, initargs=(f"wok-wait-{index}",)
+            )
+            if self.cuda
+            else None
+        )
         if self.cuda:
             with torch.cuda.device(device):
                 self.h2d_stream = torch.cuda.Stream(device)

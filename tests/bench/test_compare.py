@@ -143,9 +143,26 @@ def test_smoke_wok_and_the_bare_transport(tmp_path):
     assert [s["offered_qps"] for s in run["steps"]] == [50.0, 100.0]
     assert all(s["success_rate"] == 1.0 for s in run["steps"])
     assert all(s["server_cpu"]["us_per_request"] > 0 for s in run["steps"])
+    # The model ran on wok's named worker thread; the bare server has none.
+    assert sum(s["server_cpu"]["threads_us_per_request"]["model"] for s in run["steps"]) > 0
+    assert all(s["server_cpu"]["threads_us_per_request"]["model"] == 0 for s in bare["steps"])
     assert all(s["host_cpu"]["other_cores"] >= 0 for s in run["steps"])
     assert run["peak_rss_bytes"] > 10 * 2**20
     assert "max QPS, P99 ≤ 200 ms" in proc.stdout
     port = run["target"].rsplit(":", 1)[1]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"--port {port} " not in ps  # the server was stopped
+
+
+def test_thread_groups_from_a_fake_task_folder(tmp_path):
+    root = tmp_path / "proc"
+    task = root / "100" / "task"
+    for tid, comm, ut, st in [(100, "wok", 50, 10), (101, "wok-run-0", 30, 5), (102, "event_engine", 4, 4),
+                              (103, "grpc_global_tim", 1, 1), (104, "wok", 7, 0)]:  # fmt: skip
+        (task / str(tid)).mkdir(parents=True)
+        fields = [str(tid), f"({comm})", "S"] + ["0"] * 10 + [str(ut), str(st)] + ["0"] * 30
+        (task / str(tid) / "stat").write_text(" ".join(fields) + "\n")
+    ticks = compare.thread_ticks(100, proc_root=root)
+    assert ticks == {"loop": 60, "model": 35, "grpc": 10, "other": 7}
+    per = compare.threads_per_request(dict.fromkeys(compare.THREAD_GROUPS, 0), ticks, ok_requests=1000, ticks_per_s=100)
+    assert per == pytest.approx({"loop": 600.0, "model": 350.0, "grpc": 100.0, "other": 70.0})

@@ -6,6 +6,10 @@ bench/gpu_check.py is the script to run on a GPU host.
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -158,3 +162,16 @@ def test_a_model_returning_the_wrong_number_of_rows_fails_the_batch():
 
 def run_x(ex, value):
     return ex.instances[0].submit([{"X": np.full((3, 2), value, np.float32)}], [3], 0).result(30)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OS thread names are read from Linux's /proc")
+def test_worker_threads_carry_an_os_name_that_top_and_proc_show(gated):
+    import threading
+
+    _, m, ex = gated(max_batch_size=4, delay_ms=0)
+    seen = []
+    m.register_forward_pre_hook(lambda *_: seen.append(threading.get_native_id()))
+    run_one = ex.instances[0].submit([{"INPUT0": np.ones((1, 4), np.float32)}], [1], 0)
+    run_one.result(30)
+    (tid,) = seen
+    assert Path(f"/proc/{os.getpid()}/task/{tid}/comm").read_text().strip() == "wok-run-0"
