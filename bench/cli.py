@@ -360,7 +360,7 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--model-repository", type=Path, help="folder of models to take MODEL from")
     p.add_argument("--batch-sizes", help="list or start:stop:factor (default: powers of two up to max_batch_size)")
     p.add_argument("--warmup", type=int, default=5, help="untimed batches per size first (default 5)")
-    p.add_argument("--repeats", type=int, default=50, help="timed batches per size (default 50)")
+    p.add_argument("--repeats", type=int, default=100, help="timed batches per size (default 100)")
     p.add_argument("--sizes", default="fixed:16", help="length of variable dims, as for wok bench ramp")
     p.add_argument("--int-high", type=int, help="integer inputs uniform in [0, N) (default: the smallest table)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")

@@ -274,7 +274,7 @@ def fit_linear(n: Sequence[float], t: Sequence[float]) -> Fit:
 class ProfileConfig:
     batch_sizes: list[int]
     warmup: int = 5  # batches per size before timing
-    repeats: int = 50  # timed batches per size
+    repeats: int = 100  # timed batches per size
     sizes: str = "fixed:16"  # length of variable dims, as `wok bench ramp --sizes`
     int_high: int | None = None  # integer inputs uniform in [0, int_high); None: the smallest embedding table
     device: str = "auto"
@@ -482,6 +482,10 @@ def _ms(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{1e3 * x:.3f}"
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
+
+
 def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     head = ["batch", "median ms", "p99 ms", "fit ms", "QPS", "fit QPS", "forward ms", "predicted ms", "attained"]
     head += ["FLOP/inf", "bytes/batch", "I FLOP/B", "class", "roof"]
@@ -497,7 +501,7 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
                 f"{b['fit_throughput_qps']:.0f}",
                 _ms(b["stages_median_s"]["compute"]),
                 _ms(b["predicted_s"]),
-                f"{100 * b['attained_fraction']:.0f}%",
+                _pct(b["attained_fraction"]),
                 _si(b["flops_per_inference"]),
                 _si(b["bytes"], "B"),
                 f"{b['intensity_flop_per_byte']:.2f}",
