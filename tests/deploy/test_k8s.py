@@ -1,8 +1,9 @@
 """deploy/k8s and deploy/Dockerfile: the schema, and the facts the manifests must agree on.
 
 Every manifest passes kubernetes-validate's offline schema check (strict: unknown fields
-are errors) for Kubernetes 1.30, the oldest version these files are written for, and for
-the newest the installed kubernetes-validate knows. Beyond the schema: the probes reach the
+are errors) for Kubernetes 1.30, the oldest version these files are written for (1.33 for
+what `wok plan` wrote into generated/), and for the newest the installed kubernetes-validate
+knows. Beyond the schema: the probes reach the
 port `wok serve` listens on and ask for a health service wok registers, the termination
 grace period covers wok's drain, the Services and the budget select the server pods (and
 not the bench pods), the bench Job's parts add up to the intended ramp, and the model
