@@ -440,8 +440,8 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--alpha", help="fixed time per batch, e.g. 0.2ms (instead of --profile)")
     p.add_argument("--beta", help="time per sample in a batch, e.g. 0.03ms (instead of --profile)")
     p.add_argument(
-        "--batch-times", choices=("samples", "fit"), default="samples",
-        help="draw batch times from the profile's measured samples (default) or use α + β·n",
+        "--batch-times", choices=("fit", "samples"), default="fit",
+        help="α + β·n (default), or draw from the profile's measured samples (docs/tune.md: why not by default)",
     )  # fmt: skip
     p.add_argument("--overhead", default="0ms", help="constant per-request time outside the batcher (default 0ms)")
     p.add_argument("--overhead-samples", type=Path, help="measured per-request overheads (schema wok.overhead/1)")

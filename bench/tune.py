@@ -168,7 +168,7 @@ class SearchConfig:
 
 
 def model_for(profile: Profile, max_batch_size: int, delay_s: float, *, instances: int = 1,
-              overhead_s: Sequence[float] = (), sampled: bool = True) -> BatcherModel:  # fmt: skip
+              overhead_s: Sequence[float] = (), sampled: bool = False) -> BatcherModel:  # fmt: skip
     return BatcherModel(
         alpha_s=profile.alpha_s,
         beta_s=profile.beta_s,
@@ -256,7 +256,7 @@ def tune(
     *,
     instances: int = 1,
     overhead_s: Sequence[float] = (),
-    sampled: bool = True,
+    sampled: bool = False,
     default: tuple[int, float] | None = DEFAULT_SETTING,
     progress=None,
 ) -> dict:

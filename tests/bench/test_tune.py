@@ -169,11 +169,11 @@ def test_the_config_written_is_a_valid_part_of_a_model_config():
 
 def test_model_for_carries_the_profile_and_overheads():
     profile = Profile(1e-3, 2e-4, samples=((4, (2e-3,)),))
-    m = model_for(profile, 8, 1e-3, overhead_s=(1e-4,))
+    m = model_for(profile, 8, 1e-3, overhead_s=(1e-4,), sampled=True)
     assert (m.max_batch_size, m.max_queue_delay_s, m.batch_samples, m.overhead_samples_s) == (
         8, 1e-3, ((4, (2e-3,)),), (1e-4,),
     )  # fmt: skip
-    assert model_for(profile, 8, 1e-3, sampled=False).batch_samples == ()
+    assert model_for(profile, 8, 1e-3).batch_samples == ()  # the fit unless asked
 
 
 def _wok(*args, timeout=120):
@@ -210,3 +210,25 @@ def test_the_cli_prints_the_table_and_writes_json_and_config(tmp_path):
 def test_the_cli_refuses_bad_values_with_exit_2(args, message):
     done = _wok("tune", "--slo-p99", "20ms", *args)
     assert done.returncode == 2 and "wok tune:" in done.stderr and message in done.stderr
+
+
+def test_tune_check_predicts_a_ramp_step_for_step_and_flags_the_knee():
+    import argparse
+
+    from wok.bench.simulate import SimConfig, simulate_ramp
+    from wok.bench.tune_check import compare_steps, predict
+
+    # A "measured" ramp that is itself a simulation of the same setting on the same seed: the
+    # prediction must reproduce it exactly (same offers, step length, warm-up, arrival process).
+    profile = Profile(alpha_s=1e-3, beta_s=0.25e-3)
+    model = model_for(profile, 8, 2e-3, overhead_s=(1e-3, 2e-3))
+    args = argparse.Namespace(step_duration=2.0, warmup=0.5, arrival="poisson", seed=7)
+    measured = simulate_ramp(SimConfig(model, [500, 1000, 5000], 2.0, 0.5, "poisson", 50.0, seed=7))
+    # The ceiling is 8 / T(8) = 8 / 3 ms ≈ 2,667 QPS: from 1,000 to 5,000 offered, achieved gains
+    # ≈ 1,667 of 4,000 (0.42 < 0.5), so 5,000 is the knee.
+    assert measured["knee_qps"] == 5000
+    predicted = predict(measured, 8, 2.0, profile, (1e-3, 2e-3), args, sampled=False)
+    rows = compare_steps(measured, predicted, predicted)
+    assert [r["relative_error"] for r in rows] == [0.0, 0.0, 0.0]
+    assert [r["below_knee"] for r in rows] == [True, True, False]
+    assert all(r["within_tolerance"] for r in rows) and not any(r["quiet"] for r in rows)  # no host figures

@@ -1,0 +1,503 @@
+"""`wok tune` against the real server, in one run: the tuned setting's measured max QPS
+under the SLO next to the default's, and the simulator's P99 next to the measured P99.
+
+    .venv/bin/python bench/tune_check.py --slo-p99 50ms --json docs/results/tune-check.json \\
+        --plot docs/images/tune-check.png
+
+1. Profile: batch times of the demo `mlp` per batch size, measured in this process through
+   wok's own executor (`wok.executor.Instance`, the path a server's batch takes), written as
+   a `wok.profile/1` document; or `--profile PATH` from `wok profile`.
+2. Overhead: `wok serve` with `max_queue_delay_ms = 0` under a light load (one short step,
+   default 100 QPS): there nearly every request is a batch of one that finds the instance
+   free, so its latency is the overhead (client, gRPC, decode, encode) plus one batch of
+   one. Overhead sample = latency − median measured T(1), floored at 0 (`wok.overhead/1`).
+3. Tune: `wok.bench.tune.tune` on the profile and the overhead samples.
+4. Validate: `wok serve` with the default setting and with the tuned one, one fresh server
+   per ramp, `--reps` times each, in alternating order (default first in odd repetitions,
+   tuned first in even ones), the same ramp for both (`wok.bench.runner.Ramp`, in-process).
+5. Predict: each measured ramp's steps simulated with that ramp's setting, the same arrival
+   process, step length and warm-up; per step, the predicted P99 against the measured one,
+   "below the knee" meaning offered < the measured ramp's knee (every step if it has none).
+
+The output (schema `wok.tunecheck/1`) is described in docs/tune.md. Every server this
+script starts is stopped on exit (`wok.bench.compare.stop_all`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+# As `wok serve` does, before torch is imported: the profile must see the server's threads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np
+
+SCHEMA = "wok.tunecheck/1"
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_STEPS = "250,500,1000,1500,2000,2500,3000,3500,4000,5000"
+TOLERANCE = 0.20
+# A step during which processes other than the server and the load generator used more than
+# this many cores (of the machine's) measured the machine, not the server (as in bench/compare.py).
+QUIET_CORES = 0.25
+
+
+def say(msg: str) -> None:
+    print(f"[tune-check {datetime.now(timezone.utc).strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- 1. profile
+
+
+def measure_profile(sizes: list[int], reps: int, warmup: int = 10, threads: int | None = None) -> dict:
+    """Batch times of the demo mlp through wok's executor (worker thread start to outputs split)."""
+    import torch
+
+    from wok.bench.tune import profile_document
+    from wok.executor import Executor
+    from wok.models import build_demo
+
+    if threads:
+        torch.set_num_threads(threads)  # as `wok serve --torch-threads` does
+    servable = build_demo("mlp", max_batch_size=max(sizes))
+    executor = Executor(servable, servable.config.instances)
+    try:
+        executor.warmup()
+        inst = executor.instances[0]
+        row = {"INPUT0": np.random.default_rng(0).random((1, 256), dtype=np.float32)}
+        samples: dict[int, list[float]] = {n: [] for n in sizes}
+        # Sizes interleaved round by round, so a slow spell of the machine hits every size alike.
+        for r in range(warmup + reps):
+            for n in sizes:
+                res = inst.submit([row] * n, [1] * n, 0).result()
+                if r >= warmup:
+                    samples[n].append(res.finished - res.started)
+    finally:
+        executor.shutdown()
+    return profile_document(samples, source="bench/tune_check.py: in-process, wok.executor, demo mlp", model="mlp")
+
+
+# --------------------------------------------------------------------------- servers and ramps
+
+
+def start_server(max_batch_size: int, delay_ms: float, log_dir: Path, torch_threads: int | None):
+    from wok.bench.compare import Peer, Server
+
+    def launch(peer, ports):
+        argv = [sys.executable, "-m", "wok", "serve", "--models", "mlp", "--log-level", "WARNING"]
+        argv += ["--port", str(ports["grpc"]), "--metrics-port", str(ports["metrics"])]
+        argv += ["--demo-option", f"mlp.max_batch_size={max_batch_size}"]
+        argv += ["--demo-option", f"mlp.max_queue_delay_ms={delay_ms:g}"]
+        if torch_threads:
+            argv += ["--torch-threads", str(torch_threads)]
+        return argv, {}, ROOT
+
+    server = Server(Peer(f"wok-mbs{max_batch_size}-d{delay_ms:g}ms", [], launch, ready_timeout_s=120.0), log_dir)
+    server.start()
+    return server
+
+
+def ramp_config(server, steps: list[float], args, slo_ms: float):
+    from wok.bench.runner import RampConfig
+
+    return RampConfig(
+        target=server.target,
+        models=[("mlp", 1.0)],
+        steps=steps,
+        step_duration_s=args.step_duration,
+        warmup_s=args.warmup,
+        arrival=args.arrival,
+        slo_p99_ms=slo_ms,
+        workers=args.workers,
+        metrics_url=f"http://127.0.0.1:{server.ports['metrics']}/metrics",
+        seed=args.seed,
+        stop_factor=args.stop_factor,
+    )
+
+
+def run_ramp(server, steps: list[float], args, slo_ms: float) -> tuple[dict, list[np.ndarray]]:
+    """The bench's ramp in-process; also each step's per-request latencies (s, successful, after warm-up)."""
+    from wok.bench.runner import Ramp
+    from wok.bench.workers import OK
+
+    ramp = Ramp(ramp_config(server, steps, args, slo_ms), progress=say)
+    result = ramp.run()
+    latencies = []
+    for intended, _done, lat, codes in ramp.timeline:
+        keep = (codes == OK) & (intended >= intended.min() + args.warmup)
+        latencies.append(lat[keep])
+    return result, latencies
+
+
+def calibrate(args, t1: float) -> dict:
+    """Per-request overhead samples (`wok.overhead/1`) from a light step on a server with no queue delay."""
+    from wok.bench.tune import overhead_document
+
+    say(f"calibrating the per-request overhead: {args.calibration_qps:g} QPS, max_queue_delay 0 ms")
+    server = start_server(32, 0.0, args.log_dir, args.torch_threads)
+    try:
+        cal_args = argparse.Namespace(**{**vars(args), "step_duration": args.calibration_duration})
+        cal_result, cal_lat = run_ramp(server, [args.calibration_qps], cal_args, args.slo_ms)
+    finally:
+        server.stop()
+    overhead = np.maximum(cal_lat[0] - t1, 0.0)
+    doc = overhead_document(
+        overhead, f"latency at {args.calibration_qps:g} QPS with max_queue_delay 0 ms minus median T(1) = {t1:.6f} s"
+    )
+    doc["calibration_step"] = {k: cal_result["steps"][0][k] for k in ("offered_qps", "achieved_qps", "latency_ms")}
+    say(f"overhead: median {1e3 * doc['median_s']:.2f} ms, P99 {1e3 * doc['p99_s']:.2f} ms ({overhead.size} requests)")
+    return doc
+
+
+# --------------------------------------------------------------------------- 5. prediction
+
+
+def predict(result: dict, max_batch_size: int, delay_ms: float, profile, overhead, args, sampled: bool) -> dict:
+    """The measured ramp's steps, simulated: same offers, arrival process, step length and warm-up."""
+    from wok.bench.simulate import SimConfig, simulate_ramp
+    from wok.bench.tune import model_for
+
+    model = model_for(profile, max_batch_size, 1e-3 * delay_ms, overhead_s=overhead, sampled=sampled)
+    cfg = SimConfig(
+        model=model,
+        steps=[s["nominal_qps"] for s in result["steps"]],
+        step_duration_s=args.step_duration,
+        warmup_s=args.warmup,
+        arrival=args.arrival,
+        slo_p99_ms=result["slo_p99_ms"],
+        seed=args.seed,
+    )
+    return simulate_ramp(cfg)
+
+
+def compare_steps(measured: dict, predicted: dict, sampled: dict) -> list[dict]:
+    """Per step: measured against predicted (α + β·n with overheads); `sampled_*` with measured batch times."""
+    knee = measured["knee_qps"]
+    rows = []
+    for m, p, q in zip(measured["steps"], predicted["steps"], sampled["steps"]):
+        other = (m.get("host_cpu") or {}).get("other_cores")
+        mp, pp = m["latency_ms"]["p99"], p["latency_ms"]["p99"]
+        err = (pp - mp) / mp if mp and np.isfinite(mp) and np.isfinite(pp) else None
+        below = knee is None or m["offered_qps"] < knee
+        rows.append(
+            {
+                "offered_qps": m["offered_qps"],
+                "measured_achieved_qps": m["achieved_qps"],
+                "measured_p50_ms": m["latency_ms"]["p50"],
+                "measured_p99_ms": mp,
+                "predicted_p50_ms": p["latency_ms"]["p50"],
+                "predicted_p99_ms": pp,
+                "relative_error": err,
+                "sampled_p99_ms": q["latency_ms"]["p99"],
+                "sampled_relative_error": (q["latency_ms"]["p99"] - mp) / mp if mp and np.isfinite(mp) else None,
+                "below_knee": below,
+                "within_tolerance": err is not None and abs(err) <= TOLERANCE,
+                "measured_mean_batch_size": m.get("mean_batch_size"),
+                "predicted_mean_batch_size": p.get("mean_batch_size"),
+                "server_compute_ms": (m.get("stages_ms") or {}).get("compute"),
+                "dispatch_lag_p99_ms": m["dispatch_lag_ms"]["p99"],
+                "other_cores": other,
+                "quiet": other is not None and other <= QUIET_CORES,
+                "server_cores": (m.get("server_cpu") or {}).get("cores"),
+            }
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------- output
+
+
+def print_report(doc: dict, file=None) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=file or sys.stdout, color_system=None, highlight=False, markup=False, width=200)
+    for run in doc["runs"]:
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                      title=f"rep {run['rep']} {run['label']}: max_batch_size {run['max_batch_size']}, "
+                      f"delay {run['max_queue_delay_ms']:g} ms; measured max QPS {run['measured_max_qps']}, "
+                      f"knee {run['measured_knee_qps']}")  # fmt: skip
+        for h in ("offered", "achieved", "P50 meas", "P50 sim", "P99 meas", "P99 sim", "error", "P99 sim·s", "error·s",
+                  "below knee",
+                  "batch meas", "batch sim", "other cores"):  # fmt: skip
+            table.add_column(h, justify="right", no_wrap=True)
+        for r in run["comparison"]:
+            table.add_row(
+                f"{r['offered_qps']:g}",
+                f"{r['measured_achieved_qps']:.0f}",
+                _ms(r["measured_p50_ms"]),
+                _ms(r["predicted_p50_ms"]),
+                _ms(r["measured_p99_ms"]),
+                _ms(r["predicted_p99_ms"]),
+                _pct(r["relative_error"]),
+                _ms(r["sampled_p99_ms"]),
+                _pct(r["sampled_relative_error"]),
+                "yes" if r["below_knee"] else "no",
+                _num(r["measured_mean_batch_size"]),
+                _num(r["predicted_mean_batch_size"]),
+                "-" if r["other_cores"] is None else f"{r['other_cores']:.2f}",
+            )
+        console.print(table)
+        console.print()
+    v = doc["verdict"]
+    slo = doc["config"]["slo_p99_ms"]
+    console.print(
+        f"max QPS under P99 ≤ {slo:g} ms, per rep: default {v['default_max_qps']}, tuned {v['tuned_max_qps']}; "
+        f"tuned ≥ default in every rep: {v['tuned_at_least_default']}"
+    )
+    console.print(
+        f"P99 within ±{100 * TOLERANCE:g}% on every step below the knee: {v['p99_within_tolerance_below_knee']} "
+        f"({v['steps_within']}/{v['steps_below_knee']} steps; worst {v['worst_error']}); on quiet steps "
+        f"(other load ≤ {QUIET_CORES:g} cores): {v['quiet_steps_within']}/{v['quiet_steps_below_knee']}"
+    )
+
+
+def _ms(x) -> str:
+    return "-" if x is None or not np.isfinite(x) else f"{x:.1f}"
+
+
+def _pct(x) -> str:
+    return "-" if x is None or not np.isfinite(x) else f"{100 * x:+.0f}%"
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, label in zip(axes, ("default", "tuned")):
+        runs = [r for r in doc["runs"] if r["label"] == label]
+        for k, run in enumerate(runs):
+            x = [r["offered_qps"] for r in run["comparison"]]
+            ax.plot(x, [r["measured_p99_ms"] for r in run["comparison"]], "o-", color=f"C{k}",
+                    label=f"measured, rep {run['rep']}")  # fmt: skip
+            ax.plot(x, [r["predicted_p99_ms"] for r in run["comparison"]], "x--", color=f"C{k}",
+                    label=f"simulated, rep {run['rep']}")  # fmt: skip
+            if run["measured_knee_qps"]:
+                ax.axvline(run["measured_knee_qps"], color=f"C{k}", lw=0.8, ls=":")
+        if runs:
+            ax.set_title(
+                f"{label}: max_batch_size {runs[0]['max_batch_size']}, delay {runs[0]['max_queue_delay_ms']:g} ms"
+            )
+        ax.axhline(doc["config"]["slo_p99_ms"], color="k", lw=0.8, ls="-.", label="SLO")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered QPS")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("P99 latency, ms")
+    fig.suptitle("wok mlp: P99 measured (wok bench ramp) and simulated (batcher + measured overhead); dotted: knee")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    from wok.bench.arrivals import parse_duration, parse_steps
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--slo-p99", default="50ms")
+    p.add_argument("--profile", type=Path, help="a wok.profile/1 document; default: measure in-process")
+    p.add_argument("--profile-sizes", default="1,2,4,8,16,32,64")
+    p.add_argument("--profile-reps", type=int, default=200)
+    p.add_argument("--calibration-qps", type=float, default=100.0)
+    p.add_argument("--calibration-duration", default="6s")
+    p.add_argument("--max-batch-sizes", default="4,8,16,32,64")
+    p.add_argument("--delays", default="0ms,1ms,2ms,5ms,10ms")
+    p.add_argument("--default", default="32,5ms", help="the default setting: MAX_BATCH_SIZE,DELAY")
+    p.add_argument("--tuned", help="skip the search and validate this setting: MAX_BATCH_SIZE,DELAY")
+    p.add_argument("--sim-duration", default="10s", help="simulated seconds per tuning evaluation")
+    p.add_argument("--steps", default=DEFAULT_STEPS)
+    p.add_argument("--step-duration", default="4s")
+    p.add_argument("--warmup", default="1s")
+    p.add_argument("--arrival", default="poisson")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--stop-factor", type=float, default=10.0)
+    p.add_argument("--torch-threads", type=int, help="passed to wok serve")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path)
+    p.add_argument("--plot", type=Path)
+    p.add_argument("--save-profile", type=Path, help="write the measured profile here")
+    p.add_argument("--save-overhead", type=Path, help="write the overhead samples (wok.overhead/1) here")
+    p.add_argument("--log-dir", type=Path, default=Path("/tmp/wok-tune-check"))
+    args = p.parse_args(argv)
+    args.slo_ms = 1e3 * parse_duration(args.slo_p99)
+    args.steps_list = parse_steps(args.steps)
+    args.step_duration = parse_duration(args.step_duration)
+    args.warmup = parse_duration(args.warmup)
+    args.calibration_duration = parse_duration(args.calibration_duration)
+    args.sizes = [int(x) for x in args.max_batch_sizes.split(",")]
+    args.delays_s = [parse_duration(x) for x in args.delays.split(",")]
+    args.default_setting = _setting(args.default)
+    args.tuned_setting = _setting(args.tuned) if args.tuned else None
+    return args
+
+
+def _setting(spec: str) -> tuple[int, float]:
+    from wok.bench.arrivals import parse_duration
+
+    n, _, d = spec.partition(",")
+    return int(n), 1e3 * parse_duration(d)  # (max_batch_size, delay in ms)
+
+
+def main(argv=None) -> int:
+    import json
+
+    from wok.bench import report
+    from wok.bench.compare import metered_ramp, stop_all
+    from wok.bench.tune import (
+        SearchConfig,
+        load_profile,
+        print_table,
+        profile_from_document,
+        tune,
+    )
+
+    args = parse_args(argv)
+    t0 = time.monotonic()
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    loadavg_start = os.getloadavg()
+    try:
+        # 1. profile
+        if args.profile:
+            profile_doc = json.loads(args.profile.read_text())
+            profile = load_profile(args.profile)
+        else:
+            sizes = [int(x) for x in args.profile_sizes.split(",")]
+            say(f"profiling mlp in-process: sizes {sizes}, {args.profile_reps} batches each")
+            profile_doc = measure_profile(sizes, args.profile_reps, threads=args.torch_threads)
+            profile = profile_from_document(profile_doc, "measured in-process by bench/tune_check.py")
+            if args.save_profile:
+                report.write_json(profile_doc, args.save_profile)
+        say(f"α = {1e3 * profile.alpha_s:.3f} ms, β = {1e3 * profile.beta_s:.4f} ms/sample, R² = {profile.r2:.3f}")
+        t1 = (
+            float(np.median(dict(profile.samples)[1]))
+            if 1 in dict(profile.samples)
+            else profile.alpha_s + profile.beta_s
+        )
+
+        # 2. overhead
+        overhead_doc = calibrate(args, t1)
+        overhead = np.asarray(overhead_doc["samples_s"])
+        if args.save_overhead:
+            report.write_json(overhead_doc, args.save_overhead)
+
+        # 3. tune
+        search = SearchConfig(slo_p99_ms=args.slo_ms, arrival=args.arrival, seed=args.seed,
+                              duration_s=_seconds(args.sim_duration))  # fmt: skip
+        default_s = (args.default_setting[0], 1e-3 * args.default_setting[1])
+        tuned_doc = tune(profile, search, args.sizes, args.delays_s, overhead_s=tuple(overhead), default=default_s,
+                         progress=say)  # fmt: skip
+        print_table(tuned_doc)
+        if args.tuned_setting:
+            tuned = args.tuned_setting
+        elif tuned_doc["chosen"] is None:
+            say("no setting meets the SLO in simulation: nothing to validate")
+            return 1
+        else:
+            tuned = (tuned_doc["chosen"]["max_batch_size"], tuned_doc["chosen"]["max_queue_delay_ms"])
+
+        # 4. + 5. validate and predict
+        runs = []
+        calibrations = [overhead_doc]
+        for rep in range(1, args.reps + 1):
+            if rep > 1:
+                # The machine drifts: each repetition's predictions use an overhead measured just before it.
+                calibrations.append(calibrate(args, t1))
+            rep_overhead = tuple(calibrations[-1]["samples_s"])
+            order = [("default", args.default_setting), ("tuned", tuned)]
+            if rep % 2 == 0:
+                order.reverse()
+            for label, (n, d) in order:
+                say(f"rep {rep}: {label} (max_batch_size {n}, delay {d:g} ms)")
+                server = start_server(n, d, args.log_dir, args.torch_threads)
+                try:
+                    measured = metered_ramp(server, ramp_config(server, args.steps_list, args, args.slo_ms), say)
+                finally:
+                    server.stop()
+                predicted = predict(measured, n, d, profile, rep_overhead, args, sampled=False)
+                sampled = predict(measured, n, d, profile, rep_overhead, args, sampled=True)
+                runs.append(
+                    {
+                        "rep": rep,
+                        "label": label,
+                        "max_batch_size": n,
+                        "max_queue_delay_ms": d,
+                        "measured_max_qps": measured["max_qps_under_slo"],
+                        "measured_knee_qps": measured["knee_qps"],
+                        "predicted_max_qps_on_steps": predicted["max_qps_under_slo"],
+                        "comparison": compare_steps(measured, predicted, sampled),
+                        "measured": measured,
+                        "predicted": predicted,
+                        "predicted_sampled": sampled,
+                    }
+                )
+    finally:
+        stop_all()
+
+    below = [r for run in runs for r in run["comparison"] if r["below_knee"]]
+    within = [r for r in below if r["within_tolerance"]]
+    quiet = [r for r in below if r["quiet"]]
+    worst = max(below, key=lambda r: abs(r["relative_error"]) if r["relative_error"] is not None else float("inf"),
+                default=None)  # fmt: skip
+    by_rep = {}
+    for run in runs:
+        by_rep.setdefault(run["rep"], {})[run["label"]] = run["measured_max_qps"] or 0.0
+    doc = {
+        "schema": SCHEMA,
+        "created": started,
+        "host": {"cpus": os.cpu_count(), "loadavg_at_start": loadavg_start, "loadavg_at_end": os.getloadavg()},
+        "config": {
+            k: v for k, v in vars(args).items() if k not in ("json", "plot", "save_profile", "save_overhead", "log_dir")
+        },
+        "profile": profile_doc,
+        "overhead": overhead_doc,
+        "calibrations": [{k: v for k, v in c.items() if k != "samples_s"} for c in calibrations[1:]],
+        "tune": tuned_doc,
+        "tuned_setting": {"max_batch_size": tuned[0], "max_queue_delay_ms": tuned[1]},
+        "runs": runs,
+        "verdict": {
+            "default_max_qps": [by_rep[r].get("default") for r in sorted(by_rep)],
+            "tuned_max_qps": [by_rep[r].get("tuned") for r in sorted(by_rep)],
+            "tuned_at_least_default": all(v.get("tuned", 0) >= v.get("default", 0) for v in by_rep.values()),
+            "steps_below_knee": len(below),
+            "steps_within": len(within),
+            "p99_within_tolerance_below_knee": bool(below) and len(within) == len(below),
+            "quiet_steps_below_knee": len(quiet),
+            "quiet_steps_within": sum(r["within_tolerance"] for r in quiet),
+            "worst_error": None if worst is None else {k: worst[k] for k in ("offered_qps", "relative_error")},
+        },
+        "wall_s": time.monotonic() - t0,
+    }
+    doc["config"]["slo_p99_ms"] = args.slo_ms
+    print_report(doc)
+    if args.json:
+        report.write_json(doc, args.json)
+    if args.plot:
+        plot(doc, args.plot)
+    return 0
+
+
+def _seconds(spec: str) -> float:
+    from wok.bench.arrivals import parse_duration
+
+    return parse_duration(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
