@@ -4,7 +4,10 @@ Requests wait in FIFO queues, one per batch key (requests of different keys cann
 a batch). A key's queue flushes when its samples reach the target size (max_batch_size,
 or the largest preferred size) or when its oldest request has waited max_queue_delay;
 on stop, everything left flushes at once ("drain"). A batch is formed only when an
-executor slot is free, so under load batches fill up while the instances are busy.
+executor slot is free, so under load batches fill up while the instances are busy; a busy
+instance's spare slot (pipeline_depth >= 2) takes only a full batch, so that at saturation the
+next batch waits at the worker, not in the queue, and below it batches still form when an
+instance is free to run them.
 
 Each request has one future. The batcher hands a batch to the executor once and gets it
 back once (one thread hop each way), then resolves every future of the batch; a batch
@@ -214,7 +217,11 @@ class Batcher:
             while True:
                 now = time.perf_counter()
                 if self._free_slots:
-                    key, q, reason, wait = self._pick(now)
+                    # A busy instance's spare slot takes only a full batch, queued behind the
+                    # running one so the worker never waits for the loop at saturation; a batch
+                    # that is not full waits for an idle instance, as it can only grow meanwhile.
+                    idle = any(self._busy[inst] == 0 for inst, _ in self._free_slots)
+                    key, q, reason, wait = self._pick(now, full_only=not idle)
                     if q is not None:
                         queued_since = self._queued_since
                         batch = self._form(key, q, reason, now)
@@ -240,8 +247,12 @@ class Batcher:
             self._fail_queued(ModelExecutionError(f"model '{self.name}': batcher failed: {exc}"))
             raise
 
-    def _pick(self, now: float) -> tuple[Hashable, _Queue | None, str, float | None]:
-        """(key, queue, reason) to flush now; else (None, None, '', seconds to the next delay flush)."""
+    def _pick(self, now: float, full_only: bool = False) -> tuple[Hashable, _Queue | None, str, float | None]:
+        """(key, queue, reason) to flush now; else (None, None, '', seconds to the next delay flush).
+
+        With `full_only`, only a queue at its flush size (or any, when draining) may go; the
+        next completion wakes the task, so no timer is needed.
+        """
         flush_size = self.policy.flush_size
         best = None
         for key in list(self._full):
@@ -254,6 +265,8 @@ class Batcher:
                 best = (key, q, head)
         if best is not None:
             return best[0], best[1], "drain" if self._stopping else "size", None
+        if full_only and not self._stopping:
+            return None, None, "", None
         heads = self._heads
         while heads:
             arrival, _, key = heads[0]
@@ -339,8 +352,12 @@ class Batcher:
         self.metrics.record_flush(batch.reason)
         loop = self._loop
         try:
+            reqs = batch.requests
+            # Deadlines go along so that the worker can leave out a request whose deadline
+            # passes while its batch waits behind another on a busy instance.
+            deadlines = [p.deadline for p in reqs] if any(p.deadline is not None for p in reqs) else None
             fut = self.executor.instances[inst].submit(
-                [p.inputs for p in batch.requests], [p.rows for p in batch.requests], slot
+                [p.inputs for p in reqs], [p.rows for p in reqs], slot, deadlines
             )
         except Exception as exc:  # e.g. the executor was shut down: fail this batch, keep going
             fut = concurrent.futures.Future()
@@ -381,6 +398,10 @@ class Batcher:
             self.metrics.record_idle_queued(inst, result.started - batch.idle_from)
         if self._busy[inst] == 0:
             self._idle_since[inst] = result.finished
+        if result.kept is not None:
+            self._expire_left_out(batch, result)
+            if not batch.requests:
+                return
         if len(result.outputs) != len(batch.requests):
             n, got = len(batch.requests), len(result.outputs)
             exc = ModelExecutionError(f"model '{self.name}' split a batch of {n} requests into {got} results")
@@ -406,6 +427,25 @@ class Batcher:
         busy = result.finished - result.started
         live = len(waits)
         self.metrics.record_batch(batch.instance, live, batch.samples, waits, assemble, t.h2d, t.compute, t.d2h, busy)
+
+    def _expire_left_out(self, batch: Batch, result: BatchResult) -> None:
+        """Fail the requests the worker left out (deadline passed); keep the rest in the batch."""
+        kept = set(result.kept)
+        for i, p in enumerate(batch.requests):
+            if i in kept:
+                continue
+            p.state = DONE
+            if not p.future.done():
+                waited = 1e3 * (result.started - p.arrival)
+                p.future.set_exception(
+                    DeadlineExceeded(
+                        f"request to model '{self.name}' waited {waited:.1f} ms and its deadline passed "
+                        f"before it could run (its batch was waiting for a busy instance)"
+                    )
+                )
+            self.stats.fail.add(result.started - p.arrival)
+        batch.requests = [batch.requests[i] for i in result.kept]
+        batch.samples = sum(p.rows for p in batch.requests)
 
     def _fail_queued(self, exc: Exception) -> None:
         for q in self._queues.values():

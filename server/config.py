@@ -88,8 +88,8 @@ class InstanceConfig(_Strict):
         None,
         ge=1,
         le=8,
-        description="Batches in flight per instance, so copies overlap compute; None: 2 on CUDA, 1 on the CPU "
-        "(where one worker thread runs every stage, so a second batch would only wait, smaller).",
+        description="Batches in flight per instance; None: 2. On CUDA the copies of one overlap the compute of "
+        "another; on the CPU the next full batch waits at the worker. A busy instance only takes full batches.",
     )
 
     @field_validator("devices")

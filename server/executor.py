@@ -8,10 +8,11 @@ three streams of the instance (copy in, compute, copy out), ordered by events, a
 buffers are page-locked so that `non_blocking` copies are truly asynchronous. On the CPU
 the same stages run in order on the worker thread, timed with clocks.
 
-An instance has `pipeline_depth` slots (by default 2 on CUDA, 1 on the CPU, where a
-second batch in flight would only wait for the worker, formed early and small); each
-slot owns its host buffers, and a slot is reused only after its batch completed, so no
-buffer is overwritten while a copy reads it.
+An instance has `pipeline_depth` slots (2 by default); each slot owns its host buffers, and
+a slot is reused only after its batch completed, so no buffer is overwritten while a copy
+reads it. The batcher gives a busy instance only full batches, so on the CPU the second slot
+holds the next full batch at the worker under saturation (no gap between batches) and never
+makes batches form early and small below it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class BatchResult:
     # CUDA only: the batch's events (copy-in start/end, compute start/end, copy-out end),
     # kept so that a trace can show batches overlapping across streams.
     events: tuple | None = None
+    # Indices of the requests that ran, when some were dropped at the worker because their
+    # deadline passed while the batch waited behind another; None: all of them ran.
+    kept: tuple[int, ...] | None = None
 
 
 def resolve_devices(spec: Sequence[str]) -> list[torch.device]:
@@ -122,12 +126,20 @@ class Instance:
                 self.d2h_stream = torch.cuda.Stream(device)
 
     def submit(
-        self, inputs: Sequence[dict[str, np.ndarray]], rows: Sequence[int], slot: int
+        self,
+        inputs: Sequence[dict[str, np.ndarray]],
+        rows: Sequence[int],
+        slot: int,
+        deadlines: Sequence[float | None] | None = None,
     ) -> concurrent.futures.Future:
-        """Run one batch in `slot`; the future's result is a BatchResult."""
+        """Run one batch in `slot`; the future's result is a BatchResult.
+
+        With `deadlines` (time.perf_counter() per request, None for none), the worker leaves
+        out the requests whose deadline has passed when it starts the batch (see BatchResult.kept).
+        """
         if self.cuda:
             done: concurrent.futures.Future = concurrent.futures.Future()
-            launched = self._worker.submit(self._launch_cuda, inputs, rows, self.slots[slot])
+            launched = self._worker.submit(self._launch_cuda, inputs, rows, self.slots[slot], deadlines)
 
             def _then_wait(f: concurrent.futures.Future) -> None:
                 # Anything raised in a done-callback is only logged by concurrent.futures, so
@@ -136,7 +148,7 @@ class Instance:
                     if f.exception() is not None:
                         done.set_exception(f.exception())
                         return
-                    w = self._waiter.submit(self._finish_cuda, f.result(), rows)
+                    w = self._waiter.submit(self._finish_cuda, f.result())
                     w.add_done_callback(lambda g: _copy_outcome(g, done))
                 except BaseException as exc:
                     if not done.done():
@@ -144,7 +156,7 @@ class Instance:
 
             launched.add_done_callback(_then_wait)
             return done
-        return self._worker.submit(self._run_cpu, inputs, rows, self.slots[slot])
+        return self._worker.submit(self._run_cpu, inputs, rows, self.slots[slot], deadlines)
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=True)
@@ -152,9 +164,12 @@ class Instance:
             self._waiter.shutdown(wait=True)
 
     # -- CPU: every stage in order on the worker thread -----------------------------------
-    def _run_cpu(self, inputs, rows, slot: _Slot) -> BatchResult:
+    def _run_cpu(self, inputs, rows, slot: _Slot, deadlines=None) -> BatchResult:
         s = self.servable
         t0 = time.perf_counter()
+        inputs, rows, kept = _live(inputs, rows, deadlines, t0)
+        if not rows:
+            return BatchResult([], StageTimes(), self.index, t0, t0, kept=kept)
         host = s.assemble(inputs, sum(rows), slot.inputs)
         t1 = time.perf_counter()
         try:
@@ -176,12 +191,15 @@ class Instance:
             arrays[k] = a.copy() if alias else np.ascontiguousarray(a)
         per_request = s.split(arrays, rows)
         t3 = time.perf_counter()
-        return BatchResult(per_request, StageTimes(t1 - t0, 0.0, t2 - t1, t3 - t2), self.index, t0, t3)
+        return BatchResult(per_request, StageTimes(t1 - t0, 0.0, t2 - t1, t3 - t2), self.index, t0, t3, kept=kept)
 
     # -- CUDA: launch on three streams, then wait for the last event on another thread -----
-    def _launch_cuda(self, inputs, rows, slot: _Slot):
+    def _launch_cuda(self, inputs, rows, slot: _Slot, deadlines=None):
         s = self.servable
         t0 = time.perf_counter()
+        inputs, rows, kept = _live(inputs, rows, deadlines, t0)
+        if not rows:
+            return None, None, 0.0, t0, rows, kept
         host = s.assemble(inputs, sum(rows), slot.inputs)
         assemble = time.perf_counter() - t0
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
@@ -213,10 +231,12 @@ class Instance:
             raise
         except Exception as exc:
             raise ModelExecutionError(f"model '{s.name}' failed: {type(exc).__name__}: {exc}") from exc
-        return host_out, ev, assemble, t0
+        return host_out, ev, assemble, t0, rows, kept
 
-    def _finish_cuda(self, launched, rows) -> BatchResult:
-        host_out, ev, assemble, started = launched
+    def _finish_cuda(self, launched) -> BatchResult:
+        host_out, ev, assemble, started, rows, kept = launched
+        if ev is None:  # every request's deadline had passed: nothing ran
+            return BatchResult([], StageTimes(), self.index, started, started, kept=kept)
         try:
             ev[4].synchronize()
         except Exception as exc:
@@ -230,7 +250,17 @@ class Instance:
         # The pinned output buffers belong to the slot and will be reused: copy out.
         arrays = {k: to_numpy_view(v).copy() for k, v in host_out.items()}
         per_request = self.servable.split(arrays, rows)
-        return BatchResult(per_request, times, self.index, started, time.perf_counter(), tuple(ev))
+        return BatchResult(per_request, times, self.index, started, time.perf_counter(), tuple(ev), kept)
+
+
+def _live(inputs, rows, deadlines, now: float):
+    """(inputs, rows, kept) without the requests whose deadline passed; kept is None if none did."""
+    if deadlines is None:
+        return inputs, rows, None
+    kept = tuple(i for i, d in enumerate(deadlines) if d is None or now < d)
+    if len(kept) == len(rows):
+        return inputs, rows, None
+    return [inputs[i] for i in kept], [rows[i] for i in kept], kept
 
 
 def _copy_outcome(src: concurrent.futures.Future, dst: concurrent.futures.Future) -> None:
@@ -248,7 +278,7 @@ class Executor:
         self.instances = []
         for i in range(cfg.count):
             device = devices[i % len(devices)]
-            depth = cfg.pipeline_depth or (2 if device.type == "cuda" else 1)
+            depth = cfg.pipeline_depth or 2
             self.instances.append(Instance(servable, i, device, depth))
 
     @property

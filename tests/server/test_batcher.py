@@ -291,3 +291,60 @@ async def test_idle_while_queued_leaves_out_the_time_the_instance_was_busy(gated
     # loop to the worker (before each batch) count, far below the 50 ms it was busy.
     assert 0 < b.metrics.idle_queued_seconds[0] < 0.05
     await finish(b)
+
+
+async def test_a_busy_instance_takes_a_full_batch_in_its_spare_slot_but_no_partial_one(gated):
+    s, m, ex = gated(max_batch_size=4, delay_ms=0, depth=2)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    first = submit(b, 0.0)  # the instance is idle: goes at once, alone
+    await wait_entered(m)
+    partial = [submit(b, float(i)) for i in range(1, 3)]  # due (no delay), but not full
+    await asyncio.sleep(0.02)  # not a gate: time for the task to have dispatched, had it wanted to
+    assert b.inflight == 1 and b.queued == 2
+    full = [submit(b, float(i)) for i in range(3, 5)]  # the queue reaches 4: a full batch
+    while b.inflight < 2:  # the spare slot takes it while the first batch still runs
+        await asyncio.sleep(0.001)
+    assert b.queued == 0
+    m.gate.set()
+    await asyncio.gather(first.future, *(p.future for p in partial + full))
+    assert m.batch_sizes == [1, 4]
+    assert b.stats.flushes == {"size": 1, "delay": 1}
+    await finish(b)
+
+
+async def test_with_every_instance_busy_partial_batches_wait_and_grow(gated):
+    s, m, ex = gated(max_batch_size=8, delay_ms=0, depth=2)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    first = submit(b, 0.0)
+    await wait_entered(m)
+    rest = [submit(b, float(i)) for i in range(1, 6)]  # 5 due requests, never a full batch
+    await asyncio.sleep(0.02)
+    assert b.inflight == 1  # a depth-1 instance would behave the same: no small early batch
+    m.gate.set()
+    await asyncio.gather(first.future, *(p.future for p in rest))
+    assert m.batch_sizes == [1, 5]
+    await finish(b)
+
+
+async def test_a_deadline_passing_while_a_full_batch_waits_in_the_spare_slot_fails_only_that_request(gated):
+    s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=2)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    first = submit(b, 0.0, rows=2)
+    await wait_entered(m)
+    short = submit(b, 1.0, deadline=time.perf_counter() + 0.01)
+    patient = submit(b, 2.0)
+    while b.inflight < 2:  # the full batch went to the spare slot, behind the running one
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.03)  # not a gate: the short deadline passes while the batch waits
+    m.gate.set()
+    await first.future
+    with pytest.raises(DeadlineExceeded, match="waiting for a busy instance"):
+        await short.future
+    out = await patient.future
+    np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 4.0, dtype=np.float32))
+    assert m.batch_sizes == [2, 1]
+    assert b.stats.inference_count == 3 and b.stats.fail.count == 1
+    await finish(b)

@@ -175,3 +175,23 @@ def test_worker_threads_carry_an_os_name_that_top_and_proc_show(gated):
     run_one.result(30)
     (tid,) = seen
     assert Path(f"/proc/{os.getpid()}/task/{tid}/comm").read_text().strip() == "wok-run-0"
+
+
+def test_the_worker_leaves_out_requests_whose_deadline_passed():
+    import time
+
+    s = build_demo("mlp")
+    ex = Executor(s, InstanceConfig(count=1, devices=("cpu",), pipeline_depth=1))
+    try:
+        reqs = mlp_requests(3, rows=1)
+        now = time.perf_counter()
+        result = ex.instances[0].submit(reqs, [1, 1, 1], 0, [now - 1.0, None, now + 60.0]).result(30)
+        assert result.kept == (1, 2)
+        for got, want in zip(result.outputs, reference(s, reqs[1:])):
+            np.testing.assert_allclose(got["OUTPUT0"], want, rtol=1e-5, atol=1e-6)
+        nothing = ex.instances[0].submit(reqs[:1], [1], 0, [now - 1.0]).result(30)
+        assert nothing.kept == () and nothing.outputs == []
+        every = ex.instances[0].submit(reqs, [1, 1, 1], 0, [None, now + 60.0, None]).result(30)
+        assert every.kept is None and len(every.outputs) == 3
+    finally:
+        ex.shutdown()
