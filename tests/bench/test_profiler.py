@@ -228,6 +228,31 @@ def test_rates_parse_with_si_prefixes():
 # ---------------------------------------------------------------------------- the command
 
 
+DOCUMENTED_BATCH_KEYS = (
+    "batch_size",
+    "median_s",
+    "p99_s",
+    "mean_s",
+    "max_s",
+    "samples_s",
+    "fit_s",
+    "fit_throughput_qps",
+    "throughput_qps",
+    "stages_median_s",
+    "flops",
+    "flops_per_inference",
+    "flops_detail",
+    "bytes",
+    "bytes_per_inference",
+    "bytes_detail",
+    "intensity_flop_per_byte",
+    "bound",
+    "predicted_s",
+    "roofline_limit",
+    "attained_fraction",
+)
+
+
 def test_cli_writes_the_documented_json(tmp_path, capsys):
     out, png = tmp_path / "profile.json", tmp_path / "roofline.png"
     argv = ["profile", "mlp", "--batch-sizes", "1,4,8", "--warmup", "1", "--repeats", "3"]
@@ -238,6 +263,10 @@ def test_cli_writes_the_documented_json(tmp_path, capsys):
     assert "peak 100 GFLOP/s (given), bandwidth 20 GB/s (given)" in table
     doc = json.loads(out.read_text())
     assert doc["schema"] == "wok.profile/1"
+    # Every key docs/profile.md documents, under the names other commands read.
+    assert set(doc) == {"schema", "model", "config", "device", "fit", "counting", "batches"}
+    assert {"alpha_s", "beta_s", "r2", "on", "ceiling_qps"} <= set(doc["fit"])
+    assert set(doc["batches"][0]) == set(DOCUMENTED_BATCH_KEYS)
     assert [b["batch_size"] for b in doc["batches"]] == [1, 4, 8]
     for b in doc["batches"]:
         samples = sorted(b["samples_s"])
