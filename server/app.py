@@ -29,10 +29,9 @@ from .http import MetricsHTTPServer
 from .metrics import ModelMetrics, WokMetrics
 from .repository import ModelRepository
 from .servable import Servable
-from .service import InferenceService
+from .service import InferenceService, add_to_server
 from .stats import ModelStats
 from .v2pb import grpc_service_pb2 as pb
-from .v2pb import grpc_service_pb2_grpc as pb_grpc
 
 log = logging.getLogger("wok")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
@@ -122,7 +121,7 @@ class WokServer:
             ],
         )
         self.service = InferenceService(self)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, self._grpc)
+        add_to_server(self.service, self._grpc)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from . import __version__
 from .codec import decode_request, encode_response
@@ -38,6 +39,43 @@ REJECTION_REASON = {
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException):
     code, details = to_status(exc)
     await context.abort(code, details)
+
+
+class Unparsed:
+    """An inference message that is not a valid ModelInferRequest; its handler answers it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: InvalidInput) -> None:
+        self.error = error
+
+
+def parse_infer_request(data: bytes) -> pb.ModelInferRequest | Unparsed:
+    # A deserializer that raises makes grpc.aio answer UNKNOWN before any handler runs, and
+    # end a whole stream; handing the failure on lets it be INVALID_ARGUMENT, for this one
+    # message only.
+    try:
+        return pb.ModelInferRequest.FromString(data)
+    except DecodeError as exc:
+        return Unparsed(InvalidInput(f"message is not a valid inference.ModelInferRequest ({len(data)} bytes): {exc}"))
+
+
+def add_to_server(service: InferenceService, server: grpc.aio.Server) -> None:
+    """Register the V2 service as the generated code does, with the inference methods' tolerant parsing."""
+    desc = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for method in desc.methods:
+        request_cls = getattr(pb, method.input_type.name)
+        response_cls = getattr(pb, method.output_type.name)
+        parse = parse_infer_request if request_cls is pb.ModelInferRequest else request_cls.FromString
+        make = grpc.stream_stream_rpc_method_handler if method.client_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(
+            getattr(service, method.name),
+            request_deserializer=parse,
+            response_serializer=response_cls.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
+    server.add_registered_method_handlers(desc.full_name, handlers)
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
@@ -111,6 +149,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return resp
 
     async def ModelInfer(self, request, context):
+        if isinstance(request, Unparsed):
+            await _abort(context, request.error)
         try:
             return await self.infer(request, context.time_remaining())
         except WokError as exc:
@@ -137,6 +177,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         async def read() -> None:
             try:
                 async for req in request_iterator:
+                    if isinstance(req, Unparsed):  # answered in order; the stream goes on
+                        _, details = to_status(req.error)
+                        results.put_nowait(pb.ModelStreamInferResponse(error_message=details))
+                        continue
                     t = asyncio.get_running_loop().create_task(one(req))
                     tasks.add(t)
                     t.add_done_callback(tasks.discard)
