@@ -27,6 +27,7 @@ predicted time, max(FLOPs/peak, bytes/bandwidth), compared with the forward time
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -38,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
 
 from wok.config import InstanceConfig
+from wok.errors import ModelExecutionError
 from wok.executor import Executor, resolve_devices
 from wok.servable import HostBuffers, Servable
 
@@ -289,6 +291,8 @@ class ProfileConfig:
             raise ValueError(f"--warmup must be >= 0 and --repeats >= 1; got {self.warmup} and {self.repeats}")
         if self.int_high is not None and self.int_high < 1:
             raise ValueError(f"--int-high must be >= 1; got {self.int_high}")
+        if re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is None:
+            raise ValueError(f"--device {self.device!r}: expected auto, cpu, cuda or cuda:N")
 
 
 def default_batch_sizes(max_batch_size: int) -> list[int]:
@@ -385,7 +389,10 @@ def profile(
             f"--batch-sizes {too_big} exceed model '{servable.name}''s max_batch_size "
             f"({servable.config.max_batch_size}): the server never forms such batches"
         )
-    device = resolve_devices([cfg.device])[0]
+    try:
+        device = resolve_devices([cfg.device])[0]
+    except ModelExecutionError as exc:  # CUDA asked for and absent
+        raise ValueError(f"--device: {exc}") from None
     sizes = list(dict.fromkeys(cfg.batch_sizes))
     pool = request_pool(servable, cfg, max(256, 4 * max(sizes)))
     roof = roofline_of(device)

@@ -306,6 +306,8 @@ def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
         (["profile", "mlp", "--batch-sizes", "1,2.5"], "whole numbers"),
         (["profile", "mlp", "--peak-flops", "lots"], "--peak-flops 'lots'"),
         (["profile", "nope"], "unknown demo model"),
+        (["profile", "mlp", "--device", "tpu"], "expected auto, cpu, cuda or cuda:N"),
+        (["profile", "mlp", "--device", "cuda:99"], "--device: device 'cuda:99' requested but"),
     ],
 )
 def test_cli_refuses_bad_options(argv, message, capsys):
