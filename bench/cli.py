@@ -375,6 +375,7 @@ def add_profile_parser(sub) -> None:
 
 def run_profile(args) -> int:
     import torch
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from ..errors import ModelNotFound
@@ -410,7 +411,7 @@ def run_profile(args) -> int:
     bandwidth = roofline.parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth else None
     total = (cfg.warmup + cfg.repeats) * len(set(cfg.batch_sizes))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, transient=True) as bar:
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:  # stdout: the table
         task = bar.add_task(f"profiling {servable.name}", total=total)
         result = profiler.profile(
             servable,
