@@ -19,6 +19,8 @@ import json
 import math
 import os
 import platform
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -241,7 +243,10 @@ class Peer:
 
     @property
     def recipe(self) -> str:
-        return "pip install " + " ".join(self.pip) if self.pip else "this checkout (.venv)"
+        if self.pip:
+            return "pip install " + " ".join(self.pip)
+        extra = self.extra.get("args")
+        return "this checkout (.venv)" + (f", wok serve … {shlex.join(extra)}" if extra else "")
 
 
 def _venv_libdir(python: str) -> str:
@@ -256,7 +261,15 @@ def _venv_libdir(python: str) -> str:
 def _launch_wok(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
     argv = [sys.executable, "-m", "wok", "serve", "--models", "mlp"]
     argv += ["--port", str(ports["grpc"]), "--metrics-port", str(ports["metrics"]), "--log-level", "WARNING"]
-    return argv, {}, ROOT
+    return argv + list(peer.extra.get("args", ())), {}, ROOT
+
+
+def wok_variant(spec: str) -> Peer:
+    """NAME=ARGS: wok served with extra `wok serve` arguments, compared side by side with plain wok."""
+    name, eq, args = spec.partition("=")
+    if not eq or not re.fullmatch(r"wok-[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"--wok-variant {spec!r}: expected wok-NAME='ARGS', e.g. wok-t1='--torch-threads 1'")
+    return Peer(name, [], _launch_wok, ready_timeout_s=120.0, extra={"args": shlex.split(args)})
 
 
 def _launch_bare(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
@@ -623,7 +636,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arrival", default="poisson")
     p.add_argument("--report-at", default="100,1000", help="offered QPS at which latency and CPU are tabled")
     p.add_argument("--install-only", action="store_true", help="build the peers' venvs and exit")
+    p.add_argument(
+        "--wok-variant",
+        action="append",
+        default=[],
+        metavar="wok-NAME=ARGS",
+        help="also serve wok with these extra `wok serve` arguments under NAME (list NAME in --servers)",
+    )
     args = p.parse_args(argv)
+    for spec in args.wok_variant:
+        try:
+            v = wok_variant(spec)
+        except ValueError as exc:
+            p.error(str(exc))
+        PEERS[v.name] = v
     args.server_list = [s.strip() for s in args.servers.split(",") if s.strip()]
     unknown = [s for s in args.server_list if s not in PEERS]
     if unknown:

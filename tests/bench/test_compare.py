@@ -166,3 +166,15 @@ def test_thread_groups_from_a_fake_task_folder(tmp_path):
     assert ticks == {"loop": 60, "model": 35, "grpc": 10, "other": 7}
     per = compare.threads_per_request(dict.fromkeys(compare.THREAD_GROUPS, 0), ticks, ok_requests=1000, ticks_per_s=100)
     assert per == pytest.approx({"loop": 600.0, "model": 350.0, "grpc": 100.0, "other": 70.0})
+
+
+def test_a_wok_variant_serves_wok_with_extra_arguments():
+    peer = compare.wok_variant("wok-t1=--torch-threads 1")
+    argv, _, _ = peer.launch(peer, {"grpc": 1, "metrics": 2})
+    assert argv[-2:] == ["--torch-threads", "1"] and argv[1:4] == ["-m", "wok", "serve"]
+    assert peer.recipe.endswith("wok serve … --torch-threads 1")
+    with pytest.raises(ValueError, match="expected wok-NAME"):
+        compare.wok_variant("t1=--torch-threads 1")
+    args = compare.parse_args(["--servers", "wok,wok-t1", "--wok-variant", "wok-t1=--torch-threads 1"])
+    assert args.server_list == ["wok", "wok-t1"]
+    compare.PEERS.pop("wok-t1")
