@@ -58,6 +58,7 @@ class RampConfig:
     knee_threshold: float = 0.5
     tls: object = None  # wok.clients.TLS, True (bundled roots) or None (plaintext)
     token: str | None = None  # bearer token sent with every request
+    retries: bool = True  # retry UNAVAILABLE (wok.clients.channel's policy)
 
 
 def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix]:
@@ -91,9 +92,12 @@ class Ramp:
         self.timeline: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._clock0: float | None = None
 
+    def started(self, clock0: float) -> None:
+        """Called once, as the first step is handed out: `clock0` (time.monotonic()) is the timeline's 0."""
+
     def run(self) -> dict:
         cfg = self.cfg
-        workers = WorkerPool(cfg.target, self.pool, cfg.workers, tls=cfg.tls, token=cfg.token)
+        workers = WorkerPool(cfg.target, self.pool, cfg.workers, tls=cfg.tls, token=cfg.token, retries=cfg.retries)
         steps: list[dict] = []
         interrupted = None
         try:
@@ -150,6 +154,7 @@ class Ramp:
         start_at = time.monotonic() + 0.2 + 2e-6 * len(times)
         if self._clock0 is None:
             self._clock0 = start_at
+            self.started(start_at)
         shares = [Share(start_at, times[w::n], which[w::n], cfg.timeout_s) for w in range(n)]
         self.say(f"{label}: {qps:g} QPS offered for {cfg.step_duration_s:g} s (+{cfg.warmup_s:g} s warm-up)")
         workers.start(shares)

@@ -7,6 +7,10 @@ one clock for every process on the machine, so all workers share the step's star
 
 Requests travel pre-serialized: the worker's gRPC call neither encodes requests nor
 decodes responses, so a worker's time goes to keeping the schedule.
+
+Channels are the client library's (`wok.clients.channel`): a target "a:p,b:p" or a DNS
+name that resolves to several servers is balanced round robin with health checking, and
+calls ending with UNAVAILABLE are retried (unless `retries=False`).
 """
 
 from __future__ import annotations
@@ -90,15 +94,15 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None) -> Ou
     return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2))
 
 
-async def _serve(conn, target: str, pool: list[bytes], tls=None, token: str | None = None) -> None:
+async def _serve(conn, target: str, pool: list[bytes], tls=None, token: str | None = None, retries=True) -> None:
     import grpc
 
-    from wok.clients.channel import auth_metadata, channel_credentials, open_channel
+    from wok.clients.channel import auth_metadata, channel_credentials, channel_options, channel_target, open_channel
 
     loop = asyncio.get_running_loop()
-    options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    options = channel_options(None, retries=retries)
     metadata = auth_metadata(token)
-    async with open_channel(grpc.aio, target, channel_credentials(tls), options) as channel:
+    async with open_channel(grpc.aio, channel_target(target), channel_credentials(tls), options) as channel:
         call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
         conn.send("ready")
         while True:
@@ -108,7 +112,7 @@ async def _serve(conn, target: str, pool: list[bytes], tls=None, token: str | No
             conn.send(await _run_share(call, pool, share, metadata))
 
 
-def _main(conn, target: str, pool: list[bytes], tls=None, token: str | None = None) -> None:
+def _main(conn, target: str, pool: list[bytes], tls=None, token: str | None = None, retries=True) -> None:
     # Ctrl-C reaches the whole process group; the coordinator decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The worker's own collector pauses would show up as dispatch lag; it allocates little.
@@ -119,23 +123,25 @@ def _main(conn, target: str, pool: list[bytes], tls=None, token: str | None = No
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_serve(conn, target, pool, tls, token))
+    asyncio.run(_serve(conn, target, pool, tls, token, retries))
 
 
 class WorkerPool:
     """N worker processes, started once per ramp, each with the same request pool.
 
-    `tls` (a wok.clients.TLS, or True) and `token` are as for the clients; they reach the
-    workers through the spawn pipe, never their command line.
+    `tls` (a wok.clients.TLS, or True), `token` and `retries` are as for the clients; they
+    reach the workers through the spawn pipe, never their command line.
     """
 
-    def __init__(self, target: str, pool: list[bytes], n: int, *, tls=None, token: str | None = None) -> None:
+    def __init__(
+        self, target: str, pool: list[bytes], n: int, *, tls=None, token: str | None = None, retries: bool = True
+    ) -> None:
         ctx = mp.get_context("spawn")  # gRPC does not survive fork
         self._conns = []
         self._procs = []
         for _ in range(n):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_main, args=(child, target, pool, tls, token), daemon=True)
+            p = ctx.Process(target=_main, args=(child, target, pool, tls, token, retries), daemon=True)
             p.start()
             self._conns.append(parent)
             self._procs.append(p)

@@ -30,7 +30,10 @@ class AsyncClient:
     "host:port" servers, balanced round robin over one channel. `options` are extra
     gRPC channel options. `tls` makes the channel TLS (a `TLS`, or True for gRPC's bundled
     roots; a client certificate in it is presented for mTLS); `token` is sent on every call
-    as `authorization: Bearer <token>`. Use as `async with AsyncClient(...) as client:` or call
+    as `authorization: Bearer <token>`. `retries` (on by default): calls that end with
+    UNAVAILABLE are sent again, with backoff and a retry budget, to any healthy server;
+    no other status is retried (see `wok.clients.channel` for the policy, the health
+    checking and the keepalive settings). Use as `async with AsyncClient(...) as client:` or call
     `close()`; a closed client cannot be used again. All calls must come from the loop
     that made the first one.
 
@@ -46,9 +49,10 @@ class AsyncClient:
         options: Sequence[tuple[str, Any]] | None = None,
         tls: TLS | bool | None = None,
         token: str | None = None,
+        retries: bool = True,
     ) -> None:
         self.target = channel_target(target)
-        self._options = channel_options(options)
+        self._options = channel_options(options, retries=retries)
         self._credentials = channel_credentials(tls)
         self._metadata = auth_metadata(token)
         self._channel: grpc.aio.Channel | None = None

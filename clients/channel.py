@@ -3,7 +3,32 @@
 gRPC balances over several servers only when one channel names them all: several
 "host:port" targets become one `ipv4:a:p,b:p` (or `ipv6:[a]:p,...`) URI, and every
 channel asks for `round_robin`, so a `dns:///name:port` that resolves to several
-servers is balanced too. A single target is passed to gRPC as given.
+servers is balanced too. A single target is passed to gRPC as given; so is a list in one
+string, "a:p,b:p".
+
+Health checking: the service config asks gRPC to watch each server's `grpc.health.v1`
+status of the service "" (`healthCheckConfig`), so a server that turns NOT_SERVING (wok
+does as it starts to drain) or is gone stops getting new calls; a server without the
+health service counts as healthy. The watch runs in gRPC's core: nothing to import.
+
+Retries (on by default, `retries=False` turns them off): a call of the inference service
+that ends with UNAVAILABLE (the server went away, refused the connection, or is stopping)
+is sent again, up to 5 attempts in all, after a random backoff of up to 50 ms, 100 ms,
+200 ms, 400 ms; round_robin picks the server of each attempt anew. No other status is
+retried: INVALID_ARGUMENT, NOT_FOUND, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED and INTERNAL
+are the server's answer. A call is retried only until the server's response headers
+arrive, so an answer is never duplicated; inference is idempotent anyway. The retry
+budget (`retryThrottling`): each failed attempt takes a token, each success gives 0.1
+back, out of 100; below 50 no call is retried, so a dead fleet costs at most about one
+extra attempt per ten calls instead of five attempts per call.
+
+Keepalive: with calls in flight, the channel pings an idle connection after 10 s and
+closes it when no answer comes within 5 s, so the calls on a server that hangs (SIGSTOP,
+a dead node, a silently dropped connection) fail with UNAVAILABLE, and are retried,
+instead of waiting for their deadline. wok's server accepts such pings every 5 s; others
+may answer pings more often than their policy allows with GOAWAY (too_many_pings): raise
+`grpc.keepalive_time_ms` for them. Reconnection to a server that went away backs off
+from 1 s to at most 5 s, so a restarted server gets traffic again within about 5 s.
 
 Security: `TLS` makes the channel a TLS one (with the caller's root certificates, or
 gRPC's bundled roots) and, with a certificate and key, presents them for mTLS; a token is
@@ -25,18 +50,54 @@ from typing import Any
 import grpc
 
 ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+INFERENCE_SERVICE = "inference.GRPCInferenceService"
+RETRY_POLICY: dict[str, Any] = {
+    "maxAttempts": 5,  # gRPC's own ceiling
+    "initialBackoff": "0.05s",
+    "maxBackoff": "1s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+RETRY_THROTTLING: dict[str, Any] = {"maxTokens": 100, "tokenRatio": 0.1}
+KEEPALIVE_OPTIONS: dict[str, Any] = {
+    "grpc.keepalive_time_ms": 10_000,
+    "grpc.keepalive_timeout_ms": 5_000,
+    "grpc.keepalive_permit_without_calls": 0,
+    "grpc.http2.max_pings_without_data": 0,
+    "grpc.initial_reconnect_backoff_ms": 1_000,
+    "grpc.max_reconnect_backoff_ms": 5_000,
+}
 _DEFAULT_OPTIONS: dict[str, Any] = {
     # gRPC's 4 MiB default receive limit is far below a large batch of tensors; the
     # server enforces its own request limit and answers with a clear error.
     "grpc.max_send_message_length": -1,
     "grpc.max_receive_message_length": -1,
-    "grpc.service_config": ROUND_ROBIN,
+    **KEEPALIVE_OPTIONS,
 }
+_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:", "xds:", "google-c2p:")
 
 
-def channel_options(options: Sequence[tuple[str, Any]] | None) -> list[tuple[str, Any]]:
-    """The client defaults with the caller's options on top (a caller's key wins)."""
+def service_config(*, retries: bool = True, health_check: bool = True) -> str:
+    """The channel's service config: round_robin, and health checking and retries unless turned off."""
+    config: dict[str, Any] = {"loadBalancingConfig": [{"round_robin": {}}]}
+    if health_check:
+        config["healthCheckConfig"] = {"serviceName": ""}
+    if retries:
+        config["methodConfig"] = [{"name": [{"service": INFERENCE_SERVICE}], "retryPolicy": RETRY_POLICY}]
+        config["retryThrottling"] = RETRY_THROTTLING
+    return json.dumps(config)
+
+
+def channel_options(
+    options: Sequence[tuple[str, Any]] | None, *, retries: bool = True, health_check: bool = True
+) -> list[tuple[str, Any]]:
+    """The client defaults with the caller's options on top (a caller's key wins).
+
+    `retries` and `health_check` shape the service config (`service_config`). Without
+    retries gRPC still resends, transparently, a call that never reached any server.
+    """
     merged = dict(_DEFAULT_OPTIONS)
+    merged["grpc.service_config"] = service_config(retries=retries, health_check=health_check)
     merged.update(options or ())
     return list(merged.items())
 
@@ -45,12 +106,15 @@ def channel_target(target: str | Sequence[str]) -> str:
     """The gRPC target URI for one target, or for several "host:port" servers.
 
     One target (any form gRPC accepts: "host:port", "dns:///name:port", "unix:path",
-    "ipv4:a:p,b:p") is returned as is. Several must each be "host:port" or "[v6]:port";
+    "ipv4:a:p,b:p") is returned as is; a string "a:p,b:p" without a scheme is a list of
+    several. Several must each be "host:port" or "[v6]:port";
     host names among them are resolved here, once, because a gRPC URI can list several
     addresses but not several names. All must share one address family (IPv4 preferred).
     """
     if isinstance(target, str):
-        return target
+        if "," not in target or target.startswith(_SCHEMES):
+            return target
+        target = [t.strip() for t in target.split(",")]
     targets = list(target)
     if not targets:
         raise ValueError("no target given")

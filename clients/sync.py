@@ -23,7 +23,7 @@ from .messages import ModelInfo, StreamItem, StreamResult, stream_request, strea
 class Client:
     """A blocking KServe V2 client; the same calls as AsyncClient, without `await`.
 
-    `target`, `options`, `tls` and `token` are as for AsyncClient. Use as `with Client(...) as client:`
+    `target`, `options`, `tls`, `token` and `retries` are as for AsyncClient. Use as `with Client(...) as client:`
     or call `close()`. Every failed call raises InferError; the metadata calls return the
     protocol's response messages as they are, except `model_metadata`.
     """
@@ -35,10 +35,13 @@ class Client:
         options: Sequence[tuple[str, Any]] | None = None,
         tls: TLS | bool | None = None,
         token: str | None = None,
+        retries: bool = True,
     ) -> None:
         self.target = channel_target(target)
         self._metadata = auth_metadata(token)
-        self._channel = open_channel(grpc, self.target, channel_credentials(tls), channel_options(options))
+        self._channel = open_channel(
+            grpc, self.target, channel_credentials(tls), channel_options(options, retries=retries)
+        )
         self._stub = GRPCInferenceServiceStub(self._channel)
 
     def __enter__(self) -> Client:

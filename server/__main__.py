@@ -27,6 +27,19 @@ def _serve_parser(sub) -> None:
         "--models", default="mlp,recsys,encoder", help="demo models to serve, comma-separated (default all three)"
     )
     p.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain on SIGTERM (default 30)")
+    p.add_argument(
+        "--max-connection-age",
+        type=float,
+        metavar="SECONDS",
+        help="close each client connection after about this long (GOAWAY), so round-robin clients reconnect and "
+        "reach replicas added since (default: never); see docs/reliability.md",
+    )
+    p.add_argument(
+        "--max-connection-age-grace",
+        type=float,
+        metavar="SECONDS",
+        help="time the calls in flight on such a connection get to finish (default: --grace-period)",
+    )
     p.add_argument("--max-request-bytes", type=int, default=64 << 20, help="largest request accepted")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the /metrics port (default 127.0.0.1)")
@@ -122,7 +135,17 @@ async def _serve(args) -> int:
     )
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    server = WokServer(settings, build_repository(settings, _demo_options(args.demo_option)))
+    age, age_grace = args.max_connection_age, args.max_connection_age_grace
+    if age is not None and not 0 < age < 1e9:
+        raise ConfigError(f"--max-connection-age: expected seconds > 0; got {age}")
+    if age_grace is not None and not 0 <= age_grace < 1e9:
+        raise ConfigError(f"--max-connection-age-grace: expected seconds >= 0; got {age_grace}")
+    server = WokServer(
+        settings,
+        build_repository(settings, _demo_options(args.demo_option)),
+        max_connection_age_s=age,
+        max_connection_age_grace_s=age_grace,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 

@@ -62,10 +62,21 @@ def default_registry() -> CollectorRegistry:
 
 class WokServer:
     def __init__(
-        self, settings: ServerSettings, repository: ModelRepository, *, registry: CollectorRegistry | None = None
+        self,
+        settings: ServerSettings,
+        repository: ModelRepository,
+        *,
+        registry: CollectorRegistry | None = None,
+        max_connection_age_s: float | None = None,
+        max_connection_age_grace_s: float | None = None,
     ) -> None:
         self.settings = settings
+        """`max_connection_age_s`: each client connection is closed (GOAWAY) after about this
+        long, so that clients balancing round robin reconnect and pick up replicas added since;
+        calls in flight then get `max_connection_age_grace_s` more (default: the grace period)."""
         self.repository = repository
+        self.max_connection_age_s = max_connection_age_s
+        self.max_connection_age_grace_s = max_connection_age_grace_s
         self.registry = registry if registry is not None else default_registry()
         self.metrics = WokMetrics(self.registry, enabled=settings.metrics)
         self.http: MetricsHTTPServer | None = None
@@ -110,15 +121,7 @@ class WokServer:
         interceptor = token_interceptor(self.settings)
         self._grpc = grpc.aio.server(
             interceptors=[interceptor] if interceptor is not None else None,
-            options=[
-                ("grpc.max_receive_message_length", transport_limit),
-                ("grpc.max_send_message_length", transport_limit),
-                ("grpc.so_reuseport", 0),
-                # gRPC core cancels calls beyond 1000 waiting for the application (3000 hard);
-                # admission is the batcher's job (max_queue_size), so lift that limit.
-                ("grpc.server.max_pending_requests", 1 << 20),
-                ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
-            ],
+            options=self._grpc_options(transport_limit),
         )
         self.service = InferenceService(self)
         add_to_server(self.service, self._grpc)
@@ -154,6 +157,29 @@ class WokServer:
         """Stop in stages within `grace` seconds (the settings' grace period by default)."""
         if self._stopped is None:
             self._stopped = asyncio.Event()
+    def _grpc_options(self, transport_limit: int) -> list[tuple[str, int]]:
+        options = [
+            ("grpc.max_receive_message_length", transport_limit),
+            ("grpc.max_send_message_length", transport_limit),
+            ("grpc.so_reuseport", 0),
+            # gRPC core cancels calls beyond 1000 waiting for the application (3000 hard);
+            # admission is the batcher's job (max_queue_size), so lift that limit.
+            ("grpc.server.max_pending_requests", 1 << 20),
+            ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
+            # wok's clients ping a connection with calls in flight every 10 s to find a hung
+            # server (wok.clients.channel); accept pings every 5 s instead of gRPC's 5 minutes.
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ]
+        if self.max_connection_age_s is not None:
+            grace = (
+                self.settings.grace_period_s
+                if self.max_connection_age_grace_s is None
+                else self.max_connection_age_grace_s
+            )
+            options.append(("grpc.max_connection_age_ms", max(1, round(1e3 * self.max_connection_age_s))))
+            options.append(("grpc.max_connection_age_grace_ms", max(0, round(1e3 * grace))))
+        return options
+
         if self.draining:
             await self._stopped.wait()
             return

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from wok.clients import AsyncClient, Client, InferError, ModelInfo, StreamResult, TensorInfo
-from wok.clients.channel import ROUND_ROBIN, channel_options, channel_target
+from wok.clients.channel import channel_options, channel_target, service_config
 from wok.servable import HostBuffers, Servable
 
 pytestmark = pytest.mark.timeout(60)
@@ -92,7 +92,7 @@ def test_bad_target_lists(targets):
 
 def test_channel_options_defaults_and_overrides():
     opts = dict(channel_options(None))
-    assert opts["grpc.service_config"] == ROUND_ROBIN
+    assert opts["grpc.service_config"] == service_config()
     assert opts["grpc.max_receive_message_length"] == -1
     opts = dict(channel_options([("grpc.max_receive_message_length", 1024), ("grpc.primary_user_agent", "x")]))
     assert opts["grpc.max_receive_message_length"] == 1024 and opts["grpc.primary_user_agent"] == "x"

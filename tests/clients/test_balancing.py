@@ -1,0 +1,213 @@
+"""Round robin, health checking, retries and connection age, against real gRPC servers on loopback.
+
+The servers here are plain grpc.aio servers with the health service and a ModelInfer that
+answers as each test says (fail the first calls, or always), so a test knows exactly how
+many attempts reached which server. The service config itself is wok.clients.channel's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import textwrap
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from wok.clients import AsyncClient, InferError
+from wok.clients.channel import RETRY_THROTTLING, channel_options, channel_target, service_config
+from wok.v2pb import grpc_service_pb2 as pb
+
+pytestmark = pytest.mark.timeout(60)
+CODE = grpc.StatusCode
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+INPUTS: dict = {}  # the stub answers whatever is asked; an empty request is enough
+
+
+class Stub:
+    """A loopback gRPC server whose ModelInfer fails its first `fail_first` calls with `code`."""
+
+    def __init__(self, name: str, *, fail_first: int = 0, code: grpc.StatusCode = CODE.UNAVAILABLE) -> None:
+        self.name, self.fail_first, self.code = name, fail_first, code
+        self.calls = 0
+        self.server: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+
+    async def infer(self, request: bytes, context) -> bytes:
+        self.calls += 1
+        if self.calls <= self.fail_first:
+            await context.abort(self.code, f"{self.name}: failing call {self.calls}")
+        return pb.ModelInferResponse(model_name=self.name).SerializeToString()
+
+    async def __aenter__(self) -> Stub:
+        self.server = grpc.aio.server()
+        handler = grpc.unary_unary_rpc_method_handler(self.infer)
+        self.server.add_generic_rpc_handlers(
+            [grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler})]
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        await self.health.set("", SERVING)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.server.stop(0)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+async def answered_by(client: AsyncClient) -> str:
+    """Which stub answered one call (its name comes back as the response's model name)."""
+    stub = client._stub or client._connect()
+    response = await stub.ModelInfer(pb.ModelInferRequest(model_name="m"), timeout=10)
+    return response.model_name
+
+
+def test_service_config_round_robin_health_and_retries():
+    config = json.loads(service_config())
+    assert config["loadBalancingConfig"] == [{"round_robin": {}}]
+    assert config["healthCheckConfig"] == {"serviceName": ""}
+    (method,) = config["methodConfig"]
+    assert method["name"] == [{"service": "inference.GRPCInferenceService"}]
+    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE"]
+    assert method["retryPolicy"]["maxAttempts"] == 5
+    assert config["retryThrottling"] == {"maxTokens": 100, "tokenRatio": 0.1}
+    bare = json.loads(service_config(retries=False, health_check=False))
+    assert bare == {"loadBalancingConfig": [{"round_robin": {}}]}
+    opts = dict(channel_options(None, retries=False))
+    assert "methodConfig" not in json.loads(opts["grpc.service_config"])
+    assert opts["grpc.keepalive_time_ms"] == 10_000 and opts["grpc.keepalive_timeout_ms"] == 5_000
+
+
+def test_a_comma_separated_string_is_a_list_of_targets():
+    assert channel_target("10.0.0.1:1,10.0.0.2:2") == "ipv4:10.0.0.1:1,10.0.0.2:2"
+    assert channel_target("10.0.0.1:1, 10.0.0.2:2") == "ipv4:10.0.0.1:1,10.0.0.2:2"
+    assert channel_target("ipv4:10.0.0.1:1,10.0.0.2:2") == "ipv4:10.0.0.1:1,10.0.0.2:2"
+    assert channel_target("dns:///a:1,b:2") == "dns:///a:1,b:2"  # gRPC's to judge
+
+
+async def test_unavailable_is_retried_until_an_answer():
+    async with Stub("a", fail_first=2) as a, AsyncClient(a.target) as client:
+        assert await client.infer("m", INPUTS, timeout=10) == {}
+        assert a.calls == 3
+
+
+async def test_without_retries_unavailable_reaches_the_caller():
+    async with Stub("a", fail_first=2) as a, AsyncClient(a.target, retries=False) as client:
+        with pytest.raises(InferError) as err:
+            await client.infer("m", INPUTS, timeout=10)
+        assert err.value.code == CODE.UNAVAILABLE and a.calls == 1
+
+
+async def test_retries_stop_after_five_attempts():
+    async with Stub("a", fail_first=10) as a, AsyncClient(a.target) as client:
+        with pytest.raises(InferError) as err:
+            await client.infer("m", INPUTS, timeout=10)
+        assert err.value.code == CODE.UNAVAILABLE and a.calls == 5
+
+
+@pytest.mark.parametrize(
+    "code", [CODE.INVALID_ARGUMENT, CODE.DEADLINE_EXCEEDED, CODE.RESOURCE_EXHAUSTED, CODE.INTERNAL, CODE.NOT_FOUND]
+)
+async def test_other_codes_are_never_retried(code):
+    async with Stub("a", fail_first=1, code=code) as a, AsyncClient(a.target) as client:
+        with pytest.raises(InferError) as err:
+            await client.infer("m", INPUTS, timeout=10)
+        assert err.value.code == code and a.calls == 1
+
+
+async def test_the_retry_budget_stops_retries_of_a_failing_fleet():
+    # Hand count: tokens start at maxTokens = 100 and each failed attempt takes one; a retry
+    # is allowed only while tokens > 50. Calls 1-10 make 5 attempts each (100 -> 50), and
+    # from then on every call makes one: 100 calls reach the server 10 * 5 + 90 = 140 times.
+    assert RETRY_THROTTLING == {"maxTokens": 100, "tokenRatio": 0.1}
+    async with Stub("a", fail_first=1 << 30) as a, AsyncClient(a.target) as client:
+        for _ in range(100):
+            with pytest.raises(InferError):
+                await client.infer("m", INPUTS, timeout=10)
+        assert a.calls == 140
+
+
+async def test_round_robin_skips_a_not_serving_server_and_comes_back():
+    async with Stub("a") as a, Stub("b") as b:
+        await b.health.set("", NOT_SERVING)
+        async with AsyncClient([a.target, b.target]) as client:
+            assert {await answered_by(client) for _ in range(20)} == {"a"}
+            await b.health.set("", SERVING)
+            # The health watch reports the change at once; a call then reaches b within a round.
+            seen = [await answered_by(client) for _ in range(4)]
+            while "b" not in seen[-2:]:
+                seen.append(await answered_by(client))
+            assert {await answered_by(client) for _ in range(10)} == {"a", "b"}
+            await a.health.set("", NOT_SERVING)
+            while await answered_by(client) != "b":
+                pass
+            assert {await answered_by(client) for _ in range(20)} == {"b"}
+
+
+async def test_health_checking_needs_no_import_in_the_client():
+    """The health watch is gRPC core's: a client process that never loads grpc_health.v1
+    still avoids a NOT_SERVING server."""
+    async with Stub("a") as a, Stub("b") as b:
+        await b.health.set("", NOT_SERVING)
+        script = textwrap.dedent(
+            f"""
+            import sys
+            from wok.clients import Client
+            from wok.v2pb import grpc_service_pb2 as pb
+            with Client({[a.target, b.target]!r}) as c:
+                names = {{c._stub.ModelInfer(pb.ModelInferRequest(), timeout=10).model_name for _ in range(20)}}
+            # `import grpc` imports the empty package grpc_health (as grpc.health); the
+            # health protocol's modules are grpc_health.v1.*, and none of them is loaded.
+            assert not any(m.startswith("grpc_health.v1") for m in sys.modules), "grpc_health.v1 was imported"
+            print(",".join(sorted(names)))
+            """
+        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        assert out.decode().strip() == "a"
+        assert b.calls == 0
+
+
+async def test_a_server_gone_mid_run_costs_no_call():
+    """Calls to two servers, one stopped between them: with retries every call is answered."""
+    async with Stub("a") as a:
+        b = Stub("b")
+        await b.__aenter__()
+        async with AsyncClient([a.target, b.target]) as client:
+            for _ in range(10):
+                await answered_by(client)
+            await b.server.stop(0)
+            results = await asyncio.gather(*(answered_by(client) for _ in range(50)))
+            assert set(results) == {"a"}
+
+
+async def test_max_connection_age_closes_connections_and_calls_go_on():
+    """`wok serve --max-connection-age`: the server ends each connection after the age
+    (GOAWAY), so the channel leaves READY by itself; the next call reconnects."""
+    from wok.app import WokServer, build_repository
+    from wok.config import server_settings
+
+    settings = server_settings(grpc_port=0, metrics_port=None, demo_models=("mlp",))
+    server = WokServer(settings, build_repository(settings), max_connection_age_s=0.5, max_connection_age_grace_s=2)
+    options = dict(server._grpc_options(1 << 20))
+    assert options["grpc.max_connection_age_ms"] == 500 and options["grpc.max_connection_age_grace_ms"] == 2000
+    await server.start()
+    try:
+        async with AsyncClient(f"127.0.0.1:{server.port}") as client:
+            assert await client.server_ready(timeout=10)
+            channel = client._channel
+            assert channel.get_state() == grpc.ChannelConnectivity.READY
+            await asyncio.wait_for(channel.wait_for_state_change(grpc.ChannelConnectivity.READY), 20)
+            assert await client.server_ready(timeout=10)
+    finally:
+        await server.stop(grace=2)
