@@ -3,6 +3,7 @@ under the SLO next to the default's, and the simulator's P99 next to the measure
 
     .venv/bin/python bench/tune_check.py --slo-p99 50ms --json docs/results/tune-check.json \\
         --plot docs/images/tune-check.png
+    .venv/bin/python bench/tune_check.py --markdown docs/results/tune-check.json   # the tables of docs/tune.md
 
 1. Profile: batch times of the demo `mlp` per batch size, measured in this process through
    wok's own executor (`wok.executor.Instance`, the path a server's batch takes), written as
@@ -174,11 +175,18 @@ def predict(result: dict, max_batch_size: int, delay_ms: float, profile, overhea
     return simulate_ramp(cfg)
 
 
-def compare_steps(measured: dict, predicted: dict, sampled: dict) -> list[dict]:
-    """Per step: measured against predicted (α + β·n with overheads); `sampled_*` with measured batch times."""
+def compare_steps(measured: dict, predicted: dict, sampled: dict, batcher: dict | None = None) -> list[dict]:
+    """Per step: measured against predicted (α + β·n with overheads); `sampled_*` with measured batch times.
+
+    With `batcher` (the same steps simulated without overheads), also the server's own mean
+    end-to-end time (its histogram's sum / count: exact, unlike its bucketed percentiles) against
+    the simulated batcher's mean. That pair leaves out the client, gRPC transport and the
+    generator's lag, so it checks the batcher model on its own.
+    """
     knee = measured["knee_qps"]
     rows = []
-    for m, p, q in zip(measured["steps"], predicted["steps"], sampled["steps"]):
+    bare = batcher["steps"] if batcher else [None] * len(measured["steps"])
+    for m, p, q, b in zip(measured["steps"], predicted["steps"], sampled["steps"], bare):
         other = (m.get("host_cpu") or {}).get("other_cores")
         mp, pp = m["latency_ms"]["p99"], p["latency_ms"]["p99"]
         err = (pp - mp) / mp if mp and np.isfinite(mp) and np.isfinite(pp) else None
@@ -200,6 +208,8 @@ def compare_steps(measured: dict, predicted: dict, sampled: dict) -> list[dict]:
                 "predicted_mean_batch_size": p.get("mean_batch_size"),
                 "server_compute_ms": (m.get("stages_ms") or {}).get("compute"),
                 "dispatch_lag_p99_ms": m["dispatch_lag_ms"]["p99"],
+                "server_e2e_mean_ms": ((m.get("server") or {}).get("e2e_ms") or {}).get("mean"),
+                "predicted_batcher_mean_ms": None if b is None else b["latency_ms"]["mean"],
                 "other_cores": other,
                 "quiet": other is not None and other <= QUIET_CORES,
                 "server_cores": (m.get("server_cpu") or {}).get("cores"),
@@ -258,7 +268,7 @@ def print_report(doc: dict, file=None) -> None:
 
 
 def _ms(x) -> str:
-    return "-" if x is None or not np.isfinite(x) else f"{x:.1f}"
+    return "-" if x is None or not np.isfinite(x) else f"{x:.1f}"  # a None from an older run's JSON too
 
 
 def _pct(x) -> str:
@@ -267,6 +277,72 @@ def _pct(x) -> str:
 
 def _num(x) -> str:
     return "-" if x is None else f"{x:.1f}"
+
+
+def add_batcher_means(doc: dict) -> None:
+    """Fill `server_e2e_mean_ms` and `predicted_batcher_mean_ms` into a run written before they existed."""
+    from wok.bench.tune import profile_from_document
+
+    profile = profile_from_document(doc["profile"])
+    c = doc["config"]
+    args = argparse.Namespace(
+        step_duration=c["step_duration"], warmup=c["warmup"], arrival=c["arrival"], seed=c["seed"]
+    )
+    for run in doc["runs"]:
+        bare = predict(run["measured"], run["max_batch_size"], run["max_queue_delay_ms"], profile, (), args, False)
+        for row, m, b in zip(run["comparison"], run["measured"]["steps"], bare["steps"]):
+            row["server_e2e_mean_ms"] = ((m.get("server") or {}).get("e2e_ms") or {}).get("mean")
+            row["predicted_batcher_mean_ms"] = b["latency_ms"]["mean"]
+
+
+def markdown(doc: dict) -> str:
+    """The runs of a `wok.tunecheck/1` document as the markdown tables of docs/tune.md."""
+    out = []
+    cfg, v = doc["config"], doc["verdict"]
+    cals = [doc["overhead"], *doc.get("calibrations", [])]
+    out.append(
+        "Overhead calibrations (median / P99 ms): "
+        + ", ".join(f"{1e3 * c['median_s']:.2f} / {1e3 * c['p99_s']:.2f}" for c in cals)
+        + f"; tuned setting: max_batch_size {doc['tuned_setting']['max_batch_size']}, "
+        f"delay {doc['tuned_setting']['max_queue_delay_ms']:g} ms; load average at start "
+        f"{doc['host']['loadavg_at_start'][0]:.2f}, at end {doc['host']['loadavg_at_end'][0]:.2f}.\n"
+    )
+    for run in doc["runs"]:
+        out.append(
+            f"**rep {run['rep']}, {run['label']}** (max_batch_size {run['max_batch_size']}, delay "
+            f"{run['max_queue_delay_ms']:g} ms): measured max QPS under {cfg['slo_p99_ms']:g} ms "
+            f"{run['measured_max_qps']}, knee {run['measured_knee_qps']}\n"
+        )
+        out.append(
+            "| offered | achieved | P50 ms meas / sim | P99 ms meas | P99 ms sim (fit) | error | P99 ms sim (samples) "
+            "| error | below knee | mean batch meas / sim | server mean ms meas / sim | other cores |"
+        )
+        out.append("|--:|--:|--:|--:|--:|--:|--:|--:|:-:|--:|--:|--:|")
+        for r in run["comparison"]:
+            other = r.get("other_cores")
+            out.append(
+                f"| {r['offered_qps']:,.0f} | {r['measured_achieved_qps']:,.0f} "
+                f"| {_ms(r['measured_p50_ms'])} / {_ms(r['predicted_p50_ms'])} | {_ms(r['measured_p99_ms'])} "
+                f"| {_ms(r['predicted_p99_ms'])} | {_pct(r['relative_error'])} | {_ms(r['sampled_p99_ms'])} "
+                f"| {_pct(r['sampled_relative_error'])} | {'yes' if r['below_knee'] else 'no'} "
+                f"| {_num(r['measured_mean_batch_size'])} / {_num(r['predicted_mean_batch_size'])} "
+                f"| {_ms(r.get('server_e2e_mean_ms'))} / {_ms(r.get('predicted_batcher_mean_ms'))} "
+                f"| {'-' if other is None else f'{other:.2f}'} |"
+            )
+        out.append("")
+    out.append(
+        f"Verdict: max QPS under P99 ≤ {cfg['slo_p99_ms']:g} ms per repetition: default {v['default_max_qps']}, "
+        f"tuned {v['tuned_max_qps']} (tuned ≥ default in every repetition: {v['tuned_at_least_default']}); "
+        f"predicted P99 within ±{100 * TOLERANCE:g} % on {v['steps_within']} of {v['steps_below_knee']} steps "
+        "below the knee"
+        + (
+            f" ({v['quiet_steps_within']} of {v['quiet_steps_below_knee']} quiet ones)"
+            if "quiet_steps_below_knee" in v
+            else ""
+        )
+        + "."
+    )
+    return "\n".join(out) + "\n"
 
 
 def plot(doc: dict, path: Path) -> None:
@@ -335,6 +411,10 @@ def parse_args(argv=None):
     p.add_argument("--save-profile", type=Path, help="write the measured profile here")
     p.add_argument("--save-overhead", type=Path, help="write the overhead samples (wok.overhead/1) here")
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/wok-tune-check"))
+    p.add_argument("--markdown", type=Path, help="print a finished run's tables (for docs/tune.md) and exit")
+    p.add_argument(
+        "--refresh", action="store_true", help="with --markdown: add the batcher-only columns to an older run's file"
+    )
     args = p.parse_args(argv)
     args.slo_ms = 1e3 * parse_duration(args.slo_p99)
     args.steps_list = parse_steps(args.steps)
@@ -369,6 +449,13 @@ def main(argv=None) -> int:
     )
 
     args = parse_args(argv)
+    if args.markdown:
+        doc = json.loads(args.markdown.read_text())
+        if args.refresh:
+            add_batcher_means(doc)
+            report.write_json(doc, args.markdown)
+        sys.stdout.write(markdown(doc))
+        return 0
     t0 = time.monotonic()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     loadavg_start = os.getloadavg()
@@ -432,6 +519,7 @@ def main(argv=None) -> int:
                     server.stop()
                 predicted = predict(measured, n, d, profile, rep_overhead, args, sampled=False)
                 sampled = predict(measured, n, d, profile, rep_overhead, args, sampled=True)
+                bare = predict(measured, n, d, profile, (), args, sampled=False)
                 runs.append(
                     {
                         "rep": rep,
@@ -441,7 +529,7 @@ def main(argv=None) -> int:
                         "measured_max_qps": measured["max_qps_under_slo"],
                         "measured_knee_qps": measured["knee_qps"],
                         "predicted_max_qps_on_steps": predicted["max_qps_under_slo"],
-                        "comparison": compare_steps(measured, predicted, sampled),
+                        "comparison": compare_steps(measured, predicted, sampled, bare),
                         "measured": measured,
                         "predicted": predicted,
                         "predicted_sampled": sampled,
@@ -467,7 +555,7 @@ def main(argv=None) -> int:
         },
         "profile": profile_doc,
         "overhead": overhead_doc,
-        "calibrations": [{k: v for k, v in c.items() if k != "samples_s"} for c in calibrations[1:]],
+        "calibrations": calibrations[1:],
         "tune": tuned_doc,
         "tuned_setting": {"max_batch_size": tuned[0], "max_queue_delay_ms": tuned[1]},
         "runs": runs,

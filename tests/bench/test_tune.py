@@ -228,7 +228,35 @@ def test_tune_check_predicts_a_ramp_step_for_step_and_flags_the_knee():
     # ≈ 1,667 of 4,000 (0.42 < 0.5), so 5,000 is the knee.
     assert measured["knee_qps"] == 5000
     predicted = predict(measured, 8, 2.0, profile, (1e-3, 2e-3), args, sampled=False)
-    rows = compare_steps(measured, predicted, predicted)
+    bare = predict(measured, 8, 2.0, profile, (), args, sampled=False)
+    rows = compare_steps(measured, predicted, predicted, bare)
     assert [r["relative_error"] for r in rows] == [0.0, 0.0, 0.0]
+    # Without overheads the same arrivals and batches give every latency 1–2 ms less: the mean 1.5 ms less.
+    with_o, without = predicted["steps"][0]["latency_ms"]["mean"], rows[0]["predicted_batcher_mean_ms"]
+    assert with_o - without == pytest.approx(1.5, abs=0.1) and rows[0]["server_e2e_mean_ms"] is None
     assert [r["below_knee"] for r in rows] == [True, True, False]
     assert all(r["within_tolerance"] for r in rows) and not any(r["quiet"] for r in rows)  # no host figures
+
+
+def test_tune_check_renders_a_run_as_markdown():
+    from wok.bench.tune_check import markdown
+
+    row = {
+        "offered_qps": 1000.0, "measured_achieved_qps": 998.0, "measured_p50_ms": 8.0, "predicted_p50_ms": 7.0,
+        "measured_p99_ms": 20.0, "predicted_p99_ms": 15.0, "relative_error": -0.25, "sampled_p99_ms": 22.0,
+        "sampled_relative_error": 0.1, "below_knee": True, "measured_mean_batch_size": 7.5,
+        "predicted_mean_batch_size": 6.0, "other_cores": 0.1,
+    }  # fmt: skip
+    doc = {
+        "config": {"slo_p99_ms": 50.0},
+        "overhead": {"median_s": 2e-3, "p99_s": 7e-3},
+        "tuned_setting": {"max_batch_size": 64, "max_queue_delay_ms": 0.0},
+        "host": {"loadavg_at_start": [0.5, 0, 0], "loadavg_at_end": [0.7, 0, 0]},
+        "runs": [{"rep": 1, "label": "default", "max_batch_size": 32, "max_queue_delay_ms": 5.0,
+                  "measured_max_qps": 1000.0, "measured_knee_qps": None, "comparison": [row]}],
+        "verdict": {"default_max_qps": [1000.0], "tuned_max_qps": [1500.0], "tuned_at_least_default": True,
+                    "steps_within": 0, "steps_below_knee": 1, "quiet_steps_within": 0, "quiet_steps_below_knee": 1},
+    }  # fmt: skip
+    text = markdown(doc)
+    assert "| 1,000 | 998 | 8.0 / 7.0 | 20.0 | 15.0 | -25% | 22.0 | +10% | yes | 7.5 / 6.0 | - / - | 0.10 |" in text
+    assert "2.00 / 7.00" in text and "0 of 1 steps below the knee (0 of 1 quiet ones)" in text
