@@ -21,7 +21,9 @@ under the SLO next to the default's, and the simulator's P99 next to the measure
    "below the knee" meaning offered < the measured ramp's knee (every step if it has none).
 
 The output (schema `wok.tunecheck/1`) is described in docs/tune.md. Every server this
-script starts is stopped on exit (`wok.bench.compare.stop_all`).
+script starts is stopped on exit (`wok.bench.compare.stop_all`). The servers run the same
+`wok` this script imports (`python -m wok serve`, environment inherited), so a run from a
+clean snapshot (`PYTHONPATH=SNAPSHOT python -m wok.bench.tune_check`) measures that snapshot.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 
 SCHEMA = "wok.tunecheck/1"
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STEPS = "250,500,1000,1500,2000,2500,3000,3500,4000,5000"
 TOLERANCE = 0.20
 # A step during which processes other than the server and the load generator used more than
@@ -95,7 +96,8 @@ def start_server(max_batch_size: int, delay_ms: float, log_dir: Path, torch_thre
         argv += ["--demo-option", f"mlp.max_queue_delay_ms={delay_ms:g}"]
         if torch_threads:
             argv += ["--torch-threads", str(torch_threads)]
-        return argv, {}, ROOT
+        # The caller's folder, never the package's own (whose http.py would shadow the standard library's).
+        return argv, {}, Path.cwd()
 
     server = Server(Peer(f"wok-mbs{max_batch_size}-d{delay_ms:g}ms", [], launch, ready_timeout_s=120.0), log_dir)
     server.start()
