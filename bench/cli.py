@@ -9,6 +9,8 @@ REQUIRE_QPS_NOT_MET = 3
 
 
 def add_parser(sub) -> None:
+    from . import faults
+
     bench = sub.add_parser("bench", help="load-test a KServe V2 gRPC server")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     p = bsub.add_parser(
@@ -42,6 +44,7 @@ def add_parser(sub) -> None:
     p.add_argument("--require-qps", type=float, help=f"exit {REQUIRE_QPS_NOT_MET} unless max QPS under SLO ≥ this")
     _add_security(p)
     _add_outputs(p)
+    faults.add_arguments(p)
     p.set_defaults(run=run)
     add_merge_parser(bsub)
 
@@ -214,6 +217,7 @@ def _metrics_url(spec: str, target: str) -> str | None:
 
 def run(args) -> int:
     from ..clients import InferError
+    from . import faults, report
     from .arrivals import parse_duration, parse_steps
     from .payloads import parse_mix
     from .runner import Ramp, RampConfig
@@ -240,13 +244,18 @@ def run(args) -> int:
         knee_threshold=args.knee_threshold,
         tls=tls,
         token=token,
+        retries=not args.no_retries,
     )
     try:
-        result = Ramp(cfg).run()
+        result = faults.run_faults(args, cfg) if args.replicas is not None or args.fault else Ramp(cfg).run()
     except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
         print(f"wok bench: {exc}", file=sys.stderr)
         return 1
     _write_outputs(result, args)
+    if "faults" in result:
+        faults.print_faults(result)
+        if args.plots:
+            report.plot_fault_timeline(result, args.plots / "faults.png")
     best = result["max_qps_under_slo"]
     if args.require_qps is not None and (best is None or best < args.require_qps):
         print(f"wok bench: max QPS under the SLO is {best}, below the required {args.require_qps:g}", file=sys.stderr)

@@ -577,3 +577,62 @@ def render_html(result: dict, *, title: str | None = None) -> str:
 def write_html(result: dict, path, *, title: str | None = None) -> None:
     """One self-contained HTML file: verdicts, warnings, the three plots inline, the step table, the config."""
     Path(path).write_text(render_html(result, title=title), encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------- faults
+
+
+def fault_timeline_figure(result: dict) -> Figure:
+    """Sent, answered and lost per window, P99 against the SLO, replicas up, and each fault's events."""
+    fig = Figure(figsize=(9, 6), layout="constrained")
+    section = result.get("faults")
+    if not section or not section["timeline"]["t_s"]:
+        _placeholder(fig, "no fault injection in this result")
+        return fig
+    tl = section["timeline"]
+    w = section["definitions"]["window_s"]
+    t = np.array(tl["t_s"], dtype=float)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    top.step(t, np.array(tl["sent"]) / w, where="post", color="#999", label="sent /s")
+    top.step(t, np.array(tl["ok"]) / w, where="post", color=COLORS["p50"], label="ok /s")
+    errors, lost = np.array(tl["errors"]) / w, np.array(tl["lost"]) / w
+    if errors.any():
+        top.step(t, errors, where="post", color=COLORS["p95"], label="errors /s")
+    if lost.any():
+        top.step(t, lost, where="post", color="black", label="lost /s")
+    top.set_ylabel(f"requests per second ({w:g} s windows, by send time)")
+    if tl.get("replicas_up") is not None:
+        twin = top.twinx()
+        twin.step(t, tl["replicas_up"], where="post", color=COLORS["max"], linestyle=":", label="replicas up")
+        twin.set_ylabel("replicas up")
+        twin.set_ylim(0, max(tl["replicas_up"]) + 1)
+        twin.legend(loc="upper right", fontsize=8)
+    top.set_title(f"Faults: {section['requests']['lost']} lost of {section['requests']['sent']} requests")
+    top.legend(loc="upper left", fontsize=8)
+    top.grid(True, alpha=0.3)
+    p99 = np.array([_num(v) for v in tl["p99_ms"]])
+    bottom.step(t, p99, where="post", color=COLORS["p99"], label="P99 of the ok")
+    slo = section["definitions"]["slo_p99_ms"]
+    bottom.axhline(slo, color=COLORS["slo"], linestyle="--", linewidth=1.2, label=f"SLO {slo:g} ms")
+    if _span(np.append(p99, slo)) > LOG_Y_SPAN:
+        _log_axis(bottom, "y")
+    for e in section["events"]:
+        for ax in (top, bottom):
+            ax.axvline(e["t_s"], color="#555", linewidth=0.8, linestyle="-.")
+        label = f"{e['action']} r{e.get('replica', '')}"
+        top.annotate(label, (e["t_s"], 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7, va="top")
+    for f in section["faults"]:
+        if f.get("start_s") is not None and f.get("recovery_s") is not None:
+            at = f["start_s"] + f["recovery_s"]
+            bottom.axvline(at, color=COLORS["max"], linewidth=1.0)
+            bottom.annotate(f"recovered +{f['recovery_s']:g} s", (at, 0.95), xycoords=("data", "axes fraction"),
+                            fontsize=7, color=COLORS["max"], va="top")  # fmt: skip
+    bottom.set_ylabel("P99 latency (ms)")
+    bottom.set_xlabel("time since the first step (s)")
+    bottom.legend(loc="upper left", fontsize=8)
+    bottom.grid(True, alpha=0.3)
+    return fig
+
+
+def plot_fault_timeline(result: dict, path: PathOrFile) -> None:
+    _write_bytes(_png(fault_timeline_figure(result)), path)

@@ -1,0 +1,836 @@
+"""Fault injection for `wok bench ramp`: replicas the bench starts, faults at set times, and their report.
+
+`--replicas N` starts N `wok serve` processes on free loopback ports and ramps all of them
+through one round-robin channel (with health checking and, unless `--no-retries`,
+retries on UNAVAILABLE). `--fault` schedules, at a fraction of the ramp's planned time
+(`len(steps) × (warm-up + step)`, from the first step's start) or at a duration from it:
+
+  kill:replica=1,at=30%,restart=60%     SIGKILL; start it again (same ports) at `restart`
+  pause:replica=1,at=30%,resume=60%     SIGSTOP; SIGCONT at `resume`
+  slow:model=mlp,delay=50ms,at=30%,until=60%[,replica=0][,instance=0]
+  fail:model=mlp,at=30%,until=60%[,replica=0][,instance=0]
+
+`slow` and `fail` go through the server's admin API (`wok serve --admin`, POST
+/admin/faults on its metrics port): a replica the bench started gets `--admin`; another
+server is reached through `--admin-url`.
+
+The report (`fault_report`) counts every request of the ramp, warm-ups included: a request
+is *lost* when no server's answer reached the bench (the call ended with UNAVAILABLE,
+CANCELLED, DEADLINE_EXCEEDED or UNKNOWN, or never ended); other errors are answers. For
+each fault it gives P99 before, during and after it, the errors and losses during it, and
+the time to recover below the SLO (docs/reliability.md defines each).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .arrivals import parse_duration
+from .runner import Ramp, RampConfig, status_name
+from .workers import OK
+
+SCHEMA = "wok.faults/1"
+LOST_CODES = ("UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED", "UNKNOWN")
+WINDOW_S = 0.5  # the timeline's resolution, and the recovery's
+HOLD_S = 2.0  # recovered: every window good for this long (or to the ramp's end)
+COMPARE_S = 10.0  # "before" and "after" a fault: at most this long
+MAX_ERROR_RATE = 0.01  # a window with more errors than this is not good
+READY = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
+METRICS = re.compile(r"wok: metrics on http://(\S+):(\d+)/metrics")
+
+_KEYS = {
+    "kill": {"replica", "at", "restart", "until"},
+    "pause": {"replica", "at", "resume", "until"},
+    "slow": {"model", "delay", "at", "until", "replica", "instance"},
+    "fail": {"model", "at", "until", "replica", "instance"},
+}
+
+
+# -- fault specs --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class At:
+    """A time of the ramp: a fraction of its planned time, or seconds from its start."""
+
+    value: float
+    fraction: bool
+
+    def seconds(self, planned_s: float) -> float:
+        return self.value * planned_s if self.fraction else self.value
+
+    def __str__(self) -> str:
+        return f"{100 * self.value:g}%" if self.fraction else f"{self.value:g}s"
+
+
+def parse_at(text: str, what: str) -> At:
+    text = text.strip()
+    if text.endswith("%"):
+        try:
+            value = float(text[:-1]) / 100
+        except ValueError:
+            value = math.nan
+        if not 0 <= value <= 1:
+            raise ValueError(f"{what}={text}: expected a percentage of the ramp from 0% to 100%")
+        return At(value, True)
+    try:
+        return At(parse_duration(text), False)
+    except ValueError:
+        raise ValueError(
+            f"{what}={text}: expected a percentage of the ramp (30%) or a time from its start (12s)"
+        ) from None
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str  # kill | pause | slow | fail
+    at: At
+    until: At | None = None  # restart (kill), resume (pause), off (slow, fail); None: never
+    replica: int | None = None
+    model: str | None = None
+    instance: int | None = None
+    delay_ms: float | None = None
+    text: str = ""
+
+    @property
+    def server_side(self) -> bool:
+        return self.kind in ("slow", "fail")
+
+
+def parse_fault(spec: str) -> FaultSpec:
+    """`kind:key=value,...` (see the module's doc); ValueError naming what is wrong."""
+    kind, _, rest = spec.partition(":")
+    kind = kind.strip()
+    if kind not in _KEYS:
+        raise ValueError(f"--fault {spec!r}: expected kill:, pause:, slow: or fail:; got {kind!r}")
+    values: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or key not in _KEYS[kind]:
+            raise ValueError(f"--fault {spec!r}: {item!r}: expected KEY=VALUE with KEY one of {sorted(_KEYS[kind])}")
+        if key in values:
+            raise ValueError(f"--fault {spec!r}: {key} given twice")
+        values[key] = value.strip()
+    if "at" not in values:
+        raise ValueError(f"--fault {spec!r}: at=... is required (e.g. at=30%)")
+    if len(values.keys() & {"until", "restart", "resume"}) > 1:
+        raise ValueError(f"--fault {spec!r}: give one end (until=, restart= or resume=)")
+    end_key = next((k for k in ("until", "restart", "resume") if k in values), None)
+    try:
+        at = parse_at(values["at"], "at")
+        until = parse_at(values[end_key], end_key) if end_key else None
+    except ValueError as exc:
+        raise ValueError(f"--fault {spec!r}: {exc}") from None
+    if until is not None and until.fraction == at.fraction and until.value <= at.value:
+        raise ValueError(f"--fault {spec!r}: the fault must end after it starts ({until} <= {at})")
+    replica = _int(values, "replica", spec)
+    instance = _int(values, "instance", spec)
+    model = values.get("model")
+    delay_ms = None
+    if kind in ("slow", "fail") and not model:
+        raise ValueError(f"--fault {spec!r}: model=NAME is required")
+    if kind == "slow":
+        if "delay" not in values:
+            raise ValueError(f"--fault {spec!r}: delay=DURATION is required (e.g. delay=50ms)")
+        delay_ms = 1e3 * parse_duration(values["delay"])
+    if kind in ("kill", "pause") and replica is None:
+        replica = 0
+    return FaultSpec(kind, at, until, replica, model, instance, delay_ms, spec)
+
+
+def _int(values: dict[str, str], key: str, spec: str) -> int | None:
+    if key not in values:
+        return None
+    text = values[key]
+    if not text.isdigit():
+        raise ValueError(f"--fault {spec!r}: {key}={text}: expected an integer >= 0")
+    return int(text)
+
+
+# -- replicas -----------------------------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    index: int
+    args: list[str]
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int = 0
+    proc: subprocess.Popen | None = None
+    pids: list[int] = field(default_factory=list)
+    log: deque = field(default_factory=lambda: deque(maxlen=200))
+    _ready: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}"
+
+    def launch(self) -> None:
+        """Start `wok serve` (on the ports it had, after the first start); wait_ready() waits for it."""
+        cmd = [sys.executable, "-m", "wok", "serve", "--host", self.host, "--port", str(self.port)]
+        cmd += ["--metrics-port", str(self.metrics_port), *self.args]
+        self._ready = threading.Event()
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.proc = proc
+        self.pids.append(proc.pid)
+        threading.Thread(target=self._pump, args=(proc, self._ready), daemon=True).start()
+
+    def _pump(self, proc: subprocess.Popen, ready: threading.Event) -> None:
+        for line in proc.stderr:
+            self.log.append(line.rstrip())
+            m = METRICS.search(line)
+            if m:
+                self.metrics_port = int(m.group(2))
+            m = READY.search(line)
+            if m:
+                self.port = int(m.group(3))
+                ready.set()
+        ready.set()
+
+    def wait_ready(self, timeout: float) -> None:
+        if not self._ready.wait(timeout) or self.proc.poll() is not None:
+            tail = "\n".join(list(self.log)[-20:])
+            raise RuntimeError(f"replica {self.index} did not start within {timeout:g} s:\n{tail}")
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.alive:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if not self.alive:
+            return
+        self.proc.send_signal(signal.SIGCONT)  # a paused one could not drain
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+class ReplicaSet:
+    """N `wok serve` processes on free loopback ports, started together; stopped by `close()`."""
+
+    def __init__(self, n: int, serve_args: Sequence[str], *, admin: bool = False, start_timeout: float = 180.0):
+        if n < 1:
+            raise ValueError(f"--replicas must be >= 1; got {n}")
+        args = list(serve_args) + (["--admin"] if admin and "--admin" not in serve_args else [])
+        self.start_timeout = start_timeout
+        self.replicas = [Replica(i, args) for i in range(n)]
+        try:
+            for r in self.replicas:
+                r.launch()
+            for r in self.replicas:
+                r.wait_ready(start_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def __len__(self) -> int:
+        return len(self.replicas)
+
+    def __getitem__(self, i: int) -> Replica:
+        return self.replicas[i]
+
+    @property
+    def target(self) -> str:
+        return ",".join(r.target for r in self.replicas)
+
+    def restart(self, i: int) -> None:
+        r = self.replicas[i]
+        r.kill()
+        r.launch()
+        r.wait_ready(self.start_timeout)
+
+    def describe(self) -> list[dict]:
+        return [{"replica": r.index, "target": r.target, "admin_url": r.admin_url, "pids": r.pids} for r in self]
+
+    def close(self) -> None:
+        for r in self.replicas:
+            if r.alive:
+                r.proc.send_signal(signal.SIGCONT)
+                r.proc.terminate()
+        for r in self.replicas:
+            r.stop()
+
+
+# -- the admin API ------------------------------------------------------------------------
+
+
+def post_fault(base_url: str, body: dict, timeout: float = 5.0) -> dict:
+    """POST /admin/faults (docs: the admin API); RuntimeError with the server's message if refused."""
+    request = urllib.request.Request(
+        base_url.rstrip("/") + "/admin/faults",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        # The admin paths answer 404 (or 405 to a POST) on a server run without --admin.
+        hint = " (is the server run with --admin?)" if exc.code in (404, 405) else ""
+        raise RuntimeError(f"{base_url}/admin/faults: HTTP {exc.code}{hint}: {detail}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise RuntimeError(f"{base_url}/admin/faults: {getattr(exc, 'reason', exc)}") from None
+
+
+def get_faults(base_url: str, timeout: float = 5.0) -> list[dict]:
+    with urllib.request.urlopen(base_url.rstrip("/") + "/admin/faults", timeout=timeout) as response:
+        return json.loads(response.read())["faults"]
+
+
+# -- the schedule -------------------------------------------------------------------------
+
+
+@dataclass
+class Action:
+    t_s: float
+    fault: int
+    name: str
+    run: Callable[[], None]
+    replica: int | None = None
+    then: str | None = None  # an event recorded when `run` returns (e.g. "ready" after a restart)
+
+
+class FaultSchedule:
+    """Runs each fault's actions at their times from `start(clock0)`, in a thread, and records events.
+
+    A restart runs in a thread of its own, so the actions after it keep their times; its
+    "ready" event is recorded when the replica serves again.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[FaultSpec],
+        planned_s: float,
+        *,
+        replicas: ReplicaSet | None = None,
+        admin_urls: Sequence[str] = (),
+        say: Callable[[str], None] = lambda msg: None,
+    ) -> None:
+        self.specs = list(specs)
+        self.planned_s = planned_s
+        self.replicas = replicas
+        self.admin_urls = list(admin_urls)
+        self.say = say
+        self.events: list[dict] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._clock0: float | None = None
+        self._paused: set[int] = set()
+        self._server_faults: list[tuple[str, dict]] = []
+        self.actions = sorted((a for i, s in enumerate(self.specs) for a in self._actions(i, s)), key=lambda a: a.t_s)
+
+    def _check_replica(self, spec: FaultSpec) -> int:
+        n = len(self.replicas) if self.replicas is not None else 0
+        if self.replicas is None:
+            raise ValueError(
+                f"--fault {spec.text!r}: {spec.kind} needs --replicas: the bench signals only replicas it started"
+            )
+        if spec.replica >= n:
+            raise ValueError(f"--fault {spec.text!r}: replica={spec.replica}, but there are {n} (0 to {n - 1})")
+        return spec.replica
+
+    def _admin_url(self, spec: FaultSpec) -> str:
+        if self.replicas is not None:
+            i = spec.replica or 0
+            if i >= len(self.replicas):
+                raise ValueError(f"--fault {spec.text!r}: replica={i}, but there are {len(self.replicas)}")
+            return self.replicas[i].admin_url
+        if not self.admin_urls:
+            raise ValueError(f"--fault {spec.text!r}: a server-side fault needs --replicas or --admin-url")
+        i = spec.replica or 0
+        if i >= len(self.admin_urls):
+            raise ValueError(f"--fault {spec.text!r}: replica={i}, but --admin-url names {len(self.admin_urls)}")
+        return self.admin_urls[i]
+
+    def _actions(self, i: int, spec: FaultSpec) -> list[Action]:
+        start = spec.at.seconds(self.planned_s)
+        end = spec.until.seconds(self.planned_s) if spec.until is not None else None
+        if end is not None and end <= start:
+            raise ValueError(f"--fault {spec.text!r}: ends at {end:g} s, before it starts at {start:g} s")
+        if spec.kind == "kill":
+            r = self._check_replica(spec)
+            out = [Action(start, i, "kill", lambda: self.replicas[r].kill(), r)]
+            if end is not None:
+                out.append(Action(end, i, "restart", lambda: self.replicas.restart(r), r, then="ready"))
+            return out
+        if spec.kind == "pause":
+            r = self._check_replica(spec)
+
+            def pause() -> None:
+                self._paused.add(r)
+                self.replicas[r].signal(signal.SIGSTOP)
+
+            def resume() -> None:
+                self.replicas[r].signal(signal.SIGCONT)
+                self._paused.discard(r)
+
+            out = [Action(start, i, "pause", pause, r)]
+            if end is not None:
+                out.append(Action(end, i, "resume", resume, r))
+            return out
+        url = self._admin_url(spec)
+        body: dict = {"model": spec.model, "mode": spec.kind}
+        if spec.instance is not None:
+            body["instance"] = spec.instance
+        if spec.delay_ms is not None:
+            body["delay_ms"] = spec.delay_ms
+        off = {k: v for k, v in body.items() if k in ("model", "instance")} | {"mode": "off"}
+
+        def on() -> None:
+            self._server_faults.append((url, off))
+            post_fault(url, body)
+
+        out = [Action(start, i, spec.kind, on, spec.replica or 0)]
+        if end is not None:
+            out.append(Action(end, i, "off", lambda: post_fault(url, off), spec.replica or 0))
+        return out
+
+    def start(self, clock0: float) -> None:
+        self._clock0 = clock0
+        thread = threading.Thread(target=self._run, name="wok-faults", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _record(self, action: Action, name: str, error: str | None = None, at: float | None = None) -> None:
+        at = time.monotonic() if at is None else at
+        event = {"t_s": round(at - self._clock0, 4), "fault": action.fault, "action": name}
+        if action.replica is not None:
+            event["replica"] = action.replica
+        if error is not None:
+            event["error"] = error
+            self.say(f"fault {self.specs[action.fault].text!r}: {name} failed: {error}")
+        else:
+            self.say(f"fault: {name} (replica {action.replica}) at {event['t_s']:.1f} s")
+        with self._lock:
+            self.events.append(event)
+
+    def _do(self, action: Action) -> None:
+        """Run the action; record it (at the time it began) or its failure, then its `then`."""
+        began = time.monotonic()
+        try:
+            action.run()
+        except Exception as exc:  # recorded and reported; the ramp goes on
+            self._record(action, action.name, f"{type(exc).__name__}: {exc}", began)
+            return
+        if action.then is None:
+            self._record(action, action.name, at=began)
+        else:
+            self._record(action, action.then)
+
+    def _run(self) -> None:
+        for action in self.actions:
+            if self._stop.wait(max(0.0, self._clock0 + action.t_s - time.monotonic())):
+                return
+            if action.then is not None:  # a restart: its own thread, so later actions keep time
+                self._record(action, action.name)
+                thread = threading.Thread(target=self._do, args=(action,), daemon=True)
+                self._threads.append(thread)
+                thread.start()
+            else:
+                self._do(action)
+
+    def stop(self) -> None:
+        """Stop the schedule; resume paused replicas and turn off server-side faults left on."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=self.replicas.start_timeout if self.replicas is not None else 10)
+        for r in list(self._paused):
+            self.replicas[r].signal(signal.SIGCONT)
+        for url, off in self._server_faults:
+            try:
+                post_fault(url, off)
+            except RuntimeError:
+                pass  # the replica may be gone; nothing is left on then
+
+    def sorted_events(self) -> list[dict]:
+        with self._lock:
+            return sorted(self.events, key=lambda e: e["t_s"])
+
+
+# -- the report ---------------------------------------------------------------------------
+
+
+def fault_report(
+    intended: np.ndarray,
+    done: np.ndarray,
+    latency_s: np.ndarray,
+    codes: np.ndarray,
+    *,
+    specs: Sequence[FaultSpec],
+    events: Sequence[dict],
+    slo_p99_ms: float,
+    end_s: float | None = None,
+    n_replicas: int | None = None,
+    window_s: float = WINDOW_S,
+) -> dict:
+    """The fault section of a ramp's result, from every request of the ramp.
+
+    `intended` and `done` are seconds from the ramp's start (done NaN: never ended),
+    `codes` gRPC status numbers. See docs/reliability.md for each figure.
+    """
+    names = np.array([status_name(c) for c in codes]) if len(codes) else np.array([], dtype=str)
+    ok = codes == OK
+    lost = np.isnan(done) | np.isin(names, LOST_CODES)
+    errors = ~ok & ~lost
+    end_s = float(np.nanmax(intended)) + window_s if end_s is None and len(intended) else (end_s or 0.0)
+    windows = _windows(intended, latency_s, ok, errors, lost, end_s, window_s, slo_p99_ms)
+    windows["replicas_up"] = _replicas_up(windows["t_s"], window_s, events, n_replicas)
+    per_fault = [
+        _one_fault(i, s, events, intended, latency_s, ok, errors, lost, names, windows, end_s, window_s)
+        for i, s in enumerate(specs)
+    ]
+    return {
+        "schema": SCHEMA,
+        "requests": {
+            "sent": len(codes),
+            "ok": int(ok.sum()),
+            "errors": int(errors.sum()),
+            "lost": int(lost.sum()),
+        },
+        "errors_by_code": _by_code(names[~ok]),
+        "lost_by_code": _by_code(names[lost]),
+        "definitions": {
+            "lost_codes": list(LOST_CODES),
+            "window_s": window_s,
+            "hold_s": HOLD_S,
+            "compare_s": COMPARE_S,
+            "max_error_rate": MAX_ERROR_RATE,
+            "slo_p99_ms": slo_p99_ms,
+        },
+        "faults": per_fault,
+        "events": list(events),
+        "timeline": windows,
+    }
+
+
+def _by_code(names: np.ndarray) -> dict[str, int]:
+    values, counts = np.unique(names, return_counts=True)
+    return {str(v): int(c) for v, c in zip(values, counts)}
+
+
+def _p99_ms(latency_s: np.ndarray) -> float | None:
+    return float(np.percentile(latency_s, 99, method="higher") * 1e3) if len(latency_s) else None
+
+
+def _windows(intended, latency_s, ok, errors, lost, end_s, window_s, slo_p99_ms) -> dict:
+    """Per window of send time: sent, ok, errors, lost, P99 of the ok, and whether it was good."""
+    n = max(1, math.ceil(end_s / window_s))
+    idx = np.clip(np.floor(intended / window_s).astype(int), 0, n - 1) if len(intended) else np.array([], int)
+    out: dict[str, list] = {k: [] for k in ("t_s", "sent", "ok", "errors", "lost", "p99_ms", "good")}
+    for w in range(n):
+        here = idx == w
+        sent = int(here.sum())
+        p99 = _p99_ms(latency_s[here & ok])
+        n_err, n_lost = int((here & errors).sum()), int((here & lost).sum())
+        good = sent > 0 and n_lost == 0 and n_err <= MAX_ERROR_RATE * sent and p99 is not None and p99 <= slo_p99_ms
+        out["t_s"].append(round(w * window_s, 6))
+        out["sent"].append(sent)
+        out["ok"].append(int((here & ok).sum()))
+        out["errors"].append(n_err)
+        out["lost"].append(n_lost)
+        out["p99_ms"].append(p99)
+        out["good"].append(bool(good))
+    return out
+
+
+def _replicas_up(t_s: list[float], window_s: float, events: Sequence[dict], n: int | None) -> list[int] | None:
+    """Replicas serving at each window's start, from kill/ready and pause/resume events."""
+    if n is None:
+        return None
+    delta = {"kill": -1, "pause": -1, "ready": 1, "resume": 1}
+    changes = sorted((e["t_s"], delta[e["action"]]) for e in events if e["action"] in delta and "error" not in e)
+    out, up, j = [], n, 0
+    for t in t_s:
+        while j < len(changes) and changes[j][0] <= t + window_s / 2:
+            up += changes[j][1]
+            j += 1
+        out.append(up)
+    return out
+
+
+def _one_fault(i, spec, events, intended, latency_s, ok, errors, lost, names, windows, end_s, window_s) -> dict:
+    mine = [e for e in events if e["fault"] == i]
+    begin = next(
+        (e["t_s"] for e in mine if e["action"] in ("kill", "pause", "slow", "fail") and "error" not in e), None
+    )
+    over = next((e["t_s"] for e in mine if e["action"] in ("ready", "resume", "off") and "error" not in e), None)
+    out: dict = {
+        "fault": spec.text,
+        "kind": spec.kind,
+        "replica": spec.replica,
+        "start_s": begin,
+        "end_s": over,
+        "restart_s": next((e["t_s"] for e in mine if e["action"] == "restart"), None),
+    }
+    if begin is None:
+        out["note"] = "the fault did not happen (the ramp ended before it, or its action failed)"
+        return out
+    stop = over if over is not None else end_s
+    phases = {
+        "before": (max(0.0, begin - COMPARE_S), begin),
+        "during": (begin, stop),
+        "after": (stop, min(end_s, stop + COMPARE_S)),
+    }
+    for phase, (a, b) in phases.items():
+        here = (intended >= a) & (intended < b)
+        out[f"p99_{phase}_ms"] = _p99_ms(latency_s[here & ok])
+        out[f"sent_{phase}"] = int(here.sum())
+        out[f"lost_{phase}"] = int((here & lost).sum())
+        out[f"errors_{phase}"] = _by_code(names[here & ~ok])
+    out["recovery_s"], out["breached_slo"] = _recovery(windows, begin, end_s, window_s)
+    if out["recovery_s"] is not None and over is not None:
+        out["recovered_after_end_s"] = round(begin + out["recovery_s"] - over, 3)
+    return out
+
+
+def _recovery(windows: dict, begin: float, end_s: float, window_s: float) -> tuple[float | None, bool]:
+    """Seconds from the fault's start to the start of the first window from which every window is
+    good for HOLD_S (or to the ramp's end); None if that never happens. Also: was any window bad?"""
+    t = np.array(windows["t_s"])
+    good = np.array(windows["good"])
+    first = int(np.searchsorted(t, begin - window_s + 1e-9))  # the window the fault starts in
+    hold = max(1, round(HOLD_S / window_s))
+    breached = bool(len(good[first:]) and not good[first:].all())
+    for w in range(first, len(t)):
+        run = good[w : w + hold]
+        if run.all() and (len(run) == hold or w + len(run) == len(t)) and len(run):
+            return round(max(0.0, t[w] - begin), 3), bool((~good[first:w]).any())
+    return None, breached
+
+
+# -- the ramp -----------------------------------------------------------------------------
+
+
+class FaultRamp(Ramp):
+    """A Ramp that runs a FaultSchedule from its first step's start and adds `result["faults"]`."""
+
+    def __init__(
+        self,
+        cfg: RampConfig,
+        specs: Sequence[FaultSpec],
+        *,
+        replicas: ReplicaSet | None = None,
+        admin_urls: Sequence[str] = (),
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(cfg, progress)
+        self.replicas = replicas
+        planned = len(cfg.steps) * (cfg.warmup_s + cfg.step_duration_s)
+        self.schedule = FaultSchedule(specs, planned, replicas=replicas, admin_urls=admin_urls, say=self.say)
+
+    def started(self, clock0: float) -> None:
+        self.schedule.start(clock0)
+
+    def run(self) -> dict:
+        try:
+            result = super().run()
+        finally:
+            self.schedule.stop()
+        if self.timeline:
+            intended, done, lat, codes = (np.concatenate([t[k] for t in self.timeline]) for k in range(4))
+        else:
+            intended = done = lat = np.empty(0)
+            codes = np.empty(0, dtype=np.int16)
+        section = fault_report(
+            intended,
+            done,
+            lat,
+            codes,
+            specs=self.schedule.specs,
+            events=self.schedule.sorted_events(),
+            slo_p99_ms=self.cfg.slo_p99_ms,
+            n_replicas=len(self.replicas) if self.replicas is not None else None,
+        )
+        section["retries"] = self.cfg.retries
+        section["planned_s"] = self.schedule.planned_s
+        if self.replicas is not None:
+            section["replicas"] = self.replicas.describe()
+        result["faults"] = section
+        if section["requests"]["lost"] and self.cfg.retries:
+            result["warnings"].append(
+                f"{section['requests']['lost']} request(s) lost with retries on: {section['lost_by_code']}"
+            )
+        return result
+
+
+# -- text ---------------------------------------------------------------------------------
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _s(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def print_faults(result: dict, file=None) -> None:
+    """The fault table, and the timeline around the faults."""
+    from rich.console import Console
+    from rich.table import Table
+
+    section = result.get("faults")
+    if not section:
+        return
+    console = Console(file=file or sys.stdout, width=160)
+    req = section["requests"]
+    console.print(
+        f"requests: {req['sent']} sent, {req['ok']} ok, {req['errors']} errors, [bold]{req['lost']} lost[/bold] "
+        f"(retries {'on' if section.get('retries', True) else 'off'}); errors by code: "
+        f"{section['errors_by_code'] or '-'}"
+    )
+    table = Table(title=f"faults (SLO P99 {section['definitions']['slo_p99_ms']:g} ms)")
+    for head in ("fault", "start s", "end s", "P99 before", "during", "after", "lost", "errors during", "recovery s"):
+        table.add_column(head)
+    for f in section["faults"]:
+        table.add_row(
+            f["fault"],
+            _s(f.get("start_s")),
+            _s(f.get("end_s")),
+            _ms(f.get("p99_before_ms")),
+            _ms(f.get("p99_during_ms")),
+            _ms(f.get("p99_after_ms")),
+            str(f.get("lost_during", "-")),
+            ", ".join(f"{k} {v}" for k, v in f.get("errors_during", {}).items()) or "-",
+            "never" if f.get("start_s") is not None and f.get("recovery_s") is None else _s(f.get("recovery_s")),
+        )
+    console.print(table)
+    tl = section["timeline"]
+    starts = [f["start_s"] for f in section["faults"] if f.get("start_s") is not None]
+    if not starts:
+        return
+    stops = [
+        (f["start_s"] + (f["recovery_s"] or 0.0), f.get("end_s") or f["start_s"])
+        for f in section["faults"]
+        if f.get("start_s") is not None
+    ]
+    lo, hi = min(starts) - 2.0, max(max(s) for s in stops) + 3.0
+    events: dict[int, list[str]] = {}
+    w = section["definitions"]["window_s"]
+    for e in section["events"]:
+        events.setdefault(int(e["t_s"] // w), []).append(f"{e['action']} r{e.get('replica', '')}")
+    table = Table(title="timeline (by send time)")
+    for head in ("t s", "sent", "ok", "errors", "lost", "P99 ms", "up", "", "events"):
+        table.add_column(head)
+    up = tl.get("replicas_up")
+    for k, t in enumerate(tl["t_s"]):
+        if not lo <= t <= hi:
+            continue
+        table.add_row(
+            f"{t:.1f}",
+            str(tl["sent"][k]),
+            str(tl["ok"][k]),
+            str(tl["errors"][k]),
+            str(tl["lost"][k]),
+            _ms(tl["p99_ms"][k]),
+            "-" if up is None else str(up[k]),
+            "" if tl["good"][k] else "bad",
+            ", ".join(events.get(k, [])),
+        )
+    console.print(table)
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+def add_arguments(p) -> None:
+    """`wok bench ramp`'s replica, fault and retry options."""
+    g = p.add_argument_group("replicas and faults", "see docs/reliability.md")
+    g.add_argument("--replicas", type=int, help="start N local `wok serve` replicas and ramp all of them (round robin)")
+    g.add_argument(
+        "--serve-args",
+        help='arguments of each replica\'s `wok serve`, as one string (default: "--models MODELS-OF-THE-MIX")',
+    )
+    g.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="kill:replica=1,at=30%%,restart=60%% | pause:replica=1,at=30%%,resume=60%% | "
+        "slow:model=mlp,delay=50ms,at=30%%,until=60%% | fail:model=mlp,at=30%%,until=60%% (repeatable)",
+    )
+    g.add_argument(
+        "--admin-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="admin API (http://HOST:METRICS-PORT of a `wok serve --admin`) for slow/fail faults without "
+        "--replicas; repeat for several, replica=N picks one",
+    )
+    g.add_argument("--no-retries", action="store_true", help="do not retry calls that end with UNAVAILABLE")
+
+
+def run_faults(args, cfg: RampConfig) -> dict:
+    """The ramp with `--replicas` and `--fault`: start the replicas, run, stop them, return the result."""
+    import shlex
+    from dataclasses import replace
+
+    specs = [parse_fault(s) for s in args.fault]
+    if args.replicas is not None:
+        if args.replicas < 1:
+            raise ValueError(f"--replicas must be >= 1; got {args.replicas}")
+        for s in specs:
+            if s.replica is not None and s.replica >= args.replicas:
+                raise ValueError(f"--fault {s.text!r}: replica={s.replica}, but --replicas {args.replicas}")
+    elif any(not s.server_side for s in specs):
+        raise ValueError("--fault kill: and pause: need --replicas: the bench signals only replicas it started")
+    elif any(s.server_side for s in specs) and not args.admin_url:
+        raise ValueError("--fault slow: and fail: need --replicas or --admin-url")
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    replicas = None
+    if args.replicas:
+        if args.serve_args is not None:
+            serve_args = shlex.split(args.serve_args)
+        else:
+            serve_args = ["--models", ",".join(m for m, _ in cfg.models)]
+        say(f"starting {args.replicas} replica(s): wok serve {' '.join(serve_args)}")
+        replicas = ReplicaSet(args.replicas, serve_args, admin=any(s.server_side for s in specs))
+        say(f"replicas serving on {replicas.target}")
+        # Several servers have no one /metrics: the server's view is left out unless a URL is given.
+        cfg = replace(cfg, target=replicas.target, metrics_url=None if args.metrics_url == "auto" else cfg.metrics_url)
+    try:
+        return FaultRamp(cfg, specs, replicas=replicas, admin_urls=args.admin_url, progress=say).run()
+    finally:
+        if replicas is not None:
+            replicas.close()

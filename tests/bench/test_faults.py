@@ -1,0 +1,264 @@
+"""bench/faults.py: fault specs, the fault report on hand-built requests, the schedule against
+a real `wok serve --admin` (the admin API of docs/ADMIN_API), and the command line's checks.
+
+The replica kill/restart path runs end to end in tests/integration/test_replicas.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from wok.bench.faults import At, FaultSchedule, fault_report, get_faults, parse_at, parse_fault
+from wok.bench.runner import status_name
+
+pytestmark = pytest.mark.timeout(120)
+OK, INTERNAL, UNAVAILABLE = 0, 13, 14
+
+
+# -- specs --------------------------------------------------------------------------------
+
+
+def test_parse_kill_pause_slow_fail():
+    kill = parse_fault("kill:replica=1,at=30%,restart=60%")
+    assert (kill.kind, kill.replica, kill.at, kill.until) == ("kill", 1, At(0.3, True), At(0.6, True))
+    assert not kill.server_side and kill.text == "kill:replica=1,at=30%,restart=60%"
+    pause = parse_fault("pause:at=2s,resume=5s")
+    assert (pause.kind, pause.replica, pause.at, pause.until) == ("pause", 0, At(2.0, False), At(5.0, False))
+    slow = parse_fault("slow:model=mlp,delay=50ms,at=10%,until=20%,instance=1")
+    assert (slow.model, slow.delay_ms, slow.instance, slow.replica) == ("mlp", 50.0, 1, None) and slow.server_side
+    fail = parse_fault("fail:model=mlp,at=40%")
+    assert (fail.kind, fail.until, fail.delay_ms) == ("fail", None, None)
+    assert parse_at("25%", "at").seconds(20.0) == 5.0 and parse_at("1.5s", "at").seconds(20.0) == 1.5
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("crash:at=1s", "expected kill:, pause:, slow: or fail:"),
+        ("kill:replica=1", "at=... is required"),
+        ("kill:at=30%,delay=5ms", "'delay=5ms': expected KEY=VALUE"),
+        ("kill:at=30%,at=40%", "at given twice"),
+        ("kill:at=60%,restart=30%", "must end after it starts"),
+        ("kill:at=30%,restart=60%,until=70%", "give one end"),
+        ("kill:at=130%", "from 0% to 100%"),
+        ("kill:at=soon", "expected a percentage of the ramp"),
+        ("kill:replica=-1,at=1s", "expected an integer >= 0"),
+        ("slow:at=1s,delay=5ms", "model=NAME is required"),
+        ("slow:model=mlp,at=1s", "delay=DURATION is required"),
+    ],
+)
+def test_bad_specs_say_what_is_wrong(spec, says):
+    with pytest.raises(ValueError, match="--fault") as err:
+        parse_fault(spec)
+    assert says in str(err.value)
+
+
+# -- the report ---------------------------------------------------------------------------
+
+
+def hand_case():
+    """18 requests in 0.5 s windows (hand count in the tests below)."""
+    rows = [  # (intended s, latency ms, code)
+        (0.1, 10, OK),
+        (0.2, 20, OK),  # w0: good
+        (0.55, 30, OK),
+        (0.7, 10, UNAVAILABLE),  # w1: a lost request
+        (1.1, 200, OK),
+        (1.2, 10, OK),  # w2: P99 200 ms > SLO 100 ms
+        (1.6, 10, OK),
+        (1.7, 5, INTERNAL),  # w3: 1 error in 2 > 1 %
+    ] + [(2.0 + 0.5 * k + 0.1 * j, 10 + 10 * j, OK) for k in range(5) for j in range(2)]  # w4-w8: good
+    intended = np.array([r[0] for r in rows])
+    latency = np.array([r[1] for r in rows]) / 1e3
+    codes = np.array([r[2] for r in rows], dtype=np.int16)
+    return intended, intended + latency, latency, codes
+
+
+EVENTS = [
+    {"t_s": 0.6, "fault": 0, "action": "kill", "replica": 1},
+    {"t_s": 1.0, "fault": 0, "action": "restart", "replica": 1},
+    {"t_s": 1.8, "fault": 0, "action": "ready", "replica": 1},
+]
+
+
+def test_fault_report_by_hand():
+    intended, done, latency, codes = hand_case()
+    spec = parse_fault("kill:replica=1,at=5%,restart=10%")
+    r = fault_report(
+        intended, done, latency, codes, specs=[spec], events=EVENTS, slo_p99_ms=100.0, end_s=4.5, n_replicas=3
+    )
+    assert r["requests"] == {"sent": 18, "ok": 16, "errors": 1, "lost": 1}
+    assert r["errors_by_code"] == {"INTERNAL": 1, "UNAVAILABLE": 1}
+    assert r["lost_by_code"] == {"UNAVAILABLE": 1}
+    tl = r["timeline"]
+    assert tl["t_s"] == [0.5 * k for k in range(9)]
+    assert tl["sent"] == [2] * 9 and tl["lost"] == [0, 1] + [0] * 7 and tl["errors"] == [0, 0, 0, 1] + [0] * 5
+    assert tl["p99_ms"][:4] == pytest.approx([20, 30, 200, 10])
+    assert tl["good"] == [True, False, False, False, True, True, True, True, True]
+    assert tl["replicas_up"] == [3, 2, 2, 2, 3, 3, 3, 3, 3]  # ready at 1.8 counts from the window at 2.0
+    (f,) = r["faults"]
+    assert (f["start_s"], f["restart_s"], f["end_s"]) == (0.6, 1.0, 1.8)
+    # before [0, 0.6): 10, 20, 30 ms; during [0.6, 1.8): one lost, 200, 10, 10 ms ok, one INTERNAL;
+    # after [1.8, 4.5): ten ok at 10 and 20 ms.
+    assert (f["sent_before"], f["sent_during"], f["sent_after"]) == (3, 5, 10)
+    assert f["p99_before_ms"] == pytest.approx(30) and f["p99_during_ms"] == pytest.approx(200)
+    assert f["p99_after_ms"] == pytest.approx(20)
+    assert (f["lost_before"], f["lost_during"], f["lost_after"]) == (0, 1, 0)
+    assert f["errors_during"] == {"INTERNAL": 1, "UNAVAILABLE": 1} and f["errors_after"] == {}
+    # The fault starts in w1; w1-w3 are bad, w4-w7 (2 s) good: recovered at 2.0 s, 1.4 s after the
+    # kill and 0.2 s after the replica was ready again.
+    assert f["recovery_s"] == pytest.approx(1.4) and f["breached_slo"] is True
+    assert f["recovered_after_end_s"] == pytest.approx(0.2)
+    json.dumps(r)  # plain JSON
+
+
+def test_never_recovered_and_never_happened():
+    intended, done, latency, codes = hand_case()
+    codes = codes.copy()
+    codes[-1] = UNAVAILABLE  # the last window is bad: no 2 s of good windows after the fault
+    done = done.copy()
+    done[-3] = math.nan  # a request that never ended is lost too
+    specs = [parse_fault("kill:replica=1,at=5%,restart=10%"), parse_fault("pause:replica=2,at=90%")]
+    r = fault_report(
+        intended, done, latency, codes, specs=specs, events=EVENTS, slo_p99_ms=100.0, end_s=4.5, n_replicas=3
+    )
+    assert r["requests"]["lost"] == 3 and r["lost_by_code"] == {"OK": 1, "UNAVAILABLE": 2}
+    assert r["timeline"]["good"][-2:] == [False, False]
+    first, second = r["faults"]
+    assert first["recovery_s"] is None and first["breached_slo"] is True
+    assert second["start_s"] is None and "did not happen" in second["note"]
+
+
+def test_an_unharmed_run_recovers_at_once():
+    intended = np.arange(0.05, 4.0, 0.1)
+    latency = np.full(len(intended), 0.01)
+    codes = np.zeros(len(intended), dtype=np.int16)
+    events = [{"t_s": 1.0, "fault": 0, "action": "slow", "replica": 0}]
+    r = fault_report(
+        intended,
+        intended + latency,
+        latency,
+        codes,
+        specs=[parse_fault("slow:model=mlp,delay=1ms,at=25%")],
+        events=events,
+        slo_p99_ms=100.0,
+        end_s=4.0,
+    )
+    (f,) = r["faults"]
+    assert f["recovery_s"] == 0.0 and f["breached_slo"] is False and f["end_s"] is None
+    assert r["timeline"]["replicas_up"] is None and "recovered_after_end_s" not in f
+
+
+def test_status_names_cover_the_lost_codes():
+    assert [status_name(c) for c in (1, 4, 14, 2)] == ["CANCELLED", "DEADLINE_EXCEEDED", "UNAVAILABLE", "UNKNOWN"]
+
+
+# -- the schedule against a real server's admin API ----------------------------------------
+
+
+def admin_url(server) -> str:
+    for line in server.log:
+        if "metrics on http://" in line:
+            return line.split("metrics on ")[1].rsplit("/metrics", 1)[0]
+    raise AssertionError("no metrics URL printed")
+
+
+def wait_for(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_schedule_turns_a_server_fault_on_and_off(start_server):
+    server = start_server("--models", "mlp", "--admin")
+    url = admin_url(server)
+    spec = parse_fault("slow:model=mlp,delay=40ms,at=0.2s,until=0.6s")
+    schedule = FaultSchedule([spec], planned_s=10.0, admin_urls=[url])
+    seen: list[list[dict]] = []
+    schedule.start(time.monotonic())
+    wait_for(lambda: any(e["action"] == "slow" for e in schedule.events))
+    seen.append(get_faults(url))
+    wait_for(lambda: any(e["action"] == "off" for e in schedule.events))
+    seen.append(get_faults(url))
+    schedule.stop()
+    assert [(f["model"], f["mode"], f["delay_ms"]) for f in seen[0]] == [("mlp", "slow", 40.0)]
+    assert seen[1] == []
+    events = schedule.sorted_events()
+    assert [e["action"] for e in events] == ["slow", "off"] and all("error" not in e for e in events)
+    assert 0.2 <= events[0]["t_s"] < 1.0 and 0.6 <= events[1]["t_s"] < 1.5
+
+
+def test_a_refused_server_fault_is_recorded_and_the_schedule_goes_on(start_server):
+    server = start_server("--models", "mlp")  # no --admin: the admin paths are refused
+    spec = parse_fault("fail:model=mlp,at=0s,until=0.1s")
+    schedule = FaultSchedule([spec], planned_s=1.0, admin_urls=[admin_url(server)])
+    schedule.start(time.monotonic())
+    wait_for(lambda: len(schedule.events) == 2)
+    schedule.stop()
+    fail, off = schedule.sorted_events()
+    # The contract says 404; this server answers a POST with 405. Either way the error names it.
+    assert re.search(r"/admin/faults: HTTP 40[45] \(is the server run with --admin\?\)", fail["error"])
+    assert "/admin/faults: HTTP 40" in off["error"]
+
+
+def test_ramp_with_server_faults_counts_errors_not_losses(start_server, tmp_path):
+    """slow then fail on one server through --admin-url: P99 during `slow` is at least its delay;
+    `fail` answers INTERNAL, which is an error, never a lost request."""
+    server = start_server("--models", "mlp", "--admin", "--torch-threads", "1")
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
+    cmd += ["--steps", "50", "--step-duration", "6s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
+    cmd += ["--admin-url", admin_url(server), "--fault", "slow:model=mlp,delay=60ms,at=10%,until=40%"]
+    cmd += ["--fault", "fail:model=mlp,at=60%,until=80%"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    faults = json.loads(out.read_text())["faults"]
+    slow, fail = faults["faults"]
+    assert slow["p99_during_ms"] >= 60 and slow["errors_during"] == {}
+    assert fail["errors_during"].get("INTERNAL", 0) > 10 and fail["lost_during"] == 0
+    assert faults["requests"]["lost"] == 0 and faults["errors_by_code"] == {"INTERNAL": faults["requests"]["errors"]}
+    assert [e["action"] for e in faults["events"]] == ["slow", "off", "fail", "off"]
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--fault", "kill:at=30%"], "need --replicas"),
+        (["--fault", "slow:model=mlp,delay=5ms,at=30%"], "need --replicas or --admin-url"),
+        (["--replicas", "2", "--fault", "kill:replica=2,at=30%"], "replica=2, but --replicas 2"),
+        (["--replicas", "0"], "--replicas must be >= 1"),
+        (["--replicas", "1", "--fault", "boom"], "expected kill:, pause:, slow: or fail:"),
+    ],
+)
+def test_cli_refuses_bad_fault_options(args, says):
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--metrics-url", "none", "--target", "127.0.0.1:1", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+
+
+def test_schedule_refuses_a_signal_fault_without_replicas():
+    with pytest.raises(ValueError, match="needs --replicas"):
+        FaultSchedule([parse_fault("pause:at=1s")], planned_s=1.0)
+
+
+def test_stop_before_the_time_runs_nothing():
+    schedule = FaultSchedule([parse_fault("fail:model=mlp,at=50s")], planned_s=100.0, admin_urls=["http://x:1"])
+    schedule.start(time.monotonic())
+    t = threading.Timer(0.05, schedule.stop)
+    t.start()
+    t.join()
+    schedule.stop()
+    assert schedule.events == []

@@ -1,0 +1,61 @@
+"""Acceptance (issue 7): three replicas on loopback behind round_robin, one SIGKILLed mid-step and
+restarted during a short ramp; with retries no request is lost, and the report shows the dip
+(replicas up 3 → 2 → 3, P99 during the fault) and the time to recover below the SLO.
+
+Runs `wok bench ramp --replicas 3 --fault kill:...` as a user would, in about 25 s.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_a_replica_killed_mid_step_loses_no_request(tmp_path):
+    out = tmp_path / "ramp.json"
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "3"]
+    cmd += ["--serve-args", "--models mlp --torch-threads 1", "--steps", "100,200", "--step-duration", "5s"]
+    cmd += ["--warmup", "1s", "--workers", "1", "--slo-p99", "200ms", "--json", str(out)]
+    # Planned ramp time: 2 × (1 s + 5 s) = 12 s; the kill lands 3 s in, in step 1's measured part.
+    cmd += ["--fault", "kill:replica=1,at=25%,restart=45%"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    faults = result["faults"]
+    assert faults["schema"] == "wok.faults/1" and faults["retries"] is True
+
+    # Every request sent was answered, and answered OK.
+    requests = faults["requests"]
+    assert requests["lost"] == 0, faults["lost_by_code"]
+    assert requests["sent"] == requests["ok"] > 500
+    assert all(s["success_rate"] == 1.0 for s in result["steps"])
+
+    # The kill, the restart and the replica serving again, in order, at the planned times.
+    events = [(e["action"], e["replica"]) for e in faults["events"]]
+    assert events == [("kill", 1), ("restart", 1), ("ready", 1)], faults["events"]
+    t = {e["action"]: e["t_s"] for e in faults["events"]}
+    assert 3.0 <= t["kill"] < 4.0 and 5.4 <= t["restart"] < 6.4 and t["ready"] > t["restart"]
+    replicas = faults["replicas"]
+    assert len(replicas) == 3 and len(replicas[1]["pids"]) == 2 and len(replicas[0]["pids"]) == 1
+    assert len(set(r["target"] for r in replicas)) == 3
+
+    # The dip: three replicas up, then two while replica 1 is down, then three again.
+    up = faults["timeline"]["replicas_up"]
+    changes = [u for i, u in enumerate(up) if i == 0 or u != up[i - 1]]
+    assert changes == [3, 2, 3]
+    sent_while_down = sum(s for s, u in zip(faults["timeline"]["sent"], up) if u == 2)
+    assert sent_while_down > 100  # traffic went on, to the other two
+
+    (kill,) = faults["faults"]
+    assert kill["start_s"] == t["kill"] and kill["end_s"] == t["ready"] and kill["restart_s"] == t["restart"]
+    assert kill["lost_during"] == 0 and kill["errors_during"] == {}
+    for phase in ("before", "during", "after"):
+        assert kill[f"p99_{phase}_ms"] is not None and kill[f"sent_{phase}"] > 0
+    # Recovered below the 200 ms SLO, and within the ramp.
+    assert kill["recovery_s"] is not None and 0 <= kill["recovery_s"] <= 12 - t["kill"]
+    assert "faults (SLO P99 200 ms)" in proc.stdout and "timeline" in proc.stdout
