@@ -51,6 +51,12 @@ def _serve_parser(sub) -> None:
     )
     p.add_argument("--no-metrics", action="store_true", help="record no metrics (to measure what they cost)")
     p.add_argument(
+        "--admin",
+        action="store_true",
+        help="serve the admin API on the metrics port: fault injection, live batching policy, /events "
+        "(see docs/demo.md); it binds where --metrics-host says, loopback by default",
+    )
+    p.add_argument(
         "--demo-option",
         action="append",
         default=[],
@@ -127,12 +133,15 @@ async def _serve(args) -> int:
         metrics=not args.no_metrics,
         metrics_host=args.metrics_host,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        admin=args.admin,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
         auth_token_file=args.auth_token_file,
         auth_token_env=args.auth_token_env,
     )
+    if settings.admin and settings.metrics_port is None:
+        raise ConfigError("--admin is served on the metrics port: it needs --metrics-port other than -1")
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     age, age_grace = args.max_connection_age, args.max_connection_age_grace

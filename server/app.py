@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
+from .admin import Admin
 from .auth import SecurityMode, security_warnings, server_credentials, token_interceptor
 from .batcher import Batcher, BatchingPolicy
 from .config import ServerSettings
@@ -141,7 +142,10 @@ class WokServer:
             raise OSError(f"cannot bind gRPC to {address}")
         await self._grpc.start()
         if self.settings.metrics_port is not None:
-            self.http = MetricsHTTPServer(self.registry, self.settings.metrics_host, self.settings.metrics_port)
+            admin = Admin(self) if self.settings.admin else None
+            self.http = MetricsHTTPServer(
+                self.registry, self.settings.metrics_host, self.settings.metrics_port, admin=admin
+            )
             await self.http.start()
         for service in ("", SERVICE_NAME, *self.runtimes):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -153,6 +153,19 @@ class Batcher:
                 pass
             raise
 
+    def set_policy(self, policy: BatchingPolicy) -> None:
+        """Replace the batching policy live (the admin API); every later decision reads the new one.
+
+        Raises ValueError if a queued request has more rows than the new max_batch_size.
+        """
+        largest = max((p.rows for q in self._queues.values() for p in q.entries if p.state == QUEUED), default=0)
+        if largest > policy.max_batch_size:
+            raise ValueError(f"a queued request has {largest} rows, more than max_batch_size {policy.max_batch_size}")
+        self.policy = policy
+        self._full.update(self._queues)  # a smaller flush size may make queues full now
+        if self._wakeup is not None:
+            self._wakeup.set()
+
     @property
     def queued(self) -> int:
         return self._queued

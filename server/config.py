@@ -194,6 +194,9 @@ class ServerSettings(_Strict):
     metrics_port: int | None = Field(
         8002, ge=0, le=65_535, description="HTTP port of /metrics; 0 picks a free one, None serves none."
     )
+    admin: bool = Field(
+        False, description="Serve the admin API (fault injection, batching policy, /events) on the metrics port."
+    )
     # Security (see docs/security.md and server/auth.py). Files are read and checked here,
     # so a bad one fails at start-up, naming the file; their contents never show in errors.
     tls_cert: Path | None = Field(

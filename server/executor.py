@@ -21,7 +21,7 @@ import concurrent.futures
 import ctypes
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +29,7 @@ import torch
 
 from .config import InstanceConfig
 from .errors import ModelExecutionError
+from .faults import InstanceFault
 from .servable import HostBuffers, Servable
 from .tensors import to_numpy_view
 
@@ -108,6 +109,9 @@ class Instance:
         self.cuda = device.type == "cuda"
         self.module = servable.module_for(device)
         self.slots = [_Slot(pinned=self.cuda) for _ in range(depth)]
+        self.fault = InstanceFault(servable.name, index)  # set by the admin API (server/faults.py)
+        # Called on the loop as each batch is handed over, with (rows, future): the admin's event stream.
+        self.observer: Callable[[Sequence[int], concurrent.futures.Future], None] | None = None
         tag = f"wok-{servable.name}-{index}"
         self._worker = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix=f"{tag}-run", initializer=name_os_thread, initargs=(f"wok-run-{index}",)
@@ -155,8 +159,11 @@ class Instance:
                         done.set_exception(exc)
 
             launched.add_done_callback(_then_wait)
-            return done
-        return self._worker.submit(self._run_cpu, inputs, rows, self.slots[slot], deadlines)
+        else:
+            done = self._worker.submit(self._run_cpu, inputs, rows, self.slots[slot], deadlines)
+        if self.observer is not None:
+            self.observer(rows, done)
+        return done
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=True)
@@ -172,6 +179,7 @@ class Instance:
             return BatchResult([], StageTimes(), self.index, t0, t0, kept=kept)
         host = s.assemble(inputs, sum(rows), slot.inputs)
         t1 = time.perf_counter()
+        slow_s = self.fault.before_forward()  # an injected fault: raises, or a delay to add
         try:
             with torch.inference_mode():
                 out = s.forward(self.module, s.prepare(host))
@@ -179,6 +187,8 @@ class Instance:
             raise
         except Exception as exc:
             raise ModelExecutionError(f"model '{s.name}' failed: {type(exc).__name__}: {exc}") from exc
+        if slow_s:
+            time.sleep(slow_s)
         t2 = time.perf_counter()
         # Outputs are usually fresh tensors, so per-request views of them are safe to hand
         # out. An output that aliases an input (identity, a slice of it) lives in this slot's
@@ -203,6 +213,7 @@ class Instance:
         host = s.assemble(inputs, sum(rows), slot.inputs)
         assemble = time.perf_counter() - t0
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
+        slow_s = self.fault.before_forward()  # an injected fault: raises, or a delay to add
         try:
             with torch.cuda.device(self.device):
                 with torch.cuda.stream(self.h2d_stream):
@@ -217,6 +228,9 @@ class Instance:
                     ev[2].record()
                     with torch.inference_mode():
                         out = s.forward(self.module, s.prepare(dev_in))
+                    if slow_s:  # after the forward, before its end event: counted in compute
+                        self.compute_stream.synchronize()
+                        time.sleep(slow_s)
                     ev[3].record()
                 self.d2h_stream.wait_event(ev[3])
                 with torch.cuda.stream(self.d2h_stream):

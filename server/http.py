@@ -1,28 +1,51 @@
-"""A small HTTP/1.1 server on the event loop for /metrics (Prometheus text or OpenMetrics).
+"""A small HTTP/1.1 server on the event loop for /metrics (Prometheus text or OpenMetrics),
+and, with `wok serve --admin`, the admin API and the /events stream (server/admin.py).
 
 It runs on the server's own loop, so a scrape reads the counters the loop writes without
 a thread in between. Keep-alive is honoured, since Prometheus reuses its connection.
+
+Admin paths (404 without --admin; bodies are JSON, errors `{"error": "..."}` with 400):
+  GET  /admin/faults     the active faults
+  POST /admin/faults     {"model", "instance"?, "mode": slow|fail|off, "delay_ms"?, "duration_s"?}
+  GET  /admin/batching   each model's batching policy
+  POST /admin/batching   {"model", "max_batch_size"?, "max_queue_delay_ms"?}
+  GET  /events           text/event-stream of batch and tick events
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 from prometheus_client import CollectorRegistry
 from prometheus_client import exposition as text_format
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from .admin import Admin, dumps
+from .faults import AdminRequestError
+
 log = logging.getLogger("wok.http")
 MAX_HEADER_BYTES = 16 << 10
+MAX_BODY_BYTES = 64 << 10  # admin bodies are a few fields
 HEADER_TIMEOUT_S = 10.0  # a request's headers must arrive within this
 IDLE_TIMEOUT_S = 120.0  # a kept-alive connection with no request for this long is closed
 MAX_CONNECTIONS = 64  # beyond this, new connections are closed at once: sockets are the gRPC port's too
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    411: "Length Required",
+    413: "Payload Too Large",
+}
+JSON = "application/json"
 
 
 class MetricsHTTPServer:
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+    def __init__(self, registry: CollectorRegistry, host: str, port: int, *, admin: Admin | None = None) -> None:
         self.registry = registry
+        self.admin = admin
         self.host = host
         self.port = port
         self._server: asyncio.base_events.Server | None = None
@@ -36,6 +59,8 @@ class MetricsHTTPServer:
         if self._server is None:
             return
         self._server.close()
+        if self.admin is not None:
+            await self.admin.close()
         for t in list(self._clients):
             t.cancel()
         await asyncio.gather(*self._clients, return_exceptions=True)
@@ -77,7 +102,13 @@ class MetricsHTTPServer:
                 method, target, version = parts
                 close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
                 path = target.split("?", 1)[0]
-                if method not in ("GET", "HEAD"):
+                if path.startswith("/admin/") or path == "/events":
+                    if self.admin is None:  # off: as if absent; an unread body ends the connection
+                        await self._respond(writer, 404, b"not found\n", "text/plain", close=True)
+                        return
+                    if not await self._admin(reader, writer, method, path, headers, close):
+                        return
+                elif method not in ("GET", "HEAD"):
                     await self._respond(writer, 405, b"only GET\n", "text/plain", close=close)
                 elif path == "/metrics":
                     body, ctype = self.render(headers.get("accept", ""))
@@ -92,9 +123,81 @@ class MetricsHTTPServer:
             self._clients.discard(task)
             writer.close()
 
+    async def _admin(self, reader, writer, method: str, path: str, headers: dict, close: bool) -> bool:
+        """Answer one admin request; False when the connection must end (a stream, a bad body)."""
+        admin = self.admin
+        routes = {
+            "/admin/faults": (admin.get_faults, admin.post_faults),
+            "/admin/batching": (admin.get_batching, admin.post_batching),
+        }
+        if path == "/events":
+            if method != "GET":
+                await self._respond(writer, 405, b"only GET\n", "text/plain", close=True)
+                return False
+            await self._stream_events(writer)
+            return False
+        if path not in routes:
+            await self._json(writer, 404, {"error": f"no admin path {path}"}, close)
+            return not close
+        get, post = routes[path]
+        if method == "GET":
+            await self._json(writer, 200, get(), close)
+            return not close
+        if method != "POST":
+            await self._json(writer, 405, {"error": f"{path} takes GET or POST, got {method}"}, close=True)
+            return False
+        length = headers.get("content-length")
+        if length is None or not length.isdigit():
+            await self._json(writer, 411, {"error": "a POST needs a Content-Length"}, close=True)
+            return False
+        if int(length) > MAX_BODY_BYTES:
+            await self._json(writer, 413, {"error": f"body over {MAX_BODY_BYTES} bytes"}, close=True)
+            return False
+        try:
+            raw = await asyncio.wait_for(reader.readexactly(int(length)), HEADER_TIMEOUT_S)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
+            return False
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            await self._json(writer, 400, {"error": f"body: expected JSON, got a parse error: {exc}"}, close)
+            return not close
+        try:
+            answer = post(body)
+        except AdminRequestError as exc:
+            await self._json(writer, 400, {"error": str(exc)}, close)
+            return not close
+        log.warning("admin: %s %s", path, json.dumps(body))
+        await self._json(writer, 200, answer, close)
+        return not close
+
+    async def _stream_events(self, writer) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        sub = self.admin.subscribe()
+        try:
+            while True:
+                event = await sub.queue.get()
+                chunk = [b"data: " + dumps(event) + b"\n\n"]
+                while not sub.queue.empty() and len(chunk) < 256:
+                    chunk.append(b"data: " + dumps(sub.queue.get_nowait()) + b"\n\n")
+                writer.write(b"".join(chunk))
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            # Cancelled: the server stops. Ending quietly spares asyncio 3.11's stream callback,
+            # which logs a cancelled handler task as an unhandled exception.
+            pass
+        finally:
+            self.admin.unsubscribe(sub)
+
+    async def _json(self, writer, status: int, obj, close: bool) -> None:
+        await self._respond(writer, status, dumps(obj) + b"\n", JSON, close=close)
+
     @staticmethod
     async def _respond(writer, status: int, body: bytes, ctype: str, *, close: bool, head: bool = False) -> None:
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}[status]
+        reason = REASONS[status]
         header = (
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
             f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"

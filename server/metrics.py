@@ -167,6 +167,8 @@ class WokMetrics:
         # client cannot grow the label set.
         self.unknown_model_requests = 0
         self._gpu = GpuSampler.create() if gpu else None
+        # Set by the admin API (server/admin.py): (model, instance, mode, 1 or 0) per instance and mode.
+        self.faults: Callable[[], Iterable[tuple[str, int, str, int]]] | None = None
         registry.register(self)
 
     def model(self, name: str, instances: int) -> ModelMetrics:
@@ -246,6 +248,15 @@ class WokMetrics:
             inflight.add_metric([m.name], m.inflight())
         rej.add_metric(["", "not_found"], self.unknown_model_requests)
         yield from (stage, e2e, bs, flush, resp, rej, busy, idle_queued, depth, inflight)
+        if self.faults is not None:
+            faults = GaugeMetricFamily(
+                "wok_injected_faults",
+                "1 while an injected fault (wok serve --admin) is active on the model instance, by mode: slow, fail",
+                labels=["model", "model_instance", "mode"],
+            )
+            for model, instance, mode, active in self.faults():
+                faults.add_metric([model, str(instance), mode], active)
+            yield faults
         if self._gpu is not None:
             yield from self._gpu.collect()
 

@@ -1,0 +1,273 @@
+"""The admin API behind `wok serve --admin`: fault injection, live batching policy, and events.
+
+Served by server/http.py on the metrics port (loopback unless --metrics-host says otherwise);
+see docs/demo.md for the endpoints. Everything here runs on the server's event loop.
+
+Events (`GET /events`, server-sent events) are what the demo page draws:
+- one `batch` event per batch an instance ran (or failed), sent when it finished:
+  `{"type": "batch", "model", "instance", "size", "requests", "reason", "queued", "t_start", "t_end", "ok"}`
+  with `reason` the batcher's flush reason (size, delay, drain), `queued` the requests still
+  waiting when it was formed, the times in Unix seconds (the worker's start and end; for a
+  failed batch, its dispatch and the failure), and `error` when `ok` is false;
+- a `tick` every 250 ms: per model its queue, batches in flight, the instances' running
+  batches, the counters (samples, batches, responses by code, flushes by reason), the policy
+  and the active faults.
+A subscriber that falls behind by more than `SUBSCRIBER_BACKLOG` events loses the newest
+ones, counted in its next tick's `dropped`; the server never waits for a browser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from .batcher import BatchingPolicy
+from .executor import BatchResult
+from .faults import AdminRequestError, FaultBoard, parse_fault_request
+
+if TYPE_CHECKING:
+    from .app import ModelRuntime, WokServer
+
+TICK_S = 0.25
+SUBSCRIBER_BACKLOG = 2000
+MAX_QUEUE_DELAY_MS = 60_000.0
+
+
+class Subscriber:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[dict] = asyncio.Queue(SUBSCRIBER_BACKLOG)
+        self.dropped = 0
+
+    def put(self, event: dict) -> None:
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+
+class _BatchWatch:
+    """Watches one model's batches as its instances take them: the source of `batch` events."""
+
+    def __init__(self, admin: Admin, rt: ModelRuntime) -> None:
+        self.admin = admin
+        self.rt = rt
+        self.name = rt.servable.name
+        self.running = [0] * len(rt.executor.instances)
+        self._flushes = dict(rt.stats.flushes)
+        for inst in rt.executor.instances:
+            inst.observer = self._observer(inst.index)
+
+    def _reason(self) -> str:
+        # The batcher counts a batch's flush reason just before it hands the batch to an
+        # instance, on this same loop; the counter that moved since the last batch names it.
+        now = self.rt.stats.flushes
+        reason = next((r for r, n in now.items() if n != self._flushes.get(r, 0)), "unknown")
+        self._flushes = dict(now)
+        return reason
+
+    def _observer(self, index: int):
+        loop = self.admin.loop
+
+        def observe(rows: Sequence[int], fut: concurrent.futures.Future) -> None:
+            self.running[index] += 1
+            info = (index, sum(rows), len(rows), self._reason(), self.rt.batcher.queued, time.perf_counter())
+
+            def back(f: concurrent.futures.Future) -> None:
+                try:
+                    loop.call_soon_threadsafe(self._done, info, f)
+                except RuntimeError:  # the loop closed under a hard stop
+                    pass
+
+            fut.add_done_callback(back)
+
+        return observe
+
+    def _done(self, info: tuple, f: concurrent.futures.Future) -> None:
+        index, samples, requests, reason, queued, dispatched = info
+        self.running[index] -= 1
+        if not self.admin.subscribers:
+            return
+        to_unix = self.admin.to_unix
+        event = {
+            "type": "batch",
+            "model": self.name,
+            "instance": index,
+            "size": samples,
+            "requests": requests,
+            "reason": reason,
+            "queued": queued,
+        }
+        exc = f.exception()
+        if exc is None:
+            r: BatchResult = f.result()
+            kept = requests if r.kept is None else len(r.kept)
+            event.update(t_start=to_unix(r.started), t_end=to_unix(r.finished), ok=True, ran=kept)
+        else:
+            event.update(t_start=to_unix(dispatched), t_end=to_unix(time.perf_counter()), ok=False, error=str(exc))
+        self.admin.publish(event)
+
+
+class Admin:
+    """Fault injection, live batching policy and the event stream of one WokServer."""
+
+    def __init__(self, server: WokServer) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.faults = FaultBoard(inst.fault for rt in server.runtimes.values() for inst in rt.executor.instances)
+        server.metrics.faults = self.faults.gauge
+        self.subscribers: set[Subscriber] = set()
+        # perf_counter → Unix time, fixed once so that event times are consistent with each other.
+        self._offset = time.time() - time.perf_counter()
+        self.watches = {name: _BatchWatch(self, rt) for name, rt in server.runtimes.items()}
+        self._ticker: asyncio.Task | None = None
+
+    def to_unix(self, perf: float) -> float:
+        return round(perf + self._offset, 6)
+
+    async def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            try:
+                await self._ticker
+            except asyncio.CancelledError:
+                pass
+        for rt in self.server.runtimes.values():
+            for inst in rt.executor.instances:
+                inst.observer = None
+
+    # -- faults -------------------------------------------------------------------------
+    def get_faults(self) -> dict:
+        return {"faults": self.faults.active()}
+
+    def post_faults(self, body) -> dict:
+        req = parse_fault_request(body, self.faults.instances)
+        return {"faults": self.faults.apply(req)}
+
+    # -- batching policy ----------------------------------------------------------------
+    def get_batching(self) -> dict:
+        return {"models": [self._policy(name, rt) for name, rt in self.server.runtimes.items()]}
+
+    @staticmethod
+    def _policy(name: str, rt: ModelRuntime) -> dict:
+        p = rt.batcher.policy
+        return {
+            "model": name,
+            "max_batch_size": p.max_batch_size,
+            "max_queue_delay_ms": p.max_queue_delay_s * 1e3,
+            "preferred_batch_sizes": list(p.preferred_batch_sizes),
+            "max_queue_size": p.max_queue_size,
+            "limit_batch_size": rt.servable.config.max_batch_size,
+        }
+
+    def post_batching(self, body) -> dict:
+        """Replace a model's max_batch_size and/or max_queue_delay; the batcher uses it at once."""
+        if not isinstance(body, dict):
+            raise AdminRequestError(f"field '(body)': expected a JSON object, got {body!r}")
+        allowed = {"model", "max_batch_size", "max_queue_delay_ms"}
+        extra = sorted(set(body) - allowed)
+        if extra:
+            raise AdminRequestError(
+                f"field '{extra[0]}': expected only the fields {', '.join(sorted(allowed))}, got {body[extra[0]]!r}"
+            )
+        model = body.get("model")
+        rt = self.server.runtimes.get(model) if isinstance(model, str) else None
+        if rt is None:
+            raise AdminRequestError(
+                f"field 'model': expected one of the served models ({', '.join(sorted(self.server.runtimes))}), "
+                f"got {model!r}"
+            )
+        policy: BatchingPolicy = rt.batcher.policy
+        limit = rt.servable.config.max_batch_size
+        changes = {}
+        if "max_batch_size" in body:
+            v = body["max_batch_size"]
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit:
+                raise AdminRequestError(
+                    f"field 'max_batch_size': expected an integer from 1 to {limit} (the model's configured "
+                    f"maximum), got {v!r}"
+                )
+            changes["max_batch_size"] = v
+            # Preferred sizes above the new maximum could never be reached.
+            changes["preferred_batch_sizes"] = tuple(s for s in policy.preferred_batch_sizes if s <= v)
+        if "max_queue_delay_ms" in body:
+            v = body["max_queue_delay_ms"]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                v_ok = False
+            else:
+                v_ok = 0 <= v <= MAX_QUEUE_DELAY_MS
+            if not v_ok:
+                raise AdminRequestError(
+                    f"field 'max_queue_delay_ms': expected a number from 0 to {MAX_QUEUE_DELAY_MS:g}, got {v!r}"
+                )
+            changes["max_queue_delay_s"] = float(v) / 1e3
+        if not changes:
+            raise AdminRequestError("field 'max_batch_size': expected it or max_queue_delay_ms, got neither")
+        try:
+            rt.batcher.set_policy(replace(policy, **changes))
+        except ValueError as exc:  # queued requests larger than the new maximum
+            raise AdminRequestError(f"field 'max_batch_size': {exc}") from None
+        return self._policy(model, rt)
+
+    # -- events -------------------------------------------------------------------------
+    def subscribe(self) -> Subscriber:
+        sub = Subscriber()
+        self.subscribers.add(sub)
+        if self._ticker is None or self._ticker.done():
+            self._ticker = self.loop.create_task(self._tick_forever(), name="wok-admin-ticks")
+        sub.put(self.hello())
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+
+    def publish(self, event: dict) -> None:
+        for sub in self.subscribers:
+            sub.put(event)
+
+    def hello(self) -> dict:
+        return {
+            "type": "hello",
+            "t": round(time.time(), 6),
+            "tick_s": TICK_S,
+            "models": {
+                name: {"instances": len(insts), "devices": [str(i.device) for i in insts]}
+                for name, insts in ((n, rt.executor.instances) for n, rt in self.server.runtimes.items())
+            },
+            "batching": self.get_batching()["models"],
+        }
+
+    def tick(self) -> dict:
+        models = {}
+        for name, rt in self.server.runtimes.items():
+            s = rt.stats
+            models[name] = {
+                "queued": rt.batcher.queued,
+                "inflight": rt.batcher.inflight,
+                "running": list(self.watches[name].running),
+                "samples": s.inference_count,
+                "batches": s.execution_count,
+                "succeeded": s.success.count,
+                "failed": s.fail.count,
+                "responses": dict(rt.metrics.responses),
+                "flushes": dict(s.flushes),
+                "busy_s": [round(b, 6) for b in rt.metrics.busy_seconds],
+                "policy": self._policy(name, rt),
+            }
+        return {"type": "tick", "t": round(time.time(), 6), "models": models, "faults": self.faults.active()}
+
+    async def _tick_forever(self) -> None:
+        while self.subscribers:
+            event = self.tick()
+            for sub in self.subscribers:
+                sub.put({**event, "dropped": sub.dropped})
+            await asyncio.sleep(TICK_S)
+
+
+def dumps(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()

@@ -1,0 +1,185 @@
+"""Fault injection: make a model instance slow or failing for a while (`wok serve --admin`).
+
+Each model instance owns one `InstanceFault`; the admin API (server/http.py) sets it and the
+instance's worker reads it once per batch (server/executor.py):
+
+- `slow`: the worker sleeps `delay_ms` after the forward, so the batch's compute stage (and
+  the instance's busy time) grows by that much;
+- `fail`: the worker raises ModelExecutionError before the forward, so every request of the
+  batch ends with INTERNAL and the message below;
+- `off`: back to normal.
+
+A fault may carry an expiry (`until`, Unix time): past it, the fault is gone without anyone
+turning it off. The state is one immutable `Fault` swapped under the GIL, so the worker's read
+needs no lock. Requests to change it are checked by `parse_fault_request`, which names the
+field, what it expected and what it got.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .errors import ModelExecutionError
+
+MODES = ("slow", "fail", "off")
+ACTIVE_MODES = ("slow", "fail")
+MAX_DELAY_MS = 60_000.0
+
+
+class AdminRequestError(ValueError):
+    """A bad admin request body; the message names the field, what was expected and what came."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    mode: str  # "slow" or "fail"
+    delay_ms: float = 0.0
+    until: float | None = None  # Unix time it ends; None: until turned off
+
+
+class InstanceFault:
+    """The fault state of one model instance, read by its worker once per batch."""
+
+    __slots__ = ("_fault", "instance", "model")
+
+    def __init__(self, model: str, instance: int) -> None:
+        self.model = model
+        self.instance = instance
+        self._fault: Fault | None = None
+
+    def set(self, fault: Fault | None) -> None:
+        self._fault = fault
+
+    def current(self, now: float | None = None) -> Fault | None:
+        """The active fault, or None (none set, or its time is up)."""
+        f = self._fault
+        if f is not None and f.until is not None and (time.time() if now is None else now) >= f.until:
+            self._fault = None
+            return None
+        return f
+
+    def before_forward(self) -> float:
+        """Called by the worker before a batch's forward: raises for `fail`; returns the seconds
+        to sleep after the forward for `slow` (0.0 when there is no fault)."""
+        f = self._fault
+        if f is None:
+            return 0.0
+        f = self.current()
+        if f is None:
+            return 0.0
+        if f.mode == "fail":
+            raise ModelExecutionError(f"model '{self.model}' instance {self.instance}: failing by fault injection")
+        return f.delay_ms / 1e3
+
+    def describe(self, now: float | None = None) -> dict | None:
+        f = self.current(now)
+        if f is None:
+            return None
+        return {
+            "model": self.model,
+            "instance": self.instance,
+            "mode": f.mode,
+            "delay_ms": f.delay_ms if f.mode == "slow" else None,
+            "until": f.until,
+        }
+
+
+@dataclass(frozen=True)
+class FaultRequest:
+    model: str
+    instance: int | None  # None: every instance of the model
+    mode: str
+    delay_ms: float
+    duration_s: float | None
+
+
+def _bad(field: str, expected: str, got) -> AdminRequestError:
+    return AdminRequestError(f"field '{field}': expected {expected}, got {got!r}")
+
+
+def _number(body: dict, field: str, lo: float, hi: float) -> float:
+    v = body[field]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise _bad(field, f"a number from {lo:g} to {hi:g}", v)
+    return float(v)
+
+
+def parse_fault_request(body, instances: dict[str, int]) -> FaultRequest:
+    """Check a POST /admin/faults body against the served models ({name: instance count})."""
+    if not isinstance(body, dict):
+        raise _bad("(body)", "a JSON object", body)
+    allowed = {"model", "instance", "mode", "delay_ms", "duration_s"}
+    extra = sorted(set(body) - allowed)
+    if extra:
+        raise _bad(extra[0], f"only the fields {', '.join(sorted(allowed))}", body[extra[0]])
+    model = body.get("model")
+    if model not in instances:
+        raise _bad("model", f"one of the served models ({', '.join(sorted(instances))})", model)
+    instance = body.get("instance")
+    n = instances[model]
+    if instance is not None and (isinstance(instance, bool) or not isinstance(instance, int) or not 0 <= instance < n):
+        raise _bad("instance", f"an instance index of '{model}' from 0 to {n - 1}, or no field for all", instance)
+    mode = body.get("mode")
+    if mode not in MODES:
+        raise _bad("mode", "one of " + ", ".join(repr(m) for m in MODES), mode)
+    delay_ms = 0.0
+    if mode == "slow":
+        if "delay_ms" not in body:
+            raise _bad("delay_ms", f"a number from 0 to {MAX_DELAY_MS:g} for mode 'slow'", None)
+        delay_ms = _number(body, "delay_ms", 0.0, MAX_DELAY_MS)
+    elif "delay_ms" in body:
+        raise _bad("delay_ms", "no delay_ms except for mode 'slow'", body["delay_ms"])
+    duration_s = None
+    if body.get("duration_s") is not None:
+        if mode == "off":
+            raise _bad("duration_s", "no duration_s for mode 'off'", body["duration_s"])
+        duration_s = _number(body, "duration_s", 0.0, 86_400.0)
+        if duration_s <= 0:
+            raise _bad("duration_s", "a duration above 0 seconds", body["duration_s"])
+    return FaultRequest(model, instance, mode, delay_ms, duration_s)
+
+
+class FaultBoard:
+    """Every instance's fault state, by model: what the admin API reads and writes."""
+
+    def __init__(self, states: Iterable[InstanceFault]) -> None:
+        self.states: dict[str, list[InstanceFault]] = {}
+        for s in states:
+            self.states.setdefault(s.model, []).append(s)
+        for lst in self.states.values():
+            lst.sort(key=lambda s: s.instance)
+
+    @property
+    def instances(self) -> dict[str, int]:
+        return {m: len(lst) for m, lst in self.states.items()}
+
+    def apply(self, req: FaultRequest, now: float | None = None) -> list[dict]:
+        """Set (or clear) the fault of the instances the request names; returns the new state."""
+        now = time.time() if now is None else now
+        fault = None
+        if req.mode != "off":
+            until = None if req.duration_s is None else now + req.duration_s
+            fault = Fault(req.mode, req.delay_ms, until)
+        targets: Sequence[InstanceFault] = self.states[req.model]
+        if req.instance is not None:
+            targets = [targets[req.instance]]
+        for s in targets:
+            s.set(fault)
+        return self.active(now)
+
+    def active(self, now: float | None = None) -> list[dict]:
+        now = time.time() if now is None else now
+        return [d for lst in self.states.values() for s in lst if (d := s.describe(now)) is not None]
+
+    def gauge(self) -> list[tuple[str, int, str, int]]:
+        """(model, instance, mode, 1 if active else 0) for every instance and fault mode."""
+        out = []
+        now = time.time()
+        for lst in self.states.values():
+            for s in lst:
+                f = s.current(now)
+                out.extend((s.model, s.instance, m, int(f is not None and f.mode == m)) for m in ACTIVE_MODES)
+        return out

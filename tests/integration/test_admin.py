@@ -1,0 +1,202 @@
+"""The admin API of a real server (`wok serve --admin`): faults, batching policy, /events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import urllib.error
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from wok.codec import encode_request
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+METRICS_LINE = re.compile(r"wok: metrics on (http://\S+)/metrics")
+
+
+def http(url: str, body=None, method: str | None = None) -> tuple[int, dict | str]:
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"))
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            status, raw, ctype = r.status, r.read(), r.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as e:
+        status, raw, ctype = e.code, e.read(), e.headers.get("Content-Type", "")
+    return status, json.loads(raw) if ctype == "application/json" else raw.decode()
+
+
+async def ahttp(url: str, body=None, method: str | None = None):
+    # The server runs on this test's loop: the blocking client goes to a thread.
+    return await asyncio.to_thread(http, url, body, method)
+
+
+def compute_histogram(text: str, model: str = "mlp") -> tuple[dict[str, float], float]:
+    """(cumulative count by `le`, sum) of the compute stage."""
+    buckets, total = {}, 0.0
+    for fam in text_string_to_metric_families(text):
+        if fam.name != "wok_request_stage_duration_seconds":
+            continue
+        for s in fam.samples:
+            if s.labels.get("model") != model or s.labels.get("stage") != "compute":
+                continue
+            if s.name.endswith("_bucket"):
+                buckets[s.labels["le"]] = s.value
+            elif s.name.endswith("_sum"):
+                total = s.value
+    return buckets, total
+
+
+def fault_gauge(text: str) -> dict[tuple[str, str, str], float]:
+    return {
+        (s.labels["model"], s.labels["model_instance"], s.labels["mode"]): s.value
+        for fam in text_string_to_metric_families(text)
+        if fam.name == "wok_injected_faults"
+        for s in fam.samples
+    }
+
+
+async def _infer(stub, rows: int = 1):
+    return await stub.ModelInfer(encode_request("mlp", {"INPUT0": np.ones((rows, 256), np.float32)}))
+
+
+@pytest.fixture
+async def admin_server(serve):
+    async with serve(models=("mlp",), admin=True) as server:
+        base = f"http://127.0.0.1:{server.http.port}"
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            yield server, base, pb_grpc.GRPCInferenceServiceStub(channel)
+
+
+async def test_slow_fault_slows_each_batch_by_its_delay_as_the_compute_histogram_shows(admin_server):
+    _server, base, stub = admin_server
+    await _infer(stub)
+    _, before = await ahttp(base + "/metrics")
+    b0, s0 = compute_histogram(before)
+    status, state = await ahttp(base + "/admin/faults", {"model": "mlp", "instance": 0, "mode": "slow", "delay_ms": 60})
+    assert status == 200
+    assert state == {"faults": [{"model": "mlp", "instance": 0, "mode": "slow", "delay_ms": 60.0, "until": None}]}
+    assert (await ahttp(base + "/admin/faults"))[1] == state
+    for _ in range(3):  # one request at a time: three batches of one
+        await _infer(stub)
+    _, after = await ahttp(base + "/metrics")
+    b1, s1 = compute_histogram(after)
+    n = b1["+Inf"] - b0["+Inf"]
+    assert n == 3
+    # Every new observation lies above 50 ms (the bucket below 60 ms), and the sum grew by 3 × 60 ms at least.
+    assert b1["0.05"] == b0["0.05"], (b0, b1)
+    assert s1 - s0 >= 3 * 0.060
+    assert fault_gauge(after) == {("mlp", "0", "slow"): 1.0, ("mlp", "0", "fail"): 0.0}
+    status, state = await ahttp(base + "/admin/faults", {"model": "mlp", "mode": "off"})
+    assert (status, state) == (200, {"faults": []})
+    await _infer(stub)
+    _, last = await ahttp(base + "/metrics")
+    b2, _ = compute_histogram(last)
+    assert b2["0.05"] == b1["0.05"] + 1, "off: the next batch is fast again"
+    assert fault_gauge(last) == {("mlp", "0", "slow"): 0.0, ("mlp", "0", "fail"): 0.0}
+
+
+async def test_fail_fault_answers_internal_with_its_message_and_off_restores(admin_server):
+    _server, base, stub = admin_server
+    status, _ = await ahttp(base + "/admin/faults", {"model": "mlp", "mode": "fail", "duration_s": 600})
+    assert status == 200
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await _infer(stub)
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+    assert "model 'mlp' instance 0: failing by fault injection" in e.value.details()
+    status, _ = await ahttp(base + "/admin/faults", {"model": "mlp", "instance": 0, "mode": "off"})
+    assert status == 200
+    out = await _infer(stub)
+    assert out.outputs[0].name == "OUTPUT0"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/admin/faults", {"model": "mlp", "mode": "slow"}, "delay_ms"),
+        ("/admin/faults", {"model": "gpt", "mode": "off"}, "model"),
+        ("/admin/faults", {"model": "mlp", "mode": "off", "instance": 1}, "instance"),
+        ("/admin/faults", [], "(body)"),
+        ("/admin/faults", b"{not json", "body"),
+        ("/admin/batching", {"model": "mlp", "max_batch_size": 0}, "max_batch_size"),
+        ("/admin/batching", {"model": "mlp", "max_batch_size": 33}, "max_batch_size"),
+        ("/admin/batching", {"model": "mlp", "max_queue_delay_ms": -5}, "max_queue_delay_ms"),
+        ("/admin/batching", {"model": "mlp"}, "max_batch_size"),
+    ],
+)
+async def test_bad_bodies_get_400_naming_the_field(admin_server, path, body, field):
+    _, base, _ = admin_server
+    status, answer = await ahttp(base + path, body)
+    assert status == 400
+    prefix = "body: " if field == "body" else f"field '{field}'"
+    assert set(answer) == {"error"} and answer["error"].startswith(prefix)
+    assert "expected" in answer["error"] and "got" in answer["error"]
+
+
+async def test_batching_policy_changes_live(admin_server):
+    server, base, stub = admin_server
+    change = {"model": "mlp", "max_batch_size": 4, "max_queue_delay_ms": 0}
+    status, policy = await ahttp(base + "/admin/batching", change)
+    assert status == 200
+    assert (policy["max_batch_size"], policy["max_queue_delay_ms"], policy["limit_batch_size"]) == (4, 0.0, 32)
+    assert server.runtimes["mlp"].batcher.policy.max_batch_size == 4
+    assert (await ahttp(base + "/admin/batching"))[1]["models"] == [policy]
+    await asyncio.gather(*(_infer(stub) for _ in range(40)))
+    sizes = server.runtimes["mlp"].stats.by_batch_size
+    assert max(sizes) <= 4
+
+
+async def test_events_stream_batches_with_their_flush_reason_and_ticks(admin_server):
+    server, _base, stub = admin_server
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.http.port)
+    writer.write(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert b"200 OK" in head and b"text/event-stream" in head
+
+    async def events():
+        while True:
+            line = await reader.readline()
+            if line.startswith(b"data: "):
+                yield json.loads(line[6:])
+
+    stream = events()
+    hello = await asyncio.wait_for(anext(stream), 10)
+    assert hello["type"] == "hello" and hello["models"]["mlp"]["instances"] == 1
+    await _infer(stub, rows=3)  # alone: it waits out the delay window
+    seen = {}
+    while "batch" not in seen or "tick" not in seen:
+        e = await asyncio.wait_for(anext(stream), 10)
+        if e["type"] == "batch" or "batch" in seen:  # the first tick after the batch
+            seen.setdefault(e["type"], e)
+    b = seen["batch"]
+    got = (b["model"], b["instance"], b["size"], b["requests"], b["reason"], b["ok"])
+    assert got == ("mlp", 0, 3, 1, "delay", True)
+    assert b["t_start"] <= b["t_end"]
+    t = seen["tick"]["models"]["mlp"]
+    assert t["samples"] >= 3 and t["policy"]["max_batch_size"] == 32 and len(t["running"]) == 1
+    writer.close()
+
+
+async def test_without_admin_the_admin_paths_are_404(serve):
+    async with serve(models=("mlp",)) as server:
+        base = f"http://127.0.0.1:{server.http.port}"
+        off = {"model": "mlp", "mode": "off"}
+        for path, body in (("/admin/faults", None), ("/admin/faults", off), ("/events", None)):
+            status, _ = await ahttp(base + path, body)
+            assert status == 404, path
+        assert "wok_injected_faults" not in (await ahttp(base + "/metrics"))[1]
+
+
+def test_wok_serve_admin_flag(start_server):
+    sp = start_server("--admin", "--models", "mlp")
+    base = next(m.group(1) for line in sp.log if (m := METRICS_LINE.search(line)))
+    assert http(base + "/admin/faults") == (200, {"faults": []})
+    status, state = http(base + "/admin/faults", {"model": "mlp", "mode": "fail"})
+    assert status == 200 and state["faults"][0]["mode"] == "fail"
+    assert sp.terminate() == 0

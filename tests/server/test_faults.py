@@ -1,0 +1,150 @@
+"""Fault injection (server/faults.py) and its hook in the executor's worker; live batching policy."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from wok.batcher import Batcher, BatchingPolicy
+from wok.errors import ModelExecutionError
+from wok.faults import AdminRequestError, Fault, FaultBoard, InstanceFault, parse_fault_request
+from wok.stats import ModelStats
+
+INSTANCES = {"mlp": 2, "recsys": 1}
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "got"),
+    [
+        ([1, 2], "(body)", "[1, 2]"),
+        ({"model": "nope", "mode": "off"}, "model", "'nope'"),
+        ({"mode": "off"}, "model", "None"),
+        ({"model": "mlp", "mode": "off", "instance": 2}, "instance", "2"),
+        ({"model": "mlp", "mode": "off", "instance": True}, "instance", "True"),
+        ({"model": "mlp", "mode": "off", "instance": "0"}, "instance", "'0'"),
+        ({"model": "mlp", "mode": "crash"}, "mode", "'crash'"),
+        ({"model": "mlp", "mode": "slow"}, "delay_ms", "None"),
+        ({"model": "mlp", "mode": "slow", "delay_ms": -1}, "delay_ms", "-1"),
+        ({"model": "mlp", "mode": "slow", "delay_ms": "50"}, "delay_ms", "'50'"),
+        ({"model": "mlp", "mode": "slow", "delay_ms": float("nan")}, "delay_ms", "nan"),
+        ({"model": "mlp", "mode": "fail", "delay_ms": 5}, "delay_ms", "5"),
+        ({"model": "mlp", "mode": "fail", "duration_s": 0}, "duration_s", "0"),
+        ({"model": "mlp", "mode": "off", "duration_s": 3}, "duration_s", "3"),
+        ({"model": "mlp", "mode": "off", "colour": "red"}, "colour", "'red'"),
+    ],
+)
+def test_a_bad_request_names_the_field_and_what_came(body, field, got):
+    with pytest.raises(AdminRequestError) as e:
+        parse_fault_request(body, INSTANCES)
+    msg = str(e.value)
+    assert msg.startswith(f"field '{field}': expected ") and msg.endswith(f"got {got}"), msg
+
+
+def test_good_requests_parse():
+    body = {"model": "mlp", "instance": 1, "mode": "slow", "delay_ms": 50, "duration_s": 10}
+    r = parse_fault_request(body, INSTANCES)
+    assert (r.model, r.instance, r.mode, r.delay_ms, r.duration_s) == ("mlp", 1, "slow", 50.0, 10.0)
+    r = parse_fault_request({"model": "recsys", "mode": "fail"}, INSTANCES)
+    assert (r.instance, r.delay_ms, r.duration_s) == (None, 0.0, None)
+
+
+def _board() -> FaultBoard:
+    return FaultBoard([InstanceFault("mlp", 1), InstanceFault("mlp", 0), InstanceFault("recsys", 0)])
+
+
+def test_board_sets_one_or_all_instances_and_expires_faults():
+    board = _board()
+    assert board.instances == INSTANCES
+    state = board.apply(parse_fault_request({"model": "mlp", "mode": "fail", "duration_s": 10}, INSTANCES), now=100.0)
+    assert state == [
+        {"model": "mlp", "instance": 0, "mode": "fail", "delay_ms": None, "until": 110.0},
+        {"model": "mlp", "instance": 1, "mode": "fail", "delay_ms": None, "until": 110.0},
+    ]
+    body = {"model": "mlp", "instance": 1, "mode": "slow", "delay_ms": 50}
+    state = board.apply(parse_fault_request(body, INSTANCES), now=105.0)
+    assert [(d["instance"], d["mode"], d["delay_ms"], d["until"]) for d in state] == [
+        (0, "fail", None, 110.0),
+        (1, "slow", 50.0, None),
+    ]
+    # Past its end the fail fault is gone; the slow one has no end.
+    assert [(d["instance"], d["mode"]) for d in board.active(now=110.0)] == [(1, "slow")]
+    assert board.apply(parse_fault_request({"model": "mlp", "mode": "off"}, INSTANCES), now=111.0) == []
+
+
+def test_gauge_has_every_instance_and_mode():
+    board = _board()
+    board.apply(parse_fault_request({"model": "mlp", "instance": 0, "mode": "fail"}, INSTANCES))
+    assert sorted(board.gauge()) == [
+        ("mlp", 0, "fail", 1),
+        ("mlp", 0, "slow", 0),
+        ("mlp", 1, "fail", 0),
+        ("mlp", 1, "slow", 0),
+        ("recsys", 0, "fail", 0),
+        ("recsys", 0, "slow", 0),
+    ]
+
+
+def test_before_forward_raises_for_fail_and_returns_the_delay_for_slow():
+    f = InstanceFault("mlp", 3)
+    assert f.before_forward() == 0.0
+    f.set(Fault("slow", 25.0))
+    assert f.before_forward() == 0.025
+    f.set(Fault("fail"))
+    with pytest.raises(ModelExecutionError, match=r"^model 'mlp' instance 3: failing by fault injection$"):
+        f.before_forward()
+    f.set(Fault("fail", until=1.0))  # ended long ago
+    assert f.before_forward() == 0.0 and f.current() is None
+
+
+def _run(executor, rows=2):
+    x = np.ones((rows, 4), np.float32)
+    return executor.instances[0].submit([{"INPUT0": x}], [rows], 0).result(timeout=30)
+
+
+def test_slow_fault_adds_its_delay_to_compute_and_fail_fault_fails_before_the_forward(gated):
+    _, module, ex = gated()
+    inst = ex.instances[0]
+    base = _run(ex)
+    inst.fault.set(Fault("slow", 80.0))
+    slow = _run(ex)
+    assert slow.times.compute >= 0.080, slow.times
+    assert slow.finished - slow.started >= 0.080
+    np.testing.assert_array_equal(slow.outputs[0]["OUTPUT0"], base.outputs[0]["OUTPUT0"])
+    inst.fault.set(Fault("fail"))
+    calls = len(module.batch_sizes)
+    with pytest.raises(ModelExecutionError, match="model 'gated' instance 0: failing by fault injection"):
+        _run(ex)
+    assert len(module.batch_sizes) == calls, "the forward must not run under a fail fault"
+    inst.fault.set(None)
+    assert _run(ex).times.compute < 0.080
+
+
+async def test_set_policy_takes_effect_on_the_next_decision(gated):
+    _s, module, ex = gated(max_batch_size=8, delay_ms=10_000.0)
+    b = Batcher("gated", ex, BatchingPolicy(8, 10.0), ModelStats("gated"))
+    b.start()
+    try:
+        x = np.ones((1, 4), np.float32)
+        first = [b.submit({"INPUT0": x}, 1, (), None) for _ in range(3)]
+        await asyncio.sleep(0)  # a 10 s delay window: nothing flushes by itself
+        assert b.queued == 3
+        # A smaller maximum makes the queue full: a size flush of 2, then 1 is left.
+        b.set_policy(BatchingPolicy(2, 10.0))
+        await asyncio.wait_for(asyncio.gather(*(p.future for p in first[:2])), 10)
+        assert module.batch_sizes[-1] == 2 and b.queued == 1
+        # A zero delay window flushes the last one at once.
+        b.set_policy(BatchingPolicy(2, 0.0))
+        await asyncio.wait_for(first[2].future, 10)
+        assert module.batch_sizes[-1] == 1
+        assert b.stats.flushes == {"size": 1, "delay": 1}
+        # A queued request with more rows than a new maximum makes the change fail.
+        b.set_policy(BatchingPolicy(4, 10.0))
+        big = b.submit({"INPUT0": np.ones((3, 4), np.float32)}, 3, (), None)
+        with pytest.raises(ValueError, match="3 rows, more than max_batch_size 2"):
+            b.set_policy(BatchingPolicy(2, 10.0))
+        b.set_policy(BatchingPolicy(4, 0.0))
+        await asyncio.wait_for(big.future, 10)
+    finally:
+        await b.stop()
