@@ -9,7 +9,7 @@ REQUIRE_QPS_NOT_MET = 3
 
 
 def add_parser(sub) -> None:
-    from . import faults
+    from . import faults, soak
 
     bench = sub.add_parser("bench", help="load-test a KServe V2 gRPC server")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
@@ -45,6 +45,7 @@ def add_parser(sub) -> None:
     _add_security(p)
     _add_outputs(p)
     faults.add_arguments(p)
+    soak.add_arguments(p)
     p.set_defaults(run=run)
     add_merge_parser(bsub)
 
@@ -217,7 +218,7 @@ def _metrics_url(spec: str, target: str) -> str | None:
 
 def run(args) -> int:
     from ..clients import InferError
-    from . import faults, report
+    from . import faults, report, soak
     from .arrivals import parse_duration, parse_steps
     from .payloads import parse_mix
     from .runner import Ramp, RampConfig
@@ -247,11 +248,19 @@ def run(args) -> int:
         retries=not args.no_retries,
     )
     try:
-        result = faults.run_faults(args, cfg) if args.replicas is not None or args.fault else Ramp(cfg).run()
+        if args.soak is not None:
+            if args.fault:
+                raise ValueError("--soak runs without --fault")
+            result = soak.run_soak(args, cfg)
+        elif args.replicas is not None or args.fault:
+            result = faults.run_faults(args, cfg)
+        else:
+            result = Ramp(cfg).run()
     except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
         print(f"wok bench: {exc}", file=sys.stderr)
         return 1
     _write_outputs(result, args)
+    soak.print_soak(result)
     if "faults" in result:
         faults.print_faults(result)
         if args.plots:

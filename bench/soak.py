@@ -1,0 +1,311 @@
+"""Soak: a bounded run at a fixed share of the measured capacity, watching memory and latency drift.
+
+`wok bench ramp --soak [DURATION]` (10 minutes by default) first finds the capacity, the
+highest step of the ramp (`--steps`) that meets the SLO, unless `--capacity QPS` gives it;
+then it holds `--soak-load` (80 %) of it for DURATION as one open-loop step, while a
+thread scrapes each server's `process_resident_memory_bytes` every `--rss-every` (5 s).
+The report splits the run into windows (`--soak-window`, 1 minute) by send time and
+gives each window's P50/P99 of the answered requests and the RSS at its end; then RSS
+growth (last sample − first, and the least-squares slope) and P99 drift (last full
+window − first, and the slope over the windows). docs/reliability.md has a run.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from .runner import Ramp, RampConfig, status_name
+from .scrape import scrape
+from .workers import OK
+
+SCHEMA = "wok.soak/1"
+RSS = "process_resident_memory_bytes"
+MIB = float(1 << 20)
+
+
+def parse_fraction(text: str) -> float:
+    """ "80%" or "0.8" as 0.8; ValueError outside (0, 1]."""
+    t = text.strip()
+    try:
+        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:
+        raise ValueError(f"--soak-load {text!r}: expected a share of the capacity such as 80% or 0.8, in (0, 1]")
+    return value
+
+
+class RssSampler:
+    """Scrapes each URL's process RSS every `every_s` from `start(clock0)` until `stop()`."""
+
+    def __init__(self, urls: Sequence[str], every_s: float) -> None:
+        self.urls = list(urls)
+        self.every_s = every_s
+        self.samples: list[tuple[float, list[float | None]]] = []  # (t_s, RSS bytes per URL)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._clock0 = 0.0
+
+    def sample(self) -> None:
+        values = []
+        for url in self.urls:
+            snap = scrape(url, timeout=2.0)
+            value = snap.get(RSS) if snap is not None else 0.0
+            values.append(value or None)
+        self.samples.append((round(time.monotonic() - self._clock0, 3), values))
+
+    def start(self, clock0: float) -> None:
+        self._clock0 = clock0
+        self._thread = threading.Thread(target=self._run, name="wok-rss", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.every_s):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self.sample()  # the state at the end
+
+
+class SoakRamp(Ramp):
+    """A Ramp whose first step starts the RSS sampler."""
+
+    def __init__(self, cfg: RampConfig, sampler: RssSampler, progress: Callable[[str], None] | None = None):
+        super().__init__(cfg, progress)
+        self.sampler = sampler
+
+    def started(self, clock0: float) -> None:
+        self.sampler.start(clock0)
+
+    def run(self) -> dict:
+        try:
+            return super().run()
+        finally:
+            self.sampler.stop()
+
+
+def _slope_per_min(t_s: np.ndarray, y: np.ndarray) -> float | None:
+    ok = np.isfinite(y)
+    if ok.sum() < 2 or np.ptp(t_s[ok]) == 0:
+        return None
+    return float(np.polyfit(t_s[ok] / 60.0, y[ok], 1)[0])
+
+
+def _pct(latency_s: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(latency_s, q, method="higher") * 1e3) if len(latency_s) else None
+
+
+def soak_report(
+    intended: np.ndarray,
+    latency_s: np.ndarray,
+    codes: np.ndarray,
+    rss: Sequence[tuple[float, Sequence[float | None]]],
+    *,
+    duration_s: float,
+    window_s: float,
+    urls: Sequence[str] = (),
+) -> dict:
+    """Per-window latency and RSS, and the growth and drift figures (docs/reliability.md)."""
+    ok = codes == OK
+    n = max(1, math.ceil(duration_s / window_s - 1e-9))
+    idx = np.floor(intended / window_s).astype(int)
+    rss_t = np.array([t for t, _ in rss], dtype=float)
+    rss_total = np.array([sum(v for v in vs if v) if any(vs) else np.nan for _, vs in rss], dtype=float)
+    windows = []
+    for w in range(n):
+        here = idx == w
+        lat = latency_s[here & ok]
+        end = min((w + 1) * window_s, duration_s)
+        at_end = rss_total[rss_t <= end + 1e-9] if len(rss_t) else np.empty(0)
+        windows.append(
+            {
+                "t_s": w * window_s,
+                "length_s": end - w * window_s,
+                "sent": int(here.sum()),
+                "ok": int((here & ok).sum()),
+                "p50_ms": _pct(lat, 50),
+                "p99_ms": _pct(lat, 99),
+                "rss_mib": float(at_end[-1] / MIB) if len(at_end) and np.isfinite(at_end[-1]) else None,
+            }
+        )
+    full = [w for w in windows if w["length_s"] >= 0.5 * window_s and w["p99_ms"] is not None]
+    p99 = np.array([w["p99_ms"] for w in full], dtype=float)
+    p99_t = np.array([w["t_s"] for w in full], dtype=float)
+    finite = np.isfinite(rss_total)
+    rss_section: dict = {"urls": list(urls), "samples": [[t, vs] for t, vs in rss]}
+    if finite.sum() >= 1:
+        first, last = rss_total[finite][0], rss_total[finite][-1]
+        half = rss_t >= rss_t[finite][-1] / 2
+        rss_section.update(
+            first_mib=first / MIB,
+            last_mib=last / MIB,
+            max_mib=float(np.nanmax(rss_total)) / MIB,
+            growth_mib=(last - first) / MIB,
+            growth_pct=100 * (last - first) / first if first else None,
+            slope_mib_per_min=_none_or(_slope_per_min(rss_t, rss_total), 1 / MIB),
+            slope_second_half_mib_per_min=_none_or(_slope_per_min(rss_t[half], rss_total[half]), 1 / MIB),
+        )
+    p99_section: dict = {"windows": len(full)}
+    if len(full):
+        p99_section.update(
+            first_ms=float(p99[0]),
+            last_ms=float(p99[-1]),
+            drift_ms=float(p99[-1] - p99[0]),
+            drift_pct=float(100 * (p99[-1] - p99[0]) / p99[0]) if p99[0] else None,
+            slope_ms_per_min=_slope_per_min(p99_t, p99),
+            max_ms=float(p99.max()),
+        )
+    names = np.array([status_name(c) for c in codes[~ok]])
+    values, counts = np.unique(names, return_counts=True)
+    return {
+        "schema": SCHEMA,
+        "duration_s": duration_s,
+        "window_s": window_s,
+        "requests": {"sent": len(codes), "ok": int(ok.sum()), "errors": int((~ok).sum())},
+        "errors_by_code": {str(v): int(c) for v, c in zip(values, counts)},
+        "windows": windows,
+        "rss": rss_section,
+        "p99": p99_section,
+    }
+
+
+def _none_or(v: float | None, scale: float) -> float | None:
+    return None if v is None else v * scale
+
+
+def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None) -> dict:
+    """Capacity (measured or given), then the soak; the soak step's wok.bench/1 result with `soak` added."""
+    from .arrivals import parse_duration
+    from .faults import ReplicaSet
+
+    say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    duration = parse_duration(args.soak)
+    window = parse_duration(args.soak_window)
+    every = parse_duration(args.rss_every)
+    share = parse_fraction(args.soak_load)
+    if duration <= 0 or window <= 0 or every <= 0:
+        raise ValueError("--soak, --soak-window and --rss-every must be > 0")
+    if args.capacity is not None and not args.capacity > 0:
+        raise ValueError(f"--capacity must be > 0; got {args.capacity}")
+    replicas = None
+    if args.replicas:
+        import shlex
+
+        serve_args = (
+            shlex.split(args.serve_args) if args.serve_args else ["--models", ",".join(m for m, _ in cfg.models)]
+        )
+        say(f"starting {args.replicas} replica(s): wok serve {' '.join(serve_args)}")
+        replicas = ReplicaSet(args.replicas, serve_args)
+        cfg = replace(cfg, target=replicas.target, metrics_url=None if args.metrics_url == "auto" else cfg.metrics_url)
+        urls = [f"{r.admin_url}/metrics" for r in replicas]
+    else:
+        urls = [cfg.metrics_url] if cfg.metrics_url else []
+    try:
+        capacity_result = None
+        if args.capacity is not None:
+            capacity, source = args.capacity, "given"
+        else:
+            say("measuring the capacity: the highest step under the SLO")
+            capacity_result = Ramp(cfg, say).run()
+            capacity, source = capacity_result["max_qps_under_slo"], "measured"
+            if capacity is None:
+                raise RuntimeError("no step of the ramp met the SLO: no capacity to soak at (give --capacity)")
+        load = share * capacity
+        say(f"soak: {load:g} QPS ({100 * share:g}% of {capacity:g}) for {duration:g} s")
+        soak_cfg = replace(cfg, steps=[load], step_duration_s=duration, warmup_s=0.0, refine=0, stop_factor=math.inf)
+        sampler = RssSampler(urls, every)
+        ramp = SoakRamp(soak_cfg, sampler, say)
+        result = ramp.run()
+    finally:
+        if replicas is not None:
+            replicas.close()
+    if ramp.timeline:
+        intended, _, lat, codes = (np.concatenate([t[k] for t in ramp.timeline]) for k in range(4))
+    else:
+        intended = lat = np.empty(0)
+        codes = np.empty(0, dtype=np.int16)
+    section = soak_report(intended, lat, codes, sampler.samples, duration_s=duration, window_s=window, urls=urls)
+    section["capacity"] = {
+        "qps": capacity,
+        "source": source,
+        "load_share": share,
+        "load_qps": load,
+        "steps": None if capacity_result is None else capacity_result["steps"],
+    }
+    if (
+        capacity_result is not None
+        and capacity_result["steps"]
+        and capacity == capacity_result["steps"][-1]["offered_qps"]
+    ):
+        result["warnings"].append("every capacity step met the SLO: the capacity is a lower bound; add higher steps")
+    if not urls:
+        result["warnings"].append("no /metrics to scrape (give --metrics-url): RSS was not sampled")
+    result["soak"] = section
+    return result
+
+
+def _f(v, fmt: str = ".1f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def print_soak(result: dict, file=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s = result.get("soak")
+    if not s:
+        return
+    console = Console(file=file or sys.stdout, width=160)
+    cap = s["capacity"]
+    table = Table(
+        title=f"soak: {cap['load_qps']:g} QPS = {100 * cap['load_share']:g}% of {cap['qps']:g} ({cap['source']}), "
+        f"{s['duration_s']:g} s"
+    )
+    for head in ("from s", "sent", "ok %", "P50 ms", "P99 ms", "RSS MiB"):
+        table.add_column(head, justify="right")
+    for w in s["windows"]:
+        ok_pct = 100 * w["ok"] / w["sent"] if w["sent"] else None
+        table.add_row(
+            f"{w['t_s']:g}", str(w["sent"]), _f(ok_pct, ".2f"), _f(w["p50_ms"]), _f(w["p99_ms"]), _f(w["rss_mib"])
+        )
+    console.print(table)
+    r, p = s["rss"], s["p99"]
+    console.print(
+        f"RSS: {_f(r.get('first_mib'))} → {_f(r.get('last_mib'))} MiB (growth {_f(r.get('growth_mib'), '+.1f')} MiB, "
+        f"{_f(r.get('growth_pct'), '+.2f')}%), slope {_f(r.get('slope_mib_per_min'), '+.3f')} MiB/min "
+        f"({_f(r.get('slope_second_half_mib_per_min'), '+.3f')} in the second half), max {_f(r.get('max_mib'))} MiB"
+    )
+    console.print(
+        f"P99: first window {_f(p.get('first_ms'))} ms, last {_f(p.get('last_ms'))} ms (drift "
+        f"{_f(p.get('drift_ms'), '+.1f')} ms, {_f(p.get('drift_pct'), '+.1f')}%), slope "
+        f"{_f(p.get('slope_ms_per_min'), '+.2f')} ms/min, worst window {_f(p.get('max_ms'))} ms; "
+        f"errors {s['errors_by_code'] or 'none'} of {s['requests']['sent']}"
+    )
+
+
+def add_arguments(p) -> None:
+    g = p.add_argument_group("soak", "a long run at a share of the capacity; see docs/reliability.md")
+    g.add_argument(
+        "--soak",
+        nargs="?",
+        const="10m",
+        metavar="DURATION",
+        help="after finding the capacity with the ramp's steps (or --capacity), hold --soak-load of it for "
+        "DURATION (default 10m) and report RSS growth and P99 drift",
+    )
+    g.add_argument("--soak-load", default="80%", help="share of the capacity to hold (default 80%%)")
+    g.add_argument("--capacity", type=float, help="capacity in QPS: skip measuring it")
+    g.add_argument("--soak-window", default="1m", help="window of the per-window P99 (default 1m)")
+    g.add_argument("--rss-every", default="5s", help="how often the server's RSS is scraped (default 5s)")

@@ -1,0 +1,108 @@
+"""bench/soak.py: the soak report on hand-built requests and RSS samples, the RSS sampler
+against a real server's /metrics, and a short `wok bench ramp --soak` end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from wok.bench.soak import RssSampler, parse_fraction, soak_report
+
+pytestmark = pytest.mark.timeout(120)
+MIB = float(1 << 20)
+
+
+def test_parse_fraction():
+    assert parse_fraction("80%") == pytest.approx(0.8) and parse_fraction("0.5") == 0.5
+    assert parse_fraction("100%") == 1.0
+    for bad in ("0%", "120%", "x", "-0.1"):
+        with pytest.raises(ValueError, match="--soak-load"):
+            parse_fraction(bad)
+
+
+def test_soak_report_by_hand():
+    intended = np.array([0.5, 1.0, 1.5, 2.5, 3.5])
+    latency = np.array([10, 20, 30, 40, 50]) / 1e3
+    codes = np.array([0, 0, 0, 0, 13], dtype=np.int16)
+    rss = [(float(t), [(100 + t) * MIB]) for t in range(5)]  # 1 MiB per second
+    r = soak_report(intended, latency, codes, rss, duration_s=4.0, window_s=2.0, urls=["u"])
+    w0, w1 = r["windows"]
+    # Window 0: 10, 20, 30 ms; window 1: 40 ms (the 50 ms request failed, INTERNAL).
+    assert (w0["sent"], w0["ok"], w0["p50_ms"], w0["p99_ms"]) == (3, 3, 20.0, 30.0)
+    assert (w1["sent"], w1["ok"], w1["p50_ms"], w1["p99_ms"]) == (2, 1, 40.0, 40.0)
+    assert (w0["rss_mib"], w1["rss_mib"]) == (102.0, 104.0)  # the last sample at or before each end
+    assert r["requests"] == {"sent": 5, "ok": 4, "errors": 1} and r["errors_by_code"] == {"INTERNAL": 1}
+    m = r["rss"]
+    assert (m["first_mib"], m["last_mib"], m["max_mib"], m["growth_mib"]) == (100.0, 104.0, 104.0, 4.0)
+    assert m["growth_pct"] == pytest.approx(4.0)
+    assert m["slope_mib_per_min"] == pytest.approx(60.0) and m["slope_second_half_mib_per_min"] == pytest.approx(60)
+    p = r["p99"]
+    assert (p["first_ms"], p["last_ms"], p["drift_ms"]) == (30.0, 40.0, 10.0)
+    assert p["drift_pct"] == pytest.approx(100 / 3) and p["slope_ms_per_min"] == pytest.approx(300.0)
+    json.dumps(r)
+
+
+def test_rss_of_several_servers_adds_up_and_a_missing_sample_is_left_out():
+    rss = [(0.0, [100 * MIB, 50 * MIB]), (1.0, [None, None]), (2.0, [100 * MIB, 52 * MIB])]
+    r = soak_report(np.array([0.1]), np.array([0.01]), np.zeros(1, np.int16), rss, duration_s=3.0, window_s=3.0)
+    assert r["rss"]["first_mib"] == 150.0 and r["rss"]["last_mib"] == 152.0
+    assert r["rss"]["slope_mib_per_min"] == pytest.approx(60.0)  # 2 MiB in 2 s, the empty sample skipped
+
+
+def test_a_short_last_window_is_left_out_of_the_drift():
+    intended = np.array([0.5, 1.5, 2.1])
+    latency = np.array([0.010, 0.020, 0.500])
+    r = soak_report(intended, latency, np.zeros(3, np.int16), [], duration_s=2.2, window_s=1.0)
+    assert [w["length_s"] for w in r["windows"]] == pytest.approx([1.0, 1.0, 0.2])
+    assert r["p99"]["windows"] == 2 and r["p99"]["last_ms"] == 20.0
+    assert "first_mib" not in r["rss"]
+
+
+def test_rss_sampler_reads_a_real_server(start_server):
+    server = start_server("--models", "mlp")
+    url = next(line.split("metrics on ")[1] for line in server.log if "metrics on http://" in line)
+    sampler = RssSampler([url, "http://127.0.0.1:1/metrics"], every_s=0.05)
+    sampler.start(time.monotonic())
+    while len(sampler.samples) < 3:
+        time.sleep(0.01)
+    sampler.stop()
+    for _, (rss, gone) in sampler.samples:
+        assert rss > 50 * MIB and gone is None
+
+
+def test_soak_end_to_end(start_server, tmp_path):
+    server = start_server("--models", "mlp", "--torch-threads", "1")
+    metrics = next(line.split("metrics on ")[1] for line in server.log if "metrics on http://" in line)
+    out = tmp_path / "soak.json"
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", metrics]
+    cmd += ["--capacity", "100", "--soak", "4s", "--soak-load", "50%", "--soak-window", "1s", "--rss-every", "0.5s"]
+    cmd += ["--workers", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    soak = result["soak"]
+    assert soak["schema"] == "wok.soak/1" and soak["capacity"]["source"] == "given"
+    assert soak["capacity"]["load_qps"] == 50.0 and result["steps"][0]["nominal_qps"] == 50.0
+    assert len(soak["windows"]) == 4 and sum(w["sent"] for w in soak["windows"]) == soak["requests"]["sent"] > 100
+    assert soak["rss"]["first_mib"] > 50 and len(soak["rss"]["samples"]) >= 8
+    assert soak["p99"]["windows"] == 4 and "RSS:" in proc.stdout and "P99: first window" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--soak", "0s", "--capacity", "10"], "must be > 0"),
+        (["--soak", "1s", "--soak-load", "150%", "--capacity", "10"], "--soak-load"),
+        (["--soak", "1s", "--capacity", "0"], "--capacity must be > 0"),
+        (["--soak", "--fault", "kill:at=1s", "--replicas", "1"], "--soak runs without --fault"),
+    ],
+)
+def test_cli_refuses_bad_soak_options(args, says):
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--metrics-url", "none", "--target", "127.0.0.1:1", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
