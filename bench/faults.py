@@ -697,23 +697,27 @@ class FaultRamp(Ramp):
 # -- text ---------------------------------------------------------------------------------
 
 
-def _ms(v) -> str:
-    return "-" if v is None else f"{v:.1f}"
+def fmt(v, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
 
 
-def _s(v) -> str:
-    return "-" if v is None else f"{v:.1f}"
+def section_console(result: dict, key: str, file=None):
+    """(result[key], a rich Console on `file` or stdout), or (None, None) without that section."""
+    from rich.console import Console
+
+    section = result.get(key)
+    if not section:
+        return None, None
+    return section, Console(file=file or sys.stdout, width=160)
 
 
 def print_faults(result: dict, file=None) -> None:
     """The fault table, and the timeline around the faults."""
-    from rich.console import Console
     from rich.table import Table
 
-    section = result.get("faults")
-    if not section:
+    section, console = section_console(result, "faults", file)
+    if section is None:
         return
-    console = Console(file=file or sys.stdout, width=160)
     req = section["requests"]
     console.print(
         f"requests: {req['sent']} sent, {req['ok']} ok, {req['errors']} errors, [bold]{req['lost']} lost[/bold] "
@@ -726,14 +730,14 @@ def print_faults(result: dict, file=None) -> None:
     for f in section["faults"]:
         table.add_row(
             f["fault"],
-            _s(f.get("start_s")),
-            _s(f.get("end_s")),
-            _ms(f.get("p99_before_ms")),
-            _ms(f.get("p99_during_ms")),
-            _ms(f.get("p99_after_ms")),
+            fmt(f.get("start_s")),
+            fmt(f.get("end_s")),
+            fmt(f.get("p99_before_ms")),
+            fmt(f.get("p99_during_ms")),
+            fmt(f.get("p99_after_ms")),
             str(f.get("lost_during", "-")),
             ", ".join(f"{k} {v}" for k, v in f.get("errors_during", {}).items()) or "-",
-            "never" if f.get("start_s") is not None and f.get("recovery_s") is None else _s(f.get("recovery_s")),
+            "never" if f.get("start_s") is not None and f.get("recovery_s") is None else fmt(f.get("recovery_s")),
         )
     console.print(table)
     tl = section["timeline"]
@@ -763,7 +767,7 @@ def print_faults(result: dict, file=None) -> None:
             str(tl["ok"][k]),
             str(tl["errors"][k]),
             str(tl["lost"][k]),
-            _ms(tl["p99_ms"][k]),
+            fmt(tl["p99_ms"][k]),
             "-" if up is None else str(up[k]),
             "" if tl["good"][k] else "bad",
             ", ".join(events.get(k, [])),
@@ -801,11 +805,31 @@ def add_arguments(p) -> None:
     g.add_argument("--no-retries", action="store_true", help="do not retry calls that end with UNAVAILABLE")
 
 
-def run_faults(args, cfg: RampConfig) -> dict:
-    """The ramp with `--replicas` and `--fault`: start the replicas, run, stop them, return the result."""
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def start_replicas(args, cfg: RampConfig, say: Callable[[str], None], *, admin: bool = False):
+    """(ReplicaSet, cfg aimed at it) for `--replicas N`; (None, cfg) without it."""
     import shlex
     from dataclasses import replace
 
+    if not args.replicas:
+        return None, cfg
+    if args.serve_args is not None:
+        serve_args = shlex.split(args.serve_args)
+    else:
+        serve_args = ["--models", ",".join(m for m, _ in cfg.models)]
+    say(f"starting {args.replicas} replica(s): wok serve {' '.join(serve_args)}")
+    replicas = ReplicaSet(args.replicas, serve_args, admin=admin)
+    say(f"replicas serving on {replicas.target}")
+    # Several servers have no one /metrics: the server's view is left out unless a URL is given.
+    metrics_url = None if args.metrics_url == "auto" else cfg.metrics_url
+    return replicas, replace(cfg, target=replicas.target, metrics_url=metrics_url)
+
+
+def run_faults(args, cfg: RampConfig) -> dict:
+    """The ramp with `--replicas` and `--fault`: start the replicas, run, stop them, return the result."""
     specs = [parse_fault(s) for s in args.fault]
     if args.replicas is not None:
         if args.replicas < 1:
@@ -817,18 +841,7 @@ def run_faults(args, cfg: RampConfig) -> dict:
         raise ValueError("--fault kill: and pause: need --replicas: the bench signals only replicas it started")
     elif any(s.server_side for s in specs) and not args.admin_url:
         raise ValueError("--fault slow: and fail: need --replicas or --admin-url")
-    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    replicas = None
-    if args.replicas:
-        if args.serve_args is not None:
-            serve_args = shlex.split(args.serve_args)
-        else:
-            serve_args = ["--models", ",".join(m for m, _ in cfg.models)]
-        say(f"starting {args.replicas} replica(s): wok serve {' '.join(serve_args)}")
-        replicas = ReplicaSet(args.replicas, serve_args, admin=any(s.server_side for s in specs))
-        say(f"replicas serving on {replicas.target}")
-        # Several servers have no one /metrics: the server's view is left out unless a URL is given.
-        cfg = replace(cfg, target=replicas.target, metrics_url=None if args.metrics_url == "auto" else cfg.metrics_url)
+    replicas, cfg = start_replicas(args, cfg, say, admin=any(s.server_side for s in specs))
     try:
         return FaultRamp(cfg, specs, replicas=replicas, admin_urls=args.admin_url, progress=say).run()
     finally:

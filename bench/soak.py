@@ -13,7 +13,6 @@ window − first, and the slope over the windows). docs/reliability.md has a run
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -187,10 +186,10 @@ def _none_or(v: float | None, scale: float) -> float | None:
 
 def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None) -> dict:
     """Capacity (measured or given), then the soak; the soak step's wok.bench/1 result with `soak` added."""
+    from . import faults
     from .arrivals import parse_duration
-    from .faults import ReplicaSet
 
-    say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    say = say or faults.say
     duration = parse_duration(args.soak)
     window = parse_duration(args.soak_window)
     every = parse_duration(args.rss_every)
@@ -199,16 +198,8 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
         raise ValueError("--soak, --soak-window and --rss-every must be > 0")
     if args.capacity is not None and not args.capacity > 0:
         raise ValueError(f"--capacity must be > 0; got {args.capacity}")
-    replicas = None
-    if args.replicas:
-        import shlex
-
-        serve_args = (
-            shlex.split(args.serve_args) if args.serve_args else ["--models", ",".join(m for m, _ in cfg.models)]
-        )
-        say(f"starting {args.replicas} replica(s): wok serve {' '.join(serve_args)}")
-        replicas = ReplicaSet(args.replicas, serve_args)
-        cfg = replace(cfg, target=replicas.target, metrics_url=None if args.metrics_url == "auto" else cfg.metrics_url)
+    replicas, cfg = faults.start_replicas(args, cfg, say)
+    if replicas is not None:
         urls = [f"{r.admin_url}/metrics" for r in replicas]
     else:
         urls = [cfg.metrics_url] if cfg.metrics_url else []
@@ -256,18 +247,15 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
     return result
 
 
-def _f(v, fmt: str = ".1f") -> str:
-    return "-" if v is None else format(v, fmt)
-
-
 def print_soak(result: dict, file=None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    s = result.get("soak")
-    if not s:
+    from .faults import fmt as _f
+    from .faults import section_console
+
+    s, console = section_console(result, "soak", file)
+    if s is None:
         return
-    console = Console(file=file or sys.stdout, width=160)
     cap = s["capacity"]
     table = Table(
         title=f"soak: {cap['load_qps']:g} QPS = {100 * cap['load_share']:g}% of {cap['qps']:g} ({cap['source']}), "
