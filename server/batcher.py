@@ -15,6 +15,15 @@ that fails fails every caller in it. Submitting and withdrawing are O(1) (a heap
 when a queue gets a new head, so O(log keys)); dead entries (withdrawn, expired) are
 skipped lazily. A heap of queue heads by arrival finds the next delay flush, and a set
 of queues at their flush size finds size flushes, without scanning every key.
+
+Within a key's queue, requests wait per priority level (lower is more urgent); a batch takes
+the most urgent level first, FIFO within a level. With the `slo` policy (server/policy.py,
+docs/batching-policy.md) the flush rule is the policy's instead of the delay window: a queue
+flushes when waiting longer would make its most pressed request miss its deadline
+("deadline"), or when an instance is idle and waiting cannot raise throughput ("idle");
+requests that could not meet their deadline even if they ran next are refused at arrival
+(DeadlineUnmeetable), and at dispatch a request expected to finish after its deadline is
+dropped. The `slo` decisions scan the non-empty queues (a model has few batch keys).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import concurrent.futures
 import heapq
 import itertools
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Hashable
@@ -31,9 +41,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import DeadlineExceeded, InvalidInput, ModelExecutionError, QueueFull, ShuttingDown
+from .errors import DeadlineExceeded, DeadlineUnmeetable, InvalidInput, ModelExecutionError, QueueFull, ShuttingDown
 from .executor import BatchResult, Executor
 from .metrics import ModelMetrics
+from .policy import SloPolicy, read_profile_fit
 from .stats import ModelStats
 
 log = logging.getLogger("wok.batcher")
@@ -54,6 +65,7 @@ class Pending:
     state: int = QUEUED
     dispatched: float = 0.0
     finished: float = 0.0  # when its batch's outputs were on the host (executor clock)
+    level: int = 1  # priority level: lower is more urgent
 
 
 @dataclass(slots=True)
@@ -67,6 +79,8 @@ class Batch:
     # When its instance started waiting for it with requests queued (None: the instance
     # was busy when it was dispatched); the wait ends when the worker starts the batch.
     idle_from: float | None = None
+    key: Hashable = None
+    to_idle: bool = False  # its instance was idle when it was dispatched (the hop is measured on these)
 
 
 @dataclass(frozen=True)
@@ -83,8 +97,33 @@ class BatchingPolicy:
 
 @dataclass
 class _Queue:
-    entries: deque = field(default_factory=deque)
+    levels: dict[int, deque] = field(default_factory=dict)  # priority level -> FIFO of requests
+    order: list[int] = field(default_factory=list)  # the levels present, most urgent first
     samples: int = 0  # live (queued) samples only
+    deadlines: list = field(default_factory=list)  # slo policy: heap of (deadline, seq, Pending), lazily pruned
+
+    @property
+    def entries(self):
+        """Every entry (live or dead), most urgent level first, FIFO within a level."""
+        return [p for level in self.order for p in self.levels[level]]
+
+    def append(self, p: Pending) -> None:
+        d = self.levels.get(p.level)
+        if d is None:
+            d = self.levels[p.level] = deque()
+            self.order.append(p.level)
+            self.order.sort()
+        d.append(p)
+
+
+def slo_policy_for(executor: Executor, max_batch_size: int) -> SloPolicy | None:
+    """The `slo` policy object when the executor's model config selects it (dynamic_batching.policy)."""
+    servable = executor.instances[0].servable if executor.instances else None
+    db = getattr(getattr(servable, "config", None), "dynamic_batching", None)
+    if db is None or getattr(db, "policy", "fixed") != "slo":
+        return None
+    seed = read_profile_fit(db.slo_profile) if db.slo_profile is not None else None
+    return SloPolicy(db.slo_ms / 1e3, max_batch_size, len(executor.instances), quantile=db.slo_quantile, seed=seed)
 
 
 class Batcher:
@@ -95,10 +134,15 @@ class Batcher:
         policy: BatchingPolicy,
         stats: ModelStats,
         metrics: ModelMetrics | None = None,
+        slo: SloPolicy | None = None,
     ) -> None:
+        """`slo`: the slo policy's object; None reads the model's config (`slo_policy_for`)."""
         self.name = name
         self.executor = executor
         self.policy = policy
+        self.slo = slo if slo is not None else slo_policy_for(executor, policy.max_batch_size)
+        db = getattr(getattr(executor.instances[0].servable, "config", None), "dynamic_batching", None)
+        self.default_level = getattr(db, "default_priority_level", 1)
         self.stats = stats
         self.metrics = metrics or ModelMetrics(name, len(executor.instances))
         self.metrics.queue_depth = lambda: self._queued
@@ -119,6 +163,11 @@ class Batcher:
         # and since when requests have been queued (None while nothing is).
         self._idle_since = [time.perf_counter()] * len(executor.instances)
         self._queued_since: float | None = None
+        # slo policy: when each instance is predicted to be free, the live queued samples per
+        # priority level (for admission), and when the task's timer is set to fire.
+        self._free_at = [0.0] * len(executor.instances)
+        self._level_samples: dict[int, int] = {}
+        self._timer_at = math.inf
         self._stopping = False
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -175,8 +224,18 @@ class Batcher:
         return self._inflight
 
     # -- requests ------------------------------------------------------------------------
-    def submit(self, inputs: dict[str, np.ndarray], rows: int, key: Hashable, deadline: float | None) -> Pending:
-        """Queue a checked request; raises QueueFull or ShuttingDown at once."""
+    def submit(
+        self,
+        inputs: dict[str, np.ndarray],
+        rows: int,
+        key: Hashable,
+        deadline: float | None,
+        priority: int | None = None,
+    ) -> Pending:
+        """Queue a checked request; raises QueueFull, DeadlineUnmeetable or ShuttingDown at once.
+
+        `priority`: its level (lower is more urgent); None takes the model's default level.
+        """
         if self._failed is not None:
             raise ModelExecutionError(f"model '{self.name}' cannot run requests: its batcher failed: {self._failed}")
         if rows > self.policy.max_batch_size:
@@ -189,27 +248,68 @@ class Batcher:
                 f"model '{self.name}' queue is full: {self._queued} requests queued, "
                 f"max_queue_size is {limit}; retry later"
             )
-        p = Pending(inputs, rows, key, time.perf_counter(), deadline, self._loop.create_future())
+        now = time.perf_counter()
+        level = priority or self.default_level
+        slo = self.slo
+        if slo is not None:
+            own = now + slo.slo_s
+            deadline = own if deadline is None else min(deadline, own)
+            self._admit(key, rows, level, deadline, now)
+        p = Pending(inputs, rows, key, now, deadline, self._loop.create_future(), level=level)
         q = self._queues.get(key)
         if q is None:
             q = self._queues[key] = _Queue()
         idle = self._queued == 0
         if idle:
             self._queued_since = p.arrival
-        if q.samples == 0:
+        if q.samples == 0 and slo is None:  # the slo policy scans its queues instead
             heapq.heappush(self._heads, (p.arrival, next(self._seq), key))
-        q.entries.append(p)
+        q.append(p)
         q.samples += rows
         self._queued += 1
+        self._level_samples[level] = self._level_samples.get(level, 0) + rows
         full = q.samples >= self.policy.flush_size
         if full:
             self._full.add(key)
         # Wake the task only when this arrival can change its decision: with nothing queued
         # it has no timer, and a full queue flushes now. A new head is never older than the
-        # one whose timer is already set.
-        if idle or full:
+        # one whose timer is already set. With the slo policy: also when this request's own
+        # latest start is before the timer, or the queue reached the idle rule's size.
+        wake = idle or full
+        if slo is not None:
+            slo.arrived(key, now, rows)
+            heapq.heappush(q.deadlines, (deadline, next(self._seq), p))
+            n = q.samples
+            wake = (
+                wake
+                or slo.latest_start(key, self._earliest_deadline(q), n) < self._timer_at
+                or n >= slo.idle_target(key, now)
+            )
+        if wake:
             self._wakeup.set()
         return p
+
+    def _admit(self, key: Hashable, rows: int, level: int, deadline: float, now: float) -> None:
+        """slo policy: refuse a request that would miss its deadline even if it ran as soon as it could."""
+        slo = self.slo
+        ahead = sum(n for lvl, n in self._level_samples.items() if lvl <= level)
+        start = max(now, min(self._free_at))
+        finish = slo.finish_estimate(key, start, ahead, rows)
+        if finish > deadline:
+            miss = finish - deadline
+            raise DeadlineUnmeetable(
+                f"model '{self.name}' cannot finish this request before its deadline "
+                f"({1e3 * (deadline - now):.1f} ms from now): with {ahead} samples queued ahead of it "
+                f"it would finish in about {1e3 * (finish - now):.1f} ms; retry after {1e3 * miss:.0f} ms",
+                retry_after_s=miss,
+            )
+
+    def _earliest_deadline(self, q: _Queue) -> float:
+        """The earliest deadline among a queue's live requests (slo policy); inf when none."""
+        heap = q.deadlines
+        while heap and heap[0][2].state != QUEUED:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else math.inf
 
     def withdraw(self, p: Pending) -> None:
         """The caller gave up (cancelled): leave the queue if still queued."""
@@ -219,6 +319,7 @@ class Batcher:
 
     def _forget(self, p: Pending) -> None:
         self._queues[p.key].samples -= p.rows
+        self._level_samples[p.level] -= p.rows
         self._queued -= 1
         if self._queued == 0:
             self._queued_since = None
@@ -247,7 +348,12 @@ class Batcher:
                     return
                 self._wakeup.clear()
                 timer = loop.call_later(wait, self._wakeup.set) if wait is not None else None
+                self._timer_at = now + wait if wait is not None else math.inf
                 await self._wakeup.wait()
+                if self.slo is not None and timer is not None:
+                    late = time.perf_counter() - self._timer_at
+                    if late >= 0:  # woken by the timer, this late
+                        self.slo.observe_late(late)
                 if timer is not None:
                     timer.cancel()
         except asyncio.CancelledError:
@@ -280,6 +386,8 @@ class Batcher:
             return best[0], best[1], "drain" if self._stopping else "size", None
         if full_only and not self._stopping:
             return None, None, "", None
+        if self.slo is not None:
+            return self._pick_slo(now)
         heads = self._heads
         while heads:
             arrival, _, key = heads[0]
@@ -301,12 +409,49 @@ class Batcher:
             return None, None, "", due
         return None, None, "", None
 
+    def _pick_slo(self, now: float) -> tuple[Hashable, _Queue | None, str, float | None]:
+        """The slo policy's choice with an instance idle: a due queue (earliest deadline first), else the wait.
+
+        Due: now is past its latest start (reason "deadline"), or it holds at least the idle
+        rule's λ·α samples ("idle"). The wait is to the earliest latest start, or to when the
+        arrival rate will have decayed enough for the idle rule to flush what is queued.
+        """
+        slo = self.slo
+        best = None
+        wake = math.inf
+        for key, q in list(self._queues.items()):
+            if q.samples <= 0:
+                del self._queues[key]  # its dead entries go with it
+                continue
+            if self._stopping:
+                return key, q, "drain", None
+            deadline = self._earliest_deadline(q)
+            n = q.samples
+            start_by = slo.latest_start(key, deadline, n)
+            if start_by <= now:
+                reason = "deadline"
+            elif n >= slo.idle_target(key, now):
+                reason = "idle"
+            else:
+                wake = min(wake, start_by, slo.idle_flush_at(key, n, now))
+                continue
+            if best is None or deadline < best[2]:
+                best = (key, q, deadline, reason)
+        if best is not None:
+            return best[0], best[1], best[3], None
+        return None, None, "", None if wake == math.inf else max(wake - now, 0.0)
+
     @staticmethod
     def _head(q: _Queue) -> Pending | None:
-        entries = q.entries
-        while entries and entries[0].state != QUEUED:
-            entries.popleft()
-        return entries[0] if entries else None
+        """The oldest live request of the queue, across its priority levels."""
+        head = None
+        for level in q.order:
+            entries = q.levels[level]
+            while entries and entries[0].state != QUEUED:
+                entries.popleft()
+            if entries and (head is None or entries[0].arrival < head.arrival):
+                head = entries[0]
+        return head
 
     def _form(self, key: Hashable, q: _Queue, reason: str, now: float) -> Batch | None:
         limit = self.policy.max_batch_size
@@ -318,49 +463,78 @@ class Batcher:
                 limit = max(fitting)
         taken: list[Pending] = []
         samples = 0
-        entries = q.entries
-        while entries:
-            p = entries[0]
-            if p.state != QUEUED:
-                entries.popleft()
-                continue
-            if p.deadline is not None and now >= p.deadline:
+        # A request whose deadline is before `cutoff` is dropped: with the fixed policy one
+        # whose deadline has passed; with the slo policy also one that would finish after it
+        # even in a batch of mean time (the flush rules plan with the quantile, so a request
+        # is dropped here only when the batch started after its latest start anyway).
+        predicted = self.slo.times.mean(key, min(q.samples, limit)) if self.slo is not None else 0.0
+        cutoff = now + predicted
+        full = False
+        for level in q.order:
+            entries = q.levels[level]
+            while entries:
+                p = entries[0]
+                if p.state != QUEUED:
+                    entries.popleft()
+                    continue
+                if p.deadline is not None and cutoff >= p.deadline:
+                    entries.popleft()
+                    self._forget(p)
+                    p.state = DONE
+                    if not p.future.done():
+                        waited = f"waited {1e3 * (now - p.arrival):.1f} ms in the queue and its deadline"
+                        if now >= p.deadline:
+                            msg = f"request to model '{self.name}' {waited} passed before it could run"
+                        else:
+                            msg = (
+                                f"request to model '{self.name}' {waited} would pass before its batch finished "
+                                f"(deadline in {1e3 * (p.deadline - now):.1f} ms, batch predicted to take "
+                                f"{1e3 * predicted:.1f} ms)"
+                            )
+                        p.future.set_exception(DeadlineExceeded(msg))
+                        self.stats.fail.add(now - p.arrival)
+                    continue
+                if samples + p.rows > limit:
+                    full = True
+                    break
                 entries.popleft()
                 self._forget(p)
-                p.state = DONE
-                if not p.future.done():
-                    p.future.set_exception(
-                        DeadlineExceeded(
-                            f"request to model '{self.name}' waited {1e3 * (now - p.arrival):.1f} ms "
-                            f"in the queue and its deadline passed before it could run"
-                        )
-                    )
-                    self.stats.fail.add(now - p.arrival)
-                continue
-            if samples + p.rows > limit:
+                p.state = RUNNING
+                p.dispatched = now
+                taken.append(p)
+                samples += p.rows
+            if full:
                 break
-            entries.popleft()
-            self._forget(p)
-            p.state = RUNNING
-            p.dispatched = now
-            taken.append(p)
-            samples += p.rows
+        if any(not q.levels[level] for level in q.order):
+            for level in [lv for lv in q.order if not q.levels[lv]]:
+                del q.levels[level]
+            q.order = [lv for lv in q.order if lv in q.levels]
         head = self._head(q)
-        if head is not None and taken:
+        if head is not None and taken and self.slo is None:
             heapq.heappush(self._heads, (head.arrival, next(self._seq), key))
         if not taken:
             return None
-        return Batch(taken, samples, reason)
+        return Batch(taken, samples, reason, key=key)
 
     def _dispatch(self, batch: Batch, queued_since: float | None) -> None:
+        batch.dispatched = batch.requests[0].dispatched
         i = min(range(len(self._free_slots)), key=lambda j: self._busy[self._free_slots[j][0]])
         inst, slot = self._free_slots.pop(i)
         if self._busy[inst] == 0 and queued_since is not None:
             batch.idle_from = max(self._idle_since[inst], queued_since)
+        batch.to_idle = self._busy[inst] == 0
+        if self.slo is not None:
+            # Slack at dispatch: the earliest deadline of the batch minus its predicted finish
+            # (after what the instance still runs, then the batch's own predicted time).
+            start = max(batch.dispatched, self._free_at[inst]) if self._busy[inst] else batch.dispatched
+            finish = start + self.slo.times.predict(batch.key, batch.samples)
+            self._free_at[inst] = finish
+            earliest = min((p.deadline for p in batch.requests if p.deadline is not None), default=math.inf)
+            if earliest < math.inf:
+                self.metrics.record_slack(earliest - finish - self.slo.margin)
         self._busy[inst] += 1
         self._inflight += 1
         batch.instance, batch.slot = inst, slot
-        batch.dispatched = batch.requests[0].dispatched
         self.stats.record_flush(batch.reason)
         self.metrics.record_flush(batch.reason)
         loop = self._loop
@@ -392,6 +566,8 @@ class Batcher:
         self._free_slots.append((inst, batch.slot))
         self._busy[inst] -= 1
         self._inflight -= 1
+        if self._busy[inst] == 0:
+            self._free_at[inst] = now
         self._wakeup.set()
         exc = f.exception()
         if exc is not None:
@@ -423,6 +599,10 @@ class Batcher:
                 if not p.future.done():
                     p.future.set_exception(exc)
             return
+        if self.slo is not None:
+            self.slo.observe_batch(batch.key, batch.samples, result.finished - result.started)
+            if batch.to_idle:  # dispatch → worker start, and worker end → back on the loop
+                self.slo.observe_hop((result.started - batch.dispatched) + (now - result.finished))
         t = result.times
         # Metrics count the requests whose callers still wait, as the end-to-end histogram
         # will: a caller cancelled meanwhile would otherwise be in the stages but not in the total.
@@ -467,9 +647,12 @@ class Batcher:
                     p.state = DONE
                     if not p.future.done():
                         p.future.set_exception(exc)
-            q.entries.clear()
+            q.levels.clear()
+            q.order.clear()
+            q.deadlines.clear()
             q.samples = 0
         self._queues.clear()
         self._heads.clear()
         self._full.clear()
+        self._level_samples.clear()
         self._queued = 0

@@ -100,6 +100,7 @@ class DecodedRequest:
     rows: int
     outputs: tuple[str, ...] | None
     timeout_s: float | None
+    priority: int | None = None  # the 'priority' parameter; None when absent or 0 (the model's default level)
 
 
 def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = None) -> DecodedRequest:
@@ -179,8 +180,16 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
         us = getattr(p, which)
         timeout_s = us / 1e6 if us > 0 else None
 
+    priority = None
+    if "priority" in req.parameters:
+        p = req.parameters["priority"]
+        which = p.WhichOneof("parameter_choice")
+        if which not in ("int64_param", "uint64_param") or getattr(p, which) < 0:
+            raise InvalidInput("parameter 'priority': expected a non-negative integer (1 most urgent, 0 the default)")
+        priority = getattr(p, which) or None
+
     servable.check(arrays)
-    return DecodedRequest(arrays, rows, outputs, timeout_s)
+    return DecodedRequest(arrays, rows, outputs, timeout_s, priority)
 
 
 def encode_response(
@@ -233,6 +242,7 @@ def encode_request(
     request_id: str = "",
     timeout_us: int | None = None,
     datatypes: Mapping[str, str] | None = None,
+    priority: int | None = None,
 ) -> pb.ModelInferRequest:
     """A ModelInferRequest with every input in raw_input_contents."""
     req = pb.ModelInferRequest(model_name=model, id=request_id)
@@ -248,6 +258,8 @@ def encode_request(
         req.outputs.add(name=name)
     if timeout_us is not None:
         req.parameters["timeout"].int64_param = int(timeout_us)
+    if priority is not None:
+        req.parameters["priority"].int64_param = int(priority)
     return req
 
 

@@ -73,6 +73,47 @@ class DynamicBatchingConfig(_Strict):
     default_timeout_ms: float = Field(
         0, ge=0, description="Deadline (ms from arrival) for requests that bring none; 0 is none."
     )
+    policy: Literal["fixed", "slo"] = Field(
+        "fixed",
+        description="'fixed': flush on size or after max_queue_delay_ms. 'slo': flush from deadlines and a learned "
+        "batch time, refuse requests that cannot meet theirs (docs/batching-policy.md); needs slo_ms.",
+    )
+    slo_ms: float | None = Field(
+        None,
+        gt=0,
+        le=600_000,
+        description="Policy 'slo': latency objective (ms from arrival); a request's deadline is the earliest of "
+        "its gRPC deadline, its timeout parameter and arrival + slo_ms.",
+    )
+    slo_quantile: float = Field(
+        0.95, ge=0.5, lt=1.0, description="Policy 'slo': the quantile of batch time it plans with (0.95: p95)."
+    )
+    slo_profile: Path | None = Field(
+        None,
+        description="Policy 'slo': a `wok profile --json` document (relative to the model's folder) whose "
+        "fit.alpha_s and fit.beta_s (seconds) seed the batch-time model before batches are measured.",
+    )
+    default_priority_level: int = Field(
+        1,
+        ge=1,
+        le=1_000_000,
+        description="Priority level of requests whose 'priority' parameter is absent or 0; lower is more "
+        "urgent (1 is the most), FIFO within a level.",
+    )
+
+    @model_validator(mode="after")
+    def _policy_fields(self) -> DynamicBatchingConfig:
+        if self.policy == "slo" and self.slo_ms is None:
+            raise ValueError("policy 'slo' needs slo_ms, the latency objective in milliseconds")
+        if self.policy != "slo":
+            extra = [f for f in ("slo_ms", "slo_profile") if getattr(self, f) is not None]
+            if extra:
+                raise ValueError(f"{', '.join(extra)} only apply to policy 'slo' (policy is {self.policy!r})")
+        if self.slo_profile is not None:
+            from .policy import read_profile_fit
+
+            read_profile_fit(self.slo_profile)
+        return self
 
 
 class InstanceConfig(_Strict):
@@ -286,6 +327,9 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         raise ConfigError(f"{model_dir}: more than one config file: {', '.join(p.name for p in found)}")
     data = read_config_file(found[0])
     data.setdefault("name", model_dir.name)
+    batching = data.get("dynamic_batching")
+    if isinstance(batching, dict) and isinstance(batching.get("slo_profile"), str):
+        batching["slo_profile"] = str(model_dir / batching["slo_profile"])  # relative to the model's folder
     return model_config_from_dict(data, str(found[0]))
 
 

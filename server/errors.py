@@ -30,6 +30,19 @@ class QueueFull(WokError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class DeadlineUnmeetable(WokError):
+    """Refused at arrival: even run as soon as the queue ahead of it allows, it would miss its deadline.
+
+    `retry_after_s` is by how much it would miss: the time the queue ahead needs to drain that far.
+    """
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class DeadlineExceeded(WokError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 

@@ -27,8 +27,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 log = logging.getLogger("wok.metrics")
 
 STAGES = ("decode", "queue", "assemble", "h2d", "compute", "d2h", "respond", "encode")
-FLUSH_REASONS = ("size", "delay", "drain", "deadline")
-REJECTION_REASONS = ("queue_full", "deadline", "invalid", "shutting_down", "not_found")
+FLUSH_REASONS = ("size", "delay", "drain", "deadline", "idle")
+REJECTION_REASONS = ("queue_full", "deadline", "deadline_unmeetable", "invalid", "shutting_down", "not_found")
 
 # 25 µs resolves the sub-millisecond stages (decode, H2D of a small batch); 60 s bounds
 # the multi-second tails of an overloaded queue. Roughly 1-2.5-5 per decade.
@@ -36,6 +36,11 @@ LATENCY_BUCKETS = (
     25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
     1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3,
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+# Slack at dispatch (slo policy): negative when a batch is predicted to finish late.
+SLACK_BUCKETS = (
+    -0.1, -0.025, -0.01, -0.005, -0.001, 0.0,
+    1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0, 5.0,
 )  # fmt: skip
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
 
@@ -80,6 +85,7 @@ class ModelMetrics:
         self.stages = {s: WeightedHistogram(LATENCY_BUCKETS) for s in STAGES}
         self.request = WeightedHistogram(LATENCY_BUCKETS)
         self.batch_size = WeightedHistogram(BATCH_SIZE_BUCKETS)
+        self.slack = WeightedHistogram(SLACK_BUCKETS)  # slo policy only
         self.flushes = dict.fromkeys(FLUSH_REASONS, 0)
         self.rejections = dict.fromkeys(REJECTION_REASONS, 0)
         self.responses: dict[str, int] = {}
@@ -117,6 +123,9 @@ class ModelMetrics:
     def record_idle_queued(self, instance: int, seconds: float) -> None:
         self.idle_queued_seconds[instance] += seconds
 
+    def record_slack(self, seconds: float) -> None:
+        self.slack.observe(seconds)
+
     def record_flush(self, reason: str) -> None:
         self.flushes[reason] = self.flushes.get(reason, 0) + 1
 
@@ -141,6 +150,9 @@ class NullModelMetrics(ModelMetrics):
         pass
 
     def record_idle_queued(self, instance: int, seconds: float) -> None:
+        pass
+
+    def record_slack(self, seconds: float) -> None:
         pass
 
     def record_flush(self, reason: str) -> None:
@@ -202,15 +214,23 @@ class WokMetrics:
         )
         bs = HistogramMetricFamily("wok_batch_size", "Samples (rows) per executed batch", labels=["model"])
         flush = CounterMetricFamily(
-            "wok_batch_flushes", "Batches flushed, by reason: size, delay, drain, deadline", labels=["model", "reason"]
+            "wok_batch_flushes",
+            "Batches flushed, by reason: size, delay, drain, deadline, idle (the last two: slo policy)",
+            labels=["model", "reason"],
+        )
+        slack = HistogramMetricFamily(
+            "wok_dispatch_slack_seconds",
+            "slo policy: per batch at dispatch, its earliest deadline minus its predicted finish (after the "
+            "instance's running batch, the batch's quantile time and the hop margin); negative: predicted late",
+            labels=["model"],
         )
         resp = CounterMetricFamily(
             "wok_responses", "Inference requests answered, by final gRPC status code", labels=["model", "code"]
         )
         rej = CounterMetricFamily(
             "wok_rejected_requests",
-            "Inference requests refused before running, by reason: queue_full, deadline, invalid, "
-            "shutting_down, not_found",
+            "Inference requests refused before running, by reason: queue_full, deadline, deadline_unmeetable "
+            "(slo policy, at arrival), invalid, shutting_down, not_found",
             labels=["model", "reason"],
         )
         busy = CounterMetricFamily(
@@ -234,6 +254,8 @@ class WokMetrics:
                 stage.add_metric([m.name, s], h.cumulative(), h.total)
             e2e.add_metric([m.name], m.request.cumulative(), m.request.total)
             bs.add_metric([m.name], m.batch_size.cumulative(), m.batch_size.total)
+            if m.slack.count:
+                slack.add_metric([m.name], m.slack.cumulative(), m.slack.total)
             for reason, n in list(m.flushes.items()):
                 flush.add_metric([m.name, reason], n)
             for code, n in list(m.responses.items()):
@@ -247,7 +269,7 @@ class WokMetrics:
             depth.add_metric([m.name], m.queue_depth())
             inflight.add_metric([m.name], m.inflight())
         rej.add_metric(["", "not_found"], self.unknown_model_requests)
-        yield from (stage, e2e, bs, flush, resp, rej, busy, idle_queued, depth, inflight)
+        yield from (stage, e2e, bs, flush, slack, resp, rej, busy, idle_queued, depth, inflight)
         if self.faults is not None:
             faults = GaugeMetricFamily(
                 "wok_injected_faults",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,16 @@ from google.protobuf.message import DecodeError
 
 from . import __version__
 from .codec import decode_request, encode_response
-from .errors import DeadlineExceeded, InvalidInput, ModelNotFound, QueueFull, ShuttingDown, WokError, to_status
+from .errors import (
+    DeadlineExceeded,
+    DeadlineUnmeetable,
+    InvalidInput,
+    ModelNotFound,
+    QueueFull,
+    ShuttingDown,
+    WokError,
+    to_status,
+)
 from .repository import VERSION
 from .v2pb import grpc_service_pb2 as pb
 from .v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -31,6 +41,7 @@ EXTENSIONS = ("model_configuration", "statistics", "model_repository")
 REJECTION_REASON = {
     QueueFull: "queue_full",
     DeadlineExceeded: "deadline",
+    DeadlineUnmeetable: "deadline_unmeetable",
     InvalidInput: "invalid",
     ShuttingDown: "shutting_down",
 }
@@ -38,6 +49,11 @@ REJECTION_REASON = {
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException):
     code, details = to_status(exc)
+    retry_after_s = getattr(exc, "retry_after_s", None)
+    if retry_after_s is not None:  # the hint of an admission refusal (slo policy), in whole ms, at least 1
+        await context.abort(
+            code, details, trailing_metadata=(("retry-after-ms", str(max(1, math.ceil(1e3 * retry_after_s)))),)
+        )
     await context.abort(code, details)
 
 
@@ -135,7 +151,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         timeout = dec.timeout_s or rt.default_timeout_s
         if timeout:
             deadline = arrival + timeout if deadline is None else min(deadline, arrival + timeout)
-        p = rt.batcher.submit(dec.inputs, dec.rows, servable.batch_key(dec.inputs), deadline)
+        p = rt.batcher.submit(dec.inputs, dec.rows, servable.batch_key(dec.inputs), deadline, dec.priority)
         try:
             outputs = await p.future
         except asyncio.CancelledError:

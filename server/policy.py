@@ -1,0 +1,320 @@
+"""The `slo` batching policy: flush decisions from deadlines and a learned batch-time model.
+
+The batcher (server/batcher.py) consults a `SloPolicy` in `_pick` when a model's config says
+`dynamic_batching.policy = "slo"`; the `fixed` policy (a delay window) needs no object. The
+rules, with T_q(n) the predicted execution time of a batch of n samples (the fit plus a high
+quantile of its residuals), m the measured hop margin, and, for one batch key's queue holding
+n samples (at most max_batch_size) whose earliest deadline is D:
+
+- **deadline**: the queue flushes as soon as now ≥ D − T_q(n) − m, the latest start that still
+  lets its most pressed request finish in time; waiting any longer would make it miss.
+- **idle**: with an instance idle, the queue flushes at once when n ≥ λ·α (λ the key's arrival
+  rate in samples/s, α the fit's fixed cost per batch). Waiting Δ more and then running
+  n + λΔ samples costs (Δ + α)/(n + λΔ) + β instance-seconds per sample against α/n + β for
+  running n now (idle time counted as spent); the first is smaller exactly when λα > n, for
+  every Δ. So when n ≥ λα waiting cannot raise throughput, and below it the queue keeps
+  filling (until the deadline rule or a full batch sends it). Reaching λα from n takes
+  α − n/λ < α on average: the rule never waits longer than one batch's fixed cost for a
+  better batch.
+- otherwise it keeps filling; a full queue (max_batch_size samples) flushes as with `fixed`.
+
+Admission (at arrival): a request whose predicted finish, were it to run as soon as the queue
+ahead of it (requests of its priority or more urgent, packed into full batches, spread over
+the instances) has run, is past its deadline is refused (`DeadlineUnmeetable`); the retry-after
+hint is by how much it would miss, the time the queue ahead needs to drain that far.
+
+The margin m is measured: the quantile of the hop (loop → worker thread at dispatch, worker →
+loop at completion, on batches sent to an idle instance) plus the quantile of how late the
+batcher's timer wakes up.
+
+Everything here is O(1) per request and per batch, except the quantiles, which are
+recomputed over a window of recent values every few additions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Hashable
+from pathlib import Path
+
+import numpy as np
+
+PROFILE_SCHEMA = "wok.profile/1"
+
+
+def read_profile_fit(path: Path) -> tuple[float, float]:
+    """(α, β) in seconds from a `wok profile --json` document (docs/profile.md); ValueError if unreadable."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read profile {path}: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"profile {path}: schema is {got!r}, expected {PROFILE_SCHEMA!r}")
+    try:
+        alpha, beta = float(doc["fit"]["alpha_s"]), float(doc["fit"]["beta_s"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"profile {path}: no numeric fit.alpha_s and fit.beta_s ({exc!r})") from None
+    if not (math.isfinite(alpha) and math.isfinite(beta)):
+        raise ValueError(f"profile {path}: fit.alpha_s and fit.beta_s must be finite")
+    # A fitted α can come out slightly below 0 (noise at small n), as wok tune also clamps.
+    return max(alpha, 0.0), max(beta, 0.0)
+
+
+class QuantileWindow:
+    """The q-quantile of the last `size` values, recomputed every `refresh` additions."""
+
+    __slots__ = ("filled", "pos", "q", "refresh", "since", "value", "values")
+
+    def __init__(self, q: float, size: int = 256, refresh: int = 8, initial: float = 0.0) -> None:
+        self.q = q
+        self.values = np.zeros(size)
+        self.filled = 0
+        self.pos = 0
+        self.refresh = refresh
+        self.since = 0
+        self.value = initial
+
+    def add(self, x: float) -> None:
+        self.values[self.pos] = x
+        self.pos = (self.pos + 1) % len(self.values)
+        self.filled = min(self.filled + 1, len(self.values))
+        self.since += 1
+        if self.since >= self.refresh or self.filled < self.refresh:
+            self.since = 0
+            self.value = float(np.quantile(self.values[: self.filled], self.q))
+
+
+class _Fit:
+    """Exponentially weighted least squares of t = α + β·n: the weighted sums, decayed per observation."""
+
+    __slots__ = ("count", "n", "nn", "nt", "t", "w")
+
+    def __init__(self) -> None:
+        self.w = self.n = self.nn = self.t = self.nt = 0.0
+        self.count = 0
+
+    def add(self, n: float, t: float, decay: float, weight: float = 1.0) -> None:
+        self.w = self.w * decay + weight
+        self.n = self.n * decay + weight * n
+        self.nn = self.nn * decay + weight * n * n
+        self.t = self.t * decay + weight * t
+        self.nt = self.nt * decay + weight * n * t
+        self.count += 1
+
+    def solve(self, beta_fallback: float) -> tuple[float, float]:
+        mean_n, mean_t = self.n / self.w, self.t / self.w
+        var_n = self.nn / self.w - mean_n * mean_n
+        if var_n <= 1e-9 * max(1.0, mean_n * mean_n):
+            # One batch size only: β is not identifiable; keep the one known, fit α to the mean.
+            beta = beta_fallback
+        else:
+            beta = (self.nt / self.w - mean_n * mean_t) / var_n
+        beta = max(beta, 0.0)
+        return max(mean_t - beta * mean_n, 0.0), beta
+
+
+class BatchTimeModel:
+    """Batch execution time by batch size, per batch key, learned online.
+
+    Per key (and over all keys together, for keys with few batches yet): an exponentially
+    weighted least-squares fit T(n) = α + β·n, each batch weighing `decay` times less than the
+    next (a memory of about 1/(1 − decay) batches), and the `quantile` of the last `window`
+    residuals (observed − fitted before the observation, counted once the fit has
+    `min_batches` batches). `predict` is α + β·n + that quantile (≥ 0):
+    a time most batches finish within, not the mean. A seed (α, β from `wok profile`) enters
+    as `prior_weight` pseudo-batches at n = 1 and at n = max_batch_size, which fade as real
+    batches come; without one, and before any batch, the prediction is 0.
+    """
+
+    def __init__(
+        self,
+        max_batch_size: int,
+        *,
+        quantile: float = 0.95,
+        seed: tuple[float, float] | None = None,
+        decay: float = 0.995,
+        window: int = 256,
+        min_batches: int = 16,
+        prior_weight: float = 4.0,
+    ) -> None:
+        if not 0.5 <= quantile < 1.0:
+            raise ValueError(f"quantile must be in [0.5, 1); got {quantile}")
+        self.max_batch_size = max_batch_size
+        self.quantile = quantile
+        self.decay = decay
+        self.window = window
+        self.min_batches = min_batches
+        self.seed = seed
+        self.prior_weight = prior_weight
+        self._all = self._new_fit()
+        self._all_resid = QuantileWindow(quantile, window)
+        self._keys: dict[Hashable, tuple[_Fit, QuantileWindow]] = {}
+        self._coef: dict[Hashable, tuple[float, float, float]] = {}  # key -> (α, β, residual quantile)
+        self._coef_all = self._solve(self._all, self._all_resid)
+
+    def _new_fit(self) -> _Fit:
+        f = _Fit()
+        if self.seed is not None:
+            a, b = self.seed
+            half = self.prior_weight / 2
+            f.add(1.0, a + b, 1.0, half)
+            f.add(float(self.max_batch_size), a + b * self.max_batch_size, 1.0, half)
+            f.count = 0
+        return f
+
+    def _solve(self, fit: _Fit, resid: QuantileWindow) -> tuple[float, float, float]:
+        if fit.w <= 0:
+            return 0.0, 0.0, 0.0
+        fallback = self.seed[1] if self.seed is not None else 0.0
+        alpha, beta = fit.solve(fallback)
+        return alpha, beta, max(resid.value, 0.0) if resid.filled else 0.0
+
+    def observe(self, key: Hashable, n: int, seconds: float) -> None:
+        """One executed batch of n samples that took `seconds` (the worker's time)."""
+        entry = self._keys.get(key)
+        if entry is None:
+            entry = self._keys[key] = (self._new_fit(), QuantileWindow(self.quantile, self.window))
+        fit, resid = entry
+        # Residuals count once a fit has `min_batches` batches: before, its line is still moving.
+        if fit.count >= self.min_batches:
+            a, b, _ = self._coef[key]
+            resid.add(seconds - (a + b * n))
+        fit.add(float(n), seconds, self.decay)
+        self._coef[key] = self._solve(fit, resid)
+        if self._all.count >= self.min_batches:
+            a, b, _ = self._coef_all
+            self._all_resid.add(seconds - (a + b * n))
+        self._all.add(float(n), seconds, self.decay)
+        self._coef_all = self._solve(self._all, self._all_resid)
+
+    def coefficients(self, key: Hashable) -> tuple[float, float, float]:
+        """(α, β, residual quantile) in seconds for `key`: its own fit once it has `min_batches` batches."""
+        entry = self._keys.get(key)
+        if entry is not None and entry[0].count >= self.min_batches:
+            return self._coef[key]
+        return self._coef_all
+
+    def predict(self, key: Hashable, n: int) -> float:
+        a, b, q = self.coefficients(key)
+        return max(a + b * n + q, 0.0)
+
+    def mean(self, key: Hashable, n: int) -> float:
+        a, b, _ = self.coefficients(key)
+        return a + b * n
+
+    def batches(self, key: Hashable | None = None) -> int:
+        if key is None:
+            return self._all.count
+        entry = self._keys.get(key)
+        return 0 if entry is None else entry[0].count
+
+
+class RateMeter:
+    """Arrival rate (samples/s) with an exponential memory of `tau_s`: each sample counts 1/τ, decaying."""
+
+    __slots__ = ("at", "tau", "value")
+
+    def __init__(self, tau_s: float) -> None:
+        self.tau = tau_s
+        self.value = 0.0
+        self.at = 0.0
+
+    def add(self, now: float, samples: int) -> None:
+        self.value = self.rate(now) + samples / self.tau
+        self.at = now
+
+    def rate(self, now: float) -> float:
+        dt = now - self.at
+        return self.value * math.exp(-dt / self.tau) if dt > 0 else self.value
+
+
+class SloPolicy:
+    """The `slo` policy's state for one model: batch times, arrival rates, the hop margin."""
+
+    name = "slo"
+
+    def __init__(
+        self,
+        slo_s: float,
+        max_batch_size: int,
+        instances: int = 1,
+        *,
+        quantile: float = 0.95,
+        seed: tuple[float, float] | None = None,
+        rate_tau_s: float = 0.1,
+        initial_margin_s: float = 0.5e-3,
+    ) -> None:
+        if not slo_s > 0:
+            raise ValueError(f"the slo policy needs an SLO > 0; got {slo_s}")
+        self.slo_s = slo_s
+        self.max_batch_size = max_batch_size
+        self.instances = max(1, instances)
+        self.times = BatchTimeModel(max_batch_size, quantile=quantile, seed=seed)
+        self.rate_tau_s = rate_tau_s
+        self._rates: dict[Hashable, RateMeter] = {}
+        # The hop: loop → worker thread at dispatch plus worker → loop at completion, measured
+        # on batches sent to an idle instance; and how late the batcher's timer wakes it. The
+        # sum of their quantiles is the margin every rule keeps.
+        self.hop = QuantileWindow(quantile, 256, initial=initial_margin_s)
+        self.late = QuantileWindow(quantile, 256)
+
+    @property
+    def margin(self) -> float:
+        return max(self.hop.value, 0.0) + max(self.late.value, 0.0)
+
+    # -- arrivals ---------------------------------------------------------------------------
+    def arrived(self, key: Hashable, now: float, rows: int) -> None:
+        meter = self._rates.get(key)
+        if meter is None:
+            meter = self._rates[key] = RateMeter(self.rate_tau_s)
+        meter.add(now, rows)
+
+    def rate(self, key: Hashable, now: float) -> float:
+        meter = self._rates.get(key)
+        return 0.0 if meter is None else meter.rate(now)
+
+    # -- the flush rules ------------------------------------------------------------------------
+    def latest_start(self, key: Hashable, deadline: float, n: int) -> float:
+        """The last moment a batch of n (capped at the maximum) may start and still finish by `deadline`."""
+        return deadline - self.times.predict(key, min(n, self.max_batch_size)) - self.margin
+
+    def idle_target(self, key: Hashable, now: float) -> float:
+        """Samples at which an idle instance gains nothing by waiting: λ·α (at most max_batch_size)."""
+        alpha = self.times.coefficients(key)[0]
+        return min(self.rate(key, now) * alpha, float(self.max_batch_size))
+
+    def idle_flush_at(self, key: Hashable, n: int, now: float) -> float:
+        """When, with no arrival, λ(t)·α decays to n (so the idle rule flushes n); inf if never needed."""
+        alpha = self.times.coefficients(key)[0]
+        target = self.rate(key, now) * alpha
+        if n <= 0:
+            return math.inf
+        if target <= n:
+            return now
+        return now + self.rate_tau_s * math.log(target / n)
+
+    # -- admission ----------------------------------------------------------------------------
+    def finish_estimate(self, key: Hashable, start: float, ahead: int, rows: int) -> float:
+        """Predicted finish of a request of `rows` behind `ahead` samples, from `start` (an instance free).
+
+        The queue ahead is packed into full batches spread over the instances (the best case);
+        the request's own batch holds the remainder and itself.
+        """
+        m = self.max_batch_size
+        total = ahead + rows
+        full = (total - 1) // m
+        own = total - full * m
+        backlog = full * self.times.predict(key, m) / self.instances
+        return start + backlog + self.times.predict(key, own) + self.margin
+
+    def observe_batch(self, key: Hashable, n: int, seconds: float) -> None:
+        self.times.observe(key, n, seconds)
+
+    def observe_hop(self, seconds: float) -> None:
+        self.hop.add(seconds)
+
+    def observe_late(self, seconds: float) -> None:
+        """How long after its set time the batcher's timer woke it."""
+        self.late.add(seconds)

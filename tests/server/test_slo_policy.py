@@ -1,0 +1,404 @@
+"""The slo batching policy: the online batch-time fit, the flush rules on hand-worked timelines,
+admission control, priorities, and the rejection's status, hint and metrics through a server.
+
+The decisions are checked on a model whose batch time the policy is told (a seeded fit, no
+residuals yet: T(n) = α + β·n exactly) and whose progress the test gates, so that each
+flush or refusal is the one the rule predicts at a time the test chooses (`_pick(now)`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+
+from wok.batcher import Batcher, BatchingPolicy
+from wok.codec import decode_request, encode_request
+from wok.config import load_model_config
+from wok.errors import ConfigError, DeadlineExceeded, DeadlineUnmeetable, InvalidInput
+from wok.policy import BatchTimeModel, RateMeter, SloPolicy
+from wok.stats import ModelStats
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+MS = 1e-3
+
+
+def make_batcher(servable, executor, slo: SloPolicy | None, *, start: bool = True) -> Batcher:
+    cfg = servable.config
+    db = cfg.dynamic_batching
+    policy = BatchingPolicy(cfg.max_batch_size, db.max_queue_delay_ms / 1e3, db.preferred_batch_sizes)
+    b = Batcher(cfg.name, executor, policy, ModelStats(cfg.name), slo=slo)
+    if start:
+        b.start()
+    else:  # decisions are asked of `_pick` by the test, at times it chooses; no task acts on its own
+        b._loop = asyncio.get_running_loop()
+        b._wakeup = asyncio.Event()
+    return b
+
+
+def policy(slo_ms, max_batch_size, alpha_ms, beta_ms, *, margin_ms=1.0, tau_s=0.1) -> SloPolicy:
+    return SloPolicy(
+        slo_ms * MS, max_batch_size, 1, seed=(alpha_ms * MS, beta_ms * MS), rate_tau_s=tau_s,
+        initial_margin_s=margin_ms * MS,
+    )  # fmt: skip
+
+
+def submit(b: Batcher, value: float = 1.0, rows: int = 1, deadline=None, priority=None):
+    return b.submit({"INPUT0": np.full((rows, 4), value, np.float32)}, rows, None, deadline, priority)
+
+
+async def wait_entered(module) -> None:
+    await asyncio.to_thread(module.entered.wait, 10)
+    module.entered.clear()
+
+
+# -- the online fit -----------------------------------------------------------------------------
+
+
+def test_the_fit_recovers_alpha_and_beta_exactly_from_exact_times():
+    m = BatchTimeModel(32, min_batches=4)
+    for i in range(64):
+        n = 1 + (7 * i) % 32
+        m.observe("k", n, 0.4e-3 + 0.045e-3 * n)
+    a, b, q = m.coefficients("k")
+    assert a == pytest.approx(0.4e-3, rel=1e-9) and b == pytest.approx(0.045e-3, rel=1e-9)
+    assert q == pytest.approx(0.0, abs=1e-12)
+    assert m.predict("k", 10) == pytest.approx(0.85e-3, rel=1e-9)
+
+
+def test_the_fit_converges_on_alpha_beta_under_noise_and_plans_with_the_p95_not_the_mean():
+    # T = 2 ms + 0.1 ms·n + U(0, 1 ms): the least-squares line is 2.5 ms + 0.1 ms·n (the noise's mean
+    # goes into α), the residuals are U(−0.5, 0.5) ms, whose 95th percentile is 0.45 ms.
+    rng = np.random.default_rng(7)
+    m = BatchTimeModel(32, quantile=0.95, decay=0.999, window=1024, min_batches=16)
+    for _ in range(4000):
+        n = int(rng.integers(1, 33))
+        m.observe(None, n, 2e-3 + 0.1e-3 * n + rng.uniform(0, 1e-3))
+    a, b, q = m.coefficients(None)
+    assert a == pytest.approx(2.5e-3, abs=0.05e-3)
+    assert b == pytest.approx(0.1e-3, rel=0.03)
+    assert q == pytest.approx(0.45e-3, abs=0.05e-3)
+    assert m.predict(None, 16) == pytest.approx(2.5e-3 + 1.6e-3 + 0.45e-3, abs=0.1e-3)
+    assert m.mean(None, 16) == pytest.approx(4.1e-3, abs=0.08e-3)
+
+
+def test_the_fit_follows_a_change_and_a_seed_fades():
+    # Seeded at α = 1 ms, β = 0.1 ms; the model really runs at α = 3 ms, β = 0.2 ms.
+    m = BatchTimeModel(32, seed=(1e-3, 0.1e-3), decay=0.99, min_batches=8)
+    assert m.predict("k", 10) == pytest.approx(2e-3)  # before any batch: the seed
+    for i in range(2000):
+        n = 1 + i % 32
+        m.observe("k", n, 3e-3 + 0.2e-3 * n)
+    a, b, _ = m.coefficients("k")
+    assert a == pytest.approx(3e-3, rel=1e-3) and b == pytest.approx(0.2e-3, rel=1e-3)
+
+
+def test_one_batch_size_only_keeps_the_known_beta_and_fits_alpha_to_the_mean():
+    m = BatchTimeModel(32, seed=(1e-3, 0.1e-3), decay=0.9, min_batches=4)
+    for _ in range(300):
+        m.observe("k", 8, 5e-3)
+    a, b, _ = m.coefficients("k")
+    # The seed's pseudo-batches have decayed to nothing; β stays the seed's, α = 5 − 0.8 ms.
+    assert b == pytest.approx(0.1e-3, rel=1e-6) and a == pytest.approx(4.2e-3, rel=1e-6)
+
+
+def test_a_key_with_few_batches_is_predicted_from_all_keys():
+    m = BatchTimeModel(32, min_batches=4)
+    for n in (1, 2, 3, 4, 5, 6):
+        m.observe("short", n, 1e-3 * n)
+    assert m.predict("long", 3) == pytest.approx(3e-3)
+    for n in (1, 2, 3, 4):
+        m.observe("long", n, 2e-3 * n)
+    assert m.predict("long", 3) == pytest.approx(6e-3)
+
+
+def test_the_rate_meter_counts_samples_per_second_and_decays():
+    r = RateMeter(0.1)
+    for _ in range(10):
+        r.add(1.0, 1)  # 10 samples at once: 10 / τ
+    assert r.rate(1.0) == pytest.approx(100.0)
+    assert r.rate(1.1) == pytest.approx(100.0 / math.e)
+
+
+# -- the rules, as numbers ----------------------------------------------------------------------
+
+
+def test_rule_formulas_on_hand_worked_numbers():
+    p = policy(50, 8, alpha_ms=10, beta_ms=1, margin_ms=1, tau_s=1.0)
+    # latest start = D − T(n) − margin = 100 − (10 + 3) − 1 ms
+    assert p.latest_start("k", 0.100, 3) == pytest.approx(0.086)
+    assert p.latest_start("k", 0.100, 20) == pytest.approx(0.100 - 0.018 - 0.001)  # n capped at 8
+    # idle rule: λ = 300 samples/s (300 at once, τ = 1 s), α = 10 ms → λα = 3 samples
+    p.arrived("k", 5.0, 300)
+    assert p.idle_target("k", 5.0) == pytest.approx(3.0)
+    # with 2 queued and no arrival, λ(t)α falls to 2 at t = 5 + τ·ln(3/2)
+    assert p.idle_flush_at("k", 2, 5.0) == pytest.approx(5.0 + math.log(1.5))
+    assert p.idle_flush_at("k", 3, 5.0) == 5.0
+    # admission: 19 samples ahead + 1 → two full batches of 8 (18 ms each), then a batch of 4 (14 ms)
+    assert p.finish_estimate("k", 1.0, 19, 1) == pytest.approx(1.0 + 0.036 + 0.014 + 0.001)
+    assert p.finish_estimate("k", 1.0, 0, 8) == pytest.approx(1.0 + 0.018 + 0.001)
+    assert p.finish_estimate("k", 1.0, 1, 8) == pytest.approx(1.0 + 0.018 + 0.011 + 0.001)
+
+
+# -- the flush decisions on timelines -------------------------------------------------------------
+
+
+async def test_deadline_rule_flushes_at_the_latest_start_and_not_before(gated):
+    # α = 20 ms, β = 1 ms, SLO 200 ms, margin 1 ms, λ = 99 samples/s → λα = 1.98 samples: an idle
+    # instance waits for a second sample; the deadline rule bounds the wait.
+    s, _m, ex = gated(max_batch_size=8)
+    slo = policy(200, 8, alpha_ms=20, beta_ms=1, margin_ms=1, tau_s=10.0)
+    b = make_batcher(s, ex, slo, start=False)
+    p = submit(b)
+    slo.arrived(None, p.arrival, 989)  # arrivals seen before: λ = 990/10 s = 99 samples/s
+    t0 = p.arrival
+    latest = t0 + 0.200 - 0.021 - 0.001  # deadline − T(1) − margin
+    assert b._pick(t0 + 0.001) == (None, None, "", pytest.approx(latest - t0 - 0.001))
+    assert b._pick(latest - 1e-6)[1] is None
+    _, q, reason, _ = b._pick(latest)
+    assert q is not None and reason == "deadline"
+    # A second request grows the batch: T(2) = 22 ms, so the same deadline's latest start is 1 ms earlier.
+    p2 = submit(b)
+    assert b._pick(latest - 0.0005)[2] == "deadline"
+    # ... and the two samples pass λα = 99.1·0.02 = 1.98: the idle rule sends them now.
+    assert b._pick(p2.arrival)[2] == "idle"
+    b._fail_queued(DeadlineExceeded("test over"))
+    for x in (p, p2):
+        x.future.exception()
+
+
+async def test_idle_rule_waits_while_the_rate_says_the_batch_grows_then_flushes_as_it_decays(gated):
+    s, _m, ex = gated(max_batch_size=32)
+    slo = policy(60_000, 32, alpha_ms=2000, beta_ms=0, margin_ms=1, tau_s=1.0)
+    b = make_batcher(s, ex, slo, start=False)
+    ps = [submit(b) for _ in range(3)]  # λ ≈ 3 samples/s, λα ≈ 6 > 3 queued: keep filling
+    t0 = ps[-1].arrival
+    _, q, _, wait = b._pick(t0)
+    assert q is None
+    # No arrival: λ(t)·α = 6·e^(−t/τ) reaches 3 at τ·ln 2 after the last arrival.
+    assert wait == pytest.approx(math.log(2), abs=2e-3)
+    assert b._pick(t0 + math.log(2) - 0.01)[1] is None
+    assert b._pick(t0 + math.log(2) + 0.01)[2] == "idle"
+    b._fail_queued(DeadlineExceeded("test over"))
+    for x in ps:
+        x.future.exception()
+
+
+async def test_an_idle_instance_takes_a_lone_request_at_once_when_waiting_cannot_pay(gated):
+    # λ = 1 sample / 0.1 s = 10 samples/s, α = 1 ms: λα = 0.01 < 1, so the request goes now.
+    s, m, ex = gated(max_batch_size=8)
+    b = make_batcher(s, ex, policy(50, 8, alpha_ms=1, beta_ms=0.1))
+    p = submit(b)
+    await p.future
+    assert b.stats.flushes == {"idle": 1} and m.batch_sizes == [1]
+    assert b.slo.times.batches(None) == 1  # the batch's time went into the fit
+    assert b.metrics.slack.count == 1
+    await b.stop()
+
+
+async def test_a_running_batcher_sends_the_batch_at_its_latest_start(gated):
+    # As above with a margin of 20 ms, so that a loaded machine's late timer does not push the
+    # batch past the request's deadline by its mean time (it would be dropped at dispatch).
+    s, _m, ex = gated(max_batch_size=8)
+    slo = policy(200, 8, alpha_ms=20, beta_ms=1, margin_ms=20, tau_s=10.0)
+    b = make_batcher(s, ex, slo)
+    p = submit(b)
+    slo.arrived(None, p.arrival, 989)  # as above: λα = 1.98 > 1, so only the deadline rule sends it
+    await p.future
+    assert b.stats.flushes == {"deadline": 1}
+    waited = p.dispatched - p.arrival
+    assert waited >= 0.159 - 1e-6  # never before the latest start: 200 − 21 − 20 ms
+    await b.stop()
+
+
+async def test_a_full_queue_flushes_on_size_and_a_busy_instance_takes_only_full_batches(gated):
+    s, m, ex = gated(max_batch_size=4, depth=2)
+    b = make_batcher(s, ex, policy(10_000, 4, alpha_ms=1, beta_ms=0.1))
+    m.gate.clear()
+    first = submit(b)
+    await wait_entered(m)
+    ps = [submit(b) for _ in range(5)]  # 4 fill the spare slot at once; the 5th waits for the idle instance
+    while b.inflight < 2:
+        await asyncio.sleep(0)
+    assert b.queued == 1
+    m.gate.set()
+    await asyncio.gather(first.future, *(p.future for p in ps))
+    assert m.batch_sizes == [1, 4, 1]
+    assert b.stats.flushes == {"idle": 2, "size": 1}
+    await b.stop()
+
+
+async def test_a_request_that_would_finish_late_is_dropped_at_dispatch(gated):
+    s, _m, ex = gated(max_batch_size=8)
+    slo = policy(10_000, 8, alpha_ms=50, beta_ms=0, margin_ms=1)
+    b = make_batcher(s, ex, slo, start=False)
+    late = submit(b, deadline=time.perf_counter() + 0.060)  # admitted: 50 + 1 ms < 60 ms
+    ok = submit(b)
+    # 15 ms later (the instance was busy, say) a batch of 50 ms would end 5 ms past its deadline.
+    batch = b._form(None, b._queues[None], "deadline", late.arrival + 0.015)
+    assert batch.requests == [ok]
+    with pytest.raises(DeadlineExceeded, match="would pass before its batch finished"):
+        late.future.result()
+    b._fail_queued(DeadlineExceeded("test over"))
+
+
+# -- admission --------------------------------------------------------------------------------
+
+
+async def test_admission_refuses_the_first_request_that_cannot_finish_in_time(gated):
+    # α = 100 ms, β = 10 ms, max batch 8, SLO 500 ms, margin 1 ms. One batch of 1 runs (gated):
+    # the instance is predicted free s = 110 ms after its dispatch (less the time since). The
+    # k-th queued request would finish s + 180·((k − 1) // 8) + 100 + 10·own + 1 ms from now,
+    # own = k − 8·((k − 1) // 8): k = 16: s + 361 ms (in), k = 17: s + 471 ms, past 500 ms for
+    # any s > 29 ms: refused, with a hint of s − 29 ms.
+    s, m, ex = gated(max_batch_size=8, depth=1)
+    b = make_batcher(s, ex, policy(500, 8, alpha_ms=100, beta_ms=10, margin_ms=1))
+    m.gate.clear()
+    running = submit(b)
+    await wait_entered(m)
+    accepted = [submit(b, priority=2) for _ in range(16)]
+    free_at = b._free_at[0]
+    before = time.perf_counter()
+    with pytest.raises(DeadlineUnmeetable, match=r"16 samples queued ahead of it.*retry after \d+ ms") as info:
+        submit(b, priority=2)
+    after = time.perf_counter()
+    assert free_at - after - 0.029 <= info.value.retry_after_s <= free_at - before - 0.029
+    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # A more urgent request has nobody ahead of it: it is admitted.
+    urgent = submit(b, priority=1)
+    assert b.queued == 17
+    m.gate.set()
+    await asyncio.gather(running.future, urgent.future, *(p.future for p in accepted), return_exceptions=True)
+    await b.stop()
+
+
+async def test_a_request_whose_deadline_has_already_passed_is_refused(gated):
+    s, _m, ex = gated(max_batch_size=8)
+    b = make_batcher(s, ex, policy(50, 8, alpha_ms=1, beta_ms=0.1))
+    with pytest.raises(DeadlineUnmeetable):
+        submit(b, deadline=0.0)
+    assert b.queued == 0
+    await b.stop()
+
+
+# -- priorities ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_slo", [False, True])
+async def test_batches_take_the_most_urgent_level_first_fifo_within_a_level(gated, use_slo):
+    s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=1)
+    b = make_batcher(s, ex, policy(60_000, 2, alpha_ms=1, beta_ms=0) if use_slo else None)
+    m.gate.clear()
+    running = submit(b, 0.0)
+    await wait_entered(m)
+    levels = [3, 1, 2, 1, 3]
+    ps = [submit(b, float(i + 1), priority=lv) for i, lv in enumerate(levels)]
+    m.gate.set()
+    outs = await asyncio.gather(*(p.future for p in ps))
+    await running.future
+    batches = {}
+    for i, p in enumerate(ps):
+        batches.setdefault(p.dispatched, set()).add(i)
+    # Level 1 (requests 1 and 3) first; then level 2 (2) with the older level-3 one (0); then 4.
+    assert [batches[t] for t in sorted(batches)] == [{1, 3}, {0, 2}, {4}]
+    assert m.batch_sizes == [1, 2, 2, 1]
+    for i, out in enumerate(outs):  # each result still goes to its own request
+        assert out["OUTPUT0"][0, 0] == 2.0 * (i + 1)
+    await b.stop()
+
+
+def test_the_priority_parameter_decodes_and_a_bad_one_names_itself(gated):
+    s, _, _ = gated(max_batch_size=4)
+    x = {"INPUT0": np.zeros((1, 4), np.float32)}
+    assert decode_request(encode_request("gated", x, priority=3), s).priority == 3
+    assert decode_request(encode_request("gated", x, priority=0), s).priority is None  # 0: the default level
+    assert decode_request(encode_request("gated", x), s).priority is None
+    req = encode_request("gated", x)
+    req.parameters["priority"].string_param = "high"
+    with pytest.raises(InvalidInput, match="parameter 'priority': expected a non-negative integer"):
+        decode_request(req, s)
+    req.parameters["priority"].int64_param = -1
+    with pytest.raises(InvalidInput, match="parameter 'priority'"):
+        decode_request(req, s)
+
+
+# -- config --------------------------------------------------------------------------------------
+
+
+def _set_batching(root, batching: str):
+    """The slow model's config with `batching` lines added to its [dynamic_batching] table."""
+    cfg = root / "slow" / "config.toml"
+    base = root / "slow" / "config.base"
+    if not base.exists():
+        base.write_text(cfg.read_text())
+    cfg.write_text(base.read_text().replace("[dynamic_batching]\n", "[dynamic_batching]\n" + batching))
+    return root
+
+
+def _profile(path, alpha_s, beta_s):
+    path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": alpha_s, "beta_s": beta_s}}))
+
+
+def test_config_checks_the_policy_fields(slow_repository):
+    root = slow_repository()
+    assert load_model_config(root / "slow").dynamic_batching.policy == "fixed"
+    _set_batching(root, 'policy = "slo"\n')
+    with pytest.raises(ConfigError, match="policy 'slo' needs slo_ms"):
+        load_model_config(root / "slow")
+    _set_batching(root, "slo_ms = 30\n")
+    with pytest.raises(ConfigError, match="slo_ms only apply to policy 'slo'"):
+        load_model_config(root / "slow")
+    _set_batching(root, 'policy = "slo"\nslo_ms = -1\n')
+    with pytest.raises(ConfigError, match=r"dynamic_batching\.slo_ms"):
+        load_model_config(root / "slow")
+    _set_batching(root, 'policy = "lifo"\n')
+    with pytest.raises(ConfigError, match=r"dynamic_batching\.policy"):
+        load_model_config(root / "slow")
+    _set_batching(root, 'policy = "slo"\nslo_ms = 30\nslo_profile = "p.json"\n')
+    with pytest.raises(ConfigError, match=r"cannot read profile .*p\.json"):
+        load_model_config(root / "slow")
+    (root / "slow" / "p.json").write_text(json.dumps({"schema": "wok.tune/1"}))
+    with pytest.raises(ConfigError, match=r"expected 'wok\.profile/1'"):
+        load_model_config(root / "slow")
+    _profile(root / "slow" / "p.json", 0.02, 0.001)  # relative to the model's folder
+    db = load_model_config(root / "slow").dynamic_batching
+    assert db.policy == "slo" and db.slo_ms == 30 and db.slo_profile == root / "slow" / "p.json"
+
+
+# -- through a server: status, retry-after, metrics -------------------------------------------------
+
+
+async def test_a_server_refuses_what_cannot_meet_the_slo_with_a_retry_hint_and_counts_it(serve, slow_repository):
+    # The slow model sleeps 20 ms per batch of ≤ 4; the profile says so (α = 20 ms). SLO 60 ms:
+    # one batch runs, the next 4 requests fit one more batch, later ones would need a third: refused.
+    root = _set_batching(slow_repository(), 'policy = "slo"\nslo_ms = 60\nslo_profile = "profile.json"\n')
+    _profile(root / "slow" / "profile.json", 0.020, 0.0)
+    async with serve(repository=root) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            x = {"INPUT0": np.ones((1, 4), np.float32)}
+            calls = [stub.ModelInfer(encode_request("slow", x)) for _ in range(40)]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        ok = [r for r in results if isinstance(r, pb.ModelInferResponse)]
+        refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+        assert ok and refused and len(ok) + len(refused) == 40
+        for err in refused:
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
+            assert "cannot finish this request before its deadline" in err.details()
+            hint = int(dict(err.trailing_metadata())["retry-after-ms"])
+            said = int(re.search(r"retry after (\d+) ms", err.details()).group(1))
+            assert hint >= 1 and abs(hint - said) <= 1  # the metadata rounds up, the message to nearest
+        m = server.metrics.models["slow"]
+        assert m.rejections["deadline_unmeetable"] == len(refused)
+        assert m.slack.count == m.batch_size.count > 0
+        text = generate_latest(server.metrics.registry)
+        assert b"wok_dispatch_slack_seconds_bucket" in text
+        assert b'wok_rejected_requests_total{model="slow",reason="deadline_unmeetable"}' in text
