@@ -47,7 +47,7 @@ from .workers import OK
 SCHEMA = "wok.faults/1"
 LOST_CODES = ("UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED", "UNKNOWN")
 WINDOW_S = 0.5  # the timeline's resolution, and the recovery's
-HOLD_S = 2.0  # recovered: every window good for this long (or to the ramp's end)
+HOLD_S = 2.0  # recovered: the last bad window is followed by good ones for at least this long
 COMPARE_S = 10.0  # "before" and "after" a fault: at most this long
 MAX_ERROR_RATE = 0.01  # a window with more errors than this is not good
 READY = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
@@ -513,7 +513,7 @@ def fault_report(
     ok = codes == OK
     lost = np.isnan(done) | np.isin(names, LOST_CODES)
     errors = ~ok & ~lost
-    end_s = float(np.nanmax(intended)) + window_s if end_s is None and len(intended) else (end_s or 0.0)
+    end_s = float(np.nanmax(intended)) + 1e-6 if end_s is None and len(intended) else (end_s or 0.0)
     windows = _windows(intended, latency_s, ok, errors, lost, end_s, window_s, slo_p99_ms)
     windows["replicas_up"] = _replicas_up(windows["t_s"], window_s, events, n_replicas)
     per_fault = [
@@ -563,14 +563,16 @@ def _windows(intended, latency_s, ok, errors, lost, end_s, window_s, slo_p99_ms)
         sent = int(here.sum())
         p99 = _p99_ms(latency_s[here & ok])
         n_err, n_lost = int((here & errors).sum()), int((here & lost).sum())
-        good = sent > 0 and n_lost == 0 and n_err <= MAX_ERROR_RATE * sent and p99 is not None and p99 <= slo_p99_ms
+        good = None  # nothing sent: no evidence either way
+        if sent:
+            good = n_lost == 0 and n_err <= MAX_ERROR_RATE * sent and p99 is not None and p99 <= slo_p99_ms
         out["t_s"].append(round(w * window_s, 6))
         out["sent"].append(sent)
         out["ok"].append(int((here & ok).sum()))
         out["errors"].append(n_err)
         out["lost"].append(n_lost)
         out["p99_ms"].append(p99)
-        out["good"].append(bool(good))
+        out["good"].append(None if good is None else bool(good))
     return out
 
 
@@ -618,25 +620,28 @@ def _one_fault(i, spec, events, intended, latency_s, ok, errors, lost, names, wi
         out[f"sent_{phase}"] = int(here.sum())
         out[f"lost_{phase}"] = int((here & lost).sum())
         out[f"errors_{phase}"] = _by_code(names[here & ~ok])
-    out["recovery_s"], out["breached_slo"] = _recovery(windows, begin, end_s, window_s)
+    out["recovery_s"], out["breached_slo"] = _recovery(windows, begin, phases["after"][1], window_s)
     if out["recovery_s"] is not None and over is not None:
         out["recovered_after_end_s"] = round(begin + out["recovery_s"] - over, 3)
     return out
 
 
-def _recovery(windows: dict, begin: float, end_s: float, window_s: float) -> tuple[float | None, bool]:
-    """Seconds from the fault's start to the start of the first window from which every window is
-    good for HOLD_S (or to the ramp's end); None if that never happens. Also: was any window bad?"""
+def _recovery(windows: dict, begin: float, horizon: float, window_s: float) -> tuple[float | None, bool]:
+    """(recovery, breached): `breached` if a window from the one the fault starts in up to `horizon`
+    is bad; `recovery` is the end of the last such bad window minus the fault's start (0 when none
+    is bad), provided HOLD_S of good windows follow it before `horizon`; otherwise None (the run
+    does not show a recovery)."""
     t = np.array(windows["t_s"])
-    good = np.array(windows["good"])
+    bad_window = np.array([g is False for g in windows["good"]])  # None: nothing sent, no evidence
     first = int(np.searchsorted(t, begin - window_s + 1e-9))  # the window the fault starts in
-    hold = max(1, round(HOLD_S / window_s))
-    breached = bool(len(good[first:]) and not good[first:].all())
-    for w in range(first, len(t)):
-        run = good[w : w + hold]
-        if run.all() and (len(run) == hold or w + len(run) == len(t)) and len(run):
-            return round(max(0.0, t[w] - begin), 3), bool((~good[first:w]).any())
-    return None, breached
+    last = int(np.searchsorted(t, horizon - 1e-9))  # windows [first, last) start before the horizon
+    bad = np.flatnonzero(bad_window[first:last]) + first
+    if not len(bad):
+        return 0.0, False
+    recovered_at = t[bad[-1]] + window_s
+    if horizon - recovered_at < HOLD_S - 1e-9:
+        return None, True
+    return round(float(recovered_at - begin), 3), True
 
 
 # -- the ramp -----------------------------------------------------------------------------
@@ -769,7 +774,7 @@ def print_faults(result: dict, file=None) -> None:
             str(tl["lost"][k]),
             fmt(tl["p99_ms"][k]),
             "-" if up is None else str(up[k]),
-            "" if tl["good"][k] else "bad",
+            "bad" if tl["good"][k] is False else "",
             ", ".join(events.get(k, [])),
         )
     console.print(table)

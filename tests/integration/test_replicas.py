@@ -20,7 +20,7 @@ def test_a_replica_killed_mid_step_loses_no_request(tmp_path):
     out = tmp_path / "ramp.json"
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "3"]
     cmd += ["--serve-args", "--models mlp --torch-threads 1", "--steps", "100,200", "--step-duration", "5s"]
-    cmd += ["--warmup", "1s", "--workers", "1", "--slo-p99", "200ms", "--json", str(out)]
+    cmd += ["--warmup", "1s", "--workers", "1", "--slo-p99", "1s", "--json", str(out)]
     # Planned ramp time: 2 × (1 s + 5 s) = 12 s; the kill lands 3 s in, in step 1's measured part.
     cmd += ["--fault", "kill:replica=1,at=25%,restart=45%"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
@@ -56,6 +56,11 @@ def test_a_replica_killed_mid_step_loses_no_request(tmp_path):
     assert kill["lost_during"] == 0 and kill["errors_during"] == {}
     for phase in ("before", "during", "after"):
         assert kill[f"p99_{phase}_ms"] is not None and kill[f"sent_{phase}"] > 0
-    # Recovered below the 200 ms SLO, and within the ramp.
+    # Recovered below the SLO (1 s: generous, as other work shares this machine), within the ramp,
+    # and no window after the recovery until the horizon (the ramp's end here) is bad.
     assert kill["recovery_s"] is not None and 0 <= kill["recovery_s"] <= 12 - t["kill"]
-    assert "faults (SLO P99 200 ms)" in proc.stdout and "timeline" in proc.stdout
+    recovered = kill["start_s"] + kill["recovery_s"]
+    tl = faults["timeline"]
+    assert all(g is not False for ts, g in zip(tl["t_s"], tl["good"]) if ts >= recovered)
+    assert kill["breached_slo"] == (kill["recovery_s"] > 0)
+    assert "faults (SLO P99 1000 ms)" in proc.stdout and "timeline" in proc.stdout
