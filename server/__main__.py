@@ -204,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     # `run(args)` returns the exit status and raises ValueError for a bad option value.
     for register in bench_cli.COMMANDS:
         register(sub)
+    from .demo.cli import add_demo_parser
+
+    add_demo_parser(sub)
     args = parser.parse_args(argv)
     if args.command != "serve":
         logging.basicConfig(level=logging.WARNING)

@@ -1,0 +1,1 @@
+"""`wok demo`: a live page of the batching pipeline (see docs/demo.md)."""

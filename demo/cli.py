@@ -1,0 +1,316 @@
+"""`wok demo`: a live page of the batching pipeline, with a rate control and fault injection.
+
+Live (default): starts `wok serve --admin` as a child process on loopback with the `mlp`
+model (two instances by default, so one can fail while the other serves), sends it an
+open-loop Poisson load from this process, and serves the page. What the page shows is that
+server's own event stream and these callers' answers. `--simulate`: no server; the batcher
+simulator (wok.bench.simulate) runs at wall-clock pace instead, labelled so on the page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from ..bench.arrivals import parse_duration
+from .load import LoadControl, LoadGenerator
+from .web import DemoWeb, Hub, http_json, tick_load
+
+METRICS = re.compile(r"wok: metrics on http://(\S+):(\d+)/metrics")
+SERVING = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
+MODEL = "mlp"
+
+
+def add_demo_parser(sub) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="a live page of the batching pipeline: rate control, batch settings, fault injection",
+        description="Start a wok server (admin API on, the mlp model), a load generator, and a local page that "
+        "shows requests, the queue, batches and why they flushed, each instance, throughput and P50/P95/P99 "
+        "against the SLO, live. See docs/demo.md.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address of the page (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8090, help="port of the page (default 8090; 0 picks a free one)")
+    p.add_argument("--rate", type=float, default=100.0, help="starting arrival rate, requests/s (default 100)")
+    p.add_argument("--instances", type=int, default=2, help="model instances (default 2)")
+    p.add_argument("--max-batch-size", type=int, default=32, help="the model's largest batch (default 32)")
+    p.add_argument("--max-queue-delay", default="5ms", help="starting delay window (default 5ms)")
+    p.add_argument("--slo", default="50ms", help="the latency objective drawn on the page (default 50ms)")
+    p.add_argument("--device", default="cpu", help="device of the instances: cpu, cuda, auto (default cpu)")
+    p.add_argument("--torch-threads", type=int, default=1, help="torch threads of the server (default 1)")
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="teaching mode: no server; the batcher simulator (as wok simulate) runs at wall-clock pace",
+    )
+    p.add_argument("--alpha", default="0.25ms", help="--simulate: fixed time per batch (default mlp's, 0.25ms)")
+    p.add_argument("--beta", default="0.044ms", help="--simulate: time per sample (default mlp's, 0.044ms)")
+    p.set_defaults(run=run_demo)
+
+
+def run_demo(args) -> int:
+    if not 1 <= args.instances <= 16:
+        raise ValueError(f"--instances: expected 1 to 16, got {args.instances}")
+    if not 1 <= args.max_batch_size <= 1024:
+        raise ValueError(f"--max-batch-size: expected 1 to 1024, got {args.max_batch_size}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port: expected 0 to 65535, got {args.port}")
+    delay_s = parse_duration(args.max_queue_delay)
+    slo_s = parse_duration(args.slo)
+    control = LoadControl(args.rate)
+    return asyncio.run(_main(args, control, delay_s, slo_s))
+
+
+async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    hub = Hub()
+    if args.simulate:
+        from ..bench.simulate import BatcherModel
+        from .sim import SimBackend
+
+        model = BatcherModel(
+            alpha_s=parse_duration(args.alpha),
+            beta_s=parse_duration(args.beta),
+            max_batch_size=args.max_batch_size,
+            max_queue_delay_s=delay_s,
+            instances=args.instances,
+        )
+        backend = SimulatedDemo(SimBackend(control, model), slo_s)
+    else:
+        backend = LiveDemo(control, args, delay_s, slo_s)
+    web = DemoWeb(backend, hub, args.host, args.port)
+    try:
+        await backend.start(hub, stop)
+        await web.start()
+        mode = "SIMULATION (no server)" if args.simulate else f"live, wok server at {backend.target}"
+        print(f"wok demo: {mode}", file=sys.stderr, flush=True)
+        print(f"wok demo: page at http://{args.host}:{web.port}/", file=sys.stderr, flush=True)
+        tasks = [asyncio.ensure_future(tick_load(hub, backend, stop))]
+        await stop.wait()
+        for t in tasks:
+            t.cancel()
+    finally:
+        await web.stop()
+        await backend.close()
+    return 0
+
+
+def spawn_wok(
+    cmd: list[str], patterns: dict[str, re.Pattern], timeout_s: float
+) -> tuple[subprocess.Popen, dict[str, re.Match], list[str]]:
+    """Start a `wok` child process and wait until its stderr has matched every pattern.
+
+    Returns the process, the first match of each pattern, and its stderr lines (the last 200,
+    kept up to date by a thread); raises RuntimeError with the log if it ends or times out first.
+    """
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    log: list[str] = []
+    found: dict[str, re.Match] = {}
+    ready = threading.Event()
+
+    def pump() -> None:
+        for line in proc.stderr:
+            log.append(line.rstrip())
+            del log[:-200]
+            for key, pat in patterns.items():
+                m = pat.search(line)
+                if m and key not in found:
+                    found[key] = m
+            if len(found) == len(patterns):
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=pump, daemon=True, name="wok-child-log").start()
+    if not ready.wait(timeout_s) or len(found) < len(patterns):
+        proc.kill()
+        raise RuntimeError(f"{' '.join(cmd[1:4])} did not start:\n" + "\n".join(log[-30:]))
+    return proc, found, log
+
+
+class SimulatedDemo:
+    def __init__(self, sim, slo_s: float) -> None:
+        self.sim = sim
+        self.control = sim.control
+        self.slo_s = slo_s
+        self._task: asyncio.Task | None = None
+        self.target = None
+
+    def config(self) -> dict:
+        m = self.sim.model
+        return {
+            "mode": "simulate",
+            "model": "simulated",
+            "instances": m.instances,
+            "slo_ms": self.slo_s * 1e3,
+            "alpha_ms": m.alpha_s * 1e3,
+            "beta_ms": m.beta_s * 1e3,
+            "batching": self.sim.batching(),
+            "load": self.control.describe(),
+            "faults": False,
+        }
+
+    async def start(self, hub: Hub, stop: asyncio.Event) -> None:
+        async def run() -> None:
+            while not stop.is_set():
+                events, tick = self.sim.step()
+                for e in events:
+                    hub.publish(e)
+                hub.publish(tick)
+                await asyncio.sleep(0.25)
+
+        self._task = asyncio.ensure_future(run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def set_batching(self, body) -> tuple[int, dict]:
+        return 200, self.sim.set_batching(body)
+
+    async def set_faults(self, body) -> tuple[int, dict]:
+        return 400, {"error": "faults are not modelled by the simulator; run wok demo without --simulate"}
+
+    def load_summary(self) -> dict:
+        return {**self.sim.stats.summary(time.monotonic()), **self.control.describe()}
+
+
+def write_repository(root: Path, instances: int, max_batch_size: int, delay_ms: float, device: str) -> Path:
+    """A model repository holding `mlp` (the demo model's network) with the demo's instance count."""
+    d = root / MODEL
+    d.mkdir(parents=True)
+    config = {
+        "platform": "python",
+        "factory": "wok.models.mlp:MLP",
+        "max_batch_size": max_batch_size,
+        "parameters": {"in_features": 256, "hidden": 1024, "out_features": 256, "layers": 2},
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [256]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [256]}],
+        "dynamic_batching": {"max_queue_delay_ms": delay_ms},
+        "instances": {"count": instances, "devices": [device]},
+    }
+    (d / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return root
+
+
+class LiveDemo:
+    """A `wok serve --admin` child process, the load generator, and the relay of its /events."""
+
+    def __init__(self, control: LoadControl, args, delay_s: float, slo_s: float) -> None:
+        self.control = control
+        self.args = args
+        self.delay_s = delay_s
+        self.slo_s = slo_s
+        self.proc: subprocess.Popen | None = None
+        self.log: list[str] = []
+        self.target = ""
+        self.admin: tuple[str, int] = ("127.0.0.1", 0)
+        self.generator: LoadGenerator | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._tmp = tempfile.TemporaryDirectory(prefix="wok-demo-")
+        self._channel = None
+
+    def config(self) -> dict:
+        return {
+            "mode": "live",
+            "model": MODEL,
+            "instances": self.args.instances,
+            "slo_ms": self.slo_s * 1e3,
+            "server": {"grpc": self.target, "admin": f"http://{self.admin[0]}:{self.admin[1]}"},
+            "load": self.control.describe(),
+            "faults": True,
+        }
+
+    async def start(self, hub: Hub, stop: asyncio.Event) -> None:
+        import grpc
+        import numpy as np
+
+        from ..codec import encode_request
+        from ..v2pb import grpc_service_pb2_grpc as pb_grpc
+
+        a = self.args
+        repo = write_repository(Path(self._tmp.name), a.instances, a.max_batch_size, self.delay_s * 1e3, a.device)
+        cmd = [sys.executable, "-m", "wok", "serve", "--admin", "--host", "127.0.0.1", "--port", "0"]
+        cmd += ["--metrics-port", "0", "--model-repository", str(repo), "--torch-threads", str(a.torch_threads)]
+        cmd += ["--grace-period", "5"]
+        await asyncio.get_running_loop().run_in_executor(None, self._spawn, cmd)
+        self._channel = grpc.aio.insecure_channel(self.target)
+        stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
+        rng = np.random.default_rng(1)
+        request = encode_request(MODEL, {"INPUT0": rng.standard_normal((1, 256), dtype=np.float32)})
+
+        async def send() -> str:
+            try:
+                await stub.ModelInfer(request, timeout=10.0)
+                return "OK"
+            except grpc.aio.AioRpcError as e:
+                return e.code().name
+
+        self.generator = LoadGenerator(self.control, send)
+        self._tasks = [asyncio.ensure_future(self.generator.run()), asyncio.ensure_future(self._relay(hub, stop))]
+
+    def _spawn(self, cmd: list[str]) -> None:
+        self.proc, found, self.log = spawn_wok(cmd, {"metrics": METRICS, "serving": SERVING}, 180.0)
+        self.admin = (found["metrics"].group(1), int(found["metrics"].group(2)))
+        self.target = f"{found['serving'].group(2)}:{found['serving'].group(3)}"
+
+    async def _relay(self, hub: Hub, stop: asyncio.Event) -> None:
+        """Relay the server's /events to the page, reconnecting if the stream breaks."""
+        host, port = self.admin
+        while not stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(f"GET /events HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+                await reader.readuntil(b"\r\n\r\n")
+                while True:
+                    line = await reader.readline()
+                    if not line:
+                        break
+                    if line.startswith(b"data: "):
+                        hub.publish_raw(line[6:].rstrip(b"\n"))
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                pass
+            await asyncio.sleep(0.5)
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.close()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.proc.wait, 15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._tmp.cleanup()
+
+    async def _admin(self, path: str, body) -> tuple[int, dict]:
+        if not isinstance(body, dict):
+            raise ValueError(f"body: expected a JSON object, got {body!r}")
+        return await http_json(*self.admin, "POST", path, {"model": MODEL, **body})
+
+    async def set_batching(self, body) -> tuple[int, dict]:
+        return await self._admin("/admin/batching", body)
+
+    async def set_faults(self, body) -> tuple[int, dict]:
+        return await self._admin("/admin/faults", body)
+
+    def load_summary(self) -> dict:
+        g = self.generator
+        return {**g.stats.summary(time.monotonic()), **self.control.describe(), "skipped": g.skipped}

@@ -1,0 +1,174 @@
+"""The demo's load: an arrival rate the page controls, and what the callers saw.
+
+`LoadControl` says how many requests per second to send now: a steady rate, and a burst
+(a higher rate for a few seconds, then back). Arrivals are Poisson at that rate, drawn in
+short windows (`WINDOW_S`) with the bench's own process, so a new rate applies within one
+window. `LoadGenerator` sends them open loop to the server over one gRPC channel (a late
+answer never delays the next send) and `Rolling` keeps the last seconds of answers: the
+page's throughput, P50/P95/P99 and errors by code are these callers' exact figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..bench.arrivals import Poisson
+
+WINDOW_S = 0.05  # arrivals are drawn this far ahead; a rate change applies within it
+ROLLING_S = 2.0  # the page's throughput and percentiles cover the last this many seconds
+MAX_RATE = 5000.0
+MAX_BURST_S = 30.0
+
+
+@dataclass
+class LoadState:
+    rate: float
+    burst_rate: float = 0.0
+    burst_until: float = 0.0  # time.monotonic() the burst ends
+
+    def current(self, now: float) -> float:
+        return self.burst_rate if now < self.burst_until else self.rate
+
+
+class LoadControl:
+    """The rate the page set: steady, or a burst for a few seconds."""
+
+    def __init__(self, rate: float) -> None:
+        self.state = LoadState(check_rate("rate", rate))
+
+    def set(self, body) -> dict:
+        """Apply a POST /api/load body: {"rate"} and/or {"burst_rate", "burst_s"}; raises ValueError."""
+        if not isinstance(body, dict):
+            raise ValueError(f"body: expected a JSON object, got {body!r}")
+        extra = sorted(set(body) - {"rate", "burst_rate", "burst_s"})
+        if extra:
+            raise ValueError(f"field '{extra[0]}': expected only rate, burst_rate, burst_s, got {body[extra[0]]!r}")
+        if "rate" in body:
+            self.state.rate = check_rate("rate", body["rate"])
+        if "burst_rate" in body or "burst_s" in body:
+            rate = check_rate("burst_rate", body.get("burst_rate"))
+            seconds = body.get("burst_s")
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_BURST_S:
+                raise ValueError(f"field 'burst_s': expected seconds above 0 up to {MAX_BURST_S:g}, got {seconds!r}")
+            self.state.burst_rate = rate
+            self.state.burst_until = time.monotonic() + float(seconds)
+        return self.describe()
+
+    def describe(self) -> dict:
+        now = time.monotonic()
+        s = self.state
+        bursting = now < s.burst_until
+        return {
+            "rate": s.rate,
+            "current_rate": s.current(now),
+            "burst_rate": s.burst_rate if bursting else None,
+            "burst_left_s": round(s.burst_until - now, 3) if bursting else 0.0,
+        }
+
+    def arrivals(self, start: float, rng: np.random.Generator) -> np.ndarray:
+        """Send times (time.monotonic()) in [start, start + WINDOW_S) at the rate of that moment."""
+        rate = self.state.current(start)
+        if rate <= 0:
+            return np.empty(0)
+        return start + Poisson(rate).times(WINDOW_S, rng)
+
+
+def check_rate(field: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_RATE:
+        raise ValueError(f"field '{field}': expected requests per second from 0 to {MAX_RATE:g}, got {value!r}")
+    return float(value)
+
+
+class Rolling:
+    """Answers of the last ROLLING_S seconds: (time answered, latency s, code)."""
+
+    def __init__(self, span_s: float = ROLLING_S) -> None:
+        self.span_s = span_s
+        self.answers: deque[tuple[float, float, str]] = deque()
+        self.sent: deque[float] = deque()
+        self.sent_total = 0
+        self.answered_total = 0
+        self.in_flight = 0
+
+    def on_send(self, now: float) -> None:
+        self.sent.append(now)
+        self.sent_total += 1
+        self.in_flight += 1
+
+    def on_answer(self, now: float, latency_s: float, code: str) -> None:
+        self.answers.append((now, latency_s, code))
+        self.answered_total += 1
+        self.in_flight -= 1
+
+    def summary(self, now: float) -> dict:
+        """Rates over the window, and the percentiles of its successful answers (ms; None if none)."""
+        edge = now - self.span_s
+        while self.answers and self.answers[0][0] < edge:
+            self.answers.popleft()
+        while self.sent and self.sent[0] < edge:
+            self.sent.popleft()
+        ok = np.array([lat for _, lat, code in self.answers if code == "OK"])
+        codes = Counter(code for _, _, code in self.answers if code != "OK")
+        pct = np.percentile(ok, (50, 95, 99)) * 1e3 if len(ok) else (None, None, None)
+        return {
+            "window_s": self.span_s,
+            "sent_per_s": len(self.sent) / self.span_s,
+            "ok_per_s": len(ok) / self.span_s,
+            "errors_per_s": sum(codes.values()) / self.span_s,
+            "errors": dict(codes),
+            "p50_ms": None if pct[0] is None else round(float(pct[0]), 3),
+            "p95_ms": None if pct[1] is None else round(float(pct[1]), 3),
+            "p99_ms": None if pct[2] is None else round(float(pct[2]), 3),
+            "sent_total": self.sent_total,
+            "answered_total": self.answered_total,
+            "in_flight": self.in_flight,
+        }
+
+
+class LoadGenerator:
+    """Sends the control's arrivals to `send` (an async callable) open loop, recording each answer."""
+
+    def __init__(self, control: LoadControl, send, *, max_in_flight: int = 4000, seed: int = 0) -> None:
+        self.control = control
+        self.send = send
+        self.max_in_flight = max_in_flight
+        self.stats = Rolling()
+        self.skipped = 0  # arrivals not sent because max_in_flight callers were waiting
+        self._rng = np.random.default_rng(seed)
+        self._tasks: set[asyncio.Task] = set()
+
+    async def run(self) -> None:
+        start = time.monotonic()
+        try:
+            while True:
+                for t in self.control.arrivals(start, self._rng):
+                    delay = t - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    if self.stats.in_flight >= self.max_in_flight:
+                        self.skipped += 1
+                        continue
+                    task = asyncio.ensure_future(self._one())
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                start += WINDOW_S
+                delay = start - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                elif delay < -1.0:  # the loop fell far behind: skip ahead rather than burst to catch up
+                    start = time.monotonic()
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+
+    async def _one(self) -> None:
+        t0 = time.monotonic()
+        self.stats.on_send(t0)
+        code = await self.send()
+        t1 = time.monotonic()
+        self.stats.on_answer(t1, t1 - t0, code)

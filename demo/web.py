@@ -1,0 +1,201 @@
+"""The demo's web side: the page, its API, and one event stream for the browser.
+
+Served on loopback by a small HTTP/1.1 server on the demo's event loop:
+
+  GET  /                  the page (static files shipped in wok/demo/static)
+  GET  /static/NAME       its script and style
+  GET  /api/config        mode (live or simulate), model, instances, SLO, the load
+  GET  /api/events        text/event-stream: the server's own /events (batch, tick), relayed
+                          unchanged, plus a `load` event every 250 ms with what the callers saw
+  POST /api/load          {"rate"} and/or {"burst_rate", "burst_s"}: the load generator
+  POST /api/batching      {"max_batch_size"?, "max_queue_delay_ms"?}: the server's /admin/batching
+  POST /api/faults        {"instance"?, "mode", "delay_ms"?, "duration_s"?}: the server's /admin/faults
+
+In live mode the batching and fault calls are forwarded to the wok server's admin API
+(loopback) with the model filled in, and its answer (or its 400) comes back as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from importlib import resources
+
+log = logging.getLogger("wok.demo")
+TICK_S = 0.25
+BACKLOG = 4000
+TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
+STATUS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 502: "Bad Gateway"}
+
+
+def static_file(name: str) -> bytes | None:
+    if "/" in name or name.startswith("."):
+        return None
+    f = resources.files("wok.demo").joinpath("static", name)
+    return f.read_bytes() if f.is_file() else None
+
+
+class Hub:
+    """Fans events out to the page's streams; a browser that falls behind loses events, never the server."""
+
+    def __init__(self) -> None:
+        self.queues: set[asyncio.Queue] = set()
+
+    def publish_raw(self, data: bytes) -> None:
+        for q in self.queues:
+            if q.qsize() < BACKLOG:
+                q.put_nowait(data)
+
+    def publish(self, event: dict) -> None:
+        self.publish_raw(json.dumps(event, separators=(",", ":")).encode())
+
+
+async def http_json(host: str, port: int, method: str, path: str, body=None) -> tuple[int, dict]:
+    """One request to the wok server's admin API (HTTP/1.1, Connection: close)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        data = b"" if body is None else json.dumps(body).encode()
+        writer.write(
+            f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+            + data
+        )
+        raw = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, json.loads(payload or b"{}")
+
+
+class DemoWeb:
+    """The page's HTTP server. `backend` answers config, batching and faults (live or simulated)."""
+
+    def __init__(self, backend, hub: Hub, host: str, port: int) -> None:
+        self.backend = backend
+        self.hub = hub
+        self.host = host
+        self.port = port
+        self._server: asyncio.base_events.Server | None = None
+        self._clients: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=16 << 10)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        for t in list(self._clients):
+            t.cancel()
+        await asyncio.gather(*self._clients, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._clients.add(task)
+        try:
+            while await self._one(reader, writer):
+                pass
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, asyncio.TimeoutError):
+            pass
+        except asyncio.CancelledError:  # the demo stops; end quietly (see server/http.py)
+            pass
+        finally:
+            self._clients.discard(task)
+            writer.close()
+
+    async def _one(self, reader, writer) -> bool:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, _ = [*lines[0].split(" "), "", "", ""][:3]
+        headers = {k.strip().lower(): v.strip() for k, sep, v in (ln.partition(":") for ln in lines[1:]) if sep}
+        path = target.split("?", 1)[0]
+        body = None
+        if method == "POST":
+            n = int(headers.get("content-length", "0") or 0)
+            if n > 64 << 10:
+                await self._send(writer, 400, {"error": "body too large"})
+                return False
+            raw = await asyncio.wait_for(reader.readexactly(n), 10)
+            try:
+                body = json.loads(raw or b"null")
+            except ValueError as exc:
+                await self._send(writer, 400, {"error": f"body: expected JSON, got a parse error: {exc}"})
+                return True
+        if path == "/api/events" and method == "GET":
+            await self._stream(writer)
+            return False
+        if path.startswith("/api/"):
+            status, answer = await self._api(method, path[len("/api/") :], body)
+            await self._send(writer, status, answer)
+            return True
+        if method != "GET":
+            await self._send(writer, 405, {"error": "only GET here"})
+            return True
+        name = "index.html" if path == "/" else path[len("/static/") :] if path.startswith("/static/") else ""
+        data = static_file(name) if name else None
+        if data is None:
+            await self._send(writer, 404, {"error": f"no page {path}"})
+        else:
+            ctype = TYPES.get(name[name.rfind(".") :], "application/octet-stream")
+            await self._raw(writer, 200, data, ctype)
+        return True
+
+    async def _api(self, method: str, name: str, body) -> tuple[int, dict]:
+        b = self.backend
+        try:
+            if (method, name) == ("GET", "config"):
+                return 200, b.config()
+            if (method, name) == ("POST", "load"):
+                return 200, b.control.set(body)
+            if (method, name) == ("POST", "batching"):
+                return await b.set_batching(body)
+            if (method, name) == ("POST", "faults"):
+                return await b.set_faults(body)
+        except ValueError as exc:
+            return 400, {"error": str(exc)}
+        return 404, {"error": f"no API {method} /api/{name}"}
+
+    async def _stream(self, writer) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        q: asyncio.Queue = asyncio.Queue()
+        self.hub.queues.add(q)
+        try:
+            q.put_nowait(json.dumps({"type": "config", **self.backend.config()}).encode())
+            while True:
+                items = [await q.get()]
+                while not q.empty() and len(items) < 512:
+                    items.append(q.get_nowait())
+                writer.write(b"".join(b"data: " + d + b"\n\n" for d in items))
+                await writer.drain()
+        finally:
+            self.hub.queues.discard(q)
+
+    async def _send(self, writer, status: int, obj) -> None:
+        await self._raw(writer, status, json.dumps(obj).encode(), "application/json")
+
+    @staticmethod
+    async def _raw(writer, status: int, body: bytes, ctype: str) -> None:
+        writer.write(
+            f"HTTP/1.1 {status} {STATUS[status]}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            "Cache-Control: no-store\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+
+
+async def tick_load(hub: Hub, backend, stop: asyncio.Event) -> None:
+    """Every TICK_S: a `load` event with the callers' rolling figures and the rate set."""
+    while not stop.is_set():
+        hub.publish({"type": "load", "t": round(time.time(), 6), **backend.load_summary()})
+        try:
+            await asyncio.wait_for(stop.wait(), TICK_S)
+        except asyncio.TimeoutError:
+            pass

@@ -1,0 +1,67 @@
+"""Acceptance: `wok demo` in headless Chromium. Through the page's own controls the test raises
+the arrival rate, slows and restores both instances, and fails one; the page's throughput,
+queue and error figures must follow. Screenshots go to the test's tmp dir.
+
+Each wait polls the page's figures (the load generator's 2 s window, the server's 250 ms ticks)
+until they say what the change must cause, or fails with what the page showed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def value(page, card: str) -> float:
+    v = page.get_attribute(f"#{card}", "data-value")
+    return float(v) if v else float("nan")
+
+
+def wait_for(page, condition: str, what: str, timeout_s: float = 12.0) -> None:
+    """Wait until the page's JS `condition` holds (cards read as numbers via v('id'))."""
+    js = f"() => {{ const v = (id) => Number(document.getElementById(id).dataset.value); return {condition}; }}"
+    try:
+        page.wait_for_function(js, timeout=timeout_s * 1e3, polling=200)
+    except Exception as exc:
+        cards = {c: value(page, c) for c in ("offered", "throughput", "errors", "queue")}
+        raise AssertionError(f"{what}: page shows {cards} (waited for {condition})") from exc
+
+
+def test_the_page_follows_the_rate_a_slowdown_and_a_failed_instance(start_demo, browser, tmp_path):
+    demo = start_demo("--rate", "50", "--instances", "2")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(demo.url)
+    page.wait_for_selector("#status[data-state='open']", timeout=10_000)
+    assert page.inner_text("#mode").startswith("LIVE")
+
+    wait_for(page, "v('throughput') >= 30 && v('throughput') <= 80", "about 50 OK/s at the start")
+    low = value(page, "throughput")
+
+    # The rate, through the page.
+    page.fill("#rate", "300")
+    page.click("#apply-rate")
+    wait_for(page, "v('throughput') >= 200", "throughput follows the rate to 300/s")
+    assert value(page, "throughput") > 3 * low
+    assert value(page, "errors") == 0
+    page.screenshot(path=str(tmp_path / "demo-rate.png"), full_page=True)
+
+    # Both instances 400 ms slower per batch: at most 2 x 32 / 0.4 s = 160 samples/s, under 300/s offered.
+    page.fill("#slow-ms", "400")
+    page.click("#slow-0")
+    page.click("#slow-1")
+    wait_for(page, "v('queue') >= 100", "the queue fills while both instances are slow")
+    page.screenshot(path=str(tmp_path / "demo-slow.png"), full_page=True)
+    page.click("#restore-0")
+    page.click("#restore-1")
+    wait_for(page, "v('queue') <= 40 && v('throughput') >= 200", "the queue drains once they are restored")
+
+    # A failed instance: about half the batches fail, so errors appear and OK throughput drops.
+    page.click("#fail-0")
+    wait_for(page, "v('errors') >= 50 && v('throughput') <= v('offered') - 40", "instance 0 failing shows errors")
+    assert page.inner_text("#state-0") == "fail"
+    page.screenshot(path=str(tmp_path / "demo-fault.png"), full_page=True)
+    page.click("#restore-0")
+    wait_for(page, "v('errors') == 0 && v('throughput') >= 200", "errors stop once it is restored")
+    page.close()
+    assert demo.stop() == 0, "\n".join(demo.log[-20:])

@@ -1,0 +1,105 @@
+"""The demo's parts without a browser: the load control, the rolling figures, the simulated mode."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from wok.bench.simulate import BatcherModel
+from wok.demo.load import WINDOW_S, LoadControl, Rolling
+from wok.demo.sim import SimBackend
+
+
+def test_rolling_figures_over_the_window_by_hand():
+    r = Rolling(span_s=2.0)
+    for t in (0.5, 1.0, 1.5, 2.5):
+        r.on_send(t)
+    r.on_answer(1.0, 0.010, "OK")  # left out at now=3.5: older than 2 s
+    r.on_answer(2.0, 0.020, "OK")
+    r.on_answer(3.0, 0.040, "OK")
+    r.on_answer(3.2, 0.005, "INTERNAL")
+    s = r.summary(3.5)
+    # In [1.5, 3.5]: sends at 1.5 and 2.5; OK answers of 20 and 40 ms, one error.
+    assert s["sent_per_s"] == 1.0 and s["ok_per_s"] == 1.0 and s["errors_per_s"] == 0.5
+    assert s["errors"] == {"INTERNAL": 1}
+    assert s["p50_ms"] == pytest.approx(30.0) and s["p99_ms"] == pytest.approx(39.8)
+    assert (s["sent_total"], s["answered_total"], s["in_flight"]) == (4, 4, 0)
+
+
+def test_load_control_checks_and_bursts():
+    c = LoadControl(100)
+    with pytest.raises(ValueError, match=r"field 'rate': expected .* got -1"):
+        c.set({"rate": -1})
+    with pytest.raises(ValueError, match=r"field 'burst_s': expected .* got None"):
+        c.set({"burst_rate": 500})
+    with pytest.raises(ValueError, match=r"field 'speed'"):
+        c.set({"speed": 2})
+    state = c.set({"rate": 50, "burst_rate": 800, "burst_s": 5})
+    assert state["rate"] == 50 and state["current_rate"] == 800 and 4 < state["burst_left_s"] <= 5
+    rng = np.random.default_rng(0)
+    start = time.monotonic()
+    n = sum(len(c.arrivals(start + k * WINDOW_S, rng)) for k in range(40))  # 2 s at 800/s, in the burst
+    assert 1400 < n < 1800
+    c.state.burst_until = 0.0
+    assert c.describe()["current_rate"] == 50 and c.describe()["burst_rate"] is None
+
+
+def test_simulated_batches_by_hand():
+    # α = β = 1 ms, batches of at most 2, a 10 ms window, one instance; three requests at 0, 1 and 2 ms.
+    model = BatcherModel(alpha_s=1e-3, beta_s=1e-3, max_batch_size=2, max_queue_delay_s=0.010)
+    sim = SimBackend(LoadControl(0), model)
+    sim.start = time.monotonic() - 1.0  # one second of simulated time has passed, with no generated load
+    sim.arrivals = [0.0, 0.001, 0.002]
+    events, tick = sim.step()
+    offset = events[0]["t_start"] - 0.001
+    # The first two fill a batch at 1 ms (size) and take 3 ms; the third waits out its window: 12 ms to 14 ms.
+    got = [(e["size"], e["reason"], e["t_start"] - offset, e["t_end"] - offset) for e in events]
+    # Event times are Unix seconds rounded to the microsecond.
+    assert got == [
+        (2, "size", pytest.approx(0.001, abs=2e-6), pytest.approx(0.004, abs=2e-6)),
+        (1, "delay", pytest.approx(0.012, abs=2e-6), pytest.approx(0.014, abs=2e-6)),
+    ]
+    assert tick["models"]["simulated"]["queued"] == 0
+    assert tick["models"]["simulated"]["flushes"] == {"size": 1, "delay": 1}
+    s = sim.stats.summary(time.monotonic())
+    assert s["answered_total"] == 3
+    assert s["p50_ms"] == pytest.approx(4.0)  # latencies 4, 3 and 12 ms
+    assert sim.step()[0] == []  # nothing new: nothing shown twice
+    assert sim.set_batching({"max_batch_size": 8})["max_batch_size"] == 8
+    with pytest.raises(ValueError, match="field 'max_queue_delay_ms'"):
+        sim.set_batching({"max_queue_delay_ms": -1})
+
+
+def _get(url: str):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_wok_demo_simulate_serves_the_page_and_labels_itself(start_demo):
+    demo = start_demo("--simulate", "--rate", "400")
+    html = urllib.request.urlopen(demo.url, timeout=10).read().decode()
+    assert "/static/demo.js" in html and "<canvas" in html
+    assert b"EventSource" in urllib.request.urlopen(demo.url + "static/demo.js", timeout=10).read()
+    cfg = _get(demo.url + "api/config")
+    assert cfg["mode"] == "simulate" and cfg["faults"] is False
+    req = urllib.request.Request(
+        demo.url + "api/faults", data=b'{"instance": 0, "mode": "fail"}', headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 400 and "not modelled by the simulator" in json.loads(e.value.read())["error"]
+    seen = set()
+    with urllib.request.urlopen(demo.url + "api/events", timeout=10) as stream:
+        for line in stream:
+            if line.startswith(b"data: "):
+                e = json.loads(line[6:])
+                seen.add(e["type"])
+                if e["type"] == "load" and e["ok_per_s"] > 100:
+                    break
+    assert {"config", "batch", "tick", "load"} <= seen
+    assert demo.stop() == 0
