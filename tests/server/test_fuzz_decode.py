@@ -21,7 +21,7 @@ from wok.codec import decode_request, encode_request
 from wok.errors import InvalidInput
 from wok.v2pb import grpc_service_pb2 as pb
 
-EXAMPLES = int(os.environ.get("WOK_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("WOK_FUZZ_EXAMPLES", "100"))
 # A decoder that hangs outright never returns for hypothesis's deadline to judge: pytest-timeout ends it.
 pytestmark = pytest.mark.timeout(max(180, EXAMPLES))
 # deadline bounds each example's time (hypothesis re-runs a slow one before failing it, so a
