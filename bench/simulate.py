@@ -105,11 +105,17 @@ class Run:
 
 
 def simulate(
-    arrivals: np.ndarray, model: BatcherModel, until: float | None = None, rng: np.random.Generator | None = None
+    arrivals: np.ndarray,
+    model: BatcherModel,
+    until: float | None = None,
+    rng: np.random.Generator | None = None,
+    free_at: list[float] | None = None,
 ) -> Run:
     """Run the batcher over sorted arrival times; every accepted request is served.
 
     `rng` draws the sampled batch times and overheads (a fixed seed when not given).
+    `free_at`: when each instance comes free, to continue from a moment with nothing queued
+    (wok demo --simulate); by default every instance is free from time 0.
     """
     rng = np.random.default_rng(0) if rng is None else rng
     batch_time = model.batch_sampler(rng)
@@ -117,7 +123,7 @@ def simulate(
     done = np.full(n, np.nan)
     rejected = np.zeros(n, dtype=bool)
     queue: deque[int] = deque()
-    free_at = [0.0] * model.instances  # a heap of the times instances come free
+    free_at = [0.0] * model.instances if free_at is None else list(free_at)  # a heap of when instances come free
     heapq.heapify(free_at)
     sizes: list[int] = []
     busy = 0.0

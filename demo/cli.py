@@ -166,12 +166,16 @@ class SimulatedDemo:
 
     async def start(self, hub: Hub, stop: asyncio.Event) -> None:
         async def run() -> None:
+            # Steps every 50 ms (answers reach the rolling figures promptly), ticks every 250 ms as the server's.
+            last_tick = 0.0
             while not stop.is_set():
                 events, tick = self.sim.step()
                 for e in events:
                     hub.publish(e)
-                hub.publish(tick)
-                await asyncio.sleep(0.25)
+                if time.monotonic() - last_tick >= 0.25:
+                    hub.publish(tick)
+                    last_tick = time.monotonic()
+                await asyncio.sleep(0.05)
 
         self._task = asyncio.ensure_future(run())
 

@@ -3,15 +3,17 @@
 No server runs. Arrivals come from the same `LoadControl` as the live demo, and
 `wok.bench.simulate.simulate` (the discrete-event model of the batcher: flush on size or
 delay, batch time α + β·n, `instances` identical instances) decides when each batch runs.
-Every tick the simulation is run again over the arrivals since the last moment the model
-was idle (nothing queued, every instance free): from such a moment on, the simulation
-does not depend on anything earlier, so the replay is the continuation. Only batches that
-started by now are shown, and they are final: a batch's start depends only on arrivals before it.
+Every step the simulation is run again over the arrivals since the last moment an arrival
+found nothing queued, starting from when each instance came free then (`free_at`): from such
+a moment the simulation depends on nothing earlier, so the replay is the exact continuation.
+Only batches that started by now are shown, and they are final: a batch's start depends only
+on arrivals before it.
 
 What the simulator does not model, the page says so: faults, the server's own overheads
 (gRPC, decode, the hop to the worker), a batch's actual spread. A change of batch size or
-delay window applies to the replay from the last idle moment, so under sustained
-overload (no idle moment) it also reshapes batches already on the page's timeline.
+delay window applies to the replay since that last moment; batches already shown stay as
+they were. Under overload that lasts (the queue never empty for MAX_HISTORY arrivals), the
+backlog is dropped and the simulation starts afresh, counted in the ticks' `resets`.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import time
 import numpy as np
 
 from ..bench.simulate import BatcherModel, simulate
-from .load import LoadControl, Rolling
+from .load import WINDOW_S, LoadControl, Rolling
 
-MAX_HISTORY = 60_000  # arrivals kept since the last idle moment; beyond, the queue is dropped
+MAX_HISTORY = 60_000  # arrivals kept since the queue was last empty; beyond, the backlog is dropped
 
 
 class SimBackend:
@@ -33,9 +35,11 @@ class SimBackend:
         self.rng = np.random.default_rng(seed)
         self.start = time.monotonic()
         self.arrivals: list[float] = []  # seconds since start, since the last idle moment
-        self.generated_to = 0.0
+        self.windows = 0  # arrival windows drawn so far
         self.emitted_to = -1.0  # batches that started at or before this were sent to the page
-        self.answered_to = 0.0
+        self.answered = np.zeros(0, dtype=bool)  # per arrival since the cut: its answer was counted
+        self.free0 = [0.0] * model.instances  # when each instance comes free, at the cut
+        self.free_now = [0.0] * model.instances  # for the page: when each is free, as far as shown
         self.stats = Rolling()
         self.samples = 0
         self.batches = 0
@@ -58,6 +62,7 @@ class SimBackend:
         }
 
     def set_batching(self, body) -> dict:
+        """Change the model's batch size or delay window; see the module's note on when it applies."""
         if not isinstance(body, dict):
             raise ValueError(f"body: expected a JSON object, got {body!r}")
         changes = {}
@@ -79,27 +84,32 @@ class SimBackend:
     def step(self) -> tuple[list[dict], dict]:
         """Advance to now: (batch events started since the last step, a tick event)."""
         now = self.now()
-        while self.generated_to + 0.05 <= now:  # the same 50 ms windows as the live generator
-            sent = self.control.arrivals(self.start + self.generated_to, self.rng)
+        while (self.windows + 1) * WINDOW_S <= now + 1e-9:  # the live generator's windows
+            sent = self.control.arrivals(self.start + self.windows * WINDOW_S, self.rng)
             for t in sent:
                 self.stats.on_send(t)
             self.arrivals.extend((sent - self.start).tolist())
-            self.generated_to += 0.05
-        if len(self.arrivals) > MAX_HISTORY:  # no idle moment for a long time: drop the backlog
-            self.arrivals = [a for a in self.arrivals if a >= now - 1.0]
+            self.answered = np.concatenate((self.answered, np.zeros(len(sent), dtype=bool)))
+            self.windows += 1
+        if len(self.arrivals) > MAX_HISTORY:  # overloaded for long: drop the backlog, start afresh
+            self.arrivals, self.answered = [], np.zeros(0, dtype=bool)
+            self.free0 = [now] * self.model.instances
             self.resets += 1
-        arr = np.asarray(self.arrivals, dtype=np.float64)
+        # Batches, answers and the queue are final only as far as the arrivals are drawn.
+        now = min(now, self.windows * WINDOW_S)
         events: list[dict] = []
         queued = 0
-        if len(arr):
-            run = simulate(arr, self.model)
-            events, starts = self._batches(arr, run.done, now)
+        if self.arrivals:
+            arr = np.asarray(self.arrivals, dtype=np.float64)
+            run = simulate(arr, self.model, free_at=self.free0)
+            batches, starts = self._batches(run.done)
+            events = self._emit(batches, arr, starts, now)
             queued = int(np.sum((arr <= now) & (starts > now)))
-            ok = (run.done > self.answered_to) & (run.done <= now)
-            for d, a in sorted(zip(run.done[ok], arr[ok])):
+            due = ~self.answered & (run.done <= now)
+            for d, a in sorted(zip(run.done[due], arr[due])):
                 self.stats.on_answer(self.start + d, d - a, "OK")
-            self.answered_to = now
-            self._advance(arr, run.done, now)
+            self.answered |= due
+            self._cut(arr, starts, batches, now)
         tick = {
             "type": "tick",
             "t": round(time.time(), 6),
@@ -110,7 +120,7 @@ class SimBackend:
                     "batches": self.batches,
                     "flushes": dict(self.flushes),
                     "policy": self.batching(),
-                    "running": self._running(now),
+                    "running": [int(f > now) for f in self.free_now],
                 }
             },
             "faults": [],
@@ -118,38 +128,45 @@ class SimBackend:
         }
         return events, tick
 
-    def _batches(self, arr: np.ndarray, done: np.ndarray, now: float) -> tuple[list[dict], np.ndarray]:
-        """Batch events of batches that started in (emitted_to, now], and each arrival's batch start."""
+    def _batches(self, done: np.ndarray) -> tuple[list[tuple[float, float, int, int, int]], np.ndarray]:
+        """The run's batches in start order as (start, end, size, instance, first arrival), and each
+        arrival's batch start. FIFO batches of one request per arrival: a batch is a run of
+        consecutive arrivals with the same end time."""
         m = self.model
-        # Requests of one batch share its end time; with one request per arrival and FIFO
-        # batches, the members of a batch are consecutive arrivals.
-        order = np.argsort(done, kind="stable")
-        ends, first = np.unique(done[order], return_index=True)
-        sizes = np.diff(np.append(first, len(order)))
-        starts_per_batch = ends - (m.alpha_s + m.beta_s * sizes)
-        starts = np.empty_like(done)
-        for s, f, n in zip(starts_per_batch, first, sizes):
-            starts[order[f : f + n]] = s
-        events = []
-        free = getattr(self, "_free", None) or [0.0] * m.instances
+        cuts = np.nonzero(np.diff(done))[0] + 1
+        firsts = np.concatenate(([0], cuts)) if len(done) else np.zeros(0, dtype=int)
+        sizes = np.diff(np.append(firsts, len(done)))
+        ends = done[firsts]
+        begins = ends - (m.alpha_s + m.beta_s * sizes)
+        starts = np.repeat(begins, sizes)
+        # The simulator gives each batch the instance that comes free first: the same here.
+        free = list(self.free0)
+        out = []
+        for k in np.argsort(begins, kind="stable"):
+            inst = int(np.argmin(free))
+            free[inst] = float(ends[k])
+            out.append((float(begins[k]), float(ends[k]), int(sizes[k]), inst, int(firsts[k])))
+        return out, starts
+
+    def _emit(self, batches, arr: np.ndarray, starts: np.ndarray, now: float) -> list[dict]:
+        m = self.model
         offset = time.time() - time.monotonic() + self.start
-        for s, e, n in zip(starts_per_batch, ends, sizes):
+        events = []
+        for s, e, n, inst, _ in batches:
             if s <= self.emitted_to or s > now:
                 continue
-            # Identical instances: the batch goes to the first one free at its start.
-            inst = next((i for i, f in enumerate(free) if f <= s + 1e-12), int(np.argmin(free)))
-            free[inst] = e
             reason = "size" if n >= m.max_batch_size else "delay"
             self.flushes[reason] += 1
-            self.samples += int(n)
+            self.samples += n
             self.batches += 1
+            self.free_now[inst] = e
             events.append(
                 {
                     "type": "batch",
                     "model": "simulated",
                     "instance": inst,
-                    "size": int(n),
-                    "requests": int(n),
+                    "size": n,
+                    "requests": n,
                     "reason": reason,
                     "queued": int(np.sum((arr <= s) & (starts > s))),
                     "t_start": round(offset + s, 6),
@@ -158,20 +175,24 @@ class SimBackend:
                 }
             )
             self.emitted_to = s
-        self._free = free
-        return events, starts
+        return events
 
-    def _running(self, now: float) -> list[int]:
-        free = getattr(self, "_free", None) or [0.0] * self.model.instances
-        return [int(f > now) for f in free]
-
-    def _advance(self, arr: np.ndarray, done: np.ndarray, now: float) -> None:
-        """Forget the arrivals before the last idle moment: an arrival by now that found every
-        earlier request answered."""
-        finished_before = np.maximum.accumulate(np.concatenate(([-np.inf], done[:-1])))
-        idle = np.nonzero((arr <= now) & (finished_before <= arr) & (arr > self.emitted_to - 1e-9))[0]
-        # Keep the arrivals of batches not yet emitted: cut only where the next batch starts later.
-        if len(idle):
-            j = int(idle[-1])
-            if j > 0:
-                del self.arrivals[:j]
+    def _cut(self, arr: np.ndarray, starts: np.ndarray, batches, now: float) -> None:
+        """Forget the arrivals before the last arrival (by now, and emitted up to) that found nothing
+        queued: the simulation continues from there exactly, given when each instance comes free."""
+        started_before = np.maximum.accumulate(np.concatenate(([-np.inf], starts[:-1])))
+        # ... and every earlier request's answer already counted (its batch may still run after arr[j]).
+        answered_before = np.concatenate(([True], np.logical_and.accumulate(self.answered)[:-1]))
+        ok = (started_before < arr) & (arr <= min(now, self.emitted_to)) & answered_before
+        ok[0] = False
+        idx = np.nonzero(ok)[0]
+        if not len(idx):
+            return
+        j = int(idx[-1])
+        free = list(self.free0)
+        for _, e, _, inst, first in batches:
+            if first < j:
+                free[inst] = e
+        self.free0 = free
+        del self.arrivals[:j]
+        self.answered = self.answered[j:]

@@ -57,6 +57,8 @@ function onConfig(c) {
     mode.className = "badge live";
   }
   $("slo-label").textContent = "(SLO " + fmt(c.slo_ms) + ")";
+  $("subtitle").textContent = c.mode === "simulate" ? "dynamic batching, simulated" : "dynamic batching, live";
+  $("rate").value = c.load.rate; $("rate-slider").value = c.load.rate;
   if (c.batching) applyPolicy(c.batching);
   buildInstances(c.instances, c.faults);
   $("footer").textContent = c.mode === "simulate"

@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from wok.bench.simulate import BatcherModel
+from wok.bench.simulate import BatcherModel, simulate
 from wok.demo.load import WINDOW_S, LoadControl, Rolling
 from wok.demo.sim import SimBackend
 
@@ -54,7 +54,7 @@ def test_simulated_batches_by_hand():
     model = BatcherModel(alpha_s=1e-3, beta_s=1e-3, max_batch_size=2, max_queue_delay_s=0.010)
     sim = SimBackend(LoadControl(0), model)
     sim.start = time.monotonic() - 1.0  # one second of simulated time has passed, with no generated load
-    sim.arrivals = [0.0, 0.001, 0.002]
+    sim.arrivals, sim.answered = [0.0, 0.001, 0.002], np.zeros(3, dtype=bool)
     events, tick = sim.step()
     offset = events[0]["t_start"] - 0.001
     # The first two fill a batch at 1 ms (size) and take 3 ms; the third waits out its window: 12 ms to 14 ms.
@@ -73,6 +73,34 @@ def test_simulated_batches_by_hand():
     assert sim.set_batching({"max_batch_size": 8})["max_batch_size"] == 8
     with pytest.raises(ValueError, match="field 'max_queue_delay_ms'"):
         sim.set_batching({"max_queue_delay_ms": -1})
+
+
+def test_stepping_with_cuts_shows_the_same_batches_as_one_run_over_all_arrivals():
+    # 1500 requests/s on 2 instances (about 60% busy): the queue empties often, so the
+    # history is cut many times; what the page is shown must be what one run over every
+    # arrival gives. The clock is the test's, so the steps are exact.
+    model = BatcherModel(alpha_s=2e-3, beta_s=0.5e-3, max_batch_size=16, max_queue_delay_s=0.004, instances=2)
+    sim = SimBackend(LoadControl(1500), model, seed=3)
+    clock = [0.0]
+    sim.now = lambda: clock[0]
+    shown = []
+    for k in range(1, 61):  # 3 s in 50 ms steps
+        clock[0] = 0.05 * k
+        shown += sim.step()[0]
+    assert len(sim.arrivals) < 200, "the history was cut"
+    arrivals = np.asarray(sim.stats.sent) - sim.start
+    assert len(arrivals) > 4000
+    run = simulate(arrivals, model)
+    # FIFO batches: a batch is a run of consecutive arrivals sharing an end time.
+    firsts = np.concatenate(([0], np.nonzero(np.diff(run.done))[0] + 1))
+    ends = run.done[firsts]
+    sizes = np.diff(np.append(firsts, len(arrivals)))
+    begins = ends - (model.alpha_s + model.beta_s * sizes)
+    expected = [(int(n), float(b)) for b, n in sorted(zip(begins, sizes)) if b <= clock[0]]
+    base = shown[0]["t_start"] - expected[0][1]
+    assert [e["size"] for e in shown] == [n for n, _ in expected]
+    assert [e["t_start"] - base for e in shown] == pytest.approx([b for _, b in expected], abs=1e-4)
+    assert sim.stats.answered_total == int(np.sum(run.done <= clock[0]))
 
 
 def _get(url: str):
