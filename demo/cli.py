@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from ..bench.arrivals import parse_duration
-from .load import LoadControl, LoadGenerator
+from .load import MAX_RATE, LoadControl, LoadGenerator
 from .web import DemoWeb, Hub, http_json, tick_load
 
 METRICS = re.compile(r"wok: metrics on http://(\S+):(\d+)/metrics")
@@ -65,6 +65,8 @@ def run_demo(args) -> int:
         raise ValueError(f"--max-batch-size: expected 1 to 1024, got {args.max_batch_size}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port: expected 0 to 65535, got {args.port}")
+    if not 0 <= args.rate <= MAX_RATE:
+        raise ValueError(f"--rate: expected requests per second from 0 to {MAX_RATE:g}, got {args.rate:g}")
     delay_s = parse_duration(args.max_queue_delay)
     slo_s = parse_duration(args.slo)
     control = LoadControl(args.rate)

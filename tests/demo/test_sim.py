@@ -131,3 +131,18 @@ def test_wok_demo_simulate_serves_the_page_and_labels_itself(start_demo):
                     break
     assert {"config", "batch", "tick", "load"} <= seen
     assert demo.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--instances", "0"], "wok demo: --instances: expected 1 to 16, got 0"),
+        (["--rate", "-5"], "wok demo: --rate: expected requests per second from 0 to 5000, got -5"),
+        (["--max-queue-delay", "soon"], "wok demo: "),
+    ],
+)
+def test_bad_options_exit_2_naming_them(args, message, capsys):
+    from wok.__main__ import main
+
+    assert main(["demo", "--simulate", *args]) == 2
+    assert capsys.readouterr().err.startswith(message)
