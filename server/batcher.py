@@ -66,6 +66,7 @@ class Pending:
     dispatched: float = 0.0
     finished: float = 0.0  # when its batch's outputs were on the host (executor clock)
     level: int = 1  # priority level: lower is more urgent
+    probe: bool = False  # slo policy: admitted without a check (the model was idle), so it runs even if predicted late
 
 
 @dataclass(slots=True)
@@ -254,8 +255,10 @@ class Batcher:
         if slo is not None:
             own = now + slo.slo_s
             deadline = own if deadline is None else min(deadline, own)
-            self._admit(key, rows, level, deadline, now)
-        p = Pending(inputs, rows, key, now, deadline, self._loop.create_future(), level=level)
+            probe = self._admit(key, rows, level, deadline, now)
+        else:
+            probe = False
+        p = Pending(inputs, rows, key, now, deadline, self._loop.create_future(), level=level, probe=probe)
         q = self._queues.get(key)
         if q is None:
             q = self._queues[key] = _Queue()
@@ -289,9 +292,16 @@ class Batcher:
             self._wakeup.set()
         return p
 
-    def _admit(self, key: Hashable, rows: int, level: int, deadline: float, now: float) -> None:
-        """slo policy: refuse a request that would miss its deadline even if it ran as soon as it could."""
+    def _admit(self, key: Hashable, rows: int, level: int, deadline: float, now: float) -> bool:
+        """slo policy: refuse a request that would miss its deadline even if it ran as soon as it could.
+
+        With the model idle (nothing running, nothing queued) a request is let through unchecked
+        (True: a probe) unless its deadline has passed: refusals teach the batch-time model
+        nothing, so estimates inflated by a slow spell would otherwise refuse everything for good.
+        """
         slo = self.slo
+        if self._queued == 0 and self._inflight == 0 and now < deadline:
+            return True
         ahead = sum(n for lvl, n in self._level_samples.items() if lvl <= level)
         start = max(now, min(self._free_at))
         finish = slo.finish_estimate(key, start, ahead, rows)
@@ -303,6 +313,7 @@ class Batcher:
                 f"it would finish in about {1e3 * (finish - now):.1f} ms; retry after {1e3 * miss:.0f} ms",
                 retry_after_s=miss,
             )
+        return False
 
     def _earliest_deadline(self, q: _Queue) -> float:
         """The earliest deadline among a queue's live requests (slo policy); inf when none."""
@@ -477,7 +488,7 @@ class Batcher:
                 if p.state != QUEUED:
                     entries.popleft()
                     continue
-                if p.deadline is not None and cutoff >= p.deadline:
+                if p.deadline is not None and (now >= p.deadline or (cutoff >= p.deadline and not p.probe)):
                     entries.popleft()
                     self._forget(p)
                     p.state = DONE

@@ -21,7 +21,10 @@ n samples (at most max_batch_size) whose earliest deadline is D:
 Admission (at arrival): a request whose predicted finish, were it to run as soon as the queue
 ahead of it (requests of its priority or more urgent, packed into full batches, spread over
 the instances) has run, is past its deadline is refused (`DeadlineUnmeetable`); the retry-after
-hint is by how much it would miss, the time the queue ahead needs to drain that far.
+hint is by how much it would miss, the time the queue ahead needs to drain that far. A request
+that finds the model idle (nothing running or queued) is let through unchecked, a probe: a
+refusal teaches the model nothing, so without probes estimates inflated by a slow spell of the
+machine would refuse every request for good.
 
 The margin m is measured: the quantile of the hop (loop → worker thread at dispatch, worker →
 loop at completion, on batches sent to an idle instance) plus the quantile of how late the
@@ -124,8 +127,9 @@ class BatchTimeModel:
     residuals (observed − fitted before the observation, counted once the fit has
     `min_batches` batches). `predict` is α + β·n + that quantile (≥ 0):
     a time most batches finish within, not the mean. A seed (α, β from `wok profile`) enters
-    as `prior_weight` pseudo-batches at n = 1 and at n = max_batch_size, which fade as real
-    batches come; without one, and before any batch, the prediction is 0.
+    as `prior_weight` pseudo-batches at n = 1 and at n = max_batch_size until the key has
+    `min_batches` batches of its own, then leaves the fit (a wrong seed is forgotten at once);
+    without one, and before any batch, the prediction is 0.
     """
 
     def __init__(
@@ -148,23 +152,23 @@ class BatchTimeModel:
         self.min_batches = min_batches
         self.seed = seed
         self.prior_weight = prior_weight
-        self._all = self._new_fit()
+        self._prior = _Fit()
+        if seed is not None:
+            a, b = seed
+            self._prior.add(1.0, a + b, 1.0, prior_weight / 2)
+            self._prior.add(float(max_batch_size), a + b * max_batch_size, 1.0, prior_weight / 2)
+        self._all = _Fit()
         self._all_resid = QuantileWindow(quantile, window)
         self._keys: dict[Hashable, tuple[_Fit, QuantileWindow]] = {}
         self._coef: dict[Hashable, tuple[float, float, float]] = {}  # key -> (α, β, residual quantile)
         self._coef_all = self._solve(self._all, self._all_resid)
 
-    def _new_fit(self) -> _Fit:
-        f = _Fit()
-        if self.seed is not None:
-            a, b = self.seed
-            half = self.prior_weight / 2
-            f.add(1.0, a + b, 1.0, half)
-            f.add(float(self.max_batch_size), a + b * self.max_batch_size, 1.0, half)
-            f.count = 0
-        return f
-
     def _solve(self, fit: _Fit, resid: QuantileWindow) -> tuple[float, float, float]:
+        if fit.count < self.min_batches and self._prior.w > 0:  # the seed's pseudo-batches count too
+            both = _Fit()
+            for name in ("w", "n", "nn", "t", "nt"):
+                setattr(both, name, getattr(fit, name) + getattr(self._prior, name))
+            fit = both
         if fit.w <= 0:
             return 0.0, 0.0, 0.0
         fallback = self.seed[1] if self.seed is not None else 0.0
@@ -175,7 +179,7 @@ class BatchTimeModel:
         """One executed batch of n samples that took `seconds` (the worker's time)."""
         entry = self._keys.get(key)
         if entry is None:
-            entry = self._keys[key] = (self._new_fit(), QuantileWindow(self.quantile, self.window))
+            entry = self._keys[key] = (_Fit(), QuantileWindow(self.quantile, self.window))
         fit, resid = entry
         # Residuals count once a fit has `min_batches` batches: before, its line is still moving.
         if fit.count >= self.min_batches:

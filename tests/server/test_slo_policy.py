@@ -240,8 +240,8 @@ async def test_a_request_that_would_finish_late_is_dropped_at_dispatch(gated):
     s, _m, ex = gated(max_batch_size=8)
     slo = policy(10_000, 8, alpha_ms=50, beta_ms=0, margin_ms=1)
     b = make_batcher(s, ex, slo, start=False)
-    late = submit(b, deadline=time.perf_counter() + 0.060)  # admitted: 50 + 1 ms < 60 ms
-    ok = submit(b)
+    ok = submit(b)  # the model is idle: let through unchecked (a probe)
+    late = submit(b, deadline=time.perf_counter() + 0.060)  # admitted: a batch of 2 ends in 50 + 1 ms < 60 ms
     # 15 ms later (the instance was busy, say) a batch of 50 ms would end 5 ms past its deadline.
     batch = b._form(None, b._queues[None], "deadline", late.arrival + 0.015)
     assert batch.requests == [ok]
@@ -277,6 +277,35 @@ async def test_admission_refuses_the_first_request_that_cannot_finish_in_time(ga
     assert b.queued == 17
     m.gate.set()
     await asyncio.gather(running.future, urgent.future, *(p.future for p in accepted), return_exceptions=True)
+    await b.stop()
+
+
+async def test_an_idle_model_lets_a_probe_through_so_an_inflated_estimate_recovers(gated):
+    # Seeded 1 s per batch against a 50 ms SLO: every checked request would be refused. With the
+    # model idle, one goes through unchecked; its real (ms) time enters the fit, and once the key
+    # has min_batches (16) batches of its own the seed leaves the fit.
+    s, m, ex = gated(max_batch_size=8)
+    b = make_batcher(s, ex, policy(50, 8, alpha_ms=1000, beta_ms=0))
+    m.gate.clear()
+    probe = submit(b)
+    await wait_entered(m)
+    assert probe.probe
+    with pytest.raises(DeadlineUnmeetable):
+        submit(b)  # the model is busy: checked against the 1 s estimate
+    m.gate.set()
+    await probe.future
+    for _ in range(15):
+        p = submit(b)
+        assert p.probe  # idle again each time
+        await p.future
+    assert b.slo.times.predict(None, 1) < 0.050  # the seed has left the fit
+    m.gate.clear()
+    first = submit(b)
+    await wait_entered(m)
+    second = submit(b)  # checked now, and admitted
+    assert not second.probe
+    m.gate.set()
+    await asyncio.gather(first.future, second.future)
     await b.stop()
 
 
