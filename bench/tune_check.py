@@ -55,51 +55,126 @@ def say(msg: str) -> None:
 # --------------------------------------------------------------------------- 1. profile
 
 
-def measure_profile(sizes: list[int], reps: int, warmup: int = 10, threads: int | None = None) -> dict:
-    """Batch times of the demo mlp through wok's executor (worker thread start to outputs split)."""
+def measure_profile(
+    sizes: list[int], reps: int, warmup: int = 10, threads: int | None = None, device_like: tuple | None = None
+) -> dict:
+    """Batch times through wok's executor (worker thread start to outputs split): the demo mlp, or
+    with `device_like` = (α, β) the sleeping stand-in for a device (`write_device_like`)."""
+    import tempfile
+
     import torch
 
     from wok.bench.tune import profile_document
     from wok.executor import Executor
     from wok.models import build_demo
+    from wok.repository import ModelRepository
 
     if threads:
         torch.set_num_threads(threads)  # as `wok serve --torch-threads` does
-    servable = build_demo("mlp", max_batch_size=max(sizes))
-    executor = Executor(servable, servable.config.instances)
-    try:
-        executor.warmup()
-        inst = executor.instances[0]
-        row = {"INPUT0": np.random.default_rng(0).random((1, 256), dtype=np.float32)}
-        samples: dict[int, list[float]] = {n: [] for n in sizes}
-        # Sizes interleaved round by round, so a slow spell of the machine hits every size alike.
-        for r in range(warmup + reps):
-            for n in sizes:
-                res = inst.submit([row] * n, [1] * n, 0).result()
-                if r >= warmup:
-                    samples[n].append(res.finished - res.started)
-    finally:
-        executor.shutdown()
-    return profile_document(samples, source="bench/tune_check.py: in-process, wok.executor, demo mlp", model="mlp")
+    with tempfile.TemporaryDirectory() as tmp:
+        if device_like:
+            write_device_like(Path(tmp), *device_like, max(sizes), 0.0)
+            servable = ModelRepository.from_directory(Path(tmp)).get(DEVICE_LIKE)
+        else:
+            servable = build_demo("mlp", max_batch_size=max(sizes))
+        executor = Executor(servable, servable.config.instances)
+        try:
+            executor.warmup()
+            inst = executor.instances[0]
+            row = {"INPUT0": np.random.default_rng(0).random((1, 256), dtype=np.float32)}
+            samples: dict[int, list[float]] = {n: [] for n in sizes}
+            # Sizes interleaved round by round, so a slow spell of the machine hits every size alike.
+            for r in range(warmup + reps):
+                for n in sizes:
+                    res = inst.submit([row] * n, [1] * n, 0).result()
+                    if r >= warmup:
+                        samples[n].append(res.finished - res.started)
+        finally:
+            executor.shutdown()
+    name = servable.name
+    return profile_document(samples, source=f"bench/tune_check.py: in-process, wok.executor, {name}", model=name)
+
+
+# A model whose batch occupies its instance for α + β·n without using the CPU (it sleeps, with
+# the GIL released): what a batch on a GPU looks like to the host. On a CPU-only machine it lets
+# the batcher, not the host's CPU, be the bottleneck, which is the regime the simulator models.
+DEVICE_LIKE = "device_like"
+DEVICE_LIKE_PY = """import time
+
+from torch import nn
+
+
+class DeviceLike(nn.Module):
+    def __init__(self, alpha_s: float, beta_s: float) -> None:
+        super().__init__()
+        self.alpha_s, self.beta_s = alpha_s, beta_s
+
+    def forward(self, x):
+        time.sleep(self.alpha_s + self.beta_s * x.shape[0])
+        return x + 1.0
+
+
+def build(alpha_s: float, beta_s: float) -> nn.Module:
+    return DeviceLike(alpha_s, beta_s)
+"""
+
+
+def write_device_like(root: Path, alpha_s: float, beta_s: float, max_batch_size: int, delay_ms: float) -> Path:
+    """A model repository holding the device-like model with these batching settings."""
+    folder = root / DEVICE_LIKE
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.py").write_text(DEVICE_LIKE_PY)
+    (folder / "config.toml").write_text(
+        'platform = "python"\n'
+        'factory = "model:build"\n'
+        f"max_batch_size = {max_batch_size}\n\n"
+        f"[parameters]\nalpha_s = {alpha_s!r}\nbeta_s = {beta_s!r}\n\n"
+        '[[inputs]]\nname = "INPUT0"\ndatatype = "FP32"\ndims = [256]\n\n'
+        '[[outputs]]\nname = "OUTPUT0"\ndatatype = "FP32"\ndims = [256]\n\n'
+        f"[dynamic_batching]\nmax_queue_delay_ms = {float(delay_ms)!r}\n"
+    )
+    return root
 
 
 # --------------------------------------------------------------------------- servers and ramps
 
 
-def start_server(max_batch_size: int, delay_ms: float, log_dir: Path, torch_threads: int | None):
+def start_server(max_batch_size: int, delay_ms: float, log_dir: Path, torch_threads: int | None, device_like=None):
     from wok.bench.compare import Peer, Server
 
+    model = DEVICE_LIKE if device_like else "mlp"
+    repo = log_dir / f"repo-mbs{max_batch_size}-d{delay_ms:g}ms"
+
     def launch(peer, ports):
-        argv = [sys.executable, "-m", "wok", "serve", "--models", "mlp", "--log-level", "WARNING"]
+        argv = [sys.executable, "-m", "wok", "serve", "--log-level", "WARNING"]
         argv += ["--port", str(ports["grpc"]), "--metrics-port", str(ports["metrics"])]
-        argv += ["--demo-option", f"mlp.max_batch_size={max_batch_size}"]
-        argv += ["--demo-option", f"mlp.max_queue_delay_ms={delay_ms:g}"]
+        if device_like:
+            argv += ["--model-repository", str(write_device_like(repo, *device_like, max_batch_size, delay_ms))]
+        else:
+            argv += ["--models", "mlp", "--demo-option", f"mlp.max_batch_size={max_batch_size}"]
+            argv += ["--demo-option", f"mlp.max_queue_delay_ms={delay_ms:g}"]
         if torch_threads:
             argv += ["--torch-threads", str(torch_threads)]
         # The caller's folder, never the package's own (whose http.py would shadow the standard library's).
         return argv, {}, Path.cwd()
 
-    server = Server(Peer(f"wok-mbs{max_batch_size}-d{delay_ms:g}ms", [], launch, ready_timeout_s=120.0), log_dir)
+    class ModelServer(Server):
+        def wait_ready(self, t0: float) -> None:  # Server's waits for "mlp"
+            from wok.clients import Client
+
+            with Client(self.target) as client:
+                while time.monotonic() < t0 + self.peer.ready_timeout_s:
+                    if self.proc.poll() is not None:
+                        raise RuntimeError(f"{self.peer.name} exited with {self.proc.returncode}; see {self.log_path}")
+                    try:
+                        if client.model_ready(model, timeout=1.0):
+                            return
+                    except Exception:
+                        time.sleep(0.25)
+            raise TimeoutError(f"{self.peer.name} not ready; see {self.log_path}")
+
+    server = ModelServer(Peer(f"wok-mbs{max_batch_size}-d{delay_ms:g}ms", [], launch, ready_timeout_s=120.0), log_dir)
+    server.model = model
     server.start()
     return server
 
@@ -109,7 +184,7 @@ def ramp_config(server, steps: list[float], args, slo_ms: float):
 
     return RampConfig(
         target=server.target,
-        models=[("mlp", 1.0)],
+        models=[(server.model, 1.0)],
         steps=steps,
         step_duration_s=args.step_duration,
         warmup_s=args.warmup,
@@ -141,7 +216,9 @@ def calibrate(args, t1: float) -> dict:
     from wok.bench.tune import overhead_document
 
     say(f"calibrating the per-request overhead: {args.calibration_qps:g} QPS, max_queue_delay 0 ms")
-    server = start_server(32, 0.0, args.log_dir, args.torch_threads)
+    # The device-like model calibrates with a batch of no time (α = β = 0): at its real α even a
+    # light load would queue behind busy batches. Requests and responses are the same size.
+    server = start_server(32, 0.0, args.log_dir, args.torch_threads, (0.0, 0.0) if args.device_like else None)
     try:
         cal_args = argparse.Namespace(**{**vars(args), "step_duration": args.calibration_duration})
         cal_result, cal_lat = run_ramp(server, [args.calibration_qps], cal_args, args.slo_ms)
@@ -380,7 +457,10 @@ def plot(doc: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("P99 latency, ms")
-    fig.suptitle("wok mlp: P99 measured (wok bench ramp) and simulated (batcher + measured overhead); dotted: knee")
+    model = doc["profile"].get("model") or "mlp"
+    fig.suptitle(
+        f"wok {model}: P99 measured (wok bench ramp) and simulated (batcher + measured overhead); dotted: knee"
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -413,6 +493,12 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--stop-factor", type=float, default=10.0)
     p.add_argument("--torch-threads", type=int, help="passed to wok serve")
+    p.add_argument(
+        "--device-like",
+        dest="device_like_spec",
+        metavar="ALPHA,BETA",
+        help="serve a model whose batch sleeps α + β·n (a device's batch, no host CPU) instead of mlp, e.g. 5ms,1ms",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     p.add_argument("--plot", type=Path)
@@ -433,6 +519,10 @@ def parse_args(argv=None):
     args.delays_s = [parse_duration(x) for x in args.delays.split(",")]
     args.default_setting = _setting(args.default)
     args.tuned_setting = _setting(args.tuned) if args.tuned else None
+    args.device_like = None
+    if args.device_like_spec:
+        a, _, b = args.device_like_spec.partition(",")
+        args.device_like = (parse_duration(a), parse_duration(b))
     return args
 
 
@@ -475,7 +565,9 @@ def main(argv=None) -> int:
         else:
             sizes = [int(x) for x in args.profile_sizes.split(",")]
             say(f"profiling mlp in-process: sizes {sizes}, {args.profile_reps} batches each")
-            profile_doc = measure_profile(sizes, args.profile_reps, threads=args.torch_threads)
+            profile_doc = measure_profile(
+                sizes, args.profile_reps, threads=args.torch_threads, device_like=args.device_like
+            )
             profile = profile_from_document(profile_doc, "measured in-process by bench/tune_check.py")
             if args.save_profile:
                 report.write_json(profile_doc, args.save_profile)
@@ -485,6 +577,9 @@ def main(argv=None) -> int:
             if 1 in dict(profile.samples)
             else profile.alpha_s + profile.beta_s
         )
+        if args.device_like:  # the calibration's batch is the zero-time one: subtract what that takes
+            zero = profile_from_document(measure_profile([1, 2], 50, device_like=(0.0, 0.0)))
+            t1 = float(np.median(dict(zero.samples)[1]))
 
         # 2. overhead
         overhead_doc = calibrate(args, t1)
@@ -520,7 +615,7 @@ def main(argv=None) -> int:
                 order.reverse()
             for label, (n, d) in order:
                 say(f"rep {rep}: {label} (max_batch_size {n}, delay {d:g} ms)")
-                server = start_server(n, d, args.log_dir, args.torch_threads)
+                server = start_server(n, d, args.log_dir, args.torch_threads, args.device_like)
                 try:
                     measured = metered_ramp(server, ramp_config(server, args.steps_list, args, args.slo_ms), say)
                 finally:

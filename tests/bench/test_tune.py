@@ -260,3 +260,13 @@ def test_tune_check_renders_a_run_as_markdown():
     text = markdown(doc)
     assert "| 1,000 | 998 | 8.0 / 7.0 | 20.0 | 15.0 | -25% | 22.0 | +10% | yes | 7.5 / 6.0 | - / - | 0.10 |" in text
     assert "2.00 / 7.00" in text and "0 of 1 steps below the knee (0 of 1 quiet ones)" in text
+
+
+def test_the_device_like_model_takes_alpha_plus_beta_n_through_the_executor():
+    from wok.bench.tune_check import measure_profile
+
+    # Sleeping 20 ms + 2 ms·n: the fit recovers α and β to within what sleep() overshoots by.
+    doc = measure_profile([1, 4], reps=3, warmup=1, device_like=(20e-3, 2e-3))
+    prof = profile_from_document(doc)
+    assert doc["model"] == "device_like"
+    assert prof.alpha_s == pytest.approx(20e-3, abs=2e-3) and prof.beta_s == pytest.approx(2e-3, abs=0.5e-3)
