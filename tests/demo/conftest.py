@@ -48,8 +48,10 @@ def start_demo() -> Iterator:
         d.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def browser():
+    """Chromium for one test: sync Playwright runs an event loop in this thread while it is open,
+    which asyncio tests after it could not start theirs in, so it closes with its test."""
     if not CHROMIUM.exists():
         pytest.skip(f"no Chromium at {CHROMIUM} (Debian's chromium package); Playwright's own download fails here")
     playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extras")
