@@ -36,7 +36,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -817,7 +817,6 @@ def say(msg: str) -> None:
 def start_replicas(args, cfg: RampConfig, say: Callable[[str], None], *, admin: bool = False):
     """(ReplicaSet, cfg aimed at it) for `--replicas N`; (None, cfg) without it."""
     import shlex
-    from dataclasses import replace
 
     if not args.replicas:
         return None, cfg
@@ -846,6 +845,9 @@ def run_faults(args, cfg: RampConfig) -> dict:
         raise ValueError("--fault kill: and pause: need --replicas: the bench signals only replicas it started")
     elif any(s.server_side for s in specs) and not args.admin_url:
         raise ValueError("--fault slow: and fail: need --replicas or --admin-url")
+    if specs:
+        # A fault is expected to break the SLO for a while; stopping there would skip its end.
+        cfg = replace(cfg, stop_factor=math.inf)
     replicas, cfg = start_replicas(args, cfg, say, admin=any(s.server_side for s in specs))
     try:
         return FaultRamp(cfg, specs, replicas=replicas, admin_urls=args.admin_url, progress=say).run()

@@ -600,7 +600,7 @@ def fault_timeline_figure(result: dict) -> Figure:
         top.step(t, errors, where="post", color=COLORS["p95"], label="errors /s")
     if lost.any():
         top.step(t, lost, where="post", color="black", label="lost /s")
-    top.set_ylabel(f"requests per second ({w:g} s windows, by send time)")
+    top.set_ylabel(f"requests/s ({w:g} s windows)")
     if tl.get("replicas_up") is not None:
         twin = top.twinx()
         twin.step(t, tl["replicas_up"], where="post", color=COLORS["max"], linestyle=":", label="replicas up")
