@@ -100,6 +100,12 @@ async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int
         mode = "SIMULATION (no server)" if args.simulate else f"live, wok server at {backend.target}"
         print(f"wok demo: {mode}", file=sys.stderr, flush=True)
         print(f"wok demo: page at http://{args.host}:{web.port}/", file=sys.stderr, flush=True)
+        if args.host not in ("127.0.0.1", "localhost", "::1"):
+            print(
+                f"wok demo: warning: the page on {args.host} lets anyone who reaches it fail and slow the server",
+                file=sys.stderr,
+                flush=True,
+            )
         tasks = [asyncio.ensure_future(tick_load(hub, backend, stop))]
         await stop.wait()
         for t in tasks:

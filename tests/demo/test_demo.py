@@ -1,6 +1,6 @@
-"""Acceptance: `wok demo` in headless Chromium. Through the page's own controls the test raises
-the arrival rate, slows and restores both instances, and fails one; the page's throughput,
-queue and error figures must follow. Screenshots go to the test's tmp dir.
+"""Acceptance: `wok demo` in headless Chromium. Through the page's own controls the test widens
+the delay window, raises the arrival rate, slows and restores both instances, and fails one;
+the page's batch size, throughput, queue and error figures must follow. Screenshots go to the test's tmp dir.
 
 Each wait polls the page's figures (the load generator's 2 s window, the server's 250 ms ticks)
 until they say what the change must cause, or fails with what the page showed.
@@ -28,6 +28,11 @@ def wait_for(page, condition: str, what: str, timeout_s: float = 12.0) -> None:
         raise AssertionError(f"{what}: page shows {cards} (waited for {condition})") from exc
 
 
+def set_range(page, selector: str, value: float) -> None:
+    """Move a slider as a user does: set it and fire its input event."""
+    page.eval_on_selector(selector, f"el => {{ el.value = {value}; el.dispatchEvent(new Event('input')); }}")
+
+
 def test_the_page_follows_the_rate_a_slowdown_and_a_failed_instance(start_demo, browser, tmp_path):
     demo = start_demo("--rate", "50", "--instances", "2")
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -37,6 +42,15 @@ def test_the_page_follows_the_rate_a_slowdown_and_a_failed_instance(start_demo, 
 
     wait_for(page, "v('throughput') >= 30 && v('throughput') <= 80", "about 50 OK/s at the start")
     low = value(page, "throughput")
+
+    # The delay window, through the page: at 50/s a 100 ms window gathers about 5 requests a batch.
+    set_range(page, "#delay", 100)
+    page.click("#apply-batching")
+    wait_for(page, "v('mean-batch') >= 3", "a 100 ms delay window makes batches of several requests")
+    assert "delay 100.0 ms" in page.inner_text("#policy-now")
+    set_range(page, "#delay", 5)
+    page.click("#apply-batching")
+    page.wait_for_function("() => document.getElementById('policy-now').textContent.includes('delay 5.0 ms')")
 
     # The rate, through the page.
     page.fill("#rate", "300")
