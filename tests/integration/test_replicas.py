@@ -64,3 +64,26 @@ def test_a_replica_killed_mid_step_loses_no_request(tmp_path):
     assert all(g is not False for ts, g in zip(tl["t_s"], tl["good"]) if ts >= recovered)
     assert kill["breached_slo"] == (kill["recovery_s"] > 0)
     assert "faults (SLO P99 1000 ms)" in proc.stdout and "timeline" in proc.stdout
+
+
+def test_a_paused_replica_holds_its_calls_until_resumed(tmp_path):
+    """SIGSTOP for 2 s, shorter than keepalive's 10 + 5 s: the calls round robin sent to the paused
+    replica wait for SIGCONT and are answered then; nothing is lost, and P99 during the pause
+    shows the wait."""
+    out = tmp_path / "ramp.json"
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "2"]
+    cmd += ["--serve-args", "--models mlp --torch-threads 1", "--steps", "50", "--step-duration", "7s"]
+    cmd += ["--warmup", "1s", "--workers", "1", "--slo-p99", "1s", "--json", str(out)]
+    cmd += ["--fault", "pause:replica=1,at=2s,resume=4s"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    faults = json.loads(out.read_text())["faults"]
+    assert [(e["action"], e["replica"]) for e in faults["events"]] == [("pause", 1), ("resume", 1)]
+    (pause,) = faults["faults"]
+    assert faults["requests"]["lost"] == 0 and faults["requests"]["ok"] == faults["requests"]["sent"]
+    # About half the calls sent in the 2 s went to the paused replica and waited up to 2 s.
+    held = pause["end_s"] - pause["start_s"]
+    assert 1.9 < held < 3.0
+    assert pause["p99_during_ms"] > 1000 and pause["p99_before_ms"] < 1000
+    up = faults["timeline"]["replicas_up"]
+    assert [u for i, u in enumerate(up) if i == 0 or u != up[i - 1]] == [2, 1, 2]
