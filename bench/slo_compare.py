@@ -285,10 +285,11 @@ def plot(doc: dict, path: Path) -> None:
     for ax, rep in zip(axes[:, 0], reps):
         for r in (r for r in doc["runs"] if r["rep"] == rep):
             tl = r["summary"]["timeline"]
-            style = "-" if r["policy"] == "slo" else "--"
-            ax.plot(tl["t_s"], tl["good"], style, label=f"{r['policy']}: within SLO per s")
-            if r["policy"] == "slo":
-                ax.plot(tl["t_s"], tl["refused"], ":", label="slo: refused per s")
+            slo = r["policy"] == "slo"
+            ax.plot(tl["t_s"], tl["good"], "-" if slo else "--", color="C1" if slo else "C0",
+                    label=f"{r['policy']}: within SLO per s")  # fmt: skip
+            if slo:
+                ax.plot(tl["t_s"], tl["refused"], ":", color="C2", label="slo: refused per s")
             offered = tl["offered"]
         ax.plot(tl["t_s"], offered, color="grey", lw=0.8, label="offered per s")
         ax.axvline(doc["config"]["warmup_s"], color="k", lw=0.6, ls=":")
@@ -334,6 +335,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     p.add_argument("--plot", type=Path)
+    p.add_argument("--replot", type=Path, help="draw --plot from a finished run's JSON and exit")
     p.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "wok-slo-compare")
     args = p.parse_args(argv)
     try:
@@ -359,6 +361,9 @@ def main(argv=None) -> int:
     from wok.bench.compare import stop_all
 
     args = parse_args(argv)
+    if args.replot:
+        plot(json.loads(args.replot.read_text()), args.plot or args.replot.with_suffix(".png"))
+        return 0
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     load0 = os.getloadavg()
     t_start = time.monotonic()
