@@ -431,3 +431,42 @@ async def test_a_server_refuses_what_cannot_meet_the_slo_with_a_retry_hint_and_c
         text = generate_latest(server.metrics.registry)
         assert b"wok_dispatch_slack_seconds_bucket" in text
         assert b'wok_rejected_requests_total{model="slow",reason="deadline_unmeetable"}' in text
+
+
+async def test_the_priority_parameter_reaches_the_batcher_and_a_bad_one_is_invalid_argument(serve, slow_repository):
+    # The slow model (fixed policy, batches of 1, one slot): one request occupies the instance;
+    # then a level-5 request and a level-1 request queue, in that order; the level-1 one runs first.
+    repo = slow_repository(sleep_ms=200, max_batch_size=1, delay_ms=0)
+    cfg = repo / "slow" / "config.toml"
+    cfg.write_text(cfg.read_text().replace("[instances]\n", "[instances]\npipeline_depth = 1\n"))
+    async with serve(repository=repo) as server:
+        b = server.runtimes["slow"].batcher
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            x = {"INPUT0": np.ones((1, 4), np.float32)}
+            bad = encode_request("slow", x)
+            bad.parameters["priority"].int64_param = -2
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(bad)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "parameter 'priority'" in info.value.details()
+            done: list[str] = []
+
+            async def call(name: str, priority: int | None) -> None:
+                await stub.ModelInfer(encode_request("slow", x, request_id=name, priority=priority))
+                done.append(name)
+
+            async def until(condition) -> None:
+                for _ in range(5000):
+                    if condition():
+                        return
+                    await asyncio.sleep(0.001)
+                raise AssertionError("the server never got there")
+
+            first = asyncio.ensure_future(call("first", None))
+            await until(lambda: b.inflight == 1)
+            low = asyncio.ensure_future(call("low", 5))
+            await until(lambda: b.queued == 1)
+            high = asyncio.ensure_future(call("high", 1))
+            await asyncio.gather(first, low, high)
+            assert done == ["first", "high", "low"]
