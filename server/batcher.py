@@ -300,6 +300,7 @@ class Batcher:
         nothing, so estimates inflated by a slow spell would otherwise refuse everything for good.
         """
         slo = self.slo
+        slo.max_batch_size = self.policy.max_batch_size  # set_policy may have changed it
         if self._queued == 0 and self._inflight == 0 and now < deadline:
             return True
         ahead = sum(n for lvl, n in self._level_samples.items() if lvl <= level)
@@ -428,6 +429,7 @@ class Batcher:
         arrival rate will have decayed enough for the idle rule to flush what is queued.
         """
         slo = self.slo
+        slo.max_batch_size = self.policy.max_batch_size  # set_policy may have changed it
         best = None
         wake = math.inf
         for key, q in list(self._queues.items()):
