@@ -331,7 +331,11 @@ class Batcher:
 
     def _forget(self, p: Pending) -> None:
         self._queues[p.key].samples -= p.rows
-        self._level_samples[p.level] -= p.rows
+        left = self._level_samples[p.level] - p.rows
+        if left:
+            self._level_samples[p.level] = left
+        else:  # only the levels with queued samples stay: clients choose the levels
+            del self._level_samples[p.level]
         self._queued -= 1
         if self._queued == 0:
             self._queued_since = None

@@ -341,6 +341,7 @@ async def test_batches_take_the_most_urgent_level_first_fifo_within_a_level(gate
     assert m.batch_sizes == [1, 2, 2, 1]
     for i, out in enumerate(outs):  # each result still goes to its own request
         assert out["OUTPUT0"][0, 0] == 2.0 * (i + 1)
+    assert b._level_samples == {}  # levels are the clients' choice: none is kept once empty
     await b.stop()
 
 
