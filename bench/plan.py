@@ -852,12 +852,14 @@ def manifests(plan: dict) -> dict[str, list[dict]]:
 
 
 _HEADERS = {
-    "hpa.yaml": "HorizontalPodAutoscaler for {deployment}: scale out above {out} busy, in below {inn}, each "
-    "sustained {sustain} s.\n# Needs the Prometheus adapter with the rules of prometheus-adapter-rules.yaml. The "
-    "per-direction `tolerance`\n# is in the API from Kubernetes 1.33 and takes effect with the HPAConfigurableTolerance "
-    "feature gate\n# (beta from 1.35); with the gate off the API server drops it and the cluster-wide tolerance "
-    "(10% by\n# default) applies. Older API servers reject the object under kubectl's default strict field "
-    "validation.\n# Apply this OR keda-scaledobject.yaml, not both.",
+    "hpa.yaml": (
+        "HorizontalPodAutoscaler for {deployment}: scale out above {out} busy, in below {inn}, each "
+        "sustained {sustain} s.\n# Needs the Prometheus adapter with the rules of prometheus-adapter-rules.yaml. "
+        "The per-direction `tolerance`\n# is in the API from Kubernetes 1.33 and takes effect with the "
+        "HPAConfigurableTolerance feature gate\n# (beta from 1.35); with the gate off the API server drops it "
+        "and the cluster-wide tolerance (10% by\n# default) applies. Older API servers reject the object under "
+        "kubectl's default strict field\n# validation. Apply this OR keda-scaledobject.yaml, not both."
+    ),
     "prometheus-adapter-rules.yaml": "Prometheus adapter rules: the per-pod busy ratio of wok's model instances "
     "as the custom\n# metric {metric}. Merge `rules` into the adapter's config (the Helm chart's "
     "rules.custom)\n# if it already has some.",
