@@ -66,6 +66,10 @@ class RssSampler:
         self._thread.start()
 
     def _run(self) -> None:
+        # clock0 is the first send, a moment ahead: a sample before it would still see the
+        # capacity ramp's last (often saturated) step.
+        if self._stop.wait(max(0.0, self._clock0 - time.monotonic())):
+            return
         while True:
             self.sample()
             if self._stop.wait(self.every_s):
@@ -118,6 +122,7 @@ def soak_report(
 ) -> dict:
     """Per-window latency and RSS, and the growth and drift figures (docs/reliability.md)."""
     ok = codes == OK
+    rss = [(t, vs) for t, vs in rss if t >= 0]  # before the soak's start: the capacity ramp's
     n = max(1, math.ceil(duration_s / window_s - 1e-9))
     idx = np.floor(intended / window_s).astype(int)
     rss_t = np.array([t for t, _ in rss], dtype=float)

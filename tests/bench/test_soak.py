@@ -47,10 +47,17 @@ def test_soak_report_by_hand():
     json.dumps(r)
 
 
-def test_rss_of_several_servers_adds_up_and_a_missing_sample_is_left_out():
-    rss = [(0.0, [100 * MIB, 50 * MIB]), (1.0, [None, None]), (2.0, [100 * MIB, 52 * MIB])]
+def test_rss_of_several_servers_adds_up_and_a_missing_or_early_sample_is_left_out():
+    rss = [
+        (-1.0, [900 * MIB, 50 * MIB]),
+        (0.0, [100 * MIB, 50 * MIB]),
+        (1.0, [None, None]),
+        (2.0, [100 * MIB, 52 * MIB]),
+    ]
     r = soak_report(np.array([0.1]), np.array([0.01]), np.zeros(1, np.int16), rss, duration_s=3.0, window_s=3.0)
-    assert r["rss"]["first_mib"] == 150.0 and r["rss"]["last_mib"] == 152.0
+    # The sample at -1 s (before the soak's first send) belongs to the capacity ramp.
+    assert r["rss"]["first_mib"] == 150.0 and r["rss"]["last_mib"] == 152.0 and r["rss"]["max_mib"] == 152.0
+    assert [t for t, _ in r["rss"]["samples"]] == [0.0, 1.0, 2.0]
     assert r["rss"]["slope_mib_per_min"] == pytest.approx(60.0)  # 2 MiB in 2 s, the empty sample skipped
 
 
@@ -67,10 +74,11 @@ def test_rss_sampler_reads_a_real_server(start_server):
     server = start_server("--models", "mlp")
     url = next(line.split("metrics on ")[1] for line in server.log if "metrics on http://" in line)
     sampler = RssSampler([url, "http://127.0.0.1:1/metrics"], every_s=0.05)
-    sampler.start(time.monotonic())
+    sampler.start(time.monotonic() + 0.2)  # samples begin at clock0, not before
     while len(sampler.samples) < 3:
         time.sleep(0.01)
     sampler.stop()
+    assert sampler.samples[0][0] >= 0
     for _, (rss, gone) in sampler.samples:
         assert rss > 50 * MIB and gone is None
 
