@@ -272,6 +272,86 @@ def run(args) -> int:
     return 0
 
 
+def add_profile_parser(sub) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="batch time against batch size, FLOPs and bytes, and the roofline of a model",
+        description="Run a model in-process through wok's executor at each batch size, fit T(n) = α + β·n, "
+        "count FLOPs and bytes per batch, classify the arithmetic intensity and compare the time measured "
+        "with the roofline's prediction. See docs/profile.md.",
+    )
+    p.add_argument("model", help="a demo model (mlp, recsys, encoder), or a model in --model-repository")
+    p.add_argument("--model-repository", type=Path, help="folder of models to take MODEL from")
+    p.add_argument("--batch-sizes", help="list or start:stop:factor (default: powers of two up to max_batch_size)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed batches per size first (default 5)")
+    p.add_argument("--repeats", type=int, default=100, help="timed batches per size (default 100)")
+    p.add_argument("--sizes", default="fixed:16", help="length of variable dims, as for wok bench ramp")
+    p.add_argument("--int-high", type=int, help="integer inputs uniform in [0, N) (default: the smallest table)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--peak-flops", help="device peak FLOP/s, e.g. 60T (default: measured by a matmul)")
+    p.add_argument("--bandwidth", help="device memory bandwidth in bytes/s, e.g. 3.3T (default: measured by a copy)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="write the result (schema wok.profile/1) here")
+    p.add_argument("--plot", type=Path, help="write the roofline and T(n) plot (PNG) here")
+    p.set_defaults(run=run_profile)
+
+
+def run_profile(args) -> int:
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from ..errors import ModelNotFound
+    from ..models import build_demo
+    from ..repository import ModelRepository
+    from . import profiler, report, roofline
+
+    if args.torch_threads is not None:
+        if args.torch_threads < 1:
+            raise ValueError(f"--torch-threads must be >= 1; got {args.torch_threads}")
+        torch.set_num_threads(args.torch_threads)
+    try:
+        if args.model_repository is None:
+            servable = build_demo(args.model)
+        else:
+            servable = ModelRepository.from_directory(args.model_repository).get(args.model)
+    except ModelNotFound as exc:
+        raise ValueError(str(exc)) from None
+    if args.batch_sizes:
+        batch_sizes = profiler.parse_batch_sizes(args.batch_sizes)
+    else:
+        batch_sizes = profiler.default_batch_sizes(servable.config.max_batch_size)
+    cfg = profiler.ProfileConfig(
+        batch_sizes=batch_sizes,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        sizes=args.sizes,
+        int_high=args.int_high,
+        device=args.device,
+        seed=args.seed,
+    )
+    peak = roofline.parse_rate(args.peak_flops, "--peak-flops") if args.peak_flops else None
+    bandwidth = roofline.parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth else None
+    total = (cfg.warmup + cfg.repeats) * len(set(cfg.batch_sizes))
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:  # stdout: the table
+        task = bar.add_task(f"profiling {servable.name}", total=total)
+        result = profiler.profile(
+            servable,
+            cfg,
+            lambda device: roofline.roofline_for(device, peak, bandwidth),
+            progress=lambda k: bar.advance(task, k),
+            source="demo" if args.model_repository is None else str(args.model_repository),
+        )
+    profiler.print_table(result)
+    if args.json:
+        report.write_json(result, args.json)
+    if args.plot:
+        profiler.plot_profile(result, args.plot)
+    return 0
+
+
 def add_plan_parser(sub) -> None:
     p = sub.add_parser(
         "plan",
@@ -363,86 +443,6 @@ def run_plan(args) -> int:
         plan.write_json(result, args.json)
     if args.markdown:
         args.markdown.write_text(plan.to_markdown(result), encoding="utf-8")
-    return 0
-
-
-def add_profile_parser(sub) -> None:
-    p = sub.add_parser(
-        "profile",
-        help="batch time against batch size, FLOPs and bytes, and the roofline of a model",
-        description="Run a model in-process through wok's executor at each batch size, fit T(n) = α + β·n, "
-        "count FLOPs and bytes per batch, classify the arithmetic intensity and compare the time measured "
-        "with the roofline's prediction. See docs/profile.md.",
-    )
-    p.add_argument("model", help="a demo model (mlp, recsys, encoder), or a model in --model-repository")
-    p.add_argument("--model-repository", type=Path, help="folder of models to take MODEL from")
-    p.add_argument("--batch-sizes", help="list or start:stop:factor (default: powers of two up to max_batch_size)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed batches per size first (default 5)")
-    p.add_argument("--repeats", type=int, default=100, help="timed batches per size (default 100)")
-    p.add_argument("--sizes", default="fixed:16", help="length of variable dims, as for wok bench ramp")
-    p.add_argument("--int-high", type=int, help="integer inputs uniform in [0, N) (default: the smallest table)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--peak-flops", help="device peak FLOP/s, e.g. 60T (default: measured by a matmul)")
-    p.add_argument("--bandwidth", help="device memory bandwidth in bytes/s, e.g. 3.3T (default: measured by a copy)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, help="write the result (schema wok.profile/1) here")
-    p.add_argument("--plot", type=Path, help="write the roofline and T(n) plot (PNG) here")
-    p.set_defaults(run=run_profile)
-
-
-def run_profile(args) -> int:
-    import torch
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from ..errors import ModelNotFound
-    from ..models import build_demo
-    from ..repository import ModelRepository
-    from . import profiler, report, roofline
-
-    if args.torch_threads is not None:
-        if args.torch_threads < 1:
-            raise ValueError(f"--torch-threads must be >= 1; got {args.torch_threads}")
-        torch.set_num_threads(args.torch_threads)
-    try:
-        if args.model_repository is None:
-            servable = build_demo(args.model)
-        else:
-            servable = ModelRepository.from_directory(args.model_repository).get(args.model)
-    except ModelNotFound as exc:
-        raise ValueError(str(exc)) from None
-    if args.batch_sizes:
-        batch_sizes = profiler.parse_batch_sizes(args.batch_sizes)
-    else:
-        batch_sizes = profiler.default_batch_sizes(servable.config.max_batch_size)
-    cfg = profiler.ProfileConfig(
-        batch_sizes=batch_sizes,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        sizes=args.sizes,
-        int_high=args.int_high,
-        device=args.device,
-        seed=args.seed,
-    )
-    peak = roofline.parse_rate(args.peak_flops, "--peak-flops") if args.peak_flops else None
-    bandwidth = roofline.parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth else None
-    total = (cfg.warmup + cfg.repeats) * len(set(cfg.batch_sizes))
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:  # stdout: the table
-        task = bar.add_task(f"profiling {servable.name}", total=total)
-        result = profiler.profile(
-            servable,
-            cfg,
-            lambda device: roofline.roofline_for(device, peak, bandwidth),
-            progress=lambda k: bar.advance(task, k),
-            source="demo" if args.model_repository is None else str(args.model_repository),
-        )
-    profiler.print_table(result)
-    if args.json:
-        report.write_json(result, args.json)
-    if args.plot:
-        profiler.plot_profile(result, args.plot)
     return 0
 
 
@@ -550,4 +550,4 @@ def run_tune(args) -> int:
 
 # The `wok` subcommands besides `serve`, each a function that adds its parser to argparse's
 # subparsers and sets `run`; wok.__main__ registers them in this order.
-COMMANDS = [add_parser, add_simulate_parser, add_plan_parser, add_profile_parser, add_tune_parser]
+COMMANDS = [add_parser, add_simulate_parser, add_profile_parser, add_plan_parser, add_tune_parser]

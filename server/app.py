@@ -71,13 +71,13 @@ class WokServer:
         max_connection_age_s: float | None = None,
         max_connection_age_grace_s: float | None = None,
     ) -> None:
-        self.settings = settings
         """`max_connection_age_s`: each client connection is closed (GOAWAY) after about this
         long, so that clients balancing round robin reconnect and pick up replicas added since;
         calls in flight then get `max_connection_age_grace_s` more (default: the grace period)."""
-        self.repository = repository
+        self.settings = settings
         self.max_connection_age_s = max_connection_age_s
         self.max_connection_age_grace_s = max_connection_age_grace_s
+        self.repository = repository
         self.registry = registry if registry is not None else default_registry()
         self.metrics = WokMetrics(self.registry, enabled=settings.metrics)
         self.http: MetricsHTTPServer | None = None
@@ -157,10 +157,6 @@ class WokServer:
         if self.http is not None:
             log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.http.port)
 
-    async def stop(self, grace: float | None = None) -> None:
-        """Stop in stages within `grace` seconds (the settings' grace period by default)."""
-        if self._stopped is None:
-            self._stopped = asyncio.Event()
     def _grpc_options(self, transport_limit: int) -> list[tuple[str, int]]:
         options = [
             ("grpc.max_receive_message_length", transport_limit),
@@ -184,6 +180,10 @@ class WokServer:
             options.append(("grpc.max_connection_age_grace_ms", max(0, round(1e3 * grace))))
         return options
 
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop in stages within `grace` seconds (the settings' grace period by default)."""
+        if self._stopped is None:
+            self._stopped = asyncio.Event()
         if self.draining:
             await self._stopped.wait()
             return
