@@ -36,7 +36,11 @@ def add_parser(sub) -> None:
     p.add_argument("--slo-p99", default="200ms", help="P99 latency objective (default 200ms)")
     p.add_argument("--workers", type=int, default=2, help="load-generator processes (default 2)")
     p.add_argument("--timeout", default="30s", help="per-request deadline (default 30s)")
-    p.add_argument("--metrics-url", default="auto", help="the server's /metrics: auto (HOST:8002), a URL, or none")
+    p.add_argument(
+        "--metrics-url",
+        default="auto",
+        help="the server's /metrics: auto (HOST:8002 of a single target; none for several), a URL, or none",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop-factor", type=float, default=10.0, help="stop when a step's P99 exceeds this × the SLO")
     p.add_argument("--refine", type=int, default=0, help="bisection steps between the last pass and first failure")
@@ -209,6 +213,9 @@ def _metrics_url(spec: str, target: str) -> str | None:
         return None
     if spec != "auto":
         return spec
+    if "," in target or target.startswith(("dns:", "ipv4:", "ipv6:", "unix:")):
+        # Several servers: one's /metrics would be taken for all of them. Give --metrics-url.
+        return None
     from .scrape import scrape
 
     host = target.rsplit(":", 1)[0]

@@ -13,6 +13,7 @@ import sys
 import grpc
 import numpy as np
 import uvloop
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -54,6 +55,10 @@ async def main() -> None:
         ]
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(Bare(), server)
+    # The load generator's channels ask for health checking, as wok's clients do.
+    checks = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    await checks.set("", health_pb2.HealthCheckResponse.SERVING)
     server.add_insecure_port(f"127.0.0.1:{PORT}")
     await server.start()
     stop = asyncio.Event()

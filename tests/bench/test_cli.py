@@ -1,0 +1,19 @@
+"""bench/cli.py: where `--metrics-url auto` looks for the server's /metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from wok.bench.cli import _metrics_url
+
+
+@pytest.mark.parametrize(
+    "target", ["127.0.0.1:1,127.0.0.1:2", "dns:///wok-headless.wok.svc.cluster.local:8001", "ipv4:127.0.0.1:1"]
+)
+def test_auto_scrapes_nothing_for_several_servers(target):
+    assert _metrics_url("auto", target) is None
+
+
+def test_explicit_and_none_are_taken_as_given():
+    assert _metrics_url("http://10.0.0.1:9000/metrics", "a:1,b:2") == "http://10.0.0.1:9000/metrics"
+    assert _metrics_url("none", "127.0.0.1:1") is None
