@@ -614,8 +614,13 @@ def _one_fault(i, spec, events, intended, latency_s, ok, errors, lost, names, wi
         "during": (begin, stop),
         "after": (stop, min(end_s, stop + COMPARE_S)),
     }
+    # A call still in flight when the fault begins is the fault's (a paused replica holds it;
+    # a killed one fails it): "before" counts only calls answered before the fault began.
+    answered_by = intended + np.where(np.isnan(latency_s), np.inf, latency_s)
     for phase, (a, b) in phases.items():
         here = (intended >= a) & (intended < b)
+        if phase == "before":
+            here &= answered_by < begin
         out[f"p99_{phase}_ms"] = _p99_ms(latency_s[here & ok])
         out[f"sent_{phase}"] = int(here.sum())
         out[f"lost_{phase}"] = int((here & lost).sum())

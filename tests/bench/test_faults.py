@@ -262,3 +262,17 @@ def test_stop_before_the_time_runs_nothing():
     t.join()
     schedule.stop()
     assert schedule.events == []
+
+
+def test_a_call_in_flight_when_the_fault_begins_is_not_counted_before_it():
+    intended, _, latency, codes = hand_case()
+    # The third request (sent at 0.55 s) now takes 500 ms: the kill at 0.6 s caught it in flight.
+    latency[2] = 0.5
+    spec = parse_fault("kill:replica=1,at=5%,restart=10%")
+    r = fault_report(
+        intended, intended + latency, latency, codes, specs=[spec], events=EVENTS, slo_p99_ms=100.0, end_s=4.5,
+        n_replicas=3,
+    )  # fmt: skip
+    (f,) = r["faults"]
+    # before [0, 0.6) holds only the two calls answered by 0.6 s: 10 and 20 ms.
+    assert f["sent_before"] == 2 and f["p99_before_ms"] == pytest.approx(20)
