@@ -22,8 +22,6 @@ import argparse
 import itertools
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,12 +55,6 @@ dims = [256]
 [dynamic_batching]
 max_queue_delay_ms = {delay_ms}
 {instances}"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_repository(folder: Path, args) -> Path:
@@ -247,29 +239,18 @@ def main(argv=None) -> int:
         n = args.max_batch_size
         capacity = n / (fit["alpha_s"] + fit["beta_s"] * n)  # samples/s at full batches
         qps = args.overload * capacity / args.rows
-        port, mport = free_port(), free_port()
-        cmd = wok("serve", "--model-repository", str(repo), "--port", str(port), "--metrics-port", str(mport))
-        cmd += ["--log-level", "WARNING", "--torch-threads", str(args.torch_threads)]
-        server = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            for line in server.stderr:
-                if "serving" in line:
-                    break
-            else:
-                raise RuntimeError(f"wok serve exited with {server.wait()}")
+        from wok.bench.compare import local_wok
+
+        serve_args = ["--model-repository", str(repo), "--log-level", "WARNING"]
+        serve_args += ["--torch-threads", str(args.torch_threads)]
+        with local_wok(serve_args) as (target, metrics_url, _):
             print(
                 f"ceiling: α={1e3 * fit['alpha_s']:.3f} ms β={1e3 * fit['beta_s']:.3f} ms; offering {qps:.0f} req/s "
                 f"× {args.rows} rows ({args.overload:g}× full-batch capacity) for {args.warmup:g}+{args.duration:g} s",
                 file=sys.stderr,
                 flush=True,
             )
-            before, after, step = saturate(f"127.0.0.1:{port}", f"http://127.0.0.1:{mport}/metrics", qps, args)
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
+            before, after, step = saturate(target, metrics_url, qps, args)
     doc = {
         "schema": SCHEMA,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

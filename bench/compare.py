@@ -15,6 +15,8 @@ docs/performance.md.
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import math
 import os
@@ -223,6 +225,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_wok(serve_args: Iterable[str], cwd: Path = ROOT):
+    """`wok serve` on free loopback ports, in its own session, for a benchmark script.
+
+    Yields (target, metrics URL, pid) once it serves; on exit, SIGTERM to its session, then
+    SIGKILL after 30 s. Its stderr is read to the end by a thread, so a chatty log never blocks it.
+    """
+    port, mport = free_port(), free_port()
+    cmd = [sys.executable, "-m", "wok", "serve", *serve_args, "--port", str(port), "--metrics-port", str(mport)]
+    proc = subprocess.Popen(cmd, cwd=cwd, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in proc.stderr:
+            if "serving" in line:
+                break
+        else:
+            raise RuntimeError(f"wok serve exited with {proc.wait()}")
+        threading.Thread(target=collections.deque, args=(proc.stderr, 0), daemon=True).start()
+        yield f"127.0.0.1:{port}", f"http://127.0.0.1:{mport}/metrics", proc.pid
+    finally:
+        _signal_tree(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            _signal_tree(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 @dataclass

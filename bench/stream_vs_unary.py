@@ -16,10 +16,7 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,17 +24,6 @@ from pathlib import Path
 SCHEMA = "wok.stream_vs_unary/1"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def run_unary(target: str, payload: bytes, n: int, inflight: int) -> int:
@@ -106,14 +92,16 @@ def statistics_of(target: str) -> tuple[int, int]:
 
 
 def measure(kind: str, target: str, pid: int, payload: bytes, args) -> dict:
+    from wok.bench.compare import tree_usage
+
     inf0, ex0 = statistics_of(target)
-    c0, t0 = cpu_s(pid), time.perf_counter()
+    c0, t0 = tree_usage(pid).cpu_s, time.perf_counter()
     if kind == "unary":
         ok = asyncio.run(run_unary(target, payload, args.requests, args.inflight))
     else:
         ok = asyncio.run(run_stream(target, payload, args.requests, args.inflight, args.streams))
     wall = time.perf_counter() - t0
-    cpu = cpu_s(pid) - c0
+    cpu = tree_usage(pid).cpu_s - c0
     inf1, ex1 = statistics_of(target)
     return {
         "kind": kind,
@@ -142,38 +130,23 @@ def main(argv=None) -> int:
 
     import numpy as np
 
+    from wok.bench.compare import local_wok
     from wok.codec import encode_request
 
-    port, mport = free_port(), free_port()
-    cmd = [sys.executable, "-m", "wok", "serve", *args.serve_args.split(), "--port", str(port)]
-    cmd += ["--metrics-port", str(mport), "--log-level", "WARNING"]
-    server = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
     runs = []
-    try:
-        for line in server.stderr:
-            if "serving" in line:
-                break
-        else:
-            raise RuntimeError(f"wok serve exited with {server.wait()}")
-        target = f"127.0.0.1:{port}"
+    with local_wok([*args.serve_args.split(), "--log-level", "WARNING"]) as (target, _, pid):
         payload = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)}).SerializeToString()
-        measure("unary", target, server.pid, payload, argparse.Namespace(**{**vars(args), "requests": 500}))
+        measure("unary", target, pid, payload, argparse.Namespace(**{**vars(args), "requests": 500}))
         for r in range(args.rounds):
             order = ("unary", "stream") if r % 2 == 0 else ("stream", "unary")
             for kind in order:
-                m = measure(kind, target, server.pid, payload, args) | {"round": r + 1}
+                m = measure(kind, target, pid, payload, args) | {"round": r + 1}
                 runs.append(m)
                 print(
                     f"round {r + 1} {kind:6s}: {m['server_us_per_request']:6.0f} µs server CPU/request, "
                     f"{m['throughput_qps']:7.0f} req/s, mean batch {m['mean_batch_size']:.1f}",
                     flush=True,
                 )
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
     summary = {}
     for kind in ("unary", "stream"):
         mine = [m for m in runs if m["kind"] == kind]
