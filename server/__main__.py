@@ -40,6 +40,16 @@ def _serve_parser(sub) -> None:
         metavar="SECONDS",
         help="time the calls in flight on such a connection get to finish (default: --grace-period)",
     )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        metavar="PORT",
+        help="also serve grpc.health.v1, and only it, in plaintext on this port (0 picks a free one): for probes "
+        "that cannot speak TLS, such as the kubelet's gRPC probe (default: none)",
+    )
+    p.add_argument(
+        "--health-host", metavar="ADDR", help="address the health port binds to (default: the same as --host)"
+    )
     p.add_argument("--max-request-bytes", type=int, default=64 << 20, help="largest request accepted")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the /metrics port (default 127.0.0.1)")
@@ -128,6 +138,10 @@ async def _serve(args) -> int:
         model_repository=args.model_repository,
         demo_models=tuple(m for m in args.models.split(",") if m),
         grace_period_s=args.grace_period,
+        max_connection_age_s=args.max_connection_age,
+        max_connection_age_grace_s=args.max_connection_age_grace,
+        health_host=args.health_host,
+        health_port=args.health_port,
         max_request_bytes=args.max_request_bytes,
         torch_threads=args.torch_threads,
         metrics=not args.no_metrics,
@@ -144,17 +158,7 @@ async def _serve(args) -> int:
         raise ConfigError("--admin is served on the metrics port: it needs --metrics-port other than -1")
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    age, age_grace = args.max_connection_age, args.max_connection_age_grace
-    if age is not None and not 0 < age < 1e9:
-        raise ConfigError(f"--max-connection-age: expected seconds > 0; got {age}")
-    if age_grace is not None and not 0 <= age_grace < 1e9:
-        raise ConfigError(f"--max-connection-age-grace: expected seconds >= 0; got {age_grace}")
-    server = WokServer(
-        settings,
-        build_repository(settings, _demo_options(args.demo_option)),
-        max_connection_age_s=age,
-        max_connection_age_grace_s=age_grace,
-    )
+    server = WokServer(settings, build_repository(settings, _demo_options(args.demo_option)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -179,6 +183,9 @@ async def _serve(args) -> int:
     if server.http is not None:
         print(f"wok: metrics on http://{settings.metrics_host}:{server.http.port}/metrics", file=sys.stderr, flush=True)
     print(f"wok: serving {', '.join(server.runtimes)} on {settings.host}:{server.port}", file=sys.stderr, flush=True)
+    if server.health_port is not None:
+        host = settings.health_host or settings.host
+        print(f"wok: health (plaintext) on {host}:{server.health_port}", file=sys.stderr, flush=True)
     print(f"wok: gRPC security: {SecurityMode.of(settings).describe()}", file=sys.stderr, flush=True)
     await stop.wait()
     await server.stop()

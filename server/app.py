@@ -68,15 +68,8 @@ class WokServer:
         repository: ModelRepository,
         *,
         registry: CollectorRegistry | None = None,
-        max_connection_age_s: float | None = None,
-        max_connection_age_grace_s: float | None = None,
     ) -> None:
-        """`max_connection_age_s`: each client connection is closed (GOAWAY) after about this
-        long, so that clients balancing round robin reconnect and pick up replicas added since;
-        calls in flight then get `max_connection_age_grace_s` more (default: the grace period)."""
         self.settings = settings
-        self.max_connection_age_s = max_connection_age_s
-        self.max_connection_age_grace_s = max_connection_age_grace_s
         self.repository = repository
         self.registry = registry if registry is not None else default_registry()
         self.metrics = WokMetrics(self.registry, enabled=settings.metrics)
@@ -86,10 +79,12 @@ class WokServer:
         self.abandoned_work = False
         self.runtimes: dict[str, ModelRuntime] = {}
         self.port: int | None = None
+        self.health_port: int | None = None
         self.draining = False
         self._started = False
         self._grpc: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
+        self._health_grpc: grpc.aio.Server | None = None
         self._stopped: asyncio.Event | None = None
 
     @property
@@ -141,6 +136,8 @@ class WokServer:
         if self.port == 0:
             raise OSError(f"cannot bind gRPC to {address}")
         await self._grpc.start()
+        if self.settings.health_port is not None:
+            await self._start_health_port()
         if self.settings.metrics_port is not None:
             admin = Admin(self) if self.settings.admin else None
             self.http = MetricsHTTPServer(
@@ -154,8 +151,27 @@ class WokServer:
         log.info("gRPC security: %s", SecurityMode.of(self.settings).describe())
         for warning in security_warnings(self.settings):
             log.warning("%s", warning)
+        if self._health_grpc is not None:
+            log.info("health (plaintext, grpc.health.v1 only) on %s:%d", self._health_host, self.health_port)
         if self.http is not None:
             log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.http.port)
+
+    @property
+    def _health_host(self) -> str:
+        return self.settings.health_host or self.settings.host
+
+    async def _start_health_port(self) -> None:
+        # The kubelet's gRPC probe speaks plaintext only and presents no client certificate,
+        # so with TLS on the main port it cannot probe there. This port carries the same
+        # health servicer, so it turns NOT_SERVING at the drain with the main one, and
+        # nothing else: no inference, no reflection, no token needed (health is exempt anyway).
+        self._health_grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_grpc)
+        address = f"{self._health_host}:{self.settings.health_port}"
+        self.health_port = self._health_grpc.add_insecure_port(address)
+        if self.health_port == 0:
+            raise OSError(f"cannot bind the health port to {address}")
+        await self._health_grpc.start()
 
     def _grpc_options(self, transport_limit: int) -> list[tuple[str, int]]:
         options = [
@@ -170,13 +186,11 @@ class WokServer:
             # server (wok.clients.channel); accept pings every 5 s instead of gRPC's 5 minutes.
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ]
-        if self.max_connection_age_s is not None:
-            grace = (
-                self.settings.grace_period_s
-                if self.max_connection_age_grace_s is None
-                else self.max_connection_age_grace_s
-            )
-            options.append(("grpc.max_connection_age_ms", max(1, round(1e3 * self.max_connection_age_s))))
+        age = self.settings.max_connection_age_s
+        if age is not None:
+            grace = self.settings.max_connection_age_grace_s
+            grace = self.settings.grace_period_s if grace is None else grace
+            options.append(("grpc.max_connection_age_ms", max(1, round(1e3 * age))))
             options.append(("grpc.max_connection_age_grace_ms", max(0, round(1e3 * grace))))
         return options
 
@@ -215,6 +229,9 @@ class WokServer:
         if self._grpc is not None:
             # Only idle streams and responses on the wire remain: a short grace, not the rest.
             await self._grpc.stop(min(1.0, max(0.1, left())))
+        if self._health_grpc is not None:
+            # Last of the ports: probes read NOT_SERVING through the whole drain.
+            await self._health_grpc.stop(0)
         # Metrics stay up through the drain, so the last scrape sees it.
         if self.http is not None:
             await self.http.stop()

@@ -226,6 +226,29 @@ class ServerSettings(_Strict):
     grace_period_s: float = Field(
         30.0, ge=0, description="Seconds queued and running requests get to finish on SIGTERM/SIGINT."
     )
+    max_connection_age_s: float | None = Field(
+        None,
+        gt=0,
+        lt=1e9,
+        description="Seconds after which each client connection is closed (GOAWAY, gRPC adds ±10% jitter), so "
+        "round-robin clients reconnect and reach replicas added since; None: never.",
+    )
+    max_connection_age_grace_s: float | None = Field(
+        None,
+        ge=0,
+        lt=1e9,
+        description="Seconds the calls in flight on such a connection get to finish; None: grace_period_s.",
+    )
+    health_host: str | None = Field(
+        None, description="Address the plaintext health port binds to; None: the same as host."
+    )
+    health_port: int | None = Field(
+        None,
+        ge=0,
+        le=65_535,
+        description="A second gRPC port, always plaintext, serving only grpc.health.v1 (for probes that cannot "
+        "speak TLS, such as the kubelet's); 0 picks a free one, None serves none.",
+    )
     max_request_bytes: int = Field(
         64 << 20, ge=1024, description="Largest ModelInfer request (bytes) accepted; larger: INVALID_ARGUMENT."
     )
@@ -282,6 +305,17 @@ class ServerSettings(_Strict):
             raise ValueError("tls_client_ca needs tls_cert and tls_key: client certificates are checked only over TLS")
         if self.tls_cert is not None:
             check_tls_files(self.tls_cert, self.tls_key, self.tls_client_ca)
+        if self.max_connection_age_grace_s is not None and self.max_connection_age_s is None:
+            raise ValueError("max_connection_age_grace_s needs max_connection_age_s: there is no age to be graceful at")
+        if (
+            self.health_port is not None
+            and self.health_port != 0
+            and self.health_port == self.grpc_port
+            and (self.health_host or self.host) == self.host
+        ):
+            raise ValueError(
+                f"health_port {self.health_port} is the gRPC port: the health port needs a port of its own"
+            )
         return self
 
 

@@ -197,8 +197,10 @@ async def test_max_connection_age_closes_connections_and_calls_go_on():
     from wok.app import WokServer, build_repository
     from wok.config import server_settings
 
-    settings = server_settings(grpc_port=0, metrics_port=None, demo_models=("mlp",))
-    server = WokServer(settings, build_repository(settings), max_connection_age_s=0.5, max_connection_age_grace_s=2)
+    settings = server_settings(
+        grpc_port=0, metrics_port=None, demo_models=("mlp",), max_connection_age_s=0.5, max_connection_age_grace_s=2
+    )
+    server = WokServer(settings, build_repository(settings))
     options = dict(server._grpc_options(1 << 20))
     assert options["grpc.max_connection_age_ms"] == 500 and options["grpc.max_connection_age_grace_ms"] == 2000
     await server.start()

@@ -363,6 +363,41 @@ async def test_mtls_refuses_clients_without_a_certificate_from_its_ca(serve, pki
         assert await asyncio.to_thread(blocking)
 
 
+async def test_the_plaintext_health_port_answers_probes_of_an_mtls_server_and_nothing_else(serve, pki):
+    """`--health-port`: what the kubelet's gRPC probe (plaintext, no client certificate)
+    can reach when the main port needs mTLS; it carries the same health states, turns
+    NOT_SERVING at the drain with the main port, and serves no other service."""
+    async with serve(models=("mlp",), health_port=0, **tls_settings(pki, mtls=True)) as server:
+        assert server.health_port not in (None, 0, server.port)
+        await assert_cannot_connect(f"127.0.0.1:{server.port}")  # the main port stays mTLS only
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.health_port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "mlp", "inference.GRPCInferenceService"):
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=CALL_S)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Check(health_pb2.HealthCheckRequest(service="no-such-model"), timeout=CALL_S)
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND
+            live = channel.unary_unary(
+                "/inference.GRPCInferenceService/ServerLive",
+                request_serializer=pb.ServerLiveRequest.SerializeToString,
+                response_deserializer=pb.ServerLiveResponse.FromString,
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await live(pb.ServerLiveRequest(), timeout=CALL_S)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+            watch = stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=CALL_S)
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+            stopping = asyncio.ensure_future(server.stop(grace=5))
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            await stopping
+        with pytest.raises(grpc.aio.AioRpcError) as info:  # and it closes with the server
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.health_port}") as channel:
+                await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
 def _client_files(pki: PKI) -> tuple[Path, Path]:
     return pki.path("ca-client.pem"), pki.path("ca-client.key")
 
@@ -633,11 +668,18 @@ def secured_server(start_server_module, pki):
         str(pki.path("ca-server.key")),
         "--auth-token-file",
         str(pki.path("tokens")),
+        "--health-port",
+        "0",
     )
 
 
 def test_wok_serve_flags_turn_on_tls_and_tokens(secured_server, pki):
     assert any("wok: gRPC security: TLS, bearer token required" in line for line in secured_server.log)
+    # The plaintext health port a kubelet probe can reach, printed with the port it got.
+    line = next(line for line in secured_server.log if line.startswith("wok: health (plaintext) on "))
+    with grpc.insecure_channel(line.rsplit(" ", 1)[1]) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=CALL_S)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
     with Client(secured_server.target, tls=pki.tls(), token=TOKEN_A) as client:
         assert client.infer("mlp", {"INPUT0": X}, timeout=CALL_S)["OUTPUT0"].shape == (1, 256)
     with Client(secured_server.target) as plaintext:

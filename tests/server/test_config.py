@@ -290,6 +290,21 @@ def test_server_settings_defaults():
     assert s.grpc_port == 0 and s.model_repository is None
 
 
+def test_server_settings_connection_age_and_health_port():
+    s = server_settings(grpc_port=8001, max_connection_age_s=30, max_connection_age_grace_s=0, health_port=8003)
+    assert (s.max_connection_age_s, s.max_connection_age_grace_s, s.health_port) == (30, 0, 8003)
+    assert s.health_host is None  # binds where the gRPC port does
+    with pytest.raises(ConfigError, match=re.escape("max_connection_age_s: Input should be greater than 0 (got 0)")):
+        server_settings(max_connection_age_s=0)
+    with pytest.raises(ConfigError, match="max_connection_age_grace_s needs max_connection_age_s"):
+        server_settings(max_connection_age_grace_s=5)
+    with pytest.raises(ConfigError, match="health_port 8001 is the gRPC port"):
+        server_settings(grpc_port=8001, health_port=8001)
+    # On another address the same number is another socket; 0 always picks a free port.
+    assert server_settings(grpc_port=8001, health_port=8001, health_host="10.0.0.1").health_port == 8001
+    assert server_settings(grpc_port=0, health_port=0).health_port == 0
+
+
 TOML_BY_HAND = textwrap.dedent(
     """
     platform = "python"
