@@ -253,6 +253,8 @@ def run(args) -> int:
         tls=tls,
         token=token,
         retries=not args.no_retries,
+        balancer=args.balancer,
+        hedge_after=faults.parse_hedge_after(args.hedge_after),
     )
     try:
         if args.soak is not None:

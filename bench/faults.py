@@ -1,9 +1,11 @@
 """Fault injection for `wok bench ramp`: replicas the bench starts, faults at set times, and their report.
 
-`--replicas N` starts N `wok serve` processes on free loopback ports and ramps all of them
-through one round-robin channel (with health checking and, unless `--no-retries`,
-retries on UNAVAILABLE). `--fault` schedules, at a fraction of the ramp's planned time
-(`len(steps) × (warm-up + step)`, from the first step's start) or at a duration from it:
+`--replicas N` starts N `wok serve` processes on free loopback ports and ramps all of them,
+through wok's balancer (`--balancer wok`, the default with several targets: a channel per
+replica, hedging, outlier ejection) or one round-robin channel (`--balancer grpc`), with
+health checking and, unless `--no-retries`, retries on UNAVAILABLE. `--fault` schedules, at
+a fraction of the ramp's planned time (`len(steps) × (warm-up + step)`, from the first
+step's start) or at a duration from it:
 
   kill:replica=1,at=30%,restart=60%     SIGKILL; start it again (same ports) at `restart`
   pause:replica=1,at=30%,resume=60%     SIGSTOP; SIGCONT at `resume`
@@ -693,6 +695,7 @@ class FaultRamp(Ramp):
             n_replicas=len(self.replicas) if self.replicas is not None else None,
         )
         section["retries"] = self.cfg.retries
+        section["balancer"] = result["config"].get("balancer")
         section["planned_s"] = self.schedule.planned_s
         if self.replicas is not None:
             section["replicas"] = self.replicas.describe()
@@ -731,7 +734,8 @@ def print_faults(result: dict, file=None) -> None:
     req = section["requests"]
     console.print(
         f"requests: {req['sent']} sent, {req['ok']} ok, {req['errors']} errors, [bold]{req['lost']} lost[/bold] "
-        f"(retries {'on' if section.get('retries', True) else 'off'}); errors by code: "
+        f"(retries {'on' if section.get('retries', True) else 'off'}, balancer {section.get('balancer') or 'grpc'}); "
+        "errors by code: "
         f"{section['errors_by_code'] or '-'}"
     )
     table = Table(title=f"faults (SLO P99 {section['definitions']['slo_p99_ms']:g} ms)")
@@ -813,6 +817,30 @@ def add_arguments(p) -> None:
         "--replicas; repeat for several, replica=N picks one",
     )
     g.add_argument("--no-retries", action="store_true", help="do not retry calls that end with UNAVAILABLE")
+    g.add_argument(
+        "--balancer",
+        choices=("grpc", "wok"),
+        help="grpc: one channel, gRPC's round_robin; wok: a channel per replica, least loaded of two, hedging, "
+        "outlier ejection (default: wok for several targets or a dns: name, grpc for one server)",
+    )
+    g.add_argument(
+        "--hedge-after",
+        default="auto",
+        metavar="DURATION",
+        help="wok balancer: send a second attempt to another replica after this long without an answer: "
+        "a duration, auto (P95 of recent answers, at least 20ms; the default) or off",
+    )
+
+
+def parse_hedge_after(text: str) -> float | str | None:
+    """`--hedge-after`: "auto", "off" (None) or a duration in seconds ("30ms"); ValueError otherwise."""
+    text = text.strip()
+    if text in ("auto", "off"):
+        return None if text == "off" else "auto"
+    value = parse_duration(text)
+    if value <= 0:
+        raise ValueError(f"--hedge-after {text}: expected a duration > 0, auto or off")
+    return value
 
 
 def say(msg: str) -> None:

@@ -59,6 +59,8 @@ class RampConfig:
     tls: object = None  # wok.clients.TLS, True (bundled roots) or None (plaintext)
     token: str | None = None  # bearer token sent with every request
     retries: bool = True  # retry UNAVAILABLE (wok.clients.channel's policy)
+    balancer: str | None = None  # "grpc", "wok" or None (workers.default_balancer: wok for several targets)
+    hedge_after: float | str | None = "auto"  # the wok balancer's hedge delay: seconds, "auto" or None (off)
 
 
 def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix]:
@@ -97,7 +99,16 @@ class Ramp:
 
     def run(self) -> dict:
         cfg = self.cfg
-        workers = WorkerPool(cfg.target, self.pool, cfg.workers, tls=cfg.tls, token=cfg.token, retries=cfg.retries)
+        workers = WorkerPool(
+            cfg.target,
+            self.pool,
+            cfg.workers,
+            tls=cfg.tls,
+            token=cfg.token,
+            retries=cfg.retries,
+            balancer=cfg.balancer,
+            hedge_after=cfg.hedge_after,
+        )
         steps: list[dict] = []
         interrupted = None
         try:
@@ -128,6 +139,7 @@ class Ramp:
             workers.close()
         # Key material and the token never reach the result; only which kind of security was used.
         config = {**asdict(self.cfg), "source": "bench", "tls": tls_mode(cfg.tls), "token": cfg.token is not None}
+        config["balancer"] = workers.balancer
         result = analysis.ramp_result(
             steps=steps,
             slo_p99_ms=cfg.slo_p99_ms,
@@ -135,6 +147,7 @@ class Ramp:
             knee_threshold=cfg.knee_threshold,
             timeline=self._timeline(),
         )
+        result["balancer"] = workers.balancer_stats()
         if interrupted:
             result["warnings"].append(interrupted)
         return result

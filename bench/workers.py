@@ -8,9 +8,14 @@ one clock for every process on the machine, so all workers share the step's star
 Requests travel pre-serialized: the worker's gRPC call neither encodes requests nor
 decodes responses, so a worker's time goes to keeping the schedule.
 
-Channels are the client library's (`wok.clients.channel`): a target "a:p,b:p" or a DNS
-name that resolves to several servers is balanced round robin with health checking, and
-calls ending with UNAVAILABLE are retried (unless `retries=False`).
+Channels are the client library's. `balancer="grpc"` (`wok.clients.channel`): one channel;
+a target "a:p,b:p" or a DNS name that resolves to several servers is balanced round robin
+with health checking, and calls ending with UNAVAILABLE are retried (unless
+`retries=False`). `balancer="wok"` (`wok.clients.balancer`): a channel per replica, power of
+two choices, hedging after `hedge_after`, retries on another replica (one attempt only with
+`retries=False`) and outlier detection; each outcome then carries the worker's balancer
+counters (cumulative). `default_balancer` picks "wok" for several targets or a dns: name,
+"grpc" for one server.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class Outcome:
     done: np.ndarray  # completion offsets
     codes: np.ndarray  # gRPC status numbers (0 = OK)
     inflight: np.ndarray  # (offset, requests in flight) samples
+    balancer: dict | None = None  # the wok balancer's counters so far (wok.balancer/1), or None
 
 
 async def _run_share(call, pool: list[bytes], share: Share, metadata=None) -> Outcome:
@@ -94,25 +100,53 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None) -> Ou
     return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2))
 
 
-async def _serve(conn, target: str, pool: list[bytes], tls=None, token: str | None = None, retries=True) -> None:
+def default_balancer(target: str) -> str:
+    """The balancer for `target`: wok for several targets ("a:p,b:p") or a dns: name, grpc for one server."""
+    return "wok" if "," in target or target.startswith("dns:") else "grpc"
+
+
+@dataclass(frozen=True)
+class Channel:
+    """How a worker reaches the servers: security, retries, and which balancer."""
+
+    tls: object = None
+    token: str | None = None
+    retries: bool = True
+    balancer: str = "grpc"  # "grpc" (round_robin, one channel) or "wok" (wok.clients.balancer)
+    hedge_after: float | str | None = "auto"  # the wok balancer's hedge delay (s), "auto" or None
+
+
+async def _serve(conn, target: str, pool: list[bytes], how: Channel) -> None:
     import grpc
 
     from wok.clients.channel import auth_metadata, channel_credentials, channel_options, channel_target, open_channel
 
     loop = asyncio.get_running_loop()
-    options = channel_options(None, retries=retries)
-    metadata = auth_metadata(token)
-    async with open_channel(grpc.aio, channel_target(target), channel_credentials(tls), options) as channel:
-        call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+    metadata = auth_metadata(how.token)
+
+    async def serve(call, stats) -> None:
         conn.send("ready")
         while True:
             share = await loop.run_in_executor(None, conn.recv)
             if share is None:
                 return
-            conn.send(await _run_share(call, pool, share, metadata))
+            outcome = await _run_share(call, pool, share, metadata)
+            outcome.balancer = stats()
+            conn.send(outcome)
+
+    if how.balancer == "wok":
+        from wok.clients.balancer import Balancer, BalancerSettings
+
+        settings = BalancerSettings(max_attempts=3 if how.retries else 1, hedge_after=how.hedge_after)
+        async with Balancer(target, credentials=channel_credentials(how.tls), settings=settings) as balancer:
+            await serve(balancer.unary_unary(METHOD), balancer.stats)
+        return
+    options = channel_options(None, retries=how.retries)
+    async with open_channel(grpc.aio, channel_target(target), channel_credentials(how.tls), options) as channel:
+        await serve(channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None), lambda: None)
 
 
-def _main(conn, target: str, pool: list[bytes], tls=None, token: str | None = None, retries=True) -> None:
+def _main(conn, target: str, pool: list[bytes], how: Channel) -> None:
     # Ctrl-C reaches the whole process group; the coordinator decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The worker's own collector pauses would show up as dispatch lag; it allocates little.
@@ -123,25 +157,41 @@ def _main(conn, target: str, pool: list[bytes], tls=None, token: str | None = No
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_serve(conn, target, pool, tls, token, retries))
+    asyncio.run(_serve(conn, target, pool, how))
 
 
 class WorkerPool:
     """N worker processes, started once per ramp, each with the same request pool.
 
     `tls` (a wok.clients.TLS, or True), `token` and `retries` are as for the clients; they
-    reach the workers through the spawn pipe, never their command line.
+    reach the workers through the spawn pipe, never their command line. `balancer` is
+    "grpc" or "wok" (None: `default_balancer(target)`), `hedge_after` the wok balancer's.
     """
 
     def __init__(
-        self, target: str, pool: list[bytes], n: int, *, tls=None, token: str | None = None, retries: bool = True
+        self,
+        target: str,
+        pool: list[bytes],
+        n: int,
+        *,
+        tls=None,
+        token: str | None = None,
+        retries: bool = True,
+        balancer: str | None = None,
+        hedge_after: float | str | None = "auto",
     ) -> None:
+        balancer = balancer or default_balancer(target)
+        if balancer not in ("grpc", "wok"):
+            raise ValueError(f"balancer must be grpc or wok; got {balancer!r}")
+        self.balancer = balancer
+        how = Channel(tls, token, retries, balancer, hedge_after)
+        self._stats: list[dict | None] = [None] * n
         ctx = mp.get_context("spawn")  # gRPC does not survive fork
         self._conns = []
         self._procs = []
         for _ in range(n):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_main, args=(child, target, pool, tls, token, retries), daemon=True)
+            p = ctx.Process(target=_main, args=(child, target, pool, how), daemon=True)
             p.start()
             self._conns.append(parent)
             self._procs.append(p)
@@ -175,7 +225,14 @@ class WorkerPool:
             except (EOFError, OSError):
                 p.join(1)
                 raise RuntimeError(f"bench worker {p.pid} died (exit code {p.exitcode})") from None
+        self._stats = [o.balancer for o in out]
         return out
+
+    def balancer_stats(self) -> dict | None:
+        """The wok balancer's counters over the workers, as of the last step (None with "grpc")."""
+        from wok.clients.balancer import merge_stats
+
+        return merge_stats(self._stats)
 
     def close(self) -> None:
         for c in self._conns:

@@ -15,6 +15,14 @@ calls: server_live, server_ready, model_ready, server_metadata, model_metadata,
 model_config, model_statistics, repository_index, infer, stream_infer, wait_ready,
 close. A failed call raises `InferError` with the gRPC `code` and the server's `details`.
 
+Several replicas with wok's balancer (a channel per replica, least loaded of two, hedging,
+retries on another replica, outlier ejection; see `wok.clients.balancer` and
+docs/reliability.md); the blocking `Client` stays on gRPC's round_robin:
+
+    async with AsyncClient("a:8001,b:8001,c:8001", balancer="wok") as client:
+        out = await client.infer("mlp", {"INPUT0": x})
+        print(client.balancer.stats())                   # attempts, hedges, ejections per replica
+
 Over TLS, with a bearer token (see docs/security.md):
 
     tls = TLS.from_files("ca.pem")                     # + certificate_chain=, private_key= for mTLS
@@ -23,9 +31,20 @@ Over TLS, with a bearer token (see docs/security.md):
 """
 
 from .aio import AsyncClient
+from .balancer import Balancer, BalancerSettings
 from .channel import TLS
 from .errors import InferError
 from .messages import ModelInfo, StreamResult, TensorInfo
 from .sync import Client
 
-__all__ = ["TLS", "AsyncClient", "Client", "InferError", "ModelInfo", "StreamResult", "TensorInfo"]
+__all__ = [
+    "TLS",
+    "AsyncClient",
+    "Balancer",
+    "BalancerSettings",
+    "Client",
+    "InferError",
+    "ModelInfo",
+    "StreamResult",
+    "TensorInfo",
+]

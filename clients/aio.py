@@ -8,6 +8,7 @@ is the load generator's hot path: encode, one awaited unary call, decode, nothin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from wok.codec import decode_response, encode_request
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 
+from .balancer import Balancer, BalancerSettings
 from .channel import TLS, auth_metadata, channel_credentials, channel_options, channel_target, open_channel
 from .errors import InferError
 from .messages import ModelInfo, StreamItem, StreamResult, stream_request, stream_result
@@ -33,7 +35,11 @@ class AsyncClient:
     as `authorization: Bearer <token>`. `retries` (on by default): calls that end with
     UNAVAILABLE are sent again, with backoff and a retry budget, to any healthy server;
     no other status is retried (see `wok.clients.channel` for the policy, the health
-    checking and the keepalive settings). Use as `async with AsyncClient(...) as client:` or call
+    checking and the keepalive settings). `balancer="wok"` balances with
+    `wok.clients.balancer` instead of gRPC's round_robin: a channel per replica, the least
+    loaded of two, hedging, retries on another replica, outlier ejection (`balancer_settings`
+    tunes it; `retries=False` means one attempt); streams then go to one replica picked the
+    same way, without hedging. Use as `async with AsyncClient(...) as client:` or call
     `close()`; a closed client cannot be used again. All calls must come from the loop
     that made the first one.
 
@@ -50,27 +56,55 @@ class AsyncClient:
         tls: TLS | bool | None = None,
         token: str | None = None,
         retries: bool = True,
+        balancer: str = "grpc",
+        balancer_settings: BalancerSettings | None = None,
     ) -> None:
-        self.target = channel_target(target)
+        if balancer not in ("grpc", "wok"):
+            raise ValueError(f"balancer must be 'grpc' or 'wok'; got {balancer!r}")
+        self._targets = target
+        self.target = channel_target(target) if balancer == "grpc" else target
         self._options = channel_options(options, retries=retries)
         self._credentials = channel_credentials(tls)
         self._metadata = auth_metadata(token)
         self._channel: grpc.aio.Channel | None = None
         self._stub: GRPCInferenceServiceStub | None = None
         self._closed = False
+        self._balancer: Balancer | None = None
+        if balancer == "wok":
+            s = balancer_settings or BalancerSettings()
+            if not retries:
+                s = dataclasses.replace(s, max_attempts=1)
+            self._balancer = Balancer(target, options=options, credentials=self._credentials, settings=s)
+        self._balancer_started = False
+
+    @property
+    def balancer(self) -> Balancer | None:
+        """The wok balancer (its `stats()`, its replicas) while the client is open; None with "grpc"."""
+        return None if self._closed else self._balancer
 
     def _connect(self) -> GRPCInferenceServiceStub:
         if self._closed:
             raise RuntimeError("this AsyncClient is closed")
         # Outside a running loop grpc.aio would bind the channel to a loop nobody runs.
         asyncio.get_running_loop()
+        if self._balancer is not None:
+            raise RuntimeError("with balancer='wok' the client must be opened first (async with, or wait_ready)")
         self._channel = open_channel(grpc.aio, self.target, self._credentials, self._options)
         self._stub = GRPCInferenceServiceStub(self._channel)
         return self._stub
 
-    async def __aenter__(self) -> AsyncClient:
-        if self._stub is None:
+    async def _open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this AsyncClient is closed")
+        if self._balancer is not None:
+            if not self._balancer_started:
+                self._balancer_started = True
+                await self._balancer.start()
+        elif self._stub is None:
             self._connect()
+
+    async def __aenter__(self) -> AsyncClient:
+        await self._open()
         return self
 
     async def __aexit__(self, *exc_info) -> None:
@@ -82,20 +116,39 @@ class AsyncClient:
         channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
             await channel.close()
+        if self._balancer is not None:
+            await self._balancer.stop()
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until the channel is connected (to at least one server); TimeoutError if not in time."""
-        if self._stub is None:
-            self._connect()
+        await self._open()
+        if self._balancer is not None:
+            await self._balancer.wait_ready(timeout)
+            return
         try:
             await asyncio.wait_for(self._channel.channel_ready(), timeout)
         except asyncio.TimeoutError:
             raise TimeoutError(f"{self.target}: not connected within {timeout} s") from None
 
+    def _method(self, method: str):
+        """The stub's method, or the balancer's (same protocol messages in and out)."""
+        if self._balancer is None:
+            return getattr(self._stub or self._connect(), method)
+        if self._closed:
+            raise RuntimeError("this AsyncClient is closed")
+        if not self._balancer_started:
+            raise RuntimeError("with balancer='wok' open the client first: `async with AsyncClient(...)`")
+        response = getattr(pb, f"{method}Response")
+        return self._balancer.unary_unary(
+            f"/inference.GRPCInferenceService/{method}",
+            request_serializer=_serialize,
+            response_deserializer=response.FromString,
+        )
+
     async def _unary(self, method: str, request, timeout: float | None):
-        stub = self._stub or self._connect()
+        call = self._method(method)
         try:
-            return await getattr(stub, method)(request, timeout=timeout, metadata=self._metadata)
+            return await call(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise InferError.from_rpc_error(exc) from None
 
@@ -144,12 +197,7 @@ class AsyncClient:
         arrays are read-only views of the response; copy one to change it.
         """
         request = encode_request(model, inputs, outputs, request_id, server_timeout_us)
-        stub = self._stub or self._connect()
-        try:
-            response = await stub.ModelInfer(request, timeout=timeout, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise InferError.from_rpc_error(exc) from None
-        return decode_response(response)
+        return decode_response(await self._unary("ModelInfer", request, timeout))
 
     async def stream_infer(
         self,
@@ -169,7 +217,11 @@ class AsyncClient:
         Leaving early cancels the stream once the generator is closed: wrap it in
         `contextlib.aclosing` to close it at once.
         """
-        stub = self._stub or self._connect()
+        if self._balancer is None:
+            stub = self._stub or self._connect()
+        else:
+            self._method("ModelStreamInfer")  # open and not closed
+            stub = GRPCInferenceServiceStub(self._balancer.pick_channel())
         call = stub.ModelStreamInfer(timeout=timeout, metadata=self._metadata)
         writer = asyncio.ensure_future(_write_requests(call, requests))
         try:
@@ -188,6 +240,10 @@ class AsyncClient:
             writer.cancel()
         if error is not None:
             raise error
+
+
+def _serialize(message) -> bytes:
+    return message.SerializeToString()
 
 
 async def _write_requests(call, requests) -> Exception | None:

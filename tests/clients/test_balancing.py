@@ -1,8 +1,9 @@
 """Round robin, health checking, retries and connection age, against real gRPC servers on loopback.
 
-The servers here are plain grpc.aio servers with the health service and a ModelInfer that
-answers as each test says (fail the first calls, or always), so a test knows exactly how
-many attempts reached which server. The service config itself is wok.clients.channel's.
+The servers are conftest.py's `Stub`s: plain grpc.aio servers with the health service and a
+ModelInfer that answers as each test says (fail the first calls, or always), so a test knows
+exactly how many attempts reached which server. The service config itself is
+wok.clients.channel's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import textwrap
 
 import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from wok.clients import AsyncClient, InferError
 from wok.clients.channel import RETRY_THROTTLING, channel_options, channel_target, service_config
@@ -24,42 +25,6 @@ pytestmark = pytest.mark.timeout(60)
 CODE = grpc.StatusCode
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 INPUTS: dict = {}  # the stub answers whatever is asked; an empty request is enough
-
-
-class Stub:
-    """A loopback gRPC server whose ModelInfer fails its first `fail_first` calls with `code`."""
-
-    def __init__(self, name: str, *, fail_first: int = 0, code: grpc.StatusCode = CODE.UNAVAILABLE) -> None:
-        self.name, self.fail_first, self.code = name, fail_first, code
-        self.calls = 0
-        self.server: grpc.aio.Server | None = None
-        self.health = health.aio.HealthServicer()
-        self.port = 0
-
-    async def infer(self, request: bytes, context) -> bytes:
-        self.calls += 1
-        if self.calls <= self.fail_first:
-            await context.abort(self.code, f"{self.name}: failing call {self.calls}")
-        return pb.ModelInferResponse(model_name=self.name).SerializeToString()
-
-    async def __aenter__(self) -> Stub:
-        self.server = grpc.aio.server()
-        handler = grpc.unary_unary_rpc_method_handler(self.infer)
-        self.server.add_generic_rpc_handlers(
-            [grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler})]
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        await self.server.start()
-        await self.health.set("", SERVING)
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.server.stop(0)
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
 
 async def answered_by(client: AsyncClient) -> str:
@@ -92,21 +57,21 @@ def test_a_comma_separated_string_is_a_list_of_targets():
     assert channel_target("dns:///a:1,b:2") == "dns:///a:1,b:2"  # gRPC's to judge
 
 
-async def test_unavailable_is_retried_until_an_answer():
-    async with Stub("a", fail_first=2) as a, AsyncClient(a.target) as client:
+async def test_unavailable_is_retried_until_an_answer(stub):
+    async with stub("a", fail_first=2) as a, AsyncClient(a.target) as client:
         assert await client.infer("m", INPUTS, timeout=10) == {}
         assert a.calls == 3
 
 
-async def test_without_retries_unavailable_reaches_the_caller():
-    async with Stub("a", fail_first=2) as a, AsyncClient(a.target, retries=False) as client:
+async def test_without_retries_unavailable_reaches_the_caller(stub):
+    async with stub("a", fail_first=2) as a, AsyncClient(a.target, retries=False) as client:
         with pytest.raises(InferError) as err:
             await client.infer("m", INPUTS, timeout=10)
         assert err.value.code == CODE.UNAVAILABLE and a.calls == 1
 
 
-async def test_retries_stop_after_five_attempts():
-    async with Stub("a", fail_first=10) as a, AsyncClient(a.target) as client:
+async def test_retries_stop_after_five_attempts(stub):
+    async with stub("a", fail_first=10) as a, AsyncClient(a.target) as client:
         with pytest.raises(InferError) as err:
             await client.infer("m", INPUTS, timeout=10)
         assert err.value.code == CODE.UNAVAILABLE and a.calls == 5
@@ -115,27 +80,27 @@ async def test_retries_stop_after_five_attempts():
 @pytest.mark.parametrize(
     "code", [CODE.INVALID_ARGUMENT, CODE.DEADLINE_EXCEEDED, CODE.RESOURCE_EXHAUSTED, CODE.INTERNAL, CODE.NOT_FOUND]
 )
-async def test_other_codes_are_never_retried(code):
-    async with Stub("a", fail_first=1, code=code) as a, AsyncClient(a.target) as client:
+async def test_other_codes_are_never_retried(stub, code):
+    async with stub("a", fail_first=1, code=code) as a, AsyncClient(a.target) as client:
         with pytest.raises(InferError) as err:
             await client.infer("m", INPUTS, timeout=10)
         assert err.value.code == code and a.calls == 1
 
 
-async def test_the_retry_budget_stops_retries_of_a_failing_fleet():
+async def test_the_retry_budget_stops_retries_of_a_failing_fleet(stub):
     # Hand count: tokens start at maxTokens = 100 and each failed attempt takes one; a retry
     # is allowed only while tokens > 50. Calls 1-10 make 5 attempts each (100 -> 50), and
     # from then on every call makes one: 100 calls reach the server 10 * 5 + 90 = 140 times.
     assert RETRY_THROTTLING == {"maxTokens": 100, "tokenRatio": 0.1}
-    async with Stub("a", fail_first=1 << 30) as a, AsyncClient(a.target) as client:
+    async with stub("a", fail_first=1 << 30) as a, AsyncClient(a.target) as client:
         for _ in range(100):
             with pytest.raises(InferError):
                 await client.infer("m", INPUTS, timeout=10)
         assert a.calls == 140
 
 
-async def test_round_robin_skips_a_not_serving_server_and_comes_back():
-    async with Stub("a") as a, Stub("b") as b:
+async def test_round_robin_skips_a_not_serving_server_and_comes_back(stub):
+    async with stub("a") as a, stub("b") as b:
         await b.health.set("", NOT_SERVING)
         async with AsyncClient([a.target, b.target]) as client:
             assert {await answered_by(client) for _ in range(20)} == {"a"}
@@ -151,10 +116,10 @@ async def test_round_robin_skips_a_not_serving_server_and_comes_back():
             assert {await answered_by(client) for _ in range(20)} == {"b"}
 
 
-async def test_health_checking_needs_no_import_in_the_client():
+async def test_health_checking_needs_no_import_in_the_client(stub):
     """The health watch is gRPC core's: a client process that never loads grpc_health.v1
     still avoids a NOT_SERVING server."""
-    async with Stub("a") as a, Stub("b") as b:
+    async with stub("a") as a, stub("b") as b:
         await b.health.set("", NOT_SERVING)
         script = textwrap.dedent(
             f"""
@@ -178,10 +143,10 @@ async def test_health_checking_needs_no_import_in_the_client():
         assert b.calls == 0
 
 
-async def test_a_server_gone_mid_run_costs_no_call():
+async def test_a_server_gone_mid_run_costs_no_call(stub):
     """Calls to two servers, one stopped between them: with retries every call is answered."""
-    async with Stub("a") as a:
-        b = Stub("b")
+    async with stub("a") as a:
+        b = stub("b")
         await b.__aenter__()
         async with AsyncClient([a.target, b.target]) as client:
             for _ in range(10):

@@ -1,8 +1,10 @@
-"""Acceptance (issue 7): three replicas on loopback behind round_robin, one SIGKILLed mid-step and
-restarted during a short ramp; with retries no request is lost, and the report shows the dip
-(replicas up 3 → 2 → 3, P99 during the fault) and the time to recover below the SLO.
+"""Acceptance (issue 7): three replicas on loopback, one SIGKILLed mid-step and restarted during
+a short ramp; with retries no request is lost, and the report shows the dip (replicas up
+3 → 2 → 3, P99 during the fault) and the time to recover below the SLO. Then a replica paused
+(SIGSTOP) behind gRPC's round_robin, whose calls wait for it, and behind wok's balancer, whose
+hedges answer them elsewhere while the paused replica is ejected.
 
-Runs `wok bench ramp --replicas 3 --fault kill:...` as a user would, in about 25 s.
+Runs `wok bench ramp --replicas N --fault ...` as a user would, about 25 s each.
 """
 
 from __future__ import annotations
@@ -66,18 +68,27 @@ def test_a_replica_killed_mid_step_loses_no_request(tmp_path):
     assert "faults (SLO P99 1000 ms)" in proc.stdout and "timeline" in proc.stdout
 
 
-def test_a_paused_replica_holds_its_calls_until_resumed(tmp_path):
-    """SIGSTOP for 2 s, shorter than keepalive's 10 + 5 s: the calls round robin sent to the paused
-    replica wait for SIGCONT and are answered then; nothing is lost, and P99 during the pause
-    shows the wait."""
+def paused_ramp(tmp_path, balancer: str, resume: str) -> dict:
+    """Two replicas at 50 QPS for 7 s (+1 s warm-up), replica 1 paused from 2 s to `resume`."""
     out = tmp_path / "ramp.json"
-    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "2"]
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "2", "--balancer", balancer]
     cmd += ["--serve-args", "--models mlp --torch-threads 1", "--steps", "50", "--step-duration", "7s"]
     cmd += ["--warmup", "1s", "--workers", "1", "--slo-p99", "1s", "--json", str(out)]
-    cmd += ["--fault", "pause:replica=1,at=2s,resume=4s"]
+    cmd += ["--fault", f"pause:replica=1,at=2s,resume={resume}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    faults = json.loads(out.read_text())["faults"]
+    result = json.loads(out.read_text())
+    assert result["config"]["balancer"] == result["faults"]["balancer"] == balancer
+    return result
+
+
+def test_a_paused_replica_holds_its_calls_until_resumed(tmp_path):
+    """gRPC's round_robin. SIGSTOP for 2 s, shorter than keepalive's 10 + 5 s: the calls round robin
+    sent to the paused replica wait for SIGCONT and are answered then; nothing is lost, and P99
+    during the pause shows the wait."""
+    result = paused_ramp(tmp_path, "grpc", resume="4s")
+    assert result["balancer"] is None
+    faults = result["faults"]
     assert [(e["action"], e["replica"]) for e in faults["events"]] == [("pause", 1), ("resume", 1)]
     (pause,) = faults["faults"]
     assert faults["requests"]["lost"] == 0 and faults["requests"]["ok"] == faults["requests"]["sent"]
@@ -87,3 +98,19 @@ def test_a_paused_replica_holds_its_calls_until_resumed(tmp_path):
     assert pause["p99_during_ms"] > 1000 and pause["p99_before_ms"] < 1000
     up = faults["timeline"]["replicas_up"]
     assert [u for i, u in enumerate(up) if i == 0 or u != up[i - 1]] == [2, 1, 2]
+
+
+def test_the_wok_balancer_answers_a_paused_replicas_calls_elsewhere(tmp_path):
+    """wok's balancer. SIGSTOP for 4 s: the calls that reach the paused replica are hedged to the
+    other one after hedge_after (auto: at most ~100 ms here), the paused replica is ejected after 5
+    such calls, nothing is lost, and P99 during the pause stays far below the pause."""
+    result = paused_ramp(tmp_path, "wok", resume="6s")
+    faults, bal = result["faults"], result["balancer"]
+    (pause,) = faults["faults"]
+    assert faults["requests"]["lost"] == 0 and faults["requests"]["ok"] == faults["requests"]["sent"]
+    assert 3.9 < pause["end_s"] - pause["start_s"] < 5.0
+    assert pause["p99_during_ms"] < 1000 and pause["lost_during"] == 0
+    paused = bal["replicas"][1]
+    assert paused["address"] == faults["replicas"][1]["target"]
+    assert paused["slow"] >= 5 and paused["ejections"] >= 1 and bal["hedges"] >= 5
+    assert bal["replicas"][0]["ejections"] == 0 and bal["ok"] == bal["calls"] == faults["requests"]["sent"]

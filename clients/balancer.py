@@ -1,0 +1,668 @@
+"""wok's client-side balancer (asyncio, grpc.aio): a channel per replica, power of two choices,
+hedging, retries on another replica, a retry budget and outlier detection.
+
+gRPC's own `round_robin` (wok.clients.channel) keeps sending a replica that hangs (SIGSTOP, a
+dead node whose connections stay open) its share of the calls until keepalive gives up on the
+connection 10-15 s later; it also keeps sending calls to a replica that is slow or answers
+INTERNAL, because its health service still says SERVING. gRPC core's client has no hedging
+and no outlier detection outside xDS. This module does both, above gRPC:
+
+Replicas. `target` is "host:port", several of them ("a:p,b:p" or a list), or "dns:///name:port".
+Every address a name resolves to (`loop.getaddrinfo`; IPv4 preferred when a name has both)
+is one replica with a grpc.aio channel of its own, with wok's keepalive options and health
+checking (`channel_options(retries=False)`): the channel reports TRANSIENT_FAILURE while its
+server is NOT_SERVING or gone, READY when it serves; a watcher task per replica follows
+`get_state()` / `wait_for_state_change`. gRPC's retries are off on these channels: the
+balancer retries, to a different replica. Names are resolved again every
+`resolve_every_s`, so a Kubernetes headless Service's pods come and go: a new address gets a
+channel, a vanished one gets no new calls and is closed once its calls are done.
+
+Picking (`pick`): power of two choices on outstanding attempts: two random replicas among
+the READY, non-ejected ones (if none is READY: among those connecting, then those failing),
+the one with fewer calls in flight wins. A slow or hung replica's calls pile up, so it
+stops winning: this alone steers most load away from it.
+
+Hedging (Dean & Barroso, "The Tail at Scale", 2013): an attempt without an answer after
+`hedge_after` gets one more attempt on a different replica; the first OK answer wins and the
+others are cancelled; `max_attempts` attempts in all, each bounded by the caller's deadline.
+`hedge_after="auto"` (the default) is the 95th percentile of the last 512 OK attempts'
+latencies, recomputed every 64 answers, never below `hedge_floor_s` (20 ms), and
+`hedge_initial_s` (100 ms) until 64 answers have come: deferring the hedge to the P95 costs
+about 5% more attempts on a healthy fleet (the paper's figure), and the floor keeps a fleet
+that answers in a millisecond from hedging on scheduler jitter. A number is a fixed delay;
+None turns hedging off. Inference is idempotent, so two answers do no harm.
+
+Retries: UNAVAILABLE (connection refused or reset, server draining) is sent again at once to
+another replica; only when every replica has been tried does an attempt go back to one
+already tried, after a random backoff of up to 50 ms × 2ⁿ (at most 1 s). Nothing else is
+retried or hedged once it comes back: INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED (the
+fleet is full: more attempts would feed the overload), DEADLINE_EXCEEDED, INTERNAL (the model
+failed; it is the call's answer) and the rest are the call's answer.
+
+Budget (like gRPC's retryThrottling): `budget_tokens` (100) tokens; every retry or hedge
+takes one, every OK call gives `budget_ratio` (0.1) back; no retry or hedge while half the
+bucket or less is left. So extra attempts are at most about one per ten OK calls, and a
+dead fleet costs 50 extra attempts, not `max_attempts` × every call.
+
+Outlier detection (like Envoy's): a replica with `consecutive_failures` (5) failures in a row
+(UNAVAILABLE, INTERNAL, UNKNOWN) or as many attempts in a row that reached `hedge_after`
+without an answer is ejected: it gets no calls for `base_ejection_s` (2 s) × the times it was
+ejected (at most `max_ejection_s`, 30 s); the count is forgotten once it has answered OK as
+many times in a row again. Never more than `max_ejected_fraction` (half) of the replicas are
+ejected at once, and never the last one, so a fault of the whole fleet ejects nobody more.
+A transient stall costs a replica 2 s out of the rotation; a lasting fault costs 5 delayed
+(hedged) calls each time it comes back, at growing intervals.
+
+Counters (`stats()`): calls, attempts, hedges, retries, refusals by the budget, and per
+replica attempts, OK answers, failures, slow attempts, ejections, its state.
+
+One owned object: `await start()` / `await stop()` (or `async with`), made and used in one
+running loop. `stop()` cancels the attempts in flight (their callers get CANCELLED), the
+watchers and the resolver, and closes the channels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import math
+import random
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from .channel import channel_options, open_channel
+
+CODE = grpc.StatusCode
+STATE = grpc.ChannelConnectivity
+FAILURES = frozenset({CODE.UNAVAILABLE, CODE.INTERNAL, CODE.UNKNOWN})  # count towards ejection
+RETRYABLE = frozenset({CODE.UNAVAILABLE})
+LATENCY_WINDOW = 512  # OK attempts kept for the auto hedge delay
+LATENCY_EVERY = 64  # recompute the quantile every this many OK attempts
+SCHEMA = "wok.balancer/1"
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+@dataclass(frozen=True)
+class BalancerSettings:
+    """The balancer's knobs; the module's doc says what each does and why its default."""
+
+    max_attempts: int = 3
+    hedge_after: float | str | None = "auto"  # seconds, "auto" or None (no hedging)
+    hedge_quantile: float = 0.95
+    hedge_floor_s: float = 0.02
+    hedge_initial_s: float = 0.1
+    budget_tokens: float = 100.0
+    budget_ratio: float = 0.1
+    consecutive_failures: int = 5  # 0: no outlier detection
+    base_ejection_s: float = 2.0
+    max_ejection_s: float = 30.0
+    max_ejected_fraction: float = 0.5
+    backoff_s: float = 0.05
+    max_backoff_s: float = 1.0
+    resolve_every_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1; got {self.max_attempts}")
+        h = self.hedge_after
+        if not (h is None or h == "auto" or (isinstance(h, (int, float)) and h > 0)):
+            raise ValueError(f"hedge_after must be a duration > 0 in seconds, 'auto' or None; got {h!r}")
+        if not 0 < self.hedge_quantile < 1:
+            raise ValueError(f"hedge_quantile must be in (0, 1); got {self.hedge_quantile}")
+        if not 0 <= self.max_ejected_fraction <= 1:
+            raise ValueError(f"max_ejected_fraction must be in [0, 1]; got {self.max_ejected_fraction}")
+        if self.consecutive_failures < 0 or self.base_ejection_s <= 0 or self.resolve_every_s <= 0:
+            raise ValueError("consecutive_failures must be >= 0, base_ejection_s and resolve_every_s > 0")
+
+
+def split_targets(target: str | Sequence[str]) -> list[tuple[str, int]]:
+    """[(host, port)] of "host:port", "a:p,b:p", "dns:///name:port" or a list of them."""
+    items = [t.strip() for t in target.split(",")] if isinstance(target, str) else [str(t).strip() for t in target]
+    out = []
+    for item in items:
+        text = item
+        if text.startswith("dns:"):
+            text = text[4:].lstrip("/")
+            if "/" in text:  # dns://authority/name:port: the authority is a DNS server; we use the system's
+                text = text.split("/", 1)[1]
+        elif text.startswith(("ipv4:", "ipv6:")):
+            text = text[5:]
+        host, sep, port = text.rpartition(":")
+        if not sep or not port.isdigit() or not host:
+            raise ValueError(f"target {item!r}: the wok balancer needs host:port, [ipv6]:port or dns:///name:port")
+        out.append((host[1:-1] if host.startswith("[") and host.endswith("]") else host, int(port)))
+    if not out:
+        raise ValueError("no target given")
+    return out
+
+
+def _literal(host: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return None
+
+
+def _address(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """The addresses of `host` as "ip:port" (IPv4 when it has any, else IPv6), by `loop.getaddrinfo`."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    v4 = [i[4][0] for i in infos if i[0] == socket.AF_INET]
+    v6 = [i[4][0] for i in infos if i[0] == socket.AF_INET6]
+    return [_address(ip, port) for ip in dict.fromkeys(v4 or v6)]
+
+
+@dataclass(eq=False)
+class Replica:
+    """One server address, its channel and what the balancer knows about it."""
+
+    address: str  # "ip:port"
+    name: str  # the target it came from
+    channel: Any = None
+    state: grpc.ChannelConnectivity = STATE.IDLE
+    outstanding: int = 0
+    ejected: bool = False
+    removed: bool = False
+    times_ejected: int = 0
+    consecutive_failures: int = 0
+    consecutive_slow: int = 0
+    consecutive_ok: int = 0
+    attempts: int = 0
+    ok: int = 0
+    failures: int = 0
+    slow: int = 0
+    hedges: int = 0
+    retries: int = 0
+    ejections: int = 0
+    methods: dict = field(default_factory=dict)
+    watcher: asyncio.Task | None = None
+    readmit: asyncio.TimerHandle | None = None
+
+    def stats(self) -> dict:
+        return {
+            "address": self.address,
+            "target": self.name,
+            "state": self.state.name,
+            "ejected": self.ejected,
+            "attempts": self.attempts,
+            "ok": self.ok,
+            "failures": self.failures,
+            "slow": self.slow,
+            "hedges": self.hedges,
+            "retries": self.retries,
+            "ejections": self.ejections,
+        }
+
+
+class _Attempt:
+    __slots__ = ("late", "replica", "started", "task")
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.started: float | None = None  # when the call went out (after any backoff)
+        self.late = False  # reached hedge_after without an answer
+        self.task: asyncio.Task | None = None
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """An error made here (no replica, the balancer stopped), of the type grpc.aio raises."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+class Balancer:
+    """Balances unary calls over replicas with hedging, retries and outlier detection (see the module)."""
+
+    def __init__(
+        self,
+        target: str | Sequence[str],
+        *,
+        options: Sequence[tuple[str, Any]] | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        settings: BalancerSettings | None = None,
+        resolver: Resolver | None = None,
+    ) -> None:
+        self.targets = split_targets(target)
+        self.settings = settings or BalancerSettings()
+        self._options = channel_options(options, retries=False)
+        self._credentials = credentials
+        self._resolve = resolver or system_resolver
+        self.replicas: dict[str, Replica] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._resolver_task: asyncio.Task | None = None
+        self._changed: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = self._stopped = False
+        self.tokens = self.settings.budget_tokens
+        self._latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
+        self._since_quantile = 0
+        self._auto_hedge_s = self.settings.hedge_initial_s
+        self.calls = self.ok_calls = self.attempts = self.hedges = self.retries = 0
+        self.budget_refusals = self.ejections_refused = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> Balancer:
+        """Resolve the targets and open a channel per address; ValueError if none resolves."""
+        if self._started:
+            raise RuntimeError("this Balancer was started already")
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        self._started = True
+        try:
+            addresses = await self._resolve_all(strict=True)
+            if not addresses:
+                raise ValueError(f"targets {self.targets}: no address to balance over")
+            self._update(addresses)
+            if any(_literal(h) is None for h, _ in self.targets):
+                self._resolver_task = self._loop.create_task(self._re_resolve())
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def stop(self) -> None:
+        """Cancel the attempts in flight, the watchers and the resolver; close every channel."""
+        if self._stopped:
+            return
+        self._stopped = True
+        tasks = [t for t in (self._resolver_task,) if t is not None] + list(self._tasks)
+        tasks += [r.watcher for r in self.replicas.values() if r.watcher is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for r in self.replicas.values():
+            if r.readmit is not None:
+                r.readmit.cancel()
+            if r.channel is not None:
+                await r.channel.close()
+        self._notify()
+
+    async def __aenter__(self) -> Balancer:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.stop()
+
+    # -- replicas -----------------------------------------------------------------------------
+    async def _resolve_all(self, strict: bool) -> dict[str, str] | None:
+        """{address: target name}; None when a name did not resolve and not `strict` (keep the old set)."""
+        out: dict[str, str] = {}
+        for host, port in self.targets:
+            ip = _literal(host)
+            if ip is not None:
+                out.setdefault(_address(ip, port), f"{host}:{port}")
+                continue
+            try:
+                found = await self._resolve(host, port)
+            except (OSError, socket.gaierror) as exc:
+                if strict:
+                    raise ValueError(f"target {host}:{port}: cannot resolve {host!r}: {exc}") from None
+                return None
+            for a in found:
+                out.setdefault(a, f"{host}:{port}")
+        return out
+
+    def _update(self, addresses: dict[str, str]) -> None:
+        for address, name in addresses.items():
+            r = self.replicas.get(address)
+            if r is not None and not r.removed:
+                continue
+            if r is not None:  # came back before its channel was closed
+                r.removed = False
+                continue
+            r = Replica(address, name)
+            options = list(self._options)
+            host = name.rpartition(":")[0]
+            if _literal(host) is None:  # TLS checks the name, not the address
+                options.append(("grpc.default_authority", name))
+            target = ("ipv6:" if address.startswith("[") else "ipv4:") + address
+            r.channel = open_channel(grpc.aio, target, self._credentials, options)
+            r.watcher = self._loop.create_task(self._watch(r))
+            self.replicas[address] = r
+        for address, r in list(self.replicas.items()):
+            if address not in addresses and not r.removed:
+                r.removed = True
+                self._close_if_idle(r)
+        self._notify()
+
+    def _close_if_idle(self, r: Replica) -> None:
+        if r.removed and r.outstanding == 0 and self.replicas.get(r.address) is r:
+            del self.replicas[r.address]
+            if r.watcher is not None:
+                r.watcher.cancel()
+            if r.readmit is not None:
+                r.readmit.cancel()
+            self._spawn(r.channel.close())
+
+    def _spawn(self, coro) -> None:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _re_resolve(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.resolve_every_s)
+            addresses = await self._resolve_all(strict=False)
+            if addresses:  # a failed or empty lookup keeps the replicas we have
+                self._update(addresses)
+
+    async def _watch(self, r: Replica) -> None:
+        state = r.channel.get_state(try_to_connect=True)
+        while True:
+            r.state = state
+            self._notify()
+            await r.channel.wait_for_state_change(state)
+            state = r.channel.get_state(try_to_connect=True)
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def changed(self) -> None:
+        """Return at the next change: a replica's state, an ejection, the set of replicas, a hedge or
+        retry sent or refused by the budget (for tests and waiters)."""
+        await self._changed.wait()
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> None:
+        """Wait until `predicate()` holds, re-checked at each change; TimeoutError if not in time."""
+
+        async def loop() -> None:
+            while not predicate():
+                await self.changed()
+
+        try:
+            await asyncio.wait_for(loop(), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"not within {timeout} s") from None
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until at least one replica is READY."""
+        await self.wait_for(lambda: any(r.state is STATE.READY for r in self.replicas.values()), timeout)
+
+    def replica(self, address: str) -> Replica:
+        return self.replicas[address]
+
+    # -- picking ------------------------------------------------------------------------------
+    def pick(self, exclude: Sequence[Replica] = ()) -> Replica | None:
+        """Power of two choices on outstanding attempts among the best-connected usable replicas."""
+        tiers: tuple[list[Replica], list[Replica], list[Replica]] = ([], [], [])
+        for r in self.replicas.values():
+            if r.ejected or r.removed or r in exclude:
+                continue
+            if r.state is STATE.READY:
+                tiers[0].append(r)
+            elif r.state is STATE.TRANSIENT_FAILURE:
+                tiers[2].append(r)
+            elif r.state is not STATE.SHUTDOWN:
+                tiers[1].append(r)
+        for c in tiers:
+            if len(c) == 1:
+                return c[0]
+            if c:
+                a, b = random.sample(c, 2)
+                return b if b.outstanding < a.outstanding else a
+        return None
+
+    # -- outlier detection --------------------------------------------------------------------
+    def _eject(self, r: Replica) -> None:
+        if r.ejected or r.removed:
+            return
+        live = [x for x in self.replicas.values() if not x.removed]
+        cap = (
+            0
+            if len(live) < 2
+            else min(len(live) - 1, max(1, math.floor(self.settings.max_ejected_fraction * len(live))))
+        )
+        if sum(x.ejected for x in live) >= cap:
+            self.ejections_refused += 1
+            return
+        r.ejected = True
+        r.times_ejected += 1
+        r.ejections += 1
+        r.consecutive_failures = r.consecutive_slow = r.consecutive_ok = 0
+        duration = min(self.settings.max_ejection_s, self.settings.base_ejection_s * r.times_ejected)
+        r.readmit = self._loop.call_later(duration, self._readmit, r)
+        self._notify()
+
+    def _readmit(self, r: Replica) -> None:
+        r.ejected = False
+        r.readmit = None
+        self._notify()
+
+    def _answered(self, a: _Attempt, code: grpc.StatusCode, latency_s: float | None) -> None:
+        """Record an attempt's answer for outlier detection and the hedge delay."""
+        r, k = a.replica, self.settings.consecutive_failures
+        if not a.late:
+            r.consecutive_slow = 0
+        if code in FAILURES:
+            r.failures += 1
+            r.consecutive_failures += 1
+            r.consecutive_ok = 0
+            if k and r.consecutive_failures >= k:
+                self._eject(r)
+        elif code is CODE.OK:
+            r.ok += 1
+            r.consecutive_failures = 0
+            r.consecutive_ok += 1
+            if r.times_ejected and r.consecutive_ok >= max(1, k):
+                r.times_ejected = 0
+            if latency_s is not None:
+                self._latencies.append(latency_s)
+                self._since_quantile += 1
+                if self._since_quantile >= LATENCY_EVERY:
+                    self._since_quantile = 0
+                    ordered = sorted(self._latencies)
+                    q = ordered[min(len(ordered) - 1, math.ceil(self.settings.hedge_quantile * len(ordered)) - 1)]
+                    self._auto_hedge_s = max(self.settings.hedge_floor_s, q)
+        elif code is not CODE.DEADLINE_EXCEEDED and code is not CODE.CANCELLED:
+            r.consecutive_failures = 0  # an answer: the replica works
+
+    def _late(self, a: _Attempt) -> None:
+        a.late = True
+        r = a.replica
+        r.slow += 1
+        r.consecutive_slow += 1
+        k = self.settings.consecutive_failures
+        if k and r.consecutive_slow >= k:
+            self._eject(r)
+
+    @property
+    def hedge_after_s(self) -> float | None:
+        """The current hedge delay in seconds (None: no hedging)."""
+        h = self.settings.hedge_after
+        if h is None:
+            return None
+        return self._auto_hedge_s if h == "auto" else float(h)
+
+    # -- budget -------------------------------------------------------------------------------
+    def _spend(self) -> bool:
+        if self.tokens > self.settings.budget_tokens / 2:
+            self.tokens -= 1
+            return True
+        self.budget_refusals += 1
+        self._notify()
+        return False
+
+    # -- calls --------------------------------------------------------------------------------
+    def unary_unary(self, method: str, request_serializer=None, response_deserializer=None) -> _Method:
+        """A callable like grpc.aio's multicallable: `await m(request, timeout=..., metadata=...)`."""
+        return _Method(self, method, request_serializer, response_deserializer)
+
+    async def _attempt(self, a: _Attempt, key, request, deadline: float | None, metadata, delay: float):
+        if delay:
+            await asyncio.sleep(delay)
+        loop = self._loop
+        r = a.replica
+        timeout = None if deadline is None else deadline - loop.time()
+        if timeout is not None and timeout <= 0:
+            return CODE.DEADLINE_EXCEEDED, None, rpc_error(CODE.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        mc = r.methods.get(key)
+        if mc is None:
+            mc = r.methods[key] = r.channel.unary_unary(key[0], request_serializer=key[1], response_deserializer=key[2])
+        r.outstanding += 1
+        r.attempts += 1
+        self.attempts += 1
+        a.started = loop.time()
+        try:
+            return CODE.OK, await mc(request, timeout=timeout, metadata=metadata), None
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), None, exc
+        finally:
+            r.outstanding -= 1
+            if r.removed:
+                self._close_if_idle(r)
+
+    def _launch(self, pending: dict, a: _Attempt, key, request, deadline, metadata, delay: float = 0.0) -> None:
+        a.task = self._loop.create_task(self._attempt(a, key, request, deadline, metadata, delay))
+        self._tasks.add(a.task)
+        a.task.add_done_callback(self._tasks.discard)
+        pending[a.task] = a
+
+    async def call(self, key, request, timeout: float | None, metadata):
+        """One call: attempts, hedges and retries as the module says; raises grpc.aio.AioRpcError."""
+        if not self._started or self._stopped:
+            raise RuntimeError("the Balancer is not running: use `async with Balancer(...)` or start()")
+        loop, s = self._loop, self.settings
+        self.calls += 1
+        deadline = None if timeout is None else loop.time() + timeout
+        first = self.pick()
+        if first is None:
+            raise rpc_error(CODE.UNAVAILABLE, f"no replica to send to among {len(self.replicas)}")
+        pending: dict[asyncio.Task, _Attempt] = {}
+        tried = [first]
+        sent = 1
+        backoffs = 0
+        last_error: grpc.aio.AioRpcError | None = None
+        self._launch(pending, _Attempt(first), key, request, deadline, metadata)
+        last_launch = loop.time()
+        try:
+            while pending:
+                hedge_s = self.hedge_after_s
+                wake = math.inf
+                if hedge_s is not None:
+                    if sent < s.max_attempts:
+                        wake = last_launch + hedge_s
+                    for a in pending.values():
+                        if a.started is not None and not a.late:
+                            wake = min(wake, a.started + hedge_s)
+                wait = None if wake == math.inf else max(0.0, wake - loop.time())
+                done, _ = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                now = loop.time()
+                retry = 0
+                for task in done:
+                    a = pending.pop(task)
+                    if task.cancelled():  # stop() cancelled it
+                        raise rpc_error(CODE.CANCELLED, "the balancer was stopped")
+                    code, response, error = task.result()
+                    started = a.started
+                    self._answered(a, code, None if started is None else now - started)
+                    if code is CODE.OK:
+                        self.ok_calls += 1
+                        self.tokens = min(s.budget_tokens, self.tokens + s.budget_ratio)
+                        return response
+                    if code not in RETRYABLE:
+                        raise error
+                    last_error = error
+                    retry += 1
+                if hedge_s is not None:
+                    for a in pending.values():
+                        if a.started is not None and not a.late and now >= a.started + hedge_s:
+                            self._late(a)
+                extra = []
+                while retry and sent < s.max_attempts:
+                    extra.append("retry")
+                    retry -= 1
+                if not extra and hedge_s is not None and sent < s.max_attempts and now >= last_launch + hedge_s:
+                    extra.append("hedge")
+                for kind in extra:
+                    busy = [a.replica for a in pending.values()]
+                    r = self.pick(exclude=tried) or self.pick(exclude=busy)
+                    if r is None or not self._spend():
+                        if kind == "hedge":
+                            last_launch = now  # try again one hedge delay later
+                        continue
+                    delay = 0.0
+                    if r in tried and kind == "retry":
+                        delay = random.uniform(0, min(s.max_backoff_s, s.backoff_s * 2**backoffs))
+                        backoffs += 1
+                    tried.append(r)
+                    sent += 1
+                    if kind == "hedge":
+                        self.hedges += 1
+                        r.hedges += 1
+                    else:
+                        self.retries += 1
+                        r.retries += 1
+                    self._launch(pending, _Attempt(r), key, request, deadline, metadata, delay)
+                    last_launch = now
+                    self._notify()
+            raise last_error or rpc_error(CODE.UNAVAILABLE, "no attempt could be made")
+        finally:
+            for task in pending:
+                task.cancel()
+
+    def pick_channel(self) -> grpc.aio.Channel:
+        """A replica's channel (power of two choices), for calls the balancer does not carry (streams)."""
+        r = self.pick()
+        if r is None:
+            raise rpc_error(CODE.UNAVAILABLE, f"no replica to send to among {len(self.replicas)}")
+        return r.channel
+
+    # -- counters -----------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters since start (schema wok.balancer/1; docs/reliability.md)."""
+        return {
+            "schema": SCHEMA,
+            "calls": self.calls,
+            "ok": self.ok_calls,
+            "attempts": self.attempts,
+            "hedges": self.hedges,
+            "retries": self.retries,
+            "budget_refusals": self.budget_refusals,
+            "ejections": sum(r.ejections for r in self.replicas.values()),
+            "ejections_refused": self.ejections_refused,
+            "hedge_after_ms": None if self.hedge_after_s is None else round(1e3 * self.hedge_after_s, 3),
+            "replicas": [r.stats() for r in self.replicas.values()],
+        }
+
+
+def merge_stats(parts: Sequence[dict | None]) -> dict | None:
+    """Counters of several balancers (the bench's workers) added up; per replica by address."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    keys = ("calls", "ok", "attempts", "hedges", "retries", "budget_refusals", "ejections", "ejections_refused")
+    out: dict = {"schema": SCHEMA, **{k: sum(p[k] for p in parts) for k in keys}}
+    hedge = [p["hedge_after_ms"] for p in parts if p["hedge_after_ms"] is not None]
+    out["hedge_after_ms"] = hedge if hedge else None  # each worker's own, at its end
+    replicas: dict[str, dict] = {}
+    for p in parts:
+        for r in p["replicas"]:
+            m = replicas.setdefault(r["address"], {"address": r["address"], "target": r["target"]})
+            for k in ("attempts", "ok", "failures", "slow", "hedges", "retries", "ejections"):
+                m[k] = m.get(k, 0) + r[k]
+    out["replicas"] = list(replicas.values())
+    return out
+
+
+class _Method:
+    """A method of the balancer, called like a grpc.aio multicallable."""
+
+    __slots__ = ("balancer", "key")
+
+    def __init__(self, balancer: Balancer, method: str, request_serializer, response_deserializer) -> None:
+        self.balancer = balancer
+        self.key = (method, request_serializer, response_deserializer)
+
+    def __call__(self, request, *, timeout: float | None = None, metadata=None):
+        return self.balancer.call(self.key, request, timeout, metadata)

@@ -1,0 +1,299 @@
+"""wok's balancer (wok.clients.balancer) against real gRPC servers on loopback.
+
+Most tests use conftest.py's `Stub` servers (fail with a code, or hold every call with the
+connection open, as a hung server does), so a test knows how many attempts reached which
+server; one pauses a real `wok serve` with SIGSTOP. Tests wait on the servers' and the
+balancer's own change notifications, not on sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2
+
+from wok.clients import AsyncClient, InferError
+from wok.clients.balancer import Balancer, BalancerSettings, merge_stats, split_targets
+from wok.v2pb import grpc_service_pb2 as pb
+
+pytestmark = pytest.mark.timeout(90)
+CODE = grpc.StatusCode
+STATE = grpc.ChannelConnectivity
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+METHOD = "/inference.GRPCInferenceService/ModelInfer"
+REQUEST = pb.ModelInferRequest(model_name="m").SerializeToString()
+NO_EJECTION = {"consecutive_failures": 0}
+
+
+def settings(**kw) -> BalancerSettings:
+    kw.setdefault("hedge_after", None)
+    return BalancerSettings(**kw)
+
+
+async def name_of(call, timeout: float = 10) -> str:
+    """Which server answered (its name comes back as the response's model name)."""
+    return pb.ModelInferResponse.FromString(await call(REQUEST, timeout=timeout)).model_name
+
+
+async def code_of(call, timeout: float = 10) -> grpc.StatusCode:
+    try:
+        await call(REQUEST, timeout=timeout)
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+    return CODE.OK
+
+
+def test_targets_and_settings():
+    assert split_targets("10.0.0.1:1, b.example:2") == [("10.0.0.1", 1), ("b.example", 2)]
+    assert split_targets(["[::1]:3", "dns:///wok.svc:8001"]) == [("::1", 3), ("wok.svc", 8001)]
+    assert split_targets("ipv4:10.0.0.1:1,10.0.0.2:2") == [("10.0.0.1", 1), ("10.0.0.2", 2)]
+    for bad in ("nohost", "a:b", "unix:/tmp/x"):
+        with pytest.raises(ValueError):
+            split_targets(bad)
+    with pytest.raises(ValueError, match="hedge_after"):
+        BalancerSettings(hedge_after=0)
+    with pytest.raises(ValueError, match="max_attempts"):
+        BalancerSettings(max_attempts=0)
+
+
+async def test_a_name_resolves_to_its_replicas_and_is_resolved_again(stub):
+    async with stub("a") as a, stub("b") as b:
+        # The system's resolver: localhost is one replica (IPv4 preferred), its channel READY.
+        async with Balancer(f"localhost:{a.port}") as bal:
+            assert list(bal.replicas) == [f"127.0.0.1:{a.port}"]
+            assert await name_of(bal.unary_unary(METHOD)) == "a"
+
+        # A headless Service's pods come and go: the name's addresses change between lookups.
+        answers = [[a.target], [a.target, b.target], [b.target]]
+        asked = []
+
+        async def resolver(host: str, port: int) -> list[str]:
+            asked.append((host, port))
+            return answers[min(len(asked), len(answers)) - 1]
+
+        bal = Balancer("dns:///wok-headless:8001", settings=settings(resolve_every_s=0.05), resolver=resolver)
+        async with bal:
+            assert asked[0] == ("wok-headless", 8001) and list(bal.replicas) == [a.target]
+            await bal.wait_for(lambda: b.target in bal.replicas, 10)
+            await bal.wait_for(lambda: list(bal.replicas) == [b.target], 10)  # a's gone and closed
+            call = bal.unary_unary(METHOD)
+            assert {await name_of(call) for _ in range(5)} == {"b"}
+
+
+async def test_a_not_serving_replica_gets_no_calls_and_comes_back(stub):
+    async with stub("a") as a, stub("b") as b, Balancer([a.target, b.target], settings=settings()) as bal:
+        call = bal.unary_unary(METHOD)
+        await b.health.set("", NOT_SERVING)
+        # The per-replica channel's health check reports NOT_SERVING as TRANSIENT_FAILURE.
+        await bal.wait_for(lambda: bal.replica(b.target).state is STATE.TRANSIENT_FAILURE, 10)
+        assert {await name_of(call) for _ in range(20)} == {"a"} and b.calls == 0
+        await b.health.set("", SERVING)
+        await bal.wait_for(lambda: bal.replica(b.target).state is STATE.READY, 10)
+        seen = {await name_of(call) for _ in range(50)}
+        assert seen == {"a", "b"}
+
+
+async def test_unavailable_is_retried_at_once_on_another_replica(stub):
+    async with stub("a", fail_first=1 << 30) as a, stub("b") as b:
+        async with Balancer([a.target, b.target], settings=settings(**NO_EJECTION)) as bal:
+            call = bal.unary_unary(METHOD)
+            assert [await name_of(call) for _ in range(30)] == ["b"] * 30
+            # Every call that went to a first was sent to b once, with no backoff in between.
+            assert a.calls > 0 and bal.retries == a.calls and b.calls == 30
+            assert bal.attempts == 30 + a.calls and bal.hedges == 0
+
+
+async def test_back_to_the_same_replica_only_after_a_backoff(stub):
+    async with stub("a", fail_first=2) as a, Balancer(a.target, settings=settings(**NO_EJECTION)) as bal:
+        assert await name_of(bal.unary_unary(METHOD)) == "a"
+        assert a.calls == 3 and bal.retries == 2
+
+
+@pytest.mark.parametrize(
+    "code", [CODE.INVALID_ARGUMENT, CODE.NOT_FOUND, CODE.RESOURCE_EXHAUSTED, CODE.DEADLINE_EXCEEDED, CODE.INTERNAL]
+)
+async def test_answers_that_are_never_retried_or_hedged(stub, code):
+    async with stub("a", fail_first=1, code=code) as a, stub("b", fail_first=1, code=code) as b:
+        async with Balancer([a.target, b.target], settings=settings(hedge_after=0.05)) as bal:
+            assert await code_of(bal.unary_unary(METHOD)) == code
+            assert a.calls + b.calls == 1 and bal.attempts == 1 and bal.hedges == bal.retries == 0
+
+
+async def test_the_budget_stops_retries_of_a_dead_fleet(stub):
+    # Hand count: 100 tokens; each retry takes one and needs more than 50 left. Calls 1-25 make
+    # 3 attempts each (100 -> 50), every later call one: 100 calls, 25 * 3 + 75 = 150 attempts.
+    async with stub("a", fail_first=1 << 30) as a:
+        s = settings(backoff_s=0.001, **NO_EJECTION)
+        async with Balancer(a.target, settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            for _ in range(100):
+                assert await code_of(call) == CODE.UNAVAILABLE
+            assert a.calls == 150 and bal.retries == 50 and bal.budget_refusals == 75 and bal.tokens == 50
+
+
+async def test_a_hedge_answers_for_a_replica_that_holds_its_calls(stub):
+    async with stub("a", hold=True) as a, stub("b") as b:
+        s = settings(hedge_after=0.05, **NO_EJECTION)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            names = [await name_of(call) for _ in range(20)]
+            assert names == ["b"] * 20  # every call, the ones sent to a first too
+            assert a.calls > 0 and bal.hedges == a.calls and bal.calls == 20
+            # The first OK answer won; a's attempts were cancelled, on the server too.
+            await a.wait_until(lambda: a.cancelled == a.calls)
+            assert bal.replica(a.target).outstanding == 0
+
+
+async def test_the_budget_stops_hedges(stub):
+    # 4 tokens: hedges need more than 2 left, so two of the six held calls get a hedge.
+    async with stub("a", hold=True) as a, stub("b", hold=True) as b:
+        s = settings(hedge_after=0.02, max_attempts=2, budget_tokens=4, **NO_EJECTION)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            calls = [asyncio.ensure_future(name_of(call)) for _ in range(6)]
+            await bal.wait_for(lambda: bal.budget_refusals >= 8, 10)  # the others asked, more than once
+            assert bal.hedges == 2 and a.calls + b.calls == 8 and bal.tokens == 2
+            a.release.set()
+            b.release.set()
+            assert sorted(await asyncio.gather(*calls)) != [] and bal.ok_calls == 6
+            assert bal.tokens == pytest.approx(2.6)
+
+
+async def test_the_deadline_bounds_every_attempt(stub):
+    async with stub("a", hold=True) as a, stub("b", hold=True) as b:
+        s = settings(hedge_after=0.05, max_attempts=3, **NO_EJECTION)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            assert await code_of(bal.unary_unary(METHOD), timeout=0.5) == CODE.DEADLINE_EXCEEDED
+            # One hedge; a third attempt would go to a replica that holds this call already: none is sent.
+            assert bal.attempts == 2 and bal.hedges == 1 and a.calls == b.calls == 1
+            await a.wait_until(lambda: a.cancelled == a.calls)
+            await b.wait_until(lambda: b.cancelled == b.calls)
+
+
+async def test_a_failing_replica_is_ejected_after_k_failures(stub):
+    async with stub("a", fail_first=1 << 30, code=CODE.INTERNAL) as a, stub("b") as b:
+        s = settings(consecutive_failures=3, base_ejection_s=60)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            codes = [await code_of(call) for _ in range(60)]
+            # INTERNAL is the call's answer (not retried), three times; then a is out of the rotation.
+            assert codes.count(CODE.INTERNAL) == 3 and a.calls == 3 and codes.count(CODE.OK) == 57
+            r = bal.replica(a.target)
+            assert r.ejected and r.ejections == 1 and r.failures == 3 and bal.retries == 0
+
+
+async def test_never_more_than_the_fraction_is_ejected(stub):
+    async with stub("a", fail_first=1 << 30, code=CODE.INTERNAL) as a:
+        async with stub("b", fail_first=1 << 30, code=CODE.INTERNAL) as b:
+            s = settings(consecutive_failures=2, base_ejection_s=60)
+            async with Balancer([a.target, b.target], settings=s) as bal:
+                call = bal.unary_unary(METHOD)
+                for _ in range(20):
+                    assert await code_of(call) == CODE.INTERNAL
+                # Of two replicas one may be ejected; the other takes every call after that.
+                assert sum(r.ejected for r in bal.replicas.values()) == 1 and bal.ejections_refused > 0
+                assert stats_sum(bal.stats(), "attempts") == 20
+
+
+def stats_sum(stats: dict, key: str) -> int:
+    return sum(r[key] for r in stats["replicas"])
+
+
+async def test_stop_leaves_nothing_in_flight(stub):
+    async with stub("a", hold=True) as a:
+        bal = Balancer(a.target, settings=settings())
+        await bal.start()
+        call = bal.unary_unary(METHOD)
+        calls = [asyncio.ensure_future(code_of(call)) for _ in range(5)]
+        await a.wait_calls(5)
+        await bal.stop()
+        assert await asyncio.gather(*calls) == [CODE.CANCELLED] * 5
+        assert not bal._tasks and all(w.done() for w in (r.watcher for r in bal.replicas.values()))
+        await a.wait_until(lambda: a.cancelled == 5)
+        with pytest.raises(RuntimeError):
+            await call(REQUEST)
+
+
+async def test_cancelling_the_caller_cancels_its_attempts(stub):
+    async with stub("a", hold=True) as a, stub("b", hold=True) as b:
+        async with Balancer([a.target, b.target], settings=settings(hedge_after=0.02, **NO_EJECTION)) as bal:
+            task = asyncio.ensure_future(bal.unary_unary(METHOD)(REQUEST, timeout=10))
+            await bal.wait_for(lambda: bal.hedges == 1, 10)
+            await asyncio.wait_for(a.wait_calls(1), 10)
+            await asyncio.wait_for(b.wait_calls(1), 10)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await a.wait_until(lambda: a.cancelled == 1)
+            await b.wait_until(lambda: b.cancelled == 1)
+            assert not bal._tasks
+
+
+async def test_a_paused_wok_serve_loses_nothing_is_ejected_and_comes_back(start_server, serve):
+    """A real replica SIGSTOPped (connections open, nothing answers): every call is answered by
+    the other, the paused one is ejected, and after SIGCONT it answers again."""
+    paused = start_server("--models", "mlp", "--torch-threads", "1")
+    x = np.zeros((1, 256), np.float32)
+    async with serve(models=("mlp",)) as healthy:
+        s = BalancerSettings(hedge_after=0.1, consecutive_failures=3, base_ejection_s=0.5, max_ejection_s=1.0)
+        async with AsyncClient([paused.target, f"127.0.0.1:{healthy.port}"], balancer="wok", balancer_settings=s) as c:
+            bal = c.balancer
+            p = bal.replica(f"127.0.0.1:{paused.port}")
+            while p.ok == 0:  # both serve
+                await c.infer("mlp", {"INPUT0": x}, timeout=10)
+            os.kill(paused.proc.pid, signal.SIGSTOP)
+            try:
+                results = await asyncio.gather(*(c.infer("mlp", {"INPUT0": x}, timeout=10) for _ in range(40)))
+                assert len(results) == 40  # none lost: InferError would have been raised
+                for _ in range(40):
+                    await c.infer("mlp", {"INPUT0": x}, timeout=10)
+                assert p.ejections >= 1 and p.slow >= 3
+                ok_while_paused = p.ok
+            finally:
+                os.kill(paused.proc.pid, signal.SIGCONT)
+            # Back in the rotation once its ejection ends: it answers again.
+            while p.ok == ok_while_paused:
+                await c.infer("mlp", {"INPUT0": x}, timeout=10)
+            assert bal.stats()["ok"] == bal.calls
+
+
+async def test_async_client_with_the_wok_balancer(serve):
+    x = np.ones((2, 256), np.float32)
+    async with serve(models=("mlp",)) as a, serve(models=("mlp",)) as b:
+        targets = [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"]
+        async with AsyncClient(targets) as plain, AsyncClient(targets, balancer="wok") as c:
+            await c.wait_ready(10)
+            assert await c.server_ready() and (await c.model_metadata("mlp")).inputs["INPUT0"].shape == (-1, 256)
+            want = (await plain.infer("mlp", {"INPUT0": x}))["OUTPUT0"]
+            got = await asyncio.gather(*(c.infer("mlp", {"INPUT0": x}, timeout=10) for _ in range(20)))
+            assert all(np.allclose(g["OUTPUT0"], want, rtol=1e-5, atol=1e-6) for g in got)
+            results = [r async for r in c.stream_infer([("mlp", {"INPUT0": x})] * 3)]
+            assert [r.error for r in results] == [None] * 3
+            with pytest.raises(InferError) as err:
+                await c.infer("nope", {"INPUT0": x}, timeout=10)
+            assert err.value.code == CODE.NOT_FOUND
+            stats = c.balancer.stats()
+            assert stats["ok"] >= 22 and all(r["ok"] > 0 for r in stats["replicas"])
+        assert c.balancer is None
+    with pytest.raises(ValueError, match="balancer"):
+        AsyncClient("127.0.0.1:1", balancer="nginx")
+
+
+def test_counters_of_several_workers_add_up():
+    counts = {"attempts": 2, "ok": 1, "failures": 1, "slow": 0, "hedges": 1, "retries": 0, "ejections": 1}
+    one = {
+        "schema": "wok.balancer/1",
+        **dict.fromkeys(("calls", "ok", "attempts", "hedges", "retries", "budget_refusals", "ejections"), 1),
+        "ejections_refused": 0,
+        "hedge_after_ms": 20.0,
+        "replicas": [{"address": "a:1", "target": "a:1", "state": "READY", "ejected": False, **counts}],
+    }
+    merged = merge_stats([one, None, one])
+    assert merged["calls"] == 2 and merged["ejections"] == 2 and merged["hedge_after_ms"] == [20.0, 20.0]
+    assert merged["replicas"] == [{"address": "a:1", "target": "a:1", **{k: 2 * v for k, v in counts.items()}}]
+    assert merge_stats([None]) is None
