@@ -12,6 +12,16 @@ batcher's own schedule. Time jumps from event to event (an arrival, a flush dead
 an instance coming free), so any arrival rate is simulated exactly and batches never
 overlap on one instance: the two things a time-stepped simulation gets wrong.
 
+Optionally a CPU stage (`cpu_in_s`, `cpu_out_s`, `cores`, `background_*`,
+`batch_overhead_s`): the server's event loop as one server in front of the batcher (c_in
+per request: receive, decode, submit) and behind it (c_out per request: resolve, encode,
+send; a waiting answer goes before a waiting new request), and the loop, the busy
+instances and a background demand (other threads and processes: gRPC's, the load
+generator's) sharing `cores` cores: whenever more is runnable than there are cores, each
+runnable one runs at cores / demand of full speed (processor sharing). Then the loop is a
+queue of its own, a batch slows when the machine is busy, and the server has a CPU-bound
+ceiling. docs/simulate.md has the model and the theory it is checked against.
+
 `simulate_ramp` writes the bench's schema (`wok.bench/1`, `config.source = "simulate"`,
 plus `utilization` per step), so simulated and measured ramps compare directly.
 """
@@ -46,6 +56,18 @@ class BatcherModel:
     batch_samples: tuple[tuple[int, tuple[float, ...]], ...] = ()
     # Per-request time outside the batcher, in seconds, one drawn at random per request.
     overhead_samples_s: tuple[float, ...] = ()
+    # The CPU stage (all 0: none, the batcher alone). Event-loop CPU per request before the
+    # batcher and after its batch, in seconds; one loop (answers before new requests).
+    cpu_in_s: float = 0.0
+    cpu_out_s: float = 0.0
+    # Cores the loop, the busy instances and the background share; 0: each runs at full speed.
+    cores: float = 0.0
+    # Background demand on those cores: a constant part, in cores, and CPU per request, in
+    # seconds, which the offered rate λ turns into λ·background_cpu_s cores.
+    background_cores: float = 0.0
+    background_cpu_s: float = 0.0
+    # Work added to every batch (in the server: the hop to the worker, cold caches), seconds.
+    batch_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.alpha_s < 0 or self.beta_s < 0 or self.alpha_s + self.beta_s <= 0:
@@ -60,19 +82,43 @@ class BatcherModel:
                 raise ValueError(f"batch_samples: size {n} needs n ≥ 1 and positive times")
         if self.overhead_samples_s and min(self.overhead_samples_s) < 0:
             raise ValueError("overhead_samples_s must be ≥ 0")
+        cpu = {k: getattr(self, k) for k in CPU_FIELDS}
+        if any(not math.isfinite(v) or v < 0 for v in cpu.values()):
+            raise ValueError(f"the CPU stage's times and cores must be finite and ≥ 0; got {cpu}")
+
+    @property
+    def staged(self) -> bool:
+        """Whether the CPU stage is on (the loop has work, or the cores are bounded)."""
+        return self.cpu_in_s > 0 or self.cpu_out_s > 0 or self.cores > 0
 
     def batch_time(self, n: int) -> float:
         """The fitted T(n) = α + β·n."""
         return self.alpha_s + self.beta_s * n
 
     def mean_batch_time(self, n: int) -> float:
-        """The expected time of a batch of n: the fit, or the mean of what the samples give."""
+        """The expected time of a batch of n at full speed: the fit, or the mean of what the samples
+        give, plus `batch_overhead_s`."""
         if not self.batch_samples:
-            return self.batch_time(n)
+            return self.batch_time(n) + self.batch_overhead_s
         m, times = self._nearest(n)
         if m == n:
-            return float(np.mean(times))
-        return self.batch_time(n) * float(np.mean(times)) / self.batch_time(m)
+            return float(np.mean(times)) + self.batch_overhead_s
+        return self.batch_time(n) * float(np.mean(times)) / self.batch_time(m) + self.batch_overhead_s
+
+    def background_demand(self, rate_qps: float) -> float:
+        """The background's cores at an offered rate: background_cores + λ·background_cpu_s."""
+        return self.background_cores + rate_qps * self.background_cpu_s
+
+    def cpu_ceiling_qps(self, n: int) -> float:
+        """An upper bound on the throughput the CPU stage allows with batches of n: the loop's
+        1 / (c_in + c_out) and, with bounded cores, cores / (the loop's and the batch's CPU per
+        request). The background is left out (under processor sharing its share depends on
+        what else runs), so the bound holds with it too. Infinite without a CPU stage."""
+        loop = self.cpu_in_s + self.cpu_out_s
+        bound = 1.0 / loop if loop > 0 else math.inf
+        if self.cores > 0:
+            bound = min(bound, self.cores / (loop + self.mean_batch_time(n) / n))
+        return bound
 
     def _nearest(self, n: int) -> tuple[int, tuple[float, ...]]:
         # Nearest in ratio (batch times grow with n), the smaller size on a tie.
@@ -96,12 +142,19 @@ class BatcherModel:
         return draw
 
 
+CPU_FIELDS = ("cpu_in_s", "cpu_out_s", "cores", "background_cores", "background_cpu_s", "batch_overhead_s")
+
+
 @dataclass
 class Run:
     done: np.ndarray  # completion time per arrival (NaN if rejected)
     rejected: np.ndarray  # bool per arrival
     batch_sizes: list[int]
     busy_s: float  # instance-seconds spent on batches that started before `until`
+    # With the CPU stage: when each request joined the batcher's queue (left the loop's first
+    # pass; NaN if rejected), and the loop's busy seconds before `until`.
+    enqueued: np.ndarray | None = None
+    loop_busy_s: float = 0.0
 
 
 def simulate(
@@ -118,7 +171,22 @@ def simulate(
     (wok demo --simulate); by default every instance is free from time 0.
     """
     rng = np.random.default_rng(0) if rng is None else rng
+    if model.staged:
+        run = _simulate_staged(arrivals, model, until, rng, free_at)
+    else:
+        run = _simulate_batcher(arrivals, model, until, rng, free_at)
+    if model.overhead_samples_s:
+        # Outside the batcher: it shifts when a request's answer arrives, not when its batch ran.
+        served = ~run.rejected
+        extra = np.asarray(model.overhead_samples_s, dtype=np.float64)
+        run.done[served] += extra[rng.integers(len(extra), size=int(served.sum()))]
+    return run
+
+
+def _simulate_batcher(arrivals, model: BatcherModel, until, rng, free_at) -> Run:
+    """The batcher alone: every request joins the queue at its arrival."""
     batch_time = model.batch_sampler(rng)
+    extra = model.batch_overhead_s
     n = len(arrivals)
     done = np.full(n, np.nan)
     rejected = np.zeros(n, dtype=bool)
@@ -152,18 +220,112 @@ def simulate(
         heapq.heappop(free_at)
         k = min(len(queue), model.max_batch_size)
         members = [queue.popleft() for _ in range(k)]
-        service = batch_time(k)
+        service = batch_time(k) + extra
         done[members] = t + service
         heapq.heappush(free_at, t + service)
         sizes.append(k)
         if t < horizon:
             busy += min(service, horizon - t)
-    if model.overhead_samples_s:
-        # Outside the batcher: it shifts when a request's answer arrives, not when its batch ran.
-        served = ~rejected
-        extra = np.asarray(model.overhead_samples_s, dtype=np.float64)
-        done[served] += extra[rng.integers(len(extra), size=int(served.sum()))]
     return Run(done, rejected, sizes, busy)
+
+
+def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at) -> Run:
+    """The loop in front of and behind the batcher, all sharing the cores (the module's doc).
+
+    State: the loop's two FIFOs of jobs (first passes, second passes), the job it runs and
+    the work left on it; the batcher's queue; per instance the work left on its batch and the
+    batch's members. The loop takes a waiting second pass before a waiting first pass (it does
+    not interrupt the job it runs): a finished batch's answers are resumed together, ahead of
+    requests not yet read, so past the loop's ceiling answers keep leaving at its rate and the
+    first passes' queue is what grows. Work is in seconds at full speed; between two events
+    every runnable party runs at `speed`.
+    At equal times events are taken in this order: the loop finishing a job, an instance
+    finishing a batch, an arrival, a flush (so a request that reaches the queue at the
+    moment a batch leaves goes with it, as in the batcher-only simulation).
+    """
+    batch_time = model.batch_sampler(rng)
+    n = len(arrivals)
+    done = np.full(n, np.nan)
+    enqueued = np.full(n, np.nan)
+    rejected = np.zeros(n, dtype=bool)
+    c_in, c_out, extra = model.cpu_in_s, model.cpu_out_s, model.batch_overhead_s
+    span = until if until is not None else (float(arrivals[-1]) if n else 0.0)
+    bg = model.background_demand(n / span if span > 0 else 0.0)
+    cores = model.cores
+    horizon = math.inf if until is None else until
+    k_max, delay, bound = model.max_batch_size, model.max_queue_delay_s, model.max_queue_size
+    m = model.instances
+    first: deque[int] = deque()  # requests waiting for their first pass
+    second: deque[int] = deque()  # ... for their second
+    job: tuple[int, bool] | None = None  # (request, True for its second pass) on the loop now
+    loop_left = 0.0
+    queue: deque[int] = deque()
+    left = [0.0] * m  # work left on each instance's batch
+    members: list[list[int] | None] = [None] * m
+    started = [0.0] * m
+    if free_at is not None:  # busy with earlier work (no requests of this run) until then
+        for j, f in enumerate(free_at):
+            if f > 0:
+                left[j], members[j] = float(f), []
+    sizes: list[int] = []
+    busy = loop_busy = 0.0
+    i = 0
+    t = 0.0
+    inf = math.inf
+    while True:
+        running = [j for j in range(m) if members[j] is not None]
+        if job is None and (second or first):
+            job = (second.popleft(), True) if second else (first.popleft(), False)
+            loop_left = c_out if job[1] else c_in
+        demand = len(running) + (job is not None) + bg
+        speed = 1.0 if cores <= 0 or demand <= cores else cores / demand
+        t_loop = t + loop_left / speed if job is not None else inf
+        t_inst, j_inst = inf, -1
+        for j in running:
+            tj = t + left[j] / speed
+            if tj < t_inst:
+                t_inst, j_inst = tj, j
+        t_arr = float(arrivals[i]) if i < n else inf
+        t_flush = inf
+        if queue and len(running) < m:
+            t_flush = t if len(queue) >= k_max else max(t, enqueued[queue[0]] + delay)
+        t_next = min(t_loop, t_inst, t_arr, t_flush)
+        if t_next == inf:
+            break
+        if t_next > t:
+            work = (t_next - t) * speed
+            if job is not None:
+                loop_left -= work
+                loop_busy += max(0.0, min(t_next, horizon) - t)
+            for j in running:
+                left[j] -= work
+            t = t_next
+        if t_loop <= t_next:
+            (r, out), job = job, None
+            if out:
+                done[r] = t
+            elif bound and len(queue) >= bound:
+                rejected[r] = True
+            else:
+                queue.append(r)
+                enqueued[r] = t
+        elif t_inst <= t_next:
+            batch, members[j_inst] = members[j_inst], None
+            if batch:  # (an empty one is the earlier work of `free_at`)
+                if started[j_inst] < horizon:
+                    busy += min(t, horizon) - started[j_inst]
+                second.extend(batch)
+        elif t_arr <= t_next:
+            first.append(i)
+            i += 1
+        else:
+            j = members.index(None)
+            k = min(len(queue), k_max)
+            members[j] = [queue.popleft() for _ in range(k)]
+            left[j] = batch_time(k) + extra
+            started[j] = t
+            sizes.append(k)
+    return Run(done, rejected, sizes, busy, enqueued, loop_busy)
 
 
 @dataclass
@@ -200,6 +362,8 @@ def simulate_step(cfg: SimConfig, qps: float, rng: np.random.Generator) -> dict:
     step["nominal_qps"] = qps
     step["utilization"] = run.busy_s / (total * cfg.model.instances)
     step["mean_batch_size"] = float(np.mean(run.batch_sizes)) if run.batch_sizes else None
+    if cfg.model.staged:
+        step["loop_utilization"] = run.loop_busy_s / total
     return step
 
 
