@@ -47,11 +47,11 @@ dead fleet costs 50 extra attempts, not `max_attempts` × every call.
 Outlier detection (like Envoy's): a replica with `consecutive_failures` (5) failures in a row
 (UNAVAILABLE, INTERNAL, UNKNOWN) or as many attempts in a row that reached `hedge_after`
 without an answer is ejected: it gets no calls for `base_ejection_s` (2 s) × the times it was
-ejected (at most `max_ejection_s`, 30 s); the count is forgotten once it has answered OK as
-many times in a row again. Never more than `max_ejected_fraction` (half) of the replicas are
-ejected at once, and never the last one, so a fault of the whole fleet ejects nobody more.
-A transient stall costs a replica 2 s out of the rotation; a lasting fault costs 5 delayed
-(hedged) calls each time it comes back, at growing intervals.
+ejected (at most `max_ejection_s`, 30 s); the count is forgotten once it has answered OK,
+before `hedge_after`, as many times in a row again. Never more than `max_ejected_fraction`
+(half) of the replicas are ejected at once, and never the last one, so a fault of the whole
+fleet ejects nobody more. A transient stall costs a replica 2 s out of the rotation; a lasting
+fault costs 5 delayed (hedged) or failed calls each time it comes back, at growing intervals.
 
 Counters (`stats()`): calls, attempts, hedges, retries, refusals by the budget, and per
 replica attempts, OK answers, failures, slow attempts, ejections, its state.
@@ -453,7 +453,8 @@ class Balancer:
         elif code is CODE.OK:
             r.ok += 1
             r.consecutive_failures = 0
-            r.consecutive_ok += 1
+            # Only answers in time count towards forgetting ejections: a slow replica answers OK too.
+            r.consecutive_ok = 0 if a.late else r.consecutive_ok + 1
             if r.times_ejected and r.consecutive_ok >= max(1, k):
                 r.times_ejected = 0
             if latency_s is not None:
