@@ -30,6 +30,12 @@ may answer pings more often than their policy allows with GOAWAY (too_many_pings
 `grpc.keepalive_time_ms` for them. Reconnection to a server that went away backs off
 from 1 s to at most 5 s, so a restarted server gets traffic again within about 5 s.
 
+A server that hangs with its connections open still gets its share of the calls until
+keepalive closes the connection, and a slow or failing (INTERNAL) server stays in the
+rotation: round robin cannot tell. `wok.clients.balancer` (`AsyncClient(...,
+balancer="wok")`, the bench's default for several targets) hedges and ejects such servers
+on top of per-replica channels made with these same options.
+
 Security: `TLS` makes the channel a TLS one (with the caller's root certificates, or
 gRPC's bundled roots) and, with a certificate and key, presents them for mTLS; a token is
 sent as the call metadata `authorization: Bearer <token>` on every call (over plaintext
