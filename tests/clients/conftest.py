@@ -22,12 +22,19 @@ SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.Health
 
 class Stub:
     """A loopback gRPC server whose ModelInfer fails its first `fail_first` calls with `code`;
-    with `hold`, every call waits for `release` (and counts as `cancelled` if the client gives up)."""
+    with `hold`, every call waits for `release` (and counts as `cancelled` if the client gives up);
+    with `credentials`, it speaks TLS."""
 
     def __init__(
-        self, name: str, *, fail_first: int = 0, code: grpc.StatusCode = CODE.UNAVAILABLE, hold: bool = False
+        self,
+        name: str,
+        *,
+        fail_first: int = 0,
+        code: grpc.StatusCode = CODE.UNAVAILABLE,
+        hold: bool = False,
+        credentials: grpc.ServerCredentials | None = None,
     ) -> None:
-        self.name, self.fail_first, self.code = name, fail_first, code
+        self.name, self.fail_first, self.code, self.credentials = name, fail_first, code, credentials
         self.calls = 0
         self.cancelled = 0
         self.release = asyncio.Event()
@@ -71,7 +78,10 @@ class Stub:
             [grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler})]
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        if self.credentials is None:
+            self.port = self.server.add_insecure_port("127.0.0.1:0")
+        else:
+            self.port = self.server.add_secure_port("127.0.0.1:0", self.credentials)
         await self.server.start()
         await self.health.set("", SERVING)
         return self

@@ -284,6 +284,54 @@ async def test_async_client_with_the_wok_balancer(serve):
         AsyncClient("127.0.0.1:1", balancer="nginx")
 
 
+def server_for_localhost_only() -> tuple[bytes, grpc.ServerCredentials]:
+    """(CA certificate, server credentials) with a certificate that names "localhost" and no address."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def cert(subject: str, key, issuer_name, issuer_key, ca: bool) -> x509.Certificate:
+        now = datetime.datetime.now(datetime.timezone.utc)
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(issuer_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        return b.sign(issuer_key, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "balancer test CA")])
+    ca = cert("balancer test CA", ca_key, ca_name, ca_key, ca=True)
+    pem = serialization.Encoding.PEM
+    key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    server = grpc.ssl_server_credentials([(key_pem, cert("localhost", key, ca_name, ca_key, False).public_bytes(pem))])
+    return ca.public_bytes(pem), server
+
+
+async def test_tls_checks_the_name_the_replica_was_reached_by(stub):
+    """A channel per address still checks the server's certificate against the target's name:
+    "localhost:p" reaches 127.0.0.1 and is accepted; "127.0.0.1:p" is not named by the certificate."""
+    ca, server = server_for_localhost_only()
+    client = grpc.ssl_channel_credentials(ca)
+    async with stub("a", credentials=server) as a:
+        async with Balancer(f"localhost:{a.port}", credentials=client, settings=settings()) as bal:
+            assert list(bal.replicas) == [f"127.0.0.1:{a.port}"]
+            assert await name_of(bal.unary_unary(METHOD)) == "a"
+        async with Balancer(a.target, credentials=client, settings=settings(**NO_EJECTION)) as bal:
+            assert await code_of(bal.unary_unary(METHOD)) == CODE.UNAVAILABLE
+            assert a.calls == 1  # the first balancer's call only: the handshake failed
+
+
 def test_counters_of_several_workers_add_up():
     counts = {"attempts": 2, "ok": 1, "failures": 1, "slow": 0, "hedges": 1, "retries": 0, "ejections": 1}
     one = {
