@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wok.timers import PreciseSleeper
+
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 SAMPLE_EVERY_S = 0.01  # how often the in-flight count is sampled, for the Little's-law check
 OK = 0  # grpc.StatusCode.OK's number; others are their own numbers
@@ -86,13 +88,16 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None) -> Ou
     loop = asyncio.get_running_loop()
     tasks = []
     sampling = None
+    # Paced on a timerfd (wok.timers): asyncio.sleep on uvloop wakes up to about 1 ms late, and
+    # latency is measured from the intended send time, so the generator's lateness would count.
+    sleeper = PreciseSleeper(loop)
+    to_perf = time.perf_counter() - time.monotonic()  # 0 on Linux: both read CLOCK_MONOTONIC
     for i in range(n):
-        delay = start + share.times[i] - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await sleeper.until(start + share.times[i] + to_perf)
         if sampling is None:
             sampling = loop.create_task(sampler())
         tasks.append(loop.create_task(one(i, pool[share.which[i]])))
+    sleeper.close()
     if tasks:
         await asyncio.gather(*tasks)
     if sampling is not None:

@@ -46,6 +46,7 @@ from .executor import BatchResult, Executor
 from .metrics import ModelMetrics
 from .policy import SloPolicy, read_profile_fit
 from .stats import ModelStats
+from .timers import PreciseTimer
 
 log = logging.getLogger("wok.batcher")
 
@@ -173,6 +174,7 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
+        self._timer: PreciseTimer | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -181,6 +183,7 @@ class Batcher:
             raise RuntimeError(f"batcher for '{self.name}' already started")
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
+        self._timer = PreciseTimer(self._loop, self._wakeup.set)
         self._task = self._loop.create_task(self._run(), name=f"wok-batcher-{self.name}")
 
     async def stop(self) -> None:
@@ -342,7 +345,7 @@ class Batcher:
 
     # -- the task ------------------------------------------------------------------------
     async def _run(self) -> None:
-        loop = self._loop
+        timer = self._timer
         try:
             while True:
                 now = time.perf_counter()
@@ -363,15 +366,19 @@ class Batcher:
                 if self._stopping and self._queued == 0 and self._inflight == 0:
                     return
                 self._wakeup.clear()
-                timer = loop.call_later(wait, self._wakeup.set) if wait is not None else None
+                # The next flush is armed for its exact instant (a timerfd where the OS has
+                # one: the loop's own timers can fire up to a millisecond late).
+                # A timer left armed from an earlier pass only wakes the task once more.
                 self._timer_at = now + wait if wait is not None else math.inf
+                if wait is not None:
+                    timer.arm(self._timer_at)
+                else:
+                    timer.disarm()
                 await self._wakeup.wait()
-                if self.slo is not None and timer is not None:
+                if wait is not None and self.slo is not None:
                     late = time.perf_counter() - self._timer_at
                     if late >= 0:  # woken by the timer, this late
                         self.slo.observe_late(late)
-                if timer is not None:
-                    timer.cancel()
         except asyncio.CancelledError:
             self._fail_queued(ShuttingDown(f"server stopped before model '{self.name}' ran this request"))
             raise
@@ -381,6 +388,8 @@ class Batcher:
             self._failed = exc
             self._fail_queued(ModelExecutionError(f"model '{self.name}': batcher failed: {exc}"))
             raise
+        finally:
+            timer.close()
 
     def _pick(self, now: float, full_only: bool = False) -> tuple[Hashable, _Queue | None, str, float | None]:
         """(key, queue, reason) to flush now; else (None, None, '', seconds to the next delay flush).
