@@ -13,6 +13,15 @@ a slot is reused only after its batch completed, so no buffer is overwritten whi
 reads it. The batcher gives a busy instance only full batches, so on the CPU the second slot
 holds the next full batch at the worker under saturation (no gap between batches) and never
 makes batches form early and small below it.
+
+On the CPU the worker sizes torch's intra-op threads to the batch: a batch of n samples runs on
+ceil(n · T / max_batch_size) threads, at most T (torch's thread count as the worker thread
+starts: `wok serve --torch-threads`, or torch's default), so a small batch runs on one thread.
+Measured with the demo mlp on the 2-core machine (docs/performance.md): up to 16 samples, one
+thread is as fast as two when batches follow each other and faster when they come 5 ms apart
+(the usual case below saturation: a second thread must be woken from its sleep for every
+parallel region, on a core whose caches went cold), and it leaves the other core to the event
+loop; only a full batch of 32 back to back runs faster on two (0.81 against 1.06 ms).
 """
 
 from __future__ import annotations
@@ -113,8 +122,12 @@ class Instance:
         # Called on the loop as each batch is handed over, with (rows, future): the admin's event stream.
         self.observer: Callable[[Sequence[int], concurrent.futures.Future], None] | None = None
         tag = f"wok-{servable.name}-{index}"
+        # Intra-op threads for a full batch, and the count the worker thread runs with now (both
+        # read in the worker thread as it starts; see _size_threads).
+        self.max_threads = 0
+        self.threads = 0
         self._worker = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix=f"{tag}-run", initializer=name_os_thread, initargs=(f"wok-run-{index}",)
+            1, thread_name_prefix=f"{tag}-run", initializer=self._start_worker, initargs=(f"wok-run-{index}",)
         )
         self._waiter = (
             concurrent.futures.ThreadPoolExecutor(
@@ -165,6 +178,23 @@ class Instance:
             self.observer(rows, done)
         return done
 
+    def _start_worker(self, name: str) -> None:
+        name_os_thread(name)
+        # A thread's own setting starts from the process-wide one (the last torch.set_num_threads).
+        self.max_threads = self.threads = torch.get_num_threads()
+
+    def _size_threads(self, samples: int) -> None:
+        """On the worker thread: run `samples` on ceil(samples · max_threads / max_batch_size) threads.
+
+        torch.set_num_threads called on a thread sets that thread's OpenMP team size (MKL's is
+        process-wide, but only model workers run the model), and costs under a microsecond.
+        """
+        full = self.servable.config.max_batch_size
+        want = self.max_threads if full <= 0 else max(1, min(self.max_threads, -(-samples * self.max_threads // full)))
+        if want != self.threads:
+            torch.set_num_threads(want)
+            self.threads = want
+
     def shutdown(self) -> None:
         self._worker.shutdown(wait=True)
         if self._waiter is not None:
@@ -177,7 +207,9 @@ class Instance:
         inputs, rows, kept = _live(inputs, rows, deadlines, t0)
         if not rows:
             return BatchResult([], StageTimes(), self.index, t0, t0, kept=kept)
-        host = s.assemble(inputs, sum(rows), slot.inputs)
+        samples = sum(rows)
+        host = s.assemble(inputs, samples, slot.inputs)
+        self._size_threads(samples)
         t1 = time.perf_counter()
         slow_s = self.fault.before_forward()  # an injected fault: raises, or a delay to add
         try:

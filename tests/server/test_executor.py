@@ -195,3 +195,51 @@ def test_the_worker_leaves_out_requests_whose_deadline_passed():
         assert every.kept is None and len(every.outputs) == 3
     finally:
         ex.shutdown()
+
+
+class ThreadsSeen(torch.nn.Module):
+    """Records, per batch, how many intra-op threads the worker thread runs it with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, int]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append((int(x.shape[0]), torch.get_num_threads()))
+        return x + 1
+
+
+def test_the_worker_sizes_torch_threads_to_the_batch_up_to_the_process_setting():
+    from wok.config import model_config_from_dict
+    from wok.servable import Servable
+
+    cfg = model_config_from_dict(
+        {
+            "name": "threads",
+            "platform": "python",
+            "factory": "tests:unused",
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}],
+            "max_batch_size": 8,
+            "instances": {"count": 1, "devices": ["cpu"]},
+        },
+        "test",
+    )
+    module = ThreadsSeen()
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)  # the worker thread starts from the process-wide setting: T = 4
+    try:
+        ex = Executor(Servable(cfg, module), cfg.instances)
+        try:
+            for rows in (1, 2, 3, 4, 5, 8, 1):
+                req = {"INPUT0": np.zeros((rows, 4), dtype=np.float32)}
+                ex.instances[0].submit([req], [rows], 0).result(30)
+            main_after = torch.get_num_threads()  # read here: the worker set 1 on itself meanwhile
+        finally:
+            ex.shutdown()
+    finally:
+        torch.set_num_threads(before)
+    # ceil(n · 4 / 8): one thread up to 2 samples, all 4 for a full batch, and back down.
+    assert module.seen == [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (8, 4), (1, 1)]
+    assert ex.instances[0].max_threads == 4
+    assert main_after == 4  # the worker's setting is its own thread's, not the process's
