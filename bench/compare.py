@@ -274,6 +274,8 @@ class Peer:
     def recipe(self) -> str:
         if self.pip:
             return "pip install " + " ".join(self.pip)
+        if "rev" in self.extra:
+            return f"git archive {self.extra['rev']} (server, bench, clients, demo as package wok), this .venv"
         extra = self.extra.get("args")
         return "this checkout (.venv)" + (f", wok serve … {shlex.join(extra)}" if extra else "")
 
@@ -290,7 +292,11 @@ def _venv_libdir(python: str) -> str:
 def _launch_wok(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
     argv = [sys.executable, "-m", "wok", "serve", "--models", "mlp"]
     argv += ["--port", str(ports["grpc"]), "--metrics-port", str(ports["metrics"]), "--log-level", "WARNING"]
-    return argv + list(peer.extra.get("args", ())), {}, ROOT
+    argv += list(peer.extra.get("args", ()))
+    if "rev" in peer.extra:  # wok@REV: that revision's package first on the path (python -m adds the cwd)
+        top = _rev_tree(peer.extra["rev"])
+        return argv, {"PYTHONPATH": str(top)}, top
+    return argv, {}, ROOT
 
 
 def wok_variant(spec: str) -> Peer:
@@ -299,6 +305,53 @@ def wok_variant(spec: str) -> Peer:
     if not eq or not re.fullmatch(r"wok-[A-Za-z0-9_.-]+", name):
         raise ValueError(f"--wok-variant {spec!r}: expected wok-NAME='ARGS', e.g. wok-t1='--torch-threads 1'")
     return Peer(name, [], _launch_wok, ready_timeout_s=120.0, extra={"args": shlex.split(args)})
+
+
+REV_PEER = re.compile(r"wok@([A-Za-z0-9_.~^/-]+)")
+
+
+def wok_at_rev(name: str) -> Peer:
+    """`wok@REV`: wok's server as committed at git revision REV, run with this checkout's venv.
+
+    For before/after runs in one harness run: the revision's server/, bench/, clients/ and demo/
+    are laid out as the package `wok` under `.bench-peers/wok@SHA/` (as pyproject's package-dir
+    maps them), which comes first on the server's PYTHONPATH.
+    """
+    m = REV_PEER.fullmatch(name)
+    if m is None:
+        raise ValueError(f"{name!r}: expected wok@REV, e.g. wok@HEAD or wok@76aec29")
+    rev = m.group(1)
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise ValueError(f"{name!r}: git does not know revision {rev!r}")
+    sha = out.stdout.strip()
+    return Peer(name, [], _launch_wok, ready_timeout_s=120.0, extra={"rev": sha})
+
+
+def _rev_tree(sha: str) -> Path:
+    """`.bench-peers/wok@SHA/`: the revision's packages laid out as `wok`, extracted once."""
+    top = PEERS_DIR / f"wok@{sha}"
+    pkg = top / "wok"
+    if (top / ".complete").exists():
+        return top
+    shutil.rmtree(top, ignore_errors=True)
+    src = top / "src"
+    src.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", sha, "server", "bench", "clients", "demo"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    shutil.move(str(src / "server"), str(pkg))
+    for sub, dest in (("bench", "bench"), ("clients", "clients"), ("demo", "demo")):
+        if (src / sub).exists():
+            shutil.move(str(src / sub), str(pkg / dest))
+    shutil.rmtree(src)
+    (top / ".complete").write_text(sha + "\n")
+    return top
 
 
 def _launch_bare(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
@@ -355,6 +408,8 @@ def peer_version(peer: Peer) -> str:
     if not peer.pip:
         from importlib.metadata import version
 
+        if "rev" in peer.extra:
+            return f"wok at git {peer.extra['rev'][:12]}"
         if peer.name == "bare":
             return f"grpcio {version('grpcio')}, uvloop {version('uvloop')} (no model)"
         return f"wok {version('wok')}"
@@ -502,7 +557,8 @@ def summarize_run(result: dict) -> dict:
     from wok.bench.analysis import max_qps_under_slo
 
     steps = [
-        {k: s.get(k) for k in STEP_KEYS} | {"server_cpu": s.get("server_cpu"), "host_cpu": s.get("host_cpu")}
+        {k: s.get(k) for k in STEP_KEYS}
+        | {"server_cpu": s.get("server_cpu"), "host_cpu": s.get("host_cpu"), "server": s.get("server")}
         for s in result["steps"]
     ]
     return {
@@ -649,7 +705,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--servers", default="wok,pytriton,mlserver", help=f"comma list of {', '.join(PEERS)}")
+    p.add_argument(
+        "--servers",
+        default="wok,pytriton,mlserver",
+        help=f"comma list of {', '.join(PEERS)}, or wok@REV (wok as committed at git revision REV)",
+    )
     p.add_argument("--steps", default=DEFAULT_STEPS, help="offered QPS per step")
     p.add_argument("--step-duration", default="5s", help="measured length of each step (default 5s)")
     p.add_argument("--warmup", default="1s", help="uncounted start of each step (default 1s)")
@@ -680,6 +740,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(str(exc))
         PEERS[v.name] = v
     args.server_list = [s.strip() for s in args.servers.split(",") if s.strip()]
+    for name in args.server_list:
+        if name not in PEERS and REV_PEER.fullmatch(name):
+            try:
+                PEERS[name] = wok_at_rev(name)
+            except ValueError as exc:
+                p.error(str(exc))
     unknown = [s for s in args.server_list if s not in PEERS]
     if unknown:
         p.error(f"unknown server(s) {unknown}; known: {', '.join(PEERS)}")
@@ -698,7 +764,8 @@ def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path) -> dict:
         say(f"rep {rep}: starting {peer.name}")
         record["ready_s"] = server.start()
         say(f"rep {rep}: {peer.name} ready in {record['ready_s']:.1f} s on {server.target}")
-        metrics = f"http://127.0.0.1:{server.ports['metrics']}/metrics" if peer.name == "wok" else None
+        wok = peer.launch is _launch_wok  # wok, its variants and revisions serve wok's /metrics
+        metrics = f"http://127.0.0.1:{server.ports['metrics']}/metrics" if wok else None
         cfg = RampConfig(target=server.target, models=[("mlp", 1.0)], metrics_url=metrics, **cfg_kwargs)
         with RssSampler(server.pid) as rss:
             result = metered_ramp(server, cfg, progress=lambda m: say(f"rep {rep} {peer.name}: {m}"))
