@@ -473,6 +473,16 @@ def add_tune_parser(sub) -> None:
     )  # fmt: skip
     p.add_argument("--overhead", default="0ms", help="constant per-request time outside the batcher (default 0ms)")
     p.add_argument("--overhead-samples", type=Path, help="measured per-request overheads (schema wok.overhead/1)")
+    p.add_argument(
+        "--cpu-calibration", type=Path,
+        help="the server's CPU stage and its own batch time (schema wok.cpustage/1, from bench/tune_check.py)",
+    )  # fmt: skip
+    p.add_argument(
+        "--per-request-cpu",
+        help="event-loop CPU per request, e.g. 0.23ms, split evenly before and after the batcher (overrides the "
+        "calibration's, keeping its split)",
+    )
+    p.add_argument("--cores", type=float, help="cores the loop, the model and the background share (0: unbounded)")
     p.add_argument("--arrival", default="poisson", help="as for wok bench ramp")
     p.add_argument("--max-batch-sizes", default="4,8,16,32,64", help="batch sizes to try")
     p.add_argument("--delays", default="0ms,1ms,2ms,5ms,10ms", help="queue delays to try")
@@ -491,7 +501,7 @@ def add_tune_parser(sub) -> None:
 def run_tune(args) -> int:
     from . import report
     from .arrivals import parse_arrivals, parse_duration
-    from .tune import Profile, SearchConfig, load_overhead, load_profile, print_table, tune
+    from .tune import Profile, SearchConfig, load_overhead, load_profile, print_table, tune, tune_cpu_stage
 
     if args.profile and (args.alpha or args.beta):
         raise ValueError("give --profile or --alpha/--beta, not both")
@@ -523,6 +533,7 @@ def run_tune(args) -> int:
     else:
         constant = parse_duration(args.overhead)
         overhead = (constant,) if constant > 0 else ()
+    cpu = tune_cpu_stage(args.cpu_calibration, args.per_request_cpu, args.cores)
     parse_arrivals(args.arrival, 1.0, duration_s=1.0)  # a bad spec fails here, before any simulation
     search = SearchConfig(
         slo_p99_ms=1e3 * parse_duration(args.slo_p99),
@@ -545,6 +556,7 @@ def run_tune(args) -> int:
         sampled=args.batch_times == "samples",
         default=default,
         progress=lambda msg: print(f"wok tune: {msg}", file=sys.stderr, flush=True),
+        cpu=cpu,
     )
     print_table(result)
     if args.json:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -41,8 +41,29 @@ from .arrivals import parse_arrivals
 REJECTED = "RESOURCE_EXHAUSTED"
 
 
+@dataclass(frozen=True, kw_only=True)
+class CpuFields:
+    """The CPU stage (all 0: none, the batcher alone); keyword-only fields of BatcherModel."""
+
+    # Event-loop CPU per request before the batcher and after its batch, in seconds; one loop
+    # (answers before new requests).
+    cpu_in_s: float = 0.0
+    cpu_out_s: float = 0.0
+    # Cores the loop, the busy instances and the background share; 0: each runs at full speed.
+    cores: float = 0.0
+    # Background demand on those cores: a constant part, in cores, and CPU per request, in
+    # seconds, which the offered rate λ turns into λ·background_cpu_s cores.
+    background_cores: float = 0.0
+    background_cpu_s: float = 0.0
+    # Work added to every batch (in the server: the hop to the worker, cold caches), seconds.
+    batch_overhead_s: float = 0.0
+
+
+CPU_FIELDS = tuple(f.name for f in fields(CpuFields))
+
+
 @dataclass(frozen=True)
-class BatcherModel:
+class BatcherModel(CpuFields):
     alpha_s: float  # fixed cost of a batch, seconds
     beta_s: float  # cost per sample, seconds
     max_batch_size: int
@@ -56,18 +77,6 @@ class BatcherModel:
     batch_samples: tuple[tuple[int, tuple[float, ...]], ...] = ()
     # Per-request time outside the batcher, in seconds, one drawn at random per request.
     overhead_samples_s: tuple[float, ...] = ()
-    # The CPU stage (all 0: none, the batcher alone). Event-loop CPU per request before the
-    # batcher and after its batch, in seconds; one loop (answers before new requests).
-    cpu_in_s: float = 0.0
-    cpu_out_s: float = 0.0
-    # Cores the loop, the busy instances and the background share; 0: each runs at full speed.
-    cores: float = 0.0
-    # Background demand on those cores: a constant part, in cores, and CPU per request, in
-    # seconds, which the offered rate λ turns into λ·background_cpu_s cores.
-    background_cores: float = 0.0
-    background_cpu_s: float = 0.0
-    # Work added to every batch (in the server: the hop to the worker, cold caches), seconds.
-    batch_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.alpha_s < 0 or self.beta_s < 0 or self.alpha_s + self.beta_s <= 0:
@@ -140,9 +149,6 @@ class BatcherModel:
             return float(times[rng.integers(len(times))]) * scale
 
         return draw
-
-
-CPU_FIELDS = ("cpu_in_s", "cpu_out_s", "cores", "background_cores", "background_cpu_s", "batch_overhead_s")
 
 
 @dataclass

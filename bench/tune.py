@@ -21,7 +21,9 @@ Batch times come from a profile (`wok profile --json`, schema `wok.profile/1`: t
 α, β and, per batch size, the raw batch times `samples_s`) or from α and β given on the
 command line. Per-request time outside the batcher (gRPC, decode, encode, the client)
 can be added as measured samples (`wok.overhead/1`, written by `bench/tune_check.py`)
-or as a constant; see docs/tune.md.
+or as a constant. The server's CPU per request (its event loop, and the cores the loop,
+the model and everything else share) can be modelled too, from a CPU calibration
+(`wok.cpustage/1`, written by `bench/tune_check.py`) or given; see docs/tune.md.
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ from pathlib import Path
 import numpy as np
 
 from . import analysis
-from .simulate import BatcherModel, SimConfig, simulate_step
+from .simulate import CPU_FIELDS, BatcherModel, CpuFields, SimConfig, simulate_step
 
 SCHEMA = "wok.tune/1"
 PROFILE_SCHEMA = "wok.profile/1"
 OVERHEAD_SCHEMA = "wok.overhead/1"
+CPU_SCHEMA = "wok.cpustage/1"
 DEFAULT_SETTING = (32, 5e-3)  # the demo mlp's (and a repository model's default delay)
 LOW_FRACTION = 0.01
 
@@ -123,12 +126,16 @@ def profile_from_document(doc: dict, where: str = "profile") -> Profile:
     return Profile(max(alpha, 0.0), max(beta, 0.0), None if r2 is None else float(r2), tuple(samples), where)
 
 
-def load_profile(path: Path) -> Profile:
+def read_json(path: Path, what: str) -> dict:
+    """A JSON document, or a ValueError naming `what` could not be read."""
     try:
-        doc = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read profile {path}: {exc}") from exc
-    return profile_from_document(doc, str(path))
+        raise ValueError(f"cannot read {what} {path}: {exc}") from exc
+
+
+def load_profile(path: Path) -> Profile:
+    return profile_from_document(read_json(path, "profile"), str(path))
 
 
 def overhead_document(samples_s: Sequence[float], method: str) -> dict:
@@ -144,13 +151,74 @@ def overhead_document(samples_s: Sequence[float], method: str) -> dict:
 
 
 def load_overhead(path: Path) -> tuple[float, ...]:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read overhead samples {path}: {exc}") from exc
+    doc = read_json(path, "overhead samples")
     if doc.get("schema") != OVERHEAD_SCHEMA or not doc.get("samples_s"):
         raise ValueError(f"{path}: expected a {OVERHEAD_SCHEMA} document with samples_s")
     return tuple(float(x) for x in doc["samples_s"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuStage(CpuFields):
+    """The simulator's CPU stage (`wok.bench.simulate.CpuFields`, the same fields as BatcherModel's),
+    and optionally the batch time the server's model worker was measured to take per batch, which
+    replaces the profile's back-to-back fit: α + β·n seconds of work (docs/tune.md)."""
+
+    batch_alpha_s: float | None = None
+    batch_beta_s: float | None = None
+
+    def fields(self) -> dict:
+        """The BatcherModel fields."""
+        return {k: getattr(self, k) for k in CPU_FIELDS}
+
+    def as_dict(self) -> dict:
+        return {**self.fields(), "batch_alpha_s": self.batch_alpha_s, "batch_beta_s": self.batch_beta_s}
+
+
+def cpu_document(stage: CpuStage, method: str, **extra) -> dict:
+    """A `wok.cpustage/1` document: the stage's fields, how they were found, and what else the caller adds."""
+    return {"schema": CPU_SCHEMA, "method": method, **stage.as_dict(), **extra}
+
+
+def cpu_from_document(doc: dict, where: str = "CPU calibration") -> CpuStage:
+    if doc.get("schema") != CPU_SCHEMA:
+        raise ValueError(f"{where}: schema is {doc.get('schema')!r}, expected {CPU_SCHEMA!r}")
+    try:
+        vals = {k: float(doc.get(k) or 0.0) for k in CPU_FIELDS}
+        for k in ("batch_alpha_s", "batch_beta_s"):
+            vals[k] = None if doc.get(k) is None else float(doc[k])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: not a readable {CPU_SCHEMA} document: {exc!r}") from exc
+    if (vals["batch_alpha_s"] is None) != (vals["batch_beta_s"] is None):
+        raise ValueError(f"{where}: batch_alpha_s and batch_beta_s come together")
+    return CpuStage(**vals)
+
+
+def load_cpu(path: Path) -> CpuStage:
+    return cpu_from_document(read_json(path, "CPU calibration"), str(path))
+
+
+def tune_cpu_stage(path: Path | None, per_request: str | None, cores: float | None) -> CpuStage | None:
+    """`wok tune`'s CPU stage: a calibration file, with --per-request-cpu (the loop's CPU per request,
+    kept in the file's split or else halved) and --cores laid over it; None when none of them is given."""
+    from dataclasses import replace
+
+    from .arrivals import parse_duration
+
+    if path is None and per_request is None and cores is None:
+        return None
+    stage = load_cpu(path) if path is not None else CpuStage()
+    if per_request is not None:
+        total = parse_duration(per_request)
+        if total < 0:
+            raise ValueError(f"--per-request-cpu {per_request!r}: must be ≥ 0")
+        old = stage.cpu_in_s + stage.cpu_out_s
+        share = stage.cpu_in_s / old if old > 0 else 0.5
+        stage = replace(stage, cpu_in_s=share * total, cpu_out_s=(1 - share) * total)
+    if cores is not None:
+        if not cores >= 0 or cores == float("inf"):
+            raise ValueError(f"--cores {cores!r}: must be a finite number ≥ 0")
+        stage = replace(stage, cores=cores)
+    return stage
 
 
 # ---------------------------------------------------------------------------- search
@@ -168,22 +236,34 @@ class SearchConfig:
 
 
 def model_for(profile: Profile, max_batch_size: int, delay_s: float, *, instances: int = 1,
-              overhead_s: Sequence[float] = (), sampled: bool = False) -> BatcherModel:  # fmt: skip
+              overhead_s: Sequence[float] = (), sampled: bool = False,
+              cpu: CpuStage | None = None) -> BatcherModel:  # fmt: skip
+    """The simulator's model of one setting. With `cpu`, its stage; and when it carries the
+    server's own batch time (batch_alpha_s/batch_beta_s), that replaces the profile's fit and
+    its samples (which are back-to-back times, not the server's)."""
+    alpha, beta, samples = profile.alpha_s, profile.beta_s, profile.samples if sampled else ()
+    stage = {}
+    if cpu is not None:
+        stage = cpu.fields()
+        if cpu.batch_alpha_s is not None:
+            alpha, beta, samples = cpu.batch_alpha_s, cpu.batch_beta_s, ()
     return BatcherModel(
-        alpha_s=profile.alpha_s,
-        beta_s=profile.beta_s,
+        alpha_s=alpha,
+        beta_s=beta,
         max_batch_size=max_batch_size,
         max_queue_delay_s=delay_s,
         instances=instances,
-        batch_samples=profile.samples if sampled else (),
+        batch_samples=samples,
         overhead_samples_s=tuple(overhead_s),
+        **stage,
     )
 
 
 def ceiling_qps(model: BatcherModel) -> float:
-    """instances · n / E[T(n)] at n = max_batch_size: no arrival rate above it is sustainable."""
+    """instances · n / E[T(n)] at n = max_batch_size, or the CPU stage's bound if lower
+    (BatcherModel.cpu_ceiling_qps): no arrival rate above it is sustainable."""
     n = model.max_batch_size
-    return model.instances * n / model.mean_batch_time(n)
+    return min(model.instances * n / model.mean_batch_time(n), model.cpu_ceiling_qps(n))
 
 
 def evaluate(model: BatcherModel, qps: float, search: SearchConfig) -> dict:
@@ -259,6 +339,7 @@ def tune(
     sampled: bool = False,
     default: tuple[int, float] | None = DEFAULT_SETTING,
     progress=None,
+    cpu: CpuStage | None = None,
 ) -> dict:
     """Search the grid; the `wok.tune/1` document (docs/tune.md)."""
     if not batch_sizes or not delays_s:
@@ -271,7 +352,7 @@ def tune(
     if default is not None and default not in grid:
         grid.append(default)
     for n, d in grid:
-        model = model_for(profile, n, d, instances=instances, overhead_s=overhead_s, sampled=sampled)
+        model = model_for(profile, n, d, instances=instances, overhead_s=overhead_s, sampled=sampled, cpu=cpu)
         row = _row(n, d, max_qps(model, search))
         row["in_grid"] = n in batch_sizes and d in delays_s
         rows.append(row)
@@ -284,6 +365,9 @@ def tune(
             r for r in rows if (r["max_batch_size"], r["max_queue_delay_ms"]) == (default[0], 1e3 * default[1])
         )
     o = np.asarray(overhead_s, dtype=np.float64)
+    batch_times = "samples" if sampled and profile.samples else "fit"
+    if cpu is not None and cpu.batch_alpha_s is not None:
+        batch_times = "server"
     toml = None if chosen is None else config_toml(chosen["max_batch_size"], 1e-3 * chosen["max_queue_delay_ms"])
     return {
         "schema": SCHEMA,
@@ -295,7 +379,7 @@ def tune(
             "beta_s": profile.beta_s,
             "r2": profile.r2,
             "profile": profile.source,
-            "batch_times": "samples" if sampled and profile.samples else "fit",
+            "batch_times": batch_times,
             "sampled_sizes": [n for n, _ in profile.samples] if sampled else [],
             "overhead": (
                 {
@@ -306,6 +390,7 @@ def tune(
                 if o.size
                 else None
             ),
+            "cpu": None if cpu is None else cpu.as_dict(),
             "instances": instances,
             "batch_sizes": list(batch_sizes),
             "delays_ms": [1e3 * d for d in delays_s],
@@ -376,11 +461,20 @@ def print_table(result: dict, file=None) -> None:
         )
     console = Console(file=file, color_system=None, highlight=False, markup=False, emoji=False, width=200)
     inp = result["inputs"]
+    cpu = inp.get("cpu")
+    alpha, beta = (cpu["batch_alpha_s"], cpu["batch_beta_s"]) if inp["batch_times"] == "server" else (
+        inp["alpha_s"], inp["beta_s"])  # fmt: skip
     console.print(
-        f"batch time α = {1e3 * inp['alpha_s']:.3f} ms, β = {1e3 * inp['beta_s']:.4f} ms/sample "
+        f"batch time α = {1e3 * alpha:.3f} ms, β = {1e3 * beta:.4f} ms/sample "
         f"({inp['batch_times']}); SLO P99 ≤ {inp['slo_p99_ms']:g} ms; {inp['arrival']} arrivals; "
         f"{inp['sim_duration_s']:g} s simulated per point"
     )
+    if cpu:
+        console.print(
+            f"CPU stage: loop {1e6 * cpu['cpu_in_s']:.0f} + {1e6 * cpu['cpu_out_s']:.0f} µs per request, "
+            f"{cpu['cores']:g} cores shared (0: unbounded), background {cpu['background_cores']:.2f} cores + "
+            f"{1e6 * cpu['background_cpu_s']:.0f} µs per request"
+        )
     console.print(table)
     if chosen is None:
         console.print("no setting meets the SLO at any load")

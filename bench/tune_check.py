@@ -12,13 +12,24 @@ under the SLO next to the default's, and the simulator's P99 next to the measure
    default 100 QPS): there nearly every request is a batch of one that finds the instance
    free, so its latency is the overhead (client, gRPC, decode, encode) plus one batch of
    one. Overhead sample = latency − median measured T(1), floored at 0 (`wok.overhead/1`).
-3. Tune: `wok.bench.tune.tune` on the profile and the overhead samples.
+   Before it, the CPU stage (`wok.cpustage/1`): `wok serve` with the default setting, a
+   metered ramp over a few loads (`--cpu-steps`), the server's CPU per thread group from
+   /proc and its stage means from /metrics at each, fitted against the rate (`fit_cpu_stage`):
+   the event loop's CPU per request, split before and after the batcher by the growth of the
+   server's `respond` stage with the batch size; the model worker's CPU per batch against the
+   batch size (the server's own batch time); everything else (gRPC's threads, the load
+   generator) as a background demand; the machine's cores. The overhead is then what the
+   loop and the batch leave of a calibration latency, not the profile's T(1) alone.
+3. Tune: `wok.bench.tune.tune` on the profile, the CPU stage and the overhead samples.
 4. Validate: `wok serve` with the default setting and with the tuned one, one fresh server
    per ramp, `--reps` times each, in alternating order (default first in odd repetitions,
    tuned first in even ones), the same ramp for both (`wok.bench.runner.Ramp`, in-process).
 5. Predict: each measured ramp's steps simulated with that ramp's setting, the same arrival
-   process, step length and warm-up; per step, the predicted P99 against the measured one,
-   "below the knee" meaning offered < the measured ramp's knee (every step if it has none).
+   process, step length and warm-up, with the CPU stage (the prediction) and without it (the
+   batcher on the profile's fit plus overheads, as before the stage existed); per step, the
+   predicted P99 against the measured one, "below the knee" meaning offered < the measured
+   ramp's knee (every step if it has none). `--device-like` runs leave the CPU stage out (a
+   sleeping batch uses no core).
 
 The output (schema `wok.tunecheck/1`) is described in docs/tune.md. Every server this
 script starts is stopped on exit (`wok.bench.compare.stop_all`). The servers run the same
@@ -40,7 +51,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 
-SCHEMA = "wok.tunecheck/1"
+SCHEMA = "wok.tunecheck/2"  # /1: before the CPU stage (`predicted_*` was the batcher-only prediction)
 DEFAULT_STEPS = "250,500,1000,1500,2000,2500,3000,3500,4000,5000"
 TOLERANCE = 0.20
 # A step during which processes other than the server and the load generator used more than
@@ -233,15 +244,115 @@ def calibrate(args, t1: float) -> dict:
     return doc
 
 
+# --------------------------------------------------------------------------- 2b. the CPU stage
+
+
+def step_cpu(step: dict) -> dict:
+    """One metered step's figures for the CPU fit: the request rate over the step, the cores each
+    thread group used, the load generator's cores, the server's mean batch size and stage means."""
+    sc = step["server_cpu"]
+    rate = sc["requests"] / sc["wall_s"]
+    cores = {g: (us or 0.0) * 1e-6 * rate for g, us in sc["threads_us_per_request"].items()}
+    return {
+        "rate_qps": rate,
+        "cores": cores,
+        "loadgen_cores": step["host_cpu"]["loadgen_cores"],
+        "other_cores": step["host_cpu"]["other_cores"],
+        "mean_batch_size": step.get("mean_batch_size"),
+        "stages_ms": step.get("stages_ms") or {},
+    }
+
+
+def fit_cpu_stage(points: list[dict], cores: float):
+    """The CPU stage from metered steps (`step_cpu`'s dicts), by least squares against the rate:
+
+    - the loop (the main thread): cores = a + c·λ; c is its CPU per request, a goes to the
+      background (timers, polls: not per request);
+    - c's split: the server's `respond` stage (a request's wait on the loop after its batch)
+      grows with the batch by c_out·(n − 1)/2 (the batch's answers are sent one after another),
+      so c_out is the slope of respond against (n̄ − 1)/2, clamped to [0, c]; c_in = c − c_out;
+    - the model worker: its CPU per batch, cores / (λ / n̄), = α + β·n̄: the server's own batch
+      time (cold weights, the hop to the worker), which replaces the profile's back-to-back fit;
+    - the background: gRPC's own threads, the rest of the server's threads and the load
+      generator, cores = a + c·λ.
+
+    Returns (CpuStage, details)."""
+    from wok.bench.tune import CpuStage, fit_linear
+
+    if len(points) < 2:
+        raise ValueError("the CPU stage needs at least two metered loads")
+    lam = [p["rate_qps"] for p in points]
+    a_loop, c_loop, r2_loop = fit_linear(lam, [p["cores"]["loop"] for p in points])
+    bg = [p["cores"]["grpc"] + p["cores"]["other"] + p["loadgen_cores"] for p in points]
+    a_bg, c_bg, r2_bg = fit_linear(lam, bg)
+    sizes = [p["mean_batch_size"] for p in points]
+    per_batch = [p["cores"]["model"] / (p["rate_qps"] / n) for p, n in zip(points, sizes)]
+    a_w, b_w, r2_w = fit_linear(sizes, per_batch)
+    respond = [1e-3 * p["stages_ms"].get("respond", 0.0) for p in points]
+    _, c_out, r2_out = fit_linear([(n - 1) / 2 for n in sizes], respond)
+    c_loop = max(c_loop, 0.0)
+    c_out = min(max(c_out, 0.0), c_loop)
+    stage = CpuStage(
+        cpu_in_s=c_loop - c_out,
+        cpu_out_s=c_out,
+        cores=float(cores),
+        background_cores=max(a_loop, 0.0) + max(a_bg, 0.0),
+        background_cpu_s=max(c_bg, 0.0),
+        batch_alpha_s=max(a_w, 0.0),
+        batch_beta_s=max(b_w, 1e-9),
+    )
+    details = {
+        "loop_fit": {"cores_at_zero": a_loop, "s_per_request": c_loop, "r2": r2_loop},
+        "respond_fit": {"s_per_answer": c_out, "r2": r2_out},
+        "batch_fit": {"alpha_s": a_w, "beta_s": b_w, "r2": r2_w},
+        "background_fit": {"cores_at_zero": a_bg, "s_per_request": c_bg, "r2": r2_bg},
+        "points": points,
+    }
+    return stage, details
+
+
+def calibrate_cpu(args) -> dict:
+    """A `wok.cpustage/1` document from a metered ramp on a server with the default setting."""
+    from wok.bench.compare import metered_ramp
+    from wok.bench.tune import cpu_document
+
+    n, d = args.default_setting
+    say(f"calibrating the CPU stage: max_batch_size {n}, delay {d:g} ms, steps {args.cpu_steps_list}")
+    server = start_server(n, d, args.log_dir, args.torch_threads)
+    try:
+        cal_args = argparse.Namespace(**{**vars(args), "step_duration": args.cpu_calibration_duration})
+        result = metered_ramp(server, ramp_config(server, args.cpu_steps_list, cal_args, args.slo_ms), say)
+    finally:
+        server.stop()
+    stage, details = fit_cpu_stage([step_cpu(s) for s in result["steps"]], args.cores)
+    say(
+        f"CPU stage: loop {1e6 * stage.cpu_in_s:.0f} + {1e6 * stage.cpu_out_s:.0f} µs per request; batch "
+        f"{1e3 * stage.batch_alpha_s:.3f} ms + {1e3 * stage.batch_beta_s:.4f} ms·n; background "
+        f"{stage.background_cores:.2f} cores + {1e6 * stage.background_cpu_s:.0f} µs per request; {stage.cores:g} cores"
+    )
+    return cpu_document(stage, f"bench/tune_check.py: metered ramp at {args.cpu_steps_list} QPS, max_batch_size {n}, "
+                        f"delay {d:g} ms", setting={"max_batch_size": n, "max_queue_delay_ms": d},
+                        **details)  # fmt: skip
+
+
+def cpu_overhead(overhead_s, t1: float, stage) -> np.ndarray:
+    """The calibration's latencies (overhead + t1) less what the CPU stage models of a lone request:
+    the loop's two passes and one batch of one."""
+    lat = np.asarray(overhead_s, dtype=np.float64) + t1
+    own = stage.cpu_in_s + stage.cpu_out_s + stage.batch_alpha_s + stage.batch_beta_s
+    return np.maximum(lat - own, 0.0)
+
+
 # --------------------------------------------------------------------------- 5. prediction
 
 
-def predict(result: dict, max_batch_size: int, delay_ms: float, profile, overhead, args, sampled: bool) -> dict:
+def predict(result: dict, max_batch_size: int, delay_ms: float, profile, overhead, args, sampled: bool,
+            cpu=None) -> dict:  # fmt: skip
     """The measured ramp's steps, simulated: same offers, arrival process, step length and warm-up."""
     from wok.bench.simulate import SimConfig, simulate_ramp
     from wok.bench.tune import model_for
 
-    model = model_for(profile, max_batch_size, 1e-3 * delay_ms, overhead_s=overhead, sampled=sampled)
+    model = model_for(profile, max_batch_size, 1e-3 * delay_ms, overhead_s=overhead, sampled=sampled, cpu=cpu)
     cfg = SimConfig(
         model=model,
         steps=[s["nominal_qps"] for s in result["steps"]],
@@ -254,8 +365,12 @@ def predict(result: dict, max_batch_size: int, delay_ms: float, profile, overhea
     return simulate_ramp(cfg)
 
 
-def compare_steps(measured: dict, predicted: dict, sampled: dict, batcher: dict | None = None) -> list[dict]:
-    """Per step: measured against predicted (α + β·n with overheads); `sampled_*` with measured batch times.
+def compare_steps(
+    measured: dict, predicted: dict, sampled: dict, batcher: dict | None = None, plain: dict | None = None
+) -> list[dict]:
+    """Per step: measured against predicted (the CPU stage's model when there is one, else α + β·n with
+    overheads); `sampled_*` with the profile's measured batch times and overheads; with `plain` (the
+    batcher on the profile's fit with overheads, no CPU stage) also `batcher_*`.
 
     With `batcher` (the same steps simulated without overheads), also the server's own mean
     end-to-end time (its histogram's sum / count: exact, unlike its bucketed percentiles) against
@@ -265,11 +380,18 @@ def compare_steps(measured: dict, predicted: dict, sampled: dict, batcher: dict 
     knee = measured["knee_qps"]
     rows = []
     bare = batcher["steps"] if batcher else [None] * len(measured["steps"])
-    for m, p, q, b in zip(measured["steps"], predicted["steps"], sampled["steps"], bare):
+    plains = plain["steps"] if plain else [None] * len(measured["steps"])
+    for m, p, q, b, f in zip(measured["steps"], predicted["steps"], sampled["steps"], bare, plains):
         other = (m.get("host_cpu") or {}).get("other_cores")
         mp, pp = m["latency_ms"]["p99"], p["latency_ms"]["p99"]
         err = (pp - mp) / mp if mp and np.isfinite(mp) and np.isfinite(pp) else None
         below = knee is None or m["offered_qps"] < knee
+        fp = None if f is None else f["latency_ms"]["p99"]
+        threads = (m.get("server_cpu") or {}).get("threads_us_per_request") or {}
+        sc = m.get("server_cpu") or {}
+        loop_cores = None
+        if threads.get("loop") is not None and sc.get("wall_s"):
+            loop_cores = threads["loop"] * 1e-6 * sc["requests"] / sc["wall_s"]
         rows.append(
             {
                 "offered_qps": m["offered_qps"],
@@ -292,6 +414,10 @@ def compare_steps(measured: dict, predicted: dict, sampled: dict, batcher: dict 
                 "other_cores": other,
                 "quiet": other is not None and other <= QUIET_CORES,
                 "server_cores": (m.get("server_cpu") or {}).get("cores"),
+                "batcher_p99_ms": fp,
+                "batcher_relative_error": (fp - mp) / mp if fp is not None and mp and np.isfinite(mp) else None,
+                "measured_loop_cores": loop_cores,
+                "predicted_loop_utilization": p.get("loop_utilization"),
             }
         )
     return rows
@@ -311,9 +437,9 @@ def print_report(doc: dict, file=None) -> None:
                       title=f"rep {run['rep']} {run['label']}: max_batch_size {run['max_batch_size']}, "
                       f"delay {run['max_queue_delay_ms']:g} ms; measured max QPS {run['measured_max_qps']}, "
                       f"knee {run['measured_knee_qps']}")  # fmt: skip
-        for h in ("offered", "achieved", "P50 meas", "P50 sim", "P99 meas", "P99 sim", "error", "P99 sim·s", "error·s",
-                  "below knee",
-                  "batch meas", "batch sim", "other cores"):  # fmt: skip
+        for h in ("offered", "achieved", "P50 meas", "P50 sim", "P99 meas", "P99 sim", "error", "P99 batcher",
+                  "error·b", "below knee", "batch meas", "batch sim", "loop cores meas", "loop util sim",
+                  "other cores"):  # fmt: skip
             table.add_column(h, justify="right", no_wrap=True)
         for r in run["comparison"]:
             table.add_row(
@@ -324,12 +450,14 @@ def print_report(doc: dict, file=None) -> None:
                 _ms(r["measured_p99_ms"]),
                 _ms(r["predicted_p99_ms"]),
                 _pct(r["relative_error"]),
-                _ms(r["sampled_p99_ms"]),
-                _pct(r["sampled_relative_error"]),
+                _ms(r.get("batcher_p99_ms")),
+                _pct(r.get("batcher_relative_error")),
                 "yes" if r["below_knee"] else "no",
                 _num(r["measured_mean_batch_size"]),
                 _num(r["predicted_mean_batch_size"]),
-                "-" if r["other_cores"] is None else f"{r['other_cores']:.2f}",
+                _num2(r.get("measured_loop_cores")),
+                _num2(r.get("predicted_loop_utilization")),
+                _num2(r["other_cores"]),
             )
         console.print(table)
         console.print()
@@ -359,6 +487,10 @@ def _num(x) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
+def _num2(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def add_batcher_means(doc: dict) -> None:
     """Fill `server_e2e_mean_ms` and `predicted_batcher_mean_ms` into a run written before they existed."""
     from wok.bench.tune import profile_from_document
@@ -375,8 +507,29 @@ def add_batcher_means(doc: dict) -> None:
             row["predicted_batcher_mean_ms"] = b["latency_ms"]["mean"]
 
 
+def _rows_v2(run: dict) -> list[str]:
+    """One run's table (`wok.tunecheck/2`): the prediction with the CPU stage, and the batcher alone."""
+    out = [
+        "| offered | achieved | P50 ms meas / sim | P99 ms meas | P99 ms sim | error | P99 ms batcher only | error "
+        "| below knee | mean batch meas / sim | loop cores meas / sim | other cores |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|:-:|--:|--:|--:|",
+    ]
+    for r in run["comparison"]:
+        out.append(
+            f"| {r['offered_qps']:,.0f} | {r['measured_achieved_qps']:,.0f} "
+            f"| {_ms(r['measured_p50_ms'])} / {_ms(r['predicted_p50_ms'])} | {_ms(r['measured_p99_ms'])} "
+            f"| {_ms(r['predicted_p99_ms'])} | {_pct(r['relative_error'])} | {_ms(r.get('batcher_p99_ms'))} "
+            f"| {_pct(r.get('batcher_relative_error'))} | {'yes' if r['below_knee'] else 'no'} "
+            f"| {_num(r['measured_mean_batch_size'])} / {_num(r['predicted_mean_batch_size'])} "
+            f"| {_num2(r.get('measured_loop_cores'))} / {_num2(r.get('predicted_loop_utilization'))} "
+            f"| {_num2(r.get('other_cores'))} |"
+        )
+    out.append("")
+    return out
+
+
 def markdown(doc: dict) -> str:
-    """The runs of a `wok.tunecheck/1` document as the markdown tables of docs/tune.md."""
+    """The runs of a `wok.tunecheck/1` or `/2` document as the markdown tables of docs/tune.md."""
     out = []
     cfg, v = doc["config"], doc["verdict"]
     cals = [doc["overhead"], *doc.get("calibrations", [])]
@@ -387,12 +540,24 @@ def markdown(doc: dict) -> str:
         f"delay {doc['tuned_setting']['max_queue_delay_ms']:g} ms; load average at start "
         f"{doc['host']['loadavg_at_start'][0]:.2f}, at end {doc['host']['loadavg_at_end'][0]:.2f}.\n"
     )
+    cpu = doc.get("cpu_stage")
+    if cpu:
+        out.append(
+            f"CPU stage ({cpu['method']}): loop {1e6 * cpu['cpu_in_s']:.0f} µs before the batcher + "
+            f"{1e6 * cpu['cpu_out_s']:.0f} µs after it per request; the server's batch "
+            f"{1e3 * cpu['batch_alpha_s']:.3f} ms + {1e3 * cpu['batch_beta_s']:.4f} ms·n; background "
+            f"{cpu['background_cores']:.2f} cores + {1e6 * cpu['background_cpu_s']:.0f} µs per request; "
+            f"{cpu['cores']:g} cores.\n"
+        )
     for run in doc["runs"]:
         out.append(
             f"**rep {run['rep']}, {run['label']}** (max_batch_size {run['max_batch_size']}, delay "
             f"{run['max_queue_delay_ms']:g} ms): measured max QPS under {cfg['slo_p99_ms']:g} ms "
             f"{run['measured_max_qps']}, knee {run['measured_knee_qps']}\n"
         )
+        if doc.get("schema") == SCHEMA:
+            out.extend(_rows_v2(run))
+            continue
         out.append(
             "| offered | achieved | P50 ms meas / sim | P99 ms meas | P99 ms sim (fit) | error | P99 ms sim (samples) "
             "| error | below knee | mean batch meas / sim | server mean ms meas / sim | other cores |"
@@ -423,6 +588,12 @@ def markdown(doc: dict) -> str:
         + (
             f" ({v['quiet_steps_within']} of {v['quiet_steps_below_knee']} quiet ones)"
             if "quiet_steps_below_knee" in v
+            else ""
+        )
+        + (
+            f"; the batcher alone (profile fit + overheads, no CPU stage) within ±{100 * TOLERANCE:g} % on "
+            f"{v['batcher_steps_within']} of them"
+            if "batcher_steps_within" in v
             else ""
         )
         + "."
@@ -480,6 +651,11 @@ def parse_args(argv=None):
     p.add_argument("--profile-reps", type=int, default=200)
     p.add_argument("--calibration-qps", type=float, default=100.0)
     p.add_argument("--calibration-duration", default="6s")
+    p.add_argument("--cpu-steps", default="300,1200,2400", help="loads of the CPU stage's metered calibration ramp")
+    p.add_argument("--cpu-calibration-duration", default="4s", help="measured length of each of those steps")
+    p.add_argument("--cores", type=float, default=float(os.cpu_count() or 1), help="cores the server shares")
+    p.add_argument("--no-cpu-stage", action="store_true", help="predict and tune without the CPU stage")
+    p.add_argument("--save-cpu", type=Path, help="write the CPU stage (wok.cpustage/1) here")
     p.add_argument("--max-batch-sizes", default="4,8,16,32,64")
     p.add_argument("--delays", default="0ms,1ms,2ms,5ms,10ms")
     p.add_argument("--default", default="32,5ms", help="the default setting: MAX_BATCH_SIZE,DELAY")
@@ -515,6 +691,8 @@ def parse_args(argv=None):
     args.step_duration = parse_duration(args.step_duration)
     args.warmup = parse_duration(args.warmup)
     args.calibration_duration = parse_duration(args.calibration_duration)
+    args.cpu_steps_list = parse_steps(args.cpu_steps)
+    args.cpu_calibration_duration = parse_duration(args.cpu_calibration_duration)
     args.sizes = [int(x) for x in args.max_batch_sizes.split(",")]
     args.delays_s = [parse_duration(x) for x in args.delays.split(",")]
     args.default_setting = _setting(args.default)
@@ -540,6 +718,7 @@ def main(argv=None) -> int:
     from wok.bench.compare import metered_ramp, stop_all
     from wok.bench.tune import (
         SearchConfig,
+        cpu_from_document,
         load_profile,
         print_table,
         profile_from_document,
@@ -581,9 +760,19 @@ def main(argv=None) -> int:
             zero = profile_from_document(measure_profile([1, 2], 50, device_like=(0.0, 0.0)))
             t1 = float(np.median(dict(zero.samples)[1]))
 
-        # 2. overhead
+        # 2. the CPU stage (not for the device-like model: its batch sleeps), then the overhead
+        cpu_doc = stage = None
+        if not args.device_like and not args.no_cpu_stage:
+            cpu_doc = calibrate_cpu(args)
+            stage = cpu_from_document(cpu_doc)
+            if args.save_cpu:
+                report.write_json(cpu_doc, args.save_cpu)
         overhead_doc = calibrate(args, t1)
         overhead = np.asarray(overhead_doc["samples_s"])
+        if stage is not None:
+            overhead = cpu_overhead(overhead, t1, stage)
+            say(f"overhead beside the CPU stage: median {1e3 * np.median(overhead):.2f} ms, "
+                f"P99 {1e3 * np.quantile(overhead, 0.99):.2f} ms")  # fmt: skip
         if args.save_overhead:
             report.write_json(overhead_doc, args.save_overhead)
 
@@ -592,7 +781,7 @@ def main(argv=None) -> int:
                               duration_s=_seconds(args.sim_duration))  # fmt: skip
         default_s = (args.default_setting[0], 1e-3 * args.default_setting[1])
         tuned_doc = tune(profile, search, args.sizes, args.delays_s, overhead_s=tuple(overhead), default=default_s,
-                         progress=say)  # fmt: skip
+                         progress=say, cpu=stage)  # fmt: skip
         print_table(tuned_doc)
         if args.tuned_setting:
             tuned = args.tuned_setting
@@ -610,6 +799,7 @@ def main(argv=None) -> int:
                 # The machine drifts: each repetition's predictions use an overhead measured just before it.
                 calibrations.append(calibrate(args, t1))
             rep_overhead = tuple(calibrations[-1]["samples_s"])
+            rep_cpu_overhead = tuple(cpu_overhead(rep_overhead, t1, stage)) if stage is not None else rep_overhead
             order = [("default", args.default_setting), ("tuned", tuned)]
             if rep % 2 == 0:
                 order.reverse()
@@ -620,7 +810,10 @@ def main(argv=None) -> int:
                     measured = metered_ramp(server, ramp_config(server, args.steps_list, args, args.slo_ms), say)
                 finally:
                     server.stop()
-                predicted = predict(measured, n, d, profile, rep_overhead, args, sampled=False)
+                plain = predict(measured, n, d, profile, rep_overhead, args, sampled=False)
+                predicted = plain
+                if stage is not None:
+                    predicted = predict(measured, n, d, profile, rep_cpu_overhead, args, sampled=False, cpu=stage)
                 sampled = predict(measured, n, d, profile, rep_overhead, args, sampled=True)
                 bare = predict(measured, n, d, profile, (), args, sampled=False)
                 runs.append(
@@ -632,7 +825,7 @@ def main(argv=None) -> int:
                         "measured_max_qps": measured["max_qps_under_slo"],
                         "measured_knee_qps": measured["knee_qps"],
                         "predicted_max_qps_on_steps": predicted["max_qps_under_slo"],
-                        "comparison": compare_steps(measured, predicted, sampled, bare),
+                        "comparison": compare_steps(measured, predicted, sampled, bare, plain),
                         "measured": measured,  # the predictions are in `comparison`; rerun them from the inputs
                     }
                 )
@@ -652,9 +845,12 @@ def main(argv=None) -> int:
         "created": started,
         "host": {"cpus": os.cpu_count(), "loadavg_at_start": loadavg_start, "loadavg_at_end": os.getloadavg()},
         "config": {
-            k: v for k, v in vars(args).items() if k not in ("json", "plot", "save_profile", "save_overhead", "log_dir")
+            k: v
+            for k, v in vars(args).items()
+            if k not in ("json", "plot", "save_profile", "save_overhead", "save_cpu", "log_dir")
         },
         "profile": profile_doc,
+        "cpu_stage": cpu_doc,
         "overhead": overhead_doc,
         "calibrations": calibrations[1:],
         "tune": tuned_doc,
@@ -672,6 +868,9 @@ def main(argv=None) -> int:
             "p99_within_tolerance_below_knee": bool(below) and len(within) == len(below),
             "quiet_steps_below_knee": len(quiet),
             "quiet_steps_within": sum(r["within_tolerance"] for r in quiet),
+            "batcher_steps_within": sum(
+                r["batcher_relative_error"] is not None and abs(r["batcher_relative_error"]) <= TOLERANCE for r in below
+            ),
             "worst_error": None if worst is None else {k: worst[k] for k in ("offered_qps", "relative_error")},
         },
         "wall_s": time.monotonic() - t0,

@@ -1,0 +1,158 @@
+"""`wok tune` and bench/tune_check.py with the simulator's CPU stage: the calibration's fits on
+hand-made measurements, the calibration document, the command-line options."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from wok.bench.tune import (
+    CpuStage,
+    Profile,
+    ceiling_qps,
+    cpu_document,
+    cpu_from_document,
+    load_cpu,
+    model_for,
+    tune_cpu_stage,
+)
+from wok.bench.tune_check import cpu_overhead, fit_cpu_stage, markdown
+
+US, MS = 1e-6, 1e-3
+
+
+def point(rate: float, n: float) -> dict:
+    """A metered step of a server whose CPU is exactly: loop 0.05 cores + 120 µs per request;
+    worker 0.7 ms + 30 µs·n per batch; gRPC 40 µs, other threads 0.02 cores + 20 µs, the load
+    generator 0.08 cores + 140 µs per request; respond = 0.1 ms + 70 µs·(n − 1)/2."""
+    return {
+        "rate_qps": rate,
+        "cores": {
+            "loop": 0.05 + 120 * US * rate,
+            "model": rate / n * (0.7 * MS + 30 * US * n),
+            "grpc": 40 * US * rate,
+            "other": 0.02 + 20 * US * rate,
+        },
+        "loadgen_cores": 0.08 + 140 * US * rate,
+        "other_cores": 0.0,
+        "mean_batch_size": n,
+        "stages_ms": {"respond": 0.1 + 0.07 * (n - 1) / 2},
+    }
+
+
+def test_the_cpu_fit_recovers_a_server_built_by_hand():
+    stage, details = fit_cpu_stage([point(300, 2.5), point(1200, 7.5), point(2400, 15.0)], cores=2)
+    assert stage.cpu_in_s + stage.cpu_out_s == pytest.approx(120 * US)
+    assert stage.cpu_out_s == pytest.approx(70 * US) and stage.cpu_in_s == pytest.approx(50 * US)
+    assert (stage.batch_alpha_s, stage.batch_beta_s) == pytest.approx((0.7 * MS, 30 * US))
+    # Background: gRPC + other threads + load generator, and the loop's part that is not per request.
+    assert stage.background_cpu_s == pytest.approx((40 + 20 + 140) * US)
+    assert stage.background_cores == pytest.approx(0.05 + 0.02 + 0.08)
+    assert stage.cores == 2 and details["loop_fit"]["r2"] == pytest.approx(1.0)
+    # The split is clamped: a respond stage that grows faster than the loop's whole CPU gives c_in = 0.
+    steep = [{**p, "stages_ms": {"respond": 1.0 * p["mean_batch_size"]}} for p in (point(300, 2), point(900, 6))]
+    s2, _ = fit_cpu_stage(steep, cores=2)
+    assert s2.cpu_in_s == 0 and s2.cpu_out_s == pytest.approx(120 * US)
+    with pytest.raises(ValueError, match="two metered loads"):
+        fit_cpu_stage([point(300, 2)], cores=2)
+
+
+def test_the_overhead_beside_the_cpu_stage_is_the_latency_less_a_lone_requests_own_time():
+    stage = CpuStage(cpu_in_s=50 * US, cpu_out_s=70 * US, batch_alpha_s=0.7 * MS, batch_beta_s=30 * US)
+    # Calibration overheads were latency − T(1) with T(1) = 0.2 ms; a lone request's own time here is
+    # 50 + 70 + 700 + 30 µs = 0.85 ms, so each latency (o + 0.2 ms) loses 0.85 ms, floored at 0.
+    out = cpu_overhead([0.0, 1.0 * MS, 3.0 * MS], 0.2 * MS, stage)
+    np.testing.assert_allclose(out, [0.0, 0.35 * MS, 2.35 * MS])
+
+
+def test_the_stage_replaces_the_profiles_batch_time_and_lowers_the_ceiling(tmp_path):
+    profile = Profile(0.1 * MS, 10 * US, samples=((4, (0.2 * MS,)),))
+    stage = CpuStage(cpu_in_s=0.4 * MS, cpu_out_s=0.6 * MS, cores=2.0, background_cpu_s=0.1 * MS,
+                     batch_alpha_s=1 * MS, batch_beta_s=50 * US)  # fmt: skip
+    m = model_for(profile, 16, 2 * MS, cpu=stage, sampled=True)
+    assert (m.alpha_s, m.beta_s, m.batch_samples) == (1 * MS, 50 * US, ())  # the server's, not the profile's
+    assert (m.cpu_in_s, m.cpu_out_s, m.cores, m.background_cpu_s) == (0.4 * MS, 0.6 * MS, 2.0, 0.1 * MS)
+    # Batches alone: 16 / 1.8 ms = 8,889 QPS; the loop: 1 / 1 ms = 1,000 QPS.
+    assert ceiling_qps(m) == pytest.approx(1000.0)
+    assert ceiling_qps(model_for(profile, 16, 2 * MS)) == pytest.approx(16 / (0.1 * MS + 16 * 10 * US))
+    # Without the server's batch time the profile's stays.
+    assert model_for(profile, 16, 0.0, cpu=replace(stage, batch_alpha_s=None, batch_beta_s=None)).alpha_s == 0.1 * MS
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(cpu_document(stage, "by hand", setting={"max_batch_size": 32})))
+    assert load_cpu(path) == stage
+    with pytest.raises(ValueError, match=r"expected .wok\.cpustage/1."):
+        cpu_from_document({"schema": "wok.overhead/1"})
+    with pytest.raises(ValueError, match="come together"):
+        cpu_from_document({"schema": "wok.cpustage/1", "batch_alpha_s": 1e-3})
+
+
+def test_the_command_lines_cpu_options_lay_over_the_calibration(tmp_path):
+    assert tune_cpu_stage(None, None, None) is None
+    halves = tune_cpu_stage(None, "0.23ms", None)
+    assert (halves.cpu_in_s, halves.cpu_out_s, halves.cores) == pytest.approx((115 * US, 115 * US, 0.0))
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(cpu_document(CpuStage(cpu_in_s=30 * US, cpu_out_s=90 * US, cores=2.0), "by hand")))
+    stage = tune_cpu_stage(path, "0.24ms", 4.0)  # the file's split (1 : 3), the given total and cores
+    assert (stage.cpu_in_s, stage.cpu_out_s, stage.cores) == pytest.approx((60 * US, 180 * US, 4.0))
+    with pytest.raises(ValueError, match="--cores"):
+        tune_cpu_stage(None, None, -1.0)
+
+
+def _wok(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "wok", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_wok_tune_with_a_cpu_stage_is_bounded_by_the_loop(tmp_path):
+    out = tmp_path / "tune.json"
+    done = _wok(
+        "tune", "--slo-p99", "20ms", "--alpha", "0.2ms", "--beta", "0.01ms", "--max-batch-sizes", "8,32",
+        "--delays", "0ms,2ms", "--default", "none", "--sim-duration", "3s", "--iterations", "5",
+        "--per-request-cpu", "1ms", "--cores", "2", "--json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "CPU stage: loop 500 + 500 µs per request, 2 cores shared" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["inputs"]["cpu"]["cpu_in_s"] == pytest.approx(0.5e-3)
+    # Every setting's ceiling is the loop's 1,000 QPS, and the search stays below it.
+    assert all(r["ceiling_qps"] == pytest.approx(1000.0) for r in result["settings"])
+    assert 0 < result["chosen"]["max_qps"] < 1000.0
+    bad = _wok("tune", "--slo-p99", "20ms", "--alpha", "1ms", "--beta", "1ms", "--per-request-cpu", "-1ms")
+    assert bad.returncode == 2 and "wok tune:" in bad.stderr
+
+
+def test_tune_check_renders_a_cpu_stage_run_as_markdown():
+    row = {
+        "offered_qps": 2000.0, "measured_achieved_qps": 1990.0, "measured_p50_ms": 6.0, "predicted_p50_ms": 5.5,
+        "measured_p99_ms": 12.0, "predicted_p99_ms": 9.0, "relative_error": -0.25, "batcher_p99_ms": 8.0,
+        "batcher_relative_error": -1 / 3, "below_knee": True, "measured_mean_batch_size": 12.0,
+        "predicted_mean_batch_size": 11.0, "measured_loop_cores": 0.3, "predicted_loop_utilization": 0.25,
+        "other_cores": 0.0,
+    }  # fmt: skip
+    stage = CpuStage(cpu_in_s=50 * US, cpu_out_s=70 * US, cores=2.0, background_cores=0.15, background_cpu_s=185 * US,
+                     batch_alpha_s=0.7 * MS, batch_beta_s=30 * US)  # fmt: skip
+    stage = cpu_document(stage, "a ramp")
+    doc = {
+        "schema": "wok.tunecheck/2",
+        "config": {"slo_p99_ms": 50.0},
+        "cpu_stage": stage,
+        "overhead": {"median_s": 2e-3, "p99_s": 7e-3},
+        "tuned_setting": {"max_batch_size": 64, "max_queue_delay_ms": 5.0},
+        "host": {"loadavg_at_start": [0.5, 0, 0], "loadavg_at_end": [0.7, 0, 0]},
+        "runs": [{"rep": 1, "label": "tuned", "max_batch_size": 64, "max_queue_delay_ms": 5.0,
+                  "measured_max_qps": 2000.0, "measured_knee_qps": None, "comparison": [row]}],
+        "verdict": {"default_max_qps": [1000.0], "tuned_max_qps": [2000.0], "tuned_at_least_default": True,
+                    "steps_within": 0, "steps_below_knee": 1, "quiet_steps_within": 0, "quiet_steps_below_knee": 1,
+                    "batcher_steps_within": 0},
+    }  # fmt: skip
+    text = markdown(doc)
+    assert (
+        "| 2,000 | 1,990 | 6.0 / 5.5 | 12.0 | 9.0 | -25% | 8.0 | -33% | yes | 12.0 / 11.0 | 0.30 / 0.25 | 0.00 |"
+        in text
+    )
+    assert "loop 50 µs before the batcher + 70 µs after it" in text and "0.700 ms + 0.0300 ms·n" in text
+    assert "the batcher alone (profile fit + overheads, no CPU stage) within ±20 % on 0 of them" in text
