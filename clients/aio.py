@@ -75,7 +75,7 @@ class AsyncClient:
             if not retries:
                 s = dataclasses.replace(s, max_attempts=1)
             self._balancer = Balancer(target, options=options, credentials=self._credentials, settings=s)
-        self._balancer_started = False
+        self._balancer_start: asyncio.Future | None = None
 
     @property
     def balancer(self) -> Balancer | None:
@@ -87,21 +87,21 @@ class AsyncClient:
             raise RuntimeError("this AsyncClient is closed")
         # Outside a running loop grpc.aio would bind the channel to a loop nobody runs.
         asyncio.get_running_loop()
-        if self._balancer is not None:
-            raise RuntimeError("with balancer='wok' the client must be opened first (async with, or wait_ready)")
         self._channel = open_channel(grpc.aio, self.target, self._credentials, self._options)
         self._stub = GRPCInferenceServiceStub(self._channel)
         return self._stub
 
     async def _open(self) -> None:
+        """Make the channel, or start the balancer once (concurrent first calls wait for the one start)."""
         if self._closed:
             raise RuntimeError("this AsyncClient is closed")
-        if self._balancer is not None:
-            if not self._balancer_started:
-                self._balancer_started = True
-                await self._balancer.start()
-        elif self._stub is None:
-            self._connect()
+        if self._balancer is None:
+            if self._stub is None:
+                self._connect()
+            return
+        if self._balancer_start is None:
+            self._balancer_start = asyncio.ensure_future(self._balancer.start())
+        await asyncio.shield(self._balancer_start)
 
     async def __aenter__(self) -> AsyncClient:
         await self._open()
@@ -117,6 +117,9 @@ class AsyncClient:
         if channel is not None:
             await channel.close()
         if self._balancer is not None:
+            if self._balancer_start is not None and not self._balancer_start.done():
+                self._balancer_start.cancel()
+                await asyncio.gather(self._balancer_start, return_exceptions=True)
             await self._balancer.stop()
 
     async def wait_ready(self, timeout: float | None = None) -> None:
@@ -130,23 +133,16 @@ class AsyncClient:
         except asyncio.TimeoutError:
             raise TimeoutError(f"{self.target}: not connected within {timeout} s") from None
 
-    def _method(self, method: str):
-        """The stub's method, or the balancer's (same protocol messages in and out)."""
-        if self._balancer is None:
-            return getattr(self._stub or self._connect(), method)
-        if self._closed:
-            raise RuntimeError("this AsyncClient is closed")
-        if not self._balancer_started:
-            raise RuntimeError("with balancer='wok' open the client first: `async with AsyncClient(...)`")
-        response = getattr(pb, f"{method}Response")
-        return self._balancer.unary_unary(
-            f"/inference.GRPCInferenceService/{method}",
-            request_serializer=_serialize,
-            response_deserializer=response.FromString,
-        )
-
     async def _unary(self, method: str, request, timeout: float | None):
-        call = self._method(method)
+        if self._balancer is None:
+            call = getattr(self._stub or self._connect(), method)
+        else:
+            await self._open()
+            call = self._balancer.unary_unary(
+                f"/inference.GRPCInferenceService/{method}",
+                request_serializer=_serialize,
+                response_deserializer=getattr(pb, f"{method}Response").FromString,
+            )
         try:
             return await call(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
@@ -220,7 +216,7 @@ class AsyncClient:
         if self._balancer is None:
             stub = self._stub or self._connect()
         else:
-            self._method("ModelStreamInfer")  # open and not closed
+            await self._open()
             stub = GRPCInferenceServiceStub(self._balancer.pick_channel())
         call = stub.ModelStreamInfer(timeout=timeout, metadata=self._metadata)
         writer = asyncio.ensure_future(_write_requests(call, requests))

@@ -280,6 +280,13 @@ async def test_async_client_with_the_wok_balancer(serve):
             stats = c.balancer.stats()
             assert stats["ok"] >= 22 and all(r["ok"] > 0 for r in stats["replicas"])
         assert c.balancer is None
+        # Opened by its first calls, concurrent ones included: one start.
+        lazy = AsyncClient(targets, balancer="wok")
+        try:
+            assert await asyncio.gather(lazy.server_live(), lazy.server_live(), lazy.server_ready()) == [True] * 3
+            assert len(lazy.balancer.replicas) == 2
+        finally:
+            await lazy.close()
     with pytest.raises(ValueError, match="balancer"):
         AsyncClient("127.0.0.1:1", balancer="nginx")
 
