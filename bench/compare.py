@@ -277,7 +277,8 @@ class Peer:
         if "rev" in self.extra:
             return f"git archive {self.extra['rev']} (server, bench, clients, demo as package wok), this .venv"
         extra = self.extra.get("args")
-        return "this checkout (.venv)" + (f", wok serve … {shlex.join(extra)}" if extra else "")
+        how = ", requests on ModelStreamInfer" if self.extra.get("rpc") == "stream" else ""
+        return "this checkout (.venv)" + (f", wok serve … {shlex.join(extra)}" if extra else "") + how
 
 
 def _venv_libdir(python: str) -> str:
@@ -379,6 +380,8 @@ def _launch_mlserver(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
 
 PEERS: dict[str, Peer] = {
     "wok": Peer("wok", [], _launch_wok, ready_timeout_s=120.0),
+    # wok driven through ModelStreamInfer (wok bench ramp --rpc stream): streams kept open per worker.
+    "wok-stream": Peer("wok-stream", [], _launch_wok, ready_timeout_s=120.0, extra={"rpc": "stream"}),
     # Not a server of the model: the ceiling of Python gRPC (grpc.aio on uvloop) on this machine.
     "bare": Peer("bare", [], _launch_bare, ready_timeout_s=60.0),
     "pytriton": Peer("pytriton", ["nvidia-pytriton==0.7.0", "torch==2.13.0", "numpy"], _launch_pytriton),
@@ -766,7 +769,8 @@ def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path) -> dict:
         say(f"rep {rep}: {peer.name} ready in {record['ready_s']:.1f} s on {server.target}")
         wok = peer.launch is _launch_wok  # wok, its variants and revisions serve wok's /metrics
         metrics = f"http://127.0.0.1:{server.ports['metrics']}/metrics" if wok else None
-        cfg = RampConfig(target=server.target, models=[("mlp", 1.0)], metrics_url=metrics, **cfg_kwargs)
+        rpc = peer.extra.get("rpc", "unary")
+        cfg = RampConfig(target=server.target, models=[("mlp", 1.0)], metrics_url=metrics, rpc=rpc, **cfg_kwargs)
         with RssSampler(server.pid) as rss:
             result = metered_ramp(server, cfg, progress=lambda m: say(f"rep {rep} {peer.name}: {m}"))
         record.update(summarize_run(result))

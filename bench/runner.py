@@ -61,6 +61,8 @@ class RampConfig:
     retries: bool = True  # retry UNAVAILABLE (wok.clients.channel's policy)
     balancer: str | None = None  # "grpc", "wok" or None (workers.default_balancer: wok for several targets)
     hedge_after: float | str | None = "auto"  # the wok balancer's hedge delay: seconds, "auto" or None (off)
+    rpc: str = "unary"  # "unary" (ModelInfer) or "stream" (ModelStreamInfer, `streams` per worker)
+    streams: int = 4
 
 
 def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix]:
@@ -108,6 +110,8 @@ class Ramp:
             retries=cfg.retries,
             balancer=cfg.balancer,
             hedge_after=cfg.hedge_after,
+            rpc=cfg.rpc,
+            streams=cfg.streams,
         )
         steps: list[dict] = []
         interrupted = None

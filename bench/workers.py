@@ -32,6 +32,8 @@ import numpy as np
 
 from wok.timers import PreciseSleeper
 
+from .stream_sender import run_share_stream
+
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 SAMPLE_EVERY_S = 0.01  # how often the in-flight count is sampled, for the Little's-law check
 OK = 0  # grpc.StatusCode.OK's number; others are their own numbers
@@ -119,6 +121,8 @@ class Channel:
     retries: bool = True
     balancer: str = "grpc"  # "grpc" (round_robin, one channel) or "wok" (wok.clients.balancer)
     hedge_after: float | str | None = "auto"  # the wok balancer's hedge delay (s), "auto" or None
+    rpc: str = "unary"  # "unary" (ModelInfer) or "stream" (ModelStreamInfer: wok.bench.stream_sender)
+    streams: int = 4  # streams per worker with rpc="stream"
 
 
 async def _serve(conn, target: str, pool: list[bytes], how: Channel) -> None:
@@ -135,7 +139,10 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel) -> None:
             share = await loop.run_in_executor(None, conn.recv)
             if share is None:
                 return
-            outcome = await _run_share(call, pool, share, metadata)
+            if how.rpc == "stream":
+                outcome = await run_share_stream(call, pool, share, metadata, how.streams)
+            else:
+                outcome = await _run_share(call, pool, share, metadata)
             outcome.balancer = stats()
             conn.send(outcome)
 
@@ -148,6 +155,9 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel) -> None:
         return
     options = channel_options(None, retries=how.retries)
     async with open_channel(grpc.aio, channel_target(target), channel_credentials(how.tls), options) as channel:
+        if how.rpc == "stream":  # the stream sender opens its streams on the channel
+            await serve(channel, lambda: None)
+            return
         await serve(channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None), lambda: None)
 
 
@@ -184,12 +194,18 @@ class WorkerPool:
         retries: bool = True,
         balancer: str | None = None,
         hedge_after: float | str | None = "auto",
+        rpc: str = "unary",
+        streams: int = 4,
     ) -> None:
         balancer = balancer or default_balancer(target)
         if balancer not in ("grpc", "wok"):
             raise ValueError(f"balancer must be grpc or wok; got {balancer!r}")
+        if rpc not in ("unary", "stream"):
+            raise ValueError(f"rpc must be unary or stream; got {rpc!r}")
+        if rpc == "stream" and (balancer != "grpc" or streams < 1):
+            raise ValueError("rpc stream needs balancer grpc (one channel) and at least 1 stream per worker")
         self.balancer = balancer
-        how = Channel(tls, token, retries, balancer, hedge_after)
+        how = Channel(tls, token, retries, balancer, hedge_after, rpc, streams)
         self._stats: list[dict | None] = [None] * n
         ctx = mp.get_context("spawn")  # gRPC does not survive fork
         self._conns = []

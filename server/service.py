@@ -2,7 +2,8 @@
 
 Every exception that ends a request is turned into a status in one place
 (`errors.to_status`): `_abort` for unary calls, an `error_message` for the stream (as
-Triton does, so the stream stays open for the requests after a bad one).
+Triton does, so the stream stays open for the requests after a bad one), with the gRPC
+status number a unary call would have ended with in the answer's `status_code` parameter.
 """
 
 from __future__ import annotations
@@ -186,8 +187,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             except Exception as exc:  # every request on the stream gets its one answer
                 if not isinstance(exc, WokError):
                     log.exception("ModelStreamInfer request for model '%s' failed", req.model_name)
-                _, details = to_status(exc)
+                code, details = to_status(exc)
                 failed = pb.ModelInferResponse(model_name=req.model_name, model_version=req.model_version, id=req.id)
+                # The status a unary call would have ended with, for clients that count codes.
+                failed.parameters["status_code"].int64_param = code.value[0]
                 results.put_nowait(pb.ModelStreamInferResponse(error_message=details, infer_response=failed))
 
         async def read() -> None:

@@ -1,0 +1,161 @@
+"""Open-loop sends on ModelStreamInfer: the streaming RPC driven like `wok bench ramp`'s unary calls.
+
+A worker keeps `streams` bidirectional streams open for a step and sends each request of its
+share at its intended time (paced on wok.timers' timerfd, as the unary sender is) on the next
+stream, round robin. Each request carries its index in the share as its `id`, appended to the
+pre-serialized bytes (a later field wins when protobuf parses a message), and its deadline as
+the `timeout` parameter, so the server drops it as it would a unary call's. A reader per stream
+matches each answer to its request by that id: latency, status codes and dispatch lag come
+out in the same `Outcome` as for unary calls.
+
+A failed request's answer is an `error_message`; wok puts its gRPC status code in the answer's
+`status_code` parameter (another server's error counts as UNKNOWN). A request with no answer
+`timeout_s` after it was sent counts as DEADLINE_EXCEEDED; if a stream itself fails, its
+unanswered requests take the stream's code, and later requests go to the streams still open
+(UNAVAILABLE when none is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+
+from wok.timers import PreciseSleeper
+
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+OK, UNKNOWN, DEADLINE_EXCEEDED, UNAVAILABLE = 0, 2, 4, 14
+SAMPLE_EVERY_S = 0.01
+
+
+def id_field(i: int) -> bytes:
+    """The serialized `id` field (number 3, a string) holding `i`."""
+    s = b"%d" % i
+    return b"\x1a" + bytes((len(s),)) + s
+
+
+def timeout_field(timeout_s: float) -> bytes:
+    """The serialized `timeout` request parameter (whole µs, at least 1), as a field to append."""
+    from wok.v2pb import grpc_service_pb2 as pb
+
+    m = pb.ModelInferRequest()
+    m.parameters["timeout"].int64_param = max(1, round(timeout_s * 1e6))
+    return m.SerializeToString()
+
+
+def parse_answer(msg: bytes) -> tuple[int | None, int]:
+    """(request index, gRPC status number) of one ModelStreamInferResponse; index None if it has no id of ours."""
+    from wok.v2pb import grpc_service_pb2 as pb
+
+    r = pb.ModelStreamInferResponse.FromString(msg)
+    rid = r.infer_response.id
+    index = int(rid) if rid.isdigit() else None
+    if not r.error_message:
+        return index, OK
+    p = r.infer_response.parameters.get("status_code")
+    return index, int(p.int64_param) if p is not None and p.int64_param else UNKNOWN
+
+
+async def run_share_stream(channel, pool: list[bytes], share, metadata=None, streams: int = 4):
+    """Send `share` (wok.bench.workers.Share) open loop on `streams` streams of `channel`; an Outcome."""
+    import grpc
+
+    from .workers import Outcome
+
+    n = len(share.times)
+    sent = np.full(n, np.nan)
+    done = np.full(n, np.nan)
+    codes = np.zeros(n, dtype=np.int16)
+    start = share.start_at
+    suffix = timeout_field(share.timeout_s)
+    pending: dict[int, int] = {}  # request index -> stream
+    samples: list[tuple[float, int]] = []
+    loop = asyncio.get_running_loop()
+    method = channel.stream_stream(STREAM, request_serializer=None, response_deserializer=None)
+    calls = [method(metadata=metadata) for _ in range(max(1, streams))]
+    live = list(range(len(calls)))
+    finished = asyncio.Event()
+
+    def settle(i: int, code: int) -> None:
+        done[i] = time.monotonic() - start
+        codes[i] = code
+        del pending[i]
+        if not pending and sending_done:
+            finished.set()
+
+    async def reader(k: int) -> None:
+        call = calls[k]
+        try:
+            while True:
+                msg = await call.read()
+                if msg is grpc.aio.EOF:
+                    break
+                i, code = parse_answer(msg)
+                if i is not None and pending.get(i) == k:
+                    settle(i, code)
+            code = UNAVAILABLE  # the server ended the stream with requests unanswered
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code().value[0]
+        except asyncio.CancelledError:
+            return
+        if k in live:
+            live.remove(k)
+        for i in [i for i, s in pending.items() if s == k]:
+            settle(i, code)
+
+    async def sampler() -> None:
+        while True:
+            samples.append((time.monotonic() - start, len(pending)))
+            await asyncio.sleep(SAMPLE_EVERY_S)
+
+    readers = [loop.create_task(reader(k)) for k in range(len(calls))]
+    sending_done = False
+    sleeper = PreciseSleeper(loop)
+    to_perf = time.perf_counter() - time.monotonic()  # 0 on Linux: both read CLOCK_MONOTONIC
+    sampling = None
+    try:
+        for i in range(n):
+            await sleeper.until(start + share.times[i] + to_perf)
+            if sampling is None:
+                sampling = loop.create_task(sampler())
+            sent[i] = time.monotonic() - start
+            if not live:
+                done[i], codes[i] = sent[i], UNAVAILABLE
+                continue
+            k = live[i % len(live)]
+            pending[i] = k
+            try:
+                await calls[k].write(pool[share.which[i]] + suffix + id_field(i))
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+                if i in pending:  # the stream failed under the write; its reader settles the rest
+                    settle(i, UNAVAILABLE)
+                if k in live:
+                    live.remove(k)
+        sending_done = True
+        if pending:
+            # Every answer is due by its deadline; a little more for the server's own expiry answer.
+            last = np.nanmax(sent) if n else 0.0
+            wait = start + last + share.timeout_s + 1.0 - time.monotonic()
+            try:
+                await asyncio.wait_for(finished.wait(), max(wait, 0.0))
+            except asyncio.TimeoutError:
+                pass
+        for i in list(pending):
+            done[i] = sent[i] + share.timeout_s
+            codes[i] = DEADLINE_EXCEEDED
+            del pending[i]
+    finally:
+        sleeper.close()
+        for k in range(len(calls)):
+            try:
+                await calls[k].done_writing()
+            except Exception:  # the stream is gone already
+                pass
+            calls[k].cancel()
+        for t in readers:
+            t.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        if sampling is not None:
+            sampling.cancel()
+    return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2))
