@@ -1,0 +1,110 @@
+"""The demo mlp's forward time by batch size on 1 and on T intra-op threads, back to back and 5 ms apart.
+
+    python bench/thread_sizing.py --json thread-sizing.json
+
+The figures behind the executor's rule (a batch of n runs on ceil(n·T/max_batch_size) threads)
+and behind docs/performance.md's cold-batch discussion. In this process, on its main thread,
+as wok's worker runs the model (torch.inference_mode, OMP_WAIT_POLICY=PASSIVE as `wok serve`
+sets it): for each batch size, `--reps` timed forwards with no gap ("warm": the weights stay in
+the caches) and with a 5 ms sleep before each ("cold": what a batch meets after a delay window
+below saturation). A third series at n = 1 reads every weight tensor `--touch-lead` before the
+forward (a prefetch; its own time is reported beside the forward's). Times are wall-clock
+µs of the forward alone: p50 and p99 over the reps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+SCHEMA = "wok.thread_sizing/1"
+SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=200, help="timed forwards per cell (default 200)")
+    p.add_argument("--gap-ms", type=float, default=5.0, help="sleep before each cold forward (default 5)")
+    p.add_argument("--touch-lead-ms", type=float, default=1.0, help="prefetch lead for the touch series (default 1)")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import numpy as np
+    import torch
+
+    from wok.bench.latency_breakdown import write_doc
+    from wok.models import build_demo
+
+    threads = torch.get_num_threads()
+    module = build_demo("mlp").module_for(torch.device("cpu"))
+    weights = [w.detach() for w in module.parameters()]
+
+    def forward(x):
+        with torch.inference_mode():
+            module(x)
+
+    def touch():
+        with torch.inference_mode():
+            for w in weights:
+                w.sum()
+
+    def series(n: int, t: int, gap_s: float, lead_s: float = 0.0) -> dict:
+        torch.set_num_threads(t)
+        x = torch.ones(n, 256)
+        fwd, pre = [], []
+        for _ in range(args.reps + 10):
+            if gap_s:
+                time.sleep(gap_s - lead_s)
+            if lead_s:
+                t0 = time.perf_counter()
+                touch()
+                spent = time.perf_counter() - t0
+                pre.append(spent)
+                time.sleep(max(lead_s - spent, 0.0))
+            t0 = time.perf_counter()
+            forward(x)
+            fwd.append(time.perf_counter() - t0)
+        a = 1e6 * np.array(fwd[10:])
+        out = {"n": n, "threads": t, "gap_ms": 1e3 * gap_s, "p50_us": float(np.median(a))}
+        out["p99_us"] = float(np.percentile(a, 99))
+        if lead_s:
+            out["touch_lead_ms"] = 1e3 * lead_s
+            out["touch_p50_us"] = float(1e6 * np.median(pre[10:]))
+        return out
+
+    forward(torch.ones(32, 256))
+    rows = []
+    gap = args.gap_ms / 1e3
+    for g in (0.0, gap):
+        for n in SIZES:
+            for t in sorted({1, threads}):
+                rows.append(series(n, t, g))
+    touched = series(1, 1, gap, args.touch_lead_ms / 1e3)
+    torch.set_num_threads(threads)
+    doc = {
+        "schema": SCHEMA,
+        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "torch": torch.__version__,
+        "threads_default": threads,
+        "loadavg_at_end": list(os.getloadavg()),
+        "config": vars(args) | {"json": str(args.json) if args.json else None},
+        "rows": rows,
+        "touch": touched,
+    }
+    print(f"{'gap':>5s} {'n':>3s} {'threads':>7s} {'p50 µs':>7s} {'p99 µs':>7s}")
+    for r in rows:
+        print(f"{r['gap_ms']:5.0f} {r['n']:3d} {r['threads']:7d} {r['p50_us']:7.0f} {r['p99_us']:7.0f}")
+    print(
+        f"n=1, 1 thread, weights read {touched['touch_lead_ms']:g} ms before: forward p50 {touched['p50_us']:.0f} "
+        f"p99 {touched['p99_us']:.0f} µs (the read itself {touched['touch_p50_us']:.0f} µs)"
+    )
+    write_doc(args.json, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

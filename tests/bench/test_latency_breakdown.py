@@ -1,0 +1,60 @@
+"""bench/latency_breakdown.py and bench/thread_sizing.py: short runs, their documents and invariants."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def run_script(name: str, monkeypatch, *argv: str) -> None:
+    script = str(BENCH / name)
+    monkeypatch.setattr(sys, "argv", [script, *argv])
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        assert exc.code == 0
+
+
+def test_a_short_run_writes_a_consistent_breakdown(tmp_path, monkeypatch):
+    out = tmp_path / "b.json"
+    run_script("latency_breakdown.py", monkeypatch, "--qps", "200", "--duration", "1s", "--json", str(out))
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "wok.latency_breakdown/1"
+    n = doc["requests"]
+    assert 100 <= n <= 300  # Poisson, 200/s for 1 s
+    assert 1 <= doc["batches"] <= n and doc["mean_batch_size"] == n / doc["batches"]
+    assert sum(doc["flushes"].values()) == doc["batches"]
+    st = doc["stages_ms"]
+    assert tuple(st) == (
+        "lag",
+        "queue",
+        "flush_late",
+        "hop_to_worker",
+        "assemble",
+        "compute",
+        "split",
+        "hop_back",
+        "total",
+    )
+    # A flush never leaves before its window ends, and a request's total holds its queue wait.
+    assert st["flush_late"]["min"] >= 0  # at 200/s some batches leave on the delay
+    assert st["total"]["mean"] >= st["queue"]["mean"] > 0
+    assert doc["paced_with"] == "wok.timers.PreciseSleeper"
+
+
+def test_every_batch_size_thread_count_and_gap_is_measured(tmp_path, monkeypatch):
+    out = tmp_path / "t.json"
+    run_script(
+        "thread_sizing.py", monkeypatch, "--reps", "2", "--gap-ms", "1", "--touch-lead-ms", "0.5", "--json", str(out)
+    )
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "wok.thread_sizing/1"
+    threads = sorted({1, doc["threads_default"]})
+    cells = {(r["gap_ms"], r["n"], r["threads"]) for r in doc["rows"]}
+    assert cells == {(g, n, t) for g in (0.0, 1.0) for n in (1, 2, 4, 8, 16, 32) for t in threads}
+    assert all(0 < r["p50_us"] <= r["p99_us"] for r in doc["rows"])
+    assert doc["touch"]["n"] == 1 and doc["touch"]["touch_lead_ms"] == 0.5 and doc["touch"]["touch_p50_us"] > 0
