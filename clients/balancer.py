@@ -48,9 +48,10 @@ Outlier detection (like Envoy's): a replica with `consecutive_failures` (5) fail
 (UNAVAILABLE, INTERNAL, UNKNOWN) or as many attempts in a row that reached `hedge_after`
 without an answer is ejected: it gets no calls for `base_ejection_s` (2 s) × the times it was
 ejected (at most `max_ejection_s`, 30 s); the count is forgotten once it has answered OK,
-before `hedge_after`, as many times in a row again. Never more than `max_ejected_fraction`
-(half) of the replicas are ejected at once, and never the last one, so a fault of the whole
-fleet ejects nobody more. A transient stall costs a replica 2 s out of the rotation; a lasting
+before `hedge_after`, as many times in a row again. At most `max_ejected_fraction` (half,
+rounded down, but one of two) of the replicas are ejected at once, never the last one, so a
+fault of the whole fleet cannot empty the rotation. With hedging off (`hedge_after=None`) attempts are never "late",
+so only failures eject. A transient stall costs a replica 2 s out of the rotation; a lasting
 fault costs 5 delayed (hedged) or failed calls each time it comes back, at growing intervals.
 
 Counters (`stats()`): calls, attempts, hedges, retries, refusals by the budget, and per
