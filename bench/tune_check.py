@@ -629,9 +629,8 @@ def plot(doc: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     axes[0].set_ylabel("P99 latency, ms")
     model = doc["profile"].get("model") or "mlp"
-    fig.suptitle(
-        f"wok {model}: P99 measured (wok bench ramp) and simulated (batcher + measured overhead); dotted: knee"
-    )
+    what = "CPU stage + batcher + overhead" if doc.get("cpu_stage") else "batcher + measured overhead"
+    fig.suptitle(f"wok {model}: P99 measured (wok bench ramp) and simulated ({what}); dotted: knee")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
