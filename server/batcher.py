@@ -50,6 +50,11 @@ from .timers import PreciseTimer
 
 log = logging.getLogger("wok.batcher")
 
+# A delay flush to an idle CPU instance is preceded by a prewarm (Instance.prewarm: its weights
+# read back into the caches) this long before it; none when the flush is nearer than PREWARM_MIN_S.
+PREWARM_LEAD_S = 1e-3
+PREWARM_MIN_S = 0.3e-3
+
 QUEUED, RUNNING, DONE, WITHDRAWN = range(4)
 
 
@@ -175,6 +180,9 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._timer: PreciseTimer | None = None
+        self._prewarm_timer: PreciseTimer | None = None
+        self._prewarm_for = math.inf  # the flush instant the last prewarm was planned for
+        self._prewarm = any(inst.can_prewarm for inst in executor.instances)
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -184,6 +192,8 @@ class Batcher:
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
         self._timer = PreciseTimer(self._loop, self._wakeup.set)
+        if self._prewarm:
+            self._prewarm_timer = PreciseTimer(self._loop, self._prewarm_next)
         self._task = self._loop.create_task(self._run(), name=f"wok-batcher-{self.name}")
 
     async def stop(self) -> None:
@@ -372,6 +382,11 @@ class Batcher:
                 self._timer_at = now + wait if wait is not None else math.inf
                 if wait is not None:
                     timer.arm(self._timer_at)
+                    if self._prewarm and self.slo is None and self._timer_at != self._prewarm_for:
+                        # Below saturation the batch will meet its weights cold: read them first.
+                        self._prewarm_for = self._timer_at
+                        if wait >= PREWARM_MIN_S:
+                            self._prewarm_timer.arm(max(now, self._timer_at - PREWARM_LEAD_S))
                 else:
                     timer.disarm()
                 await self._wakeup.wait()
@@ -390,6 +405,16 @@ class Batcher:
             raise
         finally:
             timer.close()
+            if self._prewarm_timer is not None:
+                self._prewarm_timer.close()
+
+    def _prewarm_next(self) -> None:
+        """Prewarm the instance the next batch will go to, if it is still idle with requests queued."""
+        if not self._queued or not self._free_slots:
+            return
+        inst, _ = min(self._free_slots, key=lambda s: self._busy[s[0]])
+        if self._busy[inst] == 0:
+            self.executor.instances[inst].prewarm()
 
     def _pick(self, now: float, full_only: bool = False) -> tuple[Hashable, _Queue | None, str, float | None]:
         """(key, queue, reason) to flush now; else (None, None, '', seconds to the next delay flush).

@@ -22,6 +22,13 @@ thread is as fast as two when batches follow each other and faster when they com
 (the usual case below saturation: a second thread must be woken from its sleep for every
 parallel region, on a core whose caches went cold), and it leaves the other core to the event
 loop; only a full batch of 32 back to back runs faster on two (0.81 against 1.06 ms).
+
+Below saturation a CPU batch also meets its weights cold: between batches the caches fill with
+the event loop's and everyone else's data, so the demo mlp's first layer, 6.3 MB, comes from
+memory again. `Instance.prewarm` reads every weight on the worker thread; the batcher calls it
+shortly before a delay flush to an idle instance, so the batch finds them in the caches (the
+read costs about what the cold batch would have spent on it, off the request's path). Models
+whose weights exceed PREWARM_MAX_BYTES (no cache holds them) are not prewarmed.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from .errors import ModelExecutionError
 from .faults import InstanceFault
 from .servable import HostBuffers, Servable
 from .tensors import to_numpy_view
+
+PREWARM_MAX_BYTES = 32 << 20  # the last-level cache of the machine it was measured on (docs/performance.md)
 
 
 @dataclass(slots=True)
@@ -117,6 +126,11 @@ class Instance:
         self.device = device
         self.cuda = device.type == "cuda"
         self.module = servable.module_for(device)
+        # The tensors `prewarm` reads: the CPU module's parameters and buffers, if they fit a cache.
+        weights = [t.detach() for t in (*self.module.parameters(), *self.module.buffers())]
+        size = sum(t.numel() * t.element_size() for t in weights)
+        self._weights = weights if not self.cuda and 0 < size <= PREWARM_MAX_BYTES else []
+        self.prewarms = 0  # how many prewarm reads the worker ran
         self.slots = [_Slot(pinned=self.cuda) for _ in range(depth)]
         self.fault = InstanceFault(servable.name, index)  # set by the admin API (server/faults.py)
         # Called on the loop as each batch is handed over, with (rows, future): the admin's event stream.
@@ -177,6 +191,25 @@ class Instance:
         if self.observer is not None:
             self.observer(rows, done)
         return done
+
+    @property
+    def can_prewarm(self) -> bool:
+        return bool(self._weights)
+
+    def prewarm(self) -> concurrent.futures.Future | None:
+        """Read every weight on the worker thread (queued before any later batch); None if not a CPU
+        instance with weights that fit PREWARM_MAX_BYTES. The future's result is the bytes read."""
+        if not self._weights:
+            return None
+        return self._worker.submit(self._read_weights)
+
+    def _read_weights(self) -> int:
+        self._size_threads(1)  # a read, not a batch: one thread
+        with torch.inference_mode():
+            for t in self._weights:
+                t.sum()
+        self.prewarms += 1
+        return sum(t.numel() * t.element_size() for t in self._weights)
 
     def _start_worker(self, name: str) -> None:
         name_os_thread(name)

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from wok.batcher import Batcher, BatchingPolicy
 from wok.errors import DeadlineExceeded, InvalidInput, ModelExecutionError, QueueFull, ShuttingDown
@@ -385,3 +386,28 @@ def test_a_delay_flush_is_armed_for_the_heads_exact_instant_and_never_leaves_ear
     assert all(abs(a) < 1e-9 for a in armed), armed
     assert min(late) >= 0, f"a flush left {-1e3 * min(late):.3f} ms early"
     assert statistics.median(late) <= FLUSH_LATE_MEDIAN_S, [f"{1e3 * x:.3f}" for x in late]
+
+
+async def test_a_delay_flush_to_an_idle_instance_is_prewarmed_once_and_a_size_flush_is_not(gated):
+    from torch import nn
+
+    from wok.executor import Executor
+
+    s, module, _ = gated(max_batch_size=4, delay_ms=20)
+    module.weight = nn.Parameter(torch.zeros(4))  # something to read back into the caches
+    ex = Executor(s, s.config.instances)
+    try:
+        b = make_batcher(s, ex)
+        inst = ex.instances[0]
+        assert inst.can_prewarm
+        for i in range(3):  # three windows, each leaving on the delay
+            p = submit(b, float(i))
+            await p.future
+            assert inst.prewarms == i + 1
+        full = [submit(b, float(i)) for i in range(4)]  # leaves at once on its size
+        await asyncio.gather(*(p.future for p in full))
+        assert inst.prewarms == 3
+        assert b.stats.flushes == {"delay": 3, "size": 1}
+        await finish(b)
+    finally:
+        ex.shutdown()

@@ -243,3 +243,17 @@ def test_the_worker_sizes_torch_threads_to_the_batch_up_to_the_process_setting()
     assert module.seen == [(1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (8, 4), (1, 1)]
     assert ex.instances[0].max_threads == 4
     assert main_after == 4  # the worker's setting is its own thread's, not the process's
+
+
+def test_prewarm_reads_every_weight_on_the_worker_thread_and_only_where_it_can_help(gated):
+    s = build_demo("mlp")
+    ex = Executor(s, InstanceConfig(count=1, devices=("cpu",)))
+    try:
+        inst = ex.instances[0]
+        size = sum(p.numel() * p.element_size() for p in s.module_for(torch.device("cpu")).parameters())
+        assert inst.can_prewarm and inst.prewarm().result(30) == size == 6_300_672  # 1.57 M fp32 weights
+        assert inst.prewarms == 1
+    finally:
+        ex.shutdown()
+    _, _, unweighted = gated()  # no weights: nothing to read
+    assert not unweighted.instances[0].can_prewarm and unweighted.instances[0].prewarm() is None
