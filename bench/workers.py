@@ -197,7 +197,8 @@ class WorkerPool:
         rpc: str = "unary",
         streams: int = 4,
     ) -> None:
-        balancer = balancer or default_balancer(target)
+        # Streams run on one channel: without an explicit balancer they get gRPC's.
+        balancer = balancer or ("grpc" if rpc == "stream" else default_balancer(target))
         if balancer not in ("grpc", "wok"):
             raise ValueError(f"balancer must be grpc or wok; got {balancer!r}")
         if rpc not in ("unary", "stream"):
