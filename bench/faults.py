@@ -821,7 +821,7 @@ def add_arguments(p) -> None:
         "--balancer",
         choices=("grpc", "wok"),
         help="grpc: one channel, gRPC's round_robin; wok: a channel per replica, least loaded of two, hedging, "
-        "outlier ejection (default: wok for several targets or a dns: name, grpc for one server)",
+        "outlier ejection (default: wok for several targets or a dns: name, grpc for one server or --rpc stream)",
     )
     g.add_argument(
         "--hedge-after",
