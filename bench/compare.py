@@ -533,11 +533,11 @@ def metered_ramp(server: Server, cfg, progress: Callable[[str], None]) -> dict:
     from wok.bench.workers import OK
 
     class MeteredRamp(Ramp):
-        def run_step(self, workers, qps, label):
+        def run_step(self, workers, qps, label, **kwargs):
             me = os.getpid()
             threads0 = thread_ticks(server.pid)
             before, gen0, busy0, t0 = tree_usage(server.pid), tree_usage(me), system_busy_s(), time.monotonic()
-            step = super().run_step(workers, qps, label)
+            step = super().run_step(workers, qps, label, **kwargs)
             after, gen1, busy1 = tree_usage(server.pid), tree_usage(me), system_busy_s()
             threads1 = thread_ticks(server.pid)
             wall = time.monotonic() - t0
