@@ -14,7 +14,8 @@ Percentiles are over requests (batch stages: over the requests of each batch).
 
 Run with the checkout's `wok`, or with a revision's laid out by bench/compare.py (wok@REV):
 `PYTHONPATH=.bench-peers/wok@SHA python bench/latency_breakdown.py …` measures that revision's
-batcher and executor (paced with asyncio.sleep when it has no wok.timers).
+batcher and executor (a revision without wok.timers is still paced with this checkout's, which
+the editable install finds; with neither, asyncio.sleep; `paced_with` says which).
 """
 
 from __future__ import annotations
