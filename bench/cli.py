@@ -37,11 +37,27 @@ def add_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=2, help="load-generator processes (default 2)")
     p.add_argument("--timeout", default="30s", help="per-request deadline (default 30s)")
     p.add_argument(
+        "--rpc",
+        choices=("unary", "stream"),
+        default="unary",
+        help="unary: a ModelInfer call per request; stream: requests on ModelStreamInfer streams kept open, "
+        "matched to their answers by id (default unary)",
+    )
+    p.add_argument("--streams", type=int, default=4, help="with --rpc stream: streams per worker (default 4)")
+    p.add_argument(
         "--metrics-url",
         default="auto",
         help="the server's /metrics: auto (HOST:8002 of a single target; none for several), a URL, or none",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--start-at",
+        metavar="UNIX_SECONDS",
+        help="start step 1 at this wall-clock time and step k (warm-up + duration + --step-gap) × (k-1) later, so "
+        "that several generators (a Kubernetes Indexed Job) run each step together (default: a step starts when "
+        "the last one ended)",
+    )
+    p.add_argument("--step-gap", default="2s", help="with --start-at: from a step's last send to the next one's start")
     p.add_argument("--stop-factor", type=float, default=10.0, help="stop when a step's P99 exceeds this × the SLO")
     p.add_argument("--refine", type=int, default=0, help="bisection steps between the last pass and first failure")
     p.add_argument("--knee-threshold", type=float, default=0.5, help="Δachieved/Δoffered below this is the knee")
@@ -223,12 +239,22 @@ def _metrics_url(spec: str, target: str) -> str | None:
     return url if scrape(url, timeout=2.0) is not None else None
 
 
+def _unix_time(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"--start-at: expected a Unix time in seconds, e.g. $(date +%s); got {text!r}") from None
+
+
 def run(args) -> int:
     from ..clients import InferError
     from . import faults, report, soak
     from .arrivals import parse_duration, parse_steps
     from .payloads import parse_mix
     from .runner import Ramp, RampConfig
+    from .workers import default_balancer
 
     tls, token = _security(args)
     duration = parse_duration(args.step_duration)
@@ -255,7 +281,17 @@ def run(args) -> int:
         retries=not args.no_retries,
         balancer=args.balancer,
         hedge_after=faults.parse_hedge_after(args.hedge_after),
+        rpc=args.rpc,
+        streams=args.streams,
+        start_at=_unix_time(args.start_at),
+        step_gap_s=parse_duration(args.step_gap),
     )
+    if cfg.start_at is not None and (args.soak is not None or args.fault or args.replicas is not None):
+        raise ValueError("--start-at is for plain ramps of several generators; not with --soak, --fault or --replicas")
+    if args.streams < 1:
+        raise ValueError("--streams must be at least 1")
+    if args.rpc == "stream" and (args.balancer or default_balancer(args.target)) != "grpc":
+        raise ValueError("--rpc stream sends on one channel: it does not go with --balancer wok")
     try:
         if args.soak is not None:
             if args.fault:

@@ -63,6 +63,28 @@ class RampConfig:
     hedge_after: float | str | None = "auto"  # the wok balancer's hedge delay: seconds, "auto" or None (off)
     rpc: str = "unary"  # "unary" (ModelInfer) or "stream" (ModelStreamInfer, `streams` per worker)
     streams: int = 4
+    # Several generators in step (the Kubernetes Indexed Job): Unix seconds at which step 1's t = 0
+    # falls; step k's falls step_period_s later each. None: each step starts when the last ended.
+    start_at: float | None = None
+    step_gap_s: float = 2.0  # with start_at: from one step's last send to the next step's t = 0
+
+    def __post_init__(self) -> None:
+        if self.start_at is not None:
+            if not math.isfinite(self.start_at) or self.start_at <= 0:
+                raise ValueError(f"start_at must be a Unix time in seconds; got {self.start_at!r}")
+            if self.refine:
+                raise ValueError("start_at does not go with refine: bisection steps are one generator's own")
+            if not 0 <= self.step_gap_s < 3600:
+                raise ValueError(f"step_gap_s must be in [0, 3600) seconds; got {self.step_gap_s!r}")
+
+    @property
+    def step_period_s(self) -> float:
+        """With start_at: seconds from one step's t = 0 to the next one's."""
+        return self.warmup_s + self.step_duration_s + self.step_gap_s
+
+
+class LateStart(RuntimeError):
+    """With start_at: the first step's slot passed before this generator was ready for it."""
 
 
 def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix]:
@@ -118,7 +140,7 @@ class Ramp:
         try:
             for i, qps in enumerate(cfg.steps):
                 try:
-                    step = self.run_step(workers, qps, f"step {i + 1}/{len(cfg.steps)}")
+                    step = self.run_step(workers, qps, f"step {i + 1}/{len(cfg.steps)}", slot=i)
                 except (Exception, KeyboardInterrupt) as exc:
                     if not steps:
                         raise
@@ -156,7 +178,8 @@ class Ramp:
             result["warnings"].append(interrupted)
         return result
 
-    def run_step(self, workers: WorkerPool, qps: float, label: str) -> dict:
+    def run_step(self, workers: WorkerPool, qps: float, label: str, slot: int | None = None) -> dict:
+        """Run one step; with `cfg.start_at`, `slot` k starts at start_at + k × step_period_s."""
         cfg = self.cfg
         total = cfg.warmup_s + cfg.step_duration_s
         arrivals = parse_arrivals(cfg.arrival, qps, duration_s=total)
@@ -169,6 +192,9 @@ class Ramp:
         n = len(workers)
         # A lead lets every worker receive its share (pickled arrays) before t = 0.
         start_at = time.monotonic() + 0.2 + 2e-6 * len(times)
+        late_s = None
+        if cfg.start_at is not None and slot is not None:
+            start_at, late_s = self._slot_start(slot, start_at)
         if self._clock0 is None:
             self._clock0 = start_at
             self.started(start_at)
@@ -217,6 +243,10 @@ class Ramp:
             server=server,
         )
         step["nominal_qps"] = qps
+        if late_s is not None:
+            step["start_late_s"] = late_s
+            if late_s > 0:
+                self.say(f"warning: {label} started {late_s:.3f} s after its slot (the last step's answers came late)")
         lat = step["latency_ms"]
         self.say(
             f"{label}: achieved {step['achieved_qps']:.1f} QPS, ok {100 * step['success_rate']:.1f}%, "
@@ -225,6 +255,29 @@ class Ramp:
         for warning in analysis.check_precision(step, cfg.slo_p99_ms):
             self.say(f"warning: {warning}")
         return step
+
+    def _slot_start(self, slot: int, earliest: float) -> tuple[float, float]:
+        """time.monotonic() at which step `slot` starts, and how late that is after its slot.
+
+        The slot is on the wall clock (what several machines share, through NTP); it is
+        turned into this process's monotonic clock once per step, so a wall-clock step in the
+        middle of a step moves nothing. A step whose slot passed starts as soon as it can, and
+        the next ones keep their own slots: generators drift apart by one step's lateness at
+        most, never by the sum of them.
+        """
+        cfg = self.cfg
+        slot_wall = cfg.start_at + slot * cfg.step_period_s
+        planned = time.monotonic() + (slot_wall - time.time())
+        late = max(0.0, earliest - planned)
+        if slot == 0 and late > cfg.warmup_s:
+            raise LateStart(
+                f"start_at {cfg.start_at:.3f} was {late:.1f} s ago, more than the warm-up ({cfg.warmup_s:g} s): "
+                "this generator is too late to run in step with the others"
+            )
+        wait = planned - time.monotonic()
+        if wait > 1.0:
+            self.say(f"step {slot + 1}: waiting {wait:.1f} s for its slot at {slot_wall:.3f} (--start-at)")
+        return max(planned, earliest), late
 
     def _collect(self, workers: WorkerPool, start: float):
         if not sys.stderr.isatty():

@@ -17,3 +17,22 @@ def test_auto_scrapes_nothing_for_several_servers(target):
 def test_explicit_and_none_are_taken_as_given():
     assert _metrics_url("http://10.0.0.1:9000/metrics", "a:1,b:2") == "http://10.0.0.1:9000/metrics"
     assert _metrics_url("none", "127.0.0.1:1") is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--start-at", "soon"],
+            "wok bench: --start-at: expected a Unix time in seconds, e.g. $(date +%s); got 'soon'",
+        ),
+        (["--start-at", "1900000000", "--refine", "2"], "wok bench: start_at does not go with refine"),
+        (["--start-at", "1900000000", "--replicas", "2"], "wok bench: --start-at is for plain ramps"),
+    ],
+)
+def test_start_at_mistakes_exit_2_naming_the_option(extra, message, capsys):
+    from wok.__main__ import main
+
+    # Refused before anything connects: the target need not exist.
+    assert main(["bench", "ramp", "--target", "127.0.0.1:1", *extra]) == 2
+    assert message in capsys.readouterr().err

@@ -163,3 +163,61 @@ def test_a_burst_step_reports_the_rate_it_really_offered(bench_server):
     # λ_base + A·σ·√(2π)/T over the step: 100 + 400 · 0.22 · 2.507 / 2.2 ≈ 200 QPS.
     assert 180 < step["offered_qps"] < 220
     assert abs(step["achieved_qps"] - step["offered_qps"]) < 0.15 * step["offered_qps"]
+
+
+class _Clocked(Ramp):
+    """A Ramp that notes, as its first step starts, where that start lies on the wall clock."""
+
+    def started(self, clock0: float) -> None:
+        self.start_wall = clock0 + (time.time() - time.monotonic())
+
+
+def test_start_at_puts_every_step_on_its_wall_clock_slot(bench_server):
+    """--start-at: step k's t = 0 is start_at + k × (warm-up + duration + gap), whatever the
+    previous step's last answers cost, so generators on several machines stay in step."""
+    cfg = RampConfig(
+        target=bench_server.target,
+        models=[("mlp", 1.0)],
+        steps=[100, 100, 100],
+        step_duration_s=0.6,
+        warmup_s=0.2,
+        arrival="constant",
+        workers=1,
+        start_at=time.time() + 60,
+        step_gap_s=0.4,
+    )
+    assert cfg.step_period_s == pytest.approx(1.2)
+    ramp = _Clocked(cfg, progress=lambda _: None)  # builds the request pool
+    cfg.start_at = time.time() + 4.0  # time enough to start the worker process, even on a busy machine
+    result = ramp.run()
+    assert ramp.start_wall == pytest.approx(cfg.start_at, abs=0.05)
+    for k, (intended, *_rest) in enumerate(ramp.timeline):
+        # Constant arrivals at 100 QPS: the step's first send is its t = 0, on the step's slot.
+        assert intended.min() == pytest.approx(k * cfg.step_period_s, abs=0.005), k
+    assert [s["start_late_s"] for s in result["steps"]] == [0.0, 0.0, 0.0]
+    assert result["config"]["start_at"] == cfg.start_at
+
+
+def test_start_at_refuses_a_generator_that_arrives_after_the_warm_up(bench_server):
+    cfg = RampConfig(
+        target=bench_server.target,
+        models=[("mlp", 1.0)],
+        steps=[100],
+        step_duration_s=0.5,
+        warmup_s=0.2,
+        start_at=time.time() - 5.0,
+    )
+    with pytest.raises(
+        RuntimeError, match=r"was \d+\.\d s ago, more than the warm-up \(0\.2 s\): this generator is too late"
+    ):
+        Ramp(cfg, progress=lambda _: None).run()
+
+
+def test_start_at_settings_are_checked():
+    base = dict(target="x:1", models=[("mlp", 1.0)], steps=[1], step_duration_s=1.0)
+    with pytest.raises(ValueError, match="start_at must be a Unix time in seconds; got -1"):
+        RampConfig(**base, start_at=-1)
+    with pytest.raises(ValueError, match="start_at does not go with refine"):
+        RampConfig(**base, start_at=time.time(), refine=2)
+    with pytest.raises(ValueError, match=r"step_gap_s must be in \[0, 3600\) seconds; got -1"):
+        RampConfig(**base, start_at=time.time(), step_gap_s=-1)
