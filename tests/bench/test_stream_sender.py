@@ -42,7 +42,7 @@ def test_a_stream_ramp_delivers_every_request_on_schedule(bench_server):
         target=bench_server.target,
         models=[("mlp", 1.0)],
         steps=[100, 400],
-        step_duration_s=2.0,
+        step_duration_s=3.0,
         warmup_s=0.5,
         arrival="constant",
         workers=2,
@@ -53,7 +53,8 @@ def test_a_stream_ramp_delivers_every_request_on_schedule(bench_server):
     assert result["config"]["rpc"] == "stream"
     for step in result["steps"]:
         assert step["success_rate"] == 1.0, step
-        assert abs(step["achieved_qps"] - step["offered_qps"]) <= 0.03 * step["offered_qps"], step
+        # Completions in the window: a stall of the shared machine at its end moves a few past it.
+        assert abs(step["achieved_qps"] - step["offered_qps"]) <= 0.05 * step["offered_qps"], step
         # At these rates the server answers within its 5 ms window plus a few ms.
         assert step["latency_ms"]["p50"] < 50.0, step["latency_ms"]
     # At 100 QPS, constant, requests come 10 ms apart: each waits out the 5 ms window alone.
