@@ -414,7 +414,10 @@ class Batcher:
             return
         inst, _ = min(self._free_slots, key=lambda s: self._busy[s[0]])
         if self._busy[inst] == 0:
-            self.executor.instances[inst].prewarm()
+            try:
+                self.executor.instances[inst].prewarm()
+            except RuntimeError:  # the executor was shut down: the batch itself will fail and say so
+                pass
 
     def _pick(self, now: float, full_only: bool = False) -> tuple[Hashable, _Queue | None, str, float | None]:
         """(key, queue, reason) to flush now; else (None, None, '', seconds to the next delay flush).
