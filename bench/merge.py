@@ -103,6 +103,9 @@ def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
     step["server"] = first.get("server")
     if all("nominal_qps" in s for s in steps):
         step["nominal_qps"] = math.fsum(float(s["nominal_qps"]) for s in steps)
+    if all("start_late_s" in s for s in steps):
+        # The latest part's: until it started, the step had only the others' share of the load.
+        step["start_late_s"] = max(float(s["start_late_s"]) for s in steps)
     return step
 
 
@@ -144,7 +147,19 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
             "some parts ran with the same --seed: their arrival schedules coincide, so the merged load came "
             "in lockstep bursts rather than as one process's schedule; give each process its own seed"
         )
+    starts = {r["config"].get("start_at") for r in results}
+    if len(results) > 1 and (None in starts or len(starts) > 1):
+        warnings.append(
+            "the parts did not share one --start-at: each timed its steps by its own start, so their windows "
+            "line up only as well as their starts did (give every part the same --start-at)"
+        )
     steps = [merge_steps([p[i] for p in parts], f"step {i + 1}") for i in range(n)]
+    for i, step in enumerate(steps):
+        if step.get("start_late_s", 0) > 0:
+            warnings.append(
+                f"step {i + 1}: a part started {step['start_late_s']:.3f} s after the slot (its previous step's "
+                "answers came late): the step's first moments had less than the full load"
+            )
 
     config = dict(first["config"])
     config["steps"] = [s.get("nominal_qps", s["offered_qps"]) for s in steps]
@@ -164,6 +179,15 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         min_success_rate=first.get("min_success_rate", 0.99),
         timeline=None,
     )
+    if any(r.get("balancer") for r in results):
+        from wok.clients.balancer import merge_stats
+
+        merged = merge_stats([r.get("balancer") for r in results])
+        # A result's hedge delays are already a list (one per worker): one list of all workers'.
+        nested = merged["hedge_after_ms"] or []
+        flat = [h for hs in nested for h in (hs if isinstance(hs, list) else [hs])]
+        merged["hedge_after_ms"] = flat or None
+        result["balancer"] = merged
     result["warnings"] = warnings + result["warnings"]
     result["warnings"] += [f"{name}: {w}" for r, name in zip(results, names) for w in r.get("warnings", [])]
     return result

@@ -207,6 +207,42 @@ def test_parts_with_the_same_seed_are_warned_about(split_ramp):
     assert not any("same --seed" in w for w in merge_results(split_ramp[1][1:])["warnings"])
 
 
+def test_parts_without_one_start_at_are_warned_about_and_late_starts_carry_over(split_ramp):
+    _, parts = split_ramp
+    assert any("did not share one --start-at" in w for w in merge_results(parts)["warnings"])
+    for part in parts:
+        part["config"]["start_at"] = 1.9e9
+        for step in part["steps"]:
+            step["start_late_s"] = 0.0
+    merged = merge_results(parts)
+    assert not any("--start-at" in w or "after the slot" in w for w in merged["warnings"])
+    assert [s["start_late_s"] for s in merged["steps"]] == [0.0, 0.0, 0.0]
+    parts[1]["steps"][2]["start_late_s"] = 0.25
+    parts[2]["steps"][2]["start_late_s"] = 0.5
+    merged = merge_results(parts)
+    assert [s["start_late_s"] for s in merged["steps"]] == [0.0, 0.0, 0.5]  # the latest part's
+    assert any(w.startswith("step 3: a part started 0.500 s after the slot") for w in merged["warnings"])
+
+
+def test_the_balancer_counters_of_the_parts_add_up(split_ramp):
+    _, parts = split_ramp
+    assert "balancer" not in merge_results(parts)
+    replica = {"target": "t", "attempts": 10, "ok": 9, "failures": 1, "slow": 0, "hedges": 1, "retries": 0}
+    for i, part in enumerate(parts):
+        part["balancer"] = {
+            "schema": "wok.balancer/1",
+            **dict.fromkeys(("calls", "ok", "attempts", "hedges", "retries", "budget_refusals"), i + 1),
+            "ejections": i,
+            "ejections_refused": 0,
+            "hedge_after_ms": [20.0],
+            "replicas": [{"address": "127.0.0.1:1", **replica, "ejections": i}],
+        }
+    merged = merge_results(parts)["balancer"]
+    assert (merged["calls"], merged["ejections"], merged["hedge_after_ms"]) == (1 + 2 + 3, 0 + 1 + 2, [20.0] * 3)
+    (r,) = merged["replicas"]
+    assert (r["address"], r["attempts"], r["ok"], r["ejections"]) == ("127.0.0.1:1", 30, 27, 3)
+
+
 def test_wok_bench_merge_writes_the_merged_result_and_prints_the_table(split_ramp, tmp_path, capsys):
     _, parts = split_ramp
     paths = []
