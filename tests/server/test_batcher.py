@@ -407,7 +407,12 @@ async def test_a_delay_flush_to_an_idle_instance_is_prewarmed_once_and_a_size_fl
         full = [submit(b, float(i)) for i in range(4)]  # leaves at once on its size
         await asyncio.gather(*(p.future for p in full))
         assert inst.prewarms == 3
-        assert b.stats.flushes == {"delay": 3, "size": 1}
+        # Above a quarter of max_batch_size queued (here 1 of 4), the batch is no longer small:
+        # it leaves on the delay without a prewarm.
+        pair = [submit(b, float(i)) for i in range(2)]
+        await asyncio.gather(*(p.future for p in pair))
+        assert inst.prewarms == 3
+        assert b.stats.flushes == {"delay": 4, "size": 1}
         await finish(b)
     finally:
         ex.shutdown()
