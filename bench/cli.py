@@ -33,6 +33,13 @@ def add_parser(sub) -> None:
     p.add_argument("--sizes", default="fixed:16", help="length of variable dims: fixed:N, uniform:A:B, "
                    "lognormal:median=M,sigma=S,max=X, empirical:PATH")  # fmt: skip
     p.add_argument("--rows", type=int, default=1, help="rows (samples) per request (default 1)")
+    p.add_argument(
+        "--int-high",
+        type=int,
+        default=50,
+        help="integer inputs uniform in [0, N) (default 50, which every demo model accepts; give recsys its table "
+        "size, e.g. 200000, so that its gathers spread over the table)",
+    )
     p.add_argument("--slo-p99", default="200ms", help="P99 latency objective (default 200ms)")
     p.add_argument("--workers", type=int, default=2, help="load-generator processes (default 2)")
     p.add_argument("--timeout", default="30s", help="per-request deadline (default 30s)")
@@ -268,6 +275,7 @@ def run(args) -> int:
         arrival=args.arrival,
         sizes=args.sizes,
         rows=args.rows,
+        int_high=args.int_high,
         slo_p99_ms=1e3 * parse_duration(args.slo_p99),
         workers=args.workers,
         timeout_s=parse_duration(args.timeout),

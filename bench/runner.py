@@ -48,6 +48,7 @@ class RampConfig:
     arrival: str = "poisson"
     sizes: str = "fixed:16"
     rows: int = 1
+    int_high: int = 50  # integer inputs uniform in [0, int_high): every demo model accepts ids below 50
     slo_p99_ms: float = 200.0
     workers: int = 2
     timeout_s: float = 30.0
@@ -100,7 +101,9 @@ def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix
         for name, weight in cfg.models:
             info = client.model_metadata(name, timeout=30)
             specs = [TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in info.inputs.values()]
-            gen = PayloadGenerator(name, specs, sizes=parse_sizes(cfg.sizes), rows=cfg.rows, seed=cfg.seed)
+            gen = PayloadGenerator(
+                name, specs, sizes=parse_sizes(cfg.sizes), rows=cfg.rows, seed=cfg.seed, int_high=cfg.int_high
+            )
             start = len(pool)
             for inputs in gen.pool(POOL_PER_MODEL, rng):
                 pool.append(encode_request(name, inputs, datatypes=gen.datatypes).SerializeToString())

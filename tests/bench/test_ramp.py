@@ -221,3 +221,35 @@ def test_start_at_settings_are_checked():
         RampConfig(**base, start_at=time.time(), refine=2)
     with pytest.raises(ValueError, match=r"step_gap_s must be in \[0, 3600\) seconds; got -1"):
         RampConfig(**base, start_at=time.time(), step_gap_s=-1)
+
+
+def test_int_high_spreads_recsys_ids_over_its_table_and_every_request_is_valid(server_process):
+    """--int-high: the ids reach far beyond the default 50 and stay inside the table (the
+    session's server has recsys with 20,000 rows), so the server accepts every request."""
+    from wok.v2pb import grpc_service_pb2 as pb
+
+    cfg = RampConfig(
+        target=server_process.target,
+        models=[("recsys", 1.0)],
+        steps=[50],
+        step_duration_s=1.0,
+        warmup_s=0.2,
+        workers=1,
+        int_high=20_000,
+    )
+    ramp = Ramp(cfg, progress=lambda _: None)
+    ids = np.concatenate(
+        [
+            np.frombuffer(raw, dtype=np.int64)
+            for payload in ramp.pool
+            for name, raw in zip(
+                [t.name for t in pb.ModelInferRequest.FromString(payload).inputs],
+                pb.ModelInferRequest.FromString(payload).raw_input_contents,
+            )
+            if name == "ids"
+        ]
+    )
+    assert ids.min() >= 0 and ids.max() < 20_000
+    assert len(np.unique(ids)) > 1_000, "the gathers should spread over the table, not hit 50 rows"
+    (step,) = ramp.run()["steps"]
+    assert step["success_rate"] == 1.0, step["errors"]
