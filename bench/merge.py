@@ -182,12 +182,7 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
     if any(r.get("balancer") for r in results):
         from wok.clients.balancer import merge_stats
 
-        merged = merge_stats([r.get("balancer") for r in results])
-        # A result's hedge delays are already a list (one per worker): one list of all workers'.
-        nested = merged["hedge_after_ms"] or []
-        flat = [h for hs in nested for h in (hs if isinstance(hs, list) else [hs])]
-        merged["hedge_after_ms"] = flat or None
-        result["balancer"] = merged
+        result["balancer"] = merge_stats([r.get("balancer") for r in results])
     result["warnings"] = warnings + result["warnings"]
     result["warnings"] += [f"{name}: {w}" for r, name in zip(results, names) for w in r.get("warnings", [])]
     return result

@@ -76,7 +76,7 @@ from typing import Any
 
 import grpc
 
-from .channel import channel_options, open_channel
+from .channel import channel_options, open_channel, split_host_port
 
 CODE = grpc.StatusCode
 STATE = grpc.ChannelConnectivity
@@ -134,10 +134,10 @@ def split_targets(target: str | Sequence[str]) -> list[tuple[str, int]]:
                 text = text.split("/", 1)[1]
         elif text.startswith(("ipv4:", "ipv6:")):
             text = text[5:]
-        host, sep, port = text.rpartition(":")
-        if not sep or not port.isdigit() or not host:
+        parsed = split_host_port(text)
+        if parsed is None:
             raise ValueError(f"target {item!r}: the wok balancer needs host:port, [ipv6]:port or dns:///name:port")
-        out.append((host[1:-1] if host.startswith("[") and host.endswith("]") else host, int(port)))
+        out.append(parsed)
     if not out:
         raise ValueError("no target given")
     return out
@@ -639,14 +639,21 @@ class Balancer:
 
 
 def merge_stats(parts: Sequence[dict | None]) -> dict | None:
-    """Counters of several balancers (the bench's workers) added up; per replica by address."""
+    """Counters of several balancers (the bench's workers) added up; per replica by address.
+
+    A part may itself be a merge (a bench result's, whose `hedge_after_ms` is already a list):
+    the hedge delays of all the balancers behind the parts come out as one list.
+    """
     parts = [p for p in parts if p]
     if not parts:
         return None
     keys = ("calls", "ok", "attempts", "hedges", "retries", "budget_refusals", "ejections", "ejections_refused")
     out: dict = {"schema": SCHEMA, **{k: sum(p[k] for p in parts) for k in keys}}
-    hedge = [p["hedge_after_ms"] for p in parts if p["hedge_after_ms"] is not None]
-    out["hedge_after_ms"] = hedge if hedge else None  # each worker's own, at its end
+    hedge = []
+    for p in parts:
+        h = p["hedge_after_ms"]
+        hedge.extend(h if isinstance(h, list) else [] if h is None else [h])
+    out["hedge_after_ms"] = hedge if hedge else None  # each balancer's own, at its end
     replicas: dict[str, dict] = {}
     for p in parts:
         for r in p["replicas"]:

@@ -134,15 +134,22 @@ def channel_target(target: str | Sequence[str]) -> str:
     raise ValueError(f"targets {targets} do not share an address family (IPv4 or IPv6)")
 
 
+def split_host_port(text: str) -> tuple[str, int] | None:
+    """(host, port) of "host:port" or "[ipv6]:port" (brackets removed); None if it is neither."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    return (host[1:-1] if host.startswith("[") and host.endswith("]") else host), int(port)
+
+
 def _addresses(target: str) -> dict[socket.AddressFamily, list[str]]:
     """The addresses of one "host:port", by family, as "addr:port" (IPv6 in brackets)."""
     if "/" in target or (target.count(":") != 1 and not target.startswith("[")):
         raise ValueError(f"target {target!r}: with several targets each must be host:port or [ipv6]:port")
-    host, sep, port_str = target.rpartition(":")
-    if not sep or not port_str.isdigit() or not host:
+    parsed = split_host_port(target)
+    if parsed is None:
         raise ValueError(f"target {target!r}: expected host:port")
-    port = int(port_str)
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    host, port = parsed
     try:
         ips = [ipaddress.ip_address(host)]
     except ValueError:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 import math
 import os
 import sys
@@ -38,22 +39,18 @@ class _Itimerspec(ctypes.Structure):
     _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
 
 
-_libc = None
-
-
-def _load_libc():
-    global _libc
-    if _libc is None:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        lib.timerfd_create.argtypes = (ctypes.c_int, ctypes.c_int)
-        lib.timerfd_settime.argtypes = (
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.POINTER(_Itimerspec),
-            ctypes.POINTER(_Itimerspec),
-        )
-        _libc = lib
-    return _libc
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library with timerfd's argument types declared; loaded once per process."""
+    lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    lib.timerfd_create.argtypes = (ctypes.c_int, ctypes.c_int)
+    lib.timerfd_settime.argtypes = (
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.POINTER(_Itimerspec),
+        ctypes.POINTER(_Itimerspec),
+    )
+    return lib
 
 
 def _same_clock() -> bool:
@@ -76,15 +73,22 @@ class PreciseTimer:
         self._spec = _Itimerspec()
         self.armed_at = math.inf  # the pending instant (perf_counter seconds); inf when disarmed
         if precise and sys.platform == "linux" and _same_clock():
-            try:
-                libc = _load_libc()
-                fd = libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
-                if fd < 0:
-                    raise OSError(ctypes.get_errno(), "timerfd_create failed")
-                loop.add_reader(fd, self._expired)
-                self._fd = fd
-            except (OSError, AttributeError, NotImplementedError, RuntimeError):
-                self._fd = -1
+            self._fd = self._open_timerfd()
+
+    def _open_timerfd(self) -> int:
+        """A timerfd the loop watches, or -1: then the loop's own timers serve (`precise` False)."""
+        try:
+            fd = _libc().timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
+        except (OSError, AttributeError):  # no C library to load, or one without timerfd
+            return -1
+        if fd < 0:
+            return -1
+        try:
+            self._loop.add_reader(fd, self._expired)
+        except (OSError, NotImplementedError, RuntimeError):  # a loop that cannot watch descriptors
+            os.close(fd)
+            return -1
+        return fd
 
     @property
     def precise(self) -> bool:
@@ -102,7 +106,7 @@ class PreciseTimer:
             spec.it_value.tv_sec = max(sec, 0)
             # A zero it_value disarms a timerfd, so an instant at exactly 0 becomes 1 ns.
             spec.it_value.tv_nsec = max(min(int((at - sec) * 1e9), 999_999_999), 0 if sec > 0 else 1)
-            if _libc.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None) != 0:
+            if _libc().timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None) != 0:
                 err = ctypes.get_errno()
                 raise OSError(err, f"timerfd_settime failed: {os.strerror(err)}")
             return
@@ -117,7 +121,7 @@ class PreciseTimer:
         if self._fd >= 0:
             spec = self._spec
             spec.it_value.tv_sec = spec.it_value.tv_nsec = 0
-            _libc.timerfd_settime(self._fd, 0, ctypes.byref(spec), None)
+            _libc().timerfd_settime(self._fd, 0, ctypes.byref(spec), None)
         elif self._handle is not None:
             self._handle.cancel()
             self._handle = None
