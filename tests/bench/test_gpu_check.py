@@ -14,9 +14,18 @@ def test_gpu_check_dry_run_on_cpu_writes_its_figures(tmp_path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = tmp_path / "gc.json"
-    assert mod.main(["--device", "cpu", "--batches", "3", "--rows", "16", "--json", str(out)]) == 0
+    args = ["--device", "cpu", "--batches", "3", "--rows", "16", "--hidden", "512", "--layers", "1"]
+    assert mod.main([*args, "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["schema"] == "wok.gpu_check/1"
+    assert report["schema"] == "wok.gpu_check/2"
     assert report["server"]["equal_to_cpu"] is True
     assert report["server"]["mean_batch_size"] > 1
     assert report["checks"]["pinned host buffers"] is None  # not applicable without CUDA
+    assert report["overlap_model"]["hidden"] == 512 and report["overlap_model"]["layers"] == 1
+
+
+def test_gpu_session_script_parses():
+    # bench/gpu_session.sh runs only on a lent GPU machine; a syntax error there costs device time.
+    import subprocess
+
+    subprocess.run(["bash", "-n", str(ROOT / "bench" / "gpu_session.sh")], check=True)
