@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Everything a lent GPU machine is asked, in one call (one start, a few minutes of device time):
+#
+#   bash bench/gpu_session.sh          # figures and logs under $OUT (default /tmp/wok-gpu)
+#
+# 1. bench/gpu_check.py: pinned buffers, copy/compute overlap, per-stage CUDA-event times,
+#    a served batch equal to the CPU's answer;
+# 2. the CUDA tests that skip on a machine without a GPU;
+# 3. wok profile of mlp and recsys on the GPU: T(n) fit, intensity, the device's roofline;
+# 4. wok serve on the GPU under a short unary and a short streaming ramp, then its /metrics
+#    (GPU utilisation, memory, temperature gauges under load and after; per-stage histograms).
+# A step that fails is reported and the rest still run; the exit status counts failed steps.
+# Wheels the device image lacks travel in .whl (docs/performance.md, "GPU" says which).
+set -u
+OUT=${OUT:-/tmp/wok-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+# wok itself is built from this working tree, so what runs is what is checked out.
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
+    --target /tmp/wok-site $([ -d .whl ] && echo .whl/*.whl) . || exit 1
+export PYTHONPATH=/tmp/wok-site
+dev=${WOK_GPU_DEVICE:-cuda}  # cpu: a dry run of this script on a machine without a GPU
+failed=0
+step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.txt
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name"
+    timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
+    local rc=$?
+    tail -n 25 "$OUT/$name.txt"
+    [ $rc -eq 0 ] || { echo "!! $name: exit $rc"; failed=$((failed + 1)); }
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv
+python3 -c "import sys, torch, grpc, google.protobuf as pb; print(sys.version.split()[0], 'torch', torch.__version__, \
+'cuda', torch.version.cuda, 'grpc', grpc.__version__, 'protobuf', pb.__version__, 'nproc', __import__('os').cpu_count())"
+
+step gpu_check 180 python3 bench/gpu_check.py --device "$dev" --json "$OUT/gpu_check.json"
+step cuda_tests 120 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/server/test_executor.py -k cuda -rA
+step profile_mlp 120 python3 -m wok profile mlp --device "$dev" --repeats 50 \
+    --json "$OUT/profile_mlp.json" --plot "$OUT/profile_mlp.png"
+step profile_recsys 120 python3 -m wok profile recsys --device "$dev" --repeats 50 --json "$OUT/profile_recsys.json"
+
+python3 -m wok serve --models mlp --port 8001 --metrics-port 8002 >"$OUT/serve.log" 2>&1 &
+server=$!
+for _ in $(seq 120); do grep -q "wok: serving" "$OUT/serve.log" && break; sleep 0.5; done
+steps=${WOK_GPU_STEPS:-1000,2000,4000,6000,8000,12000}
+step ramp_unary 90 python3 -m wok bench ramp --target 127.0.0.1:8001 --model mlp --steps "$steps" \
+    --step-duration 5s --workers 4 --json "$OUT/ramp_unary.json"
+scrape() { python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())"; }
+# Scraped again during the stream ramp's third step (4,000 QPS by default), for the gauges under load.
+(sleep 14; scrape >"$OUT/metrics_load.txt" 2>&1) &
+step ramp_stream 90 python3 -m wok bench ramp --target 127.0.0.1:8001 --model mlp --steps "$steps" \
+    --step-duration 5s --workers 4 --rpc stream --json "$OUT/ramp_stream.json"
+scrape >"$OUT/metrics.txt" 2>&1
+grep -E "^wok_gpu_" "$OUT/metrics_load.txt" && grep -E "^wok_gpu_" "$OUT/metrics.txt" || { echo "!! no wok_gpu_ gauges in /metrics"; failed=$((failed + 1)); }
+kill -INT $server
+wait $server
+echo "server exit $? (log: $OUT/serve.log)"
+tail -n 5 "$OUT/serve.log"
+echo "failed steps: $failed"
+exit $failed
