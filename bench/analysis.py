@@ -28,7 +28,7 @@ LATENCY_KEYS = ("mean", "p50", "p90", "p95", "p99", "p999", "max")
 _QUANTILES = {"p50": (1, 2), "p90": (9, 10), "p95": (19, 20), "p99": (99, 100), "p999": (999, 1000)}
 LATE_SEND_MS = 1.0
 # Server figures that a step carries at its top level; the scraped view also stays whole under "server".
-SERVER_KEYS = ("queue_ms", "mean_batch_size", "flush_reasons", "stages_ms", "gpu")
+SERVER_KEYS = ("queue_ms", "mean_batch_size", "flush_reasons", "stages_ms", "gpu", "loop_lag_ms")
 # Far enough under the SLO that an achieved rate below the offered one cannot be the server's doing.
 FAR_UNDER_SLO = 0.5
 UNDER_DELIVERY = 0.98

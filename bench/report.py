@@ -81,6 +81,7 @@ CSV_COLUMNS = (
     *(f"latency_{k}_ms" for k in LATENCY_KEYS),
     "queue_mean_ms",
     "queue_p99_ms",
+    "loop_lag_p99_ms",
     "mean_batch_size",
     "dispatch_lag_p99_ms",
 )
@@ -117,6 +118,7 @@ def _csv_row(step: dict) -> dict:
         "success_rate": step["success_rate"],
         "queue_mean_ms": _get(step, "queue_ms", "mean"),
         "queue_p99_ms": _get(step, "queue_ms", "p99"),
+        "loop_lag_p99_ms": _get(step, "loop_lag_ms", "p99"),
         "mean_batch_size": step.get("mean_batch_size"),
         "dispatch_lag_p99_ms": _get(step, "dispatch_lag_ms", "p99"),
     }
@@ -335,7 +337,8 @@ def _table_rows(result_or_steps) -> tuple[list[str], list[list[str]]]:
     result = result_or_steps if isinstance(result_or_steps, dict) else None
     steps = _steps(result_or_steps)
     refine = any(s.get("phase", "ramp") != "ramp" for s in steps)
-    head = ["offered", "achieved", "ok %", "p50 ms", "p95 ms", "p99 ms", "max ms", "queue p99", "batch", "lag p99"]
+    head = ["offered", "achieved", "ok %", "p50 ms", "p95 ms", "p99 ms", "max ms", "queue p99", "loop p99"]
+    head += ["batch", "lag p99"]
     head += ["errors"] + (["phase"] if refine else []) + (["SLO"] if result else [])
     rows = []
     for s in steps:
@@ -345,6 +348,7 @@ def _table_rows(result_or_steps) -> tuple[list[str], list[list[str]]]:
             _fmt_pct(s["success_rate"]),
             *(_fmt_ms(_get(s, "latency_ms", k)) for k in ("p50", "p95", "p99", "max")),
             _fmt_ms(_get(s, "queue_ms", "p99")),
+            _fmt_ms(_get(s, "loop_lag_ms", "p99")),
             "-" if s.get("mean_batch_size") is None else f"{_num(s['mean_batch_size']):.1f}",
             _fmt_ms(_get(s, "dispatch_lag_ms", "p99")),
             str(sum((s.get("errors") or {}).values())),
@@ -470,7 +474,8 @@ def _steps_table(result: dict) -> str:
     steps = _steps(result)
     refine = any(st.get("phase", "ramp") != "ramp" for st in steps)
     head = ["offered QPS", "achieved QPS"] + (["phase"] if refine else []) + ["requests", "ok", "success %"]
-    head += [f"{k} ms" for k in LATENCY_KEYS] + ["queue mean ms", "queue p99 ms", "mean batch", "lag p99 ms"]
+    head += [f"{k} ms" for k in LATENCY_KEYS] + ["queue mean ms", "queue p99 ms", "loop p99 ms", "mean batch"]
+    head += ["lag p99 ms"]
     head += ["late sends", "SLO", "errors"]
     out = ['<div class="wrap"><table class="steps"><thead><tr>']
     out += [f"<th{' class=l' if h == 'errors' else ''}>{_e(h)}</th>" for h in head]
@@ -484,6 +489,7 @@ def _steps_table(result: dict) -> str:
         cells += [str(s["requests"]), str(s["ok"]), _fmt_pct(s["success_rate"])]
         cells += [_fmt_ms(_get(s, "latency_ms", k)) for k in LATENCY_KEYS]
         cells += [_fmt_ms(_get(s, "queue_ms", "mean")), _fmt_ms(_get(s, "queue_ms", "p99"))]
+        cells += [_fmt_ms(_get(s, "loop_lag_ms", "p99"))]
         cells += ["-" if s.get("mean_batch_size") is None else f"{_num(s['mean_batch_size']):.1f}"]
         cells += [_fmt_ms(_get(s, "dispatch_lag_ms", "p99")), str(s.get("late_sends", "-"))]
         errors = ", ".join(f"{k}: {v}" for k, v in (s.get("errors") or {}).items()) or "-"

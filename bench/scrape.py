@@ -17,6 +17,7 @@ STAGE = "wok_request_stage_duration_seconds"
 E2E = "wok_request_duration_seconds"
 BATCH = "wok_batch_size"
 FLUSHES = "wok_batch_flushes"
+LOOP_LAG = "wok_event_loop_lag_seconds"
 GPU = (
     "wok_gpu_utilization_ratio",
     "wok_gpu_memory_used_bytes",
@@ -103,6 +104,14 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> 
             if c > 0:
                 stages[stage] = 1e3 * delta(STAGE + "_sum", model=model, stage=stage) / c
     out["stages_ms"] = stages
+    stages_p99 = {}
+    for stage in stages:
+        sb_before = dict(before.buckets(STAGE, model=model, stage=stage))
+        v = histogram_quantile(
+            0.99, [(le, c - sb_before.get(le, 0.0)) for le, c in after.buckets(STAGE, model=model, stage=stage)]
+        )
+        stages_p99[stage] = None if v is None else 1e3 * v
+    out["stages_p99_ms"] = stages_p99
     qb_after = after.buckets(STAGE, model=model, stage="queue")
     qb_before = dict(before.buckets(STAGE, model=model, stage="queue"))
     q_delta = [(le, c - qb_before.get(le, 0.0)) for le, c in qb_after]
@@ -120,6 +129,17 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> 
             if d:
                 flushes[reason] = d
     out["flush_reasons"] = flushes
+    samples = delta(LOOP_LAG + "_count")
+    if samples > 0:
+        lb_before = dict(before.buckets(LOOP_LAG))
+        lag_delta = [(le, c - lb_before.get(le, 0.0)) for le, c in after.buckets(LOOP_LAG)]
+        out["loop_lag_ms"] = {"mean": 1e3 * delta(LOOP_LAG + "_sum") / samples, "samples": samples}
+        # The longest stall to within its bucket: the bound of the highest bucket that grew.
+        grew = [le for (le, c), (_, prev) in zip(lag_delta, [(0.0, 0.0), *lag_delta]) if c > prev]
+        out["loop_lag_ms"]["max_bound"] = 1e3 * grew[-1] if grew and math.isfinite(grew[-1]) else None
+        for q, key in ((0.5, "p50"), (0.99, "p99")):
+            v = histogram_quantile(q, lag_delta)
+            out["loop_lag_ms"][key] = None if v is None else 1e3 * v
     gpu = {}
     for (name, items), v in after.values.items():
         if name in GPU:

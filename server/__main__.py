@@ -50,8 +50,23 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--health-host", metavar="ADDR", help="address the health port binds to (default: the same as --host)"
     )
+    p.add_argument(
+        "--accept-loops",
+        type=int,
+        default=1,
+        metavar="N",
+        help="gRPC servers on the one port (SO_REUSEPORT), each accepting calls in its own loop (default 1); "
+        "see docs/performance.md",
+    )
     p.add_argument("--max-request-bytes", type=int, default=64 << 20, help="largest request accepted")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        metavar="MS",
+        dest="switch_interval_ms",
+        help="GIL switch interval in ms (default: Python's, 5 ms); see docs/performance.md",
+    )
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the /metrics port (default 127.0.0.1)")
     p.add_argument(
         "--metrics-port",
@@ -138,12 +153,14 @@ async def _serve(args) -> int:
         model_repository=args.model_repository,
         demo_models=tuple(m for m in args.models.split(",") if m),
         grace_period_s=args.grace_period,
+        accept_loops=args.accept_loops,
         max_connection_age_s=args.max_connection_age,
         max_connection_age_grace_s=args.max_connection_age_grace,
         health_host=args.health_host,
         health_port=args.health_port,
         max_request_bytes=args.max_request_bytes,
         torch_threads=args.torch_threads,
+        switch_interval_ms=args.switch_interval_ms,
         metrics=not args.no_metrics,
         metrics_host=args.metrics_host,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
@@ -158,6 +175,8 @@ async def _serve(args) -> int:
         raise ConfigError("--admin is served on the metrics port: it needs --metrics-port other than -1")
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
+    if settings.switch_interval_ms is not None:
+        sys.setswitchinterval(settings.switch_interval_ms / 1e3)
     server = WokServer(settings, build_repository(settings, _demo_options(args.demo_option)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

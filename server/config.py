@@ -226,6 +226,14 @@ class ServerSettings(_Strict):
     grace_period_s: float = Field(
         30.0, ge=0, description="Seconds queued and running requests get to finish on SIGTERM/SIGINT."
     )
+    accept_loops: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="gRPC servers listening on the one port (SO_REUSEPORT), each accepting calls in its own loop: "
+        "grpc.aio accepts one call per pass of the event loop, which caps unary calls per second per server; "
+        "the kernel spreads client connections over them. 1: one server, the port exclusive.",
+    )
     max_connection_age_s: float | None = Field(
         None,
         gt=0,
@@ -253,6 +261,13 @@ class ServerSettings(_Strict):
         64 << 20, ge=1024, description="Largest ModelInfer request (bytes) accepted; larger: INVALID_ARGUMENT."
     )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None keeps torch's default.")
+    switch_interval_ms: float | None = Field(
+        None,
+        gt=0,
+        le=100,
+        description="The interpreter's GIL switch interval (ms): how long a model worker waiting for the GIL "
+        "waits before the event loop must hand it over; None keeps Python's (5 ms).",
+    )
     metrics: bool = Field(True, description="Record metrics; off only to measure what they cost.")
     metrics_host: str = Field("127.0.0.1", description="Address the /metrics HTTP port binds to.")
     metrics_port: int | None = Field(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -12,7 +13,7 @@ import pytest
 
 from wok.bench import analysis
 from wok.bench.runner import Ramp, RampConfig, build_pool
-from wok.bench.scrape import scrape
+from wok.bench.scrape import scrape, server_view
 from wok.bench.workers import OK, Share, WorkerPool
 from wok.metrics import LATENCY_BUCKETS
 
@@ -49,10 +50,13 @@ def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(b
         # The server's scrapes bracket the measured window: it saw about the requests the
         # client counted there (warm-up sends landing inside it would inflate its count).
         assert abs(step["server"]["requests"] - step["requests"]) <= 0.05 * step["requests"], step["server"]
+        # The loop-lag timer fires every 10 ms: about 300 samples in the 3 s window.
+        assert 200 <= step["loop_lag_ms"]["samples"] <= 330, step["loop_lag_ms"]
 
 
-def test_a_stalled_server_delays_every_request_scheduled_during_the_stall(bench_server):
+def test_a_stalled_server_delays_every_request_scheduled_during_the_stall(bench_server, metrics_url):
     """Coordinated omission: latency runs from the intended send time, so a stall counts in full."""
+    lag_before = scrape(metrics_url)
     cfg = RampConfig(target=bench_server.target, models=[("mlp", 1.0)], steps=[100], step_duration_s=3)
     pool, _, _ = build_pool(cfg)
     workers = WorkerPool(cfg.target, pool, 2)
@@ -87,6 +91,13 @@ def test_a_stalled_server_delays_every_request_scheduled_during_the_stall(bench_
     assert (latency[during] >= owed - 0.005).all(), (latency[during] - owed).min()
     before = intended < stall_from - 0.1
     assert np.median(latency[before]) < 0.1
+    # The server's own loop-lag histogram saw the stall: one sample late by most of it.
+    view = server_view(lag_before, scrape(metrics_url), "mlp")
+    assert view["loop_lag_ms"]["samples"] >= 100
+    assert view["loop_lag_ms"]["max_bound"] >= 250, view["loop_lag_ms"]  # ms: the bucket holding the stall
+    late = dict(scrape(metrics_url).buckets("wok_event_loop_lag_seconds"))
+    early = dict(lag_before.buckets("wok_event_loop_lag_seconds"))
+    assert late[math.inf] - late[0.25] - (early[math.inf] - early[0.25]) >= 1, (early, late)
 
 
 def test_a_ramp_past_capacity_finds_a_knee(bench_server, metrics_url, tmp_path):

@@ -331,6 +331,7 @@ async def test_every_metric_the_rules_and_dashboard_use_is_exported(serve):
             )
             with pytest.raises(grpc.aio.AioRpcError):  # wrong shape: counted as rejected, invalid
                 await stub.ModelInfer(encode_request("mlp", {"INPUT0": np.ones((1, 3), np.float32)}))
+            await server.loop_lag.wait_samples(1)  # the loop-lag family appears with its first sample
             live = await asyncio.to_thread(scrape_sample_names, server.http.port)
 
     gpu = gpu_sample_names()

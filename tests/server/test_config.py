@@ -305,6 +305,15 @@ def test_server_settings_connection_age_and_health_port():
     assert server_settings(grpc_port=0, health_port=0).health_port == 0
 
 
+def test_server_settings_switch_interval():
+    assert server_settings().switch_interval_ms is None  # Python's own 5 ms
+    assert server_settings(switch_interval_ms=0.5).switch_interval_ms == 0.5
+    with pytest.raises(ConfigError, match=re.escape("switch_interval_ms: Input should be greater than 0 (got 0)")):
+        server_settings(switch_interval_ms=0)
+    with pytest.raises(ConfigError, match=re.escape("less than or equal to 100 (got 500)")):
+        server_settings(switch_interval_ms=500)
+
+
 TOML_BY_HAND = textwrap.dedent(
     """
     platform = "python"

@@ -33,6 +33,9 @@ def test_latency_buckets_resolve_sub_millisecond_and_multi_second_times():
     assert list(LATENCY_BUCKETS) == sorted(LATENCY_BUCKETS)
     # No two neighbours more than 3x apart: a quantile read off them is within that factor.
     assert max(b / a for a, b in itertools.pairwise(LATENCY_BUCKETS)) <= 3.0
+    # Where SLO P99s live, a quantile read off the buckets is within 1.5x.
+    near_slo = [b for b in LATENCY_BUCKETS if 2.5e-3 <= b <= 100e-3]
+    assert max(b / a for a, b in itertools.pairwise(near_slo)) <= 1.5
 
 
 def test_an_injected_registry_holds_the_series_and_close_removes_them():
