@@ -221,6 +221,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=30, help="timed batches per size in the profile")
     p.add_argument("--torch-threads", type=int, default=1, help="torch threads, profile and server (default 1)")
     p.add_argument("--workers", type=int, default=1, help="load-generator processes (default 1)")
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        metavar="MS",
+        help="the server's GIL switch interval (wok serve --switch-interval; default: Python's 5 ms)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
@@ -243,6 +249,8 @@ def main(argv=None) -> int:
 
         serve_args = ["--model-repository", str(repo), "--log-level", "WARNING"]
         serve_args += ["--torch-threads", str(args.torch_threads)]
+        if args.switch_interval is not None:
+            serve_args += ["--switch-interval", str(args.switch_interval)]
         with local_wok(serve_args) as (target, metrics_url, _):
             print(
                 f"ceiling: α={1e3 * fit['alpha_s']:.3f} ms β={1e3 * fit['beta_s']:.3f} ms; offering {qps:.0f} req/s "
