@@ -658,7 +658,11 @@ def parse_args(argv=None):
     p.add_argument("--max-batch-sizes", default="4,8,16,32,64")
     p.add_argument("--delays", default="0ms,1ms,2ms,5ms,10ms")
     p.add_argument("--default", default="32,5ms", help="the default setting: MAX_BATCH_SIZE,DELAY")
-    p.add_argument("--tuned", help="skip the search and validate this setting: MAX_BATCH_SIZE,DELAY")
+    p.add_argument(
+        "--tuned",
+        help="validate this setting, not the tuner's choice (the search still runs, for its table): "
+        "MAX_BATCH_SIZE,DELAY",
+    )
     p.add_argument("--sim-duration", default="10s", help="simulated seconds per tuning evaluation")
     p.add_argument("--steps", default=DEFAULT_STEPS)
     p.add_argument("--step-duration", default="4s")
