@@ -156,7 +156,21 @@ def step_result(
     for key in SERVER_KEYS:
         step[key] = None if server is None else server.get(key)
     step["server"] = server
+    step["outside_server_ms"] = outside_server_ms(step["latency_ms"]["mean"], server)
     return step
+
+
+def outside_server_ms(client_mean_ms: float, server: dict | None) -> float | None:
+    """Mean client latency less the server's own mean end-to-end time over the same window.
+
+    What the server's histograms cannot see: the transport both ways, the wait before grpc.aio
+    accepts a call, the client's own work. Means subtract where percentiles do not. None
+    without a server view, or without a successful request on either side.
+    """
+    e2e = ((server or {}).get("e2e_ms") or {}).get("mean")
+    if e2e is None or not math.isfinite(client_mean_ms) or not math.isfinite(e2e):
+        return None
+    return float(client_mean_ms - e2e)
 
 
 def _sorted_steps(steps: Sequence[dict]) -> list[dict]:

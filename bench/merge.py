@@ -101,6 +101,8 @@ def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
     for key in analysis.SERVER_KEYS:
         step[key] = first.get(key)
     step["server"] = first.get("server")
+    # The merged client mean against the one server view (every part scraped the same server).
+    step["outside_server_ms"] = analysis.outside_server_ms(step["latency_ms"]["mean"], step["server"])
     if all("nominal_qps" in s for s in steps):
         step["nominal_qps"] = math.fsum(float(s["nominal_qps"]) for s in steps)
     if all("start_late_s" in s for s in steps):

@@ -183,8 +183,18 @@ def test_server_figures_are_copied_and_the_whole_view_kept():
     assert step["flush_reasons"] == {"size": 3, "delay": 7} and step["stages_ms"]["compute"] == 1.5
     assert step["gpu"] == {"0": {"utilization_ratio": 0.5}}
     assert step["server"]["e2e_ms"] == {"mean": 3.0}
+    # Every request took 10 ms at the client; the server saw 3 ms of it on average.
+    assert step["outside_server_ms"] == pytest.approx(10.0 - 3.0)
     bare = step_result(offered_qps=10, duration_s=1, intended_s=t, sent_s=t, done_s=t + 0.01, codes=["OK"] * 10)
     assert all(bare[k] is None for k in analysis.SERVER_KEYS) and bare["server"] is None
+    assert bare["outside_server_ms"] is None
+
+
+def test_outside_server_is_none_without_a_mean_on_either_side():
+    assert analysis.outside_server_ms(12.5, {"e2e_ms": {"mean": 2.5}}) == 10.0
+    assert analysis.outside_server_ms(12.5, {"requests": 0}) is None  # the server answered nothing in the window
+    assert analysis.outside_server_ms(float("nan"), {"e2e_ms": {"mean": 2.5}}) is None  # no OK request
+    assert analysis.outside_server_ms(12.5, None) is None
 
 
 # ---------------------------------------------------------------------------- verdicts

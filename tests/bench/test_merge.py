@@ -170,6 +170,11 @@ def test_the_server_view_comes_from_the_first_part_only(split_ramp):
         p["steps"][0]["mean_batch_size"] = 4.0 + i
     m = merge_results(parts)["steps"][0]
     assert m["server"] == {"requests": 1000} and m["mean_batch_size"] == 4.0
+    assert m["outside_server_ms"] is None  # that view has no end-to-end mean
+    parts[0]["steps"][0]["server"] = {"requests": 1000, "e2e_ms": {"mean": 1.5}}
+    m = merge_results(parts)["steps"][0]
+    # The merged client mean (over every part's requests) against the one server's mean.
+    assert m["outside_server_ms"] == pytest.approx(m["latency_ms"]["mean"] - 1.5)
 
 
 def test_parts_of_different_ramps_do_not_merge(split_ramp):
