@@ -137,6 +137,8 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> 
         # The longest stall to within its bucket: the bound of the highest bucket that grew.
         grew = [le for (le, c), (_, prev) in zip(lag_delta, [(0.0, 0.0), *lag_delta]) if c > prev]
         out["loop_lag_ms"]["max_bound"] = 1e3 * grew[-1] if grew and math.isfinite(grew[-1]) else None
+        # A stall past the last bound has no bound to show: say so, rather than look like no data.
+        out["loop_lag_ms"]["over_last_bound"] = bool(grew) and not math.isfinite(grew[-1])
         for q, key in ((0.5, "p50"), (0.99, "p99")):
             v = histogram_quantile(q, lag_delta)
             out["loop_lag_ms"][key] = None if v is None else 1e3 * v

@@ -155,7 +155,6 @@ class WokServer:
                 [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
                 server,
             )
-            self._grpcs.append(server)
             # The first server picks the port when asked for 0; the others join it there.
             address = f"{self.settings.host}:{port if i == 0 else self.port}"
             bound = (
@@ -163,11 +162,15 @@ class WokServer:
                 if credentials is None
                 else server.add_secure_port(address, credentials)
             )
-            if bound == 0 or (i > 0 and bound != self.port):
+            if bound == 0:
                 raise OSError(f"cannot bind gRPC to {address}")
-            self.port = bound
-        for server in self._grpcs:
+            # Started as soon as bound: a bound server that never started keeps its port for
+            # the life of the process, even after stop(); a started one stop() releases.
+            self._grpcs.append(server)
             await server.start()
+            if i > 0 and bound != self.port:
+                raise OSError(f"cannot bind gRPC to {address}: got port {bound}")
+            self.port = bound
         if self.settings.metrics:
             self.loop_lag = LoopLagMonitor(self.metrics.record_loop_lag)
             self.loop_lag.start()

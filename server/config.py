@@ -260,13 +260,19 @@ class ServerSettings(_Strict):
     max_request_bytes: int = Field(
         64 << 20, ge=1024, description="Largest ModelInfer request (bytes) accepted; larger: INVALID_ARGUMENT."
     )
-    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None keeps torch's default.")
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch intra-op threads; None keeps torch's default. Process-wide: applied by `wok serve` "
+        "(the entry point), not by WokServer.",
+    )
     switch_interval_ms: float | None = Field(
         None,
         gt=0,
         le=100,
         description="The interpreter's GIL switch interval (ms): how long a model worker waiting for the GIL "
-        "waits before the event loop must hand it over; None keeps Python's (5 ms).",
+        "waits before the event loop must hand it over; None keeps Python's (5 ms). Process-wide: applied by "
+        "`wok serve` (the entry point), not by WokServer.",
     )
     metrics: bool = Field(True, description="Record metrics; off only to measure what they cost.")
     metrics_host: str = Field("127.0.0.1", description="Address the /metrics HTTP port binds to.")

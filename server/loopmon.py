@@ -5,9 +5,11 @@ Every request's handler, every batch's hand-back and every response waits on the
 event-loop thread. When that thread is busy (Python work, the GIL held by another thread,
 the scheduler's slice gone to another process), an I/O event waits too, and no stage
 histogram sees it: a request that arrives during a stall enters `decode` only after it.
-The monitor's lateness samples are that wait, as an event arriving at a random instant
-meets it. On Linux the timer is a timerfd (server/timers.py), so a sample is the lateness
-of an I/O event, to about 50 µs; elsewhere it is the loop's own timer, to about 1 ms.
+Each sample is the lateness of one 10 ms tick. The next tick is armed from the firing, so
+a stall of any length yields one sample, not one per tick it covers: long stalls weigh less
+here than in what requests arriving at random instants meet. On Linux the timer is a
+timerfd (server/timers.py), so a sample is the lateness of an I/O event, to about 50 µs;
+elsewhere it is the loop's own timer, to about 1 ms.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ class LoopLagMonitor:
         self._timer = None
         for _, fut in self._waiters:
             if not fut.done():
-                fut.cancel()
+                # Not cancel(): the waiting task was not cancelled, and asyncio.timeout or a
+                # TaskGroup would take a CancelledError for one.
+                fut.set_exception(RuntimeError("loop lag monitor stopped"))
         self._waiters.clear()
 
     async def wait_samples(self, n: int) -> None:
@@ -74,8 +78,12 @@ class LoopLagMonitor:
 
     def _fired(self) -> None:
         now = time.perf_counter()
-        # Never negative: the loop's own timer (no timerfd) can fire up to 1 ms early.
-        self._record(max(0.0, now - self._due))
+        lag = max(0.0, now - self._due)  # never negative: the loop's own timer can fire up to 1 ms early
+        if self._timer is not None:
+            # Re-armed before recording, so a failing record cannot stop the sampling;
+            # from now, not from the missed instant: a stall yields one late sample, not a burst.
+            self._arm(now)
+        self._record(lag)
         self.samples += 1
         if self._waiters:
             ready = [fut for n, fut in self._waiters if n <= self.samples]
@@ -83,6 +91,3 @@ class LoopLagMonitor:
             for fut in ready:
                 if not fut.done():
                     fut.set_result(None)
-        if self._timer is not None:
-            # From now, not from the missed instant: a stall yields one late sample, not a burst.
-            self._arm(now)

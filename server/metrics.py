@@ -283,8 +283,8 @@ class WokMetrics:
         if self.loop_lag.count:
             lag = HistogramMetricFamily(
                 "wok_event_loop_lag_seconds",
-                "How late the event loop ran a timer armed every 10 ms: the wait an arriving request meets "
-                "before any stage starts (Python work, the GIL, the scheduler)",
+                "How late the event loop ran each 10 ms tick of a timer (a stall counts once): a wait that "
+                "requests meet before any stage starts (Python work, the GIL, the scheduler)",
             )
             lag.add_metric([], self.loop_lag.cumulative(), self.loop_lag.total)
             yield lag

@@ -399,3 +399,30 @@ def test_ramp_result_checks_the_timeline():
         ramp_result(steps=[], slo_p99_ms=200, config={}, timeline={**tl, "p99_ms": [1.0]})
     with pytest.raises(ValueError, match="lacks"):
         ramp_result(steps=[], slo_p99_ms=200, config={}, timeline={"t_s": []})
+
+
+def test_the_server_view_reads_the_loop_lag_and_a_stall_past_the_last_bucket():
+    from wok.bench.scrape import Snapshot, server_view
+
+    def snap(lag_buckets: dict[str, float], lag_sum: float) -> Snapshot:
+        s = Snapshot()
+        # The view needs requests in the window; each snapshot counts 10 more.
+        s.values[("wok_request_duration_seconds_count", (("model", "m"),))] = 10.0 * (1 + lag_buckets["+Inf"])
+        s.values[("wok_request_duration_seconds_sum", (("model", "m"),))] = 0.05
+        for le, c in lag_buckets.items():
+            s.values[("wok_event_loop_lag_seconds_bucket", (("le", le),))] = c
+        s.values[("wok_event_loop_lag_seconds_count", ())] = lag_buckets["+Inf"]
+        s.values[("wok_event_loop_lag_seconds_sum", ())] = lag_sum
+        return s
+
+    before = snap({"0.001": 0, "0.005": 0, "5.0": 0, "+Inf": 0}, 0.0)
+    # 98 samples of at most 1 ms, one in (1, 5] ms, one past 5 s (a 7 s stall).
+    after = snap({"0.001": 98, "0.005": 99, "5.0": 99, "+Inf": 100}, 7.05)
+    lag = server_view(before, after, "m")["loop_lag_ms"]
+    assert lag["samples"] == 100 and lag["mean"] == pytest.approx(70.5)
+    assert lag["max_bound"] is None and lag["over_last_bound"] is True
+    # The P99 rank (99) is reached in the (1, 5] ms bucket: its upper bound, as Prometheus reads it.
+    assert lag["p99"] == pytest.approx(5.0)
+    after = snap({"0.001": 98, "0.005": 100, "5.0": 100, "+Inf": 100}, 0.01)
+    lag = server_view(before, after, "m")["loop_lag_ms"]
+    assert lag["max_bound"] == pytest.approx(5.0) and lag["over_last_bound"] is False

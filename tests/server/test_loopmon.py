@@ -37,12 +37,12 @@ async def _stall_once() -> tuple[list[float], LoopLagMonitor]:
         await mon.wait_samples(before + 3)
     finally:
         mon.stop()
-    return lags, mon
+    return lags[before:], mon
 
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_stall_of_the_loop_shows_as_one_late_sample(loop):
-    lags, mon = run(LOOPS[loop], _stall_once())
+    lags, mon = run(LOOPS[loop], _stall_once())  # the samples from the stall on
     assert not mon.running
     late = [x for x in lags if x > STALL_S / 2]
     # The armed instant fell inside the stall: that sample is late by the rest of the stall,
@@ -77,12 +77,38 @@ def test_stop_cancels_waiters_and_a_second_start_is_refused():
         waiter = asyncio.ensure_future(mon.wait_samples(5))
         await asyncio.sleep(0)  # let the waiter register
         mon.stop()
-        with pytest.raises(asyncio.CancelledError):
+        # An error, not a cancellation: nobody cancelled the waiting task.
+        with pytest.raises(RuntimeError, match="loop lag monitor stopped"):
             await waiter
         with pytest.raises(RuntimeError, match="not started"):
             await mon.wait_samples(1)
 
     run(LOOPS["asyncio"], main())
+
+
+def test_a_failing_record_does_not_stop_the_sampling():
+    async def main():
+        seen: list[float] = []
+
+        def record(lag: float) -> None:
+            seen.append(lag)
+            if len(seen) == 1:
+                raise ValueError("a broken sink")
+
+        loop = asyncio.get_running_loop()
+        errors: list[dict] = []
+        loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+        mon = LoopLagMonitor(record, interval=0.002)
+        mon.start()
+        try:
+            await mon.wait_samples(3)  # counts the samples recorded after the failing one
+        finally:
+            mon.stop()
+        return seen, errors
+
+    seen, errors = run(LOOPS["asyncio"], main())
+    assert len(seen) >= 4
+    assert any(isinstance(e.get("exception"), ValueError) for e in errors), errors
 
 
 @pytest.mark.parametrize("interval", [0, -1.0, float("nan")])
