@@ -8,8 +8,7 @@
 # 2. the CUDA tests that skip on a machine without a GPU;
 # 3. wok profile of mlp and recsys on the GPU: T(n) fit, intensity, the device's roofline;
 # 4. wok serve on the GPU under a short unary and a short streaming ramp, then its /metrics
-#    (GPU utilisation, memory, temperature gauges under load and after; per-stage histograms);
-# 5. the unary ramp against 1 and 4 accept loops (--accept-loops), alternating.
+#    (GPU utilisation, memory, temperature gauges under load and after; per-stage histograms).
 # A step that fails is reported and the rest still run; the exit status counts failed steps.
 # Wheels the device image lacks travel in .whl (docs/gpu.md says which).
 set -u
@@ -62,23 +61,5 @@ wait $server
 echo "server exit $? (log: $OUT/serve.log)"
 tail -n 5 "$OUT/serve.log"
 
-# 5. Accept loops. On this machine's 16 cores the unary ramp above levels off near 3,000 QPS
-#    while the server's own P99 stays near 20 ms and its loop lag under 5 ms (docs/gpu.md):
-#    grpc.aio accepts one call per loop pass. The same unary ramp against 1 and 4 accept
-#    loops, 8 load-generator processes (8 connections for the kernel to spread), alternating.
-unary_vs_loops() {  # unary_vs_loops N TAG
-    python3 -m wok serve --models mlp --port 8001 --metrics-port 8002 --accept-loops "$1" >"$OUT/serve-$2.log" 2>&1 &
-    local pid=$!
-    for _ in $(seq 120); do grep -q "wok: serving" "$OUT/serve-$2.log" && break; sleep 0.5; done
-    step "ramp_unary_$2" 90 python3 -m wok bench ramp --target 127.0.0.1:8001 --model mlp \
-        --steps "${WOK_GPU_ACCEPT_STEPS:-3000,3500,4000,5000}" --step-duration 5s --workers 8 \
-        --json "$OUT/ramp_unary_$2.json"
-    kill -INT $pid
-    wait $pid
-}
-unary_vs_loops 1 accept1a
-unary_vs_loops 4 accept4a
-unary_vs_loops 4 accept4b
-unary_vs_loops 1 accept1b
 echo "failed steps: $failed"
 exit $failed

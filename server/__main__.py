@@ -50,14 +50,6 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--health-host", metavar="ADDR", help="address the health port binds to (default: the same as --host)"
     )
-    p.add_argument(
-        "--accept-loops",
-        type=int,
-        default=1,
-        metavar="N",
-        help="gRPC servers on the one port (SO_REUSEPORT), each accepting calls in its own loop (default 1); "
-        "see docs/performance.md",
-    )
     p.add_argument("--max-request-bytes", type=int, default=64 << 20, help="largest request accepted")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument(
@@ -153,7 +145,6 @@ async def _serve(args) -> int:
         model_repository=args.model_repository,
         demo_models=tuple(m for m in args.models.split(",") if m),
         grace_period_s=args.grace_period,
-        accept_loops=args.accept_loops,
         max_connection_age_s=args.max_connection_age,
         max_connection_age_grace_s=args.max_connection_age_grace,
         health_host=args.health_host,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from dataclasses import dataclass
 
@@ -63,22 +62,6 @@ def default_registry() -> CollectorRegistry:
     return registry
 
 
-def ensure_port_free(host: str, port: int) -> None:
-    """Raise OSError if `port` on `host` is taken (bound without SO_REUSEPORT, as the kernel then refuses)."""
-    try:
-        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise OSError(f"cannot bind gRPC to {host}:{port}: {exc}") from None
-    for family, kind, proto, _, sockaddr in infos:
-        with socket.socket(family, kind, proto) as probe:
-            # As gRPC binds: a port left in TIME_WAIT by an earlier server is free.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(sockaddr)
-            except OSError as exc:
-                raise OSError(f"cannot bind gRPC to {host}:{port}: {exc.strerror}") from None
-
-
 class WokServer:
     def __init__(
         self,
@@ -100,8 +83,7 @@ class WokServer:
         self.health_port: int | None = None
         self.draining = False
         self._started = False
-        # One per accept loop (settings.accept_loops), all on self.port.
-        self._grpcs: list[grpc.aio.Server] = []
+        self._grpc: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self._health_grpc: grpc.aio.Server | None = None
         self._stopped: asyncio.Event | None = None
@@ -135,42 +117,27 @@ class WokServer:
         transport_limit = 4 * self.settings.max_request_bytes + (1 << 20)
         # Built before the port opens: a token source that fails now fails the start.
         interceptor = token_interceptor(self.settings)
+        self._grpc = grpc.aio.server(
+            interceptors=[interceptor] if interceptor is not None else None,
+            options=self._grpc_options(transport_limit),
+        )
         self.service = InferenceService(self)
+        add_to_server(self.service, self._grpc)
         self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        reflection.enable_server_reflection(
+            [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            self._grpc,
+        )
+        address = f"{self.settings.host}:{self.settings.grpc_port}"
         credentials = server_credentials(self.settings)
-        loops = self.settings.accept_loops
-        port = self.settings.grpc_port
-        if loops > 1 and port != 0:
-            # SO_REUSEPORT would let these servers share the port with another process's
-            # (of the same user) without a word: take it only if nothing holds it now.
-            ensure_port_free(self.settings.host, port)
-        for i in range(loops):
-            server = grpc.aio.server(
-                interceptors=[interceptor] if interceptor is not None else None,
-                options=self._grpc_options(transport_limit, reuse_port=loops > 1),
-            )
-            add_to_server(self.service, server)
-            health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-            reflection.enable_server_reflection(
-                [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-                server,
-            )
-            # The first server picks the port when asked for 0; the others join it there.
-            address = f"{self.settings.host}:{port if i == 0 else self.port}"
-            bound = (
-                server.add_insecure_port(address)
-                if credentials is None
-                else server.add_secure_port(address, credentials)
-            )
-            if bound == 0:
-                raise OSError(f"cannot bind gRPC to {address}")
-            # Started as soon as bound: a bound server that never started keeps its port for
-            # the life of the process, even after stop(); a started one stop() releases.
-            self._grpcs.append(server)
-            await server.start()
-            if i > 0 and bound != self.port:
-                raise OSError(f"cannot bind gRPC to {address}: got port {bound}")
-            self.port = bound
+        if credentials is None:
+            self.port = self._grpc.add_insecure_port(address)
+        else:
+            self.port = self._grpc.add_secure_port(address, credentials)
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC to {address}")
+        await self._grpc.start()
         if self.settings.metrics:
             self.loop_lag = LoopLagMonitor(self.metrics.record_loop_lag)
             self.loop_lag.start()
@@ -211,13 +178,11 @@ class WokServer:
             raise OSError(f"cannot bind the health port to {address}")
         await self._health_grpc.start()
 
-    def _grpc_options(self, transport_limit: int, *, reuse_port: bool = False) -> list[tuple[str, int]]:
+    def _grpc_options(self, transport_limit: int) -> list[tuple[str, int]]:
         options = [
             ("grpc.max_receive_message_length", transport_limit),
             ("grpc.max_send_message_length", transport_limit),
-            # Off unless several accept loops share the port: a second server on a port in use
-            # must fail to start, not quietly take half of the connections.
-            ("grpc.so_reuseport", int(reuse_port)),
+            ("grpc.so_reuseport", 0),
             # gRPC core cancels calls beyond 1000 waiting for the application (3000 hard);
             # admission is the batcher's job (max_queue_size), so lift that limit.
             ("grpc.server.max_pending_requests", 1 << 20),
@@ -266,9 +231,9 @@ class WokServer:
                 await asyncio.wait_for(self.service.idle(), timeout=left())
             except asyncio.TimeoutError:
                 log.warning("grace period over with %d request(s) still being answered", self.service.active)
-        if self._grpcs:
+        if self._grpc is not None:
             # Only idle streams and responses on the wire remain: a short grace, not the rest.
-            await asyncio.gather(*(s.stop(min(1.0, max(0.1, left()))) for s in self._grpcs))
+            await self._grpc.stop(min(1.0, max(0.1, left())))
         if self._health_grpc is not None:
             # Last of the ports: probes read NOT_SERVING through the whole drain.
             await self._health_grpc.stop(0)

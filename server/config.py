@@ -226,14 +226,6 @@ class ServerSettings(_Strict):
     grace_period_s: float = Field(
         30.0, ge=0, description="Seconds queued and running requests get to finish on SIGTERM/SIGINT."
     )
-    accept_loops: int = Field(
-        1,
-        ge=1,
-        le=16,
-        description="gRPC servers listening on the one port (SO_REUSEPORT), each accepting calls in its own loop: "
-        "grpc.aio accepts one call per pass of the event loop, which caps unary calls per second per server; "
-        "the kernel spreads client connections over them. 1: one server, the port exclusive.",
-    )
     max_connection_age_s: float | None = Field(
         None,
         gt=0,

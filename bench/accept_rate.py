@@ -1,0 +1,231 @@
+"""How many unary calls a grpc.aio server accepts per pass of its event loop, with 1 or N servers on one port.
+
+    python bench/accept_rate.py --loops 1,4 --hog-us 0,1000 --json accept-rate.json
+
+The hypothesis it tested (docs/performance.md, "The unary knee"): grpc.aio's server accepts
+one call at a time (`AioServer._server_main_loop` awaits each `_request_call` before it asks
+for the next), and each accept costs at least one pass of the event loop, so a loop whose
+passes are long accepts few calls per second, and N servers on the port accept N at a time.
+Measured on 2 cores (2026-11-30): about 0.2 calls per pass with 1 server and 0.21-0.25 with
+4, whatever the calls in flight, so the accept chain is not what limits.
+
+The server (a child process) answers a unary call with its request, on N grpc.aio servers
+sharing the port (SO_REUSEPORT when N > 1). A "hog" keeps every loop pass at least `hog`
+long: a callback that spins that long and schedules itself again for the next pass, so
+the number of hog runs is the number of passes. The client (this process) keeps 64 calls in
+flight on each of 8 channels, each with its own connection, for the measured window (closed
+loop: the server's capacity, not a latency). Printed and written: calls per second, loop
+passes per second, and calls per pass, per setting, settings interleaved over the repetitions.
+If the accept chain limited, calls per pass would rise with N when the hog makes passes long.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCHEMA = "wok.acceptrate/1"
+METHOD = "/wok.bench.Echo/Echo"
+READY = "ACCEPT_RATE_READY"
+
+
+# --------------------------------------------------------------------------- server (child)
+async def _serve(port: int, loops: int, hog_s: float, hog_kind: str) -> None:
+    import grpc
+
+    loop = asyncio.get_running_loop()
+    passes = 0
+    calls = 0
+
+    def hog() -> None:
+        nonlocal passes
+        passes += 1
+        if hog_kind == "sleep":
+            time.sleep(hog_s)  # the GIL released: other threads run meanwhile
+        else:
+            end = time.perf_counter() + hog_s
+            while time.perf_counter() < end:
+                pass
+        loop.call_soon(hog)  # runs in the next pass: one hog per pass
+
+    per_server = [0] * loops
+
+    def echo_for(i: int):
+        async def echo(request: bytes, context) -> bytes:
+            nonlocal calls
+            calls += 1
+            per_server[i] += 1
+            return request
+
+        return echo
+
+    async def counts(request: bytes, context) -> bytes:
+        state = {"passes": passes, "calls": calls, "per_server": per_server, "t": time.perf_counter()}
+        return json.dumps(state).encode()
+
+    servers = []
+    for i in range(loops):
+        handler = grpc.method_handlers_generic_handler(
+            "wok.bench.Echo",
+            {
+                "Echo": grpc.unary_unary_rpc_method_handler(echo_for(i)),
+                "Counts": grpc.unary_unary_rpc_method_handler(counts),
+            },
+        )
+        server = grpc.aio.server(options=[("grpc.so_reuseport", int(loops > 1))])
+        server.add_generic_rpc_handlers((handler,))
+        if server.add_insecure_port(f"127.0.0.1:{port}") != port:
+            raise OSError(f"cannot bind 127.0.0.1:{port}")
+        await server.start()
+        servers.append(server)
+    if hog_s > 0:
+        loop.call_soon(hog)
+    print(READY, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
+    await asyncio.gather(*(s.stop(0) for s in servers))
+
+
+# --------------------------------------------------------------------------- client
+async def _drive(port: int, seconds: float, warmup: float, channels: int, inflight: int) -> dict:
+    import grpc
+
+    chans = [
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(channels)
+    ]
+    try:
+        echo = [c.unary_unary(METHOD) for c in chans]
+        counts = chans[0].unary_unary("/wok.bench.Echo/Counts")
+        for e in echo:
+            await e(b"x", timeout=10)  # connect every channel first
+        stop_at = time.perf_counter() + warmup + seconds
+
+        async def worker(call) -> None:
+            while time.perf_counter() < stop_at:
+                await call(b"x" * 64, timeout=30)
+
+        tasks = [asyncio.ensure_future(worker(e)) for e in echo for _ in range(inflight)]
+        await asyncio.sleep(warmup)
+        c0 = json.loads(await counts(b"", timeout=30))
+        await asyncio.sleep(seconds)
+        c1 = json.loads(await counts(b"", timeout=30))
+        await asyncio.gather(*tasks)
+    finally:
+        await asyncio.gather(*(c.close() for c in chans))
+    dt = c1["t"] - c0["t"]
+    calls, passes = c1["calls"] - c0["calls"], c1["passes"] - c0["passes"]
+    return {
+        "per_server_calls": [b - a for a, b in zip(c0["per_server"], c1["per_server"])],
+        "window_s": dt,
+        "calls_per_s": calls / dt,
+        "passes_per_s": passes / dt if passes else None,
+        "calls_per_pass": calls / passes if passes else None,
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(loops: int, hog_us: float, args) -> dict:
+    port = _free_port()
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(port), str(loops), str(hog_us), args.hog_kind],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        if child.stdout.readline().strip() != READY:
+            raise RuntimeError(f"the server (loops {loops}, hog {hog_us} µs) did not start")
+        import uvloop
+
+        return uvloop.run(_drive(port, args.duration, args.warmup, args.channels, args.inflight))
+    finally:
+        child.stdin.close()
+        try:
+            child.wait(10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--loops", default="1,4", help="servers on the port, comma-separated")
+    p.add_argument("--hog-us", default="0,1000", help="least length of a loop pass (µs), comma-separated")
+    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per setting")
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--channels", type=int, default=8, help="client connections")
+    p.add_argument("--inflight", type=int, default=64, help="calls in flight per connection")
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--json", type=Path)
+    p.add_argument(
+        "--hog-kind",
+        choices=("spin", "sleep"),
+        default="spin",
+        help="spin: the hog holds the GIL (Python work); sleep: it releases it (default spin)",
+    )
+    p.add_argument("--serve", nargs=4, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve:
+        import uvloop
+
+        port, loops, hog_us = int(args.serve[0]), int(args.serve[1]), float(args.serve[2])
+        uvloop.run(_serve(port, loops, hog_us / 1e6, args.serve[3]))
+        return 0
+    settings = [(int(n), float(h)) for h in args.hog_us.split(",") for n in args.loops.split(",")]
+    runs = []
+    for rep in range(args.reps):
+        for loops, hog in settings if rep % 2 == 0 else list(reversed(settings)):
+            r = measure(loops, hog, args) | {"loops": loops, "hog_us": hog, "rep": rep + 1}
+            runs.append(r)
+            per_pass = "-" if r["calls_per_pass"] is None else f"{r['calls_per_pass']:.2f}"
+            print(
+                f"rep {rep + 1}: loops {loops}, hog {hog:g} µs: {r['calls_per_s']:.0f} calls/s, {per_pass} per pass; "
+                f"calls by server {r['per_server_calls']}",
+                file=sys.stderr,
+                flush=True,
+            )
+    summary = []
+    print(f"{'loops':>5} {'hog µs':>7} {'calls/s':>9} {'passes/s':>9} {'calls/pass':>10}")
+    for loops, hog in settings:
+        mine = [r for r in runs if r["loops"] == loops and r["hog_us"] == hog]
+
+        def med(key, mine=mine):
+            vals = [r[key] for r in mine if r[key] is not None]
+            return statistics.median(vals) if vals else None
+
+        row = {"loops": loops, "hog_us": hog, **{k: med(k) for k in ("calls_per_s", "passes_per_s", "calls_per_pass")}}
+        summary.append(row)
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        print(
+            f"{loops:>5} {hog:>7g} {fmt(row['calls_per_s'], '9.0f')} {fmt(row['passes_per_s'], '9.0f')} "
+            f"{fmt(row['calls_per_pass'], '10.2f')}"
+        )
+    if args.json:
+        doc = {
+            "schema": SCHEMA,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
+            "config": {k: v for k, v in vars(args).items() if k not in ("json", "serve")},
+            "runs": runs,
+            "summary": summary,
+        }
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
