@@ -141,7 +141,7 @@ def _free_port() -> int:
 def measure(loops: int, hog_us: float, args) -> dict:
     port = _free_port()
     child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(port), str(loops), str(hog_us), args.hog_kind],
+        [sys.executable, __file__, "--serve", str(port), str(loops), str(hog_us), args.hog_kind, args.loop],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -177,13 +177,24 @@ def main(argv=None) -> int:
         default="spin",
         help="spin: the hog holds the GIL (Python work); sleep: it releases it (default spin)",
     )
-    p.add_argument("--serve", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the server's event loop (default uvloop, as wok serve's); asyncio runs the callbacks queued "
+        "during a pass in the next one, as uvloop is expected to",
+    )
+    p.add_argument("--serve", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
         import uvloop
 
         port, loops, hog_us = int(args.serve[0]), int(args.serve[1]), float(args.serve[2])
-        uvloop.run(_serve(port, loops, hog_us / 1e6, args.serve[3]))
+        serve = _serve(port, loops, hog_us / 1e6, args.serve[3])
+        if args.serve[4] == "asyncio":
+            asyncio.run(serve)
+        else:
+            uvloop.run(serve)
         return 0
     settings = [(int(n), float(h)) for h in args.hog_us.split(",") for n in args.loops.split(",")]
     runs = []

@@ -34,10 +34,28 @@ class ServerProcess:
     port: int
     models: list[str]
     log: list[str] = field(default_factory=list)
+    # Notified with each line appended to `log` (by the thread that reads the server's stderr).
+    lines: threading.Condition = field(default_factory=threading.Condition)
 
     @property
     def target(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def wait_for_line(self, prefix: str, timeout: float = 30.0) -> str:
+        """The first line of the log that starts with `prefix`, once the server has printed it.
+
+        The fixtures return at the ready line; lines printed after it may not be read yet.
+        """
+
+        def first() -> str | None:
+            return next((line for line in self.log if line.startswith(prefix)), None)
+
+        with self.lines:
+            if not self.lines.wait_for(lambda: first() is not None, timeout):
+                raise AssertionError(
+                    f"no line starting with {prefix!r} within {timeout} s:\n" + "\n".join(self.log[-20:])
+                )
+            return first()
 
     def terminate(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
@@ -52,12 +70,15 @@ def start_server_process(*args: str, timeout: float = 120.0) -> ServerProcess:
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
     log: list[str] = []
+    lines = threading.Condition()
     found: list[re.Match] = []
     ready = threading.Event()
 
     def pump() -> None:
         for line in proc.stderr:
-            log.append(line.rstrip())
+            with lines:
+                log.append(line.rstrip())
+                lines.notify_all()
             m = READY.search(line)
             if m and not found:
                 found.append(m)
@@ -69,7 +90,7 @@ def start_server_process(*args: str, timeout: float = 120.0) -> ServerProcess:
         proc.kill()
         raise RuntimeError(f"server did not start: {' '.join(cmd)}\n" + "\n".join(log[-40:]))
     m = found[0]
-    return ServerProcess(proc, m.group(2), int(m.group(3)), m.group(1).split(", "), log)
+    return ServerProcess(proc, m.group(2), int(m.group(3)), m.group(1).split(", "), log, lines)
 
 
 @pytest.fixture(scope="session")

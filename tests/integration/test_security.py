@@ -674,9 +674,10 @@ def secured_server(start_server_module, pki):
 
 
 def test_wok_serve_flags_turn_on_tls_and_tokens(secured_server, pki):
-    assert any("wok: gRPC security: TLS, bearer token required" in line for line in secured_server.log)
+    # Printed after the ready line, so waited for: the fixture returns at the ready line.
+    assert secured_server.wait_for_line("wok: gRPC security: ") == "wok: gRPC security: TLS, bearer token required"
     # The plaintext health port a kubelet probe can reach, printed with the port it got.
-    line = next(line for line in secured_server.log if line.startswith("wok: health (plaintext) on "))
+    line = secured_server.wait_for_line("wok: health (plaintext) on ")
     with grpc.insecure_channel(line.rsplit(" ", 1)[1]) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=CALL_S)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
