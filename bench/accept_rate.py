@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from wok.bench.report import write_json
+
 SCHEMA = "wok.acceptrate/1"
 METHOD = "/wok.bench.Echo/Echo"
 READY = "ACCEPT_RATE_READY"
@@ -161,6 +163,10 @@ def measure(loops: int, hog_us: float, args) -> dict:
             child.wait()
 
 
+def _cell(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--loops", default="1,4", help="servers on the port, comma-separated")
@@ -220,10 +226,9 @@ def main(argv=None) -> int:
 
         row = {"loops": loops, "hog_us": hog, **{k: med(k) for k in ("calls_per_s", "passes_per_s", "calls_per_pass")}}
         summary.append(row)
-        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         print(
-            f"{loops:>5} {hog:>7g} {fmt(row['calls_per_s'], '9.0f')} {fmt(row['passes_per_s'], '9.0f')} "
-            f"{fmt(row['calls_per_pass'], '10.2f')}"
+            f"{loops:>5} {hog:>7g} {_cell(row['calls_per_s'], '9.0f')} {_cell(row['passes_per_s'], '9.0f')} "
+            f"{_cell(row['calls_per_pass'], '10.2f')}"
         )
     if args.json:
         doc = {
@@ -234,7 +239,7 @@ def main(argv=None) -> int:
             "runs": runs,
             "summary": summary,
         }
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(doc, args.json)
     return 0
 
 

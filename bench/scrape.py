@@ -86,16 +86,23 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> 
     def delta(name: str, **labels) -> float:
         return after.get(name, **labels) - before.get(name, **labels)
 
+    def bucket_delta(name: str, **labels) -> list[tuple[float, float]]:
+        """The histogram's cumulative buckets over the window."""
+        earlier = dict(before.buckets(name, **labels))
+        return [(le, c - earlier.get(le, 0.0)) for le, c in after.buckets(name, **labels)]
+
+    def quantile_ms(q: float, buckets: list[tuple[float, float]]) -> float | None:
+        v = histogram_quantile(q, buckets)
+        return None if v is None else 1e3 * v
+
     n = delta(E2E + "_count", model=model)
     out: dict = {"requests": n}
     if n <= 0:
         return out
-    e2e_before = dict(before.buckets(E2E, model=model))
-    e2e_delta = [(le, c - e2e_before.get(le, 0.0)) for le, c in after.buckets(E2E, model=model)]
+    e2e_delta = bucket_delta(E2E, model=model)
     out["e2e_ms"] = {"mean": 1e3 * delta(E2E + "_sum", model=model) / n}
     for q, key in ((0.5, "p50"), (0.99, "p99")):
-        v = histogram_quantile(q, e2e_delta)
-        out["e2e_ms"][key] = None if v is None else 1e3 * v
+        out["e2e_ms"][key] = quantile_ms(q, e2e_delta)
     stages = {}
     for (name, items), _ in after.values.items():
         if name == STAGE + "_count" and dict(items).get("model") == model:
@@ -104,19 +111,8 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> 
             if c > 0:
                 stages[stage] = 1e3 * delta(STAGE + "_sum", model=model, stage=stage) / c
     out["stages_ms"] = stages
-    stages_p99 = {}
-    for stage in stages:
-        sb_before = dict(before.buckets(STAGE, model=model, stage=stage))
-        v = histogram_quantile(
-            0.99, [(le, c - sb_before.get(le, 0.0)) for le, c in after.buckets(STAGE, model=model, stage=stage)]
-        )
-        stages_p99[stage] = None if v is None else 1e3 * v
-    out["stages_p99_ms"] = stages_p99
-    qb_after = after.buckets(STAGE, model=model, stage="queue")
-    qb_before = dict(before.buckets(STAGE, model=model, stage="queue"))
-    q_delta = [(le, c - qb_before.get(le, 0.0)) for le, c in qb_after]
-    p99 = histogram_quantile(0.99, q_delta)
-    out["queue_ms"] = {"mean": stages.get("queue"), "p99": None if p99 is None else 1e3 * p99}
+    out["stages_p99_ms"] = {st: quantile_ms(0.99, bucket_delta(STAGE, model=model, stage=st)) for st in stages}
+    out["queue_ms"] = {"mean": stages.get("queue"), "p99": out["stages_p99_ms"].get("queue")}
     batches = delta(BATCH + "_count", model=model)
     if batches > 0:
         out["mean_batch_size"] = delta(BATCH + "_sum", model=model) / batches
@@ -131,17 +127,18 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> 
     out["flush_reasons"] = flushes
     samples = delta(LOOP_LAG + "_count")
     if samples > 0:
-        lb_before = dict(before.buckets(LOOP_LAG))
-        lag_delta = [(le, c - lb_before.get(le, 0.0)) for le, c in after.buckets(LOOP_LAG)]
-        out["loop_lag_ms"] = {"mean": 1e3 * delta(LOOP_LAG + "_sum") / samples, "samples": samples}
+        lag_delta = bucket_delta(LOOP_LAG)
         # The longest stall to within its bucket: the bound of the highest bucket that grew.
         grew = [le for (le, c), (_, prev) in zip(lag_delta, [(0.0, 0.0), *lag_delta]) if c > prev]
-        out["loop_lag_ms"]["max_bound"] = 1e3 * grew[-1] if grew and math.isfinite(grew[-1]) else None
-        # A stall past the last bound has no bound to show: say so, rather than look like no data.
-        out["loop_lag_ms"]["over_last_bound"] = bool(grew) and not math.isfinite(grew[-1])
-        for q, key in ((0.5, "p50"), (0.99, "p99")):
-            v = histogram_quantile(q, lag_delta)
-            out["loop_lag_ms"][key] = None if v is None else 1e3 * v
+        out["loop_lag_ms"] = {
+            "mean": 1e3 * delta(LOOP_LAG + "_sum") / samples,
+            "samples": samples,
+            "max_bound": 1e3 * grew[-1] if grew and math.isfinite(grew[-1]) else None,
+            # A stall past the last bound has no bound to show: say so, rather than look like no data.
+            "over_last_bound": bool(grew) and not math.isfinite(grew[-1]),
+            "p50": quantile_ms(0.5, lag_delta),
+            "p99": quantile_ms(0.99, lag_delta),
+        }
     gpu = {}
     for (name, items), v in after.values.items():
         if name in GPU:
