@@ -1,6 +1,10 @@
-"""How many unary calls a grpc.aio server accepts per pass of its event loop, with 1 or N servers on one port.
+"""How many unary calls a grpc.aio server completes per pass of its event loop, and what wok changes in that.
 
     python bench/accept_rate.py --loops 1,4 --hog-us 0,1000 --json accept-rate.json
+    python bench/accept_rate.py --accept-tasks 0,4 --drain 0,1 --hog-us 0,250 --json accept-tasks.json
+
+Settings: N grpc.aio servers on the port (`--loops`); wok's extra accept tasks per server
+(`--accept-tasks`, server/accept.py); wok's wake-up drain (`--drain 1`, server/wakeup.py).
 
 The hypothesis it tested (docs/performance.md, "The unary knee"): grpc.aio's server accepts
 one call at a time (`AioServer._server_main_loop` awaits each `_request_call` before it asks
@@ -17,6 +21,10 @@ flight on each of 8 channels, each with its own connection, for the measured win
 loop: the server's capacity, not a latency). Printed and written: calls per second, loop
 passes per second, and calls per pass, per setting, settings interleaved over the repetitions.
 If the accept chain limited, calls per pass would rise with N when the hog makes passes long.
+They did not, because a second limit sits behind it: grpc.aio reads one wake-up byte per pass,
+so gRPC hands the loop about one finished operation per pass once bytes pile up, about four
+per call. `--accept-tasks` and `--drain` lift the two limits one at a time (2026-11-30, docs/
+performance.md "The unary knee"). Also reported: the wake-up callbacks per call and per pass.
 """
 
 from __future__ import annotations
@@ -33,14 +41,17 @@ from pathlib import Path
 
 from wok.bench.report import write_json
 
-SCHEMA = "wok.acceptrate/1"
+SCHEMA = "wok.acceptrate/2"
 METHOD = "/wok.bench.Echo/Echo"
 READY = "ACCEPT_RATE_READY"
 
 
 # --------------------------------------------------------------------------- server (child)
-async def _serve(port: int, loops: int, hog_s: float, hog_kind: str) -> None:
+async def _serve(port: int, loops: int, hog_s: float, hog_kind: str, tasks: int, drain: bool) -> None:
     import grpc
+
+    from wok.accept import AcceptTasks
+    from wok.wakeup import WakeupDrain
 
     loop = asyncio.get_running_loop()
     passes = 0
@@ -68,30 +79,44 @@ async def _serve(port: int, loops: int, hog_s: float, hog_kind: str) -> None:
 
         return echo
 
+    wakeup = WakeupDrain()
+
     async def counts(request: bytes, context) -> bytes:
-        state = {"passes": passes, "calls": calls, "per_server": per_server, "t": time.perf_counter()}
+        state = {
+            "passes": passes,
+            "calls": calls,
+            "per_server": per_server,
+            "t": time.perf_counter(),
+            "wakeups": wakeup.wakeups,
+        }
         return json.dumps(state).encode()
 
-    servers = []
+    servers, accepts = [], []
     for i in range(loops):
+        echo_handler = grpc.unary_unary_rpc_method_handler(echo_for(i))
         handler = grpc.method_handlers_generic_handler(
             "wok.bench.Echo",
-            {
-                "Echo": grpc.unary_unary_rpc_method_handler(echo_for(i)),
-                "Counts": grpc.unary_unary_rpc_method_handler(counts),
-            },
+            {"Echo": echo_handler, "Counts": grpc.unary_unary_rpc_method_handler(counts)},
         )
         server = grpc.aio.server(options=[("grpc.so_reuseport", int(loops > 1))])
         server.add_generic_rpc_handlers((handler,))
+        server.add_registered_method_handlers("wok.bench.Echo", {"Echo": echo_handler})
         if server.add_insecure_port(f"127.0.0.1:{port}") != port:
             raise OSError(f"cannot bind 127.0.0.1:{port}")
         await server.start()
         servers.append(server)
+        accepts.append(AcceptTasks(server, {METHOD: echo_handler}, tasks))
+        accepts[-1].start()
+    if drain and not wakeup.install():
+        raise RuntimeError(f"the wake-up drain cannot run here: {wakeup.unsupported}")
     if hog_s > 0:
         loop.call_soon(hog)
     print(READY, flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
     await asyncio.gather(*(s.stop(0) for s in servers))
+    for accept in accepts:
+        await accept.stop()
+    wakeup.uninstall()
 
 
 # --------------------------------------------------------------------------- client
@@ -123,7 +148,9 @@ async def _drive(port: int, seconds: float, warmup: float, channels: int, inflig
         await asyncio.gather(*(c.close() for c in chans))
     dt = c1["t"] - c0["t"]
     calls, passes = c1["calls"] - c0["calls"], c1["passes"] - c0["passes"]
+    wakeups = c1["wakeups"] - c0["wakeups"]  # counted only with the drain on
     return {
+        "wakeups_per_call": wakeups / calls if wakeups else None,
         "per_server_calls": [b - a for a, b in zip(c0["per_server"], c1["per_server"])],
         "window_s": dt,
         "calls_per_s": calls / dt,
@@ -140,17 +167,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure(loops: int, hog_us: float, args) -> dict:
+def measure(loops: int, hog_us: float, tasks: int, drain: int, args) -> dict:
     port = _free_port()
+    serve = [str(port), str(loops), str(hog_us), args.hog_kind, args.loop, str(tasks), str(drain)]
     child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(port), str(loops), str(hog_us), args.hog_kind, args.loop],
+        [sys.executable, __file__, "--serve", *serve],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         if child.stdout.readline().strip() != READY:
-            raise RuntimeError(f"the server (loops {loops}, hog {hog_us} µs) did not start")
+            raise RuntimeError(f"the server ({loops=}, {hog_us=}, {tasks=}, {drain=}) did not start")
         import uvloop
 
         return uvloop.run(_drive(port, args.duration, args.warmup, args.channels, args.inflight))
@@ -164,13 +192,18 @@ def measure(loops: int, hog_us: float, args) -> dict:
 
 
 def _cell(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+    """`value` formatted by `spec` ('9.0f'), or a dash as wide."""
+    return format(value, spec) if value is not None else "-".rjust(int(spec.split(".")[0]))
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--loops", default="1,4", help="servers on the port, comma-separated")
     p.add_argument("--hog-us", default="0,1000", help="least length of a loop pass (µs), comma-separated")
+    p.add_argument(
+        "--accept-tasks", default="0", help="wok's extra accept tasks per server (server/accept.py), comma-separated"
+    )
+    p.add_argument("--drain", default="0", help="wok's wake-up drain (server/wakeup.py): 0 off, 1 on, comma-separated")
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per setting")
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--channels", type=int, default=8, help="client connections")
@@ -190,45 +223,60 @@ def main(argv=None) -> int:
         help="the server's event loop (default uvloop, as wok serve's); asyncio runs the callbacks queued "
         "during a pass in the next one, as uvloop is expected to",
     )
-    p.add_argument("--serve", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--serve", nargs=7, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
         import uvloop
 
         port, loops, hog_us = int(args.serve[0]), int(args.serve[1]), float(args.serve[2])
-        serve = _serve(port, loops, hog_us / 1e6, args.serve[3])
+        tasks, drain = int(args.serve[5]), args.serve[6] == "1"
+        serve = _serve(port, loops, hog_us / 1e6, args.serve[3], tasks, drain)
         if args.serve[4] == "asyncio":
             asyncio.run(serve)
         else:
             uvloop.run(serve)
         return 0
-    settings = [(int(n), float(h)) for h in args.hog_us.split(",") for n in args.loops.split(",")]
+    settings = [
+        (int(n), float(h), int(t), int(d))
+        for h in args.hog_us.split(",")
+        for n in args.loops.split(",")
+        for t in args.accept_tasks.split(",")
+        for d in args.drain.split(",")
+    ]
+    keys = ("loops", "hog_us", "accept_tasks", "drain")
     runs = []
     for rep in range(args.reps):
-        for loops, hog in settings if rep % 2 == 0 else list(reversed(settings)):
-            r = measure(loops, hog, args) | {"loops": loops, "hog_us": hog, "rep": rep + 1}
+        for setting in settings if rep % 2 == 0 else list(reversed(settings)):
+            loops, hog, tasks, drain = setting
+            r = measure(loops, hog, tasks, drain, args) | dict(zip(keys, setting)) | {"rep": rep + 1}
             runs.append(r)
             per_pass = "-" if r["calls_per_pass"] is None else f"{r['calls_per_pass']:.2f}"
             print(
-                f"rep {rep + 1}: loops {loops}, hog {hog:g} µs: {r['calls_per_s']:.0f} calls/s, {per_pass} per pass; "
-                f"calls by server {r['per_server_calls']}",
+                f"rep {rep + 1}: loops {loops}, hog {hog:g} µs, tasks {tasks}, drain {drain}: "
+                f"{r['calls_per_s']:.0f} calls/s, {per_pass} per pass; calls by server {r['per_server_calls']}",
                 file=sys.stderr,
                 flush=True,
             )
     summary = []
-    print(f"{'loops':>5} {'hog µs':>7} {'calls/s':>9} {'passes/s':>9} {'calls/pass':>10}")
-    for loops, hog in settings:
-        mine = [r for r in runs if r["loops"] == loops and r["hog_us"] == hog]
+    print(
+        f"{'loops':>5} {'hog µs':>7} {'tasks':>5} {'drain':>5} {'calls/s':>9} {'passes/s':>9} {'calls/pass':>10} "
+        f"{'wakes/call':>10}"
+    )
+    for setting in settings:
+        mine = [r for r in runs if tuple(r[k] for k in keys) == setting]
 
         def med(key, mine=mine):
             vals = [r[key] for r in mine if r[key] is not None]
             return statistics.median(vals) if vals else None
 
-        row = {"loops": loops, "hog_us": hog, **{k: med(k) for k in ("calls_per_s", "passes_per_s", "calls_per_pass")}}
+        stats = ("calls_per_s", "passes_per_s", "calls_per_pass", "wakeups_per_call")
+        row = dict(zip(keys, setting)) | {k: med(k) for k in stats}
         summary.append(row)
+        loops, hog, tasks, drain = setting
         print(
-            f"{loops:>5} {hog:>7g} {_cell(row['calls_per_s'], '9.0f')} {_cell(row['passes_per_s'], '9.0f')} "
-            f"{_cell(row['calls_per_pass'], '10.2f')}"
+            f"{loops:>5} {hog:>7g} {tasks:>5} {drain:>5} {_cell(row['calls_per_s'], '9.0f')} "
+            f"{_cell(row['passes_per_s'], '9.0f')} {_cell(row['calls_per_pass'], '10.2f')} "
+            f"{_cell(row['wakeups_per_call'], '10.2f')}"
         )
     if args.json:
         doc = {

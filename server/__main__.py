@@ -59,6 +59,20 @@ def _serve_parser(sub) -> None:
         dest="switch_interval_ms",
         help="GIL switch interval in ms (default: Python's, 5 ms); see docs/performance.md",
     )
+    p.add_argument(
+        "--accept-tasks",
+        type=int,
+        default=4,
+        metavar="N",
+        help="tasks accepting unary ModelInfer calls beside grpc.aio's own (default 4; 0: grpc.aio's alone); "
+        "see docs/performance.md",
+    )
+    p.add_argument(
+        "--wakeup-drain",
+        action="store_true",
+        help="take every finished gRPC operation waiting in one event-loop pass, not one per pass: for long "
+        "passes (default off); see docs/performance.md",
+    )
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the /metrics port (default 127.0.0.1)")
     p.add_argument(
         "--metrics-port",
@@ -152,6 +166,8 @@ async def _serve(args) -> int:
         max_request_bytes=args.max_request_bytes,
         torch_threads=args.torch_threads,
         switch_interval_ms=args.switch_interval_ms,
+        accept_tasks=args.accept_tasks,
+        drain_wakeups=args.wakeup_drain,
         metrics=not args.no_metrics,
         metrics_host=args.metrics_host,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,

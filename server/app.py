@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
+from .accept import AcceptTasks
 from .admin import Admin
 from .auth import SecurityMode, security_warnings, server_credentials, token_interceptor
 from .batcher import Batcher, BatchingPolicy
@@ -34,6 +35,7 @@ from .servable import Servable
 from .service import InferenceService, add_to_server
 from .stats import ModelStats
 from .v2pb import grpc_service_pb2 as pb
+from .wakeup import WakeupDrain
 
 log = logging.getLogger("wok")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
@@ -88,6 +90,8 @@ class WokServer:
         self._health_grpc: grpc.aio.Server | None = None
         self._stopped: asyncio.Event | None = None
         self.loop_lag: LoopLagMonitor | None = None
+        self.accept: AcceptTasks | None = None
+        self.wakeup_drain: WakeupDrain | None = None
 
     @property
     def ready(self) -> bool:
@@ -117,12 +121,10 @@ class WokServer:
         transport_limit = 4 * self.settings.max_request_bytes + (1 << 20)
         # Built before the port opens: a token source that fails now fails the start.
         interceptor = token_interceptor(self.settings)
-        self._grpc = grpc.aio.server(
-            interceptors=[interceptor] if interceptor is not None else None,
-            options=self._grpc_options(transport_limit),
-        )
+        interceptors = [interceptor] if interceptor is not None else []
+        self._grpc = grpc.aio.server(interceptors=interceptors or None, options=self._grpc_options(transport_limit))
         self.service = InferenceService(self)
-        add_to_server(self.service, self._grpc)
+        handlers = add_to_server(self.service, self._grpc)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(
@@ -138,6 +140,13 @@ class WokServer:
         if self.port == 0:
             raise OSError(f"cannot bind gRPC to {address}")
         await self._grpc.start()
+        # Unary inference only: a stream is accepted once and then carries many requests.
+        infer = f"/{SERVICE_NAME}/ModelInfer"
+        self.accept = AcceptTasks(self._grpc, {infer: handlers[infer]}, self.settings.accept_tasks, interceptors)
+        self.accept.start()
+        if self.settings.drain_wakeups:
+            self.wakeup_drain = WakeupDrain()
+            self.wakeup_drain.install()
         if self.settings.metrics:
             self.loop_lag = LoopLagMonitor(self.metrics.record_loop_lag)
             self.loop_lag.start()
@@ -151,6 +160,12 @@ class WokServer:
             await self.http.start()
         for service in ("", SERVICE_NAME, *self.runtimes):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        # Before the ready line, which scripts wait for.
+        log.info(
+            "unary accept: grpc.aio's chain and %d more task(s); gRPC wake-up drain %s",
+            self.accept.running,
+            "on" if self.wakeup_drain is not None and self.wakeup_drain.installed else "off",
+        )
         self._started = True
         log.info("wok serving %s on %s:%d", ", ".join(self.runtimes), self.settings.host, self.port)
         log.info("gRPC security: %s", SecurityMode.of(self.settings).describe())
@@ -234,6 +249,10 @@ class WokServer:
         if self._grpc is not None:
             # Only idle streams and responses on the wire remain: a short grace, not the rest.
             await self._grpc.stop(min(1.0, max(0.1, left())))
+        if self.accept is not None:
+            await self.accept.stop()
+        if self.wakeup_drain is not None:
+            self.wakeup_drain.uninstall()
         if self._health_grpc is not None:
             # Last of the ports: probes read NOT_SERVING through the whole drain.
             await self._health_grpc.stop(0)

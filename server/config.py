@@ -266,6 +266,19 @@ class ServerSettings(_Strict):
         "waits before the event loop must hand it over; None keeps Python's (5 ms). Process-wide: applied by "
         "`wok serve` (the entry point), not by WokServer.",
     )
+    accept_tasks: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="Tasks accepting unary ModelInfer calls beside grpc.aio's own one, whose accept costs about "
+        "five event-loop passes per call in series (server/accept.py); 0: grpc.aio's alone.",
+    )
+    drain_wakeups: bool = Field(
+        False,
+        description="Read all of grpc.aio's waiting wake-up bytes per event-loop pass, not one, so that gRPC hands "
+        "over every finished operation at once (server/wakeup.py). Off by default: it lifts the rate when the "
+        "loop's passes are long, and changed nothing measurable on the demo models' ramps.",
+    )
     metrics: bool = Field(True, description="Record metrics; off only to measure what they cost.")
     metrics_host: str = Field("127.0.0.1", description="Address the /metrics HTTP port binds to.")
     metrics_port: int | None = Field(

@@ -77,8 +77,11 @@ def parse_infer_request(data: bytes) -> pb.ModelInferRequest | Unparsed:
         return Unparsed(InvalidInput(f"message is not a valid inference.ModelInferRequest ({len(data)} bytes): {exc}"))
 
 
-def add_to_server(service: InferenceService, server: grpc.aio.Server) -> None:
-    """Register the V2 service as the generated code does, with the inference methods' tolerant parsing."""
+def add_to_server(service: InferenceService, server: grpc.aio.Server) -> dict[str, grpc.RpcMethodHandler]:
+    """Register the V2 service as the generated code does, with the inference methods' tolerant parsing.
+
+    Returns the handlers by fully qualified method name ('/inference.GRPCInferenceService/ModelInfer').
+    """
     desc = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     handlers = {}
     for method in desc.methods:
@@ -93,6 +96,7 @@ def add_to_server(service: InferenceService, server: grpc.aio.Server) -> None:
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
     server.add_registered_method_handlers(desc.full_name, handlers)
+    return {f"/{desc.full_name}/{name}": handler for name, handler in handlers.items()}
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):

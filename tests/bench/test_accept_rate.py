@@ -17,8 +17,9 @@ def test_a_short_run_writes_every_setting_and_its_counts_add_up(tmp_path):
     argv = ["--loops", "1,2", "--hog-us", "0,2000", "--duration", "0.6", "--warmup", "0.2", "--reps", "1"]
     assert accept_rate.main([*argv, "--channels", "2", "--inflight", "2", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["schema"] == "wok.acceptrate/1"
+    assert doc["schema"] == "wok.acceptrate/2"
     assert {(r["loops"], r["hog_us"]) for r in doc["runs"]} == {(1, 0.0), (2, 0.0), (1, 2000.0), (2, 2000.0)}
+    assert {(r["accept_tasks"], r["drain"], r["wakeups_per_call"]) for r in doc["runs"]} == {(0, 0, None)}
     for r in doc["runs"]:
         assert len(r["per_server_calls"]) == r["loops"]
         assert sum(r["per_server_calls"]) == round(r["calls_per_s"] * r["window_s"])
@@ -28,3 +29,14 @@ def test_a_short_run_writes_every_setting_and_its_counts_add_up(tmp_path):
         else:
             assert r["passes_per_s"] is None and r["calls_per_s"] > 0
     assert len(doc["summary"]) == 4
+
+
+def test_wok_accept_tasks_and_wakeup_drain_run_in_the_harness(tmp_path):
+    out = tmp_path / "ar.json"
+    argv = ["--loops", "1", "--hog-us", "2000", "--accept-tasks", "2", "--drain", "1", "--duration", "0.6"]
+    assert accept_rate.main([*argv, "--warmup", "0.2", "--reps", "1", "--channels", "2", "--json", str(out)]) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert (run["accept_tasks"], run["drain"]) == (2, 1)
+    assert sum(run["per_server_calls"]) == round(run["calls_per_s"] * run["window_s"]) > 0
+    # With the drain on its wake-ups are counted: at most a few per call (one per finished operation).
+    assert 0 < run["wakeups_per_call"] <= 5

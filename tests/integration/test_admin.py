@@ -200,3 +200,11 @@ def test_wok_serve_admin_flag(start_server):
     status, state = http(base + "/admin/faults", {"model": "mlp", "mode": "fail"})
     assert status == 200 and state["faults"][0]["mode"] == "fail"
     assert sp.terminate() == 0
+
+
+def test_wok_serve_accept_and_wakeup_flags(server_process, start_server):
+    line = "unary accept: grpc.aio's chain and {} more task(s); gRPC wake-up drain {}"
+    assert any(line.format(4, "off") in entry for entry in server_process.log)  # the defaults
+    sp = start_server("--models", "mlp", "--accept-tasks", "0", "--wakeup-drain")
+    assert any(line.format(0, "on") in entry for entry in sp.log), sp.log
+    assert sp.terminate() == 0

@@ -270,6 +270,27 @@ async def test_calls_without_an_accepted_token_get_unauthenticated(serve, pki, c
     assert all(WRONG not in m and TOKEN_A not in m for m in refused)
 
 
+async def test_unary_calls_taken_by_the_extra_accept_tasks_need_a_token_too(serve, pki):
+    # server/accept.py accepts most unary ModelInfer calls outside grpc.aio's own chain; the
+    # token check must hold for them as for any other.
+    async with serve(models=("mlp",), auth_token_file=pki.path("tokens")) as server:
+        counts = server.accept.accepted["/inference.GRPCInferenceService/ModelInfer"]
+        assert server.accept.running == len(counts) == 4
+        target = f"127.0.0.1:{server.port}"
+        async with AsyncClient(target) as anonymous:
+            refused = await asyncio.gather(
+                *(anonymous.infer("mlp", {"INPUT0": X}, timeout=CALL_S) for _ in range(60)), return_exceptions=True
+            )
+        assert {(r.code, r.details) for r in refused} == {(grpc.StatusCode.UNAUTHENTICATED, MISSING)}
+        taken = sum(counts)
+        assert taken > 0
+        async with AsyncClient(target, token=TOKEN_A) as client:
+            outs = await asyncio.gather(*(client.infer("mlp", {"INPUT0": X}, timeout=CALL_S) for _ in range(60)))
+        assert all(o["OUTPUT0"].shape == (1, 256) for o in outs)
+        assert sum(counts) > taken
+        assert server.runtime("mlp").stats.inference_count == 60
+
+
 async def test_a_refused_call_is_answered_before_its_request_is_read(serve, pki):
     # A body the server would reject as too large (INVALID_ARGUMENT) is never looked at:
     # the token check comes first, for known and unknown methods alike.

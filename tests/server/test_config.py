@@ -345,3 +345,14 @@ def test_hand_written_toml_with_tables(tmp_path):
     assert cfg.name == "hand"
     assert cfg.inputs[0].dims == (4,) and cfg.outputs[0].dims == (3,)
     assert cfg.dynamic_batching.max_queue_delay_ms == 2.0
+
+
+def test_server_settings_accept_tasks_and_wakeup_drain():
+    s = server_settings()
+    assert (s.accept_tasks, s.drain_wakeups) == (4, False)
+    assert server_settings(accept_tasks=0, drain_wakeups=True).drain_wakeups
+    low, high = "greater than or equal to 0 (got -1)", "less than or equal to 64 (got 65)"
+    with pytest.raises(ConfigError, match=re.escape(f"accept_tasks: Input should be {low}")):
+        server_settings(accept_tasks=-1)
+    with pytest.raises(ConfigError, match=re.escape(f"accept_tasks: Input should be {high}")):
+        server_settings(accept_tasks=65)

@@ -1,0 +1,111 @@
+"""wok.wakeup: the event loop takes every waiting gRPC completion in one pass.
+
+The client side shows it best, with no timing luck: an aio client in this loop sends calls to
+a synchronous gRPC server in a thread, then the loop is blocked while the server answers.
+Every answer finishes operations on grpc.aio's completion queue, each one byte on the wake-up
+socket; the first pass after the block finds them all waiting and takes them at once. Without
+the drain grpc.aio would take one byte per pass, one pass per finished operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import types
+from concurrent import futures
+
+import grpc
+import pytest
+
+from wok.wakeup import WakeupDrain
+
+uvloop = pytest.importorskip("uvloop")
+LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+METHOD = "/wok.test.Echo/Echo"
+CALLS = 30
+
+
+def run(factory, coro):
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
+
+
+@pytest.fixture
+def sync_server():
+    """A synchronous gRPC echo server (its own completion queues, threads): (port, calls answered)."""
+    answered = threading.Semaphore(0)
+
+    def echo(request: bytes, context) -> bytes:
+        answered.release()
+        return request[::-1]
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    handler = grpc.unary_unary_rpc_method_handler(echo)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("wok.test.Echo", {"Echo": handler}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield port, answered
+    server.stop(None)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_the_first_pass_after_a_block_takes_every_waiting_completion(sync_server, loop):
+    port, answered = sync_server
+
+    async def main():
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary(METHOD)
+            assert await call(b"warm", timeout=10) == b"mraw"
+            answered.acquire()
+            drain = WakeupDrain()
+            assert drain.install() and drain.installed and drain.unsupported is None
+            try:
+                pending = [asyncio.ensure_future(call(b"%d" % i, timeout=10)) for i in range(CALLS)]
+                await asyncio.sleep(0)  # the calls go out
+
+                def block_until_all_answered() -> None:
+                    # The loop is stopped here while the server answers every call; the GIL is free.
+                    for _ in range(CALLS):
+                        assert answered.acquire(timeout=10)
+                    time.sleep(0.05)  # their completions reach the poller thread
+
+                asyncio.get_running_loop().call_soon(block_until_all_answered)
+                assert await asyncio.gather(*pending) == [(b"%d" % i)[::-1] for i in range(CALLS)]
+            finally:
+                drain.uninstall()
+            assert not drain.installed
+            # One call finishes at least one operation; they were all waiting at one wake-up.
+            assert drain.bytes_read >= CALLS
+            assert drain.most_read >= CALLS, (drain.most_read, drain.wakeups, drain.bytes_read)
+            # Taken at once: reading one byte per pass would need a wake-up per byte.
+            assert drain.wakeups <= CALLS // 2, (drain.wakeups, drain.bytes_read)
+            # grpc.aio's own reader is back: calls still complete.
+            assert await asyncio.gather(*(call(b"ab", timeout=10) for _ in range(5))) == [b"ba"] * 5
+
+    run(LOOPS[loop], main())
+
+
+async def test_installing_twice_is_an_error_and_uninstalling_twice_is_not(sync_server):
+    port, _ = sync_server
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        assert await channel.unary_unary(METHOD)(b"x", timeout=10) == b"x"
+        drain = WakeupDrain()
+        assert drain.install()
+        with pytest.raises(RuntimeError, match="already installed"):
+            drain.install()
+        drain.uninstall()
+        drain.uninstall()
+        assert await channel.unary_unary(METHOD)(b"xy", timeout=10) == b"yx"
+
+
+async def test_without_grpcio_internals_it_changes_nothing(sync_server, caplog):
+    port, _ = sync_server
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        drain = WakeupDrain()
+        assert not drain.install(cygrpc=types.SimpleNamespace())
+        assert not drain.installed
+        assert drain.unsupported.endswith("has no PollerCompletionQueue/_BoundEventLoop")
+        assert any("gRPC wake-up drain off" in r.getMessage() for r in caplog.records)
+        assert await channel.unary_unary(METHOD)(b"ab", timeout=10) == b"ba"
+        drain.uninstall()
