@@ -8,7 +8,9 @@
 # 2. the CUDA tests that skip on a machine without a GPU;
 # 3. wok profile of mlp and recsys on the GPU: T(n) fit, intensity, the device's roofline;
 # 4. wok serve on the GPU under a short unary and a short streaming ramp, then its /metrics
-#    (GPU utilisation, memory, temperature gauges under load and after; per-stage histograms).
+#    (GPU utilisation, memory, temperature gauges under load and after; per-stage histograms);
+# 5. the same unary ramp against wok serve without its extra accept tasks (--accept-tasks 0) and
+#    with the wake-up drain (--wakeup-drain): docs/performance.md, "The two serial limits".
 # A step that fails is reported and the rest still run; the exit status counts failed steps.
 # Wheels the device image lacks travel in .whl (docs/gpu.md says which).
 set -u
@@ -60,6 +62,19 @@ kill -INT $server
 wait $server
 echo "server exit $? (log: $OUT/serve.log)"
 tail -n 5 "$OUT/serve.log"
+
+for variant in "accept0 --accept-tasks 0" "drain --wakeup-drain"; do
+    set -- $variant
+    name=$1
+    shift
+    python3 -m wok serve --models mlp --port 8011 --metrics-port 8012 "$@" >"$OUT/serve_$name.log" 2>&1 &
+    server=$!
+    for _ in $(seq 120); do grep -q "wok: serving" "$OUT/serve_$name.log" && break; sleep 0.5; done
+    step "ramp_unary_$name" 90 python3 -m wok bench ramp --target 127.0.0.1:8011 --model mlp --steps "$steps" \
+        --step-duration 5s --workers 4 --json "$OUT/ramp_unary_$name.json"
+    kill -INT $server
+    wait $server
+done
 
 echo "failed steps: $failed"
 exit $failed
