@@ -195,3 +195,23 @@ async def test_zero_tasks_start_nothing():
     accept.start()
     assert accept.running == 0 and accept.unsupported is None
     await accept.stop()
+
+
+async def test_a_method_the_server_did_not_register_ends_its_tasks_with_an_error(caplog):
+    handler = grpc.unary_unary_rpc_method_handler(echo)
+    server = grpc.aio.server()
+    server.add_registered_method_handlers(SERVICE, {"Echo": handler})
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    accept = AcceptTasks(server, {f"/{SERVICE}/Other": handler}, 2)
+    try:
+        accept.start()
+        await asyncio.wait_for(asyncio.gather(*accept._chains), 10)
+        assert accept.running == 0
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 2 and all(f"for /{SERVICE}/Other ended: KeyError" in m for m in errors), errors
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            assert await channel.unary_unary(METHOD)(b"ab", timeout=10) == b"ba"  # grpc.aio's chain still serves
+    finally:
+        await server.stop(None)
+        await accept.stop()
