@@ -29,6 +29,12 @@ import grpc
 
 log = logging.getLogger("wok.server")
 
+# grpcio minor versions whose aio server (`_server_main_loop` and what it calls per call) was
+# read against this module; on any other the tasks stay off. Parameter lists alone cannot show a
+# new per-call step around them. To add a version: read its server.pyx.pxi, then run
+# tests/server/test_accept.py on it.
+CHECKED_GRPCIO = ("1.85",)
+
 # The parameters each private entry point must take, in order, for the calls below to be right.
 _SIGNATURES = {
     "_handle_rpc": ("method_name", "method_resolver", "interceptors", "rpc_state", "loop", "concurrency_exceeded"),
@@ -44,8 +50,18 @@ def _parameters(func: Any) -> tuple[str, ...] | None:
     return tuple(code.co_varnames[: code.co_argcount])
 
 
-def unsupported_reason(server: grpc.aio.Server, cygrpc: Any = None) -> str | None:
+def grpcio_unchecked(version: str = grpc.__version__) -> str | None:
+    """Why this grpcio version's internals are not relied on, or None when they were checked."""
+    if ".".join(version.split(".")[:2]) in CHECKED_GRPCIO:
+        return None
+    return f"grpcio {version} is not among the versions checked ({', '.join(CHECKED_GRPCIO)})"
+
+
+def unsupported_reason(server: grpc.aio.Server, cygrpc: Any = None, version: str = grpc.__version__) -> str | None:
     """Why `AcceptTasks` cannot run on this grpcio, or None when it can."""
+    unchecked = grpcio_unchecked(version)
+    if unchecked is not None:
+        return unchecked
     if cygrpc is None:
         from grpc._cython import cygrpc
     core_server = getattr(server, "_server", None)
@@ -112,13 +128,25 @@ class AcceptTasks:
         if self.unsupported is not None:
             log.warning("extra accept tasks off: %s; grpc.aio's own accept chain serves alone", self.unsupported)
             return
+        if not self._server._server.is_running():
+            raise RuntimeError("start the gRPC server before its AcceptTasks")
 
         loop = asyncio.get_running_loop()
         resolver = cygrpc._MethodResolver([], self._handlers)
         for method in self._handlers:
             for i in range(self._per_method):
-                chain = loop.create_task(self._chain(cygrpc, resolver, method, i, loop), name=f"wok-accept-{i}")
+                chain = loop.create_task(
+                    self._chain(cygrpc, resolver, method, i, loop), name=f"wok-accept-{i}:{method}"
+                )
+                chain.add_done_callback(self._chain_ended)
                 self._chains.append(chain)
+
+    @staticmethod
+    def _chain_ended(chain: asyncio.Task[None]) -> None:
+        # A chain ends quietly at the server's stop; anything else is a bug worth a traceback,
+        # which stop()'s gather would otherwise swallow.
+        if not chain.cancelled() and chain.exception() is not None:
+            log.error("%s failed", chain.get_name(), exc_info=chain.exception())
 
     async def _chain(self, cygrpc: Any, resolver: Any, method: str, index: int, loop: Any) -> None:
         core_server = self._server._server

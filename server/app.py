@@ -122,6 +122,8 @@ class WokServer:
         # Built before the port opens: a token source that fails now fails the start.
         interceptor = token_interceptor(self.settings)
         interceptors = [interceptor] if interceptor is not None else []
+        # No maximum_concurrent_rpcs: calls the AcceptTasks below take would bypass its limiter
+        # (admission is the batcher's max_queue_size).
         self._grpc = grpc.aio.server(interceptors=interceptors or None, options=self._grpc_options(transport_limit))
         self.service = InferenceService(self)
         handlers = add_to_server(self.service, self._grpc)

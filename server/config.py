@@ -277,7 +277,7 @@ class ServerSettings(_Strict):
         False,
         description="Read all of grpc.aio's waiting wake-up bytes per event-loop pass, not one, so that gRPC hands "
         "over every finished operation at once (server/wakeup.py). Off by default: it lifts the rate when the "
-        "loop's passes are long, and changed nothing measurable on the demo models' ramps.",
+        "loop's passes are long, and changed nothing measurable on mlp's ramps.",
     )
     metrics: bool = Field(True, description="Record metrics; off only to measure what they cost.")
     metrics_host: str = Field("127.0.0.1", description="Address the /metrics HTTP port binds to.")

@@ -14,8 +14,9 @@ No operation is skipped: the poller queues an operation before it writes its byt
 read here stands for an operation already queued, and grpc.aio's callback that follows runs it.
 
 It reaches grpc.aio's private objects (`PollerCompletionQueue`, `_BoundEventLoop`) through the
-garbage collector. Where they are not as expected (another grpcio, or another engine through
-`GRPC_ASYNCIO_ENGINE`), `install()` logs why and changes nothing.
+garbage collector, on the grpcio versions in `wok.accept.CHECKED_GRPCIO` only. Where they are not
+as expected (another grpcio, or another engine through `GRPC_ASYNCIO_ENGINE`), `install()` logs
+why and changes nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import termios
 from typing import Any
 
 import grpc
+
+from .accept import grpcio_unchecked
 
 log = logging.getLogger("wok.server")
 
@@ -87,30 +90,36 @@ class WakeupDrain:
         if cygrpc is None:
             from grpc._cython import cygrpc
         loop = asyncio.get_running_loop()
-        found = _find(loop, cygrpc)
+        found = grpcio_unchecked() or _find(loop, cygrpc)
         if isinstance(found, str):
             self.unsupported = found
             log.warning("gRPC wake-up drain off: %s", found)
             return False
         queue, sock = found
-        self._loop, self._sock, self._handle_events = loop, sock, queue._handle_events
-        loop.add_reader(sock, self._on_readable, sock.fileno(), bytearray(4))
+        self.attach(loop, sock, queue._handle_events)
         return True
+
+    def attach(self, loop: asyncio.AbstractEventLoop, sock: Any, handle_events: Any) -> None:
+        """Read `sock` on `loop` as a wake-up socket whose queue `handle_events(loop)` runs (install's second half)."""
+        self._loop, self._sock, self._handle_events = loop, sock, handle_events
+        loop.add_reader(sock, self._on_readable, sock.fileno(), bytearray(4))
 
     def _on_readable(self, fd: int, count: bytearray) -> None:
         fcntl.ioctl(fd, termios.FIONREAD, count)
         waiting = int.from_bytes(count, sys.byteorder)
-        taken = len(self._sock.recv(waiting - 1)) + 1 if waiting > 1 else waiting
+        taken = min(waiting, 1)
+        if waiting > 1:
+            try:
+                taken += len(self._sock.recv(waiting - 1))
+            except BlockingIOError:
+                # Another loop bound to the same poller took the bytes first; its callback runs
+                # the queue and hands this loop's operations back to it.
+                pass
         self.wakeups += 1
         self.bytes_read += taken
         if taken > self.most_read:
             self.most_read = taken
-        try:
-            self._handle_events(self._loop)
-        except BlockingIOError:
-            # Another loop bound to the same poller read the last byte; that loop's callback runs
-            # the queue, and hands this loop's operations back to it.
-            pass
+        self._handle_events(self._loop)
 
     def uninstall(self) -> None:
         """Put grpc.aio's own callback back, unless gRPC has closed the socket meanwhile."""

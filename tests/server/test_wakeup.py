@@ -10,6 +10,10 @@ the drain grpc.aio would take one byte per pass, one pass per finished operation
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import socket
+import sys
+import termios
 import threading
 import time
 import types
@@ -24,6 +28,12 @@ uvloop = pytest.importorskip("uvloop")
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 METHOD = "/wok.test.Echo/Echo"
 CALLS = 30
+
+
+def waiting_bytes(sock) -> int:
+    count = bytearray(4)
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
+    return int.from_bytes(count, sys.byteorder)
 
 
 def run(factory, coro):
@@ -64,14 +74,22 @@ def test_the_first_pass_after_a_block_takes_every_waiting_completion(sync_server
                 pending = [asyncio.ensure_future(call(b"%d" % i, timeout=10)) for i in range(CALLS)]
                 await asyncio.sleep(0)  # the calls go out
 
+                problems = []
+
                 def block_until_all_answered() -> None:
-                    # The loop is stopped here while the server answers every call; the GIL is free.
-                    for _ in range(CALLS):
-                        assert answered.acquire(timeout=10)
-                    time.sleep(0.05)  # their completions reach the poller thread
+                    # The loop is stopped here while the server answers every call (the GIL is
+                    # free) and their completions reach the poller thread, one byte each.
+                    deadline = time.monotonic() + 10
+                    if not all(answered.acquire(timeout=10) for _ in range(CALLS)):
+                        problems.append("the server did not answer every call")
+                    while waiting_bytes(drain._sock) < CALLS and time.monotonic() < deadline:
+                        time.sleep(0.001)
+                    if waiting_bytes(drain._sock) < CALLS:
+                        problems.append(f"only {waiting_bytes(drain._sock)} wake-up bytes waiting")
 
                 asyncio.get_running_loop().call_soon(block_until_all_answered)
                 assert await asyncio.gather(*pending) == [(b"%d" % i)[::-1] for i in range(CALLS)]
+                assert problems == []
             finally:
                 drain.uninstall()
             assert not drain.installed
@@ -109,3 +127,36 @@ async def test_without_grpcio_internals_it_changes_nothing(sync_server, caplog):
         assert any("gRPC wake-up drain off" in r.getMessage() for r in caplog.records)
         assert await channel.unary_unary(METHOD)(b"ab", timeout=10) == b"ba"
         drain.uninstall()
+
+
+async def test_each_wake_up_leaves_grpc_aio_exactly_its_one_byte():
+    # A socketpair and a recorder in place of grpc.aio's queue: what grpc.aio's own callback
+    # finds when the drain hands over, for 1, 2 and 40 bytes waiting.
+    loop = asyncio.get_running_loop()
+    read, write = socket.socketpair()
+    read.setblocking(False)
+    seen = []
+    called = asyncio.Event()
+
+    def handle_events(context_loop) -> None:
+        assert context_loop is loop
+        seen.append(waiting_bytes(read))
+        read.recv(1)  # as grpc.aio's _handle_events does
+        called.set()
+
+    drain = WakeupDrain()
+    drain.attach(loop, read, handle_events)
+    try:
+        for n in (1, 2, 40):
+            called.clear()
+            write.send(b"1" * n)
+            await asyncio.wait_for(called.wait(), 5)
+            assert seen[-1] == 1, (n, seen)
+            assert waiting_bytes(read) == 0
+        assert seen == [1, 1, 1]
+        assert (drain.wakeups, drain.bytes_read, drain.most_read) == (3, 43, 40)
+    finally:
+        drain.uninstall()
+        loop.remove_reader(read)
+        read.close()
+        write.close()
