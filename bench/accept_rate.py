@@ -32,14 +32,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from wok.bench.report import write_json
+from wok.bench.report import bench_header, write_json
 
 SCHEMA = "wok.acceptrate/2"
 METHOD = "/wok.bench.Echo/Echo"
@@ -279,11 +278,7 @@ def main(argv=None) -> int:
             f"{_cell(row['wakeups_per_call'], '10.2f')}"
         )
     if args.json:
-        doc = {
-            "schema": SCHEMA,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "host": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
-            "config": {k: v for k, v in vars(args).items() if k not in ("json", "serve")},
+        doc = bench_header(SCHEMA, {k: v for k, v in vars(args).items() if k not in ("json", "serve")}) | {
             "runs": runs,
             "summary": summary,
         }

@@ -19,12 +19,13 @@ import argparse
 import asyncio
 import contextlib
 import math
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from wok.bench.report import bench_header
 
 SCHEMA = "wok.balancer_overhead/1"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -154,11 +155,7 @@ def median_of(runs: list[dict]) -> dict:
 
 def document(runs: list[dict], med: dict, config: dict) -> dict:
     """The JSON result (schema wok.balancer_overhead/1): every run, the medians, the difference."""
-    return {
-        "schema": SCHEMA,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
-        "config": config,
+    return bench_header(SCHEMA, config) | {
         "runs": runs,
         "median": med,
         "wok_minus_grpc_cpu_us": med["client_cpu_us_per_request"]["wok"] - med["client_cpu_us_per_request"]["grpc"],

@@ -21,12 +21,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from wok.bench.report import bench_header
 
 SCHEMA = "wok.ceiling/1"
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,11 +260,7 @@ def main(argv=None) -> int:
                 flush=True,
             )
             before, after, step = saturate(target, metrics_url, qps, args)
-    doc = {
-        "schema": SCHEMA,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
-        "config": {k: v for k, v in vars(args).items() if k != "json"} | {"offered_qps": qps},
+    doc = bench_header(SCHEMA, {k: v for k, v in vars(args).items() if k != "json"} | {"offered_qps": qps}) | {
         "profile": {
             "fit": fit,
             "batches": [{k: b[k] for k in ("batch_size", "median_s", "p99_s")} for b in prof["batches"]],

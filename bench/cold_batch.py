@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from wok.bench.report import bench_header
+
 SCHEMA = "wok.cold_batch/1"
 
 
@@ -99,12 +101,8 @@ def main(argv=None) -> int:
     finally:
         executor.shutdown()
     if args.json:
-        doc = {
-            "schema": SCHEMA,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "config": {k: v for k, v in vars(args).items() if k != "json"}
-            | {"torch_threads_used": torch.get_num_threads()},
-            "host": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
+        config = {k: v for k, v in vars(args).items() if k != "json"} | {"torch_threads_used": torch.get_num_threads()}
+        doc = bench_header(SCHEMA, config) | {
             "sizes": out,
         }
         args.json.write_text(json.dumps(doc, indent=2) + "\n")

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -63,6 +64,16 @@ def _plain(x: Any) -> Any:
 def to_json(result: dict) -> str:
     """The JSON text of a result, keys in the order the schema builds them."""
     return json.dumps(_plain(result), indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def bench_header(schema: str, config: dict) -> dict:
+    """The first keys of a bench script's JSON: schema, UTC time written, the host, the config."""
+    return {
+        "schema": schema,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
+        "config": config,
+    }
 
 
 def write_json(result: dict, path) -> None:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from wok.bench.report import bench_header
 
 SCHEMA = "wok.stream_vs_unary/1"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -160,11 +161,7 @@ def main(argv=None) -> int:
         f"{summary['stream']['server_us_per_request']:.0f} µs per request (stream/unary {ratio:.2f})"
     )
     if args.json:
-        doc = {
-            "schema": SCHEMA,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "host": {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},
-            "config": {k: v for k, v in vars(args).items() if k != "json"},
+        doc = bench_header(SCHEMA, {k: v for k, v in vars(args).items() if k != "json"}) | {
             "runs": runs,
             "median": summary,
             "stream_over_unary_cpu": ratio,
