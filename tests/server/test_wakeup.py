@@ -1,7 +1,8 @@
 """wok.wakeup: the event loop takes every waiting gRPC completion in one pass.
 
 The client side shows it best, with no timing luck: an aio client in this loop sends calls to
-a synchronous gRPC server in a thread, then the loop is blocked while the server answers.
+a synchronous gRPC server in a thread, which holds them until the loop is blocked, then
+answers them all while it stays blocked.
 Every answer finishes operations on grpc.aio's completion queue, each one byte on the wake-up
 socket; the first pass after the block finds them all waiting and takes them at once. Without
 the drain grpc.aio would take one byte per pass, one pass per finished operation.
@@ -18,6 +19,7 @@ import threading
 import time
 import types
 from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 import pytest
@@ -41,47 +43,60 @@ def run(factory, coro):
         return runner.run(coro)
 
 
+@dataclass
+class SyncServer:
+    port: int
+    received: threading.Semaphore  # released as each call reaches the handler
+    answered: threading.Semaphore  # ... as each handler returns
+    release: threading.Event  # handlers wait for it; set unless a test holds them
+
+
 @pytest.fixture
 def sync_server():
-    """A synchronous gRPC echo server (its own completion queues, threads): (port, calls answered)."""
-    answered = threading.Semaphore(0)
+    """A synchronous gRPC echo server, with its own completion queues and threads."""
+    server_state = SyncServer(0, threading.Semaphore(0), threading.Semaphore(0), threading.Event())
+    server_state.release.set()
 
     def echo(request: bytes, context) -> bytes:
-        answered.release()
+        server_state.received.release()
+        server_state.release.wait(30)
+        server_state.answered.release()
         return request[::-1]
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=CALLS + 2))
     handler = grpc.unary_unary_rpc_method_handler(echo)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("wok.test.Echo", {"Echo": handler}),))
-    port = server.add_insecure_port("127.0.0.1:0")
+    server_state.port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    yield port, answered
+    yield server_state
+    server_state.release.set()
     server.stop(None)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_the_first_pass_after_a_block_takes_every_waiting_completion(sync_server, loop):
-    port, answered = sync_server
-
     async def main():
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{sync_server.port}") as channel:
             call = channel.unary_unary(METHOD)
             assert await call(b"warm", timeout=10) == b"mraw"
-            answered.acquire()
+            assert sync_server.received.acquire(timeout=1) and sync_server.answered.acquire(timeout=1)
             drain = WakeupDrain()
             assert drain.install() and drain.installed and drain.unsupported is None
             try:
+                sync_server.release.clear()  # the server holds every call until the loop is blocked
                 pending = [asyncio.ensure_future(call(b"%d" % i, timeout=10)) for i in range(CALLS)]
                 await asyncio.sleep(0)  # the calls go out
-
                 problems = []
 
                 def block_until_all_answered() -> None:
-                    # The loop is stopped here while the server answers every call (the GIL is
-                    # free) and their completions reach the poller thread, one byte each.
-                    deadline = time.monotonic() + 10
-                    if not all(answered.acquire(timeout=10) for _ in range(CALLS)):
+                    # The loop is stopped here (the GIL free) while the server answers every call
+                    # and the answers' completions reach the poller thread, one byte each.
+                    if not all(sync_server.received.acquire(timeout=10) for _ in range(CALLS)):
+                        problems.append("the server did not receive every call")
+                    sync_server.release.set()
+                    if not all(sync_server.answered.acquire(timeout=10) for _ in range(CALLS)):
                         problems.append("the server did not answer every call")
+                    deadline = time.monotonic() + 10
                     while waiting_bytes(drain._sock) < CALLS and time.monotonic() < deadline:
                         time.sleep(0.001)
                     if waiting_bytes(drain._sock) < CALLS:
@@ -91,6 +106,7 @@ def test_the_first_pass_after_a_block_takes_every_waiting_completion(sync_server
                 assert await asyncio.gather(*pending) == [(b"%d" % i)[::-1] for i in range(CALLS)]
                 assert problems == []
             finally:
+                sync_server.release.set()
                 drain.uninstall()
             assert not drain.installed
             # One call finishes at least one operation; they were all waiting at one wake-up.
@@ -105,8 +121,7 @@ def test_the_first_pass_after_a_block_takes_every_waiting_completion(sync_server
 
 
 async def test_installing_twice_is_an_error_and_uninstalling_twice_is_not(sync_server):
-    port, _ = sync_server
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sync_server.port}") as channel:
         assert await channel.unary_unary(METHOD)(b"x", timeout=10) == b"x"
         drain = WakeupDrain()
         assert drain.install()
@@ -118,8 +133,7 @@ async def test_installing_twice_is_an_error_and_uninstalling_twice_is_not(sync_s
 
 
 async def test_without_grpcio_internals_it_changes_nothing(sync_server, caplog):
-    port, _ = sync_server
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{sync_server.port}") as channel:
         drain = WakeupDrain()
         assert not drain.install(cygrpc=types.SimpleNamespace())
         assert not drain.installed
