@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
 import torch
+import uvloop
 from torch import nn
 
 from wok.config import model_config_from_dict
@@ -69,3 +71,19 @@ def gated():
     yield build
     for ex in made:
         ex.shutdown()
+
+
+# wok serve runs on uvloop (a dependency) and falls back to asyncio's loop; tests that care
+# run on both, each on a fresh loop of its own.
+EVENT_LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture
+def run_on():
+    """`run_on("uvloop", coro)`: run the coroutine to its end on a fresh loop of that kind."""
+
+    def run(loop: str, coro):
+        with asyncio.Runner(loop_factory=EVENT_LOOPS[loop]) as runner:
+            return runner.run(coro)
+
+    return run

@@ -16,8 +16,7 @@ import pytest
 
 from wok.accept import CHECKED_GRPCIO, AcceptTasks, grpcio_unchecked, unsupported_reason
 
-uvloop = pytest.importorskip("uvloop")
-LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+LOOPS = ("asyncio", "uvloop")
 SERVICE = "wok.test.Echo"
 METHOD = f"/{SERVICE}/Echo"
 CALLS = 120
@@ -27,11 +26,6 @@ async def ended_by_themselves(accept: AcceptTasks) -> None:
     """The server's stop fails the requests the tasks wait on: each ends, none needs cancelling."""
     await asyncio.wait_for(asyncio.gather(*accept._chains), 5)
     assert not any(c.cancelled() for c in accept._chains)
-
-
-def run(factory, coro):
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
 
 
 async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -58,13 +52,20 @@ class NeedsToken(grpc.aio.ServerInterceptor):
         return self._refuse
 
 
-async def echo_server(tasks: int, interceptors=()) -> tuple[grpc.aio.Server, AcceptTasks, int]:
-    handler = grpc.unary_unary_rpc_method_handler(echo)
+async def registered_server(handler, interceptors=(), start=True) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server on a loopback port with `handler` registered as METHOD (and as a generic handler)."""
     server = grpc.aio.server(interceptors=list(interceptors) or None)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Echo": handler}),))
     server.add_registered_method_handlers(SERVICE, {"Echo": handler})
     port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    if start:
+        await server.start()
+    return server, port
+
+
+async def echo_server(tasks: int, interceptors=()) -> tuple[grpc.aio.Server, AcceptTasks, int]:
+    handler = grpc.unary_unary_rpc_method_handler(echo)
+    server, port = await registered_server(handler, interceptors)
     accept = AcceptTasks(server, {METHOD: handler}, tasks, interceptors)
     accept.start()
     return server, accept, port
@@ -79,7 +80,7 @@ async def stop(server: grpc.aio.Server, accept: AcceptTasks) -> None:
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_a_burst_is_answered_call_by_call_with_most_taken_by_the_extra_tasks(loop):
+def test_a_burst_is_answered_call_by_call_with_most_taken_by_the_extra_tasks(run_on, loop):
     async def main():
         server, accept, port = await echo_server(tasks=4)
         try:
@@ -107,11 +108,11 @@ def test_a_burst_is_answered_call_by_call_with_most_taken_by_the_extra_tasks(loo
         finally:
             await stop(server, accept)
 
-    run(LOOPS[loop], main())
+    run_on(loop, main())
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_the_servers_interceptors_run_for_calls_the_extra_tasks_take(loop):
+def test_the_servers_interceptors_run_for_calls_the_extra_tasks_take(run_on, loop):
     async def main():
         guard = NeedsToken()
         server, accept, port = await echo_server(tasks=4, interceptors=[guard])
@@ -132,7 +133,7 @@ def test_the_servers_interceptors_run_for_calls_the_extra_tasks_take(loop):
         finally:
             await stop(server, accept)
 
-    run(LOOPS[loop], main())
+    run_on(loop, main())
 
 
 async def test_calls_in_flight_at_a_graceful_stop_are_answered_and_the_tasks_end():
@@ -148,10 +149,7 @@ async def test_calls_in_flight_at_a_graceful_stop_are_answered_and_the_tasks_end
         return request
 
     handler = grpc.unary_unary_rpc_method_handler(held)
-    server = grpc.aio.server()
-    server.add_registered_method_handlers(SERVICE, {"Echo": handler})
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await registered_server(handler)
     accept = AcceptTasks(server, {METHOD: handler}, 2)
     accept.start()
     try:
@@ -175,10 +173,7 @@ async def test_calls_in_flight_at_a_graceful_stop_are_answered_and_the_tasks_end
 
 async def test_without_grpcio_internals_it_stays_off_and_grpc_aio_serves_alone(caplog):
     handler = grpc.unary_unary_rpc_method_handler(echo)
-    server = grpc.aio.server()
-    server.add_registered_method_handlers(SERVICE, {"Echo": handler})
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await registered_server(handler)
     try:
         assert unsupported_reason(server) is None  # this grpcio has them
         other = types.SimpleNamespace(_MethodResolver=object, _handle_rpc=lambda method_name: None)
@@ -206,9 +201,7 @@ async def test_only_checked_grpcio_versions_and_a_started_server():
     checked = ", ".join(CHECKED_GRPCIO)
     assert grpcio_unchecked("1.86.0") == f"grpcio 1.86.0 is not among the versions checked ({checked})"
     handler = grpc.unary_unary_rpc_method_handler(echo)
-    server = grpc.aio.server()
-    server.add_registered_method_handlers(SERVICE, {"Echo": handler})
-    server.add_insecure_port("127.0.0.1:0")
+    server, _ = await registered_server(handler, start=False)
     assert unsupported_reason(server, version="1.86.0").startswith("grpcio 1.86.0 is not among")
     accept = AcceptTasks(server, {METHOD: handler}, 2)
     with pytest.raises(RuntimeError, match=r"^start the gRPC server before its AcceptTasks$"):
@@ -233,10 +226,7 @@ async def test_zero_tasks_start_nothing():
 
 async def test_a_method_the_server_did_not_register_ends_its_tasks_with_an_error(caplog):
     handler = grpc.unary_unary_rpc_method_handler(echo)
-    server = grpc.aio.server()
-    server.add_registered_method_handlers(SERVICE, {"Echo": handler})
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await registered_server(handler)
     accept = AcceptTasks(server, {f"/{SERVICE}/Other": handler}, 2)
     try:
         accept.start()

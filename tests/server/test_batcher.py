@@ -357,12 +357,10 @@ FLUSH_LATE_MEDIAN_S = 0.5e-3  # the stated tolerance (docs/performance.md): half
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_a_delay_flush_is_armed_for_the_heads_exact_instant_and_never_leaves_early_or_late(gated, loop):
+def test_a_delay_flush_is_armed_for_the_heads_exact_instant_and_never_leaves_early_or_late(gated, run_on, loop):
     """max_queue_delay is a maximum: the flush timer is armed at head arrival + delay, not rounded
     to the loop's millisecond, and the batch leaves at or after that instant, within the tolerance
     (a median over 15 flushes, read on perf_counter, the clock the batcher and its timer use)."""
-    uvloop = pytest.importorskip("uvloop")
-    factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
     delay = 0.0037  # off the millisecond grid
 
     async def scenario():
@@ -381,8 +379,7 @@ def test_a_delay_flush_is_armed_for_the_heads_exact_instant_and_never_leaves_ear
         await finish(b)
         return armed, late
 
-    with asyncio.Runner(loop_factory=factory) as runner:
-        armed, late = runner.run(scenario())
+    armed, late = run_on(loop, scenario())
     assert all(abs(a) < 1e-9 for a in armed), armed
     assert min(late) >= 0, f"a flush left {-1e3 * min(late):.3f} ms early"
     assert statistics.median(late) <= FLUSH_LATE_MEDIAN_S, [f"{1e3 * x:.3f}" for x in late]

@@ -15,14 +15,8 @@ from prometheus_client import CollectorRegistry
 from wok.loopmon import LoopLagMonitor
 from wok.metrics import LOOP_LAG_BUCKETS, WokMetrics
 
-uvloop = pytest.importorskip("uvloop")
-LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+LOOPS = ("asyncio", "uvloop")
 STALL_S = 0.06
-
-
-def run(factory, coro):
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
 
 
 async def _stall_once() -> tuple[list[float], LoopLagMonitor]:
@@ -41,8 +35,8 @@ async def _stall_once() -> tuple[list[float], LoopLagMonitor]:
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_a_stall_of_the_loop_shows_as_one_late_sample(loop):
-    lags, mon = run(LOOPS[loop], _stall_once())  # the samples from the stall on
+def test_a_stall_of_the_loop_shows_as_one_late_sample(run_on, loop):
+    lags, mon = run_on(loop, _stall_once())  # the samples from the stall on
     assert not mon.running
     late = [x for x in lags if x > STALL_S / 2]
     # The armed instant fell inside the stall: that sample is late by the rest of the stall,
@@ -52,7 +46,7 @@ def test_a_stall_of_the_loop_shows_as_one_late_sample(loop):
     assert all(x >= 0 for x in lags)
 
 
-def test_an_idle_loop_answers_on_time():
+def test_an_idle_loop_answers_on_time(run_on):
     async def main():
         lags: list[float] = []
         mon = LoopLagMonitor(lags.append, interval=0.002)
@@ -63,12 +57,12 @@ def test_an_idle_loop_answers_on_time():
             mon.stop()
         return sorted(lags)
 
-    lags = run(LOOPS["uvloop"], main())
+    lags = run_on("uvloop", main())
     # The median, so that one scheduling hiccup of a busy machine does not decide it.
     assert lags[len(lags) // 2] < 1e-3, lags
 
 
-def test_stop_cancels_waiters_and_a_second_start_is_refused():
+def test_stop_cancels_waiters_and_a_second_start_is_refused(run_on):
     async def main():
         mon = LoopLagMonitor(lambda s: None, interval=1.0)
         mon.start()
@@ -83,10 +77,10 @@ def test_stop_cancels_waiters_and_a_second_start_is_refused():
         with pytest.raises(RuntimeError, match="not started"):
             await mon.wait_samples(1)
 
-    run(LOOPS["asyncio"], main())
+    run_on("asyncio", main())
 
 
-def test_a_failing_record_does_not_stop_the_sampling():
+def test_a_failing_record_does_not_stop_the_sampling(run_on):
     async def main():
         seen: list[float] = []
 
@@ -106,7 +100,7 @@ def test_a_failing_record_does_not_stop_the_sampling():
             mon.stop()
         return seen, errors
 
-    seen, errors = run(LOOPS["asyncio"], main())
+    seen, errors = run_on("asyncio", main())
     assert len(seen) >= 4
     assert any(isinstance(e.get("exception"), ValueError) for e in errors), errors
 

@@ -16,14 +16,8 @@ import pytest
 
 from wok.timers import PreciseSleeper, PreciseTimer
 
-uvloop = pytest.importorskip("uvloop")
-LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+LOOPS = ("asyncio", "uvloop")
 LATE_MEDIAN_S = 0.5e-3  # the stated tolerance: half the loops' own 1 ms timer granularity
-
-
-def run(factory, coro):
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
 
 
 async def _fire_many(n: int, precise: bool) -> tuple[list[float], list[float], bool]:
@@ -52,9 +46,9 @@ async def _fire_many(n: int, precise: bool) -> tuple[list[float], list[float], b
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the timerfd is Linux's")
-@pytest.mark.parametrize("loop", list(LOOPS))
-def test_the_timer_fires_once_per_arming_never_before_its_instant_and_within_the_tolerance(loop):
-    armed, fired, precise = run(LOOPS[loop], _fire_many(40, precise=True))
+@pytest.mark.parametrize("loop", LOOPS)
+def test_the_timer_fires_once_per_arming_never_before_its_instant_and_within_the_tolerance(run_on, loop):
+    armed, fired, precise = run_on(loop, _fire_many(40, precise=True))
     assert precise
     assert len(fired) == 40
     late = [f - a for a, f in zip(armed, fired)]
@@ -62,16 +56,16 @@ def test_the_timer_fires_once_per_arming_never_before_its_instant_and_within_the
     assert statistics.median(late) <= LATE_MEDIAN_S, f"median lateness {1e3 * statistics.median(late):.3f} ms"
 
 
-def test_uvloops_own_timer_fires_before_its_instant_which_is_why_the_timerfd():
+def test_uvloops_own_timer_fires_before_its_instant_which_is_why_the_timerfd(run_on):
     """The case the timerfd exists for: uvloop rounds to whole ms on a cached ms clock."""
-    armed, fired, precise = run(LOOPS["uvloop"], _fire_many(40, precise=False))
+    armed, fired, precise = run_on("uvloop", _fire_many(40, precise=False))
     assert not precise
     late = [f - a for a, f in zip(armed, fired)]
     assert min(late) < 0  # early by up to about 1 ms: a batcher then re-arms for the rest
 
 
-@pytest.mark.parametrize("loop", list(LOOPS))
-def test_rearming_replaces_the_instant_and_disarming_cancels_it(loop):
+@pytest.mark.parametrize("loop", LOOPS)
+def test_rearming_replaces_the_instant_and_disarming_cancels_it(run_on, loop):
     async def scenario():
         loop_ = asyncio.get_running_loop()
         calls: list[float] = []
@@ -101,13 +95,13 @@ def test_rearming_replaces_the_instant_and_disarming_cancels_it(loop):
             timer.close()
         return now, first, calls, after
 
-    now, first, calls, after = run(LOOPS[loop], scenario())
+    now, first, calls, after = run_on(loop, scenario())
     assert len(first) == 1 and now + 0.004 <= first[0] < now + 0.050
     assert len(calls) == 2 and calls[1] >= after
 
 
-@pytest.mark.parametrize("loop", list(LOOPS))
-def test_an_instant_already_past_fires_on_the_next_pass(loop):
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_instant_already_past_fires_on_the_next_pass(run_on, loop):
     async def scenario():
         event = asyncio.Event()
         timer = PreciseTimer(asyncio.get_running_loop(), event.set)
@@ -118,11 +112,11 @@ def test_an_instant_already_past_fires_on_the_next_pass(loop):
         finally:
             timer.close()
 
-    run(LOOPS[loop], scenario())
+    run_on(loop, scenario())
 
 
-@pytest.mark.parametrize("loop", list(LOOPS))
-def test_the_sleeper_returns_at_or_after_each_instant(loop):
+@pytest.mark.parametrize("loop", LOOPS)
+def test_the_sleeper_returns_at_or_after_each_instant(run_on, loop):
     async def scenario():
         sleeper = PreciseSleeper()
         precise = sleeper.precise
@@ -138,7 +132,7 @@ def test_the_sleeper_returns_at_or_after_each_instant(loop):
             sleeper.close()
         return targets, woke, precise
 
-    targets, woke, precise = run(LOOPS[loop], scenario())
+    targets, woke, precise = run_on(loop, scenario())
     late = [w - t for t, w in zip(targets, woke)]
     assert precise == (sys.platform == "linux")
     assert min(late) >= 0 or not precise

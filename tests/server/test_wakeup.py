@@ -26,8 +26,7 @@ import pytest
 
 from wok.wakeup import WakeupDrain
 
-uvloop = pytest.importorskip("uvloop")
-LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+LOOPS = ("asyncio", "uvloop")
 METHOD = "/wok.test.Echo/Echo"
 CALLS = 30
 
@@ -36,11 +35,6 @@ def waiting_bytes(sock) -> int:
     count = bytearray(4)
     fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
     return int.from_bytes(count, sys.byteorder)
-
-
-def run(factory, coro):
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
 
 
 @dataclass
@@ -74,7 +68,7 @@ def sync_server():
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_the_first_pass_after_a_block_takes_every_waiting_completion(sync_server, loop):
+def test_the_first_pass_after_a_block_takes_every_waiting_completion(sync_server, run_on, loop):
     async def main():
         async with grpc.aio.insecure_channel(f"127.0.0.1:{sync_server.port}") as channel:
             call = channel.unary_unary(METHOD)
@@ -117,7 +111,7 @@ def test_the_first_pass_after_a_block_takes_every_waiting_completion(sync_server
             # grpc.aio's own reader is back: calls still complete.
             assert await asyncio.gather(*(call(b"ab", timeout=10) for _ in range(5))) == [b"ba"] * 5
 
-    run(LOOPS[loop], main())
+    run_on(loop, main())
 
 
 async def test_installing_twice_is_an_error_and_uninstalling_twice_is_not(sync_server):
