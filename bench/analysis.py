@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 
+from wok.servertiming import TIMING_STAGES
+
 from .histogram import LatencyHistogram
 
 SCHEMA = "wok.bench/1"
@@ -79,6 +81,7 @@ def step_result(
     server: dict | None = None,
     phase: str = "ramp",
     completed_ok: int | None = None,
+    server_timing_ms: np.ndarray | None = None,
 ) -> dict:
     """One step of the schema from its measured window's raw arrays (seconds from the window's start).
 
@@ -157,7 +160,45 @@ def step_result(
         step[key] = None if server is None else server.get(key)
     step["server"] = server
     step["outside_server_ms"] = outside_server_ms(step["latency_ms"]["mean"], server)
+    if server_timing_ms is not None:
+        step["server_timing"] = server_timing_summary(latency, np.asarray(server_timing_ms)[ok_mask])
     return step
+
+
+def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict:
+    """Each successful request's latency split by its server-timing trailer (`server_timing`).
+
+    `stages_ms` holds one row per request of `latency_ms` (columns: TIMING_STAGES; NaN where
+    no trailer came). `outside` = the client's latency − the server's total: the generator's
+    lag, the client, the transport and gRPC's work on both sides. `tail`: the mean of each
+    part over the requests at or above the client's P99 (of the requests with a trailer),
+    which says what the slowest 1 % were made of.
+    """
+    lat = np.asarray(latency_ms, dtype=np.float64).ravel()
+    st = np.asarray(stages_ms, dtype=np.float64).reshape(lat.size, len(TIMING_STAGES))
+    total = st[:, TIMING_STAGES.index("total")]
+    have = np.isfinite(total)
+    lat, st = lat[have], st[have]
+    parts = {name: st[:, k] for k, name in enumerate(TIMING_STAGES)}
+    parts["outside"] = lat - parts["total"]
+
+    def brief(a: np.ndarray) -> dict[str, float]:
+        full = latency_summary(a)
+        return {"mean": full["mean"], "p50": full["p50"], "p99": full["p99"]}
+
+    threshold = latency_summary(lat)["p99"]
+    slow = lat >= threshold if lat.size else np.zeros(0, dtype=bool)
+    return {
+        "requests": int(have.sum()),
+        "missing": int((~have).sum()),
+        "stages_ms": {name: brief(a) for name, a in parts.items() if name != "outside"},
+        "outside_ms": brief(parts["outside"]),
+        "tail": {
+            "threshold_ms": threshold,
+            "requests": int(slow.sum()),
+            "mean_ms": {name: (float(a[slow].mean()) if slow.any() else NAN) for name, a in parts.items()},
+        },
+    }
 
 
 def outside_server_ms(client_mean_ms: float, server: dict | None) -> float | None:

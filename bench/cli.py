@@ -52,6 +52,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--streams", type=int, default=4, help="with --rpc stream: streams per worker (default 4)")
     p.add_argument(
+        "--server-timing",
+        action="store_true",
+        help="read each answer's server-timing trailer (a server run with --server-timing) and split every "
+        "latency into the server's stages and the time outside it, per step (unary calls on one channel)",
+    )
+    p.add_argument(
         "--metrics-url",
         default="auto",
         help="the server's /metrics: auto (HOST:8002 of a single target; none for several), a URL, or none",
@@ -291,6 +297,7 @@ def run(args) -> int:
         hedge_after=faults.parse_hedge_after(args.hedge_after),
         rpc=args.rpc,
         streams=args.streams,
+        server_timing=args.server_timing,
         start_at=_unix_time(args.start_at),
         step_gap_s=parse_duration(args.step_gap),
     )
@@ -300,6 +307,10 @@ def run(args) -> int:
         raise ValueError("--streams must be at least 1")
     if args.rpc == "stream" and (args.balancer or default_balancer(args.target)) != "grpc":
         raise ValueError("--rpc stream sends on one channel: it does not go with --balancer wok")
+    if args.server_timing and (args.rpc != "unary" or (args.balancer or default_balancer(args.target)) != "grpc"):
+        raise ValueError(
+            "--server-timing reads unary calls' trailers on one channel: not with --rpc stream or --balancer wok"
+        )
     try:
         if args.soak is not None:
             if args.fault:

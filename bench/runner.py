@@ -64,6 +64,9 @@ class RampConfig:
     hedge_after: float | str | None = "auto"  # the wok balancer's hedge delay: seconds, "auto" or None (off)
     rpc: str = "unary"  # "unary" (ModelInfer) or "stream" (ModelStreamInfer, `streams` per worker)
     streams: int = 4
+    # Read each answer's server-timing trailer (the server runs with --server-timing) and split
+    # every latency into the server's stages and the time outside it (`server_timing` per step).
+    server_timing: bool = False
     # Several generators in step (the Kubernetes Indexed Job): Unix seconds at which step 1's t = 0
     # falls; step k's falls step_period_s later each. None: each step starts when the last ended.
     start_at: float | None = None
@@ -137,6 +140,7 @@ class Ramp:
             hedge_after=cfg.hedge_after,
             rpc=cfg.rpc,
             streams=cfg.streams,
+            server_timing=cfg.server_timing,
         )
         steps: list[dict] = []
         interrupted = None
@@ -224,6 +228,7 @@ class Ramp:
         sent = np.concatenate([o.sent for o in outcomes])
         done = np.concatenate([o.done for o in outcomes])
         codes = np.concatenate([o.codes for o in outcomes])
+        server_ms = np.concatenate([o.server_ms for o in outcomes]) if cfg.server_timing else None
         self.timeline.append(
             (intended + start_at - self._clock0, done + start_at - self._clock0, done - intended, codes)
         )
@@ -244,6 +249,7 @@ class Ramp:
             codes=np.array([("OK" if c == OK else status_name(c)) for c in codes[keep]]),
             inflight_samples=inflight_total,
             server=server,
+            server_timing_ms=None if server_ms is None else server_ms[keep],
         )
         step["nominal_qps"] = qps
         if late_s is not None:
@@ -255,6 +261,9 @@ class Ramp:
             f"{label}: achieved {step['achieved_qps']:.1f} QPS, ok {100 * step['success_rate']:.1f}%, "
             f"P50 {_ms(lat['p50'])} P99 {_ms(lat['p99'])} max {_ms(lat['max'])}"
         )
+        timing = step.get("server_timing")
+        if timing is not None:
+            self.say(f"{label}: {_timing_line(timing)}")
         for warning in analysis.check_precision(step, cfg.slo_p99_ms):
             self.say(f"warning: {warning}")
         return step
@@ -330,6 +339,19 @@ def _mean_inflight(per_worker: list[np.ndarray], start: float, end: float) -> np
         t = np.append(inside[:, 0], end)
         total += float(np.sum(inside[:, 1] * np.diff(t)) / (end - inside[0, 0]))
     return np.array([total])
+
+
+def _timing_line(t: dict) -> str:
+    """One progress line of a step's server timing: where the latency went, and its slowest 1 %."""
+    if not t["requests"]:
+        return f"no server-timing trailer on {t['missing']} answers (is the server run with --server-timing?)"
+    st, out, tail = t["stages_ms"], t["outside_ms"], t["tail"]
+    parts = ", ".join(f"{k} {_ms(v)}" for k, v in tail["mean_ms"].items() if k != "total")
+    missing = f"; {t['missing']} answers without one" if t["missing"] else ""
+    return (
+        f"server P50 {_ms(st['total']['p50'])} P99 {_ms(st['total']['p99'])}, outside P50 {_ms(out['p50'])} "
+        f"P99 {_ms(out['p99'])}; the slowest 1 % (≥ {_ms(tail['threshold_ms'])}) on average: {parts}{missing}"
+    )
 
 
 def _ms(v) -> str:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wok.servertiming import SERVER_TIMING, TIMING_STAGES, parse_server_timing
 from wok.timers import PreciseSleeper
 
 from .stream_sender import run_share_stream
@@ -56,13 +57,17 @@ class Outcome:
     codes: np.ndarray  # gRPC status numbers (0 = OK)
     inflight: np.ndarray  # (offset, requests in flight) samples
     balancer: dict | None = None  # the wok balancer's counters so far (wok.balancer/1), or None
+    # With server timing: per request, the server's `server-timing` stages in ms (columns in
+    # wok.servertiming.TIMING_STAGES' order; NaN where no trailer came), else None.
+    server_ms: np.ndarray | None = None
 
 
-async def _run_share(call, pool: list[bytes], share: Share, metadata=None) -> Outcome:
+async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timing: bool = False) -> Outcome:
     n = len(share.times)
     sent = np.full(n, np.nan)
     done = np.full(n, np.nan)
     codes = np.zeros(n, dtype=np.int16)
+    server_ms = np.full((n, len(TIMING_STAGES)), np.nan) if timing else None
     start = share.start_at
     inflight = 0
     samples: list[tuple[float, int]] = []
@@ -73,13 +78,20 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None) -> Ou
         inflight += 1
         sent[i] = time.monotonic() - start
         try:
-            await call(payload, timeout=share.timeout_s, metadata=metadata)
+            if timing:
+                c = call(payload, timeout=share.timeout_s, metadata=metadata)
+                await c
+                done[i] = time.monotonic() - start  # before the trailer is read and parsed
+                _record_timing(server_ms, i, await c.trailing_metadata())
+            else:
+                await call(payload, timeout=share.timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             codes[i] = exc.code().value[0]
         except Exception:
             codes[i] = grpc.StatusCode.UNKNOWN.value[0]
         finally:
-            done[i] = time.monotonic() - start
+            if not done[i] >= 0:  # (NaN: not yet set)
+                done[i] = time.monotonic() - start
             inflight -= 1
 
     async def sampler() -> None:
@@ -104,7 +116,15 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None) -> Ou
         await asyncio.gather(*tasks)
     if sampling is not None:
         sampling.cancel()
-    return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2))
+    return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2), server_ms=server_ms)
+
+
+def _record_timing(server_ms: np.ndarray, i: int, trailer) -> None:
+    for key, value in trailer or ():
+        if key == SERVER_TIMING:
+            stages = parse_server_timing(value)
+            server_ms[i] = [stages.get(s, np.nan) for s in TIMING_STAGES]
+            return
 
 
 def default_balancer(target: str) -> str:
@@ -123,6 +143,7 @@ class Channel:
     hedge_after: float | str | None = "auto"  # the wok balancer's hedge delay (s), "auto" or None
     rpc: str = "unary"  # "unary" (ModelInfer) or "stream" (ModelStreamInfer: wok.bench.stream_sender)
     streams: int = 4  # streams per worker with rpc="stream"
+    server_timing: bool = False  # read each answer's server-timing trailer (unary only)
 
 
 async def _serve(conn, target: str, pool: list[bytes], how: Channel) -> None:
@@ -142,7 +163,7 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel) -> None:
             if how.rpc == "stream":
                 outcome = await run_share_stream(call, pool, share, metadata, how.streams)
             else:
-                outcome = await _run_share(call, pool, share, metadata)
+                outcome = await _run_share(call, pool, share, metadata, how.server_timing)
             outcome.balancer = stats()
             conn.send(outcome)
 
@@ -196,6 +217,7 @@ class WorkerPool:
         hedge_after: float | str | None = "auto",
         rpc: str = "unary",
         streams: int = 4,
+        server_timing: bool = False,
     ) -> None:
         # Streams run on one channel: without an explicit balancer they get gRPC's.
         balancer = balancer or ("grpc" if rpc == "stream" else default_balancer(target))
@@ -205,8 +227,11 @@ class WorkerPool:
             raise ValueError(f"rpc must be unary or stream; got {rpc!r}")
         if rpc == "stream" and (balancer != "grpc" or streams < 1):
             raise ValueError("rpc stream needs balancer grpc (one channel) and at least 1 stream per worker")
+        if server_timing and (rpc != "unary" or balancer != "grpc"):
+            # A stream's answers have no trailers; the wok balancer's calls do not hand theirs on.
+            raise ValueError("server timing needs unary calls on balancer grpc")
         self.balancer = balancer
-        how = Channel(tls, token, retries, balancer, hedge_after, rpc, streams)
+        how = Channel(tls, token, retries, balancer, hedge_after, rpc, streams, server_timing)
         self._stats: list[dict | None] = [None] * n
         ctx = mp.get_context("spawn")  # gRPC does not survive fork
         self._conns = []

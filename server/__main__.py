@@ -73,6 +73,12 @@ def _serve_parser(sub) -> None:
         help="take every finished gRPC operation waiting in one event-loop pass, not one per pass: for long "
         "passes (default off); see docs/performance.md",
     )
+    p.add_argument(
+        "--server-timing",
+        action="store_true",
+        help="send each ModelInfer answer's stage times in a server-timing trailer, for `wok bench ramp "
+        "--server-timing` (default off); see docs/metrics.md",
+    )
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the /metrics port (default 127.0.0.1)")
     p.add_argument(
         "--metrics-port",
@@ -168,6 +174,7 @@ async def _serve(args) -> int:
         switch_interval_ms=args.switch_interval_ms,
         accept_tasks=args.accept_tasks,
         drain_wakeups=args.wakeup_drain,
+        server_timing=args.server_timing,
         metrics=not args.no_metrics,
         metrics_host=args.metrics_host,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,

@@ -279,6 +279,13 @@ class ServerSettings(_Strict):
         "over every finished operation at once (server/wakeup.py). Off by default: it lifts the rate when the "
         "loop's passes are long, and changed nothing measurable on mlp's ramps.",
     )
+    server_timing: bool = Field(
+        False,
+        description="Every unary ModelInfer answer carries a `server-timing` trailer (W3C Server-Timing syntax, "
+        "durations in ms): decode, queue, batch, respond, encode and total for that request, so a client can "
+        "split its latency into the server's stages and the time outside the server (`wok bench ramp "
+        "--server-timing`). Off by default: about a microsecond per answer, for load tests and diagnosis.",
+    )
     metrics: bool = Field(True, description="Record metrics; off only to measure what they cost.")
     metrics_host: str = Field("127.0.0.1", description="Address the /metrics HTTP port binds to.")
     metrics_port: int | None = Field(

@@ -30,6 +30,7 @@ from .errors import (
     to_status,
 )
 from .repository import VERSION
+from .servertiming import SERVER_TIMING, server_timing
 from .v2pb import grpc_service_pb2 as pb
 from .v2pb import grpc_service_pb2_grpc as pb_grpc
 from .v2pb import model_config_pb2 as mc
@@ -102,6 +103,7 @@ def add_to_server(service: InferenceService, server: grpc.aio.Server) -> dict[st
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, server: WokServer) -> None:
         self.server = server
+        self.server_timing = server.settings.server_timing
         self.active = 0  # inference calls between arrival and their response
         self._idle = asyncio.Event()
         self._idle.set()
@@ -111,8 +113,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         await self._idle.wait()
 
     # -- the inference path ------------------------------------------------------------------
-    async def infer(self, request: pb.ModelInferRequest, time_remaining: float | None) -> pb.ModelInferResponse:
-        """Run one request through its model's batcher; raises WokError on failure."""
+    async def infer(
+        self, request: pb.ModelInferRequest, time_remaining: float | None, timing: list[str] | None = None
+    ) -> pb.ModelInferResponse:
+        """Run one request through its model's batcher; raises WokError on failure. With `timing` (a
+        list), its stage times are appended to it as a `server-timing` value (`server_timing`)."""
         arrival = time.perf_counter()
         server = self.server
         try:
@@ -124,7 +129,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.active += 1
         self._idle.clear()
         try:
-            resp = await self._run(rt, request, time_remaining, arrival)
+            resp = await self._run(rt, request, time_remaining, arrival, timing)
         except WokError as exc:
             m.record_status(exc.code.name)
             reason = REJECTION_REASON.get(type(exc))
@@ -144,7 +149,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         m.record_status("OK")
         return resp
 
-    async def _run(self, rt: ModelRuntime, request, time_remaining: float | None, arrival: float):
+    async def _run(self, rt: ModelRuntime, request, time_remaining: float | None, arrival: float, timing=None):
         server = self.server
         if server.draining:
             raise ShuttingDown("server is shutting down and accepts no new requests")
@@ -167,12 +172,19 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         done = time.perf_counter()
         rt.stats.success.add(done - arrival)
         rt.metrics.record_response(p.arrival - arrival, resumed - p.finished, done - resumed, done - arrival)
+        if timing is not None:
+            timing.append(server_timing(arrival, p.arrival, p.dispatched, p.finished, resumed, done))
         return resp
 
     async def ModelInfer(self, request, context):
         if isinstance(request, Unparsed):
             await _abort(context, request.error)
         try:
+            if self.server_timing:
+                timing: list[str] = []
+                resp = await self.infer(request, context.time_remaining(), timing)
+                context.set_trailing_metadata(((SERVER_TIMING, timing[0]),))
+                return resp
             return await self.infer(request, context.time_remaining())
         except WokError as exc:
             await _abort(context, exc)

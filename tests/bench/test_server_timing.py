@@ -1,0 +1,88 @@
+"""`wok bench ramp --server-timing`: every latency split into the server's stages and the rest."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from wok.bench import analysis
+from wok.bench.runner import Ramp, RampConfig
+from wok.bench.workers import WorkerPool
+from wok.servertiming import TIMING_STAGES
+
+from .conftest import METRICS
+
+
+def _ramp(target: str, steps, metrics_url=None, said=None) -> dict:
+    cfg = RampConfig(
+        target=target,
+        models=[("mlp", 1.0)],
+        steps=steps,
+        step_duration_s=2.0,
+        warmup_s=0.5,
+        arrival="constant",
+        metrics_url=metrics_url,
+        server_timing=True,
+    )
+    return Ramp(cfg, progress=(said.append if said is not None else lambda _: None)).run()
+
+
+def test_each_answer_is_split_into_the_servers_stages_and_the_time_outside(start_server_module):
+    sp = start_server_module("--models", "mlp", "--server-timing")
+    metrics_url = next(m.group(1) for line in sp.log if (m := METRICS.search(line)))
+    said: list[str] = []
+    result = _ramp(sp.target, [100, 300], metrics_url, said)
+    for step in result["steps"]:
+        t = step["server_timing"]
+        assert t["missing"] == 0 and t["requests"] == step["ok"] > 0, t
+        st = t["stages_ms"]
+        parts = sum(st[s]["mean"] for s in TIMING_STAGES if s != "total")
+        assert math.isclose(parts, st["total"]["mean"], abs_tol=0.005), st
+        # outside = client latency − server total, request by request: so also on average.
+        assert math.isclose(t["outside_ms"]["mean"], step["latency_ms"]["mean"] - st["total"]["mean"], abs_tol=1e-6)
+        assert 0 < t["outside_ms"]["p50"] < step["latency_ms"]["p50"]
+        # The same requests as the server's own end-to-end histogram over the window (its
+        # sum / count is exact): the two means agree up to the window's edges.
+        assert math.isclose(st["total"]["mean"], step["server"]["e2e_ms"]["mean"], rel_tol=0.1), (st, step["server"])
+        assert t["tail"]["requests"] >= 1 and t["tail"]["threshold_ms"] == step["latency_ms"]["p99"]
+    # 100 QPS at a constant pace, 10 ms apart, and mlp's 5 ms window: each request waits
+    # out its own window alone.
+    queue = result["steps"][0]["server_timing"]["stages_ms"]["queue"]
+    assert 4.9 <= queue["p50"] <= 5.5, queue
+    assert any("the slowest 1 %" in line for line in said), said
+
+
+def test_a_server_without_the_trailer_is_reported_not_guessed(start_server_module):
+    sp = start_server_module("--models", "mlp")
+    said: list[str] = []
+    step = _ramp(sp.target, [100], said=said)["steps"][0]
+    t = step["server_timing"]
+    assert t["requests"] == 0 and t["missing"] == step["ok"] > 0
+    assert math.isnan(t["outside_ms"]["p50"])
+    assert any("no server-timing trailer" in line and "--server-timing" in line for line in said), said
+
+
+def test_server_timing_needs_unary_calls_on_one_channel():
+    for kwargs in ({"rpc": "stream"}, {"balancer": "wok"}):
+        with pytest.raises(ValueError, match="server timing needs unary calls on balancer grpc"):
+            WorkerPool("127.0.0.1:1", [b""], 1, server_timing=True, **kwargs)
+
+
+def test_the_summary_by_hand():
+    nan = float("nan")
+    latency = np.array([10.0, 20.0, 30.0, 40.0])
+    stages = np.full((4, len(TIMING_STAGES)), nan)
+    total = TIMING_STAGES.index("total")
+    queue = TIMING_STAGES.index("queue")
+    stages[:3, :] = 0.0
+    stages[:3, total] = [5.0, 10.0, 15.0]
+    stages[:3, queue] = [5.0, 10.0, 15.0]  # the rest 0: all of the server's time queued
+    t = analysis.server_timing_summary(latency, stages)
+    assert t["requests"] == 3 and t["missing"] == 1  # the fourth came without a trailer
+    assert t["outside_ms"] == {"mean": 10.0, "p50": 10.0, "p99": 15.0}  # 5, 10, 15
+    assert t["stages_ms"]["total"] == {"mean": 10.0, "p50": 10.0, "p99": 15.0}
+    # The client's P99 of 10, 20, 30 (nearest rank) is 30: one request, outside 15, queue 15.
+    assert t["tail"]["threshold_ms"] == 30.0 and t["tail"]["requests"] == 1
+    assert t["tail"]["mean_ms"]["outside"] == 15.0 and t["tail"]["mean_ms"]["queue"] == 15.0

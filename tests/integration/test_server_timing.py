@@ -1,0 +1,93 @@
+"""The server-timing trailer (`server_timing`): each answer's stage times, read by a real client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from wok.codec import encode_request
+from wok.servertiming import SERVER_TIMING, TIMING_STAGES, parse_server_timing, server_timing
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+ROUNDING_MS = 0.0005 * len(TIMING_STAGES)  # each stage is written to the µs
+
+
+async def _timed_call(stub, request) -> tuple[float, dict[str, float] | None]:
+    """(the client's latency in ms, the parsed trailer or None)."""
+    t0 = time.perf_counter()
+    call = stub.ModelInfer(request)
+    await call
+    latency_ms = 1e3 * (time.perf_counter() - t0)
+    trailer = dict(await call.trailing_metadata()).get(SERVER_TIMING)
+    return latency_ms, (parse_server_timing(trailer) if trailer is not None else None)
+
+
+def _check_stages(t: dict[str, float]) -> None:
+    assert set(t) == set(TIMING_STAGES), t
+    assert all(v >= 0 for v in t.values()), t
+    parts = sum(t[s] for s in TIMING_STAGES if s != "total")
+    assert abs(parts - t["total"]) <= ROUNDING_MS, t
+
+
+async def test_a_lone_request_carries_its_stage_times_and_its_queue_delay_window(serve):
+    async with serve(models=("mlp",), server_timing=True) as server:
+        delay_ms = server.runtimes["mlp"].servable.config.dynamic_batching.max_queue_delay_ms
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            x = np.ones((1, 256), np.float32)
+            for _ in range(3):
+                latency_ms, t = await _timed_call(stub, encode_request("mlp", {"INPUT0": x}))
+                assert t is not None, "no server-timing trailer with server_timing on"
+                _check_stages(t)
+                # Alone in the queue, it leaves when the window closes (timerfd flush: not early).
+                assert t["queue"] >= delay_ms - 0.05, t
+                assert t["batch"] > 0, t
+                assert t["total"] <= latency_ms, (t, latency_ms)
+
+
+async def test_the_batch_stage_is_the_model_and_a_second_batch_waits_behind_the_first(serve, slow_repository):
+    root = slow_repository(sleep_ms=30.0, max_batch_size=4, delay_ms=1.0)
+    async with serve(models=(), repository=root, server_timing=True) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            x = np.ones((1, 4), np.float32)
+            got = await asyncio.gather(*(_timed_call(stub, encode_request("slow", {"INPUT0": x})) for _ in range(8)))
+    timings = [t for _, t in got]
+    for t in timings:
+        assert t is not None
+        _check_stages(t)
+        assert t["batch"] >= 30.0, t  # the model sleeps 30 ms per batch
+    # 8 requests, batches of at most 4: the second batch leaves the queue at once (a CPU instance
+    # takes 2 batches in flight) and waits at the worker behind the first, inside its batch stage.
+    second = sorted(t["batch"] for t in timings)[-4:]
+    assert min(second) >= 2 * 30.0 - 1.0, sorted(t["batch"] for t in timings)
+
+
+async def test_off_by_default_no_trailer_and_errors_keep_their_status(serve):
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            _, t = await _timed_call(stub, encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)}))
+    assert t is None
+    async with serve(models=("mlp",), server_timing=True) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.ModelInfer(encode_request("mlp", {"INPUT0": np.ones((1, 255), np.float32)}))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "INPUT0" in err.value.details() and "256" in err.value.details()
+            _, t = await _timed_call(stub, encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)}))
+            assert t is not None  # the server still serves, with its trailer
+
+
+def test_the_value_round_trips_and_reads_the_w3c_syntax():
+    value = server_timing(10.0, 10.000021, 10.005021, 10.006521, 10.006621, 10.006631)
+    t = parse_server_timing(value)
+    assert t == {"decode": 0.021, "queue": 5.0, "batch": 1.5, "respond": 0.1, "encode": 0.01, "total": 6.631}
+    assert parse_server_timing('cache;desc="Cache Read";dur=23.2, miss, db;dur=53') == {"cache": 23.2, "db": 53.0}
+    with pytest.raises(ValueError, match="'db': dur 'x'"):
+        parse_server_timing("db;dur=x")
