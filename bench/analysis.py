@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from wok.servertiming import TIMING_STAGES
+from wok.servertiming import TIMING_PARTS
 
 from .histogram import LatencyHistogram
 
@@ -168,18 +168,18 @@ def step_result(
 def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict:
     """Each successful request's latency split by its server-timing trailer (`server_timing`).
 
-    `stages_ms` holds one row per request of `latency_ms` (columns: TIMING_STAGES; NaN where
+    `stages_ms` holds one row per request of `latency_ms` (columns: TIMING_PARTS; NaN where
     no trailer came). `outside` = the client's latency − the server's total: the generator's
     lag, the client, the transport and gRPC's work on both sides. `tail`: the mean of each
     part over the requests at or above the client's P99 (of the requests with a trailer),
     which says what the slowest 1 % were made of.
     """
     lat = np.asarray(latency_ms, dtype=np.float64).ravel()
-    st = np.asarray(stages_ms, dtype=np.float64).reshape(lat.size, len(TIMING_STAGES))
-    total = st[:, TIMING_STAGES.index("total")]
+    st = np.asarray(stages_ms, dtype=np.float64).reshape(lat.size, len(TIMING_PARTS))
+    total = st[:, TIMING_PARTS.index("total")]
     have = np.isfinite(total)
     lat, st = lat[have], st[have]
-    parts = {name: st[:, k] for k, name in enumerate(TIMING_STAGES)}
+    parts = {name: st[:, k] for k, name in enumerate(TIMING_PARTS)}
     parts["outside"] = lat - parts["total"]
 
     def brief(a: np.ndarray) -> dict[str, float]:

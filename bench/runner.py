@@ -346,7 +346,12 @@ def _timing_line(t: dict) -> str:
     if not t["requests"]:
         return f"no server-timing trailer on {t['missing']} answers (is the server run with --server-timing?)"
     st, out, tail = t["stages_ms"], t["outside_ms"], t["tail"]
-    parts = ", ".join(f"{k} {_ms(v)}" for k, v in tail["mean_ms"].items() if k != "total")
+    m = tail["mean_ms"]
+    parts = (
+        f"decode {_ms(m['decode'])}, queue {_ms(m['queue'])}, batch {_ms(m['batch'])} (start {_ms(m['start'])}, "
+        f"compute {_ms(m['compute'])}), respond {_ms(m['respond'])}, encode {_ms(m['encode'])}, "
+        f"outside {_ms(m['outside'])}"
+    )
     missing = f"; {t['missing']} answers without one" if t["missing"] else ""
     return (
         f"server P50 {_ms(st['total']['p50'])} P99 {_ms(st['total']['p99'])}, outside P50 {_ms(out['p50'])} "

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wok.servertiming import SERVER_TIMING, TIMING_STAGES, parse_server_timing
+from wok.servertiming import SERVER_TIMING, TIMING_PARTS, parse_server_timing
 from wok.timers import PreciseSleeper
 
 from .stream_sender import run_share_stream
@@ -58,7 +58,7 @@ class Outcome:
     inflight: np.ndarray  # (offset, requests in flight) samples
     balancer: dict | None = None  # the wok balancer's counters so far (wok.balancer/1), or None
     # With server timing: per request, the server's `server-timing` stages in ms (columns in
-    # wok.servertiming.TIMING_STAGES' order; NaN where no trailer came), else None.
+    # wok.servertiming.TIMING_PARTS' order; NaN where no trailer came), else None.
     server_ms: np.ndarray | None = None
 
 
@@ -67,7 +67,7 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
     sent = np.full(n, np.nan)
     done = np.full(n, np.nan)
     codes = np.zeros(n, dtype=np.int16)
-    server_ms = np.full((n, len(TIMING_STAGES)), np.nan) if timing else None
+    server_ms = np.full((n, len(TIMING_PARTS)), np.nan) if timing else None
     start = share.start_at
     inflight = 0
     samples: list[tuple[float, int]] = []
@@ -123,7 +123,7 @@ def _record_timing(server_ms: np.ndarray, i: int, trailer) -> None:
     for key, value in trailer or ():
         if key == SERVER_TIMING:
             stages = parse_server_timing(value)
-            server_ms[i] = [stages.get(s, np.nan) for s in TIMING_STAGES]
+            server_ms[i] = [stages.get(s, np.nan) for s in TIMING_PARTS]
             return
 
 

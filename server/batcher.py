@@ -76,6 +76,8 @@ class Pending:
     state: int = QUEUED
     dispatched: float = 0.0
     finished: float = 0.0  # when its batch's outputs were on the host (executor clock)
+    started: float = 0.0  # when the worker took its batch (executor clock)
+    compute: float = 0.0  # its batch's model time, seconds
     level: int = 1  # priority level: lower is more urgent
     probe: bool = False  # slo policy: admitted without a check (the model was idle), so it runs even if predicted late
 
@@ -671,6 +673,8 @@ class Batcher:
         for p, out in zip(batch.requests, result.outputs):
             p.state = DONE
             p.finished = result.finished
+            p.started = result.started
+            p.compute = t.compute
             if not p.future.done():
                 p.future.set_result(out)
         n = len(batch.requests)

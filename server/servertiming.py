@@ -10,24 +10,38 @@ bench's worker processes import it.
 from __future__ import annotations
 
 SERVER_TIMING = "server-timing"
-# Of one request, in the order they follow each other (perf_counter instants in `server_timing`).
+# Of one request, in the order they follow each other (perf_counter instants in `server_timing`);
+# they add up to `total`.
 TIMING_STAGES = ("decode", "queue", "batch", "respond", "encode", "total")
+# Parts of `batch`, reported beside it: the wait for the worker to take the batch (the hop to
+# its thread, or a batch or weight read before it) and the model's own time.
+BATCH_PARTS = ("start", "compute")
+TIMING_PARTS = TIMING_STAGES + BATCH_PARTS
 
 
 def server_timing(
-    arrival: float, queued: float, dispatched: float, finished: float, resumed: float, done: float
+    arrival: float,
+    queued: float,
+    dispatched: float,
+    started: float,
+    compute: float,
+    finished: float,
+    resumed: float,
+    done: float,
 ) -> str:
     """A `server-timing` value (W3C Server-Timing syntax, ms with µs resolution) of one request:
     decode (arrival → in the batcher's queue), queue (→ its batch dispatched), batch (→ the
-    batch's outputs on the host: a wait at the worker behind the batch before it, the hop to
-    the worker, assembly, the model, the split),
-    respond (→ its coroutine resumed on the loop), encode (→ the answer built), total (arrival
-    → answer built). gRPC's own work before arrival and after the handler returns is outside it.
+    batch's outputs on the host), respond (→ its coroutine resumed on the loop), encode (→ the
+    answer built), total (arrival → answer built); and inside batch, start (dispatched → the
+    worker took the batch: the hop to the worker's thread, or a wait behind the batch or
+    weight read before it) and compute (the model's forward; `compute` seconds). gRPC's own
+    work before arrival and after the handler returns is outside all of them.
     """
     return (
         f"decode;dur={1e3 * (queued - arrival):.3f}, queue;dur={1e3 * (dispatched - queued):.3f}, "
         f"batch;dur={1e3 * (finished - dispatched):.3f}, respond;dur={1e3 * (resumed - finished):.3f}, "
-        f"encode;dur={1e3 * (done - resumed):.3f}, total;dur={1e3 * (done - arrival):.3f}"
+        f"encode;dur={1e3 * (done - resumed):.3f}, total;dur={1e3 * (done - arrival):.3f}, "
+        f"start;dur={1e3 * (started - dispatched):.3f}, compute;dur={1e3 * compute:.3f}"
     )
 
 

@@ -173,7 +173,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         rt.stats.success.add(done - arrival)
         rt.metrics.record_response(p.arrival - arrival, resumed - p.finished, done - resumed, done - arrival)
         if timing is not None:
-            timing.append(server_timing(arrival, p.arrival, p.dispatched, p.finished, resumed, done))
+            timing.append(
+                server_timing(arrival, p.arrival, p.dispatched, p.started, p.compute, p.finished, resumed, done)
+            )
         return resp
 
     async def ModelInfer(self, request, context):

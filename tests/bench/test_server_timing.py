@@ -10,7 +10,7 @@ import pytest
 from wok.bench import analysis
 from wok.bench.runner import Ramp, RampConfig
 from wok.bench.workers import WorkerPool
-from wok.servertiming import TIMING_STAGES
+from wok.servertiming import TIMING_PARTS, TIMING_STAGES
 
 from .conftest import METRICS
 
@@ -73,9 +73,9 @@ def test_server_timing_needs_unary_calls_on_one_channel():
 def test_the_summary_by_hand():
     nan = float("nan")
     latency = np.array([10.0, 20.0, 30.0, 40.0])
-    stages = np.full((4, len(TIMING_STAGES)), nan)
-    total = TIMING_STAGES.index("total")
-    queue = TIMING_STAGES.index("queue")
+    stages = np.full((4, len(TIMING_PARTS)), nan)
+    total = TIMING_PARTS.index("total")
+    queue = TIMING_PARTS.index("queue")
     stages[:3, :] = 0.0
     stages[:3, total] = [5.0, 10.0, 15.0]
     stages[:3, queue] = [5.0, 10.0, 15.0]  # the rest 0: all of the server's time queued

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from wok.codec import encode_request
-from wok.servertiming import SERVER_TIMING, TIMING_STAGES, parse_server_timing, server_timing
+from wok.servertiming import SERVER_TIMING, TIMING_PARTS, TIMING_STAGES, parse_server_timing, server_timing
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
 ROUNDING_MS = 0.0005 * len(TIMING_STAGES)  # each stage is written to the µs
@@ -27,10 +27,11 @@ async def _timed_call(stub, request) -> tuple[float, dict[str, float] | None]:
 
 
 def _check_stages(t: dict[str, float]) -> None:
-    assert set(t) == set(TIMING_STAGES), t
+    assert set(t) == set(TIMING_PARTS), t
     assert all(v >= 0 for v in t.values()), t
     parts = sum(t[s] for s in TIMING_STAGES if s != "total")
     assert abs(parts - t["total"]) <= ROUNDING_MS, t
+    assert t["start"] + t["compute"] <= t["batch"] + ROUNDING_MS, t  # both inside the batch
 
 
 async def test_a_lone_request_carries_its_stage_times_and_its_queue_delay_window(serve):
@@ -60,11 +61,11 @@ async def test_the_batch_stage_is_the_model_and_a_second_batch_waits_behind_the_
     for t in timings:
         assert t is not None
         _check_stages(t)
-        assert t["batch"] >= 30.0, t  # the model sleeps 30 ms per batch
+        assert t["compute"] >= 30.0, t  # the model sleeps 30 ms per batch
     # 8 requests, batches of at most 4: the second batch leaves the queue at once (a CPU instance
     # takes 2 batches in flight) and waits at the worker behind the first, inside its batch stage.
-    second = sorted(t["batch"] for t in timings)[-4:]
-    assert min(second) >= 2 * 30.0 - 1.0, sorted(t["batch"] for t in timings)
+    second = sorted(timings, key=lambda t: t["batch"])[-4:]
+    assert all(t["batch"] >= 2 * 30.0 - 1.0 and t["start"] >= 30.0 - 1.0 for t in second), second
 
 
 async def test_off_by_default_no_trailer_and_errors_keep_their_status(serve):
@@ -85,9 +86,18 @@ async def test_off_by_default_no_trailer_and_errors_keep_their_status(serve):
 
 
 def test_the_value_round_trips_and_reads_the_w3c_syntax():
-    value = server_timing(10.0, 10.000021, 10.005021, 10.006521, 10.006621, 10.006631)
+    value = server_timing(10.0, 10.000021, 10.005021, 10.005121, 0.0012, 10.006521, 10.006621, 10.006631)
     t = parse_server_timing(value)
-    assert t == {"decode": 0.021, "queue": 5.0, "batch": 1.5, "respond": 0.1, "encode": 0.01, "total": 6.631}
+    assert t == {
+        "decode": 0.021,
+        "queue": 5.0,
+        "batch": 1.5,
+        "respond": 0.1,
+        "encode": 0.01,
+        "total": 6.631,
+        "start": 0.1,
+        "compute": 1.2,
+    }
     assert parse_server_timing('cache;desc="Cache Read";dur=23.2, miss, db;dur=53') == {"cache": 23.2, "db": 53.0}
     with pytest.raises(ValueError, match="'db': dur 'x'"):
         parse_server_timing("db;dur=x")
