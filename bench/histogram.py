@@ -136,6 +136,13 @@ class LatencyHistogram:
         out["max"] = self.max_ns / NS_PER_MS
         return out
 
+    def values_ms(self) -> np.ndarray:
+        """The recorded latencies as far as the buckets know them: each bucket's midpoint, as many
+        times as it counted (sorted; within `relative_error` of the true values)."""
+        idx = sorted(self.counts)
+        mids = [(sum(bucket_bounds(i, self.bits)) / 2) / NS_PER_MS for i in idx]
+        return np.repeat(np.asarray(mids, dtype=np.float64), [self.counts[i] for i in idx])
+
     def to_dict(self) -> dict:
         """The JSON form: layout, exact totals, and the non-empty buckets in increasing order."""
         idx = sorted(self.counts)

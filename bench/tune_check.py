@@ -40,9 +40,11 @@ clean snapshot (`PYTHONPATH=SNAPSHOT python -m wok.bench.tune_check`) measures t
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -57,6 +59,8 @@ TOLERANCE = 0.20
 # A step during which processes other than the server and the load generator used more than
 # this many cores (of the machine's) measured the machine, not the server (as in bench/compare.py).
 QUIET_CORES = 0.25
+# Quantiles an overhead distribution is resampled to when interpolated between two loads.
+OVERHEAD_QUANTILES = 2000
 
 
 def say(msg: str) -> None:
@@ -150,7 +154,14 @@ def write_device_like(root: Path, alpha_s: float, beta_s: float, max_batch_size:
 # --------------------------------------------------------------------------- servers and ramps
 
 
-def start_server(max_batch_size: int, delay_ms: float, log_dir: Path, torch_threads: int | None, device_like=None):
+def start_server(
+    max_batch_size: int,
+    delay_ms: float,
+    log_dir: Path,
+    torch_threads: int | None,
+    device_like=None,
+    server_timing: bool = False,
+):
     from wok.bench.compare import Peer, Server
 
     model = DEVICE_LIKE if device_like else "mlp"
@@ -166,6 +177,8 @@ def start_server(max_batch_size: int, delay_ms: float, log_dir: Path, torch_thre
             argv += ["--demo-option", f"mlp.max_queue_delay_ms={delay_ms:g}"]
         if torch_threads:
             argv += ["--torch-threads", str(torch_threads)]
+        if server_timing:
+            argv += ["--server-timing"]
         # The caller's folder, never the package's own (whose http.py would shadow the standard library's).
         return argv, {}, Path.cwd()
 
@@ -190,7 +203,7 @@ def start_server(max_batch_size: int, delay_ms: float, log_dir: Path, torch_thre
     return server
 
 
-def ramp_config(server, steps: list[float], args, slo_ms: float):
+def ramp_config(server, steps: list[float], args, slo_ms: float, server_timing: bool = False):
     from wok.bench.runner import RampConfig
 
     return RampConfig(
@@ -205,6 +218,7 @@ def ramp_config(server, steps: list[float], args, slo_ms: float):
         metrics_url=f"http://127.0.0.1:{server.ports['metrics']}/metrics",
         seed=args.seed,
         stop_factor=args.stop_factor,
+        server_timing=server_timing,
     )
 
 
@@ -318,13 +332,23 @@ def calibrate_cpu(args) -> dict:
 
     n, d = args.default_setting
     say(f"calibrating the CPU stage: max_batch_size {n}, delay {d:g} ms, steps {args.cpu_steps_list}")
-    server = start_server(n, d, args.log_dir, args.torch_threads)
+    server = start_server(n, d, args.log_dir, args.torch_threads, server_timing=True)
     try:
         cal_args = argparse.Namespace(**{**vars(args), "step_duration": args.cpu_calibration_duration})
-        result = metered_ramp(server, ramp_config(server, args.cpu_steps_list, cal_args, args.slo_ms), say)
+        cfg = ramp_config(server, args.cpu_steps_list, cal_args, args.slo_ms, server_timing=True)
+        result = metered_ramp(server, cfg, say)
     finally:
         server.stop()
     stage, details = fit_cpu_stage([step_cpu(s) for s in result["steps"]], args.cores)
+    details["outside_by_rate"] = [
+        {
+            "offered_qps": s["nominal_qps"],
+            "outside_ms": s["server_timing"]["outside_ms"],
+            "outside_histogram": s["server_timing"]["outside_histogram"],
+        }
+        for s in result["steps"]
+        if s["server_timing"]["requests"]
+    ]
     say(
         f"CPU stage: loop {1e6 * stage.cpu_in_s:.0f} + {1e6 * stage.cpu_out_s:.0f} µs per request; batch "
         f"{1e3 * stage.batch_alpha_s:.3f} ms + {1e3 * stage.batch_beta_s:.4f} ms·n; background "
@@ -333,6 +357,44 @@ def calibrate_cpu(args) -> dict:
     return cpu_document(stage, f"bench/tune_check.py: metered ramp at {args.cpu_steps_list} QPS, max_batch_size {n}, "
                         f"delay {d:g} ms", setting={"max_batch_size": n, "max_queue_delay_ms": d},
                         **details)  # fmt: skip
+
+
+def overhead_by_rate(cpu_doc: dict | None, stage) -> Callable[[float], tuple[float, ...]] | None:
+    """The overhead beside the CPU stage at an offered rate, from the calibration's server timing.
+
+    At each calibration load, each request's time outside the server (its latency less its
+    `server-timing` total: the generator's lag, the client, the transport, gRPC's work on both
+    sides) was measured; less the loop's c_in + c_out, which the stage models as a queue of its
+    own, that is the overhead sample there. Between two loads the overhead's quantiles are
+    interpolated linearly in the rate; below the lowest and above the highest the nearest load's
+    samples are used as they are (no extrapolation). None without such a calibration.
+    """
+    from wok.bench.histogram import LatencyHistogram
+
+    points = (cpu_doc or {}).get("outside_by_rate") or []
+    if not points or stage is None:
+        return None
+    own = stage.cpu_in_s + stage.cpu_out_s
+    table = sorted(
+        (
+            float(p["offered_qps"]),
+            np.maximum(LatencyHistogram.from_dict(p["outside_histogram"]).values_ms() / 1e3 - own, 0.0),
+        )
+        for p in points
+    )
+    grid = (np.arange(OVERHEAD_QUANTILES) + 0.5) / OVERHEAD_QUANTILES
+    quantiles = [(rate, np.quantile(samples, grid)) for rate, samples in table]
+
+    def at(rate: float) -> tuple[float, ...]:
+        if rate <= quantiles[0][0]:
+            return tuple(quantiles[0][1])
+        for (r0, q0), (r1, q1) in itertools.pairwise(quantiles):
+            if rate <= r1:
+                w = (rate - r0) / (r1 - r0)
+                return tuple((1 - w) * q0 + w * q1)
+        return tuple(quantiles[-1][1])
+
+    return at
 
 
 def cpu_overhead(overhead_s, t1: float, stage) -> np.ndarray:
@@ -348,25 +410,40 @@ def cpu_overhead(overhead_s, t1: float, stage) -> np.ndarray:
 
 def predict(result: dict, max_batch_size: int, delay_ms: float, profile, overhead, args, sampled: bool,
             cpu=None) -> dict:  # fmt: skip
-    """The measured ramp's steps, simulated: same offers, arrival process, step length and warm-up."""
+    """The measured ramp's steps, simulated: same offers, arrival process, step length and warm-up.
+
+    `overhead`: samples (s), or a function of the offered rate giving them (`overhead_by_rate`),
+    in which case each step is simulated with its own."""
+    from wok.bench import analysis
     from wok.bench.simulate import SimConfig, simulate_ramp
     from wok.bench.tune import model_for
 
-    model = model_for(profile, max_batch_size, 1e-3 * delay_ms, overhead_s=overhead, sampled=sampled, cpu=cpu)
-    cfg = SimConfig(
-        model=model,
-        steps=[s["nominal_qps"] for s in result["steps"]],
-        step_duration_s=args.step_duration,
-        warmup_s=args.warmup,
-        arrival=args.arrival,
-        slo_p99_ms=result["slo_p99_ms"],
-        seed=args.seed,
-    )
-    return simulate_ramp(cfg)
+    def config(steps, overhead_s) -> SimConfig:
+        return SimConfig(
+            model=model_for(profile, max_batch_size, 1e-3 * delay_ms, overhead_s=overhead_s, sampled=sampled, cpu=cpu),
+            steps=steps,
+            step_duration_s=args.step_duration,
+            warmup_s=args.warmup,
+            arrival=args.arrival,
+            slo_p99_ms=result["slo_p99_ms"],
+            seed=args.seed,
+        )
+
+    rates = [s["nominal_qps"] for s in result["steps"]]
+    if not callable(overhead):
+        return simulate_ramp(config(rates, overhead))
+    steps = [simulate_ramp(config([q], overhead(q)))["steps"][0] for q in rates]
+    return analysis.ramp_result(steps=steps, slo_p99_ms=result["slo_p99_ms"], config={"source": "simulate"})
 
 
 def compare_steps(
-    measured: dict, predicted: dict, sampled: dict, batcher: dict | None = None, plain: dict | None = None
+    measured: dict,
+    predicted: dict,
+    sampled: dict,
+    batcher: dict | None = None,
+    plain: dict | None = None,
+    fixed: dict | None = None,
+    by_rate: Callable[[float], tuple[float, ...]] | None = None,
 ) -> list[dict]:
     """Per step: measured against predicted (the CPU stage's model when there is one, else α + β·n with
     overheads); `sampled_*` with the profile's measured batch times and overheads; with `plain` (the
@@ -381,8 +458,10 @@ def compare_steps(
     rows = []
     bare = batcher["steps"] if batcher else [None] * len(measured["steps"])
     plains = plain["steps"] if plain else [None] * len(measured["steps"])
-    for m, p, q, b, f in zip(measured["steps"], predicted["steps"], sampled["steps"], bare, plains):
+    fixeds = fixed["steps"] if fixed else [None] * len(measured["steps"])
+    for m, p, q, b, f, x in zip(measured["steps"], predicted["steps"], sampled["steps"], bare, plains, fixeds):
         other = (m.get("host_cpu") or {}).get("other_cores")
+        timing = m.get("server_timing") or {}
         mp, pp = m["latency_ms"]["p99"], p["latency_ms"]["p99"]
         err = (pp - mp) / mp if mp and np.isfinite(mp) and np.isfinite(pp) else None
         below = knee is None or m["offered_qps"] < knee
@@ -418,9 +497,24 @@ def compare_steps(
                 "batcher_relative_error": (fp - mp) / mp if fp is not None and mp and np.isfinite(mp) else None,
                 "measured_loop_cores": loop_cores,
                 "predicted_loop_utilization": p.get("loop_utilization"),
+                # The prediction with the light-load overhead at every rate (before the overhead by load).
+                "fixed_overhead_p99_ms": None if x is None else x["latency_ms"]["p99"],
+                "fixed_overhead_relative_error": _error(None if x is None else x["latency_ms"]["p99"], mp),
+                # Request by request (server-timing): the server's own P99, and the time outside it.
+                "measured_server_p99_ms": ((timing.get("stages_ms") or {}).get("total") or {}).get("p99"),
+                "measured_outside_p99_ms": (timing.get("outside_ms") or {}).get("p99"),
+                "predicted_overhead_p99_ms": (
+                    None if by_rate is None else 1e3 * float(np.quantile(by_rate(m["nominal_qps"]), 0.99))
+                ),
             }
         )
     return rows
+
+
+def _error(predicted: float | None, measured: float | None) -> float | None:
+    if predicted is None or not measured or not np.isfinite(measured) or not np.isfinite(predicted):
+        return None
+    return (predicted - measured) / measured
 
 
 # --------------------------------------------------------------------------- output
@@ -437,9 +531,9 @@ def print_report(doc: dict, file=None) -> None:
                       title=f"rep {run['rep']} {run['label']}: max_batch_size {run['max_batch_size']}, "
                       f"delay {run['max_queue_delay_ms']:g} ms; measured max QPS {run['measured_max_qps']}, "
                       f"knee {run['measured_knee_qps']}")  # fmt: skip
-        for h in ("offered", "achieved", "P50 meas", "P50 sim", "P99 meas", "P99 sim", "error", "P99 batcher",
-                  "error·b", "below knee", "batch meas", "batch sim", "loop cores meas", "loop util sim",
-                  "other cores"):  # fmt: skip
+        for h in ("offered", "achieved", "P50 meas", "P50 sim", "P99 meas", "P99 sim", "error", "P99 fixed",
+                  "error·f", "server P99", "outside P99", "overhead P99 sim", "below knee", "batch meas",
+                  "batch sim", "loop cores meas", "loop util sim", "other cores"):  # fmt: skip
             table.add_column(h, justify="right", no_wrap=True)
         for r in run["comparison"]:
             table.add_row(
@@ -450,8 +544,11 @@ def print_report(doc: dict, file=None) -> None:
                 _ms(r["measured_p99_ms"]),
                 _ms(r["predicted_p99_ms"]),
                 _pct(r["relative_error"]),
-                _ms(r.get("batcher_p99_ms")),
-                _pct(r.get("batcher_relative_error")),
+                _ms(r.get("fixed_overhead_p99_ms")),
+                _pct(r.get("fixed_overhead_relative_error")),
+                _ms(r.get("measured_server_p99_ms")),
+                _ms(r.get("measured_outside_p99_ms")),
+                _ms(r.get("predicted_overhead_p99_ms")),
                 "yes" if r["below_knee"] else "no",
                 _num(r["measured_mean_batch_size"]),
                 _num(r["predicted_mean_batch_size"]),
@@ -473,6 +570,11 @@ def print_report(doc: dict, file=None) -> None:
         f"({v['steps_within']}/{v['steps_below_knee']} steps; worst {v['worst_error']}); on quiet steps "
         f"(other load ≤ {QUIET_CORES:g} cores): {v['quiet_steps_within']}/{v['quiet_steps_below_knee']}"
     )
+    if v.get("fixed_overhead_steps_within") is not None:
+        console.print(
+            f"with the light-load overhead at every rate instead (P99 fixed): {v['fixed_overhead_steps_within']}/"
+            f"{v['steps_below_knee']} steps within ±{100 * TOLERANCE:g}%"
+        )
 
 
 def _ms(x) -> str:
@@ -508,7 +610,10 @@ def add_batcher_means(doc: dict) -> None:
 
 
 def _rows_v2(run: dict) -> list[str]:
-    """One run's table (`wok.tunecheck/2`): the prediction with the CPU stage, and the batcher alone."""
+    """One run's table (`wok.tunecheck/2`): the prediction with the CPU stage, and the batcher alone; for a
+    run with the overhead by load, the prediction with the light-load overhead instead of the batcher's."""
+    if any(r.get("fixed_overhead_p99_ms") is not None for r in run["comparison"]):
+        return _rows_by_rate(run)
     out = [
         "| offered | achieved | P50 ms meas / sim | P99 ms meas | P99 ms sim | error | P99 ms batcher only | error "
         "| below knee | mean batch meas / sim | loop cores meas / sim | other cores |",
@@ -522,6 +627,28 @@ def _rows_v2(run: dict) -> list[str]:
             f"| {_pct(r.get('batcher_relative_error'))} | {'yes' if r['below_knee'] else 'no'} "
             f"| {_num(r['measured_mean_batch_size'])} / {_num(r['predicted_mean_batch_size'])} "
             f"| {_num2(r.get('measured_loop_cores'))} / {_num2(r.get('predicted_loop_utilization'))} "
+            f"| {_num2(r.get('other_cores'))} |"
+        )
+    out.append("")
+    return out
+
+
+def _rows_by_rate(run: dict) -> list[str]:
+    out = [
+        "| offered | achieved | P50 ms meas / sim | P99 ms meas | P99 ms sim | error | P99 ms sim, light-load "
+        "overhead | error | server P99 ms | outside P99 ms meas / overhead sim | below knee | mean batch meas / sim "
+        "| other cores |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|--:|--:|",
+    ]
+    for r in run["comparison"]:
+        out.append(
+            f"| {r['offered_qps']:,.0f} | {r['measured_achieved_qps']:,.0f} "
+            f"| {_ms(r['measured_p50_ms'])} / {_ms(r['predicted_p50_ms'])} | {_ms(r['measured_p99_ms'])} "
+            f"| {_ms(r['predicted_p99_ms'])} | {_pct(r['relative_error'])} | {_ms(r.get('fixed_overhead_p99_ms'))} "
+            f"| {_pct(r.get('fixed_overhead_relative_error'))} | {_ms(r.get('measured_server_p99_ms'))} "
+            f"| {_ms(r.get('measured_outside_p99_ms'))} / {_ms(r.get('predicted_overhead_p99_ms'))} "
+            f"| {'yes' if r['below_knee'] else 'no'} "
+            f"| {_num(r['measured_mean_batch_size'])} / {_num(r['predicted_mean_batch_size'])} "
             f"| {_num2(r.get('other_cores'))} |"
         )
     out.append("")
@@ -594,6 +721,11 @@ def markdown(doc: dict) -> str:
             f"; the batcher alone (profile fit + overheads, no CPU stage) within ±{100 * TOLERANCE:g} % on "
             f"{v['batcher_steps_within']} of them"
             if "batcher_steps_within" in v
+            else ""
+        )
+        + (
+            f"; with the light-load overhead at every rate instead, {v['fixed_overhead_steps_within']} of them"
+            if v.get("fixed_overhead_steps_within") is not None
             else ""
         )
         + "."
@@ -774,6 +906,7 @@ def main(argv=None) -> int:
             stage = cpu_from_document(cpu_doc)
             if args.save_cpu:
                 report.write_json(cpu_doc, args.save_cpu)
+        by_rate = overhead_by_rate(cpu_doc, stage)
         overhead_doc = calibrate(args, t1)
         overhead = np.asarray(overhead_doc["samples_s"])
         if stage is not None:
@@ -816,15 +949,21 @@ def main(argv=None) -> int:
                 order.reverse()
             for label, (n, d) in order:
                 say(f"rep {rep}: {label} (max_batch_size {n}, delay {d:g} ms)")
-                server = start_server(n, d, args.log_dir, args.torch_threads, args.device_like)
+                # With the server-timing trailer on, as in the CPU calibration: the same server and
+                # generator work per request as there, and each step's time outside the server.
+                server = start_server(n, d, args.log_dir, args.torch_threads, args.device_like, server_timing=True)
                 try:
-                    measured = metered_ramp(server, ramp_config(server, args.steps_list, args, args.slo_ms), say)
+                    cfg = ramp_config(server, args.steps_list, args, args.slo_ms, server_timing=True)
+                    measured = metered_ramp(server, cfg, say)
                 finally:
                     server.stop()
                 plain = predict(measured, n, d, profile, rep_overhead, args, sampled=False)
-                predicted = plain
+                predicted = fixed = plain
                 if stage is not None:
-                    predicted = predict(measured, n, d, profile, rep_cpu_overhead, args, sampled=False, cpu=stage)
+                    fixed = predict(measured, n, d, profile, rep_cpu_overhead, args, sampled=False, cpu=stage)
+                    predicted = fixed
+                    if by_rate is not None:
+                        predicted = predict(measured, n, d, profile, by_rate, args, sampled=False, cpu=stage)
                 sampled = predict(measured, n, d, profile, rep_overhead, args, sampled=True)
                 bare = predict(measured, n, d, profile, (), args, sampled=False)
                 runs.append(
@@ -836,7 +975,9 @@ def main(argv=None) -> int:
                         "measured_max_qps": measured["max_qps_under_slo"],
                         "measured_knee_qps": measured["knee_qps"],
                         "predicted_max_qps_on_steps": predicted["max_qps_under_slo"],
-                        "comparison": compare_steps(measured, predicted, sampled, bare, plain),
+                        "comparison": compare_steps(
+                            measured, predicted, sampled, bare, plain, fixed if by_rate else None, by_rate
+                        ),
                         "measured": measured,  # the predictions are in `comparison`; rerun them from the inputs
                     }
                 )
@@ -879,6 +1020,15 @@ def main(argv=None) -> int:
             "p99_within_tolerance_below_knee": bool(below) and len(within) == len(below),
             "quiet_steps_below_knee": len(quiet),
             "quiet_steps_within": sum(r["within_tolerance"] for r in quiet),
+            "fixed_overhead_steps_within": (
+                sum(
+                    r["fixed_overhead_relative_error"] is not None
+                    and abs(r["fixed_overhead_relative_error"]) <= TOLERANCE
+                    for r in below
+                )
+                if any(r.get("fixed_overhead_p99_ms") is not None for r in below)
+                else None
+            ),
             "batcher_steps_within": sum(
                 r["batcher_relative_error"] is not None and abs(r["batcher_relative_error"]) <= TOLERANCE for r in below
             ),

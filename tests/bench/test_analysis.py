@@ -426,3 +426,13 @@ def test_the_server_view_reads_the_loop_lag_and_a_stall_past_the_last_bucket():
     after = snap({"0.001": 98, "0.005": 100, "5.0": 100, "+Inf": 100}, 0.01)
     lag = server_view(before, after, "m")["loop_lag_ms"]
     assert lag["max_bound"] == pytest.approx(5.0) and lag["over_last_bound"] is False
+
+
+def test_a_histogram_gives_back_its_values_to_within_its_buckets():
+    from wok.bench.histogram import LatencyHistogram
+
+    values = np.array([0.0005, 0.2, 1.0, 1.0, 7.5, 42.0, 1234.5])
+    h = LatencyHistogram.from_ms(values)
+    got = h.values_ms()
+    assert got.size == values.size and np.all(np.diff(got) >= 0)
+    np.testing.assert_allclose(got, np.sort(values), rtol=h.to_dict()["relative_error"], atol=1e-6)

@@ -21,7 +21,7 @@ from wok.bench.tune import (
     model_for,
     tune_cpu_stage,
 )
-from wok.bench.tune_check import cpu_overhead, fit_cpu_stage, markdown
+from wok.bench.tune_check import cpu_overhead, fit_cpu_stage, markdown, overhead_by_rate, predict
 
 US, MS = 1e-6, 1e-3
 
@@ -156,3 +156,41 @@ def test_tune_check_renders_a_cpu_stage_run_as_markdown():
     )
     assert "loop 50 µs before the batcher + 70 µs after it" in text and "0.700 ms + 0.0300 ms·n" in text
     assert "the batcher alone (profile fit + overheads, no CPU stage) within ±20 % on 0 of them" in text
+
+
+def _outside_point(rate: float, outside_ms) -> dict:
+    from wok.bench.histogram import LatencyHistogram
+
+    return {"offered_qps": rate, "outside_histogram": LatencyHistogram.from_ms(outside_ms).to_dict()}
+
+
+def test_the_overhead_by_load_interpolates_quantiles_between_calibrations_and_never_extrapolates():
+    stage = CpuStage(cpu_in_s=40 * US, cpu_out_s=60 * US)  # the loop's 0.1 ms is the stage's, not overhead
+    spread = np.linspace(1.0, 2.0, 1001)  # ms: uniform between 1 and 2
+    doc = {"outside_by_rate": [_outside_point(3000, spread + 2.0), _outside_point(1000, spread)]}
+    at = overhead_by_rate(doc, stage)
+    rel = 0.01  # the histogram's buckets (0.8 %) and the quantile grid
+    for rate, shift in ((1000, 0.0), (500, 0.0), (2000, 1.0), (2500, 1.5), (3000, 2.0), (9000, 2.0)):
+        got = np.asarray(at(rate)) / MS
+        # Every quantile moves by the same shift: the interpolation is of quantiles, not a mixture.
+        assert np.median(got) == pytest.approx(1.5 + shift - 0.1, rel=rel), rate
+        assert np.quantile(got, 0.99) == pytest.approx(1.99 + shift - 0.1, rel=rel), rate
+        assert got.min() >= 0
+    # Floored at 0 where the outside time is below the loop's own.
+    low = overhead_by_rate({"outside_by_rate": [_outside_point(100, [0.05] * 10)]}, stage)
+    assert set(low(100)) == {0.0}
+    assert overhead_by_rate({}, stage) is None and overhead_by_rate(doc, None) is None
+
+
+def test_a_prediction_takes_each_steps_overhead_at_its_own_rate():
+    import argparse
+
+    profile = Profile(0.1 * MS, 10 * US)
+    result = {"steps": [{"nominal_qps": 200.0}, {"nominal_qps": 800.0}], "slo_p99_ms": 50.0}
+    args = argparse.Namespace(step_duration=2.0, warmup=0.0, arrival="poisson", seed=3)
+    none = predict(result, 8, 1.0, profile, (), args, sampled=False)
+    by_rate = predict(result, 8, 1.0, profile, lambda q: (0.010,) if q > 500 else (0.0,), args, sampled=False)
+    (a0, a1), (b0, b1) = ([s["latency_ms"]["p50"] for s in r["steps"]] for r in (none, by_rate))
+    assert b0 == pytest.approx(a0, abs=1e-9)  # 200 QPS: no overhead
+    assert b1 == pytest.approx(a1 + 10.0, abs=0.05)  # 800 QPS: 10 ms on every request
+    assert by_rate["steps"][1]["nominal_qps"] == 800.0
