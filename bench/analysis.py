@@ -171,7 +171,8 @@ def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict
     `stages_ms` holds one row per request of `latency_ms` (columns: TIMING_PARTS; NaN where
     no trailer came). `outside` = the client's latency − the server's total: the generator's
     lag, the client, the transport and gRPC's work on both sides. `outside_histogram`: those
-    times as a LatencyHistogram (negative ones, if clocks ever gave any, as 0). `tail`: the mean of each
+    times as a LatencyHistogram (negative ones, if clocks ever gave any, as 0); `compute_histogram`:
+    each request's batch's model time, likewise. `tail`: the mean of each
     part over the requests at or above the client's P99 (of the requests with a trailer),
     which says what the slowest 1 % were made of.
     """
@@ -196,6 +197,8 @@ def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict
         "outside_ms": brief(parts["outside"]),
         # What a simulation draws the time outside the server from, at this step's load.
         "outside_histogram": LatencyHistogram.from_ms(np.maximum(parts["outside"], 0.0)).to_dict(),
+        # ... and the spread of its batches' model time under this load.
+        "compute_histogram": LatencyHistogram.from_ms(parts["compute"]).to_dict(),
         "tail": {
             "threshold_ms": threshold,
             "requests": int(slow.sum()),

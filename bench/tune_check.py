@@ -45,6 +45,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -345,6 +346,7 @@ def calibrate_cpu(args) -> dict:
             "offered_qps": s["nominal_qps"],
             "outside_ms": s["server_timing"]["outside_ms"],
             "outside_histogram": s["server_timing"]["outside_histogram"],
+            "compute_histogram": s["server_timing"]["compute_histogram"],
         }
         for s in result["steps"]
         if s["server_timing"]["requests"]
@@ -359,31 +361,12 @@ def calibrate_cpu(args) -> dict:
                         **details)  # fmt: skip
 
 
-def overhead_by_rate(cpu_doc: dict | None, stage) -> Callable[[float], tuple[float, ...]] | None:
-    """The overhead beside the CPU stage at an offered rate, from the calibration's server timing.
-
-    At each calibration load, each request's time outside the server (its latency less its
-    `server-timing` total: the generator's lag, the client, the transport, gRPC's work on both
-    sides) was measured; less the loop's c_in + c_out, which the stage models as a queue of its
-    own, that is the overhead sample there. Between two loads the overhead's quantiles are
-    interpolated linearly in the rate; below the lowest and above the highest the nearest load's
-    samples are used as they are (no extrapolation). None without such a calibration.
-    """
-    from wok.bench.histogram import LatencyHistogram
-
-    points = (cpu_doc or {}).get("outside_by_rate") or []
-    if not points or stage is None:
-        return None
-    own = stage.cpu_in_s + stage.cpu_out_s
-    table = sorted(
-        (
-            float(p["offered_qps"]),
-            np.maximum(LatencyHistogram.from_dict(p["outside_histogram"]).values_ms() / 1e3 - own, 0.0),
-        )
-        for p in points
-    )
+def _quantiles_by_rate(table: list[tuple[float, np.ndarray]]) -> Callable[[float], tuple[float, ...]]:
+    """A distribution at any rate from distributions measured at some: each one's quantiles, interpolated
+    linearly in the rate between the two nearest loads; below the lowest and above the highest, the
+    nearest load's as they are (no extrapolation)."""
     grid = (np.arange(OVERHEAD_QUANTILES) + 0.5) / OVERHEAD_QUANTILES
-    quantiles = [(rate, np.quantile(samples, grid)) for rate, samples in table]
+    quantiles = sorted((rate, np.quantile(samples, grid)) for rate, samples in table)
 
     def at(rate: float) -> tuple[float, ...]:
         if rate <= quantiles[0][0]:
@@ -395,6 +378,49 @@ def overhead_by_rate(cpu_doc: dict | None, stage) -> Callable[[float], tuple[flo
         return tuple(quantiles[-1][1])
 
     return at
+
+
+def overhead_by_rate(cpu_doc: dict | None, stage) -> Callable[[float], tuple[float, ...]] | None:
+    """The overhead beside the CPU stage at an offered rate, from the calibration's server timing.
+
+    At each calibration load, each request's time outside the server (its latency less its
+    `server-timing` total: the generator's lag, the client, the transport, gRPC's work on both
+    sides) was measured; less the loop's c_in + c_out, which the stage models as a queue of its
+    own, that is the overhead sample there (s). Between loads, `_quantiles_by_rate`. None without
+    such a calibration.
+    """
+    from wok.bench.histogram import LatencyHistogram
+
+    points = (cpu_doc or {}).get("outside_by_rate") or []
+    if not points or stage is None:
+        return None
+    own = stage.cpu_in_s + stage.cpu_out_s
+    return _quantiles_by_rate(
+        [
+            (
+                float(p["offered_qps"]),
+                np.maximum(LatencyHistogram.from_dict(p["outside_histogram"]).values_ms() / 1e3 - own, 0.0),
+            )
+            for p in points
+        ]
+    )
+
+
+def batch_noise_by_rate(cpu_doc: dict | None) -> Callable[[float], tuple[float, ...]] | None:
+    """How much a batch's time varies under load: at each calibration load, each request's batch's
+    model time (`server-timing` compute) over their mean there, so the ratios average 1. A simulated
+    batch of n takes (α_s + β_s·n) times one drawn at its step's rate (`_quantiles_by_rate`): the
+    server's batches stretch when another thread has the core (on 2 shared cores, 3× the mean at
+    the P99), which the stage's even sharing of the cores does not give. None without the data."""
+    from wok.bench.histogram import LatencyHistogram
+
+    table = []
+    for p in (cpu_doc or {}).get("outside_by_rate") or []:
+        if p.get("compute_histogram") and p["compute_histogram"]["count"]:
+            values = LatencyHistogram.from_dict(p["compute_histogram"]).values_ms()
+            if values.mean() > 0:
+                table.append((float(p["offered_qps"]), values / values.mean()))
+    return _quantiles_by_rate(table) if table else None
 
 
 def cpu_overhead(overhead_s, t1: float, stage) -> np.ndarray:
@@ -409,18 +435,22 @@ def cpu_overhead(overhead_s, t1: float, stage) -> np.ndarray:
 
 
 def predict(result: dict, max_batch_size: int, delay_ms: float, profile, overhead, args, sampled: bool,
-            cpu=None) -> dict:  # fmt: skip
+            cpu=None, batch_noise=None) -> dict:  # fmt: skip
     """The measured ramp's steps, simulated: same offers, arrival process, step length and warm-up.
 
     `overhead`: samples (s), or a function of the offered rate giving them (`overhead_by_rate`),
-    in which case each step is simulated with its own."""
+    in which case each step is simulated with its own; `batch_noise` (`batch_noise_by_rate`), with
+    the CPU stage: each step's batches vary by its rate's ratios."""
     from wok.bench import analysis
     from wok.bench.simulate import SimConfig, simulate_ramp
     from wok.bench.tune import model_for
 
-    def config(steps, overhead_s) -> SimConfig:
+    def config(steps, overhead_s, noise=None) -> SimConfig:
+        model = model_for(profile, max_batch_size, 1e-3 * delay_ms, overhead_s=overhead_s, sampled=sampled, cpu=cpu)
+        if noise is not None:  # batch_sampler scales a size-1 sample along the fit: (α + β·n)·ratio
+            model = replace(model, batch_samples=((1, tuple(model.batch_time(1) * np.asarray(noise))),))
         return SimConfig(
-            model=model_for(profile, max_batch_size, 1e-3 * delay_ms, overhead_s=overhead_s, sampled=sampled, cpu=cpu),
+            model=model,
             steps=steps,
             step_duration_s=args.step_duration,
             warmup_s=args.warmup,
@@ -430,9 +460,16 @@ def predict(result: dict, max_batch_size: int, delay_ms: float, profile, overhea
         )
 
     rates = [s["nominal_qps"] for s in result["steps"]]
-    if not callable(overhead):
+    if not callable(overhead) and batch_noise is None:
         return simulate_ramp(config(rates, overhead))
-    steps = [simulate_ramp(config([q], overhead(q)))["steps"][0] for q in rates]
+    steps = [
+        simulate_ramp(
+            config(
+                [q], overhead(q) if callable(overhead) else overhead, None if batch_noise is None else batch_noise(q)
+            )
+        )["steps"][0]
+        for q in rates
+    ]
     return analysis.ramp_result(steps=steps, slo_p99_ms=result["slo_p99_ms"], config={"source": "simulate"})
 
 
@@ -444,6 +481,7 @@ def compare_steps(
     plain: dict | None = None,
     fixed: dict | None = None,
     by_rate: Callable[[float], tuple[float, ...]] | None = None,
+    steady: dict | None = None,
 ) -> list[dict]:
     """Per step: measured against predicted (the CPU stage's model when there is one, else α + β·n with
     overheads); `sampled_*` with the profile's measured batch times and overheads; with `plain` (the
@@ -459,7 +497,10 @@ def compare_steps(
     bare = batcher["steps"] if batcher else [None] * len(measured["steps"])
     plains = plain["steps"] if plain else [None] * len(measured["steps"])
     fixeds = fixed["steps"] if fixed else [None] * len(measured["steps"])
-    for m, p, q, b, f, x in zip(measured["steps"], predicted["steps"], sampled["steps"], bare, plains, fixeds):
+    steadies = steady["steps"] if steady else [None] * len(measured["steps"])
+    for m, p, q, b, f, x, y in zip(
+        measured["steps"], predicted["steps"], sampled["steps"], bare, plains, fixeds, steadies
+    ):
         other = (m.get("host_cpu") or {}).get("other_cores")
         timing = m.get("server_timing") or {}
         mp, pp = m["latency_ms"]["p99"], p["latency_ms"]["p99"]
@@ -500,6 +541,9 @@ def compare_steps(
                 # The prediction with the light-load overhead at every rate (before the overhead by load).
                 "fixed_overhead_p99_ms": None if x is None else x["latency_ms"]["p99"],
                 "fixed_overhead_relative_error": _error(None if x is None else x["latency_ms"]["p99"], mp),
+                # With the overhead by load but batches that do not vary (when `predicted` has them vary).
+                "steady_batch_p99_ms": None if y is None or y is p else y["latency_ms"]["p99"],
+                "steady_batch_relative_error": _error(None if y is None or y is p else y["latency_ms"]["p99"], mp),
                 # Request by request (server-timing): the server's own P99, and the time outside it.
                 "measured_server_p99_ms": ((timing.get("stages_ms") or {}).get("total") or {}).get("p99"),
                 "measured_outside_p99_ms": (timing.get("outside_ms") or {}).get("p99"),
@@ -531,9 +575,9 @@ def print_report(doc: dict, file=None) -> None:
                       title=f"rep {run['rep']} {run['label']}: max_batch_size {run['max_batch_size']}, "
                       f"delay {run['max_queue_delay_ms']:g} ms; measured max QPS {run['measured_max_qps']}, "
                       f"knee {run['measured_knee_qps']}")  # fmt: skip
-        for h in ("offered", "achieved", "P50 meas", "P50 sim", "P99 meas", "P99 sim", "error", "P99 fixed",
-                  "error·f", "server P99", "outside P99", "overhead P99 sim", "below knee", "batch meas",
-                  "batch sim", "loop cores meas", "loop util sim", "other cores"):  # fmt: skip
+        for h in ("offered", "achieved", "P50 meas", "P50 sim", "P99 meas", "P99 sim", "error", "P99 steady",
+                  "P99 fixed", "error·f", "server P99", "outside P99", "overhead P99 sim", "below knee",
+                  "batch meas", "batch sim", "loop cores meas", "loop util sim", "other cores"):  # fmt: skip
             table.add_column(h, justify="right", no_wrap=True)
         for r in run["comparison"]:
             table.add_row(
@@ -544,6 +588,7 @@ def print_report(doc: dict, file=None) -> None:
                 _ms(r["measured_p99_ms"]),
                 _ms(r["predicted_p99_ms"]),
                 _pct(r["relative_error"]),
+                _ms(r.get("steady_batch_p99_ms")),
                 _ms(r.get("fixed_overhead_p99_ms")),
                 _pct(r.get("fixed_overhead_relative_error")),
                 _ms(r.get("measured_server_p99_ms")),
@@ -570,6 +615,11 @@ def print_report(doc: dict, file=None) -> None:
         f"({v['steps_within']}/{v['steps_below_knee']} steps; worst {v['worst_error']}); on quiet steps "
         f"(other load ≤ {QUIET_CORES:g} cores): {v['quiet_steps_within']}/{v['quiet_steps_below_knee']}"
     )
+    if v.get("steady_batch_steps_within") is not None:
+        console.print(
+            f"with the overhead by load but steady batches: {v['steady_batch_steps_within']}/"
+            f"{v['steps_below_knee']} steps within ±{100 * TOLERANCE:g}%"
+        )
     if v.get("fixed_overhead_steps_within") is not None:
         console.print(
             f"with the light-load overhead at every rate instead (P99 fixed): {v['fixed_overhead_steps_within']}/"
@@ -635,16 +685,17 @@ def _rows_v2(run: dict) -> list[str]:
 
 def _rows_by_rate(run: dict) -> list[str]:
     out = [
-        "| offered | achieved | P50 ms meas / sim | P99 ms meas | P99 ms sim | error | P99 ms sim, light-load "
-        "overhead | error | server P99 ms | outside P99 ms meas / overhead sim | below knee | mean batch meas / sim "
-        "| other cores |",
-        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|--:|--:|",
+        "| offered | achieved | P50 ms meas / sim | P99 ms meas | P99 ms sim | error | P99 ms sim, steady batches "
+        "| P99 ms sim, light-load overhead | error | server P99 ms | outside P99 ms meas / overhead sim | below knee "
+        "| mean batch meas / sim | other cores |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|--:|--:|",
     ]
     for r in run["comparison"]:
         out.append(
             f"| {r['offered_qps']:,.0f} | {r['measured_achieved_qps']:,.0f} "
             f"| {_ms(r['measured_p50_ms'])} / {_ms(r['predicted_p50_ms'])} | {_ms(r['measured_p99_ms'])} "
-            f"| {_ms(r['predicted_p99_ms'])} | {_pct(r['relative_error'])} | {_ms(r.get('fixed_overhead_p99_ms'))} "
+            f"| {_ms(r['predicted_p99_ms'])} | {_pct(r['relative_error'])} | {_ms(r.get('steady_batch_p99_ms'))} "
+            f"| {_ms(r.get('fixed_overhead_p99_ms'))} "
             f"| {_pct(r.get('fixed_overhead_relative_error'))} | {_ms(r.get('measured_server_p99_ms'))} "
             f"| {_ms(r.get('measured_outside_p99_ms'))} / {_ms(r.get('predicted_overhead_p99_ms'))} "
             f"| {'yes' if r['below_knee'] else 'no'} "
@@ -721,6 +772,11 @@ def markdown(doc: dict) -> str:
             f"; the batcher alone (profile fit + overheads, no CPU stage) within ±{100 * TOLERANCE:g} % on "
             f"{v['batcher_steps_within']} of them"
             if "batcher_steps_within" in v
+            else ""
+        )
+        + (
+            f"; with the overhead by load but steady batches, {v['steady_batch_steps_within']} of them"
+            if v.get("steady_batch_steps_within") is not None
             else ""
         )
         + (
@@ -907,6 +963,7 @@ def main(argv=None) -> int:
             if args.save_cpu:
                 report.write_json(cpu_doc, args.save_cpu)
         by_rate = overhead_by_rate(cpu_doc, stage)
+        noise = batch_noise_by_rate(cpu_doc) if stage is not None else None
         overhead_doc = calibrate(args, t1)
         overhead = np.asarray(overhead_doc["samples_s"])
         if stage is not None:
@@ -959,11 +1016,15 @@ def main(argv=None) -> int:
                     server.stop()
                 plain = predict(measured, n, d, profile, rep_overhead, args, sampled=False)
                 predicted = fixed = plain
+                steady = None
                 if stage is not None:
                     fixed = predict(measured, n, d, profile, rep_cpu_overhead, args, sampled=False, cpu=stage)
                     predicted = fixed
                     if by_rate is not None:
-                        predicted = predict(measured, n, d, profile, by_rate, args, sampled=False, cpu=stage)
+                        steady = predict(measured, n, d, profile, by_rate, args, sampled=False, cpu=stage)
+                        predicted = steady
+                        if noise is not None:
+                            predicted = predict(measured, n, d, profile, by_rate, args, False, stage, noise)
                 sampled = predict(measured, n, d, profile, rep_overhead, args, sampled=True)
                 bare = predict(measured, n, d, profile, (), args, sampled=False)
                 runs.append(
@@ -976,7 +1037,7 @@ def main(argv=None) -> int:
                         "measured_knee_qps": measured["knee_qps"],
                         "predicted_max_qps_on_steps": predicted["max_qps_under_slo"],
                         "comparison": compare_steps(
-                            measured, predicted, sampled, bare, plain, fixed if by_rate else None, by_rate
+                            measured, predicted, sampled, bare, plain, fixed if by_rate else None, by_rate, steady
                         ),
                         "measured": measured,  # the predictions are in `comparison`; rerun them from the inputs
                     }
@@ -1027,6 +1088,14 @@ def main(argv=None) -> int:
                     for r in below
                 )
                 if any(r.get("fixed_overhead_p99_ms") is not None for r in below)
+                else None
+            ),
+            "steady_batch_steps_within": (
+                sum(
+                    r["steady_batch_relative_error"] is not None and abs(r["steady_batch_relative_error"]) <= TOLERANCE
+                    for r in below
+                )
+                if any(r.get("steady_batch_p99_ms") is not None for r in below)
                 else None
             ),
             "batcher_steps_within": sum(

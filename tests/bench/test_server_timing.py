@@ -47,7 +47,7 @@ def test_each_answer_is_split_into_the_servers_stages_and_the_time_outside(start
         # sum / count is exact): the two means agree up to the window's edges.
         assert math.isclose(st["total"]["mean"], step["server"]["e2e_ms"]["mean"], rel_tol=0.1), (st, step["server"])
         assert t["tail"]["requests"] >= 1 and t["tail"]["threshold_ms"] == step["latency_ms"]["p99"]
-        assert t["outside_histogram"]["count"] == t["requests"]
+        assert t["outside_histogram"]["count"] == t["compute_histogram"]["count"] == t["requests"]
     # 100 QPS at a constant pace, 10 ms apart, and mlp's 5 ms window: each request waits
     # out its own window alone.
     queue = result["steps"][0]["server_timing"]["stages_ms"]["queue"]

@@ -21,7 +21,14 @@ from wok.bench.tune import (
     model_for,
     tune_cpu_stage,
 )
-from wok.bench.tune_check import cpu_overhead, fit_cpu_stage, markdown, overhead_by_rate, predict
+from wok.bench.tune_check import (
+    batch_noise_by_rate,
+    cpu_overhead,
+    fit_cpu_stage,
+    markdown,
+    overhead_by_rate,
+    predict,
+)
 
 US, MS = 1e-6, 1e-3
 
@@ -194,3 +201,32 @@ def test_a_prediction_takes_each_steps_overhead_at_its_own_rate():
     assert b0 == pytest.approx(a0, abs=1e-9)  # 200 QPS: no overhead
     assert b1 == pytest.approx(a1 + 10.0, abs=0.05)  # 800 QPS: 10 ms on every request
     assert by_rate["steps"][1]["nominal_qps"] == 800.0
+
+
+def test_the_batch_noise_is_the_spread_of_the_model_time_around_its_mean_at_each_load():
+    from wok.bench.histogram import LatencyHistogram
+
+    def point(rate, compute_ms):
+        return {"offered_qps": rate, "compute_histogram": LatencyHistogram.from_ms(compute_ms).to_dict()}
+
+    doc = {"outside_by_rate": [point(1000, [1.0] * 100), point(3000, [1.0] * 50 + [3.0] * 50)]}
+    at = batch_noise_by_rate(doc)
+    steady, spread, between = (np.asarray(at(q)) for q in (1000, 3000, 2000))
+    assert steady == pytest.approx(1.0, rel=0.01)
+    # At 3000: a mean of 2 ms, so ratios of 0.5 and 1.5; at 2000, each quantile halfway: 0.75 and 1.25.
+    assert np.quantile(spread, [0.25, 0.75]) == pytest.approx([0.5, 1.5], rel=0.01)
+    assert np.quantile(between, [0.25, 0.75]) == pytest.approx([0.75, 1.25], rel=0.01)
+    assert all(np.mean(x) == pytest.approx(1.0, rel=0.01) for x in (steady, spread, between))
+    assert batch_noise_by_rate({}) is None and batch_noise_by_rate({"outside_by_rate": [{"offered_qps": 1}]}) is None
+
+
+def test_a_prediction_stretches_each_batch_by_its_rates_noise():
+    import argparse
+
+    profile = Profile(1.0 * MS, 0.0)
+    result = {"steps": [{"nominal_qps": 20.0}], "slo_p99_ms": 50.0}
+    args = argparse.Namespace(step_duration=5.0, warmup=0.0, arrival="constant", seed=1)
+    plain = predict(result, 8, 0.0, profile, (), args, sampled=False)["steps"][0]
+    doubled = predict(result, 8, 0.0, profile, (), args, False, None, lambda q: (2.0,))["steps"][0]
+    assert plain["latency_ms"]["p50"] == pytest.approx(1.0, rel=1e-6)  # alone, 50 ms apart: one batch of 1
+    assert doubled["latency_ms"]["p50"] == pytest.approx(2.0, rel=1e-6)
