@@ -556,7 +556,17 @@ def add_tune_parser(sub) -> None:
 def run_tune(args) -> int:
     from . import report
     from .arrivals import parse_arrivals, parse_duration
-    from .tune import Profile, SearchConfig, load_overhead, load_profile, print_table, tune, tune_cpu_stage
+    from .tune import (
+        Profile,
+        SearchConfig,
+        load_overhead,
+        load_profile,
+        overhead_by_rate,
+        print_table,
+        read_json,
+        tune,
+        tune_cpu_stage,
+    )
 
     if args.profile and (args.alpha or args.beta):
         raise ValueError("give --profile or --alpha/--beta, not both")
@@ -589,6 +599,11 @@ def run_tune(args) -> int:
         constant = parse_duration(args.overhead)
         overhead = (constant,) if constant > 0 else ()
     cpu = tune_cpu_stage(args.cpu_calibration, args.per_request_cpu, args.cores)
+    overhead_at = None
+    if args.cpu_calibration and not overhead:
+        # A calibration taken with the server-timing trailer measured the overhead at each of its
+        # loads: without an overhead given here, each simulated rate draws its own.
+        overhead_at = overhead_by_rate(read_json(args.cpu_calibration, "CPU calibration"), cpu)
     parse_arrivals(args.arrival, 1.0, duration_s=1.0)  # a bad spec fails here, before any simulation
     search = SearchConfig(
         slo_p99_ms=1e3 * parse_duration(args.slo_p99),
@@ -612,6 +627,7 @@ def run_tune(args) -> int:
         default=default,
         progress=lambda msg: print(f"wok tune: {msg}", file=sys.stderr, flush=True),
         cpu=cpu,
+        overhead_at=overhead_at,
     )
     print_table(result)
     if args.json:

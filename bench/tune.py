@@ -28,11 +28,12 @@ the model and everything else share) can be modelled too, from a CPU calibration
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -235,6 +236,76 @@ class SearchConfig:
     tie: float = 0.02
 
 
+# Quantiles a distribution is resampled to when interpolated between two loads.
+OVERHEAD_QUANTILES = 2000
+# A distribution at an offered rate: samples (s, or ratios) drawn there.
+OverheadAt = Callable[[float], tuple[float, ...]]
+
+
+def _quantiles_by_rate(table: list[tuple[float, np.ndarray]]) -> Callable[[float], tuple[float, ...]]:
+    """A distribution at any rate from distributions measured at some: each one's quantiles, interpolated
+    linearly in the rate between the two nearest loads; below the lowest and above the highest, the
+    nearest load's as they are (no extrapolation)."""
+    grid = (np.arange(OVERHEAD_QUANTILES) + 0.5) / OVERHEAD_QUANTILES
+    quantiles = sorted((rate, np.quantile(samples, grid)) for rate, samples in table)
+
+    def at(rate: float) -> tuple[float, ...]:
+        if rate <= quantiles[0][0]:
+            return tuple(quantiles[0][1])
+        for (r0, q0), (r1, q1) in itertools.pairwise(quantiles):
+            if rate <= r1:
+                w = (rate - r0) / (r1 - r0)
+                return tuple((1 - w) * q0 + w * q1)
+        return tuple(quantiles[-1][1])
+
+    return at
+
+
+def overhead_by_rate(cpu_doc: dict | None, stage) -> Callable[[float], tuple[float, ...]] | None:
+    """The overhead beside the CPU stage at an offered rate, from the calibration's server timing.
+
+    At each calibration load, each request's time outside the server (its latency less its
+    `server-timing` total: the generator's lag, the client, the transport, gRPC's work on both
+    sides) was measured; less the loop's c_in + c_out, which the stage models as a queue of its
+    own, that is the overhead sample there (s). Between loads, `_quantiles_by_rate`. None without
+    such a calibration.
+    """
+    from wok.bench.histogram import LatencyHistogram
+
+    points = (cpu_doc or {}).get("outside_by_rate") or []
+    if not points or stage is None:
+        return None
+    own = stage.cpu_in_s + stage.cpu_out_s
+    at = _quantiles_by_rate(
+        [
+            (
+                float(p["offered_qps"]),
+                np.maximum(LatencyHistogram.from_dict(p["outside_histogram"]).values_ms() / 1e3 - own, 0.0),
+            )
+            for p in points
+        ]
+    )
+    at.loads = sorted(float(p["offered_qps"]) for p in points)  # what the search records of it
+    return at
+
+
+def batch_noise_by_rate(cpu_doc: dict | None) -> Callable[[float], tuple[float, ...]] | None:
+    """How much a batch's time varies under load: at each calibration load, each request's batch's
+    model time (`server-timing` compute) over their mean there, so the ratios average 1. A simulated
+    batch of n takes (α_s + β_s·n) times one drawn at its step's rate (`_quantiles_by_rate`): the
+    server's batches stretch when another thread has the core (on 2 shared cores, 3× the mean at
+    the P99), which the stage's even sharing of the cores does not give. None without the data."""
+    from wok.bench.histogram import LatencyHistogram
+
+    table = []
+    for p in (cpu_doc or {}).get("outside_by_rate") or []:
+        if p.get("compute_histogram") and p["compute_histogram"]["count"]:
+            values = LatencyHistogram.from_dict(p["compute_histogram"]).values_ms()
+            if values.mean() > 0:
+                table.append((float(p["offered_qps"]), values / values.mean()))
+    return _quantiles_by_rate(table) if table else None
+
+
 def model_for(profile: Profile, max_batch_size: int, delay_s: float, *, instances: int = 1,
               overhead_s: Sequence[float] = (), sampled: bool = False,
               cpu: CpuStage | None = None) -> BatcherModel:  # fmt: skip
@@ -266,8 +337,11 @@ def ceiling_qps(model: BatcherModel) -> float:
     return min(model.instances * n / model.mean_batch_time(n), model.cpu_ceiling_qps(n))
 
 
-def evaluate(model: BatcherModel, qps: float, search: SearchConfig) -> dict:
-    """One simulated step at `qps` (the bench's step schema), on the search's fixed seed."""
+def evaluate(model: BatcherModel, qps: float, search: SearchConfig, overhead_at: OverheadAt | None = None) -> dict:
+    """One simulated step at `qps` (the bench's step schema), on the search's fixed seed; with
+    `overhead_at` (`overhead_by_rate`), its overhead drawn at that rate."""
+    if overhead_at is not None:
+        model = replace(model, overhead_samples_s=tuple(overhead_at(qps)))
     cfg = SimConfig(
         model=model,
         steps=[qps],
@@ -280,7 +354,7 @@ def evaluate(model: BatcherModel, qps: float, search: SearchConfig) -> dict:
     return simulate_step(cfg, qps, np.random.default_rng(search.seed))
 
 
-def max_qps(model: BatcherModel, search: SearchConfig) -> dict:
+def max_qps(model: BatcherModel, search: SearchConfig, overhead_at: OverheadAt | None = None) -> dict:
     """The highest offered QPS whose simulated P99 meets the SLO, by bisection (see the module's doc).
 
     The ceiling itself counts as failing: at or above it the queue grows for as long as the
@@ -289,13 +363,13 @@ def max_qps(model: BatcherModel, search: SearchConfig) -> dict:
     top = ceiling_qps(model)
     lo, hi = LOW_FRACTION * top, top
     slo = search.slo_p99_ms
-    best = evaluate(model, lo, search)
+    best = evaluate(model, lo, search, overhead_at)
     out = {"ceiling_qps": top, "evaluations": 1}
     if not analysis.passes_slo(best, slo):
         return out | {"max_qps": 0.0, "step": best}
     for _ in range(search.iterations):
         mid = (lo + hi) / 2
-        step = evaluate(model, mid, search)
+        step = evaluate(model, mid, search, overhead_at)
         out["evaluations"] += 1
         if analysis.passes_slo(step, slo):
             lo, best = mid, step
@@ -340,8 +414,10 @@ def tune(
     default: tuple[int, float] | None = DEFAULT_SETTING,
     progress=None,
     cpu: CpuStage | None = None,
+    overhead_at: OverheadAt | None = None,
 ) -> dict:
-    """Search the grid; the `wok.tune/1` document (docs/tune.md)."""
+    """Search the grid; the `wok.tune/1` document (docs/tune.md). `overhead_at` (`overhead_by_rate`):
+    each simulated rate draws its overhead there, in place of `overhead_s`."""
     if not batch_sizes or not delays_s:
         raise ValueError("need at least one batch size and one delay")
     if any(n < 1 for n in batch_sizes) or any(d < 0 for d in delays_s):
@@ -353,7 +429,7 @@ def tune(
         grid.append(default)
     for n, d in grid:
         model = model_for(profile, n, d, instances=instances, overhead_s=overhead_s, sampled=sampled, cpu=cpu)
-        row = _row(n, d, max_qps(model, search))
+        row = _row(n, d, max_qps(model, search, overhead_at))
         row["in_grid"] = n in batch_sizes and d in delays_s
         rows.append(row)
         say(f"max_batch_size {n}, delay {1e3 * d:g} ms: {row['max_qps']:.0f} QPS")
@@ -387,9 +463,11 @@ def tune(
                     "median_ms": 1e3 * float(np.median(o)),
                     "p99_ms": 1e3 * float(np.quantile(o, 0.99)),
                 }
-                if o.size
+                if o.size and overhead_at is None
                 else None
             ),
+            # The calibration loads the overhead was measured at, when it is drawn by rate.
+            "overhead_by_rate_loads": None if overhead_at is None else list(getattr(overhead_at, "loads", [])),
             "cpu": None if cpu is None else cpu.as_dict(),
             "instances": instances,
             "batch_sizes": list(batch_sizes),
@@ -475,6 +553,9 @@ def print_table(result: dict, file=None) -> None:
             f"{cpu['cores']:g} cores shared (0: unbounded), background {cpu['background_cores']:.2f} cores + "
             f"{1e6 * cpu['background_cpu_s']:.0f} µs per request"
         )
+    if inp.get("overhead_by_rate_loads"):
+        loads = ", ".join(f"{q:,.0f}" for q in inp["overhead_by_rate_loads"])
+        console.print(f"overhead outside the server: drawn at each rate, from the calibration's loads {loads} QPS")
     console.print(table)
     if chosen is None:
         console.print("no setting meets the SLO at any load")

@@ -40,7 +40,6 @@ clean snapshot (`PYTHONPATH=SNAPSHOT python -m wok.bench.tune_check`) measures t
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import sys
 import time
@@ -60,8 +59,6 @@ TOLERANCE = 0.20
 # A step during which processes other than the server and the load generator used more than
 # this many cores (of the machine's) measured the machine, not the server (as in bench/compare.py).
 QUIET_CORES = 0.25
-# Quantiles an overhead distribution is resampled to when interpolated between two loads.
-OVERHEAD_QUANTILES = 2000
 
 
 def say(msg: str) -> None:
@@ -359,68 +356,6 @@ def calibrate_cpu(args) -> dict:
     return cpu_document(stage, f"bench/tune_check.py: metered ramp at {args.cpu_steps_list} QPS, max_batch_size {n}, "
                         f"delay {d:g} ms", setting={"max_batch_size": n, "max_queue_delay_ms": d},
                         **details)  # fmt: skip
-
-
-def _quantiles_by_rate(table: list[tuple[float, np.ndarray]]) -> Callable[[float], tuple[float, ...]]:
-    """A distribution at any rate from distributions measured at some: each one's quantiles, interpolated
-    linearly in the rate between the two nearest loads; below the lowest and above the highest, the
-    nearest load's as they are (no extrapolation)."""
-    grid = (np.arange(OVERHEAD_QUANTILES) + 0.5) / OVERHEAD_QUANTILES
-    quantiles = sorted((rate, np.quantile(samples, grid)) for rate, samples in table)
-
-    def at(rate: float) -> tuple[float, ...]:
-        if rate <= quantiles[0][0]:
-            return tuple(quantiles[0][1])
-        for (r0, q0), (r1, q1) in itertools.pairwise(quantiles):
-            if rate <= r1:
-                w = (rate - r0) / (r1 - r0)
-                return tuple((1 - w) * q0 + w * q1)
-        return tuple(quantiles[-1][1])
-
-    return at
-
-
-def overhead_by_rate(cpu_doc: dict | None, stage) -> Callable[[float], tuple[float, ...]] | None:
-    """The overhead beside the CPU stage at an offered rate, from the calibration's server timing.
-
-    At each calibration load, each request's time outside the server (its latency less its
-    `server-timing` total: the generator's lag, the client, the transport, gRPC's work on both
-    sides) was measured; less the loop's c_in + c_out, which the stage models as a queue of its
-    own, that is the overhead sample there (s). Between loads, `_quantiles_by_rate`. None without
-    such a calibration.
-    """
-    from wok.bench.histogram import LatencyHistogram
-
-    points = (cpu_doc or {}).get("outside_by_rate") or []
-    if not points or stage is None:
-        return None
-    own = stage.cpu_in_s + stage.cpu_out_s
-    return _quantiles_by_rate(
-        [
-            (
-                float(p["offered_qps"]),
-                np.maximum(LatencyHistogram.from_dict(p["outside_histogram"]).values_ms() / 1e3 - own, 0.0),
-            )
-            for p in points
-        ]
-    )
-
-
-def batch_noise_by_rate(cpu_doc: dict | None) -> Callable[[float], tuple[float, ...]] | None:
-    """How much a batch's time varies under load: at each calibration load, each request's batch's
-    model time (`server-timing` compute) over their mean there, so the ratios average 1. A simulated
-    batch of n takes (α_s + β_s·n) times one drawn at its step's rate (`_quantiles_by_rate`): the
-    server's batches stretch when another thread has the core (on 2 shared cores, 3× the mean at
-    the P99), which the stage's even sharing of the cores does not give. None without the data."""
-    from wok.bench.histogram import LatencyHistogram
-
-    table = []
-    for p in (cpu_doc or {}).get("outside_by_rate") or []:
-        if p.get("compute_histogram") and p["compute_histogram"]["count"]:
-            values = LatencyHistogram.from_dict(p["compute_histogram"]).values_ms()
-            if values.mean() > 0:
-                table.append((float(p["offered_qps"]), values / values.mean()))
-    return _quantiles_by_rate(table) if table else None
 
 
 def cpu_overhead(overhead_s, t1: float, stage) -> np.ndarray:
@@ -912,8 +847,10 @@ def main(argv=None) -> int:
     from wok.bench.compare import metered_ramp, stop_all
     from wok.bench.tune import (
         SearchConfig,
+        batch_noise_by_rate,
         cpu_from_document,
         load_profile,
+        overhead_by_rate,
         overhead_document,
         print_table,
         profile_from_document,
@@ -982,7 +919,7 @@ def main(argv=None) -> int:
                               duration_s=_seconds(args.sim_duration))  # fmt: skip
         default_s = (args.default_setting[0], 1e-3 * args.default_setting[1])
         tuned_doc = tune(profile, search, args.sizes, args.delays_s, overhead_s=tuple(overhead), default=default_s,
-                         progress=say, cpu=stage)  # fmt: skip
+                         progress=say, cpu=stage, overhead_at=by_rate)  # fmt: skip
         print_table(tuned_doc)
         if args.tuned_setting:
             tuned = args.tuned_setting

@@ -14,21 +14,16 @@ import pytest
 from wok.bench.tune import (
     CpuStage,
     Profile,
+    batch_noise_by_rate,
     ceiling_qps,
     cpu_document,
     cpu_from_document,
     load_cpu,
     model_for,
+    overhead_by_rate,
     tune_cpu_stage,
 )
-from wok.bench.tune_check import (
-    batch_noise_by_rate,
-    cpu_overhead,
-    fit_cpu_stage,
-    markdown,
-    overhead_by_rate,
-    predict,
-)
+from wok.bench.tune_check import cpu_overhead, fit_cpu_stage, markdown, predict
 
 US, MS = 1e-6, 1e-3
 
@@ -230,3 +225,31 @@ def test_a_prediction_stretches_each_batch_by_its_rates_noise():
     doubled = predict(result, 8, 0.0, profile, (), args, False, None, lambda q: (2.0,))["steps"][0]
     assert plain["latency_ms"]["p50"] == pytest.approx(1.0, rel=1e-6)  # alone, 50 ms apart: one batch of 1
     assert doubled["latency_ms"]["p50"] == pytest.approx(2.0, rel=1e-6)
+
+
+def test_wok_tune_draws_the_overhead_at_each_rate_from_a_calibration_that_measured_it(tmp_path):
+    from wok.bench.histogram import LatencyHistogram
+
+    # No overhead up to 1,000 QPS, 30 ms from 2,000 on: with a 20 ms SLO the search must stay
+    # below the rate where the interpolated overhead (linear in between) passes 20 ms − the rest.
+    doc = cpu_document(CpuStage(), "by hand")
+    doc["outside_by_rate"] = [
+        {"offered_qps": q, "outside_histogram": LatencyHistogram.from_ms([ms] * 100).to_dict()}
+        for q, ms in ((1000.0, 0.0), (2000.0, 30.0))
+    ]
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "tune.json"
+    args = ("tune", "--slo-p99", "20ms", "--alpha", "0.2ms", "--beta", "0.01ms", "--max-batch-sizes", "32",
+            "--delays", "1ms", "--default", "none", "--sim-duration", "2s", "--iterations", "8")  # fmt: skip
+    done = _wok(*args, "--cpu-calibration", str(path), "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "drawn at each rate, from the calibration's loads 1,000, 2,000 QPS" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["inputs"]["overhead_by_rate_loads"] == [1000.0, 2000.0] and result["inputs"]["overhead"] is None
+    # At rate q in (1,000, 2,000) every request carries 30·(q − 1,000)/1,000 ms: ≤ ~19 ms below 1,630 QPS.
+    assert 1000 < result["chosen"]["max_qps"] < 1667, result["chosen"]
+    # An overhead given on the command line wins over the calibration's.
+    plain = _wok(*args, "--cpu-calibration", str(path), "--overhead", "1ms", "--json", str(out))
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads(out.read_text())["inputs"]["overhead_by_rate_loads"] is None
