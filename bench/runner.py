@@ -344,6 +344,8 @@ def _mean_inflight(per_worker: list[np.ndarray], start: float, end: float) -> np
 def _timing_line(t: dict) -> str:
     """One progress line of a step's server timing: where the latency went, and its slowest 1 %."""
     if not t["requests"]:
+        if not t["missing"]:
+            return "no successful answer to split"
         return f"no server-timing trailer on {t['missing']} answers (is the server run with --server-timing?)"
     st, out, tail = t["stages_ms"], t["outside_ms"], t["tail"]
     m = tail["mean_ms"]

@@ -247,7 +247,10 @@ def _quantiles_by_rate(table: list[tuple[float, np.ndarray]]) -> Callable[[float
     linearly in the rate between the two nearest loads; below the lowest and above the highest, the
     nearest load's as they are (no extrapolation)."""
     grid = (np.arange(OVERHEAD_QUANTILES) + 0.5) / OVERHEAD_QUANTILES
-    quantiles = sorted((rate, np.quantile(samples, grid)) for rate, samples in table)
+    pooled: dict[float, list[np.ndarray]] = {}
+    for rate, samples in table:  # loads calibrated twice at one rate count as one
+        pooled.setdefault(float(rate), []).append(np.asarray(samples, dtype=np.float64))
+    quantiles = [(rate, np.quantile(np.concatenate(parts), grid)) for rate, parts in sorted(pooled.items())]
 
     def at(rate: float) -> tuple[float, ...]:
         if rate <= quantiles[0][0]:

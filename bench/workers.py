@@ -120,9 +120,14 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
 
 
 def _record_timing(server_ms: np.ndarray, i: int, trailer) -> None:
+    """Row i from the answer's trailer; left NaN (counted as `missing`) when it has none or one
+    that does not parse: the call itself succeeded either way."""
     for key, value in trailer or ():
         if key == SERVER_TIMING:
-            stages = parse_server_timing(value)
+            try:
+                stages = parse_server_timing(value)
+            except ValueError:
+                return
             server_ms[i] = [stages.get(s, np.nan) for s in TIMING_PARTS]
             return
 

@@ -48,6 +48,10 @@ def test_each_answer_is_split_into_the_servers_stages_and_the_time_outside(start
         assert math.isclose(st["total"]["mean"], step["server"]["e2e_ms"]["mean"], rel_tol=0.1), (st, step["server"])
         assert t["tail"]["requests"] >= 1 and t["tail"]["threshold_ms"] == step["latency_ms"]["p99"]
         assert t["outside_histogram"]["count"] == t["compute_histogram"]["count"] == t["requests"]
+        # Each column is its own part: the trailer's compute is the server's compute histogram's
+        # (per request, over the same window), and at these loads far longer than the hop (start).
+        assert math.isclose(st["compute"]["mean"], step["stages_ms"]["compute"], rel_tol=0.1), (st, step["stages_ms"])
+        assert st["compute"]["p50"] > 2 * st["start"]["p50"], st
     # 100 QPS at a constant pace, 10 ms apart, and mlp's 5 ms window: each request waits
     # out its own window alone.
     queue = result["steps"][0]["server_timing"]["stages_ms"]["queue"]
@@ -87,3 +91,20 @@ def test_the_summary_by_hand():
     # The client's P99 of 10, 20, 30 (nearest rank) is 30: one request, outside 15, queue 15.
     assert t["tail"]["threshold_ms"] == 30.0 and t["tail"]["requests"] == 1
     assert t["tail"]["mean_ms"]["outside"] == 15.0 and t["tail"]["mean_ms"]["queue"] == 15.0
+
+
+def test_a_trailer_that_does_not_parse_leaves_its_row_missing_not_the_call_failed():
+    from wok.bench.runner import _timing_line
+    from wok.bench.workers import _record_timing
+
+    rows = np.full((3, len(TIMING_PARTS)), np.nan)
+    _record_timing(rows, 0, (("server-timing", "queue;dur=oops, total;dur=1.0"),))
+    _record_timing(rows, 1, (("other", "x"),))
+    _record_timing(rows, 2, (("server-timing", "queue;dur=2.5, total;dur=3.0"),))
+    assert np.isnan(rows[0]).all() and np.isnan(rows[1]).all()
+    assert rows[2, TIMING_PARTS.index("queue")] == 2.5 and rows[2, TIMING_PARTS.index("total")] == 3.0
+    assert np.isnan(rows[2, TIMING_PARTS.index("compute")])  # a part the trailer did not carry
+    # A step without one successful answer says so, not that the server lacks the flag.
+    empty = analysis.server_timing_summary(np.zeros(0), np.zeros((0, len(TIMING_PARTS))))
+    assert empty["requests"] == empty["missing"] == 0
+    assert _timing_line(empty) == "no successful answer to split"

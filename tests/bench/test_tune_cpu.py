@@ -178,6 +178,11 @@ def test_the_overhead_by_load_interpolates_quantiles_between_calibrations_and_ne
         assert np.median(got) == pytest.approx(1.5 + shift - 0.1, rel=rel), rate
         assert np.quantile(got, 0.99) == pytest.approx(1.99 + shift - 0.1, rel=rel), rate
         assert got.min() >= 0
+    # Two calibrations at one rate pool their samples (and sorting them does not compare arrays).
+    twice = overhead_by_rate(
+        {"outside_by_rate": [_outside_point(1000, [1.0] * 100), _outside_point(1000, [3.0] * 100)]}, stage
+    )
+    assert np.quantile(np.asarray(twice(1000)) / MS, [0.25, 0.75]) == pytest.approx([0.9, 2.9], rel=rel)
     # Floored at 0 where the outside time is below the loop's own.
     low = overhead_by_rate({"outside_by_rate": [_outside_point(100, [0.05] * 10)]}, stage)
     assert set(low(100)) == {0.0}
