@@ -288,6 +288,51 @@ def timeline_figure(result: dict) -> Figure:
     return fig
 
 
+# The parts a latency splits into with server timing, in the order a request meets them.
+BREAKDOWN = (
+    ("queue", ("queue",), "#4c72b0"),
+    ("batch (model and hops)", ("batch",), "#dd8452"),
+    ("respond", ("respond",), "#55a868"),
+    ("decode + encode", ("decode", "encode"), "#8c8c8c"),
+    ("outside the server", ("outside",), "#c44e52"),
+)
+
+
+def _timed(steps: list[dict]) -> list[dict]:
+    return [s for s in steps if (s.get("server_timing") or {}).get("requests")]
+
+
+def breakdown_figure(result: dict) -> Figure:
+    """Where the time went, per step (`--server-timing`): the mean request, and the slowest 1 %."""
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    steps = _timed(_steps(result))
+    if not steps:
+        _placeholder(fig, "no server timing in this result (wok bench ramp --server-timing)")
+        return fig
+    labels = [_fmt_qps(s["offered_qps"]) for s in steps]
+    x = np.arange(len(steps))
+    views = (
+        ("the mean request", lambda t, k: t["outside_ms"]["mean"] if k == "outside" else t["stages_ms"][k]["mean"]),
+        ("the slowest 1 % (at or above the P99), mean", lambda t, k: t["tail"]["mean_ms"][k]),
+    )
+    for i, (title, value) in enumerate(views):
+        ax = fig.add_subplot(1, 2, i + 1)
+        bottom = np.zeros(len(steps))
+        for name, keys, color in BREAKDOWN:
+            part = np.array([sum(_num(value(s["server_timing"], k)) for k in keys) for s in steps])
+            part = np.where(np.isfinite(part), part, 0.0)
+            ax.bar(x, part, bottom=bottom, color=color, label=name, width=0.7)
+            bottom += part
+        ax.set_xticks(x, labels, rotation=45 if len(steps) > 6 else 0)
+        ax.set_xlabel("offered load (QPS)")
+        ax.set_ylabel("latency (ms)")
+        ax.set_title(title)
+        ax.grid(True, axis="y", alpha=0.3)
+        if i == 0:
+            ax.legend(loc="upper left", fontsize=8)
+    return fig
+
+
 def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
@@ -564,6 +609,15 @@ def render_html(result: dict, *, title: str | None = None) -> str:
             timeline_figure(result), "QPS and P99 over time", "Per-second bins over the whole run, warm-ups included."
         ),
     ]
+    if _timed(steps):
+        figures.append(
+            _img(
+                breakdown_figure(result),
+                "Where the time goes per step: server stages and time outside the server",
+                "From each answer's server-timing trailer (--server-timing): the server's stages, and the client's "
+                "latency less the server's total (generator, client, transport, gRPC on both sides).",
+            )
+        )
     return f"""<!doctype html>
 <html lang="en">
 <head>

@@ -350,3 +350,45 @@ def test_rich_table_is_plain_text_too(result):
     assert all(len(line) < 240 for line in text.splitlines())
     rows = [line for line in text.splitlines() if line.strip().split(" ")[0] in {"50", "100", "200", "400", "800"}]
     assert len(rows) == 5 and not any(math.isnan(float(r.split()[1])) for r in rows)
+
+
+def _timed_step(qps: float, rng) -> dict:
+    """A step whose every request has a server-timing row: parts drawn at random, latency = their sum."""
+    from wok.servertiming import TIMING_PARTS
+
+    n = 200
+    parts = {k: rng.uniform(0.0, 2.0, n) for k in ("decode", "queue", "batch", "respond", "encode")}
+    rows = np.full((n, len(TIMING_PARTS)), np.nan)
+    for k, v in parts.items():
+        rows[:, TIMING_PARTS.index(k)] = v
+    total = sum(parts.values())
+    rows[:, TIMING_PARTS.index("total")] = total
+    outside = rng.uniform(0.5, 1.5, n)
+    intended = np.sort(rng.uniform(0.0, 1.0, n))
+    done = intended + (total + outside) / 1e3
+    return step_result(offered_qps=qps, duration_s=1.0, intended_s=intended, sent_s=intended, done_s=done,
+                       codes=np.array(["OK"] * n), server_timing_ms=rows)  # fmt: skip
+
+
+def test_a_ramp_with_server_timing_shows_where_the_time_goes(result):
+    rng = np.random.default_rng(3)
+    timed = ramp_result(steps=[_timed_step(100, rng), _timed_step(200, rng)], slo_p99_ms=SLO_MS, config={})
+    fig = report.breakdown_figure(timed)
+    mean_view, tail_view = fig.axes
+    for ax, key in ((mean_view, "mean"), (tail_view, "tail")):
+        heights = np.zeros(2)
+        for bar in ax.patches:
+            heights[round(bar.get_x() + bar.get_width() / 2)] += bar.get_height()
+        for i, step in enumerate(timed["steps"]):
+            t = step["server_timing"]
+            # The stacked parts are the whole latency: of the mean request, and of the slowest 1 %.
+            want = (
+                step["latency_ms"]["mean"]
+                if key == "mean"
+                else t["tail"]["mean_ms"]["total"] + t["tail"]["mean_ms"]["outside"]
+            )
+            assert heights[i] == pytest.approx(want, rel=1e-9)
+    assert "Where the time goes per step" in report.render_html(timed)
+    assert "Where the time goes per step" not in report.render_html(result)  # no trailer, no figure
+    placeholder = report.breakdown_figure(result)
+    assert len(placeholder.axes) == 1 and not placeholder.axes[0].patches  # a note, no bars
