@@ -395,6 +395,8 @@ def _table_rows(result_or_steps) -> tuple[list[str], list[list[str]]]:
     refine = any(s.get("phase", "ramp") != "ramp" for s in steps)
     head = ["offered", "achieved", "ok %", "p50 ms", "p95 ms", "p99 ms", "max ms", "queue p99", "loop p99"]
     head += ["batch", "lag p99"]
+    timed = bool(_timed(steps))  # with --server-timing: the server's own P99 and the time outside it
+    head += ["server p99", "outside p99"] if timed else []
     head += ["errors"] + (["phase"] if refine else []) + (["SLO"] if result else [])
     rows = []
     for s in steps:
@@ -407,8 +409,13 @@ def _table_rows(result_or_steps) -> tuple[list[str], list[list[str]]]:
             _fmt_ms(_get(s, "loop_lag_ms", "p99")),
             "-" if s.get("mean_batch_size") is None else f"{_num(s['mean_batch_size']):.1f}",
             _fmt_ms(_get(s, "dispatch_lag_ms", "p99")),
-            str(sum((s.get("errors") or {}).values())),
         ]
+        if timed:
+            row += [
+                _fmt_ms(_get(s, "server_timing", "stages_ms", "total", "p99")),
+                _fmt_ms(_get(s, "server_timing", "outside_ms", "p99")),
+            ]
+        row += [str(sum((s.get("errors") or {}).values()))]
         row += [s.get("phase", "ramp")] if refine else []
         row += [_verdict(s, result)] if result else []
         rows.append(row)

@@ -388,6 +388,12 @@ def test_a_ramp_with_server_timing_shows_where_the_time_goes(result):
                 else t["tail"]["mean_ms"]["total"] + t["tail"]["mean_ms"]["outside"]
             )
             assert heights[i] == pytest.approx(want, rel=1e-9)
+    table = io.StringIO()
+    report.print_table(timed, file=table)
+    head = table.getvalue().splitlines()[0]
+    assert "server p99" in head and "outside p99" in head
+    p99 = timed["steps"][0]["server_timing"]["stages_ms"]["total"]["p99"]
+    assert report._fmt_ms(p99) in table.getvalue()
     assert "Where the time goes per step" in report.render_html(timed)
     assert "Where the time goes per step" not in report.render_html(result)  # no trailer, no figure
     placeholder = report.breakdown_figure(result)
