@@ -296,8 +296,10 @@ def batch_noise_by_rate(cpu_doc: dict | None) -> Callable[[float], tuple[float, 
     """How much a batch's time varies under load: at each calibration load, each request's batch's
     model time (`server-timing` compute) over their mean there, so the ratios average 1. A simulated
     batch of n takes (α_s + β_s·n) times one drawn at its step's rate (`_quantiles_by_rate`): the
-    server's batches stretch when another thread has the core (on 2 shared cores, 3× the mean at
-    the P99), which the stage's even sharing of the cores does not give. None without the data."""
+    server's batches stretch when another thread has the core (on 2 shared cores, 2.3 × the mean at
+    the P99 of a 2,400-QPS calibration), which the stage's even sharing of the cores does not give.
+    Approximate: the samples are per request (a batch of n counts n times) and hold the spread of
+    batch sizes too. None without the data."""
     from wok.bench.histogram import LatencyHistogram
 
     table = []

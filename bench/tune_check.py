@@ -439,7 +439,7 @@ def compare_steps(
         other = (m.get("host_cpu") or {}).get("other_cores")
         timing = m.get("server_timing") or {}
         mp, pp = m["latency_ms"]["p99"], p["latency_ms"]["p99"]
-        err = (pp - mp) / mp if mp and np.isfinite(mp) and np.isfinite(pp) else None
+        err = _error(pp, mp)
         below = knee is None or m["offered_qps"] < knee
         fp = None if f is None else f["latency_ms"]["p99"]
         threads = (m.get("server_cpu") or {}).get("threads_us_per_request") or {}
@@ -457,7 +457,7 @@ def compare_steps(
                 "predicted_p99_ms": pp,
                 "relative_error": err,
                 "sampled_p99_ms": q["latency_ms"]["p99"],
-                "sampled_relative_error": (q["latency_ms"]["p99"] - mp) / mp if mp and np.isfinite(mp) else None,
+                "sampled_relative_error": _error(q["latency_ms"]["p99"], mp),
                 "below_knee": below,
                 "within_tolerance": err is not None and abs(err) <= TOLERANCE,
                 "measured_mean_batch_size": m.get("mean_batch_size"),
@@ -470,7 +470,7 @@ def compare_steps(
                 "quiet": other is not None and other <= QUIET_CORES,
                 "server_cores": (m.get("server_cpu") or {}).get("cores"),
                 "batcher_p99_ms": fp,
-                "batcher_relative_error": (fp - mp) / mp if fp is not None and mp and np.isfinite(mp) else None,
+                "batcher_relative_error": _error(fp, mp),
                 "measured_loop_cores": loop_cores,
                 "predicted_loop_utilization": p.get("loop_utilization"),
                 # The prediction with the light-load overhead at every rate (before the overhead by load).
@@ -494,6 +494,14 @@ def _error(predicted: float | None, measured: float | None) -> float | None:
     if predicted is None or not measured or not np.isfinite(measured) or not np.isfinite(predicted):
         return None
     return (predicted - measured) / measured
+
+
+def _steps_within(rows: list[dict], prediction: str) -> int | None:
+    """How many rows' `{prediction}_relative_error` is within TOLERANCE; None when no row has that prediction."""
+    if all(r.get(f"{prediction}_p99_ms") is None for r in rows):
+        return None
+    errors = (r[f"{prediction}_relative_error"] for r in rows)
+    return sum(e is not None and abs(e) <= TOLERANCE for e in errors)
 
 
 # --------------------------------------------------------------------------- output
@@ -1018,23 +1026,8 @@ def main(argv=None) -> int:
             "p99_within_tolerance_below_knee": bool(below) and len(within) == len(below),
             "quiet_steps_below_knee": len(quiet),
             "quiet_steps_within": sum(r["within_tolerance"] for r in quiet),
-            "fixed_overhead_steps_within": (
-                sum(
-                    r["fixed_overhead_relative_error"] is not None
-                    and abs(r["fixed_overhead_relative_error"]) <= TOLERANCE
-                    for r in below
-                )
-                if any(r.get("fixed_overhead_p99_ms") is not None for r in below)
-                else None
-            ),
-            "steady_batch_steps_within": (
-                sum(
-                    r["steady_batch_relative_error"] is not None and abs(r["steady_batch_relative_error"]) <= TOLERANCE
-                    for r in below
-                )
-                if any(r.get("steady_batch_p99_ms") is not None for r in below)
-                else None
-            ),
+            "fixed_overhead_steps_within": _steps_within(below, "fixed_overhead"),
+            "steady_batch_steps_within": _steps_within(below, "steady_batch"),
             "batcher_steps_within": sum(
                 r["batcher_relative_error"] is not None and abs(r["batcher_relative_error"]) <= TOLERANCE for r in below
             ),

@@ -77,22 +77,19 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
         nonlocal inflight
         inflight += 1
         sent[i] = time.monotonic() - start
+        c = None
         try:
-            if timing:
-                c = call(payload, timeout=share.timeout_s, metadata=metadata)
-                await c
-                done[i] = time.monotonic() - start  # before the trailer is read and parsed
-                _record_timing(server_ms, i, await c.trailing_metadata())
-            else:
-                await call(payload, timeout=share.timeout_s, metadata=metadata)
+            c = call(payload, timeout=share.timeout_s, metadata=metadata)
+            await c
         except grpc.aio.AioRpcError as exc:
             codes[i] = exc.code().value[0]
         except Exception:
             codes[i] = grpc.StatusCode.UNKNOWN.value[0]
         finally:
-            if not done[i] >= 0:  # (NaN: not yet set)
-                done[i] = time.monotonic() - start
+            done[i] = time.monotonic() - start
             inflight -= 1
+        if timing and codes[i] == OK:  # after `done`: reading the trailer is the generator's own time
+            _record_timing(server_ms, i, await c.trailing_metadata())
 
     async def sampler() -> None:
         while True:

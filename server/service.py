@@ -182,12 +182,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if isinstance(request, Unparsed):
             await _abort(context, request.error)
         try:
-            if self.server_timing:
-                timing: list[str] = []
-                resp = await self.infer(request, context.time_remaining(), timing)
+            timing: list[str] | None = [] if self.server_timing else None
+            resp = await self.infer(request, context.time_remaining(), timing)
+            if timing:
                 context.set_trailing_metadata(((SERVER_TIMING, timing[0]),))
-                return resp
-            return await self.infer(request, context.time_remaining())
+            return resp
         except WokError as exc:
             await _abort(context, exc)
         except Exception as exc:  # a bug, not the request's fault: INTERNAL, and log it

@@ -366,8 +366,15 @@ def _timed_step(qps: float, rng) -> dict:
     outside = rng.uniform(0.5, 1.5, n)
     intended = np.sort(rng.uniform(0.0, 1.0, n))
     done = intended + (total + outside) / 1e3
-    return step_result(offered_qps=qps, duration_s=1.0, intended_s=intended, sent_s=intended, done_s=done,
-                       codes=np.array(["OK"] * n), server_timing_ms=rows)  # fmt: skip
+    return step_result(
+        offered_qps=qps,
+        duration_s=1.0,
+        intended_s=intended,
+        sent_s=intended,
+        done_s=done,
+        codes=np.array(["OK"] * n),
+        server_timing_ms=rows,
+    )
 
 
 def test_a_ramp_with_server_timing_shows_where_the_time_goes(result):
