@@ -74,6 +74,15 @@ def _serve_parser(sub) -> None:
         "passes (default off); see docs/performance.md",
     )
     p.add_argument(
+        "--cpu-wakeup-latency",
+        type=int,
+        metavar="US",
+        dest="cpu_wakeup_latency_us",
+        help="hold idle CPUs' wake-up latency at most US µs while serving (Linux PM QoS, /dev/cpu_dma_latency; "
+        "needs root); 0 keeps idle cores polling: lower tail latency at light load, for power (default: none); "
+        "see docs/performance.md",
+    )
+    p.add_argument(
         "--server-timing",
         action="store_true",
         help="send each ModelInfer answer's stage times in a server-timing trailer, for `wok bench ramp "
@@ -175,6 +184,7 @@ async def _serve(args) -> int:
         accept_tasks=args.accept_tasks,
         drain_wakeups=args.wakeup_drain,
         server_timing=args.server_timing,
+        cpu_wakeup_latency_us=args.cpu_wakeup_latency_us,
         metrics=not args.no_metrics,
         metrics_host=args.metrics_host,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,

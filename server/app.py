@@ -4,7 +4,8 @@ Stop (SIGTERM/SIGINT, or `stop()`), in order, within the grace period:
   1. health turns NOT_SERVING and new inference calls get UNAVAILABLE;
   2. each batcher runs what is queued and in flight (flush reason "drain");
   3. the gRPC server stops, letting the calls still writing their responses finish;
-  4. the executors' threads end.
+  4. the executors' threads end;
+  5. a CPU wake-up latency request (`cpu_wakeup_latency_us`) is dropped.
 If the grace period runs out, what is still queued fails with UNAVAILABLE: every
 accepted request gets exactly one response either way.
 """
@@ -26,6 +27,7 @@ from .admin import Admin
 from .auth import SecurityMode, security_warnings, server_credentials, token_interceptor
 from .batcher import Batcher, BatchingPolicy
 from .config import ServerSettings
+from .cpulatency import CpuWakeupLatency, read_constraint
 from .executor import Executor
 from .http import MetricsHTTPServer
 from .loopmon import LoopLagMonitor
@@ -92,6 +94,7 @@ class WokServer:
         self.loop_lag: LoopLagMonitor | None = None
         self.accept: AcceptTasks | None = None
         self.wakeup_drain: WakeupDrain | None = None
+        self.cpu_latency: CpuWakeupLatency | None = None
 
     @property
     def ready(self) -> bool:
@@ -103,6 +106,15 @@ class WokServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
+        if self.settings.cpu_wakeup_latency_us is not None:
+            # First: one the process may not take fails the start before anything is built.
+            self.cpu_latency = CpuWakeupLatency(self.settings.cpu_wakeup_latency_us)
+            self.cpu_latency.acquire()
+            log.info(
+                "CPU wake-up latency held at <= %d µs (PM QoS); the system's bound is now %d µs",
+                self.cpu_latency.latency_us,
+                read_constraint(self.cpu_latency.path),
+            )
         for name, servable in self.repository.models.items():
             cfg = servable.config
             # Moving modules to devices and the warm-up batch block; keep them off the loop.
@@ -272,6 +284,9 @@ class WokServer:
                 # A batch stuck in the model: its thread cannot be interrupted from Python.
                 log.error("model '%s' is still running a batch after the grace period", rt.servable.name)
                 self.abandoned_work = True
+        if self.cpu_latency is not None:
+            # Last: the drain's answers are latency-sensitive too.
+            self.cpu_latency.release()
         self._stopped.set()
         log.info("stopped")
 

@@ -279,6 +279,16 @@ class ServerSettings(_Strict):
         "over every finished operation at once (server/wakeup.py). Off by default: it lifts the rate when the "
         "loop's passes are long, and changed nothing measurable on mlp's ramps.",
     )
+    cpu_wakeup_latency_us: int | None = Field(
+        None,
+        ge=0,
+        le=2_000_000_000,
+        description="While serving, hold the CPUs' wake-up latency at most this many µs (a Linux PM QoS request on "
+        "/dev/cpu_dma_latency, root's by default): idle cores then sleep no deeper than that, and 0 keeps them "
+        "polling, so each thread a request wakes starts at once instead of after an interrupt through the "
+        "hypervisor. Costs power, and in a VM the host's CPU; None (default) requests nothing "
+        "(server/cpulatency.py).",
+    )
     server_timing: bool = Field(
         False,
         description="Every unary ModelInfer answer carries a `server-timing` trailer (W3C Server-Timing syntax, "
