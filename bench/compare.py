@@ -729,6 +729,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--report-at", default="100,1000", help="offered QPS at which latency and CPU are tabled")
     p.add_argument("--install-only", action="store_true", help="build the peers' venvs and exit")
     p.add_argument(
+        "--cpu-wakeup-latency",
+        type=int,
+        metavar="US",
+        help="hold the machine's idle CPUs to this wake-up latency (µs; Linux PM QoS, root) for the whole run, "
+        "so that every server (and the generator) runs under the same bound; default: none",
+    )
+    p.add_argument(
         "--wok-variant",
         action="append",
         default=[],
@@ -760,7 +767,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path) -> dict:
     from wok.bench.runner import RampConfig
 
-    record: dict = {"rep": rep, "server": peer.name, "error": None}
+    record: dict = {"rep": rep, "server": peer.name, "error": None, "cpu_wakeup_bound_us": _wakeup_bound()}
     server = Server(peer, log_dir)
     record["target"] = server.target
     try:
@@ -792,8 +799,36 @@ def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path) -> dict:
     return record
 
 
+def _wakeup_bound() -> int | None:
+    """The machine's CPU wake-up latency bound (µs) as a run starts; None where it cannot be read."""
+    from wok.cpulatency import read_constraint
+
+    try:
+        return read_constraint()
+    except OSError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    bound = None
+    if args.cpu_wakeup_latency is not None:
+        from wok.cpulatency import CpuWakeupLatency
+
+        try:
+            bound = CpuWakeupLatency(args.cpu_wakeup_latency)
+            bound.acquire()
+        except (OSError, ValueError) as exc:
+            print(f"compare: --cpu-wakeup-latency: {exc}", file=sys.stderr)
+            return 2
+    try:
+        return _compare(args)
+    finally:
+        if bound is not None:
+            bound.release()
+
+
+def _compare(args: argparse.Namespace) -> int:
     peers = [PEERS[s] for s in args.server_list]
     for peer in peers:
         ensure_venv(peer)
@@ -845,6 +880,7 @@ def main(argv: list[str] | None = None) -> int:
         "min_success_rate": 0.99,
         "interrupted": interrupted,
         "loadavg_at_start": load_at_start,
+        "cpu_wakeup_latency_us": args.cpu_wakeup_latency,
         "logs": str(log_dir.relative_to(ROOT)) if log_dir.is_relative_to(ROOT) else str(log_dir),
         **{k: v for k, v in cfg_kwargs.items() if k != "steps"},
     }

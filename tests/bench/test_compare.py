@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from wok.bench import compare
 from wok.bench.analysis import max_qps_under_slo
+from wok.cpulatency import DEVICE, read_constraint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -152,6 +154,22 @@ def test_smoke_wok_and_the_bare_transport(tmp_path):
     port = run["target"].rsplit(":", 1)[1]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"--port {port} " not in ps  # the server was stopped
+
+
+@pytest.mark.skipif(not os.access(DEVICE, os.W_OK), reason=f"{DEVICE} is missing or not writable (root's by default)")
+def test_the_harness_holds_the_wakeup_bound_for_every_server_and_drops_it(tmp_path):
+    before = read_constraint()
+    assert before > 0, "another process holds the CPUs at 0 µs; the test cannot tell the harness's request apart"
+    out = tmp_path / "c.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--servers", "bare", "--steps", "50",
+           "--step-duration", "0.5s", "--warmup", "0.2s", "--reps", "2", "--cpu-wakeup-latency", "0",
+           "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["config"]["cpu_wakeup_latency_us"] == 0
+    assert [r["cpu_wakeup_bound_us"] for r in doc["runs"]] == [0, 0]
+    assert read_constraint() == before
 
 
 def test_thread_groups_from_a_fake_task_folder(tmp_path):
