@@ -767,13 +767,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path) -> dict:
     from wok.bench.runner import RampConfig
 
-    record: dict = {"rep": rep, "server": peer.name, "error": None, "cpu_wakeup_bound_us": _wakeup_bound()}
+    record: dict = {"rep": rep, "server": peer.name, "error": None, "cpu_wakeup_bound_us": None}
     server = Server(peer, log_dir)
     record["target"] = server.target
     try:
         say(f"rep {rep}: starting {peer.name}")
         record["ready_s"] = server.start()
         say(f"rep {rep}: {peer.name} ready in {record['ready_s']:.1f} s on {server.target}")
+        # Read once the server is up, so that a bound the server holds itself counts too.
+        record["cpu_wakeup_bound_us"] = _wakeup_bound()
         wok = peer.launch is _launch_wok  # wok, its variants and revisions serve wok's /metrics
         metrics = f"http://127.0.0.1:{server.ports['metrics']}/metrics" if wok else None
         rpc = peer.extra.get("rpc", "unary")
@@ -811,29 +813,28 @@ def _wakeup_bound() -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    bound = None
-    if args.cpu_wakeup_latency is not None:
-        from wok.cpulatency import CpuWakeupLatency
-
-        try:
-            bound = CpuWakeupLatency(args.cpu_wakeup_latency)
-            bound.acquire()
-        except (OSError, ValueError) as exc:
-            print(f"compare: --cpu-wakeup-latency: {exc}", file=sys.stderr)
-            return 2
-    try:
-        return _compare(args)
-    finally:
-        if bound is not None:
-            bound.release()
-
-
-def _compare(args: argparse.Namespace) -> int:
     peers = [PEERS[s] for s in args.server_list]
     for peer in peers:
         ensure_venv(peer)
     if args.install_only:
         return 0
+    if args.cpu_wakeup_latency is None:
+        return _compare(args, peers)
+    from wok.cpulatency import CpuWakeupLatency
+
+    try:
+        bound = CpuWakeupLatency(args.cpu_wakeup_latency)
+        bound.acquire()
+    except (OSError, ValueError) as exc:
+        print(f"compare: --cpu-wakeup-latency: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _compare(args, peers)
+    finally:
+        bound.release()
+
+
+def _compare(args: argparse.Namespace, peers: list[Peer]) -> int:
     cfg_kwargs = {
         "steps": args.step_list,
         "step_duration_s": parse_duration(args.step_duration),

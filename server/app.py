@@ -107,13 +107,18 @@ class WokServer:
         loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
         if self.settings.cpu_wakeup_latency_us is not None:
-            # First: one the process may not take fails the start before anything is built.
+            # Acquired first: where the process may not hold it (not root), the start fails
+            # before any model loads.
             self.cpu_latency = CpuWakeupLatency(self.settings.cpu_wakeup_latency_us)
             self.cpu_latency.acquire()
+            try:
+                bound = f"{read_constraint(self.cpu_latency.path)} µs"
+            except OSError as exc:  # the bound is held; only the read-back failed
+                bound = f"unknown ({exc.strerror})"
             log.info(
-                "CPU wake-up latency held at <= %d µs (PM QoS); the system's bound is now %d µs",
+                "CPU wake-up latency held at <= %d µs (PM QoS); the system's bound is now %s",
                 self.cpu_latency.latency_us,
-                read_constraint(self.cpu_latency.path),
+                bound,
             )
         for name, servable in self.repository.models.items():
             cfg = servable.config
@@ -243,6 +248,19 @@ class WokServer:
 
         self.draining = True
         log.info("stopping: draining %d model(s) within %.1f s", len(self.runtimes), grace)
+        try:
+            await self._stop_stages(left)
+        finally:
+            # Even when a stage raised: the bound must not outlive the server, and a second
+            # stop() waits on _stopped.
+            if self.cpu_latency is not None:
+                # Last: the drain's answers are latency-sensitive too.
+                self.cpu_latency.release()
+            self._stopped.set()
+        log.info("stopped")
+
+    async def _stop_stages(self, left) -> None:
+        """Stages 1-4 of the stop (the module's docstring); `left()`: seconds of grace left."""
         if self._health is not None:
             for service in ("", SERVICE_NAME, *self.runtimes):
                 await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -284,11 +302,6 @@ class WokServer:
                 # A batch stuck in the model: its thread cannot be interrupted from Python.
                 log.error("model '%s' is still running a batch after the grace period", rt.servable.name)
                 self.abandoned_work = True
-        if self.cpu_latency is not None:
-            # Last: the drain's answers are latency-sensitive too.
-            self.cpu_latency.release()
-        self._stopped.set()
-        log.info("stopped")
 
 
 def build_repository(settings: ServerSettings, demo_options: dict | None = None) -> ModelRepository:

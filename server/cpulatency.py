@@ -3,8 +3,10 @@
 At light load every request wakes several threads in turn (gRPC's poller, the event loop, the
 model's worker, the loop again, gRPC again), most of them on a core that went idle since the
 last request. An idle core sleeps in the deepest state its idle governor allows; in a virtual
-machine that is a halt, and waking a halted vCPU is an interrupt through the hypervisor (tens of
-µs, more on a busy host) for every hop. Linux lets a process bound that: while a file descriptor
+machine that is a halt (at once where guest halt-polling is off, as on the development machine's
+`haltpoll.guest_halt_poll_ns=0`; after up to 200 µs of polling by haltpoll's default), and waking
+a halted vCPU is an interrupt through the hypervisor (tens of µs, more on a busy host) for every
+hop. Linux lets a process bound that: while a file descriptor
 on /dev/cpu_dma_latency holds a value (µs), the idle governor picks no state whose exit latency
 exceeds it; 0 keeps idle cores polling. The constraint lasts as long as the descriptor is open,
 so it ends with the server, even if the process dies.
@@ -15,6 +17,7 @@ Off by default; `wok serve --cpu-wakeup-latency US`. docs/performance.md has the
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 
@@ -37,11 +40,19 @@ class CpuWakeupLatency:
     """Holds a PM QoS CPU latency request of `latency_us` between `acquire()` and `release()`."""
 
     def __init__(self, latency_us: int, path: str = DEVICE) -> None:
-        if latency_us < 0:
-            raise ValueError(f"cpu wake-up latency must be >= 0 µs; got {latency_us}")
+        if not 0 <= latency_us <= NO_CONSTRAINT_US:
+            raise ValueError(f"cpu wake-up latency must be 0 to {NO_CONSTRAINT_US} µs; got {latency_us}")
         self.latency_us = latency_us
         self.path = path
+        self._value = _S32.pack(latency_us)
         self._fd = -1
+
+    def __enter__(self) -> CpuWakeupLatency:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
     @property
     def held(self) -> bool:
@@ -52,15 +63,17 @@ class CpuWakeupLatency:
         if self.held:
             return
         try:
+            # Not inherited across exec (os.open's default too): a child must not hold the bound
+            # after the server ends. Nothing in the server forks.
             fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
         except OSError as exc:
-            hint = " (it is root's by default)" if exc.errno in (1, 13) else ""
+            hint = " (it is root's by default)" if exc.errno in (errno.EPERM, errno.EACCES) else ""
             raise OSError(
                 exc.errno,
                 f"cpu_wakeup_latency_us={self.latency_us}: cannot open {self.path}{hint}: {exc.strerror}",
             ) from None
         try:
-            os.write(fd, _S32.pack(self.latency_us))
+            os.write(fd, self._value)
         except OSError as exc:
             os.close(fd)
             raise OSError(

@@ -235,3 +235,23 @@ def start_server_module():
     start, cleanup = _starter()
     yield start
     cleanup(graceful=True)
+
+
+@pytest.fixture
+def cpu_latency_before() -> int:
+    """The machine's CPU wake-up latency bound (µs) as the test starts, for tests of wok.cpulatency.
+
+    Skips where /dev/cpu_dma_latency cannot be opened for writing (it is root's by default, and a
+    container may not have it), or where another process already holds a bound of 1 µs or less, so
+    that a request of the test's own could not be told apart. Opening the device without writing
+    adds no bound."""
+    from wok.cpulatency import DEVICE, read_constraint
+
+    try:
+        os.close(os.open(DEVICE, os.O_WRONLY))
+    except OSError as exc:
+        pytest.skip(f"{DEVICE} cannot be opened for writing here: {exc.strerror}")
+    before = read_constraint()
+    if before <= 1:
+        pytest.skip(f"another process holds the CPUs' wake-up bound at {before} µs")
+    return before

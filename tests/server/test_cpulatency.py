@@ -8,28 +8,23 @@ import re
 import pytest
 
 from wok.config import server_settings
-from wok.cpulatency import DEVICE, CpuWakeupLatency, read_constraint
+from wok.cpulatency import NO_CONSTRAINT_US, CpuWakeupLatency, read_constraint
 from wok.errors import ConfigError
 
-needs_device = pytest.mark.skipif(
-    not os.access(DEVICE, os.W_OK), reason=f"{DEVICE} is missing or not writable by this user (root's by default)"
-)
 
-
-@needs_device
-def test_the_request_bounds_the_system_while_held_and_ends_with_release():
-    before = read_constraint()
-    # A value no other process on a test machine holds, below the default 2,000 s.
+def test_the_request_bounds_the_system_while_held_and_ends_with_release(cpu_latency_before):
+    before = cpu_latency_before
+    # A value no other process on a test machine holds, below what the machine has now.
     want = min(before - 1, 1_234_567)
     req = CpuWakeupLatency(want)
     req.acquire()
     try:
         assert req.held
         assert read_constraint() == want
-        inner = CpuWakeupLatency(0)  # the smallest held value is the system's bound
-        inner.acquire()
-        assert read_constraint() == 0
-        inner.release()
+        with CpuWakeupLatency(0) as inner:  # the smallest held value is the system's bound
+            assert inner.held
+            assert read_constraint() == 0
+        assert not inner.held
         assert read_constraint() == want
     finally:
         req.release()
@@ -46,9 +41,24 @@ def test_a_device_that_cannot_be_opened_names_itself_and_the_setting(tmp_path):
     assert not req.held
 
 
-def test_negative_latencies_are_refused_with_the_value():
-    with pytest.raises(ValueError, match=re.escape("must be >= 0 µs; got -5")):
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here (Linux has it)")
+def test_a_failed_write_names_the_device_and_leaves_no_descriptor_open():
+    # /dev/full opens for writing and refuses every write (ENOSPC): the write path's failure.
+    fds = len(os.listdir("/proc/self/fd"))
+    req = CpuWakeupLatency(7, path="/dev/full")
+    with pytest.raises(OSError, match=re.escape("cpu_wakeup_latency_us=7: cannot write /dev/full")):
+        req.acquire()
+    assert not req.held
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_latencies_outside_the_device_range_are_refused_with_the_value():
+    with pytest.raises(ValueError, match=re.escape(f"must be 0 to {NO_CONSTRAINT_US} µs; got -5")):
         CpuWakeupLatency(-5)
+    with pytest.raises(ValueError, match=re.escape(f"got {2**31}")):
+        CpuWakeupLatency(2**31)  # would not fit the device's signed 32 bits
     with pytest.raises(ConfigError, match=re.escape("cpu_wakeup_latency_us: Input should be greater than or equal")):
         server_settings(cpu_wakeup_latency_us=-1)
+    with pytest.raises(ConfigError, match=re.escape("cpu_wakeup_latency_us: Input should be less than or equal")):
+        server_settings(cpu_wakeup_latency_us=NO_CONSTRAINT_US + 1)
     assert server_settings().cpu_wakeup_latency_us is None
