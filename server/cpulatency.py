@@ -2,14 +2,14 @@
 
 At light load every request wakes several threads in turn (gRPC's poller, the event loop, the
 model's worker, the loop again, gRPC again), most of them on a core that went idle since the
-last request. An idle core sleeps in the deepest state its idle governor allows; in a virtual
+last request. An idle core sleeps in the deepest state its idle governor allows. In a virtual
 machine that is a halt (at once where guest halt-polling is off, as on the development machine's
 `haltpoll.guest_halt_poll_ns=0`; after up to 200 µs of polling by haltpoll's default), and waking
 a halted vCPU is an interrupt through the hypervisor (tens of µs, more on a busy host) for every
-hop. Linux lets a process bound that: while a file descriptor
-on /dev/cpu_dma_latency holds a value (µs), the idle governor picks no state whose exit latency
-exceeds it; 0 keeps idle cores polling. The constraint lasts as long as the descriptor is open,
-so it ends with the server, even if the process dies.
+hop. Linux lets a process bound that: while a file descriptor on /dev/cpu_dma_latency holds a
+value (µs), the idle governor picks no state whose exit latency exceeds it; 0 keeps idle cores
+polling. The request lasts as long as the descriptor is open, so it ends with the server, even
+if the process dies.
 
 The cost is power, and in a VM the host's CPU: a polling idle core is busy to the hypervisor.
 Off by default; `wok serve --cpu-wakeup-latency US`. docs/performance.md has the measurement.
