@@ -171,8 +171,8 @@ def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict
     `stages_ms` holds one row per request of `latency_ms` (columns: TIMING_PARTS; NaN where
     no trailer came). `outside` = the client's latency − the server's total: the generator's
     lag, the client, the transport and gRPC's work on both sides. `outside_histogram`: those
-    times as a LatencyHistogram (negative ones, if clocks ever gave any, as 0); `compute_histogram`:
-    each request's batch's model time, likewise. `tail`: the mean of each
+    times as a LatencyHistogram (negative ones, if clocks ever gave any, as 0); `compute_histogram`
+    and `batch_histogram`: each request's batch's model time and whole batch stage, likewise. `tail`: the mean of each
     part over the requests at or above the client's P99 (of the requests with a trailer),
     which says what the slowest 1 % were made of.
     """
@@ -199,6 +199,9 @@ def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict
         "outside_histogram": LatencyHistogram.from_ms(np.maximum(parts["outside"], 0.0)).to_dict(),
         # ... and the spread of its batches' model time under this load.
         "compute_histogram": LatencyHistogram.from_ms(parts["compute"]).to_dict(),
+        # ... and of the whole batch stage (the hop to the worker included), where the server's
+        # own tail grows first with load.
+        "batch_histogram": LatencyHistogram.from_ms(parts["batch"]).to_dict(),
         "tail": {
             "threshold_ms": threshold,
             "requests": int(slow.sum()),

@@ -267,6 +267,7 @@ def step_cpu(step: dict) -> dict:
     cores = {g: (us or 0.0) * 1e-6 * rate for g, us in sc["threads_us_per_request"].items()}
     return {
         "rate_qps": rate,
+        "offered_qps": step.get("nominal_qps", step["offered_qps"]),
         "cores": cores,
         "loadgen_cores": step["host_cpu"]["loadgen_cores"],
         "other_cores": step["host_cpu"]["other_cores"],
@@ -344,6 +345,9 @@ def calibrate_cpu(args) -> dict:
             "outside_ms": s["server_timing"]["outside_ms"],
             "outside_histogram": s["server_timing"]["outside_histogram"],
             "compute_histogram": s["server_timing"]["compute_histogram"],
+            "batch_histogram": s["server_timing"]["batch_histogram"],
+            # What the slowest 1 % were made of at this load: whether server and outside are slow together.
+            "tail": s["server_timing"]["tail"],
         }
         for s in result["steps"]
         if s["server_timing"]["requests"]

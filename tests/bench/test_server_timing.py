@@ -48,6 +48,9 @@ def test_each_answer_is_split_into_the_servers_stages_and_the_time_outside(start
         assert math.isclose(st["total"]["mean"], step["server"]["e2e_ms"]["mean"], rel_tol=0.1), (st, step["server"])
         assert t["tail"]["requests"] >= 1 and t["tail"]["threshold_ms"] == step["latency_ms"]["p99"]
         assert t["outside_histogram"]["count"] == t["compute_histogram"]["count"] == t["requests"]
+        assert t["batch_histogram"]["count"] == t["requests"]
+        # The batch stage holds the compute, request by request: its histogram's sum is the larger.
+        assert t["batch_histogram"]["sum_ns"] >= t["compute_histogram"]["sum_ns"] > 0, t
         # Each column is its own part: the trailer's compute is the server's compute histogram's
         # (per request, over the same window), and at these loads far longer than the hop (start).
         assert math.isclose(st["compute"]["mean"], step["stages_ms"]["compute"], rel_tol=0.1), (st, step["stages_ms"])
@@ -91,6 +94,11 @@ def test_the_summary_by_hand():
     # The client's P99 of 10, 20, 30 (nearest rank) is 30: one request, outside 15, queue 15.
     assert t["tail"]["threshold_ms"] == 30.0 and t["tail"]["requests"] == 1
     assert t["tail"]["mean_ms"]["outside"] == 15.0 and t["tail"]["mean_ms"]["queue"] == 15.0
+    # The histograms hold the three rows with a trailer (their compute 0 ms here).
+    stages[:3, TIMING_PARTS.index("batch")] = [1.0, 2.0, 4.0]
+    t = analysis.server_timing_summary(latency, stages)
+    assert t["batch_histogram"]["count"] == 3 and t["batch_histogram"]["sum_ns"] == 7_000_000
+    assert t["compute_histogram"]["count"] == 3 and t["compute_histogram"]["sum_ns"] == 0
 
 
 def test_a_trailer_that_does_not_parse_leaves_its_row_missing_not_the_call_failed():

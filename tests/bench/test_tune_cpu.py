@@ -23,7 +23,7 @@ from wok.bench.tune import (
     overhead_by_rate,
     tune_cpu_stage,
 )
-from wok.bench.tune_check import cpu_overhead, fit_cpu_stage, markdown, predict
+from wok.bench.tune_check import cpu_overhead, fit_cpu_stage, markdown, predict, step_cpu
 
 US, MS = 1e-6, 1e-3
 
@@ -258,3 +258,19 @@ def test_wok_tune_draws_the_overhead_at_each_rate_from_a_calibration_that_measur
     plain = _wok(*args, "--cpu-calibration", str(path), "--overhead", "1ms", "--json", str(out))
     assert plain.returncode == 0, plain.stderr
     assert json.loads(out.read_text())["inputs"]["overhead_by_rate_loads"] is None
+
+
+def test_a_calibration_point_keeps_the_offered_rate_beside_the_measured_one():
+    step = {
+        "offered_qps": 1_200.0,
+        "nominal_qps": 1_000.0,  # the ramp's own step (offered_qps: what the schedule achieved)
+        "server_cpu": {"requests": 4_000, "wall_s": 4.0, "threads_us_per_request": {"loop": 100.0, "model": None}},
+        "host_cpu": {"loadgen_cores": 0.3, "other_cores": 0.01},
+        "mean_batch_size": 6.5,
+        "stages_ms": {"compute": 0.6},
+    }
+    p = step_cpu(step)
+    assert p["rate_qps"] == 1_000.0 and p["offered_qps"] == 1_000.0
+    assert p["cores"] == pytest.approx({"loop": 0.1, "model": 0.0})  # 100 µs × 1,000 per second
+    del step["nominal_qps"]
+    assert step_cpu(step)["offered_qps"] == 1_200.0
