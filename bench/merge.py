@@ -14,6 +14,11 @@ step in each ramp (refinement steps are left out: each process bisected on its o
 * dispatch lag: the largest of the parts' p50, p99 and max, an upper bound of the merged
   figure (the generators' health, not the server's);
 * Little's law: L and λ add, so λW adds; W is λW / λ;
+* the server-timing split (`server_timing`, when every part has one): counts add, the
+  histograms (outside, compute, batch) are summed, `outside_ms`'s percentiles come from the
+  summed outside histogram and every mean is the parts' means weighted by their requests (exact);
+  the stages' percentiles and the slowest 1 %'s breakdown (`tail`) cannot be rebuilt from the
+  parts and are left null;
 * the server's view (`server`, `queue_ms`, …) is taken from the first result given: every
   process scraped the same server over the same window, so each scrape already counts all
   the processes' requests; adding them would count the server N times.
@@ -103,12 +108,54 @@ def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
     step["server"] = first.get("server")
     # The merged client mean against the one server view (every part scraped the same server).
     step["outside_server_ms"] = analysis.outside_server_ms(step["latency_ms"]["mean"], step["server"])
+    timing = [s.get("server_timing") for s in steps]
+    if all(t is not None for t in timing):
+        step["server_timing"] = merge_server_timing(timing, label)
     if all("nominal_qps" in s for s in steps):
         step["nominal_qps"] = math.fsum(float(s["nominal_qps"]) for s in steps)
     if all("start_late_s" in s for s in steps):
         # The latest part's: until it started, the step had only the others' share of the load.
         step["start_late_s"] = max(float(s["start_late_s"]) for s in steps)
     return step
+
+
+def merge_server_timing(parts: Sequence[dict], label: str = "step") -> dict:
+    """The server-timing split of one step from its parts' (see the module's docstring)."""
+    requests = sum(int(t["requests"]) for t in parts)
+    weights = [int(t["requests"]) for t in parts]
+
+    def mean(get) -> float:
+        # The parts' means weighted by their requests: exact. A part without requests adds nothing.
+        if requests == 0:
+            return NAN
+        return math.fsum(w * _num(get(t)) for w, t in zip(weights, parts) if w) / requests
+
+    hists = {}
+    for key in ("outside_histogram", "compute_histogram", "batch_histogram"):
+        if all(key in t for t in parts):
+            merged = None
+            for t in parts:
+                h = LatencyHistogram.from_dict(t[key])
+                merged = h if merged is None else merged.merge(h)
+            if merged.count != requests:
+                raise ValueError(f"{label}: the parts' {key} hold {merged.count} times for {requests} requests")
+            hists[key] = merged
+    stages = sorted({k for t in parts for k in t.get("stages_ms", {})})
+    outside = {"mean": mean(lambda t: t["outside_ms"]["mean"]), "p50": NAN, "p99": NAN}
+    if "outside_histogram" in hists:
+        summary = hists["outside_histogram"].summary()
+        outside["p50"], outside["p99"] = summary["p50"], summary["p99"]
+    return {
+        "requests": requests,
+        "missing": sum(int(t["missing"]) for t in parts),
+        "stages_ms": {
+            k: {"mean": mean(lambda t, k=k: t["stages_ms"][k]["mean"]), "p50": NAN, "p99": NAN} for k in stages
+        },
+        "outside_ms": outside,
+        **{key: h.to_dict() for key, h in hists.items()},
+        "tail": None,
+        "merged": True,
+    }
 
 
 def _same(results: Sequence[dict], names: Sequence[str], what: str, get) -> None:

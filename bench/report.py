@@ -302,6 +302,11 @@ def _timed(steps: list[dict]) -> list[dict]:
     return [s for s in steps if (s.get("server_timing") or {}).get("requests")]
 
 
+def _tail_part(timing: dict, part: str) -> float | None:
+    # A merged result (wok bench merge) has no tail: its parts' slowest 1 % are not the whole's.
+    return ((timing.get("tail") or {}).get("mean_ms") or {}).get(part)
+
+
 def breakdown_figure(result: dict) -> Figure:
     """Where the time went, per step (`--server-timing`): the mean request, and the slowest 1 %."""
     fig = Figure(figsize=(10, 4.2), layout="constrained")
@@ -313,7 +318,7 @@ def breakdown_figure(result: dict) -> Figure:
     x = np.arange(len(steps))
     views = (
         ("the mean request", lambda t, k: t["outside_ms"]["mean"] if k == "outside" else t["stages_ms"][k]["mean"]),
-        ("the slowest 1 % (at or above the P99), mean", lambda t, k: t["tail"]["mean_ms"][k]),
+        ("the slowest 1 % (at or above the P99), mean", _tail_part),
     )
     for i, (title, value) in enumerate(views):
         ax = fig.add_subplot(1, 2, i + 1)

@@ -302,3 +302,59 @@ def test_two_processes_at_half_the_rate_merge_into_the_counts_of_one_process(ben
             hi = max(h["latency_ms"][k] for h in halves_steps)
             assert lo - 1e-6 <= m["latency_ms"][k] <= hi * (1 + ERR), (k, lo, m["latency_ms"][k], hi)
         assert m["latency_ms"]["max"] == pytest.approx(max(h["latency_ms"]["max"] for h in halves_steps), abs=1e-6)
+
+
+# -- the server-timing split ----------------------------------------------------------------------------
+def _timing_part(rng, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n requests' client latencies and server-timing rows, made up but consistent."""
+    from wok.servertiming import TIMING_PARTS
+
+    rows = np.zeros((n, len(TIMING_PARTS)))
+    col = {name: k for k, name in enumerate(TIMING_PARTS)}
+    rows[:, col["queue"]] = rng.uniform(0.0, 5.0, n)
+    rows[:, col["compute"]] = rng.uniform(0.2, 2.0, n)
+    rows[:, col["batch"]] = rows[:, col["compute"]] + rng.uniform(0.05, 0.5, n)
+    rows[:, col["total"]] = rows[:, col["queue"]] + rows[:, col["batch"]]
+    latency = rows[:, col["total"]] + rng.lognormal(0.0, 0.5, n)  # the time outside the server
+    return latency, rows
+
+
+def test_merged_server_timing_has_the_wholes_counts_histograms_and_means(split_ramp):
+    from wok.bench.merge import merge_server_timing, merge_steps
+
+    rng = np.random.default_rng(5)
+    data = [_timing_part(rng, n) for n in (400, 250, 0)]  # the last part had no trailer at all
+    parts = [analysis.server_timing_summary(lat, rows) for lat, rows in data]
+    whole = analysis.server_timing_summary(np.concatenate([d[0] for d in data]), np.vstack([d[1] for d in data]))
+    m = merge_server_timing(parts)
+    assert m["requests"] == whole["requests"] == 650 and m["missing"] == 0 and m["merged"] is True
+    for key in ("outside_histogram", "compute_histogram", "batch_histogram"):
+        assert m[key] == whole[key], key  # summed histograms are the whole's, bucket by bucket
+    for stage, figures in whole["stages_ms"].items():
+        assert m["stages_ms"][stage]["mean"] == pytest.approx(figures["mean"], rel=1e-12), stage
+        assert np.isnan(m["stages_ms"][stage]["p99"])  # percentiles do not add up from parts
+    assert m["outside_ms"]["mean"] == pytest.approx(whole["outside_ms"]["mean"], rel=1e-12)
+    # The outside percentiles come from the summed histogram: within its error of the exact ones.
+    assert whole["outside_ms"]["p99"] <= m["outside_ms"]["p99"] <= whole["outside_ms"]["p99"] * (1 + ERR)
+    assert m["tail"] is None
+    # Through merge_steps: carried when every part has it, left out when one does not.
+    _, result_parts = split_ramp
+    steps = [dict(r["steps"][0]) for r in result_parts]
+    for step, t in zip(steps, parts):
+        step["server_timing"] = t
+    assert merge_steps(steps)["server_timing"]["requests"] == 650
+    del steps[1]["server_timing"]
+    assert "server_timing" not in merge_steps(steps)
+
+
+def test_a_merged_result_draws_its_breakdown_without_a_tail(split_ramp):
+    rng = np.random.default_rng(6)
+    _, result_parts = split_ramp
+    for r in result_parts:
+        for step in r["steps"]:
+            step["server_timing"] = analysis.server_timing_summary(*_timing_part(rng, 50))
+    merged = merge_results(result_parts)
+    assert all(s["server_timing"]["tail"] is None for s in merged["steps"])
+    fig = report.breakdown_figure(merged)
+    assert len(fig.axes) == 2  # the mean request's stacks, and an empty tail panel
+    assert sum(len(ax.patches) for ax in fig.axes[:1]) > 0
