@@ -171,10 +171,10 @@ def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict
     `stages_ms` holds one row per request of `latency_ms` (columns: TIMING_PARTS; NaN where
     no trailer came). `outside` = the client's latency − the server's total: the generator's
     lag, the client, the transport and gRPC's work on both sides. `outside_histogram`: those
-    times as a LatencyHistogram (negative ones, if clocks ever gave any, as 0); `compute_histogram`
-    and `batch_histogram`: each request's batch's model time and whole batch stage, likewise. `tail`: the mean of each
-    part over the requests at or above the client's P99 (of the requests with a trailer),
-    which says what the slowest 1 % were made of.
+    times as a LatencyHistogram (negative ones, if clocks ever gave any, as 0);
+    `compute_histogram` and `batch_histogram`: each request's batch's model time and whole batch
+    stage, likewise. `tail`: the mean of each part over the requests at or above the client's
+    P99 (of the requests with a trailer), which says what the slowest 1 % were made of.
     """
     lat = np.asarray(latency_ms, dtype=np.float64).ravel()
     st = np.asarray(stages_ms, dtype=np.float64).reshape(lat.size, len(TIMING_PARTS))

@@ -828,10 +828,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"compare: --cpu-wakeup-latency: {exc}", file=sys.stderr)
         return 2
-    try:
+    with bound:  # held already; released however the run ends
         return _compare(args, peers)
-    finally:
-        bound.release()
 
 
 def _compare(args: argparse.Namespace, peers: list[Peer]) -> int:

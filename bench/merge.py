@@ -29,6 +29,7 @@ steps; the parts' own warnings are kept, prefixed with the part's name.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -56,6 +57,11 @@ def _max_finite(values) -> float:
     return max(finite) if finite else NAN
 
 
+def _summed(histograms: Sequence[dict]) -> LatencyHistogram:
+    """The parts' histograms (their JSON form) added bucket by bucket."""
+    return functools.reduce(LatencyHistogram.merge, (LatencyHistogram.from_dict(h) for h in histograms))
+
+
 def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
     """One step from the same step of every part (see the module's docstring for each field)."""
     if not steps:
@@ -63,12 +69,9 @@ def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
     durations = {float(s["duration_s"]) for s in steps}
     if max(durations) - min(durations) > DURATION_TOLERANCE_S:
         raise ValueError(f"{label}: the parts' measured windows differ ({sorted(durations)} s); run them alike")
-    hist = None
-    for s in steps:
-        if "latency_histogram" not in s:
-            raise ValueError(f"{label}: a part has no latency_histogram (written by a wok bench older than merge)")
-        h = LatencyHistogram.from_dict(s["latency_histogram"])
-        hist = h if hist is None else hist.merge(h)
+    if any("latency_histogram" not in s for s in steps):
+        raise ValueError(f"{label}: a part has no latency_histogram (written by a wok bench older than merge)")
+    hist = _summed([s["latency_histogram"] for s in steps])
     requests = sum(int(s["requests"]) for s in steps)
     ok = sum(int(s["ok"]) for s in steps)
     if hist.count != ok:
@@ -121,8 +124,8 @@ def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
 
 def merge_server_timing(parts: Sequence[dict], label: str = "step") -> dict:
     """The server-timing split of one step from its parts' (see the module's docstring)."""
-    requests = sum(int(t["requests"]) for t in parts)
     weights = [int(t["requests"]) for t in parts]
+    requests = sum(weights)
 
     def mean(get) -> float:
         # The parts' means weighted by their requests: exact. A part without requests adds nothing.
@@ -133,10 +136,7 @@ def merge_server_timing(parts: Sequence[dict], label: str = "step") -> dict:
     hists = {}
     for key in ("outside_histogram", "compute_histogram", "batch_histogram"):
         if all(key in t for t in parts):
-            merged = None
-            for t in parts:
-                h = LatencyHistogram.from_dict(t[key])
-                merged = h if merged is None else merged.merge(h)
+            merged = _summed([t[key] for t in parts])
             if merged.count != requests:
                 raise ValueError(f"{label}: the parts' {key} hold {merged.count} times for {requests} requests")
             hists[key] = merged

@@ -433,19 +433,23 @@ def compare_steps(
     """
     knee = measured["knee_qps"]
     rows = []
-    bare = batcher["steps"] if batcher else [None] * len(measured["steps"])
-    plains = plain["steps"] if plain else [None] * len(measured["steps"])
-    fixeds = fixed["steps"] if fixed else [None] * len(measured["steps"])
-    steadies = steady["steps"] if steady else [None] * len(measured["steps"])
-    for m, p, q, b, f, x, y in zip(
-        measured["steps"], predicted["steps"], sampled["steps"], bare, plains, fixeds, steadies
-    ):
+    n = len(measured["steps"])
+
+    def steps_of(ramp: dict | None) -> list:
+        return ramp["steps"] if ramp else [None] * n
+
+    def p99_of(step: dict | None) -> float | None:
+        return None if step is None else step["latency_ms"]["p99"]
+
+    others = (steps_of(r) for r in (batcher, plain, fixed, steady))
+    for m, p, q, b, f, x, y in zip(measured["steps"], predicted["steps"], sampled["steps"], *others):
         other = (m.get("host_cpu") or {}).get("other_cores")
         timing = m.get("server_timing") or {}
         mp, pp = m["latency_ms"]["p99"], p["latency_ms"]["p99"]
         err = _error(pp, mp)
         below = knee is None or m["offered_qps"] < knee
-        fp = None if f is None else f["latency_ms"]["p99"]
+        fp, xp = p99_of(f), p99_of(x)
+        yp = None if y is p else p99_of(y)  # the same ramp: the prediction has steady batches itself
         threads = (m.get("server_cpu") or {}).get("threads_us_per_request") or {}
         sc = m.get("server_cpu") or {}
         loop_cores = None
@@ -478,11 +482,11 @@ def compare_steps(
                 "measured_loop_cores": loop_cores,
                 "predicted_loop_utilization": p.get("loop_utilization"),
                 # The prediction with the light-load overhead at every rate (before the overhead by load).
-                "fixed_overhead_p99_ms": None if x is None else x["latency_ms"]["p99"],
-                "fixed_overhead_relative_error": _error(None if x is None else x["latency_ms"]["p99"], mp),
+                "fixed_overhead_p99_ms": xp,
+                "fixed_overhead_relative_error": _error(xp, mp),
                 # With the overhead by load but batches that do not vary (when `predicted` has them vary).
-                "steady_batch_p99_ms": None if y is None or y is p else y["latency_ms"]["p99"],
-                "steady_batch_relative_error": _error(None if y is None or y is p else y["latency_ms"]["p99"], mp),
+                "steady_batch_p99_ms": yp,
+                "steady_batch_relative_error": _error(yp, mp),
                 # Request by request (server-timing): the server's own P99, and the time outside it.
                 "measured_server_p99_ms": ((timing.get("stages_ms") or {}).get("total") or {}).get("p99"),
                 "measured_outside_p99_ms": (timing.get("outside_ms") or {}).get("p99"),
