@@ -617,6 +617,7 @@ def aggregate(runs: list[dict], servers: list[str], report_at: Iterable[float] =
             summary[f"cpu_us_per_request_at_{q:g}"] = spread(_cpu(r, q) for r in mine)
         summary["peak_rss_mb"] = spread(r["peak_rss_bytes"] / 2**20 for r in mine if r.get("peak_rss_bytes"))
         summary["ready_s"] = spread(r.get("ready_s") for r in mine)
+        summary["host_probe_cold_us"] = spread((r.get("host_probe") or {}).get("cold_forward_us") for r in mine)
         summary["other_cores_max"] = spread(
             max((s["host_cpu"]["other_cores"] for s in r["steps"] if s.get("host_cpu")), default=None) for r in mine
         )
@@ -652,6 +653,10 @@ def table_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
         rows.append(
             [f"CPU µs/request at {q:,g} QPS"]
             + [_fmt(doc["summary"][s][f"cpu_us_per_request_at_{q:g}"]) for s in servers]
+        )
+    if any(doc["summary"][s].get("host_probe_cold_us", {}).get("n") for s in servers):
+        rows.append(
+            ["host probe: cold forward, µs"] + [_fmt(doc["summary"][s].get("host_probe_cold_us")) for s in servers]
         )
     rows.append(["peak RSS, MiB"] + [_fmt(doc["summary"][s]["peak_rss_mb"]) for s in servers])
     rows.append(
@@ -736,6 +741,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "so that every server (and the generator) runs under the same bound; default: none",
     )
     p.add_argument(
+        "--host-probe",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="probe the host's speed for this long before and after each server's ramp "
+        "(wok.bench.hostprobe; default 2; 0: off)",
+    )
+    p.add_argument(
         "--wok-variant",
         action="append",
         default=[],
@@ -759,15 +772,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [s for s in args.server_list if s not in PEERS]
     if unknown:
         p.error(f"unknown server(s) {unknown}; known: {', '.join(PEERS)}")
+    if not (args.host_probe >= 0 and math.isfinite(args.host_probe)):
+        p.error(f"--host-probe: expected seconds >= 0 (0: off), got {args.host_probe:g}")
     args.step_list = [float(x) for x in args.steps.split(",")]
     args.report_list = [float(x) for x in args.report_at.split(",")]
     return args
 
 
-def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path) -> dict:
+def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path, probe_s: float = 0.0) -> dict:
+    from wok.bench import hostprobe
     from wok.bench.runner import RampConfig
 
-    record: dict = {"rep": rep, "server": peer.name, "error": None, "cpu_wakeup_bound_us": None}
+    record: dict = {"rep": rep, "server": peer.name, "error": None, "cpu_wakeup_bound_us": None, "host_probe": None}
     server = Server(peer, log_dir)
     record["target"] = server.target
     try:
@@ -780,8 +796,16 @@ def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path) -> dict:
         metrics = f"http://127.0.0.1:{server.ports['metrics']}/metrics" if wok else None
         rpc = peer.extra.get("rpc", "unary")
         cfg = RampConfig(target=server.target, models=[("mlp", 1.0)], metrics_url=metrics, rpc=rpc, **cfg_kwargs)
+        before = hostprobe.probe(probe_s) if probe_s else None
         with RssSampler(server.pid) as rss:
             result = metered_ramp(server, cfg, progress=lambda m: say(f"rep {rep} {peer.name}: {m}"))
+        if probe_s:
+            after = hostprobe.probe(probe_s)
+            record["host_probe"] = {
+                "before": before,
+                "after": after,
+                "cold_forward_us": hostprobe.combined([before, after]),
+            }
         record.update(summarize_run(result))
         record["peak_rss_bytes"] = rss.peak
         say(
@@ -861,7 +885,7 @@ def _compare(args: argparse.Namespace, peers: list[Peer]) -> int:
             order = peers[k:] + peers[:k]
             orders.append([p.name for p in order])
             for peer in order:
-                runs.append(run_one(peer, rep, cfg_kwargs, log_dir))
+                runs.append(run_one(peer, rep, cfg_kwargs, log_dir, args.host_probe))
     except KeyboardInterrupt:
         interrupted = True
         say("interrupted: stopping servers and writing what was measured")
@@ -880,6 +904,7 @@ def _compare(args: argparse.Namespace, peers: list[Peer]) -> int:
         "interrupted": interrupted,
         "loadavg_at_start": load_at_start,
         "cpu_wakeup_latency_us": args.cpu_wakeup_latency,
+        "host_probe_s": args.host_probe,
         "logs": str(log_dir.relative_to(ROOT)) if log_dir.is_relative_to(ROOT) else str(log_dir),
         **{k: v for k, v in cfg_kwargs.items() if k != "steps"},
     }

@@ -88,13 +88,15 @@ def step(qps, p50, p99, us=None, ok=1.0):
 
 def synthetic_runs():
     runs = []
+    probes = [{"cold_forward_us": c} for c in (100.0, 200.0, 150.0)]
     for rep, (p99_1000, cap) in enumerate([(30.0, 1600), (60.0, 1200), (40.0, 2000)], start=1):
         steps = [step(100, 2.0, 5.0 + rep, us=900), step(1000, 3.0, p99_1000, us=300 + rep)]
         steps.append(step(cap, 20.0, 150.0))
         steps.append(step(4000, 900.0, 9000.0, ok=0.4))
         max50 = max_qps_under_slo(steps, 50.0)
         runs.append({"rep": rep, "server": "a", "error": None, "ready_s": 1.0, "peak_rss_bytes": rep * 2**20,
-                     "max_qps": {"50": max50, "200": max_qps_under_slo(steps, 200.0)}, "steps": steps})  # fmt: skip
+                     "max_qps": {"50": max50, "200": max_qps_under_slo(steps, 200.0)}, "steps": steps,
+                     "host_probe": probes[rep - 1]})  # fmt: skip
     runs.append({"rep": 1, "server": "b", "error": None, "ready_s": 2.0, "peak_rss_bytes": 2**30,
                  "max_qps": {"50": None, "200": 100.0}, "steps": [step(100, 60.0, 120.0, us=5000)]})  # fmt: skip
     runs.append({"rep": 2, "server": "b", "error": "TimeoutError: not ready"})
@@ -117,7 +119,11 @@ def test_aggregate_table_and_json_shape():
     assert a["peak_rss_mb"] == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
     assert b["max_qps_p99_50ms"]["median"] == 0.0  # lowest step failed: counts as 0
     assert b["p99_ms_at_1000"]["n"] == 0
+    assert a["host_probe_cold_us"] == {"median": 150.0, "min": 100.0, "max": 200.0, "n": 3}
+    assert b["host_probe_cold_us"]["n"] == 0  # b's run was not probed
     text = compare.render_table(doc)
+    probe_row = next(line for line in text.splitlines() if line.startswith("host probe: cold forward, µs"))
+    assert probe_row.split()[-2:] == ["(100–200)", "-"]
     assert "1,600 (1,200–2,000)" in text and "max QPS, P99 ≤ 50 ms" in text
     md = compare.render_table(doc, markdown=True).splitlines()
     assert md[0] == "| metric | a | b |" and len({line.count("|") for line in md}) == 1
@@ -129,15 +135,31 @@ def test_unknown_server_is_refused():
         compare.parse_args(["--servers", "wok,nope"])
 
 
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_negative_host_probe_is_refused(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        compare.parse_args(["--servers", "bare", "--host-probe", value])
+    assert exc.value.code == 2
+    assert f"--host-probe: expected seconds >= 0 (0: off), got {value}" in capsys.readouterr().err
+
+
 def test_smoke_wok_and_the_bare_transport(tmp_path):
     out = tmp_path / "c.json"
     cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--servers", "wok,bare", "--steps", "50,100",
-           "--step-duration", "1s", "--warmup", "0.3s", "--reps", "1", "--json", str(out)]  # fmt: skip
+           "--step-duration", "1s", "--warmup", "0.3s", "--reps", "1", "--host-probe", "0.2",
+           "--json", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["schema"] == "wok.compare/1"
+    assert doc["config"]["host_probe_s"] == 0.2
     run, bare = doc["runs"]
+    for r in (run, bare):  # probed before and after each ramp
+        probe = r["host_probe"]
+        assert probe["before"]["schema"] == probe["after"]["schema"] == "wok.hostprobe/1"
+        cold = (probe["before"]["cold_forward_us"], probe["after"]["cold_forward_us"])
+        assert min(cold) > 0 and probe["cold_forward_us"] == pytest.approx(sum(cold) / 2)
+    assert "host probe: cold forward, µs" in proc.stdout
     assert bare["server"] == "bare" and bare["error"] is None
     assert all(s["success_rate"] == 1.0 for s in bare["steps"])
     assert run["server"] == "wok" and run["error"] is None
@@ -159,7 +181,7 @@ def test_the_harness_holds_the_wakeup_bound_for_every_server_and_drops_it(tmp_pa
     out = tmp_path / "c.json"
     cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--servers", "bare", "--steps", "50",
            "--step-duration", "0.5s", "--warmup", "0.2s", "--reps", "2", "--cpu-wakeup-latency", "0",
-           "--json", str(out)]  # fmt: skip
+           "--host-probe", "0", "--json", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
@@ -172,7 +194,7 @@ def test_a_server_holding_its_own_bound_is_recorded_with_it(tmp_path, cpu_latenc
     out = tmp_path / "c.json"
     cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--servers", "wok-b", "--steps", "50",
            "--wok-variant", "wok-b=--cpu-wakeup-latency 0", "--step-duration", "0.5s", "--warmup", "0.2s",
-           "--reps", "1", "--json", str(out)]  # fmt: skip
+           "--reps", "1", "--host-probe", "0", "--json", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
