@@ -796,17 +796,17 @@ def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path, probe_s: floa
         metrics = f"http://127.0.0.1:{server.ports['metrics']}/metrics" if wok else None
         rpc = peer.extra.get("rpc", "unary")
         cfg = RampConfig(target=server.target, models=[("mlp", 1.0)], metrics_url=metrics, rpc=rpc, **cfg_kwargs)
-        before = hostprobe.probe(probe_s) if probe_s else None
+        before = _probe(probe_s)
         with RssSampler(server.pid) as rss:
             result = metered_ramp(server, cfg, progress=lambda m: say(f"rep {rep} {peer.name}: {m}"))
+        record.update(summarize_run(result))
         if probe_s:
-            after = hostprobe.probe(probe_s)
+            after = _probe(probe_s)
             record["host_probe"] = {
                 "before": before,
                 "after": after,
                 "cold_forward_us": hostprobe.combined([before, after]),
             }
-        record.update(summarize_run(result))
         record["peak_rss_bytes"] = rss.peak
         say(
             f"rep {rep}: {peer.name} max QPS under P99≤50 ms {record['max_qps']['50']}, "
@@ -823,6 +823,19 @@ def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path, probe_s: floa
         if left:
             say(f"warning: {peer.name} left processes {left}")
     return record
+
+
+def _probe(seconds: float) -> dict | None:
+    """A host-probe reading, None when off; a probe that fails is recorded, never fails the run."""
+    from wok.bench import hostprobe
+
+    if not seconds:
+        return None
+    try:
+        return hostprobe.probe(seconds)
+    except Exception as exc:
+        say(f"warning: host probe failed: {type(exc).__name__}: {exc}")
+        return {"schema": hostprobe.SCHEMA, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def _wakeup_bound() -> int | None:

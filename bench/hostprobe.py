@@ -6,70 +6,85 @@ On a shared virtual machine the same server's figures drift: wok's CPU per reque
 of a few MB do not follow that drift: they keep their data in the caches. What a server at low
 load does is different: every few milliseconds it wakes, reads its weights from wherever the
 host's other tenants and its own other work have left them, and goes idle again. The probe does
-the same with numpy, in cycles of: 5 ms of sleep, a sum over a 6.3 MB buffer (the "other work",
-timed: `cold_read_us`), 5 ms of sleep, the forward pass of one row through an MLP
-256→1024→1024→256 (6.3 MB of fp32 weights, the demo `mlp`'s shapes: `cold_forward_us`), and the
-same forward again straight after (`warm_forward_us`). The working set, 12.6 MB, is larger than
-the cores' own caches, so what the reading follows is how much of the shared cache and memory
-bandwidth the host leaves to this machine.
+the same, in cycles of: `gap_s` of sleep, a sum over a 6.3 MB buffer (the "other work", timed:
+`cold_read_us`), `gap_s` more, the forward pass of one row through an MLP 256→1024→1024→256
+(6.3 MB of fp32 weights, the demo `mlp`'s shapes, through torch on one thread as wok's model
+worker runs a small batch: `cold_forward_us`), and the same forward again straight after
+(`warm_forward_us`). The working set, 12.6 MB, is larger than the cores' own caches, so what
+the reading follows is how much of the shared cache and memory bandwidth the host leaves to
+this machine.
 
-The probe runs on its own, between a benchmark's steps: it sleeps most of the time, but what it
-does read would compete with a server for the same caches.
+One thread: a BLAS that runs the product on several threads keeps a helper spinning on another
+core between calls (numpy's OpenBLAS did, for the whole probe), which would both load the
+machine the probe is reading and time a different forward. The probe runs with the server up and
+idle, before and after a ramp, never during one: what it reads competes with a server for the
+same caches.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
-SCHEMA = "wok.hostprobe/1"
-SHAPES = ((256, 1024), (1024, 1024), (1024, 256))  # the demo mlp's layers
+SCHEMA = "wok.hostprobe/2"  # /1: numpy's forward on OpenBLAS's threads (readings of 2026-11-30)
+SHAPES = ((256, 1024), (1024, 1024), (1024, 256))  # the demo mlp's layers, (in, out)
 
 
 def probe(seconds: float = 2.0, gap_s: float = 0.005, *, seed: int = 0) -> dict:
-    """Probe cycles for about `seconds`, each with two sleeps of `gap_s`; medians in µs.
+    """Probe cycles for about `seconds` (at least two), each with two sleeps of `gap_s`; medians in µs.
 
-    Returns the `wok.hostprobe/1` object: `cold_forward_us` (median of the forwards that follow
+    Returns the `wok.hostprobe/2` object: `cold_forward_us` (median of the forwards that follow
     a sleep), `cold_forward_p90_us`, `warm_forward_us` (of those straight after one),
-    `cold_read_us` (of the buffer sums), `samples` (cycles), `seconds`, `gap_ms`. The first
-    cycle is discarded (it pays for first touches); there is always at least one more.
+    `cold_read_us` (of the buffer sums), `samples` (cycles), `seconds`, `gap_ms`, `threads` (1)
+    and `torch` (its version). The first cycle is discarded (it pays for first touches).
     """
-    if not seconds > 0:
-        raise ValueError(f"host probe: seconds must be > 0, got {seconds!r}")
-    if not 0 < gap_s <= seconds:
-        raise ValueError(f"host probe: gap_s must be in (0, seconds={seconds:g}], got {gap_s!r}")
-    rng = np.random.default_rng(seed)
-    weights = [rng.standard_normal(s, dtype=np.float32) for s in SHAPES]
-    buffer = rng.standard_normal(sum(a * b for a, b in SHAPES), dtype=np.float32)
-    x = rng.standard_normal((1, SHAPES[0][0]), dtype=np.float32)
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"host probe: seconds must be > 0 and finite, got {seconds!r}")
+    if not 0 < gap_s < math.inf:
+        raise ValueError(f"host probe: gap_s must be > 0 and finite, got {gap_s!r}")
+    gen = torch.Generator().manual_seed(seed)
+    layers = [(torch.randn(o, i, generator=gen), torch.randn(o, generator=gen)) for i, o in SHAPES]
+    x = torch.randn(1, SHAPES[0][0], generator=gen)
+    buffer = np.random.default_rng(seed).standard_normal(sum(i * o for i, o in SHAPES), dtype=np.float32)
 
     def forward() -> None:
         h = x
-        for w in weights:
-            h = np.maximum(h @ w, 0.0)
+        for w, b in layers:
+            h = F.relu(F.linear(h, w, b))
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     clock = time.perf_counter
     rows: list[tuple[float, float, float]] = []
-    end = clock() + seconds
-    while len(rows) < 2 or clock() < end:
-        time.sleep(gap_s)
-        t0 = clock()
-        buffer.sum()
-        t1 = clock()
-        time.sleep(gap_s)
-        t2 = clock()
-        forward()
-        t3 = clock()
-        forward()
-        t4 = clock()
-        rows.append((t1 - t0, t3 - t2, t4 - t3))
+    try:
+        with torch.inference_mode():
+            end = clock() + seconds
+            while len(rows) < 2 or clock() < end:
+                time.sleep(gap_s)
+                t0 = clock()
+                buffer.sum()
+                t1 = clock()
+                time.sleep(gap_s)
+                t2 = clock()
+                forward()
+                t3 = clock()
+                forward()
+                t4 = clock()
+                rows.append((t1 - t0, t3 - t2, t4 - t3))
+    finally:
+        torch.set_num_threads(threads)
     read, cold, warm = (np.array(rows[1:]) * 1e6).T
     return {
         "schema": SCHEMA,
         "seconds": seconds,
         "gap_ms": gap_s * 1e3,
         "samples": len(cold),
+        "threads": 1,
+        "torch": torch.__version__,
         "cold_forward_us": float(np.median(cold)),
         "cold_forward_p90_us": float(np.percentile(cold, 90)),
         "warm_forward_us": float(np.median(warm)),
@@ -78,6 +93,7 @@ def probe(seconds: float = 2.0, gap_s: float = 0.005, *, seed: int = 0) -> dict:
 
 
 def combined(readings: list[dict | None]) -> float | None:
-    """One figure for a run probed before and after: the mean of the readings' cold medians."""
-    cold = [r["cold_forward_us"] for r in readings if r]
+    """One figure for a run probed before and after: the mean of the cold medians it has (a failed
+    reading, which holds `error` instead, or a missing one counts for nothing)."""
+    cold = [r["cold_forward_us"] for r in readings if r and "cold_forward_us" in r]
     return sum(cold) / len(cold) if cold else None

@@ -135,12 +135,38 @@ def test_unknown_server_is_refused():
         compare.parse_args(["--servers", "wok,nope"])
 
 
-@pytest.mark.parametrize("value", ["-1", "nan"])
-def test_a_negative_host_probe_is_refused(value, capsys):
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_a_negative_or_endless_host_probe_is_refused(value, capsys):
     with pytest.raises(SystemExit) as exc:
         compare.parse_args(["--servers", "bare", "--host-probe", value])
     assert exc.value.code == 2
     assert f"--host-probe: expected seconds >= 0 (0: off), got {value}" in capsys.readouterr().err
+
+
+def test_a_probe_that_fails_is_recorded_and_keeps_the_run(tmp_path, monkeypatch):
+    from wok.bench import hostprobe
+
+    calls = []
+
+    def failing(seconds):
+        calls.append(seconds)
+        raise RuntimeError(f"probe {len(calls)} broke")
+
+    monkeypatch.setattr(hostprobe, "probe", failing)
+    kwargs = {"steps": [50.0], "step_duration_s": 0.5, "warmup_s": 0.2, "arrival": "poisson",
+              "slo_p99_ms": 200.0, "workers": 1, "stop_factor": 20.0}  # fmt: skip
+    try:
+        record = compare.run_one(compare.PEERS["bare"], 1, kwargs, tmp_path, probe_s=0.1)
+    finally:
+        compare.stop_all()
+    assert calls == [0.1, 0.1]  # before and after the ramp
+    assert record["error"] is None and record["steps"][0]["success_rate"] == 1.0  # the ramp is kept
+    probe = record["host_probe"]
+    assert probe["before"]["error"] == "RuntimeError: probe 1 broke"
+    assert probe["after"]["error"] == "RuntimeError: probe 2 broke"
+    assert probe["cold_forward_us"] is None
+    port = record["target"].rsplit(":", 1)[1]
+    assert f"bare_server.py {port}" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
 def test_smoke_wok_and_the_bare_transport(tmp_path):
@@ -156,7 +182,7 @@ def test_smoke_wok_and_the_bare_transport(tmp_path):
     run, bare = doc["runs"]
     for r in (run, bare):  # probed before and after each ramp
         probe = r["host_probe"]
-        assert probe["before"]["schema"] == probe["after"]["schema"] == "wok.hostprobe/1"
+        assert probe["before"]["schema"] == probe["after"]["schema"] == "wok.hostprobe/2"
         cold = (probe["before"]["cold_forward_us"], probe["after"]["cold_forward_us"])
         assert min(cold) > 0 and probe["cold_forward_us"] == pytest.approx(sum(cold) / 2)
     assert "host probe: cold forward, µs" in proc.stdout

@@ -1,4 +1,4 @@
-"""Load-generator CPU per request for four ways of sending the same unary calls (ad hoc, 2026-11-30).
+"""Load-generator CPU per request for five ways of sending the same unary calls (ad hoc, 2026-11-30).
 
 Two processes split one Poisson schedule, as `wok bench ramp`'s default two workers do, and
 send the same pre-serialized ModelInferRequest (mlp, one row) open loop; each reports its own
@@ -96,7 +96,8 @@ def _run_sync(kind, target, times, start, q):
 
     p = _payload()
     n = len(times)
-    sent, done, codes = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, np.int16)
+    # -1 until the call's callback runs: a call that never finished must not count as OK (0).
+    sent, done, codes = np.full(n, np.nan), np.full(n, np.nan), np.full(n, -1, np.int16)
     channel = grpc.insecure_channel(target)
     call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
     call(p, timeout=5)
@@ -117,7 +118,8 @@ def _run_sync(kind, target, times, start, q):
             time.sleep(wait)  # clock_nanosleep: about 50 µs of timer slack
         sent[i] = time.monotonic() - start
         call.future(p, timeout=5).add_done_callback(lambda f, i=i: on_done(f, i))
-    finished.wait(30)
+    if not finished.wait(30):
+        raise TimeoutError(f"sync: {left[0]} of {n} calls unfinished after 30 s")
     cpu = _cpu_s() - c0
     channel.close()
     q.put((times, sent, done, codes, cpu))
