@@ -39,8 +39,10 @@ def probe(seconds: float = 2.0, gap_s: float = 0.005, *, seed: int = 0) -> dict:
 
     Returns the `wok.hostprobe/2` object: `cold_forward_us` (median of the forwards that follow
     a sleep), `cold_forward_p90_us`, `warm_forward_us` (of those straight after one),
-    `cold_read_us` (of the buffer sums), `samples` (cycles), `seconds`, `gap_ms`, `threads` (1)
-    and `torch` (its version). The first cycle is discarded (it pays for first touches).
+    `cold_read_us` (of the buffer sums), `samples` (cycles), `seconds`, `gap_ms`, `threads` (the
+    intra-op threads the forwards ran with, read back: 1) and `torch` (its version). torch's
+    thread count is process-wide: it is set back as it was before returning. The first cycle is
+    discarded (it pays for first touches).
     """
     if not 0 < seconds < math.inf:
         raise ValueError(f"host probe: seconds must be > 0 and finite, got {seconds!r}")
@@ -61,6 +63,7 @@ def probe(seconds: float = 2.0, gap_s: float = 0.005, *, seed: int = 0) -> dict:
     clock = time.perf_counter
     rows: list[tuple[float, float, float]] = []
     try:
+        ran_on = torch.get_num_threads()  # what the forwards ran with, read back
         with torch.inference_mode():
             end = clock() + seconds
             while len(rows) < 2 or clock() < end:
@@ -83,7 +86,7 @@ def probe(seconds: float = 2.0, gap_s: float = 0.005, *, seed: int = 0) -> dict:
         "seconds": seconds,
         "gap_ms": gap_s * 1e3,
         "samples": len(cold),
-        "threads": 1,
+        "threads": ran_on,
         "torch": torch.__version__,
         "cold_forward_us": float(np.median(cold)),
         "cold_forward_p90_us": float(np.percentile(cold, 90)),

@@ -140,7 +140,7 @@ def main() -> None:
             procs = [ctx.Process(target=fn, args=(kind, target, t[w::2], start, q)) for w in range(2)]
             for pr in procs:
                 pr.start()
-            parts = [q.get() for _ in procs]
+            parts = [q.get(timeout=seconds + 60) for _ in procs]  # a worker that raised sends nothing
             for pr in procs:
                 pr.join()
             lat = np.concatenate([d - i for i, s, d, c, cpu in parts]) * 1e3
