@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -75,6 +76,13 @@ def add_parser(sub) -> None:
     p.add_argument("--refine", type=int, default=0, help="bisection steps between the last pass and first failure")
     p.add_argument("--knee-threshold", type=float, default=0.5, help="Δachieved/Δoffered below this is the knee")
     p.add_argument("--require-qps", type=float, help=f"exit {REQUIRE_QPS_NOT_MET} unless max QPS under SLO ≥ this")
+    p.add_argument(
+        "--host-probe",
+        default="0",
+        metavar="DURATION",
+        help="probe this machine's speed for this long before and after a plain ramp, e.g. 2s (recorded as "
+        "host_probe; see docs/performance.md, 'The host's speed, probed'; default 0: off)",
+    )
     _add_security(p)
     _add_outputs(p)
     faults.add_arguments(p)
@@ -165,6 +173,21 @@ def _add_outputs(p) -> None:
     p.add_argument("--csv", type=Path, help="write one row per step here")
     p.add_argument("--html", type=Path, help="write a self-contained HTML report here")
     p.add_argument("--plots", type=Path, help="write the plots as PNG files into this folder")
+
+
+def _warn(message: str) -> None:
+    print(f"wok bench: {message}", file=sys.stderr)
+
+
+def _print_host_probe(record: dict | None) -> None:
+    if not record:
+        return
+    parts = [
+        f"{when} {r['cold_forward_us']:.0f} µs" if r and "cold_forward_us" in r else f"{when} failed"
+        for when, r in (("before", record["before"]), ("after", record["after"]))
+    ]
+    mean = record["cold_forward_us"]
+    print(f"host probe: cold forward {'-' if mean is None else f'{mean:.0f} µs'} ({', '.join(parts)})")
 
 
 def _write_outputs(result: dict, args) -> None:
@@ -263,7 +286,7 @@ def _unix_time(text: str | None) -> float | None:
 
 def run(args) -> int:
     from ..clients import InferError
-    from . import faults, report, soak
+    from . import faults, hostprobe, report, soak
     from .arrivals import parse_duration, parse_steps
     from .payloads import parse_mix
     from .runner import Ramp, RampConfig
@@ -301,6 +324,11 @@ def run(args) -> int:
         start_at=_unix_time(args.start_at),
         step_gap_s=parse_duration(args.step_gap),
     )
+    probe_s = parse_duration(args.host_probe)
+    if not math.isfinite(probe_s):
+        raise ValueError(f"--host-probe: expected a finite duration (0: off), got {args.host_probe!r}")
+    if probe_s and (args.soak is not None or args.fault or args.replicas is not None):
+        raise ValueError("--host-probe is for plain ramps; not with --soak, --fault or --replicas")
     if cfg.start_at is not None and (args.soak is not None or args.fault or args.replicas is not None):
         raise ValueError("--start-at is for plain ramps of several generators; not with --soak, --fault or --replicas")
     if args.streams < 1:
@@ -319,12 +347,16 @@ def run(args) -> int:
         elif args.replicas is not None or args.fault:
             result = faults.run_faults(args, cfg)
         else:
+            before = hostprobe.try_probe(probe_s, _warn)
             result = Ramp(cfg).run()
+            if probe_s:
+                result["host_probe"] = hostprobe.around(before, hostprobe.try_probe(probe_s, _warn))
     except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
         print(f"wok bench: {exc}", file=sys.stderr)
         return 1
     _write_outputs(result, args)
     soak.print_soak(result)
+    _print_host_probe(result.get("host_probe"))
     if "faults" in result:
         faults.print_faults(result)
         if args.plots:

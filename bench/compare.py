@@ -780,6 +780,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path, probe_s: float = 0.0) -> dict:
+    from wok.bench import hostprobe
     from wok.bench.runner import RampConfig
 
     record: dict = {"rep": rep, "server": peer.name, "error": None, "cpu_wakeup_bound_us": None, "host_probe": None}
@@ -795,15 +796,12 @@ def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path, probe_s: floa
         metrics = f"http://127.0.0.1:{server.ports['metrics']}/metrics" if wok else None
         rpc = peer.extra.get("rpc", "unary")
         cfg = RampConfig(target=server.target, models=[("mlp", 1.0)], metrics_url=metrics, rpc=rpc, **cfg_kwargs)
-        before = _probe(probe_s)
+        before = hostprobe.try_probe(probe_s, say)
         with RssSampler(server.pid) as rss:
             result = metered_ramp(server, cfg, progress=lambda m: say(f"rep {rep} {peer.name}: {m}"))
         record.update(summarize_run(result))
         if probe_s:
-            from wok.bench.hostprobe import combined
-
-            after = _probe(probe_s)
-            record["host_probe"] = {"before": before, "after": after, "cold_forward_us": combined([before, after])}
+            record["host_probe"] = hostprobe.around(before, hostprobe.try_probe(probe_s, say))
         record["peak_rss_bytes"] = rss.peak
         say(
             f"rep {rep}: {peer.name} max QPS under P99≤50 ms {record['max_qps']['50']}, "
@@ -820,19 +818,6 @@ def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path, probe_s: floa
         if left:
             say(f"warning: {peer.name} left processes {left}")
     return record
-
-
-def _probe(seconds: float) -> dict | None:
-    """A host-probe reading, None when off; a probe that fails is recorded, never fails the run."""
-    if not seconds:
-        return None
-    try:  # imported here: torch loads into the harness only when it probes
-        from wok.bench import hostprobe
-
-        return hostprobe.probe(seconds)
-    except Exception as exc:
-        say(f"warning: host probe failed: {type(exc).__name__}: {exc}")
-        return {"schema": "wok.hostprobe/2", "error": f"{type(exc).__name__}: {exc}"}
 
 
 def _wakeup_bound() -> int | None:

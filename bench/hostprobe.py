@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 SCHEMA = "wok.hostprobe/2"  # /1: numpy's forward on OpenBLAS's threads (readings of 2026-11-30)
 SHAPES = ((256, 1024), (1024, 1024), (1024, 256))  # the demo mlp's layers, (in, out)
@@ -48,6 +47,9 @@ def probe(seconds: float = 2.0, gap_s: float = 0.005, *, seed: int = 0) -> dict:
         raise ValueError(f"host probe: seconds must be > 0 and finite, got {seconds!r}")
     if not 0 < gap_s < math.inf:
         raise ValueError(f"host probe: gap_s must be > 0 and finite, got {gap_s!r}")
+    import torch  # here, not at import: a harness that never probes need not load it
+    import torch.nn.functional as F
+
     gen = torch.Generator().manual_seed(seed)
     layers = [(torch.randn(o, i, generator=gen), torch.randn(o, generator=gen)) for i, o in SHAPES]
     x = torch.randn(1, SHAPES[0][0], generator=gen)
@@ -100,3 +102,20 @@ def combined(readings: list[dict | None]) -> float | None:
     reading, which holds `error` instead, or a missing one counts for nothing)."""
     cold = [r["cold_forward_us"] for r in readings if r and "cold_forward_us" in r]
     return sum(cold) / len(cold) if cold else None
+
+
+def try_probe(seconds: float, warn: Callable[[str], None]) -> dict | None:
+    """A reading for a benchmark's record: None when `seconds` is 0 (off); a probe that fails gives
+    `{schema, error}` and a warning, never an exception, so that it cannot cost the benchmark its run."""
+    if not seconds:
+        return None
+    try:
+        return probe(seconds)
+    except Exception as exc:
+        warn(f"warning: host probe failed: {type(exc).__name__}: {exc}")
+        return {"schema": SCHEMA, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def around(before: dict | None, after: dict | None) -> dict:
+    """The record of a run probed before and after it: both readings and their `combined` figure."""
+    return {"before": before, "after": after, "cold_forward_us": combined([before, after])}

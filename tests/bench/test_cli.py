@@ -28,9 +28,11 @@ def test_explicit_and_none_are_taken_as_given():
         ),
         (["--start-at", "1900000000", "--refine", "2"], "wok bench: start_at does not go with refine"),
         (["--start-at", "1900000000", "--replicas", "2"], "wok bench: --start-at is for plain ramps"),
+        (["--host-probe", "2s", "--replicas", "2"], "wok bench: --host-probe is for plain ramps"),
+        (["--host-probe=-1s"], "wok bench: invalid duration '-1s': expected a number >= 0"),
     ],
 )
-def test_start_at_mistakes_exit_2_naming_the_option(extra, message, capsys):
+def test_mistaken_options_exit_2_naming_the_option(extra, message, capsys):
     from wok.__main__ import main
 
     # Refused before anything connects: the target need not exist.

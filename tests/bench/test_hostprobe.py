@@ -63,3 +63,21 @@ def test_combined_is_the_mean_of_the_cold_medians_it_has():
     assert hostprobe.combined([None, {"cold_forward_us": 120.0}]) == 120.0
     assert hostprobe.combined([{"error": "RuntimeError: x"}, {"cold_forward_us": 90.0}]) == 90.0
     assert hostprobe.combined([None, {"error": "RuntimeError: x"}]) is None
+
+
+def test_try_probe_is_off_at_zero_and_turns_a_failure_into_a_record(monkeypatch):
+    said = []
+    assert hostprobe.try_probe(0, said.append) is None
+    assert hostprobe.try_probe(0.01, said.append)["samples"] >= 1
+
+    def broken(seconds):
+        raise OSError("no clock")
+
+    monkeypatch.setattr(hostprobe, "probe", broken)
+    assert hostprobe.try_probe(0.01, said.append) == {"schema": "wok.hostprobe/2", "error": "OSError: no clock"}
+    assert said == ["warning: host probe failed: OSError: no clock"]
+
+
+def test_around_keeps_both_readings_and_their_mean():
+    before, after = {"cold_forward_us": 100.0}, {"error": "OSError: x"}
+    assert hostprobe.around(before, after) == {"before": before, "after": after, "cold_forward_us": 100.0}

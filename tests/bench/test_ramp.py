@@ -145,12 +145,17 @@ def test_the_cli_writes_every_output_and_gates_on_require_qps(bench_server, metr
         sys.executable, "-m", "wok", "bench", "ramp", "--target", bench_server.target, "--model", "mlp",
         "--steps", "50:100:2", "--step-duration", "1s", "--warmup", "0.2s", "--metrics-url", metrics_url,
         "--json", f"{out}.json", "--csv", f"{out}.csv", "--html", f"{out}.html", "--require-qps", "1000000",
-        "--plots", str(tmp_path / "plots"),
+        "--plots", str(tmp_path / "plots"), "--host-probe", "0.1s",
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr
     assert "below the required 1e+06" in done.stderr
     result = json.loads(out.with_suffix(".json").read_text())
+    probe = result["host_probe"]  # read before and after the ramp
+    assert probe["before"]["schema"] == probe["after"]["schema"] == "wok.hostprobe/2"
+    cold = (probe["before"]["cold_forward_us"], probe["after"]["cold_forward_us"])
+    assert min(cold) > 0 and probe["cold_forward_us"] == sum(cold) / 2
+    assert f"host probe: cold forward {probe['cold_forward_us']:.0f} µs (before {cold[0]:.0f} µs" in done.stdout
     assert [s["offered_qps"] for s in result["steps"]] == [50, 100]
     assert result["max_qps_under_slo"] == 100
     assert out.with_suffix(".csv").read_text().count("\n") == 3
