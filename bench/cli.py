@@ -324,12 +324,13 @@ def run(args) -> int:
         start_at=_unix_time(args.start_at),
         step_gap_s=parse_duration(args.step_gap),
     )
+    plain = args.soak is None and not args.fault and args.replicas is None
     probe_s = parse_duration(args.host_probe)
     if not math.isfinite(probe_s):
         raise ValueError(f"--host-probe: expected a finite duration (0: off), got {args.host_probe!r}")
-    if probe_s and (args.soak is not None or args.fault or args.replicas is not None):
+    if probe_s and not plain:
         raise ValueError("--host-probe is for plain ramps; not with --soak, --fault or --replicas")
-    if cfg.start_at is not None and (args.soak is not None or args.fault or args.replicas is not None):
+    if cfg.start_at is not None and not plain:
         raise ValueError("--start-at is for plain ramps of several generators; not with --soak, --fault or --replicas")
     if args.streams < 1:
         raise ValueError("--streams must be at least 1")
