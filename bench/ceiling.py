@@ -80,7 +80,7 @@ def wok(*argv: str) -> list[str]:
 def run_profile(repo: Path, args, out: Path) -> dict:
     sizes = ",".join(str(n) for n in range(args.rows, args.max_batch_size + 1, args.rows))
     cmd = wok("profile", "mlp", "--model-repository", str(repo), "--batch-sizes", sizes, "--repeats", str(args.repeats))
-    cmd += ["--json", str(out)]
+    cmd += ["--json", str(out), "--cpu-linear", args.cpu_linear]
     if args.torch_threads:
         cmd += ["--torch-threads", str(args.torch_threads)]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
@@ -228,6 +228,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="MS",
         help="the server's GIL switch interval (wok serve --switch-interval; default: Python's 5 ms)",
     )
+    p.add_argument(
+        "--cpu-linear",
+        choices=("onednn", "torch"),
+        default="onednn",
+        help="how the model's linear layers run, profile and server alike (wok serve --cpu-linear; default onednn)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
@@ -249,7 +255,7 @@ def main(argv=None) -> int:
         from wok.bench.compare import local_wok
 
         serve_args = ["--model-repository", str(repo), "--log-level", "WARNING"]
-        serve_args += ["--torch-threads", str(args.torch_threads)]
+        serve_args += ["--torch-threads", str(args.torch_threads), "--cpu-linear", args.cpu_linear]
         if args.switch_interval is not None:
             serve_args += ["--switch-interval", str(args.switch_interval)]
         with local_wok(serve_args) as (target, metrics_url, _):

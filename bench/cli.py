@@ -386,6 +386,12 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--int-high", type=int, help="integer inputs uniform in [0, N) (default: the smallest table)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument(
+        "--cpu-linear",
+        choices=("onednn", "torch"),
+        default="onednn",
+        help="how a CPU instance runs nn.Linear, as `wok serve --cpu-linear` (default onednn)",
+    )
     p.add_argument("--peak-flops", help="device peak FLOP/s, e.g. 60T (default: measured by a matmul)")
     p.add_argument("--bandwidth", help="device memory bandwidth in bytes/s, e.g. 3.3T (default: measured by a copy)")
     p.add_argument("--seed", type=int, default=0)
@@ -427,6 +433,7 @@ def run_profile(args) -> int:
         int_high=args.int_high,
         device=args.device,
         seed=args.seed,
+        cpu_linear=args.cpu_linear,
     )
     peak = roofline.parse_rate(args.peak_flops, "--peak-flops") if args.peak_flops else None
     bandwidth = roofline.parse_rate(args.bandwidth, "--bandwidth") if args.bandwidth else None

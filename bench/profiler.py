@@ -281,6 +281,7 @@ class ProfileConfig:
     int_high: int | None = None  # integer inputs uniform in [0, int_high); None: the smallest embedding table
     device: str = "auto"
     seed: int = 0
+    cpu_linear: str = "onednn"  # how a CPU instance runs nn.Linear, as `wok serve --cpu-linear`
 
     def __post_init__(self) -> None:
         if len(set(self.batch_sizes)) < 2:
@@ -293,6 +294,8 @@ class ProfileConfig:
             raise ValueError(f"--int-high must be >= 1; got {self.int_high}")
         if re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is None:
             raise ValueError(f"--device {self.device!r}: expected auto, cpu, cuda or cuda:N")
+        if self.cpu_linear not in ("onednn", "torch"):
+            raise ValueError(f"--cpu-linear {self.cpu_linear!r}: expected onednn or torch")
 
 
 def default_batch_sizes(max_batch_size: int) -> list[int]:
@@ -342,7 +345,7 @@ def time_batches(
     servable: Servable, device: torch.device, cfg: ProfileConfig, pool: list, progress: Progress | None = None
 ) -> dict[int, dict[str, list[float]]]:
     """Per batch size: the batch times and stage times (seconds) of `repeats` batches."""
-    executor = Executor(servable, InstanceConfig(count=1, devices=(str(device),)))
+    executor = Executor(servable, InstanceConfig(count=1, devices=(str(device),)), cpu_linear=cfg.cpu_linear)
     instance = executor.instances[0]
     rng = np.random.default_rng(cfg.seed)
     sizes = list(dict.fromkeys(cfg.batch_sizes))

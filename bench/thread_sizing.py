@@ -5,11 +5,12 @@
 The figures behind the executor's rule (a batch of n runs on ceil(n·T/max_batch_size) threads)
 and behind docs/performance.md's cold-batch discussion. In this process, on its main thread,
 as wok's worker runs the model (torch.inference_mode, OMP_WAIT_POLICY=PASSIVE as `wok serve`
-sets it): for each batch size, `--reps` timed forwards with no gap ("warm": the weights stay in
-the caches) and with a 5 ms sleep before each ("cold": what a batch meets after a delay window
-below saturation). A third series at n = 1 reads every weight tensor `--touch-lead` before the
-forward (a prefetch; its own time is reported beside the forward's). Times are wall-clock
-µs of the forward alone: p50 and p99 over the reps.
+sets it, its linear layers as `--cpu-linear` says): for each batch size, `--reps` timed
+forwards with no gap ("warm": the weights stay in the caches) and with a 5 ms sleep before
+each ("cold": what a batch meets after a delay window below saturation). A third series at
+n = 1 reads every weight tensor `--touch-lead` before the forward (a prefetch; its own time is
+reported beside the forward's). Times are wall-clock µs of the forward alone: p50 and p99
+over the reps.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=200, help="timed forwards per cell (default 200)")
     p.add_argument("--gap-ms", type=float, default=5.0, help="sleep before each cold forward (default 5)")
     p.add_argument("--touch-lead-ms", type=float, default=1.0, help="prefetch lead for the touch series (default 1)")
+    p.add_argument(
+        "--cpu-linear",
+        choices=("onednn", "torch"),
+        default="onednn",
+        help="how the linear layers run, as `wok serve --cpu-linear` (default onednn; files before it: torch)",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -42,6 +49,10 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()
     module = build_demo("mlp").module_for(torch.device("cpu"))
     weights = [w.detach() for w in module.parameters()]
+    if args.cpu_linear == "onednn":
+        from wok.cpulinear import with_onednn_linear
+
+        module, _, _ = with_onednn_linear(module)
 
     def forward(x):
         with torch.inference_mode():

@@ -53,6 +53,13 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-request-bytes", type=int, default=64 << 20, help="largest request accepted")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument(
+        "--cpu-linear",
+        choices=("onednn", "torch"),
+        default="onednn",
+        help="how CPU instances run nn.Linear layers: oneDNN's fused kernel from 4 rows (default), or torch's "
+        "addmm throughout; see docs/performance.md",
+    )
+    p.add_argument(
         "--switch-interval",
         type=float,
         metavar="MS",
@@ -180,6 +187,7 @@ async def _serve(args) -> int:
         health_port=args.health_port,
         max_request_bytes=args.max_request_bytes,
         torch_threads=args.torch_threads,
+        cpu_linear=args.cpu_linear,
         switch_interval_ms=args.switch_interval_ms,
         accept_tasks=args.accept_tasks,
         drain_wakeups=args.wakeup_drain,

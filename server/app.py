@@ -13,6 +13,7 @@ accepted request gets exactly one response either way.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -123,7 +124,17 @@ class WokServer:
         for name, servable in self.repository.models.items():
             cfg = servable.config
             # Moving modules to devices and the warm-up batch block; keep them off the loop.
-            executor = await loop.run_in_executor(None, Executor, servable, cfg.instances)
+            executor = await loop.run_in_executor(
+                None, functools.partial(Executor, servable, cfg.instances, cpu_linear=self.settings.cpu_linear)
+            )
+            cpu = [inst for inst in executor.instances if not inst.cuda]
+            if cpu and cpu[0].onednn_layers:
+                log.info(
+                    "%s: %d linear layer(s) per CPU instance run through oneDNN (%d with their ReLU)",
+                    name,
+                    cpu[0].onednn_layers,
+                    cpu[0].onednn_fused,
+                )
             await loop.run_in_executor(None, executor.warmup)
             db = cfg.dynamic_batching
             policy = BatchingPolicy(

@@ -23,6 +23,11 @@ thread is as fast as two when batches follow each other and faster when they com
 parallel region, on a core whose caches went cold), and it leaves the other core to the event
 loop; only a full batch of 32 back to back runs faster on two (0.81 against 1.06 ms).
 
+A CPU instance runs its model's plain fp32 linear layers through oneDNN (server/cpulinear.py: a
+copy of the module sharing its parameters) unless `cpu_linear` is 'torch': for the batch sizes
+a dynamic batcher forms, torch's own fp32 addmm spends as long repacking the weights as
+multiplying them.
+
 Below saturation a CPU batch also meets its weights cold: between batches the caches fill with
 the event loop's and everyone else's data, so the demo mlp's first layer, 6.3 MB, comes from
 memory again. `Instance.prewarm` reads every weight on the worker thread; the batcher calls it
@@ -44,6 +49,7 @@ import numpy as np
 import torch
 
 from .config import InstanceConfig
+from .cpulinear import with_onednn_linear
 from .errors import ModelExecutionError
 from .faults import InstanceFault
 from .servable import HostBuffers, Servable
@@ -120,12 +126,19 @@ class _Slot:
 class Instance:
     """One copy of the model on one device, with its worker thread(s) and slots."""
 
-    def __init__(self, servable: Servable, index: int, device: torch.device, depth: int) -> None:
+    def __init__(
+        self, servable: Servable, index: int, device: torch.device, depth: int, cpu_linear: str = "onednn"
+    ) -> None:
         self.servable = servable
         self.index = index
         self.device = device
         self.cuda = device.type == "cuda"
         self.module = servable.module_for(device)
+        # Linear layers that run through oneDNN on this instance (server/cpulinear.py), and how
+        # many of them carry the ReLU after them.
+        self.onednn_layers = self.onednn_fused = 0
+        if not self.cuda and cpu_linear == "onednn" and servable.compute_dtype == torch.float32:
+            self.module, self.onednn_layers, self.onednn_fused = with_onednn_linear(self.module)
         # The tensors `prewarm` reads: the CPU module's parameters and buffers, if they fit a cache.
         weights = [t.detach() for t in (*self.module.parameters(), *self.module.buffers())]
         size = sum(t.numel() * t.element_size() for t in weights)
@@ -352,13 +365,16 @@ def _copy_outcome(src: concurrent.futures.Future, dst: concurrent.futures.Future
 class Executor:
     """The instances of one model and their slots."""
 
-    def __init__(self, servable: Servable, cfg: InstanceConfig) -> None:
+    def __init__(self, servable: Servable, cfg: InstanceConfig, cpu_linear: str = "onednn") -> None:
+        """`cpu_linear`: 'onednn' or 'torch', how CPU instances run nn.Linear (ServerSettings.cpu_linear)."""
+        if cpu_linear not in ("onednn", "torch"):
+            raise ValueError(f"cpu_linear must be 'onednn' or 'torch'; got {cpu_linear!r}")
         devices = resolve_devices(cfg.devices)
         self.instances = []
         for i in range(cfg.count):
             device = devices[i % len(devices)]
             depth = cfg.pipeline_depth or 2
-            self.instances.append(Instance(servable, i, device, depth))
+            self.instances.append(Instance(servable, i, device, depth, cpu_linear))
 
     @property
     def slot_count(self) -> int:

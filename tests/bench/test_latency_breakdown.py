@@ -1,4 +1,5 @@
-"""bench/latency_breakdown.py and bench/thread_sizing.py: short runs, their documents and invariants."""
+"""bench/latency_breakdown.py, bench/thread_sizing.py and bench/linear_kernels.py: short runs, their documents
+and invariants."""
 
 from __future__ import annotations
 
@@ -58,3 +59,32 @@ def test_every_batch_size_thread_count_and_gap_is_measured(tmp_path, monkeypatch
     assert cells == {(g, n, t) for g in (0.0, 1.0) for n in (1, 2, 4, 8, 16, 32) for t in threads}
     assert all(0 < r["p50_us"] <= r["p99_us"] for r in doc["rows"])
     assert doc["touch"]["n"] == 1 and doc["touch"]["touch_lead_ms"] == 0.5 and doc["touch"]["touch_p50_us"] > 0
+
+
+def test_thread_sizing_runs_the_linear_layers_the_way_it_is_told(tmp_path, monkeypatch):
+    out = tmp_path / "t.json"
+    run_script(
+        "thread_sizing.py", monkeypatch, "--reps", "1", "--gap-ms", "0", "--cpu-linear", "torch", "--json", str(out)
+    )
+    assert json.loads(out.read_text())["config"]["cpu_linear"] == "torch"
+
+
+def test_linear_kernels_times_both_ways_at_every_row_count(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "k.json"
+    run_script(
+        "linear_kernels.py", monkeypatch, "--reps", "2", "--gap-ms", "0.5", "--max-rows-rss", "8", "--json", str(out)
+    )
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "wok.linear_kernels/1"
+    assert (doc["min_rows"], doc["layers"], doc["fused"]) == (4, 3, 2)
+    rows = doc["rows"]
+    assert [r["rows"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64, 128, 256, 512]
+    assert [r["padded_rows"] for r in rows[:9]] == [1, 2, 3, 4, 8, 8, 8, 8, 16]
+    for r in rows:
+        for way in ("torch", "onednn"):
+            assert r[f"{way}_warm_us"] > 0 and r[f"{way}_gap_us"] > 0
+        assert r["speedup_warm"] == r["torch_warm_us"] / r["onednn_warm_us"]
+        assert r["speedup_gap"] == r["torch_gap_us"] / r["onednn_gap_us"]
+    rss = doc["rss_mib"]
+    assert rss["max_rows"] == 8 and rss["after"] > 0 and rss["before"] > 0
+    assert "RSS" in capsys.readouterr().out

@@ -1,0 +1,61 @@
+"""`cpu_linear`: the served mlp runs its linear layers through oneDNN by default, torch's when
+asked, and the answers a batch gets agree either way (to float32 rounding)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from wok.codec import decode_response, encode_request
+from wok.cpulinear import OneDNNSequential, onednn_available
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear kernel")
+
+ROWS = [np.random.default_rng(i).standard_normal((1, 256), dtype=np.float32) for i in range(8)]
+
+
+async def answers(server) -> np.ndarray:
+    """The outputs of 8 one-row requests sent at once (they share batches of 4 rows and more)."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        replies = await asyncio.gather(*(stub.ModelInfer(encode_request("mlp", {"INPUT0": r})) for r in ROWS))
+    return np.concatenate([decode_response(r)["OUTPUT0"] for r in replies])
+
+
+def reference(server) -> np.ndarray:
+    module = server.runtime("mlp").servable.module_for(torch.device("cpu"))
+    with torch.inference_mode():
+        return np.concatenate([module(torch.from_numpy(r)).numpy() for r in ROWS])
+
+
+async def test_the_served_mlp_runs_through_onednn_and_answers_as_torch_does(serve):
+    async with serve(models=("mlp",)) as server:
+        inst = server.runtime("mlp").executor.instances[0]
+        assert (inst.onednn_layers, inst.onednn_fused) == (3, 2)
+        assert type(inst.module.net) is OneDNNSequential
+        np.testing.assert_allclose(await answers(server), reference(server), rtol=1e-5, atol=1e-5)
+
+
+async def test_with_torch_asked_for_the_module_is_the_servables_own(serve):
+    async with serve(models=("mlp",), cpu_linear="torch") as server:
+        inst = server.runtime("mlp").executor.instances[0]
+        assert inst.onednn_layers == 0
+        assert inst.module is server.runtime("mlp").servable.module_for(torch.device("cpu"))
+        np.testing.assert_allclose(await answers(server), reference(server), rtol=1e-5, atol=1e-5)
+
+
+def test_wok_serve_says_what_runs_through_onednn_and_takes_the_flag(start_server):
+    sp = start_server("--models", "mlp")
+    sp.wait_for_line("wok: serving")  # logged after the models load
+    said = "wok: mlp: 3 linear layer(s) per CPU instance run through oneDNN (2 with their ReLU)"
+    assert any(said in line for line in sp.log), "\n".join(sp.log)
+    assert sp.terminate() == 0
+    sp = start_server("--models", "mlp", "--cpu-linear", "torch")
+    sp.wait_for_line("wok: serving")
+    assert not any("oneDNN" in line for line in sp.log)
+    assert sp.terminate() == 0
