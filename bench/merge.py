@@ -19,6 +19,8 @@ step in each ramp (refinement steps are left out: each process bisected on its o
   summed outside histogram and every mean is the parts' means weighted by their requests (exact);
   the stages' percentiles and the slowest 1 %'s breakdown (`tail`) cannot be rebuilt from the
   parts and are left null;
+* the parts' host probes (`host_probe`, `wok bench ramp --host-probe`) are kept by part in
+  `host_probes`: each read its own machine's speed, so they are not combined;
 * the server's view (`server`, `queue_ms`, …) is taken from the first result given: every
   process scraped the same server over the same window, so each scrape already counts all
   the processes' requests; adding them would count the server N times.
@@ -232,6 +234,9 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         from wok.clients.balancer import merge_stats
 
         result["balancer"] = merge_stats([r.get("balancer") for r in results])
+    probes = {name: r["host_probe"] for r, name in zip(results, names) if r.get("host_probe") is not None}
+    if probes:  # each part probed its own machine: kept side by side, never averaged
+        result["host_probes"] = probes
     result["warnings"] = warnings + result["warnings"]
     result["warnings"] += [f"{name}: {w}" for r, name in zip(results, names) for w in r.get("warnings", [])]
     return result

@@ -248,6 +248,17 @@ def test_the_balancer_counters_of_the_parts_add_up(split_ramp):
     assert (r["address"], r["attempts"], r["ok"], r["ejections"]) == ("127.0.0.1:1", 30, 27, 3)
 
 
+def test_the_parts_host_probes_are_kept_by_part_not_combined(split_ramp):
+    _, parts = split_ramp
+    assert "host_probes" not in merge_results(parts)
+    probe = {"before": {"schema": "wok.hostprobe/2", "cold_forward_us": 150.0}, "after": None, "cold_forward_us": 150.0}
+    failed = {"before": {"schema": "wok.hostprobe/2", "error": "boom"}, "after": None, "cold_forward_us": None}
+    parts[0]["host_probe"] = probe
+    parts[2]["host_probe"] = failed
+    merged = merge_results(parts, ["a", "b", "c"])
+    assert merged["host_probes"] == {"a": probe, "c": failed}
+
+
 def test_wok_bench_merge_writes_the_merged_result_and_prints_the_table(split_ramp, tmp_path, capsys):
     _, parts = split_ramp
     paths = []
