@@ -5,8 +5,10 @@
 The figures behind `wok serve --cpu-linear` (server/cpulinear.py). In this process, on one
 thread, as wok's CPU worker runs a small batch (torch.inference_mode, OMP_WAIT_POLICY=PASSIVE):
 for each row count, `--reps` forwards back to back and `--reps` with a `--gap-ms` sleep before
-each (what a batch meets after a delay window below saturation), the two ways alternating
-within each row count so that the host's drift hits both alike. Times are wall-clock µs of the
+each (what a batch meets after a delay window below saturation), the ways alternating within
+each row count so that the host's drift hits them alike: torch's layers, wok's oneDNN chain
+(rows padded as wok pads them), and, from 4 rows, oneDNN at the exact row count (what the
+padding costs). Times are wall-clock µs of the
 forward alone, medians. First, the resident memory oneDNN's kernels add: RSS after a forward
 at every row count up to `--max-rows-rss` through torch, then again after the same through
 oneDNN, with wok's padding.
@@ -55,7 +57,16 @@ def main(argv=None) -> int:
     plain = build_demo("mlp").module_for(torch.device("cpu"))
     rss_start = rss_mib()
     fast, layers, fused = with_onednn_linear(plain)
-    ways = {"torch": plain, "onednn": fast}
+    linears = [(m, i + 1 < len(plain.net) and type(plain.net[i + 1]) is torch.nn.ReLU) for i, m in enumerate(plain.net)]
+    linears = [(m, relu) for m, relu in linears if type(m) is torch.nn.Linear]
+    kernel = torch.ops.mkldnn._linear_pointwise
+
+    def exact(x):  # oneDNN at the batch's own row count: what the padding costs, not what wok runs
+        for m, relu in linears:
+            x = kernel(x, m.weight, m.bias, "relu" if relu else "none", [], "")
+        return x
+
+    ways = {"torch": plain, "onednn": fast, "onednn_exact": exact}
 
     def timed(module, x, gap_s: float) -> float:
         if gap_s:
@@ -78,16 +89,18 @@ def main(argv=None) -> int:
     with torch.inference_mode():
         for n in ROWS:
             x = torch.randn(n, 256)
-            for m in ways.values():  # build the kernels, warm the paths
-                for _ in range(5):
-                    m(x)
+            for k, m in ways.items():  # build the kernels, warm the paths
+                if k != "onednn_exact" or n >= MIN_ROWS:
+                    for _ in range(5):
+                        m(x)
             row = {"rows": n, "padded_rows": padded_rows(n) if n >= MIN_ROWS else n}
             for label, g in (("warm", 0.0), ("gap", gap)):
-                samples = {k: [] for k in ways}
+                timed_ways = {k: m for k, m in ways.items() if k != "onednn_exact" or n >= MIN_ROWS}
+                samples = {k: [] for k in timed_ways}
                 for _ in range(args.reps):
-                    for k, m in ways.items():
+                    for k, m in timed_ways.items():
                         samples[k].append(timed(m, x, g))
-                for k in ways:
+                for k in timed_ways:
                     row[f"{k}_{label}_us"] = 1e6 * statistics.median(samples[k])
             row["speedup_warm"] = row["torch_warm_us"] / row["onednn_warm_us"]
             row["speedup_gap"] = row["torch_gap_us"] / row["onednn_gap_us"]
@@ -104,11 +117,13 @@ def main(argv=None) -> int:
         "rows": rows_out,
         "rss_mib": {"start": rss_start, "before": before, "after": after, "max_rows": args.max_rows_rss},
     }
-    print("  rows padded torch warm oneDNN warm     × torch gap oneDNN gap     ×")
+    print("  rows padded torch warm oneDNN warm     × exact warm torch gap oneDNN gap     × exact gap")
     for r in rows_out:
+        ew, eg = r.get("onednn_exact_warm_us"), r.get("onednn_exact_gap_us")
         print(
-            f"{r['rows']:5d} {r['padded_rows']:6d} {r['torch_warm_us']:10.0f} {r['onednn_warm_us']:11.0f} "
-            f"{r['speedup_warm']:5.2f} {r['torch_gap_us']:9.0f} {r['onednn_gap_us']:10.0f} {r['speedup_gap']:5.2f}"
+            f"{r['rows']:6d} {r['padded_rows']:6d} {r['torch_warm_us']:10.0f} {r['onednn_warm_us']:11.0f} "
+            f"{r['speedup_warm']:5.2f} {'' if ew is None else f'{ew:.0f}':>10s} {r['torch_gap_us']:9.0f} "
+            f"{r['onednn_gap_us']:10.0f} {r['speedup_gap']:5.2f} {'' if eg is None else f'{eg:.0f}':>9s}"
         )
     print(f"µs per forward, medians of {args.reps}; gap: {args.gap_ms:g} ms sleep before each; threads {args.threads}")
     print(f"RSS {before:.0f} → {after:.0f} MiB after rows {MIN_ROWS}..{args.max_rows_rss} through oneDNN")

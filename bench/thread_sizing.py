@@ -49,10 +49,11 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()
     module = build_demo("mlp").module_for(torch.device("cpu"))
     weights = [w.detach() for w in module.parameters()]
+    onednn_layers = 0
     if args.cpu_linear == "onednn":
         from wok.cpulinear import with_onednn_linear
 
-        module, _, _ = with_onednn_linear(module)
+        module, onednn_layers, _ = with_onednn_linear(module)
 
     def forward(x):
         with torch.inference_mode():
@@ -101,6 +102,7 @@ def main(argv=None) -> int:
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "torch": torch.__version__,
         "threads_default": threads,
+        "onednn_layers": onednn_layers,
         "loadavg_at_end": list(os.getloadavg()),
         "config": vars(args) | {"json": str(args.json) if args.json else None},
         "rows": rows,

@@ -29,6 +29,7 @@ from .auth import SecurityMode, security_warnings, server_credentials, token_int
 from .batcher import Batcher, BatchingPolicy
 from .config import ServerSettings
 from .cpulatency import CpuWakeupLatency, read_constraint
+from .cpulinear import onednn_available
 from .executor import Executor
 from .http import MetricsHTTPServer
 from .loopmon import LoopLagMonitor
@@ -104,6 +105,27 @@ class WokServer:
     def runtime(self, name: str, version: str = "") -> ModelRuntime:
         return self.runtimes[self.repository.get(name, version).name]
 
+    def _log_cpu_linear(self, name: str, executor: Executor) -> None:
+        cpu = [inst for inst in executor.instances if not inst.cuda]
+        if not cpu or self.settings.cpu_linear != "onednn":
+            return
+        first = cpu[0]
+        if first.onednn_ran[0]:
+            log.info(
+                "%s: %d linear layer(s) per CPU instance run through oneDNN (%d with their ReLU)",
+                name,
+                *first.onednn_ran,
+            )
+        elif first.onednn_layers:
+            log.info(
+                "%s: its %d linear layer(s) did not take oneDNN in the warm-up (the model runs around them); torch "
+                "runs them",
+                name,
+                first.onednn_layers,
+            )
+        elif not onednn_available():
+            log.warning("%s: this torch build cannot run linear layers through oneDNN; torch runs them", name)
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
@@ -127,15 +149,8 @@ class WokServer:
             executor = await loop.run_in_executor(
                 None, functools.partial(Executor, servable, cfg.instances, cpu_linear=self.settings.cpu_linear)
             )
-            cpu = [inst for inst in executor.instances if not inst.cuda]
-            if cpu and cpu[0].onednn_layers:
-                log.info(
-                    "%s: %d linear layer(s) per CPU instance run through oneDNN (%d with their ReLU)",
-                    name,
-                    cpu[0].onednn_layers,
-                    cpu[0].onednn_fused,
-                )
             await loop.run_in_executor(None, executor.warmup)
+            self._log_cpu_linear(name, executor)
             db = cfg.dynamic_batching
             policy = BatchingPolicy(
                 cfg.max_batch_size, db.max_queue_delay_ms / 1e3, db.preferred_batch_sizes, db.max_queue_size

@@ -262,8 +262,8 @@ class ServerSettings(_Strict):
         "onednn",
         description="How model instances on the CPU run plain fp32 nn.Linear layers: 'onednn' runs a batch of 4 rows "
         "or more through oneDNN's fused matmul (+ReLU) kernel, rows padded to a few sizes, without copying the "
-        "weights (server/cpulinear.py; 1.2-1.8 × faster than torch's fp32 addmm for the demo mlp), and smaller ones "
-        "as torch does; 'torch' runs every layer as torch does. Results agree to float32 rounding.",
+        "weights (server/cpulinear.py; for the demo mlp 0.5-0.9 × the time of torch's fp32 addmm back to back), and "
+        "smaller ones as torch does; 'torch' runs every layer as torch does. Results agree to float32 rounding.",
     )
     switch_interval_ms: float | None = Field(
         None,

@@ -8,12 +8,15 @@ kernel torch's own compiler emits for CPU linear layers) reads the weight as it 
 the ReLU after it. Up to three rows torch's matrix-vector path is as fast, so those stay with
 `F.linear`.
 
-The rewrite is a structural copy of the module that shares every Parameter (no weight is
-copied, the original module is untouched): a plain `nn.Sequential` with Linear layers becomes a
-`OneDNNSequential`, which runs each run of consecutive Linears (with the ReLU right after each)
-as one chain, padding the rows once at its start; any other plain `nn.Linear` becomes a
-`OneDNNLinear`. Results agree with `F.linear` to float32 rounding (a different summation
-order), as they already differ between batch sizes.
+The rewrite makes a view of the module: shallow copies that share its parameter, buffer and
+hook dicts (no weight is copied; the original's own children are untouched). A plain
+`nn.Sequential` with Linear layers becomes a `OneDNNSequential`, which runs each run of
+consecutive Linears (with the ReLU right after each) as one `Chain`, padding the rows once at
+its start; any other plain `nn.Linear` becomes a `OneDNNLinear`. Linears and ReLUs with forward
+hooks stay as they are (a chain never calls them; hooks registered globally with
+`register_module_forward_hook` do not run for chained layers either). Results agree with
+`F.linear` to float32 rounding (a different summation order), as torch's own already differ
+between batch sizes.
 """
 
 from __future__ import annotations
@@ -27,22 +30,24 @@ from torch import nn
 
 # Rows (the product of all but the last input dimension) from which a layer runs on oneDNN.
 # Measured on the mlp's shapes on the 2-core machine (docs/performance.md): below 4 rows
-# torch's matrix-vector path is as fast or faster; from 4 rows, padded as below, the mlp runs
-# 1.2-1.8 × faster on oneDNN (up to 2.4 × at 512 rows).
+# torch's matrix-vector path is as fast; from 4 rows oneDNN takes 0.5-0.9 × torch's time back
+# to back, and from 64 rows about half.
 MIN_ROWS = 4
-# oneDNN builds (and caches, up to 1,024) one kernel per row count and layer shape, about 0.7 MB
-# each: every batch size would be one more (the mlp's 29 sizes from 4 to 32 added 50 MB).
-# Rows are padded with zeros to the next power of two up to BUCKET_STEP, then to a multiple of
-# it, so a layer has a handful of kernels (4, 8, 16, 32, 64, 128, 192, ...); the padding costs
-# up to a quarter of a batch's time, at sizes just above a power of two.
-BUCKET_STEP = 64
 
 
 def padded_rows(rows: int) -> int:
-    """The row count a batch of `rows` runs with on oneDNN."""
-    if rows <= BUCKET_STEP:
-        return 1 << (rows - 1).bit_length()
-    return -(-rows // BUCKET_STEP) * BUCKET_STEP
+    """The row count a batch of `rows` runs with on oneDNN: the next of 4, 6, 8, 12, 16, 24, 32,
+    48, 64, 96, … (powers of two and 1.5 × them).
+
+    oneDNN builds and caches (up to 1,024) one kernel per row count and layer shape, each 0.6-1
+    MiB: every batch size would be one more (the mlp's 29 sizes from 4 to 32 added 50 MiB). On
+    this series a layer has two kernels per doubling of the rows, and a batch is padded by at
+    most half its rows, a third of its time at worst.
+    """
+    if rows <= 2:
+        return rows
+    p = 1 << (rows - 1).bit_length()
+    return 3 * p // 4 if rows <= 3 * p // 4 else p
 
 
 def _op():
@@ -53,120 +58,168 @@ def _op():
 
 
 def onednn_available() -> bool:
-    """Whether this torch build can run linear layers through oneDNN."""
-    return torch.backends.mkldnn.is_available() and _op() is not None
+    """Whether this torch build runs linear layers through oneDNN: the op exists, and one tiny
+    call with the arguments wok passes works (the op is torch's internal one)."""
+    op = _op()
+    if op is None or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        with torch.inference_mode():
+            y = op(torch.ones(1, 2), torch.ones(3, 2), torch.zeros(3), "relu", [], "")
+        return tuple(y.shape) == (1, 3) and bool((y == 2).all())
+    except (RuntimeError, TypeError):
+        return False
 
 
-# One step of a chain: a Linear (its parameters read at each call, so in-place loads show) and
-# whether the ReLU after it is fused.
-Step = tuple[nn.Linear, bool]
+def _onednn_rows(x: torch.Tensor, first: nn.Linear, min_rows: int) -> int:
+    """The rows this call runs on oneDNN; 0 when torch's own path runs it (anything but fp32
+    inference on strided CPU tensors of the layer's width and at least `min_rows` rows)."""
+    k = first.in_features
+    if (
+        x.is_nested  # first: a nested tensor has no single shape to read
+        or x.layout is not torch.strided
+        or x.dim() < 2
+        or k == 0
+        or x.shape[-1] != k
+        or x.dtype is not torch.float32
+        or x.device.type != "cpu"
+        or torch.is_grad_enabled()
+        or torch.is_autocast_enabled("cpu")
+    ):
+        return 0
+    rows = x.numel() // k
+    return rows if rows >= min_rows else 0
 
 
-def run_chain(x: torch.Tensor, steps: Sequence[Step], min_rows: int = MIN_ROWS) -> torch.Tensor:
-    """Linear layers (each with its ReLU or not) one after another, as torch would run them.
+class Chain:
+    """Linear layers (each with the ReLU after it, or not) run one after another, as torch would.
 
-    Inference (no autograd) on fp32 CPU inputs of at least `min_rows` rows runs oneDNN's fused
-    kernel: the rows are padded once for the whole chain and cut once at its end. Anything else
-    runs `F.linear` (and `F.relu`), exactly as before.
+    Its layers are the modules themselves, their parameters read at each call, so a load into
+    them (in place or by assignment) shows. A call that takes oneDNN pads the rows once for the
+    whole chain and cuts them once at its end; `calls` counts those calls.
     """
-    first = steps[0][0]
-    rows = x.numel() // first.in_features if x.dim() >= 2 else 0
-    kernel = _op() if rows >= min_rows else None
-    if kernel is None or x.dtype is not torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled():
-        for linear, relu in steps:
-            x = F.linear(x, linear.weight, linear.bias)
-            if relu:
-                x = F.relu(x)
-        return x
-    flat = x.reshape(rows, first.in_features)
-    padded = padded_rows(rows)
-    if padded != rows:
-        # Zeros, not garbage: stale bits could be denormals, which are slow to multiply.
-        buf = flat.new_zeros((padded, first.in_features))
-        buf[:rows] = flat
-        flat = buf
-    for linear, relu in steps:
-        flat = kernel(flat, linear.weight, linear.bias, "relu" if relu else "none", [], "")
-    if padded != rows:
-        flat = flat[:rows]
-    return flat.reshape(*x.shape[:-1], steps[-1][0].out_features)
+
+    __slots__ = ("calls", "layers")
+
+    def __init__(self, layers: Sequence[tuple[nn.Linear, bool]]) -> None:
+        self.layers = tuple(layers)
+        self.calls = 0
+
+    def __call__(self, x: torch.Tensor, min_rows: int = MIN_ROWS) -> torch.Tensor:
+        first = self.layers[0][0]
+        rows = _onednn_rows(x, first, min_rows)
+        if not rows:
+            for linear, relu in self.layers:
+                x = F.linear(x, linear.weight, linear.bias)
+                if relu:
+                    x = F.relu(x)
+            return x
+        self.calls += 1
+        kernel = _op()
+        flat = x.reshape(rows, first.in_features)
+        padded = padded_rows(rows)
+        if padded != rows:
+            # Zeros, not garbage: stale bits could be denormals, which are slow to multiply.
+            buf = flat.new_zeros((padded, first.in_features))
+            buf[:rows] = flat
+            flat = buf
+        for linear, relu in self.layers:
+            flat = kernel(flat, linear.weight, linear.bias, "relu" if relu else "none", [], "")
+        if padded != rows:
+            flat = flat[:rows]
+        return flat.reshape(*x.shape[:-1], self.layers[-1][0].out_features)
 
 
 class OneDNNLinear(nn.Linear):
-    """An `nn.Linear` whose forward is `run_chain` of itself; its parameters are the original's
-    (shared, not copied), and it is still an `nn.Linear` to code that checks."""
+    """A view of an `nn.Linear` (a shallow copy: the same parameter, buffer and hook dicts) whose
+    forward is a one-layer `Chain`; still an `nn.Linear` to code that checks."""
 
-    def __init__(self, linear: nn.Linear, *, min_rows: int = MIN_ROWS) -> None:
-        nn.Module.__init__(self)  # not nn.Linear's: it would allocate new weights
+    min_rows: int = MIN_ROWS
+
+    @classmethod
+    def of(cls, linear: nn.Linear, min_rows: int = MIN_ROWS) -> OneDNNLinear:
         if min_rows < 1:
             raise ValueError(f"min_rows must be >= 1; got {min_rows}")
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
-        self.weight = linear.weight
-        if linear.bias is None:
-            self.register_parameter("bias", None)
-        else:
-            self.bias = linear.bias
-        self.min_rows = min_rows
-        self._steps = ((self, False),)
+        view = copy.copy(linear)
+        view.__class__ = cls
+        view.min_rows = min_rows
+        view.chain = Chain([(view, False)])
+        return view
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return run_chain(x, self._steps, self.min_rows)
+        return self.chain(x, self.min_rows)
 
 
 class OneDNNSequential(nn.Sequential):
     """An `nn.Sequential` that runs each run of consecutive plain Linear layers (with the ReLUs
-    right after them) as one chain through oneDNN. Its children are the original modules, so
-    indexing, iterating and slicing it give what they gave before; only calling it differs."""
+    right after them) as one `Chain`. Its children are the original modules, so indexing,
+    iterating and slicing it give what they gave before; its plan follows changes to them."""
 
     min_rows: int = MIN_ROWS
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
+        self._replan()
+
+    def _replan(self) -> None:
+        self._plan_key = tuple(map(id, self._modules.values()))
         self._plan = _plan(list(self._modules.values()))
 
     def forward(self, x):
+        if self._plan_key != tuple(map(id, self._modules.values())):  # a child set, added or removed
+            self._replan()
         for step in self._plan:
-            x = run_chain(x, step, self.min_rows) if isinstance(step, tuple) else step(x)
+            x = step(x, self.min_rows) if type(step) is Chain else step(x)
         return x
+
+
+def _hooked(m: nn.Module) -> bool:
+    # A chain never calls its modules, so their hooks would not run: those stay as they are.
+    return bool(m._forward_hooks or m._forward_pre_hooks)
 
 
 def _eligible(m: nn.Module | None) -> bool:
     # Subclasses are left alone: their owners may read them differently (MultiheadAttention's
     # out_proj is passed to a functional kernel by its weights).
-    return type(m) is nn.Linear and m.weight.dtype is torch.float32 and m.weight.device.type == "cpu"
+    return type(m) is nn.Linear and m.weight.dtype is torch.float32 and m.weight.device.type == "cpu" and not _hooked(m)
 
 
 def _plan(children: list[nn.Module]) -> list:
-    """The children as steps: a module to call, or a tuple of chain steps."""
+    """The children as steps: a module to call, or a `Chain` of consecutive Linears (each with
+    the ReLU right after it)."""
     plan: list = []
     i = 0
     while i < len(children):
-        chain: list[Step] = []
+        layers: list[tuple[nn.Linear, bool]] = []
         while i < len(children) and _eligible(children[i]):
-            relu = i + 1 < len(children) and type(children[i + 1]) is nn.ReLU
-            chain.append((children[i], relu))
+            relu = i + 1 < len(children) and type(children[i + 1]) is nn.ReLU and not _hooked(children[i + 1])
+            layers.append((children[i], relu))
             i += 2 if relu else 1
-        if chain:
-            plan.append(tuple(chain))
+        if layers:
+            plan.append(Chain(layers))
         else:
             plan.append(children[i])
             i += 1
     return plan
 
 
-def _counts(m: nn.Module) -> tuple[int, int]:
-    """(Linear layers run through oneDNN, ReLUs fused) in the module tree."""
-    layers = fused = 0
-    for sub in m.modules():
+def chains(module: nn.Module) -> list[Chain]:
+    """Every `Chain` in a rewritten module tree."""
+    out = []
+    for sub in module.modules():
         if type(sub) is OneDNNLinear:
-            layers += 1
+            out.append(sub.chain)
         elif type(sub) is OneDNNSequential:
-            for step in sub._plan:
-                if isinstance(step, tuple):
-                    layers += len(step)
-                    fused += sum(relu for _, relu in step)
-    return layers, fused
+            out += [step for step in sub._plan if type(step) is Chain]
+    return out
+
+
+def onednn_counts(module: nn.Module, *, ran: bool = False) -> tuple[int, int]:
+    """(Linear layers, ReLUs fused) in the tree's chains; with `ran`, only in chains that have
+    taken oneDNN at least once (a model may route around its layers: the demo encoder's
+    transformer layers run torch's fused kernel in inference, never their Linears)."""
+    live = [c for c in chains(module) if c.calls or not ran]
+    return sum(len(c.layers) for c in live), sum(relu for c in live for _, relu in c.layers)
 
 
 def _rewrite(m: nn.Module, min_rows: int) -> nn.Module:
@@ -175,28 +228,32 @@ def _rewrite(m: nn.Module, min_rows: int) -> nn.Module:
         if child is None:
             new[name] = None
         elif _eligible(child) and type(m) is not nn.Sequential:  # a Sequential's own are chained below
-            new[name] = OneDNNLinear(child, min_rows=min_rows)
+            new[name] = OneDNNLinear.of(child, min_rows)
         else:
             new[name] = _rewrite(child, min_rows)
     plain_sequential = type(m) is nn.Sequential and any(_eligible(c) for c in new.values())
     if not plain_sequential and all(new[k] is c for k, c in m._modules.items()):
         return m
-    clone = copy.copy(m)  # shares parameters, buffers and hooks; only the children (and class) differ
+    # A view: it shares the parameter, buffer and hook dicts and the training flag's children;
+    # only its own dict of children (and, for a Sequential, its class) differ.
+    clone = copy.copy(m)
     clone._modules = new
     if plain_sequential:
         clone.__class__ = OneDNNSequential
         clone.min_rows = min_rows
-        clone._plan = _plan(list(new.values()))
+        clone._replan()
     return clone
 
 
 def with_onednn_linear(module: nn.Module, min_rows: int = MIN_ROWS) -> tuple[nn.Module, int, int]:
-    """(module', layers, fused): a copy of `module` whose plain fp32 CPU `nn.Linear`s run through
+    """(view, layers, fused): a view of `module` whose plain fp32 CPU `nn.Linear`s run through
     oneDNN (`layers` of them, `fused` with the ReLU after them), sharing every parameter; the
-    module itself when there are none, when it is TorchScript, or when oneDNN is not available."""
+    module itself when there are none, when it is TorchScript or compiled, or when oneDNN is not
+    available. The view shares the modules it did not rewrite, and their state, with `module`."""
     if min_rows < 1:
         raise ValueError(f"min_rows must be >= 1; got {min_rows}")
-    if isinstance(module, torch.jit.ScriptModule) or not onednn_available():
+    compiled = type(module).__module__.startswith("torch._dynamo")  # calls the original's forward
+    if isinstance(module, torch.jit.ScriptModule) or compiled or not onednn_available():
         return module, 0, 0
-    clone = OneDNNLinear(module, min_rows=min_rows) if _eligible(module) else _rewrite(module, min_rows)
-    return (clone, *_counts(clone)) if clone is not module else (module, 0, 0)
+    view = OneDNNLinear.of(module, min_rows) if _eligible(module) else _rewrite(module, min_rows)
+    return (view, *onednn_counts(view)) if view is not module else (module, 0, 0)

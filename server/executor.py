@@ -49,12 +49,15 @@ import numpy as np
 import torch
 
 from .config import InstanceConfig
-from .cpulinear import with_onednn_linear
+from .cpulinear import MIN_ROWS, onednn_counts, padded_rows, with_onednn_linear
 from .errors import ModelExecutionError
 from .faults import InstanceFault
 from .servable import HostBuffers, Servable
 from .tensors import to_numpy_view
 
+# The largest batch, in rows, whose oneDNN kernels the warm-up builds; larger ones are built on
+# first use.
+WARMUP_MAX_ROWS = 64
 PREWARM_MAX_BYTES = 32 << 20  # the last-level cache of the machine it was measured on (docs/performance.md)
 
 
@@ -137,6 +140,9 @@ class Instance:
         # Linear layers that run through oneDNN on this instance (server/cpulinear.py), and how
         # many of them carry the ReLU after them.
         self.onednn_layers = self.onednn_fused = 0
+        # (layers, fused) of those that took oneDNN in the warm-up: a model may route around its
+        # layers (Executor.warmup sets it).
+        self.onednn_ran = (0, 0)
         if not self.cuda and cpu_linear == "onednn" and servable.compute_dtype == torch.float32:
             self.module, self.onednn_layers, self.onednn_fused = with_onednn_linear(self.module)
         # The tensors `prewarm` reads: the CPU module's parameters and buffers, if they fit a cache.
@@ -386,14 +392,22 @@ class Executor:
         return [(i, s) for s in range(deepest) for i, inst in enumerate(self.instances) if s < len(inst.slots)]
 
     def warmup(self) -> None:
-        """Run one single-row batch of zeros on each instance, so the first request pays no lazy init."""
+        """Run one single-row batch of zeros on each instance, so the first request pays no lazy init;
+        on an instance with oneDNN layers, also one batch at each row count they pad to, up to
+        WARMUP_MAX_ROWS (oneDNN builds a kernel for each on its first use, several ms)."""
         s = self.instances[0].servable
         sample = {
             t.name: np.zeros((1, *[d if d > 0 else 1 for d in t.dims]), dtype=s.input_types[t.name].numpy)
             for t in s.config.inputs
         }
+        top = padded_rows(min(s.config.max_batch_size, WARMUP_MAX_ROWS))
+        sizes = sorted({padded_rows(n) for n in range(MIN_ROWS, top + 1)})
         for inst in self.instances:
             inst.submit([sample], [1], 0).result()
+            if inst.onednn_layers:
+                for n in sizes:
+                    inst.submit([sample] * n, [1] * n, 0).result()
+                inst.onednn_ran = onednn_counts(inst.module, ran=True)
 
     def shutdown(self) -> None:
         for inst in self.instances:

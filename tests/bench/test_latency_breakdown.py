@@ -54,6 +54,7 @@ def test_every_batch_size_thread_count_and_gap_is_measured(tmp_path, monkeypatch
     )
     doc = json.loads(out.read_text())
     assert doc["schema"] == "wok.thread_sizing/1"
+    assert doc["config"]["cpu_linear"] == "onednn" and doc["onednn_layers"] == 3
     threads = sorted({1, doc["threads_default"]})
     cells = {(r["gap_ms"], r["n"], r["threads"]) for r in doc["rows"]}
     assert cells == {(g, n, t) for g in (0.0, 1.0) for n in (1, 2, 4, 8, 16, 32) for t in threads}
@@ -66,7 +67,8 @@ def test_thread_sizing_runs_the_linear_layers_the_way_it_is_told(tmp_path, monke
     run_script(
         "thread_sizing.py", monkeypatch, "--reps", "1", "--gap-ms", "0", "--cpu-linear", "torch", "--json", str(out)
     )
-    assert json.loads(out.read_text())["config"]["cpu_linear"] == "torch"
+    doc = json.loads(out.read_text())
+    assert doc["config"]["cpu_linear"] == "torch" and doc["onednn_layers"] == 0
 
 
 def test_linear_kernels_times_both_ways_at_every_row_count(tmp_path, monkeypatch, capsys):
@@ -79,12 +81,13 @@ def test_linear_kernels_times_both_ways_at_every_row_count(tmp_path, monkeypatch
     assert (doc["min_rows"], doc["layers"], doc["fused"]) == (4, 3, 2)
     rows = doc["rows"]
     assert [r["rows"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64, 128, 256, 512]
-    assert [r["padded_rows"] for r in rows[:9]] == [1, 2, 3, 4, 8, 8, 8, 8, 16]
+    assert [r["padded_rows"] for r in rows[:9]] == [1, 2, 3, 4, 6, 6, 8, 8, 12]
     for r in rows:
         for way in ("torch", "onednn"):
             assert r[f"{way}_warm_us"] > 0 and r[f"{way}_gap_us"] > 0
         assert r["speedup_warm"] == r["torch_warm_us"] / r["onednn_warm_us"]
         assert r["speedup_gap"] == r["torch_gap_us"] / r["onednn_gap_us"]
+        assert ("onednn_exact_warm_us" in r) == ("onednn_exact_gap_us" in r) == (r["rows"] >= 4)
     rss = doc["rss_mib"]
     assert rss["max_rows"] == 8 and rss["after"] > 0 and rss["before"] > 0
     assert "RSS" in capsys.readouterr().out

@@ -11,16 +11,17 @@ import pytest
 import torch
 
 from wok.codec import decode_response, encode_request
-from wok.cpulinear import OneDNNSequential, onednn_available
+from wok.cpulinear import OneDNNSequential, chains, onednn_available
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear kernel")
 
-ROWS = [np.random.default_rng(i).standard_normal((1, 256), dtype=np.float32) for i in range(8)]
+# Requests of 4 rows: every batch has at least MIN_ROWS, whatever the batcher forms.
+ROWS = [np.random.default_rng(i).standard_normal((4, 256), dtype=np.float32) for i in range(6)]
 
 
 async def answers(server) -> np.ndarray:
-    """The outputs of 8 one-row requests sent at once (they share batches of 4 rows and more)."""
+    """The outputs of the requests in ROWS, sent at once."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         replies = await asyncio.gather(*(stub.ModelInfer(encode_request("mlp", {"INPUT0": r})) for r in ROWS))
@@ -38,7 +39,11 @@ async def test_the_served_mlp_runs_through_onednn_and_answers_as_torch_does(serv
         inst = server.runtime("mlp").executor.instances[0]
         assert (inst.onednn_layers, inst.onednn_fused) == (3, 2)
         assert type(inst.module.net) is OneDNNSequential
+        (chain,) = chains(inst.module)
+        warmed = chain.calls  # the warm-up's batches
+        assert warmed > 0 and inst.onednn_ran == (3, 2)
         np.testing.assert_allclose(await answers(server), reference(server), rtol=1e-5, atol=1e-5)
+        assert chain.calls > warmed  # the requests' batches ran through it
 
 
 async def test_with_torch_asked_for_the_module_is_the_servables_own(serve):
