@@ -235,14 +235,18 @@ class Instance:
         # A thread's own setting starts from the process-wide one (the last torch.set_num_threads).
         self.max_threads = self.threads = torch.get_num_threads()
 
+    def threads_for(self, samples: int) -> int:
+        """Intra-op threads a batch of `samples` runs on (after the worker thread started)."""
+        full = self.servable.config.max_batch_size
+        return self.max_threads if full <= 0 else max(1, min(self.max_threads, -(-samples * self.max_threads // full)))
+
     def _size_threads(self, samples: int) -> None:
         """On the worker thread: run `samples` on ceil(samples · max_threads / max_batch_size) threads.
 
         torch.set_num_threads called on a thread sets that thread's OpenMP team size (MKL's is
         process-wide, but only model workers run the model), and costs under a microsecond.
         """
-        full = self.servable.config.max_batch_size
-        want = self.max_threads if full <= 0 else max(1, min(self.max_threads, -(-samples * self.max_threads // full)))
+        want = self.threads_for(samples)
         if want != self.threads:
             torch.set_num_threads(want)
             self.threads = want
@@ -394,7 +398,8 @@ class Executor:
     def warmup(self) -> None:
         """Run one single-row batch of zeros on each instance, so the first request pays no lazy init;
         on an instance with oneDNN layers, also one batch at each row count they pad to, up to
-        WARMUP_MAX_ROWS (oneDNN builds a kernel for each on its first use, several ms)."""
+        WARMUP_MAX_ROWS, that runs on one thread (oneDNN builds a kernel for each on its first
+        use, several ms)."""
         s = self.instances[0].servable
         sample = {
             t.name: np.zeros((1, *[d if d > 0 else 1 for d in t.dims]), dtype=s.input_types[t.name].numpy)
@@ -405,7 +410,9 @@ class Executor:
         for inst in self.instances:
             inst.submit([sample], [1], 0).result()
             if inst.onednn_layers:
-                for n in sizes:
+                # Only sizes that run on one thread: a worker that has once run a batch on two
+                # runs its small batches slower from then on (docs/performance.md).
+                for n in (n for n in sizes if inst.threads_for(n) == 1):
                     inst.submit([sample] * n, [1] * n, 0).result()
                 inst.onednn_ran = onednn_counts(inst.module, ran=True)
 
