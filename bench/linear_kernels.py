@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
-    from wok.cpulinear import MIN_ROWS, onednn_available, padded_rows, with_onednn_linear
+    from wok.cpulinear import MIN_ROWS, chains, onednn_available, padded_rows, with_onednn_linear
     from wok.models import build_demo
 
     if not onednn_available():
@@ -57,9 +57,8 @@ def main(argv=None) -> int:
     plain = build_demo("mlp").module_for(torch.device("cpu"))
     rss_start = rss_mib()
     fast, layers, fused = with_onednn_linear(plain)
-    linears = [(m, i + 1 < len(plain.net) and type(plain.net[i + 1]) is torch.nn.ReLU) for i, m in enumerate(plain.net)]
-    linears = [(m, relu) for m, relu in linears if type(m) is torch.nn.Linear]
-    kernel = torch.ops.mkldnn._linear_pointwise
+    (chain,) = chains(fast)  # the mlp's one chain: its layers, each with its ReLU or not
+    linears, kernel = chain.layers, chain.kernel
 
     def exact(x):  # oneDNN at the batch's own row count: what the padding costs, not what wok runs
         for m, relu in linears:

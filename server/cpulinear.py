@@ -99,11 +99,12 @@ class Chain:
     whole chain and cuts them once at its end; `calls` counts those calls.
     """
 
-    __slots__ = ("calls", "layers")
+    __slots__ = ("calls", "kernel", "layers")
 
     def __init__(self, layers: Sequence[tuple[nn.Linear, bool]]) -> None:
         self.layers = tuple(layers)
         self.calls = 0
+        self.kernel = _op()  # looked up once, not per batch
 
     def __call__(self, x: torch.Tensor, min_rows: int = MIN_ROWS) -> torch.Tensor:
         first = self.layers[0][0]
@@ -115,7 +116,7 @@ class Chain:
                     x = F.relu(x)
             return x
         self.calls += 1
-        kernel = _op()
+        kernel = self.kernel
         flat = x.reshape(rows, first.in_features)
         padded = padded_rows(rows)
         if padded != rows:
