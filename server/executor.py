@@ -410,8 +410,9 @@ class Executor:
         for inst in self.instances:
             inst.submit([sample], [1], 0).result()
             if inst.onednn_layers:
-                # Only sizes that run on one thread: a worker that has once run a batch on two
-                # runs its small batches slower from then on (docs/performance.md).
+                # Only sizes that run on one thread: a build that also warmed the two-thread sizes
+                # was slower at light load in one side-by-side run, for a reason not found
+                # (docs/performance.md); those sizes build their kernels at the first burst instead.
                 for n in (n for n in sizes if inst.threads_for(n) == 1):
                     inst.submit([sample] * n, [1] * n, 0).result()
                 inst.onednn_ran = onednn_counts(inst.module, ran=True)
