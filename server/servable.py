@@ -11,6 +11,7 @@ Demo models override the hooks to pad or to bucket by length.
 from __future__ import annotations
 
 import copy
+import math
 import threading
 from collections.abc import Hashable, Sequence
 
@@ -38,7 +39,9 @@ class HostBuffers:
         self._flat: dict[str, torch.Tensor] = {}
 
     def get(self, name: str, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        numel = int(np.prod(shape)) if len(shape) else 1
+        # math.prod, not np.prod: on the worker thread, once per batch, where numpy's reduction
+        # machinery showed in a profile at 1,000 QPS (cold code between batches 5 ms apart).
+        numel = math.prod(shape)
         buf = self._flat.get(name)
         if buf is None or buf.dtype != dtype or buf.numel() < numel:
             buf = torch.empty(max(numel, 1), dtype=dtype, pin_memory=self.pinned)
