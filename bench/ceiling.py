@@ -103,13 +103,11 @@ def counters(url: str, model: str = "mlp") -> dict:
     }
 
 
-def saturate(target: str, metrics_url: str, qps: float, args) -> tuple[dict, dict, dict]:
-    """Offer `qps` requests/s for the warm-up and the window; counters bracket the window only."""
-    import threading
+def ramp_config(target: str, qps: float, args):
+    """One open-loop step of `qps` requests/s for the warm-up and the window, past capacity on purpose."""
+    from wok.bench.runner import RampConfig
 
-    from wok.bench.runner import Ramp, RampConfig
-
-    cfg = RampConfig(
+    return RampConfig(
         target=target,
         models=[("mlp", 1.0)],
         steps=[qps],
@@ -124,6 +122,15 @@ def saturate(target: str, metrics_url: str, qps: float, args) -> tuple[dict, dic
         stop_factor=1e9,
         seed=args.seed,
     )
+
+
+def saturate(target: str, metrics_url: str, qps: float, args) -> tuple[dict, dict, dict]:
+    """Offer `qps` requests/s for the warm-up and the window; counters bracket the window only."""
+    import threading
+
+    from wok.bench.runner import Ramp
+
+    cfg = ramp_config(target, qps, args)
     marks: dict = {}
 
     def bracket() -> None:

@@ -56,3 +56,29 @@ def test_a_window_without_batches_is_an_error():
 def test_rows_must_divide_the_batch_size():
     with pytest.raises(SystemExit):
         ceiling.parse_args(["--rows", "5"])
+
+
+def _overloaded_step(p99_ms: float) -> dict:
+    # 1.3 × overload: the server completes about 1/1.3 of the offered requests over the step.
+    return {
+        "offered_qps": 1125.0,
+        "achieved_qps": 720.0,
+        "requests": 18000,
+        "duration_s": 16.0,
+        "success_rate": 1.0,
+        "latency_ms": {"p99": p99_ms},
+        "dispatch_lag_ms": {"p99": 0.5},
+        "littles_law": {"relative_error": float("nan")},
+    }
+
+
+def test_the_overloaded_step_neither_stops_early_nor_blames_the_generator():
+    from wok.bench import analysis
+
+    cfg = ceiling.ramp_config("127.0.0.1:1", 1125.0, ceiling.parse_args([]))
+    slow = _overloaded_step(p99_ms=7590.0)  # requests queue for seconds: the server is the limit
+    assert not analysis.should_stop_early(slow, cfg.slo_p99_ms, cfg.stop_factor)
+    assert not [w for w in analysis.check_precision(slow, cfg.slo_p99_ms) if "under-delivered" in w]
+    # A shortfall with quick answers is still the generator's, and still said.
+    quick = _overloaded_step(p99_ms=5.0)
+    assert [w for w in analysis.check_precision(quick, cfg.slo_p99_ms) if "under-delivered" in w]
