@@ -42,7 +42,7 @@ PEERS_DIR = ROOT / ".bench-peers"
 TEMPLATES = Path(__file__).resolve().parent / "peers"
 SLOS_MS = (50.0, 200.0)
 REPORT_AT = (100.0, 1000.0)
-DEFAULT_STEPS = "100,200,400,800,1200,1600,2000,2400,3200,4000"
+DEFAULT_STEPS = "100,200,400,800,1000,1200,1600,2000,2400,3200,4000"  # holds every REPORT_AT rate
 STEP_KEYS = ("offered_qps", "achieved_qps", "requests", "ok", "errors", "success_rate", "latency_ms", "dispatch_lag_ms")
 
 
@@ -566,9 +566,18 @@ def summarize_run(result: dict) -> dict:
     ]
     return {
         "max_qps": {f"{slo:g}": max_qps_under_slo(result["steps"], slo) for slo in SLOS_MS},
+        "max_qps_capped": {f"{slo:g}": capped(result["steps"], slo) for slo in SLOS_MS},
         "steps": steps,
         "warnings": result.get("warnings", []),
     }
+
+
+def capped(steps: list[dict], slo_p99_ms: float) -> bool:
+    """Whether a ramp's max QPS under the SLO is its top step with every step passing: then it is
+    only a lower bound (the ramp never found where the server fails)."""
+    from wok.bench.analysis import passes_slo
+
+    return bool(steps) and all(passes_slo(s, slo_p99_ms) for s in steps)
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -602,7 +611,9 @@ def _cpu(run: dict, qps: float) -> float | None:
 def aggregate(runs: list[dict], servers: list[str], report_at: Iterable[float] = REPORT_AT) -> dict:
     """Per server: median and spread of each headline figure over its successful runs.
 
-    A ramp whose lowest step already misses an SLO counts as 0 QPS for that SLO.
+    A ramp whose lowest step already misses an SLO counts as 0 QPS for that SLO. `capped` in a max
+    QPS figure counts the runs whose maximum is their top step with every step passing: lower
+    bounds, which the table marks (read from the steps, so older documents get it too).
     """
     out = {}
     for name in servers:
@@ -610,7 +621,9 @@ def aggregate(runs: list[dict], servers: list[str], report_at: Iterable[float] =
         summary = {"runs": len(mine)}
         for slo in SLOS_MS:
             key = f"{slo:g}"
-            summary[f"max_qps_p99_{key}ms"] = spread((r["max_qps"][key] or 0.0) for r in mine)
+            summary[f"max_qps_p99_{key}ms"] = spread((r["max_qps"][key] or 0.0) for r in mine) | {
+                "capped": sum(capped(r.get("steps", []), slo) for r in mine)
+            }
         for q in report_at:
             summary[f"p50_ms_at_{q:g}"] = spread(_lat(r, q, "p50") for r in mine)
             summary[f"p99_ms_at_{q:g}"] = spread(_lat(r, q, "p99") for r in mine)
@@ -630,9 +643,10 @@ def _fmt(sp: dict, digits: int = 0) -> str:
         return "-"
     f = f"{{:,.{digits}f}}"
     med = f.format(sp["median"])
-    if sp["n"] > 1:
-        return f"{med} ({f.format(sp['min'])}–{f.format(sp['max'])})"
-    return med
+    notes = [f"{f.format(sp['min'])}–{f.format(sp['max'])}"] if sp["n"] > 1 else []
+    if sp.get("capped"):  # a max QPS that is a lower bound in some runs
+        notes.append(f"top step in {sp['capped']} of {sp['n']}" if sp["n"] > 1 else "top step")
+    return f"{med} ({'; '.join(notes)})" if notes else med
 
 
 def table_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
@@ -776,6 +790,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--host-probe: expected seconds >= 0 (0: off), got {args.host_probe:g}")
     args.step_list = [float(x) for x in args.steps.split(",")]
     args.report_list = [float(x) for x in args.report_at.split(",")]
+    missing = [q for q in args.report_list if q not in args.step_list]
+    if missing:
+        print(
+            f"compare.py: warning: --report-at {','.join(f'{q:g}' for q in missing)} not among --steps: "
+            "those rows of the table will be empty",
+            file=sys.stderr,
+        )
     return args
 
 

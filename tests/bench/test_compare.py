@@ -112,8 +112,9 @@ def test_aggregate_table_and_json_shape():
     assert doc["schema"] == "wok.compare/1"
     a, b = doc["summary"]["a"], doc["summary"]["b"]
     assert a["runs"] == 3 and b["runs"] == 1  # the failed run is left out
-    assert a["max_qps_p99_50ms"] == {"median": 1000.0, "min": 100.0, "max": 1000.0, "n": 3}  # rep 2: 60 ms at 1000
-    assert a["max_qps_p99_200ms"] == {"median": 1600.0, "min": 1200.0, "max": 2000.0, "n": 3}
+    # rep 2: 60 ms at 1000; every ramp fails at 4,000, so no maximum is a mere lower bound
+    assert a["max_qps_p99_50ms"] == {"median": 1000.0, "min": 100.0, "max": 1000.0, "n": 3, "capped": 0}
+    assert a["max_qps_p99_200ms"] == {"median": 1600.0, "min": 1200.0, "max": 2000.0, "n": 3, "capped": 0}
     assert a["p99_ms_at_1000"] == {"median": 40.0, "min": 30.0, "max": 60.0, "n": 3}
     assert a["cpu_us_per_request_at_1000"]["median"] == 302.0
     assert a["peak_rss_mb"] == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
@@ -260,3 +261,28 @@ def test_a_wok_variant_serves_wok_with_extra_arguments():
     args = compare.parse_args(["--servers", "wok,wok-t1", "--wok-variant", "wok-t1=--torch-threads 1"])
     assert args.server_list == ["wok", "wok-t1"]
     compare.PEERS.pop("wok-t1")
+
+
+def test_a_max_qps_at_the_top_step_is_marked_as_a_lower_bound():
+    # Rep 1 passes every step: its max (1,000) is only a lower bound; rep 2 fails at 1,000.
+    top = [step(100, 2.0, 5.0), step(1000, 3.0, 20.0)]
+    failed = [step(100, 2.0, 5.0), step(1000, 3.0, 80.0)]
+    runs = [
+        {"rep": r, "server": "a", "error": None, "max_qps": {"50": max_qps_under_slo(s, 50.0), "200": 1000.0},
+         "steps": s} for r, s in ((1, top), (2, failed))
+    ]  # fmt: skip
+    assert compare.capped(top, 50.0) and not compare.capped(failed, 50.0) and not compare.capped([], 50.0)
+    summary = compare.aggregate(runs, ["a"], report_at=[100.0])["a"]
+    assert summary["max_qps_p99_50ms"] == {"median": 550.0, "min": 100.0, "max": 1000.0, "n": 2, "capped": 1}
+    assert summary["max_qps_p99_200ms"]["capped"] == 2  # both pass every step under 200 ms
+    doc = {"config": {"servers": ["a"], "report_at_qps": [100.0]}, "summary": {"a": summary}}
+    text = compare.render_table(doc)
+    assert "550 (100–1,000; top step in 1 of 2)" in text
+    assert "1,000 (1,000–1,000; top step in 2 of 2)" in text
+
+
+def test_a_report_rate_that_is_not_a_step_is_warned_about(capsys):
+    compare.parse_args(["--servers", "wok", "--steps", "100,400", "--report-at", "100,1000"])
+    assert "--report-at 1000 not among --steps" in capsys.readouterr().err
+    compare.parse_args(["--servers", "wok"])  # the defaults hold every report rate
+    assert "not among" not in capsys.readouterr().err
