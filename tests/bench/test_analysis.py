@@ -329,7 +329,31 @@ def test_dispatch_lag_warning():
     assert w == "step 400 QPS: dispatch lag p99 1.8 ms > 1 ms: the generator could not keep the schedule"
 
 
+def test_sent_qps_counts_the_windows_requests_that_went_out_within_it():
+    # 10 requests intended at 0.0..0.9 s of a 1 s window; the last two go out after it ends.
+    intended = np.arange(10) / 10
+    sent = intended + np.array([0.01] * 8 + [0.2, 0.3])
+    done = sent + 0.005
+    codes = np.array(["OK"] * 10)
+    step = step_result(offered_qps=10, duration_s=1.0, intended_s=intended, sent_s=sent, done_s=done, codes=codes)
+    assert step["sent_qps"] == 8.0
+
+
+def test_the_generator_is_judged_by_what_it_sent_not_by_what_came_back():
+    # Past capacity: everything went out on time, the server answered 70 % of it, slowly.
+    overloaded = fake_step(1000, achieved=700, p99=5000.0) | {"sent_qps": 1000.0}
+    assert not [w for w in check_precision(overloaded, slo_p99_ms=1e9) if "under-delivered" in w]
+    # The generator itself sent 10 % short, whatever the latency: said.
+    short = fake_step(1000, achieved=900, p99=5000.0) | {"sent_qps": 900.0}
+    (w,) = check_precision(short, slo_p99_ms=200)
+    assert w == "step 1000 QPS: sent 900.0 QPS < 98% of offered: the generator under-delivered"
+    # Within the 2 % margin and within Poisson noise on a short step: not evidence.
+    assert check_precision(fake_step(1000, p99=5.0) | {"sent_qps": 985.0}) == []
+    assert check_precision(fake_step(100, duration=2.0) | {"sent_qps": 90.0}) == []
+
+
 def test_under_delivery_warning_only_when_the_server_is_fast_and_healthy():
+    # Steps without `sent_qps` (written before it) keep the rule on answers.
     under = fake_step(100, achieved=90, p99=20)
     (w,) = check_precision(under, slo_p99_ms=200)
     assert w.startswith("step 100 QPS: achieved 90.0 QPS") and "under-delivered" in w
