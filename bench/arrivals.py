@@ -62,6 +62,17 @@ class Arrivals(Protocol):
         ...
 
 
+def window_rate(arrivals: Arrivals, start_s: float, end_s: float) -> float:
+    """Expected requests/s over [start_s, end_s) of the schedule: a step's offered rate over its
+    measured window, which for a burst or a sawtooth differs from the mean over warm-up and window."""
+    if not end_s > start_s:
+        raise ValueError(f"window [{start_s:g}, {end_s:g}) is empty")
+    cumulative = getattr(arrivals, "cumulative", None)
+    if cumulative is None:
+        return arrivals.mean_rate
+    return float(cumulative(end_s) - cumulative(start_s)) / (end_s - start_s)
+
+
 # -- helpers ---------------------------------------------------------------------------------
 def _check_rate(what: str, value: float) -> float:
     value = float(value)
@@ -240,8 +251,9 @@ class Burst:
 class Sawtooth:
     """Poisson arrivals whose λ rises linearly from low_qps to high_qps over each period, then drops.
 
-    `mean_rate` is (low + high) / 2, the mean over whole periods; a step that ends
-    mid-period offers slightly less (or more, for low > high, a falling ramp).
+    `mean_rate` is (low + high) / 2, the mean over whole periods; a window that is not whole
+    periods offers something else (`window_rate`: 850 over [1, 6) s of a 500 → 1,500 QPS, 10 s
+    sawtooth), and a step reports that.
     """
 
     low_qps: float

@@ -21,7 +21,7 @@ import numpy as np
 from wok.clients.channel import tls_mode
 
 from . import analysis
-from .arrivals import parse_arrivals
+from .arrivals import parse_arrivals, window_rate
 from .payloads import Mix, PayloadGenerator, TensorSpec, parse_sizes
 from .scrape import scrape, server_view
 from .workers import OK, Share, WorkerPool
@@ -240,7 +240,7 @@ class Ramp:
             server = server_view(before, after, cfg.models[0][0])
         in_window = (codes == OK) & (done >= w) & (done < total)
         step = analysis.step_result(
-            offered_qps=arrivals.mean_rate,
+            offered_qps=window_rate(arrivals, w, total),
             completed_ok=int(in_window.sum()),
             duration_s=cfg.step_duration_s,
             intended_s=intended[keep] - w,

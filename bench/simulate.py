@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from . import analysis
-from .arrivals import parse_arrivals
+from .arrivals import parse_arrivals, window_rate
 
 REJECTED = "RESOURCE_EXHAUSTED"
 
@@ -357,7 +357,7 @@ def simulate_step(cfg: SimConfig, qps: float, rng: np.random.Generator) -> dict:
     ok = ~run.rejected
     in_window = ok & (run.done >= w) & (run.done < total)
     step = analysis.step_result(
-        offered_qps=arrivals.mean_rate,
+        offered_qps=window_rate(arrivals, w, total),
         duration_s=cfg.step_duration_s,
         intended_s=times[keep] - w,
         sent_s=times[keep] - w,

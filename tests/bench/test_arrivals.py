@@ -28,6 +28,7 @@ from wok.bench.arrivals import (
     parse_arrivals,
     parse_duration,
     parse_steps,
+    window_rate,
 )
 
 QPS = 200.0
@@ -380,3 +381,13 @@ def test_constructor_errors(make, message):
     with pytest.raises(ValueError) as e:
         make()
     assert str(e.value) == message
+
+
+def test_window_rate_is_the_schedules_mean_over_the_measured_window():
+    saw = Sawtooth(500.0, 1500.0, 10.0)  # λ rises 100 QPS per second from 500
+    # Over [1, 6) λ is linear, so its mean is λ at the midpoint 3.5 s: 850, not (500 + 1500) / 2.
+    assert window_rate(saw, 1.0, 6.0) == pytest.approx(850.0)
+    assert window_rate(saw, 0.0, 10.0) == pytest.approx(saw.mean_rate)  # a whole period
+    assert window_rate(Poisson(QPS), 2.0, 7.0) == pytest.approx(QPS)
+    with pytest.raises(ValueError, match="empty"):
+        window_rate(saw, 3.0, 3.0)

@@ -93,3 +93,14 @@ def test_the_cli_prints_the_table_and_writes_the_schema(tmp_path):
     result = json.loads(out.read_text())
     assert [s["nominal_qps"] for s in result["steps"]] == [300, 600, 900]
     assert all("utilization" in s for s in result["steps"])
+
+
+def test_a_step_offers_what_its_schedule_holds_in_the_measured_window():
+    from wok.bench.arrivals import parse_arrivals, window_rate
+
+    model = BatcherModel(alpha_s=0.0, beta_s=1e-5, max_batch_size=1, max_queue_delay_s=0.0)
+    cfg = SimConfig(model=model, steps=[1000], step_duration_s=5.0, warmup_s=1.0, arrival="sawtooth")
+    step = simulate_ramp(cfg)["steps"][0]
+    want = window_rate(parse_arrivals("sawtooth", 1000, duration_s=6.0), 1.0, 6.0)
+    assert step["offered_qps"] == pytest.approx(want)
+    assert abs(want - 1000) > 100  # the mean over warm-up and window would be 1,000: far off
