@@ -41,6 +41,7 @@ __all__ = [
     "parse_arrivals",
     "parse_duration",
     "parse_steps",
+    "window_rate",
 ]
 
 
@@ -68,7 +69,7 @@ def window_rate(arrivals: Arrivals, start_s: float, end_s: float) -> float:
     if not end_s > start_s:
         raise ValueError(f"window [{start_s:g}, {end_s:g}) is empty")
     cumulative = getattr(arrivals, "cumulative", None)
-    if cumulative is None:
+    if cumulative is None or isinstance(arrivals, Poisson | Constant):  # constant λ: exactly its rate
         return arrivals.mean_rate
     return float(cumulative(end_s) - cumulative(start_s)) / (end_s - start_s)
 
