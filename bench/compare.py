@@ -821,6 +821,14 @@ def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path, probe_s: floa
         with RssSampler(server.pid) as rss:
             result = metered_ramp(server, cfg, progress=lambda m: say(f"rep {rep} {peer.name}: {m}"))
         record.update(summarize_run(result))
+        cut = result.get("interrupted")
+        if cut:
+            # Its max QPS would be the last step it reached, not where the server fails: the run
+            # is left out of the summary (its steps kept), and a signal stops the harness (this
+            # run then goes unrecorded, as any run the signal cuts).
+            record["error"] = f"interrupted: {cut['reason']}"
+            if cut["by_signal"]:
+                raise KeyboardInterrupt(cut["reason"])
         if probe_s:
             record["host_probe"] = hostprobe.around(before, hostprobe.try_probe(probe_s, say))
         record["peak_rss_bytes"] = rss.peak

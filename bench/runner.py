@@ -144,6 +144,7 @@ class Ramp:
         )
         steps: list[dict] = []
         interrupted = None
+        by_signal = False
         try:
             for i, qps in enumerate(cfg.steps):
                 try:
@@ -153,6 +154,7 @@ class Ramp:
                         raise
                     # Keep what was measured: the steps done so far are still a result.
                     interrupted = f"ramp ended early at {qps:g} QPS: {type(exc).__name__}: {exc}"
+                    by_signal = isinstance(exc, KeyboardInterrupt)
                     self.say(interrupted)
                     break
                 steps.append(step)
@@ -181,6 +183,9 @@ class Ramp:
             timeline=self._timeline(),
         )
         result["balancer"] = workers.balancer_stats()
+        # Null for a ramp that ran every step it meant to (or stopped early by its own rule);
+        # else why it ended, and whether a signal (Ctrl-C, SIGTERM) ended it.
+        result["interrupted"] = {"reason": interrupted, "by_signal": by_signal} if interrupted else None
         if interrupted:
             result["warnings"].append(interrupted)
         return result

@@ -177,9 +177,34 @@ def test_a_burst_step_reports_the_rate_it_really_offered(bench_server):
     )
     (step,) = Ramp(cfg, progress=lambda _: None).run()["steps"]
     assert step["nominal_qps"] == 100
-    # λ_base + A·σ·√(2π)/T over the step: 100 + 400 · 0.22 · 2.507 / 2.2 ≈ 200 QPS.
+    # λ_base + A·σ·√(2π)/T over the measured window (the burst at 1.1 s lies inside it):
+    # 100 + 400 · 0.22 · 2.507 / 2.0 ≈ 210 QPS.
     assert 180 < step["offered_qps"] < 220
     assert abs(step["achieved_qps"] - step["offered_qps"]) < 0.15 * step["offered_qps"]
+
+
+class _CutAfterOne(Ramp):
+    """A Ramp whose second step is cut by Ctrl-C as it starts."""
+
+    def run_step(self, workers, qps, label, slot=None):
+        if slot:
+            raise KeyboardInterrupt("Ctrl-C")
+        return super().run_step(workers, qps, label, slot)
+
+
+def test_a_ramp_cut_by_a_signal_says_so_in_its_result(bench_server):
+    cfg = RampConfig(
+        target=bench_server.target, models=[("mlp", 1.0)], steps=[50, 100], step_duration_s=0.3, warmup_s=0.1
+    )
+    result = _CutAfterOne(cfg, progress=lambda _: None).run()
+    assert [s["nominal_qps"] for s in result["steps"]] == [50]  # the step measured is kept
+    assert result["interrupted"] == {
+        "reason": "ramp ended early at 100 QPS: KeyboardInterrupt: Ctrl-C",
+        "by_signal": True,
+    }
+    assert result["interrupted"]["reason"] in result["warnings"]
+    cfg.steps = [50]
+    assert Ramp(cfg, progress=lambda _: None).run()["interrupted"] is None
 
 
 class _Clocked(Ramp):
