@@ -164,12 +164,17 @@ class Ramp:
                     break
             if cfg.refine and interrupted is None:
                 lo = analysis.max_qps_under_slo(steps, cfg.slo_p99_ms)
-                higher = [s["offered_qps"] for s in steps if lo is not None and s["offered_qps"] > lo]
+                higher = [s for s in steps if lo is not None and s["offered_qps"] > lo]
                 if lo is not None and higher:
-                    _, extra = analysis.bisect_max_qps(
-                        lambda q: self.run_step(workers, q, "refine"), lo, min(higher), cfg.slo_p99_ms, cfg.refine
-                    )
-                    steps = sorted(steps + extra, key=lambda s: s["offered_qps"])
+                    # Bisect on the --steps values that run_step takes, not on the offered rates
+                    # the verdict reads: a burst offers about twice its nominal rate.
+                    passed = next(s["nominal_qps"] for s in steps if s["offered_qps"] == lo)
+                    failed = min(higher, key=lambda s: s["offered_qps"])["nominal_qps"]
+                    if passed < failed:
+                        _, extra = analysis.bisect_max_qps(
+                            lambda q: self.run_step(workers, q, "refine"), passed, failed, cfg.slo_p99_ms, cfg.refine
+                        )
+                        steps = sorted(steps + extra, key=lambda s: s["offered_qps"])
         finally:
             workers.close()
         # Key material and the token never reach the result; only which kind of security was used.

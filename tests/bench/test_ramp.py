@@ -207,6 +207,37 @@ def test_a_ramp_cut_by_a_signal_says_so_in_its_result(bench_server):
     assert Ramp(cfg, progress=lambda _: None).run()["interrupted"] is None
 
 
+class _DoubleOffer(Ramp):
+    """A Ramp whose steps offer twice their nominal rate (as a burst does), against a server
+    that keeps P99 under 50 ms up to 3,000 offered QPS: no request is sent."""
+
+    def run_step(self, workers, qps, label, slot=None):
+        offered = 2.0 * qps
+        p99 = 20.0 if offered <= 3000 else 500.0
+        self.ran.append(qps)
+        return {
+            "offered_qps": offered, "nominal_qps": qps, "achieved_qps": min(offered, 3000.0), "duration_s": 1.0,
+            "phase": "ramp", "requests": int(offered), "ok": int(offered), "errors": {}, "success_rate": 1.0,
+            "latency_ms": dict.fromkeys(("mean", "p50", "p90", "p95", "p99", "p999", "max"), p99),
+            "dispatch_lag_ms": {"p50": 0.1, "p99": 0.1, "max": 0.1}, "late_sends": 0, "sent_qps": offered,
+            "littles_law": {"relative_error": math.nan},
+        }  # fmt: skip
+
+
+def test_refine_bisects_on_the_nominal_rates_it_runs(bench_server):
+    cfg = RampConfig(
+        target=bench_server.target, models=[("mlp", 1.0)], steps=[1000, 2000], step_duration_s=1.0, refine=2,
+        slo_p99_ms=50.0,
+    )  # fmt: skip
+    ramp = _DoubleOffer(cfg, progress=lambda _: None)
+    ramp.ran = []
+    result = ramp.run()
+    # 1,000 (2,000 offered) passes, 2,000 (4,000 offered) fails: the refinement runs at nominal
+    # 1,500 (3,000 offered: passes) then 1,750 (3,500: fails), between the two, never above.
+    assert ramp.ran == [1000, 2000, 1500, 1750]
+    assert result["max_qps_under_slo"] == 3000.0
+
+
 class _Clocked(Ramp):
     """A Ramp that notes, as its first step starts, where that start lies on the wall clock."""
 
