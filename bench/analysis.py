@@ -238,12 +238,17 @@ def find_knee(steps: list[dict], threshold: float = 0.5) -> float | None:
     (achieved_i − achieved_{i−1}) / (offered_i − offered_{i−1}) is below `threshold`.
     `achieved_qps` counts successful requests only, so a server that answers the extra
     load with errors has reached its knee too. Steps at an already-seen offer are skipped.
+    The step must also fall short of its own offer by more than the Poisson noise of its count
+    (3·√N): between steps a few QPS apart (refinement), noise alone makes gains below any
+    threshold while throughput still follows the offer.
     """
     prev = None
     for step in _sorted_steps(steps):
         if prev is not None and step["offered_qps"] > prev["offered_qps"]:
             gain = (step["achieved_qps"] - prev["achieved_qps"]) / (step["offered_qps"] - prev["offered_qps"])
-            if gain < threshold:
+            offered, duration = step["offered_qps"], step["duration_s"]
+            short = offered - step["achieved_qps"] > 3 * math.sqrt(max(offered * duration, 0.0)) / duration
+            if gain < threshold and short:
                 return step["offered_qps"]
         if prev is None or step["offered_qps"] > prev["offered_qps"]:
             prev = step

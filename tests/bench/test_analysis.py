@@ -235,6 +235,15 @@ def test_knee_is_the_first_step_whose_marginal_gain_falls_below_the_threshold():
     assert find_knee(list(reversed(steps))) == 800
 
 
+def test_no_knee_from_noise_between_close_steps():
+    # 5 s steps a few QPS apart: at 1,025 the gain from 1,000 is (1013 − 1004) / 25 = 0.36, but
+    # 1,013 is only 12 short of 1,025, inside the noise 3·√(1025·5)/5 ≈ 43: throughput still follows.
+    pts = [(800, 801), (1000, 1004), (1025, 1013), (1050, 1051), (1200, 1199), (1600, 1450)]
+    steps = [fake_step(o, a, duration=5.0) for o, a in pts]
+    assert find_knee(steps) is None  # 1,600's gain is 251 / 400 = 0.63
+    assert find_knee(steps, threshold=0.7) == 1600  # and 150 short, beyond its noise of 54
+
+
 def test_no_knee_on_a_straight_line_and_none_for_too_few_steps():
     assert find_knee(curve([(50, 50), (100, 99.5), (200, 199), (400, 398)])) is None
     assert find_knee(curve([(50, 50)])) is None
