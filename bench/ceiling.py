@@ -125,23 +125,29 @@ def ramp_config(target: str, qps: float, args):
 
 
 def saturate(target: str, metrics_url: str, qps: float, args) -> tuple[dict, dict, dict]:
-    """Offer `qps` requests/s for the warm-up and the window; counters bracket the window only."""
+    """Offer `qps` requests/s for the warm-up and the window; counters bracket the window only,
+    timed from the load's own start (the generator's set-up before it is not warm-up)."""
     import threading
 
     from wok.bench.runner import Ramp
 
-    cfg = ramp_config(target, qps, args)
     marks: dict = {}
+    begun = threading.Event()
+
+    class Timed(Ramp):
+        def started(self, clock0: float) -> None:
+            marks["clock0"] = clock0  # time.monotonic() of the step's t = 0
+            begun.set()
 
     def bracket() -> None:
-        time.sleep(args.warmup)
-        marks["before"] = counters(metrics_url)
-        time.sleep(args.duration)
-        marks["after"] = counters(metrics_url)
+        begun.wait()
+        for key, at in (("before", args.warmup), ("after", args.warmup + args.duration)):
+            time.sleep(max(0.0, marks["clock0"] + at - time.monotonic()))
+            marks[key] = counters(metrics_url)
 
     t = threading.Thread(target=bracket, daemon=True)
     t.start()
-    result = Ramp(cfg).run()
+    result = Timed(ramp_config(target, qps, args)).run()
     t.join()
     return marks["before"], marks["after"], result["steps"][0]
 
