@@ -382,6 +382,10 @@ def test_littles_law_disagreement_warns():
     step["littles_law"] = {"mean_inflight_measured": 1.0, "lambda_w": 1.5, "relative_error": 0.5}
     (w,) = check_precision(step)
     assert "Little's law" in w and "+50%" in w
+    # Not while the queue grows (answers 10 % short) nor while it drains a backlog (10 % over).
+    for achieved in (90.0, 110.0):
+        unsteady = fake_step(100, achieved=achieved, p99=500.0) | {"littles_law": step["littles_law"]}
+        assert not [w for w in check_precision(unsteady, slo_p99_ms=200) if "Little" in w]
 
 
 def test_an_empty_step_warns():
