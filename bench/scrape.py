@@ -51,6 +51,11 @@ def scrape(url: str, timeout: float = 5.0) -> Snapshot | None:
             body = resp.read().decode()
     except (urllib.error.URLError, OSError, ValueError):
         return None
+    return parse_exposition(body)
+
+
+def parse_exposition(body: str) -> Snapshot:
+    """A Snapshot of Prometheus text exposition (what /metrics serves)."""
     snap = Snapshot()
     for family in text_string_to_metric_families(body):
         for s in family.samples:
@@ -74,6 +79,15 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
             return prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
         prev_le, prev_count = le, count
     return prev_le
+
+
+def beyond_last_bound(q: float, buckets: list[tuple[float, float]]) -> bool:
+    """Whether the q-quantile falls in the +Inf bucket: `histogram_quantile` then returns the last
+    finite bound, a floor under the true value, not an estimate of it."""
+    if not buckets or buckets[-1][1] <= 0:
+        return False
+    rank = q * buckets[-1][1]
+    return math.isinf(next(le for le, count in buckets if count >= rank))
 
 
 def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> dict | None:
@@ -103,6 +117,7 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> 
     out["e2e_ms"] = {"mean": 1e3 * delta(E2E + "_sum", model=model) / n}
     for q, key in ((0.5, "p50"), (0.99, "p99")):
         out["e2e_ms"][key] = quantile_ms(q, e2e_delta)
+    out["e2e_ms"]["p99_over_last_bound"] = beyond_last_bound(0.99, e2e_delta)
     stages = {}
     for (name, items), _ in after.values.items():
         if name == STAGE + "_count" and dict(items).get("model") == model:
@@ -111,7 +126,10 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> 
             if c > 0:
                 stages[stage] = 1e3 * delta(STAGE + "_sum", model=model, stage=stage) / c
     out["stages_ms"] = stages
-    out["stages_p99_ms"] = {st: quantile_ms(0.99, bucket_delta(STAGE, model=model, stage=st)) for st in stages}
+    stage_buckets = {st: bucket_delta(STAGE, model=model, stage=st) for st in stages}
+    out["stages_p99_ms"] = {st: quantile_ms(0.99, b) for st, b in stage_buckets.items()}
+    # Stages whose P99 is only the last finite bound (the histogram cannot say how far past it).
+    out["stages_p99_over_last_bound"] = sorted(st for st, b in stage_buckets.items() if beyond_last_bound(0.99, b))
     out["queue_ms"] = {"mean": stages.get("queue"), "p99": out["stages_p99_ms"].get("queue")}
     batches = delta(BATCH + "_count", model=model)
     if batches > 0:
