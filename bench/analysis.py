@@ -231,6 +231,11 @@ def _sorted_steps(steps: Sequence[dict]) -> list[dict]:
     return sorted(steps, key=lambda s: s["offered_qps"])
 
 
+def poisson_noise_qps(offered_qps: float, duration_s: float) -> float:
+    """3·√N / T: how far a step's count of Poisson arrivals alone may stray from its offer, in QPS."""
+    return 3 * math.sqrt(max(offered_qps * duration_s, 0.0)) / duration_s
+
+
 def find_knee(steps: list[dict], threshold: float = 0.5) -> float | None:
     """Offered QPS of the first step where achieved throughput stops following the offer.
 
@@ -246,8 +251,9 @@ def find_knee(steps: list[dict], threshold: float = 0.5) -> float | None:
     for step in _sorted_steps(steps):
         if prev is not None and step["offered_qps"] > prev["offered_qps"]:
             gain = (step["achieved_qps"] - prev["achieved_qps"]) / (step["offered_qps"] - prev["offered_qps"])
-            offered, duration = step["offered_qps"], step["duration_s"]
-            short = offered - step["achieved_qps"] > 3 * math.sqrt(max(offered * duration, 0.0)) / duration
+            short = step["offered_qps"] - step["achieved_qps"] > poisson_noise_qps(
+                step["offered_qps"], step["duration_s"]
+            )
             if gain < threshold and short:
                 return step["offered_qps"]
         if prev is None or step["offered_qps"] > prev["offered_qps"]:
@@ -346,8 +352,7 @@ def check_precision(step: dict, slo_p99_ms: float | None = None) -> list[str]:
         )
     offered, achieved, duration = step["offered_qps"], step["achieved_qps"], step["duration_s"]
     # Poisson arrivals alone put the count 3·sqrt(N) off on a short step; warn only beyond that.
-    noise = 3 * math.sqrt(max(offered * duration, 0.0)) / duration
-    limit = max((1 - UNDER_DELIVERY) * offered, noise)
+    limit = max((1 - UNDER_DELIVERY) * offered, poisson_noise_qps(offered, duration))
     sent = step.get("sent_qps")
     if _finite(sent):
         # What went out, not what came back: a server past capacity completes less than was

@@ -268,9 +268,15 @@ def test_a_max_qps_at_the_top_step_is_marked_as_a_lower_bound():
     top = [step(100, 2.0, 5.0), step(1000, 3.0, 20.0)]
     failed = [step(100, 2.0, 5.0), step(1000, 3.0, 80.0)]
     runs = [
-        {"rep": r, "server": "a", "error": None, "max_qps": {"50": max_qps_under_slo(s, 50.0), "200": 1000.0},
-         "steps": s} for r, s in ((1, top), (2, failed))
-    ]  # fmt: skip
+        {
+            "rep": r,
+            "server": "a",
+            "error": None,
+            "max_qps": {"50": max_qps_under_slo(s, 50.0), "200": 1000.0},
+            "steps": s,
+        }
+        for r, s in ((1, top), (2, failed))
+    ]
     assert compare.capped(top, 50.0) and not compare.capped(failed, 50.0) and not compare.capped([], 50.0)
     summary = compare.aggregate(runs, ["a"], report_at=[100.0])["a"]
     assert summary["max_qps_p99_50ms"] == {"median": 550.0, "min": 100.0, "max": 1000.0, "n": 2, "capped": 1}

@@ -216,19 +216,32 @@ class _DoubleOffer(Ramp):
         p99 = 20.0 if offered <= 3000 else 500.0
         self.ran.append(qps)
         return {
-            "offered_qps": offered, "nominal_qps": qps, "achieved_qps": min(offered, 3000.0), "duration_s": 1.0,
-            "phase": "ramp", "requests": int(offered), "ok": int(offered), "errors": {}, "success_rate": 1.0,
+            "offered_qps": offered,
+            "nominal_qps": qps,
+            "achieved_qps": min(offered, 3000.0),
+            "duration_s": 1.0,
+            "phase": "ramp",
+            "requests": int(offered),
+            "ok": int(offered),
+            "errors": {},
+            "success_rate": 1.0,
             "latency_ms": dict.fromkeys(("mean", "p50", "p90", "p95", "p99", "p999", "max"), p99),
-            "dispatch_lag_ms": {"p50": 0.1, "p99": 0.1, "max": 0.1}, "late_sends": 0, "sent_qps": offered,
+            "dispatch_lag_ms": {"p50": 0.1, "p99": 0.1, "max": 0.1},
+            "late_sends": 0,
+            "sent_qps": offered,
             "littles_law": {"relative_error": math.nan},
-        }  # fmt: skip
+        }
 
 
 def test_refine_bisects_on_the_nominal_rates_it_runs(bench_server):
     cfg = RampConfig(
-        target=bench_server.target, models=[("mlp", 1.0)], steps=[1000, 2000], step_duration_s=1.0, refine=2,
+        target=bench_server.target,
+        models=[("mlp", 1.0)],
+        steps=[1000, 2000],
+        step_duration_s=1.0,
+        refine=2,
         slo_p99_ms=50.0,
-    )  # fmt: skip
+    )
     ramp = _DoubleOffer(cfg, progress=lambda _: None)
     ramp.ran = []
     result = ramp.run()
