@@ -18,6 +18,7 @@ from ..config import model_config_from_dict
 from ..errors import InvalidInput
 from ..servable import HostBuffers, Servable
 from ..tensors import to_numpy_view
+from .limits import MAX_QUEUE_SIZE
 
 NAME = "encoder"
 SEED = 0x656E63
@@ -117,6 +118,7 @@ def build(
     dim_feedforward: int = 256,
     max_batch_size: int = 32,
     max_queue_delay_ms: float = 5.0,
+    max_queue_size: int = MAX_QUEUE_SIZE,
 ) -> Servable:
     """The `encoder` demo model: `layers` transformer layers of width `d_model`."""
     if vocab < MIN_VOCAB:
@@ -146,11 +148,12 @@ def build(
                 "dim_feedforward": dim_feedforward,
                 "max_batch_size": max_batch_size,
                 "max_queue_delay_ms": max_queue_delay_ms,
+                "max_queue_size": max_queue_size,
             },
             "inputs": [{"name": "tokens", "datatype": "INT64", "dims": [-1]}],
             "outputs": [{"name": "embedding", "datatype": "FP32", "dims": [d_model]}],
             "max_batch_size": max_batch_size,
-            "dynamic_batching": {"max_queue_delay_ms": max_queue_delay_ms},
+            "dynamic_batching": {"max_queue_delay_ms": max_queue_delay_ms, "max_queue_size": max_queue_size},
         },
         source=f"demo model {NAME}",
     )

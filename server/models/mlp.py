@@ -11,6 +11,7 @@ from torch import nn
 
 from ..config import model_config_from_dict
 from ..servable import Servable
+from .limits import MAX_QUEUE_SIZE
 
 NAME = "mlp"
 SEED = 0x6D6C70
@@ -40,6 +41,7 @@ def build(
     layers: int = 2,
     max_batch_size: int = 32,
     max_queue_delay_ms: float = 5.0,
+    max_queue_size: int = MAX_QUEUE_SIZE,
 ) -> Servable:
     """The `mlp` demo model; `layers` counts the hidden layers."""
     for opt, value in (
@@ -63,11 +65,12 @@ def build(
                 "layers": layers,
                 "max_batch_size": max_batch_size,
                 "max_queue_delay_ms": max_queue_delay_ms,
+                "max_queue_size": max_queue_size,
             },
             "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [in_features]}],
             "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [out_features]}],
             "max_batch_size": max_batch_size,
-            "dynamic_batching": {"max_queue_delay_ms": max_queue_delay_ms},
+            "dynamic_batching": {"max_queue_delay_ms": max_queue_delay_ms, "max_queue_size": max_queue_size},
         },
         source=f"demo model {NAME}",
     )

@@ -24,6 +24,7 @@ from ..config import model_config_from_dict
 from ..errors import InvalidInput
 from ..servable import HostBuffers, Servable
 from ..tensors import to_numpy_view
+from .limits import MAX_QUEUE_SIZE
 
 NAME = "recsys"
 SEED = 0x726563
@@ -93,6 +94,7 @@ def build(
     hidden: int = 8,
     max_batch_size: int = 64,
     max_queue_delay_ms: float = 2.0,
+    max_queue_size: int = MAX_QUEUE_SIZE,
 ) -> Servable:
     """The `recsys` demo model: `num_embeddings` x `dim` table, `dense_features` dense inputs."""
     if num_embeddings < MIN_TABLE_ROWS:
@@ -112,6 +114,7 @@ def build(
                 "hidden": hidden,
                 "max_batch_size": max_batch_size,
                 "max_queue_delay_ms": max_queue_delay_ms,
+                "max_queue_size": max_queue_size,
             },
             "inputs": [
                 {"name": "dense", "datatype": "FP32", "dims": [dense_features]},
@@ -119,7 +122,7 @@ def build(
             ],
             "outputs": [{"name": "score", "datatype": "FP32", "dims": [1]}],
             "max_batch_size": max_batch_size,
-            "dynamic_batching": {"max_queue_delay_ms": max_queue_delay_ms},
+            "dynamic_batching": {"max_queue_delay_ms": max_queue_delay_ms, "max_queue_size": max_queue_size},
         },
         source=f"demo model {NAME}",
     )

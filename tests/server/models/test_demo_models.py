@@ -98,6 +98,15 @@ def test_build_options_pass_through():
     assert out.shape == (2, 4)
 
 
+@pytest.mark.parametrize("name", sorted(DEMO_MODELS))
+def test_the_queue_bound_is_an_option_and_0_lifts_it(name):
+    kw = {"num_embeddings": 20_000} if name == "recsys" else {}
+    lifted = build_demo(name, max_queue_size=0, **kw).config
+    assert lifted.dynamic_batching.max_queue_size == 0
+    assert lifted.parameters["max_queue_size"] == 0
+    assert build_demo(name, max_queue_size=8, **kw).config.dynamic_batching.max_queue_size == 8
+
+
 def test_tables_too_small_for_random_clients_are_refused():
     with pytest.raises(ValueError, match="num_embeddings"):
         build_demo("recsys", num_embeddings=10)
@@ -119,6 +128,7 @@ def test_mlp_config(mlp):
     assert _io(c.outputs) == [("OUTPUT0", "FP32", (256,))]
     assert c.max_batch_size == 32
     assert c.dynamic_batching.max_queue_delay_ms == 5.0
+    assert c.dynamic_batching.max_queue_size == 4096
 
 
 def test_recsys_config(recsys):
@@ -128,6 +138,7 @@ def test_recsys_config(recsys):
     assert _io(c.outputs) == [("score", "FP32", (1,))]
     assert c.max_batch_size == 64
     assert c.dynamic_batching.max_queue_delay_ms == 2.0
+    assert c.dynamic_batching.max_queue_size == 4096
 
 
 def test_encoder_config(encoder):
@@ -137,6 +148,7 @@ def test_encoder_config(encoder):
     assert _io(c.outputs) == [("embedding", "FP32", (128,))]
     assert c.max_batch_size == 32
     assert c.dynamic_batching.max_queue_delay_ms == 5.0
+    assert c.dynamic_batching.max_queue_size == 4096
 
 
 def test_mlp_default_layer_sizes(mlp):
