@@ -1,0 +1,152 @@
+"""What a backlog costs the server in memory, and what `max_queue_size` keeps of it.
+
+A `wok serve --models mlp --admin` process; its one instance slowed by an admin fault so that
+nothing drains; then N calls sent at once on one channel. When every call is either queued (the
+`wok_queue_depth` gauge) or already answered (the refusals past the bound), the server's RSS
+is read from /proc against its RSS before the burst. The server is killed at the end (its
+slowed batch would hold a graceful stop for the fault's length).
+
+    .venv/bin/python bench/queue_memory.py --requests 10000 --max-queue-size 0 --max-queue-size 4096 \\
+        --json docs/results/queue-memory-2026-11-30.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import UTC, datetime
+
+import grpc
+import numpy as np
+
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+SCHEMA = "wok.queue_memory/1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def _queue_depth(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    m = re.search(r'^wok_queue_depth\{model="mlp"\} ([0-9.e+]+)$', text, re.M)
+    if m is None:
+        raise RuntimeError("the server exports no wok_queue_depth for mlp")
+    return float(m.group(1))
+
+
+async def measure(requests: int, max_queue_size: int, settle_s: float = 1.0) -> dict:
+    port, mport = _free_port(), _free_port()
+    argv = [sys.executable, "-m", "wok", "serve", "--models", "mlp", "--port", str(port)]
+    argv += ["--metrics-port", str(mport), "--admin", "--log-level", "ERROR"]
+    argv += ["--demo-option", f"mlp.max_queue_size={max_queue_size}"]
+    proc = subprocess.Popen(argv)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            await stub.ServerReady(pb.ServerReadyRequest(), wait_for_ready=True, timeout=120)
+            row = np.ones((1, 256), np.float32).tobytes()
+            tensor = pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="FP32", shape=[1, 256])
+            req = pb.ModelInferRequest(model_name="mlp", inputs=[tensor], raw_input_contents=[row])
+            for _ in range(50):  # the answers' code paths warm, so the baseline includes them
+                await stub.ModelInfer(req)
+            await asyncio.sleep(settle_s)
+            idle = _rss_mib(proc.pid)
+            fault = {"model": "mlp", "instance": 0, "mode": "slow", "delay_ms": 60_000, "duration_s": 120}
+            urllib.request.urlopen(
+                urllib.request.Request(
+                    f"http://127.0.0.1:{mport}/admin/faults",
+                    json.dumps(fault).encode(),
+                    {"Content-Type": "application/json"},
+                ),
+                timeout=5,
+            )
+            calls = [asyncio.ensure_future(stub.ModelInfer(req, timeout=900)) for _ in range(requests)]
+            deadline = time.monotonic() + 120
+            queued = 0.0
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+                queued = _queue_depth(mport)
+                answered = sum(c.done() for c in calls)
+                # Everything not queued and not answered is in the stalled instance's batches.
+                if queued + answered >= requests - 2 * 32 * 2:
+                    break
+            await asyncio.sleep(settle_s)
+            queued = _queue_depth(mport)
+            held = _rss_mib(proc.pid)
+            codes: dict[str, int] = {}
+            for c in calls:
+                if c.done():
+                    exc = c.exception()
+                    name = "OK" if exc is None else exc.code().name
+                    codes[name] = codes.get(name, 0) + 1
+            for c in calls:
+                c.cancel()
+    finally:
+        proc.kill()
+        proc.wait(30)
+    return {
+        "requests": requests,
+        "max_queue_size": max_queue_size,
+        "queued": int(queued),
+        "answered_at_once": codes,
+        "rss_idle_mib": round(idle, 1),
+        "rss_backlog_mib": round(held, 1),
+        "kib_per_queued": round((held - idle) * 1024 / queued, 1) if queued else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=10_000, help="calls sent at once (default 10,000)")
+    ap.add_argument(
+        "--max-queue-size",
+        type=int,
+        action="append",
+        help="the mlp's bound, once per run (0: none); default 0 and 4096",
+    )
+    ap.add_argument("--json", help="write the wok.queue_memory/1 document here")
+    args = ap.parse_args(argv)
+    runs = []
+    for bound in args.max_queue_size or [0, 4096]:
+        print(f"[queue_memory] {args.requests} calls, max_queue_size {bound} …", file=sys.stderr, flush=True)
+        runs.append(asyncio.run(measure(args.requests, bound)))
+    print(
+        f"{'max_queue_size':>14} {'queued':>7} {'answered at once':>24} "
+        f"{'RSS idle':>9} {'RSS backlog':>12} {'KiB/queued':>11}"
+    )
+    for r in runs:
+        at_once = ", ".join(f"{k} {v}" for k, v in sorted(r["answered_at_once"].items())) or "none"
+        print(
+            f"{r['max_queue_size']:>14} {r['queued']:>7} {at_once:>24} {r['rss_idle_mib']:>9} "
+            f"{r['rss_backlog_mib']:>12} {r['kib_per_queued']!s:>11}"
+        )
+    if args.json:
+        doc = {"schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"), "runs": runs}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
