@@ -745,6 +745,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--workers", type=int, default=2, help="load-generator processes (default 2)")
     p.add_argument("--arrival", default="poisson")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the load's random seed (arrival times, payloads) in repetition 1 (default 0)",
+    )
+    p.add_argument(
+        "--seeds",
+        choices=("per-rep", "same"),
+        default="per-rep",
+        help="per-rep (default): repetition r runs seed + r - 1, every server of a repetition the same one, "
+        "so the spreads include the schedule's own variance; same: every repetition runs --seed",
+    )
     p.add_argument("--report-at", default="100,1000", help="offered QPS at which latency and CPU are tabled")
     p.add_argument("--install-only", action="store_true", help="build the peers' venvs and exit")
     p.add_argument(
@@ -800,11 +813,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def rep_seed(args: argparse.Namespace, rep: int) -> int:
+    """The load's seed in repetition `rep` (from 1): the servers of one repetition share it."""
+    return args.seed + (rep - 1 if args.seeds == "per-rep" else 0)
+
+
 def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path, probe_s: float = 0.0) -> dict:
     from wok.bench import hostprobe
     from wok.bench.runner import RampConfig
 
     record: dict = {"rep": rep, "server": peer.name, "error": None, "cpu_wakeup_bound_us": None, "host_probe": None}
+    record["seed"] = cfg_kwargs.get("seed", 0)
     server = Server(peer, log_dir)
     record["target"] = server.target
     try:
@@ -909,7 +928,7 @@ def _compare(args: argparse.Namespace, peers: list[Peer]) -> int:
             order = peers[k:] + peers[:k]
             orders.append([p.name for p in order])
             for peer in order:
-                runs.append(run_one(peer, rep, cfg_kwargs, log_dir, args.host_probe))
+                runs.append(run_one(peer, rep, {**cfg_kwargs, "seed": rep_seed(args, rep)}, log_dir, args.host_probe))
     except KeyboardInterrupt:
         interrupted = True
         say("interrupted: stopping servers and writing what was measured")
@@ -929,6 +948,8 @@ def _compare(args: argparse.Namespace, peers: list[Peer]) -> int:
         "loadavg_at_start": load_at_start,
         "cpu_wakeup_latency_us": args.cpu_wakeup_latency,
         "host_probe_s": args.host_probe,
+        "seed": args.seed,
+        "seeds": args.seeds,
         "logs": str(log_dir.relative_to(ROOT)) if log_dir.is_relative_to(ROOT) else str(log_dir),
         **{k: v for k, v in cfg_kwargs.items() if k != "steps"},
     }

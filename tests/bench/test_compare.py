@@ -155,12 +155,13 @@ def test_a_probe_that_fails_is_recorded_and_keeps_the_run(tmp_path, monkeypatch)
 
     monkeypatch.setattr(hostprobe, "probe", failing)
     kwargs = {"steps": [50.0], "step_duration_s": 0.5, "warmup_s": 0.2, "arrival": "poisson",
-              "slo_p99_ms": 200.0, "workers": 1, "stop_factor": 20.0}  # fmt: skip
+              "slo_p99_ms": 200.0, "workers": 1, "stop_factor": 20.0, "seed": 5}  # fmt: skip
     try:
         record = compare.run_one(compare.PEERS["bare"], 1, kwargs, tmp_path, probe_s=0.1)
     finally:
         compare.stop_all()
     assert calls == [0.1, 0.1]  # before and after the ramp
+    assert record["seed"] == 5
     assert record["error"] is None and record["steps"][0]["success_rate"] == 1.0  # the ramp is kept
     probe = record["host_probe"]
     assert probe["before"]["error"] == "RuntimeError: probe 1 broke"
@@ -180,7 +181,9 @@ def test_smoke_wok_and_the_bare_transport(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["schema"] == "wok.compare/1"
     assert doc["config"]["host_probe_s"] == 0.2
+    assert (doc["config"]["seed"], doc["config"]["seeds"]) == (0, "per-rep")
     run, bare = doc["runs"]
+    assert run["seed"] == bare["seed"] == 0  # one repetition, one schedule
     for r in (run, bare):  # probed before and after each ramp
         probe = r["host_probe"]
         assert probe["before"]["schema"] == probe["after"]["schema"] == "wok.hostprobe/2"
@@ -285,6 +288,15 @@ def test_a_max_qps_at_the_top_step_is_marked_as_a_lower_bound():
     text = compare.render_table(doc)
     assert "550 (100–1,000; top step in 1 of 2)" in text
     assert "1,000 (1,000–1,000; top step in 2 of 2)" in text
+
+
+def test_each_repetition_draws_its_own_schedule_shared_by_its_servers():
+    args = compare.parse_args(["--servers", "wok,bare", "--seed", "7"])
+    assert args.seeds == "per-rep"
+    assert [compare.rep_seed(args, r) for r in (1, 2, 3)] == [7, 8, 9]
+    same = compare.parse_args(["--servers", "wok,bare", "--seed", "7", "--seeds", "same"])
+    assert [compare.rep_seed(same, r) for r in (1, 2, 3)] == [7, 7, 7]
+    assert compare.rep_seed(compare.parse_args(["--servers", "bare"]), 1) == 0  # rep 1 as before --seeds
 
 
 def test_a_report_rate_that_is_not_a_step_is_warned_about(capsys):
