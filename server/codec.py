@@ -60,8 +60,25 @@ def deserialize_bytes(raw: bytes, count: int, name: str) -> np.ndarray:
 
 
 # -- tensors ---------------------------------------------------------------------------
+# numpy refuses a shape whose non-zero dims multiply past what it can index, even when another
+# dim is 0 and the array is empty (so no byte count catches it): [1, 2**62, 0] of FP32.
+_MAX_SPAN_BYTES = np.iinfo(np.intp).max
+
+
+def _check_empty_span(shape: tuple[int, ...], dt: Datatype, name: str) -> None:
+    """For a shape with a 0 in it (a non-empty one meets the byte or value count first)."""
+    span = math.prod(d for d in shape if d) * dt.itemsize
+    if span > _MAX_SPAN_BYTES:
+        raise InvalidInput(
+            f"input '{name}': shape {_shape_str(shape)} is too large: its dims other than 0 span {span} bytes "
+            f"of {dt.name}, more than the {_MAX_SPAN_BYTES} an array can address"
+        )
+
+
 def array_from_raw(raw: bytes, dt: Datatype, shape: tuple[int, ...], name: str) -> np.ndarray:
     count = math.prod(shape)
+    if count == 0:
+        _check_empty_span(shape, dt, name)
     if dt.name == "BYTES":
         return deserialize_bytes(raw, count, name).reshape(shape)
     expected = count * dt.itemsize
@@ -80,6 +97,8 @@ def array_from_contents(
         raise InvalidInput(f"input '{name}': datatype {dt.name} must be sent in raw_input_contents")
     values = getattr(contents, dt.contents_field)
     count = math.prod(shape)
+    if count == 0:
+        _check_empty_span(shape, dt, name)
     if len(values) != count:
         raise InvalidInput(
             f"input '{name}': contents hold {len(values)} values, expected {count} (shape {_shape_str(shape)})"

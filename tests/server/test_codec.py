@@ -131,6 +131,31 @@ def test_a_shape_whose_element_count_overflows_int64_is_invalid_not_a_crash():
         decode_request(req, wide)
 
 
+@pytest.mark.parametrize("datatype", ["FP32", "BYTES"])
+@pytest.mark.parametrize("shape", [[1, 2**62, 0], [1, 0, 2**63 - 1]])
+@pytest.mark.parametrize("raw", [True, False])
+def test_an_empty_tensor_with_a_dim_numpy_cannot_address_is_invalid_not_internal(datatype, shape, raw):
+    # No byte count catches it (0 elements, 0 bytes), and numpy refuses the shape with a
+    # ValueError that would have answered INTERNAL.
+    req = pb.ModelInferRequest(model_name="id")
+    t = req.inputs.add(name="X", datatype=datatype, shape=shape)
+    if raw:
+        req.raw_input_contents.append(b"")
+    else:
+        t.contents.SetInParent()  # present but empty
+    with pytest.raises(
+        InvalidInput, match=r"input 'X': shape \[1, \d+, \d+\] is too large: its dims other than 0 span"
+    ):
+        decode_request(req, identity_dims(datatype, [-1, -1]))
+
+
+def test_the_largest_empty_shape_numpy_can_address_is_accepted():
+    req = pb.ModelInferRequest(model_name="id")
+    req.inputs.add(name="X", datatype="FP32", shape=[1, 2**61 - 1, 0])  # 2**63 - 4 bytes: just inside
+    req.raw_input_contents.append(b"")
+    assert decode_request(req, identity_dims("FP32", [-1, -1])).inputs["X"].shape == (1, 2**61 - 1, 0)
+
+
 def test_a_bytes_shape_larger_than_its_content_is_refused_before_allocating():
     req = pb.ModelInferRequest(model_name="id")
     req.inputs.add(name="X", datatype="BYTES", shape=[1, 2**27])
