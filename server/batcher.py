@@ -36,7 +36,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,6 +115,9 @@ class _Queue:
     order: list[int] = field(default_factory=list)  # the levels present, most urgent first
     samples: int = 0  # live (queued) samples only
     deadlines: list = field(default_factory=list)  # slo policy: heap of (deadline, seq, Pending), lazily pruned
+    # The seq of this queue's one live entry in the batcher's heap of heads; its older entries
+    # there are stale and are dropped when they reach the top.
+    head_seq: int = -1
 
     @property
     def entries(self):
@@ -155,20 +158,26 @@ class Batcher:
         self.executor = executor
         self.policy = policy
         self.slo = slo if slo is not None else slo_policy_for(executor, policy.max_batch_size)
-        db = getattr(getattr(executor.instances[0].servable, "config", None), "dynamic_batching", None)
+        config = getattr(executor.instances[0].servable, "config", None)
+        db = getattr(config, "dynamic_batching", None)
+        # The model's own limit (its config; requests are checked against it when decoded).
+        self.configured_max_batch_size = getattr(config, "max_batch_size", policy.max_batch_size)
         self.default_level = getattr(db, "default_priority_level", 1)
         self.stats = stats
         self.metrics = metrics or ModelMetrics(name, len(executor.instances))
         self.metrics.queue_depth = lambda: self._queued
         self.metrics.inflight = lambda: self._inflight
         self._queues: dict[Hashable, _Queue] = {}
-        # (arrival of a queue's head, tie-breaker, key); entries go stale as heads leave and
-        # are dropped or refreshed when they reach the top. Every non-empty queue has one
-        # entry whose arrival is at most its head's.
+        # (arrival of a queue's head, seq, key). Every non-empty queue has exactly one live entry
+        # (seq == its head_seq) whose arrival is at most its head's; a flush that leaves requests
+        # pushes a new one, and the older entry, now stale, is dropped when it reaches the top.
+        # Under a backlog that never empties there is still one entry per queue, not per batch.
         self._heads: list[tuple[float, int, Hashable]] = []
         self._seq = itertools.count()
         self._full: set[Hashable] = set()  # keys whose queues (may) hold flush_size samples
         self._failed: BaseException | None = None
+        # Called (on the loop) once if the batching task fails: the server marks the model not serving.
+        self.on_failed: Callable[[BaseException], None] | None = None
         self._queued = 0  # live queued requests
         self._inflight = 0  # batches in the executor
         self._free_slots = executor.slots()
@@ -237,6 +246,11 @@ class Batcher:
             self._wakeup.set()
 
     @property
+    def failed(self) -> BaseException | None:
+        """What ended the batching task, if it failed (the model then refuses every request)."""
+        return self._failed
+
+    @property
     def queued(self) -> int:
         return self._queued
 
@@ -260,7 +274,14 @@ class Batcher:
         if self._failed is not None:
             raise ModelExecutionError(f"model '{self.name}' cannot run requests: its batcher failed: {self._failed}")
         if rows > self.policy.max_batch_size:
-            raise InvalidInput(f"{rows} rows exceed max_batch_size {self.policy.max_batch_size} of model '{self.name}'")
+            # The request passed the configured limit (the codec checks it), so the admin API
+            # lowered this one: say so, since the model's config still shows the larger one.
+            raise InvalidInput(
+                f"{rows} rows exceed max_batch_size {self.policy.max_batch_size} of model '{self.name}' "
+                f"(lowered from {self.configured_max_batch_size} through the admin API)"
+                if self.policy.max_batch_size < self.configured_max_batch_size
+                else f"{rows} rows exceed max_batch_size {self.policy.max_batch_size} of model '{self.name}'"
+            )
         if self._stopping:
             raise ShuttingDown(f"server is shutting down; model '{self.name}' accepts no new requests")
         limit = self.policy.max_queue_size
@@ -286,7 +307,7 @@ class Batcher:
         if idle:
             self._queued_since = p.arrival
         if q.samples == 0 and slo is None:  # the slo policy scans its queues instead
-            heapq.heappush(self._heads, (p.arrival, next(self._seq), key))
+            self._push_head(key, q, p.arrival)
         q.append(p)
         q.samples += rows
         self._queued += 1
@@ -409,6 +430,11 @@ class Batcher:
             log.exception("batcher for model '%s' failed", self.name)
             self._failed = exc
             self._fail_queued(ModelExecutionError(f"model '{self.name}': batcher failed: {exc}"))
+            if self.on_failed is not None:
+                try:
+                    self.on_failed(exc)
+                except Exception:
+                    log.exception("on_failed for model '%s' failed", self.name)
             raise
         finally:
             timer.close()
@@ -452,16 +478,21 @@ class Batcher:
             return self._pick_slo(now)
         heads = self._heads
         while heads:
-            arrival, _, key = heads[0]
+            arrival, seq, key = heads[0]
             q = self._queues.get(key)
-            head = self._head(q) if q is not None else None
+            if q is None or seq != q.head_seq:  # superseded by the queue's newer entry, or its queue is gone
+                heapq.heappop(heads)
+                continue
+            head = self._head(q)
             if head is None:
                 heapq.heappop(heads)
-                if q is not None and q.samples == 0:
+                q.head_seq = -1
+                if q.samples == 0:
                     del self._queues[key]
                 continue
-            if head.arrival != arrival:  # stale: its head left; requeue the current one
-                heapq.heapreplace(heads, (head.arrival, next(self._seq), key))
+            if head.arrival != arrival:  # its head left (withdrawn, expired): requeue the current one
+                heapq.heappop(heads)
+                self._push_head(key, q, head.arrival)
                 continue
             if self._stopping:
                 return key, q, "drain", None
@@ -503,6 +534,12 @@ class Batcher:
         if best is not None:
             return best[0], best[1], best[3], None
         return None, None, "", None if wake == math.inf else max(wake - now, 0.0)
+
+    def _push_head(self, key: Hashable, q: _Queue, arrival: float) -> None:
+        """Make (arrival, key) the queue's one live entry in the heap of heads."""
+        seq = next(self._seq)
+        heapq.heappush(self._heads, (arrival, seq, key))
+        q.head_seq = seq
 
     @staticmethod
     def _head(q: _Queue) -> Pending | None:
@@ -558,8 +595,13 @@ class Batcher:
                         self.stats.fail.add(now - p.arrival)
                     continue
                 if samples + p.rows > limit:
-                    full = True
-                    break
+                    if taken or limit == self.policy.max_batch_size:
+                        full = True
+                        break
+                    # The preferred size was chosen for the oldest request, but the most
+                    # urgent level comes first and its first request is larger: it goes,
+                    # up to the maximum (as a request larger than every fitting size does).
+                    limit = self.policy.max_batch_size
                 entries.popleft()
                 self._forget(p)
                 p.state = RUNNING
@@ -573,10 +615,19 @@ class Batcher:
                 del q.levels[level]
             q.order = [lv for lv in q.order if lv in q.levels]
         head = self._head(q)
-        if head is not None and taken and self.slo is None:
-            heapq.heappush(self._heads, (head.arrival, next(self._seq), key))
         if not taken:
+            if head is not None:
+                # Every queued request fits max_batch_size (submit and set_policy see to it), so
+                # a live request always goes. Were one left, the task would pick this queue
+                # again at once, forever, with the event loop never getting control back: fail
+                # loudly instead (the task's handler fails every caller).
+                raise RuntimeError(
+                    f"no batch formed from model '{self.name}''s queue of {q.samples} samples: its first "
+                    f"request has {head.rows} rows, the limit is {limit}"
+                )
             return None
+        if head is not None and self.slo is None:
+            self._push_head(key, q, head.arrival)
         return Batch(taken, samples, reason, key=key)
 
     def _dispatch(self, batch: Batch, queued_since: float | None) -> None:

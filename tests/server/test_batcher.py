@@ -237,6 +237,49 @@ async def test_more_rows_than_the_maximum_are_refused_at_submit(gated):
     await finish(b)
 
 
+async def test_a_lowered_maximum_says_so_when_it_refuses(gated):
+    s, _, ex = gated(max_batch_size=8)
+    b = make_batcher(s, ex)
+    b.set_policy(BatchingPolicy(4, b.policy.max_queue_delay_s))  # as POST /admin/batching does
+    with pytest.raises(InvalidInput) as info:
+        submit(b, 1.0, rows=6)
+    assert str(info.value) == "6 rows exceed max_batch_size 4 of model 'gated' (lowered from 8 through the admin API)"
+    await finish(b)
+
+
+async def test_an_urgent_request_larger_than_the_preferred_size_goes_with_the_older_one(gated):
+    # The preferred size (4) fits the oldest request (1 row, level 2), but the most urgent
+    # level's first request has 6 rows: the batch takes it and the old one, up to the maximum.
+    s, m, ex = gated(max_batch_size=8, delay_ms=60_000, preferred=(4,))
+    b = make_batcher(s, ex)
+    old = b.submit(row(1.0), 1, None, None, priority=2)
+    assert b.queued == 1  # 1 sample, under the preferred size: it waits for the window
+    urgent = b.submit(row(2.0, rows=6), 6, None, None, priority=1)
+    outs = await asyncio.wait_for(asyncio.gather(old.future, urgent.future), 10)
+    assert m.batch_sizes == [7] and b.stats.flushes == {"size": 1}
+    np.testing.assert_array_equal(outs[0]["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+    np.testing.assert_array_equal(outs[1]["OUTPUT0"], np.full((6, 4), 4.0, np.float32))
+    await finish(b)
+
+
+async def test_a_backlog_that_never_empties_keeps_one_delay_entry_per_queue(gated):
+    # Every size flush leaves requests queued, and each one used to leave a stale entry behind
+    # in the heap the delay flushes are planned from: one per batch for as long as the backlog
+    # lasted. (`_heads` is private; its length is the leak itself.)
+    s, _, ex = gated(max_batch_size=8, delay_ms=60_000)
+    b = make_batcher(s, ex)
+    pending = [submit(b, 1.0) for _ in range(12)]
+    for _ in range(100):
+        await asyncio.wait_for(pending[0].future, 10)
+        pending = [p for p in pending if not p.future.done()]
+        while len(pending) < 12:
+            pending.append(submit(b, 1.0))
+        assert b.queued >= 4 and len(b._heads) <= 2
+    assert b.stats.execution_count >= 100
+    await finish(b)
+    await asyncio.gather(*(p.future for p in pending))
+
+
 async def test_many_keys_flush_in_arrival_order_by_delay(gated):
     s, m, ex = gated(max_batch_size=8, delay_ms=1, depth=1)
     b = make_batcher(s, ex)
