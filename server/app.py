@@ -43,6 +43,8 @@ from .wakeup import WakeupDrain
 
 log = logging.getLogger("wok")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @dataclass
@@ -91,6 +93,7 @@ class WokServer:
         self._started = False
         self._grpc: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
+        self._background: set[asyncio.Task] = set()  # held until done (the loop keeps weak refs)
         self._health_grpc: grpc.aio.Server | None = None
         self._stopped: asyncio.Event | None = None
         self.loop_lag: LoopLagMonitor | None = None
@@ -158,6 +161,7 @@ class WokServer:
             stats = ModelStats(name)
             metrics = self.metrics.model(name, len(executor.instances))
             batcher = Batcher(name, executor, policy, stats, metrics)
+            batcher.on_failed = functools.partial(self._model_failed, name)
             batcher.start()
             self.runtimes[name] = ModelRuntime(servable, executor, batcher, stats, metrics)
 
@@ -203,8 +207,10 @@ class WokServer:
                 self.registry, self.settings.metrics_host, self.settings.metrics_port, admin=admin
             )
             await self.http.start()
-        for service in ("", SERVICE_NAME, *self.runtimes):
-            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, _SERVING)
+        for name, rt in self.runtimes.items():
+            await self._health.set(name, _NOT_SERVING if rt.batcher.failed else _SERVING)
         # Before the ready line, which scripts wait for.
         log.info(
             "unary accept: grpc.aio's chain and %d more task(s); gRPC wake-up drain %s",
@@ -220,6 +226,14 @@ class WokServer:
             log.info("health (plaintext, grpc.health.v1 only) on %s:%d", self._health_host, self.health_port)
         if self.http is not None:
             log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.http.port)
+
+    def _model_failed(self, name: str, exc: BaseException) -> None:
+        """A model's batching task failed (a bug; it is logged): its health turns NOT_SERVING, so
+        that a balancer watching it routes elsewhere; the server's own health is left as it is."""
+        if self._health is not None and not self.draining:
+            task = asyncio.get_running_loop().create_task(self._health.set(name, _NOT_SERVING))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     @property
     def _health_host(self) -> str:
@@ -289,15 +303,21 @@ class WokServer:
         """Stages 1-4 of the stop (the module's docstring); `left()`: seconds of grace left."""
         if self._health is not None:
             for service in ("", SERVICE_NAME, *self.runtimes):
-                await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        drains = [asyncio.ensure_future(rt.batcher.stop()) for rt in self.runtimes.values()]
+                await self._health.set(service, _NOT_SERVING)
+        drains = {asyncio.ensure_future(rt.batcher.stop()): rt for rt in self.runtimes.values()}
         if drains:
             _, pending = await asyncio.wait(drains, timeout=left())
+            # Read before the cancellation fails what is left.
+            late = [drains[d].batcher for d in pending]
+            left_over = [(b.name, b.queued, b.inflight) for b in late]
             for d in pending:
                 d.cancel()
             await asyncio.gather(*drains, return_exceptions=True)
-            if pending:
-                log.warning("grace period over: %d model(s) still had queued requests", len(pending))
+            if left_over:
+                log.warning(
+                    "grace period over: %s",
+                    "; ".join(f"model '{m}': {q} request(s) queued, {b} batch(es) running" for m, q, b in left_over),
+                )
         if self.service is not None:
             # Every accepted request has its result; let the handlers hand them to gRPC.
             try:

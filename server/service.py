@@ -214,8 +214,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 async for req in request_iterator:
                     if isinstance(req, Unparsed):  # answered in order; the stream goes on
-                        _, details = to_status(req.error)
-                        results.put_nowait(pb.ModelStreamInferResponse(error_message=details))
+                        code, details = to_status(req.error)
+                        failed = pb.ModelInferResponse()  # nothing of the request could be read
+                        failed.parameters["status_code"].int64_param = code.value[0]
+                        results.put_nowait(pb.ModelStreamInferResponse(error_message=details, infer_response=failed))
                         continue
                     t = asyncio.get_running_loop().create_task(one(req))
                     tasks.add(t)
@@ -245,10 +247,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request, context):
         try:
-            self.server.runtime(request.name, request.version)
+            rt = self.server.runtime(request.name, request.version)
         except WokError:
             return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=self.server.ready)
+        return pb.ModelReadyResponse(ready=self.server.ready and rt.batcher.failed is None)
 
     async def ServerMetadata(self, request, context):
         return pb.ServerMetadataResponse(name="wok", version=__version__, extensions=EXTENSIONS)

@@ -91,6 +91,8 @@ def test_a_message_that_does_not_parse_fails_alone_and_the_stream_stays_open(fuz
     # One answer each, in completion order: the bad one is answered at once, the good ones after their batch.
     (bad,) = [a for a in answers if a.error_message]
     assert "not a valid inference.ModelInferRequest" in bad.error_message
+    # The code a unary call would have ended with, as every failed answer on the stream carries.
+    assert bad.infer_response.parameters["status_code"].int64_param == grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
 
 @settings(FUZZ, max_examples=max(EXAMPLES // 6, 5))

@@ -66,3 +66,64 @@ async def test_stop_turns_health_not_serving_refuses_new_calls_and_finishes_acce
             out = decode_response(await accepted)
             np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
             await stopping
+
+
+async def test_a_grace_period_that_runs_out_logs_what_each_model_still_held(serve, slow_repository, caplog):
+    # 600 ms per batch of 4 and a window of a minute; ten requests: one batch runs, a full one
+    # waits at the worker (a busy instance's spare slot), two stay queued as a 0.2 s grace runs out.
+    repo = slow_repository(sleep_ms=600, max_batch_size=4, delay_ms=60_000)
+    async with serve(repository=repo) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            x = {"INPUT0": np.ones((1, 4), np.float32)}
+            calls = [asyncio.ensure_future(stub.ModelInfer(encode_request("slow", x))) for _ in range(10)]
+            batcher = server.runtimes["slow"].batcher
+
+            async def settled():
+                while (batcher.queued, batcher.inflight) != (2, 2):
+                    await asyncio.sleep(0.005)
+
+            await asyncio.wait_for(settled(), 10)
+            with caplog.at_level("WARNING", logger="wok"):
+                await server.stop(grace=0.2)
+            results = await asyncio.gather(*calls, return_exceptions=True)
+    assert "grace period over: model 'slow': 2 request(s) queued, 2 batch(es) running" in caplog.text, caplog.text
+    assert all(isinstance(r, grpc.aio.AioRpcError) and r.code() == grpc.StatusCode.UNAVAILABLE for r in results)
+
+
+async def test_a_model_whose_batcher_fails_turns_not_serving_and_the_server_goes_on(serve):
+    async with serve(models=("mlp", "encoder")) as server:
+        batcher = server.runtimes["mlp"].batcher
+
+        def bug(*args, **kwargs):
+            raise RuntimeError("a bug in the batcher")
+
+        batcher._form = bug  # the batching task's next decision raises, as a bug in it would
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            h = health_pb2_grpc.HealthStub(ch)
+            x = {"INPUT0": np.ones((1, 256), np.float32)}
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(encode_request("mlp", x))
+            assert info.value.code() == grpc.StatusCode.INTERNAL
+            assert info.value.details() == "model 'mlp': batcher failed: a bug in the batcher"
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(encode_request("mlp", x))
+            assert info.value.code() == grpc.StatusCode.INTERNAL
+            assert info.value.details() == ("model 'mlp' cannot run requests: its batcher failed: a bug in the batcher")
+
+            async def mlp_not_serving():
+                while (await h.Check(health_pb2.HealthCheckRequest(service="mlp"))).status != NOT_SERVING:
+                    await asyncio.sleep(0.005)
+
+            await asyncio.wait_for(mlp_not_serving(), 10)
+            assert not (await stub.ModelReady(pb.ModelReadyRequest(name="mlp"))).ready
+            # The other model and the server as a whole serve on.
+            for name in ("", "encoder"):
+                assert (await h.Check(health_pb2.HealthCheckRequest(service=name))).status == SERVING
+            assert (await stub.ModelReady(pb.ModelReadyRequest(name="encoder"))).ready
+            tokens = {"tokens": np.ones((1, 8), np.int64)}
+            assert decode_response(await stub.ModelInfer(encode_request("encoder", tokens)))["embedding"].shape == (
+                1,
+                128,
+            )
