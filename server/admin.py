@@ -193,8 +193,10 @@ class Admin:
                     f"maximum), got {v!r}"
                 )
             changes["max_batch_size"] = v
-            # Preferred sizes above the new maximum could never be reached.
-            changes["preferred_batch_sizes"] = tuple(s for s in policy.preferred_batch_sizes if s <= v)
+            # The model's configured preferred sizes that the new maximum can reach: from the
+            # config, not the live policy, so that raising the maximum again brings them back.
+            preferred = rt.servable.config.dynamic_batching.preferred_batch_sizes
+            changes["preferred_batch_sizes"] = tuple(s for s in preferred if s <= v)
         if "max_queue_delay_ms" in body:
             v = body["max_queue_delay_ms"]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):

@@ -184,7 +184,7 @@ SLOW_MODEL = textwrap.dedent(
 
 
 def write_slow_model(
-    root: Path, name="slow", *, sleep_ms=20.0, max_batch_size=4, delay_ms=1.0, max_queue_size=0
+    root: Path, name="slow", *, sleep_ms=20.0, max_batch_size=4, delay_ms=1.0, max_queue_size=0, preferred=()
 ) -> Path:
     d = root / name
     d.mkdir(parents=True)
@@ -210,6 +210,7 @@ def write_slow_model(
             [dynamic_batching]
             max_queue_delay_ms = {delay_ms}
             max_queue_size = {max_queue_size}
+            preferred_batch_sizes = {list(preferred)}
 
             [instances]
             devices = ["cpu"]

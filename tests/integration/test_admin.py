@@ -152,6 +152,18 @@ async def test_batching_policy_changes_live(admin_server):
     assert max(sizes) <= 4
 
 
+async def test_a_lower_maximum_drops_preferred_sizes_and_a_higher_one_brings_them_back(serve, slow_repository):
+    repo = slow_repository(sleep_ms=1, max_batch_size=8, preferred=(2, 6))
+    async with serve(repository=repo, admin=True) as server:
+        base = f"http://127.0.0.1:{server.http.port}"
+        seen = []
+        for size in (4, 8, 1, 6):
+            status, policy = await ahttp(base + "/admin/batching", {"model": "slow", "max_batch_size": size})
+            assert status == 200
+            seen.append((policy["max_batch_size"], policy["preferred_batch_sizes"]))
+    assert seen == [(4, [2]), (8, [2, 6]), (1, []), (6, [2, 6])]
+
+
 async def test_events_stream_batches_with_their_flush_reason_and_ticks(admin_server):
     server, _base, stub = admin_server
     reader, writer = await asyncio.open_connection("127.0.0.1", server.http.port)
