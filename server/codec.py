@@ -173,6 +173,11 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
             first = cfg.inputs[0].name
             raise InvalidInput(f"input '{name}' has {n} rows, input '{first}' has {rows}; they must match")
         if raw:
+            if t.HasField("contents") and t.contents.ByteSize():
+                # Both would be data for one tensor; which one the client meant is a guess.
+                raise InvalidInput(
+                    f"input '{name}': sent both in raw_input_contents and in contents; expected one of them"
+                )
             arrays[name] = array_from_raw(raw[i], dt, shape, name)
         else:
             arrays[name] = array_from_contents(t.contents, dt, shape, name)
@@ -187,6 +192,8 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
                     f"unknown output '{o.name}' requested from model '{model}'; outputs: "
                     + ", ".join(t.name for t in cfg.outputs)
                 )
+            if o.name in names:
+                raise InvalidInput(f"output '{o.name}' requested more than once")
             names.append(o.name)
         outputs = tuple(names)
 

@@ -119,6 +119,24 @@ def test_requested_outputs_and_the_timeout_parameter():
         decode_request(req, s)
 
 
+def test_an_input_sent_both_raw_and_typed_is_invalid_and_an_empty_contents_is_not_data():
+    s = identity("FP32")
+    req = encode_request("id", {"X": np.zeros((1, 3), np.float32)})
+    req.inputs[0].contents.SetInParent()  # present, empty: no second copy of the data
+    assert decode_request(req, s).inputs["X"].shape == (1, 3)
+    req.inputs[0].contents.fp32_contents.extend([9.0, 9.0, 9.0])
+    with pytest.raises(InvalidInput) as info:
+        decode_request(req, s)
+    assert str(info.value) == "input 'X': sent both in raw_input_contents and in contents; expected one of them"
+
+
+def test_an_output_requested_twice_is_invalid():
+    req = encode_request("id", {"X": np.zeros((1, 3), np.float32)}, outputs=["Y", "Y"])
+    with pytest.raises(InvalidInput) as info:
+        decode_request(req, identity("FP32"))
+    assert str(info.value) == "output 'Y' requested more than once"
+
+
 def test_a_shape_whose_element_count_overflows_int64_is_invalid_not_a_crash():
     req = pb.ModelInferRequest(model_name="id")
     req.inputs.add(name="X", datatype="FP32", shape=[4, 2**62])
