@@ -683,11 +683,14 @@ class Batcher:
         if self._busy[inst] == 0:
             self._free_at[inst] = now
         self._wakeup.set()
-        exc = f.exception()
+        if f.cancelled():  # cancelled at the worker by the executor's shutdown, past the grace period
+            exc = ShuttingDown(f"server stopped before model '{self.name}' ran this request")
+        else:
+            exc = f.exception()
         if exc is not None:
             if self._busy[inst] == 0:
                 self._idle_since[inst] = now
-            if not isinstance(exc, ModelExecutionError):
+            if not isinstance(exc, (ModelExecutionError, ShuttingDown)):
                 exc = ModelExecutionError(f"model '{self.name}' failed: {type(exc).__name__}: {exc}")
             for p in batch.requests:
                 p.state = DONE

@@ -252,9 +252,12 @@ class Instance:
             self.threads = want
 
     def shutdown(self) -> None:
-        self._worker.shutdown(wait=True)
+        # At a clean stop nothing is pending here. Past the grace period the batches still
+        # waiting at the worker have callers that were already answered UNAVAILABLE: cancel
+        # them rather than run them (the running one cannot be interrupted).
+        self._worker.shutdown(wait=True, cancel_futures=True)
         if self._waiter is not None:
-            self._waiter.shutdown(wait=True)
+            self._waiter.shutdown(wait=True, cancel_futures=True)
 
     # -- CPU: every stage in order on the worker thread -----------------------------------
     def _run_cpu(self, inputs, rows, slot: _Slot, deadlines=None) -> BatchResult:
