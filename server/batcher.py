@@ -29,6 +29,7 @@ dropped. The `slo` decisions scan the non-empty queues (a model has few batch ke
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import heapq
 import itertools
@@ -128,8 +129,7 @@ class _Queue:
         d = self.levels.get(p.level)
         if d is None:
             d = self.levels[p.level] = deque()
-            self.order.append(p.level)
-            self.order.sort()
+            bisect.insort(self.order, p.level)
         d.append(p)
 
 

@@ -26,6 +26,11 @@ def _shape_str(shape: Iterable[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+# The least urgent priority level a request or a model's default may name. Each level a queue
+# holds is a FIFO of its own: the bound keeps a client from spreading requests over billions.
+MAX_PRIORITY_LEVEL = 1_000_000
+
+
 # -- BYTES ---------------------------------------------------------------------------
 def serialize_bytes(a: np.ndarray) -> bytes:
     """Raw BYTES content: each element as a 4-byte little-endian length, then its bytes."""
@@ -210,8 +215,11 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
     if "priority" in req.parameters:
         p = req.parameters["priority"]
         which = p.WhichOneof("parameter_choice")
-        if which not in ("int64_param", "uint64_param") or getattr(p, which) < 0:
-            raise InvalidInput("parameter 'priority': expected a non-negative integer (1 most urgent, 0 the default)")
+        if which not in ("int64_param", "uint64_param") or not 0 <= getattr(p, which) <= MAX_PRIORITY_LEVEL:
+            raise InvalidInput(
+                f"parameter 'priority': expected an integer from 0 to {MAX_PRIORITY_LEVEL} "
+                f"(1 most urgent, 0 the default), got {getattr(p, which) if which else 'none'}"
+            )
         priority = getattr(p, which) or None
 
     servable.check(arrays)

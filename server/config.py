@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .auth import check_tls_files, load_tokens, read_secret_file
+from .codec import MAX_PRIORITY_LEVEL
 from .datatypes import DATATYPES
 from .errors import ConfigError
 
@@ -96,7 +97,7 @@ class DynamicBatchingConfig(_Strict):
     default_priority_level: int = Field(
         1,
         ge=1,
-        le=1_000_000,
+        le=MAX_PRIORITY_LEVEL,
         description="Priority level of requests whose 'priority' parameter is absent or 0; lower is more "
         "urgent (1 is the most), FIFO within a level.",
     )

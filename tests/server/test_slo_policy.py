@@ -353,11 +353,17 @@ def test_the_priority_parameter_decodes_and_a_bad_one_names_itself(gated):
     assert decode_request(encode_request("gated", x), s).priority is None
     req = encode_request("gated", x)
     req.parameters["priority"].string_param = "high"
-    with pytest.raises(InvalidInput, match="parameter 'priority': expected a non-negative integer"):
+    expected = "parameter 'priority': expected an integer from 0 to 1000000 (1 most urgent, 0 the default), got "
+    with pytest.raises(InvalidInput) as info:
         decode_request(req, s)
-    req.parameters["priority"].int64_param = -1
-    with pytest.raises(InvalidInput, match="parameter 'priority'"):
-        decode_request(req, s)
+    assert str(info.value) == expected + "high"
+    for bad in (-1, 1_000_001, 2**62):
+        req.parameters["priority"].int64_param = bad
+        with pytest.raises(InvalidInput) as info:
+            decode_request(req, s)
+        assert str(info.value) == expected + str(bad)
+    req.parameters["priority"].uint64_param = 1_000_000  # the least urgent level there is
+    assert decode_request(req, s).priority == 1_000_000
 
 
 # -- config --------------------------------------------------------------------------------------
