@@ -44,6 +44,11 @@ from pathlib import Path
 import numpy as np
 
 PROFILE_SCHEMA = "wok.profile/1"
+# Batch keys whose fits and arrival rates are kept per model. The default key is the shape of a
+# request's variable dims, which clients choose: without a bound every new shape would add state
+# for good. The least recently seen key goes first (it falls back to the model-wide fit, and its
+# rate had decayed); a key with requests queued was seen recently.
+MAX_TRACKED_KEYS = 4096
 
 
 def read_profile_fit(path: Path) -> tuple[float, float]:
@@ -177,9 +182,14 @@ class BatchTimeModel:
 
     def observe(self, key: Hashable, n: int, seconds: float) -> None:
         """One executed batch of n samples that took `seconds` (the worker's time)."""
-        entry = self._keys.get(key)
+        entry = self._keys.pop(key, None)  # put back last: the dict runs from least to most recent
         if entry is None:
-            entry = self._keys[key] = (_Fit(), QuantileWindow(self.quantile, self.window))
+            entry = (_Fit(), QuantileWindow(self.quantile, self.window))
+            if len(self._keys) >= MAX_TRACKED_KEYS:
+                oldest = next(iter(self._keys))
+                del self._keys[oldest]
+                self._coef.pop(oldest, None)
+        self._keys[key] = entry
         fit, resid = entry
         # Residuals count once a fit has `min_batches` batches: before, its line is still moving.
         if fit.count >= self.min_batches:
@@ -270,9 +280,12 @@ class SloPolicy:
 
     # -- arrivals ---------------------------------------------------------------------------
     def arrived(self, key: Hashable, now: float, rows: int) -> None:
-        meter = self._rates.get(key)
+        meter = self._rates.pop(key, None)  # put back last: the dict runs from least to most recent
         if meter is None:
-            meter = self._rates[key] = RateMeter(self.rate_tau_s)
+            meter = RateMeter(self.rate_tau_s)
+            if len(self._rates) >= MAX_TRACKED_KEYS:
+                del self._rates[next(iter(self._rates))]
+        self._rates[key] = meter
         meter.add(now, rows)
 
     def rate(self, key: Hashable, now: float) -> float:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
+from wok import policy as policy_module
 from wok.batcher import Batcher, BatchingPolicy
 from wok.codec import decode_request, encode_request
 from wok.config import load_model_config
@@ -118,6 +119,26 @@ def test_a_key_with_few_batches_is_predicted_from_all_keys():
     for n in (1, 2, 3, 4):
         m.observe("long", n, 2e-3 * n)
     assert m.predict("long", 3) == pytest.approx(6e-3)
+
+
+def test_per_key_state_is_bounded_and_the_least_recently_seen_key_goes_first(monkeypatch):
+    # Batch keys are the shapes clients send: a model must not keep state for every one forever.
+    monkeypatch.setattr(policy_module, "MAX_TRACKED_KEYS", 3)
+    m = BatchTimeModel(32, min_batches=4)
+    slo = SloPolicy(0.05, 32)
+    for n in (1, 2, 3, 4):
+        m.observe("kept", n, 2e-3 * n)
+    slo.arrived("kept", 0.0, 1)
+    for i in range(10):
+        m.observe(("shape", i), 1, 1e-3)
+        slo.arrived(("shape", i), 0.0, 1)
+        m.observe("kept", 5, 1e-2)  # seen again each time: never the least recent
+        slo.arrived("kept", 0.0, 1)
+    assert len(m._keys) == len(m._coef) == len(slo._rates) == 3
+    assert set(m._keys) == set(slo._rates) == {("shape", 8), ("shape", 9), "kept"}
+    assert m.batches("kept") == 14 and m.batches(("shape", 0)) == 0  # its fit went; the model-wide one stays
+    assert m.batches() == 24
+    assert slo.rate("kept", 0.0) == pytest.approx(11 / 0.1)
 
 
 def test_the_rate_meter_counts_samples_per_second_and_decays():
