@@ -116,7 +116,7 @@ def parse_fault_request(body, instances: dict[str, int]) -> FaultRequest:
     if extra:
         raise _bad(extra[0], f"only the fields {', '.join(sorted(allowed))}", body[extra[0]])
     model = body.get("model")
-    if model not in instances:
+    if not isinstance(model, str) or model not in instances:
         raise _bad("model", f"one of the served models ({', '.join(sorted(instances))})", model)
     instance = body.get("instance")
     n = instances[model]

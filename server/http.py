@@ -15,8 +15,11 @@ Admin paths (404 without --admin; bodies are JSON, errors `{"error": "..."}` wit
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
+import re
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client import exposition as text_format
@@ -35,9 +38,11 @@ REASONS = {
     200: "OK",
     400: "Bad Request",
     404: "Not Found",
+    403: "Forbidden",
     405: "Method Not Allowed",
     411: "Length Required",
     413: "Payload Too Large",
+    415: "Unsupported Media Type",
 }
 JSON = "application/json"
 
@@ -101,10 +106,18 @@ class MetricsHTTPServer:
                     return
                 method, target, version = parts
                 close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
+                # Only an admin POST reads its body: after any other request that has one, the
+                # connection ends, or the body's bytes would be read as the next request.
+                if "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0"):
+                    close = close or not (method == "POST" and target.startswith("/admin/"))
                 path = target.split("?", 1)[0]
                 if path.startswith("/admin/") or path == "/events":
                     if self.admin is None:  # off: as if absent; an unread body ends the connection
                         await self._respond(writer, 404, b"not found\n", "text/plain", close=True)
+                        return
+                    refusal = _foreign(headers)
+                    if refusal is not None:
+                        await self._json(writer, 403, {"error": refusal}, close=True)
                         return
                     if not await self._admin(reader, writer, method, path, headers, close):
                         return
@@ -146,8 +159,15 @@ class MetricsHTTPServer:
         if method != "POST":
             await self._json(writer, 405, {"error": f"{path} takes GET or POST, got {method}"}, close=True)
             return False
+        ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if ctype != "application/json":
+            # A page on any site may POST text/plain or a form to loopback without asking; JSON
+            # makes a browser ask first (a CORS preflight, which this server refuses).
+            error = f"a POST body must be Content-Type application/json, got {ctype or 'none'}"
+            await self._json(writer, 415, {"error": error}, close=True)
+            return False
         length = headers.get("content-length")
-        if length is None or not length.isdigit():
+        if length is None or not re.fullmatch(r"[0-9]{1,9}", length):
             await self._json(writer, 411, {"error": "a POST needs a Content-Length"}, close=True)
             return False
         if int(length) > MAX_BODY_BYTES:
@@ -161,6 +181,9 @@ class MetricsHTTPServer:
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             await self._json(writer, 400, {"error": f"body: expected JSON, got a parse error: {exc}"}, close)
+            return not close
+        except RecursionError:
+            await self._json(writer, 400, {"error": "body: expected JSON, got one nested too deeply"}, close)
             return not close
         try:
             answer = post(body)
@@ -204,3 +227,34 @@ class MetricsHTTPServer:
         )
         writer.write(header.encode("latin-1") + (b"" if head else body))
         await writer.drain()
+
+
+def _local_name(host: str) -> bool:
+    """An IP literal or localhost: what a browser page on another site cannot rebind to this server."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def _foreign(headers: dict) -> str | None:
+    """Why an admin request looks sent by a page of another site (None: it does not).
+
+    Admin changes what every caller gets. A web page the operator has open could reach this port
+    on loopback: by its Origin header (a cross-site request), or, through a DNS name rebound to
+    127.0.0.1, by a Host that is not an address. Tools (curl, the bench, `wok demo`'s relay) send
+    no Origin and an address or localhost as Host.
+    """
+    host = headers.get("host", "")
+    name = urlsplit("//" + host).hostname or ""
+    if not _local_name(name):
+        return f"Host {host!r} is not an IP address or localhost; the admin API answers only those"
+    origin = headers.get("origin")
+    if origin is not None:
+        o = urlsplit(origin)
+        if o.netloc.lower() != host.lower() or o.scheme != "http":
+            return f"Origin {origin!r} is not this server ({host}); the admin API takes no cross-site requests"
+    return None

@@ -124,6 +124,8 @@ async def test_fail_fault_answers_internal_with_its_message_and_off_restores(adm
         ("/admin/faults", {"model": "mlp", "mode": "off", "instance": 1}, "instance"),
         ("/admin/faults", [], "(body)"),
         ("/admin/faults", b"{not json", "body"),
+        ("/admin/faults", b"[" * 60_000, "body"),  # nested past the parser's recursion limit
+        ("/admin/faults", {"model": ["mlp"], "mode": "off"}, "model"),
         ("/admin/batching", {"model": "mlp", "max_batch_size": 0}, "max_batch_size"),
         ("/admin/batching", {"model": "mlp", "max_batch_size": 33}, "max_batch_size"),
         ("/admin/batching", {"model": "mlp", "max_queue_delay_ms": -5}, "max_queue_delay_ms"),
@@ -137,6 +139,69 @@ async def test_bad_bodies_get_400_naming_the_field(admin_server, path, body, fie
     prefix = "body: " if field == "body" else f"field '{field}'"
     assert set(answer) == {"error"} and answer["error"].startswith(prefix)
     assert "expected" in answer["error"] and "got" in answer["error"]
+
+
+async def raw_http(port: int, request: bytes) -> bytes:
+    """Send raw bytes, read until the server closes (or 5 s pass)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+FAULT = b'{"model": "mlp", "mode": "fail", "duration_s": 60}'
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "says"),
+    [
+        # A page on another site may send these without a CORS preflight (text/plain, a form).
+        ("Content-Type: text/plain", 415, "Content-Type application/json, got text/plain"),
+        ("Content-Type: application/x-www-form-urlencoded", 415, "got application/x-www-form-urlencoded"),
+        ("Content-Type: application/json\r\nOrigin: http://evil.example", 403, "Origin 'http://evil.example'"),
+        ("Content-Type: application/json\r\nHost: evil.example", 403, "Host 'evil.example' is not an IP address"),
+        ("Content-Type: application/json\r\nContent-Length: \xb2", 411, "a POST needs a Content-Length"),
+    ],
+)
+async def test_admin_posts_a_browser_page_could_send_are_refused_and_change_nothing(
+    admin_server, headers, status, says
+):
+    server, base, _ = admin_server
+    port = server.http.port
+    lines = headers.split("\r\n")
+    if not any(line.startswith("Host:") for line in lines):
+        lines.append(f"Host: 127.0.0.1:{port}")
+    if not any(line.startswith("Content-Length:") for line in lines):
+        lines.append(f"Content-Length: {len(FAULT)}")
+    head = "POST /admin/faults HTTP/1.1\r\n" + "\r\n".join(lines) + "\r\n\r\n"
+    answer = await raw_http(port, head.encode("latin-1") + FAULT)
+    assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:200]
+    assert says in json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert (await ahttp(base + "/admin/faults"))[1] == {"faults": []}  # nothing was applied
+
+
+async def test_a_same_origin_post_is_taken(admin_server):
+    server, base, _ = admin_server
+    port = server.http.port
+    head = (
+        f"POST /admin/faults HTTP/1.1\r\nHost: localhost:{port}\r\nOrigin: http://localhost:{port}\r\n"
+        f"Content-Type: application/json; charset=utf-8\r\nContent-Length: {len(FAULT)}\r\nConnection: close\r\n\r\n"
+    )
+    answer = await raw_http(port, head.encode() + FAULT)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+    await ahttp(base + "/admin/faults", {"model": "mlp", "mode": "off"})
+
+
+async def test_a_body_the_server_does_not_read_is_never_taken_for_the_next_request(admin_server):
+    server, _base, _ = admin_server
+    port = server.http.port
+    inner = f"GET /admin/faults HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    outer = f"POST / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {len(inner)}\r\n\r\n".encode()
+    answer = await raw_http(port, outer + inner)
+    assert answer.startswith(b"HTTP/1.1 405 ") and b"Connection: close" in answer
+    assert answer.count(b"HTTP/1.1 ") == 1  # the body was not served as a request of its own
 
 
 async def test_batching_policy_changes_live(admin_server):
@@ -167,7 +232,7 @@ async def test_a_lower_maximum_drops_preferred_sizes_and_a_higher_one_brings_the
 async def test_events_stream_batches_with_their_flush_reason_and_ticks(admin_server):
     server, _base, stub = admin_server
     reader, writer = await asyncio.open_connection("127.0.0.1", server.http.port)
-    writer.write(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+    writer.write(f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{server.http.port}\r\n\r\n".encode())
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
     assert b"200 OK" in head and b"text/event-stream" in head
 
