@@ -116,7 +116,9 @@ def _serve_parser(sub) -> None:
         metavar="MODEL.KEY=VALUE",
         help="size option of a demo model, e.g. recsys.num_embeddings=50000 (repeatable)",
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+    )
     sec = p.add_argument_group("security", "TLS and bearer tokens on the gRPC port; see docs/security.md")
     sec.add_argument(
         "--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain: the gRPC port then speaks only TLS"
@@ -150,12 +152,24 @@ def _parse_value(v: str):
 
 
 def _demo_options(items: list[str]) -> dict:
+    import inspect
+
+    from .models import DEMO_MODELS
+
     out: dict[str, dict] = {}
     for item in items:
         key, eq, value = item.partition("=")
         model, dot, opt = key.partition(".")
         if not eq or not dot:
             raise ConfigError(f"--demo-option {item!r}: expected MODEL.KEY=VALUE")
+        builder = DEMO_MODELS.get(model)
+        if builder is None:
+            raise ConfigError(f"--demo-option {item!r}: unknown demo model {model!r}; known: {', '.join(DEMO_MODELS)}")
+        known = list(inspect.signature(builder).parameters)
+        if opt not in known:
+            raise ConfigError(
+                f"--demo-option {item!r}: demo model {model!r} has no option {opt!r}; its options: {', '.join(known)}"
+            )
         out.setdefault(model, {})[opt] = _parse_value(value)
     return out
 
@@ -286,4 +300,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # `python -m wok` puts the working directory first on the path: a stray module there must
+    # not be found by a model's factory import (only the repository's own files and installed
+    # modules are, docs/security.md). The package itself is already imported.
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)]
     sys.exit(main())

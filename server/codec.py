@@ -36,7 +36,12 @@ def serialize_bytes(a: np.ndarray) -> bytes:
     """Raw BYTES content: each element as a 4-byte little-endian length, then its bytes."""
     parts = []
     for item in a.reshape(-1):
-        b = item if isinstance(item, bytes) else str(item).encode()
+        if isinstance(item, bytes):
+            b = item
+        elif isinstance(item, (bytearray, memoryview)):
+            b = bytes(item)  # their str() is a repr, not their bytes
+        else:
+            b = str(item).encode()  # as Triton's client does: text as UTF-8, other objects as their str()
         parts.append(_LEN.pack(len(b)))
         parts.append(b)
     return b"".join(parts)

@@ -213,6 +213,12 @@ class ModelConfig(_Strict):
         return next((t for t in self.inputs if t.name == name), None)
 
 
+# gRPC takes its channel options as 32-bit ints: durations in ms, and the transport's message
+# limit, which the server sets to 4 × max_request_bytes + 1 MiB (room for the encoded request).
+_MAX_GRPC_MS = 2**31 - 1
+_MAX_REQUEST_BYTES = (2**31 - 1 - (1 << 20)) // 4
+
+
 class ServerSettings(_Strict):
     """The server process."""
 
@@ -225,19 +231,22 @@ class ServerSettings(_Strict):
         ("mlp", "recsys", "encoder"), description="Built-in models served when there is no repository."
     )
     grace_period_s: float = Field(
-        30.0, ge=0, description="Seconds queued and running requests get to finish on SIGTERM/SIGINT."
+        30.0,
+        ge=0,
+        le=_MAX_GRPC_MS / 1e3,
+        description="Seconds queued and running requests get to finish on SIGTERM/SIGINT.",
     )
     max_connection_age_s: float | None = Field(
         None,
         gt=0,
-        lt=1e9,
+        le=_MAX_GRPC_MS / 1e3,
         description="Seconds after which each client connection is closed (GOAWAY, gRPC adds ±10% jitter), so "
         "round-robin clients reconnect and reach replicas added since; None: never.",
     )
     max_connection_age_grace_s: float | None = Field(
         None,
         ge=0,
-        lt=1e9,
+        le=_MAX_GRPC_MS / 1e3,
         description="Seconds the calls in flight on such a connection get to finish; None: grace_period_s.",
     )
     health_host: str | None = Field(
@@ -251,7 +260,10 @@ class ServerSettings(_Strict):
         "speak TLS, such as the kubelet's); 0 picks a free one, None serves none.",
     )
     max_request_bytes: int = Field(
-        64 << 20, ge=1024, description="Largest ModelInfer request (bytes) accepted; larger: INVALID_ARGUMENT."
+        64 << 20,
+        ge=1024,
+        le=_MAX_REQUEST_BYTES,
+        description="Largest ModelInfer request (bytes) accepted; larger: INVALID_ARGUMENT.",
     )
     torch_threads: int | None = Field(
         None,
@@ -382,7 +394,12 @@ def _describe(err: ValidationError) -> str:
 
 
 def read_config_file(path: Path) -> dict:
-    text = path.read_text()
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start]:#04x})") from None
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
@@ -415,7 +432,13 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     data.setdefault("name", model_dir.name)
     batching = data.get("dynamic_batching")
     if isinstance(batching, dict) and isinstance(batching.get("slo_profile"), str):
-        batching["slo_profile"] = str(model_dir / batching["slo_profile"])  # relative to the model's folder
+        profile = model_dir / batching["slo_profile"]  # relative to the model's folder, and inside it
+        if not profile.resolve().is_relative_to(model_dir.resolve()):
+            raise ConfigError(
+                f"{found[0]}: dynamic_batching.slo_profile {batching['slo_profile']!r} leaves the model's folder; "
+                "expected a path inside it"
+            )
+        batching["slo_profile"] = str(profile)
     return model_config_from_dict(data, str(found[0]))
 
 

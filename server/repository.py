@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +23,7 @@ from .errors import ConfigError, ModelNotFound
 from .servable import Servable
 
 VERSION = "1"
+log = logging.getLogger("wok")
 
 
 def _load_factory(cfg: ModelConfig, model_dir: Path):
@@ -46,10 +48,24 @@ def _load_factory(cfg: ModelConfig, model_dir: Path):
             mod = importlib.import_module(module_name)
         except ImportError as exc:
             raise ConfigError(f"model '{cfg.name}': cannot import factory module {module_name!r}: {exc}") from None
+        except Exception as exc:  # the module itself failed as it was imported
+            raise ConfigError(
+                f"model '{cfg.name}': cannot import factory module {module_name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
     try:
         return getattr(mod, attr)
     except AttributeError:
         raise ConfigError(f"model '{cfg.name}': module {module_name!r} has no attribute {attr!r}") from None
+
+
+def _inside(model_dir: Path, relative: str, field: str, cfg: ModelConfig) -> Path:
+    """`relative` under the model's folder; a path that leaves it (absolute, `..`, a link out) is refused."""
+    path = model_dir / relative
+    if not path.resolve().is_relative_to(model_dir.resolve()):
+        raise ConfigError(
+            f"model '{cfg.name}': {field} {relative!r} leaves the model's folder {model_dir}; expected a path inside it"
+        )
+    return path
 
 
 def _load_weights(module: nn.Module, path: Path, cfg: ModelConfig) -> None:
@@ -86,14 +102,19 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         if isinstance(made, Servable):
-            return made
+            # A Servable carries a config of its own: serving it would silently drop this
+            # model's config file (its name, inputs, batching, instances and weights).
+            raise ConfigError(
+                f"model '{cfg.name}': factory {cfg.factory} returned a Servable (model '{made.name}' with its own "
+                f"config), expected an nn.Module: a repository model is configured by its config file"
+            )
         if not isinstance(made, nn.Module):
             raise ConfigError(
                 f"model '{cfg.name}': factory {cfg.factory} returned {type(made).__name__}, expected an nn.Module"
             )
         module = made
     else:
-        path = model_dir / cfg.model_file
+        path = _inside(model_dir, cfg.model_file, "model_file", cfg)
         if not path.is_file():
             raise ConfigError(f"model '{cfg.name}': model_file {path} does not exist")
         try:
@@ -108,7 +129,7 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
         except Exception as exc:
             raise ConfigError(f"model '{cfg.name}': cannot load {cfg.platform} file {path}: {exc}") from None
     if cfg.weights:
-        _load_weights(module, model_dir / cfg.weights, cfg)
+        _load_weights(module, _inside(model_dir, cfg.weights, "weights", cfg), cfg)
     return Servable(cfg, module)
 
 
@@ -128,7 +149,12 @@ class ModelRepository:
         root = Path(root)
         if not root.is_dir():
             raise ConfigError(f"model repository {root} is not a folder")
-        dirs = sorted(d for d in root.iterdir() if d.is_dir() and any((d / n).is_file() for n in CONFIG_NAMES))
+        folders = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        dirs = [d for d in folders if any((d / n).is_file() for n in CONFIG_NAMES)]
+        for d in folders:
+            if d not in dirs:  # a misnamed config (config.tml, a Triton config.pbtxt) would skip a model unseen
+                names = " or ".join(CONFIG_NAMES)
+                log.warning("model repository %s: folder %s has no %s; it is not served", root, d.name, names)
         if not dirs:
             raise ConfigError(f"model repository {root} has no model folders (each needs {' or '.join(CONFIG_NAMES)})")
         return cls((load_servable(d) for d in dirs), str(root))
@@ -137,7 +163,13 @@ class ModelRepository:
     def demo(cls, names: Iterable[str], **options) -> ModelRepository:
         from .models import build_demo
 
-        return cls((build_demo(n, **options.get(n, {})) for n in names), "built-in demo models")
+        def build(name: str) -> Servable:
+            try:
+                return build_demo(name, **options.get(name, {}))
+            except (ValueError, TypeError) as exc:  # an unknown name, option or a bad value
+                raise ConfigError(f"demo model {name!r}: {exc}") from None
+
+        return cls((build(n) for n in names), "built-in demo models")
 
     def get(self, name: str, version: str = "") -> Servable:
         s = self.models.get(name)

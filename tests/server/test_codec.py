@@ -102,6 +102,14 @@ def test_bytes_round_trip_raw_and_typed():
     assert decode_response(resp)["Y"].tolist() == x.tolist()
 
 
+def test_bytes_like_elements_are_sent_as_their_bytes_not_their_repr():
+    x = np.empty((1, 3), dtype=object)
+    x[0] = [bytearray(b"\x00\x01"), memoryview(b"mv"), "caf\u00e9"]
+    req = encode_request("id", {"X": x})
+    assert req.raw_input_contents[0].startswith(b"\x02\x00\x00\x00\x00\x01")
+    assert decode_request(req, identity("BYTES")).inputs["X"].tolist() == [[b"\x00\x01", b"mv", "café".encode()]]
+
+
 def test_truncated_bytes_content_is_invalid():
     req = encode_request("id", {"X": np.array([[b"abc", b"d", b"e"]], dtype=object)})
     req.raw_input_contents[0] = req.raw_input_contents[0][:-1]

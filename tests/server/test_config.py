@@ -280,6 +280,39 @@ def test_server_settings_port_out_of_range():
     assert "(got 70000)" in msg
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "bound"),
+    [
+        # gRPC takes these as 32-bit ints (ms; the transport limit is 4 x max_request_bytes + 1 MiB):
+        # past the bound the start used to fail after the models had loaded, with "value too large".
+        ("max_request_bytes", 1 << 30, "536608767"),
+        ("max_connection_age_s", 3e6, "2147483.647"),
+        ("max_connection_age_grace_s", 3e6, "2147483.647"),
+        ("grace_period_s", float("inf"), "2147483.647"),
+    ],
+)
+def test_server_settings_grpc_cannot_take_are_refused_up_front(field, value, bound):
+    extra = {"max_connection_age_s": 60} if field == "max_connection_age_grace_s" else {}
+    with pytest.raises(ConfigError) as info:
+        server_settings(**{field: value}, **extra)
+    assert str(info.value) == f"server settings: {field}: Input should be less than or equal to {bound} (got {value})"
+    server_settings(max_request_bytes=536608767, max_connection_age_s=2147483, grace_period_s=2147483)  # at the bounds
+
+
+def test_demo_options_name_the_model_and_the_options_it_has():
+    from wok.__main__ import _demo_options
+
+    assert _demo_options(["mlp.hidden=64"]) == {"mlp": {"hidden": 64}}
+    with pytest.raises(ConfigError) as info:
+        _demo_options(["mlp.bogus=1"])
+    assert str(info.value) == (
+        "--demo-option 'mlp.bogus=1': demo model 'mlp' has no option 'bogus'; its options: in_features, hidden, "
+        "out_features, layers, max_batch_size, max_queue_delay_ms, max_queue_size"
+    )
+    with pytest.raises(ConfigError, match=r"unknown demo model 'gpt'; known: mlp, recsys, encoder"):
+        _demo_options(["gpt.layers=2"])
+
+
 def test_server_settings_unknown_field():
     with pytest.raises(ConfigError, match=re.escape("grpc_prot: Extra inputs are not permitted (got 1)")):
         server_settings(grpc_prot=1)

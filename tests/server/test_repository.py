@@ -290,6 +290,55 @@ def test_factory_module_failing_at_import(tmp_path):
     assert "SyntaxError" in msg
 
 
+def test_a_factory_returning_a_servable_is_refused_not_served_in_place_of_the_config(tmp_path):
+    # Its own config would have replaced this folder's: name, inputs, batching, weights, all of it.
+    d = model_dir(tmp_path, "s", "python", extra='factory = "wok.models.mlp:build"\nweights = "absent.safetensors"')
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        "model 's': factory wok.models.mlp:build returned a Servable (model 'mlp' with its own config), "
+        "expected an nn.Module: a repository model is configured by its config file"
+    )
+
+
+def test_an_installed_factory_module_failing_at_import_names_the_model(tmp_path, monkeypatch):
+    pkg = tmp_path / "site"
+    pkg.mkdir()
+    (pkg / "wok_test_breaks_on_import.py").write_text("raise RuntimeError('no GPU driver')\n")
+    monkeypatch.syspath_prepend(str(pkg))
+    d = model_dir(tmp_path / "repo", "m", "python", extra='factory = "wok_test_breaks_on_import:build"')
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        "model 'm': cannot import factory module 'wok_test_breaks_on_import': RuntimeError: no GPU driver"
+    )
+
+
+@pytest.mark.parametrize("field", ["model_file", "weights"])
+@pytest.mark.parametrize("where", ["../outside.pt", "ABSOLUTE", "link.pt"])
+def test_a_file_the_config_names_outside_the_model_folder_is_refused(tmp_path, field, where):
+    outside = tmp_path / "outside.pt"
+    torch.jit.script(reference_linear(1)).save(str(outside))
+    if where == "ABSOLUTE":
+        where = str(outside)
+    platform, extra = ("torchscript", "") if field == "model_file" else ("python", 'factory = "model:build"\n')
+    d = model_dir(tmp_path, "m", platform, extra=extra + f'{field} = "{where}"')
+    (d / "model.py").write_text(LINEAR_FACTORY)
+    if where == "link.pt":
+        (d / "link.pt").symlink_to(outside)  # a link out of the folder is a way out too
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (f"model 'm': {field} {where!r} leaves the model's folder {d}; expected a path inside it")
+
+
+def test_a_config_that_is_not_utf8_is_a_config_error(tmp_path):
+    d = model_dir(tmp_path, "m", "python", extra='factory = "model:build"')
+    (d / "config.toml").write_bytes(b'platform = "caf\xe9"\n')
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == f"{d / 'config.toml'}: not UTF-8 text (byte 15: 0xe9)"
+
+
 def test_factory_rejecting_parameters(tmp_path):
     # A misspelt parameter surfaces as the factory's TypeError; it must name the model.
     d = model_dir(tmp_path, "m", "python", extra='factory = "model:build"\nparameters = { out_featurs = 3 }')
@@ -432,6 +481,20 @@ def test_empty_repository(tmp_path):
     assert "config.toml" in msg
 
 
+def test_a_folder_without_a_config_is_named_in_a_warning(tmp_path, caplog):
+    write_torchscript(tmp_path, "good")
+    (tmp_path / "typo").mkdir()
+    (tmp_path / "typo" / "config.tml").write_text("")
+    (tmp_path / ".git").mkdir()  # hidden folders are not models, and are not warned about
+    with caplog.at_level("WARNING", logger="wok"):
+        repo = ModelRepository.from_directory(tmp_path)
+    assert list(repo.models) == ["good"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"model repository {tmp_path}: folder typo has no config.toml or config.yaml or config.yml; it is not served"
+    ]
+
+
 def test_torchscript_model_file_missing(tmp_path):
     d = model_dir(tmp_path, "ts", "torchscript", extra='model_file = "model.pt"')
     with pytest.raises(ConfigError) as info:
@@ -455,6 +518,15 @@ def test_two_models_with_one_name(tmp_path):
     assert str(info.value) == f"{tmp_path}: two models are named 'same'"
 
 
+def test_a_bad_demo_name_or_option_is_a_config_error():
+    with pytest.raises(ConfigError) as info:
+        ModelRepository.demo(["gpt"])
+    assert str(info.value) == "demo model 'gpt': unknown demo model 'gpt'; known: mlp, recsys, encoder"
+    with pytest.raises(ConfigError) as info:
+        ModelRepository.demo(["mlp"], mlp={"hidden": -1})
+    assert str(info.value) == "demo model 'mlp': mlp: hidden must be >= 1; got -1"
+
+
 def test_get_unknown_model_and_version(tmp_path):
     for name in ("beta", "alpha"):
         model_dir(tmp_path, name, "python", extra='factory = "torch.nn:Identity"', out_dims="[4]")
@@ -466,3 +538,28 @@ def test_get_unknown_model_and_version(tmp_path):
     with pytest.raises(ModelNotFound) as info:
         repo.get("alpha", "2")
     assert str(info.value) == "model 'alpha' has no version '2'; available: 1"
+
+
+def test_python_m_wok_does_not_import_factory_modules_from_the_working_directory(tmp_path):
+    # `python -m` puts the working directory first on sys.path; a stray helper.py there must not
+    # become a model's code (only the model folder's own files and installed modules may).
+    import subprocess
+    import sys
+
+    work = tmp_path / "work"
+    work.mkdir()
+    marker = tmp_path / "IMPORTED"
+    (work / "wok_stray_helper.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef build():\n    pass\n")
+    model_dir(tmp_path / "repo", "m", "python", extra='factory = "wok_stray_helper:build"')
+    proc = subprocess.run(
+        [sys.executable, "-m", "wok", "serve", "--model-repository", str(tmp_path / "repo"), "--port", "0"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "model 'm': cannot import factory module 'wok_stray_helper': No module named 'wok_stray_helper'" in (
+        proc.stderr
+    )
+    assert not marker.exists()
