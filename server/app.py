@@ -309,7 +309,8 @@ class WokServer:
             _, pending = await asyncio.wait(drains, timeout=left())
             # Read before the cancellation fails what is left.
             late = [drains[d].batcher for d in pending]
-            left_over = [(b.name, b.queued, b.inflight) for b in late]
+            # Only what held work: with no grace at all (a failed start) every drain is still pending.
+            left_over = [(b.name, b.queued, b.inflight) for b in late if b.queued or b.inflight]
             for d in pending:
                 d.cancel()
             await asyncio.gather(*drains, return_exceptions=True)
@@ -318,7 +319,7 @@ class WokServer:
                     "grace period over: %s",
                     "; ".join(f"model '{m}': {q} request(s) queued, {b} batch(es) running" for m, q, b in left_over),
                 )
-        if self.service is not None:
+        if self.service is not None and self.service.active:
             # Every accepted request has its result; let the handlers hand them to gRPC.
             try:
                 await asyncio.wait_for(self.service.idle(), timeout=left())

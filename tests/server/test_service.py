@@ -130,3 +130,11 @@ async def test_a_model_whose_batcher_fails_turns_not_serving_and_the_server_goes
                 1,
                 128,
             )
+
+
+async def test_a_stop_without_grace_and_without_work_logs_no_grace_warning(serve, caplog):
+    # As after a failed start: stop(grace=0) finds every drain still pending, with nothing in it.
+    async with serve(models=("mlp",)) as server:
+        with caplog.at_level("WARNING", logger="wok"):
+            await server.stop(grace=0)
+    assert "grace period over" not in caplog.text, caplog.text
