@@ -45,6 +45,7 @@ REASONS = {
     415: "Unsupported Media Type",
 }
 JSON = "application/json"
+ADMIN_POST_PATHS = frozenset({"/admin/faults", "/admin/batching"})  # the routes whose POST reads a body
 
 
 class MetricsHTTPServer:
@@ -106,11 +107,11 @@ class MetricsHTTPServer:
                     return
                 method, target, version = parts
                 close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
-                # Only an admin POST reads its body: after any other request that has one, the
-                # connection ends, or the body's bytes would be read as the next request.
-                if "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0"):
-                    close = close or not (method == "POST" and target.startswith("/admin/"))
                 path = target.split("?", 1)[0]
+                # Only a POST to an admin route reads its body: after any other request that has
+                # one, the connection ends, or the body's bytes would be read as the next request.
+                if "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0"):
+                    close = close or not (method == "POST" and path in ADMIN_POST_PATHS)
                 if path.startswith("/admin/") or path == "/events":
                     if self.admin is None:  # off: as if absent; an unread body ends the connection
                         await self._respond(writer, 404, b"not found\n", "text/plain", close=True)

@@ -198,10 +198,12 @@ async def test_a_body_the_server_does_not_read_is_never_taken_for_the_next_reque
     server, _base, _ = admin_server
     port = server.http.port
     inner = f"GET /admin/faults HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
-    outer = f"POST / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {len(inner)}\r\n\r\n".encode()
-    answer = await raw_http(port, outer + inner)
-    assert answer.startswith(b"HTTP/1.1 405 ") and b"Connection: close" in answer
-    assert answer.count(b"HTTP/1.1 ") == 1  # the body was not served as a request of its own
+    for method, path, status in (("POST", "/", 405), ("GET", "/admin/faults", 200), ("POST", "/admin/nowhere", 404)):
+        outer = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        outer += f"Content-Length: {len(inner)}\r\n\r\n"
+        answer = await raw_http(port, outer.encode() + inner)
+        assert answer.startswith(f"HTTP/1.1 {status} ".encode()) and b"Connection: close" in answer, answer[:200]
+        assert answer.count(b"HTTP/1.1 ") == 1  # the body was not served as a request of its own
 
 
 async def test_batching_policy_changes_live(admin_server):
