@@ -185,14 +185,16 @@ class AsyncClient:
         timeout: float | None = None,
         request_id: str = "",
         server_timeout_us: int | None = None,
+        datatypes: Mapping[str, str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run one request; returns every output, or only those named in `outputs`.
 
-        The V2 datatype of each input follows its numpy dtype. `server_timeout_us` is the
-        V2 `timeout` parameter: how long the server may queue the request. The returned
+        The V2 datatype of each input follows its numpy dtype, or `datatypes` names it:
+        BF16 travels as uint16 words, which would otherwise go as UINT16. `server_timeout_us`
+        is the V2 `timeout` parameter: how long the server may queue the request. The returned
         arrays are read-only views of the response; copy one to change it.
         """
-        request = encode_request(model, inputs, outputs, request_id, server_timeout_us)
+        request = encode_request(model, inputs, outputs, request_id, server_timeout_us, datatypes)
         return decode_response(await self._unary("ModelInfer", request, timeout))
 
     async def stream_infer(

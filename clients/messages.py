@@ -68,7 +68,7 @@ class StreamResult:
 
 # (model, inputs), or a mapping with the keys below ("model" and "inputs" required).
 StreamItem = tuple[str, Mapping[str, np.ndarray]] | Mapping[str, Any]
-_ITEM_KEYS = frozenset({"model", "inputs", "outputs", "request_id", "server_timeout_us"})
+_ITEM_KEYS = frozenset({"model", "inputs", "outputs", "request_id", "server_timeout_us", "datatypes"})
 
 
 def stream_request(item: StreamItem, index: int) -> pb.ModelInferRequest:
@@ -78,7 +78,7 @@ def stream_request(item: StreamItem, index: int) -> pb.ModelInferRequest:
         if unknown or "model" not in item or "inputs" not in item:
             raise TypeError(
                 f"stream request {index}: expected keys model, inputs and optionally "
-                f"outputs, request_id, server_timeout_us; got {sorted(item)}"
+                f"outputs, request_id, server_timeout_us, datatypes; got {sorted(item)}"
             )
         return encode_request(
             item["model"],
@@ -86,6 +86,7 @@ def stream_request(item: StreamItem, index: int) -> pb.ModelInferRequest:
             item.get("outputs"),
             item.get("request_id") or str(index),
             item.get("server_timeout_us"),
+            item.get("datatypes"),
         )
     try:
         model, inputs = item

@@ -104,9 +104,10 @@ class Client:
         timeout: float | None = None,
         request_id: str = "",
         server_timeout_us: int | None = None,
+        datatypes: Mapping[str, str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run one request; see AsyncClient.infer."""
-        request = encode_request(model, inputs, outputs, request_id, server_timeout_us)
+        request = encode_request(model, inputs, outputs, request_id, server_timeout_us, datatypes)
         try:
             response = self._stub.ModelInfer(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:

@@ -385,3 +385,44 @@ async def test_sync_client(serve):
     np.testing.assert_allclose(by_id["2"].outputs["OUTPUT0"], reference(servable, xs[2])["OUTPUT0"], **TOL)
     assert [(r.id, r.ok) for r in seen] == [("0", True)]
     assert stats.inference_count == 2 + 2 + 2 + 2  # infer, two good stream requests, the failing stream's one
+
+
+def bf16_repository(root) -> object:
+    """A model whose input and output are BF16: bfloat16 doubles of its input."""
+    d = root / "half"
+    d.mkdir(parents=True)
+    (d / "model.py").write_text(
+        "import torch\n\n\nclass Double(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return x * 2\n\n\ndef build():\n    return Double()\n"
+    )
+    (d / "config.toml").write_text(
+        'platform = "python"\nfactory = "model:build"\nmax_batch_size = 4\n\n'
+        '[[inputs]]\nname = "A"\ndatatype = "BF16"\ndims = [3]\n\n'
+        '[[outputs]]\nname = "B"\ndatatype = "BF16"\ndims = [3]\n\n'
+        '[dynamic_batching]\nmax_queue_delay_ms = 1.0\n\n[instances]\ndevices = ["cpu"]\n'
+    )
+    return root
+
+
+async def test_bf16_inputs_travel_when_the_caller_names_their_datatype(serve, tmp_path):
+    # BF16 travels as uint16 words: without `datatypes` the request says UINT16 and is refused.
+    words = torch.tensor([[1.0, -2.5, 0.15625]], dtype=torch.bfloat16).view(torch.uint16).numpy()
+    doubled = torch.tensor([[2.0, -5.0, 0.3125]], dtype=torch.bfloat16).view(torch.uint16).numpy()
+    async with serve(repository=bf16_repository(tmp_path / "repo")) as server:
+        async with AsyncClient(target(server)) as client:
+            with pytest.raises(InferError) as info:
+                await client.infer("half", {"A": words})
+            assert info.value.code == CODE.INVALID_ARGUMENT
+            assert info.value.details == "input 'A': expected datatype BF16, got UINT16"
+            out = await client.infer("half", {"A": words}, datatypes={"A": "BF16"})
+            np.testing.assert_array_equal(out["B"], doubled)
+            (item,) = [
+                r
+                async for r in client.stream_infer(
+                    [{"model": "half", "inputs": {"A": words}, "datatypes": {"A": "BF16"}}]
+                )
+            ]
+            assert item.ok and np.array_equal(item.outputs["B"], doubled)
+        with Client(target(server)) as sync:
+            out = await asyncio.to_thread(sync.infer, "half", {"A": words}, datatypes={"A": "BF16"})
+    np.testing.assert_array_equal(out["B"], doubled)
