@@ -3,8 +3,8 @@
 A `wok serve --models mlp --admin` process; its one instance slowed by an admin fault so that
 nothing drains; then N calls sent at once on one channel. When every call is either queued (the
 `wok_queue_depth` gauge) or already answered (the refusals past the bound), the server's RSS
-is read from /proc against its RSS before the burst. The server is killed at the end (its
-slowed batch would hold a graceful stop for the fault's length).
+is read from /proc against its RSS before the burst. The server runs with no grace period, so
+that its stop at the end does not wait for the slowed batch.
 
     .venv/bin/python bench/queue_memory.py --requests 10000 --max-queue-size 0 --max-queue-size 4096 \\
         --json docs/results/queue-memory-2026-11-30.json
@@ -15,84 +15,62 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from datetime import UTC, datetime
 
 import grpc
 import numpy as np
 
+from wok.bench.compare import local_wok, tree_usage
+from wok.bench.faults import post_fault
+from wok.bench.scrape import scrape
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
 SCHEMA = "wok.queue_memory/1"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    return tree_usage(pid).rss_bytes / 2**20
 
 
-def _queue_depth(metrics_port: int) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-    m = re.search(r'^wok_queue_depth\{model="mlp"\} ([0-9.e+]+)$', text, re.M)
-    if m is None:
-        raise RuntimeError("the server exports no wok_queue_depth for mlp")
-    return float(m.group(1))
+def _queue_depth(metrics_url: str) -> float:
+    snap = scrape(metrics_url)
+    if snap is None:
+        raise RuntimeError(f"cannot scrape {metrics_url}")
+    return snap.get("wok_queue_depth", model="mlp")
 
 
 async def measure(requests: int, max_queue_size: int, settle_s: float = 1.0) -> dict:
-    port, mport = _free_port(), _free_port()
-    argv = [sys.executable, "-m", "wok", "serve", "--models", "mlp", "--port", str(port)]
-    argv += ["--metrics-port", str(mport), "--admin", "--log-level", "ERROR"]
-    argv += ["--demo-option", f"mlp.max_queue_size={max_queue_size}"]
-    proc = subprocess.Popen(argv)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    # No grace period: at the end the stalled batch is abandoned, not waited for.
+    serve = ["--models", "mlp", "--admin", "--log-level", "ERROR", "--grace-period", "0"]
+    serve += ["--demo-option", f"mlp.max_queue_size={max_queue_size}"]
+    with local_wok(serve) as (target, metrics_url, pid):
+        async with grpc.aio.insecure_channel(target) as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            await stub.ServerReady(pb.ServerReadyRequest(), wait_for_ready=True, timeout=120)
             row = np.ones((1, 256), np.float32).tobytes()
             tensor = pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="FP32", shape=[1, 256])
             req = pb.ModelInferRequest(model_name="mlp", inputs=[tensor], raw_input_contents=[row])
             for _ in range(50):  # the answers' code paths warm, so the baseline includes them
                 await stub.ModelInfer(req)
             await asyncio.sleep(settle_s)
-            idle = _rss_mib(proc.pid)
+            idle = _rss_mib(pid)
             fault = {"model": "mlp", "instance": 0, "mode": "slow", "delay_ms": 60_000, "duration_s": 120}
-            urllib.request.urlopen(
-                urllib.request.Request(
-                    f"http://127.0.0.1:{mport}/admin/faults",
-                    json.dumps(fault).encode(),
-                    {"Content-Type": "application/json"},
-                ),
-                timeout=5,
-            )
+            post_fault(metrics_url.removesuffix("/metrics"), fault)
             calls = [asyncio.ensure_future(stub.ModelInfer(req, timeout=900)) for _ in range(requests)]
             deadline = time.monotonic() + 120
             queued = 0.0
             while time.monotonic() < deadline:
                 await asyncio.sleep(0.5)
-                queued = _queue_depth(mport)
+                queued = _queue_depth(metrics_url)
                 answered = sum(c.done() for c in calls)
                 # Everything not queued and not answered is in the stalled instance's batches.
                 if queued + answered >= requests - 2 * 32 * 2:
                     break
             await asyncio.sleep(settle_s)
-            queued = _queue_depth(mport)
-            held = _rss_mib(proc.pid)
+            queued = _queue_depth(metrics_url)
+            held = _rss_mib(pid)
             codes: dict[str, int] = {}
             for c in calls:
                 if c.done():
@@ -101,9 +79,6 @@ async def measure(requests: int, max_queue_size: int, settle_s: float = 1.0) -> 
                     codes[name] = codes.get(name, 0) + 1
             for c in calls:
                 c.cancel()
-    finally:
-        proc.kill()
-        proc.wait(30)
     return {
         "requests": requests,
         "max_queue_size": max_queue_size,

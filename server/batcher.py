@@ -273,15 +273,14 @@ class Batcher:
         """
         if self._failed is not None:
             raise ModelExecutionError(f"model '{self.name}' cannot run requests: its batcher failed: {self._failed}")
-        if rows > self.policy.max_batch_size:
-            # The request passed the configured limit (the codec checks it), so the admin API
-            # lowered this one: say so, since the model's config still shows the larger one.
-            raise InvalidInput(
-                f"{rows} rows exceed max_batch_size {self.policy.max_batch_size} of model '{self.name}' "
-                f"(lowered from {self.configured_max_batch_size} through the admin API)"
-                if self.policy.max_batch_size < self.configured_max_batch_size
-                else f"{rows} rows exceed max_batch_size {self.policy.max_batch_size} of model '{self.name}'"
-            )
+        live = self.policy.max_batch_size
+        if rows > live:
+            msg = f"{rows} rows exceed max_batch_size {live} of model '{self.name}'"
+            if live < self.configured_max_batch_size:
+                # The request passed the configured limit (the codec checks it), so the admin API
+                # lowered this one: say so, since the model's config still shows the larger one.
+                msg += f" (lowered from {self.configured_max_batch_size} through the admin API)"
+            raise InvalidInput(msg)
         if self._stopping:
             raise ShuttingDown(f"server is shutting down; model '{self.name}' accepts no new requests")
         limit = self.policy.max_queue_size

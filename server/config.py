@@ -421,6 +421,17 @@ def model_config_from_dict(data: dict, source: str) -> ModelConfig:
 CONFIG_NAMES = ("config.toml", "config.yaml", "config.yml")
 
 
+def inside_model_dir(model_dir: Path, relative: str, source: str, field: str) -> Path:
+    """`relative` under the model's folder; ConfigError (naming `source` and `field`) if it leaves
+    it: an absolute path, `..`, or a link out."""
+    path = model_dir / relative
+    if not path.resolve().is_relative_to(model_dir.resolve()):
+        raise ConfigError(
+            f"{source}: {field} {relative!r} leaves the model's folder {model_dir}; expected a path inside it"
+        )
+    return path
+
+
 def load_model_config(model_dir: Path) -> ModelConfig:
     """Read and check the config of the model in `model_dir`; its name defaults to the folder's."""
     found = [model_dir / n for n in CONFIG_NAMES if (model_dir / n).is_file()]
@@ -432,12 +443,7 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     data.setdefault("name", model_dir.name)
     batching = data.get("dynamic_batching")
     if isinstance(batching, dict) and isinstance(batching.get("slo_profile"), str):
-        profile = model_dir / batching["slo_profile"]  # relative to the model's folder, and inside it
-        if not profile.resolve().is_relative_to(model_dir.resolve()):
-            raise ConfigError(
-                f"{found[0]}: dynamic_batching.slo_profile {batching['slo_profile']!r} leaves the model's folder; "
-                "expected a path inside it"
-            )
+        profile = inside_model_dir(model_dir, batching["slo_profile"], str(found[0]), "dynamic_batching.slo_profile")
         batching["slo_profile"] = str(profile)
     return model_config_from_dict(data, str(found[0]))
 

@@ -45,7 +45,11 @@ REASONS = {
     415: "Unsupported Media Type",
 }
 JSON = "application/json"
-ADMIN_POST_PATHS = frozenset({"/admin/faults", "/admin/batching"})  # the routes whose POST reads a body
+# Admin paths and the Admin methods that answer their GET and POST (a POST reads its body).
+ADMIN_ROUTES = {
+    "/admin/faults": ("get_faults", "post_faults"),
+    "/admin/batching": ("get_batching", "post_batching"),
+}
 
 
 class MetricsHTTPServer:
@@ -111,7 +115,7 @@ class MetricsHTTPServer:
                 # Only a POST to an admin route reads its body: after any other request that has
                 # one, the connection ends, or the body's bytes would be read as the next request.
                 if "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0"):
-                    close = close or not (method == "POST" and path in ADMIN_POST_PATHS)
+                    close = close or not (method == "POST" and path in ADMIN_ROUTES)
                 if path.startswith("/admin/") or path == "/events":
                     if self.admin is None:  # off: as if absent; an unread body ends the connection
                         await self._respond(writer, 404, b"not found\n", "text/plain", close=True)
@@ -140,20 +144,16 @@ class MetricsHTTPServer:
     async def _admin(self, reader, writer, method: str, path: str, headers: dict, close: bool) -> bool:
         """Answer one admin request; False when the connection must end (a stream, a bad body)."""
         admin = self.admin
-        routes = {
-            "/admin/faults": (admin.get_faults, admin.post_faults),
-            "/admin/batching": (admin.get_batching, admin.post_batching),
-        }
         if path == "/events":
             if method != "GET":
                 await self._respond(writer, 405, b"only GET\n", "text/plain", close=True)
                 return False
             await self._stream_events(writer)
             return False
-        if path not in routes:
+        if path not in ADMIN_ROUTES:
             await self._json(writer, 404, {"error": f"no admin path {path}"}, close)
             return not close
-        get, post = routes[path]
+        get, post = (getattr(admin, name) for name in ADMIN_ROUTES[path])
         if method == "GET":
             await self._json(writer, 200, get(), close)
             return not close
@@ -235,7 +235,7 @@ def _local_name(host: str) -> bool:
     if host.lower() == "localhost":
         return True
     try:
-        ipaddress.ip_address(host.strip("[]"))
+        ipaddress.ip_address(host)
     except ValueError:
         return False
     return True

@@ -51,6 +51,20 @@ PROFILE_SCHEMA = "wok.profile/1"
 MAX_TRACKED_KEYS = 4096
 
 
+def _recent(table: dict, key: Hashable, make) -> tuple[object, Hashable | None]:
+    """table[key] (made if absent), moved last: the dict runs from least to most recently seen.
+    A new key beyond MAX_TRACKED_KEYS evicts the least recent; returns (value, evicted key or None)."""
+    value = table.pop(key, None)
+    evicted = None
+    if value is None:
+        value = make()
+        if len(table) >= MAX_TRACKED_KEYS:
+            evicted = next(iter(table))
+            del table[evicted]
+    table[key] = value
+    return value, evicted
+
+
 def read_profile_fit(path: Path) -> tuple[float, float]:
     """(α, β) in seconds from a `wok profile --json` document (docs/profile.md); ValueError if unreadable."""
     try:
@@ -182,15 +196,9 @@ class BatchTimeModel:
 
     def observe(self, key: Hashable, n: int, seconds: float) -> None:
         """One executed batch of n samples that took `seconds` (the worker's time)."""
-        entry = self._keys.pop(key, None)  # put back last: the dict runs from least to most recent
-        if entry is None:
-            entry = (_Fit(), QuantileWindow(self.quantile, self.window))
-            if len(self._keys) >= MAX_TRACKED_KEYS:
-                oldest = next(iter(self._keys))
-                del self._keys[oldest]
-                self._coef.pop(oldest, None)
-        self._keys[key] = entry
-        fit, resid = entry
+        (fit, resid), evicted = _recent(self._keys, key, lambda: (_Fit(), QuantileWindow(self.quantile, self.window)))
+        if evicted is not None:
+            self._coef.pop(evicted, None)
         # Residuals count once a fit has `min_batches` batches: before, its line is still moving.
         if fit.count >= self.min_batches:
             a, b, _ = self._coef[key]
@@ -280,12 +288,7 @@ class SloPolicy:
 
     # -- arrivals ---------------------------------------------------------------------------
     def arrived(self, key: Hashable, now: float, rows: int) -> None:
-        meter = self._rates.pop(key, None)  # put back last: the dict runs from least to most recent
-        if meter is None:
-            meter = RateMeter(self.rate_tau_s)
-            if len(self._rates) >= MAX_TRACKED_KEYS:
-                del self._rates[next(iter(self._rates))]
-        self._rates[key] = meter
+        meter, _ = _recent(self._rates, key, lambda: RateMeter(self.rate_tau_s))
         meter.add(now, rows)
 
     def rate(self, key: Hashable, now: float) -> float:

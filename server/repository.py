@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import CONFIG_NAMES, ModelConfig, load_model_config
+from .config import CONFIG_NAMES, ModelConfig, inside_model_dir, load_model_config
 from .errors import ConfigError, ModelNotFound
 from .servable import Servable
 
@@ -56,16 +56,6 @@ def _load_factory(cfg: ModelConfig, model_dir: Path):
         return getattr(mod, attr)
     except AttributeError:
         raise ConfigError(f"model '{cfg.name}': module {module_name!r} has no attribute {attr!r}") from None
-
-
-def _inside(model_dir: Path, relative: str, field: str, cfg: ModelConfig) -> Path:
-    """`relative` under the model's folder; a path that leaves it (absolute, `..`, a link out) is refused."""
-    path = model_dir / relative
-    if not path.resolve().is_relative_to(model_dir.resolve()):
-        raise ConfigError(
-            f"model '{cfg.name}': {field} {relative!r} leaves the model's folder {model_dir}; expected a path inside it"
-        )
-    return path
 
 
 def _load_weights(module: nn.Module, path: Path, cfg: ModelConfig) -> None:
@@ -114,7 +104,7 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
             )
         module = made
     else:
-        path = _inside(model_dir, cfg.model_file, "model_file", cfg)
+        path = inside_model_dir(model_dir, cfg.model_file, f"model '{cfg.name}'", "model_file")
         if not path.is_file():
             raise ConfigError(f"model '{cfg.name}': model_file {path} does not exist")
         try:
@@ -129,7 +119,7 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
         except Exception as exc:
             raise ConfigError(f"model '{cfg.name}': cannot load {cfg.platform} file {path}: {exc}") from None
     if cfg.weights:
-        _load_weights(module, _inside(model_dir, cfg.weights, "weights", cfg), cfg)
+        _load_weights(module, inside_model_dir(model_dir, cfg.weights, f"model '{cfg.name}'", "weights"), cfg)
     return Servable(cfg, module)
 
 
