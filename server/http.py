@@ -33,7 +33,12 @@ MAX_HEADER_BYTES = 16 << 10
 MAX_BODY_BYTES = 64 << 10  # admin bodies are a few fields
 HEADER_TIMEOUT_S = 10.0  # a request's headers must arrive within this
 IDLE_TIMEOUT_S = 120.0  # a kept-alive connection with no request for this long is closed
-MAX_CONNECTIONS = 64  # beyond this, new connections are closed at once: sockets are the gRPC port's too
+WRITE_TIMEOUT_S = 10.0  # an answer the client does not read within this ends its connection
+# Beyond this many connections, the one waiting longest for its next request is closed to make
+# room (a scraper sends its request at once, so it is never that one); when none waits, the new
+# one is closed at once. Sockets are the gRPC port's file descriptors too.
+MAX_CONNECTIONS = 64
+MAX_EVENT_STREAMS = 16  # /events subscribers at once; more get 503, so streams cannot take every slot
 REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -43,6 +48,7 @@ REASONS = {
     411: "Length Required",
     413: "Payload Too Large",
     415: "Unsupported Media Type",
+    503: "Service Unavailable",
 }
 JSON = "application/json"
 # Admin paths and the Admin methods that answer their GET and POST (a POST reads its body).
@@ -60,6 +66,10 @@ class MetricsHTTPServer:
         self.port = port
         self._server: asyncio.base_events.Server | None = None
         self._clients: set[asyncio.Task] = set()
+        # Connections waiting for their next request, as an ordered set: the first has waited
+        # longest, so it is the one closed to make room.
+        self._waiting: dict[asyncio.StreamWriter, None] = {}
+        self._streams = 0
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_HEADER_BYTES)
@@ -82,64 +92,86 @@ class MetricsHTTPServer:
         return text_format.generate_latest(self.registry), text_format.CONTENT_TYPE_LATEST
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._clients) >= MAX_CONNECTIONS:
+        if len(self._clients) >= MAX_CONNECTIONS and not self._make_room():
             writer.close()
             return
         task = asyncio.current_task()
         self._clients.add(task)
         try:
-            first = True
-            while True:
-                try:
-                    # A scraper sends its request at once; an idle or trickling client must
-                    # not hold a socket (and its file descriptor) forever.
-                    head = await asyncio.wait_for(
-                        reader.readuntil(b"\r\n\r\n"), HEADER_TIMEOUT_S if first else IDLE_TIMEOUT_S
-                    )
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, asyncio.TimeoutError):
-                    return
-                first = False
-                lines = head.decode("latin-1").split("\r\n")
-                parts = lines[0].split(" ")
-                headers = {}
-                for line in lines[1:]:
-                    name, sep, value = line.partition(":")
-                    if sep:
-                        headers[name.strip().lower()] = value.strip()
-                if len(parts) != 3:
-                    await self._respond(writer, 400, b"bad request line\n", "text/plain", close=True)
-                    return
-                method, target, version = parts
-                close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
-                path = target.split("?", 1)[0]
-                # Only a POST to an admin route reads its body: after any other request that has
-                # one, the connection ends, or the body's bytes would be read as the next request.
-                if "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0"):
-                    close = close or not (method == "POST" and path in ADMIN_ROUTES)
-                if path.startswith("/admin/") or path == "/events":
-                    if self.admin is None:  # off: as if absent; an unread body ends the connection
-                        await self._respond(writer, 404, b"not found\n", "text/plain", close=True)
-                        return
-                    refusal = _foreign(headers)
-                    if refusal is not None:
-                        await self._json(writer, 403, {"error": refusal}, close=True)
-                        return
-                    if not await self._admin(reader, writer, method, path, headers, close):
-                        return
-                elif method not in ("GET", "HEAD"):
-                    await self._respond(writer, 405, b"only GET\n", "text/plain", close=close)
-                elif path == "/metrics":
-                    body, ctype = self.render(headers.get("accept", ""))
-                    await self._respond(writer, 200, body, ctype, close=close, head=method == "HEAD")
-                elif path == "/":
-                    await self._respond(writer, 200, b"wok: metrics at /metrics\n", "text/plain", close=close)
-                else:
-                    await self._respond(writer, 404, b"not found\n", "text/plain", close=close)
-                if close:
-                    return
+            await self._requests(reader, writer)
+        except (ConnectionError, asyncio.TimeoutError):
+            pass  # the peer went away, or did not read its answer within WRITE_TIMEOUT_S
         finally:
+            self._waiting.pop(writer, None)
             self._clients.discard(task)
             writer.close()
+
+    def _make_room(self) -> bool:
+        """Close the connection waiting longest for a request; False when every one is busy.
+
+        Without this, idle keep-alive connections (up to IDLE_TIMEOUT_S each) could lock
+        Prometheus out of the port.
+        """
+        for writer in self._waiting:
+            del self._waiting[writer]
+            # Its readuntil sees end of file and its task ends; the slot frees at once.
+            writer.transport.abort()
+            return True
+        return False
+
+    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = True
+        while True:
+            self._waiting[writer] = None
+            try:
+                # A scraper sends its request at once; an idle or trickling client must
+                # not hold a socket (and its file descriptor) forever.
+                head = await asyncio.wait_for(
+                    reader.readuntil(b"\r\n\r\n"), HEADER_TIMEOUT_S if first else IDLE_TIMEOUT_S
+                )
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, asyncio.TimeoutError):
+                return
+            finally:
+                self._waiting.pop(writer, None)
+            first = False
+            lines = head.decode("latin-1").split("\r\n")
+            parts = lines[0].split(" ")
+            headers = {}
+            for line in lines[1:]:
+                name, sep, value = line.partition(":")
+                if sep:
+                    headers[name.strip().lower()] = value.strip()
+            if len(parts) != 3:
+                await self._respond(writer, 400, b"bad request line\n", "text/plain", close=True)
+                return
+            method, target, version = parts
+            close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
+            path = target.split("?", 1)[0]
+            # Only a POST to an admin route reads its body: after any other request that has
+            # one, the connection ends, or the body's bytes would be read as the next request.
+            if "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0"):
+                close = close or not (method == "POST" and path in ADMIN_ROUTES)
+            if path.startswith("/admin/") or path == "/events":
+                if self.admin is None:  # off: as if absent; an unread body ends the connection
+                    await self._respond(writer, 404, b"not found\n", "text/plain", close=True)
+                    return
+                refusal = _foreign(headers)
+                if refusal is not None:
+                    await self._json(writer, 403, {"error": refusal}, close=True)
+                    return
+                if not await self._admin(reader, writer, method, path, headers, close):
+                    return
+            elif method not in ("GET", "HEAD"):
+                await self._respond(writer, 405, b"only GET\n", "text/plain", close=close)
+            elif path == "/metrics":
+                body, ctype = self.render(headers.get("accept", ""))
+                await self._respond(writer, 200, body, ctype, close=close, head=method == "HEAD")
+            elif path == "/":
+                await self._respond(writer, 200, b"wok: metrics at /metrics\n", "text/plain", close=close)
+            else:
+                await self._respond(writer, 404, b"not found\n", "text/plain", close=close)
+            if close:
+                return
 
     async def _admin(self, reader, writer, method: str, path: str, headers: dict, close: bool) -> bool:
         """Answer one admin request; False when the connection must end (a stream, a bad body)."""
@@ -147,6 +179,9 @@ class MetricsHTTPServer:
         if path == "/events":
             if method != "GET":
                 await self._respond(writer, 405, b"only GET\n", "text/plain", close=True)
+                return False
+            if self._streams >= MAX_EVENT_STREAMS:
+                await self._json(writer, 503, {"error": f"already {MAX_EVENT_STREAMS} /events streams open"}, True)
                 return False
             await self._stream_events(writer)
             return False
@@ -201,6 +236,7 @@ class MetricsHTTPServer:
             b"Connection: close\r\n\r\n"
         )
         sub = self.admin.subscribe()
+        self._streams += 1
         try:
             while True:
                 event = await sub.queue.get()
@@ -208,12 +244,13 @@ class MetricsHTTPServer:
                 while not sub.queue.empty() and len(chunk) < 256:
                     chunk.append(b"data: " + dumps(sub.queue.get_nowait()) + b"\n\n")
                 writer.write(b"".join(chunk))
-                await writer.drain()
-        except (ConnectionError, asyncio.CancelledError):
+                await _drain(writer)
+        except (ConnectionError, asyncio.TimeoutError, asyncio.CancelledError):
             # Cancelled: the server stops. Ending quietly spares asyncio 3.11's stream callback,
             # which logs a cancelled handler task as an unhandled exception.
             pass
         finally:
+            self._streams -= 1
             self.admin.unsubscribe(sub)
 
     async def _json(self, writer, status: int, obj, close: bool) -> None:
@@ -227,7 +264,20 @@ class MetricsHTTPServer:
             f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
         )
         writer.write(header.encode("latin-1") + (b"" if head else body))
-        await writer.drain()
+        await _drain(writer)
+
+
+async def _drain(writer: asyncio.StreamWriter) -> None:
+    """Wait until the client has taken what was written; past WRITE_TIMEOUT_S, drop it.
+
+    A client that never reads would otherwise hold its connection, and a slot, for good; and
+    a plain close would keep the socket until its unsent bytes were taken, so it is aborted.
+    """
+    try:
+        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        writer.transport.abort()
+        raise
 
 
 def _local_name(host: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import urllib.request
 
 import grpc
@@ -143,18 +144,89 @@ async def test_a_client_that_never_finishes_its_request_is_dropped_and_scrapes_g
     assert "wok_batch_size" in families
 
 
-async def test_connections_beyond_the_cap_are_closed_at_once(serve, monkeypatch):
+async def test_idle_connections_at_the_cap_make_room_for_a_scrape_oldest_first(serve, monkeypatch):
     from wok import http
 
     monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
     async with serve(models=("mlp",)) as server:
-        held = [await asyncio.open_connection("127.0.0.1", server.http.port) for _ in range(2)]
-        while len(server.http._clients) < 2:  # until the server has accepted both
-            await asyncio.sleep(0.001)
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.http.port)
+        port = server.http.port
+        # Two kept-alive connections, idle after one request each: before, they held the port
+        # for IDLE_TIMEOUT_S and a scraper's connection was closed unanswered.
+        held = []
+        for _ in range(2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            await reader.readuntil(b"wok: metrics at /metrics\n")
+            held.append((reader, writer))
+        families = await asyncio.to_thread(scrape, port)
+        assert "wok_batch_size" in families
+        # The one idle longest was closed for it; the other is still served.
+        assert await asyncio.wait_for(held[0][0].read(), timeout=5) == b""
+        held[1][1].write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert b"200 OK" in await asyncio.wait_for(held[1][0].readuntil(b"/metrics\n"), timeout=5)
+        for _, w in held:
+            w.close()
+
+
+async def test_connections_beyond_the_cap_are_closed_at_once_when_none_is_idle(serve, monkeypatch):
+    from wok import http
+
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
+    async with serve(models=("mlp",), admin=True) as server:
+        port = server.http.port
+        held = []
+        for _ in range(2):  # two /events streams: busy, never waiting for a request
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            await reader.readuntil(b"\r\n\r\n")
+            held.append((reader, writer))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
         assert await asyncio.wait_for(reader.read(), timeout=5) == b""
         for _, w in [*held, (reader, writer)]:
             w.close()
+
+
+async def test_event_streams_past_their_cap_get_503_and_leave_the_port_to_others(serve, monkeypatch):
+    from wok import http
+
+    monkeypatch.setattr(http, "MAX_EVENT_STREAMS", 1)
+    async with serve(models=("mlp",), admin=True) as server:
+        port = server.http.port
+        request = f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+        first = await asyncio.open_connection("127.0.0.1", port)
+        first[1].write(request)
+        assert b"200 OK" in await first[0].readuntil(b"\r\n\r\n")
+        second = await asyncio.open_connection("127.0.0.1", port)
+        second[1].write(request)
+        answer = await asyncio.wait_for(second[0].read(), timeout=5)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"already 1 /events streams open" in answer
+        first[1].close()
+        second[1].close()
+        families = await asyncio.to_thread(scrape, port)
+    assert "wok_batch_size" in families
+
+
+async def test_a_client_that_never_reads_its_answer_is_dropped(serve, monkeypatch):
+    from wok import http
+
+    monkeypatch.setattr(http, "WRITE_TIMEOUT_S", 0.3)
+    async with serve(models=("mlp",)) as server:
+        sock = socket.create_connection(("127.0.0.1", server.http.port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        # Pipelined scrapes whose answers (tens of KiB each) are never read fill both socket
+        # buffers; the server's drain then waits, until WRITE_TIMEOUT_S ends the connection.
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 200)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while not server.http._clients and loop.time() < deadline:  # until the server has it
+            await asyncio.sleep(0.01)
+        assert server.http._clients
+        while server.http._clients and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert not server.http._clients
+        sock.close()
+        families = await asyncio.to_thread(scrape, server.http.port)
+    assert "wok_batch_size" in families
 
 
 async def test_callers_that_gave_up_are_in_no_stage_so_stages_still_add_up(serve, slow_repository):
