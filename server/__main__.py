@@ -20,7 +20,9 @@ class StartError(RuntimeError):
 
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve models over the KServe V2 gRPC protocol")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; IPv6 as ::1 or [::1], :: for all)"
+    )
     p.add_argument("--port", type=int, default=8001, help="gRPC port (default 8001; 0 picks a free one)")
     p.add_argument("--model-repository", type=Path, help="folder of models; without it the demo models serve")
     p.add_argument(
@@ -187,7 +189,7 @@ async def _serve(args) -> int:
 
     from .app import WokServer, build_repository
     from .auth import SecurityMode
-    from .config import server_settings
+    from .config import host_port, server_settings
 
     settings = server_settings(
         host=args.host,
@@ -246,11 +248,13 @@ async def _serve(args) -> int:
     gc.collect()
     gc.freeze()
     if server.http is not None:
-        print(f"wok: metrics on http://{settings.metrics_host}:{server.http.port}/metrics", file=sys.stderr, flush=True)
-    print(f"wok: serving {', '.join(server.runtimes)} on {settings.host}:{server.port}", file=sys.stderr, flush=True)
+        metrics = host_port(settings.metrics_host, server.http.port)
+        print(f"wok: metrics on http://{metrics}/metrics", file=sys.stderr, flush=True)
+    target = host_port(settings.host, server.port)
+    print(f"wok: serving {', '.join(server.runtimes)} on {target}", file=sys.stderr, flush=True)
     if server.health_port is not None:
         host = settings.health_host or settings.host
-        print(f"wok: health (plaintext) on {host}:{server.health_port}", file=sys.stderr, flush=True)
+        print(f"wok: health (plaintext) on {host_port(host, server.health_port)}", file=sys.stderr, flush=True)
     print(f"wok: gRPC security: {SecurityMode.of(settings).describe()}", file=sys.stderr, flush=True)
     await stop.wait()
     await server.stop()

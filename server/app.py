@@ -27,7 +27,7 @@ from .accept import AcceptTasks
 from .admin import Admin
 from .auth import SecurityMode, security_warnings, server_credentials, token_interceptor
 from .batcher import Batcher, BatchingPolicy
-from .config import ServerSettings
+from .config import ServerSettings, host_port
 from .cpulatency import CpuWakeupLatency, read_constraint
 from .cpulinear import onednn_available
 from .executor import Executor
@@ -45,6 +45,7 @@ log = logging.getLogger("wok")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_BIND_CAUSES = "the port is in use, or the address is not one of this machine's"
 
 
 @dataclass
@@ -180,14 +181,17 @@ class WokServer:
             [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
             self._grpc,
         )
-        address = f"{self.settings.host}:{self.settings.grpc_port}"
+        address = host_port(self.settings.host, self.settings.grpc_port)
         credentials = server_credentials(self.settings)
-        if credentials is None:
-            self.port = self._grpc.add_insecure_port(address)
-        else:
-            self.port = self._grpc.add_secure_port(address, credentials)
+        try:
+            if credentials is None:
+                self.port = self._grpc.add_insecure_port(address)
+            else:
+                self.port = self._grpc.add_secure_port(address, credentials)
+        except RuntimeError:  # gRPC's own message names no cause
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot bind gRPC to {address}")
+            raise OSError(f"cannot bind the gRPC port to {address}: {_BIND_CAUSES}")
         await self._grpc.start()
         # Unary inference only: a stream is accepted once and then carries many requests.
         infer = f"/{SERVICE_NAME}/ModelInfer"
@@ -218,14 +222,14 @@ class WokServer:
             "on" if self.wakeup_drain is not None and self.wakeup_drain.installed else "off",
         )
         self._started = True
-        log.info("wok serving %s on %s:%d", ", ".join(self.runtimes), self.settings.host, self.port)
+        log.info("wok serving %s on %s", ", ".join(self.runtimes), host_port(self.settings.host, self.port))
         log.info("gRPC security: %s", SecurityMode.of(self.settings).describe())
         for warning in security_warnings(self.settings):
             log.warning("%s", warning)
         if self._health_grpc is not None:
-            log.info("health (plaintext, grpc.health.v1 only) on %s:%d", self._health_host, self.health_port)
+            log.info("health (plaintext, grpc.health.v1 only) on %s", host_port(self._health_host, self.health_port))
         if self.http is not None:
-            log.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.http.port)
+            log.info("metrics on http://%s/metrics", host_port(self.settings.metrics_host, self.http.port))
 
     def _model_failed(self, name: str, exc: BaseException) -> None:
         """A model's batching task failed (a bug; it is logged): its health turns NOT_SERVING, so
@@ -246,10 +250,13 @@ class WokServer:
         # nothing else: no inference, no reflection, no token needed (health is exempt anyway).
         self._health_grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_grpc)
-        address = f"{self._health_host}:{self.settings.health_port}"
-        self.health_port = self._health_grpc.add_insecure_port(address)
+        address = host_port(self._health_host, self.settings.health_port)
+        try:
+            self.health_port = self._health_grpc.add_insecure_port(address)
+        except RuntimeError:
+            self.health_port = 0
         if self.health_port == 0:
-            raise OSError(f"cannot bind the health port to {address}")
+            raise OSError(f"cannot bind the health port to {address}: {_BIND_CAUSES}")
         await self._health_grpc.start()
 
     def _grpc_options(self, transport_limit: int) -> list[tuple[str, int]]:

@@ -7,6 +7,7 @@ what was wrong (see `load_model_config`).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import sys
 from pathlib import Path
@@ -346,6 +347,19 @@ class ServerSettings(_Strict):
         description="Name of an environment variable holding accepted bearer tokens (comma or space separated).",
     )
 
+    @field_validator("host", "health_host", "metrics_host")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        # "[::1]" is how an IPv6 address is written beside a port; bind calls take it bare.
+        if v is None:
+            return v
+        bare = v.strip()
+        if bare.startswith("[") and bare.endswith("]"):
+            bare = bare[1:-1]
+        if not bare:
+            raise ValueError(f"expected an address or a host name, got {v!r}")
+        return bare
+
     @field_validator("tls_cert", "tls_key", "tls_client_ca")
     @classmethod
     def _readable(cls, v: Path | None) -> Path | None:
@@ -371,16 +385,34 @@ class ServerSettings(_Strict):
             check_tls_files(self.tls_cert, self.tls_key, self.tls_client_ca)
         if self.max_connection_age_grace_s is not None and self.max_connection_age_s is None:
             raise ValueError("max_connection_age_grace_s needs max_connection_age_s: there is no age to be graceful at")
+        health_host = self.health_host or self.host
         if (
             self.health_port is not None
             and self.health_port != 0
             and self.health_port == self.grpc_port
-            and (self.health_host or self.host) == self.host
+            and not _distinct_addresses(health_host, self.host)
         ):
             raise ValueError(
-                f"health_port {self.health_port} is the gRPC port: the health port needs a port of its own"
+                f"health_port {self.health_port} is the gRPC port, on {health_host} and {self.host}: the health "
+                "port needs a port of its own (or two different IP addresses, neither of them a wildcard)"
             )
         return self
+
+
+def _distinct_addresses(a: str, b: str) -> bool:
+    """Whether binding one port on `a` and on `b` cannot collide: two different IP literals,
+    neither a wildcard (0.0.0.0 and :: take the port on every address). A name (localhost)
+    may resolve to the other, so it is taken as the same."""
+    try:
+        x, y = ipaddress.ip_address(a), ipaddress.ip_address(b)
+    except ValueError:
+        return False
+    return x != y and not x.is_unspecified and not y.is_unspecified
+
+
+def host_port(host: str, port: int) -> str:
+    """`host:port`, with an IPv6 address in brackets, as gRPC targets and URLs write it."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _describe(err: ValidationError) -> str:

@@ -18,6 +18,7 @@ import asyncio
 import ipaddress
 import json
 import logging
+import os
 import re
 from urllib.parse import urlsplit
 
@@ -26,6 +27,7 @@ from prometheus_client import exposition as text_format
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from .admin import Admin, dumps
+from .config import host_port
 from .faults import AdminRequestError
 
 log = logging.getLogger("wok.http")
@@ -72,7 +74,12 @@ class MetricsHTTPServer:
         self._streams = 0
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_HEADER_BYTES)
+        try:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_HEADER_BYTES)
+        except OSError as exc:
+            address = host_port(self.host, self.port)
+            cause = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            raise OSError(f"cannot bind the metrics port to {address}: {cause}") from exc
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:

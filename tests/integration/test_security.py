@@ -565,6 +565,49 @@ def test_grpc_and_metrics_listen_on_loopback_unless_told_otherwise(start_server)
     assert (defaults.host, defaults.metrics_host) == ("127.0.0.1", "127.0.0.1")
 
 
+def test_ipv6_loopback_serves_grpc_health_and_metrics_and_prints_bracketed_addresses(start_server):
+    import urllib.request
+
+    sp = start_server("--models", "mlp", "--host", "::1", "--metrics-host", "[::1]", "--health-port", "0")
+    assert sp.host == "[::1]", sp.log
+    assert _listening(sp.port) == ["::1"]
+    metrics = next(line for line in sp.log if "wok: metrics on http://" in line).split(" on ", 1)[1]
+    assert metrics.startswith("http://[::1]:"), metrics  # a URL a browser or curl takes as it is
+    assert "wok_batch_size" in urllib.request.urlopen(metrics, timeout=10).read().decode()
+    health = sp.wait_for_line("wok: health (plaintext) on ").rsplit(" ", 1)[1]
+    assert health.startswith("[::1]:"), health
+    with grpc.insecure_channel(health) as ch:
+        answer = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="mlp"), timeout=10)
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    with Client(sp.target) as client:
+        out = client.infer("mlp", {"INPUT0": np.ones((2, 256), np.float32)})
+    assert out["OUTPUT0"].shape == (2, 256)
+
+
+def test_a_port_already_taken_is_named_in_the_error_and_the_exit_status_is_1():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for flag, name, cause in (
+            ("--port", "gRPC port", "the port is in use"),
+            ("--health-port", "health port", "the port is in use"),
+            ("--metrics-port", "metrics port", "address already in use"),
+        ):
+            ports = {"--port": "0", "--metrics-port": "0", flag: port}
+            args = [a for kv in ports.items() for a in kv]
+            r = subprocess.run(
+                [sys.executable, "-m", "wok", "serve", "--models", "mlp", *args],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert r.returncode == 1, r.stderr
+            assert f"wok: cannot start: cannot bind the {name} to 127.0.0.1:{port}: {cause}" in r.stderr, r.stderr
+
+
 async def test_binding_beyond_loopback_without_protection_is_logged(serve, caplog):
     caplog.set_level(logging.WARNING, logger="wok")
     async with serve(models=("mlp",), host="0.0.0.0", metrics_host="0.0.0.0"):

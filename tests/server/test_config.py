@@ -336,6 +336,24 @@ def test_server_settings_connection_age_and_health_port():
     # On another address the same number is another socket; 0 always picks a free port.
     assert server_settings(grpc_port=8001, health_port=8001, health_host="10.0.0.1").health_port == 8001
     assert server_settings(grpc_port=0, health_port=0).health_port == 0
+    # A name may be the other address, and a wildcard takes the port on every address.
+    for host, health_host in (("127.0.0.1", "localhost"), ("0.0.0.0", "127.0.0.1"), ("::1", "::")):
+        with pytest.raises(ConfigError, match=f"health_port 8001 is the gRPC port, on {re.escape(health_host)} and"):
+            server_settings(grpc_port=8001, health_port=8001, host=host, health_host=health_host)
+
+
+def test_addresses_take_ipv6_with_or_without_brackets():
+    from wok.config import host_port
+
+    s = server_settings(host="[::1]", metrics_host=" ::1 ", health_host="[fe80::1]")
+    assert (s.host, s.metrics_host, s.health_host) == ("::1", "::1", "fe80::1")
+    assert (host_port(s.host, 8001), host_port("127.0.0.1", 8001), host_port("localhost", 1)) == (
+        "[::1]:8001",
+        "127.0.0.1:8001",
+        "localhost:1",
+    )
+    with pytest.raises(ConfigError, match=re.escape("host: Value error, expected an address or a host name, got '[]'")):
+        server_settings(host="[]")
 
 
 def test_server_settings_switch_interval():
