@@ -259,6 +259,21 @@ class Batcher:
         return self._inflight
 
     # -- requests ------------------------------------------------------------------------
+    def check_room(self) -> None:
+        """Raise what `submit` would for any request now: the batcher failed, it stops, or the
+        queue is full. The service asks before decoding, so that under overload a refusal
+        costs no decode (submit asks again; nothing awaits in between)."""
+        if self._failed is not None:
+            raise ModelExecutionError(f"model '{self.name}' cannot run requests: its batcher failed: {self._failed}")
+        if self._stopping:
+            raise ShuttingDown(f"server is shutting down; model '{self.name}' accepts no new requests")
+        limit = self.policy.max_queue_size
+        if limit and self._queued >= limit:
+            raise QueueFull(
+                f"model '{self.name}' queue is full: {self._queued} requests queued, "
+                f"max_queue_size is {limit}; retry later"
+            )
+
     def submit(
         self,
         inputs: dict[str, np.ndarray],
@@ -271,8 +286,7 @@ class Batcher:
 
         `priority`: its level (lower is more urgent); None takes the model's default level.
         """
-        if self._failed is not None:
-            raise ModelExecutionError(f"model '{self.name}' cannot run requests: its batcher failed: {self._failed}")
+        self.check_room()
         live = self.policy.max_batch_size
         if rows > live:
             msg = f"{rows} rows exceed max_batch_size {live} of model '{self.name}'"
@@ -281,14 +295,6 @@ class Batcher:
                 # lowered this one: say so, since the model's config still shows the larger one.
                 msg += f" (lowered from {self.configured_max_batch_size} through the admin API)"
             raise InvalidInput(msg)
-        if self._stopping:
-            raise ShuttingDown(f"server is shutting down; model '{self.name}' accepts no new requests")
-        limit = self.policy.max_queue_size
-        if limit and self._queued >= limit:
-            raise QueueFull(
-                f"model '{self.name}' queue is full: {self._queued} requests queued, "
-                f"max_queue_size is {limit}; retry later"
-            )
         now = time.perf_counter()
         level = priority or self.default_level
         slo = self.slo

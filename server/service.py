@@ -153,6 +153,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         server = self.server
         if server.draining:
             raise ShuttingDown("server is shutting down and accepts no new requests")
+        rt.batcher.check_room()
         servable = rt.servable
         dec = decode_request(request, servable, server.settings.max_request_bytes)
         deadline = None

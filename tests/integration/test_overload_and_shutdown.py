@@ -10,7 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
-from wok.codec import decode_response, encode_request
+from wok.codec import decode_request, decode_response, encode_request
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
@@ -24,7 +24,19 @@ def check_answer(i: int, resp: pb.ModelInferResponse) -> None:
     np.testing.assert_array_equal(decode_response(resp)["OUTPUT0"], np.full((1, 4), 2.0 * i, np.float32))
 
 
-async def test_a_burst_over_max_queue_size_is_rejected_at_once_and_the_rest_succeed(serve, slow_repository):
+async def test_a_burst_over_max_queue_size_is_rejected_at_once_and_the_rest_succeed(
+    serve, slow_repository, monkeypatch
+):
+    from wok import service
+
+    decoded = []
+
+    def counting_decode(request, *args):
+        decoded.append(request.id)
+        return decode_request(request, *args)
+
+    # A refusal is decided before the request is decoded: under overload it costs no decode.
+    monkeypatch.setattr(service, "decode_request", counting_decode)
     repo = slow_repository(sleep_ms=30, max_batch_size=4, delay_ms=1, max_queue_size=8)
     async with serve(repository=repo) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
@@ -43,6 +55,7 @@ async def test_a_burst_over_max_queue_size_is_rejected_at_once_and_the_rest_succ
     for i, r in accepted:
         check_answer(i, r)
     assert stats.inference_count == len(accepted) == 64 - len(rejected)
+    assert sorted(decoded, key=int) == [str(i) for i, _ in accepted]
 
 
 def test_sigterm_mid_burst_answers_every_accepted_request_and_exits_0(slow_repository, start_server):
