@@ -228,15 +228,20 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def local_wok(serve_args: Iterable[str], cwd: Path = ROOT):
+def local_wok(serve_args: Iterable[str], cwd: Path = ROOT, rev: str | None = None):
     """`wok serve` on free loopback ports, in its own session, for a benchmark script.
 
     Yields (target, metrics URL, pid) once it serves; on exit, SIGTERM to its session, then
     SIGKILL after 30 s. Its stderr is read to the end by a thread, so a chatty log never blocks it.
+    `rev`: serve wok as committed at that git revision (as `wok@REV` in the harness) instead.
     """
     port, mport = free_port(), free_port()
     cmd = [sys.executable, "-m", "wok", "serve", *serve_args, "--port", str(port), "--metrics-port", str(mport)]
-    proc = subprocess.Popen(cmd, cwd=cwd, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = None
+    if rev is not None:
+        _, extra_env, cwd = _launch_wok(wok_at_rev(f"wok@{rev}"), {"grpc": port, "metrics": mport})
+        env = {**os.environ, **extra_env}
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         for line in proc.stderr:
             if "serving" in line:

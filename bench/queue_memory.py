@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from datetime import UTC, datetime
@@ -24,6 +23,7 @@ import numpy as np
 
 from wok.bench.compare import local_wok, tree_usage
 from wok.bench.faults import post_fault
+from wok.bench.report import write_json
 from wok.bench.scrape import scrape
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -117,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         doc = {"schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"), "runs": runs}
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
+        write_json(doc, args.json)
     return 0
 
 

@@ -1,0 +1,31 @@
+"""bench/refusal_cost.py against a real `wok serve` and the bare transport: every call to the
+full queue is refused, every call to the bare server answered, and each has a CPU cost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the servers' CPU time from Linux's /proc")
+def test_calls_to_a_full_queue_are_all_refused_and_the_bare_server_answers_them_all(tmp_path):
+    out = tmp_path / "rc.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "refusal_cost.py"), "--servers", "wok,bare", "--rows", "1,4",
+           "--calls", "300", "--reps", "1", "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "wok.refusal_cost/1" and doc["max_queue_size"] == 64
+    runs = {r["server"]: r for r in doc["runs"]}
+    for rows in ("1", "4"):
+        assert runs["wok"]["rows"][rows]["codes"] == {"RESOURCE_EXHAUSTED": 300}
+        assert runs["bare"]["rows"][rows]["codes"] == {"OK": 300}
+    assert [(s["server"], s["rows"]) for s in doc["summary"]] == [("wok", 1), ("wok", 4), ("bare", 1), ("bare", 4)]
+    assert all(s["server_cpu_us_per_call"] > 0 and s["answers_per_s"] > 0 for s in doc["summary"])
+    assert "server CPU µs/call" in proc.stdout
