@@ -82,6 +82,16 @@ def _load_weights(module: nn.Module, path: Path, cfg: ModelConfig) -> None:
 def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
     """Build the Servable for the model in `model_dir`."""
     cfg = cfg or load_model_config(model_dir)
+    for kind, tensors in (("input", cfg.inputs), ("output", cfg.outputs)):
+        for t in tensors:
+            if t.datatype == "BYTES":
+                # Checked before any model code is imported: the batch would fail at its first
+                # assembly, after the server had loaded everything else.
+                raise ConfigError(
+                    f"model '{cfg.name}': {kind} '{t.name}' is BYTES, which wok's models cannot take or return: "
+                    "they run on torch tensors, which hold no byte strings; send text as token ids (INT64) "
+                    "or raw bytes as UINT8"
+                )
     if cfg.platform == "python":
         factory = _load_factory(cfg, model_dir)
         try:

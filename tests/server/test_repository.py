@@ -280,6 +280,23 @@ def test_factory_returning_non_module(tmp_path):
     assert str(info.value) == "model 'm': factory model:build returned dict, expected an nn.Module"
 
 
+@pytest.mark.parametrize("kind", ["input", "output"])
+def test_a_bytes_tensor_is_refused_by_name_before_any_model_code_is_imported(tmp_path, kind):
+    d = model_dir(tmp_path, "t", "python", extra='factory = "model:build"')
+    config = d / "config.toml"
+    tensor = "INPUT0" if kind == "input" else "OUTPUT0"
+    text = config.read_text()
+    at = text.index(f'name = "{tensor}"')
+    config.write_text(text[:at] + text[at:].replace('datatype = "FP32"', 'datatype = "BYTES"', 1))
+    (d / "model.py").write_text("raise RuntimeError('imported')\n")
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        f"model 't': {kind} '{tensor}' is BYTES, which wok's models cannot take or return: they run on torch "
+        "tensors, which hold no byte strings; send text as token ids (INT64) or raw bytes as UINT8"
+    )
+
+
 def test_factory_module_failing_at_import(tmp_path):
     d = model_dir(tmp_path, "m", "python", extra='factory = "model:build"')
     (d / "model.py").write_text("def build(:\n")
