@@ -93,10 +93,20 @@ def check_tls_files(cert: Path, key: Path, client_ca: Path | None) -> None:
         raise ValueError(f"tls_cert {cert} and tls_key {key} cannot be loaded: {exc.reason or exc}") from None
     if client_ca is not None:
         ca_pem = read_secret_file(client_ca)
+        store = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=ca_pem.decode("ascii"))
+            store.load_verify_locations(cadata=ca_pem.decode("ascii"))
         except (ssl.SSLError, UnicodeDecodeError, ValueError):
             raise ValueError(f"tls_client_ca {client_ca} holds no PEM CA certificate") from None
+        # A client's own certificate here would make gRPC trust that one client alone (a pin),
+        # not the clients a CA signs: refused, so that the file means what its name says.
+        counts = store.cert_store_stats()
+        leaves = counts["x509"] - counts["x509_ca"]
+        if leaves:
+            raise ValueError(
+                f"tls_client_ca {client_ca} holds {leaves} certificate(s) that are not a CA's (no basicConstraints "
+                "CA:TRUE): give the CA certificate that signs the clients' certificates"
+            )
 
 
 def server_credentials(settings: ServerSettings) -> grpc.ServerCredentials | None:

@@ -193,6 +193,11 @@ def test_tls_settings_name_each_mistake(pki, tmp_path):
     assert f"tls_cert {p('ca-server.key')} holds no PEM certificate" in msg
     msg = settings_error(**tls_settings(pki), tls_client_ca=p("ca-server.key"))
     assert f"tls_client_ca {p('ca-server.key')} holds no PEM CA certificate" in msg
+    msg = settings_error(**tls_settings(pki), tls_client_ca=p("ca-client.pem"))
+    assert f"tls_client_ca {p('ca-client.pem')} holds 1 certificate(s) that are not a CA's" in msg
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(pki.read("ca.pem") + pki.read("other-ca-client.pem"))
+    assert "holds 1 certificate(s) that are not a CA's" in settings_error(**tls_settings(pki), tls_client_ca=bundle)
     # No key's contents in a message, even when the key is where a certificate should be.
     key_lines = {line for name in ("ca-server.key", "other-ca-server.key") for line in pki.read(name).decode().split()}
     assert not {w for w in msg.split() if len(w) > 20} & key_lines
