@@ -56,9 +56,12 @@ class Client:
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until the channel is connected (to at least one server); TimeoutError if not in time."""
+        ready = grpc.channel_ready_future(self._channel)
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+            ready.result(timeout=timeout)
         except grpc.FutureTimeoutError:
+            # Left running, it would stay subscribed to the channel's state until it connects.
+            ready.cancel()
             raise TimeoutError(f"{self.target}: not connected within {timeout} s") from None
 
     def _unary(self, method: str, request, timeout: float | None):

@@ -331,6 +331,25 @@ async def test_wait_ready_times_out_without_a_server():
     assert e.value.code in (CODE.UNAVAILABLE, CODE.DEADLINE_EXCEEDED)
 
 
+def test_sync_wait_ready_times_out_and_stops_watching_the_channel(monkeypatch):
+    made = []
+    real = grpc.channel_ready_future
+
+    def keep(channel):
+        made.append(real(channel))
+        return made[-1]
+
+    monkeypatch.setattr(grpc, "channel_ready_future", keep)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        with Client(f"127.0.0.1:{port}") as client:
+            with pytest.raises(TimeoutError, match=f"127.0.0.1:{port}: not connected within 0.2 s"):
+                client.wait_ready(timeout=0.2)
+            (ready,) = made
+            assert ready.cancelled()
+
+
 # -- the sync client ---------------------------------------------------------------------------
 
 
