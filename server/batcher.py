@@ -235,11 +235,14 @@ class Batcher:
     def set_policy(self, policy: BatchingPolicy) -> None:
         """Replace the batching policy live (the admin API); every later decision reads the new one.
 
-        Raises ValueError if a queued request has more rows than the new max_batch_size.
+        A request with more rows than a lowered max_batch_size (queued, or sent later) runs in
+        a batch of its own: it fits the model's configured maximum, which clients are told.
+        Raises ValueError for a max_batch_size above the configured one.
         """
-        largest = max((p.rows for q in self._queues.values() for p in q.entries if p.state == QUEUED), default=0)
-        if largest > policy.max_batch_size:
-            raise ValueError(f"a queued request has {largest} rows, more than max_batch_size {policy.max_batch_size}")
+        if policy.max_batch_size > self.configured_max_batch_size:
+            raise ValueError(
+                f"max_batch_size {policy.max_batch_size} is above the configured {self.configured_max_batch_size}"
+            )
         self.policy = policy
         self._full.update(self._queues)  # a smaller flush size may make queues full now
         if self._wakeup is not None:
@@ -287,14 +290,10 @@ class Batcher:
         `priority`: its level (lower is more urgent); None takes the model's default level.
         """
         self.check_room()
-        live = self.policy.max_batch_size
-        if rows > live:
-            msg = f"{rows} rows exceed max_batch_size {live} of model '{self.name}'"
-            if live < self.configured_max_batch_size:
-                # The request passed the configured limit (the codec checks it), so the admin API
-                # lowered this one: say so, since the model's config still shows the larger one.
-                msg += f" (lowered from {self.configured_max_batch_size} through the admin API)"
-            raise InvalidInput(msg)
+        if rows > self.configured_max_batch_size:  # the codec checks it; a direct caller may not
+            raise InvalidInput(
+                f"{rows} rows exceed max_batch_size {self.configured_max_batch_size} of model '{self.name}'"
+            )
         now = time.perf_counter()
         level = priority or self.default_level
         slo = self.slo
@@ -600,13 +599,14 @@ class Batcher:
                         self.stats.fail.add(now - p.arrival)
                     continue
                 if samples + p.rows > limit:
-                    if taken or limit == self.policy.max_batch_size:
+                    if taken:
                         full = True
                         break
-                    # The preferred size was chosen for the oldest request, but the most
-                    # urgent level comes first and its first request is larger: it goes,
-                    # up to the maximum (as a request larger than every fitting size does).
-                    limit = self.policy.max_batch_size
+                    # The first request is larger than the limit. Over a preferred size chosen
+                    # for the oldest request (the most urgent level comes first): it goes, up to
+                    # the maximum, as a request larger than every fitting size does. Over a
+                    # maximum the admin API lowered: it goes alone.
+                    limit = max(self.policy.max_batch_size, p.rows)
                 entries.popleft()
                 self._forget(p)
                 p.state = RUNNING
@@ -622,10 +622,10 @@ class Batcher:
         head = self._head(q)
         if not taken:
             if head is not None:
-                # Every queued request fits max_batch_size (submit and set_policy see to it), so
-                # a live request always goes. Were one left, the task would pick this queue
-                # again at once, forever, with the event loop never getting control back: fail
-                # loudly instead (the task's handler fails every caller).
+                # The first live request always goes (alone if it is over the limit). Were one
+                # left, the task would pick this queue again at once, forever, with the event
+                # loop never getting control back: fail loudly instead (the task's handler fails
+                # every caller).
                 raise RuntimeError(
                     f"no batch formed from model '{self.name}''s queue of {q.samples} samples: its first "
                     f"request has {head.rows} rows, the limit is {limit}"

@@ -217,6 +217,10 @@ async def test_batching_policy_changes_live(admin_server):
     await asyncio.gather(*(_infer(stub) for _ in range(40)))
     sizes = server.runtimes["mlp"].stats.by_batch_size
     assert max(sizes) <= 4
+    # A request the model's config allows (up to 32 rows) is still answered: alone.
+    answer = await _infer(stub, rows=20)
+    assert list(answer.outputs[0].shape) == [20, 256]
+    assert server.runtimes["mlp"].stats.by_batch_size[20].compute_infer.count == 1
 
 
 async def test_a_lower_maximum_drops_preferred_sizes_and_a_higher_one_brings_them_back(serve, slow_repository):

@@ -237,14 +237,27 @@ async def test_more_rows_than_the_maximum_are_refused_at_submit(gated):
     await finish(b)
 
 
-async def test_a_lowered_maximum_says_so_when_it_refuses(gated):
-    s, _, ex = gated(max_batch_size=8)
+async def test_a_request_over_a_lowered_maximum_runs_alone_and_the_rest_keep_the_lowered_size(gated):
+    # The model's config (which clients read) still says 8: a 6-row request is valid, so it is
+    # not refused when the admin API lowers the maximum to 4; it runs in a batch of its own.
+    s, m, ex = gated(max_batch_size=8, delay_ms=60_000)
     b = make_batcher(s, ex)
-    b.set_policy(BatchingPolicy(4, b.policy.max_queue_delay_s))  # as POST /admin/batching does
-    with pytest.raises(InvalidInput) as info:
-        submit(b, 1.0, rows=6)
-    assert str(info.value) == "6 rows exceed max_batch_size 4 of model 'gated' (lowered from 8 through the admin API)"
-    await finish(b)
+    b.set_policy(BatchingPolicy(4, 60.0))  # as POST /admin/batching does
+    m.gate.clear()
+    small = [submit(b, 1.0), submit(b, 2.0)]  # 2 rows, under the lowered size: they wait
+    big = submit(b, 3.0, rows=6)  # 8 rows queued: a size flush, which takes the two alone
+    await wait_entered(m)
+    rest = [submit(b, float(10 + i)) for i in range(5)]
+    m.gate.set()
+    outs = await asyncio.wait_for(asyncio.gather(*(p.future for p in [*small, big, *rest[:4]])), 10)
+    np.testing.assert_array_equal(outs[2]["OUTPUT0"], np.full((6, 4), 6.0, np.float32))
+    with pytest.raises(InvalidInput, match="9 rows exceed max_batch_size 8 of model 'gated'"):
+        submit(b, 1.0, rows=9)  # over the configured maximum, as ever
+    with pytest.raises(ValueError, match="max_batch_size 9 is above the configured 8"):
+        b.set_policy(BatchingPolicy(9, 60.0))
+    await finish(b)  # the last one leaves with the drain
+    assert m.batch_sizes == [2, 6, 4, 1]
+    assert rest[4].future.result()["OUTPUT0"][0, 0] == 28.0
 
 
 async def test_an_urgent_request_larger_than_the_preferred_size_goes_with_the_older_one(gated):

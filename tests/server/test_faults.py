@@ -139,12 +139,11 @@ async def test_set_policy_takes_effect_on_the_next_decision(gated):
         await asyncio.wait_for(first[2].future, 10)
         assert module.batch_sizes[-1] == 1
         assert b.stats.flushes == {"size": 1, "delay": 1}
-        # A queued request with more rows than a new maximum makes the change fail.
+        # A queued request with more rows than a new maximum runs alone.
         b.set_policy(BatchingPolicy(4, 10.0))
         big = b.submit({"INPUT0": np.ones((3, 4), np.float32)}, 3, (), None)
-        with pytest.raises(ValueError, match="3 rows, more than max_batch_size 2"):
-            b.set_policy(BatchingPolicy(2, 10.0))
-        b.set_policy(BatchingPolicy(4, 0.0))
+        b.set_policy(BatchingPolicy(2, 10.0))
         await asyncio.wait_for(big.future, 10)
+        assert module.batch_sizes[-1] == 3
     finally:
         await b.stop()
