@@ -268,21 +268,28 @@ class SecurityMode:
         return ", ".join(parts)
 
 
+def _shown(host: str) -> str:
+    """An IPv6 address in brackets, so that a colon after it reads as punctuation."""
+    return f"[{host}]" if ":" in host else host
+
+
 def security_warnings(settings: ServerSettings) -> list[str]:
     """Warnings for settings that expose the server beyond this machine without protection."""
     mode = SecurityMode.of(settings)
     out = []
     if not is_loopback(settings.host) and not mode.tls:
         what = "bearer tokens, requests and responses travel" if mode.token else "requests and responses travel"
-        out.append(f"gRPC listens on {settings.host} without TLS: {what} in clear text (give --tls-cert/--tls-key)")
+        out.append(
+            f"gRPC listens on {_shown(settings.host)} without TLS: {what} in clear text (give --tls-cert/--tls-key)"
+        )
     if not is_loopback(settings.host) and not mode.token and not mode.mtls:
         out.append(
-            f"gRPC listens on {settings.host} without authentication: anyone who reaches it may run the models "
+            f"gRPC listens on {_shown(settings.host)} without authentication: anyone who reaches it may run the models "
             "(give --auth-token-file, --auth-token-env or --tls-client-ca)"
         )
     if settings.metrics_port is not None and not is_loopback(settings.metrics_host):
         out.append(
-            f"/metrics listens on {settings.metrics_host}: plain HTTP without authentication; anyone who reaches it "
-            "reads the model names and traffic figures"
+            f"/metrics listens on {_shown(settings.metrics_host)}: plain HTTP without authentication; anyone who "
+            "reaches it reads the model names and traffic figures"
         )
     return out

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import socket
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
@@ -75,7 +76,13 @@ class MetricsHTTPServer:
 
     async def start(self) -> None:
         try:
-            self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_HEADER_BYTES)
+            if _ipv6_any(self.host):
+                # "::" is every address of both families, as gRPC takes it; asyncio would make
+                # the socket IPv6-only, and an IPv4 scraper would be refused.
+                sock = _dual_stack_socket(self.port)
+                self._server = await asyncio.start_server(self._serve, sock=sock, limit=MAX_HEADER_BYTES)
+            else:
+                self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_HEADER_BYTES)
         except OSError as exc:
             address = host_port(self.host, self.port)
             cause = os.strerror(exc.errno).lower() if exc.errno else str(exc)
@@ -285,6 +292,26 @@ async def _drain(writer: asyncio.StreamWriter) -> None:
     except asyncio.TimeoutError:
         writer.transport.abort()
         raise
+
+
+def _ipv6_any(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.version == 6 and address.is_unspecified
+
+
+def _dual_stack_socket(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(("::", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _local_name(host: str) -> bool:

@@ -589,6 +589,22 @@ def test_ipv6_loopback_serves_grpc_health_and_metrics_and_prints_bracketed_addre
     assert out["OUTPUT0"].shape == (2, 256)
 
 
+async def test_the_ipv6_wildcard_serves_both_families_on_grpc_and_metrics_alike(serve, caplog):
+    import urllib.request
+
+    caplog.set_level(logging.WARNING, logger="wok")
+    async with serve(models=("mlp",), host="::", metrics_host="[::]") as server:
+        for host in ("127.0.0.1", "[::1]"):
+            url = f"http://{host}:{server.http.port}/metrics"
+            body = (await asyncio.to_thread(urllib.request.urlopen, url, timeout=10)).read().decode()
+            assert "wok_batch_size" in body, host
+            async with AsyncClient(f"{host}:{server.port}") as client:
+                assert await client.server_live(timeout=CALL_S), host
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "wok"]
+    assert warned[0].startswith("gRPC listens on [::] without TLS")
+    assert warned[2].startswith("/metrics listens on [::]: plain HTTP")
+
+
 def test_a_port_already_taken_is_named_in_the_error_and_the_exit_status_is_1():
     import socket
 
