@@ -65,6 +65,7 @@ class Servable:
         self.input_types: dict[str, Datatype] = {t.name: datatype(t.datatype) for t in config.inputs}
         self.output_types: dict[str, Datatype] = {t.name: datatype(t.datatype) for t in config.outputs}
         self._variable_inputs = [t.name for t in config.inputs if t.variable]
+        self._output_dims = {t.name: t.dims for t in config.outputs}
 
     @property
     def name(self) -> str:
@@ -151,6 +152,14 @@ class Servable:
             if v.ndim == 0 or v.shape[0] != total:
                 raise ModelExecutionError(
                     f"model '{self.name}' output '{k}' has shape {list(v.shape)}; expected {total} rows, one per sample"
+                )
+            dims = self._output_dims[k]
+            if len(v.shape) != len(dims) + 1 or any(d != -1 and d != n for d, n in zip(dims, v.shape[1:])):
+                # Clients size their buffers from the model's metadata: an answer of another shape
+                # would be read wrongly, or not at all, so the batch fails instead.
+                raise ModelExecutionError(
+                    f"model '{self.name}' output '{k}' has shape {list(v.shape)}; its config declares "
+                    f"{[total, *dims]} ({total} rows; -1 = any size)"
                 )
         per_request = []
         r = 0

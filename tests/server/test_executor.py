@@ -160,6 +160,31 @@ def test_a_model_returning_the_wrong_number_of_rows_fails_the_batch():
         ex.shutdown()
 
 
+@pytest.mark.parametrize(
+    ("forward", "got"),
+    [
+        (lambda x: torch.cat([x, x], 1), "[3, 4]"),
+        (lambda x: x.reshape(3, 1, 2), "[3, 1, 2]"),
+        (lambda x: x[:, 0], "[3]"),
+    ],
+)
+def test_a_model_returning_another_shape_than_its_config_declares_fails_the_batch(forward, got):
+    class Reshaped(torch.nn.Module):
+        def forward(self, x):
+            return forward(x)
+
+    s = _servable(Reshaped(), "reshaped")
+    ex = Executor(s, s.config.instances)
+    try:
+        with pytest.raises(ModelExecutionError) as info:
+            run_x(ex, 1.0)
+        assert str(info.value) == (
+            f"model 'reshaped' output 'Y' has shape {got}; its config declares [3, 2] (3 rows; -1 = any size)"
+        )
+    finally:
+        ex.shutdown()
+
+
 def run_x(ex, value):
     return ex.instances[0].submit([{"X": np.full((3, 2), value, np.float32)}], [3], 0).result(30)
 
