@@ -42,7 +42,7 @@ async def test_a_start_that_fails_after_taking_the_bound_gives_it_back_at_stop(c
         s = server_settings(grpc_port=port, demo_models=("mlp",), metrics_port=None, cpu_wakeup_latency_us=0)
         server = WokServer(s, build_repository(s))
         try:
-            with pytest.raises(RuntimeError, match=f"Failed to bind to address 127.0.0.1:{port}"):
+            with pytest.raises(OSError, match=f"cannot bind the gRPC port to 127.0.0.1:{port}: the port is in use"):
                 await server.start()
             assert read_constraint() == 0
         finally:

@@ -230,7 +230,7 @@ def test_warnings_for_settings_that_expose_the_server():
     assert exposed[0].startswith("gRPC listens on 0.0.0.0 without TLS: requests and responses travel in clear")
     assert exposed[1].startswith("gRPC listens on 0.0.0.0 without authentication")
     metrics = security_warnings(server_settings(metrics_host="::"))
-    assert len(metrics) == 1 and metrics[0].startswith("/metrics listens on ::: plain HTTP without authentication")
+    assert len(metrics) == 1 and metrics[0].startswith("/metrics listens on [::]: plain HTTP without authentication")
     assert security_warnings(server_settings(metrics_host="::", metrics_port=None)) == []
     assert security_warnings(server_settings(host="::1", metrics_host="localhost")) == []
 
