@@ -338,17 +338,19 @@ class Ramp:
 def _mean_inflight(per_worker: list[np.ndarray], start: float, end: float) -> np.ndarray:
     """Time-weighted mean of requests in flight over [start, end), summed over the workers.
 
-    Weighted by the time each sample stands for, because a busy worker samples late: an
-    unweighted mean would under-count exactly when many requests are in flight.
+    Each worker records (offset, count) at every send and every answer, so its samples are the
+    count's exact step function: a count holds from its sample to the next, none is in flight
+    before the first, and the last holds on. Empty when no worker sent anything.
     """
+    if end <= start or not any(len(samples) for samples in per_worker):
+        return np.empty(0)
     total = 0.0
     for samples in per_worker:
-        inside = samples[(samples[:, 0] >= start) & (samples[:, 0] < end)]
-        if len(inside) < 2:
-            return np.empty(0)
-        t = np.append(inside[:, 0], end)
-        total += float(np.sum(inside[:, 1] * np.diff(t)) / (end - inside[0, 0]))
-    return np.array([total])
+        if not len(samples):
+            continue  # it sent nothing: none in flight
+        edges = np.clip(np.append(samples[:, 0], max(end, float(samples[-1, 0]))), start, end)
+        total += float(np.sum(samples[:, 1] * np.diff(edges)))
+    return np.array([total / (end - start)])
 
 
 def _timing_line(t: dict) -> str:

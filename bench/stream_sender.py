@@ -26,7 +26,6 @@ from wok.timers import PreciseSleeper
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 OK, UNKNOWN, DEADLINE_EXCEEDED, UNAVAILABLE = 0, 2, 4, 14
-SAMPLE_EVERY_S = 0.01
 
 
 def id_field(i: int) -> bytes:
@@ -81,6 +80,7 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
         done[i] = time.monotonic() - start
         codes[i] = code
         del pending[i]
+        samples.append((done[i], len(pending)))
         if not pending and sending_done:
             finished.set()
 
@@ -104,27 +104,20 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
         for i in [i for i, s in pending.items() if s == k]:
             settle(i, code)
 
-    async def sampler() -> None:
-        while True:
-            samples.append((time.monotonic() - start, len(pending)))
-            await asyncio.sleep(SAMPLE_EVERY_S)
-
     readers = [loop.create_task(reader(k)) for k in range(len(calls))]
     sending_done = False
     sleeper = PreciseSleeper(loop)
     to_perf = time.perf_counter() - time.monotonic()  # 0 on Linux: both read CLOCK_MONOTONIC
-    sampling = None
     try:
         for i in range(n):
             await sleeper.until(start + share.times[i] + to_perf)
-            if sampling is None:
-                sampling = loop.create_task(sampler())
             sent[i] = time.monotonic() - start
             if not live:
                 done[i], codes[i] = sent[i], UNAVAILABLE
                 continue
             k = live[i % len(live)]
             pending[i] = k
+            samples.append((sent[i], len(pending)))
             try:
                 await calls[k].write(pool[share.which[i]] + suffix + id_field(i))
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
@@ -141,6 +134,8 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
                 await asyncio.wait_for(finished.wait(), max(wait, 0.0))
             except asyncio.TimeoutError:
                 pass
+        if pending:
+            samples.append((time.monotonic() - start, 0))  # given up on: counted in flight until now
         for i in list(pending):
             done[i] = sent[i] + share.timeout_s
             codes[i] = DEADLINE_EXCEEDED
@@ -156,6 +151,4 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
         for t in readers:
             t.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
-        if sampling is not None:
-            sampling.cancel()
     return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2))

@@ -36,7 +36,6 @@ from wok.timers import PreciseSleeper
 from .stream_sender import run_share_stream
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
-SAMPLE_EVERY_S = 0.01  # how often the in-flight count is sampled, for the Little's-law check
 OK = 0  # grpc.StatusCode.OK's number; others are their own numbers
 
 
@@ -55,7 +54,7 @@ class Outcome:
     sent: np.ndarray  # actual send offsets
     done: np.ndarray  # completion offsets
     codes: np.ndarray  # gRPC status numbers (0 = OK)
-    inflight: np.ndarray  # (offset, requests in flight) samples
+    inflight: np.ndarray  # (offset, requests in flight) at every send and every answer
     balancer: dict | None = None  # the wok balancer's counters so far (wok.balancer/1), or None
     # With server timing: per request, the server's `server-timing` stages in ms (columns in
     # wok.servertiming.TIMING_PARTS' order; NaN where no trailer came), else None.
@@ -77,6 +76,7 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
         nonlocal inflight
         inflight += 1
         sent[i] = time.monotonic() - start
+        samples.append((sent[i], inflight))
         c = None
         try:
             c = call(payload, timeout=share.timeout_s, metadata=metadata)
@@ -88,31 +88,22 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
         finally:
             done[i] = time.monotonic() - start
             inflight -= 1
+            samples.append((done[i], inflight))
         if timing and codes[i] == OK:  # after `done`: reading the trailer is the generator's own time
             _record_timing(server_ms, i, await c.trailing_metadata())
 
-    async def sampler() -> None:
-        while True:
-            samples.append((time.monotonic() - start, inflight))
-            await asyncio.sleep(SAMPLE_EVERY_S)
-
     loop = asyncio.get_running_loop()
     tasks = []
-    sampling = None
     # Paced on a timerfd (wok.timers): asyncio.sleep on uvloop wakes up to about 1 ms late, and
     # latency is measured from the intended send time, so the generator's lateness would count.
     sleeper = PreciseSleeper(loop)
     to_perf = time.perf_counter() - time.monotonic()  # 0 on Linux: both read CLOCK_MONOTONIC
     for i in range(n):
         await sleeper.until(start + share.times[i] + to_perf)
-        if sampling is None:
-            sampling = loop.create_task(sampler())
         tasks.append(loop.create_task(one(i, pool[share.which[i]])))
     sleeper.close()
     if tasks:
         await asyncio.gather(*tasks)
-    if sampling is not None:
-        sampling.cancel()
     return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2), server_ms=server_ms)
 
 

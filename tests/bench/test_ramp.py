@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from wok.bench import analysis
-from wok.bench.runner import Ramp, RampConfig, build_pool
+from wok.bench.runner import Ramp, RampConfig, _mean_inflight, build_pool
 from wok.bench.scrape import scrape, server_view
 from wok.bench.workers import OK, Share, WorkerPool
 from wok.metrics import LATENCY_BUCKETS
@@ -53,6 +53,40 @@ def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(b
         # The loop-lag timer fires every 10 ms: about 300 samples in the 3 s window (fewer if the
         # loop's mean lag grew past a few ms, more if the scrapes drift by 0.3 s: neither at 200 QPS).
         assert 200 <= step["loop_lag_ms"]["samples"] <= 330, step["loop_lag_ms"]
+        # Steady and far from the window's edges (5-10 ms calls in a 3 s window): L = λW.
+        assert abs(step["littles_law"]["relative_error"]) < 0.05, step["littles_law"]
+
+
+def test_the_in_flight_mean_is_the_time_average_of_the_count_in_the_window():
+    # By hand: a worker's count is 1 on [0, 0.5), then 0; window [0, 2): 0.5 / 2.
+    assert _mean_inflight([np.array([[0.0, 1], [0.5, 0]])], 0.0, 2.0).tolist() == [0.25]
+    # Samples before the window set its first value: 1 on [2, 3), 0 on [3, 4).
+    assert _mean_inflight([np.array([[0.0, 3], [1.0, 1], [3.0, 0]])], 2.0, 4.0).tolist() == [0.5]
+    # The last count holds to the window's end; workers add up; one that sent nothing adds 0.
+    two = [np.array([[0.0, 2]]), np.array([[1.5, 1], [2.5, 0]]), np.empty((0, 2))]
+    assert _mean_inflight(two, 1.0, 3.0).tolist() == [(2 * 2.0 + 1 * 1.0) / 2.0]
+    assert _mean_inflight([np.empty((0, 2))], 0.0, 1.0).size == 0
+
+
+def test_littles_law_holds_on_a_low_rate_step_with_few_short_calls(bench_server):
+    # A few 5-10 ms calls in a 2 s window: a count sampled every 10 ms and held to the window's
+    # end read several times λW here and warned that the clocks were suspect.
+    cfg = RampConfig(
+        target=bench_server.target,
+        models=[("mlp", 1.0)],
+        steps=[2, 5],
+        step_duration_s=2.0,
+        warmup_s=0.3,
+        arrival="poisson",
+        seed=3,
+        metrics_url=None,
+    )
+    lines: list[str] = []
+    result = Ramp(cfg, progress=lines.append).run()
+    for step in result["steps"]:
+        assert step["requests"] > 0, step
+        assert abs(step["littles_law"]["relative_error"]) < 0.1, step["littles_law"]
+    assert not [line for line in lines if "Little's law" in line], lines
 
 
 def test_a_stalled_server_delays_every_request_scheduled_during_the_stall(bench_server, metrics_url):
