@@ -421,7 +421,9 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
     seconds (any origin, e.g. Unix time) or ISO 8601 strings. Sizes are all or none.
     """
     path = Path(path)
-    text = path.read_text()
+    # utf-8-sig: spreadsheets save "CSV UTF-8" with a byte-order mark, which would become
+    # part of the first column's name.
+    text = path.read_text(encoding="utf-8-sig")
     stripped = text.lstrip()
     stamps: list[float] = []
     sizes: list[int | None] = []

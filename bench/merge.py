@@ -168,6 +168,13 @@ def _same(results: Sequence[dict], names: Sequence[str], what: str, get) -> None
         raise ValueError(f"the results differ in {what} ({shown}); only runs of the same ramp merge")
 
 
+def _mix(models: Sequence) -> list:
+    """[(name, share)] of a result's model mix: the weights normalised and rounded, so that
+    parts given 2:1 and 4:2 agree, and parts given 0.7:0.3 and 0.1:0.9 do not."""
+    total = sum(float(m[1]) for m in models) if models else 0.0
+    return [(m[0], round(float(m[1]) / total, 6) if total > 0 else None) for m in models]
+
+
 def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -> dict:
     """A `wok.bench/1` result from the results of processes that ran the same ramp together."""
     if not results:
@@ -180,7 +187,7 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
             raise ValueError(f"{name}: schema {r.get('schema')!r}, expected {analysis.SCHEMA!r}")
         if (r.get("config") or {}).get("source") != "bench":
             raise ValueError(f"{name}: only measured ramps (config.source 'bench') merge")
-    _same(results, names, "the model mix", lambda r: [m[0] for m in r["config"].get("models", [])])
+    _same(results, names, "the model mix", lambda r: _mix(r["config"].get("models", [])))
     _same(results, names, "the SLO", lambda r: r["slo_p99_ms"])
     _same(results, names, "the step duration", lambda r: r["config"].get("step_duration_s"))
     first = results[0]

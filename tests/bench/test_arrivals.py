@@ -235,6 +235,10 @@ def test_load_trace_csv_and_jsonl(tmp_path):
     )
     tr = load_trace(jsonl)
     assert tr.offsets.tolist() == [0.0, 1.25] and tr.sizes is None
+    # As a spreadsheet saves "CSV UTF-8": with a byte-order mark before the header.
+    bom = tmp_path / "bom.csv"
+    bom.write_text("timestamp,size\n1700000000.0,4\n1700000000.5,12\n", encoding="utf-8-sig")
+    assert load_trace(bom).sizes.tolist() == [4, 12]
 
 
 def test_load_trace_errors(tmp_path):

@@ -187,6 +187,14 @@ def test_parts_of_different_ramps_do_not_merge(split_ramp):
     other["config"]["models"] = [["encoder", 1.0]]
     with pytest.raises(ValueError, match="model mix"):
         merge_results([parts[0], other])
+    # The same models in other proportions are another load; the same proportions written
+    # differently are not.
+    a, b = (json.loads(json.dumps(p)) for p in parts[:2])
+    a["config"]["models"], b["config"]["models"] = [["mlp", 0.7], ["encoder", 0.3]], [["mlp", 0.1], ["encoder", 0.9]]
+    with pytest.raises(ValueError, match=r"model mix \(part 0: \[\('mlp', 0.7\), \('encoder', 0.3\)\]"):
+        merge_results([a, b])
+    b["config"]["models"] = [["mlp", 7], ["encoder", 3]]
+    assert merge_results([a, b])["config"]["models"] == [["mlp", 0.7], ["encoder", 0.3]]
     other = json.loads(json.dumps(parts[1]))
     del other["steps"][0]["latency_histogram"]
     with pytest.raises(ValueError, match="no latency_histogram"):
