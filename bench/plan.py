@@ -254,6 +254,13 @@ def batch_from_profile(path: Path, batch_size: Fraction) -> BatchTime:
     alpha = exact(fit["alpha_s"], f"profile {path}: fit.alpha_s")
     beta = exact(fit["beta_s"], f"profile {path}: fit.beta_s")
     model = doc.get("model")
+    limit = model.get("max_batch_size") if isinstance(model, dict) else None
+    if limit is not None and batch_size > exact(limit, f"profile {path}: model.max_batch_size"):
+        # T(n) there is an extrapolation to batches the server never forms (wok profile refuses them too).
+        raise ValueError(
+            f"--batch-size {decimal_text(batch_size)} exceeds the profiled model's max_batch_size ({limit}): "
+            "the server never forms such batches"
+        )
     detail = {"path": str(path), "model": model.get("name") if isinstance(model, dict) else model}
     if fit.get("r2") is not None:
         detail["r2"] = float(fit["r2"])
@@ -290,7 +297,16 @@ def batch_from_ramp(path: Path) -> BatchTime:
         )
     parts = {s: exact(stages[s], f"{where}: stages_ms.{s}") for s in BATCH_STAGES if stages.get(s) is not None}
     t = sum(parts.values(), Fraction(0)) / 1000
-    n = exact(n, f"{where}: mean_batch_size")
+    rows_per_batch = exact(n, f"{where}: mean_batch_size")
+    # λ counts requests, so n must too: mean_batch_size counts rows, which a ramp sending
+    # several rows per request (--rows, --sizes) has more of. The server's own counts over the
+    # step give requests per batch; a result without them is read as rows / config.rows.
+    server = step.get("server") or {}
+    if server.get("requests") and server.get("batches"):
+        requests = exact(server["requests"], f"{where}: server.requests")
+        n = requests / exact(server["batches"], f"{where}: server.batches")
+    else:
+        n = rows_per_batch / exact((doc.get("config") or {}).get("rows", 1), f"ramp result {path}: config.rows")
     _check_batch(t, n)
     p99 = (step.get("latency_ms") or {}).get("p99")
     models = (doc.get("config") or {}).get("models") or []
@@ -302,6 +318,7 @@ def batch_from_ramp(path: Path) -> BatchTime:
         "p99_ms": None if p99 is None else float(p99),
         "slo_p99_ms": float(doc["slo_p99_ms"]),
         "stages_ms": {s: float(v) for s, v in parts.items()},
+        "rows_per_batch": float(rows_per_batch),
         "flush_reasons": {k: float(v) for k, v in (step.get("flush_reasons") or {}).items()},
         "highest_step": all(exact(s["offered_qps"], "offered_qps") <= best for s in doc["steps"]),
     }

@@ -284,6 +284,23 @@ def test_from_ramp_takes_the_step_at_the_max_qps_under_the_slo(tmp_path):
     assert p["warnings"] == []
 
 
+def test_from_ramp_counts_requests_per_batch_when_requests_carry_several_rows(tmp_path):
+    # A ramp of 4 rows per request: the 2000 QPS step's batches hold 12.5 rows, 3.125 requests.
+    # λ counts requests, so ρ = 5000 × 0.005 / 3.125 = 8; / 0.65 = 12.3 → 13 GPUs (4 with rows).
+    doc = json.loads(_ramp(tmp_path).read_text())
+    doc["config"]["rows"] = 4
+    doc["steps"][1]["server"] = {"requests": 20_000, "batches": 6_400}
+    (tmp_path / "rows.json").write_text(json.dumps(doc))
+    b = plan.batch_from_ramp(tmp_path / "rows.json")
+    assert (b.t_batch_s, b.batch_size, b.detail["rows_per_batch"]) == (F(1, 200), F(25, 8), 12.5)
+    p = make(batch=b, peak_qps=F(5000))
+    assert (p["result"]["gpus_exact_fraction"], p["result"]["gpus"]) == ("160/13", 13)
+    # Without the server's counts (older results) n is rows / config.rows: the same 3.125.
+    del doc["steps"][1]["server"]
+    (tmp_path / "rows.json").write_text(json.dumps(doc))
+    assert plan.batch_from_ramp(tmp_path / "rows.json").batch_size == F(25, 8)
+
+
 def test_from_ramp_warns_when_the_replica_was_limited_by_something_else(tmp_path):
     # compute 1 ms: T = 2 ms, the plan would put 12.5 / 0.002 × 0.65 = 4062.5 QPS on a replica that
     # met the SLO only up to 2000 (it was 2000 × 0.002 / 12.5 = 32% busy there).
@@ -329,6 +346,9 @@ def test_from_profile_reads_the_fit(tmp_path):
     assert p["inputs"]["batch"]["source"] == "profile"
     assert p["inputs"]["batch"]["profile"] == {"path": str(path), "model": "mlp", "r2": 0.999}
     assert p["result"]["gpus"] == 10
+    assert plan.batch_from_profile(path, F(32)).t_batch_s == F(2, 1000) + 32 * F(9, 8000)
+    with pytest.raises(ValueError, match=r"--batch-size 33 exceeds the profiled model's max_batch_size \(32\)"):
+        plan.batch_from_profile(path, F(33))
     path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {}}))
     with pytest.raises(ValueError, match=r"no fit\.alpha_s"):
         plan.batch_from_profile(path, F(16))
