@@ -32,12 +32,13 @@ REJECTION_REASONS = ("queue_full", "deadline", "deadline_unmeetable", "invalid",
 
 # 25 µs resolves the sub-millisecond stages (decode, H2D of a small batch); 60 s bounds
 # the multi-second tails of an overloaded queue. Roughly 1-2.5-5 per decade, but at most
-# 1.5x apart from 2.5 to 100 ms, where P99s under an SLO live: with 10 and 25 ms neighbours
-# a P99 of 13 ms read back as anything from 10 to 25.
+# 1.5x apart from 2.5 to 200 ms, where P99s under an SLO live: with 10 and 25 ms neighbours
+# a P99 of 13 ms read back as anything from 10 to 25. 200 ms is the shipped alert's SLO: on
+# a bound, the share of requests slower than it is exact (deploy/prometheus/alert_rules.yml).
 LATENCY_BUCKETS = (
     25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3,
     2.5e-3, 3.5e-3, 5e-3, 7.5e-3, 10e-3, 15e-3, 20e-3, 25e-3, 35e-3, 50e-3, 75e-3, 100e-3,
-    250e-3, 500e-3, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    150e-3, 200e-3, 250e-3, 500e-3, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
 # Slack at dispatch (slo policy): negative when a batch is predicted to finish late.
 SLACK_BUCKETS = (

@@ -25,7 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from wok.codec import encode_request
-from wok.metrics import GpuSampler
+from wok.metrics import LATENCY_BUCKETS, GpuSampler
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,7 +242,9 @@ def test_every_alert_has_a_severity_and_annotations_that_name_its_labels():
         assert "$labels" in a["annotations"]["summary"], name
         assert a["annotations"]["description"].strip(), name
     assert 'reason!~"invalid|not_found"' in alerts["WokRequestsRejected"]["expr"]
-    assert "> 0.2" in alerts["WokLatencyP99AboveSLO"]["expr"]
+    # The SLO is a bound of the latency buckets, so the share of requests over it is exact.
+    slo = alerts["WokLatencyP99AboveSLO"]["expr"]
+    assert 'le="0.2"' in slo and "> 0.01" in slo and 0.2 in LATENCY_BUCKETS
 
 
 # -- the dashboard --------------------------------------------------------------------------
