@@ -438,7 +438,8 @@ def tune(
         row["in_grid"] = n in batch_sizes and d in delays_s
         rows.append(row)
         say(f"max_batch_size {n}, delay {1e3 * d:g} ms: {row['max_qps']:.0f} QPS")
-    # The default competes too: the tuner never recommends a setting it predicts to be worse.
+    # The default competes too: the tuner never recommends a setting it predicts to be worse
+    # than it by more than the tie (within it, the shorter delay wins).
     chosen = choose(rows, search.tie)
     default_row = None
     if default is not None:
