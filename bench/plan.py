@@ -736,7 +736,7 @@ def _ramp_check(batch: BatchTime, lam: Fraction, per_replica_target: Fraction, n
     if flushes and flushes.get("size", 0) < 0.5 * sum(flushes.values()):
         warnings.append(
             f"at the chosen step most batches left on the queue delay, not full (mean "
-            f"{decimal_text(batch.batch_size, 2)} rows): n grows with load, so at a replica's planned load its "
+            f"{decimal_text(batch.batch_size, 2)} requests): n grows with load, so at a replica's planned load its "
             "batches may be bigger and T_batch / n smaller than measured; on that count the plan errs towards "
             "more GPUs"
         )
@@ -955,7 +955,7 @@ def _input_rows(plan: dict) -> list[tuple[str, str]]:
     for t in peak.get("teams") or []:
         rows.append((f"team {t['name']}", f"{_f(t['peak_qps'])} QPS"))
     rows.append(("T_batch", f"{_f(batch['t_batch_s'])} s ({batch['source']})"))
-    rows.append(("n (batch size)", _f(batch["batch_size"])))
+    rows.append(("n (requests per batch)", _f(batch["batch_size"])))
     if batch["alpha_s"] is not None:
         rows.append(("α, β", f"{_f(batch['alpha_s'])} s, {_f(batch['beta_s'])} s per row"))
     if batch.get("ramp"):
