@@ -85,7 +85,8 @@ class MetricsHTTPServer:
                 self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_HEADER_BYTES)
         except OSError as exc:
             address = host_port(self.host, self.port)
-            cause = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            # A name that does not resolve is a gaierror, whose negative errno strerror cannot name.
+            cause = (os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)).lower()
             raise OSError(f"cannot bind the metrics port to {address}: {cause}") from exc
         self.port = self._server.sockets[0].getsockname()[1]
 

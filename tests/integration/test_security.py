@@ -14,6 +14,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -627,6 +628,19 @@ def test_a_port_already_taken_is_named_in_the_error_and_the_exit_status_is_1():
             )
             assert r.returncode == 1, r.stderr
             assert f"wok: cannot start: cannot bind the {name} to 127.0.0.1:{port}: {cause}" in r.stderr, r.stderr
+    # A host name that does not resolve: its cause in words (it read "unknown error -2").
+    r = subprocess.run(
+        [sys.executable, "-m", "wok", "serve", "--models", "mlp", "--port", "0", "--metrics-port", "0",
+         "--metrics-host", "nosuchhost.invalid"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert "cannot bind the metrics port to nosuchhost.invalid:0: " in r.stderr, r.stderr
+    # Its words depend on the resolver ("name or service not known", "temporary failure in name
+    # resolution"); strerror's number-only fallback is what must not appear.
+    assert "unknown error" not in r.stderr and re.search(r"nosuchhost\.invalid:0: [a-z]", r.stderr), r.stderr
 
 
 async def test_binding_beyond_loopback_without_protection_is_logged(serve, caplog):
