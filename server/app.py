@@ -153,7 +153,12 @@ class WokServer:
             executor = await loop.run_in_executor(
                 None, functools.partial(Executor, servable, cfg.instances, cpu_linear=self.settings.cpu_linear)
             )
-            await loop.run_in_executor(None, executor.warmup)
+            try:
+                await loop.run_in_executor(None, executor.warmup)
+            except BaseException:
+                # Not in self.runtimes yet, so stop() would not shut its worker threads down.
+                await loop.run_in_executor(None, executor.shutdown)
+                raise
             self._log_cpu_linear(name, executor)
             db = cfg.dynamic_batching
             policy = BatchingPolicy(

@@ -369,10 +369,18 @@ def _live(inputs, rows, deadlines, now: float):
 
 
 def _copy_outcome(src: concurrent.futures.Future, dst: concurrent.futures.Future) -> None:
-    if src.exception() is not None:
-        dst.set_exception(src.exception())
-    else:
-        dst.set_result(src.result())
+    """Give `dst` the outcome of `src`, whatever it is: a done-callback that raised would only be
+    logged, and `dst` (a batch's future) would never be set, its slot never freed."""
+    try:
+        if src.cancelled():  # its stage was cancelled by a shutdown past the grace period
+            dst.cancel()
+        elif src.exception() is not None:
+            dst.set_exception(src.exception())
+        else:
+            dst.set_result(src.result())
+    except BaseException as exc:
+        if not dst.done():
+            dst.set_exception(exc)
 
 
 class Executor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 import time
 
 import grpc
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from wok.codec import decode_request, decode_response, encode_request
+from wok.errors import ModelExecutionError
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
@@ -104,3 +106,28 @@ async def _burst_then_sigterm(sp):
     if refused is None:
         pytest.fail("a request sent after SIGTERM was served")
     return results, refused, elapsed
+
+
+async def test_a_start_that_fails_in_a_warm_up_leaves_no_model_thread_behind(slow_repository):
+    from wok.app import WokServer, build_repository
+    from wok.config import server_settings
+
+    repo = slow_repository(sleep_ms=1)
+    boom = repo / "zboom"  # after "slow": one model is running when this one fails
+    boom.mkdir()
+    (boom / "model.py").write_text(
+        "from torch import nn\n\n\nclass Boom(nn.Module):\n    def forward(self, x):\n"
+        "        raise RuntimeError('warm-up failed')\n\n\ndef build():\n    return Boom()\n"
+    )
+    (boom / "config.toml").write_text(
+        'platform = "python"\nfactory = "model:build"\nmax_batch_size = 4\n'
+        '[[inputs]]\nname = "INPUT0"\ndatatype = "FP32"\ndims = [4]\n'
+        '[[outputs]]\nname = "OUTPUT0"\ndatatype = "FP32"\ndims = [4]\n'
+    )
+    s = server_settings(grpc_port=0, model_repository=repo, metrics_port=None)
+    server = WokServer(s, build_repository(s))
+    with pytest.raises(ModelExecutionError, match="model 'zboom' failed: RuntimeError: warm-up failed"):
+        await server.start()
+    await server.stop(grace=0)
+    left = [t.name for t in threading.enumerate() if t.name.startswith(("wok-zboom", "wok-slow"))]
+    assert left == [], left

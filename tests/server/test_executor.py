@@ -6,6 +6,7 @@ bench/gpu_check.py is the script to run on a GPU host.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import sys
 from pathlib import Path
@@ -183,6 +184,22 @@ def test_a_model_returning_another_shape_than_its_config_declares_fails_the_batc
         )
     finally:
         ex.shutdown()
+
+
+def test_a_cuda_batch_whose_finish_stage_was_cancelled_is_cancelled_not_left_unset():
+    # On CUDA a batch's future takes the outcome of its finish stage, which a shutdown past the
+    # grace period cancels; the batcher maps a cancelled batch to ShuttingDown for its callers.
+    # The CUDA path itself is checked on a GPU (bench/gpu_check.py); its hand-off is checked here.
+    from wok.executor import _copy_outcome
+
+    outcomes = []
+    for settle in (lambda f: f.cancel(), lambda f: f.set_exception(ValueError("x")), lambda f: f.set_result(7)):
+        src, dst = concurrent.futures.Future(), concurrent.futures.Future()
+        src.add_done_callback(lambda g, dst=dst: _copy_outcome(g, dst))
+        settle(src)
+        assert dst.done()
+        outcomes.append("cancelled" if dst.cancelled() else repr(dst.exception()) if dst.exception() else dst.result())
+    assert outcomes == ["cancelled", "ValueError('x')", 7]
 
 
 def run_x(ex, value):
