@@ -127,12 +127,12 @@ class MetricsHTTPServer:
         Without this, idle keep-alive connections (up to IDLE_TIMEOUT_S each) could lock
         Prometheus out of the port.
         """
-        for writer in self._waiting:
-            del self._waiting[writer]
-            # Its readuntil sees end of file and its task ends; the slot frees at once.
-            writer.transport.abort()
-            return True
-        return False
+        if not self._waiting:
+            return False
+        writer = next(iter(self._waiting))
+        del self._waiting[writer]
+        writer.transport.abort()  # its readuntil sees end of file and its task ends
+        return True
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         first = True
