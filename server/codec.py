@@ -123,6 +123,14 @@ def array_from_contents(
         raise InvalidInput(f"input '{name}': a value does not fit {dt.name}") from None
 
 
+# Triton features a tensor can ask for, which wok does not offer.
+SHARED_MEMORY = "shared_memory_region"
+UNSUPPORTED_OUTPUT_PARAMETERS = {
+    "classification": "top-k classes, tritonclient's class_count",
+    SHARED_MEMORY: "shared memory",
+}
+
+
 @dataclass(slots=True)
 class DecodedRequest:
     inputs: dict[str, np.ndarray]
@@ -182,6 +190,12 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
         elif n != rows:
             first = cfg.inputs[0].name
             raise InvalidInput(f"input '{name}' has {n} rows, input '{first}' has {rows}; they must match")
+        if t.parameters and SHARED_MEMORY in t.parameters:
+            # Triton's clients send such an input with no data of its own: say why, not "0 values".
+            raise InvalidInput(
+                f"input '{name}': parameter '{SHARED_MEMORY}' (shared memory) is not supported by this server; "
+                "send the tensor in raw_input_contents"
+            )
         if raw:
             if t.HasField("contents") and t.contents.ByteSize():
                 # Both would be data for one tensor; which one the client meant is a guess.
@@ -204,6 +218,13 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
                 )
             if o.name in names:
                 raise InvalidInput(f"output '{o.name}' requested more than once")
+            for unsupported, what in UNSUPPORTED_OUTPUT_PARAMETERS.items():
+                if unsupported in o.parameters:
+                    # Ignored, the client would get the whole tensor inline and take it for what it asked.
+                    raise InvalidInput(
+                        f"output '{o.name}': parameter '{unsupported}' ({what}) is not supported by this server; "
+                        "request the output without it"
+                    )
             names.append(o.name)
         outputs = tuple(names)
 

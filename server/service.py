@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wok.service")
 EXTENSIONS = ("model_configuration", "statistics", "model_repository")
+# On every stream answer, as Triton sets it: the request has no answer after this one (wok's
+# models answer each request once). Stream loops written for Triton wait for it to end.
+FINAL = "triton_final_response"
 REJECTION_REASON = {
     QueueFull: "queue_full",
     DeadlineExceeded: "deadline",
@@ -201,6 +204,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         async def one(req: pb.ModelInferRequest) -> None:
             try:
                 resp = await self.infer(req, context.time_remaining())
+                resp.parameters[FINAL].bool_param = True
                 results.put_nowait(pb.ModelStreamInferResponse(infer_response=resp))
             except Exception as exc:  # every request on the stream gets its one answer
                 if not isinstance(exc, WokError):
@@ -209,6 +213,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 failed = pb.ModelInferResponse(model_name=req.model_name, model_version=req.model_version, id=req.id)
                 # The status a unary call would have ended with, for clients that count codes.
                 failed.parameters["status_code"].int64_param = code.value[0]
+                failed.parameters[FINAL].bool_param = True
                 results.put_nowait(pb.ModelStreamInferResponse(error_message=details, infer_response=failed))
 
         async def read() -> None:
@@ -218,6 +223,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                         code, details = to_status(req.error)
                         failed = pb.ModelInferResponse()  # nothing of the request could be read
                         failed.parameters["status_code"].int64_param = code.value[0]
+                        failed.parameters[FINAL].bool_param = True
                         results.put_nowait(pb.ModelStreamInferResponse(error_message=details, infer_response=failed))
                         continue
                     t = asyncio.get_running_loop().create_task(one(req))

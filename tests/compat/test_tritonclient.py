@@ -173,3 +173,27 @@ def test_bad_request_is_invalid_argument(peer_run):
     assert "INPUT0" in bad["message"], bad
     # On the stream the same mistake comes back as an error_message and the stream goes on.
     assert len(report["stream_errors"]) == 1 and "INPUT0" in report["stream_errors"][0]
+
+
+def test_stream_answers_are_marked_final_as_triton_marks_them(peer_run):
+    # Stream loops written for Triton read triton_final_response to know a request is done.
+    report, _ = peer_run
+    flags = report["stream_final_flags"]
+    assert flags and all(flags), flags
+
+
+def test_triton_features_wok_lacks_are_refused_by_name_not_ignored(peer_run):
+    report, _ = peer_run
+    got = report["unsupported"]
+    assert got["class_count"] == {
+        "raised": True,
+        "status": "StatusCode.INVALID_ARGUMENT",
+        "message": "output 'OUTPUT0': parameter 'classification' (top-k classes, tritonclient's class_count) is not "
+        "supported by this server; request the output without it",
+    }
+    assert got["shared_memory_input"] == {
+        "raised": True,
+        "status": "StatusCode.INVALID_ARGUMENT",
+        "message": "input 'INPUT0': parameter 'shared_memory_region' (shared memory) is not supported by this "
+        "server; send the tensor in raw_input_contents",
+    }

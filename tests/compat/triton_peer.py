@@ -291,7 +291,11 @@ class Peer:
             if error is not None:
                 errors.append(error)
                 continue
-            rid = result.get_response().id
+            response = result.get_response()
+            # Triton marks every stream answer final (one per request for a non-decoupled model).
+            final = response.parameters.get("triton_final_response")
+            self.report.setdefault("stream_final_flags", []).append(final is not None and final.bool_param)
+            rid = response.id
             case = sent.pop(rid, None)
             if case is None:
                 self.fail("stream.result", None, f"unexpected response id {rid!r}")
@@ -325,6 +329,26 @@ class Peer:
                 "error": None if ok else json.dumps(entry),
             }
         )
+
+    def unsupported_features(self, client) -> None:
+        """Triton features wok does not offer: refused with INVALID_ARGUMENT naming them, never
+        ignored (a class_count ignored would return the whole tensor as if it were the top k)."""
+        a = np.zeros((1, 256), dtype=np.float32)
+        plain = grpcclient.InferInput("INPUT0", list(a.shape), "FP32")
+        plain.set_data_from_numpy(a)
+        shm = grpcclient.InferInput("INPUT0", list(a.shape), "FP32")
+        shm.set_shared_memory("region0", a.nbytes)
+        attempts = {
+            "class_count": ([plain], [grpcclient.InferRequestedOutput("OUTPUT0", class_count=3)]),
+            "shared_memory_input": ([shm], None),
+        }
+        for name, (inputs, outputs) in attempts.items():
+            entry = {"raised": False, "status": None, "message": None}
+            try:
+                client.infer("mlp", inputs, outputs=outputs, client_timeout=CALL_TIMEOUT_S)
+            except InferenceServerException as exc:
+                entry.update(raised=True, status=exc.status(), message=exc.message())
+            self.report.setdefault("unsupported", {})[name] = entry
 
     async def aio_infer(self) -> None:
         async with aioclient.InferenceServerClient(self.target) as client:
@@ -362,6 +386,7 @@ class Peer:
             self.stream_infer(client)
             self.record("aio", None, asyncio.run, self.aio_infer())
             self.bad_request(client)
+            self.unsupported_features(client)
             self.statistics(client, "after")
         finally:
             client.close()
