@@ -218,7 +218,7 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
                 )
             if o.name in names:
                 raise InvalidInput(f"output '{o.name}' requested more than once")
-            for unsupported, what in UNSUPPORTED_OUTPUT_PARAMETERS.items():
+            for unsupported, what in UNSUPPORTED_OUTPUT_PARAMETERS.items() if o.parameters else ():
                 if unsupported in o.parameters:
                     # Ignored, the client would get the whole tensor inline and take it for what it asked.
                     raise InvalidInput(
