@@ -38,6 +38,7 @@ __all__ = [
     "Sawtooth",
     "TraceReplay",
     "load_trace",
+    "nominal_for",
     "parse_arrivals",
     "parse_duration",
     "parse_steps",
@@ -72,6 +73,46 @@ def window_rate(arrivals: Arrivals, start_s: float, end_s: float) -> float:
     if cumulative is None or isinstance(arrivals, Poisson | Constant):  # constant λ: exactly its rate
         return arrivals.mean_rate
     return float(cumulative(end_s) - cumulative(start_s)) / (end_s - start_s)
+
+
+def nominal_for(spec: str, offered_qps: float, duration_s: float) -> float:
+    """The step rate (`--steps` value) at which `spec` offers `offered_qps` over a step of
+    `duration_s` with no warm-up: what `window_rate(parse_arrivals(spec, q, duration_s=d), 0, d)`
+    reports. A burst offers more than its base rate, a trace at a fixed scale a rate of its
+    own, so a share of a measured offered rate cannot be run as a nominal one.
+
+    The offered rate is affine in q for every process whose options are multiples of q or
+    absolute rates (secant steps land on it at once); a trace's count is a step function of
+    its pace, which a few more steps bring within one request per step.
+    """
+    if not (math.isfinite(offered_qps) and offered_qps > 0):
+        raise ValueError(f"offered rate must be finite and > 0; got {offered_qps:g}")
+
+    def offered(q: float) -> float:
+        return window_rate(parse_arrivals(spec, q, duration_s=duration_s), 0.0, duration_s)
+
+    q0, q1 = offered_qps, 2 * offered_qps
+    f0, f1 = offered(q0), offered(q1)
+    tolerance = max(1e-9 * offered_qps, 1.0 / duration_s)
+    for _ in range(8):
+        if abs(f1 - offered_qps) <= tolerance:
+            return q1
+        if f1 == f0:
+            raise ValueError(
+                f"arrivals {spec!r}: the offered rate ({f1:g} QPS) does not follow the step's QPS, so it "
+                f"cannot be set to {offered_qps:g} (a trace at a fixed scale, or a sawtooth with absolute low "
+                "and high, keeps its own rate)"
+            )
+        q0, q1 = q1, q1 + (offered_qps - f1) * (q1 - q0) / (f1 - f0)
+        if not q1 > 0:
+            raise ValueError(
+                f"arrivals {spec!r}: offers more than {offered_qps:g} QPS at any step rate above 0 "
+                "(an absolute burst amplitude or sawtooth bound sets a floor)"
+            )
+        f0, f1 = f1, offered(q1)
+    if abs(f1 - offered_qps) > 0.01 * offered_qps:
+        raise ValueError(f"arrivals {spec!r}: no step rate found that offers {offered_qps:g} QPS (nearest {f1:g})")
+    return q1
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -851,8 +851,10 @@ def start_replicas(args, cfg: RampConfig, say: Callable[[str], None], *, admin: 
     """(ReplicaSet, cfg aimed at it) for `--replicas N`; (None, cfg) without it."""
     import shlex
 
-    if not args.replicas:
+    if args.replicas is None:
         return None, cfg
+    if args.replicas < 1:
+        raise ValueError(f"--replicas must be >= 1; got {args.replicas}")
     if args.serve_args is not None:
         serve_args = shlex.split(args.serve_args)
     else:

@@ -434,6 +434,18 @@ def _verdict_lines(result: dict) -> list[str]:
         f"max QPS under SLO (P99 ≤ {slo:g} ms): {'none: no step met it' if best is None else _fmt_qps(best)}",
         f"knee: {'none: throughput kept up at every step' if knee is None else f'{_fmt_qps(knee)} QPS'}",
     ]
+    soak = result.get("soak")
+    if soak and "verdict_from" in soak:
+        cap = soak["capacity"]
+        if soak["verdict_from"] == "capacity ramp":
+            lines.append(
+                f"(from the capacity ramp's steps; the soak step above held {_fmt_qps(cap['load_qps'])} QPS, "
+                f"{100 * cap['load_share']:g}% of it)"
+            )
+        else:
+            lines.append(
+                f"(from the soak step above: the capacity, {_fmt_qps(cap['qps'])} QPS, was given, not measured)"
+            )
     merged = (result.get("config") or {}).get("merged")
     if merged:
         errs = [_num(_get(s, "latency_histogram", "relative_error")) for s in _steps(result)]

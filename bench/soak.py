@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from .arrivals import nominal_for
 from .runner import Ramp, RampConfig, status_name
 from .scrape import scrape
 from .workers import OK
@@ -219,8 +220,12 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
             if capacity is None:
                 raise RuntimeError("no step of the ramp met the SLO: no capacity to soak at (give --capacity)")
         load = share * capacity
-        say(f"soak: {load:g} QPS ({100 * share:g}% of {capacity:g}) for {duration:g} s")
-        soak_cfg = replace(cfg, steps=[load], step_duration_s=duration, warmup_s=0.0, refine=0, stop_factor=math.inf)
+        # The capacity is an offered rate; a burst or a sawtooth offers another rate than the
+        # step rate that makes it, so the soak's step rate is solved for, not scaled.
+        nominal = nominal_for(cfg.arrival, load, duration)
+        shown = "" if math.isclose(nominal, load, rel_tol=1e-9) else f" offered (step rate {nominal:.4g})"
+        say(f"soak: {load:g} QPS{shown} ({100 * share:g}% of {capacity:g}) for {duration:g} s")
+        soak_cfg = replace(cfg, steps=[nominal], step_duration_s=duration, warmup_s=0.0, refine=0, stop_factor=math.inf)
         sampler = RssSampler(urls, every)
         ramp = SoakRamp(soak_cfg, sampler, say)
         result = ramp.run()
@@ -238,14 +243,18 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
         "source": source,
         "load_share": share,
         "load_qps": load,
+        "load_nominal_qps": nominal,
         "steps": None if capacity_result is None else capacity_result["steps"],
     }
-    if (
-        capacity_result is not None
-        and capacity_result["steps"]
-        and capacity == capacity_result["steps"][-1]["offered_qps"]
-    ):
-        result["warnings"].append("every capacity step met the SLO: the capacity is a lower bound; add higher steps")
+    # A one-step ramp's verdicts describe the soak step; the run's figures are the capacity's.
+    result["warnings"] = [w for w in result["warnings"] if not w.startswith("every step met the SLO")]
+    if capacity_result is not None:
+        result["max_qps_under_slo"] = capacity_result["max_qps_under_slo"]
+        result["knee_qps"] = capacity_result["knee_qps"]
+        result["warnings"] = [f"capacity ramp: {w}" for w in capacity_result["warnings"]] + result["warnings"]
+    else:  # nothing measured a maximum: the soak step's own verdict is what there is
+        result["knee_qps"] = None
+    section["verdict_from"] = "capacity ramp" if capacity_result is not None else "soak step"
     if not urls:
         result["warnings"].append("no /metrics to scrape (give --metrics-url): RSS was not sampled")
     result["soak"] = section

@@ -25,6 +25,7 @@ from wok.bench.arrivals import (
     Sawtooth,
     TraceReplay,
     load_trace,
+    nominal_for,
     parse_arrivals,
     parse_duration,
     parse_steps,
@@ -395,3 +396,25 @@ def test_window_rate_is_the_schedules_mean_over_the_measured_window():
     assert window_rate(Poisson(QPS), 2.0, 7.0) == pytest.approx(QPS)
     with pytest.raises(ValueError, match="empty"):
         window_rate(saw, 3.0, 3.0)
+
+
+def test_nominal_for_solves_the_step_rate_that_offers_a_rate():
+    # Poisson offers its step rate.
+    assert nominal_for("poisson", 40.0, 4.0) == pytest.approx(40.0)
+    # A default burst adds 4q·σ·√(2π)/D with σ = D/10 (the tails beyond ±5σ are under 1e-6):
+    # it offers q·(1 + 0.4·√(2π)), so 40 QPS offered is 40 / 2.0027 = 19.97 per step.
+    assert nominal_for("burst", 40.0, 600.0) == pytest.approx(40.0 / (1 + 0.4 * math.sqrt(2 * math.pi)), rel=1e-6)
+    # A sawtooth from 0.5q to 1.5q over 10 s, run for 4 s, averages q·(0.5 + 0.4/2) = 0.7q.
+    assert nominal_for("sawtooth", 40.0, 4.0) == pytest.approx(40.0 / 0.7)
+    # An absolute amplitude is added, not scaled: q + 200·0.1·√(2π) = q + 50.13.
+    assert nominal_for("burst:amplitude=200", 80.0, 60.0) == pytest.approx(80.0 - 20 * math.sqrt(2 * math.pi))
+
+
+def test_nominal_for_refuses_rates_it_cannot_reach(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp\n0\n0.5\n1\n")
+    with pytest.raises(ValueError, match="does not follow the step's QPS"):
+        nominal_for(f"trace:{trace}", 40.0, 10.0)  # a fixed scale replays at its own pace
+    assert nominal_for(f"trace:{trace},scale=auto", 40.0, 10.0) == pytest.approx(40.0, rel=0.01)
+    with pytest.raises(ValueError, match="offers more than 40 QPS at any step rate"):
+        nominal_for("burst:amplitude=200", 40.0, 60.0)  # the burst alone offers 50 QPS

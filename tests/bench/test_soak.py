@@ -4,6 +4,7 @@ against a real server's /metrics, and a short `wok bench ramp --soak` end to end
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -101,6 +102,32 @@ def test_soak_end_to_end(start_server, tmp_path):
     assert soak["p99"]["windows"] == 4 and "RSS:" in proc.stdout and "P99: first window" in proc.stdout
 
 
+def test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_capacitys_verdict(start_server, tmp_path):
+    """A default burst offers about twice its step rate. The soak holds 50% of the capacity's
+    offered rate (it used to run 50% of the offered rate as a step rate: twice the load), and
+    the run's verdict, warnings and --require-qps are the capacity ramp's, not the soak step's."""
+    server = start_server("--models", "mlp", "--torch-threads", "1")
+    out = tmp_path / "soak.json"
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
+    cmd += ["--steps", "20,40", "--step-duration", "1s", "--warmup", "0.2s", "--slo-p99", "2s", "--arrival", "burst"]
+    cmd += ["--soak", "2s", "--soak-load", "50%", "--soak-window", "1s", "--workers", "1", "--json", str(out)]
+    proc = subprocess.run([*cmd, "--require-qps", "60"], capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    cap = result["soak"]["capacity"]
+    assert cap["source"] == "measured" and cap["steps"][-1]["nominal_qps"] == 40
+    capacity = cap["steps"][-1]["offered_qps"]  # both steps met a 2 s SLO
+    assert capacity > 60 and cap["qps"] == capacity and cap["load_qps"] == pytest.approx(capacity / 2)
+    (step,) = result["steps"]
+    assert step["offered_qps"] == pytest.approx(capacity / 2) and step["nominal_qps"] == cap["load_nominal_qps"]
+    # A whole burst step (no warm-up) offers 1 + 0.4·√(2π) times its step rate.
+    assert step["nominal_qps"] == pytest.approx(capacity / 2 / (1 + 0.4 * math.sqrt(2 * math.pi)), rel=1e-3)
+    assert result["max_qps_under_slo"] == capacity and result["soak"]["verdict_from"] == "capacity ramp"
+    assert not any(w.startswith("every step met") for w in result["warnings"])
+    assert any(w.startswith("capacity ramp: every step met the SLO") for w in result["warnings"])
+    assert "from the capacity ramp's steps" in proc.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -108,6 +135,8 @@ def test_soak_end_to_end(start_server, tmp_path):
         (["--soak", "1s", "--soak-load", "150%", "--capacity", "10"], "--soak-load"),
         (["--soak", "1s", "--capacity", "0"], "--capacity must be > 0"),
         (["--soak", "--fault", "kill:at=1s", "--replicas", "1"], "--soak runs without --fault"),
+        (["--soak", "1s", "--capacity", "10", "--replicas", "0"], "--replicas must be >= 1; got 0"),
+        (["--soak", "1s", "--capacity", "10", "--arrival", "sawtooth:low=5,high=15"], "does not follow the step's"),
     ],
 )
 def test_cli_refuses_bad_soak_options(args, says):
