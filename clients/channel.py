@@ -68,10 +68,17 @@ RETRY_THROTTLING: dict[str, Any] = {"maxTokens": 100, "tokenRatio": 0.1}
 KEEPALIVE_OPTIONS: dict[str, Any] = {
     "grpc.keepalive_time_ms": 10_000,
     "grpc.keepalive_timeout_ms": 5_000,
+    # Since gRPC core 1.60 (grpc/grpc#34647) an unanswered ping, keepalive's among them, closes
+    # the connection after this, not after keepalive_timeout_ms (default 60 s): a call held by
+    # a stopped server waited out its whole deadline.
+    "grpc.http2.ping_timeout_ms": 5_000,
     "grpc.keepalive_permit_without_calls": 0,
     "grpc.http2.max_pings_without_data": 0,
     "grpc.initial_reconnect_backoff_ms": 1_000,
     "grpc.max_reconnect_backoff_ms": 5_000,
+    # Also the longest a connection attempt may take (default 20 s): a retry sent to a stopped
+    # server, which accepts the TCP connection but never sends its HTTP/2 settings, fails then.
+    "grpc.min_reconnect_backoff_ms": 5_000,
 }
 _DEFAULT_OPTIONS: dict[str, Any] = {
     # gRPC's 4 MiB default receive limit is far below a large batch of tensors; the

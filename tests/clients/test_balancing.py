@@ -48,6 +48,7 @@ def test_service_config_round_robin_health_and_retries():
     opts = dict(channel_options(None, retries=False))
     assert "methodConfig" not in json.loads(opts["grpc.service_config"])
     assert opts["grpc.keepalive_time_ms"] == 10_000 and opts["grpc.keepalive_timeout_ms"] == 5_000
+    assert opts["grpc.http2.ping_timeout_ms"] == 5_000 and opts["grpc.min_reconnect_backoff_ms"] == 5_000
 
 
 def test_a_comma_separated_string_is_a_list_of_targets():
@@ -178,3 +179,44 @@ async def test_max_connection_age_closes_connections_and_calls_go_on():
             assert await client.server_ready(timeout=10)
     finally:
         await server.stop(grace=2)
+
+
+def test_a_call_held_by_a_stopped_server_fails_unavailable_long_before_its_deadline(tmp_path):
+    """A server that hangs with its connection open (SIGSTOP: the kernel still accepts connections,
+    nothing answers): keepalive's unanswered ping closes the connection after
+    `grpc.http2.ping_timeout_ms`, and the retries' new connections time out after
+    `grpc.min_reconnect_backoff_ms`, so the call ends UNAVAILABLE in about 11 s (5 + 5 and the
+    retries' backoff). It used to wait out its 40 s deadline: gRPC core no longer closes on
+    `keepalive_timeout_ms` alone."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import time
+    from pathlib import Path
+
+    import numpy as np
+
+    from wok.clients import Client
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bare = Path(__file__).resolve().parents[2] / "bench" / "peers" / "bare_server.py"
+    proc = subprocess.Popen([sys.executable, str(bare), str(port)], stderr=subprocess.DEVNULL)
+    try:
+        with Client(f"127.0.0.1:{port}") as client:
+            client.wait_ready(timeout=30)
+            x = {"INPUT0": np.zeros((1, 256), np.float32)}
+            client.infer("mlp", x, timeout=10)
+            os.kill(proc.pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            with pytest.raises(InferError) as info:
+                client.infer("mlp", x, timeout=40)
+            took = time.monotonic() - t0
+        assert info.value.code == CODE.UNAVAILABLE, info.value
+        assert took < 25, f"{took:.1f} s"
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()
