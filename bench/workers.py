@@ -226,6 +226,7 @@ class WorkerPool:
         self.balancer = balancer
         how = Channel(tls, token, retries, balancer, hedge_after, rpc, streams, server_timing)
         self._stats: list[dict | None] = [None] * n
+        self._running = False  # a step handed out and its outcomes not yet collected
         ctx = mp.get_context("spawn")  # gRPC does not survive fork
         self._conns = []
         self._procs = []
@@ -250,6 +251,7 @@ class WorkerPool:
 
     def start(self, shares: list[Share]) -> None:
         """Hand each worker its share; they send on schedule from `Share.start_at`."""
+        self._running = True
         for c, s in zip(self._conns, shares):
             c.send(s)
 
@@ -266,6 +268,7 @@ class WorkerPool:
                 p.join(1)
                 raise RuntimeError(f"bench worker {p.pid} died (exit code {p.exitcode})") from None
         self._stats = [o.balancer for o in out]
+        self._running = False
         return out
 
     def balancer_stats(self) -> dict | None:
@@ -275,6 +278,11 @@ class WorkerPool:
         return merge_stats(self._stats)
 
     def close(self) -> None:
+        if self._running:
+            # A step cut short (Ctrl-C, an error): its workers would send to the end of their
+            # share before reading the pipe again, and nobody waits for what they measure.
+            for p in self._procs:
+                p.terminate()
         for c in self._conns:
             try:
                 c.send(None)

@@ -291,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:  # a bad option value, named by the parser that refused it
             print(f"wok {args.command}: {exc}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:  # Ctrl-C before anything was measured: nothing to report
+            print(f"wok {args.command}: interrupted", file=sys.stderr)
+            return 130
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _pick_loop()
     try:

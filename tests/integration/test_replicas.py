@@ -114,3 +114,36 @@ def test_the_wok_balancer_answers_a_paused_replicas_calls_elsewhere(tmp_path):
     assert paused["address"] == faults["replicas"][1]["target"]
     assert paused["slow"] >= 5 and paused["ejections"] >= 1 and bal["hedges"] >= 5
     assert bal["replicas"][0]["ejections"] == 0 and bal["ok"] == bal["calls"] == faults["requests"]["sent"]
+
+
+def test_ctrl_c_mid_step_ends_at_once_with_the_replica_paused(tmp_path):
+    """SIGINT in the middle of a step, the only replica stopped and holding calls: the bench's
+    workers are ended at once (they used to send to the end of their share, then wait out a 10 s
+    join each), the bench says "interrupted" without a traceback, and the replica is gone."""
+    import os
+    import signal
+    import socket
+    import time
+
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "1", "--workers", "1"]
+    cmd += ["--serve-args", "--models mlp --torch-threads 1", "--steps", "50", "--step-duration", "60s"]
+    cmd += ["--warmup", "0s", "--fault", "pause:replica=0,at=1s", "--json", str(tmp_path / "r.json")]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # "replicas serving on ADDR", then the pause
+        lines.append(line)
+        if "fault: pause" in line:
+            break
+    target = next(line.split("serving on ")[1].strip() for line in lines if "replicas serving on" in line)
+    time.sleep(0.5)  # calls sent in the pause are held by the stopped replica
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    rc = proc.wait(timeout=60)
+    took = time.monotonic() - t0
+    assert rc == 130 and "wok bench: interrupted" in rest and "Traceback" not in rest, rest[-3000:]
+    assert took < 8, f"{took:.1f} s to exit after SIGINT"
+    host, port = target.rsplit(":", 1)
+    with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=2):
+        pass  # the replica is gone
+    assert not os.path.exists(tmp_path / "r.json")
