@@ -10,9 +10,12 @@ simulator (wok.bench.simulate) runs at wall-clock pace instead, labelled so on t
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import errno
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +32,14 @@ from .web import DemoWeb, Hub, http_json, tick_load
 METRICS = re.compile(r"wok: metrics on http://(\S+):(\d+)/metrics")
 SERVING = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
 MODEL = "mlp"
+# The built-in demo models' queue bound (wok/models/limits.py: past it, RESOURCE_EXHAUSTED). Not
+# imported from there: that imports torch, seconds of start-up this process has no use for.
+MAX_QUEUE_SIZE = 4096
+# The callers waiting at most: above the server's queue bound and the batches in hand, so that
+# an overload shows as the server's own refusals; the cap only guards this process's memory.
+MAX_IN_FLIGHT = 2 * MAX_QUEUE_SIZE
+MAX_QUEUE_DELAY_S = 60.0  # the server's limit (ModelConfig, /admin/batching)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def add_demo_parser(sub) -> None:
@@ -59,6 +70,7 @@ def add_demo_parser(sub) -> None:
 
 
 def run_demo(args) -> int:
+    """The `wok demo` command; raises ValueError naming the option for a bad value (exit 2)."""
     if not 1 <= args.instances <= 16:
         raise ValueError(f"--instances: expected 1 to 16, got {args.instances}")
     if not 1 <= args.max_batch_size <= 1024:
@@ -67,10 +79,44 @@ def run_demo(args) -> int:
         raise ValueError(f"--port: expected 0 to 65535, got {args.port}")
     if not 0 <= args.rate <= MAX_RATE:
         raise ValueError(f"--rate: expected requests per second from 0 to {MAX_RATE:g}, got {args.rate:g}")
-    delay_s = parse_duration(args.max_queue_delay)
-    slo_s = parse_duration(args.slo)
+    if args.torch_threads < 1:
+        raise ValueError(f"--torch-threads: expected 1 or more, got {args.torch_threads}")
+    delay_s = duration("--max-queue-delay", args.max_queue_delay)
+    if delay_s > MAX_QUEUE_DELAY_S:
+        raise ValueError(f"--max-queue-delay: expected at most {MAX_QUEUE_DELAY_S:g}s, got {args.max_queue_delay}")
+    slo_s = duration("--slo", args.slo)
+    if slo_s <= 0:
+        raise ValueError(f"--slo: expected a duration above 0, got {args.slo}")
+    duration("--alpha", args.alpha)
+    duration("--beta", args.beta)
     control = LoadControl(args.rate)
-    return asyncio.run(_main(args, control, delay_s, slo_s))
+    try:
+        return asyncio.run(_main(args, control, delay_s, slo_s))
+    except StartError as exc:
+        print(f"wok demo: {exc}", file=sys.stderr)
+        return 1
+
+
+def duration(option: str, text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+
+
+class StartError(RuntimeError):
+    """The wok server child did not start; the message carries the end of its log."""
+
+
+def listen_error(exc: OSError, host: str, port: int) -> ValueError:
+    """The option to blame when the page cannot listen."""
+    if isinstance(exc, socket.gaierror):
+        return ValueError(f"--host: expected an address of this machine, got {host!r} ({exc.strerror})")
+    # asyncio's message repeats the address; the errno's own text is the one line needed.
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ValueError(f"--host: expected an address of this machine, got {host!r} ({reason})")
+    return ValueError(f"--port: cannot listen on {host}:{port}: {reason}")
 
 
 async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int:
@@ -95,8 +141,12 @@ async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int
         backend = LiveDemo(control, args, delay_s, slo_s)
     web = DemoWeb(backend, hub, args.host, args.port)
     try:
+        # The page first: a port in use or a bad host is found before a server is started for nothing.
+        try:
+            await web.start()
+        except OSError as exc:
+            raise listen_error(exc, args.host, args.port) from None
         await backend.start(hub, stop)
-        await web.start()
         mode = "SIMULATION (no server)" if args.simulate else f"live, wok server at {backend.target}"
         print(f"wok demo: {mode}", file=sys.stderr, flush=True)
         print(f"wok demo: page at http://{args.host}:{web.port}/", file=sys.stderr, flush=True)
@@ -122,11 +172,43 @@ def spawn_wok(
     """Start a `wok` child process and wait until its stderr has matched every pattern.
 
     Returns the process, the first match of each pattern, and its stderr lines (the last 200,
-    kept up to date by a thread); raises RuntimeError with the log if it ends or times out first.
+    kept up to date by a thread); raises StartError with the log if it ends or times out first.
     """
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = popen_wok(cmd)
+    found, log = wait_for_patterns(proc, patterns, timeout_s)
+    return proc, found, log
+
+
+def popen_wok(cmd: list[str]) -> subprocess.Popen:
+    """Start a `wok` child that gets SIGTERM when the thread calling this ends (Linux), so that
+    a demo killed outright (SIGKILL) does not leave its server running."""
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None,
     )
+
+
+def _die_with(parent: int):
+    """A preexec_fn: SIGTERM to the child when its parent thread ends. The signal follows the
+    thread that forked, not the process: callers fork from one that lives as long as they do."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent ended before the line above: no signal will come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
+def wait_for_patterns(
+    proc: subprocess.Popen, patterns: dict[str, re.Pattern], timeout_s: float
+) -> tuple[dict[str, re.Match], list[str]]:
+    """Read the child's stderr (by a thread, for good) until every pattern matched; see spawn_wok."""
     log: list[str] = []
     found: dict[str, re.Match] = {}
     ready = threading.Event()
@@ -146,8 +228,8 @@ def spawn_wok(
     threading.Thread(target=pump, daemon=True, name="wok-child-log").start()
     if not ready.wait(timeout_s) or len(found) < len(patterns):
         proc.kill()
-        raise RuntimeError(f"{' '.join(cmd[1:4])} did not start:\n" + "\n".join(log[-30:]))
-    return proc, found, log
+        raise StartError(f"{' '.join(proc.args[1:4])} did not start:\n" + "\n".join(log[-30:]))
+    return found, log
 
 
 class SimulatedDemo:
@@ -198,7 +280,8 @@ class SimulatedDemo:
         return 400, {"error": "faults are not modelled by the simulator; run wok demo without --simulate"}
 
     def load_summary(self) -> dict:
-        return {**self.sim.stats.summary(time.monotonic()), **self.control.describe()}
+        # The simulator sends every arrival: none is skipped, the field is there for the page.
+        return {**self.sim.stats.summary(time.monotonic()), **self.control.describe(), "skipped": 0}
 
 
 def write_repository(root: Path, instances: int, max_batch_size: int, delay_ms: float, device: str) -> Path:
@@ -212,7 +295,7 @@ def write_repository(root: Path, instances: int, max_batch_size: int, delay_ms: 
         "parameters": {"in_features": 256, "hidden": 1024, "out_features": 256, "layers": 2},
         "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [256]}],
         "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [256]}],
-        "dynamic_batching": {"max_queue_delay_ms": delay_ms},
+        "dynamic_batching": {"max_queue_delay_ms": delay_ms, "max_queue_size": MAX_QUEUE_SIZE},
         "instances": {"count": instances, "devices": [device]},
     }
     (d / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -259,7 +342,9 @@ class LiveDemo:
         cmd = [sys.executable, "-m", "wok", "serve", "--admin", "--host", "127.0.0.1", "--port", "0"]
         cmd += ["--metrics-port", "0", "--model-repository", str(repo), "--torch-threads", str(a.torch_threads)]
         cmd += ["--grace-period", "5"]
-        await asyncio.get_running_loop().run_in_executor(None, self._spawn, cmd)
+        # Started on this (the loop's) thread, which lives as long as the demo: see popen_wok.
+        self.proc = popen_wok(cmd)
+        await asyncio.get_running_loop().run_in_executor(None, self._wait_started)
         self._channel = grpc.aio.insecure_channel(self.target)
         stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
         rng = np.random.default_rng(1)
@@ -272,11 +357,11 @@ class LiveDemo:
             except grpc.aio.AioRpcError as e:
                 return e.code().name
 
-        self.generator = LoadGenerator(self.control, send)
+        self.generator = LoadGenerator(self.control, send, max_in_flight=MAX_IN_FLIGHT)
         self._tasks = [asyncio.ensure_future(self.generator.run()), asyncio.ensure_future(self._relay(hub, stop))]
 
-    def _spawn(self, cmd: list[str]) -> None:
-        self.proc, found, self.log = spawn_wok(cmd, {"metrics": METRICS, "serving": SERVING}, 180.0)
+    def _wait_started(self) -> None:
+        found, self.log = wait_for_patterns(self.proc, {"metrics": METRICS, "serving": SERVING}, 180.0)
         self.admin = (found["metrics"].group(1), int(found["metrics"].group(2)))
         self.target = f"{found['serving'].group(2)}:{found['serving'].group(3)}"
 
@@ -321,6 +406,11 @@ class LiveDemo:
         return await self._admin("/admin/batching", body)
 
     async def set_faults(self, body) -> tuple[int, dict]:
+        # The admin API takes a 0 ms slow fault (a no-op); from the page it is an emptied field.
+        if isinstance(body, dict) and body.get("mode") == "slow":
+            v = body.get("delay_ms")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 60_000:
+                raise ValueError(f"field 'delay_ms': expected a number above 0 up to 60000 for mode 'slow', got {v!r}")
         return await self._admin("/admin/faults", body)
 
     def load_summary(self) -> dict:

@@ -32,6 +32,8 @@ class SimBackend:
     def __init__(self, control: LoadControl, model: BatcherModel, seed: int = 0) -> None:
         self.control = control
         self.model = model
+        # As the server's limit_batch_size: the configured maximum, which a change may lower and raise back to.
+        self.limit_batch_size = model.max_batch_size
         self.rng = np.random.default_rng(seed)
         self.start = time.monotonic()
         self.arrivals: list[float] = []  # seconds since start, since the last idle moment
@@ -58,7 +60,7 @@ class SimBackend:
             "max_queue_delay_ms": m.max_queue_delay_s * 1e3,
             "preferred_batch_sizes": [],
             "max_queue_size": m.max_queue_size,
-            "limit_batch_size": 256,
+            "limit_batch_size": self.limit_batch_size,
         }
 
     def set_batching(self, body) -> dict:
@@ -68,8 +70,9 @@ class SimBackend:
         changes = {}
         v = body.get("max_batch_size")
         if v is not None:
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 256:
-                raise ValueError(f"field 'max_batch_size': expected an integer from 1 to 256, got {v!r}")
+            limit = self.limit_batch_size
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit:
+                raise ValueError(f"field 'max_batch_size': expected an integer from 1 to {limit}, got {v!r}")
             changes["max_batch_size"] = v
         v = body.get("max_queue_delay_ms")
         if v is not None:

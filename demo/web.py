@@ -12,7 +12,13 @@ Served on loopback by a small HTTP/1.1 server on the demo's event loop:
   POST /api/faults        {"instance"?, "mode", "delay_ms"?, "duration_s"?}: the server's /admin/faults
 
 In live mode the batching and fault calls are forwarded to the wok server's admin API
-(loopback) with the model filled in, and its answer (or its 400) comes back as is.
+(loopback) with the model filled in, and its answer (or its 400) comes back as is; 502 with
+the error when the server does not answer.
+
+The page's API fails and slows the server, so it takes the admin API's checks against the
+one client that reaches loopback anyway, a page of another site in the user's browser: the
+Host must be an IP address or localhost, a foreign Origin is refused (403), and a POST must
+be JSON (415). See docs/security.md.
 """
 
 from __future__ import annotations
@@ -20,14 +26,34 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from importlib import resources
+
+from ..http import cross_site_refusal
 
 log = logging.getLogger("wok.demo")
 TICK_S = 0.25
 BACKLOG = 4000
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
-STATUS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 502: "Bad Gateway"}
+MAX_BODY = 64 << 10
+STATUS = {
+    200: "OK",
+    400: "Bad Request",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    415: "Unsupported Media Type",
+    502: "Bad Gateway",
+}
+
+
+class Refused(Exception):
+    """A request answered with an error before it reaches the API; the connection then ends."""
+
+    def __init__(self, status: int, error: str) -> None:
+        super().__init__(error)
+        self.status = status
 
 
 def static_file(name: str) -> bytes | None:
@@ -66,8 +92,10 @@ async def http_json(host: str, port: int, method: str, path: str, body=None) -> 
     finally:
         writer.close()
     head, _, payload = raw.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    return status, json.loads(payload or b"{}")
+    m = re.match(rb"HTTP/1\.[01] ([0-9]{3}) ", head)
+    if m is None:  # the server ended mid-answer: as unreachable, for the caller's 502
+        raise ConnectionError(f"{method} {path}: expected an HTTP answer from {host}:{port}, got {raw[:60]!r}")
+    return int(m.group(1)), json.loads(payload or b"{}")
 
 
 class DemoWeb:
@@ -109,23 +137,13 @@ class DemoWeb:
             writer.close()
 
     async def _one(self, reader, writer) -> bool:
+        """Answer one request; False when the connection must end."""
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)
-        lines = head.decode("latin-1").split("\r\n")
-        method, target, _ = [*lines[0].split(" "), "", "", ""][:3]
-        headers = {k.strip().lower(): v.strip() for k, sep, v in (ln.partition(":") for ln in lines[1:]) if sep}
-        path = target.split("?", 1)[0]
-        body = None
-        if method == "POST":
-            n = int(headers.get("content-length", "0") or 0)
-            if n > 64 << 10:
-                await self._send(writer, 400, {"error": "body too large"})
-                return False
-            raw = await asyncio.wait_for(reader.readexactly(n), 10)
-            try:
-                body = json.loads(raw or b"null")
-            except ValueError as exc:
-                await self._send(writer, 400, {"error": f"body: expected JSON, got a parse error: {exc}"})
-                return True
+        try:
+            method, path, body = await self._request(reader, head)
+        except Refused as exc:
+            await self._send(writer, exc.status, {"error": str(exc)})
+            return False
         if path == "/api/events" and method == "GET":
             await self._stream(writer)
             return False
@@ -134,7 +152,7 @@ class DemoWeb:
             await self._send(writer, status, answer)
             return True
         if method != "GET":
-            await self._send(writer, 405, {"error": "only GET here"})
+            await self._send(writer, 405, {"error": f"{path}: expected GET, got {method}"})
             return True
         name = "index.html" if path == "/" else path[len("/static/") :] if path.startswith("/static/") else ""
         data = static_file(name) if name else None
@@ -144,6 +162,44 @@ class DemoWeb:
             ctype = TYPES.get(name[name.rfind(".") :], "application/octet-stream")
             await self._raw(writer, 200, data, ctype)
         return True
+
+    @staticmethod
+    async def _request(reader, head: bytes) -> tuple[str, str, object]:
+        """(method, path, JSON body or None) of one request; raises Refused."""
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3:
+            raise Refused(400, f"request line: expected METHOD TARGET VERSION, got {lines[0][:80]!r}")
+        method, target, _ = parts
+        headers = {k.strip().lower(): v.strip() for k, sep, v in (ln.partition(":") for ln in lines[1:]) if sep}
+        refusal = cross_site_refusal(headers)
+        if refusal is not None:
+            raise Refused(403, refusal.replace("the admin API", "the demo's page"))
+        length = headers.get("content-length", "0") or "0"
+        coding = headers.get("transfer-encoding")
+        if coding is not None:
+            raise Refused(400, f"Transfer-Encoding: expected none (a Content-Length), got {coding!r}")
+        if not re.fullmatch(r"[0-9]{1,9}", length):
+            raise Refused(400, f"Content-Length: expected a number of bytes, got {length!r}")
+        if method != "POST":
+            if int(length):  # its bytes would be read as the next request
+                raise Refused(400, f"{method}: expected no body, got Content-Length {length}")
+            return method, target.split("?", 1)[0], None
+        ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if ctype != "application/json":
+            # A page of any site may POST text/plain or a form here without asking; JSON makes the
+            # browser ask first (a CORS preflight), which this server never grants.
+            raise Refused(415, f"Content-Type: expected application/json for a POST, got {ctype or 'none'!r}")
+        if int(length) > MAX_BODY:
+            raise Refused(400, f"Content-Length: expected at most {MAX_BODY} bytes, got {length}")
+        raw = await asyncio.wait_for(reader.readexactly(int(length)), 10)
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError as exc:
+            raise Refused(400, f"body: expected JSON, got a parse error: {exc}") from None
+        except RecursionError:
+            raise Refused(400, "body: expected JSON, got one nested too deeply") from None
+        return method, target.split("?", 1)[0], body
 
     async def _api(self, method: str, name: str, body) -> tuple[int, dict]:
         b = self.backend
@@ -158,6 +214,8 @@ class DemoWeb:
                 return await b.set_faults(body)
         except ValueError as exc:
             return 400, {"error": str(exc)}
+        except OSError as exc:  # only the admin calls do I/O: the wok server did not answer
+            return 502, {"error": f"the wok server did not answer: {exc}"}
         return 404, {"error": f"no API {method} /api/{name}"}
 
     async def _stream(self, writer) -> None:

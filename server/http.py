@@ -170,7 +170,7 @@ class MetricsHTTPServer:
                 if self.admin is None:  # off: as if absent; an unread body ends the connection
                     await self._respond(writer, 404, b"not found\n", "text/plain", close=True)
                     return
-                refusal = _foreign(headers)
+                refusal = cross_site_refusal(headers)
                 if refusal is not None:
                     await self._json(writer, 403, {"error": refusal}, close=True)
                     return
@@ -326,7 +326,7 @@ def _local_name(host: str) -> bool:
     return True
 
 
-def _foreign(headers: dict) -> str | None:
+def cross_site_refusal(headers: dict) -> str | None:
     """Why an admin request looks sent by a page of another site (None: it does not).
 
     Admin changes what every caller gets. A web page the operator has open could reach this port

@@ -34,13 +34,32 @@ function message(text, ok = false) {
   el.classList.toggle("ok", ok);
 }
 
+// Every POST is JSON: the page's server refuses anything else (a cross-site form could send it).
 async function api(path, body) {
-  const r = await fetch("/api/" + path, {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-  });
-  const answer = await r.json();
+  let r, answer;
+  try {
+    r = await fetch("/api/" + path, {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    });
+    answer = await r.json();
+  } catch (e) {
+    message(`/api/${path}: the demo did not answer (${e.message}); is wok demo still running?`);
+    throw e;
+  }
   if (!r.ok) { message(answer.error || ("HTTP " + r.status)); throw new Error(answer.error); }
   return answer;
+}
+
+// The number in a field; an emptied or invalid field (its value is "") is refused, not sent as 0.
+function num(id, what) {
+  const text = $(id).value.trim();
+  const v = Number(text);
+  if (text === "" || !Number.isFinite(v)) {
+    const e = new Error(`${what}: expected a number, got ${text === "" ? "nothing" : JSON.stringify(text)}`);
+    message(e.message);
+    throw e;
+  }
+  return v;
 }
 
 // ---- events ---------------------------------------------------------------------------
@@ -70,6 +89,9 @@ function applyPolicy(p) {
   const first = S.policy === null;
   S.policy = p;
   $("max-batch").max = p.limit_batch_size;
+  // A slider clamps its value to its max: widen it to the policy's window (e.g. --max-queue-delay 250ms),
+  // or Apply would send the clamped one.
+  $("delay").max = Math.max(Number($("delay").max), p.max_queue_delay_ms);
   $("policy-now").textContent = "now: max batch " + p.max_batch_size + ", delay " + fmt(p.max_queue_delay_ms, 1) + " ms";
   if (first) {
     $("max-batch").value = p.max_batch_size; $("max-batch-v").textContent = p.max_batch_size;
@@ -96,8 +118,8 @@ function buildInstances(n, faults) {
 
 async function fault(i, kind) {
   const body = { instance: i, mode: kind === "restore" ? "off" : kind };
-  if (kind === "slow") body.delay_ms = Number($("slow-ms").value);
   try {
+    if (kind === "slow") body.delay_ms = num("slow-ms", "slow by (ms)");
     await api("faults", body);
     message(kind === "restore" ? `instance ${i} restored` : `instance ${i}: ${kind}`, true);
   } catch (e) { /* shown */ }
@@ -121,6 +143,10 @@ function onLoad(e) {
   S.loads.push(e);
   $("load-now").textContent = e.burst_rate ? `bursting at ${fmt(e.burst_rate)} req/s, ${fmt(e.burst_left_s, 1)} s left`
     : `steady at ${fmt(e.rate)} req/s`;
+  // Arrivals not sent because the demo's cap of callers were all waiting: offered is short of the rate.
+  const sk = $("skipped");
+  sk.dataset.value = String(e.skipped);
+  sk.textContent = e.skipped ? `${e.skipped} arrivals not sent (too many callers waiting)` : "";
 }
 
 function connect() {
@@ -302,12 +328,12 @@ function wire() {
   $("rate-slider").oninput = () => { $("rate").value = $("rate-slider").value; };
   $("rate").oninput = () => { $("rate-slider").value = $("rate").value; };
   $("apply-rate").onclick = async () => {
-    try { await api("load", { rate: Number($("rate").value) }); message(`rate set to ${$("rate").value} req/s`, true); } catch (e) { /* shown */ }
+    try { await api("load", { rate: num("rate", "rate") }); message(`rate set to ${$("rate").value} req/s`, true); } catch (e) { /* shown */ }
   };
   $("rate").onkeydown = (ev) => { if (ev.key === "Enter") $("apply-rate").click(); };
   $("burst").onclick = async () => {
     try {
-      await api("load", { burst_rate: Number($("burst-rate").value), burst_s: Number($("burst-s").value) });
+      await api("load", { burst_rate: num("burst-rate", "burst rate"), burst_s: num("burst-s", "burst seconds") });
       message(`burst: ${$("burst-rate").value} req/s for ${$("burst-s").value} s`, true);
     } catch (e) { /* shown */ }
   };
@@ -315,7 +341,7 @@ function wire() {
   $("delay").oninput = () => { $("delay-v").textContent = $("delay").value; };
   $("apply-batching").onclick = async () => {
     try {
-      const p = await api("batching", { max_batch_size: Number($("max-batch").value), max_queue_delay_ms: Number($("delay").value) });
+      const p = await api("batching", { max_batch_size: num("max-batch", "max batch size"), max_queue_delay_ms: num("delay", "delay window") });
       applyPolicy(p);
       message(`batching: max ${p.max_batch_size}, delay ${p.max_queue_delay_ms} ms`, true);
     } catch (e) { /* shown */ }

@@ -70,7 +70,7 @@ def test_simulated_batches_by_hand():
     assert s["answered_total"] == 3
     assert s["p50_ms"] == pytest.approx(4.0)  # latencies 4, 3 and 12 ms
     assert sim.step()[0] == []  # nothing new: nothing shown twice
-    assert sim.set_batching({"max_batch_size": 8})["max_batch_size"] == 8
+    assert sim.set_batching({"max_batch_size": 1})["max_batch_size"] == 1
     with pytest.raises(ValueError, match="field 'max_queue_delay_ms'"):
         sim.set_batching({"max_queue_delay_ms": -1})
 
@@ -138,7 +138,11 @@ def test_wok_demo_simulate_serves_the_page_and_labels_itself(start_demo):
     [
         (["--instances", "0"], "wok demo: --instances: expected 1 to 16, got 0"),
         (["--rate", "-5"], "wok demo: --rate: expected requests per second from 0 to 5000, got -5"),
-        (["--max-queue-delay", "soon"], "wok demo: "),
+        (["--max-queue-delay", "soon"], "wok demo: --max-queue-delay: invalid duration 'soon'"),
+        (["--max-queue-delay", "100s"], "wok demo: --max-queue-delay: expected at most 60s, got 100s\n"),
+        (["--slo", "0ms"], "wok demo: --slo: expected a duration above 0, got 0ms\n"),
+        (["--torch-threads", "0"], "wok demo: --torch-threads: expected 1 or more, got 0\n"),
+        (["--host", "no-such-host.invalid"], "wok demo: --host: expected an address of this machine, got "),
     ],
 )
 def test_bad_options_exit_2_naming_them(args, message, capsys):

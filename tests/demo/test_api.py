@@ -1,0 +1,218 @@
+"""The page's API over real HTTP on loopback: what it refuses (cross-site requests, malformed
+requests, values the page must not send), what it answers when the wok server is gone, and the
+live demo's server: its queue bound, its faults untouched by refused requests, its end with the demo.
+
+The in-process tests run the page's server (DemoWeb) on a free port with the simulated backend,
+or with the live one pointed at a port nobody listens on; the rest run `wok demo` as a process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from wok.bench.simulate import BatcherModel
+from wok.demo.cli import LiveDemo, SimulatedDemo
+from wok.demo.load import LoadControl
+from wok.demo.sim import SimBackend
+from wok.demo.web import DemoWeb, Hub
+from wok.models.limits import MAX_QUEUE_SIZE
+
+JSON = "application/json"
+
+
+async def exchange(port: int, request: bytes) -> tuple[int, dict]:
+    """Send raw bytes to the page's server; (status, JSON answer) of its first answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        lines = head.decode("latin-1").split("\r\n")
+        length = next(int(ln.split(":", 1)[1]) for ln in lines if ln.lower().startswith("content-length:"))
+        body = await asyncio.wait_for(reader.readexactly(length), 10)
+    finally:
+        writer.close()
+    return int(lines[0].split(" ")[1]), json.loads(body)
+
+
+def post(port: int, path: str, body: bytes, ctype: str = JSON, extra: str = "", host: str = "127.0.0.1") -> bytes:
+    """A POST as a browser or a tool sends it; `extra` adds header lines."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {ctype}\r\n{extra}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+@pytest.fixture
+async def sim_page():
+    """The page's server on a free loopback port, with the simulator (max batch 32, 5 ms, 100/s) behind it."""
+    model = BatcherModel(alpha_s=2.5e-4, beta_s=4.4e-5, max_batch_size=32, max_queue_delay_s=0.005)
+    backend = SimulatedDemo(SimBackend(LoadControl(100), model), slo_s=0.05)
+    web = DemoWeb(backend, Hub(), "127.0.0.1", 0)
+    await web.start()
+    yield web
+    await web.stop()
+
+
+async def config(port: int) -> dict:
+    status, answer = await exchange(port, f"GET /api/config HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    assert status == 200, answer
+    return answer
+
+
+async def test_cross_site_posts_are_refused_and_change_nothing(sim_page):
+    port = sim_page.port
+    rate = b'{"rate": 5000}'
+    status, answer = await exchange(port, post(port, "/api/load", rate, ctype="text/plain"))
+    assert status == 415 and "Content-Type: expected application/json" in answer["error"]
+    status, answer = await exchange(port, post(port, "/api/load", rate, extra="Origin: http://evil.example\r\n"))
+    assert status == 403 and "Origin 'http://evil.example'" in answer["error"]
+    rebound = post(port, "/api/batching", b'{"max_batch_size": 1}', host="rebind.evil.example")
+    status, answer = await exchange(port, rebound)
+    assert status == 403 and f"Host 'rebind.evil.example:{port}' is not an IP address" in answer["error"]
+    # A DNS name rebound to loopback must not read the state either.
+    get = b"GET /api/config HTTP/1.1\r\nHost: rebind.evil.example\r\n\r\n"
+    assert (await exchange(port, get))[0] == 403
+    cfg = await config(port)
+    assert cfg["load"]["rate"] == 100 and cfg["batching"]["max_batch_size"] == 32
+    # The page's own requests: same origin, JSON.
+    own = f"Origin: http://127.0.0.1:{port}\r\n"
+    status, answer = await exchange(port, post(port, "/api/load", b'{"rate": 40}', extra=own))
+    assert status == 200 and answer["rate"] == 40
+
+
+@pytest.mark.parametrize(
+    ("request_", "error"),
+    [
+        (b"POST /api/load HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n", "Content-Length: expected"),
+        (b"POST /api/load HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n", "got '-5'"),
+        (b"GARBAGE\r\n\r\n", "request line: expected METHOD TARGET VERSION, got 'GARBAGE'"),
+        (post(0, "/api/load", b"[" * 30_000 + b"]" * 30_000), "body: expected JSON, got one nested too deeply"),
+    ],
+    ids=["length-abc", "length-negative", "request-line", "nested-json"],
+)
+async def test_malformed_requests_get_400_and_the_server_goes_on(sim_page, request_, error):
+    status, answer = await exchange(sim_page.port, request_)
+    assert status == 400 and error in answer["error"]
+    assert (await config(sim_page.port))["load"]["rate"] == 100
+
+
+async def test_simulator_refuses_a_batch_above_the_configured_maximum(sim_page):
+    port = sim_page.port
+    status, answer = await exchange(port, post(port, "/api/batching", b'{"max_batch_size": 200}'))
+    assert status == 400 and answer["error"] == "field 'max_batch_size': expected an integer from 1 to 32, got 200"
+    status, answer = await exchange(port, post(port, "/api/batching", b'{"max_batch_size": 8}'))
+    assert status == 200 and (answer["max_batch_size"], answer["limit_batch_size"]) == (8, 32)
+    status, answer = await exchange(port, post(port, "/api/batching", b'{"max_batch_size": 32}'))
+    assert status == 200 and answer["max_batch_size"] == 32
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_live_api_answers_502_when_the_server_is_gone_and_refuses_a_zero_slow_fault():
+    args = argparse.Namespace(instances=2, max_batch_size=32, device="cpu", torch_threads=1)
+    backend = LiveDemo(LoadControl(0), args, delay_s=0.005, slo_s=0.05)
+    backend.admin = ("127.0.0.1", _closed_port())  # as after the server died
+    web = DemoWeb(backend, Hub(), "127.0.0.1", 0)
+    await web.start()
+    try:
+        port = web.port
+        status, answer = await exchange(port, post(port, "/api/faults", b'{"mode": "slow", "delay_ms": 0}'))
+        assert status == 400 and answer["error"].startswith("field 'delay_ms': expected a number above 0"), answer
+        status, answer = await exchange(port, post(port, "/api/faults", b'{"instance": 0, "mode": "fail"}'))
+        assert status == 502 and answer["error"].startswith("the wok server did not answer: "), answer
+        status, answer = await exchange(port, post(port, "/api/batching", b'{"max_batch_size": 4}'))
+        assert status == 502, answer
+    finally:
+        await web.stop()
+        await backend.close()
+
+
+def _request(url: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=body, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.timeout(120)
+def test_live_demo_refuses_cross_site_faults_and_bounds_the_queue(start_demo):
+    demo = start_demo("--rate", "20")
+    admin = _request(demo.url + "api/config")[1]["server"]["admin"]
+    fail = b'{"mode": "fail"}'
+    assert _request(demo.url + "api/faults", fail, {"Content-Type": "text/plain"})[0] == 415
+    assert _request(demo.url + "api/faults", fail, {"Content-Type": JSON, "Origin": "http://evil.example"})[0] == 403
+    assert _request(demo.url + "api/faults", fail, {"Content-Type": JSON, "Host": "rebind.evil.example"})[0] == 403
+    assert _request(admin + "/admin/faults") == (200, {"faults": []})
+    slow0 = b'{"mode": "slow", "delay_ms": 0}'
+    assert _request(demo.url + "api/faults", slow0, {"Content-Type": JSON})[0] == 400
+    assert _request(admin + "/admin/faults") == (200, {"faults": []})
+    # The documented bound: past 4,096 queued, RESOURCE_EXHAUSTED (the built-in demo models' own).
+    (policy,) = _request(admin + "/admin/batching")[1]["models"]
+    assert policy["max_queue_size"] == MAX_QUEUE_SIZE == 4096, policy
+    with urllib.request.urlopen(demo.url + "api/events", timeout=10) as stream:
+        load = next(json.loads(ln[6:]) for ln in stream if ln.startswith(b'data: {"type":"load"'))
+    assert load["skipped"] == 0
+    assert demo.stop() == 0
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            found += [int(c) for c in f.read().split()]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.timeout(120)
+def test_sigkill_of_the_demo_ends_its_server(start_demo):
+    demo = start_demo("--rate", "0")
+    (server,) = _children(demo.proc.pid)
+    try:
+        demo.proc.kill()
+        demo.proc.wait(10)
+        deadline = time.monotonic() + 15
+        while _alive(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(server), "the demo's wok server outlived the demo"
+    finally:
+        if _alive(server):
+            os.kill(server, signal.SIGKILL)
+
+
+@pytest.mark.timeout(120)
+def test_a_page_port_in_use_exits_2_in_one_line_before_any_server_starts():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = [sys.executable, "-m", "wok", "demo", "--port", str(port)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"wok demo: --port: cannot listen on 127.0.0.1:{port}: Address already in use\n"
