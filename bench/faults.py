@@ -579,17 +579,33 @@ def _windows(intended, latency_s, ok, errors, lost, end_s, window_s, slo_p99_ms)
 
 
 def _replicas_up(t_s: list[float], window_s: float, events: Sequence[dict], n: int | None) -> list[int] | None:
-    """Replicas serving at each window's start, from kill/ready and pause/resume events."""
+    """Replicas serving at each window's start, from kill/ready and pause/resume events.
+
+    Each replica is down while killed or paused, and up once it is both restarted and resumed:
+    a paused replica that is then killed is one replica down, not two."""
     if n is None:
         return None
-    delta = {"kill": -1, "pause": -1, "ready": 1, "resume": 1}
-    changes = sorted((e["t_s"], delta[e["action"]]) for e in events if e["action"] in delta and "error" not in e)
-    out, up, j = [], n, 0
+    acts = ("kill", "pause", "ready", "resume")
+    changes = sorted(
+        (e["t_s"], e["action"], e.get("replica", 0)) for e in events if e["action"] in acts and "error" not in e
+    )
+    killed: set[int] = set()
+    paused: set[int] = set()
+    out, j = [], 0
     for t in t_s:
         while j < len(changes) and changes[j][0] <= t + window_s / 2:
-            up += changes[j][1]
+            _, action, r = changes[j]
+            if action == "kill":
+                killed.add(r)
+                paused.discard(r)  # a new process starts running, never stopped
+            elif action == "ready":
+                killed.discard(r)
+            elif action == "pause":
+                paused.add(r)
+            else:
+                paused.discard(r)
             j += 1
-        out.append(up)
+        out.append(n - len(killed | paused))
     return out
 
 
@@ -635,20 +651,23 @@ def _one_fault(i, spec, events, intended, latency_s, ok, errors, lost, names, wi
 
 def _recovery(windows: dict, begin: float, horizon: float, window_s: float) -> tuple[float | None, bool]:
     """(recovery, breached): `breached` if a window from the one the fault starts in up to `horizon`
-    is bad; `recovery` is the end of the last such bad window minus the fault's start (0 when none
-    is bad), provided HOLD_S of good windows follow it before `horizon`; otherwise None (the run
-    does not show a recovery)."""
+    is bad; `recovery` is the start of the first good window after the last such bad one, minus
+    the fault's start (0 when none is bad), provided good windows of HOLD_S in all follow the bad
+    one before `horizon`; otherwise None (the run does not show a recovery). A window in which
+    nothing was sent is evidence of nothing: it neither breaks a recovery nor counts towards one
+    (the gap between steps while a paused replica holds the last step's calls read as recovered)."""
     t = np.array(windows["t_s"])
     bad_window = np.array([g is False for g in windows["good"]])  # None: nothing sent, no evidence
+    good_window = np.array([g is True for g in windows["good"]])
     first = int(np.searchsorted(t, begin - window_s + 1e-9))  # the window the fault starts in
     last = int(np.searchsorted(t, horizon - 1e-9))  # windows [first, last) start before the horizon
     bad = np.flatnonzero(bad_window[first:last]) + first
     if not len(bad):
         return 0.0, False
-    recovered_at = t[bad[-1]] + window_s
-    if horizon - recovered_at < HOLD_S - 1e-9:
+    good = np.flatnonzero(good_window[bad[-1] + 1 : last]) + bad[-1] + 1
+    if len(good) * window_s < HOLD_S - 1e-9:
         return None, True
-    return round(float(recovered_at - begin), 3), True
+    return round(float(t[good[0]] - begin), 3), True
 
 
 # -- the ramp -----------------------------------------------------------------------------

@@ -276,3 +276,65 @@ def test_a_call_in_flight_when_the_fault_begins_is_not_counted_before_it():
     (f,) = r["faults"]
     # before [0, 0.6) holds only the two calls answered by 0.6 s: 10 and 20 ms.
     assert f["sent_before"] == 2 and f["p99_before_ms"] == pytest.approx(20)
+
+
+def _steady(t0: float, t1: float, latency_s: float) -> tuple[np.ndarray, np.ndarray]:
+    intended = np.arange(t0 + 0.05, t1, 0.1)
+    return intended, np.full(len(intended), latency_s)
+
+
+def test_windows_with_nothing_sent_are_no_evidence_of_recovery():
+    """A pause from 1.0 s: calls sent up to 3.0 s wait 1.5 s (bad windows), nothing is sent from 3.0 to
+    4.5 s (the bench waits for the held calls before its next step), then calls are fast again. The
+    recovery is the first good window, 4.5 s: 3.5 s after the pause (it read 2.0 s, the end of the
+    last bad window, with the empty windows taken as good). With nothing after the gap, no recovery
+    is shown at all."""
+    parts = [_steady(0.0, 1.0, 0.01), _steady(1.0, 3.0, 1.5), _steady(4.5, 7.0, 0.01)]
+    intended = np.concatenate([p[0] for p in parts])
+    latency = np.concatenate([p[1] for p in parts])
+    codes = np.zeros(len(intended), dtype=np.int16)
+    events = [{"t_s": 1.0, "fault": 0, "action": "pause", "replica": 0}]
+    events.append({"t_s": 4.2, "fault": 0, "action": "resume", "replica": 0})
+    spec = parse_fault("pause:replica=0,at=1s,resume=4.2s")
+    r = fault_report(
+        intended, intended + latency, latency, codes, specs=[spec], events=events, slo_p99_ms=100.0, end_s=7.0
+    )
+    assert r["timeline"]["good"][6:9] == [None, None, None]  # 3.0-4.5 s: nothing sent
+    (f,) = r["faults"]
+    assert f["recovery_s"] == pytest.approx(3.5) and f["recovered_after_end_s"] == pytest.approx(0.3)
+    cut = intended < 3.0
+    r = fault_report(
+        intended[cut],
+        intended[cut] + latency[cut],
+        latency[cut],
+        codes[cut],
+        specs=[spec],
+        events=events,
+        slo_p99_ms=100.0,
+        end_s=7.0,
+    )
+    assert r["faults"][0]["recovery_s"] is None and r["faults"][0]["breached_slo"] is True
+
+
+def test_a_replica_paused_then_killed_is_down_once():
+    intended, latency = _steady(0.0, 4.0, 0.01)
+    codes = np.zeros(len(intended), dtype=np.int16)
+    events = [
+        {"t_s": 0.5, "fault": 0, "action": "pause", "replica": 1},
+        {"t_s": 1.5, "fault": 1, "action": "kill", "replica": 1},
+        {"t_s": 2.5, "fault": 1, "action": "ready", "replica": 1},
+    ]
+    specs = [parse_fault("pause:replica=1,at=0.5s"), parse_fault("kill:replica=1,at=1.5s,restart=2s")]
+    r = fault_report(
+        intended,
+        intended + latency,
+        latency,
+        codes,
+        specs=specs,
+        events=events,
+        slo_p99_ms=100.0,
+        end_s=4.0,
+        n_replicas=2,
+    )
+    # Windows start at 0, 0.5, ..., 3.5; an event counts from the window whose middle it precedes.
+    assert r["timeline"]["replicas_up"] == [2, 1, 1, 1, 1, 2, 2, 2]
