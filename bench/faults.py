@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..faults import MAX_DELAY_MS
 from .arrivals import parse_duration
 from .runner import Ramp, RampConfig, status_name
 from .workers import OK
@@ -150,6 +151,10 @@ def parse_fault(spec: str) -> FaultSpec:
         if "delay" not in values:
             raise ValueError(f"--fault {spec!r}: delay=DURATION is required (e.g. delay=50ms)")
         delay_ms = 1e3 * parse_duration(values["delay"])
+        if not 0 < delay_ms <= MAX_DELAY_MS:  # the server's own bound: past it, the fault is refused
+            raise ValueError(
+                f"--fault {spec!r}: delay={values['delay']}: expected above 0 and at most {MAX_DELAY_MS / 1e3:g}s"
+            )
     if kind in ("kill", "pause") and replica is None:
         replica = 0
     return FaultSpec(kind, at, until, replica, model, instance, delay_ms, spec)
@@ -719,6 +724,9 @@ class FaultRamp(Ramp):
         if self.replicas is not None:
             section["replicas"] = self.replicas.describe()
         result["faults"] = section
+        for f, problem in zip(section["faults"], not_in_effect(section)):
+            if problem is not None:
+                result["warnings"].append(f"fault {f['fault']!r} {problem}")
         if section["requests"]["lost"] and self.cfg.retries:
             result["warnings"].append(
                 f"{section['requests']['lost']} request(s) lost with retries on: {section['lost_by_code']}"
@@ -743,6 +751,22 @@ def section_console(result: dict, key: str, file=None):
     return section, Console(file=file or sys.stdout, width=160)
 
 
+def not_in_effect(section: dict) -> list[str | None]:
+    """Per fault of a `faults` section: why it did not run as asked (None: it did). A run whose
+    fault never happened, or never ended, measured something other than what was asked."""
+    out = []
+    for i, f in enumerate(section["faults"]):
+        errors = [e for e in section["events"] if e["fault"] == i and "error" in e]
+        if f.get("start_s") is None:
+            why = errors[0]["error"] if errors else "the ramp ended before its time"
+            out.append(f"did not take effect: {why}")
+        elif errors:
+            out.append("; ".join(f"its {e['action']} failed: {e['error']}" for e in errors))
+        else:
+            out.append(None)
+    return out
+
+
 def print_faults(result: dict, file=None) -> None:
     """The fault table, and the timeline around the faults."""
     from rich.table import Table
@@ -754,7 +778,7 @@ def print_faults(result: dict, file=None) -> None:
     console.print(
         f"requests: {req['sent']} sent, {req['ok']} ok, {req['errors']} errors, [bold]{req['lost']} lost[/bold] "
         f"(retries {'on' if section.get('retries', True) else 'off'}, balancer {section.get('balancer') or 'grpc'}); "
-        "errors by code: "
+        "not OK by code: "
         f"{section['errors_by_code'] or '-'}"
     )
     table = Table(title=f"faults (SLO P99 {section['definitions']['slo_p99_ms']:g} ms)")
@@ -773,6 +797,9 @@ def print_faults(result: dict, file=None) -> None:
             "never" if f.get("start_s") is not None and f.get("recovery_s") is None else fmt(f.get("recovery_s")),
         )
     console.print(table)
+    for f, problem in zip(section["faults"], not_in_effect(section)):
+        if problem is not None:
+            console.print(f"[bold]fault {f['fault']!r} {problem}[/bold]", markup=True, highlight=False)
     tl = section["timeline"]
     starts = [f["start_s"] for f in section["faults"] if f.get("start_s") is not None]
     if not starts:

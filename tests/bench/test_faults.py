@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from wok.bench.faults import At, FaultSchedule, fault_report, get_faults, parse_at, parse_fault
+from wok.bench.faults import At, FaultSchedule, fault_report, get_faults, not_in_effect, parse_at, parse_fault
 from wok.bench.runner import status_name
 
 pytestmark = pytest.mark.timeout(120)
@@ -54,6 +54,8 @@ def test_parse_kill_pause_slow_fail():
         ("kill:replica=-1,at=1s", "expected an integer >= 0"),
         ("slow:at=1s,delay=5ms", "model=NAME is required"),
         ("slow:model=mlp,at=1s", "delay=DURATION is required"),
+        ("slow:model=mlp,delay=120s,at=1s", "delay=120s: expected above 0 and at most 60s"),  # the server's cap
+        ("slow:model=mlp,delay=0ms,at=1s", "delay=0ms: expected above 0"),
     ],
 )
 def test_bad_specs_say_what_is_wrong(spec, says):
@@ -338,3 +340,29 @@ def test_a_replica_paused_then_killed_is_down_once():
     )
     # Windows start at 0, 0.5, ..., 3.5; an event counts from the window whose middle it precedes.
     assert r["timeline"]["replicas_up"] == [2, 1, 1, 1, 1, 2, 2, 2]
+
+
+def test_a_fault_that_did_not_run_as_asked_is_named():
+    intended, latency = _steady(0.0, 2.0, 0.01)
+    codes = np.zeros(len(intended), dtype=np.int16)
+    specs = [
+        parse_fault("slow:model=mlp,delay=50ms,at=0.5s"),  # refused by the server
+        parse_fault("fail:model=mlp,at=0.5s,until=1s"),  # on, but turning it off failed
+        parse_fault("fail:model=mlp,at=30s"),  # after the ramp's end
+        parse_fault("fail:model=mlp,at=1s"),  # as asked
+    ]
+    events = [
+        {"t_s": 0.5, "fault": 0, "action": "slow", "error": "RuntimeError: /admin/faults: HTTP 400"},
+        {"t_s": 0.5, "fault": 1, "action": "fail"},
+        {"t_s": 1.0, "fault": 1, "action": "off", "error": "RuntimeError: connection refused"},
+        {"t_s": 1.0, "fault": 3, "action": "fail"},
+    ]
+    r = fault_report(
+        intended, intended + latency, latency, codes, specs=specs, events=events, slo_p99_ms=100.0, end_s=2.0
+    )
+    assert not_in_effect(r) == [
+        "did not take effect: RuntimeError: /admin/faults: HTTP 400",
+        "its off failed: RuntimeError: connection refused",
+        "did not take effect: the ramp ended before its time",
+        None,
+    ]
