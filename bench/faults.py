@@ -222,9 +222,14 @@ class Replica:
         ready.set()
 
     def wait_ready(self, timeout: float) -> None:
-        if not self._ready.wait(timeout) or self.proc.poll() is not None:
-            tail = "\n".join(list(self.log)[-20:])
-            raise RuntimeError(f"replica {self.index} did not start within {timeout:g} s:\n{tail}")
+        ready = self._ready.wait(timeout)
+        code = self.proc.poll()
+        if ready and code is None:
+            return
+        tail = "\n".join(list(self.log)[-20:])
+        if code is not None:  # the process ended (its own error, or a signal) before serving
+            raise RuntimeError(f"replica {self.index} exited with code {code} before serving:\n{tail}")
+        raise RuntimeError(f"replica {self.index} did not start within {timeout:g} s:\n{tail}")
 
     @property
     def alive(self) -> bool:

@@ -366,3 +366,13 @@ def test_a_fault_that_did_not_run_as_asked_is_named():
         "did not take effect: the ramp ended before its time",
         None,
     ]
+
+
+def test_a_replica_that_exits_before_serving_says_so():
+    from wok.bench.faults import Replica
+
+    replica = Replica(0, ["--models", "no-such-model"])
+    replica.launch()
+    with pytest.raises(RuntimeError, match=r"replica 0 exited with code 2 before serving") as err:
+        replica.wait_ready(60)  # it used to say "did not start within 60 s", at once
+    assert "no-such-model" in str(err.value)
