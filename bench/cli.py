@@ -232,23 +232,47 @@ def add_simulate_parser(sub) -> None:
 
 def run_simulate(args) -> int:
     from .arrivals import parse_duration, parse_steps
-    from .simulate import BatcherModel, SimConfig, simulate_ramp
+    from .simulate import MAX_ARRIVALS_PER_STEP, BatcherModel, SimConfig, expected_arrivals, simulate_ramp
 
+    def seconds(option: str, positive: bool = False) -> float:
+        # Each option checked here, so that its message names it (the model's would not).
+        text = getattr(args, option.removeprefix("--").replace("-", "_"))
+        value = parse_duration(text)
+        if not math.isfinite(value) or (positive and value == 0):
+            raise ValueError(f"{option}: expected a finite duration{' > 0' if positive else ''}; got {text!r}")
+        return value
+
+    least = {"--max-batch-size": 1, "--instances": 1, "--max-queue-size": 0, "--seed": 0}
+    for option, low in least.items():
+        value = getattr(args, option.removeprefix("--").replace("-", "_"))
+        if value < low:
+            raise ValueError(f"{option} must be >= {low}; got {value}")
+    alpha, beta = seconds("--alpha"), seconds("--beta")
+    if alpha + beta == 0:
+        raise ValueError("--alpha and --beta: a batch needs a time, α + β > 0; got both 0")
+    steps = parse_steps(args.steps)
+    duration, warmup = seconds("--step-duration", positive=True), seconds("--warmup")
+    expected = expected_arrivals(steps, warmup + duration)
+    if expected > MAX_ARRIVALS_PER_STEP:
+        raise ValueError(
+            f"--steps × (--warmup + --step-duration): at most {MAX_ARRIVALS_PER_STEP:.0e} arrivals per step; "
+            f"got {max(steps):g} QPS × {warmup + duration:g} s = {expected:.3g}"
+        )
     model = BatcherModel(
-        alpha_s=parse_duration(args.alpha),
-        beta_s=parse_duration(args.beta),
+        alpha_s=alpha,
+        beta_s=beta,
         max_batch_size=args.max_batch_size,
-        max_queue_delay_s=parse_duration(args.max_queue_delay),
+        max_queue_delay_s=seconds("--max-queue-delay"),
         instances=args.instances,
         max_queue_size=args.max_queue_size,
     )
     cfg = SimConfig(
         model=model,
-        steps=parse_steps(args.steps),
-        step_duration_s=parse_duration(args.step_duration),
-        warmup_s=parse_duration(args.warmup),
+        steps=steps,
+        step_duration_s=duration,
+        warmup_s=warmup,
         arrival=args.arrival,
-        slo_p99_ms=1e3 * parse_duration(args.slo_p99),
+        slo_p99_ms=1e3 * seconds("--slo-p99", positive=True),
         seed=args.seed,
     )
     result = simulate_ramp(cfg)

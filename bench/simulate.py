@@ -23,7 +23,9 @@ queue of its own, a batch slows when the machine is busy, and the server has a C
 ceiling. docs/simulate.md has the model and the theory it is checked against.
 
 `simulate_ramp` writes the bench's schema (`wok.bench/1`, `config.source = "simulate"`,
-plus `utilization` per step), so simulated and measured ramps compare directly.
+plus `utilization`, and `loop_utilization` with the CPU stage, per step; like the bench's
+server-side figures they cover the measured window only), so simulated and measured ramps
+compare directly.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -39,6 +41,12 @@ from . import analysis
 from .arrivals import parse_arrivals, window_rate
 
 REJECTED = "RESOURCE_EXHAUSTED"
+
+# The most arrivals one step may expect (its highest rate × warm-up and window). Every arrival
+# holds about a hundred bytes of arrays and takes microseconds of Python, so this is already some
+# 10 GB and a quarter of an hour per step, far beyond a real ramp (600 s at 10,000 QPS is 6·10⁶):
+# a larger product is a slip in the units, which would otherwise end in a MemoryError.
+MAX_ARRIVALS_PER_STEP = 1e8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +87,11 @@ class BatcherModel(CpuFields):
     overhead_samples_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        times = {"alpha_s": self.alpha_s, "beta_s": self.beta_s, "max_queue_delay_s": self.max_queue_delay_s}
+        for name, value in times.items():
+            # An infinite batch time or delay would leave accepted requests without a completion time.
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number of seconds; got {value}")
         if self.alpha_s < 0 or self.beta_s < 0 or self.alpha_s + self.beta_s <= 0:
             raise ValueError(f"batch time α + β·n needs α, β ≥ 0 and α + β > 0; got α={self.alpha_s}, β={self.beta_s}")
         if self.max_batch_size < 1 or self.instances < 1 or self.max_queue_size < 0 or self.max_queue_delay_s < 0:
@@ -156,11 +169,17 @@ class Run:
     done: np.ndarray  # completion time per arrival (NaN if rejected)
     rejected: np.ndarray  # bool per arrival
     batch_sizes: list[int]
-    busy_s: float  # instance-seconds spent on batches that started before `until`
+    busy_s: float  # instance-seconds spent on batches within [since, until)
     # With the CPU stage: when each request joined the batcher's queue (left the loop's first
-    # pass; NaN if rejected), and the loop's busy seconds before `until`.
+    # pass; NaN if rejected), and the loop's busy seconds within [since, until).
     enqueued: np.ndarray | None = None
     loop_busy_s: float = 0.0
+    batch_starts: list[float] = field(default_factory=list)  # when each batch of `batch_sizes` left
+
+
+def _overlap(start: float, end: float, since: float, until: float) -> float:
+    """The length of [start, end) inside [since, until)."""
+    return max(0.0, min(end, until) - max(start, since))
 
 
 def simulate(
@@ -169,18 +188,21 @@ def simulate(
     until: float | None = None,
     rng: np.random.Generator | None = None,
     free_at: list[float] | None = None,
+    since: float = 0.0,
 ) -> Run:
     """Run the batcher over sorted arrival times; every accepted request is served.
 
     `rng` draws the sampled batch times and overheads (a fixed seed when not given).
     `free_at`: when each instance comes free, to continue from a moment with nothing queued
     (wok demo --simulate); by default every instance is free from time 0.
+    `since` and `until`: the window the busy times count (the measured one, warm-up left out).
     """
     rng = np.random.default_rng(0) if rng is None else rng
+    window = (since, math.inf if until is None else until)
     if model.staged:
-        run = _simulate_staged(arrivals, model, until, rng, free_at)
+        run = _simulate_staged(arrivals, model, until, rng, free_at, window)
     else:
-        run = _simulate_batcher(arrivals, model, until, rng, free_at)
+        run = _simulate_batcher(arrivals, model, rng, free_at, window)
     if model.overhead_samples_s:
         # Outside the batcher: it shifts when a request's answer arrives, not when its batch ran.
         served = ~run.rejected
@@ -189,7 +211,7 @@ def simulate(
     return run
 
 
-def _simulate_batcher(arrivals, model: BatcherModel, until, rng, free_at) -> Run:
+def _simulate_batcher(arrivals, model: BatcherModel, rng, free_at, window) -> Run:
     """The batcher alone: every request joins the queue at its arrival."""
     batch_time = model.batch_sampler(rng)
     extra = model.batch_overhead_s
@@ -200,8 +222,8 @@ def _simulate_batcher(arrivals, model: BatcherModel, until, rng, free_at) -> Run
     free_at = [0.0] * model.instances if free_at is None else list(free_at)  # a heap of when instances come free
     heapq.heapify(free_at)
     sizes: list[int] = []
+    starts: list[float] = []
     busy = 0.0
-    horizon = math.inf if until is None else until
     i = 0
     t = 0.0
     while i < n or queue:
@@ -230,12 +252,12 @@ def _simulate_batcher(arrivals, model: BatcherModel, until, rng, free_at) -> Run
         done[members] = t + service
         heapq.heappush(free_at, t + service)
         sizes.append(k)
-        if t < horizon:
-            busy += min(service, horizon - t)
-    return Run(done, rejected, sizes, busy)
+        starts.append(t)
+        busy += _overlap(t, t + service, *window)
+    return Run(done, rejected, sizes, busy, batch_starts=starts)
 
 
-def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at) -> Run:
+def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at, window) -> Run:
     """The loop in front of and behind the batcher, all sharing the cores (the module's doc).
 
     State: the loop's two FIFOs of jobs (first passes, second passes), the job it runs and
@@ -247,7 +269,8 @@ def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at) -> Run:
     every runnable party runs at `speed`.
     At equal times events are taken in this order: the loop finishing a job, an instance
     finishing a batch, an arrival, a flush (so a request that reaches the queue at the
-    moment a batch leaves goes with it, as in the batcher-only simulation).
+    moment a batch leaves goes with it, as in the batcher-only simulation); an idle loop
+    takes its next job only after all of them.
     """
     batch_time = model.batch_sampler(rng)
     n = len(arrivals)
@@ -258,9 +281,9 @@ def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at) -> Run:
     span = until if until is not None else (float(arrivals[-1]) if n else 0.0)
     bg = model.background_demand(n / span if span > 0 else 0.0)
     cores = model.cores
-    horizon = math.inf if until is None else until
     k_max, delay, bound = model.max_batch_size, model.max_queue_delay_s, model.max_queue_size
     m = model.instances
+    w_start, w_end = window
     first: deque[int] = deque()  # requests waiting for their first pass
     second: deque[int] = deque()  # ... for their second
     job: tuple[int, bool] | None = None  # (request, True for its second pass) on the loop now
@@ -274,15 +297,28 @@ def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at) -> Run:
             if f > 0:
                 left[j], members[j] = float(f), []
     sizes: list[int] = []
+    starts: list[float] = []
     busy = loop_busy = 0.0
     i = 0
     t = 0.0
     inf = math.inf
     while True:
         running = [j for j in range(m) if members[j] is not None]
-        if job is None and (second or first):
-            job = (second.popleft(), True) if second else (first.popleft(), False)
-            loop_left = c_out if job[1] else c_in
+        t_arr = float(arrivals[i]) if i < n else inf
+        t_flush = inf
+        if queue and len(running) < m:
+            t_flush = t if len(queue) >= k_max else max(t, enqueued[queue[0]] + delay)
+        if job is None and (second or first) and t_arr > t and t_flush > t:
+            # The loop takes its next job only once every event due at this instant is in: a
+            # batch that finishes as the loop's last job does hands over its answers first.
+            demand = len(running) + bg
+            speed = 1.0 if cores <= 0 or demand <= cores else cores / demand
+            for j in running:
+                if t + left[j] / speed <= t:
+                    break
+            else:
+                job = (second.popleft(), True) if second else (first.popleft(), False)
+                loop_left = c_out if job[1] else c_in
         demand = len(running) + (job is not None) + bg
         speed = 1.0 if cores <= 0 or demand <= cores else cores / demand
         t_loop = t + loop_left / speed if job is not None else inf
@@ -291,10 +327,6 @@ def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at) -> Run:
             tj = t + left[j] / speed
             if tj < t_inst:
                 t_inst, j_inst = tj, j
-        t_arr = float(arrivals[i]) if i < n else inf
-        t_flush = inf
-        if queue and len(running) < m:
-            t_flush = t if len(queue) >= k_max else max(t, enqueued[queue[0]] + delay)
         t_next = min(t_loop, t_inst, t_arr, t_flush)
         if t_next == inf:
             break
@@ -302,7 +334,7 @@ def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at) -> Run:
             work = (t_next - t) * speed
             if job is not None:
                 loop_left -= work
-                loop_busy += max(0.0, min(t_next, horizon) - t)
+                loop_busy += max(0.0, min(t_next, w_end) - max(t, w_start))  # _overlap, inlined: per event
             for j in running:
                 left[j] -= work
             t = t_next
@@ -318,8 +350,7 @@ def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at) -> Run:
         elif t_inst <= t_next:
             batch, members[j_inst] = members[j_inst], None
             if batch:  # (an empty one is the earlier work of `free_at`)
-                if started[j_inst] < horizon:
-                    busy += min(t, horizon) - started[j_inst]
+                busy += _overlap(started[j_inst], t, *window)
                 second.extend(batch)
         elif t_arr <= t_next:
             first.append(i)
@@ -331,7 +362,8 @@ def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at) -> Run:
             left[j] = batch_time(k) + extra
             started[j] = t
             sizes.append(k)
-    return Run(done, rejected, sizes, busy, enqueued, loop_busy)
+            starts.append(t)
+    return Run(done, rejected, sizes, busy, enqueued, loop_busy, starts)
 
 
 @dataclass
@@ -345,13 +377,34 @@ class SimConfig:
     seed: int = 0
     knee_threshold: float = 0.5
 
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.step_duration_s) and self.step_duration_s > 0):
+            raise ValueError(f"step_duration_s must be finite and > 0; got {self.step_duration_s}")
+        if not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
+            raise ValueError(f"warmup_s must be finite and >= 0; got {self.warmup_s}")
+        if not (math.isfinite(self.slo_p99_ms) and self.slo_p99_ms > 0):
+            raise ValueError(f"slo_p99_ms must be finite and > 0; got {self.slo_p99_ms}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0; got {self.seed}")
+        expected = expected_arrivals(self.steps, self.warmup_s + self.step_duration_s)
+        if expected > MAX_ARRIVALS_PER_STEP:
+            raise ValueError(
+                f"steps x (warmup_s + step_duration_s) must be <= {MAX_ARRIVALS_PER_STEP:.0e} arrivals per step; "
+                f"got {expected:.3g}"
+            )
+
+
+def expected_arrivals(steps: list[float], seconds: float) -> float:
+    """The arrivals the busiest of `steps` (QPS) expects over `seconds`."""
+    return max(steps, default=0.0) * seconds
+
 
 def simulate_step(cfg: SimConfig, qps: float, rng: np.random.Generator) -> dict:
     total = cfg.warmup_s + cfg.step_duration_s
     arrivals = parse_arrivals(cfg.arrival, qps, duration_s=total)
     times = arrivals.times(total, rng)
-    run = simulate(times, cfg.model, until=total, rng=rng)
     w = cfg.warmup_s
+    run = simulate(times, cfg.model, until=total, rng=rng, since=w)
     keep = times >= w
     codes = np.where(run.rejected, REJECTED, "OK")
     ok = ~run.rejected
@@ -366,11 +419,18 @@ def simulate_step(cfg: SimConfig, qps: float, rng: np.random.Generator) -> dict:
         completed_ok=int(in_window.sum()),
     )
     step["nominal_qps"] = qps
-    step["utilization"] = run.busy_s / (total * cfg.model.instances)
-    step["mean_batch_size"] = float(np.mean(run.batch_sizes)) if run.batch_sizes else None
+    # The server's figures cover the client's window, as the bench's /metrics scrapes do.
+    step["utilization"] = run.busy_s / (cfg.step_duration_s * cfg.model.instances)
+    sizes = np.asarray(run.batch_sizes)[_in_window(run.batch_starts, w, total)]
+    step["mean_batch_size"] = float(sizes.mean()) if len(sizes) else None
     if cfg.model.staged:
-        step["loop_utilization"] = run.loop_busy_s / total
+        step["loop_utilization"] = run.loop_busy_s / cfg.step_duration_s
     return step
+
+
+def _in_window(times: list[float], since: float, until: float) -> np.ndarray:
+    t = np.asarray(times, dtype=np.float64)
+    return (t >= since) & (t < until)
 
 
 def simulate_ramp(cfg: SimConfig) -> dict:

@@ -104,3 +104,40 @@ def test_a_step_offers_what_its_schedule_holds_in_the_measured_window():
     want = window_rate(parse_arrivals("sawtooth", 1000, duration_s=6.0), 1.0, 6.0)
     assert step["offered_qps"] == pytest.approx(want)
     assert abs(want - 1000) > 100  # the mean over warm-up and window would be 1,000: far off
+
+
+def _trace_step(tmp_path, model: BatcherModel) -> dict:
+    # A trace replays as recorded: 40 requests at once in the warm-up [0, 1), then in the
+    # window [1, 2) one every 0.1 s from 1.0 to 1.8 and 8 at once at 1.99. (Its replay period,
+    # 1.99 · 57/56 s, is past the step's end: no copy of it starts in the step.)
+    stamps = [0.0] * 40 + [1.0 + k / 10 for k in range(9)] + [1.99] * 8
+    path = tmp_path / "trace.csv"
+    path.write_text("timestamp\n" + "".join(f"{s!r}\n" for s in stamps))
+    cfg = SimConfig(model=model, steps=[1.0], step_duration_s=1.0, warmup_s=1.0, arrival=f"trace:{path}")
+    return simulate_ramp(cfg)["steps"][0]
+
+
+def test_server_side_figures_cover_the_measured_window_only(tmp_path):
+    # Batches of up to 4, T(n) = 10 ms · n, no delay window. The warm-up's 40 run as ten batches
+    # of 4 over [0, 0.4): nothing of them is in the window. In it: nine batches of 1 (90 ms),
+    # then at 1.99 one of 4 whose first 10 ms fall in the window; the other 4 leave at 2.03,
+    # after the window's end, and count for neither figure.
+    #   utilization = (90 + 10) ms / 1 s = 0.1; mean_batch_size = (9 · 1 + 4) / 10 = 1.3.
+    # (Over warm-up and window, as before: 0.5 s / 2 s = 0.25 and 57 rows / 21 batches.)
+    model = BatcherModel(alpha_s=0.0, beta_s=0.010, max_batch_size=4, max_queue_delay_s=0.0)
+    step = _trace_step(tmp_path, model)
+    assert step["utilization"] == pytest.approx(0.1, abs=1e-9)
+    assert step["mean_batch_size"] == pytest.approx(1.3)
+
+
+def test_utilization_is_the_windows_offer_times_beta_when_the_warm_up_differs():
+    # A sawtooth from 0.5x to 1.5x over 10 s: the warm-up [0, 5) offers 0.75x on average, the
+    # window [5, 10) 1.25x. Batches of one, T = β: the instance is busy λ·β of the window's time
+    # with λ the window's rate, 25,000/s · 20 µs = 0.5 (the 10 s mean would give 0.4).
+    model = BatcherModel(alpha_s=0.0, beta_s=20e-6, max_batch_size=1, max_queue_delay_s=0.0)
+    arrival = "sawtooth:low=0.5x,high=1.5x,period=10s"
+    cfg = SimConfig(model=model, steps=[20_000], step_duration_s=5.0, warmup_s=5.0, arrival=arrival)
+    step = simulate_ramp(cfg)["steps"][0]
+    assert step["offered_qps"] == pytest.approx(25_000)
+    assert step["utilization"] == pytest.approx(0.5, rel=0.01)
+    assert step["utilization"] == pytest.approx(step["achieved_qps"] * 20e-6, rel=1e-3)

@@ -148,3 +148,35 @@ def test_a_cpu_stage_must_be_finite_and_not_negative():
     with pytest.raises(ValueError, match="CPU stage"):
         BatcherModel(**base, cpu_in_s=float("nan"))
     assert not BatcherModel(**base).staged and BatcherModel(**base, cpu_out_s=1e-6).staged
+
+
+def test_a_batch_finishing_with_the_loops_job_hands_its_answers_over_first_by_hand():
+    # c_in = c_out = 1 ms, T(1) = 1 ms exactly, three arrivals at 0. 0–1: request 0 in, its batch
+    # 1–2; 1–2: request 1 in. At 2 the loop's job and the batch end together: the answer reaches
+    # the loop before it picks its next job, so 2–3 request 0 out (ahead of request 2, waiting
+    # since 0), 3–4 request 1 out (its batch ran 2–3), 4–5 request 2 in, its batch 5–6, 6–7 out.
+    # (Picking before the batch's event: request 2 in at 2–3, done 4, 5, 6.)
+    model = BatcherModel(alpha_s=0.0, beta_s=1 * MS, max_batch_size=1, max_queue_delay_s=0.0,
+                         cpu_in_s=1 * MS, cpu_out_s=1 * MS)  # fmt: skip
+    run = simulate(np.zeros(3), model)
+    np.testing.assert_allclose(run.enqueued, [1 * MS, 2 * MS, 5 * MS], atol=1e-12)
+    np.testing.assert_allclose(run.done, [3 * MS, 4 * MS, 7 * MS], atol=1e-12)
+
+
+def test_loop_utilization_covers_the_measured_window_only(tmp_path):
+    # c_in = c_out = 1 ms, batches of up to 4 of T(n) = 10 ms · n. The warm-up's 40 requests at 0
+    # keep the loop busy 80 ms, all well before 1 s. In the window [1, 2): nine lone requests
+    # (1.0 … 1.8), 2 ms of the loop each, and 8 at 1.99: their first passes run 1.99–1.998 (the
+    # first one's batch, 1.991–2.001, holds the instance; nothing comes back before the end).
+    #   loop_utilization = (18 + 8) ms / 1 s = 0.026
+    #   utilization = (9 · 10 + 9) ms / 1 s = 0.099; mean_batch_size = 10 batches of 1 = 1.
+    stamps = [0.0] * 40 + [1.0 + k / 10 for k in range(9)] + [1.99] * 8
+    path = tmp_path / "trace.csv"
+    path.write_text("timestamp\n" + "".join(f"{s!r}\n" for s in stamps))
+    model = BatcherModel(alpha_s=0.0, beta_s=10 * MS, max_batch_size=4, max_queue_delay_s=0.0,
+                         cpu_in_s=1 * MS, cpu_out_s=1 * MS)  # fmt: skip
+    cfg = SimConfig(model=model, steps=[1.0], step_duration_s=1.0, warmup_s=1.0, arrival=f"trace:{path}")
+    step = simulate_step(cfg, 1.0, np.random.default_rng(0))
+    assert step["loop_utilization"] == pytest.approx(0.026, abs=1e-9)
+    assert step["utilization"] == pytest.approx(0.099, abs=1e-9)
+    assert step["mean_batch_size"] == 1.0

@@ -1,0 +1,59 @@
+"""`wok simulate`'s option checks: a bad value exits 2 with a message naming the option, before any
+simulation (and the library refuses what the command line would have let through)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from wok.bench.simulate import BatcherModel, SimConfig
+
+BASE = ["--steps", "100", "--step-duration", "1s"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--step-duration", "0s"], "--step-duration: expected a finite duration > 0; got '0s'"),
+        (["--step-duration", "1e400s"], "--step-duration: expected a finite duration > 0; got '1e400s'"),
+        (["--warmup", "1e400s"], "--warmup: expected a finite duration; got '1e400s'"),
+        (["--seed=-1"], "--seed must be >= 0; got -1"),
+        (["--alpha", "1e400s"], "--alpha: expected a finite duration; got '1e400s'"),
+        (["--beta", "1e400s"], "--beta: expected a finite duration; got '1e400s'"),
+        (["--max-queue-delay", "1e400s"], "--max-queue-delay: expected a finite duration; got '1e400s'"),
+        (["--slo-p99", "0ms"], "--slo-p99: expected a finite duration > 0; got '0ms'"),
+        (["--max-batch-size", "0"], "--max-batch-size must be >= 1; got 0"),
+        (["--alpha", "0ms", "--beta", "0ms"], "--alpha and --beta: a batch needs a time"),
+        # 10⁹ QPS × 100 s = 10¹¹ arrivals: a slip, refused before it runs out of memory.
+        (["--steps", "1e9", "--step-duration", "100s"], "at most 1e+08 arrivals per step; got 1e+09 QPS × 100 s"),
+    ],
+)
+def test_a_bad_option_exits_2_naming_it(options, message):
+    cmd = [sys.executable, "-m", "wok", "simulate", *BASE, *options]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("wok simulate: ") and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("field", ["alpha_s", "beta_s", "max_queue_delay_s"])
+def test_the_model_needs_finite_times(field):
+    base = {"alpha_s": 1e-3, "beta_s": 1e-3, "max_batch_size": 1, "max_queue_delay_s": 0.0}
+    with pytest.raises(ValueError, match=f"{field} must be a finite number of seconds; got inf"):
+        BatcherModel(**{**base, field: math.inf})
+
+
+def test_a_step_is_capped_at_max_arrivals_and_needs_a_window():
+    from wok.bench.simulate import MAX_ARRIVALS_PER_STEP
+
+    model = BatcherModel(alpha_s=0.0, beta_s=1e-3, max_batch_size=1, max_queue_delay_s=0.0)
+    # 10⁶ QPS over 90 + 10 s is exactly the cap; a hair more is not.
+    assert MAX_ARRIVALS_PER_STEP == 1e8
+    SimConfig(model=model, steps=[1e3, 1e6], step_duration_s=90.0, warmup_s=10.0)
+    with pytest.raises(ValueError, match=r"<= 1e\+08 arrivals per step; got 1e\+08"):
+        SimConfig(model=model, steps=[1.001e6], step_duration_s=90.0, warmup_s=10.0)
+    with pytest.raises(ValueError, match=r"step_duration_s must be finite and > 0; got 0\.0"):
+        SimConfig(model=model, steps=[1.0], step_duration_s=0.0)
