@@ -13,8 +13,9 @@ hook dicts (no weight is copied; the original's own children are untouched). A p
 `nn.Sequential` with Linear layers becomes a `OneDNNSequential`, which runs each run of
 consecutive Linears (with the ReLU right after each) as one `Chain`, padding the rows once at
 its start; any other plain `nn.Linear` becomes a `OneDNNLinear`. Linears and ReLUs with forward
-hooks stay as they are (a chain never calls them; hooks registered globally with
-`register_module_forward_hook` do not run for chained layers either). Results agree with
+hooks stay as they are (a chain never calls them), and so do all of a Sequential's children while
+hooks registered globally with `register_module_forward_hook` exist; a hook registered after the
+rewrite takes effect from the next call. Results agree with
 `F.linear` to float32 rounding (a different summation order), as torch's own already differ
 between batch sizes.
 """
@@ -27,6 +28,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as _module
+from torch.utils.hooks import RemovableHandle
 
 # Rows (the product of all but the last input dimension) from which a layer runs on oneDNN.
 # Measured on the mlp's shapes on the 2-core machine (docs/performance.md): below 4 rows
@@ -164,10 +167,11 @@ class OneDNNSequential(nn.Sequential):
 
     def _replan(self) -> None:
         self._plan_key = tuple(map(id, self._modules.values()))
+        self._hooks_at = _hooks_at()
         self._plan = _plan(list(self._modules.values()))
 
     def forward(self, x):
-        if self._plan_key != tuple(map(id, self._modules.values())):  # a child set, added or removed
+        if self._plan_key != tuple(map(id, self._modules.values())) or self._hooks_at != _hooks_at():
             self._replan()
         for step in self._plan:
             x = step(x, self.min_rows) if type(step) is Chain else step(x)
@@ -177,6 +181,24 @@ class OneDNNSequential(nn.Sequential):
 def _hooked(m: nn.Module) -> bool:
     # A chain never calls its modules, so their hooks would not run: those stay as they are.
     return bool(m._forward_hooks or m._forward_pre_hooks)
+
+
+# Hooks for every module's call (register_module_forward_hook): a chain would skip them too.
+_GLOBAL_HOOKS = (getattr(_module, "_global_forward_hooks", {}), getattr(_module, "_global_forward_pre_hooks", {}))
+
+
+def _global_hooks() -> bool:
+    return any(_GLOBAL_HOOKS)
+
+
+def _hooks_at() -> tuple[int, int, int]:
+    """What a plan's hooks are checked against at each call: a plan is rebuilt when a hook was
+    registered anywhere (torch numbers every hook's handle from one counter: one read, where
+    looking at each child's hook dicts costs several times more per batch) or a global one
+    removed. A child's hook removed is not seen: until the next rebuild that child is called as
+    a module, which is only slower."""
+    forward, pre = _GLOBAL_HOOKS
+    return RemovableHandle.next_id, len(forward), len(pre)
 
 
 def _eligible(m: nn.Module | None) -> bool:
@@ -189,10 +211,11 @@ def _plan(children: list[nn.Module]) -> list:
     """The children as steps: a module to call, or a `Chain` of consecutive Linears (each with
     the ReLU right after it)."""
     plan: list = []
+    chainable = not _global_hooks()
     i = 0
     while i < len(children):
         layers: list[tuple[nn.Linear, bool]] = []
-        while i < len(children) and _eligible(children[i]):
+        while chainable and i < len(children) and _eligible(children[i]):
             relu = i + 1 < len(children) and type(children[i + 1]) is nn.ReLU and not _hooked(children[i + 1])
             layers.append((children[i], relu))
             i += 2 if relu else 1

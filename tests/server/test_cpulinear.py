@@ -250,6 +250,42 @@ def test_modules_with_hooks_are_called_as_they_are_so_their_hooks_run():
         close(got, plain(x))
 
 
+def test_a_hook_registered_after_the_rewrite_runs_on_a_chained_layer():
+    plain = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    fast, layers, fused = with_onednn_linear(plain)
+    assert (layers, fused) == (2, 1)  # one chain of both Linears, before any hook
+    seen = []
+    handle = plain[2].register_forward_hook(lambda mod, args, out: seen.append(tuple(out.shape)))
+    x = torch.randn(4, 8)
+    with torch.inference_mode():
+        got = fast(x)
+    assert seen == [(4, 8)]
+    assert [s if type(s) is not Chain else len(s.layers) for s in fast._plan] == [1, plain[2]]
+    with torch.inference_mode():
+        close(got, plain(x))
+    handle.remove()
+    seen.clear()
+    with torch.inference_mode():
+        fast(x)
+    assert seen == []
+
+
+def test_a_global_hook_registered_after_the_rewrite_runs_for_every_child():
+    plain = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    fast, _, _ = with_onednn_linear(plain)
+    seen = []
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda mod, args: seen.append(type(mod)))
+    try:
+        with torch.inference_mode():
+            fast(torch.randn(4, 8))
+    finally:
+        handle.remove()
+    assert seen == [OneDNNSequential, nn.Linear, nn.ReLU, nn.Linear]
+    with torch.inference_mode():
+        fast(torch.randn(4, 8))  # the hook removed: one chain again
+    assert [len(s.layers) for s in fast._plan] == [2]
+
+
 def test_a_sequential_subclass_keeps_its_forward():
     class Residual(nn.Sequential):
         def forward(self, x):
