@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 REQUIRE_QPS_NOT_MET = 3
+FAULT_NOT_IN_EFFECT = 4
+DEFAULT_TARGET = "127.0.0.1:8001"
 
 
 def add_parser(sub) -> None:
@@ -20,7 +22,7 @@ def add_parser(sub) -> None:
         description="Hold each offered QPS for a step, open loop (latency from each request's intended send "
         "time), and report per-step throughput, success and latency, the knee and the highest QPS under the SLO.",
     )
-    p.add_argument("--target", default="127.0.0.1:8001", help="HOST:PORT of the server (default 127.0.0.1:8001)")
+    p.add_argument("--target", help=f"HOST:PORT of the server (default {DEFAULT_TARGET}; not with --replicas)")
     p.add_argument("--model", default="mlp", help="model, or a weighted mix such as mlp:0.7,encoder:0.3")
     p.add_argument("--steps", default="50,100,200,400", help="QPS per step: a list, or start:stop:factor")
     p.add_argument("--step-duration", default="5m", help="how long each step is held, e.g. 5m, 30s (default 5m)")
@@ -308,6 +310,21 @@ def _unix_time(text: str | None) -> float | None:
         raise ValueError(f"--start-at: expected a Unix time in seconds, e.g. $(date +%s); got {text!r}") from None
 
 
+def _check_aim(args) -> None:
+    """Options that would be ignored together are refused: the run would not be what was asked."""
+    if args.workers < 1:
+        raise ValueError(f"--workers must be at least 1; got {args.workers}")
+    if args.replicas is not None:
+        if args.target is not None:
+            raise ValueError("--target with --replicas: the bench ramps the replicas it starts; give one of them")
+        if args.admin_url:
+            raise ValueError("--admin-url with --replicas: slow and fail faults go to the replicas' own admin API")
+    elif args.serve_args is not None:
+        raise ValueError("--serve-args is for --replicas: without it no server is started")
+    if args.admin_url and not args.fault:
+        raise ValueError("--admin-url is where --fault slow:/fail: go; no --fault was given")
+
+
 def run(args) -> int:
     from ..clients import InferError
     from . import faults, hostprobe, report, soak
@@ -316,11 +333,13 @@ def run(args) -> int:
     from .runner import Ramp, RampConfig
     from .workers import default_balancer
 
+    _check_aim(args)
+    target = args.target or DEFAULT_TARGET
     tls, token = _security(args)
     duration = parse_duration(args.step_duration)
     warmup = parse_duration(args.warmup) if args.warmup else min(30.0, 0.1 * duration)
     cfg = RampConfig(
-        target=args.target,
+        target=target,
         models=parse_mix(args.model),
         steps=parse_steps(args.steps),
         step_duration_s=duration,
@@ -332,7 +351,7 @@ def run(args) -> int:
         slo_p99_ms=1e3 * parse_duration(args.slo_p99),
         workers=args.workers,
         timeout_s=parse_duration(args.timeout),
-        metrics_url=_metrics_url(args.metrics_url, args.target),
+        metrics_url=_metrics_url(args.metrics_url, target),
         seed=args.seed,
         stop_factor=args.stop_factor,
         refine=args.refine,
@@ -358,12 +377,18 @@ def run(args) -> int:
         raise ValueError("--start-at is for plain ramps of several generators; not with --soak, --fault or --replicas")
     if args.streams < 1:
         raise ValueError("--streams must be at least 1")
-    if args.rpc == "stream" and (args.balancer or default_balancer(args.target)) != "grpc":
+    # The balancer the workers will use (as WorkerPool picks it): several replicas are several targets.
+    several = (args.replicas or 0) >= 2 or default_balancer(target) == "wok"
+    balancer = args.balancer or ("grpc" if args.rpc == "stream" or not several else "wok")
+    if args.rpc == "stream" and balancer != "grpc":
         raise ValueError("--rpc stream sends on one channel: it does not go with --balancer wok")
-    if args.server_timing and (args.rpc != "unary" or (args.balancer or default_balancer(args.target)) != "grpc"):
+    if args.server_timing and (args.rpc != "unary" or balancer != "grpc"):
         raise ValueError(
-            "--server-timing reads unary calls' trailers on one channel: not with --rpc stream or --balancer wok"
+            "--server-timing reads unary calls' trailers on one channel: not with --rpc stream or --balancer wok "
+            "(the default for several targets or replicas; give --balancer grpc)"
         )
+    if args.hedge_after != "auto" and balancer != "wok":
+        raise ValueError("--hedge-after is the wok balancer's: it does nothing with --balancer grpc")
     try:
         if args.soak is not None:
             if args.fault:
@@ -386,6 +411,13 @@ def run(args) -> int:
         faults.print_faults(result)
         if args.plots:
             report.plot_fault_timeline(result, args.plots / "faults.png")
+    if "faults" in result:
+        missed = [
+            f["fault"] for f, why in zip(result["faults"]["faults"], faults.not_in_effect(result["faults"])) if why
+        ]
+        if missed:
+            print(f"wok bench: fault(s) not run as asked: {', '.join(missed)} (see above)", file=sys.stderr)
+            return FAULT_NOT_IN_EFFECT
     best = result["max_qps_under_slo"]
     if args.require_qps is not None and (best is None or best < args.require_qps):
         print(f"wok bench: max QPS under the SLO is {best}, below the required {args.require_qps:g}", file=sys.stderr)

@@ -376,3 +376,20 @@ def test_a_replica_that_exits_before_serving_says_so():
     with pytest.raises(RuntimeError, match=r"replica 0 exited with code 2 before serving") as err:
         replica.wait_ready(60)  # it used to say "did not start within 60 s", at once
     assert "no-such-model" in str(err.value)
+
+
+def test_a_ramp_whose_fault_was_refused_says_so_and_exits_4(start_server, tmp_path):
+    """The server has no admin API (no --admin): the slow fault is refused. The ramp still runs and
+    writes its result, with the refusal as a warning; the command ends with exit status 4, since
+    it measured something other than what was asked (it exited 0, the table a row of dashes)."""
+    server = start_server("--models", "mlp", "--torch-threads", "1")
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
+    cmd += ["--steps", "50", "--step-duration", "1s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
+    cmd += ["--admin-url", admin_url(server), "--fault", "slow:model=mlp,delay=50ms,at=10%"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert "fault(s) not run as asked: slow:model=mlp,delay=50ms,at=10%" in proc.stderr
+    assert "did not take effect: RuntimeError" in proc.stdout
+    result = json.loads(out.read_text())
+    assert any(w.startswith("fault 'slow:model=mlp,delay=50ms,at=10%' did not take effect") for w in result["warnings"])
