@@ -315,6 +315,8 @@ def _check_aim(args) -> None:
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1; got {args.workers}")
     if args.replicas is not None:
+        if args.replicas < 1:
+            raise ValueError(f"--replicas must be >= 1; got {args.replicas}")
         if args.target is not None:
             raise ValueError("--target with --replicas: the bench ramps the replicas it starts; give one of them")
         if args.admin_url:

@@ -246,7 +246,8 @@ def test_ramp_with_server_faults_counts_errors_not_losses(start_server, tmp_path
     ],
 )
 def test_cli_refuses_bad_fault_options(args, says):
-    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--metrics-url", "none", "--target", "127.0.0.1:1", *args]
+    target = [] if "--replicas" in args else ["--target", "127.0.0.1:1"]  # the bench aims at its replicas
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--metrics-url", "none", *target, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
 

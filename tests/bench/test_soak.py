@@ -140,6 +140,7 @@ def test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_ca
     ],
 )
 def test_cli_refuses_bad_soak_options(args, says):
-    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--metrics-url", "none", "--target", "127.0.0.1:1", *args]
+    target = [] if "--replicas" in args else ["--target", "127.0.0.1:1"]  # the bench aims at its replicas
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--metrics-url", "none", *target, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
