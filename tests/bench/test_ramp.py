@@ -22,6 +22,24 @@ def bucket_of(seconds: float) -> int:
     return int(np.searchsorted(LATENCY_BUCKETS, seconds))
 
 
+def _round_trip_ms(target: str, n: int = 50) -> float:
+    """Median time of a bare call (ServerLive) from this process: gRPC's own cost both ways."""
+    import grpc
+
+    from wok.v2pb import grpc_service_pb2 as pb
+    from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        stub.ServerLive(pb.ServerLiveRequest(), timeout=10)
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            stub.ServerLive(pb.ServerLiveRequest(), timeout=10)
+            times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
 def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(bench_server, metrics_url):
     cfg = RampConfig(
         target=bench_server.target,
@@ -34,17 +52,21 @@ def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(b
         metrics_url=metrics_url,
     )
     result = Ramp(cfg, progress=lambda _: None).run()
+    outside_ms = _round_trip_ms(bench_server.target)
     assert result["schema"] == "wok.bench/1"
     for step in result["steps"]:
         offered, achieved = step["offered_qps"], step["achieved_qps"]
         assert abs(achieved - offered) <= 0.02 * offered, step
         assert step["success_rate"] == 1.0
         assert step.get("mean_batch_size"), step
-        # The client's P50 is the server's P50 (read off its end-to-end histogram) plus
-        # transport: it lies in the same bucket as the server's, or the next one up.
+        # The client's P50 is the server's P50 (read off its end-to-end histogram) plus the time
+        # outside the server's handler (gRPC both ways and the client: about a bare call's round
+        # trip, measured here, 1-2 ms on a quiet host and 3-4 on a slow one): it lies in the bucket
+        # of the server's P50 or above, and at most one bucket above that of the two added.
         server_p50 = step["server"]["e2e_ms"]["p50"]
         client_b, server_b = bucket_of(step["latency_ms"]["p50"] / 1e3), bucket_of(server_p50 / 1e3)
-        assert server_b <= client_b <= server_b + 1, (step["latency_ms"], step["server"]["e2e_ms"])
+        top = bucket_of((server_p50 + outside_ms) / 1e3) + 1
+        assert server_b <= client_b <= top, (step["latency_ms"], step["server"]["e2e_ms"], outside_ms)
         assert server_p50 <= step["latency_ms"]["p50"] * 1.5
         assert step["dispatch_lag_ms"]["p99"] < 5, step["dispatch_lag_ms"]
         # The server's scrapes bracket the measured window: it saw about the requests the
