@@ -313,10 +313,7 @@ def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at, window)
             # batch that finishes as the loop's last job does hands over its answers first.
             demand = len(running) + bg
             speed = 1.0 if cores <= 0 or demand <= cores else cores / demand
-            for j in running:
-                if t + left[j] / speed <= t:
-                    break
-            else:
+            if not any(t + left[j] / speed <= t for j in running):
                 job = (second.popleft(), True) if second else (first.popleft(), False)
                 loop_left = c_out if job[1] else c_in
         demand = len(running) + (job is not None) + bg
