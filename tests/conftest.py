@@ -256,3 +256,25 @@ def cpu_latency_before() -> int:
     if before <= 1:
         pytest.skip(f"another process holds the CPUs' wake-up bound at {before} µs")
     return before
+
+
+@pytest.fixture
+def wok_cli(capsys):
+    """Run `wok ARGS...` in this process: (exit status, stdout, stderr).
+
+    For commands that end before they start anything (option refusals): a `python -m wok` child
+    costs seconds of imports each. Anything but an exit status, a traceback included, raises out
+    of the call and fails the test. Not for `wok serve`, which picks the process's event loop.
+    """
+    from wok.__main__ import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        assert args and args[0] != "serve", "wok serve runs in a child process (start_server)"
+        try:
+            status = main(list(args))
+        except SystemExit as exc:  # argparse's own refusals
+            status = exc.code
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run

@@ -245,11 +245,10 @@ def test_ramp_with_server_faults_counts_errors_not_losses(start_server, tmp_path
         (["--replicas", "1", "--fault", "boom"], "expected kill:, pause:, slow: or fail:"),
     ],
 )
-def test_cli_refuses_bad_fault_options(args, says):
+def test_cli_refuses_bad_fault_options(args, says, wok_cli):
     target = [] if "--replicas" in args else ["--target", "127.0.0.1:1"]  # the bench aims at its replicas
-    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--metrics-url", "none", *target, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    status, _, err = wok_cli("bench", "ramp", "--metrics-url", "none", *target, *args)
+    assert status == 2 and says in err, err
 
 
 def test_schedule_refuses_a_signal_fault_without_replicas():

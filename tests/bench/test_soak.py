@@ -139,8 +139,7 @@ def test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_ca
         (["--soak", "1s", "--capacity", "10", "--arrival", "sawtooth:low=5,high=15"], "does not follow the step's"),
     ],
 )
-def test_cli_refuses_bad_soak_options(args, says):
+def test_cli_refuses_bad_soak_options(args, says, wok_cli):
     target = [] if "--replicas" in args else ["--target", "127.0.0.1:1"]  # the bench aims at its replicas
-    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--metrics-url", "none", *target, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    status, _, err = wok_cli("bench", "ramp", "--metrics-url", "none", *target, *args)
+    assert status == 2 and says in err, err

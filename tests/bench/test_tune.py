@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -176,19 +175,15 @@ def test_model_for_carries_the_profile_and_overheads():
     assert model_for(profile, 8, 1e-3).batch_samples == ()  # the fit unless asked
 
 
-def _wok(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "wok", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def test_the_cli_prints_the_table_and_writes_json_and_config(tmp_path):
+def test_the_cli_prints_the_table_and_writes_json_and_config(tmp_path, wok_cli):
     out, cfg = tmp_path / "tune.json", tmp_path / "config.toml"
-    done = _wok(
+    status, stdout, stderr = wok_cli(
         "tune", "--slo-p99", "20ms", "--alpha", "1ms", "--beta", "0.25ms", "--max-batch-sizes", "4,16",
         "--delays", "0ms,5ms", "--sim-duration", "3s", "--iterations", "5", "--json", str(out),
         "--write-config", str(cfg),
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert "chosen: max_batch_size =" in done.stdout and "default" in done.stdout
+    assert status == 0, stderr
+    assert "chosen: max_batch_size =" in stdout and "default" in stdout
     result = json.loads(out.read_text())
     assert result["schema"] == "wok.tune/1" and len(result["settings"]) == 5
     chosen = result["chosen"]
@@ -207,9 +202,9 @@ def test_the_cli_prints_the_table_and_writes_json_and_config(tmp_path):
         (["--alpha", "1ms", "--beta", "1ms", "--default", "32"], "--default"),
     ],
 )
-def test_the_cli_refuses_bad_values_with_exit_2(args, message):
-    done = _wok("tune", "--slo-p99", "20ms", *args)
-    assert done.returncode == 2 and "wok tune:" in done.stderr and message in done.stderr
+def test_the_cli_refuses_bad_values_with_exit_2(args, message, wok_cli):
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *args)
+    assert status == 2 and "wok tune:" in err and message in err, err
 
 
 def test_tune_check_predicts_a_ramp_step_for_step_and_flags_the_knee():

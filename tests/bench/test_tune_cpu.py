@@ -4,8 +4,6 @@ hand-made measurements, the calibration document, the command-line options."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import numpy as np
@@ -105,26 +103,24 @@ def test_the_command_lines_cpu_options_lay_over_the_calibration(tmp_path):
         tune_cpu_stage(None, None, -1.0)
 
 
-def _wok(*args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "wok", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def test_wok_tune_with_a_cpu_stage_is_bounded_by_the_loop(tmp_path):
+def test_wok_tune_with_a_cpu_stage_is_bounded_by_the_loop(tmp_path, wok_cli):
     out = tmp_path / "tune.json"
-    done = _wok(
+    status, stdout, stderr = wok_cli(
         "tune", "--slo-p99", "20ms", "--alpha", "0.2ms", "--beta", "0.01ms", "--max-batch-sizes", "8,32",
         "--delays", "0ms,2ms", "--default", "none", "--sim-duration", "3s", "--iterations", "5",
         "--per-request-cpu", "1ms", "--cores", "2", "--json", str(out),
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert "CPU stage: loop 500 + 500 µs per request, 2 cores shared" in done.stdout
+    assert status == 0, stderr
+    assert "CPU stage: loop 500 + 500 µs per request, 2 cores shared" in stdout
     result = json.loads(out.read_text())
     assert result["inputs"]["cpu"]["cpu_in_s"] == pytest.approx(0.5e-3)
     # Every setting's ceiling is the loop's 1,000 QPS, and the search stays below it.
     assert all(r["ceiling_qps"] == pytest.approx(1000.0) for r in result["settings"])
     assert 0 < result["chosen"]["max_qps"] < 1000.0
-    bad = _wok("tune", "--slo-p99", "20ms", "--alpha", "1ms", "--beta", "1ms", "--per-request-cpu", "-1ms")
-    assert bad.returncode == 2 and "wok tune:" in bad.stderr
+    status, _, stderr = wok_cli(
+        "tune", "--slo-p99", "20ms", "--alpha", "1ms", "--beta", "1ms", "--per-request-cpu", "-1ms"
+    )
+    assert status == 2 and "wok tune:" in stderr, stderr
 
 
 def test_tune_check_renders_a_cpu_stage_run_as_markdown():
@@ -232,7 +228,7 @@ def test_a_prediction_stretches_each_batch_by_its_rates_noise():
     assert doubled["latency_ms"]["p50"] == pytest.approx(2.0, rel=1e-6)
 
 
-def test_wok_tune_draws_the_overhead_at_each_rate_from_a_calibration_that_measured_it(tmp_path):
+def test_wok_tune_draws_the_overhead_at_each_rate_from_a_calibration_that_measured_it(tmp_path, wok_cli):
     from wok.bench.histogram import LatencyHistogram
 
     # No overhead up to 1,000 QPS, 30 ms from 2,000 on: with a 20 ms SLO the search must stay
@@ -247,16 +243,16 @@ def test_wok_tune_draws_the_overhead_at_each_rate_from_a_calibration_that_measur
     out = tmp_path / "tune.json"
     args = ("tune", "--slo-p99", "20ms", "--alpha", "0.2ms", "--beta", "0.01ms", "--max-batch-sizes", "32",
             "--delays", "1ms", "--default", "none", "--sim-duration", "2s", "--iterations", "8")  # fmt: skip
-    done = _wok(*args, "--cpu-calibration", str(path), "--json", str(out))
-    assert done.returncode == 0, done.stderr
-    assert "drawn at each rate, from the calibration's loads 1,000, 2,000 QPS" in done.stdout
+    status, stdout, stderr = wok_cli(*args, "--cpu-calibration", str(path), "--json", str(out))
+    assert status == 0, stderr
+    assert "drawn at each rate, from the calibration's loads 1,000, 2,000 QPS" in stdout
     result = json.loads(out.read_text())
     assert result["inputs"]["overhead_by_rate_loads"] == [1000.0, 2000.0] and result["inputs"]["overhead"] is None
     # At rate q in (1,000, 2,000) every request carries 30·(q − 1,000)/1,000 ms: ≤ ~19 ms below 1,630 QPS.
     assert 1000 < result["chosen"]["max_qps"] < 1667, result["chosen"]
     # An overhead given on the command line wins over the calibration's.
-    plain = _wok(*args, "--cpu-calibration", str(path), "--overhead", "1ms", "--json", str(out))
-    assert plain.returncode == 0, plain.stderr
+    status, _, stderr = wok_cli(*args, "--cpu-calibration", str(path), "--overhead", "1ms", "--json", str(out))
+    assert status == 0, stderr
     assert json.loads(out.read_text())["inputs"]["overhead_by_rate_loads"] is None
 
 
