@@ -293,11 +293,12 @@ def _ramp(target, steps, seed, workers, out):
 
 
 def test_two_processes_at_half_the_rate_merge_into_the_counts_of_one_process(bench_server, tmp_path):
+    # All three at once (their imports are most of their time): constant arrivals make each one's
+    # counts exact whatever else the server serves, and 160 QPS in all is far below its capacity.
     halves = [_ramp(bench_server.target, "20,40", seed, 1, tmp_path / f"half{seed}.json") for seed in (1, 2)]
-    for p in halves:
-        assert p.wait(timeout=300) == 0, p.stderr.read()
     one = _ramp(bench_server.target, "40,80", 3, 2, tmp_path / "one.json")
-    assert one.wait(timeout=300) == 0, one.stderr.read()
+    for p in [*halves, one]:
+        assert p.wait(timeout=300) == 0, p.stderr.read()
     parts = [json.loads((tmp_path / f"half{seed}.json").read_text()) for seed in (1, 2)]
     single = json.loads((tmp_path / "one.json").read_text())
     out = tmp_path / "merged.json"

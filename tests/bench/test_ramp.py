@@ -68,7 +68,11 @@ def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(b
         top = bucket_of((server_p50 + outside_ms) / 1e3) + 1
         assert server_b <= client_b <= top, (step["latency_ms"], step["server"]["e2e_ms"], outside_ms)
         assert server_p50 <= step["latency_ms"]["p50"] * 1.5
-        assert step["dispatch_lag_ms"]["p99"] < 5, step["dispatch_lag_ms"]
+        # The generator sends on schedule: its median lag is a fraction of a millisecond. The
+        # tail is the host's (a noisy neighbour's burst of a few ms on a shared 2-core machine
+        # lands in any P99 of 600 sends), so it is only held to well under one call.
+        assert step["dispatch_lag_ms"]["p50"] < 1, step["dispatch_lag_ms"]
+        assert step["dispatch_lag_ms"]["p99"] < 20, step["dispatch_lag_ms"]
         # The server's scrapes bracket the measured window: it saw about the requests the
         # client counted there (warm-up sends landing inside it would inflate its count).
         assert abs(step["server"]["requests"] - step["requests"]) <= 0.05 * step["requests"], step["server"]
@@ -161,8 +165,8 @@ def test_a_ramp_past_capacity_finds_a_knee(bench_server, metrics_url, tmp_path):
     cfg = RampConfig(
         target=bench_server.target,
         models=[("mlp", 1.0)],
-        steps=[500, 1000, 2000, 4000, 8000],
-        step_duration_s=2.0,
+        steps=[1000, 3000, 8000],
+        step_duration_s=1.5,
         warmup_s=0.5,
         slo_p99_ms=200,
         workers=2,

@@ -546,11 +546,12 @@ def test_two_parts_of_the_ramp_job_and_the_merge_job_script_run_on_loopback(star
     local = {
         "--target": sp.target,
         "--step-duration": "1s",
-        "--warmup": "0.5s",
-        "--step-gap": "0.5s",
+        "--warmup": "0.3s",
+        "--step-gap": "0.2s",
         "--workers": "1",
-        # Time for both processes to import, build their pools and start their workers.
-        "--start-at": f"{time.time() + 15:.3f}",
+        # Time for both processes to import, build their pools and start their workers (4-6 s
+        # on a slow hour of a 2-core host, both at once).
+        "--start-at": f"{time.time() + 10:.3f}",
     }
     procs, per_pod = [], None
     for i in range(parts):

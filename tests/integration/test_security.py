@@ -796,10 +796,15 @@ def test_wok_serve_refuses_bad_security_options_with_exit_2(pki, tmp_path):
         ("--auth-token-env", "WOK_TEST_UNSET_TOKENS"): "environment variable WOK_TEST_UNSET_TOKENS is not set",
     }
     env = {k: v for k, v in os.environ.items() if k != "WOK_TEST_UNSET_TOKENS"}
-    for args, message in cases.items():
-        proc = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120, env=env)
-        assert proc.returncode == 2, proc.stderr
-        assert message in proc.stderr, proc.stderr
+    # All at once: each is a process's imports, then the refusal.
+    procs = {
+        message: subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for args, message in cases.items()
+    }
+    for message, proc in procs.items():
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2, err
+        assert message in err, err
 
 
 TRITON_PEER = textwrap.dedent(
