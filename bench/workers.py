@@ -142,7 +142,14 @@ class Channel:
 async def _serve(conn, target: str, pool: list[bytes], how: Channel) -> None:
     import grpc
 
-    from wok.clients.channel import auth_metadata, channel_credentials, channel_options, channel_target, open_channel
+    from wok.clients.channel import (
+        auth_metadata,
+        channel_authority,
+        channel_credentials,
+        channel_options,
+        channel_target,
+        open_channel,
+    )
 
     loop = asyncio.get_running_loop()
     metadata = auth_metadata(how.token)
@@ -168,7 +175,10 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel) -> None:
             await serve(balancer.unary_unary(METHOD), balancer.stats)
         return
     options = channel_options(None, retries=how.retries)
-    async with open_channel(grpc.aio, channel_target(target), channel_credentials(how.tls), options) as channel:
+    channel = open_channel(
+        grpc.aio, channel_target(target), channel_credentials(how.tls), options, channel_authority(target)
+    )
+    async with channel:
         if how.rpc == "stream":  # the stream sender opens its streams on the channel
             await serve(channel, lambda: None)
             return

@@ -20,7 +20,15 @@ from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 
 from .balancer import Balancer, BalancerSettings
-from .channel import TLS, auth_metadata, channel_credentials, channel_options, channel_target, open_channel
+from .channel import (
+    TLS,
+    auth_metadata,
+    channel_authority,
+    channel_credentials,
+    channel_options,
+    channel_target,
+    open_channel,
+)
 from .errors import InferError
 from .messages import ModelInfo, StreamItem, StreamResult, stream_request, stream_result
 
@@ -87,7 +95,9 @@ class AsyncClient:
             raise RuntimeError("this AsyncClient is closed")
         # Outside a running loop grpc.aio would bind the channel to a loop nobody runs.
         asyncio.get_running_loop()
-        self._channel = open_channel(grpc.aio, self.target, self._credentials, self._options)
+        self._channel = open_channel(
+            grpc.aio, self.target, self._credentials, self._options, channel_authority(self._targets)
+        )
         self._stub = GRPCInferenceServiceStub(self._channel)
         return self._stub
 

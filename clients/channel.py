@@ -3,8 +3,11 @@
 gRPC balances over several servers only when one channel names them all: several
 "host:port" targets become one `ipv4:a:p,b:p` (or `ipv6:[a]:p,...`) URI, and every
 channel asks for `round_robin`, so a `dns:///name:port` that resolves to several
-servers is balanced too. A single target is passed to gRPC as given; so is a list in one
-string, "a:p,b:p".
+servers is balanced too. A single target is passed to gRPC as given; a list in one string,
+"a:p,b:p", is several targets. With TLS, a channel over several targets checks every server's
+certificate against the first target's host (`channel_authority`): gRPC gives one channel one
+authority, so each server's certificate must name that host (or pass
+`grpc.ssl_target_name_override`); wok's own balancer checks each server by its own name.
 
 Health checking: the service config asks gRPC to watch each server's `grpc.health.v1`
 status of the service "" (`healthCheckConfig`), so a server that turns NOT_SERVING (wok
@@ -141,6 +144,21 @@ def channel_target(target: str | Sequence[str]) -> str:
     raise ValueError(f"targets {targets} do not share an address family (IPv4 or IPv6)")
 
 
+def channel_authority(target: str | Sequence[str]) -> str | None:
+    """The authority a TLS channel over several targets checks certificates against: the first
+    target as given ("host:port"); None for one target, whose URI gRPC derives it from.
+
+    Without it gRPC takes the authority of a merged `ipv4:a:p,b:p` URI from its whole path,
+    which no certificate names, and every handshake fails hostname verification.
+    """
+    if isinstance(target, str):
+        if "," not in target or target.startswith(_SCHEMES):
+            return None
+        target = [t.strip() for t in target.split(",")]
+    targets = list(target)
+    return targets[0] if len(targets) > 1 else None
+
+
 def split_host_port(text: str) -> tuple[str, int] | None:
     """(host, port) of "host:port" or "[ipv6]:port" (brackets removed); None if it is neither."""
     host, sep, port = text.rpartition(":")
@@ -231,10 +249,22 @@ def channel_credentials(tls: TLS | bool | None) -> grpc.ChannelCredentials | Non
     return tls.credentials()
 
 
-def open_channel(grpc_module, target: str, credentials: grpc.ChannelCredentials | None, options):
-    """A channel of `grpc_module` (grpc, or grpc.aio): TLS when there are credentials, else plaintext."""
+_NAME_OPTIONS = ("grpc.default_authority", "grpc.ssl_target_name_override")
+
+
+def open_channel(
+    grpc_module, target: str, credentials: grpc.ChannelCredentials | None, options, authority: str | None = None
+):
+    """A channel of `grpc_module` (grpc, or grpc.aio): TLS when there are credentials, else plaintext.
+
+    `authority` (`channel_authority`) is the name TLS checks the servers' certificates against,
+    unless the options already name one.
+    """
     if credentials is None:
         return grpc_module.insecure_channel(target, options=options)
+    options = list(options or ())
+    if authority is not None and not any(key in _NAME_OPTIONS for key, _ in options):
+        options.append(("grpc.default_authority", authority))
     return grpc_module.secure_channel(target, credentials, options=options)
 
 

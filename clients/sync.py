@@ -15,7 +15,15 @@ from wok.codec import decode_response, encode_request
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 
-from .channel import TLS, auth_metadata, channel_credentials, channel_options, channel_target, open_channel
+from .channel import (
+    TLS,
+    auth_metadata,
+    channel_authority,
+    channel_credentials,
+    channel_options,
+    channel_target,
+    open_channel,
+)
 from .errors import InferError
 from .messages import ModelInfo, StreamItem, StreamResult, stream_request, stream_result
 
@@ -40,7 +48,11 @@ class Client:
         self.target = channel_target(target)
         self._metadata = auth_metadata(token)
         self._channel = open_channel(
-            grpc, self.target, channel_credentials(tls), channel_options(options, retries=retries)
+            grpc,
+            self.target,
+            channel_credentials(tls),
+            channel_options(options, retries=retries),
+            channel_authority(target),
         )
         self._stub = GRPCInferenceServiceStub(self._channel)
 

@@ -374,6 +374,29 @@ async def test_tls_server_talks_only_tls_to_clients_that_trust_it(serve, pki):
             assert await client.server_live(timeout=CALL_S)
 
 
+async def test_tls_over_several_targets_checks_each_certificate_against_the_first_targets_host(serve, pki):
+    # One gRPC channel over several servers has one authority: without the first target's, gRPC
+    # took the merged `ipv4:a,b` URI's whole path, which no certificate names, and every
+    # handshake failed hostname verification (UNAVAILABLE).
+    async with serve(models=("mlp",), **tls_settings(pki)) as one, serve(models=("mlp",), **tls_settings(pki)) as two:
+        for targets in (
+            f"127.0.0.1:{one.port},127.0.0.1:{two.port}",
+            [f"localhost:{one.port}", f"localhost:{two.port}"],
+        ):
+            async with AsyncClient(targets, tls=pki.tls()) as client:
+                for _ in range(4):
+                    assert (await client.infer("mlp", {"INPUT0": X}, timeout=CALL_S))["OUTPUT0"].shape == (1, 256)
+
+            def blocking(targets=targets) -> bool:  # the blocking client, off the loop that runs the servers
+                with Client(targets, tls=pki.tls()) as client:
+                    return client.server_live(timeout=CALL_S)
+
+            assert await asyncio.to_thread(blocking)
+        # The servers' certificate does not name "wok.invalid": an override the caller gives still wins.
+        override = [("grpc.ssl_target_name_override", "wok.invalid")]
+        await assert_cannot_connect(f"127.0.0.1:{one.port},127.0.0.1:{two.port}", tls=pki.tls(), options=override)
+
+
 async def test_mtls_refuses_clients_without_a_certificate_from_its_ca(serve, pki):
     async with serve(models=("mlp",), **tls_settings(pki, mtls=True)) as server:
         target = f"127.0.0.1:{server.port}"
@@ -872,3 +895,19 @@ def test_bench_ramp_over_tls_with_a_token_and_without_one(secured_server, pki, t
     assert main(common) == 1
     # A wrong option combination is a usage error.
     assert main([*common, "--token-env", "WOK_TEST_BENCH_TOKEN", "--token-file", str(pki.path("tokens"))]) == 2
+
+
+def test_bench_ramp_over_tls_to_two_servers_on_grpcs_balancer(secured_server, start_server, pki, tmp_path, monkeypatch):
+    # The bench's setup client and its workers each open one channel over both servers: both
+    # check the certificates against the first target's host.
+    from wok.__main__ import main
+
+    second = start_server(*secured_server.proc.args[secured_server.proc.args.index("--models") :])
+    out = tmp_path / "ramp.json"
+    argv = ["bench", "ramp", "--target", f"{secured_server.target},{second.target}", "--balancer", "grpc"]
+    argv += ["--model", "mlp", "--steps", "20", "--step-duration", "1s", "--warmup", "0.2s", "--workers", "1"]
+    argv += ["--metrics-url", "none", "--tls-ca", str(pki.path("ca.pem")), "--token-env", "WOK_TEST_BENCH_TOKEN"]
+    monkeypatch.setenv("WOK_TEST_BENCH_TOKEN", TOKEN_A)
+    assert main([*argv, "--json", str(out)]) == 0
+    (step,) = json.loads(out.read_text())["steps"]
+    assert step["success_rate"] == 1.0 and step["requests"] > 0
