@@ -190,21 +190,9 @@ class Instance:
         if self.cuda:
             done: concurrent.futures.Future = concurrent.futures.Future()
             launched = self._worker.submit(self._launch_cuda, inputs, rows, self.slots[slot], deadlines)
-
-            def _then_wait(f: concurrent.futures.Future) -> None:
-                # Anything raised in a done-callback is only logged by concurrent.futures, so
-                # catch it all here: `done` must always be set, or the slot leaks.
-                try:
-                    if f.exception() is not None:
-                        done.set_exception(f.exception())
-                        return
-                    w = self._waiter.submit(self._finish_cuda, f.result())
-                    w.add_done_callback(lambda g: _copy_outcome(g, done))
-                except BaseException as exc:
-                    if not done.done():
-                        done.set_exception(exc)
-
-            launched.add_done_callback(_then_wait)
+            launched.add_done_callback(
+                lambda f: _after_launch(f, done, lambda result: self._waiter.submit(self._finish_cuda, result))
+            )
         else:
             done = self._worker.submit(self._run_cpu, inputs, rows, self.slots[slot], deadlines)
         if self.observer is not None:
@@ -366,6 +354,30 @@ def _live(inputs, rows, deadlines, now: float):
     if len(kept) == len(rows):
         return inputs, rows, None
     return [inputs[i] for i in kept], [rows[i] for i in kept], kept
+
+
+def _after_launch(
+    launched: concurrent.futures.Future,
+    done: concurrent.futures.Future,
+    wait: Callable[[object], concurrent.futures.Future],
+) -> None:
+    """Done-callback of a CUDA batch's launch: its wait goes to `wait`, whose outcome is `done`'s.
+
+    A launch cancelled by a shutdown past the grace period cancels `done`, which the batcher
+    answers UNAVAILABLE (server stopping), as it does a cancelled CPU batch: not a model error.
+    Anything raised in a done-callback is only logged by concurrent.futures, so all of it is
+    caught here: `done` must always be set, or the slot leaks.
+    """
+    try:
+        if launched.cancelled():
+            done.cancel()
+        elif launched.exception() is not None:
+            done.set_exception(launched.exception())
+        else:
+            wait(launched.result()).add_done_callback(lambda g: _copy_outcome(g, done))
+    except BaseException as exc:
+        if not done.done():
+            done.set_exception(exc)
 
 
 def _copy_outcome(src: concurrent.futures.Future, dst: concurrent.futures.Future) -> None:

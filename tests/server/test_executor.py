@@ -202,6 +202,30 @@ def test_a_cuda_batch_whose_finish_stage_was_cancelled_is_cancelled_not_left_uns
     assert outcomes == ["cancelled", "ValueError('x')", 7]
 
 
+def test_a_cuda_batch_whose_launch_was_cancelled_is_cancelled_not_a_model_error():
+    # The launch stage is cancelled the same way (queued at the worker past the grace period).
+    # Its done-callback read `f.exception()`, which raises CancelledError for a cancelled future,
+    # and set that as the batch's exception: its callers got INTERNAL ("model failed:
+    # CancelledError") instead of UNAVAILABLE (server stopping).
+    from wok.executor import _after_launch
+
+    def settle_and_hand_over(settle):
+        launched, done, handed = concurrent.futures.Future(), concurrent.futures.Future(), []
+        wait = concurrent.futures.Future()
+        launched.add_done_callback(lambda f: _after_launch(f, done, lambda r: (handed.append(r), wait)[1]))
+        settle(launched)
+        return done, handed, wait
+
+    done, handed, _ = settle_and_hand_over(lambda f: f.cancel())
+    assert done.cancelled() and handed == []
+    done, handed, _ = settle_and_hand_over(lambda f: f.set_exception(ValueError("x")))
+    assert repr(done.exception()) == "ValueError('x')" and handed == []
+    done, handed, wait = settle_and_hand_over(lambda f: f.set_result("launched"))
+    assert handed == ["launched"] and not done.done()  # the wait stage decides
+    wait.set_result(7)
+    assert done.result() == 7
+
+
 def run_x(ex, value):
     return ex.instances[0].submit([{"X": np.full((3, 2), value, np.float32)}], [3], 0).result(30)
 
