@@ -6,9 +6,10 @@ see docs/demo.md for the endpoints. Everything here runs on the server's event l
 Events (`GET /events`, server-sent events) are what the demo page draws:
 - one `batch` event per batch an instance ran (or failed), sent when it finished:
   `{"type": "batch", "model", "instance", "size", "requests", "reason", "queued", "t_start", "t_end", "ok"}`
-  with `reason` the batcher's flush reason (size, delay, drain), `queued` the requests still
-  waiting when it was formed, the times in Unix seconds (the worker's start and end; for a
-  failed batch, its dispatch and the failure), and `error` when `ok` is false;
+  with `reason` the batcher's flush reason (one of metrics.FLUSH_REASONS: size, delay, drain;
+  with the slo policy also deadline, idle), `queued` the requests still waiting when it was
+  formed, the times in Unix seconds (the worker's start and end; for a failed batch, its
+  dispatch and the failure), and `error` when `ok` is false;
 - a `tick` every 250 ms: per model its queue, batches in flight, the instances' running
   batches, the counters (samples, batches, responses by code, flushes by reason), the policy
   and the active faults.
@@ -21,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from .batcher import BatchingPolicy
 from .executor import BatchResult
-from .faults import AdminRequestError, FaultBoard, parse_fault_request
+from .faults import AdminRequestError, FaultBoard, is_number, parse_fault_request, shown
 
 if TYPE_CHECKING:
     from .app import ModelRuntime, WokServer
@@ -158,29 +158,34 @@ class Admin:
         p = rt.batcher.policy
         return {
             "model": name,
+            "policy": _policy_name(rt),
             "max_batch_size": p.max_batch_size,
-            "max_queue_delay_ms": p.max_queue_delay_s * 1e3,
+            # The window is kept in seconds, and ms / 1e3 * 1e3 can miss the value sent by an ulp
+            # (1001 would come back 1000.9999999999999); rounding to 1e-6 ms gives back every value
+            # with up to 6 decimals, since the round trip errs by far less than 5e-7 ms up to 60 s.
+            "max_queue_delay_ms": round(p.max_queue_delay_s * 1e3, 6),
             "preferred_batch_sizes": list(p.preferred_batch_sizes),
             "max_queue_size": p.max_queue_size,
             "limit_batch_size": rt.servable.config.max_batch_size,
         }
 
     def post_batching(self, body) -> dict:
-        """Replace a model's max_batch_size and/or max_queue_delay; the batcher uses it at once."""
+        """Replace a model's max_batch_size and/or (fixed policy only) max_queue_delay; the batcher uses it at once."""
         if not isinstance(body, dict):
-            raise AdminRequestError(f"field '(body)': expected a JSON object, got {body!r}")
+            raise AdminRequestError(f"field '(body)': expected a JSON object, got {shown(body)}")
         allowed = {"model", "max_batch_size", "max_queue_delay_ms"}
         extra = sorted(set(body) - allowed)
         if extra:
             raise AdminRequestError(
-                f"field '{extra[0]}': expected only the fields {', '.join(sorted(allowed))}, got {body[extra[0]]!r}"
+                f"field '{extra[0]}': expected only the fields {', '.join(sorted(allowed))}, "
+                f"got {shown(body[extra[0]])}"
             )
         model = body.get("model")
         rt = self.server.runtimes.get(model) if isinstance(model, str) else None
         if rt is None:
             raise AdminRequestError(
                 f"field 'model': expected one of the served models ({', '.join(sorted(self.server.runtimes))}), "
-                f"got {model!r}"
+                f"got {shown(model)}"
             )
         policy: BatchingPolicy = rt.batcher.policy
         limit = rt.servable.config.max_batch_size
@@ -190,7 +195,7 @@ class Admin:
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit:
                 raise AdminRequestError(
                     f"field 'max_batch_size': expected an integer from 1 to {limit} (the model's configured "
-                    f"maximum), got {v!r}"
+                    f"maximum), got {shown(v)}"
                 )
             changes["max_batch_size"] = v
             # The model's configured preferred sizes that the new maximum can reach: from the
@@ -199,13 +204,16 @@ class Admin:
             changes["preferred_batch_sizes"] = tuple(s for s in preferred if s <= v)
         if "max_queue_delay_ms" in body:
             v = body["max_queue_delay_ms"]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                v_ok = False
-            else:
-                v_ok = 0 <= v <= MAX_QUEUE_DELAY_MS
-            if not v_ok:
+            if _policy_name(rt) != "fixed":
+                # The slo policy flushes by deadlines and never reads the window: taking one
+                # would answer 200 for a change that does nothing.
                 raise AdminRequestError(
-                    f"field 'max_queue_delay_ms': expected a number from 0 to {MAX_QUEUE_DELAY_MS:g}, got {v!r}"
+                    f"field 'max_queue_delay_ms': expected no max_queue_delay_ms for model '{model}', whose "
+                    f"batching policy is '{_policy_name(rt)}' (only 'fixed' uses a delay window), got {shown(v)}"
+                )
+            if not is_number(v) or not 0 <= v <= MAX_QUEUE_DELAY_MS:
+                raise AdminRequestError(
+                    f"field 'max_queue_delay_ms': expected a number from 0 to {MAX_QUEUE_DELAY_MS:g}, got {shown(v)}"
                 )
             changes["max_queue_delay_s"] = float(v) / 1e3
         if not changes:
@@ -266,6 +274,11 @@ class Admin:
             for sub in self.subscribers:
                 sub.put({**event, "dropped": sub.dropped})
             await asyncio.sleep(TICK_S)
+
+
+def _policy_name(rt: ModelRuntime) -> str:
+    """The batching policy the model's batcher runs: 'slo' when it holds an slo policy object."""
+    return "fixed" if rt.batcher.slo is None else "slo"
 
 
 def dumps(obj) -> bytes:

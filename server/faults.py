@@ -18,6 +18,7 @@ field, what it expected and what it got.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -96,13 +97,32 @@ class FaultRequest:
     duration_s: float | None
 
 
+def shown(v) -> str:
+    """`v` as an error message says what came: its repr, but a JSON integer too large for a float
+    by its length (it may have thousands of digits)."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > sys.float_info.max:
+        return f"an integer of {len(str(abs(v)))} digits"
+    return repr(v)
+
+
+def is_number(v) -> bool:
+    """A JSON number that compares as one: not a bool, not NaN or an infinity.
+
+    An integer is never passed to math.isfinite, which raises OverflowError for one beyond a
+    float's range; such an integer still compares exactly with a float bound, and fails it.
+    """
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) or (isinstance(v, float) and math.isfinite(v))
+
+
 def _bad(field: str, expected: str, got) -> AdminRequestError:
-    return AdminRequestError(f"field '{field}': expected {expected}, got {got!r}")
+    return AdminRequestError(f"field '{field}': expected {expected}, got {shown(got)}")
 
 
 def _number(body: dict, field: str, lo: float, hi: float) -> float:
     v = body[field]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+    if not is_number(v) or not lo <= v <= hi:
         raise _bad(field, f"a number from {lo:g} to {hi:g}", v)
     return float(v)
 

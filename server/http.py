@@ -4,7 +4,8 @@ and, with `wok serve --admin`, the admin API and the /events stream (server/admi
 It runs on the server's own loop, so a scrape reads the counters the loop writes without
 a thread in between. Keep-alive is honoured, since Prometheus reuses its connection.
 
-Admin paths (404 without --admin; bodies are JSON, errors `{"error": "..."}` with 400):
+Admin paths (404 without --admin; bodies are JSON, errors `{"error": "..."}` with 400; a
+handler that fails unexpectedly answers 500, logged with its traceback, and the connection ends):
   GET  /admin/faults     the active faults
   POST /admin/faults     {"model", "instance"?, "mode": slow|fail|off, "delay_ms"?, "duration_s"?}
   GET  /admin/batching   each model's batching policy
@@ -51,6 +52,7 @@ REASONS = {
     411: "Length Required",
     413: "Payload Too Large",
     415: "Unsupported Media Type",
+    500: "Internal Server Error",
     503: "Service Unavailable",
 }
 JSON = "application/json"
@@ -205,7 +207,12 @@ class MetricsHTTPServer:
             return not close
         get, post = (getattr(admin, name) for name in ADMIN_ROUTES[path])
         if method == "GET":
-            await self._json(writer, 200, get(), close)
+            try:
+                answer = get()
+            except Exception:
+                await self._internal_error(writer, method, path)
+                return False
+            await self._json(writer, 200, answer, close)
             return not close
         if method != "POST":
             await self._json(writer, 405, {"error": f"{path} takes GET or POST, got {method}"}, close=True)
@@ -230,7 +237,9 @@ class MetricsHTTPServer:
             return False
         try:
             body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except ValueError as exc:
+            # JSONDecodeError and UnicodeDecodeError are ValueErrors, and so is the refusal of an
+            # integer over Python's 4,300-digit conversion limit.
             await self._json(writer, 400, {"error": f"body: expected JSON, got a parse error: {exc}"}, close)
             return not close
         except RecursionError:
@@ -241,9 +250,21 @@ class MetricsHTTPServer:
         except AdminRequestError as exc:
             await self._json(writer, 400, {"error": str(exc)}, close)
             return not close
+        except Exception:
+            await self._internal_error(writer, method, path)
+            return False
         log.warning("admin: %s %s", path, json.dumps(body))
         await self._json(writer, 200, answer, close)
         return not close
+
+    async def _internal_error(self, writer, method: str, path: str) -> None:
+        """Answer a handler's unexpected exception (the one being handled) with 500, and log it.
+
+        Left to asyncio, it would end the connection with no answer at all. The connection ends:
+        what the handler changed before it failed is unknown.
+        """
+        log.exception("admin: %s %s failed", method, path)
+        await self._json(writer, 500, {"error": f"{method} {path}: internal error; see the server's log"}, True)
 
     async def _stream_events(self, writer) -> None:
         writer.write(

@@ -130,6 +130,15 @@ async def test_fail_fault_answers_internal_with_its_message_and_off_restores(adm
         ("/admin/batching", {"model": "mlp", "max_batch_size": 33}, "max_batch_size"),
         ("/admin/batching", {"model": "mlp", "max_queue_delay_ms": -5}, "max_queue_delay_ms"),
         ("/admin/batching", {"model": "mlp"}, "max_batch_size"),
+        # Integers beyond a float's range (math.isfinite raised OverflowError on them, and the
+        # connection dropped with no answer), and one beyond Python's 4,300-digit limit.
+        ("/admin/batching", {"model": "mlp", "max_queue_delay_ms": 10**400}, "max_queue_delay_ms"),
+        ("/admin/batching", {"model": "mlp", "max_queue_delay_ms": -(10**400)}, "max_queue_delay_ms"),
+        ("/admin/batching", {"model": "mlp", "max_batch_size": 10**400}, "max_batch_size"),
+        ("/admin/faults", {"model": "mlp", "instance": 0, "mode": "slow", "delay_ms": 10**400}, "delay_ms"),
+        ("/admin/faults", {"model": "mlp", "mode": "fail", "duration_s": 10**400}, "duration_s"),
+        ("/admin/faults", {"model": "mlp", "mode": "off", "instance": 10**400}, "instance"),
+        ("/admin/faults", b'{"model": "mlp", "mode": "off", "instance": ' + b"1" * 5000 + b"}", "body"),
     ],
 )
 async def test_bad_bodies_get_400_naming_the_field(admin_server, path, body, field):
@@ -139,6 +148,8 @@ async def test_bad_bodies_get_400_naming_the_field(admin_server, path, body, fie
     prefix = "body: " if field == "body" else f"field '{field}'"
     assert set(answer) == {"error"} and answer["error"].startswith(prefix)
     assert "expected" in answer["error"] and "got" in answer["error"]
+    if isinstance(body, dict) and any(type(v) is int and abs(v) == 10**400 for v in body.values()):
+        assert answer["error"].endswith("got an integer of 401 digits"), answer  # not all 401 of them
 
 
 async def raw_http(port: int, request: bytes) -> bytes:
@@ -221,6 +232,40 @@ async def test_batching_policy_changes_live(admin_server):
     answer = await _infer(stub, rows=20)
     assert list(answer.outputs[0].shape) == [20, 256]
     assert server.runtimes["mlp"].stats.by_batch_size[20].compute_infer.count == 1
+
+
+async def test_the_window_comes_back_as_sent(admin_server):
+    # Kept in seconds, 1001 ms came back 1000.9999999999999: any value with up to 6 decimals must not.
+    server, base, _ = admin_server
+    for ms in (1001, 1003, 0.1, 2.7, 0.3, 12.345678, 0.000001, 59_999.999999, 60_000):
+        status, policy = await ahttp(base + "/admin/batching", {"model": "mlp", "max_queue_delay_ms": ms})
+        assert (status, policy["max_queue_delay_ms"]) == (200, ms)
+        assert server.runtimes["mlp"].batcher.policy.max_queue_delay_s == ms / 1e3
+        assert (await ahttp(base + "/admin/batching"))[1]["models"] == [policy]
+
+
+async def test_slo_models_refuse_a_window_they_would_not_use_and_say_their_policy(serve, slow_repository):
+    slow_repository(name="fixed")
+    root = slow_repository(max_batch_size=8)
+    cfg = root / "slow" / "config.toml"
+    cfg.write_text(cfg.read_text().replace("[dynamic_batching]\n", '[dynamic_batching]\npolicy = "slo"\nslo_ms = 50\n'))
+    async with serve(repository=root, admin=True) as server:
+        base = f"http://127.0.0.1:{server.http.port}"
+        _, got = await ahttp(base + "/admin/batching")
+        assert {m["model"]: m["policy"] for m in got["models"]} == {"fixed": "fixed", "slow": "slo"}
+        before = server.runtimes["slow"].batcher.policy
+        for body in ({"max_queue_delay_ms": 20}, {"max_batch_size": 2, "max_queue_delay_ms": 20}):
+            status, answer = await ahttp(base + "/admin/batching", {"model": "slow", **body})
+            assert status == 400
+            assert answer["error"] == (
+                "field 'max_queue_delay_ms': expected no max_queue_delay_ms for model 'slow', whose batching "
+                "policy is 'slo' (only 'fixed' uses a delay window), got 20"
+            )
+        assert server.runtimes["slow"].batcher.policy == before  # the valid max_batch_size was not taken alone
+        status, answer = await ahttp(base + "/admin/batching", {"model": "slow", "max_batch_size": 2})
+        assert (status, answer["policy"], answer["max_batch_size"]) == (200, "slo", 2)
+        status, answer = await ahttp(base + "/admin/batching", {"model": "fixed", "max_queue_delay_ms": 20})
+        assert (status, answer["policy"], answer["max_queue_delay_ms"]) == (200, "fixed", 20)
 
 
 async def test_a_lower_maximum_drops_preferred_sizes_and_a_higher_one_brings_them_back(serve, slow_repository):
