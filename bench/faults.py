@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -38,11 +39,14 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..children import die_with_parent
 from ..faults import MAX_DELAY_MS
+from .analysis import latency_summary
 from .arrivals import parse_duration
 from .runner import Ramp, RampConfig, status_name
 from .workers import OK
@@ -53,6 +57,10 @@ WINDOW_S = 0.5  # the timeline's resolution, and the recovery's
 HOLD_S = 2.0  # recovered: the last bad window is followed by good ones for at least this long
 COMPARE_S = 10.0  # "before" and "after" a fault: at most this long
 MAX_ERROR_RATE = 0.01  # a window with more errors than this is not good
+# A server-side fault is posted with an expiry this long past its planned end, so that a bench
+# killed outright (no `off` sent) leaves no fault behind; the `off` at the end still ends it.
+EXPIRY_MARGIN_S = 3.0
+MAX_EXPIRY_S = 86_400.0  # the server's bound on duration_s
 READY = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
 METRICS = re.compile(r"wok: metrics on http://(\S+):(\d+)/metrics")
 
@@ -172,6 +180,37 @@ def _int(values: dict[str, str], key: str, spec: str) -> int | None:
 # -- replicas -----------------------------------------------------------------------------
 
 
+class Forker:
+    """A thread that starts child processes for as long as it runs (until `close()`).
+
+    A replica gets SIGTERM when the thread that forked it ends (PR_SET_PDEATHSIG follows the
+    thread, not the process): forked from a restart's own short-lived thread, it would be
+    stopped the moment the restart returned. Every replica is forked here instead, from a
+    thread that lives as long as the ReplicaSet, so they end with the bench and only then."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="wok-replicas", daemon=True)
+        self._thread.start()
+
+    def popen(self, cmd: list[str], **kwargs) -> subprocess.Popen:
+        done: Future = Future()
+        self._jobs.put((done, cmd, kwargs))
+        return done.result()
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            done, cmd, kwargs = job
+            try:
+                done.set_result(subprocess.Popen(cmd, preexec_fn=die_with_parent(), **kwargs))
+            except BaseException as exc:  # the caller's: raised again by popen()
+                done.set_exception(exc)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+
 @dataclass
 class Replica:
     index: int
@@ -183,6 +222,7 @@ class Replica:
     pids: list[int] = field(default_factory=list)
     log: deque = field(default_factory=lambda: deque(maxlen=200))
     _ready: threading.Event = field(default_factory=threading.Event)
+    forker: Forker | None = None  # None: forked from the calling thread, ending with it (see Forker)
 
     @property
     def target(self) -> str:
@@ -197,14 +237,17 @@ class Replica:
         cmd = [sys.executable, "-m", "wok", "serve", "--host", self.host, "--port", str(self.port)]
         cmd += ["--metrics-port", str(self.metrics_port), *self.args]
         self._ready = threading.Event()
-        proc = subprocess.Popen(
-            cmd,
+        options = dict(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+        if self.forker is not None:
+            proc = self.forker.popen(cmd, **options)
+        else:
+            proc = subprocess.Popen(cmd, preexec_fn=die_with_parent(), **options)
         self.proc = proc
         self.pids.append(proc.pid)
         threading.Thread(target=self._pump, args=(proc, self._ready), daemon=True).start()
@@ -263,7 +306,8 @@ class ReplicaSet:
             raise ValueError(f"--replicas must be >= 1; got {n}")
         args = list(serve_args) + (["--admin"] if admin and "--admin" not in serve_args else [])
         self.start_timeout = start_timeout
-        self.replicas = [Replica(i, args) for i in range(n)]
+        self.forker = Forker()
+        self.replicas = [Replica(i, args, forker=self.forker) for i in range(n)]
         try:
             for r in self.replicas:
                 r.launch()
@@ -299,6 +343,7 @@ class ReplicaSet:
                 r.proc.terminate()
         for r in self.replicas:
             r.stop()
+        self.forker.close()
 
 
 # -- the admin API ------------------------------------------------------------------------
@@ -337,9 +382,42 @@ class Action:
     t_s: float
     fault: int
     name: str
-    run: Callable[[], None]
+    run: Callable[[], dict | None]  # a dict: more fields of its event
     replica: int | None = None
     then: str | None = None  # an event recorded when `run` returns (e.g. "ready" after a restart)
+
+
+ENDS = ("restart", "resume", "off")  # the actions that end a fault
+
+
+def _window(spec: FaultSpec, planned_s: float) -> tuple[float, float]:
+    """(start, end) in seconds of the ramp; a fault without an end lasts to the end (inf)."""
+    end = spec.until.seconds(planned_s) if spec.until is not None else math.inf
+    return spec.at.seconds(planned_s), end
+
+
+def check_overlaps(specs: Sequence[FaultSpec], planned_s: float, server_of: Callable[[FaultSpec], str]) -> None:
+    """ValueError naming two slow/fail faults whose windows overlap on one server (`server_of`),
+    model and instance (no instance: all of them). The server keeps one fault per instance:
+    the later fault would replace the earlier, and the first one's `off` clear both, while the
+    report showed each in effect for its whole window."""
+    spans = [(s, server_of(s), *_window(s, planned_s)) for s in specs if s.server_side]
+    for k, (a, where, a0, a1) in enumerate(spans):
+        for b, where_b, b0, b1 in spans[k + 1 :]:
+            same = where == where_b and a.model == b.model
+            same &= a.instance is None or b.instance is None or a.instance == b.instance
+            if same and a0 < b1 and b0 < a1:
+                inst = "every instance" if a.instance is None or b.instance is None else f"instance {a.instance}"
+                raise ValueError(
+                    f"--fault {a.text!r} and --fault {b.text!r}: both act on model {a.model} ({inst}) of {where} "
+                    f"from {max(a0, b0):g} s to {_s(min(a1, b1))}; the server keeps one fault per instance, so "
+                    "one would silently undo the other: expected windows that do not overlap (a fault without "
+                    "until= lasts to the end), or another instance= or replica="
+                )
+
+
+def _s(t: float) -> str:
+    return "the end" if math.isinf(t) else f"{t:g} s"
 
 
 class FaultSchedule:
@@ -370,7 +448,11 @@ class FaultSchedule:
         self._clock0: float | None = None
         self._paused: set[int] = set()
         self._server_faults: list[tuple[str, dict]] = []
-        self.actions = sorted((a for i, s in enumerate(self.specs) for a in self._actions(i, s)), key=lambda a: a.t_s)
+        actions = [a for i, s in enumerate(self.specs) for a in self._actions(i, s)]
+        check_overlaps(self.specs, planned_s, self._admin_url)
+        # At one time, a fault's end runs before another's start: a `fail` from 50% after a
+        # `slow` until 50% on the same instance must not be cleared by the slow one's off.
+        self.actions = sorted(actions, key=lambda a: (a.t_s, a.name not in ENDS))
 
     def _check_replica(self, spec: FaultSpec) -> int:
         n = len(self.replicas) if self.replicas is not None else 0
@@ -428,14 +510,28 @@ class FaultSchedule:
         if spec.delay_ms is not None:
             body["delay_ms"] = spec.delay_ms
         off = {k: v for k, v in body.items() if k in ("model", "instance")} | {"mode": "off"}
+        # The `off` at `until` runs on the schedule's clock, EXPIRY_MARGIN_S is room enough for it.
+        # Without `until` the fault ends with the ramp, which an overloaded server (the usual
+        # reason for a fault) can keep past its planned end by its requests' timeouts: such a
+        # fault keeps a whole planned ramp's time in hand.
+        planned_end = end if end is not None else self.planned_s
+        margin = EXPIRY_MARGIN_S if end is not None else max(EXPIRY_MARGIN_S, self.planned_s)
 
-        def on() -> None:
+        def on() -> dict:
+            # An expiry, so that a bench killed outright (no `off` at the end, no stop()) leaves
+            # nothing on: the fault's planned rest, plus a margin for the `off` to come first.
+            left = self._clock0 + planned_end - time.monotonic()
+            duration_s = min(max(left, 0.0) + margin, MAX_EXPIRY_S)
             self._server_faults.append((url, off))
-            post_fault(url, body)
+            post_fault(url, body | {"duration_s": round(duration_s, 3)})
+            return {"expires_s": round(time.monotonic() + duration_s - self._clock0, 3)}
+
+        def turn_off() -> None:
+            post_fault(url, off)
 
         out = [Action(start, i, spec.kind, on, spec.replica or 0)]
         if end is not None:
-            out.append(Action(end, i, "off", lambda: post_fault(url, off), spec.replica or 0))
+            out.append(Action(end, i, "off", turn_off, spec.replica or 0))
         return out
 
     def start(self, clock0: float) -> None:
@@ -444,11 +540,14 @@ class FaultSchedule:
         self._threads.append(thread)
         thread.start()
 
-    def _record(self, action: Action, name: str, error: str | None = None, at: float | None = None) -> None:
+    def _record(
+        self, action: Action, name: str, error: str | None = None, at: float | None = None, extra: dict | None = None
+    ) -> None:
         at = time.monotonic() if at is None else at
         event = {"t_s": round(at - self._clock0, 4), "fault": action.fault, "action": name}
         if action.replica is not None:
             event["replica"] = action.replica
+        event |= extra or {}
         if error is not None:
             event["error"] = error
             self.say(f"fault {self.specs[action.fault].text!r}: {name} failed: {error}")
@@ -461,12 +560,12 @@ class FaultSchedule:
         """Run the action; record it (at the time it began) or its failure, then its `then`."""
         began = time.monotonic()
         try:
-            action.run()
+            extra = action.run()
         except Exception as exc:  # recorded and reported; the ramp goes on
             self._record(action, action.name, f"{type(exc).__name__}: {exc}", began)
             return
         if action.then is None:
-            self._record(action, action.name, at=began)
+            self._record(action, action.name, at=began, extra=extra)
         else:
             self._record(action, action.then)
 
@@ -562,7 +661,9 @@ def _by_code(names: np.ndarray) -> dict[str, int]:
 
 
 def _p99_ms(latency_s: np.ndarray) -> float | None:
-    return float(np.percentile(latency_s, 99, method="higher") * 1e3) if len(latency_s) else None
+    """Nearest-rank P99 (docs/bench-schema.md), as every other percentile of the bench."""
+    p99 = latency_summary(np.asarray(latency_s) * 1e3)["p99"] if len(latency_s) else math.nan
+    return None if math.isnan(p99) else p99
 
 
 def _windows(intended, latency_s, ok, errors, lost, end_s, window_s, slo_p99_ms) -> dict:
@@ -656,6 +757,9 @@ def _one_fault(i, spec, events, intended, latency_s, ok, errors, lost, names, wi
     out["recovery_s"], out["breached_slo"] = _recovery(windows, begin, phases["after"][1], window_s)
     if out["recovery_s"] is not None and over is not None:
         out["recovered_after_end_s"] = round(begin + out["recovery_s"] - over, 3)
+    expires = next((e["expires_s"] for e in mine if "expires_s" in e and "error" not in e), None)
+    if expires is not None and expires < stop:  # a ramp past its planned time outlives the fault
+        out["expired_s"] = expires
     return out
 
 
@@ -683,6 +787,11 @@ def _recovery(windows: dict, begin: float, horizon: float, window_s: float) -> t
 # -- the ramp -----------------------------------------------------------------------------
 
 
+def planned_s(cfg: RampConfig) -> float:
+    """The ramp's planned time, which `at=30%` is a fraction of."""
+    return len(cfg.steps) * (cfg.warmup_s + cfg.step_duration_s)
+
+
 class FaultRamp(Ramp):
     """A Ramp that runs a FaultSchedule from its first step's start and adds `result["faults"]`."""
 
@@ -697,8 +806,7 @@ class FaultRamp(Ramp):
     ) -> None:
         super().__init__(cfg, progress)
         self.replicas = replicas
-        planned = len(cfg.steps) * (cfg.warmup_s + cfg.step_duration_s)
-        self.schedule = FaultSchedule(specs, planned, replicas=replicas, admin_urls=admin_urls, say=self.say)
+        self.schedule = FaultSchedule(specs, planned_s(cfg), replicas=replicas, admin_urls=admin_urls, say=self.say)
 
     def started(self, clock0: float) -> None:
         self.schedule.start(clock0)
@@ -767,6 +875,9 @@ def not_in_effect(section: dict) -> list[str | None]:
             out.append(f"did not take effect: {why}")
         elif errors:
             out.append("; ".join(f"its {e['action']} failed: {e['error']}" for e in errors))
+        elif f.get("expired_s") is not None:
+            end = "its end" if f.get("end_s") is None else f"its off at {f['end_s']:g} s"
+            out.append(f"expired at {f['expired_s']:g} s, before {end}: the ramp ran past its planned time")
         else:
             out.append(None)
     return out
@@ -934,6 +1045,15 @@ def run_faults(args, cfg: RampConfig) -> dict:
     if specs:
         # A fault is expected to break the SLO for a while; stopping there would skip its end.
         cfg = replace(cfg, stop_factor=math.inf)
+
+    def server_of(s: FaultSpec) -> str:
+        i = s.replica or 0
+        if args.replicas is None and i < len(args.admin_url):
+            return args.admin_url[i]
+        return f"replica {i}"
+
+    # Before any replica starts; the schedule checks again with the servers' own URLs.
+    check_overlaps(specs, planned_s(cfg), server_of)
     replicas, cfg = start_replicas(args, cfg, say, admin=any(s.server_side for s in specs))
     try:
         return FaultRamp(cfg, specs, replicas=replicas, admin_urls=args.admin_url, progress=say).run()

@@ -10,7 +10,6 @@ simulator (wok.bench.simulate) runs at wall-clock pace instead, labelled so on t
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
 import os
 import re
@@ -26,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from ..bench.arrivals import parse_duration
+from ..children import die_with_parent
 from .load import MAX_RATE, LoadControl, LoadGenerator
 from .web import DemoWeb, Hub, http_json, tick_load
 
@@ -39,7 +39,6 @@ MAX_QUEUE_SIZE = 4096
 # an overload shows as the server's own refusals; the cap only guards this process's memory.
 MAX_IN_FLIGHT = 2 * MAX_QUEUE_SIZE
 MAX_QUEUE_DELAY_S = 60.0  # the server's limit (ModelConfig, /admin/batching)
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def add_demo_parser(sub) -> None:
@@ -188,21 +187,8 @@ def popen_wok(cmd: list[str]) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None,
+        preexec_fn=die_with_parent(),
     )
-
-
-def _die_with(parent: int):
-    """A preexec_fn: SIGTERM to the child when its parent thread ends. The signal follows the
-    thread that forked, not the process: callers fork from one that lives as long as they do."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
-
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the parent ended before the line above: no signal will come
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
 
 
 def wait_for_patterns(

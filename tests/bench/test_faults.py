@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -17,7 +19,18 @@ import time
 import numpy as np
 import pytest
 
-from wok.bench.faults import At, FaultSchedule, fault_report, get_faults, not_in_effect, parse_at, parse_fault
+from wok.bench.faults import (
+    EXPIRY_MARGIN_S,
+    At,
+    FaultSchedule,
+    ReplicaSet,
+    _p99_ms,
+    fault_report,
+    get_faults,
+    not_in_effect,
+    parse_at,
+    parse_fault,
+)
 from wok.bench.runner import status_name
 
 pytestmark = pytest.mark.timeout(120)
@@ -160,6 +173,19 @@ def test_an_unharmed_run_recovers_at_once():
     assert r["timeline"]["replicas_up"] is None and "recovered_after_end_s" not in f
 
 
+def test_p99_is_nearest_rank():
+    """docs/bench-schema.md: the P99 of 100 requests is the 99th smallest, not the largest
+    (numpy's method="higher" gave 100 ms here)."""
+    assert _p99_ms(np.arange(1, 101) / 1e3) == pytest.approx(99.0)
+    assert _p99_ms(np.arange(1, 201) / 1e3) == pytest.approx(198.0)  # ceil(0.99 × 200) = 198th
+    assert _p99_ms(np.array([0.005])) == pytest.approx(5.0) and _p99_ms(np.array([])) is None
+    intended = np.arange(100) / 200  # 100 requests in the first 0.5 s window
+    latency = np.arange(1, 101) / 1e3
+    codes = np.zeros(100, dtype=np.int16)
+    r = fault_report(intended, intended + latency, latency, codes, specs=[], events=[], slo_p99_ms=99.5, end_s=0.5)
+    assert r["timeline"]["p99_ms"] == [pytest.approx(99.0)] and r["timeline"]["good"] == [True]
+
+
 def test_status_names_cover_the_lost_codes():
     assert [status_name(c) for c in (1, 4, 14, 2)] == ["CANCELLED", "DEADLINE_EXCEEDED", "UNAVAILABLE", "UNKNOWN"]
 
@@ -198,6 +224,55 @@ def test_schedule_turns_a_server_fault_on_and_off(start_server):
     events = schedule.sorted_events()
     assert [e["action"] for e in events] == ["slow", "off"] and all("error" not in e for e in events)
     assert 0.2 <= events[0]["t_s"] < 1.0 and 0.6 <= events[1]["t_s"] < 1.5
+    # The fault was posted with an expiry: the rest of its window (to 0.6 s) plus the margin,
+    # so that a bench that dies before its `off` leaves nothing on.
+    posted = time.time() - (time.monotonic() - schedule._clock0) + events[0]["t_s"]  # Unix time of the POST
+    assert seen[0][0]["until"] == pytest.approx(posted + 0.6 - events[0]["t_s"] + EXPIRY_MARGIN_S, abs=0.3)
+    assert events[0]["expires_s"] == pytest.approx(0.6 + EXPIRY_MARGIN_S, abs=0.3)
+
+
+def test_a_server_fault_without_an_end_keeps_a_planned_ramps_time_past_the_plan(start_server):
+    # It ends with the ramp, which an overloaded server can keep past its plan: its expiry is the
+    # planned end plus the planned time again (3 s would cut it while the ramp still ran).
+    server = start_server("--models", "mlp", "--admin")
+    url = admin_url(server)
+    schedule = FaultSchedule([parse_fault("fail:model=mlp,at=0.2s")], planned_s=10.0, admin_urls=[url])
+    schedule.start(time.monotonic())
+    try:
+        wait_for(lambda: any(e["action"] == "fail" for e in schedule.events))
+        (fault,) = get_faults(url)
+    finally:
+        schedule.stop()
+    (event,) = [e for e in schedule.sorted_events() if e["action"] == "fail"]
+    assert event["expires_s"] == pytest.approx(10.0 + 10.0, abs=0.3)
+    assert fault["until"] - time.time() == pytest.approx(20.0 - event["t_s"], abs=1.0)
+    assert get_faults(url) == []  # the ramp's end turned it off
+
+
+def test_a_fault_of_a_bench_killed_outright_expires(start_server):
+    """SIGKILL: no `off`, no cleanup. The fault goes away by itself at its expiry (it stayed on)."""
+    server = start_server("--models", "mlp", "--admin", "--torch-threads", "1")
+    url = admin_url(server)
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
+    cmd += ["--steps", "20", "--step-duration", "10s", "--warmup", "0s", "--workers", "1"]
+    cmd += ["--admin-url", url, "--fault", "fail:model=mlp,at=0s,until=2s"]
+    bench = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in bench.stderr:
+            if line.startswith("fault: fail"):
+                break
+        else:
+            raise AssertionError(f"the bench ended (status {bench.wait()}) before its fault")
+        killed_at = time.time()
+        bench.kill()
+        bench.wait(10)
+    finally:
+        bench.kill()
+        bench.stderr.close()
+    (fault,) = get_faults(url)
+    assert fault["mode"] == "fail" and fault["until"] is not None
+    assert fault["until"] <= killed_at + 2.0 + EXPIRY_MARGIN_S
+    wait_for(lambda: get_faults(url) == [], timeout=fault["until"] - time.time() + 2.0)
 
 
 def test_a_refused_server_fault_is_recorded_and_the_schedule_goes_on(start_server):
@@ -249,6 +324,50 @@ def test_cli_refuses_bad_fault_options(args, says, wok_cli):
     target = [] if "--replicas" in args else ["--target", "127.0.0.1:1"]  # the bench aims at its replicas
     status, _, err = wok_cli("bench", "ramp", "--metrics-url", "none", *target, *args)
     assert status == 2 and says in err, err
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "overlap"),
+    [
+        ("slow:model=mlp,delay=40ms,at=10%,until=90%", "fail:model=mlp,at=30%,until=50%", "from 3 s to 5 s"),
+        ("fail:model=mlp,at=60%", "slow:model=mlp,delay=5ms,at=10%,until=70%", "from 6 s to 7 s"),
+        ("fail:model=mlp,at=10%", "slow:model=mlp,delay=5ms,at=90%", "from 9 s to the end"),  # no until: to the end
+        ("fail:model=mlp,at=10%,until=50%,instance=1", "slow:model=mlp,delay=5ms,at=20%", "from 2 s to 5 s"),
+    ],
+)
+def test_overlapping_server_faults_on_one_instance_are_refused(first, second, overlap):
+    """The server keeps one fault per instance: the second would replace the first, and the
+    first one's `off` would clear both, while the report showed each in effect throughout."""
+    with pytest.raises(ValueError) as err:
+        FaultSchedule([parse_fault(first), parse_fault(second)], planned_s=10.0, admin_urls=["http://x:1"])
+    message = str(err.value)
+    assert f"--fault {first!r} and --fault {second!r}" in message and overlap in message
+    assert "both act on model mlp" in message and "of http://x:1" in message
+
+
+def test_server_faults_that_do_not_overlap_are_accepted_and_end_before_the_next_starts():
+    specs = [
+        parse_fault("fail:model=mlp,at=50%,until=70%,instance=0"),
+        parse_fault("slow:model=mlp,delay=5ms,at=10%,until=50%,instance=0"),  # ends as the fail begins
+        parse_fault("slow:model=mlp,delay=5ms,at=10%,instance=1"),  # another instance
+        parse_fault("slow:model=mlp,delay=5ms,at=55%,replica=1"),  # another server
+        parse_fault("fail:model=other,at=0%"),  # another model
+    ]
+    schedule = FaultSchedule(specs, planned_s=10.0, admin_urls=["http://x:1", "http://y:1"])
+    at_5s = [(a.fault, a.name) for a in schedule.actions if a.t_s == 5.0]
+    assert at_5s == [(1, "off"), (0, "fail")]  # the slow fault's off first: it must not clear the fail
+
+
+def test_the_cli_refuses_overlapping_faults_before_any_replica_starts(wok_cli):
+    started = time.monotonic()
+    status, _, err = wok_cli(
+        "bench", "ramp", "--metrics-url", "none", "--replicas", "1", "--steps", "20,20,20",
+        "--step-duration", "2s", "--warmup", "0.5s",
+        "--fault", "slow:model=mlp,delay=40ms,at=10%,until=90%", "--fault", "fail:model=mlp,at=30%,until=50%",
+    )  # fmt: skip
+    assert status == 2, err
+    assert "both act on model mlp (every instance) of replica 0 from 2.25 s to 3.75 s" in err
+    assert time.monotonic() - started < 5  # a replica takes longer than this to start
 
 
 def test_schedule_refuses_a_signal_fault_without_replicas():
@@ -366,6 +485,83 @@ def test_a_fault_that_did_not_run_as_asked_is_named():
         "did not take effect: the ramp ended before its time",
         None,
     ]
+
+
+def _children(pid: int, tid: int | None = None) -> list[int]:
+    """The child processes of `pid`, or of its thread `tid` only (the one that forked them)."""
+    found = []
+    for t in [tid] if tid is not None else os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/children") as f:
+            found += [int(c) for c in f.read().split()]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_bench_killed_outright_takes_its_replicas_with_it():
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "1", "--serve-args", "--models mlp"]
+    cmd += ["--steps", "20", "--step-duration", "30s", "--warmup", "0s", "--workers", "1", "--metrics-url", "none"]
+    bench = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    replicas: list[int] = []
+    try:
+        for line in bench.stderr:
+            if line.startswith("replicas serving on"):
+                break
+        else:
+            raise AssertionError(f"the bench ended (status {bench.wait()}) before its replicas served")
+        replicas = _children(bench.pid)
+        assert len(replicas) == 1
+        bench.kill()  # mid-step: no cleanup runs
+        bench.wait(10)
+        wait_for(lambda: not _alive(replicas[0]), timeout=15)  # it ran on, orphaned
+    finally:
+        bench.kill()
+        bench.stderr.close()
+        for pid in replicas:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_restarted_replica_is_forked_by_a_thread_that_outlives_the_restart():
+    """The death signal follows the thread that forked: a replica forked by the restart's own
+    thread would get SIGTERM as that thread ends. Each replica's parent is the set's thread."""
+    replicas = ReplicaSet(1, ["--models", "mlp", "--torch-threads", "1"])
+    try:
+        restart = threading.Thread(target=replicas.restart, args=(0,))
+        restart.start()
+        restart.join()
+        forker = replicas.forker._thread
+        assert forker.is_alive() and replicas[0].alive
+        assert _children(os.getpid(), forker.native_id) == [replicas[0].proc.pid]
+    finally:
+        replicas.close()
+    assert not forker.is_alive()
+
+
+def test_a_fault_that_expired_before_its_end_is_named():
+    """A ramp that ran past its planned time outlived a fault without until: the server ended it
+    at its expiry, so the rest of the ramp ran without it."""
+    intended, latency = _steady(0.0, 4.0, 0.01)
+    codes = np.zeros(len(intended), dtype=np.int16)
+    specs = [parse_fault("fail:model=mlp,at=0.5s"), parse_fault("slow:model=mlp,delay=5ms,at=1s,until=2s")]
+    events = [
+        {"t_s": 0.5, "fault": 0, "action": "fail", "expires_s": 3.0},
+        {"t_s": 1.0, "fault": 1, "action": "slow", "expires_s": 5.0},
+        {"t_s": 2.0, "fault": 1, "action": "off"},
+    ]
+    r = fault_report(
+        intended, intended + latency, latency, codes, specs=specs, events=events, slo_p99_ms=100.0, end_s=4.0
+    )
+    assert r["faults"][0]["expired_s"] == 3.0 and "expired_s" not in r["faults"][1]
+    assert not_in_effect(r) == ["expired at 3 s, before its end: the ramp ran past its planned time", None]
 
 
 def test_a_replica_that_exits_before_serving_says_so():
