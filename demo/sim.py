@@ -57,7 +57,8 @@ class SimBackend:
         return {
             "model": "simulated",
             "max_batch_size": m.max_batch_size,
-            "max_queue_delay_ms": m.max_queue_delay_s * 1e3,
+            "policy": "fixed",
+            "max_queue_delay_ms": round(m.max_queue_delay_s * 1e3, 6),  # as sent, as the server's admin API
             "preferred_batch_sizes": [],
             "max_queue_size": m.max_queue_size,
             "limit_batch_size": self.limit_batch_size,

@@ -73,6 +73,9 @@ def test_simulated_batches_by_hand():
     assert sim.set_batching({"max_batch_size": 1})["max_batch_size"] == 1
     with pytest.raises(ValueError, match="field 'max_queue_delay_ms'"):
         sim.set_batching({"max_queue_delay_ms": -1})
+    # The window comes back as sent (ms → s → ms once missed 1001 by an ulp), as the server's does.
+    for ms in (1001, 1003, 0.1, 2.7, 12.345678):
+        assert sim.set_batching({"max_queue_delay_ms": ms})["max_queue_delay_ms"] == ms
 
 
 def test_stepping_with_cuts_shows_the_same_batches_as_one_run_over_all_arrivals():
