@@ -91,18 +91,24 @@ def nominal_for(spec: str, offered_qps: float, duration_s: float) -> float:
     def offered(q: float) -> float:
         return window_rate(parse_arrivals(spec, q, duration_s=duration_s), 0.0, duration_s)
 
+    # Exact for the affine processes. One request per step is as close as a trace can come, but
+    # only once the secant has nothing better: over a step of d seconds that averages a request
+    # or less, 1/d is as large as the rate itself, and the first guess q would pass with its double.
+    exact = 1e-9 * offered_qps
+    tolerance = max(exact, 1.0 / duration_s)
     q0, q1 = offered_qps, 2 * offered_qps
-    f0, f1 = offered(q0), offered(q1)
-    tolerance = max(1e-9 * offered_qps, 1.0 / duration_s)
+    f0 = offered(q0)
+    if abs(f0 - offered_qps) <= exact:
+        return q0
+    f1 = offered(q1)
+    tried = [(q0, f0), (q1, f1)]
+    stalled = False
     for _ in range(8):
-        if abs(f1 - offered_qps) <= tolerance:
+        if abs(f1 - offered_qps) <= exact:
             return q1
         if f1 == f0:
-            raise ValueError(
-                f"arrivals {spec!r}: the offered rate ({f1:g} QPS) does not follow the step's QPS, so it "
-                f"cannot be set to {offered_qps:g} (a trace at a fixed scale, or a sawtooth with absolute low "
-                "and high, keeps its own rate)"
-            )
+            stalled = True
+            break
         q0, q1 = q1, q1 + (offered_qps - f1) * (q1 - q0) / (f1 - f0)
         if not q1 > 0:
             raise ValueError(
@@ -110,9 +116,19 @@ def nominal_for(spec: str, offered_qps: float, duration_s: float) -> float:
                 "(an absolute burst amplitude or sawtooth bound sets a floor)"
             )
         f0, f1 = f1, offered(q1)
-    if abs(f1 - offered_qps) > 0.01 * offered_qps:
-        raise ValueError(f"arrivals {spec!r}: no step rate found that offers {offered_qps:g} QPS (nearest {f1:g})")
-    return q1
+        tried.append((q1, f1))
+    q, f = min(tried, key=lambda qf: abs(qf[1] - offered_qps))
+    if abs(f - offered_qps) <= tolerance:
+        return q
+    if stalled:
+        raise ValueError(
+            f"arrivals {spec!r}: the offered rate ({f1:g} QPS) does not follow the step's QPS, so it "
+            f"cannot be set to {offered_qps:g} (a trace at a fixed scale, or a sawtooth with absolute low "
+            "and high, keeps its own rate)"
+        )
+    if abs(f - offered_qps) > 0.01 * offered_qps:
+        raise ValueError(f"arrivals {spec!r}: no step rate found that offers {offered_qps:g} QPS (nearest {f:g})")
+    return q
 
 
 # -- helpers ---------------------------------------------------------------------------------

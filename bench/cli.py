@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 REQUIRE_QPS_NOT_MET = 3
+# A soak that found no capacity to soak at: the same verdict as a capacity below --require-qps.
+SOAK_NO_CAPACITY = REQUIRE_QPS_NOT_MET
 FAULT_NOT_IN_EFFECT = 4
 DEFAULT_TARGET = "127.0.0.1:8001"
 
@@ -133,7 +135,7 @@ def _add_security(p) -> None:
         "--token-file",
         type=Path,
         metavar="PATH",
-        help="send the bearer token in PATH (its first line that is not a # comment)",
+        help="send the bearer token in PATH (the first token of its first line that is not a # comment)",
     )
     sec.add_argument("--token-env", metavar="VAR", help="send the bearer token in environment variable VAR")
 
@@ -157,11 +159,15 @@ def _security(args):
             text = args.token_file.read_text()
         except OSError as exc:
             raise ValueError(f"--token-file {args.token_file}: {exc.strerror or exc}") from None
-        # The server's format: the first line that is neither blank nor a '#' comment.
-        lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
-        if not lines:
+        from ..auth import split_tokens
+
+        # The server's own file may list several tokens (a rotation): any of them is accepted,
+        # and the first is the one to send. Not held to wok's server's rules for the tokens it
+        # accepts (length): the target may be another server.
+        tokens = split_tokens(text)
+        if not tokens:
             raise ValueError(f"--token-file {args.token_file} holds no token")
-        token = lines[0]
+        token = tokens[0]
     elif args.token_env:
         token = os.environ.get(args.token_env)
         if not token:
@@ -310,8 +316,41 @@ def _unix_time(text: str | None) -> float | None:
         raise ValueError(f"--start-at: expected a Unix time in seconds, e.g. $(date +%s); got {text!r}") from None
 
 
+def _signals_interrupt() -> dict | None:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does, until `_restore_signals`.
+
+    Their default kills the bench at once: faults posted to a server stay on, replicas and
+    workers are left running, and nothing measured is kept. As a KeyboardInterrupt they take
+    the Ctrl-C path, whose finally blocks turn faults off and stop the processes started.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None  # only the main thread may set handlers (and only it gets signals)
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    for s in previous:
+        signal.signal(s, on_signal)
+    return previous
+
+
+def _restore_signals(previous: dict | None) -> None:
+    import signal
+
+    for s, handler in (previous or {}).items():
+        if handler is not None:  # None: set outside Python, which cannot be put back from here
+            signal.signal(s, handler)
+
+
 def _check_aim(args) -> None:
     """Options that would be ignored together are refused: the run would not be what was asked."""
+    from . import soak
+
+    soak.check_options(args)
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1; got {args.workers}")
     if args.replicas is not None:
@@ -391,6 +430,7 @@ def run(args) -> int:
         )
     if args.hedge_after != "auto" and balancer != "wok":
         raise ValueError("--hedge-after is the wok balancer's: it does nothing with --balancer grpc")
+    previous = _signals_interrupt()
     try:
         if args.soak is not None:
             if args.fault:
@@ -406,6 +446,8 @@ def run(args) -> int:
     except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
         print(f"wok bench: {exc}", file=sys.stderr)
         return 1
+    finally:
+        _restore_signals(previous)
     _write_outputs(result, args)
     soak.print_soak(result)
     _print_host_probe(result.get("host_probe"))
@@ -420,6 +462,9 @@ def run(args) -> int:
         if missed:
             print(f"wok bench: fault(s) not run as asked: {', '.join(missed)} (see above)", file=sys.stderr)
             return FAULT_NOT_IN_EFFECT
+    if args.soak is not None and result.get("soak") is None and result.get("interrupted") is None:
+        print(f"wok bench: {soak.NO_CAPACITY}; the capacity ramp is the result", file=sys.stderr)
+        return SOAK_NO_CAPACITY
     best = result["max_qps_under_slo"]
     if args.require_qps is not None and (best is None or best < args.require_qps):
         print(f"wok bench: max QPS under the SLO is {best}, below the required {args.require_qps:g}", file=sys.stderr)

@@ -24,7 +24,7 @@ from . import analysis
 from .arrivals import parse_arrivals, window_rate
 from .payloads import Mix, PayloadGenerator, TensorSpec, parse_sizes
 from .scrape import scrape, server_view
-from .workers import OK, Share, WorkerPool
+from .workers import OK, Share, WorkerPool, default_balancer
 
 POOL_PER_MODEL = 256  # distinct pre-made payloads per model, cycled
 STATUS_NAMES: dict[int, str] = {}
@@ -91,27 +91,51 @@ class LateStart(RuntimeError):
     """With start_at: the first step's slot passed before this generator was ready for it."""
 
 
+def pool_balancer(cfg: RampConfig) -> str:
+    """The balancer the workers use for `cfg`: the one given, else WorkerPool's own choice."""
+    # WorkerPool's rule: streams run on one channel; else wok for several targets or a dns: name.
+    return cfg.balancer or ("grpc" if cfg.rpc == "stream" else default_balancer(cfg.target))
+
+
+def _metadata(cfg: RampConfig) -> list:
+    """Each model's metadata, fetched through the balancer the workers will use: a target that
+    only the wok balancer reaches (TLS checked per server, mixed address families) must not
+    fail here before any worker tries it."""
+    from wok.clients import Client
+
+    names = [name for name, _ in cfg.models]
+    if pool_balancer(cfg) == "grpc":
+        with Client(cfg.target, tls=cfg.tls, token=cfg.token, retries=cfg.retries) as client:
+            return [client.model_metadata(name, timeout=30) for name in names]
+    import asyncio
+
+    from wok.clients import AsyncClient
+
+    async def fetch() -> list:
+        async with AsyncClient(cfg.target, tls=cfg.tls, token=cfg.token, retries=cfg.retries, balancer="wok") as client:
+            return [await client.model_metadata(name, timeout=30) for name in names]
+
+    return asyncio.run(fetch())
+
+
 def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix]:
     """Serialized requests for every model of the mix; (start, count) of each model's slice."""
-    from wok.clients import Client
     from wok.codec import encode_request
 
     rng = np.random.default_rng(cfg.seed)
     pool: list[bytes] = []
     slices = []
     gens = []
-    with Client(cfg.target, tls=cfg.tls, token=cfg.token) as client:
-        for name, weight in cfg.models:
-            info = client.model_metadata(name, timeout=30)
-            specs = [TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in info.inputs.values()]
-            gen = PayloadGenerator(
-                name, specs, sizes=parse_sizes(cfg.sizes), rows=cfg.rows, seed=cfg.seed, int_high=cfg.int_high
-            )
-            start = len(pool)
-            for inputs in gen.pool(POOL_PER_MODEL, rng):
-                pool.append(encode_request(name, inputs, datatypes=gen.datatypes).SerializeToString())
-            slices.append((start, len(pool) - start))
-            gens.append((gen, weight))
+    for (name, weight), info in zip(cfg.models, _metadata(cfg)):
+        specs = [TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in info.inputs.values()]
+        gen = PayloadGenerator(
+            name, specs, sizes=parse_sizes(cfg.sizes), rows=cfg.rows, seed=cfg.seed, int_high=cfg.int_high
+        )
+        start = len(pool)
+        for inputs in gen.pool(POOL_PER_MODEL, rng):
+            pool.append(encode_request(name, inputs, datatypes=gen.datatypes).SerializeToString())
+        slices.append((start, len(pool) - start))
+        gens.append((gen, weight))
     return pool, slices, Mix(gens)
 
 
@@ -136,7 +160,7 @@ class Ramp:
             tls=cfg.tls,
             token=cfg.token,
             retries=cfg.retries,
-            balancer=cfg.balancer,
+            balancer=pool_balancer(cfg),
             hedge_after=cfg.hedge_after,
             rpc=cfg.rpc,
             streams=cfg.streams,
@@ -171,9 +195,25 @@ class Ramp:
                     passed = next(s["nominal_qps"] for s in steps if s["offered_qps"] == lo)
                     failed = min(higher, key=lambda s: s["offered_qps"])["nominal_qps"]
                     if passed < failed:
-                        _, extra = analysis.bisect_max_qps(
-                            lambda q: self.run_step(workers, q, "refine"), passed, failed, cfg.slo_p99_ms, cfg.refine
-                        )
+                        # Collected as each finishes: a refinement cut short keeps the steps it ran.
+                        extra: list[dict] = []
+
+                        def refine_at(q: float) -> dict:
+                            nonlocal at_qps
+                            at_qps = q
+                            step = self.run_step(workers, q, "refine")
+                            extra.append(step)
+                            return step
+
+                        at_qps = passed
+                        try:
+                            analysis.bisect_max_qps(refine_at, passed, failed, cfg.slo_p99_ms, cfg.refine)
+                        except (Exception, KeyboardInterrupt) as exc:
+                            interrupted = f"refinement ended early at {at_qps:g} QPS: {type(exc).__name__}: {exc}"
+                            by_signal = isinstance(exc, KeyboardInterrupt)
+                            self.say(interrupted)
+                        for step in extra:  # bisect_max_qps marks a step once run_at returns it
+                            step["phase"] = "refine"
                         steps = sorted(steps + extra, key=lambda s: s["offered_qps"])
         finally:
             workers.close()

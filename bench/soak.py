@@ -20,12 +20,16 @@ from dataclasses import replace
 
 import numpy as np
 
+from .analysis import latency_summary
 from .arrivals import nominal_for
 from .runner import Ramp, RampConfig, status_name
 from .scrape import scrape
 from .workers import OK
 
 SCHEMA = "wok.soak/1"
+# The options' defaults with --soak; None in argparse, so that one given without --soak is seen.
+DEFAULTS = {"soak_load": "80%", "soak_window": "1m", "rss_every": "5s"}
+NO_CAPACITY = "no step of the ramp met the SLO: no capacity to soak at (give --capacity)"
 RSS = "process_resident_memory_bytes"
 MIB = float(1 << 20)
 
@@ -107,8 +111,12 @@ def _slope_per_min(t_s: np.ndarray, y: np.ndarray) -> float | None:
     return float(np.polyfit(t_s[ok] / 60.0, y[ok], 1)[0])
 
 
-def _pct(latency_s: np.ndarray, q: float) -> float | None:
-    return float(np.percentile(latency_s, q, method="higher") * 1e3) if len(latency_s) else None
+def _pct(latency_s: np.ndarray, key: str) -> float | None:
+    """Nearest-rank percentile `key` ("p50", "p99") in ms, as every other figure of the result."""
+    if not len(latency_s):
+        return None
+    value = latency_summary(latency_s * 1e3)[key]
+    return None if math.isnan(value) else value
 
 
 def soak_report(
@@ -140,8 +148,8 @@ def soak_report(
                 "length_s": end - w * window_s,
                 "sent": int(here.sum()),
                 "ok": int((here & ok).sum()),
-                "p50_ms": _pct(lat, 50),
-                "p99_ms": _pct(lat, 99),
+                "p50_ms": _pct(lat, "p50"),
+                "p99_ms": _pct(lat, "p99"),
                 "rss_mib": float(at_end[-1] / MIB) if len(at_end) and np.isfinite(at_end[-1]) else None,
             }
         )
@@ -191,15 +199,21 @@ def _none_or(v: float | None, scale: float) -> float | None:
 
 
 def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None) -> dict:
-    """Capacity (measured or given), then the soak; the soak step's wok.bench/1 result with `soak` added."""
+    """Capacity (measured or given), then the soak; the soak step's wok.bench/1 result with `soak` added.
+
+    Without a soak, the capacity ramp's result with `soak` null: when that ramp was cut short
+    (`interrupted` set; the soak is not started), found no step under the SLO, or the soak step
+    was cut short (`interrupted` then says so).
+    """
     from . import faults
     from .arrivals import parse_duration
 
     say = say or faults.say
     duration = parse_duration(args.soak)
-    window = parse_duration(args.soak_window)
-    every = parse_duration(args.rss_every)
-    share = parse_fraction(args.soak_load)
+    given = {k: d if getattr(args, k) is None else getattr(args, k) for k, d in DEFAULTS.items()}
+    window = parse_duration(given["soak_window"])
+    every = parse_duration(given["rss_every"])
+    share = parse_fraction(given["soak_load"])
     if duration <= 0 or window <= 0 or every <= 0:
         raise ValueError("--soak, --soak-window and --rss-every must be > 0")
     if args.capacity is not None and not args.capacity > 0:
@@ -217,8 +231,14 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
             say("measuring the capacity: the highest step under the SLO")
             capacity_result = Ramp(cfg, say).run()
             capacity, source = capacity_result["max_qps_under_slo"], "measured"
-            if capacity is None:
-                raise RuntimeError("no step of the ramp met the SLO: no capacity to soak at (give --capacity)")
+            if capacity_result["interrupted"] is not None:
+                # Its highest step under the SLO is the last one reached, not the capacity: a
+                # soak at a share of it would load the server at a rate nobody chose.
+                say("the capacity ramp was cut short: no soak")
+                return _without_soak(capacity_result)
+            if capacity is None:  # the command line says so, and exits with its status
+                capacity_result["warnings"].append(NO_CAPACITY)
+                return _without_soak(capacity_result)
         load = share * capacity
         # The capacity is an offered rate; a burst or a sawtooth offers another rate than the
         # step rate that makes it, so the soak's step rate is solved for, not scaled.
@@ -228,7 +248,17 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
         soak_cfg = replace(cfg, steps=[nominal], step_duration_s=duration, warmup_s=0.0, refine=0, stop_factor=math.inf)
         sampler = RssSampler(urls, every)
         ramp = SoakRamp(soak_cfg, sampler, say)
-        result = ramp.run()
+        try:
+            result = ramp.run()
+        except (Exception, KeyboardInterrupt) as exc:
+            if capacity_result is None:
+                raise  # nothing measured: as a ramp cut in its first step
+            # The soak is one step, so nothing of it is kept; the capacity ramp still is a result.
+            reason = f"soak ended early: {type(exc).__name__}: {exc}"
+            say(reason)
+            capacity_result["interrupted"] = {"reason": reason, "by_signal": isinstance(exc, KeyboardInterrupt)}
+            capacity_result["warnings"].append(reason)
+            return _without_soak(capacity_result)
     finally:
         if replicas is not None:
             replicas.close()
@@ -259,6 +289,12 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
         result["warnings"].append("no /metrics to scrape (give --metrics-url): RSS was not sampled")
     result["soak"] = section
     return result
+
+
+def _without_soak(capacity_result: dict) -> dict:
+    """The capacity ramp's result as the run's, when the soak did not run or did not finish."""
+    capacity_result["soak"] = None
+    return capacity_result
 
 
 def print_soak(result: dict, file=None) -> None:
@@ -307,7 +343,20 @@ def add_arguments(p) -> None:
         help="after finding the capacity with the ramp's steps (or --capacity), hold --soak-load of it for "
         "DURATION (default 10m) and report RSS growth and P99 drift",
     )
-    g.add_argument("--soak-load", default="80%", help="share of the capacity to hold (default 80%%)")
-    g.add_argument("--capacity", type=float, help="capacity in QPS: skip measuring it")
-    g.add_argument("--soak-window", default="1m", help="window of the per-window P99 (default 1m)")
-    g.add_argument("--rss-every", default="5s", help="how often the server's RSS is scraped (default 5s)")
+    g.add_argument("--soak-load", help="with --soak: share of the capacity to hold (default 80%%)")
+    g.add_argument("--capacity", type=float, help="with --soak: capacity in QPS: skip measuring it")
+    g.add_argument("--soak-window", help="with --soak: window of the per-window P99 (default 1m)")
+    g.add_argument("--rss-every", help="with --soak: how often the server's RSS is scraped (default 5s)")
+
+
+def check_options(args) -> None:
+    """ValueError for a soak option given without --soak: it would be ignored."""
+    if args.soak is not None:
+        return
+    given = [f"--{k.replace('_', '-')}" for k in ("capacity", *DEFAULTS) if getattr(args, k) is not None]
+    if given:
+        many = len(given) > 1
+        raise ValueError(
+            f"{', '.join(given)} {'are' if many else 'is'} for --soak, which was not given: "
+            f"{'they' if many else 'it'} would be ignored"
+        )

@@ -122,14 +122,21 @@ def server_credentials(settings: ServerSettings) -> grpc.ServerCredentials | Non
 
 
 # -- tokens --------------------------------------------------------------------------------
-def parse_tokens(text: str, source: str) -> tuple[str, ...]:
-    """The tokens in `text`: separated by newlines, spaces or commas; lines starting with
-    '#' are comments. ValueError naming `source` and the token's position, never its text."""
+def split_tokens(text: str) -> list[str]:
+    """The tokens of a token file, in order, unchecked: separated by newlines, spaces or commas;
+    lines starting with '#' are comments. (`wok bench --token-file` sends the first.)"""
     tokens: list[str] = []
     for line in text.splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
             tokens.extend(t for t in _SPLIT.split(line) if t)
+    return tokens
+
+
+def parse_tokens(text: str, source: str) -> tuple[str, ...]:
+    """The tokens in `text` (`split_tokens`), each checked as the server accepts it. ValueError
+    naming `source` and the token's position, never its text."""
+    tokens = split_tokens(text)
     if not tokens:
         raise ValueError(f"{source} holds no token")
     for i, token in enumerate(tokens, 1):

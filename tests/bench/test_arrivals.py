@@ -410,6 +410,17 @@ def test_nominal_for_solves_the_step_rate_that_offers_a_rate():
     assert nominal_for("burst:amplitude=200", 80.0, 60.0) == pytest.approx(80.0 - 20 * math.sqrt(2 * math.pi))
 
 
+def test_nominal_for_a_step_of_about_one_request_is_the_rate_itself():
+    """0.4 QPS for 2 s averages 0.8 requests: the one-request-per-step tolerance (1/2 s = 0.5 QPS)
+    is larger than the rate, and the first guess's double (0.8 QPS, offering 0.8) used to pass it.
+    Poisson and constant offer exactly their step rate, so the answer is 0.4 itself; a default burst
+    over the whole 2 s (4x at 1 s, σ = 0.2 s, its tails beyond the step ~ e^-12.5) offers
+    1 + 4 · 0.2 · √(2π) / 2 = 1 + 0.4·√(2π) times its step rate."""
+    assert nominal_for("poisson", 0.4, 2.0) == 0.4
+    assert nominal_for("constant", 0.4, 2.0) == 0.4
+    assert nominal_for("burst", 0.4, 2.0) == pytest.approx(0.4 / (1 + 0.4 * math.sqrt(2 * math.pi)), rel=1e-6)
+
+
 def test_nominal_for_refuses_rates_it_cannot_reach(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("timestamp\n0\n0.5\n1\n")

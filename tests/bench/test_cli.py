@@ -1,6 +1,8 @@
-"""bench/cli.py: where `--metrics-url auto` looks for the server's /metrics."""
+"""bench/cli.py: where `--metrics-url auto` looks for the server's /metrics, option checks, --token-file."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -61,3 +63,25 @@ def test_options_that_would_be_ignored_together_are_refused(argv, message, capsy
 
     assert main(["bench", "ramp", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_token_file_sends_the_first_token_of_the_servers_own_file(start_server, tmp_path, capsys):
+    """The server's token file may list several tokens on a line (a rotation); the bench sent the
+    whole line "A,B" as one token, and the server refused it (exit 1)."""
+    from wok.__main__ import main
+
+    first, second = "tok-A-1b0c4ee6a1f94c8a8d1e", "tok-B-9f21d7c3e5a64b0f9c2a"
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# the rotation: new, old\n{first},{second}\n")
+    server = start_server("--models", "mlp", "--torch-threads", "1", "--auth-token-file", str(tokens))
+    out = tmp_path / "r.json"
+    argv = ["bench", "ramp", "--target", server.target, "--steps", "20", "--step-duration", "0.5s", "--warmup", "0.1s"]
+    argv += ["--workers", "1", "--metrics-url", "none", "--token-file", str(tokens), "--json", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())
+    assert result["steps"][0]["success_rate"] == 1.0 and result["config"]["token"] is True
+    assert first not in out.read_text()
+    empty = tmp_path / "empty"
+    empty.write_text("# nothing but a comment\n")
+    assert main([*argv[:-4], "--token-file", str(empty)]) == 2
+    assert f"--token-file {empty} holds no token" in capsys.readouterr().err

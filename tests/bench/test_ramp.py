@@ -311,6 +311,61 @@ def test_refine_bisects_on_the_nominal_rates_it_runs(bench_server):
     assert result["max_qps_under_slo"] == 3000.0
 
 
+class _CutInRefine(_DoubleOffer):
+    """_DoubleOffer whose second refinement step is cut by Ctrl-C as it starts."""
+
+    def run_step(self, workers, qps, label, slot=None):
+        if label == "refine" and sum(1 for q in self.ran if q not in (1000, 2000)) == 1:
+            raise KeyboardInterrupt("Ctrl-C")
+        return super().run_step(workers, qps, label, slot)
+
+
+def test_ctrl_c_in_the_refinement_keeps_the_ramp_and_the_refine_steps_run(bench_server):
+    """It used to end the run with exit 130 and nothing kept, though two steps had finished."""
+    cfg = RampConfig(
+        target=bench_server.target,
+        models=[("mlp", 1.0)],
+        steps=[1000, 2000],
+        step_duration_s=1.0,
+        refine=3,
+        slo_p99_ms=50.0,
+    )
+    ramp = _CutInRefine(cfg, progress=lambda _: None)
+    ramp.ran = []
+    result = ramp.run()
+    assert ramp.ran == [1000, 2000, 1500]  # cut as the second refinement step (1,750) starts
+    assert [(s["nominal_qps"], s["phase"]) for s in result["steps"]] == [
+        (1000, "ramp"),
+        (1500, "refine"),
+        (2000, "ramp"),
+    ]
+    assert result["max_qps_under_slo"] == 3000.0
+    assert result["interrupted"] == {
+        "reason": "refinement ended early at 1750 QPS: KeyboardInterrupt: Ctrl-C",
+        "by_signal": True,
+    }
+    assert result["interrupted"]["reason"] in result["warnings"]
+
+
+def test_the_pool_is_built_through_the_balancer_the_workers_use(bench_server, start_server):
+    """Two servers of two address families: one gRPC channel cannot list both, the wok balancer
+    (the workers' default for several targets) opens a channel per server. build_pool opened a
+    plain round-robin channel whatever the workers were to use, and failed before any worker ran."""
+    v6 = start_server("--models", "mlp", "--host", "::1", "--torch-threads", "1")
+    cfg = RampConfig(
+        target=f"{bench_server.target},{v6.target}",
+        models=[("mlp", 1.0)],
+        steps=[40],
+        step_duration_s=0.5,
+        warmup_s=0.1,
+        workers=1,
+    )
+    result = Ramp(cfg, progress=lambda _: None).run()
+    assert result["config"]["balancer"] == "wok" and len(result["balancer"]["replicas"]) == 2
+    (step,) = result["steps"]
+    assert step["success_rate"] == 1.0
+
+
 class _Clocked(Ramp):
     """A Ramp that notes, as its first step starts, where that start lies on the wall clock."""
 

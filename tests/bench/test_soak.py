@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,6 +48,15 @@ def test_soak_report_by_hand():
     assert (p["first_ms"], p["last_ms"], p["drift_ms"]) == (30.0, 40.0, 10.0)
     assert p["drift_pct"] == pytest.approx(100 / 3) and p["slope_ms_per_min"] == pytest.approx(300.0)
     json.dumps(r)
+
+
+def test_window_percentiles_are_nearest_rank():
+    """docs/bench-schema.md: P99 of 100 requests is the 99th smallest, not the largest (numpy's
+    "higher" gave 100 ms here, and 51 ms for the P50)."""
+    latency = np.arange(1, 101) / 1e3  # 1 ms … 100 ms
+    r = soak_report(np.linspace(0, 0.99, 100), latency, np.zeros(100, np.int16), [], duration_s=1.0, window_s=1.0)
+    (w,) = r["windows"]
+    assert (w["p50_ms"], w["p99_ms"]) == (50.0, 99.0)
 
 
 def test_rss_of_several_servers_adds_up_and_a_missing_or_early_sample_is_left_out():
@@ -126,6 +137,85 @@ def test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_ca
     assert not any(w.startswith("every step met") for w in result["warnings"])
     assert any(w.startswith("capacity ramp: every step met the SLO") for w in result["warnings"])
     assert "from the capacity ramp's steps" in proc.stdout
+
+
+def _soak_child(server, tmp_path, *args: str) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / "soak.json"
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
+    cmd += ["--workers", "1", "--warmup", "0.2s", "--json", str(out), *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), out
+
+
+def _interrupt_at(proc: subprocess.Popen, starts: str) -> str:
+    """SIGINT once stderr shows a line starting with `starts`; then all of stderr."""
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith(starts):
+            proc.send_signal(signal.SIGINT)
+            break
+    else:
+        raise AssertionError("".join(seen)[-3000:])
+    try:
+        _, rest = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"still running 30 s after SIGINT:\n{''.join(seen)[-3000:]}") from None
+    return "".join(seen) + rest
+
+
+def test_ctrl_c_in_the_capacity_ramp_starts_no_soak(start_server, tmp_path):
+    """It used to soak at 80 % of the steps reached so far (exit 0, `interrupted` null)."""
+    server = start_server("--models", "mlp", "--torch-threads", "1")
+    proc, out = _soak_child(server, tmp_path, "--steps", "20,40,80", "--step-duration", "1s", "--soak", "60s")
+    err = _interrupt_at(proc, "step 2/3:")
+    assert proc.returncode == 0, err[-3000:]
+    assert "\nsoak: " not in err and "the capacity ramp was cut short: no soak" in err
+    result = json.loads(out.read_text())
+    assert result["soak"] is None and [s["nominal_qps"] for s in result["steps"]] == [20]
+    assert result["interrupted"]["by_signal"] is True
+    assert result["interrupted"]["reason"].startswith("ramp ended early at 40 QPS: KeyboardInterrupt")
+
+
+def test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp(start_server, tmp_path):
+    """It used to exit 130 with nothing written, the capacity ramp's steps lost."""
+    server = start_server("--models", "mlp", "--torch-threads", "1")
+    proc, out = _soak_child(server, tmp_path, "--steps", "20,40", "--step-duration", "1s", "--soak", "60s")
+    err = _interrupt_at(proc, "step 1/1:")  # the soak's one step, after the capacity ramp's two
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.read_text())
+    assert result["soak"] is None and [s["nominal_qps"] for s in result["steps"]] == [20, 40]
+    assert result["max_qps_under_slo"] == result["steps"][-1]["offered_qps"]
+    reason = result["interrupted"]["reason"]
+    assert result["interrupted"]["by_signal"] is True and reason.startswith("soak ended early: KeyboardInterrupt")
+    assert reason in result["warnings"]
+
+
+def test_a_soak_without_capacity_writes_the_capacity_ramp_and_exits_3(start_server, tmp_path):
+    """No step meets a 1 µs SLO. It used to exit 1 (kept for a failed target or worker) and write nothing."""
+    server = start_server("--models", "mlp", "--torch-threads", "1")
+    cmd = ["--steps", "20", "--step-duration", "0.5s", "--slo-p99", "0.001ms", "--soak", "60s"]
+    proc, out = _soak_child(server, tmp_path, *cmd)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err[-3000:]
+    assert "no step of the ramp met the SLO: no capacity to soak at (give --capacity)" in err
+    result = json.loads(out.read_text())
+    assert result["soak"] is None and result["max_qps_under_slo"] is None and len(result["steps"]) == 1
+    assert result["interrupted"] is None and any("no capacity to soak at" in w for w in result["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--capacity", "10"], "--capacity is for --soak, which was not given: it would be ignored"),
+        (["--soak-load", "50%"], "--soak-load is for --soak"),
+        (["--soak-window", "10s", "--rss-every", "1s"], "--soak-window, --rss-every are for --soak, which was not"),
+    ],
+)
+def test_soak_options_without_soak_are_refused(args, says, wok_cli):
+    status, _, err = wok_cli("bench", "ramp", "--metrics-url", "none", "--target", "127.0.0.1:1", *args)
+    assert status == 2 and says in err, err
 
 
 @pytest.mark.parametrize(
