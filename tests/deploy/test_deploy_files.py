@@ -171,6 +171,26 @@ def referenced_metric_names() -> dict[str, set[str]]:
 # -- promtool -------------------------------------------------------------------------------
 
 
+def test_the_deploy_readmes_metric_table_lists_every_metric_and_label_value_the_server_exports():
+    from wok.metrics import FLUSH_REASONS, REJECTION_REASONS
+
+    def rows(text: str) -> dict[str, str]:
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("| `wok_"):
+                names, rest = line[2:].split(" | ", 1)
+                out |= dict.fromkeys(re.findall(r"`(wok_\w+)`", names), rest)
+        return out
+
+    documented = rows((ROOT / "docs" / "metrics.md").read_text())
+    table = rows((ROOT / "deploy" / "README.md").read_text())
+    assert sorted(set(documented) - set(table)) == []
+    label_values = {"wok_batch_flushes_total": FLUSH_REASONS, "wok_rejected_requests_total": REJECTION_REASONS}
+    for metric, values in label_values.items():
+        missing = [v for v in values if not re.search(rf"\b{v}\b", table[metric])]
+        assert not missing, f"deploy/README.md's {metric} row leaves out {missing}"
+
+
 def test_the_rule_files_are_the_ones_the_config_loads():
     config = yaml.safe_load(CONFIG.read_text())
     assert (
