@@ -372,7 +372,7 @@ def run(args) -> int:
     from .arrivals import parse_duration, parse_steps
     from .payloads import parse_mix
     from .runner import Ramp, RampConfig
-    from .workers import default_balancer
+    from .workers import pick_balancer
 
     _check_aim(args)
     target = args.target or DEFAULT_TARGET
@@ -419,8 +419,7 @@ def run(args) -> int:
     if args.streams < 1:
         raise ValueError("--streams must be at least 1")
     # The balancer the workers will use (as WorkerPool picks it): several replicas are several targets.
-    several = (args.replicas or 0) >= 2 or default_balancer(target) == "wok"
-    balancer = args.balancer or ("grpc" if args.rpc == "stream" or not several else "wok")
+    balancer = pick_balancer(args.balancer, args.rpc, target, replicas=args.replicas or 0)
     if args.rpc == "stream" and balancer != "grpc":
         raise ValueError("--rpc stream sends on one channel: it does not go with --balancer wok")
     if args.server_timing and (args.rpc != "unary" or balancer != "grpc"):

@@ -24,7 +24,7 @@ from . import analysis
 from .arrivals import parse_arrivals, window_rate
 from .payloads import Mix, PayloadGenerator, TensorSpec, parse_sizes
 from .scrape import scrape, server_view
-from .workers import OK, Share, WorkerPool, default_balancer
+from .workers import OK, Share, WorkerPool, pick_balancer
 
 POOL_PER_MODEL = 256  # distinct pre-made payloads per model, cycled
 STATUS_NAMES: dict[int, str] = {}
@@ -91,12 +91,6 @@ class LateStart(RuntimeError):
     """With start_at: the first step's slot passed before this generator was ready for it."""
 
 
-def pool_balancer(cfg: RampConfig) -> str:
-    """The balancer the workers use for `cfg`: the one given, else WorkerPool's own choice."""
-    # WorkerPool's rule: streams run on one channel; else wok for several targets or a dns: name.
-    return cfg.balancer or ("grpc" if cfg.rpc == "stream" else default_balancer(cfg.target))
-
-
 def _metadata(cfg: RampConfig) -> list:
     """Each model's metadata, fetched through the balancer the workers will use: a target that
     only the wok balancer reaches (TLS checked per server, mixed address families) must not
@@ -104,7 +98,7 @@ def _metadata(cfg: RampConfig) -> list:
     from wok.clients import Client
 
     names = [name for name, _ in cfg.models]
-    if pool_balancer(cfg) == "grpc":
+    if pick_balancer(cfg.balancer, cfg.rpc, cfg.target) == "grpc":
         with Client(cfg.target, tls=cfg.tls, token=cfg.token, retries=cfg.retries) as client:
             return [client.model_metadata(name, timeout=30) for name in names]
     import asyncio
@@ -160,7 +154,7 @@ class Ramp:
             tls=cfg.tls,
             token=cfg.token,
             retries=cfg.retries,
-            balancer=pool_balancer(cfg),
+            balancer=cfg.balancer,
             hedge_after=cfg.hedge_after,
             rpc=cfg.rpc,
             streams=cfg.streams,
@@ -202,6 +196,7 @@ class Ramp:
                             nonlocal at_qps
                             at_qps = q
                             step = self.run_step(workers, q, "refine")
+                            step["phase"] = "refine"
                             extra.append(step)
                             return step
 
@@ -212,8 +207,6 @@ class Ramp:
                             interrupted = f"refinement ended early at {at_qps:g} QPS: {type(exc).__name__}: {exc}"
                             by_signal = isinstance(exc, KeyboardInterrupt)
                             self.say(interrupted)
-                        for step in extra:  # bisect_max_qps marks a step once run_at returns it
-                            step["phase"] = "refine"
                         steps = sorted(steps + extra, key=lambda s: s["offered_qps"])
         finally:
             workers.close()

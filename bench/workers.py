@@ -125,6 +125,16 @@ def default_balancer(target: str) -> str:
     return "wok" if "," in target or target.startswith("dns:") else "grpc"
 
 
+def pick_balancer(balancer: str | None, rpc: str, target: str, replicas: int = 0) -> str:
+    """The balancer the workers use: `balancer` if given; else gRPC's for streams (they run on
+    one channel), and for the rest `default_balancer`, or wok's for `replicas` ≥ 2 not yet started."""
+    if balancer:
+        return balancer
+    if rpc == "stream":
+        return "grpc"
+    return "wok" if replicas >= 2 else default_balancer(target)
+
+
 @dataclass(frozen=True)
 class Channel:
     """How a worker reaches the servers: security, retries, and which balancer."""
@@ -204,7 +214,7 @@ class WorkerPool:
 
     `tls` (a wok.clients.TLS, or True), `token` and `retries` are as for the clients; they
     reach the workers through the spawn pipe, never their command line. `balancer` is
-    "grpc" or "wok" (None: `default_balancer(target)`), `hedge_after` the wok balancer's.
+    "grpc" or "wok" (None: `pick_balancer`), `hedge_after` the wok balancer's.
     """
 
     def __init__(
@@ -222,8 +232,7 @@ class WorkerPool:
         streams: int = 4,
         server_timing: bool = False,
     ) -> None:
-        # Streams run on one channel: without an explicit balancer they get gRPC's.
-        balancer = balancer or ("grpc" if rpc == "stream" else default_balancer(target))
+        balancer = pick_balancer(balancer, rpc, target)
         if balancer not in ("grpc", "wok"):
             raise ValueError(f"balancer must be grpc or wok; got {balancer!r}")
         if rpc not in ("unary", "stream"):

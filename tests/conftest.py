@@ -57,6 +57,11 @@ class ServerProcess:
                 )
             return first()
 
+    def http_url(self) -> str:
+        """The base URL of its metrics (and admin) HTTP port: "http://host:port"."""
+        line = self.wait_for_line("wok: metrics on http://")
+        return line.split("metrics on ")[1].rsplit("/metrics", 1)[0]
+
     def terminate(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -193,13 +193,6 @@ def test_status_names_cover_the_lost_codes():
 # -- the schedule against a real server's admin API ----------------------------------------
 
 
-def admin_url(server) -> str:
-    for line in server.log:
-        if "metrics on http://" in line:
-            return line.split("metrics on ")[1].rsplit("/metrics", 1)[0]
-    raise AssertionError("no metrics URL printed")
-
-
 def wait_for(predicate, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -209,7 +202,7 @@ def wait_for(predicate, timeout: float = 20.0) -> None:
 
 def test_schedule_turns_a_server_fault_on_and_off(start_server):
     server = start_server("--models", "mlp", "--admin")
-    url = admin_url(server)
+    url = server.http_url()
     spec = parse_fault("slow:model=mlp,delay=40ms,at=0.2s,until=0.6s")
     schedule = FaultSchedule([spec], planned_s=10.0, admin_urls=[url])
     seen: list[list[dict]] = []
@@ -235,7 +228,7 @@ def test_a_server_fault_without_an_end_keeps_a_planned_ramps_time_past_the_plan(
     # It ends with the ramp, which an overloaded server can keep past its plan: its expiry is the
     # planned end plus the planned time again (3 s would cut it while the ramp still ran).
     server = start_server("--models", "mlp", "--admin")
-    url = admin_url(server)
+    url = server.http_url()
     schedule = FaultSchedule([parse_fault("fail:model=mlp,at=0.2s")], planned_s=10.0, admin_urls=[url])
     schedule.start(time.monotonic())
     try:
@@ -252,7 +245,7 @@ def test_a_server_fault_without_an_end_keeps_a_planned_ramps_time_past_the_plan(
 def test_a_fault_of_a_bench_killed_outright_expires(start_server):
     """SIGKILL: no `off`, no cleanup. The fault goes away by itself at its expiry (it stayed on)."""
     server = start_server("--models", "mlp", "--admin", "--torch-threads", "1")
-    url = admin_url(server)
+    url = server.http_url()
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
     cmd += ["--steps", "20", "--step-duration", "10s", "--warmup", "0s", "--workers", "1"]
     cmd += ["--admin-url", url, "--fault", "fail:model=mlp,at=0s,until=2s"]
@@ -278,7 +271,7 @@ def test_a_fault_of_a_bench_killed_outright_expires(start_server):
 def test_a_refused_server_fault_is_recorded_and_the_schedule_goes_on(start_server):
     server = start_server("--models", "mlp")  # no --admin: the admin paths are refused
     spec = parse_fault("fail:model=mlp,at=0s,until=0.1s")
-    schedule = FaultSchedule([spec], planned_s=1.0, admin_urls=[admin_url(server)])
+    schedule = FaultSchedule([spec], planned_s=1.0, admin_urls=[server.http_url()])
     schedule.start(time.monotonic())
     wait_for(lambda: len(schedule.events) == 2)
     schedule.stop()
@@ -295,7 +288,7 @@ def test_ramp_with_server_faults_counts_errors_not_losses(start_server, tmp_path
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
     cmd += ["--steps", "50", "--step-duration", "6s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
-    cmd += ["--admin-url", admin_url(server), "--fault", "slow:model=mlp,delay=60ms,at=10%,until=40%"]
+    cmd += ["--admin-url", server.http_url(), "--fault", "slow:model=mlp,delay=60ms,at=10%,until=40%"]
     cmd += ["--fault", "fail:model=mlp,at=60%,until=80%"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -582,7 +575,7 @@ def test_a_ramp_whose_fault_was_refused_says_so_and_exits_4(start_server, tmp_pa
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
     cmd += ["--steps", "50", "--step-duration", "1s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
-    cmd += ["--admin-url", admin_url(server), "--fault", "slow:model=mlp,delay=50ms,at=10%"]
+    cmd += ["--admin-url", server.http_url(), "--fault", "slow:model=mlp,delay=50ms,at=10%"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 4, proc.stderr[-3000:]
     assert "fault(s) not run as asked: slow:model=mlp,delay=50ms,at=10%" in proc.stderr

@@ -16,14 +16,9 @@ from wok.bench.faults import get_faults
 pytestmark = pytest.mark.timeout(120)
 
 
-def _admin_url(server) -> str:
-    line = next(line for line in server.log if "metrics on http://" in line)
-    return line.split("metrics on ")[1].rsplit("/metrics", 1)[0]
-
-
 def test_sigterm_mid_step_turns_the_servers_fault_off_and_exits_at_once(start_server):
     server = start_server("--models", "mlp", "--admin", "--torch-threads", "1")
-    admin = _admin_url(server)
+    admin = server.http_url()
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
     cmd += ["--steps", "20", "--step-duration", "60s", "--warmup", "0s", "--workers", "1"]
     cmd += ["--admin-url", admin, "--fault", "fail:model=mlp,at=0.2s"]
