@@ -283,3 +283,30 @@ def wok_cli(capsys):
         return status, out, err
 
     return run
+
+
+class ProcTree:
+    """Linux /proc readings of a process tree, for tests about orphans and death signals."""
+
+    @staticmethod
+    def children(pid: int, tid: int | None = None) -> list[int]:
+        """The child processes of `pid`, or of its thread `tid` only (the one that forked them)."""
+        found = []
+        for t in [tid] if tid is not None else os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{t}/children") as f:
+                found += [int(c) for c in f.read().split()]
+        return found
+
+    @staticmethod
+    def alive(pid: int) -> bool:
+        """Whether `pid` runs; a zombie has ended."""
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+
+@pytest.fixture
+def proc_tree() -> type[ProcTree]:
+    return ProcTree

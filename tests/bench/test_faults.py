@@ -480,25 +480,8 @@ def test_a_fault_that_did_not_run_as_asked_is_named():
     ]
 
 
-def _children(pid: int, tid: int | None = None) -> list[int]:
-    """The child processes of `pid`, or of its thread `tid` only (the one that forked them)."""
-    found = []
-    for t in [tid] if tid is not None else os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{t}/children") as f:
-            found += [int(c) for c in f.read().split()]
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_bench_killed_outright_takes_its_replicas_with_it():
+def test_a_bench_killed_outright_takes_its_replicas_with_it(proc_tree):
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "1", "--serve-args", "--models mlp"]
     cmd += ["--steps", "20", "--step-duration", "30s", "--warmup", "0s", "--workers", "1", "--metrics-url", "none"]
     bench = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -509,21 +492,21 @@ def test_a_bench_killed_outright_takes_its_replicas_with_it():
                 break
         else:
             raise AssertionError(f"the bench ended (status {bench.wait()}) before its replicas served")
-        replicas = _children(bench.pid)
+        replicas = proc_tree.children(bench.pid)
         assert len(replicas) == 1
         bench.kill()  # mid-step: no cleanup runs
         bench.wait(10)
-        wait_for(lambda: not _alive(replicas[0]), timeout=15)  # it ran on, orphaned
+        wait_for(lambda: not proc_tree.alive(replicas[0]), timeout=15)  # it ran on, orphaned
     finally:
         bench.kill()
         bench.stderr.close()
         for pid in replicas:
-            if _alive(pid):
+            if proc_tree.alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_restarted_replica_is_forked_by_a_thread_that_outlives_the_restart():
+def test_a_restarted_replica_is_forked_by_a_thread_that_outlives_the_restart(proc_tree):
     """The death signal follows the thread that forked: a replica forked by the restart's own
     thread would get SIGTERM as that thread ends. Each replica's parent is the set's thread."""
     replicas = ReplicaSet(1, ["--models", "mlp", "--torch-threads", "1"])
@@ -533,7 +516,7 @@ def test_a_restarted_replica_is_forked_by_a_thread_that_outlives_the_restart():
         restart.join()
         forker = replicas.forker._thread
         assert forker.is_alive() and replicas[0].alive
-        assert _children(os.getpid(), forker.native_id) == [replicas[0].proc.pid]
+        assert proc_tree.children(os.getpid(), forker.native_id) == [replicas[0].proc.pid]
     finally:
         replicas.close()
     assert not forker.is_alive()

@@ -173,36 +173,20 @@ def test_live_demo_refuses_cross_site_faults_and_bounds_the_queue(start_demo):
     assert demo.stop() == 0
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/children") as f:
-            found += [int(c) for c in f.read().split()]
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.timeout(120)
-def test_sigkill_of_the_demo_ends_its_server(start_demo):
+def test_sigkill_of_the_demo_ends_its_server(start_demo, proc_tree):
     demo = start_demo("--rate", "0")
-    (server,) = _children(demo.proc.pid)
+    (server,) = proc_tree.children(demo.proc.pid)
     try:
         demo.proc.kill()
         demo.proc.wait(10)
         deadline = time.monotonic() + 15
-        while _alive(server) and time.monotonic() < deadline:
+        while proc_tree.alive(server) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(server), "the demo's wok server outlived the demo"
+        assert not proc_tree.alive(server), "the demo's wok server outlived the demo"
     finally:
-        if _alive(server):
+        if proc_tree.alive(server):
             os.kill(server, signal.SIGKILL)
 
 
