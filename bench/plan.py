@@ -68,7 +68,21 @@ def exact(value, what: str) -> Fraction:
             raise ValueError(f"{what}: {value!r} is not a number") from None
     if not d.is_finite():
         raise ValueError(f"{what}: {value!r} is not a finite number")
-    return Fraction(d)
+    return _in_float_range(Fraction(d), what, value)
+
+
+def _in_float_range(x: Fraction, what: str, given) -> Fraction:
+    """`x`, if a float holds its magnitude: the plan's figures are reported as floats."""
+    try:
+        f = float(x)
+    except OverflowError:
+        f = math.inf
+    if math.isinf(f) or (x and not f):
+        raise ValueError(
+            f"{what}: {given!r} is out of range: its magnitude is beyond what a 64-bit float holds "
+            "(about 1e-308 to 1e308)"
+        )
+    return x
 
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]([-+]?\d+))?\s*(ms|s|m|h)?\s*")
@@ -83,7 +97,7 @@ def exact_duration(text: str, what: str) -> Fraction:
         raise ValueError(f"{what}: {exc}") from None
     m = _DURATION.fullmatch(text)
     number = Fraction(Decimal(m.group(1) + (f"e{m.group(2)}" if m.group(2) else "")))
-    return number * _UNIT[m.group(3)]
+    return _in_float_range(number * _UNIT[m.group(3)], what, text)
 
 
 def ceil(x: Fraction) -> int:
@@ -409,6 +423,17 @@ def build_plan(
     created: str | None = None,
 ) -> dict:
     """The whole `wok.plan/1` document (docs/plan.md): inputs, the arithmetic step by step, the result."""
+    try:
+        return _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created)
+    except OverflowError:
+        # Each input is within a float's range (exact()), but a product or quotient of them may not be.
+        raise ValueError(
+            "the inputs give a figure beyond what a 64-bit float holds (about 1e-308 to 1e308): "
+            "check the units of the peak and the batch time"
+        ) from None
+
+
+def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created) -> dict:
     teams = list(teams or [])
     given = [x for x in (peak_qps is not None, burst is not None, bool(teams)) if x]
     if len(given) != 1:

@@ -308,7 +308,12 @@ def parse_batch_sizes(spec: str) -> list[int]:
     """ "1,2,4,8" or a range "1:32:2", as `parse_steps` reads QPS steps; whole numbers only."""
     from .arrivals import parse_steps
 
-    values = parse_steps(spec)
+    try:
+        values = parse_steps(spec)
+    except ValueError as exc:
+        # parse_steps speaks of QPS steps; the message that reaches the user names this option.
+        detail = str(exc).split(": ", 1)[-1]
+        raise ValueError(f"--batch-sizes {spec!r}: {detail.replace('each step', 'each size')}") from None
     if any(v != int(v) for v in values):
         raise ValueError(f"--batch-sizes {spec!r}: batch sizes must be whole numbers")
     return [int(v) for v in values]

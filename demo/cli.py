@@ -80,6 +80,8 @@ def run_demo(args) -> int:
         raise ValueError(f"--rate: expected requests per second from 0 to {MAX_RATE:g}, got {args.rate:g}")
     if args.torch_threads < 1:
         raise ValueError(f"--torch-threads: expected 1 or more, got {args.torch_threads}")
+    if re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device) is None:
+        raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {args.device!r}")
     delay_s = duration("--max-queue-delay", args.max_queue_delay)
     if delay_s > MAX_QUEUE_DELAY_S:
         raise ValueError(f"--max-queue-delay: expected at most {MAX_QUEUE_DELAY_S:g}s, got {args.max_queue_delay}")

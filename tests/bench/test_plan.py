@@ -573,6 +573,14 @@ def test_the_cli_from_ramp_and_burst(tmp_path, capsys):
         (["--peak-qps", "5000", "--t-batch", "20ms", "--batch-size", "16", "--target-util", "1.2"], "(0, 1]"),
         (["--peak-qps", "x", "--t-batch", "20ms", "--batch-size", "16"], "not a number"),
         (["--t-batch", "20ms", "--batch-size", "16"], "exactly one way"),
+        (["--peak-qps", "1e400", "--t-batch", "20ms", "--batch-size", "16"], "--peak-qps: '1e400' is out of range"),
+        (["--peak-qps", "1e-400", "--t-batch", "20ms", "--batch-size", "16"], "--peak-qps: '1e-400' is out of range"),
+        (["--peak-qps", "100", "--t-batch", "1e400s", "--batch-size", "16"], "--t-batch: '1e400s' is out of range"),
+        (["--team", "a=1e400", "--t-batch", "20ms", "--batch-size", "16"], "team a: peak QPS: '1e400' is out"),
+        (["--burst", "base=1e400,amplitude=1", "--t-batch", "20ms", "--batch-size", "16"], "'1e400' is out of range"),
+        # Each input fits a float; their product does not.
+        (["--peak-qps", "1e300", "--t-batch", "1e300s", "--batch-size", "16"], "beyond what a 64-bit float holds"),
+        (["--peak-qps", "1e300", "--t-batch", "20ms", "--batch-size", "1e-300"], "beyond what a 64-bit float holds"),
     ],
 )
 def test_the_cli_refuses_bad_options(argv, message, capsys):

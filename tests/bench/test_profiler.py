@@ -304,6 +304,8 @@ def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
     [
         (["profile", "mlp", "--batch-sizes", "16,64"], "exceed model 'mlp''s max_batch_size"),
         (["profile", "mlp", "--batch-sizes", "1,2.5"], "whole numbers"),
+        (["profile", "mlp", "--batch-sizes", "0,4"], "--batch-sizes '0,4': each size must be > 0"),
+        (["profile", "mlp", "--batch-sizes", "1,x"], "--batch-sizes '1,x': 'x' is not a number"),
         (["profile", "mlp", "--peak-flops", "lots"], "--peak-flops 'lots'"),
         (["profile", "nope"], "unknown demo model"),
         (["profile", "mlp", "--device", "tpu"], "expected auto, cpu, cuda or cuda:N"),

@@ -145,6 +145,7 @@ def test_wok_demo_simulate_serves_the_page_and_labels_itself(start_demo):
         (["--max-queue-delay", "100s"], "wok demo: --max-queue-delay: expected at most 60s, got 100s\n"),
         (["--slo", "0ms"], "wok demo: --slo: expected a duration above 0, got 0ms\n"),
         (["--torch-threads", "0"], "wok demo: --torch-threads: expected 1 or more, got 0\n"),
+        (["--device", "bogus"], "wok demo: --device: expected auto, cpu, cuda or cuda:N, got 'bogus'\n"),
         (["--host", "no-such-host.invalid"], "wok demo: --host: expected an address of this machine, got "),
     ],
 )
