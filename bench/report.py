@@ -181,7 +181,8 @@ def _mark_offer(ax, x: float | None, label: str, color: str, y_frac: float, offe
         return
     ax.axvline(x, color=color, linestyle=":", linewidth=1.5, label=label)
     # Labels of marks in the right part of the plot go to the line's left, so they stay inside the axes.
-    lo, hi = float(np.nanmin(offers)), float(np.nanmax(offers))
+    # The mark itself counts: a soak's capacity-ramp verdict lies beyond its one step.
+    lo, hi = min(float(np.nanmin(offers)), x), max(float(np.nanmax(offers)), x)
     scale = np.log if _span(offers) > LOG_SPAN else (lambda v: v)
     frac = (scale(x) - scale(lo)) / (scale(hi) - scale(lo)) if hi > lo else 0.0
     left = frac > 0.6
@@ -196,6 +197,14 @@ def _mark_offer(ax, x: float | None, label: str, color: str, y_frac: float, offe
         fontsize=9,
         va="top",
     )
+
+
+def _mark_verdicts(ax, result: dict, offers: np.ndarray) -> None:
+    """The knee and the max under the SLO; named as the capacity ramp's when that ramp's steps are not drawn."""
+    origin = " (capacity ramp)" if _verdicts_from_capacity_ramp(result) else ""
+    knee, best = result.get("knee_qps"), result.get("max_qps_under_slo")
+    _mark_offer(ax, knee, f"knee {_fmt_qps(knee)} QPS{origin}", COLORS["knee"], 0.98, offers)
+    _mark_offer(ax, best, f"max under SLO {_fmt_qps(best)} QPS{origin}", COLORS["max"], 0.85, offers)
 
 
 def latency_figure(result: dict) -> Figure:
@@ -218,8 +227,7 @@ def latency_figure(result: dict) -> Figure:
             ax.plot(
                 [best], [_num(_get(at, "latency_ms", "p99"))], marker="*", markersize=14, color=COLORS["max"], zorder=5
             )
-    _mark_offer(ax, result.get("knee_qps"), f"knee {_fmt_qps(result.get('knee_qps'))} QPS", COLORS["knee"], 0.98, x)
-    _mark_offer(ax, best, f"max under SLO {_fmt_qps(best)} QPS", COLORS["max"], 0.85, x)
+    _mark_verdicts(ax, result, x)
     if _span(x) > LOG_SPAN:
         _log_axis(ax, "x", x)
     lat = np.concatenate([_series(steps, "latency_ms", k) for k in ("p50", "p95", "p99")] + [np.array([slo])])
@@ -245,9 +253,7 @@ def throughput_figure(result: dict) -> Figure:
     lim = [float(np.nanmin(x)), float(np.nanmax(x))]
     ax.plot(lim, lim, color="#999", linestyle="--", linewidth=1, label="achieved = offered")
     ax.plot(x, y, marker="o", markersize=4, color=COLORS["p50"], label="achieved (successful requests)")
-    _mark_offer(ax, result.get("knee_qps"), f"knee {_fmt_qps(result.get('knee_qps'))} QPS", COLORS["knee"], 0.98, x)
-    best = result.get("max_qps_under_slo")
-    _mark_offer(ax, best, f"max under SLO {_fmt_qps(best)} QPS", COLORS["max"], 0.85, x)
+    _mark_verdicts(ax, result, x)
     if _span(x) > LOG_SPAN:
         # Both axes, so that y = x stays the diagonal.
         _log_axis(ax, "x", x)
@@ -427,6 +433,26 @@ def _table_rows(result_or_steps) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def _verdicts_from_capacity_ramp(result: dict) -> bool:
+    """Whether the verdicts are a `--soak` run's capacity ramp's, whose steps are not the result's `steps`."""
+    return (result.get("soak") or {}).get("verdict_from") == "capacity ramp"
+
+
+def _soak_verdict_note(result: dict, where: str) -> str | None:
+    """Where a soak run's verdicts come from, said under them; `where` points at the soak step's row."""
+    soak = result.get("soak")
+    # Files from before `verdict_from` existed carry the soak step's own verdicts: nothing to explain.
+    if not soak or "verdict_from" not in soak:
+        return None
+    cap = soak["capacity"]
+    if soak["verdict_from"] == "capacity ramp":
+        return (
+            f"(from the capacity ramp's steps; the soak step {where} held {_fmt_qps(cap['load_qps'])} QPS, "
+            f"{100 * cap['load_share']:g}% of it)"
+        )
+    return f"(from the soak step {where}: the capacity, {_fmt_qps(cap['qps'])} QPS, was given, not measured)"
+
+
 def _verdict_lines(result: dict) -> list[str]:
     slo = _num(result.get("slo_p99_ms"))
     best, knee = result.get("max_qps_under_slo"), result.get("knee_qps")
@@ -434,18 +460,9 @@ def _verdict_lines(result: dict) -> list[str]:
         f"max QPS under SLO (P99 ≤ {slo:g} ms): {'none: no step met it' if best is None else _fmt_qps(best)}",
         f"knee: {'none: throughput kept up at every step' if knee is None else f'{_fmt_qps(knee)} QPS'}",
     ]
-    soak = result.get("soak")
-    if soak and "verdict_from" in soak:
-        cap = soak["capacity"]
-        if soak["verdict_from"] == "capacity ramp":
-            lines.append(
-                f"(from the capacity ramp's steps; the soak step above held {_fmt_qps(cap['load_qps'])} QPS, "
-                f"{100 * cap['load_share']:g}% of it)"
-            )
-        else:
-            lines.append(
-                f"(from the soak step above: the capacity, {_fmt_qps(cap['qps'])} QPS, was given, not measured)"
-            )
+    note = _soak_verdict_note(result, "above")
+    if note:
+        lines.append(note)
     merged = (result.get("config") or {}).get("merged")
     if merged:
         errs = [_num(_get(s, "latency_histogram", "relative_error")) for s in _steps(result)]
@@ -525,6 +542,10 @@ tr td.v { color: var(--pass); }
 tr.knee td { background: #f1eefa; }
 table.config td { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12.5px; }
 .wrap { overflow-x: auto; }
+.wrap.tall { max-height: 480px; overflow-y: auto; }
+h3 { font-size: 15px; margin: 22px 0 8px; }
+.verdict-note { color: var(--muted); margin: 10px 0 0; }
+table.soak-drift, table.soak-windows { font-size: 12.5px; margin: 8px 0; }
 """
 
 
@@ -580,6 +601,71 @@ def _steps_table(result: dict) -> str:
     return "".join(out)
 
 
+def _fmt(v: Any, spec: str) -> str:
+    x = _num(v)
+    return "-" if not math.isfinite(x) else format(x, spec)
+
+
+def _soak_html(result: dict) -> str:
+    """`--soak`'s section (docs/reliability.md): the load held, P99 and RSS per window, their drift."""
+    s = result.get("soak")
+    if not s:
+        return ""
+    cap, req = s.get("capacity") or {}, s.get("requests") or {}
+    rss, p99 = s.get("rss") or {}, s.get("p99") or {}
+    held = f"{_fmt_qps(cap.get('load_qps'))} QPS offered"
+    nominal = _num(cap.get("load_nominal_qps"))
+    if math.isfinite(nominal) and not math.isclose(nominal, _num(cap.get("load_qps")), rel_tol=1e-9):
+        held += f" (step rate {nominal:.4g})"
+    errors = ", ".join(f"{k}: {v}" for k, v in (s.get("errors_by_code") or {}).items()) or "none"
+    summary = (
+        f"{held} = {100 * _num(cap.get('load_share')):g}% of the capacity, {_fmt_qps(cap.get('qps'))} QPS "
+        f"({cap.get('source', '?')}), for {_fmt(s.get('duration_s'), 'g')} s in {_fmt(s.get('window_s'), 'g')} s "
+        f"windows: {req.get('sent', '-')} sent, {req.get('ok', '-')} ok; errors {errors}."
+    )
+    out = ["<h2>Soak</h2>", f"<p>{_e(summary)}</p>"]
+    head = ["", "first", "last", "change", "change %", "slope /min", "slope /min, 2nd half", "worst"]
+    drift = [
+        ["RSS MiB"]
+        + [_fmt(rss.get(k), ".1f") for k in ("first_mib", "last_mib")]
+        + [_fmt(rss.get("growth_mib"), "+.1f"), _fmt(rss.get("growth_pct"), "+.2f")]
+        + [_fmt(rss.get(k), "+.3f") for k in ("slope_mib_per_min", "slope_second_half_mib_per_min")]
+        + [_fmt(rss.get("max_mib"), ".1f")],
+        [f"P99 ms ({p99.get('windows', 0)} full windows)"]
+        + [_fmt_ms(p99.get(k)) for k in ("first_ms", "last_ms")]
+        + [_fmt(p99.get("drift_ms"), "+.1f"), _fmt(p99.get("drift_pct"), "+.1f")]
+        + [_fmt(p99.get("slope_ms_per_min"), "+.2f"), "-", _fmt_ms(p99.get("max_ms"))],
+    ]
+    out.append('<table class="soak-drift"><thead><tr>')
+    out += [f"<th>{_e(h)}</th>" for h in head]
+    out.append("</tr></thead><tbody>")
+    for row in drift:
+        out.append(f'<tr><th class="l">{_e(row[0])}</th>' + "".join(f"<td>{_e(c)}</td>" for c in row[1:]) + "</tr>")
+    out.append("</tbody></table>")
+    urls = rss.get("urls") or []
+    sampled = f"RSS: process_resident_memory_bytes of {', '.join(urls)}" if urls else "RSS was not sampled"
+    out.append(f'<p class="meta">{_e(" ".join([f"{sampled}.", *([s["note"]] if s.get("note") else [])]))}</p>')
+    out.append('<div class="wrap tall"><table class="soak-windows"><thead><tr>')
+    out += [f"<th>{_e(h)}</th>" for h in ("from s", "length s", "sent", "ok %", "P50 ms", "P99 ms", "RSS MiB")]
+    out.append("</tr></thead><tbody>")
+    for w in s.get("windows") or []:
+        ok_pct = 100 * w["ok"] / w["sent"] if w.get("sent") else None
+        cells = [_fmt(w.get("t_s"), "g"), _fmt(w.get("length_s"), "g"), str(w.get("sent", "-"))]
+        cells += [
+            _fmt(ok_pct, ".2f"),
+            _fmt_ms(w.get("p50_ms")),
+            _fmt_ms(w.get("p99_ms")),
+            _fmt(w.get("rss_mib"), ".1f"),
+        ]
+        out.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    out.append("</tbody></table></div>")
+    if cap.get("steps"):
+        # The steps the verdicts above were found on, which the result's own `steps` do not hold.
+        out.append("<h3>Capacity ramp steps</h3>")
+        out.append(_steps_table({**result, "steps": cap["steps"]}))
+    return "".join(out)
+
+
 def _config_table(result: dict) -> str:
     rows = [("schema", result.get("schema")), ("created", result.get("created"))]
     rows += list((result.get("config") or {}).items())
@@ -600,14 +686,24 @@ def render_html(result: dict, *, title: str | None = None) -> str:
     steps = _steps(result)
     peak = max((_num(s["achieved_qps"]) for s in steps), default=math.nan)
     best, knee = result.get("max_qps_under_slo"), result.get("knee_qps")
+    # A soak run's step table holds the soak step only; its verdicts may be the capacity ramp's.
+    from_ramp = _verdicts_from_capacity_ramp(result)
+    if from_ramp:
+        best_note = "of the capacity ramp (see Soak)" if best is not None else "no capacity-ramp step met the SLO"
+        knee_note = "of the capacity ramp: where achieved stops following offered"
+    else:
+        best_note = "no step met the SLO" if best is None else "highest passing step"
+        knee_note = "where achieved stops following offered"
     cards = [
-        _card("max QPS under SLO", _fmt_qps(best), "no step met the SLO" if best is None else "highest passing step"),
-        _card("knee", "none" if knee is None else f"{_fmt_qps(knee)} QPS", "where achieved stops following offered"),
+        _card("max QPS under SLO", _fmt_qps(best), best_note),
+        _card("knee", "none" if knee is None else f"{_fmt_qps(knee)} QPS", knee_note),
         _card("SLO", f"P99 ≤ {slo:g} ms", f"and ≥ {100 * _num(result.get('min_success_rate', 0.99)):g}% success"),
         _card(
             "peak achieved", f"{_fmt_qps(round(peak, 1)) if math.isfinite(peak) else '-'} QPS", "successful requests"
         ),
     ]
+    note = _soak_verdict_note(result, "below")
+    verdict_note = f'<p class="verdict-note">{_e(note)}</p>' if note else ""
     warnings = result.get("warnings") or []
     if warnings:
         warn = '<div class="warnings"><strong>Warnings</strong><ul>' + "".join(f"<li>{_e(w)}</li>" for w in warnings)
@@ -656,11 +752,13 @@ def render_html(result: dict, *, title: str | None = None) -> str:
 <h1>{_e(title)}</h1>
 <p class="meta">{meta}</p>
 <section class="cards">{"".join(cards)}</section>
+{verdict_note}
 {warn}
 <h2>Plots</h2>
 {"".join(figures)}
 <h2>Steps</h2>
 {_steps_table(result)}
+{_soak_html(result)}
 <h2>Configuration</h2>
 {_config_table(result)}
 </main>
@@ -670,7 +768,7 @@ def render_html(result: dict, *, title: str | None = None) -> str:
 
 
 def write_html(result: dict, path, *, title: str | None = None) -> None:
-    """One self-contained HTML file: verdicts, warnings, the three plots inline, the step table, the config."""
+    """One self-contained HTML file: verdicts, warnings, the plots inline, the step table, a soak's, the config."""
     Path(path).write_text(render_html(result, title=title), encoding="utf-8")
 
 

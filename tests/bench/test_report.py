@@ -405,3 +405,116 @@ def test_a_ramp_with_server_timing_shows_where_the_time_goes(result):
     assert "Where the time goes per step" not in report.render_html(result)  # no trailer, no figure
     placeholder = report.breakdown_figure(result)
     assert len(placeholder.axes) == 1 and not placeholder.axes[0].patches  # a note, no bars
+
+
+# ---------------------------------------------------------------------------- soak
+
+
+def soak_document(verdict_from: str = "capacity ramp") -> dict:
+    """A `--soak` run's JSON as bench/soak.py writes it: the soak step as `steps`, the ramp's in `soak`."""
+    rng = np.random.default_rng(11)
+    capacity_steps = [synthetic_step(q, 250.0, rng, duration=2.0) for q in (50, 100)]
+    result = ramp_result(steps=[synthetic_step(50, 250.0, rng, duration=3.0)], slo_p99_ms=SLO_MS, config={})
+    result["max_qps_under_slo"] = 100.0 if verdict_from == "capacity ramp" else 50.0
+    windows = [
+        {"t_s": 0.0, "length_s": 1.0, "sent": 40, "ok": 40, "p50_ms": 8.5, "p99_ms": 21.5, "rss_mib": 300.0},
+        {"t_s": 1.0, "length_s": 1.0, "sent": 50, "ok": 49, "p50_ms": 9.5, "p99_ms": 27.7, "rss_mib": 305.5},
+        {"t_s": 2.0, "length_s": 1.0, "sent": 60, "ok": 60, "p50_ms": 10.5, "p99_ms": 25.8, "rss_mib": 311.3},
+    ]
+    result["soak"] = {
+        "schema": "wok.soak/1",
+        "duration_s": 3.0,
+        "window_s": 1.0,
+        "requests": {"sent": 150, "ok": 149, "errors": 1},
+        "errors_by_code": {"UNAVAILABLE": 1},
+        "windows": windows,
+        "rss": {
+            "urls": ["http://127.0.0.1:9/metrics"],
+            "samples": [[0.0, [300.0 * 2**20]], [3.0, [311.3 * 2**20]]],
+            "first_mib": 300.0,
+            "last_mib": 311.3,
+            "max_mib": 312.4,
+            "growth_mib": 11.3,
+            "growth_pct": 3.7667,
+            "slope_mib_per_min": 6.78,
+            "slope_second_half_mib_per_min": 7.125,
+        },
+        "p99": {
+            "windows": 3,
+            "first_ms": 21.5,
+            "last_ms": 25.8,
+            "drift_ms": 4.3,
+            "drift_pct": 20.0,
+            "slope_ms_per_min": 51.6,
+            "max_ms": 27.7,
+        },
+        "capacity": {
+            "qps": 100.0,
+            "source": "measured" if verdict_from == "capacity ramp" else "given",
+            "load_share": 0.5,
+            "load_qps": 50.0,
+            "load_nominal_qps": 50.0,
+            "steps": capacity_steps if verdict_from == "capacity ramp" else None,
+        },
+        "verdict_from": verdict_from,
+    }
+    return json.loads(report.to_json(result))  # as read back from the file
+
+
+def test_html_of_a_soak_shows_its_windows_drift_and_where_the_verdicts_come_from():
+    doc = soak_document()
+    assert [s["offered_qps"] for s in doc["steps"]] == [50] and doc["max_qps_under_slo"] == 100
+    text = report.render_html(doc)
+    # The verdict is the capacity ramp's, whose 100 QPS step is not in the step table: said so, as the table does.
+    note = "(from the capacity ramp's steps; the soak step below held 50 QPS, 50% of it)"
+    assert report._e(note) in text
+    assert "highest passing step" not in text and "of the capacity ramp (see Soak)" in text
+    buf = io.StringIO()
+    report.print_table(doc, file=buf)
+    assert note.replace("below", "above") in buf.getvalue()
+    # The soak section: the load held, the drift figures, one row per window.
+    soak = text[text.index("<h2>Soak</h2>") : text.index("<h2>Configuration</h2>")]
+    assert "50 QPS offered = 50% of the capacity, 100 QPS (measured)" in soak
+    assert "150 sent, 149 ok; errors UNAVAILABLE: 1" in soak
+    drift = soak[soak.index('<table class="soak-drift">') : soak.index("</table>")]
+    rss_row, p99_row = re.findall(r'<tr><th class="l">.*?</tr>', drift)
+    cells = lambda row: re.findall(r"<td>([^<]*)</td>", row)  # noqa: E731
+    assert cells(rss_row) == ["300.0", "311.3", "+11.3", "+3.77", "+6.780", "+7.125", "312.4"]
+    assert cells(p99_row) == ["21.5", "25.8", "+4.3", "+20.0", "+51.60", "-", "27.7"]
+    table = soak[soak.index('<table class="soak-windows">') :]
+    table = table[: table.index("</table>")]
+    rows = [cells(r) for r in re.findall(r"<tr>(.*?)</tr>", table) if "<td>" in r]
+    assert rows == [
+        ["0", "1", "40", "100.00", "8.50", "21.5", "300.0"],
+        ["1", "1", "50", "98.00", "9.50", "27.7", "305.5"],
+        ["2", "1", "60", "100.00", "10.5", "25.8", "311.3"],
+    ]
+    # The capacity ramp's steps, on which the verdicts were found.
+    ramp = soak[soak.index("Capacity ramp steps") :]
+    assert ramp.count("<tr") == 3 and ramp.count(">pass<") == 2
+
+
+def test_plots_of_a_soak_name_the_capacity_ramps_verdicts():
+    doc = soak_document()
+    for fig in (report.latency_figure(doc), report.throughput_figure(doc)):
+        (marks,) = [t for t in fig.axes[0].texts if "max under SLO" in t.get_text()]
+        assert marks.get_text() == "max under SLO 100 QPS (capacity ramp)"
+        assert marks.get_ha() == "right"  # the mark lies past the one step: its label stays inside the axes
+    plain = report.latency_figure(synthetic_result(timeline=False))
+    assert [t.get_text() for t in plain.axes[0].texts if "max under SLO" in t.get_text()] == ["max under SLO 200 QPS"]
+
+
+def test_html_of_a_soak_with_a_given_capacity_or_no_rss():
+    doc = soak_document("soak step")
+    doc["soak"]["rss"] = {"urls": [], "samples": []}  # nothing to scrape: no RSS figures at all
+    doc["soak"]["p99"] = {"windows": 0}
+    for w in doc["soak"]["windows"]:
+        w["rss_mib"] = None
+    text = report.render_html(doc)
+    assert report._e("(from the soak step below: the capacity, 100 QPS, was given, not measured)") in text
+    assert "highest passing step" in text  # the soak step's own verdict, on the table's one row
+    soak = text[text.index("<h2>Soak</h2>") : text.index("<h2>Configuration</h2>")]
+    assert "RSS was not sampled" in soak and "Capacity ramp steps" not in soak
+    assert "P99 ms (0 full windows)" in soak
+    # `soak` is null when no soak ran to its end: no section then.
+    assert "<h2>Soak</h2>" not in report.render_html({**doc, "soak": None})
