@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -317,24 +318,39 @@ def _unix_time(text: str | None) -> float | None:
 
 
 def _signals_interrupt() -> dict | None:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does, until `_restore_signals`.
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does, until `_restore_signals`;
+    of these and Ctrl-C, only the first does.
 
     Their default kills the bench at once: faults posted to a server stay on, replicas and
     workers are left running, and nothing measured is kept. As a KeyboardInterrupt they take
     the Ctrl-C path, whose finally blocks turn faults off and stop the processes started.
+    A second signal raised inside those blocks would cut the cleanup short and lose the steps
+    measured, so it is ignored (and said) until the result is written. A signal ignored when
+    the bench starts (nohup, a background job) stays ignored.
     """
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return None  # only the main thread may set handlers (and only it gets signals)
+    caught: list[str] = []
 
     def on_signal(signum, _frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if caught:
+            # os.write, not print: the handler may run inside a print to stderr, which a
+            # buffered write from here would break with a reentrant-call error.
+            os.write(2, f"wok bench: {name} while stopping after {caught[0]}: the result is written first\n".encode())
+            return
+        caught.append(name)
+        raise KeyboardInterrupt(name)
 
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    for s in previous:
-        signal.signal(s, on_signal)
+    previous = {}
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        handler = signal.getsignal(s)
+        if handler is not signal.SIG_IGN:
+            previous[s] = handler
+            signal.signal(s, on_signal)
     return previous
 
 
@@ -431,29 +447,43 @@ def run(args) -> int:
         raise ValueError("--hedge-after is the wok balancer's: it does nothing with --balancer grpc")
     previous = _signals_interrupt()
     try:
-        if args.soak is not None:
-            if args.fault:
-                raise ValueError("--soak runs without --fault")
-            result = soak.run_soak(args, cfg)
-        elif args.replicas is not None or args.fault:
-            result = faults.run_faults(args, cfg)
-        else:
-            before = hostprobe.try_probe(probe_s, _warn)
-            result = Ramp(cfg).run()
-            if probe_s:
-                result["host_probe"] = hostprobe.around(before, hostprobe.try_probe(probe_s, _warn))
-    except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
-        print(f"wok bench: {exc}", file=sys.stderr)
-        return 1
+        try:
+            if args.soak is not None:
+                if args.fault:
+                    raise ValueError("--soak runs without --fault")
+                result = soak.run_soak(args, cfg)
+            elif args.replicas is not None or args.fault:
+                result = faults.run_faults(args, cfg)
+            else:
+                before = hostprobe.try_probe(probe_s, _warn)
+                result = Ramp(cfg).run()
+                if probe_s:
+                    result["host_probe"] = hostprobe.around(before, hostprobe.try_probe(probe_s, _warn))
+        except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
+            print(f"wok bench: {exc}", file=sys.stderr)
+            return 1
+        _write_outputs(result, args)
+        soak.print_soak(result)
+        _print_host_probe(result.get("host_probe"))
+        if "faults" in result:
+            faults.print_faults(result)
+            if args.plots:
+                report.plot_fault_timeline(result, args.plots / "faults.png")
     finally:
         _restore_signals(previous)
-    _write_outputs(result, args)
-    soak.print_soak(result)
-    _print_host_probe(result.get("host_probe"))
-    if "faults" in result:
-        faults.print_faults(result)
-        if args.plots:
-            report.plot_fault_timeline(result, args.plots / "faults.png")
+    return _exit_status(result, args)
+
+
+def _exit_status(result: dict, args) -> int:
+    """The status of a ramp whose result is written (docs/bench.md, "Exit status"); why on stderr."""
+    from . import faults, soak
+
+    cut = result.get("interrupted")
+    if cut is not None and not cut["by_signal"]:
+        # A worker or the target ended the run after a step: what was measured is written,
+        # but the run failed as surely as one that failed in its first step (status 1 too).
+        print(f"wok bench: the run failed (the steps before it are the result): {cut['reason']}", file=sys.stderr)
+        return 1
     if "faults" in result:
         missed = [
             f["fault"] for f, why in zip(result["faults"]["faults"], faults.not_in_effect(result["faults"])) if why

@@ -61,6 +61,10 @@ MAX_ERROR_RATE = 0.01  # a window with more errors than this is not good
 # killed outright (no `off` sent) leaves no fault behind; the `off` at the end still ends it.
 EXPIRY_MARGIN_S = 3.0
 MAX_EXPIRY_S = 86_400.0  # the server's bound on duration_s
+# A run cut short (a signal, a failed worker) waits at most this long for a replica still
+# restarting: the bench stops that replica with the others, and a second Ctrl-C is deferred
+# until the result is written, so the full start timeout (minutes) would hold the user for nothing.
+CUT_WAIT_S = 5.0
 READY = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
 METRICS = re.compile(r"wok: metrics on http://(\S+):(\d+)/metrics")
 
@@ -180,6 +184,13 @@ def _int(values: dict[str, str], key: str, spec: str) -> int | None:
 # -- replicas -----------------------------------------------------------------------------
 
 
+# A replica runs in a session of its own: Ctrl-C at a terminal signals the whole foreground
+# process group, and a replica in the bench's would get SIGINT (one being restarted then fails
+# to start), while the bench stops its replicas itself. Their death signal (die_with_parent)
+# still ends them with a bench killed outright.
+_OWN_GROUP = {"start_new_session": True}
+
+
 class Forker:
     """A thread that starts child processes for as long as it runs (until `close()`).
 
@@ -202,7 +213,7 @@ class Forker:
         while (job := self._jobs.get()) is not None:
             done, cmd, kwargs = job
             try:
-                done.set_result(subprocess.Popen(cmd, preexec_fn=die_with_parent(), **kwargs))
+                done.set_result(subprocess.Popen(cmd, preexec_fn=die_with_parent(), **_OWN_GROUP, **kwargs))
             except BaseException as exc:  # the caller's: raised again by popen()
                 done.set_exception(exc)
 
@@ -247,7 +258,7 @@ class Replica:
         if self.forker is not None:
             proc = self.forker.popen(cmd, **options)
         else:
-            proc = subprocess.Popen(cmd, preexec_fn=die_with_parent(), **options)
+            proc = subprocess.Popen(cmd, preexec_fn=die_with_parent(), **_OWN_GROUP, **options)
         self.proc = proc
         self.pids.append(proc.pid)
         threading.Thread(target=self._pump, args=(proc, self._ready), daemon=True).start()
@@ -446,6 +457,8 @@ class FaultSchedule:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._clock0: float | None = None
+        self._closed = False  # set by stop(): a restart that ends later records nothing
+        self.stopped_s: float | None = None  # when stop() was called, seconds from the ramp's start
         self._paused: set[int] = set()
         self._server_faults: list[tuple[str, dict]] = []
         actions = [a for i, s in enumerate(self.specs) for a in self._actions(i, s)]
@@ -550,11 +563,14 @@ class FaultSchedule:
         event |= extra or {}
         if error is not None:
             event["error"] = error
+        with self._lock:
+            if self._closed:  # after the report's events were taken: a replica stopped with the rest
+                return
+            self.events.append(event)
+        if error is not None:
             self.say(f"fault {self.specs[action.fault].text!r}: {name} failed: {error}")
         else:
             self.say(f"fault: {name} (replica {action.replica}) at {event['t_s']:.1f} s")
-        with self._lock:
-            self.events.append(event)
 
     def _do(self, action: Action) -> None:
         """Run the action; record it (at the time it began) or its failure, then its `then`."""
@@ -581,11 +597,21 @@ class FaultSchedule:
             else:
                 self._do(action)
 
-    def stop(self) -> None:
-        """Stop the schedule; resume paused replicas and turn off server-side faults left on."""
+    def stop(self, wait_s: float | None = None) -> None:
+        """Stop the schedule; resume paused replicas and turn off server-side faults left on.
+
+        Actions still running are waited for at most `wait_s` in all (default: a replica's
+        start timeout); one that ends later is not recorded."""
         self._stop.set()
+        if self._clock0 is not None:
+            self.stopped_s = round(time.monotonic() - self._clock0, 4)
+        if wait_s is None:
+            wait_s = self.replicas.start_timeout if self.replicas is not None else 10.0
+        deadline = time.monotonic() + wait_s
         for thread in self._threads:
-            thread.join(timeout=self.replicas.start_timeout if self.replicas is not None else 10)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._closed = True
         for r in list(self._paused):
             self.replicas[r].signal(signal.SIGCONT)
         for url, off in self._server_faults:
@@ -814,8 +840,11 @@ class FaultRamp(Ramp):
     def run(self) -> dict:
         try:
             result = super().run()
-        finally:
-            self.schedule.stop()
+        except BaseException:
+            self.schedule.stop(CUT_WAIT_S)  # nothing measured: no event of it is reported
+            raise
+        interrupted = result.get("interrupted")
+        self.schedule.stop(CUT_WAIT_S if interrupted else None)
         if self.timeline:
             intended, done, lat, codes = (np.concatenate([t[k] for t in self.timeline]) for k in range(4))
         else:
@@ -834,6 +863,8 @@ class FaultRamp(Ramp):
         section["retries"] = self.cfg.retries
         section["balancer"] = result["config"].get("balancer")
         section["planned_s"] = self.schedule.planned_s
+        # A signal ends the run when the user chose: faults planned from then on were not due.
+        section["cut_s"] = self.schedule.stopped_s if interrupted and interrupted["by_signal"] else None
         if self.replicas is not None:
             section["replicas"] = self.replicas.describe()
         result["faults"] = section
@@ -866,11 +897,16 @@ def section_console(result: dict, key: str, file=None):
 
 def not_in_effect(section: dict) -> list[str | None]:
     """Per fault of a `faults` section: why it did not run as asked (None: it did). A run whose
-    fault never happened, or never ended, measured something other than what was asked."""
+    fault never happened, or never ended, measured something other than what was asked. A fault
+    planned after a signal cut the run (`cut_s`) was not due, so it is not counted; one due
+    before the cut that failed still is."""
     out = []
+    cut_s = section.get("cut_s")
     for i, f in enumerate(section["faults"]):
         errors = [e for e in section["events"] if e["fault"] == i and "error" in e]
-        if f.get("start_s") is None:
+        if f.get("start_s") is None and not errors and cut_s is not None and _planned_start(f, section) >= cut_s:
+            out.append(None)
+        elif f.get("start_s") is None:
             why = errors[0]["error"] if errors else "the ramp ended before its time"
             out.append(f"did not take effect: {why}")
         elif errors:
@@ -881,6 +917,11 @@ def not_in_effect(section: dict) -> list[str | None]:
         else:
             out.append(None)
     return out
+
+
+def _planned_start(fault: dict, section: dict) -> float:
+    """A fault's planned start, seconds from the ramp's start (as the schedule placed it)."""
+    return parse_fault(fault["fault"]).at.seconds(section["planned_s"])
 
 
 def print_faults(result: dict, file=None) -> None:

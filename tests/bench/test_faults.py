@@ -21,8 +21,11 @@ import pytest
 
 from wok.bench.faults import (
     EXPIRY_MARGIN_S,
+    Action,
     At,
     FaultSchedule,
+    Forker,
+    Replica,
     ReplicaSet,
     _p99_ms,
     fault_report,
@@ -520,6 +523,48 @@ def test_a_restarted_replica_is_forked_by_a_thread_that_outlives_the_restart(pro
     finally:
         replicas.close()
     assert not forker.is_alive()
+
+
+@pytest.mark.parametrize("forked_by", ["forker", "caller"])
+def test_a_replica_runs_in_a_session_of_its_own(forked_by):
+    """Ctrl-C at a terminal signals the whole foreground process group: a replica in the bench's
+    got SIGINT too, and one being restarted then failed to start (exit 4, a traceback in the
+    warnings). The bench stops its replicas itself; their death signal still takes them along
+    with a bench killed outright (test_a_bench_killed_outright_takes_its_replicas_with_it)."""
+    forker = Forker() if forked_by == "forker" else None
+    replica = Replica(0, ["--models", "mlp", "--torch-threads", "1"], forker=forker)
+    try:
+        replica.launch()  # returns once the child has exec'd: its session is set by then
+        pid = replica.proc.pid
+        assert os.getsid(pid) == pid and os.getpgid(pid) == pid != os.getpgrp()
+    finally:
+        replica.kill()
+        if forker is not None:
+            forker.close()
+
+
+def test_stop_waits_for_a_restart_at_most_as_long_as_asked_and_records_nothing_later():
+    """After a signal, the bench waited up to a replica's start timeout (180 s) for a restart
+    that the replicas' stop ends anyway; its late end must not enter the report either."""
+    schedule = FaultSchedule([parse_fault("fail:model=mlp,at=100s")], 200.0, admin_urls=["http://127.0.0.1:9"])
+    began, release = threading.Event(), threading.Event()
+
+    def restart() -> None:
+        began.set()
+        release.wait(30)
+
+    schedule.actions = [Action(0.0, 0, "restart", restart, 0, then="ready")]
+    schedule.start(time.monotonic())
+    assert began.wait(10)
+    t0 = time.monotonic()
+    schedule.stop(wait_s=0.2)
+    took = time.monotonic() - t0
+    release.set()
+    for thread in schedule._threads:
+        thread.join(10)
+    assert took < 5, f"stop took {took:.1f} s"
+    assert [e["action"] for e in schedule.sorted_events()] == ["restart"]
+    assert schedule.stopped_s is not None and schedule.stopped_s >= 0
 
 
 def test_a_fault_that_expired_before_its_end_is_named():
