@@ -10,9 +10,12 @@ out in the same `Outcome` as for unary calls.
 
 A failed request's answer is an `error_message`; wok puts its gRPC status code in the answer's
 `status_code` parameter (another server's error counts as UNKNOWN). A request with no answer
-`timeout_s` after it was sent counts as DEADLINE_EXCEEDED; if a stream itself fails, its
-unanswered requests take the stream's code, and later requests go to the streams still open
-(UNAVAILABLE when none is).
+`timeout_s` after it was sent counts as DEADLINE_EXCEEDED. If a stream itself fails, its
+unanswered requests take the stream's code (they were lost with it), and the next request due
+opens a replacement on the same channel, whose balancer picks a server that is up: a failed
+stream's share of the load comes back at once, not at the next step. A stream slot reopens at
+most once per `REOPEN_AFTER_S`, so a fleet that is down for good is not hammered with streams
+that fail at once; until then requests go to the streams still open (UNAVAILABLE when none is).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from wok.timers import PreciseSleeper
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 OK, UNKNOWN, DEADLINE_EXCEEDED, UNAVAILABLE = 0, 2, 4, 14
+# The least time between two openings of one stream slot: a failed stream is replaced with the next
+# request unless its slot opened less than this ago (then with the first request after that).
+REOPEN_AFTER_S = 0.1
 
 
 def id_field(i: int) -> bytes:
@@ -68,12 +74,18 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
     codes = np.zeros(n, dtype=np.int16)
     start = share.start_at
     suffix = timeout_field(share.timeout_s)
-    pending: dict[int, int] = {}  # request index -> stream
+    pending: dict[int, int] = {}  # request index -> stream id
     samples: list[tuple[float, int]] = []
     loop = asyncio.get_running_loop()
     method = channel.stream_stream(STREAM, request_serializer=None, response_deserializer=None)
-    calls = [method(metadata=metadata) for _ in range(max(1, streams))]
-    live = list(range(len(calls)))
+    # Each opened stream gets a new id, so a failed stream's reader, still settling, never takes
+    # the requests of the stream that replaced it in its slot.
+    calls: dict[int, object] = {}  # stream id -> call, every one opened
+    slot_of: dict[int, int] = {}  # stream id -> its slot
+    live: list[int] = []  # ids of the streams open now
+    dead: list[int] = []  # slots whose stream failed, not yet reopened
+    opened_at = [0.0] * max(1, streams)  # each slot's latest opening (monotonic)
+    readers: list[asyncio.Task] = []
     finished = asyncio.Event()
 
     def settle(i: int, code: int) -> None:
@@ -83,6 +95,29 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
         samples.append((done[i], len(pending)))
         if not pending and sending_done:
             finished.set()
+
+    def open_stream(slot: int) -> None:
+        opened_at[slot] = time.monotonic()
+        call = method(metadata=metadata)
+        sid = len(calls)
+        calls[sid] = call
+        slot_of[sid] = slot
+        live.append(sid)
+        readers.append(loop.create_task(reader(sid)))
+
+    def drop(sid: int) -> None:
+        if sid in live:
+            live.remove(sid)
+            dead.append(slot_of[sid])
+
+    def reopen_due() -> None:
+        now = time.monotonic()
+        for slot in [s for s in dead if now - opened_at[s] >= REOPEN_AFTER_S]:
+            try:
+                open_stream(slot)
+            except grpc.aio.UsageError:  # the channel is closed: the slot stays down
+                continue
+            dead.remove(slot)
 
     async def reader(k: int) -> None:
         call = calls[k]
@@ -99,12 +134,12 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
             code = exc.code().value[0]
         except asyncio.CancelledError:
             return
-        if k in live:
-            live.remove(k)
+        drop(k)
         for i in [i for i, s in pending.items() if s == k]:
             settle(i, code)
 
-    readers = [loop.create_task(reader(k)) for k in range(len(calls))]
+    for slot in range(len(opened_at)):
+        open_stream(slot)
     sending_done = False
     sleeper = PreciseSleeper(loop)
     to_perf = time.perf_counter() - time.monotonic()  # 0 on Linux: both read CLOCK_MONOTONIC
@@ -112,6 +147,8 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
         for i in range(n):
             await sleeper.until(start + share.times[i] + to_perf)
             sent[i] = time.monotonic() - start
+            if dead:
+                reopen_due()
             if not live:
                 done[i], codes[i] = sent[i], UNAVAILABLE
                 continue
@@ -123,8 +160,7 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
                 if i in pending:  # the stream failed under the write; its reader settles the rest
                     settle(i, UNAVAILABLE)
-                if k in live:
-                    live.remove(k)
+                drop(k)
         sending_done = True
         if pending:
             # Every answer is due by its deadline; a little more for the server's own expiry answer.
@@ -142,12 +178,13 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
             del pending[i]
     finally:
         sleeper.close()
-        for k in range(len(calls)):
+        for k in list(live):  # a reader may drop one while we wait
             try:
                 await calls[k].done_writing()
             except Exception:  # the stream is gone already
                 pass
-            calls[k].cancel()
+        for call in calls.values():
+            call.cancel()
         for t in readers:
             t.cancel()
         await asyncio.gather(*readers, return_exceptions=True)

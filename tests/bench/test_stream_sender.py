@@ -111,3 +111,91 @@ def test_requests_on_a_stream_that_fails_take_its_code(bench_server):
     assert len(out.codes) == 10
     assert np.all(out.codes != OK)  # CANCELLED or UNAVAILABLE, never left unanswered
     assert np.all(np.isfinite(out.done))
+
+
+def _answered(server) -> float:
+    """How many inference requests `server` (a ServerProcess) has answered, from its /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(server.http_url() + "/metrics", timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("wok_responses_total{"))
+
+
+def test_a_failed_stream_is_reopened_and_the_requests_after_it_reach_a_server_still_up(start_server):
+    """Two servers behind one channel, one stream: the server holding the stream is killed. The
+    requests in flight on it are lost; those sent after its failure go out on a new stream, which the
+    channel's round robin puts on the other server (they used to count UNAVAILABLE to the step's end)."""
+    import signal
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    from wok.clients.channel import channel_options, channel_target, open_channel
+
+    with ThreadPoolExecutor(2) as ex:  # both start at once: the test waits for one start-up
+        servers = list(ex.map(lambda _: start_server("--models", "mlp", "--torch-threads", "1"), range(2)))
+    cfg = RampConfig(target=servers[0].target, models=[("mlp", 1.0)], steps=[100], step_duration_s=1)
+    pool, _, _ = build_pool(cfg)
+    times = np.arange(0, 1.5, 0.01)
+    share = Share(time.monotonic() + 0.5, times, np.zeros(len(times), dtype=np.int64), 5.0)
+    answered = asyncio.Event()
+    failures: list[float] = []  # when each stream failed, as the sender's times
+    opened: list[float] = []  # when each stream was opened, likewise
+
+    class Watched:
+        """A stream call that tells the test of its first answer and of its failure."""
+
+        def __init__(self, call) -> None:
+            self.call = call
+
+        def __getattr__(self, name):
+            return getattr(self.call, name)
+
+        async def read(self):
+            try:
+                msg = await self.call.read()
+            except grpc.aio.AioRpcError:
+                failures.append(time.monotonic() - share.start_at)
+                raise
+            if msg is not grpc.aio.EOF:
+                answered.set()
+            return msg
+
+    class WatchedChannel:
+        def __init__(self, channel) -> None:
+            self.channel = channel
+
+        def stream_stream(self, *args, **kwargs):
+            method = self.channel.stream_stream(*args, **kwargs)
+
+            def open_stream(**kw):
+                opened.append(time.monotonic() - share.start_at)
+                return Watched(method(**kw))
+
+            return open_stream
+
+    async def scenario():
+        target = channel_target(",".join(s.target for s in servers))
+        async with open_channel(grpc.aio, target, None, channel_options(None)) as channel:
+            sender = stream_sender.run_share_stream(WatchedChannel(channel), pool, share, streams=1)
+            task = asyncio.ensure_future(sender)
+            await asyncio.wait_for(answered.wait(), 10)
+            # The one stream is on one server; the other has answered nothing.
+            served = await asyncio.get_running_loop().run_in_executor(None, lambda: [_answered(s) for s in servers])
+            assert sorted(served)[0] == 0 < sorted(served)[1], served
+            victim = servers[served.index(max(served))]
+            victim.proc.send_signal(signal.SIGKILL)
+            return await asyncio.wait_for(task, 20), victim
+
+    out, victim = asyncio.run(scenario())
+    survivor = next(s for s in servers if s is not victim)
+    assert failures, "the killed server's stream did not fail"
+    after = out.sent > failures[0]
+    # The kill follows the first answer, about 10 ms into the 1.5 s share: most requests come after it.
+    assert after.sum() >= len(times) // 2, (failures, after.sum())
+    codes, counts = np.unique(out.codes[after], return_counts=True)
+    assert codes.tolist() == [OK], dict(zip(codes.tolist(), counts.tolist()))
+    assert len(opened) >= 2 and opened[1] > failures[0], (opened, failures)
+    assert _answered(survivor) >= after.sum()  # answered there, the only server left
