@@ -18,9 +18,9 @@ balancer retries, to a different replica. Names are resolved again every
 channel, a vanished one gets no new calls and is closed once its calls are done.
 
 Picking (`pick`): power of two choices on outstanding attempts: two random replicas among
-the READY, non-ejected ones (if none is READY: among those connecting, then those failing),
-the one with fewer calls in flight wins. A slow or hung replica's calls pile up, so it
-stops winning: this alone steers most load away from it.
+the READY, non-ejected ones (if none is READY: among the READY ejected ones, then those
+connecting, then those failing), the one with fewer calls in flight wins. A slow or hung
+replica's calls pile up, so it stops winning: this alone steers most load away from it.
 
 Hedging (Dean & Barroso, "The Tail at Scale", 2013): an attempt without an answer after
 `hedge_after` gets one more attempt on a different replica; the first OK answer wins and the
@@ -50,9 +50,12 @@ without an answer is ejected: it gets no calls for `base_ejection_s` (2 s) × th
 ejected (at most `max_ejection_s`, 30 s); the count is forgotten once it has answered OK,
 before `hedge_after`, as many times in a row again. At most `max_ejected_fraction` (half,
 rounded down, but one of two) of the replicas are ejected at once, never the last one, so a
-fault of the whole fleet cannot empty the rotation. With hedging off (`hedge_after=None`) attempts are never "late",
-so only failures eject. A transient stall costs a replica 2 s out of the rotation; a lasting
-fault costs 5 delayed (hedged) or failed calls each time it comes back, at growing intervals.
+fault of the whole fleet cannot empty the rotation; and while no replica in the rotation is
+READY (the others are down), the READY ejected ones take the calls: a replica ejected for
+slowness fills the cap, and the one that dies next could not be ejected in its place. With
+hedging off (`hedge_after=None`) attempts are never "late", so only failures eject. A
+transient stall costs a replica 2 s out of the rotation; a lasting fault costs 5 delayed
+(hedged) or failed calls each time it comes back, at growing intervals.
 
 Counters (`stats()`): calls, attempts, hedges, retries, refusals by the budget, and per
 replica attempts, OK answers, failures, slow attempts, ejections, its state.
@@ -396,16 +399,29 @@ class Balancer:
     # -- picking ------------------------------------------------------------------------------
     def pick(self, exclude: Sequence[Replica] = ()) -> Replica | None:
         """Power of two choices on outstanding attempts among the best-connected usable replicas."""
-        tiers: tuple[list[Replica], list[Replica], list[Replica]] = ([], [], [])
+        tiers: tuple[list[Replica], ...] = ([], [], [], [])
+        # Excluded replicas count here: while one in the rotation is READY, a hedge or retry never
+        # lands on an ejected one (slow, or failing: its INTERNAL would become the call's answer).
+        rotation_ready = False
         for r in self.replicas.values():
-            if r.ejected or r.removed or r in exclude:
+            if r.removed:
                 continue
-            if r.state is STATE.READY:
+            rotation_ready |= r.state is STATE.READY and not r.ejected
+            if r in exclude:
+                continue
+            if r.ejected:
+                # Out of the rotation only while another can take its calls: with the cap on
+                # ejections, a replica ejected for slowness can leave only dead ones behind.
+                if r.state is STATE.READY:
+                    tiers[1].append(r)
+            elif r.state is STATE.READY:
                 tiers[0].append(r)
             elif r.state is STATE.TRANSIENT_FAILURE:
-                tiers[2].append(r)
+                tiers[3].append(r)
             elif r.state is not STATE.SHUTDOWN:
-                tiers[1].append(r)
+                tiers[2].append(r)
+        if rotation_ready:
+            tiers[1].clear()
         for c in tiers:
             if len(c) == 1:
                 return c[0]

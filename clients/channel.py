@@ -51,6 +51,7 @@ import ipaddress
 import json
 import re
 import socket
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,8 +225,12 @@ class TLS:
         certificate_chain: str | Path | None = None,
         private_key: str | Path | None = None,
     ) -> TLS:
-        """TLS from PEM files; ValueError naming a file that cannot be read."""
-        return cls(*(None if p is None else _read(p) for p in (root_certificates, certificate_chain, private_key)))
+        """TLS from PEM files; ValueError naming a file that cannot be read, or a certificate and a
+        key that are not a pair."""
+        tls = cls(*(None if p is None else _read(p) for p in (root_certificates, certificate_chain, private_key)))
+        if certificate_chain is not None and private_key is not None:
+            _check_pair(certificate_chain, private_key)
+        return tls
 
     def credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(self.root_certificates, self.private_key, self.certificate_chain)
@@ -236,6 +241,36 @@ def _read(path: str | Path) -> bytes:
         return Path(path).read_bytes()
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+class _EncryptedKey(Exception):
+    pass
+
+
+def _refuse_password() -> bytes:
+    raise _EncryptedKey
+
+
+def _check_pair(cert: str | Path, key: str | Path) -> None:
+    """ValueError unless `key` is the unencrypted PEM key of the PEM certificate in `cert`.
+
+    gRPC finds out only at the first handshake, and then says no more than "Failed to create
+    security handshaker" (UNAVAILABLE); OpenSSL, as wok's server does at its start, names it.
+    """
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(str(cert), str(key), password=_refuse_password)
+    except _EncryptedKey:
+        raise ValueError(f"private key {key} is encrypted; gRPC needs an unencrypted PEM key") from None
+    except ssl.SSLError as exc:
+        if "KEY_VALUES_MISMATCH" in str(exc):
+            raise ValueError(
+                f"private key {key} is not the key of the certificate in {cert}: give the key the certificate was "
+                "made for"
+            ) from None
+        raise ValueError(
+            f"certificate {cert} and private key {key}: expected a PEM certificate and its PEM private key; "
+            f"OpenSSL cannot load them ({exc.reason or exc})"
+        ) from None
 
 
 def channel_credentials(tls: TLS | bool | None) -> grpc.ChannelCredentials | None:

@@ -200,6 +200,25 @@ async def test_never_more_than_the_fraction_is_ejected(stub):
                 assert stats_sum(bal.stats(), "attempts") == 20
 
 
+async def test_a_replica_ejected_for_slowness_takes_the_calls_when_the_rotation_holds_only_dead_ones(stub):
+    """The cap on ejections is filled by a slow replica; the other then dies and cannot be
+    ejected. The slow one, READY, takes the calls instead of the dead one failing them all."""
+    async with stub("a", hold=True) as a, stub("b") as b:
+        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            slow = bal.replica(a.target)
+            while not slow.ejected:  # the calls that go to a first are hedged to b and answered there
+                assert await name_of(call) == "b"
+            assert slow.failures == 0 and slow.slow == 2
+            a.release.set()  # a answers from now on, but stays ejected for 60 s
+            assert [await name_of(call) for _ in range(5)] == ["b"] * 5  # ejected: no calls while b serves
+            await b.server.stop(0)  # b dies
+            await bal.wait_for(lambda: bal.replica(b.target).state is not STATE.READY, 10)
+            names = [await name_of(call) for _ in range(20)]
+            assert names == ["a"] * 20 and slow.ejected and bal.ejections_refused == 0
+
+
 def stats_sum(stats: dict, key: str) -> int:
     return sum(r[key] for r in stats["replicas"])
 

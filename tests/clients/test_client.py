@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from wok.clients import AsyncClient, Client, InferError, ModelInfo, StreamResult, TensorInfo
+from wok.clients import TLS, AsyncClient, Client, InferError, ModelInfo, StreamResult, TensorInfo
 from wok.clients.channel import channel_options, channel_target, service_config
 from wok.servable import HostBuffers, Servable
 
@@ -96,6 +96,54 @@ def test_channel_options_defaults_and_overrides():
     assert opts["grpc.max_receive_message_length"] == -1
     opts = dict(channel_options([("grpc.max_receive_message_length", 1024), ("grpc.primary_user_agent", "x")]))
     assert opts["grpc.max_receive_message_length"] == 1024 and opts["grpc.primary_user_agent"] == "x"
+
+
+def test_tls_from_files_names_a_certificate_and_key_that_are_not_a_pair(tmp_path):
+    """Caught when the files are read: gRPC itself would only fail every handshake, UNAVAILABLE
+    "Failed to create security handshaker", without naming either file."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    pem = serialization.Encoding.PEM
+    key, other = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "wok test client")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    files = {
+        "client.pem": cert.public_bytes(pem),
+        "client.key": key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        "other.key": other.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        "locked.key": key.private_bytes(
+            pem, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"secret")
+        ),
+    }
+    for file, data in files.items():
+        (tmp_path / file).write_bytes(data)
+    ca, crt = tmp_path / "client.pem", tmp_path / "client.pem"  # a self-signed certificate is its own CA
+
+    tls = TLS.from_files(ca, crt, tmp_path / "client.key")
+    assert tls.certificate_chain == files["client.pem"] and tls.private_key == files["client.key"]
+    with pytest.raises(ValueError, match="is not the key of the certificate") as err:
+        TLS.from_files(ca, crt, tmp_path / "other.key")
+    assert str(tmp_path / "other.key") in str(err.value) and str(crt) in str(err.value)
+    with pytest.raises(ValueError, match=r"locked\.key is encrypted"):
+        TLS.from_files(ca, crt, tmp_path / "locked.key")
+    with pytest.raises(ValueError, match=r"client\.key: expected a PEM certificate") as err:
+        TLS.from_files(ca, tmp_path / "client.key", tmp_path / "client.key")  # the key given as the certificate
+    assert "PRIVATE" not in str(err.value)  # never the key itself
 
 
 def test_infer_error_message_and_pickle():
