@@ -5,7 +5,8 @@ It runs on the server's own loop, so a scrape reads the counters the loop writes
 a thread in between. Keep-alive is honoured, since Prometheus reuses its connection.
 
 Admin paths (404 without --admin; bodies are JSON, errors `{"error": "..."}` with 400; a
-handler that fails unexpectedly answers 500, logged with its traceback, and the connection ends):
+request that fails unexpectedly, admin or /metrics, answers 500, logged with its traceback, and
+the connection ends):
   GET  /admin/faults     the active faults
   POST /admin/faults     {"model", "instance"?, "mode": slow|fail|off, "delay_ms"?, "duration_s"?}
   GET  /admin/batching   each model's batching policy
@@ -38,9 +39,14 @@ MAX_BODY_BYTES = 64 << 10  # admin bodies are a few fields
 HEADER_TIMEOUT_S = 10.0  # a request's headers must arrive within this
 IDLE_TIMEOUT_S = 120.0  # a kept-alive connection with no request for this long is closed
 WRITE_TIMEOUT_S = 10.0  # an answer the client does not read within this ends its connection
-# Beyond this many connections, the one waiting longest for its next request is closed to make
-# room (a scraper sends its request at once, so it is never that one); when none waits, the new
-# one is closed at once. Sockets are the gRPC port's file descriptors too.
+# After its last answer, a closing connection reads and drops what the client still sends, for up
+# to this long: a close with unread bytes makes the kernel send a reset, and the client's kernel
+# may then discard the answer before the client has read it.
+LINGER_S = 2.0
+# Beyond this many connections, the one waiting longest for its next request, for a request's
+# body, or for the client to close, is closed to make room (a scraper sends its request at once,
+# so it is never that one); when none waits, the new one is closed at once. Sockets are the gRPC
+# port's file descriptors too.
 MAX_CONNECTIONS = 64
 MAX_EVENT_STREAMS = 16  # /events subscribers at once; more get 503, so streams cannot take every slot
 REASONS = {
@@ -49,9 +55,11 @@ REASONS = {
     404: "Not Found",
     403: "Forbidden",
     405: "Method Not Allowed",
+    408: "Request Timeout",
     411: "Length Required",
     413: "Payload Too Large",
     415: "Unsupported Media Type",
+    431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -70,7 +78,8 @@ class MetricsHTTPServer:
         self.host = host
         self.port = port
         self._server: asyncio.base_events.Server | None = None
-        self._clients: set[asyncio.Task] = set()
+        # Each connection's task, and its writer, which stop() aborts.
+        self._clients: dict[asyncio.Task, asyncio.StreamWriter] = {}
         # Connections waiting for their next request, as an ordered set: the first has waited
         # longest, so it is the one closed to make room.
         self._waiting: dict[asyncio.StreamWriter, None] = {}
@@ -82,9 +91,9 @@ class MetricsHTTPServer:
                 # "::" is every address of both families, as gRPC takes it; asyncio would make
                 # the socket IPv6-only, and an IPv4 scraper would be refused.
                 sock = _dual_stack_socket(self.port)
-                self._server = await asyncio.start_server(self._serve, sock=sock, limit=MAX_HEADER_BYTES)
+                self._server = await asyncio.start_server(self._accept, sock=sock, limit=MAX_HEADER_BYTES)
             else:
-                self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_HEADER_BYTES)
+                self._server = await asyncio.start_server(self._accept, self.host, self.port, limit=MAX_HEADER_BYTES)
         except OSError as exc:
             address = host_port(self.host, self.port)
             # A name that does not resolve is a gaierror, whose negative errno strerror cannot name.
@@ -98,8 +107,12 @@ class MetricsHTTPServer:
         self._server.close()
         if self.admin is not None:
             await self.admin.close()
-        for t in list(self._clients):
-            t.cancel()
+        for task, writer in list(self._clients.items()):
+            # Aborted as well as cancelled: on Python 3.11, asyncio.wait_for loses a cancellation
+            # that lands as what it waits for completes (seen on uvloop after an answer's drain),
+            # and the task would wait out its next read, up to IDLE_TIMEOUT_S.
+            writer.transport.abort()
+            task.cancel()
         await asyncio.gather(*self._clients, return_exceptions=True)
         await self._server.wait_closed()
 
@@ -108,23 +121,42 @@ class MetricsHTTPServer:
             return openmetrics.generate_latest(self.registry), openmetrics.CONTENT_TYPE_LATEST
         return text_format.generate_latest(self.registry), text_format.CONTENT_TYPE_LATEST
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A plain callback that starts its own task: for a coroutine, asyncio (before 3.12) makes
+        # the task and calls its exception() when done, which raises for a task that stop()
+        # cancelled, and logs an ERROR traceback for each connection open at a clean stop.
         if len(self._clients) >= MAX_CONNECTIONS and not self._make_room():
             writer.close()
             return
-        task = asyncio.current_task()
-        self._clients.add(task)
+        task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
+        self._clients[task] = writer
+        task.add_done_callback(self._clients.pop)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             await self._requests(reader, writer)
+            await self._linger(reader, writer)
         except (ConnectionError, asyncio.TimeoutError):
             pass  # the peer went away, or did not read its answer within WRITE_TIMEOUT_S
         finally:
             self._waiting.pop(writer, None)
-            self._clients.discard(task)
             writer.close()
 
+    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Half-close, then drop what the client still sends until it closes, or LINGER_S."""
+        if writer.is_closing() or not writer.can_write_eof():
+            return
+        writer.write_eof()
+        self._waiting[writer] = None  # it has nothing more to ask: it may make room
+
+        async def discard() -> None:
+            while await reader.read(1 << 16):
+                pass
+
+        await asyncio.wait_for(discard(), LINGER_S)
+
     def _make_room(self) -> bool:
-        """Close the connection waiting longest for a request; False when every one is busy.
+        """Close the connection waiting longest (for a request, a body or the client's close); False when none waits.
 
         Without this, idle keep-alive connections (up to IDLE_TIMEOUT_S each) could lock
         Prometheus out of the port.
@@ -143,15 +175,19 @@ class MetricsHTTPServer:
             try:
                 # A scraper sends its request at once; an idle or trickling client must
                 # not hold a socket (and its file descriptor) forever.
-                head = await asyncio.wait_for(
+                raw = await asyncio.wait_for(
                     reader.readuntil(b"\r\n\r\n"), HEADER_TIMEOUT_S if first else IDLE_TIMEOUT_S
                 )
-            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, asyncio.TimeoutError):
+            except asyncio.LimitOverrunError:
+                error = f"request headers over {MAX_HEADER_BYTES} bytes\n".encode()
+                await self._respond(writer, 431, error, "text/plain", close=True)
+                return
+            except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
                 return
             finally:
                 self._waiting.pop(writer, None)
             first = False
-            lines = head.decode("latin-1").split("\r\n")
+            lines = raw.decode("latin-1").split("\r\n")
             parts = lines[0].split(" ")
             headers = {}
             for line in lines[1:]:
@@ -162,40 +198,59 @@ class MetricsHTTPServer:
                 await self._respond(writer, 400, b"bad request line\n", "text/plain", close=True)
                 return
             method, target, version = parts
+            head = method == "HEAD"
+            if "transfer-encoding" in headers:
+                # No chunked bodies here; and a request framed both ways must not be read by its
+                # Content-Length, the other end of a proxy may read it by the other (RFC 9112 6.1).
+                error = b"Transfer-Encoding is not supported: send a Content-Length\n"
+                await self._respond(writer, 400, error, "text/plain", close=True, head=head)
+                return
             close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
             path = target.split("?", 1)[0]
             # Only a POST to an admin route reads its body: after any other request that has
             # one, the connection ends, or the body's bytes would be read as the next request.
-            if "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0"):
+            if headers.get("content-length", "0").strip() not in ("", "0"):
                 close = close or not (method == "POST" and path in ADMIN_ROUTES)
-            if path.startswith("/admin/") or path == "/events":
-                if self.admin is None:  # off: as if absent; an unread body ends the connection
-                    await self._respond(writer, 404, b"not found\n", "text/plain", close=True)
-                    return
-                refusal = cross_site_refusal(headers)
-                if refusal is not None:
-                    await self._json(writer, 403, {"error": refusal}, close=True)
-                    return
-                if not await self._admin(reader, writer, method, path, headers, close):
-                    return
-            elif method not in ("GET", "HEAD"):
-                await self._respond(writer, 405, b"only GET\n", "text/plain", close=close)
-            elif path == "/metrics":
-                body, ctype = self.render(headers.get("accept", ""))
-                await self._respond(writer, 200, body, ctype, close=close, head=method == "HEAD")
-            elif path == "/":
-                await self._respond(writer, 200, b"wok: metrics at /metrics\n", "text/plain", close=close)
-            else:
-                await self._respond(writer, 404, b"not found\n", "text/plain", close=close)
-            if close:
+            try:
+                keep = await self._dispatch(reader, writer, method, path, headers, close)
+            except (ConnectionError, asyncio.TimeoutError):
+                raise  # the peer went away: nobody to answer
+            except Exception:
+                await self._internal_error(writer, method, path)
                 return
+            if not keep:
+                return
+
+    async def _dispatch(self, reader, writer, method: str, path: str, headers: dict, close: bool) -> bool:
+        """Answer one request; False when the connection must end."""
+        head = method == "HEAD"
+        if path.startswith("/admin/") or path == "/events":
+            if self.admin is None:  # off: as if absent; an unread body ends the connection
+                await self._respond(writer, 404, b"not found\n", "text/plain", close=True, head=head)
+                return False
+            refusal = cross_site_refusal(headers)
+            if refusal is not None:
+                await self._json(writer, 403, {"error": refusal}, close=True, head=head)
+                return False
+            return await self._admin(reader, writer, method, path, headers, close)
+        if method not in ("GET", "HEAD"):
+            await self._respond(writer, 405, b"only GET\n", "text/plain", close=close)
+        elif path == "/metrics":
+            body, ctype = self.render(headers.get("accept", ""))
+            await self._respond(writer, 200, body, ctype, close=close, head=head)
+        elif path == "/":
+            await self._respond(writer, 200, b"wok: metrics at /metrics\n", "text/plain", close=close, head=head)
+        else:
+            await self._respond(writer, 404, b"not found\n", "text/plain", close=close, head=head)
+        return not close
 
     async def _admin(self, reader, writer, method: str, path: str, headers: dict, close: bool) -> bool:
         """Answer one admin request; False when the connection must end (a stream, a bad body)."""
         admin = self.admin
+        head = method == "HEAD"
         if path == "/events":
             if method != "GET":
-                await self._respond(writer, 405, b"only GET\n", "text/plain", close=True)
+                await self._respond(writer, 405, b"only GET\n", "text/plain", close=True, head=head)
                 return False
             if self._streams >= MAX_EVENT_STREAMS:
                 await self._json(writer, 503, {"error": f"already {MAX_EVENT_STREAMS} /events streams open"}, True)
@@ -203,19 +258,14 @@ class MetricsHTTPServer:
             await self._stream_events(writer)
             return False
         if path not in ADMIN_ROUTES:
-            await self._json(writer, 404, {"error": f"no admin path {path}"}, close)
+            await self._json(writer, 404, {"error": f"no admin path {path}"}, close, head=head)
             return not close
         get, post = (getattr(admin, name) for name in ADMIN_ROUTES[path])
         if method == "GET":
-            try:
-                answer = get()
-            except Exception:
-                await self._internal_error(writer, method, path)
-                return False
-            await self._json(writer, 200, answer, close)
+            await self._json(writer, 200, get(), close)
             return not close
         if method != "POST":
-            await self._json(writer, 405, {"error": f"{path} takes GET or POST, got {method}"}, close=True)
+            await self._json(writer, 405, {"error": f"{path} takes GET or POST, got {method}"}, close=True, head=head)
             return False
         ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if ctype != "application/json":
@@ -231,10 +281,23 @@ class MetricsHTTPServer:
         if int(length) > MAX_BODY_BYTES:
             await self._json(writer, 413, {"error": f"body over {MAX_BODY_BYTES} bytes"}, close=True)
             return False
+        # Waiting for its body, a connection may make room like an idle one: else connections
+        # that send headers and no body could hold every slot, Prometheus's too, for
+        # HEADER_TIMEOUT_S.
+        self._waiting[writer] = None
         try:
             raw = await asyncio.wait_for(reader.readexactly(int(length)), HEADER_TIMEOUT_S)
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
+        except asyncio.IncompleteReadError as exc:
+            # The client closed its side early; or the connection made room (then nothing is sent).
+            error = f"body: Content-Length {length}, got {len(exc.partial)} bytes and end of stream"
+            await self._json(writer, 400, {"error": error}, close=True)
             return False
+        except asyncio.TimeoutError:
+            error = f"body: Content-Length {length}, not all sent within {HEADER_TIMEOUT_S:g} s"
+            await self._json(writer, 408, {"error": error}, close=True)
+            return False
+        finally:
+            self._waiting.pop(writer, None)
         try:
             body = json.loads(raw)
         except ValueError as exc:
@@ -250,26 +313,24 @@ class MetricsHTTPServer:
         except AdminRequestError as exc:
             await self._json(writer, 400, {"error": str(exc)}, close)
             return not close
-        except Exception:
-            await self._internal_error(writer, method, path)
-            return False
         log.warning("admin: %s %s", path, json.dumps(body))
         await self._json(writer, 200, answer, close)
         return not close
 
     async def _internal_error(self, writer, method: str, path: str) -> None:
-        """Answer a handler's unexpected exception (the one being handled) with 500, and log it.
+        """Answer a request's unexpected exception (the one being handled) with 500, and log it.
 
         Left to asyncio, it would end the connection with no answer at all. The connection ends:
         what the handler changed before it failed is unknown.
         """
-        log.exception("admin: %s %s failed", method, path)
+        log.exception("%s %s failed", method, path)
         await self._json(writer, 500, {"error": f"{method} {path}: internal error; see the server's log"}, True)
 
     async def _stream_events(self, writer) -> None:
-        writer.write(
+        _write(
+            writer,
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-            b"Connection: close\r\n\r\n"
+            b"Connection: close\r\n\r\n",
         )
         sub = self.admin.subscribe()
         self._streams += 1
@@ -279,18 +340,14 @@ class MetricsHTTPServer:
                 chunk = [b"data: " + dumps(event) + b"\n\n"]
                 while not sub.queue.empty() and len(chunk) < 256:
                     chunk.append(b"data: " + dumps(sub.queue.get_nowait()) + b"\n\n")
-                writer.write(b"".join(chunk))
+                _write(writer, b"".join(chunk))
                 await _drain(writer)
-        except (ConnectionError, asyncio.TimeoutError, asyncio.CancelledError):
-            # Cancelled: the server stops. Ending quietly spares asyncio 3.11's stream callback,
-            # which logs a cancelled handler task as an unhandled exception.
-            pass
         finally:
             self._streams -= 1
             self.admin.unsubscribe(sub)
 
-    async def _json(self, writer, status: int, obj, close: bool) -> None:
-        await self._respond(writer, status, dumps(obj) + b"\n", JSON, close=close)
+    async def _json(self, writer, status: int, obj, close: bool, *, head: bool = False) -> None:
+        await self._respond(writer, status, dumps(obj) + b"\n", JSON, close=close, head=head)
 
     @staticmethod
     async def _respond(writer, status: int, body: bytes, ctype: str, *, close: bool, head: bool = False) -> None:
@@ -299,8 +356,16 @@ class MetricsHTTPServer:
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
             f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
         )
-        writer.write(header.encode("latin-1") + (b"" if head else body))
+        _write(writer, header.encode("latin-1") + (b"" if head else body))
         await _drain(writer)
+
+
+def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
+    # A closed connection: asyncio drops the bytes with a warning, uvloop raises RuntimeError.
+    # Either way the client is gone, which the callers handle as a ConnectionError.
+    if writer.is_closing():
+        raise ConnectionResetError("the client's connection is closed")
+    writer.write(data)
 
 
 async def _drain(writer: asyncio.StreamWriter) -> None:
@@ -356,12 +421,18 @@ def cross_site_refusal(headers: dict) -> str | None:
     no Origin and an address or localhost as Host.
     """
     host = headers.get("host", "")
-    name = urlsplit("//" + host).hostname or ""
+    try:
+        name = urlsplit("//" + host).hostname or ""
+    except ValueError:  # not a host at all ("[::1"), so not a local one
+        name = ""
     if not _local_name(name):
         return f"Host {host!r} is not an IP address or localhost; the admin API answers only those"
     origin = headers.get("origin")
     if origin is not None:
-        o = urlsplit(origin)
-        if o.netloc.lower() != host.lower() or o.scheme != "http":
+        try:
+            o = urlsplit(origin)
+        except ValueError:  # not a URL ("http://[x"), so not this server's
+            o = None
+        if o is None or o.netloc.lower() != host.lower() or o.scheme != "http":
             return f"Origin {origin!r} is not this server ({host}); the admin API takes no cross-site requests"
     return None

@@ -310,3 +310,21 @@ class ProcTree:
 @pytest.fixture
 def proc_tree() -> type[ProcTree]:
     return ProcTree
+
+
+async def _raw_http(port: int, request: bytes) -> bytes:
+    """Send raw bytes to 127.0.0.1:`port`; what comes back until the server closes (or 5 s pass)."""
+    import asyncio
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+@pytest.fixture
+def raw_http():
+    """An HTTP exchange in raw bytes, for requests a well-behaved client would not send."""
+    return _raw_http

@@ -152,16 +152,6 @@ async def test_bad_bodies_get_400_naming_the_field(admin_server, path, body, fie
         assert answer["error"].endswith("got an integer of 401 digits"), answer  # not all 401 of them
 
 
-async def raw_http(port: int, request: bytes) -> bytes:
-    """Send raw bytes, read until the server closes (or 5 s pass)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(request)
-        return await asyncio.wait_for(reader.read(), 5)
-    finally:
-        writer.close()
-
-
 FAULT = b'{"model": "mlp", "mode": "fail", "duration_s": 60}'
 
 
@@ -177,7 +167,7 @@ FAULT = b'{"model": "mlp", "mode": "fail", "duration_s": 60}'
     ],
 )
 async def test_admin_posts_a_browser_page_could_send_are_refused_and_change_nothing(
-    admin_server, headers, status, says
+    admin_server, headers, status, says, raw_http
 ):
     server, base, _ = admin_server
     port = server.http.port
@@ -193,7 +183,7 @@ async def test_admin_posts_a_browser_page_could_send_are_refused_and_change_noth
     assert (await ahttp(base + "/admin/faults"))[1] == {"faults": []}  # nothing was applied
 
 
-async def test_a_same_origin_post_is_taken(admin_server):
+async def test_a_same_origin_post_is_taken(admin_server, raw_http):
     server, base, _ = admin_server
     port = server.http.port
     head = (
@@ -205,7 +195,7 @@ async def test_a_same_origin_post_is_taken(admin_server):
     await ahttp(base + "/admin/faults", {"model": "mlp", "mode": "off"})
 
 
-async def test_a_body_the_server_does_not_read_is_never_taken_for_the_next_request(admin_server):
+async def test_a_body_the_server_does_not_read_is_never_taken_for_the_next_request(admin_server, raw_http):
     server, _base, _ = admin_server
     port = server.http.port
     inner = f"GET /admin/faults HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()

@@ -68,7 +68,7 @@ async def test_a_failing_handler_answers_500_json_and_logs_its_traceback_once(ca
                 assert json.loads(payload) == {"error": f"{what}: internal error; see the server's log"}
                 # Once, by wok.http with the traceback; not again by asyncio as an unhandled exception.
                 errors = [(r.name, r.getMessage(), r.exc_info[1]) for r in caplog.records]
-                assert len(errors) == 1 and errors[0][:2] == ("wok.http", f"admin: {what} failed"), errors
+                assert len(errors) == 1 and errors[0][:2] == ("wok.http", f"{what} failed"), errors
                 assert isinstance(errors[0][2], RuntimeError)
     finally:
         await server.stop()

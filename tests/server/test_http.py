@@ -1,0 +1,299 @@
+"""The metrics/admin HTTP server (server/http.py) against raw sockets: framing, errors, shutdown.
+
+Each test runs the server alone (no models) with a stand-in admin, so that it takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import struct
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from wok import http
+from wok.admin import Subscriber
+from wok.http import MetricsHTTPServer
+
+LOOPS = ("asyncio", "uvloop")
+
+
+class StubAdmin:
+    """The admin API's handlers, answering at once; it records the bodies it was posted."""
+
+    def __init__(self) -> None:
+        self.posted: list = []
+        self.subscribers: set[Subscriber] = set()
+        self.unsubscribed = asyncio.Event()
+
+    def get_faults(self) -> dict:
+        return {"faults": []}
+
+    def post_faults(self, body) -> dict:
+        self.posted.append(body)
+        return {"faults": []}
+
+    get_batching = get_faults
+    post_batching = post_faults
+
+    def subscribe(self) -> Subscriber:
+        sub = Subscriber()
+        sub.put({"type": "hello"})
+        self.subscribers.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+        self.unsubscribed.set()
+
+    def publish(self, event: dict) -> None:
+        for sub in self.subscribers:
+            sub.put(event)
+
+    async def close(self) -> None:
+        pass
+
+
+class Server:
+    """`async with Server() as s:` a started MetricsHTTPServer on a loopback port."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.admin = StubAdmin()
+        self.http = MetricsHTTPServer(registry or CollectorRegistry(), "127.0.0.1", 0, admin=self.admin)
+
+    async def __aenter__(self) -> Server:
+        await self.http.start()
+        self.port = self.http.port
+        self.host = f"Host: 127.0.0.1:{self.port}\r\n".encode()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.http.stop()
+
+
+def responses(data: bytes, heads: list[bool]) -> list[tuple[bytes, bytes]]:
+    """Split pipelined answers into (status line and headers, body); a HEAD's answer has no body."""
+    out = []
+    for head in heads:
+        top, sep, data = data.partition(b"\r\n\r\n")
+        assert sep, f"expected {len(heads)} answers, got {len(out)} and then {top!r}"
+        length = 0 if head else int(top.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        out.append((top, data[:length]))
+        data = data[length:]
+    assert data == b"", f"expected {len(heads)} answers, got bytes after them: {data[:200]!r}"
+    return out
+
+
+def errors(caplog) -> list[str]:
+    return [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_clean_stop_with_connections_open_logs_no_error(run_on, loop, caplog):
+    async def main():
+        async with Server() as s:
+            kept = await asyncio.open_connection("127.0.0.1", s.port)  # a scraper's keep-alive
+            kept[1].write(b"GET /metrics HTTP/1.1\r\n" + s.host + b"\r\n")
+            await kept[0].readuntil(b"\r\n\r\n")
+            stream = await asyncio.open_connection("127.0.0.1", s.port)
+            stream[1].write(b"GET /events HTTP/1.1\r\n" + s.host + b"\r\n")
+            await stream[0].readuntil(b"\r\n\r\n")
+            body = await asyncio.open_connection("127.0.0.1", s.port)  # its body never comes
+            body[1].write(b"POST /admin/faults HTTP/1.1\r\n" + s.host + b"Content-Type: application/json\r\n")
+            body[1].write(b"Content-Length: 10\r\n\r\n")
+            await body[1].drain()
+            # Promptly, though a cancellation may be lost (Python 3.11's wait_for, on uvloop):
+            # then a task waited out its next read, up to IDLE_TIMEOUT_S.
+            started = time.monotonic()
+            await s.http.stop()
+            assert time.monotonic() - started < 5
+        await asyncio.sleep(0)  # the done callbacks of the connections' tasks
+        for _, w in (kept, stream, body):
+            w.close()
+
+    with caplog.at_level(logging.ERROR):
+        run_on(loop, main())
+    assert errors(caplog) == []
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_event_stream_whose_client_left_ends_with_no_error(run_on, loop, caplog):
+    async def main():
+        async with Server() as s:
+            reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+            writer.write(b"GET /events HTTP/1.1\r\n" + s.host + b"\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            # A reset, as from a client that closes with bytes unread: the server's transport
+            # closes at once, and on uvloop a write to it raised RuntimeError, logged by asyncio
+            # as unhandled.
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.close()
+            # Not a gate (the test passes either way with the fix): without it the first write
+            # may precede the reset, fail at the socket, and end the stream the way that worked.
+            await asyncio.sleep(0.05)
+            for _ in range(250):
+                s.admin.publish({"type": "tick"})
+                try:
+                    await asyncio.wait_for(s.admin.unsubscribed.wait(), 0.02)
+                    break
+                except asyncio.TimeoutError:
+                    pass
+            assert s.admin.unsubscribed.is_set(), "the stream did not end after its client left"
+            assert s.http._streams == 0
+            await asyncio.sleep(0)
+
+    with caplog.at_level(logging.ERROR):
+        run_on(loop, main())
+    assert errors(caplog) == []
+
+
+@pytest.mark.parametrize(
+    "headers", [b"Host: [::1\r\n", b"Host: 127.0.0.1\r\nOrigin: http://[x\r\n"], ids=["host", "origin"]
+)
+async def test_an_unparsable_host_or_origin_is_refused_with_403(headers, raw_http):
+    async with Server() as s:
+        answer = await raw_http(s.port, b"GET /admin/faults HTTP/1.1\r\n" + headers + b"\r\n")
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 403 Forbidden\r\n"), answer
+    value = headers.split(b": ")[-1].strip().decode()
+    assert value in json.loads(body)["error"]
+
+
+class BrokenCollector:
+    def describe(self):
+        return []
+
+    def collect(self):
+        raise RuntimeError("a broken collector")
+
+
+async def test_a_scrape_that_raises_answers_500_and_logs_it_once(caplog, raw_http):
+    registry = CollectorRegistry()
+    registry.register(BrokenCollector())
+    async with Server(registry) as s:
+        with caplog.at_level(logging.ERROR):
+            answer = await raw_http(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + b"\r\n")
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 500 Internal Server Error\r\n") and b"Connection: close" in top, answer
+    assert json.loads(body) == {"error": "GET /metrics: internal error; see the server's log"}
+    assert errors(caplog) == ["wok.http: GET /metrics failed"]
+
+
+async def test_head_answers_carry_no_body_and_keep_the_connection_in_step(raw_http):
+    async with Server() as s:
+        pipelined = b"".join(
+            f"{method} {path} HTTP/1.1\r\n".encode() + s.host + b"\r\n"
+            for method, path in (("HEAD", "/"), ("HEAD", "/nope"), ("HEAD", "/metrics"), ("GET", "/"))
+        )
+        answer = await raw_http(s.port, pipelined[:-2] + b"Connection: close\r\n\r\n")
+        admin = await raw_http(s.port, b"HEAD /admin/faults HTTP/1.1\r\n" + s.host + b"\r\n")
+    got = responses(answer, [True, True, True, False])
+    assert [top.split(b"\r\n")[0] for top, _ in got] == [b"HTTP/1.1 200 OK", b"HTTP/1.1 404 Not Found"] + [
+        b"HTTP/1.1 200 OK"
+    ] * 2
+    assert got[-1][1] == b"wok: metrics at /metrics\n"
+    [(top, _)] = responses(admin, [True])
+    assert top.startswith(b"HTTP/1.1 405 ")
+
+
+async def test_connections_waiting_for_a_body_make_room_for_a_scrape(monkeypatch, raw_http):
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
+    async with Server() as s:
+        # Two admin POSTs whose bodies never come: before, they held both slots for
+        # HEADER_TIMEOUT_S and a scraper's connection was closed unanswered.
+        at_body = asyncio.Semaphore(0)
+        admin = s.http._admin
+
+        async def counted(*args):
+            at_body.release()  # the headers are read; the body read is next, with no await before
+            return await admin(*args)
+
+        s.http._admin = counted
+        held = []
+        for _ in range(2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+            writer.write(b"POST /admin/faults HTTP/1.1\r\n" + s.host + b"Content-Type: application/json\r\n")
+            writer.write(b"Content-Length: 100\r\n\r\n")
+            held.append((reader, writer))
+        for _ in held:
+            await asyncio.wait_for(at_body.acquire(), 5)
+        answer = await raw_http(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+        # The one waiting longest was closed for it, unanswered.
+        assert await asyncio.wait_for(held[0][0].read(), 5) == b""
+        for _, w in held:
+            w.close()
+    assert s.admin.posted == []
+
+
+async def test_headers_over_the_limit_get_431(raw_http):
+    async with Server() as s:
+        answer = await raw_http(s.port, b"GET /metrics HTTP/1.1\r\nX-A: " + b"a" * 20_000 + b"\r\n\r\n")
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n") and b"Connection: close" in top
+    assert body == b"request headers over 16384 bytes\n"
+
+
+def post(host: bytes, body: bytes, *, length: int | None = None, extra: bytes = b"") -> bytes:
+    length = len(body) if length is None else length
+    return (
+        (b"POST /admin/faults HTTP/1.1\r\n" + host + b"Content-Type: application/json\r\n" + extra)
+        + f"Content-Length: {length}\r\n\r\n".encode()
+        + body
+    )
+
+
+async def test_a_body_shorter_than_its_content_length_gets_408_or_400_at_its_end(monkeypatch, raw_http):
+    monkeypatch.setattr(http, "HEADER_TIMEOUT_S", 0.2)
+    async with Server() as s:
+        request = post(s.host, b'{"model": "mlp"}', length=100)
+        timed_out = await raw_http(s.port, request)  # the client waits: the server's timeout ends it
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+        writer.write(request)
+        writer.write_eof()  # the client says it has sent all
+        ended = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+    [(top, body)] = responses(timed_out, [False])
+    assert top.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and b"Connection: close" in top, timed_out
+    assert json.loads(body) == {"error": "body: Content-Length 100, not all sent within 0.2 s"}
+    [(top, body)] = responses(ended, [False])
+    assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n"), ended
+    assert json.loads(body) == {"error": "body: Content-Length 100, got 16 bytes and end of stream"}
+    assert s.admin.posted == []
+
+
+async def test_a_request_with_transfer_encoding_gets_400_and_the_connection_ends(raw_http):
+    async with Server() as s:
+        body = b'{"model": "mlp", "mode": "off"}'
+        # Framed both ways: read by its Content-Length, the connection went on (a smuggling gap
+        # behind a proxy that reads it by Transfer-Encoding).
+        smuggled = post(s.host, body, extra=b"Transfer-Encoding: chunked\r\n")
+        answer = await raw_http(s.port, smuggled + b"GET / HTTP/1.1\r\n" + s.host + b"\r\n")
+    [(top, _)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in top, answer
+    assert s.admin.posted == []
+
+
+async def test_an_answer_before_an_unread_body_reaches_the_client():
+    async with Server() as s:
+        port, host = s.port, s.host
+
+        def send_all_then_read() -> bytes:
+            # The body is not read (not JSON: 415 and close); closed with those bytes unread, the
+            # socket sent a reset, and the client lost the answer it had not read yet.
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                body = b" " * (4 << 20)
+                sock.sendall(post(host, body).replace(b"application/json", b"text/plain"))
+                out = b""
+                while chunk := sock.recv(1 << 16):
+                    out += chunk
+                return out
+
+        answer = await asyncio.to_thread(send_all_then_read)
+    [(top, _)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 415 "), answer
