@@ -231,6 +231,23 @@ def test_every_dashboard_query_is_valid_promql(promtool, tmp_path):
 # -- the rules ------------------------------------------------------------------------------
 
 
+def test_a_stacked_panel_of_per_model_means_repeats_by_model():
+    """Rates add up across models (a stack of them is the total); means do not: stacked across
+    models, the bands of several models' means add up to no model's mean."""
+    for panel in data_panels(load_dashboard()):
+        stacking = panel.get("fieldConfig", {}).get("defaults", {}).get("custom", {}).get("stacking", {})
+        means = [t["expr"] for t in panel.get("targets", []) if re.search(r"by \([^)]*\bmodel\b", t["expr"])]
+        if stacking.get("mode", "none") != "none" and any("/" in e for e in means):
+            assert panel.get("repeat") == "model", f"panel {panel['title']!r} stacks every model together"
+
+
+def test_no_rule_takes_a_quantile_of_the_batch_size():
+    """Its buckets are powers of two: histogram_quantile interpolates inside one (full batches of 32
+    read as 24, batches of one row as 0.5), so no rule or panel should report one."""
+    exprs = [r["expr"] for r in load_rules()] + dashboard_exprs(load_dashboard())
+    assert not [e for e in exprs if "histogram_quantile" in e and "wok_batch_size_bucket" in e]
+
+
 def test_recording_rules_follow_level_metric_operations_naming():
     records = [r["record"] for r in load_rules() if "record" in r]
     assert len(records) == len(set(records))
