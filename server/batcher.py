@@ -143,6 +143,42 @@ def slo_policy_for(executor: Executor, max_batch_size: int) -> SloPolicy | None:
     return SloPolicy(db.slo_ms / 1e3, max_batch_size, len(executor.instances), quantile=db.slo_quantile, seed=seed)
 
 
+class FailureLog:
+    """A model's failed batches at WARNING in the server's log: the first at once, then at most
+    one per `every_s`, saying how many were not logged in between.
+
+    Callers get the error too, but an operator reads the log: without it a model that fails
+    shows only as a rising INTERNAL count. Rate-limited, as a model broken for every input
+    (or a fault injected on purpose) fails each of its batches.
+    """
+
+    def __init__(self, model: str, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model
+        self.every_s = every_s
+        self._clock = clock
+        self._next = -math.inf
+        self.unlogged = 0  # failed batches since the last one logged
+
+    def batch_failed(self, exc: BaseException, requests: int, samples: int) -> None:
+        now = self._clock()
+        if now < self._next:
+            self.unlogged += 1
+            return
+        self._next = now + self.every_s
+        more = f" ({self.unlogged} more failed batches since the last logged)" if self.unlogged else ""
+        self.unlogged = 0
+        # The model's own exception, with its traceback, when the error wraps one.
+        log.warning(
+            "model '%s': a batch of %d request(s), %d sample(s), failed: %s%s",
+            self.model,
+            requests,
+            samples,
+            exc,
+            more,
+            exc_info=exc.__cause__,
+        )
+
+
 class Batcher:
     def __init__(
         self,
@@ -165,6 +201,7 @@ class Batcher:
         self.default_level = getattr(db, "default_priority_level", 1)
         self.stats = stats
         self.metrics = metrics or ModelMetrics(name, len(executor.instances))
+        self.failures = FailureLog(name)
         self.metrics.queue_depth = lambda: self._queued
         self.metrics.inflight = lambda: self._inflight
         self._queues: dict[Hashable, _Queue] = {}
@@ -697,6 +734,8 @@ class Batcher:
                 self._idle_since[inst] = now
             if not isinstance(exc, (ModelExecutionError, ShuttingDown)):
                 exc = ModelExecutionError(f"model '{self.name}' failed: {type(exc).__name__}: {exc}")
+            if not isinstance(exc, ShuttingDown):
+                self.failures.batch_failed(exc, len(batch.requests), batch.samples)
             for p in batch.requests:
                 p.state = DONE
                 p.finished = now
@@ -716,6 +755,7 @@ class Batcher:
         if len(result.outputs) != len(batch.requests):
             n, got = len(batch.requests), len(result.outputs)
             exc = ModelExecutionError(f"model '{self.name}' split a batch of {n} requests into {got} results")
+            self.failures.batch_failed(exc, n, batch.samples)
             for p in batch.requests:
                 p.state = DONE
                 if not p.future.done():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import statistics
 import time
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from wok.batcher import Batcher, BatchingPolicy
+from wok.batcher import Batcher, BatchingPolicy, FailureLog
 from wok.errors import DeadlineExceeded, InvalidInput, ModelExecutionError, QueueFull, ShuttingDown
 from wok.stats import ModelStats
 
@@ -164,13 +165,20 @@ async def test_a_withdrawn_request_leaves_the_queue(gated):
     await finish(b)
 
 
-async def test_a_failing_batch_fails_every_caller_in_it_and_the_next_batch_runs(gated):
+async def test_a_failing_batch_fails_every_caller_in_it_and_the_next_batch_runs(gated, caplog):
     s, _, ex = gated(max_batch_size=3, delay_ms=60_000)
     b = make_batcher(s, ex)
     bad = [submit(b, 1.0), submit(b, float("nan")), submit(b, 2.0)]
-    results = await asyncio.gather(*(p.future for p in bad), return_exceptions=True)
+    with caplog.at_level(logging.WARNING, logger="wok.batcher"):
+        results = await asyncio.gather(*(p.future for p in bad), return_exceptions=True)
     assert all(isinstance(r, ModelExecutionError) for r in results)
     assert "ValueError: NaN in batch" in str(results[0])
+    # The operator's log says so too, with the model's own traceback.
+    (record,) = [r for r in caplog.records if r.name == "wok.batcher"]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage().startswith("model 'gated': a batch of 3 request(s), 3 sample(s), failed: ")
+    assert "ValueError: NaN in batch" in record.getMessage()
+    assert isinstance(record.exc_info[1], ValueError)
     good = [submit(b, 1.0) for _ in range(3)]
     outs = await asyncio.gather(*(p.future for p in good))
     assert all(o["OUTPUT0"][0, 0] == 2.0 for o in outs)
@@ -469,3 +477,21 @@ async def test_a_delay_flush_to_an_idle_instance_is_prewarmed_once_and_a_size_fl
         await finish(b)
     finally:
         ex.shutdown()
+
+
+def test_failed_batches_are_logged_at_most_once_per_interval_counting_the_rest(caplog):
+    now = [100.0]
+    failures = FailureLog("m", every_s=10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="wok.batcher"):
+        for t in (100.0, 101.0, 109.9, 110.0, 115.0, 130.0):
+            now[0] = t
+            failures.batch_failed(ModelExecutionError("model 'm' failed"), 2, 5)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "model 'm': a batch of 2 request(s), 5 sample(s), failed: model 'm' failed",
+        "model 'm': a batch of 2 request(s), 5 sample(s), failed: model 'm' failed (2 more failed batches since the "
+        "last logged)",
+        "model 'm': a batch of 2 request(s), 5 sample(s), failed: model 'm' failed (1 more failed batches since the "
+        "last logged)",
+    ]
+    assert all(r.exc_info is None or r.exc_info[0] is None for r in caplog.records)  # no cause: no traceback
