@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 REQUIRE_QPS_NOT_MET = 3
@@ -92,8 +94,29 @@ def add_parser(sub) -> None:
     _add_outputs(p)
     faults.add_arguments(p)
     soak.add_arguments(p)
+    _negative_values(p)
     p.set_defaults(run=run)
     add_merge_parser(bsub)
+
+
+# argparse counts only plain numbers ("-50", "-.5") as values: "--slo-p99 -50ms" would be refused
+# with "expected one argument", and the option's own check ("invalid duration '-50ms'") never run.
+# No option of these commands starts with a digit: whatever does ("-50ms", "-1,5ms") is a value.
+_NEGATIVE_VALUE = re.compile(r"^-\.?\d")
+
+
+def _negative_values(p) -> None:
+    """Take negative numbers, with a unit or in a list, as values on parser `p`, for the options'
+    checks to refuse.
+
+    Through argparse's private matcher: where it is missing, or an option of `p` itself looks
+    like a negative number, argparse's default stays, and tests/bench/test_cli.py's
+    test_a_negative_value_with_a_unit_reaches_the_options_own_check fails.
+    """
+    if isinstance(getattr(p, "_negative_number_matcher", None), re.Pattern) and not getattr(
+        p, "_has_negative_number_optionals", True
+    ):
+        p._negative_number_matcher = _NEGATIVE_VALUE
 
 
 def add_merge_parser(bsub) -> None:
@@ -106,6 +129,7 @@ def add_merge_parser(bsub) -> None:
     )
     p.add_argument("results", nargs="+", type=Path, help="the parts' --json files")
     _add_outputs(p)
+    _negative_values(p)
     p.set_defaults(run=run_merge)
 
 
@@ -114,6 +138,7 @@ def run_merge(args) -> int:
 
     from .merge import merge_results
 
+    _check_outputs(args, *_RESULT_OUTPUTS)
     parts = []
     for path in args.results:
         try:
@@ -184,6 +209,59 @@ def _add_outputs(p) -> None:
     p.add_argument("--plots", type=Path, help="write the plots as PNG files into this folder")
 
 
+# The files of `_add_outputs`.
+_RESULT_OUTPUTS = ("--json", "--csv", "--html", "--plots")
+# Made with their parents if missing; every other output is a file whose folder must exist.
+_FOLDER_OUTPUTS = ("--plots", "--manifests")
+
+
+def _output_problem(path: Path, folder: bool) -> str | None:
+    """Why `path` cannot be written (None: it looks writable): a file path's folder must exist
+    and be writable, and the path must not be a folder; a folder output must be a folder, or be
+    makeable under its nearest existing ancestor."""
+    if path.exists():
+        if folder != path.is_dir():
+            return "is not a folder" if folder else "is a folder; expected a file name"
+        return None if os.access(path, os.W_OK | (os.X_OK if folder else 0)) else "is not writable"
+    place = path.parent
+    if folder:
+        while not place.exists() and place != place.parent:
+            place = place.parent
+    if not place.exists():
+        return f"folder {place} does not exist"
+    if not place.is_dir():
+        return f"{place} is not a folder"
+    if not os.access(place, os.W_OK | os.X_OK):
+        return f"folder {place} is not writable"
+    return None
+
+
+def _check_outputs(args, *options: str) -> None:
+    """Refuse an output path that cannot be written before any work: a result found only to be
+    lost at the end (a tune's grid search, a ramp) costs the whole run."""
+    for option in options:
+        path = getattr(args, option.removeprefix("--").replace("-", "_"))
+        if path is None:
+            continue
+        try:
+            why = _output_problem(path, option in _FOLDER_OUTPUTS)
+        except OSError as exc:  # a stat refused on the way (a folder that cannot be searched)
+            why = exc.strerror or str(exc)
+        if why:
+            raise ValueError(f"{option} {path}: {why}")
+
+
+@contextmanager
+def _writing(option: str, path: Path):
+    """An output that fails when written (after the up-front check: a full disk, a race) is
+    reported as the option's, not as a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
+        raise ValueError(f"{option} {path}: {exc.strerror or exc}{where}") from None
+
+
 def _warn(message: str) -> None:
     print(f"wok bench: {message}", file=sys.stderr)
 
@@ -204,16 +282,20 @@ def _write_outputs(result: dict, args) -> None:
 
     report.print_table(result)
     if args.json:
-        report.write_json(result, args.json)
+        with _writing("--json", args.json):
+            report.write_json(result, args.json)
     if args.csv:
-        report.write_csv(result, args.csv)
+        with _writing("--csv", args.csv):
+            report.write_csv(result, args.csv)
     if args.html:
-        report.write_html(result, args.html)
+        with _writing("--html", args.html):
+            report.write_html(result, args.html)
     if args.plots:
-        args.plots.mkdir(parents=True, exist_ok=True)
-        report.plot_latency_vs_offered(result, args.plots / "latency_vs_offered.png")
-        report.plot_throughput(result, args.plots / "throughput.png")
-        report.plot_timeline(result, args.plots / "timeline.png")
+        with _writing("--plots", args.plots):
+            args.plots.mkdir(parents=True, exist_ok=True)
+            report.plot_latency_vs_offered(result, args.plots / "latency_vs_offered.png")
+            report.plot_throughput(result, args.plots / "throughput.png")
+            report.plot_timeline(result, args.plots / "timeline.png")
 
 
 def add_simulate_parser(sub) -> None:
@@ -236,6 +318,7 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--slo-p99", default="200ms")
     p.add_argument("--seed", type=int, default=0)
     _add_outputs(p)
+    _negative_values(p)
     p.set_defaults(run=run_simulate)
 
 
@@ -251,6 +334,7 @@ def run_simulate(args) -> int:
             raise ValueError(f"{option}: expected a finite duration{' > 0' if positive else ''}; got {text!r}")
         return value
 
+    _check_outputs(args, *_RESULT_OUTPUTS)
     least = {"--max-batch-size": 1, "--instances": 1, "--max-queue-size": 0, "--seed": 0}
     for option, low in least.items():
         value = getattr(args, option.removeprefix("--").replace("-", "_"))
@@ -391,6 +475,7 @@ def run(args) -> int:
     from .workers import pick_balancer
 
     _check_aim(args)
+    _check_outputs(args, *_RESULT_OUTPUTS)
     target = args.target or DEFAULT_TARGET
     tls, token = _security(args)
     duration = parse_duration(args.step_duration)
@@ -468,7 +553,8 @@ def run(args) -> int:
         if "faults" in result:
             faults.print_faults(result)
             if args.plots:
-                report.plot_fault_timeline(result, args.plots / "faults.png")
+                with _writing("--plots", args.plots):
+                    report.plot_fault_timeline(result, args.plots / "faults.png")
     finally:
         _restore_signals(previous)
     return _exit_status(result, args)
@@ -529,6 +615,7 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="write the result (schema wok.profile/1) here")
     p.add_argument("--plot", type=Path, help="write the roofline and T(n) plot (PNG) here")
+    _negative_values(p)
     p.set_defaults(run=run_profile)
 
 
@@ -542,6 +629,7 @@ def run_profile(args) -> int:
     from ..repository import ModelRepository
     from . import profiler, report, roofline
 
+    _check_outputs(args, "--json", "--plot")
     if args.torch_threads is not None:
         if args.torch_threads < 1:
             raise ValueError(f"--torch-threads must be >= 1; got {args.torch_threads}")
@@ -582,9 +670,11 @@ def run_profile(args) -> int:
         )
     profiler.print_table(result)
     if args.json:
-        report.write_json(result, args.json)
+        with _writing("--json", args.json):
+            report.write_json(result, args.json)
     if args.plot:
-        profiler.plot_profile(result, args.plot)
+        with _writing("--plot", args.plot):
+            profiler.plot_profile(result, args.plot)
     return 0
 
 
@@ -623,12 +713,14 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--json", type=Path, help="write the plan (schema wok.plan/1) here")
     p.add_argument("--markdown", type=Path, help="write the plan as markdown here")
     p.add_argument("--manifests", type=Path, help="write the Kubernetes manifests into this folder")
+    _negative_values(p)
     p.set_defaults(run=run_plan)
 
 
 def run_plan(args) -> int:
     from . import plan
 
+    _check_outputs(args, "--json", "--markdown", "--manifests")
     sources = [x for x in ("t_batch", "alpha", "profile", "from_ramp") if getattr(args, x) is not None]
     if args.beta is not None and args.alpha is None:
         raise ValueError("--beta needs --alpha")
@@ -673,12 +765,15 @@ def run_plan(args) -> int:
         autoscaling=autoscaling,
     )
     if args.manifests:
-        plan.write_manifests(result, args.manifests)
+        with _writing("--manifests", args.manifests):
+            plan.write_manifests(result, args.manifests)
     plan.print_table(result)
     if args.json:
-        plan.write_json(result, args.json)
+        with _writing("--json", args.json):
+            plan.write_json(result, args.json)
     if args.markdown:
-        args.markdown.write_text(plan.to_markdown(result), encoding="utf-8")
+        with _writing("--markdown", args.markdown):
+            args.markdown.write_text(plan.to_markdown(result), encoding="utf-8")
     return 0
 
 
@@ -722,6 +817,7 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--write-config", type=Path, help="write the chosen max_batch_size and [dynamic_batching] here")
     p.add_argument("--json", type=Path, help="write the result (schema wok.tune/1) here")
+    _negative_values(p)
     p.set_defaults(run=run_tune)
 
 
@@ -740,6 +836,7 @@ def run_tune(args) -> int:
         tune_cpu_stage,
     )
 
+    _check_outputs(args, "--write-config", "--json")
     if args.profile and (args.alpha or args.beta):
         raise ValueError("give --profile or --alpha/--beta, not both")
     if args.profile:
@@ -748,6 +845,9 @@ def run_tune(args) -> int:
         profile = Profile(parse_duration(args.alpha), parse_duration(args.beta), source="--alpha/--beta")
     else:
         raise ValueError("give --profile PATH, or both --alpha and --beta")
+    if args.batch_times == "samples" and not args.profile:
+        # --alpha/--beta have no measured samples: the search would quietly run on the fit.
+        raise ValueError("--batch-times samples draws from a --profile file's measured batch times; give --profile")
 
     def ints(spec: str, what: str) -> list[int]:
         try:
@@ -762,7 +862,14 @@ def run_tune(args) -> int:
         n, comma, d = args.default.partition(",")
         if not comma:
             raise ValueError(f"--default {args.default!r}: expected MAX_BATCH_SIZE,DELAY like 32,5ms, or none")
-        default = (ints(n, "--default")[0], parse_duration(d.strip()))
+        try:
+            default = (ints(n, "--default")[0], parse_duration(d.strip()))
+        except (ValueError, IndexError):
+            default = None
+        if default is None or default[0] < 1 or not math.isfinite(default[1]):
+            raise ValueError(
+                f"--default {args.default!r}: expected MAX_BATCH_SIZE ≥ 1 and a finite DELAY ≥ 0, like 32,5ms, or none"
+            )
     if args.instances < 1 or args.iterations < 0 or not 0 <= args.tie < 1:
         raise ValueError("--instances must be ≥ 1, --iterations ≥ 0 and --tie in [0, 1)")
     if args.overhead_samples:
@@ -803,12 +910,14 @@ def run_tune(args) -> int:
     )
     print_table(result)
     if args.json:
-        report.write_json(result, args.json)
+        with _writing("--json", args.json):
+            report.write_json(result, args.json)
     if args.write_config:
         if result["config_toml"] is None:
             print("wok tune: no setting meets the SLO; no config written", file=sys.stderr)
             return 1
-        args.write_config.write_text(result["config_toml"])
+        with _writing("--write-config", args.write_config):
+            args.write_config.write_text(result["config_toml"])
     return 0 if result["chosen"] is not None else 1
 
 

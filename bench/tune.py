@@ -427,6 +427,8 @@ def tune(
         raise ValueError("need at least one batch size and one delay")
     if any(n < 1 for n in batch_sizes) or any(d < 0 for d in delays_s):
         raise ValueError("batch sizes must be ≥ 1 and delays ≥ 0")
+    if default is not None and (default[0] < 1 or not 0 <= default[1] < math.inf):
+        raise ValueError(f"the default setting {default}: expected a max batch size ≥ 1 and a finite delay ≥ 0")
     say = progress or (lambda msg: None)
     rows = []
     grid = [(n, d) for n in batch_sizes for d in delays_s]

@@ -588,3 +588,23 @@ def test_the_cli_refuses_bad_options(argv, message, capsys):
     err = capsys.readouterr().err
     assert err.startswith("wok plan: ")
     assert message in err
+
+
+@pytest.mark.parametrize("option", ["--json", "--markdown", "--manifests"])
+def test_a_write_that_fails_is_reported_not_a_traceback(option, tmp_path, monkeypatch, wok_cli):
+    """Past the up-front check (tests/bench/test_cli.py; a disk that fills, a folder removed
+    meanwhile), the OSError is the option's message, exit 2; it was a traceback, exit 1."""
+    import wok.bench.cli as cli
+
+    monkeypatch.setattr(cli, "_check_outputs", lambda *a: None, raising=False)
+    (tmp_path / "file").write_text("")
+    path = tmp_path / "file" / "out"  # under a file: neither a file nor a folder can be made there
+    status, _, err = wok_cli("plan", "--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "16", option, str(path))
+    assert status == 2 and err.startswith(f"wok plan: {option} {path}: Not a directory"), err
+
+
+def test_manifests_under_proc_are_refused_in_words(wok_cli):
+    """The reviewer's case: up front where /proc is not writable, at the write for root."""
+    status, _, err = wok_cli("plan", "--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "16", "--manifests",
+                             "/proc/nope")  # fmt: skip
+    assert status == 2 and err.startswith("wok plan: --manifests /proc/nope: "), err

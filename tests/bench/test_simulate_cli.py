@@ -57,3 +57,15 @@ def test_a_step_is_capped_at_max_arrivals_and_needs_a_window():
         SimConfig(model=model, steps=[1.001e6], step_duration_s=90.0, warmup_s=10.0)
     with pytest.raises(ValueError, match=r"step_duration_s must be finite and > 0; got 0\.0"):
         SimConfig(model=model, steps=[1.0], step_duration_s=0.0)
+
+
+def test_a_write_that_fails_is_reported_not_a_traceback(tmp_path, monkeypatch, wok_cli):
+    """Past the up-front check (tests/bench/test_cli.py; a disk that fills, a folder removed
+    meanwhile), the OSError is the option's message, exit 2; it was a traceback, exit 1."""
+    import wok.bench.cli as cli
+
+    monkeypatch.setattr(cli, "_check_outputs", lambda *a: None, raising=False)
+    path = tmp_path / "missing" / "x.json"
+    status, out, err = wok_cli("simulate", *BASE, "--json", str(path))
+    assert "utilization" not in out  # the failed write ends the command
+    assert (status, err) == (2, f"wok simulate: --json {path}: No such file or directory\n")

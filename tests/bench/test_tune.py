@@ -207,6 +207,56 @@ def test_the_cli_refuses_bad_values_with_exit_2(args, message, wok_cli):
     assert status == 2 and "wok tune:" in err and message in err, err
 
 
+# A grid that searches in well under a second: what a refusal that comes too late would run.
+SMALL = ["--alpha", "1ms", "--beta", "0.25ms", "--max-batch-sizes", "4", "--delays", "0ms", "--sim-duration", "1s"]
+SMALL += ["--iterations", "2"]
+
+
+@pytest.mark.parametrize("spec", ["0,5ms", "-1,5ms", "4,soon", "x,5ms", ",5ms", "4,1e400s"])
+def test_a_bad_default_is_refused_before_the_search_naming_default(spec, monkeypatch, wok_cli):
+    """--default 0,5ms ran the whole grid, then failed in the batcher model's words
+    ("invalid batcher settings: max_batch_size=0 ...")."""
+    import wok.bench.tune as tune_module
+
+    monkeypatch.setattr(tune_module, "max_qps", lambda *a, **k: pytest.fail("simulated before refusing"))
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *SMALL, "--default", spec)
+    assert status == 2, err
+    assert (
+        err
+        == f"wok tune: --default {spec!r}: expected MAX_BATCH_SIZE ≥ 1 and a finite DELAY ≥ 0, like 32,5ms, or none\n"
+    )
+
+
+def test_the_library_refuses_a_bad_default_before_simulating(monkeypatch):
+    import wok.bench.tune as tune_module
+
+    monkeypatch.setattr(tune_module, "max_qps", lambda *a, **k: pytest.fail("simulated before refusing"))
+    search = SearchConfig(slo_p99_ms=20.0, duration_s=1.0, warmup_s=0.0, iterations=2)
+    with pytest.raises(ValueError, match=r"the default setting \(0, 0.005\): expected a max batch size ≥ 1"):
+        tune(Profile(alpha_s=1e-3, beta_s=0.25e-3), search, [4], [0.0], default=(0, 5e-3))
+
+
+def test_sampled_batch_times_without_a_profile_are_refused(wok_cli):
+    """--batch-times samples with --alpha/--beta quietly searched on the fit (inputs.batch_times "fit")."""
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *SMALL, "--batch-times", "samples")
+    assert (status, err) == (
+        2,
+        "wok tune: --batch-times samples draws from a --profile file's measured batch times; give --profile\n",
+    )
+
+
+def test_a_write_that_fails_after_the_search_is_reported_not_a_traceback(tmp_path, monkeypatch, wok_cli):
+    """Past the up-front check (a disk that fills, a folder removed meanwhile), the OSError is the
+    option's message, exit 2."""
+    import wok.bench.cli as cli
+
+    monkeypatch.setattr(cli, "_check_outputs", lambda *a: None, raising=False)
+    config = tmp_path / "gone" / "config.toml"
+    status, out, err = wok_cli("tune", "--slo-p99", "20ms", *SMALL, "--write-config", str(config))
+    assert "chosen:" in out
+    assert (status, err.splitlines()[-1]) == (2, f"wok tune: --write-config {config}: No such file or directory")
+
+
 def test_tune_check_predicts_a_ramp_step_for_step_and_flags_the_knee():
     import argparse
 
