@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from .auth import check_tls_files, load_tokens, read_secret_file
 from .codec import MAX_PRIORITY_LEVEL
@@ -36,8 +46,13 @@ class TensorConfig(_Strict):
 
     name: str = Field(min_length=1, description="Tensor name as clients send it.")
     datatype: str = Field(description="V2 datatype name: FP32, INT64, BF16, ...")
-    dims: tuple[int, ...] = Field(
+    dims: tuple[StrictInt, ...] = Field(
         description="Shape of one sample, without the batch dimension; -1 marks a variable size."
+    )
+    warmup_dims: tuple[StrictInt, ...] | None = Field(
+        None,
+        description="Inputs only: the sample shape the start-up warm-up runs the model on, `dims` with each -1 "
+        "replaced by a size >= 1; None: each -1 as 1. For a model that refuses size 1 (a convolution's kernel).",
     )
 
     @field_validator("datatype")
@@ -54,6 +69,22 @@ class TensorConfig(_Strict):
         if bad:
             raise ValueError(f"each dim must be -1 (variable) or >= 1; got {list(v)}")
         return v
+
+    @model_validator(mode="after")
+    def _warmup_fits_dims(self) -> TensorConfig:
+        w = self.warmup_dims
+        if w is not None and (
+            len(w) != len(self.dims) or any(d != s if d != -1 else s < 1 for d, s in zip(self.dims, w))
+        ):
+            raise ValueError(
+                f"warmup_dims {list(w)} do not fit dims {list(self.dims)}: expected the same dims with each -1 "
+                "replaced by a size >= 1"
+            )
+        return self
+
+    def warmup_shape(self) -> tuple[int, ...]:
+        """One sample's shape in the start-up warm-up: `warmup_dims`, else `dims` with each -1 as 1."""
+        return self.warmup_dims or tuple(d if d > 0 else 1 for d in self.dims)
 
     @property
     def variable(self) -> bool:
@@ -121,7 +152,7 @@ class DynamicBatchingConfig(_Strict):
 class InstanceConfig(_Strict):
     """How many copies of the model run, and where."""
 
-    count: int = Field(1, ge=1, le=64, description="Model instances; each runs one batch at a time.")
+    count: StrictInt = Field(1, ge=1, le=64, description="Model instances; each runs one batch at a time.")
     devices: tuple[str, ...] = Field(
         ("auto",),
         description="Devices the instances are spread over, round robin: 'cpu', 'cuda', 'cuda:N', "
@@ -173,12 +204,17 @@ class ModelConfig(_Strict):
     )
     inputs: tuple[TensorConfig, ...] = Field(min_length=1)
     outputs: tuple[TensorConfig, ...] = Field(min_length=1)
-    max_batch_size: int = Field(ge=1, le=65_536, description="Most samples (rows of the batch dimension) in one batch.")
+    max_batch_size: StrictInt = Field(
+        ge=1, le=65_536, description="Most samples (rows of the batch dimension) in one batch."
+    )
     dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
     instances: InstanceConfig = InstanceConfig()
     precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32", description="Floating-point type the model computes in; inputs are cast on the device."
     )
+    # The file the config was read from, for errors found after loading (the warm-up); None
+    # when it was built in code.
+    _source: str | None = PrivateAttr(None)
 
     @field_validator("factory")
     @classmethod
@@ -205,6 +241,9 @@ class ModelConfig(_Strict):
             dup = {n for n in names if names.count(n) > 1}
             if dup:
                 raise ValueError(f"{kind} names repeat: {sorted(dup)}")
+        given = [t.name for t in self.outputs if t.warmup_dims is not None]
+        if given:
+            raise ValueError(f"warmup_dims only apply to inputs; given for output(s) {given}")
         for size in self.dynamic_batching.preferred_batch_sizes:
             if not 1 <= size <= self.max_batch_size:
                 raise ValueError(f"preferred batch size {size} is outside 1..max_batch_size ({self.max_batch_size})")
@@ -212,6 +251,11 @@ class ModelConfig(_Strict):
 
     def input(self, name: str) -> TensorConfig | None:
         return next((t for t in self.inputs if t.name == name), None)
+
+    @property
+    def source(self) -> str | None:
+        """The config file this config was read from; None when it was built in code."""
+        return self._source
 
 
 # gRPC takes its channel options as 32-bit ints: durations in ms, and the transport's message
@@ -416,8 +460,14 @@ def host_port(host: str, port: int) -> str:
 
 
 def _describe(err: ValidationError) -> str:
+    errors = err.errors()
     lines = []
-    for e in err.errors():
+    for e in errors:
+        loc = e["loc"]
+        # A list whose item failed is also "too short" (pydantic counts only the items that
+        # validated): a false second error when the item's own error is the one to fix.
+        if e["type"] == "too_short" and any(len(o["loc"]) > len(loc) and o["loc"][: len(loc)] == loc for o in errors):
+            continue
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
         got = e.get("input")
         got_s = "" if isinstance(got, dict) else f" (got {got!r})"
@@ -443,11 +493,13 @@ def read_config_file(path: Path) -> dict:
 
 def model_config_from_dict(data: dict, source: str) -> ModelConfig:
     try:
-        return ModelConfig(**data)
+        cfg = ModelConfig(**data)
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc)}") from None
     except TypeError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    cfg._source = source
+    return cfg
 
 
 CONFIG_NAMES = ("config.toml", "config.yaml", "config.yml")

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -54,6 +55,8 @@ from .errors import ModelExecutionError
 from .faults import InstanceFault
 from .servable import HostBuffers, Servable
 from .tensors import to_numpy_view
+
+log = logging.getLogger("wok")
 
 # The largest batch, in rows, whose oneDNN kernels the warm-up builds; larger ones are built on
 # first use.
@@ -424,21 +427,41 @@ class Executor:
         WARMUP_MAX_ROWS, that runs on one thread (oneDNN builds a kernel for each on its first
         use, several ms)."""
         s = self.instances[0].servable
-        sample = {
-            t.name: np.zeros((1, *[d if d > 0 else 1 for d in t.dims]), dtype=s.input_types[t.name].numpy)
-            for t in s.config.inputs
-        }
+        sample = {t.name: np.zeros((1, *t.warmup_shape()), dtype=s.input_types[t.name].numpy) for t in s.config.inputs}
         top = padded_rows(min(s.config.max_batch_size, WARMUP_MAX_ROWS))
         sizes = sorted({padded_rows(n) for n in range(MIN_ROWS, top + 1)})
         for inst in self.instances:
-            inst.submit([sample], [1], 0).result()
+            self._warm(inst, sample, 1)
             if inst.onednn_layers:
                 # Only sizes that run on one thread: a build that also warmed the two-thread sizes
                 # was slower at light load in one side-by-side run, for a reason not found
                 # (docs/performance.md); those sizes build their kernels at the first burst instead.
                 for n in (n for n in sizes if inst.threads_for(n) == 1):
-                    inst.submit([sample] * n, [1] * n, 0).result()
+                    self._warm(inst, sample, n)
                 inst.onednn_ran = onednn_counts(inst.module, ran=True)
+
+    @staticmethod
+    def _warm(inst: Instance, sample: dict[str, np.ndarray], rows: int) -> None:
+        """One warm-up batch of `rows` copies of `sample`; ModelExecutionError, in one line, if the model
+        refuses it: a model may reject the zeros' shapes (a -1 dim run as 1), which the config can change."""
+        try:
+            inst.submit([sample] * rows, [1] * rows, 0).result()
+        except Exception as exc:
+            cfg = inst.servable.config
+            # The instance wraps the model's own error; that one's type is the one to show.
+            if isinstance(exc, ModelExecutionError) and exc.__cause__ is not None:
+                exc = exc.__cause__
+            shapes = ", ".join(f"{name} {[rows, *a.shape[1:]]}" for name, a in sample.items())
+            # A TorchScript error's message holds the script's traceback; its last line is the error.
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or ["(no message)"]
+            msg = lines[-1].removeprefix(f"{type(exc).__name__}: ")
+            log.debug("model '%s': warm-up batch failed", cfg.name, exc_info=True)
+            raise ModelExecutionError(
+                f"model '{cfg.name}' failed: {type(exc).__name__}: {msg}; in the start-up warm-up, on a batch of "
+                f"zeros with input shapes {shapes} on {inst.device} (config: {cfg.source or 'built in code'}); "
+                "if the model needs other sizes for its variable (-1) dims, set them with warmup_dims on each "
+                "[[inputs]] of the config"
+            ) from exc
 
     def shutdown(self) -> None:
         for inst in self.instances:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import pickle
+import re
 import sys
+import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -71,12 +74,40 @@ def _load_weights(module: nn.Module, path: Path, cfg: ModelConfig) -> None:
     else:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            # torch's message (six lines, with terminal colour codes) advises weights_only=False,
+            # which would run whatever the file's pickle holds (docs/security.md).
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+            what = f" ({found.group(1)})" if found else ""
+            raise ConfigError(
+                f"model '{cfg.name}': {path} is not a weights-only state dict: it is a pickled object{what}, "
+                "not a state dict: save model.state_dict(), or use safetensors"
+            ) from None
         except Exception as exc:
             raise ConfigError(f"model '{cfg.name}': {path} is not a weights-only state dict: {exc}") from None
     try:
         module.load_state_dict(state)
     except (RuntimeError, TypeError) as exc:
         raise ConfigError(f"model '{cfg.name}': weights in {path} do not fit the module: {exc}") from None
+
+
+def _check_export_archive(path: Path, cfg: ModelConfig) -> None:
+    """ConfigError, in one line, if `path` is no torch.export archive: torch.export.load logs a
+    traceback of its own as a warning and then raises only "check the warnings above"."""
+    reason = None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError):
+        reason = "it is not a zip archive, as torch.export.save writes"
+    else:
+        if not any(n == "archive_format" or n.endswith("/archive_format") for n in names):
+            if any(n.endswith("constants.pkl") or "/code/__torch__/" in n for n in names):
+                reason = 'it is a TorchScript file, not a torch.export program; set platform = "torchscript"'
+            else:
+                reason = "it holds no archive_format record, as torch.export.save writes"
+    if reason:
+        raise ConfigError(f"model '{cfg.name}': cannot load torch_export file {path}: {reason}")
 
 
 def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
@@ -117,6 +148,8 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
         path = inside_model_dir(model_dir, cfg.model_file, f"model '{cfg.name}'", "model_file")
         if not path.is_file():
             raise ConfigError(f"model '{cfg.name}': model_file {path} does not exist")
+        if cfg.platform == "torch_export":
+            _check_export_archive(path, cfg)
         try:
             if cfg.platform == "torchscript":
                 module = torch.jit.load(str(path), map_location="cpu")

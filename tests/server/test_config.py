@@ -215,7 +215,9 @@ def test_config_that_is_not_a_table(tmp_path):
 def test_yaml_config_equals_toml(tmp_path, filename):
     from_toml = load_model_config(write_model(tmp_path / "a", BASE, name="m"))
     from_yaml = load_model_config(write_model(tmp_path / "b", BASE, name="m", filename=filename))
-    assert from_yaml == from_toml
+    # The same settings; each remembers its own file (ModelConfig.source), for errors found later.
+    assert from_yaml.model_dump() == from_toml.model_dump()
+    assert from_yaml.source.endswith(filename) and from_toml.source.endswith("config.toml")
 
 
 def test_yaml_errors_name_the_yaml_file(tmp_path):
@@ -407,3 +409,53 @@ def test_server_settings_accept_tasks_and_wakeup_drain():
         server_settings(accept_tasks=-1)
     with pytest.raises(ConfigError, match=re.escape(f"accept_tasks: Input should be {high}")):
         server_settings(accept_tasks=65)
+
+
+def test_an_input_item_error_is_not_also_reported_as_a_list_too_short(tmp_path):
+    # pydantic counts only the items that validated: the list's "at least 1 item" is a false error.
+    msg, _ = load_error(tmp_path, changed(inputs=[{"name": "INPUT0", "datatype": "FLOAT32", "dims": [4]}]))
+    assert "inputs.0.datatype" in msg and "unknown datatype 'FLOAT32'" in msg
+    assert "at least 1 item" not in msg
+    msg, _ = load_error(tmp_path / "empty", changed(inputs=[]))
+    assert "inputs: Tuple should have at least 1 item" in msg  # an empty list still says so
+
+
+def test_warmup_dims_replace_the_variable_dims_and_name_the_config_file(tmp_path):
+    inputs = [{"name": "INPUT0", "datatype": "FP32", "dims": [2, -1], "warmup_dims": [2, 8]}]
+    d = write_model(tmp_path, changed(inputs=inputs))
+    cfg = load_model_config(d)
+    assert cfg.inputs[0].warmup_shape() == (2, 8)
+    assert cfg.outputs[0].warmup_shape() == (3,)
+    assert cfg.source == str(d / "config.toml")
+    plain = load_model_config(
+        write_model(tmp_path / "p", changed(inputs=[{"name": "INPUT0", "datatype": "FP32", "dims": [2, -1]}]))
+    )
+    assert plain.inputs[0].warmup_shape() == (2, 1)
+
+
+@pytest.mark.parametrize("warmup", [[3, 8], [2, 0], [2], [2, 8, 1], [2, -1]])
+def test_warmup_dims_must_fit_the_declared_dims(tmp_path, warmup):
+    inputs = [{"name": "INPUT0", "datatype": "FP32", "dims": [2, -1], "warmup_dims": warmup}]
+    msg, path = load_error(tmp_path, changed(inputs=inputs))
+    assert msg.startswith(f"{path}: inputs.0: ")
+    assert f"warmup_dims {warmup} do not fit dims [2, -1]" in msg
+
+
+def test_warmup_dims_on_an_output_are_refused(tmp_path):
+    outputs = [{"name": "OUTPUT0", "datatype": "FP32", "dims": [3], "warmup_dims": [3]}]
+    msg, _ = load_error(tmp_path, changed(outputs=outputs))
+    assert "warmup_dims only apply to inputs; given for output(s) ['OUTPUT0']" in msg
+
+
+@pytest.mark.parametrize(
+    ("change", "where", "got"),
+    [
+        ({"max_batch_size": "4"}, "max_batch_size", "'4'"),
+        ({"max_batch_size": 4.0}, "max_batch_size", "4.0"),
+        ({"inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": ["4"]}]}, "inputs.0.dims.0", "'4'"),
+        ({"instances": {"count": True}}, "instances.count", "True"),
+    ],
+)
+def test_sizes_and_counts_are_integers_not_coerced_strings_floats_or_booleans(tmp_path, change, where, got):
+    msg, path = load_error(tmp_path, changed(**change))
+    assert msg == f"{path}: {where}: Input should be a valid integer (got {got})"

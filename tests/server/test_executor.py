@@ -323,3 +323,55 @@ def test_prewarm_reads_every_weight_on_the_worker_thread_and_only_where_it_can_h
         ex.shutdown()
     _, _, unweighted = gated()  # no weights: nothing to read
     assert not unweighted.instances[0].can_prewarm and unweighted.instances[0].prewarm() is None
+
+
+def _conv_servable(tmp_path, warmup_dims=None):
+    # A valid model that refuses a variable length of 1: its kernel is 3 long.
+    from wok.config import model_config_from_dict
+    from wok.servable import Servable
+
+    torch.manual_seed(0)
+    module = torch.jit.trace(torch.nn.Conv1d(2, 2, 3), torch.zeros(1, 2, 8))
+    x = {"name": "x", "datatype": "FP32", "dims": [2, -1]}
+    if warmup_dims is not None:
+        x["warmup_dims"] = warmup_dims
+    cfg = model_config_from_dict(
+        {
+            "name": "conv",
+            "platform": "torchscript",
+            "model_file": "model.pt",
+            "inputs": [x],
+            "outputs": [{"name": "y", "datatype": "FP32", "dims": [2, -1]}],
+            "max_batch_size": 4,
+            "instances": {"devices": ["cpu"], "pipeline_depth": 1},
+        },
+        str(tmp_path / "conv" / "config.toml"),
+    )
+    return Servable(cfg, module)
+
+
+def test_a_failed_warm_up_is_one_line_naming_the_model_its_config_the_shapes_and_the_field(tmp_path):
+    s = _conv_servable(tmp_path)
+    ex = Executor(s, s.config.instances)
+    try:
+        with pytest.raises(ModelExecutionError) as info:
+            ex.warmup()
+    finally:
+        ex.shutdown()
+    msg = str(info.value)
+    assert "\n" not in msg  # not TorchScript's traceback
+    assert msg.startswith("model 'conv' failed: RuntimeError: ")
+    assert "Kernel size can't be greater than actual input size; in the start-up warm-up" in msg
+    assert f"input shapes x [1, 2, 1] on cpu (config: {tmp_path / 'conv' / 'config.toml'})" in msg
+    assert "set them with warmup_dims on each [[inputs]]" in msg
+
+
+def test_warmup_dims_set_the_sizes_the_warm_up_runs_the_model_on(tmp_path):
+    s = _conv_servable(tmp_path, warmup_dims=[2, 8])
+    ex = Executor(s, s.config.instances)
+    try:
+        ex.warmup()
+        out = ex.instances[0].submit([{"x": np.ones((1, 2, 5), np.float32)}], [1], 0).result(30)
+        assert out.outputs[0]["y"].shape == (1, 2, 3)
+    finally:
+        ex.shutdown()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import textwrap
+import zipfile
 from pathlib import Path
 
 import grpc
@@ -165,6 +166,34 @@ async def test_torch_export_round_trip_through_server(tmp_path, serve):
                 out = decode_response(resp)["OUTPUT0"]
                 want = ref(torch.from_numpy(x)).detach().numpy()
                 np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_torchscript_file_given_as_torch_export_is_named_in_one_line(tmp_path):
+    d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt"')
+    torch.jit.trace(reference_linear(), torch.zeros(1, 4)).save(str(d / "model.pt"))
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        f"model 'exported': cannot load torch_export file {d / 'model.pt'}: it is a TorchScript file, "
+        'not a torch.export program; set platform = "torchscript"'
+    )
+
+
+@pytest.mark.parametrize(
+    ("zipped", "reason"),
+    [(False, "it is not a zip archive"), (True, "it holds no archive_format record")],
+)
+def test_a_file_that_is_no_torch_export_archive_is_named_in_one_line(tmp_path, zipped, reason):
+    d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"')
+    if zipped:
+        with zipfile.ZipFile(d / "model.pt2", "w") as z:
+            z.writestr("model/other", "x")
+    else:
+        (d / "model.pt2").write_bytes(b"not a zip")
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value).startswith(f"model 'exported': cannot load torch_export file {d / 'model.pt2'}: {reason}")
+    assert "warnings above" not in str(info.value)
 
 
 def test_torch_export_model_file_missing(tmp_path):
@@ -430,8 +459,13 @@ def test_arbitrary_pickle_refused(tmp_path):
 def test_whole_module_pickle_refused(tmp_path):
     d = weighted_model(tmp_path, "w.pt")
     torch.save(reference_linear(), d / "w.pt")
-    with pytest.raises(ConfigError, match="is not a weights-only state dict"):
+    with pytest.raises(ConfigError) as info:
         load_servable(d)
+    # One line, without torch's advice to load with weights_only=False.
+    assert str(info.value) == (
+        f"model 'w': {d / 'w.pt'} is not a weights-only state dict: it is a pickled object "
+        "(torch.nn.modules.linear.Linear), not a state dict: save model.state_dict(), or use safetensors"
+    )
 
 
 def test_weights_that_do_not_fit(tmp_path):
