@@ -711,9 +711,8 @@ def render_html(result: dict, *, title: str | None = None) -> str:
     else:
         warn = '<p class="ok-note">No warnings: the generator kept its schedule at every step.</p>'
     source = config.get("source", "bench")
-    meta = (
-        f"{_e(result.get('schema', ''))} · {_e(source)} · created {_e(result.get('created', ''))} · {len(steps)} steps"
-    )
+    count = f"{len(steps)} step{'' if len(steps) == 1 else 's'}"
+    meta = f"{_e(result.get('schema', ''))} · {_e(source)} · created {_e(result.get('created', ''))} · {count}"
     figures = [
         _img(
             latency_figure(result),

@@ -11,7 +11,8 @@ out in the same `Outcome` as for unary calls.
 A failed request's answer is an `error_message`; wok puts its gRPC status code in the answer's
 `status_code` parameter (another server's error counts as UNKNOWN). A request with no answer
 `timeout_s` after it was sent counts as DEADLINE_EXCEEDED. If a stream itself fails, its
-unanswered requests take the stream's code (they were lost with it), and the next request due
+unanswered requests take the stream's code (they were lost with it; UNKNOWN when the failure is
+the sender's own, an answer that does not parse), and the next request due
 opens a replacement on the same channel, whose balancer picks a server that is up: a failed
 stream's share of the load comes back at once, not at the next step. A stream slot reopens at
 most once per `REOPEN_AFTER_S`, so a fleet that is down for good is not hammered with streams
@@ -134,6 +135,11 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
             code = exc.code().value[0]
         except asyncio.CancelledError:
             return
+        except Exception:
+            # Anything else (an answer that does not parse) ends this reader: its requests would
+            # wait out their deadline unread. A client-side failure: UNKNOWN, and a new stream.
+            code = UNKNOWN
+            call.cancel()
         drop(k)
         for i in [i for i, s in pending.items() if s == k]:
             settle(i, code)

@@ -199,3 +199,35 @@ def test_a_failed_stream_is_reopened_and_the_requests_after_it_reach_a_server_st
     assert codes.tolist() == [OK], dict(zip(codes.tolist(), counts.tolist()))
     assert len(opened) >= 2 and opened[1] > failures[0], (opened, failures)
     assert _answered(survivor) >= after.sum()  # answered there, the only server left
+
+
+def test_an_answer_that_does_not_parse_fails_its_stream_at_once_not_at_the_deadline(bench_server, monkeypatch):
+    """A reader that died of a non-gRPC error left its stream's requests to wait out their deadline
+    (30 s here) as DEADLINE_EXCEEDED; they are the sender's failure, UNKNOWN, and the stream is replaced."""
+    import time
+
+    import grpc
+
+    parse = stream_sender.parse_answer
+    calls = []
+
+    def parse_once_badly(msg):
+        calls.append(msg)
+        if len(calls) == 1:
+            raise ValueError("an answer that does not parse")
+        return parse(msg)
+
+    monkeypatch.setattr(stream_sender, "parse_answer", parse_once_badly)
+    cfg = RampConfig(target=bench_server.target, models=[("mlp", 1.0)], steps=[100], step_duration_s=1)
+    pool, _, _ = build_pool(cfg)
+    times = np.arange(0, 0.5, 0.01)
+    share = Share(time.monotonic() + 0.3, times, np.zeros(len(times), dtype=np.int64), 30.0)
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(bench_server.target) as channel:
+            return await asyncio.wait_for(stream_sender.run_share_stream(channel, pool, share, streams=1), 10)
+
+    out = asyncio.run(scenario())
+    codes = set(out.codes.tolist())
+    assert stream_sender.UNKNOWN in codes and codes <= {OK, stream_sender.UNKNOWN}, codes
+    assert out.codes[-1] == OK  # the later requests went out on a new stream
