@@ -184,11 +184,12 @@ def _int(values: dict[str, str], key: str, spec: str) -> int | None:
 # -- replicas -----------------------------------------------------------------------------
 
 
-# A replica runs in a session of its own: Ctrl-C at a terminal signals the whole foreground
-# process group, and a replica in the bench's would get SIGINT (one being restarted then fails
-# to start), while the bench stops its replicas itself. Their death signal (die_with_parent)
-# still ends them with a bench killed outright.
-_OWN_GROUP = {"start_new_session": True}
+def _spawn(cmd: list[str], **kwargs) -> subprocess.Popen:
+    """Start a replica: ended by the kernel with the thread that forks it (die_with_parent), in a
+    session of its own. Ctrl-C at a terminal signals the whole foreground process group, and a
+    replica in the bench's would get SIGINT (one being restarted then fails to start), while the
+    bench stops its replicas itself."""
+    return subprocess.Popen(cmd, preexec_fn=die_with_parent(), start_new_session=True, **kwargs)
 
 
 class Forker:
@@ -213,7 +214,7 @@ class Forker:
         while (job := self._jobs.get()) is not None:
             done, cmd, kwargs = job
             try:
-                done.set_result(subprocess.Popen(cmd, preexec_fn=die_with_parent(), **_OWN_GROUP, **kwargs))
+                done.set_result(_spawn(cmd, **kwargs))
             except BaseException as exc:  # the caller's: raised again by popen()
                 done.set_exception(exc)
 
@@ -255,10 +256,7 @@ class Replica:
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-        if self.forker is not None:
-            proc = self.forker.popen(cmd, **options)
-        else:
-            proc = subprocess.Popen(cmd, preexec_fn=die_with_parent(), **_OWN_GROUP, **options)
+        proc = self.forker.popen(cmd, **options) if self.forker is not None else _spawn(cmd, **options)
         self.proc = proc
         self.pids.append(proc.pid)
         threading.Thread(target=self._pump, args=(proc, self._ready), daemon=True).start()

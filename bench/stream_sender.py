@@ -81,8 +81,8 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
     method = channel.stream_stream(STREAM, request_serializer=None, response_deserializer=None)
     # Each opened stream gets a new id, so a failed stream's reader, still settling, never takes
     # the requests of the stream that replaced it in its slot.
-    calls: dict[int, object] = {}  # stream id -> call, every one opened
-    slot_of: dict[int, int] = {}  # stream id -> its slot
+    calls: list = []  # by stream id: every call opened
+    slot_of: list[int] = []  # by stream id: its slot
     live: list[int] = []  # ids of the streams open now
     dead: list[int] = []  # slots whose stream failed, not yet reopened
     opened_at = [0.0] * max(1, streams)  # each slot's latest opening (monotonic)
@@ -101,8 +101,8 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
         opened_at[slot] = time.monotonic()
         call = method(metadata=metadata)
         sid = len(calls)
-        calls[sid] = call
-        slot_of[sid] = slot
+        calls.append(call)
+        slot_of.append(slot)
         live.append(sid)
         readers.append(loop.create_task(reader(sid)))
 
@@ -189,7 +189,7 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
                 await calls[k].done_writing()
             except Exception:  # the stream is gone already
                 pass
-        for call in calls.values():
+        for call in calls:
             call.cancel()
         for t in readers:
             t.cancel()

@@ -605,6 +605,6 @@ def test_a_write_that_fails_is_reported_not_a_traceback(option, tmp_path, monkey
 
 def test_manifests_under_proc_are_refused_in_words(wok_cli):
     """The reviewer's case: up front where /proc is not writable, at the write for root."""
-    status, _, err = wok_cli("plan", "--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "16", "--manifests",
-                             "/proc/nope")  # fmt: skip
+    plan = ["plan", "--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "16"]
+    status, _, err = wok_cli(*plan, "--manifests", "/proc/nope")
     assert status == 2 and err.startswith("wok plan: --manifests /proc/nope: "), err
