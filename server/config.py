@@ -97,10 +97,10 @@ class DynamicBatchingConfig(_Strict):
     max_queue_delay_ms: float = Field(
         5.0, ge=0, le=60_000, description="Longest time (ms) the oldest queued request waits for a batch to fill."
     )
-    preferred_batch_sizes: tuple[int, ...] = Field(
+    preferred_batch_sizes: tuple[StrictInt, ...] = Field(
         (), description="Batch sizes (samples) to flush at as soon as they are reached."
     )
-    max_queue_size: int = Field(
+    max_queue_size: StrictInt = Field(
         0, ge=0, description="Most requests queued per model; 0 is unbounded. Beyond it: RESOURCE_EXHAUSTED."
     )
     default_timeout_ms: float = Field(
@@ -126,7 +126,7 @@ class DynamicBatchingConfig(_Strict):
         description="Policy 'slo': a `wok profile --json` document (relative to the model's folder) whose "
         "fit.alpha_s and fit.beta_s (seconds) seed the batch-time model before batches are measured.",
     )
-    default_priority_level: int = Field(
+    default_priority_level: StrictInt = Field(
         1,
         ge=1,
         le=MAX_PRIORITY_LEVEL,
@@ -158,7 +158,7 @@ class InstanceConfig(_Strict):
         description="Devices the instances are spread over, round robin: 'cpu', 'cuda', 'cuda:N', "
         "or 'auto' (cuda:0 when a CUDA device is present, else cpu).",
     )
-    pipeline_depth: int | None = Field(
+    pipeline_depth: StrictInt | None = Field(
         None,
         ge=1,
         le=8,
@@ -268,7 +268,7 @@ class ServerSettings(_Strict):
     """The server process."""
 
     host: str = Field("127.0.0.1", description="Address the gRPC port binds to.")
-    grpc_port: int = Field(8001, ge=0, le=65_535, description="gRPC port; 0 picks a free one.")
+    grpc_port: StrictInt = Field(8001, ge=0, le=65_535, description="gRPC port; 0 picks a free one.")
     model_repository: Path | None = Field(
         None, description="Folder with one sub-folder per model; None serves the built-in demo models."
     )
@@ -297,20 +297,20 @@ class ServerSettings(_Strict):
     health_host: str | None = Field(
         None, description="Address the plaintext health port binds to; None: the same as host."
     )
-    health_port: int | None = Field(
+    health_port: StrictInt | None = Field(
         None,
         ge=0,
         le=65_535,
         description="A second gRPC port, always plaintext, serving only grpc.health.v1 (for probes that cannot "
         "speak TLS, such as the kubelet's); 0 picks a free one, None serves none.",
     )
-    max_request_bytes: int = Field(
+    max_request_bytes: StrictInt = Field(
         64 << 20,
         ge=1024,
         le=_MAX_REQUEST_BYTES,
         description="Largest ModelInfer request (bytes) accepted; larger: INVALID_ARGUMENT.",
     )
-    torch_threads: int | None = Field(
+    torch_threads: StrictInt | None = Field(
         None,
         ge=1,
         description="torch intra-op threads; None keeps torch's default. Process-wide: applied by `wok serve` "
@@ -331,7 +331,7 @@ class ServerSettings(_Strict):
         "waits before the event loop must hand it over; None keeps Python's (5 ms). Process-wide: applied by "
         "`wok serve` (the entry point), not by WokServer.",
     )
-    accept_tasks: int = Field(
+    accept_tasks: StrictInt = Field(
         4,
         ge=0,
         le=64,
@@ -344,7 +344,7 @@ class ServerSettings(_Strict):
         "over every finished operation at once (server/wakeup.py). Off by default: it lifts the rate when the "
         "loop's passes are long, and changed nothing measurable on mlp's ramps.",
     )
-    cpu_wakeup_latency_us: int | None = Field(
+    cpu_wakeup_latency_us: StrictInt | None = Field(
         None,
         ge=0,
         le=2_000_000_000,
@@ -364,7 +364,7 @@ class ServerSettings(_Strict):
     )
     metrics: bool = Field(True, description="Record metrics; off only to measure what they cost.")
     metrics_host: str = Field("127.0.0.1", description="Address the /metrics HTTP port binds to.")
-    metrics_port: int | None = Field(
+    metrics_port: StrictInt | None = Field(
         8002, ge=0, le=65_535, description="HTTP port of /metrics; 0 picks a free one, None serves none."
     )
     admin: bool = Field(

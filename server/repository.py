@@ -110,6 +110,21 @@ def _check_export_archive(path: Path, cfg: ModelConfig) -> None:
         raise ConfigError(f"model '{cfg.name}': cannot load torch_export file {path}: {reason}")
 
 
+def _check_not_export_archive(path: Path, cfg: ModelConfig) -> None:
+    """ConfigError, in one line, if `path` is a torch.export archive: torch.jit.load reads it as a
+    TorchScript file with its constants.pkl missing, and calls the file corrupted."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return  # torch.jit.load names what is wrong with it
+    if any(n == "archive_format" or n.endswith("/archive_format") for n in names):
+        raise ConfigError(
+            f"model '{cfg.name}': cannot load torchscript file {path}: it is a torch.export program, not a "
+            'TorchScript file; set platform = "torch_export"'
+        )
+
+
 def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
     """Build the Servable for the model in `model_dir`."""
     cfg = cfg or load_model_config(model_dir)
@@ -150,6 +165,8 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
             raise ConfigError(f"model '{cfg.name}': model_file {path} does not exist")
         if cfg.platform == "torch_export":
             _check_export_archive(path, cfg)
+        else:
+            _check_not_export_archive(path, cfg)
         try:
             if cfg.platform == "torchscript":
                 module = torch.jit.load(str(path), map_location="cpu")

@@ -66,6 +66,9 @@ class Servable:
         self.output_types: dict[str, Datatype] = {t.name: datatype(t.datatype) for t in config.outputs}
         self._variable_inputs = [t.name for t in config.inputs if t.variable]
         self._output_dims = {t.name: t.dims for t in config.outputs}
+        # Whether an output of a dtype other than its config's casts without loss, by (output, dtype):
+        # decided once, as the check runs per batch.
+        self._castable: dict[tuple[str, torch.dtype], bool] = {}
 
     @property
     def name(self) -> str:
@@ -142,7 +145,20 @@ class Servable:
         out = {}
         for n, t in zip(names, result):
             want = torch_dtype(self.output_types[n])
-            out[n] = t if t.dtype == want else t.to(want)
+            if t.dtype != want:
+                ok = self._castable.get((n, t.dtype))
+                if ok is None:
+                    # Precision casts (an fp16 model behind an FP32 config) are the point; a float
+                    # into INT64 or BOOL would silently truncate, so that batch fails instead.
+                    ok = torch.can_cast(t.dtype, want) or (t.dtype.is_floating_point and want.is_floating_point)
+                    self._castable[(n, t.dtype)] = ok
+                if not ok:
+                    raise ModelExecutionError(
+                        f"model '{self.name}' output '{n}' is {t.dtype}; its config declares "
+                        f"{self.output_types[n].name}, which it cannot be cast to without loss"
+                    )
+                t = t.to(want)
+            out[n] = t
         return out
 
     def split(self, outputs: dict[str, np.ndarray], rows: Sequence[int]) -> list[dict[str, np.ndarray]]:

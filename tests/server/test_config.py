@@ -454,8 +454,35 @@ def test_warmup_dims_on_an_output_are_refused(tmp_path):
         ({"max_batch_size": 4.0}, "max_batch_size", "4.0"),
         ({"inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": ["4"]}]}, "inputs.0.dims.0", "'4'"),
         ({"instances": {"count": True}}, "instances.count", "True"),
+        ({"dynamic_batching": {"max_queue_size": "64"}}, "dynamic_batching.max_queue_size", "'64'"),
+        ({"dynamic_batching": {"max_queue_size": 64.0}}, "dynamic_batching.max_queue_size", "64.0"),
+        ({"dynamic_batching": {"preferred_batch_sizes": [4.0]}}, "dynamic_batching.preferred_batch_sizes.0", "4.0"),
+        ({"dynamic_batching": {"preferred_batch_sizes": ["4"]}}, "dynamic_batching.preferred_batch_sizes.0", "'4'"),
+        ({"dynamic_batching": {"default_priority_level": True}}, "dynamic_batching.default_priority_level", "True"),
+        ({"instances": {"pipeline_depth": "2"}}, "instances.pipeline_depth", "'2'"),
+        ({"instances": {"pipeline_depth": 2.0}}, "instances.pipeline_depth", "2.0"),
+        ({"instances": {"pipeline_depth": True}}, "instances.pipeline_depth", "True"),
     ],
 )
 def test_sizes_and_counts_are_integers_not_coerced_strings_floats_or_booleans(tmp_path, change, where, got):
     msg, path = load_error(tmp_path, changed(**change))
     assert msg == f"{path}: {where}: Input should be a valid integer (got {got})"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("grpc_port", "8001"),
+        ("grpc_port", 8001.0),
+        ("health_port", True),
+        ("metrics_port", "8002"),
+        ("max_request_bytes", 65536.0),
+        ("torch_threads", "2"),
+        ("accept_tasks", True),
+        ("cpu_wakeup_latency_us", 0.0),
+    ],
+)
+def test_server_settings_integers_are_not_coerced_from_strings_floats_or_booleans(field, value):
+    with pytest.raises(ConfigError) as info:
+        server_settings(**{field: value})
+    assert str(info.value) == f"server settings: {field}: Input should be a valid integer (got {value!r})"

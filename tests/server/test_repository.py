@@ -179,6 +179,17 @@ def test_a_torchscript_file_given_as_torch_export_is_named_in_one_line(tmp_path)
     )
 
 
+def test_a_torch_export_file_given_as_torchscript_is_named_in_one_line(tmp_path):
+    d = model_dir(tmp_path, "ts", "torchscript", extra='model_file = "model.pt2"')
+    torch.export.save(torch.export.export(reference_linear(), (torch.zeros(2, 4),)), str(d / "model.pt2"))
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        f"model 'ts': cannot load torchscript file {d / 'model.pt2'}: it is a torch.export program, "
+        'not a TorchScript file; set platform = "torch_export"'
+    )
+
+
 @pytest.mark.parametrize(
     ("zipped", "reason"),
     [(False, "it is not a zip archive"), (True, "it holds no archive_format record")],

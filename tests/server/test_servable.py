@@ -1,0 +1,161 @@
+"""A model's outputs against its config's datatypes: precision casts pass, lossy ones fail the batch.
+
+Checked on `Servable.forward` directly, in the start-up warm-up (a model that cannot start), and
+through a real server on loopback (a request whose batch fails, and the server goes on).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from wok.codec import decode_response, encode_request
+from wok.config import model_config_from_dict
+from wok.errors import ModelExecutionError
+from wok.executor import Executor
+from wok.servable import Servable
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+CPU = torch.device("cpu")
+
+
+class Returns(nn.Module):
+    """Returns its input as `dtype`."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 1.5).to(self.dtype)
+
+
+def servable(module: nn.Module, out_datatype: str, source: str = "test") -> Servable:
+    cfg = model_config_from_dict(
+        {
+            "name": "m",
+            "platform": "python",
+            "factory": "tests:unused",
+            "inputs": [{"name": "x", "datatype": "FP32", "dims": [2]}],
+            "outputs": [{"name": "y", "datatype": out_datatype, "dims": [2]}],
+            "max_batch_size": 4,
+            "instances": {"devices": ["cpu"], "pipeline_depth": 1},
+        },
+        source,
+    )
+    return Servable(cfg, module)
+
+
+def forward(s: Servable, x: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return s.forward(s.module_for(CPU), {"x": x})["y"]
+
+
+@pytest.mark.parametrize(
+    ("model_dtype", "datatype", "want"),
+    [
+        (torch.float16, "FP32", torch.float32),  # precision casts: an fp16/bf16 model behind an FP32 config
+        (torch.bfloat16, "FP32", torch.float32),
+        (torch.float64, "FP32", torch.float32),
+        (torch.float32, "FP16", torch.float16),
+        (torch.int32, "INT64", torch.int64),
+        (torch.bool, "INT64", torch.int64),
+    ],
+)
+def test_an_output_that_casts_without_loss_of_kind_is_cast_to_the_config_datatype(model_dtype, datatype, want):
+    out = forward(servable(Returns(model_dtype), datatype), torch.ones(3, 2))
+    assert out.dtype == want and out.shape == (3, 2)
+
+
+@pytest.mark.parametrize(("model_dtype", "datatype"), [(torch.float32, "INT64"), (torch.float32, "BOOL")])
+def test_an_output_that_would_be_truncated_fails_the_batch_naming_model_output_and_both_types(model_dtype, datatype):
+    s = servable(Returns(model_dtype), datatype)
+    for _ in range(2):  # the second batch takes the cached decision
+        with pytest.raises(ModelExecutionError) as info:
+            forward(s, torch.ones(3, 2))
+        assert str(info.value) == (
+            f"model 'm' output 'y' is {model_dtype}; its config declares {datatype}, "
+            "which it cannot be cast to without loss"
+        )
+
+
+def test_a_model_whose_output_cannot_take_its_config_datatype_fails_the_start_up_warm_up(tmp_path):
+    source = str(tmp_path / "m" / "config.toml")
+    s = servable(Returns(torch.float32), "INT64", source)
+    ex = Executor(s, s.config.instances)
+    try:
+        with pytest.raises(ModelExecutionError) as info:
+            ex.warmup()
+    finally:
+        ex.shutdown()
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert "model 'm' output 'y' is torch.float32; its config declares INT64" in msg
+    assert f"in the start-up warm-up, on a batch of zeros with input shapes x [1, 2] on cpu (config: {source})" in msg
+
+
+# Integers for the warm-up's zeros, floats for anything else: it starts, then a request fails.
+FLOATS_ON_NONZERO = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class FloatsOnNonZero(nn.Module):
+        def forward(self, x):
+            return x if bool(x.any()) else x.long()
+
+
+    def build():
+        return FloatsOnNonZero()
+    """
+)
+
+
+async def test_a_request_whose_output_cannot_take_its_config_datatype_fails_and_the_server_goes_on(tmp_path, serve):
+    d = tmp_path / "repo" / "m"
+    d.mkdir(parents=True)
+    (d / "model.py").write_text(FLOATS_ON_NONZERO)
+    (d / "config.toml").write_text(
+        textwrap.dedent(
+            """
+            platform = "python"
+            factory = "model:build"
+            max_batch_size = 4
+
+            [[inputs]]
+            name = "x"
+            datatype = "FP32"
+            dims = [2]
+
+            [[outputs]]
+            name = "y"
+            datatype = "INT64"
+            dims = [2]
+
+            [dynamic_batching]
+            max_queue_delay_ms = 0.0
+
+            [instances]
+            devices = ["cpu"]
+            """
+        )
+    )
+    async with serve(repository=tmp_path / "repo") as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(encode_request("m", {"x": np.ones((1, 2), np.float32)}), timeout=30)
+            assert info.value.code() == grpc.StatusCode.INTERNAL
+            assert info.value.details() == (
+                "model 'm' output 'y' is torch.float32; its config declares INT64, which it cannot be cast to "
+                "without loss"
+            )
+            resp = await stub.ModelInfer(encode_request("m", {"x": np.zeros((1, 2), np.float32)}), timeout=30)
+    out = decode_response(resp)["y"]
+    assert out.dtype == np.int64 and out.tolist() == [[0, 0]]
