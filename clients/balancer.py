@@ -52,7 +52,10 @@ before `hedge_after`, as many times in a row again. At most `max_ejected_fractio
 rounded down, but one of two) of the replicas are ejected at once, never the last one, so a
 fault of the whole fleet cannot empty the rotation; and while no replica in the rotation is
 READY (the others are down), the READY ejected ones take the calls: a replica ejected for
-slowness fills the cap, and the one that dies next could not be ejected in its place. With
+slowness fills the cap, and the one that dies next could not be ejected in its place. A
+READY replica that fails its calls, with the cap full, takes the place of one ejected only for
+slowness, which is readmitted early: it stops getting calls after `consecutive_failures`
+failures, and as many replicas as before stay in the rotation. With
 hedging off (`hedge_after=None`) attempts are never "late", so only failures eject. A
 transient stall costs a replica 2 s out of the rotation; a lasting fault costs 5 delayed
 (hedged) or failed calls each time it comes back, at growing intervals.
@@ -175,6 +178,7 @@ class Replica:
     state: grpc.ChannelConnectivity = STATE.IDLE
     outstanding: int = 0
     ejected: bool = False
+    ejected_slow: bool = False  # ejected for slow attempts, not failures: gives its place to a failing one
     removed: bool = False
     times_ejected: int = 0
     consecutive_failures: int = 0
@@ -431,7 +435,7 @@ class Balancer:
         return None
 
     # -- outlier detection --------------------------------------------------------------------
-    def _eject(self, r: Replica) -> None:
+    def _eject(self, r: Replica, slow: bool = False) -> None:
         if r.ejected or r.removed:
             return
         live = [x for x in self.replicas.values() if not x.removed]
@@ -441,9 +445,17 @@ class Balancer:
             else min(len(live) - 1, max(1, math.floor(self.settings.max_ejected_fraction * len(live))))
         )
         if sum(x.ejected for x in live) >= cap:
-            self.ejections_refused += 1
-            return
+            # A slow replica still answers, a failing one fails every call it gets: with the cap
+            # full, a failing one takes the place of the slow one due back first, readmitted now.
+            slow_ones = [x for x in live if x.ejected and x.ejected_slow and x.readmit is not None]
+            if slow or not slow_ones:
+                self.ejections_refused += 1
+                return
+            back = min(slow_ones, key=lambda x: x.readmit.when())
+            back.readmit.cancel()
+            self._readmit(back)
         r.ejected = True
+        r.ejected_slow = slow
         r.times_ejected += 1
         r.ejections += 1
         r.consecutive_failures = r.consecutive_slow = r.consecutive_ok = 0
@@ -452,7 +464,7 @@ class Balancer:
         self._notify()
 
     def _readmit(self, r: Replica) -> None:
-        r.ejected = False
+        r.ejected = r.ejected_slow = False
         r.readmit = None
         self._notify()
 
@@ -492,7 +504,7 @@ class Balancer:
         r.consecutive_slow += 1
         k = self.settings.consecutive_failures
         if k and r.consecutive_slow >= k:
-            self._eject(r)
+            self._eject(r, slow=True)
 
     @property
     def hedge_after_s(self) -> float | None:

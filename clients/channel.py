@@ -47,12 +47,15 @@ too, where it can be read on the way: use it with TLS beyond loopback).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
+import os
 import re
 import socket
 import ssl
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,6 +214,9 @@ class TLS:
     def __post_init__(self) -> None:
         if (self.certificate_chain is None) != (self.private_key is None):
             raise ValueError("a client certificate needs its private key, and a key its certificate: give both")
+        if self.certificate_chain is not None:
+            with _pem_files(self.certificate_chain, self.private_key) as (cert, key):
+                _check_pair(cert, key, "certificate_chain (PEM bytes)", "private_key (PEM bytes)")
 
     def __repr__(self) -> str:  # never the key
         return (
@@ -227,10 +233,10 @@ class TLS:
     ) -> TLS:
         """TLS from PEM files; ValueError naming a file that cannot be read, or a certificate and a
         key that are not a pair."""
-        tls = cls(*(None if p is None else _read(p) for p in (root_certificates, certificate_chain, private_key)))
+        pems = [None if p is None else _read(p) for p in (root_certificates, certificate_chain, private_key)]
         if certificate_chain is not None and private_key is not None:
-            _check_pair(certificate_chain, private_key)
-        return tls
+            _check_pair(certificate_chain, private_key)  # first, so that the message names the files
+        return cls(*pems)
 
     def credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(self.root_certificates, self.private_key, self.certificate_chain)
@@ -251,14 +257,45 @@ def _refuse_password() -> bytes:
     raise _EncryptedKey
 
 
-def _check_pair(cert: str | Path, key: str | Path) -> None:
-    """ValueError unless `key` is the unencrypted PEM key of the PEM certificate in `cert`.
+@contextlib.contextmanager
+def _pem_files(*pems: bytes) -> Iterator[list[str]]:
+    """Paths that read as `pems`, for OpenSSL, which loads a key only from a file: memory-backed
+    files where the system has them (Linux), so a key given as bytes never reaches a disk, else
+    files in a temporary folder only the user can read."""
+    if hasattr(os, "memfd_create"):
+        fds = []
+        try:
+            for pem in pems:
+                fds.append(os.memfd_create("wok-pem", os.MFD_CLOEXEC))
+                os.write(fds[-1], pem)
+            yield [f"/proc/self/fd/{fd}" for fd in fds]
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return
+    with tempfile.TemporaryDirectory(prefix="wok-pem-") as folder:  # mode 0700
+        paths = []
+        for i, pem in enumerate(pems):
+            paths.append(os.path.join(folder, str(i)))
+            fd = os.open(paths[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(pem)
+        yield paths
+
+
+def _check_pair(cert: str | Path, key: str | Path, cert_name: str | None = None, key_name: str | None = None) -> None:
+    """ValueError unless `key` is the unencrypted PEM key of the PEM certificate in `cert`; the
+    message calls them `cert_name` and `key_name` (default: the paths).
 
     gRPC finds out only at the first handshake, and then says no more than "Failed to create
     security handshaker" (UNAVAILABLE); OpenSSL, as wok's server does at its start, names it.
     """
+    cert_path, key_path = cert, key
+    cert, key = cert_name or cert, key_name or key
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(str(cert), str(key), password=_refuse_password)
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(
+            str(cert_path), str(key_path), password=_refuse_password
+        )
     except _EncryptedKey:
         raise ValueError(f"private key {key} is encrypted; gRPC needs an unencrypted PEM key") from None
     except ssl.SSLError as exc:

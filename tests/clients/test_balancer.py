@@ -219,6 +219,27 @@ async def test_a_replica_ejected_for_slowness_takes_the_calls_when_the_rotation_
             assert names == ["a"] * 20 and slow.ejected and bal.ejections_refused == 0
 
 
+async def test_a_failing_replica_takes_the_place_of_one_ejected_for_slowness(stub):
+    """The cap on ejections is filled by a slow replica; the other, still READY, then fails every
+    call. It is ejected after K failures all the same and the slow one comes back early, instead
+    of the failing one taking every call until the slow one's ejection ends (60 s here)."""
+    async with stub("a", hold=True) as a, stub("b") as b:
+        s = settings(hedge_after=0.2, max_attempts=2, consecutive_failures=2, base_ejection_s=60)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            slow, failing = bal.replica(a.target), bal.replica(b.target)
+            while not slow.ejected:  # the calls that go to a first are hedged to b and answered there
+                assert await name_of(call) == "b"
+            a.release.set()  # a answers from now on, but stays ejected for 60 s
+            b.fail_first, b.code = 1 << 30, CODE.INTERNAL  # b fails every call from now on, health SERVING
+            calls_before = b.calls
+            assert [await code_of(call) for _ in range(2)] == [CODE.INTERNAL] * 2
+            assert failing.ejected and not slow.ejected and failing.state is STATE.READY
+            assert slow.times_ejected == 1  # readmitted early, not forgiven: a next ejection would be longer
+            assert [await name_of(call) for _ in range(10)] == ["a"] * 10
+            assert b.calls == calls_before + 2 and sum(r.ejected for r in bal.replicas.values()) == 1
+
+
 def stats_sum(stats: dict, key: str) -> int:
     return sum(r[key] for r in stats["replicas"])
 

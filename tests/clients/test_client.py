@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import pickle
 import socket
 
@@ -144,6 +145,55 @@ def test_tls_from_files_names_a_certificate_and_key_that_are_not_a_pair(tmp_path
     with pytest.raises(ValueError, match=r"client\.key: expected a PEM certificate") as err:
         TLS.from_files(ca, tmp_path / "client.key", tmp_path / "client.key")  # the key given as the certificate
     assert "PRIVATE" not in str(err.value)  # never the key itself
+
+
+@pytest.mark.parametrize("memfd", [True, False], ids=["in-memory", "temporary-folder"])
+def test_tls_from_bytes_refuses_a_certificate_and_key_that_are_not_a_pair(memfd, monkeypatch):
+    """The same check as `TLS.from_files` when the PEM bytes are given directly: a mismatched pair
+    would otherwise fail every handshake with gRPC's opaque UNAVAILABLE. OpenSSL reads them from
+    memory-backed files, or (without memfd_create, as on macOS) from a private temporary folder."""
+    if not memfd:
+        monkeypatch.delattr(os, "memfd_create", raising=False)
+    elif not hasattr(os, "memfd_create"):
+        pytest.skip("no memfd_create on this system")
+    pairs = [self_signed_pair(f"wok test client {i}") for i in range(2)]
+    (cert, key), (_, other) = pairs
+    tls = TLS(cert, cert, key)
+    assert tls.certificate_chain == cert and tls.private_key == key
+    with pytest.raises(ValueError, match="is not the key of the certificate") as err:
+        TLS(cert, cert, other)
+    assert "private_key" in str(err.value) and "certificate_chain" in str(err.value)
+    with pytest.raises(ValueError, match="expected a PEM certificate") as err:
+        TLS(cert, key, key)  # the key given as the certificate
+    assert "PRIVATE" not in str(err.value)  # never the key itself
+
+
+def self_signed_pair(name: str) -> tuple[bytes, bytes]:
+    """A self-signed certificate for `name` and its unencrypted key, as PEM."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    return cert.public_bytes(pem), key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def test_infer_error_message_and_pickle():
