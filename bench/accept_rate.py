@@ -38,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+from wok.bench.outputs import refuse_unwritable
 from wok.bench.report import bench_header, write_json
 
 SCHEMA = "wok.acceptrate/2"
@@ -224,6 +225,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--serve", nargs=7, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    refuse_unwritable(p, args, "--json")
     if args.serve:
         import uvloop
 

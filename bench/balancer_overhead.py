@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from wok.bench.outputs import refuse_unwritable
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.balancer_overhead/1"
@@ -170,6 +171,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="grpc/wok pairs, alternating which goes first")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    refuse_unwritable(p, args, "--json")
     if args.requests < 1 or args.inflight < 1 or args.servers < 1 or args.rounds < 1:
         p.error("--requests, --inflight, --servers and --rounds must be >= 1")
     try:

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from wok.bench.outputs import refuse_unwritable
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.ceiling/1"
@@ -252,6 +253,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    refuse_unwritable(p, args, "--json")
     if args.rows < 1 or args.max_batch_size % args.rows:
         p.error(f"--rows must divide --max-batch-size ({args.max_batch_size}); got {args.rows}")
     return args

@@ -6,8 +6,12 @@ import math
 import os
 import re
 import sys
-from contextlib import contextmanager
+import tempfile
 from pathlib import Path
+
+from .outputs import WriteFailed
+from .outputs import check_outputs as _check_outputs
+from .outputs import writing as _writing
 
 REQUIRE_QPS_NOT_MET = 3
 # A soak that found no capacity to soak at: the same verdict as a capacity below --require-qps.
@@ -211,55 +215,6 @@ def _add_outputs(p) -> None:
 
 # The files of `_add_outputs`.
 _RESULT_OUTPUTS = ("--json", "--csv", "--html", "--plots")
-# Made with their parents if missing; every other output is a file whose folder must exist.
-_FOLDER_OUTPUTS = ("--plots", "--manifests")
-
-
-def _output_problem(path: Path, folder: bool) -> str | None:
-    """Why `path` cannot be written (None: it looks writable): a file path's folder must exist
-    and be writable, and the path must not be a folder; a folder output must be a folder, or be
-    makeable under its nearest existing ancestor."""
-    if path.exists():
-        if folder != path.is_dir():
-            return "is not a folder" if folder else "is a folder; expected a file name"
-        return None if os.access(path, os.W_OK | (os.X_OK if folder else 0)) else "is not writable"
-    place = path.parent
-    if folder:
-        while not place.exists() and place != place.parent:
-            place = place.parent
-    if not place.exists():
-        return f"folder {place} does not exist"
-    if not place.is_dir():
-        return f"{place} is not a folder"
-    if not os.access(place, os.W_OK | os.X_OK):
-        return f"folder {place} is not writable"
-    return None
-
-
-def _check_outputs(args, *options: str) -> None:
-    """Refuse an output path that cannot be written before any work: a result found only to be
-    lost at the end (a tune's grid search, a ramp) costs the whole run."""
-    for option in options:
-        path = getattr(args, option.removeprefix("--").replace("-", "_"))
-        if path is None:
-            continue
-        try:
-            why = _output_problem(path, option in _FOLDER_OUTPUTS)
-        except OSError as exc:  # a stat refused on the way (a folder that cannot be searched)
-            why = exc.strerror or str(exc)
-        if why:
-            raise ValueError(f"{option} {path}: {why}")
-
-
-@contextmanager
-def _writing(option: str, path: Path):
-    """An output that fails when written (after the up-front check: a full disk, a race) is
-    reported as the option's, not as a traceback."""
-    try:
-        yield
-    except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
-        raise ValueError(f"{option} {path}: {exc.strerror or exc}{where}") from None
 
 
 def _warn(message: str) -> None:
@@ -547,7 +502,12 @@ def run(args) -> int:
         except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
             print(f"wok bench: {exc}", file=sys.stderr)
             return 1
-        _write_outputs(result, args)
+        try:
+            _write_outputs(result, args)
+        except WriteFailed as exc:
+            if exc.option != "--json":
+                raise  # the result is in --json's file
+            return _keep_elsewhere(result, exc)
         soak.print_soak(result)
         _print_host_probe(result.get("host_probe"))
         if "faults" in result:
@@ -558,6 +518,22 @@ def run(args) -> int:
     finally:
         _restore_signals(previous)
     return _exit_status(result, args)
+
+
+def _keep_elsewhere(result: dict, failed: WriteFailed) -> int:
+    """A ramp's --json that failed past the up-front check (a full disk, its folder removed during
+    the run): the minutes measured go to a temporary file rather than nowhere; the run failed (1)."""
+    from . import report
+
+    try:
+        fd, name = tempfile.mkstemp(prefix="wok-bench-", suffix=".json")
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(report.to_json(result))
+    except OSError as exc:
+        print(f"wok bench: {failed}; nor could the result be kept in a temporary file: {exc}", file=sys.stderr)
+        return 1
+    print(f"wok bench: {failed}; the result is kept in {name} instead", file=sys.stderr)
+    return 1
 
 
 def _exit_status(result: dict, args) -> int:

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from wok.bench.outputs import refuse_unwritable
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.cold_batch/1"
@@ -74,6 +75,7 @@ def main(argv=None) -> int:
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    refuse_unwritable(p, args, "--json")
     if not sys.platform.startswith("linux"):
         p.error("reads thread CPU time from Linux's /proc")
     if args.torch_threads:

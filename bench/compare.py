@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from wok.bench.outputs import refuse_unwritable
+
 SCHEMA = "wok.compare/1"
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_DIR = ROOT / ".bench-peers"
@@ -788,6 +790,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also serve wok with these extra `wok serve` arguments under NAME (list NAME in --servers)",
     )
     args = p.parse_args(argv)
+    refuse_unwritable(p, args, "--json", parents_made=True)
     for spec in args.wok_variant:
         try:
             v = wok_variant(spec)

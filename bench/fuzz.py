@@ -43,6 +43,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from wok.bench.outputs import refuse_unwritable
 from wok.codec import decode_request, serialize_bytes
 from wok.config import model_config_from_dict
 from wok.datatypes import DATATYPES
@@ -425,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", help="HOST:PORT of a wok server serving the demo models; also send each input there")
     ap.add_argument("--json", type=Path, help="write the counts (schema wok.fuzz/1) here")
     args = ap.parse_args(argv)
+    refuse_unwritable(ap, args, "--json")
     if args.minutes <= 0:
         print("wok fuzz: --minutes must be > 0", file=sys.stderr)
         return 2

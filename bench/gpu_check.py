@@ -26,6 +26,7 @@ import time
 import numpy as np
 import torch
 
+from wok.bench.outputs import refuse_unwritable
 from wok.config import InstanceConfig
 from wok.executor import Executor
 from wok.models import build_demo
@@ -118,6 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=OVERLAP_MODEL["layers"], help="hidden layers")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
+    refuse_unwritable(ap, args, "--json")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_check: no CUDA device; run it on a GPU machine (or --device cpu for a dry run)", file=sys.stderr)
         return 2

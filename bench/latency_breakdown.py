@@ -29,6 +29,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from wok.bench.outputs import refuse_unwritable
+
 SCHEMA = "wok.latency_breakdown/1"
 STAGES = ("lag", "queue", "flush_late", "hop_to_worker", "assemble", "compute", "split", "hop_back", "total")
 
@@ -149,6 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="write the wok.latency_breakdown/1 document here")
     args = p.parse_args(argv)
+    refuse_unwritable(p, args, "--json", parents_made=True)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as wok serve sets it, before torch loads
     import uvloop
 

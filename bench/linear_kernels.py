@@ -23,6 +23,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from wok.bench.outputs import refuse_unwritable
+
 SCHEMA = "wok.linear_kernels/1"
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64, 128, 256, 512)
 
@@ -43,6 +45,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-rows-rss", type=int, default=32, help="row counts run for the memory reading (default 32)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    refuse_unwritable(p, args, "--json")
     if args.reps < 1 or args.gap_ms < 0 or args.threads < 1 or args.max_rows_rss < 4:
         p.error("--reps and --threads must be >= 1, --gap-ms >= 0, --max-rows-rss >= 4")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -24,6 +24,7 @@ import time
 import grpc
 import numpy as np
 
+from wok.bench.outputs import refuse_unwritable
 from wok.codec import encode_request
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
@@ -89,6 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    refuse_unwritable(ap, args, "--json")
     gc.disable()  # the load generator's own pauses would cap both runs alike, and add noise
     runs, ratios = [], []
     for rep in range(args.reps):

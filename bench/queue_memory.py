@@ -23,6 +23,7 @@ import numpy as np
 
 from wok.bench.compare import local_wok, tree_usage
 from wok.bench.faults import post_fault
+from wok.bench.outputs import refuse_unwritable
 from wok.bench.report import write_json
 from wok.bench.scrape import scrape
 from wok.v2pb import grpc_service_pb2 as pb
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", help="write the wok.queue_memory/1 document here")
     args = ap.parse_args(argv)
+    refuse_unwritable(ap, args, "--json")
     runs = []
     for bound in args.max_queue_size or [0, 4096]:
         print(f"[queue_memory] {args.requests} calls, max_queue_size {bound} …", file=sys.stderr, flush=True)

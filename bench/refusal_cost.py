@@ -29,6 +29,7 @@ import numpy as np
 
 from wok.bench.compare import TEMPLATES, free_port, local_wok, tree_usage
 from wok.bench.faults import post_fault
+from wok.bench.outputs import refuse_unwritable
 from wok.bench.report import write_json
 from wok.bench.scrape import scrape
 from wok.v2pb import grpc_service_pb2 as pb
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="repetitions, the server order rotated (default 3)")
     ap.add_argument("--json", help="write the wok.refusal_cost/1 document here")
     args = ap.parse_args(argv)
+    refuse_unwritable(ap, args, "--json")
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     rows_list = [int(r) for r in args.rows.split(",")]
     runs = []

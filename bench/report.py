@@ -258,6 +258,12 @@ def throughput_figure(result: dict) -> Figure:
         # Both axes, so that y = x stays the diagonal.
         _log_axis(ax, "x", x)
         _log_axis(ax, "y", x)
+    else:
+        # From 0: autoscaled around one step's point the axis spans a few QPS, and a throughput
+        # on target looks like noise; from 0 a shortfall is drawn at its true size.
+        top = float(np.nanmax(np.concatenate([x, y])))
+        if math.isfinite(top) and top > 0:
+            ax.set_ylim(0, 1.05 * top)
     ax.set_xlabel("offered load (QPS)")
     ax.set_ylabel("achieved throughput (QPS)")
     ax.set_title("Throughput vs offered load")

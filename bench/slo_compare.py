@@ -39,6 +39,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `wok serve` does, befo
 
 import numpy as np
 
+from wok.bench.outputs import refuse_unwritable
+
 SCHEMA = "wok.slocompare/1"
 STEP_KEYS = ("offered_qps", "achieved_qps", "dispatch_lag_ms")
 SERVER_BOUNDS_S = (0.025, 0.05, 0.1)
@@ -338,6 +340,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--replot", type=Path, help="draw --plot from a finished run's JSON and exit")
     p.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "wok-slo-compare")
     args = p.parse_args(argv)
+    refuse_unwritable(p, args, "--json", "--plot")
     try:
         args.slo_ms = 1e3 * parse_duration(args.slo)
         args.server_slo_ms = 1e3 * parse_duration(args.server_slo) if args.server_slo else args.slo_ms

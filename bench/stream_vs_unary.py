@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from wok.bench.outputs import refuse_unwritable
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.stream_vs_unary/1"
@@ -124,6 +125,7 @@ def main(argv=None) -> int:
     p.add_argument("--serve-args", default="--models mlp", help="arguments for wok serve (default: --models mlp)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    refuse_unwritable(p, args, "--json")
     if not sys.platform.startswith("linux"):
         p.error("reads the server's CPU time from Linux's /proc")
     if args.requests < 1 or args.inflight < 1 or not 1 <= args.streams <= args.inflight:

@@ -22,6 +22,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from wok.bench.outputs import refuse_unwritable
+
 SCHEMA = "wok.thread_sizing/1"
 SIZES = (1, 2, 4, 8, 16, 32)
 
@@ -39,6 +41,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    refuse_unwritable(p, args, "--json", parents_made=True)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import numpy as np
     import torch

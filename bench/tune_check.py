@@ -53,6 +53,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 
+from wok.bench.outputs import refuse_unwritable
+
 SCHEMA = "wok.tunecheck/2"  # /1: before the CPU stage (`predicted_*` was the batcher-only prediction)
 DEFAULT_STEPS = "250,500,1000,1500,2000,2500,3000,3500,4000,5000"
 TOLERANCE = 0.20
@@ -831,6 +833,7 @@ def parse_args(argv=None):
         "--refresh", action="store_true", help="with --markdown: add the batcher-only columns to an older run's file"
     )
     args = p.parse_args(argv)
+    refuse_unwritable(p, args, "--json", "--plot", "--save-profile", "--save-overhead", "--save-cpu")
     args.slo_ms = 1e3 * parse_duration(args.slo_p99)
     args.steps_list = parse_steps(args.steps)
     args.step_duration = parse_duration(args.step_duration)

@@ -162,3 +162,36 @@ def test_a_negative_value_with_a_unit_reaches_the_options_own_check(argv, messag
 def test_an_option_after_an_option_is_still_an_option(wok_cli):
     status, _, err = wok_cli("tune", "--slo-p99", "--alpha", "1ms")
     assert status == 2 and "--slo-p99: expected one argument" in err
+
+
+def test_a_json_write_that_fails_after_the_ramp_keeps_the_result_in_a_temporary_file(
+    bench_server, tmp_path, monkeypatch, wok_cli
+):
+    """The up-front check passed, then --json's folder went away during the run (as a disk fills):
+    everything measured was lost, and the run ended in an option error (exit 2)."""
+    import tempfile
+
+    from wok.bench import runner
+
+    folder, temp = tmp_path / "out", tmp_path / "temp"
+    folder.mkdir()
+    temp.mkdir()
+    measure = runner.Ramp.run
+
+    def measure_then_lose_the_folder(self):
+        result = measure(self)
+        folder.rmdir()
+        return result
+
+    monkeypatch.setattr(runner.Ramp, "run", measure_then_lose_the_folder)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # the system's temp folder, for this test
+    path = folder / "r.json"
+    argv = ["bench", "ramp", "--target", bench_server.target, "--steps", "20", "--step-duration", "0.5s"]
+    status, _, err = wok_cli(*argv, "--warmup", "0.1s", "--workers", "1", "--metrics-url", "none", "--json", str(path))
+    (kept,) = temp.glob("wok-bench-*")
+    assert (status, err.splitlines()[-1]) == (
+        1,
+        f"wok bench: --json {path}: No such file or directory; the result is kept in {kept} instead",
+    )
+    result = json.loads(kept.read_text())
+    assert result["schema"] == "wok.bench/1" and [s["offered_qps"] for s in result["steps"]] == [20]

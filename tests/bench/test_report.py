@@ -494,6 +494,15 @@ def test_html_of_a_soak_shows_its_windows_drift_and_where_the_verdicts_come_from
     assert ramp.count("<tr") == 3 and ramp.count(">pass<") == 2
 
 
+def test_the_throughput_axis_of_one_step_runs_from_zero():
+    """Autoscaled around its one point, the axis spanned about 0.4 QPS: a step on target looked like noise."""
+    config = synthetic_result(timeline=False)["config"] | {"steps": [100]}
+    doc = ramp_result(steps=[synthetic_step(100, 250.0, np.random.default_rng(3))], slo_p99_ms=SLO_MS, config=config)
+    achieved = doc["steps"][0]["achieved_qps"]
+    low, high = report.throughput_figure(doc).axes[0].get_ylim()
+    assert low == 0 and max(achieved, 100) < high <= 1.1 * max(achieved, 100), (low, high, achieved)
+
+
 def test_plots_of_a_soak_name_the_capacity_ramps_verdicts():
     doc = soak_document()
     for fig in (report.latency_figure(doc), report.throughput_figure(doc)):
