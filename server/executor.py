@@ -6,7 +6,8 @@ event, so the event loop never blocks on the device. On CUDA the three stages ru
 three streams of the instance (copy in, compute, copy out), ordered by events, and with
 `pipeline_depth` >= 2 the copy of batch k+1 overlaps the compute of batch k. Host
 buffers are page-locked so that `non_blocking` copies are truly asynchronous. On the CPU
-the same stages run in order on the worker thread, timed with clocks.
+the stages run in order on the worker thread, timed with clocks; there is no copy in (h2d is
+metrics.NOT_RUN), and d2h is taking the outputs to NumPy and splitting them per request.
 
 An instance has `pipeline_depth` slots (2 by default); each slot owns its host buffers, and
 a slot is reused only after its batch completed, so no buffer is overwritten while a copy
@@ -53,6 +54,7 @@ from .config import InstanceConfig
 from .cpulinear import MIN_ROWS, onednn_counts, padded_rows, with_onednn_linear
 from .errors import ModelExecutionError
 from .faults import InstanceFault
+from .metrics import NOT_RUN
 from .servable import HostBuffers, Servable
 from .tensors import to_numpy_view
 
@@ -66,7 +68,7 @@ PREWARM_MAX_BYTES = 32 << 20  # the last-level cache of the machine it was measu
 
 @dataclass(slots=True)
 class StageTimes:
-    """Seconds spent per stage of one batch."""
+    """Seconds spent per stage of one batch; metrics.NOT_RUN (0 s) for one the device does not have."""
 
     assemble: float = 0.0
     h2d: float = 0.0
@@ -283,7 +285,8 @@ class Instance:
             arrays[k] = a.copy() if alias else np.ascontiguousarray(a)
         per_request = s.split(arrays, rows)
         t3 = time.perf_counter()
-        return BatchResult(per_request, StageTimes(t1 - t0, 0.0, t2 - t1, t3 - t2), self.index, t0, t3, kept=kept)
+        times = StageTimes(t1 - t0, NOT_RUN, t2 - t1, t3 - t2)
+        return BatchResult(per_request, times, self.index, t0, t3, kept=kept)
 
     # -- CUDA: launch on three streams, then wait for the last event on another thread -----
     def _launch_cuda(self, inputs, rows, slot: _Slot, deadlines=None):

@@ -6,7 +6,8 @@ a thread in between. Keep-alive is honoured, since Prometheus reuses its connect
 
 Admin paths (404 without --admin; bodies are JSON, errors `{"error": "..."}` with 400; a
 request that fails unexpectedly, admin or /metrics, answers 500, logged with its traceback, and
-the connection ends):
+the connection ends; /events, once its 200 is out, ends with an SSE comment line instead, logged
+once at WARNING):
   GET  /admin/faults     the active faults
   POST /admin/faults     {"model", "instance"?, "mode": slow|fail|off, "delay_ms"?, "duration_s"?}
   GET  /admin/batching   each model's batching policy
@@ -327,20 +328,31 @@ class MetricsHTTPServer:
         await self._json(writer, 500, {"error": f"{method} {path}: internal error; see the server's log"}, True)
 
     async def _stream_events(self, writer) -> None:
-        _write(
-            writer,
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-            b"Connection: close\r\n\r\n",
-        )
+        # Subscribed before the header goes out, so that a failure to subscribe still answers 500.
         sub = self.admin.subscribe()
         self._streams += 1
         try:
-            while True:
-                event = await sub.queue.get()
-                chunk = [b"data: " + dumps(event) + b"\n\n"]
-                while not sub.queue.empty() and len(chunk) < 256:
-                    chunk.append(b"data: " + dumps(sub.queue.get_nowait()) + b"\n\n")
-                _write(writer, b"".join(chunk))
+            _write(
+                writer,
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                b"Connection: close\r\n\r\n",
+            )
+            try:
+                while True:
+                    event = await sub.queue.get()
+                    chunk = [b"data: " + dumps(event) + b"\n\n"]
+                    while not sub.queue.empty() and len(chunk) < 256:
+                        chunk.append(b"data: " + dumps(sub.queue.get_nowait()) + b"\n\n")
+                    _write(writer, b"".join(chunk))
+                    await _drain(writer)
+            except (ConnectionError, asyncio.TimeoutError):
+                raise  # the peer went away: nobody to tell
+            except Exception:
+                # The 200 is out and the body is the stream: a 500 now would land inside it as
+                # event data. The stream ends instead, with a comment line (an EventSource skips
+                # it, then reconnects).
+                log.warning("GET /events: the event stream failed after its header; it ends here", exc_info=True)
+                _write(writer, b": error: the stream failed; see the server's log\n\n")
                 await _drain(writer)
         finally:
             self._streams -= 1

@@ -52,6 +52,19 @@ LOOP_LAG_BUCKETS = (
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
 
 
+class _NotRun(float):
+    """A batch stage that did not happen on the instance's device: 0 s wherever times are added."""
+
+    __slots__ = ()
+
+
+# The executor reports H2D as this on the CPU, where nothing is copied to a device. `record_batch`
+# then does not observe it: a stage histogram of zeros would read back as a P99 of ~25 µs (the
+# first bucket's interpolation), a copy that never happened; unobserved, its series keeps its
+# labels with a count of 0, which `histogram_quantile` reads as NaN.
+NOT_RUN = _NotRun(0.0)
+
+
 class WeightedHistogram:
     """Bucket counts and a sum; `observe(value, n)` counts the value n times."""
 
@@ -121,9 +134,11 @@ class ModelMetrics:
         for w in queue_waits:
             q.observe(w)
         st["assemble"].observe(assemble, requests)
-        st["h2d"].observe(h2d, requests)
+        if h2d is not NOT_RUN:
+            st["h2d"].observe(h2d, requests)
         st["compute"].observe(compute, requests)
-        st["d2h"].observe(d2h, requests)
+        if d2h is not NOT_RUN:
+            st["d2h"].observe(d2h, requests)
         self.batch_size.observe(samples)
         self.busy_seconds[instance] += busy
 

@@ -297,3 +297,47 @@ async def test_an_answer_before_an_unread_body_reaches_the_client():
         answer = await asyncio.to_thread(send_all_then_read)
     [(top, _)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 415 "), answer
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_event_stream_that_fails_after_its_header_ends_with_no_second_status_line(run_on, loop, caplog, raw_http):
+    async def main() -> tuple[bytes, bytes, bytes]:
+        async with Server() as s:
+            reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+            writer.write(b"GET /events HTTP/1.1\r\n" + s.host + b"\r\n")
+            received = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            first = await asyncio.wait_for(reader.readuntil(b"\n\n"), 5)
+            s.admin.publish({"type": "bad", "value": object()})  # not JSON: producing the stream fails
+            received += first + await asyncio.wait_for(reader.read(), 5)  # until the server ends it
+            writer.close()
+            answer = await raw_http(s.port, b"GET / HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n")
+            assert s.http._streams == 0 and s.admin.unsubscribed.is_set()
+        return received, first, answer
+
+    with caplog.at_level(logging.WARNING):
+        received, first, answer = run_on(loop, main())
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n") and received.count(b"HTTP/1.1") == 1, received
+    assert first == b'data: {"type":"hello"}\n\n'
+    # After the failure, nothing but an SSE comment line, which an EventSource skips.
+    rest = received.partition(first)[2]
+    assert all(line.startswith(b":") for line in rest.split(b"\n") if line), rest
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+    assert errors(caplog) == []
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == ["GET /events: the event stream failed after its header; it ends here"]
+
+
+async def test_an_event_stream_that_cannot_subscribe_answers_a_plain_500(monkeypatch, caplog, raw_http):
+    async with Server() as s:
+
+        def broken() -> Subscriber:
+            raise RuntimeError("a broken subscribe")
+
+        monkeypatch.setattr(s.admin, "subscribe", broken)
+        with caplog.at_level(logging.ERROR):
+            answer = await raw_http(s.port, b"GET /events HTTP/1.1\r\n" + s.host + b"\r\n")
+        assert s.http._streams == 0
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 500 Internal Server Error\r\n"), answer
+    assert json.loads(body) == {"error": "GET /events: internal error; see the server's log"}
+    assert errors(caplog) == ["wok.http: GET /events failed"]
