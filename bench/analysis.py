@@ -320,15 +320,28 @@ def bisect_max_qps(
 
 
 def should_stop_early(step: dict, slo_p99_ms: float, factor: float) -> bool:
-    """True when higher steps can tell nothing more: P99 beyond factor × SLO, or most requests fail.
+    """True when higher steps can tell nothing more (`stop_reason`)."""
+    return stop_reason(step, slo_p99_ms, factor) is not None
 
-    A step with no requests at all (success rate NaN) stops too: the generator is not working.
+
+def stop_reason(step: dict, slo_p99_ms: float, factor: float) -> str | None:
+    """Why a ramp ends after `step` (None: it goes on): its P99 beyond factor × SLO, or most of its
+    requests failed. An infinite factor turns both off, for a curve run to its last step.
+
+    A step with no requests at all (success rate NaN) stops whatever the factor: the generator
+    is not working.
     """
     rate = step["success_rate"]
-    if not _finite(rate) or rate < 0.5:
-        return True
+    if not _finite(rate):
+        return "the step sent no request"
+    if math.isinf(factor):
+        return None
+    if rate < 0.5:
+        return f"fewer than half of the step's requests succeeded ({100 * rate:.1f}% ok)"
     p99 = step["latency_ms"]["p99"]
-    return _finite(p99) and p99 > factor * slo_p99_ms
+    if _finite(p99) and p99 > factor * slo_p99_ms:
+        return f"the step's P99 {p99:.4g} ms is over {factor:g} × the SLO ({slo_p99_ms:g} ms)"
+    return None
 
 
 def _qps(x: float) -> str:

@@ -83,7 +83,12 @@ def add_parser(sub) -> None:
         "the last one ended)",
     )
     p.add_argument("--step-gap", default="2s", help="with --start-at: from a step's last send to the next one's start")
-    p.add_argument("--stop-factor", type=float, default=10.0, help="stop when a step's P99 exceeds this × the SLO")
+    p.add_argument(
+        "--stop-factor",
+        type=float,
+        default=10.0,
+        help="stop after a step whose P99 exceeds this × the SLO, or with under half its requests ok; inf: never",
+    )
     p.add_argument("--refine", type=int, default=0, help="bisection steps between the last pass and first failure")
     p.add_argument("--knee-threshold", type=float, default=0.5, help="Δachieved/Δoffered below this is the knee")
     p.add_argument("--require-qps", type=float, help=f"exit {REQUIRE_QPS_NOT_MET} unless max QPS under SLO ≥ this")
@@ -408,6 +413,8 @@ def _check_aim(args) -> None:
     soak.check_options(args)
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1; got {args.workers}")
+    if not args.stop_factor > 0:  # NaN too
+        raise ValueError(f"--stop-factor must be > 0 (inf: never stop early); got {args.stop_factor:g}")
     if args.replicas is not None:
         if args.replicas < 1:
             raise ValueError(f"--replicas must be >= 1; got {args.replicas}")

@@ -176,9 +176,9 @@ class Ramp:
                     self.say(interrupted)
                     break
                 steps.append(step)
-                if analysis.should_stop_early(step, cfg.slo_p99_ms, cfg.stop_factor):
-                    p99, ok = step["latency_ms"]["p99"], step["success_rate"]
-                    self.say(f"stopping early: the step broke the SLO by far (P99 {_ms(p99)}, {100 * ok:.1f}% ok)")
+                why = analysis.stop_reason(step, cfg.slo_p99_ms, cfg.stop_factor)
+                if why is not None:
+                    self.say(f"stopping early: {why}")
                     break
             if cfg.refine and interrupted is None:
                 lo = analysis.max_qps_under_slo(steps, cfg.slo_p99_ms)

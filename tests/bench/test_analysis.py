@@ -20,6 +20,7 @@ from wok.bench.analysis import (
     refine_points,
     should_stop_early,
     step_result,
+    stop_reason,
 )
 
 # ---------------------------------------------------------------------------- latency_summary
@@ -327,6 +328,20 @@ def test_stop_early():
     assert should_stop_early(fake_step(100, p99=2001), 200, 10)
     assert should_stop_early(fake_step(100, p99=10, success=0.49), 200, 10)
     assert should_stop_early(fake_step(100, p99=math.nan, success=math.nan, requests=0), 200, 10)
+
+
+def test_the_reason_to_stop_names_its_cause_and_an_infinite_factor_runs_every_step():
+    assert stop_reason(fake_step(100, p99=2001), 200, 10) == "the step's P99 2001 ms is over 10 × the SLO (200 ms)"
+    assert stop_reason(fake_step(100, p99=10, success=0.396), 200, 10) == (
+        "fewer than half of the step's requests succeeded (39.6% ok)"
+    )
+    # Once meant as "never stop", a huge factor still let the success rule stop; inf turns both off.
+    assert stop_reason(fake_step(100, p99=10, success=0.396), 200, 1e9) is not None
+    assert stop_reason(fake_step(100, p99=1e6, success=0.01), 200, math.inf) is None
+    # No request at all: the generator is not working, whatever the factor.
+    assert stop_reason(fake_step(100, p99=math.nan, success=math.nan, requests=0), 200, math.inf) == (
+        "the step sent no request"
+    )
 
 
 # ---------------------------------------------------------------------------- warnings
