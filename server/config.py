@@ -19,6 +19,8 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    StrictBool,
+    StrictFloat,
     StrictInt,
     ValidationError,
     ValidationInfo,
@@ -38,6 +40,9 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 
 class _Strict(BaseModel):
+    # Numbers and switches are pydantic's Strict types: in a hand-written config a quoted
+    # "64", "5" or "false", a 64.0 count or a 1 for true is a slip to name, not a value to
+    # guess at. StrictFloat still takes an int (not a bool): `max_queue_delay_ms = 5` is 5.0.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -94,7 +99,7 @@ class TensorConfig(_Strict):
 class DynamicBatchingConfig(_Strict):
     """When the batcher flushes, and how much it holds."""
 
-    max_queue_delay_ms: float = Field(
+    max_queue_delay_ms: StrictFloat = Field(
         5.0, ge=0, le=60_000, description="Longest time (ms) the oldest queued request waits for a batch to fill."
     )
     preferred_batch_sizes: tuple[StrictInt, ...] = Field(
@@ -103,22 +108,22 @@ class DynamicBatchingConfig(_Strict):
     max_queue_size: StrictInt = Field(
         0, ge=0, description="Most requests queued per model; 0 is unbounded. Beyond it: RESOURCE_EXHAUSTED."
     )
-    default_timeout_ms: float = Field(
-        0, ge=0, description="Deadline (ms from arrival) for requests that bring none; 0 is none."
+    default_timeout_ms: StrictFloat = Field(
+        0.0, ge=0, description="Deadline (ms from arrival) for requests that bring none; 0 is none."
     )
     policy: Literal["fixed", "slo"] = Field(
         "fixed",
         description="'fixed': flush on size or after max_queue_delay_ms. 'slo': flush from deadlines and a learned "
         "batch time, refuse requests that cannot meet theirs (docs/batching-policy.md); needs slo_ms.",
     )
-    slo_ms: float | None = Field(
+    slo_ms: StrictFloat | None = Field(
         None,
         gt=0,
         le=600_000,
         description="Policy 'slo': latency objective (ms from arrival); a request's deadline is the earliest of "
         "its gRPC deadline, its timeout parameter and arrival + slo_ms.",
     )
-    slo_quantile: float = Field(
+    slo_quantile: StrictFloat = Field(
         0.95, ge=0.5, lt=1.0, description="Policy 'slo': the quantile of batch time it plans with (0.95: p95)."
     )
     slo_profile: Path | None = Field(
@@ -275,20 +280,20 @@ class ServerSettings(_Strict):
     demo_models: tuple[str, ...] = Field(
         ("mlp", "recsys", "encoder"), description="Built-in models served when there is no repository."
     )
-    grace_period_s: float = Field(
+    grace_period_s: StrictFloat = Field(
         30.0,
         ge=0,
         le=_MAX_GRPC_MS / 1e3,
         description="Seconds queued and running requests get to finish on SIGTERM/SIGINT.",
     )
-    max_connection_age_s: float | None = Field(
+    max_connection_age_s: StrictFloat | None = Field(
         None,
         gt=0,
         le=_MAX_GRPC_MS / 1e3,
         description="Seconds after which each client connection is closed (GOAWAY, gRPC adds ±10% jitter), so "
         "round-robin clients reconnect and reach replicas added since; None: never.",
     )
-    max_connection_age_grace_s: float | None = Field(
+    max_connection_age_grace_s: StrictFloat | None = Field(
         None,
         ge=0,
         le=_MAX_GRPC_MS / 1e3,
@@ -323,7 +328,7 @@ class ServerSettings(_Strict):
         "weights (server/cpulinear.py; for the demo mlp 0.5-0.9 × the time of torch's fp32 addmm back to back), and "
         "smaller ones as torch does; 'torch' runs every layer as torch does. Results agree to float32 rounding.",
     )
-    switch_interval_ms: float | None = Field(
+    switch_interval_ms: StrictFloat | None = Field(
         None,
         gt=0,
         le=100,
@@ -338,7 +343,7 @@ class ServerSettings(_Strict):
         description="Tasks accepting unary ModelInfer calls beside grpc.aio's own one, whose accept costs about "
         "five event-loop passes per call in series (server/accept.py); 0: grpc.aio's alone.",
     )
-    drain_wakeups: bool = Field(
+    drain_wakeups: StrictBool = Field(
         False,
         description="Read all of grpc.aio's waiting wake-up bytes per event-loop pass, not one, so that gRPC hands "
         "over every finished operation at once (server/wakeup.py). Off by default: it lifts the rate when the "
@@ -354,7 +359,7 @@ class ServerSettings(_Strict):
         "hypervisor. Costs power, and in a VM the host's CPU; None (default) requests nothing "
         "(server/cpulatency.py).",
     )
-    server_timing: bool = Field(
+    server_timing: StrictBool = Field(
         False,
         description="Every unary ModelInfer answer carries a `server-timing` trailer (W3C Server-Timing syntax, "
         "durations in ms): decode, queue, batch, respond, encode and total for that request, and start and "
@@ -362,12 +367,12 @@ class ServerSettings(_Strict):
         "the server (`wok bench ramp --server-timing`). Off by default: per answer a string format (about 1 µs) "
         "and a trailer of about 170 bytes, for load tests and diagnosis.",
     )
-    metrics: bool = Field(True, description="Record metrics; off only to measure what they cost.")
+    metrics: StrictBool = Field(True, description="Record metrics; off only to measure what they cost.")
     metrics_host: str = Field("127.0.0.1", description="Address the /metrics HTTP port binds to.")
     metrics_port: StrictInt | None = Field(
         8002, ge=0, le=65_535, description="HTTP port of /metrics; 0 picks a free one, None serves none."
     )
-    admin: bool = Field(
+    admin: StrictBool = Field(
         False, description="Serve the admin API (fault injection, batching policy, /events) on the metrics port."
     )
     # Security (see docs/security.md and server/auth.py). Files are read and checked here,

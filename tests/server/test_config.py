@@ -486,3 +486,60 @@ def test_server_settings_integers_are_not_coerced_from_strings_floats_or_boolean
     with pytest.raises(ConfigError) as info:
         server_settings(**{field: value})
     assert str(info.value) == f"server settings: {field}: Input should be a valid integer (got {value!r})"
+
+
+@pytest.mark.parametrize(
+    ("change", "where", "got"),
+    [
+        ({"dynamic_batching": {"max_queue_delay_ms": "5"}}, "dynamic_batching.max_queue_delay_ms", "'5'"),
+        ({"dynamic_batching": {"max_queue_delay_ms": True}}, "dynamic_batching.max_queue_delay_ms", "True"),
+        ({"dynamic_batching": {"default_timeout_ms": "100"}}, "dynamic_batching.default_timeout_ms", "'100'"),
+        ({"dynamic_batching": {"default_timeout_ms": False}}, "dynamic_batching.default_timeout_ms", "False"),
+        (
+            {"dynamic_batching": {"policy": "slo", "slo_ms": "50"}},
+            "dynamic_batching.slo_ms",
+            "'50'",
+        ),
+        (
+            {"dynamic_batching": {"policy": "slo", "slo_ms": 50, "slo_quantile": "0.9"}},
+            "dynamic_batching.slo_quantile",
+            "'0.9'",
+        ),
+    ],
+)
+def test_times_are_numbers_not_coerced_strings_or_booleans(tmp_path, change, where, got):
+    msg, path = load_error(tmp_path, changed(**change))
+    assert msg == f"{path}: {where}: Input should be a valid number (got {got})"
+
+
+def test_an_integer_time_is_taken_as_a_float(tmp_path):
+    batching = {"max_queue_delay_ms": 5, "default_timeout_ms": 100, "policy": "slo", "slo_ms": 50}
+    db = load_model_config(write_model(tmp_path, changed(dynamic_batching=batching))).dynamic_batching
+    assert (db.max_queue_delay_ms, db.default_timeout_ms, db.slo_ms) == (5.0, 100.0, 50.0)
+    assert all(type(v) is float for v in (db.max_queue_delay_ms, db.default_timeout_ms, db.slo_ms))
+    times = {"grace_period_s": 10, "max_connection_age_s": 60, "max_connection_age_grace_s": 0, "switch_interval_ms": 1}
+    s = server_settings(**times)
+    assert {f: getattr(s, f) for f in times} == times
+    assert all(type(getattr(s, f)) is float for f in times)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "kind"),
+    [
+        ("grace_period_s", "30", "number"),
+        ("grace_period_s", True, "number"),
+        ("max_connection_age_s", "60", "number"),
+        ("switch_interval_ms", "1.5", "number"),
+        ("metrics", "false", "boolean"),
+        ("metrics", 0, "boolean"),
+        ("admin", "true", "boolean"),
+        ("admin", "yes", "boolean"),
+        ("admin", 1, "boolean"),
+        ("server_timing", "1", "boolean"),
+        ("drain_wakeups", 1.0, "boolean"),
+    ],
+)
+def test_server_settings_times_and_switches_are_not_coerced(field, value, kind):
+    with pytest.raises(ConfigError) as info:
+        server_settings(**{field: value})
+    assert str(info.value) == f"server settings: {field}: Input should be a valid {kind} (got {value!r})"
