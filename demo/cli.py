@@ -21,13 +21,16 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from ..bench.arrivals import parse_duration
 from ..children import die_with_parent
 from .load import MAX_RATE, LoadControl, LoadGenerator
-from .web import DemoWeb, Hub, http_json, tick_load
+
+if TYPE_CHECKING:
+    from .web import Hub
 
 METRICS = re.compile(r"wok: metrics on http://(\S+):(\d+)/metrics")
 SERVING = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
@@ -125,6 +128,10 @@ async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # Here, not at the top: `wok` builds this subcommand's parser on every run, and the page's
+    # server imports the server's admin routes, hence torch (2 s), which `wok bench` never uses.
+    from .web import DemoWeb, Hub, tick_load
+
     hub = Hub()
     if args.simulate:
         from ..bench.simulate import BatcherModel
@@ -388,6 +395,8 @@ class LiveDemo:
     async def _admin(self, path: str, body) -> tuple[int, dict]:
         if not isinstance(body, dict):
             raise ValueError(f"body: expected a JSON object, got {body!r}")
+        from .web import http_json
+
         return await http_json(*self.admin, "POST", path, {"model": MODEL, **body})
 
     async def set_batching(self, body) -> tuple[int, dict]:

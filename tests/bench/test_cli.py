@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -197,3 +199,23 @@ def test_a_json_write_that_fails_after_the_ramp_keeps_the_result_in_a_temporary_
     )
     result = json.loads(kept.read_text())
     assert result["schema"] == "wok.bench/1" and [s["offered_qps"] for s in result["steps"]] == [20]
+
+
+def test_the_bench_and_planning_commands_start_without_importing_torch():
+    """`wok` builds every subcommand's parser on each run; the demo's page server imports the
+    server's admin routes and so torch (~2 s of a bench child's ~3 s start), which `wok bench`,
+    `simulate`, `plan` and `tune` never use."""
+    code = (
+        "import sys\n"
+        "import wok.__main__ as m\n"
+        "for cmd in ('bench', 'simulate', 'plan', 'tune', 'demo'):\n"
+        "    sys.argv = ['wok', cmd, '--help']\n"
+        "    try:\n"
+        "        m.main()\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print('torch' in sys.modules, file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "False", r.stderr

@@ -174,7 +174,7 @@ def test_a_probe_that_fails_is_recorded_and_keeps_the_run(tmp_path, monkeypatch)
 def test_smoke_wok_and_the_bare_transport(tmp_path):
     out = tmp_path / "c.json"
     cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--servers", "wok,bare", "--steps", "50,100",
-           "--step-duration", "1s", "--warmup", "0.3s", "--reps", "1", "--host-probe", "0.2",
+           "--step-duration", "0.5s", "--warmup", "0.2s", "--reps", "1", "--host-probe", "0.2",
            "--json", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]

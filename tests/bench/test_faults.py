@@ -37,6 +37,22 @@ from wok.bench.faults import (
 from wok.bench.runner import status_name
 
 pytestmark = pytest.mark.timeout(120)
+
+
+# Servers shared by the module's real runs (a start costs seconds). Every test that turns a fault on
+# leaves it off again (its `off`, the ramp's end, or its expiry, which that test waits out), so the
+# next test finds the server as started.
+@pytest.fixture(scope="module")
+def admin_server(start_server_module):
+    return start_server_module("--models", "mlp", "--admin", "--torch-threads", "1")
+
+
+@pytest.fixture(scope="module")
+def plain_server(start_server_module):
+    """No --admin: the admin paths are refused."""
+    return start_server_module("--models", "mlp", "--torch-threads", "1")
+
+
 OK, INTERNAL, UNAVAILABLE = 0, 13, 14
 
 
@@ -203,8 +219,8 @@ def wait_for(predicate, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def test_schedule_turns_a_server_fault_on_and_off(start_server):
-    server = start_server("--models", "mlp", "--admin")
+def test_schedule_turns_a_server_fault_on_and_off(admin_server):
+    server = admin_server
     url = server.http_url()
     spec = parse_fault("slow:model=mlp,delay=40ms,at=0.2s,until=0.6s")
     schedule = FaultSchedule([spec], planned_s=10.0, admin_urls=[url])
@@ -227,10 +243,10 @@ def test_schedule_turns_a_server_fault_on_and_off(start_server):
     assert events[0]["expires_s"] == pytest.approx(0.6 + EXPIRY_MARGIN_S, abs=0.3)
 
 
-def test_a_server_fault_without_an_end_keeps_a_planned_ramps_time_past_the_plan(start_server):
+def test_a_server_fault_without_an_end_keeps_a_planned_ramps_time_past_the_plan(admin_server):
     # It ends with the ramp, which an overloaded server can keep past its plan: its expiry is the
     # planned end plus the planned time again (3 s would cut it while the ramp still ran).
-    server = start_server("--models", "mlp", "--admin")
+    server = admin_server
     url = server.http_url()
     schedule = FaultSchedule([parse_fault("fail:model=mlp,at=0.2s")], planned_s=10.0, admin_urls=[url])
     schedule.start(time.monotonic())
@@ -245,9 +261,9 @@ def test_a_server_fault_without_an_end_keeps_a_planned_ramps_time_past_the_plan(
     assert get_faults(url) == []  # the ramp's end turned it off
 
 
-def test_a_fault_of_a_bench_killed_outright_expires(start_server):
+def test_a_fault_of_a_bench_killed_outright_expires(admin_server):
     """SIGKILL: no `off`, no cleanup. The fault goes away by itself at its expiry (it stayed on)."""
-    server = start_server("--models", "mlp", "--admin", "--torch-threads", "1")
+    server = admin_server
     url = server.http_url()
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
     cmd += ["--steps", "20", "--step-duration", "10s", "--warmup", "0s", "--workers", "1"]
@@ -271,8 +287,8 @@ def test_a_fault_of_a_bench_killed_outright_expires(start_server):
     wait_for(lambda: get_faults(url) == [], timeout=fault["until"] - time.time() + 2.0)
 
 
-def test_a_refused_server_fault_is_recorded_and_the_schedule_goes_on(start_server):
-    server = start_server("--models", "mlp")  # no --admin: the admin paths are refused
+def test_a_refused_server_fault_is_recorded_and_the_schedule_goes_on(plain_server):
+    server = plain_server
     spec = parse_fault("fail:model=mlp,at=0s,until=0.1s")
     schedule = FaultSchedule([spec], planned_s=1.0, admin_urls=[server.http_url()])
     schedule.start(time.monotonic())
@@ -284,10 +300,10 @@ def test_a_refused_server_fault_is_recorded_and_the_schedule_goes_on(start_serve
     assert "/admin/faults: HTTP 40" in off["error"]
 
 
-def test_ramp_with_server_faults_counts_errors_not_losses(start_server, tmp_path):
+def test_ramp_with_server_faults_counts_errors_not_losses(admin_server, tmp_path):
     """slow then fail on one server through --admin-url: P99 during `slow` is at least its delay;
     `fail` answers INTERNAL, which is an error, never a lost request."""
-    server = start_server("--models", "mlp", "--admin", "--torch-threads", "1")
+    server = admin_server
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
     cmd += ["--steps", "50", "--step-duration", "6s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
@@ -595,11 +611,11 @@ def test_a_replica_that_exits_before_serving_says_so():
     assert "no-such-model" in str(err.value)
 
 
-def test_a_ramp_whose_fault_was_refused_says_so_and_exits_4(start_server, tmp_path):
+def test_a_ramp_whose_fault_was_refused_says_so_and_exits_4(plain_server, tmp_path):
     """The server has no admin API (no --admin): the slow fault is refused. The ramp still runs and
     writes its result, with the refusal as a warning; the command ends with exit status 4, since
     it measured something other than what was asked (it exited 0, the table a row of dashes)."""
-    server = start_server("--models", "mlp", "--torch-threads", "1")
+    server = plain_server
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
     cmd += ["--steps", "50", "--step-duration", "1s", "--warmup", "0s", "--workers", "1", "--json", str(out)]

@@ -15,12 +15,24 @@ from wok.servertiming import TIMING_PARTS, TIMING_STAGES
 from .conftest import METRICS
 
 
-def _ramp(target: str, steps, metrics_url=None, said=None) -> dict:
+@pytest.fixture(scope="module")
+def servers(start_server_module):
+    """A server that sends the trailer and one that does not, started at once: each start is
+    mostly a process's imports."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as ex:
+        flags = (["--server-timing"], [])
+        timing, plain = ex.map(lambda f: start_server_module("--models", "mlp", *f), flags)
+    return timing, plain
+
+
+def _ramp(target: str, steps, metrics_url=None, said=None, step_duration_s=2.0) -> dict:
     cfg = RampConfig(
         target=target,
         models=[("mlp", 1.0)],
         steps=steps,
-        step_duration_s=2.0,
+        step_duration_s=step_duration_s,
         warmup_s=0.5,
         arrival="constant",
         metrics_url=metrics_url,
@@ -29,8 +41,8 @@ def _ramp(target: str, steps, metrics_url=None, said=None) -> dict:
     return Ramp(cfg, progress=(said.append if said is not None else lambda _: None)).run()
 
 
-def test_each_answer_is_split_into_the_servers_stages_and_the_time_outside(start_server_module):
-    sp = start_server_module("--models", "mlp", "--server-timing")
+def test_each_answer_is_split_into_the_servers_stages_and_the_time_outside(servers):
+    sp, _ = servers
     metrics_url = next(m.group(1) for line in sp.log if (m := METRICS.search(line)))
     said: list[str] = []
     result = _ramp(sp.target, [100, 300], metrics_url, said)
@@ -62,10 +74,10 @@ def test_each_answer_is_split_into_the_servers_stages_and_the_time_outside(start
     assert any("the slowest 1 %" in line for line in said), said
 
 
-def test_a_server_without_the_trailer_is_reported_not_guessed(start_server_module):
-    sp = start_server_module("--models", "mlp")
+def test_a_server_without_the_trailer_is_reported_not_guessed(servers):
+    _, sp = servers
     said: list[str] = []
-    step = _ramp(sp.target, [100], said=said)["steps"][0]
+    step = _ramp(sp.target, [100], said=said, step_duration_s=1.0)["steps"][0]
     t = step["server_timing"]
     assert t["requests"] == 0 and t["missing"] == step["ok"] > 0
     assert math.isnan(t["outside_ms"]["p50"])

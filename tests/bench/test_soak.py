@@ -20,6 +20,13 @@ pytestmark = pytest.mark.timeout(120)
 MIB = float(1 << 20)
 
 
+@pytest.fixture(scope="module")
+def soak_server(start_server_module):
+    """One server for the module's real runs (a start costs seconds): each run leaves it idle,
+    and none of them changes its state."""
+    return start_server_module("--models", "mlp", "--torch-threads", "1")
+
+
 def test_parse_fraction():
     assert parse_fraction("80%") == pytest.approx(0.8) and parse_fraction("0.5") == 0.5
     assert parse_fraction("100%") == 1.0
@@ -82,8 +89,8 @@ def test_a_short_last_window_is_left_out_of_the_drift():
     assert "first_mib" not in r["rss"]
 
 
-def test_rss_sampler_reads_a_real_server(start_server):
-    server = start_server("--models", "mlp")
+def test_rss_sampler_reads_a_real_server(soak_server):
+    server = soak_server
     url = next(line.split("metrics on ")[1] for line in server.log if "metrics on http://" in line)
     sampler = RssSampler([url, "http://127.0.0.1:1/metrics"], every_s=0.05)
     sampler.start(time.monotonic() + 0.2)  # samples begin at clock0, not before
@@ -95,8 +102,8 @@ def test_rss_sampler_reads_a_real_server(start_server):
         assert rss > 50 * MIB and gone is None
 
 
-def test_soak_end_to_end(start_server, tmp_path):
-    server = start_server("--models", "mlp", "--torch-threads", "1")
+def test_soak_end_to_end(soak_server, tmp_path):
+    server = soak_server
     metrics = next(line.split("metrics on ")[1] for line in server.log if "metrics on http://" in line)
     out = tmp_path / "soak.json"
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", metrics]
@@ -113,11 +120,11 @@ def test_soak_end_to_end(start_server, tmp_path):
     assert soak["p99"]["windows"] == 4 and "RSS:" in proc.stdout and "P99: first window" in proc.stdout
 
 
-def test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_capacitys_verdict(start_server, tmp_path):
+def test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_capacitys_verdict(soak_server, tmp_path):
     """A default burst offers about twice its step rate. The soak holds 50% of the capacity's
     offered rate (it used to run 50% of the offered rate as a step rate: twice the load), and
     the run's verdict, warnings and --require-qps are the capacity ramp's, not the soak step's."""
-    server = start_server("--models", "mlp", "--torch-threads", "1")
+    server = soak_server
     out = tmp_path / "soak.json"
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
     cmd += ["--steps", "20,40", "--step-duration", "1s", "--warmup", "0.2s", "--slo-p99", "2s", "--arrival", "burst"]
@@ -165,9 +172,9 @@ def _interrupt_at(proc: subprocess.Popen, starts: str) -> str:
     return "".join(seen) + rest
 
 
-def test_ctrl_c_in_the_capacity_ramp_starts_no_soak(start_server, tmp_path):
+def test_ctrl_c_in_the_capacity_ramp_starts_no_soak(soak_server, tmp_path):
     """It used to soak at 80 % of the steps reached so far (exit 0, `interrupted` null)."""
-    server = start_server("--models", "mlp", "--torch-threads", "1")
+    server = soak_server
     proc, out = _soak_child(server, tmp_path, "--steps", "20,40,80", "--step-duration", "1s", "--soak", "60s")
     err = _interrupt_at(proc, "step 2/3:")
     assert proc.returncode == 0, err[-3000:]
@@ -178,9 +185,9 @@ def test_ctrl_c_in_the_capacity_ramp_starts_no_soak(start_server, tmp_path):
     assert result["interrupted"]["reason"].startswith("ramp ended early at 40 QPS: KeyboardInterrupt")
 
 
-def test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp(start_server, tmp_path):
+def test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp(soak_server, tmp_path):
     """It used to exit 130 with nothing written, the capacity ramp's steps lost."""
-    server = start_server("--models", "mlp", "--torch-threads", "1")
+    server = soak_server
     proc, out = _soak_child(server, tmp_path, "--steps", "20,40", "--step-duration", "1s", "--soak", "60s")
     err = _interrupt_at(proc, "step 1/1:")  # the soak's one step, after the capacity ramp's two
     assert proc.returncode == 0, err[-3000:]
@@ -192,9 +199,9 @@ def test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp(start_server, tmp_path)
     assert reason in result["warnings"]
 
 
-def test_a_soak_without_capacity_writes_the_capacity_ramp_and_exits_3(start_server, tmp_path):
+def test_a_soak_without_capacity_writes_the_capacity_ramp_and_exits_3(soak_server, tmp_path):
     """No step meets a 1 µs SLO. It used to exit 1 (kept for a failed target or worker) and write nothing."""
-    server = start_server("--models", "mlp", "--torch-threads", "1")
+    server = soak_server
     cmd = ["--steps", "20", "--step-duration", "0.5s", "--slo-p99", "0.001ms", "--soak", "60s"]
     proc, out = _soak_child(server, tmp_path, *cmd)
     _, err = proc.communicate(timeout=60)

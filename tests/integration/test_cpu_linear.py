@@ -55,12 +55,15 @@ async def test_with_torch_asked_for_the_module_is_the_servables_own(serve):
 
 
 def test_wok_serve_says_what_runs_through_onednn_and_takes_the_flag(start_server):
-    sp = start_server("--models", "mlp")
+    from concurrent.futures import ThreadPoolExecutor
+
+    # Both at once: each start is mostly a process's imports.
+    with ThreadPoolExecutor(2) as ex:
+        sp, sp_torch = ex.map(lambda flags: start_server("--models", "mlp", *flags), ([], ["--cpu-linear", "torch"]))
     sp.wait_for_line("wok: serving")  # logged after the models load
     said = "wok: mlp: 3 linear layer(s) per CPU instance run through oneDNN (2 with their ReLU)"
     assert any(said in line for line in sp.log), "\n".join(sp.log)
     assert sp.terminate() == 0
-    sp = start_server("--models", "mlp", "--cpu-linear", "torch")
-    sp.wait_for_line("wok: serving")
-    assert not any("oneDNN" in line for line in sp.log)
-    assert sp.terminate() == 0
+    sp_torch.wait_for_line("wok: serving")
+    assert not any("oneDNN" in line for line in sp_torch.log)
+    assert sp_torch.terminate() == 0

@@ -636,34 +636,31 @@ def test_a_port_already_taken_is_named_in_the_error_and_the_exit_status_is_1():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        for flag, name, cause in (
-            ("--port", "gRPC port", "the port is in use"),
-            ("--health-port", "health port", "the port is in use"),
-            ("--metrics-port", "metrics port", "address already in use"),
-        ):
-            ports = {"--port": "0", "--metrics-port": "0", flag: port}
-            args = [a for kv in ports.items() for a in kv]
-            r = subprocess.run(
-                [sys.executable, "-m", "wok", "serve", "--models", "mlp", *args],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert r.returncode == 1, r.stderr
-            assert f"wok: cannot start: cannot bind the {name} to 127.0.0.1:{port}: {cause}" in r.stderr, r.stderr
-    # A host name that does not resolve: its cause in words (it read "unknown error -2").
-    r = subprocess.run(
-        [sys.executable, "-m", "wok", "serve", "--models", "mlp", "--port", "0", "--metrics-port", "0",
-         "--metrics-host", "nosuchhost.invalid"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )  # fmt: skip
-    assert r.returncode == 1, r.stderr
-    assert "cannot bind the metrics port to nosuchhost.invalid:0: " in r.stderr, r.stderr
+        free = ["--port", "0", "--metrics-port", "0"]
+        cases = {
+            ("gRPC port", "the port is in use"): ["--port", port, "--metrics-port", "0"],
+            ("health port", "the port is in use"): [*free, "--health-port", port],
+            ("metrics port", "address already in use"): ["--port", "0", "--metrics-port", port],
+            # A host name that does not resolve: its cause in words (it read "unknown error -2").
+            "unresolved": [*free, "--metrics-host", "nosuchhost.invalid"],
+        }
+        # All at once: each is a process's imports, then the refusal.
+        serve = [sys.executable, "-m", "wok", "serve", "--models", "mlp"]
+        procs = {
+            case: subprocess.Popen([*serve, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for case, args in cases.items()
+        }
+        errs = {}
+        for case, proc in procs.items():
+            _, errs[case] = proc.communicate(timeout=120)
+            assert proc.returncode == 1, errs[case]
+    unresolved = errs.pop("unresolved")
+    for (name, cause), err in errs.items():
+        assert f"wok: cannot start: cannot bind the {name} to 127.0.0.1:{port}: {cause}" in err, err
+    assert "cannot bind the metrics port to nosuchhost.invalid:0: " in unresolved, unresolved
     # Its words depend on the resolver ("name or service not known", "temporary failure in name
     # resolution"); strerror's number-only fallback is what must not appear.
-    assert "unknown error" not in r.stderr and re.search(r"nosuchhost\.invalid:0: [a-z]", r.stderr), r.stderr
+    assert "unknown error" not in unresolved and re.search(r"nosuchhost\.invalid:0: [a-z]", unresolved), unresolved
 
 
 async def test_binding_beyond_loopback_without_protection_is_logged(serve, caplog):
