@@ -233,7 +233,8 @@ class Replica:
     proc: subprocess.Popen | None = None
     pids: list[int] = field(default_factory=list)
     log: deque = field(default_factory=lambda: deque(maxlen=200))
-    _ready: threading.Event = field(default_factory=threading.Event)
+    _ready: threading.Event = field(default_factory=threading.Event)  # served, or its stderr closed
+    _served: threading.Event = field(default_factory=threading.Event)  # it printed its serving line
     forker: Forker | None = None  # None: forked from the calling thread, ending with it (see Forker)
 
     @property
@@ -248,7 +249,7 @@ class Replica:
         """Start `wok serve` (on the ports it had, after the first start); wait_ready() waits for it."""
         cmd = [sys.executable, "-m", "wok", "serve", "--host", self.host, "--port", str(self.port)]
         cmd += ["--metrics-port", str(self.metrics_port), *self.args]
-        self._ready = threading.Event()
+        self._ready, self._served = threading.Event(), threading.Event()
         options = dict(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -259,9 +260,9 @@ class Replica:
         proc = self.forker.popen(cmd, **options) if self.forker is not None else _spawn(cmd, **options)
         self.proc = proc
         self.pids.append(proc.pid)
-        threading.Thread(target=self._pump, args=(proc, self._ready), daemon=True).start()
+        threading.Thread(target=self._pump, args=(proc, self._ready, self._served), daemon=True).start()
 
-    def _pump(self, proc: subprocess.Popen, ready: threading.Event) -> None:
+    def _pump(self, proc: subprocess.Popen, ready: threading.Event, served: threading.Event) -> None:
         for line in proc.stderr:
             self.log.append(line.rstrip())
             m = METRICS.search(line)
@@ -270,17 +271,29 @@ class Replica:
             m = READY.search(line)
             if m:
                 self.port = int(m.group(3))
+                served.set()
                 ready.set()
         ready.set()
 
     def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         ready = self._ready.wait(timeout)
+        served = self._served.is_set()
+        if ready and not served:
+            # Its stderr closed before the serving line: it is exiting, but may not be reaped yet,
+            # and poll() would then read as still running, i.e. as ready.
+            try:
+                self.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
         code = self.proc.poll()
-        if ready and code is None:
+        if served and code is None:
             return
         tail = "\n".join(list(self.log)[-20:])
         if code is not None:  # the process ended (its own error, or a signal) before serving
             raise RuntimeError(f"replica {self.index} exited with code {code} before serving:\n{tail}")
+        if ready:
+            raise RuntimeError(f"replica {self.index} closed its stderr before serving:\n{tail}")
         raise RuntimeError(f"replica {self.index} did not start within {timeout:g} s:\n{tail}")
 
     @property
