@@ -147,11 +147,17 @@ class DynamicBatchingConfig(_Strict):
             extra = [f for f in ("slo_ms", "slo_profile") if getattr(self, f) is not None]
             if extra:
                 raise ValueError(f"{', '.join(extra)} only apply to policy 'slo' (policy is {self.policy!r})")
-        if self.slo_profile is not None:
+        return self
+
+    @field_validator("slo_profile")
+    @classmethod
+    def _readable_profile(cls, path: Path | None) -> Path | None:
+        # A field validator, so that its error names dynamic_batching.slo_profile.
+        if path is not None:
             from .policy import read_profile_fit
 
-            read_profile_fit(self.slo_profile)
-        return self
+            read_profile_fit(path)
+        return path
 
 
 class InstanceConfig(_Strict):
@@ -474,6 +480,11 @@ def _describe(err: ValidationError) -> str:
         if e["type"] == "too_short" and any(len(o["loc"]) > len(loc) and o["loc"][: len(loc)] == loc for o in errors):
             continue
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "value_error":
+            # wok's own validators: their message names what they were given; pydantic's prefix
+            # and the input's repr (a PosixPath(...)) would only repeat it.
+            lines.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
+            continue
         got = e.get("input")
         got_s = "" if isinstance(got, dict) else f" (got {got!r})"
         lines.append(f"{where}: {e['msg']}{got_s}")

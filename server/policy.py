@@ -75,9 +75,13 @@ def read_profile_fit(path: Path) -> tuple[float, float]:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise ValueError(f"profile {path}: schema is {got!r}, expected {PROFILE_SCHEMA!r}")
     try:
-        alpha, beta = float(doc["fit"]["alpha_s"]), float(doc["fit"]["beta_s"])
-    except (KeyError, TypeError, ValueError) as exc:
+        alpha, beta = doc["fit"]["alpha_s"], doc["fit"]["beta_s"]
+    except (KeyError, TypeError) as exc:
         raise ValueError(f"profile {path}: no numeric fit.alpha_s and fit.beta_s ({exc!r})") from None
+    # JSON numbers only: a quoted "0.001" is a document `wok profile` did not write.
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (alpha, beta)):
+        raise ValueError(f"profile {path}: fit.alpha_s and fit.beta_s must be numbers; got {alpha!r} and {beta!r}")
+    alpha, beta = float(alpha), float(beta)
     if not (math.isfinite(alpha) and math.isfinite(beta)):
         raise ValueError(f"profile {path}: fit.alpha_s and fit.beta_s must be finite")
     # A fitted α can come out slightly below 0 (noise at small n), as wok tune also clamps.

@@ -184,7 +184,7 @@ def test_tls_settings_name_each_mistake(pki, tmp_path):
     assert "tls_key is given without tls_cert" in settings_error(tls_key=p("ca-server.key"))
     assert "tls_client_ca needs tls_cert and tls_key" in settings_error(tls_client_ca=p("ca.pem"))
     msg = settings_error(tls_cert=tmp_path / "missing.pem", tls_key=p("ca-server.key"))
-    assert f"tls_cert: Value error, {tmp_path / 'missing.pem'} does not exist" in msg
+    assert f"tls_cert: {tmp_path / 'missing.pem'} does not exist" in msg
     assert f"{tmp_path} is not a file" in settings_error(tls_cert=tmp_path, tls_key=p("ca-server.key"))
     msg = settings_error(tls_cert=p("ca-server.pem"), tls_key=p("other-ca-server.key"))
     assert f"tls_key {p('other-ca-server.key')} is not the key of the certificate in tls_cert" in msg
@@ -208,7 +208,7 @@ def test_tls_settings_name_each_mistake(pki, tmp_path):
 
 def test_token_settings_name_each_mistake(pki, tmp_path, monkeypatch):
     missing = tmp_path / "no-tokens"
-    assert f"auth_token_file: Value error, {missing} does not exist" in settings_error(auth_token_file=missing)
+    assert f"auth_token_file: {missing} does not exist" in settings_error(auth_token_file=missing)
     empty = tmp_path / "empty"
     empty.write_text("# nothing yet\n")
     assert f"{empty} holds no token" in settings_error(auth_token_file=empty)

@@ -6,6 +6,7 @@ takes, so the file name in the message is the one a user would have to open.
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -354,7 +355,7 @@ def test_addresses_take_ipv6_with_or_without_brackets():
         "127.0.0.1:8001",
         "localhost:1",
     )
-    with pytest.raises(ConfigError, match=re.escape("host: Value error, expected an address or a host name, got '[]'")):
+    with pytest.raises(ConfigError, match=re.escape("host: expected an address or a host name, got '[]'")):
         server_settings(host="[]")
 
 
@@ -543,3 +544,25 @@ def test_server_settings_times_and_switches_are_not_coerced(field, value, kind):
     with pytest.raises(ConfigError) as info:
         server_settings(**{field: value})
     assert str(info.value) == f"server settings: {field}: Input should be a valid {kind} (got {value!r})"
+
+
+@pytest.mark.parametrize(
+    ("profile", "why"),
+    [
+        (None, "cannot read profile {p}: [Errno 2] No such file or directory: '{p}'"),
+        ({"schema": "wok.profile/1"}, "profile {p}: no numeric fit.alpha_s and fit.beta_s (KeyError('fit'))"),
+        (
+            {"schema": "wok.profile/1", "fit": {"alpha_s": "0.001", "beta_s": 1e-5}},
+            "profile {p}: fit.alpha_s and fit.beta_s must be numbers; got '0.001' and 1e-05",
+        ),
+    ],
+)
+def test_a_bad_slo_profile_is_named_by_its_field(tmp_path, profile, why):
+    """It was named as `dynamic_batching: Value error, …`, the field left to guess."""
+    if profile is not None:
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "p.json").write_text(json.dumps(profile))
+    batching = {"policy": "slo", "slo_ms": 50, "slo_profile": "p.json"}
+    msg, path = load_error(tmp_path, changed(dynamic_batching=batching))
+    p = tmp_path / "m" / "p.json"
+    assert msg == f"{path}: dynamic_batching.slo_profile: {why.format(p=p)}"
