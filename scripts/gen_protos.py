@@ -4,6 +4,12 @@
 
 tests/server/test_v2pb_drift.py runs this into a temporary folder and fails when the
 committed stubs differ, so regenerate and commit after editing a .proto.
+
+The `_pb2.py` files protoc writes add their descriptors to protobuf's default pool, where
+tritonclient's generated code adds the same `inference.*` names: importing both in one
+process then fails with "duplicate symbol". Type names never go on the wire (only the
+`/inference.GRPCInferenceService/...` paths and the serialized messages do), so the stubs
+are rewritten to add their files to a pool of wok's own, `wok.v2pb._pool.POOL`.
 """
 
 from __future__ import annotations
@@ -17,6 +23,36 @@ PROTO_ROOT = ROOT / "proto"
 PACKAGE_DIR = Path("wok") / "v2pb"
 SOURCES = ["model_config.proto", "grpc_service.proto"]
 DEFAULT_OUT = ROOT / "server" / "v2pb"
+
+POOL_MODULE = "_pool.py"
+POOL_SOURCE = '''\
+"""The descriptor pool that wok's generated stubs (wok.v2pb) add their files to.
+
+Written by scripts/gen_protos.py. Not protobuf's default pool: tritonclient's stubs add the
+same `inference.*` names there, and a process may import both.
+"""
+
+from google.protobuf import descriptor_pool
+
+POOL = descriptor_pool.DescriptorPool()
+'''
+# What protoc writes in each _pb2.py, and what it becomes.
+DEFAULT_POOL_ADD = "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile("
+PRIVATE_POOL_ADD = "DESCRIPTOR = _POOL.AddSerializedFile("
+IMPORTS_END = "# @@protoc_insertion_point(imports)\n"
+POOL_IMPORT = "from wok.v2pb._pool import POOL as _POOL\n"
+
+
+def use_private_pool(source: str, name: str) -> str:
+    """The _pb2.py text `source` (of file `name`), adding its descriptors to wok's pool."""
+    for marker in (DEFAULT_POOL_ADD, IMPORTS_END):
+        if source.count(marker) != 1:
+            raise RuntimeError(
+                f"{name}: expected {marker.strip()!r} once in protoc's output, found it "
+                f"{source.count(marker)} times; has the protoc version changed what it writes?"
+            )
+    source = source.replace(DEFAULT_POOL_ADD, PRIVATE_POOL_ADD)
+    return source.replace(IMPORTS_END, IMPORTS_END + "\n" + POOL_IMPORT)
 
 
 def generate(out_dir: Path) -> list[Path]:
@@ -38,10 +74,15 @@ def generate(out_dir: Path) -> list[Path]:
         if protoc.main(args) != 0:
             raise RuntimeError(f"protoc failed: {' '.join(args)}")
         out_dir.mkdir(parents=True, exist_ok=True)
-        written = []
+        pool = out_dir / POOL_MODULE
+        pool.write_text(POOL_SOURCE)
+        written = [pool]
         for src in sorted((Path(tmp) / PACKAGE_DIR).iterdir()):
             dst = out_dir / src.name
-            dst.write_bytes(src.read_bytes())
+            if src.name.endswith("_pb2.py"):
+                dst.write_text(use_private_pool(src.read_text(), src.name))
+            else:
+                dst.write_bytes(src.read_bytes())
             written.append(dst)
     return written
 

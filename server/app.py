@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from .accept import AcceptTasks
@@ -46,6 +47,29 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _BIND_CAUSES = "the port is in use, or the address is not one of this machine's"
+
+
+@functools.cache
+def _reflection_pool() -> descriptor_pool.DescriptorPool:
+    """A pool holding the files of the services reflection describes, and what they import.
+
+    Reflection answers from one pool, but wok's stubs are in a pool of their own (wok.v2pb._pool:
+    tritonclient puts the same `inference.*` names in the default pool), and health and reflection
+    are in the default pool.
+    """
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(file) -> None:
+        if file.name not in added:
+            for dependency in file.dependencies:
+                add(dependency)
+            pool.AddSerializedFile(file.serialized_pb)
+            added.add(file.name)
+
+    for file in (pb.DESCRIPTOR, health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR):
+        add(file)
+    return pool
 
 
 @dataclass
@@ -185,6 +209,7 @@ class WokServer:
         reflection.enable_server_reflection(
             [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
             self._grpc,
+            pool=_reflection_pool(),
         )
         address = host_port(self.settings.host, self.settings.grpc_port)
         credentials = server_credentials(self.settings)

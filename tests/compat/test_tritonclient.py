@@ -1,7 +1,7 @@
 """Wire compatibility with Triton's own Python client, `tritonclient[grpc]` from PyPI.
 
-The client runs in a child process (triton_peer.py): it registers the same `inference.*`
-protobuf symbols as wok.v2pb, and one process cannot import both. This process only
+The client runs in a child process (triton_peer.py), so that it runs exactly as a Triton
+user's, with nothing of wok loaded beside it (test_one_process.py checks the two together). This process only
 reads what the peer saved and checks it against wok's configs and against the demo
 models run in-process on the same inputs.
 """

@@ -1,7 +1,8 @@
 """Drive a wok server with Triton's own client, unmodified: `triton_peer.py TARGET OUTDIR`.
 
-Runs in its own process and must never import wok: tritonclient registers the same
-`inference.*` protobuf symbols as wok.v2pb, and one process cannot hold both copies.
+Runs in its own process and never imports wok, so that what it checks is tritonclient
+exactly as a Triton user runs it, untouched by anything wok loads (wok.v2pb keeps its
+`inference.*` types in a pool of its own: test_one_process.py checks the two side by side).
 Every input and output is saved under OUTDIR as .npy and every call's outcome in
 report.json, for tests/compat/test_tritonclient.py to check against the models run
 in-process. Exits non-zero, naming what failed, if any call failed.

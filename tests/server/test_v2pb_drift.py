@@ -49,3 +49,20 @@ def test_wire_names_are_tritons():
     }
     stream = service.methods_by_name["ModelStreamInfer"]
     assert stream.client_streaming and stream.server_streaming
+
+
+def test_stubs_keep_their_types_out_of_the_default_pool():
+    """tritonclient's stubs put the same `inference.*` names in protobuf's default pool."""
+    from google.protobuf import descriptor_pool
+
+    from wok.v2pb import _pool, model_config_pb2
+    from wok.v2pb import grpc_service_pb2 as pb
+
+    assert pb.DESCRIPTOR.pool is _pool.POOL and model_config_pb2.DESCRIPTOR.pool is _pool.POOL
+    assert pb.ModelInferRequest.DESCRIPTOR.file is pb.DESCRIPTOR
+    for name in (pb.DESCRIPTOR.name, model_config_pb2.DESCRIPTOR.name):
+        try:
+            descriptor_pool.Default().FindFileByName(name)
+        except KeyError:
+            continue
+        raise AssertionError(f"{name} is in protobuf's default pool; expected it only in wok.v2pb._pool.POOL")
