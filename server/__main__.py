@@ -11,11 +11,12 @@ import signal
 import sys
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, WarmupError
 
 
 class StartError(RuntimeError):
-    """The server could not start (a port taken, a device missing)."""
+    """The server could not start (a port taken, a device missing): exit 1. A model that fails its
+    start-up warm-up is a config error instead (exit 2)."""
 
 
 def _serve_parser(sub) -> None:
@@ -239,6 +240,10 @@ async def _serve(args) -> int:
         loop.add_signal_handler(sig, on_signal)
     try:
         await server.start()
+    except WarmupError:
+        # The message names the model's config file: a config error (exit 2), not a failed start.
+        await server.stop(grace=0)
+        raise
     except Exception as exc:
         await server.stop(grace=0)
         raise StartError(f"cannot start: {exc}") from exc
@@ -298,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     _pick_loop()
     try:
         return asyncio.run(_serve(args))
-    except ConfigError as exc:
+    except (ConfigError, WarmupError) as exc:
         print(f"wok: {exc}", file=sys.stderr)
         return 2
     except StartError as exc:

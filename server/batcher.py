@@ -322,7 +322,8 @@ class Batcher:
         deadline: float | None,
         priority: int | None = None,
     ) -> Pending:
-        """Queue a checked request; raises QueueFull, DeadlineUnmeetable or ShuttingDown at once.
+        """Queue a checked request; raises QueueFull, ShuttingDown, or with the slo policy DeadlineUnmeetable
+        or DeadlineExceeded (its deadline has passed), at once.
 
         `priority`: its level (lower is more urgent); None takes the model's default level.
         """
@@ -377,13 +378,19 @@ class Batcher:
     def _admit(self, key: Hashable, rows: int, level: int, deadline: float, now: float) -> bool:
         """slo policy: refuse a request that would miss its deadline even if it ran as soon as it could.
 
-        With the model idle (nothing running, nothing queued) a request is let through unchecked
-        (True: a probe) unless its deadline has passed: refusals teach the batch-time model
-        nothing, so estimates inflated by a slow spell would otherwise refuse everything for good.
+        A request whose deadline has already passed ends DeadlineExceeded, as with the fixed policy
+        (which drops it at its batch): no retry could meet it, so it gets no retry hint. With the
+        model idle (nothing running, nothing queued) a request is let through unchecked (True: a
+        probe): refusals teach the batch-time model nothing, so estimates inflated by a slow spell
+        would otherwise refuse everything for good.
         """
+        if now >= deadline:
+            # Counted as a failure, as the fixed policy counts the one it drops.
+            self.stats.fail.add(0.0)
+            raise DeadlineExceeded(self._passed(0.0))
         slo = self.slo
         slo.max_batch_size = self.policy.max_batch_size  # set_policy may have changed it
-        if self._queued == 0 and self._inflight == 0 and now < deadline:
+        if self._queued == 0 and self._inflight == 0:
             return True
         ahead = sum(n for lvl, n in self._level_samples.items() if lvl <= level)
         start = max(now, min(self._free_at))
@@ -393,10 +400,17 @@ class Batcher:
             raise DeadlineUnmeetable(
                 f"model '{self.name}' cannot finish this request before its deadline "
                 f"({1e3 * (deadline - now):.1f} ms from now): with {ahead} samples queued ahead of it "
-                f"it would finish in about {1e3 * (finish - now):.1f} ms; retry after {1e3 * miss:.0f} ms",
+                f"it would finish in about {1e3 * (finish - now):.1f} ms",
                 retry_after_s=miss,
             )
         return False
+
+    def _passed(self, waited_s: float) -> str:
+        """The message of a request dropped because its deadline passed before it could run."""
+        return (
+            f"request to model '{self.name}' waited {1e3 * waited_s:.1f} ms in the queue and its deadline "
+            "passed before it could run"
+        )
 
     def _earliest_deadline(self, q: _Queue) -> float:
         """The earliest deadline among a queue's live requests (slo policy); inf when none."""
@@ -623,10 +637,10 @@ class Batcher:
                     self._forget(p)
                     p.state = DONE
                     if not p.future.done():
-                        waited = f"waited {1e3 * (now - p.arrival):.1f} ms in the queue and its deadline"
                         if now >= p.deadline:
-                            msg = f"request to model '{self.name}' {waited} passed before it could run"
+                            msg = self._passed(now - p.arrival)
                         else:
+                            waited = f"waited {1e3 * (now - p.arrival):.1f} ms in the queue and its deadline"
                             msg = (
                                 f"request to model '{self.name}' {waited} would pass before its batch finished "
                                 f"(deadline in {1e3 * (p.deadline - now):.1f} ms, batch predicted to take "

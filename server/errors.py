@@ -8,6 +8,7 @@ what was got, because that is what a user needs to fix a request.
 from __future__ import annotations
 
 import asyncio
+import math
 
 import grpc
 
@@ -34,12 +35,18 @@ class DeadlineUnmeetable(WokError):
     """Refused at arrival: even run as soon as the queue ahead of it allows, it would miss its deadline.
 
     `retry_after_s` is by how much it would miss: the time the queue ahead needs to drain that far.
+    `retry_after_ms` is the hint clients get, in whole ms, at least 1: the message ends with it
+    ("; retry after N ms", the only hint on a stream) and a unary call's `retry-after-ms` trailer
+    carries it, so the two never disagree.
     """
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
     def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
+        """`message` without the hint: "; retry after N ms" is added here."""
+        # Rounded to a µs first: a miss of exactly 3 ms computed as 3.0000000000000004 ms is 3 ms.
+        self.retry_after_ms = max(1, math.ceil(round(1e3 * retry_after_s, 3)))
+        super().__init__(f"{message}; retry after {self.retry_after_ms} ms")
         self.retry_after_s = retry_after_s
 
 
@@ -55,6 +62,11 @@ class ModelExecutionError(WokError):
     """The model raised while running a batch; every request of that batch ends with it."""
 
     code = grpc.StatusCode.INTERNAL
+
+
+class WarmupError(ModelExecutionError):
+    """The model failed its start-up warm-up: its config (or the model) must change, so `wok serve`
+    exits as for any other config error."""
 
 
 class ConfigError(ValueError):

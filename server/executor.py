@@ -52,7 +52,7 @@ import torch
 
 from .config import InstanceConfig
 from .cpulinear import MIN_ROWS, onednn_counts, padded_rows, with_onednn_linear
-from .errors import ModelExecutionError
+from .errors import ModelExecutionError, WarmupError
 from .faults import InstanceFault
 from .metrics import NOT_RUN
 from .servable import HostBuffers, Servable
@@ -282,7 +282,9 @@ class Instance:
         for k, v in out.items():
             a = to_numpy_view(v.detach())
             alias = v.untyped_storage().data_ptr() in reused
-            arrays[k] = a.copy() if alias else np.ascontiguousarray(a)
+            # A 0-d output stays 0-d (np.ascontiguousarray would make it 1-d), so that split
+            # refuses it here as on CUDA: it is not one row per sample.
+            arrays[k] = a.copy() if alias or a.ndim == 0 else np.ascontiguousarray(a)
         per_request = s.split(arrays, rows)
         t3 = time.perf_counter()
         times = StageTimes(t1 - t0, NOT_RUN, t2 - t1, t3 - t2)
@@ -445,7 +447,7 @@ class Executor:
 
     @staticmethod
     def _warm(inst: Instance, sample: dict[str, np.ndarray], rows: int) -> None:
-        """One warm-up batch of `rows` copies of `sample`; ModelExecutionError, in one line, if the model
+        """One warm-up batch of `rows` copies of `sample`; WarmupError, in one line, if the model
         refuses it: a model may reject the zeros' shapes (a -1 dim run as 1), which the config can change."""
         try:
             inst.submit([sample] * rows, [1] * rows, 0).result()
@@ -459,7 +461,7 @@ class Executor:
             lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or ["(no message)"]
             msg = lines[-1].removeprefix(f"{type(exc).__name__}: ")
             log.debug("model '%s': warm-up batch failed", cfg.name, exc_info=True)
-            raise ModelExecutionError(
+            raise WarmupError(
                 f"model '{cfg.name}' failed: {type(exc).__name__}: {msg}; in the start-up warm-up, on a batch of "
                 f"zeros with input shapes {shapes} on {inst.device} (config: {cfg.source or 'built in code'}); "
                 "if the model needs other sizes for its variable (-1) dims, set them with warmup_dims on each "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from typing import TYPE_CHECKING
 
@@ -54,11 +53,8 @@ REJECTION_REASON = {
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException):
     code, details = to_status(exc)
-    retry_after_s = getattr(exc, "retry_after_s", None)
-    if retry_after_s is not None:  # the hint of an admission refusal (slo policy), in whole ms, at least 1
-        await context.abort(
-            code, details, trailing_metadata=(("retry-after-ms", str(max(1, math.ceil(1e3 * retry_after_s)))),)
-        )
+    if isinstance(exc, DeadlineUnmeetable):  # the hint of an admission refusal (slo policy), as its message says
+        await context.abort(code, details, trailing_metadata=(("retry-after-ms", str(exc.retry_after_ms)),))
     await context.abort(code, details)
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from wok.config import InstanceConfig
-from wok.errors import ModelExecutionError
+from wok.errors import ModelExecutionError, WarmupError
 from wok.executor import Executor
 from wok.models import build_demo
 
@@ -364,6 +364,48 @@ def test_a_failed_warm_up_is_one_line_naming_the_model_its_config_the_shapes_and
     assert "Kernel size can't be greater than actual input size; in the start-up warm-up" in msg
     assert f"input shapes x [1, 2, 1] on cpu (config: {tmp_path / 'conv' / 'config.toml'})" in msg
     assert "set them with warmup_dims on each [[inputs]]" in msg
+
+
+class Squeezed(torch.nn.Module):
+    """Drops every size-1 dim: a batch of one row answers a 0-d tensor, not one row per sample."""
+
+    def forward(self, x):
+        return (x * 2.0).squeeze()
+
+
+def test_a_0_d_output_is_not_one_row_per_sample_and_fails_the_warm_up_as_on_cuda(tmp_path):
+    # np.ascontiguousarray would make the CPU path's 0-d output [1] and let it through; the CUDA
+    # path's copy keeps it 0-d and fails. Both refuse it: the warm-up's batch is one row.
+    from wok.config import model_config_from_dict
+    from wok.servable import Servable
+
+    cfg = model_config_from_dict(
+        {
+            "name": "sq",
+            "platform": "python",
+            "factory": "model:build",
+            "inputs": [{"name": "X", "datatype": "FP32", "dims": []}],
+            "outputs": [{"name": "Y", "datatype": "FP32", "dims": []}],
+            "max_batch_size": 8,
+            "instances": {"devices": ["cpu"], "pipeline_depth": 1},
+        },
+        str(tmp_path / "sq" / "config.toml"),
+    )
+    ex = Executor(Servable(cfg, Squeezed()), cfg.instances)
+    try:
+        with pytest.raises(WarmupError) as info:
+            ex.warmup()
+        # Rows of 2 or more keep their one dim; only the 0-d answer is refused.
+        out = ex.instances[0].submit([{"X": np.ones(3, np.float32)}], [3], 0).result(30)
+        np.testing.assert_array_equal(out.outputs[0]["Y"], np.full(3, 2.0, np.float32))
+    finally:
+        ex.shutdown()
+    assert str(info.value) == (
+        "model 'sq' failed: ModelExecutionError: model 'sq' output 'Y' has shape []; expected 1 rows, one per "
+        f"sample; in the start-up warm-up, on a batch of zeros with input shapes X [1] on cpu (config: "
+        f"{tmp_path / 'sq' / 'config.toml'}); if the model needs other sizes for its variable (-1) dims, set them "
+        "with warmup_dims on each [[inputs]] of the config"
+    )
 
 
 def test_warmup_dims_set_the_sizes_the_warm_up_runs_the_model_on(tmp_path):

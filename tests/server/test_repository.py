@@ -625,3 +625,30 @@ def test_python_m_wok_does_not_import_factory_modules_from_the_working_directory
         proc.stderr
     )
     assert not marker.exists()
+
+
+def test_a_model_that_fails_its_warm_up_makes_wok_serve_exit_2_as_a_config_error(tmp_path):
+    # The warm-up's message names the model's config file: the config (or the model) must change,
+    # as for every other config error; exit 1 is for a start that failed otherwise (a port taken).
+    import subprocess
+    import sys
+
+    d = model_dir(tmp_path, "m", "python", extra='factory = "torch.nn:Identity"')  # [4] in, [3] declared out
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "wok", "serve", "--model-repository", str(tmp_path),
+            "--port", "0", "--metrics-port", "-1", "--log-level", "WARNING",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert not [line for line in lines if line.startswith("Traceback")], proc.stderr[-2000:]
+    assert lines[-1:] == [
+        "wok: model 'm' failed: ModelExecutionError: model 'm' output 'OUTPUT0' has shape [1, 4]; its config "
+        "declares [1, 3] (1 rows; -1 = any size); in the start-up warm-up, on a batch of zeros with input shapes "
+        f"INPUT0 [1, 4] on cpu (config: {d / 'config.toml'}); if the model needs other sizes for its variable (-1) "
+        "dims, set them with warmup_dims on each [[inputs]] of the config"
+    ]
