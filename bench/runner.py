@@ -134,6 +134,9 @@ def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix
 
 
 class Ramp:
+    # Whether a step cut short hands what its workers measured to `step_cut` (a stoppable pool).
+    keeps_cut_step = False
+
     def __init__(self, cfg: RampConfig, progress: Callable[[str], None] | None = None) -> None:
         self.cfg = cfg
         self.say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -144,6 +147,11 @@ class Ramp:
 
     def started(self, clock0: float) -> None:
         """Called once, as the first step is handed out: `clock0` (time.monotonic()) is the timeline's 0."""
+
+    def step_cut(self, workers: WorkerPool, shares: list[Share], start_at: float, exc: BaseException) -> None:
+        """With `keeps_cut_step`: the step started at `start_at` was cut short by `exc`, its workers
+        still running. What is added to `self.timeline` here is kept: `run` then returns a result
+        even when no step finished."""
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -159,6 +167,7 @@ class Ramp:
             rpc=cfg.rpc,
             streams=cfg.streams,
             server_timing=cfg.server_timing,
+            stoppable=self.keeps_cut_step,
         )
         steps: list[dict] = []
         interrupted = None
@@ -168,7 +177,7 @@ class Ramp:
                 try:
                     step = self.run_step(workers, qps, f"step {i + 1}/{len(cfg.steps)}", slot=i)
                 except (Exception, KeyboardInterrupt) as exc:
-                    if not steps:
+                    if not steps and not (self.keeps_cut_step and self.timeline):
                         raise
                     # Keep what was measured: the steps done so far are still a result.
                     interrupted = f"ramp ended early at {qps:g} QPS: {type(exc).__name__}: {exc}"
@@ -263,7 +272,12 @@ class Ramp:
 
             scraper = threading.Thread(target=scrape_window, daemon=True)
             scraper.start()
-        outcomes = self._collect(workers, start_at)
+        try:
+            outcomes = self._collect(workers, start_at)
+        except (Exception, KeyboardInterrupt) as exc:
+            if self.keeps_cut_step:
+                self.step_cut(workers, shares, start_at, exc)
+            raise
         if scraper is not None:
             scraper.join()
         before, after = scrapes.get("before"), scrapes.get("after")

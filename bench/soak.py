@@ -7,7 +7,8 @@ thread scrapes each server's `process_resident_memory_bytes` every `--rss-every`
 The report splits the run into windows (`--soak-window`, 1 minute) by send time and
 gives each window's P50/P99 of the answered requests and the RSS at its end; then RSS
 growth (last sample − first, and the least-squares slope) and P99 drift (last full
-window − first, and the slope over the windows). docs/reliability.md has a run.
+window − first, and the slope over the windows). A soak cut short (a signal, a failed worker)
+keeps what it measured up to the cut, marked by `cut`. docs/reliability.md has a run.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .analysis import latency_summary
 from .arrivals import nominal_for
 from .runner import Ramp, RampConfig, status_name
 from .scrape import scrape
-from .workers import OK
+from .workers import OK, Share, WorkerPool
 
 SCHEMA = "wok.soak/1"
 # The options' defaults with --soak; None in argparse, so that one given without --soak is seen.
@@ -32,6 +33,9 @@ DEFAULTS = {"soak_load": "80%", "soak_window": "1m", "rss_every": "5s"}
 NO_CAPACITY = "no step of the ramp met the SLO: no capacity to soak at (give --capacity)"
 RSS = "process_resident_memory_bytes"
 MIB = float(1 << 20)
+# How long a cut soak waits for each worker to hand back what it measured; one that does not is
+# left out (and terminated): a Ctrl-C should end the run in seconds.
+CUT_WAIT_S = 10.0
 
 
 def parse_fraction(text: str) -> float:
@@ -88,14 +92,44 @@ class RssSampler:
 
 
 class SoakRamp(Ramp):
-    """A Ramp whose first step starts the RSS sampler."""
+    """A Ramp whose first step starts the RSS sampler, and whose step cut short keeps its answers."""
+
+    keeps_cut_step = True
 
     def __init__(self, cfg: RampConfig, sampler: RssSampler, progress: Callable[[str], None] | None = None):
         super().__init__(cfg, progress)
         self.sampler = sampler
+        # Set when the soak step was cut after its first send: `at_s` (from the first send),
+        # `in_flight` (sent, unanswered at the cut: left out), `workers_lost` (nothing came back).
+        self.cut: dict | None = None
+        self.cut_by: BaseException | None = None
 
     def started(self, clock0: float) -> None:
         self.sampler.start(clock0)
+
+    def step_cut(self, workers: WorkerPool, shares: list[Share], start_at: float, exc: BaseException) -> None:
+        at = time.monotonic() - start_at
+        outcomes = workers.cut(CUT_WAIT_S)
+        if at <= 0:
+            return  # before the first send: nothing of the soak was measured
+        # Only answers that came before the cut count: a request in flight then has no latency,
+        # and one answered while the workers were stopping was not part of the run that was cut.
+        intended, done, codes = [np.empty(0)], [np.empty(0)], [np.empty(0, dtype=np.int16)]
+        in_flight = lost = 0
+        for share, outcome in zip(shares, outcomes):
+            if outcome is None:
+                lost += 1
+                continue
+            answered = outcome.done < at  # NaN (unanswered) compares False
+            in_flight += int(np.count_nonzero((outcome.sent < at) & ~answered))
+            intended.append(share.times[answered])
+            done.append(outcome.done[answered])
+            codes.append(outcome.codes[answered])
+        t, d = np.concatenate(intended), np.concatenate(done)
+        offset = start_at - self._clock0
+        self.timeline.append((t + offset, d + offset, d - t, np.concatenate(codes)))
+        self.cut = {"at_s": round(at + offset, 3), "in_flight": in_flight, "workers_lost": lost}
+        self.cut_by = exc
 
     def run(self) -> dict:
         try:
@@ -128,11 +162,19 @@ def soak_report(
     duration_s: float,
     window_s: float,
     urls: Sequence[str] = (),
+    cut: dict | None = None,
 ) -> dict:
-    """Per-window latency and RSS, and the growth and drift figures (docs/reliability.md)."""
+    """Per-window latency and RSS, and the growth and drift figures (docs/reliability.md).
+
+    `cut` (a soak cut short: `at_s` from the first send, and its counts) ends the windows and the
+    RSS samples at the cut; the last window is then as long as the soak ran into it.
+    """
     ok = codes == OK
-    rss = [(t, vs) for t, vs in rss if t >= 0]  # before the soak's start: the capacity ramp's
-    n = max(1, math.ceil(duration_s / window_s - 1e-9))
+    end_s = duration_s if cut is None else min(duration_s, cut["at_s"])
+    # Before the soak's start: the capacity ramp's; after a cut: the run that was stopped.
+    last = math.inf if cut is None else end_s
+    rss = [(t, vs) for t, vs in rss if 0 <= t <= last]
+    n = max(1, math.ceil(end_s / window_s - 1e-9))
     idx = np.floor(intended / window_s).astype(int)
     rss_t = np.array([t for t, _ in rss], dtype=float)
     rss_total = np.array([sum(v for v in vs if v) if any(vs) else np.nan for _, vs in rss], dtype=float)
@@ -140,7 +182,7 @@ def soak_report(
     for w in range(n):
         here = idx == w
         lat = latency_s[here & ok]
-        end = min((w + 1) * window_s, duration_s)
+        end = min((w + 1) * window_s, end_s)
         at_end = rss_total[rss_t <= end + 1e-9] if len(rss_t) else np.empty(0)
         windows.append(
             {
@@ -186,6 +228,7 @@ def soak_report(
         "schema": SCHEMA,
         "duration_s": duration_s,
         "window_s": window_s,
+        "cut": None if cut is None else dict(cut),
         "requests": {"sent": len(codes), "ok": int(ok.sum()), "errors": int((~ok).sum())},
         "errors_by_code": {str(v): int(c) for v, c in zip(values, counts)},
         "windows": windows,
@@ -203,7 +246,8 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
 
     Without a soak, the capacity ramp's result with `soak` null: when that ramp was cut short
     (`interrupted` set; the soak is not started), found no step under the SLO, or the soak step
-    was cut short (`interrupted` then says so).
+    was cut short before its first send (`interrupted` then says so). A soak step cut later keeps
+    what it measured: no `steps` (none finished), its `soak` section up to the cut, with `cut`.
     """
     from . import faults
     from .arrivals import parse_duration
@@ -262,12 +306,22 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
     finally:
         if replicas is not None:
             replicas.close()
+    if ramp.cut is not None:
+        # Said as for a soak cut before its first send (above), but with what it measured kept.
+        exc = ramp.cut_by
+        reason = f"soak ended early: {type(exc).__name__}: {exc}"
+        say(f"{reason}; the soak's {ramp.cut['at_s']:g} s measured are kept")
+        cut_warning = result["interrupted"]["reason"]  # the ramp's own words for the one step
+        result["warnings"] = [w for w in result["warnings"] if w != cut_warning] + [reason]
+        result["interrupted"] = {"reason": reason, "by_signal": isinstance(exc, KeyboardInterrupt)}
     if ramp.timeline:
         intended, _, lat, codes = (np.concatenate([t[k] for t in ramp.timeline]) for k in range(4))
     else:
         intended = lat = np.empty(0)
         codes = np.empty(0, dtype=np.int16)
-    section = soak_report(intended, lat, codes, sampler.samples, duration_s=duration, window_s=window, urls=urls)
+    section = soak_report(
+        intended, lat, codes, sampler.samples, duration_s=duration, window_s=window, urls=urls, cut=ramp.cut
+    )
     section["capacity"] = {
         "qps": capacity,
         "source": source,
@@ -307,9 +361,10 @@ def print_soak(result: dict, file=None) -> None:
     if s is None:
         return
     cap = s["capacity"]
+    cut = s.get("cut")
+    ran = f"{s['duration_s']:g} s" if cut is None else f"cut at {cut['at_s']:g} s of {s['duration_s']:g} s"
     table = Table(
-        title=f"soak: {cap['load_qps']:g} QPS = {100 * cap['load_share']:g}% of {cap['qps']:g} ({cap['source']}), "
-        f"{s['duration_s']:g} s"
+        title=f"soak: {cap['load_qps']:g} QPS = {100 * cap['load_share']:g}% of {cap['qps']:g} ({cap['source']}), {ran}"
     )
     for head in ("from s", "sent", "ok %", "P50 ms", "P99 ms", "RSS MiB"):
         table.add_column(head, justify="right")

@@ -37,6 +37,8 @@ from .stream_sender import run_share_stream
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 OK = 0  # grpc.StatusCode.OK's number; others are their own numbers
+# How often a worker of a stoppable pool looks whether the coordinator cut the step short.
+STOP_POLL_S = 0.1
 
 
 @dataclass
@@ -61,7 +63,9 @@ class Outcome:
     server_ms: np.ndarray | None = None
 
 
-async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timing: bool = False) -> Outcome:
+async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timing: bool = False, stop=None) -> Outcome:
+    """Send the share open loop; with `stop` (a multiprocessing Event) set, stop sending and cancel
+    the calls in flight: their `done` is NaN, so that only answers count."""
     n = len(share.times)
     sent = np.full(n, np.nan)
     done = np.full(n, np.nan)
@@ -98,13 +102,38 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
     # latency is measured from the intended send time, so the generator's lateness would count.
     sleeper = PreciseSleeper(loop)
     to_perf = time.perf_counter() - time.monotonic()  # 0 on Linux: both read CLOCK_MONOTONIC
-    for i in range(n):
-        await sleeper.until(start + share.times[i] + to_perf)
-        tasks.append(loop.create_task(one(i, pool[share.which[i]])))
-    sleeper.close()
-    if tasks:
-        await asyncio.gather(*tasks)
+
+    async def send_all() -> None:
+        for i in range(n):
+            await sleeper.until(start + share.times[i] + to_perf)
+            tasks.append(loop.create_task(one(i, pool[share.which[i]])))
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    try:
+        if stop is None:
+            await send_all()
+        else:
+            await _until_stopped(send_all(), stop, tasks)
+            for i, task in enumerate(tasks):
+                if task.cancelled():
+                    done[i] = np.nan  # cut in flight: no answer came
+    finally:
+        sleeper.close()
     return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2), server_ms=server_ms)
+
+
+async def _until_stopped(sending, stop, tasks: list) -> None:
+    """Await `sending` unless `stop` is set first; then cancel it and the calls it started."""
+    sender = asyncio.ensure_future(sending)
+    while not sender.done():
+        if stop.is_set():
+            sender.cancel()
+            for task in tasks:
+                task.cancel()
+            break
+        await asyncio.wait({sender}, timeout=STOP_POLL_S)
+    await asyncio.gather(sender, *tasks, return_exceptions=True)
 
 
 def _record_timing(server_ms: np.ndarray, i: int, trailer) -> None:
@@ -149,7 +178,7 @@ class Channel:
     server_timing: bool = False  # read each answer's server-timing trailer (unary only)
 
 
-async def _serve(conn, target: str, pool: list[bytes], how: Channel) -> None:
+async def _serve(conn, target: str, pool: list[bytes], how: Channel, stop=None) -> None:
     import grpc
 
     from wok.clients.channel import (
@@ -173,7 +202,7 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel) -> None:
             if how.rpc == "stream":
                 outcome = await run_share_stream(call, pool, share, metadata, how.streams)
             else:
-                outcome = await _run_share(call, pool, share, metadata, how.server_timing)
+                outcome = await _run_share(call, pool, share, metadata, how.server_timing, stop)
             outcome.balancer = stats()
             conn.send(outcome)
 
@@ -195,7 +224,7 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel) -> None:
         await serve(channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None), lambda: None)
 
 
-def _main(conn, target: str, pool: list[bytes], how: Channel) -> None:
+def _main(conn, target: str, pool: list[bytes], how: Channel, stop=None) -> None:
     # Ctrl-C reaches the whole process group; the coordinator decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The worker's own collector pauses would show up as dispatch lag; it allocates little.
@@ -206,7 +235,7 @@ def _main(conn, target: str, pool: list[bytes], how: Channel) -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_serve(conn, target, pool, how))
+    asyncio.run(_serve(conn, target, pool, how, stop))
 
 
 class WorkerPool:
@@ -214,7 +243,9 @@ class WorkerPool:
 
     `tls` (a wok.clients.TLS, or True), `token` and `retries` are as for the clients; they
     reach the workers through the spawn pipe, never their command line. `balancer` is
-    "grpc" or "wok" (None: `pick_balancer`), `hedge_after` the wok balancer's.
+    "grpc" or "wok" (None: `pick_balancer`), `hedge_after` the wok balancer's. A `stoppable`
+    pool's step can be cut short by `cut`, which hands back what the workers measured so far
+    (unary calls only: a stream worker sends its share to the end, and is terminated).
     """
 
     def __init__(
@@ -231,6 +262,7 @@ class WorkerPool:
         rpc: str = "unary",
         streams: int = 4,
         server_timing: bool = False,
+        stoppable: bool = False,
     ) -> None:
         balancer = pick_balancer(balancer, rpc, target)
         if balancer not in ("grpc", "wok"):
@@ -246,12 +278,14 @@ class WorkerPool:
         how = Channel(tls, token, retries, balancer, hedge_after, rpc, streams, server_timing)
         self._stats: list[dict | None] = [None] * n
         self._running = False  # a step handed out and its outcomes not yet collected
+        self._got: list[Outcome | None] = [None] * n  # the outcomes of that step received so far
         ctx = mp.get_context("spawn")  # gRPC does not survive fork
+        self._stop = ctx.Event() if stoppable else None
         self._conns = []
         self._procs = []
         for _ in range(n):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_main, args=(child, target, pool, how), daemon=True)
+            p = ctx.Process(target=_main, args=(child, target, pool, how, self._stop), daemon=True)
             p.start()
             self._conns.append(parent)
             self._procs.append(p)
@@ -270,25 +304,49 @@ class WorkerPool:
 
     def start(self, shares: list[Share]) -> None:
         """Hand each worker its share; they send on schedule from `Share.start_at`."""
+        if self._stop is not None:
+            self._stop.clear()  # before the shares: a worker reads them only after
+        self._got = [None] * len(self._conns)
         self._running = True
         for c, s in zip(self._conns, shares):
             c.send(s)
 
     def finish(self, on_tick: Callable[[], None] | None = None) -> list[Outcome]:
         """Wait for every worker's outcome of the step started last."""
-        out = []
-        for c, p in zip(self._conns, self._procs):
+        for i, (c, p) in enumerate(zip(self._conns, self._procs)):
             try:
                 while not c.poll(0.2):
                     if on_tick is not None:
                         on_tick()
-                out.append(c.recv())
+                self._got[i] = c.recv()  # kept as received: `cut` hands them back if a later one fails
             except (EOFError, OSError):
                 p.join(1)
                 raise RuntimeError(f"bench worker {p.pid} died (exit code {p.exitcode})") from None
+        out = list(self._got)
         self._stats = [o.balancer for o in out]
         self._running = False
         return out
+
+    def cut(self, wait_s: float) -> list[Outcome | None]:
+        """Stop the step started last: each worker stops sending, cancels its calls in flight and
+        hands back what it measured. Per worker, its Outcome, or None when it died or did not
+        answer within `wait_s` (`close` then terminates it)."""
+        if self._stop is None:
+            raise RuntimeError("WorkerPool.cut: the pool was not made with stoppable=True")
+        if not self._running:
+            return list(self._got)
+        self._stop.set()
+        deadline = time.monotonic() + wait_s
+        for i, c in enumerate(self._conns):
+            if self._got[i] is not None:
+                continue
+            try:
+                if c.poll(max(0.0, deadline - time.monotonic())):
+                    self._got[i] = c.recv()
+            except Exception:  # a dead worker's pipe, or one cut mid-message: nothing from it
+                continue
+        self._running = any(o is None for o in self._got)
+        return list(self._got)
 
     def balancer_stats(self) -> dict | None:
         """The wok balancer's counters over the workers, as of the last step (None with "grpc")."""

@@ -1,0 +1,192 @@
+"""A `wok bench ramp --soak` cut short keeps the soak it measured up to the cut (bench/soak.py).
+
+A soak runs for tens of minutes; one stopped by Ctrl-C, or by a worker that died, used to keep
+only the capacity ramp (or nothing, with `--capacity` given): the RSS samples and P99 windows
+that showed what happened were thrown away. A target that dies does not cut the soak: its
+requests fail, and the part before stays in the windows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wok.bench.scrape import scrape
+from wok.bench.soak import soak_report
+
+pytestmark = pytest.mark.timeout(120)
+SERVED = "wok_request_duration_seconds_count"
+WINDOW_S = 0.5
+MIB = float(1 << 20)
+
+
+@pytest.fixture(scope="module")
+def cut_server(start_server_module):
+    """One server for the runs that leave it serving (a start costs seconds)."""
+    return start_server_module("--models", "mlp", "--torch-threads", "1")
+
+
+def _metrics(server) -> str:
+    return server.wait_for_line("wok: metrics on http://").split("metrics on ")[1]
+
+
+def _served(metrics: str) -> float:
+    snap = scrape(metrics, timeout=2.0)
+    return -1.0 if snap is None else snap.get(SERVED, model="mlp")
+
+
+def _soak(server, out: Path, *args: str) -> subprocess.Popen:
+    """`wok bench ramp --soak` at 50 QPS (half of --capacity 100) with 0.5 s windows."""
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", _metrics(server)]
+    cmd += ["--capacity", "100", "--soak-load", "50%", "--soak-window", f"{WINDOW_S}s", "--rss-every", "0.2s"]
+    cmd += ["--json", str(out), *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _until_served(proc: subprocess.Popen, metrics: str, n: int, base: float) -> None:
+    """Wait until the server has answered `n` of the soak's requests: the soak runs, windows exist."""
+    deadline = time.monotonic() + 60
+    while _served(metrics) < base + n:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            _, err = proc.communicate()
+            raise AssertionError(f"the soak did not serve {n} requests:\n{err[-3000:]}")
+        time.sleep(0.05)
+
+
+def _finish(proc: subprocess.Popen) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"still running 60 s on:\n{err[-3000:]}") from None
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(c) for c in f.read().split()]
+    return found
+
+
+def _workers(pid: int) -> list[int]:
+    """The bench's worker processes, first started first (multiprocessing's resource tracker left out)."""
+    out = []
+    for child in _children(pid):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except FileNotFoundError:
+            continue
+        if b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline:
+            out.append(child)
+    return sorted(out)
+
+
+def test_a_cut_ends_the_windows_and_rss_samples_at_the_cut():
+    intended = np.array([0.2, 0.7, 1.2, 1.6, 2.1])
+    latency = np.array([10, 20, 30, 40, 50]) / 1e3
+    rss = [(float(t) / 2, [(100 + t) * MIB]) for t in range(6)]  # 0, 0.5 … 2.5 s
+    cut = {"at_s": 2.2, "in_flight": 3, "workers_lost": 0}
+    r = soak_report(intended, latency, np.zeros(5, np.int16), rss, duration_s=60.0, window_s=1.0, cut=cut)
+    assert r["duration_s"] == 60.0 and r["cut"] == cut
+    assert [w["length_s"] for w in r["windows"]] == pytest.approx([1.0, 1.0, 0.2])
+    assert [w["sent"] for w in r["windows"]] == [2, 2, 1]
+    # The sample at 2.5 s came after the cut: the run stopping, not the soak.
+    assert [t for t, _ in r["rss"]["samples"]] == [0.0, 0.5, 1.0, 1.5, 2.0] and r["rss"]["last_mib"] == 104.0
+    assert r["windows"][-1]["rss_mib"] == 104.0 and r["p99"]["windows"] == 2  # the 0.2 s window is too short
+    whole = soak_report(intended, latency, np.zeros(5, np.int16), rss, duration_s=3.0, window_s=1.0)
+    assert whole["cut"] is None and len(whole["rss"]["samples"]) == 6
+
+
+def _check_partial(soak: dict, *, at_least: int) -> None:
+    """The soak section of a cut soak: windows and RSS samples up to the cut, and no further."""
+    cut = soak["cut"]
+    assert 0 < cut["at_s"] < soak["duration_s"] == 60.0 and cut["in_flight"] >= 0
+    windows = soak["windows"]
+    assert len(windows) == math.ceil(cut["at_s"] / WINDOW_S - 1e-9)
+    last = windows[-1]
+    assert last["length_s"] == pytest.approx(cut["at_s"] - last["t_s"]) and 0 < last["length_s"] <= WINDOW_S
+    assert sum(w["sent"] for w in windows) == soak["requests"]["sent"] >= at_least
+    assert soak["requests"]["ok"] >= at_least and windows[0]["p99_ms"] is not None
+    samples = soak["rss"]["samples"]
+    assert samples and all(0 <= t <= cut["at_s"] for t, _ in samples)
+    assert soak["rss"]["first_mib"] > 50 and windows[0]["rss_mib"] > 50
+
+
+def test_ctrl_c_in_the_soak_keeps_the_windows_and_rss_measured_so_far(cut_server, tmp_path):
+    """It used to exit 130 with nothing written (the capacity was given: no capacity ramp to keep)."""
+    metrics, out = _metrics(cut_server), tmp_path / "soak.json"
+    base = _served(metrics)
+    proc = _soak(cut_server, out, "--soak", "60s", "--workers", "1")
+    _until_served(proc, metrics, 60, base)  # about 1.2 s of the soak: two windows and more
+    proc.send_signal(signal.SIGINT)
+    stdout, err = _finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.read_text())
+    reason = result["interrupted"]["reason"]
+    assert result["interrupted"]["by_signal"] is True and reason == "soak ended early: KeyboardInterrupt: SIGINT"
+    assert reason in result["warnings"] and not any(w.startswith("ramp ended early") for w in result["warnings"])
+    soak = result["soak"]
+    _check_partial(soak, at_least=50)  # answers reach the server's count a moment before the bench
+    assert soak["cut"]["workers_lost"] == 0 and soak["errors_by_code"] == {}
+    assert soak["p99"]["windows"] >= 2 and soak["capacity"]["source"] == "given"
+    # No step ran to its end; the per-second timeline is the soak's up to the cut.
+    assert result["steps"] == [] and sum(result["timeline"]["achieved"]) == soak["requests"]["ok"]
+    assert f"cut at {soak['cut']['at_s']:g} s of 60 s" in " ".join(stdout.split())
+
+
+def test_a_worker_dying_in_the_soak_keeps_what_the_others_measured(cut_server, tmp_path):
+    """A failed worker ends the run (status 1, as before); the other worker's answers up to the
+    cut are written. It used to write nothing."""
+    metrics, out = _metrics(cut_server), tmp_path / "soak.json"
+    base = _served(metrics)
+    proc = _soak(cut_server, out, "--soak", "60s", "--workers", "2")
+    _until_served(proc, metrics, 60, base)
+    workers = _workers(proc.pid)
+    assert len(workers) == 2, workers
+    # The first one: the coordinator waits on it first, and so sees at once that it is gone.
+    os.kill(workers[0], signal.SIGKILL)
+    _, err = _finish(proc)
+    assert proc.returncode == 1, err[-3000:]
+    result = json.loads(out.read_text())
+    reason = result["interrupted"]["reason"]
+    assert result["interrupted"]["by_signal"] is False and reason.startswith("soak ended early: RuntimeError: bench")
+    soak = result["soak"]
+    _check_partial(soak, at_least=20)
+    assert soak["cut"]["workers_lost"] == 1 and soak["cut"]["at_s"] < 30
+    assert "the run failed" in err
+
+
+def test_a_target_dying_in_the_soak_keeps_the_part_before(start_server, tmp_path):
+    """The server's death does not end the soak (its requests fail: UNAVAILABLE), so the run
+    is whole: the windows before the death hold its answers, and RSS samples its memory."""
+    server = start_server("--models", "mlp", "--torch-threads", "1")
+    metrics, out = _metrics(server), tmp_path / "soak.json"
+    base = _served(metrics)
+    proc = _soak(server, out, "--soak", "5s", "--workers", "1")
+    _until_served(proc, metrics, 60, base)
+    server.proc.kill()
+    server.proc.wait()
+    _, err = _finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.read_text())
+    soak = result["soak"]
+    assert result["interrupted"] is None and soak["cut"] is None and len(soak["windows"]) == 10
+    windows = soak["windows"]
+    assert windows[0]["ok"] == windows[0]["sent"] > 0 and windows[0]["rss_mib"] > 50
+    assert windows[-1]["ok"] == 0 and windows[-1]["sent"] > 0 and windows[-1]["rss_mib"] is None
+    assert soak["requests"]["ok"] >= 60 and set(soak["errors_by_code"]) == {"UNAVAILABLE"}
+    alive = [vs[0] for _, vs in soak["rss"]["samples"] if vs[0] is not None]
+    assert alive and soak["rss"]["first_mib"] > 50
