@@ -451,6 +451,12 @@ def _soak_verdict_note(result: dict, where: str) -> str | None:
     if not soak or "verdict_from" not in soak:
         return None
     cap = soak["capacity"]
+    cut = soak.get("cut")
+    if cut:  # no soak step row to point at: it did not finish
+        held = f"the soak, cut at {cut['at_s']:g} s, held {_fmt_qps(cap['load_qps'])} QPS"
+        if soak["verdict_from"] == "capacity ramp":
+            return f"(from the capacity ramp's steps; {held}, {100 * cap['load_share']:g}% of it: see Soak)"
+        return f"({held}; its capacity, {_fmt_qps(cap['qps'])} QPS, was given, not measured: see Soak)"
     if soak["verdict_from"] == "capacity ramp":
         return (
             f"(from the capacity ramp's steps; the soak step {where} held {_fmt_qps(cap['load_qps'])} QPS, "
@@ -624,9 +630,13 @@ def _soak_html(result: dict) -> str:
     if math.isfinite(nominal) and not math.isclose(nominal, _num(cap.get("load_qps")), rel_tol=1e-9):
         held += f" (step rate {nominal:.4g})"
     errors = ", ".join(f"{k}: {v}" for k, v in (s.get("errors_by_code") or {}).items()) or "none"
+    cut = s.get("cut")
+    ran = f"for {_fmt(s.get('duration_s'), 'g')} s"
+    if cut:  # a soak cut short: what it measured, up to the cut
+        ran = f"cut at {_fmt(cut.get('at_s'), 'g')} s of {_fmt(s.get('duration_s'), 'g')} s"
     summary = (
         f"{held} = {100 * _num(cap.get('load_share')):g}% of the capacity, {_fmt_qps(cap.get('qps'))} QPS "
-        f"({cap.get('source', '?')}), for {_fmt(s.get('duration_s'), 'g')} s in {_fmt(s.get('window_s'), 'g')} s "
+        f"({cap.get('source', '?')}), {ran} in {_fmt(s.get('window_s'), 'g')} s "
         f"windows: {req.get('sent', '-')} sent, {req.get('ok', '-')} ok; errors {errors}."
     )
     out = ["<h2>Soak</h2>", f"<p>{_e(summary)}</p>"]

@@ -503,6 +503,18 @@ def test_the_throughput_axis_of_one_step_runs_from_zero():
     assert low == 0 and max(achieved, 100) < high <= 1.1 * max(achieved, 100), (low, high, achieved)
 
 
+@pytest.mark.parametrize("verdict_from", ["capacity ramp", "soak step"])
+def test_html_of_a_cut_soak_says_where_it_was_cut_and_points_at_no_step_row(verdict_from):
+    doc = soak_document(verdict_from)
+    doc["steps"] = []  # the soak step did not finish
+    doc["soak"]["cut"] = {"at_s": 2.5, "in_flight": 3, "workers_lost": 0}
+    text = report.render_html(doc)
+    soak = text[text.index("<h2>Soak</h2>") : text.index("<h2>Configuration</h2>")]
+    assert "cut at 2.5 s of " in soak and " s, for " not in soak
+    assert "soak step below" not in text and "soak step above" not in text
+    assert "the soak, cut at 2.5 s, held 50 QPS" in text
+
+
 def test_plots_of_a_soak_name_the_capacity_ramps_verdicts():
     doc = soak_document()
     for fig in (report.latency_figure(doc), report.throughput_figure(doc)):
