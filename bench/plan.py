@@ -1109,5 +1109,7 @@ def print_table(plan: dict, file=None) -> None:
         f"{a['min_replicas']}..{a['max_replicas']}, out above {_f(a['scale_out_above'])}, in below "
         f"{_f(a['scale_in_below'])}, sustained {_f(a['sustain_s'])} s"
     )
+    # The burst's duration above the base's capacity decides it: shown here, not only in --markdown.
+    console.print(f"why {a['min_replicas']} at least: {a['why_min_replicas']}")
     for w in plan["warnings"]:
         console.print(f"warning: {w}")

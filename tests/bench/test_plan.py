@@ -7,6 +7,7 @@ computes with exact fractions, so the checks are equalities, not tolerances.
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
 import shutil
@@ -165,6 +166,10 @@ def test_a_burst_peaks_at_base_plus_amplitude():
     assert p["burst"]["base_capacity_qps"] == 1040
     assert p["burst"]["seconds_above_base_capacity"] == pytest.approx(182.0911, abs=1e-3)
     assert "for 182 s, longer than the 180 s" in p["autoscaling"]["why_min_replicas"]
+    # On stdout too, not only in --markdown and --json.
+    out = io.StringIO()
+    plan.print_table(p, file=out)
+    assert "why 11 at least: " in out.getvalue() and "for 182 s, longer than the 180 s" in out.getvalue()
 
 
 def test_burst_specs_are_checked():
