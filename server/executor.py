@@ -453,6 +453,9 @@ class Executor:
             inst.submit([sample] * rows, [1] * rows, 0).result()
         except Exception as exc:
             cfg = inst.servable.config
+            # wok's own check of the answer (its shape, its dtype) failed, not the model: the zeros'
+            # sizes are not what to change then.
+            own_check = isinstance(exc, ModelExecutionError) and exc.__cause__ is None
             # The instance wraps the model's own error; that one's type is the one to show.
             if isinstance(exc, ModelExecutionError) and exc.__cause__ is not None:
                 exc = exc.__cause__
@@ -461,11 +464,15 @@ class Executor:
             lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or ["(no message)"]
             msg = lines[-1].removeprefix(f"{type(exc).__name__}: ")
             log.debug("model '%s': warm-up batch failed", cfg.name, exc_info=True)
+            hint = ""
+            if not own_check and any(t.variable for t in cfg.inputs):
+                hint = (
+                    "; if the model needs other sizes for its variable (-1) dims, set them with warmup_dims on "
+                    "each [[inputs]] of the config"
+                )
             raise WarmupError(
                 f"model '{cfg.name}' failed: {type(exc).__name__}: {msg}; in the start-up warm-up, on a batch of "
-                f"zeros with input shapes {shapes} on {inst.device} (config: {cfg.source or 'built in code'}); "
-                "if the model needs other sizes for its variable (-1) dims, set them with warmup_dims on each "
-                "[[inputs]] of the config"
+                f"zeros with input shapes {shapes} on {inst.device} (config: {cfg.source or 'built in code'}){hint}"
             ) from exc
 
     def shutdown(self) -> None:

@@ -649,6 +649,5 @@ def test_a_model_that_fails_its_warm_up_makes_wok_serve_exit_2_as_a_config_error
     assert lines[-1:] == [
         "wok: model 'm' failed: ModelExecutionError: model 'm' output 'OUTPUT0' has shape [1, 4]; its config "
         "declares [1, 3] (1 rows; -1 = any size); in the start-up warm-up, on a batch of zeros with input shapes "
-        f"INPUT0 [1, 4] on cpu (config: {d / 'config.toml'}); if the model needs other sizes for its variable (-1) "
-        "dims, set them with warmup_dims on each [[inputs]] of the config"
+        f"INPUT0 [1, 4] on cpu (config: {d / 'config.toml'})"  # no -1 dims: no warmup_dims hint
     ]

@@ -97,6 +97,7 @@ def test_a_model_whose_output_cannot_take_its_config_datatype_fails_the_start_up
     assert "\n" not in msg
     assert "model 'm' output 'y' is torch.float32; its config declares INT64" in msg
     assert f"in the start-up warm-up, on a batch of zeros with input shapes x [1, 2] on cpu (config: {source})" in msg
+    assert "warmup_dims" not in msg  # the zeros' sizes are not what failed
 
 
 # Integers for the warm-up's zeros, floats for anything else: it starts, then a request fails.
