@@ -63,8 +63,28 @@ def parse_answer(msg: bytes) -> tuple[int | None, int]:
     return index, int(p.int64_param) if p is not None and p.int64_param else UNKNOWN
 
 
-async def run_share_stream(channel, pool: list[bytes], share, metadata=None, streams: int = 4):
-    """Send `share` (wok.bench.workers.Share) open loop on `streams` streams of `channel`; an Outcome."""
+async def _stopped_first(sending, stop) -> bool:
+    """Await `sending` unless `stop` (a multiprocessing Event) is set first; then cancel it. Whether it was."""
+    from .workers import STOP_POLL_S
+
+    task = asyncio.ensure_future(sending)
+    try:
+        while not task.done():
+            if stop.is_set():
+                task.cancel()
+                await asyncio.wait({task})
+                return True
+            await asyncio.wait({task}, timeout=STOP_POLL_S)
+        task.result()  # its error, if it failed
+        return False
+    finally:
+        task.cancel()  # when this itself is cancelled; a no-op once the task is done
+
+
+async def run_share_stream(channel, pool: list[bytes], share, metadata=None, streams: int = 4, stop=None):
+    """Send `share` (wok.bench.workers.Share) open loop on `streams` streams of `channel`; an Outcome.
+    With `stop` (a multiprocessing Event) set, stop sending and close the streams: requests in
+    flight then have no answer (`done` NaN)."""
     import grpc
 
     from .workers import Outcome
@@ -149,7 +169,9 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
     sending_done = False
     sleeper = PreciseSleeper(loop)
     to_perf = time.perf_counter() - time.monotonic()  # 0 on Linux: both read CLOCK_MONOTONIC
-    try:
+
+    async def send_all() -> None:
+        nonlocal sending_done
         for i in range(n):
             await sleeper.until(start + share.times[i] + to_perf)
             sent[i] = time.monotonic() - start
@@ -176,6 +198,15 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
                 await asyncio.wait_for(finished.wait(), max(wait, 0.0))
             except asyncio.TimeoutError:
                 pass
+
+    try:
+        if stop is None:
+            await send_all()
+        elif await _stopped_first(send_all(), stop):
+            # Cut: requests in flight have no answer (`done` NaN), as for the unary calls cancelled.
+            if pending:
+                samples.append((time.monotonic() - start, 0))
+            pending.clear()
         if pending:
             samples.append((time.monotonic() - start, 0))  # given up on: counted in flight until now
         for i in list(pending):

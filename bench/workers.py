@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import signal
 import time
 from collections.abc import Callable
@@ -200,7 +201,7 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel, stop=None) 
             if share is None:
                 return
             if how.rpc == "stream":
-                outcome = await run_share_stream(call, pool, share, metadata, how.streams)
+                outcome = await run_share_stream(call, pool, share, metadata, how.streams, stop)
             else:
                 outcome = await _run_share(call, pool, share, metadata, how.server_timing, stop)
             outcome.balancer = stats()
@@ -244,8 +245,7 @@ class WorkerPool:
     `tls` (a wok.clients.TLS, or True), `token` and `retries` are as for the clients; they
     reach the workers through the spawn pipe, never their command line. `balancer` is
     "grpc" or "wok" (None: `pick_balancer`), `hedge_after` the wok balancer's. A `stoppable`
-    pool's step can be cut short by `cut`, which hands back what the workers measured so far
-    (unary calls only: a stream worker sends its share to the end, and is terminated).
+    pool's step can be cut short by `cut`, which hands back what the workers measured so far.
     """
 
     def __init__(
@@ -312,16 +312,32 @@ class WorkerPool:
             c.send(s)
 
     def finish(self, on_tick: Callable[[], None] | None = None) -> list[Outcome]:
-        """Wait for every worker's outcome of the step started last."""
-        for i, (c, p) in enumerate(zip(self._conns, self._procs)):
-            try:
-                while not c.poll(0.2):
-                    if on_tick is not None:
-                        on_tick()
-                self._got[i] = c.recv()  # kept as received: `cut` hands them back if a later one fails
-            except (EOFError, OSError):
-                p.join(1)
-                raise RuntimeError(f"bench worker {p.pid} died (exit code {p.exitcode})") from None
+        """Wait for every worker's outcome of the step started last; a worker that dies meanwhile
+        raises at once, whichever worker it is."""
+        # All workers at once, pipes and process sentinels: waiting on them in order would notice a
+        # dead worker only when the ones before it end their shares, up to a soak step later, with
+        # its share of the load missing all the while.
+        sentinels = {p.sentinel: i for i, p in enumerate(self._procs)}
+        waiting = set(range(len(self._conns)))
+        while waiting:
+            handles = [self._conns[i] for i in waiting] + [self._procs[i].sentinel for i in waiting]
+            ready = mp_connection.wait(handles, 0.2)
+            if not ready:
+                if on_tick is not None:
+                    on_tick()
+                continue
+            for i in sorted({sentinels[r] if r in sentinels else self._conns.index(r) for r in ready}):
+                c, p = self._conns[i], self._procs[i]
+                try:
+                    # A sentinel with nothing on the pipe is a death; an outcome sent just before
+                    # dying is still taken, as it was when the pipe was read first.
+                    if not c.poll(0):
+                        raise EOFError
+                    self._got[i] = c.recv()  # kept as received: `cut` hands them back if a later one fails
+                except (EOFError, OSError):
+                    p.join(1)
+                    raise RuntimeError(f"bench worker {p.pid} died (exit code {p.exitcode})") from None
+                waiting.discard(i)
         out = list(self._got)
         self._stats = [o.balancer for o in out]
         self._running = False

@@ -1,0 +1,92 @@
+"""A bench worker that dies mid-step is seen at once, and a stream worker honours a cut.
+
+`WorkerPool.finish` used to wait on its workers in order: a worker killed while the ones before it
+were still sending was noticed only when their shares ended (up to an hour into a soak step), the
+run going on meanwhile at a silently reduced load. Stream workers ignored `cut` and were
+terminated after its wait, their measurements lost.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from wok.bench.runner import RampConfig, build_pool
+from wok.bench.scrape import scrape
+from wok.bench.workers import Share, WorkerPool
+
+STEP_S = 20.0  # planned step length: far longer than any of these tests may take
+QPS = 50  # per worker: light, so the loaded machine keeps up
+
+
+def _answered(metrics_url: str) -> float:
+    snap = scrape(metrics_url)
+    return snap.get("wok_request_duration_seconds_count", model="mlp") if snap is not None else 0.0
+
+
+def _until_answered(metrics_url: str, before: float, n: int = 5, timeout_s: float = 15.0) -> None:
+    """Return once the server has answered `n` more requests: the step is under way."""
+    deadline = time.monotonic() + timeout_s
+    while _answered(metrics_url) < before + n:
+        assert time.monotonic() < deadline, f"the server answered fewer than {n} requests in {timeout_s:g} s"
+        time.sleep(0.05)
+
+
+def _shares(n_workers: int, start_at: float) -> list[Share]:
+    times = np.arange(0, STEP_S, 1.0 / QPS)
+    return [Share(start_at, times, np.zeros(len(times), dtype=np.int64), 5.0) for _ in range(n_workers)]
+
+
+def _pool(bench_server, n: int, **kwargs) -> WorkerPool:
+    cfg = RampConfig(target=bench_server.target, models=[("mlp", 1.0)], steps=[QPS], step_duration_s=1)
+    pool, _, _ = build_pool(cfg)
+    return WorkerPool(cfg.target, pool, n, **kwargs)
+
+
+def test_a_worker_killed_mid_step_raises_at_once_not_at_the_end_of_the_step(bench_server, metrics_url):
+    workers = _pool(bench_server, 2)
+    try:
+        before = _answered(metrics_url)
+        workers.start(_shares(2, time.monotonic()))
+        _until_answered(metrics_url, before)
+        pid = workers._procs[1].pid
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        with pytest.raises(RuntimeError, match=rf"^bench worker {pid} died \(exit code -9\)$"):
+            workers.finish()
+        took = time.monotonic() - killed_at
+    finally:
+        workers.close()
+    # Worker 0 sends to the end of its 20 s share: waiting on it first would raise only then.
+    assert took < 8.0, f"the death of worker 1 was raised {took:.1f} s after the kill"
+
+
+def test_a_cut_stream_step_hands_back_what_the_stream_workers_measured(bench_server, metrics_url):
+    workers = _pool(bench_server, 2, rpc="stream", streams=2, stoppable=True)
+    try:
+        before = _answered(metrics_url)
+        start_at = time.monotonic()
+        workers.start(_shares(2, start_at))
+        _until_answered(metrics_url, before)
+        cut_at = time.monotonic()
+        outcomes = workers.cut(10.0)
+        took = time.monotonic() - cut_at
+    finally:
+        workers.close()
+    # A stream worker that ignored the stop would keep sending its 20 s share: None after 10 s.
+    assert took < 3.0, f"the cut took {took:.1f} s"
+    assert all(o is not None for o in outcomes), outcomes
+    at = cut_at - start_at
+    for o in outcomes:
+        assert np.count_nonzero(o.done < at) > 0  # answers from before the cut came back
+        assert np.isnan(o.sent[-1])  # the rest of the share was not sent
+        sent = np.isfinite(o.sent)
+        assert np.all(o.sent[sent] < took + at + 1.0)
+        # Requests cut in flight have no answer; every answer came after its send.
+        answered = np.isfinite(o.done)
+        assert np.all(o.done[answered] >= o.sent[answered])
+        assert np.all(np.isnan(o.done[~sent]))
