@@ -63,31 +63,13 @@ def parse_answer(msg: bytes) -> tuple[int | None, int]:
     return index, int(p.int64_param) if p is not None and p.int64_param else UNKNOWN
 
 
-async def _stopped_first(sending, stop) -> bool:
-    """Await `sending` unless `stop` (a multiprocessing Event) is set first; then cancel it. Whether it was."""
-    from .workers import STOP_POLL_S
-
-    task = asyncio.ensure_future(sending)
-    try:
-        while not task.done():
-            if stop.is_set():
-                task.cancel()
-                await asyncio.wait({task})
-                return True
-            await asyncio.wait({task}, timeout=STOP_POLL_S)
-        task.result()  # its error, if it failed
-        return False
-    finally:
-        task.cancel()  # when this itself is cancelled; a no-op once the task is done
-
-
 async def run_share_stream(channel, pool: list[bytes], share, metadata=None, streams: int = 4, stop=None):
     """Send `share` (wok.bench.workers.Share) open loop on `streams` streams of `channel`; an Outcome.
     With `stop` (a multiprocessing Event) set, stop sending and close the streams: requests in
     flight then have no answer (`done` NaN)."""
     import grpc
 
-    from .workers import Outcome
+    from .workers import Outcome, until_stopped
 
     n = len(share.times)
     sent = np.full(n, np.nan)
@@ -202,7 +184,7 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
     try:
         if stop is None:
             await send_all()
-        elif await _stopped_first(send_all(), stop):
+        elif await until_stopped(send_all(), stop):
             # Cut: requests in flight have no answer (`done` NaN), as for the unary calls cancelled.
             if pending:
                 samples.append((time.monotonic() - start, 0))

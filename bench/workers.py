@@ -115,26 +115,33 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
         if stop is None:
             await send_all()
         else:
-            await _until_stopped(send_all(), stop, tasks)
-            for i, task in enumerate(tasks):
-                if task.cancelled():
-                    done[i] = np.nan  # cut in flight: no answer came
+            if await until_stopped(send_all(), stop):
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                for i, task in enumerate(tasks):
+                    if task.cancelled():
+                        done[i] = np.nan  # cut in flight: no answer came
     finally:
         sleeper.close()
     return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2), server_ms=server_ms)
 
 
-async def _until_stopped(sending, stop, tasks: list) -> None:
-    """Await `sending` unless `stop` is set first; then cancel it and the calls it started."""
-    sender = asyncio.ensure_future(sending)
-    while not sender.done():
-        if stop.is_set():
-            sender.cancel()
-            for task in tasks:
+async def until_stopped(sending, stop) -> bool:
+    """Await `sending` unless `stop` (a multiprocessing Event) is set first; then cancel it.
+    Whether it was stopped; an error of `sending` is raised."""
+    task = asyncio.ensure_future(sending)
+    try:
+        while not task.done():
+            if stop.is_set():
                 task.cancel()
-            break
-        await asyncio.wait({sender}, timeout=STOP_POLL_S)
-    await asyncio.gather(sender, *tasks, return_exceptions=True)
+                await asyncio.wait({task})
+                return True
+            await asyncio.wait({task}, timeout=STOP_POLL_S)
+        task.result()  # its error, if it failed
+        return False
+    finally:
+        task.cancel()  # when this itself is cancelled; a no-op once the task is done
 
 
 def _record_timing(server_ms: np.ndarray, i: int, trailer) -> None:
@@ -317,7 +324,7 @@ class WorkerPool:
         # All workers at once, pipes and process sentinels: waiting on them in order would notice a
         # dead worker only when the ones before it end their shares, up to a soak step later, with
         # its share of the load missing all the while.
-        sentinels = {p.sentinel: i for i, p in enumerate(self._procs)}
+        owner = {p.sentinel: i for i, p in enumerate(self._procs)} | {c: i for i, c in enumerate(self._conns)}
         waiting = set(range(len(self._conns)))
         while waiting:
             handles = [self._conns[i] for i in waiting] + [self._procs[i].sentinel for i in waiting]
@@ -326,7 +333,7 @@ class WorkerPool:
                 if on_tick is not None:
                     on_tick()
                 continue
-            for i in sorted({sentinels[r] if r in sentinels else self._conns.index(r) for r in ready}):
+            for i in sorted({owner[r] for r in ready}):
                 c, p = self._conns[i], self._procs[i]
                 try:
                     # A sentinel with nothing on the pipe is a death; an outcome sent just before

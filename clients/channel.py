@@ -234,9 +234,12 @@ class TLS:
         """TLS from PEM files; ValueError naming a file that cannot be read, or a certificate and a
         key that are not a pair."""
         pems = [None if p is None else _read(p) for p in (root_certificates, certificate_chain, private_key)]
-        if certificate_chain is not None and private_key is not None:
-            _check_pair(certificate_chain, private_key)  # first, so that the message names the files
-        return cls(*pems)
+        try:
+            return cls(*pems)  # checks the pair
+        except ValueError:
+            if certificate_chain is not None and private_key is not None:
+                _check_pair(certificate_chain, private_key)  # again on the files, for a message naming them
+            raise
 
     def credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(self.root_certificates, self.private_key, self.certificate_chain)

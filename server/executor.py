@@ -457,7 +457,7 @@ class Executor:
             # sizes are not what to change then.
             own_check = isinstance(exc, ModelExecutionError) and exc.__cause__ is None
             # The instance wraps the model's own error; that one's type is the one to show.
-            if isinstance(exc, ModelExecutionError) and exc.__cause__ is not None:
+            if isinstance(exc, ModelExecutionError) and not own_check:
                 exc = exc.__cause__
             shapes = ", ".join(f"{name} {[rows, *a.shape[1:]]}" for name, a in sample.items())
             # A TorchScript error's message holds the script's traceback; its last line is the error.

@@ -137,8 +137,7 @@ class ModelMetrics:
         if h2d is not NOT_RUN:
             st["h2d"].observe(h2d, requests)
         st["compute"].observe(compute, requests)
-        if d2h is not NOT_RUN:
-            st["d2h"].observe(d2h, requests)
+        st["d2h"].observe(d2h, requests)
         self.batch_size.observe(samples)
         self.busy_seconds[instance] += busy
 

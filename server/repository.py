@@ -91,38 +91,32 @@ def _load_weights(module: nn.Module, path: Path, cfg: ModelConfig) -> None:
         raise ConfigError(f"model '{cfg.name}': weights in {path} do not fit the module: {exc}") from None
 
 
-def _check_export_archive(path: Path, cfg: ModelConfig) -> None:
-    """ConfigError, in one line, if `path` is no torch.export archive: torch.export.load logs a
-    traceback of its own as a warning and then raises only "check the warnings above"."""
-    reason = None
+def _check_model_file(path: Path, cfg: ModelConfig) -> None:
+    """ConfigError, in one line, for a model file of the other platform (or no torch.export archive
+    at all): torch.export.load logs a traceback of its own as a warning and then raises only "check
+    the warnings above", and torch.jit.load calls an export archive a corrupted file."""
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
     except (zipfile.BadZipFile, OSError):
+        names = None  # for torchscript, torch.jit.load names what is wrong with it
+    export = names is not None and any(n == "archive_format" or n.endswith("/archive_format") for n in names)
+    if cfg.platform != "torch_export":
+        if export:
+            raise ConfigError(
+                f"model '{cfg.name}': cannot load torchscript file {path}: it is a torch.export program, not a "
+                'TorchScript file; set platform = "torch_export"'
+            )
+        return
+    if export:
+        return
+    if names is None:
         reason = "it is not a zip archive, as torch.export.save writes"
+    elif any(n.endswith("constants.pkl") or "/code/__torch__/" in n for n in names):
+        reason = 'it is a TorchScript file, not a torch.export program; set platform = "torchscript"'
     else:
-        if not any(n == "archive_format" or n.endswith("/archive_format") for n in names):
-            if any(n.endswith("constants.pkl") or "/code/__torch__/" in n for n in names):
-                reason = 'it is a TorchScript file, not a torch.export program; set platform = "torchscript"'
-            else:
-                reason = "it holds no archive_format record, as torch.export.save writes"
-    if reason:
-        raise ConfigError(f"model '{cfg.name}': cannot load torch_export file {path}: {reason}")
-
-
-def _check_not_export_archive(path: Path, cfg: ModelConfig) -> None:
-    """ConfigError, in one line, if `path` is a torch.export archive: torch.jit.load reads it as a
-    TorchScript file with its constants.pkl missing, and calls the file corrupted."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return  # torch.jit.load names what is wrong with it
-    if any(n == "archive_format" or n.endswith("/archive_format") for n in names):
-        raise ConfigError(
-            f"model '{cfg.name}': cannot load torchscript file {path}: it is a torch.export program, not a "
-            'TorchScript file; set platform = "torch_export"'
-        )
+        reason = "it holds no archive_format record, as torch.export.save writes"
+    raise ConfigError(f"model '{cfg.name}': cannot load torch_export file {path}: {reason}")
 
 
 def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
@@ -163,10 +157,7 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
         path = inside_model_dir(model_dir, cfg.model_file, f"model '{cfg.name}'", "model_file")
         if not path.is_file():
             raise ConfigError(f"model '{cfg.name}': model_file {path} does not exist")
-        if cfg.platform == "torch_export":
-            _check_export_archive(path, cfg)
-        else:
-            _check_not_export_archive(path, cfg)
+        _check_model_file(path, cfg)
         try:
             if cfg.platform == "torchscript":
                 module = torch.jit.load(str(path), map_location="cpu")
