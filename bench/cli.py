@@ -6,11 +6,11 @@ import math
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 from .outputs import WriteFailed
 from .outputs import check_outputs as _check_outputs
+from .outputs import keep_elsewhere as _keep_elsewhere
 from .outputs import writing as _writing
 
 REQUIRE_QPS_NOT_MET = 3
@@ -511,36 +511,22 @@ def run(args) -> int:
             return 1
         try:
             _write_outputs(result, args)
+            if "faults" in result and args.plots:
+                with _writing("--plots", args.plots):
+                    report.plot_fault_timeline(result, args.plots / "faults.png")
         except WriteFailed as exc:
-            if exc.option != "--json":
-                raise  # the result is in --json's file
-            return _keep_elsewhere(result, exc)
+            if args.json and exc.option != "--json":
+                raise  # the result is in --json's file: the failed option's error, as for any command
+            # Without a file that holds it, the minutes measured go to a temporary one; the run failed.
+            _warn(_keep_elsewhere(report.to_json(result), exc))
+            return 1
         soak.print_soak(result)
         _print_host_probe(result.get("host_probe"))
         if "faults" in result:
             faults.print_faults(result)
-            if args.plots:
-                with _writing("--plots", args.plots):
-                    report.plot_fault_timeline(result, args.plots / "faults.png")
     finally:
         _restore_signals(previous)
     return _exit_status(result, args)
-
-
-def _keep_elsewhere(result: dict, failed: WriteFailed) -> int:
-    """A ramp's --json that failed past the up-front check (a full disk, its folder removed during
-    the run): the minutes measured go to a temporary file rather than nowhere; the run failed (1)."""
-    from . import report
-
-    try:
-        fd, name = tempfile.mkstemp(prefix="wok-bench-", suffix=".json")
-        with open(fd, "w", encoding="utf-8") as f:
-            f.write(report.to_json(result))
-    except OSError as exc:
-        print(f"wok bench: {failed}; nor could the result be kept in a temporary file: {exc}", file=sys.stderr)
-        return 1
-    print(f"wok bench: {failed}; the result is kept in {name} instead", file=sys.stderr)
-    return 1
 
 
 def _exit_status(result: dict, args) -> int:

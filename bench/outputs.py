@@ -1,15 +1,18 @@
 """Output paths checked before the work that fills them, for the `wok` commands (bench/cli.py) and
 the standalone scripts of bench/: a result found unwritable only at the end (a tune's grid search,
-a ramp, a script's measurement) costs the whole run."""
+a ramp, a script's measurement) costs the whole run; and one that fails when written all the same
+keeps its result in a temporary file rather than lose it."""
 
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 # Made with their parents if missing; every other output is a file whose folder must exist.
-FOLDER_OUTPUTS = ("--plots", "--manifests")
+FOLDER_OUTPUTS = ("--plots", "--manifests", "--log-dir")
 
 
 class WriteFailed(ValueError):
@@ -31,7 +34,9 @@ def output_problem(path: Path, folder: bool, parents_made: bool = False) -> str 
     if path.exists():
         if folder != path.is_dir():
             return "is not a folder" if folder else "is a folder; expected a file name"
-        return None if os.access(path, os.W_OK | (os.X_OK if folder else 0)) else "is not writable"
+        if not os.access(path, os.W_OK | (os.X_OK if folder else 0)):
+            return "is not writable"
+        return _create_problem(path) if folder else None
     place = path.parent
     if folder or parents_made:
         while not place.exists() and place != place.parent:
@@ -42,6 +47,23 @@ def output_problem(path: Path, folder: bool, parents_made: bool = False) -> str 
         return f"{place} is not a folder"
     if not os.access(place, os.W_OK | os.X_OK):
         return f"folder {place} is not writable"
+    return _create_problem(place)
+
+
+def _create_problem(folder: Path) -> str | None:
+    """Why no file can be made in `folder`, found by making one and removing it (None: one was made).
+
+    os.access answers for the permissions alone: for root it passes /proc, whose files cannot be
+    created whatever they say, and a filesystem that refuses new files for its own reasons."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".wok-probe-", dir=folder)
+    except OSError as exc:
+        return f"folder {folder} is not writable: {exc.strerror or exc}"
+    os.close(fd)
+    try:
+        os.unlink(name)
+    except OSError:
+        pass  # made but not removable: a stray empty file, no reason to refuse the output
     return None
 
 
@@ -77,3 +99,35 @@ def writing(option: str, path: Path):
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
         raise WriteFailed(option, path, f"{option} {path}: {exc.strerror or exc}{where}") from None
+
+
+def keep_elsewhere(text: str, failed: WriteFailed) -> str:
+    """For a result that is in no file after `failed` (its --json failed, or there was none and
+    another output failed): write `text` (its JSON) to a new temporary file wok-bench-*.json rather
+    than lose the minutes measured. The line that says so, or why even that could not be done."""
+    try:
+        fd, name = tempfile.mkstemp(prefix="wok-bench-", suffix=".json")
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        return f"{failed}; nor could the result be kept in a temporary file: {exc}"
+    return f"{failed}; the result is kept in {name} instead"
+
+
+def write_final(result: dict, outputs: Sequence[tuple[str, Path | None, Callable[[dict, Path], None]]]) -> str | None:
+    """A standalone script's last writes: each (option, path, writer) whose path is given, in order
+    (--json first). None when all were written; else the line to print for the first that failed,
+    the result kept by `keep_elsewhere` unless --json's file holds it."""
+    from .report import to_json
+
+    written = set()
+    for option, path, write in outputs:
+        if path is None:
+            continue
+        try:
+            with writing(option, path):
+                write(result, path)
+        except WriteFailed as exc:
+            return str(exc) if "--json" in written else keep_elsewhere(to_json(result), exc)
+        written.add(option)
+    return None

@@ -39,7 +39,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `wok serve` does, befo
 
 import numpy as np
 
-from wok.bench.outputs import refuse_unwritable
+from wok.bench.outputs import refuse_unwritable, write_final
 
 SCHEMA = "wok.slocompare/1"
 STEP_KEYS = ("offered_qps", "achieved_qps", "dispatch_lag_ms")
@@ -340,7 +340,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--replot", type=Path, help="draw --plot from a finished run's JSON and exit")
     p.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "wok-slo-compare")
     args = p.parse_args(argv)
-    refuse_unwritable(p, args, "--json", "--plot")
+    # --log-dir: the servers' logs, first written after the profile and the tuning.
+    refuse_unwritable(p, args, "--json", "--plot", "--log-dir")
     try:
         args.slo_ms = 1e3 * parse_duration(args.slo)
         args.server_slo_ms = 1e3 * parse_duration(args.server_slo) if args.server_slo else args.slo_ms
@@ -467,10 +468,10 @@ def main(argv=None) -> int:
         "wall_s": time.monotonic() - t_start,
     }
     print_table(doc)
-    if args.json:
-        report.write_json(doc, args.json)
-    if args.plot:
-        plot(doc, args.plot)
+    failed = write_final(doc, [("--json", args.json, report.write_json), ("--plot", args.plot, plot)])
+    if failed:
+        say(failed)
+        return 1
     return 0
 
 

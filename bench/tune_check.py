@@ -53,7 +53,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 
-from wok.bench.outputs import refuse_unwritable
+from wok.bench.outputs import refuse_unwritable, write_final
 
 SCHEMA = "wok.tunecheck/2"  # /1: before the CPU stage (`predicted_*` was the batcher-only prediction)
 DEFAULT_STEPS = "250,500,1000,1500,2000,2500,3000,3500,4000,5000"
@@ -833,7 +833,9 @@ def parse_args(argv=None):
         "--refresh", action="store_true", help="with --markdown: add the batcher-only columns to an older run's file"
     )
     args = p.parse_args(argv)
-    refuse_unwritable(p, args, "--json", "--plot", "--save-profile", "--save-overhead", "--save-cpu")
+    # --log-dir: the servers' logs (and the device-like model's repository), first written after
+    # the profile.
+    refuse_unwritable(p, args, "--json", "--plot", "--save-profile", "--save-overhead", "--save-cpu", "--log-dir")
     args.slo_ms = 1e3 * parse_duration(args.slo_p99)
     args.steps_list = parse_steps(args.steps)
     args.step_duration = parse_duration(args.step_duration)
@@ -1048,10 +1050,10 @@ def main(argv=None) -> int:
     }
     doc["config"]["slo_p99_ms"] = args.slo_ms
     print_report(doc)
-    if args.json:
-        report.write_json(doc, args.json)
-    if args.plot:
-        plot(doc, args.plot)
+    failed = write_final(doc, [("--json", args.json, report.write_json), ("--plot", args.plot, plot)])
+    if failed:
+        say(failed)
+        return 1
     return 0
 
 
