@@ -14,7 +14,9 @@ back once (one thread hop each way), then resolves every future of the batch; a 
 that fails fails every caller in it. Submitting and withdrawing are O(1) (a heap push
 when a queue gets a new head, so O(log keys)); dead entries (withdrawn, expired) are
 skipped lazily. A heap of queue heads by arrival finds the next delay flush, and a set
-of queues at their flush size finds size flushes, without scanning every key.
+of queues at their flush size finds size flushes, without scanning every key. A request
+whose deadline has already passed when it arrives is refused then (DeadlineExceeded), under
+every policy: it never takes queue space.
 
 Within a key's queue, requests wait per priority level (lower is more urgent); a batch takes
 the most urgent level first, FIFO within a level. With the `slo` policy (server/policy.py,
@@ -322,8 +324,8 @@ class Batcher:
         deadline: float | None,
         priority: int | None = None,
     ) -> Pending:
-        """Queue a checked request; raises QueueFull, ShuttingDown, or with the slo policy DeadlineUnmeetable
-        or DeadlineExceeded (its deadline has passed), at once.
+        """Queue a checked request; raises QueueFull, ShuttingDown, DeadlineExceeded (its deadline has
+        passed), or with the slo policy DeadlineUnmeetable, at once.
 
         `priority`: its level (lower is more urgent); None takes the model's default level.
         """
@@ -338,9 +340,17 @@ class Batcher:
         if slo is not None:
             own = now + slo.slo_s
             deadline = own if deadline is None else min(deadline, own)
-            probe = self._admit(key, rows, level, deadline, now)
-        else:
-            probe = False
+        if deadline is not None and now >= deadline:
+            # Under every policy, before it takes queue space: queued, it would wait up to a whole
+            # delay window only to be dropped at its batch, and count toward max_queue_size meanwhile.
+            # No retry could meet it, so it gets no retry hint; counted as a failure, as the
+            # request dropped at its batch is, and by the service as reason="deadline".
+            self.stats.fail.add(0.0)
+            raise DeadlineExceeded(
+                f"request to model '{self.name}' arrived {1e3 * (now - deadline):.1f} ms after its deadline "
+                "passed; it was not queued"
+            )
+        probe = self._admit(key, rows, level, deadline, now) if slo is not None else False
         p = Pending(inputs, rows, key, now, deadline, self._loop.create_future(), level=level, probe=probe)
         q = self._queues.get(key)
         if q is None:
@@ -378,16 +388,11 @@ class Batcher:
     def _admit(self, key: Hashable, rows: int, level: int, deadline: float, now: float) -> bool:
         """slo policy: refuse a request that would miss its deadline even if it ran as soon as it could.
 
-        A request whose deadline has already passed ends DeadlineExceeded, as with the fixed policy
-        (which drops it at its batch): no retry could meet it, so it gets no retry hint. With the
-        model idle (nothing running, nothing queued) a request is let through unchecked (True: a
-        probe): refusals teach the batch-time model nothing, so estimates inflated by a slow spell
-        would otherwise refuse everything for good.
+        `submit` has already refused one whose deadline has passed (DeadlineExceeded, under every
+        policy). With the model idle (nothing running, nothing queued) a request is let through
+        unchecked (True: a probe): refusals teach the batch-time model nothing, so estimates inflated
+        by a slow spell would otherwise refuse everything for good.
         """
-        if now >= deadline:
-            # Counted as a failure, as the fixed policy counts the one it drops.
-            self.stats.fail.add(0.0)
-            raise DeadlineExceeded(self._passed(0.0))
         slo = self.slo
         slo.max_batch_size = self.policy.max_batch_size  # set_policy may have changed it
         if self._queued == 0 and self._inflight == 0:

@@ -108,8 +108,10 @@ class DynamicBatchingConfig(_Strict):
     max_queue_size: StrictInt = Field(
         0, ge=0, description="Most requests queued per model; 0 is unbounded. Beyond it: RESOURCE_EXHAUSTED."
     )
+    # Bounded as slo_ms, the other deadline from arrival: inf would pass the check and then fail
+    # every ModelConfig call, which reports it as whole microseconds.
     default_timeout_ms: StrictFloat = Field(
-        0.0, ge=0, description="Deadline (ms from arrival) for requests that bring none; 0 is none."
+        0.0, ge=0, le=600_000, description="Deadline (ms from arrival) for requests that bring none; 0 is none."
     )
     policy: Literal["fixed", "slo"] = Field(
         "fixed",

@@ -288,7 +288,7 @@ async def test_deadlines(serve):
         with pytest.raises(InferError) as e:
             await client.infer("mlp", x, timeout=1e-6)
         assert e.value.code == CODE.DEADLINE_EXCEEDED
-        # A 1 us queue budget expires while the batcher waits for the batch to fill.
+        # A 1 us queue budget has passed by the time the request reaches the batcher: refused on arrival.
         with pytest.raises(InferError) as e:
             await client.infer("mlp", x, server_timeout_us=1)
         assert e.value.code == CODE.DEADLINE_EXCEEDED and "deadline" in e.value.details

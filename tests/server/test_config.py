@@ -566,3 +566,17 @@ def test_a_bad_slo_profile_is_named_by_its_field(tmp_path, profile, why):
     msg, path = load_error(tmp_path, changed(dynamic_batching=batching))
     p = tmp_path / "m" / "p.json"
     assert msg == f"{path}: dynamic_batching.slo_profile: {why.format(p=p)}"
+
+
+@pytest.mark.parametrize("value", [float("inf"), 1e300, float("nan"), 600_000.5])
+def test_default_timeout_ms_is_finite_and_bounded_as_slo_ms(tmp_path, value):
+    # Unbounded, inf would load and then fail every ModelConfig call, which reports it in whole µs.
+    msg, path = load_error(tmp_path, changed(dynamic_batching={"default_timeout_ms": value}))
+    assert msg == (
+        f"{path}: dynamic_batching.default_timeout_ms: Input should be less than or equal to 600000 (got {value})"
+    )
+
+
+def test_default_timeout_ms_takes_its_bound(tmp_path):
+    cfg = load_model_config(write_model(tmp_path, changed(dynamic_batching={"default_timeout_ms": 600_000})))
+    assert cfg.dynamic_batching.default_timeout_ms == 600_000.0
