@@ -55,13 +55,21 @@ READY (the others are down), the READY ejected ones take the calls: a replica ej
 slowness fills the cap, and the one that dies next could not be ejected in its place. A
 READY replica that fails its calls, with the cap full, takes the place of one ejected only for
 slowness, which is readmitted early: it stops getting calls after `consecutive_failures`
-failures, and as many replicas as before stay in the rotation. With
+failures, and as many replicas as before stay in the rotation. Ejected failing ones are
+never swapped out: a further failing replica stays in the rotation, taking its share of the
+calls and failing them, until an ejection ends (it is ejected at its next failure then). The
+cap bounds what the balancer takes out on its own judgement, whatever the ejected ones' fault
+(a fault of the whole fleet, or of the client, looks like failing replicas too), and nothing
+says an ejected failing one has recovered: it gets no calls while the rotation has a READY
+replica. With
 hedging off (`hedge_after=None`) attempts are never "late", so only failures eject. A
 transient stall costs a replica 2 s out of the rotation; a lasting fault costs 5 delayed
 (hedged) or failed calls each time it comes back, at growing intervals.
 
-Counters (`stats()`): calls, attempts, hedges, retries, refusals by the budget, and per
-replica attempts, OK answers, failures, slow attempts, ejections, its state.
+Counters (`stats()`): calls, attempts, hedges, retries, refusals by the budget, ejections
+and those the cap refused, swaps (a failing replica ejected in the place of a slow one), and
+per replica attempts, OK answers, failures, slow attempts, ejections, early readmissions (its
+ejection for slowness cut short by a swap), its state.
 
 One owned object: `await start()` / `await stop()` (or `async with`), made and used in one
 running loop. `stop()` cancels the attempts in flight (their callers get CANCELLED), the
@@ -191,6 +199,7 @@ class Replica:
     hedges: int = 0
     retries: int = 0
     ejections: int = 0
+    readmitted_early: int = 0  # ejected for slowness, readmitted early to make room for a failing one
     methods: dict = field(default_factory=dict)
     watcher: asyncio.Task | None = None
     readmit: asyncio.TimerHandle | None = None
@@ -208,6 +217,7 @@ class Replica:
             "hedges": self.hedges,
             "retries": self.retries,
             "ejections": self.ejections,
+            "readmitted_early": self.readmitted_early,
         }
 
 
@@ -254,7 +264,7 @@ class Balancer:
         self._since_quantile = 0
         self._auto_hedge_s = self.settings.hedge_initial_s
         self.calls = self.ok_calls = self.attempts = self.hedges = self.retries = 0
-        self.budget_refusals = self.ejections_refused = 0
+        self.budget_refusals = self.ejections_refused = self.swaps = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> Balancer:
@@ -453,6 +463,8 @@ class Balancer:
                 return
             back = min(slow_ones, key=lambda x: x.readmit.when())
             back.readmit.cancel()
+            back.readmitted_early += 1
+            self.swaps += 1
             self._readmit(back)
         r.ejected = True
         r.ejected_slow = slow
@@ -661,6 +673,7 @@ class Balancer:
             "budget_refusals": self.budget_refusals,
             "ejections": sum(r.ejections for r in self.replicas.values()),
             "ejections_refused": self.ejections_refused,
+            "swaps": self.swaps,
             "hedge_after_ms": None if self.hedge_after_s is None else round(1e3 * self.hedge_after_s, 3),
             "replicas": [r.stats() for r in self.replicas.values()],
         }
@@ -670,13 +683,16 @@ def merge_stats(parts: Sequence[dict | None]) -> dict | None:
     """Counters of several balancers (the bench's workers) added up; per replica by address.
 
     A part may itself be a merge (a bench result's, whose `hedge_after_ms` is already a list):
-    the hedge delays of all the balancers behind the parts come out as one list.
+    the hedge delays of all the balancers behind the parts come out as one list. `swaps` and a
+    replica's `readmitted_early` are later additions: a part written before them counts 0, and a
+    replica's comes out only when some part has it.
     """
     parts = [p for p in parts if p]
     if not parts:
         return None
     keys = ("calls", "ok", "attempts", "hedges", "retries", "budget_refusals", "ejections", "ejections_refused")
     out: dict = {"schema": SCHEMA, **{k: sum(p[k] for p in parts) for k in keys}}
+    out["swaps"] = sum(p.get("swaps", 0) for p in parts)
     hedge = []
     for p in parts:
         h = p["hedge_after_ms"]
@@ -688,6 +704,8 @@ def merge_stats(parts: Sequence[dict | None]) -> dict | None:
             m = replicas.setdefault(r["address"], {"address": r["address"], "target": r["target"]})
             for k in ("attempts", "ok", "failures", "slow", "hedges", "retries", "ejections"):
                 m[k] = m.get(k, 0) + r[k]
+            if "readmitted_early" in r:
+                m["readmitted_early"] = m.get("readmitted_early", 0) + r["readmitted_early"]
     out["replicas"] = list(replicas.values())
     return out
 

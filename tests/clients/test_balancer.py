@@ -392,3 +392,75 @@ def test_counters_of_several_workers_add_up():
     assert merged["calls"] == 2 and merged["ejections"] == 2 and merged["hedge_after_ms"] == [20.0, 20.0]
     assert merged["replicas"] == [{"address": "a:1", "target": "a:1", **{k: 2 * v for k, v in counts.items()}}]
     assert merge_stats([None]) is None
+
+
+# -- the cap on ejections: swaps counted in stats(); failing replicas filling it -----------------
+
+
+def by_address(stats: dict) -> dict[str, dict]:
+    return {r["address"]: r for r in stats["replicas"]}
+
+
+async def test_a_swap_is_counted_and_names_the_replica_readmitted_early(stub):
+    """The cap (one of two) is filled by a slow replica; the other, READY, then fails its calls and
+    takes the slow one's place: stats() counts the swap, and the slow one as readmitted early."""
+    async with stub("a", hold=True) as a, stub("b") as b:
+        s = BalancerSettings(hedge_after=0.2, max_attempts=2, consecutive_failures=2, base_ejection_s=60)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            slow, failing = bal.replica(a.target), bal.replica(b.target)
+            while not slow.ejected:  # the calls that go to a first are hedged to b and answered there
+                assert await name_of(call) == "b"
+            stats = bal.stats()
+            assert stats["swaps"] == 0 and by_address(stats)[a.target]["readmitted_early"] == 0
+            a.release.set()
+            b.fail_first, b.code = 1 << 30, CODE.INTERNAL  # b fails every call from now on, health SERVING
+            assert [await code_of(call) for _ in range(2)] == [CODE.INTERNAL] * 2
+            assert failing.ejected and not slow.ejected
+            stats = bal.stats()
+            replicas = by_address(stats)
+            assert stats["swaps"] == 1 and stats["ejections"] == 2 and stats["ejections_refused"] == 0
+            assert replicas[a.target]["readmitted_early"] == 1 and replicas[a.target]["ejections"] == 1
+            assert replicas[b.target]["readmitted_early"] == 0 and replicas[b.target]["ejections"] == 1
+            # Two workers' counters add up, per replica too.
+            merged = merge_stats([stats, stats])
+            assert merged["swaps"] == 2 and by_address(merged)[a.target]["readmitted_early"] == 2
+
+
+def test_merging_counters_written_before_swaps_were_counted():
+    replica = {"address": "a:1", "target": "a:1", "attempts": 1, "ok": 1, "failures": 0, "slow": 0}
+    replica |= {"hedges": 0, "retries": 0, "ejections": 0}
+    keys = ("calls", "ok", "attempts", "hedges", "retries", "budget_refusals", "ejections", "ejections_refused")
+    old = {"schema": "wok.balancer/1", **dict.fromkeys(keys, 1), "hedge_after_ms": 20.0, "replicas": [replica]}
+    new = {**old, "swaps": 1, "replicas": [{**replica, "readmitted_early": 1}]}
+    assert merge_stats([old, old])["swaps"] == 0 and "readmitted_early" not in merge_stats([old])["replicas"][0]
+    merged = merge_stats([old, new])
+    assert merged["swaps"] == 1 and merged["replicas"][0]["readmitted_early"] == 1
+
+
+async def test_failing_replicas_that_fill_the_cap_keep_a_further_failing_one_in_the_rotation(stub):
+    """The cap is a bound on the balancer's own judgement, whatever the ejected ones' fault: of
+    three replicas at most one is ejected. One fails and is ejected; a second then fails every
+    call too and is not ejected in its place or beside it (nothing tells the balancer the first
+    has recovered: an ejected one gets no calls while the rotation has a READY one). It keeps
+    its share of the calls, every failure past K is counted as refused, and nothing is swapped."""
+    async with stub("a", fail_first=1 << 30, code=CODE.INTERNAL) as a, stub("b") as b, stub("c") as c:
+        s = BalancerSettings(hedge_after=None, consecutive_failures=2, base_ejection_s=60)
+        async with Balancer([a.target, b.target, c.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            first, second = bal.replica(a.target), bal.replica(b.target)
+            while not first.ejected:
+                await code_of(call)
+            assert first.failures == 2 and bal.ejections_refused == 0
+            b.fail_first, b.code = 1 << 30, CODE.INTERNAL  # b fails every call from now on, health SERVING
+            calls_before = b.calls
+            codes = []
+            while second.failures < 6:
+                codes.append(await code_of(call))
+            assert set(codes) <= {CODE.INTERNAL, CODE.OK} and codes.count(CODE.INTERNAL) == 6  # the rest: c's
+            assert first.ejected and not second.ejected and second.state is STATE.READY
+            assert b.calls == calls_before + 6 and a.calls == 2  # the ejected one got none of these calls
+            # K = 2: the 2nd failure asked for an ejection, and each one after it again; all refused.
+            stats = bal.stats()
+            assert stats["ejections_refused"] == 6 - 1 and stats["ejections"] == 1 and stats["swaps"] == 0
+            assert all(r["readmitted_early"] == 0 for r in stats["replicas"])
