@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from wok.bench.outputs import refuse_unwritable
+from wok.bench.outputs import refuse_unwritable, write_final
 from wok.bench.report import bench_header, write_json
 
 SCHEMA = "wok.acceptrate/2"
@@ -284,7 +284,10 @@ def main(argv=None) -> int:
             "runs": runs,
             "summary": summary,
         }
-        write_json(doc, args.json)
+        failed = write_final(doc, [("--json", args.json, write_json)])
+        if failed:
+            print(f"accept_rate: {failed}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from wok.bench.outputs import refuse_unwritable
+from wok.bench.outputs import refuse_unwritable, write_final
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.balancer_overhead/1"
@@ -196,7 +196,11 @@ def main(argv=None) -> int:
     if args.json:
         from .report import write_json
 
-        write_json(document(runs, med, {k: v for k, v in vars(args).items() if k != "json"}), args.json)
+        doc = document(runs, med, {k: v for k, v in vars(args).items() if k != "json"})
+        failed = write_final(doc, [("--json", args.json, write_json)])
+        if failed:
+            print(f"balancer_overhead: {failed}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from wok.bench.outputs import refuse_unwritable
+from wok.bench.outputs import refuse_unwritable, write_final
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.cold_batch/1"
@@ -107,7 +107,12 @@ def main(argv=None) -> int:
         doc = bench_header(SCHEMA, config) | {
             "sizes": out,
         }
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        failed = write_final(
+            doc, [("--json", args.json, lambda doc, path: path.write_text(json.dumps(doc, indent=2) + "\n"))]
+        )
+        if failed:
+            print(f"cold_batch: {failed}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from wok.bench.outputs import refuse_unwritable
+from wok.bench.outputs import refuse_unwritable, write_final
 
 SCHEMA = "wok.compare/1"
 ROOT = Path(__file__).resolve().parent.parent
@@ -963,11 +963,18 @@ def _compare(args: argparse.Namespace, peers: list[Peer]) -> int:
     }
     doc = build_doc(config, versions, runs)
     print(render_table(doc))
+    failed = write_final(doc, [("--json", args.json, _write_doc)])
+    if failed:
+        say(failed)
+        return 1
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(clean(doc), indent=1, allow_nan=False, default=_json_default) + "\n")
         say(f"wrote {args.json}")
     return 130 if interrupted else (1 if any(r["error"] for r in runs) else 0)
+
+
+def _write_doc(doc: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(clean(doc), indent=1, allow_nan=False, default=_json_default) + "\n")
 
 
 def clean(obj):

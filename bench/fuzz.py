@@ -43,7 +43,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from wok.bench.outputs import refuse_unwritable
+from wok.bench.outputs import refuse_unwritable, write_final
 from wok.codec import decode_request, serialize_bytes
 from wok.config import model_config_from_dict
 from wok.datatypes import DATATYPES
@@ -433,8 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     result = run(60 * args.minutes, args.target, progress=lambda m: print(m, file=sys.stderr, flush=True))
     text = json.dumps(result, indent=2)
     print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    failed = write_final(result, [("--json", args.json, lambda result, path: path.write_text(text + "\n"))])
+    if failed:
+        print(f"wok fuzz: {failed}", file=sys.stderr)
+        return 1
     return 0
 
 

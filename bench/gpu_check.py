@@ -10,8 +10,9 @@ What it checks, on cuda:0:
   * per-stage timings (assemble, H2D, compute, D2H) from CUDA events, medians;
   * a real server on loopback serving `mlp` on the GPU: 512 concurrent requests give the
     CPU's answers (rtol 1e-3, TF32 allowed) and the mean batch size.
-Exits 1 when a check fails. `--device cpu` runs the same steps without a GPU, as a dry
-run of the script itself (no overlap or pinning is expected there).
+Exits 1 when a check fails, and when --json cannot be written at the end (the figures are then
+kept in a temporary wok-bench-*.json, named on stderr). `--device cpu` runs the same steps
+without a GPU, as a dry run of the script itself (no overlap or pinning is expected there).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from wok.bench.outputs import refuse_unwritable
+from wok.bench.outputs import refuse_unwritable, write_final
 from wok.config import InstanceConfig
 from wok.executor import Executor
 from wok.models import build_demo
@@ -199,10 +200,16 @@ def main(argv=None) -> int:
     for name, ok in checks.items():
         print(f"{'n/a ' if ok is None else 'PASS' if ok else 'FAIL'}  {name}")
     report["checks"] = checks
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    failed = write_final(report, [("--json", args.json, _write_json)])
+    if failed:
+        print(f"gpu_check: {failed}", file=sys.stderr)
+        return 1
     return 1 if any(ok is False for ok in checks.values()) else 0
+
+
+def _write_json(report: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from wok.bench.outputs import refuse_unwritable
+from wok.bench.outputs import refuse_unwritable, write_final
 
 SCHEMA = "wok.latency_breakdown/1"
 STAGES = ("lag", "queue", "flush_late", "hop_to_worker", "assemble", "compute", "split", "hop_back", "total")
@@ -173,7 +173,10 @@ def main(argv=None) -> int:
     print(
         f"{doc['requests']} requests in {doc['batches']} batches (mean {doc['mean_batch_size']:.2f}); {doc['flushes']}"
     )
-    write_doc(args.json, doc)
+    failed = write_final(doc, [("--json", args.json, lambda doc, path: write_doc(path, doc))])
+    if failed:
+        print(f"latency_breakdown: {failed}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from wok.bench.compare import local_wok, tree_usage
 from wok.bench.faults import post_fault
-from wok.bench.outputs import refuse_unwritable
+from wok.bench.outputs import refuse_unwritable, write_final
 from wok.bench.report import write_json
 from wok.bench.scrape import scrape
 from wok.v2pb import grpc_service_pb2 as pb
@@ -119,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         doc = {"schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"), "runs": runs}
-        write_json(doc, args.json)
+        failed = write_final(doc, [("--json", args.json, write_json)])
+        if failed:
+            print(f"[queue_memory] {failed}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from wok.bench.compare import TEMPLATES, free_port, local_wok, tree_usage
 from wok.bench.faults import post_fault
-from wok.bench.outputs import refuse_unwritable
+from wok.bench.outputs import refuse_unwritable, write_final
 from wok.bench.report import write_json
 from wok.bench.scrape import scrape
 from wok.v2pb import grpc_service_pb2 as pb
@@ -182,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
             "summary": summary,
             "runs": runs,
         }
-        write_json(doc, args.json)
+        failed = write_final(doc, [("--json", args.json, write_json)])
+        if failed:
+            print(f"[refusal_cost] {failed}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from wok.bench.outputs import refuse_unwritable
+from wok.bench.outputs import refuse_unwritable, write_final
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.stream_vs_unary/1"
@@ -168,7 +168,12 @@ def main(argv=None) -> int:
             "median": summary,
             "stream_over_unary_cpu": ratio,
         }
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        failed = write_final(
+            doc, [("--json", args.json, lambda doc, path: path.write_text(json.dumps(doc, indent=2) + "\n"))]
+        )
+        if failed:
+            print(f"stream_vs_unary: {failed}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -22,7 +22,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from wok.bench.outputs import refuse_unwritable
+from wok.bench.outputs import refuse_unwritable, write_final
 
 SCHEMA = "wok.thread_sizing/1"
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -118,7 +118,10 @@ def main(argv=None) -> int:
         f"n=1, 1 thread, weights read {touched['touch_lead_ms']:g} ms before: forward p50 {touched['p50_us']:.0f} "
         f"p99 {touched['p99_us']:.0f} µs (the read itself {touched['touch_p50_us']:.0f} µs)"
     )
-    write_doc(args.json, doc)
+    failed = write_final(doc, [("--json", args.json, lambda doc, path: write_doc(path, doc))])
+    if failed:
+        print(f"thread_sizing: {failed}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
+import itertools
 import re
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import uvloop
@@ -153,7 +156,8 @@ def _slo_compare_measured_nothing(monkeypatch, tmp_path, at_end):
     monkeypatch.setattr(slo_compare, "summarize", lambda *args: summary)
     monkeypatch.setattr(slo_compare, "print_table", lambda doc: at_end())
     monkeypatch.setattr(slo_compare, "plot", _plot)
-    return slo_compare, ["--profile", str(profile), "--fixed", "1,1ms", "--reps", "1"], "wok.slocompare/1"
+    argv = ["--profile", str(profile), "--fixed", "1,1ms", "--reps", "1", "--log-dir", str(tmp_path / "logs")]
+    return slo_compare, argv, "wok.slocompare/1"
 
 
 def _tune_check_measured_nothing(monkeypatch, tmp_path, at_end):
@@ -174,14 +178,271 @@ def _tune_check_measured_nothing(monkeypatch, tmp_path, at_end):
     monkeypatch.setattr(tune_check, "print_report", lambda doc: at_end())
     monkeypatch.setattr(tune_check, "plot", _plot)
     argv = ["--profile", str(profile), "--no-cpu-stage", "--tuned", "4,1ms", "--reps", "1"]
-    return tune_check, argv, tune_check.SCHEMA
+    return tune_check, [*argv, "--log-dir", str(tmp_path / "logs")], tune_check.SCHEMA
 
 
-@pytest.mark.parametrize("script", [_slo_compare_measured_nothing, _tune_check_measured_nothing])
-@pytest.mark.parametrize("given", ["--json", "--plot"])
+class _Forward:
+    """A model's forward that computes nothing, running `at_end` (if given) on each call."""
+
+    def __init__(self, at_end=None) -> None:
+        self.at_end = at_end
+
+    def __call__(self, x):
+        if self.at_end:
+            self.at_end()
+        return x
+
+    def module_for(self, device):
+        return self
+
+    def parameters(self):
+        return []
+
+
+class _Clock:
+    """time for a script that times calls: each perf_counter reading 1 s after the last, no sleeping."""
+
+    def __init__(self) -> None:
+        self.perf_counter = itertools.count(1).__next__
+
+    def sleep(self, seconds: float) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _no_server(*args, **kwargs):
+    """compare.local_wok's place: a server that is never started."""
+    yield "127.0.0.1:1", "http://127.0.0.1:1/metrics", 0
+
+
+def _accept_rate_measured_nothing(monkeypatch, tmp_path, at_end):
+    from wok.bench import accept_rate
+
+    calls = dict.fromkeys(("calls_per_s", "passes_per_s", "calls_per_pass", "wakeups_per_call"), 1.0)
+    monkeypatch.setattr(accept_rate, "measure", lambda *args: (at_end(), calls | {"per_server_calls": [1]})[1])
+    return accept_rate, ["--loops", "1", "--hog-us", "0", "--reps", "1"], accept_rate.SCHEMA
+
+
+def _balancer_overhead_measured_nothing(monkeypatch, tmp_path, at_end):
+    from wok.bench import balancer_overhead as bo
+
+    async def run_all(targets, payload, args):
+        at_end()
+        keys = ("client_cpu_us_per_request", "throughput_rps", "p50_ms", "p99_ms")
+        return [dict.fromkeys(keys, 1.0) | {"kind": kind, "round": 1} for kind in bo.KINDS]
+
+    monkeypatch.setattr(bo, "bare_servers", lambda n: contextlib.nullcontext([]))
+    monkeypatch.setattr(bo, "run_all", run_all)
+    return bo, ["--rounds", "1"], bo.SCHEMA
+
+
+def _ceiling_measured_nothing(monkeypatch, tmp_path, at_end):
+    from wok.bench import ceiling, compare
+
+    prof = {"fit": {"alpha_s": 0.001, "beta_s": 0.0001}, "batches": []}
+    monkeypatch.setattr(ceiling, "write_repository", lambda folder, args: folder)
+    monkeypatch.setattr(ceiling, "run_profile", lambda *args: prof)
+    monkeypatch.setattr(compare, "local_wok", _no_server)
+    monkeypatch.setattr(ceiling, "saturate", lambda *args: ({}, {}, {}))
+    monkeypatch.setattr(ceiling, "analyse", lambda *args: {})
+    monkeypatch.setattr(ceiling, "table", lambda doc: (at_end(), "")[1])
+    return ceiling, [], ceiling.SCHEMA
+
+
+def _cold_batch_measured_nothing(monkeypatch, tmp_path, at_end):
+    from concurrent.futures import Future
+
+    from wok import executor, models
+    from wok.bench import cold_batch
+
+    done = Future()
+    done.set_result(None)
+
+    class Executor:
+        def __init__(self, servable, config) -> None:
+            self.instances = [SimpleNamespace(submit=lambda *args: done)]
+
+        def shutdown(self) -> None:
+            pass
+
+    servable = SimpleNamespace(config=SimpleNamespace(inputs=[SimpleNamespace(name="INPUT0", dims=(1,))]))
+    monkeypatch.setattr(models, "build_demo", lambda name: servable)
+    monkeypatch.setattr(executor, "Executor", Executor)
+    monkeypatch.setattr(cold_batch, "worker_tid", lambda name: 0)
+    figures = {"worker_cpu_us_per_batch": 1.0, "batch_time_us": 1.0}
+    monkeypatch.setattr(cold_batch, "measure", lambda *args: (at_end(), figures)[1])
+    return cold_batch, ["--sizes", "1"], cold_batch.SCHEMA
+
+
+def _compare_measured_nothing(monkeypatch, tmp_path, at_end):
+    from wok.bench import compare
+
+    monkeypatch.setattr(compare, "ensure_venv", lambda peer: None)
+    monkeypatch.setattr(compare, "peer_version", lambda peer: "wok")
+    monkeypatch.setattr(compare, "run_one", lambda *args: {"error": None})
+    monkeypatch.setattr(compare, "stop_all", lambda: None)
+    monkeypatch.setattr(compare, "build_doc", lambda config, versions, runs: {"schema": compare.SCHEMA})
+    monkeypatch.setattr(compare, "render_table", lambda doc: (at_end(), "")[1])
+    return compare, ["--servers", "wok", "--reps", "1"], compare.SCHEMA
+
+
+def _fuzz_measured_nothing(monkeypatch, tmp_path, at_end):
+    from wok.bench import fuzz
+
+    monkeypatch.setattr(fuzz, "run", lambda *args, **kwargs: (at_end(), {"schema": fuzz.SCHEMA})[1])
+    return fuzz, [], fuzz.SCHEMA
+
+
+def _gpu_check_measured_nothing(monkeypatch, tmp_path, at_end):
+    from wok.bench import gpu_check
+
+    class Executor:
+        def __init__(self, servable, config) -> None:
+            self.instances = [SimpleNamespace(slots=[])]
+
+        def shutdown(self) -> None:
+            pass
+
+    async def server_check(device):
+        at_end()
+        return {"wall_s": 1.0, "mean_batch_size": 1.0, "max_abs_err": 0.0, "equal_to_cpu": True}
+
+    monkeypatch.setattr(gpu_check, "build_demo", lambda name, **kwargs: None)
+    monkeypatch.setattr(gpu_check, "Executor", Executor)
+    monkeypatch.setattr(gpu_check, "drive", lambda *args: (1.0, []))
+    monkeypatch.setattr(gpu_check, "overlaps", lambda results: (0, 0))
+    monkeypatch.setattr(
+        gpu_check, "stage_medians", lambda results: dict.fromkeys(("assemble", "h2d", "compute", "d2h"), 1.0)
+    )
+    monkeypatch.setattr(gpu_check, "server_check", server_check)
+    return gpu_check, ["--device", "cpu", "--batches", "1", "--rows", "1"], "wok.gpu_check/2"
+
+
+def _latency_breakdown_measured_nothing(monkeypatch, tmp_path, at_end):
+    from wok.bench import latency_breakdown
+
+    async def measure(qps, duration_s, seed):
+        at_end()
+        return {"stages_ms": {}, "requests": 1, "batches": 1, "mean_batch_size": 1.0, "flushes": {}}
+
+    monkeypatch.setattr(latency_breakdown, "measure", measure)
+    return latency_breakdown, [], latency_breakdown.SCHEMA
+
+
+def _linear_kernels_measured_nothing(monkeypatch, tmp_path, at_end):
+    import torch
+
+    from wok import cpulinear, models
+    from wok.bench import linear_kernels
+
+    fast = _Forward()
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this test process's, not the script's
+    monkeypatch.setattr(models, "build_demo", lambda name: _Forward(at_end))
+    monkeypatch.setattr(cpulinear, "onednn_available", lambda: True)
+    monkeypatch.setattr(cpulinear, "with_onednn_linear", lambda module: (fast, 2, 1))
+    monkeypatch.setattr(cpulinear, "chains", lambda module: [SimpleNamespace(layers=[], kernel=None)])
+    monkeypatch.setattr(linear_kernels, "ROWS", (1, cpulinear.MIN_ROWS))
+    monkeypatch.setattr(linear_kernels, "time", _Clock())
+    return linear_kernels, ["--reps", "1", "--max-rows-rss", "4"], linear_kernels.SCHEMA
+
+
+def _metrics_overhead_measured_nothing(monkeypatch, tmp_path, at_end):
+    import gc
+
+    from wok.bench import metrics_overhead
+
+    def one_run(metrics, concurrency, seconds):
+        at_end()
+        return {"metrics": metrics, "requests": 1, "qps": 1.0, "server_cpu_us_per_request": 1.0}
+
+    monkeypatch.setattr(gc, "disable", lambda: None)  # this test process's, not the script's
+    monkeypatch.setattr(metrics_overhead, "one_run", one_run)
+    return metrics_overhead, ["--reps", "1"], "wok.metrics_overhead/1"
+
+
+def _queue_memory_measured_nothing(monkeypatch, tmp_path, at_end):
+    from wok.bench import queue_memory
+
+    async def measure(requests, max_queue_size):
+        at_end()
+        keys = ("queued", "rss_idle_mib", "rss_backlog_mib", "kib_per_queued")
+        return dict.fromkeys(keys, 1) | {"max_queue_size": max_queue_size, "answered_at_once": {}}
+
+    monkeypatch.setattr(queue_memory, "measure", measure)
+    return queue_memory, ["--max-queue-size", "0"], queue_memory.SCHEMA
+
+
+def _refusal_cost_measured_nothing(monkeypatch, tmp_path, at_end):
+    from wok.bench import refusal_cost
+
+    async def measure(server, rows_list, calls, concurrency):
+        at_end()
+        figures = {"server_cpu_us_per_call": 1.0, "answers_per_s": 1.0}
+        return {"server": server, "rows": {str(rows): figures for rows in rows_list}}
+
+    monkeypatch.setattr(refusal_cost, "measure", measure)
+    return refusal_cost, ["--reps", "1", "--rows", "1"], refusal_cost.SCHEMA
+
+
+def _stream_vs_unary_measured_nothing(monkeypatch, tmp_path, at_end):
+    from wok.bench import compare, stream_vs_unary
+
+    def measure(kind, target, pid, payload, args):
+        at_end()
+        return {"kind": kind} | dict.fromkeys(("server_us_per_request", "throughput_qps", "mean_batch_size"), 1.0)
+
+    monkeypatch.setattr(compare, "local_wok", _no_server)
+    monkeypatch.setattr(stream_vs_unary, "measure", measure)
+    return stream_vs_unary, ["--rounds", "1"], stream_vs_unary.SCHEMA
+
+
+def _thread_sizing_measured_nothing(monkeypatch, tmp_path, at_end):
+    import torch
+
+    from wok import models
+    from wok.bench import thread_sizing
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this test process's, not the script's
+    monkeypatch.setattr(models, "build_demo", lambda name: _Forward(at_end))
+    monkeypatch.setattr(thread_sizing, "time", _Clock())
+    return thread_sizing, ["--reps", "1", "--cpu-linear", "torch"], thread_sizing.SCHEMA
+
+
+# The scripts that make --json's folder when they write it: one that became a file is "File exists".
+MAKES_ITS_FOLDER = {"compare", "latency_breakdown", "thread_sizing"}
+JSON_ONLY = [
+    _accept_rate_measured_nothing,
+    _balancer_overhead_measured_nothing,
+    _ceiling_measured_nothing,
+    _cold_batch_measured_nothing,
+    _compare_measured_nothing,
+    _fuzz_measured_nothing,
+    _gpu_check_measured_nothing,
+    _latency_breakdown_measured_nothing,
+    _linear_kernels_measured_nothing,
+    _metrics_overhead_measured_nothing,
+    _queue_memory_measured_nothing,
+    _refusal_cost_measured_nothing,
+    _stream_vs_unary_measured_nothing,
+    _thread_sizing_measured_nothing,
+]
+
+
+@pytest.mark.parametrize(
+    ("script", "given"),
+    [
+        *(
+            (script, given)
+            for script in (_slo_compare_measured_nothing, _tune_check_measured_nothing)
+            for given in ("--json", "--plot")
+        ),
+        *((script, "--json") for script in JSON_ONLY),
+    ],
+    ids=lambda v: v.__name__.removeprefix("_").removesuffix("_measured_nothing") if callable(v) else v,
+)
 def test_a_scripts_output_that_fails_at_the_end_keeps_the_result(script, given, tmp_path, monkeypatch, capsys):
-    """slo_compare and tune_check wrote --json and --plot unguarded after their whole run: a folder
-    gone meanwhile ended them in a traceback, everything measured lost."""
+    """Every standalone script wrote its outputs unguarded after its whole run: a folder gone
+    meanwhile ended it in a traceback, everything measured lost."""
     import json
     import tempfile
 
@@ -189,12 +450,14 @@ def test_a_scripts_output_that_fails_at_the_end_keeps_the_result(script, given, 
     folder.mkdir()
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))  # the system's temp folder, for this test
-    module, argv, schema = script(monkeypatch, tmp_path, lambda: _lose(folder))
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # some scripts set it as wok serve does: not for the suite
+    module, argv, schema = script(monkeypatch, tmp_path, lambda: folder.is_dir() and _lose(folder))
     path = folder / ("r.json" if given == "--json" else "r.png")
-    assert module.main([*argv, "--log-dir", str(tmp_path / "logs"), given, str(path)]) == 1
+    assert module.main([*argv, given, str(path)]) == 1
     (kept,) = temp.glob("wok-bench-*.json")
     last = capsys.readouterr().err.splitlines()[-1]
-    assert last.endswith(f"] {given} {path}: Not a directory; the result is kept in {kept} instead"), last
+    why = f"File exists ({folder})" if module.__name__.rpartition(".")[2] in MAKES_ITS_FOLDER else "Not a directory"
+    assert last.endswith(f" {given} {path}: {why}; the result is kept in {kept} instead"), last
     assert json.loads(kept.read_text())["schema"] == schema
 
 
