@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     extra = cpu["wok"] - cpu["grpc"]
     print(f"median client CPU per call: grpc {cpu['grpc']:.1f} µs, wok {cpu['wok']:.1f} µs ({extra:+.1f} µs)")
     if args.json:
-        from .report import write_json
+        from wok.bench.report import write_json
 
         doc = document(runs, med, {k: v for k, v in vars(args).items() if k != "json"})
         failed = write_final(doc, [("--json", args.json, write_json)])
