@@ -2,11 +2,15 @@
 
     python3 scripts/bootstrap.py serve [wok serve options]   # install, then start the server
     python3 scripts/bootstrap.py test  [pytest options]      # install with test extras, then run the suite
+    python3 scripts/bootstrap.py install                     # install only
 
 Torch is installed first and on its own: a machine without an NVIDIA GPU gets the CPU
 build (the plain PyPI wheel for Linux x86-64 is a multi-GB CUDA build). Set WOK_TORCH to
-override the requirement (for example ``WOK_TORCH="torch==2.13.0"``), WOK_VENV to choose
-the environment's folder (default ``.venv`` in the checkout).
+choose the requirement (for example ``WOK_TORCH="torch==2.13.0"``): it is installed on every
+run, also into an environment that already has a torch (pip leaves one that satisfies it
+alone). WOK_VENV chooses the environment's folder (default ``.venv`` in the checkout).
+`serve` and `test` then become `wok serve` and pytest (the same process): signals reach them,
+and the exit status is theirs.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ import shutil
 import subprocess
 import sys
 import venv
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_VERSION = "2.13.0"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+COMMANDS = ("serve", "test", "install")
 
 
 def has_nvidia_gpu() -> bool:
@@ -43,11 +49,24 @@ def pip(python: Path, *args: str) -> None:
     run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *args])
 
 
-def ensure_torch(python: Path) -> None:
-    probe = subprocess.run([str(python), "-c", "import torch"], capture_output=True)
-    if probe.returncode == 0:
+def torch_to_install(requested: str | None, torch_imports: Callable[[], bool]) -> str | None:
+    """The torch requirement to pip-install, or None to keep the environment's torch.
+
+    A requested one (WOK_TORCH) is always installed, since the torch already there may not
+    be the one asked for; otherwise the pinned version, only where torch does not import.
+    """
+    if requested:
+        return requested
+    return None if torch_imports() else f"torch=={TORCH_VERSION}"
+
+
+def ensure_torch(python: Path, requested: str | None) -> None:
+    def torch_imports() -> bool:
+        return subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode == 0
+
+    spec = torch_to_install(requested, torch_imports)
+    if spec is None:
         return
-    spec = os.environ.get("WOK_TORCH", f"torch=={TORCH_VERSION}")
     if has_nvidia_gpu():
         pip(python, spec)
         return
@@ -56,20 +75,37 @@ def ensure_torch(python: Path) -> None:
     pip(python, "--extra-index-url", CPU_INDEX, "--retries", "1", spec)
 
 
+def hand_over(cmd: list[str], cwd: Path | None = None) -> int:
+    """Run `cmd` in place of this process, so that a signal sent to it (SIGTERM from a
+    supervisor, Ctrl-C) stops the command itself instead of orphaning it."""
+    if cwd is not None:
+        os.chdir(cwd)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.name == "nt":  # Windows' execv starts a new process and ends this one: the caller would stop waiting
+        return subprocess.call(cmd)
+    os.execv(cmd[0], cmd)
+    raise AssertionError("unreachable: execv returns only by raising")
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"serve", "test", "install"}:
-        print(__doc__, file=sys.stderr)
+    if argv and argv[0] in {"-h", "--help"}:
+        print(__doc__)
+        return 0
+    if not argv or argv[0] not in COMMANDS:
+        got = repr(argv[0]) if argv else "nothing"
+        print(f"bootstrap: expected a command, one of {', '.join(COMMANDS)}; got {got}\n{__doc__}", file=sys.stderr)
         return 2
     command, rest = argv[0], argv[1:]
-    python = ensure_venv(Path(os.environ.get("WOK_VENV", ROOT / ".venv")))
-    ensure_torch(python)
+    # Absolute: `test` runs from the checkout, whatever folder a relative WOK_VENV names.
+    python = ensure_venv(Path(os.environ.get("WOK_VENV", ROOT / ".venv")).absolute())
+    ensure_torch(python, os.environ.get("WOK_TORCH"))
     extras = "[test]" if command == "test" else ""
     pip(python, "-e", f"{ROOT}{extras}")
-    env = dict(os.environ)
     if command == "serve":
-        return subprocess.call([str(python), "-m", "wok", "serve", *rest], env=env)
+        return hand_over([str(python), "-m", "wok", "serve", *rest])
     if command == "test":
-        return subprocess.call([str(python), "-m", "pytest", *rest], cwd=ROOT, env=env)
+        return hand_over([str(python), "-m", "pytest", *rest], cwd=ROOT)
     return 0
 
 

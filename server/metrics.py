@@ -197,7 +197,8 @@ class WokMetrics:
         self.enabled = enabled
         self.models: dict[str, ModelMetrics] = {}
         # Requests naming no served model are counted here, without the name, so that a
-        # client cannot grow the label set.
+        # client cannot grow the label set; scraped as model="" in both wok_responses_total
+        # (code NOT_FOUND) and wok_rejected_requests_total (reason not_found).
         self.unknown_model_requests = 0
         self._gpu = GpuSampler.create() if gpu else None
         self.loop_lag = WeightedHistogram(LOOP_LAG_BUCKETS)  # fed by server/loopmon.py while the server runs
@@ -293,6 +294,9 @@ class WokMetrics:
                 idle_queued.add_metric([m.name, str(i)], secs)
             depth.add_metric([m.name], m.queue_depth())
             inflight.add_metric([m.name], m.inflight())
+        # An unknown model's request is answered NOT_FOUND and counted nowhere else, so it is
+        # a final status too: without it, wok_responses_total would not count every answer.
+        resp.add_metric(["", "NOT_FOUND"], self.unknown_model_requests)
         rej.add_metric(["", "not_found"], self.unknown_model_requests)
         yield from (stage, e2e, bs, flush, slack, resp, rej, busy, idle_queued, depth, inflight)
         if self.loop_lag.count:

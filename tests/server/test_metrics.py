@@ -159,6 +159,29 @@ async def test_rejections_and_status_codes_are_counted_by_reason(serve):
     assert sample(families, "wok_rejected_requests", "_total", model="", reason="not_found") == 1
 
 
+async def test_every_answer_is_counted_once_in_wok_responses_unknown_models_included(serve):
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            ok = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
+            unknown = encode_request("nope", {})
+            await stub.ModelInfer(ok)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.ModelInfer(unknown)
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            answers = [a async for a in stub.ModelStreamInfer(iter([ok, unknown]))]
+            assert sorted(bool(a.error_message) for a in answers) == [False, True]
+            families = await asyncio.to_thread(scrape, server.http.port)
+    responses = {
+        (s.labels["model"], s.labels["code"]): s.value
+        for s in families["wok_responses"].samples
+        if s.name == "wok_responses_total"
+    }
+    # Four requests, four answers: one unary and one streamed of each model, unknown as model="".
+    assert responses == {("mlp", "OK"): 2, ("", "NOT_FOUND"): 2}
+    assert sample(families, "wok_rejected_requests", "_total", model="", reason="not_found") == 2
+
+
 async def test_openmetrics_is_served_when_asked_for(serve):
     async with serve(models=("mlp",)) as server:
         req = urllib.request.Request(
