@@ -200,6 +200,9 @@ class WokMetrics:
         # client cannot grow the label set; scraped as model="" in both wok_responses_total
         # (code NOT_FOUND) and wok_rejected_requests_total (reason not_found).
         self.unknown_model_requests = 0
+        # Messages that do not parse as a request name no model either: model="", answered
+        # INVALID_ARGUMENT (wok_responses_total) and refused as `invalid`.
+        self.unparsed_requests = 0
         self._gpu = GpuSampler.create() if gpu else None
         self.loop_lag = WeightedHistogram(LOOP_LAG_BUCKETS)  # fed by server/loopmon.py while the server runs
         # Set by the admin API (server/admin.py): (model, instance, mode, 1 or 0) per instance and mode.
@@ -298,6 +301,8 @@ class WokMetrics:
         # a final status too: without it, wok_responses_total would not count every answer.
         resp.add_metric(["", "NOT_FOUND"], self.unknown_model_requests)
         rej.add_metric(["", "not_found"], self.unknown_model_requests)
+        resp.add_metric(["", "INVALID_ARGUMENT"], self.unparsed_requests)
+        rej.add_metric(["", "invalid"], self.unparsed_requests)
         yield from (stage, e2e, bs, flush, slack, resp, rej, busy, idle_queued, depth, inflight)
         if self.loop_lag.count:
             lag = HistogramMetricFamily(

@@ -180,6 +180,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         if isinstance(request, Unparsed):
+            self.server.metrics.unparsed_requests += 1
             await _abort(context, request.error)
         try:
             timing: list[str] | None = [] if self.server_timing else None
@@ -221,6 +222,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 async for req in request_iterator:
                     if isinstance(req, Unparsed):  # answered in order; the stream goes on
+                        self.server.metrics.unparsed_requests += 1
                         code, details = to_status(req.error)
                         failed = pb.ModelInferResponse()  # nothing of the request could be read
                         failed.parameters["status_code"].int64_param = code.value[0]

@@ -17,6 +17,7 @@ from wok.batcher import Batcher, BatchingPolicy
 from wok.codec import encode_request
 from wok.metrics import LATENCY_BUCKETS, NOT_RUN, STAGES, WeightedHistogram, WokMetrics
 from wok.stats import ModelStats
+from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
 
@@ -160,6 +161,7 @@ async def test_rejections_and_status_codes_are_counted_by_reason(serve):
 
 
 async def test_every_answer_is_counted_once_in_wok_responses_unknown_models_included(serve):
+    unparsable = b"\xff\xff\xff"  # a bad wire type: no request, so no model, can be read from it
     async with serve(models=("mlp",)) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
@@ -171,15 +173,24 @@ async def test_every_answer_is_counted_once_in_wok_responses_unknown_models_incl
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
             answers = [a async for a in stub.ModelStreamInfer(iter([ok, unknown]))]
             assert sorted(bool(a.error_message) for a in answers) == [False, True]
+            raw = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")  # bytes in, bytes out
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await raw(unparsable)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            raw_stream = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+            answers = [pb.ModelStreamInferResponse.FromString(a) async for a in raw_stream(iter([unparsable]))]
+            assert [bool(a.error_message) for a in answers] == [True]
             families = await asyncio.to_thread(scrape, server.http.port)
     responses = {
         (s.labels["model"], s.labels["code"]): s.value
         for s in families["wok_responses"].samples
         if s.name == "wok_responses_total"
     }
-    # Four requests, four answers: one unary and one streamed of each model, unknown as model="".
-    assert responses == {("mlp", "OK"): 2, ("", "NOT_FOUND"): 2}
+    # Six requests, six answers: one unary and one streamed of each model, and of bytes that are no
+    # request; the unknown model and the bytes as model="".
+    assert responses == {("mlp", "OK"): 2, ("", "NOT_FOUND"): 2, ("", "INVALID_ARGUMENT"): 2}
     assert sample(families, "wok_rejected_requests", "_total", model="", reason="not_found") == 2
+    assert sample(families, "wok_rejected_requests", "_total", model="", reason="invalid") == 2
 
 
 async def test_openmetrics_is_served_when_asked_for(serve):
