@@ -509,16 +509,14 @@ def run(args) -> int:
         except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
             print(f"wok bench: {exc}", file=sys.stderr)
             return 1
-        try:
+
+        def write() -> None:
             _write_outputs(result, args)
             if "faults" in result and args.plots:
                 with _writing("--plots", args.plots):
                     report.plot_fault_timeline(result, args.plots / "faults.png")
-        except WriteFailed as exc:
-            if args.json and exc.option != "--json":
-                raise  # the result is in --json's file: the failed option's error, as for any command
-            # Without a file that holds it, the minutes measured go to a temporary one; the run failed.
-            _warn(_keep_elsewhere(report.to_json(result), exc))
+
+        if _write_or_keep("wok bench", result, args.json, write):
             return 1
         soak.print_soak(result)
         _print_host_probe(result.get("host_probe"))
@@ -527,6 +525,23 @@ def run(args) -> int:
     finally:
         _restore_signals(previous)
     return _exit_status(result, args)
+
+
+def _write_or_keep(command: str, result: dict, json_path: Path | None, write) -> bool:
+    """Run `write()`, a command's output writes (--json first). True when one failed past the
+    up-front check (its folder removed meanwhile, a full disk) with the result in no file: the
+    minutes measured then go to a temporary one, named on stderr, and the command fails (1).
+    With --json written, another output's failure is that option's error (2), as for any."""
+    from . import report
+
+    try:
+        write()
+    except WriteFailed as exc:
+        if json_path and exc.option != "--json":
+            raise
+        print(f"{command}: {_keep_elsewhere(report.to_json(result), exc)}", file=sys.stderr)
+        return True
+    return False
 
 
 def _exit_status(result: dict, args) -> int:
@@ -638,13 +653,16 @@ def run_profile(args) -> int:
             source="demo" if args.model_repository is None else str(args.model_repository),
         )
     profiler.print_table(result)
-    if args.json:
-        with _writing("--json", args.json):
-            report.write_json(result, args.json)
-    if args.plot:
-        with _writing("--plot", args.plot):
-            profiler.plot_profile(result, args.plot)
-    return 0
+
+    def write() -> None:
+        if args.json:
+            with _writing("--json", args.json):
+                report.write_json(result, args.json)
+        if args.plot:
+            with _writing("--plot", args.plot):
+                profiler.plot_profile(result, args.plot)
+
+    return 1 if _write_or_keep("wok profile", result, args.json, write) else 0
 
 
 def add_plan_parser(sub) -> None:
@@ -878,15 +896,20 @@ def run_tune(args) -> int:
         overhead_at=overhead_at,
     )
     print_table(result)
-    if args.json:
-        with _writing("--json", args.json):
-            report.write_json(result, args.json)
-    if args.write_config:
-        if result["config_toml"] is None:
-            print("wok tune: no setting meets the SLO; no config written", file=sys.stderr)
-            return 1
-        with _writing("--write-config", args.write_config):
-            args.write_config.write_text(result["config_toml"])
+
+    def write() -> None:
+        if args.json:
+            with _writing("--json", args.json):
+                report.write_json(result, args.json)
+        if args.write_config and result["config_toml"] is not None:
+            with _writing("--write-config", args.write_config):
+                args.write_config.write_text(result["config_toml"])
+
+    if _write_or_keep("wok tune", result, args.json, write):
+        return 1
+    if args.write_config and result["config_toml"] is None:
+        print("wok tune: no setting meets the SLO; no config written", file=sys.stderr)
+        return 1
     return 0 if result["chosen"] is not None else 1
 
 

@@ -489,3 +489,50 @@ def test_a_folder_where_no_file_can_be_made_is_refused_for_root_too(path, folder
     option = "--plots" if folder else "--json"
     status, _, err = wok_cli("simulate", "--steps", "100", "--step-duration", "1s", option, path)
     assert status == 2 and err.startswith(f"wok simulate: {option} {path}: folder /proc is not writable"), err
+
+
+TUNE = ["tune", "--slo-p99", "20ms", "--alpha", "1ms", "--beta", "0.25ms", "--max-batch-sizes", "4"]
+TUNE += ["--delays", "0ms", "--sim-duration", "1s", "--iterations", "2"]
+PROFILE = ["profile", "mlp", "--batch-sizes", "1,4", "--warmup", "0", "--repeats", "2"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "module", "option", "name", "schema"),
+    [
+        (TUNE, "tune", "--json", "t.json", "wok.tune/1"),
+        (TUNE, "tune", "--write-config", "c.toml", "wok.tune/1"),
+        (PROFILE, "profiler", "--json", "p.json", "wok.profile/1"),
+        (PROFILE, "profiler", "--plot", "p.png", "wok.profile/1"),
+    ],
+    ids=["tune-json", "tune-write-config", "profile-json", "profile-plot"],
+)
+def test_a_tune_or_profile_whose_output_fails_at_the_end_keeps_the_result(
+    argv, module, option, name, schema, tmp_path, monkeypatch, wok_cli
+):
+    """`wok tune` and `wok profile` lost their result (exit 2) when a write failed past the
+    up-front check, as the ramp did before it kept it."""
+    import importlib
+    import json
+    import tempfile
+
+    folder, temp = tmp_path / "out", tmp_path / "temp"
+    folder.mkdir()
+    temp.mkdir()
+    mod = importlib.import_module(f"wok.bench.{module}")
+    shown = mod.print_table
+
+    def show_then_lose_the_folder(result):  # the work is done; its files are written next
+        shown(result)
+        _lose(folder)
+
+    monkeypatch.setattr(mod, "print_table", show_then_lose_the_folder)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    path = folder / name
+    status, _, err = wok_cli(*argv, option, str(path))
+    (kept,) = temp.glob("wok-bench-*.json")
+    last = err.splitlines()[-1]
+    assert status == 1, err
+    # Why it failed is the OS's (profile's plot makes its folder: "File exists"), the rest is wok's.
+    assert last.startswith(f"wok {argv[0]}: {option} {path}: "), last
+    assert last.endswith(f"; the result is kept in {kept} instead"), last
+    assert json.loads(kept.read_text())["schema"] == schema

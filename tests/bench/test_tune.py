@@ -247,12 +247,14 @@ def test_sampled_batch_times_without_a_profile_are_refused(wok_cli):
 
 def test_a_write_that_fails_after_the_search_is_reported_not_a_traceback(tmp_path, monkeypatch, wok_cli):
     """Past the up-front check (a disk that fills, a folder removed meanwhile), the OSError is the
-    option's message, exit 2."""
+    option's message, exit 2, when --json holds the result (without it, the result is kept in a
+    temporary file: tests/bench/test_outputs.py)."""
     import wok.bench.cli as cli
 
     monkeypatch.setattr(cli, "_check_outputs", lambda *a: None, raising=False)
     config = tmp_path / "gone" / "config.toml"
-    status, out, err = wok_cli("tune", "--slo-p99", "20ms", *SMALL, "--write-config", str(config))
+    argv = ["--json", str(tmp_path / "tune.json"), "--write-config", str(config)]
+    status, out, err = wok_cli("tune", "--slo-p99", "20ms", *SMALL, *argv)
     assert "chosen:" in out
     assert (status, err.splitlines()[-1]) == (2, f"wok tune: --write-config {config}: No such file or directory")
 
