@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -196,6 +197,33 @@ def _cell(value: float | None, spec: str) -> str:
     return format(value, spec) if value is not None else "-".rjust(int(spec.split(".")[0]))
 
 
+def _settings(p: argparse.ArgumentParser, args) -> list[tuple[int, float, int, int]]:
+    """Every (loops, hog µs, accept tasks, drain) to measure, or the parser's error (exit 2) for a bad
+    option, checked before the first server starts."""
+    if not (args.duration > 0 and math.isfinite(args.duration)):
+        p.error(f"--duration: expected seconds > 0, got {args.duration:g}")
+    if not (args.warmup >= 0 and math.isfinite(args.warmup)):
+        p.error(f"--warmup: expected seconds >= 0, got {args.warmup:g}")
+    for option, value in (("--channels", args.channels), ("--inflight", args.inflight), ("--reps", args.reps)):
+        if value < 1:
+            p.error(f"{option}: expected an integer >= 1, got {value}")
+
+    def values(option: str, text: str, kind, ok, expected: str) -> list:
+        try:
+            out = [kind(x) for x in text.split(",")]
+        except ValueError:
+            out = []
+        if not out or not all(ok(v) for v in out):
+            p.error(f"{option}: expected {expected}, comma-separated; got {text!r}")
+        return out
+
+    hogs = values("--hog-us", args.hog_us, float, lambda v: 0 <= v < math.inf, "microseconds >= 0")
+    loops = values("--loops", args.loops, int, lambda v: v >= 1, "integers >= 1")
+    tasks = values("--accept-tasks", args.accept_tasks, int, lambda v: v >= 0, "integers >= 0")
+    drains = values("--drain", args.drain, int, lambda v: v in (0, 1), "0 or 1")
+    return [(n, h, t, d) for h in hogs for n in loops for t in tasks for d in drains]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--loops", default="1,4", help="servers on the port, comma-separated")
@@ -237,13 +265,7 @@ def main(argv=None) -> int:
         else:
             uvloop.run(serve)
         return 0
-    settings = [
-        (int(n), float(h), int(t), int(d))
-        for h in args.hog_us.split(",")
-        for n in args.loops.split(",")
-        for t in args.accept_tasks.split(",")
-        for d in args.drain.split(",")
-    ]
+    settings = _settings(p, args)
     keys = ("loops", "hog_us", "accept_tasks", "drain")
     runs = []
     for rep in range(args.reps):

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     from wok.bench.arrivals import parse_duration
     from wok.config import InstanceConfig
     from wok.executor import Executor
-    from wok.models import build_demo
+    from wok.models import DEMO_MODELS, build_demo
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp", help="a demo model with one FP32 input (default mlp)")
@@ -78,15 +78,32 @@ def main(argv=None) -> int:
     refuse_unwritable(p, args, "--json")
     if not sys.platform.startswith("linux"):
         p.error("reads thread CPU time from Linux's /proc")
+    try:
+        sizes = [int(x) for x in args.sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        p.error(f"--sizes: expected positive integers, comma-separated; got {args.sizes!r}")
+    if args.batches < 1:
+        p.error(f"--batches: expected an integer >= 1, got {args.batches}")
+    if args.torch_threads is not None and args.torch_threads < 1:
+        p.error(f"--torch-threads: expected an integer >= 1, got {args.torch_threads}")
+    if args.model not in DEMO_MODELS:
+        p.error(f"--model: expected a demo model with one FP32 input (mlp), got {args.model!r}")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     servable = build_demo(args.model)
-    (inp,) = servable.config.inputs
+    inputs = servable.config.inputs
+    # The batches are rows of ones of one input's fixed dims (recsys has two inputs, encoder variable dims).
+    if len(inputs) != 1 or min(inputs[0].dims, default=1) < 0:
+        got = ", ".join(f"{i.name} {i.datatype}{list(i.dims)}" for i in inputs)
+        p.error(f"--model {args.model}: expected a demo model with one FP32 input of fixed dims, got inputs {got}")
+    (inp,) = inputs
     executor = Executor(servable, InstanceConfig(count=1, devices=("cpu",), pipeline_depth=1))
     instance = executor.instances[0]
     try:
         out = []
-        for n in (int(x) for x in args.sizes.split(",")):
+        for n in sizes:
             requests = [{inp.name: np.ones((1, *inp.dims), np.float32)} for _ in range(n)]
             rows = [1] * n
             for _ in range(20):

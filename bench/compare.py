@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from wok.bench.arrivals import parse_duration, parse_steps
 from wok.bench.outputs import refuse_unwritable, write_final
 
 SCHEMA = "wok.compare/1"
@@ -722,14 +723,6 @@ def host_info() -> dict:
 # --------------------------------------------------------------------------- main
 
 
-def parse_duration(text: str) -> float:
-    text = text.strip()
-    for suffix, mul in (("ms", 1e-3), ("s", 1.0), ("m", 60.0)):
-        if text.endswith(suffix) and text[: -len(suffix)].replace(".", "", 1).isdigit():
-            return float(text[: -len(suffix)]) * mul
-    return float(text)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -739,7 +732,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="wok,pytriton,mlserver",
         help=f"comma list of {', '.join(PEERS)}, or wok@REV (wok as committed at git revision REV)",
     )
-    p.add_argument("--steps", default=DEFAULT_STEPS, help="offered QPS per step")
+    p.add_argument("--steps", default=DEFAULT_STEPS, help="offered QPS per step: a list, or start:stop:factor")
     p.add_argument("--step-duration", default="5s", help="measured length of each step (default 5s)")
     p.add_argument("--warmup", default="1s", help="uncounted start of each step (default 1s)")
     p.add_argument("--reps", type=int, default=3, help="repetitions; server order rotates each one (default 3)")
@@ -807,10 +800,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [s for s in args.server_list if s not in PEERS]
     if unknown:
         p.error(f"unknown server(s) {unknown}; known: {', '.join(PEERS)}")
+    if not args.server_list:
+        p.error(f"--servers: expected at least one server name, got {args.servers!r}")
+    twice = sorted({s for s in args.server_list if args.server_list.count(s) > 1})
+    if twice:
+        p.error(f"--servers: expected each server once, got {', '.join(twice)} more than once")
     if not (args.host_probe >= 0 and math.isfinite(args.host_probe)):
         p.error(f"--host-probe: expected seconds >= 0 (0: off), got {args.host_probe:g}")
-    args.step_list = [float(x) for x in args.steps.split(",")]
-    args.report_list = [float(x) for x in args.report_at.split(",")]
+    # Every value checked here: a bad one found once the first server is up costs its start.
+    for option, value in (("--reps", args.reps), ("--workers", args.workers)):
+        if value < 1:
+            p.error(f"{option}: expected an integer >= 1, got {value}")
+    if not (args.stop_factor > 0 and math.isfinite(args.stop_factor)):
+        p.error(f"--stop-factor: expected a number > 0, got {args.stop_factor:g}")
+    try:
+        args.step_list = parse_steps(args.steps)
+    except ValueError as exc:
+        p.error(f"--steps: {exc}")
+    try:
+        args.report_list = parse_steps(args.report_at)
+    except ValueError as exc:
+        p.error(f"--report-at: {exc}")
+    for option, text in (("--step-duration", args.step_duration), ("--warmup", args.warmup)):
+        try:
+            setattr(args, option.removeprefix("--").replace("-", "_") + "_s", parse_duration(text))
+        except ValueError as exc:
+            p.error(f"{option}: {exc}")
+    if args.step_duration_s <= 0:
+        p.error(f"--step-duration: expected a duration > 0, got {args.step_duration!r}")
     missing = [q for q in args.report_list if q not in args.step_list]
     if missing:
         print(
@@ -910,8 +927,8 @@ def main(argv: list[str] | None = None) -> int:
 def _compare(args: argparse.Namespace, peers: list[Peer]) -> int:
     cfg_kwargs = {
         "steps": args.step_list,
-        "step_duration_s": parse_duration(args.step_duration),
-        "warmup_s": parse_duration(args.warmup),
+        "step_duration_s": args.step_duration_s,
+        "warmup_s": args.warmup_s,
         "arrival": args.arrival,
         "slo_p99_ms": max(SLOS_MS),
         "workers": args.workers,

@@ -12,7 +12,10 @@ What it checks, on cuda:0:
     CPU's answers (rtol 1e-3, TF32 allowed) and the mean batch size.
 Exits 1 when a check fails, and when --json cannot be written at the end (the figures are then
 kept in a temporary wok-bench-*.json, named on stderr). `--device cpu` runs the same steps
-without a GPU, as a dry run of the script itself (no overlap or pinning is expected there).
+without a GPU, as a dry run of the script itself (no overlap or pinning is expected there); give
+it small sizes, as the default model takes over half an hour on a CPU:
+
+    python bench/gpu_check.py --device cpu --hidden 512 --layers 1 --rows 64 --batches 10
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from wok.models import build_demo
 # (2026-11-30) assembly took 6.5 ms and copy-in 0.7 ms, while one 8192x2048 layer computed
 # in 0.8 ms, so the GPU sat idle between batches and no copy ran during compute. Four
 # 8192-wide layers compute for about 11 ms (1024 rows x 537 MFLOP at ~50 TFLOP/s FP32).
+# The default sizes take over half an hour on a CPU; these take seconds.
+CPU_DRY_RUN = "--device cpu --hidden 512 --layers 1 --rows 64 --batches 10"
 OVERLAP_MODEL = dict(in_features=8192, hidden=8192, out_features=256, layers=4, max_batch_size=1024)
 
 
@@ -122,7 +127,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device; run it on a GPU machine (or --device cpu for a dry run)", file=sys.stderr)
+        print(f"gpu_check: no CUDA device; run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)", file=sys.stderr)
         return 2
 
     model = {**OVERLAP_MODEL, "hidden": args.hidden, "layers": args.layers}

@@ -23,23 +23,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from wok.bench.arrivals import parse_duration
 from wok.bench.outputs import refuse_unwritable, write_final
 
 SCHEMA = "wok.latency_breakdown/1"
 STAGES = ("lag", "queue", "flush_late", "hop_to_worker", "assemble", "compute", "split", "hop_back", "total")
-
-
-def parse_duration(text: str) -> float:
-    for suffix, mul in (("ms", 1e-3), ("s", 1.0), ("m", 60.0)):
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * mul
-    return float(text)
 
 
 def percentiles(values) -> dict:
@@ -152,18 +147,26 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, help="write the wok.latency_breakdown/1 document here")
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json", parents_made=True)
+    if not (args.qps > 0 and math.isfinite(args.qps)):
+        p.error(f"--qps: expected a rate > 0, got {args.qps:g}")
+    try:
+        duration_s = parse_duration(args.duration)
+    except ValueError as exc:
+        p.error(f"--duration: {exc}")
+    if duration_s <= 0:
+        p.error(f"--duration: expected a duration > 0, got {args.duration!r}")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as wok serve sets it, before torch loads
     import uvloop
 
     import wok
 
-    result = uvloop.run(measure(args.qps, parse_duration(args.duration), args.seed))
+    result = uvloop.run(measure(args.qps, duration_s, args.seed))
     doc = {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "wok": str(Path(wok.__file__).resolve().parent),
         "loadavg_at_end": list(os.getloadavg()),
-        "config": {"qps": args.qps, "duration_s": parse_duration(args.duration), "seed": args.seed, "model": "mlp"},
+        "config": {"qps": args.qps, "duration_s": duration_s, "seed": args.seed, "model": "mlp"},
         **result,
     }
     print(f"{'stage':14s} {'mean':>7s} {'p50':>7s} {'p90':>7s} {'p99':>7s} {'max':>7s}  (ms; {doc['wok']})")

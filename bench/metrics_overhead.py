@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import gc
 import json
+import math
 import os
 import re
 import statistics
@@ -91,6 +92,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
+    for option, value in (("--reps", args.reps), ("--concurrency", args.concurrency)):
+        if value < 1:
+            ap.error(f"{option}: expected an integer >= 1, got {value}")
+    if not (args.seconds > 0 and math.isfinite(args.seconds)):
+        ap.error(f"--seconds: expected a number > 0, got {args.seconds:g}")
     gc.disable()  # the load generator's own pauses would cap both runs alike, and add noise
     runs, ratios = [], []
     for rep in range(args.reps):

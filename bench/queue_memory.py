@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the wok.queue_memory/1 document here")
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
+    if args.requests < 1:
+        ap.error(f"--requests: expected an integer >= 1, got {args.requests}")
+    if any(bound < 0 for bound in args.max_queue_size or ()):
+        ap.error(f"--max-queue-size: expected integers >= 0 (0: none), got {args.max_queue_size}")
     runs = []
     for bound in args.max_queue_size or [0, 4096]:
         print(f"[queue_memory] {args.requests} calls, max_queue_size {bound} …", file=sys.stderr, flush=True)

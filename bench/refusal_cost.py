@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 import grpc
 import numpy as np
 
-from wok.bench.compare import TEMPLATES, free_port, local_wok, tree_usage
+from wok.bench.compare import REV_PEER, TEMPLATES, free_port, local_wok, tree_usage, wok_at_rev
 from wok.bench.faults import post_fault
 from wok.bench.outputs import refuse_unwritable, write_final
 from wok.bench.report import write_json
@@ -117,10 +117,10 @@ async def _timed(stub, req: pb.ModelInferRequest, calls: int, concurrency: int, 
     }
 
 
-async def measure(server: str, rows_list: list[int], calls: int, concurrency: int) -> dict:
+async def measure(server: str, rows_list: list[int], calls: int, concurrency: int, rev: str | None = None) -> dict:
+    """`server` (wok, wok@REV or bare), the label of the run; `rev`: the commit a wok@REV serves."""
     if server == "bare":
         return await measure_bare(rows_list, calls, concurrency)
-    rev = server.partition("@")[2] or None
     serve = ["--models", "mlp", "--admin", "--log-level", "ERROR", "--grace-period", "0"]
     serve += ["--demo-option", f"mlp.max_queue_size={BOUND}"]
     out: dict = {"server": server, "rows": {}}
@@ -145,9 +145,43 @@ def _median(runs: list[dict], server: str, rows: int, key: str) -> float:
     return statistics.median(r["rows"][str(rows)][key] for r in runs if r["server"] == server)
 
 
+def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, str | None], list[int]]:
+    """The servers (each name to the commit a wok@REV serves, else None) and the rows values, or
+    the parser's error (exit 2) before any server starts."""
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    if not servers:
+        ap.error(f"--servers: expected wok, bare or wok@REV, comma-separated; got {args.servers!r}")
+    revs: dict[str, str | None] = {}
+    for name in servers:
+        if name in ("wok", "bare"):
+            revs[name] = None
+            continue
+        if not REV_PEER.fullmatch(name):
+            ap.error(f"--servers: expected wok, bare or wok@REV; got {name!r}")
+        # Resolved once, up front: an unknown revision is refused before any server starts, and
+        # every rep serves the same commit even if a branch named by REV moves meanwhile.
+        try:
+            revs[name] = wok_at_rev(name).extra["rev"]
+        except ValueError as exc:
+            ap.error(f"--servers: {exc}")
+    twice = sorted({s for s in servers if servers.count(s) > 1})
+    if twice:
+        ap.error(f"--servers: expected each server once, got {', '.join(twice)} more than once")
+    try:
+        rows_list = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        ap.error(f"--rows: expected positive integers, comma-separated; got {args.rows!r}")
+    if min(rows_list) < 1:
+        ap.error(f"--rows: expected positive integers, comma-separated; got {args.rows!r}")
+    for option, value in (("--calls", args.calls), ("--concurrency", args.concurrency), ("--reps", args.reps)):
+        if value < 1:
+            ap.error(f"{option}: expected an integer >= 1, got {value}")
+    return revs, rows_list
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--servers", default="wok", help="comma-separated: wok, wok@REV (default wok)")
+    ap.add_argument("--servers", default="wok", help="comma-separated: wok, wok@REV, bare (default wok)")
     ap.add_argument("--rows", default="1,32", help="rows per refused call, comma-separated (default 1,32)")
     ap.add_argument("--calls", type=int, default=5_000, help="refused calls per rows value (default 5,000)")
     ap.add_argument("--concurrency", type=int, default=32, help="calls in flight at a time (default 32)")
@@ -155,14 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the wok.refusal_cost/1 document here")
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
-    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    rows_list = [int(r) for r in args.rows.split(",")]
+    revs, rows_list = _check_args(ap, args)
+    servers = list(revs)
     runs = []
     for rep in range(args.reps):
         order = servers[rep % len(servers) :] + servers[: rep % len(servers)]
         for server in order:
             print(f"[refusal_cost] rep {rep + 1}/{args.reps}: {server} …", file=sys.stderr, flush=True)
-            run = asyncio.run(measure(server, rows_list, args.calls, args.concurrency))
+            pinned = {"rev": revs[server]} if revs[server] else {}  # wok@REV: the commit resolved up front
+            run = asyncio.run(measure(server, rows_list, args.calls, args.concurrency, **pinned))
             run["rep"] = rep + 1
             runs.append(run)
     print(f"{'server':>16} {'rows':>5} {'server CPU µs/call':>19} {'answers/s':>10}   (median of {args.reps})")

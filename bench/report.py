@@ -81,6 +81,18 @@ def write_json(result: dict, path) -> None:
     Path(path).write_text(to_json(result), encoding="utf-8")
 
 
+def read_json_object(path) -> dict:
+    """A JSON object read from `path` (a finished run, a profile); a ValueError beginning with the
+    path says why not."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
 CSV_COLUMNS = (
     "offered_qps",
     "achieved_qps",

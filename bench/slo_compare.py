@@ -40,6 +40,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `wok serve` does, befo
 import numpy as np
 
 from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.report import read_json_object
 
 SCHEMA = "wok.slocompare/1"
 STEP_KEYS = ("offered_qps", "achieved_qps", "dispatch_lag_ms")
@@ -357,7 +358,33 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(str(exc))
     if args.rows < 1 or args.reps < 1 or args.base_qps <= 0:
         p.error("--rows, --reps and --base-qps must be positive")
+    # The input files, read here: a missing or wrong one found after the profile and tuning costs them.
+    if args.replot:
+        try:
+            args.replot_doc = read_run(args.replot)
+        except ValueError as exc:
+            p.error(f"--replot {exc}")
+    elif args.profile:
+        from wok.bench.tune import profile_from_document
+        from wok.policy import read_profile_fit
+
+        try:
+            read_profile_fit(args.profile)  # as the slo policy's server reads it: numeric fit.alpha_s, fit.beta_s
+            args.profile_doc = json.loads(args.profile.read_text())
+            profile_from_document(args.profile_doc, f"profile {args.profile}")  # as the tuning reads it
+        except (OSError, ValueError) as exc:
+            p.error(f"--profile: {exc}")
     return args
+
+
+def read_run(path: Path) -> dict:
+    """A finished run's document (`wok.slocompare/1`), for --replot; a ValueError says why not, after the path."""
+    doc = read_json_object(path)
+    if doc.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
+    if not isinstance(doc.get("runs"), list) or not isinstance(doc.get("config"), dict):
+        raise ValueError(f"{path}: not a whole run; expected its runs and config")
+    return doc
 
 
 def main(argv=None) -> int:
@@ -366,7 +393,7 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     if args.replot:
-        plot(json.loads(args.replot.read_text()), args.plot or args.replot.with_suffix(".png"))
+        plot(args.replot_doc, args.plot or args.replot.with_suffix(".png"))
         return 0
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     load0 = os.getloadavg()
@@ -374,7 +401,7 @@ def main(argv=None) -> int:
     runs = []
     tmp = Path(tempfile.mkdtemp(prefix="wok-slo-compare-"))
     try:
-        profile_doc = json.loads(args.profile.read_text()) if args.profile else run_profile(tmp, args)
+        profile_doc = args.profile_doc if args.profile else run_profile(tmp, args)
         (tmp / "profile.json").write_text(json.dumps(profile_doc))
         fit = profile_doc["fit"]
         say(f"α = {1e3 * fit['alpha_s']:.3f} ms, β = {1e3 * fit['beta_s']:.4f} ms/sample")

@@ -16,6 +16,7 @@ over the reps.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -42,6 +43,15 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json", parents_made=True)
+    if args.reps < 1:
+        p.error(f"--reps: expected an integer >= 1, got {args.reps}")
+    if not (args.gap_ms >= 0 and math.isfinite(args.gap_ms)):
+        p.error(f"--gap-ms: expected milliseconds >= 0, got {args.gap_ms:g}")
+    # The touch series sleeps gap - lead before its read: a lead past the gap cannot be slept.
+    if not (args.touch_lead_ms > 0 and (args.touch_lead_ms <= args.gap_ms or args.gap_ms == 0)):
+        p.error(
+            f"--touch-lead-ms: expected milliseconds > 0 and <= --gap-ms ({args.gap_ms:g}), got {args.touch_lead_ms:g}"
+        )
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import numpy as np
     import torch

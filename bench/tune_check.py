@@ -40,6 +40,7 @@ clean snapshot (`PYTHONPATH=SNAPSHOT python -m wok.bench.tune_check`) measures t
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import time
@@ -54,10 +55,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 
 from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.report import read_json_object
 
 SCHEMA = "wok.tunecheck/2"  # /1: before the CPU stage (`predicted_*` was the batcher-only prediction)
 DEFAULT_STEPS = "250,500,1000,1500,2000,2500,3000,3500,4000,5000"
 TOLERANCE = 0.20
+# Arguments left out of a run's `config`: the outputs, and --profile's document (kept whole as `profile`).
+NOT_CONFIG = ("json", "plot", "save_profile", "save_overhead", "save_cpu", "log_dir", "profile_doc", "profile_fit")
 # A step during which processes other than the server and the load generator used more than
 # this many cores (of the machine's) measured the machine, not the server (as in bench/compare.py).
 QUIET_CORES = 0.25
@@ -520,9 +524,10 @@ def _steps_within(rows: list[dict], prediction: str) -> int | None:
 def print_report(doc: dict, file=None) -> None:
     from rich import box
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
 
-    console = Console(file=file or sys.stdout, color_system=None, highlight=False, markup=False, width=200)
+    tables = []
     for run in doc["runs"]:
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                       title=f"rep {run['rep']} {run['label']}: max_batch_size {run['max_batch_size']}, "
@@ -554,6 +559,14 @@ def print_report(doc: dict, file=None) -> None:
                 _num2(r.get("predicted_loop_utilization")),
                 _num2(r["other_cores"]),
             )
+        tables.append(table)
+    # Wide enough for every table whole: at a narrower width rich shortens the no_wrap cells and
+    # headers to "…", whether it writes to a terminal or to a pipe.
+    wide = Console(file=io.StringIO(), width=1 << 16)
+    width = max((Measurement.get(wide, wide.options, t).maximum for t in tables), default=0)
+    console = Console(file=file or sys.stdout, color_system=None, highlight=False, markup=False,
+                      width=max(width, 80), soft_wrap=True)  # fmt: skip
+    for table in tables:
         console.print(table)
         console.print()
     v = doc["verdict"]
@@ -836,41 +849,112 @@ def parse_args(argv=None):
     # --log-dir: the servers' logs (and the device-like model's repository), first written after
     # the profile.
     refuse_unwritable(p, args, "--json", "--plot", "--save-profile", "--save-overhead", "--save-cpu", "--log-dir")
-    args.slo_ms = 1e3 * parse_duration(args.slo_p99)
-    args.steps_list = parse_steps(args.steps)
-    args.step_duration = parse_duration(args.step_duration)
-    args.warmup = parse_duration(args.warmup)
-    args.calibration_duration = parse_duration(args.calibration_duration)
-    args.cpu_steps_list = parse_steps(args.cpu_steps)
-    args.cpu_calibration_duration = parse_duration(args.cpu_calibration_duration)
-    args.sizes = [int(x) for x in args.max_batch_sizes.split(",")]
-    args.delays_s = [parse_duration(x) for x in args.delays.split(",")]
-    args.default_setting = _setting(args.default)
-    args.tuned_setting = _setting(args.tuned) if args.tuned else None
-    args.device_like = None
-    if args.device_like_spec:
-        a, _, b = args.device_like_spec.partition(",")
-        args.device_like = (parse_duration(a), parse_duration(b))
+    if args.markdown:  # nothing else is read
+        try:
+            args.markdown_doc = read_run(args.markdown)
+        except ValueError as exc:
+            p.error(f"--markdown {exc}")
+        return args
+    # Every value checked before the first measurement: the profile alone takes minutes.
+    try:
+        option = "--slo-p99"
+        args.slo_ms = 1e3 * parse_duration(args.slo_p99)
+        option = "--steps"
+        args.steps_list = parse_steps(args.steps)
+        for option in ("--step-duration", "--warmup", "--calibration-duration", "--cpu-calibration-duration"):
+            attr = option.removeprefix("--").replace("-", "_")
+            setattr(args, attr, parse_duration(getattr(args, attr)))
+        option = "--sim-duration"
+        sim_duration = _seconds(args.sim_duration)  # checked only: the run's config keeps the text given
+        option = "--cpu-steps"
+        args.cpu_steps_list = parse_steps(args.cpu_steps)
+        option = "--max-batch-sizes"
+        args.sizes = _positive_ints(args.max_batch_sizes)
+        option = "--profile-sizes"
+        _positive_ints(args.profile_sizes)
+        option = "--delays"
+        args.delays_s = [parse_duration(x) for x in args.delays.split(",")]
+        option = "--default"
+        args.default_setting = _setting(args.default)
+        option = "--tuned"
+        args.tuned_setting = _setting(args.tuned) if args.tuned else None
+        option = "--device-like"
+        args.device_like = None
+        if args.device_like_spec:
+            a, comma, b = args.device_like_spec.partition(",")
+            if not comma:
+                raise ValueError(f"expected ALPHA,BETA (e.g. 5ms,1ms); got {args.device_like_spec!r}")
+            args.device_like = (parse_duration(a), parse_duration(b))
+    except ValueError as exc:
+        p.error(f"{option}: {exc}")
+    for name, value in (("--step-duration", args.step_duration), ("--calibration-duration", args.calibration_duration),
+                        ("--cpu-calibration-duration", args.cpu_calibration_duration),
+                        ("--sim-duration", sim_duration)):  # fmt: skip
+        if value <= 0:
+            p.error(f"{name}: expected a duration > 0, got {value:g} s")
+    for name, value in (("--reps", args.reps), ("--workers", args.workers), ("--profile-reps", args.profile_reps)):
+        if value < 1:
+            p.error(f"{name}: expected an integer >= 1, got {value}")
+    if not (args.calibration_qps > 0 and np.isfinite(args.calibration_qps)):
+        p.error(f"--calibration-qps: expected a rate > 0, got {args.calibration_qps:g}")
+    if not (args.cores > 0 and np.isfinite(args.cores)):
+        p.error(f"--cores: expected a number > 0, got {args.cores:g}")
+    if args.profile:
+        try:
+            args.profile_doc, args.profile_fit = read_profile(args.profile)
+        except ValueError as exc:
+            p.error(f"--profile: {exc}")
     return args
+
+
+def _positive_ints(spec: str) -> list[int]:
+    try:
+        values = [int(x) for x in spec.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ValueError(f"expected positive integers, comma-separated; got {spec!r}")
+    return values
+
+
+def read_profile(path: Path) -> tuple[dict, object]:
+    """A `wok.profile/1` document and its `wok.bench.tune.Profile`; a ValueError naming the path says why not."""
+    from wok.bench import tune
+
+    return read_json_object(path), tune.load_profile(path)
+
+
+def read_run(path: Path) -> dict:
+    """A finished run (`wok.tunecheck/1` or `/2`) for --markdown; a ValueError says why not, after the path."""
+    doc = read_json_object(path)
+    if doc.get("schema") not in ("wok.tunecheck/1", SCHEMA):
+        raise ValueError(f"{path}: schema is {doc.get('schema')!r}, expected 'wok.tunecheck/1' or {SCHEMA!r}")
+    missing = [k for k in ("config", "host", "overhead", "tuned_setting", "runs", "verdict") if k not in doc]
+    if missing:
+        raise ValueError(f"{path}: not a whole run; no {', '.join(missing)}")
+    return doc
 
 
 def _setting(spec: str) -> tuple[int, float]:
     from wok.bench.arrivals import parse_duration
 
-    n, _, d = spec.partition(",")
-    return int(n), 1e3 * parse_duration(d)  # (max_batch_size, delay in ms)
+    n, comma, d = spec.partition(",")
+    try:
+        size = int(n)
+    except ValueError:
+        size = 0
+    if not comma or size < 1:
+        raise ValueError(f"expected MAX_BATCH_SIZE,DELAY (e.g. 32,5ms); got {spec!r}")
+    return size, 1e3 * parse_duration(d)  # (max_batch_size, delay in ms)
 
 
 def main(argv=None) -> int:
-    import json
-
     from wok.bench import report
     from wok.bench.compare import metered_ramp, stop_all
     from wok.bench.tune import (
         SearchConfig,
         batch_noise_by_rate,
         cpu_from_document,
-        load_profile,
         overhead_by_rate,
         overhead_document,
         print_table,
@@ -880,7 +964,7 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     if args.markdown:
-        doc = json.loads(args.markdown.read_text())
+        doc = args.markdown_doc
         if args.refresh:
             add_batcher_means(doc)
             report.write_json(doc, args.markdown)
@@ -892,8 +976,7 @@ def main(argv=None) -> int:
     try:
         # 1. profile
         if args.profile:
-            profile_doc = json.loads(args.profile.read_text())
-            profile = load_profile(args.profile)
+            profile_doc, profile = args.profile_doc, args.profile_fit
         else:
             sizes = [int(x) for x in args.profile_sizes.split(",")]
             say(f"profiling mlp in-process: sizes {sizes}, {args.profile_reps} batches each")
@@ -1015,11 +1098,7 @@ def main(argv=None) -> int:
         "schema": SCHEMA,
         "created": started,
         "host": {"cpus": os.cpu_count(), "loadavg_at_start": loadavg_start, "loadavg_at_end": os.getloadavg()},
-        "config": {
-            k: v
-            for k, v in vars(args).items()
-            if k not in ("json", "plot", "save_profile", "save_overhead", "save_cpu", "log_dir")
-        },
+        "config": {k: v for k, v in vars(args).items() if k not in NOT_CONFIG},
         "profile": profile_doc,
         "cpu_stage": cpu_doc,
         "overhead": overhead_doc,

@@ -29,3 +29,14 @@ def test_gpu_session_script_parses():
     import subprocess
 
     subprocess.run(["bash", "-n", str(ROOT / "bench" / "gpu_session.sh")], check=True)
+
+
+def test_without_cuda_the_hint_names_a_cpu_dry_run_that_takes_seconds(monkeypatch, capsys):
+    # The default sizes take over half an hour on a CPU: the hint gives the small ones.
+    from wok.bench import gpu_check
+
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
+    assert gpu_check.main(["--device", "cuda:0"]) == 2
+    small = "--device cpu --hidden 512 --layers 1 --rows 64 --batches 10"
+    assert small in capsys.readouterr().err
+    assert small in gpu_check.__doc__

@@ -148,7 +148,7 @@ def _slo_compare_measured_nothing(monkeypatch, tmp_path, at_end):
     from wok.bench import slo_compare
 
     profile = tmp_path / "profile.json"
-    profile.write_text('{"fit": {"alpha_s": 0.001, "beta_s": 0.0001}}')
+    profile.write_text('{"schema": "wok.profile/1", "fit": {"alpha_s": 0.001, "beta_s": 0.0001}}')
     summary = {"goodput_qps": 1.0, "refused": 0, "accepted_latency_ms": {"p99": 1.0}}
     monkeypatch.setattr(slo_compare, "start_server", lambda *args: _Server())
     monkeypatch.setattr(slo_compare, "server_counters", lambda url: {})

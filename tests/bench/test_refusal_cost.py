@@ -29,3 +29,16 @@ def test_calls_to_a_full_queue_are_all_refused_and_the_bare_server_answers_them_
     assert [(s["server"], s["rows"]) for s in doc["summary"]] == [("wok", 1), ("wok", 4), ("bare", 1), ("bare", 4)]
     assert all(s["server_cpu_us_per_call"] > 0 and s["answers_per_s"] > 0 for s in doc["summary"])
     assert "server CPU µs/call" in proc.stdout
+
+
+def test_a_wok_at_rev_server_is_resolved_to_its_commit_up_front():
+    # Every rep serves the commit REV named when the run began, under the name as given.
+    import argparse
+
+    from wok.bench import refusal_cost
+
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    args = argparse.Namespace(servers="wok, wok@HEAD ,bare", rows="1,32", calls=1, concurrency=1, reps=1)
+    revs, rows = refusal_cost._check_args(argparse.ArgumentParser(), args)
+    assert revs == {"wok": None, "wok@HEAD": head.stdout.strip(), "bare": None}
+    assert rows == [1, 32]

@@ -1,0 +1,149 @@
+"""The standalone scripts of bench/ refuse a bad option as argparse refuses one: a line that names
+the option, exit 2, before any server starts or any measurement runs (not a traceback minutes in,
+nor a run that measures nonsense and exits 0)."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Started(BaseException):
+    """A process started by a script that should have stopped at its arguments; a BaseException,
+    so that a script's own `except Exception` around a server does not swallow it."""
+
+
+@pytest.fixture
+def nothing_started(monkeypatch):
+    """Every process start fails the test, but git's (wok@REV names are resolved up front)."""
+    real = subprocess.Popen
+
+    def popen(args, *a, **kw):
+        argv = [args] if isinstance(args, str) else list(args)
+        if Path(str(argv[0])).name != "git":
+            raise Started(f"started {argv}")
+        return real(args, *a, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+
+
+@pytest.fixture
+def bad_files(tmp_path) -> dict[str, str]:
+    files = {
+        "missing": tmp_path / "missing.json",
+        "list": tmp_path / "list.json",
+        "no_fit": tmp_path / "no_fit.json",
+        "not_json": tmp_path / "not_json.json",
+    }
+    files["list"].write_text("[1, 2]\n")
+    files["no_fit"].write_text(json.dumps({"schema": "wok.profile/1"}))
+    files["not_json"].write_text("{nope\n")
+    return {k: str(v) for k, v in files.items()}
+
+
+COMPARE = ["--servers", "wok", "--steps", "100", "--reps", "1", "--host-probe", "0"]
+
+# (script, arguments, what the message must hold); {name} is a path from `bad_files`.
+CASES = [
+    ("compare", [*COMPARE, "--step-duration=-1s"], "--step-duration: invalid duration '-1s'"),
+    ("compare", [*COMPARE, "--step-duration", "1x"], "--step-duration: invalid duration '1x'"),
+    ("compare", [*COMPARE, "--step-duration", "0"], "--step-duration: expected a duration > 0, got '0'"),
+    ("compare", [*COMPARE, "--warmup", "soon"], "--warmup: invalid duration 'soon'"),
+    ("compare", [*COMPARE, "--steps", "100,abc"], "--steps: QPS steps '100,abc': 'abc' is not a number"),
+    ("compare", [*COMPARE, "--steps", "-100"], "--steps: QPS steps '-100': each step must be > 0; got -100"),
+    ("compare", [*COMPARE, "--report-at", "x"], "--report-at: QPS steps 'x'"),
+    ("compare", [*COMPARE, "--reps", "0"], "--reps: expected an integer >= 1, got 0"),
+    ("compare", [*COMPARE, "--workers", "0"], "--workers: expected an integer >= 1, got 0"),
+    ("compare", [*COMPARE, "--stop-factor", "0"], "--stop-factor: expected a number > 0, got 0"),
+    ("compare", [*COMPARE, "--servers", "wok,wok"], "--servers: expected each server once, got wok more than once"),
+    ("refusal_cost", ["--servers", "nosuch"], "--servers: expected wok, bare or wok@REV; got 'nosuch'"),
+    ("refusal_cost", ["--servers", "wok,wok@no-such-rev"], "git does not know revision 'no-such-rev'"),
+    ("refusal_cost", ["--servers", "bare,bare"], "--servers: expected each server once, got bare"),
+    ("refusal_cost", ["--rows", "1,x"], "--rows: expected positive integers, comma-separated; got '1,x'"),
+    ("refusal_cost", ["--reps", "0"], "--reps: expected an integer >= 1, got 0"),
+    ("tune_check", ["--step-duration=-1s"], "--step-duration: invalid duration '-1s'"),
+    ("tune_check", ["--steps=-100"], "--steps: QPS steps '-100': each step must be > 0"),
+    ("tune_check", ["--reps", "0"], "--reps: expected an integer >= 1, got 0"),
+    ("tune_check", ["--default", "32"], "--default: expected MAX_BATCH_SIZE,DELAY (e.g. 32,5ms); got '32'"),
+    ("tune_check", ["--max-batch-sizes", "4,x"], "--max-batch-sizes: expected positive integers"),
+    ("tune_check", ["--profile", "{missing}"], "--profile: {missing}: [Errno 2]"),
+    ("tune_check", ["--profile", "{no_fit}"], "--profile: {no_fit}: not a readable wok.profile/1 document"),
+    ("tune_check", ["--profile", "{list}"], "--profile: {list}: expected a JSON object, got list"),
+    ("tune_check", ["--markdown", "{missing}"], "--markdown {missing}: [Errno 2]"),
+    ("tune_check", ["--markdown", "{not_json}"], "--markdown {not_json}: Expecting property name"),
+    ("tune_check", ["--markdown", "{no_fit}"], "--markdown {no_fit}: schema is 'wok.profile/1', expected"),
+    ("slo_compare", ["--profile", "{missing}"], "--profile: cannot read profile {missing}"),
+    ("slo_compare", ["--profile", "{no_fit}"], "--profile: profile {no_fit}: no numeric fit.alpha_s"),
+    ("slo_compare", ["--replot", "{missing}"], "--replot {missing}: [Errno 2]"),
+    ("slo_compare", ["--replot", "{no_fit}"], "--replot {no_fit}: schema is 'wok.profile/1', expected"),
+    ("latency_breakdown", ["--duration=-1s"], "--duration: invalid duration '-1s'"),
+    ("latency_breakdown", ["--duration", "0"], "--duration: expected a duration > 0, got '0'"),
+    ("latency_breakdown", ["--qps", "-5"], "--qps: expected a rate > 0, got -5"),
+    ("thread_sizing", ["--reps", "-1"], "--reps: expected an integer >= 1, got -1"),
+    ("thread_sizing", ["--touch-lead-ms", "9"], "--touch-lead-ms: expected milliseconds > 0 and <= --gap-ms (5)"),
+    ("cold_batch", ["--model", "nosuch"], "--model: expected a demo model with one FP32 input (mlp), got 'nosuch'"),
+    ("cold_batch", ["--model", "encoder"], "--model encoder: expected a demo model with one FP32 input"),
+    ("cold_batch", ["--batches", "-1"], "--batches: expected an integer >= 1, got -1"),
+    ("cold_batch", ["--sizes", "0"], "--sizes: expected positive integers, comma-separated; got '0'"),
+    ("metrics_overhead", ["--seconds", "-1", "--reps", "1"], "--seconds: expected a number > 0, got -1"),
+    ("metrics_overhead", ["--reps", "0"], "--reps: expected an integer >= 1, got 0"),
+    ("accept_rate", ["--duration", "-1"], "--duration: expected seconds > 0, got -1"),
+    ("accept_rate", ["--drain", "0,2"], "--drain: expected 0 or 1, comma-separated; got '0,2'"),
+    ("queue_memory", ["--requests", "-1"], "--requests: expected an integer >= 1, got -1"),
+    ("queue_memory", ["--max-queue-size", "-1"], "--max-queue-size: expected integers >= 0 (0: none), got [-1]"),
+]
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "message"),
+    CASES,
+    ids=[f"{s} {' '.join(a[len(COMPARE) :] if s == 'compare' else a)}" for s, a, _ in CASES],
+)
+def test_a_bad_option_exits_2_naming_it_before_anything_starts(
+    script, argv, message, nothing_started, bad_files, capsys
+):
+    mod = importlib.import_module(f"wok.bench.{script}")
+    argv = [a.format(**bad_files) for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        mod.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ": error: " in err[-1] and message.format(**bad_files) in err[-1]
+    assert "Traceback" not in "\n".join(err)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("out", [io.StringIO, _Terminal], ids=["pipe", "terminal"])
+def test_tune_check_report_prints_every_header_and_value_whole(out):
+    from wok.bench import tune_check
+
+    doc = json.loads((ROOT / "docs" / "results" / "tune-check-50ms-run8-cpu.json").read_text())
+    file = out()
+    tune_check.print_report(doc, file=file)
+    text = file.getvalue()
+    assert "…" not in text
+    header = next(line for line in text.splitlines() if line.lstrip().startswith("offered"))
+    for h in ("offered", "achieved", "P50 meas", "P50 sim", "P99 meas", "P99 sim", "error", "P99 steady",
+              "P99 fixed", "error·f", "server P99", "outside P99", "overhead P99 sim", "below knee",
+              "batch meas", "batch sim", "loop cores meas", "loop util sim", "other cores"):  # fmt: skip
+        assert h in header
+    # A data row is 19 cells without spaces in them; the titles and the verdict have more words.
+    rows = [cells for cells in map(str.split, text.splitlines()) if len(cells) == 19 and cells[0].isdigit()]
+    want = [r for run in doc["runs"] for r in run["comparison"]]
+    assert len(rows) == len(want)
+    for cells, r in zip(rows, want):
+        assert cells[0] == f"{r['offered_qps']:g}"
+        assert cells[6] == tune_check._pct(r["relative_error"])
+        assert cells[13] == ("yes" if r["below_knee"] else "no")
+        assert cells[18] == tune_check._num2(r["other_cores"])
