@@ -23,9 +23,12 @@ the most urgent level first, FIFO within a level. With the `slo` policy (server/
 docs/batching-policy.md) the flush rule is the policy's instead of the delay window: a queue
 flushes when waiting longer would make its most pressed request miss its deadline
 ("deadline"), or when an instance is idle and waiting cannot raise throughput ("idle");
-requests that could not meet their deadline even if they ran next are refused at arrival
-(DeadlineUnmeetable), and at dispatch a request expected to finish after its deadline is
-dropped. The `slo` decisions scan the non-empty queues (a model has few batch keys).
+requests predicted to miss their deadline behind the queue ahead of them are refused at arrival
+(DeadlineUnmeetable), and at dispatch a request expected to finish after its deadline (its batch
+started when its instance is predicted free) is dropped. Across batch keys it serves the most
+urgent queue first (priority level, then deadline), as admission assumes, and a full batch for
+a spare slot goes to the busy instance predicted free first. The `slo` decisions scan the
+non-empty queues (a model has few batch keys).
 """
 
 from __future__ import annotations
@@ -386,7 +389,8 @@ class Batcher:
         return p
 
     def _admit(self, key: Hashable, rows: int, level: int, deadline: float, now: float) -> bool:
-        """slo policy: refuse a request that would miss its deadline even if it ran as soon as it could.
+        """slo policy: refuse a request predicted to miss its deadline behind the queue ahead of it
+        (`SloPolicy.finish_estimate`, from when each instance is predicted free).
 
         `submit` has already refused one whose deadline has passed (DeadlineExceeded, under every
         policy). With the model idle (nothing running, nothing queued) a request is let through
@@ -398,8 +402,7 @@ class Batcher:
         if self._queued == 0 and self._inflight == 0:
             return True
         ahead = sum(n for lvl, n in self._level_samples.items() if lvl <= level)
-        start = max(now, min(self._free_at))
-        finish = slo.finish_estimate(key, start, ahead, rows)
+        finish = slo.finish_estimate(key, [self._free_time(i, now) for i in range(len(self._busy))], ahead, rows)
         if finish > deadline:
             miss = finish - deadline
             raise DeadlineUnmeetable(
@@ -409,6 +412,10 @@ class Batcher:
                 retry_after_s=miss,
             )
         return False
+
+    def _free_time(self, inst: int, now: float) -> float:
+        """slo policy: when instance `inst` is predicted free (now if idle, or if it runs over its prediction)."""
+        return max(now, self._free_at[inst]) if self._busy[inst] else now
 
     def _passed(self, waited_s: float) -> str:
         """The message of a request dropped because its deadline passed before it could run."""
@@ -451,13 +458,17 @@ class Batcher:
                     # A busy instance's spare slot takes only a full batch, queued behind the
                     # running one so the worker never waits for the loop at saturation; a batch
                     # that is not full waits for an idle instance, as it can only grow meanwhile.
-                    idle = any(self._busy[inst] == 0 for inst, _ in self._free_slots)
-                    key, q, reason, wait = self._pick(now, full_only=not idle)
+                    # The slot is chosen first (an idle instance's whenever there is one): with
+                    # the slo policy the batch is judged from when its instance will be free.
+                    i = self._choose_slot(now)
+                    inst = self._free_slots[i][0]
+                    start = self._free_time(inst, now) if self.slo is not None else now
+                    key, q, reason, wait = self._pick(now, full_only=self._busy[inst] > 0, start=start)
                     if q is not None:
                         queued_since = self._queued_since
-                        batch = self._form(key, q, reason, now)
+                        batch = self._form(key, q, reason, now, start)
                         if batch is not None:
-                            self._dispatch(batch, queued_since)
+                            self._dispatch(batch, queued_since, i)
                         continue
                 else:
                     wait = None
@@ -514,13 +525,17 @@ class Batcher:
             except RuntimeError:  # the executor was shut down: the batch itself will fail and say so
                 pass
 
-    def _pick(self, now: float, full_only: bool = False) -> tuple[Hashable, _Queue | None, str, float | None]:
+    def _pick(
+        self, now: float, full_only: bool = False, start: float | None = None
+    ) -> tuple[Hashable, _Queue | None, str, float | None]:
         """(key, queue, reason) to flush now; else (None, None, '', seconds to the next delay flush).
 
         With `full_only`, only a queue at its flush size (or any, when draining) may go; the
-        next completion wakes the task, so no timer is needed.
+        next completion wakes the task, so no timer is needed. `start` (slo policy): when the
+        busy instance whose spare slot a full batch would take is predicted free (default now).
         """
         flush_size = self.policy.flush_size
+        slo = self.slo
         best = None
         for key in list(self._full):
             q = self._queues.get(key)
@@ -528,13 +543,27 @@ class Batcher:
             if head is None or q.samples < flush_size:
                 self._full.discard(key)
                 continue
-            if best is None or head.arrival < best[2].arrival:
-                best = (key, q, head)
+            # fixed: the oldest request first; slo: the most urgent, as admission assumed.
+            rank = head.arrival if slo is None else self._urgency(q)
+            if best is None or rank < best[2]:
+                best = (key, q, rank)
+        if slo is not None and not self._stopping:
+            if not full_only:
+                return self._pick_slo(now)
+            if best is None:
+                return None, None, "", None
+            # A full batch on a spare slot runs before whatever is queued when the instance frees:
+            # not while a more urgent queue would then start after its latest start.
+            m = self.policy.max_batch_size
+            end = (now if start is None else start) + slo.times.predict(best[0], min(best[1].samples, m))
+            if self._pressed(best[2], end) is not None:
+                return None, None, "", None
+            return best[0], best[1], "size", None
         if best is not None:
             return best[0], best[1], "drain" if self._stopping else "size", None
         if full_only and not self._stopping:
             return None, None, "", None
-        if self.slo is not None:
+        if slo is not None:
             return self._pick_slo(now)
         heads = self._heads
         while heads:
@@ -563,14 +592,19 @@ class Batcher:
         return None, None, "", None
 
     def _pick_slo(self, now: float) -> tuple[Hashable, _Queue | None, str, float | None]:
-        """The slo policy's choice with an instance idle: a due queue (earliest deadline first), else the wait.
+        """The slo policy's choice with an instance idle: the most urgent queue that is due, else the wait.
 
-        Due: now is past its latest start (reason "deadline"), or it holds at least the idle
-        rule's λ·α samples ("idle"). The wait is to the earliest latest start, or to when the
-        arrival rate will have decayed enough for the idle rule to flush what is queued.
+        Due: full (reason "size"), now is past its latest start ("deadline"), or it holds at
+        least the idle rule's λ·α samples ("idle"). The most urgent goes first: the most urgent
+        priority level, then the earliest deadline (admission counted only the levels as urgent
+        as a request's as ahead of it). A queue not yet due goes instead ("deadline") if it is
+        more urgent than that one and would pass its latest start while that batch runs. The
+        wait is to the earliest latest start, or to when the arrival rate will have decayed
+        enough for the idle rule to flush what is queued.
         """
         slo = self.slo
         slo.max_batch_size = self.policy.max_batch_size  # set_policy may have changed it
+        flush_size = self.policy.flush_size
         best = None
         wake = math.inf
         for key, q in list(self._queues.items()):
@@ -579,21 +613,44 @@ class Batcher:
                 continue
             if self._stopping:
                 return key, q, "drain", None
-            deadline = self._earliest_deadline(q)
+            rank = self._urgency(q)
             n = q.samples
-            start_by = slo.latest_start(key, deadline, n)
-            if start_by <= now:
+            start_by = slo.latest_start(key, rank[1], n)
+            if n >= flush_size:
+                reason = "size"
+            elif start_by <= now:
                 reason = "deadline"
             elif n >= slo.idle_target(key, now):
                 reason = "idle"
             else:
                 wake = min(wake, start_by, slo.idle_flush_at(key, n, now))
                 continue
-            if best is None or deadline < best[2]:
-                best = (key, q, deadline, reason)
+            if best is None or rank < best[2]:
+                best = (key, q, rank, reason)
         if best is not None:
-            return best[0], best[1], best[3], None
+            key, q, rank, reason = best
+            pressed = self._pressed(rank, now + slo.times.predict(key, min(q.samples, slo.max_batch_size)))
+            if pressed is not None:
+                return pressed[0], pressed[1], "deadline", None
+            return key, q, reason, None
         return None, None, "", None if wake == math.inf else max(wake - now, 0.0)
+
+    def _urgency(self, q: _Queue) -> tuple[float, float]:
+        """slo policy: (its most urgent live level, its earliest deadline); the smallest goes first."""
+        self._head(q)  # drops the dead entries at the front of each level
+        level = next((lv for lv in q.order if q.levels[lv]), math.inf)
+        return level, self._earliest_deadline(q)
+
+    def _pressed(self, rank: tuple[float, float], end: float) -> tuple[Hashable, _Queue] | None:
+        """slo policy: the most urgent queue more urgent than `rank` whose latest start is before `end`."""
+        found = None
+        for key, q in self._queues.items():
+            if q.samples <= 0:
+                continue
+            r = self._urgency(q)
+            if r < rank and self.slo.latest_start(key, r[1], q.samples) < end and (found is None or r < found[2]):
+                found = (key, q, r)
+        return None if found is None else (found[0], found[1])
 
     def _push_head(self, key: Hashable, q: _Queue, arrival: float) -> None:
         """Make (arrival, key) the queue's one live entry in the heap of heads."""
@@ -613,7 +670,11 @@ class Batcher:
                 head = entries[0]
         return head
 
-    def _form(self, key: Hashable, q: _Queue, reason: str, now: float) -> Batch | None:
+    def _form(self, key: Hashable, q: _Queue, reason: str, now: float, start: float | None = None) -> Batch | None:
+        """Take the batch's requests from the queue. `start` (slo policy): when its instance is
+        predicted free, from which a request's finish is judged (default now)."""
+        start = now if start is None else start
+        slo = self.slo
         limit = self.policy.max_batch_size
         if reason == "size" and self.policy.preferred_batch_sizes:
             fitting = [s for s in self.policy.preferred_batch_sizes if s <= q.samples]
@@ -623,12 +684,11 @@ class Batcher:
                 limit = max(fitting)
         taken: list[Pending] = []
         samples = 0
-        # A request whose deadline is before `cutoff` is dropped: with the fixed policy one
-        # whose deadline has passed; with the slo policy also one that would finish after it
-        # even in a batch of mean time (the flush rules plan with the quantile, so a request
-        # is dropped here only when the batch started after its latest start anyway).
-        predicted = self.slo.times.mean(key, min(q.samples, limit)) if self.slo is not None else 0.0
-        cutoff = now + predicted
+        # A request whose deadline has passed is dropped; with the slo policy also one that would
+        # finish after it, from `start`, even in a batch of mean time (the flush rules plan with
+        # the quantile, so a request is dropped here only when the batch starts after its latest
+        # start anyway). Here, before it takes room, one that would even alone; below, once the
+        # batch's own size is known, the rest.
         full = False
         for level in q.order:
             entries = q.levels[level]
@@ -637,22 +697,11 @@ class Batcher:
                 if p.state != QUEUED:
                     entries.popleft()
                     continue
-                if p.deadline is not None and (now >= p.deadline or (cutoff >= p.deadline and not p.probe)):
+                alone = 0.0 if slo is None else slo.times.mean(key, p.rows)
+                if p.deadline is not None and (now >= p.deadline or (not p.probe and start + alone >= p.deadline)):
                     entries.popleft()
                     self._forget(p)
-                    p.state = DONE
-                    if not p.future.done():
-                        if now >= p.deadline:
-                            msg = self._passed(now - p.arrival)
-                        else:
-                            waited = f"waited {1e3 * (now - p.arrival):.1f} ms in the queue and its deadline"
-                            msg = (
-                                f"request to model '{self.name}' {waited} would pass before its batch finished "
-                                f"(deadline in {1e3 * (p.deadline - now):.1f} ms, batch predicted to take "
-                                f"{1e3 * predicted:.1f} ms)"
-                            )
-                        p.future.set_exception(DeadlineExceeded(msg))
-                        self.stats.fail.add(now - p.arrival)
+                    self._expire(p, now, start, alone)
                     continue
                 if samples + p.rows > limit:
                     if taken:
@@ -676,8 +725,11 @@ class Batcher:
                 del q.levels[level]
             q.order = [lv for lv in q.order if lv in q.levels]
         head = self._head(q)
+        expired = False
+        if slo is not None and taken:
+            taken, samples, expired = self._expire_late(key, taken, samples, now, start)
         if not taken:
-            if head is not None:
+            if head is not None and not expired:
                 # The first live request always goes (alone if it is over the limit). Were one
                 # left, the task would pick this queue again at once, forever, with the event
                 # loop never getting control back: fail loudly instead (the task's handler fails
@@ -691,9 +743,62 @@ class Batcher:
             self._push_head(key, q, head.arrival)
         return Batch(taken, samples, reason, key=key)
 
-    def _dispatch(self, batch: Batch, queued_since: float | None) -> None:
+    def _choose_slot(self, now: float) -> int:
+        """The index in `_free_slots` of the slot the next batch takes: an idle instance's if any.
+
+        Fixed policy: the least busy instance's. slo policy: the instance predicted free first
+        (the least busy among those), so that a full batch for a spare slot waits behind the
+        shortest remaining work, not behind whichever busy instance comes first.
+        """
+        slots, busy = self._free_slots, self._busy
+        if self.slo is None:
+            return min(range(len(slots)), key=lambda j: busy[slots[j][0]])
+        return min(range(len(slots)), key=lambda j: (self._free_time(slots[j][0], now), busy[slots[j][0]]))
+
+    def _expire_late(
+        self, key: Hashable, taken: list[Pending], samples: int, now: float, start: float
+    ) -> tuple[list[Pending], int, bool]:
+        """slo policy: drop the batch's requests that would finish after their deadline (its mean time
+        for its own samples, from `start`); (the rest, their samples, whether any was dropped).
+
+        The earliest deadline goes first: each drop shortens the batch, which may save the next.
+        """
+        late: set[int] = set()
+        for p in sorted((p for p in taken if not p.probe and p.deadline is not None), key=lambda p: p.deadline):
+            predicted = self.slo.times.mean(key, samples)
+            if start + predicted < p.deadline:
+                break
+            late.add(id(p))
+            samples -= p.rows
+            self._expire(p, now, start, predicted)
+        if not late:
+            return taken, samples, False
+        return [p for p in taken if id(p) not in late], samples, True
+
+    def _expire(self, p: Pending, now: float, start: float, predicted: float) -> None:
+        """Fail a request dropped at its batch: its deadline has passed, or would before the batch,
+        `predicted` long from `start`, finished."""
+        p.state = DONE
+        if p.future.done():
+            return
+        if now >= p.deadline:
+            msg = self._passed(now - p.arrival)
+        else:
+            waited = f"waited {1e3 * (now - p.arrival):.1f} ms in the queue and its deadline"
+            after = f", after its instance is free in {1e3 * (start - now):.1f} ms" if start > now else ""
+            msg = (
+                f"request to model '{self.name}' {waited} would pass before its batch finished "
+                f"(deadline in {1e3 * (p.deadline - now):.1f} ms, batch predicted to take "
+                f"{1e3 * predicted:.1f} ms{after})"
+            )
+        p.future.set_exception(DeadlineExceeded(msg))
+        self.stats.fail.add(now - p.arrival)
+
+    def _dispatch(self, batch: Batch, queued_since: float | None, i: int | None = None) -> None:
+        """Send the batch on the free slot at index `i` of `_free_slots` (None: `_choose_slot`'s)."""
         batch.dispatched = batch.requests[0].dispatched
-        i = min(range(len(self._free_slots)), key=lambda j: self._busy[self._free_slots[j][0]])
+        if i is None:
+            i = self._choose_slot(batch.dispatched)
         inst, slot = self._free_slots.pop(i)
         if self._busy[inst] == 0 and queued_since is not None:
             batch.idle_from = max(self._idle_since[inst], queued_since)
@@ -701,8 +806,7 @@ class Batcher:
         if self.slo is not None:
             # Slack at dispatch: the earliest deadline of the batch minus its predicted finish
             # (after what the instance still runs, then the batch's own predicted time).
-            start = max(batch.dispatched, self._free_at[inst]) if self._busy[inst] else batch.dispatched
-            finish = start + self.slo.times.predict(batch.key, batch.samples)
+            finish = self._free_time(inst, batch.dispatched) + self.slo.times.predict(batch.key, batch.samples)
             self._free_at[inst] = finish
             earliest = min((p.deadline for p in batch.requests if p.deadline is not None), default=math.inf)
             if earliest < math.inf:

@@ -19,9 +19,10 @@ n samples (at most max_batch_size) whose earliest deadline is D:
 - otherwise it keeps filling; a full queue (max_batch_size samples) flushes as with `fixed`.
 
 Admission (at arrival): a request whose predicted finish, were it to run as soon as the queue
-ahead of it (requests of its priority or more urgent, packed into full batches, spread over
-the instances) has run, is past its deadline is refused (`DeadlineUnmeetable`); the retry-after
-hint is by how much it would miss, the time the queue ahead needs to drain that far. A request
+ahead of it (requests of its priority or more urgent, packed into full batches, each on the
+instance predicted free first; `nth_start`) has run, is past its deadline is refused
+(`DeadlineUnmeetable`); the retry-after hint is by how much it would miss, the time the queue
+ahead needs to drain that far. A request
 that finds the model idle (nothing running or queued) is let through unchecked, a probe: a
 refusal teaches the model nothing, so without probes estimates inflated by a slow spell of the
 machine would refuse every request for good.
@@ -30,15 +31,15 @@ The margin m is measured: the quantile of the hop (loop → worker thread at dis
 loop at completion, on batches sent to an idle instance) plus the quantile of how late the
 batcher's timer wakes up.
 
-Everything here is O(1) per request and per batch, except the quantiles, which are
-recomputed over a window of recent values every few additions.
+Everything here is O(1) per request and per batch (admission: O(K log K) for K instances),
+except the quantiles, which are recomputed over a window of recent values every few additions.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,39 @@ def read_profile_fit(path: Path) -> tuple[float, float]:
         raise ValueError(f"profile {path}: fit.alpha_s and fit.beta_s must be finite")
     # A fitted α can come out slightly below 0 (noise at small n), as wok tune also clamps.
     return max(alpha, 0.0), max(beta, 0.0)
+
+
+def nth_start(free: Sequence[float], k: int, step: float) -> float:
+    """When the batch after k others starts, each batch `step` long, on instances free at `free`,
+    each batch run on the instance free first: the k-th smallest (from 0) of the starts
+    {f + j·step : f in free, j ≥ 0}.
+
+    O(K log K) for K instances, whatever k is (it runs per request, and k can be large).
+    """
+    f = sorted(free)
+    if step <= 0 or k <= 0:
+        return f[0]
+
+    def before(p: int) -> list[int]:
+        # Per instance among the p free first: its starts before the p-th one is free.
+        c = f[p - 1]
+        return [math.ceil((c - x) / step) for x in f[:p]]
+
+    # The instances free after the answer take no batch; with the p free first, the starts
+    # before the p-th is free are n(p), growing with p: p is the largest with n(p) ≤ k.
+    lo, hi = 1, len(f)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(before(mid)) <= k:
+            lo = mid
+        else:
+            hi = mid - 1
+    counts = before(lo)
+    # Past the p-th free time, each of the p instances is next free within one step of it, in
+    # an order that then repeats every step: whole rounds of p batches, then the rest in order.
+    next_free = sorted(x + n * step for x, n in zip(f[:lo], counts))
+    rounds, rest = divmod(k - sum(counts), lo)
+    return next_free[rest] + rounds * step
 
 
 class QuantileWindow:
@@ -320,18 +354,20 @@ class SloPolicy:
         return now + self.rate_tau_s * math.log(target / n)
 
     # -- admission ----------------------------------------------------------------------------
-    def finish_estimate(self, key: Hashable, start: float, ahead: int, rows: int) -> float:
-        """Predicted finish of a request of `rows` behind `ahead` samples, from `start` (an instance free).
+    def finish_estimate(self, key: Hashable, free: float | Sequence[float], ahead: int, rows: int) -> float:
+        """Predicted finish of a request of `rows` behind `ahead` samples, the instances free at `free`.
 
-        The queue ahead is packed into full batches spread over the instances (the best case);
-        the request's own batch holds the remainder and itself.
+        `free`: when each instance is predicted free (each ≥ now); one time: every instance then.
+        The queue ahead is packed into full batches, each run on the instance free first; the
+        request's own batch (the remainder and itself) then runs on the instance free first.
         """
         m = self.max_batch_size
         total = ahead + rows
         full = (total - 1) // m
         own = total - full * m
-        backlog = full * self.times.predict(key, m) / self.instances
-        return start + backlog + self.times.predict(key, own) + self.margin
+        times = [free] * self.instances if isinstance(free, (int, float)) else free
+        start = nth_start(times, full, self.times.predict(key, m))
+        return start + self.times.predict(key, own) + self.margin
 
     def observe_batch(self, key: Hashable, n: int, seconds: float) -> None:
         self.times.observe(key, n, seconds)
