@@ -295,8 +295,14 @@ def security_warnings(settings: ServerSettings) -> list[str]:
             "(give --auth-token-file, --auth-token-env or --tls-client-ca)"
         )
     if settings.metrics_port is not None and not is_loopback(settings.metrics_host):
+        what = "reads the model names and traffic figures"
+        if settings.admin:
+            what += (
+                ", and, with --admin, can inject faults (fail or slow down every request of a model) "
+                "and change its batching"
+            )
         out.append(
             f"/metrics listens on {_shown(settings.metrics_host)}: plain HTTP without authentication; anyone who "
-            "reaches it reads the model names and traffic figures"
+            f"reaches it {what}"
         )
     return out

@@ -8,7 +8,7 @@ Admin paths (404 without --admin; bodies are JSON, errors `{"error": "..."}` wit
 request that fails unexpectedly, admin or /metrics, answers 500, logged with its traceback, and
 the connection ends; /events, once its 200 is out, ends with an SSE comment line instead, logged
 once at WARNING):
-  GET  /admin/faults     the active faults
+  GET  /admin/faults     the active faults (HEAD on an admin path: GET's headers)
   POST /admin/faults     {"model", "instance"?, "mode": slow|fail|off, "delay_ms"?, "duration_s"?}
   GET  /admin/batching   each model's batching policy
   POST /admin/batching   {"model", "max_batch_size"?, "max_queue_delay_ms"?}
@@ -24,6 +24,8 @@ import logging
 import os
 import re
 import socket
+import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
@@ -46,9 +48,14 @@ WRITE_TIMEOUT_S = 10.0  # an answer the client does not read within this ends it
 LINGER_S = 2.0
 # Beyond this many connections, the one waiting longest for its next request, for a request's
 # body, or for the client to close, is closed to make room (a scraper sends its request at once,
-# so it is never that one); when none waits, the new one is closed at once. Sockets are the gRPC
-# port's file descriptors too.
+# so it is never that one; nor is one whose awaited bytes have arrived but not been read yet);
+# when none waits, the new one is closed at once. Sockets are the gRPC port's file descriptors too.
 MAX_CONNECTIONS = 64
+# A /metrics render (tens of ms, tens of KiB with many models) runs on the loop that serves
+# gRPC: each format renders at most once per this interval. A scrape is answered with the last
+# render if that began after the scrape arrived (pipelined scrapes sent together share one),
+# else with the next, shared by all that wait for it: no scrape reads figures from before it came.
+RENDER_INTERVAL_S = 0.25
 MAX_EVENT_STREAMS = 16  # /events subscribers at once; more get 503, so streams cannot take every slot
 REASONS = {
     200: "OK",
@@ -81,10 +88,16 @@ class MetricsHTTPServer:
         self._server: asyncio.base_events.Server | None = None
         # Each connection's task, and its writer, which stop() aborts.
         self._clients: dict[asyncio.Task, asyncio.StreamWriter] = {}
-        # Connections waiting for their next request, as an ordered set: the first has waited
-        # longest, so it is the one closed to make room.
-        self._waiting: dict[asyncio.StreamWriter, None] = {}
+        # Connections waiting for their next request, a body or the client's close, oldest
+        # first, each with whether what it waits for has arrived (then it is not closed to make
+        # room: its request would be lost, or, with its body read from the buffer, applied
+        # unanswered).
+        self._waiting: dict[asyncio.StreamWriter, Callable[[], bool]] = {}
         self._streams = 0
+        # Per format (OpenMetrics or not): its last render (when it began, when it ended, and
+        # the answer), and the render that scrapes which came sooner wait for, with its timer.
+        self._rendered: dict[bool, tuple[float, float, tuple[bytes, str] | None]] = {}
+        self._due: dict[bool, tuple[asyncio.Future, asyncio.TimerHandle]] = {}
 
     async def start(self) -> None:
         try:
@@ -106,6 +119,10 @@ class MetricsHTTPServer:
         if self._server is None:
             return
         self._server.close()
+        for future, timer in self._due.values():
+            timer.cancel()
+            future.cancel()
+        self._due.clear()
         if self.admin is not None:
             await self.admin.close()
         for task, writer in list(self._clients.items()):
@@ -121,6 +138,44 @@ class MetricsHTTPServer:
         if "application/openmetrics-text" in accept:
             return openmetrics.generate_latest(self.registry), openmetrics.CONTENT_TYPE_LATEST
         return text_format.generate_latest(self.registry), text_format.CONTENT_TYPE_LATEST
+
+    async def scrape(self, accept: str, arrived: float) -> tuple[bytes, str]:
+        """A render begun at or after `arrived` (time.monotonic()), at most one per format every RENDER_INTERVAL_S.
+
+        Back-to-back scrapes (pipelined, or from many connections) each rendered on the loop that
+        serves gRPC, and stalled inference for as long as they came.
+        """
+        om = "application/openmetrics-text" in accept
+        began, ended, answer = self._rendered.get(om, (-1.0, -RENDER_INTERVAL_S, None))
+        if answer is not None and began >= arrived:
+            return answer
+        due = self._due.get(om)
+        if due is None:
+            wait = ended + RENDER_INTERVAL_S - time.monotonic()
+            if wait <= 0:
+                return self._render(om, accept)
+            loop = asyncio.get_running_loop()
+            future = loop.create_future()
+            due = self._due[om] = (future, loop.call_later(wait, self._render_due, om, accept))
+        # Shielded: a waiter cancelled (at stop) must not cancel the render the others wait for.
+        return await asyncio.shield(due[0])
+
+    def _render(self, om: bool, accept: str) -> tuple[bytes, str]:
+        began = time.monotonic()
+        try:
+            answer = self.render(accept)
+        except Exception:
+            self._rendered[om] = (-1.0, time.monotonic(), None)  # failed: counts for the interval
+            raise
+        self._rendered[om] = (began, time.monotonic(), answer)
+        return answer
+
+    def _render_due(self, om: bool, accept: str) -> None:
+        future, _ = self._due.pop(om)
+        try:
+            future.set_result(self._render(om, accept))
+        except Exception as exc:  # each waiter answers 500 and logs it
+            future.set_exception(exc)
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # A plain callback that starts its own task: for a coroutine, asyncio (before 3.12) makes
@@ -148,7 +203,7 @@ class MetricsHTTPServer:
         if writer.is_closing() or not writer.can_write_eof():
             return
         writer.write_eof()
-        self._waiting[writer] = None  # it has nothing more to ask: it may make room
+        self._waiting[writer] = lambda: False  # it has nothing more to ask: it may make room
 
         async def discard() -> None:
             while await reader.read(1 << 16):
@@ -162,17 +217,22 @@ class MetricsHTTPServer:
         Without this, idle keep-alive connections (up to IDLE_TIMEOUT_S each) could lock
         Prometheus out of the port.
         """
-        if not self._waiting:
+        writer = next((w for w, arrived in self._waiting.items() if not arrived()), None)
+        if writer is None:
             return False
-        writer = next(iter(self._waiting))
         del self._waiting[writer]
-        writer.transport.abort()  # its readuntil sees end of file and its task ends
+        # Its read sees end of file and its task ends; should its bytes arrive in this same loop
+        # pass, they are read, but the request is not answered (its task checks is_closing).
+        writer.transport.abort()
         return True
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         first = True
+        # The first `known` bytes in the reader's buffer had all arrived by time `seen`: a
+        # request that lies within them (pipelined after an earlier one) arrived by then.
+        seen, known = 0.0, 0
         while True:
-            self._waiting[writer] = None
+            self._waiting[writer] = lambda: b"\r\n\r\n" in _buffered(reader)
             try:
                 # A scraper sends its request at once; an idle or trickling client must
                 # not hold a socket (and its file descriptor) forever.
@@ -187,19 +247,36 @@ class MetricsHTTPServer:
                 return
             finally:
                 self._waiting.pop(writer, None)
+            if writer.is_closing():
+                return  # closed to make room (or reset) as its request came: nobody to answer
+            if len(raw) <= known:
+                arrived, known = seen, known - len(raw)
+            else:
+                arrived = seen = time.monotonic()
+                known = len(_buffered(reader))
             first = False
             lines = raw.decode("latin-1").split("\r\n")
             parts = lines[0].split(" ")
-            headers = {}
+            fields: dict[str, list[str]] = {}
             for line in lines[1:]:
                 name, sep, value = line.partition(":")
                 if sep:
-                    headers[name.strip().lower()] = value.strip()
+                    fields.setdefault(name.strip().lower(), []).append(value.strip())
+            headers = {name: values[-1] for name, values in fields.items()}
             if len(parts) != 3:
                 await self._respond(writer, 400, b"bad request line\n", "text/plain", close=True)
                 return
             method, target, version = parts
             head = method == "HEAD"
+            repeated = [(name, fields[name]) for name in ("content-length", "host") if len(fields.get(name, ())) > 1]
+            if repeated:
+                # Two lengths frame the body two ways: a proxy in front may read it by the other
+                # one, and the rest as a request of its own (RFC 9112 6.3). Even equal repeats are
+                # refused: no client sends them. Two Hosts may be read apart likewise (RFC 9112 3.2).
+                name, values = repeated[0]
+                error = f"{name.title()}: expected one header, got {len(values)}: {', '.join(values)}\n"
+                await self._respond(writer, 400, error.encode("latin-1"), "text/plain", close=True, head=head)
+                return
             if "transfer-encoding" in headers:
                 # No chunked bodies here; and a request framed both ways must not be read by its
                 # Content-Length, the other end of a proxy may read it by the other (RFC 9112 6.1).
@@ -213,7 +290,7 @@ class MetricsHTTPServer:
             if headers.get("content-length", "0").strip() not in ("", "0"):
                 close = close or not (method == "POST" and path in ADMIN_ROUTES)
             try:
-                keep = await self._dispatch(reader, writer, method, path, headers, close)
+                keep = await self._dispatch(reader, writer, method, path, headers, close, arrived)
             except (ConnectionError, asyncio.TimeoutError):
                 raise  # the peer went away: nobody to answer
             except Exception:
@@ -221,8 +298,12 @@ class MetricsHTTPServer:
                 return
             if not keep:
                 return
+            if headers.get("content-length", "0").strip() not in ("", "0"):
+                known = 0  # a body was read from the buffer's front: the count no longer holds
 
-    async def _dispatch(self, reader, writer, method: str, path: str, headers: dict, close: bool) -> bool:
+    async def _dispatch(
+        self, reader, writer, method: str, path: str, headers: dict, close: bool, arrived: float
+    ) -> bool:
         """Answer one request; False when the connection must end."""
         head = method == "HEAD"
         if path.startswith("/admin/") or path == "/events":
@@ -235,9 +316,9 @@ class MetricsHTTPServer:
                 return False
             return await self._admin(reader, writer, method, path, headers, close)
         if method not in ("GET", "HEAD"):
-            await self._respond(writer, 405, b"only GET\n", "text/plain", close=close)
+            await self._respond(writer, 405, b"only GET\n", "text/plain", close=close, allow="GET, HEAD")
         elif path == "/metrics":
-            body, ctype = self.render(headers.get("accept", ""))
+            body, ctype = await self.scrape(headers.get("accept", ""), arrived)
             await self._respond(writer, 200, body, ctype, close=close, head=head)
         elif path == "/":
             await self._respond(writer, 200, b"wok: metrics at /metrics\n", "text/plain", close=close, head=head)
@@ -250,8 +331,8 @@ class MetricsHTTPServer:
         admin = self.admin
         head = method == "HEAD"
         if path == "/events":
-            if method != "GET":
-                await self._respond(writer, 405, b"only GET\n", "text/plain", close=True, head=head)
+            if method != "GET":  # a HEAD would open a stream with no body to carry it
+                await self._respond(writer, 405, b"only GET\n", "text/plain", close=True, head=head, allow="GET")
                 return False
             if self._streams >= MAX_EVENT_STREAMS:
                 await self._json(writer, 503, {"error": f"already {MAX_EVENT_STREAMS} /events streams open"}, True)
@@ -262,11 +343,12 @@ class MetricsHTTPServer:
             await self._json(writer, 404, {"error": f"no admin path {path}"}, close, head=head)
             return not close
         get, post = (getattr(admin, name) for name in ADMIN_ROUTES[path])
-        if method == "GET":
-            await self._json(writer, 200, get(), close)
+        if method in ("GET", "HEAD"):
+            await self._json(writer, 200, get(), close, head=head)
             return not close
         if method != "POST":
-            await self._json(writer, 405, {"error": f"{path} takes GET or POST, got {method}"}, close=True, head=head)
+            error = {"error": f"{path} takes GET, HEAD or POST, got {method}"}
+            await self._json(writer, 405, error, close=True, allow="GET, HEAD, POST")
             return False
         ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if ctype != "application/json":
@@ -285,11 +367,12 @@ class MetricsHTTPServer:
         # Waiting for its body, a connection may make room like an idle one: else connections
         # that send headers and no body could hold every slot, Prometheus's too, for
         # HEADER_TIMEOUT_S.
-        self._waiting[writer] = None
+        self._waiting[writer] = lambda: len(_buffered(reader)) >= int(length)
         try:
             raw = await asyncio.wait_for(reader.readexactly(int(length)), HEADER_TIMEOUT_S)
         except asyncio.IncompleteReadError as exc:
-            # The client closed its side early; or the connection made room (then nothing is sent).
+            # The client closed its side early; or the connection made room before its body
+            # came (then the answer finds it closed, and nothing is sent).
             error = f"body: Content-Length {length}, got {len(exc.partial)} bytes and end of stream"
             await self._json(writer, 400, {"error": error}, close=True)
             return False
@@ -299,6 +382,10 @@ class MetricsHTTPServer:
             return False
         finally:
             self._waiting.pop(writer, None)
+        if writer.is_closing():
+            # Closed as its body came (to make room, or reset): applied, the change would have
+            # no answer, and its client would not know that it took.
+            return False
         try:
             body = json.loads(raw)
         except ValueError as exc:
@@ -358,18 +445,27 @@ class MetricsHTTPServer:
             self._streams -= 1
             self.admin.unsubscribe(sub)
 
-    async def _json(self, writer, status: int, obj, close: bool, *, head: bool = False) -> None:
-        await self._respond(writer, status, dumps(obj) + b"\n", JSON, close=close, head=head)
+    async def _json(self, writer, status: int, obj, close: bool, *, head: bool = False, allow: str = "") -> None:
+        await self._respond(writer, status, dumps(obj) + b"\n", JSON, close=close, head=head, allow=allow)
 
     @staticmethod
-    async def _respond(writer, status: int, body: bytes, ctype: str, *, close: bool, head: bool = False) -> None:
+    async def _respond(
+        writer, status: int, body: bytes, ctype: str, *, close: bool, head: bool = False, allow: str = ""
+    ) -> None:
+        """Send one answer; `allow` (the methods the path takes) goes with a 405, as RFC 9110 15.5.6 asks."""
         reason = REASONS[status]
         header = (
             f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
+            + (f"Allow: {allow}\r\n" if allow else "")
+            + f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
         )
         _write(writer, header.encode("latin-1") + (b"" if head else body))
         await _drain(writer)
+
+
+def _buffered(reader: asyncio.StreamReader) -> bytes:
+    """What the reader holds unread. StreamReader exposes no such view; uvloop uses asyncio's."""
+    return getattr(reader, "_buffer", b"")
 
 
 def _write(writer: asyncio.StreamWriter, data: bytes) -> None:

@@ -191,14 +191,15 @@ async def test_head_answers_carry_no_body_and_keep_the_connection_in_step(raw_ht
             for method, path in (("HEAD", "/"), ("HEAD", "/nope"), ("HEAD", "/metrics"), ("GET", "/"))
         )
         answer = await raw_http(s.port, pipelined[:-2] + b"Connection: close\r\n\r\n")
-        admin = await raw_http(s.port, b"HEAD /admin/faults HTTP/1.1\r\n" + s.host + b"\r\n")
+        admin = await raw_http(s.port, b"HEAD /admin/faults HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n")
     got = responses(answer, [True, True, True, False])
     assert [top.split(b"\r\n")[0] for top, _ in got] == [b"HTTP/1.1 200 OK", b"HTTP/1.1 404 Not Found"] + [
         b"HTTP/1.1 200 OK"
     ] * 2
     assert got[-1][1] == b"wok: metrics at /metrics\n"
     [(top, _)] = responses(admin, [True])
-    assert top.startswith(b"HTTP/1.1 405 ")
+    # GET's headers: it was 405, though GET answers there.
+    assert top.startswith(b"HTTP/1.1 200 OK\r\n") and b"Content-Length: 14\r\n" in top, admin
 
 
 async def test_connections_waiting_for_a_body_make_room_for_a_scrape(monkeypatch, raw_http):
@@ -341,3 +342,235 @@ async def test_an_event_stream_that_cannot_subscribe_answers_a_plain_500(monkeyp
     assert top.startswith(b"HTTP/1.1 500 Internal Server Error\r\n"), answer
     assert json.loads(body) == {"error": "GET /events: internal error; see the server's log"}
     assert errors(caplog) == ["wok.http: GET /events failed"]
+
+
+class Captured:
+    """Records the server's side of each connection (reader, writer) as its task starts."""
+
+    def __init__(self, server: MetricsHTTPServer) -> None:
+        self.conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.started = asyncio.Semaphore(0)
+        serve = server._serve
+
+        async def captured(reader, writer):
+            self.conns.append((reader, writer))
+            self.started.release()  # the test runs once this task waits for its first read
+            await serve(reader, writer)
+
+        server._serve = captured
+
+
+async def _post_at_its_body(s: Server, at_body: asyncio.Semaphore):
+    """A connection whose POST headers are read, its body not sent yet: the oldest waiting."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+    writer.write(b"POST /admin/faults HTTP/1.1\r\n" + s.host + b"Content-Type: application/json\r\n")
+    writer.write(b"Content-Length: 15\r\n\r\n")
+    await asyncio.wait_for(at_body.acquire(), 5)
+    return reader, writer
+
+
+def _gate_admin(s: Server) -> asyncio.Semaphore:
+    at_body = asyncio.Semaphore(0)
+    admin = s.http._admin
+
+    async def counted(*args):
+        at_body.release()  # the headers are read; the body read is next, with no await before
+        return await admin(*args)
+
+    s.http._admin = counted
+    return at_body
+
+
+def _when_fed(reader: asyncio.StreamReader, size: int, then) -> None:
+    """Call `then` in the loop pass that buffers the reader's first `size` bytes, before its task resumes."""
+    feed = reader.feed_data
+
+    def fed(data):
+        feed(data)
+        if len(reader._buffer) >= size:
+            reader.feed_data = feed
+            then()
+
+    reader.feed_data = fed
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_post_whose_body_has_arrived_is_not_closed_to_make_room(run_on, loop):
+    """At the cap, a new connection closed the oldest waiting one even when its body had come in
+    the same loop pass: the POST was applied, and its client got no answer."""
+
+    async def main():
+        async with Server() as s:
+            captured = Captured(s.http)
+            at_body = _gate_admin(s)
+            reader, writer = await _post_at_its_body(s, at_body)
+            idle = await asyncio.open_connection("127.0.0.1", s.port)  # waits for a request: newer
+            await asyncio.wait_for(captured.started.acquire(), 5)
+            await asyncio.wait_for(captured.started.acquire(), 5)
+            made_room = []
+            # As a 65th connection's accept would, in the pass where the body is buffered.
+            _when_fed(captured.conns[0][0], 15, lambda: made_room.append(s.http._make_room()))
+            writer.write(b'{"model":"mlp"}')
+            answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert made_room == [True]
+            assert await asyncio.wait_for(idle[0].read(), 5) == b"", "the idle one made room instead"
+            for w in (writer, idle[1]):
+                w.close()
+            return answer, s.admin.posted
+
+    answer, posted = run_on(loop, main())
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+    assert posted == [{"model": "mlp"}]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_post_closed_as_its_body_arrives_is_not_applied(run_on, loop):
+    """A connection closed (to make room, or by a reset) in the pass that buffers its body: the
+    body was still read, and the POST applied with nobody to answer."""
+
+    async def main():
+        async with Server() as s:
+            captured = Captured(s.http)
+            at_body = _gate_admin(s)
+            reader, writer = await _post_at_its_body(s, at_body)
+            await asyncio.wait_for(captured.started.acquire(), 5)
+            server_reader, server_writer = captured.conns[0]
+            _when_fed(server_reader, 15, server_writer.transport.abort)
+            writer.write(b'{"model":"mlp"}')
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            # Its task has ended: whatever it did with the body is done.
+            await asyncio.wait_for(asyncio.gather(*s.http._clients, return_exceptions=True), 5)
+            writer.close()
+            return s.admin.posted
+
+    assert run_on(loop, main()) == []
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        # What a proxy reads by the first length as one POST, the server read by the last as two requests.
+        b"POST /admin/batching HTTP/1.1\r\n{host}Content-Type: application/json\r\n"
+        b"Content-Length: 49\r\nContent-Length: 2\r\n\r\n{{}}GET /admin/faults HTTP/1.1\r\n{host}\r\n",
+        b"GET / HTTP/1.1\r\n{host}Content-Length: 40\r\nContent-Length: 0\r\n\r\n"
+        b"GET /admin/faults HTTP/1.1\r\n{host}\r\n",
+        b"GET / HTTP/1.1\r\n{host}Content-Length: 0\r\nContent-Length: 0\r\n\r\n",
+        b"GET /admin/faults HTTP/1.1\r\n{host}Host: example.com\r\n\r\n",
+    ],
+    ids=["post-lengths-differ", "get-lengths-differ", "lengths-equal", "two-hosts"],
+)
+async def test_a_repeated_content_length_or_host_gets_400_and_the_connection_ends(request_, raw_http):
+    async with Server() as s:
+        answer = await raw_http(s.port, request_.replace(b"{host}", s.host).replace(b"{{}}", b"{}"))
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in top, answer
+    assert body.startswith(b"Content-Length: expected one header, got 2: ") or body.startswith(
+        b"Host: expected one header, got 2: 127.0.0.1:"
+    ), body
+    assert s.admin.posted == []
+
+
+class CountingCollector:
+    """One gauge: how many times the registry was collected (rendered), plus a value the test sets."""
+
+    def __init__(self) -> None:
+        self.renders = 0
+        self.value = 0.0
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        self.renders += 1
+        family = GaugeMetricFamily("wok_test_value", "set by the test")
+        family.add_metric([], self.value)
+        yield family
+
+
+def _value(answer: bytes) -> float:
+    line = next(x for x in answer.split(b"\n") if x.startswith(b"wok_test_value "))
+    return float(line.split()[1])
+
+
+async def test_scrapes_that_come_together_share_one_render_made_after_they_came(monkeypatch, raw_http):
+    """Each scrape rendered on the loop that serves gRPC: back-to-back scrapes stalled inference."""
+    monkeypatch.setattr(http, "RENDER_INTERVAL_S", 1.0, raising=False)
+    registry = CollectorRegistry()
+    counter = CountingCollector()
+    registry.register(counter)
+    async with Server(registry) as s:
+        scrape = b"GET /metrics HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n"
+        first = await raw_http(s.port, scrape)
+        counter.value = 1.0  # what the next scrapes must read: none is served the first render
+        answers = await asyncio.gather(*(raw_http(s.port, scrape) for _ in range(10)))
+        om = await raw_http(s.port, scrape.replace(b"\r\n\r\n", b"\r\nAccept: application/openmetrics-text\r\n\r\n"))
+    assert _value(first) == 0.0
+    assert all(a.startswith(b"HTTP/1.1 200 OK\r\n") and _value(a) == 1.0 for a in answers), answers
+    # The OpenMetrics one rendered at once: each format has its own interval.
+    assert b"Content-Type: application/openmetrics-text" in om and _value(om) == 1.0, om
+    assert counter.renders == 3
+
+
+async def test_pipelined_scrapes_each_read_a_render_made_after_they_came(monkeypatch, raw_http):
+    monkeypatch.setattr(http, "RENDER_INTERVAL_S", 0.05)
+    registry = CollectorRegistry()
+    counter = CountingCollector()
+    registry.register(counter)
+    async with Server(registry) as s:
+        request = b"GET /metrics HTTP/1.1\r\n" + s.host + b"\r\n"
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+        got = []
+        for i in range(3):
+            counter.value = float(i)
+            writer.write(request)
+            top = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            length = int(top.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+            got.append(_value(await asyncio.wait_for(reader.readexactly(length), 5)))
+        writer.close()
+    assert got == [0.0, 1.0, 2.0]
+    assert counter.renders == 3
+
+
+async def test_scrapes_pipelined_together_share_one_render(monkeypatch, raw_http):
+    monkeypatch.setattr(http, "RENDER_INTERVAL_S", 0.05, raising=False)
+    registry = CollectorRegistry()
+    counter = CountingCollector()
+    registry.register(counter)
+    async with Server(registry) as s:
+        request = b"GET /metrics HTTP/1.1\r\n" + s.host + b"\r\n"
+        answer = await raw_http(s.port, request * 9 + request[:-2] + b"Connection: close\r\n\r\n")
+        # Sent after those came: it reads a render of its own.
+        counter.value = 1.0
+        later = await raw_http(s.port, request[:-2] + b"Connection: close\r\n\r\n")
+    got = responses(answer, [False] * 10)
+    assert [_value(body) for _, body in got] == [0.0] * 10
+    assert _value(later) == 1.0
+    assert counter.renders == 2
+
+
+async def test_a_failing_render_answers_each_waiting_scrape_500(monkeypatch, caplog, raw_http):
+    monkeypatch.setattr(http, "RENDER_INTERVAL_S", 0.2)
+    registry = CollectorRegistry()
+    registry.register(CountingCollector())
+    async with Server(registry) as s:
+        scrape = b"GET /metrics HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n"
+        assert (await raw_http(s.port, scrape)).startswith(b"HTTP/1.1 200 OK\r\n")
+        registry.register(BrokenCollector())
+        with caplog.at_level(logging.ERROR):
+            answers = await asyncio.gather(*(raw_http(s.port, scrape) for _ in range(2)))
+    assert all(a.startswith(b"HTTP/1.1 500 ") for a in answers), answers
+    assert errors(caplog) == ["wok.http: GET /metrics failed"] * 2
+
+
+@pytest.mark.parametrize(
+    "method, path, allow",
+    [("POST", "/", b"GET, HEAD"), ("DELETE", "/admin/faults", b"GET, HEAD, POST"), ("HEAD", "/events", b"GET")],
+)
+async def test_a_405_says_which_methods_the_path_takes(method, path, allow, raw_http):
+    async with Server() as s:
+        request = f"{method} {path} HTTP/1.1\r\n".encode() + s.host + b"Connection: close\r\n\r\n"
+        answer = await raw_http(s.port, request)
+    [(top, _)] = responses(answer, [method == "HEAD"])
+    assert top.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n") and b"\r\nAllow: " + allow + b"\r\n" in top, answer
