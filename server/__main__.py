@@ -185,12 +185,54 @@ def _pick_loop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-async def _serve(args) -> int:
-    import torch
+class _StopSignal:
+    """SIGTERM and SIGINT from the first moment of `wok serve`.
 
+    As PID 1 (a container's entrypoint) a signal without a handler is dropped by the kernel,
+    so the handlers go in before anything slow (importing torch, building the models). Until
+    the event loop runs, a plain handler records the signal; `bind` then hands both signals
+    to the loop, whose handler sets `event` (created there: it belongs to that loop).
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None  # the first signal's number
+        self.event: asyncio.Event | None = None
+        self._before: dict[int, object] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._before[sig] = signal.signal(sig, self._on_signal)
+
+    def uninstall(self) -> None:
+        """Not `wok serve` after all: the handlers as they were, and a signal that came meanwhile
+        delivered to them."""
+        for sig, handler in self._before.items():
+            signal.signal(sig, handler)
+        if self.received is not None:
+            signal.raise_signal(self.received)
+
+    def _on_signal(self, signum: int, frame=None) -> None:
+        if self.received is not None:  # a second signal: the operator wants out now
+            print("wok: second signal, exiting without draining", file=sys.stderr, flush=True)
+            os._exit(1)
+        self.received = signum
+        if self.event is not None:
+            self.event.set()
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+        self.event = asyncio.Event()
+        if self.received is not None:
+            self.event.set()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        return self.event
+
+
+def _build(args):
+    """Import torch and the server, and load the models: slow, so run on a thread (a signal meanwhile
+    stops the start at once). Returns (settings, the repository, WokServer)."""
     from .app import WokServer, build_repository
-    from .auth import SecurityMode
-    from .config import host_port, server_settings
+    from .config import server_settings
 
     settings = server_settings(
         host=args.host,
@@ -222,24 +264,48 @@ async def _serve(args) -> int:
     )
     if settings.admin and settings.metrics_port is None:
         raise ConfigError("--admin is served on the metrics port: it needs --metrics-port other than -1")
+    return settings, build_repository(settings, _demo_options(args.demo_option)), WokServer
+
+
+async def _until_stop(step, stop: asyncio.Event) -> bool:
+    """Await `step` unless a signal comes first; True if it finished, False if the signal won (the
+    step is then left running: the caller exits without it)."""
+    task = asyncio.ensure_future(step)
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if stop.is_set() and not task.done():
+        return False
+    await task
+    return True
+
+
+async def _serve(args, stop_signal: _StopSignal) -> int:
+    loop = asyncio.get_running_loop()
+    stop = stop_signal.bind(loop)
+    built = loop.run_in_executor(None, _build, args)
+    if not await _until_stop(built, stop):
+        _exit_before_ready()
+    settings, repository, WokServer = built.result()
+    import torch
+
+    from .auth import SecurityMode
+    from .config import host_port
+
+    # On this thread: torch.set_num_threads sets the calling thread's OpenMP team size too.
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     if settings.switch_interval_ms is not None:
         sys.setswitchinterval(settings.switch_interval_ms / 1e3)
-    server = WokServer(settings, build_repository(settings, _demo_options(args.demo_option)))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        if stop.is_set():  # a second signal: the operator wants out now
-            print("wok: second signal, exiting without draining", file=sys.stderr, flush=True)
-            os._exit(1)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
+    server = WokServer(settings, repository)
+    starting = asyncio.ensure_future(server.start())
     try:
-        await server.start()
+        if not await _until_stop(starting, stop):
+            # No port is bound before the models are warm: abandon the start (a warm-up
+            # cannot be interrupted, and waiting for it is what the signal said not to do).
+            _exit_before_ready()
     except WarmupError:
         # The message names the model's config file: a config error (exit 2), not a failed start.
         await server.stop(grace=0)
@@ -247,6 +313,9 @@ async def _serve(args) -> int:
     except Exception as exc:
         await server.stop(grace=0)
         raise StartError(f"cannot start: {exc}") from exc
+    if stop.is_set():  # the signal came with the last step of the start: stop before the ready line
+        await server.stop()
+        return 0
     # Everything built so far (torch, the models, gRPC) lives as long as the process; out of
     # the collector's sight, a full collection under load no longer walks it (at start-up,
     # walking it took 10-90 ms per gen-2 collection here).
@@ -270,26 +339,42 @@ async def _serve(args) -> int:
     return 0
 
 
+def _exit_before_ready() -> None:
+    """A signal stopped the start: exit 0 at once. A thread may still be loading or warming a model,
+    which cannot be interrupted, and Python (asyncio.run first) would wait for it at exit."""
+    print("wok: stopped by a signal before serving", file=sys.stderr, flush=True)
+    logging.shutdown()
+    os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     # OpenMP threads that spin after each parallel region take the cores the event loop and
     # the gRPC threads need between batches; side by side on 2 cores, passive waiting cut
     # mlp's P99 at 1,000 QPS from 47 ms to 10 ms. Read when torch loads OpenMP, so set
     # before any import of torch; an operator's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    parser = argparse.ArgumentParser(prog="wok", description="wok: a dynamic-batching inference server")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
-    from .bench import cli as bench_cli
+    # Before the parser, whose imports take a few hundred ms: see _StopSignal.
+    stop_signal = _StopSignal()
+    stop_signal.install()
+    try:
+        parser = argparse.ArgumentParser(prog="wok", description="wok: a dynamic-batching inference server")
+        sub = parser.add_subparsers(dest="command", required=True)
+        _serve_parser(sub)
+        from .bench import cli as bench_cli
 
-    # Each figure-producing command registers itself with `p.set_defaults(run=fn, name=...)`;
-    # `run(args)` returns the exit status and raises ValueError for a bad option value.
-    for register in bench_cli.COMMANDS:
-        register(sub)
-    from .demo.cli import add_demo_parser
+        # Each figure-producing command registers itself with `p.set_defaults(run=fn, name=...)`;
+        # `run(args)` returns the exit status and raises ValueError for a bad option value.
+        for register in bench_cli.COMMANDS:
+            register(sub)
+        from .demo.cli import add_demo_parser
 
-    add_demo_parser(sub)
-    args = parser.parse_args(argv)
+        add_demo_parser(sub)
+        args = parser.parse_args(argv)
+    except BaseException:
+        stop_signal.uninstall()
+        raise
     if args.command != "serve":
+        stop_signal.uninstall()
         logging.basicConfig(level=logging.WARNING)
         try:
             return args.run(args)
@@ -302,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _pick_loop()
     try:
-        return asyncio.run(_serve(args))
+        return asyncio.run(_serve(args, stop_signal))
     except (ConfigError, WarmupError) as exc:
         print(f"wok: {exc}", file=sys.stderr)
         return 2

@@ -3,11 +3,13 @@
 Stop (SIGTERM/SIGINT, or `stop()`), in order, within the grace period:
   1. health turns NOT_SERVING and new inference calls get UNAVAILABLE;
   2. each batcher runs what is queued and in flight (flush reason "drain");
-  3. the gRPC server stops, letting the calls still writing their responses finish;
+  3. every handler hands its answer to gRPC and each open stream, having written the answers it
+     owes, ends with UNAVAILABLE "server is shutting down"; then the gRPC server stops;
   4. the executors' threads end;
   5. a CPU wake-up latency request (`cpu_wakeup_latency_us`) is dropped.
-If the grace period runs out, what is still queued fails with UNAVAILABLE: every
-accepted request gets exactly one response either way.
+If the grace period runs out, what is still queued or in a batch that has not finished fails
+with UNAVAILABLE, and stage 3 still gets ANSWER_WINDOW_S to write the answers: every accepted
+request gets exactly one response either way.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ log = logging.getLogger("wok")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# Past the grace period, how long the answers already decided (the requests that ran, and the
+# UNAVAILABLE of those that did not) get to be handed to gRPC and the streams to end.
+ANSWER_WINDOW_S = 1.0
 _BIND_CAUSES = "the port is in use, or the address is not one of this machine's"
 
 
@@ -356,10 +361,13 @@ class WokServer:
                     "grace period over: %s",
                     "; ".join(f"model '{m}': {q} request(s) queued, {b} batch(es) running" for m, q, b in left_over),
                 )
-        if self.service is not None and self.service.active:
-            # Every accepted request has its result; let the handlers hand them to gRPC.
+        if self.service is not None:
+            # Every accepted request has its result: let the handlers hand them to gRPC, and the
+            # open streams write theirs and end (UNAVAILABLE) rather than be cut by gRPC's stop.
+            # Past the grace period this still gets ANSWER_WINDOW_S.
+            self.service.close_streams()
             try:
-                await asyncio.wait_for(self.service.idle(), timeout=left())
+                await asyncio.wait_for(self.service.idle(), timeout=max(left(), ANSWER_WINDOW_S))
             except asyncio.TimeoutError:
                 log.warning("grace period over with %d request(s) still being answered", self.service.active)
         if self._grpc is not None:

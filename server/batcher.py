@@ -222,6 +222,7 @@ class Batcher:
         self.on_failed: Callable[[BaseException], None] | None = None
         self._queued = 0  # live queued requests
         self._inflight = 0  # batches in the executor
+        self._dispatched: dict[int, Batch] = {}  # those batches, by id(): failed if the grace period runs out
         self._free_slots = executor.slots()
         self._busy = [0] * len(executor.instances)
         # For the idle-while-queued time: when each instance last finished its last batch,
@@ -258,7 +259,7 @@ class Batcher:
         """Refuse new requests, run everything queued and in flight, then end the task.
 
         If this is cancelled (the grace period ran out), the task is cancelled too and what
-        is still queued fails with UNAVAILABLE.
+        is still queued, or in a batch sent to the executor, fails with UNAVAILABLE.
         """
         self._stopping = True
         if self._task is None:
@@ -495,6 +496,7 @@ class Batcher:
                         self.slo.observe_late(late)
         except asyncio.CancelledError:
             self._fail_queued(ShuttingDown(f"server stopped before model '{self.name}' ran this request"))
+            self._fail_dispatched()
             raise
         except Exception as exc:
             # A bug here must not leave callers waiting forever: fail them, refuse new work.
@@ -813,6 +815,7 @@ class Batcher:
                 self.metrics.record_slack(earliest - finish - self.slo.margin)
         self._busy[inst] += 1
         self._inflight += 1
+        self._dispatched[id(batch)] = batch
         batch.instance, batch.slot = inst, slot
         self.stats.record_flush(batch.reason)
         self.metrics.record_flush(batch.reason)
@@ -845,6 +848,7 @@ class Batcher:
         self._free_slots.append((inst, batch.slot))
         self._busy[inst] -= 1
         self._inflight -= 1
+        failed_at_stop = self._dispatched.pop(id(batch), None) is None  # callers answered, counted
         if self._busy[inst] == 0:
             self._free_at[inst] = now
         self._wakeup.set()
@@ -864,7 +868,8 @@ class Batcher:
                 p.finished = now
                 if not p.future.done():
                     p.future.set_exception(exc)
-                self.stats.fail.add(now - p.arrival)
+                if not failed_at_stop:
+                    self.stats.fail.add(now - p.arrival)
             return
         result: BatchResult = f.result()
         if batch.idle_from is not None and result.started > batch.idle_from:
@@ -926,6 +931,21 @@ class Batcher:
             self.stats.fail.add(result.started - p.arrival)
         batch.requests = [batch.requests[i] for i in result.kept]
         batch.samples = sum(p.rows for p in batch.requests)
+
+    def _fail_dispatched(self) -> None:
+        """The grace period ran out: the callers of every batch sent to the executor get UNAVAILABLE
+        now, before gRPC stops (a batch running in the model cannot be interrupted; what it
+        returns later reaches nobody)."""
+        now = time.perf_counter()
+        for batch in self._dispatched.values():
+            exc = ShuttingDown(
+                f"grace period over: server stopped before model '{self.name}' finished this request's batch"
+            )
+            for p in batch.requests:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+                self.stats.fail.add(now - p.arrival)
+        self._dispatched.clear()
 
     def _fail_queued(self, exc: Exception) -> None:
         for q in self._queues.values():

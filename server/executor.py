@@ -245,9 +245,10 @@ class Instance:
             self.threads = want
 
     def shutdown(self) -> None:
-        # At a clean stop nothing is pending here. Past the grace period the batches still
-        # waiting at the worker have callers that were already answered UNAVAILABLE: cancel
-        # them rather than run them (the running one cannot be interrupted).
+        # At a clean stop nothing is pending here. Past the grace period the batcher has failed
+        # the callers of every batch it sent here (UNAVAILABLE): the batches still waiting at the
+        # worker are cancelled rather than run for nobody. The running one cannot be interrupted,
+        # and wait=True waits for it: the server bounds that wait and exits hard past it.
         self._worker.shutdown(wait=True, cancel_futures=True)
         if self._waiter is not None:
             self._waiter.shutdown(wait=True, cancel_futures=True)

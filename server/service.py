@@ -42,6 +42,11 @@ EXTENSIONS = ("model_configuration", "statistics", "model_repository")
 # On every stream answer, as Triton sets it: the request has no answer after this one (wok's
 # models answer each request once). Stream loops written for Triton wait for it to end.
 FINAL = "triton_final_response"
+# At the stop, how long a stream that owes nothing more stays open before it ends: time for the
+# client to read the last answers (see ModelStreamInfer).
+STREAM_LINGER_S = 0.2
+# Put on a stream's queue of answers to make it look again at its reader and the server's stop.
+_WAKE = object()
 REJECTION_REASON = {
     QueueFull: "queue_full",
     DeadlineExceeded: "deadline",
@@ -103,20 +108,51 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, server: WokServer) -> None:
         self.server = server
         self.server_timing = server.settings.server_timing
-        self.active = 0  # inference calls between arrival and their response
+        # Inference requests between arrival and their answer: a unary call's until its handler
+        # has the response, a stream request's until its answer is handed to the stream.
+        self.active = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self.closing = False  # set by close_streams()
+        self._streams: set[asyncio.Queue] = set()  # each open stream's queue of answers
+        self._no_streams = asyncio.Event()
+        self._no_streams.set()
 
     async def idle(self) -> None:
-        """Return once no inference call is being handled."""
+        """Return once no inference request is being handled and, after close_streams(), every
+        stream has ended."""
         await self._idle.wait()
+        if self.closing:
+            await self._no_streams.wait()
+
+    def _begin(self, n: int = 1) -> None:
+        self.active += n
+        self._idle.clear()
+
+    def _end(self, n: int = 1) -> None:
+        self.active -= n
+        if self.active == 0:
+            self._idle.set()
+
+    def close_streams(self) -> None:
+        """At the stop, once every accepted request has its result: each open stream stops reading,
+        writes the answers it still owes, and ends with UNAVAILABLE "server is shutting down"."""
+        self.closing = True
+        for results in self._streams:
+            results.put_nowait(_WAKE)
 
     # -- the inference path ------------------------------------------------------------------
     async def infer(
-        self, request: pb.ModelInferRequest, time_remaining: float | None, timing: list[str] | None = None
+        self,
+        request: pb.ModelInferRequest,
+        time_remaining: float | None,
+        timing: list[str] | None = None,
+        *,
+        counted: bool = False,
     ) -> pb.ModelInferResponse:
         """Run one request through its model's batcher; raises WokError on failure. With `timing` (a
-        list), its stage times are appended to it as a `server-timing` value (`server_timing`)."""
+        list), its stage times are appended to it as a `server-timing` value (`server_timing`).
+        `counted`: the caller counts the request in `active` itself (a stream, until it is answered)."""
         arrival = time.perf_counter()
         server = self.server
         try:
@@ -125,8 +161,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             server.metrics.unknown_model_requests += 1
             raise
         m = rt.metrics
-        self.active += 1
-        self._idle.clear()
+        if not counted:
+            self._begin()
         try:
             resp = await self._run(rt, request, time_remaining, arrival, timing)
         except WokError as exc:
@@ -142,9 +178,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             m.record_status("INTERNAL")  # the handler logs it and answers INTERNAL
             raise
         finally:
-            self.active -= 1
-            if self.active == 0:
-                self._idle.set()
+            if not counted:
+                self._end()
         m.record_status("OK")
         return resp
 
@@ -202,10 +237,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, request_iterator, context):
         results: asyncio.Queue = asyncio.Queue()
         tasks: set[asyncio.Task] = set()
+        owed = 0  # requests read and not yet answered on the stream (counted in self.active)
 
         async def one(req: pb.ModelInferRequest) -> None:
             try:
-                resp = await self.infer(req, context.time_remaining())
+                resp = await self.infer(req, context.time_remaining(), counted=True)
                 resp.parameters[FINAL].bool_param = True
                 results.put_nowait(pb.ModelStreamInferResponse(infer_response=resp))
             except Exception as exc:  # every request on the stream gets its one answer
@@ -218,33 +254,69 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 failed.parameters[FINAL].bool_param = True
                 results.put_nowait(pb.ModelStreamInferResponse(error_message=details, infer_response=failed))
 
-        async def read() -> None:
-            try:
-                async for req in request_iterator:
-                    if isinstance(req, Unparsed):  # answered in order; the stream goes on
-                        self.server.metrics.unparsed_requests += 1
-                        code, details = to_status(req.error)
-                        failed = pb.ModelInferResponse()  # nothing of the request could be read
-                        failed.parameters["status_code"].int64_param = code.value[0]
-                        failed.parameters[FINAL].bool_param = True
-                        results.put_nowait(pb.ModelStreamInferResponse(error_message=details, infer_response=failed))
-                        continue
+        async def read() -> bool:
+            """Read requests until the client closes its side (False) or the server stops (True)."""
+            nonlocal owed
+            async for req in request_iterator:
+                owed += 1
+                self._begin()
+                if isinstance(req, Unparsed):  # answered in order; the stream goes on
+                    self.server.metrics.unparsed_requests += 1
+                    code, details = to_status(req.error)
+                    failed = pb.ModelInferResponse()  # nothing of the request could be read
+                    failed.parameters["status_code"].int64_param = code.value[0]
+                    failed.parameters[FINAL].bool_param = True
+                    results.put_nowait(pb.ModelStreamInferResponse(error_message=details, infer_response=failed))
+                else:
                     t = asyncio.get_running_loop().create_task(one(req))
                     tasks.add(t)
                     t.add_done_callback(tasks.discard)
-                if tasks:
-                    await asyncio.gather(*tasks)
-            finally:
-                results.put_nowait(None)
+                if self.closing:  # this one is answered (UNAVAILABLE); read no more
+                    return True
+            return False
 
         reader = asyncio.get_running_loop().create_task(read())
+        reader.add_done_callback(lambda _: results.put_nowait(_WAKE))
+        self._streams.add(results)
+        self._no_streams.clear()
+        loop = asyncio.get_running_loop()
+        end_at: float | None = None  # when a stream the server closes ends, once it owes nothing
         try:
-            while (item := await results.get()) is not None:
+            while True:
+                if owed == 0 and reader.done() and (reader.exception() is not None or not reader.result()):
+                    break  # the client closed its side and has every answer, or the stream failed
+                if owed == 0 and self.closing:
+                    # The end of the stream makes a write the client is making fail, and grpc.aio's
+                    # client then reports INTERNAL and drops the answers it has not read yet.
+                    if end_at is None:
+                        end_at = loop.time() + STREAM_LINGER_S
+                    try:
+                        item = await asyncio.wait_for(results.get(), end_at - loop.time())
+                    except asyncio.TimeoutError:
+                        break
+                else:
+                    item = await results.get()
+                if item is _WAKE:
+                    continue
                 yield item
-            await reader  # surfaces a failure of the request stream itself
+                owed -= 1
+                self._end()
+            # reader.result() raises a failure of the request stream itself.
+            if reader.done() and not reader.result():
+                return  # the client closed its side and has every answer
+            # The server stops: every request read has its answer; what the client sends now
+            # would be refused.
+            context.set_code(grpc.StatusCode.UNAVAILABLE)
+            context.set_details("server is shutting down")
         finally:
+            self._streams.discard(results)
+            if not self._streams:
+                self._no_streams.set()
+            self._end(owed)
             if not reader.done():
                 reader.cancel()
+            elif not reader.cancelled():
+                reader.exception()  # retrieved: a failed read (the call ended) is no one's to log
             for t in list(tasks):
                 t.cancel()
 

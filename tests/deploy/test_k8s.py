@@ -271,9 +271,12 @@ def test_the_termination_grace_period_covers_the_prestop_sleep_and_wok_drain():
     command = c["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep" and len(command) == 2
     pre_stop = float(command[1])
-    # server/app.py: past the grace deadline the gRPC stop takes at most 0.1 s and each
-    # model's executor shutdown at most 1 s; 5 s more for the interpreter's exit.
-    worst = pre_stop + args.grace_period + 0.1 + 1.0 * len(repository_models())
+    # server/app.py: past the grace deadline the answers get ANSWER_WINDOW_S to be written, the
+    # gRPC stop takes at most 0.1 s and each model's executor shutdown at most 1 s; 5 s more for
+    # the interpreter's exit.
+    from wok.app import ANSWER_WINDOW_S
+
+    worst = pre_stop + args.grace_period + ANSWER_WINDOW_S + 0.1 + 1.0 * len(repository_models())
     assert tgps > args.grace_period
     assert tgps >= worst + 5, f"terminationGracePeriodSeconds {tgps} < {worst} + 5"
     # Before the endpoints and DNS have let go of the pod, it must still serve: a sleep of at

@@ -214,7 +214,7 @@ async def test_stop_drains_the_queue_and_refuses_new_requests(gated):
     assert b.stats.flushes == {"drain": 1}
 
 
-async def test_a_cancelled_stop_fails_what_is_still_queued(gated):
+async def test_a_cancelled_stop_fails_what_is_still_queued_or_running(gated):
     s, m, ex = gated(max_batch_size=1, delay_ms=0, depth=1)
     b = make_batcher(s, ex)
     m.gate.clear()
@@ -226,11 +226,13 @@ async def test_a_cancelled_stop_fails_what_is_still_queued(gated):
     stopping.cancel()
     with pytest.raises(asyncio.CancelledError):
         await stopping
-    with pytest.raises(ShuttingDown):
+    with pytest.raises(ShuttingDown, match="server stopped before model 'gated' ran this request"):
         await queued.future
     assert b.queued == 0
+    # The batch in the model cannot be interrupted; its caller is answered at once all the same.
+    with pytest.raises(ShuttingDown, match="grace period over: server stopped before model 'gated' finished"):
+        await running.future
     m.gate.set()
-    await running.future
 
 
 async def test_a_request_larger_than_every_preferred_size_still_runs(gated):

@@ -1,0 +1,175 @@
+"""A signal before the server is ready stops the start: no port is bound, the process exits 0.
+
+As PID 1 (a container's entrypoint) a signal with no handler is dropped by the kernel, so wok
+must hold its handlers from the start; and a warm-up cannot be interrupted, so the start is
+abandoned rather than awaited. Each model here tells the test on stderr which stage it is in,
+then blocks for a minute: a server that does not stop at the signal fails the test's wait.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+STUCK_BUILD = textwrap.dedent(
+    """
+    import sys, time
+
+    from torch import nn
+
+
+    def build():
+        print("test: building the model", file=sys.stderr, flush=True)
+        time.sleep(60)
+        return nn.Identity()
+    """
+)
+
+STUCK_WARMUP = textwrap.dedent(
+    """
+    import sys, time
+
+    from torch import nn
+
+
+    class StuckFirst(nn.Module):
+        def forward(self, x):
+            print("test: warming up", file=sys.stderr, flush=True)
+            time.sleep(60)
+            return x * 2
+
+
+    def build():
+        return StuckFirst()
+    """
+)
+
+CONFIG = textwrap.dedent(
+    """
+    platform = "python"
+    factory = "model:build"
+    max_batch_size = 4
+
+    [[inputs]]
+    name = "INPUT0"
+    datatype = "FP32"
+    dims = [4]
+
+    [[outputs]]
+    name = "OUTPUT0"
+    datatype = "FP32"
+    dims = [4]
+
+    [instances]
+    devices = ["cpu"]
+    """
+)
+
+
+def write_repo(root: Path, model_py: str) -> Path:
+    d = root / "repo" / "stuck"
+    d.mkdir(parents=True)
+    (d / "model.py").write_text(model_py)
+    (d / "config.toml").write_text(CONFIG)
+    return root / "repo"
+
+
+class Serve:
+    """`wok serve` started, not waited for (the fixtures wait for the ready line): its stderr lines
+    are collected as they come."""
+
+    def __init__(self, repo: Path, prefix: tuple[str, ...] = ()) -> None:
+        cmd = [*prefix, sys.executable, "-m", "wok", "serve", "--port", "0", "--metrics-port", "-1"]
+        cmd += ["--model-repository", str(repo), "--grace-period", "5"]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.log: list[str] = []
+        self.lines = threading.Condition()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stderr:
+            with self.lines:
+                self.log.append(line.rstrip())
+                self.lines.notify_all()
+
+    def wait_for_line(self, prefix: str, timeout: float = 60.0) -> None:
+        with self.lines:
+            if not self.lines.wait_for(lambda: any(x.startswith(prefix) for x in self.log), timeout):
+                raise AssertionError(f"no line starting with {prefix!r} within {timeout} s:\n" + "\n".join(self.log))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def check_stopped_before_serving(server: Serve, code: int, waited: float) -> None:
+    log = "\n".join(server.log)
+    assert code == 0, log
+    assert waited < 10, f"the start went on for {waited:.1f} s after the signal:\n{log}"
+    assert "wok: stopped by a signal before serving" in server.log, log
+    assert not any("serving" in line and "stopped" not in line for line in server.log), log
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_a_model_loads_stops_the_start_and_exits_0(tmp_path, sig):
+    server = Serve(write_repo(tmp_path, STUCK_BUILD))
+    try:
+        server.wait_for_line("test: building the model")
+        sent = time.monotonic()
+        server.proc.send_signal(sig)
+        code = server.proc.wait(15)
+        check_stopped_before_serving(server, code, time.monotonic() - sent)
+    finally:
+        server.stop()
+
+
+def test_a_signal_during_the_warm_up_abandons_the_start_before_any_port_is_bound(tmp_path):
+    server = Serve(write_repo(tmp_path, STUCK_WARMUP))
+    try:
+        server.wait_for_line("test: warming up")
+        sent = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(15)
+        check_stopped_before_serving(server, code, time.monotonic() - sent)
+    finally:
+        server.stop()
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        return subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs `unshare --pid` (root, or user namespaces)")
+def test_sigterm_to_wok_as_pid_1_while_a_model_loads_is_not_dropped(tmp_path, proc_tree):
+    # unshare forks wok as PID 1 of a new PID namespace, as a container runs its entrypoint.
+    server = Serve(write_repo(tmp_path, STUCK_BUILD), prefix=("unshare", "--pid", "--fork", "--kill-child"))
+    try:
+        server.wait_for_line("test: building the model")
+        (wok,) = proc_tree.children(server.proc.pid)
+        sent = time.monotonic()
+        os.kill(wok, signal.SIGTERM)
+        code = server.proc.wait(15)  # unshare exits with its child's status
+        check_stopped_before_serving(server, code, time.monotonic() - sent)
+    finally:
+        server.stop()
