@@ -49,7 +49,9 @@ LINGER_S = 2.0
 # Beyond this many connections, the one waiting longest for its next request, for a request's
 # body, or for the client to close, is closed to make room (a scraper sends its request at once,
 # so it is never that one; nor is one whose awaited bytes have arrived but not been read yet);
-# when none waits, the new one is closed at once. Sockets are the gRPC port's file descriptors too.
+# when none waits, the one blocked longest on a client that does not take its answers (pipelined
+# requests read slowly, or not at all); when none is, the new one is closed at once. Sockets are
+# the gRPC port's file descriptors too.
 MAX_CONNECTIONS = 64
 # A /metrics render (tens of ms, tens of KiB with many models) runs on the loop that serves
 # gRPC: each format renders at most once per this interval. A scrape is answered with the last
@@ -72,6 +74,9 @@ REASONS = {
     503: "Service Unavailable",
 }
 JSON = "application/json"
+# A header field's name (RFC 9110 5.1): anything else, a space before the colon included, a proxy
+# in front may read otherwise.
+TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Admin paths and the Admin methods that answer their GET and POST (a POST reads its body).
 ADMIN_ROUTES = {
     "/admin/faults": ("get_faults", "post_faults"),
@@ -93,6 +98,10 @@ class MetricsHTTPServer:
         # room: its request would be lost, or, with its body read from the buffer, applied
         # unanswered).
         self._waiting: dict[asyncio.StreamWriter, Callable[[], bool]] = {}
+        # Connections whose answer the client has not taken (over the transport's high-water
+        # mark), longest first: a client that pipelines requests and does not read their answers
+        # is never waiting, and 64 of them held every slot, WRITE_TIMEOUT_S an answer.
+        self._blocked: dict[asyncio.StreamWriter, None] = {}
         self._streams = 0
         # Per format (OpenMetrics or not): its last render (when it began, when it ended, and
         # the answer), and the render that scrapes which came sooner wait for, with its timer.
@@ -212,16 +221,23 @@ class MetricsHTTPServer:
         await asyncio.wait_for(discard(), LINGER_S)
 
     def _make_room(self) -> bool:
-        """Close the connection waiting longest (for a request, a body or the client's close); False when none waits.
+        """Close the connection waiting longest (for a request, a body or the client's close), else
+        the one blocked longest on a client that does not take its answer; False when there is none.
 
-        Without this, idle keep-alive connections (up to IDLE_TIMEOUT_S each) could lock
-        Prometheus out of the port.
+        Without this, idle keep-alive connections (up to IDLE_TIMEOUT_S each), or clients that
+        pipeline requests and do not read, could lock Prometheus out of the port.
         """
         writer = next((w for w, arrived in self._waiting.items() if not arrived()), None)
-        if writer is None:
+        if writer is not None:
+            del self._waiting[writer]
+        elif self._blocked:
+            # Its answer is written (an admin POST's too) and left unread: the client's doing. Its
+            # requests still unread are not answered.
+            writer = next(iter(self._blocked))
+            del self._blocked[writer]
+        else:
             return False
-        del self._waiting[writer]
-        # Its read sees end of file and its task ends; should its bytes arrive in this same loop
+        # Its read (or drain) ends and its task ends; should its bytes arrive in this same loop
         # pass, they are read, but the request is not answered (its task checks is_closing).
         writer.transport.abort()
         return True
@@ -232,16 +248,19 @@ class MetricsHTTPServer:
         # request that lies within them (pipelined after an earlier one) arrived by then.
         seen, known = 0.0, 0
         while True:
-            self._waiting[writer] = lambda: b"\r\n\r\n" in _buffered(reader)
+            # The task reads whole lines, so the buffer starts a line: the head has come when it
+            # holds an empty one.
+            self._waiting[writer] = lambda: _head_buffered(_buffered(reader))
             try:
                 # A scraper sends its request at once; an idle or trickling client must
                 # not hold a socket (and its file descriptor) forever.
-                raw = await asyncio.wait_for(
-                    reader.readuntil(b"\r\n\r\n"), HEADER_TIMEOUT_S if first else IDLE_TIMEOUT_S
-                )
+                lines, size = await asyncio.wait_for(_read_head(reader), HEADER_TIMEOUT_S if first else IDLE_TIMEOUT_S)
             except asyncio.LimitOverrunError:
                 error = f"request headers over {MAX_HEADER_BYTES} bytes\n".encode()
                 await self._respond(writer, 431, error, "text/plain", close=True)
+                return
+            except BadRequest as exc:
+                await self._respond(writer, 400, f"{exc}\n".encode("latin-1"), "text/plain", close=True)
                 return
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
                 return
@@ -249,25 +268,27 @@ class MetricsHTTPServer:
                 self._waiting.pop(writer, None)
             if writer.is_closing():
                 return  # closed to make room (or reset) as its request came: nobody to answer
-            if len(raw) <= known:
-                arrived, known = seen, known - len(raw)
+            if size <= known:
+                arrived, known = seen, known - size
             else:
                 arrived = seen = time.monotonic()
                 known = len(_buffered(reader))
             first = False
-            lines = raw.decode("latin-1").split("\r\n")
             parts = lines[0].split(" ")
-            fields: dict[str, list[str]] = {}
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if sep:
-                    fields.setdefault(name.strip().lower(), []).append(value.strip())
-            headers = {name: values[-1] for name, values in fields.items()}
             if len(parts) != 3:
                 await self._respond(writer, 400, b"bad request line\n", "text/plain", close=True)
                 return
             method, target, version = parts
             head = method == "HEAD"
+            fields: dict[str, list[str]] = {}
+            try:
+                for number, line in enumerate(lines[1:], 1):
+                    name, value = _field(number, line)
+                    fields.setdefault(name, []).append(value)
+            except BadRequest as exc:
+                await self._respond(writer, 400, f"{exc}\n".encode("latin-1"), "text/plain", close=True, head=head)
+                return
+            headers = {name: values[-1] for name, values in fields.items()}
             repeated = [(name, fields[name]) for name in ("content-length", "host") if len(fields.get(name, ())) > 1]
             if repeated:
                 # Two lengths frame the body two ways: a proxy in front may read it by the other
@@ -430,8 +451,7 @@ class MetricsHTTPServer:
                     chunk = [b"data: " + dumps(event) + b"\n\n"]
                     while not sub.queue.empty() and len(chunk) < 256:
                         chunk.append(b"data: " + dumps(sub.queue.get_nowait()) + b"\n\n")
-                    _write(writer, b"".join(chunk))
-                    await _drain(writer)
+                    await self._send(writer, b"".join(chunk))
             except (ConnectionError, asyncio.TimeoutError):
                 raise  # the peer went away: nobody to tell
             except Exception:
@@ -439,8 +459,7 @@ class MetricsHTTPServer:
                 # event data. The stream ends instead, with a comment line (an EventSource skips
                 # it, then reconnects).
                 log.warning("GET /events: the event stream failed after its header; it ends here", exc_info=True)
-                _write(writer, b": error: the stream failed; see the server's log\n\n")
-                await _drain(writer)
+                await self._send(writer, b": error: the stream failed; see the server's log\n\n")
         finally:
             self._streams -= 1
             self.admin.unsubscribe(sub)
@@ -448,9 +467,8 @@ class MetricsHTTPServer:
     async def _json(self, writer, status: int, obj, close: bool, *, head: bool = False, allow: str = "") -> None:
         await self._respond(writer, status, dumps(obj) + b"\n", JSON, close=close, head=head, allow=allow)
 
-    @staticmethod
     async def _respond(
-        writer, status: int, body: bytes, ctype: str, *, close: bool, head: bool = False, allow: str = ""
+        self, writer, status: int, body: bytes, ctype: str, *, close: bool, head: bool = False, allow: str = ""
     ) -> None:
         """Send one answer; `allow` (the methods the path takes) goes with a 405, as RFC 9110 15.5.6 asks."""
         reason = REASONS[status]
@@ -459,8 +477,86 @@ class MetricsHTTPServer:
             + (f"Allow: {allow}\r\n" if allow else "")
             + f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
         )
-        _write(writer, header.encode("latin-1") + (b"" if head else body))
-        await _drain(writer)
+        await self._send(writer, header.encode("latin-1") + (b"" if head else body))
+
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        """Write, then wait for the client to take it; while it does not, the connection may make room."""
+        _write(writer, data)
+        transport = writer.transport
+        blocked = transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]
+        if blocked:
+            self._blocked[writer] = None
+        try:
+            await _drain(writer)
+        finally:
+            if blocked:
+                self._blocked.pop(writer, None)
+
+
+class BadRequest(ValueError):
+    """A request head this server refuses (400, and the connection ends); the message names the line."""
+
+
+def _shown(line: str) -> str:
+    return repr(line if len(line) <= 120 else line[:120] + "...")
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[list[str], int]:
+    """A request's head: its request line and header lines, without line ends, and its size in bytes.
+
+    Each line must end in CRLF. RFC 9112 2.2 lets a server take a bare LF as a line end too,
+    but a proxy in front that does not would read other headers, or another request, from the
+    same bytes; refused at once, it cannot wait for a CRLF CRLF that never comes (HEADER_TIMEOUT_S).
+    LimitOverrunError past MAX_HEADER_BYTES.
+    """
+    lines: list[str] = []
+    size = 0
+    while True:
+        raw = await reader.readuntil(b"\n")
+        size += len(raw)
+        if size > MAX_HEADER_BYTES:
+            raise asyncio.LimitOverrunError(f"request headers over {MAX_HEADER_BYTES} bytes", size)
+        line = raw[:-1].decode("latin-1")
+        where = f"header line {len(lines)}" if lines else "request line"
+        if not line.endswith("\r"):
+            raise BadRequest(f"{where}: expected CRLF at its end, got a bare LF: {_shown(line)}")
+        line = line[:-1]
+        if "\r" in line:
+            raise BadRequest(f"{where}: expected CR only before its LF, got a bare CR: {_shown(line)}")
+        if not line and lines:
+            return lines, size
+        lines.append(line)
+
+
+def _head_buffered(buffered: bytes) -> bool:
+    """Whether `buffered`, which starts a line, holds the rest of a request head (an empty line)."""
+    return buffered.startswith(b"\r\n") or b"\r\n\r\n" in buffered
+
+
+def _field(number: int, line: str) -> tuple[str, str]:
+    """Header line `number`'s name (lower case) and value; BadRequest naming the line when malformed.
+
+    Each refused form (RFC 9112 5.1, 5.2; RFC 9110 5.5) a proxy in front may read otherwise: a
+    space before the colon, a line folded onto the one before, a line with no colon, a name that
+    is not a token, a NUL in the value. Read one way there and another here, the Content-Length or
+    Host the proxy framed the request by, or checked, would not be the one used here.
+    """
+    if line[:1] in (" ", "\t"):
+        raise BadRequest(
+            f"header line {number}: expected a field, got a continuation of the line before "
+            f"(obsolete line folding): {_shown(line)}"
+        )
+    name, sep, value = line.partition(":")
+    if not sep:
+        raise BadRequest(f"header line {number}: expected name: value, got no colon: {_shown(line)}")
+    if name != name.rstrip(" \t"):
+        raise BadRequest(f"header line {number}: expected no space before the colon, got {_shown(line)}")
+    if not TOKEN.fullmatch(name):
+        raise BadRequest(f"header line {number}: expected a field name (a token), got {_shown(line)}")
+    value = value.strip(" \t")
+    if "\0" in value:
+        raise BadRequest(f"header line {number}: expected no NUL in the value, got {_shown(line)}")
+    return name.lower(), value
 
 
 def _buffered(reader: asyncio.StreamReader) -> bytes:

@@ -13,7 +13,7 @@ import struct
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from wok import http
 from wok.admin import Subscriber
@@ -574,3 +574,106 @@ async def test_a_405_says_which_methods_the_path_takes(method, path, allow, raw_
         answer = await raw_http(s.port, request)
     [(top, _)] = responses(answer, [method == "HEAD"])
     assert top.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n") and b"\r\nAllow: " + allow + b"\r\n" in top, answer
+
+
+@pytest.mark.parametrize(
+    "request_, error",
+    [
+        # A proxy that reads "Content-Length : 2" as no length frames no body, and reads `{}` and
+        # the GET after it as the next request; here it was read as the length.
+        (
+            b"POST /admin/batching HTTP/1.1\r\n{host}Content-Type: application/json\r\nContent-Length : 2\r\n\r\n"
+            b"{}GET / HTTP/1.1\r\n{host}\r\n",
+            "header line 3: expected no space before the colon, got 'Content-Length : 2'",
+        ),
+        (
+            b"GET / HTTP/1.1\r\n{host}X-A: a\r\n b\r\n\r\n",
+            "header line 3: expected a field, got a continuation of the line before (obsolete line folding): ' b'",
+        ),
+        (
+            b"GET / HTTP/1.1\r\n{host}X-A: a\r\n\tb\r\n\r\n",
+            "header line 3: expected a field, got a continuation of the line before (obsolete line folding): '\\tb'",
+        ),
+        (b"GET / HTTP/1.1\r\n{host}garbage\r\n\r\n", "header line 2: expected name: value, got no colon: 'garbage'"),
+    ],
+    ids=["space-before-colon", "obs-fold", "obs-fold-tab", "no-colon"],
+)
+async def test_a_malformed_header_line_gets_400_naming_it_and_the_connection_ends(request_, error, raw_http):
+    """They were read (or skipped) where a proxy in front may read them otherwise: request smuggling."""
+    async with Server() as s:
+        answer = await raw_http(s.port, request_.replace(b"{host}", s.host))
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in top, answer
+    assert body.decode("latin-1") == error + "\n"
+    assert s.admin.posted == []
+
+
+@pytest.mark.parametrize(
+    "request_, error",
+    [
+        (
+            b"GET / HTTP/1.1\nHost: 127.0.0.1\n\n",
+            "request line: expected CRLF at its end, got a bare LF: 'GET / HTTP/1.1'",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\nConnection: close\r\n\r\n",
+            "header line 1: expected CRLF at its end, got a bare LF: 'Host: 127.0.0.1'",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\rConnection: close\r\n\r\n",
+            "header line 1: expected CR only before its LF, got a bare CR: 'Host: 127.0.0.1\\rConnection: close'",
+        ),
+    ],
+    ids=["bare-lf", "one-bare-lf", "bare-cr"],
+)
+async def test_a_line_that_does_not_end_in_crlf_gets_400_at_once(request_, error, raw_http):
+    """A head of bare-LF lines never held CRLF CRLF: no answer, and the connection closed after
+    HEADER_TIMEOUT_S (10 s, past raw_http's 5); one bare LF among CRLFs joined two header lines."""
+    async with Server() as s:
+        answer = await raw_http(s.port, request_)
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in top, answer
+    assert body.decode("latin-1") == error + "\n"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_client_that_does_not_read_its_pipelined_answers_makes_room_for_a_scrape(run_on, loop, monkeypatch, raw_http):
+    """Connections blocked on clients that do not read were never waiting: 64 of them, each
+    pipelining scrapes, held every slot (WRITE_TIMEOUT_S an answer), and each new one was closed."""
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 1)
+    registry = CollectorRegistry()
+    gauge = Gauge("wok_test_big", "many samples, so that answers fill the socket buffers", ["i"], registry=registry)
+    for i in range(400):
+        gauge.labels(str(i)).set(i)
+
+    async def main() -> bytes:
+        async with Server(registry) as s:
+            blocked = asyncio.Event()
+            drain = http._drain
+
+            async def watched(writer):
+                transport = writer.transport
+                if transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]:
+                    blocked.set()  # the client has not taken what was written: this drain waits
+                await drain(writer)
+
+            monkeypatch.setattr(http, "_drain", watched)
+            serve = s.http._serve
+
+            async def small_buffer(reader, writer):
+                # Small kernel buffers, so that a few answers fill them.
+                writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                await serve(reader, writer)
+
+            s.http._serve = small_buffer
+            loop_ = asyncio.get_running_loop()
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.setblocking(False)
+                await loop_.sock_connect(sock, ("127.0.0.1", s.port))
+                await loop_.sock_sendall(sock, (b"GET /metrics HTTP/1.1\r\n" + s.host + b"\r\n") * 60)  # never read
+                await asyncio.wait_for(blocked.wait(), 5)
+                return await raw_http(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n")
+
+    answer = run_on(loop, main())
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:200]
