@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from wok.bench.arrivals import parse_duration, parse_steps
+from wok.bench.arrivals import parse_arrivals, parse_duration, parse_steps
 from wok.bench.outputs import refuse_unwritable, write_final
 
 SCHEMA = "wok.compare/1"
@@ -828,6 +828,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"{option}: {exc}")
     if args.step_duration_s <= 0:
         p.error(f"--step-duration: expected a duration > 0, got {args.step_duration!r}")
+    try:
+        # As each step parses it (runner.run_step). A rate only has to be > 0 (the lowest step) and
+        # its multiples finite (the highest): the two ends stand for every step, a trace read twice.
+        for qps in {min(args.step_list), max(args.step_list)}:
+            parse_arrivals(args.arrival, qps, duration_s=args.warmup_s + args.step_duration_s)
+    except (ValueError, OSError) as exc:
+        p.error(f"--arrival: {exc}")
     missing = [q for q in args.report_list if q not in args.step_list]
     if missing:
         print(

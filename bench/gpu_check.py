@@ -125,6 +125,11 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=OVERLAP_MODEL["layers"], help="hidden layers")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
+    # Checked before the model is built: a zero would fail only after it (or size nothing).
+    for option in ("--batches", "--rows", "--hidden", "--layers"):
+        value = getattr(args, option.removeprefix("--"))
+        if value < 1:
+            ap.error(f"{option}: expected an integer >= 1, got {value}")
     refuse_unwritable(ap, args, "--json")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"gpu_check: no CUDA device; run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)", file=sys.stderr)

@@ -39,7 +39,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `wok serve` does, befo
 
 import numpy as np
 
-from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.outputs import output_problem, refuse_unwritable, write_final
 from wok.bench.report import read_json_object
 
 SCHEMA = "wok.slocompare/1"
@@ -364,6 +364,14 @@ def parse_args(argv=None) -> argparse.Namespace:
             args.replot_doc = read_run(args.replot)
         except ValueError as exc:
             p.error(f"--replot {exc}")
+        if args.plot is None:  # drawn next to the run; --plot, when given, was checked above
+            args.plot = args.replot.with_suffix(".png")
+            try:
+                why = output_problem(args.plot, folder=False)
+            except OSError as exc:
+                why = exc.strerror or str(exc)
+            if why:
+                p.error(f"--replot {args.replot}: plot {args.plot}: {why}; give --plot to draw it elsewhere")
     elif args.profile:
         from wok.bench.tune import profile_from_document
         from wok.policy import read_profile_fit
@@ -393,7 +401,7 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     if args.replot:
-        plot(args.replot_doc, args.plot or args.replot.with_suffix(".png"))
+        plot(args.replot_doc, args.plot)
         return 0
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     load0 = os.getloadavg()

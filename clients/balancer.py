@@ -69,7 +69,9 @@ transient stall costs a replica 2 s out of the rotation; a lasting fault costs 5
 Counters (`stats()`): calls, attempts, hedges, retries, refusals by the budget, ejections
 and those the cap refused, swaps (a failing replica ejected in the place of a slow one), and
 per replica attempts, OK answers, failures, slow attempts, ejections, early readmissions (its
-ejection for slowness cut short by a swap), its state.
+ejection for slowness cut short by a swap), its state. The totals are the balancer's own: they
+keep what a replica counted after re-resolution drops it, while `replicas` lists the current
+set only, so the per-replica counters may add up to less than the totals.
 
 One owned object: `await start()` / `await stop()` (or `async with`), made and used in one
 running loop. `stop()` cancels the attempts in flight (their callers get CANCELLED), the
@@ -264,7 +266,7 @@ class Balancer:
         self._since_quantile = 0
         self._auto_hedge_s = self.settings.hedge_initial_s
         self.calls = self.ok_calls = self.attempts = self.hedges = self.retries = 0
-        self.budget_refusals = self.ejections_refused = self.swaps = 0
+        self.budget_refusals = self.ejections = self.ejections_refused = self.swaps = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> Balancer:
@@ -470,6 +472,7 @@ class Balancer:
         r.ejected_slow = slow
         r.times_ejected += 1
         r.ejections += 1
+        self.ejections += 1
         r.consecutive_failures = r.consecutive_slow = r.consecutive_ok = 0
         duration = min(self.settings.max_ejection_s, self.settings.base_ejection_s * r.times_ejected)
         r.readmit = self._loop.call_later(duration, self._readmit, r)
@@ -671,7 +674,7 @@ class Balancer:
             "hedges": self.hedges,
             "retries": self.retries,
             "budget_refusals": self.budget_refusals,
-            "ejections": sum(r.ejections for r in self.replicas.values()),
+            "ejections": self.ejections,
             "ejections_refused": self.ejections_refused,
             "swaps": self.swaps,
             "hedge_after_ms": None if self.hedge_after_s is None else round(1e3 * self.hedge_after_s, 3),

@@ -147,3 +147,41 @@ def test_tune_check_report_prints_every_header_and_value_whole(out):
         assert cells[6] == tune_check._pct(r["relative_error"])
         assert cells[13] == ("yes" if r["below_knee"] else "no")
         assert cells[18] == tune_check._num2(r["other_cores"])
+
+
+# -- options checked since: compare's --arrival, gpu_check's counts ---------------------------------
+
+LATER_CASES = [
+    ("compare", [*COMPARE, "--arrival", "nosuch"], "--arrival: arrivals 'nosuch': unknown process 'nosuch'"),
+    ("compare", [*COMPARE, "--arrival", "burst:sigma=0"], "--arrival: arrivals 'burst:sigma=0': sigma must be > 0"),
+    ("compare", [*COMPARE, "--arrival", "poisson:x=1"], "--arrival: arrivals 'poisson:x=1': poisson takes no options"),
+    ("compare", [*COMPARE, "--arrival", "trace:{missing}"], "--arrival: [Errno 2] No such file or directory"),
+    ("gpu_check", ["--device", "cpu", "--rows", "0"], "--rows: expected an integer >= 1, got 0"),
+    ("gpu_check", ["--device", "cpu", "--hidden", "-1"], "--hidden: expected an integer >= 1, got -1"),
+    ("gpu_check", ["--device", "cpu", "--layers", "0"], "--layers: expected an integer >= 1, got 0"),
+    ("gpu_check", ["--device", "cpu", "--batches", "0"], "--batches: expected an integer >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "message"),
+    LATER_CASES,
+    ids=[f"{s} {' '.join(a[len(COMPARE) :] if s == 'compare' else a)}" for s, a, _ in LATER_CASES],
+)
+def test_a_bad_arrival_or_count_exits_2_naming_it_before_anything_starts(
+    script, argv, message, nothing_started, bad_files, capsys, monkeypatch
+):
+    mod = importlib.import_module(f"wok.bench.{script}")
+    if script == "gpu_check":  # no process to start: the model built (on the device) is the start
+
+        def build_demo(*a, **kw):
+            raise Started("built the model")
+
+        monkeypatch.setattr(mod, "build_demo", build_demo)
+    argv = [a.format(**bad_files) for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        mod.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ": error: " in err[-1] and message.format(**bad_files) in err[-1]
+    assert "Traceback" not in "\n".join(err)

@@ -68,3 +68,20 @@ def test_bad_options_exit_with_usage():
         slo_compare.parse_args(["--rows", "0"])
     args = slo_compare.parse_args(["--fixed", "4,2ms", "--server-slo", "35ms"])
     assert args.fixed == (4, 2.0) and args.server_slo_ms == 35.0 and args.slo_ms == 50.0
+
+
+def test_replot_without_plot_checks_the_plot_next_to_the_run_before_drawing(tmp_path, monkeypatch, capsys):
+    """Without --plot the drawing goes next to the --replot file: an output that cannot be written
+    there is refused as any bad option is (exit 2, naming it), not found by the drawing."""
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"schema": slo_compare.SCHEMA, "runs": [], "config": {}}))
+    drawn = []
+    monkeypatch.setattr(slo_compare, "plot", lambda doc, path: drawn.append(path))
+    (tmp_path / "run.png").mkdir()  # where the drawing would go: a folder (root writes anywhere else)
+    with pytest.raises(SystemExit) as exc:
+        slo_compare.main(["--replot", str(run)])
+    assert exc.value.code == 2 and drawn == []
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--replot {run}: plot {tmp_path / 'run.png'}: is a folder; expected a file name" in err
+    (tmp_path / "run.png").rmdir()
+    assert slo_compare.main(["--replot", str(run)]) == 0 and drawn == [tmp_path / "run.png"]

@@ -464,3 +464,29 @@ async def test_failing_replicas_that_fill_the_cap_keep_a_further_failing_one_in_
             stats = bal.stats()
             assert stats["ejections_refused"] == 6 - 1 and stats["ejections"] == 1 and stats["swaps"] == 0
             assert all(r["readmitted_early"] == 0 for r in stats["replicas"])
+
+
+async def test_totals_keep_the_counters_of_a_replica_the_name_no_longer_resolves_to(stub):
+    """A pod that failed and was ejected goes away (the headless Service drops its address): it
+    leaves `replicas`, the current set, but the balancer's totals keep what it counted."""
+    async with stub("a", fail_first=1 << 30, code=CODE.INTERNAL) as a, stub("b") as b:
+        answers = [a.target, b.target]
+
+        async def resolver(host: str, port: int) -> list[str]:
+            return list(answers)
+
+        s = settings(consecutive_failures=2, base_ejection_s=60, resolve_every_s=0.05)
+        async with Balancer("dns:///wok-headless:8001", settings=s, resolver=resolver) as bal:
+            call = bal.unary_unary(METHOD)
+            gone = bal.replica(a.target)
+            while not gone.ejected:
+                await code_of(call)
+            before = bal.stats()
+            assert before["ejections"] == 1 and by_address(before)[a.target]["ejections"] == 1
+            answers.remove(a.target)
+            await bal.wait_for(lambda: list(bal.replicas) == [b.target], 10)
+            after = bal.stats()
+            assert [r["address"] for r in after["replicas"]] == [b.target]
+            totals = {k: v for k, v in before.items() if k not in ("replicas", "hedge_after_ms")}
+            assert {k: after[k] for k in totals} == totals
+            assert await name_of(call) == "b" and bal.stats()["ejections"] == 1
