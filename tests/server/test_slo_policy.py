@@ -467,20 +467,22 @@ def test_config_checks_the_policy_fields(slow_repository):
 def _stalled(server, model: str, batch_s: float) -> bool:
     """Whether the server's own metrics show the machine stalling it: a batch of a model that takes
     `batch_s` running past 1.75 × that, an event-loop pass late by more than 25 ms, or the batches'
-    start falling behind the plan by more than 0.75 × `batch_s` in all.
+    start falling behind the plan by more than 0.25 × `batch_s` in all.
 
     An admitted request expires only when its batch starts after its deadline, which the policy
     put at least one batch time (`batch_s`) past the planned start; the schedule slips by what
     the batches ran over `batch_s` and by the time an instance sat idle with requests queued
     (the hop to the worker thread, which a busy machine can hold up). A policy that admits too
-    much expires requests with the batches on time: neither sum grows."""
+    much expires requests with the batches on time: neither sum grows (by a few tenths of a ms a
+    batch). An admitted request's slack can be as small as the margin, so a slip well under a
+    batch time can expire it: three 20 ms sleeps that each ran 3 ms long on a loaded machine did."""
     m = server.metrics.models[model]
     compute = m.stages["compute"]
     slow = sum(c for b, c in zip((*compute.bounds, math.inf), compute.counts) if b > 1.75 * batch_s)
     lag = server.metrics.loop_lag
     late = sum(c for b, c in zip((*lag.bounds, math.inf), lag.counts) if b > 25e-3)
     slipped = sum(m.busy_seconds) - m.batch_size.count * batch_s + sum(m.idle_queued_seconds)
-    return slow + late > 0 or slipped > 0.75 * batch_s
+    return slow + late > 0 or slipped > 0.25 * batch_s
 
 
 async def test_a_server_refuses_what_cannot_meet_the_slo_with_a_retry_hint_and_counts_it(serve, slow_repository):
