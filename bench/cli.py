@@ -8,9 +8,9 @@ import re
 import sys
 from pathlib import Path
 
-from .outputs import WriteFailed
 from .outputs import check_outputs as _check_outputs
 from .outputs import keep_elsewhere as _keep_elsewhere
+from .outputs import write_outputs as _write_outputs_in_order
 from .outputs import writing as _writing
 
 REQUIRE_QPS_NOT_MET = 3
@@ -237,25 +237,36 @@ def _print_host_probe(record: dict | None) -> None:
     print(f"host probe: cold forward {'-' if mean is None else f'{mean:.0f} µs'} ({', '.join(parts)})")
 
 
+def _result_outputs(args) -> list:
+    """A ramp's (or merge's, simulate's) outputs for `write_outputs`, --json first."""
+    from . import report
+
+    def plots(result: dict, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        report.plot_latency_vs_offered(result, folder / "latency_vs_offered.png")
+        report.plot_throughput(result, folder / "throughput.png")
+        report.plot_timeline(result, folder / "timeline.png")
+
+    return [
+        ("--json", args.json, report.write_json),
+        ("--csv", args.csv, report.write_csv),
+        ("--html", args.html, report.write_html),
+        ("--plots", args.plots, plots),
+    ]
+
+
 def _write_outputs(result: dict, args) -> None:
     from . import report
 
     report.print_table(result)
-    if args.json:
-        with _writing("--json", args.json):
-            report.write_json(result, args.json)
-    if args.csv:
-        with _writing("--csv", args.csv):
-            report.write_csv(result, args.csv)
-    if args.html:
-        with _writing("--html", args.html):
-            report.write_html(result, args.html)
-    if args.plots:
-        with _writing("--plots", args.plots):
-            args.plots.mkdir(parents=True, exist_ok=True)
-            report.plot_latency_vs_offered(result, args.plots / "latency_vs_offered.png")
-            report.plot_throughput(result, args.plots / "throughput.png")
-            report.plot_timeline(result, args.plots / "timeline.png")
+    _write_or_raise(result, _result_outputs(args))
+
+
+def _write_or_raise(result: dict, outputs) -> None:
+    """A command's output writes (`write_outputs`); the first that fails is that option's error (2)."""
+    failed = _write_outputs_in_order(result, outputs)
+    if failed is not None:
+        raise failed[0]
 
 
 def add_simulate_parser(sub) -> None:
@@ -509,14 +520,15 @@ def run(args) -> int:
         except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
             print(f"wok bench: {exc}", file=sys.stderr)
             return 1
+        report.print_table(result)
+        outputs = _result_outputs(args)
+        if "faults" in result:
 
-        def write() -> None:
-            _write_outputs(result, args)
-            if "faults" in result and args.plots:
-                with _writing("--plots", args.plots):
-                    report.plot_fault_timeline(result, args.plots / "faults.png")
+            def faults_png(r: dict, folder: Path) -> None:
+                report.plot_fault_timeline(r, folder / "faults.png")
 
-        if _write_or_keep("wok bench", result, args.json, write):
+            outputs.append(("--plots", args.plots, faults_png))
+        if _write_or_keep("wok bench", result, outputs):
             return 1
         soak.print_soak(result)
         _print_host_probe(result.get("host_probe"))
@@ -527,21 +539,21 @@ def run(args) -> int:
     return _exit_status(result, args)
 
 
-def _write_or_keep(command: str, result: dict, json_path: Path | None, write) -> bool:
-    """Run `write()`, a command's output writes (--json first). True when one failed past the
+def _write_or_keep(command: str, result: dict, outputs) -> bool:
+    """A command's output writes (`write_outputs`, --json first). True when one failed past the
     up-front check (its folder removed meanwhile, a full disk) with the result in no file: the
     minutes measured then go to a temporary one, named on stderr, and the command fails (1).
     With --json written, another output's failure is that option's error (2), as for any."""
     from . import report
 
-    try:
-        write()
-    except WriteFailed as exc:
-        if json_path and exc.option != "--json":
-            raise
-        print(f"{command}: {_keep_elsewhere(report.to_json(result), exc)}", file=sys.stderr)
-        return True
-    return False
+    failed = _write_outputs_in_order(result, outputs)
+    if failed is None:
+        return False
+    exc, held = failed
+    if held:
+        raise exc
+    print(f"{command}: {_keep_elsewhere(report.to_json(result), exc)}", file=sys.stderr)
+    return True
 
 
 def _exit_status(result: dict, args) -> int:
@@ -653,16 +665,8 @@ def run_profile(args) -> int:
             source="demo" if args.model_repository is None else str(args.model_repository),
         )
     profiler.print_table(result)
-
-    def write() -> None:
-        if args.json:
-            with _writing("--json", args.json):
-                report.write_json(result, args.json)
-        if args.plot:
-            with _writing("--plot", args.plot):
-                profiler.plot_profile(result, args.plot)
-
-    return 1 if _write_or_keep("wok profile", result, args.json, write) else 0
+    outputs = [("--json", args.json, report.write_json), ("--plot", args.plot, profiler.plot_profile)]
+    return 1 if _write_or_keep("wok profile", result, outputs) else 0
 
 
 def add_plan_parser(sub) -> None:
@@ -755,12 +759,11 @@ def run_plan(args) -> int:
         with _writing("--manifests", args.manifests):
             plan.write_manifests(result, args.manifests)
     plan.print_table(result)
-    if args.json:
-        with _writing("--json", args.json):
-            plan.write_json(result, args.json)
-    if args.markdown:
-        with _writing("--markdown", args.markdown):
-            args.markdown.write_text(plan.to_markdown(result), encoding="utf-8")
+
+    def markdown(r: dict, path: Path) -> None:
+        path.write_text(plan.to_markdown(r), encoding="utf-8")
+
+    _write_or_raise(result, [("--json", args.json, plan.write_json), ("--markdown", args.markdown, markdown)])
     return 0
 
 
@@ -896,16 +899,12 @@ def run_tune(args) -> int:
         overhead_at=overhead_at,
     )
     print_table(result)
-
-    def write() -> None:
-        if args.json:
-            with _writing("--json", args.json):
-                report.write_json(result, args.json)
-        if args.write_config and result["config_toml"] is not None:
-            with _writing("--write-config", args.write_config):
-                args.write_config.write_text(result["config_toml"])
-
-    if _write_or_keep("wok tune", result, args.json, write):
+    config = args.write_config if result["config_toml"] is not None else None
+    outputs = [
+        ("--json", args.json, report.write_json),
+        ("--write-config", config, lambda r, path: path.write_text(r["config_toml"])),
+    ]
+    if _write_or_keep("wok tune", result, outputs):
         return 1
     if args.write_config and result["config_toml"] is None:
         print("wok tune: no setting meets the SLO; no config written", file=sys.stderr)

@@ -114,20 +114,33 @@ def keep_elsewhere(text: str, failed: WriteFailed) -> str:
     return f"{failed}; the result is kept in {name} instead"
 
 
-def write_final(result: dict, outputs: Sequence[tuple[str, Path | None, Callable[[dict, Path], None]]]) -> str | None:
-    """A standalone script's last writes: each (option, path, writer) whose path is given, in order
-    (--json first). None when all were written; else the line to print for the first that failed,
-    the result kept by `keep_elsewhere` unless --json's file holds it."""
-    from .report import to_json
+Outputs = Sequence[tuple[str, "Path | None", Callable[[dict, Path], None]]]
 
-    written = set()
+
+def write_outputs(result: dict, outputs: Outputs) -> tuple[WriteFailed, bool] | None:
+    """Each (option, path, writer) whose path is given, in order (--json first). None when all were
+    written; else the first failure, and whether --json's file (written before it) holds the result."""
+    held = False
     for option, path, write in outputs:
-        if path is None:
+        if not path:
             continue
         try:
             with writing(option, path):
                 write(result, path)
         except WriteFailed as exc:
-            return str(exc) if "--json" in written else keep_elsewhere(to_json(result), exc)
-        written.add(option)
+            return exc, held
+        held = held or option == "--json"
     return None
+
+
+def write_final(result: dict, outputs: Outputs) -> str | None:
+    """A standalone script's last writes (`write_outputs`). None when all were written; else the
+    line to print for the first that failed, the result kept by `keep_elsewhere` unless --json's
+    file holds it."""
+    from .report import to_json
+
+    failed = write_outputs(result, outputs)
+    if failed is None:
+        return None
+    exc, held = failed
+    return str(exc) if held else keep_elsewhere(to_json(result), exc)
