@@ -230,8 +230,8 @@ class _StopSignal:
 
 def _build(args):
     """Import torch and the server, and load the models: slow, so run on a thread (a signal meanwhile
-    stops the start at once). Returns (settings, the repository, WokServer)."""
-    from .app import WokServer, build_repository
+    stops the start at once). Returns (settings, the repository)."""
+    from .app import build_repository
     from .config import server_settings
 
     settings = server_settings(
@@ -264,7 +264,7 @@ def _build(args):
     )
     if settings.admin and settings.metrics_port is None:
         raise ConfigError("--admin is served on the metrics port: it needs --metrics-port other than -1")
-    return settings, build_repository(settings, _demo_options(args.demo_option)), WokServer
+    return settings, build_repository(settings, _demo_options(args.demo_option))
 
 
 async def _until_stop(step, stop: asyncio.Event) -> bool:
@@ -288,9 +288,10 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
     built = loop.run_in_executor(None, _build, args)
     if not await _until_stop(built, stop):
         _exit_before_ready()
-    settings, repository, WokServer = built.result()
+    settings, repository = built.result()
     import torch
 
+    from .app import WokServer  # imported by _build already: no wait
     from .auth import SecurityMode
     from .config import host_port
 
