@@ -207,14 +207,7 @@ async def test_connections_waiting_for_a_body_make_room_for_a_scrape(monkeypatch
     async with Server() as s:
         # Two admin POSTs whose bodies never come: before, they held both slots for
         # HEADER_TIMEOUT_S and a scraper's connection was closed unanswered.
-        at_body = asyncio.Semaphore(0)
-        admin = s.http._admin
-
-        async def counted(*args):
-            at_body.release()  # the headers are read; the body read is next, with no await before
-            return await admin(*args)
-
-        s.http._admin = counted
+        at_body = _gate_admin(s)
         held = []
         for _ in range(2):
             reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
