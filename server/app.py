@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import grpc
 from google.protobuf import descriptor_pool
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
@@ -34,6 +34,7 @@ from .config import ServerSettings, host_port
 from .cpulatency import CpuWakeupLatency, read_constraint
 from .cpulinear import onednn_available
 from .executor import Executor
+from .health import HealthServicer
 from .http import MetricsHTTPServer
 from .loopmon import LoopLagMonitor
 from .metrics import ModelMetrics, WokMetrics
@@ -122,7 +123,7 @@ class WokServer:
         self.draining = False
         self._started = False
         self._grpc: grpc.aio.Server | None = None
-        self._health: health.aio.HealthServicer | None = None
+        self._health: HealthServicer | None = None
         self._background: set[asyncio.Task] = set()  # held until done (the loop keeps weak refs)
         self._health_grpc: grpc.aio.Server | None = None
         self._stopped: asyncio.Event | None = None
@@ -209,7 +210,7 @@ class WokServer:
         self._grpc = grpc.aio.server(interceptors=interceptors or None, options=self._grpc_options(transport_limit))
         self.service = InferenceService(self)
         handlers = add_to_server(self.service, self._grpc)
-        self._health = health.aio.HealthServicer()
+        self._health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(
             [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
@@ -370,6 +371,9 @@ class WokServer:
                 await asyncio.wait_for(self.service.idle(), timeout=max(left(), ANSWER_WINDOW_S))
             except asyncio.TimeoutError:
                 log.warning("grace period over with %d request(s) still being answered", self.service.active)
+        if self._health is not None:
+            # Watchers have had NOT_SERVING since stage 1; an open Watch would hold gRPC's stop.
+            await self._health.end_watches()
         if self._grpc is not None:
             # Only idle streams and responses on the wire remain: a short grace, not the rest.
             await self._grpc.stop(min(1.0, max(0.1, left())))
