@@ -169,7 +169,7 @@ def test_an_option_after_an_option_is_still_an_option(wok_cli):
 
 
 def test_a_json_write_that_fails_after_the_ramp_keeps_the_result_in_a_temporary_file(
-    bench_server, tmp_path, monkeypatch, wok_cli
+    server_process, tmp_path, monkeypatch, wok_cli
 ):
     """The up-front check passed, then --json's folder went away during the run (as a disk fills):
     everything measured was lost, and the run ended in an option error (exit 2)."""
@@ -190,7 +190,7 @@ def test_a_json_write_that_fails_after_the_ramp_keeps_the_result_in_a_temporary_
     monkeypatch.setattr(runner.Ramp, "run", measure_then_lose_the_folder)
     monkeypatch.setattr(tempfile, "tempdir", str(temp))  # the system's temp folder, for this test
     path = folder / "r.json"
-    argv = ["bench", "ramp", "--target", bench_server.target, "--steps", "20", "--step-duration", "0.5s"]
+    argv = ["bench", "ramp", "--target", server_process.target, "--steps", "20", "--step-duration", "0.5s"]
     status, _, err = wok_cli(*argv, "--warmup", "0.1s", "--workers", "1", "--metrics-url", "none", "--json", str(path))
     (kept,) = temp.glob("wok-bench-*")
     assert (status, err.splitlines()[-1]) == (

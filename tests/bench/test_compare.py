@@ -171,16 +171,26 @@ def test_a_probe_that_fails_is_recorded_and_keeps_the_run(tmp_path, monkeypatch)
     assert f"bare_server.py {port}" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
-def test_smoke_wok_and_the_bare_transport(tmp_path):
+def _compare_here(argv: list[str], capsys) -> tuple[int, str, str]:
+    """bench/compare.py's main in this process, which has its imports done: (status, stdout, stderr).
+    The script's own entry point is run as a child by the refusal test below."""
+    try:
+        status = compare.main(argv)
+    finally:
+        compare.stop_all()
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_smoke_wok_and_the_bare_transport(tmp_path, capsys):
     out = tmp_path / "c.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--servers", "wok,bare", "--steps", "50,100",
-           "--step-duration", "0.5s", "--warmup", "0.2s", "--reps", "1", "--host-probe", "0.2",
-           "--json", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    argv = ["--servers", "wok,bare", "--steps", "50,100", "--step-duration", "0.5s", "--warmup", "0.2s",
+            "--reps", "1", "--host-probe", "0.1", "--workers", "1", "--json", str(out)]  # fmt: skip
+    status, stdout, stderr = _compare_here(argv, capsys)
+    assert status == 0, stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["schema"] == "wok.compare/1"
-    assert doc["config"]["host_probe_s"] == 0.2
+    assert doc["config"]["host_probe_s"] == 0.1
     assert (doc["config"]["seed"], doc["config"]["seeds"]) == (0, "per-rep")
     run, bare = doc["runs"]
     assert run["seed"] == bare["seed"] == 0  # one repetition, one schedule
@@ -189,7 +199,7 @@ def test_smoke_wok_and_the_bare_transport(tmp_path):
         assert probe["before"]["schema"] == probe["after"]["schema"] == "wok.hostprobe/2"
         cold = (probe["before"]["cold_forward_us"], probe["after"]["cold_forward_us"])
         assert min(cold) > 0 and probe["cold_forward_us"] == pytest.approx(sum(cold) / 2)
-    assert "host probe: cold forward, µs" in proc.stdout
+    assert "host probe: cold forward, µs" in stdout
     assert bare["server"] == "bare" and bare["error"] is None
     assert all(s["success_rate"] == 1.0 for s in bare["steps"])
     assert run["server"] == "wok" and run["error"] is None
@@ -201,32 +211,35 @@ def test_smoke_wok_and_the_bare_transport(tmp_path):
     assert all(s["server_cpu"]["threads_us_per_request"]["model"] == 0 for s in bare["steps"])
     assert all(s["host_cpu"]["other_cores"] >= 0 for s in run["steps"])
     assert run["peak_rss_bytes"] > 10 * 2**20
-    assert "max QPS, P99 ≤ 200 ms" in proc.stdout
+    assert "max QPS, P99 ≤ 200 ms" in stdout
     port = run["target"].rsplit(":", 1)[1]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"--port {port} " not in ps  # the server was stopped
 
 
-def test_the_harness_holds_the_wakeup_bound_for_every_server_and_drops_it(tmp_path, cpu_latency_before):
+def test_the_harness_holds_the_wakeup_bound_for_every_server_and_drops_it(tmp_path, cpu_latency_before, capsys):
+    # In this process the bound is dropped by the harness itself, not by a child's exit.
     out = tmp_path / "c.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--servers", "bare", "--steps", "50",
-           "--step-duration", "0.5s", "--warmup", "0.2s", "--reps", "2", "--cpu-wakeup-latency", "0",
-           "--host-probe", "0", "--json", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    argv = ["--servers", "bare", "--steps", "50", "--step-duration", "0.3s", "--warmup", "0.1s", "--reps", "2",
+            "--workers", "1", "--cpu-wakeup-latency", "0", "--host-probe", "0", "--json", str(out)]  # fmt: skip
+    status, _, stderr = _compare_here(argv, capsys)
+    assert status == 0, stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["config"]["cpu_wakeup_latency_us"] == 0
     assert [r["cpu_wakeup_bound_us"] for r in doc["runs"]] == [0, 0]
     assert read_constraint() == cpu_latency_before
 
 
-def test_a_server_holding_its_own_bound_is_recorded_with_it(tmp_path, cpu_latency_before):
+def test_a_server_holding_its_own_bound_is_recorded_with_it(tmp_path, cpu_latency_before, capsys):
     out = tmp_path / "c.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--servers", "wok-b", "--steps", "50",
-           "--wok-variant", "wok-b=--cpu-wakeup-latency 0", "--step-duration", "0.5s", "--warmup", "0.2s",
-           "--reps", "1", "--host-probe", "0", "--json", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    argv = ["--servers", "wok-b", "--steps", "50", "--wok-variant", "wok-b=--cpu-wakeup-latency 0",
+            "--step-duration", "0.3s", "--warmup", "0.1s", "--reps", "1", "--workers", "1", "--host-probe", "0",
+            "--json", str(out)]  # fmt: skip
+    try:
+        status, _, stderr = _compare_here(argv, capsys)
+    finally:
+        compare.PEERS.pop("wok-b", None)
+    assert status == 0, stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["config"]["cpu_wakeup_latency_us"] is None  # the harness held none
     assert [r["cpu_wakeup_bound_us"] for r in doc["runs"]] == [0]  # the server did

@@ -44,8 +44,8 @@ def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(b
     cfg = RampConfig(
         target=bench_server.target,
         models=[("mlp", 1.0)],
-        steps=[50, 100, 200],
-        step_duration_s=3.0,
+        steps=[100, 200],
+        step_duration_s=1.5,
         warmup_s=0.5,
         arrival="constant",
         workers=2,
@@ -70,16 +70,16 @@ def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(b
         assert server_p50 <= step["latency_ms"]["p50"] * 1.5
         # The generator sends on schedule: its median lag is a fraction of a millisecond. The
         # tail is the host's (a noisy neighbour's burst of a few ms on a shared 2-core machine
-        # lands in any P99 of 600 sends), so it is only held to well under one call.
+        # lands in any P99 of 300 sends), so it is only held to well under one call.
         assert step["dispatch_lag_ms"]["p50"] < 1, step["dispatch_lag_ms"]
         assert step["dispatch_lag_ms"]["p99"] < 20, step["dispatch_lag_ms"]
         # The server's scrapes bracket the measured window: it saw about the requests the
         # client counted there (warm-up sends landing inside it would inflate its count).
         assert abs(step["server"]["requests"] - step["requests"]) <= 0.05 * step["requests"], step["server"]
-        # The loop-lag timer fires every 10 ms: about 300 samples in the 3 s window (fewer if the
+        # The loop-lag timer fires every 10 ms: about 150 samples in the 1.5 s window (fewer if the
         # loop's mean lag grew past a few ms, more if the scrapes drift by 0.3 s: neither at 200 QPS).
-        assert 200 <= step["loop_lag_ms"]["samples"] <= 330, step["loop_lag_ms"]
-        # Steady and far from the window's edges (5-10 ms calls in a 3 s window): L = λW.
+        assert 100 <= step["loop_lag_ms"]["samples"] <= 180, step["loop_lag_ms"]
+        # Steady and far from the window's edges (5-10 ms calls in a 1.5 s window): L = λW.
         assert abs(step["littles_law"]["relative_error"]) < 0.05, step["littles_law"]
 
 
@@ -95,16 +95,17 @@ def test_the_in_flight_mean_is_the_time_average_of_the_count_in_the_window():
 
 
 def test_littles_law_holds_on_a_low_rate_step_with_few_short_calls(bench_server):
-    # A few 5-10 ms calls in a 2 s window: a count sampled every 10 ms and held to the window's
-    # end read several times λW here and warned that the clocks were suspect.
+    # A few 5-10 ms calls in a 1 s window: a count sampled every 10 ms and held to the window's
+    # end read several times λW here and warned that the clocks were suspect. Seed 0 draws 2 and 3
+    # calls in the windows, none within 0.18 s of a window's edge, where a call would be cut.
     cfg = RampConfig(
         target=bench_server.target,
         models=[("mlp", 1.0)],
         steps=[2, 5],
-        step_duration_s=2.0,
+        step_duration_s=1.0,
         warmup_s=0.3,
         arrival="poisson",
-        seed=3,
+        seed=0,
         metrics_url=None,
     )
     lines: list[str] = []
@@ -118,11 +119,11 @@ def test_littles_law_holds_on_a_low_rate_step_with_few_short_calls(bench_server)
 def test_a_stalled_server_delays_every_request_scheduled_during_the_stall(bench_server, metrics_url):
     """Coordinated omission: latency runs from the intended send time, so a stall counts in full."""
     lag_before = scrape(metrics_url)
-    cfg = RampConfig(target=bench_server.target, models=[("mlp", 1.0)], steps=[100], step_duration_s=3)
+    cfg = RampConfig(target=bench_server.target, models=[("mlp", 1.0)], steps=[100], step_duration_s=2)
     pool, _, _ = build_pool(cfg)
     workers = WorkerPool(cfg.target, pool, 2)
     try:
-        times = np.arange(0, 3.0, 0.01)  # 100 QPS for 3 s
+        times = np.arange(0, 2.0, 0.01)  # 100 QPS for 2 s
         start_at = time.monotonic() + 0.3
         stall_from, stall_s = 1.0, 0.6
         pid = bench_server.proc.pid
@@ -166,11 +167,14 @@ def test_a_ramp_past_capacity_finds_a_knee(bench_server, metrics_url, tmp_path):
         target=bench_server.target,
         models=[("mlp", 1.0)],
         steps=[1000, 3000, 8000],
-        step_duration_s=1.5,
-        warmup_s=0.5,
+        step_duration_s=1.0,
+        warmup_s=0.3,
         slo_p99_ms=200,
         workers=2,
         stop_factor=1e9,  # run every step: the test wants the flat part of the curve
+        # Past capacity the backlog would drain for seconds after each step; a deadline well
+        # above the SLO ends it within 1 s, its requests failed, which achieved_qps leaves out.
+        timeout_s=1.0,
         metrics_url=metrics_url,
     )
     result = Ramp(cfg, progress=lambda _: None).run()
@@ -195,32 +199,31 @@ def _server_alive(bench_server):
     assert bench_server.proc.poll() is None, "\n".join(bench_server.log[-20:])
 
 
-def test_the_cli_writes_every_output_and_gates_on_require_qps(bench_server, metrics_url, tmp_path):
+def test_the_cli_writes_every_output_and_gates_on_require_qps(bench_server, metrics_url, tmp_path, wok_cli):
     import json
-    import subprocess
-    import sys
 
+    # In this process: a `python -m wok` child would spend seconds on imports this one has done.
     out = tmp_path / "r"
-    cmd = [
-        sys.executable, "-m", "wok", "bench", "ramp", "--target", bench_server.target, "--model", "mlp",
-        "--steps", "50:100:2", "--step-duration", "1s", "--warmup", "0.2s", "--metrics-url", metrics_url,
+    argv = [
+        "bench", "ramp", "--target", bench_server.target, "--model", "mlp", "--workers", "1",
+        "--steps", "50:100:2", "--step-duration", "0.5s", "--warmup", "0.2s", "--metrics-url", metrics_url,
         "--json", f"{out}.json", "--csv", f"{out}.csv", "--html", f"{out}.html", "--require-qps", "1000000",
         "--plots", str(tmp_path / "plots"), "--host-probe", "0.1s",
     ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 3, done.stderr
-    assert "below the required 1e+06" in done.stderr
+    status, stdout, stderr = wok_cli(*argv)
+    assert status == 3, stderr
+    assert "below the required 1e+06" in stderr
     result = json.loads(out.with_suffix(".json").read_text())
     probe = result["host_probe"]  # read before and after the ramp
     assert probe["before"]["schema"] == probe["after"]["schema"] == "wok.hostprobe/2"
     cold = (probe["before"]["cold_forward_us"], probe["after"]["cold_forward_us"])
     assert min(cold) > 0 and probe["cold_forward_us"] == sum(cold) / 2
-    assert f"host probe: cold forward {probe['cold_forward_us']:.0f} µs (before {cold[0]:.0f} µs" in done.stdout
+    assert f"host probe: cold forward {probe['cold_forward_us']:.0f} µs (before {cold[0]:.0f} µs" in stdout
     assert [s["offered_qps"] for s in result["steps"]] == [50, 100]
     assert result["max_qps_under_slo"] == 100
     assert out.with_suffix(".csv").read_text().count("\n") == 3
     assert out.with_suffix(".html").read_text().count("data:image/png;base64,") == 3
-    assert "offered" in done.stdout and "max QPS under SLO" in done.stdout
+    assert "offered" in stdout and "max QPS under SLO" in stdout
     pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert pngs == ["latency_vs_offered.png", "throughput.png", "timeline.png"]
 
@@ -230,16 +233,16 @@ def test_a_burst_step_reports_the_rate_it_really_offered(bench_server):
         target=bench_server.target,
         models=[("mlp", 1.0)],
         steps=[100],
-        step_duration_s=2.0,
+        step_duration_s=1.0,
         warmup_s=0.2,
         arrival="burst:amplitude=4x,t0=50%,sigma=10%",
         metrics_url=None,
     )
     (step,) = Ramp(cfg, progress=lambda _: None).run()["steps"]
     assert step["nominal_qps"] == 100
-    # λ_base + A·σ·√(2π)/T over the measured window (the burst at 1.1 s lies inside it):
-    # 100 + 400 · 0.22 · 2.507 / 2.0 ≈ 210 QPS.
-    assert 180 < step["offered_qps"] < 220
+    # λ_base + A·σ·√(2π)/T over the measured window (the burst at 0.6 s lies inside it, 3.3 σ
+    # from its start): 100 + 400 · 0.12 · 2.507 / 1.0 ≈ 220 QPS.
+    assert 200 < step["offered_qps"] < 240
     assert abs(step["achieved_qps"] - step["offered_qps"]) < 0.15 * step["offered_qps"]
 
 
@@ -254,7 +257,12 @@ class _CutAfterOne(Ramp):
 
 def test_a_ramp_cut_by_a_signal_says_so_in_its_result(bench_server):
     cfg = RampConfig(
-        target=bench_server.target, models=[("mlp", 1.0)], steps=[50, 100], step_duration_s=0.3, warmup_s=0.1
+        target=bench_server.target,
+        models=[("mlp", 1.0)],
+        steps=[50, 100],
+        step_duration_s=0.3,
+        warmup_s=0.1,
+        workers=1,
     )
     result = _CutAfterOne(cfg, progress=lambda _: None).run()
     assert [s["nominal_qps"] for s in result["steps"]] == [50]  # the step measured is kept
@@ -301,6 +309,7 @@ def test_refine_bisects_on_the_nominal_rates_it_runs(bench_server):
         step_duration_s=1.0,
         refine=2,
         slo_p99_ms=50.0,
+        workers=1,  # started, never sent to
     )
     ramp = _DoubleOffer(cfg, progress=lambda _: None)
     ramp.ran = []
@@ -329,6 +338,7 @@ def test_ctrl_c_in_the_refinement_keeps_the_ramp_and_the_refine_steps_run(bench_
         step_duration_s=1.0,
         refine=3,
         slo_p99_ms=50.0,
+        workers=1,  # started, never sent to
     )
     ramp = _CutInRefine(cfg, progress=lambda _: None)
     ramp.ran = []
@@ -367,7 +377,18 @@ def test_the_pool_is_built_through_the_balancer_the_workers_use(bench_server, st
 
 
 class _Clocked(Ramp):
-    """A Ramp that notes, as its first step starts, where that start lies on the wall clock."""
+    """A Ramp that notes, as its first step starts, where that start lies on the wall clock.
+
+    With `lead_s`, start_at is set `lead_s` ahead as the first step is handed out, once the
+    worker processes run: a start_at fixed before them would have to allow for their slowest
+    start on a busy machine, seconds, and the test would wait them out."""
+
+    lead_s: float | None = None
+
+    def run_step(self, workers, qps, label, slot=None):
+        if slot == 0 and self.lead_s is not None:
+            self.cfg.start_at = time.time() + self.lead_s
+        return super().run_step(workers, qps, label, slot)
 
     def started(self, clock0: float) -> None:
         self.start_wall = clock0 + (time.time() - time.monotonic())
@@ -380,16 +401,16 @@ def test_start_at_puts_every_step_on_its_wall_clock_slot(bench_server):
         target=bench_server.target,
         models=[("mlp", 1.0)],
         steps=[100, 100, 100],
-        step_duration_s=0.6,
+        step_duration_s=0.4,
         warmup_s=0.2,
         arrival="constant",
         workers=1,
         start_at=time.time() + 60,
         step_gap_s=0.4,
     )
-    assert cfg.step_period_s == pytest.approx(1.2)
+    assert cfg.step_period_s == pytest.approx(1.0)
     ramp = _Clocked(cfg, progress=lambda _: None)  # builds the request pool
-    cfg.start_at = time.time() + 4.0  # time enough to start the worker process, even on a busy machine
+    ramp.lead_s = 0.8  # a step hands out its shares 0.2 s ahead: time enough on a busy machine
     result = ramp.run()
     assert ramp.start_wall == pytest.approx(cfg.start_at, abs=0.05)
     for k, (intended, *_rest) in enumerate(ramp.timeline):
@@ -433,7 +454,7 @@ def test_int_high_spreads_recsys_ids_over_its_table_and_every_request_is_valid(s
         target=server_process.target,
         models=[("recsys", 1.0)],
         steps=[50],
-        step_duration_s=1.0,
+        step_duration_s=0.5,
         warmup_s=0.2,
         workers=1,
         int_high=20_000,

@@ -16,24 +16,18 @@ from .conftest import METRICS
 
 
 @pytest.fixture(scope="module")
-def servers(start_server_module):
-    """A server that sends the trailer and one that does not, started at once: each start is
-    mostly a process's imports."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(2) as ex:
-        flags = (["--server-timing"], [])
-        timing, plain = ex.map(lambda f: start_server_module("--models", "mlp", *f), flags)
-    return timing, plain
+def servers(start_server_module, server_process):
+    """A server that sends the trailer and one that does not: the session's, run without the flag."""
+    return start_server_module("--models", "mlp", "--server-timing"), server_process
 
 
-def _ramp(target: str, steps, metrics_url=None, said=None, step_duration_s=2.0) -> dict:
+def _ramp(target: str, steps, metrics_url=None, said=None, step_duration_s=1.0, warmup_s=0.5) -> dict:
     cfg = RampConfig(
         target=target,
         models=[("mlp", 1.0)],
         steps=steps,
         step_duration_s=step_duration_s,
-        warmup_s=0.5,
+        warmup_s=warmup_s,
         arrival="constant",
         metrics_url=metrics_url,
         server_timing=True,
@@ -77,7 +71,7 @@ def test_each_answer_is_split_into_the_servers_stages_and_the_time_outside(serve
 def test_a_server_without_the_trailer_is_reported_not_guessed(servers):
     _, sp = servers
     said: list[str] = []
-    step = _ramp(sp.target, [100], said=said, step_duration_s=1.0)["steps"][0]
+    step = _ramp(sp.target, [100], said=said, step_duration_s=0.5, warmup_s=0.2)["steps"][0]
     t = step["server_timing"]
     assert t["requests"] == 0 and t["missing"] == step["ok"] > 0
     assert math.isnan(t["outside_ms"]["p50"])

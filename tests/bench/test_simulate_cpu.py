@@ -27,15 +27,17 @@ def lindley_waits(arrivals: np.ndarray, d: float) -> np.ndarray:
     return waits
 
 
-# The P-K check's tolerance is about 3 standard errors of the mean wait over 300,000 arrivals
-# (waits are correlated over ~1/(1 - ρ)² arrivals): 0.9 spreads ±5 % over seeds, 0.3 and 0.6 ±1 %.
-@pytest.mark.parametrize(("rho", "rel"), [(0.3, 0.02), (0.6, 0.02), (0.9, 0.08)])
+# The P-K check's tolerance is about 3 standard errors of the mean wait over 100,000 arrivals
+# (waits are correlated over ~1/(1 - ρ)² arrivals): over 12 seeds its relative error spreads by
+# 1.3 % (one SD) at ρ 0.3, 1.1 % at 0.6 and 3.5 % at 0.9. The simulator itself is held request by
+# request to Lindley's recursion, exactly, which takes no more arrivals.
+@pytest.mark.parametrize(("rho", "rel"), [(0.3, 0.04), (0.6, 0.035), (0.9, 0.11)])
 def test_the_loop_alone_is_md1_pollaczek_khinchine(rho, rel):
     # The batcher out of the way (batches of one that take no time): the loop's first pass is
     # an M/D/1 queue with service D = c_in. Pollaczek–Khinchine: Wq = ρD / (2(1 − ρ)).
     d = 1 * MS
     lam = rho / d
-    arrivals = np.cumsum(np.random.default_rng(7).exponential(1 / lam, 300_000))
+    arrivals = np.cumsum(np.random.default_rng(7).exponential(1 / lam, 100_000))
     model = BatcherModel(alpha_s=1e-12, beta_s=0.0, max_batch_size=1, max_queue_delay_s=0.0, cpu_in_s=d)
     run = simulate(arrivals, model)
     wait = run.enqueued - arrivals - d
@@ -45,7 +47,7 @@ def test_the_loop_alone_is_md1_pollaczek_khinchine(rho, rel):
     assert wait.mean() == pytest.approx(rho * d / (2 * (1 - rho)), rel=rel)
     # Little's law on the loop stage: the number in it, sampled on a fine grid, is λ times the
     # mean time in it.
-    grid = np.linspace(arrivals[0], arrivals[-1], 200_000)
+    grid = np.linspace(arrivals[0], arrivals[-1], 100_000)
     measured = in_system(arrivals, run.enqueued, grid).mean()
     assert measured == pytest.approx(lam * (run.enqueued - arrivals).mean(), rel=0.02)
 

@@ -1,4 +1,6 @@
-"""`wok bench ramp --rpc stream`: requests on ModelStreamInfer, sent open loop and matched by id."""
+"""`wok bench ramp --rpc stream`: requests on ModelStreamInfer, sent open loop and matched by id.
+
+Against the session's server: these tests neither stop it nor leave work queued in it."""
 
 from __future__ import annotations
 
@@ -37,13 +39,13 @@ def test_answers_give_their_request_index_and_status_number():
     assert stream_sender.parse_answer(bare.SerializeToString()) == (None, stream_sender.UNKNOWN)
 
 
-def test_a_stream_ramp_delivers_every_request_on_schedule(bench_server):
+def test_a_stream_ramp_delivers_every_request_on_schedule(server_process):
     cfg = RampConfig(
-        target=bench_server.target,
+        target=server_process.target,
         models=[("mlp", 1.0)],
         steps=[100, 400],
-        step_duration_s=3.0,
-        warmup_s=0.5,
+        step_duration_s=1.5,
+        warmup_s=0.3,
         arrival="constant",
         workers=2,
         rpc="stream",
@@ -53,7 +55,8 @@ def test_a_stream_ramp_delivers_every_request_on_schedule(bench_server):
     assert result["config"]["rpc"] == "stream"
     for step in result["steps"]:
         assert step["success_rate"] == 1.0, step
-        # Completions in the window: a stall of the shared machine at its end moves a few past it.
+        # Completions in the window (150 and 600): a stall of the shared machine at its end moves
+        # a few past it, up to 7 at 100 QPS (a 70 ms stall) within 5 %.
         assert abs(step["achieved_qps"] - step["offered_qps"]) <= 0.05 * step["offered_qps"], step
         # At these rates the server answers within its 5 ms window plus a few ms.
         assert step["latency_ms"]["p50"] < 50.0, step["latency_ms"]
@@ -62,8 +65,8 @@ def test_a_stream_ramp_delivers_every_request_on_schedule(bench_server):
     assert result["steps"][0]["latency_ms"]["p50"] > 4.0, result["steps"][0]["latency_ms"]
 
 
-def test_stream_requests_carry_their_deadline_and_failures_keep_the_unary_code(bench_server):
-    cfg = RampConfig(target=bench_server.target, models=[("mlp", 1.0)], steps=[100], step_duration_s=1)
+def test_stream_requests_carry_their_deadline_and_failures_keep_the_unary_code(server_process):
+    cfg = RampConfig(target=server_process.target, models=[("mlp", 1.0)], steps=[100], step_duration_s=1)
     pool, _, _ = build_pool(cfg)
     workers = WorkerPool(cfg.target, pool, 1, rpc="stream", streams=2)
     try:
@@ -89,19 +92,19 @@ def test_a_worker_pool_refuses_a_stream_with_the_wok_balancer_or_no_streams():
         WorkerPool("127.0.0.1:1", [], 1, rpc="bidi")
 
 
-def test_requests_on_a_stream_that_fails_take_its_code(bench_server):
+def test_requests_on_a_stream_that_fails_take_its_code(server_process):
     """Streams that end (here: the channel is closed under them) leave no request unanswered."""
 
     async def scenario():
         import grpc
 
-        cfg = RampConfig(target=bench_server.target, models=[("mlp", 1.0)], steps=[100], step_duration_s=1)
+        cfg = RampConfig(target=server_process.target, models=[("mlp", 1.0)], steps=[100], step_duration_s=1)
         pool, _, _ = build_pool(cfg)
         import time
 
         times = np.arange(0, 0.05, 0.005)
         share = Share(time.monotonic() + 1.0, times, np.zeros(len(times), dtype=np.int64), 30.0)
-        channel = grpc.aio.insecure_channel(bench_server.target)
+        channel = grpc.aio.insecure_channel(server_process.target)
         task = asyncio.ensure_future(stream_sender.run_share_stream(channel, pool, share, streams=2))
         await asyncio.sleep(0)  # a yield: the sender opens its streams and waits for the first send time
         await channel.close()  # ends both streams before that time (1 s ahead)
@@ -201,7 +204,7 @@ def test_a_failed_stream_is_reopened_and_the_requests_after_it_reach_a_server_st
     assert _answered(survivor) >= after.sum()  # answered there, the only server left
 
 
-def test_an_answer_that_does_not_parse_fails_its_stream_at_once_not_at_the_deadline(bench_server, monkeypatch):
+def test_an_answer_that_does_not_parse_fails_its_stream_at_once_not_at_the_deadline(server_process, monkeypatch):
     """A reader that died of a non-gRPC error left its stream's requests to wait out their deadline
     (30 s here) as DEADLINE_EXCEEDED; they are the sender's failure, UNKNOWN, and the stream is replaced."""
     import time
@@ -218,13 +221,13 @@ def test_an_answer_that_does_not_parse_fails_its_stream_at_once_not_at_the_deadl
         return parse(msg)
 
     monkeypatch.setattr(stream_sender, "parse_answer", parse_once_badly)
-    cfg = RampConfig(target=bench_server.target, models=[("mlp", 1.0)], steps=[100], step_duration_s=1)
+    cfg = RampConfig(target=server_process.target, models=[("mlp", 1.0)], steps=[100], step_duration_s=1)
     pool, _, _ = build_pool(cfg)
     times = np.arange(0, 0.5, 0.01)
     share = Share(time.monotonic() + 0.3, times, np.zeros(len(times), dtype=np.int64), 30.0)
 
     async def scenario():
-        async with grpc.aio.insecure_channel(bench_server.target) as channel:
+        async with grpc.aio.insecure_channel(server_process.target) as channel:
             return await asyncio.wait_for(stream_sender.run_share_stream(channel, pool, share, streams=1), 10)
 
     out = asyncio.run(scenario())
