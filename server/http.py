@@ -39,8 +39,13 @@ from .faults import AdminRequestError
 log = logging.getLogger("wok.http")
 MAX_HEADER_BYTES = 16 << 10
 MAX_BODY_BYTES = 64 << 10  # admin bodies are a few fields
-HEADER_TIMEOUT_S = 10.0  # a request's headers must arrive within this
+# A request's head must arrive within this of its start: a new connection's accept, or, on a
+# kept-alive one, the head's first byte.
+HEADER_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 120.0  # a kept-alive connection with no request for this long is closed
+# Empty lines skipped before a request line (RFC 9112 2.2: a client may send a CRLF after a
+# POST's body); more are refused, so that a client cannot hold its slot by trickling them.
+MAX_EMPTY_LINES = 4
 WRITE_TIMEOUT_S = 10.0  # an answer the client does not read within this ends its connection
 # After its last answer, a closing connection reads and drops what the client still sends, for up
 # to this long: a close with unread bytes makes the kernel send a reset, and the client's kernel
@@ -69,14 +74,17 @@ REASONS = {
     411: "Length Required",
     413: "Payload Too Large",
     415: "Unsupported Media Type",
+    417: "Expectation Failed",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
+    505: "HTTP Version Not Supported",
 }
 JSON = "application/json"
 # A header field's name (RFC 9110 5.1): anything else, a space before the colon included, a proxy
 # in front may read otherwise.
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+VERSION = re.compile(r"HTTP/([0-9])\.([0-9])")  # RFC 9112 2.3; "HTTP" is case-sensitive
 # Admin paths and the Admin methods that answer their GET and POST (a POST reads its body).
 ADMIN_ROUTES = {
     "/admin/faults": ("get_faults", "post_faults"),
@@ -211,7 +219,12 @@ class MetricsHTTPServer:
         """Half-close, then drop what the client still sends until it closes, or LINGER_S."""
         if writer.is_closing() or not writer.can_write_eof():
             return
-        writer.write_eof()
+        try:
+            writer.write_eof()
+        except OSError:
+            # The client reset the connection as its last answer was written (ENOTCONN, not a
+            # ConnectionError, on asyncio's loop): it has gone, and there is nothing to drop.
+            return
         self._waiting[writer] = lambda: False  # it has nothing more to ask: it may make room
 
         async def discard() -> None:
@@ -248,13 +261,22 @@ class MetricsHTTPServer:
         # request that lies within them (pipelined after an earlier one) arrived by then.
         seen, known = 0.0, 0
         while True:
-            # The task reads whole lines, so the buffer starts a line: the head has come when it
-            # holds an empty one.
+            # The task reads whole lines, so the buffer starts a line (or, once the head's first
+            # byte is read, the rest of the request line): the head has come when it holds an
+            # empty one.
             self._waiting[writer] = lambda: _head_buffered(_buffered(reader))
             try:
-                # A scraper sends its request at once; an idle or trickling client must
-                # not hold a socket (and its file descriptor) forever.
-                lines, size = await asyncio.wait_for(_read_head(reader), HEADER_TIMEOUT_S if first else IDLE_TIMEOUT_S)
+                # A scraper sends its request at once; an idle or trickling client must not hold
+                # a socket (and its file descriptor) forever. A kept-alive connection may wait
+                # IDLE_TIMEOUT_S for its next request, but once that begins, its head has the
+                # HEADER_TIMEOUT_S a new connection's has: under the idle timeout alone, a client
+                # trickling a head held its slot for two minutes a request.
+                began = time.monotonic()
+                start = await asyncio.wait_for(reader.readexactly(1), HEADER_TIMEOUT_S if first else IDLE_TIMEOUT_S)
+                if not first:
+                    began = time.monotonic()
+                left = began + HEADER_TIMEOUT_S - time.monotonic()
+                lines, size = await asyncio.wait_for(_read_head(reader, start), left)
             except asyncio.LimitOverrunError:
                 error = f"request headers over {MAX_HEADER_BYTES} bytes\n".encode()
                 await self._respond(writer, 431, error, "text/plain", close=True)
@@ -280,6 +302,17 @@ class MetricsHTTPServer:
                 return
             method, target, version = parts
             head = method == "HEAD"
+            numbered = VERSION.fullmatch(version)
+            if numbered is None:
+                error = f"request line: expected HTTP/<digit>.<digit> as its version, got {_shown(version)}\n"
+                await self._respond(writer, 400, error.encode("latin-1"), "text/plain", close=True, head=head)
+                return
+            if numbered[1] != "1":
+                # A later HTTP/1 minor is read as 1.1 (RFC 9110 2.5); another major is not HTTP/1.
+                error = f"{version} is not supported: this server speaks HTTP/1.1\n"
+                await self._respond(writer, 505, error.encode("latin-1"), "text/plain", close=True, head=head)
+                return
+            old = version == "HTTP/1.0"
             fields: dict[str, list[str]] = {}
             try:
                 for number, line in enumerate(lines[1:], 1):
@@ -304,7 +337,17 @@ class MetricsHTTPServer:
                 error = b"Transfer-Encoding is not supported: send a Content-Length\n"
                 await self._respond(writer, 400, error, "text/plain", close=True, head=head)
                 return
-            close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
+            if old:
+                # HTTP/1.0 has no Expect; its client does not wait for a 100 (RFC 9110 10.1.1).
+                fields.pop("expect", None)
+                headers.pop("expect", None)
+            unmet = [value for value in fields.get("expect", ()) if value.lower() != "100-continue"]
+            if unmet:
+                # Ignored, the client would wait for what it expects; its body, if any, is unread.
+                error = f"Expect: expected 100-continue, got {', '.join(unmet)}\n"
+                await self._respond(writer, 417, error.encode("latin-1"), "text/plain", close=True, head=head)
+                return
+            close = headers.get("connection", "").lower() == "close" or old
             path = target.split("?", 1)[0]
             # Only a POST to an admin route reads its body: after any other request that has
             # one, the connection ends, or the body's bytes would be read as the next request.
@@ -385,6 +428,11 @@ class MetricsHTTPServer:
         if int(length) > MAX_BODY_BYTES:
             await self._json(writer, 413, {"error": f"body over {MAX_BODY_BYTES} bytes"}, close=True)
             return False
+        if headers.get("expect", "").lower() == "100-continue" and int(length) > 0:
+            # Its client waits for this before it sends the body (curl for a second, then sends
+            # it anyway). Asked only now that the request is acceptable: one refused above had
+            # its final answer instead, and its body need not come.
+            await self._send(writer, b"HTTP/1.1 100 Continue\r\n\r\n")
         # Waiting for its body, a connection may make room like an idle one: else connections
         # that send headers and no body could hold every slot, Prometheus's too, for
         # HEADER_TIMEOUT_S.
@@ -501,18 +549,21 @@ def _shown(line: str) -> str:
     return repr(line if len(line) <= 120 else line[:120] + "...")
 
 
-async def _read_head(reader: asyncio.StreamReader) -> tuple[list[str], int]:
+async def _read_head(reader: asyncio.StreamReader, start: bytes = b"") -> tuple[list[str], int]:
     """A request's head: its request line and header lines, without line ends, and its size in bytes.
 
-    Each line must end in CRLF. RFC 9112 2.2 lets a server take a bare LF as a line end too,
-    but a proxy in front that does not would read other headers, or another request, from the
-    same bytes; refused at once, it cannot wait for a CRLF CRLF that never comes (HEADER_TIMEOUT_S).
-    LimitOverrunError past MAX_HEADER_BYTES.
+    `start` is its first bytes, already read. Each line must end in CRLF. RFC 9112 2.2 lets a
+    server take a bare LF as a line end too, but a proxy in front that does not would read other
+    headers, or another request, from the same bytes; refused at once, it cannot wait for a CRLF
+    CRLF that never comes (HEADER_TIMEOUT_S). Up to MAX_EMPTY_LINES empty lines before the request
+    line are skipped (and counted in its size). LimitOverrunError past MAX_HEADER_BYTES.
     """
     lines: list[str] = []
     size = 0
+    empty = 0
     while True:
-        raw = await reader.readuntil(b"\n")
+        raw = start if start.endswith(b"\n") else start + await reader.readuntil(b"\n")
+        start = b""
         size += len(raw)
         if size > MAX_HEADER_BYTES:
             raise asyncio.LimitOverrunError(f"request headers over {MAX_HEADER_BYTES} bytes", size)
@@ -525,6 +576,11 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[list[str], int]:
             raise BadRequest(f"{where}: expected CR only before its LF, got a bare CR: {_shown(line)}")
         if not line and lines:
             return lines, size
+        if not line:
+            empty += 1
+            if empty > MAX_EMPTY_LINES:
+                raise BadRequest(f"request line: expected one within {MAX_EMPTY_LINES} empty lines, got more")
+            continue
         lines.append(line)
 
 

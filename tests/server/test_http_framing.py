@@ -1,0 +1,228 @@
+"""The metrics/admin HTTP server (server/http.py) against raw sockets: the request line's version,
+empty lines before it, a kept-alive connection's head timeout, and Expect: 100-continue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+
+import pytest
+
+from wok import http
+
+from .test_http import LOOPS, Server, _gate_admin, errors, post, responses
+
+
+def status(top: bytes) -> bytes:
+    return top.split(b"\r\n")[0]
+
+
+@pytest.mark.parametrize(
+    "version, error",
+    [
+        (b"FOO/9", "request line: expected HTTP/<digit>.<digit> as its version, got 'FOO/9'"),
+        (b"http/1.1", "request line: expected HTTP/<digit>.<digit> as its version, got 'http/1.1'"),
+        (b"HTTP/1.10", "request line: expected HTTP/<digit>.<digit> as its version, got 'HTTP/1.10'"),
+        (b"HTTP/1", "request line: expected HTTP/<digit>.<digit> as its version, got 'HTTP/1'"),
+    ],
+    ids=["foo", "lower-case", "two-digits", "no-minor"],
+)
+async def test_a_malformed_version_gets_400_and_the_connection_ends(version, error, raw_http):
+    """Any third word of the request line was answered 200, as HTTP/1.1."""
+    async with Server() as s:
+        answer = await raw_http(s.port, b"GET /metrics " + version + b"\r\n" + s.host + b"\r\nGET / HTTP/1.1\r\n\r\n")
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in top, answer
+    assert body.decode("latin-1") == error + "\n"
+
+
+@pytest.mark.parametrize("version", [b"HTTP/2.0", b"HTTP/0.9", b"HTTP/3.0"])
+async def test_another_major_version_gets_505_and_the_connection_ends(version, raw_http):
+    async with Server() as s:
+        answer = await raw_http(s.port, b"GET /metrics " + version + b"\r\n" + s.host + b"\r\nGET / HTTP/1.1\r\n\r\n")
+        # HTTP/2 with prior knowledge: its preface reads as a request line and an empty line.
+        preface = await raw_http(s.port, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    for got, sent in ((answer, version), (preface, b"HTTP/2.0")):
+        [(top, body)] = responses(got, [False])
+        assert top.startswith(b"HTTP/1.1 505 HTTP Version Not Supported\r\n") and b"Connection: close" in top, got
+        assert body == sent + b" is not supported: this server speaks HTTP/1.1\n"
+
+
+async def test_a_later_http1_minor_is_served_as_http11_and_http10_closes(raw_http):
+    async with Server() as s:
+        later = b"GET / HTTP/1.2\r\n" + s.host + b"\r\n"
+        kept = await raw_http(s.port, later + later.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+        # HTTP/1.0 has no keep-alive unless asked for; this server does not offer it: one answer.
+        old = await raw_http(s.port, b"GET / HTTP/1.0\r\n\r\nGET / HTTP/1.0\r\n\r\n")
+    first, second = responses(kept, [False, False])
+    assert status(first[0]) == status(second[0]) == b"HTTP/1.1 200 OK", kept
+    assert b"Connection: keep-alive" in first[0], kept
+    [(top, body)] = responses(old, [False])
+    assert top.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close" in top, old
+    assert body == b"wok: metrics at /metrics\n"
+
+
+@pytest.mark.parametrize("most", [False, True], ids=["one", "most"])
+async def test_empty_lines_before_a_request_line_are_skipped(most, raw_http):
+    """RFC 9112 2.2: a server SHOULD ignore at least one; it answered 400."""
+    empty = http.MAX_EMPTY_LINES if most else 1
+    async with Server() as s:
+        request = b"GET / HTTP/1.1\r\n" + s.host + b"\r\n"
+        last = request.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+        answer = await raw_http(s.port, b"\r\n" * empty + request + b"\r\n" * empty + last)
+        # As an old client sends it: a CRLF after a POST's body, then its next request.
+        body = b'{"model":"mlp"}'
+        after_post = await raw_http(s.port, post(s.host, body) + b"\r\n" + last)
+    got = responses(answer, [False, False])
+    assert [status(top) for top, _ in got] == [b"HTTP/1.1 200 OK"] * 2, answer
+    got = responses(after_post, [False, False])
+    assert [status(top) for top, _ in got] == [b"HTTP/1.1 200 OK"] * 2, after_post
+    assert got[1][1] == b"wok: metrics at /metrics\n"
+    assert s.admin.posted == [{"model": "mlp"}]
+
+
+async def test_more_empty_lines_than_the_limit_get_400(raw_http):
+    async with Server() as s:
+        answer = await raw_http(s.port, b"\r\n" * (http.MAX_EMPTY_LINES + 1) + b"GET / HTTP/1.1\r\n" + s.host + b"\r\n")
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in top, answer
+    assert body == f"request line: expected one within {http.MAX_EMPTY_LINES} empty lines, got more\n".encode()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_kept_alive_connections_next_head_has_the_head_timeout_once_it_begins(run_on, loop, monkeypatch):
+    """Its whole next head was read under IDLE_TIMEOUT_S (120 s): a client trickling it held its
+    slot that long, where a new connection's head has HEADER_TIMEOUT_S."""
+    monkeypatch.setattr(http, "HEADER_TIMEOUT_S", 0.4)
+
+    async def main() -> tuple[bytes, bytes, bytes, float]:
+        async with Server() as s:
+            request = b"GET / HTTP/1.1\r\n" + s.host + b"\r\n"
+            reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+            try:
+                writer.write(request)
+                first = await asyncio.wait_for(reader.readuntil(b"metrics\n"), 5)
+                # Idle for longer than the head timeout: the idle timeout applies, not that one.
+                await asyncio.sleep(0.6)
+                writer.write(request)
+                second = await asyncio.wait_for(reader.readuntil(b"metrics\n"), 5)
+                writer.write(request[:10])  # a head begun and never finished
+                started = time.monotonic()
+                rest = await asyncio.wait_for(reader.read(), 5)
+                return first, second, rest, time.monotonic() - started
+            finally:
+                writer.close()
+
+    first, second, rest, waited = run_on(loop, main())
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n") and second.startswith(b"HTTP/1.1 200 OK\r\n"), (first, second)
+    assert rest == b"", rest  # closed unanswered, as a new connection's unfinished head is
+    assert waited < 4, waited
+
+
+async def test_expect_100_continue_is_answered_before_the_body_is_read():
+    """Its client waited for a 100 that never came: curl for a second, then it sent the body."""
+    async with Server() as s:
+        body = b'{"model":"mlp"}'
+        request = post(s.host, body, extra=b"Expect: 100-continue\r\n")
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+        try:
+            writer.write(request[: -len(body)])  # the head; the body waits for the 100
+            interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert s.admin.posted == []
+            writer.write(body + b"GET / HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n")
+            rest = await asyncio.wait_for(reader.read(), 5)
+        finally:
+            writer.close()
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    final, after = responses(rest, [False, False])
+    assert status(final[0]) == b"HTTP/1.1 200 OK" and b"Connection: keep-alive" in final[0], rest
+    assert status(after[0]) == b"HTTP/1.1 200 OK", rest
+    assert s.admin.posted == [{"model": "mlp"}]
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ((b"application/json", b"text/plain"), b"HTTP/1.1 415 Unsupported Media Type"),
+        ((b"/admin/faults", b"/admin/nope"), b"HTTP/1.1 404 Not Found"),
+        ((b"POST /admin/faults", b"POST /"), b"HTTP/1.1 405 Method Not Allowed"),
+        ((b"Content-Length: 15", b"Content-Length: 70000"), b"HTTP/1.1 413 Payload Too Large"),
+        ((b"Host: 127.0.0.1", b"Host: example.com"), b"HTTP/1.1 403 Forbidden"),
+    ],
+    ids=["415", "404", "405", "413", "403"],
+)
+async def test_expect_100_continue_on_a_refused_request_gets_only_its_final_answer(change, expected, raw_http):
+    async with Server() as s:
+        head = post(s.host, b"", length=15, extra=b"Expect: 100-continue\r\n").replace(*change)
+        answer = await raw_http(s.port, head)  # the body is never sent
+    [(top, _)] = responses(answer, [False])
+    assert status(top) == expected and b"Connection: close" in top, answer
+    assert s.admin.posted == []
+
+
+async def test_http10_expect_100_continue_is_ignored(raw_http):
+    """RFC 9110 10.1.1: an HTTP/1.0 client does not wait for a 100; none is sent."""
+    async with Server() as s:
+        body = b'{"model":"mlp"}'
+        request = post(s.host, body, extra=b"Expect: 100-continue\r\n").replace(b"HTTP/1.1", b"HTTP/1.0")
+        answer = await raw_http(s.port, request)
+    [(top, _)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close" in top, answer
+    assert s.admin.posted == [{"model": "mlp"}]
+
+
+@pytest.mark.parametrize("expect", [b"foo", b"100-continue, foo"])
+async def test_an_unknown_expectation_gets_417_and_the_connection_ends(expect, raw_http):
+    """It was ignored: the POST applied, a client waiting for what it expected left unanswered."""
+    async with Server() as s:
+        posted = await raw_http(s.port, post(s.host, b'{"model":"mlp"}', extra=b"Expect: " + expect + b"\r\n"))
+        scrape = await raw_http(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + b"Expect: " + expect + b"\r\n\r\n")
+    for answer in (posted, scrape):
+        [(top, body)] = responses(answer, [False])
+        assert top.startswith(b"HTTP/1.1 417 Expectation Failed\r\n") and b"Connection: close" in top, answer
+        assert body == b"Expect: expected 100-continue, got " + expect + b"\n"
+    assert s.admin.posted == []
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_client_that_closes_before_its_body_ends_the_connection_with_no_error(run_on, loop, caplog):
+    """Its 400, written to a socket the client had closed, drew a reset; the half-close after it
+    then raised OSError (ENOTCONN), which ended the task unhandled: asyncio logged it as an ERROR."""
+
+    async def main() -> list:
+        async with Server() as s:
+            at_body = _gate_admin(s)
+            _, writer = await asyncio.open_connection("127.0.0.1", s.port)
+            writer.write(post(s.host, b"", length=15))
+            await asyncio.wait_for(at_body.acquire(), 5)
+            tasks = list(s.http._clients)
+            writer.close()  # a full close: what the server writes next draws a reset
+            return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+
+    with caplog.at_level(logging.ERROR):
+        ended = run_on(loop, main())
+    assert ended == [None], ended
+    assert errors(caplog) == []
+
+
+async def test_a_head_the_client_sends_byte_by_byte_is_read(raw_http):
+    """The head's first byte is read on its own (its wait is the idle one): the rest must join it."""
+    async with Server() as s:
+        request = b"GET / HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", s.port), timeout=5) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def send() -> bytes:
+                for i in range(len(request)):
+                    sock.sendall(request[i : i + 1])
+                out = b""
+                while chunk := sock.recv(1 << 16):
+                    out += chunk
+                return out
+
+            answer = await asyncio.to_thread(send)
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+    assert body == b"wok: metrics at /metrics\n"
