@@ -68,7 +68,7 @@ def window_rate(arrivals: Arrivals, start_s: float, end_s: float) -> float:
     """Expected requests/s over [start_s, end_s) of the schedule: a step's offered rate over its
     measured window, which for a burst or a sawtooth differs from the mean over warm-up and window."""
     if not end_s > start_s:
-        raise ValueError(f"window [{start_s:g}, {end_s:g}) is empty")
+        raise ValueError(f"window: expected end_s > start_s, got the empty [{start_s:g}, {end_s:g})")
     cumulative = getattr(arrivals, "cumulative", None)
     if cumulative is None or isinstance(arrivals, Poisson | Constant):  # constant λ: exactly its rate
         return arrivals.mean_rate
@@ -111,9 +111,10 @@ def nominal_for(spec: str, offered_qps: float, duration_s: float) -> float:
             break
         q0, q1 = q1, q1 + (offered_qps - f1) * (q1 - q0) / (f1 - f0)
         if not q1 > 0:
+            low_q, low_f = min(tried)
             raise ValueError(
-                f"arrivals {spec!r}: offers more than {offered_qps:g} QPS at any step rate above 0 "
-                "(an absolute burst amplitude or sawtooth bound sets a floor)"
+                f"arrivals {spec!r}: offers more than {offered_qps:g} QPS at any step rate above 0, got "
+                f"{low_f:g} QPS at step rate {low_q:g} (an absolute burst amplitude or sawtooth bound sets a floor)"
             )
         f0, f1 = f1, offered(q1)
         tried.append((q1, f1))
@@ -273,7 +274,10 @@ class Burst:
         if self.duration_s is not None:
             object.__setattr__(self, "duration_s", _check_duration(self.duration_s))
         elif self.t0_s <= 0:
-            raise ValueError("Burst: give duration_s when t0_s <= 0 (mean_rate averages over the step)")
+            raise ValueError(
+                "Burst duration_s: expected a duration when t0_s <= 0 (mean_rate averages over the step), "
+                f"got None with t0_s {self.t0_s:g}"
+            )
 
     def rate(self, t: np.ndarray | float) -> np.ndarray | float:
         t = np.asarray(t, dtype=np.float64)
@@ -369,20 +373,24 @@ class TraceReplay:
     ) -> None:
         ts = np.asarray(timestamps_s, dtype=np.float64).reshape(-1)
         if not np.all(np.isfinite(ts)):
-            raise ValueError("trace timestamps must be finite")
+            i = int(np.flatnonzero(~np.isfinite(ts))[0])
+            raise ValueError(f"trace timestamps must be finite, got {ts[i]:g} at index {i}")
         if not (math.isfinite(time_scale) and time_scale > 0):
             raise ValueError(f"time_scale must be finite and > 0; got {time_scale:g}")
         order = np.argsort(ts, kind="stable")  # stable: equal timestamps keep their sizes' order
         ts = ts[order]
         if ts.size < 2 or ts[-1] == ts[0]:
-            raise ValueError("a trace needs at least two distinct timestamps")
+            raise ValueError(
+                f"a trace needs at least two distinct timestamps, got {ts.size} ({np.unique(ts).size} distinct)"
+            )
         if sizes is not None:
             raw = np.asarray(sizes).reshape(-1)
             if raw.size != ts.size:
-                raise ValueError(f"trace has {ts.size} timestamps but {raw.size} sizes")
+                raise ValueError(f"trace sizes: expected one per timestamp ({ts.size}), got {raw.size}")
             sizes = raw.astype(np.int64)
             if np.any(sizes != raw) or np.any(sizes < 0):
-                raise ValueError("trace sizes must be integers >= 0")
+                i = int(np.flatnonzero((sizes != raw) | (sizes < 0))[0])
+                raise ValueError(f"trace sizes must be integers >= 0, got {raw[i].item()!r} at index {i}")
             sizes = sizes[order]
         self.timestamps_s = ts
         self.sizes = sizes
@@ -458,6 +466,12 @@ def _timestamp(value: object, where: str) -> float:
     raise ValueError(f"{where}: timestamp {value!r} is neither seconds nor an ISO 8601 time")
 
 
+def _brief(text: str, width: int = 60) -> str:
+    """`text` quoted for a message, cut to about `width` characters (a trace line may be long)."""
+    text = text.strip()
+    return repr(text if len(text) <= width else text[: width - 1] + "…")
+
+
 def _size(value: object, where: str) -> int:
     if isinstance(value, str):
         value = value.strip()
@@ -495,7 +509,7 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{where}: not JSON ({e.msg})") from None
             if not isinstance(obj, dict) or "timestamp" not in obj:
-                raise ValueError(f'{where}: expected an object with a "timestamp" field')
+                raise ValueError(f'{where}: expected an object with a "timestamp" field, got {_brief(line)}')
             stamps.append(_timestamp(obj["timestamp"], where))
             sizes.append(_size(obj["size"], where) if obj.get("size") is not None else None)
             wheres.append(where)
@@ -512,7 +526,7 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
             sizes.append(_size(size, where) if size else None)
             wheres.append(where)
     if not stamps:
-        raise ValueError(f"{path}: no arrivals")
+        raise ValueError(f"{path}: expected at least one arrival, got none")
     have = [s is not None for s in sizes]
     if any(have) and not all(have):
         raise ValueError(
@@ -563,7 +577,9 @@ def parse_steps(spec: str) -> list[float]:
     if ":" in text:
         parts = [p.strip() for p in text.split(":")]
         if len(parts) != 3:
-            raise ValueError(f"QPS range {spec!r}: expected start:stop:factor (e.g. '50:800:2')")
+            raise ValueError(
+                f"QPS range {spec!r}: expected start:stop:factor (e.g. '50:800:2'), got {len(parts)} parts"
+            )
         values = [_number(p) for p in parts]
         for label, p, v in zip(("start", "stop", "factor"), parts, values):
             if v is None:
@@ -572,7 +588,7 @@ def parse_steps(spec: str) -> list[float]:
         if start <= 0:
             raise ValueError(f"QPS range {spec!r}: start must be > 0; got {start:g}")
         if stop < start:
-            raise ValueError(f"QPS range {spec!r}: stop {stop:g} is below start {start:g}")
+            raise ValueError(f"QPS range {spec!r}: stop must be >= start {start:g}; got {stop:g}")
         if factor <= 1:
             raise ValueError(f"QPS range {spec!r}: factor must be > 1; got {factor:g}")
         count = math.floor(math.log(stop / start) / math.log(factor) + 1e-9) + 1
@@ -617,7 +633,7 @@ def _options(spec: str, kind: str, items: list[str]) -> dict[str, str]:
         if key not in allowed:
             raise ValueError(f"arrivals {spec!r}: unknown option {key!r} for {kind}; expected {', '.join(allowed)}")
         if key in out:
-            raise ValueError(f"arrivals {spec!r}: option {key!r} given twice")
+            raise ValueError(f"arrivals {spec!r}: option {key!r} given twice; got {out[key]!r} and {value!r}")
         out[key] = value
     return out
 
@@ -642,7 +658,7 @@ def _time_option(spec: str, key: str, value: str, duration_s: float | None) -> f
             raise ValueError(f"arrivals {spec!r}: {key}={value} is not a percentage >= 0 of the step")
         if duration_s is None:
             raise ValueError(
-                f"arrivals {spec!r}: {key}={value} is a fraction of the step; parse_arrivals needs duration_s"
+                f"arrivals {spec!r}: {key}={value} is a fraction of the step; parse_arrivals needs duration_s, got None"
             )
         return fraction / 100.0 * duration_s
     try:
@@ -676,7 +692,7 @@ def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) ->
     items = rest.split(",") if rest.strip() else []
     if kind == "trace":
         if not items or not items[0].strip():
-            raise ValueError(f"arrivals {spec!r}: expected trace:PATH[,scale=N]")
+            raise ValueError(f"arrivals {spec!r}: expected trace:PATH[,scale=N], got no PATH")
         path, items = items[0].strip(), items[1:]
     opts = _options(spec, kind, items)
     if kind == "constant":
@@ -688,22 +704,25 @@ def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) ->
         t0 = _time_option(spec, "t0", opts.get("t0", "50%"), duration_s)
         sigma = _time_option(spec, "sigma", opts.get("sigma", "10%"), duration_s)
         if sigma <= 0:
-            raise ValueError(f"arrivals {spec!r}: sigma must be > 0")
+            raise ValueError(f"arrivals {spec!r}: burst sigma must be > 0 s, got {sigma:g}")
         if duration_s is None and t0 <= 0:
-            raise ValueError(f"arrivals {spec!r}: a burst at t0=0 needs duration_s for its mean rate")
+            raise ValueError(
+                f"arrivals {spec!r}: a burst at t0 <= 0 needs duration_s for its mean rate, got t0 {t0:g} s "
+                "and duration_s None"
+            )
         return Burst(qps, amplitude, t0, sigma, duration_s)
     if kind == "sawtooth":
         low = _rate_option(spec, "low", opts.get("low", "0.5x"), qps)
         high = _rate_option(spec, "high", opts.get("high", "1.5x"), qps)
         period = _time_option(spec, "period", opts.get("period", "10s"), duration_s)
         if period <= 0:
-            raise ValueError(f"arrivals {spec!r}: period must be > 0")
+            raise ValueError(f"arrivals {spec!r}: sawtooth period must be > 0 s, got {period:g}")
         return Sawtooth(low, high, period)
     trace = load_trace(path)
     scale = opts.get("scale", "1")
     if scale.lower() == "auto":
         if qps == 0:
-            raise ValueError(f"arrivals {spec!r}: scale=auto needs a qps > 0")
+            raise ValueError(f"arrivals {spec!r}: scale=auto needs a qps > 0, got {qps:g}")
         return TraceReplay(trace.timestamps_s, trace.sizes, qps / trace.mean_rate)
     factor = _number(scale)
     if factor is None or factor <= 0:

@@ -42,6 +42,7 @@ from wok.models import build_demo
 # 8192-wide layers compute for about 11 ms (1024 rows x 537 MFLOP at ~50 TFLOP/s FP32).
 # The default sizes take over half an hour on a CPU; these take seconds.
 CPU_DRY_RUN = "--device cpu --hidden 512 --layers 1 --rows 64 --batches 10"
+MIN_BATCHES = 2
 OVERLAP_MODEL = dict(in_features=8192, hidden=8192, out_features=256, layers=4, max_batch_size=1024)
 
 
@@ -125,11 +126,17 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=OVERLAP_MODEL["layers"], help="hidden layers")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
-    # Checked before the model is built: a zero would fail only after it (or size nothing).
-    for option in ("--batches", "--rows", "--hidden", "--layers"):
+    # Checked before the model is built: a zero would fail only after it (or size nothing). The
+    # overlap check judges pairs of batches in flight together: one batch leaves it nothing.
+    for option, least, why in (
+        ("--batches", MIN_BATCHES, " (the overlap check needs a pair of batches)"),
+        ("--rows", 1, ""),
+        ("--hidden", 1, ""),
+        ("--layers", 1, ""),
+    ):
         value = getattr(args, option.removeprefix("--"))
-        if value < 1:
-            ap.error(f"{option}: expected an integer >= 1, got {value}")
+        if value < least:
+            ap.error(f"{option}: expected an integer >= {least}{why}, got {value}")
     refuse_unwritable(ap, args, "--json")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"gpu_check: no CUDA device; run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)", file=sys.stderr)

@@ -5,6 +5,7 @@ keeps its result in a temporary file rather than lose it."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -17,8 +18,8 @@ FOLDER_OUTPUTS = ("--plots", "--manifests", "--log-dir")
 
 class WriteFailed(ValueError):
     """An output that failed when written, past the up-front check (a full disk, a folder removed
-    meanwhile); a ValueError, as any bad option value, with the option kept for a caller that can
-    save the result elsewhere."""
+    meanwhile, a plot that matplotlib could not draw); a ValueError, as any bad option value, with
+    the option kept for a caller that can save the result elsewhere."""
 
     def __init__(self, option: str, path, message: str) -> None:
         super().__init__(message)
@@ -93,12 +94,18 @@ def refuse_unwritable(parser, args, *options: str, parents_made: bool = False) -
 @contextmanager
 def writing(option: str, path: Path):
     """An output that fails when written (after the up-front check: a full disk, a race) is
-    reported as the option's, not as a traceback."""
+    reported as the option's, not as a traceback. So is any other error of its writer (matplotlib
+    failing to draw, a value the serializer refuses): the result measured is no less worth keeping.
+    KeyboardInterrupt and SystemExit pass: they are not the output's fault."""
     try:
         yield
+    except WriteFailed:
+        raise
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
         raise WriteFailed(option, path, f"{option} {path}: {exc.strerror or exc}{where}") from None
+    except Exception as exc:
+        raise WriteFailed(option, path, f"{option} {path}: {type(exc).__name__}: {exc}") from exc
 
 
 def keep_elsewhere(text: str, failed: WriteFailed) -> str:
@@ -109,7 +116,7 @@ def keep_elsewhere(text: str, failed: WriteFailed) -> str:
         fd, name = tempfile.mkstemp(prefix="wok-bench-", suffix=".json")
         with open(fd, "w", encoding="utf-8") as f:
             f.write(text)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: text that UTF-8 cannot encode (a lone surrogate)
         return f"{failed}; nor could the result be kept in a temporary file: {exc}"
     return f"{failed}; the result is kept in {name} instead"
 
@@ -137,10 +144,24 @@ def write_final(result: dict, outputs: Outputs) -> str | None:
     """A standalone script's last writes (`write_outputs`). None when all were written; else the
     line to print for the first that failed, the result kept by `keep_elsewhere` unless --json's
     file holds it."""
-    from .report import to_json
-
     failed = write_outputs(result, outputs)
     if failed is None:
         return None
     exc, held = failed
-    return str(exc) if held else keep_elsewhere(to_json(result), exc)
+    return str(exc) if held else keep_elsewhere(result_text(result), exc)
+
+
+def result_text(result: dict) -> str:
+    """`result`'s JSON for `keep_elsewhere`. When --json failed because its serializer refused a
+    value (the same would refuse it here), a looser one writes that value as its repr rather than
+    lose the rest."""
+    from .report import to_json
+
+    try:
+        return to_json(result)
+    except Exception:
+        pass
+    try:
+        return json.dumps(result, indent=2, default=repr, ensure_ascii=False) + "\n"
+    except Exception:  # a value that even repr cannot make JSON of (a cycle): the text of it all
+        return repr(result) + "\n"

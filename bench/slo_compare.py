@@ -39,7 +39,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `wok serve` does, befo
 
 import numpy as np
 
-from wok.bench.outputs import output_problem, refuse_unwritable, write_final
+from wok.bench.outputs import output_problem, refuse_unwritable, write_final, write_outputs
 from wok.bench.report import read_json_object
 
 SCHEMA = "wok.slocompare/1"
@@ -370,8 +370,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                 why = output_problem(args.plot, folder=False)
             except OSError as exc:
                 why = exc.strerror or str(exc)
+            if not why and _same_file(args.plot, args.replot):  # a run saved as *.png: its only copy
+                why = "is the run itself, which drawing would overwrite"
             if why:
                 p.error(f"--replot {args.replot}: plot {args.plot}: {why}; give --plot to draw it elsewhere")
+        elif _same_file(args.plot, args.replot):
+            p.error(f"--plot {args.plot}: is --replot's run, which drawing would overwrite; expected another path")
     elif args.profile:
         from wok.bench.tune import profile_from_document
         from wok.policy import read_profile_fit
@@ -383,6 +387,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         except (OSError, ValueError) as exc:
             p.error(f"--profile: {exc}")
     return args
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` name one existing file (also through a link, or another spelling)."""
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def read_run(path: Path) -> dict:
@@ -401,7 +413,12 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     if args.replot:
-        plot(args.replot_doc, args.plot)
+        # A drawing that fails is the option's error, as at the end of a run; the run itself is
+        # kept already, in --replot's file, so nothing needs a temporary copy.
+        failed = write_outputs(args.replot_doc, [("--plot", args.plot, plot)])
+        if failed:
+            say(f"{failed[0]}; the run is unchanged in {args.replot}")
+            return 1
         return 0
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     load0 = os.getloadavg()

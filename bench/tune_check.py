@@ -973,6 +973,7 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     loadavg_start = os.getloadavg()
+    unsaved = []  # the --save-* options that failed when written
     try:
         # 1. profile
         if args.profile:
@@ -984,8 +985,8 @@ def main(argv=None) -> int:
                 sizes, args.profile_reps, threads=args.torch_threads, device_like=args.device_like
             )
             profile = profile_from_document(profile_doc, "measured in-process by bench/tune_check.py")
-            if args.save_profile:
-                report.write_json(profile_doc, args.save_profile)
+            if args.save_profile and not _save(profile_doc, "--save-profile", args.save_profile):
+                unsaved.append("--save-profile")
         say(f"α = {1e3 * profile.alpha_s:.3f} ms, β = {1e3 * profile.beta_s:.4f} ms/sample, R² = {profile.r2:.3f}")
         t1 = (
             float(np.median(dict(profile.samples)[1]))
@@ -1001,8 +1002,8 @@ def main(argv=None) -> int:
         if not args.device_like and not args.no_cpu_stage:
             cpu_doc = calibrate_cpu(args)
             stage = cpu_from_document(cpu_doc)
-            if args.save_cpu:
-                report.write_json(cpu_doc, args.save_cpu)
+            if args.save_cpu and not _save(cpu_doc, "--save-cpu", args.save_cpu):
+                unsaved.append("--save-cpu")
         by_rate = overhead_by_rate(cpu_doc, stage)
         noise = batch_noise_by_rate(cpu_doc) if stage is not None else None
         overhead_doc = calibrate(args, t1)
@@ -1016,7 +1017,8 @@ def main(argv=None) -> int:
             if stage is not None:
                 saved = overhead_document(overhead, overhead_doc["method"] + "; less the CPU stage's own time "
                                           "(loop c_in + c_out, one server batch of one) + median T(1)")  # fmt: skip
-            report.write_json(saved, args.save_overhead)
+            if not _save(saved, "--save-overhead", args.save_overhead):
+                unsaved.append("--save-overhead")
 
         # 3. tune
         search = SearchConfig(slo_p99_ms=args.slo_ms, arrival=args.arrival, seed=args.seed,
@@ -1133,7 +1135,22 @@ def main(argv=None) -> int:
     if failed:
         say(failed)
         return 1
+    if unsaved:
+        say(f"{', '.join(unsaved)} failed when written (said above, with where each document went)")
+        return 1
     return 0
+
+
+def _save(doc: dict, option: str, path: Path) -> bool:
+    """A mid-run output (--save-*), written as the final ones are (`write_final`): one that fails
+    keeps its document in a temporary file, named on stderr, and the run goes on, since what it
+    measures next is worth more than this file; the run then exits 1. True when written."""
+    from wok.bench import report
+
+    failed = write_final(doc, [(option, path, report.write_json)])
+    if failed:
+        say(failed)
+    return failed is None
 
 
 def _seconds(spec: str) -> float:

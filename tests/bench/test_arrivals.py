@@ -253,6 +253,15 @@ def test_load_trace_errors(tmp_path):
     p.write_text("timestamp\nyesterday\n")
     with pytest.raises(ValueError, match=r"bad.csv:2: timestamp 'yesterday' is neither seconds nor an ISO 8601 time"):
         load_trace(p)
+    p.write_text("timestamp,size\n")
+    with pytest.raises(ValueError) as e:
+        load_trace(p)
+    assert str(e.value) == f"{p}: expected at least one arrival, got none"
+    jsonl = tmp_path / "bad.jsonl"
+    jsonl.write_text('{"timestamp": 1}\n{"time": 2, "size": 4}\n')
+    with pytest.raises(ValueError) as e:
+        load_trace(jsonl)
+    assert str(e.value) == f'{jsonl}:2: expected an object with a "timestamp" field, got \'{{"time": 2, "size": 4}}\''
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -302,8 +311,8 @@ def test_parse_steps_ends_exactly_on_stop():
     ("spec", "message"),
     [
         ("50:800:1", "QPS range '50:800:1': factor must be > 1; got 1"),
-        ("800:50:2", "QPS range '800:50:2': stop 50 is below start 800"),
-        ("50:800", "QPS range '50:800': expected start:stop:factor (e.g. '50:800:2')"),
+        ("800:50:2", "QPS range '800:50:2': stop must be >= start 800; got 50"),
+        ("50:800", "QPS range '50:800': expected start:stop:factor (e.g. '50:800:2'), got 2 parts"),
         ("50:x:2", "QPS range '50:x:2': stop 'x' is not a number"),
         ("0:800:2", "QPS range '0:800:2': start must be > 0; got 0"),
         ("50,abc", "QPS steps '50,abc': 'abc' is not a number"),
@@ -340,7 +349,7 @@ def test_parse_arrivals_happy_paths(tmp_path):
             "zigzag",
             "arrivals 'zigzag': unknown process 'zigzag'; expected constant, poisson, burst, sawtooth or trace:PATH",
         ),
-        ("burst", "arrivals 'burst': t0=50% is a fraction of the step; parse_arrivals needs duration_s"),
+        ("burst", "arrivals 'burst': t0=50% is a fraction of the step; parse_arrivals needs duration_s, got None"),
         (
             "burst:amplitude=4y,t0=1s,sigma=1s",
             "arrivals 'burst:amplitude=4y,t0=1s,sigma=1s': amplitude=4y is neither a multiple of the step's rate "
@@ -352,10 +361,19 @@ def test_parse_arrivals_happy_paths(tmp_path):
             "nor a fraction of the step like '50%'",
         ),
         ("burst:peak=3x", "arrivals 'burst:peak=3x': unknown option 'peak' for burst; expected amplitude, t0, sigma"),
-        ("burst:t0=1s,t0=2s", "arrivals 'burst:t0=1s,t0=2s': option 't0' given twice"),
+        ("burst:t0=1s,t0=2s", "arrivals 'burst:t0=1s,t0=2s': option 't0' given twice; got '1s' and '2s'"),
         ("poisson:rate=3", "arrivals 'poisson:rate=3': poisson takes no options; got 'rate=3'"),
         ("sawtooth:low", "arrivals 'sawtooth:low': expected key=value; got 'low'"),
-        ("trace:", "arrivals 'trace:': expected trace:PATH[,scale=N]"),
+        ("trace:", "arrivals 'trace:': expected trace:PATH[,scale=N], got no PATH"),
+        # Each message names the option, what it expects and what it got, as the others do.
+        ("burst:t0=1s,sigma=0s", "arrivals 'burst:t0=1s,sigma=0s': burst sigma must be > 0 s, got 0"),
+        ("burst:t0=1s,sigma=0", "arrivals 'burst:t0=1s,sigma=0': burst sigma must be > 0 s, got 0"),
+        (
+            "burst:t0=0s,sigma=1s",
+            "arrivals 'burst:t0=0s,sigma=1s': a burst at t0 <= 0 needs duration_s for its mean rate, "
+            "got t0 0 s and duration_s None",
+        ),
+        ("sawtooth:period=0s", "arrivals 'sawtooth:period=0s': sawtooth period must be > 0 s, got 0"),
     ],
 )
 def test_parse_arrivals_errors(spec, message):
@@ -369,6 +387,9 @@ def test_parse_arrivals_bad_trace_scale(tmp_path):
     trace.write_text("timestamp\n0\n1\n")
     with pytest.raises(ValueError, match=r"scale=fast is neither a number > 0 nor 'auto'"):
         parse_arrivals(f"trace:{trace},scale=fast", 100)
+    with pytest.raises(ValueError) as e:
+        parse_arrivals(f"trace:{trace},scale=auto", 0)
+    assert str(e.value) == f"arrivals 'trace:{trace},scale=auto': scale=auto needs a qps > 0, got 0"
 
 
 @pytest.mark.parametrize(
@@ -376,10 +397,20 @@ def test_parse_arrivals_bad_trace_scale(tmp_path):
     [
         (lambda: Poisson(-1), "qps must be a finite rate >= 0; got -1"),
         (lambda: Burst(1, 1, 5, 0), "sigma_s must be finite and > 0; got 0"),
-        (lambda: Burst(1, 1, 0, 1), "Burst: give duration_s when t0_s <= 0 (mean_rate averages over the step)"),
+        (
+            lambda: Burst(1, 1, 0, 1),
+            "Burst duration_s: expected a duration when t0_s <= 0 (mean_rate averages over the step), "
+            "got None with t0_s 0",
+        ),
         (lambda: Sawtooth(1, 2, 0), "period_s must be finite and > 0; got 0"),
-        (lambda: TraceReplay([1.0, 1.0]), "a trace needs at least two distinct timestamps"),
-        (lambda: TraceReplay([1.0, 2.0], sizes=[1]), "trace has 2 timestamps but 1 sizes"),
+        (lambda: TraceReplay([1.0, 1.0]), "a trace needs at least two distinct timestamps, got 2 (1 distinct)"),
+        (lambda: TraceReplay([1.0, 2.0], sizes=[1]), "trace sizes: expected one per timestamp (2), got 1"),
+        (lambda: TraceReplay([1.0, float("nan")]), "trace timestamps must be finite, got nan at index 1"),
+        (
+            lambda: TraceReplay([1.0, 2.0, 3.0], sizes=[1, -2, 3]),
+            "trace sizes must be integers >= 0, got -2 at index 1",
+        ),
+        (lambda: TraceReplay([1.0, 2.0], sizes=[1, 2.5]), "trace sizes must be integers >= 0, got 2.5 at index 1"),
     ],
 )
 def test_constructor_errors(make, message):
@@ -394,8 +425,9 @@ def test_window_rate_is_the_schedules_mean_over_the_measured_window():
     assert window_rate(saw, 1.0, 6.0) == pytest.approx(850.0)
     assert window_rate(saw, 0.0, 10.0) == pytest.approx(saw.mean_rate)  # a whole period
     assert window_rate(Poisson(QPS), 2.0, 7.0) == pytest.approx(QPS)
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError) as e:
         window_rate(saw, 3.0, 3.0)
+    assert str(e.value) == "window: expected end_s > start_s, got the empty [3, 3)"
 
 
 def test_nominal_for_solves_the_step_rate_that_offers_a_rate():
@@ -427,5 +459,10 @@ def test_nominal_for_refuses_rates_it_cannot_reach(tmp_path):
     with pytest.raises(ValueError, match="does not follow the step's QPS"):
         nominal_for(f"trace:{trace}", 40.0, 10.0)  # a fixed scale replays at its own pace
     assert nominal_for(f"trace:{trace},scale=auto", 40.0, 10.0) == pytest.approx(40.0, rel=0.01)
-    with pytest.raises(ValueError, match="offers more than 40 QPS at any step rate"):
-        nominal_for("burst:amplitude=200", 40.0, 60.0)  # the burst alone offers 50 QPS
+    with pytest.raises(ValueError) as e:
+        nominal_for("burst:amplitude=200", 40.0, 60.0)
+    # The burst alone offers 50 QPS: 40 + 50.13 at step rate 40, the lowest tried.
+    assert str(e.value) == (
+        "arrivals 'burst:amplitude=200': offers more than 40 QPS at any step rate above 0, got 90.1325 QPS at "
+        "step rate 40 (an absolute burst amplitude or sawtooth bound sets a floor)"
+    )

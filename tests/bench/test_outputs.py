@@ -315,7 +315,7 @@ def _gpu_check_measured_nothing(monkeypatch, tmp_path, at_end):
         gpu_check, "stage_medians", lambda results: dict.fromkeys(("assemble", "h2d", "compute", "d2h"), 1.0)
     )
     monkeypatch.setattr(gpu_check, "server_check", server_check)
-    return gpu_check, ["--device", "cpu", "--batches", "1", "--rows", "1"], "wok.gpu_check/2"
+    return gpu_check, ["--device", "cpu", "--batches", "2", "--rows", "1"], "wok.gpu_check/2"
 
 
 def _latency_breakdown_measured_nothing(monkeypatch, tmp_path, at_end):
@@ -536,3 +536,130 @@ def test_a_tune_or_profile_whose_output_fails_at_the_end_keeps_the_result(
     assert last.startswith(f"wok {argv[0]}: {option} {path}: "), last
     assert last.endswith(f"; the result is kept in {kept} instead"), last
     assert json.loads(kept.read_text())["schema"] == schema
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ValueError("Out of range float values are not JSON compliant"), RuntimeError("Agg cannot draw")],
+    ids=["serializer", "plot"],
+)
+def test_an_output_that_fails_with_any_error_keeps_the_result(error, tmp_path, monkeypatch):
+    """Only an OSError kept the result: any other error of a writer (a plot matplotlib could not
+    draw, a value the serializer refused) went out of write_final, the result lost with it."""
+    import json
+    import tempfile
+
+    from wok.bench.outputs import write_final
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def fail(result, path):
+        raise error
+
+    path = tmp_path / "r.png"
+    line = write_final({"schema": "s/1", "n": 1}, [("--plot", path, fail)])
+    (kept,) = tmp_path.glob("wok-bench-*.json")
+    assert line == f"--plot {path}: {type(error).__name__}: {error}; the result is kept in {kept} instead"
+    assert json.loads(kept.read_text()) == {"schema": "s/1", "n": 1}
+    # With --json written first, the result is in a file already: the failure alone is said.
+    kept.unlink()
+    line = write_final(
+        {"schema": "s/1"}, [("--json", tmp_path / "r.json", lambda r, p: p.write_text("{}")), ("--plot", path, fail)]
+    )
+    assert line == f"--plot {path}: {type(error).__name__}: {error}" and not list(tmp_path.glob("wok-bench-*"))
+
+
+def test_a_result_its_own_serializer_refuses_is_kept_as_near_json_as_can_be(tmp_path, monkeypatch):
+    """A --json that failed on a value to_json refuses would fail the same when kept elsewhere:
+    that value is kept as its repr, the rest as it is."""
+    import json
+    import tempfile
+
+    from wok.bench import report
+    from wok.bench.outputs import write_final
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path = tmp_path / "r.json"
+    line = write_final({"schema": "s/1", "odd": {3}}, [("--json", path, report.write_json)])
+    (kept,) = tmp_path.glob("wok-bench-*.json")
+    why = "TypeError: Object of type set is not JSON serializable"
+    assert line == f"--json {path}: {why}; the result is kept in {kept} instead"
+    assert json.loads(kept.read_text()) == {"schema": "s/1", "odd": "{3}"}
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_while_writing_is_not_an_output_error(stop, tmp_path, monkeypatch):
+    """Ctrl-C (or an exit) while an output is written stops the script, as anywhere else."""
+    import tempfile
+
+    from wok.bench.outputs import write_final
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def interrupted(result, path):
+        raise stop()
+
+    with pytest.raises(stop):
+        write_final({"schema": "s/1"}, [("--json", tmp_path / "r.json", interrupted)])
+    assert not list(tmp_path.glob("wok-bench-*"))
+
+
+@pytest.mark.parametrize(
+    "script", [_slo_compare_measured_nothing, _tune_check_measured_nothing], ids=["slo_compare", "tune_check"]
+)
+def test_a_plot_that_matplotlib_cannot_draw_keeps_the_result(script, tmp_path, monkeypatch, capsys):
+    """A plot's drawing failed with matplotlib's own error (not an OSError): a traceback, the whole
+    run lost."""
+    import json
+    import tempfile
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    module, argv, schema = script(monkeypatch, tmp_path, lambda: None)
+
+    def plot(doc, path):
+        raise ValueError("Image size of 1100x99999999 pixels is too large")
+
+    monkeypatch.setattr(module, "plot", plot)
+    path = tmp_path / "r.png"
+    assert module.main([*argv, "--plot", str(path)]) == 1
+    (kept,) = temp.glob("wok-bench-*.json")
+    last = capsys.readouterr().err.splitlines()[-1]
+    why = "ValueError: Image size of 1100x99999999 pixels is too large"
+    assert last.endswith(f" --plot {path}: {why}; the result is kept in {kept} instead"), last
+    assert json.loads(kept.read_text())["schema"] == schema
+
+
+def test_tune_check_keeps_a_save_that_fails_mid_run_and_goes_on(tmp_path, monkeypatch, capsys):
+    """--save-overhead (as --save-profile, --save-cpu) was written unguarded mid-run: a folder gone
+    meanwhile ended the run in a traceback, the rest never measured. Its document is kept in a
+    temporary file now, the run goes on to its --json, and exits 1."""
+    import json
+    import tempfile
+
+    from wok.bench import tune_check
+
+    folder, temp = tmp_path / "out", tmp_path / "temp"
+    folder.mkdir()
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    module, argv, schema = _tune_check_measured_nothing(monkeypatch, tmp_path, lambda: None)
+    samples = {"samples_s": [0.001], "method": "none"}
+
+    def calibrate_then_lose_the_folder(args, t1):
+        if folder.is_dir():
+            _lose(folder)
+        return samples
+
+    monkeypatch.setattr(tune_check, "calibrate", calibrate_then_lose_the_folder)
+    saved, out = folder / "o.json", tmp_path / "r.json"
+    assert module.main([*argv, "--save-overhead", str(saved), "--json", str(out)]) == 1
+    (kept,) = temp.glob("wok-bench-*.json")
+    err = capsys.readouterr().err
+    assert f" --save-overhead {saved}: Not a directory; the result is kept in {kept} instead\n" in err
+    assert err.splitlines()[-1].endswith(
+        "--save-overhead failed when written (said above, with where each document went)"
+    )
+    assert json.loads(kept.read_text()) == samples
+    assert json.loads(out.read_text())["schema"] == schema  # the run went on to its end

@@ -85,3 +85,50 @@ def test_replot_without_plot_checks_the_plot_next_to_the_run_before_drawing(tmp_
     assert f"--replot {run}: plot {tmp_path / 'run.png'}: is a folder; expected a file name" in err
     (tmp_path / "run.png").rmdir()
     assert slo_compare.main(["--replot", str(run)]) == 0 and drawn == [tmp_path / "run.png"]
+
+
+@pytest.mark.parametrize("given", [None, "the run"], ids=["derived", "given"])
+def test_replot_refuses_to_draw_over_its_own_run(given, tmp_path, monkeypatch, capsys):
+    """The plot's path was the run's with .png for a suffix: a run saved as *.png (or --plot naming
+    the run) was drawn over, its only copy lost."""
+    run = tmp_path / "run.png"
+    text = json.dumps({"schema": slo_compare.SCHEMA, "runs": [], "config": {}})
+    run.write_text(text)
+    drawn = []
+    monkeypatch.setattr(slo_compare, "plot", lambda doc, path: drawn.append(path))
+    argv = ["--replot", str(run)]
+    if given:
+        (tmp_path / "link.png").symlink_to(run)  # another name of the same file
+        argv += ["--plot", str(tmp_path / "link.png")]
+    with pytest.raises(SystemExit) as exc:
+        slo_compare.main(argv)
+    assert exc.value.code == 2 and drawn == [] and run.read_text() == text
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    if given:
+        want = (
+            f"--plot {tmp_path / 'link.png'}: is --replot's run, which drawing would overwrite; expected another path"
+        )
+    else:
+        want = f"--replot {run}: plot {run}: is the run itself, which drawing would overwrite; give --plot to "
+        want += "draw it elsewhere"
+    assert err.endswith(f"error: {want}"), err
+
+
+def test_replot_whose_drawing_fails_says_so_and_keeps_the_run(tmp_path, monkeypatch, capsys):
+    """The drawing ran unguarded: an error in it (matplotlib's, a full disk) ended --replot in a
+    traceback. It is --plot's error now (exit 1, as at the end of a run); the run stays in its file."""
+    run = tmp_path / "run.json"
+    text = json.dumps({"schema": slo_compare.SCHEMA, "runs": [], "config": {}})
+    run.write_text(text)
+
+    def plot(doc, path):
+        raise RuntimeError("cannot draw")
+
+    monkeypatch.setattr(slo_compare, "plot", plot)
+    assert slo_compare.main(["--replot", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and run.read_text() == text
+    last = err.strip().splitlines()[-1]
+    assert last.endswith(f"--plot {tmp_path / 'run.png'}: RuntimeError: cannot draw; the run is unchanged in {run}"), (
+        last
+    )
