@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .outputs import check_outputs as _check_outputs
 from .outputs import keep_elsewhere as _keep_elsewhere
+from .outputs import result_text as _result_text
 from .outputs import write_outputs as _write_outputs_in_order
 from .outputs import writing as _writing
 
@@ -541,18 +542,17 @@ def run(args) -> int:
 
 def _write_or_keep(command: str, result: dict, outputs) -> bool:
     """A command's output writes (`write_outputs`, --json first). True when one failed past the
-    up-front check (its folder removed meanwhile, a full disk) with the result in no file: the
-    minutes measured then go to a temporary one, named on stderr, and the command fails (1).
+    up-front check (its folder removed meanwhile, a full disk, a plot that cannot be drawn) with
+    the result in no file: the minutes measured then go to a temporary one, named on stderr, and
+    the command fails (1).
     With --json written, another output's failure is that option's error (2), as for any."""
-    from . import report
-
     failed = _write_outputs_in_order(result, outputs)
     if failed is None:
         return False
     exc, held = failed
     if held:
         raise exc
-    print(f"{command}: {_keep_elsewhere(report.to_json(result), exc)}", file=sys.stderr)
+    print(f"{command}: {_keep_elsewhere(_result_text(result), exc)}", file=sys.stderr)
     return True
 
 

@@ -173,12 +173,13 @@ def parse_burst(spec: str) -> Burst:
     else:
         amplitude = exact(amp_text, f"burst {spec!r}: amplitude")
     if base < 0 or amplitude < 0:
-        raise ValueError(f"burst {spec!r}: base and amplitude must be >= 0")
+        got = f"got {float(base):g} and {float(amplitude):g}"
+        raise ValueError(f"burst {spec!r}: base and amplitude must be >= 0, {got}")
     sigma = None
     if "sigma" in opts:
         sigma = exact_duration(opts["sigma"], f"burst {spec!r}: sigma")
         if sigma <= 0:
-            raise ValueError(f"burst {spec!r}: sigma must be > 0")
+            raise ValueError(f"burst {spec!r}: sigma must be > 0 s, got {float(sigma):g} s")
     if base + amplitude <= 0:
         raise ValueError(f"burst {spec!r}: the peak base + amplitude must be > 0")
     return Burst(base, amplitude, sigma)

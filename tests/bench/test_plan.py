@@ -177,7 +177,7 @@ def test_burst_specs_are_checked():
         ("base=1000", "amplitude= is required"),
         ("base=1000,amplitude=1,foo=2", "unknown option"),
         ("base=1000,amplitude=-5", ">= 0"),
-        ("base=1000,amplitude=5,sigma=0s", "sigma must be > 0"),
+        ("base=1000,amplitude=5,sigma=0s", "sigma must be > 0 s, got 0 s"),
         ("base=1000,base=2,amplitude=5", "given twice"),
         ("1000", "key=value"),
     ):
