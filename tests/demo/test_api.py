@@ -3,7 +3,8 @@ requests, values the page must not send), what it answers when the wok server is
 live demo's server: its queue bound, its faults untouched by refused requests, its end with the demo.
 
 The in-process tests run the page's server (DemoWeb) on a free port with the simulated backend,
-or with the live one pointed at a port nobody listens on; the rest run `wok demo` as a process.
+or with the live one pointed at a port nobody listens on, or run `wok demo` itself in this process
+where it must refuse before starting anything; the rest run `wok demo` as a process.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -152,9 +152,18 @@ def _request(url: str, body: bytes | None = None, headers: dict | None = None) -
         return e.code, json.loads(e.read())
 
 
+@pytest.fixture(scope="module")
+def live_demos(start_demo_module) -> dict:
+    """The two live demos the tests below take apart, started at once: each start is mostly
+    two processes' imports (the demo's, then its server's)."""
+    demos = {"refuses": start_demo_module("--rate", "20", ready=False)}
+    demos["killed"] = start_demo_module("--rate", "0", ready=False)
+    return {name: d.ready() for name, d in demos.items()}
+
+
 @pytest.mark.timeout(120)
-def test_live_demo_refuses_cross_site_faults_and_bounds_the_queue(start_demo):
-    demo = start_demo("--rate", "20")
+def test_live_demo_refuses_cross_site_faults_and_bounds_the_queue(live_demos):
+    demo = live_demos["refuses"]
     admin = _request(demo.url + "api/config")[1]["server"]["admin"]
     fail = b'{"mode": "fail"}'
     assert _request(demo.url + "api/faults", fail, {"Content-Type": "text/plain"})[0] == 415
@@ -175,8 +184,8 @@ def test_live_demo_refuses_cross_site_faults_and_bounds_the_queue(start_demo):
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.timeout(120)
-def test_sigkill_of_the_demo_ends_its_server(start_demo, proc_tree):
-    demo = start_demo("--rate", "0")
+def test_sigkill_of_the_demo_ends_its_server(live_demos, proc_tree):
+    demo = live_demos["killed"]
     (server,) = proc_tree.children(demo.proc.pid)
     try:
         demo.proc.kill()
@@ -190,13 +199,19 @@ def test_sigkill_of_the_demo_ends_its_server(start_demo, proc_tree):
             os.kill(server, signal.SIGKILL)
 
 
-@pytest.mark.timeout(120)
-def test_a_page_port_in_use_exits_2_in_one_line_before_any_server_starts():
+def test_a_page_port_in_use_exits_2_in_one_line_before_any_server_starts(wok_cli, monkeypatch):
+    # In this process: a child would spend seconds importing torch (demo/web.py pulls in the
+    # server's admin routes) before the refusal. A server started anyway would be a child.
+    import wok.demo.cli
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a wok server was started for a page that cannot listen")
+
+    monkeypatch.setattr(wok.demo.cli, "popen_wok", no_server)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        cmd = [sys.executable, "-m", "wok", "demo", "--port", str(port)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr == f"wok demo: --port: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+        status, _, err = wok_cli("demo", "--port", str(port))
+    assert status == 2, err
+    assert err == f"wok demo: --port: cannot listen on 127.0.0.1:{port}: Address already in use\n"

@@ -33,10 +33,10 @@ def set_range(page, selector: str, value: float) -> None:
     page.eval_on_selector(selector, f"el => {{ el.value = {value}; el.dispatchEvent(new Event('input')); }}")
 
 
-def test_the_page_follows_the_rate_a_slowdown_and_a_failed_instance(start_demo, browser, tmp_path):
-    demo = start_demo("--rate", "50", "--instances", "2")
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(demo.url)
+def test_the_page_follows_the_rate_a_slowdown_and_a_failed_instance(start_demo, launch_browser, tmp_path):
+    demo = start_demo("--rate", "50", "--instances", "2", ready=False)
+    page = launch_browser().new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(demo.ready().url)
     page.wait_for_selector("#status[data-state='open']", timeout=10_000)
     assert page.inner_text("#mode").startswith("LIVE")
 

@@ -12,10 +12,11 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_the_controls_follow_the_configuration_and_refuse_what_they_cannot_send(start_demo, browser):
-    demo = start_demo("--simulate", "--rate", "50", "--max-queue-delay", "250ms", "--max-batch-size", "64")
-    page = browser.new_page()
-    page.goto(demo.url)
+def test_the_controls_follow_the_configuration_and_refuse_what_they_cannot_send(start_demo, launch_browser):
+    args = ("--simulate", "--rate", "50", "--max-queue-delay", "250ms", "--max-batch-size", "64")
+    demo = start_demo(*args, ready=False)
+    page = launch_browser().new_page()
+    page.goto(demo.ready().url)
     page.wait_for_selector("#status[data-state='open']", timeout=10_000)
 
     # A 250 ms window is past the slider's 100 ms in the page: Apply unchanged must keep it.

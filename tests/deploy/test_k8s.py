@@ -532,29 +532,58 @@ def test_the_merge_job_names_exactly_the_parts_the_ramp_writes(tmp_path):
     assert out.stdout.split() == written
 
 
-def test_two_parts_of_the_ramp_job_and_the_merge_job_script_run_on_loopback(start_server, tmp_path):
+@pytest.fixture(scope="module", autouse=True)
+def _deployment_server_starting(start_server_module, tmp_path_factory):
+    """Starts `wok serve` with the Deployment's own arguments, on loopback and free ports,
+    serving the ConfigMap's repository, as the module begins: its start (a process's imports
+    and a model load) runs while the tests that read the files do."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, c, _ = server_parts()
+    repo = materialize_repository(tmp_path_factory.mktemp("deployment") / "models")
+    local = {"--host": "127.0.0.1", "--port": "0", "--metrics-host": "127.0.0.1", "--metrics-port": "0"}
+    local["--model-repository"] = str(repo)
+    argv = []
+    for a in c["args"][1:]:
+        flag, eq, _ = a.partition("=")
+        argv.append(f"{flag}={local[flag]}" if eq and flag in local else a)
+    with ThreadPoolExecutor(1) as ex:
+        yield ex.submit(start_server_module, *argv)
+
+
+@pytest.fixture(scope="module")
+def deployment_server(_deployment_server_starting):
+    """The Deployment's server: the one the bench Job runs against, and the one the last test
+    stops as the kubelet would."""
+    return _deployment_server_starting.result()
+
+
+def test_two_parts_of_the_ramp_job_and_the_merge_job_script_run_on_loopback(deployment_server, tmp_path):
     """The Job's own arguments, smaller: two parts against a real server, then the merge script.
 
-    Only what cannot run here changes: the target (a loopback server), the results folder,
-    the rates (÷ 100), the durations and the worker count. The seeds, the file names, the
-    shell loop and `wok bench merge` are the manifests' own.
+    Only what cannot run here changes: the target (the Deployment's server on loopback), the
+    results folder, the rates (÷ 100), the durations and the worker count. The seeds, the file
+    names, the shell loop and `wok bench merge` are the manifests' own.
     """
     from wok.bench.arrivals import parse_steps
 
     _, c = ramp_job()
-    sp = start_server("--models", "mlp")
+    sp = deployment_server
     results = tmp_path / "results"
     results.mkdir()
     parts = 2
     local = {
         "--target": sp.target,
-        "--step-duration": "1s",
-        "--warmup": "0.3s",
-        "--step-gap": "0.2s",
+        "--step-duration": "0.5s",
+        "--warmup": "0.2s",
+        # More than the bench's own 0.2 s lead before each step: the last answers of a step and
+        # its summary fit in the rest, so no part starts a step late.
+        "--step-gap": "0.3s",
         "--workers": "1",
         # Time for both processes to import, build their pools and start their workers (4-6 s
-        # on a slow hour of a 2-core host, both at once).
-        "--start-at": f"{time.time() + 10:.3f}",
+        # on a slow hour of a 2-core host, both at once; 1.8 s on a slow day with the suite
+        # running alone).
+        "--start-at": f"{time.time() + 7:.3f}",
     }
     procs, per_pod = [], None
     for i in range(parts):
@@ -576,6 +605,7 @@ def test_two_parts_of_the_ramp_job_and_the_merge_job_script_run_on_loopback(star
     for proc in procs:
         out, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, out
+        print(*[line for line in out.splitlines() if "waiting" in line or "late" in line], sep="\n")
     merge = container(one("Job", "wok-bench-merge")["spec"]["template"]["spec"], "merge")
     (script,) = merge["args"]
     script = script.replace("/results/", f"{results}/").replace("exec wok ", f"exec {sys.executable} -m wok ")
@@ -638,18 +668,11 @@ def test_the_configmap_repository_loads_with_the_mlp_demo_weights(tmp_path):
         assert (mine[k] == theirs[k]).all(), f"{k}: replicas (and the demo) would answer differently"
 
 
-def test_wok_serve_starts_with_the_deployment_args_and_exits_within_the_grace_period(start_server, tmp_path):
+def test_wok_serve_starts_with_the_deployment_args_and_exits_within_the_grace_period(deployment_server):
     from wok.clients import Client
 
     deployment, c, _ = server_parts()
-    repo = materialize_repository(tmp_path / "models")
-    local = {"--host": "127.0.0.1", "--port": "0", "--metrics-host": "127.0.0.1", "--metrics-port": "0"}
-    local["--model-repository"] = str(repo)
-    argv = []
-    for a in c["args"][1:]:
-        flag, eq, _ = a.partition("=")
-        argv.append(f"{flag}={local[flag]}" if eq and flag in local else a)
-    sp = start_server(*argv)
+    sp = deployment_server
     assert sp.models == ["mlp"]
     with grpc.insecure_channel(sp.target) as ch:
         health = health_pb2_grpc.HealthStub(ch)

@@ -352,7 +352,9 @@ async def test_the_token_can_come_from_an_environment_variable(serve, monkeypatc
 
 # -- TLS and mTLS ---------------------------------------------------------------------------
 async def assert_cannot_connect(target: str, **client) -> None:
-    async with AsyncClient(target, **client) as c:
+    # Without retries: each retry of an UNAVAILABLE call would only meet the same refusal, after
+    # up to 0.75 s of backoff in all.
+    async with AsyncClient(target, retries=False, **client) as c:
         with pytest.raises(InferError) as info:
             await c.server_live(timeout=CALL_S)
     assert info.value.code == grpc.StatusCode.UNAVAILABLE, info.value
@@ -580,8 +582,8 @@ def _listening(port: int) -> list[str]:
     return out
 
 
-def test_grpc_and_metrics_listen_on_loopback_unless_told_otherwise(start_server):
-    sp = start_server("--models", "mlp")
+def test_grpc_and_metrics_listen_on_loopback_unless_told_otherwise(servers):
+    sp = servers["plain"]
     metrics = next(line for line in sp.log if "wok: metrics on http://" in line)
     metrics_port = int(metrics.rsplit(":", 1)[1].split("/")[0])
     for port in (sp.port, metrics_port):
@@ -594,10 +596,10 @@ def test_grpc_and_metrics_listen_on_loopback_unless_told_otherwise(start_server)
     assert (defaults.host, defaults.metrics_host) == ("127.0.0.1", "127.0.0.1")
 
 
-def test_ipv6_loopback_serves_grpc_health_and_metrics_and_prints_bracketed_addresses(start_server):
+def test_ipv6_loopback_serves_grpc_health_and_metrics_and_prints_bracketed_addresses(servers):
     import urllib.request
 
-    sp = start_server("--models", "mlp", "--host", "::1", "--metrics-host", "[::1]", "--health-port", "0")
+    sp = servers["ipv6"]
     assert sp.host == "[::1]", sp.log
     assert _listening(sp.port) == ["::1"]
     metrics = next(line for line in sp.log if "wok: metrics on http://" in line).split(" on ", 1)[1]
@@ -629,34 +631,46 @@ async def test_the_ipv6_wildcard_serves_both_families_on_grpc_and_metrics_alike(
     assert warned[2].startswith("/metrics listens on [::]: plain HTTP")
 
 
-def test_a_port_already_taken_is_named_in_the_error_and_the_exit_status_is_1():
+async def test_a_port_already_taken_is_named_in_the_error_and_the_exit_status_is_1():
     import socket
+
+    from wok.app import WokServer, build_repository
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = str(taken.getsockname()[1])
-        free = ["--port", "0", "--metrics-port", "0"]
+        port = taken.getsockname()[1]
+        # `wok serve` itself for one case: its words and exit status for a start that fails. The
+        # other causes reach it through the same StartError, so they are checked on a server in
+        # this process (a child costs seconds of imports and a model load each).
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "wok", "serve", "--models", "mlp", "--port", str(port), "--metrics-port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         cases = {
-            ("gRPC port", "the port is in use"): ["--port", port, "--metrics-port", "0"],
-            ("health port", "the port is in use"): [*free, "--health-port", port],
-            ("metrics port", "address already in use"): ["--port", "0", "--metrics-port", port],
+            ("health port", "the port is in use"): {"metrics_port": 0, "health_port": port},
+            ("metrics port", "address already in use"): {"metrics_port": port},
             # A host name that does not resolve: its cause in words (it read "unknown error -2").
-            "unresolved": [*free, "--metrics-host", "nosuchhost.invalid"],
-        }
-        # All at once: each is a process's imports, then the refusal.
-        serve = [sys.executable, "-m", "wok", "serve", "--models", "mlp"]
-        procs = {
-            case: subprocess.Popen([*serve, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for case, args in cases.items()
+            "unresolved": {"metrics_port": 0, "metrics_host": "nosuchhost.invalid"},
         }
         errs = {}
-        for case, proc in procs.items():
-            _, errs[case] = proc.communicate(timeout=120)
-            assert proc.returncode == 1, errs[case]
+        for case, values in cases.items():
+            settings = server_settings(grpc_port=0, demo_models=("mlp",), **values)
+            server = WokServer(settings, build_repository(settings))
+            try:
+                with pytest.raises(OSError) as info:
+                    await server.start()
+            finally:
+                await server.stop(grace=0)
+            errs[case] = str(info.value)
+        _, err = await asyncio.to_thread(proc.communicate, timeout=120)
+    assert proc.returncode == 1, err
+    assert f"wok: cannot start: cannot bind the gRPC port to 127.0.0.1:{port}: the port is in use" in err, err
     unresolved = errs.pop("unresolved")
-    for (name, cause), err in errs.items():
-        assert f"wok: cannot start: cannot bind the {name} to 127.0.0.1:{port}: {cause}" in err, err
+    for (name, cause), msg in errs.items():
+        assert f"cannot bind the {name} to 127.0.0.1:{port}: {cause}" in msg, msg
     assert "cannot bind the metrics port to nosuchhost.invalid:0: " in unresolved, unresolved
     # Its words depend on the resolver ("name or service not known", "temporary failure in name
     # resolution"); strerror's number-only fallback is what must not appear.
@@ -776,20 +790,33 @@ def test_a_repository_imports_only_from_its_own_folders(probe, tmp_path):
 
 
 # -- the same server, the command line, tritonclient and the bench ------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def _servers_starting(start_server_module, pki):
+    """Starts the module's `wok serve` processes at once as the module begins (each start is
+    mostly a process's imports), while the in-process tests run: two alike with TLS and tokens,
+    one with the defaults, one on IPv6 loopback. No test stops or reconfigures them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    secured = ["--tls-cert", str(pki.path("ca-server.pem")), "--tls-key", str(pki.path("ca-server.key"))]
+    secured += ["--auth-token-file", str(pki.path("tokens")), "--health-port", "0"]
+    flags = {
+        "secured": secured,
+        "secured-2": secured,
+        "plain": [],
+        "ipv6": ["--host", "::1", "--metrics-host", "[::1]", "--health-port", "0"],
+    }
+    with ThreadPoolExecutor(len(flags)) as ex:
+        yield {name: ex.submit(start_server_module, "--models", "mlp", *f) for name, f in flags.items()}
+
+
 @pytest.fixture(scope="module")
-def secured_server(start_server_module, pki):
-    return start_server_module(
-        "--models",
-        "mlp",
-        "--tls-cert",
-        str(pki.path("ca-server.pem")),
-        "--tls-key",
-        str(pki.path("ca-server.key")),
-        "--auth-token-file",
-        str(pki.path("tokens")),
-        "--health-port",
-        "0",
-    )
+def servers(_servers_starting) -> dict:
+    return {name: started.result() for name, started in _servers_starting.items()}
+
+
+@pytest.fixture(scope="module")
+def secured_server(servers):
+    return servers["secured"]
 
 
 def test_wok_serve_flags_turn_on_tls_and_tokens(secured_server, pki):
@@ -802,7 +829,7 @@ def test_wok_serve_flags_turn_on_tls_and_tokens(secured_server, pki):
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
     with Client(secured_server.target, tls=pki.tls(), token=TOKEN_A) as client:
         assert client.infer("mlp", {"INPUT0": X}, timeout=CALL_S)["OUTPUT0"].shape == (1, 256)
-    with Client(secured_server.target) as plaintext:
+    with Client(secured_server.target, retries=False) as plaintext:
         with pytest.raises(InferError) as info:
             plaintext.server_live(timeout=CALL_S)
         assert info.value.code == grpc.StatusCode.UNAVAILABLE
@@ -810,21 +837,26 @@ def test_wok_serve_flags_turn_on_tls_and_tokens(secured_server, pki):
 
 def test_wok_serve_refuses_bad_security_options_with_exit_2(pki, tmp_path):
     cmd = [sys.executable, "-m", "wok", "serve", "--port", "0", "--models", "mlp"]
+    # The two token sources are checked field by field, so one start names both; the TLS pair is
+    # checked only once every field is valid, so it needs a start of its own.
     cases = {
-        ("--tls-cert", str(pki.path("ca-server.pem"))): "tls_cert is given without tls_key",
-        ("--auth-token-file", str(tmp_path / "none")): f"{tmp_path / 'none'} does not exist",
-        ("--auth-token-env", "WOK_TEST_UNSET_TOKENS"): "environment variable WOK_TEST_UNSET_TOKENS is not set",
+        ("--tls-cert", str(pki.path("ca-server.pem"))): ["tls_cert is given without tls_key"],
+        ("--auth-token-file", str(tmp_path / "none"), "--auth-token-env", "WOK_TEST_UNSET_TOKENS"): [
+            f"{tmp_path / 'none'} does not exist",
+            "environment variable WOK_TEST_UNSET_TOKENS is not set",
+        ],
     }
     env = {k: v for k, v in os.environ.items() if k != "WOK_TEST_UNSET_TOKENS"}
     # All at once: each is a process's imports, then the refusal.
-    procs = {
-        message: subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for args, message in cases.items()
-    }
-    for message, proc in procs.items():
+    procs = [
+        (messages, subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        for args, messages in cases.items()
+    ]
+    for messages, proc in procs:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 2, err
-        assert message in err, err
+        for message in messages:
+            assert message in err, err
 
 
 TRITON_PEER = textwrap.dedent(
@@ -879,7 +911,7 @@ def test_bench_ramp_over_tls_with_a_token_and_without_one(secured_server, pki, t
 
     out = tmp_path / "ramp.json"
     common = ["bench", "ramp", "--target", secured_server.target, "--model", "mlp", "--steps", "20"]
-    common += ["--step-duration", "1s", "--warmup", "0.2s", "--workers", "1", "--metrics-url", "none"]
+    common += ["--step-duration", "0.5s", "--warmup", "0.2s", "--workers", "1", "--metrics-url", "none"]
     common += ["--tls-ca", str(pki.path("ca.pem"))]
     monkeypatch.setenv("WOK_TEST_BENCH_TOKEN", TOKEN_A)
     assert main([*common, "--token-env", "WOK_TEST_BENCH_TOKEN", "--json", str(out)]) == 0
@@ -894,15 +926,15 @@ def test_bench_ramp_over_tls_with_a_token_and_without_one(secured_server, pki, t
     assert main([*common, "--token-env", "WOK_TEST_BENCH_TOKEN", "--token-file", str(pki.path("tokens"))]) == 2
 
 
-def test_bench_ramp_over_tls_to_two_servers_on_grpcs_balancer(secured_server, start_server, pki, tmp_path, monkeypatch):
+def test_bench_ramp_over_tls_to_two_servers_on_grpcs_balancer(servers, pki, tmp_path, monkeypatch):
     # The bench's setup client and its workers each open one channel over both servers: both
     # check the certificates against the first target's host.
     from wok.__main__ import main
 
-    second = start_server(*secured_server.proc.args[secured_server.proc.args.index("--models") :])
+    secured_server, second = servers["secured"], servers["secured-2"]
     out = tmp_path / "ramp.json"
     argv = ["bench", "ramp", "--target", f"{secured_server.target},{second.target}", "--balancer", "grpc"]
-    argv += ["--model", "mlp", "--steps", "20", "--step-duration", "1s", "--warmup", "0.2s", "--workers", "1"]
+    argv += ["--model", "mlp", "--steps", "20", "--step-duration", "0.5s", "--warmup", "0.2s", "--workers", "1"]
     argv += ["--metrics-url", "none", "--tls-ca", str(pki.path("ca.pem")), "--token-env", "WOK_TEST_BENCH_TOKEN"]
     monkeypatch.setenv("WOK_TEST_BENCH_TOKEN", TOKEN_A)
     assert main([*argv, "--json", str(out)]) == 0

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -126,9 +127,42 @@ def check_stopped_before_serving(server: Serve, code: int, waited: float) -> Non
     assert not any("serving" in line and "stopped" not in line for line in server.log), log
 
 
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        return subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+UNSHARE = _unshare_works()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory) -> Iterator[dict[str, Serve]]:
+    """A `wok serve` for each test below, all started at once (each start is mostly a process's
+    imports); each waits in its stuck stage, for a minute, for its test's signal."""
+
+    def repo(model_py: str) -> Path:
+        return write_repo(tmp_path_factory.mktemp("stuck"), model_py)
+
+    started = {
+        "SIGTERM": Serve(repo(STUCK_BUILD)),
+        "SIGINT": Serve(repo(STUCK_BUILD)),
+        "warm-up": Serve(repo(STUCK_WARMUP)),
+    }
+    if UNSHARE:
+        # unshare forks wok as PID 1 of a new PID namespace, as a container runs its entrypoint.
+        started["pid 1"] = Serve(repo(STUCK_BUILD), prefix=("unshare", "--pid", "--fork", "--kill-child"))
+    yield started
+    for server in started.values():
+        server.stop()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_while_a_model_loads_stops_the_start_and_exits_0(tmp_path, sig):
-    server = Serve(write_repo(tmp_path, STUCK_BUILD))
+def test_a_signal_while_a_model_loads_stops_the_start_and_exits_0(servers, sig):
+    server = servers[sig.name]
     try:
         server.wait_for_line("test: building the model")
         sent = time.monotonic()
@@ -139,8 +173,8 @@ def test_a_signal_while_a_model_loads_stops_the_start_and_exits_0(tmp_path, sig)
         server.stop()
 
 
-def test_a_signal_during_the_warm_up_abandons_the_start_before_any_port_is_bound(tmp_path):
-    server = Serve(write_repo(tmp_path, STUCK_WARMUP))
+def test_a_signal_during_the_warm_up_abandons_the_start_before_any_port_is_bound(servers):
+    server = servers["warm-up"]
     try:
         server.wait_for_line("test: warming up")
         sent = time.monotonic()
@@ -151,19 +185,9 @@ def test_a_signal_during_the_warm_up_abandons_the_start_before_any_port_is_bound
         server.stop()
 
 
-def _unshare_works() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    try:
-        return subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-@pytest.mark.skipif(not _unshare_works(), reason="needs `unshare --pid` (root, or user namespaces)")
-def test_sigterm_to_wok_as_pid_1_while_a_model_loads_is_not_dropped(tmp_path, proc_tree):
-    # unshare forks wok as PID 1 of a new PID namespace, as a container runs its entrypoint.
-    server = Serve(write_repo(tmp_path, STUCK_BUILD), prefix=("unshare", "--pid", "--fork", "--kill-child"))
+@pytest.mark.skipif(not UNSHARE, reason="needs `unshare --pid` (root, or user namespaces)")
+def test_sigterm_to_wok_as_pid_1_while_a_model_loads_is_not_dropped(servers, proc_tree):
+    server = servers["pid 1"]
     try:
         server.wait_for_line("test: building the model")
         (wok,) = proc_tree.children(server.proc.pid)
