@@ -230,8 +230,8 @@ class _StopSignal:
 
 def _build(args):
     """Import torch and the server, and load the models: slow, so run on a thread (a signal meanwhile
-    stops the start at once). Returns (settings, the repository)."""
-    from .app import build_repository
+    stops the start at once). Returns (settings, the repository). The settings are checked
+    before torch is imported: a refused option costs no second of imports."""
     from .config import server_settings
 
     settings = server_settings(
@@ -264,6 +264,8 @@ def _build(args):
     )
     if settings.admin and settings.metrics_port is None:
         raise ConfigError("--admin is served on the metrics port: it needs --metrics-port other than -1")
+    from .app import build_repository
+
     return settings, build_repository(settings, _demo_options(args.demo_option))
 
 

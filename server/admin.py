@@ -27,12 +27,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .batcher import BatchingPolicy
-from .executor import BatchResult
 from .faults import AdminRequestError, FaultBoard, is_number, parse_fault_request, shown
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # they import torch, which the metrics port (and wok demo's page) need not load
     from .app import ModelRuntime, WokServer
+    from .batcher import BatchingPolicy
+    from .executor import BatchResult
 
 TICK_S = 0.25
 SUBSCRIBER_BACKLOG = 2000

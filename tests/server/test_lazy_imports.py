@@ -1,0 +1,30 @@
+"""What loads torch: a refused `wok serve` option and the metrics port (which `wok demo`'s page
+serves on too) do not, so that they cost no second of imports."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+
+def _imported(module: str, importtime: str) -> bool:
+    return re.search(rf"^import time: .*\| +{re.escape(module)}$", importtime, re.MULTILINE) is not None
+
+
+def _importtime(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_a_refused_serve_option_exits_2_before_torch_is_imported():
+    done = _importtime("-m", "wok", "serve", "--models", "mlp", "--grace-period", "-1")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "grace_period_s: Input should be greater than or equal to 0 (got -1.0)" in done.stderr
+    assert _imported("wok.config", done.stderr) and not _imported("torch", done.stderr)
+
+
+def test_the_metrics_port_and_its_admin_api_import_no_torch():
+    done = _importtime("-c", "import wok.http, wok.admin")
+    assert done.returncode == 0, done.stderr[-2000:]
+    # The first proves that the check sees a package when it is imported.
+    assert _imported("prometheus_client", done.stderr) and not _imported("torch", done.stderr)
