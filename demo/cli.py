@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import math
 import os
 import re
 import signal
@@ -96,20 +97,44 @@ def run_demo(args) -> int:
     control = LoadControl(args.rate)
     try:
         return asyncio.run(_main(args, control, delay_s, slo_s))
-    except StartError as exc:
+    except (StartError, ServerExited) as exc:
         print(f"wok demo: {exc}", file=sys.stderr)
         return 1
 
 
 def duration(option: str, text: str) -> float:
+    """Seconds of a duration option; raises ValueError naming it. Never infinite: the page's
+    JSON (JSON.parse) has no Infinity, and the simulator's model refuses one under its own names."""
     try:
-        return parse_duration(text)
+        seconds = parse_duration(text)
     except ValueError as exc:
         raise ValueError(f"{option}: {exc}") from None
+    if not math.isfinite(seconds):
+        raise ValueError(f"{option}: expected a finite duration, got {text}")
+    return seconds
+
+
+def page_url(host: str, port: int) -> str:
+    """The page's address; an IPv6 literal in brackets, as a URL needs it."""
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def exit_text(status: int) -> str:
+    """A child's end from its Popen returncode (negative: the signal that killed it)."""
+    if status >= 0:
+        return f"exited with status {status}"
+    try:
+        return f"was killed by {signal.Signals(-status).name}"
+    except ValueError:
+        return f"was killed by signal {-status}"
 
 
 class StartError(RuntimeError):
     """The wok server child did not start; the message carries the end of its log."""
+
+
+class ServerExited(RuntimeError):
+    """The wok server child ended while the demo ran; the message carries the end of its log."""
 
 
 def listen_error(exc: OSError, host: str, port: int) -> ValueError:
@@ -138,8 +163,8 @@ async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int
         from .sim import SimBackend
 
         model = BatcherModel(
-            alpha_s=parse_duration(args.alpha),
-            beta_s=parse_duration(args.beta),
+            alpha_s=duration("--alpha", args.alpha),
+            beta_s=duration("--beta", args.beta),
             max_batch_size=args.max_batch_size,
             max_queue_delay_s=delay_s,
             instances=args.instances,
@@ -154,10 +179,11 @@ async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int
             await web.start()
         except OSError as exc:
             raise listen_error(exc, args.host, args.port) from None
-        await backend.start(hub, stop)
+        if not await _start_unless_stopped(backend, hub, stop):
+            return 0
         mode = "SIMULATION (no server)" if args.simulate else f"live, wok server at {backend.target}"
         print(f"wok demo: {mode}", file=sys.stderr, flush=True)
-        print(f"wok demo: page at http://{args.host}:{web.port}/", file=sys.stderr, flush=True)
+        print(f"wok demo: page at {page_url(args.host, web.port)}", file=sys.stderr, flush=True)
         if args.host not in ("127.0.0.1", "localhost", "::1"):
             print(
                 f"wok demo: warning: the page on {args.host} lets anyone who reaches it fail and slow the server",
@@ -171,7 +197,26 @@ async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int
     finally:
         await web.stop()
         await backend.close()
+    if backend.failure is not None:
+        raise backend.failure
     return 0
+
+
+async def _start_unless_stopped(backend, hub: Hub, stop: asyncio.Event) -> bool:
+    """Start the backend; False if a signal came first. The live start waits up to minutes for
+    the server's imports and warm-up, and a Ctrl-C meanwhile must end it then, not after."""
+    start = asyncio.ensure_future(backend.start(hub, stop))
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if stop.is_set():
+        start.cancel()  # the live start then kills its server; close() removes its files
+        await asyncio.gather(start, return_exceptions=True)
+        return False
+    start.result()
+    return True
 
 
 def spawn_wok(
@@ -201,9 +246,10 @@ def popen_wok(cmd: list[str]) -> subprocess.Popen:
 
 
 def wait_for_patterns(
-    proc: subprocess.Popen, patterns: dict[str, re.Pattern], timeout_s: float
+    proc: subprocess.Popen, patterns: dict[str, re.Pattern], timeout_s: float, ended: threading.Event | None = None
 ) -> tuple[dict[str, re.Match], list[str]]:
-    """Read the child's stderr (by a thread, for good) until every pattern matched; see spawn_wok."""
+    """Read the child's stderr (by a thread, for good) until every pattern matched; see spawn_wok.
+    `ended`, if given, is set once the thread has read all of it (the child closed it)."""
     log: list[str] = []
     found: dict[str, re.Match] = {}
     ready = threading.Event()
@@ -219,6 +265,8 @@ def wait_for_patterns(
             if len(found) == len(patterns):
                 ready.set()
         ready.set()
+        if ended is not None:
+            ended.set()
 
     threading.Thread(target=pump, daemon=True, name="wok-child-log").start()
     if not ready.wait(timeout_s) or len(found) < len(patterns):
@@ -234,6 +282,7 @@ class SimulatedDemo:
         self.slo_s = slo_s
         self._task: asyncio.Task | None = None
         self.target = None
+        self.failure = None  # nothing here can end on its own
 
     def config(self) -> dict:
         m = self.sim.model
@@ -307,6 +356,8 @@ class LiveDemo:
         self.slo_s = slo_s
         self.proc: subprocess.Popen | None = None
         self.log: list[str] = []
+        self._log_ended = threading.Event()
+        self.failure: ServerExited | None = None
         self.target = ""
         self.admin: tuple[str, int] = ("127.0.0.1", 0)
         self.generator: LoadGenerator | None = None
@@ -339,7 +390,12 @@ class LiveDemo:
         cmd += ["--grace-period", "5"]
         # Started on this (the loop's) thread, which lives as long as the demo: see popen_wok.
         self.proc = popen_wok(cmd)
-        await asyncio.get_running_loop().run_in_executor(None, self._wait_started)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self._wait_started)
+        except asyncio.CancelledError:
+            # Stopped while starting: the thread waiting for its log ends with the server.
+            self.proc.kill()
+            raise
         self._channel = grpc.aio.insecure_channel(self.target)
         stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
         rng = np.random.default_rng(1)
@@ -353,12 +409,35 @@ class LiveDemo:
                 return e.code().name
 
         self.generator = LoadGenerator(self.control, send, max_in_flight=MAX_IN_FLIGHT)
-        self._tasks = [asyncio.ensure_future(self.generator.run()), asyncio.ensure_future(self._relay(hub, stop))]
+        self._tasks = [
+            asyncio.ensure_future(self.generator.run()),
+            asyncio.ensure_future(self._relay(hub, stop)),
+            asyncio.ensure_future(self._watch(stop)),
+        ]
 
     def _wait_started(self) -> None:
-        found, self.log = wait_for_patterns(self.proc, {"metrics": METRICS, "serving": SERVING}, 180.0)
+        patterns = {"metrics": METRICS, "serving": SERVING}
+        found, self.log = wait_for_patterns(self.proc, patterns, 180.0, ended=self._log_ended)
         self.admin = (found["metrics"].group(1), int(found["metrics"].group(2)))
         self.target = f"{found['serving'].group(2)}:{found['serving'].group(3)}"
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        """Stop the demo, with the server's last words, if the server ends before the demo does:
+        without it, the page would go on showing UNAVAILABLE answers and the relay retrying."""
+        status = await asyncio.get_running_loop().run_in_executor(None, self._wait_exit)
+        if stop.is_set():  # the demo is stopping (a Ctrl-C reaches the server too)
+            return
+        self.failure = ServerExited(
+            f"the wok server at {self.target} {exit_text(status)} while the demo ran; the end of its log:\n"
+            + "\n".join(self.log[-30:])
+        )
+        stop.set()
+
+    def _wait_exit(self) -> int:
+        status = self.proc.wait()
+        # Its last lines may still be in the pipe, on their way to the log.
+        self._log_ended.wait(2.0)
+        return status
 
     async def _relay(self, hub: Hub, stop: asyncio.Event) -> None:
         """Relay the server's /events to the page, reconnecting if the stream breaks."""

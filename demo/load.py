@@ -48,14 +48,18 @@ class LoadControl:
         extra = sorted(set(body) - {"rate", "burst_rate", "burst_s"})
         if extra:
             raise ValueError(f"field '{extra[0]}': expected only rate, burst_rate, burst_s, got {body[extra[0]]!r}")
-        if "rate" in body:
-            self.state.rate = check_rate("rate", body["rate"])
-        if "burst_rate" in body or "burst_s" in body:
-            rate = check_rate("burst_rate", body.get("burst_rate"))
+        # Every field checked before any applies: a refused body changes nothing.
+        rate = check_rate("rate", body["rate"]) if "rate" in body else None
+        burst = "burst_rate" in body or "burst_s" in body
+        if burst:
+            burst_rate = check_rate("burst_rate", body.get("burst_rate"))
             seconds = body.get("burst_s")
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_BURST_S:
                 raise ValueError(f"field 'burst_s': expected seconds above 0 up to {MAX_BURST_S:g}, got {seconds!r}")
-            self.state.burst_rate = rate
+        if rate is not None:
+            self.state.rate = rate
+        if burst:
+            self.state.burst_rate = burst_rate
             self.state.burst_until = time.monotonic() + float(seconds)
         return self.describe()
 

@@ -37,6 +37,8 @@ TICK_S = 0.25
 BACKLOG = 4000
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
 MAX_BODY = 64 << 10
+MAX_HEAD = 16 << 10  # the request line and headers
+ADMIN_TIMEOUT_S = 10.0  # for the wok server's answer to an admin call
 STATUS = {
     200: "OK",
     400: "Bad Request",
@@ -44,6 +46,7 @@ STATUS = {
     404: "Not Found",
     405: "Method Not Allowed",
     415: "Unsupported Media Type",
+    431: "Request Header Fields Too Large",
     502: "Bad Gateway",
 }
 
@@ -79,18 +82,24 @@ class Hub:
 
 
 async def http_json(host: str, port: int, method: str, path: str, body=None) -> tuple[int, dict]:
-    """One request to the wok server's admin API (HTTP/1.1, Connection: close)."""
-    reader, writer = await asyncio.open_connection(host, port)
+    """One request to the wok server's admin API (HTTP/1.1, Connection: close); raises OSError
+    (ConnectionError when it does not answer in ADMIN_TIMEOUT_S)."""
     try:
-        data = b"" if body is None else json.dumps(body).encode()
-        writer.write(
-            f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
-            + data
-        )
-        raw = await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
+        # The connect too: a stopped server's socket still accepts, its kernel answering for it.
+        async with asyncio.timeout(ADMIN_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                data = b"" if body is None else json.dumps(body).encode()
+                writer.write(
+                    f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+                    + data
+                )
+                raw = await reader.read()
+            finally:
+                writer.close()
+    except TimeoutError:  # its own text is empty
+        raise ConnectionError(f"{method} {path}: no answer within {ADMIN_TIMEOUT_S:g} s from {host}:{port}") from None
     head, _, payload = raw.partition(b"\r\n\r\n")
     m = re.match(rb"HTTP/1\.[01] ([0-9]{3}) ", head)
     if m is None:  # the server ended mid-answer: as unreachable, for the caller's 502
@@ -110,7 +119,7 @@ class DemoWeb:
         self._clients: set[asyncio.Task] = set()
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=16 << 10)
+        self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_HEAD)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -138,7 +147,12 @@ class DemoWeb:
 
     async def _one(self, reader, writer) -> bool:
         """Answer one request; False when the connection must end."""
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)
+        except asyncio.LimitOverrunError:
+            await self._send(writer, 431, {"error": f"request head: expected at most {MAX_HEAD} bytes, got more"})
+            await _linger(reader, writer)
+            return False
         try:
             method, path, body = await self._request(reader, head)
         except Refused as exc:
@@ -215,7 +229,7 @@ class DemoWeb:
         except ValueError as exc:
             return 400, {"error": str(exc)}
         except OSError as exc:  # only the admin calls do I/O: the wok server did not answer
-            return 502, {"error": f"the wok server did not answer: {exc}"}
+            return 502, {"error": f"the wok server did not answer: {str(exc) or type(exc).__name__}"}
         return 404, {"error": f"no API {method} /api/{name}"}
 
     async def _stream(self, writer) -> None:
@@ -247,6 +261,19 @@ class DemoWeb:
             + body
         )
         await writer.drain()
+
+
+async def _linger(reader, writer) -> None:
+    """End a connection whose client may still be sending (a refused head): half-close, then read
+    and drop what comes for a moment. Closed with unread bytes, the socket would be reset, which
+    can lose the answer before the client reads it."""
+    try:
+        writer.write_eof()
+        async with asyncio.timeout(2.0):
+            while await reader.read(64 << 10):
+                pass
+    except (OSError, TimeoutError):
+        pass
 
 
 async def tick_load(hub: Hub, backend, stop: asyncio.Event) -> None:

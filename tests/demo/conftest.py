@@ -44,6 +44,15 @@ class DemoProcess:
             return self.proc.wait()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _children_temp_files(tmp_path_factory) -> Iterator:
+    """The demos' temporary files (the model repository each writes) under pytest's own folder,
+    which it prunes: a demo the tests SIGKILL cannot remove its own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", str(tmp_path_factory.mktemp("demo-tmp")))
+        yield
+
+
 def _demo_starter():
     """A start function (`ready=False`: do not wait for the page yet), and a cleanup that stops
     what it started."""

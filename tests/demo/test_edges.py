@@ -1,0 +1,196 @@
+"""`wok demo` at its edges: its server dying or still starting, option values without a finite
+value, a refused load body, an admin call without an answer, an oversized request head, an
+IPv6 page address.
+
+The server's life is played by a stand-in child (a Python one-liner, started by the demo's own
+`popen_wok`) and `wok demo` runs in this process: the real server would spend seconds importing
+torch. Only the IPv6 check runs `wok demo --simulate` as a process, to fetch the page it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import wok.demo.cli
+from wok.bench.simulate import BatcherModel
+from wok.demo.cli import LiveDemo, SimulatedDemo
+from wok.demo.load import LoadControl
+from wok.demo.sim import SimBackend
+from wok.demo.web import DemoWeb, Hub
+
+SERVER_UP = (
+    "import sys; "
+    "print('wok: metrics on http://127.0.0.1:9/metrics', file=sys.stderr); "
+    "print('wok: serving mlp on 127.0.0.1:9', file=sys.stderr); "
+    "[print(f'log line {i}', file=sys.stderr) for i in range(40)]; "
+    "sys.exit(3)"
+)
+
+
+def stand_in_server(monkeypatch, script: str, started=None) -> list:
+    """Make the demo start `python -c SCRIPT` for its server; the list gets (Popen, the demo's
+    own command). `started(proc)` runs once it is spawned."""
+    real = wok.demo.cli.popen_wok
+    spawned: list = []
+
+    def popen(cmd):
+        proc = real([sys.executable, "-c", script])
+        spawned.append((proc, cmd))
+        if started is not None:
+            started(proc)
+        return proc
+
+    monkeypatch.setattr(wok.demo.cli, "popen_wok", popen)
+    return spawned
+
+
+def repository(cmd: list[str]) -> Path:
+    return Path(cmd[cmd.index("--model-repository") + 1])
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_exits_ends_the_demo_with_exit_1_and_its_last_log_lines(wok_cli, monkeypatch):
+    spawned = stand_in_server(monkeypatch, SERVER_UP)
+    status, _, err = wok_cli("demo", "--port", "0", "--rate", "0")
+    assert status == 1, err
+    ((_, cmd),) = spawned
+    assert "wok demo: page at http://127.0.0.1:" in err
+    assert (
+        "wok demo: the wok server at 127.0.0.1:9 exited with status 3 while the demo ran; the end of its log:\n" in err
+    )
+    tail = err[err.index("the end of its log:\n") :].splitlines()[1:]
+    assert tail == [f"log line {i}" for i in range(10, 40)], err
+    assert not repository(cmd).exists()
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_while_the_server_starts_ends_the_demo_at_once(wok_cli, monkeypatch):
+    # The stand-in never says it serves: the start would wait for it up to 180 s (here, its 15 s
+    # life). The signal comes once it runs, while the demo's own handlers are in place.
+    spawned = stand_in_server(
+        monkeypatch, "import time; time.sleep(15)", started=lambda proc: os.kill(os.getpid(), signal.SIGINT)
+    )
+    t0 = time.monotonic()
+    status, _, err = wok_cli("demo", "--port", "0", "--rate", "0")
+    took = time.monotonic() - t0
+    ((proc, cmd),) = spawned
+    assert status == 0, err
+    assert "page at" not in err and "live" not in err, err
+    assert proc.poll() is not None, "the starting server outlived the demo"
+    assert not repository(cmd).exists()
+    assert took < 10, f"the demo took {took:.1f} s to end after Ctrl-C"
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--slo", "1e999"), ("--max-queue-delay", "1e999ms"), ("--alpha", "1e400"), ("--beta", "1e999ms")],
+)
+def test_an_infinite_duration_exits_2_naming_the_option(option, value, wok_cli, monkeypatch):
+    def no_page(self):
+        raise AssertionError(f"the demo started with {option} {value}")
+
+    monkeypatch.setattr(DemoWeb, "start", no_page)
+    status, _, err = wok_cli("demo", "--simulate", "--port", "0", option, value)
+    assert (status, err) == (2, f"wok demo: {option}: expected a finite duration, got {value}\n")
+
+
+def test_a_refused_load_body_changes_nothing():
+    control = LoadControl(100)
+    with pytest.raises(ValueError, match=r"^field 'burst_s': expected seconds above 0 up to 30, got None$"):
+        control.set({"rate": 777, "burst_rate": 100})
+    with pytest.raises(ValueError, match=r"^field 'burst_rate': expected requests per second"):
+        control.set({"rate": 777, "burst_rate": -1, "burst_s": 5})
+    assert control.describe() == {"rate": 100.0, "current_rate": 100.0, "burst_rate": None, "burst_left_s": 0.0}
+
+
+async def answer(port: int, request: bytes) -> tuple[int, dict]:
+    """Send `request` to 127.0.0.1:`port`; the status and JSON body of its answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        lines = head.decode("latin-1").split("\r\n")
+        length = next(int(ln.split(":", 1)[1]) for ln in lines if ln.lower().startswith("content-length:"))
+        body = await asyncio.wait_for(reader.readexactly(length), 30)
+    finally:
+        writer.close()
+    return int(lines[0].split(" ")[1]), json.loads(body)
+
+
+async def test_an_admin_call_without_an_answer_gets_502_naming_the_wait(monkeypatch):
+    # A server that accepts and never answers, as a stopped (SIGSTOP) one does.
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader, writer):
+        held.append(writer)
+
+    admin = await asyncio.start_server(silent, "127.0.0.1", 0)
+    admin_port = admin.sockets[0].getsockname()[1]
+    # Not there before the fix (raising=False): the test then waits the fixed 10 s, and fails.
+    monkeypatch.setattr("wok.demo.web.ADMIN_TIMEOUT_S", 0.2, raising=False)
+    args = argparse.Namespace(instances=2, max_batch_size=32, device="cpu", torch_threads=1)
+    backend = LiveDemo(LoadControl(0), args, delay_s=0.005, slo_s=0.05)
+    backend.admin = ("127.0.0.1", admin_port)
+    web = DemoWeb(backend, Hub(), "127.0.0.1", 0)
+    await web.start()
+    try:
+        body = b'{"mode": "fail"}'
+        request = (
+            f"POST /api/faults HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        status, got = await answer(web.port, request)
+        wait = f"POST /admin/faults: no answer within 0.2 s from 127.0.0.1:{admin_port}"
+        assert (status, got) == (502, {"error": f"the wok server did not answer: {wait}"})
+    finally:
+        await web.stop()
+        await backend.close()
+        for w in held:
+            w.close()
+        admin.close()
+
+
+async def test_an_error_without_text_is_named_by_its_type():
+    class Unanswered(SimulatedDemo):
+        async def set_batching(self, body):
+            raise ConnectionResetError()
+
+    model = BatcherModel(alpha_s=2.5e-4, beta_s=4.4e-5, max_batch_size=32, max_queue_delay_s=0.005)
+    web = DemoWeb(Unanswered(SimBackend(LoadControl(0), model), slo_s=0.05), Hub(), "127.0.0.1", 0)
+    assert await web._api("POST", "batching", {}) == (
+        502,
+        {"error": "the wok server did not answer: ConnectionResetError"},
+    )
+
+
+async def test_a_request_head_over_16_kib_gets_431_then_the_page_goes_on():
+    model = BatcherModel(alpha_s=2.5e-4, beta_s=4.4e-5, max_batch_size=32, max_queue_delay_s=0.005)
+    web = DemoWeb(SimulatedDemo(SimBackend(LoadControl(100), model), slo_s=0.05), Hub(), "127.0.0.1", 0)
+    await web.start()
+    try:
+        big = b"GET /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n"
+        status, got = await answer(web.port, big)
+        assert (status, got) == (431, {"error": "request head: expected at most 16384 bytes, got more"})
+        status, got = await answer(web.port, b"GET /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert status == 200 and got["load"]["rate"] == 100
+    finally:
+        await web.stop()
+
+
+@pytest.mark.timeout(120)
+def test_an_ipv6_page_address_is_printed_in_brackets_and_answers(start_demo):
+    demo = start_demo("--simulate", "--host", "::1")
+    assert demo.url.startswith("http://[::1]:"), demo.url
+    with urllib.request.urlopen(demo.url + "api/config", timeout=10) as r:
+        assert json.loads(r.read())["mode"] == "simulate"
+    assert demo.stop() == 0
