@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -43,14 +44,23 @@ pytestmark = pytest.mark.timeout(120)
 # leaves it off again (its `off`, the ramp's end, or its expiry, which that test waits out), so the
 # next test finds the server as started.
 @pytest.fixture(scope="module")
-def admin_server(start_server_module):
-    return start_server_module("--models", "mlp", "--admin", "--torch-threads", "1")
+def servers(start_server_module):
+    """The admin and the plain server, started at once: their start-ups overlap."""
+    with ThreadPoolExecutor(2) as pool:
+        admin = pool.submit(start_server_module, "--models", "mlp", "--admin", "--torch-threads", "1")
+        plain = pool.submit(start_server_module, "--models", "mlp", "--torch-threads", "1")
+        return admin.result(), plain.result()
 
 
 @pytest.fixture(scope="module")
-def plain_server(start_server_module):
+def admin_server(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def plain_server(servers):
     """No --admin: the admin paths are refused."""
-    return start_server_module("--models", "mlp", "--torch-threads", "1")
+    return servers[1]
 
 
 OK, INTERNAL, UNAVAILABLE = 0, 13, 14
@@ -267,7 +277,7 @@ def test_a_fault_of_a_bench_killed_outright_expires(admin_server):
     url = server.http_url()
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
     cmd += ["--steps", "20", "--step-duration", "10s", "--warmup", "0s", "--workers", "1"]
-    cmd += ["--admin-url", url, "--fault", "fail:model=mlp,at=0s,until=2s"]
+    cmd += ["--admin-url", url, "--fault", "fail:model=mlp,at=0s,until=1s"]
     bench = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         for line in bench.stderr:
@@ -283,7 +293,7 @@ def test_a_fault_of_a_bench_killed_outright_expires(admin_server):
         bench.stderr.close()
     (fault,) = get_faults(url)
     assert fault["mode"] == "fail" and fault["until"] is not None
-    assert fault["until"] <= killed_at + 2.0 + EXPIRY_MARGIN_S
+    assert fault["until"] <= killed_at + 1.0 + EXPIRY_MARGIN_S
     wait_for(lambda: get_faults(url) == [], timeout=fault["until"] - time.time() + 2.0)
 
 
@@ -306,7 +316,7 @@ def test_ramp_with_server_faults_counts_errors_not_losses(admin_server, tmp_path
     server = admin_server
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
-    cmd += ["--steps", "50", "--step-duration", "6s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
+    cmd += ["--steps", "50", "--step-duration", "3s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
     cmd += ["--admin-url", server.http_url(), "--fault", "slow:model=mlp,delay=60ms,at=10%,until=40%"]
     cmd += ["--fault", "fail:model=mlp,at=60%,until=80%"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
@@ -636,7 +646,7 @@ def test_a_ramp_whose_fault_was_refused_says_so_and_exits_4(plain_server, tmp_pa
     server = plain_server
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
-    cmd += ["--steps", "50", "--step-duration", "1s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
+    cmd += ["--steps", "50", "--step-duration", "0.5s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
     cmd += ["--admin-url", server.http_url(), "--fault", "slow:model=mlp,delay=50ms,at=10%"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 4, proc.stderr[-3000:]

@@ -287,7 +287,7 @@ def test_wok_bench_merge_writes_the_merged_result_and_prints_the_table(split_ram
 # -- a real run: two processes at half the rate, merged, against one process ------------------------------
 def _ramp(target, steps, seed, workers, out):
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", target, "--model", "mlp", "--steps", steps,
-           "--step-duration", "1s", "--warmup", "0.3s", "--arrival", "constant", "--workers", str(workers),
+           "--step-duration", "0.5s", "--warmup", "0.25s", "--arrival", "constant", "--workers", str(workers),
            "--metrics-url", "none", "--seed", str(seed), "--json", str(out)]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -307,8 +307,9 @@ def test_two_processes_at_half_the_rate_merge_into_the_counts_of_one_process(ben
     merged = json.loads(out.read_text())
     assert [s["nominal_qps"] for s in merged["steps"]] == [40.0, 80.0]
     for m, s, *halves_steps in zip(merged["steps"], single["steps"], *(p["steps"] for p in parts)):
-        # Constant arrivals: 1 s at 40 QPS is 40 requests, at 20 QPS twice 20.
-        assert m["requests"] == s["requests"] == 2 * 1 * m["nominal_qps"] / 2
+        # Constant arrivals: 0.5 s at 40 QPS is 20 requests, at 20 QPS twice 10 (the warm-up's end and
+        # the step's are whole multiples of every send interval, 1/80 s included: exact in binary).
+        assert m["requests"] == s["requests"] == 2 * 0.5 * m["nominal_qps"] / 2
         assert m["ok"] == s["ok"] == m["requests"]
         assert m["offered_qps"] == pytest.approx(s["offered_qps"])
         for h in halves_steps:

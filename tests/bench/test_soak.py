@@ -27,6 +27,61 @@ def soak_server(start_server_module):
     return start_server_module("--models", "mlp", "--torch-threads", "1")
 
 
+def _e2e_args(metrics: str) -> list[str]:
+    args = ["--metrics-url", metrics, "--capacity", "100", "--soak", "2s", "--soak-load", "50%"]
+    return [*args, "--soak-window", "0.5s", "--rss-every", "0.2s", "--workers", "1"]
+
+
+# 95 QPS offered at step 40 (a burst over 0.5 s after a 0.2 s warm-up).
+BURST = ["--metrics-url", "none", "--steps", "20,40", "--step-duration", "0.5s", "--warmup", "0.2s"]
+BURST += ["--slo-p99", "2s", "--arrival", "burst", "--soak", "1s", "--soak-load", "50%", "--soak-window", "0.5s"]
+BURST += ["--workers", "1", "--require-qps", "60"]
+NO_CAPACITY = ["--metrics-url", "none", "--workers", "1", "--warmup", "0.2s", "--steps", "20"]
+NO_CAPACITY += ["--step-duration", "0.5s", "--slo-p99", "0.001ms", "--soak", "60s"]
+RUNS = {
+    "test_soak_end_to_end": ("e2e", _e2e_args),
+    "test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_capacitys_verdict": (
+        "burst",
+        lambda metrics: BURST,
+    ),
+    "test_a_soak_without_capacity_writes_the_capacity_ramp_and_exits_3": ("no_capacity", lambda metrics: NO_CAPACITY),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runs(request, tmp_path_factory):
+    """The runs of the selected tests that take no signal, all started as the module starts: each
+    is mostly waiting (imports, paced sends), their loads together are a small part of the
+    server's capacity, and none of their checks counts another's requests."""
+    selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
+    wanted = {name: args for test, (name, args) in RUNS.items() if test in selected}
+    started: dict[str, tuple[subprocess.Popen, Path]] = {}
+    try:
+        if wanted:
+            server = request.getfixturevalue("soak_server")
+            metrics = next(line.split("metrics on ")[1] for line in server.log if "metrics on http://" in line)
+            for name, args in wanted.items():
+                d = tmp_path_factory.mktemp(name)
+                cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, *args(metrics)]
+                # Files, not pipes: a run not yet waited on must not block on a full pipe.
+                with open(d / "stdout", "w") as out, open(d / "stderr", "w") as err:
+                    proc = subprocess.Popen([*cmd, "--json", str(d / "soak.json")], stdout=out, stderr=err, text=True)
+                started[name] = (proc, d)
+        yield started
+    finally:
+        for proc, _ in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _finished(runs: dict, name: str) -> tuple[int, str, str, Path]:
+    """A run's exit status, stdout and stderr once it has ended, and its result's path."""
+    proc, d = runs[name]
+    status = proc.wait(timeout=100)
+    return status, (d / "stdout").read_text(), (d / "stderr").read_text(), d / "soak.json"
+
+
 def test_parse_fraction():
     assert parse_fraction("80%") == pytest.approx(0.8) and parse_fraction("0.5") == 0.5
     assert parse_fraction("100%") == 1.0
@@ -102,35 +157,24 @@ def test_rss_sampler_reads_a_real_server(soak_server):
         assert rss > 50 * MIB and gone is None
 
 
-def test_soak_end_to_end(soak_server, tmp_path):
-    server = soak_server
-    metrics = next(line.split("metrics on ")[1] for line in server.log if "metrics on http://" in line)
-    out = tmp_path / "soak.json"
-    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", metrics]
-    cmd += ["--capacity", "100", "--soak", "4s", "--soak-load", "50%", "--soak-window", "1s", "--rss-every", "0.5s"]
-    cmd += ["--workers", "1", "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_soak_end_to_end(runs):
+    status, stdout, stderr, out = _finished(runs, "e2e")
+    assert status == 0, stderr[-3000:]
     result = json.loads(out.read_text())
     soak = result["soak"]
     assert soak["schema"] == "wok.soak/1" and soak["capacity"]["source"] == "given"
     assert soak["capacity"]["load_qps"] == 50.0 and result["steps"][0]["nominal_qps"] == 50.0
-    assert len(soak["windows"]) == 4 and sum(w["sent"] for w in soak["windows"]) == soak["requests"]["sent"] > 100
+    assert len(soak["windows"]) == 4 and sum(w["sent"] for w in soak["windows"]) == soak["requests"]["sent"] > 50
     assert soak["rss"]["first_mib"] > 50 and len(soak["rss"]["samples"]) >= 8
-    assert soak["p99"]["windows"] == 4 and "RSS:" in proc.stdout and "P99: first window" in proc.stdout
+    assert soak["p99"]["windows"] == 4 and "RSS:" in stdout and "P99: first window" in stdout
 
 
-def test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_capacitys_verdict(soak_server, tmp_path):
+def test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_capacitys_verdict(runs):
     """A default burst offers about twice its step rate. The soak holds 50% of the capacity's
     offered rate (it used to run 50% of the offered rate as a step rate: twice the load), and
     the run's verdict, warnings and --require-qps are the capacity ramp's, not the soak step's."""
-    server = soak_server
-    out = tmp_path / "soak.json"
-    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
-    cmd += ["--steps", "20,40", "--step-duration", "1s", "--warmup", "0.2s", "--slo-p99", "2s", "--arrival", "burst"]
-    cmd += ["--soak", "2s", "--soak-load", "50%", "--soak-window", "1s", "--workers", "1", "--json", str(out)]
-    proc = subprocess.run([*cmd, "--require-qps", "60"], capture_output=True, text=True, timeout=100)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    status, stdout, stderr, out = _finished(runs, "burst")
+    assert status == 0, stderr[-3000:]
     result = json.loads(out.read_text())
     cap = result["soak"]["capacity"]
     assert cap["source"] == "measured" and cap["steps"][-1]["nominal_qps"] == 40
@@ -143,7 +187,7 @@ def test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_ca
     assert result["max_qps_under_slo"] == capacity and result["soak"]["verdict_from"] == "capacity ramp"
     assert not any(w.startswith("every step met") for w in result["warnings"])
     assert any(w.startswith("capacity ramp: every step met the SLO") for w in result["warnings"])
-    assert "from the capacity ramp's steps" in proc.stdout
+    assert "from the capacity ramp's steps" in stdout
 
 
 def _soak_child(server, tmp_path, *args: str) -> tuple[subprocess.Popen, Path]:
@@ -175,7 +219,7 @@ def _interrupt_at(proc: subprocess.Popen, starts: str) -> str:
 def test_ctrl_c_in_the_capacity_ramp_starts_no_soak(soak_server, tmp_path):
     """It used to soak at 80 % of the steps reached so far (exit 0, `interrupted` null)."""
     server = soak_server
-    proc, out = _soak_child(server, tmp_path, "--steps", "20,40,80", "--step-duration", "1s", "--soak", "60s")
+    proc, out = _soak_child(server, tmp_path, "--steps", "20,40,80", "--step-duration", "0.5s", "--soak", "60s")
     err = _interrupt_at(proc, "step 2/3:")
     assert proc.returncode == 0, err[-3000:]
     assert "\nsoak: " not in err and "the capacity ramp was cut short: no soak" in err
@@ -188,7 +232,7 @@ def test_ctrl_c_in_the_capacity_ramp_starts_no_soak(soak_server, tmp_path):
 def test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp(soak_server, tmp_path):
     """It used to exit 130 with nothing written, the capacity ramp's steps lost."""
     server = soak_server
-    proc, out = _soak_child(server, tmp_path, "--steps", "20,40", "--step-duration", "1s", "--soak", "60s")
+    proc, out = _soak_child(server, tmp_path, "--steps", "20,40", "--step-duration", "0.5s", "--soak", "60s")
     err = _interrupt_at(proc, "step 1/1:")  # the soak's one step, after the capacity ramp's two
     assert proc.returncode == 0, err[-3000:]
     result = json.loads(out.read_text())
@@ -206,13 +250,10 @@ def test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp(soak_server, tmp_path):
     assert reason in result["warnings"]
 
 
-def test_a_soak_without_capacity_writes_the_capacity_ramp_and_exits_3(soak_server, tmp_path):
+def test_a_soak_without_capacity_writes_the_capacity_ramp_and_exits_3(runs):
     """No step meets a 1 µs SLO. It used to exit 1 (kept for a failed target or worker) and write nothing."""
-    server = soak_server
-    cmd = ["--steps", "20", "--step-duration", "0.5s", "--slo-p99", "0.001ms", "--soak", "60s"]
-    proc, out = _soak_child(server, tmp_path, *cmd)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 3, err[-3000:]
+    status, _, err, out = _finished(runs, "no_capacity")
+    assert status == 3, err[-3000:]
     assert "no step of the ramp met the SLO: no capacity to soak at (give --capacity)" in err
     result = json.loads(out.read_text())
     assert result["soak"] is None and result["max_qps_under_slo"] is None and len(result["steps"]) == 1

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +31,23 @@ MIB = float(1 << 20)
 
 
 @pytest.fixture(scope="module")
-def cut_server(start_server_module):
-    """One server for the runs that leave it serving (a start costs seconds)."""
-    return start_server_module("--models", "mlp", "--torch-threads", "1")
+def servers(start_server_module):
+    """One server for the runs that leave it serving (a start costs seconds), and one for the run
+    that kills its target, started at once: their start-ups overlap."""
+    with ThreadPoolExecutor(2) as pool:
+        started = [pool.submit(start_server_module, "--models", "mlp", "--torch-threads", "1") for _ in range(2)]
+        return [f.result() for f in started]
+
+
+@pytest.fixture(scope="module")
+def cut_server(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def doomed_server(servers):
+    """Killed by the one test that uses it."""
+    return servers[1]
 
 
 def _metrics(server) -> str:
@@ -169,21 +184,45 @@ def test_a_worker_dying_in_the_soak_keeps_what_the_others_measured(cut_server, t
     assert "the run failed" in err
 
 
-def test_a_target_dying_in_the_soak_keeps_the_part_before(start_server, tmp_path):
-    """The server's death does not end the soak (its requests fail: UNAVAILABLE), so the run
-    is whole: the windows before the death hold its answers, and RSS samples its memory."""
-    server = start_server("--models", "mlp", "--torch-threads", "1")
-    metrics, out = _metrics(server), tmp_path / "soak.json"
+def _target_dying(server, out: Path) -> tuple[int, str]:
+    """A soak of `server` that kills it once it has answered 60 of the soak's requests."""
+    metrics = _metrics(server)
     base = _served(metrics)
-    proc = _soak(server, out, "--soak", "5s", "--workers", "1")
+    # The kill comes about 1.2 s in (60 answers at 50 QPS): the last of the 7 windows begins 1.8 s later.
+    proc = _soak(server, out, "--soak", "3.5s", "--workers", "1")
     _until_served(proc, metrics, 60, base)
     server.proc.kill()
     server.proc.wait()
     _, err = _finish(proc)
-    assert proc.returncode == 0, err[-3000:]
+    return proc.returncode, err
+
+
+DYING = "test_a_target_dying_in_the_soak_keeps_the_part_before"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def target_dying(request, tmp_path_factory):
+    """That soak, run in the background as the module starts, if its test is selected: it is its
+    own server's only client, and mostly waits (paced sends), so it overlaps with the other runs."""
+    if not any(
+        getattr(item, "module", None) is request.module and item.originalname == DYING for item in request.session.items
+    ):
+        yield None
+        return
+    server, out = request.getfixturevalue("doomed_server"), tmp_path_factory.mktemp("dying") / "soak.json"
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(_target_dying, server, out), out
+
+
+def test_a_target_dying_in_the_soak_keeps_the_part_before(target_dying):
+    """The server's death does not end the soak (its requests fail: UNAVAILABLE), so the run
+    is whole: the windows before the death hold its answers, and RSS samples its memory."""
+    run, out = target_dying
+    status, err = run.result(timeout=100)
+    assert status == 0, err[-3000:]
     result = json.loads(out.read_text())
     soak = result["soak"]
-    assert result["interrupted"] is None and soak["cut"] is None and len(soak["windows"]) == 10
+    assert result["interrupted"] is None and soak["cut"] is None and len(soak["windows"]) == 7
     windows = soak["windows"]
     assert windows[0]["ok"] == windows[0]["sent"] > 0 and windows[0]["rss_mib"] > 50
     assert windows[-1]["ok"] == 0 and windows[-1]["sent"] > 0 and windows[-1]["rss_mib"] is None

@@ -93,10 +93,19 @@ async def test_the_retry_budget_stops_retries_of_a_failing_fleet(stub):
     # is allowed only while tokens > 50. Calls 1-10 make 5 attempts each (100 -> 50), and
     # from then on every call makes one: 100 calls reach the server 10 * 5 + 90 = 140 times.
     assert RETRY_THROTTLING == {"maxTokens": 100, "tokenRatio": 0.1}
+
+    # The first 10 calls run at once, so their retries' backoffs (up to 0.75 s a call) overlap: the
+    # count is the same, as each of the first 49 failures leaves more than 50 tokens, so every one
+    # of the 10 calls makes its 5 attempts whatever the order, and the 50th failure is the last of them;
+    # below 50 tokens no call is retried, whatever the order of the other 90.
+    async def fail() -> None:
+        with pytest.raises(InferError):
+            await client.infer("m", INPUTS, timeout=10)
+
     async with stub("a", fail_first=1 << 30) as a, AsyncClient(a.target) as client:
-        for _ in range(100):
-            with pytest.raises(InferError):
-                await client.infer("m", INPUTS, timeout=10)
+        await asyncio.gather(*(fail() for _ in range(10)))
+        assert a.calls == 50
+        await asyncio.gather(*(fail() for _ in range(90)))
         assert a.calls == 140
 
 
@@ -181,42 +190,77 @@ async def test_max_connection_age_closes_connections_and_calls_go_on():
         await server.stop(grace=2)
 
 
-def test_a_call_held_by_a_stopped_server_fails_unavailable_long_before_its_deadline(tmp_path):
+HELD = "test_a_call_held_by_a_stopped_server_fails_unavailable_long_before_its_deadline"
+# The client's side of that test, in a process of its own so that it can run while the module's
+# other tests do: almost all of its time is waiting for keepalive.
+HELD_CALL = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    import numpy as np
+    from wok.clients import Client, InferError
+    pid, target = int(sys.argv[1]), sys.argv[2]
+    with Client(target) as client:
+        client.wait_ready(timeout=30)
+        x = {"INPUT0": np.zeros((1, 256), np.float32)}
+        client.infer("mlp", x, timeout=10)
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            client.infer("mlp", x, timeout=40)
+            code, error = "OK", None
+        except InferError as exc:
+            code, error = exc.code.name, str(exc)
+        took = time.monotonic() - t0
+    print(json.dumps({"code": code, "error": error, "took": took}))
+    """
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def held_call(request):
+    """Starts the held call as the module starts, if its test is selected (see HELD_CALL)."""
+    if not any(
+        getattr(item, "module", None) is request.module and item.originalname == HELD for item in request.session.items
+    ):
+        yield None
+        return
+    import os
+    import signal
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bare = Path(__file__).resolve().parents[2] / "bench" / "peers" / "bare_server.py"
+    server = subprocess.Popen([sys.executable, str(bare), str(port)], stderr=subprocess.DEVNULL)
+    client = subprocess.Popen(
+        [sys.executable, "-c", HELD_CALL, str(server.pid), f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield client
+    finally:
+        if client.poll() is None:
+            client.kill()
+        client.communicate()
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()
+        server.wait()
+
+
+def test_a_call_held_by_a_stopped_server_fails_unavailable_long_before_its_deadline(held_call):
     """A server that hangs with its connection open (SIGSTOP: the kernel still accepts connections,
     nothing answers): keepalive's unanswered ping closes the connection after
     `grpc.http2.ping_timeout_ms`, and the retries' new connections time out after
     `grpc.min_reconnect_backoff_ms`, so the call ends UNAVAILABLE in about 11 s (5 + 5 and the
     retries' backoff). It used to wait out its 40 s deadline: gRPC core no longer closes on
     `keepalive_timeout_ms` alone."""
-    import os
-    import signal
-    import socket
-    import subprocess
-    import time
-    from pathlib import Path
-
-    import numpy as np
-
-    from wok.clients import Client
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    bare = Path(__file__).resolve().parents[2] / "bench" / "peers" / "bare_server.py"
-    proc = subprocess.Popen([sys.executable, str(bare), str(port)], stderr=subprocess.DEVNULL)
-    try:
-        with Client(f"127.0.0.1:{port}") as client:
-            client.wait_ready(timeout=30)
-            x = {"INPUT0": np.zeros((1, 256), np.float32)}
-            client.infer("mlp", x, timeout=10)
-            os.kill(proc.pid, signal.SIGSTOP)
-            t0 = time.monotonic()
-            with pytest.raises(InferError) as info:
-                client.infer("mlp", x, timeout=40)
-            took = time.monotonic() - t0
-        assert info.value.code == CODE.UNAVAILABLE, info.value
-        assert took < 25, f"{took:.1f} s"
-    finally:
-        os.kill(proc.pid, signal.SIGCONT)
-        proc.kill()
-        proc.wait()
+    out, err = held_call.communicate(timeout=55)
+    assert held_call.returncode == 0, err[-3000:]
+    result = json.loads(out)
+    assert result["code"] == "UNAVAILABLE", result["error"]
+    assert result["took"] < 25, f"{result['took']:.1f} s"

@@ -4,7 +4,8 @@ a short ramp; with retries no request is lost, and the report shows the dip (rep
 (SIGSTOP) behind gRPC's round_robin, whose calls wait for it, and behind wok's balancer, whose
 hedges answer them elsewhere while the paused replica is ejected.
 
-Runs `wok bench ramp --replicas N --fault ...` as a user would, about 25 s each.
+Runs `wok bench ramp --replicas N --fault ...` as a user would: the three ramps at once (`ramps`),
+about 25 s in all.
 """
 
 from __future__ import annotations
@@ -12,23 +13,67 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.timeout(180)
+SERVE = ["--serve-args", "--models mlp --torch-threads 1"]
+# Planned ramp time: 2 × (1 s + 4 s) = 10 s; the kill lands 2.5 s in, in step 1's measured part,
+# and the restart 1 s later leaves the restarted replica's start-up (~3 s) room before the end.
+KILL = ["--replicas", "3", *SERVE, "--steps", "100,200", "--step-duration", "4s", "--warmup", "1s"]
+KILL += ["--fault", "kill:replica=1,at=25%,restart=35%"]
 
 
-def test_a_replica_killed_mid_step_loses_no_request(tmp_path):
-    out = tmp_path / "ramp.json"
-    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "3"]
-    cmd += ["--serve-args", "--models mlp --torch-threads 1", "--steps", "100,200", "--step-duration", "4s"]
-    cmd += ["--warmup", "1s", "--workers", "1", "--slo-p99", "1s", "--json", str(out)]
-    # Planned ramp time: 2 × (1 s + 4 s) = 10 s; the kill lands 2.5 s in, in step 1's measured part,
-    # and the restart 1 s later leaves the restarted replica's start-up (~3 s) room before the end.
-    cmd += ["--fault", "kill:replica=1,at=25%,restart=35%"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+def paused(balancer: str, resume: str, step: str) -> list[str]:
+    """Two replicas at 50 QPS for `step` (+1 s warm-up), replica 1 paused from 2 s to `resume`."""
+    args = ["--replicas", "2", "--balancer", balancer, *SERVE, "--steps", "50", "--step-duration", step]
+    return [*args, "--warmup", "1s", "--fault", f"pause:replica=1,at=2s,resume={resume}"]
+
+
+RAMPS = {
+    "test_a_replica_killed_mid_step_loses_no_request": ("kill", KILL),
+    # 2 s of the ramp after the resume.
+    "test_a_paused_replica_holds_its_calls_until_resumed": ("grpc", paused("grpc", resume="4s", step="5s")),
+    "test_the_wok_balancer_answers_a_paused_replicas_calls_elsewhere": ("wok", paused("wok", resume="6s", step="7s")),
+}
+
+
+@pytest.fixture(scope="module")
+def ramps(request, tmp_path_factory):
+    """The ramps of this module's selected tests, all started at once: most of each one's time is
+    waiting (replicas starting, planned steps), and each bench paces its sends and schedules its
+    faults on its own clock, so they overlap without changing what each one measures."""
+    selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
+    started: dict[str, tuple[subprocess.Popen, Path]] = {}
+    try:
+        for test, (name, args) in RAMPS.items():
+            if test not in selected:
+                continue
+            d = tmp_path_factory.mktemp(name)
+            cmd = [sys.executable, "-m", "wok", "bench", "ramp", *args, "--workers", "1", "--slo-p99", "1s"]
+            cmd += ["--json", str(d / "ramp.json")]
+            # Files, not pipes: a ramp not yet waited on must not block on a full pipe.
+            with open(d / "stdout", "w") as out, open(d / "stderr", "w") as err:
+                started[name] = (subprocess.Popen(cmd, stdout=out, stderr=err, text=True), d)
+        yield started
+    finally:
+        for proc, _ in started.values():
+            if proc.poll() is None:
+                proc.kill()  # its replicas die with it (PR_SET_PDEATHSIG)
+                proc.wait()
+
+
+def finished(ramps: dict, name: str) -> tuple[dict, str]:
+    """The ramp's result and its stdout, once it has ended with status 0."""
+    proc, d = ramps[name]
+    rc = proc.wait(timeout=150)
+    assert rc == 0, (d / "stderr").read_text()[-3000:]
+    return json.loads((d / "ramp.json").read_text()), (d / "stdout").read_text()
+
+
+def test_a_replica_killed_mid_step_loses_no_request(ramps):
+    result, stdout = finished(ramps, "kill")
     faults = result["faults"]
     assert faults["schema"] == "wok.faults/1" and faults["retries"] is True
 
@@ -66,28 +111,20 @@ def test_a_replica_killed_mid_step_loses_no_request(tmp_path):
     tl = faults["timeline"]
     assert all(g is not False for ts, g in zip(tl["t_s"], tl["good"]) if ts >= recovered)
     assert kill["breached_slo"] == (kill["recovery_s"] > 0)
-    assert "faults (SLO P99 1000 ms)" in proc.stdout and "timeline" in proc.stdout
+    assert "faults (SLO P99 1000 ms)" in stdout and "timeline" in stdout
 
 
-def paused_ramp(tmp_path, balancer: str, resume: str, step: str) -> dict:
-    """Two replicas at 50 QPS for `step` (+1 s warm-up), replica 1 paused from 2 s to `resume`."""
-    out = tmp_path / "ramp.json"
-    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "2", "--balancer", balancer]
-    cmd += ["--serve-args", "--models mlp --torch-threads 1", "--steps", "50", "--step-duration", step]
-    cmd += ["--warmup", "1s", "--workers", "1", "--slo-p99", "1s", "--json", str(out)]
-    cmd += ["--fault", f"pause:replica=1,at=2s,resume={resume}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+def paused_ramp(ramps: dict, balancer: str) -> dict:
+    result, _ = finished(ramps, balancer)
     assert result["config"]["balancer"] == result["faults"]["balancer"] == balancer
     return result
 
 
-def test_a_paused_replica_holds_its_calls_until_resumed(tmp_path):
+def test_a_paused_replica_holds_its_calls_until_resumed(ramps):
     """gRPC's round_robin. SIGSTOP for 2 s, shorter than keepalive's 10 + 5 s: the calls round robin
     sent to the paused replica wait for SIGCONT and are answered then; nothing is lost, and P99
     during the pause shows the wait."""
-    result = paused_ramp(tmp_path, "grpc", resume="4s", step="5s")  # 2 s of the ramp after the resume
+    result = paused_ramp(ramps, "grpc")
     assert result["balancer"] is None
     faults = result["faults"]
     assert [(e["action"], e["replica"]) for e in faults["events"]] == [("pause", 1), ("resume", 1)]
@@ -101,11 +138,11 @@ def test_a_paused_replica_holds_its_calls_until_resumed(tmp_path):
     assert [u for i, u in enumerate(up) if i == 0 or u != up[i - 1]] == [2, 1, 2]
 
 
-def test_the_wok_balancer_answers_a_paused_replicas_calls_elsewhere(tmp_path):
+def test_the_wok_balancer_answers_a_paused_replicas_calls_elsewhere(ramps):
     """wok's balancer. SIGSTOP for 4 s: the calls that reach the paused replica are hedged to the
     other one after hedge_after (auto: at most ~100 ms here), the paused replica is ejected after 5
     such calls, nothing is lost, and P99 during the pause stays far below the pause."""
-    result = paused_ramp(tmp_path, "wok", resume="6s", step="7s")
+    result = paused_ramp(ramps, "wok")
     faults, bal = result["faults"], result["balancer"]
     (pause,) = faults["faults"]
     assert faults["requests"]["lost"] == 0 and faults["requests"]["ok"] == faults["requests"]["sent"]
@@ -128,7 +165,7 @@ def test_ctrl_c_mid_step_ends_at_once_with_the_replica_paused(tmp_path):
 
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "1", "--workers", "1"]
     cmd += ["--serve-args", "--models mlp --torch-threads 1", "--steps", "50", "--step-duration", "60s"]
-    cmd += ["--warmup", "0s", "--fault", "pause:replica=0,at=1s", "--json", str(tmp_path / "r.json")]
+    cmd += ["--warmup", "0s", "--fault", "pause:replica=0,at=0.3s", "--json", str(tmp_path / "r.json")]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     lines = []
     for line in proc.stderr:  # "replicas serving on ADDR", then the pause
