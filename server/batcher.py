@@ -403,7 +403,10 @@ class Batcher:
         if self._queued == 0 and self._inflight == 0:
             return True
         ahead = sum(n for lvl, n in self._level_samples.items() if lvl <= level)
-        finish = slo.finish_estimate(key, [self._free_time(i, now) for i in range(len(self._busy))], ahead, rows)
+        free = [self._free_time(i, now) for i in range(len(self._busy))]
+        # A backlog flushes "size" batches of the flush size (the largest preferred size): `_form`
+        # caps them there, so the queue ahead is costed in batches of that size, not the maximum.
+        finish = slo.finish_estimate(key, free, ahead, rows, self.policy.flush_size)
         if finish > deadline:
             miss = finish - deadline
             raise DeadlineUnmeetable(

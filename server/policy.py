@@ -354,19 +354,32 @@ class SloPolicy:
         return now + self.rate_tau_s * math.log(target / n)
 
     # -- admission ----------------------------------------------------------------------------
-    def finish_estimate(self, key: Hashable, free: float | Sequence[float], ahead: int, rows: int) -> float:
+    def finish_estimate(
+        self, key: Hashable, free: float | Sequence[float], ahead: int, rows: int, size: int | None = None
+    ) -> float:
         """Predicted finish of a request of `rows` behind `ahead` samples, the instances free at `free`.
 
         `free`: when each instance is predicted free (each ≥ now); one time: every instance then.
-        The queue ahead is packed into full batches, each run on the instance free first; the
-        request's own batch (the remainder and itself) then runs on the instance free first.
+        `size`: the batches a backlog is formed into, the batcher's flush size (the largest
+        preferred batch size, else max_batch_size); None: max_batch_size. The queue ahead is
+        packed into batches of `size`, each run on the instance free first; the request's own
+        batch then runs on the instance free first. A request is never split: if it does not fit
+        beside the last, partial batch ahead (or is over `size`, as after the admin API lowered
+        the maximum: it then runs alone), that batch runs without it and its own batch is itself.
         """
-        m = self.max_batch_size
-        total = ahead + rows
-        full = (total - 1) // m
-        own = total - full * m
+        size = max(1, min(self.max_batch_size if size is None else size, self.max_batch_size))
         times = [free] * self.instances if isinstance(free, (int, float)) else free
-        start = nth_start(times, full, self.times.predict(key, m))
+        step = self.times.predict(key, size)
+        full, part = divmod(ahead, size)
+        start = nth_start(times, full, step)
+        if part + rows <= size:
+            own = part + rows
+        else:
+            own = rows
+            if part:
+                # The partial batch starts where a full one would; its instance is free after
+                # T(part), the others as if every batch were full (T is non-decreasing in n).
+                start = min(nth_start(times, full + 1, step), start + self.times.predict(key, part))
         return start + self.times.predict(key, own) + self.margin
 
     def observe_batch(self, key: Hashable, n: int, seconds: float) -> None:
