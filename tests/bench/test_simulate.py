@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -13,7 +17,7 @@ def test_md1_mean_wait_matches_pollaczek_khinchine():
     # λ = 500/s, ρ = λD = 0.5 and the mean wait is Wq = ρD / (2(1 − ρ)) = 0.5 ms.
     rng = np.random.default_rng(1)
     lam, d = 500.0, 1e-3
-    arrivals = np.cumsum(rng.exponential(1 / lam, 400_000))
+    arrivals = np.cumsum(rng.exponential(1 / lam, 100_000))
     run = simulate(arrivals, BatcherModel(alpha_s=d, beta_s=0.0, max_batch_size=1, max_queue_delay_s=0.0))
     wait = run.done - arrivals - d
     rho = lam * d
@@ -76,20 +80,28 @@ def test_a_simulated_ramp_writes_the_bench_schema_with_utilization():
     assert result["steps"][3]["achieved_qps"] == pytest.approx(1000, rel=0.02)
 
 
-def test_the_cli_prints_the_table_and_writes_the_schema(tmp_path):
-    import json
-    import subprocess
-    import sys
-
-    out = tmp_path / "sim.json"
+@pytest.fixture(scope="module", autouse=True)
+def cli_run(tmp_path_factory):
+    # `python -m wok simulate` spends a second or more importing: started as the module begins, it
+    # runs beside the in-process tests.
+    out = tmp_path_factory.mktemp("cli") / "sim.json"
     cmd = [
         sys.executable, "-m", "wok", "simulate", "--alpha", "0ms", "--beta", "1ms", "--max-batch-size", "1",
         "--max-queue-delay", "0ms", "--arrival", "poisson", "--steps", "300,600,900", "--step-duration", "60s",
         "--json", str(out),
     ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "utilization per step: 300 QPS 30%" in done.stdout
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield proc, out
+    if proc.returncode is None:
+        proc.kill()
+        proc.communicate()
+
+
+def test_the_cli_prints_the_table_and_writes_the_schema(cli_run):
+    proc, out = cli_run
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert "utilization per step: 300 QPS 30%" in stdout
     result = json.loads(out.read_text())
     assert [s["nominal_qps"] for s in result["steps"]] == [300, 600, 900]
     assert all("utilization" in s for s in result["steps"])
@@ -133,11 +145,11 @@ def test_server_side_figures_cover_the_measured_window_only(tmp_path):
 def test_utilization_is_the_windows_offer_times_beta_when_the_warm_up_differs():
     # A sawtooth from 0.5x to 1.5x over 10 s: the warm-up [0, 5) offers 0.75x on average, the
     # window [5, 10) 1.25x. Batches of one, T = β: the instance is busy λ·β of the window's time
-    # with λ the window's rate, 25,000/s · 20 µs = 0.5 (the 10 s mean would give 0.4).
-    model = BatcherModel(alpha_s=0.0, beta_s=20e-6, max_batch_size=1, max_queue_delay_s=0.0)
+    # with λ the window's rate, 2,500/s · 200 µs = 0.5 (the 10 s mean would give 0.4).
+    model = BatcherModel(alpha_s=0.0, beta_s=200e-6, max_batch_size=1, max_queue_delay_s=0.0)
     arrival = "sawtooth:low=0.5x,high=1.5x,period=10s"
-    cfg = SimConfig(model=model, steps=[20_000], step_duration_s=5.0, warmup_s=5.0, arrival=arrival)
+    cfg = SimConfig(model=model, steps=[2_000], step_duration_s=5.0, warmup_s=5.0, arrival=arrival)
     step = simulate_ramp(cfg)["steps"][0]
-    assert step["offered_qps"] == pytest.approx(25_000)
+    assert step["offered_qps"] == pytest.approx(2_500)
     assert step["utilization"] == pytest.approx(0.5, rel=0.01)
-    assert step["utilization"] == pytest.approx(step["achieved_qps"] * 20e-6, rel=1e-3)
+    assert step["utilization"] == pytest.approx(step["achieved_qps"] * 200e-6, rel=1e-3)

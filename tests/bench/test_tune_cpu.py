@@ -250,8 +250,10 @@ def test_wok_tune_draws_the_overhead_at_each_rate_from_a_calibration_that_measur
     assert result["inputs"]["overhead_by_rate_loads"] == [1000.0, 2000.0] and result["inputs"]["overhead"] is None
     # At rate q in (1,000, 2,000) every request carries 30·(q − 1,000)/1,000 ms: ≤ ~19 ms below 1,630 QPS.
     assert 1000 < result["chosen"]["max_qps"] < 1667, result["chosen"]
-    # An overhead given on the command line wins over the calibration's.
-    status, _, stderr = wok_cli(*args, "--cpu-calibration", str(path), "--overhead", "1ms", "--json", str(out))
+    # An overhead given on the command line wins over the calibration's. That is settled before
+    # the search, so one bisection step (the last --iterations given counts) shows it.
+    overridden = (*args, "--iterations", "1", "--cpu-calibration", str(path), "--overhead", "1ms")
+    status, _, stderr = wok_cli(*overridden, "--json", str(out))
     assert status == 0, stderr
     assert json.loads(out.read_text())["inputs"]["overhead_by_rate_loads"] is None
 

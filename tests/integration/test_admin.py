@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import re
 import urllib.error
@@ -311,18 +312,30 @@ async def test_without_admin_the_admin_paths_are_404(serve):
         assert "wok_injected_faults" not in (await ahttp(base + "/metrics"))[1]
 
 
-def test_wok_serve_admin_flag(start_server):
-    sp = start_server("--admin", "--models", "mlp")
+@pytest.fixture(scope="module", autouse=True)
+def _flagged_start(start_server_module):
+    # One process for both flag tests (each looks only at what its own flags change), started as
+    # the module begins: its seconds of imports run beside the in-process tests.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        yield pool.submit(start_server_module, "--admin", "--models", "mlp", "--accept-tasks", "0", "--wakeup-drain")
+
+
+@pytest.fixture(scope="module")
+def flagged_server(_flagged_start):
+    sp = _flagged_start.result()
+    yield sp
+    assert sp.terminate() == 0, "\n".join(sp.log[-30:])
+
+
+def test_wok_serve_admin_flag(flagged_server):
+    sp = flagged_server
     base = next(m.group(1) for line in sp.log if (m := METRICS_LINE.search(line)))
     assert http(base + "/admin/faults") == (200, {"faults": []})
     status, state = http(base + "/admin/faults", {"model": "mlp", "mode": "fail"})
     assert status == 200 and state["faults"][0]["mode"] == "fail"
-    assert sp.terminate() == 0
 
 
-def test_wok_serve_accept_and_wakeup_flags(server_process, start_server):
+def test_wok_serve_accept_and_wakeup_flags(server_process, flagged_server):
     line = "unary accept: grpc.aio's chain and {} more task(s); gRPC wake-up drain {}"
     assert any(line.format(4, "off") in entry for entry in server_process.log)  # the defaults
-    sp = start_server("--models", "mlp", "--accept-tasks", "0", "--wakeup-drain")
-    assert any(line.format(0, "on") in entry for entry in sp.log), sp.log
-    assert sp.terminate() == 0
+    assert any(line.format(0, "on") in entry for entry in flagged_server.log), flagged_server.log

@@ -61,8 +61,8 @@ async def test_a_burst_over_max_queue_size_is_rejected_at_once_and_the_rest_succ
 
 
 def test_sigterm_mid_burst_answers_every_accepted_request_and_exits_0(slow_repository, start_server):
-    # 40 ms per batch of 4: 64 requests need about 0.64 s, so most are queued at the signal.
-    repo = slow_repository(sleep_ms=40, max_batch_size=4, delay_ms=1)
+    # 20 ms per batch of 4: 64 requests need about 0.32 s, so most are queued at the signal.
+    repo = slow_repository(sleep_ms=20, max_batch_size=4, delay_ms=1)
     sp = start_server("--model-repository", str(repo), "--grace-period", "20")
     try:
         results, refused, elapsed = asyncio.run(_burst_then_sigterm(sp))
@@ -83,7 +83,7 @@ async def _burst_then_sigterm(sp):
     async with grpc.aio.insecure_channel(sp.target) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         calls = [asyncio.ensure_future(stub.ModelInfer(request(i))) for i in range(64)]
-        # All 64 are on the wire at once; two finished batches (>= 80 ms later) mean the
+        # All 64 are on the wire at once; two finished batches (>= 40 ms later) mean the
         # server has long since taken the rest into its queue.
         while True:
             s = (await stub.ModelStatistics(pb.ModelStatisticsRequest(name="slow"))).model_stats[0]

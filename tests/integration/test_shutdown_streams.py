@@ -96,12 +96,13 @@ async def test_streams_open_when_the_grace_period_runs_out_answer_every_request_
 
 
 async def test_streams_that_go_on_writing_through_the_drain_get_an_answer_to_every_request_read(serve, slow_repository):
-    # 30 ms per batch: the drain ends well within the grace period, while each client keeps
+    # 10 ms per batch: the drain ends well within the grace period, while each client keeps
     # writing a request every 2 ms. Each request sent before the stop has exactly one answer;
     # of those sent after it, those the server read are answered (refused), the rest are left
-    # to the stream's end.
+    # to the stream's end. The queue at the stop is what 4 streams wrote while 4 batches ran,
+    # so the drain's length grows with the square of the batch time.
     found = _never_retrieved(asyncio.get_running_loop())
-    repo = slow_repository(sleep_ms=30, max_batch_size=4, delay_ms=1)
+    repo = slow_repository(sleep_ms=10, max_batch_size=4, delay_ms=1)
     async with serve(repository=repo) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
@@ -133,9 +134,9 @@ async def test_streams_that_go_on_writing_through_the_drain_get_an_answer_to_eve
 
 
 async def test_unary_calls_in_a_batch_still_running_past_the_grace_period_get_wok_s_unavailable(serve, slow_repository):
-    # 600 ms per batch of 4: of ten calls one batch runs, a full one waits at the worker, two are
-    # queued when a 0.2 s grace period runs out.
-    repo = slow_repository(sleep_ms=600, max_batch_size=4, delay_ms=60_000)
+    # 300 ms per batch of 4: of ten calls one batch runs, a full one waits at the worker, two are
+    # queued when a 0.1 s grace period runs out.
+    repo = slow_repository(sleep_ms=300, max_batch_size=4, delay_ms=60_000)
     async with serve(repository=repo) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
@@ -147,7 +148,7 @@ async def test_unary_calls_in_a_batch_still_running_past_the_grace_period_get_wo
                     await asyncio.sleep(0.005)
 
             await asyncio.wait_for(settled(), 10)
-            await server.stop(grace=0.2)
+            await server.stop(grace=0.1)
             results = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(r, grpc.aio.AioRpcError) for r in results), results
     got = collections.Counter((r.code(), r.details()) for r in results)

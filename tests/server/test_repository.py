@@ -602,50 +602,58 @@ def test_get_unknown_model_and_version(tmp_path):
     assert str(info.value) == "model 'alpha' has no version '2'; available: 1"
 
 
-def test_python_m_wok_does_not_import_factory_modules_from_the_working_directory(tmp_path):
-    # `python -m` puts the working directory first on sys.path; a stray helper.py there must not
-    # become a model's code (only the model folder's own files and installed modules may).
+@pytest.fixture(scope="module", autouse=True)
+def failed_starts(tmp_path_factory):
+    """The module's `wok serve` runs that must fail at start, all started as the module begins
+    (each spends seconds importing torch, beside the in-process tests, and none depends on another):
+    name -> (process, its paths)."""
     import subprocess
     import sys
 
-    work = tmp_path / "work"
+    runs = {}
+    # `python -m` puts the working directory first on sys.path; a stray helper.py there must not
+    # become a model's code (only the model folder's own files and installed modules may).
+    root = tmp_path_factory.mktemp("stray")
+    work = root / "work"
     work.mkdir()
-    marker = tmp_path / "IMPORTED"
+    marker = root / "IMPORTED"
     (work / "wok_stray_helper.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef build():\n    pass\n")
-    model_dir(tmp_path / "repo", "m", "python", extra='factory = "wok_stray_helper:build"')
-    proc = subprocess.run(
-        [sys.executable, "-m", "wok", "serve", "--model-repository", str(tmp_path / "repo"), "--port", "0"],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    model_dir(root / "repo", "m", "python", extra='factory = "wok_stray_helper:build"')
+    argv = [sys.executable, "-m", "wok", "serve", "--model-repository", str(root / "repo"), "--port", "0"]
+    runs["stray"] = (
+        subprocess.Popen(argv, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
+        marker,
     )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "model 'm': cannot import factory module 'wok_stray_helper': No module named 'wok_stray_helper'" in (
-        proc.stderr
-    )
+    root = tmp_path_factory.mktemp("warmup")
+    d = model_dir(root, "m", "python", extra='factory = "torch.nn:Identity"')  # [4] in, [3] declared out
+    argv = [
+        sys.executable, "-m", "wok", "serve", "--model-repository", str(root),
+        "--port", "0", "--metrics-port", "-1", "--log-level", "WARNING",
+    ]  # fmt: skip
+    runs["warmup"] = (subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), d)
+    yield runs
+    for proc, _ in runs.values():
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_python_m_wok_does_not_import_factory_modules_from_the_working_directory(failed_starts):
+    proc, marker = failed_starts["stray"]
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2, stderr[-2000:]
+    assert "model 'm': cannot import factory module 'wok_stray_helper': No module named 'wok_stray_helper'" in stderr
     assert not marker.exists()
 
 
-def test_a_model_that_fails_its_warm_up_makes_wok_serve_exit_2_as_a_config_error(tmp_path):
+def test_a_model_that_fails_its_warm_up_makes_wok_serve_exit_2_as_a_config_error(failed_starts):
     # The warm-up's message names the model's config file: the config (or the model) must change,
     # as for every other config error; exit 1 is for a start that failed otherwise (a port taken).
-    import subprocess
-    import sys
-
-    d = model_dir(tmp_path, "m", "python", extra='factory = "torch.nn:Identity"')  # [4] in, [3] declared out
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "wok", "serve", "--model-repository", str(tmp_path),
-            "--port", "0", "--metrics-port", "-1", "--log-level", "WARNING",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.splitlines()
-    assert not [line for line in lines if line.startswith("Traceback")], proc.stderr[-2000:]
+    proc, d = failed_starts["warmup"]
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2, stderr[-2000:]
+    lines = stderr.splitlines()
+    assert not [line for line in lines if line.startswith("Traceback")], stderr[-2000:]
     assert lines[-1:] == [
         "wok: model 'm' failed: ModelExecutionError: model 'm' output 'OUTPUT0' has shape [1, 4]; its config "
         "declares [1, 3] (1 rows; -1 = any size); in the start-up warm-up, on a batch of zeros with input shapes "

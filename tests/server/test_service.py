@@ -69,10 +69,10 @@ async def test_stop_turns_health_not_serving_refuses_new_calls_and_finishes_acce
 
 
 async def test_a_grace_period_that_runs_out_logs_what_each_model_still_held(serve, slow_repository, caplog):
-    # 600 ms per batch of 4 and a window of a minute; ten requests: one batch runs, a full one
-    # waits at the worker (a busy instance's spare slot), two stay queued as a 0.2 s grace runs out.
+    # 300 ms per batch of 4 and a window of a minute; ten requests: one batch runs, a full one
+    # waits at the worker (a busy instance's spare slot), two stay queued as a 0.1 s grace runs out.
     # Every call gets UNAVAILABLE; the batch still waiting at the worker is cancelled, not run.
-    repo = slow_repository(sleep_ms=600, max_batch_size=4, delay_ms=60_000)
+    repo = slow_repository(sleep_ms=300, max_batch_size=4, delay_ms=60_000)
     async with serve(repository=repo) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
@@ -86,7 +86,7 @@ async def test_a_grace_period_that_runs_out_logs_what_each_model_still_held(serv
 
             await asyncio.wait_for(settled(), 10)
             with caplog.at_level("WARNING", logger="wok"):
-                await server.stop(grace=0.2)
+                await server.stop(grace=0.1)
             results = await asyncio.gather(*calls, return_exceptions=True)
     assert "grace period over: model 'slow': 2 request(s) queued, 2 batch(es) running" in caplog.text, caplog.text
     # The running batch ended; the one waiting at the worker, whose callers had their answer, never ran.
