@@ -9,7 +9,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 # Made with their parents if missing; every other output is a file whose folder must exist.
@@ -114,9 +114,16 @@ def keep_elsewhere(text: str, failed: WriteFailed) -> str:
     than lose the minutes measured. The line that says so, or why even that could not be done."""
     try:
         fd, name = tempfile.mkstemp(prefix="wok-bench-", suffix=".json")
-        with open(fd, "w", encoding="utf-8") as f:
+    except OSError as exc:
+        return f"{failed}; nor could the result be kept in a temporary file: {exc}"
+    try:
+        # A lone surrogate (undecodable bytes of a command-line value) has no UTF-8: written as its
+        # backslash escape, which inside a JSON string is JSON's own, rather than lose the result.
+        with open(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
             f.write(text)
-    except (OSError, ValueError) as exc:  # ValueError: text that UTF-8 cannot encode (a lone surrogate)
+    except OSError as exc:  # a full disk: the file made is no copy of the result, only a stray
+        with suppress(OSError):
+            os.unlink(name)
         return f"{failed}; nor could the result be kept in a temporary file: {exc}"
     return f"{failed}; the result is kept in {name} instead"
 

@@ -62,8 +62,13 @@ def _plain(x: Any) -> Any:
 
 
 def to_json(result: dict) -> str:
-    """The JSON text of a result, keys in the order the schema builds them."""
-    return json.dumps(_plain(result), indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+    """The JSON text of a result, keys in the order the schema builds them. A lone surrogate (a
+    command-line value's undecodable bytes, by surrogateescape) is written as its JSON escape, which
+    reads back as the same str: as itself, no UTF-8 file could hold it, and --json failed."""
+    text = json.dumps(_plain(result), indent=2, allow_nan=False, ensure_ascii=False)
+    # Only surrogates fail to encode, and each one's backslash escape is JSON's \uXXXX for it
+    # (escapes appear only inside JSON strings, where the surrogate was).
+    return text.encode("utf-8", "backslashreplace").decode("utf-8") + "\n"
 
 
 def bench_header(schema: str, config: dict) -> dict:

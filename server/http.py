@@ -261,22 +261,27 @@ class MetricsHTTPServer:
         # request that lies within them (pipelined after an earlier one) arrived by then.
         seen, known = 0.0, 0
         while True:
-            # The task reads whole lines, so the buffer starts a line (or, once the head's first
-            # byte is read, the rest of the request line): the head has come when it holds an
-            # empty one.
-            self._waiting[writer] = lambda: _head_buffered(_buffered(reader))
+            # The task reads whole lines, so the buffer starts a line, before the request line
+            # perhaps empty ones (or, once the head's first byte is read, the rest of the request
+            # line): the head has come when it holds an empty one after a line that is not.
+            self._waiting[writer] = lambda: _head_buffered(_buffered(reader).lstrip(b"\r\n"))
             try:
                 # A scraper sends its request at once; an idle or trickling client must not hold
                 # a socket (and its file descriptor) forever. A kept-alive connection may wait
                 # IDLE_TIMEOUT_S for its next request, but once that begins, its head has the
                 # HEADER_TIMEOUT_S a new connection's has: under the idle timeout alone, a client
-                # trickling a head held its slot for two minutes a request.
+                # trickling a head held its slot for two minutes a request. The empty lines a
+                # client may send before it (a CRLF after a POST's body) do not begin it: timed
+                # from them, the connection was closed HEADER_TIMEOUT_S after its last request.
                 began = time.monotonic()
-                start = await asyncio.wait_for(reader.readexactly(1), HEADER_TIMEOUT_S if first else IDLE_TIMEOUT_S)
+                start, skipped = await _request_start(reader, began + (HEADER_TIMEOUT_S if first else IDLE_TIMEOUT_S))
                 if not first:
                     began = time.monotonic()
+                if writer in self._waiting:  # not closed to make room meanwhile
+                    self._waiting[writer] = lambda: _head_buffered(_buffered(reader))
                 left = began + HEADER_TIMEOUT_S - time.monotonic()
                 lines, size = await asyncio.wait_for(_read_head(reader, start), left)
+                size += skipped
             except asyncio.LimitOverrunError:
                 error = f"request headers over {MAX_HEADER_BYTES} bytes\n".encode()
                 await self._respond(writer, 431, error, "text/plain", close=True)
@@ -582,6 +587,22 @@ async def _read_head(reader: asyncio.StreamReader, start: bytes = b"") -> tuple[
                 raise BadRequest(f"request line: expected one within {MAX_EMPTY_LINES} empty lines, got more")
             continue
         lines.append(line)
+
+
+async def _request_start(reader: asyncio.StreamReader, deadline: float) -> tuple[bytes, int]:
+    """A request's first bytes, read by `deadline` (time.monotonic()), past the empty lines (CRLF)
+    before it, and the size of those. Up to MAX_EMPTY_LINES are skipped, as `_read_head` does; a
+    bare LF or CR is returned as the start, for `_read_head` to refuse."""
+    skipped = 0
+    while True:
+        start = await asyncio.wait_for(reader.readexactly(1), deadline - time.monotonic())
+        if start == b"\r":
+            start += await asyncio.wait_for(reader.readexactly(1), deadline - time.monotonic())
+        if start != b"\r\n":
+            return start, skipped
+        skipped += len(start)
+        if skipped > 2 * MAX_EMPTY_LINES:
+            raise BadRequest(f"request line: expected one within {MAX_EMPTY_LINES} empty lines, got more")
 
 
 def _head_buffered(buffered: bytes) -> bool:

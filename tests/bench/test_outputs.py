@@ -587,6 +587,54 @@ def test_a_result_its_own_serializer_refuses_is_kept_as_near_json_as_can_be(tmp_
     assert json.loads(kept.read_text()) == {"schema": "s/1", "odd": "{3}"}
 
 
+def test_a_result_holding_a_lone_surrogate_is_written_escaped(tmp_path, monkeypatch):
+    """A command-line value with undecodable bytes (surrogateescape, carried into the config by
+    vars(args)): --json failed on encoding it, leaving an empty file, and keep_elsewhere failed the
+    same, leaving an empty temporary file: the result lost."""
+    import json
+    import tempfile
+
+    from wok.bench import report
+    from wok.bench.outputs import WriteFailed, keep_elsewhere, write_final
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    label = b"run-\xff".decode("utf-8", "surrogateescape")
+    result = {"schema": "s/1", "config": {"label": label, "unit": "\u00b5s"}}
+    path = tmp_path / "r.json"
+    assert write_final(result, [("--json", path, report.write_json)]) is None
+    assert '"run-\\udcff"' in path.read_text(encoding="utf-8") and "\u00b5s" in path.read_text(encoding="utf-8")
+    assert json.loads(path.read_text(encoding="utf-8")) == result  # read back as the same str
+    assert not list(tmp_path.glob("wok-bench-*"))
+    # Text that holds one all the same (a caller's own), kept elsewhere: escaped, not lost.
+    failed = WriteFailed("--plot", tmp_path / "r.png", "--plot r.png: full")
+    line = keep_elsewhere(json.dumps(result, ensure_ascii=False), failed)
+    (kept,) = tmp_path.glob("wok-bench-*.json")
+    assert line == f"--plot r.png: full; the result is kept in {kept} instead"
+    assert json.loads(kept.read_text(encoding="utf-8")) == result
+
+
+def test_a_temporary_file_that_could_not_be_written_is_removed(tmp_path, monkeypatch):
+    """It was left behind, empty, beside the line saying the result could not be kept."""
+    import errno
+    import os
+    import tempfile
+
+    from wok.bench import outputs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def full_disk(fd, *args, **kwargs):
+        os.close(fd)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(outputs, "open", full_disk, raising=False)
+    line = outputs.keep_elsewhere("{}", outputs.WriteFailed("--json", tmp_path / "r.json", "--json r.json: full"))
+    assert line == (
+        "--json r.json: full; nor could the result be kept in a temporary file: [Errno 28] No space left on device"
+    )
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
 def test_an_interrupt_while_writing_is_not_an_output_error(stop, tmp_path, monkeypatch):
     """Ctrl-C (or an exit) while an output is written stops the script, as anywhere else."""

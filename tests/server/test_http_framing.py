@@ -121,6 +121,40 @@ def test_a_kept_alive_connections_next_head_has_the_head_timeout_once_it_begins(
     assert waited < 4, waited
 
 
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_crlf_after_a_post_body_does_not_begin_the_next_heads_timeout(run_on, loop, monkeypatch):
+    """The CRLF RFC 9112 2.2 lets a client send after a body was taken as the next head's start:
+    the kept-alive connection was closed HEADER_TIMEOUT_S after its request, not IDLE_TIMEOUT_S."""
+    monkeypatch.setattr(http, "HEADER_TIMEOUT_S", 0.4)
+
+    async def main() -> tuple[bytes, bytes, bytes, float]:
+        async with Server() as s:
+            request = b"GET / HTTP/1.1\r\n" + s.host + b"\r\n"
+            reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+            try:
+                writer.write(post(s.host, b'{"model":"mlp"}') + b"\r\n")
+                first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+                length = int(first.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                await asyncio.wait_for(reader.readexactly(length), 5)
+                # Idle for longer than the head timeout, its CRLF sent: the idle timeout applies.
+                await asyncio.sleep(0.6)
+                writer.write(request)
+                second = await asyncio.wait_for(reader.readuntil(b"metrics\n"), 5)
+                # Empty lines, then a head begun and never finished: its head timeout still applies.
+                writer.write(b"\r\n" + request[:10])
+                started = time.monotonic()
+                rest = await asyncio.wait_for(reader.read(), 5)
+                return first, second, rest, time.monotonic() - started
+            finally:
+                writer.close()
+
+    first, second, rest, waited = run_on(loop, main())
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: keep-alive" in first, first
+    assert second.startswith(b"HTTP/1.1 200 OK\r\n"), second
+    assert rest == b"", rest
+    assert waited < 4, waited
+
+
 async def test_expect_100_continue_is_answered_before_the_body_is_read():
     """Its client waited for a 100 that never came: curl for a second, then it sent the body."""
     async with Server() as s:
