@@ -41,7 +41,7 @@ import itertools
 import logging
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
@@ -120,6 +120,8 @@ class _Queue:
     levels: dict[int, deque] = field(default_factory=dict)  # priority level -> FIFO of requests
     order: list[int] = field(default_factory=list)  # the levels present, most urgent first
     samples: int = 0  # live (queued) samples only
+    # slo admission: how many live requests have each row count (how the queue packs into batches).
+    rows: Counter = field(default_factory=Counter)
     deadlines: list = field(default_factory=list)  # slo policy: heap of (deadline, seq, Pending), lazily pruned
     # The seq of this queue's one live entry in the batcher's heap of heads; its older entries
     # there are stale and are dropped when they reach the top.
@@ -366,6 +368,7 @@ class Batcher:
             self._push_head(key, q, p.arrival)
         q.append(p)
         q.samples += rows
+        q.rows[rows] += 1
         self._queued += 1
         self._level_samples[level] = self._level_samples.get(level, 0) + rows
         full = q.samples >= self.policy.flush_size
@@ -406,7 +409,19 @@ class Batcher:
         free = [self._free_time(i, now) for i in range(len(self._busy))]
         # A backlog flushes "size" batches of the flush size (the largest preferred size): `_form`
         # caps them there, so the queue ahead is costed in batches of that size, not the maximum.
-        finish = slo.finish_estimate(key, free, ahead, rows, self.policy.flush_size)
+        # `_form` never splits a request: with r rows each, a batch holds size − size % r samples;
+        # with rows that differ (at most R), at least size − R + 1 (it closes only when the next
+        # request does not fit). The distinct row counts queued are few (at most the maximum).
+        size = min(self.policy.flush_size, self.policy.max_batch_size)
+        q = self._queues.get(key)
+        counts = q.rows.keys() if q is not None else ()
+        if all(r == rows for r in counts):
+            pack = None
+            if rows <= size:
+                size -= size % rows
+        else:
+            pack = size - max(rows, *counts) + 1
+        finish = slo.finish_estimate(key, free, ahead, rows, size, pack)
         if finish > deadline:
             miss = finish - deadline
             raise DeadlineUnmeetable(
@@ -442,7 +457,12 @@ class Batcher:
             p.state = WITHDRAWN
 
     def _forget(self, p: Pending) -> None:
-        self._queues[p.key].samples -= p.rows
+        q = self._queues[p.key]
+        q.samples -= p.rows
+        if q.rows[p.rows] > 1:
+            q.rows[p.rows] -= 1
+        else:  # only the row counts queued stay: `_admit` reads the distinct ones
+            del q.rows[p.rows]
         left = self._level_samples[p.level] - p.rows
         if left:
             self._level_samples[p.level] = left
@@ -961,6 +981,7 @@ class Batcher:
             q.order.clear()
             q.deadlines.clear()
             q.samples = 0
+            q.rows.clear()
         self._queues.clear()
         self._heads.clear()
         self._full.clear()

@@ -355,7 +355,13 @@ class SloPolicy:
 
     # -- admission ----------------------------------------------------------------------------
     def finish_estimate(
-        self, key: Hashable, free: float | Sequence[float], ahead: int, rows: int, size: int | None = None
+        self,
+        key: Hashable,
+        free: float | Sequence[float],
+        ahead: int,
+        rows: int,
+        size: int | None = None,
+        pack: int | None = None,
     ) -> float:
         """Predicted finish of a request of `rows` behind `ahead` samples, the instances free at `free`.
 
@@ -366,10 +372,25 @@ class SloPolicy:
         batch then runs on the instance free first. A request is never split: if it does not fit
         beside the last, partial batch ahead (or is over `size`, as after the admin API lowered
         the maximum: it then runs alone), that batch runs without it and its own batch is itself.
+
+        `pack`: when the requests queued differ in rows, the fewest samples a batch ahead may hold
+        (a batch formed first-in first-out closes only when the next request does not fit: with at
+        most R rows a request, it holds at least size − R + 1); None: every batch holds `size`.
+        The estimate is then a bound: at most ⌊ahead / pack⌋ batches run before the request's, each
+        at most T(size), and its own batch holds at most `size` samples.
         """
         size = max(1, min(self.max_batch_size if size is None else size, self.max_batch_size))
         times = [free] * self.instances if isinstance(free, (int, float)) else free
         step = self.times.predict(key, size)
+        if pack is not None and pack < size:
+            full, part = divmod(ahead, max(1, pack))
+            own = rows if rows > size else min(size, part + rows)
+            finish = nth_start(times, full, step) + self.times.predict(key, own)
+            if full and rows <= size:
+                # Fewer batches may run before it, its own then fuller: after the (full−1)-th start
+                # any batch of at most `size` ends by then (one instance: no later than the above).
+                finish = max(finish, nth_start(times, full - 1, step) + step)
+            return finish + self.margin
         full, part = divmod(ahead, size)
         start = nth_start(times, full, step)
         if part + rows <= size:

@@ -87,6 +87,30 @@ def simulated_finish(free, ahead, rows, size, t) -> float:
     return heap[0] + t(own)
 
 
+def play_backlog(b: Batcher, slo: SloPolicy, ps: list, count: int) -> tuple[set, list, list]:
+    """Run the queue out without the batcher's task: each batch starts when an instance is free and
+    runs T(n). (The flush reasons, the batch sizes, the requests dropped at their batch.)
+
+    The instances are free at the first arrival: admission judged each request from its own
+    arrival, so however slowly the host submitted them, no batch starts later than it assumed.
+    """
+    free = [ps[0].arrival] * count
+    reasons, sizes = set(), []
+    while b.queued:
+        now = heapq.heappop(free)
+        key, q, reason, _ = b._pick(now)
+        batch = b._form(key, q, reason, now, now)
+        if batch is not None:  # None: every request it would have taken was dropped
+            reasons.add(reason)
+            sizes.append(batch.samples)
+            now += slo.times.predict(key, batch.samples)
+        heapq.heappush(free, now)
+    dropped = [p for p in ps if p.future.done()]
+    for p in dropped:
+        p.future.exception()
+    return reasons, sizes, dropped
+
+
 def test_the_estimate_is_the_played_out_batches_of_the_flush_size_on_every_instance():
     # T(n) = 10 + n ms, margin 1 ms. 5 ahead in batches of 2: two of 2 (12 ms each), then its own of 2.
     p = slo_policy(50, 8, 1, alpha_ms=10, beta_ms=1)
@@ -105,6 +129,38 @@ def test_the_estimate_is_the_played_out_batches_of_the_flush_size_on_every_insta
         want = simulated_finish(free, ahead, rows, size, partial(p.times.predict, "k")) + p.margin
         got = p.finish_estimate("k", free, ahead, rows, size)
         assert got == pytest.approx(want, abs=1e-9), (free, m, size, ahead, rows)
+
+
+def test_with_rows_that_differ_the_estimate_bounds_the_batches_formed_first_in_first_out():
+    # Requests of 1..R rows packed greedily into batches of at most `size` (never split), each on
+    # the instance free first: the request's batch ends no later than the estimate with
+    # pack = size − R + 1 (and exactly there when the rows happen to pack as the bound assumes).
+    rng = random.Random(11)
+    for _ in range(3000):
+        k, size = rng.randint(1, 4), rng.randint(2, 8)
+        p = slo_policy(50, size, k, alpha_ms=rng.choice([0.0, 10.0]), beta_ms=rng.choice([0.0, 1.0, 7.0]))
+        t = partial(p.times.predict, "k")
+        free = [rng.choice([0.0, rng.uniform(0, 0.1)]) for _ in range(k)]
+        most = rng.randint(2, size)
+        queue = [rng.randint(1, most) for _ in range(rng.randint(0, 12))]
+        rows = rng.randint(1, most)
+        batches, n = [], 0
+        for r in queue:
+            if n + r > size:
+                batches.append(n)
+                n = 0
+            n += r
+        if n + rows > size:
+            batches.append(n)
+            n = 0
+        heap = list(free)
+        heapq.heapify(heap)
+        for b in batches:
+            heapq.heappush(heap, heapq.heappop(heap) + t(b))
+        real = heap[0] + t(n + rows) + p.margin
+        pack = size - max([rows, *queue]) + 1
+        got = p.finish_estimate("k", free, sum(queue), rows, size, pack)
+        assert got >= real - 1e-9, (free, size, queue, rows)
 
 
 @pytest.mark.parametrize(("count", "admitted"), [(1, 26), (2, 52)])
@@ -127,27 +183,59 @@ async def test_with_preferred_sizes_a_backlog_admits_only_what_its_batches_finis
             ps.append(submit(b))
         except DeadlineUnmeetable as exc:
             refused.append(exc)
-    # Each batch starts when an instance is free (all of them at the last arrival) and runs T(n).
-    free = [ps[-1].arrival] * count
-    reasons, sizes = set(), []
-    while b.queued:
-        now = heapq.heappop(free)
-        key, q, reason, _ = b._pick(now)
-        batch = b._form(key, q, reason, now, now)
-        if batch is not None:  # None: every request it would have taken was dropped
-            reasons.add(reason)
-            sizes.append(batch.samples)
-            now += slo.times.predict(key, batch.samples)
-        heapq.heappush(free, now)
-    dropped = [p for p in ps if p.future.done()]
-    for p in dropped:
-        p.future.exception()
+    reasons, sizes, dropped = play_backlog(b, slo, ps, count)
     assert dropped == []  # every admitted request went into a batch predicted to end in time
     assert reasons == {"size"} and sizes == [2] * (admitted // 2)
     # ... and what was refused would not have: the next batch of 2 would end past the SLO.
     assert len(ps) == admitted and len(refused) == 100 - admitted
     assert refused[0].code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert f"with {admitted} samples queued ahead of it" in str(refused[0])
+
+
+@pytest.mark.parametrize(
+    ("count", "preferred", "rows", "admitted", "batch"),
+    [
+        (1, (8,), (1,), 80, 8),
+        (1, (8,), (2,), 40, 8),
+        (1, (8,), (3,), 22, 6),
+        (2, (8,), (3,), 44, 6),
+        (1, (), (3,), 22, 6),
+        (1, (8,), (1, 3, 2), 30, None),
+    ],
+)
+async def test_a_backlog_of_multi_row_requests_admits_only_what_its_batches_finish_in_time(
+    gated_instances, count, preferred, rows, admitted, batch
+):
+    # T(n) = 20 + n ms, margin 1 ms, SLO 300 ms, flush size 8 (preferred 8 of a maximum 32, or a
+    # maximum 8). A request is never split, so requests of r rows run in batches of 8 − 8 % r:
+    # 8 for 1 and 2 rows (28 ms), 6 for 3 (26 ms). One instance, request i (from 0) ends by
+    # 28·(i // 8) + 21 + i % 8 + 1 ms (1 row: i = 79 in at 281, 80 out at 302); by
+    # 28·(i // 4) + 23 + 2·(i % 4) (2 rows: 39 in at 281, 40 out at 303); by 26·(i // 2) + 24 +
+    # 3·(i % 2) (3 rows: 21 in at 287, 22 out at 310; costed in batches of 8, 26 were admitted and
+    # 4 of them dropped at their batch). Two instances run batches side by side: 26·(i // 4) + ...,
+    # 43 in, 44 out. Rows cycling 1, 3, 2: a batch holds at least 8 − 3 + 1 = 6 samples and takes
+    # at most T(8), so request i = 3k + m, 6k + (0, 1, 4)[m] samples ahead, ends by at most
+    # 28·k + 21 + (1, 4, 6)[m]: k = 9 in (at most 279), k = 10 out (302 and more).
+    _m, ex = gated_instances(count, max_batch_size=32)
+    m = 32 if preferred else 8
+    slo = slo_policy(300, m, count, alpha_ms=20, beta_ms=1)
+    b = Batcher("gated", ex, BatchingPolicy(m, 1e-3, preferred), ModelStats("gated"), slo=slo)
+    b._loop = asyncio.get_running_loop()  # no task: the test plays the batches out itself
+    b._wakeup = asyncio.Event()
+    ps, refused = [], []
+    for i in range(100):
+        try:
+            ps.append(submit(b, rows=rows[i % len(rows)]))
+        except DeadlineUnmeetable as exc:
+            refused.append(exc)
+    _reasons, sizes, dropped = play_backlog(b, slo, ps, count)
+    assert dropped == []  # every admitted request went into a batch predicted to end in time
+    assert len(ps) == admitted and len(refused) == 100 - admitted
+    if batch is not None:
+        assert sizes == [batch] * (admitted * rows[0] // batch)
+        assert f"with {admitted * rows[0]} samples queued ahead of it" in str(refused[0])
+    # Every request that left the queue took its row count with it.
+    assert b.queued == 0 and all(not q.rows for q in b._queues.values())
 
 
 async def test_after_max_is_lowered_a_request_over_it_is_admitted_as_one_batch_of_its_rows(gated_instances):
