@@ -955,7 +955,10 @@ def write_manifests(plan: dict, folder: Path) -> list[Path]:
 
 
 def to_json(plan: dict) -> str:
-    return json.dumps(plan, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    """A plan's JSON text. A lone surrogate (a command-line path's undecodable bytes) is written as
+    its JSON escape, as in the bench's results: as itself, no UTF-8 file could hold it."""
+    text = json.dumps(plan, indent=2, ensure_ascii=False, allow_nan=False)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8") + "\n"
 
 
 def write_json(plan: dict, path: Path) -> None:

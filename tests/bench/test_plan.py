@@ -613,3 +613,15 @@ def test_manifests_under_proc_are_refused_in_words(wok_cli):
     plan = ["plan", "--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "16"]
     status, _, err = wok_cli(*plan, "--manifests", "/proc/nope")
     assert status == 2 and err.startswith("wok plan: --manifests /proc/nope: "), err
+
+
+def test_a_plan_holding_a_lone_surrogate_is_written_escaped_and_reads_back_equal():
+    import json
+
+    from wok.bench.plan import to_json
+
+    odd = b"out-\xff.json".decode("utf-8", "surrogateescape")  # a path argument's undecodable byte
+    plan = {"config": {"json": odd, "unit": "µs"}}
+    text = to_json(plan)
+    text.encode("utf-8")  # a file can hold it
+    assert "µs" in text and json.loads(text) == plan
