@@ -158,6 +158,16 @@ def write_final(result: dict, outputs: Outputs) -> str | None:
     return str(exc) if held else keep_elsewhere(result_text(result), exc)
 
 
+def json_text(value, **dumps) -> str:
+    """`value` as indented JSON text (`json.dumps` with `dumps`), non-ASCII kept as itself, ending
+    in a newline; every result and plan file is written so. A lone surrogate (a command-line
+    value's undecodable bytes, by surrogateescape) has no UTF-8, and no file could hold it: it
+    fails to encode alone, and its backslash escape, \\udcXX, is JSON's own escape for it (it can
+    only stand inside a JSON string), which reads back as the same str."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, **dumps)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8") + "\n"
+
+
 def result_text(result: dict) -> str:
     """`result`'s JSON for `keep_elsewhere`. When --json failed because its serializer refused a
     value (the same would refuse it here), a looser one writes that value as its repr rather than
@@ -169,6 +179,6 @@ def result_text(result: dict) -> str:
     except Exception:
         pass
     try:
-        return json.dumps(result, indent=2, default=repr, ensure_ascii=False) + "\n"
+        return json_text(result, default=repr)
     except Exception:  # a value that even repr cannot make JSON of (a cycle): the text of it all
         return repr(result) + "\n"

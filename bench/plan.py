@@ -32,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from .arrivals import parse_duration
+from .outputs import json_text
 
 SCHEMA = "wok.plan/1"
 TARGET_UTIL_DEFAULT = Fraction(13, 20)  # 0.65
@@ -955,10 +956,8 @@ def write_manifests(plan: dict, folder: Path) -> list[Path]:
 
 
 def to_json(plan: dict) -> str:
-    """A plan's JSON text. A lone surrogate (a command-line path's undecodable bytes) is written as
-    its JSON escape, as in the bench's results: as itself, no UTF-8 file could hold it."""
-    text = json.dumps(plan, indent=2, ensure_ascii=False, allow_nan=False)
-    return text.encode("utf-8", "backslashreplace").decode("utf-8") + "\n"
+    """A plan's JSON text (`outputs.json_text`)."""
+    return json_text(plan, allow_nan=False)
 
 
 def write_json(plan: dict, path: Path) -> None:

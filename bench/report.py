@@ -33,6 +33,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from .analysis import LATENCY_KEYS, passes_slo
+from .outputs import json_text
 
 PathOrFile = str | os.PathLike | IO
 
@@ -62,13 +63,8 @@ def _plain(x: Any) -> Any:
 
 
 def to_json(result: dict) -> str:
-    """The JSON text of a result, keys in the order the schema builds them. A lone surrogate (a
-    command-line value's undecodable bytes, by surrogateescape) is written as its JSON escape, which
-    reads back as the same str: as itself, no UTF-8 file could hold it, and --json failed."""
-    text = json.dumps(_plain(result), indent=2, allow_nan=False, ensure_ascii=False)
-    # Only surrogates fail to encode, and each one's backslash escape is JSON's \uXXXX for it
-    # (escapes appear only inside JSON strings, where the surrogate was).
-    return text.encode("utf-8", "backslashreplace").decode("utf-8") + "\n"
+    """The JSON text of a result, keys in the order the schema builds them (`outputs.json_text`)."""
+    return json_text(_plain(result), allow_nan=False)
 
 
 def bench_header(schema: str, config: dict) -> dict:

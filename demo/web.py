@@ -84,21 +84,24 @@ class Hub:
 async def http_json(host: str, port: int, method: str, path: str, body=None) -> tuple[int, dict]:
     """One request to the wok server's admin API (HTTP/1.1, Connection: close); raises OSError
     (ConnectionError when it does not answer in ADMIN_TIMEOUT_S)."""
+
+    async def exchange() -> bytes:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            data = b"" if body is None else json.dumps(body).encode()
+            writer.write(
+                f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+                + data
+            )
+            return await reader.read()
+        finally:
+            writer.close()
+
     try:
         # The connect too: a stopped server's socket still accepts, its kernel answering for it.
-        async with asyncio.timeout(ADMIN_TIMEOUT_S):
-            reader, writer = await asyncio.open_connection(host, port)
-            try:
-                data = b"" if body is None else json.dumps(body).encode()
-                writer.write(
-                    f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
-                    + data
-                )
-                raw = await reader.read()
-            finally:
-                writer.close()
-    except TimeoutError:  # its own text is empty
+        raw = await asyncio.wait_for(exchange(), ADMIN_TIMEOUT_S)
+    except asyncio.TimeoutError:  # its own text is empty
         raise ConnectionError(f"{method} {path}: no answer within {ADMIN_TIMEOUT_S:g} s from {host}:{port}") from None
     head, _, payload = raw.partition(b"\r\n\r\n")
     m = re.match(rb"HTTP/1\.[01] ([0-9]{3}) ", head)
@@ -267,12 +270,15 @@ async def _linger(reader, writer) -> None:
     """End a connection whose client may still be sending (a refused head): half-close, then read
     and drop what comes for a moment. Closed with unread bytes, the socket would be reset, which
     can lose the answer before the client reads it."""
+
+    async def drop() -> None:
+        while await reader.read(64 << 10):
+            pass
+
     try:
         writer.write_eof()
-        async with asyncio.timeout(2.0):
-            while await reader.read(64 << 10):
-                pass
-    except (OSError, TimeoutError):
+        await asyncio.wait_for(drop(), 2.0)
+    except (OSError, asyncio.TimeoutError):
         pass
 
 

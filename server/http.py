@@ -560,12 +560,11 @@ async def _read_head(reader: asyncio.StreamReader, start: bytes = b"") -> tuple[
     `start` is its first bytes, already read. Each line must end in CRLF. RFC 9112 2.2 lets a
     server take a bare LF as a line end too, but a proxy in front that does not would read other
     headers, or another request, from the same bytes; refused at once, it cannot wait for a CRLF
-    CRLF that never comes (HEADER_TIMEOUT_S). Up to MAX_EMPTY_LINES empty lines before the request
-    line are skipped (and counted in its size). LimitOverrunError past MAX_HEADER_BYTES.
+    CRLF that never comes (HEADER_TIMEOUT_S). The empty lines before the request line are
+    `_request_start`'s. LimitOverrunError past MAX_HEADER_BYTES.
     """
     lines: list[str] = []
     size = 0
-    empty = 0
     while True:
         raw = start if start.endswith(b"\n") else start + await reader.readuntil(b"\n")
         start = b""
@@ -581,18 +580,13 @@ async def _read_head(reader: asyncio.StreamReader, start: bytes = b"") -> tuple[
             raise BadRequest(f"{where}: expected CR only before its LF, got a bare CR: {_shown(line)}")
         if not line and lines:
             return lines, size
-        if not line:
-            empty += 1
-            if empty > MAX_EMPTY_LINES:
-                raise BadRequest(f"request line: expected one within {MAX_EMPTY_LINES} empty lines, got more")
-            continue
         lines.append(line)
 
 
 async def _request_start(reader: asyncio.StreamReader, deadline: float) -> tuple[bytes, int]:
     """A request's first bytes, read by `deadline` (time.monotonic()), past the empty lines (CRLF)
-    before it, and the size of those. Up to MAX_EMPTY_LINES are skipped, as `_read_head` does; a
-    bare LF or CR is returned as the start, for `_read_head` to refuse."""
+    before it, and the size of those. Up to MAX_EMPTY_LINES are skipped (RFC 9112 2.2); a bare LF
+    or CR is returned as the start, for `_read_head` to refuse."""
     skipped = 0
     while True:
         start = await asyncio.wait_for(reader.readexactly(1), deadline - time.monotonic())

@@ -35,7 +35,7 @@ class GatedDouble(nn.Module):
         return x * 2
 
 
-def gated_servable(max_batch_size=8, delay_ms=10_000.0, preferred=(), max_queue_size=0, depth=1, dims=(4,)):
+def gated_servable(max_batch_size=8, delay_ms=10_000.0, preferred=(), max_queue_size=0, depth=1, dims=(4,), count=1):
     cfg = model_config_from_dict(
         {
             "name": "gated",
@@ -49,7 +49,7 @@ def gated_servable(max_batch_size=8, delay_ms=10_000.0, preferred=(), max_queue_
                 "preferred_batch_sizes": list(preferred),
                 "max_queue_size": max_queue_size,
             },
-            "instances": {"count": 1, "devices": ["cpu"], "pipeline_depth": depth},
+            "instances": {"count": count, "devices": ["cpu"], "pipeline_depth": depth},
         },
         "test",
     )
@@ -67,6 +67,22 @@ def gated():
         ex = Executor(s, s.config.instances)
         made.append(ex)
         return s, m, ex
+
+    yield build
+    for ex in made:
+        ex.shutdown()
+
+
+@pytest.fixture
+def gated_instances():
+    """Build (module, executor) for the gated model with `count` CPU instances (one module, one gate)."""
+    made = []
+
+    def build(count: int, max_batch_size: int = 8, depth: int = 1):
+        s, module = gated_servable(max_batch_size=max_batch_size, depth=depth, count=count)
+        ex = Executor(s, s.config.instances, cpu_linear="torch")
+        made.append(ex)
+        return module, ex
 
     yield build
     for ex in made:

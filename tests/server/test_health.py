@@ -18,9 +18,12 @@ READ_S = 5.0
 
 async def _watchers(server, n: int) -> None:
     """Until the server holds exactly `n` Watch handlers (a cancelled one takes a moment to end)."""
-    async with asyncio.timeout(READ_S):
+
+    async def settled() -> None:
         while server._health.watching != n:
             await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(settled(), READ_S)
 
 
 async def _ends_with_the_stop(watch) -> None:

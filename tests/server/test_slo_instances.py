@@ -18,45 +18,11 @@ import pytest
 
 from wok import policy as policy_module
 from wok.batcher import Batcher, BatchingPolicy
-from wok.config import model_config_from_dict
 from wok.errors import DeadlineExceeded, DeadlineUnmeetable
-from wok.executor import Executor
 from wok.policy import SloPolicy
-from wok.servable import Servable
 from wok.stats import ModelStats
 
-from .conftest import GatedDouble
-
 MS = 1e-3
-
-
-@pytest.fixture
-def gated_instances():
-    """Build (module, executor) for the gated model with `count` CPU instances (one module, one gate)."""
-    made = []
-
-    def build(count: int, max_batch_size: int = 8, depth: int = 1):
-        cfg = model_config_from_dict(
-            {
-                "name": "gated",
-                "platform": "python",
-                "factory": "tests:unused",
-                "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
-                "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}],
-                "max_batch_size": max_batch_size,
-                "instances": {"count": count, "devices": ["cpu"], "pipeline_depth": depth},
-            },
-            "test",
-        )
-        module = GatedDouble()
-        s = Servable(cfg, module)
-        ex = Executor(s, s.config.instances, cpu_linear="torch")
-        made.append(ex)
-        return module, ex
-
-    yield build
-    for ex in made:
-        ex.shutdown()
 
 
 def batcher(executor, slo_ms, max_batch_size, alpha_ms, beta_ms, *, start=True, tau_s=0.1) -> Batcher:
