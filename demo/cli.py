@@ -92,8 +92,14 @@ def run_demo(args) -> int:
     slo_s = duration("--slo", args.slo)
     if slo_s <= 0:
         raise ValueError(f"--slo: expected a duration above 0, got {args.slo}")
-    duration("--alpha", args.alpha)
-    duration("--beta", args.beta)
+    # Here, not by the simulator's model: its message names α and β, not these options. A live
+    # demo ignores both, so only their format is checked there.
+    batch_time_s = duration("--alpha", args.alpha) + duration("--beta", args.beta)
+    if args.simulate and batch_time_s <= 0:
+        raise ValueError(
+            f"--alpha and --beta: expected a batch time above 0 (--alpha + --beta > 0), "
+            f"got --alpha {args.alpha} and --beta {args.beta}"
+        )
     control = LoadControl(args.rate)
     try:
         return asyncio.run(_main(args, control, delay_s, slo_s))

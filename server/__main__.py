@@ -264,9 +264,18 @@ def _build(args):
     )
     if settings.admin and settings.metrics_port is None:
         raise ConfigError("--admin is served on the metrics port: it needs --metrics-port other than -1")
+    if settings.model_repository is None:
+        from .models import check_demo_name
+
+        for name in settings.demo_models:
+            try:
+                check_demo_name(name)
+            except ValueError as exc:  # worded as ModelRepository.demo words it, before torch
+                raise ConfigError(f"demo model {name!r}: {exc}") from None
+    demo_options = _demo_options(args.demo_option)  # an unknown model in them is refused before torch too
     from .app import build_repository
 
-    return settings, build_repository(settings, _demo_options(args.demo_option))
+    return settings, build_repository(settings, demo_options)
 
 
 async def _until_stop(step, stop: asyncio.Event) -> bool:

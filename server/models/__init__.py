@@ -1,25 +1,56 @@
-"""The built-in demo models, served when no model repository is given."""
+"""The built-in demo models, served when no model repository is given.
+
+Importing this package imports no torch: `wok serve` refuses an unknown demo model name before
+seconds of imports. A model's module (torch with it) is imported when its builder is looked up.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
-from ..servable import Servable
-from . import encoder, mlp, recsys
+if TYPE_CHECKING:
+    from ..servable import Servable
 
-DEMO_MODELS: dict[str, Callable[..., Servable]] = {
-    "mlp": mlp.build,
-    "recsys": recsys.build,
-    "encoder": encoder.build,
-}
+
+class _Builders(Mapping[str, "Callable[..., Servable]"]):
+    """Demo model name -> its `build`, each given as "module:function" within this package and
+    imported on first look-up. Membership, iteration and `get` of an unknown name import nothing."""
+
+    def __init__(self, refs: dict[str, str]) -> None:
+        self._refs = refs
+
+    def __getitem__(self, name: str) -> Callable[..., Servable]:
+        module, _, function = self._refs[name].partition(":")
+        return getattr(importlib.import_module(f".{module}", __name__), function)
+
+    def __contains__(self, name: object) -> bool:
+        # Mapping's own would look the builder up, importing it.
+        return name in self._refs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._refs)
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+
+DEMO_MODELS: Mapping[str, Callable[..., Servable]] = _Builders(
+    {"mlp": "mlp:build", "recsys": "recsys:build", "encoder": "encoder:build"}
+)
+
+
+def check_demo_name(name: str) -> None:
+    """Raise ValueError unless `name` is a demo model; imports no model (nor torch)."""
+    if name not in DEMO_MODELS:
+        raise ValueError(f"unknown demo model {name!r}; known: {', '.join(DEMO_MODELS)}")
 
 
 def build_demo(name: str, **options) -> Servable:
     """Build the demo model `name` with its size options (keywords of its `build`)."""
-    builder = DEMO_MODELS.get(name)
-    if builder is None:
-        raise ValueError(f"unknown demo model {name!r}; known: {', '.join(DEMO_MODELS)}")
-    return builder(**options)
+    check_demo_name(name)
+    return DEMO_MODELS[name](**options)
 
 
-__all__ = ["DEMO_MODELS", "build_demo"]
+__all__ = ["DEMO_MODELS", "build_demo", "check_demo_name"]

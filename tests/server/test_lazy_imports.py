@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 def _imported(module: str, importtime: str) -> bool:
     return re.search(rf"^import time: .*\| +{re.escape(module)}$", importtime, re.MULTILINE) is not None
@@ -21,6 +23,25 @@ def test_a_refused_serve_option_exits_2_before_torch_is_imported():
     assert done.returncode == 2, done.stderr[-2000:]
     assert "grace_period_s: Input should be greater than or equal to 0 (got -1.0)" in done.stderr
     assert _imported("wok.config", done.stderr) and not _imported("torch", done.stderr)
+
+
+@pytest.mark.parametrize(
+    ("option", "refusal"),
+    [
+        (("--models", "mlp,nope"), "wok: demo model 'nope': unknown demo model 'nope'; known: mlp, recsys, encoder"),
+        (
+            ("--demo-option", "nope.x=1"),
+            "wok: --demo-option 'nope.x=1': unknown demo model 'nope'; known: mlp, recsys, encoder",
+        ),
+    ],
+    ids=["--models", "--demo-option"],
+)
+def test_an_unknown_demo_model_exits_2_before_torch_is_imported(option, refusal):
+    # Ports that cannot clash: should the name pass, the server would start and the run time out.
+    done = _importtime("-m", "wok", "serve", *option, "--port", "0", "--metrics-port", "-1")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert refusal in done.stderr.splitlines()
+    assert _imported("wok.models", done.stderr) and not _imported("torch", done.stderr)
 
 
 def test_the_metrics_port_and_its_admin_api_import_no_torch():
