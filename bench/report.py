@@ -575,7 +575,9 @@ table.soak-drift, table.soak-windows { font-size: 12.5px; margin: 8px 0; }
 
 
 def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
+    # A lone surrogate (a command-line value's undecodable bytes, by surrogateescape) has no UTF-8:
+    # shown as its backslash escape, \udcXX, as the JSON writes it, rather than fail the page's write.
+    return html.escape(str(x), quote=True).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _img(fig: Figure, alt: str, caption: str) -> str:
@@ -797,7 +799,8 @@ def render_html(result: dict, *, title: str | None = None) -> str:
 
 def write_html(result: dict, path, *, title: str | None = None) -> None:
     """One self-contained HTML file: verdicts, warnings, the plots inline, the step table, a soak's, the config."""
-    Path(path).write_text(render_html(result, title=title), encoding="utf-8")
+    # backslashreplace: the same escape as _e, for a lone surrogate in any text that did not pass through it.
+    Path(path).write_text(render_html(result, title=title), encoding="utf-8", errors="backslashreplace")
 
 
 # ---------------------------------------------------------------------------- faults

@@ -40,11 +40,15 @@ clean snapshot (`PYTHONPATH=SNAPSHOT python -m wok.bench.tune_check`) measures t
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import os
+import stat
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -54,7 +58,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 
-from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.outputs import WriteFailed, refuse_unwritable, write_final, writing
 from wok.bench.report import read_json_object
 
 SCHEMA = "wok.tunecheck/2"  # /1: before the CPU stage (`predicted_*` was the batcher-only prediction)
@@ -625,6 +629,27 @@ def add_batcher_means(doc: dict) -> None:
             row["predicted_batcher_mean_ms"] = b["latency_ms"]["mean"]
 
 
+def rewrite(path: Path, text: str) -> None:
+    """`text` (UTF-8) in place of the file at `path`, written beside it and then renamed over it:
+    a write that fails (a full disk) or is interrupted leaves the file as it was, not truncated."""
+    real = Path(os.path.realpath(path))  # through a link: the file it points at is replaced, the link kept
+    # The rename would replace a read-only file all the same: refused as writing it in place would be.
+    if not os.access(real, os.W_OK):
+        raise PermissionError(errno.EACCES, "is not writable", str(path))
+    fd, name = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
+    try:
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename, or a crash could leave an empty file
+        os.chmod(name, stat.S_IMODE(os.stat(real).st_mode))  # mkstemp's 0600, not the file's own mode
+        os.replace(name, real)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(name)
+        raise
+
+
 def _rows_v2(run: dict) -> list[str]:
     """One run's table (`wok.tunecheck/2`): the prediction with the CPU stage, and the batcher alone; for a
     run with the overhead by load, the prediction with the light-load overhead instead of the batcher's."""
@@ -966,8 +991,13 @@ def main(argv=None) -> int:
     if args.markdown:
         doc = args.markdown_doc
         if args.refresh:
-            add_batcher_means(doc)
-            report.write_json(doc, args.markdown)
+            try:
+                with writing("--refresh", args.markdown):
+                    add_batcher_means(doc)
+                    rewrite(args.markdown, report.to_json(doc))
+            except WriteFailed as exc:
+                say(f"{exc}; {args.markdown} is left as it was")
+                return 1
         sys.stdout.write(markdown(doc))
         return 0
     t0 = time.monotonic()

@@ -260,6 +260,22 @@ def test_html_says_so_when_there_are_no_warnings(result):
     assert "No warnings" in text
 
 
+def test_html_writes_a_lone_surrogate_in_the_config_as_its_backslash_escape(result, tmp_path):
+    # Undecodable bytes of a command-line value reach the config as lone surrogates (surrogateescape),
+    # which no UTF-8 file can hold: the page shows their escape, as the JSON does, rather than fail.
+    config = {**result["config"], "note": "a\udcffb", "sizes": ["fixed:\udcfe"]}
+    doc = {**result, "config": config, "warnings": ["w\udcfd"]}
+    path = tmp_path / "report.html"
+    report.write_html(doc, path, title="t\udcfc")
+    text = path.read_bytes().decode("utf-8")  # strict: the file is valid UTF-8
+    table = text[text.index('<table class="config">') :]
+    assert '<th class="l">note</th><td class="l">a\\udcffb</td>' in table
+    assert "fixed:\\udcfe" in table
+    assert "<li>w\\udcfd</li>" in text and "<title>t\\udcfc</title>" in text
+    # The page as rendered, for a caller that writes it itself, encodes as well.
+    report.render_html(doc).encode("utf-8")
+
+
 def find_chromium() -> str | None:
     for name in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser")):
         if name and os.path.exists(name):

@@ -285,16 +285,16 @@ def test_tune_check_predicts_a_ramp_step_for_step_and_flags_the_knee():
     assert all(r["within_tolerance"] for r in rows) and not any(r["quiet"] for r in rows)  # no host figures
 
 
-def test_tune_check_renders_a_run_as_markdown():
-    from wok.bench.tune_check import markdown
-
+def _tune_check_run() -> dict:
+    """A finished `wok.tunecheck/1` run of one ramp of one step, as --markdown reads it."""
     row = {
         "offered_qps": 1000.0, "measured_achieved_qps": 998.0, "measured_p50_ms": 8.0, "predicted_p50_ms": 7.0,
         "measured_p99_ms": 20.0, "predicted_p99_ms": 15.0, "relative_error": -0.25, "sampled_p99_ms": 22.0,
         "sampled_relative_error": 0.1, "below_knee": True, "measured_mean_batch_size": 7.5,
         "predicted_mean_batch_size": 6.0, "other_cores": 0.1,
     }  # fmt: skip
-    doc = {
+    return {
+        "schema": "wok.tunecheck/1",
         "config": {"slo_p99_ms": 50.0},
         "overhead": {"median_s": 2e-3, "p99_s": 7e-3},
         "tuned_setting": {"max_batch_size": 64, "max_queue_delay_ms": 0.0},
@@ -304,9 +304,69 @@ def test_tune_check_renders_a_run_as_markdown():
         "verdict": {"default_max_qps": [1000.0], "tuned_max_qps": [1500.0], "tuned_at_least_default": True,
                     "steps_within": 0, "steps_below_knee": 1, "quiet_steps_within": 0, "quiet_steps_below_knee": 1},
     }  # fmt: skip
-    text = markdown(doc)
+
+
+def test_tune_check_renders_a_run_as_markdown():
+    from wok.bench.tune_check import markdown
+
+    text = markdown(_tune_check_run())
     assert "| 1,000 | 998 | 8.0 / 7.0 | 20.0 | 15.0 | -25% | 22.0 | +10% | yes | 7.5 / 6.0 | - / - | 0.10 |" in text
     assert "2.00 / 7.00" in text and "0 of 1 steps below the knee (0 of 1 quiet ones)" in text
+
+
+def _refreshed(doc: dict) -> None:  # add_batcher_means without a profile and ramps to simulate
+    doc["runs"][0]["comparison"][0]["server_e2e_mean_ms"] = 9.5
+
+
+def test_tune_check_refresh_replaces_the_file_whole(monkeypatch, tmp_path, capsys):
+    from wok.bench import tune_check
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_tune_check_run()), encoding="utf-8")
+    path.chmod(0o640)
+    monkeypatch.setattr(tune_check, "add_batcher_means", _refreshed)
+    assert tune_check.main(["--markdown", str(path), "--refresh"]) == 0
+    assert json.loads(path.read_text())["runs"][0]["comparison"][0]["server_e2e_mean_ms"] == 9.5
+    assert (path.stat().st_mode & 0o777) == 0o640  # the file's mode, not the temporary file's
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+    assert "| 1,000 | 998 |" in capsys.readouterr().out
+
+
+def test_tune_check_refresh_of_a_value_it_cannot_write_says_so(monkeypatch, tmp_path, capsys):
+    from wok.bench import tune_check
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_tune_check_run(), indent=1), encoding="utf-8")
+    before = path.read_bytes()
+    monkeypatch.setattr(tune_check, "add_batcher_means", lambda doc: doc.update(bad=object()))
+    assert tune_check.main(["--markdown", str(path), "--refresh"]) == 1
+    err = capsys.readouterr().err
+    assert f"--refresh {path}: TypeError: Object of type object is not JSON serializable" in err
+    assert f"{path} is left as it was" in err
+    assert path.read_bytes() == before
+
+
+def test_tune_check_refresh_that_fails_midway_leaves_the_file_as_it_was(tmp_path):
+    import subprocess
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_tune_check_run(), indent=1), encoding="utf-8")
+    before = path.read_bytes()
+    # A write that fails midway, as on a full disk: the file-size limit (EFBIG, SIGXFSZ being
+    # ignored by Python), set in a child process so as to leave this one's files alone.
+    code = (
+        "import resource, sys\n"
+        "from wok.bench import tune_check\n"
+        "tune_check.add_batcher_means = lambda doc: doc.update(refreshed=True)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (64, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
+        "sys.exit(tune_check.main(['--markdown', sys.argv[1], '--refresh']))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+    assert path.read_bytes() == before, r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]  # nor a temporary file left beside it
+    assert r.returncode == 1, r.stderr
+    assert f"--refresh {path}: File too large" in r.stderr and f"{path} is left as it was" in r.stderr
+    assert r.stdout == ""  # no tables printed for a refresh that failed
 
 
 def test_the_device_like_model_takes_alpha_plus_beta_n_through_the_executor():
