@@ -1,6 +1,8 @@
 """The demo's web side: the page, its API, and one event stream for the browser.
 
-Served on loopback by a small HTTP/1.1 server on the demo's event loop:
+Served on loopback by a small HTTP/1.1 server on the demo's event loop. A connection is kept
+alive between requests, except after one with `Connection: close`, or an HTTP/1.0 one without
+`Connection: keep-alive`: that one is answered with `Connection: close` and the connection ends.
 
   GET  /                  the page (static files shipped in wok/demo/static)
   GET  /static/NAME       its script and style
@@ -140,6 +142,7 @@ class DemoWeb:
         try:
             while await self._one(reader, writer):
                 pass
+            await _linger(reader, writer)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, asyncio.TimeoutError):
             pass
         except asyncio.CancelledError:  # the demo stops; end quietly (see server/http.py)
@@ -153,42 +156,46 @@ class DemoWeb:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)
         except asyncio.LimitOverrunError:
-            await self._send(writer, 431, {"error": f"request head: expected at most {MAX_HEAD} bytes, got more"})
-            await _linger(reader, writer)
+            error = {"error": f"request head: expected at most {MAX_HEAD} bytes, got more"}
+            await self._send(writer, 431, error, close=True)
             return False
         try:
-            method, path, body = await self._request(reader, head)
+            method, path, body, close = await self._request(reader, head)
         except Refused as exc:
-            await self._send(writer, exc.status, {"error": str(exc)})
+            await self._send(writer, exc.status, {"error": str(exc)}, close=True)
             return False
         if path == "/api/events" and method == "GET":
             await self._stream(writer)
             return False
         if path.startswith("/api/"):
             status, answer = await self._api(method, path[len("/api/") :], body)
-            await self._send(writer, status, answer)
-            return True
-        if method != "GET":
-            await self._send(writer, 405, {"error": f"{path}: expected GET, got {method}"})
-            return True
-        name = "index.html" if path == "/" else path[len("/static/") :] if path.startswith("/static/") else ""
-        data = static_file(name) if name else None
-        if data is None:
-            await self._send(writer, 404, {"error": f"no page {path}"})
+            await self._send(writer, status, answer, close=close)
+        elif method != "GET":
+            await self._send(writer, 405, {"error": f"{path}: expected GET, got {method}"}, close=close)
         else:
-            ctype = TYPES.get(name[name.rfind(".") :], "application/octet-stream")
-            await self._raw(writer, 200, data, ctype)
-        return True
+            name = "index.html" if path == "/" else path[len("/static/") :] if path.startswith("/static/") else ""
+            data = static_file(name) if name else None
+            if data is None:
+                await self._send(writer, 404, {"error": f"no page {path}"}, close=close)
+            else:
+                ctype = TYPES.get(name[name.rfind(".") :], "application/octet-stream")
+                await self._raw(writer, 200, data, ctype, close=close)
+        return not close
 
     @staticmethod
-    async def _request(reader, head: bytes) -> tuple[str, str, object]:
-        """(method, path, JSON body or None) of one request; raises Refused."""
+    async def _request(reader, head: bytes) -> tuple[str, str, object, bool]:
+        """(method, path, JSON body or None, whether the connection ends after it) of one request;
+        raises Refused."""
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3:
             raise Refused(400, f"request line: expected METHOD TARGET VERSION, got {lines[0][:80]!r}")
-        method, target, _ = parts
+        method, target, version = parts
         headers = {k.strip().lower(): v.strip() for k, sep, v in (ln.partition(":") for ln in lines[1:]) if sep}
+        # Kept open, the connection of a client that asked to end it (or an HTTP/1.0 one, whose
+        # default that is) waited out the 120 s idle timeout: such a client reads to the close.
+        options = {o.strip().lower() for o in headers.get("connection", "").split(",")}
+        close = "close" in options or (version == "HTTP/1.0" and "keep-alive" not in options)
         refusal = cross_site_refusal(headers)
         if refusal is not None:
             raise Refused(403, refusal.replace("the admin API", "the demo's page"))
@@ -201,7 +208,7 @@ class DemoWeb:
         if method != "POST":
             if int(length):  # its bytes would be read as the next request
                 raise Refused(400, f"{method}: expected no body, got Content-Length {length}")
-            return method, target.split("?", 1)[0], None
+            return method, target.split("?", 1)[0], None, close
         ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if ctype != "application/json":
             # A page of any site may POST text/plain or a form here without asking; JSON makes the
@@ -216,7 +223,7 @@ class DemoWeb:
             raise Refused(400, f"body: expected JSON, got a parse error: {exc}") from None
         except RecursionError:
             raise Refused(400, "body: expected JSON, got one nested too deeply") from None
-        return method, target.split("?", 1)[0], body
+        return method, target.split("?", 1)[0], body, close
 
     async def _api(self, method: str, name: str, body) -> tuple[int, dict]:
         b = self.backend
@@ -253,23 +260,25 @@ class DemoWeb:
         finally:
             self.hub.queues.discard(q)
 
-    async def _send(self, writer, status: int, obj) -> None:
-        await self._raw(writer, status, json.dumps(obj).encode(), "application/json")
+    async def _send(self, writer, status: int, obj, *, close: bool) -> None:
+        await self._raw(writer, status, json.dumps(obj).encode(), "application/json", close=close)
 
     @staticmethod
-    async def _raw(writer, status: int, body: bytes, ctype: str) -> None:
+    async def _raw(writer, status: int, body: bytes, ctype: str, *, close: bool) -> None:
+        # Said either way: an HTTP/1.0 client keeps its connection only when the answer says so.
         writer.write(
             f"HTTP/1.1 {status} {STATUS[status]}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Cache-Control: no-store\r\n\r\n".encode()
+            f"Cache-Control: no-store\r\nConnection: {'close' if close else 'keep-alive'}\r\n\r\n".encode()
             + body
         )
         await writer.drain()
 
 
 async def _linger(reader, writer) -> None:
-    """End a connection whose client may still be sending (a refused head): half-close, then read
-    and drop what comes for a moment. Closed with unread bytes, the socket would be reset, which
-    can lose the answer before the client reads it."""
+    """End a connection whose client may still be sending (a refused head, a request pipelined
+    after one that asked to close): half-close, then read and drop what comes for a moment.
+    Closed with unread bytes, the socket would be reset, which can lose the answer before the
+    client reads it."""
 
     async def drop() -> None:
         while await reader.read(64 << 10):

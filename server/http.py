@@ -630,9 +630,15 @@ def _field(number: int, line: str) -> tuple[str, str]:
     return name.lower(), value
 
 
-def _buffered(reader: asyncio.StreamReader) -> bytes:
-    """What the reader holds unread. StreamReader exposes no such view; uvloop uses asyncio's."""
-    return getattr(reader, "_buffer", b"")
+def _buffered(reader: asyncio.StreamReader) -> bytearray:
+    """What the reader holds unread: its private buffer, as StreamReader has no public view of it
+    (uvloop's connections get asyncio's StreamReader too).
+
+    No default: with an empty one, a Python that renamed it would have every request and body
+    look unarrived, and a connection whose POST had come could be closed to make room (applied,
+    unanswered). Without it every request fails, and tests/server/test_http.py checks it is there.
+    """
+    return reader._buffer
 
 
 def _write(writer: asyncio.StreamWriter, data: bytes) -> None:

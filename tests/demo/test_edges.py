@@ -104,6 +104,20 @@ def test_an_infinite_duration_exits_2_naming_the_option(option, value, wok_cli, 
     assert (status, err) == (2, f"wok demo: {option}: expected a finite duration, got {value}\n")
 
 
+@pytest.mark.parametrize(("alpha", "beta"), [("0ms", "0ms"), ("0", "0s")])
+def test_no_batch_time_exits_2_naming_both_options(alpha, beta, wok_cli, monkeypatch):
+    def no_page(self):
+        raise AssertionError(f"the demo started with --alpha {alpha} --beta {beta}")
+
+    monkeypatch.setattr(DemoWeb, "start", no_page)
+    status, _, err = wok_cli("demo", "--simulate", "--port", "0", "--alpha", alpha, "--beta", beta)
+    assert (status, err) == (
+        2,
+        f"wok demo: --alpha and --beta: expected a batch time above 0 (--alpha + --beta > 0), "
+        f"got --alpha {alpha} and --beta {beta}\n",
+    )
+
+
 def test_a_refused_load_body_changes_nothing():
     control = LoadControl(100)
     with pytest.raises(ValueError, match=r"^field 'burst_s': expected seconds above 0 up to 30, got None$"):
@@ -194,3 +208,68 @@ def test_an_ipv6_page_address_is_printed_in_brackets_and_answers(start_demo):
     with urllib.request.urlopen(demo.url + "api/config", timeout=10) as r:
         assert json.loads(r.read())["mode"] == "simulate"
     assert demo.stop() == 0
+
+
+def simulated_page() -> DemoWeb:
+    """The page's server over the simulator, not started."""
+    model = BatcherModel(alpha_s=2.5e-4, beta_s=4.4e-5, max_batch_size=32, max_queue_delay_s=0.005)
+    return DemoWeb(SimulatedDemo(SimBackend(LoadControl(100), model), slo_s=0.05), Hub(), "127.0.0.1", 0)
+
+
+CONFIG = "GET /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        "GET /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: TE, Close\r\n\r\n",
+        "GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n",
+        "POST /api/load HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+    ],
+    ids=["close", "close-in-a-list", "http-1.0", "http-1.0-post"],
+)
+async def test_a_request_that_asks_to_close_is_answered_and_its_connection_ends(first):
+    # Kept open, the connection waited out the page's 120 s idle timeout, and so did its client,
+    # reading to the close. A request pipelined after it is not answered.
+    web = simulated_page()
+    await web.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", web.port)
+        try:
+            writer.write((first + CONFIG).encode())
+            raw = await asyncio.wait_for(reader.read(), 5)
+        finally:
+            writer.close()
+    finally:
+        await web.stop()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0] == "HTTP/1.1 200 OK", raw[:200]
+    assert "Connection: close" in lines[1:], lines
+    length = next(int(ln.split(":", 1)[1]) for ln in lines if ln.lower().startswith("content-length:"))
+    assert len(body) == length, f"expected one answer of {length} bytes, got {len(body)} after its head"
+
+
+@pytest.mark.parametrize(
+    "first",
+    [CONFIG, "GET /api/config HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n"],
+    ids=["http-1.1", "http-1.0-keep-alive"],
+)
+async def test_a_request_that_keeps_its_connection_is_answered_keep_alive(first):
+    web = simulated_page()
+    await web.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", web.port)
+        try:
+            writer.write((first + CONFIG).encode())
+            for _ in range(2):  # the second answer comes on the same connection
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+                lines = head.decode("latin-1").split("\r\n")
+                assert lines[0] == "HTTP/1.1 200 OK" and "Connection: keep-alive" in lines[1:], lines
+                length = next(int(ln.split(":", 1)[1]) for ln in lines if ln.lower().startswith("content-length:"))
+                assert json.loads(await asyncio.wait_for(reader.readexactly(length), 5))["load"]["rate"] == 100
+        finally:
+            writer.close()
+    finally:
+        await web.stop()
