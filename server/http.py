@@ -352,7 +352,8 @@ class MetricsHTTPServer:
                 error = f"Expect: expected 100-continue, got {', '.join(unmet)}\n"
                 await self._respond(writer, 417, error.encode("latin-1"), "text/plain", close=True, head=head)
                 return
-            close = headers.get("connection", "").lower() == "close" or old
+            # A list of options (RFC 9110 7.6.1): "TE, close" asks to close as "close" does.
+            close = "close" in {o.strip().lower() for o in headers.get("connection", "").split(",")} or old
             path = target.split("?", 1)[0]
             # Only a POST to an admin route reads its body: after any other request that has
             # one, the connection ends, or the body's bytes would be read as the next request.

@@ -718,3 +718,15 @@ def test_a_stream_reader_holds_its_unread_bytes_in_a_private_buffer_that_the_ser
             await server.wait_closed()
 
     run_on(loop, main())
+
+
+@pytest.mark.parametrize("value", ["close", "Close", "TE, close", "keep-alive , CLOSE"])
+async def test_a_connection_option_list_holding_close_ends_the_connection(value, raw_http):
+    # Before, only a header of exactly "close" did: "TE, close" kept the connection open, and its
+    # client, reading to the close, waited out the idle timeout (here, raw_http's 5 s).
+    async with Server() as s:
+        request = b"GET / HTTP/1.1\r\n" + s.host + f"Connection: {value}\r\n\r\n".encode()
+        answer = await asyncio.wait_for(raw_http(s.port, request), 4)
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close" in top, answer
+    assert body == b"wok: metrics at /metrics\n"
