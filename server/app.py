@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -390,14 +391,62 @@ class WokServer:
         if self.loop_lag is not None:
             self.loop_lag.stop()
         self.metrics.close()
+        # All at once under one deadline: one at a time, each stuck model would add its own second.
         loop = asyncio.get_running_loop()
+        ends = {}
         for rt in self.runtimes.values():
-            try:
-                await asyncio.wait_for(loop.run_in_executor(None, rt.executor.shutdown), timeout=max(left(), 1.0))
-            except asyncio.TimeoutError:
-                # A batch stuck in the model: its thread cannot be interrupted from Python.
-                log.error("model '%s' is still running a batch after the grace period", rt.servable.name)
-                self.abandoned_work = True
+            end, thread = _shutdown_on_own_thread(loop, rt.executor, rt.servable.name)
+            ends[end] = (rt.servable.name, thread)
+        if ends:
+            done, pending = await asyncio.wait(list(ends), timeout=max(left(), 1.0))
+            for end, (name, thread) in ends.items():
+                if end in pending:
+                    # A batch stuck in the model: its thread cannot be interrupted from Python.
+                    log.error("model '%s' is still running a batch after the grace period", name)
+                    self.abandoned_work = True
+                    end.cancel()  # its thread, ending later, then sets nothing
+                else:
+                    # Setting `end` was its last step; joined so that the stop leaves only the
+                    # threads it gave up on.
+                    thread.join()
+            for end in done:
+                end.result()
+
+
+def _shutdown_on_own_thread(
+    loop: asyncio.AbstractEventLoop, executor: Executor, name: str
+) -> tuple[asyncio.Future, threading.Thread]:
+    """Run `executor.shutdown()` (it waits for a running batch) on a thread of its own: (a future
+    done when it returns, the thread).
+
+    Not the loop's default pool: its few threads would queue the waits of many stuck models behind
+    each other, and asyncio.run's end waits for that pool's threads. A daemon thread: one left
+    waiting on a stuck batch must not hold the interpreter's exit.
+    """
+    end = loop.create_future()
+
+    def settle(exc: BaseException | None) -> None:
+        if end.done():  # the stop gave up on it
+            return
+        if exc is None:
+            end.set_result(None)
+        else:
+            end.set_exception(exc)
+
+    def run() -> None:
+        exc = None
+        try:
+            executor.shutdown()
+        except BaseException as e:  # handed to the stop, which raises it
+            exc = e
+        try:
+            loop.call_soon_threadsafe(settle, exc)
+        except RuntimeError:  # the loop has closed: nobody waits for it any more
+            pass
+
+    thread = threading.Thread(target=run, name=f"wok-{name}-shutdown", daemon=True)
+    thread.start()
+    return end, thread
 
 
 def build_repository(settings: ServerSettings, demo_options: dict | None = None) -> ModelRepository:
