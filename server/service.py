@@ -45,6 +45,11 @@ FINAL = "triton_final_response"
 # At the stop, how long a stream that owes nothing more stays open before it ends: time for the
 # client to read the last answers (see ModelStreamInfer).
 STREAM_LINGER_S = 0.2
+# At the stop, how long a stream's write of an answer may take before the drain no longer waits
+# for that stream: HTTP/2 flow control holds the write of a client that has stopped reading (and
+# keeps its stream open) for as long as the client likes, and waiting for it would hold the whole
+# stop for its grace period. A slow reader completes a write at least this often and is waited for.
+STREAM_STALL_S = 1.0
 # Put on a stream's queue of answers to make it look again at its reader and the server's stop.
 _WAKE = object()
 REJECTION_REASON = {
@@ -104,6 +109,17 @@ def add_to_server(service: InferenceService, server: grpc.aio.Server) -> dict[st
     return {f"/{desc.full_name}/{name}": handler for name, handler in handlers.items()}
 
 
+class _Stream:
+    """An open ModelStreamInfer stream, as the stop sees it."""
+
+    __slots__ = ("owed", "results", "writing_since")
+
+    def __init__(self) -> None:
+        self.results: asyncio.Queue = asyncio.Queue()  # its answers, in order, and _WAKE
+        self.owed = 0  # requests read and not yet answered on the stream (counted in `active`)
+        self.writing_since: float | None = None  # loop.time() at the start of a write in progress
+
+
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, server: WokServer) -> None:
         self.server = server
@@ -114,16 +130,48 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._idle = asyncio.Event()
         self._idle.set()
         self.closing = False  # set by close_streams()
-        self._streams: set[asyncio.Queue] = set()  # each open stream's queue of answers
-        self._no_streams = asyncio.Event()
-        self._no_streams.set()
+        self._streams: set[_Stream] = set()
+        # After close_streams(): set when what idle() looks at may have changed.
+        self._changed = asyncio.Event()
 
     async def idle(self) -> None:
         """Return once no inference request is being handled and, after close_streams(), every
-        stream has ended."""
-        await self._idle.wait()
-        if self.closing:
-            await self._no_streams.wait()
+        stream has ended, except those stalled: a stream whose write of an answer has not
+        completed for STREAM_STALL_S (its client reads no more) is left to gRPC's stop."""
+        if not self.closing:
+            await self._idle.wait()
+            return
+        loop = asyncio.get_running_loop()
+        while True:
+            self._changed.clear()
+            now = loop.time()
+            stalled, owed, next_stall = 0, 0, None
+            for st in self._streams:
+                if st.writing_since is None:
+                    continue
+                at = st.writing_since + STREAM_STALL_S
+                if at <= now:
+                    stalled += 1
+                    owed += st.owed
+                elif next_stall is None or at < next_stall:
+                    next_stall = at
+            # Every stream stalled, and every request still counted owed by one of them.
+            if stalled == len(self._streams) and self.active == owed:
+                if stalled:
+                    log.warning(
+                        "%d stream(s) took no answer for %.1f s (their clients read no more): the stop goes "
+                        "on without them, and gRPC's stop cuts them with %d answer(s) unwritten",
+                        stalled,
+                        STREAM_STALL_S,
+                        owed,
+                    )
+                return
+            timer = None if next_stall is None else loop.call_at(next_stall, self._changed.set)
+            try:
+                await self._changed.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()
 
     def _begin(self, n: int = 1) -> None:
         self.active += n
@@ -133,13 +181,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.active -= n
         if self.active == 0:
             self._idle.set()
+        if self.closing:
+            self._changed.set()
 
     def close_streams(self) -> None:
         """At the stop, once every accepted request has its result: each open stream stops reading,
-        writes the answers it still owes, and ends with UNAVAILABLE "server is shutting down"."""
+        writes the answers it still owes, and ends with UNAVAILABLE "server is shutting down"; one
+        whose client has stopped reading is left to gRPC's stop (idle())."""
         self.closing = True
-        for results in self._streams:
-            results.put_nowait(_WAKE)
+        for st in self._streams:
+            st.results.put_nowait(_WAKE)
 
     # -- the inference path ------------------------------------------------------------------
     async def infer(
@@ -235,9 +286,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             await _abort(context, exc)
 
     async def ModelStreamInfer(self, request_iterator, context):
-        results: asyncio.Queue = asyncio.Queue()
+        st = _Stream()
+        results = st.results
         tasks: set[asyncio.Task] = set()
-        owed = 0  # requests read and not yet answered on the stream (counted in self.active)
 
         async def one(req: pb.ModelInferRequest) -> None:
             try:
@@ -256,9 +307,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
         async def read() -> bool:
             """Read requests until the client closes its side (False) or the server stops (True)."""
-            nonlocal owed
             async for req in request_iterator:
-                owed += 1
+                st.owed += 1
                 self._begin()
                 if isinstance(req, Unparsed):  # answered in order; the stream goes on
                     self.server.metrics.unparsed_requests += 1
@@ -277,15 +327,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
         reader = asyncio.get_running_loop().create_task(read())
         reader.add_done_callback(lambda _: results.put_nowait(_WAKE))
-        self._streams.add(results)
-        self._no_streams.clear()
+        self._streams.add(st)
         loop = asyncio.get_running_loop()
         end_at: float | None = None  # when a stream the server closes ends, once it owes nothing
         try:
             while True:
-                if owed == 0 and reader.done() and (reader.exception() is not None or not reader.result()):
+                if st.owed == 0 and reader.done() and (reader.exception() is not None or not reader.result()):
                     break  # the client closed its side and has every answer, or the stream failed
-                if owed == 0 and self.closing:
+                if st.owed == 0 and self.closing:
                     # The end of the stream makes a write the client is making fail, and grpc.aio's
                     # client then reports INTERNAL and drops the answers it has not read yet.
                     if end_at is None:
@@ -298,8 +347,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     item = await results.get()
                 if item is _WAKE:
                     continue
+                st.writing_since = loop.time()
+                if self.closing:
+                    self._changed.set()  # idle() times this write
+                # Returns once gRPC has written the answer: flow control holds it while the client
+                # does not read.
                 yield item
-                owed -= 1
+                st.writing_since = None
+                st.owed -= 1
                 self._end()
             # reader.result() raises a failure of the request stream itself.
             if reader.done() and not reader.result():
@@ -309,10 +364,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             context.set_code(grpc.StatusCode.UNAVAILABLE)
             context.set_details("server is shutting down")
         finally:
-            self._streams.discard(results)
-            if not self._streams:
-                self._no_streams.set()
-            self._end(owed)
+            self._streams.discard(st)
+            self._end(st.owed)
             if not reader.done():
                 reader.cancel()
             elif not reader.cancelled():

@@ -1,17 +1,21 @@
 """The stop as stream and unary clients see it: every request the server read gets exactly one
 answer, also when the grace period runs out; open streams end with UNAVAILABLE "server is
 shutting down" (not cut by gRPC's own stop), and the callers of a batch still running past the
-grace period get wok's UNAVAILABLE, not gRPC's "Cancelling all calls"."""
+grace period get wok's UNAVAILABLE, not gRPC's "Cancelling all calls". A stream whose client
+has stopped reading does not hold the stop; one that reads slowly does."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import gc
+import logging
+import time
 
 import grpc
 import numpy as np
 
+from wok import service
 from wok.codec import encode_request
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
@@ -19,6 +23,10 @@ X = {"INPUT0": np.ones((1, 4), np.float32)}
 RAN_NOT = "server stopped before model 'slow' ran this request"
 CUT = "grace period over: server stopped before model 'slow' finished this request's batch"
 REFUSED = "server is shutting down and accepts no new requests"
+# 64 KiB per request and answer: HTTP/2's flow control holds the server's writes to a stream
+# whose client reads none after about 64 answers (a 4 MiB window).
+WIDE = 16384
+STALLED = "took no answer for"
 
 
 async def _stream(
@@ -153,3 +161,108 @@ async def test_unary_calls_in_a_batch_still_running_past_the_grace_period_get_wo
     assert all(isinstance(r, grpc.aio.AioRpcError) for r in results), results
     got = collections.Counter((r.code(), r.details()) for r in results)
     assert got == {(grpc.StatusCode.UNAVAILABLE, CUT): 8, (grpc.StatusCode.UNAVAILABLE, RAN_NOT): 2}, got
+
+
+def _wide_repository(slow_repository):
+    repo = slow_repository(sleep_ms=0, max_batch_size=64, delay_ms=1)
+    config = repo / "slow" / "config.toml"
+    text = config.read_text()
+    assert text.count("dims = [4]") == 2, text  # the input's and the output's
+    config.write_text(text.replace("dims = [4]", f"dims = [{WIDE}]"))
+    return repo
+
+
+async def _all_run(server, n: int) -> None:
+    stats = server.runtimes["slow"].stats
+    while stats.inference_count < n:
+        await asyncio.sleep(0.005)
+
+
+async def test_a_stream_whose_client_stops_reading_does_not_hold_the_stop(serve, slow_repository, caplog):
+    # 300 answers of 64 KiB to a client that reads none: flow control holds the server's writes
+    # after about 64. The stop must not wait its grace period (6 s) for them: once the write has
+    # been held STREAM_STALL_S, the drain goes on and gRPC's stop (1 s) cuts the stream.
+    caplog.set_level(logging.WARNING, logger="wok.service")
+    found = _never_retrieved(asyncio.get_running_loop())
+    n = 300
+    x = {"INPUT0": np.ones((1, WIDE), np.float32)}
+    async with serve(repository=_wide_repository(slow_repository)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            call = stub.ModelStreamInfer()
+            for i in range(n):
+                await call.write(encode_request("slow", x, request_id=str(i)))
+            await asyncio.wait_for(_all_run(server, n), 10)
+            start = time.monotonic()
+            await server.stop(grace=6)
+            took = time.monotonic() - start
+            got = 0
+            try:
+                async for _ in call:
+                    got += 1
+                end = await call.code()
+            except grpc.aio.AioRpcError as exc:
+                end = exc.code()
+    gc.collect()
+    assert took < 4, f"the stop took {took:.1f} s of its 6 s grace period for a stream whose client reads nothing"
+    cut = [r for r in caplog.records if r.name == "wok.service" and STALLED in r.getMessage()]
+    assert len(cut) == 1, [r.getMessage() for r in caplog.records]
+    streams, _, unwritten = cut[0].args
+    # What the client holds (in gRPC's buffers) was written; the rest was not.
+    assert streams == 1 and 0 < unwritten <= n - got, (cut[0].getMessage(), got)
+    assert end == grpc.StatusCode.UNAVAILABLE
+    assert not found, found
+
+
+async def test_a_stream_that_reads_slowly_through_the_drain_gets_every_answer(serve, slow_repository, caplog):
+    # The client reads an answer every 3 ms or more: each write waits a fraction of a second for
+    # flow control, the drain as a whole well over STREAM_STALL_S, and the stop waits for it all.
+    caplog.set_level(logging.WARNING, logger="wok.service")
+    found = _never_retrieved(asyncio.get_running_loop())
+    n, read_before_stop = 600, 100
+    x = {"INPUT0": np.ones((1, WIDE), np.float32)}
+    async with serve(repository=_wide_repository(slow_repository)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            go, reading, done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+            ids, errors = [], []
+
+            async def requests():
+                for i in range(n):
+                    yield encode_request("slow", x, request_id=str(i))
+                await done.wait()
+
+            call = stub.ModelStreamInfer(requests())
+
+            async def read():
+                await go.wait()
+                try:
+                    async for r in call:
+                        ids.append(r.infer_response.id)
+                        if r.error_message:
+                            errors.append(r.error_message)
+                        if len(ids) == read_before_stop:
+                            reading.set()
+                        await asyncio.sleep(0.003)
+                except grpc.aio.AioRpcError as exc:
+                    return exc.code(), exc.details()
+                return await call.code(), await call.details()
+
+            reader = asyncio.ensure_future(read())
+            # Every request read by the server before the stop; the client reads past what its
+            # buffers held (about 64 answers), so the server's writes move again.
+            await asyncio.wait_for(_all_run(server, n), 10)
+            go.set()
+            await asyncio.wait_for(reading.wait(), 10)
+            start = time.monotonic()
+            await server.stop(grace=6)
+            took = time.monotonic() - start
+            end = await asyncio.wait_for(reader, 10)
+            done.set()
+    gc.collect()
+    assert ids == [str(i) for i in range(n)] and not errors, (len(ids), errors[:3])
+    assert end == (grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+    # Over 400 answers read at 3 ms or more each, after the stop began.
+    assert took > service.STREAM_STALL_S, took
+    assert not [r for r in caplog.records if STALLED in r.getMessage()]
+    assert not found, found
