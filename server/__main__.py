@@ -197,6 +197,7 @@ class _StopSignal:
     def __init__(self) -> None:
         self.received: int | None = None  # the first signal's number
         self.event: asyncio.Event | None = None
+        self.drained = False  # set once the stop has run: a later signal has nothing to cut short
         self._before: dict[int, object] = {}
 
     def install(self) -> None:
@@ -212,6 +213,8 @@ class _StopSignal:
             signal.raise_signal(self.received)
 
     def _on_signal(self, signum: int, frame=None) -> None:
+        if self.drained:  # the process is already on its way out, with the drain's status
+            return
         if self.received is not None:  # a second signal: the operator wants out now
             print("wok: second signal, exiting without draining", file=sys.stderr, flush=True)
             os._exit(1)
@@ -226,6 +229,14 @@ class _StopSignal:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         return self.event
+
+    def after_loop(self) -> None:
+        """The stop has run and the loop has closed: a signal while the interpreter and torch tear
+        down is ignored. Ignored, not handled: the interpreter's finalization puts a Python
+        handler back to the default action (death by the signal, with no word) but keeps SIG_IGN."""
+        self.drained = True
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _build(args):
@@ -344,6 +355,7 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
     print(f"wok: gRPC security: {SecurityMode.of(settings).describe()}", file=sys.stderr, flush=True)
     await stop.wait()
     await server.stop()
+    stop_signal.drained = True
     if server.abandoned_work:
         # A model thread is stuck; Python would wait for it forever at exit.
         print("wok: a model was still running after the grace period; exiting", file=sys.stderr, flush=True)
@@ -399,7 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _pick_loop()
     try:
-        return asyncio.run(_serve(args, stop_signal))
+        code = asyncio.run(_serve(args, stop_signal))
+        stop_signal.after_loop()
+        return code
     except (ConfigError, WarmupError) as exc:
         print(f"wok: {exc}", file=sys.stderr)
         return 2

@@ -54,6 +54,31 @@ STUCK_WARMUP = textwrap.dedent(
     """
 )
 
+SLOW_EXIT = textwrap.dedent(
+    """
+    import os, sys, time, types
+
+    from torch import nn
+
+
+    class _Teardown:
+        # Holds the process in the interpreter's finalization, as torch's teardown can: after
+        # Python has put its signal handlers back to the default action.
+        def __del__(self):
+            os.write(2, b"test: exiting\\n")  # sys.stderr may be gone by then
+            time.sleep(1.5)
+
+
+    def build():
+        # In a module of sys.modules: freed as finalization clears the modules, whatever holds
+        # this factory's own module (the server froze its objects out of the collector's sight).
+        held = types.ModuleType("wok_test_teardown")
+        held.teardown = _Teardown()
+        sys.modules[held.__name__] = held
+        return nn.Identity()
+    """
+)
+
 CONFIG = textwrap.dedent(
     """
     platform = "python"
@@ -151,6 +176,7 @@ def servers(tmp_path_factory) -> Iterator[dict[str, Serve]]:
         "SIGTERM": Serve(repo(STUCK_BUILD)),
         "SIGINT": Serve(repo(STUCK_BUILD)),
         "warm-up": Serve(repo(STUCK_WARMUP)),
+        "slow exit": Serve(repo(SLOW_EXIT)),
     }
     if UNSHARE:
         # unshare forks wok as PID 1 of a new PID namespace, as a container runs its entrypoint.
@@ -195,5 +221,23 @@ def test_sigterm_to_wok_as_pid_1_while_a_model_loads_is_not_dropped(servers, pro
         os.kill(wok, signal.SIGTERM)
         code = server.proc.wait(15)  # unshare exits with its child's status
         check_stopped_before_serving(server, code, time.monotonic() - sent)
+    finally:
+        server.stop()
+
+
+def test_a_second_signal_after_the_drain_leaves_the_exit_status_the_drains(servers):
+    # The loop's close put the signals back to their default action: a second SIGTERM while the
+    # process tore down killed it by the signal (status -15), with no word, where the drain had
+    # finished and said 0.
+    server = servers["slow exit"]
+    try:
+        server.wait_for_line("wok: serving")
+        server.proc.send_signal(signal.SIGTERM)
+        server.wait_for_line("test: exiting", timeout=15)
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(15)
+        log = "\n".join(server.log)
+        assert code == 0, log
+        assert "wok: second signal, exiting without draining" not in server.log, log
     finally:
         server.stop()
