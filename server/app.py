@@ -41,7 +41,7 @@ from .loopmon import LoopLagMonitor
 from .metrics import ModelMetrics, WokMetrics
 from .repository import ModelRepository
 from .servable import Servable
-from .service import InferenceService, add_to_server
+from .service import InferenceService, add_to_server, transport_limit
 from .stats import ModelStats
 from .v2pb import grpc_service_pb2 as pb
 from .wakeup import WakeupDrain
@@ -202,13 +202,13 @@ class WokServer:
             batcher.start()
             self.runtimes[name] = ModelRuntime(servable, executor, batcher, stats, metrics)
 
-        transport_limit = 4 * self.settings.max_request_bytes + (1 << 20)
+        limit = transport_limit(self.settings.max_request_bytes)
         # Built before the port opens: a token source that fails now fails the start.
         interceptor = token_interceptor(self.settings)
         interceptors = [interceptor] if interceptor is not None else []
         # No maximum_concurrent_rpcs: calls the AcceptTasks below take would bypass its limiter
         # (admission is the batcher's max_queue_size).
-        self._grpc = grpc.aio.server(interceptors=interceptors or None, options=self._grpc_options(transport_limit))
+        self._grpc = grpc.aio.server(interceptors=interceptors or None, options=self._grpc_options(limit))
         self.service = InferenceService(self)
         handlers = add_to_server(self.service, self._grpc)
         self._health = HealthServicer()

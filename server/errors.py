@@ -50,6 +50,13 @@ class DeadlineUnmeetable(WokError):
         self.retry_after_s = retry_after_s
 
 
+class AnswerTooLarge(WokError):
+    """The answer to a request is larger than the server may send (gRPC's send limit); the batch
+    it came from and the other requests on its stream are unaffected."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class DeadlineExceeded(WokError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 

@@ -18,7 +18,9 @@ from google.protobuf.message import DecodeError
 
 from . import __version__
 from .codec import decode_request, encode_response
+from .config import _MAX_REQUEST_BYTES
 from .errors import (
+    AnswerTooLarge,
     DeadlineExceeded,
     DeadlineUnmeetable,
     InvalidInput,
@@ -59,6 +61,51 @@ REJECTION_REASON = {
     InvalidInput: "invalid",
     ShuttingDown: "shutting_down",
 }
+
+
+def transport_limit(max_request_bytes: int) -> int:
+    """gRPC's limit on a message the server receives or sends: room for a request of
+    `max_request_bytes` encoded in the least compact way (app.py sets it on the server)."""
+    return 4 * max_request_bytes + (1 << 20)
+
+
+def _varint_len(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def check_answer_size(
+    resp: pb.ModelInferResponse, limit: int, model: str, *, stream: bool = False, raw_bytes: int | None = None
+) -> None:
+    """Raise AnswerTooLarge if `resp`, as gRPC sends it (inside a ModelStreamInferResponse with
+    `stream`), is over `limit` bytes: gRPC would end the call, and with it a whole stream.
+
+    `raw_bytes`: the total length of its raw_output_contents, when the caller knows it without
+    reading them. ByteSize() is a full serialization pass (upb caches nothing for the send), so it
+    runs only when a cheap upper bound (raw bytes, plus each other field's largest framing) is over
+    the limit."""
+    if raw_bytes is None:
+        raw_bytes = sum(len(b) for b in resp.raw_output_contents)
+    # A field's tag and length: at most 1 + 5 bytes for the sizes here (under 2 GiB).
+    bound = raw_bytes + 6 * (len(resp.raw_output_contents) + 3 + stream)
+    bound += len(resp.model_name.encode()) + len(resp.model_version.encode()) + len(resp.id.encode())
+    bound += sum(6 + o.ByteSize() for o in resp.outputs)
+    bound += sum(18 + len(k.encode()) + v.ByteSize() for k, v in resp.parameters.items())
+    if bound <= limit:
+        return
+    size = resp.ByteSize()
+    if stream:
+        size += 1 + _varint_len(size)  # ModelStreamInferResponse.infer_response's tag and length
+    if size <= limit:
+        return
+    need = -(-(size - (1 << 20)) // 4)  # the --max-request-bytes whose transport_limit holds it
+    if need <= _MAX_REQUEST_BYTES:
+        fix = f"raise --max-request-bytes to at least {need:,}, or ask for fewer rows or outputs per request"
+    else:
+        fix = f"no --max-request-bytes allows it (at most {_MAX_REQUEST_BYTES:,}): ask for fewer rows or outputs"
+    raise AnswerTooLarge(
+        f"the answer of model '{model}' is {size:,} bytes, over the server's send limit of {limit:,} bytes "
+        f"(4 × --max-request-bytes + 1 MiB); {fix}"
+    )
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException):
@@ -124,6 +171,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, server: WokServer) -> None:
         self.server = server
         self.server_timing = server.settings.server_timing
+        self.send_limit = transport_limit(server.settings.max_request_bytes)
         # Inference requests between arrival and their answer: a unary call's until its handler
         # has the response, a stream request's until its answer is handed to the stream.
         self.active = 0
@@ -200,10 +248,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         timing: list[str] | None = None,
         *,
         counted: bool = False,
+        stream: bool = False,
     ) -> pb.ModelInferResponse:
         """Run one request through its model's batcher; raises WokError on failure. With `timing` (a
         list), its stage times are appended to it as a `server-timing` value (`server_timing`).
-        `counted`: the caller counts the request in `active` itself (a stream, until it is answered)."""
+        `counted`: the caller counts the request in `active` itself (a stream, until it is answered).
+        `stream`: the answer is a stream's (marked FINAL, and sent inside a ModelStreamInferResponse)."""
         arrival = time.perf_counter()
         server = self.server
         try:
@@ -215,7 +265,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if not counted:
             self._begin()
         try:
-            resp = await self._run(rt, request, time_remaining, arrival, timing)
+            resp = await self._run(rt, request, time_remaining, arrival, timing, stream)
         except WokError as exc:
             m.record_status(exc.code.name)
             reason = REJECTION_REASON.get(type(exc))
@@ -234,7 +284,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         m.record_status("OK")
         return resp
 
-    async def _run(self, rt: ModelRuntime, request, time_remaining: float | None, arrival: float, timing=None):
+    async def _run(
+        self, rt: ModelRuntime, request, time_remaining: float | None, arrival: float, timing=None, stream=False
+    ):
         server = self.server
         if server.draining:
             raise ShuttingDown("server is shutting down and accepts no new requests")
@@ -254,7 +306,24 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             rt.batcher.withdraw(p)
             raise
         resumed = time.perf_counter()
-        resp = encode_response(servable.name, request.id, outputs, servable.output_types, dec.outputs)
+        names = dec.outputs or tuple(outputs)
+        resp = encode_response(servable.name, request.id, outputs, servable.output_types, names)
+        if stream:
+            resp.parameters[FINAL].bool_param = True
+        # A bound on the answer's size from the arrays (reading a bytes field back copies it), on
+        # every request's path: the exact check, a serialization pass, only near the limit.
+        # Strings count 4 bytes a character (UTF-8's most); a field's framing, 1 + 5 bytes at most;
+        # a dim, 11; an output's fields and framing besides, under 48; the rest (version, FINAL,
+        # the stream's wrapper), under 128.
+        raw = 0
+        bound = 4 * (len(servable.name) + len(request.id)) + 128
+        types = servable.output_types
+        for i, n in enumerate(names):
+            a = outputs[n]
+            raw += len(resp.raw_output_contents[i]) if types[n].name == "BYTES" else a.nbytes
+            bound += 4 * len(n) + 11 * a.ndim + 48
+        if raw + bound > self.send_limit:
+            check_answer_size(resp, self.send_limit, servable.name, stream=stream, raw_bytes=raw)
         done = time.perf_counter()
         rt.stats.success.add(done - arrival)
         rt.metrics.record_response(p.arrival - arrival, resumed - p.finished, done - resumed, done - arrival)
@@ -292,8 +361,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
         async def one(req: pb.ModelInferRequest) -> None:
             try:
-                resp = await self.infer(req, context.time_remaining(), counted=True)
-                resp.parameters[FINAL].bool_param = True
+                resp = await self.infer(req, context.time_remaining(), counted=True, stream=True)
                 results.put_nowait(pb.ModelStreamInferResponse(infer_response=resp))
             except Exception as exc:  # every request on the stream gets its one answer
                 if not isinstance(exc, WokError):
@@ -352,7 +420,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     self._changed.set()  # idle() times this write
                 # Returns once gRPC has written the answer: flow control holds it while the client
                 # does not read.
-                yield item
+                try:
+                    await context.write(item)
+                except grpc.aio.InternalError:
+                    # gRPC's core failed the write: the call has ended (the client cancelled, or its
+                    # deadline passed) and a status can no longer be sent. Let grpc.aio see a
+                    # cancellation, which it logs at DEBUG only, rather than the failed write, which it
+                    # logs as an ERROR with a traceback when its own view of the end lags behind.
+                    raise asyncio.CancelledError("the stream ended before its answer was written") from None
                 st.writing_since = None
                 st.owed -= 1
                 self._end()

@@ -1,0 +1,220 @@
+"""Answers over the server's send limit, and streams that end while an answer's write is held.
+
+An answer larger than gRPC's send limit (4 × max_request_bytes + 1 MiB) is that request's
+RESOURCE_EXHAUSTED, with wok's message, and a stream goes on with the requests after it. A
+stream that ends (cancelled, or past its deadline) while flow control holds the write of an
+answer (its client reads nothing) ends quietly, as a unary call does: no ERROR in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import textwrap
+
+import grpc
+import numpy as np
+
+from wok import service
+from wok.codec import encode_request
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+X = {"INPUT0": np.ones((1, 4), np.float32)}
+# With --max-request-bytes 1024 the send limit is 4 × 1024 + 1 MiB = 1,052,672 bytes.
+MAX_REQUEST_BYTES = 1024
+SEND_LIMIT = 4 * MAX_REQUEST_BYTES + (1 << 20)
+# FP32 values per row of the "expand" model's answer: 1,200,000 bytes, over the limit.
+EXPAND = 300_000
+# FP32 values per row of the "wide" model's answer (1 MiB): HTTP/2's flow control holds the
+# server's writes to a client that reads nothing after a few answers (a 4 MiB window).
+WIDE = 262_144
+GRPC_LOGGER = "grpc._cython.cygrpc"
+
+MODEL = textwrap.dedent(
+    """
+    from torch import nn
+
+
+    class Repeat(nn.Module):
+        # Each row's first value, `width` times: an answer far larger than the request.
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.width = width
+
+        def forward(self, x):
+            return x[:, :1].repeat(1, self.width)
+
+
+    def build(width: int) -> nn.Module:
+        return Repeat(width)
+    """
+)
+
+
+def _write_model(root, name: str, dims_in: int, width: int) -> None:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "model.py").write_text(MODEL)
+    (d / "config.toml").write_text(
+        textwrap.dedent(
+            f"""
+            platform = "python"
+            factory = "model:build"
+            max_batch_size = 4
+            parameters = {{ width = {width} }}
+
+            [[inputs]]
+            name = "INPUT0"
+            datatype = "FP32"
+            dims = [{dims_in}]
+
+            [[outputs]]
+            name = "OUTPUT0"
+            datatype = "FP32"
+            dims = [{width}]
+
+            [dynamic_batching]
+            max_queue_delay_ms = 1.0
+
+            [instances]
+            devices = ["cpu"]
+            """
+        )
+    )
+
+
+def _errors(caplog) -> list[str]:
+    return [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_an_answer_over_the_send_limit_is_that_request_s_resource_exhausted(serve, slow_repository, caplog):
+    caplog.set_level(logging.WARNING)
+    repo = slow_repository(sleep_ms=0, delay_ms=1)
+    _write_model(repo, "expand", 4, EXPAND)
+    async with serve(repository=repo, max_request_bytes=MAX_REQUEST_BYTES) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            models = ["slow", "expand", "slow", "slow"]
+            reqs = [encode_request(m, X, request_id=str(i)) for i, m in enumerate(models)]
+            answers = [r async for r in stub.ModelStreamInfer(iter(reqs), timeout=30)]
+            with_timeout = stub.ModelInfer(reqs[1], timeout=30)
+            try:
+                await with_timeout
+                unary = None
+            except grpc.aio.AioRpcError as exc:
+                unary = exc
+            responses = dict(server.runtimes["expand"].metrics.responses)
+    # Every request has its answer (in the order the models finished), and the stream ended OK.
+    by_id = {a.infer_response.id: a for a in answers}
+    assert sorted(by_id) == ["0", "1", "2", "3"] and len(answers) == 4, answers
+    assert {i: bool(a.error_message) for i, a in by_id.items()} == {"0": False, "1": True, "2": False, "3": False}
+    size = EXPAND * 4  # the raw output alone; the message is a little larger
+    message = by_id["1"].error_message
+    assert message.startswith("the answer of model 'expand' is "), message
+    got = int(message.split(" is ")[1].split(" bytes")[0].replace(",", ""))
+    assert size < got < size + 200, message
+    assert f"over the server's send limit of {SEND_LIMIT:,} bytes" in message, message
+    assert "--max-request-bytes" in message, message
+    code = by_id["1"].infer_response.parameters["status_code"].int64_param
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    # A unary call gets the same status and message (its answer is 39 bytes smaller).
+    assert unary is not None and unary.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, unary
+    assert unary.details().startswith("the answer of model 'expand' is "), unary.details()
+    assert f"over the server's send limit of {SEND_LIMIT:,} bytes" in unary.details()
+    assert responses == {"RESOURCE_EXHAUSTED": 2}, responses
+    assert not _errors(caplog), _errors(caplog)
+
+
+def test_the_size_check_is_exact_at_the_limit():
+    # The serialized size decides, and the stream's wrapping counts: the answer gRPC would send.
+    def answer(raw: int) -> pb.ModelInferResponse:
+        resp = pb.ModelInferResponse(model_name="m", model_version="1", id="r")
+        resp.outputs.add(name="OUTPUT0", datatype="UINT8", shape=[1, raw])
+        resp.raw_output_contents.append(bytes(raw))
+        return resp
+
+    resp = answer(1 << 20)
+    n = resp.ByteSize()
+    service.check_answer_size(resp, n, "m")
+    try:
+        service.check_answer_size(resp, n - 1, "m")
+    except service.AnswerTooLarge as exc:
+        assert f"is {n:,} bytes, over the server's send limit of {n - 1:,} bytes" in str(exc), str(exc)
+    else:
+        raise AssertionError("an answer one byte over the limit passed")
+    wrapped = pb.ModelStreamInferResponse(infer_response=resp).ByteSize()
+    service.check_answer_size(resp, wrapped, "m", stream=True)
+    try:
+        service.check_answer_size(resp, wrapped - 1, "m", stream=True)
+    except service.AnswerTooLarge:
+        pass
+    else:
+        raise AssertionError("a stream answer one byte over the limit passed")
+
+
+async def _stalled_stream(server, stub, n: int, timeout: float | None = None):
+    """A stream of `n` requests for the wide model whose client reads nothing: returns the call
+    once every request has run and the server's write of an answer is held."""
+    call = stub.ModelStreamInfer(timeout=timeout)
+    x = {"INPUT0": np.ones((1, 4), np.float32)}
+    for i in range(n):
+        await call.write(encode_request("wide", x, request_id=str(i)))
+    stats = server.runtimes["wide"].stats
+    loop = asyncio.get_running_loop()
+
+    async def held():
+        # Every request run, and one write of an answer in progress for a while (flow control).
+        while not (
+            stats.inference_count == n
+            and any(
+                st.writing_since is not None and loop.time() - st.writing_since > 0.1 for st in server.service._streams
+            )
+        ):
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(held(), 10)
+    return call
+
+
+async def _stream_ended(server, caplog) -> None:
+    # The stream's handler is done once it is no longer among the open streams; grpc.aio logs the
+    # end of a handler (the ERROR, if any) before another task runs.
+    async def ended():
+        while server.service._streams and not _errors(caplog):
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(ended(), 10)
+
+
+def _wide_server(serve, tmp_path):
+    repo = tmp_path / "wide-repo"
+    _write_model(repo, "wide", 4, WIDE)
+    return serve(repository=repo)
+
+
+async def test_a_stream_cancelled_while_an_answer_s_write_is_held_ends_quietly(serve, tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    async with _wide_server(serve, tmp_path) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            call = await _stalled_stream(server, stub, 12)
+            call.cancel()
+            await _stream_ended(server, caplog)
+            # The server serves on: a fresh stream gets its answers.
+            more = [r async for r in stub.ModelStreamInfer(iter([encode_request("wide", X)]), timeout=10)]
+            assert [r.error_message for r in more] == [""]
+            assert server.service.active == 0
+    assert not _errors(caplog), _errors(caplog)
+
+
+async def test_a_stream_past_its_deadline_while_an_answer_s_write_is_held_ends_quietly(serve, tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    async with _wide_server(serve, tmp_path) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            call = await _stalled_stream(server, stub, 12, timeout=2.0)
+            assert await call.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await _stream_ended(server, caplog)
+            assert server.service.active == 0
+    assert not _errors(caplog), _errors(caplog)
