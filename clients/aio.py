@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -30,7 +31,7 @@ from .channel import (
     open_channel,
 )
 from .errors import InferError
-from .messages import ModelInfo, StreamItem, StreamResult, stream_request, stream_result
+from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, stream_request, stream_result
 
 
 class AsyncClient:
@@ -217,10 +218,13 @@ class AsyncClient:
 
         An item is `(model, inputs)` or a mapping with `model`, `inputs` and optionally
         `outputs`, `request_id`, `server_timeout_us`. An item without a request id gets
-        its position in the stream ("0", "1", ...). A request the server rejects comes
-        back as a StreamResult with `error` set, and the stream goes on. If `requests`
-        raises (or holds a malformed item), nothing more is sent, the results of what was
-        sent still come, and then that exception is raised. A failure of the stream
+        its position in the stream ("0", "1", ...); so that no two answers share an id by the
+        client's doing, a stream that has such items refuses (ValueError, as a malformed item)
+        a caller's request_id of that form (a decimal number) other than its own item's position.
+        A request the server rejects comes back as a StreamResult with `error` and `code`
+        set, and the stream goes on. If `requests` raises (or holds a malformed item), even
+        with a BaseException such as CancelledError, nothing more is sent, the results of
+        what was sent still come, and then that exception is raised. A failure of the stream
         itself (deadline `timeout` for the whole stream, server gone) raises InferError.
         Leaving early cancels the stream once the generator is closed: wrap it in
         `contextlib.aclosing` to close it at once.
@@ -254,24 +258,44 @@ def _serialize(message) -> bytes:
     return message.SerializeToString()
 
 
-async def _write_requests(call, requests) -> Exception | None:
+async def _write_requests(call, requests) -> BaseException | None:
     """Write every request, then half-close; returns the error that stopped the caller's
     requests early. A failure of the call itself is left to the reader to report."""
     error = None
+    ids = StreamIds()
     try:
         async for index, item in _enumerate(requests):
-            request = stream_request(item, index)
+            request = stream_request(item, index, ids)
             try:
                 await call.write(request)
             except (grpc.RpcError, asyncio.InvalidStateError):
                 return None
+    except asyncio.CancelledError as exc:
+        if _cancelled(call):
+            raise
+        error = exc  # the caller's iterator raised it: the caller's to get, after the results
     except Exception as exc:
         error = exc
-    try:
-        await call.done_writing()
-    except (grpc.RpcError, asyncio.InvalidStateError):
-        pass
+    finally:
+        # Whatever ended the requests: without the half-close the server waits for more and
+        # the stream ends only at its deadline, if it has one.
+        try:
+            await call.done_writing()
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass
     return error
+
+
+_COUNTS_CANCELS = sys.version_info >= (3, 11)  # Task.cancelling()
+
+
+def _cancelled(call) -> bool:
+    """Whether this writer task was cancelled (by stream_infer, or at the loop's shutdown), as
+    opposed to the caller's iterator raising CancelledError of its own."""
+    if _COUNTS_CANCELS:
+        return asyncio.current_task().cancelling() > 0
+    # 3.10 keeps no count; stream_infer cancels the call before it cancels the writer.
+    return call.done()
 
 
 async def _enumerate(items: AsyncIterable | Iterable) -> AsyncIterator[tuple[int, Any]]:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import numpy as np
 
 from wok.codec import decode_response, encode_request
@@ -51,15 +52,18 @@ class ModelInfo:
 
 @dataclass(frozen=True, slots=True)
 class StreamResult:
-    """The answer to one stream request: `outputs` when it succeeded, else `error`.
+    """The answer to one stream request: `outputs` when it succeeded, else `error` and `code`.
 
-    `error` is the server's message; a stream response carries no status code.
+    `error` is the server's message and `code` the status a unary call would have ended with,
+    which wok sends in the answer's `status_code` parameter (UNKNOWN from a server that sends
+    none); both are None for a success.
     """
 
     id: str
     model: str
     outputs: dict[str, np.ndarray] | None
     error: str | None
+    code: grpc.StatusCode | None = None
 
     @property
     def ok(self) -> bool:
@@ -69,10 +73,57 @@ class StreamResult:
 # (model, inputs), or a mapping with the keys below ("model" and "inputs" required).
 StreamItem = tuple[str, Mapping[str, np.ndarray]] | Mapping[str, Any]
 _ITEM_KEYS = frozenset({"model", "inputs", "outputs", "request_id", "server_timeout_us", "datatypes"})
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
-def stream_request(item: StreamItem, index: int) -> pb.ModelInferRequest:
-    """The request for the `index`-th stream item; without an id it gets str(index)."""
+class StreamIds:
+    """One stream's request ids: an item without one gets its position ("0", "1", ...).
+
+    So that two answers cannot carry one id by the client's doing, a stream with items without
+    an id refuses (ValueError) a caller's id of the same form (a decimal number without leading
+    zeros) other than its own item's position, whichever of the two comes first. It keeps two
+    items' worth of state, however long the stream.
+    """
+
+    __slots__ = ("_first_auto", "_first_numeric")
+
+    def __init__(self) -> None:
+        self._first_auto: int | None = None
+        self._first_numeric: tuple[int, str] | None = None
+
+    def id_for(self, index: int, request_id: Any) -> Any:
+        """The id of the `index`-th item, whose caller's id is `request_id` ("" or None for none)."""
+        if not request_id:
+            if self._first_numeric is not None:
+                at, rid = self._first_numeric
+                raise ValueError(
+                    f"stream request {index}: has no request_id, so it would get the automatic id "
+                    f"'{index}', which can repeat stream request {at}'s request_id '{rid}', a number other "
+                    f"than its position; expected every request to have an id, or numeric ids only at "
+                    f"their own position"
+                )
+            if self._first_auto is None:
+                self._first_auto = index
+            return str(index)
+        if isinstance(request_id, str) and request_id != str(index) and _looks_automatic(request_id):
+            if self._first_auto is not None:
+                raise ValueError(
+                    f"stream request {index}: request_id '{request_id}' is a number other than its "
+                    f"position, which the automatic ids of this stream's requests without an id (the "
+                    f"first: stream request {self._first_auto}) can repeat; expected a request_id that "
+                    f"is not a number, or '{index}'"
+                )
+            if self._first_numeric is None:
+                self._first_numeric = (index, request_id)
+        return request_id
+
+
+def _looks_automatic(request_id: str) -> bool:
+    return request_id.isascii() and request_id.isdigit() and str(int(request_id)) == request_id
+
+
+def stream_request(item: StreamItem, index: int, ids: StreamIds) -> pb.ModelInferRequest:
+    """The request for the `index`-th stream item; its id comes from `ids` (one per stream)."""
     if isinstance(item, Mapping):
         unknown = item.keys() - _ITEM_KEYS
         if unknown or "model" not in item or "inputs" not in item:
@@ -84,7 +135,7 @@ def stream_request(item: StreamItem, index: int) -> pb.ModelInferRequest:
             item["model"],
             item["inputs"],
             item.get("outputs"),
-            item.get("request_id") or str(index),
+            ids.id_for(index, item.get("request_id")),
             item.get("server_timeout_us"),
             item.get("datatypes"),
         )
@@ -94,11 +145,15 @@ def stream_request(item: StreamItem, index: int) -> pb.ModelInferRequest:
         raise TypeError(
             f"stream request {index}: expected (model, inputs) or a mapping; got {type(item).__name__}"
         ) from None
-    return encode_request(model, inputs, None, str(index))
+    return encode_request(model, inputs, None, ids.id_for(index, None))
 
 
 def stream_result(msg: pb.ModelStreamInferResponse) -> StreamResult:
     resp = msg.infer_response
     if msg.error_message:
-        return StreamResult(resp.id, resp.model_name, None, msg.error_message)
+        p = resp.parameters.get("status_code")
+        code = None if p is None else _CODES.get(p.int64_param)
+        if code is None or code is grpc.StatusCode.OK:  # not wok, or a number that names no failure
+            code = grpc.StatusCode.UNKNOWN
+        return StreamResult(resp.id, resp.model_name, None, msg.error_message, code)
     return StreamResult(resp.id, resp.model_name, decode_response(resp), None)

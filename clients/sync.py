@@ -25,7 +25,7 @@ from .channel import (
     open_channel,
 )
 from .errors import InferError
-from .messages import ModelInfo, StreamItem, StreamResult, stream_request, stream_result
+from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, stream_request, stream_result
 
 
 class Client:
@@ -135,7 +135,7 @@ class Client:
         Nothing is sent until the first result is asked for. Leaving early (closing the
         generator, or dropping it) cancels the stream.
         """
-        failure: list[Exception] = []
+        failure: list[BaseException] = []
         responses = self._stub.ModelStreamInfer(_requests(requests, failure), timeout=timeout, metadata=self._metadata)
         try:
             for response in responses:
@@ -144,15 +144,19 @@ class Client:
             raise InferError.from_rpc_error(exc) from None
         finally:
             responses.cancel()
-        # grpc consumes the requests on its own thread and would log and hide an
-        # exception raised there; it is kept and raised here, after the results.
+        # grpc consumes the requests on its own thread and would log and hide an exception
+        # raised there (and end without half-closing, so the stream would hang); it is kept
+        # and raised here, after the results.
         if failure:
             raise failure[0]
 
 
-def _requests(requests: Iterable[StreamItem], failure: list[Exception]) -> Iterator[pb.ModelInferRequest]:
+def _requests(requests: Iterable[StreamItem], failure: list[BaseException]) -> Iterator[pb.ModelInferRequest]:
+    ids = StreamIds()
     try:
         for index, item in enumerate(requests):
-            yield stream_request(item, index)
-    except Exception as exc:
+            yield stream_request(item, index, ids)
+    except GeneratorExit:  # grpc dropped the requests: the stream is over, nothing to report
+        raise
+    except BaseException as exc:  # SystemExit too: ending here is what half-closes the stream
         failure.append(exc)

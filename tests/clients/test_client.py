@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from wok.clients import TLS, AsyncClient, Client, InferError, ModelInfo, StreamResult, TensorInfo
+from wok.clients import TLS, AsyncClient, Client, InferError, ModelInfo, StreamResult, TensorInfo, aio
 from wok.clients.channel import channel_options, channel_target, service_config
+from wok.clients.messages import StreamIds, stream_result
 from wok.servable import HostBuffers, Servable
+from wok.v2pb import grpc_service_pb2 as pb
 
 pytestmark = pytest.mark.timeout(60)
 TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -358,7 +360,23 @@ async def test_stream_accepts_a_plain_iterable_and_reports_caller_errors(serve):
                 pass
 
 
-async def test_leaving_a_stream_early_cancels_it(serve):
+@pytest.fixture(params=["3.11", "3.10"])
+def cancel_check(request, monkeypatch):
+    """Both ways the stream's writer tells its own cancellation from the caller's CancelledError:
+    Task.cancelling() (3.11+), and the call's state on 3.10, which has no count."""
+    monkeypatch.setattr(aio, "_COUNTS_CANCELS", request.param == "3.11")
+    verdicts = []
+    real = aio._cancelled
+
+    def cancelled(call) -> bool:
+        verdicts.append(real(call))
+        return verdicts[-1]
+
+    monkeypatch.setattr(aio, "_cancelled", cancelled)
+    return verdicts  # one per CancelledError that ended a writer: was it the writer's own?
+
+
+async def test_leaving_a_stream_early_cancels_it(serve, cancel_check):
     x = requests_for("mlp", np.random.default_rng(9))
     more = asyncio.Event()
 
@@ -373,6 +391,7 @@ async def test_leaving_a_stream_early_cancels_it(serve):
                 assert r.ok
                 break
         assert (await client.infer("mlp", x))["OUTPUT0"].shape == (3, 256)
+    assert cancel_check == [True]  # the writer, waiting in the caller's iterator, was cancelled
 
 
 async def test_stream_deadline_raises(serve):
@@ -388,6 +407,95 @@ async def test_stream_deadline_raises(serve):
             async for r in client.stream_infer(requests(), timeout=0.5):
                 seen.append(r)
         assert e.value.code == CODE.DEADLINE_EXCEEDED and len(seen) == 1
+
+
+async def test_stream_results_carry_the_servers_status_code(serve):
+    x = requests_for("mlp", np.random.default_rng(13))
+    items = [("mlp", x), ("mlp", {"INPUT0": np.zeros((2, 7), np.float32)}), ("nope", x)]
+    async with serve(models=("mlp",)) as server, AsyncClient(target(server)) as client:
+        by_id = {r.id: r async for r in client.stream_infer(items)}
+    assert {k: r.code for k, r in by_id.items()} == {"0": None, "1": CODE.INVALID_ARGUMENT, "2": CODE.NOT_FOUND}
+
+
+def test_a_stream_answer_without_a_status_code_fails_as_unknown():
+    # A server other than wok (Triton) sends only the message.
+    msg = pb.ModelStreamInferResponse(error_message="no", infer_response=pb.ModelInferResponse(id="7"))
+    assert stream_result(msg) == StreamResult("7", "", None, "no", CODE.UNKNOWN)
+
+
+async def test_a_cancelled_error_from_the_callers_iterator_ends_the_stream_and_is_raised(serve, cancel_check):
+    x = requests_for("mlp", np.random.default_rng(14))
+
+    async def requests():
+        yield ("mlp", x)
+        yield ("mlp", x)
+        raise asyncio.CancelledError("the caller's own")  # as an await on a cancelled future raises
+
+    async def consume(client):
+        seen = []
+        try:
+            async for r in client.stream_infer(requests()):  # no deadline: a missing half-close hangs
+                seen.append(r)
+        except asyncio.CancelledError as exc:
+            return seen, exc
+        return seen, None
+
+    async with serve(models=("mlp",)) as server, AsyncClient(target(server)) as client:
+        seen, exc = await asyncio.wait_for(consume(client), 10)
+    assert sorted((r.id, r.ok) for r in seen) == [("0", True), ("1", True)]
+    assert exc is not None and exc.args == ("the caller's own",) and cancel_check == [False]
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        ["0", None, "2"],  # a number at its own position is its automatic id anyway
+        ["a", None, "b"],
+        ["007", None, None],  # not of the automatic form
+        ["7", "3", "12"],  # no automatic ids in this stream
+        [None, "", None],
+    ],
+)
+def test_stream_ids_that_cannot_collide_pass(ids):
+    stream = StreamIds()
+    assigned = [stream.id_for(i, rid) for i, rid in enumerate(ids)]
+    assert assigned == [rid or str(i) for i, rid in enumerate(ids)]
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        (["1", None], r"stream request 1: has no request_id, so it would get the automatic id '1', .*'1'"),
+        (["5", None], r"stream request 1: has no request_id, .* stream request 0's request_id '5'"),
+        ([None, "0"], r"stream request 1: request_id '0' is a number other than its position"),
+        ([None, "x", "9"], r"stream request 2: request_id '9' .* \(the first: stream request 0\)"),
+    ],
+)
+def test_stream_ids_that_could_collide_are_refused(ids, message):
+    stream = StreamIds()
+    with pytest.raises(ValueError, match=message):
+        for i, rid in enumerate(ids):
+            stream.id_for(i, rid)
+
+
+async def test_a_callers_id_that_an_automatic_id_repeats_is_refused_after_the_results(serve):
+    x = requests_for("mlp", np.random.default_rng(15))
+    items = [{"model": "mlp", "inputs": x, "request_id": "1"}, ("mlp", x), ("mlp", x)]
+    async with serve(models=("mlp",)) as server, AsyncClient(target(server)) as client:
+        seen = []
+        with pytest.raises(ValueError, match=r"stream request 1: .*request_id '1'"):
+            async for r in client.stream_infer(items):
+                seen.append(r)
+        assert [(r.id, r.ok) for r in seen] == [("1", True)]
+
+        def sync_stream() -> list[StreamResult]:
+            got = []
+            with Client(target(server)) as sync, pytest.raises(ValueError, match=r"stream request 1: .*'1'"):
+                for r in sync.stream_infer(items, timeout=10):
+                    got.append(r)
+            return got
+
+        assert [(r.id, r.ok) for r in await asyncio.to_thread(sync_stream)] == [("1", True)]
 
 
 async def test_closed_client_refuses_calls(serve):
@@ -502,6 +610,27 @@ async def test_sync_client(serve):
     np.testing.assert_allclose(by_id["2"].outputs["OUTPUT0"], reference(servable, xs[2])["OUTPUT0"], **TOL)
     assert [(r.id, r.ok) for r in seen] == [("0", True)]
     assert stats.inference_count == 2 + 2 + 2 + 2  # infer, two good stream requests, the failing stream's one
+
+
+async def test_sync_stream_raises_a_base_exception_from_the_callers_iterator_after_the_results(serve):
+    x = requests_for("mlp", np.random.default_rng(16))
+
+    def requests():
+        yield ("mlp", x)
+        yield ("mlp", x)
+        raise SystemExit(3)
+
+    def run(address: str):
+        seen = []
+        with Client(address) as client, pytest.raises(SystemExit) as exc:
+            # The deadline only bounds a hang: without the half-close the stream would end there.
+            for r in client.stream_infer(requests(), timeout=5):
+                seen.append(r)
+        return seen, exc.value
+
+    async with serve(models=("mlp",)) as server:
+        seen, exc = await asyncio.to_thread(run, target(server))
+    assert sorted((r.id, r.ok) for r in seen) == [("0", True), ("1", True)] and exc.code == 3
 
 
 def bf16_repository(root) -> object:
