@@ -10,8 +10,13 @@ const S = {
   dots: [],      // arrival animation
   policy: null,
   lastSent: null,
+  // Sliders moved since the last Apply: these keep the user's value; the others follow the live policy.
+  touched: { "max-batch": false, delay: false },
 };
 const WINDOW_S = 10;
+// The load events' period (TICK_S in demo/web.py): one older than this and a second is from a
+// stream that has stopped, and its figures are no longer live.
+const LOAD_PERIOD_S = 0.25;
 const COLORS = { size: "#4c9aff", delay: "#f5a623", drain: "#8a97a6", failed: "#ff5c5c", deadline: "#8a97a6" };
 const $ = (id) => document.getElementById(id);
 const now = () => Date.now() / 1000;
@@ -85,16 +90,18 @@ function onConfig(c) {
     : "Every figure here is live: batches and queue from the server's /events, latencies from this demo's callers.";
 }
 
+// The live policy: from every tick, so another tab's or the admin API's change shows here too.
 function applyPolicy(p) {
-  const first = S.policy === null;
   S.policy = p;
   $("max-batch").max = p.limit_batch_size;
   // A slider clamps its value to its max: widen it to the policy's window (e.g. --max-queue-delay 250ms),
   // or Apply would send the clamped one.
   $("delay").max = Math.max(Number($("delay").max), p.max_queue_delay_ms);
   $("policy-now").textContent = "now: max batch " + p.max_batch_size + ", delay " + fmt(p.max_queue_delay_ms, 1) + " ms";
-  if (first) {
+  if (!S.touched["max-batch"]) {
     $("max-batch").value = p.max_batch_size; $("max-batch-v").textContent = p.max_batch_size;
+  }
+  if (!S.touched.delay) {
     $("delay").value = p.max_queue_delay_ms; $("delay-v").textContent = fmt(p.max_queue_delay_ms, 1);
   }
 }
@@ -130,7 +137,7 @@ function onBatch(e) { S.batches.push(e); }
 function onTick(e) {
   const name = Object.keys(e.models)[0];
   const m = e.models[name];
-  S.ticks.push({ t: e.t, queued: m.queued, running: m.running, faults: e.faults || [] });
+  S.ticks.push({ t: e.t, seen: now(), queued: m.queued, running: m.running, faults: e.faults || [] });
   if (m.policy) applyPolicy(m.policy);
 }
 
@@ -140,6 +147,7 @@ function onLoad(e) {
     for (let k = 0; k < n; k++) S.dots.push({ t0: now() + Math.random() * 0.25, y: 40 + Math.random() * 150 });
   }
   S.lastSent = e.sent_total;
+  e.seen = now();  // the page's own clock: the server's may differ from it
   S.loads.push(e);
   $("load-now").textContent = e.burst_rate ? `bursting at ${fmt(e.burst_rate)} req/s, ${fmt(e.burst_left_s, 1)} s left`
     : `steady at ${fmt(e.rate)} req/s`;
@@ -170,20 +178,20 @@ function prune() {
   while (S.loads.length && S.loads[0].t < edge - 50) S.loads.shift();
 }
 
+// A figure whose window has no event (the stream ended, the demo stopped) shows "–", not its last value.
 function updateCards() {
-  const l = S.loads[S.loads.length - 1];
-  const slo = S.config ? S.config.slo_ms : Infinity;
-  if (l) {
-    setCard("offered", l.sent_per_s);
-    setCard("throughput", l.ok_per_s);
-    setCard("p50", l.p50_ms, 1, l.p50_ms > slo);
-    setCard("p95", l.p95_ms, 1, l.p95_ms > slo);
-    setCard("p99", l.p99_ms, 1, l.p99_ms > slo);
-    setCard("errors", l.errors_per_s, 0, l.errors_per_s > 0);
-  }
   const t = now();
-  const recent = S.ticks.filter((k) => k.t > t - 1);
-  if (recent.length) setCard("queue", Math.max(...recent.map((k) => k.queued)));
+  const last = S.loads[S.loads.length - 1];
+  const l = last && t - last.seen <= LOAD_PERIOD_S + 1 ? last : {};
+  const slo = S.config ? S.config.slo_ms : Infinity;
+  setCard("offered", l.sent_per_s);
+  setCard("throughput", l.ok_per_s);
+  setCard("p50", l.p50_ms, 1, l.p50_ms > slo);
+  setCard("p95", l.p95_ms, 1, l.p95_ms > slo);
+  setCard("p99", l.p99_ms, 1, l.p99_ms > slo);
+  setCard("errors", l.errors_per_s, 0, l.errors_per_s > 0);
+  const recent = S.ticks.filter((k) => k.seen > t - 1);
+  setCard("queue", recent.length ? Math.max(...recent.map((k) => k.queued)) : null);
   const bs = S.batches.filter((b) => b.t_end > t - 2 && b.ok);
   setCard("mean-batch", bs.length ? bs.reduce((a, b) => a + b.size, 0) / bs.length : null, 1);
 }
@@ -337,11 +345,21 @@ function wire() {
       message(`burst: ${$("burst-rate").value} req/s for ${$("burst-s").value} s`, true);
     } catch (e) { /* shown */ }
   };
-  $("max-batch").oninput = () => { $("max-batch-v").textContent = $("max-batch").value; };
-  $("delay").oninput = () => { $("delay-v").textContent = $("delay").value; };
+  $("max-batch").oninput = () => { S.touched["max-batch"] = true; $("max-batch-v").textContent = $("max-batch").value; };
+  $("delay").oninput = () => { S.touched.delay = true; $("delay-v").textContent = $("delay").value; };
+  // Apply sends only the sliders moved since the last Apply, so it cannot undo a change made
+  // elsewhere in the meantime (an untouched slider's value may be a tick old). With none moved it
+  // sends both as shown, which follow the live policy: the server needs at least one.
   $("apply-batching").onclick = async () => {
+    const fields = { "max-batch": ["max_batch_size", "max batch size"], delay: ["max_queue_delay_ms", "delay window"] };
+    const moved = Object.keys(fields).filter((id) => S.touched[id]);
     try {
-      const p = await api("batching", { max_batch_size: num("max-batch", "max batch size"), max_queue_delay_ms: num("delay", "delay window") });
+      const body = {};
+      for (const id of moved.length ? moved : Object.keys(fields)) body[fields[id][0]] = num(id, fields[id][1]);
+      const sent = Object.fromEntries(moved.map((id) => [id, $(id).value]));
+      const p = await api("batching", body);
+      // A slider moved again while the request was out keeps its new value.
+      for (const id of moved) if ($(id).value === sent[id]) S.touched[id] = false;
       applyPolicy(p);
       message(`batching: max ${p.max_batch_size}, delay ${p.max_queue_delay_ms} ms`, true);
     } catch (e) { /* shown */ }

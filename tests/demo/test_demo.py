@@ -20,7 +20,12 @@ def value(page, card: str) -> float:
 
 def wait_for(page, condition: str, what: str, timeout_s: float = 12.0) -> None:
     """Wait until the page's JS `condition` holds (cards read as numbers via v('id'))."""
-    js = f"() => {{ const v = (id) => Number(document.getElementById(id).dataset.value); return {condition}; }}"
+    # A card showing "–" (no recent events) has an empty value: NaN, which no condition holds for,
+    # not Number("")'s 0, which would pass "queue <= 40" or "errors == 0" while nothing is shown.
+    js = (
+        "() => { const v = (id) => { const s = document.getElementById(id).dataset.value;"
+        f" return s === undefined || s === '' ? NaN : Number(s); }}; return {condition}; }}"
+    )
     try:
         page.wait_for_function(js, timeout=timeout_s * 1e3, polling=200)
     except Exception as exc:

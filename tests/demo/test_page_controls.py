@@ -1,6 +1,7 @@
 """The page's controls in headless Chromium, on `wok demo --simulate` (no server to start): they
-follow the configuration rather than the page's fixed limits, refuse emptied fields, and say so
-when the demo is gone."""
+follow the configuration rather than the page's fixed limits (and a change made in another tab or
+through the API), refuse emptied fields, and say so when the demo is gone; the figures blank once
+their events stop; the page loads without a console error."""
 
 from __future__ import annotations
 
@@ -42,3 +43,91 @@ def test_the_controls_follow_the_configuration_and_refuse_what_they_cannot_send(
     page.click("#apply-rate")
     page.wait_for_function("() => document.getElementById('message').textContent.includes('did not answer')")
     page.close()
+
+
+def set_range(page, selector: str, value: float) -> None:
+    """Move a slider as a user does: set it and fire its input event."""
+    page.eval_on_selector(selector, f"el => {{ el.value = {value}; el.dispatchEvent(new Event('input')); }}")
+
+
+def open_page(browser, url: str):
+    page = browser.new_page()
+    page.goto(url)
+    page.wait_for_selector("#status[data-state='open']", timeout=10_000)
+    return page
+
+
+def apply_batching(page) -> None:
+    page.eval_on_selector("#message", "el => { el.textContent = ''; }")
+    page.click("#apply-batching")
+    page.wait_for_function(
+        "() => document.getElementById('message').textContent.startsWith('batching:')", timeout=5_000, polling=100
+    )
+
+
+def policy(demo) -> tuple[int, float]:
+    with urllib.request.urlopen(demo.url + "api/config", timeout=10) as r:
+        b = json.loads(r.read())["batching"]
+    return b["max_batch_size"], b["max_queue_delay_ms"]
+
+
+def test_a_tabs_sliders_follow_changes_made_elsewhere_and_its_apply_does_not_undo_them(start_demo, launch_browser):
+    demo = start_demo("--simulate", "--rate", "50", ready=False)
+    browser = launch_browser()
+    tab1, tab2 = open_page(browser, demo.ready().url), open_page(browser, demo.url)
+    assert tab1.input_value("#max-batch") == "32" and tab1.input_value("#delay") == "5"
+
+    # Another tab sets max batch 8: this tab's slider follows, and its Apply of a new delay keeps 8.
+    set_range(tab2, "#max-batch", 8)
+    apply_batching(tab2)
+    tab1.wait_for_function("() => document.getElementById('max-batch').value === '8'", timeout=5_000, polling=100)
+    set_range(tab1, "#delay", 20)
+    apply_batching(tab1)
+    assert policy(demo) == (8, 20)
+
+    # A change through the API (as a script's): an untouched slider follows it, a moved one keeps
+    # the user's value until Apply, which sends that one only.
+    set_range(tab1, "#max-batch", 16)
+    body = json.dumps({"max_queue_delay_ms": 30}).encode()
+    req = urllib.request.Request(demo.url + "api/batching", body, {"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=10).close()
+    tab1.wait_for_function("() => document.getElementById('delay').value === '30'", timeout=5_000, polling=100)
+    assert tab1.input_value("#max-batch") == "16"
+    set_range(tab2, "#delay", 40)  # after tab1's delay slider synced: tab1's Apply must not undo it
+    apply_batching(tab2)
+    apply_batching(tab1)
+    assert policy(demo) == (16, 40)
+    tab2.wait_for_function("() => document.getElementById('max-batch').value === '16'", timeout=5_000, polling=100)
+
+
+CARDS = ("offered", "throughput", "p50", "p95", "p99", "errors", "queue", "mean-batch")
+
+
+def test_the_cards_blank_once_the_demo_stops(start_demo, launch_browser):
+    demo = start_demo("--simulate", "--rate", "50", ready=False)
+    page = open_page(launch_browser(), demo.ready().url)
+    cards = json.dumps(CARDS)
+    page.wait_for_function(
+        f"() => {cards}.every((c) => document.getElementById(c).textContent !== '–')", timeout=10_000
+    )
+
+    assert demo.stop() == 0
+    page.wait_for_selector("#status[data-state='error']", timeout=5_000)
+    # The load events' period and a second (1.25 s), the queue's 1 s, the mean batch's 2 s.
+    page.wait_for_function(
+        f"() => {cards}.every((c) => document.getElementById(c).textContent === '–')", timeout=5_000, polling=100
+    )
+
+
+def test_the_page_loads_without_a_console_error(start_demo, launch_browser):
+    demo = start_demo("--simulate", "--rate", "50", ready=False)
+    page = launch_browser().new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    page.goto(demo.ready().url)
+    page.wait_for_selector("#status[data-state='open']", timeout=10_000)
+    # The icon is asked for once the document has loaded: wait past that, for a few load events.
+    page.wait_for_function("() => document.readyState === 'complete' && S.loads.length >= 3", timeout=10_000)
+    assert errors == []
