@@ -14,7 +14,10 @@ back once (one thread hop each way), then resolves every future of the batch; a 
 that fails fails every caller in it. Submitting and withdrawing are O(1) (a heap push
 when a queue gets a new head, so O(log keys)); dead entries (withdrawn, expired) are
 skipped lazily. A heap of queue heads by arrival finds the next delay flush, and a set
-of queues at their flush size finds size flushes, without scanning every key. A request
+of queues at their flush size finds size flushes, without scanning every key; across keys the
+full queues and those past their delay window go oldest first, a queue ranked by the request
+its next batch takes first (its most urgent level's first). A queued request whose deadline
+passes is failed then, wherever it waits (the task's timer is armed for the earliest one). A request
 whose deadline has already passed when it arrives is refused then (DeadlineExceeded), under
 every policy: it never takes queue space.
 
@@ -219,6 +222,12 @@ class Batcher:
         self._heads: list[tuple[float, int, Hashable]] = []
         self._seq = itertools.count()
         self._full: set[Hashable] = set()  # keys whose queues (may) hold flush_size samples
+        # fixed policy: the requests that have a deadline, so that one expires where it waits
+        # (`_expire_due`), lazily pruned: in a FIFO while they come in deadline order (one timeout
+        # for all: O(1)), the others in a heap of (deadline, seq, request). The slo policy reads
+        # its queues' own heaps.
+        self._deadline_fifo: deque[Pending] = deque()
+        self._deadlines: list[tuple[float, int, Pending]] = []
         self._failed: BaseException | None = None
         # Called (on the loop) once if the batching task fails: the server marks the model not serving.
         self.on_failed: Callable[[BaseException], None] | None = None
@@ -379,7 +388,15 @@ class Batcher:
         # one whose timer is already set. With the slo policy: also when this request's own
         # latest start is before the timer, or the queue reached the idle rule's size.
         wake = idle or full
-        if slo is not None:
+        if slo is None:
+            if deadline is not None:  # the task wakes to drop it if it is still queued then
+                fifo = self._deadline_fifo
+                if not fifo or deadline >= fifo[-1].deadline:
+                    fifo.append(p)
+                else:
+                    heapq.heappush(self._deadlines, (deadline, next(self._seq), p))
+                wake = wake or deadline < self._timer_at
+        else:
             slo.arrived(key, now, rows)
             heapq.heappush(q.deadlines, (deadline, next(self._seq), p))
             n = q.samples
@@ -478,6 +495,11 @@ class Batcher:
         try:
             while True:
                 now = time.perf_counter()
+                expiry = (
+                    self._expire_due(now)
+                    if self._deadline_fifo or self._deadlines or self.slo is not None
+                    else math.inf
+                )
                 if self._free_slots:
                     # A busy instance's spare slot takes only a full batch, queued behind the
                     # running one so the worker never waits for the loop at saturation; a batch
@@ -502,18 +524,20 @@ class Batcher:
                 # The next flush is armed for its exact instant (a timerfd where the OS has
                 # one: the loop's own timers can fire up to a millisecond late).
                 # A timer left armed from an earlier pass only wakes the task once more.
-                self._timer_at = now + wait if wait is not None else math.inf
-                if wait is not None:
+                # Also armed for the earliest queued deadline, whether or not an instance is free.
+                flush_at = now + wait if wait is not None else math.inf
+                self._timer_at = min(flush_at, expiry)
+                if self._timer_at < math.inf:
                     timer.arm(self._timer_at)
-                    if self._prewarm and self.slo is None and self._timer_at != self._prewarm_for:
+                    if wait is not None and self._prewarm and self.slo is None and flush_at != self._prewarm_for:
                         # Below saturation the batch will meet its weights cold: read them first.
-                        self._prewarm_for = self._timer_at
+                        self._prewarm_for = flush_at
                         if wait >= PREWARM_MIN_S:
-                            self._prewarm_timer.arm(max(now, self._timer_at - PREWARM_LEAD_S))
+                            self._prewarm_timer.arm(max(now, flush_at - PREWARM_LEAD_S))
                 else:
                     timer.disarm()
                 await self._wakeup.wait()
-                if wait is not None and self.slo is not None:
+                if self._timer_at < math.inf and self.slo is not None:
                     late = time.perf_counter() - self._timer_at
                     if late >= 0:  # woken by the timer, this late
                         self.slo.observe_late(late)
@@ -536,6 +560,44 @@ class Batcher:
             timer.close()
             if self._prewarm_timer is not None:
                 self._prewarm_timer.close()
+
+    def _expire_due(self, now: float) -> float:
+        """Fail every queued request whose deadline has passed, wherever it waits in its queue (as
+        `_form` fails one it reaches); the earliest deadline still queued (inf: none).
+
+        Left to `_form`, one queued behind more urgent work or busy instances would be answered
+        only when its turn came, maybe seconds later, and meanwhile count toward max_queue_size,
+        the depth gauge and slo admission's samples ahead. Its entry in the queue stays, dead, as
+        a withdrawn one's does. The slo policy keeps every request's deadline in its queue's heap
+        already (a model has few keys); the fixed policy keeps the requests that have one in
+        `_deadline_fifo` and `_deadlines`, and nothing for those that have none.
+        """
+        if self.slo is None:
+            fifo = self._deadline_fifo
+            while fifo and (fifo[0].state != QUEUED or fifo[0].deadline <= now):
+                p = fifo.popleft()
+                if p.state == QUEUED:
+                    self._forget(p)
+                    self._expire(p, now, now, 0.0)
+            heap = self._deadlines
+            while heap and (heap[0][2].state != QUEUED or heap[0][0] <= now):
+                _, _, p = heapq.heappop(heap)
+                if p.state == QUEUED:
+                    self._forget(p)
+                    self._expire(p, now, now, 0.0)
+            earliest = fifo[0].deadline if fifo else math.inf
+            return min(earliest, heap[0][0]) if heap else earliest
+        earliest = math.inf
+        for q in self._queues.values():
+            heap = q.deadlines
+            while heap and (heap[0][2].state != QUEUED or heap[0][0] <= now):
+                _, _, p = heapq.heappop(heap)
+                if p.state == QUEUED:
+                    self._forget(p)
+                    self._expire(p, now, now, 0.0)
+            if heap and heap[0][0] < earliest:
+                earliest = heap[0][0]
+        return earliest
 
     def _prewarm_next(self) -> None:
         """Prewarm the instance the next batch will go to, if it is still idle with requests queued."""
@@ -564,11 +626,12 @@ class Batcher:
         best = None
         for key in list(self._full):
             q = self._queues.get(key)
-            head = self._head(q) if q is not None else None
+            head = self._next_first(q) if q is not None else None
             if head is None or q.samples < flush_size:
                 self._full.discard(key)
                 continue
-            # fixed: the oldest request first; slo: the most urgent, as admission assumed.
+            # fixed: the oldest first, by the request its next batch takes first (its most urgent
+            # level's); slo: the most urgent, as admission assumed.
             rank = head.arrival if slo is None else self._urgency(q)
             if best is None or rank < best[2]:
                 best = (key, q, rank)
@@ -584,36 +647,84 @@ class Batcher:
             if self._pressed(best[2], end) is not None:
                 return None, None, "", None
             return best[0], best[1], "size", None
-        if best is not None:
-            return best[0], best[1], "drain" if self._stopping else "size", None
+        if self._stopping and best is not None:
+            return best[0], best[1], "drain", None
         if full_only and not self._stopping:
-            return None, None, "", None
+            if best is None:
+                return None, None, "", None
+            if slo is None and self._pick_fixed(now, best)[2] == "delay":
+                # A queue past its window ranks older: the spare slot stays empty (it takes only full
+                # batches), so that it goes first on the idle instance instead of queueing behind
+                # one full batch after another for as long as the full queue stays full.
+                return None, None, "", None
+            return best[0], best[1], "size", None
         if slo is not None:
             return self._pick_slo(now)
+        return self._pick_fixed(now, best)
+
+    def _pick_fixed(
+        self, now: float, best: tuple[Hashable, _Queue, float] | None
+    ) -> tuple[Hashable, _Queue | None, str, float | None]:
+        """The fixed policy's choice with an instance idle: among the full queues (`best`, the one
+        ranked oldest) and those past their delay window, the one whose next batch's first request
+        is oldest; else the wait to the next delay flush.
+
+        A queue's window runs from its oldest request of any level (the heap's order), but its
+        batch takes its most urgent level first, so a queue ranks by that level's first request:
+        an old request of a less urgent level, which cannot leave while its queue has urgent
+        work, must not put its whole key ahead of other keys' older requests. The heads are
+        visited oldest first and only while one could still rank older than the best so far:
+        one step when every queue's oldest request is also its next batch's first.
+        """
+        delay = self.policy.max_queue_delay_s
         heads = self._heads
-        while heads:
-            arrival, seq, key = heads[0]
-            q = self._queues.get(key)
-            if q is None or seq != q.head_seq:  # superseded by the queue's newer entry, or its queue is gone
-                heapq.heappop(heads)
-                continue
-            head = self._head(q)
-            if head is None:
-                heapq.heappop(heads)
-                q.head_seq = -1
-                if q.samples == 0:
-                    del self._queues[key]
-                continue
-            if head.arrival != arrival:  # its head left (withdrawn, expired): requeue the current one
-                heapq.heappop(heads)
-                self._push_head(key, q, head.arrival)
-                continue
-            if self._stopping:
-                return key, q, "drain", None
-            due = arrival + self.policy.max_queue_delay_s - now
-            if due <= 0:
-                return key, q, "delay", None
-            return None, None, "", due
+        if best is not None and (not heads or heads[0][0] >= best[2] or heads[0][0] + delay > now):
+            # No queue's oldest request (never older than its entry) can rank before the full
+            # queue, or none is due: the common case under load, settled without a look at a queue.
+            return best[0], best[1], "size", None
+        limit = best[2] if best is not None else math.inf
+        chosen = None
+        passed = []  # due heads ranked by a newer request, set aside to look past them
+        try:
+            while heads:
+                arrival, seq, key = heads[0]
+                q = self._queues.get(key)
+                if q is None or seq != q.head_seq:  # superseded by the queue's newer entry, or its queue is gone
+                    heapq.heappop(heads)
+                    continue
+                head = self._head(q)
+                if head is None:
+                    heapq.heappop(heads)
+                    q.head_seq = -1
+                    if q.samples == 0:
+                        del self._queues[key]
+                    continue
+                if head.arrival != arrival:  # its head left (withdrawn, expired): requeue the current one
+                    heapq.heappop(heads)
+                    self._push_head(key, q, head.arrival)
+                    continue
+                if self._stopping:
+                    return key, q, "drain", None
+                due = arrival + delay - now
+                if due > 0:
+                    if best is None and chosen is None:
+                        return None, None, "", due
+                    break
+                if arrival >= limit:  # this head and every later one are no older than the best
+                    break
+                rank = self._next_first(q).arrival
+                if rank < limit:
+                    limit, chosen = rank, (key, q)
+                if rank == arrival:
+                    break
+                passed.append(heapq.heappop(heads))
+        finally:
+            for entry in passed:
+                heapq.heappush(heads, entry)
+        if chosen is not None:
+            return chosen[0], chosen[1], "delay", None
+        if best is not None:
+            return best[0], best[1], "size", None
         return None, None, "", None
 
     def _pick_slo(self, now: float) -> tuple[Hashable, _Queue | None, str, float | None]:
@@ -694,6 +805,17 @@ class Batcher:
             if entries and (head is None or entries[0].arrival < head.arrival):
                 head = entries[0]
         return head
+
+    @staticmethod
+    def _next_first(q: _Queue) -> Pending | None:
+        """The first live request of the queue's most urgent level: the one its next batch takes first."""
+        for level in q.order:
+            entries = q.levels[level]
+            while entries and entries[0].state != QUEUED:
+                entries.popleft()
+            if entries:
+                return entries[0]
+        return None
 
     def _form(self, key: Hashable, q: _Queue, reason: str, now: float, start: float | None = None) -> Batch | None:
         """Take the batch's requests from the queue. `start` (slo policy): when its instance is
@@ -984,6 +1106,8 @@ class Batcher:
             q.rows.clear()
         self._queues.clear()
         self._heads.clear()
+        self._deadline_fifo.clear()
+        self._deadlines.clear()
         self._full.clear()
         self._level_samples.clear()
         self._queued = 0

@@ -323,6 +323,113 @@ async def test_many_keys_flush_in_arrival_order_by_delay(gated):
     await finish(b)
 
 
+async def test_a_queue_past_its_delay_window_goes_before_a_newer_full_queue(gated):
+    # Key "b"'s lone request is older than key "a"'s full batch and past its (0 ms) window when
+    # the instance frees: it goes first. A full queue used to win every time, so under steady
+    # overload of "a" the lone request waited for as long as "a" stayed full.
+    s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=1)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    running = submit(b, 0.0, key="x")
+    await wait_entered(m)
+    lone = submit(b, 1.0, key="b")
+    full = [submit(b, 2.0, key="a"), submit(b, 3.0, key="a")]
+    m.gate.set()
+    await asyncio.wait_for(asyncio.gather(running.future, lone.future, *(p.future for p in full)), 10)
+    assert lone.dispatched < full[0].dispatched
+    assert m.batch_sizes == [1, 1, 2]
+    assert b.stats.flushes == {"delay": 2, "size": 1}
+    await finish(b)
+
+
+async def test_a_spare_slot_takes_no_full_batch_newer_than_a_queue_past_its_window(gated):
+    # With a spare slot (depth 2) the full batch of "a" would queue behind the running one, and
+    # the next behind it, so that under steady overload of "a" the instance never became idle for
+    # "b"'s older lone request. The slot stays empty; "b" goes first once the instance is idle.
+    s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=2)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    running = submit(b, 0.0, key="x")
+    await wait_entered(m)
+    lone = submit(b, 1.0, key="b")
+    full = [submit(b, 2.0, key="a"), submit(b, 3.0, key="a")]
+    for _ in range(5):  # the task's passes after the arrivals
+        await asyncio.sleep(0)
+    assert b.inflight == 1 and b.queued == 3
+    m.gate.set()
+    await asyncio.wait_for(asyncio.gather(running.future, lone.future, *(p.future for p in full)), 10)
+    assert lone.dispatched < full[0].dispatched
+    assert m.batch_sizes == [1, 1, 2]
+    await finish(b)
+
+
+async def test_full_queues_rank_by_the_request_their_next_batch_takes_first(gated):
+    # Key "a" holds an old level-3 request, then two level-1 ones (full); key "b" two level-1 ones
+    # (full) older than "a"'s. "a"'s batch takes its level-1 requests, so "b"'s older ones go
+    # first: ranked by its old level-3 request, which cannot leave while "a" has urgent work,
+    # "a" used to go first every time.
+    s, m, ex = gated(max_batch_size=2, delay_ms=60_000, depth=1)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    running = submit(b, 0.0, rows=2, key="x")
+    await wait_entered(m)
+    old_low = b.submit(row(1.0), 1, "a", None, priority=3)
+    key_b = [submit(b, 2.0, key="b"), submit(b, 3.0, key="b")]
+    key_a = [b.submit(row(4.0), 1, "a", None, priority=1), b.submit(row(5.0), 1, "a", None, priority=1)]
+    m.gate.set()
+    await asyncio.wait_for(asyncio.gather(running.future, *(p.future for p in key_b + key_a)), 10)
+    assert key_b[0].dispatched < key_a[0].dispatched
+    assert not old_low.future.done()  # alone under the flush size, it waits for its window
+    await finish(b)
+    await old_low.future
+    assert m.batch_sizes == [2, 2, 2, 1]
+
+
+async def test_a_due_queue_ranks_by_its_next_batchs_first_request_not_its_oldest(gated):
+    # Nothing full, every queue past its (0 ms) window: key "a" has the oldest request (level 3)
+    # but its batch starts with a level-1 request newer than key "b"'s, so "b" goes first.
+    s, m, ex = gated(max_batch_size=4, delay_ms=0, depth=1)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    running = submit(b, 0.0, key="x")
+    await wait_entered(m)
+    old_low = b.submit(row(1.0), 1, "a", None, priority=3)
+    key_b = b.submit(row(2.0), 1, "b", None, priority=1)
+    urgent_a = b.submit(row(3.0), 1, "a", None, priority=1)
+    m.gate.set()
+    await asyncio.wait_for(asyncio.gather(*(p.future for p in (running, old_low, key_b, urgent_a))), 10)
+    assert key_b.dispatched < urgent_a.dispatched == old_low.dispatched
+    assert m.batch_sizes == [1, 1, 2]
+    await finish(b)
+
+
+async def test_a_request_whose_deadline_passes_behind_urgent_work_is_answered_then_and_frees_its_room(gated):
+    # The instance is busy and more urgent requests are queued ahead of it: at its deadline it is
+    # failed and leaves the queue (room, depth) without waiting for its turn. It used to be
+    # answered only when a batch reached it, holding its place in max_queue_size meanwhile.
+    s, m, ex = gated(max_batch_size=1, delay_ms=0, depth=1, max_queue_size=4)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    running = submit(b, 0.0)
+    await wait_entered(m)
+    urgent = [b.submit(row(1.0), 1, None, None, priority=1) for _ in range(2)]
+    low = b.submit(row(2.0), 1, None, time.perf_counter() + 0.05, priority=3)
+    urgent.append(b.submit(row(3.0), 1, None, None, priority=1))
+    with pytest.raises(QueueFull):
+        submit(b, 4.0)
+    with pytest.raises(
+        DeadlineExceeded, match=r"waited .* ms in the queue and its deadline passed before it could run"
+    ):
+        await asyncio.wait_for(low.future, 5)
+    assert b.queued == 3 and b.inflight == 1  # the instance is still busy: nothing else moved
+    assert b.stats.fail.count == 1
+    urgent.append(submit(b, 4.0))  # its room is free again
+    m.gate.set()
+    await asyncio.wait_for(asyncio.gather(running.future, *(p.future for p in urgent)), 10)
+    assert m.batch_sizes == [1, 1, 1, 1, 1]
+    await finish(b)
+
+
 async def test_an_executor_that_refuses_work_fails_the_batch_and_the_batcher_lives_on(gated):
     s, _, ex = gated(max_batch_size=2, delay_ms=60_000)
     b = make_batcher(s, ex)

@@ -272,6 +272,27 @@ async def test_a_request_that_would_finish_late_is_dropped_at_dispatch(gated):
     b._fail_queued(DeadlineExceeded("test over"))
 
 
+async def test_a_request_expiring_while_every_instance_is_busy_is_answered_at_its_deadline(gated):
+    # The one instance runs (gated) and no slot is free, so no flush rule is asked; the queued
+    # request's deadline still wakes the batcher, which fails it and takes it out of the samples
+    # that admission counts as ahead. It used to wait for a free slot to be dropped at dispatch.
+    s, m, ex = gated(max_batch_size=8, depth=1)
+    b = make_batcher(s, ex, policy(60_000, 8, alpha_ms=1, beta_ms=0))
+    m.gate.clear()
+    running = submit(b)
+    await wait_entered(m)
+    kept = submit(b, priority=1)
+    late = submit(b, deadline=time.perf_counter() + 0.05, priority=2)
+    assert b._level_samples == {1: 1, 2: 1}
+    with pytest.raises(DeadlineExceeded, match="deadline passed before it could run"):
+        await asyncio.wait_for(late.future, 5)
+    assert b.queued == 1 and b._level_samples == {1: 1} and b.inflight == 1
+    m.gate.set()
+    await asyncio.wait_for(asyncio.gather(running.future, kept.future), 10)
+    assert m.batch_sizes == [1, 1]
+    await b.stop()
+
+
 # -- admission --------------------------------------------------------------------------------
 
 
