@@ -647,7 +647,7 @@ class Batcher:
             if self._pressed(best[2], end) is not None:
                 return None, None, "", None
             return best[0], best[1], "size", None
-        if self._stopping and best is not None:
+        if self._stopping and best is not None and slo is None:
             return best[0], best[1], "drain", None
         if full_only and not self._stopping:
             if best is None:
@@ -747,9 +747,11 @@ class Batcher:
             if q.samples <= 0:
                 del self._queues[key]  # its dead entries go with it
                 continue
-            if self._stopping:
-                return key, q, "drain", None
             rank = self._urgency(q)
+            if self._stopping:  # every queue is due: the most urgent goes first, full or not
+                if best is None or rank < best[2]:
+                    best = (key, q, rank, "drain")
+                continue
             n = q.samples
             start_by = slo.latest_start(key, rank[1], n)
             if n >= flush_size:
@@ -765,6 +767,8 @@ class Batcher:
                 best = (key, q, rank, reason)
         if best is not None:
             key, q, rank, reason = best
+            if reason == "drain":
+                return key, q, reason, None
             pressed = self._pressed(rank, now + slo.times.predict(key, min(q.samples, slo.max_batch_size)))
             if pressed is not None:
                 return pressed[0], pressed[1], "deadline", None

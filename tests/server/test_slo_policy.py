@@ -639,3 +639,25 @@ async def test_the_priority_parameter_reaches_the_batcher_and_a_bad_one_is_inval
             high = asyncio.ensure_future(call("high", 1))
             await asyncio.gather(first, low, high)
             assert done == ["first", "high", "low"]
+
+
+@pytest.mark.parametrize("a_rows", [2, 4], ids=["partial", "full"])
+async def test_the_drain_runs_the_most_urgent_key_first(gated, a_rows):
+    # Every queue is due at the stop; the most urgent goes first, as at any flush. Before, the drain
+    # took the keys in the order their queues were made (or a full one first), so a less urgent key
+    # made earlier ran before an urgent one, which could then miss its deadline.
+    s, m, ex = gated(max_batch_size=4, delay_ms=0, depth=1)
+    b = make_batcher(s, ex, policy(60_000, 4, alpha_ms=1, beta_ms=0))
+    m.gate.clear()
+    running = submit(b, 0.0)
+    await wait_entered(m)
+    x = {"INPUT0": np.ones((1, 4), np.float32)}
+    less = [b.submit(x, 1, "A", None, 3) for _ in range(a_rows)]
+    urgent = [b.submit(x, 1, "B", None, 1) for _ in range(2)]
+    stopping = asyncio.ensure_future(b.stop())
+    await asyncio.sleep(0)  # the stop has begun: what is queued drains
+    m.gate.set()
+    await asyncio.gather(running.future, *(p.future for p in less + urgent))
+    await stopping
+    assert max(p.dispatched for p in urgent) < min(p.dispatched for p in less)
+    assert b.queued == 0 and b.inflight == 0
