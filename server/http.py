@@ -63,6 +63,10 @@ MAX_CONNECTIONS = 64
 # render if that began after the scrape arrived (pipelined scrapes sent together share one),
 # else with the next, shared by all that wait for it: no scrape reads figures from before it came.
 RENDER_INTERVAL_S = 0.25
+# At stop, the scrapes waiting for a render are answered with one made then, and get this long to
+# be written and their clients to close; then their connections are cut like the rest: a client
+# that does not read must not hold the stop.
+STOP_ANSWER_S = 1.0
 MAX_EVENT_STREAMS = 16  # /events subscribers at once; more get 503, so streams cannot take every slot
 REASONS = {
     200: "OK",
@@ -112,9 +116,13 @@ class MetricsHTTPServer:
         self._blocked: dict[asyncio.StreamWriter, None] = {}
         self._streams = 0
         # Per format (OpenMetrics or not): its last render (when it began, when it ended, and
-        # the answer), and the render that scrapes which came sooner wait for, with its timer.
+        # the answer), and the render that scrapes which came sooner wait for, with its timer and
+        # the Accept it renders for.
         self._rendered: dict[bool, tuple[float, float, tuple[bytes, str] | None]] = {}
-        self._due: dict[bool, tuple[asyncio.Future, asyncio.TimerHandle]] = {}
+        self._due: dict[bool, tuple[asyncio.Future, asyncio.TimerHandle, str]] = {}
+        # The connections' tasks waiting for a due render, which stop() answers before it ends them.
+        self._awaiting_render: set[asyncio.Task] = set()
+        self._stopping = False
 
     async def start(self) -> None:
         try:
@@ -136,12 +144,22 @@ class MetricsHTTPServer:
         if self._server is None:
             return
         self._server.close()
-        for future, timer in self._due.values():
+        self._stopping = True
+        # Scrapes waiting for the rate-limited render get it now, of the final figures: cut off,
+        # they had no answer at all, and the drain's last counters were never scraped.
+        answering = set(self._awaiting_render)
+        for om, (_, timer, accept) in list(self._due.items()):
+            timer.cancel()
+            self._render_due(om, accept)
+        if self.admin is not None:
+            await self.admin.close()
+        if answering:
+            await asyncio.wait(answering, timeout=STOP_ANSWER_S)
+        # A kept-alive connection may have asked again meanwhile: its render will not come.
+        for future, timer, _ in self._due.values():
             timer.cancel()
             future.cancel()
         self._due.clear()
-        if self.admin is not None:
-            await self.admin.close()
         for task, writer in list(self._clients.items()):
             # Aborted as well as cancelled: on Python 3.11, asyncio.wait_for loses a cancellation
             # that lands as what it waits for completes (seen on uvloop after an answer's drain),
@@ -173,9 +191,14 @@ class MetricsHTTPServer:
                 return self._render(om, accept)
             loop = asyncio.get_running_loop()
             future = loop.create_future()
-            due = self._due[om] = (future, loop.call_later(wait, self._render_due, om, accept))
-        # Shielded: a waiter cancelled (at stop) must not cancel the render the others wait for.
-        return await asyncio.shield(due[0])
+            due = self._due[om] = (future, loop.call_later(wait, self._render_due, om, accept), accept)
+        task = asyncio.current_task()
+        self._awaiting_render.add(task)
+        try:
+            # Shielded: a waiter cancelled (at stop) must not cancel the render the others wait for.
+            return await asyncio.shield(due[0])
+        finally:
+            self._awaiting_render.discard(task)
 
     def _render(self, om: bool, accept: str) -> tuple[bytes, str]:
         began = time.monotonic()
@@ -188,7 +211,7 @@ class MetricsHTTPServer:
         return answer
 
     def _render_due(self, om: bool, accept: str) -> None:
-        future, _ = self._due.pop(om)
+        future, _, _ = self._due.pop(om)
         try:
             future.set_result(self._render(om, accept))
         except Exception as exc:  # each waiter answers 500 and logs it
@@ -389,6 +412,9 @@ class MetricsHTTPServer:
             await self._respond(writer, 405, b"only GET\n", "text/plain", close=close, allow="GET, HEAD")
         elif path == "/metrics":
             body, ctype = await self.scrape(headers.get("accept", ""), arrived)
+            # At stop the connection ends after this answer: its client then closes, and stop()
+            # need not wait out its next request.
+            close = close or self._stopping
             await self._respond(writer, 200, body, ctype, close=close, head=head)
         elif path == "/":
             await self._respond(writer, 200, b"wok: metrics at /metrics\n", "text/plain", close=close, head=head)

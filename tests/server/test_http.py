@@ -557,6 +557,64 @@ async def test_a_failing_render_answers_each_waiting_scrape_500(monkeypatch, cap
     assert errors(caplog) == ["wok.http: GET /metrics failed"] * 2
 
 
+@pytest.mark.parametrize("loop", LOOPS)
+def test_scrapes_waiting_for_a_render_at_stop_are_answered_with_the_final_figures(run_on, loop, monkeypatch):
+    """stop() cancelled the render that scrapes waited for and closed their connections with no
+    answer: the drain's last counters were never served, and Prometheus recorded a failed scrape."""
+    monkeypatch.setattr(http, "RENDER_INTERVAL_S", 60.0)
+    # The stalled client below holds its connection until this bound; short, for a fast test.
+    monkeypatch.setattr(http, "STOP_ANSWER_S", 0.5, raising=False)
+    registry = CollectorRegistry()
+    counter = CountingCollector()
+    registry.register(counter)
+
+    async def main():
+        async with Server(registry) as s:
+            scrapes = 0
+            waiting = asyncio.Event()
+            scrape = s.http.scrape
+
+            async def counted(accept: str, arrived: float):
+                nonlocal scrapes
+                scrapes += 1
+                if scrapes == 3:
+                    waiting.set()  # the 2nd and 3rd are past the render the 1st made: they wait
+                return await scrape(accept, arrived)
+
+            s.http.scrape = counted
+            request = b"GET /metrics HTTP/1.1\r\n" + s.host + b"\r\n"  # kept alive, as Prometheus's
+            reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+            writer.write(request)
+            top = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            await asyncio.wait_for(reader.readexactly(int(top.split(b"Content-Length: ")[1].split(b"\r\n")[0])), 5)
+            writer.write(request)
+            # Another scraper's, which neither reads its answer nor closes: it must not hold the stop.
+            stalled = await asyncio.open_connection("127.0.0.1", s.port)
+            stalled[1].write(request)
+            await asyncio.wait_for(waiting.wait(), 5)
+            counter.value = 7.0  # the drain's last figures, counted after the scrapes came
+
+            async def read_to_end() -> bytes:
+                try:
+                    return await asyncio.wait_for(reader.read(), 5)
+                finally:
+                    writer.close()
+
+            answer = asyncio.create_task(read_to_end())
+            started = time.monotonic()
+            await s.http.stop()
+            took = time.monotonic() - started
+            stalled[1].close()
+            return await answer, took
+
+    answer, took = run_on(loop, main())
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 200 OK\r\n") and top.endswith(b"\r\nConnection: close"), answer
+    assert _value(body) == 7.0
+    assert counter.renders == 2  # one at stop, for both
+    assert took < 5, f"stop() took {took:.2f} s"
+
+
 @pytest.mark.parametrize(
     "method, path, allow",
     [("POST", "/", b"GET, HEAD"), ("DELETE", "/admin/faults", b"GET, HEAD, POST"), ("HEAD", "/events", b"GET")],
