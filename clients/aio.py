@@ -222,9 +222,10 @@ class AsyncClient:
         client's doing, a stream that has such items refuses (ValueError, as a malformed item)
         a caller's request_id of that form (a decimal number) other than its own item's position.
         A request the server rejects comes back as a StreamResult with `error` and `code`
-        set, and the stream goes on. If `requests` raises (or holds a malformed item), even
-        with a BaseException such as CancelledError, nothing more is sent, the results of
-        what was sent still come, and then that exception is raised. A failure of the stream
+        set, and the stream goes on. If `requests` raises (or holds a malformed item), a
+        CancelledError of its own included, nothing more is sent, the results of what was
+        sent still come, and then that exception is raised (a SystemExit or KeyboardInterrupt
+        leaves at once: asyncio takes it out of the loop). A failure of the stream
         itself (deadline `timeout` for the whole stream, server gone) raises InferError.
         Leaving early cancels the stream once the generator is closed: wrap it in
         `contextlib.aclosing` to close it at once.

@@ -108,6 +108,34 @@ def check_answer_size(
     )
 
 
+# An error answer's strings cut to this many characters when in full it would be over the send
+# limit: far under the smallest limit (1 MiB), and long enough to recognise them by.
+_ERROR_FIELD_CHARS = 1024
+
+
+def error_answer(
+    code: grpc.StatusCode, details: str, limit: int, model: str = "", version: str = "", request_id: str = ""
+) -> pb.ModelStreamInferResponse:
+    """A stream's answer to a request that failed: `details`, and the status a unary call would
+    have ended with in its `status_code` parameter, for clients that count codes.
+
+    It echoes the request's model name and id, which can be as long as a request may be (a wrong
+    model name is repeated in `details` too): over gRPC's send limit, the answer would end the
+    whole stream, so then each string is cut to _ERROR_FIELD_CHARS, and `details` says so."""
+    if 4 * (len(details) + len(model) + len(version) + len(request_id)) + 256 > limit:
+        cut = _ERROR_FIELD_CHARS
+
+        def short(text: str) -> str:
+            return text if len(text) <= cut else f"{text[:cut]}… ({len(text):,} characters)"
+
+        details = f"{short(details)} [this answer's model name, id and message are cut to {cut} characters each]"
+        model, version, request_id = short(model), short(version), short(request_id)
+    failed = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
+    failed.parameters["status_code"].int64_param = code.value[0]
+    failed.parameters[FINAL].bool_param = True
+    return pb.ModelStreamInferResponse(error_message=details, infer_response=failed)
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException):
     code, details = to_status(exc)
     if isinstance(exc, DeadlineUnmeetable):  # the hint of an admission refusal (slo policy), as its message says
@@ -367,11 +395,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 if not isinstance(exc, WokError):
                     log.exception("ModelStreamInfer request for model '%s' failed", req.model_name)
                 code, details = to_status(exc)
-                failed = pb.ModelInferResponse(model_name=req.model_name, model_version=req.model_version, id=req.id)
-                # The status a unary call would have ended with, for clients that count codes.
-                failed.parameters["status_code"].int64_param = code.value[0]
-                failed.parameters[FINAL].bool_param = True
-                results.put_nowait(pb.ModelStreamInferResponse(error_message=details, infer_response=failed))
+                results.put_nowait(
+                    error_answer(code, details, self.send_limit, req.model_name, req.model_version, req.id)
+                )
 
         async def read() -> bool:
             """Read requests until the client closes its side (False) or the server stops (True)."""
@@ -381,10 +407,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 if isinstance(req, Unparsed):  # answered in order; the stream goes on
                     self.server.metrics.unparsed_requests += 1
                     code, details = to_status(req.error)
-                    failed = pb.ModelInferResponse()  # nothing of the request could be read
-                    failed.parameters["status_code"].int64_param = code.value[0]
-                    failed.parameters[FINAL].bool_param = True
-                    results.put_nowait(pb.ModelStreamInferResponse(error_message=details, infer_response=failed))
+                    # Nothing of the request could be read: no model or id to answer with.
+                    results.put_nowait(error_answer(code, details, self.send_limit))
                 else:
                     t = asyncio.get_running_loop().create_task(one(req))
                     tasks.add(t)

@@ -126,6 +126,33 @@ async def test_an_answer_over_the_send_limit_is_that_request_s_resource_exhauste
     assert not _errors(caplog), _errors(caplog)
 
 
+async def test_an_error_answer_that_echoes_a_huge_id_or_model_name_fits_and_the_stream_goes_on(serve, slow_repository):
+    # A request under the receive limit but over max_request_bytes gets INVALID_ARGUMENT; its
+    # answer echoed its id (and an unknown model's name, twice) whole: over the send limit, which
+    # ended the stream and lost the answers after it.
+    repo = slow_repository(sleep_ms=0, delay_ms=1)
+    huge = SEND_LIMIT - 64  # an id that fills the request to just under the receive limit
+    async with serve(repository=repo, max_request_bytes=MAX_REQUEST_BYTES) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            reqs = [
+                encode_request("slow", X, request_id="0"),
+                pb.ModelInferRequest(model_name="slow", id="i" * huge),
+                pb.ModelInferRequest(model_name="m" * (SEND_LIMIT // 2), id="2"),
+                encode_request("slow", X, request_id="3"),
+            ]
+            answers = [r async for r in stub.ModelStreamInfer(iter(reqs), timeout=30)]
+    assert len(answers) == 4, [a.infer_response.id[:20] for a in answers]
+    ok = sorted(a.infer_response.id for a in answers if not a.error_message)
+    assert ok == ["0", "3"], ok
+    failed = [a for a in answers if a.error_message]
+    codes = sorted(a.infer_response.parameters["status_code"].int64_param for a in failed)
+    assert codes == sorted([grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.NOT_FOUND.value[0]]), codes
+    for a in failed:
+        assert a.ByteSize() < 16 << 10, a.ByteSize()
+        assert "cut to 1024 characters each" in a.error_message, a.error_message[:300]
+
+
 def test_the_size_check_is_exact_at_the_limit():
     # The serialized size decides, and the stream's wrapping counts: the answer gRPC would send.
     def answer(raw: int) -> pb.ModelInferResponse:
