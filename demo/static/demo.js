@@ -12,6 +12,9 @@ const S = {
   lastSent: null,
   // Sliders moved since the last Apply: these keep the user's value; the others follow the live policy.
   touched: { "max-batch": false, delay: false },
+  open: false,   // the event stream is connected
+  // The live texts as the events last set them; shown marked "last:" while stale().
+  text: { "load-now": "", "policy-now": "", footer: "" },
 };
 const WINDOW_S = 10;
 // The load events' period (TICK_S in demo/web.py): one older than this and a second is from a
@@ -31,6 +34,27 @@ function setCard(id, value, digits = 0, over = false) {
   el.textContent = fmt(value, digits);
   el.dataset.value = value === null || value === undefined ? "" : String(value);
   el.classList.toggle("over", over);
+}
+
+// The stream down and no tick for a second: what the page shows is the last it heard, not now.
+function stale() {
+  const tick = S.ticks[S.ticks.length - 1];
+  return !S.open && !(tick && now() - tick.seen <= 1);
+}
+
+function setText(id, text) {
+  const el = $(id);
+  if (el.textContent !== text) el.textContent = text;
+}
+
+function updateTexts(old = stale()) {
+  for (const id of ["load-now", "policy-now"]) {
+    const text = S.text[id];
+    setText(id, old && text ? "last: " + text.replace(/^now: /, "") : text);
+  }
+  setText("footer", old && S.text.footer
+    ? "No live data: the event stream is down (reconnecting…); the texts marked \"last:\" are the last received."
+    : S.text.footer);
 }
 
 function message(text, ok = false) {
@@ -85,9 +109,10 @@ function onConfig(c) {
   $("rate").value = c.load.rate; $("rate-slider").value = c.load.rate;
   if (c.batching) applyPolicy(c.batching);
   buildInstances(c.instances, c.faults);
-  $("footer").textContent = c.mode === "simulate"
+  S.text.footer = c.mode === "simulate"
     ? "Teaching mode: every batch and latency here comes from wok's discrete-event simulator at wall-clock pace."
     : "Every figure here is live: batches and queue from the server's /events, latencies from this demo's callers.";
+  updateTexts();
 }
 
 // The live policy: from every tick, so another tab's or the admin API's change shows here too.
@@ -97,7 +122,8 @@ function applyPolicy(p) {
   // A slider clamps its value to its max: widen it to the policy's window (e.g. --max-queue-delay 250ms),
   // or Apply would send the clamped one.
   $("delay").max = Math.max(Number($("delay").max), p.max_queue_delay_ms);
-  $("policy-now").textContent = "now: max batch " + p.max_batch_size + ", delay " + fmt(p.max_queue_delay_ms, 1) + " ms";
+  S.text["policy-now"] = "now: max batch " + p.max_batch_size + ", delay " + fmt(p.max_queue_delay_ms, 1) + " ms";
+  updateTexts();
   if (!S.touched["max-batch"]) {
     $("max-batch").value = p.max_batch_size; $("max-batch-v").textContent = p.max_batch_size;
   }
@@ -149,8 +175,9 @@ function onLoad(e) {
   S.lastSent = e.sent_total;
   e.seen = now();  // the page's own clock: the server's may differ from it
   S.loads.push(e);
-  $("load-now").textContent = e.burst_rate ? `bursting at ${fmt(e.burst_rate)} req/s, ${fmt(e.burst_left_s, 1)} s left`
+  S.text["load-now"] = e.burst_rate ? `bursting at ${fmt(e.burst_rate)} req/s, ${fmt(e.burst_left_s, 1)} s left`
     : `steady at ${fmt(e.rate)} req/s`;
+  updateTexts();
   // Arrivals not sent because the demo's cap of callers were all waiting: offered is short of the rate.
   const sk = $("skipped");
   sk.dataset.value = String(e.skipped);
@@ -159,8 +186,8 @@ function onLoad(e) {
 
 function connect() {
   const es = new EventSource("/api/events");
-  es.onopen = () => { $("status").textContent = "connected"; $("status").dataset.state = "open"; };
-  es.onerror = () => { $("status").textContent = "reconnecting…"; $("status").dataset.state = "error"; };
+  es.onopen = () => { S.open = true; $("status").textContent = "connected"; $("status").dataset.state = "open"; updateTexts(); };
+  es.onerror = () => { S.open = false; $("status").textContent = "reconnecting…"; $("status").dataset.state = "error"; };
   es.onmessage = (msg) => {
     const e = JSON.parse(msg.data);
     if (e.type === "batch") onBatch(e);
@@ -208,10 +235,13 @@ function faultOf(i, tick) {
   return tick ? tick.faults.find((f) => f.instance === i) : undefined;
 }
 
-function drawPipeline() {
+// Stale (old): no queue, no instance busy or faulted (the last tick's are not now's), greyed and
+// labelled; the canvas's data-stale, data-queued and data-busy say what it drew.
+function drawPipeline(old) {
   const [c, g] = ctx2d("pipeline");
   const t = now();
-  const tick = S.ticks[S.ticks.length - 1];
+  const tick = old ? undefined : S.ticks[S.ticks.length - 1];
+  g.globalAlpha = old ? 0.4 : 1;
   const n = S.config ? S.config.instances : 1;
   const maxB = S.policy ? S.policy.max_batch_size : 32;
   // arrivals: dots flying into the queue
@@ -235,29 +265,34 @@ function drawPipeline() {
   g.beginPath(); g.moveTo(qx + qw - maxB * cell, qy - 6); g.lineTo(qx + qw - maxB * cell, qy + qh + 6); g.stroke();
   g.setLineDash([]);
   g.fillStyle = "#8a97a6";
-  g.fillText(`queue: ${queued} waiting${queued > cap ? " (more than drawn)" : ""}`, qx, qy - 12);
+  g.fillText(old ? "queue: –" : `queue: ${queued} waiting${queued > cap ? " (more than drawn)" : ""}`, qx, qy - 12);
   g.fillText(`full batch = ${maxB}`, qx + qw - maxB * cell - 30, qy + qh + 20);
   // instances: busy / idle, the last batch, its reason
   const ix = 620, ih = Math.min(60, (c.height - 20) / n - 8);
+  let nBusy = 0;
   for (let i = 0; i < n; i++) {
     const y = 10 + i * (ih + 8);
     const last = [...S.batches].reverse().find((b) => b.instance === i);
-    const busy = (tick && tick.running && tick.running[i] > 0) || (last && t - last.t_end < 0.05);
+    const busy = !old && ((tick && tick.running && tick.running[i] > 0) || (last && t - last.t_end < 0.05));
+    nBusy += busy ? 1 : 0;
     const f = faultOf(i, tick);
     g.fillStyle = f ? (f.mode === "fail" ? "#4a1f24" : "#3a2a55") : busy ? "#123a5c" : "#1d2630";
     g.fillRect(ix, y, 260, ih);
     g.strokeStyle = busy ? "#4c9aff" : "#2a3441"; g.strokeRect(ix, y, 260, ih);
     g.fillStyle = "#dbe2ea";
-    g.fillText(`instance ${i}: ${f ? f.mode.toUpperCase() + (f.mode === "slow" ? ` +${f.delay_ms} ms` : "") : busy ? "busy" : "idle"}`, ix + 8, y + 18);
+    const state = old ? "–" : f ? f.mode.toUpperCase() + (f.mode === "slow" ? ` +${f.delay_ms} ms` : "") : busy ? "busy" : "idle";
+    g.fillText(`instance ${i}: ${state}`, ix + 8, y + 18);
     if (last) {
       g.fillStyle = last.ok ? COLORS[last.reason] || "#8a97a6" : COLORS.failed;
       g.fillText(`last batch: ${last.size} (${last.ok ? last.reason : "failed"}), ${fmt(1e3 * (last.t_end - last.t_start), 1)} ms`, ix + 8, y + 36);
     }
-    const st = $("state-" + i);
-    if (st) st.textContent = f ? f.mode : busy ? "busy" : "idle";
+    if ($("state-" + i)) setText("state-" + i, old ? "–" : f ? f.mode : busy ? "busy" : "idle");
     // arrows from the queue
     g.strokeStyle = "#2a3441"; g.beginPath(); g.moveTo(qx + qw, qy + qh / 2); g.lineTo(ix, y + ih / 2); g.stroke();
   }
+  g.globalAlpha = 1;
+  if (old) { g.fillStyle = "#ff5c5c"; g.fillText("no live data (event stream down)", qx + 12, qy + qh / 2 + 4); }
+  Object.assign(c.dataset, { stale: String(old), queued: String(queued), busy: String(nBusy) });
 }
 
 function drawTimeline() {
@@ -325,7 +360,9 @@ function drawCharts() {
 function frame() {
   prune();
   updateCards();
-  drawPipeline();
+  const old = stale();
+  updateTexts(old);
+  drawPipeline(old);
   drawTimeline();
   drawCharts();
   requestAnimationFrame(frame);

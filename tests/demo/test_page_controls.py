@@ -1,7 +1,8 @@
 """The page's controls in headless Chromium, on `wok demo --simulate` (no server to start): they
 follow the configuration rather than the page's fixed limits (and a change made in another tab or
 through the API), refuse emptied fields, and say so when the demo is gone; the figures blank once
-their events stop; the page loads without a console error."""
+their events stop, and the rest of the page says it is not live (until a demo is back); the
+page loads without a console error."""
 
 from __future__ import annotations
 
@@ -103,13 +104,45 @@ def test_a_tabs_sliders_follow_changes_made_elsewhere_and_its_apply_does_not_und
 CARDS = ("offered", "throughput", "p50", "p95", "p99", "errors", "queue", "mean-batch")
 
 
-def test_the_cards_blank_once_the_demo_stops(start_demo, launch_browser):
+# The page's live texts and what the pipeline drew (its canvas's data-*).
+LIVE = """() => {
+    const t = (id) => document.getElementById(id).textContent;
+    return {load: t('load-now'), policy: t('policy-now'), footer: t('footer').split(':')[0], state: t('state-0'),
+            ...document.getElementById('pipeline').dataset};
+}"""
+STALE = {
+    "load": "last: steady at 50 req/s",
+    "policy": "last: max batch 32, delay 5.0 ms",
+    "footer": "No live data",
+    "state": "–",
+    "stale": "true",
+    "queued": "0",
+    "busy": "0",
+}
+LIVE_AGAIN = {"load": "steady at 50 req/s", "policy": "now: max batch 32, delay 5.0 ms", "footer": "Teaching mode"}
+
+
+def wait_for_live(page, expected: dict[str, str], timeout: float) -> None:
+    """Wait until the page's live texts and pipeline include `expected`; else fail with what they were."""
+    want = json.dumps(expected)
+    try:
+        page.wait_for_function(
+            f"() => {{ const l = ({LIVE})(); return Object.entries({want}).every(([k, v]) => l[k] === v); }}",
+            timeout=timeout,
+            polling=100,
+        )
+    except Exception as e:
+        raise AssertionError(f"page: expected {want}, got {page.evaluate(LIVE)}") from e
+
+
+def test_the_page_shows_nothing_as_live_once_the_demo_stops_until_it_is_back(start_demo, launch_browser):
     demo = start_demo("--simulate", "--rate", "50", ready=False)
     page = open_page(launch_browser(), demo.ready().url)
     cards = json.dumps(CARDS)
     page.wait_for_function(
         f"() => {cards}.every((c) => document.getElementById(c).textContent !== '–')", timeout=10_000
     )
+    wait_for_live(page, LIVE_AGAIN, 5_000)
 
     assert demo.stop() == 0
     page.wait_for_selector("#status[data-state='error']", timeout=5_000)
@@ -117,6 +150,14 @@ def test_the_cards_blank_once_the_demo_stops(start_demo, launch_browser):
     page.wait_for_function(
         f"() => {cards}.every((c) => document.getElementById(c).textContent === '–')", timeout=5_000, polling=100
     )
+    # The rest no longer looks live: no queue or busy instance drawn, the texts marked "last:".
+    wait_for_live(page, STALE, 5_000)
+
+    # A demo back on the same port: the page's stream reconnects (its retry, about 3 s) and is live again.
+    port = demo.url.rstrip("/").rsplit(":", 1)[1]
+    start_demo("--simulate", "--rate", "50", "--port", port)
+    page.wait_for_selector("#status[data-state='open']", timeout=15_000)
+    wait_for_live(page, {**LIVE_AGAIN, "stale": "false"}, 5_000)
 
 
 def test_the_page_loads_without_a_console_error(start_demo, launch_browser):
