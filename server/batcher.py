@@ -585,6 +585,13 @@ class Batcher:
                 if p.state == QUEUED:
                     self._forget(p)
                     self._expire(p, now, now, 0.0)
+            if len(fifo) + len(heap) > 2 * self._queued + 64:
+                # Behind a live entry with a late deadline (a less urgent request starved at
+                # saturation) the answered ones would pile up, each holding its tensors, for as
+                # long as that deadline: rebuilt with the live ones only, amortized O(1).
+                self._deadline_fifo = fifo = deque(p for p in fifo if p.state == QUEUED)
+                self._deadlines = heap = [e for e in heap if e[2].state == QUEUED]
+                heapq.heapify(heap)
             earliest = fifo[0].deadline if fifo else math.inf
             return min(earliest, heap[0][0]) if heap else earliest
         earliest = math.inf
