@@ -58,9 +58,11 @@ def test_each_answer_is_split_into_the_servers_stages_and_the_time_outside(serve
         # The batch stage holds the compute, request by request: its histogram's sum is the larger.
         assert t["batch_histogram"]["sum_ns"] >= t["compute_histogram"]["sum_ns"] > 0, t
         # Each column is its own part: the trailer's compute is the server's compute histogram's
-        # (per request, over the same window), and at these loads far longer than the hop (start).
+        # (per request, over the same window), and longer than the hop (start), which a swap of the
+        # two would reverse. Not by a fixed factor: on a slow, loaded host the worker thread's
+        # wake-up (the hop) reached half a batch's compute (0.53 against 1.06 ms) in one CI run.
         assert math.isclose(st["compute"]["mean"], step["stages_ms"]["compute"], rel_tol=0.1), (st, step["stages_ms"])
-        assert st["compute"]["p50"] > 2 * st["start"]["p50"], st
+        assert st["compute"]["p50"] > st["start"]["p50"], st
     # 100 QPS at a constant pace, 10 ms apart, and mlp's 5 ms window: each request waits
     # out its own window alone.
     queue = result["steps"][0]["server_timing"]["stages_ms"]["queue"]
