@@ -575,16 +575,9 @@ class Batcher:
         if self.slo is None:
             fifo = self._deadline_fifo
             while fifo and (fifo[0].state != QUEUED or fifo[0].deadline <= now):
-                p = fifo.popleft()
-                if p.state == QUEUED:
-                    self._forget(p)
-                    self._expire(p, now, now, 0.0)
+                self._expire_left(fifo.popleft(), now)
             heap = self._deadlines
-            while heap and (heap[0][2].state != QUEUED or heap[0][0] <= now):
-                _, _, p = heapq.heappop(heap)
-                if p.state == QUEUED:
-                    self._forget(p)
-                    self._expire(p, now, now, 0.0)
+            earliest = self._expire_heap(heap, now)
             if len(fifo) + len(heap) > 2 * self._queued + 64:
                 # Behind a live entry with a late deadline (a less urgent request starved at
                 # saturation) the answered ones would pile up, each holding its tensors, for as
@@ -592,19 +585,20 @@ class Batcher:
                 self._deadline_fifo = fifo = deque(p for p in fifo if p.state == QUEUED)
                 self._deadlines = heap = [e for e in heap if e[2].state == QUEUED]
                 heapq.heapify(heap)
-            earliest = fifo[0].deadline if fifo else math.inf
-            return min(earliest, heap[0][0]) if heap else earliest
-        earliest = math.inf
-        for q in self._queues.values():
-            heap = q.deadlines
-            while heap and (heap[0][2].state != QUEUED or heap[0][0] <= now):
-                _, _, p = heapq.heappop(heap)
-                if p.state == QUEUED:
-                    self._forget(p)
-                    self._expire(p, now, now, 0.0)
-            if heap and heap[0][0] < earliest:
-                earliest = heap[0][0]
-        return earliest
+            return min(fifo[0].deadline, earliest) if fifo else earliest
+        return min((self._expire_heap(q.deadlines, now) for q in self._queues.values()), default=math.inf)
+
+    def _expire_heap(self, heap: list[tuple[float, int, Pending]], now: float) -> float:
+        """Pop the heap's dead and expired entries (failing the expired); its earliest deadline left."""
+        while heap and (heap[0][2].state != QUEUED or heap[0][0] <= now):
+            self._expire_left(heapq.heappop(heap)[2], now)
+        return heap[0][0] if heap else math.inf
+
+    def _expire_left(self, p: Pending, now: float) -> None:
+        """An entry taken off a deadline structure: if still queued, its deadline has passed."""
+        if p.state == QUEUED:
+            self._forget(p)
+            self._expire(p, now, now, 0.0)
 
     def _prewarm_next(self) -> None:
         """Prewarm the instance the next batch will go to, if it is still idle with requests queued."""

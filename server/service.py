@@ -73,25 +73,12 @@ def _varint_len(n: int) -> int:
     return max(1, (n.bit_length() + 6) // 7)
 
 
-def check_answer_size(
-    resp: pb.ModelInferResponse, limit: int, model: str, *, stream: bool = False, raw_bytes: int | None = None
-) -> None:
+def check_answer_size(resp: pb.ModelInferResponse, limit: int, model: str, *, stream: bool = False) -> None:
     """Raise AnswerTooLarge if `resp`, as gRPC sends it (inside a ModelStreamInferResponse with
     `stream`), is over `limit` bytes: gRPC would end the call, and with it a whole stream.
 
-    `raw_bytes`: the total length of its raw_output_contents, when the caller knows it without
-    reading them. ByteSize() is a full serialization pass (upb caches nothing for the send), so it
-    runs only when a cheap upper bound (raw bytes, plus each other field's largest framing) is over
-    the limit."""
-    if raw_bytes is None:
-        raw_bytes = sum(len(b) for b in resp.raw_output_contents)
-    # A field's tag and length: at most 1 + 5 bytes for the sizes here (under 2 GiB).
-    bound = raw_bytes + 6 * (len(resp.raw_output_contents) + 3 + stream)
-    bound += len(resp.model_name.encode()) + len(resp.model_version.encode()) + len(resp.id.encode())
-    bound += sum(6 + o.ByteSize() for o in resp.outputs)
-    bound += sum(18 + len(k.encode()) + v.ByteSize() for k, v in resp.parameters.items())
-    if bound <= limit:
-        return
+    ByteSize() is a full serialization pass (upb caches nothing for the send): the request path
+    calls this only when its cheap bound from the arrays is over the limit (`_run`)."""
     size = resp.ByteSize()
     if stream:
         size += 1 + _varint_len(size)  # ModelStreamInferResponse.infer_response's tag and length
@@ -351,7 +338,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             raw += len(resp.raw_output_contents[i]) if types[n].name == "BYTES" else a.nbytes
             bound += 4 * len(n) + 11 * a.ndim + 48
         if raw + bound > self.send_limit:
-            check_answer_size(resp, self.send_limit, servable.name, stream=stream, raw_bytes=raw)
+            check_answer_size(resp, self.send_limit, servable.name, stream=stream)
         done = time.perf_counter()
         rt.stats.success.add(done - arrival)
         rt.metrics.record_response(p.arrival - arrival, resumed - p.finished, done - resumed, done - arrival)
