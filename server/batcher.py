@@ -31,7 +31,8 @@ requests predicted to miss their deadline behind the queue ahead of them are ref
 started when its instance is predicted free) is dropped. Across batch keys it serves the most
 urgent queue first (priority level, then deadline), as admission assumes, and a full batch for
 a spare slot goes to the busy instance predicted free first. The `slo` decisions scan the
-non-empty queues (a model has few batch keys).
+non-empty queues (a model has few batch keys); the pass that fails expired requests at each wake
+does not (a heap of the queues' earliest deadlines).
 """
 
 from __future__ import annotations
@@ -123,12 +124,19 @@ class _Queue:
     levels: dict[int, deque] = field(default_factory=dict)  # priority level -> FIFO of requests
     order: list[int] = field(default_factory=list)  # the levels present, most urgent first
     samples: int = 0  # live (queued) samples only
+    requests: int = 0  # live (queued) requests
     # slo admission: how many live requests have each row count (how the queue packs into batches).
     rows: Counter = field(default_factory=Counter)
-    deadlines: list = field(default_factory=list)  # slo policy: heap of (deadline, seq, Pending), lazily pruned
+    # slo policy: heap of (deadline, seq, Pending), lazily pruned, and rebuilt with the live entries
+    # when the dead ones outnumber them by a margin (`Batcher._push_deadline`).
+    deadlines: list = field(default_factory=list)
     # The seq of this queue's one live entry in the batcher's heap of heads; its older entries
     # there are stale and are dropped when they reach the top.
     head_seq: int = -1
+    # slo policy: likewise its one live entry in the batcher's heap of queue deadlines, and that
+    # entry's deadline (inf: none), never later than the queue's earliest live deadline.
+    due_seq: int = -1
+    due: float = math.inf
 
     @property
     def entries(self):
@@ -224,10 +232,13 @@ class Batcher:
         self._full: set[Hashable] = set()  # keys whose queues (may) hold flush_size samples
         # fixed policy: the requests that have a deadline, so that one expires where it waits
         # (`_expire_due`), lazily pruned: in a FIFO while they come in deadline order (one timeout
-        # for all: O(1)), the others in a heap of (deadline, seq, request). The slo policy reads
-        # its queues' own heaps.
+        # for all: O(1)), the others in a heap of (deadline, seq, request). The slo policy keeps
+        # each queue's in the queue's own heap, and across queues a heap of (deadline, seq, key):
+        # as the heads', one live entry per queue with queued deadlines (seq == its due_seq), its
+        # deadline no later than the queue's earliest, fixed lazily when it reaches the top.
         self._deadline_fifo: deque[Pending] = deque()
         self._deadlines: list[tuple[float, int, Pending]] = []
+        self._dues: list[tuple[float, int, Hashable]] = []
         self._failed: BaseException | None = None
         # Called (on the loop) once if the batching task fails: the server marks the model not serving.
         self.on_failed: Callable[[BaseException], None] | None = None
@@ -377,6 +388,7 @@ class Batcher:
             self._push_head(key, q, p.arrival)
         q.append(p)
         q.samples += rows
+        q.requests += 1
         q.rows[rows] += 1
         self._queued += 1
         self._level_samples[level] = self._level_samples.get(level, 0) + rows
@@ -398,7 +410,7 @@ class Batcher:
                 wake = wake or deadline < self._timer_at
         else:
             slo.arrived(key, now, rows)
-            heapq.heappush(q.deadlines, (deadline, next(self._seq), p))
+            self._push_deadline(key, q, p)
             n = q.samples
             wake = (
                 wake
@@ -460,6 +472,34 @@ class Batcher:
             "passed before it could run"
         )
 
+    def _push_deadline(self, key: Hashable, q: _Queue, p: Pending) -> None:
+        """slo policy: add a queued request's deadline to its queue's heap, and to the heap of queue
+        deadlines if it is now the queue's earliest."""
+        heap = q.deadlines
+        heapq.heappush(heap, (p.deadline, next(self._seq), p))
+        if len(heap) > 2 * q.requests + 64:
+            # Entries leave from the top only: behind a queued request with an early deadline (a
+            # less urgent level starved, a shorter timeout) the answered ones would pile up, each
+            # holding its tensors, for as long as that deadline (up to slo_ms): rebuilt with the
+            # live ones only, amortized O(1).
+            q.deadlines = heap = [e for e in heap if e[2].state == QUEUED]
+            heapq.heapify(heap)
+        if p.deadline < q.due:
+            self._push_due(key, q, p.deadline)
+
+    def _push_due(self, key: Hashable, q: _Queue, deadline: float) -> None:
+        """Make (deadline, key) the queue's one live entry in the heap of queue deadlines."""
+        seq = next(self._seq)
+        q.due_seq, q.due = seq, deadline
+        dues = self._dues
+        heapq.heappush(dues, (deadline, seq, key))
+        if len(dues) > 2 * len(self._queues) + 64:
+            # A queue emptied and dropped (`_pick_slo`), or one whose earliest deadline came earlier,
+            # leaves a stale entry until its deadline reaches the top: rebuilt, amortized O(1).
+            queues = self._queues
+            self._dues = dues = [e for e in dues if e[2] in queues and queues[e[2]].due_seq == e[1]]
+            heapq.heapify(dues)
+
     def _earliest_deadline(self, q: _Queue) -> float:
         """The earliest deadline among a queue's live requests (slo policy); inf when none."""
         heap = q.deadlines
@@ -476,6 +516,7 @@ class Batcher:
     def _forget(self, p: Pending) -> None:
         q = self._queues[p.key]
         q.samples -= p.rows
+        q.requests -= 1
         if q.rows[p.rows] > 1:
             q.rows[p.rows] -= 1
         else:  # only the row counts queued stay: `_admit` reads the distinct ones
@@ -569,8 +610,9 @@ class Batcher:
         only when its turn came, maybe seconds later, and meanwhile count toward max_queue_size,
         the depth gauge and slo admission's samples ahead. Its entry in the queue stays, dead, as
         a withdrawn one's does. The slo policy keeps every request's deadline in its queue's heap
-        already (a model has few keys); the fixed policy keeps the requests that have one in
-        `_deadline_fifo` and `_deadlines`, and nothing for those that have none.
+        already, and the queues' earliest in `_dues` (a pass visits the queues due, not every
+        key); the fixed policy keeps the requests that have one in `_deadline_fifo` and
+        `_deadlines`, and nothing for those that have none.
         """
         if self.slo is None:
             fifo = self._deadline_fifo
@@ -586,7 +628,22 @@ class Batcher:
                 self._deadlines = heap = [e for e in heap if e[2].state == QUEUED]
                 heapq.heapify(heap)
             return min(fifo[0].deadline, earliest) if fifo else earliest
-        return min((self._expire_heap(q.deadlines, now) for q in self._queues.values()), default=math.inf)
+        while self._dues:  # `_push_due` may rebuild the list
+            due, seq, key = self._dues[0]
+            q = self._queues.get(key)
+            if q is None or seq != q.due_seq:  # superseded by the queue's newer entry, or its queue is gone
+                heapq.heappop(self._dues)
+                continue
+            earliest = self._expire_heap(q.deadlines, now)
+            if earliest == due:  # exact, and every other entry is no later than its queue's earliest
+                return due
+            # Its earliest request left (answered, withdrawn, expired just now): requeue the next.
+            heapq.heappop(self._dues)
+            if earliest < math.inf:
+                self._push_due(key, q, earliest)
+            else:
+                q.due_seq, q.due = -1, math.inf
+        return math.inf
 
     def _expire_heap(self, heap: list[tuple[float, int, Pending]], now: float) -> float:
         """Pop the heap's dead and expired entries (failing the expired); its earliest deadline left."""
@@ -1108,11 +1165,13 @@ class Batcher:
             q.order.clear()
             q.deadlines.clear()
             q.samples = 0
+            q.requests = 0
             q.rows.clear()
         self._queues.clear()
         self._heads.clear()
         self._deadline_fifo.clear()
         self._deadlines.clear()
+        self._dues.clear()
         self._full.clear()
         self._level_samples.clear()
         self._queued = 0

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from wok import policy as policy_module
-from wok.batcher import Batcher, BatchingPolicy
+from wok.batcher import QUEUED, Batcher, BatchingPolicy
 from wok.codec import decode_request, encode_request
 from wok.config import load_model_config
 from wok.errors import ConfigError, DeadlineExceeded, DeadlineUnmeetable, InvalidInput
@@ -661,3 +661,59 @@ async def test_the_drain_runs_the_most_urgent_key_first(gated, a_rows):
     await stopping
     assert max(p.dispatched for p in urgent) < min(p.dispatched for p in less)
     assert b.queued == 0 and b.inflight == 0
+
+
+# -- bounded work and state ---------------------------------------------------------------------
+
+
+async def test_answered_requests_do_not_pile_up_behind_a_queued_earlier_deadline(gated):
+    # A less urgent request holds its queue's earliest deadline while urgent work with later ones
+    # keeps leaving. Entries left each queue's deadline heap only from its top, so every request
+    # answered (or withdrawn) meanwhile stayed there, with its tensors and future, until that
+    # deadline: up to slo_ms (60 s here) of traffic. Driven: no timing involved.
+    s, _m, ex = gated(max_batch_size=8)
+    b = make_batcher(s, ex, policy(60_000, 8, alpha_ms=1, beta_ms=0.1), start=False)
+    starved = submit(b, priority=5)
+    for _ in range(200):
+        ps = [submit(b, priority=1) for _ in range(8)]
+        assert b._form(None, b._queues[None], "size", time.perf_counter()).requests == ps
+        b.withdraw(submit(b, priority=1))
+    assert starved.state == QUEUED and b.queued == 1
+    # Dead entries go once they outnumber the live ones by a margin: a bound on the queue, not on
+    # the traffic served (1,801 entries here before).
+    q = b._queues[None]
+    assert len(q.deadlines) <= 2 * b.queued + 64, len(q.deadlines)
+    assert b._expire_due(time.perf_counter()) == starved.deadline
+    b._fail_queued(DeadlineExceeded("test over"))
+    starved.future.exception()
+
+
+async def test_a_pass_over_many_keys_visits_only_the_queues_whose_deadline_is_due(gated, monkeypatch):
+    # The task's pass for queued deadlines took the minimum over every queue: O(keys) at each wake,
+    # with many keys (models with many shapes) most of the batcher's cost per request.
+    s, _m, ex = gated(max_batch_size=8)
+    b = make_batcher(s, ex, policy(60_000, 8, alpha_ms=1, beta_ms=0.1), start=False)
+    x = {"INPUT0": np.ones((1, 4), np.float32)}
+    t0 = time.perf_counter()
+    ps = [b.submit(x, 1, k, t0 + 10 + k, None) for k in range(200)]  # key k: deadline in 10 + k s
+    visited = []
+    expire_heap = b._expire_heap
+    monkeypatch.setattr(b, "_expire_heap", lambda heap, now: visited.append(heap) or expire_heap(heap, now))
+    assert b._expire_due(t0) == ps[0].deadline and len(visited) == 1
+    early = b.submit(x, 1, 150, t0 + 5, None)  # key 150's earliest deadline comes earlier
+    assert b._expire_due(t0) == early.deadline
+    b.withdraw(ps[0])
+    visited.clear()
+    # Key 150's early request expires; key 150 and key 0 (emptied) are looked at, then key 1.
+    assert b._expire_due(t0 + 5.5) == ps[1].deadline and len(visited) <= 4, len(visited)
+    with pytest.raises(DeadlineExceeded, match="deadline passed before it could run"):
+        early.future.result()
+    assert ps[150].state == QUEUED and b.queued == 199
+    b._fail_queued(DeadlineExceeded("test over"))
+    for p in ps[1:]:
+        p.future.exception()
+    # Keys that come and go (their queues dropped once empty) leave stale entries: bounded too.
+    for k in range(300):
+        b.withdraw(b.submit(x, 1, ("gone", k), None, None))
+        b._pick(time.perf_counter())  # drops the emptied queue
+    assert len(b._dues) <= 2 * len(b._queues) + 64, len(b._dues)
