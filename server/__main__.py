@@ -155,9 +155,8 @@ def _parse_value(v: str):
 
 
 def _demo_options(items: list[str]) -> dict:
-    import inspect
-
-    from .models import DEMO_MODELS
+    """Checked against the builders' keywords without importing them: a refusal costs no torch."""
+    from .models import DEMO_MODELS, DEMO_OPTIONS
 
     out: dict[str, dict] = {}
     for item in items:
@@ -165,15 +164,22 @@ def _demo_options(items: list[str]) -> dict:
         model, dot, opt = key.partition(".")
         if not eq or not dot:
             raise ConfigError(f"--demo-option {item!r}: expected MODEL.KEY=VALUE")
-        builder = DEMO_MODELS.get(model)
-        if builder is None:
+        options = DEMO_OPTIONS.get(model)
+        if options is None:
             raise ConfigError(f"--demo-option {item!r}: unknown demo model {model!r}; known: {', '.join(DEMO_MODELS)}")
-        known = list(inspect.signature(builder).parameters)
-        if opt not in known:
+        if opt not in options:
             raise ConfigError(
-                f"--demo-option {item!r}: demo model {model!r} has no option {opt!r}; its options: {', '.join(known)}"
+                f"--demo-option {item!r}: demo model {model!r} has no option {opt!r}; its options: {', '.join(options)}"
             )
-        out.setdefault(model, {})[opt] = _parse_value(value)
+        parsed = _parse_value(value)
+        kind = options[opt]
+        # A float option takes an int too; an int one only an int (not 1.5, nor 1e3).
+        if not isinstance(parsed, (int, float) if kind is float else int):
+            expected = "a number" if kind is float else "an integer"
+            raise ConfigError(
+                f"--demo-option {item!r}: option {opt!r} of demo model {model!r}: expected {expected}, got {value!r}"
+            )
+        out.setdefault(model, {})[opt] = parsed
     return out
 
 
@@ -283,7 +289,7 @@ def _build(args):
                 check_demo_name(name)
             except ValueError as exc:  # worded as ModelRepository.demo words it, before torch
                 raise ConfigError(f"demo model {name!r}: {exc}") from None
-    demo_options = _demo_options(args.demo_option)  # an unknown model in them is refused before torch too
+    demo_options = _demo_options(args.demo_option)  # an unknown model or option: refused before torch too
     from .app import build_repository
 
     return settings, build_repository(settings, demo_options)

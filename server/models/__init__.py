@@ -1,7 +1,8 @@
 """The built-in demo models, served when no model repository is given.
 
-Importing this package imports no torch: `wok serve` refuses an unknown demo model name before
-seconds of imports. A model's module (torch with it) is imported when its builder is looked up.
+Importing this package imports no torch: `wok serve` refuses an unknown demo model name, or an
+unknown option of one, before seconds of imports. A model's module (torch with it) is imported
+when its builder is looked up.
 """
 
 from __future__ import annotations
@@ -40,6 +41,23 @@ DEMO_MODELS: Mapping[str, Callable[..., Servable]] = _Builders(
     {"mlp": "mlp:build", "recsys": "recsys:build", "encoder": "encoder:build"}
 )
 
+# Each builder's keywords and their types, in its signature's order, for `--demo-option` to check
+# without importing the builder (torch); tests/server/test_config.py holds them to the signatures.
+_SIZES = {"max_batch_size": int, "max_queue_delay_ms": float, "max_queue_size": int}
+DEMO_OPTIONS: Mapping[str, Mapping[str, type]] = {
+    "mlp": {"in_features": int, "hidden": int, "out_features": int, "layers": int, **_SIZES},
+    "recsys": {"num_embeddings": int, "dim": int, "dense_features": int, "hidden": int, **_SIZES},
+    "encoder": {
+        "vocab": int,
+        "max_length": int,
+        "d_model": int,
+        "nhead": int,
+        "layers": int,
+        "dim_feedforward": int,
+        **_SIZES,
+    },
+}
+
 
 def check_demo_name(name: str) -> None:
     """Raise ValueError unless `name` is a demo model; imports no model (nor torch)."""
@@ -53,4 +71,4 @@ def build_demo(name: str, **options) -> Servable:
     return DEMO_MODELS[name](**options)
 
 
-__all__ = ["DEMO_MODELS", "build_demo", "check_demo_name"]
+__all__ = ["DEMO_MODELS", "DEMO_OPTIONS", "build_demo", "check_demo_name"]

@@ -314,6 +314,22 @@ def test_demo_options_name_the_model_and_the_options_it_has():
     )
     with pytest.raises(ConfigError, match=r"unknown demo model 'gpt'; known: mlp, recsys, encoder"):
         _demo_options(["gpt.layers=2"])
+    assert _demo_options(["mlp.max_queue_delay_ms=0", "mlp.max_queue_delay_ms=0.5"]) == {
+        "mlp": {"max_queue_delay_ms": 0.5}
+    }
+
+
+def test_demo_options_list_each_builders_keywords_and_their_types():
+    # The list `--demo-option` checks without importing the builders (torch), held to them here.
+    import inspect
+
+    from wok.models import DEMO_MODELS, DEMO_OPTIONS
+
+    assert list(DEMO_OPTIONS) == list(DEMO_MODELS)
+    for name, options in DEMO_OPTIONS.items():
+        params = inspect.signature(DEMO_MODELS[name]).parameters
+        assert {k: p.annotation for k, p in params.items()} == {k: t.__name__ for k, t in options.items()}, name
+        assert list(params) == list(options), name
 
 
 def test_server_settings_unknown_field():

@@ -33,10 +33,24 @@ def test_a_refused_serve_option_exits_2_before_torch_is_imported():
             ("--demo-option", "nope.x=1"),
             "wok: --demo-option 'nope.x=1': unknown demo model 'nope'; known: mlp, recsys, encoder",
         ),
+        (
+            ("--demo-option", "mlp.bogus=1"),
+            "wok: --demo-option 'mlp.bogus=1': demo model 'mlp' has no option 'bogus'; its options: in_features, "
+            "hidden, out_features, layers, max_batch_size, max_queue_delay_ms, max_queue_size",
+        ),
+        (
+            ("--demo-option", "mlp.hidden=1.5"),
+            "wok: --demo-option 'mlp.hidden=1.5': option 'hidden' of demo model 'mlp': expected an integer, got '1.5'",
+        ),
+        (
+            ("--demo-option", "mlp.max_queue_delay_ms=soon"),
+            "wok: --demo-option 'mlp.max_queue_delay_ms=soon': option 'max_queue_delay_ms' of demo model 'mlp': "
+            "expected a number, got 'soon'",
+        ),
     ],
-    ids=["--models", "--demo-option"],
+    ids=["--models", "--demo-option model", "--demo-option option", "--demo-option int", "--demo-option float"],
 )
-def test_an_unknown_demo_model_exits_2_before_torch_is_imported(option, refusal):
+def test_an_unknown_demo_model_or_option_exits_2_before_torch_is_imported(option, refusal):
     # Ports that cannot clash: should the name pass, the server would start and the run time out.
     done = _importtime("-m", "wok", "serve", *option, "--port", "0", "--metrics-port", "-1")
     assert done.returncode == 2, done.stderr[-2000:]
