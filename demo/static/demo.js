@@ -13,13 +13,17 @@ const S = {
   // Sliders moved since the last Apply: these keep the user's value; the others follow the live policy.
   touched: { "max-batch": false, delay: false },
   open: false,   // the event stream is connected
-  // The live texts as the events last set them; shown marked "last:" while stale().
+  // The live texts as the events last set them; shown marked "last:" once their events stop.
   text: { "load-now": "", "policy-now": "", footer: "" },
 };
 const WINDOW_S = 10;
 // The load events' period (TICK_S in demo/web.py): one older than this and a second is from a
 // stream that has stopped, and its figures are no longer live.
 const LOAD_PERIOD_S = 0.25;
+// The ticks' period (TICK_S in server/admin.py; the simulator's too). None for four of them: the
+// server's figures are no longer live, even with the stream up (the server stopped or stuck).
+const TICK_PERIOD_S = 0.25;
+const TICK_STALE_S = 4 * TICK_PERIOD_S;
 const COLORS = { size: "#4c9aff", delay: "#f5a623", drain: "#8a97a6", failed: "#ff5c5c", deadline: "#8a97a6" };
 const $ = (id) => document.getElementById(id);
 const now = () => Date.now() / 1000;
@@ -36,10 +40,19 @@ function setCard(id, value, digits = 0, over = false) {
   el.classList.toggle("over", over);
 }
 
-// The stream down and no tick for a second: what the page shows is the last it heard, not now.
+// No tick for TICK_STALE_S: what the page shows of the server is the last it heard, not now.
+// Not only while the stream is down: it stays connected to a server that is stopped (SIGSTOP)
+// or whose ticks are stuck, and then says nothing.
 function stale() {
   const tick = S.ticks[S.ticks.length - 1];
-  return !S.open && !(tick && now() - tick.seen <= 1);
+  return !(tick && now() - tick.seen <= TICK_STALE_S);
+}
+
+// The last load event if it is live: the callers' figures, from the demo itself, which go on
+// while the server behind it is stopped.
+function liveLoad() {
+  const last = S.loads[S.loads.length - 1];
+  return last && now() - last.seen <= LOAD_PERIOD_S + 1 ? last : undefined;
 }
 
 function setText(id, text) {
@@ -48,12 +61,16 @@ function setText(id, text) {
 }
 
 function updateTexts(old = stale()) {
+  const last = { "load-now": !liveLoad(), "policy-now": old };
   for (const id of ["load-now", "policy-now"]) {
     const text = S.text[id];
-    setText(id, old && text ? "last: " + text.replace(/^now: /, "") : text);
+    setText(id, last[id] && text ? "last: " + text.replace(/^now: /, "") : text);
   }
+  const why = S.open
+    ? `the event stream is up but no tick came for over ${TICK_STALE_S} s (the server stopped or stuck?)`
+    : "the event stream is down (reconnecting…)";
   setText("footer", old && S.text.footer
-    ? "No live data: the event stream is down (reconnecting…); the texts marked \"last:\" are the last received."
+    ? `No live data: ${why}; the texts marked "last:" are the last received.`
     : S.text.footer);
 }
 
@@ -208,8 +225,7 @@ function prune() {
 // A figure whose window has no event (the stream ended, the demo stopped) shows "–", not its last value.
 function updateCards() {
   const t = now();
-  const last = S.loads[S.loads.length - 1];
-  const l = last && t - last.seen <= LOAD_PERIOD_S + 1 ? last : {};
+  const l = liveLoad() || {};
   const slo = S.config ? S.config.slo_ms : Infinity;
   setCard("offered", l.sent_per_s);
   setCard("throughput", l.ok_per_s);
@@ -291,7 +307,10 @@ function drawPipeline(old) {
     g.strokeStyle = "#2a3441"; g.beginPath(); g.moveTo(qx + qw, qy + qh / 2); g.lineTo(ix, y + ih / 2); g.stroke();
   }
   g.globalAlpha = 1;
-  if (old) { g.fillStyle = "#ff5c5c"; g.fillText("no live data (event stream down)", qx + 12, qy + qh / 2 + 4); }
+  if (old) {
+    g.fillStyle = "#ff5c5c";
+    g.fillText(S.open ? "no live data (no tick)" : "no live data (event stream down)", qx + 12, qy + qh / 2 + 4);
+  }
   Object.assign(c.dataset, { stale: String(old), queued: String(queued), busy: String(nBusy) });
 }
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,3 +110,89 @@ def launch_browser():
         b.close()
     for p in drivers:
         p.stop()
+
+
+class HeldAddress:
+    """A loopback port held for a whole test, each connection to it forwarded to the demo behind it
+    (`target`, a port; None: a connection waits for one). A page loaded through it finds a demo
+    started afresh at the same address, with no window in which another process can take the
+    port, as between one demo's stop and the next one's start on the same port."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._target: int | None = None
+        self._closed = False
+        self._changed = threading.Condition()
+        self._open: set[socket.socket] = set()
+        threading.Thread(target=self._accept, daemon=True, name="held-address").start()
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def forward_to(self, target: int | None) -> None:
+        with self._changed:
+            self._target = target
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+            for s in self._open:
+                _end(s)
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._forward, args=(client,), daemon=True).start()
+
+    def _forward(self, client: socket.socket) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._target is not None or self._closed)
+            target = self._target
+        try:
+            if target is None:  # the address closed
+                raise ConnectionRefusedError
+            upstream = socket.create_connection(("127.0.0.1", target))
+        except OSError:  # as a port nothing listens on: the demo behind is gone
+            client.close()
+            return
+        with self._changed:
+            self._open |= {client, upstream}
+        threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
+        self._pipe(upstream, client)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        """Copy src to dst; at src's end (or an error either way) end both, as the demo's close."""
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            _end(s)
+        with self._changed:
+            self._open -= {src, dst}
+
+
+def _end(s: socket.socket) -> None:
+    # shutdown first: unlike close, it wakes a thread blocked reading the socket.
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    s.close()
+
+
+@pytest.fixture
+def held_address() -> Iterator[HeldAddress]:
+    """`held_address.url()`: an address for the page that outlives the demos behind it; point it
+    at one with `held_address.forward_to(port)`."""
+    held = HeldAddress()
+    yield held
+    held.close()

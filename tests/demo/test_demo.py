@@ -1,12 +1,16 @@
 """Acceptance: `wok demo` in headless Chromium. Through the page's own controls the test widens
 the delay window, raises the arrival rate, slows and restores both instances, and fails one;
-the page's batch size, throughput, queue and error figures must follow. Screenshots go to the test's tmp dir.
+the page's batch size, throughput, queue and error figures must follow. With the server stopped
+(SIGSTOP) the page must say its server figures are not live. Screenshots go to the test's tmp dir.
 
 Each wait polls the page's figures (the load generator's 2 s window, the server's 250 ms ticks)
 until they say what the change must cause, or fails with what the page showed.
 """
 
 from __future__ import annotations
+
+import os
+import signal
 
 import pytest
 
@@ -38,7 +42,7 @@ def set_range(page, selector: str, value: float) -> None:
     page.eval_on_selector(selector, f"el => {{ el.value = {value}; el.dispatchEvent(new Event('input')); }}")
 
 
-def test_the_page_follows_the_rate_a_slowdown_and_a_failed_instance(start_demo, launch_browser, tmp_path):
+def test_the_page_follows_the_rate_a_slowdown_and_a_failed_instance(start_demo, launch_browser, tmp_path, proc_tree):
     demo = start_demo("--rate", "50", "--instances", "2", ready=False)
     page = launch_browser().new_page(viewport={"width": 1400, "height": 1000})
     page.goto(demo.ready().url)
@@ -82,5 +86,19 @@ def test_the_page_follows_the_rate_a_slowdown_and_a_failed_instance(start_demo, 
     page.screenshot(path=str(tmp_path / "demo-fault.png"), full_page=True)
     page.click("#restore-0")
     wait_for(page, "v('errors') == 0 && v('throughput') >= 200", "errors stop once it is restored")
+
+    # The server stopped: the page's stream stays up, the callers' load events go on, the ticks
+    # stop. What comes from the ticks is marked not live; the callers' rate text stays live.
+    (server,) = proc_tree.children(demo.proc.pid)
+    stale = "() => document.getElementById('pipeline').dataset.stale === '{}'"
+    os.kill(server, signal.SIGSTOP)
+    try:
+        page.wait_for_function(stale.format("true"), timeout=5_000, polling=100)
+        assert page.get_attribute("#status", "data-state") == "open"
+        assert page.inner_text("#policy-now").startswith("last: max batch 32")
+        assert page.inner_text("#load-now") == "steady at 300 req/s"
+    finally:
+        os.kill(server, signal.SIGCONT)
+    page.wait_for_function(stale.format("false"), timeout=10_000, polling=100)
     page.close()
     assert demo.stop() == 0, "\n".join(demo.log[-20:])

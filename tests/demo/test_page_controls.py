@@ -1,12 +1,14 @@
 """The page's controls in headless Chromium, on `wok demo --simulate` (no server to start): they
 follow the configuration rather than the page's fixed limits (and a change made in another tab or
 through the API), refuse emptied fields, and say so when the demo is gone; the figures blank once
-their events stop, and the rest of the page says it is not live (until a demo is back); the
-page loads without a console error."""
+their events stop, and the rest of the page says it is not live (until a demo is back, and while
+the stream is up but no tick comes); the page loads without a console error."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import urllib.request
 
 import pytest
@@ -135,15 +137,22 @@ def wait_for_live(page, expected: dict[str, str], timeout: float) -> None:
         raise AssertionError(f"page: expected {want}, got {page.evaluate(LIVE)}") from e
 
 
-def test_the_page_shows_nothing_as_live_once_the_demo_stops_until_it_is_back(start_demo, launch_browser):
+def port_of(demo) -> int:
+    return int(demo.url.rstrip("/").rsplit(":", 1)[1])
+
+
+def test_the_page_shows_nothing_as_live_once_the_demo_stops_until_it_is_back(start_demo, launch_browser, held_address):
     demo = start_demo("--simulate", "--rate", "50", ready=False)
-    page = open_page(launch_browser(), demo.ready().url)
+    browser = launch_browser()
+    held_address.forward_to(port_of(demo.ready()))
+    page = open_page(browser, held_address.url())
     cards = json.dumps(CARDS)
     page.wait_for_function(
         f"() => {cards}.every((c) => document.getElementById(c).textContent !== '–')", timeout=10_000
     )
     wait_for_live(page, LIVE_AGAIN, 5_000)
 
+    held_address.forward_to(None)  # the page's next try waits for the next demo
     assert demo.stop() == 0
     page.wait_for_selector("#status[data-state='error']", timeout=5_000)
     # The load events' period and a second (1.25 s), the queue's 1 s, the mean batch's 2 s.
@@ -153,10 +162,29 @@ def test_the_page_shows_nothing_as_live_once_the_demo_stops_until_it_is_back(sta
     # The rest no longer looks live: no queue or busy instance drawn, the texts marked "last:".
     wait_for_live(page, STALE, 5_000)
 
-    # A demo back on the same port: the page's stream reconnects (its retry, about 3 s) and is live again.
-    port = demo.url.rstrip("/").rsplit(":", 1)[1]
-    start_demo("--simulate", "--rate", "50", "--port", port)
+    # A demo back at the same address: the page's stream reconnects (its retry, about 3 s) and is
+    # live again. The address is held by the test, not the demos' own port: between one demo's stop
+    # and the next one's start, another process could take that.
+    held_address.forward_to(port_of(start_demo("--simulate", "--rate", "50")))
     page.wait_for_selector("#status[data-state='open']", timeout=15_000)
+    wait_for_live(page, {**LIVE_AGAIN, "stale": "false"}, 5_000)
+
+
+def test_the_page_says_it_is_not_live_while_its_stream_is_up_but_no_tick_comes(start_demo, launch_browser):
+    demo = start_demo("--simulate", "--rate", "50", ready=False)
+    page = open_page(launch_browser(), demo.ready().url)
+    wait_for_live(page, {**LIVE_AGAIN, "stale": "false"}, 5_000)
+
+    # Stopped, the demo keeps its connections and sends nothing: the page's stream stays up with no
+    # tick, as behind a live demo whose server is stopped or whose ticks are stuck.
+    os.kill(demo.proc.pid, signal.SIGSTOP)
+    try:
+        # Four ticks' periods (1 s) without one; the load events' 1.25 s for the rate text.
+        wait_for_live(page, STALE, 5_000)
+        assert page.get_attribute("#status", "data-state") == "open"
+        assert "the event stream is up but no tick came" in page.inner_text("#footer")
+    finally:
+        os.kill(demo.proc.pid, signal.SIGCONT)
     wait_for_live(page, {**LIVE_AGAIN, "stale": "false"}, 5_000)
 
 
