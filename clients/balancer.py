@@ -2,10 +2,12 @@
 hedging, retries on another replica, a retry budget and outlier detection.
 
 gRPC's own `round_robin` (wok.clients.channel) keeps sending a replica that hangs (SIGSTOP, a
-dead node whose connections stay open) its share of the calls until keepalive gives up on the
-connection 10-15 s later; it also keeps sending calls to a replica that is slow or answers
-INTERNAL, because its health service still says SERVING. gRPC core's client has no hedging
-and no outlier detection outside xDS. This module does both, above gRPC:
+dead node whose connections stay open) its share of the calls until an unanswered ping closes
+the connection: about 5 s after the hang if the connection was carrying calls then (measured
+5.1-5.3 s), up to 15 s if it was quiet (keepalive's ping; see wok.clients.channel); it also
+keeps sending calls to a replica that is slow or answers INTERNAL, because its health service
+still says SERVING. gRPC core's client has no hedging and no outlier detection outside xDS.
+This module does both, above gRPC:
 
 Replicas. `target` is "host:port", several of them ("a:p,b:p" or a list), or "dns:///name:port".
 Every address a name resolves to (`loop.getaddrinfo`; IPv4 preferred when a name has both)
@@ -20,7 +22,10 @@ channel, a vanished one gets no new calls and is closed once its calls are done.
 Picking (`pick`): power of two choices on outstanding attempts: two random replicas among
 the READY, non-ejected ones (if none is READY: among the READY ejected ones, then those
 connecting, then those failing), the one with fewer calls in flight wins. A slow or hung
-replica's calls pile up, so it stops winning: this alone steers most load away from it.
+replica's calls pile up, so it stops winning: this alone steers most load away from it. A
+hedge or a retry never goes to a failing one (channel TRANSIENT_FAILURE): there it would fail
+at once, for a budget token; a first attempt does when every replica is down, so that the
+call fails at once with UNAVAILABLE instead of waiting for a connection up to its deadline.
 
 Hedging (Dean & Barroso, "The Tail at Scale", 2013): an attempt without an answer after
 `hedge_after` gets one more attempt on a different replica; the first OK answer wins and the
@@ -33,8 +38,9 @@ that answers in a millisecond from hedging on scheduler jitter. A number is a fi
 None turns hedging off. Inference is idempotent, so two answers do no harm.
 
 Retries: UNAVAILABLE (connection refused or reset, server draining) is sent again at once to
-another replica; only when every replica has been tried does an attempt go back to one
-already tried, after a random backoff of up to 50 ms × 2ⁿ (at most 1 s). Nothing else is
+another replica; only when every replica has been tried (or the others are down) does an
+attempt go back to one already tried, after a random backoff of up to 50 ms × 2ⁿ (at most
+1 s); with none left but failing ones the call ends with the UNAVAILABLE. Nothing else is
 retried or hedged once it comes back: INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED (the
 fleet is full: more attempts would feed the overload), DEADLINE_EXCEEDED, INTERNAL (the model
 failed; it is the call's answer) and the rest are the call's answer.
@@ -61,10 +67,17 @@ calls and failing them, until an ejection ends (it is ejected at its next failur
 cap bounds what the balancer takes out on its own judgement, whatever the ejected ones' fault
 (a fault of the whole fleet, or of the client, looks like failing replicas too), and nothing
 says an ejected failing one has recovered: it gets no calls while the rotation has a READY
-replica. With
-hedging off (`hedge_after=None`) attempts are never "late", so only failures eject. A
-transient stall costs a replica 2 s out of the rotation; a lasting fault costs 5 delayed
-(hedged) or failed calls each time it comes back, at growing intervals.
+replica, unless its channel goes down and comes back (next). With hedging off
+(`hedge_after=None`) attempts are never "late", so only failures eject. A transient stall
+costs a replica 2 s out of the rotation; a lasting fault costs 5 delayed (hedged) or failed
+calls each time it comes back, at growing intervals.
+
+Down is not an outlier: the channel's connectivity tracks it already. A failure of an attempt
+sent while the replica's channel was neither READY nor IDLE (every replica down, a first
+attempt goes to a failing one) does not count towards ejection, and an ejection during which
+the channel was TRANSIENT_FAILURE ends as soon as it is READY again: a replica restarted after
+a crash (its last calls failed before its channel said so, and ejected it) gets calls again
+at once, not after the rest of its ejection.
 
 Counters (`stats()`): calls, attempts, hedges, retries, refusals by the budget, ejections
 and those the cap refused, swaps (a failing replica ejected in the place of a slow one), and
@@ -74,8 +87,10 @@ keep what a replica counted after re-resolution drops it, while `replicas` lists
 set only, so the per-replica counters may add up to less than the totals.
 
 One owned object: `await start()` / `await stop()` (or `async with`), made and used in one
-running loop. `stop()` cancels the attempts in flight (their callers get CANCELLED), the
-watchers and the resolver, and closes the channels.
+running loop. `stop()` cancels the attempts in flight (their callers get CANCELLED, a caller
+whose attempt had just failed too: it starts no retry once `stop()` has begun; one whose attempt
+had just answered gets that answer), the watchers
+and the resolver, waits until none of them runs, and closes the channels.
 """
 
 from __future__ import annotations
@@ -101,6 +116,7 @@ RETRYABLE = frozenset({CODE.UNAVAILABLE})
 LATENCY_WINDOW = 512  # OK attempts kept for the auto hedge delay
 LATENCY_EVERY = 64  # recompute the quantile every this many OK attempts
 SCHEMA = "wok.balancer/1"
+STOPPED = "the balancer was stopped"
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
@@ -189,6 +205,7 @@ class Replica:
     outstanding: int = 0
     ejected: bool = False
     ejected_slow: bool = False  # ejected for slow attempts, not failures: gives its place to a failing one
+    ejected_down: bool = False  # its channel was TRANSIENT_FAILURE during this ejection: ends when READY
     removed: bool = False
     times_ejected: int = 0
     consecutive_failures: int = 0
@@ -224,12 +241,13 @@ class Replica:
 
 
 class _Attempt:
-    __slots__ = ("late", "replica", "started", "task")
+    __slots__ = ("counts", "late", "replica", "started", "task")
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
         self.started: float | None = None  # when the call went out (after any backoff)
         self.late = False  # reached hedge_after without an answer
+        self.counts = True  # its failure counts towards ejection: its channel was READY or IDLE
         self.task: asyncio.Task | None = None
 
 
@@ -257,6 +275,7 @@ class Balancer:
         self._resolve = resolver or system_resolver
         self.replicas: dict[str, Replica] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._closing: set[asyncio.Task] = set()  # of _tasks: channels of replicas no longer resolved
         self._resolver_task: asyncio.Task | None = None
         self._changed: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -293,11 +312,17 @@ class Balancer:
         if self._stopped:
             return
         self._stopped = True
-        tasks = [t for t in (self._resolver_task,) if t is not None] + list(self._tasks)
-        tasks += [r.watcher for r in self.replicas.values() if r.watcher is not None]
-        for t in tasks:
-            t.cancel()
-        if tasks:
+        # Until none is left: a caller woken by an attempt that ended just before stop() sees
+        # `_stopped` and launches nothing, but cancelled tasks may still spawn a channel's close.
+        while True:
+            tasks = [t for t in (self._resolver_task,) if t is not None and not t.done()]
+            tasks += [r.watcher for r in self.replicas.values() if r.watcher is not None and not r.watcher.done()]
+            tasks += [t for t in self._tasks if not t.done()]
+            if not tasks:
+                break
+            for t in tasks:
+                if t not in self._closing:  # a channel's close is let finish: it is quick
+                    t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         for r in self.replicas.values():
             if r.readmit is not None:
@@ -361,12 +386,15 @@ class Balancer:
                 r.watcher.cancel()
             if r.readmit is not None:
                 r.readmit.cancel()
-            self._spawn(r.channel.close())
+            closing = self._spawn(r.channel.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro) -> asyncio.Task:
         task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _re_resolve(self) -> None:
         while True:
@@ -379,6 +407,13 @@ class Balancer:
         state = r.channel.get_state(try_to_connect=True)
         while True:
             r.state = state
+            if r.ejected and state is STATE.TRANSIENT_FAILURE:
+                r.ejected_down = True
+            elif r.ejected_down and state is STATE.READY and r.readmit is not None:
+                # Its server was down (failures then are the channel's, which connectivity
+                # tracks) and serves again: keeping it out longer would only delay its return.
+                r.readmit.cancel()
+                self._readmit(r)
             self._notify()
             await r.channel.wait_for_state_change(state)
             state = r.channel.get_state(try_to_connect=True)
@@ -413,8 +448,13 @@ class Balancer:
         return self.replicas[address]
 
     # -- picking ------------------------------------------------------------------------------
-    def pick(self, exclude: Sequence[Replica] = ()) -> Replica | None:
-        """Power of two choices on outstanding attempts among the best-connected usable replicas."""
+    def pick(self, exclude: Sequence[Replica] = (), *, extra: bool = False) -> Replica | None:
+        """Power of two choices on outstanding attempts among the best-connected usable replicas.
+
+        `extra` (a hedge or a retry): never a replica whose channel is TRANSIENT_FAILURE. A first
+        attempt may go to one when no replica is better connected, to fail at once (UNAVAILABLE)
+        rather than wait; an extra attempt there would fail at once too, spending a budget token
+        for nothing, and the call is already answered or waited for elsewhere."""
         tiers: tuple[list[Replica], ...] = ([], [], [], [])
         # Excluded replicas count here: while one in the rotation is READY, a hedge or retry never
         # lands on an ejected one (slow, or failing: its INTERNAL would become the call's answer).
@@ -433,7 +473,8 @@ class Balancer:
             elif r.state is STATE.READY:
                 tiers[0].append(r)
             elif r.state is STATE.TRANSIENT_FAILURE:
-                tiers[3].append(r)
+                if not extra:
+                    tiers[3].append(r)
             elif r.state is not STATE.SHUTDOWN:
                 tiers[2].append(r)
         if rotation_ready:
@@ -470,6 +511,7 @@ class Balancer:
             self._readmit(back)
         r.ejected = True
         r.ejected_slow = slow
+        r.ejected_down = r.state is STATE.TRANSIENT_FAILURE
         r.times_ejected += 1
         r.ejections += 1
         self.ejections += 1
@@ -479,7 +521,7 @@ class Balancer:
         self._notify()
 
     def _readmit(self, r: Replica) -> None:
-        r.ejected = r.ejected_slow = False
+        r.ejected = r.ejected_slow = r.ejected_down = False
         r.readmit = None
         self._notify()
 
@@ -490,10 +532,14 @@ class Balancer:
             r.consecutive_slow = 0
         if code in FAILURES:
             r.failures += 1
-            r.consecutive_failures += 1
             r.consecutive_ok = 0
-            if k and r.consecutive_failures >= k:
-                self._eject(r)
+            # Not one sent while its channel was neither READY nor IDLE (every replica down: a
+            # first attempt goes to one anyway): that is the channel's state, which connectivity
+            # tracks, and it would eject a replica that is about to come back.
+            if a.counts:
+                r.consecutive_failures += 1
+                if k and r.consecutive_failures >= k:
+                    self._eject(r)
         elif code is CODE.OK:
             r.ok += 1
             r.consecutive_failures = 0
@@ -551,23 +597,33 @@ class Balancer:
         timeout = None if deadline is None else deadline - loop.time()
         if timeout is not None and timeout <= 0:
             return CODE.DEADLINE_EXCEEDED, None, rpc_error(CODE.DEADLINE_EXCEEDED, "Deadline Exceeded")
-        mc = r.methods.get(key)
-        if mc is None:
-            mc = r.methods[key] = r.channel.unary_unary(key[0], request_serializer=key[1], response_deserializer=key[2])
         r.outstanding += 1
         r.attempts += 1
         self.attempts += 1
         a.started = loop.time()
+        a.counts = r.state is STATE.READY or r.state is STATE.IDLE
         try:
+            mc = r.methods.get(key)
+            if mc is None:
+                mc = r.channel.unary_unary(key[0], request_serializer=key[1], response_deserializer=key[2])
+                r.methods[key] = mc
             return CODE.OK, await mc(request, timeout=timeout, metadata=metadata), None
         except grpc.aio.AioRpcError as exc:
             return exc.code(), None, exc
+        except grpc.aio.UsageError as exc:
+            # The channel was closed under this attempt (a last guard: stop() cancels the attempts
+            # first, and a replica's channel is closed once its attempts are done). Not an
+            # AioRpcError, so it would reach the caller raw, past AsyncClient's InferError.
+            code = CODE.CANCELLED if self._stopped else CODE.UNAVAILABLE
+            return code, None, rpc_error(code, f"replica {r.address}: {exc}")
         finally:
             r.outstanding -= 1
             if r.removed:
                 self._close_if_idle(r)
 
     def _launch(self, pending: dict, a: _Attempt, key, request, deadline, metadata, delay: float = 0.0) -> None:
+        if self._stopped:  # stop() waits for the attempts it knows of: start none after it
+            raise rpc_error(CODE.CANCELLED, STOPPED)
         a.task = self._loop.create_task(self._attempt(a, key, request, deadline, metadata, delay))
         self._tasks.add(a.task)
         a.task.add_done_callback(self._tasks.discard)
@@ -602,12 +658,21 @@ class Balancer:
                             wake = min(wake, a.started + hedge_s)
                 wait = None if wake == math.inf else max(0.0, wake - loop.time())
                 done, _ = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if self._stopped:
+                    # An answer that came before stop() is the caller's; anything else ends here, even
+                    # an attempt that failed before stop() (an UNAVAILABLE would launch a retry that
+                    # stop() does not know of, on a channel it closes): the caller gets CANCELLED.
+                    for task in done:
+                        if not task.cancelled() and task.result()[0] is CODE.OK:
+                            self.ok_calls += 1
+                            return task.result()[1]
+                    raise rpc_error(CODE.CANCELLED, STOPPED)
                 now = loop.time()
                 retry = 0
                 for task in done:
                     a = pending.pop(task)
-                    if task.cancelled():  # stop() cancelled it
-                        raise rpc_error(CODE.CANCELLED, "the balancer was stopped")
+                    if task.cancelled():  # only stop() cancels an attempt (seen above): a guard
+                        raise rpc_error(CODE.CANCELLED, STOPPED)
                     code, response, error = task.result()
                     started = a.started
                     self._answered(a, code, None if started is None else now - started)
@@ -631,7 +696,7 @@ class Balancer:
                     extra.append("hedge")
                 for kind in extra:
                     busy = [a.replica for a in pending.values()]
-                    r = self.pick(exclude=tried) or self.pick(exclude=busy)
+                    r = self.pick(exclude=tried, extra=True) or self.pick(exclude=busy, extra=True)
                     if r is None or not self._spend():
                         if kind == "hedge":
                             last_launch = now  # try again one hedge delay later

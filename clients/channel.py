@@ -25,16 +25,22 @@ budget (`retryThrottling`): each failed attempt takes a token, each success give
 back, out of 100; below 50 no call is retried, so a dead fleet costs at most about one
 extra attempt per ten calls instead of five attempts per call.
 
-Keepalive: with calls in flight, the channel pings an idle connection after 10 s and
-closes it when no answer comes within 5 s, so the calls on a server that hangs (SIGSTOP,
-a dead node, a silently dropped connection) fail with UNAVAILABLE, and are retried,
-instead of waiting for their deadline. wok's server accepts such pings every 5 s; others
-may answer pings more often than their policy allows with GOAWAY (too_many_pings): raise
-`grpc.keepalive_time_ms` for them. Reconnection to a server that went away backs off
+Keepalive: with calls in flight, the channel pings a connection after 10 s without a ping
+and closes it when a ping's ack does not come within 5 s, so the calls on a server that
+hangs (SIGSTOP, a dead node, a silently dropped connection) fail with UNAVAILABLE, and are
+retried, instead of waiting for their deadline. How soon depends on the connection's
+traffic as the server hung: gRPC also pings as answers arrive (to size its flow-control
+window), so on a connection that was carrying calls a ping is out already and they fail
+about 5 s after the hang (measured 5.1-5.3 s); on one that was quiet they wait for
+keepalive's ping: up to 10 + 5 s (measured 12 s after 3 s of quiet). With a single
+target the retries then wait for a new connection to the same server, which a stopped one
+never completes: up to 5 s more (11.6 s in all after a call, measured). wok's server accepts pings every 5 s;
+others may answer pings more often than their policy allows with GOAWAY (too_many_pings):
+raise `grpc.keepalive_time_ms` for them. Reconnection to a server that went away backs off
 from 1 s to at most 5 s, so a restarted server gets traffic again within about 5 s.
 
 A server that hangs with its connections open still gets its share of the calls until
-keepalive closes the connection, and a slow or failing (INTERNAL) server stays in the
+an unanswered ping closes the connection (above), and a slow or failing (INTERNAL) server stays in the
 rotation: round robin cannot tell. `wok.clients.balancer` (`AsyncClient(...,
 balancer="wok")`, the bench's default for several targets) hedges and ejects such servers
 on top of per-replica channels made with these same options.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 
 import grpc
@@ -490,3 +491,116 @@ async def test_totals_keep_the_counters_of_a_replica_the_name_no_longer_resolves
             totals = {k: v for k, v in before.items() if k not in ("replicas", "hedge_after_ms")}
             assert {k: after[k] for k in totals} == totals
             assert await name_of(call) == "b" and bal.stats()["ejections"] == 1
+
+
+# -- stop() racing a retry; hedges and retries while a replica's channel is down ----------------
+
+
+async def test_stop_as_an_attempt_fails_cancels_its_call_and_outlives_nothing(stub, monkeypatch):
+    """An attempt ends UNAVAILABLE and stop() starts before its caller resumes: the caller used to
+    launch its retry then, unknown to stop(), which returned with it still asleep in its backoff;
+    the retry then met the closed channel and its grpc.aio.UsageError (not an AioRpcError: it
+    passed AsyncClient's InferError by) reached the caller. Now the caller gets CANCELLED and
+    nothing the balancer started is left running once stop() returns."""
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)  # the backoff: its longest, 0.5 s
+    async with stub("a", fail_first=1 << 30) as a:
+        bal = Balancer(a.target, settings=settings(backoff_s=0.5, max_backoff_s=0.5, **NO_EJECTION))
+        await bal.start()
+        stopping: list[asyncio.Task] = []
+        launch = bal._launch
+
+        def launch_and_stop_as_the_first_attempt_ends(pending, attempt, *args) -> None:
+            launch(pending, attempt, *args)
+            if attempt.task is not None and len(bal._tasks) == 1 and not stopping:
+                # Its done callbacks run in order: this one's stop() gets the loop before the
+                # caller's asyncio.wait wakes the caller.
+                attempt.task.add_done_callback(lambda _: stopping.append(asyncio.ensure_future(bal.stop())))
+
+        bal._launch = launch_and_stop_as_the_first_attempt_ends
+        call = asyncio.ensure_future(code_of(bal.unary_unary(METHOD)))
+        await a.wait_calls(1)
+        await bal.wait_for(lambda: bool(stopping), 10)
+        await stopping[0]
+        assert [t for t in bal._tasks if not t.done()] == []
+        assert await call == CODE.CANCELLED
+        assert a.calls == 1 and bal.retries == 0
+
+
+async def test_stop_as_an_attempt_answers_leaves_its_caller_the_answer(stub):
+    """The same race with an attempt that answered OK: the server did the work, and the caller gets
+    its answer, not CANCELLED."""
+    async with stub("a") as a:
+        bal = Balancer(a.target, settings=settings(**NO_EJECTION))
+        await bal.start()
+        stopping: list[asyncio.Task] = []
+        launch = bal._launch
+
+        def launch_and_stop_as_the_first_attempt_ends(pending, attempt, *args) -> None:
+            launch(pending, attempt, *args)
+            if attempt.task is not None and not stopping:
+                attempt.task.add_done_callback(lambda _: stopping.append(asyncio.ensure_future(bal.stop())))
+
+        bal._launch = launch_and_stop_as_the_first_attempt_ends
+        call = asyncio.ensure_future(code_of(bal.unary_unary(METHOD)))
+        await bal.wait_for(lambda: bool(stopping), 10)
+        await stopping[0]
+        assert await call == CODE.OK
+        assert a.calls == 1 and bal.ok_calls == 1 and [t for t in bal._tasks if not t.done()] == []
+
+
+async def test_hedges_and_retries_skip_a_replica_whose_channel_is_down(stub):
+    """b's channel is TRANSIENT_FAILURE (NOT_SERVING, as a stopped server's would be): a hedge or a
+    retry sent there fails at once, spends a token and counted towards b's ejection. None is sent."""
+    async with stub("a", hold=True) as a, stub("b") as b:
+        s = settings(hedge_after=0.02, backoff_s=0.001, **NO_EJECTION)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            down = bal.replica(b.target)
+            await b.health.set("", NOT_SERVING)
+            await bal.wait_for(lambda: down.state is STATE.TRANSIENT_FAILURE, 10)
+            call = bal.unary_unary(METHOD)
+            # a holds the call; a hedge is due every 20 ms, and b is the only other replica.
+            assert await code_of(call, timeout=0.3) == CODE.DEADLINE_EXCEEDED
+            assert a.calls == 1 and bal.hedges == 0 and down.attempts == 0
+            # a fails UNAVAILABLE: the retries go back to it, after a backoff, not to b.
+            a.fail_first = 1 << 30
+            assert await code_of(call) == CODE.UNAVAILABLE
+            assert a.calls == 1 + 3 and bal.retries == 2 and down.attempts == 0 and b.calls == 0
+
+
+async def test_failures_while_every_replica_is_down_eject_none(stub):
+    """Every channel TRANSIENT_FAILURE: a call's first attempt still goes to one and fails at once
+    (UNAVAILABLE, not a wait), but that is the channel's state, which connectivity tracks: it
+    used to eject one replica, kept out of the rotation for its whole ejection once back."""
+    async with stub("a") as a, stub("b") as b:
+        s = settings(consecutive_failures=2, base_ejection_s=60)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            for x in (a, b):
+                await x.health.set("", NOT_SERVING)
+            await bal.wait_for(lambda: all(r.state is STATE.TRANSIENT_FAILURE for r in bal.replicas.values()), 10)
+            assert [await code_of(call) for _ in range(10)] == [CODE.UNAVAILABLE] * 10
+            assert bal.ejections == bal.ejections_refused == 0 and bal.attempts == 10 and bal.retries == 0
+            for x in (a, b):
+                await x.health.set("", SERVING)
+            await bal.wait_for(lambda: all(r.state is STATE.READY for r in bal.replicas.values()), 10)
+            assert {await name_of(call) for _ in range(30)} == {"a", "b"}
+
+
+async def test_an_ejection_ends_when_the_replica_is_back_from_being_down(stub):
+    """b fails its calls (UNAVAILABLE, as a dying server's connections do, before its channel says
+    so) and is ejected; its channel then goes TRANSIENT_FAILURE and, once its server is back,
+    READY: it takes calls again at once, not after the rest of its ejection (60 s here)."""
+    async with stub("a") as a, stub("b", fail_first=2) as b:
+        s = settings(consecutive_failures=2, base_ejection_s=60)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            back = bal.replica(b.target)
+            while not back.ejected:  # b's UNAVAILABLEs are retried on a
+                assert await name_of(call) == "a"
+            await b.health.set("", NOT_SERVING)
+            await bal.wait_for(lambda: back.state is STATE.TRANSIENT_FAILURE, 10)
+            assert back.ejected
+            await b.health.set("", SERVING)
+            await bal.wait_for(lambda: back.state is STATE.READY, 10)
+            assert not back.ejected and back.readmit is None
+            assert "b" in {await name_of(call) for _ in range(30)}

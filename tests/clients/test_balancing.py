@@ -254,7 +254,8 @@ def held_call(request):
 
 def test_a_call_held_by_a_stopped_server_fails_unavailable_long_before_its_deadline(held_call):
     """A server that hangs with its connection open (SIGSTOP: the kernel still accepts connections,
-    nothing answers): keepalive's unanswered ping closes the connection after
+    nothing answers): an unanswered ping (gRPC's, sent as the call before's answer arrived; on a
+    quiet connection keepalive's, up to 10 s later) closes the connection after
     `grpc.http2.ping_timeout_ms`, and the retries' new connections time out after
     `grpc.min_reconnect_backoff_ms`, so the call ends UNAVAILABLE in about 11 s (5 + 5 and the
     retries' backoff). It used to wait out its 40 s deadline: gRPC core no longer closes on
