@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 import grpc
 from google.protobuf import descriptor_pool
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from .accept import AcceptTasks
 from .admin import Admin
-from .auth import SecurityMode, security_warnings, server_credentials, token_interceptor
+from .auth import BearerTokenInterceptor, SecurityMode, security_warnings, server_credentials, token_interceptor
 from .batcher import Batcher, BatchingPolicy
 from .config import ServerSettings, host_port
 from .cpulatency import CpuWakeupLatency, read_constraint
@@ -41,7 +41,7 @@ from .loopmon import LoopLagMonitor
 from .metrics import ModelMetrics, WokMetrics
 from .repository import ModelRepository
 from .servable import Servable
-from .service import InferenceService, add_to_server, transport_limit
+from .service import InferenceService, add_to_server, add_tolerant_service, transport_limit
 from .stats import ModelStats
 from .v2pb import grpc_service_pb2 as pb
 from .wakeup import WakeupDrain
@@ -127,6 +127,7 @@ class WokServer:
         self._health: HealthServicer | None = None
         self._background: set[asyncio.Task] = set()  # held until done (the loop keeps weak refs)
         self._health_grpc: grpc.aio.Server | None = None
+        self._token_interceptor: BearerTokenInterceptor | None = None
         self._stopped: asyncio.Event | None = None
         self.loop_lag: LoopLagMonitor | None = None
         self.accept: AcceptTasks | None = None
@@ -204,7 +205,7 @@ class WokServer:
 
         limit = transport_limit(self.settings.max_request_bytes)
         # Built before the port opens: a token source that fails now fails the start.
-        interceptor = token_interceptor(self.settings)
+        interceptor = self._token_interceptor = token_interceptor(self.settings)
         interceptors = [interceptor] if interceptor is not None else []
         # No maximum_concurrent_rpcs: calls the AcceptTasks below take would bypass its limiter
         # (admission is the batcher's max_queue_size).
@@ -212,12 +213,14 @@ class WokServer:
         self.service = InferenceService(self)
         handlers = add_to_server(self.service, self._grpc)
         self._health = HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        reflection.enable_server_reflection(
+        # Health and reflection parse as the V2 service does: bytes that are not their request
+        # get INVALID_ARGUMENT, not UNKNOWN and an ERROR with a traceback in the log per call.
+        add_tolerant_service(self._grpc, health_pb2, "Health", self._health)
+        reflector = reflection.aio.ReflectionServicer(
             [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-            self._grpc,
             pool=_reflection_pool(),
         )
+        add_tolerant_service(self._grpc, reflection_pb2, "ServerReflection", reflector)
         address = host_port(self.settings.host, self.settings.grpc_port)
         credentials = server_credentials(self.settings)
         try:
@@ -286,7 +289,7 @@ class WokServer:
         # health servicer, so it turns NOT_SERVING at the drain with the main one, and
         # nothing else: no inference, no reflection, no token needed (health is exempt anyway).
         self._health_grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_grpc)
+        add_tolerant_service(self._health_grpc, health_pb2, "Health", self._health)
         address = host_port(self._health_host, self.settings.health_port)
         try:
             self.health_port = self._health_grpc.add_insecure_port(address)
@@ -380,6 +383,9 @@ class WokServer:
             await self._grpc.stop(min(1.0, max(0.1, left())))
         if self.accept is not None:
             await self.accept.stop()
+        if self._token_interceptor is not None:
+            # No call is refused any more: the last refusals are logged now, not at their window's end.
+            self._token_interceptor.close()
         if self.wakeup_drain is not None:
             self.wakeup_drain.uninstall()
         if self._health_grpc is not None:

@@ -9,9 +9,11 @@ status number a unary call would have ended with in the answer's `status_code` p
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -131,7 +133,8 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException):
 
 
 class Unparsed:
-    """An inference message that is not a valid ModelInferRequest; its handler answers it."""
+    """A message that does not parse as its method's request type; the method answers it
+    (`add_tolerant_service`)."""
 
     __slots__ = ("error",)
 
@@ -139,36 +142,99 @@ class Unparsed:
         self.error = error
 
 
-def parse_infer_request(data: bytes) -> pb.ModelInferRequest | Unparsed:
-    # A deserializer that raises makes grpc.aio answer UNKNOWN before any handler runs, and
-    # end a whole stream; handing the failure on lets it be INVALID_ARGUMENT, for this one
-    # message only.
-    try:
-        return pb.ModelInferRequest.FromString(data)
-    except DecodeError as exc:
-        return Unparsed(InvalidInput(f"message is not a valid inference.ModelInferRequest ({len(data)} bytes): {exc}"))
+def tolerant_parser(request_cls, method: str) -> Callable[[bytes], Any]:
+    """A request deserializer for `method` ('/package.Service/Method') that returns an `Unparsed`
+    instead of raising: a deserializer that raises makes grpc.aio answer UNKNOWN and log an ERROR
+    with a traceback for every such call, before any handler runs, and end a whole stream."""
+    name, from_string = request_cls.DESCRIPTOR.full_name, request_cls.FromString
+
+    def parse(data: bytes):
+        try:
+            return from_string(data)
+        except DecodeError as exc:
+            what = f"message is not a valid {name} ({len(data)} bytes): {exc} (sent to {method})"
+            return Unparsed(InvalidInput(what))
+
+    return parse
 
 
-def add_to_server(service: InferenceService, server: grpc.aio.Server) -> dict[str, grpc.RpcMethodHandler]:
-    """Register the V2 service as the generated code does, with the inference methods' tolerant parsing.
+def _refusing_unparsed(behaviour, client_streaming: bool):
+    """`behaviour` (a servicer's method) behind a check that ends the call with INVALID_ARGUMENT
+    at a request that did not parse, before the servicer sees it."""
+
+    async def parsed(requests, context):
+        async for request in requests:
+            if isinstance(request, Unparsed):
+                await _abort(context, request.error)
+            yield request
+
+    async def argument(request, context):
+        if client_streaming:
+            return parsed(request, context)
+        if isinstance(request, Unparsed):
+            await _abort(context, request.error)
+        return request
+
+    # The same kind as the servicer's: grpc.aio tells a response stream written with
+    # context.write from an async generator by what the handler returns.
+    if inspect.isasyncgenfunction(behaviour):
+
+        async def checked_stream(request, context):
+            async for response in behaviour(await argument(request, context), context):
+                yield response
+
+        return checked_stream
+
+    async def checked(request, context):
+        return await behaviour(await argument(request, context), context)
+
+    return checked
+
+
+_MAKE_HANDLER = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def add_tolerant_service(
+    server: grpc.aio.Server, module, service: str, servicer, *, answers_unparsed: Iterable[str] = ()
+) -> dict[str, grpc.RpcMethodHandler]:
+    """Register `servicer` for `service` of the generated `module` (a *_pb2) as the generated code
+    does, except that a request that does not parse is an `Unparsed` (`tolerant_parser`): the
+    methods named in `answers_unparsed` answer it themselves; the others end with
+    INVALID_ARGUMENT before the servicer sees it.
 
     Returns the handlers by fully qualified method name ('/inference.GRPCInferenceService/ModelInfer').
     """
-    desc = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    desc = module.DESCRIPTOR.services_by_name[service]
+    own = frozenset(answers_unparsed)
     handlers = {}
     for method in desc.methods:
-        request_cls = getattr(pb, method.input_type.name)
-        response_cls = getattr(pb, method.output_type.name)
-        parse = parse_infer_request if request_cls is pb.ModelInferRequest else request_cls.FromString
-        make = grpc.stream_stream_rpc_method_handler if method.client_streaming else grpc.unary_unary_rpc_method_handler
+        request_cls = getattr(module, method.input_type.name)
+        response_cls = getattr(module, method.output_type.name)
+        behaviour = getattr(servicer, method.name)
+        if method.name not in own:
+            behaviour = _refusing_unparsed(behaviour, method.client_streaming)
+        make = _MAKE_HANDLER[method.client_streaming, method.server_streaming]
         handlers[method.name] = make(
-            getattr(service, method.name),
-            request_deserializer=parse,
+            behaviour,
+            request_deserializer=tolerant_parser(request_cls, f"/{desc.full_name}/{method.name}"),
             response_serializer=response_cls.SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
     server.add_registered_method_handlers(desc.full_name, handlers)
     return {f"/{desc.full_name}/{name}": handler for name, handler in handlers.items()}
+
+
+def add_to_server(service: InferenceService, server: grpc.aio.Server) -> dict[str, grpc.RpcMethodHandler]:
+    """Register the V2 service (`add_tolerant_service`); the inference methods answer a request
+    that does not parse themselves: counted, and on a stream for that one message only."""
+    return add_tolerant_service(
+        server, pb, "GRPCInferenceService", service, answers_unparsed=("ModelInfer", "ModelStreamInfer")
+    )
 
 
 class _Stream:

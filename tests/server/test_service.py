@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 import numpy as np
@@ -138,3 +139,48 @@ async def test_a_stop_without_grace_and_without_work_logs_no_grace_warning(serve
         with caplog.at_level("WARNING", logger="wok"):
             await server.stop(grace=0)
     assert "grace period over" not in caplog.text, caplog.text
+
+
+# A field tag whose varint runs past the end of the message: protobuf refuses it.
+GARBAGE = b"\xff\xff\xff\xff\x0f"
+REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+
+
+def _unparsed(error: grpc.aio.AioRpcError, message_type: str, method: str) -> str | None:
+    """What is wrong with `error` as the answer to GARBAGE sent to `method`; None if nothing."""
+    code, details = error.code(), error.details()
+    if code != grpc.StatusCode.INVALID_ARGUMENT:
+        return f"{method}: {code} {details!r}"
+    if not details.startswith(f"message is not a valid {message_type} ({len(GARBAGE)} bytes): "):
+        return f"{method}: {details!r}"
+    if not details.endswith(f" (sent to {method})"):
+        return f"{method}: {details!r}"
+    return None
+
+
+async def test_bytes_that_are_not_a_request_get_invalid_argument_on_the_other_v2_methods_and_reflection(serve, caplog):
+    # The inference methods parsed tolerantly; the others, and reflection, used the generated
+    # FromString: grpc.aio answered UNKNOWN and logged an ERROR with a traceback for each call.
+    caplog.set_level(logging.WARNING)
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    wrong = []
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            for method in service.methods:
+                if method.name in ("ModelInfer", "ModelStreamInfer"):  # tests/integration/test_fuzz_server.py
+                    continue
+                path = f"/{service.full_name}/{method.name}"
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await ch.unary_unary(path)(GARBAGE, timeout=30)
+                wrong.append(_unparsed(info.value, method.input_type.full_name, path))
+            call = ch.stream_stream(REFLECTION)(timeout=30)
+            await call.write(GARBAGE)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call.read()
+            wrong.append(_unparsed(info.value, "grpc.reflection.v1alpha.ServerReflectionRequest", REFLECTION))
+            # The server goes on serving them.
+            assert (await pb_grpc.GRPCInferenceServiceStub(ch).ServerMetadata(pb.ServerMetadataRequest())).name == "wok"
+    assert [w for w in wrong if w is not None] == []
+    assert len(wrong) == len(service.methods) - 2 + 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
