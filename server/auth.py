@@ -18,6 +18,7 @@ gRPC probes cannot send metadata; it tells only whether the server is serving.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
@@ -202,14 +203,23 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
 
     A refused call is answered by a handler that never reads the request, whatever the
     method (known or not: a caller without a token learns nothing of what is served).
+
+    Refusals are logged at most once per `log_every_s`: the first at once, those that follow
+    within the window in one line at its end (naming the latest); `close()` at the stop logs
+    what is still held.
     """
 
-    def __init__(self, check: TokenCheck, exempt: Iterable[str] = EXEMPT_SERVICES) -> None:
+    def __init__(
+        self, check: TokenCheck, exempt: Iterable[str] = EXEMPT_SERVICES, *, log_every_s: float = DENIED_LOG_EVERY_S
+    ) -> None:
         self.check = check
         self.exempt = frozenset(exempt)
+        self.log_every_s = log_every_s
         self.refused = 0
-        self._logged_at = -DENIED_LOG_EVERY_S
+        self._logged_at = -log_every_s
         self._logged_count = 0
+        self._latest: tuple[str, str, str] = ("", "", "")  # method, peer, reason of the latest refusal
+        self._flush: asyncio.TimerHandle | None = None  # the window's end, while refusals wait for it
 
     async def intercept_service(self, continuation, handler_call_details):
         service = handler_call_details.method.lstrip("/").rpartition("/")[0]
@@ -222,19 +232,34 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
 
     def _deny(self, reason: str, method: str):
         async def deny(request_iterator, context: grpc.aio.ServicerContext):
-            now = time.monotonic()
-            if now - self._logged_at >= DENIED_LOG_EVERY_S:
-                log.warning(
-                    "refused %d call(s) without an accepted bearer token; latest: %s from %s (%s)",
-                    self.refused - self._logged_count,
-                    method,
-                    context.peer(),
-                    reason,
-                )
-                self._logged_at, self._logged_count = now, self.refused
+            self._latest = (method, context.peer(), reason)
+            wait = self._logged_at + self.log_every_s - time.monotonic()
+            if wait <= 0:
+                self._log()
+            elif self._flush is None:
+                # Without it, the count would wait for the next refusal after the window, maybe forever.
+                self._flush = asyncio.get_running_loop().call_later(wait, self._log)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
 
         return deny
+
+    def _log(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        count = self.refused - self._logged_count
+        if count <= 0:
+            return
+        log.warning(
+            "refused %d call(s) without an accepted bearer token; latest: %s from %s (%s)", count, *self._latest
+        )
+        self._logged_at, self._logged_count = time.monotonic(), self.refused
+
+    def close(self) -> None:
+        """At the server's stop: log the refusals still waiting for their window's end, and leave
+        nothing scheduled on the loop."""
+        if self._flush is not None:
+            self._log()
 
 
 def token_interceptor(settings: ServerSettings) -> BearerTokenInterceptor | None:

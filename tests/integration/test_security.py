@@ -334,6 +334,101 @@ async def test_health_checks_need_no_token_and_reflection_does(serve, pki):
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
+# A field tag whose varint runs past the end of the message: protobuf refuses it.
+GARBAGE = b"\xff\xff\xff\xff\x0f"
+SERVER_METADATA = "/inference.GRPCInferenceService/ServerMetadata"
+SERVER_READY = "/inference.GRPCInferenceService/ServerReady"
+SERVER_LIVE = "/inference.GRPCInferenceService/ServerLive"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+
+
+async def test_bytes_that_do_not_parse_get_invalid_argument_with_a_token_and_on_health_without_one(serve, pki, caplog):
+    # grpc.aio answered UNKNOWN and logged an ERROR with a traceback for each: on health, which
+    # needs no token, anyone who reaches the port could flood the log.
+    caplog.set_level(logging.WARNING)
+    token = (("authorization", f"Bearer {TOKEN_A}"),)
+    async with serve(models=("mlp",), auth_token_file=pki.path("tokens")) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            for method, message_type, metadata in (
+                (SERVER_METADATA, "inference.ServerMetadataRequest", token),
+                (HEALTH_CHECK, "grpc.health.v1.HealthCheckRequest", None),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await channel.unary_unary(method)(GARBAGE, timeout=CALL_S, metadata=metadata)
+                code, details = info.value.code(), info.value.details()
+                assert code == grpc.StatusCode.INVALID_ARGUMENT, (method, code, details)
+                assert details.startswith(f"message is not a valid {message_type} ({len(GARBAGE)} bytes): "), details
+                assert details.endswith(f" (sent to {method})"), details
+            # Without a token the body is never read.
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await channel.unary_unary(SERVER_METADATA)(GARBAGE, timeout=CALL_S)
+            assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNAUTHENTICATED, MISSING)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
+
+
+async def _refused(call) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call(b"", timeout=CALL_S)
+    assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNAUTHENTICATED, MISSING)
+
+
+def _refused_count(line: str) -> int:
+    found = re.match(r"refused (\d+) call\(s\) without an accepted bearer token; latest: ", line)
+    assert found, line
+    return int(found[1])
+
+
+async def test_refusals_inside_the_log_window_are_logged_at_its_end_without_another_refusal(serve, pki, caplog):
+    # The count of a burst waited for the next refusal at least a window later, maybe forever, and
+    # that line then named the later call.
+    caplog.set_level(logging.WARNING, logger="wok.auth")
+    window_s, burst = 1.0, 20
+    lines: list[str] = []
+    all_logged = asyncio.Event()
+
+    class Lines(logging.Handler):  # on the loop's thread: the refusals and the window's end run there
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+            if sum(map(_refused_count, lines)) == 1 + burst:
+                all_logged.set()
+
+    handler = Lines()
+    logging.getLogger("wok.auth").addHandler(handler)
+    try:
+        async with serve(models=("mlp",), auth_token_file=pki.path("tokens")) as server:
+            server._token_interceptor.log_every_s = window_s
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                await _refused(channel.unary_unary(SERVER_READY))
+                first_at = asyncio.get_running_loop().time()
+                assert len(lines) == 1 and _refused_count(lines[0]) == 1 and SERVER_READY in lines[0], lines
+                await asyncio.gather(*(_refused(channel.unary_unary(SERVER_LIVE)) for _ in range(burst)))
+                if asyncio.get_running_loop().time() - first_at < window_s * 0.9:
+                    assert len(lines) == 1, lines  # still at most one line per window
+                await asyncio.wait_for(all_logged.wait(), window_s + CALL_S)
+    finally:
+        logging.getLogger("wok.auth").removeHandler(handler)
+    # One line at the window's end, or more should a slow machine spread the burst past it: each
+    # names the burst's latest call.
+    assert all(f"latest: {SERVER_LIVE} from ipv4:127.0.0.1:" in line for line in lines[1:]), lines
+
+
+async def test_refusals_still_held_at_the_stop_are_logged_by_it_and_leave_nothing_scheduled(serve, pki, caplog):
+    caplog.set_level(logging.WARNING, logger="wok.auth")
+    async with serve(models=("mlp",), auth_token_file=pki.path("tokens")) as server:
+        interceptor = server._token_interceptor  # the default window, 10 s: the stop comes first
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            await _refused(channel.unary_unary(SERVER_READY))
+            for _ in range(2):
+                await _refused(channel.unary_unary(SERVER_LIVE))
+        held = [r.getMessage() for r in caplog.records if r.name == "wok.auth"]
+        assert len(held) == 1 and _refused_count(held[0]) == 1, held
+        await server.stop(grace=5)
+        assert interceptor._flush is None
+    lines = [r.getMessage() for r in caplog.records if r.name == "wok.auth"]
+    assert len(lines) == 2 and _refused_count(lines[1]) == 2 and f"latest: {SERVER_LIVE}" in lines[1], lines
+
+
 async def test_the_token_can_come_from_an_environment_variable(serve, monkeypatch):
     monkeypatch.setenv("WOK_TEST_TOKENS", f"{TOKEN_B}")
     async with serve(models=("mlp",), auth_token_env="WOK_TEST_TOKENS") as server:
