@@ -77,7 +77,10 @@ sent while the replica's channel was neither READY nor IDLE (every replica down,
 attempt goes to a failing one) does not count towards ejection, and an ejection during which
 the channel was TRANSIENT_FAILURE ends as soon as it is READY again: a replica restarted after
 a crash (its last calls failed before its channel said so, and ejected it) gets calls again
-at once, not after the rest of its ejection.
+at once, not after the rest of its ejection. Nor is a replica ejected for slowness while it is
+the only READY one in the rotation (the others down or ejected): it carries every call, which
+may be why it is slow, it would take them all still, and the first replica back would get all
+of them for the rest of its ejection (counted in `ejections_refused`).
 
 Counters (`stats()`): calls, attempts, hedges, retries, refusals by the budget, ejections
 and those the cap refused, swaps (a failing replica ejected in the place of a slow one), and
@@ -565,6 +568,16 @@ class Balancer:
         r.consecutive_slow += 1
         k = self.settings.consecutive_failures
         if k and r.consecutive_slow >= k:
+            if not any(
+                x is not r and not x.removed and not x.ejected and x.state is STATE.READY
+                for x in self.replicas.values()
+            ):
+                # Slow while it is the only READY one in the rotation: it carries every call, and
+                # that load may be its slowness. Ejected, it would take the calls still (no other is
+                # READY), and the first replica back would get all of them for the ejection's rest.
+                self.ejections_refused += 1
+                self._notify()
+                return
             self._eject(r, slow=True)
 
     @property

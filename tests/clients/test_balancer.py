@@ -567,6 +567,24 @@ async def test_hedges_and_retries_skip_a_replica_whose_channel_is_down(stub):
             assert a.calls == 1 + 3 and bal.retries == 2 and down.attempts == 0 and b.calls == 0
 
 
+async def test_the_only_ready_replica_is_not_ejected_for_slowness(stub):
+    """b is down, so a carries every call, and its attempts come late (its load may be why). Ejected
+    for it, a would still take the calls, and b, once back, all of them for the ejection's rest."""
+    async with stub("a", hold=True) as a, stub("b") as b:
+        s = settings(hedge_after=0.02, consecutive_failures=2)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            ra, down = bal.replica(a.target), bal.replica(b.target)
+            await b.health.set("", NOT_SERVING)
+            await bal.wait_for(lambda: down.state is STATE.TRANSIENT_FAILURE, 10)
+            call = bal.unary_unary(METHOD)
+            calls = [asyncio.ensure_future(code_of(call)) for _ in range(3)]
+            await bal.wait_for(lambda: bal.ejections_refused >= 1, 10)
+            assert not ra.ejected and bal.ejections == 0 and ra.consecutive_slow >= 2
+            a.release.set()
+            assert await asyncio.gather(*calls) == [CODE.OK] * 3
+            assert down.attempts == 0
+
+
 async def test_failures_while_every_replica_is_down_eject_none(stub):
     """Every channel TRANSIENT_FAILURE: a call's first attempt still goes to one and fails at once
     (UNAVAILABLE, not a wait), but that is the channel's state, which connectivity tracks: it
