@@ -41,8 +41,12 @@ class _Itimerspec(ctypes.Structure):
 
 @functools.cache
 def _libc() -> ctypes.CDLL:
-    """The C library with timerfd's argument types declared; loaded once per process."""
-    lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    """The C library with timerfd's argument types declared; loaded once per process.
+
+    Through PyDLL, which keeps the GIL across the call: timerfd_settime returns at once, and a
+    CDLL call's release let a worker thread take the GIL, and the loop wait for it back (measured:
+    15-65 µs of loop CPU per arm beside a running model worker, against about 9 without)."""
+    lib = ctypes.PyDLL(ctypes.util.find_library("c") or None, use_errno=True)
     lib.timerfd_create.argtypes = (ctypes.c_int, ctypes.c_int)
     lib.timerfd_settime.argtypes = (
         ctypes.c_int,
