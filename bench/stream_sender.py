@@ -8,9 +8,17 @@ the `timeout` parameter, so the server drops it as it would a unary call's. A re
 matches each answer to its request by that id: latency, status codes and dispatch lag come
 out in the same `Outcome` as for unary calls.
 
+Sending never waits for a stream: the send loop queues each request on its stream, and a writer
+task per stream writes them in order, so a stream whose writes are held (flow control, a server
+that hangs) delays only its own requests, never the schedule of the others.
+
 A failed request's answer is an `error_message`; wok puts its gRPC status code in the answer's
 `status_code` parameter (another server's error counts as UNKNOWN). A request with no answer
-`timeout_s` after it was sent counts as DEADLINE_EXCEEDED. If a stream itself fails, its
+`timeout_s` after it was sent is DEADLINE_EXCEEDED, with `done` = sent + `timeout_s`, settled then
+(as a unary call's deadline ends it, so it leaves the in-flight count on time); an answer that
+comes later is ignored, and a request not yet written by then is never written. Requests are
+sent in time order with one timeout, so their deadlines come in send order: one timer walks a
+FIFO of the sends. If a stream itself fails, its
 unanswered requests take the stream's code (they were lost with it; UNKNOWN when the failure is
 the sender's own, an answer that does not parse), and the next request due
 opens a replacement on the same channel, whose balancer picks a server that is up: a failed
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 
 import numpy as np
 
@@ -76,7 +85,8 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
     done = np.full(n, np.nan)
     codes = np.zeros(n, dtype=np.int16)
     start = share.start_at
-    suffix = timeout_field(share.timeout_s)
+    timeout_s = share.timeout_s
+    suffix = timeout_field(timeout_s)
     pending: dict[int, int] = {}  # request index -> stream id
     samples: list[tuple[float, int]] = []
     loop = asyncio.get_running_loop()
@@ -85,19 +95,45 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
     # the requests of the stream that replaced it in its slot.
     calls: list = []  # by stream id: every call opened
     slot_of: list[int] = []  # by stream id: its slot
+    outbox: list[deque] = []  # by stream id: (index, bytes) queued for its writer
+    wake: list[asyncio.Event] = []  # by stream id: set when its outbox gets a request
     live: list[int] = []  # ids of the streams open now
     dead: list[int] = []  # slots whose stream failed, not yet reopened
     opened_at = [0.0] * max(1, streams)  # each slot's latest opening (monotonic)
-    readers: list[asyncio.Task] = []
+    tasks: list[asyncio.Task] = []  # the readers and writers
     finished = asyncio.Event()
+    expiry: deque[int] = deque()  # indices of the requests in flight, in send (= deadline) order
+    timer: asyncio.TimerHandle | None = None
 
     def settle(i: int, code: int) -> None:
-        done[i] = time.monotonic() - start
-        codes[i] = code
+        now = time.monotonic() - start
+        if now >= sent[i] + timeout_s:  # not answered by its deadline (the timer had yet to run)
+            done[i], codes[i] = sent[i] + timeout_s, DEADLINE_EXCEEDED
+        else:
+            done[i], codes[i] = now, code
         del pending[i]
-        samples.append((done[i], len(pending)))
+        samples.append((now, len(pending)))
         if not pending and sending_done:
             finished.set()
+
+    def expire() -> None:
+        """Settle every request past its deadline; arm the timer for the next one."""
+        nonlocal timer
+        timer = None
+        now = time.monotonic() - start
+        while expiry:
+            i = expiry[0]
+            if i in pending:
+                if sent[i] + timeout_s > now:
+                    break
+                settle(i, DEADLINE_EXCEEDED)
+            expiry.popleft()
+        arm()
+
+    def arm() -> None:
+        nonlocal timer
+        if timer is None and expiry:
+            timer = loop.call_later(max(0.0, start + sent[expiry[0]] + timeout_s - time.monotonic()), expire)
 
     def open_stream(slot: int) -> None:
         opened_at[slot] = time.monotonic()
@@ -105,8 +141,11 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
         sid = len(calls)
         calls.append(call)
         slot_of.append(slot)
+        outbox.append(deque())
+        wake.append(asyncio.Event())
         live.append(sid)
-        readers.append(loop.create_task(reader(sid)))
+        tasks.append(loop.create_task(reader(sid)))
+        tasks.append(loop.create_task(writer(sid)))
 
     def drop(sid: int) -> None:
         if sid in live:
@@ -122,6 +161,32 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
                 continue
             dead.remove(slot)
 
+    async def writer(k: int) -> None:
+        call, queue, ready = calls[k], outbox[k], wake[k]
+        while True:
+            while not queue:
+                ready.clear()
+                try:
+                    await ready.wait()
+                except asyncio.CancelledError:
+                    return
+            i, msg = queue.popleft()
+            if pending.get(i) != k:  # settled unwritten: its deadline passed, or the stream failed
+                continue
+            try:
+                await call.write(msg)
+            except asyncio.CancelledError:
+                return
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+                # The stream failed under the write: this request and those queued behind it never
+                # left; its reader settles those written before.
+                for j in [i, *(j for j, _ in queue)]:
+                    if pending.get(j) == k:
+                        settle(j, UNAVAILABLE)
+                queue.clear()
+                drop(k)
+                return
+
     async def reader(k: int) -> None:
         call = calls[k]
         try:
@@ -130,7 +195,7 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
                 if msg is grpc.aio.EOF:
                     break
                 i, code = parse_answer(msg)
-                if i is not None and pending.get(i) == k:
+                if i is not None and pending.get(i) == k:  # not one settled already (late, or lost)
                     settle(i, code)
             code = UNAVAILABLE  # the server ended the stream with requests unanswered
         except grpc.aio.AioRpcError as exc:
@@ -165,17 +230,15 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
             k = live[i % len(live)]
             pending[i] = k
             samples.append((sent[i], len(pending)))
-            try:
-                await calls[k].write(pool[share.which[i]] + suffix + id_field(i))
-            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
-                if i in pending:  # the stream failed under the write; its reader settles the rest
-                    settle(i, UNAVAILABLE)
-                drop(k)
+            expiry.append(i)
+            arm()
+            outbox[k].append((i, pool[share.which[i]] + suffix + id_field(i)))
+            wake[k].set()
         sending_done = True
         if pending:
-            # Every answer is due by its deadline; a little more for the server's own expiry answer.
+            # Every request is settled by its deadline (the timer); the wait's own limit is a guard.
             last = np.nanmax(sent) if n else 0.0
-            wait = start + last + share.timeout_s + 1.0 - time.monotonic()
+            wait = start + last + timeout_s + 1.0 - time.monotonic()
             try:
                 await asyncio.wait_for(finished.wait(), max(wait, 0.0))
             except asyncio.TimeoutError:
@@ -192,11 +255,16 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
         if pending:
             samples.append((time.monotonic() - start, 0))  # given up on: counted in flight until now
         for i in list(pending):
-            done[i] = sent[i] + share.timeout_s
+            done[i] = sent[i] + timeout_s
             codes[i] = DEADLINE_EXCEEDED
             del pending[i]
     finally:
         sleeper.close()
+        if timer is not None:
+            timer.cancel()
+        for t in tasks[1::2]:  # the writers first: a stream is half-closed only between writes
+            t.cancel()
+        await asyncio.gather(*tasks[1::2], return_exceptions=True)
         for k in list(live):  # a reader may drop one while we wait
             try:
                 await calls[k].done_writing()
@@ -204,7 +272,7 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
                 pass
         for call in calls:
             call.cancel()
-        for t in readers:
+        for t in tasks[::2]:
             t.cancel()
-        await asyncio.gather(*readers, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
     return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2))

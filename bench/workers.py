@@ -221,7 +221,9 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel, stop=None) 
         async with Balancer(target, credentials=channel_credentials(how.tls), settings=settings) as balancer:
             await serve(balancer.unary_unary(METHOD), balancer.stats)
         return
-    options = channel_options(None, retries=how.retries)
+    # Streams without gRPC's retries: a replay would resend, late, requests already counted
+    # (wok.clients.channel); the stream sender replaces a failed stream itself.
+    options = channel_options(None, retries=how.retries, stream_retries=how.rpc != "stream")
     channel = open_channel(
         grpc.aio, channel_target(target), channel_credentials(how.tls), options, channel_authority(target)
     )

@@ -25,6 +25,17 @@ budget (`retryThrottling`): each failed attempt takes a token, each success give
 back, out of 100; below 50 no call is retried, so a dead fleet costs at most about one
 extra attempt per ten calls instead of five attempts per call.
 
+A ModelStreamInfer stream is retried too, as a whole: gRPC replays the requests written so far
+(up to its 256 KiB retry buffer) on a new attempt, and holds the stream's writes meanwhile.
+That is safe for wok's own clients: it happens only before the response headers, which wok's
+server sends with a stream's first answer, so no answer is ever repeated (requests the server
+had read may run twice; inference has no side effect), and `stream_infer` writes from a task of
+its own, so a held write holds nothing else. `stream_retries=False` leaves streams out (their
+method's own config, without a retryPolicy, wins over the service's): the bench's stream
+sender does, because it sends open loop with each request's deadline as its relative `timeout`
+parameter, which a replay would restart, so a retry would hand the server, late and at once,
+requests the sender had already counted DEADLINE_EXCEEDED; it replaces a failed stream itself.
+
 Keepalive: with calls in flight, the channel pings a connection after 10 s without a ping
 and closes it when a ping's ack does not come within 5 s, so the calls on a server that
 hangs (SIGSTOP, a dead node, a silently dropped connection) fail with UNAVAILABLE, and are
@@ -70,6 +81,7 @@ import grpc
 
 ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
+STREAM_METHOD = "ModelStreamInfer"
 RETRY_POLICY: dict[str, Any] = {
     "maxAttempts": 5,  # gRPC's own ceiling
     "initialBackoff": "0.05s",
@@ -103,27 +115,36 @@ _DEFAULT_OPTIONS: dict[str, Any] = {
 _SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:", "xds:", "google-c2p:")
 
 
-def service_config(*, retries: bool = True, health_check: bool = True) -> str:
-    """The channel's service config: round_robin, and health checking and retries unless turned off."""
+def service_config(*, retries: bool = True, health_check: bool = True, stream_retries: bool = True) -> str:
+    """The channel's service config: round_robin, and health checking and retries unless turned off;
+    with `stream_retries=False` ModelStreamInfer streams are not retried, other calls still are."""
     config: dict[str, Any] = {"loadBalancingConfig": [{"round_robin": {}}]}
     if health_check:
         config["healthCheckConfig"] = {"serviceName": ""}
     if retries:
         config["methodConfig"] = [{"name": [{"service": INFERENCE_SERVICE}], "retryPolicy": RETRY_POLICY}]
+        if not stream_retries:
+            config["methodConfig"].append({"name": [{"service": INFERENCE_SERVICE, "method": STREAM_METHOD}]})
         config["retryThrottling"] = RETRY_THROTTLING
     return json.dumps(config)
 
 
 def channel_options(
-    options: Sequence[tuple[str, Any]] | None, *, retries: bool = True, health_check: bool = True
+    options: Sequence[tuple[str, Any]] | None,
+    *,
+    retries: bool = True,
+    health_check: bool = True,
+    stream_retries: bool = True,
 ) -> list[tuple[str, Any]]:
     """The client defaults with the caller's options on top (a caller's key wins).
 
-    `retries` and `health_check` shape the service config (`service_config`). Without
-    retries gRPC still resends, transparently, a call that never reached any server.
+    `retries`, `health_check` and `stream_retries` shape the service config (`service_config`).
+    Without retries gRPC still resends, transparently, a call that never reached any server.
     """
     merged = dict(_DEFAULT_OPTIONS)
-    merged["grpc.service_config"] = service_config(retries=retries, health_check=health_check)
+    merged["grpc.service_config"] = service_config(
+        retries=retries, health_check=health_check, stream_retries=stream_retries
+    )
     merged.update(options or ())
     return list(merged.items())
 

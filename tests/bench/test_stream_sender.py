@@ -73,7 +73,9 @@ def test_stream_requests_carry_their_deadline_and_failures_keep_the_unary_code(s
         import time
 
         times = np.arange(0, 0.2, 0.01)
-        # 1 µs: every request's deadline passes in the server's queue (mlp waits up to 5 ms).
+        # 1 µs: every deadline passes before its answer can come; the sender's own timer settles
+        # each at it (the server's drop by the `timeout` parameter it carries, encoded as tested
+        # above, is the server's tests': tests/integration/test_deadlines.py).
         share = Share(time.monotonic() + 0.3, times, np.zeros(len(times), dtype=np.int64), 1e-6)
         (out,) = workers.run([share])
     finally:
@@ -234,3 +236,85 @@ def test_an_answer_that_does_not_parse_fails_its_stream_at_once_not_at_the_deadl
     codes = set(out.codes.tolist())
     assert stream_sender.UNKNOWN in codes and codes <= {OK, stream_sender.UNKNOWN}, codes
     assert out.codes[-1] == OK  # the later requests went out on a new stream
+
+
+def test_an_answer_after_the_timeout_is_deadline_exceeded_at_the_timeout_never_ok(start_server, slow_repository):
+    """A model that takes 1 s and a 0.3 s timeout: every request is DEADLINE_EXCEEDED with done =
+    sent + 0.3 s, freed from the in-flight count then; the server's late answers (its own expiry,
+    then the first batch's OK) are ignored. (That OK came within the sender's final wait, 1.3 s,
+    and counted OK with its 1 s.)"""
+    import time
+
+    import grpc
+
+    repo = slow_repository(sleep_ms=1000, max_batch_size=4, delay_ms=0)
+    server = start_server("--model-repository", str(repo), "--torch-threads", "1")
+    pool = [encode_request("slow", {"INPUT0": np.ones((1, 4), np.float32)}).SerializeToString()]
+    times = np.arange(0, 0.04, 0.01)
+    share = Share(time.monotonic() + 0.3, times, np.zeros(len(times), dtype=np.int64), 0.3)
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            sender = stream_sender.run_share_stream(channel, pool, share, streams=2)
+            out = await asyncio.wait_for(sender, 10)
+            return out, time.monotonic()
+
+    out, returned = asyncio.run(scenario())
+    codes, counts = np.unique(out.codes, return_counts=True)
+    assert codes.tolist() == [stream_sender.DEADLINE_EXCEEDED], dict(zip(codes.tolist(), counts.tolist()))
+    np.testing.assert_allclose(out.done - out.sent, 0.3)
+    # One in-flight sample per send and one per settling: the late answer settled nothing again.
+    assert len(out.inflight) == 2 * len(times) and out.inflight[-1, 1] == 0, out.inflight
+    # Settled at their deadlines: the sender was done before the model's 1 s was up (the OK answer).
+    assert returned - share.start_at < 1.0, returned - share.start_at
+
+
+def _refused_target() -> str:
+    """A loopback address where nothing listens: connections to it are refused."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_stream_whose_writes_are_held_does_not_hold_the_schedule():
+    """With gRPC's retries on streams (the clients' default channel), a stream to a server that
+    refuses holds its first write through the retries' backoff. The send loop awaited that write,
+    so every later request on every stream waited too (dispatch lag of the whole backoff); now each
+    stream's writer waits alone, and its requests are settled once, by their deadline or its failure."""
+    import time
+
+    import grpc
+
+    from wok.clients.channel import channel_options, open_channel
+
+    times = np.arange(0, 0.5, 0.01)
+    share = Share(time.monotonic() + 0.3, times, np.zeros(len(times), dtype=np.int64), 0.2)
+
+    async def scenario():
+        async with open_channel(grpc.aio, _refused_target(), None, channel_options(None)) as channel:
+            return await asyncio.wait_for(stream_sender.run_share_stream(channel, [b""], share, streams=2), 10)
+
+    out = asyncio.run(scenario())
+    lag = out.sent - times
+    assert np.all(np.isfinite(out.sent)) and lag.max() < 0.1, lag.max()
+    assert np.all(out.codes != OK) and np.all(np.isfinite(out.done)), out.codes
+    assert np.all(out.done - out.sent <= 0.2 + 1e-9), (out.done - out.sent).max()
+
+
+def test_the_bench_opens_streams_without_grpcs_retries():
+    """A worker's stream to a server that refuses fails at once (UNAVAILABLE, done right after sent),
+    not after gRPC's retries of the stream (their backoff, about 0.7 s measured, with the writes held)."""
+    import time
+
+    times = np.arange(0, 0.3, 0.01)
+    workers = WorkerPool(_refused_target(), [b""], 1, rpc="stream", streams=2)
+    try:
+        share = Share(time.monotonic() + 0.5, times, np.zeros(len(times), dtype=np.int64), 5.0)
+        (out,) = workers.run([share])
+    finally:
+        workers.close()
+    assert set(out.codes.tolist()) == {stream_sender.UNAVAILABLE}, out.codes
+    # Measured: at most 6 ms (0.14-0.34 s with the retries).
+    assert (out.done - out.sent).max() < 0.1, out.done - out.sent
