@@ -226,31 +226,44 @@ class AsyncClient:
         CancelledError of its own included, nothing more is sent, the results of what was
         sent still come, and then that exception is raised (a SystemExit or KeyboardInterrupt
         leaves at once: asyncio takes it out of the loop). A failure of the stream
-        itself (deadline `timeout` for the whole stream, server gone) raises InferError.
+        itself (deadline `timeout` for the whole stream, server gone, the client closed under
+        it: CANCELLED) raises InferError.
         Leaving early cancels the stream once the generator is closed: wrap it in
         `contextlib.aclosing` to close it at once.
         """
+        release = None
         if self._balancer is None:
             stub = self._stub or self._connect()
         else:
             await self._open()
-            stub = GRPCInferenceServiceStub(self._balancer.pick_channel())
-        call = stub.ModelStreamInfer(timeout=timeout, metadata=self._metadata)
-        writer = asyncio.ensure_future(_write_requests(call, requests))
+            channel, release = self._balancer.stream_channel()
+            stub = GRPCInferenceServiceStub(channel)
         try:
-            while True:
-                try:
-                    response = await call.read()
-                except grpc.RpcError as exc:
-                    raise InferError.from_rpc_error(exc) from None
-                if response is grpc.aio.EOF:
-                    break
-                yield stream_result(response)
-            # The server ends the stream only after the writer half-closed it.
-            error = await writer
+            call = stub.ModelStreamInfer(timeout=timeout, metadata=self._metadata)
+            writer = asyncio.ensure_future(_write_requests(call, requests))
+            try:
+                while True:
+                    try:
+                        response = await call.read()
+                    except grpc.RpcError as exc:
+                        raise InferError.from_rpc_error(exc) from None
+                    except asyncio.CancelledError:
+                        if not call.done() or (_COUNTS_CANCELS and asyncio.current_task().cancelling()):
+                            raise  # the caller's
+                        # The call was cancelled under it, not this task: its channel was closed
+                        # (the client closed meanwhile). A failure of the stream, as documented.
+                        raise InferError(grpc.StatusCode.CANCELLED, "the stream's channel was closed") from None
+                    if response is grpc.aio.EOF:
+                        break
+                    yield stream_result(response)
+                # The server ends the stream only after the writer half-closed it.
+                error = await writer
+            finally:
+                call.cancel()
+                writer.cancel()
         finally:
-            call.cancel()
-            writer.cancel()
+            if release is not None:
+                release()
         if error is not None:
             raise error
 

@@ -17,7 +17,8 @@ server is NOT_SERVING or gone, READY when it serves; a watcher task per replica 
 `get_state()` / `wait_for_state_change`. gRPC's retries are off on these channels: the
 balancer retries, to a different replica. Names are resolved again every
 `resolve_every_s`, so a Kubernetes headless Service's pods come and go: a new address gets a
-channel, a vanished one gets no new calls and is closed once its calls are done.
+channel, a vanished one gets no new calls and is closed once its calls are done, the streams
+open on it (`stream_channel`) included.
 
 Picking (`pick`): power of two choices on outstanding attempts: two random replicas among
 the READY, non-ejected ones (if none is READY: among the READY ejected ones, then those
@@ -206,6 +207,7 @@ class Replica:
     channel: Any = None
     state: grpc.ChannelConnectivity = STATE.IDLE
     outstanding: int = 0
+    streams: int = 0  # calls open on its channel that the balancer does not carry (`stream_channel`)
     ejected: bool = False
     ejected_slow: bool = False  # ejected for slow attempts, not failures: gives its place to a failing one
     ejected_down: bool = False  # its channel was TRANSIENT_FAILURE during this ejection: ends when READY
@@ -383,7 +385,7 @@ class Balancer:
         self._notify()
 
     def _close_if_idle(self, r: Replica) -> None:
-        if r.removed and r.outstanding == 0 and self.replicas.get(r.address) is r:
+        if r.removed and r.outstanding == 0 and r.streams == 0 and self.replicas.get(r.address) is r:
             del self.replicas[r.address]
             if r.watcher is not None:
                 r.watcher.cancel()
@@ -734,12 +736,26 @@ class Balancer:
             for task in pending:
                 task.cancel()
 
-    def pick_channel(self) -> grpc.aio.Channel:
-        """A replica's channel (power of two choices), for calls the balancer does not carry (streams)."""
+    def stream_channel(self) -> tuple[grpc.aio.Channel, Callable[[], None]]:
+        """A replica's channel (power of two choices) for a call the balancer does not carry (a
+        stream), and the function to call once that call has ended: until then the channel stays
+        open, as for the balancer's own attempts, should its address leave the name (closing it
+        cancelled the stream under its caller, answers owed and all)."""
         r = self.pick()
         if r is None:
             raise rpc_error(CODE.UNAVAILABLE, f"no replica to send to among {len(self.replicas)}")
-        return r.channel
+        r.streams += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                r.streams -= 1
+                if r.removed:
+                    self._close_if_idle(r)
+
+        return r.channel, release
 
     # -- counters -----------------------------------------------------------------------------
     def stats(self) -> dict:

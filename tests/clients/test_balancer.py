@@ -86,6 +86,32 @@ async def test_a_name_resolves_to_its_replicas_and_is_resolved_again(stub):
             assert {await name_of(call) for _ in range(5)} == {"b"}
 
 
+async def test_a_stream_keeps_its_replicas_channel_open_after_the_name_drops_it(stub):
+    """A stream (a call the balancer does not carry) on a replica whose address leaves the name:
+    the channel was closed at once, as for a replica with no attempts, and the stream cancelled
+    under its caller, its owed answers lost. It is closed once the stream has ended."""
+    async with stub("a", hold=True) as a, stub("b") as b:
+        answers = [a.target]
+
+        async def resolver(host: str, port: int) -> list[str]:
+            return list(answers)
+
+        bal = Balancer("dns:///wok-headless:8001", settings=settings(resolve_every_s=0.05), resolver=resolver)
+        async with bal:
+            channel, release = bal.stream_channel()
+            held = asyncio.ensure_future(channel.unary_unary(METHOD)(REQUEST, timeout=10))
+            await a.wait_calls(1)
+            answers[:] = [b.target]
+            await bal.wait_for(lambda: b.target in bal.replicas and bal.replicas[a.target].removed, 10)
+            assert not held.done() and {await name_of(bal.unary_unary(METHOD)) for _ in range(3)} == {"b"}
+            a.release.set()
+            assert pb.ModelInferResponse.FromString(await held).model_name == "a"
+            assert a.target in bal.replicas  # until the stream's end is told
+            release()
+            release()  # once only
+            await bal.wait_for(lambda: list(bal.replicas) == [b.target], 10)
+
+
 async def test_a_not_serving_replica_gets_no_calls_and_comes_back(stub):
     async with stub("a") as a, stub("b") as b, Balancer([a.target, b.target], settings=settings()) as bal:
         call = bal.unary_unary(METHOD)

@@ -394,6 +394,28 @@ async def test_leaving_a_stream_early_cancels_it(serve, cancel_check):
     assert cancel_check == [True]  # the writer, waiting in the caller's iterator, was cancelled
 
 
+@pytest.mark.parametrize("balancer", ["grpc", "wok"])
+async def test_a_client_closed_under_an_open_stream_ends_it_with_infer_error(serve, balancer):
+    # Closing the channel cancels the call under the reader: that came out of stream_infer as a
+    # bare CancelledError, as if the caller's own task had been cancelled.
+    x = requests_for("mlp", np.random.default_rng(9))
+    more = asyncio.Event()
+
+    async def requests():
+        yield ("mlp", x)
+        await more.wait()  # never set: the stream stays open
+        yield ("mlp", x)
+
+    async with serve(models=("mlp",)) as server:
+        client = AsyncClient(target(server), balancer=balancer)
+        got = []
+        with pytest.raises(InferError) as err:
+            async for r in client.stream_infer(requests()):
+                got.append(r.ok)
+                await client.close()
+        assert got == [True] and err.value.code == grpc.StatusCode.CANCELLED, err.value
+
+
 async def test_stream_deadline_raises(serve):
     x = requests_for("mlp", np.random.default_rng(10))
 
