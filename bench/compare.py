@@ -303,7 +303,7 @@ def _launch_wok(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
     argv += ["--port", str(ports["grpc"]), "--metrics-port", str(ports["metrics"]), "--log-level", "WARNING"]
     argv += list(peer.extra.get("args", ()))
     if "rev" in peer.extra:  # wok@REV: that revision's package first on the path (python -m adds the cwd)
-        top = _rev_tree(peer.extra["rev"])
+        top = rev_tree(peer.extra["rev"])
         return argv, {"PYTHONPATH": str(top)}, top
     return argv, {}, ROOT
 
@@ -339,8 +339,9 @@ def wok_at_rev(name: str) -> Peer:
     return Peer(name, [], _launch_wok, ready_timeout_s=120.0, extra={"rev": sha})
 
 
-def _rev_tree(sha: str) -> Path:
-    """`.bench-peers/wok@SHA/`: the revision's packages laid out as `wok`, extracted once."""
+def rev_tree(sha: str) -> Path:
+    """`.bench-peers/wok@SHA/`: the revision's packages laid out as `wok`, extracted once (also what
+    bench/batcher_loop_cost.py imports a revision's wok from)."""
     top = PEERS_DIR / f"wok@{sha}"
     pkg = top / "wok"
     if (top / ".complete").exists():

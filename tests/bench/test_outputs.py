@@ -22,6 +22,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 SCRIPTS = {
     "accept_rate": [],
     "balancer_overhead": [],
+    "batcher_loop_cost": [],
     "ceiling": [],
     "cold_batch": [],
     "compare": ["--servers", "wok"],
