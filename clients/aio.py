@@ -248,11 +248,13 @@ class AsyncClient:
                     except grpc.RpcError as exc:
                         raise InferError.from_rpc_error(exc) from None
                     except asyncio.CancelledError:
-                        if not call.done() or (_COUNTS_CANCELS and asyncio.current_task().cancelling()):
-                            raise  # the caller's
-                        # The call was cancelled under it, not this task: its channel was closed
-                        # (the client closed meanwhile). A failure of the stream, as documented.
-                        raise InferError(grpc.StatusCode.CANCELLED, "the stream's channel was closed") from None
+                        # grpc cancels the call when the reading task is cancelled too, so the
+                        # call's state cannot tell them apart: only a client closed under the
+                        # stream (and, where Python counts them, no cancel of this task) makes
+                        # it a failure of the stream, as documented; anything else is the caller's.
+                        if not self._closed or (_COUNTS_CANCELS and asyncio.current_task().cancelling()):
+                            raise
+                        raise InferError(grpc.StatusCode.CANCELLED, "the client was closed under the stream") from None
                     if response is grpc.aio.EOF:
                         break
                     yield stream_result(response)

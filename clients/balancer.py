@@ -385,7 +385,14 @@ class Balancer:
         self._notify()
 
     def _close_if_idle(self, r: Replica) -> None:
-        if r.removed and r.outstanding == 0 and r.streams == 0 and self.replicas.get(r.address) is r:
+        # After stop() nothing is started: it closed every channel, and waits for no later task.
+        if (
+            r.removed
+            and r.outstanding == 0
+            and r.streams == 0
+            and not self._stopped
+            and self.replicas.get(r.address) is r
+        ):
             del self.replicas[r.address]
             if r.watcher is not None:
                 r.watcher.cancel()

@@ -112,6 +112,23 @@ async def test_a_stream_keeps_its_replicas_channel_open_after_the_name_drops_it(
             await bal.wait_for(lambda: list(bal.replicas) == [b.target], 10)
 
 
+async def test_a_stream_that_ends_after_stop_starts_nothing(stub):
+    async with stub("a") as a, stub("b") as b:
+        answers = [a.target]
+
+        async def resolver(host: str, port: int) -> list[str]:
+            return list(answers)
+
+        bal = Balancer("dns:///wok-headless:8001", settings=settings(resolve_every_s=0.05), resolver=resolver)
+        await bal.start()
+        _channel, release = bal.stream_channel()
+        answers[:] = [b.target]
+        await bal.wait_for(lambda: b.target in bal.replicas and bal.replicas[a.target].removed, 10)
+        await bal.stop()  # closes every channel, a's too
+        release()  # the stream ends after the client closed: its replica's close is stop()'s, done
+        assert [t for t in bal._tasks if not t.done()] == []
+
+
 async def test_a_not_serving_replica_gets_no_calls_and_comes_back(stub):
     async with stub("a") as a, stub("b") as b, Balancer([a.target, b.target], settings=settings()) as bal:
         call = bal.unary_unary(METHOD)

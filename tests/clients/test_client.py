@@ -416,6 +416,34 @@ async def test_a_client_closed_under_an_open_stream_ends_it_with_infer_error(ser
         assert got == [True] and err.value.code == grpc.StatusCode.CANCELLED, err.value
 
 
+@pytest.mark.parametrize("counts_cancels", [True, False])
+async def test_a_cancelled_stream_reader_gets_its_cancellation(serve, monkeypatch, counts_cancels):
+    # grpc cancels the call when the reading task is cancelled, so the call's state looks as it
+    # does when the channel is closed under it; Python 3.10 (no Task.cancelling) turned the
+    # caller's own cancellation into InferError. False: as on 3.10.
+    monkeypatch.setattr(aio, "_COUNTS_CANCELS", counts_cancels and aio._COUNTS_CANCELS)
+    x = requests_for("mlp", np.random.default_rng(9))
+    more = asyncio.Event()
+    first = asyncio.Event()
+
+    async def requests():
+        yield ("mlp", x)
+        await more.wait()  # never set: the stream stays open
+        yield ("mlp", x)
+
+    async def read(client):
+        async for _ in client.stream_infer(requests()):
+            first.set()
+
+    async with serve(models=("mlp",)) as server, AsyncClient(target(server)) as client:
+        reader = asyncio.ensure_future(read(client))
+        await first.wait()
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        assert (await client.infer("mlp", x))["OUTPUT0"].shape == (3, 256)
+
+
 async def test_stream_deadline_raises(serve):
     x = requests_for("mlp", np.random.default_rng(10))
 
