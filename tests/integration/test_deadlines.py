@@ -74,7 +74,11 @@ async def test_client_deadlines_passing_in_the_queue_end_quietly(serve, slow_rep
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
             first = await _busy(server, stub)
-            calls = [stub.ModelInfer(encode_request("slow", X), timeout=0.01 + 0.002 * i) for i in range(20)]
+            # 50-126 ms: each expires in the queue (the model is busy for 200 ms), late enough to have
+            # reached the handler first. A call whose deadline passes before grpc.aio has read its
+            # message never reaches the handler (nor the counts below): with 10 ms, one on a slow
+            # host did not (21 counted of 22, in CI).
+            calls = [stub.ModelInfer(encode_request("slow", X), timeout=0.05 + 0.004 * i) for i in range(20)]
             results = await asyncio.gather(*calls, return_exceptions=True)
             assert [r.code() for r in results] == [grpc.StatusCode.DEADLINE_EXCEEDED] * 20
             await first
