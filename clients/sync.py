@@ -55,6 +55,7 @@ class Client:
             channel_authority(target),
         )
         self._stub = GRPCInferenceServiceStub(self._channel)
+        self._closed = False
 
     def __enter__(self) -> Client:
         return self
@@ -63,8 +64,13 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        """Close the channel; calls still in flight end with CANCELLED."""
+        """Close the channel; calls still in flight end with CANCELLED, later ones raise RuntimeError."""
+        self._closed = True
         self._channel.close()
+
+    def _closed_error(self, exc: ValueError) -> RuntimeError:
+        # grpc's own words for a call on a closed channel are a ValueError; AsyncClient says this.
+        return RuntimeError("this Client is closed") if self._closed else exc
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until the channel is connected (to at least one server); TimeoutError if not in time."""
@@ -81,6 +87,8 @@ class Client:
             return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise InferError.from_rpc_error(exc) from None
+        except ValueError as exc:
+            raise self._closed_error(exc) from None
 
     # -- health and metadata ---------------------------------------------------------------
     def server_live(self, *, timeout: float | None = None) -> bool:
@@ -127,6 +135,8 @@ class Client:
             response = self._stub.ModelInfer(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise InferError.from_rpc_error(exc) from None
+        except ValueError as exc:
+            raise self._closed_error(exc) from None
         return decode_response(response)
 
     def stream_infer(self, requests: Iterable[StreamItem], *, timeout: float | None = None) -> Iterator[StreamResult]:
@@ -136,7 +146,12 @@ class Client:
         generator, or dropping it) cancels the stream.
         """
         failure: list[BaseException] = []
-        responses = self._stub.ModelStreamInfer(_requests(requests, failure), timeout=timeout, metadata=self._metadata)
+        try:
+            responses = self._stub.ModelStreamInfer(
+                _requests(requests, failure), timeout=timeout, metadata=self._metadata
+            )
+        except ValueError as exc:
+            raise self._closed_error(exc) from None
         try:
             for response in responses:
                 yield stream_result(response)

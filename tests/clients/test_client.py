@@ -587,6 +587,22 @@ async def test_wait_ready_times_out_without_a_server():
     assert e.value.code in (CODE.UNAVAILABLE, CODE.DEADLINE_EXCEEDED)
 
 
+def test_a_closed_sync_client_says_so():
+    # grpc's own ValueError ("Cannot invoke RPC on closed channel!") reached the caller, which
+    # the docs promise InferError for failed calls; a call on a closed client is the caller's
+    # mistake, and raises what AsyncClient's does.
+    x = requests_for("mlp", np.random.default_rng(1))
+    client = Client("127.0.0.1:1")  # never connected: it is closed first
+    client.close()
+    for call in (
+        lambda: client.infer("mlp", x),
+        lambda: client.server_live(),
+        lambda: list(client.stream_infer([("mlp", x)])),
+    ):
+        with pytest.raises(RuntimeError, match="this Client is closed"):
+            call()
+
+
 def test_sync_wait_ready_times_out_and_stops_watching_the_channel(monkeypatch):
     made = []
     real = grpc.channel_ready_future
