@@ -75,7 +75,12 @@ def parse_answer(msg: bytes) -> tuple[int | None, int]:
 async def run_share_stream(channel, pool: list[bytes], share, metadata=None, streams: int = 4, stop=None):
     """Send `share` (wok.bench.workers.Share) open loop on `streams` streams of `channel`; an Outcome.
     With `stop` (a multiprocessing Event) set, stop sending and close the streams: requests in
-    flight then have no answer (`done` NaN)."""
+    flight then have no answer (`done` NaN).
+
+    `channel` may be a list, a channel per server: stream slot k opens on channel k mod their
+    number, or, while that one is not connected and another is, on the next connected one. One
+    round_robin channel over several servers puts every stream on the one server it is
+    connected to when they open, and they stay there."""
     import grpc
 
     from .workers import Outcome, until_stopped
@@ -90,7 +95,9 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
     pending: dict[int, int] = {}  # request index -> stream id
     samples: list[tuple[float, int]] = []
     loop = asyncio.get_running_loop()
-    method = channel.stream_stream(STREAM, request_serializer=None, response_deserializer=None)
+    READY = grpc.ChannelConnectivity.READY
+    channels = list(channel) if isinstance(channel, (list, tuple)) else [channel]
+    methods = [c.stream_stream(STREAM, request_serializer=None, response_deserializer=None) for c in channels]
     # Each opened stream gets a new id, so a failed stream's reader, still settling, never takes
     # the requests of the stream that replaced it in its slot.
     calls: list = []  # by stream id: every call opened
@@ -135,9 +142,22 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
         if timer is None and expiry:
             timer = loop.call_later(max(0.0, start + sent[expiry[0]] + timeout_s - time.monotonic()), expire)
 
+    def method_for(slot: int):
+        # Its own server's, unless that one is not connected and another is (a server that died:
+        # its channel is IDLE or failing, and the slot's new stream goes where one is up). At the
+        # first opening none is connected yet: each slot takes its own, spread over the servers.
+        k = len(channels)
+        own = slot % k
+        if k > 1 and channels[own].get_state(try_to_connect=True) is not READY:
+            for j in range(1, k):
+                c = (own + j) % k
+                if channels[c].get_state(try_to_connect=True) is READY:
+                    return methods[c]
+        return methods[own]
+
     def open_stream(slot: int) -> None:
         opened_at[slot] = time.monotonic()
-        call = method(metadata=metadata)
+        call = method_for(slot)(metadata=metadata)
         sid = len(calls)
         calls.append(call)
         slot_of.append(slot)

@@ -224,14 +224,36 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel, stop=None) 
     # Streams without gRPC's retries: a replay would resend, late, requests already counted
     # (wok.clients.channel); the stream sender replaces a failed stream itself.
     options = channel_options(None, retries=how.retries, stream_retries=how.rpc != "stream")
+    if how.rpc == "stream":
+        # A channel per server: the stream sender deals its streams across them (one round_robin
+        # channel put them all on the server it had connected to first).
+        channels = [
+            open_channel(grpc.aio, channel_target(t), channel_credentials(how.tls), options, channel_authority(t))
+            for t in stream_targets(target)
+        ]
+        try:
+            await serve(channels, lambda: None)
+        finally:
+            for c in channels:
+                await c.close()
+        return
     channel = open_channel(
         grpc.aio, channel_target(target), channel_credentials(how.tls), options, channel_authority(target)
     )
     async with channel:
-        if how.rpc == "stream":  # the stream sender opens its streams on the channel
-            await serve(channel, lambda: None)
-            return
         await serve(channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None), lambda: None)
+
+
+def stream_targets(target: str | list[str]) -> list[str]:
+    """The servers a stream worker opens a channel each to: the targets of a list ("a:p,b:p" or a
+    list), or the one target (a name such as dns:///… stays one round_robin channel)."""
+    from wok.clients.channel import _SCHEMES
+
+    if isinstance(target, str):
+        if "," not in target or target.startswith(_SCHEMES):
+            return [target]
+        return [t.strip() for t in target.split(",") if t.strip()]
+    return list(target)
 
 
 def _main(conn, target: str, pool: list[bytes], how: Channel, stop=None) -> None:

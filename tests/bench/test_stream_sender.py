@@ -206,6 +206,34 @@ def test_a_failed_stream_is_reopened_and_the_requests_after_it_reach_a_server_st
     assert _answered(survivor) >= after.sum()  # answered there, the only server left
 
 
+def test_a_stream_worker_deals_its_streams_across_several_servers(start_server):
+    """One round_robin channel over two servers put all of a worker's streams on the server it had
+    connected to first (254 and 0 answers): a fault on the other one then tested nothing."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from wok.bench.workers import stream_targets
+
+    assert stream_targets("a:1, b:2") == ["a:1", "b:2"] and stream_targets(["a:1", "b:2"]) == ["a:1", "b:2"]
+    assert stream_targets("dns:///wok:8001") == ["dns:///wok:8001"] and stream_targets("ipv4:1.2.3.4:1,1.2.3.5:1") == [
+        "ipv4:1.2.3.4:1,1.2.3.5:1"
+    ]
+    with ThreadPoolExecutor(2) as ex:
+        servers = list(ex.map(lambda _: start_server("--models", "mlp", "--torch-threads", "1"), range(2)))
+    target = ",".join(s.target for s in servers)
+    cfg = RampConfig(target=target, models=[("mlp", 1.0)], steps=[100], step_duration_s=1)
+    pool, _, _ = build_pool(cfg)
+    times = np.arange(0, 0.4, 0.01)
+    workers = WorkerPool(target, pool, 1, rpc="stream", streams=4)
+    try:
+        (out,) = workers.run([Share(time.monotonic() + 0.3, times, np.zeros(len(times), dtype=np.int64), 5.0)])
+    finally:
+        workers.close()
+    assert set(out.codes.tolist()) == {OK}
+    served = [_answered(s) for s in servers]
+    assert sum(served) == len(times) and min(served) >= len(times) // 4, served
+
+
 def test_an_answer_that_does_not_parse_fails_its_stream_at_once_not_at_the_deadline(server_process, monkeypatch):
     """A reader that died of a non-gRPC error left its stream's requests to wait out their deadline
     (30 s here) as DEADLINE_EXCEEDED; they are the sender's failure, UNKNOWN, and the stream is replaced."""
