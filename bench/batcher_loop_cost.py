@@ -332,16 +332,9 @@ def table_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def render_table(doc: dict, markdown: bool = False) -> str:
-    header, rows = table_rows(doc)
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|---|---|" + "--:|" * (len(header) - 2)]
-        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    from wok.bench.compare import format_table
 
-    def fmt(r: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-
-    return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)])
+    return format_table(*table_rows(doc), markdown=markdown, left=2)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

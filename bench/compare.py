@@ -690,13 +690,24 @@ def table_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def render_table(doc: dict, markdown: bool = False) -> str:
-    header, rows = table_rows(doc)
+    return format_table(*table_rows(doc), markdown=markdown)
+
+
+def format_table(header: list[str], rows: list[list[str]], *, markdown: bool = False, left: int = 1) -> str:
+    """Columns padded to their widest cell, or a Markdown table; the first `left` columns are
+    labels (aligned left), the others figures (aligned right)."""
     if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["--:"] * (len(header) - 1)) + "|"]
+        lines = [
+            "| " + " | ".join(header) + " |",
+            "|" + "|".join(["---"] * left + ["--:"] * (len(header) - left)) + "|",
+        ]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join(lines)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+
+    def fmt(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
     return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)])
 
 

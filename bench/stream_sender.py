@@ -107,7 +107,8 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
     live: list[int] = []  # ids of the streams open now
     dead: list[int] = []  # slots whose stream failed, not yet reopened
     opened_at = [0.0] * max(1, streams)  # each slot's latest opening (monotonic)
-    tasks: list[asyncio.Task] = []  # the readers and writers
+    readers: list[asyncio.Task] = []
+    writers: list[asyncio.Task] = []
     finished = asyncio.Event()
     expiry: deque[int] = deque()  # indices of the requests in flight, in send (= deadline) order
     timer: asyncio.TimerHandle | None = None
@@ -164,8 +165,8 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
         outbox.append(deque())
         wake.append(asyncio.Event())
         live.append(sid)
-        tasks.append(loop.create_task(reader(sid)))
-        tasks.append(loop.create_task(writer(sid)))
+        readers.append(loop.create_task(reader(sid)))
+        writers.append(loop.create_task(writer(sid)))
 
     def drop(sid: int) -> None:
         if sid in live:
@@ -282,9 +283,9 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
         sleeper.close()
         if timer is not None:
             timer.cancel()
-        for t in tasks[1::2]:  # the writers first: a stream is half-closed only between writes
+        for t in writers:  # the writers first: a stream is half-closed only between writes
             t.cancel()
-        await asyncio.gather(*tasks[1::2], return_exceptions=True)
+        await asyncio.gather(*writers, return_exceptions=True)
         for k in list(live):  # a reader may drop one while we wait
             try:
                 await calls[k].done_writing()
@@ -292,7 +293,7 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
                 pass
         for call in calls:
             call.cancel()
-        for t in tasks[::2]:
+        for t in readers:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*readers, return_exceptions=True)
     return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2))

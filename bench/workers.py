@@ -196,6 +196,7 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel, stop=None) 
         channel_options,
         channel_target,
         open_channel,
+        target_list,
     )
 
     loop = asyncio.get_running_loop()
@@ -229,7 +230,7 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel, stop=None) 
         # channel put them all on the server it had connected to first).
         channels = [
             open_channel(grpc.aio, channel_target(t), channel_credentials(how.tls), options, channel_authority(t))
-            for t in stream_targets(target)
+            for t in target_list(target)
         ]
         try:
             await serve(channels, lambda: None)
@@ -242,18 +243,6 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel, stop=None) 
     )
     async with channel:
         await serve(channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None), lambda: None)
-
-
-def stream_targets(target: str | list[str]) -> list[str]:
-    """The servers a stream worker opens a channel each to: the targets of a list ("a:p,b:p" or a
-    list), or the one target (a name such as dns:///… stays one round_robin channel)."""
-    from wok.clients.channel import _SCHEMES
-
-    if isinstance(target, str):
-        if "," not in target or target.startswith(_SCHEMES):
-            return [target]
-        return [t.strip() for t in target.split(",") if t.strip()]
-    return list(target)
 
 
 def _main(conn, target: str, pool: list[bytes], how: Channel, stop=None) -> None:

@@ -158,11 +158,7 @@ def channel_target(target: str | Sequence[str]) -> str:
     host names among them are resolved here, once, because a gRPC URI can list several
     addresses but not several names. All must share one address family (IPv4 preferred).
     """
-    if isinstance(target, str):
-        if "," not in target or target.startswith(_SCHEMES):
-            return target
-        target = [t.strip() for t in target.split(",")]
-    targets = list(target)
+    targets = target_list(target)
     if not targets:
         raise ValueError("no target given")
     if len(targets) == 1:
@@ -182,12 +178,18 @@ def channel_authority(target: str | Sequence[str]) -> str | None:
     Without it gRPC takes the authority of a merged `ipv4:a:p,b:p` URI from its whole path,
     which no certificate names, and every handshake fails hostname verification.
     """
+    targets = target_list(target)
+    return targets[0] if len(targets) > 1 else None
+
+
+def target_list(target: str | Sequence[str]) -> list[str]:
+    """The targets `target` names: a string "a:p,b:p" without a scheme, or a list, is several; any
+    other string (one "host:port", a URI such as "dns:///name:port" or "ipv4:a:p,b:p") is one."""
     if isinstance(target, str):
         if "," not in target or target.startswith(_SCHEMES):
-            return None
-        target = [t.strip() for t in target.split(",")]
-    targets = list(target)
-    return targets[0] if len(targets) > 1 else None
+            return [target]
+        return [t.strip() for t in target.split(",")]
+    return list(target)
 
 
 def split_host_port(text: str) -> tuple[str, int] | None:

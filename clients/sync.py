@@ -68,7 +68,7 @@ class Client:
         self._closed = True
         self._channel.close()
 
-    def _closed_error(self, exc: ValueError) -> RuntimeError:
+    def _closed_error(self, exc: ValueError) -> Exception:
         # grpc's own words for a call on a closed channel are a ValueError; AsyncClient says this.
         return RuntimeError("this Client is closed") if self._closed else exc
 
@@ -131,13 +131,7 @@ class Client:
     ) -> dict[str, np.ndarray]:
         """Run one request; see AsyncClient.infer."""
         request = encode_request(model, inputs, outputs, request_id, server_timeout_us, datatypes)
-        try:
-            response = self._stub.ModelInfer(request, timeout=timeout, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise InferError.from_rpc_error(exc) from None
-        except ValueError as exc:
-            raise self._closed_error(exc) from None
-        return decode_response(response)
+        return decode_response(self._unary("ModelInfer", request, timeout))
 
     def stream_infer(self, requests: Iterable[StreamItem], *, timeout: float | None = None) -> Iterator[StreamResult]:
         """Send `requests` on one stream; yield results as they arrive. See AsyncClient.stream_infer.

@@ -197,6 +197,13 @@ class FailureLog:
         )
 
 
+def _live_heap(heap: list[tuple[float, int, Pending]]) -> list[tuple[float, int, Pending]]:
+    """A deadline heap rebuilt with its queued requests' entries only (the answered ones dropped)."""
+    live = [e for e in heap if e[2].state == QUEUED]
+    heapq.heapify(live)
+    return live
+
+
 class Batcher:
     def __init__(
         self,
@@ -482,8 +489,7 @@ class Batcher:
             # less urgent level starved, a shorter timeout) the answered ones would pile up, each
             # holding its tensors, for as long as that deadline (up to slo_ms): rebuilt with the
             # live ones only, amortized O(1).
-            q.deadlines = heap = [e for e in heap if e[2].state == QUEUED]
-            heapq.heapify(heap)
+            q.deadlines = _live_heap(heap)
         if p.deadline < q.due:
             self._push_due(key, q, p.deadline)
 
@@ -629,8 +635,7 @@ class Batcher:
                 # saturation) the answered ones would pile up, each holding its tensors, for as
                 # long as that deadline: rebuilt with the live ones only, amortized O(1).
                 self._deadline_fifo = fifo = deque(p for p in fifo if p.state == QUEUED)
-                self._deadlines = heap = [e for e in heap if e[2].state == QUEUED]
-                heapq.heapify(heap)
+                self._deadlines = heap = _live_heap(heap)
             return min(fifo[0].deadline, earliest) if fifo else earliest
         while self._dues:  # `_push_due` may rebuild the list
             due, seq, key = self._dues[0]

@@ -7,7 +7,6 @@ import hashlib
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,6 @@ def _numbers(obj, where: str = ""):
         yield where, obj
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the batcher's timer is Linux's timerfd")
 def test_worktree_against_head_gives_finite_figures_full_batches_and_each_revisions_own_wok(tmp_path, capsys):
     out = tmp_path / "loop.json"
     argv = ["--rev", "worktree", "--rev", "HEAD", "--reps", "1", "--n", "320", "--warmup", "64"]

@@ -212,10 +212,10 @@ def test_a_stream_worker_deals_its_streams_across_several_servers(start_server):
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from wok.bench.workers import stream_targets
+    from wok.clients.channel import target_list
 
-    assert stream_targets("a:1, b:2") == ["a:1", "b:2"] and stream_targets(["a:1", "b:2"]) == ["a:1", "b:2"]
-    assert stream_targets("dns:///wok:8001") == ["dns:///wok:8001"] and stream_targets("ipv4:1.2.3.4:1,1.2.3.5:1") == [
+    assert target_list("a:1, b:2") == ["a:1", "b:2"] and target_list(["a:1", "b:2"]) == ["a:1", "b:2"]
+    assert target_list("dns:///wok:8001") == ["dns:///wok:8001"] and target_list("ipv4:1.2.3.4:1,1.2.3.5:1") == [
         "ipv4:1.2.3.4:1,1.2.3.5:1"
     ]
     with ThreadPoolExecutor(2) as ex:
