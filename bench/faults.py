@@ -3,9 +3,9 @@
 `--replicas N` starts N `wok serve` processes on free loopback ports and ramps all of them,
 through wok's balancer (`--balancer wok`, the default with several targets: a channel per
 replica, hedging, outlier ejection) or one round-robin channel (`--balancer grpc`), with
-health checking and, unless `--no-retries`, retries on UNAVAILABLE. `--fault` schedules, at
-a fraction of the ramp's planned time (`len(steps) × (warm-up + step)`, from the first
-step's start) or at a duration from it:
+health checking and, unless `--no-retries`, retries on UNAVAILABLE (not of `--rpc stream`'s
+streams). `--fault` schedules, at a fraction of the ramp's planned time (`len(steps) ×
+(warm-up + step)`, from the first step's start) or at a duration from it:
 
   kill:replica=1,at=30%,restart=60%     SIGKILL; start it again (same ports) at `restart`
   pause:replica=1,at=30%,resume=60%     SIGSTOP; SIGCONT at `resume`
@@ -471,7 +471,10 @@ class FaultSchedule:
         self._closed = False  # set by stop(): a restart that ends later records nothing
         self.stopped_s: float | None = None  # when stop() was called, seconds from the ramp's start
         self._paused: set[int] = set()
-        self._server_faults: list[tuple[str, dict]] = []
+        # Per fault index, the (admin URL, `off` body) of a server-side fault still on, which the
+        # end turns off. One whose `off` succeeded is forgotten: on a shared server (--admin-url)
+        # another `off` at the end would clear a fault somebody else has set on that model since.
+        self._server_faults: dict[int, tuple[str, dict]] = {}
         actions = [a for i, s in enumerate(self.specs) for a in self._actions(i, s)]
         check_overlaps(self.specs, planned_s, self._admin_url)
         # At one time, a fault's end runs before another's start: a `fail` from 50% after a
@@ -546,12 +549,15 @@ class FaultSchedule:
             # nothing on: the fault's planned rest, plus a margin for the `off` to come first.
             left = self._clock0 + planned_end - time.monotonic()
             duration_s = min(max(left, 0.0) + margin, MAX_EXPIRY_S)
-            self._server_faults.append((url, off))
+            with self._lock:  # before the POST: one that fails may still have reached the server
+                self._server_faults[i] = (url, off)
             post_fault(url, body | {"duration_s": round(duration_s, 3)})
             return {"expires_s": round(time.monotonic() + duration_s - self._clock0, 3)}
 
         def turn_off() -> None:
             post_fault(url, off)
+            with self._lock:  # a failed `off` leaves it to the end's
+                self._server_faults.pop(i, None)
 
         out = [Action(start, i, spec.kind, on, spec.replica or 0)]
         if end is not None:
@@ -623,9 +629,10 @@ class FaultSchedule:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         with self._lock:
             self._closed = True
+            still_on = list(self._server_faults.values())
         for r in list(self._paused):
             self.replicas[r].signal(signal.SIGCONT)
-        for url, off in self._server_faults:
+        for url, off in still_on:
             try:
                 post_fault(url, off)
             except RuntimeError:
@@ -882,14 +889,31 @@ class FaultRamp(Ramp):
         for f, problem in zip(section["faults"], not_in_effect(section)):
             if problem is not None:
                 result["warnings"].append(f"fault {f['fault']!r} {problem}")
-        if section["requests"]["lost"] and self.cfg.retries:
-            result["warnings"].append(
-                f"{section['requests']['lost']} request(s) lost with retries on: {section['lost_by_code']}"
-            )
+        warning = loss_warning(section, self.cfg.retries, self.cfg.rpc)
+        if warning is not None:
+            result["warnings"].append(warning)
         return result
 
 
 # -- text ---------------------------------------------------------------------------------
+
+
+def retries_label(retries: bool, rpc: str | None) -> str:
+    """Whether gRPC retried the ramp's calls. Retries on (no `--no-retries`) still leave out the
+    streams of `--rpc stream` (`stream_retries=False`, docs/bench.md): a replay would resend their
+    requests late."""
+    if not retries:
+        return "retries off"
+    return "retries off (streams)" if rpc == "stream" else "retries on"
+
+
+def loss_warning(section: dict, retries: bool, rpc: str | None) -> str | None:
+    """The result's warning for requests lost although retried; None without retries in effect
+    (`--no-retries`, or the streams of `--rpc stream`): a fault's losses are expected then."""
+    lost = section["requests"]["lost"]
+    if not lost or not retries or rpc == "stream":
+        return None
+    return f"{lost} request(s) lost with retries on: {section['lost_by_code']}"
 
 
 def fmt(v, spec: str = ".1f") -> str:
@@ -945,7 +969,8 @@ def print_faults(result: dict, file=None) -> None:
     req = section["requests"]
     console.print(
         f"requests: {req['sent']} sent, {req['ok']} ok, {req['errors']} errors, [bold]{req['lost']} lost[/bold] "
-        f"(retries {'on' if section.get('retries', True) else 'off'}, balancer {section.get('balancer') or 'grpc'}); "
+        f"({retries_label(section.get('retries', True), (result.get('config') or {}).get('rpc'))}, "
+        f"balancer {section.get('balancer') or 'grpc'}); "
         "not OK by code: "
         f"{section['errors_by_code'] or '-'}"
     )

@@ -6,6 +6,7 @@ The replica kill/restart path runs end to end in tests/integration/test_replicas
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from wok.bench import faults as bench_faults
 from wok.bench.faults import (
     EXPIRY_MARGIN_S,
     Action,
@@ -34,6 +36,8 @@ from wok.bench.faults import (
     not_in_effect,
     parse_at,
     parse_fault,
+    post_fault,
+    print_faults,
 )
 from wok.bench.runner import status_name
 
@@ -269,6 +273,30 @@ def test_a_server_fault_without_an_end_keeps_a_planned_ramps_time_past_the_plan(
     assert event["expires_s"] == pytest.approx(10.0 + 10.0, abs=0.3)
     assert fault["until"] - time.time() == pytest.approx(20.0 - event["t_s"], abs=1.0)
     assert get_faults(url) == []  # the ramp's end turned it off
+
+
+def test_the_end_turns_off_only_the_faults_still_on(admin_server):
+    """A fault turned off at its `until` is forgotten: the ramp's end posts no second `off`, which on
+    a shared server (--admin-url) would clear a fault another client has set on the model since."""
+    url = admin_server.http_url()
+    spec = parse_fault("slow:model=mlp,delay=40ms,at=0s,until=0.1s")
+    turned_off = threading.Event()
+
+    def say(msg: str) -> None:
+        if msg.startswith("fault: off"):  # said once the `off` at `until` succeeded
+            turned_off.set()
+
+    schedule = FaultSchedule([spec], planned_s=10.0, admin_urls=[url], say=say)
+    schedule.start(time.monotonic())
+    try:
+        assert turned_off.wait(20), schedule.events
+        post_fault(url, {"model": "mlp", "mode": "fail", "duration_s": 30})  # somebody else's
+        schedule.stop()  # the ramp's end
+        assert [(f["model"], f["mode"]) for f in get_faults(url)] == [("mlp", "fail")]
+    finally:
+        schedule.stop()
+        post_fault(url, {"model": "mlp", "mode": "off"})
+    assert [e["action"] for e in schedule.sorted_events()] == ["slow", "off"]
 
 
 def test_a_fault_of_a_bench_killed_outright_expires(admin_server):
@@ -507,6 +535,28 @@ def test_a_fault_that_did_not_run_as_asked_is_named():
         "did not take effect: the ramp ended before its time",
         None,
     ]
+
+
+@pytest.mark.parametrize(
+    ("retries", "rpc", "label", "warned"),
+    [
+        (True, "unary", "retries on", True),
+        (True, "stream", "retries off (streams)", False),  # gRPC does not retry the sender's streams
+        (False, "unary", "retries off", False),
+        (False, "stream", "retries off", False),
+    ],
+)
+def test_the_report_says_whether_retries_were_in_effect(retries, rpc, label, warned):
+    intended, done, latency, codes = hand_case()  # one request lost
+    spec = parse_fault("kill:replica=1,at=5%,restart=10%")
+    section = fault_report(intended, done, latency, codes, specs=[spec], events=EVENTS, slo_p99_ms=100.0, end_s=4.5)
+    section |= {"retries": retries, "balancer": "grpc", "planned_s": 12.0, "cut_s": None}
+    out = io.StringIO()
+    print_faults({"config": {"retries": retries, "rpc": rpc}, "faults": section}, file=out)
+    first = out.getvalue().splitlines()[0]
+    assert f"1 lost ({label}, balancer grpc)" in first, first
+    warning = bench_faults.loss_warning(section, retries, rpc)
+    assert warning == ("1 request(s) lost with retries on: {'UNAVAILABLE': 1}" if warned else None)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
