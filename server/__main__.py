@@ -29,7 +29,9 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--models", default="mlp,recsys,encoder", help="demo models to serve, comma-separated (default all three)"
     )
-    p.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain on SIGTERM (default 30)")
+    p.add_argument(
+        "--grace-period", type=float, default=30.0, help="seconds to drain on SIGTERM, SIGINT or SIGHUP (default 30)"
+    )
     p.add_argument(
         "--max-connection-age",
         type=float,
@@ -191,13 +193,27 @@ def _pick_loop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+def _say(line: str) -> None:
+    """A line on stderr that cannot fail: after a hangup stderr may be a closed terminal (EIO)
+    or a pipe nobody reads, and an exception on the way out would skip the os._exit after it."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 class _StopSignal:
-    """SIGTERM and SIGINT from the first moment of `wok serve`.
+    """SIGTERM, SIGINT and SIGHUP from the first moment of `wok serve`.
 
     As PID 1 (a container's entrypoint) a signal without a handler is dropped by the kernel,
     so the handlers go in before anything slow (importing torch, building the models). Until
-    the event loop runs, a plain handler records the signal; `bind` then hands both signals
+    the event loop runs, a plain handler records the signal; `bind` then hands the signals
     to the loop, whose handler sets `event` (created there: it belongs to that loop).
+
+    SIGHUP (the terminal or ssh session that started the server closed, or a process manager)
+    drains as SIGTERM does, but never cuts a drain short: a closing terminal sends it twice to
+    a foreground job (the shell forwards it, then the kernel sends it as the shell exits). A
+    SIGHUP ignored at the start (nohup) stays ignored.
     """
 
     def __init__(self) -> None:
@@ -207,7 +223,9 @@ class _StopSignal:
         self._before: dict[int, object] = {}
 
     def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+                continue
             self._before[sig] = signal.signal(sig, self._on_signal)
 
     def uninstall(self) -> None:
@@ -221,18 +239,29 @@ class _StopSignal:
     def _on_signal(self, signum: int, frame=None) -> None:
         if self.drained:  # the process is already on its way out, with the drain's status
             return
-        if self.received is not None:  # a second signal: the operator wants out now
-            print("wok: second signal, exiting without draining", file=sys.stderr, flush=True)
+        if self.received is not None:
+            if signum == signal.SIGHUP:  # a hangup again, not an operator: see the class
+                return
+            # A second signal: the operator wants out now. os.write, not print: before the loop
+            # runs, this handler may interrupt a print to stderr, and a reentrant print raises.
+            try:
+                os.write(2, b"wok: second signal, exiting without draining\n")
+            except OSError:  # stderr gone with the terminal: exit all the same
+                pass
             os._exit(1)
         self.received = signum
         if self.event is not None:
             self.event.set()
 
+    def name(self) -> str:
+        """The first signal's name, "SIGHUP" say, for the log."""
+        return signal.Signals(self.received).name if self.received is not None else "no signal"
+
     def bind(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
         self.event = asyncio.Event()
         if self.received is not None:
             self.event.set()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in self._before:
             loop.add_signal_handler(sig, self._on_signal, sig)
         return self.event
 
@@ -241,7 +270,7 @@ class _StopSignal:
         down is ignored. Ignored, not handled: the interpreter's finalization puts a Python
         handler back to the default action (death by the signal, with no word) but keeps SIG_IGN."""
         self.drained = True
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in self._before:
             signal.signal(sig, signal.SIG_IGN)
 
 
@@ -315,7 +344,7 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
     stop = stop_signal.bind(loop)
     built = loop.run_in_executor(None, _build, args)
     if not await _until_stop(built, stop):
-        _exit_before_ready()
+        _exit_before_ready(stop_signal)
     settings, repository = built.result()
     import torch
 
@@ -334,7 +363,7 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
         if not await _until_stop(starting, stop):
             # No port is bound before the models are warm: abandon the start (a warm-up
             # cannot be interrupted, and waiting for it is what the signal said not to do).
-            _exit_before_ready()
+            _exit_before_ready(stop_signal)
     except WarmupError:
         # The message names the model's config file: a config error (exit 2), not a failed start.
         await server.stop(grace=0)
@@ -343,6 +372,7 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
         await server.stop(grace=0)
         raise StartError(f"cannot start: {exc}") from exc
     if stop.is_set():  # the signal came with the last step of the start: stop before the ready line
+        _say(f"wok: {stop_signal.name()} received, stopping")
         await server.stop()
         return 0
     # Everything built so far (torch, the models, gRPC) lives as long as the process; out of
@@ -360,19 +390,21 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
         print(f"wok: health (plaintext) on {host_port(host, server.health_port)}", file=sys.stderr, flush=True)
     print(f"wok: gRPC security: {SecurityMode.of(settings).describe()}", file=sys.stderr, flush=True)
     await stop.wait()
+    _say(f"wok: {stop_signal.name()} received, stopping")
     await server.stop()
     stop_signal.drained = True
     if server.abandoned_work:
         # A model thread is stuck; Python would wait for it forever at exit.
-        print("wok: a model was still running after the grace period; exiting", file=sys.stderr, flush=True)
+        _say("wok: a model was still running after the grace period; exiting")
         os._exit(1)
     return 0
 
 
-def _exit_before_ready() -> None:
+def _exit_before_ready(stop_signal: _StopSignal) -> None:
     """A signal stopped the start: exit 0 at once. A thread may still be loading or warming a model,
     which cannot be interrupted, and Python (asyncio.run first) would wait for it at exit."""
-    print("wok: stopped by a signal before serving", file=sys.stderr, flush=True)
+    _say(f"wok: {stop_signal.name()} received, stopping")
+    _say("wok: stopped by a signal before serving")
     logging.shutdown()
     os._exit(0)
 

@@ -1,6 +1,6 @@
 """The server: builds each model's executor and batcher, serves gRPC, and stops in stages.
 
-Stop (SIGTERM/SIGINT, or `stop()`), in order, within the grace period:
+Stop (SIGTERM/SIGINT/SIGHUP, or `stop()`), in order, within the grace period:
   1. health turns NOT_SERVING and new inference calls get UNAVAILABLE;
   2. each batcher runs what is queued and in flight (flush reason "drain");
   3. every handler hands its answer to gRPC and each open stream, having written the answers it

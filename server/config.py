@@ -292,7 +292,7 @@ class ServerSettings(_Strict):
         30.0,
         ge=0,
         le=_MAX_GRPC_MS / 1e3,
-        description="Seconds queued and running requests get to finish on SIGTERM/SIGINT.",
+        description="Seconds queued and running requests get to finish on SIGTERM/SIGINT/SIGHUP.",
     )
     max_connection_age_s: StrictFloat | None = Field(
         None,

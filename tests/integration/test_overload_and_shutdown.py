@@ -6,6 +6,7 @@ import asyncio
 import signal
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -131,3 +132,91 @@ async def test_a_start_that_fails_in_a_warm_up_leaves_no_model_thread_behind(slo
     await server.stop(grace=0)
     left = [t.name for t in threading.enumerate() if t.name.startswith(("wok-zboom", "wok-slow"))]
     assert left == [], left
+
+
+HELD_MODEL = """
+import sys, time
+
+from torch import nn
+
+
+class Held(nn.Module):
+    # Says on stderr which batch it runs (the warm-up's is zeros), then holds it a while: long
+    # enough for the test's signal to land while the batch runs.
+    def __init__(self, sleep_ms):
+        super().__init__()
+        self.sleep_s = sleep_ms / 1e3
+
+    def forward(self, x):
+        print(f"test: running {x.flatten()[0].item():g}", file=sys.stderr, flush=True)
+        time.sleep(self.sleep_s)
+        return x * 2
+
+
+def build(sleep_ms):
+    return Held(sleep_ms)
+"""
+
+
+def test_sighup_drains_as_sigterm_does_a_request_in_flight_answered_and_exit_0(slow_repository, start_server):
+    # SIGHUP comes when the terminal or ssh session that started the server closes; its default
+    # action killed the server at once, with the request in flight lost.
+    repo = slow_repository(sleep_ms=1000, max_batch_size=4, delay_ms=1)
+    (repo / "slow" / "model.py").write_text(HELD_MODEL)
+    sp = start_server("--model-repository", str(repo), "--grace-period", "20")
+    try:
+        result = asyncio.run(_infer_with_hangup(sp))
+        code = sp.proc.wait(30)
+    finally:
+        if sp.proc.poll() is None:
+            sp.proc.kill()
+    log = "\n".join(sp.log[-30:])
+    assert not isinstance(result, Exception), f"the request in flight at SIGHUP failed: {result!r}\n{log}"
+    check_answer(7, result)
+    assert code == 0, f"expected exit 0 after SIGHUP's drain, as after SIGTERM's; got {code}\n{log}"
+    assert "wok: SIGHUP received, stopping" in sp.log, log
+    assert any("stopping: draining" in line for line in sp.log), log
+    assert "wok: second signal, exiting without draining" not in sp.log, log
+
+
+async def _infer_with_hangup(sp):
+    async with grpc.aio.insecure_channel(sp.target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        call = asyncio.ensure_future(stub.ModelInfer(request(7), timeout=30))
+        await asyncio.to_thread(sp.wait_for_line, "test: running 7")
+        # Twice, as a closing terminal sends it to a foreground job (the shell forwards it, then
+        # the kernel sends it as the shell exits): a repeated hangup must not cut the drain short.
+        sp.proc.send_signal(signal.SIGHUP)
+        sp.proc.send_signal(signal.SIGHUP)
+        return (await asyncio.gather(call, return_exceptions=True))[0]
+
+
+def _signal_mask(pid: int, field: str) -> int:
+    """A signal mask of /proc/PID/status (SigIgn, SigCgt): bit n-1 is signal n."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"/proc/{pid}/status: no {field} line")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/PID/status (Linux)")
+def test_sighup_ignored_at_start_as_under_nohup_stays_ignored(slow_repository, start_server):
+    repo = slow_repository(sleep_ms=1)
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the server, as nohup does
+    try:
+        sp = start_server("--model-repository", str(repo))
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    try:
+        # Read from the kernel, not by sending SIGHUP: whether a signal was handled would need a wait.
+        hup = 1 << (signal.SIGHUP - 1)
+        ignored, caught = _signal_mask(sp.proc.pid, "SigIgn"), _signal_mask(sp.proc.pid, "SigCgt")
+        assert ignored & hup and not caught & hup, f"SigIgn {ignored:x}, SigCgt {caught:x}: expected SIGHUP ignored"
+        sp.proc.send_signal(signal.SIGTERM)
+        code = sp.proc.wait(30)
+    finally:
+        if sp.proc.poll() is None:
+            sp.proc.kill()
+    log = "\n".join(sp.log[-30:])
+    assert code == 0, f"expected exit 0 after SIGTERM's drain; got {code}\n{log}"
+    assert "wok: SIGTERM received, stopping" in sp.log, log
