@@ -147,11 +147,15 @@ def test_the_wok_balancer_answers_a_paused_replicas_calls_elsewhere(ramps):
     (pause,) = faults["faults"]
     assert faults["requests"]["lost"] == 0 and faults["requests"]["ok"] == faults["requests"]["sent"]
     assert 3.9 < pause["end_s"] - pause["start_s"] < 5.0
-    assert pause["p99_during_ms"] < 1000 and pause["lost_during"] == 0
+    # On a loaded machine the healthy replica, carrying the calls, may be ejected for slowness too
+    # (5 attempts in a row past hedge_after, whose floor is 20 ms), just before or during the
+    # pause: the paused replica's calls must still be answered by it, not wait for SIGCONT. The
+    # balancer's counters in the message say whether it was (replicas[0]["ejections"]).
+    assert pause["p99_during_ms"] < 1000 and pause["lost_during"] == 0, (pause, bal)
     paused = bal["replicas"][1]
     assert paused["address"] == faults["replicas"][1]["target"]
-    assert paused["slow"] >= 5 and paused["ejections"] >= 1 and bal["hedges"] >= 5
-    assert bal["replicas"][0]["ejections"] == 0 and bal["ok"] == bal["calls"] == faults["requests"]["sent"]
+    assert paused["slow"] >= 5 and paused["ejections"] >= 1 and bal["hedges"] >= 5, bal
+    assert bal["ok"] == bal["calls"] == faults["requests"]["sent"], bal
 
 
 def test_ctrl_c_mid_step_ends_at_once_with_the_replica_paused(tmp_path):
