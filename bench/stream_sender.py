@@ -72,15 +72,19 @@ def parse_answer(msg: bytes) -> tuple[int | None, int]:
     return index, int(p.int64_param) if p is not None and p.int64_param else UNKNOWN
 
 
-async def run_share_stream(channel, pool: list[bytes], share, metadata=None, streams: int = 4, stop=None):
+async def run_share_stream(
+    channel, pool: list[bytes], share, metadata=None, streams: int = 4, stop=None, first_slot: int = 0
+):
     """Send `share` (wok.bench.workers.Share) open loop on `streams` streams of `channel`; an Outcome.
     With `stop` (a multiprocessing Event) set, stop sending and close the streams: requests in
     flight then have no answer (`done` NaN).
 
-    `channel` may be a list, a channel per server: stream slot k opens on channel k mod their
-    number, or, while that one is not connected and another is, on the next connected one. One
-    round_robin channel over several servers puts every stream on the one server it is
-    connected to when they open, and they stay there."""
+    `channel` may be a list, a channel per server: stream slot k opens on channel
+    (first_slot + k) mod their number, or, while that one is not connected and another is, on the
+    next connected one. One round_robin channel over several servers puts every stream on the one
+    server it is connected to when they open, and they stay there. A pool's workers number their
+    slots on from one another (`first_slot`): were each to start at 0, workers with fewer streams
+    than there are servers would all open theirs on the first servers and leave the last idle."""
     import grpc
 
     from .workers import Outcome, until_stopped
@@ -148,7 +152,7 @@ async def run_share_stream(channel, pool: list[bytes], share, metadata=None, str
         # its channel is IDLE or failing, and the slot's new stream goes where one is up). At the
         # first opening none is connected yet: each slot takes its own, spread over the servers.
         k = len(channels)
-        own = slot % k
+        own = (first_slot + slot) % k
         if k > 1 and channels[own].get_state(try_to_connect=True) is not READY:
             for j in range(1, k):
                 c = (own + j) % k

@@ -186,7 +186,7 @@ class Channel:
     server_timing: bool = False  # read each answer's server-timing trailer (unary only)
 
 
-async def _serve(conn, target: str, pool: list[bytes], how: Channel, stop=None) -> None:
+async def _serve(conn, target: str, pool: list[bytes], how: Channel, stop=None, index: int = 0) -> None:
     import grpc
 
     from wok.clients.channel import (
@@ -209,7 +209,10 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel, stop=None) 
             if share is None:
                 return
             if how.rpc == "stream":
-                outcome = await run_share_stream(call, pool, share, metadata, how.streams, stop)
+                # Slots numbered on from the workers before this one: the pool's streams are dealt
+                # over the servers together, not every worker's from the first server.
+                first = index * how.streams
+                outcome = await run_share_stream(call, pool, share, metadata, how.streams, stop, first)
             else:
                 outcome = await _run_share(call, pool, share, metadata, how.server_timing, stop)
             outcome.balancer = stats()
@@ -245,7 +248,7 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel, stop=None) 
         await serve(channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None), lambda: None)
 
 
-def _main(conn, target: str, pool: list[bytes], how: Channel, stop=None) -> None:
+def _main(conn, target: str, pool: list[bytes], how: Channel, stop=None, index: int = 0) -> None:
     # Ctrl-C reaches the whole process group; the coordinator decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The worker's own collector pauses would show up as dispatch lag; it allocates little.
@@ -256,7 +259,7 @@ def _main(conn, target: str, pool: list[bytes], how: Channel, stop=None) -> None
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_serve(conn, target, pool, how, stop))
+    asyncio.run(_serve(conn, target, pool, how, stop, index))
 
 
 class WorkerPool:
@@ -303,9 +306,9 @@ class WorkerPool:
         self._stop = ctx.Event() if stoppable else None
         self._conns = []
         self._procs = []
-        for _ in range(n):
+        for index in range(n):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_main, args=(child, target, pool, how, self._stop), daemon=True)
+            p = ctx.Process(target=_main, args=(child, target, pool, how, self._stop, index), daemon=True)
             p.start()
             self._conns.append(parent)
             self._procs.append(p)

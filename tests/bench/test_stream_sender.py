@@ -65,24 +65,116 @@ def test_a_stream_ramp_delivers_every_request_on_schedule(server_process):
     assert result["steps"][0]["latency_ms"]["p50"] > 4.0, result["steps"][0]["latency_ms"]
 
 
-def test_stream_requests_carry_their_deadline_and_failures_keep_the_unary_code(server_process):
-    cfg = RampConfig(target=server_process.target, models=[("mlp", 1.0)], steps=[100], step_duration_s=1)
-    pool, _, _ = build_pool(cfg)
-    workers = WorkerPool(cfg.target, pool, 1, rpc="stream", streams=2)
-    try:
-        import time
+class _Recorded:
+    """A stream call that keeps what was written on it and the answers read from it, and holds the
+    sender's close (`done_writing`, before it cancels the stream) until every request written has its
+    answer: the sender settles a request at its deadline, before the server's own answer comes."""
 
-        times = np.arange(0, 0.2, 0.01)
-        # 1 µs: every deadline passes before its answer can come; the sender's own timer settles
-        # each at it (the server's drop by the `timeout` parameter it carries, encoded as tested
-        # above, is the server's tests': tests/integration/test_deadlines.py).
-        share = Share(time.monotonic() + 0.3, times, np.zeros(len(times), dtype=np.int64), 1e-6)
-        (out,) = workers.run([share])
-    finally:
-        workers.close()
-    assert len(out.codes) == len(times)
-    assert set(out.codes.tolist()) == {4}  # DEADLINE_EXCEEDED, as the unary call would end
-    assert np.all(np.isfinite(out.sent)) and np.all(out.done >= out.sent)
+    def __init__(self, call) -> None:
+        self.call = call
+        self.written: list[bytes] = []
+        self.answers: list[bytes] = []
+        self.ended = False
+        self.changed = asyncio.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.call, name)
+
+    async def write(self, msg: bytes) -> None:
+        await self.call.write(msg)
+        self.written.append(msg)
+
+    async def read(self):
+        import grpc
+
+        try:
+            msg = await self.call.read()
+        except grpc.aio.AioRpcError:
+            self.ended = True
+            self.changed.set()
+            raise
+        if msg is grpc.aio.EOF:
+            self.ended = True
+        else:
+            self.answers.append(msg)
+        self.changed.set()
+        return msg
+
+    async def done_writing(self) -> None:
+        await self.call.done_writing()
+        while len(self.answers) < len(self.written) and not self.ended:
+            self.changed.clear()
+            await self.changed.wait()
+
+
+class _Recording:
+    """A channel whose stream calls are `_Recorded`."""
+
+    def __init__(self, channel) -> None:
+        self.channel = channel
+        self.calls: list[_Recorded] = []
+
+    def stream_stream(self, *args, **kwargs):
+        method = self.channel.stream_stream(*args, **kwargs)
+
+        def open_stream(**kw):
+            self.calls.append(_Recorded(method(**kw)))
+            return self.calls[-1]
+
+        return open_stream
+
+
+def test_stream_requests_carry_their_deadline_and_failures_keep_the_unary_code(server_process):
+    """The server drops a stream request by the `timeout` parameter it carries (a 4 ms deadline
+    expires in mlp's 5 ms delay window: without it, the server would answer OK), and the codes of
+    the server's failures are those a unary call of the same request ends with."""
+    import time
+
+    import grpc
+
+    from wok.bench.workers import METHOD, _run_share
+
+    ok = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)}).SerializeToString()
+    unknown = encode_request("no-such-model", {"INPUT0": np.ones((1, 256), np.float32)}).SerializeToString()
+    misshapen = encode_request("mlp", {"INPUT0": np.ones((1, 3), np.float32)}).SerializeToString()
+    times = np.arange(0, 0.09, 0.01)
+
+    def share(which: list[int], timeout_s: float) -> Share:
+        return Share(time.monotonic() + 0.1, times, np.array(which, dtype=np.int64), timeout_s)
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(server_process.target) as channel:
+            await channel.channel_ready()  # a first write waits for no connection, nor its deadline
+            unary = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+            recording = _Recording(channel)
+            oks = [0] * len(times)
+            stream_late = await stream_sender.run_share_stream(recording, [ok], share(oks, 0.004), streams=2)
+            unary_late = await _run_share(unary, [ok], share(oks, 0.004))
+            pool, which = [ok, unknown, misshapen], [0, 1, 2] * (len(times) // 3)
+            stream_failed = await stream_sender.run_share_stream(channel, pool, share(which, 5.0), streams=2)
+            unary_failed = await _run_share(unary, pool, share(which, 5.0))
+        return recording.calls, stream_late, unary_late, stream_failed, unary_failed
+
+    calls, stream_late, unary_late, stream_failed, unary_failed = asyncio.run(asyncio.wait_for(scenario(), 30))
+    # On the wire: each request with its index as id and its deadline in µs. (One whose writer did
+    # not get to it by its deadline is never written: a stall of the machine may leave a few out.)
+    written = [pb.ModelInferRequest.FromString(m) for c in calls for m in c.written]
+    ids = [int(r.id) for r in written]
+    assert len(set(ids)) == len(ids) >= len(times) // 2 and set(ids) <= set(range(len(times))), ids
+    assert {r.parameters["timeout"].int64_param for r in written} == {4000}
+    # The server's answers (after the sender's own deadline, which settled each request): every
+    # request dropped by its deadline, none answered OK.
+    answers = [pb.ModelStreamInferResponse.FromString(m) for c in calls for m in c.answers]
+    assert len(answers) == len(written), [a.error_message for a in answers]
+    for a in answers:
+        assert a.infer_response.parameters["status_code"].int64_param == stream_sender.DEADLINE_EXCEEDED, a
+        assert "deadline" in a.error_message, a.error_message
+    assert stream_late.codes.tolist() == unary_late.codes.tolist() == [stream_sender.DEADLINE_EXCEEDED] * len(times)
+    np.testing.assert_allclose(stream_late.done - stream_late.sent, 0.004)
+    # The server's own failures (an unknown model, a misshapen input) come back with the unary code.
+    assert stream_failed.codes.tolist() == unary_failed.codes.tolist(), (stream_failed.codes, unary_failed.codes)
+    assert set(stream_failed.codes.tolist()) == {OK, 3, 5}  # INVALID_ARGUMENT, NOT_FOUND
+    assert np.all(stream_failed.done - stream_failed.sent < 5.0)
 
 
 def test_a_worker_pool_refuses_a_stream_with_the_wok_balancer_or_no_streams():
@@ -232,6 +324,28 @@ def test_a_stream_worker_deals_its_streams_across_several_servers(start_server):
     assert set(out.codes.tolist()) == {OK}
     served = [_answered(s) for s in servers]
     assert sum(served) == len(times) and min(served) >= len(times) // 4, served
+
+
+def test_workers_with_fewer_streams_than_servers_share_the_servers(start_server):
+    """Every worker dealt its slots from the first server: two workers of one stream each over two
+    servers both streamed to the first one, and the second answered nothing."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as ex:
+        servers = list(ex.map(lambda _: start_server("--models", "mlp", "--torch-threads", "1"), range(2)))
+    target = ",".join(s.target for s in servers)
+    pool = [encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)}).SerializeToString()]
+    times = np.arange(0, 0.2, 0.01)
+    workers = WorkerPool(target, pool, 2, rpc="stream", streams=1)
+    try:
+        start = time.monotonic() + 0.3
+        outs = workers.run([Share(start, times, np.zeros(len(times), dtype=np.int64), 5.0)] * 2)
+    finally:
+        workers.close()
+    assert all(set(o.codes.tolist()) == {OK} for o in outs), [o.codes for o in outs]
+    # A worker's one stream stays on its server: each server answered one worker's share.
+    assert [_answered(s) for s in servers] == [len(times)] * 2
 
 
 def test_an_answer_that_does_not_parse_fails_its_stream_at_once_not_at_the_deadline(server_process, monkeypatch):
