@@ -97,8 +97,13 @@ def _metadata(cfg: RampConfig) -> list:
     fail here before any worker tries it."""
     from wok.clients import Client
 
+    from wok.clients.channel import target_list
+
     names = [name for name, _ in cfg.models]
-    if pick_balancer(cfg.balancer, cfg.rpc, cfg.target) == "grpc":
+    # Streams to several servers run on a channel per server (stream_sender), as wok's balancer
+    # does: one gRPC channel over them all would refuse a list of mixed address families.
+    per_server = cfg.rpc == "stream" and len(target_list(cfg.target)) > 1
+    if pick_balancer(cfg.balancer, cfg.rpc, cfg.target) == "grpc" and not per_server:
         with Client(cfg.target, tls=cfg.tls, token=cfg.token, retries=cfg.retries) as client:
             return [client.model_metadata(name, timeout=30) for name in names]
     import asyncio

@@ -10,8 +10,12 @@ still says SERVING. gRPC core's client has no hedging and no outlier detection o
 This module does both, above gRPC:
 
 Replicas. `target` is "host:port", several of them ("a:p,b:p" or a list), or "dns:///name:port".
-Every address a name resolves to (`loop.getaddrinfo`; IPv4 preferred when a name has both)
-is one replica with a grpc.aio channel of its own, with wok's keepalive options and health
+Every address a name resolves to (`loop.getaddrinfo`) is one replica, of one family: when a
+name has both (`localhost`: 127.0.0.1 and ::1), those its server accepts TCP connections on,
+probed at each lookup (`accepting`), as gRPC reaches one name over either family; IPv4 when it
+accepts on both, so a dual-stack server is one replica, not two; when on neither (not up yet)
+the family it had, else IPv4, and the name is looked up again within a second until it does.
+A replica has a grpc.aio channel of its own, with wok's keepalive options and health
 checking (`channel_options(retries=False)`): the channel reports TRANSIENT_FAILURE while its
 server is NOT_SERVING or gone, READY when it serves; a watcher task per replica follows
 `get_state()` / `wait_for_state_change`. gRPC's retries are off on these channels: the
@@ -111,7 +115,7 @@ from typing import Any
 
 import grpc
 
-from .channel import channel_options, open_channel, split_host_port
+from .channel import PROBE_TIMEOUT_S, accepted_families, channel_options, family_of, open_channel, split_host_port
 
 CODE = grpc.StatusCode
 STATE = grpc.ChannelConnectivity
@@ -120,6 +124,7 @@ RETRYABLE = frozenset({CODE.UNAVAILABLE})
 LATENCY_WINDOW = 512  # OK attempts kept for the auto hedge delay
 LATENCY_EVERY = 64  # recompute the quantile every this many OK attempts
 SCHEMA = "wok.balancer/1"
+UNDECIDED_RESOLVE_S = 1.0  # look a name up again this soon while its server accepted on neither family
 STOPPED = "the balancer was stopped"
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -191,11 +196,29 @@ def _address(ip: str, port: int) -> str:
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
-    """The addresses of `host` as "ip:port" (IPv4 when it has any, else IPv6), by `loop.getaddrinfo`."""
+    """The addresses of `host` as "ip:port" or "[v6]:port", IPv4 first, by `loop.getaddrinfo`;
+    the balancer keeps one family of them (`Balancer`, `accepting`)."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     v4 = [i[4][0] for i in infos if i[0] == socket.AF_INET]
     v6 = [i[4][0] for i in infos if i[0] == socket.AF_INET6]
-    return [_address(ip, port) for ip in dict.fromkeys(v4 or v6)]
+    return [_address(ip, port) for ip in dict.fromkeys(v4 + v6)]
+
+
+async def accepting(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> set[str]:
+    """Those of `addresses` ("ip:port", "[v6]:port") that accept a TCP connection within `timeout`
+    seconds, all tried at once; the connections are closed at once, nothing is sent on them."""
+
+    async def probe(address: str) -> bool:
+        host, port = split_host_port(address)
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        writer.close()
+        return True
+
+    unique = list(dict.fromkeys(addresses))
+    return {a for a, ok in zip(unique, await asyncio.gather(*map(probe, unique))) if ok}
 
 
 @dataclass(eq=False)
@@ -282,6 +305,7 @@ class Balancer:
         self._tasks: set[asyncio.Task] = set()
         self._closing: set[asyncio.Task] = set()  # of _tasks: channels of replicas no longer resolved
         self._resolver_task: asyncio.Task | None = None
+        self._undecided = False  # a name's server accepted on neither of its families at the last lookup
         self._changed: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = self._stopped = False
@@ -346,6 +370,7 @@ class Balancer:
     async def _resolve_all(self, strict: bool) -> dict[str, str] | None:
         """{address: target name}; None when a name did not resolve and not `strict` (keep the old set)."""
         out: dict[str, str] = {}
+        self._undecided = False
         for host, port in self.targets:
             ip = _literal(host)
             if ip is not None:
@@ -357,9 +382,23 @@ class Balancer:
                 if strict:
                     raise ValueError(f"target {host}:{port}: cannot resolve {host!r}: {exc}") from None
                 return None
-            for a in found:
-                out.setdefault(a, f"{host}:{port}")
+            name = f"{host}:{port}"
+            for a in await self._one_family(name, found):
+                out.setdefault(a, name)
         return out
+
+    async def _one_family(self, name: str, found: list[str]) -> list[str]:
+        """Those of a name's addresses of the family its server accepts TCP connections on: IPv4 when
+        both (a dual-stack server is one replica, not two); when neither (not up yet, or down), the
+        family its replicas have now, else IPv4, and the name is looked up again within a second."""
+        if len({family_of(a) for a in found}) < 2:
+            return found
+        families = accepted_families(found, await accepting(found))
+        if not families:
+            self._undecided = True
+            families = {family_of(r.address) for r in self.replicas.values() if r.name == name and not r.removed}
+        family = socket.AF_INET if socket.AF_INET in families or not families else socket.AF_INET6
+        return [a for a in found if family_of(a) == family]
 
     def _update(self, addresses: dict[str, str]) -> None:
         for address, name in addresses.items():
@@ -410,7 +449,10 @@ class Balancer:
 
     async def _re_resolve(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.resolve_every_s)
+            # A server that accepted on neither family was given IPv4 (or its replicas' family)
+            # by guess: a server coming up on the other must not wait resolve_every_s for calls.
+            every = self.settings.resolve_every_s
+            await asyncio.sleep(min(every, UNDECIDED_RESOLVE_S) if self._undecided else every)
             addresses = await self._resolve_all(strict=False)
             if addresses:  # a failed or empty lookup keeps the replicas we have
                 self._update(addresses)

@@ -3,11 +3,15 @@
 gRPC balances over several servers only when one channel names them all: several
 "host:port" targets become one `ipv4:a:p,b:p` (or `ipv6:[a]:p,...`) URI, and every
 channel asks for `round_robin`, so a `dns:///name:port` that resolves to several
-servers is balanced too. A single target is passed to gRPC as given; a list in one string,
-"a:p,b:p", is several targets. With TLS, a channel over several targets checks every server's
-certificate against the first target's host (`channel_authority`): gRPC gives one channel one
-authority, so each server's certificate must name that host (or pass
-`grpc.ssl_target_name_override`); wok's own balancer checks each server by its own name.
+servers is balanced too. Such a URI lists addresses of one family: a name that resolves to
+both (`localhost`: 127.0.0.1 and ::1) gives those its server accepts TCP connections on, probed
+(`accepting`), as gRPC itself reaches one name over either family; targets that need both
+families cannot share a channel (ValueError naming them). A single target is passed to gRPC
+as given; a list in one string, "a:p,b:p", is several targets. With TLS, a channel over
+several targets checks every server's certificate against the first target's host
+(`channel_authority`): gRPC gives one channel one authority, so each server's certificate
+must name that host (or pass `grpc.ssl_target_name_override`); wok's own balancer checks
+each server by its own name.
 
 Health checking: the service config asks gRPC to watch each server's `grpc.health.v1`
 status of the service "" (`healthCheckConfig`), so a server that turns NOT_SERVING (wok
@@ -65,14 +69,17 @@ too, where it can be read on the way: use it with TLS beyond loopback).
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import json
 import os
 import re
+import selectors
 import socket
 import ssl
 import tempfile
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,7 +163,11 @@ def channel_target(target: str | Sequence[str]) -> str:
     "ipv4:a:p,b:p") is returned as is; a string "a:p,b:p" without a scheme is a list of
     several. Several must each be "host:port" or "[v6]:port";
     host names among them are resolved here, once, because a gRPC URI can list several
-    addresses but not several names. All must share one address family (IPv4 preferred).
+    addresses but not several names, and of one address family only. A name with addresses of
+    both families gets those of the family its server accepts TCP connections on (probed,
+    `accepting`); one that accepts on both (a dual-stack server: one server, listed once) or on
+    neither (not up yet) gets the other targets' family, IPv4 if they leave it open.
+    ValueError when the targets need both families.
     """
     targets = target_list(target)
     if not targets:
@@ -164,11 +175,26 @@ def channel_target(target: str | Sequence[str]) -> str:
     if len(targets) == 1:
         return targets[0]
     resolved = [_addresses(t) for t in targets]
-    for family, scheme in ((socket.AF_INET, "ipv4"), (socket.AF_INET6, "ipv6")):
-        if all(family in r for r in resolved):
-            addrs = dict.fromkeys(a for r in resolved for a in r[family])
-            return f"{scheme}:" + ",".join(addrs)
-    raise ValueError(f"targets {targets} do not share an address family (IPv4 or IPv6)")
+    both = [a for r in resolved if len(r) > 1 for addrs in r.values() for a in addrs]
+    accepted = accepting(both) if both else set()
+    needs: dict[socket.AddressFamily, tuple[str, str]] = {}  # family: (the first target needing it, why)
+    for t, r in zip(targets, resolved):
+        if len(r) == 1:
+            needs.setdefault(next(iter(r)), (t, "its only family"))
+            continue
+        families = accepted_families([a for addrs in r.values() for a in addrs], accepted)
+        if len(families) == 1:  # else either will do: a dual-stack server, or one not up yet
+            needs.setdefault(families.pop(), (t, "the one family its server accepts connections on"))
+    if len(needs) > 1:
+        (t4, why4), (t6, why6) = needs[socket.AF_INET], needs[socket.AF_INET6]
+        raise ValueError(
+            f"targets {t4!r} (IPv4: {why4}) and {t6!r} (IPv6: {why6}) need different address families, and one "
+            "gRPC channel lists addresses of one family; give targets of one family, or use the wok balancer "
+            "(AsyncClient(..., balancer='wok'), wok bench --balancer wok): it opens a channel per address"
+        )
+    family = next(iter(needs), socket.AF_INET)
+    scheme = "ipv4" if family == socket.AF_INET else "ipv6"
+    return f"{scheme}:" + ",".join(dict.fromkeys(a for r in resolved for a in r[family]))
 
 
 def channel_authority(target: str | Sequence[str]) -> str | None:
@@ -223,6 +249,64 @@ def _addresses(target: str) -> dict[socket.AddressFamily, list[str]]:
         else:
             out.setdefault(socket.AF_INET6, []).append(f"[{ip}]:{port}")
     return out
+
+
+PROBE_TIMEOUT_S = 0.25  # a loopback or LAN connect takes well under a millisecond
+
+
+def family_of(address: str) -> socket.AddressFamily:
+    """AF_INET6 for "[v6]:port", else AF_INET."""
+    return socket.AF_INET6 if address.startswith("[") else socket.AF_INET
+
+
+def accepted_families(addresses: Sequence[str], accepted: Collection[str]) -> set[socket.AddressFamily]:
+    """The families of those of one name's `addresses` ("ip:port", "[v6]:port") that are among
+    `accepted` (those that took a probe's TCP connection): both for a dual-stack server, none for
+    one not up yet."""
+    return {family_of(a) for a in addresses if a in accepted}
+
+
+def accepting(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> set[str]:
+    """Those of `addresses` ("ip:port", "[v6]:port") that accept a TCP connection within `timeout`
+    seconds, all tried at once; the connections are closed at once, nothing is sent on them."""
+    accepted: set[str] = set()
+    selector = selectors.DefaultSelector()
+    try:
+        for address in dict.fromkeys(addresses):
+            parsed = split_host_port(address)
+            if parsed is None:
+                raise ValueError(f"address {address!r}: expected ip:port or [ipv6]:port")
+            try:
+                sock = socket.socket(family_of(address), socket.SOCK_STREAM)
+            except OSError:  # no such family on this host (IPv6 turned off): nothing accepts there
+                continue
+            sock.setblocking(False)
+            err = sock.connect_ex(parsed)
+            if err == 0:
+                accepted.add(address)
+            if err in _IN_PROGRESS:
+                selector.register(sock, selectors.EVENT_WRITE, address)
+            else:  # connected already, or refused, unreachable: known now
+                sock.close()
+        deadline = time.monotonic() + timeout
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for key, _ in selector.select(left):
+                sock = key.fileobj
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    accepted.add(key.data)
+                selector.unregister(sock)
+                sock.close()
+    finally:
+        for key in list(selector.get_map().values()):
+            key.fileobj.close()
+        selector.close()
+    return accepted
+
+
+_IN_PROGRESS = {errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN, getattr(errno, "WSAEWOULDBLOCK", -1)}
 
 
 @dataclass(frozen=True, repr=False)

@@ -374,6 +374,13 @@ def test_the_pool_is_built_through_the_balancer_the_workers_use(bench_server, st
     assert result["config"]["balancer"] == "wok" and len(result["balancer"]["replicas"]) == 2
     (step,) = result["steps"]
     assert step["success_rate"] == 1.0
+    # Streams to several servers run on a channel per server: the pool's metadata comes through
+    # one per server too, not through one gRPC channel, which refuses the two families.
+    cfg.rpc, cfg.balancer = "stream", None
+    result = Ramp(cfg, progress=lambda _: None).run()
+    assert result["config"]["balancer"] == "grpc" and result["config"]["rpc"] == "stream"
+    (step,) = result["steps"]
+    assert step["success_rate"] == 1.0
 
 
 class _Clocked(Ramp):

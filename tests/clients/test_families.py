@@ -1,0 +1,209 @@
+"""A name with both address families (`localhost`: 127.0.0.1 and ::1) against servers on one
+family or both: the wok balancer and a list of targets for gRPC's balancer reach each server on
+the family it listens on, and a dual-stack server is one replica.
+
+This machine's /etc/hosts maps localhost to 127.0.0.1 only, so the names' addresses are given
+by a resolver (the balancer's `resolver=`) or a stand-in getaddrinfo. A port's other family is
+held by a socket bound without listening, so a connection there is refused, not taken by some
+other server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from wok.clients.balancer import Balancer, BalancerSettings
+from wok.clients.channel import channel_target
+from wok.v2pb import grpc_service_pb2 as pb
+
+pytestmark = pytest.mark.timeout(60)
+METHOD = "/inference.GRPCInferenceService/ModelInfer"
+REQUEST = pb.ModelInferRequest(model_name="m").SerializeToString()
+
+
+def refusing(host: str, port: int = 0) -> socket.socket:
+    """A socket bound to host:port that does not listen (yet): connections there are refused."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    # A connection of another test in TIME_WAIT on the port must not stop the bind.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def port_pair() -> tuple[socket.socket, socket.socket]:
+    """Sockets on 127.0.0.1:P and [::1]:P, one port P, bound without listening."""
+    for _ in range(50):
+        v4 = refusing("127.0.0.1")
+        try:
+            return v4, refusing("::1", port_of(v4))
+        except OSError:  # taken on ::1: another port
+            v4.close()
+    raise RuntimeError("no port free on both 127.0.0.1 and ::1 in 50 tries")
+
+
+def port_of(sock: socket.socket) -> int:
+    return sock.getsockname()[1]
+
+
+@pytest.fixture
+def stub_at(stub):
+    """`stub_at("a", "[::1]", port)`: conftest's Stub, listening on that address only
+    ("[::]" for both families)."""
+
+    class At(stub):
+        def __init__(self, name: str, host: str, port: int = 0) -> None:
+            super().__init__(name)
+            self.host, self.bind_port = host, port
+
+        async def __aenter__(self):
+            self.server = grpc.aio.server()
+            handler = grpc.unary_unary_rpc_method_handler(self.infer)
+            self.server.add_generic_rpc_handlers(
+                [grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler})]
+            )
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+            self.port = self.server.add_insecure_port(f"{self.host}:{self.bind_port}")
+            await self.server.start()
+            await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+            return self
+
+    return At
+
+
+@contextlib.contextmanager
+def v6_port():
+    """A port free on ::1 whose IPv4 loopback address refuses connections."""
+    v4, v6 = port_pair()
+    v6.close()
+    try:
+        yield port_of(v4)
+    finally:
+        v4.close()
+
+
+def both(port: int):
+    """A resolver for a name with both families, as `localhost` has on most systems."""
+
+    async def resolver(host: str, p: int) -> list[str]:
+        return [f"127.0.0.1:{port}", f"[::1]:{port}"]
+
+    return resolver
+
+
+async def answer(bal: Balancer) -> str:
+    return pb.ModelInferResponse.FromString(await bal.unary_unary(METHOD)(REQUEST, timeout=10)).model_name
+
+
+async def test_the_balancer_reaches_a_name_over_the_family_its_server_listens_on(stub_at):
+    """A server on ::1 only (`wok serve --host ::1`): the name's IPv4 address was the replica,
+    every call failed with UNAVAILABLE (connection refused) while gRPC itself connected."""
+    with v6_port() as port:
+        async with stub_at("a", "[::1]", port) as a, Balancer("box:1", resolver=both(a.port)) as bal:
+            assert list(bal.replicas) == [f"[::1]:{port}"]
+            assert await answer(bal) == "a"
+
+
+async def test_a_dual_stack_server_is_one_replica_on_ipv4(stub_at):
+    async with stub_at("a", "[::]") as a, Balancer("box:1", resolver=both(a.port)) as bal:
+        assert list(bal.replicas) == [f"127.0.0.1:{a.port}"]
+        assert await answer(bal) == "a"
+
+
+async def test_the_system_resolver_gives_the_balancer_both_families(stub_at, monkeypatch):
+    """The system resolver itself dropped a name's IPv6 addresses when it had IPv4 ones."""
+    loop = asyncio.get_running_loop()
+    real = loop.getaddrinfo
+
+    async def getaddrinfo(host, port, **kw):
+        if host != "box":
+            return await real(host, port, **kw)
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+        ]
+
+    monkeypatch.setattr(loop, "getaddrinfo", getaddrinfo)
+    with v6_port() as port:
+        async with stub_at("a", "[::1]", port), Balancer(f"box:{port}") as bal:
+            assert list(bal.replicas) == [f"[::1]:{port}"]
+            assert await answer(bal) == "a"
+
+
+async def test_a_server_not_up_yet_gets_its_family_at_a_lookup_soon_after(stub_at):
+    """Neither family accepts at the start: IPv4 by guess, and the name is looked up again
+    within a second (not resolve_every_s, 30 s) until its server, on ::1, accepts."""
+    v4, v6 = port_pair()
+    port = port_of(v4)
+    try:
+        async with Balancer("box:1", resolver=both(port), settings=BalancerSettings(hedge_after=None)) as bal:
+            assert list(bal.replicas) == [f"127.0.0.1:{port}"]
+            v6.close()
+            async with stub_at("a", "[::1]", port):
+                await bal.wait_for(lambda: list(bal.replicas) == [f"[::1]:{port}"], 10)
+                assert await answer(bal) == "a"
+    finally:
+        v4.close()
+        v6.close()
+
+
+async def test_probes_find_the_addresses_that_accept():
+    from wok.clients import balancer, channel
+
+    (v4, no6), (no4, v6) = port_pair(), port_pair()  # a listener on each family, refused on the other
+    v4.listen()
+    v6.listen()
+    try:
+        addresses = [f"127.0.0.1:{port_of(v4)}", f"[::1]:{port_of(v4)}", f"127.0.0.1:{port_of(v6)}"]
+        addresses.append(f"[::1]:{port_of(v6)}")
+        expected = {f"127.0.0.1:{port_of(v4)}", f"[::1]:{port_of(v6)}"}
+        assert channel.accepting(addresses) == expected
+        assert await balancer.accepting(addresses) == expected
+        assert channel.accepted_families(addresses[:2], expected) == {socket.AF_INET}
+    finally:
+        for s in (v4, v6, no4, no6):
+            s.close()
+
+
+def test_several_targets_take_the_family_each_server_accepts_on(monkeypatch):
+    """`--target localhost:A,localhost:B` for gRPC's balancer: one URI of IPv4 addresses, so a
+    server on ::1 only got none of the calls (or every call failed when all were on ::1)."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host != "box":
+            return real(host, port, *args, **kwargs)
+        return [
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+        ]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    (no_a, a6), (no_b, b6), (c4, no_c) = port_pair(), port_pair(), port_pair()
+    for sock in (a6, b6, c4):
+        sock.listen()
+    dual = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    held = [no_a, no_b, no_c]
+    try:
+        a, b, c, d = (port_of(s) for s in (a6, b6, c4, dual))
+        assert channel_target([f"box:{a}", f"box:{b}"]) == f"ipv6:[::1]:{a},[::1]:{b}"
+        # A dual-stack server goes with the other targets' family, listed once.
+        assert channel_target([f"box:{d}", f"box:{a}"]) == f"ipv6:[::1]:{d},[::1]:{a}"
+        assert channel_target([f"box:{d}", f"box:{c}"]) == f"ipv4:127.0.0.1:{d},127.0.0.1:{c}"
+        # Mixed: no one URI reaches both; the error names them and their families.
+        with pytest.raises(ValueError, match=rf"'box:{c}' \(IPv4.*'box:{a}' \(IPv6.*balancer='wok'"):
+            channel_target([f"box:{c}", f"box:{a}"])
+        with pytest.raises(ValueError, match=rf"'10.0.0.1:1' \(IPv4: its only family\).*'box:{a}' \(IPv6"):
+            channel_target(["10.0.0.1:1", f"box:{a}"])
+    finally:
+        for s in (a6, b6, dual, c4, *held):
+            s.close()
