@@ -10,7 +10,8 @@ every `wok` module it loaded comes from there, and that its batcher.py is REV's 
 There it builds a real Batcher on a real Executor with a trivial servable (the input times 2; one
 instance on the CPU, pipeline depth 2) on uvloop, and drives requests of one row through it in a
 closed loop: WINDOW in flight, each answer's done callback submitting the next request, so the
-queue stays full and every batch leaves at the max batch size. What it measures is the loop
+queue stays full and every batch leaves at the max batch size (except in slo_200keys, whose 256 in
+flight over 200 keys leave by the slo policy's rules, a few a batch). What it measures is the loop
 thread's CPU time (time.thread_time) per request: the batcher's submit, its passes, the timer,
 the answers' callbacks; the model worker's thread is left out. Per case: a warm-up run, then
 RUNS_PER_PROCESS measured runs, whose median is the process's figure. Each rep runs every
@@ -43,12 +44,17 @@ MAX_BATCH = 8
 DELAY_MS = 2.0  # the fixed policy's max_queue_delay_ms; never reached while the queue is full
 TIMEOUT_S = 10.0  # the V2 timeout of the cases that send one: far beyond any answer's wait
 RUNS_PER_PROCESS = 3
-# name -> (policy, keys, V2 timeout in s or None): keys are batch keys, taken round robin.
+# name -> (policy, keys, V2 timeout in s or None, requests in flight): keys are batch keys, taken
+# round robin. The saturated cases keep WINDOW in flight, so every batch leaves full.
+# slo_200keys spreads 256 in flight over 200 keys: a key's queue holds a few requests at most, its
+# batches leave by the slo rules (idle, deadline), not full, and every decision faces some 200
+# non-empty queues: what a choice linear in the keys costs.
 CASES = {
-    "fixed_1key": ("fixed", 1, None),
-    "fixed_1key_timeout": ("fixed", 1, TIMEOUT_S),
-    "fixed_4keys_timeout": ("fixed", 4, TIMEOUT_S),
-    "slo_1key": ("slo", 1, None),
+    "fixed_1key": ("fixed", 1, None, WINDOW),
+    "fixed_1key_timeout": ("fixed", 1, TIMEOUT_S, WINDOW),
+    "fixed_4keys_timeout": ("fixed", 4, TIMEOUT_S, WINDOW),
+    "slo_1key": ("slo", 1, None, WINDOW),
+    "slo_200keys": ("slo", 200, None, 256),
 }
 
 
@@ -60,6 +66,17 @@ def whole_batches(requests: int, keys: int) -> int:
     """`requests` rounded down to a whole number of full batches per key (at least one each): the
     last batch of a key is then as full as the others, and requests per batch reads MAX_BATCH."""
     return max(1, requests // (keys * MAX_BATCH)) * keys * MAX_BATCH
+
+
+def saturated(case: str) -> bool:
+    """Whether every batch of `case` leaves full: each key's share of the window fills whole batches."""
+    _, keys, _, window = CASES[case]
+    return window >= keys * MAX_BATCH
+
+
+def case_requests(case: str, requests: int) -> int:
+    """A run's requests: whole batches per key where the case is saturated, else `requests` as asked."""
+    return whole_batches(requests, CASES[case][1]) if saturated(case) else requests
 
 
 def git_blob(data: bytes) -> str:
@@ -135,7 +152,7 @@ def child(job: dict) -> dict:
     inputs = {"INPUT0": np.ones((1, 4), np.float32)}
 
     async def one_run(case: str, count: int) -> dict:
-        policy_name, nkeys, timeout = CASES[case]
+        policy_name, nkeys, timeout, window = CASES[case]
         policy = BatchingPolicy(MAX_BATCH, DELAY_MS / 1e3, ())
         slo = SloPolicy(10.0, MAX_BATCH, 1, seed=(1e-4, 1e-5)) if policy_name == "slo" else None
         batcher = Batcher("dbl", executor, policy, ModelStats("dbl"), slo=slo)
@@ -165,7 +182,7 @@ def child(job: dict) -> dict:
                 done.set_result(None)
 
         cpu0, wall0 = time.thread_time(), clock()
-        for _ in range(min(WINDOW, count)):
+        for _ in range(min(window, count)):
             send()
         await done
         cpu1, wall1 = time.thread_time(), clock()
@@ -180,9 +197,8 @@ def child(job: dict) -> dict:
     async def main() -> dict:
         out = {}
         for case in job["cases"]:
-            nkeys = CASES[case][1]
-            await one_run(case, whole_batches(job["warmup"], nkeys))
-            count = whole_batches(job["n"], nkeys)
+            await one_run(case, case_requests(case, job["warmup"]))
+            count = case_requests(case, job["n"])
             runs = [await one_run(case, count) for _ in range(RUNS_PER_PROCESS)]
             out[case] = {"requests": count, **{k: statistics.median(r[k] for r in runs) for k in runs[0]}}
             out[case]["runs_loop_cpu_us_per_request"] = [r["loop_cpu_us_per_request"] for r in runs]
@@ -434,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         "orders": orders,
         "n": args.n,
         "warmup": args.warmup,
-        "cases": {c: dict(zip(("policy", "keys", "timeout_s"), CASES[c])) for c in cases},
+        "cases": {c: dict(zip(("policy", "keys", "timeout_s", "window"), CASES[c])) for c in cases},
         "window": WINDOW,
         "max_batch_size": MAX_BATCH,
         "max_queue_delay_ms": DELAY_MS,

@@ -30,9 +30,11 @@ requests predicted to miss their deadline behind the queue ahead of them are ref
 (DeadlineUnmeetable), and at dispatch a request expected to finish after its deadline (its batch
 started when its instance is predicted free) is dropped. Across batch keys it serves the most
 urgent queue first (priority level, then deadline), as admission assumes, and a full batch for
-a spare slot goes to the busy instance predicted free first. The `slo` decisions scan the
-non-empty queues (a model has few batch keys); the pass that fails expired requests at each wake
-does not (a heap of the queues' earliest deadlines).
+a spare slot goes to the busy instance predicted free first. The `slo` decisions visit the
+queues most urgent first (a heap of the queues' ranks) and stop at the first that is due, so with
+many batch keys a decision costs the queues more urgent than the one chosen, not every key (all of
+them only when none is due, for the wait); the pass that fails expired requests at each wake visits
+the queues due (a heap of the queues' earliest deadlines).
 """
 
 from __future__ import annotations
@@ -77,7 +79,10 @@ QUEUED, RUNNING, DONE, WITHDRAWN = range(4)
 class Pending:
     """One request's life in the batcher."""
 
-    inputs: dict[str, np.ndarray]
+    # None once its batch is dispatched: the executor holds its own list of them, and a request
+    # answered can outlive that in the batcher (a dead entry in a deadline heap, until it leaves
+    # from the top) without holding its arrays.
+    inputs: dict[str, np.ndarray] | None
     rows: int
     key: Hashable
     arrival: float  # time.perf_counter() when it joined the queue
@@ -137,6 +142,13 @@ class _Queue:
     # entry's deadline (inf: none), never later than the queue's earliest live deadline.
     due_seq: int = -1
     due: float = math.inf
+    # slo policy: likewise its one live entry in the batcher's heap of queue ranks, and that entry's
+    # rank (level, deadline), never less urgent than the queue's own (`Batcher._urgency`).
+    rank_seq: int = -1
+    rank: tuple[float, float] = (math.inf, math.inf)
+    # When it joined the batcher's dict of queues: among equal ranks the one that joined first goes
+    # first, as the dict's order had it when the slo choice scanned the dict.
+    created: int = 0
 
     @property
     def entries(self):
@@ -246,6 +258,13 @@ class Batcher:
         self._deadline_fifo: deque[Pending] = deque()
         self._deadlines: list[tuple[float, int, Pending]] = []
         self._dues: list[tuple[float, int, Hashable]] = []
+        # slo policy: the queues by rank, (level, deadline, created, seq, key), one live entry per
+        # non-empty queue (seq == its rank_seq) whose rank is never less urgent than the queue's,
+        # fixed lazily when it reaches the top: the choice visits the queues most urgent first and
+        # stops at the first that is due. And the keys whose queues emptied since the last choice
+        # (it drops those still empty, as its scan of every queue did).
+        self._ranks: list[tuple[float, float, int, int, Hashable]] = []
+        self._emptied: set[Hashable] = set()
         self._failed: BaseException | None = None
         # Called (on the loop) once if the batching task fails: the server marks the model not serving.
         self.on_failed: Callable[[BaseException], None] | None = None
@@ -387,7 +406,7 @@ class Batcher:
         p = Pending(inputs, rows, key, now, deadline, self._loop.create_future(), level=level, probe=probe)
         q = self._queues.get(key)
         if q is None:
-            q = self._queues[key] = _Queue()
+            q = self._queues[key] = _Queue(created=next(self._seq))
         idle = self._queued == 0
         if idle:
             self._queued_since = p.arrival
@@ -418,6 +437,11 @@ class Batcher:
         else:
             slo.arrived(key, now, rows)
             self._push_deadline(key, q, p)
+            # Its most urgent level present and its heap's earliest deadline: no less urgent than
+            # the queue's rank now (this request counted), so the heap's order stays exact.
+            rank = (q.order[0], q.deadlines[0][0])
+            if q.rank_seq < 0 or rank < q.rank:
+                self._push_rank(key, q, rank)
             n = q.samples
             wake = (
                 wake
@@ -506,6 +530,54 @@ class Batcher:
             self._dues = dues = [e for e in dues if e[2] in queues and queues[e[2]].due_seq == e[1]]
             heapq.heapify(dues)
 
+    def _push_rank(self, key: Hashable, q: _Queue, rank: tuple[float, float]) -> None:
+        """Make (rank, key) the queue's one live entry in the heap of queue ranks."""
+        seq = next(self._seq)
+        q.rank_seq, q.rank = seq, rank
+        ranks = self._ranks
+        heapq.heappush(ranks, (rank[0], rank[1], q.created, seq, key))
+        if len(ranks) > 2 * len(self._queues) + 64:
+            # A queue dropped, or one that got a more urgent request, leaves a stale entry until it
+            # reaches the top: rebuilt, amortized O(1).
+            queues = self._queues
+            self._ranks = ranks = [e for e in ranks if e[4] in queues and queues[e[4]].rank_seq == e[3]]
+            heapq.heapify(ranks)
+
+    def _next_ranked(self, passed: list) -> tuple[Hashable, _Queue, tuple[float, float]] | None:
+        """slo policy: the most urgent non-empty queue left in the heap of ranks (ties: the one that
+        joined first), as (key, queue, rank); its entry moves onto `passed`, which the caller
+        gives back (`_unpass`). None when no queue is left."""
+        ranks = self._ranks
+        queues = self._queues
+        while ranks:
+            level, deadline, created, seq, key = ranks[0]
+            q = queues.get(key)
+            if q is None or seq != q.rank_seq:  # superseded by the queue's newer entry, or its queue is gone
+                heapq.heappop(ranks)
+                continue
+            if q.samples <= 0:  # the choice drops it; a request that comes first pushes a new entry
+                heapq.heappop(ranks)
+                q.rank_seq, q.rank = -1, (math.inf, math.inf)
+                continue
+            rank = self._urgency(q)
+            if rank[0] != level or rank[1] != deadline:  # requests left: requeue at its rank now
+                seq = next(self._seq)
+                q.rank_seq, q.rank = seq, rank
+                heapq.heapreplace(ranks, (rank[0], rank[1], created, seq, key))
+                continue
+            # Exact, and every other entry is no less urgent than its queue: this is the next.
+            passed.append(heapq.heappop(ranks))
+            return key, q, rank
+        return None
+
+    def _unpass(self, passed: list) -> None:
+        """Put back the entries `_next_ranked` took (still exact: nothing changed their queues)."""
+        if not self._ranks:
+            self._ranks = passed  # taken in order: already a heap
+            return
+        for entry in passed:
+            heapq.heappush(self._ranks, entry)
+
     def _earliest_deadline(self, q: _Queue) -> float:
         """The earliest deadline among a queue's live requests (slo policy); inf when none."""
         heap = q.deadlines
@@ -518,6 +590,7 @@ class Batcher:
         if p.state == QUEUED:
             self._forget(p)
             p.state = WITHDRAWN
+            p.inputs = None  # its entries stay until they reach a front; its caller is gone
 
     def _forget(self, p: Pending) -> None:
         q = self._queues[p.key]
@@ -532,6 +605,8 @@ class Batcher:
             self._level_samples[p.level] = left
         else:  # only the levels with queued samples stay: clients choose the levels
             del self._level_samples[p.level]
+        if q.samples <= 0 and self.slo is not None:
+            self._emptied.add(p.key)
         self._queued -= 1
         if self._queued == 0:
             self._queued_since = None
@@ -804,42 +879,49 @@ class Batcher:
         more urgent than that one and would pass its latest start while that batch runs. The
         wait is to the earliest latest start, or to when the arrival rate will have decayed
         enough for the idle rule to flush what is queued.
+
+        The queues are visited most urgent first (the heap of ranks) up to the first that is due:
+        the more urgent ones, not due, are those that could be pressed. Only when none is due
+        does it visit every queue (for the wait).
         """
         slo = self.slo
         slo.max_batch_size = self.policy.max_batch_size  # set_policy may have changed it
         flush_size = self.policy.flush_size
-        best = None
+        if self._emptied:
+            queues = self._queues
+            for key in self._emptied:
+                q = queues.get(key)
+                if q is not None and q.samples <= 0:
+                    del queues[key]  # its dead entries go with it
+            self._emptied.clear()
         wake = math.inf
-        for key, q in list(self._queues.items()):
-            if q.samples <= 0:
-                del self._queues[key]  # its dead entries go with it
-                continue
-            rank = self._urgency(q)
-            if self._stopping:  # every queue is due: the most urgent goes first, full or not
-                if best is None or rank < best[2]:
-                    best = (key, q, rank, "drain")
-                continue
-            n = q.samples
-            start_by = slo.latest_start(key, rank[1], n)
-            if n >= flush_size:
-                reason = "size"
-            elif start_by <= now:
-                reason = "deadline"
-            elif n >= slo.idle_target(key, now):
-                reason = "idle"
-            else:
-                wake = min(wake, start_by, slo.idle_flush_at(key, n, now))
-                continue
-            if best is None or rank < best[2]:
-                best = (key, q, rank, reason)
-        if best is not None:
-            key, q, rank, reason = best
-            if reason == "drain":
+        waiting = []  # the queues not due, most urgent first: (key, queue, rank, latest start)
+        passed: list = []
+        try:
+            while (found := self._next_ranked(passed)) is not None:
+                key, q, rank = found
+                if self._stopping:  # every queue is due: the most urgent goes first, full or not
+                    return key, q, "drain", None
+                n = q.samples
+                start_by = slo.latest_start(key, rank[1], n)
+                if n >= flush_size:
+                    reason = "size"
+                elif start_by <= now:
+                    reason = "deadline"
+                elif n >= slo.idle_target(key, now):
+                    reason = "idle"
+                else:
+                    wake = min(wake, start_by, slo.idle_flush_at(key, n, now))
+                    waiting.append((key, q, rank, start_by))
+                    continue
+                # The most urgent queue more urgent than this one whose latest start is before this batch's end.
+                end = now + slo.times.predict(key, min(n, slo.max_batch_size))
+                for other, oq, orank, ostart in waiting:
+                    if orank < rank and ostart < end:
+                        return other, oq, "deadline", None
                 return key, q, reason, None
-            pressed = self._pressed(rank, now + slo.times.predict(key, min(q.samples, slo.max_batch_size)))
-            if pressed is not None:
-                return pressed[0], pressed[1], "deadline", None
-            return key, q, reason, None
+        finally:
+            self._unpass(passed)
         return None, None, "", None if wake == math.inf else max(wake - now, 0.0)
 
     def _urgency(self, q: _Queue) -> tuple[float, float]:
@@ -850,14 +932,17 @@ class Batcher:
 
     def _pressed(self, rank: tuple[float, float], end: float) -> tuple[Hashable, _Queue] | None:
         """slo policy: the most urgent queue more urgent than `rank` whose latest start is before `end`."""
-        found = None
-        for key, q in self._queues.items():
-            if q.samples <= 0:
-                continue
-            r = self._urgency(q)
-            if r < rank and self.slo.latest_start(key, r[1], q.samples) < end and (found is None or r < found[2]):
-                found = (key, q, r)
-        return None if found is None else (found[0], found[1])
+        passed: list = []
+        try:
+            while (found := self._next_ranked(passed)) is not None:
+                key, q, r = found
+                if not r < rank:
+                    return None
+                if self.slo.latest_start(key, r[1], q.samples) < end:
+                    return key, q
+        finally:
+            self._unpass(passed)
+        return None
 
     def _push_head(self, key: Hashable, q: _Queue, arrival: float) -> None:
         """Make (arrival, key) the queue's one live entry in the heap of heads."""
@@ -997,6 +1082,7 @@ class Batcher:
         """Fail a request dropped at its batch: its deadline has passed, or would before the batch,
         `predicted` long from `start`, finished."""
         p.state = DONE
+        p.inputs = None
         if p.future.done():
             return
         if now >= p.deadline:
@@ -1044,6 +1130,8 @@ class Batcher:
             fut = self.executor.instances[inst].submit(
                 [p.inputs for p in reqs], [p.rows for p in reqs], slot, deadlines
             )
+            for p in reqs:
+                p.inputs = None
         except Exception as exc:  # e.g. the executor was shut down: fail this batch, keep going
             fut = concurrent.futures.Future()
             fut.set_exception(exc)
@@ -1181,6 +1269,8 @@ class Batcher:
         self._deadline_fifo.clear()
         self._deadlines.clear()
         self._dues.clear()
+        self._ranks.clear()
+        self._emptied.clear()
         self._full.clear()
         self._level_samples.clear()
         self._queued = 0

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import statistics
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -452,6 +454,40 @@ async def test_finished_requests_do_not_pile_up_behind_a_queued_one_with_a_late_
     assert b._deadline_fifo[0] is starved
     m.gate.set()
     await asyncio.wait_for(asyncio.gather(running.future, starved.future), 10)
+    await finish(b)
+
+
+async def test_a_dispatched_request_lets_go_of_its_inputs_so_an_answered_one_holds_no_arrays(gated):
+    # The executor takes its own list of a batch's inputs at dispatch and copies them into its slot.
+    # An answered request can outlive its caller in the batcher, as a dead entry of a deadline
+    # structure until it leaves from the top (up to twice the queue plus 64 of them, per queue with
+    # the slo policy), and each held its input arrays meanwhile.
+    s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=1)
+    b = make_batcher(s, ex)
+    x = np.full((1, 4), 3.0, np.float32)
+    held = weakref.ref(x)
+    p = b.submit({"INPUT0": x}, 1, None, time.perf_counter() + 60)
+    del x
+    out = await asyncio.wait_for(p.future, 10)
+    np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 6.0, np.float32))
+    assert p.inputs is None
+    # One more batch on the one worker: the first one's work (and its list of inputs) is gone by then.
+    await asyncio.wait_for(submit(b, 1.0).future, 10)
+    gc.collect()
+    assert held() is None
+    # A withdrawn one too (its caller gone), though its entries stay until they reach a front.
+    m.gate.clear()
+    running = submit(b, 0.0)
+    await wait_entered(m)
+    y = np.full((1, 4), 5.0, np.float32)
+    held = weakref.ref(y)
+    gone = b.submit({"INPUT0": y}, 1, None, time.perf_counter() + 60)
+    del y
+    b.withdraw(gone)
+    gc.collect()
+    assert gone.inputs is None and held() is None
+    m.gate.set()
+    await asyncio.wait_for(running.future, 10)
     await finish(b)
 
 

@@ -717,3 +717,208 @@ async def test_a_pass_over_many_keys_visits_only_the_queues_whose_deadline_is_du
         b.withdraw(b.submit(x, 1, ("gone", k), None, None))
         b._pick(time.perf_counter())  # drops the emptied queue
     assert len(b._dues) <= 2 * len(b._queues) + 64, len(b._dues)
+
+
+# -- the choice across many keys: sublinear, and the same as the scan it replaced -----------------
+
+
+def _scan_pick_slo(b: Batcher, now: float):
+    """The slo choice as it was: a scan of every queue (the reference the heap of ranks must match)."""
+    slo = b.slo
+    slo.max_batch_size = b.policy.max_batch_size
+    flush_size = b.policy.flush_size
+    best = None
+    wake = math.inf
+    for key, q in list(b._queues.items()):
+        if q.samples <= 0:
+            del b._queues[key]
+            continue
+        rank = b._urgency(q)
+        if b._stopping:
+            if best is None or rank < best[2]:
+                best = (key, q, rank, "drain")
+            continue
+        n = q.samples
+        start_by = slo.latest_start(key, rank[1], n)
+        if n >= flush_size:
+            reason = "size"
+        elif start_by <= now:
+            reason = "deadline"
+        elif n >= slo.idle_target(key, now):
+            reason = "idle"
+        else:
+            wake = min(wake, start_by, slo.idle_flush_at(key, n, now))
+            continue
+        if best is None or rank < best[2]:
+            best = (key, q, rank, reason)
+    if best is not None:
+        key, q, rank, reason = best
+        if reason == "drain":
+            return key, q, reason, None
+        pressed = _scan_pressed(b, rank, now + slo.times.predict(key, min(q.samples, slo.max_batch_size)))
+        if pressed is not None:
+            b.scan_pressed += 1
+            return pressed[0], pressed[1], "deadline", None
+        return key, q, reason, None
+    return None, None, "", None if wake == math.inf else max(wake - now, 0.0)
+
+
+def _scan_pressed(b: Batcher, rank, end):
+    found = None
+    for key, q in b._queues.items():
+        if q.samples <= 0:
+            continue
+        r = b._urgency(q)
+        if r < rank and b.slo.latest_start(key, r[1], q.samples) < end and (found is None or r < found[2]):
+            found = (key, q, r)
+    return None if found is None else (found[0], found[1])
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def _drive(
+    b: Batcher, clock: _Clock, seed: int, hot_keys: int, hot_share: float, step_ms: float, base_ms: float
+) -> list:
+    """A seeded sequence of arrivals (many keys, levels, client deadlines, some shared to the
+    nanosecond across keys), withdrawals, expiry passes, batch times learned per key, a busy
+    instance whose spare slot is offered only full batches, then a drain; every decision and every
+    batch formed, as (key, reason, wait, request numbers)."""
+    rng = np.random.default_rng(seed)
+    x = {"INPUT0": np.ones((1, 4), np.float32)}
+    keys = [f"k{i}" for i in range(120)]
+    hot = keys[:hot_keys]
+    sent: list = []
+    live: list = []
+    log: list = []
+    busy_until = -math.inf
+    running = None  # (key, samples, batch time) of the batch on the instance
+    for _ in range(1500):
+        clock.now += float(rng.uniform(0.0, step_ms * 1e-3))
+        now = clock.now
+        if running is not None and now >= busy_until:
+            key, samples, took = running
+            b.slo.observe_batch(key, samples, took)
+            b.slo.observe_hop(float(rng.uniform(0.05e-3, 0.3e-3)))
+            b._busy[0], running = 0, None
+        for _ in range(int(rng.integers(0, 3))):
+            key = hot[int(rng.integers(len(hot)))] if rng.random() < hot_share else keys[int(rng.integers(len(keys)))]
+            rows = int(rng.integers(1, 4))
+            level = [None, 1, 2, 3][int(rng.integers(4))]
+            u = rng.random()
+            # Client deadlines: none (the SLO's); on a 5 ms grid, so that queues tie on rank; a few ms
+            # away, so that a fresh queue not yet due is pressed by a less urgent one's batch; random.
+            grid = 1000.0 + 5e-3 * (math.ceil((now - 1000.0) / 5e-3) + 3 + int(rng.integers(40)))
+            if u < 0.35:
+                deadline = None
+            elif u < 0.6:
+                deadline = grid
+            elif u < 0.75:
+                deadline = now + float(rng.uniform(4e-3, 12e-3))
+            else:
+                deadline = now + float(rng.uniform(12e-3, 0.3))
+            try:
+                p = b.submit(x, rows, key, deadline, level)
+            except (DeadlineUnmeetable, DeadlineExceeded) as exc:
+                log.append(("refused", key, type(exc).__name__))
+                continue
+            sent.append(p)
+            live.append(p)
+        if live and rng.random() < 0.05:
+            p = live.pop(int(rng.integers(len(live))))
+            b.withdraw(p)
+        live = [p for p in live if p.state == QUEUED]
+        b._expire_due(now)
+        busy = running is not None
+        start = b._free_time(0, now)
+        key, q, reason, wait = b._pick(now, full_only=busy, start=start)
+        log.append(("pick", busy, key, reason, wait))
+        if q is None:
+            continue
+        batch = b._form(key, q, reason, now, start)
+        if batch is None:
+            continue
+        numbers = [sent.index(p) for p in batch.requests]
+        log.append(("batch", key, reason, numbers))
+        # Each key's batches take their own time, so that keys with fits of their own differ.
+        took = (base_ms + 0.5 * (int(key[1:]) % 7)) * 1e-3 + 0.2e-3 * batch.samples
+        b._free_at[0] = start + b.slo.times.predict(key, batch.samples)
+        if not busy:
+            b._busy[0] = 1
+            busy_until, running = now + took, (key, batch.samples, took)
+    b._stopping = True
+    while True:
+        key, q, reason, _ = b._pick(clock.now, start=clock.now)
+        if q is None:
+            break
+        batch = b._form(key, q, reason, clock.now, clock.now)
+        if batch is not None:
+            log.append(("batch", key, reason, [sent.index(p) for p in batch.requests]))
+    assert b.queued == 0
+    for p in sent:  # answered in no batch here: their futures are left; retrieve the failed ones
+        if p.future.done() and not p.future.cancelled():
+            p.future.exception()
+    return log
+
+
+# (seed, hot keys, their share of the arrivals, max ms between steps, each key's base batch ms)
+@pytest.mark.parametrize(
+    "drive", [(1, 2, 0.8, 2.0, 1.0), (1, 6, 0.4, 1.5, 2.0), (2, 3, 0.7, 1.5, 1.0)], ids=["light", "heavy", "mixed"]
+)
+async def test_the_choice_across_many_keys_is_the_one_a_scan_of_every_queue_makes(gated, monkeypatch, drive):
+    # The slo choice visits the queues by rank (a heap) and stops at the first due, instead of
+    # scanning every queue twice per batch. Two batchers on one fake clock get the same sequence;
+    # one chooses by the scan it replaced. Every decision, wait and batch must be the same.
+    from wok import batcher as batcher_module
+
+    clock = _Clock()
+    monkeypatch.setattr(batcher_module, "time", clock)
+    logs = []
+    for scan in (False, True):
+        s, _m, ex = gated(max_batch_size=8, depth=2)
+        # τ = 1 ms: a queue just joined is not due by the idle rule (λα above its samples) for a
+        # while, so that more urgent queues wait while others go.
+        slo = policy(120, 8, alpha_ms=3, beta_ms=0.2, margin_ms=0.5, tau_s=0.001)
+        b = make_batcher(s, ex, slo, start=False)
+        if scan:
+            b.scan_pressed = 0
+            b._pick_slo = lambda now, b=b: _scan_pick_slo(b, now)
+            b._pressed = lambda rank, end, b=b: _scan_pressed(b, rank, end)
+        clock.now = 1000.0
+        logs.append(_drive(b, clock, *drive))
+        if not scan:
+            assert len(b._ranks) <= 2 * len(b._queues) + 64
+    heap, scan = logs
+    reasons = {e[2] for e in heap if e[0] == "batch"}
+    assert {"size", "deadline", "idle", "drain"} <= reasons, reasons  # every rule was exercised
+    assert any(e[0] == "pick" and e[1] and e[2] is None for e in heap)  # a full batch held back, pressed
+    assert b.scan_pressed > 0  # an idle instance's batch went to a more urgent queue not yet due
+    assert len(heap) == len(scan)
+    for i, (a, c) in enumerate(zip(heap, scan)):
+        assert a == c, (i, a, c)
+
+
+async def test_a_choice_among_many_keys_visits_the_queues_down_to_the_first_due(gated, monkeypatch):
+    # 200 keys, one request each; the three most urgent are not due, the fourth is full. The scan
+    # looked at every queue's urgency twice (the choice, then whether a more urgent one is pressed).
+    s, _m, ex = gated(max_batch_size=4)
+    b = make_batcher(s, ex, policy(60_000, 4, alpha_ms=1, beta_ms=0.1, tau_s=10.0), start=False)
+    x = {"INPUT0": np.ones((1, 4), np.float32)}
+    t0 = time.perf_counter()
+    ps = [b.submit(x, 1, k, t0 + 10 + k, None) for k in range(200)]  # key k: deadline in 10 + k s
+    full = [b.submit(x, 1, 3, None, None) for _ in range(3)]  # key 3 holds 4: full
+    for k in range(3):
+        b.slo.arrived(k, t0, 10_000)  # a high rate: λα far above one sample, so keys 0-2 wait
+    looked = []
+    urgency = b._urgency
+    monkeypatch.setattr(b, "_urgency", lambda q: looked.append(q) or urgency(q))
+    assert b._pick(t0)[:3] == (3, b._queues[3], "size")
+    assert len(looked) <= 6, len(looked)
+    b._fail_queued(DeadlineExceeded("test over"))
+    for p in ps + full:
+        p.future.exception()
