@@ -96,7 +96,6 @@ def _metadata(cfg: RampConfig) -> list:
     only the wok balancer reaches (TLS checked per server, mixed address families) must not
     fail here before any worker tries it."""
     from wok.clients import Client
-
     from wok.clients.channel import target_list
 
     names = [name for name, _ in cfg.models]
