@@ -25,6 +25,14 @@ opens a replacement on the same channel, whose balancer picks a server that is u
 stream's share of the load comes back at once, not at the next step. A stream slot reopens at
 most once per `REOPEN_AFTER_S`, so a fleet that is down for good is not hammered with streams
 that fail at once; until then requests go to the streams still open (UNAVAILABLE when none is).
+
+A server that drains (SIGTERM) keeps its streams open to answer what it has accepted, but refuses
+every new request on them (UNAVAILABLE) until the drain ends, seconds later. So a stream is retired
+as soon as its server is seen draining: its channel (a channel per server, health-checked) fails
+while another is connected, or it answers a request UNAVAILABLE (wok's code only for a server that
+stops). A retired stream gets no new request: those queued on it and not yet written are dealt to the
+others, its writer half-closes it, and its reader still settles the answers of those sent; its slot
+reopens, on a connected server, as a failed stream's does.
 """
 
 from __future__ import annotations
@@ -100,12 +108,15 @@ async def run_share_stream(
     samples: list[tuple[float, int]] = []
     loop = asyncio.get_running_loop()
     READY = grpc.ChannelConnectivity.READY
+    FAILING = grpc.ChannelConnectivity.TRANSIENT_FAILURE
     channels = list(channel) if isinstance(channel, (list, tuple)) else [channel]
     methods = [c.stream_stream(STREAM, request_serializer=None, response_deserializer=None) for c in channels]
     # Each opened stream gets a new id, so a failed stream's reader, still settling, never takes
     # the requests of the stream that replaced it in its slot.
     calls: list = []  # by stream id: every call opened
     slot_of: list[int] = []  # by stream id: its slot
+    channel_of: list[int] = []  # by stream id: the index of its channel
+    retired: list[bool] = []  # by stream id: its server drains; its writer half-closes it once idle
     outbox: list[deque] = []  # by stream id: (index, bytes) queued for its writer
     wake: list[asyncio.Event] = []  # by stream id: set when its outbox gets a request
     live: list[int] = []  # ids of the streams open now
@@ -147,7 +158,16 @@ async def run_share_stream(
         if timer is None and expiry:
             timer = loop.call_later(max(0.0, start + sent[expiry[0]] + timeout_s - time.monotonic()), expire)
 
-    def method_for(slot: int):
+    def draining(k: int) -> bool:
+        """Stream k's channel is failing while another is connected: its server drains (health-checked
+        channels fail on NOT_SERVING) or died. Not one still connecting: each server's first
+        connection takes its own time, and the streams would all go to the first one up."""
+        c = channel_of[k]
+        if channels[c].get_state(try_to_connect=False) is not FAILING:
+            return False
+        return any(channels[j].get_state(try_to_connect=False) is READY for j in range(len(channels)) if j != c)
+
+    def channel_for(slot: int) -> int:
         # Its own server's, unless that one is not connected and another is (a server that died:
         # its channel is IDLE or failing, and the slot's new stream goes where one is up). At the
         # first opening none is connected yet: each slot takes its own, spread over the servers.
@@ -157,15 +177,18 @@ async def run_share_stream(
             for j in range(1, k):
                 c = (own + j) % k
                 if channels[c].get_state(try_to_connect=True) is READY:
-                    return methods[c]
-        return methods[own]
+                    return c
+        return own
 
     def open_stream(slot: int) -> None:
         opened_at[slot] = time.monotonic()
-        call = method_for(slot)(metadata=metadata)
+        c = channel_for(slot)
+        call = methods[c](metadata=metadata)
         sid = len(calls)
         calls.append(call)
         slot_of.append(slot)
+        channel_of.append(c)
+        retired.append(False)
         outbox.append(deque())
         wake.append(asyncio.Event())
         live.append(sid)
@@ -186,10 +209,51 @@ async def run_share_stream(
                 continue
             dead.remove(slot)
 
+    def pick(i: int) -> int | None:
+        """The open stream request i goes on (round robin); None when no stream is open."""
+        while live:
+            k = live[i % len(live)]
+            if len(channels) > 1 and draining(k):
+                retire(k)
+                continue
+            return k
+        return None
+
+    def deal(i: int, msg: bytes) -> None:
+        k = pick(i)
+        if k is None:
+            settle(i, UNAVAILABLE)
+            return
+        pending[i] = k
+        outbox[k].append((i, msg))
+        wake[k].set()
+
+    def retire(k: int) -> None:
+        """Stream k's server drains: no new request goes on it; those not yet written go elsewhere."""
+        if k not in live:
+            return
+        drop(k)
+        retired[k] = True
+        unwritten = [(j, msg) for j, msg in outbox[k] if pending.get(j) == k]
+        outbox[k].clear()
+        wake[k].set()  # its writer half-closes it
+        reopen_due()
+        for j, msg in unwritten:
+            deal(j, msg)
+
     async def writer(k: int) -> None:
         call, queue, ready = calls[k], outbox[k], wake[k]
         while True:
             while not queue:
+                if retired[k]:
+                    # Half-closed: the server ends the stream once it has answered what it read.
+                    try:
+                        await call.done_writing()
+                    except asyncio.CancelledError:
+                        return
+                    except Exception:  # the stream has ended: its reader settles what it had
+                        pass
+                    return
                 ready.clear()
                 try:
                     await ready.wait()
@@ -222,6 +286,8 @@ async def run_share_stream(
                 i, code = parse_answer(msg)
                 if i is not None and pending.get(i) == k:  # not one settled already (late, or lost)
                     settle(i, code)
+                if code == UNAVAILABLE:
+                    retire(k)  # its server drains: the requests after this one would be refused too
             code = UNAVAILABLE  # the server ended the stream with requests unanswered
         except grpc.aio.AioRpcError as exc:
             code = exc.code().value[0]
@@ -249,10 +315,10 @@ async def run_share_stream(
             sent[i] = time.monotonic() - start
             if dead:
                 reopen_due()
-            if not live:
+            k = pick(i)
+            if k is None:
                 done[i], codes[i] = sent[i], UNAVAILABLE
                 continue
-            k = live[i % len(live)]
             pending[i] = k
             samples.append((sent[i], len(pending)))
             expiry.append(i)

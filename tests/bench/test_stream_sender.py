@@ -460,3 +460,119 @@ def test_the_bench_opens_streams_without_grpcs_retries():
     assert set(out.codes.tolist()) == {stream_sender.UNAVAILABLE}, out.codes
     # Measured: at most 6 ms (0.14-0.34 s with the retries).
     assert (out.done - out.sent).max() < 0.1, out.done - out.sent
+
+
+def _inflight_batches(server) -> float:
+    """The batches `server` (a ServerProcess) is running now, from its /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(server.http_url() + "/metrics", timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("wok_inflight_batches{"))
+
+
+def test_a_draining_servers_streams_get_no_new_requests(start_server):
+    """Two servers, a stream on each: one is sent SIGTERM with a slow batch in flight, so its drain
+    lasts a second, and all that while it refuses (UNAVAILABLE) each new request on its open stream.
+    The sender kept dealing requests to that stream until the drain's end (93 of 1,003 lost in a
+    ramp); it retires the stream at once, still reads the answers it is owed, and sends on the other
+    server."""
+    import signal
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    from wok.bench.faults import post_fault
+    from wok.clients.channel import channel_options, channel_target, open_channel
+
+    args = ("--models", "mlp", "--torch-threads", "1", "--admin", "--grace-period", "10")
+    with ThreadPoolExecutor(2) as ex:
+        servers = list(ex.map(lambda _: start_server(*args), range(2)))
+    victim = servers[1]
+    pool = [encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)}).SerializeToString()]
+    times = np.arange(0, 3.0, 0.01)
+    share = Share(time.monotonic() + 0.5, times, np.zeros(len(times), dtype=np.int64), 5.0)
+    # By channel (0: the survivor's, 1: the victim's): (sender time, request index) of each write, and
+    # (sender time, request index, code) of each answer read.
+    written: list[list[tuple[float, int]]] = [[], []]
+    answers: list[list[tuple[float, int | None, int]]] = [[], []]
+    changed = asyncio.Event()
+
+    def clock() -> float:
+        return time.monotonic() - share.start_at
+
+    class Watched:
+        def __init__(self, call, c: int) -> None:
+            self.call, self.c = call, c
+
+        def __getattr__(self, name):
+            return getattr(self.call, name)
+
+        async def write(self, msg: bytes) -> None:
+            await self.call.write(msg)
+            written[self.c].append((clock(), int(pb.ModelInferRequest.FromString(msg).id)))
+            changed.set()
+
+        async def read(self):
+            msg = await self.call.read()
+            if msg is not grpc.aio.EOF:
+                answers[self.c].append((clock(), *stream_sender.parse_answer(msg)))
+                changed.set()
+            return msg
+
+    class WatchedChannel:
+        def __init__(self, channel, c: int) -> None:
+            self.channel, self.c = channel, c
+
+        def get_state(self, try_to_connect: bool = False):
+            return self.channel.get_state(try_to_connect)
+
+        def stream_stream(self, *args, **kwargs):
+            method = self.channel.stream_stream(*args, **kwargs)
+            return lambda **kw: Watched(method(**kw), self.c)
+
+    async def until(condition) -> None:
+        while not condition():
+            changed.clear()
+            await asyncio.wait_for(changed.wait(), 10)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        options = channel_options(None, stream_retries=False)  # the bench's stream channels
+        channels = [open_channel(grpc.aio, channel_target(s.target), None, options) for s in servers]
+        try:
+            for ch in channels:
+                await ch.channel_ready()
+            watched = [WatchedChannel(ch, c) for c, ch in enumerate(channels)]
+            task = asyncio.ensure_future(stream_sender.run_share_stream(watched, pool, share, streams=2))
+            await until(lambda: answers[0] and answers[1])  # a stream on each server, both answering
+            slow = {"model": "mlp", "mode": "slow", "delay_ms": 1000, "duration_s": 30}
+            await loop.run_in_executor(None, post_fault, victim.http_url(), slow)
+
+            def batch_running() -> None:
+                deadline = time.monotonic() + 10
+                while _inflight_batches(victim) < 1:
+                    assert time.monotonic() < deadline, "no slow batch started on the victim"
+
+            await loop.run_in_executor(None, batch_running)
+            term = clock()
+            victim.proc.send_signal(signal.SIGTERM)
+            return await asyncio.wait_for(task, 20), term
+        finally:
+            for ch in channels:
+                await ch.close()
+
+    out, term = asyncio.run(scenario())
+    assert np.all(np.isfinite(out.done)), out.done
+    codes, counts = np.unique(out.codes, return_counts=True)
+    tally = dict(zip(codes.tolist(), counts.tolist()))
+    assert set(tally) <= {OK, stream_sender.UNAVAILABLE}, tally
+    # Lost: only those on the wire to the victim before the sender saw it drain (its channel's
+    # health watch, or its first refusal); the drain refused about half of a second's worth before.
+    assert tally.get(stream_sender.UNAVAILABLE, 0) <= 5, tally
+    refused = [t for t, _, code in answers[1] if code == stream_sender.UNAVAILABLE]
+    if refused:
+        assert not [i for t, i in written[1] if t > refused[0]], (refused[0], written[1][-5:])
+    # The slow batch, in flight at the SIGTERM, was answered by the drain and read.
+    assert [i for t, i, code in answers[1] if t > term and code == OK], answers[1][-5:]
