@@ -85,10 +85,15 @@ a crash (its last calls failed before its channel said so, and ejected it) gets 
 at once, not after the rest of its ejection. Nor is a replica ejected for slowness while it is
 the only READY one in the rotation (the others down or ejected): it carries every call, which
 may be why it is slow, it would take them all still, and the first replica back would get all
-of them for the rest of its ejection (counted in `ejections_refused`).
+of them for the rest of its ejection (counted in `ejections_refused`). Unless it hangs: its
+server has answered nothing since the first of those late attempts went out while a READY
+replica sits out for slowness; that one is readmitted early and the hung one ejected in its
+place (a swap). Hedges and retries of a call that has tried every READY replica in the
+rotation may go to a READY one ejected for slowness (never to one ejected for failures), so
+calls stuck on a hung replica are answered there meanwhile.
 
 Counters (`stats()`): calls, attempts, hedges, retries, refusals by the budget, ejections
-and those the cap refused, swaps (a failing replica ejected in the place of a slow one), and
+and those the cap refused, swaps (a failing or hung replica ejected in the place of a slow one), and
 per replica attempts, OK answers, failures, slow attempts, ejections, early readmissions (its
 ejection for slowness cut short by a swap), its state. The totals are the balancer's own: they
 keep what a replica counted after re-resolution drops it, while `replicas` lists the current
@@ -115,7 +120,15 @@ from typing import Any
 
 import grpc
 
-from .channel import PROBE_TIMEOUT_S, accepted_families, channel_options, family_of, open_channel, split_host_port
+from .channel import (
+    _NAME_OPTIONS,
+    PROBE_TIMEOUT_S,
+    accepted_families,
+    channel_options,
+    family_of,
+    open_channel,
+    split_host_port,
+)
 
 CODE = grpc.StatusCode
 STATE = grpc.ChannelConnectivity
@@ -239,6 +252,8 @@ class Replica:
     consecutive_failures: int = 0
     consecutive_slow: int = 0
     consecutive_ok: int = 0
+    late_starts: list[float] = field(default_factory=list)  # when its last K late attempts went out
+    answered_at: float = -math.inf  # when an answer of its server last came (loop time)
     attempts: int = 0
     ok: int = 0
     failures: int = 0
@@ -247,6 +262,7 @@ class Replica:
     retries: int = 0
     ejections: int = 0
     readmitted_early: int = 0  # ejected for slowness, readmitted early to make room for a failing one
+    last_error: str | None = None  # its last failed attempt's code and details
     methods: dict = field(default_factory=dict)
     watcher: asyncio.Task | None = None
     readmit: asyncio.TimerHandle | None = None
@@ -411,7 +427,10 @@ class Balancer:
             r = Replica(address, name)
             options = list(self._options)
             host = name.rpartition(":")[0]
-            if _literal(host) is None:  # TLS checks the name, not the address
+            # TLS checks the name, not the address; unless the caller's options name one already
+            # (ssl_target_name_override: a second name would fail every call, "call host does
+            # not match SSL server name").
+            if _literal(host) is None and not any(key in _NAME_OPTIONS for key, _ in options):
                 options.append(("grpc.default_authority", name))
             target = ("ipv6:" if address.startswith("[") else "ipv4:") + address
             r.channel = open_channel(grpc.aio, target, self._credentials, options)
@@ -482,8 +501,11 @@ class Balancer:
         retry sent or refused by the budget (for tests and waiters)."""
         await self._changed.wait()
 
-    async def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> None:
-        """Wait until `predicate()` holds, re-checked at each change; TimeoutError if not in time."""
+    async def wait_for(
+        self, predicate: Callable[[], bool], timeout: float | None = None, what: str = "as awaited"
+    ) -> None:
+        """Wait until `predicate()` holds, re-checked at each change; TimeoutError if not in time,
+        naming the targets, `what` was awaited and each replica's state and last error."""
 
         async def loop() -> None:
             while not predicate():
@@ -492,11 +514,25 @@ class Balancer:
         try:
             await asyncio.wait_for(loop(), timeout)
         except asyncio.TimeoutError:
-            raise TimeoutError(f"not within {timeout} s") from None
+            raise TimeoutError(f"{self.describe()}: not {what} within {timeout} s") from None
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until at least one replica is READY."""
-        await self.wait_for(lambda: any(r.state is STATE.READY for r in self.replicas.values()), timeout)
+
+        def ready() -> bool:
+            return any(r.state is STATE.READY for r in self.replicas.values())
+
+        await self.wait_for(ready, timeout, "connected (no replica READY)")
+
+    def describe(self) -> str:
+        """The targets and each replica's state and last error, for messages: "localhost:8001
+        (127.0.0.1:8001 TRANSIENT_FAILURE, last error UNAVAILABLE: ...)"."""
+        targets = ",".join(_address(h, p) for h, p in self.targets)
+        parts = []
+        for r in self.replicas.values():
+            part = f"{r.address} {r.state.name}" + (" ejected" if r.ejected else "")
+            parts.append(part + (f", last error {r.last_error}" if r.last_error else ""))
+        return f"{targets} ({'; '.join(parts) or 'no replica'})"
 
     def replica(self, address: str) -> Replica:
         return self.replicas[address]
@@ -532,7 +568,10 @@ class Balancer:
             elif r.state is not STATE.SHUTDOWN:
                 tiers[2].append(r)
         if rotation_ready:
-            tiers[1].clear()
+            # A hedge or retry whose call has tried every READY replica in the rotation may go to
+            # a READY one ejected for slowness (it answers, if slowly: the rotation's may have gone
+            # silent), never to one ejected for failures (its INTERNAL would be the call's answer).
+            tiers[1][:] = [r for r in tiers[1] if extra and r.ejected_slow]
         for c in tiers:
             if len(c) == 1:
                 return c[0]
@@ -558,11 +597,7 @@ class Balancer:
             if slow or not slow_ones:
                 self.ejections_refused += 1
                 return
-            back = min(slow_ones, key=lambda x: x.readmit.when())
-            back.readmit.cancel()
-            back.readmitted_early += 1
-            self.swaps += 1
-            self._readmit(back)
+            self._readmit_early(slow_ones)
         r.ejected = True
         r.ejected_slow = slow
         r.ejected_down = r.state is STATE.TRANSIENT_FAILURE
@@ -574,6 +609,14 @@ class Balancer:
         r.readmit = self._loop.call_later(duration, self._readmit, r)
         self._notify()
 
+    def _readmit_early(self, slow_ones: list[Replica]) -> None:
+        """Readmit the one of `slow_ones` (ejected for slowness) due back first: a swap."""
+        back = min(slow_ones, key=lambda x: x.readmit.when())
+        back.readmit.cancel()
+        back.readmitted_early += 1
+        self.swaps += 1
+        self._readmit(back)
+
     def _readmit(self, r: Replica) -> None:
         r.ejected = r.ejected_slow = r.ejected_down = False
         r.readmit = None
@@ -582,6 +625,8 @@ class Balancer:
     def _answered(self, a: _Attempt, code: grpc.StatusCode, latency_s: float | None) -> None:
         """Record an attempt's answer for outlier detection and the hedge delay."""
         r, k = a.replica, self.settings.consecutive_failures
+        if a.started is not None and code is not CODE.DEADLINE_EXCEEDED and code is not CODE.CANCELLED:
+            r.answered_at = self._loop.time()  # not those two: the client's own timer or cancel
         if not a.late:
             r.consecutive_slow = 0
         if code in FAILURES:
@@ -618,6 +663,8 @@ class Balancer:
         r.slow += 1
         r.consecutive_slow += 1
         k = self.settings.consecutive_failures
+        if k:
+            r.late_starts = [*r.late_starts, a.started][-k:]
         if k and r.consecutive_slow >= k:
             if not any(
                 x is not r and not x.removed and not x.ejected and x.state is STATE.READY
@@ -626,6 +673,19 @@ class Balancer:
                 # Slow while it is the only READY one in the rotation: it carries every call, and
                 # that load may be its slowness. Ejected, it would take the calls still (no other is
                 # READY), and the first replica back would get all of them for the ejection's rest.
+                # Unless its server has answered nothing since the first of its last K late attempts
+                # went out (hung, not slow) while a READY one sits out for slowness: that one comes
+                # back early and this one takes its place. Not on slowness alone: two slow replicas
+                # of a loaded fleet would trade places at every K late attempts.
+                back = [
+                    x
+                    for x in self.replicas.values()
+                    if x.ejected_slow and not x.removed and x.state is STATE.READY and x.readmit is not None
+                ]
+                if back and r.answered_at < r.late_starts[0]:
+                    self._readmit_early(back)
+                    self._eject(r, slow=True)
+                    return
                 self.ejections_refused += 1
                 self._notify()
                 return
@@ -673,6 +733,8 @@ class Balancer:
                 r.methods[key] = mc
             return CODE.OK, await mc(request, timeout=timeout, metadata=metadata), None
         except grpc.aio.AioRpcError as exc:
+            if exc.code() in FAILURES:
+                r.last_error = f"{exc.code().name}: {exc.details()}"
             return exc.code(), None, exc
         except grpc.aio.UsageError as exc:
             # The channel was closed under this attempt (a last guard: stop() cancels the attempts

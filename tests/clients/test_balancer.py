@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2
 
-from wok.clients import AsyncClient, InferError
+from wok.clients import TLS, AsyncClient, InferError
 from wok.clients.balancer import Balancer, BalancerSettings, merge_stats, split_targets
 from wok.v2pb import grpc_service_pb2 as pb
 
@@ -284,6 +284,55 @@ async def test_a_failing_replica_takes_the_place_of_one_ejected_for_slowness(stu
             assert b.calls == calls_before + 2 and sum(r.ejected for r in bal.replicas.values()) == 1
 
 
+async def test_a_hung_replica_takes_the_place_of_the_one_ejected_for_slowness(stub):
+    """a is slow and ejected for it (60 s), then answers again; b, the only replica left in the
+    rotation, hangs with its connection open. The hedges of b's calls go to a meanwhile, and once
+    b has been late K times in a row without answering anything, a comes back early and b is
+    ejected in its place. Every call used to wait for b until its deadline."""
+    async with stub("a", hold=True) as a, stub("b") as b:
+        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            ra, rb = bal.replica(a.target), bal.replica(b.target)
+            while not ra.ejected:  # the calls that go to a first are hedged to b and answered there
+                assert await name_of(call) == "b"
+            # (On a loaded machine b may have been late K times too, and swapped out for a: counts
+            # from here.)
+            swaps = bal.swaps
+            a.release.set()  # a answers from now on, but stays ejected for 60 s
+            b.release.clear()  # b hangs
+            assert [await name_of(call, timeout=5) for _ in range(4)] == ["a"] * 4
+            assert rb.ejected and rb.ejected_slow and not ra.ejected and ra.readmitted_early == 1
+            assert bal.swaps == swaps + 1
+
+
+async def test_a_slow_replica_that_still_answers_keeps_its_place_until_it_hangs(stub):
+    """As above, but b answers, late: the only READY replica in the rotation is then slow, not hung
+    (its load may be why), and keeps its place: swapping on slowness alone, two slow replicas
+    would trade places at every K late attempts. Once it hangs, it is swapped out all the same."""
+    async with stub("a", hold=True) as a, stub("b") as b:
+        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            ra, rb = bal.replica(a.target), bal.replica(b.target)
+            while not ra.ejected:  # the calls that go to a first are hedged to b and answered there
+                assert await name_of(call) == "b"
+            swaps = bal.swaps  # as above
+            for _ in range(2):  # b is late K times (a holds the hedges), but answers each call
+                b.release.clear()
+                hedged = a.calls + 1
+                answer = asyncio.ensure_future(name_of(call))
+                await a.wait_calls(hedged)
+                b.release.set()
+                assert await answer == "b"
+            assert rb.consecutive_slow >= 2 and not rb.ejected and ra.ejected and bal.swaps == swaps
+            # Then b hangs: K late attempts later without an answer, it is swapped out after all.
+            a.release.set()
+            b.release.clear()
+            assert [await name_of(call, timeout=5) for _ in range(3)] == ["a"] * 3
+            assert rb.ejected and not ra.ejected and bal.swaps == swaps + 1
+
+
 def stats_sum(stats: dict, key: str) -> int:
     return sum(r[key] for r in stats["replicas"])
 
@@ -375,8 +424,8 @@ async def test_async_client_with_the_wok_balancer(serve):
         AsyncClient("127.0.0.1:1", balancer="nginx")
 
 
-def server_for_localhost_only() -> tuple[bytes, grpc.ServerCredentials]:
-    """(CA certificate, server credentials) with a certificate that names "localhost" and no address."""
+def server_for_localhost_only(name: str = "localhost") -> tuple[bytes, grpc.ServerCredentials]:
+    """(CA certificate, server credentials) with a certificate that names `name` only (no address)."""
     import datetime
 
     from cryptography import x509
@@ -397,7 +446,7 @@ def server_for_localhost_only() -> tuple[bytes, grpc.ServerCredentials]:
             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         )
         if not ca:
-            b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
         return b.sign(issuer_key, hashes.SHA256())
 
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
@@ -405,7 +454,7 @@ def server_for_localhost_only() -> tuple[bytes, grpc.ServerCredentials]:
     ca = cert("balancer test CA", ca_key, ca_name, ca_key, ca=True)
     pem = serialization.Encoding.PEM
     key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    server = grpc.ssl_server_credentials([(key_pem, cert("localhost", key, ca_name, ca_key, False).public_bytes(pem))])
+    server = grpc.ssl_server_credentials([(key_pem, cert(name, key, ca_name, ca_key, False).public_bytes(pem))])
     return ca.public_bytes(pem), server
 
 
@@ -421,6 +470,41 @@ async def test_tls_checks_the_name_the_replica_was_reached_by(stub):
         async with Balancer(a.target, credentials=client, settings=settings(**NO_EJECTION)) as bal:
             assert await code_of(bal.unary_unary(METHOD)) == CODE.UNAVAILABLE
             assert a.calls == 1  # the first balancer's call only: the handshake failed
+
+
+async def test_the_tls_name_override_holds_for_a_replica_reached_by_host_name(stub):
+    """The documented `grpc.ssl_target_name_override` with a host-name target: the balancer's own
+    authority ("localhost:p", for TLS to check the name) came on top of it, and gRPC failed every
+    call ("call host does not match SSL server name"), health checks included."""
+    ca, server = server_for_localhost_only("other.example")
+    override = [("grpc.ssl_target_name_override", "other.example")]
+    async with stub("a", credentials=server) as a:
+        target = f"localhost:{a.port}"
+        async with AsyncClient(target, tls=TLS(ca), options=override, balancer="wok") as c:
+            await c.wait_ready(10)
+            with pytest.raises(InferError) as err:  # the stub serves ModelInfer only: the call got there
+                await c.server_live()
+            assert err.value.code == CODE.UNIMPLEMENTED
+            creds = grpc.ssl_channel_credentials(ca)
+            async with Balancer(target, credentials=creds, options=override, settings=settings()) as bal:
+                assert await name_of(bal.unary_unary(METHOD)) == "a"
+
+
+async def test_wait_ready_names_the_targets_and_each_replicas_state_and_last_error(stub):
+    """It said "not within 3 s", naming neither the targets nor why."""
+    async with stub("a") as a:
+        port = a.port
+    # a's port, closed: connections are refused.
+    async with AsyncClient(f"127.0.0.1:{port}", balancer="wok") as c:
+        with pytest.raises(InferError):
+            await c.server_live()
+        with pytest.raises(TimeoutError) as err:
+            await c.wait_ready(0.2)
+    message = str(err.value)
+    assert message.startswith(f"127.0.0.1:{port} (127.0.0.1:{port} "), message
+    assert "not connected (no replica READY) within 0.2 s" in message
+    assert any(f" {state.name}" in message for state in (STATE.TRANSIENT_FAILURE, STATE.CONNECTING)), message
+    assert "last error UNAVAILABLE: " in message
 
 
 def test_counters_of_several_workers_add_up():
