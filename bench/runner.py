@@ -312,6 +312,7 @@ class Ramp:
             server=server,
             server_timing_ms=None if server_ms is None else server_ms[keep],
         )
+        step["littles_law"].update(_littles_law_edges(sent, done, keep, w, total))
         step["nominal_qps"] = qps
         if late_s is not None:
             step["start_late_s"] = late_s
@@ -402,6 +403,23 @@ def _mean_inflight(per_worker: list[np.ndarray], start: float, end: float) -> np
         edges = np.clip(np.append(samples[:, 0], max(end, float(samples[-1, 0]))), start, end)
         total += float(np.sum(samples[:, 1] * np.diff(edges)))
     return np.array([total / (end - start)])
+
+
+def _littles_law_edges(sent: np.ndarray, done: np.ndarray, keep: np.ndarray, start: float, end: float) -> dict:
+    """What sets λW apart from L over the window [start, end), in requests (L's unit).
+
+    λW counts each of the window's calls (`keep`) whole, L only its time inside the window; and
+    L counts the earlier calls' time inside it, λW none of it. So with exact clocks and counters
+    λW − L = late_edge − early_edge: `late_edge`, the window's calls' time after its end, and
+    `early_edge`, the earlier calls' time inside it, each over the window's length. A short
+    window on a noisy host can owe several percent to one stall at an edge; a disagreement
+    beyond these is the clocks' or the counters'.
+    """
+    span = end - start
+    ok = np.isfinite(sent) & np.isfinite(done)
+    late = np.clip(done - np.maximum(sent, end), 0.0, None)[keep & ok].sum()
+    early = np.clip(np.minimum(done, end) - np.maximum(sent, start), 0.0, None)[~keep & ok].sum()
+    return {"late_edge": float(late) / span, "early_edge": float(early) / span}
 
 
 def _timing_line(t: dict) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from wok.bench import analysis
-from wok.bench.runner import Ramp, RampConfig, _mean_inflight, build_pool
+from wok.bench.runner import Ramp, RampConfig, _littles_law_edges, _mean_inflight, build_pool
 from wok.bench.scrape import scrape, server_view
 from wok.bench.workers import OK, Share, WorkerPool
 from wok.metrics import LATENCY_BUCKETS
@@ -79,8 +79,16 @@ def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(b
         # The loop-lag timer fires every 10 ms: about 150 samples in the 1.5 s window (fewer if the
         # loop's mean lag grew past a few ms, more if the scrapes drift by 0.3 s: neither at 200 QPS).
         assert 100 <= step["loop_lag_ms"]["samples"] <= 180, step["loop_lag_ms"]
-        # Steady and far from the window's edges (5-10 ms calls in a 1.5 s window): L = λW.
-        assert abs(step["littles_law"]["relative_error"]) < 0.05, step["littles_law"]
+        # L = λW but for the window's edges: λW counts the window's calls whole, L only their time
+        # in it, and L the earlier calls' time in it. Quiet, 5-10 ms calls leave under 1 % there;
+        # one stall of this host at an edge (80 ms, with 20 calls caught in it) left 11 %. So the
+        # counters are judged past what the bench reports the edges owe, which in-process clocks
+        # and exact counts match to rounding: a count held past its answers, or a sample clock
+        # apart from the latencies', shows there as it did in the raw error.
+        little = step["littles_law"]
+        owed = little["late_edge"] - little["early_edge"]
+        gap = little["lambda_w"] - little["mean_inflight_measured"]
+        assert abs(gap - owed) < 0.05 * little["mean_inflight_measured"], little
 
 
 def test_the_in_flight_mean_is_the_time_average_of_the_count_in_the_window():
@@ -92,6 +100,36 @@ def test_the_in_flight_mean_is_the_time_average_of_the_count_in_the_window():
     two = [np.array([[0.0, 2]]), np.array([[1.5, 1], [2.5, 0]]), np.empty((0, 2))]
     assert _mean_inflight(two, 1.0, 3.0).tolist() == [(2 * 2.0 + 1 * 1.0) / 2.0]
     assert _mean_inflight([np.empty((0, 2))], 0.0, 1.0).size == 0
+
+
+def test_the_edges_owe_lambda_w_what_it_counts_outside_the_window():
+    # By hand, window [1, 3) (2 s): earlier calls A [0.5, 1.5) and B [0.2, 0.8); the window's
+    # calls C [1.2, 1.4), D [2.8, 3.6), E sent late past the end [3.1, 3.3), F never sent.
+    sent = np.array([0.5, 0.2, 1.2, 2.8, 3.1, np.nan])
+    done = np.array([1.5, 0.8, 1.4, 3.6, 3.3, np.nan])
+    keep = np.array([False, False, True, True, True, True])
+    # D's 0.6 s and E's 0.2 s after the end; A's 0.5 s inside the window.
+    assert _littles_law_edges(sent, done, keep, 1.0, 3.0) == pytest.approx(
+        {"late_edge": 0.8 / 2, "early_edge": 0.5 / 2}
+    )
+    # The in-flight count, as a worker records it: 1 on [1, 1.2), 2 on [1.2, 1.4), 1 on [1.4,
+    # 1.5), 0 on [1.5, 2.8), 1 on [2.8, 3): L = 0.9 / 2. λW: C, D, E whole, 1.2 s over 2 s = 0.6.
+    events = sorted([(t, +1) for t in sent[:5]] + [(t, -1) for t in done[:5]])
+    samples = np.array([[t, c] for (t, _), c in zip(events, np.cumsum([d for _, d in events]))])
+    L = _mean_inflight([samples], 1.0, 3.0)
+    assert L.tolist() == pytest.approx([0.45])
+    step = analysis.step_result(
+        offered_qps=2.0,
+        duration_s=2.0,
+        intended_s=sent[keep] - 1.0,
+        sent_s=sent[keep] - 1.0,
+        done_s=done[keep] - 1.0,
+        codes=np.array(["OK", "OK", "OK", "CANCELLED"]),
+        inflight_samples=L,
+    )
+    # λW − L = 0.6 − 0.45 = 0.4 − 0.25: the edges account for all of a relative error of 33 %.
+    assert step["littles_law"]["lambda_w"] == pytest.approx(0.6)
+    assert step["littles_law"]["relative_error"] == pytest.approx(0.15 / 0.45)
 
 
 def test_littles_law_holds_on_a_low_rate_step_with_few_short_calls(bench_server):
