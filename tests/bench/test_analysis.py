@@ -403,6 +403,19 @@ def test_littles_law_disagreement_warns():
         assert not [w for w in check_precision(unsteady, slo_p99_ms=200) if "Little" in w]
 
 
+def test_littles_law_warns_only_past_what_the_windows_edges_owe():
+    # λW − L = 0.5 with exact counts when the window's calls spend 0.6 requests' worth after its
+    # end and earlier calls 0.1 inside it (a stall at the edge of a short step): no warning.
+    step = fake_step(100)
+    little = {"mean_inflight_measured": 1.0, "lambda_w": 1.5, "relative_error": 0.5}
+    step["littles_law"] = little | {"late_edge": 0.6, "early_edge": 0.1}
+    assert not [w for w in check_precision(step) if "Little" in w]
+    # The edges account for 0.1 of it: 0.4 unexplained, the counters or the clocks.
+    step["littles_law"] = little | {"late_edge": 0.15, "early_edge": 0.05}
+    (w,) = check_precision(step)
+    assert "Little's law" in w and "+50%" in w
+
+
 def test_an_empty_step_warns():
     (w,) = check_precision(fake_step(100, requests=0, success=math.nan))
     assert "no request" in w
