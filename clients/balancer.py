@@ -121,7 +121,7 @@ from typing import Any
 import grpc
 
 from .channel import (
-    _NAME_OPTIONS,
+    NAME_OPTIONS,
     PROBE_TIMEOUT_S,
     accepted_families,
     channel_options,
@@ -129,6 +129,7 @@ from .channel import (
     open_channel,
     split_host_port,
 )
+from .channel import accepting as probe_accepting
 
 CODE = grpc.StatusCode
 STATE = grpc.ChannelConnectivity
@@ -218,20 +219,9 @@ async def system_resolver(host: str, port: int) -> list[str]:
 
 
 async def accepting(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> set[str]:
-    """Those of `addresses` ("ip:port", "[v6]:port") that accept a TCP connection within `timeout`
-    seconds, all tried at once; the connections are closed at once, nothing is sent on them."""
-
-    async def probe(address: str) -> bool:
-        host, port = split_host_port(address)
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-        except (OSError, asyncio.TimeoutError):
-            return False
-        writer.close()
-        return True
-
-    unique = list(dict.fromkeys(addresses))
-    return {a for a, ok in zip(unique, await asyncio.gather(*map(probe, unique))) if ok}
+    """`wok.clients.channel.accepting` (TCP connects, all at once, within `timeout` seconds) on a
+    thread: its wait for them stays off the event loop."""
+    return await asyncio.to_thread(probe_accepting, addresses, timeout)
 
 
 @dataclass(eq=False)
@@ -430,7 +420,7 @@ class Balancer:
             # TLS checks the name, not the address; unless the caller's options name one already
             # (ssl_target_name_override: a second name would fail every call, "call host does
             # not match SSL server name").
-            if _literal(host) is None and not any(key in _NAME_OPTIONS for key, _ in options):
+            if _literal(host) is None and not any(key in NAME_OPTIONS for key, _ in options):
                 options.append(("grpc.default_authority", name))
             target = ("ipv6:" if address.startswith("[") else "ipv4:") + address
             r.channel = open_channel(grpc.aio, target, self._credentials, options)

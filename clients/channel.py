@@ -437,7 +437,7 @@ def channel_credentials(tls: TLS | bool | None) -> grpc.ChannelCredentials | Non
     return tls.credentials()
 
 
-_NAME_OPTIONS = ("grpc.default_authority", "grpc.ssl_target_name_override")
+NAME_OPTIONS = ("grpc.default_authority", "grpc.ssl_target_name_override")
 
 
 def open_channel(
@@ -451,7 +451,7 @@ def open_channel(
     if credentials is None:
         return grpc_module.insecure_channel(target, options=options)
     options = list(options or ())
-    if authority is not None and not any(key in _NAME_OPTIONS for key, _ in options):
+    if authority is not None and not any(key in NAME_OPTIONS for key, _ in options):
         options.append(("grpc.default_authority", authority))
     return grpc_module.secure_channel(target, credentials, options=options)
 
