@@ -64,9 +64,10 @@ def test_each_answer_is_split_into_the_servers_stages_and_the_time_outside(serve
         assert math.isclose(st["compute"]["mean"], step["stages_ms"]["compute"], rel_tol=0.1), (st, step["stages_ms"])
         assert st["compute"]["p50"] > st["start"]["p50"], st
     # 100 QPS at a constant pace, 10 ms apart, and mlp's 5 ms window: each request waits
-    # out its own window alone.
+    # out its own window alone (not a share of another's, under 5 ms, nor two, 10 ms). The
+    # upper bound leaves the loop 1 ms of lateness: a CI run on a loaded 2-core host read 5.502.
     queue = result["steps"][0]["server_timing"]["stages_ms"]["queue"]
-    assert 4.9 <= queue["p50"] <= 5.5, queue
+    assert 4.9 <= queue["p50"] <= 6.0, queue
     assert any("the slowest 1 %" in line for line in said), said
 
 
