@@ -202,6 +202,15 @@ def _say(line: str) -> None:
         pass
 
 
+def _say(line: str) -> None:
+    """A line on stderr from a signal handler. os.write, not print: before the loop runs, the
+    handler may interrupt a print to stderr, and a reentrant print raises."""
+    try:
+        os.write(2, line.encode() + b"\n")
+    except OSError:  # stderr gone with the terminal: carry on all the same
+        pass
+
+
 class _StopSignal:
     """SIGTERM, SIGINT and SIGHUP from the first moment of `wok serve`.
 
@@ -214,12 +223,17 @@ class _StopSignal:
     drains as SIGTERM does, but never cuts a drain short: a closing terminal sends it twice to
     a foreground job (the shell forwards it, then the kernel sends it as the shell exits). A
     SIGHUP ignored at the start (nohup) stays ignored.
+
+    Only the second SIGTERM or SIGINT forces the exit: a drain begun by SIGHUP goes on through
+    the first of them, which a process manager sends as its own stop, often together with
+    the hangup, and which the kernel may hand over second, SIGHUP's number being lower.
     """
 
     def __init__(self) -> None:
         self.received: int | None = None  # the first signal's number
         self.event: asyncio.Event | None = None
         self.drained = False  # set once the stop has run: a later signal has nothing to cut short
+        self._forcing = False  # a SIGTERM or SIGINT has come: the next one exits at once
         self._before: dict[int, object] = {}
 
     def install(self) -> None:
@@ -242,14 +256,16 @@ class _StopSignal:
         if self.received is not None:
             if signum == signal.SIGHUP:  # a hangup again, not an operator: see the class
                 return
-            # A second signal: the operator wants out now. os.write, not print: before the loop
-            # runs, this handler may interrupt a print to stderr, and a reentrant print raises.
-            try:
-                os.write(2, b"wok: second signal, exiting without draining\n")
-            except OSError:  # stderr gone with the terminal: exit all the same
-                pass
+            if not self._forcing:  # the drain began on a hangup: this is the stop, not a second one
+                self._forcing = True
+                name = signal.Signals(signum).name
+                _say(f"wok: {name} received, already draining; a second SIGTERM or SIGINT exits at once")
+                return
+            # A second signal: the operator wants out now.
+            _say("wok: second signal, exiting without draining")
             os._exit(1)
         self.received = signum
+        self._forcing = signum != signal.SIGHUP
         if self.event is not None:
             self.event.set()
 

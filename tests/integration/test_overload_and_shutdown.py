@@ -220,3 +220,45 @@ def test_sighup_ignored_at_start_as_under_nohup_stays_ignored(slow_repository, s
     log = "\n".join(sp.log[-30:])
     assert code == 0, f"expected exit 0 after SIGTERM's drain; got {code}\n{log}"
     assert "wok: SIGTERM received, stopping" in sp.log, log
+
+
+@pytest.mark.parametrize(
+    ("signals", "expected"),
+    [(("SIGHUP", "SIGTERM"), 0), (("SIGHUP", "SIGINT", "SIGTERM"), 1), (("SIGTERM", "SIGTERM"), 1)],
+    ids=["hup-term-drains", "hup-int-term-exits", "term-term-exits"],
+)
+def test_only_a_second_sigterm_or_sigint_cuts_the_drain_short(slow_repository, start_server, signals, expected):
+    # A process manager stops a server with SIGTERM, often beside the hangup of the terminal that
+    # started it, and the kernel hands SIGHUP over first when both are pending: that SIGTERM was
+    # taken for an operator's second signal and the server exited 1, its request in flight lost.
+    repo = slow_repository(sleep_ms=1500, max_batch_size=4, delay_ms=1)
+    (repo / "slow" / "model.py").write_text(HELD_MODEL)
+    sp = start_server("--model-repository", str(repo), "--grace-period", "20")
+    try:
+        result = asyncio.run(_infer_with_signals(sp, [getattr(signal, name) for name in signals]))
+        code = sp.proc.wait(30)
+    finally:
+        if sp.proc.poll() is None:
+            sp.proc.kill()
+    log = "\n".join(sp.log[-30:])
+    assert code == expected, f"{' then '.join(signals)}: expected exit {expected}, got {code}\n{log}"
+    forced = "wok: second signal, exiting without draining" in sp.log
+    assert forced == (expected == 1), log
+    if expected == 0:
+        assert not isinstance(result, Exception), f"the request in flight failed: {result!r}\n{log}"
+        check_answer(7, result)
+
+
+async def _infer_with_signals(sp, signals):
+    async with grpc.aio.insecure_channel(sp.target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        call = asyncio.ensure_future(stub.ModelInfer(request(7), timeout=30))
+        await asyncio.to_thread(sp.wait_for_line, "test: running 7")
+        first, *rest = signals
+        sp.proc.send_signal(first)
+        await asyncio.to_thread(sp.wait_for_line, f"wok: {first.name} received, stopping")
+        for i, sig in enumerate(rest):
+            sp.proc.send_signal(sig)
+            if first == signal.SIGHUP and i == 0:  # taken as the stop: wait until it is, so the next is a second
+                await asyncio.to_thread(sp.wait_for_line, f"wok: {sig.name} received, already draining")
+        return (await asyncio.gather(call, return_exceptions=True))[0]
