@@ -406,11 +406,11 @@ def check_precision(step: dict, slo_p99_ms: float | None = None) -> list[str]:
 def _unexplained(little: dict) -> float:
     """The part of Little's law's relative error that the window's edges do not account for
     (λW − L − (late_edge − early_edge), over L): a stall at a short step's edge owes λW − L
-    several percent with exact clocks and counts. Steps without the edge terms (merged, or
-    written before them) keep the whole error."""
+    several percent with exact clocks and counts. Steps without finite edge terms (written
+    before them, or merged from a part without them) keep the whole error: a NaN would hide it."""
     rel = little["relative_error"]
     late, early, L = little.get("late_edge"), little.get("early_edge"), little.get("mean_inflight_measured")
-    if late is None or early is None or not _finite(L) or L <= 0:
+    if not (_finite(late) and _finite(early) and _finite(L)) or L <= 0:
         return rel
     return (little["lambda_w"] - L - (late - early)) / L
 

@@ -878,7 +878,9 @@ class FaultRamp(Ramp):
             slo_p99_ms=self.cfg.slo_p99_ms,
             n_replicas=len(self.replicas) if self.replicas is not None else None,
         )
-        section["retries"] = self.cfg.retries
+        # What the calls had, not what was asked: `--rpc stream`'s streams are not retried.
+        section["retries"] = retries_in_effect(self.cfg.retries, self.cfg.rpc)
+        section["retries_requested"] = self.cfg.retries
         section["balancer"] = result["config"].get("balancer")
         section["planned_s"] = self.schedule.planned_s
         # A signal ends the run when the user chose: faults planned from then on were not due.
@@ -898,6 +900,12 @@ class FaultRamp(Ramp):
 # -- text ---------------------------------------------------------------------------------
 
 
+def retries_in_effect(retries: bool, rpc: str | None) -> bool:
+    """Whether the ramp's calls were retried on UNAVAILABLE: asked for (no `--no-retries`), and
+    not `--rpc stream`'s streams, which are never replayed (`stream_retries=False`, docs/bench.md)."""
+    return bool(retries) and rpc != "stream"
+
+
 def retries_label(retries: bool, rpc: str | None) -> str:
     """Whether gRPC retried the ramp's calls. Retries on (no `--no-retries`) still leave out the
     streams of `--rpc stream` (`stream_retries=False`, docs/bench.md): a replay would resend their
@@ -911,7 +919,7 @@ def loss_warning(section: dict, retries: bool, rpc: str | None) -> str | None:
     """The result's warning for requests lost although retried; None without retries in effect
     (`--no-retries`, or the streams of `--rpc stream`): a fault's losses are expected then."""
     lost = section["requests"]["lost"]
-    if not lost or not retries or rpc == "stream":
+    if not lost or not retries_in_effect(retries, rpc):
         return None
     return f"{lost} request(s) lost with retries on: {section['lost_by_code']}"
 
@@ -967,9 +975,12 @@ def print_faults(result: dict, file=None) -> None:
     if section is None:
         return
     req = section["requests"]
+    # The label tells the setting from its effect; results before `retries_requested` held the
+    # setting in `retries`.
+    requested = section.get("retries_requested", section.get("retries", True))
     console.print(
         f"requests: {req['sent']} sent, {req['ok']} ok, {req['errors']} errors, [bold]{req['lost']} lost[/bold] "
-        f"({retries_label(section.get('retries', True), (result.get('config') or {}).get('rpc'))}, "
+        f"({retries_label(requested, (result.get('config') or {}).get('rpc'))}, "
         f"balancer {section.get('balancer') or 'grpc'}); "
         "not OK by code: "
         f"{section['errors_by_code'] or '-'}"

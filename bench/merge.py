@@ -13,7 +13,10 @@ step in each ramp (refinement steps are left out: each process bisected on its o
   exact nearest-rank value);
 * dispatch lag: the largest of the parts' p50, p99 and max, an upper bound of the merged
   figure (the generators' health, not the server's);
-* Little's law: L and λ add, so λW adds; W is λW / λ;
+* Little's law: L and λ add, so λW adds; W is λW / λ; the window's edges (`late_edge`,
+  `early_edge`: time over the one window's length, in L's unit) add too, so the merged step's
+  Little's-law warning judges what they leave unexplained, as a single process's does (kept
+  only when every part has them: without, the whole error is judged, as for older steps);
 * the server-timing split (`server_timing`, when every part has one): counts add, the
   histograms (outside, compute, batch) are summed, `outside_ms`'s percentiles come from the
   summed outside histogram and every mean is the parts' means weighted by their requests (exact);
@@ -85,6 +88,13 @@ def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
     measured = _sum_if_all(p.get("mean_inflight_measured") for p in lw)
     lambda_w = _sum_if_all(p.get("lambda_w") for p in lw)
     arrival = _sum_if_all(p.get("arrival_rate_qps") for p in lw)
+    # Each edge is time summed over the window's length, which every part shares: they add as L
+    # does. Only when every part has both: a partial sum would explain part of the error away, and
+    # a NaN would hide the error from the check (analysis._unexplained) instead of judging all of it.
+    edge_keys = ("late_edge", "early_edge")
+    edges = {}
+    if all(analysis._finite(p.get(k)) for p in lw for k in edge_keys):
+        edges = {k: math.fsum(float(p[k]) for p in lw) for k in edge_keys}
     first = steps[0]
     step = {
         "offered_qps": math.fsum(float(s["offered_qps"]) for s in steps),
@@ -107,6 +117,7 @@ def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
             "relative_error": (lambda_w - measured) / measured if measured > 0 and math.isfinite(lambda_w) else NAN,
             "arrival_rate_qps": arrival,
             "mean_in_flight_ms": 1e3 * lambda_w / arrival if arrival > 0 else NAN,
+            **edges,
         },
     }
     for key in analysis.SERVER_KEYS:

@@ -414,6 +414,12 @@ def test_littles_law_warns_only_past_what_the_windows_edges_owe():
     step["littles_law"] = little | {"late_edge": 0.15, "early_edge": 0.05}
     (w,) = check_precision(step)
     assert "Little's law" in w and "+50%" in w
+    # Edges that are not figures (NaN from a broken part, null in JSON) explain nothing: the
+    # whole error is judged, not hidden.
+    for bad in (math.nan, None):
+        step["littles_law"] = little | {"late_edge": bad, "early_edge": 0.1}
+        (w,) = check_precision(step)
+        assert "Little's law" in w and "+50%" in w
 
 
 def test_an_empty_step_warns():

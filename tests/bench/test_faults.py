@@ -559,6 +559,45 @@ def test_the_report_says_whether_retries_were_in_effect(retries, rpc, label, war
     assert warning == ("1 request(s) lost with retries on: {'UNAVAILABLE': 1}" if warned else None)
 
 
+@pytest.mark.parametrize(
+    ("requested", "rpc", "in_effect", "label"),
+    [
+        (True, "unary", True, "retries on"),
+        (True, "stream", False, "retries off (streams)"),
+        (False, "unary", False, "retries off"),
+        (False, "stream", False, "retries off"),
+    ],
+)
+def test_the_section_records_whether_retries_took_effect_and_what_was_asked(requested, rpc, in_effect, label):
+    # `retries` is the effect (what a reader of the JSON alone takes it for), `retries_requested`
+    # the setting; the table's label still tells `--no-retries` from the streams' own rule.
+    intended, done, latency, codes = hand_case()  # one request lost
+    spec = parse_fault("kill:replica=1,at=5%,restart=10%")
+    section = fault_report(intended, done, latency, codes, specs=[spec], events=EVENTS, slo_p99_ms=100.0, end_s=4.5)
+    section |= {"retries": in_effect, "retries_requested": requested, "balancer": "grpc", "planned_s": 12.0}
+    out = io.StringIO()
+    print_faults({"config": {"retries": requested, "rpc": rpc}, "faults": section | {"cut_s": None}}, file=out)
+    assert f"1 lost ({label}, balancer grpc)" in out.getvalue().splitlines()[0]
+    assert bench_faults.retries_in_effect(requested, rpc) is in_effect
+
+
+def test_a_stream_ramp_records_retries_off_although_asked_for(plain_server, tmp_path):
+    """`--rpc stream` without `--no-retries`: gRPC does not replay the streams, so the JSON says
+    retries off (it said on: the setting), and keeps the setting in `retries_requested`. The slow
+    fault is refused (no --admin), which is the cheapest fault section a real ramp writes."""
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", plain_server.target, "--metrics-url", "none"]
+    cmd += ["--steps", "50", "--step-duration", "0.5s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
+    cmd += ["--rpc", "stream", "--admin-url", plain_server.http_url(), "--fault", "slow:model=mlp,delay=50ms,at=10%"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["config"]["rpc"] == "stream"
+    assert result["faults"]["retries"] is False
+    assert result["faults"]["retries_requested"] is True
+    assert "retries off (streams)" in proc.stdout
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_bench_killed_outright_takes_its_replicas_with_it(proc_tree):
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "1", "--serve-args", "--models mlp"]

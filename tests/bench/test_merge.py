@@ -284,6 +284,88 @@ def test_wok_bench_merge_writes_the_merged_result_and_prints_the_table(split_ram
     assert "missing.json" in capsys.readouterr().err
 
 
+# -- Little's law past the window's edges ---------------------------------------------------------------
+def _stalled_at_the_end(rng, duration=1.5, warmup=0.5, qps=200.0, stall=0.05):
+    """A step's requests (warm-up included, times from the warm-up's start) on a host that stalled
+    in its window's last `stall` s: answers in 1 ms, those sent in the stall only `stall` s after
+    the window's end. Every one is OK, and the step keeps pace with its offer."""
+    start, end = warmup, warmup + duration
+    intended = np.sort(rng.uniform(0.0, end, int(qps * end)))
+    sent = intended + rng.exponential(0.0002, intended.size)
+    done = sent + 0.001
+    done[sent >= end - stall] = end + stall
+    return sent, done, start, end
+
+
+def _edged_result(sent, done, start, end, seed):
+    """A ramp of one step as wok bench ramp measures it: Little's law with its edges, L exact."""
+    from wok.bench.runner import _littles_law_edges
+
+    keep = sent >= start
+    # L exact: each call's time in flight inside the window, over its length (the runner's in-flight
+    # count, with no sampling error), so λW − L is wholly the window's edges.
+    inside = np.clip(np.minimum(done, end) - np.maximum(sent, start), 0.0, None)
+    step = analysis.step_result(
+        offered_qps=keep.sum() / (end - start),
+        completed_ok=int(((done >= start) & (done < end)).sum()),
+        duration_s=end - start,
+        intended_s=sent[keep] - start,
+        sent_s=sent[keep] - start,
+        done_s=done[keep] - start,
+        codes=np.full(keep.sum(), "OK"),
+        inflight_samples=np.array([inside.sum() / (end - start)]),
+    )
+    step["littles_law"].update(_littles_law_edges(sent, done, keep, start, end))
+    config = {"source": "bench", "models": [["mlp", 1.0]], "step_duration_s": end - start, "seed": seed}
+    return json.loads(report.to_json(analysis.ramp_result(steps=[step], slo_p99_ms=50.0, config=config)))
+
+
+def _little_warnings(result) -> list[str]:
+    """The Little's-law warnings of the result's own steps (not those its parts brought along)."""
+    return [w for w in result["warnings"] if w.startswith("step ") and "Little's law" in w]
+
+
+def test_merged_steps_add_the_window_edges_and_judge_what_they_leave_unexplained():
+    # One stall at a short step's end makes λW twice L: all of the gap is the late edge. The whole
+    # step does not warn; neither may its merge (which judged the whole error, its edges dropped).
+    rng = np.random.default_rng(5)
+    sent, done, start, end = _stalled_at_the_end(rng)
+    whole = _edged_result(sent, done, start, end, 0)
+    owner = rng.integers(0, 2, sent.size)
+    parts = [_edged_result(sent[owner == i], done[owner == i], start, end, i + 1) for i in range(2)]
+    w = whole["steps"][0]
+    assert w["littles_law"]["relative_error"] > 0.9 and w["littles_law"]["early_edge"] > 0
+    assert abs(analysis._unexplained(w["littles_law"])) < 1e-9
+    assert 0.95 * w["offered_qps"] <= w["achieved_qps"] <= w["offered_qps"]  # steady: the law is checked
+    assert _little_warnings(whole) == []
+
+    merged = merge_results(parts)
+    assert _little_warnings(merged) == []
+    m = merged["steps"][0]
+    for key in ("mean_inflight_measured", "lambda_w", "relative_error", "late_edge", "early_edge"):
+        assert m["littles_law"][key] == pytest.approx(w["littles_law"][key], rel=1e-9), key
+
+    # A gap beyond the edges (one part's count half short: a third of the merged L) still warns.
+    parts[0]["steps"][0]["littles_law"]["mean_inflight_measured"] *= 0.5
+    (warning,) = _little_warnings(merge_results(parts))
+    assert warning.endswith("the client's clocks or counters are suspect")
+
+
+def test_a_part_without_the_window_edges_leaves_the_merged_step_judged_on_the_whole_error():
+    rng = np.random.default_rng(5)
+    sent, done, start, end = _stalled_at_the_end(rng)
+    owner = rng.integers(0, 2, sent.size)
+    parts = [_edged_result(sent[owner == i], done[owner == i], start, end, i + 1) for i in range(2)]
+    for key in ("late_edge", "early_edge"):
+        del parts[1]["steps"][0]["littles_law"][key]  # written before the edges were
+    merged = merge_results(parts)
+    little = merged["steps"][0]["littles_law"]
+    # Half the edges would explain half the error away: none are kept, and all of it is judged.
+    assert "late_edge" not in little and "early_edge" not in little
+    (warning,) = _little_warnings(merged)
+    assert f"by {100 * little['relative_error']:+.0f}%" in warning
+
+
 # -- a real run: two processes at half the rate, merged, against one process ------------------------------
 def _ramp(target, steps, seed, workers, out):
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", target, "--model", "mlp", "--steps", steps,
