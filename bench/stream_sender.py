@@ -33,6 +33,15 @@ while another is connected, or it answers a request UNAVAILABLE (wok's code only
 stops). A retired stream gets no new request: those queued on it and not yet written are dealt to the
 others, its writer half-closes it, and its reader still settles the answers of those sent; its slot
 reopens, on a connected server, as a failed stream's does.
+
+A slot so moved off its own server goes back to it once that server is up again (restarted, say,
+in a rolling restart): a timer reads the channels' states every REJOIN_AFTER_S / 4, and a stream
+away from its slot's server is retired, as above, once that server's channel has been READY for
+REJOIN_AFTER_S and the stream open as long; the slot reopens on its own server. Nothing is lost
+or sent twice (a retired stream's written requests are answered on it, the others dealt anew), and
+a server that flaps draws a slot back at most once per REJOIN_AFTER_S. One channel (a `dns:///`
+name) has one state for all its servers and does not say which one a stream is on: there the only
+sign of a drain is a refusal, and nothing moves a stream back.
 """
 
 from __future__ import annotations
@@ -50,6 +59,11 @@ OK, UNKNOWN, DEADLINE_EXCEEDED, UNAVAILABLE = 0, 2, 4, 14
 # The least time between two openings of one stream slot: a failed stream is replaced with the next
 # request unless its slot opened less than this ago (then with the first request after that).
 REOPEN_AFTER_S = 0.1
+# A slot whose stream is away from its own server (moved while that one was down) goes back once
+# that server's channel has been seen READY for this long and the slot's stream has been open this
+# long: a server that flaps draws each slot back at most once per REJOIN_AFTER_S. The channels'
+# states are read every REJOIN_AFTER_S / 4, off the send path.
+REJOIN_AFTER_S = 1.0
 
 
 def id_field(i: int) -> bytes:
@@ -122,6 +136,9 @@ async def run_share_stream(
     live: list[int] = []  # ids of the streams open now
     dead: list[int] = []  # slots whose stream failed, not yet reopened
     opened_at = [0.0] * max(1, streams)  # each slot's latest opening (monotonic)
+    # By channel: since when it has been seen READY (monotonic), None while it is not.
+    ready_since: list[float | None] = [None] * len(channels)
+    rejoin_timer: asyncio.TimerHandle | None = None
     readers: list[asyncio.Task] = []
     writers: list[asyncio.Task] = []
     finished = asyncio.Event()
@@ -165,14 +182,18 @@ async def run_share_stream(
         c = channel_of[k]
         if channels[c].get_state(try_to_connect=False) is not FAILING:
             return False
+        ready_since[c] = None  # a failure between two of rejoin's looks still restarts its wait
         return any(channels[j].get_state(try_to_connect=False) is READY for j in range(len(channels)) if j != c)
+
+    def home(slot: int) -> int:
+        return (first_slot + slot) % len(channels)
 
     def channel_for(slot: int) -> int:
         # Its own server's, unless that one is not connected and another is (a server that died:
         # its channel is IDLE or failing, and the slot's new stream goes where one is up). At the
         # first opening none is connected yet: each slot takes its own, spread over the servers.
         k = len(channels)
-        own = (first_slot + slot) % k
+        own = home(slot)
         if k > 1 and channels[own].get_state(try_to_connect=True) is not READY:
             for j in range(1, k):
                 c = (own + j) % k
@@ -241,6 +262,30 @@ async def run_share_stream(
         for j, msg in unwritten:
             deal(j, msg)
 
+    def rejoin() -> None:
+        """Retire each stream away from its own server once that one has been READY for
+        REJOIN_AFTER_S (a server that drained and came back, say): its slot reopens there, so the
+        load is spread again as at the start. Runs on a timer, never per request."""
+        nonlocal rejoin_timer
+        rejoin_timer = None
+        if sending_done:
+            return
+        now = time.monotonic()
+        away = {home(slot_of[k]) for k in live if channel_of[k] != home(slot_of[k])}
+        for c, ch in enumerate(channels):
+            # try_to_connect for a server some slot waits for: an IDLE channel does not reconnect alone.
+            if ch.get_state(try_to_connect=c in away) is READY:
+                if ready_since[c] is None:
+                    ready_since[c] = now
+            else:
+                ready_since[c] = None
+        for k in list(live):
+            slot = slot_of[k]
+            c, since = home(slot), ready_since[home(slot)]
+            if channel_of[k] != c and since is not None and min(now - since, now - opened_at[slot]) >= REJOIN_AFTER_S:
+                retire(k)
+        rejoin_timer = loop.call_later(REJOIN_AFTER_S / 4, rejoin)
+
     async def writer(k: int) -> None:
         call, queue, ready = calls[k], outbox[k], wake[k]
         while True:
@@ -305,6 +350,8 @@ async def run_share_stream(
     for slot in range(len(opened_at)):
         open_stream(slot)
     sending_done = False
+    if len(channels) > 1:
+        rejoin_timer = loop.call_later(REJOIN_AFTER_S / 4, rejoin)
     sleeper = PreciseSleeper(loop)
     to_perf = time.perf_counter() - time.monotonic()  # 0 on Linux: both read CLOCK_MONOTONIC
 
@@ -353,6 +400,8 @@ async def run_share_stream(
         sleeper.close()
         if timer is not None:
             timer.cancel()
+        if rejoin_timer is not None:
+            rejoin_timer.cancel()
         for t in writers:  # the writers first: a stream is half-closed only between writes
             t.cancel()
         await asyncio.gather(*writers, return_exceptions=True)
