@@ -8,8 +8,10 @@ is the load generator's hot path: encode, one awaited unary call, decode, nothin
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import sys
+import threading
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -28,6 +30,7 @@ from .channel import (
     channel_credentials,
     channel_options,
     channel_target,
+    looks_up,
     open_channel,
 )
 from .errors import InferError
@@ -52,6 +55,13 @@ class AsyncClient:
     `close()`; a closed client cannot be used again. All calls must come from the loop
     that made the first one.
 
+    Several targets naming hosts are looked up, and probed where a name has both address families
+    (`wok.clients.channel.channel_target`), which blocks up to a quarter of a second: built inside
+    a running event loop, the client does that on a thread, and its first call (or `async with`)
+    awaits it, so a lookup's error (a ValueError: a name that does not resolve, targets that need
+    both families) comes from that call, not from the constructor; built outside one, the
+    constructor does it.
+
     Every failed call raises InferError. The metadata calls return the protocol's
     response messages (`wok.v2pb.grpc_service_pb2`) as they are, except `model_metadata`.
     `timeout` is always in seconds and becomes the gRPC deadline.
@@ -71,7 +81,14 @@ class AsyncClient:
         if balancer not in ("grpc", "wok"):
             raise ValueError(f"balancer must be 'grpc' or 'wok'; got {balancer!r}")
         self._targets = target
-        self.target = channel_target(target) if balancer == "grpc" else target
+        self._target: str | Sequence[str] = target
+        self._target_lookup: concurrent.futures.Future[str] | None = None
+        if balancer == "grpc":
+            if looks_up(target) and _loop_running():
+                # The lookup and the probe would stall every task of the loop meanwhile.
+                self._target_lookup = _on_thread(channel_target, target)
+            else:
+                self._target = channel_target(target)
         self._options = channel_options(options, retries=retries)
         self._credentials = channel_credentials(tls)
         self._metadata = auth_metadata(token)
@@ -85,6 +102,15 @@ class AsyncClient:
                 s = dataclasses.replace(s, max_attempts=1)
             self._balancer = Balancer(target, options=options, credentials=self._credentials, settings=s)
         self._balancer_start: asyncio.Future | None = None
+
+    @property
+    def target(self) -> str | Sequence[str]:
+        """The gRPC target URI of the channel (`channel_target`); the targets as given with
+        balancer="wok". Read before the first call of a client built inside a running loop, it waits
+        for the lookup (blocking) and raises its error."""
+        if self._target_lookup is not None:
+            return self._target_lookup.result()
+        return self._target
 
     @property
     def balancer(self) -> Balancer | None:
@@ -102,13 +128,25 @@ class AsyncClient:
         self._stub = GRPCInferenceServiceStub(self._channel)
         return self._stub
 
+    async def _first_connect(self) -> GRPCInferenceServiceStub:
+        """The stub, once the target's lookup (if it runs on a thread) is done; its error, if any,
+        is raised to every call."""
+        if self._closed:
+            raise RuntimeError("this AsyncClient is closed")
+        lookup = self._target_lookup
+        if lookup is not None:
+            self._target = await asyncio.wrap_future(lookup)
+            self._target_lookup = None
+        # Concurrent first calls all waited for the lookup: the first to get here makes the channel.
+        return self._stub or self._connect()
+
     async def _open(self) -> None:
         """Make the channel, or start the balancer once (concurrent first calls wait for the one start)."""
         if self._closed:
             raise RuntimeError("this AsyncClient is closed")
         if self._balancer is None:
             if self._stub is None:
-                self._connect()
+                await self._first_connect()
             return
         if self._balancer_start is None:
             self._balancer_start = asyncio.ensure_future(self._balancer.start())
@@ -146,7 +184,7 @@ class AsyncClient:
 
     async def _unary(self, method: str, request, timeout: float | None):
         if self._balancer is None:
-            call = getattr(self._stub or self._connect(), method)
+            call = getattr(self._stub or await self._first_connect(), method)
         else:
             await self._open()
             call = self._balancer.unary_unary(
@@ -233,7 +271,7 @@ class AsyncClient:
         """
         release = None
         if self._balancer is None:
-            stub = self._stub or self._connect()
+            stub = self._stub or await self._first_connect()
         else:
             await self._open()
             channel, release = self._balancer.stream_channel()
@@ -268,6 +306,32 @@ class AsyncClient:
                 release()
         if error is not None:
             raise error
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _on_thread(fn, *args) -> concurrent.futures.Future:
+    """`fn(*args)` on a thread of its own, as a future any loop can await (`asyncio.wrap_future`).
+
+    Not the loop's default executor: its future would belong to the loop that built the client,
+    and asyncio.run waits for its threads at the end, a blocking name lookup's included."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # the caller's to get, at its first call
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="wok-channel-target", daemon=True).start()
+    return future
 
 
 def _serialize(message) -> bytes:

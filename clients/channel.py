@@ -5,7 +5,9 @@ gRPC balances over several servers only when one channel names them all: several
 channel asks for `round_robin`, so a `dns:///name:port` that resolves to several
 servers is balanced too. Such a URI lists addresses of one family: a name that resolves to
 both (`localhost`: 127.0.0.1 and ::1) gives those its server accepts TCP connections on, probed
-(`accepting`), as gRPC itself reaches one name over either family; targets that need both
+(`probe`), as gRPC itself reaches one name over either family (when neither accepts, a family
+that got no answer in time wins over one that refused: a busy server's full backlog drops
+connections, a refusal means nothing listens); targets that need both
 families cannot share a channel (ValueError naming them). A single target is passed to gRPC
 as given; a list in one string, "a:p,b:p", is several targets. With TLS, a channel over
 several targets checks every server's certificate against the first target's host
@@ -69,6 +71,7 @@ too, where it can be read on the way: use it with TLS beyond loopback).
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import ipaddress
 import json
@@ -79,7 +82,7 @@ import socket
 import ssl
 import tempfile
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,10 +167,13 @@ def channel_target(target: str | Sequence[str]) -> str:
     several. Several must each be "host:port" or "[v6]:port";
     host names among them are resolved here, once, because a gRPC URI can list several
     addresses but not several names, and of one address family only. A name with addresses of
-    both families gets those of the family its server accepts TCP connections on (probed,
-    `accepting`); one that accepts on both (a dual-stack server: one server, listed once) or on
-    neither (not up yet) gets the other targets' family, IPv4 if they leave it open.
-    ValueError when the targets need both families.
+    both families gets those of the family its server answers on best (probed, `probe`): the one
+    that accepts TCP connections, else the one that did not answer in time over one that refused
+    (a refusal is certain, a timeout may be a server too busy to accept); one that does as well
+    on both (a dual-stack server: one server, listed once; or one not up yet) gets the other
+    targets' family, IPv4 if they leave it open. ValueError when the targets need both
+    families. This blocks for the lookups and up to PROBE_TIMEOUT_S for the probe
+    (`looks_up` tells whether it does either).
     """
     targets = target_list(target)
     if not targets:
@@ -176,15 +182,20 @@ def channel_target(target: str | Sequence[str]) -> str:
         return targets[0]
     resolved = [_addresses(t) for t in targets]
     both = [a for r in resolved if len(r) > 1 for addrs in r.values() for a in addrs]
-    accepted = accepting(both) if both else set()
+    outcomes = probe(both, PROBE_TIMEOUT_S) if both else {}
     needs: dict[socket.AddressFamily, tuple[str, str]] = {}  # family: (the first target needing it, why)
     for t, r in zip(targets, resolved):
         if len(r) == 1:
             needs.setdefault(next(iter(r)), (t, "its only family"))
             continue
-        families = accepted_families([a for addrs in r.values() for a in addrs], accepted)
+        families = preferred_families([a for addrs in r.values() for a in addrs], outcomes)
         if len(families) == 1:  # else either will do: a dual-stack server, or one not up yet
-            needs.setdefault(families.pop(), (t, "the one family its server accepts connections on"))
+            family = families.pop()
+            if any(outcomes.get(a) is Probe.ACCEPTED for a in r[family]):
+                why = "the one family its server accepts connections on"
+            else:
+                why = f"connections there got no answer within {PROBE_TIMEOUT_S} s, the other family's were refused"
+            needs.setdefault(family, (t, why))
     if len(needs) > 1:
         (t4, why4), (t6, why6) = needs[socket.AF_INET], needs[socket.AF_INET6]
         raise ValueError(
@@ -226,14 +237,38 @@ def split_host_port(text: str) -> tuple[str, int] | None:
     return (host[1:-1] if host.startswith("[") and host.endswith("]") else host), int(port)
 
 
-def _addresses(target: str) -> dict[socket.AddressFamily, list[str]]:
-    """The addresses of one "host:port", by family, as "addr:port" (IPv6 in brackets)."""
+def looks_up(target: str | Sequence[str]) -> bool:
+    """Whether `channel_target(target)` resolves names (and so may probe, `probe`): several
+    targets of which one names a host, not an IP address. Raises channel_target's ValueError for
+    a malformed list; does no I/O."""
+    targets = target_list(target)
+    if len(targets) < 2:
+        return False
+    hosts = [_host_port(t)[0] for t in targets]
+    return any(not _is_ip(host) for host in hosts)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _host_port(target: str) -> tuple[str, int]:
+    """(host, port) of one of several targets: "host:port" or "[v6]:port"."""
     if "/" in target or (target.count(":") != 1 and not target.startswith("[")):
         raise ValueError(f"target {target!r}: with several targets each must be host:port or [ipv6]:port")
     parsed = split_host_port(target)
     if parsed is None:
         raise ValueError(f"target {target!r}: expected host:port")
-    host, port = parsed
+    return parsed
+
+
+def _addresses(target: str) -> dict[socket.AddressFamily, list[str]]:
+    """The addresses of one "host:port", by family, as "addr:port" (IPv6 in brackets)."""
+    host, port = _host_port(target)
     try:
         ips = [ipaddress.ip_address(host)]
     except ValueError:
@@ -259,6 +294,14 @@ def family_of(address: str) -> socket.AddressFamily:
     return socket.AF_INET6 if address.startswith("[") else socket.AF_INET
 
 
+class Probe(enum.Enum):
+    """How an address answered a probe's TCP connect (`probe`)."""
+
+    ACCEPTED = 2
+    TIMED_OUT = 1  # no answer in time: a server too busy to accept (its queue full), or a host that drops it
+    REFUSED = 0  # refused, unreachable, or a family this host lacks: certain, and known at once
+
+
 def accepted_families(addresses: Sequence[str], accepted: Collection[str]) -> set[socket.AddressFamily]:
     """The families of those of one name's `addresses` ("ip:port", "[v6]:port") that are among
     `accepted` (those that took a probe's TCP connection): both for a dual-stack server, none for
@@ -266,28 +309,47 @@ def accepted_families(addresses: Sequence[str], accepted: Collection[str]) -> se
     return {family_of(a) for a in addresses if a in accepted}
 
 
+def preferred_families(addresses: Sequence[str], outcomes: Mapping[str, Probe]) -> set[socket.AddressFamily]:
+    """The families of one name's `addresses` whose best probe outcome (`probe`) is the best of
+    them all: accepted over timed out over refused (an address missing from `outcomes` counts as
+    refused). Both when they tie: a dual-stack server, or one not up yet."""
+    best: dict[socket.AddressFamily, int] = {}
+    for a in addresses:
+        rank = outcomes.get(a, Probe.REFUSED).value
+        best[family_of(a)] = max(best.get(family_of(a), rank), rank)
+    top = max(best.values(), default=0)
+    return {family for family, rank in best.items() if rank == top}
+
+
 def accepting(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> set[str]:
     """Those of `addresses` ("ip:port", "[v6]:port") that accept a TCP connection within `timeout`
-    seconds, all tried at once; the connections are closed at once, nothing is sent on them."""
-    accepted: set[str] = set()
+    seconds (`probe`)."""
+    return {a for a, outcome in probe(addresses, timeout).items() if outcome is Probe.ACCEPTED}
+
+
+def probe(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> dict[str, Probe]:
+    """How each of `addresses` ("ip:port", "[v6]:port") answers a TCP connect within `timeout`
+    seconds, all tried at once; the connections are closed at once, nothing is sent on them.
+    Blocks up to `timeout`: run it on a thread from async code."""
+    outcomes = {address: Probe.TIMED_OUT for address in addresses}
     selector = selectors.DefaultSelector()
     try:
-        for address in dict.fromkeys(addresses):
+        for address in outcomes:
             parsed = split_host_port(address)
             if parsed is None:
                 raise ValueError(f"address {address!r}: expected ip:port or [ipv6]:port")
             try:
                 sock = socket.socket(family_of(address), socket.SOCK_STREAM)
             except OSError:  # no such family on this host (IPv6 turned off): nothing accepts there
+                outcomes[address] = Probe.REFUSED
                 continue
             sock.setblocking(False)
             err = sock.connect_ex(parsed)
-            if err == 0:
-                accepted.add(address)
             if err in _IN_PROGRESS:
                 selector.register(sock, selectors.EVENT_WRITE, address)
-            else:  # connected already, or refused, unreachable: known now
-                sock.close()
+                continue
+            outcomes[address] = Probe.ACCEPTED if err == 0 else Probe.REFUSED
+            sock.close()
         deadline = time.monotonic() + timeout
         while selector.get_map():
             left = deadline - time.monotonic()
@@ -295,15 +357,16 @@ def accepting(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> set
                 break
             for key, _ in selector.select(left):
                 sock = key.fileobj
-                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
-                    accepted.add(key.data)
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err != errno.ETIMEDOUT:
+                    outcomes[key.data] = Probe.ACCEPTED if err == 0 else Probe.REFUSED
                 selector.unregister(sock)
                 sock.close()
     finally:
         for key in list(selector.get_map().values()):
             key.fileobj.close()
         selector.close()
-    return accepted
+    return outcomes
 
 
 _IN_PROGRESS = {errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN, getattr(errno, "WSAEWOULDBLOCK", -1)}

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from wok.clients import AsyncClient
 from wok.clients.balancer import Balancer, BalancerSettings
 from wok.clients.channel import channel_target
 from wok.v2pb import grpc_service_pb2 as pb
@@ -207,3 +209,175 @@ def test_several_targets_take_the_family_each_server_accepts_on(monkeypatch):
     finally:
         for s in (a6, b6, dual, c4, *held):
             s.close()
+
+
+# -- refused or no answer; the async client's lookup off the loop ----------------------------
+
+
+def address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@contextlib.contextmanager
+def full(*socks: socket.socket):
+    """`socks` (bound, from `port_pair`) listening with a full accept queue: a connection there gets
+    no answer (the kernel drops its SYN), as at a server too busy to accept."""
+    fillers = []
+    try:
+        for sock in socks:
+            sock.listen(0)
+            for _ in range(10):  # a queue of listen(0) holds one connection
+                filler = socket.socket(sock.family, socket.SOCK_STREAM)
+                fillers.append(filler)
+                filler.setblocking(False)
+                filler.connect_ex(sock.getsockname())
+                if not select.select([], [filler], [], 0.1)[1]:  # no answer: the queue is full
+                    break
+            else:
+                raise RuntimeError(f"{address(sock)}: the accept queue still takes connections after 10")
+        yield
+    finally:
+        for filler in fillers:
+            filler.close()
+
+
+@pytest.fixture
+def box(monkeypatch):
+    """The name "box" resolves to 127.0.0.1 and ::1, for socket.getaddrinfo (channel_target)."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host != "box":
+            return real(host, port, *args, **kwargs)
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+        ]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def test_probes_tell_a_refusal_from_no_answer():
+    from wok.clients.channel import Probe, preferred_families, probe
+
+    (no4, busy6), (open4, no6) = port_pair(), port_pair()
+    open4.listen()
+    try:
+        with full(busy6):
+            got = probe([address(no4), address(busy6), address(open4), address(no6)])
+            assert got == {
+                address(no4): Probe.REFUSED,
+                address(busy6): Probe.TIMED_OUT,
+                address(open4): Probe.ACCEPTED,
+                address(no6): Probe.REFUSED,
+            }
+            assert preferred_families([address(no4), address(busy6)], got) == {socket.AF_INET6}
+            assert preferred_families([address(open4), address(no6)], got) == {socket.AF_INET}
+            assert preferred_families([address(no4), address(no6)], got) == {socket.AF_INET, socket.AF_INET6}
+    finally:
+        for s in (no4, busy6, open4, no6):
+            s.close()
+
+
+def test_a_family_without_an_answer_wins_over_one_that_refused(box, monkeypatch):
+    """Neither family accepts: IPv4 was taken even when it refused (nothing listens there) and IPv6
+    only got no answer (a server there, too busy to accept): every call then went to the refusal."""
+    from wok.clients import channel
+
+    monkeypatch.setattr(channel, "PROBE_TIMEOUT_S", 0.1)
+    (no4, busy6), (busy4, no6), (both4, both6), (none4, none6) = (port_pair() for _ in range(4))
+    try:
+        with full(busy6, busy4, both4, both6):
+            a, b, c, d = (port_of(s) for s in (no4, busy4, both4, none4))
+            assert channel_target([f"box:{a}", f"box:{a}"]) == f"ipv6:[::1]:{a}"
+            assert channel_target([f"box:{b}", f"box:{b}"]) == f"ipv4:127.0.0.1:{b}"
+            # As well on both: IPv4, the server may not be up yet.
+            assert channel_target([f"box:{c}", f"box:{d}"]) == f"ipv4:127.0.0.1:{c},127.0.0.1:{d}"
+            with pytest.raises(ValueError, match=rf"'box:{a}' \(IPv6: connections there got no answer within 0.1 s"):
+                channel_target(["10.0.0.1:1", f"box:{a}"])
+    finally:
+        for s in (no4, busy6, busy4, no6, both4, both6, none4, none6):
+            s.close()
+
+
+async def test_an_async_client_built_in_a_loop_leaves_the_loop_free(box):
+    """Built inside a running loop, the client probed the targets' name on the loop: every task
+    stalled for the probe's 250 ms when a server's accept queue was full (a server under overload)."""
+    gaps: list[float] = []
+    ticking = asyncio.Event()
+
+    async def ticker():
+        last = asyncio.get_running_loop().time()
+        while True:
+            await asyncio.sleep(0.005)
+            now = asyncio.get_running_loop().time()
+            gaps.append(now - last)
+            last = now
+            ticking.set()
+
+    no4, busy6 = port_pair()
+    try:
+        with full(busy6):
+            port = port_of(busy6)
+            task = asyncio.create_task(ticker())
+            try:
+                await ticking.wait()
+                gaps.clear()
+                async with AsyncClient([f"box:{port}", f"box:{port}"]) as client:
+                    assert client.target == f"ipv6:[::1]:{port}"
+                ticking.clear()
+                await ticking.wait()  # the tick that ends a gap spanning the client's making
+            finally:
+                task.cancel()
+    finally:
+        no4.close()
+        busy6.close()
+    assert max(gaps) < 0.1, f"the loop stalled {max(gaps) * 1e3:.0f} ms (the probe takes 250 ms)"
+
+
+async def test_an_async_client_built_in_a_loop_connects_once_on_the_family_its_server_listens_on(
+    box, stub_at, monkeypatch
+):
+    from wok.clients import aio
+
+    opened = []
+    real = aio.open_channel
+
+    def open_channel(*args):
+        opened.append(args[1])
+        return real(*args)
+
+    monkeypatch.setattr(aio, "open_channel", open_channel)
+    with v6_port() as port:
+        async with stub_at("a", "[::1]", port):
+            client = AsyncClient([f"box:{port}", f"box:{port}"])
+            try:
+                answers = await asyncio.gather(
+                    *(client.server_live(timeout=10) for _ in range(3)), return_exceptions=True
+                )
+                # The stub has no ServerLive: UNIMPLEMENTED, from the server on ::1.
+                assert all(getattr(a, "code", None) == grpc.StatusCode.UNIMPLEMENTED for a in answers), answers
+                assert opened == [f"ipv6:[::1]:{port}"]  # concurrent first calls, one channel
+            finally:
+                await client.close()
+
+
+async def test_an_async_client_built_in_a_loop_raises_the_lookup_error_at_its_first_call(box, stub_at):
+    with v6_port() as port:
+        async with stub_at("a", "[::1]", port):
+            targets = ["10.0.0.1:1", f"box:{port}"]
+            client = AsyncClient(targets)
+            try:
+                for _ in range(2):  # every call, not only the first
+                    with pytest.raises(ValueError, match="need different address families"):
+                        await client.server_live()
+                with pytest.raises(ValueError, match="need different address families"):
+                    _ = client.target
+            finally:
+                await client.close()
+            with pytest.raises(RuntimeError, match="closed"):
+                await client.server_live()
+            # Outside a running loop the constructor looks up, as it always did, and raises.
+            with pytest.raises(ValueError, match="need different address families"):
+                await asyncio.to_thread(AsyncClient, targets)
