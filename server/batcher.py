@@ -261,8 +261,8 @@ class Batcher:
         # slo policy: the queues by rank, (level, deadline, created, seq, key), one live entry per
         # non-empty queue (seq == its rank_seq) whose rank is never less urgent than the queue's,
         # fixed lazily when it reaches the top: the choice visits the queues most urgent first and
-        # stops at the first that is due. And the keys whose queues emptied since the last choice
-        # (it drops those still empty, as its scan of every queue did).
+        # stops at the first that is due. And the keys whose queues emptied since the last decision
+        # (each decision drops those still empty, as the choice's scan of every queue did).
         self._ranks: list[tuple[float, float, int, int, Hashable]] = []
         self._emptied: set[Hashable] = set()
         self._failed: BaseException | None = None
@@ -386,6 +386,8 @@ class Batcher:
             raise InvalidInput(
                 f"{rows} rows exceed max_batch_size {self.configured_max_batch_size} of model '{self.name}'"
             )
+        if rows < 1:  # likewise: queued, it would run a batch of nothing, or (slo) never be due
+            raise InvalidInput(f"{rows} rows in a request to model '{self.name}'; expected at least 1")
         now = time.perf_counter()
         level = priority or self.default_level
         slo = self.slo
@@ -524,7 +526,7 @@ class Batcher:
         dues = self._dues
         heapq.heappush(dues, (deadline, seq, key))
         if len(dues) > 2 * len(self._queues) + 64:
-            # A queue emptied and dropped (`_pick_slo`), or one whose earliest deadline came earlier,
+            # A queue emptied and dropped (`_drop_emptied`), or one whose earliest deadline came earlier,
             # leaves a stale entry until its deadline reaches the top: rebuilt, amortized O(1).
             queues = self._queues
             self._dues = dues = [e for e in dues if e[2] in queues and queues[e[2]].due_seq == e[1]]
@@ -765,6 +767,8 @@ class Batcher:
         """
         flush_size = self.policy.flush_size
         slo = self.slo
+        if self._emptied:
+            self._drop_emptied()
         best = None
         for key in list(self._full):
             q = self._queues.get(key)
@@ -887,13 +891,6 @@ class Batcher:
         slo = self.slo
         slo.max_batch_size = self.policy.max_batch_size  # set_policy may have changed it
         flush_size = self.policy.flush_size
-        if self._emptied:
-            queues = self._queues
-            for key in self._emptied:
-                q = queues.get(key)
-                if q is not None and q.samples <= 0:
-                    del queues[key]  # its dead entries go with it
-            self._emptied.clear()
         wake = math.inf
         waiting = []  # the queues not due, most urgent first: (key, queue, rank, latest start)
         passed: list = []
@@ -923,6 +920,19 @@ class Batcher:
         finally:
             self._unpass(passed)
         return None, None, "", None if wake == math.inf else max(wake - now, 0.0)
+
+    def _drop_emptied(self) -> None:
+        """slo policy: drop the queues emptied since the last decision that are still empty (their dead
+        entries go with them; their heap entries, stale now, leave when they reach a top).
+
+        At every decision, the spare slot's too: with a full batch always waiting for it, no instance
+        is idle, and keys that came and went (withdrawn, expired) would pile up for as long."""
+        queues = self._queues
+        for key in self._emptied:
+            q = queues.get(key)
+            if q is not None and q.samples <= 0:
+                del queues[key]
+        self._emptied.clear()
 
     def _urgency(self, q: _Queue) -> tuple[float, float]:
         """slo policy: (its most urgent live level, its earliest deadline); the smallest goes first."""
