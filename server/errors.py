@@ -65,6 +65,12 @@ class ShuttingDown(WokError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class NotSupported(WokError):
+    """A protocol call wok declares only to say why it does not serve it (loading a model at run time)."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
 class ModelExecutionError(WokError):
     """The model raised while running a batch; every request of that batch ends with it."""
 

@@ -27,6 +27,7 @@ from .errors import (
     DeadlineUnmeetable,
     InvalidInput,
     ModelNotFound,
+    NotSupported,
     QueueFull,
     ShuttingDown,
     WokError,
@@ -42,7 +43,9 @@ if TYPE_CHECKING:
     from .app import ModelRuntime, WokServer
 
 log = logging.getLogger("wok.service")
-EXTENSIONS = ("model_configuration", "statistics", "model_repository")
+# Not "model_repository": to Triton's clients it means RepositoryIndex, RepositoryModelLoad and
+# RepositoryModelUnload, and wok loads no model at run time (RepositoryModelLoad).
+EXTENSIONS = ("model_configuration", "statistics")
 # On every stream answer, as Triton sets it: the request has no answer after this one (wok's
 # models answer each request once). Stream loops written for Triton wait for it to end.
 FINAL = "triton_final_response"
@@ -532,12 +535,22 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerReady(self, request, context):
         return pb.ServerReadyResponse(ready=self.server.ready)
 
+    def _unready(self, rt: ModelRuntime) -> str | None:
+        """Why the model cannot take requests now; None when it is ready (ModelReady, RepositoryIndex)."""
+        if self.server.draining:
+            return "server is shutting down and accepts no new requests"
+        if not self.server.ready:
+            return "server is not ready"
+        if rt.batcher.failed is not None:
+            return f"batcher failed: {rt.batcher.failed}; the model refuses every request until the server restarts"
+        return None
+
     async def ModelReady(self, request, context):
         try:
             rt = self.server.runtime(request.name, request.version)
         except WokError:
             return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=self.server.ready and rt.batcher.failed is None)
+        return pb.ModelReadyResponse(ready=self._unready(rt) is None)
 
     async def ServerMetadata(self, request, context):
         return pb.ServerMetadataResponse(name="wok", version=__version__, extensions=EXTENSIONS)
@@ -573,10 +586,42 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelStatisticsResponse(model_stats=[rt.stats.to_proto() for rt in rts])
 
     async def RepositoryIndex(self, request, context):
+        if request.repository_name:
+            # Triton refuses it too; ignored, a client would take wok's one repository for the one it named.
+            await _abort(
+                context,
+                InvalidInput(
+                    f"'repository_name' specification is not supported: wok serves one set of models, chosen at "
+                    f"start (--model-repository, --models); send RepositoryIndex without repository_name "
+                    f"(got '{request.repository_name}')"
+                ),
+            )
         resp = pb.RepositoryIndexResponse()
         for name in sorted(self.server.runtimes):
-            resp.models.add(name=name, version=VERSION, state="READY" if self.server.ready else "UNAVAILABLE")
+            reason = self._unready(self.server.runtimes[name])
+            if reason is None:
+                resp.models.add(name=name, version=VERSION, state="READY")
+            elif not request.ready:  # ready=true asks for the models ready for inferencing only
+                resp.models.add(name=name, version=VERSION, state="UNAVAILABLE", reason=reason)
         return resp
+
+    async def RepositoryModelLoad(self, request, context):
+        await self._fixed_repository(context, "load", request.model_name)
+
+    async def RepositoryModelUnload(self, request, context):
+        await self._fixed_repository(context, "unload", request.model_name)
+
+    @staticmethod
+    async def _fixed_repository(context, what: str, model: str) -> None:
+        # Declared in the proto so that the answer says why: gRPC's own for an unknown method
+        # is "Method not found!".
+        await _abort(
+            context,
+            NotSupported(
+                f"cannot {what} model '{model}': wok does not load or unload models while it runs; it serves the "
+                "fixed set chosen at start (--model-repository, --models): restart it with the models wanted"
+            ),
+        )
 
 
 def model_config_proto(rt: ModelRuntime) -> mc.ModelConfig:

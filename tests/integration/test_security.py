@@ -304,7 +304,7 @@ async def test_a_refused_call_is_answered_before_its_request_is_read(serve, pki)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             big = encode_request("mlp", {"INPUT0": np.ones((8, 256), np.float32)}).SerializeToString()
             infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-            unknown = channel.unary_unary("/inference.GRPCInferenceService/RepositoryModelLoad")
+            unknown = channel.unary_unary("/inference.GRPCInferenceService/TraceSetting")  # Triton's, not wok's
             for call in (infer, unknown):
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await call(big, timeout=CALL_S)

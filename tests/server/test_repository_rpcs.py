@@ -1,0 +1,161 @@
+"""The V2 repository RPCs as Triton answers them: RepositoryIndex tells what is ready for
+inferencing by the condition ModelReady uses (a failed batcher, a drain) and honours `ready`;
+a `repository_name` is refused by name, not ignored; RepositoryModelLoad/Unload say why wok
+does not serve them, and ServerMetadata does not advertise the `model_repository` extension."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from wok.app import WokServer
+from wok.codec import decode_response, encode_request
+from wok.config import model_config_from_dict, server_settings
+from wok.repository import ModelRepository
+from wok.servable import Servable
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+X = {"INPUT0": np.ones((1, 4), np.float32)}
+SHUTTING_DOWN = "server is shutting down and accepts no new requests"
+
+
+class Gated(nn.Module):
+    """Returns 2x; once `gate` is cleared, a batch blocks in the model until the test sets it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()  # the warm-up runs through
+        self.entered = threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.gate.is_set():
+            self.entered.set()
+        if not self.gate.wait(timeout=60):  # a backstop for a test that never sets it
+            raise RuntimeError("test gate never opened")
+        return x * 2
+
+
+def gated_servable(name: str) -> tuple[Servable, Gated]:
+    cfg = model_config_from_dict(
+        {
+            "name": name,
+            "platform": "python",
+            "factory": "tests:unused",
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}],
+            "max_batch_size": 1,  # one request is a full batch: it goes to the model at once
+            "instances": {"count": 1, "devices": ["cpu"]},
+        },
+        "test",
+    )
+    module = Gated()
+    return Servable(cfg, module), module
+
+
+@asynccontextmanager
+async def gated_server(
+    *names: str,
+) -> AsyncIterator[tuple[WokServer, dict[str, Gated], pb_grpc.GRPCInferenceServiceStub]]:
+    made = {name: gated_servable(name) for name in names}
+    server = WokServer(
+        server_settings(grpc_port=0, metrics_port=None), ModelRepository([s for s, _ in made.values()], "test")
+    )
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            yield server, {name: m for name, (_, m) in made.items()}, pb_grpc.GRPCInferenceServiceStub(ch)
+    finally:
+        for _, m in made.values():
+            m.gate.set()
+        await server.stop(grace=5)
+
+
+async def index(stub, **request) -> list[tuple[str, str, str]]:
+    resp = await stub.RepositoryIndex(pb.RepositoryIndexRequest(**request), timeout=10)
+    return [(m.name, m.state, m.reason) for m in resp.models]
+
+
+async def test_a_model_whose_batcher_failed_is_unavailable_with_the_failure_and_left_out_of_ready_true():
+    async with gated_server("a", "b") as (server, _, stub):
+        assert await index(stub) == [("a", "READY", ""), ("b", "READY", "")]
+
+        def bug(*args, **kwargs):
+            raise RuntimeError("a bug in the batcher")
+
+        server.runtimes["a"].batcher._form = bug  # the batching task's next decision raises
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.ModelInfer(encode_request("a", X), timeout=10)
+        assert info.value.details() == "model 'a': batcher failed: a bug in the batcher"
+        # The same condition as ModelReady's.
+        assert not (await stub.ModelReady(pb.ModelReadyRequest(name="a"), timeout=10)).ready
+        assert (await stub.ModelReady(pb.ModelReadyRequest(name="b"), timeout=10)).ready
+        reason = "batcher failed: a bug in the batcher; the model refuses every request until the server restarts"
+        assert await index(stub) == [("a", "UNAVAILABLE", reason), ("b", "READY", "")]
+        assert await index(stub, ready=True) == [("b", "READY", "")]
+
+
+async def test_during_a_drain_every_model_is_unavailable_and_none_is_ready():
+    async with gated_server("a", "b") as (server, modules, stub):
+        modules["a"].gate.clear()
+        accepted = asyncio.ensure_future(stub.ModelInfer(encode_request("a", X), timeout=30))
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, modules["a"].entered.wait, 10), "the request never reached its model"
+        stopping = asyncio.ensure_future(server.stop(grace=10))  # waits for the accepted request
+        while not server.draining:
+            await asyncio.sleep(0)
+        try:
+            assert await index(stub) == [("a", "UNAVAILABLE", SHUTTING_DOWN), ("b", "UNAVAILABLE", SHUTTING_DOWN)]
+            assert await index(stub, ready=True) == []
+            assert not (await stub.ModelReady(pb.ModelReadyRequest(name="b"), timeout=10)).ready
+        finally:
+            modules["a"].gate.set()
+        out = decode_response(await accepted)
+        np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+        await stopping
+
+
+@pytest.mark.parametrize("ready", [False, True])
+async def test_a_repository_name_is_refused_by_name_not_ignored(ready):
+    async with gated_server("a") as (_, _, stub):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.RepositoryIndex(pb.RepositoryIndexRequest(repository_name="models", ready=ready), timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details() == (
+            "'repository_name' specification is not supported: wok serves one set of models, chosen at start "
+            "(--model-repository, --models); send RepositoryIndex without repository_name (got 'models')"
+        )
+
+
+@pytest.mark.parametrize(("method", "what"), [("RepositoryModelLoad", "load"), ("RepositoryModelUnload", "unload")])
+async def test_load_and_unload_say_the_models_are_fixed_at_start(method, what):
+    async with gated_server("a") as (_, _, stub):
+        request = getattr(pb, f"{method}Request")(model_name="a")
+        request.parameters["config"].string_param = '{"max_batch_size": 8}'
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await getattr(stub, method)(request, timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert info.value.details() == (
+            f"cannot {what} model 'a': wok does not load or unload models while it runs; it serves the fixed set "
+            "chosen at start (--model-repository, --models): restart it with the models wanted"
+        )
+        # Nothing changed: the model is there and serves.
+        assert await index(stub) == [("a", "READY", "")]
+        out = decode_response(await stub.ModelInfer(encode_request("a", X), timeout=10))
+        np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+
+
+async def test_server_metadata_does_not_advertise_the_model_repository_extension():
+    # To Triton's clients the extension means RepositoryIndex, RepositoryModelLoad and RepositoryModelUnload.
+    async with gated_server("a") as (_, _, stub):
+        meta = await stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=10)
+    assert list(meta.extensions) == ["model_configuration", "statistics"]
