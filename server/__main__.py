@@ -11,6 +11,12 @@ import signal
 import sys
 from pathlib import Path
 
+# gRPC core logs every failed TLS handshake at INFO, a line per connection: whoever reaches the
+# port could fill the log at a thousand lines a second. wok logs what concerns it itself, with its
+# own rate limits (docs/security.md); an operator's own setting wins. Read when grpc is imported,
+# which .errors does: so here, before it.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from .errors import ConfigError, WarmupError
 
 

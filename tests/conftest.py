@@ -71,9 +71,9 @@ class ServerProcess:
 def start_server_process(*args: str, timeout: float = 120.0) -> ServerProcess:
     """Start `python -m wok serve --port 0 ARGS` and wait for its ready line."""
     cmd = [sys.executable, "-m", "wok", "serve", "--port", "0", "--metrics-port", "0", *args]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
+    # The server's own gRPC log level, not one this process took by importing wok.__main__.
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"} | {"PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     log: list[str] = []
     lines = threading.Condition()
     found: list[re.Match] = []

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -928,6 +929,21 @@ def test_wok_serve_flags_turn_on_tls_and_tokens(secured_server, pki):
         with pytest.raises(InferError) as info:
             plaintext.server_live(timeout=CALL_S)
         assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_failed_handshakes_do_not_fill_the_servers_log(servers, pki):
+    # gRPC core logged each at INFO, a line per connection ("Handshake failed with error
+    # SSL_ERROR_SSL: ... WRONG_VERSION_NUMBER"): 300 plaintext connections, 300 lines in 0.2 s.
+    sp = servers["secured-2"]
+    for _ in range(20):
+        with socket.create_connection((sp.host, sp.port), timeout=CALL_S) as s:
+            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            s.recv(100)  # the server's end of it: the handshake has failed by then
+    with Client(sp.target, tls=pki.tls(), token=TOKEN_A) as client:  # and it keeps serving
+        assert client.infer("mlp", {"INPUT0": X}, timeout=CALL_S)["OUTPUT0"].shape == (1, 256)
+    with sp.lines:  # the lines come on the server's stderr, read by a thread: give them a moment
+        sp.lines.wait_for(lambda: any("Handshake failed" in line for line in sp.log), timeout=1.5)
+    assert not [line for line in sp.log if "Handshake failed" in line], "\n".join(sp.log[-5:])
 
 
 def test_wok_serve_refuses_bad_security_options_with_exit_2(pki, tmp_path):
