@@ -59,9 +59,12 @@ Outlier detection (like Envoy's): a replica with `consecutive_failures` (5) fail
 (UNAVAILABLE, INTERNAL, UNKNOWN) or as many attempts in a row that reached `hedge_after`
 without an answer is ejected: it gets no calls for `base_ejection_s` (2 s) × the times it was
 ejected (at most `max_ejection_s`, 30 s); the count is forgotten once it has answered OK,
-before `hedge_after`, as many times in a row again. At most `max_ejected_fraction` (half,
-rounded down, but one of two) of the replicas are ejected at once, never the last one, so a
-fault of the whole fleet cannot empty the rotation; and while no replica in the rotation is
+before `hedge_after`, as many times in a row again. Back in the rotation it is judged afresh:
+late attempts and failures before its return (attempts out at its ejection, or sent to it while
+ejected) do not count towards its next ejection, so a lasting fault costs as many calls each
+time it comes back. At most `max_ejected_fraction` (half, rounded down, but one of two) of
+the replicas are ejected at once, never the last one, so a fault of the whole fleet cannot
+empty the rotation; and while no replica in the rotation is
 READY (the others are down), the READY ejected ones take the calls: a replica ejected for
 slowness fills the cap, and the one that dies next could not be ejected in its place. A
 READY replica that fails its calls, with the cap full, takes the place of one ejected only for
@@ -73,7 +76,8 @@ cap bounds what the balancer takes out on its own judgement, whatever the ejecte
 (a fault of the whole fleet, or of the client, looks like failing replicas too), and nothing
 says an ejected failing one has recovered: it gets no calls while the rotation has a READY
 replica, unless its channel goes down and comes back (next). With hedging off
-(`hedge_after=None`) attempts are never "late", so only failures eject. A transient stall
+(`hedge_after=None`) attempts are never "late", so only failures eject; with one attempt per
+call (`max_attempts=1`) there is no hedge, but an attempt is late all the same. A transient stall
 costs a replica 2 s out of the rotation; a lasting fault costs 5 delayed (hedged) or failed
 calls each time it comes back, at growing intervals.
 
@@ -275,10 +279,11 @@ class Replica:
 
 
 class _Attempt:
-    __slots__ = ("counts", "late", "replica", "started", "task")
+    __slots__ = ("counts", "due", "late", "replica", "started", "task")
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
+        self.due = 0.0  # when it is to go out: its launch, plus any backoff
         self.started: float | None = None  # when the call went out (after any backoff)
         self.late = False  # reached hedge_after without an answer
         self.counts = True  # its failure counts towards ejection: its channel was READY or IDLE
@@ -488,7 +493,7 @@ class Balancer:
 
     async def changed(self) -> None:
         """Return at the next change: a replica's state, an ejection, the set of replicas, a hedge or
-        retry sent or refused by the budget (for tests and waiters)."""
+        retry sent or refused by the budget, an attempt found late (for tests and waiters)."""
         await self._changed.wait()
 
     async def wait_for(
@@ -610,6 +615,11 @@ class Balancer:
     def _readmit(self, r: Replica) -> None:
         r.ejected = r.ejected_slow = r.ejected_down = False
         r.readmit = None
+        # Judged afresh: K late attempts or failures in a row after its return, as before its first
+        # ejection. Those of attempts out at its ejection, or sent to it meanwhile, ejected it again
+        # at its first late attempt or failure back (a lasting fault cost 1 call per return, not K).
+        r.consecutive_failures = r.consecutive_slow = 0
+        r.late_starts = []
         self._notify()
 
     def _answered(self, a: _Attempt, code: grpc.StatusCode, latency_s: float | None) -> None:
@@ -651,6 +661,12 @@ class Balancer:
         a.late = True
         r = a.replica
         r.slow += 1
+        self._notify()
+        if r.ejected:
+            # Out already (an attempt sent before its ejection, or while it takes calls ejected):
+            # nothing to judge. Counted, an ejected slow one that alone is READY was "hung" and
+            # swapped out for itself, its ejection lengthened.
+            return
         r.consecutive_slow += 1
         k = self.settings.consecutive_failures
         if k:
@@ -740,6 +756,7 @@ class Balancer:
     def _launch(self, pending: dict, a: _Attempt, key, request, deadline, metadata, delay: float = 0.0) -> None:
         if self._stopped:  # stop() waits for the attempts it knows of: start none after it
             raise rpc_error(CODE.CANCELLED, STOPPED)
+        a.due = self._loop.time() + delay
         a.task = self._loop.create_task(self._attempt(a, key, request, deadline, metadata, delay))
         self._tasks.add(a.task)
         a.task.add_done_callback(self._tasks.discard)
@@ -770,8 +787,10 @@ class Balancer:
                     if sent < s.max_attempts:
                         wake = last_launch + hedge_s
                     for a in pending.values():
-                        if a.started is not None and not a.late:
-                            wake = min(wake, a.started + hedge_s)
+                        # One not started yet (its task has not run) by when it is due: skipped, a
+                        # call's last attempt (its first, with max_attempts 1) was never found late.
+                        if not a.late:
+                            wake = min(wake, (a.due if a.started is None else a.started) + hedge_s)
                 wait = None if wake == math.inf else max(0.0, wake - loop.time())
                 done, _ = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
                 if self._stopped:

@@ -749,3 +749,149 @@ async def test_an_ejection_ends_when_the_replica_is_back_from_being_down(stub):
             await bal.wait_for(lambda: back.state is STATE.READY, 10)
             assert not back.ejected and back.readmit is None
             assert "b" in {await name_of(call) for _ in range(30)}
+
+
+# -- a replica back from an ejection is judged afresh --------------------------------------------
+
+
+def a_first_on_ties(monkeypatch, address: str) -> None:
+    """Power of two choices draws `address` first: calls that see equal loads all go there."""
+    monkeypatch.setattr(random, "sample", lambda pool, k: sorted(pool, key=lambda r: r.address != address)[:k])
+
+
+async def test_late_attempts_out_at_an_ejection_do_not_count_after_the_return(stub, monkeypatch):
+    """a holds its calls (hung, or slow past the hedge): 4 calls go to it at once, K = 2 of them
+    late eject it, and the other 2 come late while it sits out. Back in the rotation, still slow,
+    it used to be ejected again at its first late attempt (the 2 carried over): a lasting fault
+    costs K hedged calls each time it comes back, not 1."""
+    async with stub("a", hold=True) as a, stub("b") as b:
+        a_first_on_ties(monkeypatch, a.target)
+        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=1.5)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            ra = bal.replica(a.target)
+            assert await asyncio.gather(*(name_of(call) for _ in range(4))) == ["b"] * 4  # hedged
+            assert a.calls == 4 and ra.slow == 4 and ra.ejections == 1
+            assert ra.ejected, "a's ejection (1.5 s) ended before its 4 attempts were late"
+            await bal.wait_for(lambda: not ra.ejected, 10)  # its ejection is over
+            assert await name_of(call) == "b"  # to a first (ties): late, hedged
+            assert ra.slow == 5 and not ra.ejected and ra.ejections == 1
+            while not ra.ejected:  # (a's cancelled attempt may not have ended yet: b is less loaded)
+                assert await name_of(call) == "b"
+            assert ra.slow == 6 and ra.ejections == 2
+
+
+async def test_a_hedge_late_on_an_ejected_replica_does_not_count_after_its_return(stub):
+    """a is ejected for slowness; b, the rotation's only replica, holds a call whose hedge goes to a
+    (documented: a hedge may go to a READY one ejected for slowness) and is late there too. Back
+    in the rotation, a was ejected again at its first late attempt."""
+    async with stub("a", hold=True) as a, stub("b") as b:
+        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=1.5)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            ra = bal.replica(a.target)
+            while not ra.ejected:  # the calls that go to a first are hedged to b and answered there
+                assert await name_of(call) == "b"
+            b.release.clear()
+            late = ra.slow
+            held = asyncio.ensure_future(name_of(call))
+            await bal.wait_for(lambda: ra.slow == late + 1, 10)  # b's call hedged to a, late there
+            assert ra.ejected, "a's ejection (1.5 s) ended before the hedge to it was late"
+            b.release.set()
+            assert await held == "b"
+            await bal.wait_for(lambda: not ra.ejected, 10)
+            while ra.slow == late + 1:  # until a call goes to a first: late, hedged
+                assert await name_of(call) == "b"
+            assert not ra.ejected and ra.ejections == 1
+            while not ra.ejected:
+                assert await name_of(call) == "b"
+            assert ra.slow == late + 3 and ra.ejections == 2
+
+
+async def test_a_failure_while_ejected_does_not_count_after_the_return(stub):
+    """The same for failures: b fails every call (INTERNAL) and is ejected; while a is down, b (READY,
+    ejected) takes the calls and fails one. Back in the rotation, b was ejected again at its first
+    failure: a lasting fault costs K failed calls each time it comes back."""
+    async with stub("a") as a, stub("b", fail_first=1 << 30, code=CODE.INTERNAL) as b:
+        s = settings(consecutive_failures=2, base_ejection_s=1.5)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            ra, rb = bal.replica(a.target), bal.replica(b.target)
+            while not rb.ejected:
+                await code_of(call)
+            await a.health.set("", NOT_SERVING)
+            await bal.wait_for(lambda: ra.state is STATE.TRANSIENT_FAILURE, 10)
+            assert await code_of(call) == CODE.INTERNAL and rb.failures == 3  # b takes it, ejected
+            await a.health.set("", SERVING)
+            await bal.wait_for(lambda: ra.state is STATE.READY, 10)
+            assert rb.ejected, "b's ejection (1.5 s) ended before it failed while a was down"
+            await bal.wait_for(lambda: not rb.ejected, 10)
+            while rb.failures == 3:
+                await code_of(call)
+            assert not rb.ejected and rb.ejections == 1
+            while not rb.ejected:
+                await code_of(call)
+            assert rb.failures == 5 and rb.ejections == 2
+
+
+async def test_a_replica_back_fast_after_an_ejection_for_slowness_takes_its_share_unhedged(stub, monkeypatch):
+    """a is slow, ejected for it with late attempts out (as above), then answers at once. Back in the
+    rotation it takes its share of the calls, and nothing of its late past shows: no call is
+    hedged, none of its attempts is late, its late count is zero."""
+    async with stub("a", hold=True) as a, stub("b") as b:
+        a_first_on_ties(monkeypatch, a.target)
+        s = settings(hedge_after=0.25, max_attempts=2, consecutive_failures=2, base_ejection_s=1.0)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            ra = bal.replica(a.target)
+            assert await asyncio.gather(*(name_of(call) for _ in range(4))) == ["b"] * 4
+            assert ra.ejected and ra.slow == 4
+            monkeypatch.undo()  # random picks again
+            a.release.set()  # a answers at once from now on
+            await bal.wait_for(lambda: not ra.ejected, 10)
+            hedges, calls_before = bal.hedges, a.calls
+            names = [await name_of(call) for _ in range(60)]
+            # Power of two choices between two idle replicas: half each; fewer than 15 of 60 is
+            # a chance of 2e-5.
+            assert names.count("a") >= 15 and a.calls - calls_before == names.count("a")
+            assert bal.hedges == hedges and ra.slow == 4 and ra.consecutive_slow == 0
+            assert not ra.ejected and ra.ejections == 1
+
+
+async def test_an_ejected_slow_replica_alone_ready_is_not_swapped_out_for_itself(stub):
+    """a is ejected for slowness and still holds its calls; b goes down, so a, READY, takes every
+    call. Its late attempts used to count while it was ejected: at K it was "hung" with a READY
+    replica sitting out for slowness (itself), readmitted early and ejected again in its own place:
+    a swap counted, its ejection lengthened."""
+    async with stub("a", hold=True) as a, stub("b") as b:
+        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            ra, rb = bal.replica(a.target), bal.replica(b.target)
+            while not ra.ejected:  # the calls that go to a first are hedged to b and answered there
+                assert await name_of(call) == "b"
+            swaps, late = bal.swaps, ra.slow  # (b may have been late and swapped out on a busy host)
+            await b.health.set("", NOT_SERVING)
+            await bal.wait_for(lambda: rb.state is STATE.TRANSIENT_FAILURE, 10)
+            calls = [asyncio.ensure_future(code_of(call)) for _ in range(3)]
+            await bal.wait_for(lambda: ra.slow == late + 3, 10)  # a holds all three, late
+            assert ra.ejected and ra.ejections == 1 and ra.readmitted_early == 0 and bal.swaps == swaps
+            a.release.set()
+            assert await asyncio.gather(*calls) == [CODE.OK] * 3
+
+
+async def test_one_attempt_per_call_is_found_late_and_ejects_a_hung_replica(stub):
+    """max_attempts=1 (AsyncClient's retries=False): no hedge, but an attempt unanswered after
+    hedge_after is late all the same, and K of them in a row eject the replica. The attempt had not
+    started when the call first chose when to wake, so it was never found late: a hung replica
+    kept its share of the calls, each waiting out its deadline."""
+    async with stub("a", hold=True) as a, stub("b") as b:
+        s = settings(hedge_after=0.1, max_attempts=1, consecutive_failures=2, base_ejection_s=60)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            ra = bal.replica(a.target)
+            while not ra.ejected:
+                assert await code_of(call, timeout=0.5) in (CODE.OK, CODE.DEADLINE_EXCEEDED)
+                assert a.calls <= 2, "a held 3 calls to their deadline and was not ejected"
+            assert ra.slow == 2 and a.calls == 2 and bal.hedges == 0
+            assert [await name_of(call) for _ in range(10)] == ["b"] * 10
