@@ -221,8 +221,12 @@ class AsyncClient:
         """Statistics of model `name`, or of every model when `name` is empty."""
         return await self._unary("ModelStatistics", pb.ModelStatisticsRequest(name=name), timeout)
 
-    async def repository_index(self, *, timeout: float | None = None) -> pb.RepositoryIndexResponse:
-        return await self._unary("RepositoryIndex", pb.RepositoryIndexRequest(), timeout)
+    async def repository_index(
+        self, *, ready: bool = False, timeout: float | None = None
+    ) -> pb.RepositoryIndexResponse:
+        """The server's models, each with its state ("READY", or "UNAVAILABLE" with the reason: a
+        failed batcher, a drain); with `ready`, those ready for inferencing only (V2's `ready` flag)."""
+        return await self._unary("RepositoryIndex", pb.RepositoryIndexRequest(ready=ready), timeout)
 
     # -- inference ---------------------------------------------------------------------------
     async def infer(

@@ -12,9 +12,12 @@ This module does both, above gRPC:
 Replicas. `target` is "host:port", several of them ("a:p,b:p" or a list), or "dns:///name:port".
 Every address a name resolves to (`loop.getaddrinfo`) is one replica, of one family: when a
 name has both (`localhost`: 127.0.0.1 and ::1), those its server accepts TCP connections on,
-probed at each lookup (`accepting`), as gRPC reaches one name over either family; IPv4 when it
-accepts on both, so a dual-stack server is one replica, not two; when on neither (not up yet)
-the family it had, else IPv4, and the name is looked up again within a second until it does.
+probed at each lookup (`probing`), as gRPC reaches one name over either family; IPv4 when it
+accepts on both, so a dual-stack server is one replica, not two; when on neither, the family
+whose connect got no answer in time (a server too busy to accept: its queue is full) over one
+that refused it (nothing listens there), as `wok.clients.channel.channel_target` chooses; when
+both did alike (not up yet) the family it had, else IPv4; and while neither accepts, the name
+is looked up again within a second.
 A replica has a grpc.aio channel of its own, with wok's keepalive options and health
 checking (`channel_options(retries=False)`): the channel reports TRANSIENT_FAILURE while its
 server is NOT_SERVING or gone, READY when it serves; a watcher task per replica follows
@@ -127,10 +130,12 @@ import grpc
 from .channel import (
     NAME_OPTIONS,
     PROBE_TIMEOUT_S,
-    accepted_families,
+    Probe,
     channel_options,
     family_of,
     open_channel,
+    preferred_families,
+    probe,
     split_host_port,
 )
 from .channel import accepting as probe_accepting
@@ -215,7 +220,7 @@ def _address(ip: str, port: int) -> str:
 
 async def system_resolver(host: str, port: int) -> list[str]:
     """The addresses of `host` as "ip:port" or "[v6]:port", IPv4 first, by `loop.getaddrinfo`;
-    the balancer keeps one family of them (`Balancer`, `accepting`)."""
+    the balancer keeps one family of them (`Balancer`, `probing`)."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     v4 = [i[4][0] for i in infos if i[0] == socket.AF_INET]
     v6 = [i[4][0] for i in infos if i[0] == socket.AF_INET6]
@@ -226,6 +231,13 @@ async def accepting(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) 
     """`wok.clients.channel.accepting` (TCP connects, all at once, within `timeout` seconds) on a
     thread: its wait for them stays off the event loop."""
     return await asyncio.to_thread(probe_accepting, addresses, timeout)
+
+
+async def probing(addresses: Sequence[str], timeout: float | None = None) -> dict[str, Probe]:
+    """`wok.clients.channel.probe` (how each address answers a TCP connect: accepted, no answer
+    within `timeout` seconds, PROBE_TIMEOUT_S by default, or refused) on a thread: its wait stays
+    off the event loop."""
+    return await asyncio.to_thread(probe, addresses, PROBE_TIMEOUT_S if timeout is None else timeout)
 
 
 @dataclass(eq=False)
@@ -399,16 +411,23 @@ class Balancer:
         return out
 
     async def _one_family(self, name: str, found: list[str]) -> list[str]:
-        """Those of a name's addresses of the family its server accepts TCP connections on: IPv4 when
-        both (a dual-stack server is one replica, not two); when neither (not up yet, or down), the
-        family its replicas have now, else IPv4, and the name is looked up again within a second."""
+        """Those of a name's addresses of the family its server answers on best (`preferred_families`,
+        as channel_target): the one it accepts TCP connections on, IPv4 when both (a dual-stack
+        server is one replica, not two); when neither, the one that got no answer over the one that
+        refused; when both did alike (not up yet, or down), the family its replicas have now, else
+        IPv4. While neither accepts the name is looked up again within a second."""
         if len({family_of(a) for a in found}) < 2:
             return found
-        families = accepted_families(found, await accepting(found))
-        if not families:
+        outcomes = await probing(found)
+        families = preferred_families(found, outcomes)
+        if not any(outcomes.get(a) is Probe.ACCEPTED for a in found):
+            # Not only a tie: no answer may also be a host that drops connections, with the
+            # server coming up on the family that refused; it must not wait resolve_every_s.
             self._undecided = True
-            families = {family_of(r.address) for r in self.replicas.values() if r.name == name and not r.removed}
-        family = socket.AF_INET if socket.AF_INET in families or not families else socket.AF_INET6
+            if len(families) > 1:
+                had = {family_of(r.address) for r in self.replicas.values() if r.name == name and not r.removed}
+                families = had or families
+        family = socket.AF_INET if socket.AF_INET in families else socket.AF_INET6
         return [a for a in found if family_of(a) == family]
 
     def _update(self, addresses: dict[str, str]) -> None:
@@ -463,8 +482,8 @@ class Balancer:
 
     async def _re_resolve(self) -> None:
         while True:
-            # A server that accepted on neither family was given IPv4 (or its replicas' family)
-            # by guess: a server coming up on the other must not wait resolve_every_s for calls.
+            # A server that accepted on neither family was given one by a guess, or for no answer
+            # over a refusal: a server coming up on the other must not wait resolve_every_s for calls.
             every = self.settings.resolve_every_s
             await asyncio.sleep(min(every, UNDECIDED_RESOLVE_S) if self._undecided else every)
             addresses = await self._resolve_all(strict=False)

@@ -254,6 +254,38 @@ async def test_health_metadata_and_statistics(serve):
         assert {s.name for s in (await client.model_statistics()).model_stats} == {"mlp", "recsys"}
 
 
+async def test_repository_index_can_ask_for_the_ready_models_only(serve):
+    """Neither client could send V2's `ready` flag, which the server honours: a client asking
+    which models it can infer on was also given one whose batcher had failed."""
+    rng = np.random.default_rng(20)
+    async with serve(models=("mlp", "recsys")) as server, AsyncClient(target(server)) as client:
+
+        async def index(**kw) -> list[tuple[str, str, str]]:
+            return [(m.name, m.state, m.reason) for m in (await client.repository_index(timeout=10, **kw)).models]
+
+        def sync_index(**kw) -> list[tuple[str, str, str]]:
+            with Client(target(server)) as c:
+                return [(m.name, m.state, m.reason) for m in c.repository_index(timeout=10, **kw).models]
+
+        both_ready = [("mlp", "READY", ""), ("recsys", "READY", "")]
+        for ready in (False, True):
+            assert await index(ready=ready) == both_ready
+            assert await asyncio.to_thread(sync_index, ready=ready) == both_ready
+
+        def bug(*args, **kwargs):
+            raise RuntimeError("a bug in the batcher")
+
+        server.runtimes["recsys"].batcher._form = bug  # the batching task's next decision raises
+        with pytest.raises(InferError, match="batcher failed: a bug in the batcher"):
+            await client.infer("recsys", requests_for("recsys", rng), timeout=10)
+        reason = "batcher failed: a bug in the batcher; the model refuses every request until the server restarts"
+        listed = [("mlp", "READY", ""), ("recsys", "UNAVAILABLE", reason)]
+        assert await index() == listed
+        assert await asyncio.to_thread(sync_index) == listed
+        assert await index(ready=True) == [("mlp", "READY", "")]
+        assert await asyncio.to_thread(sync_index, ready=True) == [("mlp", "READY", "")]
+
+
 async def test_outputs_are_selected_by_name(serve):
     x = requests_for("mlp", np.random.default_rng(3))
     async with serve(models=("mlp",)) as server, AsyncClient(target(server)) as client:

@@ -381,3 +381,41 @@ async def test_an_async_client_built_in_a_loop_raises_the_lookup_error_at_its_fi
             # Outside a running loop the constructor looks up, as it always did, and raises.
             with pytest.raises(ValueError, match="need different address families"):
                 await asyncio.to_thread(AsyncClient, targets)
+
+
+async def test_the_balancer_prefers_a_family_without_an_answer_over_one_that_refused(monkeypatch):
+    """Neither family accepts: the balancer kept the family it had, else IPv4, even when IPv4
+    refused (nothing listens) and IPv6 only got no answer (a server with a full accept queue), so
+    every call went to the refusal; channel_target already chose IPv6. A tie keeps the family it
+    had, and the name is looked up again soon while neither accepts."""
+    from wok.clients import balancer
+
+    monkeypatch.setattr(balancer, "PROBE_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(balancer, "UNDECIDED_RESOLVE_S", 0.05)
+    looked_up = asyncio.Event()
+    no4, busy6 = port_pair()
+    port = port_of(no4)
+
+    async def resolver(host: str, p: int) -> list[str]:
+        looked_up.set()
+        return [f"127.0.0.1:{port}", f"[::1]:{port}"]
+
+    async def lookups_after_now() -> None:
+        # The first starts after now; the next one starts after the first's choice was applied.
+        for _ in range(2):
+            looked_up.clear()
+            await asyncio.wait_for(looked_up.wait(), 10)  # within resolve_every_s (30 s): undecided
+
+    try:
+        with full(busy6):
+            settings = BalancerSettings(hedge_after=None)
+            async with Balancer("box:1", resolver=resolver, settings=settings) as bal:
+                assert list(bal.replicas) == [f"[::1]:{port}"]
+                with full(no4):  # no answer on either: a tie keeps the family it had
+                    await lookups_after_now()
+                    assert list(bal.replicas) == [f"[::1]:{port}"]
+                    no4.listen(16)  # room in its queue: IPv4 accepts, and wins over no answer
+                    await bal.wait_for(lambda: list(bal.replicas) == [f"127.0.0.1:{port}"], 10)
+    finally:
+        no4.close()
+        busy6.close()
