@@ -137,6 +137,8 @@ class AsyncClient:
         if lookup is not None:
             self._target = await asyncio.wrap_future(lookup)
             self._target_lookup = None
+            if self._closed:  # closed while the lookup ran: as a call in flight at close() ends
+                raise InferError(grpc.StatusCode.CANCELLED, "the client was closed before its first call went out")
         # Concurrent first calls all waited for the lookup: the first to get here makes the channel.
         return self._stub or self._connect()
 
@@ -326,9 +328,11 @@ def _on_thread(fn, *args) -> concurrent.futures.Future:
     Not the loop's default executor: its future would belong to the loop that built the client,
     and asyncio.run waits for its threads at the end, a blocking name lookup's included."""
     future: concurrent.futures.Future = concurrent.futures.Future()
+    # Running from the start: a first call cancelled before the thread ran would otherwise cancel
+    # it through asyncio.wrap_future, and every later call would raise CancelledError.
+    future.set_running_or_notify_cancel()
 
     def run() -> None:
-        future.set_running_or_notify_cancel()
         try:
             future.set_result(fn(*args))
         except BaseException as exc:  # the caller's to get, at its first call

@@ -208,7 +208,7 @@ def _say(line: str) -> None:
         pass
 
 
-def _say(line: str) -> None:
+def _say_in_handler(line: str) -> None:
     """A line on stderr from a signal handler. os.write, not print: before the loop runs, the
     handler may interrupt a print to stderr, and a reentrant print raises."""
     try:
@@ -265,10 +265,10 @@ class _StopSignal:
             if not self._forcing:  # the drain began on a hangup: this is the stop, not a second one
                 self._forcing = True
                 name = signal.Signals(signum).name
-                _say(f"wok: {name} received, already draining; a second SIGTERM or SIGINT exits at once")
+                _say_in_handler(f"wok: {name} received, already draining; a second SIGTERM or SIGINT exits at once")
                 return
             # A second signal: the operator wants out now.
-            _say("wok: second signal, exiting without draining")
+            _say_in_handler("wok: second signal, exiting without draining")
             os._exit(1)
         self.received = signum
         self._forcing = signum != signal.SIGHUP

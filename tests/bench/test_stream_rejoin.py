@@ -157,8 +157,10 @@ def test_a_slot_goes_back_to_its_server_once_it_is_back_up(start_server):
     out, restarted, down, up, back = asyncio.run(scenario())
     after_up = [t for t, *_ in log.on(0) if t > up]
     assert back, f"A answered {len(after_up)} requests in the {log.clock() - up:.1f} s after its restart"
-    # Back after REJOIN_AFTER_S of A READY, not before: A was down until `down` at least.
-    assert after_up[0] - down >= stream_sender.REJOIN_AFTER_S, (after_up[0], down)
+    # Back after REJOIN_AFTER_S of A READY, not before. Measured from A's ready line, not from its
+    # exit (its restart alone outlasts REJOIN_AFTER_S); half of it, as the channel may see A READY
+    # a little before the line is read: a rejoin at once would come well inside that.
+    assert after_up[0] - up >= stream_sender.REJOIN_AFTER_S / 2, (after_up[0], up)
     # The last 40 writes, after the rejoin: shared between the two servers as at the start.
     last = [c for _, c, _ in log.written[-40:]]
     assert 12 <= last.count(0) <= 28, last

@@ -383,6 +383,43 @@ async def test_an_async_client_built_in_a_loop_raises_the_lookup_error_at_its_fi
                 await asyncio.to_thread(AsyncClient, targets)
 
 
+async def test_a_first_call_waiting_for_the_lookup_ends_as_calls_in_flight_do(monkeypatch):
+    """Closed while its lookup ran, the first call raised RuntimeError ("closed"), where a call in
+    flight at close() ends CANCELLED; cancelled before the lookup's thread ran, it cancelled the
+    lookup too, and every later call raised CancelledError."""
+    import threading
+
+    from wok.clients import InferError, aio
+
+    release = threading.Event()
+
+    def slow_target(target):
+        release.wait(10)
+        return "ipv4:127.0.0.1:1,127.0.0.1:2"
+
+    monkeypatch.setattr(aio, "channel_target", slow_target)
+    try:
+        client = AsyncClient(["one:1", "two:2"])
+        call = asyncio.ensure_future(client.server_live(timeout=5))
+        await asyncio.sleep(0)  # the call now waits for the lookup
+        await client.close()
+        release.set()
+        with pytest.raises(InferError) as info:
+            await call
+        assert info.value.code == grpc.StatusCode.CANCELLED, info.value
+        release.clear()
+        client = AsyncClient(["one:1", "two:2"])
+        first = asyncio.ensure_future(client.server_live(timeout=5))
+        await asyncio.sleep(0)
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        release.set()
+        assert await asyncio.to_thread(lambda: client.target) == "ipv4:127.0.0.1:1,127.0.0.1:2"
+        await client.close()
+    finally:
+        release.set()
+
+
 async def test_the_balancer_prefers_a_family_without_an_answer_over_one_that_refused(monkeypatch):
     """Neither family accepts: the balancer kept the family it had, else IPv4, even when IPv4
     refused (nothing listens) and IPv6 only got no answer (a server with a full accept queue), so
