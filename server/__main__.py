@@ -11,11 +11,12 @@ import signal
 import sys
 from pathlib import Path
 
-# gRPC core logs every failed TLS handshake at INFO, a line per connection: whoever reaches the
-# port could fill the log at a thousand lines a second. wok logs what concerns it itself, with its
-# own rate limits (docs/security.md); an operator's own setting wins. Read when grpc is imported,
-# which .errors does: so here, before it.
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+# gRPC core logs every failed TLS handshake, a line per connection (at INFO; a TLS name the
+# certificate does not list at ERROR, with that name as the client sent it, line breaks and all):
+# whoever reaches the port could fill the log, or forge lines in it. wok logs what concerns it
+# itself, with its own rate limits (docs/security.md); an operator's own setting wins. Read when
+# grpc is imported, which .errors does: so here, before it.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 from .errors import ConfigError, WarmupError
 

@@ -91,7 +91,7 @@ def check_tls_files(cert: Path, key: Path, client_ca: Path | None) -> None:
     except ssl.SSLError as exc:
         if "KEY_VALUES_MISMATCH" in str(exc):
             raise ValueError(f"tls_key {key} is not the key of the certificate in tls_cert {cert}") from None
-        raise ValueError(f"tls_cert {cert} and tls_key {key} cannot be loaded: {exc.reason or exc}") from None
+        raise ValueError(_unloadable(cert, cert_pem, key, exc)) from None
     if client_ca is not None:
         ca_pem = read_secret_file(client_ca)
         store = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -108,6 +108,18 @@ def check_tls_files(cert: Path, key: Path, client_ca: Path | None) -> None:
                 f"tls_client_ca {client_ca} holds {leaves} certificate(s) that are not a CA's (no basicConstraints "
                 "CA:TRUE): give the CA certificate that signs the clients' certificates"
             )
+
+
+def _unloadable(cert: Path, cert_pem: bytes, key: Path, exc: ssl.SSLError) -> str:
+    """Which of the pair failed to load, and why: OpenSSL says only "PEM lib" for either file."""
+    alone = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        alone.load_verify_locations(cadata=cert_pem.decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError, ValueError):
+        return f"tls_cert {cert}: a PEM certificate in it cannot be decoded (damaged or truncated)"
+    if exc.reason == "PEM_LIB" or "PEM lib" in str(exc):
+        return f"tls_key {key}: its PEM private key cannot be decoded (damaged or truncated)"
+    return f"tls_cert {cert} and tls_key {key} cannot be loaded: {exc.reason or exc}"
 
 
 def server_credentials(settings: ServerSettings) -> grpc.ServerCredentials | None:

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -193,6 +194,18 @@ def test_tls_settings_name_each_mistake(pki, tmp_path):
     assert "is encrypted; gRPC needs an unencrypted PEM key" in msg
     msg = settings_error(tls_cert=p("ca-server.key"), tls_key=p("ca-server.key"))
     assert f"tls_cert {p('ca-server.key')} holds no PEM certificate" in msg
+    # Damaged files: OpenSSL says "PEM lib" for either; the message says which and what.
+    for name, source in (("cert", "ca-server.pem"), ("key", "ca-server.key")):
+        lines = p(source).read_text().splitlines()
+        lines[len(lines) // 2] = "!" * len(lines[len(lines) // 2])  # a line of the base64 body
+        (tmp_path / f"damaged.{name}").write_text("\n".join(lines) + "\n")
+    truncated = tmp_path / "truncated.pem"
+    truncated.write_text("".join(p("ca-server.pem").read_text().splitlines(keepends=True)[:-3]))
+    for bad in (tmp_path / "damaged.cert", truncated):
+        msg = settings_error(tls_cert=bad, tls_key=p("ca-server.key"))
+        assert f"tls_cert {bad}: a PEM certificate in it cannot be decoded (damaged or truncated)" in msg, msg
+    msg = settings_error(tls_cert=p("ca-server.pem"), tls_key=tmp_path / "damaged.key")
+    assert f"tls_key {tmp_path / 'damaged.key'}: its PEM private key cannot be decoded" in msg, msg
     msg = settings_error(**tls_settings(pki), tls_client_ca=p("ca-server.key"))
     assert f"tls_client_ca {p('ca-server.key')} holds no PEM CA certificate" in msg
     msg = settings_error(**tls_settings(pki), tls_client_ca=p("ca-client.pem"))
@@ -939,11 +952,23 @@ def test_failed_handshakes_do_not_fill_the_servers_log(servers, pki):
         with socket.create_connection((sp.host, sp.port), timeout=CALL_S) as s:
             s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
             s.recv(100)  # the server's end of it: the handshake has failed by then
+    # A TLS server name the certificate does not list: gRPC logged it at ERROR, as sent.
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    for _ in range(5):
+        with socket.create_connection((sp.host, sp.port), timeout=CALL_S) as s:
+            with context.wrap_socket(s, server_hostname="not-in-the-certificate.example"):
+                pass
     with Client(sp.target, tls=pki.tls(), token=TOKEN_A) as client:  # and it keeps serving
         assert client.infer("mlp", {"INPUT0": X}, timeout=CALL_S)["OUTPUT0"].shape == (1, 256)
     with sp.lines:  # the lines come on the server's stderr, read by a thread: give them a moment
-        sp.lines.wait_for(lambda: any("Handshake failed" in line for line in sp.log), timeout=1.5)
-    assert not [line for line in sp.log if "Handshake failed" in line], "\n".join(sp.log[-5:])
+        sp.lines.wait_for(lambda: any(_grpc_core_line(line) for line in sp.log), timeout=1.5)
+    assert not [line for line in sp.log if _grpc_core_line(line)], "\n".join(sp.log[-5:])
+
+
+def _grpc_core_line(line: str) -> bool:
+    return "Handshake failed" in line or "not-in-the-certificate" in line or "ssl_transport_security" in line
 
 
 def test_wok_serve_refuses_bad_security_options_with_exit_2(pki, tmp_path):
