@@ -51,6 +51,13 @@ MANIFEST_FILES = ("hpa.yaml", "prometheus-adapter-rules.yaml", "keda-scaledobjec
 # ---------------------------------------------------------------------------- exact numbers
 
 
+def _needed(d: dict, key: str, where: str):
+    """d[key], or a ValueError saying it is missing (a hand-edited or truncated result file)."""
+    if d.get(key) is None:
+        raise ValueError(f"{where}: no {key}")
+    return d[key]
+
+
 def exact(value, what: str) -> Fraction:
     """The exact value of a decimal number given as text, int, Decimal or Fraction (never a float)."""
     if isinstance(value, Fraction):
@@ -299,7 +306,11 @@ def batch_from_ramp(path: Path) -> BatchTime:
     if best is None:
         raise ValueError(f"ramp result {path}: no step met the SLO (max_qps_under_slo is null): nothing to plan on")
     best = exact(best, f"ramp result {path}: max_qps_under_slo")
-    steps = [s for s in doc.get("steps", []) if exact(s["offered_qps"], "offered_qps") == best]
+    offered = [
+        (s, exact(_needed(s, "offered_qps", f"ramp result {path}: a step"), "offered_qps"))
+        for s in doc.get("steps") or []
+    ]
+    steps = [s for s, q in offered if q == best]
     if not steps:
         raise ValueError(f"ramp result {path}: no step at max_qps_under_slo = {decimal_text(best)} QPS")
     step = steps[0]
@@ -330,15 +341,15 @@ def batch_from_ramp(path: Path) -> BatchTime:
         "path": str(path),
         "model": models[0][0] if len(models) == 1 else None,
         "step_offered_qps": _num(best),
-        "achieved_qps": float(step["achieved_qps"]),
+        "achieved_qps": float(_needed(step, "achieved_qps", where)),
         "p99_ms": None if p99 is None else float(p99),
-        "slo_p99_ms": float(doc["slo_p99_ms"]),
+        "slo_p99_ms": float(_needed(doc, "slo_p99_ms", f"ramp result {path}")),
         "stages_ms": {s: float(v) for s, v in parts.items()},
         "rows_per_batch": float(rows_per_batch),
         "flush_reasons": {k: float(v) for k, v in (step.get("flush_reasons") or {}).items()},
-        "highest_step": all(exact(s["offered_qps"], "offered_qps") <= best for s in doc["steps"]),
+        "highest_step": all(q <= best for _, q in offered),
     }
-    achieved = exact(step["achieved_qps"], f"{where}: achieved_qps")
+    achieved = exact(_needed(step, "achieved_qps", where), f"{where}: achieved_qps")
     return BatchTime(t, n, "ramp", detail, step_qps=best, achieved_qps=achieved, stages_ms=parts)
 
 

@@ -14,6 +14,7 @@ and the ridge point peak/bandwidth is the intensity where the two terms are equa
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -38,8 +39,8 @@ def parse_rate(spec: str, what: str) -> float:
     if m is None:
         raise ValueError(f"{what} {spec!r}: expected a number with an optional SI prefix (e.g. '900G', '3.35T')")
     value = float(m.group(1)) * _PREFIX[m.group(2)]
-    if value <= 0:
-        raise ValueError(f"{what} {spec!r}: must be > 0")
+    if not value > 0 or not math.isfinite(value):
+        raise ValueError(f"{what} {spec!r}: must be a finite number > 0")
     return value
 
 

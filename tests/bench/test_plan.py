@@ -339,6 +339,13 @@ def test_from_ramp_refuses_results_without_an_answer(tmp_path):
     (tmp_path / "other.json").write_text('{"schema": "wok.plan/1"}')
     with pytest.raises(ValueError, match=r"expected 'wok\.bench/1'"):
         plan.batch_from_ramp(tmp_path / "other.json")
+    # A hand-edited or truncated file: a missing figure is named, not a KeyError traceback.
+    for drop, where in (("achieved_qps", 1), ("offered_qps", 0), ("slo_p99_ms", None)):
+        doc = json.loads(_ramp(tmp_path).read_text())
+        del (doc if where is None else doc["steps"][where])[drop]
+        (tmp_path / "cut.json").write_text(json.dumps(doc))
+        with pytest.raises(ValueError, match=f"no {drop}"):
+            plan.batch_from_ramp(tmp_path / "cut.json")
 
 
 def test_from_profile_reads_the_fit(tmp_path):

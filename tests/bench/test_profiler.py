@@ -219,6 +219,8 @@ def test_micro_benchmarks_report_what_they_timed():
 def test_rates_parse_with_si_prefixes():
     assert parse_rate("900G", "x") == 9e11
     assert parse_rate("3.35T", "x") == pytest.approx(3.35e12)
+    with pytest.raises(ValueError, match="must be a finite number > 0"):
+        parse_rate("1e400", "--peak-flops")  # inf: the ridge and the verdicts would be nonsense
     assert parse_rate("2.5e12", "x") == 2.5e12
     for bad in ("fast", "0", "1Q"):
         with pytest.raises(ValueError):
