@@ -295,16 +295,12 @@ def add_simulate_parser(sub) -> None:
 
 
 def run_simulate(args) -> int:
-    from .arrivals import parse_duration, parse_steps
+    from .arrivals import parse_steps
     from .simulate import MAX_ARRIVALS_PER_STEP, BatcherModel, SimConfig, expected_arrivals, simulate_ramp
 
     def seconds(option: str, positive: bool = False) -> float:
         # Each option checked here, so that its message names it (the model's would not).
-        text = getattr(args, option.removeprefix("--").replace("-", "_"))
-        value = parse_duration(text)
-        if not math.isfinite(value) or (positive and value == 0):
-            raise ValueError(f"{option}: expected a finite duration{' > 0' if positive else ''}; got {text!r}")
-        return value
+        return _seconds(args, option, positive)
 
     _check_outputs(args, *_RESULT_OUTPUTS)
     least = {"--max-batch-size": 1, "--instances": 1, "--max-queue-size": 0, "--seed": 0}
@@ -315,7 +311,7 @@ def run_simulate(args) -> int:
     alpha, beta = seconds("--alpha"), seconds("--beta")
     if alpha + beta == 0:
         raise ValueError("--alpha and --beta: a batch needs a time, α + β > 0; got both 0")
-    steps = parse_steps(args.steps)
+    steps = _named("--steps", parse_steps, args.steps)
     duration, warmup = seconds("--step-duration", positive=True), seconds("--warmup")
     expected = expected_arrivals(steps, warmup + duration)
     if expected > MAX_ARRIVALS_PER_STEP:
@@ -440,6 +436,50 @@ def _check_aim(args) -> None:
         raise ValueError("--admin-url is where --fault slow:/fail: go; no --fault was given")
 
 
+def _named(option: str, parse, text: str):
+    """`parse(text)`, its ValueError prefixed with the option the text came from."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+
+
+def _seconds(args, option: str, positive: bool = False) -> float:
+    """A duration option of `args` in seconds: finite, and > 0 if `positive`."""
+    from .arrivals import parse_duration
+
+    text = getattr(args, option.removeprefix("--").replace("-", "_"))
+    value = _named(option, parse_duration, text)
+    if not math.isfinite(value) or (positive and value == 0):
+        raise ValueError(f"{option}: expected a finite duration{' > 0' if positive else ''}; got {text!r}")
+    return value
+
+
+def _check_arrival(spec: str, steps: list[float], step_s: float) -> None:
+    """Refuse a bad --arrival, and a schedule too large to hold, before anything connects."""
+    from .arrivals import parse_arrivals
+    from .simulate import MAX_ARRIVALS_PER_STEP
+
+    # Every process offers more at a higher step rate (or, a trace at a fixed scale, the same),
+    # and refined steps lie between the given ones: the highest step expects the most.
+    top = max(steps)
+
+    def parse(text: str):
+        try:
+            return parse_arrivals(text, top, duration_s=step_s)
+        except OSError as exc:  # a trace file: an option's value, not a failure of the run (exit 1)
+            raise ValueError(f"arrivals {text!r}: cannot read {exc.filename}: {exc.strerror or exc}") from None
+
+    arrivals = _named("--arrival", parse, spec)
+    cumulative = getattr(arrivals, "cumulative", None)
+    expected = float(cumulative(step_s)) if cumulative is not None else arrivals.mean_rate * step_s
+    if not expected <= MAX_ARRIVALS_PER_STEP:
+        raise ValueError(
+            f"--steps × (--warmup + --step-duration) with --arrival {spec}: at most {MAX_ARRIVALS_PER_STEP:.0e} "
+            f"arrivals per step; got {expected:.3g} expected at {top:g} QPS over {step_s:g} s"
+        )
+
+
 def run(args) -> int:
     from ..clients import InferError
     from . import faults, hostprobe, report, soak
@@ -452,21 +492,23 @@ def run(args) -> int:
     _check_outputs(args, *_RESULT_OUTPUTS)
     target = args.target or DEFAULT_TARGET
     tls, token = _security(args)
-    duration = parse_duration(args.step_duration)
-    warmup = parse_duration(args.warmup) if args.warmup else min(30.0, 0.1 * duration)
+    duration = _seconds(args, "--step-duration", positive=True)
+    warmup = _seconds(args, "--warmup") if args.warmup else min(30.0, 0.1 * duration)
+    steps = _named("--steps", parse_steps, args.steps)
+    _check_arrival(args.arrival, steps, warmup + duration)
     cfg = RampConfig(
         target=target,
         models=parse_mix(args.model),
-        steps=parse_steps(args.steps),
+        steps=steps,
         step_duration_s=duration,
         warmup_s=warmup,
         arrival=args.arrival,
         sizes=args.sizes,
         rows=args.rows,
         int_high=args.int_high,
-        slo_p99_ms=1e3 * parse_duration(args.slo_p99),
+        slo_p99_ms=1e3 * _seconds(args, "--slo-p99", positive=True),
         workers=args.workers,
-        timeout_s=parse_duration(args.timeout),
+        timeout_s=_seconds(args, "--timeout", positive=True),
         metrics_url=_metrics_url(args.metrics_url, target),
         seed=args.seed,
         stop_factor=args.stop_factor,
@@ -481,10 +523,10 @@ def run(args) -> int:
         streams=args.streams,
         server_timing=args.server_timing,
         start_at=_unix_time(args.start_at),
-        step_gap_s=parse_duration(args.step_gap),
+        step_gap_s=_seconds(args, "--step-gap"),
     )
     plain = args.soak is None and not args.fault and args.replicas is None
-    probe_s = parse_duration(args.host_probe)
+    probe_s = _named("--host-probe", parse_duration, args.host_probe)
     if not math.isfinite(probe_s):
         raise ValueError(f"--host-probe: expected a finite duration (0: off), got {args.host_probe!r}")
     if probe_s and not plain:

@@ -262,7 +262,13 @@ class Ramp:
             self._clock0 = start_at
             self.started(start_at)
         shares = [Share(start_at, times[w::n], which[w::n], cfg.timeout_s) for w in range(n)]
-        self.say(f"{label}: {qps:g} QPS offered for {cfg.step_duration_s:g} s (+{cfg.warmup_s:g} s warm-up)")
+        # The rate the step's JSON reports as offered_qps; a burst, sawtooth or trace offers other
+        # than its --steps value (nominal_qps) over the window.
+        offered = window_rate(arrivals, cfg.warmup_s, total)
+        nominal = "" if math.isclose(offered, qps, rel_tol=1e-9) else f" (nominal {qps:g})"
+        self.say(
+            f"{label}: {offered:g} QPS offered{nominal} for {cfg.step_duration_s:g} s (+{cfg.warmup_s:g} s warm-up)"
+        )
         workers.start(shares)
         scrapes: dict[str, object] = {}
         scraper = None

@@ -181,6 +181,43 @@ def test_a_burst_outside_the_window_is_thinned_from_the_right_bound():
     assert chi2_pvalue(observed, expected) > 0.01
 
 
+def test_a_sharp_burst_draws_about_its_expected_count_not_its_peak_rate():
+    """A 1e6 QPS spike of σ 1 ms over 100 QPS was thinned from candidates at the peak rate over
+    the whole window: 6.6e7 (2 GB, 10 s) over 66 s for ~9,100 arrivals, a MemoryError beyond."""
+    import tracemalloc
+
+    b = parse_arrivals("burst:amplitude=1000000,sigma=1ms", 100, duration_s=6.6)
+    spike = 1e6 * 1e-3 * math.sqrt(2 * math.pi)  # ≈ 2,507 requests, all well inside the window
+    assert b.cumulative(6.6) == pytest.approx(100 * 6.6 + spike, rel=1e-9)
+    tracemalloc.start()
+    try:
+        counts = [b.times(6.6, np.random.default_rng(seed)) for seed in range(20)]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # ~3,200 arrivals (25 kB) a draw; thinning from the peak held 6.6e6 candidates (> 100 MB).
+    assert peak < 8e6, f"{peak / 1e6:.0f} MB"
+    total = np.array([t.size for t in counts]).sum()
+    expected = 20 * float(b.cumulative(6.6))
+    assert abs(total - expected) < 4 * math.sqrt(expected)
+    near = sum(int(np.count_nonzero(np.abs(t - 3.3) < 0.005)) for t in counts)  # t0 ± 5σ
+    expected_near = 20 * (spike + 100 * 0.01)
+    assert abs(near - expected_near) < 4 * math.sqrt(expected_near)
+    for t in counts:
+        assert np.all(np.diff(t) >= 0) and t[0] >= 0 and t[-1] < 6.6
+
+
+def test_a_sharp_burst_is_shaped_like_its_gaussian():
+    """The bump's arrivals per σ/2 bin near t0 follow λ (the bins of the bound are σ/4 wide)."""
+    b = Burst(10.0, 20000.0, 1.0, 0.01, duration_s=2.0)
+    rng = np.random.default_rng(3)
+    edges = 1.0 + 0.005 * np.arange(-8, 9)
+    observed = sum(np.histogram(b.times(2.0, rng), bins=edges)[0] for _ in range(40))
+    rate = lambda t: 10.0 + 20000.0 * math.exp(-((t - 1.0) ** 2) / (2 * 0.01**2))  # noqa: E731
+    expected = np.array([40 * integrate.quad(rate, a, c)[0] for a, c in pairwise(edges)])
+    assert chi2_pvalue(observed, expected) > 0.01
+
+
 # -- Sawtooth --------------------------------------------------------------------------------
 def test_sawtooth_counts_per_second_follow_the_ramp():
     low, high, period, windows = 10.0, 90.0, 5.0, 100
@@ -215,6 +252,24 @@ def test_trace_replay_shifts_scales_repeats_and_truncates():
     assert tr.sizes_for(t).tolist() == [3, 5, 7, 9, 3, 5, 7, 9, 3, 5, 7]
     assert tr.times(1.0).tolist() == [0, 0.25, 0.5]
     assert tr.cumulative(np.array([1.0, 5.0])).tolist() == [3, 11]
+
+
+@pytest.mark.parametrize(
+    "stamps",
+    [[0.0, 0.7], [0.0, 0.1, 0.3], [0.0, 0.2, 0.4, 0.6], [0.0, 0.25, 1.0, 0.5, 2.0], [0.0, 0.3, 0.3, 0.9]],
+)
+def test_trace_cumulative_counts_exactly_what_times_schedules(stamps):
+    """cumulative (so window_rate, so a step's offered_qps) took a float remainder, np.divmod, and
+    counted an arrival at a copy boundary that times() left out: TraceReplay([0, 0.7]) scheduled 10
+    arrivals in 7 s and cumulative(7) said 11."""
+    for scale in (1.0, 0.3, 3.0, 0.7, 10 / 3):
+        tr = TraceReplay(stamps, None, scale)
+        windows = np.round(np.arange(0.0, 30.0, 0.05), 10)
+        scheduled = tr.times(30.0)
+        np.testing.assert_array_equal(tr.cumulative(windows), np.searchsorted(scheduled, windows, side="left"))
+        for w in windows[::7]:
+            assert tr.cumulative(float(w)) == tr.times(float(w)).size, (stamps, scale, w)
+    assert TraceReplay([0.0, 0.7]).cumulative(7.0) == TraceReplay([0.0, 0.7]).times(7.0).size == 10
 
 
 def test_trace_sizes_line_up_through_equal_timestamps_and_many_copies():
@@ -380,6 +435,31 @@ def test_parse_arrivals_errors(spec, message):
     with pytest.raises(ValueError) as e:
         parse_arrivals(spec, 100)
     assert str(e.value) == message
+
+
+def test_trace_file_errors_name_the_file_and_line(tmp_path):
+    """A non-finite timestamp was refused "at index 4" (of the sorted trace), a trace of one
+    distinct time or bytes that are not UTF-8 without the file's name."""
+    p = tmp_path / "t.csv"
+    p.write_text("timestamp\n1\n2\n3\n4\nnan\n5\n")
+    with pytest.raises(ValueError) as e:
+        load_trace(p)
+    assert str(e.value) == f"{p}:6: timestamp 'nan' is not a finite number of seconds"
+    p.write_text("timestamp\n1\n1e400\n")
+    with pytest.raises(ValueError, match=r"t.csv:3: timestamp '1e400' is not a finite number of seconds$"):
+        load_trace(p)
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text('{"timestamp": 1}\n{"timestamp": 1e400}\n')
+    with pytest.raises(ValueError, match=r"t.jsonl:2: timestamp inf is not a finite number of seconds$"):
+        load_trace(jsonl)
+    p.write_text("timestamp\n1\n1\n")
+    with pytest.raises(ValueError) as e:
+        load_trace(p)
+    assert str(e.value) == f"{p}: a trace needs at least two distinct timestamps, got 2 (1 distinct)"
+    p.write_bytes(b"\xff\xfe garbage")
+    with pytest.raises(ValueError) as e:
+        load_trace(p)
+    assert str(e.value) == f"{p}: not UTF-8 text (invalid start byte at byte 0)"
 
 
 def test_parse_arrivals_bad_trace_scale(tmp_path):

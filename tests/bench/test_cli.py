@@ -33,7 +33,7 @@ def test_explicit_and_none_are_taken_as_given():
         (["--start-at", "1900000000", "--refine", "2"], "wok bench: start_at does not go with refine"),
         (["--start-at", "1900000000", "--replicas", "2"], "wok bench: --start-at is for plain ramps"),
         (["--host-probe", "2s", "--replicas", "2"], "wok bench: --host-probe is for plain ramps"),
-        (["--host-probe=-1s"], "wok bench: invalid duration '-1s': expected a number >= 0"),
+        (["--host-probe=-1s"], "wok bench: --host-probe: invalid duration '-1s': expected a number >= 0"),
     ],
 )
 def test_mistaken_options_exit_2_naming_the_option(extra, message, capsys):
@@ -67,6 +67,67 @@ def test_options_that_would_be_ignored_together_are_refused(argv, message, capsy
 
     assert main(["bench", "ramp", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--arrival", "bogus"], "--arrival: arrivals 'bogus': unknown process 'bogus'; expected constant, poisson"),
+        (
+            ["--arrival", "trace:{missing}"],
+            "--arrival: arrivals 'trace:{missing}': cannot read {missing}: No such file",
+        ),
+        (["--arrival", "trace:{tmp}"], "--arrival: arrivals 'trace:{tmp}': cannot read {tmp}: Is a directory"),
+        (["--arrival", "burst:t0=1s,sigma=0"], "--arrival: arrivals 'burst:t0=1s,sigma=0': burst sigma must be > 0 s"),
+        (["--steps", "1e9"], "at most 1e+08 arrivals per step; got 1.1e+09 expected at 1e+09 QPS over 1.1 s"),
+        (["--steps", "1", "--arrival", "trace:{tiny}"], "with --arrival trace:{tiny}: at most 1e+08 arrivals per step"),
+        (
+            ["--steps", "100", "--arrival", "burst:amplitude=1e12,sigma=1ms"],
+            "at most 1e+08 arrivals per step; got 2.51e+09 expected at 100 QPS over 1.1 s",
+        ),
+        (["--step-duration", "0"], "--step-duration: expected a finite duration > 0; got '0'"),
+        (["--step-duration", "2x"], "--step-duration: invalid duration '2x'"),
+        (["--warmup", "2x"], "--warmup: invalid duration '2x'"),
+        (["--timeout", "2x"], "--timeout: invalid duration '2x'"),
+        (["--slo-p99", "fast"], "--slo-p99: invalid duration 'fast'"),
+        (["--step-gap", "soon"], "--step-gap: invalid duration 'soon'"),
+        (["--steps", "50,fast"], "--steps: QPS steps '50,fast': 'fast' is not a number"),
+    ],
+)
+def test_ramp_options_are_refused_before_anything_connects_naming_the_option(
+    argv, message, tmp_path, monkeypatch, wok_cli
+):
+    """`--arrival` was first read by the ramp, after connecting: against a dead port `--arrival bogus`
+    exited 1 (UNAVAILABLE), a missing trace 1; `--steps 1e9` or a trace of a 1 ns span ended in a
+    MemoryError traceback; `--step-duration 0` failed mid-run; duration and step errors did not
+    name their option."""
+    from wok.bench import runner
+
+    def work(*args, **kwargs):
+        raise AssertionError("the ramp ran: the options were not checked first")
+
+    monkeypatch.setattr(runner, "Ramp", work)
+    tiny = tmp_path / "tiny.csv"
+    tiny.write_text("timestamp\n0\n0.000000001\n")  # 1 ns apart: 1e9 QPS at scale 1
+    names = {"missing": tmp_path / "missing.csv", "tiny": tiny, "tmp": tmp_path}
+    argv = [a.format(**names) for a in argv]
+    status, _, err = wok_cli("bench", "ramp", "--target", "127.0.0.1:1", "--metrics-url", "none",
+                             "--step-duration", "1s", *argv)  # fmt: skip
+    assert status == 2 and err.startswith("wok bench: ") and message.format(**names) in err, err
+
+
+def test_a_bursts_progress_line_says_the_rate_it_offers(server_process, tmp_path, wok_cli):
+    """The line said "step 1/1: 20 QPS offered" (the --steps value) while the step's JSON reported
+    the window's rate, about 40 QPS for this burst (10 requests more in its 0.5 s)."""
+    out = tmp_path / "r.json"
+    argv = ["bench", "ramp", "--target", server_process.target, "--steps", "20", "--step-duration", "0.5s"]
+    argv += ["--warmup", "0.1s", "--workers", "1", "--metrics-url", "none", "--json", str(out)]
+    status, stdout, err = wok_cli(*argv, "--arrival", "burst:amplitude=4x,t0=0.35s,sigma=0.05s")
+    assert status == 0, err
+    (step,) = json.loads(out.read_text())["steps"]
+    assert step["nominal_qps"] == 20 and step["offered_qps"] > 30
+    line = f"step 1/1: {step['offered_qps']:g} QPS offered (nominal 20) for 0.5 s (+0.1 s warm-up)"
+    assert line in stdout + err
 
 
 def test_token_file_sends_the_first_token_of_the_servers_own_file(start_server, tmp_path, capsys):
