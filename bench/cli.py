@@ -173,7 +173,11 @@ def _add_security(p) -> None:
         metavar="PATH",
         help="send the bearer token in PATH (the first token of its first line that is not a # comment)",
     )
-    sec.add_argument("--token-env", metavar="VAR", help="send the bearer token in environment variable VAR")
+    sec.add_argument(
+        "--token-env",
+        metavar="VAR",
+        help="send the bearer token in environment variable VAR (the first, where it lists several, as the server's)",
+    )
 
 
 def _security(args):
@@ -190,24 +194,25 @@ def _security(args):
     token = None
     if args.token_file and args.token_env:
         raise ValueError("give --token-file or --token-env, not both")
+    from ..auth import split_tokens
+
+    # The server's own file or variable may list several tokens (a rotation): any of them is
+    # accepted, and the first is the one to send. Not held to wok's server's rules for the tokens
+    # it accepts (length): the target may be another server.
     if args.token_file:
         try:
             text = args.token_file.read_text()
         except OSError as exc:
             raise ValueError(f"--token-file {args.token_file}: {exc.strerror or exc}") from None
-        from ..auth import split_tokens
-
-        # The server's own file may list several tokens (a rotation): any of them is accepted,
-        # and the first is the one to send. Not held to wok's server's rules for the tokens it
-        # accepts (length): the target may be another server.
         tokens = split_tokens(text)
         if not tokens:
             raise ValueError(f"--token-file {args.token_file} holds no token")
         token = tokens[0]
     elif args.token_env:
-        token = os.environ.get(args.token_env)
-        if not token:
-            raise ValueError(f"--token-env: environment variable {args.token_env} is not set, or empty")
+        tokens = split_tokens(os.environ.get(args.token_env) or "")
+        if not tokens:
+            raise ValueError(f"--token-env: environment variable {args.token_env} is not set, or holds no token")
+        token = tokens[0]
     return tls, token
 
 

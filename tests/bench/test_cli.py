@@ -130,9 +130,10 @@ def test_a_bursts_progress_line_says_the_rate_it_offers(server_process, tmp_path
     assert line in stdout + err
 
 
-def test_token_file_sends_the_first_token_of_the_servers_own_file(start_server, tmp_path, capsys):
+def test_token_file_sends_the_first_token_of_the_servers_own_file(start_server, tmp_path, capsys, monkeypatch):
     """The server's token file may list several tokens on a line (a rotation); the bench sent the
-    whole line "A,B" as one token, and the server refused it (exit 1)."""
+    whole line "A,B" as one token, and the server refused it (exit 1). Likewise the server's own
+    variable, with --token-env."""
     from wok.__main__ import main
 
     first, second = "tok-A-1b0c4ee6a1f94c8a8d1e", "tok-B-9f21d7c3e5a64b0f9c2a"
@@ -146,6 +147,10 @@ def test_token_file_sends_the_first_token_of_the_servers_own_file(start_server, 
     result = json.loads(out.read_text())
     assert result["steps"][0]["success_rate"] == 1.0 and result["config"]["token"] is True
     assert first not in out.read_text()
+    monkeypatch.setenv("WOK_TEST_TOKENS", f"{first},{second}")
+    by_env = [*argv[:-4], "--token-env", "WOK_TEST_TOKENS", "--json", str(out)]
+    assert main(by_env) == 0, capsys.readouterr().err
+    assert json.loads(out.read_text())["steps"][0]["success_rate"] == 1.0
     empty = tmp_path / "empty"
     empty.write_text("# nothing but a comment\n")
     assert main([*argv[:-4], "--token-file", str(empty)]) == 2
