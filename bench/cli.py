@@ -755,6 +755,20 @@ def add_plan_parser(sub) -> None:
     p.set_defaults(run=run_plan)
 
 
+# What the planner's inputs are called on this command line: its range errors start with them.
+PLAN_OPTIONS = {
+    "peak_qps": "--peak-qps",
+    "t_batch_s": "--t-batch",
+    "batch_size": "--batch-size",
+    "target_util": "--target-util",
+    "redundancy": "--redundancy",
+    "scale_out_above": "--scale-out-above",
+    "scale_in_below": "--scale-in-below",
+    "sustain_s": "--sustain",
+    "max_replicas": "--max-replicas",
+}
+
+
 def run_plan(args) -> int:
     from . import plan
 
@@ -773,14 +787,15 @@ def run_plan(args) -> int:
             raise ValueError("--batch-size is needed with --t-batch, --alpha/--beta and --profile")
         n = plan.exact(args.batch_size, "--batch-size")
         if args.t_batch is not None:
-            batch = plan.batch_given(plan.exact_duration(args.t_batch, "--t-batch"), n)
+            batch = plan.batch_given(plan.exact_duration(args.t_batch, "--t-batch"), n, names=PLAN_OPTIONS)
         elif args.alpha is not None:
             if args.beta is None:
                 raise ValueError("--alpha needs --beta")
             alpha, beta = plan.exact_duration(args.alpha, "--alpha"), plan.exact_duration(args.beta, "--beta")
-            batch = plan.batch_from_alpha_beta(alpha, beta, n)
+            ab = {**PLAN_OPTIONS, "beta_s": "--beta", "t_batch_s": "--alpha + --beta × --batch-size"}
+            batch = plan.batch_from_alpha_beta(alpha, beta, n, names=ab)
         else:
-            batch = plan.batch_from_profile(args.profile, n)
+            batch = plan.batch_from_profile(args.profile, n, names=PLAN_OPTIONS)
     model = args.model or batch.detail.get("model") or "mlp"
     autoscaling = plan.Autoscaling(
         scale_out_above=plan.exact(args.scale_out_above, "--scale-out-above"),
@@ -801,6 +816,7 @@ def run_plan(args) -> int:
         target_util=plan.exact(args.target_util, "--target-util"),
         redundancy=args.redundancy,
         autoscaling=autoscaling,
+        names=PLAN_OPTIONS,
     )
     if args.manifests:
         with _writing("--manifests", args.manifests):

@@ -23,6 +23,7 @@ import json
 import math
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
@@ -56,6 +57,16 @@ def _needed(d: dict, key: str, where: str):
     if d.get(key) is None:
         raise ValueError(f"{where}: no {key}")
     return d[key]
+
+
+def _named(names: Mapping[str, str] | None, key: str) -> str:
+    """'NAME: ' when the caller names input `key` (a CLI option, a file's field), else ''.
+
+    The library's range errors say which quantity is wrong; only the caller knows what the user
+    typed to give it, so it passes `names` ({"target_util": "--target-util", ...}) down.
+    """
+    name = (names or {}).get(key)
+    return f"{name}: " if name else ""
 
 
 def exact(value, what: str) -> Fraction:
@@ -223,28 +234,32 @@ class BatchTime:
     stages_ms: dict[str, Fraction] = field(default_factory=dict)
 
 
-def _check_batch(t: Fraction, n: Fraction) -> None:
+def _check_batch(t: Fraction, n: Fraction, names: Mapping[str, str] | None) -> None:
     if t <= 0:
-        raise ValueError(f"T_batch must be > 0 s; got {decimal_text(t)}")
+        raise ValueError(f"{_named(names, 't_batch_s')}T_batch must be > 0 s; got {decimal_text(t)} s")
     if n <= 0:
-        raise ValueError(f"the batch size n must be > 0; got {decimal_text(n)}")
+        raise ValueError(f"{_named(names, 'batch_size')}the batch size n must be > 0; got {decimal_text(n)}")
 
 
-def batch_given(t_batch_s: Fraction, batch_size: Fraction) -> BatchTime:
-    _check_batch(t_batch_s, batch_size)
+def batch_given(t_batch_s: Fraction, batch_size: Fraction, *, names: Mapping[str, str] | None = None) -> BatchTime:
+    """T_batch and n as given; `names` ("t_batch_s", "batch_size") are the caller's for them, for the errors."""
+    _check_batch(t_batch_s, batch_size, names)
     return BatchTime(t_batch_s, batch_size, "given")
 
 
-def batch_from_alpha_beta(alpha_s: Fraction, beta_s: Fraction, batch_size: Fraction, **detail) -> BatchTime:
+def batch_from_alpha_beta(
+    alpha_s: Fraction, beta_s: Fraction, batch_size: Fraction, *, names: Mapping[str, str] | None = None, **detail
+) -> BatchTime:
     """T_batch = α + β·n, the linear batch-time model `wok profile` fits.
 
     A least-squares α may come out slightly negative; that is allowed as long as T_batch > 0
-    (the plan warns), but β, the time per row, must be >= 0.
+    (the plan warns), but β, the time per row, must be >= 0. `names` ("beta_s", "t_batch_s"
+    for α + β·n, "batch_size") are the caller's for the inputs, for the errors.
     """
     if beta_s < 0:
-        raise ValueError(f"β must be >= 0; got β={decimal_text(beta_s)} s")
+        raise ValueError(f"{_named(names, 'beta_s')}β must be >= 0; got β={decimal_text(beta_s)} s")
     t = alpha_s + beta_s * batch_size
-    _check_batch(t, batch_size)
+    _check_batch(t, batch_size, names)
     return BatchTime(t, batch_size, "profile" if detail else "alpha_beta", detail, alpha_s, beta_s)
 
 
@@ -263,8 +278,11 @@ def _load_json(path: Path, what: str) -> dict:
     return doc
 
 
-def batch_from_profile(path: Path, batch_size: Fraction) -> BatchTime:
-    """α and β from a `wok profile --json` document (schema wok.profile/1: `fit.alpha_s`, `fit.beta_s`)."""
+def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, str] | None = None) -> BatchTime:
+    """α and β from a `wok profile --json` document (schema wok.profile/1: `fit.alpha_s`, `fit.beta_s`).
+
+    `names` may name "batch_size" for the errors; α and β are named by the file and field.
+    """
     doc = _load_json(path, "profile")
     schema = doc.get("schema")
     if not (isinstance(schema, str) and schema.startswith("wok.profile/")):
@@ -287,7 +305,8 @@ def batch_from_profile(path: Path, batch_size: Fraction) -> BatchTime:
     detail = {"path": str(path), "model": model.get("name") if isinstance(model, dict) else model}
     if fit.get("r2") is not None:
         detail["r2"] = float(fit["r2"])
-    return batch_from_alpha_beta(alpha, beta, batch_size, **detail)
+    fields = {"beta_s": f"profile {path}: fit.beta_s", "t_batch_s": f"profile {path}: fit.alpha_s + fit.beta_s × n"}
+    return batch_from_alpha_beta(alpha, beta, batch_size, names={**(names or {}), **fields}, **detail)
 
 
 def batch_from_ramp(path: Path) -> BatchTime:
@@ -334,7 +353,7 @@ def batch_from_ramp(path: Path) -> BatchTime:
         n = requests / exact(server["batches"], f"{where}: server.batches")
     else:
         n = rows_per_batch / exact((doc.get("config") or {}).get("rows", 1), f"ramp result {path}: config.rows")
-    _check_batch(t, n)
+    _check_batch(t, n, {"t_batch_s": f"{where}: stages_ms", "batch_size": where})
     p99 = (step.get("latency_ms") or {}).get("p99")
     models = (doc.get("config") or {}).get("models") or []
     detail = {
@@ -367,19 +386,35 @@ class Autoscaling:
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     adapter_namespace: str = "monitoring"
 
-    def check(self) -> None:
-        if not 0 < self.scale_in_below < self.scale_out_above <= 1:
+    def check(self, names: Mapping[str, str] | None = None) -> None:
+        """Raise ValueError on a bad field; `names` maps field names to the caller's (CLI options), for the errors."""
+        out, inn = self.scale_out_above, self.scale_in_below
+        if not 0 < out <= 1:
             raise ValueError(
-                "autoscaling thresholds must satisfy 0 < scale-in-below < scale-out-above <= 1; got "
-                f"{decimal_text(self.scale_in_below)} and {decimal_text(self.scale_out_above)}"
+                f"{_named(names, 'scale_out_above')}the scale-out threshold must be in (0, 1]; got {_d(out)}"
+            )
+        if not 0 < inn < out:
+            raise ValueError(
+                f"{_named(names, 'scale_in_below')}the scale-in threshold must be > 0 and below the scale-out "
+                f"threshold {_d(out)}; got {_d(inn)}"
+            )
+        # The HPA's scale-down tolerance is written to 4 places and rounded up (so that scale-in
+        # starts at or below the threshold asked for): below out / 10⁴ it rounds up to 1, and
+        # out × (1 − 1) = 0 is a busy ratio no pod goes below: the HPA would never scale in.
+        least = out / 10**4
+        if inn < least:
+            raise ValueError(
+                f"{_named(names, 'scale_in_below')}the scale-in threshold must be at least the scale-out threshold "
+                f"/ 10000 = {decimal_text(_round_up(least, 12), 12)}: below that the HPA's scale-down tolerance, "
+                f"4 decimal places, rounds up to 1 and it never scales in; got {decimal_text(inn, 12)}"
             )
         if not 0 <= self.sustain_s <= 3600 or self.sustain_s.denominator != 1:
             raise ValueError(
-                f"sustain must be whole seconds from 0 to 1h (the HPA's stabilization window); "
-                f"got {decimal_text(self.sustain_s)} s"
+                f"{_named(names, 'sustain_s')}sustain must be whole seconds from 0 to 1h (the HPA's stabilization "
+                f"window); got {_d(self.sustain_s)} s"
             )
         if self.max_replicas is not None and self.max_replicas < 1:
-            raise ValueError(f"max replicas must be >= 1; got {self.max_replicas}")
+            raise ValueError(f"{_named(names, 'max_replicas')}max replicas must be >= 1; got {self.max_replicas}")
         for what, name in (
             ("deployment", self.deployment),
             ("namespace", self.namespace),
@@ -434,10 +469,15 @@ def build_plan(
     redundancy: int = 1,
     autoscaling: Autoscaling | None = None,
     created: str | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> dict:
-    """The whole `wok.plan/1` document (docs/plan.md): inputs, the arithmetic step by step, the result."""
+    """The whole `wok.plan/1` document (docs/plan.md): inputs, the arithmetic step by step, the result.
+
+    `names` maps the inputs ("peak_qps", "target_util", "redundancy", and the fields of
+    `Autoscaling`) to the caller's names for them, which the errors then start with.
+    """
     try:
-        return _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created)
+        return _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created, names)
     except OverflowError:
         # Each input is within a float's range (exact()), but a product or quotient of them may not be.
         raise ValueError(
@@ -446,20 +486,20 @@ def build_plan(
         ) from None
 
 
-def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created) -> dict:
+def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created, names) -> dict:
     teams = list(teams or [])
     given = [x for x in (peak_qps is not None, burst is not None, bool(teams)) if x]
     if len(given) != 1:
         raise ValueError("give the peak exactly one way: a peak QPS, a burst profile, or per-team peaks")
     if not 0 < target_util <= 1:
-        raise ValueError(f"target utilization must be in (0, 1]; got {_d(target_util)}")
+        raise ValueError(f"{_named(names, 'target_util')}target utilization must be in (0, 1]; got {_d(target_util)}")
     if isinstance(redundancy, bool) or not isinstance(redundancy, int) or redundancy < 0:
-        raise ValueError(f"redundancy k must be an integer >= 0; got {redundancy!r}")
-    names = [t for t, _ in teams]
-    if len(set(names)) != len(names):
-        raise ValueError(f"a team is named twice: {names}")
+        raise ValueError(f"{_named(names, 'redundancy')}redundancy k must be an integer >= 0; got {redundancy!r}")
+    team_names = [t for t, _ in teams]
+    if len(set(team_names)) != len(team_names):
+        raise ValueError(f"a team is named twice: {team_names}")
     autoscaling = autoscaling or Autoscaling()
-    autoscaling.check()
+    autoscaling.check(names)
     warnings: list[str] = []
     lo, hi = TARGET_UTIL_ADVISED
     if not lo <= target_util <= hi:
@@ -484,7 +524,7 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
     # -- the peak
     if peak_qps is not None:
         if peak_qps <= 0:
-            raise ValueError(f"peak QPS must be > 0; got {_d(peak_qps)}")
+            raise ValueError(f"{_named(names, 'peak_qps')}peak QPS must be > 0; got {_d(peak_qps)}")
         lam = peak_qps
         peak_in = {"source": "given", "peak_qps": _num(lam), "exact": _exact_str(lam)}
     elif burst is not None:
@@ -581,7 +621,7 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
         teams_out, step = _teams(teams, lam, t / (n * u), n_gpu, k)
         steps.append(step)
 
-    autoscale, burst_out = _autoscaling(autoscaling, total, burst, t / (n * u), per_replica_target)
+    autoscale, burst_out = _autoscaling(autoscaling, total, burst, t / (n * u), per_replica_target, names)
 
     cross = None
     if batch.source == "ramp":
@@ -666,12 +706,19 @@ def _teams(teams: list[tuple[str, Fraction]], lam: Fraction, gpus_per_qps: Fract
 
 
 def _autoscaling(
-    a: Autoscaling, total: int, burst: Burst | None, gpus_per_qps: Fraction, per_replica_target: Fraction
+    a: Autoscaling,
+    total: int,
+    burst: Burst | None,
+    gpus_per_qps: Fraction,
+    per_replica_target: Fraction,
+    names: Mapping[str, str] | None,
 ) -> tuple[dict, dict | None]:
     """The policy's numbers (HPA target and tolerances, KEDA threshold, replica bounds) and why the floor is N + k."""
     max_replicas = a.max_replicas if a.max_replicas is not None else 2 * total
     if max_replicas < total:
-        raise ValueError(f"max replicas {max_replicas} is below the planned minimum N + k = {total}")
+        raise ValueError(
+            f"{_named(names, 'max_replicas')}max replicas {max_replicas} is below the planned minimum N + k = {total}"
+        )
     scale_down_tol = _tolerance_for(a.scale_in_below, a.scale_out_above)
     if a.scale_out_above * (1 - scale_down_tol) > a.scale_in_below:
         raise AssertionError("the scale-down tolerance must put scale-in at or below the asked threshold")

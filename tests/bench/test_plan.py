@@ -10,6 +10,7 @@ import copy
 import io
 import json
 import math
+import re
 import shutil
 import subprocess
 from fractions import Fraction
@@ -115,6 +116,81 @@ def test_a_negative_alpha_is_allowed_with_a_warning_while_t_stays_positive():
         batch_from_alpha_beta(F(-1, 10), F(1, 1000), F(16))
     with pytest.raises(ValueError, match="β must be >= 0"):
         batch_from_alpha_beta(F(1, 1000), F(-1, 1000), F(16))
+
+
+# What `wok plan` calls each input: a range error starts with it, as a parse error does.
+OPTIONS = {
+    "peak_qps": "--peak-qps",
+    "t_batch_s": "--t-batch",
+    "beta_s": "--beta",
+    "batch_size": "--batch-size",
+    "target_util": "--target-util",
+    "redundancy": "--redundancy",
+    "scale_out_above": "--scale-out-above",
+    "scale_in_below": "--scale-in-below",
+    "sustain_s": "--sustain",
+    "max_replicas": "--max-replicas",
+}
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda **n: make(peak_qps=F(5000), target_util=F(3, 2), **n),
+            r"target utilization must be in \(0, 1\]; got 1\.5",
+        ),
+        (lambda **n: make(peak_qps=F(0), **n), "peak QPS must be > 0; got 0"),
+        (lambda **n: make(peak_qps=F(5000), redundancy=-1, **n), "redundancy k must be an integer >= 0; got -1"),
+        (lambda **n: batch_given(F(0), F(16), **n), "T_batch must be > 0 s; got 0 s"),
+        (lambda **n: batch_given(F(1, 50), F(0), **n), "the batch size n must be > 0; got 0"),
+        (lambda **n: batch_from_alpha_beta(F(1, 1000), F(-1, 10000), F(16), **n), "β must be >= 0; got β=-0.0001 s"),
+        (lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(sustain_s=F(7200)), **n), "sustain must be"),
+        (lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(max_replicas=0), **n), "max replicas must be"),
+        (lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(max_replicas=10), **n), "max replicas 10 is below"),
+        (
+            lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(scale_in_below=F(8, 10)), **n),
+            "the scale-in threshold must be > 0 and below the scale-out threshold 0.7; got 0.8",
+        ),
+        (
+            lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(scale_out_above=F(3, 2)), **n),
+            r"the scale-out threshold must be in \(0, 1\]; got 1\.5",
+        ),
+    ],
+    ids=[
+        "target-util",
+        "peak-qps",
+        "redundancy",
+        "t-batch",
+        "batch-size",
+        "beta",
+        "sustain",
+        "max-replicas",
+        "max-replicas-below-min",
+        "scale-in-below",
+        "scale-out-above",
+    ],
+)
+def test_a_range_error_starts_with_the_callers_name_for_the_input(build, message):
+    # Without names the message says which quantity; with them, first what the user typed.
+    with pytest.raises(ValueError, match=f"^{message}"):
+        build()
+    with pytest.raises(ValueError, match=r"^--[a-z-]+: " + message):
+        build(names=OPTIONS)
+
+
+def test_a_negative_beta_in_a_profile_names_the_file_and_the_field(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": 0.002, "beta_s": -0.0001}}))
+    with pytest.raises(
+        ValueError, match=rf"^profile {re.escape(str(path))}: fit\.beta_s: β must be >= 0; got β=-0\.0001 s$"
+    ):
+        plan.batch_from_profile(path, F(16), names=OPTIONS)
+    path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": -0.1, "beta_s": 0.001}}))
+    with pytest.raises(
+        ValueError, match=rf"^profile {re.escape(str(path))}: fit\.alpha_s \+ fit\.beta_s × n: T_batch must be > 0 s"
+    ):
+        plan.batch_from_profile(path, F(16))
 
 
 def test_the_peak_is_given_one_way_only():
@@ -384,6 +460,24 @@ def test_the_policy_thresholds():
     assert a["keda"] == {"threshold": 0.6364, "scale_out_above_effective": 0.70004, "scale_in_below_effective": 0.57276}
 
 
+def test_a_scale_in_threshold_below_what_the_tolerance_can_express_is_refused():
+    # The scale-down tolerance 1 − in / out is rounded up to 4 places: from out / 10⁴ = 0.00007
+    # it is at most 0.9999 and the HPA scales in below 0.7 × 0.0001; below that it would round
+    # up to 1, scale in below 0, that is never, with no word said.
+    a = make(peak_qps=F(5000), autoscaling=Autoscaling(scale_in_below=F(7, 100000)))["autoscaling"]
+    assert (a["hpa"]["scale_down_tolerance"], a["hpa"]["scale_in_below_effective"]) == (0.9999, 0.00007)
+    for scale_in in (F(69999, 10**9), F(3, 100000)):
+        with pytest.raises(
+            ValueError, match=r"^--scale-in-below: .* at least .* = 0\.00007: .* never scales in; got 0\.0000[36]"
+        ):
+            make(peak_qps=F(5000), autoscaling=Autoscaling(scale_in_below=scale_in), names=OPTIONS)
+    # The least value is given exactly, rounded up where it does not terminate.
+    with pytest.raises(ValueError, match=r"= 0\.000012345678: .*; got 0\.00001$"):
+        make(peak_qps=F(5000), autoscaling=Autoscaling(scale_out_above=F("0.12345678"), scale_in_below=F(1, 10**5)))
+    with pytest.raises(ValueError, match=r"= 0\.000066666667: "):
+        make(peak_qps=F(5000), autoscaling=Autoscaling(scale_out_above=F(2, 3), scale_in_below=F(1, 10**5)))
+
+
 def test_autoscaling_options_are_checked():
     for bad in (
         Autoscaling(scale_in_below=F(8, 10)),
@@ -632,3 +726,42 @@ def test_a_plan_holding_a_lone_surrogate_is_written_escaped_and_reads_back_equal
     text = to_json(plan)
     text.encode("utf-8")  # a file can hold it
     assert "µs" in text and json.loads(text) == plan
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--peak-qps", "5000", "--target-util", "1.5"],
+            "--target-util: target utilization must be in (0, 1]; got 1.5",
+        ),
+        (["--peak-qps", "0"], "--peak-qps: peak QPS must be > 0; got 0"),
+        (["--peak-qps", "5000", "--t-batch", "0ms"], "--t-batch: T_batch must be > 0 s; got 0 s"),
+        (["--peak-qps", "5000", "--batch-size", "0"], "--batch-size: the batch size n must be > 0; got 0"),
+        (["--peak-qps", "5000", "--redundancy", "-1"], "--redundancy: redundancy k must be an integer >= 0"),
+        (["--peak-qps", "5000", "--sustain", "2h"], "--sustain: sustain must be whole seconds"),
+        (["--peak-qps", "5000", "--max-replicas", "0"], "--max-replicas: max replicas must be >= 1"),
+        (["--peak-qps", "5000", "--max-replicas", "3"], "--max-replicas: max replicas 3 is below"),
+        (["--peak-qps", "5000", "--scale-out-above", "1.5"], "--scale-out-above: the scale-out threshold"),
+        (["--peak-qps", "5000", "--scale-in-below", "0.8"], "--scale-in-below: the scale-in threshold must be > 0"),
+        (["--peak-qps", "5000", "--scale-in-below", "0.00003"], "= 0.00007: below that the HPA"),
+    ],
+)
+def test_the_cli_names_the_option_a_range_error_is_about(argv, message, capsys):
+    # "--t-batch 20ms --batch-size 16" unless the case gives its own.
+    given = dict(zip(argv[::2], argv[1::2]))
+    base = {"--t-batch": "20ms", "--batch-size": "16", **given}
+    assert main(["plan", *(x for kv in base.items() for x in kv)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wok plan: --"), err
+    assert message in err, err
+
+
+def test_the_cli_names_alpha_beta_and_the_profiles_field(tmp_path, capsys):
+    argv = ["plan", "--peak-qps", "5000", "--alpha", "0ms", "--beta", "0ms", "--batch-size", "16"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("wok plan: --alpha + --beta × --batch-size: T_batch must be > 0 s")
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": 0.002, "beta_s": -0.0001}}))
+    assert main(["plan", "--peak-qps", "5000", "--profile", str(path), "--batch-size", "16"]) == 2
+    assert capsys.readouterr().err == f"wok plan: profile {path}: fit.beta_s: β must be >= 0; got β=-0.0001 s\n"
