@@ -100,6 +100,18 @@ def array_from_raw(raw: bytes, dt: Datatype, shape: tuple[int, ...], name: str) 
     return np.frombuffer(raw, dtype=dt.numpy).reshape(shape)
 
 
+def _count_mismatch(contents: pb.InferTensorContents, dt: Datatype, shape: tuple[int, ...], name: str, got: int) -> str:
+    # Values in another field (FP64 ones in int64_contents) look like no data at all: name where they are.
+    msg = (
+        f"input '{name}': contents hold {got} values, expected {math.prod(shape)} (shape {_shape_str(shape)}) "
+        f"in {dt.contents_field} for {dt.name}, or the tensor in raw_input_contents"
+    )
+    others = [f"{f.name} holds {len(v)} values" for f, v in contents.ListFields() if f.name != dt.contents_field]
+    if others:
+        msg += f"; {', '.join(others)}, which {dt.name} is not read from"
+    return msg
+
+
 def array_from_contents(
     contents: pb.InferTensorContents, dt: Datatype, shape: tuple[int, ...], name: str
 ) -> np.ndarray:
@@ -110,9 +122,7 @@ def array_from_contents(
     if count == 0:
         _check_empty_span(shape, dt, name)
     if len(values) != count:
-        raise InvalidInput(
-            f"input '{name}': contents hold {len(values)} values, expected {count} (shape {_shape_str(shape)})"
-        )
+        raise InvalidInput(_count_mismatch(contents, dt, shape, name, len(values)))
     if dt.name == "BYTES":
         a = np.empty(count, dtype=object)
         a[:] = list(values)
@@ -175,6 +185,12 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
         shape = tuple(t.shape)
         want = (-1, *tcfg.dims)
         if len(shape) != len(want) or any(w != -1 and w != s for w, s in zip(want, shape)) or any(s < 0 for s in shape):
+            if any(s < 0 for s in shape):
+                # A -1 sent back from the metadata would read "expected [-1, 4], got [-1, 4]".
+                raise InvalidInput(
+                    f"input '{name}': dims must be >= 0, got {_shape_str(shape)}; -1 is only a wildcard, "
+                    f"in the expected shape {_shape_str(want)} of the model's metadata"
+                )
             raise InvalidInput(
                 f"input '{name}': expected shape {_shape_str(want)} (batch first, -1 = any), got {_shape_str(shape)}"
             )
@@ -286,13 +302,38 @@ _NUMPY_TO_V2 = {
 }
 
 
+def _is_bfloat16(dtype: np.dtype) -> bool:
+    # ml_dtypes' bfloat16 (jax's), told by name so that the client need not import ml_dtypes.
+    return dtype.name == "bfloat16" and dtype.itemsize == 2
+
+
 def v2_datatype_of(a: np.ndarray) -> str:
     if a.dtype.kind in "SU":
         return "BYTES"
     try:
         return _NUMPY_TO_V2[a.dtype]
     except KeyError:
+        if _is_bfloat16(a.dtype):
+            return "BF16"
         raise ValueError(f"numpy dtype {a.dtype} has no V2 datatype") from None
+
+
+def _check_datatype(name: str, a: np.ndarray, datatype: str) -> None:
+    """An array's bytes go as they are: one of another dtype would reach the model as other values."""
+    dt = DATATYPES.get(datatype)
+    if dt is None:
+        raise ValueError(f"input '{name}': unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
+    if dt.name == "BYTES":
+        if a.dtype.kind not in "OSU":
+            raise ValueError(f"input '{name}': datatype BYTES needs an array of object, bytes or str, got {a.dtype}")
+    elif dt.name == "BF16":
+        if a.dtype != np.uint16 and not _is_bfloat16(a.dtype):
+            raise ValueError(
+                f"input '{name}': datatype BF16 needs an array of uint16 (bfloat16 words) or ml_dtypes.bfloat16, "
+                f"got {a.dtype}"
+            )
+    elif a.dtype != dt.numpy:
+        raise ValueError(f"input '{name}': datatype {dt.name} needs an array of {dt.numpy}, got {a.dtype}")
 
 
 def encode_request(
@@ -308,7 +349,11 @@ def encode_request(
     req = pb.ModelInferRequest(model_name=model, id=request_id)
     for name, a in inputs.items():
         a = np.asarray(a)
-        dtype = (datatypes or {}).get(name) or v2_datatype_of(a)
+        dtype = datatypes.get(name) if datatypes else None
+        if dtype:
+            _check_datatype(name, a, dtype)
+        else:
+            dtype = v2_datatype_of(a)
         req.inputs.add(name=name, datatype=dtype, shape=a.shape)
         if dtype == "BYTES":
             req.raw_input_contents.append(serialize_bytes(a))

@@ -27,6 +27,26 @@ from .tensors import to_numpy_view, torch_dtype
 PRECISION = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def casts_without_loss(have: torch.dtype, want: torch.dtype) -> bool:
+    """Whether a model's output of dtype `have` may be cast to its config's `want`.
+
+    Float to float is a precision choice (an fp16/bf16 model behind an FP32 config, or the
+    reverse) and is allowed. Anything else only where every value of `have` survives: a cast
+    would otherwise wrap integers (INT64 300 into INT8 is 44), round them (INT64 above 2**24
+    into FP32) or drop fractions (a float into INT64 or BOOL) with nothing to tell the client.
+    """
+    if have == want or (have.is_floating_point and want.is_floating_point):
+        return True
+    if have.is_floating_point or have.is_complex or want == torch.bool:
+        return False
+    lo, hi = (0, 1) if have == torch.bool else (torch.iinfo(have).min, torch.iinfo(have).max)
+    if want.is_floating_point:
+        # A float holds every integer up to 2**p exactly, p its significand bits (2 / eps).
+        return max(-lo, hi) <= 2 / torch.finfo(want).eps
+    info = torch.iinfo(want)
+    return info.min <= lo and hi <= info.max
+
+
 class HostBuffers:
     """Reusable host tensors for one in-flight batch slot, page-locked when `pinned`.
 
@@ -148,9 +168,7 @@ class Servable:
             if t.dtype != want:
                 ok = self._castable.get((n, t.dtype))
                 if ok is None:
-                    # Precision casts (an fp16 model behind an FP32 config) are the point; a float
-                    # into INT64 or BOOL would silently truncate, so that batch fails instead.
-                    ok = torch.can_cast(t.dtype, want) or (t.dtype.is_floating_point and want.is_floating_point)
+                    ok = casts_without_loss(t.dtype, want)
                     self._castable[(n, t.dtype)] = ok
                 if not ok:
                     raise ModelExecutionError(

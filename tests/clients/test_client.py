@@ -19,7 +19,7 @@ import torch
 
 from wok.clients import TLS, AsyncClient, Client, InferError, ModelInfo, StreamResult, TensorInfo, aio
 from wok.clients.channel import channel_options, channel_target, service_config
-from wok.clients.messages import StreamIds, stream_result
+from wok.clients.messages import StreamIds, stream_request, stream_result
 from wok.servable import HostBuffers, Servable
 from wok.v2pb import grpc_service_pb2 as pb
 
@@ -770,3 +770,28 @@ async def test_bf16_inputs_travel_when_the_caller_names_their_datatype(serve, tm
         with Client(target(server)) as sync:
             out = await asyncio.to_thread(sync.infer, "half", {"A": words}, datatypes={"A": "BF16"})
     np.testing.assert_array_equal(out["B"], doubled)
+
+
+async def test_an_array_whose_dtype_is_not_the_named_datatype_is_refused_and_ml_dtypes_bfloat16_needs_none(
+    serve, tmp_path
+):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    halves = np.array([[1.0, -2.5, 0.15625]], np.float16)  # as BF16 words these would be other numbers
+    typed = np.array([[1.0, -2.5, 0.15625]], ml_dtypes.bfloat16)
+    refused = "input 'A': datatype BF16 needs an array of uint16 (bfloat16 words) or ml_dtypes.bfloat16, got float16"
+    with pytest.raises(ValueError) as info:
+        stream_request({"model": "half", "inputs": {"A": halves}, "datatypes": {"A": "BF16"}}, 0, StreamIds())
+    assert str(info.value) == refused
+    async with serve(repository=bf16_repository(tmp_path / "repo")) as server:
+        async with AsyncClient(target(server)) as client:
+            with pytest.raises(ValueError) as info:
+                await client.infer("half", {"A": halves}, datatypes={"A": "BF16"})
+            assert str(info.value) == refused
+            out = await client.infer("half", {"A": typed})
+            assert out["B"].view(ml_dtypes.bfloat16).tolist() == [[2.0, -5.0, 0.3125]]
+        with Client(target(server)) as sync:
+            with pytest.raises(ValueError) as info:
+                await asyncio.to_thread(sync.infer, "half", {"A": halves}, datatypes={"A": "BF16"})
+            assert str(info.value) == refused
+            out = await asyncio.to_thread(sync.infer, "half", {"A": typed})
+    assert out["B"].view(ml_dtypes.bfloat16).tolist() == [[2.0, -5.0, 0.3125]]

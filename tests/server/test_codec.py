@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
 import pytest
 import torch
@@ -203,3 +204,81 @@ def identity_dims(datatype: str, dims: list[int]) -> Servable:
         "test",
     )
     return Servable(cfg, nn.Identity())
+
+
+@pytest.mark.parametrize("shape", [[-1, 3], [2, -1], [-2, 3]])
+def test_a_negative_dim_is_refused_as_such_not_as_a_shape_that_matches(shape):
+    # [-1, 3] is the model's metadata sent back: "expected [-1, 3], got [-1, 3]" would contradict itself.
+    req = pb.ModelInferRequest(model_name="id")
+    req.inputs.add(name="X", datatype="FP32", shape=shape)
+    req.raw_input_contents.append(b"")
+    with pytest.raises(InvalidInput) as info:
+        decode_request(req, identity("FP32"))
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(info.value) == (
+        f"input 'X': dims must be >= 0, got {shape}; -1 is only a wildcard, in the expected shape [-1, 3] "
+        "of the model's metadata"
+    )
+
+
+def test_typed_contents_in_another_types_field_are_named_with_the_field_expected():
+    req = pb.ModelInferRequest(model_name="id")
+    t = req.inputs.add(name="X", datatype="FP64", shape=[1, 3])
+    t.contents.int64_contents.extend([1, 2, 3])
+    with pytest.raises(InvalidInput) as info:
+        decode_request(req, identity("FP64"))
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(info.value) == (
+        "input 'X': contents hold 0 values, expected 3 (shape [1, 3]) in fp64_contents for FP64, or the tensor "
+        "in raw_input_contents; int64_contents holds 3 values, which FP64 is not read from"
+    )
+
+
+def test_an_input_with_no_data_at_all_is_told_where_its_data_goes():
+    req = pb.ModelInferRequest(model_name="id")
+    req.inputs.add(name="X", datatype="INT8", shape=[1, 3])
+    with pytest.raises(InvalidInput) as info:
+        decode_request(req, identity("INT8"))
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(info.value) == (
+        "input 'X': contents hold 0 values, expected 3 (shape [1, 3]) in int_contents for INT8, or the tensor "
+        "in raw_input_contents"
+    )
+
+
+@pytest.mark.parametrize(
+    ("array", "datatype", "expected"),
+    [
+        (np.ones((1, 3), np.float16), "BF16", "uint16 (bfloat16 words) or ml_dtypes.bfloat16"),
+        (np.ones((1, 3), np.int64), "FP64", "float64"),
+        (np.ones((1, 3), np.float32), "INT32", "int32"),
+        (np.ones((1, 3), np.uint8), "BOOL", "bool"),
+        (np.ones((1, 3), np.float64), "FP32", "float32"),
+        (np.ones((1, 3), np.int32), "BYTES", "object, bytes or str"),
+    ],
+)
+def test_a_datatype_named_for_an_array_of_another_dtype_is_refused_before_sending(array, datatype, expected):
+    # Its bytes would go as they are: float16 1.0 read as bfloat16 is 2.0, int64 1 as FP64 is 5e-324.
+    with pytest.raises(ValueError) as info:
+        encode_request("id", {"X": array}, datatypes={"X": datatype})
+    assert str(info.value) == f"input 'X': datatype {datatype} needs an array of {expected}, got {array.dtype}"
+
+
+def test_an_unknown_datatype_is_refused_before_sending():
+    with pytest.raises(ValueError, match=r"input 'X': unknown datatype 'FP8'; expected one of BOOL, "):
+        encode_request("id", {"X": np.ones((1, 3), np.float32)}, datatypes={"X": "FP8"})
+
+
+def test_bf16_goes_as_uint16_words_or_as_an_ml_dtypes_bfloat16_array_which_needs_no_datatypes():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    s = identity("BF16")
+    x = sample("BF16")
+    as_words = encode_request("id", {"X": x}, datatypes={"X": "BF16"})
+    typed = x.view(ml_dtypes.bfloat16)
+    for req in (encode_request("id", {"X": typed}), encode_request("id", {"X": typed}, datatypes={"X": "BF16"})):
+        assert req == as_words
+        np.testing.assert_array_equal(decode_response(through_model(s, req))["Y"], x)
+    texts = np.array([["a", "b", "c"]])
+    assert decode_request(encode_request("id", {"X": texts}, datatypes={"X": "BYTES"}), identity("BYTES")).inputs[
+        "X"
+    ].tolist() == [[b"a", b"b", b"c"]]

@@ -63,16 +63,37 @@ def forward(s: Servable, x: torch.Tensor) -> torch.Tensor:
         (torch.bfloat16, "FP32", torch.float32),
         (torch.float64, "FP32", torch.float32),
         (torch.float32, "FP16", torch.float16),
-        (torch.int32, "INT64", torch.int64),
+        (torch.int32, "INT64", torch.int64),  # integers into a type that holds every value of theirs
+        (torch.uint8, "INT16", torch.int16),
+        (torch.int16, "FP32", torch.float32),
+        (torch.int32, "FP64", torch.float64),
+        (torch.uint8, "BF16", torch.bfloat16),
         (torch.bool, "INT64", torch.int64),
+        (torch.bool, "FP16", torch.float16),
     ],
 )
-def test_an_output_that_casts_without_loss_of_kind_is_cast_to_the_config_datatype(model_dtype, datatype, want):
+def test_an_output_that_casts_without_loss_is_cast_to_the_config_datatype(model_dtype, datatype, want):
     out = forward(servable(Returns(model_dtype), datatype), torch.ones(3, 2))
     assert out.dtype == want and out.shape == (3, 2)
 
 
-@pytest.mark.parametrize(("model_dtype", "datatype"), [(torch.float32, "INT64"), (torch.float32, "BOOL")])
+@pytest.mark.parametrize(
+    ("model_dtype", "datatype"),
+    [
+        (torch.float32, "INT64"),  # fractions dropped
+        (torch.float32, "BOOL"),
+        (torch.int32, "BOOL"),
+        (torch.int64, "INT8"),  # values wrapped: 300 would be 44
+        (torch.int64, "INT32"),
+        (torch.int32, "UINT8"),  # -1 would be 255
+        (torch.int8, "UINT8"),
+        (torch.uint64, "INT64"),
+        (torch.int64, "FP32"),  # values rounded: above 2**24 (2**53 for FP64) a float skips integers
+        (torch.int64, "FP64"),
+        (torch.int16, "FP16"),
+        (torch.int16, "BF16"),
+    ],
+)
 def test_an_output_that_would_be_truncated_fails_the_batch_naming_model_output_and_both_types(model_dtype, datatype):
     s = servable(Returns(model_dtype), datatype)
     for _ in range(2):  # the second batch takes the cached decision
@@ -98,6 +119,32 @@ def test_a_model_whose_output_cannot_take_its_config_datatype_fails_the_start_up
     assert "model 'm' output 'y' is torch.float32; its config declares INT64" in msg
     assert f"in the start-up warm-up, on a batch of zeros with input shapes x [1, 2] on cpu (config: {source})" in msg
     assert "warmup_dims" not in msg  # the zeros' sizes are not what failed
+
+
+def test_a_model_whose_integer_output_would_wrap_in_its_config_datatype_fails_the_warm_up_on_zeros():
+    # The warm-up's zeros fit INT8; the check is on the types, so the start fails all the same.
+    s = servable(Returns(torch.int64), "INT8")
+    ex = Executor(s, s.config.instances)
+    try:
+        with pytest.raises(
+            ModelExecutionError, match=r"output 'y' is torch.int64; its config declares INT8, which it "
+        ):
+            ex.warmup()
+    finally:
+        ex.shutdown()
+
+
+def test_integer_outputs_are_never_wrapped_or_rounded():
+    values = torch.tensor([[300, -200], [128, 2**40], [2**24 + 1, 5]])
+
+    class Passes(nn.Module):
+        def forward(self, x):
+            return values[: x.shape[0]]
+
+    for datatype in ("INT8", "INT16", "INT32", "UINT8", "FP32", "FP16", "BF16"):
+        with pytest.raises(ModelExecutionError, match="cannot be cast to without loss"):
+            forward(servable(Passes(), datatype), torch.ones(3, 2))
+    assert forward(servable(Passes(), "INT64"), torch.ones(3, 2)).tolist() == values.tolist()
 
 
 # Integers for the warm-up's zeros, floats for anything else: it starts, then a request fails.
