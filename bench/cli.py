@@ -909,7 +909,9 @@ def run_tune(args) -> int:
             raise ValueError(f"{what} {spec!r}: expected whole numbers like 4,8,16") from None
 
     sizes = ints(args.max_batch_sizes, "--max-batch-sizes")
-    delays = [parse_duration(x.strip()) for x in args.delays.split(",") if x.strip()]
+    delays = [_named("--delays", parse_duration, x.strip()) for x in args.delays.split(",") if x.strip()]
+    if not all(math.isfinite(d) for d in delays):  # else refused only after simulating the others
+        raise ValueError(f"--delays: expected finite durations; got {args.delays!r}")
     default = None
     if args.default != "none":
         n, comma, d = args.default.partition(",")
@@ -928,7 +930,7 @@ def run_tune(args) -> int:
     if args.overhead_samples:
         overhead = load_overhead(args.overhead_samples)
     else:
-        constant = parse_duration(args.overhead)
+        constant = _seconds(args, "--overhead")
         overhead = (constant,) if constant > 0 else ()
     cpu = tune_cpu_stage(args.cpu_calibration, args.per_request_cpu, args.cores)
     overhead_at = None

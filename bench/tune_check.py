@@ -820,7 +820,7 @@ def plot(doc: dict, path: Path) -> None:
 
 
 def parse_args(argv=None):
-    from wok.bench.arrivals import parse_duration, parse_steps
+    from wok.bench.arrivals import parse_arrivals, parse_steps
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--slo-p99", default="50ms")
@@ -883,12 +883,14 @@ def parse_args(argv=None):
     # Every value checked before the first measurement: the profile alone takes minutes.
     try:
         option = "--slo-p99"
-        args.slo_ms = 1e3 * parse_duration(args.slo_p99)
+        args.slo_ms = 1e3 * _seconds(args.slo_p99)
+        option = "--arrival"
+        parse_arrivals(args.arrival, 1.0, duration_s=1.0)  # checked only: the search and the ramps parse it
         option = "--steps"
         args.steps_list = parse_steps(args.steps)
         for option in ("--step-duration", "--warmup", "--calibration-duration", "--cpu-calibration-duration"):
             attr = option.removeprefix("--").replace("-", "_")
-            setattr(args, attr, parse_duration(getattr(args, attr)))
+            setattr(args, attr, _seconds(getattr(args, attr)))
         option = "--sim-duration"
         sim_duration = _seconds(args.sim_duration)  # checked only: the run's config keeps the text given
         option = "--cpu-steps"
@@ -898,7 +900,7 @@ def parse_args(argv=None):
         option = "--profile-sizes"
         _positive_ints(args.profile_sizes)
         option = "--delays"
-        args.delays_s = [parse_duration(x) for x in args.delays.split(",")]
+        args.delays_s = [_seconds(x) for x in args.delays.split(",")]
         option = "--default"
         args.default_setting = _setting(args.default)
         option = "--tuned"
@@ -909,7 +911,7 @@ def parse_args(argv=None):
             a, comma, b = args.device_like_spec.partition(",")
             if not comma:
                 raise ValueError(f"expected ALPHA,BETA (e.g. 5ms,1ms); got {args.device_like_spec!r}")
-            args.device_like = (parse_duration(a), parse_duration(b))
+            args.device_like = (_seconds(a), _seconds(b))
     except ValueError as exc:
         p.error(f"{option}: {exc}")
     for name, value in (("--step-duration", args.step_duration), ("--calibration-duration", args.calibration_duration),
@@ -961,8 +963,6 @@ def read_run(path: Path) -> dict:
 
 
 def _setting(spec: str) -> tuple[int, float]:
-    from wok.bench.arrivals import parse_duration
-
     n, comma, d = spec.partition(",")
     try:
         size = int(n)
@@ -970,7 +970,7 @@ def _setting(spec: str) -> tuple[int, float]:
         size = 0
     if not comma or size < 1:
         raise ValueError(f"expected MAX_BATCH_SIZE,DELAY (e.g. 32,5ms); got {spec!r}")
-    return size, 1e3 * parse_duration(d)  # (max_batch_size, delay in ms)
+    return size, 1e3 * _seconds(d)  # (max_batch_size, delay in ms)
 
 
 def main(argv=None) -> int:
@@ -1087,6 +1087,12 @@ def main(argv=None) -> int:
                     measured = metered_ramp(server, cfg, say)
                 finally:
                     server.stop()
+                cut = measured.get("interrupted")
+                if cut and cut["by_signal"]:
+                    # As bench/compare.py does: a cut ramp's max QPS is the last step it reached, not
+                    # where the server fails, so it is left out (the verdict would count it), and the
+                    # signal stops the run, as it would anywhere else in it.
+                    raise KeyboardInterrupt(cut["reason"])
                 plain = predict(measured, n, d, profile, rep_overhead, args, sampled=False)
                 predicted = fixed = plain
                 steady = None
@@ -1184,9 +1190,14 @@ def _save(doc: dict, option: str, path: Path) -> bool:
 
 
 def _seconds(spec: str) -> float:
+    """A duration option's seconds; a ValueError for one that is not finite ('1e400ms'), which
+    would otherwise fail only in the search or the predictions, after minutes of measuring."""
     from wok.bench.arrivals import parse_duration
 
-    return parse_duration(spec)
+    seconds = parse_duration(spec)
+    if not np.isfinite(seconds):
+        raise ValueError(f"expected a finite duration, got {spec!r}")
+    return seconds
 
 
 if __name__ == "__main__":

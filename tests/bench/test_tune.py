@@ -382,3 +382,91 @@ def test_the_device_like_model_takes_alpha_plus_beta_n_through_the_executor():
     assert t1 - beta == pytest.approx(20e-3, abs=2e-3) and beta == pytest.approx(2e-3, abs=0.5e-3)
     prof = profile_from_document(doc)  # the document reads back as a profile of these sizes
     assert sorted(n for n, _ in prof.samples) == [1, 4]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--arrival", "bogus"], "--arrival: arrivals 'bogus': unknown process 'bogus'"),
+        (["--delays", "0ms,1e400ms"], "--delays: expected a finite duration, got '1e400ms'"),
+        (["--slo-p99", "1e400ms"], "--slo-p99: expected a finite duration, got '1e400ms'"),
+        (["--default", "32,1e400ms"], "--default: expected a finite duration, got '1e400ms'"),
+        (["--tuned", "4,1e400ms"], "--tuned: expected a finite duration, got '1e400ms'"),
+    ],
+)
+def test_tune_check_refuses_a_bad_value_before_measuring(args, message, monkeypatch, capsys):
+    """These failed only in the search or the predictions, after the profile, the calibrations
+    and every ramp had run, as a traceback (exit 1)."""
+    from wok.bench import tune_check
+
+    monkeypatch.setattr(tune_check, "measure_profile", lambda *a, **k: pytest.fail("measured before refusing"))
+    monkeypatch.setattr(tune_check, "calibrate", lambda *a, **k: pytest.fail("measured before refusing"))
+    with pytest.raises(SystemExit) as exc:
+        tune_check.main([*args, "--device-like", "1ms,1ms", "--log-dir", "/tmp"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and ": error: " in err and message in err, err
+    assert "Traceback" not in err
+
+
+class _NoServer:
+    target = "127.0.0.1:1"
+    stopped = 0
+
+    def __init__(self) -> None:
+        self.ports = {"metrics": 1}
+
+    def stop(self) -> None:
+        _NoServer.stopped += 1
+
+
+def test_tune_check_stops_at_a_ramp_cut_by_a_signal_and_leaves_it_out(tmp_path, monkeypatch):
+    """A ramp cut by Ctrl-C went on to the other setting's whole ramp, and the verdict counted
+    the cut one's max QPS (the last step reached) as if the server had failed there."""
+    from wok.bench import compare, tune, tune_check
+
+    profile = tmp_path / "profile.json"
+    profile.write_text("{}")
+    ramps = []
+
+    def ramp(server, cfg, progress):
+        ramps.append(server)
+        cut = {"reason": "ramp ended early at step 2 (200 QPS): KeyboardInterrupt", "by_signal": True}
+        return {"max_qps_under_slo": 100.0, "knee_qps": None, "interrupted": cut}
+
+    stops = []
+    monkeypatch.setattr(tune, "load_profile", lambda path: tune.Profile(0.001, 0.0001, r2=1.0))
+    monkeypatch.setattr(tune, "tune", lambda *args, **kwargs: {"chosen": None})
+    monkeypatch.setattr(tune, "print_table", lambda doc: None)
+    monkeypatch.setattr(tune_check, "calibrate", lambda args, t1: {"samples_s": [0.001], "method": "none"})
+    monkeypatch.setattr(tune_check, "start_server", lambda *args, **kwargs: _NoServer())
+    monkeypatch.setattr(tune_check, "ramp_config", lambda *args, **kwargs: None)
+    monkeypatch.setattr(compare, "metered_ramp", ramp)
+    monkeypatch.setattr(compare, "stop_all", lambda: stops.append(True))
+    monkeypatch.setattr(tune_check, "predict", lambda *args, **kwargs: {"max_qps_under_slo": 1.0})
+    monkeypatch.setattr(tune_check, "compare_steps", lambda *args: [])
+    monkeypatch.setattr(tune_check, "print_report", lambda doc: pytest.fail(f"a verdict on a cut ramp: {doc}"))
+    json_path = tmp_path / "run.json"
+    argv = ["--profile", str(profile), "--no-cpu-stage", "--tuned", "4,1ms", "--reps", "2"]
+    _NoServer.stopped = 0
+    with pytest.raises(KeyboardInterrupt, match="ramp ended early at step 2"):
+        tune_check.main([*argv, "--json", str(json_path), "--log-dir", str(tmp_path / "logs")])
+    assert len(ramps) == 1  # not the tuned setting's ramp, nor the second repetition
+    assert _NoServer.stopped == 1 and stops == [True]  # its server stopped, and any other started
+    assert not json_path.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--delays", "0ms,1e400ms"], "wok tune: --delays: expected finite durations; got '0ms,1e400ms'\n"),
+        (["--overhead", "1e400s"], "wok tune: --overhead: expected a finite duration; got '1e400s'\n"),
+    ],
+)
+def test_the_cli_refuses_an_infinite_duration_before_simulating(args, message, monkeypatch, wok_cli):
+    """--delays ...,1e400ms was refused after simulating the other delays, in the batcher
+    model's field name; --overhead 1e400s failed after simulating, in other words."""
+    import wok.bench.tune as tune_module
+
+    monkeypatch.setattr(tune_module, "max_qps", lambda *a, **k: pytest.fail("simulated before refusing"))
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *SMALL, *args)
+    assert (status, err) == (2, message)
