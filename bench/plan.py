@@ -354,13 +354,14 @@ def batch_from_ramp(path: Path) -> BatchTime:
     else:
         n = rows_per_batch / exact((doc.get("config") or {}).get("rows", 1), f"ramp result {path}: config.rows")
     _check_batch(t, n, {"t_batch_s": f"{where}: stages_ms", "batch_size": where})
+    achieved = exact(_needed(step, "achieved_qps", where), f"{where}: achieved_qps")
     p99 = (step.get("latency_ms") or {}).get("p99")
     models = (doc.get("config") or {}).get("models") or []
     detail = {
         "path": str(path),
         "model": models[0][0] if len(models) == 1 else None,
         "step_offered_qps": _num(best),
-        "achieved_qps": float(_needed(step, "achieved_qps", where)),
+        "achieved_qps": float(achieved),
         "p99_ms": None if p99 is None else float(p99),
         "slo_p99_ms": float(_needed(doc, "slo_p99_ms", f"ramp result {path}")),
         "stages_ms": {s: float(v) for s, v in parts.items()},
@@ -368,7 +369,6 @@ def batch_from_ramp(path: Path) -> BatchTime:
         "flush_reasons": {k: float(v) for k, v in (step.get("flush_reasons") or {}).items()},
         "highest_step": all(q <= best for _, q in offered),
     }
-    achieved = exact(_needed(step, "achieved_qps", where), f"{where}: achieved_qps")
     return BatchTime(t, n, "ramp", detail, step_qps=best, achieved_qps=achieved, stages_ms=parts)
 
 

@@ -138,7 +138,6 @@ from .channel import (
     probe,
     split_host_port,
 )
-from .channel import accepting as probe_accepting
 
 CODE = grpc.StatusCode
 STATE = grpc.ChannelConnectivity
@@ -225,12 +224,6 @@ async def system_resolver(host: str, port: int) -> list[str]:
     v4 = [i[4][0] for i in infos if i[0] == socket.AF_INET]
     v6 = [i[4][0] for i in infos if i[0] == socket.AF_INET6]
     return [_address(ip, port) for ip in dict.fromkeys(v4 + v6)]
-
-
-async def accepting(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> set[str]:
-    """`wok.clients.channel.accepting` (TCP connects, all at once, within `timeout` seconds) on a
-    thread: its wait for them stays off the event loop."""
-    return await asyncio.to_thread(probe_accepting, addresses, timeout)
 
 
 async def probing(addresses: Sequence[str], timeout: float | None = None) -> dict[str, Probe]:

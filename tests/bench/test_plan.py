@@ -24,6 +24,7 @@ import yaml
 from wok.__main__ import main
 from wok.bench import plan
 from wok.bench.arrivals import parse_duration
+from wok.bench.cli import PLAN_OPTIONS
 from wok.bench.plan import Autoscaling, batch_from_alpha_beta, batch_given, build_plan, exact
 
 F = Fraction
@@ -119,18 +120,7 @@ def test_a_negative_alpha_is_allowed_with_a_warning_while_t_stays_positive():
 
 
 # What `wok plan` calls each input: a range error starts with it, as a parse error does.
-OPTIONS = {
-    "peak_qps": "--peak-qps",
-    "t_batch_s": "--t-batch",
-    "beta_s": "--beta",
-    "batch_size": "--batch-size",
-    "target_util": "--target-util",
-    "redundancy": "--redundancy",
-    "scale_out_above": "--scale-out-above",
-    "scale_in_below": "--scale-in-below",
-    "sustain_s": "--sustain",
-    "max_replicas": "--max-replicas",
-}
+OPTIONS = {**PLAN_OPTIONS, "beta_s": "--beta"}
 
 
 @pytest.mark.parametrize(

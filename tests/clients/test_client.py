@@ -775,7 +775,8 @@ async def test_bf16_inputs_travel_when_the_caller_names_their_datatype(serve, tm
 async def test_an_array_whose_dtype_is_not_the_named_datatype_is_refused_and_ml_dtypes_bfloat16_needs_none(
     serve, tmp_path
 ):
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import ml_dtypes  # a test dependency: tritonclient (the test extras) requires it
+
     halves = np.array([[1.0, -2.5, 0.15625]], np.float16)  # as BF16 words these would be other numbers
     typed = np.array([[1.0, -2.5, 0.15625]], ml_dtypes.bfloat16)
     refused = "input 'A': datatype BF16 needs an array of uint16 (bfloat16 words) or ml_dtypes.bfloat16, got float16"

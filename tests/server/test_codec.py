@@ -270,7 +270,8 @@ def test_an_unknown_datatype_is_refused_before_sending():
 
 
 def test_bf16_goes_as_uint16_words_or_as_an_ml_dtypes_bfloat16_array_which_needs_no_datatypes():
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import ml_dtypes  # a test dependency: tritonclient (the test extras) requires it
+
     s = identity("BF16")
     x = sample("BF16")
     as_words = encode_request("id", {"X": x}, datatypes={"X": "BF16"})

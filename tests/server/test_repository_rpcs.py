@@ -6,67 +6,31 @@ does not serve them, and ServerMetadata does not advertise the `model_repository
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import grpc
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
 from wok.app import WokServer
 from wok.codec import decode_response, encode_request
-from wok.config import model_config_from_dict, server_settings
+from wok.config import server_settings
 from wok.repository import ModelRepository
-from wok.servable import Servable
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+from .test_stop_stuck import Stuck, stuck_servable
 
 X = {"INPUT0": np.ones((1, 4), np.float32)}
 SHUTTING_DOWN = "server is shutting down and accepts no new requests"
 
 
-class Gated(nn.Module):
-    """Returns 2x; once `gate` is cleared, a batch blocks in the model until the test sets it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = threading.Event()
-        self.gate.set()  # the warm-up runs through
-        self.entered = threading.Event()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.gate.is_set():
-            self.entered.set()
-        if not self.gate.wait(timeout=60):  # a backstop for a test that never sets it
-            raise RuntimeError("test gate never opened")
-        return x * 2
-
-
-def gated_servable(name: str) -> tuple[Servable, Gated]:
-    cfg = model_config_from_dict(
-        {
-            "name": name,
-            "platform": "python",
-            "factory": "tests:unused",
-            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
-            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}],
-            "max_batch_size": 1,  # one request is a full batch: it goes to the model at once
-            "instances": {"count": 1, "devices": ["cpu"]},
-        },
-        "test",
-    )
-    module = Gated()
-    return Servable(cfg, module), module
-
-
 @asynccontextmanager
 async def gated_server(
     *names: str,
-) -> AsyncIterator[tuple[WokServer, dict[str, Gated], pb_grpc.GRPCInferenceServiceStub]]:
-    made = {name: gated_servable(name) for name in names}
+) -> AsyncIterator[tuple[WokServer, dict[str, Stuck], pb_grpc.GRPCInferenceServiceStub]]:
+    made = {name: stuck_servable(name) for name in names}
     server = WokServer(
         server_settings(grpc_port=0, metrics_port=None), ModelRepository([s for s, _ in made.values()], "test")
     )
