@@ -301,7 +301,7 @@ def add_simulate_parser(sub) -> None:
 
 def run_simulate(args) -> int:
     from .arrivals import parse_steps
-    from .simulate import MAX_ARRIVALS_PER_STEP, BatcherModel, SimConfig, expected_arrivals, simulate_ramp
+    from .simulate import BatcherModel, SimConfig, simulate_ramp
 
     def seconds(option: str, positive: bool = False) -> float:
         # Each option checked here, so that its message names it (the model's would not).
@@ -318,12 +318,8 @@ def run_simulate(args) -> int:
         raise ValueError("--alpha and --beta: a batch needs a time, α + β > 0; got both 0")
     steps = _named("--steps", parse_steps, args.steps)
     duration, warmup = seconds("--step-duration", positive=True), seconds("--warmup")
-    expected = expected_arrivals(steps, warmup + duration)
-    if expected > MAX_ARRIVALS_PER_STEP:
-        raise ValueError(
-            f"--steps × (--warmup + --step-duration): at most {MAX_ARRIVALS_PER_STEP:.0e} arrivals per step; "
-            f"got {max(steps):g} QPS × {warmup + duration:g} s = {expected:.3g}"
-        )
+    # From the process's own count: a burst's peak or a dense trace offers far more than the step's QPS.
+    _check_arrival(args.arrival, steps, warmup + duration)
     model = BatcherModel(
         alpha_s=alpha,
         beta_s=beta,
@@ -460,24 +456,27 @@ def _seconds(args, option: str, positive: bool = False) -> float:
     return value
 
 
-def _check_arrival(spec: str, steps: list[float], step_s: float) -> None:
-    """Refuse a bad --arrival, and a schedule too large to hold, before anything connects."""
+def _arrivals(option: str, spec: str, qps: float, duration_s: float):
+    """`parse_arrivals(spec, qps, duration_s=...)`, its errors, an unreadable trace file's too, the option's."""
     from .arrivals import parse_arrivals
-    from .simulate import MAX_ARRIVALS_PER_STEP
+
+    def parse(text: str):
+        try:
+            return parse_arrivals(text, qps, duration_s=duration_s)
+        except OSError as exc:  # a trace file: an option's value, not a failure of the run (exit 1)
+            raise ValueError(f"arrivals {text!r}: cannot read {exc.filename}: {exc.strerror or exc}") from None
+
+    return _named(option, parse, spec)
+
+
+def _check_arrival(spec: str, steps: list[float], step_s: float) -> None:
+    """Refuse a bad --arrival, and a schedule too large to hold, before anything connects (or simulates)."""
+    from .simulate import MAX_ARRIVALS_PER_STEP, arrival_count
 
     # Every process offers more at a higher step rate (or, a trace at a fixed scale, the same),
     # and refined steps lie between the given ones: the highest step expects the most.
     top = max(steps)
-
-    def parse(text: str):
-        try:
-            return parse_arrivals(text, top, duration_s=step_s)
-        except OSError as exc:  # a trace file: an option's value, not a failure of the run (exit 1)
-            raise ValueError(f"arrivals {text!r}: cannot read {exc.filename}: {exc.strerror or exc}") from None
-
-    arrivals = _named("--arrival", parse, spec)
-    cumulative = getattr(arrivals, "cumulative", None)
-    expected = float(cumulative(step_s)) if cumulative is not None else arrivals.mean_rate * step_s
+    expected = arrival_count(_arrivals("--arrival", spec, top, step_s), step_s)
     if not expected <= MAX_ARRIVALS_PER_STEP:
         raise ValueError(
             f"--steps × (--warmup + --step-duration) with --arrival {spec}: at most {MAX_ARRIVALS_PER_STEP:.0e} "
@@ -846,8 +845,12 @@ def add_tune_parser(sub) -> None:
         "--batch-times", choices=("fit", "samples"), default="fit",
         help="α + β·n (default), or draw from the profile's measured samples (docs/tune.md: why not by default)",
     )  # fmt: skip
-    p.add_argument("--overhead", default="0ms", help="constant per-request time outside the batcher (default 0ms)")
-    p.add_argument("--overhead-samples", type=Path, help="measured per-request overheads (schema wok.overhead/1)")
+    p.add_argument("--overhead", help="constant per-request time outside the batcher (default 0ms)")
+    p.add_argument(
+        "--overhead-samples",
+        type=Path,
+        help="measured per-request overheads (schema wok.overhead/1; not with --overhead)",
+    )
     p.add_argument(
         "--cpu-calibration", type=Path,
         help="the server's CPU stage and its own batch time (schema wok.cpustage/1, from bench/tune_check.py)",
@@ -876,7 +879,7 @@ def add_tune_parser(sub) -> None:
 
 def run_tune(args) -> int:
     from . import report
-    from .arrivals import parse_arrivals, parse_duration
+    from .arrivals import parse_duration
     from .tune import (
         Profile,
         SearchConfig,
@@ -895,7 +898,10 @@ def run_tune(args) -> int:
     if args.profile:
         profile = load_profile(args.profile)
     elif args.alpha and args.beta:
-        profile = Profile(parse_duration(args.alpha), parse_duration(args.beta), source="--alpha/--beta")
+        # Each checked here, so that a non-finite one is refused in the option's name (the model's is alpha_s).
+        profile = Profile(_seconds(args, "--alpha"), _seconds(args, "--beta"), source="--alpha/--beta")
+        if profile.alpha_s + profile.beta_s == 0:
+            raise ValueError("--alpha and --beta: a batch needs a time, α + β > 0; got both 0")
     else:
         raise ValueError("give --profile PATH, or both --alpha and --beta")
     if args.batch_times == "samples" and not args.profile:
@@ -927,29 +933,30 @@ def run_tune(args) -> int:
             )
     if args.instances < 1 or args.iterations < 0 or not 0 <= args.tie < 1:
         raise ValueError("--instances must be ≥ 1, --iterations ≥ 0 and --tie in [0, 1)")
+    if args.overhead_samples and args.overhead is not None:
+        # The samples would replace the constant, not add to it: the run would not be what was asked.
+        raise ValueError("--overhead with --overhead-samples: give one (the constant, or the measured samples)")
     if args.overhead_samples:
         overhead = load_overhead(args.overhead_samples)
     else:
-        constant = _seconds(args, "--overhead")
+        constant = 0.0 if args.overhead is None else _seconds(args, "--overhead")
         overhead = (constant,) if constant > 0 else ()
     cpu = tune_cpu_stage(args.cpu_calibration, args.per_request_cpu, args.cores)
     overhead_at = None
-    if args.cpu_calibration and not overhead:
+    if args.cpu_calibration and args.overhead is None and not args.overhead_samples:
         # A calibration taken with the server-timing trailer measured the overhead at each of its
         # loads: without an overhead given here, each simulated rate draws its own.
         overhead_at = overhead_by_rate(read_json(args.cpu_calibration, "CPU calibration"), cpu)
-    parse_arrivals(args.arrival, 1.0, duration_s=1.0)  # a bad spec fails here, before any simulation
+    _arrivals("--arrival", args.arrival, 1.0, 1.0)  # a bad spec fails here, before any simulation
     search = SearchConfig(
-        slo_p99_ms=1e3 * parse_duration(args.slo_p99),
+        slo_p99_ms=1e3 * _seconds(args, "--slo-p99", positive=True),
         arrival=args.arrival,
-        duration_s=parse_duration(args.sim_duration),
-        warmup_s=parse_duration(args.sim_warmup),
+        duration_s=_seconds(args, "--sim-duration", positive=True),
+        warmup_s=_seconds(args, "--sim-warmup"),
         iterations=args.iterations,
         seed=args.seed,
         tie=args.tie,
     )
-    if search.slo_p99_ms <= 0 or search.duration_s <= 0:
-        raise ValueError("--slo-p99 and --sim-duration must be > 0")
     result = tune(
         profile,
         search,

@@ -109,12 +109,17 @@ _UNIT = {"ms": Fraction(1, 1000), "s": Fraction(1), "m": Fraction(60), "h": Frac
 
 
 def exact_duration(text: str, what: str) -> Fraction:
-    """Seconds, exactly, in the syntax of `wok.bench.arrivals.parse_duration` ("20ms", "2s", "5m")."""
+    """Seconds, exactly, in the syntax of `wok.bench.arrivals.parse_duration` ("20ms", "2s", "5m"),
+    but with the unit required: a plan's times are milliseconds as often as seconds, and a bare
+    "20" read as 20 s would plan a thousand times too many GPUs without a word."""
     try:
         parse_duration(text)  # the same syntax and the same message for a bad one
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None
     m = _DURATION.fullmatch(text)
+    if m.group(3) is None:
+        bare = text.strip()
+        raise ValueError(f"{what}: {text!r} has no unit; write {bare}ms or {bare}s")
     number = Fraction(Decimal(m.group(1) + (f"e{m.group(2)}" if m.group(2) else "")))
     return _in_float_range(number * _UNIT[m.group(3)], what, text)
 

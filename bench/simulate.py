@@ -383,17 +383,30 @@ class SimConfig:
             raise ValueError(f"slo_p99_ms must be finite and > 0; got {self.slo_p99_ms}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0; got {self.seed}")
-        expected = expected_arrivals(self.steps, self.warmup_s + self.step_duration_s)
+        expected = expected_arrivals(self.steps, self.warmup_s + self.step_duration_s, self.arrival)
         if expected > MAX_ARRIVALS_PER_STEP:
             raise ValueError(
-                f"steps x (warmup_s + step_duration_s) must be <= {MAX_ARRIVALS_PER_STEP:.0e} arrivals per step; "
-                f"got {expected:.3g}"
+                f"steps x (warmup_s + step_duration_s) with arrival {self.arrival!r} must be <= "
+                f"{MAX_ARRIVALS_PER_STEP:.0e} arrivals per step; got {expected:.3g}"
             )
 
 
-def expected_arrivals(steps: list[float], seconds: float) -> float:
-    """The arrivals the busiest of `steps` (QPS) expects over `seconds`."""
-    return max(steps, default=0.0) * seconds
+def expected_arrivals(steps: list[float], seconds: float, arrival: str = "poisson") -> float:
+    """The arrivals the busiest of `steps` (QPS) expects over `seconds` of the `arrival` process.
+
+    Each process offers more at a higher rate (a trace at a fixed scale, the same), so the
+    highest step expects the most.
+    """
+    if not steps:
+        return 0.0
+    return arrival_count(parse_arrivals(arrival, max(steps), duration_s=seconds), seconds)
+
+
+def arrival_count(arrivals, seconds: float) -> float:
+    """The arrivals a process expects in [0, seconds): its own count, not its mean rate × seconds,
+    which a burst's peak (base·T + A·σ·√(2π) per bump in the window) or a dense trace far exceeds."""
+    cumulative = getattr(arrivals, "cumulative", None)
+    return float(cumulative(seconds)) if cumulative is not None else arrivals.mean_rate * seconds
 
 
 def simulate_step(cfg: SimConfig, qps: float, rng: np.random.Generator) -> dict:

@@ -209,9 +209,12 @@ def tune_cpu_stage(path: Path | None, per_request: str | None, cores: float | No
         return None
     stage = load_cpu(path) if path is not None else CpuStage()
     if per_request is not None:
-        total = parse_duration(per_request)
-        if total < 0:
-            raise ValueError(f"--per-request-cpu {per_request!r}: must be ≥ 0")
+        try:
+            total = parse_duration(per_request)
+        except ValueError as exc:
+            raise ValueError(f"--per-request-cpu: {exc}") from None
+        if not math.isfinite(total):  # else refused by the model, as cpu_in_s
+            raise ValueError(f"--per-request-cpu: expected a finite duration; got {per_request!r}")
         old = stage.cpu_in_s + stage.cpu_out_s
         share = stage.cpu_in_s / old if old > 0 else 0.5
         stage = replace(stage, cpu_in_s=share * total, cpu_out_s=(1 - share) * total)
@@ -311,18 +314,27 @@ def batch_noise_by_rate(cpu_doc: dict | None) -> Callable[[float], tuple[float, 
     return _quantiles_by_rate(table) if table else None
 
 
+def batch_times(
+    profile: Profile, sampled: bool, cpu: CpuStage | None
+) -> tuple[str, float, float, tuple[tuple[int, tuple[float, ...]], ...]]:
+    """Where the simulated batches take their time from: (`fit`, `samples` or `server`, α, β, the
+    measured samples drawn from). The server's batch time, when the CPU calibration carries it,
+    replaces both the fit and the samples."""
+    if cpu is not None and cpu.batch_alpha_s is not None:
+        return "server", cpu.batch_alpha_s, cpu.batch_beta_s, ()
+    if sampled and profile.samples:
+        return "samples", profile.alpha_s, profile.beta_s, profile.samples
+    return "fit", profile.alpha_s, profile.beta_s, ()
+
+
 def model_for(profile: Profile, max_batch_size: int, delay_s: float, *, instances: int = 1,
               overhead_s: Sequence[float] = (), sampled: bool = False,
               cpu: CpuStage | None = None) -> BatcherModel:  # fmt: skip
     """The simulator's model of one setting. With `cpu`, its stage; and when it carries the
     server's own batch time (batch_alpha_s/batch_beta_s), that replaces the profile's fit and
     its samples (which are back-to-back times, not the server's)."""
-    alpha, beta, samples = profile.alpha_s, profile.beta_s, profile.samples if sampled else ()
-    stage = {}
-    if cpu is not None:
-        stage = cpu.fields()
-        if cpu.batch_alpha_s is not None:
-            alpha, beta, samples = cpu.batch_alpha_s, cpu.batch_beta_s, ()
+    _, alpha, beta, samples = batch_times(profile, sampled, cpu)
+    stage = {} if cpu is None else cpu.fields()
     return BatcherModel(
         alpha_s=alpha,
         beta_s=beta,
@@ -449,9 +461,8 @@ def tune(
             r for r in rows if (r["max_batch_size"], r["max_queue_delay_ms"]) == (default[0], 1e3 * default[1])
         )
     o = np.asarray(overhead_s, dtype=np.float64)
-    batch_times = "samples" if sampled and profile.samples else "fit"
-    if cpu is not None and cpu.batch_alpha_s is not None:
-        batch_times = "server"
+    # As model_for built every setting's model: what was simulated, not what was asked for.
+    source, _, _, samples = batch_times(profile, sampled, cpu)
     toml = None if chosen is None else config_toml(chosen["max_batch_size"], 1e-3 * chosen["max_queue_delay_ms"])
     return {
         "schema": SCHEMA,
@@ -463,8 +474,8 @@ def tune(
             "beta_s": profile.beta_s,
             "r2": profile.r2,
             "profile": profile.source,
-            "batch_times": batch_times,
-            "sampled_sizes": [n for n, _ in profile.samples] if sampled else [],
+            "batch_times": source,
+            "sampled_sizes": [n for n, _ in samples],
             "overhead": (
                 {
                     "count": int(o.size),

@@ -208,6 +208,26 @@ def test_durations_and_numbers_parse_exactly():
         plan.exact_duration("20 parsecs", "t")
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--t-batch", "20"], "wok plan: --t-batch: '20' has no unit; write 20ms or 20s\n"),
+        (["--alpha", "2", "--beta", "1ms"], "wok plan: --alpha: '2' has no unit; write 2ms or 2s\n"),
+        (["--alpha", "2ms", "--beta", "0.5"], "wok plan: --beta: '0.5' has no unit; write 0.5ms or 0.5s\n"),
+        (["--t-batch", "20ms", "--sustain", "180"], "wok plan: --sustain: '180' has no unit; write 180ms or 180s\n"),
+        (
+            ["--t-batch", "20ms", "--burst", "base=100,amplitude=4x,sigma=30"],
+            "wok plan: burst 'base=100,amplitude=4x,sigma=30': sigma: '30' has no unit; write 30ms or 30s\n",
+        ),
+    ],
+)
+def test_a_duration_without_a_unit_is_refused(argv, message, wok_cli):
+    """--t-batch 20 was read as 20 s, a thousand times the 20 ms it most likely meant, and planned
+    GPUs for it without a word. Nothing documents a plan's bare number as seconds."""
+    peak = [] if "--burst" in argv else ["--peak-qps", "100"]
+    assert wok_cli("plan", *peak, "--batch-size", "16", *argv)[::2] == (2, message)
+
+
 def test_decimal_text_is_exact_or_marked():
     assert plan.decimal_text(F(25, 4)) == "6.25"
     assert plan.decimal_text(F(125, 13)) == "9.615385…"

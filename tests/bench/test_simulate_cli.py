@@ -26,7 +26,11 @@ BASE = ["--steps", "100", "--step-duration", "1s"]
         (["--max-batch-size", "0"], "--max-batch-size must be >= 1; got 0"),
         (["--alpha", "0ms", "--beta", "0ms"], "--alpha and --beta: a batch needs a time"),
         # 10⁹ QPS × 100 s = 10¹¹ arrivals: a slip, refused before it runs out of memory.
-        (["--steps", "1e9", "--step-duration", "100s"], "at most 1e+08 arrivals per step; got 1e+09 QPS × 100 s"),
+        (
+            ["--steps", "1e9", "--step-duration", "100s"],
+            "--steps × (--warmup + --step-duration) with --arrival poisson: at most 1e+08 arrivals per step; "
+            "got 1e+11 expected at 1e+09 QPS over 100 s",
+        ),
     ],
 )
 def test_a_bad_option_exits_2_naming_it(options, message, capsys):
@@ -37,6 +41,59 @@ def test_a_bad_option_exits_2_naming_it(options, message, capsys):
     assert main(["simulate", *BASE, *options]) == 2
     err = capsys.readouterr().err
     assert err.startswith("wok simulate: ") and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("arrival", "expected"),
+    [
+        # 10 QPS over 1 s, but a bump of 10¹² QPS with σ 1 ms: A·σ·√(2π) = 2.51·10⁹ arrivals.
+        ("burst:amplitude=1e12,sigma=1ms", "got 2.51e+09 expected at 10 QPS over 1 s"),
+        # The same bump at the window's end (t0 = 1 s): half of it, 1.25·10⁹, is in the window.
+        ("burst:amplitude=1e12,t0=1s,sigma=1ms", "got 1.25e+09 expected at 10 QPS over 1 s"),
+        # Two arrivals 1 ns apart, replayed at their own pace: one a nanosecond, whatever --steps says.
+        ("trace:{tiny}", "got 1e+09 expected at 10 QPS over 1 s"),
+    ],
+)
+def test_a_step_is_capped_by_its_arrival_process_own_count_before_simulating(
+    arrival, expected, tmp_path, monkeypatch, capsys
+):
+    """The cap was estimated as max(--steps) × the window, 10 here: a burst's bump or a dense trace
+    passed it and the simulator then ran out of memory or time."""
+    import wok.bench.simulate as simulate_module
+    from wok.__main__ import main
+
+    tiny = tmp_path / "tiny.csv"
+    tiny.write_text("timestamp\n0\n0.000000001\n")
+    monkeypatch.setattr(simulate_module, "simulate_ramp", lambda *a: pytest.fail("simulated before refusing"))
+    arrival = arrival.format(tiny=tiny)
+    assert main(["simulate", "--steps", "10", "--step-duration", "1s", "--arrival", arrival]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"wok simulate: --steps × (--warmup + --step-duration) with --arrival {arrival}: at most 1e+08 arrivals "
+        f"per step; {expected}\n"
+    )
+
+
+def test_the_library_caps_a_step_by_its_arrival_process_too(tmp_path):
+    model = BatcherModel(alpha_s=0.0, beta_s=1e-3, max_batch_size=1, max_queue_delay_s=0.0)
+    with pytest.raises(ValueError, match=r"with arrival 'burst:amplitude=1e12,sigma=1ms' must be <= 1e\+08"):
+        SimConfig(model=model, steps=[10.0], step_duration_s=1.0, arrival="burst:amplitude=1e12,sigma=1ms")
+    # Nor the same bump beyond the window: what is in it counts, 10 QPS × 1 s.
+    SimConfig(model=model, steps=[10.0], step_duration_s=1.0, arrival="burst:amplitude=1e12,t0=100s,sigma=1ms")
+    # Nor a sparse trace at a high step rate: it replays its own 2 arrivals a second, not 10⁹.
+    sparse = tmp_path / "sparse.csv"
+    sparse.write_text("timestamp\n0\n0.5\n")
+    SimConfig(model=model, steps=[1e9], step_duration_s=1.0, arrival=f"trace:{sparse}")
+
+
+def test_a_missing_trace_file_is_refused_as_the_arrival_options(tmp_path, capsys):
+    from wok.__main__ import main
+
+    missing = tmp_path / "missing.csv"
+    assert main(["simulate", *BASE, "--arrival", f"trace:{missing}"]) == 2
+    assert capsys.readouterr().err == (
+        f"wok simulate: --arrival: arrivals 'trace:{missing}': cannot read {missing}: No such file or directory\n"
+    )
 
 
 @pytest.mark.parametrize("field", ["alpha_s", "beta_s", "max_queue_delay_s"])

@@ -470,3 +470,112 @@ def test_the_cli_refuses_an_infinite_duration_before_simulating(args, message, m
     monkeypatch.setattr(tune_module, "max_qps", lambda *a, **k: pytest.fail("simulated before refusing"))
     status, _, err = wok_cli("tune", "--slo-p99", "20ms", *SMALL, *args)
     assert (status, err) == (2, message)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--alpha", "1e400", "expected a finite duration; got '1e400'"),
+        ("--beta", "1e400s", "expected a finite duration; got '1e400s'"),
+        ("--sim-duration", "1e400", "expected a finite duration > 0; got '1e400'"),
+        ("--sim-warmup", "1e400s", "expected a finite duration; got '1e400s'"),
+        ("--slo-p99", "1e400ms", "expected a finite duration > 0; got '1e400ms'"),
+        ("--per-request-cpu", "1e400s", "expected a finite duration; got '1e400s'"),
+        ("--alpha", "nan", "invalid duration 'nan'"),
+        ("--beta", "inf", "invalid duration 'inf'"),
+        ("--sim-duration", "infms", "invalid duration 'infms'"),
+        ("--sim-warmup", "nan", "invalid duration 'nan'"),
+        ("--slo-p99", "inf", "invalid duration 'inf'"),
+        ("--per-request-cpu", "infms", "invalid duration 'infms'"),
+    ],
+)
+def test_a_duration_that_is_not_finite_is_refused_in_the_options_name(option, value, message, monkeypatch, wok_cli):
+    """`--alpha 1e400` was refused as "alpha_s must be a finite number of seconds", `--slo-p99 1e400ms`
+    as "slo_p99_ms ...", `--sim-duration 1e400` as "step_duration_s ...", and `--alpha nan` without
+    any option's name: the batcher model's and the simulator's words, not the command line's."""
+    import wok.bench.tune as tune_module
+
+    monkeypatch.setattr(tune_module, "max_qps", lambda *a, **k: pytest.fail("simulated before refusing"))
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *SMALL, option, value)
+    assert status == 2 and err.startswith(f"wok tune: {option}: {message}"), err
+    assert "Traceback" not in err
+
+
+def test_alpha_and_beta_both_zero_are_refused_in_their_names(wok_cli):
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *SMALL, "--alpha", "0ms", "--beta", "0ms")
+    assert (status, err) == (2, "wok tune: --alpha and --beta: a batch needs a time, α + β > 0; got both 0\n")
+
+
+@pytest.mark.parametrize("constant", ["1ms", "0ms"])
+def test_a_constant_overhead_beside_overhead_samples_is_refused(constant, tmp_path, monkeypatch, wok_cli):
+    """--overhead 1ms --overhead-samples FILE searched on the samples alone: the constant was dropped
+    without a word."""
+    import wok.bench.tune as tune_module
+
+    path = tmp_path / "overhead.json"
+    path.write_text(json.dumps(overhead_document([1e-4, 2e-4], "by hand")))
+    monkeypatch.setattr(tune_module, "max_qps", lambda *a, **k: pytest.fail("simulated before refusing"))
+    status, _, err = wok_cli(
+        "tune", "--slo-p99", "20ms", *SMALL, "--overhead", constant, "--overhead-samples", str(path)
+    )
+    assert (status, err) == (
+        2,
+        "wok tune: --overhead with --overhead-samples: give one (the constant, or the measured samples)\n",
+    )
+
+
+def test_overhead_samples_alone_are_drawn(tmp_path, wok_cli):
+    path, out = tmp_path / "overhead.json", tmp_path / "tune.json"
+    path.write_text(json.dumps(overhead_document([1e-4, 2e-4], "by hand")))
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *SMALL, "--overhead-samples", str(path), "--json", str(out))
+    assert status == 0, err
+    assert json.loads(out.read_text())["inputs"]["overhead"]["count"] == 2
+
+
+def test_a_missing_trace_file_is_refused_as_the_arrival_options(tmp_path, monkeypatch, wok_cli):
+    """It was a FileNotFoundError traceback; `wok bench ramp` says `--arrival: ...`."""
+    import wok.bench.tune as tune_module
+
+    missing = tmp_path / "missing.csv"
+    monkeypatch.setattr(tune_module, "max_qps", lambda *a, **k: pytest.fail("simulated before refusing"))
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *SMALL, "--arrival", f"trace:{missing}")
+    assert (status, err) == (
+        2,
+        f"wok tune: --arrival: arrivals 'trace:{missing}': cannot read {missing}: No such file or directory\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("server_batch", "batch_times", "sampled_sizes"),
+    [((0.5e-3, 0.1e-3), "server", []), (None, "samples", [1, 4])],
+)
+def test_sampled_sizes_describe_the_batch_times_simulated(
+    server_batch, batch_times, sampled_sizes, tmp_path, monkeypatch, wok_cli
+):
+    """--batch-times samples with a CPU calibration that carries the server's batch time simulated
+    that batch time (model_for drops the profile's samples), but inputs.sampled_sizes still listed
+    the profile's sizes [1, 4] beside batch_times "server": as if the samples had been drawn."""
+    import wok.bench.tune as tune_module
+    from wok.bench.tune import CpuStage, cpu_document
+
+    profile, cpu, out = tmp_path / "profile.json", tmp_path / "cpu.json", tmp_path / "tune.json"
+    profile.write_text(json.dumps(profile_document({1: [1.1e-3, 1.3e-3], 4: [1.9e-3, 2.1e-3]}, "by hand")))
+    alpha, beta = server_batch or (None, None)
+    cpu.write_text(json.dumps(cpu_document(CpuStage(cpu_in_s=1e-5, batch_alpha_s=alpha, batch_beta_s=beta), "hand")))
+    simulated = []
+    real = tune_module.max_qps
+
+    def spy(model, *args, **kwargs):
+        simulated.append(sorted(n for n, _ in model.batch_samples))
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(tune_module, "max_qps", spy)
+    grid = ["--max-batch-sizes", "4", "--delays", "0ms", "--sim-duration", "1s", "--iterations", "1"]
+    status, _, err = wok_cli(
+        "tune", "--slo-p99", "20ms", "--profile", str(profile), "--batch-times", "samples",
+        "--cpu-calibration", str(cpu), *grid, "--default", "none", "--json", str(out),
+    )  # fmt: skip
+    assert status == 0, err
+    inputs = json.loads(out.read_text())["inputs"]
+    assert simulated == [sampled_sizes]
+    assert (inputs["batch_times"], inputs["sampled_sizes"]) == (batch_times, sampled_sizes)

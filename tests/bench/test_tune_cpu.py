@@ -252,10 +252,12 @@ def test_wok_tune_draws_the_overhead_at_each_rate_from_a_calibration_that_measur
     assert 1000 < result["chosen"]["max_qps"] < 1667, result["chosen"]
     # An overhead given on the command line wins over the calibration's. That is settled before
     # the search, so one bisection step (the last --iterations given counts) shows it.
-    overridden = (*args, "--iterations", "1", "--cpu-calibration", str(path), "--overhead", "1ms")
-    status, _, stderr = wok_cli(*overridden, "--json", str(out))
-    assert status == 0, stderr
-    assert json.loads(out.read_text())["inputs"]["overhead_by_rate_loads"] is None
+    # So does an explicit 0ms: the operator said there is none.
+    for given in ("1ms", "0ms"):
+        overridden = (*args, "--iterations", "1", "--cpu-calibration", str(path), "--overhead", given)
+        status, _, stderr = wok_cli(*overridden, "--json", str(out))
+        assert status == 0, stderr
+        assert json.loads(out.read_text())["inputs"]["overhead_by_rate_loads"] is None, given
 
 
 def test_a_calibration_point_keeps_the_offered_rate_beside_the_measured_one():
