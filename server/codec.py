@@ -106,10 +106,15 @@ def _count_mismatch(contents: pb.InferTensorContents, dt: Datatype, shape: tuple
         f"input '{name}': contents hold {got} values, expected {math.prod(shape)} (shape {_shape_str(shape)}) "
         f"in {dt.contents_field} for {dt.name}, or the tensor in raw_input_contents"
     )
-    others = [f"{f.name} holds {len(v)} values" for f, v in contents.ListFields() if f.name != dt.contents_field]
+    others = [f"{field} holds {n} values" for field, n in _other_fields(contents, dt)]
     if others:
         msg += f"; {', '.join(others)}, which {dt.name} is not read from"
     return msg
+
+
+def _other_fields(contents: pb.InferTensorContents, dt: Datatype) -> list[tuple[str, int]]:
+    """(field, values) of each non-empty field of `contents` that `dt` is not read from."""
+    return [(f.name, len(v)) for f, v in contents.ListFields() if f.name != dt.contents_field]
 
 
 def array_from_contents(
@@ -123,6 +128,14 @@ def array_from_contents(
         _check_empty_span(shape, dt, name)
     if len(values) != count:
         raise InvalidInput(_count_mismatch(contents, dt, shape, name, len(values)))
+    others = _other_fields(contents, dt)
+    if others:
+        # Only its own field is read: the others' values would be dropped unseen, and which the client meant is a guess.
+        got = ", ".join(f"{field} ({n} value{'' if n == 1 else 's'})" for field, n in others)
+        raise InvalidInput(
+            f"input '{name}': expected values in {dt.contents_field} alone for {dt.name}, got {got} too, "
+            f"which {dt.name} is not read from"
+        )
     if dt.name == "BYTES":
         a = np.empty(count, dtype=object)
         a[:] = list(values)

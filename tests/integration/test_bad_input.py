@@ -29,6 +29,19 @@ def typed_count_mismatch() -> pb.ModelInferRequest:
     return req
 
 
+def typed_with_an_extra_field() -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name="mlp")
+    t = req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 256])
+    t.contents.fp32_contents.extend([1.0] * 256)
+    t.contents.int_contents.extend([7, 8])  # not read for FP32: dropped unseen, were it accepted
+    return req
+
+
+EXTRA_FIELD = (
+    "input 'INPUT0': expected values in fp32_contents alone for FP32, got int_contents (2 values) too, "
+    "which FP32 is not read from"
+)
+
 CASES = {
     "unknown model": (
         encode_request("nope", GOOD),
@@ -65,6 +78,7 @@ CASES = {
         grpc.StatusCode.INVALID_ARGUMENT,
         "input 'INPUT0': contents hold 255 values, expected 256 (shape [1, 256])",
     ),
+    "typed contents beside another field": (typed_with_an_extra_field(), grpc.StatusCode.INVALID_ARGUMENT, EXTRA_FIELD),
     "missing input": (
         encode_request("recsys", {"dense": np.ones((1, 13), np.float32)}),
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -133,6 +147,23 @@ async def test_a_bad_request_never_affects_the_requests_sent_with_it(serve):
     for r in results:
         if not isinstance(r, Exception):
             np.testing.assert_allclose(decode_response(r)["OUTPUT0"], alone, rtol=1e-5, atol=1e-6)
+
+
+async def test_typed_contents_beside_another_field_are_refused_and_the_requests_sent_with_them_served(serve):
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            x = np.arange(256, dtype=np.float32).reshape(1, 256) / 256
+            alone = decode_response(await stub.ModelInfer(encode_request("mlp", {"INPUT0": x})))["OUTPUT0"]
+            calls = [stub.ModelInfer(encode_request("mlp", {"INPUT0": x})) for _ in range(20)]
+            calls[10:10] = [stub.ModelInfer(typed_with_an_extra_field())]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+    bad = results.pop(10)
+    assert isinstance(bad, grpc.aio.AioRpcError), bad
+    assert (bad.code(), bad.details()) == (grpc.StatusCode.INVALID_ARGUMENT, EXTRA_FIELD)
+    for r in results:
+        assert not isinstance(r, Exception), r
+        np.testing.assert_allclose(decode_response(r)["OUTPUT0"], alone, rtol=1e-5, atol=1e-6)
 
 
 async def test_typed_contents_are_accepted_like_raw_ones(serve):

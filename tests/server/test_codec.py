@@ -234,6 +234,35 @@ def test_typed_contents_in_another_types_field_are_named_with_the_field_expected
     )
 
 
+@pytest.mark.parametrize(
+    ("datatype", "extra", "got"),
+    [
+        ("FP32", {"int_contents": [7, 8]}, "int_contents (2 values)"),
+        # INT8 and INT64 are both whole numbers, in fields of their own.
+        ("INT8", {"int64_contents": [1]}, "int64_contents (1 value)"),
+        (
+            "BYTES",
+            {"fp32_contents": [1.0], "uint_contents": [2, 3]},
+            "uint_contents (2 values), fp32_contents (1 value)",
+        ),
+    ],
+)
+def test_values_in_a_field_beside_the_one_read_are_refused_not_dropped(datatype, extra, got):
+    x = sample(datatype) if datatype != "BYTES" else np.array([[b"a", b"b", b"c"]], dtype=object)
+    field = DATATYPES[datatype].contents_field
+    req = pb.ModelInferRequest(model_name="id")
+    t = req.inputs.add(name="X", datatype=datatype, shape=x.shape)
+    getattr(t.contents, field).extend(x.ravel().tolist())
+    for other, values in extra.items():
+        getattr(t.contents, other).extend(values)
+    with pytest.raises(InvalidInput) as info:
+        decode_request(req, identity(datatype))
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(info.value) == (
+        f"input 'X': expected values in {field} alone for {datatype}, got {got} too, which {datatype} is not read from"
+    )
+
+
 def test_an_input_with_no_data_at_all_is_told_where_its_data_goes():
     req = pb.ModelInferRequest(model_name="id")
     req.inputs.add(name="X", datatype="INT8", shape=[1, 3])
