@@ -114,7 +114,12 @@ def _serve_parser(sub) -> None:
         default=8002,
         help="HTTP port of /metrics (default 8002; 0 picks a free one; -1: none)",
     )
-    p.add_argument("--no-metrics", action="store_true", help="record no metrics (to measure what they cost)")
+    p.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="record no metrics (to measure what they cost) and open no HTTP port; with --admin the port opens for "
+        "the admin API alone, and /metrics there answers 404",
+    )
     p.add_argument(
         "--admin",
         action="store_true",
@@ -323,7 +328,8 @@ def _build(args):
         cpu_wakeup_latency_us=args.cpu_wakeup_latency_us,
         metrics=not args.no_metrics,
         metrics_host=args.metrics_host,
-        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        # Without metrics the port would answer nothing but 404s: it opens only for the admin API.
+        metrics_port=None if args.metrics_port < 0 or (args.no_metrics and not args.admin) else args.metrics_port,
         admin=args.admin,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
@@ -404,8 +410,17 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
     gc.collect()
     gc.freeze()
     if server.http is not None:
-        metrics = host_port(settings.metrics_host, server.http.port)
-        print(f"wok: metrics on http://{metrics}/metrics", file=sys.stderr, flush=True)
+        http = host_port(settings.metrics_host, server.http.port)
+        if settings.metrics:
+            print(f"wok: metrics on http://{http}/metrics", file=sys.stderr, flush=True)
+        else:
+            print(
+                f"wok: metrics off (--no-metrics); admin API on http://{http} (/metrics answers 404)",
+                file=sys.stderr,
+                flush=True,
+            )
+    elif not settings.metrics:
+        print("wok: metrics off (--no-metrics): no HTTP port", file=sys.stderr, flush=True)
     target = host_port(settings.host, server.port)
     print(f"wok: serving {', '.join(server.runtimes)} on {target}", file=sys.stderr, flush=True)
     if server.health_port is not None:

@@ -248,7 +248,11 @@ class WokServer:
         if self.settings.metrics_port is not None:
             admin = Admin(self) if self.settings.admin else None
             self.http = MetricsHTTPServer(
-                self.registry, self.settings.metrics_host, self.settings.metrics_port, admin=admin
+                self.registry,
+                self.settings.metrics_host,
+                self.settings.metrics_port,
+                admin=admin,
+                metrics=self.settings.metrics,
             )
             await self.http.start()
         for service in ("", SERVICE_NAME):
@@ -269,7 +273,13 @@ class WokServer:
         if self._health_grpc is not None:
             log.info("health (plaintext, grpc.health.v1 only) on %s", host_port(self._health_host, self.health_port))
         if self.http is not None:
-            log.info("metrics on http://%s/metrics", host_port(self.settings.metrics_host, self.http.port))
+            http = host_port(self.settings.metrics_host, self.http.port)
+            if self.settings.metrics:
+                log.info("metrics on http://%s/metrics", http)
+            else:
+                log.info(
+                    "metrics off: http://%s/metrics answers 404%s", http, "; admin API there" if self.http.admin else ""
+                )
 
     def _model_failed(self, name: str, exc: BaseException) -> None:
         """A model's batching task failed (a bug; it is logged): its health turns NOT_SERVING, so

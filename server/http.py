@@ -96,9 +96,17 @@ ADMIN_ROUTES = {
 }
 
 
+METRICS_OFF = b"metrics are off: this server runs with --no-metrics\n"
+
+
 class MetricsHTTPServer:
-    def __init__(self, registry: CollectorRegistry, host: str, port: int, *, admin: Admin | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, host: str, port: int, *, admin: Admin | None = None, metrics: bool = True
+    ) -> None:
         self.registry = registry
+        # False for a server recording no metrics (`wok serve --no-metrics --admin`): /metrics
+        # answers 404 with the reason, as a 200 of zeroed series would read as a server without traffic.
+        self.metrics = metrics
         self.admin = admin
         self.host = host
         self.port = port
@@ -410,6 +418,8 @@ class MetricsHTTPServer:
             return await self._admin(reader, writer, method, path, headers, close)
         if method not in ("GET", "HEAD"):
             await self._respond(writer, 405, b"only GET\n", "text/plain", close=close, allow="GET, HEAD")
+        elif path == "/metrics" and not self.metrics:
+            await self._respond(writer, 404, METRICS_OFF, "text/plain", close=close, head=head)
         elif path == "/metrics":
             body, ctype = await self.scrape(headers.get("accept", ""), arrived)
             # At stop the connection ends after this answer: its client then closes, and stop()
@@ -417,7 +427,8 @@ class MetricsHTTPServer:
             close = close or self._stopping
             await self._respond(writer, 200, body, ctype, close=close, head=head)
         elif path == "/":
-            await self._respond(writer, 200, b"wok: metrics at /metrics\n", "text/plain", close=close, head=head)
+            root = b"wok: metrics at /metrics\n" if self.metrics else METRICS_OFF
+            await self._respond(writer, 200, root, "text/plain", close=close, head=head)
         else:
             await self._respond(writer, 404, b"not found\n", "text/plain", close=close, head=head)
         return not close
