@@ -487,9 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _pick_loop()
     try:
-        code = asyncio.run(_serve(args, stop_signal))
-        stop_signal.after_loop()
-        return code
+        try:
+            return asyncio.run(_serve(args, stop_signal))
+        finally:
+            # A failed start tears down as long as a stopped server does (torch): the same holds.
+            stop_signal.after_loop()
     except (ConfigError, WarmupError) as exc:
         print(f"wok: {exc}", file=sys.stderr)
         return 2

@@ -79,6 +79,14 @@ SLOW_EXIT = textwrap.dedent(
     """
 )
 
+# SLOW_EXIT's model, failing its warm-up: the start fails (exit 2), then finalization holds.
+FAILED_START_SLOW_EXIT = SLOW_EXIT.replace(
+    "return nn.Identity()",
+    "class Broken(nn.Module):\n        def forward(self, x):\n            raise RuntimeError('test: broken')\n\n"
+    "    return Broken()",
+)
+assert FAILED_START_SLOW_EXIT != SLOW_EXIT
+
 CONFIG = textwrap.dedent(
     """
     platform = "python"
@@ -177,6 +185,7 @@ def servers(tmp_path_factory) -> Iterator[dict[str, Serve]]:
         "SIGINT": Serve(repo(STUCK_BUILD)),
         "warm-up": Serve(repo(STUCK_WARMUP)),
         "slow exit": Serve(repo(SLOW_EXIT)),
+        "failed start": Serve(repo(FAILED_START_SLOW_EXIT)),
     }
     if UNSHARE:
         # unshare forks wok as PID 1 of a new PID namespace, as a container runs its entrypoint.
@@ -239,5 +248,21 @@ def test_a_second_signal_after_the_drain_leaves_the_exit_status_the_drains(serve
         log = "\n".join(server.log)
         assert code == 0, log
         assert "wok: second signal, exiting without draining" not in server.log, log
+    finally:
+        server.stop()
+
+
+def test_a_signal_after_a_failed_start_leaves_its_exit_status(servers):
+    # Only a start that served set the signals to be ignored for the teardown: after a failed
+    # one (warm-up, a port taken) a SIGTERM while the interpreter and torch tore down killed the
+    # process by the signal (status -15), and a process manager read "killed" for "config error".
+    server = servers["failed start"]
+    try:
+        server.wait_for_line("test: exiting", timeout=30)
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(15)
+        log = "\n".join(server.log)
+        assert code == 2, log
+        assert any(line.startswith("wok: ") and "test: broken" in line for line in server.log), log
     finally:
         server.stop()
