@@ -37,6 +37,17 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "wok-dashboard.json"
 
 # Prometheus' own series, not wok's.
 PROMETHEUS_SERIES = {"up"}
+# The families wok exports with model="" too: requests that name no served model (NOT_FOUND,
+# not_found) or do not parse (INVALID_ARGUMENT, invalid). The live scrape below keeps this honest.
+MODELLESS_SERIES = {"wok_responses_total", "wok_rejected_requests_total"}
+# Whose rates are requests per second (a panel's "reqps"), and batches per second ("ops").
+REQUEST_COUNTERS = {
+    "wok_responses_total",
+    "wok_rejected_requests_total",
+    "wok_request_duration_seconds_bucket",
+    "wok_request_duration_seconds_count",
+}
+BATCH_COUNTERS = {"wok_batch_size_bucket", "wok_batch_size_count", "wok_batch_flushes_total"}
 # Values that stand in for the dashboard's Grafana variables when its queries go to promtool.
 GRAFANA_VARIABLES = {"__rate_interval": "1m", "__interval": "15s", "__range": "1h", "model": ".*", "percentile": "99"}
 
@@ -319,6 +330,57 @@ def test_the_dashboard_has_its_variables_and_every_panel_a_query():
     assert any("wok_request_duration_seconds_bucket" in t["expr"] for p in heatmaps for t in p["targets"])
 
 
+def panel_units(panel: dict) -> set[str]:
+    """The panel's value units: a time series' field unit, a heatmap's cell unit."""
+    units = {panel.get("fieldConfig", {}).get("defaults", {}).get("unit")}
+    units.add(panel.get("options", {}).get("cellValues", {}).get("unit"))
+    return units - {None}
+
+
+def test_a_panel_counts_requests_per_second_only_of_requests():
+    batch_panels = []
+    for p in data_panels(load_dashboard()):
+        names = set().union(*(metric_names(t["expr"]) for t in p["targets"]))
+        units = panel_units(p)
+        if "reqps" in units:
+            assert names <= REQUEST_COUNTERS, (
+                f"panel {p['title']!r} is in requests/s but counts {names - REQUEST_COUNTERS}"
+            )
+        if names and names <= BATCH_COUNTERS:
+            assert units == {"ops"}, f"panel {p['title']!r} counts batches per second: expected unit ops, got {units}"
+            batch_panels.append(p["title"])
+    assert {"Batch size distribution", "Batch flushes/s by reason"} <= set(batch_panels)
+
+
+def selectors(expr: str, metric: str) -> list[str]:
+    """The label matchers of each use of `metric` in `expr` ("" where it has none)."""
+    return [m.group(1) or "" for m in re.finditer(rf"(?<![\w:]){metric}(?![\w:])\s*(\{{[^}}]*\}})?", expr)]
+
+
+def test_selectors_finds_each_use_of_a_metric():
+    e = 'sum by (model) (rate(x_total{model=~"$model", model!=""}[1m])) / sum(rate(x_total[1m])) + y_x_total{a="b"}'
+    assert selectors(e, "x_total") == ['{model=~"$model", model!=""}', ""]
+
+
+def test_no_per_model_ratio_counts_requests_that_name_no_model():
+    """Requests naming no served model are counted with model="": a ratio summed by model over them
+    makes a series with no model label (the success ratio: a nameless line at 0 %). Per-model rates
+    (requests/s by code, rejections) keep them on purpose: they are traffic, and the client's errors."""
+    exprs = [(f"rule {r.get('record') or r.get('alert')}", r["expr"]) for r in load_rules()]
+    exprs += [(f"panel {p['title']!r}", t["expr"]) for p in data_panels(load_dashboard()) for t in p["targets"]]
+    checked = set()
+    for where, expr in exprs:
+        if "/" not in expr or not re.search(r"\bby\s*\([^)]*\bmodel\b", expr):
+            continue
+        for metric in MODELLESS_SERIES:
+            for sel in selectors(expr, metric):
+                assert re.search(r'\bmodel\s*!=\s*""', sel), (
+                    f'{where}: {metric}{sel} leaves in model="" in a ratio by model'
+                )
+                checked.add(where)
+    assert {"rule model:wok_responses:success_ratio_rate1m", "panel 'Success ratio'"} <= checked
+
+
 def test_the_dashboard_works_without_the_recording_rules():
     recorded = {r["record"] for r in load_rules() if "record" in r}
     for expr in dashboard_exprs(load_dashboard()):
@@ -357,9 +419,9 @@ def gpu_sample_names() -> set[str]:
     return {s.name for f in families for s in f.samples}
 
 
-def scrape_sample_names(port: int) -> set[str]:
+def scrape_samples(port: int) -> list:
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {s.name for f in text_string_to_metric_families(body) for s in f.samples}
+    return [s for f in text_string_to_metric_families(body) for s in f.samples]
 
 
 async def test_every_metric_the_rules_and_dashboard_use_is_exported(serve):
@@ -375,8 +437,14 @@ async def test_every_metric_the_rules_and_dashboard_use_is_exported(serve):
             )
             with pytest.raises(grpc.aio.AioRpcError):  # wrong shape: counted as rejected, invalid
                 await stub.ModelInfer(encode_request("mlp", {"INPUT0": np.ones((1, 3), np.float32)}))
+            with pytest.raises(grpc.aio.AioRpcError):  # no such model: counted with model=""
+                await stub.ModelInfer(encode_request("nope", {"INPUT0": np.ones((1, 256), np.float32)}))
             await server.loop_lag.wait_samples(1)  # the loop-lag family appears with its first sample
-            live = await asyncio.to_thread(scrape_sample_names, server.http.port)
+            samples = await asyncio.to_thread(scrape_samples, server.http.port)
+
+    live = {s.name for s in samples}
+    # The ratio check above (test_no_per_model_ratio_counts_requests_that_name_no_model) covers these.
+    assert {s.name for s in samples if s.labels.get("model") == ""} == MODELLESS_SERIES
 
     gpu = gpu_sample_names()
     assert gpu == {
