@@ -4,9 +4,9 @@ Profiled in the server at 1,000 QPS (docs/performance.md, "The model's own kerne
 mlp's worker spent about a fifth of its time in MKL copying weight panels into its own layout
 (`sgemm_scopy`), once per layer and batch: for a few rows, torch's fp32 `addmm` repacks the
 whole weight to multiply it by a thin input. oneDNN's matmul (`mkldnn._linear_pointwise`, the
-kernel torch's own compiler emits for CPU linear layers) reads the weight as it is and fuses
-the ReLU after it. Up to three rows torch's matrix-vector path is as fast, so those stay with
-`F.linear`.
+kernel torch's own compiler emits for CPU linear layers) reads the weight as it is; the ReLU
+after it runs in place on its output. Up to three rows torch's matrix-vector path is as fast, so
+those stay with `F.linear`.
 
 The rewrite makes a view of the module: shallow copies that share its parameter, buffer and
 hook dicts (no weight is copied; the original's own children are untouched). A plain
@@ -16,8 +16,8 @@ its start; any other plain `nn.Linear` becomes a `OneDNNLinear`. Linears and ReL
 hooks stay as they are (a chain never calls them), and so do all of a Sequential's children while
 hooks registered globally with `register_module_forward_hook` exist; a hook registered after the
 rewrite takes effect from the next call. Results agree with
-`F.linear` to float32 rounding (a different summation order), as torch's own already differ
-between batch sizes.
+`F.linear` and `F.relu` to float32 rounding (a different summation order), as torch's own
+already differ between batch sizes, NaN included: a NaN stays NaN through a ReLU.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def onednn_available() -> bool:
         return False
     try:
         with torch.inference_mode():
-            y = op(torch.ones(1, 2), torch.ones(3, 2), torch.zeros(3), "relu", [], "")
+            y = op(torch.ones(1, 2), torch.ones(3, 2), torch.zeros(3), "none", [], "")
         return tuple(y.shape) == (1, 3) and bool((y == 2).all())
     except (RuntimeError, TypeError):
         return False
@@ -128,7 +128,20 @@ class Chain:
             buf[:rows] = flat
             flat = buf
         for linear, relu in self.layers:
-            flat = kernel(flat, linear.weight, linear.bias, "relu" if relu else "none", [], "")
+            weight, bias = linear.weight, linear.bias
+            if bias is None or (bias.dim() == 1 and bias.dtype is torch.float32 and bias.shape[0] == weight.shape[0]):
+                # The kernel reads the bias as that many dense floats whatever its strides (a strided
+                # one gives wrong sums, an expanded one reads past its storage); the weight's strides
+                # it honours. Parameters may be reassigned after the rewrite: checked at each call.
+                if bias is not None and not bias.is_contiguous():
+                    bias = bias.contiguous()
+                flat = kernel(flat, weight, bias, "none", [], "")
+            else:  # a bias torch broadcasts (0-d, one value, 2-D) or refuses: torch's answer or message
+                flat = F.linear(flat, weight, bias)
+            if relu:
+                # Not the kernel's fused "relu": it makes NaN 0, so a bad input's answer would depend
+                # on its batch mates; torch's keeps NaN.
+                flat.relu_()
         if padded != rows:
             flat = flat[:rows]
         return flat.reshape(*x.shape[:-1], self.layers[-1][0].out_features)
@@ -239,7 +252,7 @@ def chains(module: nn.Module) -> list[Chain]:
 
 
 def onednn_counts(module: nn.Module, *, ran: bool = False) -> tuple[int, int]:
-    """(Linear layers, ReLUs fused) in the tree's chains; with `ran`, only in chains that have
+    """(Linear layers, ReLUs run with them) in the tree's chains; with `ran`, only in chains that have
     taken oneDNN at least once (a model may route around its layers: the demo encoder's
     transformer layers run torch's fused kernel in inference, never their Linears)."""
     live = [c for c in chains(module) if c.calls or not ran]

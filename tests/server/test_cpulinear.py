@@ -91,13 +91,64 @@ def test_answers_agree_with_torch_to_float32_rounding(rows):
         close(got, want)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 4, 32])
+def test_a_nan_or_inf_in_the_input_comes_out_where_torch_puts_it_whatever_the_batch(rows):
+    # The kernel's fused ReLU made a NaN 0: a bad row came back finite once it had 3 batch mates.
+    plain = mlp_module()
+    fast, _, _ = with_onednn_linear(plain)
+    x = torch.from_numpy(np.random.default_rng(rows).standard_normal((rows, 256), dtype=np.float32))
+    x[0, 5] = float("nan")
+    x[-1, 7] = float("inf")  # the same row when rows == 1
+    got, log = logged(fast, x)
+    with torch.inference_mode():
+        want = plain(x)
+    assert (KERNEL in log.ops) == (rows >= MIN_ROWS)
+    assert want[0].isnan().all()  # what the check below holds fast to
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+    finite = want.isfinite()
+    close(got[finite], want[finite])
+
+
+# (the bias of n outputs, whether the kernel takes it: torch broadcasts the last two, F.linear runs them)
+BIASES = {
+    "stride 2": (lambda n: torch.randn(2 * n)[::2], True),
+    "expanded (stride 0)": (lambda n: torch.randn(1).expand(n), True),  # the kernel read past its one float
+    "offset": (lambda n: torch.randn(n + 5)[5:], True),
+    "0-d": (lambda n: torch.tensor(0.5), False),
+    "one value": (lambda n: torch.randn(1), False),
+}
+
+
+@pytest.mark.parametrize("rows", [1, 32])
+@pytest.mark.parametrize("kind", list(BIASES))
+def test_a_bias_of_any_strides_or_shape_torch_takes_gives_f_linears_answer(kind, rows):
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    lone = nn.Linear(16, 32)
+    fast, _, _ = with_onednn_linear(plain)
+    fast_lone, _, _ = with_onednn_linear(lone)
+    # Assigned after the rewrite, as a load with assign=True would: the view reads it at each call.
+    make, dense = BIASES[kind]
+    plain[0].bias = nn.Parameter(make(32))
+    lone.bias = nn.Parameter(make(32))
+    x = torch.randn(rows, 16)
+    for view, module in ((fast, plain), (fast_lone, lone)):
+        for _ in range(3):  # garbage read past a storage differs between calls
+            got, log = logged(view, x)
+            with torch.inference_mode():
+                close(got, module(x))
+        # The Sequential's second layer takes the kernel whatever the first's bias.
+        assert (KERNEL in log.ops) == (rows >= MIN_ROWS and (dense or view is fast))
+
+
 def test_the_kernel_runs_from_min_rows_and_torch_below():
     fast, _, _ = with_onednn_linear(mlp_module())
     _, below = logged(fast, torch.zeros(MIN_ROWS - 1, 256))
     _, at = logged(fast, torch.zeros(MIN_ROWS, 256))
     assert KERNEL not in below.ops and below.ops.count("aten.relu") == 2
-    assert at.ops.count(KERNEL) == 3
-    assert not {"aten.addmm", "aten.linear", "aten.mm", "aten.relu"} & set(at.ops)
+    assert at.ops.count(KERNEL) == 3 and at.ops.count("aten.relu_") == 2  # in place on the kernel's output
+    # Nothing copied per call: the mlp's biases are contiguous as they are.
+    assert not {"aten.addmm", "aten.linear", "aten.mm", "aten.relu", "aten.clone", "aten.copy_"} & set(at.ops)
     assert onednn_counts(fast, ran=True) == (3, 2) and chains(fast)[0].calls == 1
 
 
@@ -353,8 +404,10 @@ def test_executor_runs_onednn_by_default_and_torch_when_asked():
         assert plain.instances[0].onednn_layers == 0
         assert plain.instances[0].module is s.module_for(torch.device("cpu"))
         reqs = [{"INPUT0": np.random.default_rng(i).standard_normal((1, 256), dtype=np.float32)} for i in range(7)]
+        reqs[0]["INPUT0"][0, 0] = np.nan  # a bad request keeps its NaN, batched with six others
         a = fast.instances[0].submit(reqs, [1] * 7, 0).result(30)
         b = plain.instances[0].submit(reqs, [1] * 7, 0).result(30)
+        assert np.isnan(a.outputs[0]["OUTPUT0"]).all() and not np.isnan(a.outputs[1]["OUTPUT0"]).any()
         for x, y in zip(a.outputs, b.outputs, strict=True):
             np.testing.assert_allclose(x["OUTPUT0"], y["OUTPUT0"], rtol=1e-5, atol=1e-5)
     finally:
