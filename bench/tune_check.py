@@ -31,7 +31,20 @@ under the SLO next to the default's, and the simulator's P99 next to the measure
    ramp's knee (every step if it has none). `--device-like` runs leave the CPU stage out (a
    sleeping batch uses no core).
 
-The output (schema `wok.tunecheck/1`) is described in docs/tune.md. Every server this
+A validation ramp cut short by an error (it raised after its first step, `interrupted` in its
+result; or its server exited during it, which fails the later steps as overload would) is kept
+in `runs` with `error` ("interrupted: …", as bench/compare.py records such a run; null for a
+whole ramp) and left out of the verdict (`verdict`): `tuned_at_least_default` is then null
+unless a whole repetition shows tuned < default, and the medians are over whole ramps. A ramp
+cut by Ctrl-C stops the run there, nothing written (KeyboardInterrupt: status 130).
+
+Exit status: 0 when every ramp was whole and every output written; 1 when a validation ramp
+was cut short (the outputs are written all the same), when an output failed to be written (kept
+in a temporary file, named on stderr), when no setting meets the SLO in simulation (without
+--tuned), or when a measurement failed before its ramp's first step (a traceback); 2 for a bad
+option, before anything is measured.
+
+The output (schema `wok.tunecheck/3`) is described in docs/tune.md. Every server this
 script starts is stopped on exit (`wok.bench.compare.stop_all`). The servers run the same
 `wok` this script imports (`python -m wok serve`, environment inherited), so a run from a
 clean snapshot (`PYTHONPATH=SNAPSHOT python -m wok.bench.tune_check`) measures that snapshot.
@@ -61,7 +74,10 @@ import numpy as np
 from wok.bench.outputs import WriteFailed, refuse_unwritable, write_final, writing
 from wok.bench.report import read_json_object
 
-SCHEMA = "wok.tunecheck/2"  # /1: before the CPU stage (`predicted_*` was the batcher-only prediction)
+# /1: before the CPU stage (`predicted_*` was the batcher-only prediction); /2: before cut ramps were left
+# out of the verdict (`tuned_at_least_default` and the medians were never null, runs had no `error`).
+SCHEMA = "wok.tunecheck/3"
+READ_SCHEMAS = ("wok.tunecheck/1", "wok.tunecheck/2", SCHEMA)
 DEFAULT_STEPS = "250,500,1000,1500,2000,2500,3000,3500,4000,5000"
 TOLERANCE = 0.20
 # Arguments left out of a run's `config`: the outputs, and --profile's document (kept whole as `profile`).
@@ -536,7 +552,7 @@ def print_report(doc: dict, file=None) -> None:
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                       title=f"rep {run['rep']} {run['label']}: max_batch_size {run['max_batch_size']}, "
                       f"delay {run['max_queue_delay_ms']:g} ms; measured max QPS {run['measured_max_qps']}, "
-                      f"knee {run['measured_knee_qps']}")  # fmt: skip
+                      f"knee {run['measured_knee_qps']}{_left_out(run)}")  # fmt: skip
         for h in ("offered", "achieved", "P50 meas", "P50 sim", "P99 meas", "P99 sim", "error", "P99 steady",
                   "P99 fixed", "error·f", "server P99", "outside P99", "overhead P99 sim", "below knee",
                   "batch meas", "batch sim", "loop cores meas", "loop util sim", "other cores"):  # fmt: skip
@@ -577,9 +593,11 @@ def print_report(doc: dict, file=None) -> None:
     slo = doc["config"]["slo_p99_ms"]
     console.print(
         f"max QPS under P99 ≤ {slo:g} ms, per rep: default {v['default_max_qps']}, tuned {v['tuned_max_qps']}; "
-        f"tuned ≥ default in every rep: {v['tuned_at_least_default']}; medians: default "
-        f"{v['default_median_max_qps']:g}, tuned {v['tuned_median_max_qps']:g}"
+        f"tuned ≥ default in every rep: {_every_rep(v)}; medians: default "
+        f"{_qps(v['default_median_max_qps'])}, tuned {_qps(v['tuned_median_max_qps'])}"
     )
+    if v.get("runs_left_out"):
+        console.print(f"left out of the verdict, cut short: {_cut_runs(v)}")
     console.print(
         f"P99 within ±{100 * TOLERANCE:g}% on every step below the knee: {v['p99_within_tolerance_below_knee']} "
         f"({v['steps_within']}/{v['steps_below_knee']} steps; worst {v['worst_error']}); on quiet steps "
@@ -595,6 +613,25 @@ def print_report(doc: dict, file=None) -> None:
             f"with the light-load overhead at every rate instead (P99 fixed): {v['fixed_overhead_steps_within']}/"
             f"{v['steps_below_knee']} steps within ±{100 * TOLERANCE:g}%"
         )
+
+
+def _left_out(run: dict) -> str:
+    return f"; cut short, left out of the verdict ({run['error']})" if run.get("error") else ""
+
+
+def _every_rep(v: dict) -> str:
+    """`tuned_at_least_default` in words: None is a verdict that too few whole repetitions leave open."""
+    if v["tuned_at_least_default"] is not None:
+        return str(v["tuned_at_least_default"])
+    return f"not known ({v.get('reps_whole', 0)} of {len(v['default_max_qps'])} reps whole)"
+
+
+def _cut_runs(v: dict) -> str:
+    return "; ".join(f"rep {r['rep']} {r['label']} ({r['error']})" for r in v.get("runs_left_out", []))
+
+
+def _qps(x) -> str:
+    return "-" if x is None else f"{x:g}"
 
 
 def _ms(x) -> str:
@@ -651,7 +688,7 @@ def rewrite(path: Path, text: str) -> None:
 
 
 def _rows_v2(run: dict) -> list[str]:
-    """One run's table (`wok.tunecheck/2`): the prediction with the CPU stage, and the batcher alone; for a
+    """One run's table (`wok.tunecheck/2` or `/3`): the prediction with the CPU stage, and the batcher alone; for a
     run with the overhead by load, the prediction with the light-load overhead instead of the batcher's."""
     if any(r.get("fixed_overhead_p99_ms") is not None for r in run["comparison"]):
         return _rows_by_rate(run)
@@ -698,7 +735,7 @@ def _rows_by_rate(run: dict) -> list[str]:
 
 
 def markdown(doc: dict) -> str:
-    """The runs of a `wok.tunecheck/1` or `/2` document as the markdown tables of docs/tune.md."""
+    """The runs of a `wok.tunecheck/1`, `/2` or `/3` document as the markdown tables of docs/tune.md."""
     out = []
     cfg, v = doc["config"], doc["verdict"]
     cals = [doc["overhead"], *doc.get("calibrations", [])]
@@ -722,9 +759,9 @@ def markdown(doc: dict) -> str:
         out.append(
             f"**rep {run['rep']}, {run['label']}** (max_batch_size {run['max_batch_size']}, delay "
             f"{run['max_queue_delay_ms']:g} ms): measured max QPS under {cfg['slo_p99_ms']:g} ms "
-            f"{run['measured_max_qps']}, knee {run['measured_knee_qps']}\n"
+            f"{run['measured_max_qps']}, knee {run['measured_knee_qps']}{_left_out(run)}\n"
         )
-        if doc.get("schema") == SCHEMA:
+        if doc.get("schema") != "wok.tunecheck/1":
             out.extend(_rows_v2(run))
             continue
         out.append(
@@ -746,12 +783,13 @@ def markdown(doc: dict) -> str:
         out.append("")
     out.append(
         f"Verdict: max QPS under P99 ≤ {cfg['slo_p99_ms']:g} ms per repetition: default {v['default_max_qps']}, "
-        f"tuned {v['tuned_max_qps']} (tuned ≥ default in every repetition: {v['tuned_at_least_default']}"
+        f"tuned {v['tuned_max_qps']} (tuned ≥ default in every repetition: {_every_rep(v)}"
         + (
-            f"; medians: default {v['default_median_max_qps']:g}, tuned {v['tuned_median_max_qps']:g}); "
+            f"; medians: default {_qps(v['default_median_max_qps'])}, tuned {_qps(v['tuned_median_max_qps'])}); "
             if "tuned_median_max_qps" in v
             else "); "
         )
+        + (f"left out of the verdict, cut short: {_cut_runs(v)}; " if v.get("runs_left_out") else "")
         + f"predicted P99 within ±{100 * TOLERANCE:g} % on {v['steps_within']} of {v['steps_below_knee']} steps "
         "below the knee"
         + (
@@ -792,7 +830,7 @@ def plot(doc: dict, path: Path) -> None:
         for k, run in enumerate(runs):
             x = [r["offered_qps"] for r in run["comparison"]]
             ax.plot(x, [r["measured_p99_ms"] for r in run["comparison"]], "o-", color=f"C{k}",
-                    label=f"measured, rep {run['rep']}")  # fmt: skip
+                    label=f"measured, rep {run['rep']}{' (cut short)' if run.get('error') else ''}")  # fmt: skip
             ax.plot(x, [r["predicted_p99_ms"] for r in run["comparison"]], "x--", color=f"C{k}",
                     label=f"simulated, rep {run['rep']}")  # fmt: skip
             if run["measured_knee_qps"]:
@@ -952,10 +990,10 @@ def read_profile(path: Path) -> tuple[dict, object]:
 
 
 def read_run(path: Path) -> dict:
-    """A finished run (`wok.tunecheck/1` or `/2`) for --markdown; a ValueError says why not, after the path."""
+    """A finished run (`wok.tunecheck/1`, `/2` or `/3`) for --markdown; a ValueError says why not, after the path."""
     doc = read_json_object(path)
-    if doc.get("schema") not in ("wok.tunecheck/1", SCHEMA):
-        raise ValueError(f"{path}: schema is {doc.get('schema')!r}, expected 'wok.tunecheck/1' or {SCHEMA!r}")
+    if doc.get("schema") not in READ_SCHEMAS:
+        raise ValueError(f"{path}: schema is {doc.get('schema')!r}, expected one of {', '.join(READ_SCHEMAS)}")
     missing = [k for k in ("config", "host", "overhead", "tuned_setting", "runs", "verdict") if k not in doc]
     if missing:
         raise ValueError(f"{path}: not a whole run; no {', '.join(missing)}")
@@ -1085,14 +1123,29 @@ def main(argv=None) -> int:
                 try:
                     cfg = ramp_config(server, args.steps_list, args, args.slo_ms, server_timing=True)
                     measured = metered_ramp(server, cfg, say)
+                    cut = measured.get("interrupted")
+                    if cut and cut["by_signal"]:
+                        # As bench/compare.py does: a cut ramp's max QPS is the last step it reached, not
+                        # where the server fails, so it is left out (the verdict would count it), and the
+                        # signal stops the run, as it would anywhere else in it.
+                        raise KeyboardInterrupt(cut["reason"])
+                    # Read before our own stop: a server gone mid-ramp fails every later step, which
+                    # the ramp's stop rule takes for overload, so its ramp is cut as well. (No `proc`:
+                    # a stand-in server with no process of ours to watch.)
+                    proc = getattr(server, "proc", None)
+                    exited = None if proc is None else proc.poll()
                 finally:
                     server.stop()
-                cut = measured.get("interrupted")
-                if cut and cut["by_signal"]:
-                    # As bench/compare.py does: a cut ramp's max QPS is the last step it reached, not
-                    # where the server fails, so it is left out (the verdict would count it), and the
-                    # signal stops the run, as it would anywhere else in it.
-                    raise KeyboardInterrupt(cut["reason"])
+                # Cut by an error (the ramp raised, or its server went away): kept with its steps and
+                # predictions, left out of the verdict (`verdict`) for the same reason, and the run goes
+                # on, as compare.py's does.
+                error = None
+                if cut:
+                    error = f"interrupted: {cut['reason']}"
+                elif exited is not None:
+                    error = f"interrupted: the server exited with {exited} during the ramp; see {server.log_path}"
+                if error:
+                    say(f"rep {rep}: {label} left out of the verdict: {error}")
                 plain = predict(measured, n, d, profile, rep_overhead, args, sampled=False)
                 predicted = fixed = plain
                 steady = None
@@ -1110,6 +1163,7 @@ def main(argv=None) -> int:
                     {
                         "rep": rep,
                         "label": label,
+                        "error": error,
                         "max_batch_size": n,
                         "max_queue_delay_ms": d,
                         "measured_max_qps": measured["max_qps_under_slo"],
@@ -1124,14 +1178,6 @@ def main(argv=None) -> int:
     finally:
         stop_all()
 
-    below = [r for run in runs for r in run["comparison"] if r["below_knee"]]
-    within = [r for r in below if r["within_tolerance"]]
-    quiet = [r for r in below if r["quiet"]]
-    worst = max(below, key=lambda r: abs(r["relative_error"]) if r["relative_error"] is not None else float("inf"),
-                default=None)  # fmt: skip
-    by_rep = {}
-    for run in runs:
-        by_rep.setdefault(run["rep"], {})[run["label"]] = run["measured_max_qps"] or 0.0
     doc = {
         "schema": SCHEMA,
         "created": started,
@@ -1144,25 +1190,7 @@ def main(argv=None) -> int:
         "tune": tuned_doc,
         "tuned_setting": {"max_batch_size": tuned[0], "max_queue_delay_ms": tuned[1]},
         "runs": runs,
-        "verdict": {
-            "default_max_qps": [by_rep[r].get("default") for r in sorted(by_rep)],
-            "tuned_max_qps": [by_rep[r].get("tuned") for r in sorted(by_rep)],
-            "tuned_at_least_default": all(v.get("tuned", 0) >= v.get("default", 0) for v in by_rep.values()),
-            # The median over repetitions: one noisy repetition moves it less than it moves "every".
-            "default_median_max_qps": float(np.median([v.get("default", 0.0) for v in by_rep.values()])),
-            "tuned_median_max_qps": float(np.median([v.get("tuned", 0.0) for v in by_rep.values()])),
-            "steps_below_knee": len(below),
-            "steps_within": len(within),
-            "p99_within_tolerance_below_knee": bool(below) and len(within) == len(below),
-            "quiet_steps_below_knee": len(quiet),
-            "quiet_steps_within": sum(r["within_tolerance"] for r in quiet),
-            "fixed_overhead_steps_within": _steps_within(below, "fixed_overhead"),
-            "steady_batch_steps_within": _steps_within(below, "steady_batch"),
-            "batcher_steps_within": sum(
-                r["batcher_relative_error"] is not None and abs(r["batcher_relative_error"]) <= TOLERANCE for r in below
-            ),
-            "worst_error": None if worst is None else {k: worst[k] for k in ("offered_qps", "relative_error")},
-        },
+        "verdict": verdict(runs),
         "wall_s": time.monotonic() - t0,
     }
     doc["config"]["slo_p99_ms"] = args.slo_ms
@@ -1174,7 +1202,62 @@ def main(argv=None) -> int:
     if unsaved:
         say(f"{', '.join(unsaved)} failed when written (said above, with where each document went)")
         return 1
+    cut = [f"rep {run['rep']} {run['label']}" for run in runs if run["error"]]
+    if cut:
+        say(f"cut short, left out of the verdict: {', '.join(cut)} (their `error` in the runs)")
+        return 1
     return 0
+
+
+def verdict(runs: list[dict]) -> dict:
+    """The verdict over the whole ramps. A ramp cut short (`error` set) is left out, as
+    bench/compare.py leaves such a run out of its summary: its max QPS is the last step it
+    reached, not where the server fails, and its knee is not known. `tuned_at_least_default`
+    is True only when every repetition's two ramps are whole and tuned ≥ default in each,
+    False when a whole repetition has tuned < default, else None: too few whole repetitions
+    to say. The medians are over each setting's whole ramps (None without any)."""
+    whole = [run for run in runs if not run.get("error")]
+    below = [r for run in whole for r in run["comparison"] if r["below_knee"]]
+    within = [r for r in below if r["within_tolerance"]]
+    quiet = [r for r in below if r["quiet"]]
+    worst = max(below, key=lambda r: abs(r["relative_error"]) if r["relative_error"] is not None else float("inf"),
+                default=None)  # fmt: skip
+    by_rep: dict[int, dict[str, float]] = {run["rep"]: {} for run in runs}
+    for run in whole:
+        by_rep[run["rep"]][run["label"]] = run["measured_max_qps"] or 0.0
+    pairs = [v for v in by_rep.values() if "default" in v and "tuned" in v]
+    if any(v["tuned"] < v["default"] for v in pairs):
+        at_least = False
+    elif pairs and len(pairs) == len(by_rep):
+        at_least = True
+    else:
+        at_least = None
+
+    def median(label: str) -> float | None:
+        values = [v[label] for v in by_rep.values() if label in v]
+        return float(np.median(values)) if values else None
+
+    return {
+        "default_max_qps": [by_rep[r].get("default") for r in sorted(by_rep)],
+        "tuned_max_qps": [by_rep[r].get("tuned") for r in sorted(by_rep)],
+        "tuned_at_least_default": at_least,
+        "reps_whole": len(pairs),
+        "runs_left_out": [{k: run[k] for k in ("rep", "label", "error")} for run in runs if run.get("error")],
+        # The median over repetitions: one noisy repetition moves it less than it moves "every".
+        "default_median_max_qps": median("default"),
+        "tuned_median_max_qps": median("tuned"),
+        "steps_below_knee": len(below),
+        "steps_within": len(within),
+        "p99_within_tolerance_below_knee": bool(below) and len(within) == len(below),
+        "quiet_steps_below_knee": len(quiet),
+        "quiet_steps_within": sum(r["within_tolerance"] for r in quiet),
+        "fixed_overhead_steps_within": _steps_within(below, "fixed_overhead"),
+        "steady_batch_steps_within": _steps_within(below, "steady_batch"),
+        "batcher_steps_within": sum(
+            r["batcher_relative_error"] is not None and abs(r["batcher_relative_error"]) <= TOLERANCE for r in below
+        ),
+        "worst_error": None if worst is None else {k: worst[k] for k in ("offered_qps", "relative_error")},
+    }
 
 
 def _save(doc: dict, option: str, path: Path) -> bool:
