@@ -31,6 +31,10 @@ def output_problem(path: Path, folder: bool, parents_made: bool = False) -> str 
     """Why `path` cannot be written (None: it looks writable): a file path's folder must exist
     and be writable, and the path must not be a folder; a folder output, or a file whose writer
     makes its folder (`parents_made`), must be makeable under its nearest existing ancestor."""
+    if str(path) == "-":
+        # The Unix habit for stdout: taken as a name, it left a file called `-` in the working
+        # folder and nothing on stdout, exit 0. (`./-` still names that file, for whoever means it.)
+        return "writing to standard output is not supported; give a file path"
     path = Path(path)
     if path.exists():
         if folder != path.is_dir():

@@ -90,8 +90,20 @@ def beyond_last_bound(q: float, buckets: list[tuple[float, float]]) -> bool:
     return math.isinf(next(le for le, count in buckets if count >= rank))
 
 
+def whole(name: str, value: float) -> int:
+    """A counter's delta that counts things (requests, batches, flushes, timer ticks) as the int it
+    is: Prometheus text writes every sample as a float (`102.0`), and a result read `102.0`
+    requests. Raises ValueError when it is not a whole number: not a count of wok's."""
+    if not math.isfinite(value) or value != round(value):
+        raise ValueError(f"{name}: expected a whole count over the window, got {value!r}")
+    return round(value)
+
+
 def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> dict | None:
-    """What the server saw of `model` between two scrapes: stage means, queue, batching, GPU."""
+    """What the server saw of `model` between two scrapes: stage means, queue, batching, GPU.
+
+    Counts (`requests`, `batches`, `flush_reasons`, `loop_lag_ms.samples`) are ints; a series that
+    counts in fractions is not wok's, and `whole` raises ValueError for it."""
     if before is None or after is None:
         return None
     if (E2E + "_count", (("model", model),)) not in after.values:
@@ -109,7 +121,7 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> 
         v = histogram_quantile(q, buckets)
         return None if v is None else 1e3 * v
 
-    n = delta(E2E + "_count", model=model)
+    n = whole(E2E + "_count", delta(E2E + "_count", model=model))
     out: dict = {"requests": n}
     if n <= 0:
         return out
@@ -131,7 +143,7 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> 
     # Stages whose P99 is only the last finite bound (the histogram cannot say how far past it).
     out["stages_p99_over_last_bound"] = sorted(st for st, b in stage_buckets.items() if beyond_last_bound(0.99, b))
     out["queue_ms"] = {"mean": stages.get("queue"), "p99": out["stages_p99_ms"].get("queue")}
-    batches = delta(BATCH + "_count", model=model)
+    batches = whole(BATCH + "_count", delta(BATCH + "_count", model=model))
     if batches > 0:
         out["mean_batch_size"] = delta(BATCH + "_sum", model=model) / batches
         out["batches"] = batches
@@ -139,11 +151,11 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> 
     for (name, items), _ in after.values.items():
         if name == FLUSHES + "_total" and dict(items).get("model") == model:
             reason = dict(items)["reason"]
-            d = delta(FLUSHES + "_total", model=model, reason=reason)
+            d = whole(FLUSHES + "_total", delta(FLUSHES + "_total", model=model, reason=reason))
             if d:
                 flushes[reason] = d
     out["flush_reasons"] = flushes
-    samples = delta(LOOP_LAG + "_count")
+    samples = whole(LOOP_LAG + "_count", delta(LOOP_LAG + "_count"))
     if samples > 0:
         lag_delta = bucket_delta(LOOP_LAG)
         # The longest stall to within its bucket: the bound of the highest bucket that grew.

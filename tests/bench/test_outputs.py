@@ -492,6 +492,42 @@ def test_a_folder_where_no_file_can_be_made_is_refused_for_root_too(path, folder
     assert status == 2 and err.startswith(f"wok simulate: {option} {path}: folder /proc is not writable"), err
 
 
+PLAN = ["plan", "--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "16"]
+SIMULATE = ["simulate", "--steps", "100", "--step-duration", "1s"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (PLAN, "--json"),
+        (PLAN, "--markdown"),
+        (PLAN, "--manifests"),
+        (SIMULATE, "--json"),
+        (SIMULATE, "--csv"),
+        (SIMULATE, "--html"),
+        (SIMULATE, "--plots"),
+    ],
+)
+def test_a_dash_for_standard_output_is_refused_up_front(argv, option, tmp_path, monkeypatch, wok_cli):
+    """`--json -` wrote a file named `-` in the working folder and nothing on stdout, exit 0."""
+    monkeypatch.chdir(tmp_path)
+    status, out, err = wok_cli(*argv, option, "-")
+    assert status == 2 and out == ""
+    assert err == f"wok {argv[0]}: {option} -: writing to standard output is not supported; give a file path\n"
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", ["cold_batch", "ceiling"])
+def test_a_script_refuses_a_dash_for_standard_output(name, tmp_path, monkeypatch, capsys, no_load):
+    monkeypatch.chdir(tmp_path)
+    module = importlib.import_module(f"wok.bench.{name}")
+    with pytest.raises(SystemExit) as exited:
+        module.main([*SCRIPTS[name], "--json", "-"])
+    assert exited.value.code == 2
+    assert "error: --json -: writing to standard output is not supported; give a file path\n" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 TUNE = ["tune", "--slo-p99", "20ms", "--alpha", "1ms", "--beta", "0.25ms", "--max-batch-sizes", "4"]
 TUNE += ["--delays", "0ms", "--sim-duration", "1s", "--iterations", "2"]
 PROFILE = ["profile", "mlp", "--batch-sizes", "1,4", "--warmup", "0", "--repeats", "2"]

@@ -3,12 +3,24 @@ P99 is only the histogram's last finite bound."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from wok.bench.scrape import E2E, STAGE, beyond_last_bound, histogram_quantile, parse_exposition, server_view
+from wok.bench.scrape import (
+    BATCH,
+    E2E,
+    FLUSHES,
+    LOOP_LAG,
+    STAGE,
+    Snapshot,
+    beyond_last_bound,
+    histogram_quantile,
+    parse_exposition,
+    server_view,
+)
 
 INF = math.inf
 
@@ -47,3 +59,43 @@ def test_the_server_view_flags_a_p99_past_the_last_bound():
     assert view["stages_p99_over_last_bound"] == ["queue"]
     # compute's P99: rank 99 of 100, 97 ≤ 0.1 s and 3 in (0.1, 1]: 0.1 + 0.9 · 2 / 3 s.
     assert view["stages_p99_ms"]["compute"] == pytest.approx(1e3 * (0.1 + 0.9 * 2 / 3))
+
+
+def test_the_server_views_counts_are_ints():
+    """Prometheus text writes every sample as a float: a result read `"requests": 102.0`,
+    `"flush_reasons": {"delay": 80.0}`, `"samples": 189.0`."""
+    registry = CollectorRegistry()
+    e2e = Histogram(E2E, "e2e", ["model"], registry=registry)
+    batch = Histogram(BATCH, "rows", ["model"], buckets=(1, 4, 16), registry=registry)
+    flushes = Counter(FLUSHES, "flushes", ["model", "reason"], registry=registry)
+    lag = Histogram(LOOP_LAG, "lag", registry=registry)
+    e2e.labels("m").observe(0.01)  # before the window
+    before = parse_exposition(generate_latest(registry).decode())
+    for _ in range(102):
+        e2e.labels("m").observe(0.01)
+    for i in range(80):
+        batch.labels("m").observe(1 + i % 2)
+        flushes.labels("m", "delay" if i < 60 else "size").inc()
+    for _ in range(189):
+        lag.observe(0.001)
+    view = server_view(before, parse_exposition(generate_latest(registry).decode()), "m")
+    counts = {
+        "requests": view["requests"],
+        "batches": view["batches"],
+        "delay": view["flush_reasons"]["delay"],
+        "size": view["flush_reasons"]["size"],
+        "samples": view["loop_lag_ms"]["samples"],
+    }
+    assert counts == {"requests": 102, "batches": 80, "delay": 60, "size": 20, "samples": 189}
+    assert all(type(v) is int for v in counts.values()), counts
+    text = json.dumps(view)
+    assert '"requests": 102,' in text and '"delay": 60,' in text and '"samples": 189,' in text
+    assert view["mean_batch_size"] == pytest.approx(1.5)
+
+
+def test_a_count_that_is_not_whole_is_refused():
+    def snap(requests: float) -> Snapshot:
+        return Snapshot({(E2E + "_count", (("model", "m"),)): requests, (E2E + "_sum", (("model", "m"),)): 1.0})
+
+    with pytest.raises(ValueError, match=r"^wok_request_duration_seconds_count: expected a whole count .* got 2\.5$"):
+        server_view(snap(1.0), snap(3.5), "m")
