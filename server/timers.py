@@ -10,7 +10,8 @@ On Linux, `PreciseTimer` arms a timerfd (CLOCK_MONOTONIC, the clock of `time.per
 there) at the absolute instant and watches it with `loop.add_reader`: the loop's poll returns
 when the kernel's high-resolution timer expires (within the thread's timer slack, 50 µs by
 default), whatever the loop's own timers are rounded to. Elsewhere, or if the timerfd cannot
-be made, it falls back to `loop.call_at` (`precise` is then False).
+be made, it falls back to `loop.call_at` (`precise` is then False): up to about 1 ms late, and
+never early, as a firing before the instant re-arms for the rest instead of calling back.
 """
 
 from __future__ import annotations
@@ -116,6 +117,10 @@ class PreciseTimer:
             return
         if self._handle is not None:
             self._handle.cancel()
+        self._call_at(at)
+
+    def _call_at(self, at: float) -> None:
+        # The loop's clock is not perf_counter's (uvloop's is a millisecond clock cached per pass).
         self._handle = self._loop.call_at(self._loop.time() + (at - time.perf_counter()), self._fire)
 
     def disarm(self) -> None:
@@ -153,6 +158,11 @@ class PreciseTimer:
     def _fire(self) -> None:
         self._handle = None
         if self.armed_at == math.inf:
+            return
+        if self._fd < 0 and time.perf_counter() < self.armed_at:
+            # The loop's timer ran early (uvloop's by up to about 1 ms): wait out the rest, so
+            # a caller that does not re-arm itself (PreciseSleeper, LoopLagMonitor) is never early.
+            self._call_at(self.armed_at)
             return
         self.armed_at = math.inf
         self._callback()
