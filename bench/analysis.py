@@ -1,4 +1,4 @@
-"""From a ramp's raw per-request arrays to the figures of the `wok.bench/1` result.
+"""From a ramp's raw per-request arrays to the figures of the `wok.bench/2` result.
 
 Everything here is pure arithmetic on numpy arrays and dicts (no I/O, no torch), so that
 `wok bench` and `wok simulate` produce the same schema (docs/bench-schema.md) and the
@@ -24,7 +24,11 @@ from wok.servertiming import TIMING_PARTS
 
 from .histogram import LatencyHistogram
 
-SCHEMA = "wok.bench/1"
+# /2 since 2026-12-02: offered_qps, knee_qps, littles_law.mean_inflight_measured and wok simulate's
+# utilization, loop_utilization and mean_batch_size changed meaning inside /1 on 2026-11-30 and
+# 2026-12-01 (docs/bench-schema.md, "Versions"), so a /1 file may hold either meaning.
+SCHEMA = "wok.bench/2"
+READ_SCHEMAS = ("wok.bench/1", SCHEMA)
 LATENCY_KEYS = ("mean", "p50", "p90", "p95", "p99", "p999", "max")
 # Exact fractions, so that ceil(p·n) has no rounding error (0.999 * 1000 is not 999.0 in floats).
 _QUANTILES = {"p50": (1, 2), "p90": (9, 10), "p95": (19, 20), "p99": (99, 100), "p999": (999, 1000)}
@@ -425,7 +429,7 @@ def ramp_result(
     min_success_rate: float = 0.99,
     created: str | None = None,
 ) -> dict:
-    """The whole `wok.bench/1` document: config, verdicts, steps in offered order, warnings."""
+    """The whole `wok.bench/2` document: config, verdicts, steps in offered order, warnings."""
     config = dict(config)
     config.setdefault("source", "bench")
     if config["source"] not in ("bench", "simulate"):

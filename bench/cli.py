@@ -133,9 +133,9 @@ def add_merge_parser(bsub) -> None:
     p = bsub.add_parser(
         "merge",
         help="merge the results of bench processes that ramped one server together",
-        description="Add up, step by step, the wok.bench/1 results of several processes that ran the same ramp at "
-        "the same time (e.g. a Kubernetes Indexed Job): counts and QPS add, percentiles come from the merged "
-        "latency histograms, the server's view from the first file (docs/bench.md).",
+        description="Add up, step by step, the wok.bench results (all /2 or all /1) of several processes that ran "
+        "the same ramp at the same time (e.g. a Kubernetes Indexed Job): counts and QPS add, percentiles come "
+        "from the merged latency histograms, the server's view from the first file (docs/bench.md).",
     )
     p.add_argument("results", nargs="+", type=Path, help="the parts' --json files")
     _add_outputs(p)
@@ -218,7 +218,7 @@ def _security(args):
 
 def _add_outputs(p) -> None:
     """The result files every figure-producing command writes."""
-    p.add_argument("--json", type=Path, help="write the result (schema wok.bench/1) here")
+    p.add_argument("--json", type=Path, help="write the result (schema wok.bench/2) here")
     p.add_argument("--csv", type=Path, help="write one row per step here")
     p.add_argument("--html", type=Path, help="write a self-contained HTML report here")
     p.add_argument("--plots", type=Path, help="write the plots as PNG files into this folder")
@@ -732,7 +732,9 @@ def add_plan_parser(sub) -> None:
     batch.add_argument("--alpha", help="T_batch = α + β·n: α, e.g. 2ms (with --beta)")
     batch.add_argument("--beta", help="β, the time per row, e.g. 0.5ms (with --alpha)")
     batch.add_argument("--profile", type=Path, help="α and β from a `wok profile --json` file (wok.profile/1)")
-    batch.add_argument("--from-ramp", type=Path, help="T_batch and n from a `wok bench ramp --json` result")
+    batch.add_argument(
+        "--from-ramp", type=Path, help="T_batch and n from a `wok bench ramp --json` result (wok.bench/1 or /2)"
+    )
     batch.add_argument("--batch-size", help="n, the mean rows per batch (not with --from-ramp)")
     p.add_argument("--target-util", default="0.65", help="U_target in (0, 1] (default 0.65; advised 0.6-0.7)")
     p.add_argument("--redundancy", type=int, default=1, help="k replicas beyond N (default 1)")
@@ -872,7 +874,7 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--tie", type=float, default=0.02, help="relative QPS difference counted as a tie (default 0.02)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--write-config", type=Path, help="write the chosen max_batch_size and [dynamic_batching] here")
-    p.add_argument("--json", type=Path, help="write the result (schema wok.tune/1) here")
+    p.add_argument("--json", type=Path, help="write the result (schema wok.tune/2) here")
     _negative_values(p)
     p.set_defaults(run=run_tune)
 

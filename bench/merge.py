@@ -30,6 +30,10 @@ step in each ramp (refinement steps are left out: each process bisected on its o
 
 Verdicts (knee, max QPS under the SLO) and precision warnings are recomputed on the merged
 steps; the parts' own warnings are kept, prefixed with the part's name.
+
+Parts are `wok.bench/1` or `wok.bench/2`, all of one version, which the merged result keeps:
+a /1 file may hold the older definitions of `offered_qps` and the Little's-law count
+(docs/bench-schema.md, "Versions"), and a sum across versions would mean neither.
 """
 
 from __future__ import annotations
@@ -187,17 +191,28 @@ def _mix(models: Sequence) -> list:
 
 
 def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -> dict:
-    """A `wok.bench/1` result from the results of processes that ran the same ramp together."""
+    """A `wok.bench` result from the results of processes that ran the same ramp together, of the
+    parts' schema version (/1 or /2; parts of both are refused)."""
     if not results:
         raise ValueError("nothing to merge: give at least one result")
     names = list(names) if names is not None else [f"part {i}" for i in range(len(results))]
     if len(names) != len(results):
         raise ValueError(f"{len(names)} names for {len(results)} results")
+    readable = " or ".join(map(repr, analysis.READ_SCHEMAS))
     for r, name in zip(results, names):
-        if r.get("schema") != analysis.SCHEMA:
-            raise ValueError(f"{name}: schema {r.get('schema')!r}, expected {analysis.SCHEMA!r}")
+        if r.get("schema") not in analysis.READ_SCHEMAS:
+            raise ValueError(f"{name}: schema {r.get('schema')!r}, expected {readable}")
         if (r.get("config") or {}).get("source") != "bench":
             raise ValueError(f"{name}: only measured ramps (config.source 'bench') merge")
+    schemas = {r["schema"] for r in results}
+    if len(schemas) > 1:
+        # A /1 part's offered_qps may be over warm-up and window, a /2 part's is over the window:
+        # their sum would be neither.
+        which = ", ".join(f"{name}: {r['schema']}" for r, name in zip(results, names))
+        raise ValueError(
+            f"the parts are of different schema versions ({which}): their offered_qps and Little's-law "
+            "figures may be defined differently (docs/bench-schema.md, Versions); merge parts of one version"
+        )
     _same(results, names, "the model mix", lambda r: _mix(r["config"].get("models", [])))
     _same(results, names, "the SLO", lambda r: r["slo_p99_ms"])
     _same(results, names, "the step duration", lambda r: r["config"].get("step_duration_s"))
@@ -258,4 +273,6 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         result["host_probes"] = probes
     result["warnings"] = warnings + result["warnings"]
     result["warnings"] += [f"{name}: {w}" for r, name in zip(results, names) for w in r.get("warnings", [])]
+    # The merged steps' figures are the parts' added up, so they mean what the parts' meant.
+    result["schema"] = first["schema"]
     return result

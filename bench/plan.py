@@ -36,6 +36,10 @@ from .arrivals import parse_duration
 from .outputs import json_text
 
 SCHEMA = "wok.plan/1"
+# analysis.READ_SCHEMAS, spelled out so that planning does not import numpy. The step figures read
+# here (stages_ms, a measured ramp's mean_batch_size, offered_qps at max_qps_under_slo) are read
+# alike in both; /1's offered_qps of a burst or sawtooth step may be over warm-up and window.
+RAMP_SCHEMAS = ("wok.bench/1", "wok.bench/2")
 TARGET_UTIL_DEFAULT = Fraction(13, 20)  # 0.65
 TARGET_UTIL_ADVISED = (Fraction(3, 5), Fraction(7, 10))  # 0.6 .. 0.7
 # The HPA controller's cluster-wide tolerance (--horizontal-pod-autoscaler-tolerance) when an
@@ -324,8 +328,9 @@ def batch_from_ramp(path: Path) -> BatchTime:
     little above the mean time per batch, which makes the plan err towards more GPUs.
     """
     doc = _load_json(path, "ramp result")
-    if doc.get("schema") != "wok.bench/1":
-        raise ValueError(f"ramp result {path}: schema is {doc.get('schema')!r}, expected 'wok.bench/1'")
+    if doc.get("schema") not in RAMP_SCHEMAS:
+        expected = " or ".join(map(repr, RAMP_SCHEMAS))
+        raise ValueError(f"ramp result {path}: schema is {doc.get('schema')!r}, expected {expected}")
     best = doc.get("max_qps_under_slo")
     if best is None:
         raise ValueError(f"ramp result {path}: no step met the SLO (max_qps_under_slo is null): nothing to plan on")
@@ -371,10 +376,16 @@ def batch_from_ramp(path: Path) -> BatchTime:
         "slo_p99_ms": float(_needed(doc, "slo_p99_ms", f"ramp result {path}")),
         "stages_ms": {s: float(v) for s, v in parts.items()},
         "rows_per_batch": float(rows_per_batch),
-        "flush_reasons": {k: float(v) for k, v in (step.get("flush_reasons") or {}).items()},
+        # Counts: ints, whether the ramp wrote 900 or (before 2026-12-02) 900.0.
+        "flush_reasons": {k: _count(v) for k, v in (step.get("flush_reasons") or {}).items()},
         "highest_step": all(q <= best for _, q in offered),
     }
     return BatchTime(t, n, "ramp", detail, step_qps=best, achieved_qps=achieved, stages_ms=parts)
+
+
+def _count(v) -> int | float:
+    f = float(v)
+    return int(f) if f.is_integer() else f
 
 
 @dataclass(frozen=True)

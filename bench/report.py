@@ -1,4 +1,4 @@
-"""Write a `wok.bench/1` result as JSON, CSV, PNG plots, one self-contained HTML page, or a table.
+"""Write a `wok.bench/2` result as JSON, CSV, PNG plots, one self-contained HTML page, or a table.
 
 The HTML report has no external reference at all (inline CSS, plots as data: URIs, a
 Content-Security-Policy that forbids any fetch), so it can be mailed, attached to a CI

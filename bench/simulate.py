@@ -22,7 +22,7 @@ runnable one runs at cores / demand of full speed (processor sharing). Then the 
 queue of its own, a batch slows when the machine is busy, and the server has a CPU-bound
 ceiling. docs/simulate.md has the model and the theory it is checked against.
 
-`simulate_ramp` writes the bench's schema (`wok.bench/1`, `config.source = "simulate"`,
+`simulate_ramp` writes the bench's schema (`wok.bench/2`, `config.source = "simulate"`,
 plus `utilization`, and `loop_utilization` with the CPU stage, per step; like the bench's
 server-side figures they cover the measured window only), so simulated and measured ramps
 compare directly.

@@ -242,7 +242,7 @@ def _none_or(v: float | None, scale: float) -> float | None:
 
 
 def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None) -> dict:
-    """Capacity (measured or given), then the soak; the soak step's wok.bench/1 result with `soak` added.
+    """Capacity (measured or given), then the soak; the soak step's wok.bench/2 result with `soak` added.
 
     Without a soak, the capacity ramp's result with `soak` null: when that ramp was cut short
     (`interrupted` set; the soak is not started), found no step under the SLO, or the soak step

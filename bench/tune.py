@@ -42,7 +42,9 @@ import numpy as np
 from . import analysis
 from .simulate import CPU_FIELDS, BatcherModel, CpuFields, SimConfig, simulate_step
 
-SCHEMA = "wok.tune/1"
+# /2 since 2026-12-02: settings[].mean_batch_size and utilization cover the simulated step's
+# measured window only since b930a5d (2026-12-01); /1 files may hold them over warm-up and window.
+SCHEMA = "wok.tune/2"
 PROFILE_SCHEMA = "wok.profile/1"
 OVERHEAD_SCHEMA = "wok.overhead/1"
 CPU_SCHEMA = "wok.cpustage/1"
@@ -433,7 +435,7 @@ def tune(
     cpu: CpuStage | None = None,
     overhead_at: OverheadAt | None = None,
 ) -> dict:
-    """Search the grid; the `wok.tune/1` document (docs/tune.md). `overhead_at` (`overhead_by_rate`):
+    """Search the grid; the `wok.tune/2` document (docs/tune.md). `overhead_at` (`overhead_by_rate`):
     each simulated rate draws its overhead there, in place of `overhead_s`."""
     if not batch_sizes or not delays_s:
         raise ValueError("need at least one batch size and one delay")

@@ -435,7 +435,7 @@ def test_ramp_result_carries_the_verdicts_in_offered_order():
     steps[0]["dispatch_lag_ms"]["p99"] = 1.8
     config = {"target": "localhost:8001", "models": [["mlp", 1.0]], "steps": [50, 100, 200, 400]}
     r = ramp_result(steps=steps, slo_p99_ms=200, config=config, timeline=None)
-    assert r["schema"] == "wok.bench/1"
+    assert r["schema"] == "wok.bench/2"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r["created"])
     assert r["config"]["source"] == "bench" and r["config"]["target"] == "localhost:8001"
     assert [s["offered_qps"] for s in r["steps"]] == [50, 100, 200, 400]

@@ -264,7 +264,7 @@ def test_a_json_write_that_fails_after_the_ramp_keeps_the_result_in_a_temporary_
         f"wok bench: --json {path}: No such file or directory; the result is kept in {kept} instead",
     )
     result = json.loads(kept.read_text())
-    assert result["schema"] == "wok.bench/1" and [s["offered_qps"] for s in result["steps"]] == [20]
+    assert result["schema"] == "wok.bench/2" and [s["offered_qps"] for s in result["steps"]] == [20]
 
 
 def test_the_bench_and_planning_commands_start_without_importing_torch():

@@ -125,7 +125,7 @@ def test_a_ramp_without_json_whose_output_fails_at_the_end_keeps_the_result(
         f"wok bench: {option} {path}: Not a directory; the result is kept in {kept} instead",
     )
     result = json.loads(kept.read_text())
-    assert result["schema"] == "wok.bench/1" and [s["offered_qps"] for s in result["steps"]] == [20]
+    assert result["schema"] == "wok.bench/2" and [s["offered_qps"] for s in result["steps"]] == [20]
 
 
 class _Server:
@@ -536,8 +536,8 @@ PROFILE = ["profile", "mlp", "--batch-sizes", "1,4", "--warmup", "0", "--repeats
 @pytest.mark.parametrize(
     ("argv", "module", "option", "name", "schema"),
     [
-        (TUNE, "tune", "--json", "t.json", "wok.tune/1"),
-        (TUNE, "tune", "--write-config", "c.toml", "wok.tune/1"),
+        (TUNE, "tune", "--json", "t.json", "wok.tune/2"),
+        (TUNE, "tune", "--write-config", "c.toml", "wok.tune/2"),
         (PROFILE, "profiler", "--json", "p.json", "wok.profile/1"),
         (PROFILE, "profiler", "--plot", "p.png", "wok.profile/1"),
     ],

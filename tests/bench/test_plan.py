@@ -367,12 +367,35 @@ def test_from_ramp_takes_the_step_at_the_max_qps_under_the_slo(tmp_path):
     p = make(batch=b, peak_qps=F(5000))
     assert p["inputs"]["batch"]["ramp"]["step_offered_qps"] == 2000
     assert p["inputs"]["batch"]["ramp"]["model"] == "mlp"
+    flushes = p["inputs"]["batch"]["ramp"]["flush_reasons"]  # 900.0 in the file: counts, written as ints
+    assert flushes == {"size": 900, "delay": 100} and all(type(v) is int for v in flushes.values())
     assert p["steps"][0]["substituted"] == "0.5 ms + 0 ms + 4 ms + 0.5 ms"
     assert (p["result"]["gpus_exact_fraction"], p["result"]["gpus"], p["result"]["replicas"]) == ("40/13", 4, 5)
     # One replica carried 2000 QPS within the SLO: ⌈5000 / 2000⌉ = 3 ≤ 4, and the plan puts
     # 12.5 / 0.005 × 0.65 = 1625 QPS on each, under 2000: no warning.
     assert p["cross_check"] == {"max_qps_under_slo": 2000, "replicas_at_measured_max": 3, "utilization_at_step": 0.8}
     assert p["warnings"] == []
+
+
+@pytest.mark.parametrize("schema", ["wok.bench/1", "wok.bench/2"])
+def test_from_ramp_reads_both_bench_schema_versions(tmp_path, schema, capsys):
+    # /2 renamed no field plan reads: a /1 file from before the bump plans the same as a /2 one.
+    path = tmp_path / "ramp.json"
+    path.write_text(_ramp(tmp_path).read_text().replace('"wok.bench/1"', json.dumps(schema)))
+    assert json.loads(path.read_text())["schema"] == schema
+    b = plan.batch_from_ramp(path)
+    assert (b.t_batch_s, b.batch_size) == (F(1, 200), F(25, 2))
+    assert main(["plan", "--from-ramp", str(path), "--peak-qps", "5000"]) == 0
+    assert "→ 5 replicas" in capsys.readouterr().out
+    path.write_text(path.read_text().replace(json.dumps(schema), '"wok.bench/3"'))
+    with pytest.raises(ValueError, match=r"schema is 'wok\.bench/3', expected 'wok\.bench/1' or 'wok\.bench/2'"):
+        plan.batch_from_ramp(path)
+
+
+def test_the_planner_reads_the_bench_versions_analysis_reads():
+    from wok.bench import analysis
+
+    assert plan.RAMP_SCHEMAS == analysis.READ_SCHEMAS
 
 
 def test_from_ramp_counts_requests_per_batch_when_requests_carry_several_rows(tmp_path):
@@ -423,7 +446,7 @@ def test_from_ramp_refuses_results_without_an_answer(tmp_path):
     with pytest.raises(ValueError, match="no server-side batch figures"):
         plan.batch_from_ramp(tmp_path / "bare.json")
     (tmp_path / "other.json").write_text('{"schema": "wok.plan/1"}')
-    with pytest.raises(ValueError, match=r"expected 'wok\.bench/1'"):
+    with pytest.raises(ValueError, match=r"expected 'wok\.bench/1' or 'wok\.bench/2'"):
         plan.batch_from_ramp(tmp_path / "other.json")
     # A hand-edited or truncated file: a missing figure is named, not a KeyError traceback.
     for drop, where in (("achieved_qps", 1), ("offered_qps", 0), ("slo_p99_ms", None)):

@@ -53,7 +53,7 @@ def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(b
     )
     result = Ramp(cfg, progress=lambda _: None).run()
     outside_ms = _round_trip_ms(bench_server.target)
-    assert result["schema"] == "wok.bench/1"
+    assert result["schema"] == "wok.bench/2"
     for step in result["steps"]:
         offered, achieved = step["offered_qps"], step["achieved_qps"]
         assert abs(achieved - offered) <= 0.02 * offered, step

@@ -117,9 +117,9 @@ def test_json_round_trip_turns_nan_into_null(result, tmp_path):
     text = path.read_text()
     assert "NaN" not in text and "Infinity" not in text
     back = json.loads(text)
-    assert back["schema"] == "wok.bench/1"
+    assert back["schema"] == "wok.bench/2"
     assert list(back) == list(r)  # the builder's key order
-    assert text.startswith('{\n  "schema": "wok.bench/1",\n')
+    assert text.startswith('{\n  "schema": "wok.bench/2",\n')
     last = back["steps"][-1]
     assert all(last["latency_ms"][k] is None for k in LATENCY_KEYS)
     assert last["errors"] == {"UNAVAILABLE": 1} and last["littles_law"]["relative_error"] is None

@@ -70,7 +70,7 @@ def test_a_simulated_ramp_writes_the_bench_schema_with_utilization():
         slo_p99_ms=50,
     )
     result = simulate_ramp(cfg)
-    assert result["schema"] == "wok.bench/1" and result["config"]["source"] == "simulate"
+    assert result["schema"] == "wok.bench/2" and result["config"]["source"] == "simulate"
     util = [s["utilization"] for s in result["steps"]]
     # Utilization is λ·β while λβ < 1, then the instance is always busy.
     assert util[:3] == pytest.approx([0.3, 0.6, 0.9], abs=0.03)

@@ -185,7 +185,7 @@ def test_the_cli_prints_the_table_and_writes_json_and_config(tmp_path, wok_cli):
     assert status == 0, stderr
     assert "chosen: max_batch_size =" in stdout and "default" in stdout
     result = json.loads(out.read_text())
-    assert result["schema"] == "wok.tune/1" and len(result["settings"]) == 5
+    assert result["schema"] == "wok.tune/2" and len(result["settings"]) == 5
     chosen = result["chosen"]
     assert tomllib.loads(cfg.read_text()) == {
         "max_batch_size": chosen["max_batch_size"],
