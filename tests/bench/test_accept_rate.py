@@ -14,7 +14,7 @@ spec.loader.exec_module(accept_rate)
 
 def test_a_short_run_writes_every_setting_and_its_counts_add_up(tmp_path):
     out = tmp_path / "ar.json"
-    argv = ["--loops", "1,2", "--hog-us", "0,2000", "--duration", "0.3", "--warmup", "0.1", "--reps", "1"]
+    argv = ["--loops", "1,2", "--hog-us", "0,2000", "--duration", "0.2", "--warmup", "0.05", "--reps", "1"]
     assert accept_rate.main([*argv, "--channels", "2", "--inflight", "2", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["schema"] == "wok.acceptrate/2"
@@ -33,8 +33,8 @@ def test_a_short_run_writes_every_setting_and_its_counts_add_up(tmp_path):
 
 def test_wok_accept_tasks_and_wakeup_drain_run_in_the_harness(tmp_path):
     out = tmp_path / "ar.json"
-    argv = ["--loops", "1", "--hog-us", "2000", "--accept-tasks", "2", "--drain", "1", "--duration", "0.3"]
-    assert accept_rate.main([*argv, "--warmup", "0.1", "--reps", "1", "--channels", "2", "--json", str(out)]) == 0
+    argv = ["--loops", "1", "--hog-us", "2000", "--accept-tasks", "2", "--drain", "1", "--duration", "0.2"]
+    assert accept_rate.main([*argv, "--warmup", "0.05", "--reps", "1", "--channels", "2", "--json", str(out)]) == 0
     (run,) = json.loads(out.read_text())["runs"]
     assert (run["accept_tasks"], run["drain"]) == (2, 1)
     assert sum(run["per_server_calls"]) == round(run["calls_per_s"] * run["window_s"]) > 0

@@ -574,8 +574,10 @@ def test_two_parts_of_the_ramp_job_and_the_merge_job_script_run_on_loopback(depl
     parts = 2
     local = {
         "--target": sp.target,
+        # At the first step's 2 QPS a part sends about one request (seeded): a step with none
+        # would end its ramp ("the step sent no request"), so the steps stay this long.
         "--step-duration": "0.5s",
-        "--warmup": "0.2s",
+        "--warmup": "0.1s",
         # More than the bench's own 0.2 s lead before each step: the last answers of a step and
         # its summary fit in the rest, so no part starts a step late.
         "--step-gap": "0.3s",
