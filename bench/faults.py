@@ -66,7 +66,8 @@ MAX_EXPIRY_S = 86_400.0  # the server's bound on duration_s
 # until the result is written, so the full start timeout (minutes) would hold the user for nothing.
 CUT_WAIT_S = 5.0
 READY = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
-METRICS = re.compile(r"wok: metrics on http://(\S+):(\d+)/metrics")
+# The HTTP port a replica's admin API is on: its metrics line, or, with `--no-metrics --admin`, its admin line.
+METRICS = re.compile(r"wok: (?:metrics on|metrics off \(--no-metrics\); admin API on) http://(\S+):(\d+)")
 
 _KEYS = {
     "kill": {"replica", "at", "restart", "until"},

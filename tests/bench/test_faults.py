@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -743,3 +744,17 @@ def test_a_ramp_whose_fault_was_refused_says_so_and_exits_4(plain_server, tmp_pa
     assert "did not take effect: RuntimeError" in proc.stdout
     result = json.loads(out.read_text())
     assert any(w.startswith("fault 'slow:model=mlp,delay=50ms,at=10%' did not take effect") for w in result["warnings"])
+
+
+def test_a_replica_serving_without_metrics_is_found_on_its_admin_port():
+    # `--no-metrics --admin` logs "metrics off …; admin API on http://H:P": the bench read only the
+    # "metrics on" line, kept port 0, and every slow/fail fault found the admin API refused.
+    replica = Replica(0, ["--models", "mlp", "--torch-threads", "1", "--no-metrics", "--admin"])
+    try:
+        replica.launch()
+        replica.wait_ready(120)
+        assert replica.metrics_port != 0, list(replica.log)
+        with urllib.request.urlopen(replica.admin_url + "/admin/faults", timeout=10) as answer:
+            assert answer.status == 200
+    finally:
+        replica.kill()
