@@ -383,23 +383,20 @@ class SimConfig:
             raise ValueError(f"slo_p99_ms must be finite and > 0; got {self.slo_p99_ms}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0; got {self.seed}")
-        expected = expected_arrivals(self.steps, self.warmup_s + self.step_duration_s, self.arrival)
+        seconds = self.warmup_s + self.step_duration_s
+        # The busiest step's process, kept for `simulate_step`: a trace file is read once, not
+        # once here and again per step (`wok tune` builds a config per simulated step).
+        self._top = (
+            None
+            if not self.steps
+            else (max(self.steps), parse_arrivals(self.arrival, max(self.steps), duration_s=seconds))
+        )
+        expected = 0.0 if self._top is None else arrival_count(self._top[1], seconds)
         if expected > MAX_ARRIVALS_PER_STEP:
             raise ValueError(
                 f"steps x (warmup_s + step_duration_s) with arrival {self.arrival!r} must be <= "
                 f"{MAX_ARRIVALS_PER_STEP:.0e} arrivals per step; got {expected:.3g}"
             )
-
-
-def expected_arrivals(steps: list[float], seconds: float, arrival: str = "poisson") -> float:
-    """The arrivals the busiest of `steps` (QPS) expects over `seconds` of the `arrival` process.
-
-    Each process offers more at a higher rate (a trace at a fixed scale, the same), so the
-    highest step expects the most.
-    """
-    if not steps:
-        return 0.0
-    return arrival_count(parse_arrivals(arrival, max(steps), duration_s=seconds), seconds)
 
 
 def arrival_count(arrivals, seconds: float) -> float:
@@ -411,7 +408,8 @@ def arrival_count(arrivals, seconds: float) -> float:
 
 def simulate_step(cfg: SimConfig, qps: float, rng: np.random.Generator) -> dict:
     total = cfg.warmup_s + cfg.step_duration_s
-    arrivals = parse_arrivals(cfg.arrival, qps, duration_s=total)
+    top = getattr(cfg, "_top", None)
+    arrivals = top[1] if top is not None and top[0] == qps else parse_arrivals(cfg.arrival, qps, duration_s=total)
     times = arrivals.times(total, rng)
     w = cfg.warmup_s
     run = simulate(times, cfg.model, until=total, rng=rng, since=w)

@@ -153,3 +153,19 @@ def test_utilization_is_the_windows_offer_times_beta_when_the_warm_up_differs():
     assert step["offered_qps"] == pytest.approx(2_500)
     assert step["utilization"] == pytest.approx(0.5, rel=0.01)
     assert step["utilization"] == pytest.approx(step["achieved_qps"] * 200e-6, rel=1e-3)
+
+
+def test_a_trace_is_read_once_per_config_not_again_for_its_busiest_step(tmp_path, monkeypatch):
+    # `wok tune` builds a config per simulated step: the arrival-count check at construction and
+    # the step itself each read a trace file (0.8 s for 200k lines), twice per evaluation.
+    from wok.bench import simulate as sim
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp\n" + "".join(f"{0.01 * i:.2f}\n" for i in range(200)))
+    reads = []
+    parse = sim.parse_arrivals
+    monkeypatch.setattr(sim, "parse_arrivals", lambda *a, **k: reads.append(a) or parse(*a, **k))
+    model = BatcherModel(alpha_s=0.001, beta_s=0.0001, max_batch_size=8, max_queue_delay_s=0.001)
+    cfg = SimConfig(model=model, steps=[100.0], step_duration_s=2.0, arrival=f"trace:{trace}")
+    step = sim.simulate_step(cfg, 100.0, np.random.default_rng(0))
+    assert len(reads) == 1 and step["requests"] == 200
