@@ -10,7 +10,7 @@ On Linux, `PreciseTimer` arms a timerfd (CLOCK_MONOTONIC, the clock of `time.per
 there) at the absolute instant and watches it with `loop.add_reader`: the loop's poll returns
 when the kernel's high-resolution timer expires (within the thread's timer slack, 50 µs by
 default), whatever the loop's own timers are rounded to. Elsewhere, or if the timerfd cannot
-be made, it falls back to `loop.call_at` (`precise` is then False): up to about 1 ms late, and
+be made, it falls back to `loop.call_at` (`precise` is then False): up to 1-2 ms late, and
 never early, as a firing before the instant re-arms for the rest instead of calling back.
 """
 
@@ -162,7 +162,9 @@ class PreciseTimer:
         if self._fd < 0 and time.perf_counter() < self.armed_at:
             # The loop's timer ran early (uvloop's by up to about 1 ms): wait out the rest, so
             # a caller that does not re-arm itself (PreciseSleeper, LoopLagMonitor) is never early.
-            self._call_at(self.armed_at)
+            # At least a millisecond on: uvloop rounds a shorter delay to 0 and fires on the
+            # next pass, still early, and the timer would spin the loop until the instant.
+            self._call_at(max(self.armed_at, time.perf_counter() + 1e-3))
             return
         self.armed_at = math.inf
         self._callback()
