@@ -68,7 +68,7 @@ def _serve_parser(sub) -> None:
         "--cpu-linear",
         choices=("onednn", "torch"),
         default="onednn",
-        help="how CPU instances run nn.Linear layers: oneDNN's fused kernel from 4 rows (default), or torch's "
+        help="how CPU instances run nn.Linear layers: oneDNN's matmul kernel from 4 rows (default), or torch's "
         "addmm throughout; see docs/performance.md",
     )
     p.add_argument(
@@ -460,15 +460,19 @@ def main(argv: list[str] | None = None) -> int:
         parser = argparse.ArgumentParser(prog="wok", description="wok: a dynamic-batching inference server")
         sub = parser.add_subparsers(dest="command", required=True)
         _serve_parser(sub)
-        from .bench import cli as bench_cli
+        given = sys.argv[1:] if argv is None else argv
+        if given[:1] != ["serve"]:
+            # Not for `wok serve`: the bench's parsers import its clients, numpy and the fault
+            # machinery (about 0.3 s of a server's start, before its own imports).
+            from .bench import cli as bench_cli
 
-        # Each figure-producing command registers itself with `p.set_defaults(run=fn, name=...)`;
-        # `run(args)` returns the exit status and raises ValueError for a bad option value.
-        for register in bench_cli.COMMANDS:
-            register(sub)
-        from .demo.cli import add_demo_parser
+            # Each figure-producing command registers itself with `p.set_defaults(run=fn, name=...)`;
+            # `run(args)` returns the exit status and raises ValueError for a bad option value.
+            for register in bench_cli.COMMANDS:
+                register(sub)
+            from .demo.cli import add_demo_parser
 
-        add_demo_parser(sub)
+            add_demo_parser(sub)
         args = parser.parse_args(argv)
     except BaseException:
         stop_signal.uninstall()
