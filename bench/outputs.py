@@ -34,7 +34,7 @@ def output_problem(path: Path, folder: bool, parents_made: bool = False) -> str 
     if str(path) == "-":
         # The Unix habit for stdout: taken as a name, it left a file called `-` in the working
         # folder and nothing on stdout, exit 0. (`./-` still names that file, for whoever means it.)
-        return "writing to standard output is not supported; give a file path"
+        return f"writing to standard output is not supported; give a {'folder' if folder else 'file'} path"
     path = Path(path)
     if path.exists():
         if folder != path.is_dir():

@@ -331,10 +331,11 @@ class ServerSettings(_Strict):
     )
     cpu_linear: Literal["onednn", "torch"] = Field(
         "onednn",
-        description="How model instances on the CPU run plain fp32 nn.Linear layers: 'onednn' runs a batch of 4 rows "
-        "or more through oneDNN's fused matmul (+ReLU) kernel, rows padded to a few sizes, without copying the "
-        "weights (server/cpulinear.py; for the demo mlp 0.5-0.9 × the time of torch's fp32 addmm back to back), and "
-        "smaller ones as torch does; 'torch' runs every layer as torch does. Results agree to float32 rounding.",
+        description="How model instances on the CPU run plain fp32 nn.Linear layers: 'onednn' runs a batch of 4 "
+        "rows or more through oneDNN's matmul kernel (a ReLU after it runs in place), rows padded to a few sizes, "
+        "without copying the weights (server/cpulinear.py; for the demo mlp 0.5-0.9 × the time of torch's fp32 "
+        "addmm back to back), and smaller ones as torch does; 'torch' runs every layer as torch does. Results agree "
+        "to float32 rounding.",
     )
     switch_interval_ms: StrictFloat | None = Field(
         None,

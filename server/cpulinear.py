@@ -284,9 +284,10 @@ def _rewrite(m: nn.Module, min_rows: int) -> nn.Module:
 
 def with_onednn_linear(module: nn.Module, min_rows: int = MIN_ROWS) -> tuple[nn.Module, int, int]:
     """(view, layers, fused): a view of `module` whose plain fp32 CPU `nn.Linear`s run through
-    oneDNN (`layers` of them, `fused` with the ReLU after them), sharing every parameter; the
-    module itself when there are none, when it is TorchScript or compiled, or when oneDNN is not
-    available. The view shares the modules it did not rewrite, and their state, with `module`."""
+    oneDNN (`layers` of them, `fused` of them followed by a ReLU, run in place after the kernel),
+    sharing every parameter; the module itself when there are none, when it is TorchScript or
+    compiled, or when oneDNN is not available. The view shares the modules it did not rewrite, and
+    their state, with `module`."""
     if min_rows < 1:
         raise ValueError(f"min_rows must be >= 1; got {min_rows}")
     compiled = type(module).__module__.startswith("torch._dynamo")  # calls the original's forward

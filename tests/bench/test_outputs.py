@@ -513,7 +513,8 @@ def test_a_dash_for_standard_output_is_refused_up_front(argv, option, tmp_path, 
     monkeypatch.chdir(tmp_path)
     status, out, err = wok_cli(*argv, option, "-")
     assert status == 2 and out == ""
-    assert err == f"wok {argv[0]}: {option} -: writing to standard output is not supported; give a file path\n"
+    kind = "folder" if option in ("--manifests", "--plots") else "file"
+    assert err == f"wok {argv[0]}: {option} -: writing to standard output is not supported; give a {kind} path\n"
     assert not list(tmp_path.iterdir())
 
 
