@@ -112,9 +112,14 @@ def _count_mismatch(contents: pb.InferTensorContents, dt: Datatype, shape: tuple
     return msg
 
 
+def _fields(contents: pb.InferTensorContents) -> list[tuple[str, int]]:
+    """(field, values) of each non-empty field of `contents`."""
+    return [(f.name, len(v)) for f, v in contents.ListFields()]
+
+
 def _other_fields(contents: pb.InferTensorContents, dt: Datatype) -> list[tuple[str, int]]:
     """(field, values) of each non-empty field of `contents` that `dt` is not read from."""
-    return [(f.name, len(v)) for f, v in contents.ListFields() if f.name != dt.contents_field]
+    return [(field, n) for field, n in _fields(contents) if field != dt.contents_field]
 
 
 def array_from_contents(
@@ -228,8 +233,9 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
         if raw:
             if t.HasField("contents") and t.contents.ByteSize():
                 # Both would be data for one tensor; which one the client meant is a guess.
+                fields = ", ".join(f"{field} ({n} value{'' if n == 1 else 's'})" for field, n in _fields(t.contents))
                 raise InvalidInput(
-                    f"input '{name}': sent both in raw_input_contents and in contents; expected one of them"
+                    f"input '{name}': sent both in raw_input_contents and in contents ({fields}); expected one of them"
                 )
             arrays[name] = array_from_raw(raw[i], dt, shape, name)
         else:

@@ -136,7 +136,9 @@ def test_an_input_sent_both_raw_and_typed_is_invalid_and_an_empty_contents_is_no
     req.inputs[0].contents.fp32_contents.extend([9.0, 9.0, 9.0])
     with pytest.raises(InvalidInput) as info:
         decode_request(req, s)
-    assert str(info.value) == "input 'X': sent both in raw_input_contents and in contents; expected one of them"
+    assert str(info.value) == (
+        "input 'X': sent both in raw_input_contents and in contents (fp32_contents (3 values)); expected one of them"
+    )
 
 
 def test_an_output_requested_twice_is_invalid():
