@@ -892,6 +892,14 @@ def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path, probe_s: floa
             record["error"] = f"interrupted: {cut['reason']}"
             if cut["by_signal"]:
                 raise KeyboardInterrupt(cut["reason"])
+        elif server.proc.poll() is not None:
+            # Read before our own stop: a server gone mid-ramp fails every later step, which the
+            # ramp's stop rule takes for overload (`interrupted` null), so its max QPS would count
+            # where the server died. Left out of the summary as a cut run is.
+            record["error"] = (
+                f"interrupted: the server exited with {server.proc.returncode} during the ramp; see {server.log_path}"
+            )
+            say(f"rep {rep}: {peer.name} left out of the summary: {record['error']}")
         if probe_s:
             record["host_probe"] = hostprobe.around(before, hostprobe.try_probe(probe_s, say))
         record["peak_rss_bytes"] = rss.peak
