@@ -385,7 +385,8 @@ class SimConfig:
             raise ValueError(f"seed must be >= 0; got {self.seed}")
         seconds = self.warmup_s + self.step_duration_s
         # The busiest step's process, kept for `simulate_step`: a trace file is read once, not
-        # once here and again per step (`wok tune` builds a config per simulated step).
+        # once here and again per step (`wok tune` builds a config per simulated step). Not a
+        # field: asdict() (the result's config) and replace() leave it out.
         self._top = (
             None
             if not self.steps
@@ -408,7 +409,7 @@ def arrival_count(arrivals, seconds: float) -> float:
 
 def simulate_step(cfg: SimConfig, qps: float, rng: np.random.Generator) -> dict:
     total = cfg.warmup_s + cfg.step_duration_s
-    top = getattr(cfg, "_top", None)
+    top = cfg._top
     arrivals = top[1] if top is not None and top[0] == qps else parse_arrivals(cfg.arrival, qps, duration_s=total)
     times = arrivals.times(total, rng)
     w = cfg.warmup_s

@@ -3,6 +3,8 @@ and hand-worked schedules."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -147,7 +149,7 @@ def test_loop_utilization_below_saturation_is_lambda_times_its_work():
     assert step["loop_utilization"] == pytest.approx(1000 * 0.25 * MS, rel=0.03)
     # Sharing 2 cores with a background, the loop runs slower at times: busy longer for the same work.
     shared = BatcherModel(**{**model.__dict__, "cores": 2.0, "background_cpu_s": 0.2 * MS})
-    slowed = simulate_step(SimConfig(**{**cfg.__dict__, "model": shared}), 1000, np.random.default_rng(1))
+    slowed = simulate_step(dataclasses.replace(cfg, model=shared), 1000, np.random.default_rng(1))
     assert slowed["loop_utilization"] > step["loop_utilization"]
     # Little's law over the whole server, CPU sharing included: sampled number in the system = λ·W.
     arrivals = np.cumsum(np.random.default_rng(2).exponential(1 / 1500, 60_000))
