@@ -128,8 +128,27 @@ def error_answer(
     return pb.ModelStreamInferResponse(error_message=details, infer_response=failed)
 
 
+# A unary error's details travel in the grpc-message header, percent-encoded: a client refuses
+# headers over 16 KiB, and from 8 KiB at random, with RESOURCE_EXHAUSTED in place of the real
+# status. Details that echo a client's string (a model or input name, a shape) are cut to this
+# many bytes, encoded.
+_DETAILS_BYTES = 4096
+
+
+def short_details(details: str, budget: int = _DETAILS_BYTES) -> str:
+    """`details`, or its start and how long it was, so that its percent-encoding fits `budget`."""
+    used = 0
+    for end, ch in enumerate(details):
+        # A printable ASCII character (but '%') goes as itself; any other byte as %XX.
+        used += 1 if " " <= ch <= "~" and ch != "%" else 3 * len(ch.encode("utf-8", "surrogatepass"))
+        if used > budget - 100:  # room for the note
+            return f"{details[:end]}… (cut: {len(details):,} characters in all)"
+    return details
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException):
     code, details = to_status(exc)
+    details = short_details(details)
     if isinstance(exc, DeadlineUnmeetable):  # the hint of an admission refusal (slo policy), as its message says
         await context.abort(code, details, trailing_metadata=(("retry-after-ms", str(exc.retry_after_ms)),))
     await context.abort(code, details)

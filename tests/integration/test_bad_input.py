@@ -191,3 +191,25 @@ async def test_a_model_that_raises_fails_its_batch_with_internal_and_the_server_
             assert info.value.details() == "model 'slow' failed: ValueError: NaN in batch"
             ok = decode_response(await stub.ModelInfer(encode_request("slow", {"INPUT0": np.ones((1, 4), np.float32)})))
             np.testing.assert_array_equal(ok["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+
+
+@pytest.mark.parametrize("name", ["m" * 20_000, "é" * 6_000], ids=["ascii", "utf-8"])
+async def test_a_long_name_echoed_in_an_error_is_cut_and_the_status_is_the_servers(serve, name):
+    # The details travel in a header, which the client refuses past 16 KiB (from 8 KiB at
+    # random): it reported RESOURCE_EXHAUSTED, not the server's NOT_FOUND, and a client that
+    # retries on it retried a request that can never succeed.
+    async with serve() as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            for call in (
+                stub.ModelInfer(encode_request(name, GOOD)),
+                stub.ModelMetadata(pb.ModelMetadataRequest(name=name)),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call
+                assert info.value.code() == grpc.StatusCode.NOT_FOUND, info.value.details()[:200]
+                details = info.value.details()
+                assert name[:100] in details and "characters in all)" in details, details[-200:]
+                assert len(details.encode()) < 8192, len(details.encode())
+            ok = decode_response(await stub.ModelInfer(encode_request("mlp", GOOD)))
+            assert ok["OUTPUT0"].shape == (1, 256)
