@@ -183,6 +183,20 @@ def _log_axis(ax, which: str, ticks: np.ndarray | None = None) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def _offers_in_view(ax, offers: np.ndarray) -> None:
+    """Every step's offer inside the x axis, whether or not it has a point to draw (a step with no
+    latency had none, and the axis closed around the verdict marks alone)."""
+    lo, hi = float(np.nanmin(offers)), float(np.nanmax(offers))
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return
+    if ax.get_xscale() == "log":
+        if lo > 0:
+            ax.set_xlim(min(ax.get_xlim()[0], lo / 1.15), max(ax.get_xlim()[1], hi * 1.15))
+    else:
+        pad = 0.05 * (hi - lo) or 0.05 * abs(hi) or 1.0
+        ax.set_xlim(min(ax.get_xlim()[0], lo - pad), max(ax.get_xlim()[1], hi + pad))
+
+
 def _placeholder(fig: Figure, text: str) -> None:
     ax = fig.add_subplot()
     ax.set_axis_off()
@@ -243,6 +257,7 @@ def latency_figure(result: dict) -> Figure:
     _mark_verdicts(ax, result, x)
     if _span(x) > LOG_SPAN:
         _log_axis(ax, "x", x)
+    _offers_in_view(ax, x)
     lat = np.concatenate([_series(steps, "latency_ms", k) for k in ("p50", "p95", "p99")] + [np.array([slo])])
     if _span(lat) > LOG_Y_SPAN:
         _log_axis(ax, "y")
@@ -267,11 +282,16 @@ def throughput_figure(result: dict) -> Figure:
     ax.plot(lim, lim, color="#999", linestyle="--", linewidth=1, label="achieved = offered")
     ax.plot(x, y, marker="o", markersize=4, color=COLORS["p50"], label="achieved (successful requests)")
     _mark_verdicts(ax, result, x)
-    if _span(x) > LOG_SPAN:
+    finite = y[np.isfinite(y)]
+    if _span(x) > LOG_SPAN and finite.size and finite.min() > 0:
         # Both axes, so that y = x stays the diagonal.
         _log_axis(ax, "x", x)
         _log_axis(ax, "y", x)
     else:
+        # A step that answered nothing (0 QPS) has no place on a log axis: it vanished, and the
+        # plot showed nothing where the failure was. Then y is linear from 0 (x stays log).
+        if _span(x) > LOG_SPAN:
+            _log_axis(ax, "x", x)
         # From 0: autoscaled around one step's point the axis spans a few QPS, and a throughput
         # on target looks like noise; from 0 a shortfall is drawn at its true size.
         top = float(np.nanmax(np.concatenate([x, y])))

@@ -200,6 +200,22 @@ def test_plots_survive_a_sparse_result(plot, tmp_path):
     assert_png(tmp_path / "empty.png")
 
 
+def test_steps_that_answered_nothing_stay_on_the_plots():
+    """A step at 0 QPS achieved, or without a latency, vanished: a log axis has no 0, and the
+    latency plot's x axis closed around the verdict marks alone."""
+    none = dict.fromkeys(LATENCY_KEYS)
+    steps = [{"offered_qps": q, "achieved_qps": 0.0, "latency_ms": none} for q in (0.1, 0.2, 100.0)]
+    r = {"steps": steps, "slo_p99_ms": 50.0, "knee_qps": 60.0, "max_qps_under_slo": None}
+    ax = report.throughput_figure(r).axes[0]
+    assert ax.get_yscale() == "linear" and ax.get_ylim()[0] <= 0 <= ax.get_ylim()[1]
+    for offers in ((0.1, 0.2, 100.0), (30.0, 60.0)):  # log x, and linear (it closed to 57-63 around the knee)
+        r["steps"] = [{**steps[0], "offered_qps": q} for q in offers]
+        ax = report.latency_figure(r).axes[0]
+        assert ax.get_xlim()[0] <= offers[0] and ax.get_xlim()[1] >= offers[-1], (offers, ax.get_xlim())
+    r["steps"] = [{**st, "achieved_qps": st["offered_qps"]} for st in steps]  # all answered: log, as before
+    assert report.throughput_figure(r).axes[0].get_yscale() == "log"
+
+
 def test_a_plot_can_go_to_a_file_object(result):
     buf = io.BytesIO()
     report.plot_throughput(result, buf)
