@@ -367,6 +367,13 @@ def breakdown_figure(result: dict) -> Figure:
     )
     for i, (title, value) in enumerate(views):
         ax = fig.add_subplot(1, 2, i + 1)
+        if value is _tail_part and not any(s["server_timing"].get("tail") for s in steps):
+            # Zero-height bars read as a slowest 1 % that took no time.
+            ax.set_axis_off()
+            ax.set_title(title)
+            text = "not in this result: a merged result's parts'\nslowest 1 % are not the whole's"
+            ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=11, color="#666", transform=ax.transAxes)
+            continue
         bottom = np.zeros(len(steps))
         for name, keys, color in BREAKDOWN:
             part = np.array([sum(_num(value(s["server_timing"], k)) for k in keys) for s in steps])
