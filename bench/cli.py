@@ -313,9 +313,7 @@ def run_simulate(args) -> int:
         value = getattr(args, option.removeprefix("--").replace("-", "_"))
         if value < low:
             raise ValueError(f"{option} must be >= {low}; got {value}")
-    alpha, beta = seconds("--alpha"), seconds("--beta")
-    if alpha + beta == 0:
-        raise ValueError("--alpha and --beta: a batch needs a time, α + β > 0; got both 0")
+    alpha, beta = _batch_time(args)
     steps = _named("--steps", parse_steps, args.steps)
     duration, warmup = seconds("--step-duration", positive=True), seconds("--warmup")
     # From the process's own count: a burst's peak or a dense trace offers far more than the step's QPS.
@@ -454,6 +452,14 @@ def _seconds(args, option: str, positive: bool = False) -> float:
     if not math.isfinite(value) or (positive and value == 0):
         raise ValueError(f"{option}: expected a finite duration{' > 0' if positive else ''}; got {text!r}")
     return value
+
+
+def _batch_time(args) -> tuple[float, float]:
+    """(α, β) from --alpha and --beta, each refused in its option's name (the model's is alpha_s)."""
+    alpha, beta = _seconds(args, "--alpha"), _seconds(args, "--beta")
+    if alpha + beta == 0:
+        raise ValueError("--alpha and --beta: a batch needs a time, α + β > 0; got both 0")
+    return alpha, beta
 
 
 def _arrivals(option: str, spec: str, qps: float, duration_s: float):
@@ -900,10 +906,7 @@ def run_tune(args) -> int:
     if args.profile:
         profile = load_profile(args.profile)
     elif args.alpha and args.beta:
-        # Each checked here, so that a non-finite one is refused in the option's name (the model's is alpha_s).
-        profile = Profile(_seconds(args, "--alpha"), _seconds(args, "--beta"), source="--alpha/--beta")
-        if profile.alpha_s + profile.beta_s == 0:
-            raise ValueError("--alpha and --beta: a batch needs a time, α + β > 0; got both 0")
+        profile = Profile(*_batch_time(args), source="--alpha/--beta")
     else:
         raise ValueError("give --profile PATH, or both --alpha and --beta")
     if args.batch_times == "samples" and not args.profile:

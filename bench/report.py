@@ -283,15 +283,14 @@ def throughput_figure(result: dict) -> Figure:
     ax.plot(x, y, marker="o", markersize=4, color=COLORS["p50"], label="achieved (successful requests)")
     _mark_verdicts(ax, result, x)
     finite = y[np.isfinite(y)]
-    if _span(x) > LOG_SPAN and finite.size and finite.min() > 0:
-        # Both axes, so that y = x stays the diagonal.
+    log_x = _span(x) > LOG_SPAN
+    if log_x:
         _log_axis(ax, "x", x)
+    # y as x, so that y = x stays the diagonal; but a step that answered nothing (0 QPS) has no
+    # place on a log axis (it vanished, where the failure was): then y is linear from 0.
+    if log_x and finite.size and finite.min() > 0:
         _log_axis(ax, "y", x)
     else:
-        # A step that answered nothing (0 QPS) has no place on a log axis: it vanished, and the
-        # plot showed nothing where the failure was. Then y is linear from 0 (x stays log).
-        if _span(x) > LOG_SPAN:
-            _log_axis(ax, "x", x)
         # From 0: autoscaled around one step's point the axis spans a few QPS, and a throughput
         # on target looks like noise; from 0 a shortfall is drawn at its true size.
         top = float(np.nanmax(np.concatenate([x, y])))
