@@ -11,8 +11,11 @@ Events (`GET /events`, server-sent events) are what the demo page draws:
   formed, the times in Unix seconds (the worker's start and end; for a failed batch, its
   dispatch and the failure), and `error` when `ok` is false;
 - a `tick` every 250 ms: per model its queue, batches in flight, the instances' running
-  batches, the counters (samples, batches, responses by code, flushes by reason), the policy
-  and the active faults.
+  batches, the counters (samples, batches, responses by code, flushes by reason, busy seconds
+  per instance), the policy and the active faults. With metrics off (`--no-metrics`) the busy
+  seconds are this module's own count (the same worker start and end times); responses by code
+  are counted only as metrics, so they are null, and the tick's `unavailable` says why: never
+  an empty count that reads as no traffic.
 A subscriber that falls behind by more than `SUBSCRIBER_BACKLOG` events loses the newest
 ones, counted in its next tick's `dropped`; the server never waits for a browser.
 """
@@ -37,6 +40,10 @@ if TYPE_CHECKING:  # they import torch, which the metrics port (and wok demo's p
 TICK_S = 0.25
 SUBSCRIBER_BACKLOG = 2000
 MAX_QUEUE_DELAY_MS = 60_000.0
+# A tick's `unavailable` with metrics off: each figure it leaves null (per model), and why.
+UNAVAILABLE_WITHOUT_METRICS = {
+    "responses": "not counted: this server runs with --no-metrics (responses by gRPC code are counted only as metrics)"
+}
 
 
 class Subscriber:
@@ -59,6 +66,9 @@ class _BatchWatch:
         self.rt = rt
         self.name = rt.servable.name
         self.running = [0] * len(rt.executor.instances)
+        # Seconds each instance spent running batches, from the batches' worker start and end:
+        # the tick's busy_s when metrics are off (their own count, ModelMetrics.busy_seconds, is not kept).
+        self.busy = [0.0] * len(rt.executor.instances)
         self._flushes = dict(rt.stats.flushes)
         for inst in rt.executor.instances:
             inst.observer = self._observer(inst.index)
@@ -91,6 +101,9 @@ class _BatchWatch:
     def _done(self, info: tuple, f: concurrent.futures.Future) -> None:
         index, samples, requests, reason, queued, dispatched = info
         self.running[index] -= 1
+        if not f.cancelled() and f.exception() is None:
+            r: BatchResult = f.result()
+            self.busy[index] += r.finished - r.started
         if not self.admin.subscribers:
             return
         to_unix = self.admin.to_unix
@@ -122,6 +135,7 @@ class Admin:
         self.faults = FaultBoard(inst.fault for rt in server.runtimes.values() for inst in rt.executor.instances)
         server.metrics.faults = self.faults.gauge
         self.subscribers: set[Subscriber] = set()
+        self.metrics = server.settings.metrics  # off: ticks leave UNAVAILABLE_WITHOUT_METRICS null
         # perf_counter → Unix time, fixed once so that event times are consistent with each other.
         self._offset = time.time() - time.perf_counter()
         self.watches = {name: _BatchWatch(self, rt) for name, rt in server.runtimes.items()}
@@ -251,8 +265,11 @@ class Admin:
 
     def tick(self) -> dict:
         models = {}
+        metrics = self.metrics
         for name, rt in self.server.runtimes.items():
             s = rt.stats
+            # With metrics off, rt.metrics records nothing: its zeros would read as no traffic.
+            busy = rt.metrics.busy_seconds if metrics else self.watches[name].busy
             models[name] = {
                 "queued": rt.batcher.queued,
                 "inflight": rt.batcher.inflight,
@@ -261,12 +278,15 @@ class Admin:
                 "batches": s.execution_count,
                 "succeeded": s.success.count,
                 "failed": s.fail.count,
-                "responses": dict(rt.metrics.responses),
+                "responses": dict(rt.metrics.responses) if metrics else None,
                 "flushes": dict(s.flushes),
-                "busy_s": [round(b, 6) for b in rt.metrics.busy_seconds],
+                "busy_s": [round(b, 6) for b in busy],
                 "policy": self._policy(name, rt),
             }
-        return {"type": "tick", "t": round(time.time(), 6), "models": models, "faults": self.faults.active()}
+        event = {"type": "tick", "t": round(time.time(), 6), "models": models, "faults": self.faults.active()}
+        if not metrics:
+            event["unavailable"] = dict(UNAVAILABLE_WITHOUT_METRICS)
+        return event
 
     async def _tick_forever(self) -> None:
         while self.subscribers:

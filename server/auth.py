@@ -318,7 +318,8 @@ def _shown(host: str) -> str:
 
 
 def security_warnings(settings: ServerSettings) -> list[str]:
-    """Warnings for settings that expose the server beyond this machine without protection."""
+    """Warnings for settings that expose the server beyond this machine without protection: each
+    names what is actually exposed (on the HTTP port: /metrics, the admin API and /events, as on)."""
     mode = SecurityMode.of(settings)
     out = []
     if not is_loopback(settings.host) and not mode.tls:
@@ -331,15 +332,29 @@ def security_warnings(settings: ServerSettings) -> list[str]:
             f"gRPC listens on {_shown(settings.host)} without authentication: anyone who reaches it may run the models "
             "(give --auth-token-file, --auth-token-env or --tls-client-ca)"
         )
-    if settings.metrics_port is not None and not is_loopback(settings.metrics_host):
-        what = "reads the model names and traffic figures"
+    # The HTTP port serves /metrics when metrics are on, the admin API and /events with --admin.
+    # With neither it answers 404, and at / that metrics are off: nothing to warn about (the CLI
+    # then opens no port; a library caller's settings may still open one). With metrics off, a
+    # warning about /metrics would name what is not served.
+    if settings.metrics_port is None or is_loopback(settings.metrics_host):
+        return out
+    if not settings.metrics:
         if settings.admin:
-            what += (
-                ", and, with --admin, can inject faults (fail or slow down every request of a model) "
-                "and change its batching"
+            out.append(
+                f"the admin API (/admin/*, /events) listens on {_shown(settings.metrics_host)}: plain HTTP without "
+                "authentication; anyone who reaches it can inject faults (fail or slow down every request of a "
+                "model), change its batching, and read the model names and live batch and traffic figures from "
+                "/events (/metrics is off: --no-metrics)"
             )
-        out.append(
-            f"/metrics listens on {_shown(settings.metrics_host)}: plain HTTP without authentication; anyone who "
-            f"reaches it {what}"
+        return out
+    what = "reads the model names and traffic figures"
+    if settings.admin:
+        what += (
+            ", and, with --admin, can inject faults (fail or slow down every request of a model) "
+            "and change its batching"
         )
+    out.append(
+        f"/metrics listens on {_shown(settings.metrics_host)}: plain HTTP without authentication; anyone who "
+        f"reaches it {what}"
+    )
     return out
