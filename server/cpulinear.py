@@ -15,7 +15,9 @@ consecutive Linears (with the ReLU right after each) as one `Chain`, padding the
 its start; any other plain `nn.Linear` becomes a `OneDNNLinear`. Linears and ReLUs with forward
 hooks stay as they are (a chain never calls them), and so do all of a Sequential's children while
 hooks registered globally with `register_module_forward_hook` exist; a hook registered after the
-rewrite takes effect from the next call. Results agree with
+rewrite takes effect from the next call. Parameters are read at each call: one reassigned since
+the rewrite to a shape, dtype or kind the kernel does not take (or a bias that broadcasts against
+the rows) runs its chain through torch's path, with torch's answer or error. Results agree with
 `F.linear` and `F.relu` to float32 rounding (a different summation order), as torch's own
 already differ between batch sizes, NaN included: a NaN stays NaN through a ReLU.
 """
@@ -74,32 +76,78 @@ def onednn_available() -> bool:
         return False
 
 
-def _onednn_rows(x: torch.Tensor, first: nn.Linear, min_rows: int) -> int:
-    """The rows this call runs on oneDNN; 0 when torch's own path runs it (anything but fp32
-    inference on strided CPU tensors of the layer's width and at least `min_rows` rows)."""
-    k = first.in_features
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
+def _plain_f32(t: torch.Tensor) -> bool:
+    # A tensor subclass (or any wrapper) is left to torch: its own dispatch decides what runs.
+    return type(t) in _PLAIN and t.dtype is torch.float32 and t.layout is torch.strided and t.is_cpu
+
+
+def _kernel_layers(
+    x: torch.Tensor, layers: Sequence[tuple[nn.Linear, bool]], min_rows: int
+) -> list[tuple[torch.Tensor, torch.Tensor | None, bool]] | None:
+    """Each layer's (weight, bias, relu) as the kernel takes them for this call, or None when
+    torch's own path runs it: anything but fp32 inference on strided CPU tensors of at least
+    `min_rows` rows, through layers whose parameters are what `F.linear` would take for them.
+
+    The parameters are read here, at each call, not when the chain was built: a load may have
+    reassigned them (or `.data`) since, to another shape, dtype or rank. The kernel would fail on
+    those with oneDNN's own message ("could not create a primitive descriptor"), or, for a 3-D
+    weight, answer without a word; and a bias that broadcasts against the rows (2-D, (rows, out)
+    or (rows, 1)) would meet the padded rows, not the batch's. Torch's path gives what
+    `module(x)` gives: its answer, or its error, for the batch as it came.
+    """
     if (
         x.is_nested  # first: a nested tensor has no single shape to read
         or x.layout is not torch.strided
         or x.dim() < 2
-        or k == 0
-        or x.shape[-1] != k
         or x.dtype is not torch.float32
-        or x.device.type != "cpu"
+        or not x.is_cpu
         or torch.is_grad_enabled()
         or torch.is_autocast_enabled("cpu")
     ):
-        return 0
-    rows = x.numel() // k
-    return rows if rows >= min_rows else 0
+        return None
+    width = x.shape[-1]
+    if width == 0 or x.numel() // width < min_rows:
+        return None
+    out = []
+    for linear, relu in layers:
+        weight, bias = linear.weight, linear.bias
+        if not _plain_f32(weight):
+            return None
+        shape = weight.shape
+        # A matrix of this layer's inputs; and outputs: the kernel refuses a layer of none (and
+        # the next one, of no inputs).
+        if len(shape) != 2 or shape[1] != width or not shape[0]:
+            return None
+        width = shape[0]
+        if bias is not None:
+            if not _plain_f32(bias):
+                return None
+            if bias.shape != (width,):
+                # One value for all (0-d or (1,)), which torch broadcasts: the same for every
+                # row. Any other shape torch takes broadcasts against the rows (which padding
+                # would change), or torch refuses it with its own message.
+                if bias.shape not in ((), (1,)):
+                    return None
+                bias = bias.expand(width)
+            # The kernel reads the bias as that many dense floats whatever its strides (a strided
+            # one gives wrong sums, an expanded one reads past its storage); the weight's strides
+            # it honours.
+            if not bias.is_contiguous():
+                bias = bias.contiguous()
+        out.append((weight, bias, relu))
+    return out
 
 
 class Chain:
     """Linear layers (each with the ReLU after it, or not) run one after another, as torch would.
 
     Its layers are the modules themselves, their parameters read at each call, so a load into
-    them (in place or by assignment) shows. A call that takes oneDNN pads the rows once for the
-    whole chain and cuts them once at its end; `calls` counts those calls.
+    them (in place or by assignment, of any shape) shows, and parameters the kernel does not take
+    run through torch's path as the module would. A call that takes oneDNN pads the rows once for
+    the whole chain and cuts them once at its end; `calls` counts those calls.
     """
 
     __slots__ = ("calls", "kernel", "layers")
@@ -110,9 +158,8 @@ class Chain:
         self.kernel = _op()  # looked up once, not per batch
 
     def __call__(self, x: torch.Tensor, min_rows: int = MIN_ROWS) -> torch.Tensor:
-        first = self.layers[0][0]
-        rows = _onednn_rows(x, first, min_rows)
-        if not rows:
+        layers = _kernel_layers(x, self.layers, min_rows)
+        if layers is None:
             for linear, relu in self.layers:
                 x = F.linear(x, linear.weight, linear.bias)
                 if relu:
@@ -120,31 +167,24 @@ class Chain:
             return x
         self.calls += 1
         kernel = self.kernel
-        flat = x.reshape(rows, first.in_features)
+        width = x.shape[-1]
+        rows = x.numel() // width
+        flat = x.reshape(rows, width)
         padded = padded_rows(rows)
         if padded != rows:
             # Zeros, not garbage: stale bits could be denormals, which are slow to multiply.
-            buf = flat.new_zeros((padded, first.in_features))
+            buf = flat.new_zeros((padded, width))
             buf[:rows] = flat
             flat = buf
-        for linear, relu in self.layers:
-            weight, bias = linear.weight, linear.bias
-            if bias is None or (bias.dim() == 1 and bias.dtype is torch.float32 and bias.shape[0] == weight.shape[0]):
-                # The kernel reads the bias as that many dense floats whatever its strides (a strided
-                # one gives wrong sums, an expanded one reads past its storage); the weight's strides
-                # it honours. Parameters may be reassigned after the rewrite: checked at each call.
-                if bias is not None and not bias.is_contiguous():
-                    bias = bias.contiguous()
-                flat = kernel(flat, weight, bias, "none", [], "")
-            else:  # a bias torch broadcasts (0-d, one value, 2-D) or refuses: torch's answer or message
-                flat = F.linear(flat, weight, bias)
+        for weight, bias, relu in layers:
+            flat = kernel(flat, weight, bias, "none", [], "")
             if relu:
                 # Not the kernel's fused "relu": it makes NaN 0, so a bad input's answer would depend
                 # on its batch mates; torch's keeps NaN.
                 flat.relu_()
         if padded != rows:
             flat = flat[:rows]
-        return flat.reshape(*x.shape[:-1], self.layers[-1][0].out_features)
+        return flat.reshape(*x.shape[:-1], flat.shape[1])
 
 
 class OneDNNLinear(nn.Linear):

@@ -109,17 +109,22 @@ def test_a_nan_or_inf_in_the_input_comes_out_where_torch_puts_it_whatever_the_ba
     close(got[finite], want[finite])
 
 
-# (the bias of n outputs, whether the kernel takes it: torch broadcasts the last two, F.linear runs them)
+# The bias of n outputs for a batch of `rows` rows, and whether the kernel takes it: one value per
+# output (of any strides) or one for all (torch broadcasts it to every row) it does; torch runs
+# a bias that broadcasts against the rows, which padding them would change.
 BIASES = {
-    "stride 2": (lambda n: torch.randn(2 * n)[::2], True),
-    "expanded (stride 0)": (lambda n: torch.randn(1).expand(n), True),  # the kernel read past its one float
-    "offset": (lambda n: torch.randn(n + 5)[5:], True),
-    "0-d": (lambda n: torch.tensor(0.5), False),
-    "one value": (lambda n: torch.randn(1), False),
+    "stride 2": (lambda n, rows: torch.randn(2 * n)[::2], True),
+    "expanded (stride 0)": (lambda n, rows: torch.randn(1).expand(n), True),  # the kernel read past its one float
+    "offset": (lambda n, rows: torch.randn(n + 5)[5:], True),
+    "0-d": (lambda n, rows: torch.tensor(0.5), True),
+    "one value": (lambda n, rows: torch.randn(1), True),
+    "(1, n)": (lambda n, rows: torch.randn(1, n), False),
+    "(rows, n)": (lambda n, rows: torch.randn(rows, n), False),  # padded: 'expanded size (32) must match (29)'
+    "(rows, 1)": (lambda n, rows: torch.randn(rows, 1), False),
 }
 
 
-@pytest.mark.parametrize("rows", [1, 32])
+@pytest.mark.parametrize("rows", [1, 29])
 @pytest.mark.parametrize("kind", list(BIASES))
 def test_a_bias_of_any_strides_or_shape_torch_takes_gives_f_linears_answer(kind, rows):
     torch.manual_seed(0)
@@ -128,17 +133,120 @@ def test_a_bias_of_any_strides_or_shape_torch_takes_gives_f_linears_answer(kind,
     fast, _, _ = with_onednn_linear(plain)
     fast_lone, _, _ = with_onednn_linear(lone)
     # Assigned after the rewrite, as a load with assign=True would: the view reads it at each call.
-    make, dense = BIASES[kind]
-    plain[0].bias = nn.Parameter(make(32))
-    lone.bias = nn.Parameter(make(32))
+    make, kernel = BIASES[kind]
+    plain[0].bias = nn.Parameter(make(32, rows))
+    lone.bias = nn.Parameter(make(32, rows))
     x = torch.randn(rows, 16)
     for view, module in ((fast, plain), (fast_lone, lone)):
         for _ in range(3):  # garbage read past a storage differs between calls
             got, log = logged(view, x)
             with torch.inference_mode():
                 close(got, module(x))
-        # The Sequential's second layer takes the kernel whatever the first's bias.
-        assert (KERNEL in log.ops) == (rows >= MIN_ROWS and (dense or view is fast))
+        assert (KERNEL in log.ops) == (rows >= MIN_ROWS and kernel)
+
+
+def test_a_bias_that_broadcasts_against_leading_dimensions_is_torchs():
+    # 3-D input: torch adds a (5, n) bias to each of the two (5, n) blocks; the rows, flattened
+    # and padded (10 to 12), are not what it broadcasts against.
+    lone = nn.Linear(16, 32)
+    fast, _, _ = with_onednn_linear(lone)
+    lone.bias = nn.Parameter(torch.randn(5, 32))
+    x = torch.randn(2, 5, 16)
+    got, log = logged(fast, x)
+    assert KERNEL not in log.ops
+    with torch.inference_mode():
+        close(got, lone(x))
+
+
+def outcome(module: nn.Module, x: torch.Tensor) -> torch.Tensor | tuple[type, str]:
+    """`module(x)` in inference, or the type and message of what it raised."""
+    try:
+        with torch.inference_mode():
+            return module(x)
+    except Exception as e:  # any error: compared with torch's
+        return type(e), str(e)
+
+
+# A weight (and bias) assigned to the first of two layers after the rewrite, as a load with
+# assign=True or by hand would; the layer's in_features/out_features still say 16 and 32.
+WEIGHTS = {
+    "too few inputs": lambda: {"weight": torch.ones(32, 15)},  # was oneDNN's "could not create a primitive descriptor"
+    "fewer outputs than the bias": lambda: {"weight": torch.ones(31, 16)},
+    "more outputs than the next takes": lambda: {"weight": torch.ones(33, 16), "bias": torch.zeros(33)},
+    "3-D": lambda: {"weight": torch.randn(32, 16, 1)},  # was an answer, from the kernel
+    "1-D": lambda: {"weight": torch.randn(16)},
+    "float64": lambda: {"weight": torch.randn(32, 16, dtype=torch.float64)},
+    "bfloat16": lambda: {"weight": torch.randn(32, 16).bfloat16()},
+    "float64 bias": lambda: {"bias": torch.randn(32, dtype=torch.float64)},
+    "no outputs": lambda: {"weight": torch.ones(0, 16), "bias": torch.zeros(0)},
+}
+
+
+@pytest.mark.parametrize("rows", [2, 5, 32])
+@pytest.mark.parametrize("kind", list(WEIGHTS))
+def test_parameters_reassigned_after_the_rewrite_give_what_the_module_gives(kind, rows):
+    torch.manual_seed(0)
+    x = torch.randn(rows, 16)
+    for how in ("Parameter", ".data"):
+        plain = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+        fast, _, _ = with_onednn_linear(plain)
+        for name, value in WEIGHTS[kind]().items():
+            if how == "Parameter":
+                setattr(plain[0], name, nn.Parameter(value))
+            else:  # the same Parameter object, of another shape or dtype
+                getattr(plain[0], name).data = value
+        want, got = outcome(plain, x), outcome(fast, x)
+        if isinstance(want, tuple):
+            assert got == want  # torch's error, word for word (the batch's rows, not the padded ones)
+        else:
+            assert isinstance(got, torch.Tensor), got
+            close(got, want)
+
+
+def test_a_lone_linear_reassigned_to_another_width_answers_with_its_new_width():
+    lin = nn.Linear(16, 32)
+    fast, _, _ = with_onednn_linear(lin)
+    lin.weight, lin.bias = nn.Parameter(torch.randn(4, 16)), nn.Parameter(torch.randn(4))
+    x = torch.randn(29, 16)
+    got, log = logged(fast, x)  # was "shape '[29, 32]' is invalid for input of size 116"
+    assert KERNEL in log.ops and got.shape == (29, 4)
+    with torch.inference_mode():
+        close(got, lin(x))
+    lin.weight = nn.Parameter(torch.randn(4, 8))  # and another input width: the kernel for it
+    x = torch.randn(29, 8)
+    got, log = logged(fast, x)
+    assert KERNEL in log.ops
+    with torch.inference_mode():
+        close(got, lin(x))
+
+
+def test_train_mode_grads_and_weights_of_any_strides_run_as_the_module_does():
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).train()
+    fast, _, _ = with_onednn_linear(plain)
+    assert all(p.requires_grad for p in fast.parameters())
+    x = torch.randn(8, 16)
+    for weight in (torch.randn(16, 32).t(), torch.randn(32, 48)[:, 5:37:2], torch.randn(1, 16).expand(32, 16)):
+        plain[0].weight = nn.Parameter(weight)
+        got, log = logged(fast, x)  # training mode changes nothing for Linear and ReLU: the kernel
+        assert KERNEL in log.ops
+        with torch.inference_mode():
+            close(got, plain(x))
+        with torch.no_grad():
+            close(fast(x), plain(x))
+    plain.eval()
+    got, log = logged(fast, x)
+    assert KERNEL in log.ops
+    # With autograd on, torch's path, so gradients reach the parameters.
+    fast(x).sum().backward()
+    assert plain[0].weight.grad is not None and plain[2].bias.grad is not None
+    # float64 parameters, assigned after the rewrite, and a float64 input: torch's answer.
+    plain.double()
+    x = x.double()
+    got, log = logged(fast, x)
+    assert KERNEL not in log.ops and got.dtype is torch.float64
+    with torch.inference_mode():
+        close(got, plain(x))
 
 
 def test_the_kernel_runs_from_min_rows_and_torch_below():
