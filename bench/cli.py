@@ -888,9 +888,12 @@ def add_tune_parser(sub) -> None:
 def run_tune(args) -> int:
     from . import report
     from .arrivals import parse_duration
+    from .simulate import MAX_ARRIVALS_PER_STEP
     from .tune import (
         Profile,
         SearchConfig,
+        busiest_step,
+        grid_of,
         load_overhead,
         load_profile,
         overhead_by_rate,
@@ -947,6 +950,13 @@ def run_tune(args) -> int:
         constant = 0.0 if args.overhead is None else _seconds(args, "--overhead")
         overhead = (constant,) if constant > 0 else ()
     cpu = tune_cpu_stage(args.cpu_calibration, args.per_request_cpu, args.cores)
+    if args.batch_times == "samples" and cpu is not None and cpu.batch_alpha_s is not None:
+        # The calibration's batch time replaces the profile's, fit and samples alike (docs/tune.md):
+        # the search would quietly run without the samples asked for.
+        raise ValueError(
+            f"--batch-times samples with --cpu-calibration {args.cpu_calibration}: the calibration carries the "
+            "server's own batch time, which replaces the profile's measured samples; give one"
+        )
     overhead_at = None
     if args.cpu_calibration and args.overhead is None and not args.overhead_samples:
         # A calibration taken with the server-timing trailer measured the overhead at each of its
@@ -962,6 +972,18 @@ def run_tune(args) -> int:
         seed=args.seed,
         tie=args.tie,
     )
+    # As `wok simulate` does (_check_arrival), before any simulating and in the options' names: the
+    # search's busiest step (just below the highest ceiling of the grid) from the process's own count.
+    sampled = args.batch_times == "samples"
+    grid = grid_of(sizes, delays, default)
+    busiest = busiest_step(profile, search, grid, instances=args.instances, sampled=sampled, cpu=cpu)
+    if not busiest["arrivals"] <= MAX_ARRIVALS_PER_STEP:
+        raise ValueError(
+            f"--arrival {args.arrival} over --sim-warmup + --sim-duration ({busiest['seconds']:g} s): at most "
+            f"{MAX_ARRIVALS_PER_STEP:.0e} arrivals per simulated step; got {busiest['arrivals']:.3g} expected at "
+            f"{busiest['qps']:g} QPS, the highest rate the search can try (max_batch_size {busiest['max_batch_size']}, "
+            f"delay {1e3 * busiest['delay_s']:g} ms, whose ceiling is {busiest['ceiling_qps']:g} QPS)"
+        )
     result = tune(
         profile,
         search,
@@ -969,7 +991,7 @@ def run_tune(args) -> int:
         delays,
         instances=args.instances,
         overhead_s=overhead,
-        sampled=args.batch_times == "samples",
+        sampled=sampled,
         default=default,
         progress=lambda msg: print(f"wok tune: {msg}", file=sys.stderr, flush=True),
         cpu=cpu,

@@ -40,7 +40,15 @@ from pathlib import Path
 import numpy as np
 
 from . import analysis
-from .simulate import CPU_FIELDS, BatcherModel, CpuFields, SimConfig, simulate_step
+from .simulate import (
+    CPU_FIELDS,
+    MAX_ARRIVALS_PER_STEP,
+    BatcherModel,
+    CpuFields,
+    SimConfig,
+    arrival_count,
+    simulate_step,
+)
 
 # /2 since 2026-12-02: settings[].mean_batch_size and utilization cover the simulated step's
 # measured window only since b930a5d (2026-12-01); /1 files may hold them over warm-up and window.
@@ -397,6 +405,42 @@ def max_qps(model: BatcherModel, search: SearchConfig, overhead_at: OverheadAt |
     return out | {"max_qps": lo, "step": best}
 
 
+def highest_rate(top_qps: float, iterations: int) -> float:
+    """The highest offered rate `max_qps` can simulate for a setting whose ceiling is `top_qps`:
+    the 1 % step, then each bisection step passing, one halving short of the ceiling."""
+    lo = LOW_FRACTION * top_qps
+    return top_qps - (top_qps - lo) * 0.5**iterations
+
+
+def grid_of(
+    batch_sizes: Sequence[int], delays_s: Sequence[float], default: tuple[int, float] | None
+) -> list[tuple[int, float]]:
+    """The settings `tune` searches: the grid, in order, then the default when it is outside it."""
+    grid = [(n, d) for n in batch_sizes for d in delays_s]
+    if default is not None and default not in grid:
+        grid.append(default)
+    return grid
+
+
+def busiest_step(profile: Profile, search: SearchConfig, grid: Sequence[tuple[int, float]], *, instances: int = 1,
+                 sampled: bool = False, cpu: CpuStage | None = None) -> dict:  # fmt: skip
+    """The simulated step of the search that can offer the most arrivals: its setting, rate (`highest_rate`
+    of the setting with the highest ceiling), length (warm-up + duration) and the arrivals its process
+    expects there (`wok.bench.simulate.arrival_count`: a burst's peak, a dense trace's own count).
+    Every process offers at least as many at a higher rate, so no step of the search expects more."""
+    from .arrivals import parse_arrivals
+
+    tops = [
+        (ceiling_qps(model_for(profile, n, d, instances=instances, sampled=sampled, cpu=cpu)), n, d) for n, d in grid
+    ]
+    top, n, d = max(tops, key=lambda t: t[0])
+    rate = highest_rate(top, search.iterations)
+    seconds = search.warmup_s + search.duration_s
+    expected = arrival_count(parse_arrivals(search.arrival, rate, duration_s=seconds), seconds)
+    return {"max_batch_size": n, "delay_s": d, "ceiling_qps": top, "qps": rate, "seconds": seconds,
+            "arrivals": expected}  # fmt: skip
+
+
 def _row(max_batch_size: int, delay_s: float, found: dict) -> dict:
     step = found["step"]
     return {
@@ -445,9 +489,16 @@ def tune(
         raise ValueError(f"the default setting {default}: expected a max batch size ≥ 1 and a finite delay ≥ 0")
     say = progress or (lambda msg: None)
     rows = []
-    grid = [(n, d) for n in batch_sizes for d in delays_s]
-    if default is not None and default not in grid:
-        grid.append(default)
+    grid = grid_of(batch_sizes, delays_s, default)
+    # Before any simulating: a step too large to hold would be refused only once the search reached it.
+    busiest = busiest_step(profile, search, grid, instances=instances, sampled=sampled, cpu=cpu)
+    if not busiest["arrivals"] <= MAX_ARRIVALS_PER_STEP:
+        raise ValueError(
+            f"arrival {search.arrival!r} over warmup_s + duration_s = {busiest['seconds']:g} s: at most "
+            f"{MAX_ARRIVALS_PER_STEP:.0e} arrivals per simulated step; got {busiest['arrivals']:.3g} expected at "
+            f"{busiest['qps']:g} QPS (max_batch_size {busiest['max_batch_size']}, "
+            f"delay {1e3 * busiest['delay_s']:g} ms)"
+        )
     for n, d in grid:
         model = model_for(profile, n, d, instances=instances, overhead_s=overhead_s, sampled=sampled, cpu=cpu)
         row = _row(n, d, max_qps(model, search, overhead_at))

@@ -36,12 +36,16 @@ result; or its server exited during it, which fails the later steps as overload 
 in `runs` with `error` ("interrupted: …", as bench/compare.py records such a run; null for a
 whole ramp) and left out of the verdict (`verdict`): `tuned_at_least_default` is then null
 unless a whole repetition shows tuned < default, and the medians are over whole ramps. A ramp
-cut by Ctrl-C stops the run there, nothing written (KeyboardInterrupt: status 130).
+cut by Ctrl-C stops the run there, nothing written (KeyboardInterrupt: status 130). A validation
+ramp that fails before its first step is kept so too (`error` "failed before its first step: …",
+`measured` null). A failure in the profile, a calibration or the search, and a calibration ramp
+cut short (not used: its steps are not the calibration asked for), stop the run with a one-line
+`stopped at …`: what was measured before it is written to --json, with the top-level `error`.
 
 Exit status: 0 when every ramp was whole and every output written; 1 when a validation ramp
-was cut short (the outputs are written all the same), when an output failed to be written (kept
-in a temporary file, named on stderr), when no setting meets the SLO in simulation (without
---tuned), or when a measurement failed before its ramp's first step (a traceback); 2 for a bad
+was cut short or failed before its first step (the outputs are written all the same), when the
+run stopped so (--json written), when an output failed to be written (kept in a temporary file,
+named on stderr), or when no setting meets the SLO in simulation (without --tuned); 2 for a bad
 option, before anything is measured.
 
 The output (schema `wok.tunecheck/3`) is described in docs/tune.md. Every server this
@@ -260,6 +264,28 @@ def run_ramp(server, steps: list[float], args, slo_ms: float) -> tuple[dict, lis
     return result, latencies
 
 
+class CalibrationCut(RuntimeError):
+    """A calibration ramp cut short: its steps are not the calibration asked for, and are not used."""
+
+
+def whole_calibration(server, result: dict) -> None:
+    """Refuse a calibration ramp cut short, as the validation ramps' cut is read (`main`): by a
+    signal, KeyboardInterrupt (the run stops there); by an error after its first step (`interrupted`),
+    or by its server exiting during it (which fails the later steps as overload would), CalibrationCut.
+    Read before the server is stopped."""
+    cut = result.get("interrupted")
+    if cut and cut["by_signal"]:
+        raise KeyboardInterrupt(cut["reason"])
+    if cut:
+        raise CalibrationCut(f"its ramp was cut short (interrupted: {cut['reason']}); not used")
+    proc = getattr(server, "proc", None)
+    if proc is not None and proc.poll() is not None:
+        raise CalibrationCut(
+            f"its ramp was cut short (interrupted: the server exited with {proc.returncode} during the ramp; "
+            f"see {server.log_path}); not used"
+        )
+
+
 def calibrate(args, t1: float) -> dict:
     """Per-request overhead samples (`wok.overhead/1`) from a light step on a server with no queue delay."""
     from wok.bench.tune import overhead_document
@@ -271,6 +297,7 @@ def calibrate(args, t1: float) -> dict:
     try:
         cal_args = argparse.Namespace(**{**vars(args), "step_duration": args.calibration_duration})
         cal_result, cal_lat = run_ramp(server, [args.calibration_qps], cal_args, args.slo_ms)
+        whole_calibration(server, cal_result)
     finally:
         server.stop()
     overhead = np.maximum(cal_lat[0] - t1, 0.0)
@@ -362,6 +389,7 @@ def calibrate_cpu(args) -> dict:
         cal_args = argparse.Namespace(**{**vars(args), "step_duration": args.cpu_calibration_duration})
         cfg = ramp_config(server, args.cpu_steps_list, cal_args, args.slo_ms, server_timing=True)
         result = metered_ramp(server, cfg, say)
+        whole_calibration(server, result)
     finally:
         server.stop()
     stage, details = fit_cpu_stage([step_cpu(s) for s in result["steps"]], args.cores)
@@ -660,6 +688,8 @@ def add_batcher_means(doc: dict) -> None:
         step_duration=c["step_duration"], warmup=c["warmup"], arrival=c["arrival"], seed=c["seed"]
     )
     for run in doc["runs"]:
+        if run.get("measured") is None:  # failed before its first step: nothing to predict
+            continue
         bare = predict(run["measured"], run["max_batch_size"], run["max_queue_delay_ms"], profile, (), args, False)
         for row, m, b in zip(run["comparison"], run["measured"]["steps"], bare["steps"]):
             row["server_e2e_mean_ms"] = ((m.get("server") or {}).get("e2e_ms") or {}).get("mean")
@@ -746,6 +776,8 @@ def markdown(doc: dict) -> str:
         f"delay {doc['tuned_setting']['max_queue_delay_ms']:g} ms; load average at start "
         f"{doc['host']['loadavg_at_start'][0]:.2f}, at end {doc['host']['loadavg_at_end'][0]:.2f}.\n"
     )
+    if doc.get("error"):
+        out.append(f"The run {doc['error']}: the runs below are what was measured before it.\n")
     cpu = doc.get("cpu_stage")
     if cpu:
         out.append(
@@ -994,9 +1026,11 @@ def read_run(path: Path) -> dict:
     doc = read_json_object(path)
     if doc.get("schema") not in READ_SCHEMAS:
         raise ValueError(f"{path}: schema is {doc.get('schema')!r}, expected one of {', '.join(READ_SCHEMAS)}")
-    missing = [k for k in ("config", "host", "overhead", "tuned_setting", "runs", "verdict") if k not in doc]
+    # A run stopped before its first calibration or its search (`error`) has them null: nothing to show.
+    missing = [k for k in ("config", "host", "overhead", "tuned_setting", "runs", "verdict") if doc.get(k) is None]
     if missing:
-        raise ValueError(f"{path}: not a whole run; no {', '.join(missing)}")
+        stopped = f" ({doc['error']})" if doc.get("error") else ""
+        raise ValueError(f"{path}: not a whole run; no {', '.join(missing)}{stopped}")
     return doc
 
 
@@ -1042,6 +1076,13 @@ def main(argv=None) -> int:
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     loadavg_start = os.getloadavg()
     unsaved = []  # the --save-* options that failed when written
+    # What was measured so far: written (--json) with `error` when a measurement fails before its ramp's
+    # first step, or a calibration ramp is cut short (`stopped`).
+    profile_doc = cpu_doc = overhead_doc = tuned_doc = tuned = None
+    calibrations: list[dict] = []
+    runs: list[dict] = []
+    stopped = None
+    phase = "the profile"
     try:
         # 1. profile
         if args.profile:
@@ -1066,15 +1107,18 @@ def main(argv=None) -> int:
             t1 = float(np.median(dict(zero.samples)[1]))
 
         # 2. the CPU stage (not for the device-like model: its batch sleeps), then the overhead
-        cpu_doc = stage = None
+        stage = None
         if not args.device_like and not args.no_cpu_stage:
+            phase = "the CPU calibration"
             cpu_doc = calibrate_cpu(args)
             stage = cpu_from_document(cpu_doc)
             if args.save_cpu and not _save(cpu_doc, "--save-cpu", args.save_cpu):
                 unsaved.append("--save-cpu")
         by_rate = overhead_by_rate(cpu_doc, stage)
         noise = batch_noise_by_rate(cpu_doc) if stage is not None else None
+        phase = "the overhead calibration"
         overhead_doc = calibrate(args, t1)
+        calibrations = [overhead_doc]
         overhead = np.asarray(overhead_doc["samples_s"])
         if stage is not None:
             overhead = cpu_overhead(overhead, t1, stage)
@@ -1089,6 +1133,7 @@ def main(argv=None) -> int:
                 unsaved.append("--save-overhead")
 
         # 3. tune
+        phase = "the search"
         search = SearchConfig(slo_p99_ms=args.slo_ms, arrival=args.arrival, seed=args.seed,
                               duration_s=_seconds(args.sim_duration))  # fmt: skip
         default_s = (args.default_setting[0], 1e-3 * args.default_setting[1])
@@ -1104,11 +1149,10 @@ def main(argv=None) -> int:
             tuned = (tuned_doc["chosen"]["max_batch_size"], tuned_doc["chosen"]["max_queue_delay_ms"])
 
         # 4. + 5. validate and predict
-        runs = []
-        calibrations = [overhead_doc]
         for rep in range(1, args.reps + 1):
             if rep > 1:
                 # The machine drifts: each repetition's predictions use an overhead measured just before it.
+                phase = f"rep {rep}'s overhead calibration"
                 calibrations.append(calibrate(args, t1))
             rep_overhead = tuple(calibrations[-1]["samples_s"])
             rep_cpu_overhead = tuple(cpu_overhead(rep_overhead, t1, stage)) if stage is not None else rep_overhead
@@ -1117,10 +1161,12 @@ def main(argv=None) -> int:
                 order.reverse()
             for label, (n, d) in order:
                 say(f"rep {rep}: {label} (max_batch_size {n}, delay {d:g} ms)")
-                # With the server-timing trailer on, as in the CPU calibration: the same server and
-                # generator work per request as there, and each step's time outside the server.
-                server = start_server(n, d, args.log_dir, args.torch_threads, args.device_like, server_timing=True)
+                phase = f"rep {rep} {label}"
+                server = None
                 try:
+                    # With the server-timing trailer on, as in the CPU calibration: the same server and
+                    # generator work per request as there, and each step's time outside the server.
+                    server = start_server(n, d, args.log_dir, args.torch_threads, args.device_like, server_timing=True)
                     cfg = ramp_config(server, args.steps_list, args, args.slo_ms, server_timing=True)
                     measured = metered_ramp(server, cfg, say)
                     cut = measured.get("interrupted")
@@ -1134,8 +1180,17 @@ def main(argv=None) -> int:
                     # a stand-in server with no process of ours to watch.)
                     proc = getattr(server, "proc", None)
                     exited = None if proc is None else proc.poll()
+                except Exception as exc:
+                    # Before its first step (its server did not start, or the ramp raised at once: after
+                    # its first step it returns cut, below): no steps to keep; recorded with its `error`,
+                    # left out of the verdict, and the run goes on, as compare.py's does.
+                    error = f"failed before its first step: {type(exc).__name__}: {exc}"
+                    say(f"rep {rep}: {label} left out of the verdict: {error}")
+                    runs.append(_failed_run(rep, label, n, d, error))
+                    continue
                 finally:
-                    server.stop()
+                    if server is not None:
+                        server.stop()
                 # Cut by an error (the ramp raised, or its server went away): kept with its steps and
                 # predictions, left out of the verdict (`verdict`) for the same reason, and the run goes
                 # on, as compare.py's does.
@@ -1175,11 +1230,15 @@ def main(argv=None) -> int:
                         "measured": measured,  # the predictions are in `comparison`; rerun them from the inputs
                     }
                 )
+    except Exception as exc:
+        # No traceback, and what was measured before it is written all the same (--json), with why it stopped.
+        stopped = f"{phase}: " + (str(exc) if isinstance(exc, CalibrationCut) else f"{type(exc).__name__}: {exc}")
     finally:
         stop_all()
 
     doc = {
         "schema": SCHEMA,
+        "error": None if stopped is None else f"stopped at {stopped}",
         "created": started,
         "host": {"cpus": os.cpu_count(), "loadavg_at_start": loadavg_start, "loadavg_at_end": os.getloadavg()},
         "config": {k: v for k, v in vars(args).items() if k not in NOT_CONFIG},
@@ -1188,12 +1247,21 @@ def main(argv=None) -> int:
         "overhead": overhead_doc,
         "calibrations": calibrations[1:],
         "tune": tuned_doc,
-        "tuned_setting": {"max_batch_size": tuned[0], "max_queue_delay_ms": tuned[1]},
+        "tuned_setting": None if tuned is None else {"max_batch_size": tuned[0], "max_queue_delay_ms": tuned[1]},
         "runs": runs,
         "verdict": verdict(runs),
         "wall_s": time.monotonic() - t0,
     }
     doc["config"]["slo_p99_ms"] = args.slo_ms
+    if stopped is not None:
+        if runs:
+            print_report(doc)
+        failed = write_final(doc, [("--json", args.json, report.write_json)])
+        if failed:
+            say(failed)
+        say(f"stopped at {stopped}" + (f"; what was measured before it is in {args.json}" if args.json and not failed
+                                       else ""))  # fmt: skip
+        return 1
     print_report(doc)
     failed = write_final(doc, [("--json", args.json, report.write_json), ("--plot", args.plot, plot)])
     if failed:
@@ -1207,6 +1275,22 @@ def main(argv=None) -> int:
         say(f"cut short, left out of the verdict: {', '.join(cut)} (their `error` in the runs)")
         return 1
     return 0
+
+
+def _failed_run(rep: int, label: str, max_batch_size: int, delay_ms: float, error: str) -> dict:
+    """A validation ramp that failed before its first step: a run with its `error`, nothing measured."""
+    return {
+        "rep": rep,
+        "label": label,
+        "error": error,
+        "max_batch_size": max_batch_size,
+        "max_queue_delay_ms": delay_ms,
+        "measured_max_qps": None,
+        "measured_knee_qps": None,
+        "predicted_max_qps_on_steps": None,
+        "comparison": [],
+        "measured": None,
+    }
 
 
 def verdict(runs: list[dict]) -> dict:

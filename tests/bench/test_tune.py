@@ -545,23 +545,17 @@ def test_a_missing_trace_file_is_refused_as_the_arrival_options(tmp_path, monkey
     )
 
 
-@pytest.mark.parametrize(
-    ("server_batch", "batch_times", "sampled_sizes"),
-    [((0.5e-3, 0.1e-3), "server", []), (None, "samples", [1, 4])],
-)
-def test_sampled_sizes_describe_the_batch_times_simulated(
-    server_batch, batch_times, sampled_sizes, tmp_path, monkeypatch, wok_cli
-):
-    """--batch-times samples with a CPU calibration that carries the server's batch time simulated
-    that batch time (model_for drops the profile's samples), but inputs.sampled_sizes still listed
-    the profile's sizes [1, 4] beside batch_times "server": as if the samples had been drawn."""
+def test_sampled_sizes_describe_the_batch_times_simulated(tmp_path, monkeypatch, wok_cli):
+    """With sampled batch times and a CPU calibration that carries the server's batch time, the search
+    simulated that batch time (model_for drops the profile's samples), but inputs.sampled_sizes still
+    listed the profile's sizes [1, 4] beside batch_times "server": as if the samples had been drawn.
+    (`wok tune` refuses that pair, tests/bench/test_tune_options.py; the library still takes it.)"""
     import wok.bench.tune as tune_module
     from wok.bench.tune import CpuStage, cpu_document
 
     profile, cpu, out = tmp_path / "profile.json", tmp_path / "cpu.json", tmp_path / "tune.json"
     profile.write_text(json.dumps(profile_document({1: [1.1e-3, 1.3e-3], 4: [1.9e-3, 2.1e-3]}, "by hand")))
-    alpha, beta = server_batch or (None, None)
-    cpu.write_text(json.dumps(cpu_document(CpuStage(cpu_in_s=1e-5, batch_alpha_s=alpha, batch_beta_s=beta), "hand")))
+    cpu.write_text(json.dumps(cpu_document(CpuStage(cpu_in_s=1e-5), "hand")))
     simulated = []
     real = tune_module.max_qps
 
@@ -577,5 +571,12 @@ def test_sampled_sizes_describe_the_batch_times_simulated(
     )  # fmt: skip
     assert status == 0, err
     inputs = json.loads(out.read_text())["inputs"]
-    assert simulated == [sampled_sizes]
-    assert (inputs["batch_times"], inputs["sampled_sizes"]) == (batch_times, sampled_sizes)
+    assert simulated == [[1, 4]]
+    assert (inputs["batch_times"], inputs["sampled_sizes"]) == ("samples", [1, 4])
+
+    simulated.clear()
+    server = CpuStage(cpu_in_s=1e-5, batch_alpha_s=0.5e-3, batch_beta_s=0.1e-3)
+    search = SearchConfig(slo_p99_ms=20.0, duration_s=1.0, warmup_s=0.0, iterations=1)
+    inputs = tune(load_profile(profile), search, [4], [0.0], sampled=True, cpu=server, default=None)["inputs"]
+    assert simulated == [[]]
+    assert (inputs["batch_times"], inputs["sampled_sizes"]) == ("server", [])

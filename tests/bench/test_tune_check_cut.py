@@ -183,3 +183,209 @@ def test_the_verdict_is_over_whole_ramps_only(runs, at_least, medians, whole):
         expected = {r["rep"]: r["measured_max_qps"] for r in kept if r["label"] == label}
         reps = sorted({r["rep"] for r in runs})
         assert v[f"{label}_max_qps"] == [expected.get(rep) for rep in reps]
+
+
+# --------------------------------------------------------------------------- failures before a ramp's first step,
+# and calibration ramps cut short: canned servers and ramps, no processes.
+
+
+class _Gone:
+    """A server whose process exited (as tune_check.start_server's `proc`)."""
+
+    returncode = -9
+
+    def poll(self) -> int:
+        return self.returncode
+
+
+class _Stub:
+    """tune_check.start_server's server, without a process (or with one gone, `_Gone`)."""
+
+    target = "127.0.0.1:1"
+
+    def __init__(self, n: int, d: float, log_dir, *args, gone: bool = False, **kwargs) -> None:
+        self.setting = (n, d)
+        self.ports = {"metrics": 1}
+        self.log_path = log_dir / "server.log"
+        if gone:
+            self.proc = _Gone()
+
+    def stop(self) -> None:
+        pass
+
+
+WHOLE = {"max_qps_under_slo": 100.0, "knee_qps": None, "interrupted": None, "steps": []}
+
+
+def _cpu_step(rate: float, batch: float) -> dict:
+    """A metered step `fit_cpu_stage` can read: one request per `1 / rate` s, batches of `batch`."""
+    threads = {"loop": 100.0, "grpc": 50.0, "other": 10.0, "model": 200.0 * batch / (batch + 1)}
+    return {
+        "nominal_qps": rate,
+        "offered_qps": rate,
+        "server_cpu": {"requests": int(rate), "wall_s": 1.0, "threads_us_per_request": threads},
+        "host_cpu": {"loadgen_cores": 0.1, "other_cores": 0.0},
+        "mean_batch_size": batch,
+        "stages_ms": {"respond": 0.05 * batch},
+        "server_timing": {"requests": 0},
+    }
+
+
+def _canned(tmp_path, monkeypatch, ramps, *, calibrate=None, start_server=None, cpu_stage=False):
+    """tune_check.main's argv, its measurements canned: `ramps(server)` is each metered ramp's result
+    (or raises), the overhead calibration `calibrate` (default: canned samples), the search canned."""
+    from wok.bench import compare
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(tune.profile_document({1: [1e-3] * 5, 8: [2e-3] * 5}, "test", model="mlp")))
+    overhead = tune.overhead_document(np.full(50, 1e-3), "test: canned")
+    monkeypatch.setattr(tune_check, "calibrate", calibrate or (lambda args, t1: overhead))
+    monkeypatch.setattr(tune, "tune", lambda *args, **kwargs: {"chosen": None})
+    monkeypatch.setattr(tune, "print_table", lambda doc: None)
+    monkeypatch.setattr(tune_check, "start_server", start_server or _Stub)
+    monkeypatch.setattr(tune_check, "ramp_config", lambda *args, **kwargs: None)
+    monkeypatch.setattr(compare, "metered_ramp", lambda server, cfg, progress: ramps(server))
+    monkeypatch.setattr(compare, "stop_all", lambda: None)
+    monkeypatch.setattr(tune_check, "predict", lambda *args, **kwargs: {"max_qps_under_slo": 1.0})
+    monkeypatch.setattr(tune_check, "compare_steps", lambda *args: [])
+    argv = ["--profile", str(profile), "--default", DEFAULT, "--tuned", TUNED, "--reps", "2"]
+    argv += ["--json", str(tmp_path / "run.json"), "--log-dir", str(tmp_path / "logs")]
+    return argv + ([] if cpu_stage else ["--no-cpu-stage"])
+
+
+@pytest.mark.parametrize("where", ["start_server", "metered_ramp"])
+def test_a_validation_ramp_that_fails_before_its_first_step_is_left_out_and_the_run_goes_on(
+    where, tmp_path, monkeypatch, capsys
+):
+    """A traceback, exit 1, and nothing written: the other ramps, the profile and the calibrations
+    measured before it were lost."""
+
+    def failing(server) -> dict:
+        if server.setting == (4, 0.0):
+            raise RuntimeError("bench worker 1 died (exit code -9)")
+        return WHOLE
+
+    def start_server(n, d, *args, **kwargs):
+        if where == "start_server" and (n, d) == (4, 0.0):
+            raise RuntimeError("wok-mbs4-d0ms exited with 1; see server.log")
+        return _Stub(n, d, *args, **kwargs)
+
+    argv = _canned(tmp_path, monkeypatch, failing, start_server=start_server)
+    status = tune_check.main(argv)
+    err = capsys.readouterr().err
+    doc = json.loads((tmp_path / "run.json").read_text())
+    why = (
+        "RuntimeError: wok-mbs4-d0ms exited with 1; see server.log"
+        if where == "start_server"
+        else "RuntimeError: bench worker 1 died (exit code -9)"
+    )
+    assert status == 1 and "Traceback" not in err, err
+    assert doc["error"] is None
+    assert [(r["rep"], r["label"], r["error"]) for r in doc["runs"]] == [
+        (1, "default", None),
+        (1, "tuned", f"failed before its first step: {why}"),
+        (2, "tuned", f"failed before its first step: {why}"),
+        (2, "default", None),
+    ]
+    tuned = doc["runs"][1]
+    assert (tuned["measured"], tuned["comparison"], tuned["measured_max_qps"]) == (None, [], None)
+    v = doc["verdict"]
+    assert (v["tuned_at_least_default"], v["tuned_max_qps"], v["default_max_qps"]) == (None, [None, None], [100.0] * 2)
+    assert "cut short, left out of the verdict: rep 1 tuned, rep 2 tuned" in err.splitlines()[-1]
+    assert "left out of the verdict, cut short: rep 1 tuned (failed before its first step" in tune_check.markdown(doc)
+
+
+def test_a_calibration_that_fails_before_its_first_step_stops_the_run_and_keeps_what_was_measured(
+    tmp_path, monkeypatch, capsys
+):
+    """Rep 2's overhead calibration raising: a traceback, and rep 1's two ramps lost with everything else."""
+    calls = []
+    overhead = tune.overhead_document(np.full(50, 1e-3), "test: canned")
+
+    def calibrate(args, t1):
+        calls.append(t1)
+        if len(calls) == 2:
+            raise RuntimeError("wok-mbs32-d0ms exited with 1; see server.log")
+        return overhead
+
+    argv = _canned(tmp_path, monkeypatch, lambda server: WHOLE, calibrate=calibrate)
+    status = tune_check.main(argv)
+    err = capsys.readouterr().err
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert status == 1 and "Traceback" not in err, err
+    line = err.splitlines()[-1]
+    assert line.endswith(
+        "stopped at rep 2's overhead calibration: RuntimeError: wok-mbs32-d0ms exited with 1; see server.log; "
+        f"what was measured before it is in {tmp_path / 'run.json'}"
+    ), line
+    assert (
+        doc["error"]
+        == "stopped at rep 2's overhead calibration: RuntimeError: wok-mbs32-d0ms exited with 1; see server.log"
+    )
+    assert [(r["rep"], r["label"], r["error"]) for r in doc["runs"]] == [(1, "default", None), (1, "tuned", None)]
+    assert doc["profile"]["schema"] == "wok.profile/1" and doc["overhead"] == overhead and doc["calibrations"] == []
+    assert doc["tuned_setting"] == {"max_batch_size": 4, "max_queue_delay_ms": 0.0}
+    assert "The run stopped at rep 2's overhead calibration" in tune_check.markdown(
+        tune_check.read_run(tmp_path / "run.json")
+    )
+
+
+def test_a_first_calibration_that_fails_is_written_and_refused_by_markdown(tmp_path, monkeypatch, capsys):
+    def calibrate(args, t1):
+        raise RuntimeError("the overhead server did not start")
+
+    argv = _canned(tmp_path, monkeypatch, lambda server: WHOLE, calibrate=calibrate)
+    assert tune_check.main(argv) == 1
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert doc["error"] == "stopped at the overhead calibration: RuntimeError: the overhead server did not start"
+    assert (doc["overhead"], doc["tune"], doc["tuned_setting"], doc["runs"]) == (None, None, None, [])
+    assert doc["profile"]["schema"] == "wok.profile/1"
+    with pytest.raises(ValueError, match=r"not a whole run; no overhead, tuned_setting \(stopped at the overhead"):
+        tune_check.read_run(tmp_path / "run.json")
+
+
+CPU_STEPS = [_cpu_step(300.0, 2.0), _cpu_step(1200.0, 6.0)]  # the third, 2400 QPS, cut
+
+
+@pytest.mark.parametrize(
+    ("cut", "gone", "why"),
+    [
+        (
+            {"reason": "ramp ended early at 2400 QPS: RuntimeError: bench worker 1 died", "by_signal": False},
+            False,
+            "interrupted: ramp ended early at 2400 QPS: RuntimeError: bench worker 1 died",
+        ),
+        (None, True, "interrupted: the server exited with -9 during the ramp; see "),
+    ],
+)
+def test_a_cpu_calibration_cut_short_is_not_used(cut, gone, why, tmp_path, monkeypatch, capsys):
+    """Its two whole steps were fitted as if they were the calibration asked for, and the run went on
+    to tune and predict on it, exit 0: nothing said it was cut."""
+
+    def ramps(server) -> dict:
+        if server.setting == (8, 1.0) and not ramps.calibrated:  # the first: the CPU calibration's
+            ramps.calibrated = True
+            return {"steps": CPU_STEPS, "interrupted": cut}
+        return WHOLE
+
+    ramps.calibrated = False
+    start = lambda n, d, *args, **kwargs: _Stub(n, d, *args, gone=gone and not ramps.calibrated, **kwargs)  # noqa: E731
+    argv = _canned(tmp_path, monkeypatch, ramps, start_server=start, cpu_stage=True)
+    status = tune_check.main(argv)
+    err = capsys.readouterr().err
+    assert ramps.calibrated
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert status == 1 and "Traceback" not in err, err
+    assert doc["error"].startswith(f"stopped at the CPU calibration: its ramp was cut short ({why}"), doc["error"]
+    assert doc["error"].endswith("); not used")
+    assert (doc["cpu_stage"], doc["overhead"], doc["runs"]) == (None, None, [])
+
+
+def test_a_cpu_calibration_cut_by_a_signal_stops_the_run(tmp_path, monkeypatch):
+    """The ramp caught the Ctrl-C after its first step and the run went on with the steps before it."""
+    cut = {"reason": "ramp ended early at 2400 QPS: KeyboardInterrupt", "by_signal": True}
+    results = iter([{"steps": CPU_STEPS, "interrupted": cut}])  # the CPU calibration's; the others whole
+    argv = _canned(tmp_path, monkeypatch, lambda server: next(results, WHOLE), cpu_stage=True)
+    with pytest.raises(KeyboardInterrupt, match="ramp ended early at 2400 QPS"):
+        tune_check.main(argv)
+    assert not (tmp_path / "run.json").exists()
