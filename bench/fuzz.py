@@ -5,17 +5,26 @@ a payload either fails to parse as a ModelInferRequest (protobuf's DecodeError),
 decodes and every value, shape, requested output and timeout equals what was sent, or it
 is rejected with wok's InvalidInput. Any other exception is a bug. At the server: every
 payload gets exactly one answer with a clear status (never UNKNOWN or INTERNAL; bytes that
-do not parse get INVALID_ARGUMENT), and a normal request succeeds after it.
+do not parse get INVALID_ARGUMENT), and a normal request succeeds after it. Each answer
+is judged (`judge`): clear, or unclear with the reason (a status that is not clear, a
+RESOURCE_EXHAUSTED for a request under every size limit, details over 4 KiB as sent, an
+error that does not name the wrong model name, version, input or output name).
 
-Three kinds of payload, each built by a hypothesis strategy from the model's config:
+Four kinds of payload, each built by a hypothesis strategy from the model's config:
 
 * valid: the right inputs, datatypes and shapes, raw or typed contents, some of the
   outputs, a timeout parameter: must decode, value for value;
 * random: names, datatypes (unknown ones too), shapes (negative, huge, overflowing,
   mismatched with the contents), raw contents of any length, typed contents of any kind,
   BYTES with bad length prefixes, parameters of every kind, outputs that do not exist;
+* renamed: a valid request with one string (the model name or version, the id, an input's
+  or output's name, a parameter's key) replaced by an odd one;
 * mutated: a valid request's serialized bytes with bits flipped, bytes overwritten,
   cut or spliced: they must parse or be rejected by protobuf.
+
+Names (random and renamed) are short text of any characters (control characters too) or
+long: 256 to 40,000 characters of ASCII, '%', 2- to 4-byte UTF-8 or control characters,
+which an error's details echo past gRPC's header limits unless the server cuts them.
 
 The test suite runs a bounded number of examples (tests/server/test_fuzz_decode.py,
 tests/integration/test_fuzz_server.py); a longer run is this module's command:
@@ -23,7 +32,9 @@ tests/integration/test_fuzz_server.py); a longer run is this module's command:
     python -m wok.bench.fuzz --minutes 10 [--target HOST:PORT] [--json fuzz.json]
 
 It counts the inputs tried by kind and outcome (schema "wok.fuzz/1", docs/fuzzing.md),
-and exits 1 with the falsifying input when the property fails.
+and the server's answers by status and verdict; it exits 1 with the falsifying input when
+the decoder's property fails or a normal request fails, and 1 after the run when any
+answer was unclear (the first ones are listed).
 """
 
 from __future__ import annotations
@@ -31,27 +42,31 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 
 import numpy as np
 from google.protobuf.message import DecodeError
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from wok.bench.outputs import refuse_unwritable, write_final
-from wok.codec import decode_request, serialize_bytes
+from wok.codec import UNSUPPORTED_OUTPUT_PARAMETERS, decode_request, serialize_bytes
 from wok.config import model_config_from_dict
 from wok.datatypes import DATATYPES
 from wok.errors import InvalidInput
+from wok.repository import VERSION
 from wok.v2pb import grpc_service_pb2 as pb
 
 SCHEMA = "wok.fuzz/1"
-MODEL_KINDS = ("valid", "random", "mutated")
+MODEL_KINDS = ("valid", "random", "renamed", "mutated")
 INT64 = (-(2**63), 2**63 - 1)
 # Shape entries that break naive arithmetic: int32/int64 edges, products that overflow int64.
 EDGE_DIMS = [0, -1, 2**31 - 1, 2**31, 2**32, 2**32 + 1, 2**62, 2**63 - 1, -(2**63), 3037000500]
@@ -65,6 +80,12 @@ CONTENT_VALUES = {
     "fp64_contents": st.floats(),
     "bytes_contents": st.binary(max_size=12),
 }
+# Long names: a unary error's details, which often echo a name, travel in the grpc-message header,
+# percent-encoded; a client refuses it past 16 KiB (from 8 KiB at random) and reports RESOURCE_EXHAUSTED
+# in place of the server's status, unless the server cuts them (to 4 KiB). Up to 40,000 characters of
+# units that encode to 1 ('m'), 3 ('%', a control character), 6, 9 and 12 bytes.
+LONG_NAME_CHARS = (256, 40_000)
+NAME_UNITS = ["m", " ", "%", "\u00e9", "\u6f22", "\U0001f600", "\x00", "\r\n", "\x7f", "'"]
 PARAMETER_VALUES = {
     "bool_param": st.booleans(),
     "int64_param": st.integers(*INT64),
@@ -114,9 +135,23 @@ def fuzz_servables() -> dict:
 
 
 # -- strategies -------------------------------------------------------------------------------------
+@st.composite
+def long_names(draw) -> str:
+    """A name of 256 to 40,000 characters: one unit (ASCII, '%', multi-byte UTF-8, control
+    characters, or 1-3 random characters) repeated."""
+    unit = draw(st.one_of(st.sampled_from(NAME_UNITS), st.text(min_size=1, max_size=3)))
+    n = draw(st.integers(*LONG_NAME_CHARS))
+    return (unit * -(-n // len(unit)))[:n]
+
+
+def odd_names() -> st.SearchStrategy[str]:
+    """Odd names: short text of any characters (control characters too), or long ones (`long_names`)."""
+    return st.one_of(st.text(max_size=6), long_names())
+
+
 def _parameters(target, draw) -> None:
-    """Fill a parameters map with random keys ("timeout" often) and values of every kind."""
-    for key in draw(st.lists(st.one_of(st.just("timeout"), st.text(max_size=6)), max_size=3)):
+    """Fill a parameters map with random keys ("timeout" often, long ones too) and values of every kind."""
+    for key in draw(st.lists(st.one_of(st.just("timeout"), odd_names()), max_size=3)):
         kind = draw(st.sampled_from(sorted(PARAMETER_VALUES)))
         setattr(target[key], kind, draw(PARAMETER_VALUES[kind]))
 
@@ -175,14 +210,14 @@ def _bytes_content(draw) -> bytes:
 def random_requests(draw, servable) -> pb.ModelInferRequest:
     """Anything the message can hold, biased towards the model's own names so checks run deep."""
     cfg = servable.config
-    names = st.one_of(st.sampled_from([t.name for t in cfg.inputs]), st.text(max_size=6))
+    names = st.one_of(st.sampled_from([t.name for t in cfg.inputs]), odd_names())
     datatypes = st.one_of(st.sampled_from(list(DATATYPES)), st.text(max_size=6))
     dims = st.one_of(st.integers(-3, 40), st.sampled_from(EDGE_DIMS), st.integers(*INT64))
     # Mostly (9 in 10) the model's own name and version, so that at a server most requests reach the decoder.
     mostly = draw(st.integers(0, 9)) > 0
     req = pb.ModelInferRequest(
-        model_name=cfg.name if mostly else draw(st.sampled_from(["", cfg.name.upper()]) | st.text(max_size=6)),
-        model_version=draw(st.sampled_from(["", "1"])) if mostly else draw(st.sampled_from(["2", "x"]) | st.text()),
+        model_name=cfg.name if mostly else draw(st.sampled_from(["", cfg.name.upper()]) | odd_names()),
+        model_version=draw(st.sampled_from(["", "1"])) if mostly else draw(st.sampled_from(["2", "x"]) | odd_names()),
     )
     n = draw(st.integers(0, len(cfg.inputs) + 2))
     for _ in range(n):
@@ -220,9 +255,40 @@ def random_requests(draw, servable) -> pb.ModelInferRequest:
             )
         )
     for _ in range(draw(st.integers(0, 3))):
-        out = req.outputs.add(name=draw(st.one_of(st.sampled_from([t.name for t in cfg.outputs]), st.text(max_size=6))))
+        out = req.outputs.add(name=draw(st.one_of(st.sampled_from([t.name for t in cfg.outputs]), odd_names())))
         _parameters(out.parameters, draw)
     _parameters(req.parameters, draw)
+    return req
+
+
+RENAMED_FIELDS = ("model_name", "model_version", "id", "input", "output", "parameter")
+
+
+@st.composite
+def renamed_requests(draw, servable) -> pb.ModelInferRequest:
+    """A valid request with one string replaced by an odd name (long or short): the model name or
+    version, the id, an input's or an output's name, or a parameter's key (on the request, an
+    input or an output), where a server that echoes it must still answer clearly."""
+    # The odd name and where it goes are drawn first: drawn after a valid request's arrays, they came
+    # out as hypothesis's simplest choices (an empty model name) most of the time. Long 3 times in 4.
+    name = draw(long_names()) if draw(st.integers(0, 3)) else draw(st.text(max_size=6))
+    which = draw(st.sampled_from(RENAMED_FIELDS))
+    pick = draw(st.integers(0, 15))
+    kind = draw(st.sampled_from(sorted(PARAMETER_VALUES)))
+    value = draw(PARAMETER_VALUES[kind])
+    req = draw(valid_requests(servable))
+    if which in ("model_name", "model_version", "id"):
+        setattr(req, which, name)
+    elif which == "input":
+        req.inputs[pick % len(req.inputs)].name = name
+    elif which == "output":
+        if not req.outputs:
+            req.outputs.add(name=servable.config.outputs[0].name)
+        req.outputs[pick % len(req.outputs)].name = name
+    else:
+        owners = [req, *req.inputs, *req.outputs]
+        params = owners[pick % len(owners)].parameters
+        setattr(params[name], kind, value)
     return req
 
 
@@ -252,10 +318,11 @@ def mutated_payloads(draw, servable) -> bytes:
 
 
 def payloads(servable) -> st.SearchStrategy[tuple[str, bytes]]:
-    """(kind, serialized payload): valid, random or mutated, in about equal shares."""
+    """(kind, serialized payload): valid, random, renamed or mutated, in about equal shares."""
     return st.one_of(
         valid_requests(servable).map(lambda r: ("valid", r.SerializeToString())),
         random_requests(servable).map(lambda r: ("random", r.SerializeToString())),
+        renamed_requests(servable).map(lambda r: ("renamed", r.SerializeToString())),
         mutated_payloads(servable).map(lambda b: ("mutated", b)),
     )
 
@@ -321,11 +388,103 @@ def assert_faithful(req: pb.ModelInferRequest, dec, servable) -> None:
 
 
 # -- at the server ---------------------------------------------------------------------------------------
-# Statuses a bad (or unlucky) request may get; UNKNOWN and INTERNAL mean the server failed on it.
+# Statuses a bad (or unlucky) request may get; UNKNOWN and INTERNAL mean the server failed on it,
+# UNAVAILABLE or CANCELLED that the answer was lost.
 CLEAR_STATUSES = frozenset(
     {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "UNIMPLEMENTED"}
 )
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+# The most bytes a unary answer's details take as sent (percent-encoded in the grpc-message
+# header): wok cuts them to this (`short_details` in server/service.py).
+DETAILS_BYTES = 4096
+# The server's --max-request-bytes by default. RESOURCE_EXHAUSTED is a clear answer to a request
+# over it (gRPC's receive limit is 4 times it + 1 MiB), not to a smaller one: there it is a
+# client's limit (a header over 16 KiB) or a server's fault, unless it is one of wok's refusals.
+MAX_REQUEST_BYTES = 64 << 20
+# wok's own RESOURCE_EXHAUSTED refusals, of a request of any size, by their messages: a full queue,
+# an slo admission refusal, an answer over the send limit.
+SERVER_REFUSALS = re.compile(r"queue is full|; retry after \d+ ms$|over the server's send limit")
+# A wrong name must appear in the error's details: its first this many characters.
+NAME_START = 32
+UNCLEAR_KEPT = 10  # unclear answers listed in the result, the first ones
+
+
+def sent_size(details: str) -> int:
+    """Bytes of `details` in the grpc-message header: printable ASCII but '%' as itself, any other byte as %XX."""
+    raw = details.encode("utf-8", "surrogatepass")
+    return len(raw) + 2 * sum(1 for b in raw if not 0x20 <= b <= 0x7E or b == 0x25)
+
+
+def _show(name: str) -> str:
+    return f"{len(name):,} characters: {name[:40]!r}{'...' if len(name) > 40 else ''}"
+
+
+def wrong_name(req: pb.ModelInferRequest, servables: dict) -> tuple[str, str, str] | None:
+    """(status, what, name) when `req` names something the server (serving `servables`, by name)
+    does not have, in the order the server checks: the model, its version, an input (unknown or
+    repeated), then, where the inputs pass, an output (unknown, repeated or with a parameter wok
+    refuses). The answer must have that status and quote the name's start; None: no wrong name."""
+    servable = servables.get(req.model_name)
+    if servable is None:
+        return "NOT_FOUND", "model name", req.model_name
+    if req.model_version not in ("", VERSION):
+        return "NOT_FOUND", "model version", req.model_version
+    cfg = servable.config
+    seen: set[str] = set()
+    for t in req.inputs:
+        if cfg.input(t.name) is None or t.name in seen:
+            return "INVALID_ARGUMENT", "input name", t.name
+        seen.add(t.name)
+    known, asked, offender = {o.name for o in cfg.outputs}, set(), None
+    for o in req.outputs:
+        if o.name not in known or o.name in asked or any(p in o.parameters for p in UNSUPPORTED_OUTPUT_PARAMETERS):
+            offender = o.name
+            break
+        asked.add(o.name)
+    if offender is None:
+        return None
+    bare = pb.ModelInferRequest()
+    bare.CopyFrom(req)
+    del bare.outputs[:]
+    try:  # the outputs are checked once every input passes (the model's own check comes after them)
+        decode_request(bare, servable)
+    except InvalidInput:
+        return None
+    return "INVALID_ARGUMENT", "output name", offender
+
+
+def judge(
+    payload: bytes, code: str, details: str, servables: dict, max_request_bytes: int = MAX_REQUEST_BYTES
+) -> tuple[str, str] | None:
+    """None when the unary answer (`code`, `details`) to `payload` is clear; else (key, why) it is not.
+
+    Clear: a status of CLEAR_STATUSES; details of at most DETAILS_BYTES as sent; RESOURCE_EXHAUSTED
+    only for a request over `max_request_bytes` or as one of wok's refusals (SERVER_REFUSALS);
+    INVALID_ARGUMENT for bytes that do not parse; for a wrong model name, version, input or output
+    name (`wrong_name`), the status it calls for, with the name's first NAME_START characters in
+    the details. `servables`: what the server serves, by name."""
+    if code not in CLEAR_STATUSES:
+        return f"status {code}", f"status {code}: {details[:200]!r}"
+    size = sent_size(details)
+    if size > DETAILS_BYTES:
+        why = f"{code} with details of {size:,} bytes as sent (over {DETAILS_BYTES:,}): {details[:200]!r}"
+        return "details too long", why
+    small = len(payload) <= max_request_bytes
+    if code == "RESOURCE_EXHAUSTED" and small and not SERVER_REFUSALS.search(details):
+        why = f"RESOURCE_EXHAUSTED for {len(payload):,} bytes (limit {max_request_bytes:,}): {details[:200]!r}"
+        return "RESOURCE_EXHAUSTED under the size limits", why
+    req = parse(payload)
+    if req is None:
+        return None if code == "INVALID_ARGUMENT" else ("unparseable bytes", f"{code} for bytes that do not parse")
+    wrong = wrong_name(req, servables) if small else None
+    if wrong is None or code == "RESOURCE_EXHAUSTED":  # one of wok's refusals comes before the names are read
+        return None
+    want, what, name = wrong
+    if code != want:
+        return f"{code} for a wrong {what}", f"{code} for a request whose {what} is wrong ({_show(name)}), not {want}"
+    if name[:NAME_START] not in details:
+        return f"{what} not named", f"{code} does not name the {what} ({_show(name)}): {details[:200]!r}"
+    return None
 
 
 def normal_request(model: str) -> bytes:
@@ -340,44 +499,86 @@ def normal_request(model: str) -> bytes:
     return encode_request(model, inputs).SerializeToString()
 
 
-def server_checker(target: str, timeout_s: float = 30.0) -> tuple[Callable[[bytes, str], str], Callable[[], None]]:
-    """(check, close): check(payload, model) sends it, asserts a clear status and that a normal request
-    to `model` then succeeds, and returns the status name."""
-    import grpc
+class ServerChecker:
+    """Sends payloads as they are (bytes in, bytes out) to a wok server that serves `servables`
+    (by name), judges each answer (`judge`), and asserts that a normal request to the same model
+    succeeds after it. Each call carries a `timeout_s` gRPC deadline."""
 
-    channel = grpc.insecure_channel(target)
-    call = channel.unary_unary(INFER_METHOD)  # bytes in, bytes out: the payload goes as it is
+    def __init__(
+        self, target: str, servables: dict, timeout_s: float = 30.0, max_request_bytes: int = MAX_REQUEST_BYTES
+    ) -> None:
+        import grpc
 
-    def status(payload: bytes) -> str:
+        self._error = grpc.RpcError
+        self.channel = grpc.insecure_channel(target)
+        self._call = self.channel.unary_unary(INFER_METHOD)
+        self.servables, self.timeout_s, self.max_request_bytes = servables, timeout_s, max_request_bytes
+
+    def send(self, payload: bytes) -> tuple[str, str]:
+        """(status name, details) of the answer to `payload`."""
         try:
-            call(payload, timeout=timeout_s)
-        except grpc.RpcError as exc:
-            return exc.code().name
-        return "OK"
+            self._call(payload, timeout=self.timeout_s)
+        except self._error as exc:
+            return exc.code().name, exc.details() or ""
+        return "OK", ""
 
-    def check(payload: bytes, model: str) -> str:
-        code = status(payload)
-        assert code in CLEAR_STATUSES, f"status {code} for a fuzzed request"
-        after = status(normal_request(model))
-        assert after == "OK", f"a normal request to '{model}' after a fuzzed one got {after}"
+    def answer(self, payload: bytes, model: str) -> tuple[str, tuple[str, str] | None]:
+        """(status name, None or why the answer is unclear); asserts that a normal request to `model` then succeeds."""
+        code, details = self.send(payload)
+        problem = judge(payload, code, details, self.servables, self.max_request_bytes)
+        after, why = self.send(normal_request(model))
+        assert after == "OK", f"a normal request to '{model}' after a fuzzed one got {after}: {why[:200]!r}"
+        return code, problem
+
+    def check(self, payload: bytes, model: str) -> str:
+        """The status name; asserts that the answer is clear (and the normal request after it OK)."""
+        code, problem = self.answer(payload, model)
+        assert problem is None, problem[1]
         return code
 
-    return check, channel.close
+    def close(self) -> None:
+        self.channel.close()
 
 
-# -- the long run -------------------------------------------------------------------------------------------
-def run(seconds: float, target: str | None = None, batch: int = 500, progress=None) -> dict:
-    """Fuzz for `seconds` (in rounds of `batch` examples, each round a fresh random seed); counts by outcome."""
-    servables = fuzz_servables()
-    served = [n for n in servables if not n.startswith("alltype")]
-    counts: Counter = Counter()
-    statuses: Counter = Counter()
-    check_server, close = server_checker(target) if target else (None, None)
-    end = time.monotonic() + seconds
-    started = time.monotonic()
+def server_checker(
+    target: str, servables: dict, timeout_s: float = 30.0
+) -> tuple[Callable[[bytes, str], str], Callable[[], None]]:
+    """(check, close): check(payload, model) sends it, asserts a clear answer (`judge`) and that a
+    normal request to `model` then succeeds, and returns the status name."""
+    checker = ServerChecker(target, servables, timeout_s)
+    return checker.check, checker.close
+
+
+# -- the rounds and the long run -----------------------------------------------------------------------------
+@dataclass
+class Tally:
+    """What rounds of fuzzing saw: inputs by kind/outcome at the decoder; at the server, statuses,
+    verdicts ("clear" or "unclear: <reason>"), the first unclear answers, and the wrong names judged
+    that are over DETAILS_BYTES as sent, by field (proof that names too long to echo reached the checks)."""
+
+    by_outcome: Counter = dc_field(default_factory=Counter)
+    statuses: Counter = dc_field(default_factory=Counter)
+    verdicts: Counter = dc_field(default_factory=Counter)
+    unclear: list = dc_field(default_factory=list)
+    long_names: Counter = dc_field(default_factory=Counter)
+
+
+def fuzz_round(
+    servables: dict,
+    examples: int,
+    checker: ServerChecker | None = None,
+    tally: Tally | None = None,
+    seed_: int | None = None,
+) -> Tally:
+    """One hypothesis run of `examples` inputs to `servables` (by name), seeded with `seed_` (else
+    random): each through the decoder's property (a failure raises, with the falsifying input), then,
+    with `checker`, to its server, where the answer is judged and counted (an unclear one does not
+    stop the round; a normal request failing after one does)."""
+    tally = tally if tally is not None else Tally()
+    names = sorted(servables)
 
     @settings(
-        max_examples=batch,
+        max_examples=examples,
         deadline=None,
         database=None,
         derandomize=False,
@@ -386,37 +587,70 @@ def run(seconds: float, target: str | None = None, batch: int = 500, progress=No
     )
     @given(st.data())
     def one(data) -> None:
-        name = data.draw(st.sampled_from(served if check_server else list(servables)), label="model")
+        name = data.draw(st.sampled_from(names), label="model")
         kind, payload = data.draw(payloads(servables[name]), label="payload")
         t0 = time.monotonic()
         outcome = check_decode(payload, servables[name])
         assert time.monotonic() - t0 < 5.0, "decoding took over 5 s"
         if kind == "valid":
             assert outcome == "ok", f"a valid request was {outcome}"
-        counts[f"{kind}/{outcome}"] += 1
-        if check_server is not None:
-            code = check_server(payload, name)
-            assert outcome != "unparseable" or code == "INVALID_ARGUMENT", f"{code} for bytes that do not parse"
-            statuses[code] += 1
+        tally.by_outcome[f"{kind}/{outcome}"] += 1
+        if checker is None:
+            return
+        code, problem = checker.answer(payload, name)
+        tally.statuses[code] += 1
+        tally.verdicts["clear" if problem is None else f"unclear: {problem[0]}"] += 1
+        req = parse(payload)
+        wrong = wrong_name(req, checker.servables) if req is not None else None
+        if wrong is not None and sent_size(wrong[2]) > DETAILS_BYTES:
+            tally.long_names[wrong[1]] += 1
+        if problem is not None and len(tally.unclear) < UNCLEAR_KEPT:
+            seen = {"kind": kind, "model": name, "bytes": len(payload), "status": code, "why": problem[1]}
+            tally.unclear.append(seen)
 
+    if seed_ is not None:
+        one = seed(seed_)(one)
+    one()
+    return tally
+
+
+def run(
+    seconds: float,
+    target: str | None = None,
+    batch: int = 500,
+    progress=None,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+) -> dict:
+    """Fuzz for `seconds` (in rounds of `batch` examples, each round a fresh random seed); counts by
+    outcome, and with `target` (a server with the demo models, whose --max-request-bytes is
+    `max_request_bytes`) by status and verdict."""
+    servables = fuzz_servables()
+    served = {n: s for n, s in servables.items() if not n.startswith("alltype")}
+    checker = ServerChecker(target, served, max_request_bytes=max_request_bytes) if target else None
+    tally = Tally()
+    end = time.monotonic() + seconds
+    started = time.monotonic()
     rounds = 0
     try:
         while time.monotonic() < end:
-            one()
+            fuzz_round(served if checker else servables, batch, checker, tally)
             rounds += 1
             if progress:
-                progress(f"{sum(counts.values())} inputs in {time.monotonic() - started:.0f} s")
+                progress(f"{sum(tally.by_outcome.values())} inputs in {time.monotonic() - started:.0f} s")
     finally:
-        if close:
-            close()
+        if checker:
+            checker.close()
     return {
         "schema": SCHEMA,
         "seconds": round(time.monotonic() - started, 1),
         "target": target,
-        "inputs_tried": sum(counts.values()),
+        "inputs_tried": sum(tally.by_outcome.values()),
         "rounds": rounds,
-        "by_outcome": dict(sorted(counts.items())),
-        "server_statuses": dict(sorted(statuses.items())) if target else None,
+        "by_outcome": dict(sorted(tally.by_outcome.items())),
+        "server_statuses": dict(sorted(tally.statuses.items())) if target else None,
+        "server_verdicts": dict(sorted(tally.verdicts.items())) if target else None,
+        "long_wrong_names": dict(sorted(tally.long_names.items())) if target else None,
+        "unclear_answers": tally.unclear if target else None,
     }
 
 
@@ -424,20 +658,36 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m wok.bench.fuzz", description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0, help="how long to fuzz (default 10)")
     ap.add_argument("--target", help="HOST:PORT of a wok server serving the demo models; also send each input there")
+    ap.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=MAX_REQUEST_BYTES,
+        help="the target's --max-request-bytes (default 64 MiB): RESOURCE_EXHAUSTED is clear only over it",
+    )
     ap.add_argument("--json", type=Path, help="write the counts (schema wok.fuzz/1) here")
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
     if args.minutes <= 0:
         print("wok fuzz: --minutes must be > 0", file=sys.stderr)
         return 2
-    result = run(60 * args.minutes, args.target, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    result = run(
+        60 * args.minutes,
+        args.target,
+        progress=lambda m: print(m, file=sys.stderr, flush=True),
+        max_request_bytes=args.max_request_bytes,
+    )
     text = json.dumps(result, indent=2)
     print(text)
+    unclear = sum(n for verdict, n in (result.get("server_verdicts") or {}).items() if verdict != "clear")
+    if unclear:
+        print(f"wok fuzz: {unclear} unclear answers from the server; the first ones:", file=sys.stderr)
+        for answer in result.get("unclear_answers") or ():
+            print(f"  {answer['kind']} to '{answer['model']}': {answer['why']}", file=sys.stderr)
     failed = write_final(result, [("--json", args.json, lambda result, path: path.write_text(text + "\n"))])
     if failed:
         print(f"wok fuzz: {failed}", file=sys.stderr)
         return 1
-    return 0
+    return 1 if unclear else 0
 
 
 if __name__ == "__main__":

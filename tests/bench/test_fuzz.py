@@ -1,0 +1,114 @@
+"""wok.bench.fuzz's judge of a server's answer, and its long names, without a server.
+
+The fuzzer first drew names of at most 6 characters and counted any RESOURCE_EXHAUSTED as a
+clear answer, so it could not see a long name echoed in an error's details reach the client as
+RESOURCE_EXHAUSTED "received metadata size exceeds hard limit" (fixed in commit f115e6c). The
+run against a server is tests/integration/test_fuzz_server.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from wok.bench import fuzz
+from wok.codec import encode_request
+from wok.service import short_details
+
+SERVABLES = {"alltypes": fuzz.all_types_servable()}
+CFG = SERVABLES["alltypes"].config
+# What the old server's client got for a long name: gRPC's own status, not the server's.
+HEADER_LIMIT = "Stream removed (received metadata size exceeds hard limit (value length 40015 vs. 16384))"
+
+
+def _request(**fields) -> fuzz.pb.ModelInferRequest:
+    req = encode_request("alltypes", {"in_fp32": fuzz.np.ones((1, 2), fuzz.np.float32)})
+    for name, value in fields.items():
+        setattr(req, name, value)
+    return req
+
+
+def _judge(req_or_bytes, code: str, details: str = "", **kwargs):
+    payload = req_or_bytes if isinstance(req_or_bytes, bytes) else req_or_bytes.SerializeToString()
+    return fuzz.judge(payload, code, details, SERVABLES, **kwargs)
+
+
+def test_resource_exhausted_for_a_small_request_is_unclear_unless_it_is_a_refusal_of_the_server():
+    req = _request(model_name="m" * 40_000)
+    key, why = _judge(req, "RESOURCE_EXHAUSTED", HEADER_LIMIT)
+    assert key == "RESOURCE_EXHAUSTED under the size limits" and "metadata size exceeds" in why, why
+    # Over the size limit, it is the right answer.
+    assert _judge(req, "RESOURCE_EXHAUSTED", "Received message larger than max", max_request_bytes=1024) is None
+    # wok's own refusals, whatever the request's size.
+    full = "model 'alltypes' queue is full: 4 requests queued, max_queue_size is 4; retry later"
+    assert _judge(_request(), "RESOURCE_EXHAUSTED", full) is None
+    assert _judge(_request(), "RESOURCE_EXHAUSTED", "the deadline cannot be met; retry after 3 ms") is None
+
+
+@pytest.mark.parametrize("code", ["UNKNOWN", "INTERNAL", "UNAVAILABLE", "CANCELLED"])
+def test_a_status_that_is_not_clear_is_unclear(code):
+    assert _judge(_request(), code, "boom") == (f"status {code}", f"status {code}: 'boom'")
+
+
+@pytest.mark.parametrize("unit", ["m", "\u00e9", "\x00"], ids=["ascii", "utf-8", "control"])
+def test_details_over_4_kib_as_sent_are_unclear_and_the_servers_cut_ones_are_clear(unit):
+    name = unit * 9_000
+    details = f"unknown model '{name}'; this server serves: alltypes"
+    req = _request(model_name=name)
+    key, why = _judge(req, "NOT_FOUND", details)
+    assert key == "details too long" and f"{fuzz.sent_size(details):,} bytes as sent" in why, why
+    cut = short_details(details)
+    assert fuzz.sent_size(cut) <= fuzz.DETAILS_BYTES
+    assert _judge(req, "NOT_FOUND", cut) is None
+
+
+def test_sent_size_counts_bytes_as_the_grpc_message_header_carries_them():
+    assert fuzz.sent_size("abc ~") == 5
+    assert fuzz.sent_size("%") == 3  # '%' itself is escaped
+    assert fuzz.sent_size("\x00\n\x7f") == 9
+    assert fuzz.sent_size("\u00e9") == 6 and fuzz.sent_size("\U0001f600") == 12
+
+
+def test_a_wrong_name_must_get_its_status_and_be_named():
+    name = "x\u00e9" * 100
+    cases = [
+        (_request(model_name=name), "NOT_FOUND", "model name", f"unknown model '{name}'; this server serves: alltypes"),
+        (_request(model_version=name), "NOT_FOUND", "model version", f"model 'alltypes' has no version '{name}'"),
+    ]
+    req = _request()
+    req.inputs[0].name = name
+    cases.append((req, "INVALID_ARGUMENT", "input name", f"unexpected input '{name}' for model 'alltypes'"))
+    # Every input of the model, so that the inputs pass and the outputs are checked.
+    inputs = {t.name: _one_row(t) for t in CFG.inputs}
+    req = encode_request("alltypes", inputs, [name], datatypes={t.name: t.datatype for t in CFG.inputs})
+    assert fuzz.wrong_name(req, SERVABLES) == ("INVALID_ARGUMENT", "output name", name)
+    cases.append((req, "INVALID_ARGUMENT", "output name", f"unknown output '{name}' requested from model 'alltypes'"))
+    for req, want, what, details in cases:
+        assert _judge(req, want, details) is None, what
+        assert _judge(req, want, "something else")[0] == f"{what} not named"
+        other = "INVALID_ARGUMENT" if want == "NOT_FOUND" else "NOT_FOUND"
+        assert _judge(req, other, details)[0] == f"{other} for a wrong {what}"
+        assert _judge(req, "OK")[0] == f"OK for a wrong {what}"
+        # A long name, cut by the server, is named by its start.
+        assert _judge(req, want, short_details(details.replace(name, name * 50))) is None
+
+
+def _one_row(t):
+    dt = fuzz.DATATYPES[t.datatype]
+    if dt.name == "BYTES":
+        a = fuzz.np.empty((1, 1), dtype=object)
+        a[0, 0] = b"x"
+        return a
+    return fuzz.np.zeros((1, 1), dtype=dt.numpy)
+
+
+def test_bytes_that_do_not_parse_must_get_invalid_argument():
+    assert _judge(b"\xff\xff\xff", "INVALID_ARGUMENT", "message is not a valid ...") is None
+    assert _judge(b"\xff\xff\xff", "NOT_FOUND", "x")[0] == "unparseable bytes"
+
+
+@settings(max_examples=50, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fuzz.long_names())
+def test_long_names_are_long_and_encodable(name):
+    assert fuzz.LONG_NAME_CHARS[0] <= len(name) <= fuzz.LONG_NAME_CHARS[1]
+    assert _request(model_name=name).SerializeToString()  # valid UTF-8 for protobuf
