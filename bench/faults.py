@@ -1046,7 +1046,9 @@ def print_faults(result: dict, file=None) -> None:
 def add_arguments(p) -> None:
     """`wok bench ramp`'s replica, fault and retry options."""
     g = p.add_argument_group("replicas and faults", "see docs/reliability.md")
-    g.add_argument("--replicas", type=int, help="start N local `wok serve` replicas and ramp all of them (round robin)")
+    g.add_argument(
+        "--replicas", type=int, help="start N local `wok serve` replicas and ramp all of them (through --balancer)"
+    )
     g.add_argument(
         "--serve-args",
         help='arguments of each replica\'s `wok serve`, as one string (default: "--models MODELS-OF-THE-MIX")',
