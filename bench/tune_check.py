@@ -38,15 +38,27 @@ whole ramp) and left out of the verdict (`verdict`): `tuned_at_least_default` is
 unless a whole repetition shows tuned < default, and the medians are over whole ramps. A ramp
 cut by Ctrl-C stops the run there, nothing written (KeyboardInterrupt: status 130). A validation
 ramp that fails before its first step is kept so too (`error` "failed before its first step: …",
-`measured` null). A failure in the profile, a calibration or the search, and a calibration ramp
-cut short (not used: its steps are not the calibration asked for), stop the run with a one-line
-`stopped at …`: what was measured before it is written to --json, with the top-level `error`.
+`measured` null). A validation ramp whose predictions fail (the simulator refusing its steps) is
+kept so too, with what it measured (`error` "predicting it failed: …", `comparison` empty). A failure
+in the profile, a calibration or the search, and a calibration ramp cut short (not used: its steps
+are not the calibration asked for), stop the run with a one-line `stopped at …`: what was measured
+before it is written to --json, with the top-level `error`.
+
+A search the simulator cannot hold (its busiest step, at the grid's highest ceiling, expecting more
+arrivals than `wok.bench.simulate.MAX_ARRIVALS_PER_STEP`: --arrival, --sim-duration, --max-batch-sizes,
+--delays, --default) is refused in those options' names, exit 2, as soon as the ceilings are known
+(`check_search`): with --profile and no CPU stage (--no-cpu-stage, --device-like), with the options,
+before anything is measured; with a measured profile and no CPU stage, right after the profile,
+before the first server; with the CPU stage, whose server batch time and bound replace the profile's
+fit in the search, right after the CPU calibration, before the overhead calibration. (No bound holds
+for any profile: a faster batch raises every ceiling without limit.) Once something was measured,
+it is written to --json as for a stopped run (`error` "stopped at the search's check: …").
 
 Exit status: 0 when every ramp was whole and every output written; 1 when a validation ramp
 was cut short or failed before its first step (the outputs are written all the same), when the
 run stopped so (--json written), when an output failed to be written (kept in a temporary file,
 named on stderr), or when no setting meets the SLO in simulation (without --tuned); 2 for a bad
-option, before anything is measured.
+option, before anything is measured, or a search the simulator cannot hold (above).
 
 The output (schema `wok.tunecheck/3`) is described in docs/tune.md. Every server this
 script starts is stopped on exit (`wok.bench.compare.stop_all`). The servers run the same
@@ -1001,6 +1013,13 @@ def parse_args(argv=None):
             args.profile_doc, args.profile_fit = read_profile(args.profile)
         except ValueError as exc:
             p.error(f"--profile: {exc}")
+        if args.device_like or args.no_cpu_stage:
+            # The profile is all the search's ceilings depend on: checked here, before anything is measured.
+            # (With the CPU stage, the server's batch time and the stage's bound replace it: `main`.)
+            try:
+                check_search(args.profile_fit, args)
+            except ValueError as exc:
+                p.error(str(exc) if isinstance(exc, SearchTooLarge) else f"--arrival {args.arrival}: {exc}")
     return args
 
 
@@ -1049,7 +1068,6 @@ def main(argv=None) -> int:
     from wok.bench import report
     from wok.bench.compare import metered_ramp, stop_all
     from wok.bench.tune import (
-        SearchConfig,
         batch_noise_by_rate,
         cpu_from_document,
         overhead_by_rate,
@@ -1082,6 +1100,7 @@ def main(argv=None) -> int:
     calibrations: list[dict] = []
     runs: list[dict] = []
     stopped = None
+    refused = False  # the search refused (SearchTooLarge): exit 2, an option to change
     phase = "the profile"
     try:
         # 1. profile
@@ -1102,18 +1121,28 @@ def main(argv=None) -> int:
             if 1 in dict(profile.samples)
             else profile.alpha_s + profile.beta_s
         )
+        with_stage = not args.device_like and not args.no_cpu_stage
+        if not with_stage and not args.profile:  # with --profile, checked with the options (parse_args)
+            # Before the first server: the search's ceilings are the profile's alone (`check_search`).
+            phase = "the search's check"
+            check_search(profile, args)
         if args.device_like:  # the calibration's batch is the zero-time one: subtract what that takes
+            phase = "the profile"
             zero = profile_from_document(measure_profile([1, 2], 50, device_like=(0.0, 0.0)))
             t1 = float(np.median(dict(zero.samples)[1]))
 
         # 2. the CPU stage (not for the device-like model: its batch sleeps), then the overhead
         stage = None
-        if not args.device_like and not args.no_cpu_stage:
+        if with_stage:
             phase = "the CPU calibration"
             cpu_doc = calibrate_cpu(args)
             stage = cpu_from_document(cpu_doc)
             if args.save_cpu and not _save(cpu_doc, "--save-cpu", args.save_cpu):
                 unsaved.append("--save-cpu")
+            # The search's ceilings are the stage's (the server's batch time replaces the profile's fit,
+            # its CPU bound caps it): known only now, and checked before the overhead calibration.
+            phase = "the search's check"
+            check_search(profile, args, cpu=stage)
         by_rate = overhead_by_rate(cpu_doc, stage)
         noise = batch_noise_by_rate(cpu_doc) if stage is not None else None
         phase = "the overhead calibration"
@@ -1134,9 +1163,8 @@ def main(argv=None) -> int:
 
         # 3. tune
         phase = "the search"
-        search = SearchConfig(slo_p99_ms=args.slo_ms, arrival=args.arrival, seed=args.seed,
-                              duration_s=_seconds(args.sim_duration))  # fmt: skip
-        default_s = (args.default_setting[0], 1e-3 * args.default_setting[1])
+        search = search_config(args)
+        default_s = default_seconds(args)
         tuned_doc = tune(profile, search, args.sizes, args.delays_s, overhead_s=tuple(overhead), default=default_s,
                          progress=say, cpu=stage, overhead_at=by_rate)  # fmt: skip
         print_table(tuned_doc)
@@ -1199,21 +1227,31 @@ def main(argv=None) -> int:
                     error = f"interrupted: {cut['reason']}"
                 elif exited is not None:
                     error = f"interrupted: the server exited with {exited} during the ramp; see {server.log_path}"
+                try:
+                    plain = predict(measured, n, d, profile, rep_overhead, args, sampled=False)
+                    predicted = fixed = plain
+                    steady = None
+                    if stage is not None:
+                        fixed = predict(measured, n, d, profile, rep_cpu_overhead, args, sampled=False, cpu=stage)
+                        predicted = fixed
+                        if by_rate is not None:
+                            steady = predict(measured, n, d, profile, by_rate, args, sampled=False, cpu=stage)
+                            predicted = steady
+                            if noise is not None:
+                                predicted = predict(measured, n, d, profile, by_rate, args, False, stage, noise)
+                    sampled = predict(measured, n, d, profile, rep_overhead, args, sampled=True)
+                    bare = predict(measured, n, d, profile, (), args, sampled=False)
+                    comparison = compare_steps(
+                        measured, predicted, sampled, bare, plain, fixed if by_rate else None, by_rate, steady
+                    )
+                except Exception as exc:
+                    # The ramp ran: its measurement is kept (`measured`, its max QPS and knee), with no
+                    # predictions, and left out of the verdict as a cut ramp is; the run goes on.
+                    why = f"predicting it failed: {type(exc).__name__}: {exc}"
+                    error = why if error is None else f"{error}; {why}"
+                    predicted, comparison = {"max_qps_under_slo": None}, []
                 if error:
                     say(f"rep {rep}: {label} left out of the verdict: {error}")
-                plain = predict(measured, n, d, profile, rep_overhead, args, sampled=False)
-                predicted = fixed = plain
-                steady = None
-                if stage is not None:
-                    fixed = predict(measured, n, d, profile, rep_cpu_overhead, args, sampled=False, cpu=stage)
-                    predicted = fixed
-                    if by_rate is not None:
-                        steady = predict(measured, n, d, profile, by_rate, args, sampled=False, cpu=stage)
-                        predicted = steady
-                        if noise is not None:
-                            predicted = predict(measured, n, d, profile, by_rate, args, False, stage, noise)
-                sampled = predict(measured, n, d, profile, rep_overhead, args, sampled=True)
-                bare = predict(measured, n, d, profile, (), args, sampled=False)
                 runs.append(
                     {
                         "rep": rep,
@@ -1224,15 +1262,15 @@ def main(argv=None) -> int:
                         "measured_max_qps": measured["max_qps_under_slo"],
                         "measured_knee_qps": measured["knee_qps"],
                         "predicted_max_qps_on_steps": predicted["max_qps_under_slo"],
-                        "comparison": compare_steps(
-                            measured, predicted, sampled, bare, plain, fixed if by_rate else None, by_rate, steady
-                        ),
+                        "comparison": comparison,
                         "measured": measured,  # the predictions are in `comparison`; rerun them from the inputs
                     }
                 )
     except Exception as exc:
         # No traceback, and what was measured before it is written all the same (--json), with why it stopped.
-        stopped = f"{phase}: " + (str(exc) if isinstance(exc, CalibrationCut) else f"{type(exc).__name__}: {exc}")
+        own = isinstance(exc, (CalibrationCut, SearchTooLarge))  # in this script's words already
+        stopped = f"{phase}: " + (str(exc) if own else f"{type(exc).__name__}: {exc}")
+        refused = isinstance(exc, SearchTooLarge)
     finally:
         stop_all()
 
@@ -1261,7 +1299,7 @@ def main(argv=None) -> int:
             say(failed)
         say(f"stopped at {stopped}" + (f"; what was measured before it is in {args.json}" if args.json and not failed
                                        else ""))  # fmt: skip
-        return 1
+        return 2 if refused else 1
     print_report(doc)
     failed = write_final(doc, [("--json", args.json, report.write_json), ("--plot", args.plot, plot)])
     if failed:
@@ -1354,6 +1392,48 @@ def _save(doc: dict, option: str, path: Path) -> bool:
     if failed:
         say(failed)
     return failed is None
+
+
+class SearchTooLarge(ValueError):
+    """A search whose busiest simulated step would hold more arrivals than the simulator takes."""
+
+
+def search_config(args):
+    """The search's `SearchConfig` from this script's options (its warm-up is SearchConfig's own)."""
+    from wok.bench.tune import SearchConfig
+
+    return SearchConfig(slo_p99_ms=args.slo_ms, arrival=args.arrival, seed=args.seed,
+                        duration_s=_seconds(args.sim_duration))  # fmt: skip
+
+
+def default_seconds(args) -> tuple[int, float]:
+    """--default as the search takes it: (max_batch_size, delay in s)."""
+    return args.default_setting[0], 1e-3 * args.default_setting[1]
+
+
+def check_search(profile, args, cpu=None) -> None:
+    """SearchTooLarge, in this script's options, when the search (`wok.bench.tune.tune` on `profile`,
+    with `cpu` as it will be given) would reach a simulated step over the simulator's arrival cap: as
+    `tune` refuses it, but before the run measures what the search does not need. Its busiest step
+    is at the highest ceiling of the grid, which `profile`'s α, β (or, with the CPU stage, the
+    server's batch time and the stage's bound) decide; the SLO does not move it."""
+    from wok.bench.simulate import MAX_ARRIVALS_PER_STEP
+    from wok.bench.tune import busiest_step, grid_of
+
+    search = search_config(args)
+    grid = grid_of(args.sizes, args.delays_s, default_seconds(args))
+    busiest = busiest_step(profile, search, grid, cpu=cpu)
+    if busiest["arrivals"] <= MAX_ARRIVALS_PER_STEP:
+        return
+    fit = "the profile's α, β" if cpu is None else "the CPU stage's batch time and bound"
+    raise SearchTooLarge(
+        f"--arrival {args.arrival} over the search's {search.warmup_s:g} s warm-up + --sim-duration "
+        f"{args.sim_duration} ({busiest['seconds']:g} s): at most {MAX_ARRIVALS_PER_STEP:.0e} arrivals per "
+        f"simulated step; got {busiest['arrivals']:.3g} expected at {busiest['qps']:g} QPS, the highest rate "
+        f"the search can try (max_batch_size {busiest['max_batch_size']}, delay {1e3 * busiest['delay_s']:g} ms, "
+        f"of --max-batch-sizes, --delays and --default: its ceiling by {fit} is {busiest['ceiling_qps']:g} QPS); "
+        "a shorter --sim-duration, or a grid with a lower ceiling, fits"
+    )
 
 
 def _seconds(spec: str) -> float:

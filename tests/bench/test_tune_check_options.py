@@ -1,0 +1,169 @@
+"""bench/tune_check.py refuses a search the simulator cannot hold (its busiest step over the arrival
+cap) in its own options' names, with exit 2, before it measures what the search does not need; and
+a validation ramp whose predictions fail is kept with what it measured. No servers: every
+measurement is a stand-in that records it was asked for."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from wok.bench import compare, tune, tune_check
+
+# Batches of 1 in 1 ms, of 8 in 2 ms: the grid's highest ceiling (max_batch_size 64) is about 6,400
+# QPS, so a simulated step of 1e6 s would expect some 6e9 arrivals, over the simulator's 1e8.
+PROFILE = {1: [1e-3] * 5, 8: [2e-3] * 5}
+TOO_LONG = "1e6s"
+OVERHEAD = tune.overhead_document(np.full(50, 1e-3), "test: canned")
+STAGE = tune.CpuStage(cpu_in_s=1e-4, cpu_out_s=1e-4, cores=2.0, batch_alpha_s=1e-3, batch_beta_s=1e-4)
+
+
+class _Stub:
+    """tune_check.start_server's server, without a process."""
+
+    target = "127.0.0.1:1"
+
+    def __init__(self, n: int, d: float, log_dir, *args, **kwargs) -> None:
+        self.setting = (n, d)
+        self.ports = {"metrics": 1}
+        self.log_path = log_dir / "server.log"
+
+    def stop(self) -> None:
+        pass
+
+
+@pytest.fixture
+def measured(monkeypatch) -> list[str]:
+    """What tune_check measured, in order: every measurement it can make replaced by a stand-in."""
+    calls: list[str] = []
+
+    def measure_profile(sizes, reps, *args, **kwargs):
+        calls.append("profile")
+        return tune.profile_document(PROFILE, "test: canned", model="mlp")
+
+    def calibrate_cpu(args):
+        calls.append("cpu calibration")
+        return tune.cpu_document(STAGE, "test: canned")
+
+    def calibrate(args, t1):
+        calls.append("overhead calibration")
+        return OVERHEAD
+
+    def start_server(n, d, *args, **kwargs):
+        calls.append(f"server {n},{d:g}")
+        return _Stub(n, d, *args, **kwargs)
+
+    def metered_ramp(server, cfg, progress):
+        calls.append("ramp")
+        return {"max_qps_under_slo": 100.0, "knee_qps": None, "interrupted": None, "steps": [], "slo_p99_ms": 50.0}
+
+    monkeypatch.setattr(tune_check, "measure_profile", measure_profile)
+    monkeypatch.setattr(tune_check, "calibrate_cpu", calibrate_cpu)
+    monkeypatch.setattr(tune_check, "calibrate", calibrate)
+    monkeypatch.setattr(tune_check, "start_server", start_server)
+    monkeypatch.setattr(tune_check, "ramp_config", lambda *args, **kwargs: None)
+    monkeypatch.setattr(compare, "metered_ramp", metered_ramp)
+    monkeypatch.setattr(compare, "stop_all", lambda: None)
+    monkeypatch.setattr(tune, "print_table", lambda doc: None)
+    return calls
+
+
+def _main(argv: list[str]) -> int:
+    try:
+        return tune_check.main(argv)
+    except SystemExit as exc:  # argparse's error: status 2
+        return exc.code
+
+
+def _profile(tmp_path) -> str:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(tune.profile_document(PROFILE, "test", model="mlp")))
+    return str(path)
+
+
+def _argv(tmp_path, *extra: str) -> list[str]:
+    return [*extra, "--json", str(tmp_path / "run.json"), "--log-dir", str(tmp_path / "logs"), "--reps", "1"]
+
+
+def _says_the_options(message: str, setting: str = "max_batch_size 64, delay 0 ms") -> None:
+    assert f"--arrival poisson over the search's 1 s warm-up + --sim-duration {TOO_LONG} (1e+06 s)" in message
+    assert "at most 1e+08 arrivals per simulated step" in message
+    # The first of the grid's settings with the highest ceiling.
+    assert f"{setting}, of --max-batch-sizes, --delays and --default" in message
+
+
+@pytest.mark.parametrize("no_stage", [["--no-cpu-stage"], ["--device-like", "1ms,0.1ms"]])
+def test_a_search_too_large_for_a_given_profile_is_refused_before_anything_is_measured(
+    no_stage, tmp_path, measured, capsys
+):
+    """It calibrated (a server, a ramp), then failed in the search: 'stopped at the search', exit 1,
+    in the library's words (`warmup_s + duration_s`)."""
+    status = _main(_argv(tmp_path, "--profile", _profile(tmp_path), *no_stage, "--sim-duration", TOO_LONG))
+    err = capsys.readouterr().err
+    assert (status, measured) == (2, []), err[-2000:]
+    _says_the_options(err)
+    assert "the profile's α, β" in err
+    assert not (tmp_path / "run.json").exists()  # nothing measured, nothing to write
+
+
+def test_a_search_too_large_for_the_measured_profile_is_refused_before_the_first_server(tmp_path, measured, capsys):
+    """It went on to the calibration's server and ramp, and stopped only at the search, exit 1."""
+    status = _main(_argv(tmp_path, "--no-cpu-stage", "--sim-duration", TOO_LONG))
+    err = capsys.readouterr().err
+    assert (status, measured) == (2, ["profile"]), err[-2000:]
+    _says_the_options(err.splitlines()[-1])
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert doc["error"].startswith("stopped at the search's check: --arrival poisson over"), doc["error"]
+    assert doc["profile"]["schema"] == "wok.profile/1"
+    assert (doc["overhead"], doc["tune"], doc["runs"]) == (None, None, [])
+
+
+def test_with_the_cpu_stage_the_search_is_checked_on_the_stage_before_the_overhead_calibration(
+    tmp_path, measured, capsys
+):
+    """The stage's batch time replaces the profile's fit in the search, so its ceilings are known only
+    after the CPU calibration; checked then, not after the overhead calibration and the search."""
+    status = _main(_argv(tmp_path, "--profile", _profile(tmp_path), "--sim-duration", TOO_LONG))
+    err = capsys.readouterr().err
+    assert (status, measured) == (2, ["cpu calibration"]), err[-2000:]
+    # The stage's loop bound, 1 / (c_in + c_out) = 5,000 QPS, caps max_batch_size 16 and above.
+    _says_the_options(err.splitlines()[-1], "max_batch_size 16, delay 0 ms")
+    assert "its ceiling by the CPU stage's batch time and bound is 5000 QPS" in err
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert doc["cpu_stage"]["schema"] == "wok.cpustage/1" and doc["overhead"] is None
+
+
+def test_a_search_that_fits_is_not_refused(tmp_path, measured, monkeypatch):
+    monkeypatch.setattr(tune, "tune", lambda *args, **kwargs: {"chosen": None})
+    status = _main(_argv(tmp_path, "--profile", _profile(tmp_path), "--no-cpu-stage", "--sim-duration", "1s"))
+    assert (status, measured) == (1, ["overhead calibration"])  # no setting meets the SLO (canned): 1
+
+
+def test_a_ramp_whose_prediction_fails_is_kept_with_what_it_measured(tmp_path, measured, monkeypatch, capsys):
+    """The run stopped at 'rep 1 tuned' with its measured ramp lost (exit 1, `runs` without it)."""
+    monkeypatch.setattr(tune, "tune", lambda *args, **kwargs: {"chosen": None})
+    real = tune_check.predict
+
+    def predict(result, n, *args, **kwargs):
+        if n == 4:
+            raise ValueError("at most 1e+08 arrivals per step; got 4e+08")
+        return real(result, n, *args, **kwargs)
+
+    monkeypatch.setattr(tune_check, "predict", predict)
+    monkeypatch.setattr(tune_check, "compare_steps", lambda *args: [])
+    argv = _argv(tmp_path, "--profile", _profile(tmp_path), "--no-cpu-stage", "--default", "8,1ms", "--tuned", "4,0ms")
+    status = _main(argv)
+    err = capsys.readouterr().err
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert status == 1 and "Traceback" not in err, err[-2000:]
+    assert doc["error"] is None
+    default, tuned = doc["runs"]
+    assert (default["label"], default["error"]) == ("default", None)
+    assert tuned["label"] == "tuned"
+    assert tuned["error"] == "predicting it failed: ValueError: at most 1e+08 arrivals per step; got 4e+08"
+    assert tuned["measured"]["max_qps_under_slo"] == 100.0 and tuned["measured_max_qps"] == 100.0
+    assert (tuned["predicted_max_qps_on_steps"], tuned["comparison"]) == (None, [])
+    assert doc["verdict"]["runs_left_out"] == [{"rep": 1, "label": "tuned", "error": tuned["error"]}]
+    assert "left out of the verdict: rep 1 tuned" in err.splitlines()[-1]
