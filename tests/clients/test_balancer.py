@@ -236,6 +236,10 @@ async def test_never_more_than_the_fraction_is_ejected(stub):
         async with stub("b", fail_first=1 << 30, code=CODE.INTERNAL) as b:
             s = settings(consecutive_failures=2, base_ejection_s=60)
             async with Balancer([a.target, b.target], settings=s) as bal:
+                # Both READY first: while one is still connecting (a slow host), the other, ejected
+                # and READY, takes every call (pick: READY ejected before connecting), so the
+                # connecting one might get none of the 20 and never be refused an ejection.
+                await bal.wait_for(lambda: all(r.state is STATE.READY for r in bal.replicas.values()), 10, "all READY")
                 call = bal.unary_unary(METHOD)
                 for _ in range(20):
                     assert await code_of(call) == CODE.INTERNAL

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import grpc
@@ -43,6 +44,36 @@ def _dispatched_within(sent: float, answered: float, t: dict[str, float]) -> tup
     return sent + t["decode"] + t["queue"], answered - t["batch"] - t["respond"] - t["encode"]
 
 
+def _gate_and_watch(rt) -> tuple[threading.Event, asyncio.Event, list[float]]:
+    """Of a model with one instance: a gate its every forward waits for (at most 10 s), an event set
+    once two batches have been handed to the instance, and the requests' first input values in
+    the order they were queued (a batch takes the queue's first ones)."""
+    (inst,) = rt.executor.instances
+    gate, handed_over, order = threading.Event(), asyncio.Event(), []
+    batches = 0
+
+    def held(module, args) -> None:
+        gate.wait(10)
+
+    inst.module.register_forward_pre_hook(held)
+
+    def observer(rows, future) -> None:
+        nonlocal batches
+        batches += 1
+        if batches >= 2:
+            handed_over.set()
+
+    inst.observer = observer
+    submit = rt.batcher.submit
+
+    def recorded(inputs, *args, **kwargs):
+        order.append(float(inputs["INPUT0"][0, 0]))
+        return submit(inputs, *args, **kwargs)
+
+    rt.batcher.submit = recorded
+    return gate, handed_over, order
+
+
 def _check_stages(t: dict[str, float]) -> None:
     assert set(t) == set(TIMING_PARTS), t
     assert all(v >= 0 for v in t.values()), t
@@ -69,25 +100,42 @@ async def test_a_lone_request_carries_its_stage_times_and_its_queue_delay_window
 
 async def test_the_batch_stage_is_the_model_and_a_second_batch_waits_behind_the_first(serve, slow_repository):
     sleep_ms = 50.0
-    root = slow_repository(sleep_ms=sleep_ms, max_batch_size=4, delay_ms=1.0)
+    # The 8 requests reach the server spread out on a loaded host (the client and the server share
+    # this loop). With a 1 ms window they made 3 batches there: a lone early request, a full batch
+    # on the spare slot, and a partial one held in the queue until the instance was idle, which
+    # then started at once. So: the longest window (a batch leaves only with 4), and the first
+    # batch held at the worker (a gate before the model) until the second has been handed over.
+    root = slow_repository(sleep_ms=sleep_ms, max_batch_size=4, delay_ms=60_000.0)
     async with serve(models=(), repository=root, server_timing=True) as server:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            x = np.ones((1, 4), np.float32)
-            got = await asyncio.gather(*(_call_window(stub, encode_request("slow", {"INPUT0": x})) for _ in range(8)))
+        rt = server.runtimes["slow"]
+        gate, handed_over, order = _gate_and_watch(rt)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                requests = [encode_request("slow", {"INPUT0": np.full((1, 4), i, np.float32)}) for i in range(8)]
+                calls = [asyncio.ensure_future(_call_window(stub, r)) for r in requests]
+                try:
+                    await asyncio.wait_for(handed_over.wait(), 10)
+                except asyncio.TimeoutError:
+                    pytest.fail(f"2 batches not handed over while the first waits: {rt.batcher.queued} queued")
+                assert rt.batcher.queued == 0 and rt.batcher.inflight == 2
+                gate.set()
+                got = await asyncio.gather(*calls)
+        finally:
+            gate.set()
     for _, _, t in got:
         _check_stages(t)
         assert t["compute"] >= sleep_ms, t  # the model sleeps per batch
-    # A batch's requests share its batch stage; the first batch's is the shortest (no wait).
-    first_batch = min(t["batch"] for _, _, t in got)
-    first = [g for g in got if g[2]["batch"] == first_batch]
-    later = [g for g in got if g[2]["batch"] != first_batch]
-    assert 1 <= len(first) <= 4, [t for _, _, t in got]
-    # 8 requests, batches of at most 4: the second batch leaves the queue at once (a CPU instance
-    # takes 2 batches in flight) and waits at the worker behind the first, inside its batch stage
-    # (a batch held in the queue until the worker is free would start within a hop). Not the
-    # first batch's whole run: a request that reaches the server late (the client and the server
-    # share this loop, on a loaded machine) dispatches its batch that much later.
+    # The first batch took the first 4 requests queued; a batch's requests share its batch stage.
+    assert sorted(order) == list(range(8)), order
+    first = [got[int(v)] for v in order[:4]]
+    later = [got[int(v)] for v in order[4:]]
+    first_batch = first[0][2]["batch"]
+    assert {g[2]["batch"] for g in first} == {first_batch} and len({g[2]["batch"] for g in later}) == 1, got
+    # The second batch leaves the queue at once (a CPU instance takes 2 batches in flight) and
+    # waits at the worker behind the first, inside its batch stage (a batch held in the queue
+    # until the worker is free would start within a hop). It waits the first's whole run here (it
+    # was handed over before the gate opened); half the model's time tells a wait from a hop.
     assert all(t["start"] >= sleep_ms / 2 for _, _, t in later), [t for _, _, t in got]
     # And its start ends no sooner than the first batch's end, however late it was dispatched:
     # instants on the one perf_counter clock, bounded by the client's send and receive.
