@@ -267,8 +267,11 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
     if "timeout" in req.parameters:
         p = req.parameters["timeout"]
         which = p.WhichOneof("parameter_choice")
-        if which not in ("int64_param", "uint64_param") or getattr(p, which) < 0:
-            raise InvalidInput("parameter 'timeout': expected a non-negative integer of microseconds")
+        if which not in _INTEGER_PARAMS or getattr(p, which) < 0:
+            raise InvalidInput(
+                "parameter 'timeout': expected a non-negative integer of microseconds as int64_param or "
+                f"uint64_param, got {_param_str(p)}"
+            )
         us = getattr(p, which)
         timeout_s = us / 1e6 if us > 0 else None
 
@@ -276,15 +279,37 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
     if "priority" in req.parameters:
         p = req.parameters["priority"]
         which = p.WhichOneof("parameter_choice")
-        if which not in ("int64_param", "uint64_param") or not 0 <= getattr(p, which) <= MAX_PRIORITY_LEVEL:
+        if which not in _INTEGER_PARAMS or not 0 <= getattr(p, which) <= MAX_PRIORITY_LEVEL:
             raise InvalidInput(
-                f"parameter 'priority': expected an integer from 0 to {MAX_PRIORITY_LEVEL} "
-                f"(1 most urgent, 0 the default), got {getattr(p, which) if which else 'none'}"
+                f"parameter 'priority': expected an integer from 0 to {MAX_PRIORITY_LEVEL} as int64_param or "
+                f"uint64_param (1 most urgent, 0 the default), got {_param_str(p)}"
             )
         priority = getattr(p, which) or None
 
     servable.check(arrays)
     return DecodedRequest(arrays, rows, outputs, timeout_s, priority)
+
+
+_INTEGER_PARAMS = ("int64_param", "uint64_param")
+# A string parameter's value is quoted in a message up to this many characters: one of 10,000
+# must not make a 10 KB message.
+_PARAM_STR_CHARS = 40
+
+
+def _param_str(p: pb.InferParameter) -> str:
+    """A parameter's value as a message's "got" names it, with its kind: string_param '1',
+    double_param 1000000.0, int64_param -5, bool_param true; a long string is cut."""
+    which = p.WhichOneof("parameter_choice")
+    if which is None:
+        return "no value (none of its fields set)"
+    v = getattr(p, which)
+    if which == "bool_param":
+        return f"bool_param {'true' if v else 'false'}"
+    if which == "string_param":
+        if len(v) <= _PARAM_STR_CHARS:
+            return f"string_param {v!r}"  # repr: quoted, control characters escaped
+        return f"string_param {v[:_PARAM_STR_CHARS]!r}… ({len(v):,} characters)"
+    return f"{which} {v!r}"  # a double as repr reads 1000000.0, inf, nan
 
 
 def encode_response(

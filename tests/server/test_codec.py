@@ -128,6 +128,61 @@ def test_requested_outputs_and_the_timeout_parameter():
         decode_request(req, s)
 
 
+EXPECTED_PARAM = {
+    "timeout": "parameter 'timeout': expected a non-negative integer of microseconds as int64_param or uint64_param",
+    "priority": "parameter 'priority': expected an integer from 0 to 1000000 as int64_param or uint64_param "
+    "(1 most urgent, 0 the default)",
+}
+
+
+@pytest.mark.parametrize("key", ["timeout", "priority"])
+@pytest.mark.parametrize(
+    "kind, value, got",
+    [
+        ("string_param", "100", "string_param '100'"),
+        ("string_param", "1", "string_param '1'"),  # an integer's digits, but a string: not "got 1"
+        ("double_param", 1e6, "double_param 1000000.0"),
+        ("int64_param", -5, "int64_param -5"),
+        ("bool_param", True, "bool_param true"),
+        ("bool_param", False, "bool_param false"),
+        ("string_param", "a\nb", "string_param 'a\\nb'"),  # quoted, a control character escaped
+    ],
+)
+def test_a_bad_timeout_or_priority_parameter_names_what_was_got_and_its_kind(key, kind, value, got):
+    req = encode_request("id", {"X": np.zeros((1, 3), np.float32)})
+    setattr(req.parameters[key], kind, value)
+    with pytest.raises(InvalidInput) as info:
+        decode_request(req, identity("FP32"))
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(info.value) == f"{EXPECTED_PARAM[key]}, got {got}"
+
+
+@pytest.mark.parametrize("key", ["timeout", "priority"])
+def test_a_bad_parameter_out_of_range_or_with_no_value_names_what_was_got(key):
+    s = identity("FP32")
+    req = encode_request("id", {"X": np.zeros((1, 3), np.float32)})
+    req.parameters[key].SetInParent()  # present in the map, none of its value fields set
+    with pytest.raises(InvalidInput) as info:
+        decode_request(req, s)
+    assert str(info.value) == f"{EXPECTED_PARAM[key]}, got no value (none of its fields set)"
+    if key == "priority":
+        req.parameters[key].uint64_param = 1_000_001
+        with pytest.raises(InvalidInput) as info:
+            decode_request(req, s)
+        assert str(info.value) == f"{EXPECTED_PARAM[key]}, got uint64_param 1000001"
+
+
+@pytest.mark.parametrize("key", ["timeout", "priority"])
+def test_a_long_string_parameter_is_cut_in_the_message(key):
+    req = encode_request("id", {"X": np.zeros((1, 3), np.float32)})
+    req.parameters[key].string_param = "9" * 10_000
+    with pytest.raises(InvalidInput) as info:
+        decode_request(req, identity("FP32"))
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(info.value) == f"{EXPECTED_PARAM[key]}, got string_param '{'9' * 40}'… (10,000 characters)"
+    assert len(str(info.value)) < 300
+
+
 def test_an_input_sent_both_raw_and_typed_is_invalid_and_an_empty_contents_is_not_data():
     s = identity("FP32")
     req = encode_request("id", {"X": np.zeros((1, 3), np.float32)})

@@ -426,15 +426,16 @@ def test_the_priority_parameter_decodes_and_a_bad_one_names_itself(gated):
     assert decode_request(encode_request("gated", x), s).priority is None
     req = encode_request("gated", x)
     req.parameters["priority"].string_param = "high"
-    expected = "parameter 'priority': expected an integer from 0 to 1000000 (1 most urgent, 0 the default), got "
+    expected = "parameter 'priority': expected an integer from 0 to 1000000 as int64_param or uint64_param "
+    expected += "(1 most urgent, 0 the default), got "
     with pytest.raises(InvalidInput) as info:
         decode_request(req, s)
-    assert str(info.value) == expected + "high"
+    assert str(info.value) == expected + "string_param 'high'"
     for bad in (-1, 1_000_001, 2**62):
         req.parameters["priority"].int64_param = bad
         with pytest.raises(InvalidInput) as info:
             decode_request(req, s)
-        assert str(info.value) == expected + str(bad)
+        assert str(info.value) == expected + f"int64_param {bad}"
     req.parameters["priority"].uint64_param = 1_000_000  # the least urgent level there is
     assert decode_request(req, s).priority == 1_000_000
 
