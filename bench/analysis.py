@@ -243,26 +243,37 @@ def poisson_noise_qps(offered_qps: float, duration_s: float) -> float:
 def find_knee(steps: list[dict], threshold: float = 0.5) -> float | None:
     """Offered QPS of the first step where achieved throughput stops following the offer.
 
-    That is the first step i ≥ 1 (in offered order) whose marginal gain
-    (achieved_i − achieved_{i−1}) / (offered_i − offered_{i−1}) is below `threshold`.
-    `achieved_qps` counts successful requests only, so a server that answers the extra
-    load with errors has reached its knee too. Steps at an already-seen offer are skipped.
-    The step must also fall short of its own offer by more than the Poisson noise of its count
-    (3·√N): between steps a few QPS apart (refinement), noise alone makes gains below any
-    threshold while throughput still follows the offer.
+    That is the first step i (in offered order) whose marginal gain
+    (achieved_i − achieved_{i−1}) / (offered_i − offered_{i−1}) is below `threshold`, the
+    first step's gain taken from the origin (nothing offered, nothing achieved): achieved_1 /
+    offered_1. When the first step is the knee, the knee is at or below it (nothing ran below
+    to say where): `knee_at_or_below_first_step`. `achieved_qps` counts successful requests
+    only, so a server that answers the extra load with errors has reached its knee too. Steps
+    at an already-seen offer are skipped. The step must also fall short of its own offer by
+    more than the Poisson noise of its count (3·√N): between steps a few QPS apart
+    (refinement), noise alone makes gains below any threshold while throughput still follows.
     """
-    prev = None
+    prev = {"offered_qps": 0.0, "achieved_qps": 0.0}
     for step in _sorted_steps(steps):
-        if prev is not None and step["offered_qps"] > prev["offered_qps"]:
+        if step["offered_qps"] > prev["offered_qps"]:
             gain = (step["achieved_qps"] - prev["achieved_qps"]) / (step["offered_qps"] - prev["offered_qps"])
             short = step["offered_qps"] - step["achieved_qps"] > poisson_noise_qps(
                 step["offered_qps"], step["duration_s"]
             )
             if gain < threshold and short:
                 return step["offered_qps"]
-        if prev is None or step["offered_qps"] > prev["offered_qps"]:
             prev = step
     return None
+
+
+def knee_at_or_below_first_step(steps: Sequence[dict], knee: float | None) -> bool:
+    """Whether `knee` (find_knee's answer on these steps) is their lowest offer: the first step
+    already fell short of its offer, so the knee lies at or below it, where nothing was run.
+
+    Exact on every result ever written: before the first step was judged (2026-12-02) the knee
+    could only be a step above the lowest one."""
+    offers = [s["offered_qps"] for s in steps if s["offered_qps"] > 0]
+    return knee is not None and bool(offers) and knee <= min(offers)
 
 
 def passes_slo(step: dict, slo_p99_ms: float, min_success_rate: float = 0.99) -> bool:
@@ -461,6 +472,7 @@ def ramp_result(
         "min_success_rate": float(min_success_rate),
         "knee_threshold": float(knee_threshold),
         "knee_qps": knee,
+        "knee_at_or_below_first_step": knee_at_or_below_first_step(ordered, knee),
         "max_qps_under_slo": best,
         "steps": ordered,
         "timeline": _check_timeline(timeline),

@@ -32,7 +32,7 @@ if "matplotlib.pyplot" not in sys.modules:
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from .analysis import LATENCY_KEYS, passes_slo
+from .analysis import LATENCY_KEYS, knee_at_or_below_first_step, passes_slo
 from .outputs import json_text
 
 PathOrFile = str | os.PathLike | IO
@@ -230,7 +230,8 @@ def _mark_verdicts(ax, result: dict, offers: np.ndarray) -> None:
     """The knee and the max under the SLO; named as the capacity ramp's when that ramp's steps are not drawn."""
     origin = " (capacity ramp)" if _verdicts_from_capacity_ramp(result) else ""
     knee, best = result.get("knee_qps"), result.get("max_qps_under_slo")
-    _mark_offer(ax, knee, f"knee {_fmt_qps(knee)} QPS{origin}", COLORS["knee"], 0.98, offers)
+    at = "≤ " if _knee_at_first(result) else ""
+    _mark_offer(ax, knee, f"knee {at}{_fmt_qps(knee)} QPS{origin}", COLORS["knee"], 0.98, offers)
     _mark_offer(ax, best, f"max under SLO {_fmt_qps(best)} QPS{origin}", COLORS["max"], 0.85, offers)
 
 
@@ -483,6 +484,26 @@ def _verdicts_from_capacity_ramp(result: dict) -> bool:
     return (result.get("soak") or {}).get("verdict_from") == "capacity ramp"
 
 
+def _knee_at_first(result: dict) -> bool:
+    """Whether the knee is at or below the first step of the ramp it was found on (a soak run's
+    capacity ramp's), read from those steps: the soak run copies `knee_qps` only, and files
+    written before `knee_at_or_below_first_step` lack it."""
+    if _verdicts_from_capacity_ramp(result):
+        steps = ((result.get("soak") or {}).get("capacity") or {}).get("steps")
+    else:
+        steps = result.get("steps")
+    return knee_at_or_below_first_step(steps or [], result.get("knee_qps"))
+
+
+def _knee_text(result: dict) -> str:
+    knee = result.get("knee_qps")
+    if knee is None:
+        return "none: throughput kept up at every step"
+    if _knee_at_first(result):
+        return f"at or below {_fmt_qps(knee)} QPS (the first step already fell short of its offer)"
+    return f"{_fmt_qps(knee)} QPS"
+
+
 def _soak_verdict_note(result: dict, where: str) -> str | None:
     """Where a soak run's verdicts come from, said under them; `where` points at the soak step's row."""
     soak = result.get("soak")
@@ -506,10 +527,10 @@ def _soak_verdict_note(result: dict, where: str) -> str | None:
 
 def _verdict_lines(result: dict) -> list[str]:
     slo = _num(result.get("slo_p99_ms"))
-    best, knee = result.get("max_qps_under_slo"), result.get("knee_qps")
+    best = result.get("max_qps_under_slo")
     lines = [
         f"max QPS under SLO (P99 ≤ {slo:g} ms): {'none: no step met it' if best is None else _fmt_qps(best)}",
-        f"knee: {'none: throughput kept up at every step' if knee is None else f'{_fmt_qps(knee)} QPS'}",
+        f"knee: {_knee_text(result)}",
     ]
     note = _soak_verdict_note(result, "above")
     if note:
@@ -751,9 +772,14 @@ def render_html(result: dict, *, title: str | None = None) -> str:
     else:
         best_note = "no step met the SLO" if best is None else "highest passing step"
         knee_note = "where achieved stops following offered"
+    knee_value = "none" if knee is None else f"{_fmt_qps(knee)} QPS"
+    if _knee_at_first(result):
+        knee_value = f"≤ {knee_value}"
+        knee_note = "at or below the first step" + (" of the capacity ramp" if from_ramp else "")
+        knee_note += ": it already fell short of its offer"
     cards = [
         _card("max QPS under SLO", _fmt_qps(best), best_note),
-        _card("knee", "none" if knee is None else f"{_fmt_qps(knee)} QPS", knee_note),
+        _card("knee", knee_value, knee_note),
         _card("SLO", f"P99 ≤ {slo:g} ms", f"and ≥ {100 * _num(result.get('min_success_rate', 0.99)):g}% success"),
         _card(
             "peak achieved", f"{_fmt_qps(round(peak, 1)) if math.isfinite(peak) else '-'} QPS", "successful requests"

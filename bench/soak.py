@@ -335,9 +335,11 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
     if capacity_result is not None:
         result["max_qps_under_slo"] = capacity_result["max_qps_under_slo"]
         result["knee_qps"] = capacity_result["knee_qps"]
+        result["knee_at_or_below_first_step"] = capacity_result["knee_at_or_below_first_step"]
         result["warnings"] = [f"capacity ramp: {w}" for w in capacity_result["warnings"]] + result["warnings"]
     else:  # nothing measured a maximum: the soak step's own verdict is what there is
         result["knee_qps"] = None
+        result["knee_at_or_below_first_step"] = False
     section["verdict_from"] = "capacity ramp" if capacity_result is not None else "soak step"
     if not urls:
         result["warnings"].append("no /metrics to scrape (give --metrics-url): RSS was not sampled")

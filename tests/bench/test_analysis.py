@@ -261,6 +261,43 @@ def test_knee_skips_a_repeated_offer():
     assert find_knee(steps) is None
 
 
+def test_knee_at_or_below_a_first_step_that_already_fell_short():
+    # `wok simulate --alpha 0.25ms --beta 0.2ms --steps 16000 --step-duration 5s`: 4,806.4 of 16,000
+    # achieved. The first step's gain is taken from the origin: 4806.4 / 16000 = 0.30 < 0.5, and it
+    # is 11,194 short, far beyond its noise 3·√(16000·5)/5 ≈ 170. It was reported as "kept up".
+    first = [fake_step(16000, 4806.4, duration=5.0)]
+    assert find_knee(first) == 16000
+    r = ramp_result(steps=first, slo_p99_ms=200, config={})
+    assert r["knee_qps"] == 16000 and r.get("knee_at_or_below_first_step") is True
+    # With a second, flat step the knee was put at 32,000, though throughput was flat from 16,000.
+    flat = [*first, fake_step(32000, 4810.0, duration=5.0)]
+    assert find_knee(flat) == 16000
+    # A first step whose requests all fail (encoder, `--sizes fixed:0`: 0 achieved, 32 errors).
+    assert find_knee([fake_step(6.4, 0.0, success=0.0, duration=5.0, requests=32)]) == 6.4
+
+
+def test_knee_after_a_first_step_that_kept_up_is_where_it_was():
+    # 100 → 100 (gain from the origin 1.0, not short), 200 → 105: (105 − 100) / 100 = 0.05, 95 short
+    # beyond its noise 3·√(200·60)/60 ≈ 5.5: the knee is the second step, as before.
+    steps = curve([(100, 100), (200, 105)])
+    assert find_knee(steps) == 200
+    r = ramp_result(steps=steps, slo_p99_ms=200, config={})
+    assert r["knee_qps"] == 200 and r["knee_at_or_below_first_step"] is False
+    # Every step kept up: no knee.
+    kept = ramp_result(steps=curve([(100, 100), (200, 199), (400, 399)]), slo_p99_ms=200, config={})
+    assert kept["knee_qps"] is None and kept["knee_at_or_below_first_step"] is False
+
+
+def test_a_first_step_short_but_still_following_is_not_the_knee():
+    # 3 % errors at the first step: 15,520 of 16,000 is 480 short, beyond the noise (170), but its gain
+    # from the origin is 0.97, and the next step still gains 0.97: the knee is where the curve flattens,
+    # as it would be with lower steps run first (the knee does not move down when they are left out).
+    steps = [fake_step(o, a, duration=5.0) for o, a in [(16000, 15520), (32000, 31040), (64000, 33000)]]
+    assert find_knee(steps) == 64000
+    assert find_knee([fake_step(8000, 8000, duration=5.0), *steps]) == 64000
+    assert find_knee(steps, threshold=0.98) == 16000  # with a stricter threshold it is the first step
+
+
 def slo_curve(points, success=None) -> list[dict]:
     success = success or {}
     return [fake_step(o, p99=p, success=success.get(o, 1.0)) for o, p in points]

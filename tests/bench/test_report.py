@@ -369,6 +369,30 @@ def test_table_says_none_for_missing_verdicts(result):
     assert "knee: none" in buf.getvalue() and "max QPS under SLO (P99 ≤ 200 ms): none" in buf.getvalue()
 
 
+def test_verdicts_say_the_knee_is_at_or_below_a_first_step_that_fell_short():
+    # A server of 250 QPS offered 800 then 1,600: the first step already falls short (gain from nothing
+    # offered about 0.3). It was reported as "none: throughput kept up at every step".
+    rng = np.random.default_rng(5)
+    steps = [synthetic_step(q, 250.0, rng, duration=2.0) for q in (800, 1600)]
+    doc = json.loads(report.to_json(ramp_result(steps=steps, slo_p99_ms=SLO_MS, config={})))
+    assert doc["knee_qps"] == 800 and doc["knee_at_or_below_first_step"] is True, [
+        (s["offered_qps"], s["achieved_qps"]) for s in doc["steps"]
+    ]
+    buf = io.StringIO()
+    report.print_table(doc, file=buf)
+    assert "knee: at or below 800 QPS (the first step already fell short of its offer)" in buf.getvalue()
+    assert "kept up" not in buf.getvalue()
+    card = '<div class="v">' + report._e("≤ 800 QPS") + '</div><div class="n">at or below the first step'
+    assert card in report.render_html(doc)
+    # A soak run copies the capacity ramp's knee_qps alone: its steps, not the soak step's, say where it lies.
+    soak = soak_document()
+    soak["knee_qps"] = soak["soak"]["capacity"]["steps"][0]["offered_qps"]  # 50: the ramp's first step
+    soak["steps"][0]["offered_qps"] = 30.0
+    buf = io.StringIO()
+    report.print_table(soak, file=buf)
+    assert "knee: at or below 50 QPS (the first step already fell short of its offer)" in buf.getvalue()
+
+
 def test_table_of_bare_steps_has_no_verdicts(result):
     buf = io.StringIO()
     report.print_table(result["steps"], file=buf)

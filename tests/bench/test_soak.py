@@ -185,6 +185,8 @@ def test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_ca
     # A whole burst step (no warm-up) offers 1 + 0.4·√(2π) times its step rate.
     assert step["nominal_qps"] == pytest.approx(capacity / 2 / (1 + 0.4 * math.sqrt(2 * math.pi)), rel=1e-3)
     assert result["max_qps_under_slo"] == capacity and result["soak"]["verdict_from"] == "capacity ramp"
+    # The knee and its flag are the capacity ramp's both (both steps kept up: none).
+    assert result["knee_qps"] is None and result["knee_at_or_below_first_step"] is False
     assert not any(w.startswith("every step met") for w in result["warnings"])
     assert any(w.startswith("capacity ramp: every step met the SLO") for w in result["warnings"])
     assert "from the capacity ramp's steps" in stdout
