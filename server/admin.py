@@ -9,7 +9,8 @@ Events (`GET /events`, server-sent events) are what the demo page draws:
   with `reason` the batcher's flush reason (one of metrics.FLUSH_REASONS: size, delay, drain;
   with the slo policy also deadline, idle), `queued` the requests still waiting when it was
   formed, the times in Unix seconds (the worker's start and end; for a failed batch, its
-  dispatch and the failure), and `error` when `ok` is false;
+  dispatch and the failure), and `error` when `ok` is false ("cancelled" for a batch the
+  executor's shutdown dropped at the worker, past the grace period, before it ran);
 - a `tick` every 250 ms: per model its queue, batches in flight, the instances' running
   batches, the counters (samples, batches, responses by code, flushes by reason, busy seconds
   per instance), the policy and the active faults. With metrics off (`--no-metrics`) the busy
@@ -101,7 +102,12 @@ class _BatchWatch:
     def _done(self, info: tuple, f: concurrent.futures.Future) -> None:
         index, samples, requests, reason, queued, dispatched = info
         self.running[index] -= 1
-        if not f.cancelled() and f.exception() is None:
+        # Cancelled: the batch still waited at the worker when the executor shut down past the
+        # grace period (Instance.shutdown); f.exception() would raise CancelledError here.
+        cancelled = f.cancelled()
+        exc = None if cancelled else f.exception()
+        ok = not cancelled and exc is None
+        if ok:
             r: BatchResult = f.result()
             self.busy[index] += r.finished - r.started
         if not self.admin.subscribers:
@@ -116,13 +122,12 @@ class _BatchWatch:
             "reason": reason,
             "queued": queued,
         }
-        exc = f.exception()
-        if exc is None:
-            r: BatchResult = f.result()
+        if ok:
             kept = requests if r.kept is None else len(r.kept)
             event.update(t_start=to_unix(r.started), t_end=to_unix(r.finished), ok=True, ran=kept)
         else:
-            event.update(t_start=to_unix(dispatched), t_end=to_unix(time.perf_counter()), ok=False, error=str(exc))
+            error = "cancelled" if cancelled else str(exc)
+            event.update(t_start=to_unix(dispatched), t_end=to_unix(time.perf_counter()), ok=False, error=error)
         self.admin.publish(event)
 
 

@@ -1,0 +1,120 @@
+"""The admin event stream (server/admin.py) across a stop that cancels batches at the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from wok.app import WokServer
+from wok.config import model_config_from_dict, server_settings
+from wok.repository import ModelRepository
+from wok.servable import Servable
+
+
+class Gated(nn.Module):
+    """Returns 2x; once `gate` is cleared, a batch blocks in the model until the test sets it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()  # the warm-up runs through
+        self.entered = threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.gate.is_set():
+            self.entered.set()
+        if not self.gate.wait(timeout=60):  # a backstop for a test that never set it
+            raise RuntimeError("test gate never opened")
+        return x * 2
+
+
+def gated_servable() -> tuple[Servable, Gated]:
+    cfg = model_config_from_dict(
+        {
+            "name": "gated",
+            "platform": "python",
+            "factory": "tests:unused",
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}],
+            "max_batch_size": 1,  # one request is a full batch: the second waits at the busy worker
+            "instances": {"count": 1, "devices": ["cpu"]},  # two slots: pipeline_depth 2
+        },
+        "test",
+    )
+    module = Gated()
+    return Servable(cfg, module), module
+
+
+async def until(cond, what: str, limit_s: float = 10.0) -> None:
+    """Run the loop until `cond()` holds (a backstop of `limit_s`, never reached when it works)."""
+    end = time.monotonic() + limit_s
+    while not cond():
+        assert time.monotonic() < end, f"never: {what}"
+        await asyncio.sleep(0)
+
+
+async def next_event(sub, *types: str) -> dict:
+    while True:
+        event = await asyncio.wait_for(sub.queue.get(), 10)
+        if event["type"] in types:
+            return event
+
+
+async def test_a_batch_cancelled_at_the_worker_by_the_stop_is_a_failed_batch_event():
+    """Past the grace period the executor's shutdown cancels the batch still waiting at the worker
+    (Instance.shutdown, cancel_futures). A subscriber still there then (the /events stream of a
+    connection the metrics port accepted as its stop began outlives it) got no event for that batch:
+    `_done` called f.exception() on the cancelled future, and the loop logged the CancelledError."""
+    servable, module = gated_servable()
+    server = WokServer(server_settings(grpc_port=0, metrics_port=0, admin=True), ModelRepository([servable], "test"))
+    loop = asyncio.get_running_loop()
+    handler = loop.get_exception_handler()
+    await server.start()
+    stopping = None
+    try:
+        admin = server.http.admin
+        sub = admin.subscribe()
+        # A callback that raises on the loop: its report goes to the subscriber, where the test reads it.
+        loop.set_exception_handler(lambda _loop, ctx: sub.put({"type": "loop-error", "message": ctx["message"]}))
+        module.gate.clear()
+        batcher = server.runtime("gated").batcher
+        x = {"INPUT0": np.ones((1, 4), np.float32)}
+        pending = [batcher.submit(x, 1, None, None) for _ in range(2)]
+        assert await loop.run_in_executor(None, module.entered.wait, 10), "the first batch never reached the model"
+        await until(lambda: admin.watches["gated"].running == [2], "both batches at the instance")
+        stopping = asyncio.create_task(server.stop(grace=0.05))
+        event = await next_event(sub, "batch", "loop-error")
+        assert {k: v for k, v in event.items() if k not in ("t_start", "t_end")} == {
+            "type": "batch",
+            "model": "gated",
+            "instance": 0,
+            "size": 1,
+            "requests": 1,
+            "reason": "size",
+            "queued": 0,
+            "ok": False,
+            "error": "cancelled",
+        }
+        assert event["t_start"] <= event["t_end"]
+        assert admin.watches["gated"].running == [1]  # the first batch is still in the model
+        module.gate.set()
+        ran = await next_event(sub, "batch", "loop-error")
+        assert (ran["type"], ran["ok"]) == ("batch", True)
+        await stopping
+        assert admin.watches["gated"].running == [0]
+        assert admin.watches["gated"].busy[0] > 0  # the batch that ran; the cancelled one adds nothing
+        for p in pending:  # answered UNAVAILABLE by the stop
+            assert p.future.done() and type(p.future.exception()).__name__ == "ShuttingDown"
+        admin.unsubscribe(sub)
+    finally:
+        module.gate.set()
+        if stopping is None:
+            await server.stop(grace=5.0)
+        elif not stopping.done():
+            await stopping
+        loop.set_exception_handler(handler)
