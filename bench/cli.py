@@ -6,6 +6,7 @@ import math
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from .outputs import check_outputs as _check_outputs
@@ -73,7 +74,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--metrics-url",
         default="auto",
-        help="the server's /metrics: auto (HOST:8002 of a single target; none for several), a URL, or none",
+        help="the server's /metrics: auto (HOST:8002 of a single target, if its wok_server_info names the "
+        "target's port; none for several), a URL (scraped as given; a port other than the target's is warned "
+        "of), or none",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -344,19 +347,82 @@ def run_simulate(args) -> int:
     return 0
 
 
-def _metrics_url(spec: str, target: str) -> str | None:
+AUTO_METRICS_PORT = 8002  # `wok serve`'s default --metrics-port, where --metrics-url auto looks
+_LEFT_OUT = "server-side columns left out (give --metrics-url)"
+
+
+def _several(target: str) -> bool:
+    return "," in target or target.startswith(("dns:", "ipv4:", "ipv6:", "unix:"))
+
+
+def _metrics_url(spec: str, target: str, *, replicas: bool = False, say=_warn) -> str | None:
+    """The /metrics the ramp scrapes for `target`'s server view, or None; what was decided is said
+    (`say`, stderr). `auto` takes http://HOST:8002/metrics only if it is the target's server: its
+    wok_server_info names the target's port. A URL given is scraped as given (see `_vet_metrics_url`)."""
     if spec == "none":
         return None
-    if spec != "auto":
+    if replicas:
+        # The replicas do not run yet, and with several there is no one /metrics (bench/faults.py).
+        if spec == "auto":
+            say(f"--metrics-url auto: the replicas started have no one /metrics; {_LEFT_OUT}")
+            return None
+        say(f"server-side columns from {spec} (as given)")
         return spec
-    if "," in target or target.startswith(("dns:", "ipv4:", "ipv6:", "unix:")):
-        # Several servers: one's /metrics would be taken for all of them. Give --metrics-url.
+    if spec != "auto":
+        return _vet_metrics_url(spec, None if _several(target) else target, explicit=True, say=say)
+    if _several(target):
+        say(f"--metrics-url auto: a target of several servers ({target}) has no one /metrics; {_LEFT_OUT}")
         return None
+    host = target.rsplit(":", 1)[0]
+    return _vet_metrics_url(f"http://{host}:{AUTO_METRICS_PORT}/metrics", target, explicit=False, say=say)
+
+
+def _grpc_ports(snap) -> list[str]:
+    """The gRPC ports a scrape's wok_server_info names: one for a wok server, none for any other."""
+    return sorted({dict(items).get("grpc_port", "?") for name, items in snap.values if name == "wok_server_info"})
+
+
+def _vet_metrics_url(url: str, target: str | None, *, explicit: bool, say=_warn, timeout: float = 2.0) -> str | None:
+    """`url` if it is to be scraped for the server at `target` (None: several servers), else None.
+
+    Scraped once now. A candidate of `auto` (explicit=False) is taken only when its
+    wok_server_info names the target's port: another server's figures, or none at all, would
+    be shown as the target's without a word. A URL given (explicit) is scraped as given, since
+    a port mapping (a container's, a Kubernetes Service's) can make the port the client dials
+    differ from the one the server bound; a mismatch or no answer is said.
+    """
     from .scrape import scrape
 
-    host = target.rsplit(":", 1)[0]
-    url = f"http://{host}:8002/metrics"
-    return url if scrape(url, timeout=2.0) is not None else None
+    snap = scrape(url, timeout=timeout)
+    port = None if target is None else target.rsplit(":", 1)[-1]
+    if snap is None:
+        if explicit:
+            say(f"--metrics-url {url}: no answer now; scraped at each step all the same (`-` while none)")
+            return url
+        say(f"--metrics-url auto: nothing answers at {url}; {_LEFT_OUT}")
+        return None
+    ports = _grpc_ports(snap)
+    if not ports:
+        if explicit:
+            say(f"server-side columns from {url} (as given: it names no gRPC port to check it against)")
+            return url
+        say(
+            f"--metrics-url auto: {url} names no wok server (no wok_server_info: another server, or a wok "
+            f"older than this bench), so not {target}'s for sure; {_LEFT_OUT}"
+        )
+        return None
+    whose = f"the server on gRPC port {ports[0]}" if len(ports) == 1 else f"servers on gRPC ports {', '.join(ports)}"
+    if target is None or ports == [port]:
+        say(f"server-side columns from {url} ({whose if target is None else f'the server of {target}'})")
+        return url
+    if explicit:
+        say(
+            f"--metrics-url {url} is the metrics of {whose}, not of {target}; scraped as given "
+            "(right only if a port mapping stands between)"
+        )
+        return url
+    say(f"--metrics-url auto: {url} is the metrics of {whose}, not of {target}; {_LEFT_OUT}")
+    return None
 
 
 def _unix_time(text: str | None) -> float | None:
@@ -519,7 +585,7 @@ def run(args) -> int:
         slo_p99_ms=1e3 * _seconds(args, "--slo-p99", positive=True),
         workers=args.workers,
         timeout_s=_seconds(args, "--timeout", positive=True),
-        metrics_url=_metrics_url(args.metrics_url, target),
+        metrics_url=None,  # chosen below, once the options are known to be good
         seed=args.seed,
         stop_factor=args.stop_factor,
         refine=args.refine,
@@ -556,6 +622,7 @@ def run(args) -> int:
         )
     if args.hedge_after != "auto" and balancer != "wok":
         raise ValueError("--hedge-after is the wok balancer's: it does nothing with --balancer grpc")
+    cfg = replace(cfg, metrics_url=_metrics_url(args.metrics_url, target, replicas=args.replicas is not None))
     previous = _signals_interrupt()
     try:
         try:

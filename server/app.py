@@ -232,6 +232,7 @@ class WokServer:
             self.port = 0
         if self.port == 0:
             raise OSError(f"cannot bind the gRPC port to {address}: {_BIND_CAUSES}")
+        self.metrics.grpc_port = self.port  # wok_server_info: whose /metrics a scraper reads
         await self._grpc.start()
         # Unary inference only: a stream is accepted once and then carries many requests.
         infer = f"/{SERVICE_NAME}/ModelInfer"

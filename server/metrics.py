@@ -207,6 +207,10 @@ class WokMetrics:
         self.loop_lag = WeightedHistogram(LOOP_LAG_BUCKETS)  # fed by server/loopmon.py while the server runs
         # Set by the admin API (server/admin.py): (model, instance, mode, 1 or 0) per instance and mode.
         self.faults: Callable[[], Iterable[tuple[str, int, str, int]]] | None = None
+        # The gRPC port the server bound (the real one when asked for port 0), set by the server
+        # once bound: exported as wok_server_info{grpc_port=...}, so that a scraper (`wok bench
+        # ramp --metrics-url auto`) can tell whose /metrics it reads. None: no series.
+        self.grpc_port: int | None = None
         registry.register(self)
 
     def model(self, name: str, instances: int) -> ModelMetrics:
@@ -303,6 +307,16 @@ class WokMetrics:
         rej.add_metric(["", "not_found"], self.unknown_model_requests)
         resp.add_metric(["", "INVALID_ARGUMENT"], self.unparsed_requests)
         rej.add_metric(["", "invalid"], self.unparsed_requests)
+        if self.grpc_port is not None:
+            # An info-style gauge (always 1; the label is the information), as prometheus_client's Info
+            # renders in the text format.
+            info = GaugeMetricFamily(
+                "wok_server_info",
+                "Which server this is: the port its gRPC inference service listens on (the bound one); always 1",
+                labels=["grpc_port"],
+            )
+            info.add_metric([str(self.grpc_port)], 1)
+            yield info
         yield from (stage, e2e, bs, flush, slack, resp, rej, busy, idle_queued, depth, inflight)
         if self.loop_lag.count:
             lag = HistogramMetricFamily(

@@ -19,7 +19,7 @@ def test_auto_scrapes_nothing_for_several_servers(target):
 
 
 def test_explicit_and_none_are_taken_as_given():
-    assert _metrics_url("http://10.0.0.1:9000/metrics", "a:1,b:2") == "http://10.0.0.1:9000/metrics"
+    assert _metrics_url("http://127.0.0.1:9/metrics", "a:1,b:2") == "http://127.0.0.1:9/metrics"
     assert _metrics_url("none", "127.0.0.1:1") is None
 
 

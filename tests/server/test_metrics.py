@@ -193,6 +193,16 @@ async def test_every_answer_is_counted_once_in_wok_responses_unknown_models_incl
     assert sample(families, "wok_rejected_requests", "_total", model="", reason="invalid") == 2
 
 
+async def test_the_server_names_the_grpc_port_it_bound_in_wok_server_info(serve):
+    # Asked for port 0: the info names the port bound, which a scraper can match with its target.
+    async with serve(models=("mlp",)) as server:
+        families = await asyncio.to_thread(scrape, server.http.port)
+    assert server.port > 0 and server.settings.grpc_port == 0
+    assert [(s.name, s.labels, s.value) for s in families["wok_server_info"].samples] == [
+        ("wok_server_info", {"grpc_port": str(server.port)}, 1.0)
+    ]
+
+
 async def test_openmetrics_is_served_when_asked_for(serve):
     async with serve(models=("mlp",)) as server:
         req = urllib.request.Request(
