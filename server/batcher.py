@@ -17,7 +17,8 @@ skipped lazily. A heap of queue heads by arrival finds the next delay flush, and
 of queues at their flush size finds size flushes, without scanning every key; across keys the
 full queues and those past their delay window go oldest first, a queue ranked by the request
 its next batch takes first (its most urgent level's first). A queued request whose deadline
-passes is failed then, wherever it waits (the task's timer is armed for the earliest one). A request
+passes is failed then, wherever it waits (the task's timer is armed for the earliest one), and so
+is one in a full batch waiting at a busy CPU instance's worker (left out of it there). A request
 whose deadline has already passed when it arrives is refused then (DeadlineExceeded), under
 every policy: it never takes queue space.
 
@@ -95,6 +96,9 @@ class Pending:
     compute: float = 0.0  # its batch's model time, seconds
     level: int = 1  # priority level: lower is more urgent
     probe: bool = False  # slo policy: admitted without a check (the model was idle), so it runs even if predicted late
+    # Its batch while that waits at a busy instance's worker, behind the batch ahead of it
+    # (`Batcher._dispatch`); None otherwise, and once its batch is back.
+    batch: Batch | None = None
 
 
 @dataclass(slots=True)
@@ -110,6 +114,12 @@ class Batch:
     idle_from: float | None = None
     key: Hashable = None
     to_idle: bool = False  # its instance was idle when it was dispatched (the hop is measured on these)
+    # While it waits at a busy CPU instance's worker: the executor's future of the batch ahead of
+    # it there (the worker, one thread, starts this one only once that one is done) and the
+    # deadlines the worker reads as it starts it, one per request (a request withdrawn
+    # meanwhile gets -inf: the worker leaves it out). None when it went to an idle instance.
+    ahead: concurrent.futures.Future | None = None
+    deadlines: list[float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -271,6 +281,12 @@ class Batcher:
         self._queued = 0  # live queued requests
         self._inflight = 0  # batches in the executor
         self._dispatched: dict[int, Batch] = {}  # those batches, by id(): failed if the grace period runs out
+        # Each instance's last dispatched batch's executor future: the one a batch sent to its spare
+        # slot waits behind. And the batches waiting so with a request's deadline, as (their earliest
+        # such deadline, seq, batch), lazily pruned: a deadline that passes there is answered then
+        # (`_expire_held`), not when the batch ahead has run.
+        self._last_sent: list[concurrent.futures.Future | None] = [None] * len(executor.instances)
+        self._held: list[tuple[float, int, Batch]] = []
         self._free_slots = executor.slots()
         self._busy = [0] * len(executor.instances)
         # For the idle-while-queued time: when each instance last finished its last batch,
@@ -588,11 +604,21 @@ class Batcher:
         return heap[0][0] if heap else math.inf
 
     def withdraw(self, p: Pending) -> None:
-        """The caller gave up (cancelled): leave the queue if still queued."""
+        """The caller gave up (cancelled): leave the queue if still queued, or its batch if that still
+        waits at a busy instance's worker (the worker leaves it out as it starts the batch)."""
         if p.state == QUEUED:
             self._forget(p)
             p.state = WITHDRAWN
             p.inputs = None  # its entries stay until they reach a front; its caller is gone
+        elif p.state == RUNNING and p.batch is not None:
+            batch = p.batch
+            if batch.ahead is not None and not batch.ahead.done():
+                # Not started: the worker starts it only after the batch ahead is done, and reads
+                # the deadlines then (a list item's store is atomic). Should the batch ahead end
+                # between the check and the store, the worker may start it first: the request
+                # then runs for nobody, as it did before, and is answered nothing more.
+                batch.deadlines[batch.requests.index(p)] = -math.inf
+                p.state = WITHDRAWN
 
     def _forget(self, p: Pending) -> None:
         q = self._queues[p.key]
@@ -624,6 +650,8 @@ class Batcher:
                     if self._deadline_fifo or self._deadlines or self.slo is not None
                     else math.inf
                 )
+                if self._held:
+                    expiry = min(expiry, self._expire_held(now))
                 if self._free_slots:
                     # A busy instance's spare slot takes only a full batch, queued behind the
                     # running one so the worker never waits for the loop at saturation; a batch
@@ -736,6 +764,50 @@ class Batcher:
         while heap and (heap[0][2].state != QUEUED or heap[0][0] <= now):
             self._expire_left(heapq.heappop(heap)[2], now)
         return heap[0][0] if heap else math.inf
+
+    def _expire_held(self, now: float) -> float:
+        """Fail the requests whose deadline has passed in a batch still waiting at a busy instance's
+        worker (`_dispatch`); the earliest deadline still held there (inf: none).
+
+        The batch is not started while the batch ahead of it on the instance is not done (its
+        worker is one thread): the worker, reading the deadlines as it starts it, will leave each
+        such request out (BatchResult.kept), as it would have anyway, so it is answered now rather
+        than when the batch ahead has run, up to a batch time later. Once the batch ahead is done
+        the batch may have started: what its worker left out is answered when it is back.
+        """
+        heap = self._held
+        while heap:
+            deadline, _, batch = heap[0]
+            ahead = batch.ahead
+            if ahead is None or ahead.done():
+                heapq.heappop(heap)
+                continue
+            if deadline > now:
+                return deadline
+            heapq.heappop(heap)
+            nxt = math.inf
+            for p in batch.requests:
+                if p.state != RUNNING or p.deadline is None:
+                    continue
+                if p.deadline <= now:
+                    p.state = DONE
+                    self._answer_left_out(p, now)
+                elif p.deadline < nxt:
+                    nxt = p.deadline
+            if nxt < math.inf:
+                heapq.heappush(heap, (nxt, next(self._seq), batch))
+        return math.inf
+
+    def _answer_left_out(self, p: Pending, at: float) -> None:
+        """Fail a request of a batch sent to a busy instance whose deadline passed before it could run."""
+        if not p.future.done():
+            p.future.set_exception(
+                DeadlineExceeded(
+                    f"request to model '{self.name}' waited {1e3 * (at - p.arrival):.1f} ms and its deadline passed "
+                    f"before it could run (its batch was waiting for a busy instance)"
+                )
+            )
+        self.stats.fail.add(at - p.arrival)
 
     def _expire_left(self, p: Pending, now: float) -> None:
         """An entry taken off a deadline structure: if still queued, its deadline has passed."""
@@ -1132,14 +1204,23 @@ class Batcher:
         self.stats.record_flush(batch.reason)
         self.metrics.record_flush(batch.reason)
         loop = self._loop
+        instance = self.executor.instances[inst]
+        # To a busy CPU instance the batch waits at the worker until the batch ahead of it is done
+        # (its one thread runs them in order; a CUDA worker launches the next batch as soon as the
+        # last is launched, so no future of the executor's tells when it starts): meanwhile its
+        # requests can still be left out, their deadlines answered (`_expire_held`) and cancelled
+        # callers withdrawn (`withdraw`).
+        ahead = None if batch.to_idle or getattr(instance, "cuda", False) else self._last_sent[inst]
+        if ahead is not None and ahead.done():
+            ahead = None
         try:
             reqs = batch.requests
             # Deadlines go along so that the worker can leave out a request whose deadline
             # passes while its batch waits behind another on a busy instance.
-            deadlines = [p.deadline for p in reqs] if any(p.deadline is not None for p in reqs) else None
-            fut = self.executor.instances[inst].submit(
-                [p.inputs for p in reqs], [p.rows for p in reqs], slot, deadlines
+            deadlines = (
+                [p.deadline for p in reqs] if ahead is not None or any(p.deadline is not None for p in reqs) else None
             )
+            fut = instance.submit([p.inputs for p in reqs], [p.rows for p in reqs], slot, deadlines)
             for p in reqs:
                 p.inputs = None
         except Exception as exc:  # e.g. the executor was shut down: fail this batch, keep going
@@ -1147,6 +1228,20 @@ class Batcher:
             fut.set_exception(exc)
             self._complete(batch, fut)
             return
+        self._last_sent[inst] = fut
+        if ahead is not None:
+            batch.ahead, batch.deadlines = ahead, deadlines
+            for p in reqs:
+                p.batch = batch
+            earliest = min((d for d in deadlines if d is not None), default=math.inf)
+            if earliest < math.inf:
+                held = self._held
+                heapq.heappush(held, (earliest, next(self._seq), batch))
+                if len(held) > 2 * self._inflight + 64:
+                    # A batch whose entry is not at the top stays after it started or came back: rebuilt
+                    # with those still waiting only, amortized O(1).
+                    self._held = held = [e for e in held if e[2].ahead is not None and not e[2].ahead.done()]
+                    heapq.heapify(held)
 
         def _back_on_loop(f: concurrent.futures.Future) -> None:
             try:
@@ -1165,6 +1260,12 @@ class Batcher:
         failed_at_stop = self._dispatched.pop(id(batch), None) is None  # callers answered, counted
         if self._busy[inst] == 0:
             self._free_at[inst] = now
+        if self._last_sent[inst] is f:
+            self._last_sent[inst] = None
+        if batch.ahead is not None:
+            batch.ahead = batch.deadlines = None
+            for p in batch.requests:
+                p.batch = None
         self._wakeup.set()
         if f.cancelled():  # cancelled at the worker by the executor's shutdown, past the grace period
             exc = ShuttingDown(f"server stopped before model '{self.name}' ran this request")
@@ -1178,6 +1279,8 @@ class Batcher:
             if not isinstance(exc, ShuttingDown):
                 self.failures.batch_failed(exc, len(batch.requests), batch.samples)
             for p in batch.requests:
+                if p.state != RUNNING:  # answered (its deadline passed) or withdrawn while it waited
+                    continue
                 p.state = DONE
                 p.finished = now
                 if not p.future.done():
@@ -1231,18 +1334,10 @@ class Batcher:
         """Fail the requests the worker left out (deadline passed); keep the rest in the batch."""
         kept = set(result.kept)
         for i, p in enumerate(batch.requests):
-            if i in kept:
+            if i in kept or p.state != RUNNING:  # not left out; answered or withdrawn as it waited
                 continue
             p.state = DONE
-            if not p.future.done():
-                waited = 1e3 * (result.started - p.arrival)
-                p.future.set_exception(
-                    DeadlineExceeded(
-                        f"request to model '{self.name}' waited {waited:.1f} ms and its deadline passed "
-                        f"before it could run (its batch was waiting for a busy instance)"
-                    )
-                )
-            self.stats.fail.add(result.started - p.arrival)
+            self._answer_left_out(p, result.started)
         batch.requests = [batch.requests[i] for i in result.kept]
         batch.samples = sum(p.rows for p in batch.requests)
 
@@ -1256,6 +1351,8 @@ class Batcher:
                 f"grace period over: server stopped before model '{self.name}' finished this request's batch"
             )
             for p in batch.requests:
+                if p.state != RUNNING:  # answered (its deadline passed) or withdrawn as its batch waited
+                    continue
                 if not p.future.done():
                     p.future.set_exception(exc)
                 self.stats.fail.add(now - p.arrival)
