@@ -352,11 +352,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         *,
         counted: bool = False,
         stream: bool = False,
+        time_left: Callable[[], float | None] | None = None,
     ) -> pb.ModelInferResponse:
         """Run one request through its model's batcher; raises WokError on failure. With `timing` (a
         list), its stage times are appended to it as a `server-timing` value (`server_timing`).
         `counted`: the caller counts the request in `active` itself (a stream, until it is answered).
-        `stream`: the answer is a stream's (marked FINAL, and sent inside a ModelStreamInferResponse)."""
+        `stream`: the answer is a stream's (marked FINAL, and sent inside a ModelStreamInferResponse).
+        `time_left`: the call's context.time_remaining, asked when the request is cancelled: a call
+        ended by its deadline counts DEADLINE_EXCEEDED, as its client sees it, not CANCELLED."""
         arrival = time.perf_counter()
         server = self.server
         try:
@@ -376,7 +379,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 m.record_rejection(reason)
             raise
         except asyncio.CancelledError:
-            m.record_status("CANCELLED")
+            # gRPC cancels the handler both when the client cancels and when the call's deadline
+            # passes (after its batch was dispatched: before, the batcher drops it as `deadline`).
+            left = time_left() if time_left is not None else None
+            m.record_status("DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED")
             raise
         except Exception:
             m.record_status("INTERNAL")  # the handler logs it and answers INTERNAL
@@ -442,7 +448,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             await _abort(context, request.error)
         try:
             timing: list[str] | None = [] if self.server_timing else None
-            resp = await self.infer(request, context.time_remaining(), timing)
+            resp = await self.infer(request, context.time_remaining(), timing, time_left=context.time_remaining)
             if timing:
                 context.set_trailing_metadata(((SERVER_TIMING, timing[0]),))
             return resp
@@ -464,7 +470,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
         async def one(req: pb.ModelInferRequest) -> None:
             try:
-                resp = await self.infer(req, context.time_remaining(), counted=True, stream=True)
+                resp = await self.infer(
+                    req, context.time_remaining(), counted=True, stream=True, time_left=context.time_remaining
+                )
                 results.put_nowait(pb.ModelStreamInferResponse(infer_response=resp))
             except Exception as exc:  # every request on the stream gets its one answer
                 if not isinstance(exc, WokError):

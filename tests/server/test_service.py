@@ -184,3 +184,59 @@ async def test_bytes_that_are_not_a_request_get_invalid_argument_on_the_other_v2
     assert len(wrong) == len(service.methods) - 2 + 1
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, errors
+
+
+def _scrape_counts(port: int) -> tuple[dict[str, float], dict[str, float]]:
+    """wok_responses_total by code and wok_rejected_requests_total by reason, for model 'slow'."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    codes, reasons = {}, {}
+    for f in text_string_to_metric_families(body):
+        for s in f.samples:
+            if s.labels.get("model") != "slow" or not s.value:
+                continue
+            if s.name == "wok_responses_total":
+                codes[s.labels["code"]] = s.value
+            elif s.name == "wok_rejected_requests_total":
+                reasons[s.labels["reason"]] = s.value
+    return codes, reasons
+
+
+async def test_a_client_deadline_that_passes_while_its_batch_runs_counts_deadline_exceeded_a_cancel_cancelled(
+    serve, slow_repository
+):
+    # gRPC cancels the handler both ways; a deadline was counted CANCELLED while its client saw
+    # DEADLINE_EXCEEDED. Neither is a rejection: each request ran.
+    repo = slow_repository(sleep_ms=300, max_batch_size=1, delay_ms=0)
+    x = {"INPUT0": np.ones((1, 4), np.float32)}
+    async with serve(repository=repo) as server:
+        rt = server.runtimes["slow"]
+
+        async def counted(n: int) -> dict[str, int]:
+            # The handler counts its end once gRPC has cancelled it, after the client saw the end.
+            while sum(rt.metrics.responses.values()) < n:
+                await asyncio.sleep(0.005)
+            return dict(rt.metrics.responses)
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            # Its batch starts at once (the instance is free) and runs past the call's deadline.
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(encode_request("slow", x), timeout=0.1)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert await asyncio.wait_for(counted(1), 10) == {"DEADLINE_EXCEEDED": 1}
+            # A call its client cancels while its batch runs.
+            while rt.batcher.inflight:
+                await asyncio.sleep(0.005)
+            call = stub.ModelInfer(encode_request("slow", x), timeout=30)
+            while rt.batcher.inflight == 0:
+                await asyncio.sleep(0.001)
+            call.cancel()
+            assert await call.code() == grpc.StatusCode.CANCELLED
+            assert await asyncio.wait_for(counted(2), 10) == {"DEADLINE_EXCEEDED": 1, "CANCELLED": 1}
+            codes, reasons = await asyncio.to_thread(_scrape_counts, server.http.port)
+    assert codes == {"DEADLINE_EXCEEDED": 1, "CANCELLED": 1}, codes
+    assert reasons == {}, reasons
