@@ -20,6 +20,10 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 from .errors import ConfigError, WarmupError
 
+# The demo models `wok serve` serves when --models is not given (server.models.DEMO_MODELS, without
+# importing it here).
+_DEFAULT_DEMO_MODELS = "mlp,recsys,encoder"
+
 
 class StartError(RuntimeError):
     """The server could not start (a port taken, a device missing): exit 1. A model that fails its
@@ -32,10 +36,13 @@ def _serve_parser(sub) -> None:
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; IPv6 as ::1 or [::1], :: for all)"
     )
     p.add_argument("--port", type=int, default=8001, help="gRPC port (default 8001; 0 picks a free one)")
-    p.add_argument("--model-repository", type=Path, help="folder of models; without it the demo models serve")
     p.add_argument(
-        "--models", default="mlp,recsys,encoder", help="demo models to serve, comma-separated (default all three)"
+        "--model-repository",
+        type=Path,
+        help="folder of models; without it the demo models serve (with it, no --models nor --demo-option)",
     )
+    # No default here: given, beside --model-repository, it is refused (_check_serve_options).
+    p.add_argument("--models", help=f"demo models to serve, comma-separated (default: {_DEFAULT_DEMO_MODELS})")
     p.add_argument(
         "--grace-period", type=float, default=30.0, help="seconds to drain on SIGTERM, SIGINT or SIGHUP (default 30)"
     )
@@ -131,7 +138,7 @@ def _serve_parser(sub) -> None:
         action="append",
         default=[],
         metavar="MODEL.KEY=VALUE",
-        help="size option of a demo model, e.g. recsys.num_embeddings=50000 (repeatable)",
+        help="size option of a demo model served, e.g. recsys.num_embeddings=50000 (repeatable)",
     )
     p.add_argument(
         "--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -195,6 +202,37 @@ def _demo_options(items: list[str]) -> dict:
             )
         out.setdefault(model, {})[opt] = parsed
     return out
+
+
+def _demo_models(args) -> tuple[str, ...]:
+    """The demo models `--models` names, or all three when it is not given."""
+    return tuple(m for m in (_DEFAULT_DEMO_MODELS if args.models is None else args.models).split(",") if m)
+
+
+def _check_serve_options(args) -> None:
+    """Options that do not apply to what would be served are refused (ConfigError), not ignored, as
+    `wok bench` refuses them: checked before anything loads (no torch, no signal bound to a loop)."""
+    if args.model_repository is not None:
+        if args.models is not None:
+            raise ConfigError(
+                f"--models {args.models!r} with --model-repository: the repository's models are served; "
+                "give one of the two"
+            )
+        if args.demo_option:
+            raise ConfigError(
+                f"--demo-option {args.demo_option[0]!r} with --model-repository: demo options apply to the demo "
+                "models only"
+            )
+        return
+    served = _demo_models(args)
+    if not served:
+        raise ConfigError(f"--models {args.models!r}: no model to serve")
+    if args.demo_option:
+        _demo_options(args.demo_option)  # a malformed one or an unknown model: its own refusal first
+    for item in args.demo_option:
+        model = item.partition("=")[0].partition(".")[0]
+        if model not in served:
+            raise ConfigError(f"--demo-option {item!r}: demo model {model!r} is not among --models ({args.models})")
 
 
 def _pick_loop() -> None:
@@ -312,7 +350,7 @@ def _build(args):
         host=args.host,
         grpc_port=args.port,
         model_repository=args.model_repository,
-        demo_models=tuple(m for m in args.models.split(",") if m),
+        demo_models=_demo_models(args),
         grace_period_s=args.grace_period,
         max_connection_age_s=args.max_connection_age,
         max_connection_age_grace_s=args.max_connection_age_grace,
@@ -477,7 +515,14 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         stop_signal.uninstall()
         raise
-    if args.command != "serve":
+    if args.command == "serve":
+        try:
+            _check_serve_options(args)
+        except ConfigError as exc:
+            stop_signal.uninstall()
+            print(f"wok: {exc}", file=sys.stderr)
+            return 2
+    else:
         stop_signal.uninstall()
         logging.basicConfig(level=logging.WARNING)
         try:

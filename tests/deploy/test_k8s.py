@@ -167,7 +167,9 @@ def materialize_repository(root: Path) -> Path:
 def repository_models() -> list[str]:
     _, c, args = server_parts()
     if args.model_repository is None:
-        return [m for m in args.models.split(",") if m]
+        from wok.__main__ import _demo_models
+
+        return list(_demo_models(args))
     deployment = one("Deployment", "wok")
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == str(args.model_repository)]

@@ -1,0 +1,102 @@
+"""`wok serve` refuses options that do not apply to what it would serve (exit 2, before anything
+loads), as `wok bench` does, rather than ignoring them: `--models` or `--demo-option` beside
+`--model-repository`, a `--demo-option` for a demo model `--models` leaves out, an empty `--models`.
+
+In this process, through `main(argv)`: the server itself is replaced by a stand-in that records
+that it was reached, so a refusal that fails to come shows as a start, not as a hang."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import pytest
+
+import wok.__main__ as wok_main
+
+
+@pytest.fixture
+def serve(monkeypatch, capsys, tmp_path):
+    """Run `wok serve ARGS...` in this process: (exit status, stderr, whether the server started)."""
+    started: list = []
+
+    async def fake_serve(args, stop_signal):
+        started.append(args)
+        return 0
+
+    monkeypatch.setattr(wok_main, "_serve", fake_serve)
+    monkeypatch.setattr(wok_main, "_pick_loop", lambda: None)  # no process-wide loop policy
+    # The real one leaves SIGINT, SIGTERM and SIGHUP ignored for the rest of the process.
+    monkeypatch.setattr(wok_main._StopSignal, "after_loop", wok_main._StopSignal.uninstall)
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: None)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    (tmp_path / "models").mkdir()
+
+    def run(*args: str) -> tuple[int, str, bool]:
+        argv = [a.replace("REPO", str(tmp_path / "models")) for a in args]
+        started.clear()
+        try:
+            status = wok_main.main(["serve", *argv])
+        except SystemExit as exc:  # argparse's own refusals
+            status = exc.code
+        assert {s: signal.getsignal(s) for s in before} == before, "the signal handlers were left changed"
+        return status, capsys.readouterr().err, bool(started)
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("args", "refusal"),
+    [
+        (
+            ("--model-repository", "REPO", "--models", "mlp"),
+            "wok: --models 'mlp' with --model-repository: the repository's models are served; give one of the two",
+        ),
+        (
+            ("--models", "mlp", "--demo-option", "recsys.num_embeddings=1000000"),
+            "wok: --demo-option 'recsys.num_embeddings=1000000': demo model 'recsys' is not among --models (mlp)",
+        ),
+        (
+            ("--models", "mlp,encoder", "--demo-option", "mlp.hidden=64", "--demo-option", "recsys.num_embeddings=9"),
+            "wok: --demo-option 'recsys.num_embeddings=9': demo model 'recsys' is not among --models (mlp,encoder)",
+        ),
+        (("--models", ""), "wok: --models '': no model to serve"),
+        (("--models", ","), "wok: --models ',': no model to serve"),
+        (
+            ("--model-repository", "REPO", "--demo-option", "recsys.num_embeddings=1000000"),
+            "wok: --demo-option 'recsys.num_embeddings=1000000' with --model-repository: demo options apply to the "
+            "demo models only",
+        ),
+    ],
+    ids=["repository+models", "option-of-unserved", "one-of-two-unserved", "empty", "commas", "repository+option"],
+)
+def test_an_option_that_does_not_apply_exits_2_before_the_server_starts(serve, args, refusal):
+    status, err, started = serve(*args, "--port", "0", "--metrics-port", "-1")
+    assert not started, f"`wok serve {' '.join(args)}` started a server; stderr: {err!r}"
+    assert status == 2
+    assert refusal in err.splitlines(), err
+
+
+def test_a_malformed_demo_option_is_named_as_such_before_the_models_it_is_not_among(serve):
+    # Its own refusal, worded as before: not "'nope' is not among --models".
+    status, err, started = serve("--models", "mlp", "--demo-option", "nope.x=1", "--metrics-port", "-1")
+    assert (status, started) == (2, False)
+    assert "wok: --demo-option 'nope.x=1': unknown demo model 'nope'; known: mlp, recsys, encoder" in err.splitlines()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),
+        ("--models", "mlp"),
+        ("--models", "mlp,recsys,encoder"),
+        ("--models", "mlp", "--demo-option", "mlp.max_batch_size=8", "--demo-option", "mlp.max_queue_delay_ms=1"),
+        ("--demo-option", "recsys.num_embeddings=20000"),  # the default models: all three
+        ("--models", "mlp,recsys,encoder", "--demo-option", "recsys.num_embeddings=20000"),
+        ("--model-repository", "REPO"),
+    ],
+    ids=["defaults", "mlp", "all-three", "mlp+options", "default+recsys-option", "all+recsys-option", "repository"],
+)
+def test_the_combinations_that_apply_still_start(serve, args):
+    status, err, started = serve(*args, "--port", "0", "--metrics-port", "-1")
+    assert (status, started) == (0, True), err
