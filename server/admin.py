@@ -145,11 +145,14 @@ class Admin:
         self._offset = time.time() - time.perf_counter()
         self.watches = {name: _BatchWatch(self, rt) for name, rt in server.runtimes.items()}
         self._ticker: asyncio.Task | None = None
+        self._closed = False  # by close(): subscribe() refuses, so the ticker cannot start again
 
     def to_unix(self, perf: float) -> float:
         return round(perf + self._offset, 6)
 
     async def close(self) -> None:
+        # First: a subscribe() while the ticker's cancellation is awaited would start another.
+        self._closed = True
         if self._ticker is not None:
             self._ticker.cancel()
             try:
@@ -242,6 +245,9 @@ class Admin:
 
     # -- events -------------------------------------------------------------------------
     def subscribe(self) -> Subscriber:
+        if self._closed:
+            # After close() a subscriber got ticks from a ticker started again, past the stop.
+            raise RuntimeError("the admin API is closed: the server is stopping")
         sub = Subscriber()
         self.subscribers.add(sub)
         if self._ticker is None or self._ticker.done():

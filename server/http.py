@@ -151,8 +151,11 @@ class MetricsHTTPServer:
     async def stop(self) -> None:
         if self._server is None:
             return
-        self._server.close()
+        # From here no connection is served: one the loop accepted just before the close, whose
+        # callback runs later, is closed at once (_accept); else its /events stream, subscribed
+        # after the admin's close, outlived the stop, getting ticks from a ticker started again.
         self._stopping = True
+        self._server.close()
         # Scrapes waiting for the rate-limited render get it now, of the final figures: cut off,
         # they had no answer at all, and the drain's last counters were never scraped.
         answering = set(self._awaiting_render)
@@ -168,13 +171,16 @@ class MetricsHTTPServer:
             timer.cancel()
             future.cancel()
         self._due.clear()
-        for task, writer in list(self._clients.items()):
-            # Aborted as well as cancelled: on Python 3.11, asyncio.wait_for loses a cancellation
-            # that lands as what it waits for completes (seen on uvloop after an answer's drain),
-            # and the task would wait out its next read, up to IDLE_TIMEOUT_S.
-            writer.transport.abort()
-            task.cancel()
-        await asyncio.gather(*self._clients, return_exceptions=True)
+        # Until none is left: one added after a snapshot would outlive the stop (_accept adds
+        # none once stopping, but the stop must not rest on that alone).
+        while self._clients:
+            for task, writer in list(self._clients.items()):
+                # Aborted as well as cancelled: on Python 3.11, asyncio.wait_for loses a cancellation
+                # that lands as what it waits for completes (seen on uvloop after an answer's drain),
+                # and the task would wait out its next read, up to IDLE_TIMEOUT_S.
+                writer.transport.abort()
+                task.cancel()
+            await asyncio.gather(*self._clients, return_exceptions=True)
         await self._server.wait_closed()
 
     def render(self, accept: str) -> tuple[bytes, str]:
@@ -229,6 +235,11 @@ class MetricsHTTPServer:
         # A plain callback that starts its own task: for a coroutine, asyncio (before 3.12) makes
         # the task and calls its exception() when done, which raises for a task that stop()
         # cancelled, and logs an ERROR traceback for each connection open at a clean stop.
+        if self._stopping:
+            # Accepted by the loop before stop() closed the socket, its callback run after: the
+            # stop has taken its count of connections to end, and would leave this one serving.
+            writer.transport.abort()
+            return
         if len(self._clients) >= MAX_CONNECTIONS and not self._make_room():
             writer.close()
             return
@@ -440,6 +451,10 @@ class MetricsHTTPServer:
         if path == "/events":
             if method != "GET":  # a HEAD would open a stream with no body to carry it
                 await self._respond(writer, 405, b"only GET\n", "text/plain", close=True, head=head, allow="GET")
+                return False
+            if self._stopping:
+                # The admin has closed (or is closing): a stream now would outlive the stop.
+                await self._json(writer, 503, {"error": "the server is stopping"}, True)
                 return False
             if self._streams >= MAX_EVENT_STREAMS:
                 await self._json(writer, 503, {"error": f"already {MAX_EVENT_STREAMS} /events streams open"}, True)
