@@ -955,12 +955,10 @@ def add_tune_parser(sub) -> None:
 def run_tune(args) -> int:
     from . import report
     from .arrivals import parse_duration
-    from .simulate import MAX_ARRIVALS_PER_STEP
     from .tune import (
         Profile,
         SearchConfig,
-        busiest_step,
-        grid_of,
+        SearchNames,
         load_overhead,
         load_profile,
         overhead_by_rate,
@@ -1039,18 +1037,15 @@ def run_tune(args) -> int:
         seed=args.seed,
         tie=args.tie,
     )
-    # As `wok simulate` does (_check_arrival), before any simulating and in the options' names: the
-    # search's busiest step (just below the highest ceiling of the grid) from the process's own count.
     sampled = args.batch_times == "samples"
-    grid = grid_of(sizes, delays, default)
-    busiest = busiest_step(profile, search, grid, instances=args.instances, sampled=sampled, cpu=cpu)
-    if not busiest["arrivals"] <= MAX_ARRIVALS_PER_STEP:
-        raise ValueError(
-            f"--arrival {args.arrival} over --sim-warmup + --sim-duration ({busiest['seconds']:g} s): at most "
-            f"{MAX_ARRIVALS_PER_STEP:.0e} arrivals per simulated step; got {busiest['arrivals']:.3g} expected at "
-            f"{busiest['qps']:g} QPS, the highest rate the search can try (max_batch_size {busiest['max_batch_size']}, "
-            f"delay {1e3 * busiest['delay_s']:g} ms, whose ceiling is {busiest['ceiling_qps']:g} QPS)"
-        )
+    # tune() checks the grid, then (as `wok simulate` does, _check_arrival) the search's busiest step
+    # against the arrival cap, before any simulating: its refusal in these options' names.
+    names = SearchNames(
+        arrival="--arrival",
+        length="--sim-warmup + --sim-duration",
+        shorter="--sim-warmup + --sim-duration",
+        grid="--max-batch-sizes, --delays and --default",
+    )
     result = tune(
         profile,
         search,
@@ -1063,6 +1058,7 @@ def run_tune(args) -> int:
         progress=lambda msg: print(f"wok tune: {msg}", file=sys.stderr, flush=True),
         cpu=cpu,
         overhead_at=overhead_at,
+        names=names,
     )
     print_table(result)
     config = args.write_config if result["config_toml"] is not None else None

@@ -441,6 +441,77 @@ def busiest_step(profile: Profile, search: SearchConfig, grid: Sequence[tuple[in
             "arrivals": expected}  # fmt: skip
 
 
+class SearchTooLarge(ValueError):
+    """A search whose busiest simulated step would hold more arrivals than the simulator takes."""
+
+
+@dataclass(frozen=True)
+class SearchNames:
+    """How `check_fits` names the search's inputs in its refusal: the library's parameters by
+    default, a script's options when it passes its own."""
+
+    arrival: str = "arrival"  # followed by the spec
+    length: str = "warmup_s + duration_s"  # a simulated step's length, followed by its seconds
+    shorter: str = "warmup_s + duration_s"  # what a caller shortens for a shorter step
+    grid: str = "batch_sizes, delays_s and default"
+    # The warm-up when the caller cannot shorten it ("the search's 1 s warm-up"): when it alone
+    # holds too many arrivals, no shorter step fits.
+    fixed_warmup: str | None = None
+
+
+def check_fits(
+    profile: Profile,
+    search: SearchConfig,
+    batch_sizes: Sequence[int],
+    delays_s: Sequence[float],
+    default: tuple[int, float] | None = DEFAULT_SETTING,
+    *,
+    instances: int = 1,
+    sampled: bool = False,
+    cpu: CpuStage | None = None,
+    names: SearchNames | None = None,
+) -> dict:
+    """The checks `tune` makes before any simulating: the grid (and the default), then its busiest
+    step (`busiest_step`) against the simulator's arrival cap, refused as `SearchTooLarge` worded
+    with `names`. Returns the busiest step."""
+    if not batch_sizes or not delays_s:
+        raise ValueError("need at least one batch size and one delay")
+    if any(n < 1 for n in batch_sizes) or any(d < 0 for d in delays_s):
+        raise ValueError("batch sizes must be ≥ 1 and delays ≥ 0")
+    if default is not None and (default[0] < 1 or not 0 <= default[1] < math.inf):
+        raise ValueError(f"the default setting {default}: expected a max batch size ≥ 1 and a finite delay ≥ 0")
+    grid = grid_of(batch_sizes, delays_s, default)
+    busiest = busiest_step(profile, search, grid, instances=instances, sampled=sampled, cpu=cpu)
+    if busiest["arrivals"] <= MAX_ARRIVALS_PER_STEP:
+        return busiest
+    from .arrivals import parse_arrivals
+
+    names = names or SearchNames()
+    source = batch_times(profile, sampled, cpu)[0]
+    fit = {"server": "the CPU stage's batch time", "samples": "the profile's batch times"}.get(
+        source, "the profile's α, β"
+    )
+    if cpu is not None:
+        fit += " and bound" if source == "server" else " and the CPU stage's bound"
+    hint = f"a shorter {names.shorter}, or a grid with a lower ceiling, fits"
+    if names.fixed_warmup is not None and search.warmup_s > 0:
+        # The step's own process (parsed for its whole length, as the search does), counted to its warm-up's end.
+        step = parse_arrivals(search.arrival, busiest["qps"], duration_s=busiest["seconds"])
+        in_warmup = arrival_count(step, search.warmup_s)
+        if not in_warmup <= MAX_ARRIVALS_PER_STEP:
+            hint = (
+                f"even {names.fixed_warmup} alone expects {in_warmup:.3g}, so no shorter {names.shorter} fits; "
+                "a grid with a lower ceiling does"
+            )
+    raise SearchTooLarge(
+        f"{names.arrival} {search.arrival} over {names.length} ({busiest['seconds']:g} s): at most "
+        f"{MAX_ARRIVALS_PER_STEP:.0e} arrivals per simulated step; got {busiest['arrivals']:.3g} expected at "
+        f"{busiest['qps']:g} QPS, the highest rate the search can try (max_batch_size {busiest['max_batch_size']}, "
+        f"delay {1e3 * busiest['delay_s']:g} ms, of {names.grid}: its ceiling by {fit} is "
+        f"{busiest['ceiling_qps']:g} QPS); {hint}"
+    )
+
+
 def _row(max_batch_size: int, delay_s: float, found: dict) -> dict:
     step = found["step"]
     return {
@@ -478,27 +549,17 @@ def tune(
     progress=None,
     cpu: CpuStage | None = None,
     overhead_at: OverheadAt | None = None,
+    names: SearchNames | None = None,
 ) -> dict:
     """Search the grid; the `wok.tune/2` document (docs/tune.md). `overhead_at` (`overhead_by_rate`):
-    each simulated rate draws its overhead there, in place of `overhead_s`."""
-    if not batch_sizes or not delays_s:
-        raise ValueError("need at least one batch size and one delay")
-    if any(n < 1 for n in batch_sizes) or any(d < 0 for d in delays_s):
-        raise ValueError("batch sizes must be ≥ 1 and delays ≥ 0")
-    if default is not None and (default[0] < 1 or not 0 <= default[1] < math.inf):
-        raise ValueError(f"the default setting {default}: expected a max batch size ≥ 1 and a finite delay ≥ 0")
+    each simulated rate draws its overhead there, in place of `overhead_s`. The grid and the
+    search's size are checked first (`check_fits`, its refusal worded with `names`)."""
+    # Before any simulating: a step too large to hold would be refused only once the search reached it.
+    check_fits(profile, search, batch_sizes, delays_s, default, instances=instances, sampled=sampled, cpu=cpu,
+               names=names)  # fmt: skip
     say = progress or (lambda msg: None)
     rows = []
     grid = grid_of(batch_sizes, delays_s, default)
-    # Before any simulating: a step too large to hold would be refused only once the search reached it.
-    busiest = busiest_step(profile, search, grid, instances=instances, sampled=sampled, cpu=cpu)
-    if not busiest["arrivals"] <= MAX_ARRIVALS_PER_STEP:
-        raise ValueError(
-            f"arrival {search.arrival!r} over warmup_s + duration_s = {busiest['seconds']:g} s: at most "
-            f"{MAX_ARRIVALS_PER_STEP:.0e} arrivals per simulated step; got {busiest['arrivals']:.3g} expected at "
-            f"{busiest['qps']:g} QPS (max_batch_size {busiest['max_batch_size']}, "
-            f"delay {1e3 * busiest['delay_s']:g} ms)"
-        )
     for n, d in grid:
         model = model_for(profile, n, d, instances=instances, overhead_s=overhead_s, sampled=sampled, cpu=cpu)
         row = _row(n, d, max_qps(model, search, overhead_at))

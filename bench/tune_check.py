@@ -89,6 +89,7 @@ import numpy as np
 
 from wok.bench.outputs import WriteFailed, refuse_unwritable, write_final, writing
 from wok.bench.report import read_json_object
+from wok.bench.tune import SearchTooLarge  # the search's refusal (`check_search`), the library's own
 
 # /1: before the CPU stage (`predicted_*` was the batcher-only prediction); /2: before cut ramps were left
 # out of the verdict (`tuned_at_least_default` and the medians were never null, runs had no `error`).
@@ -700,7 +701,9 @@ def add_batcher_means(doc: dict) -> None:
         step_duration=c["step_duration"], warmup=c["warmup"], arrival=c["arrival"], seed=c["seed"]
     )
     for run in doc["runs"]:
-        if run.get("measured") is None:  # failed before its first step: nothing to predict
+        # Failed before its first step (`measured` null), or predicting it failed (`comparison` empty):
+        # no rows to fill.
+        if run.get("measured") is None or not run.get("comparison"):
             continue
         bare = predict(run["measured"], run["max_batch_size"], run["max_queue_delay_ms"], profile, (), args, False)
         for row, m, b in zip(run["comparison"], run["measured"]["steps"], bare["steps"]):
@@ -1018,8 +1021,10 @@ def parse_args(argv=None):
             # (With the CPU stage, the server's batch time and the stage's bound replace it: `main`.)
             try:
                 check_search(args.profile_fit, args)
-            except ValueError as exc:
-                p.error(str(exc) if isinstance(exc, SearchTooLarge) else f"--arrival {args.arrival}: {exc}")
+            except SearchTooLarge as exc:
+                p.error(str(exc))
+            except ValueError as exc:  # the grid and --arrival are checked above: what is left is the profile's
+                p.error(f"--profile: {exc}")
     return args
 
 
@@ -1166,7 +1171,7 @@ def main(argv=None) -> int:
         search = search_config(args)
         default_s = default_seconds(args)
         tuned_doc = tune(profile, search, args.sizes, args.delays_s, overhead_s=tuple(overhead), default=default_s,
-                         progress=say, cpu=stage, overhead_at=by_rate)  # fmt: skip
+                         progress=say, cpu=stage, overhead_at=by_rate, names=search_names(args))  # fmt: skip
         print_table(tuned_doc)
         if args.tuned_setting:
             tuned = args.tuned_setting
@@ -1394,10 +1399,6 @@ def _save(doc: dict, option: str, path: Path) -> bool:
     return failed is None
 
 
-class SearchTooLarge(ValueError):
-    """A search whose busiest simulated step would hold more arrivals than the simulator takes."""
-
-
 def search_config(args):
     """The search's `SearchConfig` from this script's options (its warm-up is SearchConfig's own)."""
     from wok.bench.tune import SearchConfig
@@ -1411,29 +1412,27 @@ def default_seconds(args) -> tuple[int, float]:
     return args.default_setting[0], 1e-3 * args.default_setting[1]
 
 
-def check_search(profile, args, cpu=None) -> None:
-    """SearchTooLarge, in this script's options, when the search (`wok.bench.tune.tune` on `profile`,
-    with `cpu` as it will be given) would reach a simulated step over the simulator's arrival cap: as
-    `tune` refuses it, but before the run measures what the search does not need. Its busiest step
-    is at the highest ceiling of the grid, which `profile`'s α, β (or, with the CPU stage, the
-    server's batch time and the stage's bound) decide; the SLO does not move it."""
-    from wok.bench.simulate import MAX_ARRIVALS_PER_STEP
-    from wok.bench.tune import busiest_step, grid_of
+def search_names(args):
+    """How the search's refusal (`wok.bench.tune.SearchTooLarge`) names its inputs: this script's options."""
+    from wok.bench.tune import SearchNames
 
-    search = search_config(args)
-    grid = grid_of(args.sizes, args.delays_s, default_seconds(args))
-    busiest = busiest_step(profile, search, grid, cpu=cpu)
-    if busiest["arrivals"] <= MAX_ARRIVALS_PER_STEP:
-        return
-    fit = "the profile's α, β" if cpu is None else "the CPU stage's batch time and bound"
-    raise SearchTooLarge(
-        f"--arrival {args.arrival} over the search's {search.warmup_s:g} s warm-up + --sim-duration "
-        f"{args.sim_duration} ({busiest['seconds']:g} s): at most {MAX_ARRIVALS_PER_STEP:.0e} arrivals per "
-        f"simulated step; got {busiest['arrivals']:.3g} expected at {busiest['qps']:g} QPS, the highest rate "
-        f"the search can try (max_batch_size {busiest['max_batch_size']}, delay {1e3 * busiest['delay_s']:g} ms, "
-        f"of --max-batch-sizes, --delays and --default: its ceiling by {fit} is {busiest['ceiling_qps']:g} QPS); "
-        "a shorter --sim-duration, or a grid with a lower ceiling, fits"
-    )
+    warmup = f"the search's {search_config(args).warmup_s:g} s warm-up"
+    return SearchNames(arrival="--arrival", length=f"{warmup} + --sim-duration {args.sim_duration}",
+                       shorter="--sim-duration", grid="--max-batch-sizes, --delays and --default",
+                       fixed_warmup=warmup)  # fmt: skip
+
+
+def check_search(profile, args, cpu=None) -> None:
+    """`wok.bench.tune.SearchTooLarge`, in this script's options, when the search (`wok.bench.tune.tune`
+    on `profile`, with `cpu` as it will be given) would reach a simulated step over the simulator's
+    arrival cap: `wok.bench.tune.check_fits`, as `tune` refuses it, but before the run measures what
+    the search does not need. Its busiest step is at the highest ceiling of the grid, which `profile`'s
+    α, β (or, with the CPU stage, the server's batch time and the stage's bound) decide; the SLO does
+    not move it."""
+    from wok.bench.tune import check_fits
+
+    check_fits(profile, search_config(args), args.sizes, args.delays_s, default_seconds(args), cpu=cpu,
+               names=search_names(args))  # fmt: skip
 
 
 def _seconds(spec: str) -> float:

@@ -167,3 +167,65 @@ def test_a_ramp_whose_prediction_fails_is_kept_with_what_it_measured(tmp_path, m
     assert (tuned["predicted_max_qps_on_steps"], tuned["comparison"]) == (None, [])
     assert doc["verdict"]["runs_left_out"] == [{"rep": 1, "label": "tuned", "error": tuned["error"]}]
     assert "left out of the verdict: rep 1 tuned" in err.splitlines()[-1]
+
+
+def test_the_search_is_refused_as_the_librarys_search_too_large(tmp_path, measured, capsys):
+    """One class, one check (`wok.bench.tune.check_fits`): tune_check had its own of each."""
+    assert tune_check.SearchTooLarge is tune.SearchTooLarge
+    status = _main(_argv(tmp_path, "--profile", _profile(tmp_path), "--no-cpu-stage", "--sim-duration", TOO_LONG))
+    err = capsys.readouterr().err
+    assert status == 2 and err.rstrip().endswith("a shorter --sim-duration, or a grid with a lower ceiling, fits"), err
+
+
+def test_a_search_whose_warm_up_alone_is_too_large_says_no_duration_fits(tmp_path, measured, capsys):
+    """Batches in nanoseconds: a ceiling of some 6e9 QPS, whose 1 s warm-up alone is over the cap. The
+    refusal said 'a shorter --sim-duration, or a grid with a lower ceiling, fits'."""
+    path = tmp_path / "fast.json"
+    path.write_text(json.dumps(tune.profile_document({1: [1e-9] * 5, 8: [2e-9] * 5}, "test", model="mlp")))
+    status = _main(_argv(tmp_path, "--profile", str(path), "--no-cpu-stage", "--sim-duration", "1ms"))
+    err = capsys.readouterr().err
+    assert (status, measured) == (2, []), err[-2000:]
+    assert "a shorter --sim-duration" not in err, err
+    assert "; even the search's 1 s warm-up alone expects 6.38e+09, so no shorter --sim-duration fits; " in err, err
+    assert err.rstrip().endswith("a grid with a lower ceiling does"), err
+
+
+def test_a_profile_the_model_refuses_is_named_as_the_profile(tmp_path, measured, capsys):
+    """Batch times all 0: the early check's error was blamed on --arrival ('error: --arrival poisson: ...')."""
+    path = tmp_path / "zero.json"
+    path.write_text(json.dumps(tune.profile_document({1: [0.0] * 5, 8: [0.0] * 5}, "test", model="mlp")))
+    status = _main(_argv(tmp_path, "--profile", str(path), "--no-cpu-stage"))
+    err = capsys.readouterr().err
+    assert (status, measured) == (2, []), err[-2000:]
+    assert "error: --profile: batch time α + β·n needs α, β ≥ 0 and α + β > 0" in err, err
+    assert "error: --arrival" not in err, err
+
+
+def test_refresh_skips_a_run_whose_prediction_failed(monkeypatch):
+    """--markdown --refresh predicted a run kept with `comparison` empty (its predicting had failed) again."""
+    monkeypatch.setattr(tune_check, "predict", lambda *a, **k: pytest.fail("predicted a run with no comparison"))
+    measured = {"max_qps_under_slo": 100.0, "knee_qps": None, "steps": [{"offered_qps": 50.0}]}
+    doc = {
+        "profile": tune.profile_document(PROFILE, "test", model="mlp"),
+        "config": {"step_duration": 1.0, "warmup": 1.0, "arrival": "poisson", "seed": 0},
+        "runs": [
+            {
+                "label": "tuned",
+                "max_batch_size": 4,
+                "max_queue_delay_ms": 0.0,
+                "measured": measured,
+                "comparison": [],
+                "error": "predicting it failed: ValueError: at most 1e+08 arrivals per step",
+            },
+            {
+                "label": "default",
+                "max_batch_size": 8,
+                "max_queue_delay_ms": 1.0,
+                "measured": None,
+                "comparison": [],
+                "error": "failed before its first step: boom",
+            },
+        ],
+    }
+    tune_check.add_batcher_means(doc)
+    assert [r["comparison"] for r in doc["runs"]] == [[], []]

@@ -24,10 +24,11 @@ def test_a_search_too_large_to_simulate_is_refused_up_front_in_the_options_names
     bisection step, in the simulator's words ("steps x (warmup_s + step_duration_s) ...")."""
     status, _, err = wok_cli("tune", "--slo-p99", "20ms", *FAST, "--sim-duration", "2000s")
     assert status == 2, err
-    assert err.startswith(
+    assert err == (
         "wok tune: --arrival poisson over --sim-warmup + --sim-duration (2001 s): at most 1e+08 arrivals per "
         "simulated step; got 1.99e+09 expected at 996133 QPS, the highest rate the search can try "
-        "(max_batch_size 4, delay 0 ms, whose ceiling is 1e+06 QPS)"
+        "(max_batch_size 4, delay 0 ms, of --max-batch-sizes, --delays and --default: its ceiling by the "
+        "profile's α, β is 1e+06 QPS); a shorter --sim-warmup + --sim-duration, or a grid with a lower ceiling, fits\n"
     ), err
 
 
@@ -78,3 +79,47 @@ def test_sampled_batch_times_beside_a_calibrations_batch_time_are_refused(tmp_pa
         f"wok tune: --batch-times samples with --cpu-calibration {cpu}: the calibration carries the server's own "
         "batch time, which replaces the profile's measured samples; give one\n",
     )
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [(",", "need at least one batch size and one delay"), ("0", "batch sizes must be ≥ 1 and delays ≥ 0")],
+)
+def test_a_bad_grid_is_refused_in_the_searchs_words_before_its_size_is_checked(sizes, message, no_simulating, wok_cli):
+    """The arrival-cap check ran first and failed on the grid in Python's or the model's words:
+    'max() arg is an empty sequence', 'invalid batcher settings: max_batch_size=0, ...'."""
+    grid = ["--alpha", "0ms", "--beta", "0.1ms", "--default", "none", "--max-batch-sizes", sizes]
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *grid)
+    assert (status, err) == (2, f"wok tune: {message}\n")
+
+
+def test_wok_tune_checks_the_searchs_size_once(monkeypatch, wok_cli):
+    """run_tune checked the busiest step, then tune() checked it again."""
+    import wok.bench.tune as tune_module
+
+    calls = []
+    real = tune_module.busiest_step
+    monkeypatch.setattr(tune_module, "busiest_step", lambda *a, **k: calls.append(a) or real(*a, **k))
+    monkeypatch.setattr(tune_module, "max_qps", lambda model, *a, **k: {
+        "max_qps": 0.0, "ceiling_qps": 1.0, "evaluations": 1,
+        "step": {"latency_ms": {"p99": None, "p50": None}, "mean_batch_size": None, "utilization": None},
+    })  # fmt: skip
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *FAST, "--sim-duration", "1s")
+    assert (status, len(calls)) == (1, 1), err  # searched (the stand-in's 0 QPS meets nothing), checked once
+
+
+def test_the_library_refuses_in_its_own_names_with_one_exception_class(no_simulating):
+    """`check_fits` is the one check: tune() raises its SearchTooLarge, worded with tune()'s parameters."""
+    import wok.bench.tune as tune_module
+
+    search = SearchConfig(slo_p99_ms=20.0, duration_s=2000.0, warmup_s=1.0)
+    with pytest.raises(tune_module.SearchTooLarge) as refused:
+        tune(Profile(alpha_s=0.0, beta_s=1e-6), search, [4], [0.0], default=None)
+    assert str(refused.value) == (
+        "arrival poisson over warmup_s + duration_s (2001 s): at most 1e+08 arrivals per simulated step; got "
+        "1.99e+09 expected at 996133 QPS, the highest rate the search can try (max_batch_size 4, delay 0 ms, of "
+        "batch_sizes, delays_s and default: its ceiling by the profile's α, β is 1e+06 QPS); a shorter "
+        "warmup_s + duration_s, or a grid with a lower ceiling, fits"
+    )
+    with pytest.raises(ValueError, match=r"^need at least one batch size and one delay$"):
+        tune_module.check_fits(Profile(alpha_s=0.0, beta_s=1e-6), search, [], [0.0], None)
