@@ -70,6 +70,14 @@ def _serve_parser(sub) -> None:
         "--health-host", metavar="ADDR", help="address the health port binds to (default: the same as --host)"
     )
     p.add_argument("--max-request-bytes", type=int, default=64 << 20, help="largest request accepted")
+    p.add_argument(
+        "--stream-window",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="requests one ModelStreamInfer stream may owe (read, not yet answered) before the server reads no "
+        "more from it: bounds the answers an unread stream holds (default: 1024)",
+    )
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument(
         "--cpu-linear",
@@ -357,6 +365,7 @@ def _build(args):
         health_host=args.health_host,
         health_port=args.health_port,
         max_request_bytes=args.max_request_bytes,
+        stream_window=args.stream_window,
         torch_threads=args.torch_threads,
         cpu_linear=args.cpu_linear,
         switch_interval_ms=args.switch_interval_ms,

@@ -323,6 +323,15 @@ class ServerSettings(_Strict):
         le=_MAX_REQUEST_BYTES,
         description="Largest ModelInfer request (bytes) accepted; larger: INVALID_ARGUMENT.",
     )
+    stream_window: StrictInt = Field(
+        1024,
+        ge=1,
+        description="Requests one ModelStreamInfer stream may owe (read and not yet answered on it) before the "
+        "server reads no further request from it, so that a client that writes faster than it reads holds at "
+        "most this many answers in the server; the rest wait in its transport (HTTP/2 flow control). A client "
+        "that writes every request before it reads any answer blocks once this many, plus what the transports "
+        "buffer, ahead.",
+    )
     torch_threads: StrictInt | None = Field(
         None,
         ge=1,

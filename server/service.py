@@ -262,12 +262,16 @@ def add_to_server(service: InferenceService, server: grpc.aio.Server) -> dict[st
 class _Stream:
     """An open ModelStreamInfer stream, as the stop sees it."""
 
-    __slots__ = ("owed", "results", "writing_since")
+    __slots__ = ("owed", "results", "room", "writing_since")
 
     def __init__(self) -> None:
         self.results: asyncio.Queue = asyncio.Queue()  # its answers, in order, and _WAKE
         self.owed = 0  # requests read and not yet answered on the stream (counted in `active`)
         self.writing_since: float | None = None  # loop.time() at the start of a write in progress
+        # Clear while the stream owes its window of answers (`stream_window`) and reads no more;
+        # set by the write that makes room, and at the stop.
+        self.room = asyncio.Event()
+        self.room.set()
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
@@ -275,6 +279,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.server = server
         self.server_timing = server.settings.server_timing
         self.send_limit = transport_limit(server.settings.max_request_bytes)
+        # The most requests one stream owes (read and not yet answered on it) before it reads no more.
+        self.stream_window = server.settings.stream_window
         # Inference requests between arrival and their answer: a unary call's until its handler
         # has the response, a stream request's until its answer is handed to the stream.
         self.active = 0
@@ -342,6 +348,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.closing = True
         for st in self._streams:
             st.results.put_nowait(_WAKE)
+            st.room.set()  # a reader waiting for room ends
 
     # -- the inference path ------------------------------------------------------------------
     async def infer(
@@ -482,8 +489,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     error_answer(code, details, self.send_limit, req.model_name, req.model_version, req.id)
                 )
 
+        window = self.stream_window
+
         async def read() -> bool:
-            """Read requests until the client closes its side (False) or the server stops (True)."""
+            """Read requests until the client closes its side (False) or the server stops (True).
+
+            Reads no further while the stream owes `window` answers: the requests of a client that
+            writes faster than it reads wait in its transport, held by HTTP/2's flow control, and
+            the server holds at most `window` answers. A client that writes every request before it
+            reads any answer blocks once it is that far ahead (plus what the transports buffer)."""
             async for req in request_iterator:
                 st.owed += 1
                 self._begin()
@@ -498,6 +512,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     t.add_done_callback(tasks.discard)
                 if self.closing:  # this one is answered (UNAVAILABLE); read no more
                     return True
+                if st.owed >= window:
+                    st.room.clear()
+                    await st.room.wait()  # the writer makes room as it writes; close_streams() too
+                    if self.closing:
+                        return True
             return False
 
         reader = asyncio.get_running_loop().create_task(read())
@@ -537,6 +556,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     raise asyncio.CancelledError("the stream ended before its answer was written") from None
                 st.writing_since = None
                 st.owed -= 1
+                if st.owed < window:
+                    st.room.set()
                 self._end()
             # reader.result() raises a failure of the request stream itself.
             if reader.done() and not reader.result():

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 
 from wok import service
-from wok.codec import encode_request
+from wok.codec import decode_response, encode_request
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
@@ -214,10 +214,10 @@ async def _stream_ended(server, caplog) -> None:
     await asyncio.wait_for(ended(), 10)
 
 
-def _wide_server(serve, tmp_path):
+def _wide_server(serve, tmp_path, **settings):
     repo = tmp_path / "wide-repo"
     _write_model(repo, "wide", 4, WIDE)
-    return serve(repository=repo)
+    return serve(repository=repo, **settings)
 
 
 async def test_a_stream_cancelled_while_an_answer_s_write_is_held_ends_quietly(serve, tmp_path, caplog):
@@ -245,3 +245,59 @@ async def test_a_stream_past_its_deadline_while_an_answer_s_write_is_held_ends_q
             await _stream_ended(server, caplog)
             assert server.service.active == 0
     assert not _errors(caplog), _errors(caplog)
+
+
+async def test_a_stream_whose_client_writes_far_ahead_of_what_it_reads_is_read_no_further_than_its_window(
+    serve, tmp_path
+):
+    # A client that wrote and did not read made the server read every request and hold every
+    # answer: memory without bound. Now the stream reads no further while it owes stream_window
+    # answers; the rest of the requests wait in the transports (HTTP/2 flow control).
+    window = 16
+    n = 4 * window  # small requests: the client writes them all at once
+    async with _wide_server(serve, tmp_path, stream_window=window) as server:
+        assert server.settings.stream_window == window
+        stats = server.runtimes["wide"].stats
+        batcher = server.runtimes["wide"].batcher
+        loop = asyncio.get_running_loop()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            call = stub.ModelStreamInfer(timeout=30)
+
+            async def write_all():
+                for i in range(n):
+                    x = {"INPUT0": np.full((1, 4), i, np.float32)}
+                    await call.write(encode_request("wide", x, request_id=str(i)))
+                await call.done_writing()
+
+            writer = asyncio.ensure_future(write_all())
+
+            async def settled():
+                # Every request read has run and has its answer, and the server's write of an
+                # answer is held (the client's window is full): the server reads no more now.
+                while True:
+                    for st in server.service._streams:
+                        held = st.writing_since is not None and loop.time() - st.writing_since > 0.2
+                        if held and not batcher.queued and not batcher.inflight and st.results.qsize() >= st.owed - 1:
+                            return st
+                    await asyncio.sleep(0.005)
+
+            st = await asyncio.wait_for(settled(), 10)
+            read, owed = stats.inference_count, st.owed
+            assert owed <= window, f"the stream owes {owed} answers, over its window of {window} ({read} read)"
+            # What the server wrote before its write was held: a few 1 MiB answers.
+            assert read - owed <= 16, (read, owed)
+            # The client reads every answer, exactly once, each its own.
+            got = {}
+            async for r in call:
+                assert not r.error_message, r.error_message
+                out = decode_response(r.infer_response)["OUTPUT0"]
+                i = int(r.infer_response.id)
+                assert i not in got, i
+                got[i] = out
+            await writer
+            assert await call.code() == grpc.StatusCode.OK
+        assert sorted(got) == list(range(n))
+        for i, out in got.items():
+            assert out.shape == (1, WIDE) and out[0, 0] == i and out[0, -1] == i, (i, out[0, :3])
+        assert stats.inference_count == n and server.service.active == 0 and not server.service._streams

@@ -302,6 +302,16 @@ def test_server_settings_grpc_cannot_take_are_refused_up_front(field, value, bou
     server_settings(max_request_bytes=536608767, max_connection_age_s=2147483, grace_period_s=2147483)  # at the bounds
 
 
+@pytest.mark.parametrize("value", [0, -1])
+def test_a_stream_window_under_one_request_is_refused(value):
+    with pytest.raises(ConfigError) as info:
+        server_settings(stream_window=value)
+    assert (
+        str(info.value) == f"server settings: stream_window: Input should be greater than or equal to 1 (got {value})"
+    )
+    assert server_settings(stream_window=1).stream_window == 1 and server_settings().stream_window == 1024
+
+
 def test_demo_options_name_the_model_and_the_options_it_has():
     from wok.__main__ import _demo_options
 
