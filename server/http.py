@@ -13,6 +13,10 @@ once at WARNING):
   GET  /admin/batching   each model's batching policy
   POST /admin/batching   {"model", "max_batch_size"?, "max_queue_delay_ms"?}
   GET  /events           text/event-stream of batch and tick events
+Once the server stops (its drain has begun), a POST (a change) answers 503 `{"error": "the server
+is stopping: ..."}` and the connection ends, kept alive from before the stop or not; the reads (GET
+and HEAD of the admin paths, /metrics) are answered through the drain, and /events from this
+port's own stop, the drain's end, answers 503 too.
 """
 
 from __future__ import annotations
@@ -182,6 +186,13 @@ class MetricsHTTPServer:
                 task.cancel()
             await asyncio.gather(*self._clients, return_exceptions=True)
         await self._server.wait_closed()
+
+    def _winding_down(self) -> bool:
+        """Whether the server stops: this port's stop has begun, or the server's drain has (the
+        admin's server's `draining`, WokServer's, set at the stop's first stage; this port stops
+        last, so that the last scrape sees the drain)."""
+        server = getattr(self.admin, "server", None)
+        return self._stopping or getattr(server, "draining", False) is True
 
     def render(self, accept: str) -> tuple[bytes, str]:
         if "application/openmetrics-text" in accept:
@@ -471,6 +482,11 @@ class MetricsHTTPServer:
         if method != "POST":
             error = {"error": f"{path} takes GET, HEAD or POST, got {method}"}
             await self._json(writer, 405, error, close=True, allow="GET, HEAD, POST")
+            return False
+        if self._winding_down():
+            # A change now (a fault, a batching policy) would act on the drain, or on nothing: a
+            # connection kept alive from before the stop still had it applied. Its body is unread.
+            await self._json(writer, 503, {"error": f"the server is stopping: POST {path} is refused"}, True)
             return False
         ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if ctype != "application/json":

@@ -1,0 +1,195 @@
+"""Admin changes (POST) on the metrics port (server/http.py) once the server stops.
+
+A connection kept alive from before the stop was still served: an operator's script on it could
+inject a fault, or change a model's batching, in a server that was draining (the port stays up
+through the drain, so that the last scrape sees it) or whose port was stopping. Each such POST
+now answers 503 and changes nothing; the reads (admin GETs, /metrics) are still answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from wok.app import WokServer
+from wok.config import model_config_from_dict, server_settings
+from wok.repository import ModelRepository
+from wok.servable import Servable
+
+
+class Gated(nn.Module):
+    """Returns 2x; once `gate` is cleared, a batch blocks in the model until the test sets it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()  # the warm-up runs through
+        self.entered = threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.gate.is_set():
+            self.entered.set()
+        if not self.gate.wait(timeout=60):  # a backstop for a test that never set it
+            raise RuntimeError("test gate never opened")
+        return x * 2
+
+
+def gated_servable() -> tuple[Servable, Gated]:
+    cfg = model_config_from_dict(
+        {
+            "name": "gated",
+            "platform": "python",
+            "factory": "tests:unused",
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}],
+            "max_batch_size": 4,
+            "dynamic_batching": {"max_queue_delay_ms": 5.0},
+            "instances": {"count": 1, "devices": ["cpu"]},
+        },
+        "test",
+    )
+    module = Gated()
+    return Servable(cfg, module), module
+
+
+class Client:
+    """One keep-alive connection (http.client, as an operator's script), used from a thread."""
+
+    def __init__(self, port: int) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+
+    def _ask(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict, bytes]:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        self.conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+        answer = self.conn.getresponse()
+        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
+
+    async def ask(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict, bytes]:
+        return await asyncio.to_thread(self._ask, method, path, body)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+CHANGES = {
+    "/admin/batching": {"model": "gated", "max_batch_size": 2, "max_queue_delay_ms": 7.0},
+    "/admin/faults": {"model": "gated", "mode": "fail"},
+}
+
+
+def state(admin) -> tuple[dict, dict]:
+    return admin.get_batching(), admin.get_faults()
+
+
+def assert_refused(answer: tuple[int, dict, bytes], path: str) -> None:
+    status, headers, body = answer
+    assert status == 503, f"POST {path} was served as the server stops: {status} {body!r}"
+    assert headers["connection"] == "close"
+    assert json.loads(body) == {"error": f"the server is stopping: POST {path} is refused"}
+
+
+@pytest.fixture
+async def served():
+    servable, module = gated_servable()
+    server = WokServer(server_settings(grpc_port=0, metrics_port=0, admin=True), ModelRepository([servable], "test"))
+    await server.start()
+    try:
+        yield server, module
+    finally:
+        module.gate.set()
+        await server.stop(grace=5.0)
+
+
+@pytest.mark.parametrize("path", sorted(CHANGES))
+async def test_an_admin_change_on_a_kept_alive_connection_is_refused_while_the_server_drains(served, path):
+    server, module = served
+    admin = server.http.admin
+    port = server.http.port
+    kept = Client(port)
+    stopping = None
+    try:
+        status, _, _ = await kept.ask("GET", "/admin/batching")  # before the stop: kept alive
+        assert status == 200
+        before = state(admin)
+        # A batch held in the model: the drain waits for it, with the port up.
+        batcher = server.runtime("gated").batcher
+        module.gate.clear()
+        pending = batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, module.entered.wait, 10), "the batch never reached the model"
+        draining = asyncio.Event()
+        stop_batcher = batcher.stop
+
+        async def stop_and_tell() -> None:
+            draining.set()
+            await stop_batcher()
+
+        batcher.stop = stop_and_tell
+        stopping = asyncio.create_task(server.stop(grace=30.0))
+        await asyncio.wait_for(draining.wait(), 10)
+
+        assert_refused(await kept.ask("POST", path, CHANGES[path]), path)
+        assert state(admin) == before, f"POST {path} changed the server as it drains"
+        # The reads go on through the drain, on a connection new or kept.
+        fresh = Client(port)
+        try:
+            for read in ("/admin/faults", "/admin/batching", "/metrics"):
+                status, _, body = await fresh.ask("GET", read)
+                assert status == 200, (read, body)
+            assert json.loads((await fresh.ask("GET", "/admin/batching"))[2]) == before[0]
+            assert_refused(await fresh.ask("POST", path, CHANGES[path]), path)
+        finally:
+            fresh.close()
+        assert state(admin) == before
+        assert not stopping.done()  # all of it within the drain
+        module.gate.set()
+        await stopping
+        assert pending.future.done() and not pending.future.cancelled()
+    finally:
+        module.gate.set()
+        if stopping is not None:
+            await stopping
+        kept.close()
+
+
+@pytest.mark.parametrize("path", sorted(CHANGES))
+async def test_an_admin_change_on_a_kept_alive_connection_is_refused_once_the_port_stops(served, path):
+    """The port's own stop (its last stage), with the server not draining: the admin's close held."""
+    server, _ = served
+    admin = server.http.admin
+    port = server.http.port
+    kept = Client(port)
+    close, closed, go_on = admin.close, asyncio.Event(), asyncio.Event()
+
+    async def close_then_hold() -> None:
+        await close()
+        closed.set()
+        await go_on.wait()
+
+    admin.close = close_then_hold
+    stopping = None
+    try:
+        status, _, _ = await kept.ask("GET", "/admin/faults")
+        assert status == 200
+        before = state(admin)
+        stopping = asyncio.create_task(server.http.stop())
+        await asyncio.wait_for(closed.wait(), 10)
+        assert not server.draining
+        status, _, body = await kept.ask("GET", "/admin/batching")  # a read: answered
+        assert status == 200 and json.loads(body) == before[0]
+        assert_refused(await kept.ask("POST", path, CHANGES[path]), path)
+        assert state(admin) == before, f"POST {path} changed the server as its port stops"
+        go_on.set()
+        await stopping
+    finally:
+        go_on.set()
+        if stopping is not None:
+            await stopping
+        kept.close()
