@@ -488,9 +488,9 @@ def check_fits(
 
     names = names or SearchNames()
     source = batch_times(profile, sampled, cpu)[0]
-    fit = {"server": "the CPU stage's batch time", "samples": "the profile's batch times"}.get(
-        source, "the profile's α, β"
-    )
+    # The fit's α, β come from a profile, or from options (`wok tune --alpha/--beta`: its source).
+    given = f"the α, β of {profile.source}" if profile.source.startswith("--") else "the profile's α, β"
+    fit = {"server": "the CPU stage's batch time", "samples": "the profile's batch times"}.get(source, given)
     if cpu is not None:
         fit += " and bound" if source == "server" else " and the CPU stage's bound"
     hint = f"a shorter {names.shorter}, or a grid with a lower ceiling, fits"

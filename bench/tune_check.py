@@ -593,7 +593,7 @@ def print_report(doc: dict, file=None) -> None:
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                       title=f"rep {run['rep']} {run['label']}: max_batch_size {run['max_batch_size']}, "
                       f"delay {run['max_queue_delay_ms']:g} ms; measured max QPS {run['measured_max_qps']}, "
-                      f"knee {run['measured_knee_qps']}{_left_out(run)}")  # fmt: skip
+                      f"knee {_knee(run)}{_left_out(run)}")  # fmt: skip
         for h in ("offered", "achieved", "P50 meas", "P50 sim", "P99 meas", "P99 sim", "error", "P99 steady",
                   "P99 fixed", "error·f", "server P99", "outside P99", "overhead P99 sim", "below knee",
                   "batch meas", "batch sim", "loop cores meas", "loop util sim", "other cores"):  # fmt: skip
@@ -654,6 +654,21 @@ def print_report(doc: dict, file=None) -> None:
             f"with the light-load overhead at every rate instead (P99 fixed): {v['fixed_overhead_steps_within']}/"
             f"{v['steps_below_knee']} steps within ±{100 * TOLERANCE:g}%"
         )
+
+
+def _knee(run: dict) -> str:
+    """The measured ramp's knee, worded as `wok bench`'s report words it: "at or below N" when the
+    ramp's first step already fell short of its offer (nothing ran below it to say where). Read from
+    the whole `measured` ramp: its `knee_at_or_below_first_step`, or its steps in files written before
+    that flag (a run without `measured`, as in hand-made documents, shows the knee as it is)."""
+    knee = run["measured_knee_qps"]
+    measured = run.get("measured") or {}
+    at_first = measured.get("knee_at_or_below_first_step")
+    if at_first is None and knee is not None and measured.get("steps"):
+        from wok.bench.analysis import knee_at_or_below_first_step
+
+        at_first = knee_at_or_below_first_step(measured["steps"], knee)
+    return f"at or below {knee}" if at_first and knee is not None else f"{knee}"
 
 
 def _left_out(run: dict) -> str:
@@ -806,7 +821,7 @@ def markdown(doc: dict) -> str:
         out.append(
             f"**rep {run['rep']}, {run['label']}** (max_batch_size {run['max_batch_size']}, delay "
             f"{run['max_queue_delay_ms']:g} ms): measured max QPS under {cfg['slo_p99_ms']:g} ms "
-            f"{run['measured_max_qps']}, knee {run['measured_knee_qps']}{_left_out(run)}\n"
+            f"{run['measured_max_qps']}, knee {_knee(run)}{_left_out(run)}\n"
         )
         if doc.get("schema") != "wok.tunecheck/1":
             out.extend(_rows_v2(run))

@@ -213,8 +213,20 @@ def _demo_options(items: list[str]) -> dict:
 
 
 def _demo_models(args) -> tuple[str, ...]:
-    """The demo models `--models` names, or all three when it is not given."""
-    return tuple(m for m in (_DEFAULT_DEMO_MODELS if args.models is None else args.models).split(",") if m)
+    """The demo models `--models` names, each without the spaces around it ("mlp, recsys"), or all
+    three when it is not given. None at all ("", ",") is () (refused by the caller: no model to
+    serve); an empty name among others ("mlp,,recsys", "mlp,") is refused here (ConfigError)."""
+    if args.models is None:
+        return tuple(_DEFAULT_DEMO_MODELS.split(","))
+    names = [m.strip() for m in args.models.split(",")]
+    if not any(names):
+        return ()
+    if "" in names:
+        raise ConfigError(
+            f"--models {args.models!r}: name {names.index('') + 1} of {len(names)} is empty; "
+            f"expected names separated by single commas, e.g. {_DEFAULT_DEMO_MODELS}"
+        )
+    return tuple(names)
 
 
 def _check_serve_options(args) -> None:

@@ -314,6 +314,66 @@ def test_tune_check_renders_a_run_as_markdown():
     assert "2.00 / 7.00" in text and "0 of 1 steps below the knee (0 of 1 quiet ones)" in text
 
 
+def _ramp_step(offered: float, achieved: float) -> dict:
+    return {"offered_qps": offered, "achieved_qps": achieved, "duration_s": 10.0}
+
+
+# (the measured ramp's steps, its knee_at_or_below_first_step: None for a file written before it)
+KNEE_AT_FIRST = {
+    "flagged": ([_ramp_step(1000.0, 400.0), _ramp_step(1500.0, 410.0)], True),
+    "older-file": ([_ramp_step(1000.0, 400.0), _ramp_step(1500.0, 410.0)], None),
+}
+KNEE_ABOVE_FIRST = {
+    "flagged": ([_ramp_step(500.0, 500.0), _ramp_step(1000.0, 600.0)], False),
+    "older-file": ([_ramp_step(500.0, 500.0), _ramp_step(1000.0, 600.0)], None),
+}
+
+
+def _with_knee(steps: list[dict], flag: bool | None) -> dict:
+    """`_tune_check_run` whose ramp's knee is at 1,000 QPS, with its whole `measured` ramp; its
+    text report's verdict as `verdict` makes it."""
+    from wok.bench.analysis import find_knee
+    from wok.bench.tune_check import verdict
+
+    assert find_knee(steps) == 1000.0
+    doc = _tune_check_run()
+    run = doc["runs"][0]
+    run["measured_knee_qps"] = 1000.0
+    run["measured"] = {"knee_qps": 1000.0, "steps": steps}
+    if flag is not None:
+        run["measured"]["knee_at_or_below_first_step"] = flag
+    run["comparison"][0].update(within_tolerance=False, quiet=True, batcher_relative_error=None)
+    doc["verdict"] = verdict(doc["runs"])
+    return doc
+
+
+def _report_and_markdown(doc: dict) -> tuple[str, str]:
+    import io
+
+    from wok.bench.tune_check import markdown, print_report
+
+    out = io.StringIO()
+    print_report(doc, file=out)
+    return out.getvalue(), markdown(doc)
+
+
+@pytest.mark.parametrize("case", KNEE_AT_FIRST)
+def test_tune_check_says_a_knee_on_the_first_step_is_at_or_below_it(case):
+    """Its text and markdown said "knee 1000.0": a knee the ramp's first step already showed is at
+    or below that step (nothing ran below it), as `wok bench`'s own report says it."""
+    text, md = _report_and_markdown(_with_knee(*KNEE_AT_FIRST[case]))
+    assert "measured max QPS 1000.0, knee at or below 1000.0" in text, text
+    assert "measured max QPS under 50 ms 1000.0, knee at or below 1000.0" in md, md
+
+
+@pytest.mark.parametrize("case", KNEE_ABOVE_FIRST)
+def test_tune_check_says_a_knee_above_the_first_step_as_it_is(case):
+    text, md = _report_and_markdown(_with_knee(*KNEE_ABOVE_FIRST[case]))
+    assert "measured max QPS 1000.0, knee 1000.0" in text, text
+    assert "measured max QPS under 50 ms 1000.0, knee 1000.0" in md, md
+    assert "at or below" not in text + md
+
+
 def _refreshed(doc: dict) -> None:  # add_batcher_means without a profile and ramps to simulate
     doc["runs"][0]["comparison"][0]["server_e2e_mean_ms"] = 9.5
 

@@ -28,8 +28,20 @@ def test_a_search_too_large_to_simulate_is_refused_up_front_in_the_options_names
         "wok tune: --arrival poisson over --sim-warmup + --sim-duration (2001 s): at most 1e+08 arrivals per "
         "simulated step; got 1.99e+09 expected at 996133 QPS, the highest rate the search can try "
         "(max_batch_size 4, delay 0 ms, of --max-batch-sizes, --delays and --default: its ceiling by the "
-        "profile's α, β is 1e+06 QPS); a shorter --sim-warmup + --sim-duration, or a grid with a lower ceiling, fits\n"
+        "α, β of --alpha/--beta is 1e+06 QPS); a shorter --sim-warmup + --sim-duration, or a grid with a lower "
+        "ceiling, fits\n"
     ), err
+
+
+def test_a_search_too_large_names_the_profile_when_the_fit_is_a_profiles(tmp_path, no_simulating, wok_cli):
+    """With --alpha/--beta (above) the refusal said "the profile's α, β" too, though no profile was given."""
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(profile_document({1: [1e-6, 1e-6], 4: [4e-6, 4e-6]}, "by hand")))
+    grid = ["--max-batch-sizes", "4", "--delays", "0ms", "--default", "none", "--sim-duration", "2000s"]
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", "--profile", str(profile), *grid)
+    assert status == 2, err
+    assert "its ceiling by the profile's α, β is 1e+06 QPS)" in err, err
+    assert "--alpha/--beta" not in err, err
 
 
 def test_a_dense_trace_is_refused_up_front_by_its_own_count(tmp_path, no_simulating, wok_cli):

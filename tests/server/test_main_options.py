@@ -63,12 +63,31 @@ def serve(monkeypatch, capsys, tmp_path):
         (("--models", ""), "wok: --models '': no model to serve"),
         (("--models", ","), "wok: --models ',': no model to serve"),
         (
+            ("--models", "mlp,,recsys"),
+            "wok: --models 'mlp,,recsys': name 2 of 3 is empty; expected names separated by single commas, "
+            "e.g. mlp,recsys,encoder",
+        ),
+        (
+            ("--models", "mlp, "),
+            "wok: --models 'mlp, ': name 2 of 2 is empty; expected names separated by single commas, "
+            "e.g. mlp,recsys,encoder",
+        ),
+        (
             ("--model-repository", "REPO", "--demo-option", "recsys.num_embeddings=1000000"),
             "wok: --demo-option 'recsys.num_embeddings=1000000' with --model-repository: demo options apply to the "
             "demo models only",
         ),
     ],
-    ids=["repository+models", "option-of-unserved", "one-of-two-unserved", "empty", "commas", "repository+option"],
+    ids=[
+        "repository+models",
+        "option-of-unserved",
+        "one-of-two-unserved",
+        "empty",
+        "commas",
+        "empty-name-between",
+        "trailing-comma",
+        "repository+option",
+    ],
 )
 def test_an_option_that_does_not_apply_exits_2_before_the_server_starts(serve, args, refusal):
     status, err, started = serve(*args, "--port", "0", "--metrics-port", "-1")
@@ -93,10 +112,38 @@ def test_a_malformed_demo_option_is_named_as_such_before_the_models_it_is_not_am
         ("--models", "mlp", "--demo-option", "mlp.max_batch_size=8", "--demo-option", "mlp.max_queue_delay_ms=1"),
         ("--demo-option", "recsys.num_embeddings=20000"),  # the default models: all three
         ("--models", "mlp,recsys,encoder", "--demo-option", "recsys.num_embeddings=20000"),
+        ("--models", "mlp, recsys", "--demo-option", "recsys.num_embeddings=20000"),
         ("--model-repository", "REPO"),
     ],
-    ids=["defaults", "mlp", "all-three", "mlp+options", "default+recsys-option", "all+recsys-option", "repository"],
+    ids=[
+        "defaults",
+        "mlp",
+        "all-three",
+        "mlp+options",
+        "default+recsys-option",
+        "all+recsys-option",
+        "spaced+recsys-option",
+        "repository",
+    ],
 )
 def test_the_combinations_that_apply_still_start(serve, args):
     status, err, started = serve(*args, "--port", "0", "--metrics-port", "-1")
     assert (status, started) == (0, True), err
+
+
+@pytest.mark.parametrize(
+    ("models", "names"),
+    [
+        (None, ("mlp", "recsys", "encoder")),
+        ("mlp,recsys", ("mlp", "recsys")),
+        ("mlp, recsys", ("mlp", "recsys")),
+        (" mlp ,\trecsys , encoder ", ("mlp", "recsys", "encoder")),
+        ("", ()),
+        (" , ", ()),
+    ],
+)
+def test_the_names_of_models_are_taken_without_the_spaces_around_them(models, names):
+    """`--models "mlp, recsys"` named ' recsys', refused later as an unknown demo model ' recsys'."""
+    import argparse
+
+    assert wok_main._demo_models(argparse.Namespace(models=models)) == names
