@@ -158,6 +158,9 @@ UNSUPPORTED_OUTPUT_PARAMETERS = {
     SHARED_MEMORY: "shared memory",
 }
 
+# A request's parameters asking for Triton's sequence batching, refused when set (not 0, "" or false).
+SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
+
 
 @dataclass(slots=True)
 class DecodedRequest:
@@ -262,6 +265,21 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
                     )
             names.append(o.name)
         outputs = tuple(names)
+
+    if req.parameters:
+        # Triton's sequence batcher keeps a model's state between a sequence's requests; wok
+        # has none, and a sequence ignored would get stateless answers taken for the sequence's.
+        for key in SEQUENCE_PARAMETERS:
+            if key in req.parameters:
+                p = req.parameters[key]
+                which = p.WhichOneof("parameter_choice")
+                # tritonclient sends none of them for sequence_id=0; 0, "" and false ask for nothing.
+                if which is not None and getattr(p, which):
+                    raise InvalidInput(
+                        f"parameter '{key}' ({_param_str(p)}) is not supported by this server: it has no "
+                        "sequence batching (its models are stateless); send the requests without sequence "
+                        "parameters (sequence_id, sequence_start, sequence_end)"
+                    )
 
     timeout_s = None
     if "timeout" in req.parameters:

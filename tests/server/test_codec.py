@@ -183,6 +183,114 @@ def test_a_long_string_parameter_is_cut_in_the_message(key):
     assert len(str(info.value)) < 300
 
 
+SEQUENCE_REFUSED = (
+    "is not supported by this server: it has no sequence batching (its models are stateless); send the requests "
+    "without sequence parameters (sequence_id, sequence_start, sequence_end)"
+)
+
+
+@pytest.mark.parametrize(
+    "key, kind, value, got",
+    [
+        ("sequence_id", "int64_param", 7, "int64_param 7"),
+        ("sequence_id", "int64_param", -1, "int64_param -1"),
+        ("sequence_id", "uint64_param", 7, "uint64_param 7"),
+        ("sequence_id", "string_param", "user-42", "string_param 'user-42'"),
+        ("sequence_id", "string_param", "s" * 10_000, f"string_param '{'s' * 40}'… (10,000 characters)"),
+        ("sequence_id", "double_param", 1.0, "double_param 1.0"),  # not a kind Triton takes: still no sequence
+        ("sequence_start", "bool_param", True, "bool_param true"),
+        ("sequence_end", "bool_param", True, "bool_param true"),
+        ("sequence_start", "int64_param", 1, "int64_param 1"),
+    ],
+)
+def test_a_sequence_parameter_is_refused_by_name_not_ignored(key, kind, value, got):
+    req = encode_request("id", {"X": np.zeros((1, 3), np.float32)})
+    setattr(req.parameters[key], kind, value)
+    with pytest.raises(InvalidInput) as info:
+        decode_request(req, identity("FP32"))
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(info.value) == f"parameter '{key}' ({got}) {SEQUENCE_REFUSED}"
+
+
+@pytest.mark.parametrize(
+    "key, kind, value",
+    [
+        ("sequence_id", "int64_param", 0),
+        ("sequence_id", "uint64_param", 0),
+        ("sequence_id", "string_param", ""),
+        ("sequence_start", "bool_param", False),
+        ("sequence_end", "bool_param", False),
+        ("sequence_id", None, None),  # present, none of its value fields set
+    ],
+)
+def test_a_sequence_parameter_that_is_zero_or_false_asks_for_nothing_and_is_accepted(key, kind, value):
+    x = np.arange(3, dtype=np.float32).reshape(1, 3)
+    req = encode_request("id", {"X": x}, timeout_us=2500)
+    if kind is None:
+        req.parameters[key].SetInParent()
+    else:
+        setattr(req.parameters[key], kind, value)
+    dec = decode_request(req, identity("FP32"))
+    np.testing.assert_array_equal(dec.inputs["X"], x)
+    assert dec.timeout_s == pytest.approx(0.0025)
+
+
+def test_all_three_sequence_parameters_zero_and_false_are_accepted():
+    req = encode_request("id", {"X": np.zeros((1, 3), np.float32)})
+    req.parameters["sequence_id"].int64_param = 0
+    req.parameters["sequence_start"].bool_param = False
+    req.parameters["sequence_end"].bool_param = False
+    assert decode_request(req, identity("FP32")).rows == 1
+
+
+def tritonclient_request(**sequence) -> pb.ModelInferRequest:
+    """The ModelInferRequest tritonclient.grpc's infer() puts on the wire, read as wok reads it."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc._utils import _get_inference_request
+
+    inp = grpcclient.InferInput("X", [1, 3], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 3), np.float32))
+    args = dict(sequence_id=0, sequence_start=False, sequence_end=False)  # infer()'s defaults
+    args.update(sequence)
+    sent = _get_inference_request(
+        model_name="id",
+        inputs=[inp],
+        model_version="",
+        request_id="",
+        outputs=None,
+        priority=0,
+        timeout=None,
+        parameters=None,
+        **args,
+    )
+    return pb.ModelInferRequest.FromString(sent.SerializeToString())
+
+
+@pytest.mark.parametrize(
+    "sequence",
+    [{}, {"sequence_start": True}, {"sequence_end": True}, {"sequence_id": ""}],
+    ids=["defaults", "start-without-id", "end-without-id", "empty-string-id"],
+)
+def test_tritonclient_without_a_sequence_id_is_never_refused(sequence):
+    # tritonclient ignores sequence_start and sequence_end unless sequence_id is set.
+    assert decode_request(tritonclient_request(**sequence), identity("FP32")).rows == 1
+
+
+@pytest.mark.parametrize(
+    "sequence, got",
+    [
+        ({"sequence_id": 7, "sequence_start": True}, "int64_param 7"),
+        ({"sequence_id": 7}, "int64_param 7"),  # a sequence's middle: start and end sent false
+        ({"sequence_id": 7, "sequence_end": True}, "int64_param 7"),
+        ({"sequence_id": "user-42", "sequence_start": True}, "string_param 'user-42'"),
+    ],
+)
+def test_tritonclient_with_a_sequence_id_is_refused_naming_it(sequence, got):
+    with pytest.raises(InvalidInput) as info:
+        decode_request(tritonclient_request(**sequence), identity("FP32"))
+    assert str(info.value) == f"parameter 'sequence_id' ({got}) {SEQUENCE_REFUSED}"
+
+
 def test_an_input_sent_both_raw_and_typed_is_invalid_and_an_empty_contents_is_not_data():
     s = identity("FP32")
     req = encode_request("id", {"X": np.zeros((1, 3), np.float32)})
