@@ -1257,7 +1257,7 @@ class Batcher:
         self._free_slots.append((inst, batch.slot))
         self._busy[inst] -= 1
         self._inflight -= 1
-        failed_at_stop = self._dispatched.pop(id(batch), None) is None  # callers answered, counted
+        failed_at_stop = self._dispatched.pop(id(batch), None) is None  # callers answered, counted, DONE
         if self._busy[inst] == 0:
             self._free_at[inst] = now
         if self._last_sent[inst] is f:
@@ -1279,20 +1279,26 @@ class Batcher:
             if not isinstance(exc, ShuttingDown):
                 self.failures.batch_failed(exc, len(batch.requests), batch.samples)
             for p in batch.requests:
-                if p.state != RUNNING:  # answered (its deadline passed) or withdrawn while it waited
+                # Answered (its deadline passed, or at the stop: `_fail_dispatched`) or withdrawn while it waited.
+                if p.state != RUNNING:
                     continue
                 p.state = DONE
                 p.finished = now
                 if not p.future.done():
                     p.future.set_exception(exc)
-                if not failed_at_stop:
-                    self.stats.fail.add(now - p.arrival)
+                self.stats.fail.add(now - p.arrival)
             return
         result: BatchResult = f.result()
-        if batch.idle_from is not None and result.started > batch.idle_from:
-            self.metrics.record_idle_queued(inst, result.started - batch.idle_from)
         if self._busy[inst] == 0:
             self._idle_since[inst] = result.finished
+        if failed_at_stop:
+            # The grace period ran out while it ran: `_fail_dispatched` answered its callers
+            # UNAVAILABLE and counted them failed; what the model returned reaches nobody and is
+            # recorded nowhere (no left-out answers, stats, metrics or slo observations), as a
+            # batch that failed records none: the instance's busy time included.
+            return
+        if batch.idle_from is not None and result.started > batch.idle_from:
+            self.metrics.record_idle_queued(inst, result.started - batch.idle_from)
         if result.kept is not None:
             self._expire_left_out(batch, result)
             if not batch.requests:
@@ -1353,18 +1359,23 @@ class Batcher:
             for p in batch.requests:
                 if p.state != RUNNING:  # answered (its deadline passed) or withdrawn as its batch waited
                     continue
+                p.state = DONE  # answered and counted: `_complete` then leaves it alone
+                p.finished = now
                 if not p.future.done():
                     p.future.set_exception(exc)
                 self.stats.fail.add(now - p.arrival)
         self._dispatched.clear()
 
     def _fail_queued(self, exc: Exception) -> None:
+        now = time.perf_counter()
         for q in self._queues.values():
             for p in q.entries:
                 if p.state == QUEUED:
                     p.state = DONE
+                    p.finished = now
                     if not p.future.done():
                         p.future.set_exception(exc)
+                    self.stats.fail.add(now - p.arrival)  # as a dispatched request failed at the stop is
             q.levels.clear()
             q.order.clear()
             q.deadlines.clear()

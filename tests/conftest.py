@@ -174,8 +174,10 @@ SLOW_MODEL = textwrap.dedent(
         def __init__(self, sleep_ms: float) -> None:
             super().__init__()
             self.sleep_s = sleep_ms / 1e3
+            self.forwards = 0  # warm-up included
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.forwards += 1
             time.sleep(self.sleep_s)
             if torch.isnan(x).any():
                 raise ValueError("NaN in batch")
