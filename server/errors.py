@@ -71,6 +71,12 @@ class NotSupported(WokError):
     code = grpc.StatusCode.UNIMPLEMENTED
 
 
+class RegionNotFound(WokError):
+    """A shared-memory region asked for by name: wok never holds one (Triton's NOT_FOUND)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
 class ModelExecutionError(WokError):
     """The model raised while running a batch; every request of that batch ends with it."""
 

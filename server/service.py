@@ -29,6 +29,7 @@ from .errors import (
     ModelNotFound,
     NotSupported,
     QueueFull,
+    RegionNotFound,
     ShuttingDown,
     WokError,
     to_status,
@@ -670,6 +671,47 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 "fixed set chosen at start (--model-repository, --models): restart it with the models wanted"
             ),
         )
+
+    # -- shared memory ------------------------------------------------------------------------
+    # Declared, as the repository RPCs are, so that a Triton tool that uses shared memory is told
+    # why it fails rather than "Method not found!". No region is ever registered, and each answer
+    # is Triton's for that state (its SharedMemoryManager): a status lists no region, or is
+    # NOT_FOUND for a named one; an unregister, of one name or (empty) of all, succeeds.
+    async def SystemSharedMemoryStatus(self, request, context):
+        await _no_region(context, "system", request.name)
+        return pb.SystemSharedMemoryStatusResponse()
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        await _no_shared_memory(context, "system", request.name)
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request, context):
+        await _no_region(context, "cuda", request.name)
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, request, context):
+        await _no_shared_memory(context, "CUDA", request.name)
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+
+async def _no_region(context, kind: str, name: str) -> None:
+    """The status of region `name` (all regions when empty) of `kind`: Triton's NOT_FOUND for a name."""
+    if name:
+        await _abort(context, RegionNotFound(f"Unable to find {kind} shared memory region: '{name}'"))
+
+
+async def _no_shared_memory(context, kind: str, name: str) -> None:
+    await _abort(
+        context,
+        NotSupported(
+            f"cannot register {kind} shared memory region '{name}': wok does not support shared memory; send "
+            "the tensors in the request (raw_input_contents, or the typed contents)"
+        ),
+    )
 
 
 def model_config_proto(rt: ModelRuntime) -> mc.ModelConfig:

@@ -49,6 +49,13 @@ def test_wire_names_are_tritons():
         # Declared so that wok answers them itself (UNIMPLEMENTED, saying why), not gRPC's "Method not found!".
         "RepositoryModelLoad",
         "RepositoryModelUnload",
+        # Status lists no region, unregistering succeeds, registering is UNIMPLEMENTED naming the region.
+        "SystemSharedMemoryStatus",
+        "SystemSharedMemoryRegister",
+        "SystemSharedMemoryUnregister",
+        "CudaSharedMemoryStatus",
+        "CudaSharedMemoryRegister",
+        "CudaSharedMemoryUnregister",
     }
     stream = service.methods_by_name["ModelStreamInfer"]
     assert stream.client_streaming and stream.server_streaming
