@@ -227,6 +227,12 @@ def write_slow_model(
     return root
 
 
+@pytest.fixture(scope="session")
+def write_slow():
+    """`write_slow(root, **options)`: `write_slow_model`, for a fixture wider than one test."""
+    return write_slow_model
+
+
 @pytest.fixture
 def slow_repository(tmp_path):
     """`slow_repository(**options)` → a repository folder holding the slow model."""

@@ -6,6 +6,7 @@ import asyncio
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -61,10 +62,93 @@ async def test_a_burst_over_max_queue_size_is_rejected_at_once_and_the_rest_succ
     assert sorted(decoded, key=int) == [str(i) for i, _ in accepted]
 
 
-def test_sigterm_mid_burst_answers_every_accepted_request_and_exits_0(slow_repository, start_server):
+HELD_MODEL = """
+import sys, time
+
+from torch import nn
+
+
+class Held(nn.Module):
+    # Says on stderr which batch it runs (the warm-up's is zeros), then holds it a while: long
+    # enough for the test's signal to land while the batch runs.
+    def __init__(self, sleep_ms):
+        super().__init__()
+        self.sleep_s = sleep_ms / 1e3
+
+    def forward(self, x):
+        print(f"test: running {x.flatten()[0].item():g}", file=sys.stderr, flush=True)
+        time.sleep(self.sleep_s)
+        return x * 2
+
+
+def build(sleep_ms):
+    return Held(sleep_ms)
+"""
+
+
+# The signal tests' servers, one each: (test, parameter id) → the slow model's options, and whether
+# its model.py is HELD_MODEL (a batch held long enough for the test's signals to land while it runs).
+SIGNALLED = {
     # 20 ms per batch of 4: 64 requests need about 0.32 s, so most are queued at the signal.
-    repo = slow_repository(sleep_ms=20, max_batch_size=4, delay_ms=1)
-    sp = start_server("--model-repository", str(repo), "--grace-period", "20")
+    ("test_sigterm_mid_burst_answers_every_accepted_request_and_exits_0", None): (
+        {"sleep_ms": 20, "max_batch_size": 4, "delay_ms": 1},
+        False,
+    ),
+    ("test_sighup_drains_as_sigterm_does_a_request_in_flight_answered_and_exit_0", None): (
+        {"sleep_ms": 1000, "max_batch_size": 4, "delay_ms": 1},
+        True,
+    ),
+    **{
+        ("test_only_a_second_sigterm_or_sigint_cuts_the_drain_short", case): (
+            {"sleep_ms": 1500, "max_batch_size": 4, "delay_ms": 1},
+            True,
+        )
+        for case in ("hup-term-drains", "hup-int-term-exits", "term-term-exits")
+    },
+}
+
+
+def _key(item) -> tuple[str, str | None]:
+    callspec = getattr(item, "callspec", None)
+    return item.originalname, callspec.id if callspec else None
+
+
+@pytest.fixture(scope="module")
+def signalled(request, tmp_path_factory, start_server_module, write_slow):
+    """A `wok serve` of its own for each selected test of SIGNALLED, all started at once (each start
+    is mostly a process's imports), each from a repository of its own written before its start.
+    Not autouse: made by the first of those tests, so no start overlaps the module's other tests."""
+    selected = {_key(item) for item in request.session.items if getattr(item, "module", None) is request.module}
+    args = {}
+    for key, (options, held) in SIGNALLED.items():
+        if key in selected:
+            repo = write_slow(tmp_path_factory.mktemp("signalled") / "repo", **options)
+            if held:
+                (repo / "slow" / "model.py").write_text(HELD_MODEL)
+            args[key] = ("--model-repository", str(repo), "--grace-period", "20")
+    servers = {}
+    try:
+        with ThreadPoolExecutor(max(len(args), 1)) as pool:
+            starts = {key: pool.submit(start_server_module, *a) for key, a in args.items()}
+        servers = {key: start.result() for key, start in starts.items()}
+        yield servers
+    finally:
+        # Each test kills its own server if it is left running; one whose test never ran dies here.
+        for sp in servers.values():
+            if sp.proc.poll() is None:
+                sp.proc.kill()
+                sp.proc.wait()
+
+
+def own_server(signalled, request):
+    """The test's own server of `signalled`: no other test sends it anything."""
+    key = _key(request.node)
+    assert key in signalled, f"{key}: SIGNALLED names no server for this test"
+    return signalled[key]
+
+
+def test_sigterm_mid_burst_answers_every_accepted_request_and_exits_0(signalled, request):
+    sp = own_server(signalled, request)
     try:
         results, refused, elapsed = asyncio.run(_burst_then_sigterm(sp))
         code = sp.proc.wait(30)
@@ -134,36 +218,10 @@ async def test_a_start_that_fails_in_a_warm_up_leaves_no_model_thread_behind(slo
     assert left == [], left
 
 
-HELD_MODEL = """
-import sys, time
-
-from torch import nn
-
-
-class Held(nn.Module):
-    # Says on stderr which batch it runs (the warm-up's is zeros), then holds it a while: long
-    # enough for the test's signal to land while the batch runs.
-    def __init__(self, sleep_ms):
-        super().__init__()
-        self.sleep_s = sleep_ms / 1e3
-
-    def forward(self, x):
-        print(f"test: running {x.flatten()[0].item():g}", file=sys.stderr, flush=True)
-        time.sleep(self.sleep_s)
-        return x * 2
-
-
-def build(sleep_ms):
-    return Held(sleep_ms)
-"""
-
-
-def test_sighup_drains_as_sigterm_does_a_request_in_flight_answered_and_exit_0(slow_repository, start_server):
+def test_sighup_drains_as_sigterm_does_a_request_in_flight_answered_and_exit_0(signalled, request):
     # SIGHUP comes when the terminal or ssh session that started the server closes; its default
     # action killed the server at once, with the request in flight lost.
-    repo = slow_repository(sleep_ms=1000, max_batch_size=4, delay_ms=1)
-    (repo / "slow" / "model.py").write_text(HELD_MODEL)
-    sp = start_server("--model-repository", str(repo), "--grace-period", "20")
+    sp = own_server(signalled, request)
     try:
         result = asyncio.run(_infer_with_hangup(sp))
         code = sp.proc.wait(30)
@@ -227,13 +285,11 @@ def test_sighup_ignored_at_start_as_under_nohup_stays_ignored(slow_repository, s
     [(("SIGHUP", "SIGTERM"), 0), (("SIGHUP", "SIGINT", "SIGTERM"), 1), (("SIGTERM", "SIGTERM"), 1)],
     ids=["hup-term-drains", "hup-int-term-exits", "term-term-exits"],
 )
-def test_only_a_second_sigterm_or_sigint_cuts_the_drain_short(slow_repository, start_server, signals, expected):
+def test_only_a_second_sigterm_or_sigint_cuts_the_drain_short(signalled, request, signals, expected):
     # A process manager stops a server with SIGTERM, often beside the hangup of the terminal that
     # started it, and the kernel hands SIGHUP over first when both are pending: that SIGTERM was
     # taken for an operator's second signal and the server exited 1, its request in flight lost.
-    repo = slow_repository(sleep_ms=1500, max_batch_size=4, delay_ms=1)
-    (repo / "slow" / "model.py").write_text(HELD_MODEL)
-    sp = start_server("--model-repository", str(repo), "--grace-period", "20")
+    sp = own_server(signalled, request)
     try:
         result = asyncio.run(_infer_with_signals(sp, [getattr(signal, name) for name in signals]))
         code = sp.proc.wait(30)
