@@ -1308,9 +1308,15 @@ class Batcher:
             exc = ModelExecutionError(f"model '{self.name}' split a batch of {n} requests into {got} results")
             self.failures.batch_failed(exc, n, batch.samples)
             for p in batch.requests:
+                # As a batch that raised: one answered (its deadline passed as it waited) or withdrawn
+                # meanwhile is left alone; each caller failed here is counted once.
+                if p.state != RUNNING:
+                    continue
                 p.state = DONE
+                p.finished = now
                 if not p.future.done():
                     p.future.set_exception(exc)
+                self.stats.fail.add(now - p.arrival)
             return
         if self.slo is not None:
             self.slo.observe_batch(batch.key, batch.samples, result.finished - result.started)
