@@ -16,18 +16,24 @@ from wok.servable import Servable
 
 
 class GatedDouble(nn.Module):
-    """Returns 2x; blocks while the gate is closed; raises on a batch holding a NaN."""
+    """Returns 2x; blocks while the gate is closed; raises on a batch holding a NaN.
 
-    def __init__(self) -> None:
+    `entered` is set by every batch, or with `enter_when_closed` only by one that finds the gate
+    closed (so that a served model's warm-up, run with the gate open, does not set it).
+    """
+
+    def __init__(self, enter_when_closed: bool = False) -> None:
         super().__init__()
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()
+        self.enter_when_closed = enter_when_closed
         self.batch_sizes: list[int] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.batch_sizes.append(int(x.shape[0]))
-        self.entered.set()
+        if not self.enter_when_closed or not self.gate.is_set():
+            self.entered.set()
         if not self.gate.wait(timeout=30):
             raise RuntimeError("test gate never opened")
         if torch.isnan(x).any():
@@ -35,10 +41,21 @@ class GatedDouble(nn.Module):
         return x * 2
 
 
-def gated_servable(max_batch_size=8, delay_ms=10_000.0, preferred=(), max_queue_size=0, depth=1, dims=(4,), count=1):
+def gated_servable(
+    max_batch_size=8,
+    delay_ms=10_000.0,
+    preferred=(),
+    max_queue_size=0,
+    depth=1,
+    dims=(4,),
+    count=1,
+    name="gated",
+    enter_when_closed=False,
+):
+    """(servable, module) of the gated model; `depth` None is the config's default (2)."""
     cfg = model_config_from_dict(
         {
-            "name": "gated",
+            "name": name,
             "platform": "python",
             "factory": "tests:unused",
             "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": list(dims)}],
@@ -53,8 +70,15 @@ def gated_servable(max_batch_size=8, delay_ms=10_000.0, preferred=(), max_queue_
         },
         "test",
     )
-    module = GatedDouble()
+    module = GatedDouble(enter_when_closed)
     return Servable(cfg, module), module
+
+
+@pytest.fixture
+def gated_model():
+    """`gated_model(**kw)`: gated_servable's (servable, module), for a test that builds its own executor
+    or serves it (WokServer); its own module each call (one gate per model)."""
+    return gated_servable
 
 
 @pytest.fixture

@@ -3,51 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import numpy as np
-import torch
-from torch import nn
 
 from wok.app import WokServer
-from wok.config import model_config_from_dict, server_settings
+from wok.config import server_settings
 from wok.repository import ModelRepository
-from wok.servable import Servable
-
-
-class Gated(nn.Module):
-    """Returns 2x; once `gate` is cleared, a batch blocks in the model until the test sets it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = threading.Event()
-        self.gate.set()  # the warm-up runs through
-        self.entered = threading.Event()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.gate.is_set():
-            self.entered.set()
-        if not self.gate.wait(timeout=60):  # a backstop for a test that never set it
-            raise RuntimeError("test gate never opened")
-        return x * 2
-
-
-def gated_servable() -> tuple[Servable, Gated]:
-    cfg = model_config_from_dict(
-        {
-            "name": "gated",
-            "platform": "python",
-            "factory": "tests:unused",
-            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
-            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}],
-            "max_batch_size": 1,  # one request is a full batch: the second waits at the busy worker
-            "instances": {"count": 1, "devices": ["cpu"]},  # two slots: pipeline_depth 2
-        },
-        "test",
-    )
-    module = Gated()
-    return Servable(cfg, module), module
 
 
 async def until(cond, what: str, limit_s: float = 10.0) -> None:
@@ -65,12 +27,14 @@ async def next_event(sub, *types: str) -> dict:
             return event
 
 
-async def test_a_batch_cancelled_at_the_worker_by_the_stop_is_a_failed_batch_event():
+async def test_a_batch_cancelled_at_the_worker_by_the_stop_is_a_failed_batch_event(gated_model):
     """Past the grace period the executor's shutdown cancels the batch still waiting at the worker
     (Instance.shutdown, cancel_futures). A subscriber still there then (the /events stream of a
     connection the metrics port accepted as its stop began outlives it) got no event for that batch:
     `_done` called f.exception() on the cancelled future, and the loop logged the CancelledError."""
-    servable, module = gated_servable()
+    # One request is a full batch: the second waits at the busy worker (two slots: the default
+    # pipeline_depth, 2). `entered`: a batch met the closed gate (the warm-up runs through).
+    servable, module = gated_model(max_batch_size=1, delay_ms=5.0, depth=None, enter_when_closed=True)
     server = WokServer(server_settings(grpc_port=0, metrics_port=0, admin=True), ModelRepository([servable], "test"))
     loop = asyncio.get_running_loop()
     handler = loop.get_exception_handler()

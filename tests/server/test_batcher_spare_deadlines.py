@@ -47,6 +47,18 @@ async def finish(b: Batcher) -> None:
     assert b.queued == 0 and b.inflight == 0
 
 
+async def busy_instance(gated):
+    """The gated model with one instance of two slots and max_batch_size 2, and its batcher, with a
+    full batch (`first`) running in the model, held there until the test opens the gate:
+    (module, batcher, first)."""
+    s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=2)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    first = submit(b, 0.0, rows=2)  # runs, blocked in the model until the gate opens
+    await wait_entered(m)
+    return m, b, first
+
+
 async def spare_slot_taken(b) -> None:
     """Let the batching task run until the full batch is in the spare slot (two batches in flight)."""
     for _ in range(1000):
@@ -59,11 +71,7 @@ async def spare_slot_taken(b) -> None:
 async def test_a_deadline_passing_in_a_batch_waiting_at_a_busy_instance_is_answered_before_the_running_batch_ends(
     gated,
 ):
-    s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=2)
-    b = make_batcher(s, ex)
-    m.gate.clear()
-    first = submit(b, 0.0, rows=2)  # runs, blocked in the model until the gate opens
-    await wait_entered(m)
+    m, b, first = await busy_instance(gated)
     short = submit(b, 1.0, deadline=time.perf_counter() + 0.01)
     patient = submit(b, 2.0, deadline=time.perf_counter() + 60)
     await spare_slot_taken(b)
@@ -84,11 +92,7 @@ async def test_a_deadline_passing_in_a_batch_waiting_at_a_busy_instance_is_answe
 
 
 async def test_a_batch_waiting_at_a_busy_instance_whose_every_deadline_passes_runs_nothing(gated):
-    s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=2)
-    b = make_batcher(s, ex)
-    m.gate.clear()
-    first = submit(b, 0.0, rows=2)
-    await wait_entered(m)
+    m, b, first = await busy_instance(gated)
     soon = time.perf_counter() + 0.01
     held = [submit(b, 1.0, deadline=soon), submit(b, 2.0, deadline=soon + 0.005)]
     await spare_slot_taken(b)
@@ -105,11 +109,7 @@ async def test_a_batch_waiting_at_a_busy_instance_whose_every_deadline_passes_ru
 
 
 async def test_a_caller_cancelled_while_its_batch_waits_at_a_busy_instance_is_left_out(gated):
-    s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=2)
-    b = make_batcher(s, ex)
-    m.gate.clear()
-    first = submit(b, 0.0, rows=2)
-    await wait_entered(m)
+    m, b, first = await busy_instance(gated)
     gone = submit(b, 1.0)
     stays = submit(b, 2.0)
     await spare_slot_taken(b)

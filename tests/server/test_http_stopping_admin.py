@@ -11,52 +11,13 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import threading
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
 from wok.app import WokServer
-from wok.config import model_config_from_dict, server_settings
+from wok.config import server_settings
 from wok.repository import ModelRepository
-from wok.servable import Servable
-
-
-class Gated(nn.Module):
-    """Returns 2x; once `gate` is cleared, a batch blocks in the model until the test sets it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = threading.Event()
-        self.gate.set()  # the warm-up runs through
-        self.entered = threading.Event()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.gate.is_set():
-            self.entered.set()
-        if not self.gate.wait(timeout=60):  # a backstop for a test that never set it
-            raise RuntimeError("test gate never opened")
-        return x * 2
-
-
-def gated_servable() -> tuple[Servable, Gated]:
-    cfg = model_config_from_dict(
-        {
-            "name": "gated",
-            "platform": "python",
-            "factory": "tests:unused",
-            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
-            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}],
-            "max_batch_size": 4,
-            "dynamic_batching": {"max_queue_delay_ms": 5.0},
-            "instances": {"count": 1, "devices": ["cpu"]},
-        },
-        "test",
-    )
-    module = Gated()
-    return Servable(cfg, module), module
 
 
 class Client:
@@ -96,8 +57,9 @@ def assert_refused(answer: tuple[int, dict, bytes], path: str) -> None:
 
 
 @pytest.fixture
-async def served():
-    servable, module = gated_servable()
+async def served(gated_model):
+    # `entered`: a batch met the closed gate (the warm-up runs through).
+    servable, module = gated_model(max_batch_size=4, delay_ms=5.0, depth=None, enter_when_closed=True)
     server = WokServer(server_settings(grpc_port=0, metrics_port=0, admin=True), ModelRepository([servable], "test"))
     await server.start()
     try:

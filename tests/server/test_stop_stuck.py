@@ -10,54 +10,22 @@ import time
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
 from wok.app import WokServer
-from wok.config import model_config_from_dict, server_settings
+from wok.config import server_settings
 from wok.repository import ModelRepository
-from wok.servable import Servable
 
 GRACE_S = 0.2
 STUCK = "is still running a batch after the grace period"
 
 
-class Stuck(nn.Module):
-    """Returns 2x; once `gate` is cleared, a batch blocks in the model until the test sets it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = threading.Event()
-        self.gate.set()  # the warm-up runs through
-        self.entered = threading.Event()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.gate.is_set():
-            self.entered.set()
-        if not self.gate.wait(timeout=60):  # a backstop for a test that never set it
-            raise RuntimeError("test gate never opened")
-        return x * 2
-
-
-def stuck_servable(name: str) -> tuple[Servable, Stuck]:
-    cfg = model_config_from_dict(
-        {
-            "name": name,
-            "platform": "python",
-            "factory": "tests:unused",
-            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
-            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}],
-            "max_batch_size": 1,  # one request is a full batch: it goes to the model at once
-            "instances": {"count": 1, "devices": ["cpu"]},
-        },
-        "test",
-    )
-    module = Stuck()
-    return Servable(cfg, module), module
-
-
-async def _stop_with_stuck_models(count: int, caplog) -> None:
-    made = [stuck_servable(f"stuck{i}") for i in range(count)]
+async def _stop_with_stuck_models(gated_model, count: int, caplog) -> None:
+    # One request is a full batch: it goes to the model at once, and blocks there once its gate is
+    # cleared (`entered`: a batch met the closed gate; the warm-up runs through).
+    made = [
+        gated_model(max_batch_size=1, delay_ms=5.0, depth=None, name=f"stuck{i}", enter_when_closed=True)
+        for i in range(count)
+    ]
     modules = [m for _, m in made]
     settings = server_settings(grpc_port=0, metrics_port=None)
     server = WokServer(settings, ModelRepository([s for s, _ in made], "test"))
@@ -98,6 +66,6 @@ async def _stop_with_stuck_models(count: int, caplog) -> None:
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("count", [3, 8])
-def test_a_stop_waits_for_all_stuck_models_at_once_and_names_each(run_on, loop, count, caplog):
+def test_a_stop_waits_for_all_stuck_models_at_once_and_names_each(run_on, gated_model, loop, count, caplog):
     # 8: more than the default thread pool's 6 threads on a 2-core machine.
-    run_on(loop, _stop_with_stuck_models(count, caplog))
+    run_on(loop, _stop_with_stuck_models(gated_model, count, caplog))
