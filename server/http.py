@@ -14,9 +14,11 @@ once at WARNING):
   POST /admin/batching   {"model", "max_batch_size"?, "max_queue_delay_ms"?}
   GET  /events           text/event-stream of batch and tick events
 Once the server stops (its drain has begun), a POST (a change) answers 503 `{"error": "the server
-is stopping: ..."}` and the connection ends, kept alive from before the stop or not; the reads (GET
-and HEAD of the admin paths, /metrics) are answered through the drain, and /events from this
-port's own stop, the drain's end, answers 503 too.
+is stopping: ..."}` and the connection ends, kept alive from before the stop or not, its headers
+sent before the stop or not; but `{"mode": "off"}` to /admin/faults is taken through the drain (a
+fault lifted lets the drain finish). The reads (GET and HEAD of the admin paths, /metrics) are
+answered through the drain; from this port's own stop, the drain's end, every POST and /events
+answer 503.
 """
 
 from __future__ import annotations
@@ -101,6 +103,11 @@ ADMIN_ROUTES = {
 
 
 METRICS_OFF = b"metrics are off: this server runs with --no-metrics\n"
+
+
+def _turns_faults_off(body) -> bool:
+    """Whether a /admin/faults body asks for `mode: off` (the one change taken while draining)."""
+    return isinstance(body, dict) and body.get("mode") == "off"
 
 
 class MetricsHTTPServer:
@@ -193,6 +200,9 @@ class MetricsHTTPServer:
         last, so that the last scrape sees the drain)."""
         server = getattr(self.admin, "server", None)
         return self._stopping or getattr(server, "draining", False) is True
+
+    async def _refuse_stopping(self, writer, path: str) -> None:
+        await self._json(writer, 503, {"error": f"the server is stopping: POST {path} is refused"}, True)
 
     def render(self, accept: str) -> tuple[bytes, str]:
         if "application/openmetrics-text" in accept:
@@ -483,10 +493,8 @@ class MetricsHTTPServer:
             error = {"error": f"{path} takes GET, HEAD or POST, got {method}"}
             await self._json(writer, 405, error, close=True, allow="GET, HEAD, POST")
             return False
-        if self._winding_down():
-            # A change now (a fault, a batching policy) would act on the drain, or on nothing: a
-            # connection kept alive from before the stop still had it applied. Its body is unread.
-            await self._json(writer, 503, {"error": f"the server is stopping: POST {path} is refused"}, True)
+        if self._stopping:  # the drain is over: nothing left to change; the body is not read
+            await self._refuse_stopping(writer, path)
             return False
         ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if ctype != "application/json":
@@ -539,6 +547,12 @@ class MetricsHTTPServer:
         except RecursionError:
             await self._json(writer, 400, {"error": "body: expected JSON, got one nested too deeply"}, close)
             return not close
+        if self._stopping or (self._winding_down() and not (path == "/admin/faults" and _turns_faults_off(body))):
+            # Checked once the body is in: its headers may have come before the stop began. A
+            # change now (a fault, a batching policy) would act on the drain; turning faults off
+            # only helps it finish, and is the one change taken.
+            await self._refuse_stopping(writer, path)
+            return False
         try:
             answer = post(body)
         except AdminRequestError as exc:

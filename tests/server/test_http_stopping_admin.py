@@ -155,3 +155,84 @@ async def test_an_admin_change_on_a_kept_alive_connection_is_refused_once_the_po
         if stopping is not None:
             await stopping
         kept.close()
+
+
+async def _drain_held(server, module) -> asyncio.Task:
+    """Hold a batch in the model and start the server's stop: returns the stop's task once the
+    drain has begun (the batcher's stop called), the port still up."""
+    batcher = server.runtime("gated").batcher
+    module.gate.clear()
+    batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+    loop = asyncio.get_running_loop()
+    assert await loop.run_in_executor(None, module.entered.wait, 10), "the batch never reached the model"
+    draining = asyncio.Event()
+    stop_batcher = batcher.stop
+
+    async def stop_and_tell() -> None:
+        draining.set()
+        await stop_batcher()
+
+    batcher.stop = stop_and_tell
+    stopping = asyncio.create_task(server.stop(grace=30.0))
+    await asyncio.wait_for(draining.wait(), 10)
+    return stopping
+
+
+async def test_a_fault_can_be_turned_off_while_the_server_drains_and_no_other_change(served):
+    """A slow fault injected before the stop would hold the drain to its grace period, and lose
+    what is queued: turning it off is the one change taken while draining."""
+    server, module = served
+    admin = server.http.admin
+    kept = Client(server.http.port)
+    stopping = None
+    try:
+        slow = {"model": "gated", "mode": "slow", "delay_ms": 50}
+        status, _, body = await kept.ask("POST", "/admin/faults", slow)
+        assert status == 200, body
+        stopping = await _drain_held(server, module)
+        assert_refused(await kept.ask("POST", "/admin/faults", {"model": "gated", "mode": "fail"}), "/admin/faults")
+        assert [f["mode"] for f in admin.get_faults()["faults"]] == ["slow"]
+        kept.close()
+        kept = Client(server.http.port)
+        status, _, body = await kept.ask("POST", "/admin/faults", {"model": "gated", "mode": "off"})
+        assert (status, json.loads(body)) == (200, {"faults": []})
+        assert admin.get_faults() == {"faults": []}
+        assert not stopping.done()
+    finally:
+        module.gate.set()
+        if stopping is not None:
+            await stopping
+        kept.close()
+
+
+@pytest.mark.parametrize("path", sorted(CHANGES))
+async def test_a_post_whose_headers_came_before_the_stop_and_body_after_is_refused(served, path):
+    """The check is made once the body is in: headers alone before the stop, then the body."""
+    server, module = served
+    admin = server.http.admin
+    before = state(admin)
+    body = json.dumps(CHANGES[path]).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.http.port)
+    stopping = None
+    try:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        writer.write(head.encode())
+        await writer.drain()
+        stopping = await _drain_held(server, module)
+        writer.write(body)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)  # the server closes after its answer
+        status_line, _, rest = answer.partition(b"\r\n")
+        assert status_line == b"HTTP/1.1 503 Service Unavailable", answer
+        assert json.loads(rest.partition(b"\r\n\r\n")[2]) == {
+            "error": f"the server is stopping: POST {path} is refused"
+        }
+        assert state(admin) == before, f"POST {path} changed the server as it drains"
+        assert not stopping.done()
+    finally:
+        module.gate.set()
+        if stopping is not None:
+            await stopping
+        writer.close()
