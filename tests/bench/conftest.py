@@ -1,4 +1,4 @@
-"""A `wok serve` process with the demo models for the load generator to drive."""
+"""The `wok serve` process the load generator drives, and the URL of its metrics."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ METRICS = re.compile(r"wok: metrics on (http://\S+/metrics)")
 
 
 @pytest.fixture(scope="module")
-def bench_server(start_server_module):
-    """One server per test module: its own process, so SIGSTOP and load touch only it."""
-    return start_server_module("--models", "mlp,encoder")
+def bench_server(server_process):
+    """The session's server, for modules that send mlp requests and judge only what they measured
+    themselves, or its counters as deltas: starting one per module cost seconds each.
+
+    A module that stops, kills or reconfigures its server, or reads its log or absolute counters,
+    overrides this with a server of its own (tests/bench/test_ramp.py SIGSTOPs its).
+    """
+    assert "mlp" in server_process.models, server_process.models
+    return server_process
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -16,6 +17,35 @@ from wok.bench.runner import Ramp, RampConfig, _littles_law_edges, _mean_infligh
 from wok.bench.scrape import scrape, server_view
 from wok.bench.workers import OK, Share, WorkerPool
 from wok.metrics import LATENCY_BUCKETS
+
+
+@pytest.fixture(scope="module")
+def _own_servers(start_server_module):
+    """This module's own servers, started at once (each start is seconds, mostly imports): the one
+    its tests drive, which one SIGSTOPs, so not the session's; and an mlp server on ::1 for the
+    balancer test. Futures: a server that failed to start fails only the tests that use it."""
+    with ThreadPoolExecutor(2) as pool:
+        main = pool.submit(start_server_module, "--models", "mlp,encoder")
+        v6 = pool.submit(start_server_module, "--models", "mlp", "--host", "::1", "--torch-threads", "1")
+    yield main, v6
+    # Both stopped at once (start_server_module's cleanup would stop one after the other).
+    started = [f.result() for f in (main, v6) if f.exception() is None]
+    for sp in started:
+        if sp.proc.poll() is None:
+            sp.proc.send_signal(signal.SIGTERM)
+    for sp in started:
+        sp.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def bench_server(_own_servers):
+    """This module's server (tests/bench/conftest.py's is the session's)."""
+    return _own_servers[0].result()
+
+
+@pytest.fixture
+def v6_server(_own_servers):
+    return _own_servers[1].result()
 
 
 def bucket_of(seconds: float) -> int:
@@ -395,13 +425,12 @@ def test_ctrl_c_in_the_refinement_keeps_the_ramp_and_the_refine_steps_run(bench_
     assert result["interrupted"]["reason"] in result["warnings"]
 
 
-def test_the_pool_is_built_through_the_balancer_the_workers_use(bench_server, start_server):
+def test_the_pool_is_built_through_the_balancer_the_workers_use(bench_server, v6_server):
     """Two servers of two address families: one gRPC channel cannot list both, the wok balancer
     (the workers' default for several targets) opens a channel per server. build_pool opened a
     plain round-robin channel whatever the workers were to use, and failed before any worker ran."""
-    v6 = start_server("--models", "mlp", "--host", "::1", "--torch-threads", "1")
     cfg = RampConfig(
-        target=f"{bench_server.target},{v6.target}",
+        target=f"{bench_server.target},{v6_server.target}",
         models=[("mlp", 1.0)],
         steps=[40],
         step_duration_s=0.5,

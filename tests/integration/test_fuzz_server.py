@@ -43,8 +43,12 @@ UNPARSEABLE = [b"\x0a\x02\xff\xfe", b"\x0a\x05ab", b"\xff\xff\xff"]
 
 
 @pytest.fixture(scope="module")
-def fuzz_server(start_server_module):
-    return start_server_module("--models", ",".join(MODELS), "--demo-option", "recsys.num_embeddings=20000")
+def fuzz_server(server_process):
+    """The session's server: the flags this module's own server had (MODELS, recsys at 20,000
+    rows). Nothing here reads its log or counters; a request that wedged it fails the tests after
+    it, and its stop at the session's end, which must exit 0."""
+    assert sorted(server_process.models) == MODELS, server_process.models
+    return server_process
 
 
 @pytest.fixture(scope="module")
