@@ -5,6 +5,7 @@ Against the session's server: these tests neither stop it nor leave work queued 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -210,6 +211,74 @@ def test_requests_on_a_stream_that_fails_take_its_code(server_process):
     assert np.all(np.isfinite(out.done))
 
 
+MLP = ("--models", "mlp", "--torch-threads", "1")
+DRAINING = (*MLP, "--admin", "--grace-period", "10")
+SLOW = "slow"  # a server of the slow model (1 s a batch), from a repository written for it
+# The servers of the tests that start their own `wok serve` processes, all started at once by
+# `module_servers`. A test that kills or signals a server owns it (`own_servers`); the two that only
+# count a pair's answers share one pair (`shared_pair`), and count what they add to it.
+OWN_SERVERS = {
+    "test_a_failed_stream_is_reopened_and_the_requests_after_it_reach_a_server_still_up": (MLP, MLP),
+    "test_an_answer_after_the_timeout_is_deadline_exceeded_at_the_timeout_never_ok": (SLOW,),
+    "test_a_draining_servers_streams_get_no_new_requests": (DRAINING, DRAINING),
+}
+SHARED_PAIR = (
+    "test_a_stream_worker_deals_its_streams_across_several_servers",
+    "test_workers_with_fewer_streams_than_servers_share_the_servers",
+)
+
+
+@pytest.fixture(scope="module")
+def module_servers(request, tmp_path_factory, start_server_module, write_slow):
+    """{test name: its servers} for the selected tests of OWN_SERVERS, and {"pair": two servers} if a
+    test of SHARED_PAIR is selected, all started at once (each start is mostly a process's imports).
+    Not autouse: made by the first of those tests, so no start overlaps the module's other tests."""
+    selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
+    wanted = {name: servers for name, servers in OWN_SERVERS.items() if name in selected}
+    if selected & set(SHARED_PAIR):
+        wanted["pair"] = (MLP, MLP)
+    args = []  # (name, the arguments of one of its servers)
+    for name, servers in wanted.items():
+        for a in servers:
+            if a == SLOW:
+                repo = write_slow(tmp_path_factory.mktemp("slow") / "repo", sleep_ms=1000, max_batch_size=4, delay_ms=0)
+                a = ("--model-repository", str(repo), "--torch-threads", "1")
+            args.append((name, a))
+    started = []
+    try:
+        with ThreadPoolExecutor(max(len(args), 1)) as pool:
+            starts = [(name, pool.submit(start_server_module, *a)) for name, a in args]
+        servers: dict[str, list] = {name: [] for name in wanted}
+        for name, start in starts:
+            started.append(start.result())
+            servers[name].append(started[-1])
+        yield servers
+    finally:
+        # A test's own servers are killed at its end; those of a test that never ran die here.
+        for sp in started:
+            if sp.proc.poll() is None:
+                sp.proc.kill()
+                sp.proc.wait()
+
+
+@pytest.fixture
+def own_servers(module_servers, request):
+    """The test's own servers of `module_servers` (no other test sends them anything), killed at its
+    end if left running."""
+    servers = module_servers[request.node.originalname]
+    yield servers
+    for sp in servers:
+        if sp.proc.poll() is None:
+            sp.proc.kill()
+            sp.proc.wait()
+
+
+@pytest.fixture
+def shared_pair(module_servers):
+    """Two servers for the tests of SHARED_PAIR, which only send them requests and count the answers."""
+    return module_servers["pair"]
+
+
 def _answered(server) -> float:
     """How many inference requests `server` (a ServerProcess) has answered, from its /metrics."""
     import urllib.request
@@ -219,20 +288,18 @@ def _answered(server) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("wok_responses_total{"))
 
 
-def test_a_failed_stream_is_reopened_and_the_requests_after_it_reach_a_server_still_up(start_server):
+def test_a_failed_stream_is_reopened_and_the_requests_after_it_reach_a_server_still_up(own_servers):
     """Two servers behind one channel, one stream: the server holding the stream is killed. The
     requests in flight on it are lost; those sent after its failure go out on a new stream, which the
     channel's round robin puts on the other server (they used to count UNAVAILABLE to the step's end)."""
     import signal
     import time
-    from concurrent.futures import ThreadPoolExecutor
 
     import grpc
 
     from wok.clients.channel import channel_options, channel_target, open_channel
 
-    with ThreadPoolExecutor(2) as ex:  # both start at once: the test waits for one start-up
-        servers = list(ex.map(lambda _: start_server("--models", "mlp", "--torch-threads", "1"), range(2)))
+    servers = own_servers  # fresh: neither has answered anything
     cfg = RampConfig(target=servers[0].target, models=[("mlp", 1.0)], steps=[100], step_duration_s=1)
     pool, _, _ = build_pool(cfg)
     times = np.arange(0, 1.5, 0.01)
@@ -298,11 +365,10 @@ def test_a_failed_stream_is_reopened_and_the_requests_after_it_reach_a_server_st
     assert _answered(survivor) >= after.sum()  # answered there, the only server left
 
 
-def test_a_stream_worker_deals_its_streams_across_several_servers(start_server):
+def test_a_stream_worker_deals_its_streams_across_several_servers(shared_pair):
     """One round_robin channel over two servers put all of a worker's streams on the server it had
     connected to first (254 and 0 answers): a fault on the other one then tested nothing."""
     import time
-    from concurrent.futures import ThreadPoolExecutor
 
     from wok.clients.channel import target_list
 
@@ -310,9 +376,9 @@ def test_a_stream_worker_deals_its_streams_across_several_servers(start_server):
     assert target_list("dns:///wok:8001") == ["dns:///wok:8001"] and target_list("ipv4:1.2.3.4:1,1.2.3.5:1") == [
         "ipv4:1.2.3.4:1,1.2.3.5:1"
     ]
-    with ThreadPoolExecutor(2) as ex:
-        servers = list(ex.map(lambda _: start_server("--models", "mlp", "--torch-threads", "1"), range(2)))
+    servers = shared_pair
     target = ",".join(s.target for s in servers)
+    before = [_answered(s) for s in servers]
     cfg = RampConfig(target=target, models=[("mlp", 1.0)], steps=[100], step_duration_s=1)
     pool, _, _ = build_pool(cfg)
     times = np.arange(0, 0.4, 0.01)
@@ -322,19 +388,18 @@ def test_a_stream_worker_deals_its_streams_across_several_servers(start_server):
     finally:
         workers.close()
     assert set(out.codes.tolist()) == {OK}
-    served = [_answered(s) for s in servers]
+    served = [_answered(s) - b for s, b in zip(servers, before)]
     assert sum(served) == len(times) and min(served) >= len(times) // 4, served
 
 
-def test_workers_with_fewer_streams_than_servers_share_the_servers(start_server):
+def test_workers_with_fewer_streams_than_servers_share_the_servers(shared_pair):
     """Every worker dealt its slots from the first server: two workers of one stream each over two
     servers both streamed to the first one, and the second answered nothing."""
     import time
-    from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(2) as ex:
-        servers = list(ex.map(lambda _: start_server("--models", "mlp", "--torch-threads", "1"), range(2)))
+    servers = shared_pair
     target = ",".join(s.target for s in servers)
+    before = [_answered(s) for s in servers]
     pool = [encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)}).SerializeToString()]
     times = np.arange(0, 0.2, 0.01)
     workers = WorkerPool(target, pool, 2, rpc="stream", streams=1)
@@ -345,7 +410,7 @@ def test_workers_with_fewer_streams_than_servers_share_the_servers(start_server)
         workers.close()
     assert all(set(o.codes.tolist()) == {OK} for o in outs), [o.codes for o in outs]
     # A worker's one stream stays on its server: each server answered one worker's share.
-    assert [_answered(s) for s in servers] == [len(times)] * 2
+    assert [_answered(s) - b for s, b in zip(servers, before)] == [len(times)] * 2
 
 
 def test_an_answer_that_does_not_parse_fails_its_stream_at_once_not_at_the_deadline(server_process, monkeypatch):
@@ -380,7 +445,7 @@ def test_an_answer_that_does_not_parse_fails_its_stream_at_once_not_at_the_deadl
     assert out.codes[-1] == OK  # the later requests went out on a new stream
 
 
-def test_an_answer_after_the_timeout_is_deadline_exceeded_at_the_timeout_never_ok(start_server, slow_repository):
+def test_an_answer_after_the_timeout_is_deadline_exceeded_at_the_timeout_never_ok(own_servers):
     """A model that takes 1 s and a 0.3 s timeout: every request is DEADLINE_EXCEEDED with done =
     sent + 0.3 s, freed from the in-flight count then; the server's late answers (its own expiry,
     then the first batch's OK) are ignored. (That OK came within the sender's final wait, 1.3 s,
@@ -389,8 +454,7 @@ def test_an_answer_after_the_timeout_is_deadline_exceeded_at_the_timeout_never_o
 
     import grpc
 
-    repo = slow_repository(sleep_ms=1000, max_batch_size=4, delay_ms=0)
-    server = start_server("--model-repository", str(repo), "--torch-threads", "1")
+    (server,) = own_servers  # the slow model: 1 s a batch of up to 4, no delay window
     pool = [encode_request("slow", {"INPUT0": np.ones((1, 4), np.float32)}).SerializeToString()]
     times = np.arange(0, 0.04, 0.01)
     share = Share(time.monotonic() + 0.3, times, np.zeros(len(times), dtype=np.int64), 0.3)
@@ -471,7 +535,7 @@ def _inflight_batches(server) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("wok_inflight_batches{"))
 
 
-def test_a_draining_servers_streams_get_no_new_requests(start_server):
+def test_a_draining_servers_streams_get_no_new_requests(own_servers):
     """Two servers, a stream on each: one is sent SIGTERM with a slow batch in flight, so its drain
     lasts a second, and all that while it refuses (UNAVAILABLE) each new request on its open stream.
     The sender kept dealing requests to that stream until the drain's end (93 of 1,003 lost in a
@@ -479,16 +543,13 @@ def test_a_draining_servers_streams_get_no_new_requests(start_server):
     server."""
     import signal
     import time
-    from concurrent.futures import ThreadPoolExecutor
 
     import grpc
 
     from wok.bench.faults import post_fault
     from wok.clients.channel import channel_options, channel_target, open_channel
 
-    args = ("--models", "mlp", "--torch-threads", "1", "--admin", "--grace-period", "10")
-    with ThreadPoolExecutor(2) as ex:
-        servers = list(ex.map(lambda _: start_server(*args), range(2)))
+    servers = own_servers  # with the admin API and a 10 s grace period
     victim = servers[1]
     pool = [encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)}).SerializeToString()]
     times = np.arange(0, 3.0, 0.01)

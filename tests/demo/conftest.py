@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 import signal
 import socket
@@ -110,6 +111,63 @@ def launch_browser():
         b.close()
     for p in drivers:
         p.stop()
+
+
+class _SharedBrowser:
+    """Chromium launched at the first `get()`, for the tests of one module."""
+
+    def __init__(self, playwright) -> None:
+        self._playwright = playwright
+        self._driver = None
+        self._browser = None
+
+    def get(self):
+        if self._browser is None:
+            self._driver = self._playwright.sync_playwright().start()
+            self._browser = self._driver.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        return self._browser
+
+    def close(self) -> None:
+        if self._browser is not None:
+            self._browser.close()
+        if self._driver is not None:
+            self._driver.stop()
+
+
+@pytest.fixture(scope="module")
+def module_browser(request) -> Iterator[_SharedBrowser]:
+    """One Chromium for a module's tests (`new_context` gives each test contexts of its own in it),
+    launched by the first test that asks for a context. Sync Playwright runs an event loop in this
+    thread while it is open, which an asyncio test could not start its own in: for modules with no
+    asyncio test only, and closed with the module's last test."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (Debian's chromium package); Playwright's own download fails here")
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extras")
+    asyncio_tests = [
+        item.name
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module and inspect.iscoroutinefunction(getattr(item, "obj", None))
+    ]
+    assert not asyncio_tests, f"a browser shared by the module would hold this thread's event loop: {asyncio_tests}"
+    browser = _SharedBrowser(playwright)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture
+def new_context(module_browser: _SharedBrowser):
+    """`new_context()`: a fresh browser context (pages, storage and cache of its own, as a browser of
+    its own would have) in the module's one Chromium, which the first call launches (a demo can start
+    meanwhile). Every context made closes with its test."""
+    contexts = []
+
+    def new():
+        contexts.append(module_browser.get().new_context())
+        return contexts[-1]
+
+    yield new
+    for c in contexts:
+        c.close()
 
 
 class HeldAddress:

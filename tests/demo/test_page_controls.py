@@ -16,10 +16,10 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_the_controls_follow_the_configuration_and_refuse_what_they_cannot_send(start_demo, launch_browser):
+def test_the_controls_follow_the_configuration_and_refuse_what_they_cannot_send(start_demo, new_context):
     args = ("--simulate", "--rate", "50", "--max-queue-delay", "250ms", "--max-batch-size", "64")
     demo = start_demo(*args, ready=False)
-    page = launch_browser().new_page()
+    page = new_context().new_page()
     page.goto(demo.ready().url)
     page.wait_for_selector("#status[data-state='open']", timeout=10_000)
 
@@ -53,8 +53,10 @@ def set_range(page, selector: str, value: float) -> None:
     page.eval_on_selector(selector, f"el => {{ el.value = {value}; el.dispatchEvent(new Event('input')); }}")
 
 
-def open_page(browser, url: str):
-    page = browser.new_page()
+def open_page(context, url: str):
+    """A page of `context` (a browser context of its own: a tab of a browser, each with its own
+    storage) at `url`, its event stream open."""
+    page = context.new_page()
     page.goto(url)
     page.wait_for_selector("#status[data-state='open']", timeout=10_000)
     return page
@@ -74,10 +76,9 @@ def policy(demo) -> tuple[int, float]:
     return b["max_batch_size"], b["max_queue_delay_ms"]
 
 
-def test_a_tabs_sliders_follow_changes_made_elsewhere_and_its_apply_does_not_undo_them(start_demo, launch_browser):
+def test_a_tabs_sliders_follow_changes_made_elsewhere_and_its_apply_does_not_undo_them(start_demo, new_context):
     demo = start_demo("--simulate", "--rate", "50", ready=False)
-    browser = launch_browser()
-    tab1, tab2 = open_page(browser, demo.ready().url), open_page(browser, demo.url)
+    tab1, tab2 = open_page(new_context(), demo.ready().url), open_page(new_context(), demo.url)
     assert tab1.input_value("#max-batch") == "32" and tab1.input_value("#delay") == "5"
 
     # Another tab sets max batch 8: this tab's slider follows, and its Apply of a new delay keeps 8.
@@ -141,11 +142,11 @@ def port_of(demo) -> int:
     return int(demo.url.rstrip("/").rsplit(":", 1)[1])
 
 
-def test_the_page_shows_nothing_as_live_once_the_demo_stops_until_it_is_back(start_demo, launch_browser, held_address):
+def test_the_page_shows_nothing_as_live_once_the_demo_stops_until_it_is_back(start_demo, new_context, held_address):
     demo = start_demo("--simulate", "--rate", "50", ready=False)
-    browser = launch_browser()
+    context = new_context()
     held_address.forward_to(port_of(demo.ready()))
-    page = open_page(browser, held_address.url())
+    page = open_page(context, held_address.url())
     cards = json.dumps(CARDS)
     page.wait_for_function(
         f"() => {cards}.every((c) => document.getElementById(c).textContent !== '–')", timeout=10_000
@@ -170,9 +171,9 @@ def test_the_page_shows_nothing_as_live_once_the_demo_stops_until_it_is_back(sta
     wait_for_live(page, {**LIVE_AGAIN, "stale": "false"}, 5_000)
 
 
-def test_the_page_says_it_is_not_live_while_its_stream_is_up_but_no_tick_comes(start_demo, launch_browser):
+def test_the_page_says_it_is_not_live_while_its_stream_is_up_but_no_tick_comes(start_demo, new_context):
     demo = start_demo("--simulate", "--rate", "50", ready=False)
-    page = open_page(launch_browser(), demo.ready().url)
+    page = open_page(new_context(), demo.ready().url)
     wait_for_live(page, {**LIVE_AGAIN, "stale": "false"}, 5_000)
 
     # Stopped, the demo keeps its connections and sends nothing: the page's stream stays up with no
@@ -188,9 +189,9 @@ def test_the_page_says_it_is_not_live_while_its_stream_is_up_but_no_tick_comes(s
     wait_for_live(page, {**LIVE_AGAIN, "stale": "false"}, 5_000)
 
 
-def test_the_page_loads_without_a_console_error(start_demo, launch_browser):
+def test_the_page_loads_without_a_console_error(start_demo, new_context):
     demo = start_demo("--simulate", "--rate", "50", ready=False)
-    page = launch_browser().new_page()
+    page = new_context().new_page()
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))

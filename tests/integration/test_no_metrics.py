@@ -7,9 +7,11 @@ import asyncio
 import http.client
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
+import pytest
 
 from wok.auth import security_warnings
 from wok.codec import encode_request
@@ -44,16 +46,54 @@ def get(conn: http.client.HTTPConnection, path: str, method: str = "GET") -> tup
     return r.status, r.read()
 
 
-def test_no_metrics_opens_no_http_port_and_says_so(start_server):
-    sp = start_server("--models", "mlp", "--no-metrics")
+# The `wok serve` arguments of each test that runs a server process of its own.
+OWN_SERVERS = {
+    "test_no_metrics_opens_no_http_port_and_says_so": ("--models", "mlp", "--no-metrics"),
+    "test_no_metrics_with_admin_opens_the_port_for_the_admin_api_and_metrics_answers_404": (
+        "--models",
+        "mlp",
+        "--no-metrics",
+        "--admin",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def own_servers(request, start_server_module):
+    """The server of each selected test of OWN_SERVERS, all started at once (each start is mostly a
+    process's imports). Not autouse: made by the first of those tests. Each test stops its own; one
+    left running (its test failed or never ran) is killed here."""
+    selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
+    args = {name: a for name, a in OWN_SERVERS.items() if name in selected}
+    servers = {}
+    try:
+        with ThreadPoolExecutor(max(len(args), 1)) as pool:
+            starts = {name: pool.submit(start_server_module, *a) for name, a in args.items()}
+        servers = {name: start.result() for name, start in starts.items()}
+        yield servers
+    finally:
+        for sp in servers.values():
+            if sp.proc.poll() is None:
+                sp.proc.kill()
+                sp.proc.wait()
+
+
+def own_server(own_servers, request):
+    """The test's own server of `own_servers`: no other test talks to it."""
+    assert request.node.originalname in own_servers, f"{request.node.originalname}: not in OWN_SERVERS"
+    return own_servers[request.node.originalname]
+
+
+def test_no_metrics_opens_no_http_port_and_says_so(own_servers, request):
+    sp = own_server(own_servers, request)
     assert "wok: metrics off (--no-metrics): no HTTP port" in sp.log
     assert not any(line.startswith("wok: metrics on") for line in sp.log)
     assert listening_ports(sp.proc.pid) == {sp.port}
     assert sp.terminate() == 0
 
 
-def test_no_metrics_with_admin_opens_the_port_for_the_admin_api_and_metrics_answers_404(start_server):
-    sp = start_server("--models", "mlp", "--no-metrics", "--admin")
+def test_no_metrics_with_admin_opens_the_port_for_the_admin_api_and_metrics_answers_404(own_servers, request):
+    sp = own_server(own_servers, request)
     line = sp.wait_for_line("wok: metrics off (--no-metrics); admin API on http://")
     assert line.endswith(" (/metrics answers 404)")
     host, port = line.split("http://")[1].split()[0].rsplit(":", 1)

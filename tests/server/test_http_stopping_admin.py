@@ -216,7 +216,8 @@ async def test_a_post_whose_headers_came_before_the_stop_and_body_after_is_refus
     stopping = None
     try:
         head = (
-            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
         )
         writer.write(head.encode())
         await writer.drain()
