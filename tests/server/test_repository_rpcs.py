@@ -20,7 +20,13 @@ from wok.repository import ModelRepository
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
-from .test_stop_stuck import Stuck, stuck_servable
+from .conftest import GatedDouble, gated_servable
+
+
+def stuck_servable(name: str):
+    """A 2x model whose batch of one blocks while its gate is closed (conftest's GatedDouble)."""
+    return gated_servable(max_batch_size=1, delay_ms=5.0, depth=None, name=name, enter_when_closed=True)
+
 
 X = {"INPUT0": np.ones((1, 4), np.float32)}
 SHUTTING_DOWN = "server is shutting down and accepts no new requests"
@@ -29,7 +35,7 @@ SHUTTING_DOWN = "server is shutting down and accepts no new requests"
 @asynccontextmanager
 async def gated_server(
     *names: str,
-) -> AsyncIterator[tuple[WokServer, dict[str, Stuck], pb_grpc.GRPCInferenceServiceStub]]:
+) -> AsyncIterator[tuple[WokServer, dict[str, GatedDouble], pb_grpc.GRPCInferenceServiceStub]]:
     made = {name: stuck_servable(name) for name in names}
     server = WokServer(
         server_settings(grpc_port=0, metrics_port=None), ModelRepository([s for s, _ in made.values()], "test")

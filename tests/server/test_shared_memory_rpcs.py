@@ -18,7 +18,13 @@ from wok.app import WokServer
 from wok.config import server_settings
 from wok.repository import ModelRepository
 
-from .test_stop_stuck import stuck_servable
+from .conftest import gated_servable
+
+
+def stuck_servable(name: str):
+    """A 2x model (conftest's GatedDouble, its gate open)."""
+    return gated_servable(max_batch_size=1, delay_ms=5.0, depth=None, name=name, enter_when_closed=True)
+
 
 UNIMPLEMENTED = "StatusCode.UNIMPLEMENTED"
 IN_THE_REQUEST = (
