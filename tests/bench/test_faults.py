@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,6 +67,81 @@ def admin_server(servers):
 def plain_server(servers):
     """No --admin: the admin paths are refused."""
     return servers[1]
+
+
+# The tests of a ramp against the plain server, whose slow fault is refused (no --admin), and the
+# options of their ramps beyond the fault.
+REFUSED_RAMPS = {
+    "test_a_stream_ramp_records_retries_off_although_asked_for": ["--rpc", "stream"],
+    "test_a_ramp_whose_fault_was_refused_says_so_and_exits_4": [],
+}
+
+
+@pytest.fixture(scope="module")
+def refused_ramps(request, plain_server, tmp_path_factory) -> dict:
+    """The ramps of REFUSED_RAMPS' selected tests, run at once (each is mostly a process's imports)
+    and to their end, as the first of those tests begins: test name -> a done future of (the run,
+    its JSON's path). Each test judges only its own run (no server counters), and the fault each
+    ramp asks for is refused, so the plain server is left as it was."""
+    selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
+
+    def ramp(name: str) -> tuple[subprocess.CompletedProcess, Path]:
+        out = tmp_path_factory.mktemp("ramp") / "r.json"
+        server = plain_server
+        cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
+        cmd += ["--steps", "50", "--step-duration", "0.5s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
+        cmd += [*REFUSED_RAMPS[name], "--admin-url", server.http_url()]
+        cmd += ["--fault", "slow:model=mlp,delay=50ms,at=10%"]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=100), out
+
+    with ThreadPoolExecutor(2) as pool:
+        return {name: pool.submit(ramp, name) for name in REFUSED_RAMPS if name in selected}
+
+
+NO_METRICS, REPLICA_SET = "replica_without_metrics", "replica_set"
+
+
+@pytest.fixture(scope="module")
+def replicas(request):
+    """The replica without metrics and the replica set that the module's selected tests use, started
+    at once (each start is mostly a process's imports), each its one test's own. Not autouse: made
+    by the first of those tests, so that no start overlaps the module's other tests. Two at once, as
+    `servers`: more at once gained nothing on a 2-core host, the starts being CPU-bound."""
+    items = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    needed = {name for item in items for name in getattr(item, "fixturenames", ()) if name in (NO_METRICS, REPLICA_SET)}
+    ready: dict = {}
+    try:
+        if NO_METRICS in needed:
+            # Launched in this (main) thread: a replica forked from a pool thread would get its
+            # death signal as that thread ends (see Forker). Only its wait runs in the pool.
+            ready[NO_METRICS] = Replica(0, ["--models", "mlp", "--torch-threads", "1", "--no-metrics", "--admin"])
+            ready[NO_METRICS].launch()
+        with ThreadPoolExecutor(2) as pool:
+            waits = {name: pool.submit(ready[name].wait_ready, 120) for name in ready}
+            if REPLICA_SET in needed:  # it forks from a thread of its own (its Forker): made in the pool
+                waits[REPLICA_SET] = pool.submit(ReplicaSet, 1, ["--models", "mlp", "--torch-threads", "1"])
+        if REPLICA_SET in waits and not waits[REPLICA_SET].exception():
+            ready[REPLICA_SET] = waits[REPLICA_SET].result()
+        for wait in waits.values():
+            wait.result()
+        yield ready
+    finally:  # each test stops its own; one whose test did not run stops here
+        if NO_METRICS in ready:
+            ready[NO_METRICS].kill()
+        if REPLICA_SET in ready and ready[REPLICA_SET].forker._thread.is_alive():
+            ready[REPLICA_SET].close()
+
+
+@pytest.fixture(scope="module")
+def replica_without_metrics(replicas) -> Replica:
+    """Serving (waited for): its one test's own, which kills it."""
+    return replicas[NO_METRICS]
+
+
+@pytest.fixture(scope="module")
+def replica_set(replicas) -> ReplicaSet:
+    """One replica, serving: its one test's own, which restarts it and closes the set."""
+    return replicas[REPLICA_SET]
 
 
 OK, INTERNAL, UNAVAILABLE = 0, 13, 14
@@ -582,15 +658,11 @@ def test_the_section_records_whether_retries_took_effect_and_what_was_asked(requ
     assert bench_faults.retries_in_effect(requested, rpc) is in_effect
 
 
-def test_a_stream_ramp_records_retries_off_although_asked_for(plain_server, tmp_path):
+def test_a_stream_ramp_records_retries_off_although_asked_for(refused_ramps, request):
     """`--rpc stream` without `--no-retries`: gRPC does not replay the streams, so the JSON says
     retries off (it said on: the setting), and keeps the setting in `retries_requested`. The slow
     fault is refused (no --admin), which is the cheapest fault section a real ramp writes."""
-    out = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", plain_server.target, "--metrics-url", "none"]
-    cmd += ["--steps", "50", "--step-duration", "0.5s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
-    cmd += ["--rpc", "stream", "--admin-url", plain_server.http_url(), "--fault", "slow:model=mlp,delay=50ms,at=10%"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
+    proc, out = refused_ramps[request.node.originalname].result()  # with --rpc stream
     assert proc.returncode == 4, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["config"]["rpc"] == "stream"
@@ -625,10 +697,10 @@ def test_a_bench_killed_outright_takes_its_replicas_with_it(proc_tree):
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_restarted_replica_is_forked_by_a_thread_that_outlives_the_restart(proc_tree):
+def test_a_restarted_replica_is_forked_by_a_thread_that_outlives_the_restart(proc_tree, replica_set):
     """The death signal follows the thread that forked: a replica forked by the restart's own
     thread would get SIGTERM as that thread ends. Each replica's parent is the set's thread."""
-    replicas = ReplicaSet(1, ["--models", "mlp", "--torch-threads", "1"])
+    replicas = replica_set
     try:
         restart = threading.Thread(target=replicas.restart, args=(0,))
         restart.start()
@@ -729,16 +801,11 @@ def test_a_replica_that_closes_its_stderr_before_it_exits_is_not_taken_as_ready(
         replica.wait_ready(30)
 
 
-def test_a_ramp_whose_fault_was_refused_says_so_and_exits_4(plain_server, tmp_path):
+def test_a_ramp_whose_fault_was_refused_says_so_and_exits_4(refused_ramps, request):
     """The server has no admin API (no --admin): the slow fault is refused. The ramp still runs and
     writes its result, with the refusal as a warning; the command ends with exit status 4, since
     it measured something other than what was asked (it exited 0, the table a row of dashes)."""
-    server = plain_server
-    out = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
-    cmd += ["--steps", "50", "--step-duration", "0.5s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
-    cmd += ["--admin-url", server.http_url(), "--fault", "slow:model=mlp,delay=50ms,at=10%"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
+    proc, out = refused_ramps[request.node.originalname].result()
     assert proc.returncode == 4, proc.stderr[-3000:]
     assert "fault(s) not run as asked: slow:model=mlp,delay=50ms,at=10%" in proc.stderr
     assert "did not take effect: RuntimeError" in proc.stdout
@@ -746,13 +813,11 @@ def test_a_ramp_whose_fault_was_refused_says_so_and_exits_4(plain_server, tmp_pa
     assert any(w.startswith("fault 'slow:model=mlp,delay=50ms,at=10%' did not take effect") for w in result["warnings"])
 
 
-def test_a_replica_serving_without_metrics_is_found_on_its_admin_port():
+def test_a_replica_serving_without_metrics_is_found_on_its_admin_port(replica_without_metrics):
     # `--no-metrics --admin` logs "metrics off …; admin API on http://H:P": the bench read only the
     # "metrics on" line, kept port 0, and every slow/fail fault found the admin API refused.
-    replica = Replica(0, ["--models", "mlp", "--torch-threads", "1", "--no-metrics", "--admin"])
+    replica = replica_without_metrics  # launched and waited for by the module's `replicas`
     try:
-        replica.launch()
-        replica.wait_ready(120)
         assert replica.metrics_port != 0, list(replica.log)
         with urllib.request.urlopen(replica.admin_url + "/admin/faults", timeout=10) as answer:
             assert answer.status == 200

@@ -740,41 +740,62 @@ async def test_the_ipv6_wildcard_serves_both_families_on_grpc_and_metrics_alike(
     assert warned[2].startswith("/metrics listens on [::]: plain HTTP")
 
 
-async def test_a_port_already_taken_is_named_in_the_error_and_the_exit_status_is_1():
-    import socket
+TAKEN = "test_a_port_already_taken_is_named_in_the_error_and_the_exit_status_is_1"
 
-    from wok.app import WokServer, build_repository
 
+@pytest.fixture(scope="module", autouse=True)
+def _port_taken_serve(request):
+    """For TAKEN, if selected: a port taken (bound and listening), and `wok serve` started on it as
+    the module begins, so that its imports overlap the module's other tests. It is its test's own;
+    the port stays taken until the module ends. (port, the process)."""
+    if not any(
+        getattr(item, "module", None) is request.module and item.originalname == TAKEN for item in request.session.items
+    ):
+        yield None
+        return
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        # `wok serve` itself for one case: its words and exit status for a start that fails. The
-        # other causes reach it through the same StartError, so they are checked on a server in
-        # this process (a child costs seconds of imports and a model load each).
         proc = subprocess.Popen(
             [sys.executable, "-m", "wok", "serve", "--models", "mlp", "--port", str(port), "--metrics-port", "0"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        cases = {
-            ("health port", "the port is in use"): {"metrics_port": 0, "health_port": port},
-            ("metrics port", "address already in use"): {"metrics_port": port},
-            # A host name that does not resolve: its cause in words (it read "unknown error -2").
-            "unresolved": {"metrics_port": 0, "metrics_host": "nosuchhost.invalid"},
-        }
-        errs = {}
-        for case, values in cases.items():
-            settings = server_settings(grpc_port=0, demo_models=("mlp",), **values)
-            server = WokServer(settings, build_repository(settings))
-            try:
-                with pytest.raises(OSError) as info:
-                    await server.start()
-            finally:
-                await server.stop(grace=0)
-            errs[case] = str(info.value)
-        _, err = await asyncio.to_thread(proc.communicate, timeout=120)
+        try:
+            yield port, proc
+        finally:
+            if proc.returncode is None:  # its test, which waits for it, did not run
+                proc.kill()
+                proc.communicate()
+
+
+async def test_a_port_already_taken_is_named_in_the_error_and_the_exit_status_is_1(_port_taken_serve):
+    from wok.app import WokServer, build_repository
+
+    # `wok serve` itself for one case (started by the fixture, on a port it holds): its words and
+    # exit status for a start that fails. The other causes reach it through the same StartError,
+    # so they are checked on a server in this process (a child costs seconds of imports and a
+    # model load each).
+    port, proc = _port_taken_serve
+    cases = {
+        ("health port", "the port is in use"): {"metrics_port": 0, "health_port": port},
+        ("metrics port", "address already in use"): {"metrics_port": port},
+        # A host name that does not resolve: its cause in words (it read "unknown error -2").
+        "unresolved": {"metrics_port": 0, "metrics_host": "nosuchhost.invalid"},
+    }
+    errs = {}
+    for case, values in cases.items():
+        settings = server_settings(grpc_port=0, demo_models=("mlp",), **values)
+        server = WokServer(settings, build_repository(settings))
+        try:
+            with pytest.raises(OSError) as info:
+                await server.start()
+        finally:
+            await server.stop(grace=0)
+        errs[case] = str(info.value)
+    _, err = await asyncio.to_thread(proc.communicate, timeout=120)
     assert proc.returncode == 1, err
     assert f"wok: cannot start: cannot bind the gRPC port to 127.0.0.1:{port}: the port is in use" in err, err
     unresolved = errs.pop("unresolved")
