@@ -15,7 +15,8 @@ import sys
 import textwrap
 import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -225,6 +226,30 @@ def write_slow_model(
         )
     )
     return root
+
+
+@contextmanager
+def started_at_once(start, args: dict) -> Iterator[dict]:
+    """`{key: start(*args[key])}`, the processes started at once (a start is mostly a process's
+    imports). Each test stops its own; one still running on leaving (its test failed or never ran)
+    is killed here."""
+    servers: dict = {}
+    try:
+        with ThreadPoolExecutor(max(len(args), 1)) as pool:
+            starts = {key: pool.submit(start, *a) for key, a in args.items()}
+        servers = {key: started.result() for key, started in starts.items()}
+        yield servers
+    finally:
+        for sp in servers.values():
+            if sp.proc.poll() is None:
+                sp.proc.kill()
+                sp.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def at_once():
+    """`with at_once(start, {key: args}) as servers:` (`started_at_once`), for module fixtures."""
+    return started_at_once
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ Against the session's server: these tests neither stop it nor leave work queued 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -229,7 +228,7 @@ SHARED_PAIR = (
 
 
 @pytest.fixture(scope="module")
-def module_servers(request, tmp_path_factory, start_server_module, write_slow):
+def module_servers(request, tmp_path_factory, start_server_module, write_slow, at_once):
     """{test name: its servers} for the selected tests of OWN_SERVERS, and {"pair": two servers} if a
     test of SHARED_PAIR is selected, all started at once (each start is mostly a process's imports).
     Not autouse: made by the first of those tests, so no start overlaps the module's other tests."""
@@ -244,21 +243,11 @@ def module_servers(request, tmp_path_factory, start_server_module, write_slow):
                 repo = write_slow(tmp_path_factory.mktemp("slow") / "repo", sleep_ms=1000, max_batch_size=4, delay_ms=0)
                 a = ("--model-repository", str(repo), "--torch-threads", "1")
             args.append((name, a))
-    started = []
-    try:
-        with ThreadPoolExecutor(max(len(args), 1)) as pool:
-            starts = [(name, pool.submit(start_server_module, *a)) for name, a in args]
+    with at_once(start_server_module, dict(enumerate(a for _, a in args))) as started:
         servers: dict[str, list] = {name: [] for name in wanted}
-        for name, start in starts:
-            started.append(start.result())
-            servers[name].append(started[-1])
+        for i, (name, _) in enumerate(args):
+            servers[name].append(started[i])
         yield servers
-    finally:
-        # A test's own servers are killed at its end; those of a test that never ran die here.
-        for sp in started:
-            if sp.proc.poll() is None:
-                sp.proc.kill()
-                sp.proc.wait()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import asyncio
 import http.client
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -59,23 +58,14 @@ OWN_SERVERS = {
 
 
 @pytest.fixture(scope="module")
-def own_servers(request, start_server_module):
+def own_servers(request, start_server_module, at_once):
     """The server of each selected test of OWN_SERVERS, all started at once (each start is mostly a
     process's imports). Not autouse: made by the first of those tests. Each test stops its own; one
     left running (its test failed or never ran) is killed here."""
     selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     args = {name: a for name, a in OWN_SERVERS.items() if name in selected}
-    servers = {}
-    try:
-        with ThreadPoolExecutor(max(len(args), 1)) as pool:
-            starts = {name: pool.submit(start_server_module, *a) for name, a in args.items()}
-        servers = {name: start.result() for name, start in starts.items()}
+    with at_once(start_server_module, args) as servers:
         yield servers
-    finally:
-        for sp in servers.values():
-            if sp.proc.poll() is None:
-                sp.proc.kill()
-                sp.proc.wait()
 
 
 def own_server(own_servers, request):

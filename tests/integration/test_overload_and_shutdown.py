@@ -6,7 +6,6 @@ import asyncio
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -114,7 +113,7 @@ def _key(item) -> tuple[str, str | None]:
 
 
 @pytest.fixture(scope="module")
-def signalled(request, tmp_path_factory, start_server_module, write_slow):
+def signalled(request, tmp_path_factory, start_server_module, write_slow, at_once):
     """A `wok serve` of its own for each selected test of SIGNALLED, all started at once (each start
     is mostly a process's imports), each from a repository of its own written before its start.
     Not autouse: made by the first of those tests, so no start overlaps the module's other tests."""
@@ -126,18 +125,8 @@ def signalled(request, tmp_path_factory, start_server_module, write_slow):
             if held:
                 (repo / "slow" / "model.py").write_text(HELD_MODEL)
             args[key] = ("--model-repository", str(repo), "--grace-period", "20")
-    servers = {}
-    try:
-        with ThreadPoolExecutor(max(len(args), 1)) as pool:
-            starts = {key: pool.submit(start_server_module, *a) for key, a in args.items()}
-        servers = {key: start.result() for key, start in starts.items()}
+    with at_once(start_server_module, args) as servers:
         yield servers
-    finally:
-        # Each test kills its own server if it is left running; one whose test never ran dies here.
-        for sp in servers.values():
-            if sp.proc.poll() is None:
-                sp.proc.kill()
-                sp.proc.wait()
 
 
 def own_server(signalled, request):

@@ -81,21 +81,7 @@ async def test_an_admin_change_on_a_kept_alive_connection_is_refused_while_the_s
         assert status == 200
         before = state(admin)
         # A batch held in the model: the drain waits for it, with the port up.
-        batcher = server.runtime("gated").batcher
-        module.gate.clear()
-        pending = batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
-        loop = asyncio.get_running_loop()
-        assert await loop.run_in_executor(None, module.entered.wait, 10), "the batch never reached the model"
-        draining = asyncio.Event()
-        stop_batcher = batcher.stop
-
-        async def stop_and_tell() -> None:
-            draining.set()
-            await stop_batcher()
-
-        batcher.stop = stop_and_tell
-        stopping = asyncio.create_task(server.stop(grace=30.0))
-        await asyncio.wait_for(draining.wait(), 10)
+        stopping, pending = await _drain_held(server, module)
 
         assert_refused(await kept.ask("POST", path, CHANGES[path]), path)
         assert state(admin) == before, f"POST {path} changed the server as it drains"
@@ -157,12 +143,12 @@ async def test_an_admin_change_on_a_kept_alive_connection_is_refused_once_the_po
         kept.close()
 
 
-async def _drain_held(server, module) -> asyncio.Task:
-    """Hold a batch in the model and start the server's stop: returns the stop's task once the
-    drain has begun (the batcher's stop called), the port still up."""
+async def _drain_held(server, module):
+    """Hold a batch in the model and start the server's stop: (the stop's task, the held request),
+    once the drain has begun (the batcher's stop called), the port still up."""
     batcher = server.runtime("gated").batcher
     module.gate.clear()
-    batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+    pending = batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
     loop = asyncio.get_running_loop()
     assert await loop.run_in_executor(None, module.entered.wait, 10), "the batch never reached the model"
     draining = asyncio.Event()
@@ -175,7 +161,7 @@ async def _drain_held(server, module) -> asyncio.Task:
     batcher.stop = stop_and_tell
     stopping = asyncio.create_task(server.stop(grace=30.0))
     await asyncio.wait_for(draining.wait(), 10)
-    return stopping
+    return stopping, pending
 
 
 async def test_a_fault_can_be_turned_off_while_the_server_drains_and_no_other_change(served):
@@ -189,7 +175,7 @@ async def test_a_fault_can_be_turned_off_while_the_server_drains_and_no_other_ch
         slow = {"model": "gated", "mode": "slow", "delay_ms": 50}
         status, _, body = await kept.ask("POST", "/admin/faults", slow)
         assert status == 200, body
-        stopping = await _drain_held(server, module)
+        stopping, _ = await _drain_held(server, module)
         assert_refused(await kept.ask("POST", "/admin/faults", {"model": "gated", "mode": "fail"}), "/admin/faults")
         assert [f["mode"] for f in admin.get_faults()["faults"]] == ["slow"]
         kept.close()
@@ -221,7 +207,7 @@ async def test_a_post_whose_headers_came_before_the_stop_and_body_after_is_refus
         )
         writer.write(head.encode())
         await writer.drain()
-        stopping = await _drain_held(server, module)
+        stopping, _ = await _drain_held(server, module)
         writer.write(body)
         await writer.drain()
         answer = await asyncio.wait_for(reader.read(), 10)  # the server closes after its answer
