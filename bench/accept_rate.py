@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -57,9 +58,12 @@ async def _serve(port: int, loops: int, hog_s: float, hog_kind: str, tasks: int,
     loop = asyncio.get_running_loop()
     passes = 0
     calls = 0
+    hogging = hog_s > 0
 
     def hog() -> None:
         nonlocal passes
+        if not hogging:
+            return
         passes += 1
         if hog_kind == "sleep":
             time.sleep(hog_s)  # the GIL released: other threads run meanwhile
@@ -113,7 +117,18 @@ async def _serve(port: int, loops: int, hog_s: float, hog_kind: str, tasks: int,
     if hog_s > 0:
         loop.call_soon(hog)
     print(READY, flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
+    # Until the parent closes stdin. Read by the loop itself, not a thread: a spinning hog holds the
+    # GIL, and a thread's read took seconds to get back, then the default executor's shutdown more.
+    closed = loop.create_future()
+
+    def on_stdin() -> None:
+        if not os.read(sys.stdin.fileno(), 4096) and not closed.done():
+            loop.remove_reader(sys.stdin.fileno())
+            closed.set_result(None)
+
+    loop.add_reader(sys.stdin.fileno(), on_stdin)
+    await closed
+    hogging = False
     await asyncio.gather(*(s.stop(0) for s in servers))
     for accept in accepts:
         await accept.stop()
