@@ -215,7 +215,8 @@ def _demo_options(items: list[str]) -> dict:
 def _demo_models(args) -> tuple[str, ...]:
     """The demo models `--models` names, each without the spaces around it ("mlp, recsys"), or all
     three when it is not given. None at all ("", ",") is () (refused by the caller: no model to
-    serve); an empty name among others ("mlp,,recsys", "mlp,") is refused here (ConfigError)."""
+    serve); an empty name among others ("mlp,,recsys", "mlp,") or a name given twice is refused here
+    (ConfigError)."""
     if args.models is None:
         return tuple(_DEFAULT_DEMO_MODELS.split(","))
     names = [m.strip() for m in args.models.split(",")]
@@ -226,6 +227,12 @@ def _demo_models(args) -> tuple[str, ...]:
             f"--models {args.models!r}: name {names.index('') + 1} of {len(names)} is empty; "
             f"expected names separated by single commas, e.g. {_DEFAULT_DEMO_MODELS}"
         )
+    for i, name in enumerate(names):
+        if name in names[:i]:  # refused here, before seconds of torch imports and a first model built
+            raise ConfigError(
+                f"--models {args.models!r}: {name!r} is named twice (names {names.index(name) + 1} and {i + 1}); "
+                "each model is served once, under its own name"
+            )
     return tuple(names)
 
 

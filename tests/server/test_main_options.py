@@ -1,6 +1,7 @@
 """`wok serve` refuses options that do not apply to what it would serve (exit 2, before anything
 loads), as `wok bench` does, rather than ignoring them: `--models` or `--demo-option` beside
-`--model-repository`, a `--demo-option` for a demo model `--models` leaves out, an empty `--models`.
+`--model-repository`, a `--demo-option` for a demo model `--models` leaves out, an empty `--models`,
+a model named twice in it.
 
 In this process, through `main(argv)`: the server itself is replaced by a stand-in that records
 that it was reached, so a refusal that fails to come shows as a start, not as a hang."""
@@ -73,6 +74,11 @@ def serve(monkeypatch, capsys, tmp_path):
             "e.g. mlp,recsys,encoder",
         ),
         (
+            ("--models", "mlp,recsys, mlp"),
+            "wok: --models 'mlp,recsys, mlp': 'mlp' is named twice (names 1 and 3); each model is served once, "
+            "under its own name",
+        ),
+        (
             ("--model-repository", "REPO", "--demo-option", "recsys.num_embeddings=1000000"),
             "wok: --demo-option 'recsys.num_embeddings=1000000' with --model-repository: demo options apply to the "
             "demo models only",
@@ -86,6 +92,7 @@ def serve(monkeypatch, capsys, tmp_path):
         "commas",
         "empty-name-between",
         "trailing-comma",
+        "named-twice",
         "repository+option",
     ],
 )
