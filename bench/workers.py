@@ -24,6 +24,7 @@ import asyncio
 import gc
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -201,6 +202,12 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel, stop=None, 
 
     loop = asyncio.get_running_loop()
     metadata = auth_metadata(how.token)
+    # A bench killed outright (SIGKILL, a crash) runs no cleanup, and a daemon worker would send
+    # on to the end of its share. The spawn pipe's sentinel reads EOF once the bench is gone,
+    # whichever of its threads made the pool (a death signal would follow that thread).
+    bench = mp.parent_process()
+    if bench is not None:
+        loop.add_reader(bench.sentinel, _orphaned)
 
     async def serve(call, stats) -> None:
         conn.send("ready")
@@ -246,6 +253,10 @@ async def _serve(conn, target: str, pool: list[bytes], how: Channel, stop=None, 
     )
     async with channel:
         await serve(channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None), lambda: None)
+
+
+def _orphaned() -> None:
+    os._exit(1)  # nobody is left to report to, and nothing of the worker's needs flushing
 
 
 def _main(conn, target: str, pool: list[bytes], how: Channel, stop=None, index: int = 0) -> None:

@@ -1,4 +1,5 @@
-"""A bench worker that dies mid-step is seen at once, and a stream worker honours a cut.
+"""A bench worker that dies mid-step is seen at once, a stream worker honours a cut, and a bench killed
+outright takes its workers with it.
 
 `WorkerPool.finish` used to wait on its workers in order: a worker killed while the ones before it
 were still sending was noticed only when their shares ended (up to an hour into a soak step), the
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -90,3 +93,47 @@ def test_a_cut_stream_step_hands_back_what_the_stream_workers_measured(bench_ser
         answered = np.isfinite(o.done)
         assert np.all(o.done[answered] >= o.sent[answered])
         assert np.all(np.isnan(o.done[~sent]))
+
+
+# A bench that makes a pool, starts a long step against the server and says its workers' pids.
+_BENCH = """
+import sys, time
+import numpy as np
+from wok.bench.runner import RampConfig, build_pool
+from wok.bench.workers import Share, WorkerPool
+cfg = RampConfig(target=sys.argv[1], models=[("mlp", 1.0)], steps=[10], step_duration_s=1)
+pool, _, _ = build_pool(cfg)
+workers = WorkerPool(cfg.target, pool, 2)
+times = np.arange(0, 60.0, 0.1)
+workers.start([Share(time.monotonic(), times, np.zeros(len(times), dtype=np.int64), 5.0)] * 2)
+print(*(p.pid for p in workers._procs), flush=True)
+time.sleep(120)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (an unreaped zombie has ended: it sends nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_workers_of_a_bench_killed_outright_stop_sending(bench_server, metrics_url):
+    bench = subprocess.Popen([sys.executable, "-c", _BENCH, bench_server.target], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in bench.stdout.readline().split()]
+        assert len(pids) == 2, pids
+        _until_answered(metrics_url, _answered(metrics_url))
+    finally:
+        bench.kill()  # SIGKILL: the bench runs no cleanup
+        bench.wait()
+    # They sent on to the end of their 60 s share, orphans, before they watched for the bench's end.
+    deadline = time.monotonic() + 10.0
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in pids if _running(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"bench workers {left} outlived the bench that was killed"
