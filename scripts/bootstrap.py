@@ -3,6 +3,7 @@
     python3 scripts/bootstrap.py serve [wok serve options]   # install, then start the server
     python3 scripts/bootstrap.py test  [pytest options]      # install with test extras, then run the suite
     python3 scripts/bootstrap.py install                     # install only
+    python3 scripts/bootstrap.py [COMMAND] --help            # this usage (-h too); installs nothing
 
 Torch is installed first and on its own: a machine without an NVIDIA GPU gets the CPU
 build (the plain PyPI wheel for Linux x86-64 is a multi-GB CUDA build). Set WOK_TORCH to
@@ -27,6 +28,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCH_VERSION = "2.13.0"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 COMMANDS = ("serve", "test", "install")
+HELP = ("-h", "--help")
+# After the usage, for `COMMAND --help`: where that command's own options are listed.
+COMMAND_HELP = {
+    "serve": "serve: the options after it are `wok serve`'s; once installed, `wok serve --help` lists them.",
+    "test": "test: the options after it are pytest's; once installed, `python -m pytest --help` lists them.",
+    "install": "install: installs only; it takes no options.",
+}
 
 
 def has_nvidia_gpu() -> bool:
@@ -89,7 +97,7 @@ def hand_over(cmd: list[str], cwd: Path | None = None) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in {"-h", "--help"}:
+    if argv and argv[0] in HELP:
         print(__doc__)
         return 0
     if not argv or argv[0] not in COMMANDS:
@@ -97,6 +105,9 @@ def main(argv: list[str]) -> int:
         print(f"bootstrap: expected a command, one of {', '.join(COMMANDS)}; got {got}\n{__doc__}", file=sys.stderr)
         return 2
     command, rest = argv[0], argv[1:]
+    if any(arg in HELP for arg in rest):  # usage only: nothing is installed, nor run
+        print(f"{__doc__}\n{COMMAND_HELP[command]}")
+        return 0
     # Absolute: `test` runs from the checkout, whatever folder a relative WOK_VENV names.
     python = ensure_venv(Path(os.environ.get("WOK_VENV", ROOT / ".venv")).absolute())
     ensure_torch(python, os.environ.get("WOK_TORCH"))

@@ -39,12 +39,19 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--model-repository",
         type=Path,
-        help="folder of models; without it the demo models serve (with it, no --models nor --demo-option)",
+        metavar="DIR",
+        help="folder of models (default: none, the demo models serve); with it, no --models nor --demo-option",
     )
     # No default here: given, beside --model-repository, it is refused (_check_serve_options).
-    p.add_argument("--models", help=f"demo models to serve, comma-separated (default: {_DEFAULT_DEMO_MODELS})")
     p.add_argument(
-        "--grace-period", type=float, default=30.0, help="seconds to drain on SIGTERM, SIGINT or SIGHUP (default 30)"
+        "--models", metavar="NAMES", help=f"demo models to serve, comma-separated (default: {_DEFAULT_DEMO_MODELS})"
+    )
+    p.add_argument(
+        "--grace-period",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds to drain on SIGTERM, SIGINT or SIGHUP (default 30)",
     )
     p.add_argument(
         "--max-connection-age",
@@ -69,7 +76,14 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--health-host", metavar="ADDR", help="address the health port binds to (default: the same as --host)"
     )
-    p.add_argument("--max-request-bytes", type=int, default=64 << 20, help="largest request accepted")
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=64 << 20,
+        metavar="BYTES",
+        help="largest ModelInfer request accepted, in bytes (default 67108864, 64 MiB; at least 1024); larger ones "
+        "get INVALID_ARGUMENT, and gRPC's message limit, both ways, is 4 × BYTES + 1 MiB; see docs/security.md",
+    )
     p.add_argument(
         "--stream-window",
         type=int,
@@ -78,7 +92,7 @@ def _serve_parser(sub) -> None:
         help="requests one ModelStreamInfer stream may owe (read, not yet answered) before the server reads no "
         "more from it: bounds the answers an unread stream holds (default: 1024)",
     )
-    p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--torch-threads", type=int, metavar="N", help="torch intra-op threads (default: torch's choice)")
     p.add_argument(
         "--cpu-linear",
         choices=("onednn", "torch"),
@@ -122,11 +136,14 @@ def _serve_parser(sub) -> None:
         help="send each ModelInfer answer's stage times in a server-timing trailer, for `wok bench ramp "
         "--server-timing` (default off); see docs/metrics.md",
     )
-    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the /metrics port (default 127.0.0.1)")
+    p.add_argument(
+        "--metrics-host", default="127.0.0.1", metavar="ADDR", help="address of the /metrics port (default 127.0.0.1)"
+    )
     p.add_argument(
         "--metrics-port",
         type=int,
         default=8002,
+        metavar="PORT",
         help="HTTP port of /metrics (default 8002; 0 picks a free one; -1: none)",
     )
     p.add_argument(
@@ -146,31 +163,42 @@ def _serve_parser(sub) -> None:
         action="append",
         default=[],
         metavar="MODEL.KEY=VALUE",
-        help="size option of a demo model served, e.g. recsys.num_embeddings=50000 (repeatable)",
+        help="size option of a demo model served, e.g. recsys.num_embeddings=50000 (repeatable; default: none, "
+        "the models' own sizes)",
     )
     p.add_argument(
-        "--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        help="least level of the server's log lines (default INFO); the start-up lines `wok: ...` print at any level",
     )
     sec = p.add_argument_group("security", "TLS and bearer tokens on the gRPC port; see docs/security.md")
     sec.add_argument(
-        "--tls-cert", type=Path, metavar="PATH", help="PEM certificate chain: the gRPC port then speaks only TLS"
+        "--tls-cert",
+        type=Path,
+        metavar="PATH",
+        help="PEM certificate chain: the gRPC port then speaks only TLS (default: none, plaintext)",
     )
     sec.add_argument("--tls-key", type=Path, metavar="PATH", help="PEM private key of --tls-cert (unencrypted)")
     sec.add_argument(
         "--tls-client-ca",
         type=Path,
         metavar="PATH",
-        help="PEM CA certificate(s): clients must then present a certificate (mTLS)",
+        help="PEM CA certificate(s): clients must then present a certificate (mTLS) (default: none)",
     )
     # Tokens never on the command line: `ps` shows it to every user of the machine.
     sec.add_argument(
         "--auth-token-file",
         type=Path,
         metavar="PATH",
-        help="file of accepted bearer tokens, one per line: calls must then send 'authorization: Bearer <token>'",
+        help="file of accepted bearer tokens, one per line: calls must then send 'authorization: Bearer <token>' "
+        "(default: none; with neither this nor --auth-token-env, no token is needed)",
     )
     sec.add_argument(
-        "--auth-token-env", metavar="VAR", help="environment variable holding accepted bearer tokens (comma-separated)"
+        "--auth-token-env",
+        metavar="VAR",
+        help="environment variable holding accepted bearer tokens (comma-separated) (default: none)",
     )
 
 
@@ -452,7 +480,8 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
         torch.set_num_threads(settings.torch_threads)
     if settings.switch_interval_ms is not None:
         sys.setswitchinterval(settings.switch_interval_ms / 1e3)
-    server = WokServer(settings, repository)
+    # Its start-up lines are printed below (announce=False: not logged as well).
+    server = WokServer(settings, repository, announce=False)
     starting = asyncio.ensure_future(server.start())
     try:
         if not await _until_stop(starting, stop):

@@ -109,8 +109,13 @@ class WokServer:
         repository: ModelRepository,
         *,
         registry: CollectorRegistry | None = None,
+        announce: bool = True,
     ) -> None:
         self.settings = settings
+        # Log where it serves (gRPC, security mode, health and metrics ports) once started. `wok
+        # serve` passes False: it prints those lines itself, whatever --log-level, as the lines scripts
+        # and tests parse ("wok: serving ...", "wok: metrics on http://..."); logged too, each showed twice.
+        self.announce = announce
         self.repository = repository
         self.registry = registry if registry is not None else default_registry()
         self.metrics = WokMetrics(self.registry, enabled=settings.metrics)
@@ -267,13 +272,14 @@ class WokServer:
             "on" if self.wakeup_drain is not None and self.wakeup_drain.installed else "off",
         )
         self._started = True
-        log.info("wok serving %s on %s", ", ".join(self.runtimes), host_port(self.settings.host, self.port))
-        log.info("gRPC security: %s", SecurityMode.of(self.settings).describe())
+        if self.announce:
+            log.info("wok serving %s on %s", ", ".join(self.runtimes), host_port(self.settings.host, self.port))
+            log.info("gRPC security: %s", SecurityMode.of(self.settings).describe())
         for warning in security_warnings(self.settings):
             log.warning("%s", warning)
-        if self._health_grpc is not None:
+        if self.announce and self._health_grpc is not None:
             log.info("health (plaintext, grpc.health.v1 only) on %s", host_port(self._health_host, self.health_port))
-        if self.http is not None:
+        if self.announce and self.http is not None:
             http = host_port(self.settings.metrics_host, self.http.port)
             if self.settings.metrics:
                 log.info("metrics on http://%s/metrics", http)

@@ -154,3 +154,35 @@ def test_the_names_of_models_are_taken_without_the_spaces_around_them(models, na
     import argparse
 
     assert wok_main._demo_models(argparse.Namespace(models=models)) == names
+
+
+def serve_actions() -> list:
+    """The options of `wok serve`'s own parser (not its --help)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="wok")
+    sub = parser.add_subparsers(dest="command", required=True)
+    wok_main._serve_parser(sub)
+    return [a for a in sub.choices["serve"]._actions if a.option_strings and a.dest != "help"]
+
+
+def test_every_serve_option_with_a_default_value_names_it_in_its_help():
+    missing = []
+    for action in serve_actions():
+        if action.default in (None, False, []):  # nothing to name: the help says what leaving it out does
+            continue
+        default = f"{action.default:g}" if isinstance(action.default, float) else str(action.default)
+        if "default" not in (action.help or "") or default.lower() not in action.help.lower():
+            missing.append(f"{action.option_strings[0]} (default {default}): {action.help!r}")
+    assert not missing, "\n".join(missing)
+
+
+def test_max_request_bytes_help_gives_its_default_and_unit(capsys):
+    with pytest.raises(SystemExit) as exc:
+        wok_main.main(["serve", "--help"])
+    assert exc.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "--max-request-bytes BYTES largest ModelInfer request accepted, in bytes (default 67108864, 64 MiB; at "
+        "least 1024)" in help_text
+    )
