@@ -261,9 +261,10 @@ class AsyncClient:
         """Send `requests` on one ModelStreamInfer stream; yield results as they arrive.
 
         An item is `(model, inputs)` or a mapping with `model`, `inputs` and optionally
-        `outputs`, `request_id`, `server_timeout_us`. An item without a request id gets
+        `outputs`, `request_id`, `server_timeout_us`, `datatypes` (as `infer` takes them); an
+        item of another shape is malformed (TypeError). An item without a request id gets
         its position in the stream ("0", "1", ...); so that no two answers share an id by the
-        client's doing, a stream that has such items refuses (ValueError, as a malformed item)
+        client's doing, a stream that has such items refuses (ValueError, also a malformed item)
         a caller's request_id of that form (a decimal number) other than its own item's position.
         A request the server rejects comes back as a StreamResult with `error` and `code`
         set, and the stream goes on. If `requests` raises (or holds a malformed item), a
