@@ -86,6 +86,7 @@ def step_result(
     phase: str = "ramp",
     completed_ok: int | None = None,
     server_timing_ms: np.ndarray | None = None,
+    error_details: dict[str, str] | None = None,
 ) -> dict:
     """One step of the schema from its measured window's raw arrays (seconds from the window's start).
 
@@ -93,6 +94,7 @@ def step_result(
     late is charged its full wait: a stall never hides behind a delayed send. Latency
     figures cover successful requests; errors are counted by code. `sent_s` is NaN for a
     request never sent, `done_s` NaN for one that never completed (its code says why).
+    `error_details` ({code name: message}, the bench's) is kept for the codes of `errors`.
     """
     if duration_s <= 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
@@ -129,6 +131,10 @@ def step_result(
         measured = float(np.mean(np.asarray(inflight_samples, dtype=np.float64)))
     rel = (lambda_w - measured) / measured if measured > 0 and math.isfinite(lambda_w) else NAN
 
+    # The bench's messages, for the codes counted here (not one seen in the warm-up only).
+    details = (
+        {} if error_details is None else {"error_details": {c: error_details[c] for c in errors if c in error_details}}
+    )
     step = {
         "offered_qps": float(offered_qps),
         # Completions inside the window, not admissions: past capacity the answers to a step's
@@ -144,6 +150,7 @@ def step_result(
         "requests": int(n),
         "ok": ok,
         "errors": errors,
+        **details,
         "success_rate": ok / n if n else NAN,
         "latency_ms": latency_summary(latency),
         # Exact percentiles above; the histogram is what several processes' results merge by
@@ -357,6 +364,21 @@ def stop_reason(step: dict, slo_p99_ms: float, factor: float) -> str | None:
     if _finite(p99) and p99 > factor * slo_p99_ms:
         return f"the step's P99 {p99:.4g} ms is over {factor:g} × the SLO ({slo_p99_ms:g} ms)"
     return None
+
+
+# Codes that refuse the request itself (its model, shape or values), whatever the load: a step
+# whose every request got one measured nothing of the server.
+BAD_REQUEST_CODES = ("INVALID_ARGUMENT", "NOT_FOUND")
+
+
+def refused_as_bad(step: dict) -> str | None:
+    """When every request of `step` was refused with one of BAD_REQUEST_CODES: the codes and the
+    server's first message for each ("INVALID_ARGUMENT: ..."); else None."""
+    errors = step.get("errors") or {}
+    if not step.get("requests") or step.get("ok") or not errors or any(c not in BAD_REQUEST_CODES for c in errors):
+        return None
+    details = step.get("error_details") or {}
+    return "; ".join(f"{code}: {details[code]}" if details.get(code) else code for code in errors)
 
 
 def _qps(x: float) -> str:

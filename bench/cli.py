@@ -19,6 +19,9 @@ REQUIRE_QPS_NOT_MET = 3
 # A soak that found no capacity to soak at: the same verdict as a capacity below --require-qps.
 SOAK_NO_CAPACITY = REQUIRE_QPS_NOT_MET
 FAULT_NOT_IN_EFFECT = 4
+# Every request of a step refused as malformed (INVALID_ARGUMENT, NOT_FOUND): the options made
+# requests the server cannot take, which is a bad option's status.
+BAD_REQUESTS = 2
 DEFAULT_TARGET = "127.0.0.1:8001"
 
 
@@ -33,19 +36,32 @@ def add_parser(sub) -> None:
         description="Hold each offered QPS for a step, open loop (latency from each request's intended send "
         "time), and report per-step throughput, success and latency, the knee and the highest QPS under the SLO.",
     )
-    p.add_argument("--target", help=f"HOST:PORT of the server (default {DEFAULT_TARGET}; not with --replicas)")
-    p.add_argument("--model", default="mlp", help="model, or a weighted mix such as mlp:0.7,encoder:0.3")
-    p.add_argument("--steps", default="50,100,200,400", help="QPS per step: a list, or start:stop:factor")
+    p.add_argument(
+        "--target",
+        help=f"HOST:PORT of the server ([::1]:PORT for IPv6; several: HOST:PORT,HOST:PORT or dns:///NAME:PORT; "
+        f"default {DEFAULT_TARGET}; not with --replicas)",
+    )
+    p.add_argument(
+        "--model", default="mlp", help="model, or a weighted mix such as mlp:0.7,encoder:0.3 (default %(default)s)"
+    )
+    p.add_argument(
+        "--steps", default="50,100,200,400", help="QPS per step: a list, or start:stop:factor (default %(default)s)"
+    )
     p.add_argument("--step-duration", default="5m", help="how long each step is held, e.g. 5m, 30s (default 5m)")
-    p.add_argument("--warmup", default=None, help="run but not counted at each step's start (default 10%%, ≤30 s)")
+    p.add_argument(
+        "--warmup",
+        default=None,
+        help="run but not counted at each step's start: a duration (e.g. 1s) or a share of --step-duration "
+        "(e.g. 10%%) (default 10%%, at most 30 s)",
+    )
     p.add_argument(
         "--arrival",
         default="poisson",
         help="constant | poisson | burst:amplitude=4x,t0=50%%,sigma=10%% | sawtooth:low=0.5x,high=1.5x,period=10s "
-        "| trace:PATH,scale=1",
+        "| trace:PATH,scale=1 (default %(default)s)",
     )
     p.add_argument("--sizes", default="fixed:16", help="length of variable dims: fixed:N, uniform:A:B, "
-                   "lognormal:median=M,sigma=S,max=X, empirical:PATH")  # fmt: skip
+                   "lognormal:median=M,sigma=S,max=X, empirical:PATH (default %(default)s)")  # fmt: skip
     p.add_argument("--rows", type=int, default=1, help="rows (samples) per request (default 1)")
     p.add_argument(
         "--int-high",
@@ -54,7 +70,9 @@ def add_parser(sub) -> None:
         help="integer inputs uniform in [0, N) (default 50, which every demo model accepts; give recsys its table "
         "size, e.g. 200000, so that its gathers spread over the table)",
     )
-    p.add_argument("--slo-p99", default="200ms", help="P99 latency objective (default 200ms)")
+    p.add_argument(
+        "--slo-p99", default="200ms", help="P99 latency objective, with its unit: 50ms, 0.05s (default 200ms)"
+    )
     p.add_argument("--workers", type=int, default=2, help="load-generator processes (default 2)")
     p.add_argument("--timeout", default="30s", help="per-request deadline (default 30s)")
     p.add_argument(
@@ -76,9 +94,11 @@ def add_parser(sub) -> None:
         default="auto",
         help="the server's /metrics: auto (HOST:8002 of a single target, if its wok_server_info names the "
         "target's port; none for several), a URL (scraped as given; a port other than the target's is warned "
-        "of), or none",
+        "of), or none (default %(default)s)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the arrival schedules and the payloads (default %(default)s)"
+    )
     p.add_argument(
         "--start-at",
         metavar="UNIX_SECONDS",
@@ -86,15 +106,30 @@ def add_parser(sub) -> None:
         "that several generators (a Kubernetes Indexed Job) run each step together (default: a step starts when "
         "the last one ended)",
     )
-    p.add_argument("--step-gap", default="2s", help="with --start-at: from a step's last send to the next one's start")
+    p.add_argument(
+        "--step-gap",
+        default="2s",
+        help="with --start-at: from a step's last send to the next one's start (default %(default)s)",
+    )
     p.add_argument(
         "--stop-factor",
         type=float,
         default=10.0,
-        help="stop after a step whose P99 exceeds this × the SLO, or with under half its requests ok; inf: never",
+        help="stop after a step whose P99 exceeds this × the SLO, or with under half its requests ok; inf: never "
+        "(default %(default)g)",
     )
-    p.add_argument("--refine", type=int, default=0, help="bisection steps between the last pass and first failure")
-    p.add_argument("--knee-threshold", type=float, default=0.5, help="Δachieved/Δoffered below this is the knee")
+    p.add_argument(
+        "--refine",
+        type=int,
+        default=0,
+        help="bisection steps between the last pass and first failure (default %(default)s: none)",
+    )
+    p.add_argument(
+        "--knee-threshold",
+        type=float,
+        default=0.5,
+        help="Δachieved/Δoffered below this is the knee (default %(default)g)",
+    )
     p.add_argument("--require-qps", type=float, help=f"exit {REQUIRE_QPS_NOT_MET} unless max QPS under SLO ≥ this")
     p.add_argument(
         "--host-probe",
@@ -520,6 +555,57 @@ def _seconds(args, option: str, positive: bool = False) -> float:
     return value
 
 
+# A bare number is seconds to parse_duration: right for --step-duration 30, a trap for a latency
+# ("--slo-p99 50" was a 50 s objective every step passed).
+_BARE_NUMBER = re.compile(r"\s*(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
+
+
+def _with_unit(option: str, text: str) -> str:
+    """`text`, refused when it is a bare number: `option` is a latency, whose scale is milliseconds."""
+    if _BARE_NUMBER.fullmatch(text) and math.isfinite(value := float(text)):
+        raise ValueError(
+            f"{option} {text.strip()!r}: give a unit, e.g. {value:g}ms or {value / 1e3:g}s (a bare number would be "
+            "seconds)"
+        )
+    return text
+
+
+_PERCENT = re.compile(r"\s*(\d+\.?\d*|\.\d+)\s*%\s*")
+
+
+def _warmup(text: str | None, duration: float) -> float:
+    """--warmup in seconds: a duration, or a percentage of the step's `duration`; None: 10 %, at most 30 s."""
+    if text is None:
+        return min(30.0, 0.1 * duration)
+    m = _PERCENT.fullmatch(text)
+    if m is not None:
+        return float(m.group(1)) / 100 * duration
+    from .arrivals import parse_duration
+
+    value = _named("--warmup", parse_duration, text)
+    if not math.isfinite(value):
+        raise ValueError(f"--warmup: expected a finite duration or a percentage of --step-duration; got {text!r}")
+    return value
+
+
+def _check_target(text: str) -> str:
+    """`text` if it names a server the way wok.clients.channel reads targets: HOST:PORT or
+    [IPV6]:PORT, several of them comma-separated, or a gRPC URI (dns:///NAME:PORT, ipv4:…, unix:…),
+    which is taken as given. Without a port gRPC dials 443; a URL doubled its scheme in --metrics-url
+    auto's URL."""
+    from wok.clients.channel import _SCHEMES, split_host_port, target_list
+
+    if text.startswith(_SCHEMES):
+        return text
+    for one in target_list(text):
+        parsed = split_host_port(one)
+        plain = "/" not in one and (one.count(":") == 1 or one.startswith("["))
+        if parsed is None or not plain or not 0 < parsed[1] < 65536:
+            hint = " (no URL scheme: gRPC, not HTTP)" if "://" in one else ""
+            raise ValueError(f"--target {text!r}: expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:NAME){hint}")
+    return text
+
+
 def _batch_time(args) -> tuple[float, float]:
     """(α, β) from --alpha and --beta, each refused in its option's name (the model's is alpha_s)."""
     alpha, beta = _seconds(args, "--alpha"), _seconds(args, "--beta")
@@ -560,18 +646,20 @@ def run(args) -> int:
     from ..clients import InferError
     from . import faults, hostprobe, report, soak
     from .arrivals import parse_duration, parse_steps
-    from .payloads import parse_mix
+    from .payloads import parse_mix, parse_sizes
     from .runner import Ramp, RampConfig
     from .workers import pick_balancer
 
     _check_aim(args)
     _check_outputs(args, *_RESULT_OUTPUTS)
-    target = args.target or DEFAULT_TARGET
+    target = _check_target(args.target or DEFAULT_TARGET)
     tls, token = _security(args)
     duration = _seconds(args, "--step-duration", positive=True)
-    warmup = _seconds(args, "--warmup") if args.warmup else min(30.0, 0.1 * duration)
+    warmup = _warmup(args.warmup, duration)
     steps = _named("--steps", parse_steps, args.steps)
     _check_arrival(args.arrival, steps, warmup + duration)
+    _named("--sizes", parse_sizes, args.sizes)  # else refused after connecting, in no option's name
+    _with_unit("--slo-p99", args.slo_p99)
     cfg = RampConfig(
         target=target,
         models=parse_mix(args.model),
@@ -594,7 +682,7 @@ def run(args) -> int:
         token=token,
         retries=not args.no_retries,
         balancer=args.balancer,
-        hedge_after=faults.parse_hedge_after(args.hedge_after),
+        hedge_after=faults.parse_hedge_after(_with_unit("--hedge-after", args.hedge_after)),
         rpc=args.rpc,
         streams=args.streams,
         server_timing=args.server_timing,
@@ -678,7 +766,18 @@ def _write_or_keep(command: str, result: dict, outputs) -> bool:
 def _exit_status(result: dict, args) -> int:
     """The status of a ramp whose result is written (docs/bench.md, "Exit status"); why on stderr."""
     from . import faults, soak
+    from .analysis import refused_as_bad
 
+    for step in result.get("steps") or ():
+        refused = refused_as_bad(step)
+        if refused is not None:
+            # Not a server overloaded: the requests are wrong for it (--model, --rows, --sizes, --int-high).
+            print(
+                f"wok bench: the server refused every request at {step['offered_qps']:g} QPS as a bad request "
+                f"({refused}); check --model, --rows, --sizes and --int-high against the model",
+                file=sys.stderr,
+            )
+            return BAD_REQUESTS
     cut = result.get("interrupted")
     if cut is not None and not cut["by_signal"]:
         # A worker or the target ended the run after a step: what was measured is written,

@@ -535,6 +535,7 @@ def _verdict_lines(result: dict) -> list[str]:
     note = _soak_verdict_note(result, "above")
     if note:
         lines.append(note)
+    lines += _error_lines(_steps(result))
     merged = (result.get("config") or {}).get("merged")
     if merged:
         errs = [_num(_get(s, "latency_histogram", "relative_error")) for s in _steps(result)]
@@ -544,6 +545,21 @@ def _verdict_lines(result: dict) -> list[str]:
             f"(at most {100 * err:.2g}% above exact), server columns from {merged.get('server_view_from')}"
         )
     return lines
+
+
+def _error_lines(steps: Sequence[dict]) -> list[str]:
+    """A line per error code the server said something for (`error_details`, the bench's): how many
+    requests over the steps, and its first message."""
+    counts: dict[str, int] = {}
+    messages: dict[str, str] = {}
+    for step in steps:
+        for code, n in (step.get("errors") or {}).items():
+            counts[code] = counts.get(code, 0) + int(n)
+        for code, message in (step.get("error_details") or {}).items():
+            messages.setdefault(code, message)
+    return [
+        f"errors: {counts.get(code, 0)} × {code}: {message}" for code, message in sorted(messages.items()) if message
+    ]
 
 
 def print_table(result_or_steps: dict | Sequence[dict], file=None) -> None:

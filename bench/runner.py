@@ -24,7 +24,7 @@ from . import analysis
 from .arrivals import parse_arrivals, window_rate
 from .payloads import Mix, PayloadGenerator, TensorSpec, parse_sizes
 from .scrape import scrape, server_view
-from .workers import OK, Share, WorkerPool, pick_balancer
+from .workers import OK, Share, WorkerPool, merge_details, pick_balancer
 
 POOL_PER_MODEL = 256  # distinct pre-made payloads per model, cycled
 STATUS_NAMES: dict[int, str] = {}
@@ -189,6 +189,12 @@ class Ramp:
                     self.say(interrupted)
                     break
                 steps.append(step)
+                if analysis.refused_as_bad(step) is not None:
+                    # Every request refused for what it is: higher rates would measure the same refusals.
+                    self.say(
+                        f"stopping early: the server refused every request of the step ({', '.join(step['errors'])})"
+                    )
+                    break
                 why = analysis.stop_reason(step, cfg.slo_p99_ms, cfg.stop_factor)
                 if why is not None:
                     self.say(f"stopping early: {why}")
@@ -317,6 +323,7 @@ class Ramp:
             inflight_samples=inflight_total,
             server=server,
             server_timing_ms=None if server_ms is None else server_ms[keep],
+            error_details={status_name(c): m for c, m in merge_details(outcomes).items()},
         )
         step["littles_law"].update(_littles_law_edges(sent, done, keep, w, total))
         step["nominal_qps"] = qps
@@ -330,6 +337,9 @@ class Ramp:
             f"P50 {_ms(lat['p50'])} P99 {_ms(lat['p99'])} max {_ms(lat['max'])}"
         )
         timing = step.get("server_timing")
+        for code, count in step["errors"].items():
+            message = step["error_details"].get(code)
+            self.say(f"{label}: {count} × {code}" + (f": {message}" if message else ""))
         if timing is not None:
             self.say(f"{label}: {_timing_line(timing)}")
         for warning in analysis.check_precision(step, cfg.slo_p99_ms):

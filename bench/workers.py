@@ -28,7 +28,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,6 +39,8 @@ from .stream_sender import run_share_stream
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 OK = 0  # grpc.StatusCode.OK's number; others are their own numbers
+# The longest message kept per status code (Outcome.details): a server's own words, not a dump.
+DETAILS_CHARS = 300
 # How often a worker of a stoppable pool looks whether the coordinator cut the step short.
 STOP_POLL_S = 0.1
 
@@ -63,6 +65,10 @@ class Outcome:
     # With server timing: per request, the server's `server-timing` stages in ms (columns in
     # wok.servertiming.TIMING_PARTS' order; NaN where no trailer came), else None.
     server_ms: np.ndarray | None = None
+    # Per status code other than OK, the message (grpc details) of the first call that ended with
+    # it: what the server said when it refused. Empty when every call succeeded (or, for streams,
+    # not recorded).
+    details: dict[int, str] = field(default_factory=dict)
 
 
 async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timing: bool = False, stop=None) -> Outcome:
@@ -76,6 +82,7 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
     start = share.start_at
     inflight = 0
     samples: list[tuple[float, int]] = []
+    details: dict[int, str] = {}
     import grpc
 
     async def one(i: int, payload: bytes) -> None:
@@ -89,8 +96,12 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
             await c
         except grpc.aio.AioRpcError as exc:
             codes[i] = exc.code().value[0]
-        except Exception:
+            if int(codes[i]) not in details:
+                details[int(codes[i])] = _short(exc.details() or "")
+        except Exception as exc:
             codes[i] = grpc.StatusCode.UNKNOWN.value[0]
+            if int(codes[i]) not in details:
+                details[int(codes[i])] = _short(f"{type(exc).__name__}: {exc}")
         finally:
             done[i] = time.monotonic() - start
             inflight -= 1
@@ -125,7 +136,23 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
                         done[i] = np.nan  # cut in flight: no answer came
     finally:
         sleeper.close()
-    return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2), server_ms=server_ms)
+    samples_array = np.array(samples, dtype=float).reshape(-1, 2)
+    return Outcome(sent, done, codes, samples_array, server_ms=server_ms, details=details)
+
+
+def _short(message: str) -> str:
+    """A status message as kept in Outcome.details: one line, at most DETAILS_CHARS characters."""
+    text = " ".join(message.split())
+    return text if len(text) <= DETAILS_CHARS else text[: DETAILS_CHARS - 1] + "…"
+
+
+def merge_details(outcomes) -> dict[int, str]:
+    """The workers' Outcome.details together: per code, the first worker's message (one per code)."""
+    merged: dict[int, str] = {}
+    for outcome in outcomes:
+        for code, message in (getattr(outcome, "details", None) or {}).items():
+            merged.setdefault(int(code), message)
+    return merged
 
 
 async def until_stopped(sending, stop) -> bool:

@@ -69,6 +69,9 @@ def test_options_that_would_be_ignored_together_are_refused(argv, message, capsy
     assert message in capsys.readouterr().err
 
 
+TARGET = "--target '{}': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:NAME)"
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -92,6 +95,21 @@ def test_options_that_would_be_ignored_together_are_refused(argv, message, capsy
         (["--slo-p99", "fast"], "--slo-p99: invalid duration 'fast'"),
         (["--step-gap", "soon"], "--step-gap: invalid duration 'soon'"),
         (["--steps", "50,fast"], "--steps: QPS steps '50,fast': 'fast' is not a number"),
+        (["--warmup", "1e400"], "--warmup: expected a finite duration or a percentage of --step-duration; got '1e400'"),
+        (["--sizes", "fixed:x"], "--sizes: sizes 'fixed:x': expected fixed:N with N an integer >= 0; got 'x'"),
+        # A bare number is seconds: --slo-p99 50 was a 50 s objective that every step passed.
+        (["--slo-p99", "50"], "--slo-p99 '50': give a unit, e.g. 50ms or 0.05s (a bare number would be seconds)"),
+        (["--slo-p99", "0.5"], "--slo-p99 '0.5': give a unit, e.g. 0.5ms or 0.0005s"),
+        (["--hedge-after", "30", "--balancer", "wok"], "--hedge-after '30': give a unit, e.g. 30ms or 0.03s"),
+        # Without a port gRPC dialled 443; a URL doubled its scheme in --metrics-url auto's URL.
+        (["--target", "127.0.0.1"], TARGET.format("127.0.0.1")),
+        (["--target", "localhost"], TARGET.format("localhost")),
+        (["--target", "::1"], TARGET.format("::1")),
+        (["--target", "[::1]"], TARGET.format("[::1]")),
+        (["--target", "127.0.0.1:0"], TARGET.format("127.0.0.1:0")),
+        (["--target", "127.0.0.1:1,"], TARGET.format("127.0.0.1:1,")),
+        (["--target", "127.0.0.1:1,127.0.0.2"], TARGET.format("127.0.0.1:1,127.0.0.2")),
+        (["--target", "http://127.0.0.1:8001"], TARGET.format("http://127.0.0.1:8001") + " (no URL scheme"),
     ],
 )
 def test_ramp_options_are_refused_before_anything_connects_naming_the_option(
@@ -114,6 +132,85 @@ def test_ramp_options_are_refused_before_anything_connects_naming_the_option(
     status, _, err = wok_cli("bench", "ramp", "--target", "127.0.0.1:1", "--metrics-url", "none",
                              "--step-duration", "1s", *argv)  # fmt: skip
     assert status == 2 and err.startswith("wok bench: ") and message.format(**names) in err, err
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "127.0.0.1:8001",
+        "localhost:8001",
+        "[::1]:8001",
+        "127.0.0.1:1,127.0.0.1:2",
+        "a.example:1, [::1]:2",
+        "dns:///wok-headless.wok.svc.cluster.local:8001",
+        "dns:wok:8001",
+        "ipv4:127.0.0.1:1,127.0.0.1:2",
+        "unix:/run/wok.sock",
+    ],
+)
+def test_every_target_the_clients_read_is_accepted(target):
+    from wok.bench.cli import _check_target
+
+    assert _check_target(target) == target
+
+
+def _ramp_config(monkeypatch, wok_cli, *argv: str):
+    """The RampConfig `wok bench ramp ARGV` would run (the ramp itself not run)."""
+    from wok.bench import runner
+
+    got = []
+
+    class Ramp:
+        def __init__(self, cfg):
+            got.append(cfg)
+
+        def run(self):
+            raise KeyboardInterrupt  # nothing measured: exit 130
+
+    monkeypatch.setattr(runner, "Ramp", Ramp)
+    status, _, err = wok_cli("bench", "ramp", "--target", "127.0.0.1:1", "--metrics-url", "none", *argv)
+    assert status == 130 and len(got) == 1, err
+    return got[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "warmup_s"),
+    [
+        ([], 0.3),
+        (["--warmup", "10%"], 0.3),
+        (["--warmup", "50 %"], 1.5),
+        (["--warmup", "0.5s"], 0.5),
+        (["--warmup", "0"], 0),
+    ],
+)
+def test_warmup_takes_a_share_of_the_step_as_its_help_says(argv, warmup_s, monkeypatch, wok_cli):
+    """The help said "(default 10%, ≤30 s)", and --warmup 10% was refused as an invalid duration."""
+    cfg = _ramp_config(monkeypatch, wok_cli, "--step-duration", "3s", *argv)
+    assert cfg.warmup_s == pytest.approx(warmup_s)
+
+
+def test_latencies_with_a_unit_are_taken(monkeypatch, wok_cli):
+    cfg = _ramp_config(monkeypatch, wok_cli, "--step-duration", "1s", "--slo-p99", "0.05s", "--balancer", "wok",
+                       "--hedge-after", "30ms")  # fmt: skip
+    assert (cfg.slo_p99_ms, cfg.hedge_after) == (pytest.approx(50.0), pytest.approx(0.03))
+
+
+def test_every_ramp_option_says_its_default():
+    """--model, --steps, --arrival, --sizes, --metrics-url, --stop-factor, --refine and --knee-threshold
+    did not say theirs, and --seed had no help at all."""
+    import argparse
+
+    from wok.bench.cli import add_parser
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_parser(sub)
+    ramp = next(a for a in sub.choices["bench"]._actions if isinstance(a, argparse._SubParsersAction)).choices["ramp"]
+    formatter = ramp._get_formatter()
+    named = ["--model", "--steps", "--arrival", "--sizes", "--metrics-url", "--stop-factor", "--refine"]
+    named += ["--knee-threshold", "--seed", "--step-gap", "--step-duration", "--warmup", "--slo-p99", "--timeout"]
+    helps = {a.option_strings[0]: formatter._expand_help(a) for a in ramp._actions if a.option_strings and a.help}
+    assert [o for o in named if "default" not in helps.get(o, "")] == []
+    assert "(default 0)" in helps["--seed"] and "(default 0: none)" in helps["--refine"]
 
 
 def test_a_bursts_progress_line_says_the_rate_it_offers(server_process, tmp_path, wok_cli):

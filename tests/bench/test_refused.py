@@ -1,0 +1,134 @@
+"""Requests the server refuses: its message reaches the operator, and a ramp of malformed requests
+fails (exit 2) instead of passing as a server that answered nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import grpc
+import numpy as np
+
+from wok.bench import analysis, report
+from wok.bench.workers import Outcome, Share, _run_share, merge_details
+
+ROWS_40 = "input 'INPUT0': 40 rows exceed max_batch_size 32 of model 'mlp'"
+INVALID, NOT_FOUND, UNAVAILABLE = (c.value[0] for c in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                                                        grpc.StatusCode.UNAVAILABLE))  # fmt: skip
+
+
+def _ramp(target: str, out, *extra: str) -> list[str]:
+    argv = ["bench", "ramp", "--target", target, "--steps", "20,40", "--step-duration", "0.5s", "--warmup", "0.1s"]
+    return [*argv, "--workers", "1", "--metrics-url", "none", "--json", str(out), *extra]
+
+
+def test_a_step_refused_as_malformed_ends_the_ramp_with_exit_2_and_the_servers_message(bench_server, tmp_path, wok_cli):
+    """`--rows 40` above mlp's max batch of 32: every request INVALID_ARGUMENT. The ramp exited 0,
+    ran its higher steps, and said only "0.0% ok" and an error count, never the server's words."""
+    out = tmp_path / "r.json"
+    status, stdout, err = wok_cli(*_ramp(bench_server.target, out, "--model", "mlp", "--rows", "40"))
+    assert status == 2, err
+    (step,) = json.loads(out.read_text())["steps"]  # stopped after the first step
+    n = step["errors"]["INVALID_ARGUMENT"]
+    assert (step["ok"], step["errors"], step["error_details"]) == (
+        0,
+        {"INVALID_ARGUMENT": n},
+        {"INVALID_ARGUMENT": ROWS_40},
+    )
+    assert f"step 1/2: {n} × INVALID_ARGUMENT: {ROWS_40}\n" in err
+    assert f"\nerrors: {n} × INVALID_ARGUMENT: {ROWS_40}\n" in stdout
+    assert err.endswith(
+        f"wok bench: the server refused every request at 20 QPS as a bad request (INVALID_ARGUMENT: {ROWS_40}); "
+        "check --model, --rows, --sizes and --int-high against the model\n"
+    )
+
+
+def test_some_requests_refused_show_the_message_and_do_not_fail_the_run(bench_server, tmp_path, wok_cli):
+    """recsys's table holds 20000 rows here: one id drawn below 25000 is past it one time in five."""
+    out = tmp_path / "r.json"
+    argv = _ramp(bench_server.target, out, "--model", "recsys", "--sizes", "fixed:1", "--int-high", "25000")
+    status, _, err = wok_cli(*argv, "--stop-factor", "inf")
+    assert status == 0, err
+    steps = json.loads(out.read_text())["steps"]
+    assert len(steps) == 2 and all(s["ok"] for s in steps)
+    refused = [s for s in steps if s["errors"]]
+    assert refused, "no id drawn past the table in either step"
+    for s in refused:
+        assert list(s["error_details"]) == ["INVALID_ARGUMENT"]
+        assert s["error_details"]["INVALID_ARGUMENT"].startswith("input 'ids': ids must be in [0, 20000)")
+
+
+class _Refusing:
+    """A unary call that fails with the code and message its payload names."""
+
+    def __init__(self, answers: dict[bytes, tuple[grpc.StatusCode, str]]) -> None:
+        self.answers = answers
+
+    def __call__(self, payload: bytes, timeout=None, metadata=None):
+        async def call():
+            code, message = self.answers[payload]
+            if code != grpc.StatusCode.OK:
+                raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=message)
+
+        return call()
+
+
+async def test_a_worker_keeps_the_first_message_of_each_code():
+    pool = [b"ok", b"bad-a", b"bad-b", b"gone", b"boom"]
+    call = _Refusing(
+        {
+            b"ok": (grpc.StatusCode.OK, ""),
+            b"bad-a": (grpc.StatusCode.INVALID_ARGUMENT, "first\n  message"),
+            b"bad-b": (grpc.StatusCode.INVALID_ARGUMENT, "second message"),
+            b"gone": (grpc.StatusCode.NOT_FOUND, "x" * 500),
+            b"boom": (grpc.StatusCode.UNAVAILABLE, ""),
+        }
+    )
+    which = np.array([0, 1, 2, 3, 4, 1])
+    share = Share(time.monotonic(), np.arange(len(which)) * 1e-3, which, 5.0)
+    outcome = await _run_share(call, pool, share)
+    assert outcome.codes.tolist() == [0, INVALID, INVALID, NOT_FOUND, UNAVAILABLE, INVALID]
+    assert outcome.details == {INVALID: "first message", NOT_FOUND: "x" * 299 + "…", UNAVAILABLE: ""}
+
+
+def test_the_coordinator_keeps_one_message_per_code_the_first_workers():
+    def outcome(details):
+        empty = np.empty(0)
+        return Outcome(empty, empty, empty.astype(np.int16), np.empty((0, 2)), details=details)
+
+    merged = merge_details([outcome({INVALID: "a"}), outcome({INVALID: "b", NOT_FOUND: "c"}), outcome({})])
+    assert merged == {INVALID: "a", NOT_FOUND: "c"}
+
+
+def _step(codes: list[str], details: dict[str, str] | None) -> dict:
+    n = len(codes)
+    done = np.arange(n, dtype=float) * 0.01
+    return analysis.step_result(
+        offered_qps=n,
+        duration_s=1.0,
+        intended_s=done,
+        sent_s=done,
+        done_s=done,
+        codes=np.array(codes),
+        error_details=details,
+    )
+
+
+def test_a_step_is_refused_as_malformed_only_when_every_request_got_a_bad_request_code():
+    details = {"INVALID_ARGUMENT": "too many rows", "NOT_FOUND": "no such model", "UNAVAILABLE": "warm-up only"}
+    step = _step(["INVALID_ARGUMENT", "NOT_FOUND"], details)
+    # Only the codes the step counts: the one seen in the warm-up alone is left out.
+    assert step["error_details"] == {"INVALID_ARGUMENT": "too many rows", "NOT_FOUND": "no such model"}
+    assert analysis.refused_as_bad(step) == "INVALID_ARGUMENT: too many rows; NOT_FOUND: no such model"
+    assert analysis.refused_as_bad(_step(["INVALID_ARGUMENT"], {})) == "INVALID_ARGUMENT"
+    assert analysis.refused_as_bad(_step(["INVALID_ARGUMENT", "OK"], details)) is None
+    assert analysis.refused_as_bad(_step(["INVALID_ARGUMENT", "UNAVAILABLE"], details)) is None
+    assert analysis.refused_as_bad(_step(["UNAVAILABLE"], details)) is None
+    # wok simulate's steps have no messages, and no key for them.
+    assert "error_details" not in _step(["RESOURCE_EXHAUSTED"], None)
+
+
+def test_the_table_prints_each_codes_message_under_it(capsys):
+    steps = [_step(["OK", "INVALID_ARGUMENT"], {"INVALID_ARGUMENT": "too many rows"}), _step(["INVALID_ARGUMENT"], {})]
+    report.print_table({"steps": steps, "slo_p99_ms": 200.0, "max_qps_under_slo": None, "knee_qps": None})
+    assert capsys.readouterr().out.endswith("\nerrors: 2 × INVALID_ARGUMENT: too many rows\n")
