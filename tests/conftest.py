@@ -27,6 +27,13 @@ READY = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
 SMALL_DEMO = ["--demo-option", "recsys.num_embeddings=20000"]
 SMALL_DEMO_OPTIONS = {"recsys": {"num_embeddings": 20000}}
 
+# A shell without job control (`pytest ... &` in a script, `bash -c '... &'`) starts pytest with
+# SIGINT ignored, and an ignored signal stays ignored across exec: the `wok bench` children that
+# tests interrupt with SIGINT would never see it. A handler (Python's own here) is reset to the
+# default at exec, so the children get Ctrl-C as a user's shell gives it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @dataclass
 class ServerProcess:
