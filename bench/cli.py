@@ -143,7 +143,7 @@ def add_parser(sub) -> None:
     faults.add_arguments(p)
     soak.add_arguments(p)
     _negative_values(p)
-    p.set_defaults(run=run)
+    p.set_defaults(run=_quiet_when_stdout_closes(run))
     add_merge_parser(bsub)
 
 
@@ -178,7 +178,7 @@ def add_merge_parser(bsub) -> None:
     p.add_argument("results", nargs="+", type=Path, help="the parts' --json files")
     _add_outputs(p)
     _negative_values(p)
-    p.set_defaults(run=run_merge)
+    p.set_defaults(run=_quiet_when_stdout_closes(run_merge))
 
 
 def run_merge(args) -> int:
@@ -302,8 +302,59 @@ def _result_outputs(args) -> list:
 def _write_outputs(result: dict, args) -> None:
     from . import report
 
-    report.print_table(result)
-    _write_or_raise(result, _result_outputs(args))
+    _show_after(lambda: _write_or_raise(result, _result_outputs(args)), lambda: report.print_table(result))
+
+
+def _show_after(write, show):
+    """`write()`, then `show()` (the table on stdout); `write`'s value. The files come first: a reader
+    that closes stdout early (`| head`) ends the command at the table, and must not cost them. An
+    option's error (ValueError) in `write` still shows the table first, as the figures are there."""
+    try:
+        written = write()
+    except ValueError:
+        show()
+        raise
+    show()
+    return written
+
+
+def _quiet_when_stdout_closes(run):
+    """`run(args)` that ends quietly, status 1 as rich's console does (report.print_table), when stdout
+    is closed under it (`wok … | head`): no BrokenPipeError traceback, nor Python's complaint at exit
+    about a stdout it cannot flush. A broken pipe to anything else (a worker) is raised as before."""
+    import functools
+
+    @functools.wraps(run)
+    def wrapped(args) -> int:
+        try:
+            status = run(args)
+            sys.stdout.flush()  # here, not at exit, where a closed pipe is found past every handler
+            return status
+        except BrokenPipeError:
+            if not _stdout_closed():
+                raise
+            # Python flushes stdout again at exit: point it at /dev/null so that finds nothing to say.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            return 1
+
+    return wrapped
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader is gone: poll says POLLERR or POLLHUP."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture): not what broke
+        return False
+    if not hasattr(select, "poll"):  # Windows: the pipe broken is most likely stdout's
+        return True
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
 
 
 def _write_or_raise(result: dict, outputs) -> None:
@@ -334,7 +385,7 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     _add_outputs(p)
     _negative_values(p)
-    p.set_defaults(run=run_simulate)
+    p.set_defaults(run=_quiet_when_stdout_closes(run_simulate))
 
 
 def run_simulate(args) -> int:
@@ -360,7 +411,7 @@ def run_simulate(args) -> int:
         alpha_s=alpha,
         beta_s=beta,
         max_batch_size=args.max_batch_size,
-        max_queue_delay_s=seconds("--max-queue-delay"),
+        max_queue_delay_s=_latency(args, "--max-queue-delay"),
         instances=args.instances,
         max_queue_size=args.max_queue_size,
     )
@@ -370,7 +421,7 @@ def run_simulate(args) -> int:
         step_duration_s=duration,
         warmup_s=warmup,
         arrival=args.arrival,
-        slo_p99_ms=1e3 * seconds("--slo-p99", positive=True),
+        slo_p99_ms=1e3 * _latency(args, "--slo-p99", positive=True),
         seed=args.seed,
     )
     result = simulate_ramp(cfg)
@@ -606,9 +657,16 @@ def _check_target(text: str) -> str:
     return text
 
 
+def _latency(args, option: str, positive: bool = False) -> float:
+    """A latency option of `args` in seconds (`_seconds`), its unit required (`_with_unit`)."""
+    _with_unit(option, getattr(args, option.removeprefix("--").replace("-", "_")))
+    return _seconds(args, option, positive)
+
+
 def _batch_time(args) -> tuple[float, float]:
-    """(α, β) from --alpha and --beta, each refused in its option's name (the model's is alpha_s)."""
-    alpha, beta = _seconds(args, "--alpha"), _seconds(args, "--beta")
+    """(α, β) from --alpha and --beta, each refused in its option's name (the model's is alpha_s); latencies,
+    so with a unit."""
+    alpha, beta = _latency(args, "--alpha"), _latency(args, "--beta")
     if alpha + beta == 0:
         raise ValueError("--alpha and --beta: a batch needs a time, α + β > 0; got both 0")
     return alpha, beta
@@ -728,7 +786,6 @@ def run(args) -> int:
         except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
             print(f"wok bench: {exc}", file=sys.stderr)
             return 1
-        report.print_table(result)
         outputs = _result_outputs(args)
         if "faults" in result:
 
@@ -736,7 +793,7 @@ def run(args) -> int:
                 report.plot_fault_timeline(r, folder / "faults.png")
 
             outputs.append(("--plots", args.plots, faults_png))
-        if _write_or_keep("wok bench", result, outputs):
+        if _show_after(lambda: _write_or_keep("wok bench", result, outputs), lambda: report.print_table(result)):
             return 1
         soak.print_soak(result)
         _print_host_probe(result.get("host_probe"))
@@ -830,7 +887,7 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--json", type=Path, help="write the result (schema wok.profile/1) here")
     p.add_argument("--plot", type=Path, help="write the roofline and T(n) plot (PNG) here")
     _negative_values(p)
-    p.set_defaults(run=run_profile)
+    p.set_defaults(run=_quiet_when_stdout_closes(run_profile))
 
 
 def run_profile(args) -> int:
@@ -882,9 +939,9 @@ def run_profile(args) -> int:
             progress=lambda k: bar.advance(task, k),
             source="demo" if args.model_repository is None else str(args.model_repository),
         )
-    profiler.print_table(result)
     outputs = [("--json", args.json, report.write_json), ("--plot", args.plot, profiler.plot_profile)]
-    return 1 if _write_or_keep("wok profile", result, outputs) else 0
+    failed = _show_after(lambda: _write_or_keep("wok profile", result, outputs), lambda: profiler.print_table(result))
+    return 1 if failed else 0
 
 
 def add_plan_parser(sub) -> None:
@@ -925,7 +982,7 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--markdown", type=Path, help="write the plan as markdown here")
     p.add_argument("--manifests", type=Path, help="write the Kubernetes manifests into this folder")
     _negative_values(p)
-    p.set_defaults(run=run_plan)
+    p.set_defaults(run=_quiet_when_stdout_closes(run_plan))
 
 
 # What the planner's inputs are called on this command line: its range errors start with them.
@@ -991,15 +1048,17 @@ def run_plan(args) -> int:
         autoscaling=autoscaling,
         names=PLAN_OPTIONS,
     )
-    if args.manifests:
-        with _writing("--manifests", args.manifests):
-            plan.write_manifests(result, args.manifests)
-    plan.print_table(result)
 
     def markdown(r: dict, path: Path) -> None:
         path.write_text(plan.to_markdown(r), encoding="utf-8")
 
-    _write_or_raise(result, [("--json", args.json, plan.write_json), ("--markdown", args.markdown, markdown)])
+    def write() -> None:
+        if args.manifests:
+            with _writing("--manifests", args.manifests):
+                plan.write_manifests(result, args.manifests)
+        _write_or_raise(result, [("--json", args.json, plan.write_json), ("--markdown", args.markdown, markdown)])
+
+    _show_after(write, lambda: plan.print_table(result))
     return 0
 
 
@@ -1048,7 +1107,7 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--write-config", type=Path, help="write the chosen max_batch_size and [dynamic_batching] here")
     p.add_argument("--json", type=Path, help="write the result (schema wok.tune/2) here")
     _negative_values(p)
-    p.set_defaults(run=run_tune)
+    p.set_defaults(run=_quiet_when_stdout_closes(run_tune))
 
 
 def run_tune(args) -> int:
@@ -1087,7 +1146,11 @@ def run_tune(args) -> int:
             raise ValueError(f"{what} {spec!r}: expected whole numbers like 4,8,16") from None
 
     sizes = ints(args.max_batch_sizes, "--max-batch-sizes")
-    delays = [_named("--delays", parse_duration, x.strip()) for x in args.delays.split(",") if x.strip()]
+    delays = [
+        _named("--delays", parse_duration, _with_unit("--delays", x.strip()))
+        for x in args.delays.split(",")
+        if x.strip()
+    ]
     if not all(math.isfinite(d) for d in delays):  # else refused only after simulating the others
         raise ValueError(f"--delays: expected finite durations; got {args.delays!r}")
     default = None
@@ -1099,20 +1162,28 @@ def run_tune(args) -> int:
             default = (ints(n, "--default")[0], parse_duration(d.strip()))
         except (ValueError, IndexError):
             default = None
+        if default is not None:
+            _with_unit("--default", d)  # a queue delay, as --delays
         if default is None or default[0] < 1 or not math.isfinite(default[1]):
             raise ValueError(
                 f"--default {args.default!r}: expected MAX_BATCH_SIZE ≥ 1 and a finite DELAY ≥ 0, like 32,5ms, or none"
             )
-    if args.instances < 1 or args.iterations < 0 or not 0 <= args.tie < 1:
-        raise ValueError("--instances must be ≥ 1, --iterations ≥ 0 and --tie in [0, 1)")
+    if args.instances < 1:
+        raise ValueError(f"--instances: expected an integer ≥ 1; got {args.instances}")
+    if args.iterations < 0:
+        raise ValueError(f"--iterations: expected an integer ≥ 0; got {args.iterations}")
+    if not 0 <= args.tie < 1:  # NaN too
+        raise ValueError(f"--tie: expected a number in [0, 1); got {args.tie:g}")
     if args.overhead_samples and args.overhead is not None:
         # The samples would replace the constant, not add to it: the run would not be what was asked.
         raise ValueError("--overhead with --overhead-samples: give one (the constant, or the measured samples)")
     if args.overhead_samples:
         overhead = load_overhead(args.overhead_samples)
     else:
-        constant = 0.0 if args.overhead is None else _seconds(args, "--overhead")
+        constant = 0.0 if args.overhead is None else _latency(args, "--overhead")
         overhead = (constant,) if constant > 0 else ()
+    if args.per_request_cpu is not None:
+        _with_unit("--per-request-cpu", args.per_request_cpu)
     cpu = tune_cpu_stage(args.cpu_calibration, args.per_request_cpu, args.cores)
     if args.batch_times == "samples" and cpu is not None and cpu.batch_alpha_s is not None:
         # The calibration's batch time replaces the profile's, fit and samples alike (docs/tune.md):
@@ -1128,7 +1199,7 @@ def run_tune(args) -> int:
         overhead_at = overhead_by_rate(read_json(args.cpu_calibration, "CPU calibration"), cpu)
     _arrivals("--arrival", args.arrival, 1.0, 1.0)  # a bad spec fails here, before any simulation
     search = SearchConfig(
-        slo_p99_ms=1e3 * _seconds(args, "--slo-p99", positive=True),
+        slo_p99_ms=1e3 * _latency(args, "--slo-p99", positive=True),
         arrival=args.arrival,
         duration_s=_seconds(args, "--sim-duration", positive=True),
         warmup_s=_seconds(args, "--sim-warmup"),
@@ -1159,13 +1230,12 @@ def run_tune(args) -> int:
         overhead_at=overhead_at,
         names=names,
     )
-    print_table(result)
     config = args.write_config if result["config_toml"] is not None else None
     outputs = [
         ("--json", args.json, report.write_json),
         ("--write-config", config, lambda r, path: path.write_text(r["config_toml"])),
     ]
-    if _write_or_keep("wok tune", result, outputs):
+    if _show_after(lambda: _write_or_keep("wok tune", result, outputs), lambda: print_table(result)):
         return 1
     if args.write_config and result["config_toml"] is None:
         print("wok tune: no setting meets the SLO; no config written", file=sys.stderr)

@@ -6,6 +6,8 @@ holds its share of every step. `merge_results` adds them step by step, by the in
 step in each ramp (refinement steps are left out: each process bisected on its own):
 
 * counts add: offered, nominal and achieved QPS, requests, ok, errors by code, late sends;
+* the server's message per error code (`error_details`, when a part has one): per code, the first
+  part's that has one, in the order the parts are given;
 * latency percentiles come from the sum of the parts' histograms (`latency_histogram`,
   bench/histogram.py), never from averaging percentiles: the merged histogram is exactly
   the one a single process would have built from all the requests, so the percentiles are
@@ -134,6 +136,14 @@ def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
         step["server_timing"] = merge_server_timing(timing, label)
     if all("nominal_qps" in s for s in steps):
         step["nominal_qps"] = math.fsum(float(s["nominal_qps"]) for s in steps)
+    if any("error_details" in s for s in steps):
+        # Per code of the merged errors, the first part's message: one per code, as a process keeps.
+        details: dict[str, str] = {}
+        for s in steps:
+            for code, message in (s.get("error_details") or {}).items():
+                if code in step["errors"]:
+                    details.setdefault(code, message)
+        step["error_details"] = dict(sorted(details.items()))
     if all("start_late_s" in s for s in steps):
         # The latest part's: until it started, the step had only the others' share of the load.
         step["start_late_s"] = max(float(s["start_late_s"]) for s in steps)

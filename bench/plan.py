@@ -19,6 +19,7 @@ ValueError on bad input; only the CLI exits.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import re
@@ -63,6 +64,31 @@ def _needed(d: dict, key: str, where: str):
     return d[key]
 
 
+def json_kind(value) -> str:
+    """How a refusal names a JSON value that is not the kind expected: 'a list', 'a string ('x')', '1'
+    (`wok plan`'s and `wok tune`'s files alike)."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"a string ({value!r})" if len(value) <= 40 else "a string"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _object(value, where: str, *, optional: bool = False) -> dict:
+    """`value` if it is a JSON object (or, `optional`, {} for a missing one), else a ValueError naming `where`."""
+    if value is None and optional:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected an object; got {json_kind(value)}")
+    return value
+
+
 def _named(names: Mapping[str, str] | None, key: str) -> str:
     """'NAME: ' when the caller names input `key` (a CLI option, a file's field), else ''.
 
@@ -77,6 +103,8 @@ def exact(value, what: str) -> Fraction:
     """The exact value of a decimal number given as text, int, Decimal or Fraction (never a float)."""
     if isinstance(value, Fraction):
         return value
+    if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN, Infinity
+        raise ValueError(f"{what}: expected a finite number; got {value!r}")
     if isinstance(value, (bool, float)):
         raise ValueError(f"{what}: {value!r} must be decimal text, not a binary float")
     if isinstance(value, int):
@@ -90,7 +118,7 @@ def exact(value, what: str) -> Fraction:
         except InvalidOperation:
             raise ValueError(f"{what}: {value!r} is not a number") from None
     if not d.is_finite():
-        raise ValueError(f"{what}: {value!r} is not a finite number")
+        raise ValueError(f"{what}: expected a finite number; got {value!r}")
     return _in_float_range(Fraction(d), what, value)
 
 
@@ -147,6 +175,21 @@ def _num(x: Fraction) -> float | int:
     return x.numerator if x.denominator == 1 else float(x)
 
 
+def _many(count, word: str) -> str:
+    """'1 GPU', '2 GPUs', '0 GPUs': a count with its noun, singular for exactly one."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+# A step's unit (plural, as the JSON has it) for a value of exactly 1, in the views.
+_SINGULAR = {"GPUs": "GPU", "replicas": "replica"}
+
+
+def _value_unit(step: dict) -> str:
+    """A step's value and unit as the views show it: '10 GPUs', '1 GPU'."""
+    unit = _SINGULAR.get(step["unit"], step["unit"]) if step["value"] == 1 else step["unit"]
+    return f"{_f(step['value'])} {unit}"
+
+
 def _exact_str(x: Fraction) -> str:
     return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"
 
@@ -179,51 +222,54 @@ class Burst:
         return 2.0 * float(self.sigma_s) * math.sqrt(2.0 * math.log(self.amplitude_qps / (level_qps - self.base_qps)))
 
 
-def parse_burst(spec: str) -> Burst:
-    """'base=1000,amplitude=4000,sigma=30s'; amplitude may be a multiple of the base ('4x'); sigma is optional."""
+def parse_burst(spec: str, option: str = "--burst") -> Burst:
+    """'base=1000,amplitude=4000,sigma=30s'; amplitude may be a multiple of the base ('4x'); sigma is optional.
+    Refusals start with `option` (the caller's name for the spec) and the spec."""
     opts: dict[str, str] = {}
+    where = f"{option} {spec!r}"
     for item in spec.split(","):
         key, eq, value = (x.strip() for x in item.partition("="))
         if not eq or not key or not value:
-            raise ValueError(f"burst {spec!r}: expected key=value items like base=1000,amplitude=4000,sigma=30s")
+            raise ValueError(f"{where}: expected key=value items like base=1000,amplitude=4000,sigma=30s")
         if key not in ("base", "amplitude", "sigma", "t0"):
-            raise ValueError(f"burst {spec!r}: unknown option {key!r}; expected base, amplitude, sigma")
+            raise ValueError(f"{where}: unknown option {key!r}; expected base, amplitude, sigma")
         if key in opts:
-            raise ValueError(f"burst {spec!r}: option {key!r} given twice")
+            raise ValueError(f"{where}: option {key!r} given twice")
         opts[key] = value
     for key in ("base", "amplitude"):
         if key not in opts:
-            raise ValueError(f"burst {spec!r}: {key}= is required")
-    base = exact(opts["base"], f"burst {spec!r}: base")
+            raise ValueError(f"{where}: {key}= is required")
+    base = exact(opts["base"], f"{where}: base")
     amp_text = opts["amplitude"]
     if amp_text.lower().endswith("x"):
-        amplitude = exact(amp_text[:-1], f"burst {spec!r}: amplitude") * base
+        amplitude = exact(amp_text[:-1], f"{where}: amplitude") * base
     else:
-        amplitude = exact(amp_text, f"burst {spec!r}: amplitude")
+        amplitude = exact(amp_text, f"{where}: amplitude")
     if base < 0 or amplitude < 0:
-        got = f"got {float(base):g} and {float(amplitude):g}"
-        raise ValueError(f"burst {spec!r}: base and amplitude must be >= 0, {got}")
+        got = f"got {decimal_text(base)} and {decimal_text(amplitude)}"
+        raise ValueError(f"{where}: expected a base and an amplitude >= 0; {got}")
     sigma = None
     if "sigma" in opts:
-        sigma = exact_duration(opts["sigma"], f"burst {spec!r}: sigma")
+        sigma = exact_duration(opts["sigma"], f"{where}: sigma")
         if sigma <= 0:
-            raise ValueError(f"burst {spec!r}: sigma must be > 0 s, got {float(sigma):g} s")
+            raise ValueError(f"{where}: expected a sigma > 0 s; got {decimal_text(sigma)} s")
     if base + amplitude <= 0:
-        raise ValueError(f"burst {spec!r}: the peak base + amplitude must be > 0")
+        raise ValueError(f"{where}: expected a peak base + amplitude > 0; got 0")
     return Burst(base, amplitude, sigma)
 
 
 _TEAM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
-def parse_team(spec: str) -> tuple[str, Fraction]:
-    """'search=3000': a team name and its peak QPS."""
+def parse_team(spec: str, option: str = "--team") -> tuple[str, Fraction]:
+    """'search=3000': a team name and its peak QPS. Refusals start with `option` and the spec."""
     name, eq, value = (x.strip() for x in spec.partition("="))
+    where = f"{option} {spec!r}"
     if not eq or not _TEAM.fullmatch(name):
-        raise ValueError(f"team {spec!r}: expected NAME=PEAK_QPS like search=3000")
-    qps = exact(value, f"team {name}: peak QPS")
+        raise ValueError(f"{where}: expected NAME=PEAK_QPS like search=3000")
+    qps = exact(value, f"{where}: peak QPS")
     if qps <= 0:
-        raise ValueError(f"team {name}: peak QPS must be > 0; got {value}")
+        raise ValueError(f"{where}: expected a peak QPS > 0; got {value}")
     return name, qps
 
 
@@ -241,6 +287,8 @@ class BatchTime:
     step_qps: Fraction | None = None
     achieved_qps: Fraction | None = None
     stages_ms: dict[str, Fraction] = field(default_factory=dict)
+    # The α given when it was below 0 and taken as 0 (`alpha_s`), as `wok tune` takes it.
+    given_alpha_s: Fraction | None = None
 
 
 def _check_batch(t: Fraction, n: Fraction, names: Mapping[str, str] | None) -> None:
@@ -261,51 +309,60 @@ def batch_from_alpha_beta(
 ) -> BatchTime:
     """T_batch = α + β·n, the linear batch-time model `wok profile` fits.
 
-    A least-squares α may come out slightly negative; that is allowed as long as T_batch > 0
-    (the plan warns), but β, the time per row, must be >= 0. `names` ("beta_s", "t_batch_s"
-    for α + β·n, "batch_size") are the caller's for the inputs, for the errors.
+    β, the time per row, must be >= 0. A least-squares α may come out below 0 (noise at small
+    batches): it is taken as 0, T_batch = β·n, as `wok tune` takes it (its simulator needs α >= 0;
+    one profile, one T(n)), and the plan warns. `names` ("beta_s", "t_batch_s" for α + β·n,
+    "batch_size") are the caller's for the inputs, for the errors.
     """
     if beta_s < 0:
         raise ValueError(f"{_named(names, 'beta_s')}β must be >= 0; got β={decimal_text(beta_s)} s")
+    given = alpha_s if alpha_s < 0 else None
+    alpha_s = max(alpha_s, Fraction(0))
     t = alpha_s + beta_s * batch_size
     _check_batch(t, batch_size, names)
-    return BatchTime(t, batch_size, "profile" if detail else "alpha_beta", detail, alpha_s, beta_s)
+    source = "profile" if detail else "alpha_beta"
+    return BatchTime(t, batch_size, source, detail, alpha_s, beta_s, given_alpha_s=given)
 
 
 def _load_json(path: Path, what: str) -> dict:
+    """The JSON object in `path`; refusals start with `what` (the option that named the file) and the path."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"{what} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} {path}: expected JSON (UTF-8 text); got {exc}") from None
     try:
         # Decimal keeps the numbers as written, so the arithmetic on them stays exact.
         doc = json.loads(text, parse_float=Decimal)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{what} {path}: not JSON ({exc})") from None
+        raise ValueError(f"{what} {path}: expected JSON; got {exc}") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"{what} {path}: expected a JSON object")
+        raise ValueError(f"{what} {path}: expected a JSON object; got {json_kind(doc)}")
     return doc
 
 
 def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, str] | None = None) -> BatchTime:
     """α and β from a `wok profile --json` document (schema wok.profile/1: `fit.alpha_s`, `fit.beta_s`).
 
-    `names` may name "batch_size" for the errors; α and β are named by the file and field.
+    `names` may name "batch_size" for the errors, and "profile", the file (default --profile); α and β
+    are named by the file and field.
     """
-    doc = _load_json(path, "profile")
+    option = (names or {}).get("profile", "--profile")
+    doc = _load_json(path, option)
     schema = doc.get("schema")
     if not (isinstance(schema, str) and schema.startswith("wok.profile/")):
-        raise ValueError(f"profile {path}: schema is {schema!r}, expected 'wok.profile/1'")
+        raise ValueError(f"{option} {path}: schema is {schema!r}, expected 'wok.profile/1'")
     if schema != "wok.profile/1":
-        raise ValueError(f"profile {path}: schema {schema!r} is newer than the wok.profile/1 this planner reads")
+        raise ValueError(f"{option} {path}: schema {schema!r} is newer than the wok.profile/1 this planner reads")
     fit = doc.get("fit")
     if not isinstance(fit, dict) or fit.get("alpha_s") is None or fit.get("beta_s") is None:
-        raise ValueError(f"profile {path}: no fit.alpha_s and fit.beta_s")
-    alpha = exact(fit["alpha_s"], f"profile {path}: fit.alpha_s")
-    beta = exact(fit["beta_s"], f"profile {path}: fit.beta_s")
+        raise ValueError(f"{option} {path}: no fit.alpha_s and fit.beta_s")
+    alpha = exact(fit["alpha_s"], f"{option} {path}: fit.alpha_s")
+    beta = exact(fit["beta_s"], f"{option} {path}: fit.beta_s")
     model = doc.get("model")
     limit = model.get("max_batch_size") if isinstance(model, dict) else None
-    if limit is not None and batch_size > exact(limit, f"profile {path}: model.max_batch_size"):
+    if limit is not None and batch_size > exact(limit, f"{option} {path}: model.max_batch_size"):
         # T(n) there is an extrapolation to batches the server never forms (wok profile refuses them too).
         raise ValueError(
             f"--batch-size {decimal_text(batch_size)} exceeds the profiled model's max_batch_size ({limit}): "
@@ -313,12 +370,15 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
         )
     detail = {"path": str(path), "model": model.get("name") if isinstance(model, dict) else model}
     if fit.get("r2") is not None:
-        detail["r2"] = float(fit["r2"])
-    fields = {"beta_s": f"profile {path}: fit.beta_s", "t_batch_s": f"profile {path}: fit.alpha_s + fit.beta_s × n"}
+        try:
+            detail["r2"] = float(fit["r2"])
+        except (TypeError, ValueError):
+            raise ValueError(f"{option} {path}: fit.r2: expected a number; got {json_kind(fit['r2'])}") from None
+    fields = {"beta_s": f"{option} {path}: fit.beta_s", "t_batch_s": f"{option} {path}: fit.alpha_s + fit.beta_s × n"}
     return batch_from_alpha_beta(alpha, beta, batch_size, names={**(names or {}), **fields}, **detail)
 
 
-def batch_from_ramp(path: Path) -> BatchTime:
+def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> BatchTime:
     """T_batch and n from the step of a `wok bench ramp` result at its max QPS under the SLO.
 
     n is the server's mean batch size in that step and T_batch the sum of the per-request
@@ -326,25 +386,32 @@ def batch_from_ramp(path: Path) -> BatchTime:
     histograms charge each request its batch's time, so that mean is weighted by the
     requests in each batch: when batch sizes vary and bigger batches take longer it is a
     little above the mean time per batch, which makes the plan err towards more GPUs.
+    `names` may name "from_ramp", the file, for the errors (default --from-ramp).
     """
-    doc = _load_json(path, "ramp result")
+    option = (names or {}).get("from_ramp", "--from-ramp")
+    doc = _load_json(path, option)
+    file = f"{option} {path}"
     if doc.get("schema") not in RAMP_SCHEMAS:
         expected = " or ".join(map(repr, RAMP_SCHEMAS))
-        raise ValueError(f"ramp result {path}: schema is {doc.get('schema')!r}, expected {expected}")
+        raise ValueError(f"{file}: schema is {doc.get('schema')!r}, expected {expected}")
     best = doc.get("max_qps_under_slo")
     if best is None:
-        raise ValueError(f"ramp result {path}: no step met the SLO (max_qps_under_slo is null): nothing to plan on")
-    best = exact(best, f"ramp result {path}: max_qps_under_slo")
-    offered = [
-        (s, exact(_needed(s, "offered_qps", f"ramp result {path}: a step"), "offered_qps"))
-        for s in doc.get("steps") or []
-    ]
+        raise ValueError(f"{file}: no step met the SLO (max_qps_under_slo is null): nothing to plan on")
+    best = exact(best, f"{file}: max_qps_under_slo")
+    all_steps = doc.get("steps")
+    if all_steps is not None and not isinstance(all_steps, list):
+        raise ValueError(f"{file}: steps: expected a list; got {json_kind(all_steps)}")
+    offered = []
+    for i, s in enumerate(all_steps or []):
+        at = f"{file}: steps[{i}]"
+        s = _object(s, at)
+        offered.append((s, exact(_needed(s, "offered_qps", at), f"{at}.offered_qps")))
     steps = [s for s, q in offered if q == best]
     if not steps:
-        raise ValueError(f"ramp result {path}: no step at max_qps_under_slo = {decimal_text(best)} QPS")
+        raise ValueError(f"{file}: no step at max_qps_under_slo = {decimal_text(best)} QPS")
     step = steps[0]
-    where = f"ramp result {path}, step {decimal_text(best)} QPS"
-    stages = step.get("stages_ms")
+    where = f"{file}, step {decimal_text(best)} QPS"
+    stages = _object(step.get("stages_ms"), f"{where}: stages_ms", optional=True)
     n = step.get("mean_batch_size")
     if not stages or n is None or stages.get("compute") is None:
         raise ValueError(
@@ -357,30 +424,47 @@ def batch_from_ramp(path: Path) -> BatchTime:
     # λ counts requests, so n must too: mean_batch_size counts rows, which a ramp sending
     # several rows per request (--rows, --sizes) has more of. The server's own counts over the
     # step give requests per batch; a result without them is read as rows / config.rows.
-    server = step.get("server") or {}
+    server = _object(step.get("server"), f"{where}: server", optional=True)
+    config = _object(doc.get("config"), f"{file}: config", optional=True)
     if server.get("requests") and server.get("batches"):
         requests = exact(server["requests"], f"{where}: server.requests")
         n = requests / exact(server["batches"], f"{where}: server.batches")
     else:
-        n = rows_per_batch / exact((doc.get("config") or {}).get("rows", 1), f"ramp result {path}: config.rows")
+        n = rows_per_batch / exact(config.get("rows", 1), f"{file}: config.rows")
     _check_batch(t, n, {"t_batch_s": f"{where}: stages_ms", "batch_size": where})
     achieved = exact(_needed(step, "achieved_qps", where), f"{where}: achieved_qps")
-    p99 = (step.get("latency_ms") or {}).get("p99")
-    models = (doc.get("config") or {}).get("models") or []
+    p99 = _object(step.get("latency_ms"), f"{where}: latency_ms", optional=True).get("p99")
+    if p99 is not None:
+        exact(p99, f"{where}: latency_ms.p99")  # a number, or refused here rather than by float()
+    models = config.get("models") or []
+    if not isinstance(models, list):
+        raise ValueError(f"{file}: config.models: expected a list; got {json_kind(models)}")
+    flushes = _object(step.get("flush_reasons"), f"{where}: flush_reasons", optional=True)
+    slo = exact(_needed(doc, "slo_p99_ms", file), f"{file}: slo_p99_ms")
     detail = {
         "path": str(path),
-        "model": models[0][0] if len(models) == 1 else None,
+        "model": _model_of(models, f"{file}: config.models"),
         "step_offered_qps": _num(best),
         "achieved_qps": float(achieved),
         "p99_ms": None if p99 is None else float(p99),
-        "slo_p99_ms": float(_needed(doc, "slo_p99_ms", f"ramp result {path}")),
+        "slo_p99_ms": float(slo),
         "stages_ms": {s: float(v) for s, v in parts.items()},
         "rows_per_batch": float(rows_per_batch),
         # Counts: ints, whether the ramp wrote 900 or (before 2026-12-02) 900.0.
-        "flush_reasons": {k: _count(v) for k, v in (step.get("flush_reasons") or {}).items()},
+        "flush_reasons": {k: _count(exact(v, f"{where}: flush_reasons.{k}")) for k, v in flushes.items()},
         "highest_step": all(q <= best for _, q in offered),
     }
     return BatchTime(t, n, "ramp", detail, step_qps=best, achieved_qps=achieved, stages_ms=parts)
+
+
+def _model_of(models: list, where: str) -> str | None:
+    """The one model a ramp ran (config.models: [[name, ...], ...]), or None for a mix."""
+    if len(models) != 1:
+        return None
+    first = models[0]
+    if not isinstance(first, list) or not first or not isinstance(first[0], str):
+        raise ValueError(f"{where}[0]: expected [NAME, ...]; got {json_kind(first)}")
+    return first[0]
 
 
 def _count(v) -> int | float:
@@ -530,10 +614,11 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
         )
 
     t, n, u, k = batch.t_batch_s, batch.batch_size, target_util, redundancy
-    if batch.alpha_s is not None and batch.alpha_s < 0:
+    if batch.given_alpha_s is not None:
         warnings.append(
-            f"α = {_d(batch.alpha_s)} s is negative: the linear fit T = α + β·n does not hold at small batches; "
-            f"T_batch at n = {_d(n)} is {_d(t)} s"
+            f"α = {_d(batch.given_alpha_s)} s is negative: the linear fit T = α + β·n does not hold at small "
+            f"batches; α is taken as 0 (as wok tune takes it), so T_batch at n = {_d(n)} is β·n = {_d(t)} s, "
+            f"not {_d(batch.given_alpha_s + batch.beta_s * n)} s"
         )
     steps: list[dict] = []
 
@@ -655,6 +740,8 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
         "batch_size": _num(n),
         "batch_size_exact": _exact_str(n),
         "alpha_s": None if batch.alpha_s is None else _num(batch.alpha_s),
+        # The α given, when it was below 0 and taken as 0 (alpha_s): else null.
+        "alpha_given_s": None if batch.given_alpha_s is None else _num(batch.given_alpha_s),
         "beta_s": None if batch.beta_s is None else _num(batch.beta_s),
         **({"ramp": batch.detail} if batch.source == "ramp" else {}),
         **({"profile": batch.detail} if batch.source == "profile" else {}),
@@ -759,7 +846,7 @@ def _autoscaling(
         if above is not None:
             verdict = "shorter" if above < float(a.sustain_s) else "longer"
             why_min += (
-                f". Here the burst stays above what the {base_gpus} replicas the base load needs can carry at "
+                f". Here the burst stays above what the {_many(base_gpus, 'replica')} the base load needs can carry at "
                 f"U_target ({_d(base_capacity)} QPS) for {above:.0f} s, {verdict} than the {_d(a.sustain_s)} s "
                 "the autoscaler waits before it even starts a replica"
             )
@@ -825,12 +912,12 @@ def _ramp_check(batch: BatchTime, lam: Fraction, per_replica_target: Fraction, n
             f"{decimal_text(per_replica_target, 1)} QPS per replica this plan puts on it at U_target (its "
             f"batches kept the instance only {100 * float(step_busy):.0f}% busy there): something besides "
             f"the batch time limits it (CPU, the event loop, the network), and sizing by the ramp would take "
-            f"{n_ramp} GPUs, not {n_gpu}"
+            f"{_many(n_ramp, 'GPU')}, not {n_gpu}"
         )
     if batch.detail.get("highest_step"):
         warnings.append(
             f"every step of the ramp met the SLO, so one replica can carry more than {_d(served)} QPS: "
-            f"the cross-check's {n_ramp} GPUs is an upper bound, and the step's batches may be smaller "
+            f"the cross-check's {_many(n_ramp, 'GPU')} is an upper bound, and the step's batches may be smaller "
             "than at a replica's planned load"
         )
     flushes = batch.detail.get("flush_reasons") or {}
@@ -1002,10 +1089,26 @@ def to_yaml(docs: list[dict]) -> str:
     return "---\n".join(yaml.dump(d, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True) for d in docs)
 
 
-def write_manifests(plan: dict, folder: Path) -> list[Path]:
-    """Write the manifests into `folder` (made if needed); returns the paths, and records the names in the plan."""
+def manifests_problem(folder: Path) -> str | None:
+    """'folder PARENT does not exist' when `folder` is missing and so is its parent, else None (the
+    rest, a parent that is a file, an unwritable one, is mkdir's to report). Only the last level is
+    made, as every other output of `wok` needs its folder to exist: a typo in a parent is refused
+    rather than made into a tree of folders."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    if not folder.exists() and not folder.parent.exists():
+        return f"folder {folder.parent} does not exist"
+    return None
+
+
+def write_manifests(plan: dict, folder: Path) -> list[Path]:
+    """Write the manifests into `folder`, made if missing (its parent must exist: `manifests_problem`);
+    returns the paths, and records the names in the plan."""
+    folder = Path(folder)
+    why = manifests_problem(folder)
+    if why:
+        # An OSError, as a failed write is: `wok plan` reports it as --manifests's (outputs.writing).
+        raise FileNotFoundError(errno.ENOENT, why, str(folder))
+    folder.mkdir(exist_ok=True)
     a = plan["autoscaling"]
     fmt = {
         "deployment": a["deployment"],
@@ -1081,21 +1184,20 @@ def to_markdown(plan: dict) -> str:
     r, a = plan["result"], plan["autoscaling"]
     out = [f"# Capacity plan ({plan['schema']}, {plan['created']})", ""]
     out += [
-        f"**{r['replicas']} replicas**: N = {r['gpus']} GPUs for the peak at U_target, plus k = {r['redundancy']}.",
+        f"**{_many(r['replicas'], 'replica')}**: N = {_many(r['gpus'], 'GPU')} for the peak at U_target, plus "
+        f"k = {r['redundancy']}.",
         "",
     ]
     out += ["## Inputs", "", "| input | value |", "|---|---|"]
     out += [f"| {k} | {v} |" for k, v in _input_rows(plan)]
     out += ["", "## Arithmetic", "", "| step | formula | with the numbers | = | exact |", "|---|---|---|---|---|"]
     for s in plan["steps"]:
-        out.append(
-            f"| {s['name']} | {s['formula']} | {s['substituted']} | {_f(s['value'])} {s['unit']} | {s['exact']} |"
-        )
+        out.append(f"| {s['name']} | {s['formula']} | {s['substituted']} | {_value_unit(s)} | {s['exact']} |")
     out += [
         "",
         f"One replica serves {_f(r['qps_per_replica_full'], 1)} QPS at 100% busy and "
-        f"{_f(r['qps_per_replica_at_target'], 1)} QPS at U_target. At the peak the {r['gpus']} GPUs are "
-        f"{_f(100 * r['utilization_at_peak'], 1)}% busy, all {r['replicas']} replicas "
+        f"{_f(r['qps_per_replica_at_target'], 1)} QPS at U_target. At the peak the {_many(r['gpus'], 'GPU')} are "
+        f"{_f(100 * r['utilization_at_peak'], 1)}% busy, all {_many(r['replicas'], 'replica')} "
         f"{_f(100 * r['utilization_at_peak_all_replicas'], 1)}%.",
         "",
     ]
@@ -1110,9 +1212,9 @@ def to_markdown(plan: dict) -> str:
             )
         out += [
             "",
-            f"Shared fleet: {t['shared_gpus']} GPUs + k = {t['shared_replicas']} replicas. Own pools: "
-            f"{t['own_pools_gpus']} GPUs, {t['own_pools_replicas']} replicas with k each "
-            f"(rounding costs {t['rounding_overhead_gpus']} GPU(s)). Rounding: {t['rounding']}.",
+            f"Shared fleet: {_many(t['shared_gpus'], 'GPU')} + k = {_many(t['shared_replicas'], 'replica')}. "
+            f"Own pools: {_many(t['own_pools_gpus'], 'GPU')}, {_many(t['own_pools_replicas'], 'replica')} with "
+            f"k each (rounding costs {_many(t['rounding_overhead_gpus'], 'GPU')}). Rounding: {t['rounding']}.",
             "",
         ]
     if plan["cross_check"]:
@@ -1122,7 +1224,7 @@ def to_markdown(plan: dict) -> str:
             "",
             f"The ramp's step at {_f(c['max_qps_under_slo'])} QPS kept the instance "
             f"{_f(100 * c['utilization_at_step'], 1)}% busy; sized by what one replica served within the SLO, "
-            f"the peak takes {c['replicas_at_measured_max']} GPUs.",
+            f"the peak takes {_many(c['replicas_at_measured_max'], 'GPU')}.",
             "",
         ]
     out += [
@@ -1165,7 +1267,7 @@ def print_table(plan: dict, file=None) -> None:
     for h, just in (("step", "left"), ("formula", "left"), ("with the numbers", "left"), ("=", "right")):
         steps.add_column(h, justify=just)
     for s in plan["steps"]:
-        steps.add_row(s["name"], s["formula"], s["substituted"], f"{_f(s['value'])} {s['unit']}")
+        steps.add_row(s["name"], s["formula"], s["substituted"], _value_unit(s))
     console.print(steps)
     if plan["teams"]:
         t = plan["teams"]
@@ -1177,12 +1279,13 @@ def print_table(plan: dict, file=None) -> None:
             teams.add_row(row["name"], *cells)
         console.print(teams)
         console.print(
-            f"teams: shared {t['shared_replicas']} replicas, own pools {t['own_pools_replicas']} "
-            f"(rounding overhead {t['rounding_overhead_gpus']} GPU)"
+            f"teams: shared {_many(t['shared_replicas'], 'replica')}, own pools "
+            f"{_many(t['own_pools_replicas'], 'replica')} "
+            f"(rounding overhead {_many(t['rounding_overhead_gpus'], 'GPU')})"
         )
     r, a = plan["result"], plan["autoscaling"]
     console.print(
-        f"plan: N = {r['gpus']} GPUs + k = {r['redundancy']} → {r['replicas']} replicas; autoscale "
+        f"plan: N = {_many(r['gpus'], 'GPU')} + k = {r['redundancy']} → {_many(r['replicas'], 'replica')}; autoscale "
         f"{a['min_replicas']}..{a['max_replicas']}, out above {_f(a['scale_out_above'])}, in below "
         f"{_f(a['scale_in_below'])}, sustained {_f(a['sustain_s'])} s"
     )

@@ -494,11 +494,24 @@ def _si(x: float, unit: str = "") -> str:
 
 
 def _ms(x: float) -> str:
-    return "-" if not math.isfinite(x) else f"{1e3 * x:.3f}"
+    """Seconds as ms for the table: 3 decimals from 1 ms up, 3 significant digits below (a µs-scale
+    prediction read 0.000 or 0.001 to 3 decimals), so that 0.000 only ever means 0."""
+    if not math.isfinite(x):
+        return "-"
+    ms = 1e3 * x
+    if ms == 0 or abs(ms) >= 0.9995:  # 0.9995 and up round to 1.000 at 3 decimals
+        return f"{ms:.3f}"
+    return f"{ms:#.3g}"
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
+    """A fraction as a percentage: whole from 10 % up, 2 significant digits below (1 % read '1%' whether 0.6 or 1.4)."""
+    if x is None or not math.isfinite(x):
+        return "-"
+    pct = 100 * x
+    if pct == 0 or abs(pct) >= 9.95:
+        return f"{pct:.0f}%"
+    return f"{pct:#.2g}%"
 
 
 def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:

@@ -94,6 +94,13 @@ def parse_answer(msg: bytes) -> tuple[int | None, int]:
     return index, int(p.int64_param) if p is not None and p.int64_param else UNKNOWN
 
 
+def answer_message(msg: bytes) -> str:
+    """The `error_message` of one ModelStreamInferResponse ('' for a success): what the server said."""
+    from wok.v2pb import grpc_service_pb2 as pb
+
+    return pb.ModelStreamInferResponse.FromString(msg).error_message
+
+
 async def run_share_stream(
     channel, pool: list[bytes], share, metadata=None, streams: int = 4, stop=None, first_slot: int = 0
 ):
@@ -109,7 +116,7 @@ async def run_share_stream(
     than there are servers would all open theirs on the first servers and leave the last idle."""
     import grpc
 
-    from .workers import Outcome, until_stopped
+    from .workers import Outcome, _short, until_stopped
 
     n = len(share.times)
     sent = np.full(n, np.nan)
@@ -119,6 +126,9 @@ async def run_share_stream(
     timeout_s = share.timeout_s
     suffix = timeout_field(timeout_s)
     pending: dict[int, int] = {}  # request index -> stream id
+    # Per status code other than OK, the first message a request settled with it came with (the
+    # server's error_message, the stream's status details): Outcome.details, as the unary sender's.
+    details: dict[int, str] = {}
     samples: list[tuple[float, int]] = []
     loop = asyncio.get_running_loop()
     READY = grpc.ChannelConnectivity.READY
@@ -145,12 +155,15 @@ async def run_share_stream(
     expiry: deque[int] = deque()  # indices of the requests in flight, in send (= deadline) order
     timer: asyncio.TimerHandle | None = None
 
-    def settle(i: int, code: int) -> None:
+    def settle(i: int, code: int, message: str | None = None) -> None:
+        """Request i ends with `code`, and `message` (what the server said, if anything), by its deadline."""
         now = time.monotonic() - start
         if now >= sent[i] + timeout_s:  # not answered by its deadline (the timer had yet to run)
             done[i], codes[i] = sent[i] + timeout_s, DEADLINE_EXCEEDED
         else:
             done[i], codes[i] = now, code
+            if message is not None and code != OK and code not in details:
+                details[code] = _short(message)
         del pending[i]
         samples.append((now, len(pending)))
         if not pending and sending_done:
@@ -330,22 +343,25 @@ async def run_share_stream(
                     break
                 i, code = parse_answer(msg)
                 if i is not None and pending.get(i) == k:  # not one settled already (late, or lost)
-                    settle(i, code)
+                    settle(i, code, None if code == OK or code in details else answer_message(msg))
                 if code == UNAVAILABLE:
                     retire(k)  # its server drains: the requests after this one would be refused too
             code = UNAVAILABLE  # the server ended the stream with requests unanswered
+            message = None  # no one's words: the stream's status was OK
         except grpc.aio.AioRpcError as exc:
             code = exc.code().value[0]
+            message = exc.details() or ""
         except asyncio.CancelledError:
             return
-        except Exception:
+        except Exception as exc:
             # Anything else (an answer that does not parse) ends this reader: its requests would
             # wait out their deadline unread. A client-side failure: UNKNOWN, and a new stream.
             code = UNKNOWN
+            message = f"{type(exc).__name__}: {exc}"  # as the unary sender's own failures
             call.cancel()
         drop(k)
         for i in [i for i, s in pending.items() if s == k]:
-            settle(i, code)
+            settle(i, code, message)
 
     for slot in range(len(opened_at)):
         open_stream(slot)
@@ -415,4 +431,4 @@ async def run_share_stream(
         for t in readers:
             t.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
-    return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2))
+    return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2), details=details)

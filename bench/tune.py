@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -40,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from . import analysis
+from .plan import json_kind
 from .simulate import (
     CPU_FIELDS,
     MAX_ARRIVALS_PER_STEP,
@@ -72,6 +74,8 @@ class Profile:
     r2: float | None = None
     samples: tuple[tuple[int, tuple[float, ...]], ...] = ()  # (batch size, batch times in s)
     source: str = "given"
+    # The fit's α when it was below 0 and clamped to 0 (`alpha_s`), as `wok plan` clamps it too.
+    fitted_alpha_s: float | None = None
 
 
 def fit_linear(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float, float]:
@@ -131,22 +135,38 @@ def profile_from_document(doc: dict, where: str = "profile") -> Profile:
             times = tuple(float(x) for x in (b.get("samples_s") or []))
             if times:
                 samples.append((int(b["batch_size"]), times))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{where}: not a readable {PROFILE_SCHEMA} document: {exc!r}") from exc
-    # A fit can come out with α slightly below 0 (noise at small n); the simulator needs α, β ≥ 0.
-    return Profile(max(alpha, 0.0), max(beta, 0.0), None if r2 is None else float(r2), tuple(samples), where)
+    for name, value in (("fit.alpha_s", alpha), ("fit.beta_s", beta)):
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: {name}: expected a finite number; got {value!r}")
+    # As `wok plan --profile` reads the same fit (one profile, one T(n)): β, the time per row, must be
+    # ≥ 0; a fit can come out with α below 0 (noise at small n), which the simulator cannot take, so
+    # it is clamped to 0, T(n) = β·n, and the result warns (`warnings`).
+    if beta < 0:
+        raise ValueError(f"{where}: fit.beta_s: β must be >= 0; got β={beta!r} s")
+    fitted = alpha if alpha < 0 else None
+    r2 = None if r2 is None else float(r2)
+    return Profile(max(alpha, 0.0), beta, r2, tuple(samples), where, fitted_alpha_s=fitted)
 
 
 def read_json(path: Path, what: str) -> dict:
-    """A JSON document, or a ValueError naming `what` could not be read."""
+    """A JSON object, or a ValueError starting with `what` (the option that named the file) and the path."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read {what} {path}: {exc}") from exc
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what} {path}: expected JSON; got {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{what} {path}: expected a JSON object; got {json_kind(doc)}")
+    return doc
 
 
-def load_profile(path: Path) -> Profile:
-    return profile_from_document(read_json(path, "profile"), str(path))
+def load_profile(path: Path, what: str = "--profile") -> Profile:
+    """`wok tune --profile`'s file; a file that cannot be read, or holds no JSON object, is refused
+    naming `what`; a document that is not a profile, naming its path (`profile_from_document`)."""
+    return profile_from_document(read_json(path, what), str(path))
 
 
 def overhead_document(samples_s: Sequence[float], method: str) -> dict:
@@ -161,11 +181,18 @@ def overhead_document(samples_s: Sequence[float], method: str) -> dict:
     }
 
 
-def load_overhead(path: Path) -> tuple[float, ...]:
-    doc = read_json(path, "overhead samples")
-    if doc.get("schema") != OVERHEAD_SCHEMA or not doc.get("samples_s"):
+def load_overhead(path: Path, what: str = "--overhead-samples") -> tuple[float, ...]:
+    doc = read_json(path, what)
+    samples = doc.get("samples_s")
+    if doc.get("schema") != OVERHEAD_SCHEMA or not samples:
         raise ValueError(f"{path}: expected a {OVERHEAD_SCHEMA} document with samples_s")
-    return tuple(float(x) for x in doc["samples_s"])
+    if not isinstance(samples, list):
+        raise ValueError(f"{what} {path}: samples_s: expected a list of seconds; got {json_kind(samples)}")
+    try:
+        return tuple(float(x) for x in samples)
+    except (TypeError, ValueError):
+        bad = next(x for x in samples if not isinstance(x, (int, float)) or isinstance(x, bool))
+        raise ValueError(f"{what} {path}: samples_s: expected numbers of seconds; got {json_kind(bad)}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,8 +231,8 @@ def cpu_from_document(doc: dict, where: str = "CPU calibration") -> CpuStage:
     return CpuStage(**vals)
 
 
-def load_cpu(path: Path) -> CpuStage:
-    return cpu_from_document(read_json(path, "CPU calibration"), str(path))
+def load_cpu(path: Path, what: str = "--cpu-calibration") -> CpuStage:
+    return cpu_from_document(read_json(path, what), str(path))
 
 
 def tune_cpu_stage(path: Path | None, per_request: str | None, cores: float | None) -> CpuStage | None:
@@ -453,10 +480,15 @@ class SearchNames:
     arrival: str = "arrival"  # followed by the spec
     length: str = "warmup_s + duration_s"  # a simulated step's length, followed by its seconds
     shorter: str = "warmup_s + duration_s"  # what a caller shortens for a shorter step
-    grid: str = "batch_sizes, delays_s and default"
+    grid: str = "batch_sizes, delays_s and default"  # "SIZES, DELAYS and DEFAULT": its parts, in this order
     # The warm-up when the caller cannot shorten it ("the search's 1 s warm-up"): when it alone
     # holds too many arrivals, no shorter step fits.
     fixed_warmup: str | None = None
+
+    def grid_part(self, i: int) -> str:
+        """The name of the grid's batch sizes (0), delays (1) or default (2), read off `grid`."""
+        m = re.fullmatch(r"(.+?), (.+) and (.+)", self.grid)
+        return m.group(i + 1) if m else self.grid
 
 
 def check_fits(
@@ -474,10 +506,18 @@ def check_fits(
     """The checks `tune` makes before any simulating: the grid (and the default), then its busiest
     step (`busiest_step`) against the simulator's arrival cap, refused as `SearchTooLarge` worded
     with `names`. Returns the busiest step."""
-    if not batch_sizes or not delays_s:
-        raise ValueError("need at least one batch size and one delay")
-    if any(n < 1 for n in batch_sizes) or any(d < 0 for d in delays_s):
-        raise ValueError("batch sizes must be ≥ 1 and delays ≥ 0")
+    names = names or SearchNames()
+    sizes_name, delays_name = names.grid_part(0), names.grid_part(1)
+    if not batch_sizes:
+        raise ValueError(f"{sizes_name}: expected at least one batch size; got none")
+    if not delays_s:
+        raise ValueError(f"{delays_name}: expected at least one delay; got none")
+    small = [n for n in batch_sizes if n < 1]
+    if small:
+        raise ValueError(f"{sizes_name}: expected batch sizes ≥ 1; got {small[0]}")
+    negative = [d for d in delays_s if d < 0]
+    if negative:
+        raise ValueError(f"{delays_name}: expected delays ≥ 0; got {negative[0]:g} s")
     if default is not None and (default[0] < 1 or not 0 <= default[1] < math.inf):
         raise ValueError(f"the default setting {default}: expected a max batch size ≥ 1 and a finite delay ≥ 0")
     grid = grid_of(batch_sizes, delays_s, default)
@@ -486,7 +526,6 @@ def check_fits(
         return busiest
     from .arrivals import parse_arrivals
 
-    names = names or SearchNames()
     source = batch_times(profile, sampled, cpu)[0]
     # The fit's α, β come from a profile, or from options (`wok tune --alpha/--beta`: its source).
     given = f"the α, β of {profile.source}" if profile.source.startswith("--") else "the profile's α, β"
@@ -578,6 +617,12 @@ def tune(
     # As model_for built every setting's model: what was simulated, not what was asked for.
     source, _, _, samples = batch_times(profile, sampled, cpu)
     toml = None if chosen is None else config_toml(chosen["max_batch_size"], 1e-3 * chosen["max_queue_delay_ms"])
+    warnings = []
+    if profile.fitted_alpha_s is not None and source != "server":
+        warnings.append(
+            f"the profile's fitted α = {1e3 * profile.fitted_alpha_s:.4g} ms is negative: the linear fit "
+            "T = α + β·n does not hold at small batches; α is taken as 0, T(n) = β·n (as wok plan takes it)"
+        )
     return {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -616,6 +661,7 @@ def tune(
         "chosen": chosen,
         "default": default_row,
         "config_toml": toml,
+        "warnings": warnings,
     }
 
 
@@ -697,3 +743,5 @@ def print_table(result: dict, file=None) -> None:
             f"chosen: max_batch_size = {chosen['max_batch_size']}, "
             f"max_queue_delay_ms = {chosen['max_queue_delay_ms']:g} (predicted max QPS {chosen['max_qps']:,.0f})"
         )
+    for w in result.get("warnings") or []:
+        console.print(f"warning: {w}")

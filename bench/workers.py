@@ -66,8 +66,8 @@ class Outcome:
     # wok.servertiming.TIMING_PARTS' order; NaN where no trailer came), else None.
     server_ms: np.ndarray | None = None
     # Per status code other than OK, the message (grpc details) of the first call that ended with
-    # it: what the server said when it refused. Empty when every call succeeded (or, for streams,
-    # not recorded).
+    # it: what the server said when it refused. Empty when every call succeeded (streams: none for
+    # a request the sender itself settled, at its deadline or with no stream open).
     details: dict[int, str] = field(default_factory=dict)
 
 

@@ -112,3 +112,31 @@ def test_bytes_that_do_not_parse_must_get_invalid_argument():
 def test_long_names_are_long_and_encodable(name):
     assert fuzz.LONG_NAME_CHARS[0] <= len(name) <= fuzz.LONG_NAME_CHARS[1]
     assert _request(model_name=name).SerializeToString()  # valid UTF-8 for protobuf
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("localhost", "--target 'localhost': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:NAME)"),
+        (
+            "http://127.0.0.1:8001",
+            "--target 'http://127.0.0.1:8001': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:NAME) "
+            "(no URL scheme: gRPC, not HTTP)",
+        ),
+        ("127.0.0.1:8001,127.0.0.1:8002", "--target '127.0.0.1:8001,127.0.0.1:8002': expected one server, HOST:PORT"),
+    ],
+)
+def test_a_target_without_a_port_or_a_url_is_refused_before_fuzzing(target, message, monkeypatch, capsys):
+    """The target went to grpc as given: without a port it dialed 443, and a URL failed every input,
+    each counted as the server's answer."""
+    monkeypatch.setattr(fuzz, "run", lambda *a, **k: pytest.fail("fuzzed before refusing"))
+    assert fuzz.main(["--minutes", "0.01", "--target", target]) == 2
+    assert capsys.readouterr().err == f"wok fuzz: {message}\n"
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1:8001", "[::1]:8001", "dns:///wok.example:8001"])
+def test_a_server_target_is_fuzzed_as_given(target, monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(fuzz, "run", lambda seconds, given, **k: seen.append(given) or {"schema": fuzz.SCHEMA})
+    assert fuzz.main(["--minutes", "0.01", "--target", target]) == 0
+    assert seen == [target]

@@ -286,6 +286,25 @@ def test_the_parts_host_probes_are_kept_by_part_not_combined(split_ramp):
     assert merged["host_probes"] == {"a": probe, "c": failed}
 
 
+def test_the_servers_message_per_code_is_the_first_parts_that_has_one(split_ramp):
+    """`wok bench merge` dropped `error_details`: a merged ramp's table said how many were refused, not why."""
+    whole, parts = split_ramp
+    assert all("error_details" not in s for s in merge_results(parts)["steps"])
+    # The split's two codes (the fixture's DEADLINE_EXCEEDED is cut to its array's width).
+    late, down = sorted(whole["steps"][0]["errors"])
+    assert down == "UNAVAILABLE", whole["steps"][0]["errors"]
+    parts[0]["steps"][0].pop("error_details", None)  # a part without the field (older), beside parts with it
+    parts[1]["steps"][0]["error_details"] = {down: "b: draining"}
+    parts[2]["steps"][0]["error_details"] = {late: "c: late", down: "c: draining"}
+    parts[2]["steps"][1]["error_details"] = {down: "c: down", "NOT_FOUND": "not among the errors"}
+    steps = merge_results(parts)["steps"]
+    assert steps[0]["error_details"] == {late: "c: late", down: "b: draining"}
+    assert steps[1]["error_details"] == {down: "c: down"}
+    assert "error_details" not in steps[2]
+    # As a process's step: the codes in `errors`' order (by name).
+    assert list(steps[0]["error_details"]) == [late, down]
+
+
 def test_wok_bench_merge_writes_the_merged_result_and_prints_the_table(split_ramp, tmp_path, capsys):
     _, parts = split_ramp
     paths = []

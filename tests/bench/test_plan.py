@@ -108,15 +108,29 @@ def test_alpha_beta_gives_t_batch():
     assert p["result"]["gpus"] == 10
 
 
-def test_a_negative_alpha_is_allowed_with_a_warning_while_t_stays_positive():
-    # α = −1 ms, β = 1.5 ms: T = −0.001 + 0.0015 × 16 = 0.023 s.
+def test_a_negative_alpha_is_taken_as_zero_with_a_warning_as_tune_takes_it():
+    # α = −1 ms, β = 1.5 ms: α + β·16 would be 0.023 s; α is taken as 0, as `wok tune` takes it
+    # (its simulator needs α ≥ 0): T = 0.0015 × 16 = 0.024 s, one profile giving one T(n).
     p = make(batch=batch_from_alpha_beta(F(-1, 1000), F(3, 2000), F(16)), peak_qps=F(5000))
-    assert p["inputs"]["batch"]["t_batch_exact"] == "23/1000"
-    assert any("α = -0.001 s is negative" in w for w in p["warnings"])
+    batch = p["inputs"]["batch"]
+    assert (batch["t_batch_exact"], batch["alpha_s"], batch["alpha_given_s"]) == ("3/125", 0, -0.001)
+    assert p["steps"][0]["substituted"] == "0 s + 0.0015 s × 16"
+    assert p["warnings"] == [
+        "α = -0.001 s is negative: the linear fit T = α + β·n does not hold at small batches; α is taken as 0 "
+        "(as wok tune takes it), so T_batch at n = 16 is β·n = 0.024 s, not 0.023 s"
+    ]
+    # However negative α is, T = β·n stands; only β·n = 0 is refused.
+    assert batch_from_alpha_beta(F(-1, 10), F(1, 1000), F(16)).t_batch_s == F(16, 1000)
     with pytest.raises(ValueError, match="T_batch must be > 0"):
-        batch_from_alpha_beta(F(-1, 10), F(1, 1000), F(16))
+        batch_from_alpha_beta(F(-1, 10), F(0), F(16))
     with pytest.raises(ValueError, match="β must be >= 0"):
         batch_from_alpha_beta(F(1, 1000), F(-1, 1000), F(16))
+    assert (
+        make(peak_qps=F(5000), batch=batch_from_alpha_beta(F(1, 1000), F(1, 1000), F(16)))["inputs"]["batch"][
+            "alpha_given_s"
+        ]
+        is None
+    )
 
 
 # What `wok plan` calls each input: a range error starts with it, as a parse error does.
@@ -173,12 +187,12 @@ def test_a_negative_beta_in_a_profile_names_the_file_and_the_field(tmp_path):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": 0.002, "beta_s": -0.0001}}))
     with pytest.raises(
-        ValueError, match=rf"^profile {re.escape(str(path))}: fit\.beta_s: β must be >= 0; got β=-0\.0001 s$"
+        ValueError, match=rf"^--profile {re.escape(str(path))}: fit\.beta_s: β must be >= 0; got β=-0\.0001 s$"
     ):
         plan.batch_from_profile(path, F(16), names=OPTIONS)
-    path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": -0.1, "beta_s": 0.001}}))
+    path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": -0.1, "beta_s": 0}}))
     with pytest.raises(
-        ValueError, match=rf"^profile {re.escape(str(path))}: fit\.alpha_s \+ fit\.beta_s × n: T_batch must be > 0 s"
+        ValueError, match=rf"^--profile {re.escape(str(path))}: fit\.alpha_s \+ fit\.beta_s × n: T_batch must be > 0 s"
     ):
         plan.batch_from_profile(path, F(16))
 
@@ -217,7 +231,7 @@ def test_durations_and_numbers_parse_exactly():
         (["--t-batch", "20ms", "--sustain", "180"], "wok plan: --sustain: '180' has no unit; write 180ms or 180s\n"),
         (
             ["--t-batch", "20ms", "--burst", "base=100,amplitude=4x,sigma=30"],
-            "wok plan: burst 'base=100,amplitude=4x,sigma=30': sigma: '30' has no unit; write 30ms or 30s\n",
+            "wok plan: --burst 'base=100,amplitude=4x,sigma=30': sigma: '30' has no unit; write 30ms or 30s\n",
         ),
     ],
 )
@@ -263,7 +277,10 @@ def test_burst_specs_are_checked():
         ("base=1000", "amplitude= is required"),
         ("base=1000,amplitude=1,foo=2", "unknown option"),
         ("base=1000,amplitude=-5", ">= 0"),
-        ("base=1000,amplitude=5,sigma=0s", "sigma must be > 0 s, got 0 s"),
+        (
+            "base=1000,amplitude=5,sigma=0s",
+            "^--burst 'base=1000,amplitude=5,sigma=0s': expected a sigma > 0 s; got 0 s$",
+        ),
         ("base=1000,base=2,amplitude=5", "given twice"),
         ("1000", "key=value"),
     ):
@@ -715,7 +732,10 @@ def test_the_cli_from_ramp_and_burst(tmp_path, capsys):
         (["--peak-qps", "1e400", "--t-batch", "20ms", "--batch-size", "16"], "--peak-qps: '1e400' is out of range"),
         (["--peak-qps", "1e-400", "--t-batch", "20ms", "--batch-size", "16"], "--peak-qps: '1e-400' is out of range"),
         (["--peak-qps", "100", "--t-batch", "1e400s", "--batch-size", "16"], "--t-batch: '1e400s' is out of range"),
-        (["--team", "a=1e400", "--t-batch", "20ms", "--batch-size", "16"], "team a: peak QPS: '1e400' is out"),
+        (
+            ["--team", "a=1e400", "--t-batch", "20ms", "--batch-size", "16"],
+            "--team 'a=1e400': peak QPS: '1e400' is out",
+        ),
         (["--burst", "base=1e400,amplitude=1", "--t-batch", "20ms", "--batch-size", "16"], "'1e400' is out of range"),
         # Each input fits a float; their product does not.
         (["--peak-qps", "1e300", "--t-batch", "1e300s", "--batch-size", "16"], "beyond what a 64-bit float holds"),
@@ -797,4 +817,126 @@ def test_the_cli_names_alpha_beta_and_the_profiles_field(tmp_path, capsys):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": 0.002, "beta_s": -0.0001}}))
     assert main(["plan", "--peak-qps", "5000", "--profile", str(path), "--batch-size", "16"]) == 2
-    assert capsys.readouterr().err == f"wok plan: profile {path}: fit.beta_s: β must be >= 0; got β=-0.0001 s\n"
+    assert capsys.readouterr().err == f"wok plan: --profile {path}: fit.beta_s: β must be >= 0; got β=-0.0001 s\n"
+
+
+# ---------------------------------------------------------------------------- a new operator's review
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(steps=[1, 2]), "{path}: steps[0]: expected an object; got 1"),
+        (lambda d: d.update(steps={"a": 1}), "{path}: steps: expected a list; got an object"),
+        (lambda d: d["steps"][1].update(stages_ms=[1]), "{step}: stages_ms: expected an object; got a list"),
+        (lambda d: d["steps"][1].update(server=[1]), "{step}: server: expected an object; got a list"),
+        (lambda d: d["steps"][1].update(latency_ms="x"), "{step}: latency_ms: expected an object; got a string ('x')"),
+        (lambda d: d["steps"][1].update(flush_reasons=[]), "{step}: flush_reasons: expected an object; got a list"),
+        (
+            lambda d: d["steps"][1].update(flush_reasons={"size": "x"}),
+            "{step}: flush_reasons.size: 'x' is not a number",
+        ),
+        (lambda d: d.update(config=[]), "{path}: config: expected an object; got a list"),
+        (lambda d: d["config"].update(models="mlp"), "{path}: config.models: expected a list; got a string ('mlp')"),
+        (
+            lambda d: d["config"].update(models=["mlp"]),
+            "{path}: config.models[0]: expected [NAME, ...]; got a string ('mlp')",
+        ),
+    ],
+)
+def test_a_wrongly_shaped_ramp_is_refused_naming_the_field(edit, message, tmp_path, wok_cli):
+    """A ramp file of the right schema but the wrong shape was an AttributeError traceback, exit 1
+    ("'int' object has no attribute 'get'")."""
+    doc = json.loads(_ramp(tmp_path).read_text())
+    edit(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    status, _, err = wok_cli("plan", "--from-ramp", str(path), "--peak-qps", "5000")
+    given = f"--from-ramp {path}"
+    assert (status, err) == (2, "wok plan: " + message.format(path=given, step=f"{given}, step 2000 QPS") + "\n")
+
+
+@pytest.mark.parametrize(
+    ("option", "text", "why"),
+    [
+        ("--from-ramp", None, "No such file or directory"),
+        ("--profile", None, "No such file or directory"),
+        ("--from-ramp", "[1, 2]", "expected a JSON object; got a list"),
+        ("--profile", '"hello"', "expected a JSON object; got a string ('hello')"),
+        (
+            "--profile",
+            "{",
+            "expected JSON; got Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        ),
+    ],
+)
+def test_an_unreadable_file_is_refused_naming_its_option(option, text, why, tmp_path, wok_cli):
+    """It said 'ramp result PATH: …' or 'profile PATH: …', not which option gave the file."""
+    path = tmp_path / "in.json"
+    if text is not None:
+        path.write_text(text)
+    size = [] if option == "--from-ramp" else ["--batch-size", "16"]
+    status, _, err = wok_cli("plan", option, str(path), *size, "--peak-qps", "5000")
+    assert (status, err) == (2, f"wok plan: {option} {path}: {why}\n")
+
+
+def test_a_non_finite_number_in_a_profile_is_refused_as_such(tmp_path, wok_cli):
+    """JSON's NaN reads as a float: it was refused as 'nan must be decimal text, not a binary float'."""
+    path = tmp_path / "profile.json"
+    for value, shown in (("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf")):
+        path.write_text('{"schema": "wok.profile/1", "fit": {"alpha_s": ' + value + ', "beta_s": 0.001}}')
+        status, _, err = wok_cli("plan", "--profile", str(path), "--batch-size", "16", "--peak-qps", "5000")
+        assert (status, err) == (2, f"wok plan: --profile {path}: fit.alpha_s: expected a finite number; got {shown}\n")
+    status, _, err = wok_cli("plan", "--peak-qps", "nan", "--t-batch", "20ms", "--batch-size", "16")
+    assert (status, err) == (2, "wok plan: --peak-qps: expected a finite number; got 'nan'\n")
+
+
+@pytest.mark.parametrize(
+    ("option", "spec", "why"),
+    [
+        ("--team", "search=-1", "expected a peak QPS > 0; got -1"),
+        ("--team", "search=x", "peak QPS: 'x' is not a number"),
+        ("--team", "=5", "expected NAME=PEAK_QPS like search=3000"),
+        ("--burst", "base=1", "amplitude= is required"),
+        ("--burst", "base=1,amplitude=-2", "expected a base and an amplitude >= 0; got 1 and -2"),
+        ("--burst", "base=0,amplitude=0", "expected a peak base + amplitude > 0; got 0"),
+        ("--burst", "base=1,amplitude=1,sigma=0s", "expected a sigma > 0 s; got 0 s"),
+    ],
+)
+def test_team_and_burst_refusals_start_with_the_option(option, spec, why, wok_cli):
+    """They started 'team search: …' and 'burst '…': …', not with the option the user typed."""
+    status, _, err = wok_cli("plan", option, spec, "--t-batch", "20ms", "--batch-size", "16")
+    assert (status, err) == (2, f"wok plan: {option} {spec!r}: {why}\n")
+
+
+def test_manifests_refuse_a_missing_parent_folder_and_make_only_the_last_level(tmp_path, wok_cli):
+    """--manifests made the whole path (mkdir parents=True), while --json refused a missing folder."""
+    argv = ["plan", "--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "16"]
+    missing = tmp_path / "nope" / "k8s"
+    json_out = tmp_path / "p.json"
+    status, _, err = wok_cli(*argv, "--json", str(json_out), "--manifests", str(missing))
+    assert (status, err) == (2, f"wok plan: --manifests {missing}: folder {missing.parent} does not exist\n")
+    assert not (tmp_path / "nope").exists() and not json_out.exists()
+    assert plan.manifests_problem(missing) == f"folder {missing.parent} does not exist"
+    status, _, err = wok_cli(*argv, "--manifests", str(tmp_path / "k8s"))  # the last level is made
+    assert status == 0, err
+    assert sorted(x.name for x in (tmp_path / "k8s").iterdir()) == sorted(plan.MANIFEST_FILES)
+
+
+def test_one_gpu_or_replica_is_singular_in_the_views():
+    """The table read 'N  ⌈0.87…⌉  1 GPUs'."""
+    p = make(peak_qps=F(100))  # 100 × 0.02 / 16 = 0.125 GPUs busy: N = 1, k = 1
+    assert p["result"]["gpus"] == 1
+    out = io.StringIO()
+    plan.print_table(p, file=out)
+    text = out.getvalue()
+    assert "plan: N = 1 GPU + k = 1 → 2 replicas;" in text
+    n_row = next(line for line in text.splitlines() if line.startswith("N "))
+    assert n_row.endswith(" 1 GPU"), n_row
+    md = plan.to_markdown(p)
+    assert "**2 replicas**: N = 1 GPU for the peak" in md and "| ⌈0.192308…⌉ | 1 GPU | 1 |" in md
+    assert [s["unit"] for s in p["steps"] if s["name"] == "N"] == ["GPUs"]  # the JSON's unit stays as it was
+    k0 = make(peak_qps=F(100), redundancy=0)
+    out = io.StringIO()
+    plan.print_table(k0, file=out)
+    assert "plan: N = 1 GPU + k = 0 → 1 replica;" in out.getvalue()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -317,3 +318,24 @@ def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
 def test_cli_refuses_bad_options(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_table_shows_sub_ms_times_and_small_percentages_with_significant_digits():
+    """A µs-scale prediction read 0.000 or 0.001 to 3 decimals, and attained 0.82% read 1%."""
+    seconds = (0.0, 3.32e-7, 1.43e-6, 4.04e-5, 2.17e-4, 9.994e-4, 9.996e-4, 0.001605, 0.0299)
+    assert [profiler._ms(x) for x in seconds] == [
+        "0.000", "0.000332", "0.00143", "0.0404", "0.217", "0.999", "1.000", "1.605", "29.900",
+    ]  # fmt: skip
+    assert [profiler._pct(x) for x in (0.0, 0.0082, 0.012, 0.0994, 0.0996, 0.77, 1.2, None)] == [
+        "0%", "0.82%", "1.2%", "9.9%", "10%", "77%", "120%", "-",
+    ]  # fmt: skip
+    assert profiler._ms(float("nan")) == "-"
+    # The stored recsys profile (docs/profile.md): batch 1's row.
+    doc = json.loads((Path(__file__).parents[2] / "docs" / "results" / "profile-recsys.json").read_text())
+    head, rows = profiler.table_rows(doc)
+    row = dict(zip(head, rows[0]))
+    assert (row["median ms"], row["forward ms"], row["predicted ms"], row["attained"]) == (
+        "0.0683", "0.0404", "0.000332", "0.82%",
+    )  # fmt: skip
+    # The JSON is untouched: seconds and fractions as measured.
+    assert doc["batches"][0]["predicted_s"] == pytest.approx(3.32e-7, rel=1e-2)

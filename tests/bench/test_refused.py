@@ -43,6 +43,19 @@ def test_a_step_refused_as_malformed_ends_the_ramp_with_exit_2_and_the_servers_m
     )
 
 
+def test_a_stream_ramp_shows_the_servers_message_as_a_unary_one_does(bench_server, tmp_path, wok_cli):
+    """`--rpc stream` recorded no message: the step said "INVALID_ARGUMENT" and a count, not why."""
+    out = tmp_path / "r.json"
+    argv = _ramp(bench_server.target, out, "--model", "mlp", "--rows", "40", "--rpc", "stream", "--streams", "1")
+    status, stdout, err = wok_cli(*argv)
+    assert status == 2, err
+    (step,) = json.loads(out.read_text())["steps"]
+    n = step["errors"]["INVALID_ARGUMENT"]
+    assert (step["ok"], step["error_details"]) == (0, {"INVALID_ARGUMENT": ROWS_40})
+    assert f"step 1/2: {n} × INVALID_ARGUMENT: {ROWS_40}\n" in err
+    assert f"\nerrors: {n} × INVALID_ARGUMENT: {ROWS_40}\n" in stdout
+
+
 def test_some_requests_refused_show_the_message_and_do_not_fail_the_run(bench_server, tmp_path, wok_cli):
     """recsys's table holds 20000 rows here: one id drawn below 25000 is past it one time in five."""
     out = tmp_path / "r.json"

@@ -126,3 +126,42 @@ def test_a_write_that_fails_is_reported_not_a_traceback(tmp_path, monkeypatch, w
     status, out, err = wok_cli("simulate", *BASE, "--json", str(path))
     assert "utilization" not in out  # the failed write ends the command
     assert (status, err) == (2, f"wok simulate: --json {path}: No such file or directory\n")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "hint"),
+    [
+        ("--alpha", "1", "1ms or 0.001s"),
+        ("--beta", "0.5", "0.5ms or 0.0005s"),
+        ("--max-queue-delay", "2", "2ms or 0.002s"),
+        ("--slo-p99", "50", "50ms or 0.05s"),
+    ],
+)
+def test_a_latency_given_as_a_bare_number_is_refused(option, value, hint, capsys):
+    """A bare number is seconds: `--alpha 1 --slo-p99 50` simulated 1 s batches against a 50 s
+    objective ("P99 ≤ 50000 ms") and passed, exit 0."""
+    from wok.__main__ import main
+
+    assert main(["simulate", *BASE, option, value]) == 2
+    assert capsys.readouterr().err == (
+        f"wok simulate: {option} '{value}': give a unit, e.g. {hint} (a bare number would be seconds)\n"
+    )
+
+
+def test_a_bare_number_that_is_not_finite_reaches_the_finite_check(capsys):
+    from wok.__main__ import main
+
+    assert main(["simulate", *BASE, "--alpha", "1e400"]) == 2
+    assert capsys.readouterr().err == "wok simulate: --alpha: expected a finite duration; got '1e400'\n"
+
+
+def test_the_steps_lengths_keep_bare_seconds(tmp_path, capsys):
+    """Not latencies: --step-duration 2 --warmup 0.5 are seconds, as for `wok bench ramp`."""
+    import json
+
+    from wok.__main__ import main
+
+    path = tmp_path / "sim.json"
+    assert main(["simulate", "--steps", "10", "--step-duration", "2", "--warmup", "0.5", "--json", str(path)]) == 0
+    config = json.loads(path.read_text())["config"]
+    assert (config["step_duration_s"], config["warmup_s"]) == (2.0, 0.5), config

@@ -177,6 +177,38 @@ def test_stream_requests_carry_their_deadline_and_failures_keep_the_unary_code(s
     assert np.all(stream_failed.done - stream_failed.sent < 5.0)
 
 
+def test_stream_failures_keep_the_servers_message_per_code_as_unary_calls_do(server_process):
+    """The stream sender's Outcome had no `details`: a stream ramp's refusals came without the server's words."""
+    import time
+
+    import grpc
+
+    from wok.bench.workers import METHOD, _run_share
+
+    ok = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)}).SerializeToString()
+    unknown = encode_request("no-such-model", {"INPUT0": np.ones((1, 256), np.float32)}).SerializeToString()
+    misshapen = encode_request("mlp", {"INPUT0": np.ones((1, 3), np.float32)}).SerializeToString()
+    times = np.arange(0, 0.06, 0.01)
+
+    def share() -> Share:
+        return Share(time.monotonic() + 0.1, times, np.array([0, 1, 2] * 2, dtype=np.int64), 5.0)
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(server_process.target) as channel:
+            await channel.channel_ready()
+            unary = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+            pool = [ok, unknown, misshapen]
+            return (
+                await stream_sender.run_share_stream(channel, pool, share(), streams=2),
+                await _run_share(unary, pool, share()),
+            )
+
+    stream, unary = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert set(stream.codes.tolist()) == {OK, 3, 5}, stream.codes  # INVALID_ARGUMENT, NOT_FOUND
+    assert stream.details == unary.details and set(stream.details) == {3, 5}, (stream.details, unary.details)
+    assert "no-such-model" in stream.details[5], stream.details
+
+
 def test_a_worker_pool_refuses_a_stream_with_the_wok_balancer_or_no_streams():
     with pytest.raises(ValueError, match="stream"):
         WorkerPool("127.0.0.1:1", [], 1, rpc="stream", balancer="wok")

@@ -67,6 +67,7 @@ def test_a_profile_document_round_trips_and_reads_the_profilers_shape(tmp_path):
     )
     prof = load_profile(path)
     assert prof.alpha_s == 0.0  # a slightly negative fitted α is clamped: the simulator needs α ≥ 0
+    assert prof.fitted_alpha_s == -1e-5  # and kept, for the result's warning
     assert prof.beta_s == 2e-4 and prof.samples == ((8, (1.6e-3,)),)
     path.write_text(json.dumps({"schema": "wok.bench/1"}))
     with pytest.raises(ValueError, match=r"wok\.profile/1"):
@@ -640,3 +641,33 @@ def test_sampled_sizes_describe_the_batch_times_simulated(tmp_path, monkeypatch,
     inputs = tune(load_profile(profile), search, [4], [0.0], sampled=True, cpu=server, default=None)["inputs"]
     assert simulated == [[]]
     assert (inputs["batch_times"], inputs["sampled_sizes"]) == ("server", [])
+
+
+def test_a_negative_alpha_is_clamped_with_a_warning_and_a_negative_beta_refused_as_plan_does(tmp_path):
+    """One profile, one T(n): `wok plan --profile` refuses β < 0 ("fit.beta_s: β must be >= 0") while
+    tune clamped it to 0 silently; plan warned of α < 0 while tune clamped it silently."""
+    import io
+
+    from wok.bench.tune import print_table
+
+    doc = {"schema": "wok.profile/1", "fit": {"alpha_s": 1e-3, "beta_s": -1e-4}}
+    with pytest.raises(ValueError) as refused:
+        profile_from_document(doc, "p.json")
+    assert str(refused.value) == "p.json: fit.beta_s: β must be >= 0; got β=-0.0001 s"
+    for bad, shown in ((float("nan"), "nan"), (float("inf"), "inf")):
+        with pytest.raises(ValueError) as refused:
+            profile_from_document({"schema": "wok.profile/1", "fit": {"alpha_s": bad, "beta_s": 1e-4}}, "p.json")
+        assert str(refused.value) == f"p.json: fit.alpha_s: expected a finite number; got {shown}"
+    prof = profile_from_document({"schema": "wok.profile/1", "fit": {"alpha_s": -2e-4, "beta_s": 1e-4}}, "p.json")
+    assert (prof.alpha_s, prof.beta_s, prof.fitted_alpha_s) == (0.0, 1e-4, -2e-4)
+    search = SearchConfig(slo_p99_ms=50.0, duration_s=0.5, warmup_s=0.1, iterations=1)
+    result = tune(prof, search, [4], [0.0], default=None)
+    assert result["warnings"] == [
+        "the profile's fitted α = -0.2 ms is negative: the linear fit T = α + β·n does not hold at small batches; "
+        "α is taken as 0, T(n) = β·n (as wok plan takes it)"
+    ]
+    out = io.StringIO()
+    print_table(result, file=out)
+    assert out.getvalue().splitlines()[-1] == "warning: " + result["warnings"][0]
+    # A fit with α ≥ 0 warns of nothing.
+    assert tune(Profile(1e-4, 1e-4), search, [4], [0.0], default=None)["warnings"] == []

@@ -95,11 +95,16 @@ def test_sampled_batch_times_beside_a_calibrations_batch_time_are_refused(tmp_pa
 
 @pytest.mark.parametrize(
     ("sizes", "message"),
-    [(",", "need at least one batch size and one delay"), ("0", "batch sizes must be ≥ 1 and delays ≥ 0")],
+    [
+        (",", "--max-batch-sizes: expected at least one batch size; got none"),
+        ("0", "--max-batch-sizes: expected batch sizes ≥ 1; got 0"),
+        ("4,-2", "--max-batch-sizes: expected batch sizes ≥ 1; got -2"),
+    ],
 )
 def test_a_bad_grid_is_refused_in_the_searchs_words_before_its_size_is_checked(sizes, message, no_simulating, wok_cli):
     """The arrival-cap check ran first and failed on the grid in Python's or the model's words:
-    'max() arg is an empty sequence', 'invalid batcher settings: max_batch_size=0, ...'."""
+    'max() arg is an empty sequence', 'invalid batcher settings: max_batch_size=0, ...'; then in the
+    search's, without the option or the value ('batch sizes must be ≥ 1 and delays ≥ 0')."""
     grid = ["--alpha", "0ms", "--beta", "0.1ms", "--default", "none", "--max-batch-sizes", sizes]
     status, _, err = wok_cli("tune", "--slo-p99", "20ms", *grid)
     assert (status, err) == (2, f"wok tune: {message}\n")
@@ -133,5 +138,118 @@ def test_the_library_refuses_in_its_own_names_with_one_exception_class(no_simula
         "batch_sizes, delays_s and default: its ceiling by the profile's α, β is 1e+06 QPS); a shorter "
         "warmup_s + duration_s, or a grid with a lower ceiling, fits"
     )
-    with pytest.raises(ValueError, match=r"^need at least one batch size and one delay$"):
-        tune_module.check_fits(Profile(alpha_s=0.0, beta_s=1e-6), search, [], [0.0], None)
+    prof = Profile(alpha_s=0.0, beta_s=1e-6)
+    for sizes, delays, message in (
+        ([], [0.0], "batch_sizes: expected at least one batch size; got none"),
+        ([4], [], "delays_s: expected at least one delay; got none"),
+        ([4, 0], [0.0], "batch_sizes: expected batch sizes ≥ 1; got 0"),
+        ([4], [0.0, -1e-3], "delays_s: expected delays ≥ 0; got -0.001 s"),
+    ):
+        with pytest.raises(ValueError) as refused:
+            tune_module.check_fits(prof, search, sizes, delays, None)
+        assert str(refused.value) == message
+    # A caller's names for the grid ("SIZES, DELAYS and DEFAULT") name its parts.
+    names = tune_module.SearchNames(grid="--sizes, --delays-ms and --default")
+    with pytest.raises(ValueError, match=r"^--delays-ms: expected delays ≥ 0; got -0\.001 s$"):
+        tune_module.check_fits(prof, search, [4], [-1e-3], None, names=names)
+
+
+OVERHEAD = '{"schema": "wok.overhead/1", "samples_s": %s}'
+
+
+@pytest.mark.parametrize(
+    ("option", "text", "why"),
+    [
+        ("--profile", "[1, 2]", "expected a JSON object; got a list"),
+        ("--overhead-samples", "[1, 2]", "expected a JSON object; got a list"),
+        ("--cpu-calibration", '"hello"', "expected a JSON object; got a string ('hello')"),
+        ("--cpu-calibration", "3", "expected a JSON object; got 3"),
+        ("--profile", None, "No such file or directory"),
+        ("--overhead-samples", None, "No such file or directory"),
+        ("--cpu-calibration", None, "No such file or directory"),
+        (
+            "--profile",
+            "{",
+            "expected JSON; got Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        ),
+        ("--overhead-samples", OVERHEAD % "5", "samples_s: expected a list of seconds; got 5"),
+        ("--overhead-samples", OVERHEAD % '["x"]', "samples_s: expected numbers of seconds; got a string ('x')"),
+    ],
+)
+def test_a_file_that_holds_no_json_object_is_refused_naming_its_option(
+    option, text, why, tmp_path, no_simulating, wok_cli
+):
+    """A list or a string was an AttributeError traceback, exit 1 ("'list' object has no attribute 'get'");
+    a missing file said 'cannot read profile PATH: [Errno 2] …', not which option gave it."""
+    path = tmp_path / "in.json"
+    if text is not None:
+        path.write_text(text)
+    batch = [] if option == "--profile" else ["--alpha", "0.1ms", "--beta", "0.01ms"]
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *batch, option, str(path))
+    assert (status, err) == (2, f"wok tune: {option} {path}: {why}\n")
+
+
+def test_a_profile_with_a_negative_beta_is_refused_as_wok_plan_refuses_it(tmp_path, no_simulating, wok_cli):
+    """tune clamped β < 0 to 0 silently, where `wok plan --profile` refuses the same file."""
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": 0.002, "beta_s": -0.0001}}))
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", "--profile", str(path))
+    assert (status, err) == (2, f"wok tune: {path}: fit.beta_s: β must be >= 0; got β=-0.0001 s\n")
+
+
+# A valid search of one setting, to which each case below adds one bad option.
+ONE = ["--alpha", "1ms", "--beta", "1ms", "--max-batch-sizes", "4", "--delays", "1ms", "--default", "none"]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "shown", "hint"),
+    [
+        ("--slo-p99", "50", "50", "50ms or 0.05s"),
+        ("--alpha", "1", "1", "1ms or 0.001s"),
+        ("--beta", "0.5", "0.5", "0.5ms or 0.0005s"),
+        ("--delays", "0ms,2", "2", "2ms or 0.002s"),
+        ("--default", "32,5", "5", "5ms or 0.005s"),
+        ("--overhead", "1e-1", "1e-1", "0.1ms or 0.0001s"),
+        ("--per-request-cpu", "0.23", "0.23", "0.23ms or 0.00023s"),
+    ],
+)
+def test_a_latency_given_as_a_bare_number_is_refused(option, value, shown, hint, no_simulating, wok_cli):
+    """A bare number is seconds to parse_duration: `--slo-p99 50` was a 50 s objective ("SLO P99 ≤
+    50000 ms"), `--alpha 1` a batch time of 1 s, and tune searched on them, exit 0."""
+    base = {"--slo-p99": "20ms", **dict(zip(ONE[::2], ONE[1::2]))}
+    argv = [x for o, v in {**base, option: value}.items() for x in (o, v)]
+    status, _, err = wok_cli("tune", *argv)
+    message = f"wok tune: {option} '{shown}': give a unit, e.g. {hint} (a bare number would be seconds)\n"
+    assert (status, err) == (2, message)
+
+
+def test_the_searchs_lengths_keep_bare_seconds(monkeypatch, wok_cli):
+    """Not latencies: --sim-duration 2 is 2 s, as --step-duration is for `wok bench ramp`."""
+    import wok.bench.tune as tune_module
+
+    seen = []
+    real = tune_module.max_qps
+    monkeypatch.setattr(
+        tune_module, "max_qps", lambda model, cfg, *a, **k: seen.append(cfg) or real(model, cfg, *a, **k)
+    )
+    status, _, err = wok_cli(
+        "tune", "--slo-p99", "20ms", *ONE, "--iterations", "1", "--sim-duration", "2", "--sim-warmup", "0.5"
+    )
+    assert status == 0, err
+    assert {(c.duration_s, c.warmup_s) for c in seen} == {(2.0, 0.5)}
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--instances", "0", "--instances: expected an integer ≥ 1; got 0"),
+        ("--iterations", "-1", "--iterations: expected an integer ≥ 0; got -1"),
+        ("--tie", "2", "--tie: expected a number in [0, 1); got 2"),
+        ("--tie", "-0.5", "--tie: expected a number in [0, 1); got -0.5"),
+        ("--tie", "nan", "--tie: expected a number in [0, 1); got nan"),
+    ],
+)
+def test_a_search_option_out_of_range_is_refused_alone_with_its_value(option, value, message, no_simulating, wok_cli):
+    """Each was one sentence naming all three ranges, without the value given."""
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *ONE, option, value)
+    assert (status, err) == (2, f"wok tune: {message}\n")

@@ -1,0 +1,83 @@
+"""A reader that closes stdout early (`wok … | head`): the commands write their files first, and end
+quietly (status 1, no traceback) at the table they can no longer print."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _closed_stdout(*args: str) -> tuple[int, str]:
+    """Run `python -m wok ARGS` with stdout a pipe whose reader is gone before it starts (what
+    `| head` leaves once it has read its lines): (status, stderr)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "wok", *args], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120
+        )
+    finally:
+        os.close(write)
+    return done.returncode, done.stderr
+
+
+PLAN = ["plan", "--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "8"]
+SIMULATE = ["simulate", "--alpha", "1ms", "--beta", "1ms", "--steps", "10,20", "--step-duration", "2s"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "schema"),
+    [(PLAN, "wok.plan/1"), (SIMULATE, "wok.bench/2")],
+    ids=["plan", "simulate"],
+)
+def test_a_closed_stdout_costs_no_file_and_ends_quietly(argv, schema, tmp_path):
+    """`wok plan … --json bp.json | head -1` exited 1 with bp.json not written (the table came first,
+    and rich's console exits when it cannot print); `wok simulate … | head` the same, or, with the
+    table read, lost the utilization line in a BrokenPipeError traceback."""
+    path = tmp_path / "out.json"
+    status, err = _closed_stdout(*argv, "--json", str(path))
+    assert path.is_file(), err
+    assert json.loads(path.read_text())["schema"] == schema
+    assert (status, err) == (1, "")
+
+
+def test_a_ramp_writes_its_result_before_a_closed_stdout_ends_it(bench_server, tmp_path):
+    path = tmp_path / "ramp.json"
+    ramp = ["bench", "ramp", "--target", bench_server.target, "--metrics-url", "none", "--steps", "20"]
+    ramp += ["--step-duration", "1s", "--warmup", "0s", "--workers", "1", "--json", str(path)]
+    status, err = _closed_stdout(*ramp)
+    assert path.is_file(), err
+    assert json.loads(path.read_text())["schema"] == "wok.bench/2"
+    assert status == 1, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+@pytest.mark.parametrize("reader_gone", [False, True], ids=["stdout-open", "stdout-closed"])
+def test_only_stdouts_own_broken_pipe_ends_a_command_quietly(reader_gone, monkeypatch):
+    """A pipe to anything else (a worker) that breaks while stdout is still read is raised as before."""
+    from wok.bench.cli import _quiet_when_stdout_closes
+
+    read, write = os.pipe()
+    if reader_gone:
+        os.close(read)
+    stdout = open(write, "w")  # noqa: SIM115 - closed below, after the command's redirection
+    monkeypatch.setattr(sys, "stdout", stdout)
+
+    def run(args) -> int:
+        raise BrokenPipeError(32, "a pipe broke")
+
+    try:
+        if reader_gone:
+            assert _quiet_when_stdout_closes(run)(None) == 1
+            print("into /dev/null now", flush=True)  # no second BrokenPipeError, here nor at exit
+        else:
+            with pytest.raises(BrokenPipeError, match="a pipe broke"):
+                _quiet_when_stdout_closes(run)(None)
+    finally:
+        stdout.close()
+        if not reader_gone:
+            os.close(read)
