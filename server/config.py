@@ -482,11 +482,26 @@ def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _a(value: object) -> str:
+    """What a config value is, in words: "a list", "a table", "nothing (null)"."""
+    if value is None:
+        return "nothing (null)"
+    kind = {dict: "table", list: "list", tuple: "list"}.get(type(value), type(value).__name__)
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
 def _describe(err: ValidationError) -> str:
     errors = err.errors()
     lines = []
+    named_params = set()
     for e in errors:
         loc = e["loc"]
+        if len(loc) == 3 and loc[0] == "parameters" and loc[2] in ("str", "int", "float", "bool"):
+            # One error per member of the union a parameter may be (.str, .int, .float, .bool): one line.
+            if loc[1] not in named_params:
+                named_params.add(loc[1])
+                lines.append(f"parameters.{loc[1]}: expected a string, number or boolean; got {_a(e.get('input'))}")
+            continue
         # A list whose item failed is also "too short" (pydantic counts only the items that
         # validated): a false second error when the item's own error is the one to fix.
         if e["type"] == "too_short" and any(len(o["loc"]) > len(loc) and o["loc"][: len(loc)] == loc for o in errors):
@@ -499,7 +514,13 @@ def _describe(err: ValidationError) -> str:
             continue
         got = e.get("input")
         got_s = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"{where}: {e['msg']}{got_s}")
+        hint = ""
+        if loc == ("max_batch_size",) and e["type"] == "greater_than_equal":
+            hint = (
+                ": wok always batches along the first dim (Triton's 0, no batching, is not supported): "
+                "give max_batch_size >= 1 and leave the batch dim out of dims"
+            )
+        lines.append(f"{where}: {e['msg']}{got_s}{hint}")
     return "; ".join(lines)
 
 

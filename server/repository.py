@@ -9,7 +9,9 @@ dicts with `weights_only=True` or from safetensors.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
+import itertools
 import logging
 import pickle
 import re
@@ -29,36 +31,77 @@ VERSION = "1"
 log = logging.getLogger("wok")
 
 
+_packages = itertools.count(1)
+
+
+def _import_model_folder_module(cfg: ModelConfig, model_dir: Path, module_name: str, local: Path):
+    """Import `local` (the folder's file for `module_name`) as a submodule of a package private to
+    this model: the folder is that package, so model.py may import its sibling files relatively
+    (`from .layers import head`), and two models' layers.py stay two modules. The folder is never put
+    on sys.path: an absolute `import layers` finds only installed modules."""
+    slug = re.sub(r"\W", "_", cfg.name)
+    package = f"wok_model_{slug}_{next(_packages)}"
+    init = model_dir / "__init__.py"
+    if init.is_file():
+        spec = importlib.util.spec_from_file_location(package, init, submodule_search_locations=[str(model_dir)])
+    else:
+        spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
+        spec.submodule_search_locations = [str(model_dir)]
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules[package] = pkg
+    try:
+        if spec.loader is not None:
+            spec.loader.exec_module(pkg)
+        parent = package
+        for part in module_name.split(".")[:-1]:  # a dotted factory module: pkg.models is pkg/models.py
+            importlib.import_module(f"{parent}.{part}")
+            parent = f"{parent}.{part}"
+        full = f"{package}.{module_name}"
+        spec = importlib.util.spec_from_file_location(full, local)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[full] = mod
+        spec.loader.exec_module(mod)
+        setattr(sys.modules[parent], module_name.rpartition(".")[2], mod)
+    except BaseException:
+        for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+            del sys.modules[name]
+        raise
+    return mod
+
+
 def _load_factory(cfg: ModelConfig, model_dir: Path):
     module_name, _, attr = cfg.factory.partition(":")
     local = model_dir / (module_name.replace(".", "/") + ".py")
+    where = f"{cfg.source}: factory {cfg.factory!r}" if cfg.source else f"model '{cfg.name}': factory {cfg.factory!r}"
     if local.is_file():
-        # A factory file inside the model's folder is imported under a private name, so two
-        # models may each have their own model.py.
-        unique = f"wok_repository_{cfg.name.replace('-', '_').replace('.', '_')}_{module_name.replace('.', '_')}"
-        spec = importlib.util.spec_from_file_location(unique, local)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[unique] = mod
         try:
-            spec.loader.exec_module(mod)
+            mod = _import_model_folder_module(cfg, model_dir, module_name, local)
         except Exception as exc:
-            del sys.modules[unique]
             raise ConfigError(
                 f"model '{cfg.name}': cannot import factory module {str(local)!r}: {type(exc).__name__}: {exc}"
             ) from exc
+        found_in = str(local)
     else:
         try:
             mod = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            parts = module_name.split(".")
+            if exc.name in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+                raise ConfigError(f"{where}: no file {local}, and no installed module {module_name!r}") from None
+            raise ConfigError(f"model '{cfg.name}': cannot import factory module {module_name!r}: {exc}") from None
         except ImportError as exc:
             raise ConfigError(f"model '{cfg.name}': cannot import factory module {module_name!r}: {exc}") from None
         except Exception as exc:  # the module itself failed as it was imported
             raise ConfigError(
                 f"model '{cfg.name}': cannot import factory module {module_name!r}: {type(exc).__name__}: {exc}"
             ) from exc
+        found_in = f"installed module {module_name!r}"
+        if getattr(mod, "__file__", None):
+            found_in += f" ({mod.__file__})"
     try:
         return getattr(mod, attr)
     except AttributeError:
-        raise ConfigError(f"model '{cfg.name}': module {module_name!r} has no attribute {attr!r}") from None
+        raise ConfigError(f"{where}: {found_in} has no attribute {attr!r}") from None
 
 
 def _load_weights(module: nn.Module, path: Path, cfg: ModelConfig) -> None:

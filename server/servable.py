@@ -11,6 +11,7 @@ Demo models override the hooks to pad or to bucket by length.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import threading
 from collections.abc import Hashable, Sequence
@@ -45,6 +46,34 @@ def casts_without_loss(have: torch.dtype, want: torch.dtype) -> bool:
         return max(-lo, hi) <= 2 / torch.finfo(want).eps
     info = torch.iinfo(want)
     return info.min <= lo and hi <= info.max
+
+
+def forward_parameter_names(module: nn.Module) -> list[str] | None:
+    """The names of the parameters `module`'s forward takes (no self, *args or **kwargs), in their
+    order; None where they cannot be read or one of them cannot be given by position."""
+    if isinstance(module, torch.jit.ScriptModule):
+        try:
+            args = module.forward.schema.arguments
+        except (AttributeError, RuntimeError):
+            return None
+        return [a.name for a in args if a.name != "self"]
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.KEYWORD_ONLY for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def forward_order(module: nn.Module, input_names: list[str]) -> list[str]:
+    """The config's input names in the order `module`'s forward takes them, where its parameters are
+    named exactly as the inputs (`forward(self, minuend, subtrahend)` for inputs listed `subtrahend`
+    first); else `input_names` as they are (`forward(self, x)` for an input "INPUT0")."""
+    names = forward_parameter_names(module)
+    if names is not None and len(names) == len(input_names) and set(names) == set(input_names):
+        return names
+    return list(input_names)
 
 
 class HostBuffers:
@@ -89,6 +118,9 @@ class Servable:
         # Whether an output of a dtype other than its config's casts without loss, by (output, dtype):
         # decided once, as the check runs per batch.
         self._castable: dict[tuple[str, torch.dtype], bool] = {}
+        # The inputs in the order forward takes them, decided once: by forward's parameter names
+        # where they are exactly the config's input names, else the config's order.
+        self._input_order = forward_order(module, [t.name for t in config.inputs])
 
     @property
     def name(self) -> str:
@@ -144,8 +176,9 @@ class Servable:
         return {k: (v.to(self.compute_dtype) if v.is_floating_point() else v) for k, v in tensors.items()}
 
     def forward(self, module: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Run the module; positional inputs in config order, outputs named by config order."""
-        result = module(*[tensors[t.name] for t in self.config.inputs])
+        """Run the module; inputs by position, in the order of forward's parameters where their names are
+        the config's input names (else the config's order); outputs named by config order."""
+        result = module(*[tensors[n] for n in self._input_order])
         return self.name_outputs(result)
 
     def name_outputs(self, result) -> dict[str, torch.Tensor]:
@@ -164,6 +197,10 @@ class Servable:
             )
         out = {}
         for n, t in zip(names, result):
+            if not isinstance(t, torch.Tensor):
+                raise ModelExecutionError(
+                    f"model '{self.name}' output '{n}' is {type(t).__name__}; expected a torch.Tensor"
+                )
             want = torch_dtype(self.output_types[n])
             if t.dtype != want:
                 ok = self._castable.get((n, t.dtype))

@@ -111,9 +111,22 @@ def test_negative_queue_delay(tmp_path):
 def test_zero_max_batch_size(tmp_path):
     msg, path = load_error(tmp_path, changed(max_batch_size=0, dynamic_batching={"max_queue_delay_ms": 1.0}))
     assert msg.startswith(f"{path}: ")
-    assert "max_batch_size" in msg
-    assert "greater than or equal to 1" in msg
-    assert "(got 0)" in msg
+    # Triton's max_batch_size = 0 (no batching) has no meaning here: the message says what to give instead.
+    assert msg == (
+        f"{path}: max_batch_size: Input should be greater than or equal to 1 (got 0): wok always batches along "
+        "the first dim (Triton's 0, no batching, is not supported): give max_batch_size >= 1 and leave the "
+        "batch dim out of dims"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "got"),
+    [([10], "a list"), ({"n": 10}, "a table")],
+)
+def test_a_parameter_of_another_type_is_one_error_not_one_per_accepted_type(tmp_path, value, got):
+    # It was four: parameters.classes.str, .int, .float and .bool, each "Input should be a valid ...".
+    msg, path = load_error(tmp_path, changed(parameters={"classes": value, "hidden": 16}))
+    assert msg == f"{path}: parameters.classes: expected a string, number or boolean; got {got}"
 
 
 def test_preferred_batch_size_above_max(tmp_path):

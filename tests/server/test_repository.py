@@ -300,8 +300,34 @@ def test_factory_module_not_importable(tmp_path):
     d = model_dir(tmp_path, "m", "python", extra='factory = "wok_no_such_module_xyz:build"')
     with pytest.raises(ConfigError) as info:
         load_servable(d)
-    msg = str(info.value)
-    assert msg.startswith("model 'm': cannot import factory module 'wok_no_such_module_xyz': ")
+    # Both places looked in are named: the file in the model's folder and the installed modules.
+    assert str(info.value) == (
+        f"{d / 'config.toml'}: factory 'wok_no_such_module_xyz:build': no file {d / 'wok_no_such_module_xyz.py'}, "
+        "and no installed module 'wok_no_such_module_xyz'"
+    )
+
+
+def test_no_model_py_in_the_folder_names_the_file_looked_for(tmp_path):
+    d = model_dir(tmp_path, "m", "python", extra='factory = "model:build"')
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        f"{d / 'config.toml'}: factory 'model:build': no file {d / 'model.py'}, and no installed module 'model'"
+    )
+
+
+def test_an_installed_module_missing_a_dependency_names_the_dependency(tmp_path, monkeypatch):
+    # The factory's module is there; what is missing is a module it imports.
+    pkg = tmp_path / "site"
+    pkg.mkdir()
+    (pkg / "wok_test_needs_dep.py").write_text("import wok_no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(pkg))
+    d = model_dir(tmp_path / "repo", "m", "python", extra='factory = "wok_test_needs_dep:build"')
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        "model 'm': cannot import factory module 'wok_test_needs_dep': No module named 'wok_no_such_dependency_xyz'"
+    )
 
 
 def test_factory_attribute_missing(tmp_path):
@@ -309,7 +335,17 @@ def test_factory_attribute_missing(tmp_path):
     (d / "model.py").write_text(LINEAR_FACTORY)
     with pytest.raises(ConfigError) as info:
         load_servable(d)
-    assert str(info.value) == "model 'm': module 'model' has no attribute 'make'"
+    assert str(info.value) == f"{d / 'config.toml'}: factory 'model:make': {d / 'model.py'} has no attribute 'make'"
+
+
+def test_installed_factory_attribute_missing(tmp_path):
+    d = model_dir(tmp_path, "m", "python", extra='factory = "torch.nn:NoSuchLayer"')
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        f"{d / 'config.toml'}: factory 'torch.nn:NoSuchLayer': installed module 'torch.nn' "
+        f"({torch.nn.__file__}) has no attribute 'NoSuchLayer'"
+    )
 
 
 def test_factory_returning_non_module(tmp_path):
@@ -642,7 +678,11 @@ def test_python_m_wok_does_not_import_factory_modules_from_the_working_directory
     proc, marker = failed_starts["stray"]
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 2, stderr[-2000:]
-    assert "model 'm': cannot import factory module 'wok_stray_helper': No module named 'wok_stray_helper'" in stderr
+    repo_model = marker.parent / "repo" / "m"
+    assert stderr.splitlines()[-1:] == [
+        f"wok: {repo_model / 'config.toml'}: factory 'wok_stray_helper:build': no file "
+        f"{repo_model / 'wok_stray_helper.py'}, and no installed module 'wok_stray_helper'"
+    ]
     assert not marker.exists()
 
 

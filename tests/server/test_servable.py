@@ -207,3 +207,53 @@ async def test_a_request_whose_output_cannot_take_its_config_datatype_fails_and_
             resp = await stub.ModelInfer(encode_request("m", {"x": np.zeros((1, 2), np.float32)}), timeout=30)
     out = decode_response(resp)["y"]
     assert out.dtype == np.int64 and out.tolist() == [[0, 0]]
+
+
+class ReturnsACount(nn.Module):
+    """Answers its scores and a plain int where the config declares a second tensor."""
+
+    def forward(self, x: torch.Tensor):
+        return x * 2.0, 3
+
+
+def servable_with_count(source: str = "test") -> Servable:
+    cfg = model_config_from_dict(
+        {
+            "name": "m",
+            "platform": "python",
+            "factory": "tests:unused",
+            "inputs": [{"name": "x", "datatype": "FP32", "dims": [-1]}],  # variable: the warm-up could hint
+            "outputs": [
+                {"name": "score", "datatype": "FP32", "dims": [-1]},
+                {"name": "count", "datatype": "INT64", "dims": [1]},
+            ],
+            "max_batch_size": 4,
+            "instances": {"devices": ["cpu"], "pipeline_depth": 1},
+        },
+        source,
+    )
+    return Servable(cfg, ReturnsACount())
+
+
+def test_an_output_that_is_no_tensor_fails_the_batch_naming_the_output_and_its_type():
+    # It was AttributeError: 'int' object has no attribute 'dtype'.
+    s = servable_with_count()
+    with pytest.raises(ModelExecutionError) as info, torch.inference_mode():
+        s.forward(s.module_for(CPU), {"x": torch.ones(2, 3)})
+    assert str(info.value) == "model 'm' output 'count' is int; expected a torch.Tensor"
+
+
+def test_an_output_that_is_no_tensor_fails_the_warm_up_without_a_warmup_dims_hint(tmp_path):
+    # wok's own check of the answer failed, not the model on the zeros' sizes: no hint to change them.
+    source = str(tmp_path / "m" / "config.toml")
+    s = servable_with_count(source)
+    ex = Executor(s, s.config.instances)
+    try:
+        with pytest.raises(ModelExecutionError) as info:
+            ex.warmup()
+    finally:
+        ex.shutdown()
+    assert str(info.value) == (
+        "model 'm' failed: ModelExecutionError: model 'm' output 'count' is int; expected a torch.Tensor; in the "
+        f"start-up warm-up, on a batch of zeros with input shapes x [1, 1] on cpu (config: {source})"
+    )
