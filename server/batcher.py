@@ -54,7 +54,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import DeadlineExceeded, DeadlineUnmeetable, InvalidInput, ModelExecutionError, QueueFull, ShuttingDown
+from .errors import (
+    DeadlineExceeded,
+    DeadlineUnmeetable,
+    InvalidInput,
+    ModelExecutionError,
+    QueueFull,
+    ShuttingDown,
+    error_line,
+)
 from .executor import BatchResult, Executor
 from .metrics import ModelMetrics
 from .policy import SloPolicy, read_profile_fit
@@ -1275,7 +1283,9 @@ class Batcher:
             if self._busy[inst] == 0:
                 self._idle_since[inst] = now
             if not isinstance(exc, (ModelExecutionError, ShuttingDown)):
-                exc = ModelExecutionError(f"model '{self.name}' failed: {type(exc).__name__}: {exc}")
+                # One line for the callers; the whole error, as the cause, for FailureLog's traceback.
+                cause, exc = exc, ModelExecutionError(f"model '{self.name}' failed: {error_line(exc)}")
+                exc.__cause__ = cause
             if not isinstance(exc, ShuttingDown):
                 self.failures.batch_failed(exc, len(batch.requests), batch.samples)
             for p in batch.requests:

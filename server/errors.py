@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 
 import grpc
 
@@ -86,6 +87,31 @@ class ModelExecutionError(WokError):
 class WarmupError(ModelExecutionError):
     """The model failed its start-up warm-up: its config (or the model) must change, so `wok serve`
     exits as for any other config error."""
+
+
+# The last line of a TorchScript interpreter's error: "RuntimeError: ...", or "builtins.ValueError: ..." for
+# an exception the script raised itself.
+_NAMED_LINE = re.compile(r"(?:builtins\.)?([A-Za-z_][\w.]*(?:Error|Exception)): (.*)")
+
+
+def error_line(exc: BaseException) -> str:
+    """'Type: message' in one line, for a client: the full message (TorchScript's traceback, CUDA's
+    advice) belongs in the server's log.
+
+    A TorchScript error's message is the script's traceback, its last line the error itself (named
+    there: "RuntimeError: index out of range in self" is given as it is, not under a second
+    "RuntimeError: "); any other message gives its first line.
+    """
+    name = type(exc).__name__
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if not lines:
+        return f"{name}: (no message)"
+    if "Traceback of TorchScript" not in str(exc):
+        return f"{name}: {lines[0]}"
+    named = _NAMED_LINE.fullmatch(lines[-1])
+    if named:
+        return f"{named[1].rpartition('.')[2]}: {named[2]}"
+    return f"{name}: {lines[-1]}"
 
 
 class ConfigError(ValueError):

@@ -7,7 +7,9 @@ three streams of the instance (copy in, compute, copy out), ordered by events, a
 `pipeline_depth` >= 2 the copy of batch k+1 overlaps the compute of batch k. Host
 buffers are page-locked so that `non_blocking` copies are truly asynchronous. On the CPU
 the stages run in order on the worker thread, timed with clocks; there is no copy in (h2d is
-metrics.NOT_RUN), and d2h is taking the outputs to NumPy and splitting them per request.
+metrics.NOT_RUN), and d2h is taking the outputs to NumPy and splitting them per request: views of a
+fresh output, a copy of one the model may write again while the loop still encodes it (a view, an
+alias of the input slot, or in storage the module holds; see _run_cpu).
 
 An instance has `pipeline_depth` slots (2 by default); each slot owns its host buffers, and
 a slot is reused only after its batch completed, so no buffer is overwritten while a copy
@@ -52,7 +54,7 @@ import torch
 
 from .config import InstanceConfig
 from .cpulinear import MIN_ROWS, onednn_counts, padded_rows, with_onednn_linear
-from .errors import ModelExecutionError, WarmupError
+from .errors import ModelExecutionError, WarmupError, error_line
 from .faults import InstanceFault
 from .metrics import NOT_RUN
 from .servable import HostBuffers, Servable
@@ -155,6 +157,11 @@ class Instance:
         size = sum(t.numel() * t.element_size() for t in weights)
         self._weights = weights if not self.cuda and 0 < size <= PREWARM_MAX_BYTES else []
         self.prewarms = 0  # how many prewarm reads the worker ran
+        # Storages of the tensors the module holds (module_storages), collected after a batch of
+        # more samples than any before it and after the warm-up, not per batch; and that batch's size.
+        self._owned: frozenset[int] | None = None
+        self._owned_rows = 0
+        self.output_copies = 0  # CPU outputs copied rather than handed out as views (_run_cpu)
         self.slots = [_Slot(pinned=self.cuda) for _ in range(depth)]
         self.fault = InstanceFault(servable.name, index)  # set by the admin API (server/faults.py)
         # Called on the loop as each batch is handed over, with (rows, future): the admin's event stream.
@@ -223,6 +230,13 @@ class Instance:
         self.prewarms += 1
         return sum(t.numel() * t.element_size() for t in self._weights)
 
+    def collect_owned(self, samples: int = 0) -> None:
+        """Note the storages of every tensor the module holds now (module_storages): a CPU output in
+        one of them is copied. `samples`: the batch it follows (a model may grow a buffer it keeps
+        for larger batches: the next larger batch collects again)."""
+        self._owned = module_storages(self.module)
+        self._owned_rows = max(self._owned_rows, samples)
+
     def _start_worker(self, name: str) -> None:
         name_os_thread(name)
         # A thread's own setting starts from the process-wide one (the last torch.set_num_threads).
@@ -271,21 +285,31 @@ class Instance:
         except ModelExecutionError:
             raise
         except Exception as exc:
-            raise ModelExecutionError(f"model '{s.name}' failed: {type(exc).__name__}: {exc}") from exc
+            raise _model_failed(s.name, exc) from exc
         if slow_s:
             time.sleep(slow_s)
         t2 = time.perf_counter()
-        # Outputs are usually fresh tensors, so per-request views of them are safe to hand
-        # out. An output that aliases an input (identity, a slice of it) lives in this slot's
-        # reusable buffer, which the next batch overwrites: copy that one.
+        # Outputs are usually fresh tensors, so per-request views of them are safe to hand out
+        # (the loop encodes them while the next batch runs). Any other is copied: an output that
+        # aliases an input (identity, a slice of it) lives in this slot's reusable buffer, which
+        # the next batch overwrites; one that is a view (of a buffer or parameter: a slice of
+        # `self.out`), or whose storage the module holds (a tensor it keeps and overwrites), would
+        # be the next batch's answer by the time it is sent.
+        if self._owned is None or samples > self._owned_rows:
+            self.collect_owned(samples)
         reused = slot.inputs.storage_ptrs()
+        owned = self._owned
         arrays = {}
         for k, v in out.items():
             a = to_numpy_view(v.detach())
-            alias = v.untyped_storage().data_ptr() in reused
+            ptr = v.untyped_storage().data_ptr()
             # A 0-d output stays 0-d (np.ascontiguousarray would make it 1-d), so that split
             # refuses it here as on CUDA: it is not one row per sample.
-            arrays[k] = a.copy() if alias or a.ndim == 0 else np.ascontiguousarray(a)
+            if a.ndim == 0 or v._is_view() or ptr in reused or ptr in owned:
+                arrays[k] = a.copy()
+                self.output_copies += 1
+            else:
+                arrays[k] = np.ascontiguousarray(a)
         per_request = s.split(arrays, rows)
         t3 = time.perf_counter()
         times = StageTimes(t1 - t0, NOT_RUN, t2 - t1, t3 - t2)
@@ -332,7 +356,7 @@ class Instance:
         except ModelExecutionError:
             raise
         except Exception as exc:
-            raise ModelExecutionError(f"model '{s.name}' failed: {type(exc).__name__}: {exc}") from exc
+            raise _model_failed(s.name, exc) from exc
         return host_out, ev, assemble, t0, rows, kept
 
     def _finish_cuda(self, launched) -> BatchResult:
@@ -342,7 +366,8 @@ class Instance:
         try:
             ev[4].synchronize()
         except Exception as exc:
-            raise ModelExecutionError(f"model '{self.servable.name}' failed on the device: {exc}") from exc
+            log.debug("model '%s': a batch failed on the device", self.servable.name, exc_info=True)
+            raise ModelExecutionError(f"model '{self.servable.name}' failed on the device: {error_line(exc)}") from exc
         times = StageTimes(
             assemble,
             ev[0].elapsed_time(ev[1]) / 1e3,
@@ -353,6 +378,45 @@ class Instance:
         arrays = {k: to_numpy_view(v).copy() for k, v in host_out.items()}
         per_request = self.servable.split(arrays, rows)
         return BatchResult(per_request, times, self.index, started, time.perf_counter(), tuple(ev), kept)
+
+
+def _model_failed(name: str, exc: BaseException) -> ModelExecutionError:
+    """The error a batch whose model raised `exc` ends with: its callers get one line (error_line; a
+    TorchScript error's message is the script's traceback). The full one is logged here at DEBUG for
+    every batch, and by the batcher's FailureLog at WARNING, rate-limited, as the error's cause."""
+    log.debug("model '%s': a batch failed", name, exc_info=exc)
+    return ModelExecutionError(f"model '{name}' failed: {error_line(exc)}")
+
+
+def module_storages(module: torch.nn.Module) -> frozenset[int]:
+    """The storages (data pointers) of the tensors `module` holds: every submodule's parameters,
+    buffers and plain tensor attributes (also those in a list, tuple or dict attribute; for
+    TorchScript, the attributes its type declares)."""
+    tensors: list = []
+    for m in module.modules():
+        tensors += m.parameters(recurse=False)
+        tensors += m.buffers(recurse=False)
+        for v in vars(m).values():
+            if isinstance(v, dict):
+                v = list(v.values())
+            if isinstance(v, (list, tuple)):
+                tensors += (x for x in v if isinstance(x, torch.Tensor))
+            elif isinstance(v, torch.Tensor):
+                tensors.append(v)
+        concrete = getattr(m, "_concrete_type", None)  # TorchScript's: its attributes are not in vars()
+        if concrete is not None:
+            try:
+                tensors += [getattr(m, n) for n, (t, _) in concrete.get_attributes().items() if str(t) == "Tensor"]
+            except (AttributeError, RuntimeError):
+                pass
+    ptrs = set()
+    for t in tensors:
+        try:
+            ptrs.add(t.untyped_storage().data_ptr())
+        except (AttributeError, RuntimeError, NotImplementedError):  # not a tensor, or one with no storage
+            pass
+    ptrs.discard(0)  # an empty tensor's: no answer's rows live there
+    return frozenset(ptrs)
 
 
 def _live(inputs, rows, deadlines, now: float):
@@ -445,6 +509,8 @@ class Executor:
                 for n in (n for n in sizes if inst.threads_for(n) == 1):
                     self._warm(inst, sample, n)
                 inst.onednn_ran = onednn_counts(inst.module, ran=True)
+            # What the warm-up made the module allocate (a buffer built at its first call) is its own too.
+            inst.collect_owned()
 
     @staticmethod
     def _warm(inst: Instance, sample: dict[str, np.ndarray], rows: int) -> None:
@@ -461,9 +527,6 @@ class Executor:
             if isinstance(exc, ModelExecutionError) and not own_check:
                 exc = exc.__cause__
             shapes = ", ".join(f"{name} {[rows, *a.shape[1:]]}" for name, a in sample.items())
-            # A TorchScript error's message holds the script's traceback; its last line is the error.
-            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or ["(no message)"]
-            msg = lines[-1].removeprefix(f"{type(exc).__name__}: ")
             log.debug("model '%s': warm-up batch failed", cfg.name, exc_info=True)
             hint = ""
             if not own_check and any(t.variable for t in cfg.inputs):
@@ -472,7 +535,7 @@ class Executor:
                     "each [[inputs]] of the config"
                 )
             raise WarmupError(
-                f"model '{cfg.name}' failed: {type(exc).__name__}: {msg}; in the start-up warm-up, on a batch of "
+                f"model '{cfg.name}' failed: {error_line(exc)}; in the start-up warm-up, on a batch of "
                 f"zeros with input shapes {shapes} on {inst.device} (config: {cfg.source or 'built in code'}){hint}"
             ) from exc
 
