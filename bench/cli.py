@@ -312,7 +312,12 @@ def _show_after(write, show):
     try:
         written = write()
     except ValueError:
-        show()
+        try:
+            show()
+        # stdout closed (`| head`): the write's error, on stderr, is what matters now. Rich's console
+        # meets the broken pipe itself, points stdout at /dev/null and raises SystemExit(1).
+        except (BrokenPipeError, SystemExit):
+            _silence_stdout()
         raise
     show()
     return written
@@ -333,13 +338,17 @@ def _quiet_when_stdout_closes(run):
         except BrokenPipeError:
             if not _stdout_closed():
                 raise
-            # Python flushes stdout again at exit: point it at /dev/null so that finds nothing to say.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            os.close(devnull)
+            _silence_stdout()
             return 1
 
     return wrapped
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout again at exit: point it at /dev/null so that finds nothing to say.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _stdout_closed() -> bool:
@@ -613,7 +622,8 @@ _BARE_NUMBER = re.compile(r"\s*(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
 
 def _with_unit(option: str, text: str) -> str:
     """`text`, refused when it is a bare number: `option` is a latency, whose scale is milliseconds."""
-    if _BARE_NUMBER.fullmatch(text) and math.isfinite(value := float(text)):
+    # 0 is 0 in any unit (`--max-queue-delay 0`, `--overhead 0`): only another number is ambiguous.
+    if _BARE_NUMBER.fullmatch(text) and math.isfinite(value := float(text)) and value != 0:
         raise ValueError(
             f"{option} {text.strip()!r}: give a unit, e.g. {value:g}ms or {value / 1e3:g}s (a bare number would be "
             "seconds)"
@@ -646,6 +656,7 @@ def _check_target(text: str) -> str:
     auto's URL."""
     from wok.clients.channel import _SCHEMES, split_host_port, target_list
 
+    text = text.strip()  # "HOST:PORT " from a script: gRPC took it, and the items of a list are stripped
     if text.startswith(_SCHEMES):
         return text
     for one in target_list(text):
@@ -653,7 +664,9 @@ def _check_target(text: str) -> str:
         plain = "/" not in one and (one.count(":") == 1 or one.startswith("["))
         if parsed is None or not plain or not 0 < parsed[1] < 65536:
             hint = " (no URL scheme: gRPC, not HTTP)" if "://" in one else ""
-            raise ValueError(f"--target {text!r}: expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:NAME){hint}")
+            raise ValueError(
+                f"--target {text!r}: expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:///NAME:PORT){hint}"
+            )
     return text
 
 

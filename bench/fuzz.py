@@ -675,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
         from wok.clients.channel import _SCHEMES
 
         try:
-            _check_target(args.target)  # else a target without a port dials 443, a URL fails every input
+            args.target = _check_target(args.target)  # else a target without a port dials 443, a URL fails every input
             if "," in args.target and not args.target.startswith(_SCHEMES):
                 raise ValueError(f"--target {args.target!r}: expected one server, HOST:PORT")
         except ValueError as exc:

@@ -1148,8 +1148,9 @@ def main(argv=None) -> int:
             check_search(profile, args)
         if args.device_like:  # the calibration's batch is the zero-time one: subtract what that takes
             phase = "the profile"
-            zero = profile_from_document(measure_profile([1, 2], 50, device_like=(0.0, 0.0)))
-            t1 = float(np.median(dict(zero.samples)[1]))
+            # Its samples only: the fit of a batch that takes no time is noise around 0, β < 0 half the time.
+            zero = measure_profile([1, 2], 50, device_like=(0.0, 0.0))
+            t1 = float(np.median(next(b["samples_s"] for b in zero["batches"] if b["batch_size"] == 1)))
 
         # 2. the CPU stage (not for the device-like model: its batch sleeps), then the overhead
         stage = None

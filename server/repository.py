@@ -41,17 +41,13 @@ def _import_model_folder_module(cfg: ModelConfig, model_dir: Path, module_name: 
     on sys.path: an absolute `import layers` finds only installed modules."""
     slug = re.sub(r"\W", "_", cfg.name)
     package = f"wok_model_{slug}_{next(_packages)}"
-    init = model_dir / "__init__.py"
-    if init.is_file():
-        spec = importlib.util.spec_from_file_location(package, init, submodule_search_locations=[str(model_dir)])
-    else:
-        spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
-        spec.submodule_search_locations = [str(model_dir)]
+    # An empty package: a folder's __init__.py is not run (it was never read before model folders were
+    # packages; run, it could import model.py a second time, or fail on an absolute `from model import`).
+    spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
+    spec.submodule_search_locations = [str(model_dir)]
     pkg = importlib.util.module_from_spec(spec)
     sys.modules[package] = pkg
     try:
-        if spec.loader is not None:
-            spec.loader.exec_module(pkg)
         parent = package
         for part in module_name.split(".")[:-1]:  # a dotted factory module: pkg.models is pkg/models.py
             importlib.import_module(f"{parent}.{part}")

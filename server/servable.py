@@ -48,31 +48,40 @@ def casts_without_loss(have: torch.dtype, want: torch.dtype) -> bool:
     return info.min <= lo and hi <= info.max
 
 
-def forward_parameter_names(module: nn.Module) -> list[str] | None:
-    """The names of the parameters `module`'s forward takes (no self, *args or **kwargs), in their
-    order; None where they cannot be read or one of them cannot be given by position."""
+def forward_parameter_names(module: nn.Module) -> list[tuple[str, bool]] | None:
+    """(name, has a default) of each parameter `module`'s forward takes by position (no self, *args or
+    **kwargs), in their order; None where they cannot be read, or a keyword-only one has no default
+    (a call by position cannot give it)."""
     if isinstance(module, torch.jit.ScriptModule):
         try:
-            args = module.forward.schema.arguments
+            args = [a for a in module.forward.schema.arguments if a.name != "self"]
         except (AttributeError, RuntimeError):
             return None
-        return [a.name for a in args if a.name != "self"]
+        if any(a.kwarg_only and not a.has_default_value() for a in args):
+            return None
+        return [(a.name, a.has_default_value()) for a in args if not a.kwarg_only]
     try:
         params = inspect.signature(module.forward).parameters.values()
     except (TypeError, ValueError):
         return None
-    if any(p.kind == p.KEYWORD_ONLY for p in params):
+    if any(p.kind == p.KEYWORD_ONLY and p.default is p.empty for p in params):
         return None
-    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [
+        (p.name, p.default is not p.empty) for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
 
 
 def forward_order(module: nn.Module, input_names: list[str]) -> list[str]:
-    """The config's input names in the order `module`'s forward takes them, where its parameters are
-    named exactly as the inputs (`forward(self, minuend, subtrahend)` for inputs listed `subtrahend`
-    first); else `input_names` as they are (`forward(self, x)` for an input "INPUT0")."""
-    names = forward_parameter_names(module)
-    if names is not None and len(names) == len(input_names) and set(names) == set(input_names):
-        return names
+    """The config's input names in the order `module`'s forward takes them, where its first parameters
+    are named exactly as the inputs and any after them have defaults (`forward(self, minuend,
+    subtrahend, mask=None)` for inputs listed `subtrahend` first); else `input_names` as they are
+    (`forward(self, x)` for an input "INPUT0")."""
+    params = forward_parameter_names(module)
+    k = len(input_names)
+    if params is not None and len(params) >= k and all(has_default for _, has_default in params[k:]):
+        names = [name for name, _ in params[:k]]
+        if set(names) == set(input_names):
+            return names
     return list(input_names)
 
 

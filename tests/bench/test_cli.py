@@ -69,7 +69,7 @@ def test_options_that_would_be_ignored_together_are_refused(argv, message, capsy
     assert message in capsys.readouterr().err
 
 
-TARGET = "--target '{}': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:NAME)"
+TARGET = "--target '{}': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:///NAME:PORT)"
 
 
 @pytest.mark.parametrize(
@@ -152,6 +152,15 @@ def test_every_target_the_clients_read_is_accepted(target):
     from wok.bench.cli import _check_target
 
     assert _check_target(target) == target
+    assert _check_target(f" {target} ") == target  # as gRPC took it
+
+
+@pytest.mark.parametrize("option", ["--slo-p99", "--hedge-after"])
+def test_a_bare_zero_is_zero_in_any_unit(option):
+    from wok.bench.cli import _with_unit
+
+    assert _with_unit(option, "0") == "0"
+    assert _with_unit(option, "0.0") == "0.0"
 
 
 def _ramp_config(monkeypatch, wok_cli, *argv: str):

@@ -117,10 +117,10 @@ def test_long_names_are_long_and_encodable(name):
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ("localhost", "--target 'localhost': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:NAME)"),
+        ("localhost", "--target 'localhost': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:///NAME:PORT)"),
         (
             "http://127.0.0.1:8001",
-            "--target 'http://127.0.0.1:8001': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:NAME) "
+            "--target 'http://127.0.0.1:8001': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:///NAME:PORT) "
             "(no URL scheme: gRPC, not HTTP)",
         ),
         ("127.0.0.1:8001,127.0.0.1:8002", "--target '127.0.0.1:8001,127.0.0.1:8002': expected one server, HOST:PORT"),

@@ -128,3 +128,19 @@ def test_a_dotted_factory_module_in_a_subfolder_imports_relatively_too(tmp_path)
     )
     x = torch.ones(2, 2)
     torch.testing.assert_close(answer(load_servable(d), x), x * 3)
+
+
+@pytest.mark.parametrize("init", ["from .model import build\n", "from model import build\n", "raise RuntimeError\n"])
+def test_an_init_py_in_the_model_folder_is_not_run(tmp_path, init, monkeypatch):
+    # Run as the package's init, it imported model.py a second time, or failed on an import that
+    # loaded before model folders were packages.
+    import builtins
+
+    model = "import builtins\nbuiltins.WOK_TEST_RUNS += 1\n" + MODEL.format(import_line="from .layers import head")
+    d = model_folder(
+        tmp_path, "m", {"model.py": model, "layers.py": "def head(x):\n    return x - 1\n", "__init__.py": init}
+    )
+    monkeypatch.setattr(builtins, "WOK_TEST_RUNS", 0, raising=False)
+    x = torch.ones(2, 2)
+    torch.testing.assert_close(answer(load_servable(d), x), x - 1)
+    assert builtins.WOK_TEST_RUNS == 1

@@ -109,6 +109,21 @@ class VarArgs(nn.Module):
         return minuend - subtrahend
 
 
+class Defaults(nn.Module):
+    def forward(self, minuend, subtrahend, mask=None, *, scale=1.0):
+        return (minuend - subtrahend) * scale
+
+
+class ScriptedDefaults(nn.Module):
+    def forward(self, minuend, subtrahend, scale: float = 1.0):
+        return (minuend - subtrahend) * scale
+
+
+class Required(nn.Module):
+    def forward(self, minuend, subtrahend, mask):  # a third input the config does not name: unchanged
+        return minuend - subtrahend
+
+
 class Star(nn.Module):
     def forward(self, *tensors):
         return tensors[0] - tensors[1]
@@ -122,6 +137,9 @@ class Star(nn.Module):
         (VarArgs(), ["subtrahend", "minuend"], ["minuend", "subtrahend"]),  # *rest, **options are no inputs
         (Named(), ["INPUT1", "INPUT0"], ["INPUT1", "INPUT0"]),  # other names: the config's order, as before
         (Named(), ["b", "x"], ["b", "x"]),  # only some names match: the config's order
+        (Defaults(), ["subtrahend", "minuend"], ["minuend", "subtrahend"]),  # the rest have defaults
+        (torch.jit.script(ScriptedDefaults()), ["subtrahend", "minuend"], ["minuend", "subtrahend"]),
+        (Required(), ["subtrahend", "minuend"], ["subtrahend", "minuend"]),
         (Star(), ["subtrahend", "minuend"], ["subtrahend", "minuend"]),  # no names at all
         (nn.Identity(), ["input"], ["input"]),
     ],
