@@ -190,9 +190,13 @@ def run_merge(args) -> int:
     parts = []
     for path in args.results:
         try:
-            parts.append(json.loads(path.read_text()))
-        except (OSError, ValueError) as exc:
+            text = path.read_text()
+        except (OSError, ValueError) as exc:  # ValueError: not UTF-8 text
             raise ValueError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
+        try:
+            parts.append(json.loads(text))
+        except ValueError as exc:
+            raise ValueError(f"{path}: not JSON ({exc}); expected a wok bench ramp's --json file") from None
     _write_outputs(merge_results(parts, [str(p) for p in args.results]), args)
     return 0
 

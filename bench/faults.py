@@ -1020,7 +1020,7 @@ def print_faults(result: dict, file=None) -> None:
     for e in section["events"]:
         events.setdefault(int(e["t_s"] // w), []).append(f"{e['action']} r{e.get('replica', '')}")
     table = Table(title="timeline (by send time)")
-    for head in ("t s", "sent", "ok", "errors", "lost", "P99 ms", "up", "", "events"):
+    for head in ("t s", "sent", "ok", "errors", "lost", "P99 ms", "up", "window", "events"):
         table.add_column(head)
     up = tl.get("replicas_up")
     for k, t in enumerate(tl["t_s"]):

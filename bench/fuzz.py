@@ -688,17 +688,33 @@ def main(argv: list[str] | None = None) -> int:
         max_request_bytes=args.max_request_bytes,
     )
     text = json.dumps(result, indent=2)
-    print(text)
+    # The file first: a reader that closes stdout early (`| head -1`) must not cost it.
+    failed = write_final(result, [("--json", args.json, lambda result, path: path.write_text(text + "\n"))])
+    shown = _print_to_stdout(text)
     unclear = sum(n for verdict, n in (result.get("server_verdicts") or {}).items() if verdict != "clear")
     if unclear:
         print(f"wok fuzz: {unclear} unclear answers from the server; the first ones:", file=sys.stderr)
         for answer in result.get("unclear_answers") or ():
             print(f"  {answer['kind']} to '{answer['model']}': {answer['why']}", file=sys.stderr)
-    failed = write_final(result, [("--json", args.json, lambda result, path: path.write_text(text + "\n"))])
     if failed:
         print(f"wok fuzz: {failed}", file=sys.stderr)
         return 1
-    return 1 if unclear else 0
+    return 1 if unclear or not shown else 0
+
+
+def _print_to_stdout(text: str) -> bool:
+    """`text` on stdout; False, quietly, when its reader is gone (`| head`), as the other commands end."""
+    from wok.bench.cli import _silence_stdout, _stdout_closed
+
+    try:
+        print(text)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is found past every handler
+        return True
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        _silence_stdout()
+        return False
 
 
 if __name__ == "__main__":

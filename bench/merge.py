@@ -210,6 +210,9 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         raise ValueError(f"{len(names)} names for {len(results)} results")
     readable = " or ".join(map(repr, analysis.READ_SCHEMAS))
     for r, name in zip(results, names):
+        if not isinstance(r, dict):
+            got = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(r), "a number")
+            raise ValueError(f"{name}: expected a wok.bench result, a JSON object; got {got}")
         if r.get("schema") not in analysis.READ_SCHEMAS:
             raise ValueError(f"{name}: schema {r.get('schema')!r}, expected {readable}")
         if (r.get("config") or {}).get("source") != "bench":

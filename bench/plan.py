@@ -224,6 +224,7 @@ class Burst:
 
 def parse_burst(spec: str, option: str = "--burst") -> Burst:
     """'base=1000,amplitude=4000,sigma=30s'; amplitude may be a multiple of the base ('4x'); sigma is optional.
+    A t0 is taken and left unused (the bench's burst spec pastes as it is; the plan needs no time of the peak).
     Refusals start with `option` (the caller's name for the spec) and the spec."""
     opts: dict[str, str] = {}
     where = f"{option} {spec!r}"
@@ -232,7 +233,7 @@ def parse_burst(spec: str, option: str = "--burst") -> Burst:
         if not eq or not key or not value:
             raise ValueError(f"{where}: expected key=value items like base=1000,amplitude=4000,sigma=30s")
         if key not in ("base", "amplitude", "sigma", "t0"):
-            raise ValueError(f"{where}: unknown option {key!r}; expected base, amplitude, sigma")
+            raise ValueError(f"{where}: unknown option {key!r}; expected base, amplitude, sigma or t0")
         if key in opts:
             raise ValueError(f"{where}: option {key!r} given twice")
         opts[key] = value

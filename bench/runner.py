@@ -308,9 +308,9 @@ class Ramp:
         keep = intended >= cfg.warmup_s
         w = cfg.warmup_s
         inflight_total = _mean_inflight([o.inflight for o in outcomes], w, total)
-        server = None
-        if len(cfg.models) == 1:
-            server = server_view(before, after, cfg.models[0][0])
+        # A mix's server view sums its models' series (queue, batches, stages); loop lag and GPU are the server's.
+        names = [name for name, _ in cfg.models]
+        server = server_view(before, after, names[0] if len(names) == 1 else names)
         in_window = (codes == OK) & (done >= w) & (done < total)
         step = analysis.step_result(
             offered_qps=window_rate(arrivals, w, total),

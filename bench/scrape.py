@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -99,69 +100,94 @@ def whole(name: str, value: float) -> int:
     return round(value)
 
 
-def server_view(before: Snapshot | None, after: Snapshot | None, model: str) -> dict | None:
+def server_view(before: Snapshot | None, after: Snapshot | None, model: str | Sequence[str]) -> dict | None:
     """What the server saw of `model` between two scrapes: stage means, queue, batching, GPU.
+
+    `model` may be a mix's models: the per-model series are then summed over them (requests,
+    stage and end-to-end histograms, batches, flushes), so the queue, batch and stage figures are
+    the mix's as a whole, and `models` names the models summed. The event-loop lag and the GPU
+    gauges are the server's whatever the model. None without both scrapes, or when none of the
+    models has a series (not a wok server, or not these models).
 
     Counts (`requests`, `batches`, `flush_reasons`, `loop_lag_ms.samples`) are ints; a series that
     counts in fractions is not wok's, and `whole` raises ValueError for it."""
     if before is None or after is None:
         return None
-    if (E2E + "_count", (("model", model),)) not in after.values:
+    names = [model] if isinstance(model, str) else list(model)
+    present = [m for m in names if (E2E + "_count", (("model", m),)) in after.values]
+    if not present:
         return None
 
     def delta(name: str, **labels) -> float:
-        return after.get(name, **labels) - before.get(name, **labels)
+        """The counter's growth over the window, summed over the models."""
+        return sum(after.get(name, model=m, **labels) - before.get(name, model=m, **labels) for m in present)
 
     def bucket_delta(name: str, **labels) -> list[tuple[float, float]]:
-        """The histogram's cumulative buckets over the window."""
-        earlier = dict(before.buckets(name, **labels))
-        return [(le, c - earlier.get(le, 0.0)) for le, c in after.buckets(name, **labels)]
+        """The histogram's cumulative buckets over the window, summed over the models."""
+        summed: dict[float, float] = {}
+        for m in present:
+            earlier = dict(before.buckets(name, model=m, **labels))
+            for le, c in after.buckets(name, model=m, **labels):
+                summed[le] = summed.get(le, 0.0) + c - earlier.get(le, 0.0)
+        return sorted(summed.items())
+
+    def label_values(name: str, label: str) -> list[str]:
+        """The values of `label` on `name`'s series of the models, in first-seen order."""
+        seen: dict[str, None] = {}
+        for (n, items), _ in after.values.items():
+            d = dict(items)
+            if n == name and d.get("model") in present and label in d:
+                seen.setdefault(d[label])
+        return list(seen)
 
     def quantile_ms(q: float, buckets: list[tuple[float, float]]) -> float | None:
         v = histogram_quantile(q, buckets)
         return None if v is None else 1e3 * v
 
-    n = whole(E2E + "_count", delta(E2E + "_count", model=model))
+    n = whole(E2E + "_count", delta(E2E + "_count"))
     out: dict = {"requests": n}
+    if not isinstance(model, str):
+        out["models"] = names
     if n <= 0:
         return out
-    e2e_delta = bucket_delta(E2E, model=model)
-    out["e2e_ms"] = {"mean": 1e3 * delta(E2E + "_sum", model=model) / n}
+    e2e_delta = bucket_delta(E2E)
+    out["e2e_ms"] = {"mean": 1e3 * delta(E2E + "_sum") / n}
     for q, key in ((0.5, "p50"), (0.99, "p99")):
         out["e2e_ms"][key] = quantile_ms(q, e2e_delta)
     out["e2e_ms"]["p99_over_last_bound"] = beyond_last_bound(0.99, e2e_delta)
     stages = {}
-    for (name, items), _ in after.values.items():
-        if name == STAGE + "_count" and dict(items).get("model") == model:
-            stage = dict(items)["stage"]
-            c = delta(STAGE + "_count", model=model, stage=stage)
-            if c > 0:
-                stages[stage] = 1e3 * delta(STAGE + "_sum", model=model, stage=stage) / c
+    for stage in label_values(STAGE + "_count", "stage"):
+        c = delta(STAGE + "_count", stage=stage)
+        if c > 0:
+            stages[stage] = 1e3 * delta(STAGE + "_sum", stage=stage) / c
     out["stages_ms"] = stages
-    stage_buckets = {st: bucket_delta(STAGE, model=model, stage=st) for st in stages}
+    stage_buckets = {st: bucket_delta(STAGE, stage=st) for st in stages}
     out["stages_p99_ms"] = {st: quantile_ms(0.99, b) for st, b in stage_buckets.items()}
     # Stages whose P99 is only the last finite bound (the histogram cannot say how far past it).
     out["stages_p99_over_last_bound"] = sorted(st for st, b in stage_buckets.items() if beyond_last_bound(0.99, b))
     out["queue_ms"] = {"mean": stages.get("queue"), "p99": out["stages_p99_ms"].get("queue")}
-    batches = whole(BATCH + "_count", delta(BATCH + "_count", model=model))
+    batches = whole(BATCH + "_count", delta(BATCH + "_count"))
     if batches > 0:
-        out["mean_batch_size"] = delta(BATCH + "_sum", model=model) / batches
+        out["mean_batch_size"] = delta(BATCH + "_sum") / batches
         out["batches"] = batches
     flushes = {}
-    for (name, items), _ in after.values.items():
-        if name == FLUSHES + "_total" and dict(items).get("model") == model:
-            reason = dict(items)["reason"]
-            d = whole(FLUSHES + "_total", delta(FLUSHES + "_total", model=model, reason=reason))
-            if d:
-                flushes[reason] = d
+    for reason in label_values(FLUSHES + "_total", "reason"):
+        d = whole(FLUSHES + "_total", delta(FLUSHES + "_total", reason=reason))
+        if d:
+            flushes[reason] = d
     out["flush_reasons"] = flushes
-    samples = whole(LOOP_LAG + "_count", delta(LOOP_LAG + "_count"))
+
+    def server_delta(name: str) -> float:
+        return after.get(name) - before.get(name)
+
+    samples = whole(LOOP_LAG + "_count", server_delta(LOOP_LAG + "_count"))
     if samples > 0:
-        lag_delta = bucket_delta(LOOP_LAG)
+        earlier = dict(before.buckets(LOOP_LAG))
+        lag_delta = [(le, c - earlier.get(le, 0.0)) for le, c in after.buckets(LOOP_LAG)]
         # The longest stall to within its bucket: the bound of the highest bucket that grew.
         grew = [le for (le, c), (_, prev) in zip(lag_delta, [(0.0, 0.0), *lag_delta]) if c > prev]
         out["loop_lag_ms"] = {
-            "mean": 1e3 * delta(LOOP_LAG + "_sum") / samples,
+            "mean": 1e3 * server_delta(LOOP_LAG + "_sum") / samples,
             "samples": samples,
             "max_bound": 1e3 * grew[-1] if grew and math.isfinite(grew[-1]) else None,
             # A stall past the last bound has no bound to show: say so, rather than look like no data.

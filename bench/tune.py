@@ -690,6 +690,18 @@ def _fmt(x, spec: str) -> str:
     return format(x, spec)
 
 
+def _ms(x: float) -> str:
+    """Seconds as ms: 3 decimals from 1 ms up, 3 significant digits below (a µs-scale β read 0.0022 to 4
+    decimals), so that 0.000 only ever means 0. bench/profiler.py's table rule; not imported from there,
+    which would load torch and the executor for a table."""
+    if not math.isfinite(x):
+        return "-"
+    ms = 1e3 * x
+    if ms == 0 or abs(ms) >= 0.9995:  # 0.9995 and up round to 1.000 at 3 decimals
+        return f"{ms:.3f}"
+    return f"{ms:#.3g}"
+
+
 def print_table(result: dict, file=None) -> None:
     from rich import box
     from rich.console import Console
@@ -722,7 +734,7 @@ def print_table(result: dict, file=None) -> None:
     alpha, beta = (cpu["batch_alpha_s"], cpu["batch_beta_s"]) if inp["batch_times"] == "server" else (
         inp["alpha_s"], inp["beta_s"])  # fmt: skip
     console.print(
-        f"batch time α = {1e3 * alpha:.3f} ms, β = {1e3 * beta:.4f} ms/sample "
+        f"batch time α = {_ms(alpha)} ms, β = {_ms(beta)} ms/sample "
         f"({inp['batch_times']}); SLO P99 ≤ {inp['slo_p99_ms']:g} ms; {inp['arrival']} arrivals; "
         f"{inp['sim_duration_s']:g} s simulated per point"
     )

@@ -227,6 +227,8 @@ class ModelRepository:
     @classmethod
     def from_directory(cls, root: Path) -> ModelRepository:
         root = Path(root)
+        if not root.exists():
+            raise ConfigError(f"model repository {root} does not exist")
         if not root.is_dir():
             raise ConfigError(f"model repository {root} is not a folder")
         folders = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))

@@ -823,3 +823,19 @@ def test_a_replica_serving_without_metrics_is_found_on_its_admin_port(replica_wi
             assert answer.status == 200
     finally:
         replica.kill()
+
+
+def test_every_column_of_the_timeline_has_a_header():
+    """The column that marks a bad window had an empty header."""
+    intended, done, latency, codes = hand_case()
+    spec = parse_fault("kill:replica=1,at=5%,restart=10%")
+    section = fault_report(intended, done, latency, codes, specs=[spec], events=EVENTS, slo_p99_ms=100.0, end_s=4.5)
+    section |= {"retries": True, "balancer": "grpc", "planned_s": 12.0, "cut_s": None}
+    out = io.StringIO()
+    print_faults({"config": {"retries": True, "rpc": "unary"}, "faults": section}, file=out)
+    lines = out.getvalue().splitlines()
+    head = lines[next(i for i, line in enumerate(lines) if "timeline (by send time)" in line) + 2]
+    assert [h.strip() for h in head.split("┃")[1:-1]] == [
+        "t s", "sent", "ok", "errors", "lost", "P99 ms", "up", "window", "events"
+    ], head  # fmt: skip
+    assert any("│ bad" in line for line in lines), out.getvalue()

@@ -140,3 +140,43 @@ def test_a_server_target_is_fuzzed_as_given(target, monkeypatch, capsys):
     monkeypatch.setattr(fuzz, "run", lambda seconds, given, **k: seen.append(given) or {"schema": fuzz.SCHEMA})
     assert fuzz.main(["--minutes", "0.01", "--target", target]) == 0
     assert seen == [target]
+
+
+# A run's result with an unclear answer whose reason quotes a long name: its JSON is past stdout's buffer.
+_CLOSED_STDOUT_RUN = """
+import sys
+from wok.bench import fuzz
+why = "details too long: " + "n" * 20000
+fuzz.run = lambda *a, **k: {
+    "schema": fuzz.SCHEMA,
+    "server_verdicts": {"clear": 9, "unclear: details too long": 1},
+    "unclear_answers": [{"kind": "renamed", "model": "mlp", "why": why}],
+}
+sys.exit(fuzz.main(["--minutes", "0.01", "--json", sys.argv[1]]))
+"""
+
+
+def test_a_closed_stdout_costs_no_file_and_ends_quietly(tmp_path):
+    """`wok fuzz … --json x.json | head -1` lost the file: the JSON was printed first, and the broken
+    pipe ended the command before the write."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "fuzz.json"
+    read, write = os.pipe()
+    os.close(read)  # the reader gone before the command starts, as `| head` leaves it once it has its lines
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CLOSED_STDOUT_RUN, str(path)], stdout=write, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        os.close(write)
+    assert path.is_file(), done.stderr
+    assert json.loads(path.read_text())["schema"] == fuzz.SCHEMA
+    why = "details too long: " + "n" * 20000
+    assert (done.returncode, done.stderr) == (
+        1,
+        f"wok fuzz: 1 unclear answers from the server; the first ones:\n  renamed to 'mlp': {why}\n",
+    )

@@ -322,6 +322,30 @@ def test_wok_bench_merge_writes_the_merged_result_and_prints_the_table(split_ram
     assert "missing.json" in capsys.readouterr().err
 
 
+def test_a_file_that_is_not_a_result_is_refused_by_its_name(tmp_path, capsys):
+    """A non-JSON file was told in json's words only ("Expecting value: line 1 column 1"), and a JSON
+    array ended in a traceback (AttributeError)."""
+    text, array = tmp_path / "notes.txt", tmp_path / "list.json"
+    text.write_text("not json\n")
+    array.write_text("[1, 2]\n")
+    assert wok_main(["bench", "merge", str(text), str(text)]) == 2
+    assert capsys.readouterr().err == (
+        f"wok bench: {text}: not JSON (Expecting value: line 1 column 1 (char 0)); "
+        "expected a wok bench ramp's --json file\n"
+    )
+    assert wok_main(["bench", "merge", str(array), str(array)]) == 2
+    assert capsys.readouterr().err == f"wok bench: {array}: expected a wok.bench result, a JSON object; got an array\n"
+
+
+def test_one_part_merges_into_itself(split_ramp):
+    """One file is a job of one generator (docs/bench.md): its counts and percentiles, unchanged."""
+    _, parts = split_ramp
+    merged = merge_results(parts[:1], ["a.json"])
+    for m, s in zip(merged["steps"], parts[0]["steps"]):
+        assert (m["requests"], m["ok"], m["errors"]) == (s["requests"], s["ok"], s["errors"])
+    assert not any("--seed" in w or "--start-at" in w for w in merged["warnings"])
+
+
 # -- Little's law past the window's edges ---------------------------------------------------------------
 def _stalled_at_the_end(rng, duration=1.5, warmup=0.5, qps=200.0, stall=0.05):
     """A step's requests (warm-up included, times from the warm-up's start) on a host that stalled

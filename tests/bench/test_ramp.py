@@ -121,6 +121,27 @@ def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(b
         assert abs(gap - owed) < 0.05 * little["mean_inflight_measured"], little
 
 
+def test_a_mixed_ramp_has_the_servers_columns_summed_over_its_models(bench_server, metrics_url):
+    """A mix showed no server column, not even the loop lag, though the bench said it scraped them."""
+    cfg = RampConfig(
+        target=bench_server.target,
+        models=[("mlp", 0.5), ("encoder", 0.5)],
+        steps=[60],
+        step_duration_s=1.0,
+        warmup_s=0.3,
+        arrival="constant",
+        workers=1,
+        metrics_url=metrics_url,
+    )
+    step = Ramp(cfg, progress=lambda _: None).run()["steps"][0]
+    assert step["success_rate"] == 1.0, step
+    assert step["server"]["models"] == ["mlp", "encoder"]
+    # Both models' requests, as the client counted them (the scrapes bracket the window).
+    assert abs(step["server"]["requests"] - step["requests"]) <= 0.1 * step["requests"], step["server"]
+    assert step["queue_ms"]["p99"] is not None and step["mean_batch_size"], step
+    assert step["loop_lag_ms"]["samples"] > 0, step
+
+
 def test_the_in_flight_mean_is_the_time_average_of_the_count_in_the_window():
     # By hand: a worker's count is 1 on [0, 0.5), then 0; window [0, 2): 0.5 / 2.
     assert _mean_inflight([np.array([[0.0, 1], [0.5, 0]])], 0.0, 2.0).tolist() == [0.25]

@@ -99,3 +99,37 @@ def test_a_count_that_is_not_whole_is_refused():
 
     with pytest.raises(ValueError, match=r"^wok_request_duration_seconds_count: expected a whole count .* got 2\.5$"):
         server_view(snap(1.0), snap(3.5), "m")
+
+
+def test_a_mixs_server_view_sums_its_models():
+    """A mixed-model ramp showed no server column, not even the server-wide loop lag: the view
+    sums the mix's models' series (another model's are left out), and the loop lag is the server's."""
+    registry = CollectorRegistry()
+    e2e = Histogram(E2E, "e2e", ["model"], buckets=(0.1, 1.0), registry=registry)
+    stage = Histogram(STAGE, "stage", ["model", "stage"], buckets=(0.1, 1.0), registry=registry)
+    batch = Histogram(BATCH, "rows", ["model"], buckets=(1, 4, 16), registry=registry)
+    flushes = Counter(FLUSHES, "flushes", ["model", "reason"], registry=registry)
+    lag = Histogram(LOOP_LAG, "lag", buckets=(0.001, 0.01), registry=registry)
+    for m in ("a", "b", "other"):
+        e2e.labels(m).observe(0.05)  # before the window
+    before = parse_exposition(generate_latest(registry).decode())
+    for m, count, queue_s, rows in (("a", 60, 0.05, 2), ("b", 40, 0.5, 4), ("other", 100, 0.9, 16)):
+        for _ in range(count):
+            e2e.labels(m).observe(queue_s)
+            stage.labels(m, "queue").observe(queue_s)
+        for _ in range(count // rows):
+            batch.labels(m).observe(rows)
+            flushes.labels(m, "size").inc()
+    for _ in range(10):
+        lag.observe(0.005)
+    view = server_view(before, parse_exposition(generate_latest(registry).decode()), ["a", "b"])
+    assert view["models"] == ["a", "b"]
+    assert view["requests"] == 100
+    assert view["queue_ms"]["mean"] == pytest.approx(1e3 * (60 * 0.05 + 40 * 0.5) / 100)
+    # Rank 99 of 100: 60 ≤ 0.1 s, 40 in (0.1, 1]: 0.1 + 0.9 · 39 / 40 s.
+    assert view["queue_ms"]["p99"] == pytest.approx(1e3 * (0.1 + 0.9 * 39 / 40))
+    assert (view["batches"], view["mean_batch_size"], view["flush_reasons"]) == (40, 2.5, {"size": 40})
+    assert view["loop_lag_ms"]["samples"] == 10 and view["loop_lag_ms"]["max_bound"] == pytest.approx(10.0)
+    # A model of the mix with no series yet adds nothing; none of them with one: no view.
+    assert server_view(before, parse_exposition(generate_latest(registry).decode()), ["a", "b", "c"])["requests"] == 100
+    assert server_view(before, before, ["c", "d"]) is None

@@ -671,3 +671,25 @@ def test_a_negative_alpha_is_clamped_with_a_warning_and_a_negative_beta_refused_
     assert out.getvalue().splitlines()[-1] == "warning: " + result["warnings"][0]
     # A fit with α ≥ 0 warns of nothing.
     assert tune(Profile(1e-4, 1e-4), search, [4], [0.0], default=None)["warnings"] == []
+
+
+@pytest.mark.parametrize(
+    ("alpha_s", "beta_s", "shown"),
+    [
+        (0.0859e-3, 2.2e-6, "α = 0.0859 ms, β = 0.00220 ms/sample"),  # β read 0.0022 to 4 decimals
+        (2.4e-7, 4.31e-5, "α = 0.000240 ms, β = 0.0431 ms/sample"),  # α read 0.000
+        (1.5e-3, 0.0, "α = 1.500 ms, β = 0.000 ms/sample"),
+    ],
+)
+def test_the_tables_batch_time_has_significant_digits_below_a_millisecond(alpha_s, beta_s, shown):
+    import io
+
+    from wok.bench.tune import print_table
+
+    inputs = {"alpha_s": alpha_s, "beta_s": beta_s, "batch_times": "profile", "slo_p99_ms": 50.0}
+    inputs |= {"arrival": "poisson", "sim_duration_s": 5.0}
+    result = {"chosen": None, "default": None, "settings": [], "inputs": inputs}
+    out = io.StringIO()
+    print_table(result, file=out)
+    first = out.getvalue().splitlines()[0]
+    assert first == f"batch time {shown} (profile); SLO P99 ≤ 50 ms; poisson arrivals; 5 s simulated per point"

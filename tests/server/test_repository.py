@@ -564,8 +564,10 @@ def test_repository_path_is_a_file(tmp_path):
 
 
 def test_repository_path_missing(tmp_path):
-    with pytest.raises(ConfigError, match="is not a folder"):
+    """A folder that is not there read "is not a folder", as though a file stood in its place."""
+    with pytest.raises(ConfigError) as info:
         ModelRepository.from_directory(tmp_path / "nowhere")
+    assert str(info.value) == f"model repository {tmp_path / 'nowhere'} does not exist"
 
 
 def test_empty_repository(tmp_path):
