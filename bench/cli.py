@@ -801,6 +801,11 @@ def run(args) -> int:
                 if probe_s:
                     result["host_probe"] = hostprobe.around(before, hostprobe.try_probe(probe_s, _warn))
         except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
+            if isinstance(exc, InferError) and exc.hint:  # a plaintext client's connection closed unanswered
+                exc = (
+                    f"{exc.code.name}: {exc.details} (the bench connected in plaintext: if the server uses TLS, "
+                    "give --tls-ca PATH, or --tls to trust gRPC's bundled roots)"
+                )
             print(f"wok bench: {exc}", file=sys.stderr)
             return 1
         outputs = _result_outputs(args)

@@ -33,7 +33,7 @@ from .channel import (
     looks_up,
     open_channel,
 )
-from .errors import InferError
+from .errors import Answers, InferError
 from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, stream_request, stream_result
 
 
@@ -91,6 +91,7 @@ class AsyncClient:
                 self._target = channel_target(target)
         self._options = channel_options(options, retries=retries)
         self._credentials = channel_credentials(tls)
+        self._answers = Answers(plaintext=self._credentials is None)
         self._metadata = auth_metadata(token)
         self._channel: grpc.aio.Channel | None = None
         self._stub: GRPCInferenceServiceStub | None = None
@@ -195,9 +196,11 @@ class AsyncClient:
                 response_deserializer=getattr(pb, f"{method}Response").FromString,
             )
         try:
-            return await call(request, timeout=timeout, metadata=self._metadata)
+            response = await call(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise InferError.from_rpc_error(exc) from None
+            raise self._answers.error(exc) from None
+        self._answers.answered = True
+        return response
 
     # -- health and metadata ---------------------------------------------------------------
     async def server_live(self, *, timeout: float | None = None) -> bool:
@@ -291,7 +294,7 @@ class AsyncClient:
                     try:
                         response = await call.read()
                     except grpc.RpcError as exc:
-                        raise InferError.from_rpc_error(exc) from None
+                        raise self._answers.error(exc) from None
                     except asyncio.CancelledError:
                         # grpc cancels the call when the reading task is cancelled too, so the
                         # call's state cannot tell them apart: only a client closed under the
@@ -300,6 +303,7 @@ class AsyncClient:
                         if not self._closed or (_COUNTS_CANCELS and asyncio.current_task().cancelling()):
                             raise
                         raise InferError(grpc.StatusCode.CANCELLED, "the client was closed under the stream") from None
+                    self._answers.answered = True  # a response, or EOF: the stream ended OK
                     if response is grpc.aio.EOF:
                         break
                     yield stream_result(response)

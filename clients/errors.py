@@ -4,23 +4,35 @@ from __future__ import annotations
 
 import grpc
 
+# What gRPC's details say of a connection the server closed before HTTP/2 began: a TLS-only port
+# closes a plaintext client's connection so, "... last error: UNAVAILABLE: ipv4:127.0.0.1:8001:
+# Socket closed" (grpc 1.85). A port where nothing listens says "Connection refused" instead.
+SOCKET_CLOSED = "Socket closed"
+PLAINTEXT_HINT = "this client is plaintext: if the server uses TLS, pass tls= (a wok.clients.TLS with its CA, or True)"
+# Statuses that do not show that a server answered on the channel: the client's own, or a failed connection.
+_NO_ANSWER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
+
 
 class InferError(Exception):
     """A call ended with a non-OK gRPC status.
 
     `code` is the `grpc.StatusCode`, `details` the server's message (it names the input,
-    what was expected and what was got); `str(err)` is "CODE: details".
+    what was expected and what was got); `str(err)` is "CODE: details", and " (hint)" after it
+    when the client adds one: `hint` is set (PLAINTEXT_HINT) only for a plaintext client whose
+    connection the server closed before anything was answered on its channel, as a TLS-only
+    server does; else "".
     """
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
+    def __init__(self, code: grpc.StatusCode, details: str, hint: str = "") -> None:
+        super().__init__(f"{code.name}: {details}" + (f" ({hint})" if hint else ""))
         self.code = code
         self.details = details
+        self.hint = hint
 
     # The default pickling would call __init__ with the formatted message alone; load
     # generators hand errors between processes.
     def __reduce__(self):
-        return type(self), (self.code, self.details)
+        return type(self), (self.code, self.details, self.hint)
 
     @classmethod
     def from_rpc_error(cls, exc: grpc.RpcError) -> InferError:
@@ -28,3 +40,30 @@ class InferError(Exception):
         code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
         details = exc.details() if hasattr(exc, "details") else str(exc)
         return cls(code or grpc.StatusCode.UNKNOWN, details or "")
+
+
+class Answers:
+    """Whether a client's channel has had an answer yet, to tell a plaintext client's failures
+    apart: `error(exc)` is the InferError of a failed call, with PLAINTEXT_HINT where the client is
+    plaintext, nothing was answered on its channel yet (no call succeeded, none got a status only a
+    server gives) and the call failed UNAVAILABLE with the socket closed (not refused: nothing
+    listening gets no hint). A server that answered once and then went away gets none either."""
+
+    __slots__ = ("answered", "plaintext")
+
+    def __init__(self, plaintext: bool) -> None:
+        self.plaintext = plaintext
+        self.answered = False
+
+    def error(self, exc: grpc.RpcError) -> InferError:
+        err = InferError.from_rpc_error(exc)
+        if err.code not in _NO_ANSWER:
+            self.answered = True
+        elif (
+            self.plaintext
+            and not self.answered
+            and err.code == grpc.StatusCode.UNAVAILABLE
+            and SOCKET_CLOSED in err.details
+        ):
+            return InferError(err.code, err.details, PLAINTEXT_HINT)
+        return err

@@ -24,7 +24,7 @@ from .channel import (
     channel_target,
     open_channel,
 )
-from .errors import InferError
+from .errors import Answers
 from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, stream_request, stream_result
 
 
@@ -47,10 +47,12 @@ class Client:
     ) -> None:
         self.target = channel_target(target)
         self._metadata = auth_metadata(token)
+        credentials = channel_credentials(tls)
+        self._answers = Answers(plaintext=credentials is None)
         self._channel = open_channel(
             grpc,
             self.target,
-            channel_credentials(tls),
+            credentials,
             channel_options(options, retries=retries),
             channel_authority(target),
         )
@@ -84,11 +86,13 @@ class Client:
 
     def _unary(self, method: str, request, timeout: float | None):
         try:
-            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
+            response = getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise InferError.from_rpc_error(exc) from None
+            raise self._answers.error(exc) from None
         except ValueError as exc:
             raise self._closed_error(exc) from None
+        self._answers.answered = True
+        return response
 
     # -- health and metadata ---------------------------------------------------------------
     def server_live(self, *, timeout: float | None = None) -> bool:
@@ -150,9 +154,11 @@ class Client:
             raise self._closed_error(exc) from None
         try:
             for response in responses:
+                self._answers.answered = True
                 yield stream_result(response)
+            self._answers.answered = True  # the stream ended OK
         except grpc.RpcError as exc:
-            raise InferError.from_rpc_error(exc) from None
+            raise self._answers.error(exc) from None
         finally:
             responses.cancel()
         # grpc consumes the requests on its own thread and would log and hide an exception
