@@ -803,8 +803,9 @@ def run(args) -> int:
         except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
             if isinstance(exc, InferError) and exc.hint:  # a plaintext client's connection closed unanswered
                 exc = (
-                    f"{exc.code.name}: {exc.details} (the bench connected in plaintext: if the server uses TLS, "
-                    "give --tls-ca PATH, or --tls to trust gRPC's bundled roots)"
+                    f"{exc.code.name}: {exc.details} (the server closed the connection before gRPC began: a "
+                    "TLS-only server (the bench connected in plaintext: give --tls-ca PATH, or --tls to trust "
+                    "gRPC's bundled roots), or no gRPC server behind the port)"
                 )
             print(f"wok bench: {exc}", file=sys.stderr)
             return 1

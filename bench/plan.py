@@ -412,12 +412,19 @@ def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> Ba
         raise ValueError(f"{file}: no step at max_qps_under_slo = {decimal_text(best)} QPS")
     step = steps[0]
     where = f"{file}, step {decimal_text(best)} QPS"
+    mix = _object(doc.get("config"), f"{file}: config", optional=True).get("models") or []
+    if isinstance(mix, list) and len(mix) > 1:
+        # Its server figures are the mix's summed (bench/scrape.py): no one model's batch time.
+        raise ValueError(
+            f"{file}: the ramp ran a mix of {len(mix)} models: its batch figures are the mix's, not one model's; "
+            "plan on a ramp of the one model"
+        )
     stages = _object(step.get("stages_ms"), f"{where}: stages_ms", optional=True)
     n = step.get("mean_batch_size")
     if not stages or n is None or stages.get("compute") is None:
         raise ValueError(
             f"{where}: no server-side batch figures (mean_batch_size, stages_ms): the ramp did not scrape the "
-            "server's /metrics, it ran a mix of models, or it is a simulation"
+            "server's /metrics, or it is a simulation"
         )
     parts = {s: exact(stages[s], f"{where}: stages_ms.{s}") for s in BATCH_STAGES if stages.get(s) is not None}
     t = sum(parts.values(), Fraction(0)) / 1000

@@ -147,7 +147,7 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str | Se
     n = whole(E2E + "_count", delta(E2E + "_count"))
     out: dict = {"requests": n}
     if not isinstance(model, str):
-        out["models"] = names
+        out["models"] = present  # the models summed: one with no series yet adds nothing
     if n <= 0:
         return out
     e2e_delta = bucket_delta(E2E)

@@ -284,7 +284,10 @@ class AsyncClient:
             stub = self._stub or await self._first_connect()
         else:
             await self._open()
-            channel, release = self._balancer.stream_channel()
+            try:  # no replica left to send to: an InferError, as every failed call
+                channel, release = self._balancer.stream_channel()
+            except grpc.RpcError as exc:
+                raise self._answers.error(exc) from None
             stub = GRPCInferenceServiceStub(channel)
         try:
             call = stub.ModelStreamInfer(timeout=timeout, metadata=self._metadata)

@@ -8,7 +8,10 @@ import grpc
 # closes a plaintext client's connection so, "... last error: UNAVAILABLE: ipv4:127.0.0.1:8001:
 # Socket closed" (grpc 1.85). A port where nothing listens says "Connection refused" instead.
 SOCKET_CLOSED = "Socket closed"
-PLAINTEXT_HINT = "this client is plaintext: if the server uses TLS, pass tls= (a wok.clients.TLS with its CA, or True)"
+PLAINTEXT_HINT = (
+    "the server closed the connection before gRPC began: a TLS-only server (this client is plaintext: pass tls=, "
+    "a wok.clients.TLS with its CA, or True), or no gRPC server behind the port"
+)
 # Statuses that do not show that a server answered on the channel: the client's own, or a failed connection.
 _NO_ANSWER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
 

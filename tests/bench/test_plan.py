@@ -469,6 +469,12 @@ def test_from_ramp_refuses_results_without_an_answer(tmp_path):
     (tmp_path / "bare.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="no server-side batch figures"):
         plan.batch_from_ramp(tmp_path / "bare.json")
+    # A mix's server figures are its models' summed (bench/scrape.py): no one model's batch time.
+    doc = json.loads(_ramp(tmp_path).read_text())
+    doc["config"]["models"] = [["mlp", 0.5], ["encoder", 0.5]]
+    (tmp_path / "mix.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"the ramp ran a mix of 2 models: its batch figures are the mix's"):
+        plan.batch_from_ramp(tmp_path / "mix.json")
     (tmp_path / "other.json").write_text('{"schema": "wok.plan/1"}')
     with pytest.raises(ValueError, match=r"expected 'wok\.bench/1' or 'wok\.bench/2'"):
         plan.batch_from_ramp(tmp_path / "other.json")

@@ -131,5 +131,6 @@ def test_a_mixs_server_view_sums_its_models():
     assert (view["batches"], view["mean_batch_size"], view["flush_reasons"]) == (40, 2.5, {"size": 40})
     assert view["loop_lag_ms"]["samples"] == 10 and view["loop_lag_ms"]["max_bound"] == pytest.approx(10.0)
     # A model of the mix with no series yet adds nothing; none of them with one: no view.
-    assert server_view(before, parse_exposition(generate_latest(registry).decode()), ["a", "b", "c"])["requests"] == 100
+    absent = server_view(before, parse_exposition(generate_latest(registry).decode()), ["a", "b", "c"])
+    assert (absent["requests"], absent["models"]) == (100, ["a", "b"])  # the models summed
     assert server_view(before, before, ["c", "d"]) is None

@@ -899,3 +899,16 @@ async def test_one_attempt_per_call_is_found_late_and_ejects_a_hung_replica(stub
                 assert a.calls <= 2, "a held 3 calls to their deadline and was not ejected"
             assert ra.slow == 2 and a.calls == 2 and bal.hedges == 0
             assert [await name_of(call) for _ in range(10)] == ["b"] * 10
+
+
+async def test_a_stream_with_no_replica_to_send_to_raises_infer_error():
+    """`stream_infer` raised grpc's own AioRpcError when the balancer had no replica to pick (every
+    one ejected): every other failed call is an InferError."""
+    async with AsyncClient("127.0.0.1:1", balancer="wok") as c:
+        await c._open()
+        for r in c._balancer.replicas.values():
+            r.ejected = True
+        with pytest.raises(InferError) as info:
+            async for _ in c.stream_infer([("mlp", {"INPUT0": np.zeros((1, 256), np.float32)})]):
+                pass
+    assert (info.value.code, info.value.details) == (grpc.StatusCode.UNAVAILABLE, "no replica to send to among 1")

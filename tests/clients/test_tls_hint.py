@@ -35,8 +35,8 @@ CODE = grpc.StatusCode
 CALL_S = 30.0
 X = np.zeros((1, 256), dtype=np.float32)
 BENCH_HINT = (
-    "(the bench connected in plaintext: if the server uses TLS, give --tls-ca PATH, or --tls to trust gRPC's "
-    "bundled roots)"
+    "(the server closed the connection before gRPC began: a TLS-only server (the bench connected in plaintext: "
+    "give --tls-ca PATH, or --tls to trust gRPC's bundled roots), or no gRPC server behind the port)"
 )
 
 
@@ -90,8 +90,9 @@ def test_a_plaintext_client_at_a_tls_port_is_told_the_server_may_speak_tls(start
     for err in errors:
         assert (err.code, err.details, err.hint) == (CODE.UNAVAILABLE, closed(server.port), PLAINTEXT_HINT)
         assert str(err) == (
-            f"UNAVAILABLE: {closed(server.port)} (this client is plaintext: if the server uses TLS, pass tls= "
-            "(a wok.clients.TLS with its CA, or True))"
+            f"UNAVAILABLE: {closed(server.port)} (the server closed the connection before gRPC began: a TLS-only "
+            "server (this client is plaintext: pass tls=, a wok.clients.TLS with its CA, or True), or no gRPC server "
+            "behind the port)"
         )
     # A TLS client that does not trust the certificate fails too, without the hint; one that does is served.
     err = sync_error(target, lambda c: c.server_live(timeout=CALL_S), tls=pki.tls("other-ca.pem"), retries=False)
