@@ -381,6 +381,18 @@ def refused_as_bad(step: dict) -> str | None:
     return "; ".join(f"{code}: {details[code]}" if details.get(code) else code for code in errors)
 
 
+def ms_text(seconds: float) -> str:
+    """Seconds as ms for a table: 3 decimals from 1 ms up, 3 significant digits below (a µs-scale
+    figure read 0.000 or 0.0022 at fixed decimals), so that 0.000 only ever means 0; "-" when not
+    finite. The profile and tune tables' rule."""
+    if not math.isfinite(seconds):
+        return "-"
+    ms = 1e3 * seconds
+    if ms == 0 or abs(ms) >= 0.9995:  # 0.9995 and up round to 1.000 at 3 decimals
+        return f"{ms:.3f}"
+    return f"{ms:#.3g}"
+
+
 def _qps(x: float) -> str:
     return f"{x:g}"
 

@@ -339,13 +339,19 @@ def _quiet_when_stdout_closes(run):
             status = run(args)
             sys.stdout.flush()  # here, not at exit, where a closed pipe is found past every handler
             return status
-        except BrokenPipeError:
-            if not _stdout_closed():
-                raise
-            _silence_stdout()
+        except BrokenPipeError as exc:
+            quiet_if_stdout_closed(exc)
             return 1
 
     return wrapped
+
+
+def quiet_if_stdout_closed(exc: BrokenPipeError) -> None:
+    """Raise `exc` again unless it is stdout's reader that is gone (`| head`); then point stdout at
+    /dev/null, so that the command ends quietly."""
+    if not _stdout_closed():
+        raise exc
+    _silence_stdout()
 
 
 def _silence_stdout() -> None:

@@ -704,16 +704,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print_to_stdout(text: str) -> bool:
     """`text` on stdout; False, quietly, when its reader is gone (`| head`), as the other commands end."""
-    from wok.bench.cli import _silence_stdout, _stdout_closed
+    from wok.bench.cli import quiet_if_stdout_closed
 
     try:
         print(text)
         sys.stdout.flush()  # here, not at exit, where a closed pipe is found past every handler
         return True
-    except BrokenPipeError:
-        if not _stdout_closed():
-            raise
-        _silence_stdout()
+    except BrokenPipeError as exc:
+        quiet_if_stdout_closed(exc)
         return False
 
 

@@ -44,6 +44,7 @@ from wok.executor import Executor, resolve_devices
 from wok.servable import HostBuffers, Servable
 
 from .analysis import latency_summary
+from .analysis import ms_text as _ms
 from .payloads import PayloadGenerator, TensorSpec, parse_sizes
 from .roofline import Roofline
 
@@ -491,17 +492,6 @@ def _si(x: float, unit: str = "") -> str:
         if abs(x) >= scale:
             return f"{x / scale:.3g} {prefix}{unit}"
     return f"{x:.3g} {unit}".rstrip()
-
-
-def _ms(x: float) -> str:
-    """Seconds as ms for the table: 3 decimals from 1 ms up, 3 significant digits below (a µs-scale
-    prediction read 0.000 or 0.001 to 3 decimals), so that 0.000 only ever means 0."""
-    if not math.isfinite(x):
-        return "-"
-    ms = 1e3 * x
-    if ms == 0 or abs(ms) >= 0.9995:  # 0.9995 and up round to 1.000 at 3 decimals
-        return f"{ms:.3f}"
-    return f"{ms:#.3g}"
 
 
 def _pct(x: float | None) -> str:

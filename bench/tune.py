@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from . import analysis
+from .analysis import ms_text as _ms
 from .plan import json_kind
 from .simulate import (
     CPU_FIELDS,
@@ -688,18 +689,6 @@ def _fmt(x, spec: str) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
     return format(x, spec)
-
-
-def _ms(x: float) -> str:
-    """Seconds as ms: 3 decimals from 1 ms up, 3 significant digits below (a µs-scale β read 0.0022 to 4
-    decimals), so that 0.000 only ever means 0. bench/profiler.py's table rule; not imported from there,
-    which would load torch and the executor for a table."""
-    if not math.isfinite(x):
-        return "-"
-    ms = 1e3 * x
-    if ms == 0 or abs(ms) >= 0.9995:  # 0.9995 and up round to 1.000 at 3 decimals
-        return f"{ms:.3f}"
-    return f"{ms:#.3g}"
 
 
 def print_table(result: dict, file=None) -> None:

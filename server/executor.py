@@ -413,7 +413,7 @@ def module_storages(module: torch.nn.Module) -> frozenset[int]:
     for t in tensors:
         try:
             ptrs.add(t.untyped_storage().data_ptr())
-        except (AttributeError, RuntimeError, NotImplementedError):  # not a tensor, or one with no storage
+        except (RuntimeError, NotImplementedError):  # a tensor with no storage (sparse, meta): no rows to alias
             pass
     ptrs.discard(0)  # an empty tensor's: no answer's rows live there
     return frozenset(ptrs)
