@@ -99,10 +99,11 @@ def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(b
         assert server_b <= client_b <= top, (step["latency_ms"], step["server"]["e2e_ms"], outside_ms)
         assert server_p50 <= step["latency_ms"]["p50"] * 1.5
         # The generator sends on schedule: its median lag is a fraction of a millisecond. The
-        # tail is the host's (a noisy neighbour's burst of a few ms on a shared 2-core machine
-        # lands in any P99 of 300 sends), so it is only held to well under one call.
+        # tail is the host's: one stall of a slow hour (48 ms, seen in CI) lags every send due
+        # in it, 5 of these 150, and so sets the P99. A generator that falls behind (a blocking
+        # send, a pause every few sends) is late (past 1 ms) on more than one send in ten.
         assert step["dispatch_lag_ms"]["p50"] < 1, step["dispatch_lag_ms"]
-        assert step["dispatch_lag_ms"]["p99"] < 20, step["dispatch_lag_ms"]
+        assert step["late_sends"] <= 0.1 * step["requests"], (step["late_sends"], step["dispatch_lag_ms"])
         # The server's scrapes bracket the measured window: it saw about the requests the
         # client counted there (warm-up sends landing inside it would inflate its count).
         assert abs(step["server"]["requests"] - step["requests"]) <= 0.05 * step["requests"], step["server"]
