@@ -107,9 +107,14 @@ class _BatchWatch:
         cancelled = f.cancelled()
         exc = None if cancelled else f.exception()
         ok = not cancelled and exc is None
+        failed = 0
         if ok:
             r: BatchResult = f.result()
-            self.busy[index] += r.finished - r.started
+            if r.failure is not None:  # rerun in parts: some requests failed alone
+                failed = sum(isinstance(out, BaseException) for out in r.outputs)
+            # As wok_instance_busy_seconds: a batch none of whose requests was answered counts nowhere.
+            if failed < len(r.outputs) or not r.outputs:
+                self.busy[index] += r.finished - r.started
         if not self.admin.subscribers:
             return
         to_unix = self.admin.to_unix
@@ -125,6 +130,8 @@ class _BatchWatch:
         if ok:
             kept = requests if r.kept is None else len(r.kept)
             event.update(t_start=to_unix(r.started), t_end=to_unix(r.finished), ok=True, ran=kept)
+            if r.failure is not None:
+                event.update(failed=failed, error=str(r.failure))
         else:
             error = "cancelled" if cancelled else str(exc)
             event.update(t_start=to_unix(dispatched), t_end=to_unix(time.perf_counter()), ok=False, error=error)

@@ -207,7 +207,11 @@ class FailureLog:
         self._next = -math.inf
         self.unlogged = 0  # failed batches since the last one logged
 
-    def batch_failed(self, exc: BaseException, requests: int, samples: int) -> None:
+    def batch_failed(
+        self, exc: BaseException, requests: int, samples: int, failed_alone: int | None = None, reruns: int = 0
+    ) -> None:
+        """`failed_alone`: for a batch rerun in parts (`reruns` forwards), how many of its requests
+        failed alone; None for one that failed whole."""
         now = self._clock()
         if now < self._next:
             self.unlogged += 1
@@ -215,13 +219,20 @@ class FailureLog:
         self._next = now + self.every_s
         more = f" ({self.unlogged} more failed batches since the last logged)" if self.unlogged else ""
         self.unlogged = 0
+        parts = ""
+        if failed_alone is not None:
+            parts = (
+                f"; rerun in parts ({reruns} forwards): {failed_alone} request(s) failed alone, "
+                f"{requests - failed_alone} answered"
+            )
         # The model's own exception, with its traceback, when the error wraps one.
         log.warning(
-            "model '%s': a batch of %d request(s), %d sample(s), failed: %s%s",
+            "model '%s': a batch of %d request(s), %d sample(s), failed: %s%s%s",
             self.model,
             requests,
             samples,
             exc,
+            parts,
             more,
             exc_info=exc.__cause__,
         )
@@ -1328,6 +1339,9 @@ class Batcher:
                     p.future.set_exception(exc)
                 self.stats.fail.add(now - p.arrival)
             return
+        if result.failure is not None:
+            self._answer_isolated(batch, result, now)
+            return
         if self.slo is not None:
             self.slo.observe_batch(batch.key, batch.samples, result.finished - result.started)
             if batch.to_idle:  # dispatch → worker start, and worker end → back on the loop
@@ -1351,6 +1365,44 @@ class Batcher:
         busy = result.finished - result.started
         live = len(waits)
         self.metrics.record_batch(batch.instance, live, batch.samples, waits, assemble, t.h2d, t.compute, t.d2h, busy)
+
+    def _answer_isolated(self, batch: Batch, result: BatchResult, now: float) -> None:
+        """A batch the model failed, rerun in parts by its instance: each request that failed alone
+        gets its error, the others their answers. Only the answered count as executed (stats and
+        stage histograms, as for a batch that succeeded); its time is no model's batch time, so
+        the slo policy does not learn from it."""
+        failed = [isinstance(out, BaseException) for out in result.outputs]
+        self.failures.batch_failed(
+            result.failure, len(batch.requests), batch.samples, failed_alone=sum(failed), reruns=result.reruns
+        )
+        self.metrics.record_reruns(result.reruns)
+        answered = []
+        for p, out, bad in zip(batch.requests, result.outputs, failed):
+            if p.state != RUNNING:  # answered (its deadline passed) or withdrawn as its batch waited
+                continue
+            p.state = DONE
+            if bad:
+                p.finished = now
+                if not p.future.done():
+                    p.future.set_exception(out)
+                self.stats.fail.add(now - p.arrival)
+                continue
+            p.finished, p.started, p.compute = result.finished, result.started, result.times.compute
+            if not p.future.done():
+                p.future.set_result(out)
+            answered.append(p)
+        if not answered:
+            return
+        t = result.times
+        samples = sum(p.rows for p in answered)
+        queued_s = sum(p.dispatched - p.arrival for p in answered)
+        self.stats.record_batch(samples, len(answered), queued_s, t.assemble + t.h2d, t.compute, t.d2h)
+        waits = [p.dispatched - p.arrival for p in answered if not p.future.cancelled()]
+        assemble = result.started - batch.dispatched + t.assemble
+        busy = result.finished - result.started
+        self.metrics.record_batch(
+            batch.instance, len(waits), batch.samples, waits, assemble, t.h2d, t.compute, t.d2h, busy
+        )
 
     def _expire_left_out(self, batch: Batch, result: BatchResult) -> None:
         """Fail the requests the worker left out (deadline passed); keep the rest in the batch."""

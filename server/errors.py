@@ -79,7 +79,8 @@ class RegionNotFound(WokError):
 
 
 class ModelExecutionError(WokError):
-    """The model raised while running a batch; every request of that batch ends with it."""
+    """The model raised while running a batch (or answered wrongly); the requests of that batch
+    that fail alone too, when it is rerun in parts (executor's Instance._isolate), end with it."""
 
     code = grpc.StatusCode.INTERNAL
 

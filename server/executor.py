@@ -66,6 +66,10 @@ log = logging.getLogger("wok")
 # first use.
 WARMUP_MAX_ROWS = 64
 PREWARM_MAX_BYTES = 32 << 20  # the last-level cache of the machine it was measured on (docs/performance.md)
+# Failed batches in a row, rerun in parts, whose every request failed alone too, after which an
+# instance stops rerunning them until a batch succeeds: a model failing every input would
+# otherwise run 2n - 1 forwards for each batch of n it fails.
+ISOLATE_GIVE_UP = 2
 
 
 @dataclass(slots=True)
@@ -91,6 +95,10 @@ class BatchResult:
     # Indices of the requests that ran, when some were dropped at the worker because their
     # deadline passed while the batch waited behind another; None: all of them ran.
     kept: tuple[int, ...] | None = None
+    # A batch the model failed, rerun in parts to find the requests it fails on (isolate): its
+    # first error; `outputs` then holds, for each request that fails alone, its error instead.
+    failure: BaseException | None = None
+    reruns: int = 0  # forwards run on its parts
 
 
 def resolve_devices(spec: Sequence[str]) -> list[torch.device]:
@@ -162,6 +170,10 @@ class Instance:
         self._owned: frozenset[int] | None = None
         self._owned_rows = 0
         self.output_copies = 0  # CPU outputs copied rather than handed out as views (_run_cpu)
+        # Failed batches rerun in parts in a row where every request failed alone too (a model
+        # that fails every input): at ISOLATE_GIVE_UP, failed batches fail whole (one forward, not
+        # 2n - 1) until a batch succeeds again. Read and written on the worker thread.
+        self.all_failed_runs = 0
         self.slots = [_Slot(pinned=self.cuda) for _ in range(depth)]
         self.fault = InstanceFault(servable.name, index)  # set by the admin API (server/faults.py)
         # Called on the loop as each batch is handed over, with (rows, future): the admin's event stream.
@@ -280,15 +292,42 @@ class Instance:
         t1 = time.perf_counter()
         slow_s = self.fault.before_forward()  # an injected fault: raises, or a delay to add
         try:
+            out = self._forward_cpu(host)
+            if slow_s:
+                time.sleep(slow_s)
+            t2 = time.perf_counter()
+            per_request = self._split_cpu(out, rows, samples, slot)
+        except ModelExecutionError as exc:
+            if not self._may_isolate(rows):
+                raise
+            outcomes, reruns = self._isolate(exc, lambda i, r: self._cpu_batch(i, r, slot), inputs, rows)
+            t2 = time.perf_counter()
+            times = StageTimes(t1 - t0, NOT_RUN, t2 - t1, 0.0)
+            return BatchResult(outcomes, times, self.index, t0, t2, kept=kept, failure=exc, reruns=reruns)
+        self.all_failed_runs = 0
+        t3 = time.perf_counter()
+        times = StageTimes(t1 - t0, NOT_RUN, t2 - t1, t3 - t2)
+        return BatchResult(per_request, times, self.index, t0, t3, kept=kept)
+
+    def _forward_cpu(self, host: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        s = self.servable
+        try:
             with torch.inference_mode():
-                out = s.forward(self.module, s.prepare(host))
+                return s.forward(self.module, s.prepare(host))
         except ModelExecutionError:
             raise
         except Exception as exc:
             raise _model_failed(s.name, exc) from exc
-        if slow_s:
-            time.sleep(slow_s)
-        t2 = time.perf_counter()
+
+    def _cpu_batch(self, inputs, rows, slot: _Slot) -> list[dict[str, np.ndarray]]:
+        """One part of a failed batch (_isolate): its answers per request, or ModelExecutionError."""
+        samples = sum(rows)
+        host = self.servable.assemble(inputs, samples, slot.inputs)
+        self._size_threads(samples)
+        return self._split_cpu(self._forward_cpu(host), rows, samples, slot)
+
+    def _split_cpu(self, out: dict[str, torch.Tensor], rows, samples: int, slot: _Slot) -> list[dict[str, np.ndarray]]:
+        s = self.servable
         # Outputs are usually fresh tensors, so per-request views of them are safe to hand out
         # (the loop encodes them while the next batch runs). Any other is copied: an output that
         # aliases an input (identity, a slice of it) lives in this slot's reusable buffer, which
@@ -310,10 +349,56 @@ class Instance:
                 self.output_copies += 1
             else:
                 arrays[k] = np.ascontiguousarray(a)
-        per_request = s.split(arrays, rows)
-        t3 = time.perf_counter()
-        times = StageTimes(t1 - t0, NOT_RUN, t2 - t1, t3 - t2)
-        return BatchResult(per_request, times, self.index, t0, t3, kept=kept)
+        return s.split(arrays, rows)
+
+    # -- a failed batch, rerun in parts ---------------------------------------------------
+    def _may_isolate(self, rows) -> bool:
+        return len(rows) > 1 and self.all_failed_runs < ISOLATE_GIVE_UP
+
+    def _isolate(self, failure: ModelExecutionError, run, inputs, rows) -> tuple[list, int]:
+        """Rerun a failed batch's requests in halves, splitting each half that fails again, down to
+        single requests: (per request, its answers or the error it fails with alone; forwards run).
+
+        A value one request carries (an id past an embedding's table) fails the model for the whole
+        batch; rerun, the others are answered. A batch of n with one such request takes about
+        2·log2(n) more forwards, of shrinking parts; one where every request fails, 2n - 1.
+        """
+        outcomes: list = [None] * len(rows)
+        reruns = 0
+
+        def part(lo: int, hi: int) -> None:
+            nonlocal reruns
+            reruns += 1
+            try:
+                answers = run(inputs[lo:hi], rows[lo:hi])
+            except ModelExecutionError as exc:
+                if hi - lo == 1:
+                    err = ModelExecutionError(f"{exc} (on this request alone)")
+                    err.__cause__ = exc.__cause__ or exc
+                    outcomes[lo] = err
+                    return
+                mid = (lo + hi) // 2
+                part(lo, mid)
+                part(mid, hi)
+                return
+            outcomes[lo:hi] = answers
+
+        mid = len(rows) // 2
+        part(0, mid)
+        part(mid, len(rows))
+        if all(isinstance(o, ModelExecutionError) for o in outcomes):
+            self.all_failed_runs += 1
+        else:
+            self.all_failed_runs = 0
+        log.debug(
+            "model '%s': a failed batch of %d requests, rerun in parts (%d forwards): %d failed alone",
+            self.servable.name,
+            len(rows),
+            reruns,
+            sum(isinstance(o, ModelExecutionError) for o in outcomes),
+            exc_info=failure,
+        )
+        return outcomes, reruns
 
     # -- CUDA: launch on three streams, then wait for the last event on another thread -----
     def _launch_cuda(self, inputs, rows, slot: _Slot, deadlines=None):
@@ -353,13 +438,45 @@ class Instance:
                         dst.copy_(v, non_blocking=True)
                         host_out[k] = dst
                     ev[4].record()
+        except Exception as exc:
+            failure = exc if isinstance(exc, ModelExecutionError) else _model_failed(s.name, exc)
+            if not self._may_isolate(rows):
+                if failure is exc:
+                    raise
+                raise failure from exc
+            if failure is not exc:
+                failure.__cause__ = exc
+            # Parts run one at a time, each waited for: the failure path, not the pipelined one.
+            outcomes, reruns = self._isolate(failure, lambda i, r: self._cuda_batch(i, r, slot), inputs, rows)
+            t2 = time.perf_counter()
+            times = StageTimes(assemble, NOT_RUN, t2 - t0 - assemble, 0.0)
+            return BatchResult(outcomes, times, self.index, t0, t2, kept=kept, failure=failure, reruns=reruns)
+        return host_out, ev, assemble, t0, rows, kept
+
+    def _cuda_batch(self, inputs, rows, slot: _Slot) -> list[dict[str, np.ndarray]]:
+        """One part of a failed batch (_isolate), run and waited for: answers per request, or
+        ModelExecutionError. A device-side error (found only as the batch is waited for) makes the
+        CUDA context unusable, so only a batch that failed as it was launched is rerun."""
+        s = self.servable
+        try:
+            with torch.cuda.device(self.device):
+                # The failed batch's copy in may still be reading the slot's buffers, which its parts reuse.
+                self.h2d_stream.synchronize()
+                host = s.assemble(inputs, sum(rows), slot.inputs)
+                with torch.cuda.stream(self.compute_stream):
+                    dev_in = {k: v.to(self.device) for k, v in host.items()}
+                    with torch.inference_mode():
+                        out = s.forward(self.module, s.prepare(dev_in))
+                    arrays = {k: to_numpy_view(v.detach().cpu()) for k, v in out.items()}
         except ModelExecutionError:
             raise
         except Exception as exc:
             raise _model_failed(s.name, exc) from exc
-        return host_out, ev, assemble, t0, rows, kept
+        return s.split(arrays, rows)
 
     def _finish_cuda(self, launched) -> BatchResult:
+        if isinstance(launched, BatchResult):  # a failed batch rerun in parts as it was launched
+            return launched
         host_out, ev, assemble, started, rows, kept = launched
         if ev is None:  # every request's deadline had passed: nothing ran
             return BatchResult([], StageTimes(), self.index, started, started, kept=kept)
@@ -377,6 +494,7 @@ class Instance:
         # The pinned output buffers belong to the slot and will be reused: copy out.
         arrays = {k: to_numpy_view(v).copy() for k, v in host_out.items()}
         per_request = self.servable.split(arrays, rows)
+        self.all_failed_runs = 0
         return BatchResult(per_request, times, self.index, started, time.perf_counter(), tuple(ev), kept)
 
 
@@ -517,7 +635,9 @@ class Executor:
         """One warm-up batch of `rows` copies of `sample`; WarmupError, in one line, if the model
         refuses it: a model may reject the zeros' shapes (a -1 dim run as 1), which the config can change."""
         try:
-            inst.submit([sample] * rows, [1] * rows, 0).result()
+            result = inst.submit([sample] * rows, [1] * rows, 0).result()
+            if result.failure is not None:  # rerun in parts (_isolate): the batch as a whole failed
+                raise result.failure
         except Exception as exc:
             cfg = inst.servable.config
             # wok's own check of the answer (its shape, its dtype) failed, not the model: the zeros'

@@ -110,6 +110,7 @@ class ModelMetrics:
         self.rejections = dict.fromkeys(REJECTION_REASONS, 0)
         self.responses: dict[str, int] = {}
         self.busy_seconds = [0.0] * instances
+        self.reruns = 0  # forwards run on parts of failed batches (executor's _isolate)
         # Seconds an instance had nothing to run while requests waited: the delay window at
         # low load (by design), dispatch gaps at saturation (waste).
         self.idle_queued_seconds = [0.0] * instances
@@ -144,6 +145,9 @@ class ModelMetrics:
     def record_idle_queued(self, instance: int, seconds: float) -> None:
         self.idle_queued_seconds[instance] += seconds
 
+    def record_reruns(self, forwards: int) -> None:
+        self.reruns += forwards
+
     def record_slack(self, seconds: float) -> None:
         self.slack.observe(seconds)
 
@@ -171,6 +175,9 @@ class NullModelMetrics(ModelMetrics):
         pass
 
     def record_idle_queued(self, instance: int, seconds: float) -> None:
+        pass
+
+    def record_reruns(self, forwards: int) -> None:
         pass
 
     def record_slack(self, seconds: float) -> None:
@@ -278,6 +285,12 @@ class WokMetrics:
             "when its worker started the next batch: the queue delay window at low load, dispatch gaps under load",
             labels=["model", "model_instance"],
         )
+        reruns = CounterMetricFamily(
+            "wok_batch_reruns",
+            "Forwards run on parts of batches the model failed, to find the requests it fails on alone "
+            "(those get the error; the rest of the batch is answered)",
+            labels=["model"],
+        )
         depth = GaugeMetricFamily("wok_queue_depth", "Requests waiting in the model's queue", labels=["model"])
         inflight = GaugeMetricFamily(
             "wok_inflight_batches", "Batches handed to the model's instances and not yet finished", labels=["model"]
@@ -299,6 +312,7 @@ class WokMetrics:
                 busy.add_metric([m.name, str(i)], secs)
             for i, secs in enumerate(m.idle_queued_seconds):
                 idle_queued.add_metric([m.name, str(i)], secs)
+            reruns.add_metric([m.name], m.reruns)
             depth.add_metric([m.name], m.queue_depth())
             inflight.add_metric([m.name], m.inflight())
         # An unknown model's request is answered NOT_FOUND and counted nowhere else, so it is
@@ -317,7 +331,7 @@ class WokMetrics:
             )
             info.add_metric([str(self.grpc_port)], 1)
             yield info
-        yield from (stage, e2e, bs, flush, slack, resp, rej, busy, idle_queued, depth, inflight)
+        yield from (stage, e2e, bs, flush, slack, resp, rej, busy, idle_queued, reruns, depth, inflight)
         if self.loop_lag.count:
             lag = HistogramMetricFamily(
                 "wok_event_loop_lag_seconds",

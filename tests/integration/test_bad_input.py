@@ -193,6 +193,31 @@ async def test_a_model_that_raises_fails_its_batch_with_internal_and_the_server_
             np.testing.assert_array_equal(ok["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
 
 
+async def test_a_request_the_model_fails_on_fails_alone_and_the_rest_of_its_batch_is_answered(serve, slow_repository):
+    """One request's value makes the model raise for the batch: its three batch mates get their
+    answers (the batch is rerun in parts), it gets INTERNAL with the model's error."""
+    repo = slow_repository(sleep_ms=1, max_batch_size=4, delay_ms=60_000)  # flushed when 4 have come
+    values = [1.0, 2.0, np.nan, 4.0]
+    async with serve(repository=repo) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            calls = [
+                stub.ModelInfer(encode_request("slow", {"INPUT0": np.full((1, 4), v, np.float32)})) for v in values
+            ]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            for v, r in zip(values, results):
+                if np.isnan(v):
+                    assert isinstance(r, grpc.aio.AioRpcError), r
+                    assert r.code() == grpc.StatusCode.INTERNAL
+                    assert r.details() == "model 'slow' failed: ValueError: NaN in batch (on this request alone)"
+                else:
+                    np.testing.assert_array_equal(decode_response(r)["OUTPUT0"], np.full((1, 4), 2 * v, np.float32))
+            st = (await stub.ModelStatistics(pb.ModelStatisticsRequest(name="slow"))).model_stats[0]
+            # One batch executed for the three answered samples; the fourth counted failed.
+            assert (st.inference_count, st.execution_count, st.inference_stats.fail.count) == (3, 1, 1)
+            assert server.metrics.models["slow"].reruns == 4
+
+
 @pytest.mark.parametrize("name", ["m" * 20_000, "é" * 6_000], ids=["ascii", "utf-8"])
 async def test_a_long_name_echoed_in_an_error_is_cut_and_the_status_is_the_servers(serve, name):
     # The details travel in a header, which the client refuses past 16 KiB (from 8 KiB at

@@ -41,6 +41,22 @@ class GatedDouble(nn.Module):
         return x * 2
 
 
+def four_wide_config(name: str, max_batch_size: int = 8):
+    """A python model's config, its factory unused: one FP32 input and output of 4, one CPU instance."""
+    return model_config_from_dict(
+        {
+            "name": name,
+            "platform": "python",
+            "factory": "tests:unused",
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}],
+            "max_batch_size": max_batch_size,
+            "instances": {"count": 1, "devices": ["cpu"]},
+        },
+        "test",
+    )
+
+
 def gated_servable(
     max_batch_size=8,
     delay_ms=10_000.0,

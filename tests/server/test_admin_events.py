@@ -82,3 +82,37 @@ async def test_a_batch_cancelled_at_the_worker_by_the_stop_is_a_failed_batch_eve
         elif not stopping.done():
             await stopping
         loop.set_exception_handler(handler)
+
+
+async def test_a_batch_rerun_in_parts_is_an_event_that_ran_naming_its_failed_requests_and_error(gated_model):
+    """A batch the model failed on one request's value, rerun in parts (executor's _isolate): the
+    event says how many of its requests failed alone and the batch's error; it ran, so it counts busy."""
+    servable, _ = gated_model(max_batch_size=3, delay_ms=60_000.0)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=0, admin=True), ModelRepository([servable], "test"))
+    await server.start()
+    try:
+        admin = server.http.admin
+        sub = admin.subscribe()
+        batcher = server.runtime("gated").batcher
+        values = (1.0, float("nan"), 2.0)
+        pending = [batcher.submit({"INPUT0": np.full((1, 4), v, np.float32)}, 1, None, None) for v in values]
+        event = await next_event(sub, "batch")
+        assert {k: v for k, v in event.items() if k not in ("t_start", "t_end")} == {
+            "type": "batch",
+            "model": "gated",
+            "instance": 0,
+            "size": 3,
+            "requests": 3,
+            "reason": "size",
+            "queued": 0,
+            "ok": True,
+            "ran": 3,
+            "failed": 1,
+            "error": "model 'gated' failed: ValueError: NaN in batch",
+        }
+        await asyncio.gather(*(p.future for p in pending), return_exceptions=True)
+        assert admin.watches["gated"].busy[0] > 0
+        assert [p.future.exception() is None for p in pending] == [True, False, True]
+        admin.unsubscribe(sub)
+    finally:
+        await server.stop(grace=5.0)

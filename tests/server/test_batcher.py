@@ -48,6 +48,14 @@ async def finish(b: Batcher) -> None:
     assert b.queued == 0 and b.inflight == 0
 
 
+async def next_batch_runs_and_finish(b: Batcher) -> None:
+    """After a failed batch: a full batch of good requests is answered, and the batcher stops clean."""
+    good = [submit(b, 1.0) for _ in range(b.policy.max_batch_size)]
+    outs = await asyncio.gather(*(p.future for p in good))
+    assert all(o["OUTPUT0"][0, 0] == 2.0 for o in outs)
+    await finish(b)
+
+
 async def test_flushes_at_max_batch_size_and_keeps_each_result_with_its_request(gated):
     s, m, ex = gated(max_batch_size=8, delay_ms=60_000)
     b = make_batcher(s, ex)
@@ -172,24 +180,46 @@ async def test_a_withdrawn_request_leaves_the_queue(gated):
     await finish(b)
 
 
-async def test_a_failing_batch_fails_every_caller_in_it_and_the_next_batch_runs(gated, caplog):
-    s, _, ex = gated(max_batch_size=3, delay_ms=60_000)
+async def test_a_request_its_batch_fails_on_alone_gets_the_error_and_the_others_their_answers(gated, caplog):
+    """The model raises for the whole batch on one request's value (a NaN here): the batch is rerun
+    in parts, the request failing alone gets the model's error, the rest of the batch is answered
+    and counted as executed; the log says so, with the model's own traceback."""
+    s, m, ex = gated(max_batch_size=3, delay_ms=60_000)
     b = make_batcher(s, ex)
-    bad = [submit(b, 1.0), submit(b, float("nan")), submit(b, 2.0)]
+    batch = [submit(b, 1.0), submit(b, float("nan")), submit(b, 2.0)]
     with caplog.at_level(logging.WARNING, logger="wok.batcher"):
-        results = await asyncio.gather(*(p.future for p in bad), return_exceptions=True)
-    assert all(isinstance(r, ModelExecutionError) for r in results)
-    assert "ValueError: NaN in batch" in str(results[0])
-    # The operator's log says so too, with the model's own traceback.
+        results = await asyncio.gather(*(p.future for p in batch), return_exceptions=True)
+    assert m.batch_sizes == [3, 1, 2, 1, 1]  # the batch, [1.0], then [nan, 2.0] and each alone
+    assert isinstance(results[1], ModelExecutionError)
+    assert str(results[1]) == "model 'gated' failed: ValueError: NaN in batch (on this request alone)"
+    np.testing.assert_array_equal(results[0]["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+    np.testing.assert_array_equal(results[2]["OUTPUT0"], np.full((1, 4), 4.0, np.float32))
     (record,) = [r for r in caplog.records if r.name == "wok.batcher"]
     assert record.levelno == logging.WARNING
-    assert record.getMessage().startswith("model 'gated': a batch of 3 request(s), 3 sample(s), failed: ")
-    assert "ValueError: NaN in batch" in record.getMessage()
+    assert record.getMessage() == (
+        "model 'gated': a batch of 3 request(s), 3 sample(s), failed: model 'gated' failed: ValueError: NaN in "
+        "batch; rerun in parts (4 forwards): 1 request(s) failed alone, 2 answered"
+    )
     assert isinstance(record.exc_info[1], ValueError)
-    good = [submit(b, 1.0) for _ in range(3)]
-    outs = await asyncio.gather(*(p.future for p in good))
-    assert all(o["OUTPUT0"][0, 0] == 2.0 for o in outs)
-    await finish(b)
+    # Triton's statistics: the two answered requests' samples in one execution, the third failed.
+    assert (b.stats.inference_count, b.stats.execution_count, b.stats.fail.count) == (2, 1, 1)
+    # Metrics: the forwards rerun, and the answered requests' stages (as the end-to-end histogram
+    # will count only them); the batch formed, of 3 samples.
+    assert b.metrics.reruns == 4
+    assert b.metrics.stages["compute"].count == 2 and b.metrics.stages["queue"].count == 2
+    assert b.metrics.batch_size.count == 1 and b.metrics.batch_size.total == 3
+    await next_batch_runs_and_finish(b)
+
+
+async def test_a_batch_failing_for_every_request_fails_every_caller_and_the_next_batch_runs(gated):
+    s, _, ex = gated(max_batch_size=3, delay_ms=60_000)
+    b = make_batcher(s, ex)
+    batch = [submit(b, float("nan")) for _ in range(3)]
+    results = await asyncio.gather(*(p.future for p in batch), return_exceptions=True)
+    assert all(isinstance(r, ModelExecutionError) for r in results)
+    assert (b.stats.inference_count, b.stats.execution_count, b.stats.fail.count) == (0, 0, 3)
+    assert b.metrics.stages["compute"].count == 0
+    await next_batch_runs_and_finish(b)
 
 
 async def test_requests_with_different_keys_never_share_a_batch(gated):

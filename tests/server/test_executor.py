@@ -276,21 +276,11 @@ class ThreadsSeen(torch.nn.Module):
 
 
 def test_the_worker_sizes_torch_threads_to_the_batch_up_to_the_process_setting():
-    from wok.config import model_config_from_dict
     from wok.servable import Servable
 
-    cfg = model_config_from_dict(
-        {
-            "name": "threads",
-            "platform": "python",
-            "factory": "tests:unused",
-            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
-            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}],
-            "max_batch_size": 8,
-            "instances": {"count": 1, "devices": ["cpu"]},
-        },
-        "test",
-    )
+    from .conftest import four_wide_config
+
+    cfg = four_wide_config("threads")
     module = ThreadsSeen()
     before = torch.get_num_threads()
     torch.set_num_threads(4)  # the worker thread starts from the process-wide setting: T = 4

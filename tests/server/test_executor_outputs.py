@@ -20,7 +20,6 @@ import torch
 
 from wok.codec import decode_response, encode_request
 from wok.config import model_config_from_dict
-from wok.errors import ModelExecutionError
 from wok.executor import Executor
 from wok.models import build_demo
 from wok.servable import Servable
@@ -285,11 +284,13 @@ def test_an_exception_a_script_raises_is_named_once_by_its_own_type():
     s = _servable(torch.jit.script(Refuses()), "neg")
     ex = Executor(s, s.config.instances)
     try:
-        with pytest.raises(ModelExecutionError) as info:
-            run_x(ex, -1.0)
+        result = run_x(ex, -1.0)  # three requests, each refused: the batch, rerun in parts, fails for each
     finally:
         ex.shutdown()
-    assert str(info.value) == "model 'neg' failed: ValueError: negative input"  # not "Error: builtins.ValueError"
+    assert str(result.failure) == "model 'neg' failed: ValueError: negative input"  # not "Error: builtins.ValueError"
+    assert [str(o) for o in result.outputs] == [
+        "model 'neg' failed: ValueError: negative input (on this request alone)"
+    ] * 3
 
 
 def _checked(x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,161 @@
+"""A batch the model fails is rerun in parts: the requests it fails on alone get the error, the
+others their answers (server/executor.py, Instance._isolate).
+
+GatedDouble (conftest) doubles its input and raises on a batch holding a NaN, as a model does on
+a value one request carries (an id past an embedding's table).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from wok.config import InstanceConfig
+from wok.errors import ModelExecutionError, WarmupError
+from wok.executor import ISOLATE_GIVE_UP, Executor
+from wok.servable import Servable
+
+from .conftest import four_wide_config, gated_servable
+
+NO_CUDA = "no CUDA device here; the CUDA path is checked on a GPU by bench/gpu_session.sh"
+
+
+def requests(values):
+    return [{"INPUT0": np.full((1, 4), v, np.float32)} for v in values]
+
+
+def run(executor, reqs):
+    return executor.instances[0].submit(reqs, [1] * len(reqs), 0).result(30)
+
+
+@pytest.fixture
+def cpu_executor():
+    made = []
+
+    def make(device="cpu", max_batch_size=8):
+        s, m = gated_servable(max_batch_size=max_batch_size)
+        ex = Executor(s, InstanceConfig(count=1, devices=(device,), pipeline_depth=1))
+        made.append(ex)
+        return ex, m
+
+    yield make
+    for ex in made:
+        ex.shutdown()
+
+
+def assert_answers(result, values):
+    """Each request's outcome: 2x its value, or the error it fails with alone (a NaN)."""
+    assert len(result.outputs) == len(values)
+    for out, v in zip(result.outputs, values):
+        if np.isnan(v):
+            assert isinstance(out, ModelExecutionError), out
+            assert str(out) == "model 'gated' failed: ValueError: NaN in batch (on this request alone)"
+            assert isinstance(out.__cause__, ValueError)  # the model's own error, for the log's traceback
+        else:
+            np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2 * v, np.float32))
+
+
+def test_one_bad_request_fails_alone_and_the_rest_of_its_batch_is_answered(cpu_executor):
+    ex, m = cpu_executor()
+    values = [1.0, 2.0, np.nan, 4.0, 5.0]
+    result = run(ex, requests(values))
+    assert isinstance(result.failure, ModelExecutionError)
+    assert str(result.failure) == "model 'gated' failed: ValueError: NaN in batch"
+    assert_answers(result, values)
+    # The batch of 5, then halves [0:2] (answered) and [2:5] (fails), whose halves [2:3] (the
+    # NaN, alone) and [3:5] (answered): four forwards after the first.
+    assert m.batch_sizes == [5, 2, 3, 1, 2]
+    assert result.reruns == 4
+    assert result.times.compute > 0 and result.finished >= result.started
+
+
+def test_two_bad_requests_in_different_halves_each_fail_alone(cpu_executor):
+    ex, m = cpu_executor()
+    values = [np.nan, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, np.nan]
+    result = run(ex, requests(values))
+    assert_answers(result, values)
+    # 8 → 4 (fails) → 2 (fails) → 1 (NaN), 1 (ok); 2 (ok); 4 (fails) → 2 (ok); 2 (fails) → 1, 1.
+    assert m.batch_sizes == [8, 4, 2, 1, 1, 2, 4, 2, 2, 1, 1]
+    assert result.reruns == 10
+
+
+def test_a_batch_every_request_of_which_fails_alone_takes_2n_minus_1_forwards_and_then_fails_whole(cpu_executor):
+    """A model failing every input: rerunning its batches costs 2n - 1 forwards each, so after
+    ISOLATE_GIVE_UP such batches in a row a failed batch fails whole, until a batch succeeds."""
+    ex, m = cpu_executor()
+    inst = ex.instances[0]
+    for k in range(ISOLATE_GIVE_UP):
+        m.batch_sizes.clear()
+        result = run(ex, requests([np.nan] * 4))
+        assert_answers(result, [np.nan] * 4)
+        assert result.reruns == 2 * 4 - 1 - 1  # every part of every size, but the batch itself
+        assert len(m.batch_sizes) == 2 * 4 - 1
+        assert inst.all_failed_runs == k + 1
+    m.batch_sizes.clear()
+    with pytest.raises(ModelExecutionError, match=r"^model 'gated' failed: ValueError: NaN in batch$"):
+        run(ex, requests([1.0, np.nan, 2.0]))
+    assert m.batch_sizes == [3]
+    # A batch that succeeds: the model works for some inputs again, so failed batches are rerun.
+    run(ex, requests([1.0, 2.0]))
+    assert inst.all_failed_runs == 0
+    values = [1.0, np.nan, 2.0]
+    assert_answers(run(ex, requests(values)), values)
+
+
+def test_a_batch_of_one_request_fails_as_before_with_no_rerun(cpu_executor):
+    ex, m = cpu_executor()
+    with pytest.raises(ModelExecutionError, match=r"^model 'gated' failed: ValueError: NaN in batch$"):
+        run(ex, requests([np.nan]))
+    assert m.batch_sizes == [1]
+
+
+def test_requests_of_several_rows_are_rerun_whole_never_split_between_parts(cpu_executor):
+    ex, m = cpu_executor()
+    reqs = [{"INPUT0": np.full((3, 4), v, np.float32)} for v in (1.0, 2.0, 3.0)]
+    reqs[1]["INPUT0"][2, 0] = np.nan
+    result = ex.instances[0].submit(reqs, [3, 3, 3], 0).result(30)
+    assert m.batch_sizes == [9, 3, 6, 3, 3]
+    assert isinstance(result.outputs[1], ModelExecutionError)
+    np.testing.assert_array_equal(result.outputs[0]["OUTPUT0"], np.full((3, 4), 2.0, np.float32))
+    np.testing.assert_array_equal(result.outputs[2]["OUTPUT0"], np.full((3, 4), 6.0, np.float32))
+
+
+class NoBatches(nn.Module):
+    """Fails any batch of more than one row: a model that cannot batch, served with a max batch above 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 1:
+            raise RuntimeError(f"expected a batch of 1, got {x.shape[0]}")
+        return self.fc(x)
+
+
+def test_a_warm_up_batch_that_fails_whole_fails_the_start_though_its_parts_succeed():
+    """Rerun in parts, each single row succeeds: the warm-up must still fail, as the batch did."""
+    cfg = four_wide_config("nobatch")
+    ex = Executor(Servable(cfg, NoBatches()), InstanceConfig(count=1, devices=("cpu",), pipeline_depth=1))
+    try:
+        assert ex.instances[0].onednn_layers  # its warm-up runs batches of several rows
+        with pytest.raises(WarmupError, match=r"^model 'nobatch' failed: RuntimeError: expected a batch of 1, got "):
+            ex.warmup()
+    finally:
+        ex.shutdown()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_cuda_one_bad_request_fails_alone_and_the_rest_of_its_batch_is_answered(cpu_executor):
+    """On CUDA a batch that raised as it was launched (GatedDouble checks on the host, in forward)."""
+    ex, m = cpu_executor(device="cuda:0")
+    values = [1.0, 2.0, np.nan, 4.0, 5.0]
+    result = run(ex, requests(values))
+    assert_answers(result, values)
+    assert m.batch_sizes == [5, 2, 3, 1, 2]
+    # The instance keeps serving on its streams.
+    result = run(ex, requests([3.0, 4.0]))
+    assert result.failure is None and result.events is not None
+    assert_answers(result, [3.0, 4.0])
