@@ -207,6 +207,13 @@ class ModelConfig(_Strict):
         None, description="File, relative to the model's folder, for torchscript and torch_export."
     )
     factory: str | None = Field(None, description="'module:callable' for the python platform.")
+    check: str | None = Field(
+        None,
+        description="Optional 'module:callable', any platform: called with each request's inputs (a dict of "
+        "input name to a read-only NumPy array, rows first) as the request is decoded, before it is queued; "
+        "a ValueError it raises refuses that request alone with INVALID_ARGUMENT and its message. Found as "
+        "the factory is: the model folder's file, else an installed module.",
+    )
     weights: str | None = Field(
         None,
         description="Optional state dict, relative to the model's folder: .safetensors, or a "
@@ -229,16 +236,18 @@ class ModelConfig(_Strict):
     # when it was built in code.
     _source: str | None = PrivateAttr(None)
 
-    @field_validator("factory")
+    @field_validator("factory", "check")
     @classmethod
-    def _factory_is_a_module_name(cls, v: str | None) -> str | None:
+    def _factory_is_a_module_name(cls, v: str | None, info: ValidationInfo) -> str | None:
         # Security: a dotted module name only. The module is found in the model's own folder
         # (model.py) or among installed packages; a relative name or a path could reach a
-        # file outside the repository (docs/security.md).
-        if v is not None and ":" in v and not _FACTORY.fullmatch(v):
+        # file outside the repository (docs/security.md). A factory without ':' is named by
+        # _consistent, for the platform that needs one.
+        if v is not None and (":" in v or info.field_name == "check") and not _FACTORY.fullmatch(v):
+            attr = "build" if info.field_name == "factory" else "check"
             raise ValueError(
-                "factory must be 'module:callable' with a dotted module name, such as 'model:build' or "
-                "'pkg.models:build'; relative names and paths are not accepted"
+                f"{info.field_name} must be 'module:callable' with a dotted module name, such as 'model:{attr}' or "
+                f"'pkg.models:{attr}'; relative names and paths are not accepted"
             )
         return v
 

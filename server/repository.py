@@ -65,17 +65,25 @@ def _import_model_folder_module(cfg: ModelConfig, model_dir: Path, module_name: 
     return mod
 
 
-def _load_factory(cfg: ModelConfig, model_dir: Path):
-    module_name, _, attr = cfg.factory.partition(":")
+def _load_callable(cfg: ModelConfig, model_dir: Path, field: str, imported: dict[str, object] | None = None):
+    """The callable a 'module:callable' field of the config names (factory, check): the module is the
+    folder's file if there is one, else an installed module. `imported`: modules already imported for
+    this model, by name, so that a factory and a check in one model.py run it once."""
+    spec = getattr(cfg, field)
+    module_name, _, attr = spec.partition(":")
     local = model_dir / (module_name.replace(".", "/") + ".py")
-    where = f"{cfg.source}: factory {cfg.factory!r}" if cfg.source else f"model '{cfg.name}': factory {cfg.factory!r}"
+    where = f"{cfg.source}: {field} {spec!r}" if cfg.source else f"model '{cfg.name}': {field} {spec!r}"
+    imported = {} if imported is None else imported
     if local.is_file():
-        try:
-            mod = _import_model_folder_module(cfg, model_dir, module_name, local)
-        except Exception as exc:
-            raise ConfigError(
-                f"model '{cfg.name}': cannot import factory module {str(local)!r}: {type(exc).__name__}: {exc}"
-            ) from exc
+        mod = imported.get(module_name)
+        if mod is None:
+            try:
+                mod = _import_model_folder_module(cfg, model_dir, module_name, local)
+            except Exception as exc:
+                raise ConfigError(
+                    f"model '{cfg.name}': cannot import {field} module {str(local)!r}: {type(exc).__name__}: {exc}"
+                ) from exc
+            imported[module_name] = mod
         found_in = str(local)
     else:
         try:
@@ -84,20 +92,23 @@ def _load_factory(cfg: ModelConfig, model_dir: Path):
             parts = module_name.split(".")
             if exc.name in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
                 raise ConfigError(f"{where}: no file {local}, and no installed module {module_name!r}") from None
-            raise ConfigError(f"model '{cfg.name}': cannot import factory module {module_name!r}: {exc}") from None
+            raise ConfigError(f"model '{cfg.name}': cannot import {field} module {module_name!r}: {exc}") from None
         except ImportError as exc:
-            raise ConfigError(f"model '{cfg.name}': cannot import factory module {module_name!r}: {exc}") from None
+            raise ConfigError(f"model '{cfg.name}': cannot import {field} module {module_name!r}: {exc}") from None
         except Exception as exc:  # the module itself failed as it was imported
             raise ConfigError(
-                f"model '{cfg.name}': cannot import factory module {module_name!r}: {type(exc).__name__}: {exc}"
+                f"model '{cfg.name}': cannot import {field} module {module_name!r}: {type(exc).__name__}: {exc}"
             ) from exc
         found_in = f"installed module {module_name!r}"
         if getattr(mod, "__file__", None):
             found_in += f" ({mod.__file__})"
     try:
-        return getattr(mod, attr)
+        found = getattr(mod, attr)
     except AttributeError:
         raise ConfigError(f"{where}: {found_in} has no attribute {attr!r}") from None
+    if field == "check" and not callable(found):
+        raise ConfigError(f"{where}: {attr!r} in {found_in} is {type(found).__name__}, not a function")
+    return found
 
 
 def _load_weights(module: nn.Module, path: Path, cfg: ModelConfig) -> None:
@@ -171,8 +182,9 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
                     "they run on torch tensors, which hold no byte strings; send text as token ids (INT64) "
                     "or raw bytes as UINT8"
                 )
+    imported: dict[str, object] = {}
     if cfg.platform == "python":
-        factory = _load_factory(cfg, model_dir)
+        factory = _load_callable(cfg, model_dir, "factory", imported)
         try:
             made = factory(**cfg.parameters)
         except Exception as exc:
@@ -210,7 +222,8 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
             raise ConfigError(f"model '{cfg.name}': cannot load {cfg.platform} file {path}: {exc}") from None
     if cfg.weights:
         _load_weights(module, inside_model_dir(model_dir, cfg.weights, f"model '{cfg.name}'", "weights"), cfg)
-    return Servable(cfg, module)
+    check = _load_callable(cfg, model_dir, "check", imported) if cfg.check else None
+    return Servable(cfg, module, check=check)
 
 
 class ModelRepository:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 import math
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -22,8 +23,10 @@ from torch import nn
 
 from .config import ModelConfig
 from .datatypes import Datatype, datatype
-from .errors import ModelExecutionError
+from .errors import InvalidInput, ModelExecutionError, error_line
 from .tensors import to_numpy_view, torch_dtype
+
+log = logging.getLogger("wok")
 
 PRECISION = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -113,8 +116,20 @@ class HostBuffers:
 class Servable:
     """A model as served: config, the module (one copy per device) and the batching hooks."""
 
-    def __init__(self, config: ModelConfig, module: nn.Module, *, platform_label: str | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        module: nn.Module,
+        *,
+        platform_label: str | None = None,
+        check: Callable[[dict[str, np.ndarray]], object] | None = None,
+    ) -> None:
+        """`check`: the config's `check` callable (repository.load_servable); see `check`."""
         self.config = config
+        if check is not None:
+            # Bound here, not tested per request: a model without one keeps the no-op method.
+            self._user_check = check
+            self.check = self._run_user_check
         self.platform_label = platform_label or config.platform
         self._module = module.eval()
         self._per_device: dict[str, nn.Module] = {}
@@ -152,6 +167,21 @@ class Servable:
     # -- per request, on the event loop, before the request joins a queue ------------
     def check(self, inputs: dict[str, np.ndarray]) -> None:
         """Value checks beyond datatype and shape; raise InvalidInput. Default: none."""
+
+    def _run_user_check(self, inputs: dict[str, np.ndarray]) -> None:
+        """The config's `check`: a ValueError refuses the request (INVALID_ARGUMENT, its message);
+        anything else is the check's own failure (INTERNAL), not the request's."""
+        for a in inputs.values():
+            a.flags.writeable = False  # a check reads the request; what it changed would be run
+        try:
+            self._user_check(inputs)
+        except ValueError as exc:
+            raise InvalidInput(f"model '{self.name}' refused the request: {exc}") from None
+        except Exception as exc:
+            log.debug("model '%s': its check raised", self.name, exc_info=True)
+            raise ModelExecutionError(
+                f"model '{self.name}': its check ({self.config.check}) failed: {error_line(exc)}"
+            ) from exc
 
     def batch_key(self, inputs: dict[str, np.ndarray]) -> Hashable:
         """Requests share a batch only when their keys are equal."""
