@@ -17,6 +17,11 @@ from pathlib import Path
 # itself, with its own rate limits (docs/security.md); an operator's own setting wins. Read when
 # grpc is imported, which .errors does: so here, before it.
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+# `wok demo` starts its server, and `wok bench ramp --replicas` its replicas, with a preexec_fn
+# (server/children.py), so by fork, not vfork: gRPC core's fork handlers then restart its poller in
+# the child, which died before its exec about once in 100 forks (SIGABRT, "epoll_wait error: Bad
+# file descriptor": grpc/grpc#43055). wok runs no gRPC in a forked child; read at import, as above.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from .errors import ConfigError, WarmupError
 

@@ -22,6 +22,10 @@ from pathlib import Path
 
 import pytest
 
+# As `wok` sets it (server/__main__.py), before any test imports grpc: the demo and replica tests
+# fork children with a preexec_fn, and gRPC's fork handlers killed about 1 in 100 of them.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
 READY = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
 # Small demo sizes keep start-up fast; the defaults are what `wok serve` uses.
 SMALL_DEMO = ["--demo-option", "recsys.num_embeddings=20000"]
