@@ -211,7 +211,8 @@ class FailureLog:
         self, exc: BaseException, requests: int, samples: int, failed_alone: int | None = None, reruns: int = 0
     ) -> None:
         """`failed_alone`: for a batch rerun in parts (`reruns` forwards), how many of its requests
-        failed alone; None for one that failed whole."""
+        failed (alone, or all of them when its probes failed: executor's Instance._isolate); None
+        for one that failed whole without a rerun."""
         now = self._clock()
         if now < self._next:
             self.unlogged += 1
@@ -222,7 +223,7 @@ class FailureLog:
         parts = ""
         if failed_alone is not None:
             parts = (
-                f"; rerun in parts ({reruns} forwards): {failed_alone} request(s) failed alone, "
+                f"; rerun in parts ({reruns} forwards): {failed_alone} request(s) failed, "
                 f"{requests - failed_alone} answered"
             )
         # The model's own exception, with its traceback, when the error wraps one.
@@ -1396,7 +1397,8 @@ class Batcher:
         t = result.times
         samples = sum(p.rows for p in answered)
         queued_s = sum(p.dispatched - p.arrival for p in answered)
-        self.stats.record_batch(samples, len(answered), queued_s, t.assemble + t.h2d, t.compute, t.d2h)
+        # Not under its size in `batch_stats`: no batch of the answered size ran, and its time is all the parts'.
+        self.stats.record_batch(samples, len(answered), queued_s, t.assemble + t.h2d, t.compute, t.d2h, by_size=False)
         waits = [p.dispatched - p.arrival for p in answered if not p.future.cancelled()]
         assemble = result.started - batch.dispatched + t.assemble
         busy = result.finished - result.started

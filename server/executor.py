@@ -66,9 +66,10 @@ log = logging.getLogger("wok")
 # first use.
 WARMUP_MAX_ROWS = 64
 PREWARM_MAX_BYTES = 32 << 20  # the last-level cache of the machine it was measured on (docs/performance.md)
-# Failed batches in a row, rerun in parts, whose every request failed alone too, after which an
-# instance stops rerunning them until a batch succeeds: a model failing every input would
-# otherwise run 2n - 1 forwards for each batch of n it fails.
+# Failed batches in a row, rerun in parts, whose every request failed alone too (a model failing
+# every input runs 2n - 1 forwards for each batch of n), after which a failed batch first reruns
+# only its first and last request: if both fail again, it fails whole; if either is answered, the
+# model works for some inputs, and the rest of the batch is rerun in parts.
 ISOLATE_GIVE_UP = 2
 
 
@@ -171,8 +172,8 @@ class Instance:
         self._owned_rows = 0
         self.output_copies = 0  # CPU outputs copied rather than handed out as views (_run_cpu)
         # Failed batches rerun in parts in a row where every request failed alone too (a model
-        # that fails every input): at ISOLATE_GIVE_UP, failed batches fail whole (one forward, not
-        # 2n - 1) until a batch succeeds again. Read and written on the worker thread.
+        # that fails every input): from ISOLATE_GIVE_UP on, a failed batch is probed first (_isolate).
+        # Set to 0 by any batch or part answered: on the worker thread, and on CUDA's waiter.
         self.all_failed_runs = 0
         self.slots = [_Slot(pinned=self.cuda) for _ in range(depth)]
         self.fault = InstanceFault(servable.name, index)  # set by the admin API (server/faults.py)
@@ -320,13 +321,17 @@ class Instance:
             raise _model_failed(s.name, exc) from exc
 
     def _cpu_batch(self, inputs, rows, slot: _Slot) -> list[dict[str, np.ndarray]]:
-        """One part of a failed batch (_isolate): its answers per request, or ModelExecutionError."""
+        """One part of a failed batch (_isolate): its answers per request, or ModelExecutionError.
+        Copied: the next part may run before these are sent, and a model that keeps its output
+        (noted only at a batch larger than any before) would write it again."""
         samples = sum(rows)
         host = self.servable.assemble(inputs, samples, slot.inputs)
         self._size_threads(samples)
-        return self._split_cpu(self._forward_cpu(host), rows, samples, slot)
+        return self._split_cpu(self._forward_cpu(host), rows, samples, slot, copy=True)
 
-    def _split_cpu(self, out: dict[str, torch.Tensor], rows, samples: int, slot: _Slot) -> list[dict[str, np.ndarray]]:
+    def _split_cpu(
+        self, out: dict[str, torch.Tensor], rows, samples: int, slot: _Slot, copy: bool = False
+    ) -> list[dict[str, np.ndarray]]:
         s = self.servable
         # Outputs are usually fresh tensors, so per-request views of them are safe to hand out
         # (the loop encodes them while the next batch runs). Any other is copied: an output that
@@ -344,7 +349,7 @@ class Instance:
             ptr = v.untyped_storage().data_ptr()
             # A 0-d output stays 0-d (np.ascontiguousarray would make it 1-d), so that split
             # refuses it here as on CUDA: it is not one row per sample.
-            if a.ndim == 0 or v._is_view() or ptr in reused or ptr in owned:
+            if copy or a.ndim == 0 or v._is_view() or ptr in reused or ptr in owned:
                 arrays[k] = a.copy()
                 self.output_copies += 1
             else:
@@ -353,7 +358,7 @@ class Instance:
 
     # -- a failed batch, rerun in parts ---------------------------------------------------
     def _may_isolate(self, rows) -> bool:
-        return len(rows) > 1 and self.all_failed_runs < ISOLATE_GIVE_UP
+        return len(rows) > 1
 
     def _isolate(self, failure: ModelExecutionError, run, inputs, rows) -> tuple[list, int]:
         """Rerun a failed batch's requests in halves, splitting each half that fails again, down to
@@ -361,10 +366,19 @@ class Instance:
 
         A value one request carries (an id past an embedding's table) fails the model for the whole
         batch; rerun, the others are answered. A batch of n with one such request takes about
-        2·log2(n) more forwards, of shrinking parts; one where every request fails, 2n - 1.
+        2·log2(n) more forwards, of shrinking parts; one where every request fails, 2n - 2. After
+        ISOLATE_GIVE_UP of those in a row, the first and last request are probed alone first: both
+        failing, every request gets the batch's own error (a model failing every input costs two
+        forwards a batch, not 2n - 2); either answered, the batch is rerun in parts.
         """
-        outcomes: list = [None] * len(rows)
+        n = len(rows)
+        outcomes: list = [None] * n
         reruns = 0
+
+        def alone(exc: ModelExecutionError) -> ModelExecutionError:
+            err = ModelExecutionError(f"{exc} (on this request alone)")
+            err.__cause__ = exc.__cause__ or exc
+            return err
 
         def part(lo: int, hi: int) -> None:
             nonlocal reruns
@@ -373,9 +387,7 @@ class Instance:
                 answers = run(inputs[lo:hi], rows[lo:hi])
             except ModelExecutionError as exc:
                 if hi - lo == 1:
-                    err = ModelExecutionError(f"{exc} (on this request alone)")
-                    err.__cause__ = exc.__cause__ or exc
-                    outcomes[lo] = err
+                    outcomes[lo] = alone(exc)
                     return
                 mid = (lo + hi) // 2
                 part(lo, mid)
@@ -383,19 +395,25 @@ class Instance:
                 return
             outcomes[lo:hi] = answers
 
-        mid = len(rows) // 2
-        part(0, mid)
-        part(mid, len(rows))
-        if all(isinstance(o, ModelExecutionError) for o in outcomes):
-            self.all_failed_runs += 1
+        if self.all_failed_runs >= ISOLATE_GIVE_UP:
+            part(0, 1)
+            part(n - 1, n)
+            if isinstance(outcomes[0], ModelExecutionError) and isinstance(outcomes[-1], ModelExecutionError):
+                log.debug("model '%s': a failed batch, its probes failed too: failed whole", self.servable.name)
+                return [failure] * n, reruns
+            if n > 2:
+                part(1, n - 1)
         else:
-            self.all_failed_runs = 0
+            part(0, n // 2)
+            part(n // 2, n)
+        failed = sum(isinstance(o, ModelExecutionError) for o in outcomes)
+        self.all_failed_runs = self.all_failed_runs + 1 if failed == n else 0
         log.debug(
             "model '%s': a failed batch of %d requests, rerun in parts (%d forwards): %d failed alone",
             self.servable.name,
-            len(rows),
+            n,
             reruns,
-            sum(isinstance(o, ModelExecutionError) for o in outcomes),
+            failed,
             exc_info=failure,
         )
         return outcomes, reruns
@@ -440,7 +458,9 @@ class Instance:
                     ev[4].record()
         except Exception as exc:
             failure = exc if isinstance(exc, ModelExecutionError) else _model_failed(s.name, exc)
-            if not self._may_isolate(rows):
+            # A device-side error (of this batch, or of the one before it, met at a sync in this
+            # forward) leaves the CUDA context unusable: its parts would fail for nothing of theirs.
+            if not self._may_isolate(rows) or isinstance(exc, _DEVICE_ERRORS):
                 if failure is exc:
                     raise
                 raise failure from exc
@@ -496,6 +516,13 @@ class Instance:
         per_request = self.servable.split(arrays, rows)
         self.all_failed_runs = 0
         return BatchResult(per_request, times, self.index, started, time.perf_counter(), tuple(ev), kept)
+
+
+# What torch raises for an error on the device (a kernel's assert, an illegal address); older
+# torch raised a plain RuntimeError, which a batch then reran in parts to no avail.
+_DEVICE_ERRORS: tuple[type[BaseException], ...] = tuple(
+    t for t in (getattr(torch, "AcceleratorError", None),) if isinstance(t, type)
+)
 
 
 def _model_failed(name: str, exc: BaseException) -> ModelExecutionError:

@@ -50,9 +50,17 @@ class ModelStats:
     flushes: dict[str, int] = field(default_factory=dict)
 
     def record_batch(
-        self, samples: int, requests: int, queue_s: float, input_s: float, infer_s: float, output_s: float
+        self,
+        samples: int,
+        requests: int,
+        queue_s: float,
+        input_s: float,
+        infer_s: float,
+        output_s: float,
+        by_size: bool = True,
     ) -> None:
-        """One executed batch; queue_s is the sum of its requests' queue waits."""
+        """One executed batch; queue_s is the sum of its requests' queue waits. `by_size` False: not in
+        `by_batch_size` (a failed batch rerun in parts, whose time is its parts')."""
         self.inference_count += samples
         self.execution_count += 1
         self.last_inference_ms = int(time.time() * 1000)
@@ -61,6 +69,8 @@ class ModelStats:
         self.compute_input.add(input_s, requests)
         self.compute_infer.add(infer_s, requests)
         self.compute_output.add(output_s, requests)
+        if not by_size:
+            return
         b = self.by_batch_size.get(samples)
         if b is None:
             b = self.by_batch_size[samples] = BatchSizeStats()

@@ -198,11 +198,12 @@ async def test_a_request_its_batch_fails_on_alone_gets_the_error_and_the_others_
     assert record.levelno == logging.WARNING
     assert record.getMessage() == (
         "model 'gated': a batch of 3 request(s), 3 sample(s), failed: model 'gated' failed: ValueError: NaN in "
-        "batch; rerun in parts (4 forwards): 1 request(s) failed alone, 2 answered"
+        "batch; rerun in parts (4 forwards): 1 request(s) failed, 2 answered"
     )
     assert isinstance(record.exc_info[1], ValueError)
     # Triton's statistics: the two answered requests' samples in one execution, the third failed.
     assert (b.stats.inference_count, b.stats.execution_count, b.stats.fail.count) == (2, 1, 1)
+    assert b.stats.by_batch_size == {}  # no batch of 2 ran: its time is the four forwards'
     # Metrics: the forwards rerun, and the answered requests' stages (as the end-to-end histogram
     # will count only them); the batch formed, of 3 samples.
     assert b.metrics.reruns == 4

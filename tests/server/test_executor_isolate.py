@@ -81,27 +81,38 @@ def test_two_bad_requests_in_different_halves_each_fail_alone(cpu_executor):
     assert result.reruns == 10
 
 
-def test_a_batch_every_request_of_which_fails_alone_takes_2n_minus_1_forwards_and_then_fails_whole(cpu_executor):
-    """A model failing every input: rerunning its batches costs 2n - 1 forwards each, so after
-    ISOLATE_GIVE_UP such batches in a row a failed batch fails whole, until a batch succeeds."""
+def test_after_batches_failing_for_every_request_a_failed_batch_is_probed_before_it_is_rerun(cpu_executor):
+    """A model failing every input: rerunning a batch of n costs 2n - 1 forwards, so after
+    ISOLATE_GIVE_UP such batches in a row a failed batch reruns its first and last request alone
+    first. Both failing, every request gets the batch's error (two forwards); either answered (a
+    client's bad requests had filled the batches before), the rest is rerun in parts."""
     ex, m = cpu_executor()
     inst = ex.instances[0]
     for k in range(ISOLATE_GIVE_UP):
         m.batch_sizes.clear()
         result = run(ex, requests([np.nan] * 4))
         assert_answers(result, [np.nan] * 4)
-        assert result.reruns == 2 * 4 - 1 - 1  # every part of every size, but the batch itself
+        assert result.reruns == 2 * 4 - 2  # every part of every size, but the batch itself
         assert len(m.batch_sizes) == 2 * 4 - 1
         assert inst.all_failed_runs == k + 1
     m.batch_sizes.clear()
-    with pytest.raises(ModelExecutionError, match=r"^model 'gated' failed: ValueError: NaN in batch$"):
-        run(ex, requests([1.0, np.nan, 2.0]))
-    assert m.batch_sizes == [3]
-    # A batch that succeeds: the model works for some inputs again, so failed batches are rerun.
-    run(ex, requests([1.0, 2.0]))
+    result = run(ex, requests([np.nan, 1.0, np.nan]))
+    assert m.batch_sizes == [3, 1, 1]  # the batch, its first and its last request
+    assert result.reruns == 2
+    assert result.outputs == [result.failure] * 3  # failed whole, with the batch's error
+    assert inst.all_failed_runs == ISOLATE_GIVE_UP
+    # The first request fails alone, the last is answered: the model works for some inputs.
+    m.batch_sizes.clear()
+    values = [np.nan, 1.0, 2.0, np.nan, 3.0, 4.0]
+    result = run(ex, requests(values))
+    assert m.batch_sizes == [6, 1, 1, 4, 2, 2, 1, 1]  # probes; then the four between them in parts
+    assert_answers(result, values)
     assert inst.all_failed_runs == 0
+    # Isolated as before: halves first.
+    m.batch_sizes.clear()
     values = [1.0, np.nan, 2.0]
     assert_answers(run(ex, requests(values)), values)
+    assert m.batch_sizes == [3, 1, 2, 1, 1]
 
 
 def test_a_batch_of_one_request_fails_as_before_with_no_rerun(cpu_executor):
@@ -120,6 +131,37 @@ def test_requests_of_several_rows_are_rerun_whole_never_split_between_parts(cpu_
     assert isinstance(result.outputs[1], ModelExecutionError)
     np.testing.assert_array_equal(result.outputs[0]["OUTPUT0"], np.full((3, 4), 2.0, np.float32))
     np.testing.assert_array_equal(result.outputs[2]["OUTPUT0"], np.full((3, 4), 6.0, np.float32))
+
+
+class KeepsItsOutput(nn.Module):
+    """Doubles into a tensor it keeps, made anew only when the batch size changes; raises on a NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = torch.empty(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.isnan(x).any():
+            raise ValueError("NaN in batch")
+        if self.out.shape != x.shape:
+            self.out = torch.empty_like(x)
+        return torch.mul(x, 2, out=self.out)
+
+
+def test_a_model_that_keeps_its_output_gives_each_part_its_own_answers():
+    """Two parts of one size: the second writes the tensor the first's answers are in. The module's
+    storages are noted only at a batch larger than any before (8 here), so those parts' were not."""
+    ex = Executor(Servable(four_wide_config("keeps"), KeepsItsOutput()), InstanceConfig(count=1, devices=("cpu",)))
+    try:
+        ex.warmup()
+        run(ex, requests([0.0] * 8))
+        values = [1.0, 2.0, np.nan, 4.0, 5.0]  # parts [1, 2] and [4, 5] are both of 2 rows
+        result = run(ex, requests(values))
+        for out, v in zip(result.outputs, values):
+            if not np.isnan(v):
+                np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2 * v, np.float32))
+    finally:
+        ex.shutdown()
 
 
 class NoBatches(nn.Module):
