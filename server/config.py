@@ -209,10 +209,11 @@ class ModelConfig(_Strict):
     factory: str | None = Field(None, description="'module:callable' for the python platform.")
     check: str | None = Field(
         None,
-        description="Optional 'module:callable', any platform: called with each request's inputs (a dict of "
-        "input name to a read-only NumPy array, rows first) as the request is decoded, before it is queued; "
-        "a ValueError it raises refuses that request alone with INVALID_ARGUMENT and its message. Found as "
-        "the factory is: the model folder's file, else an installed module.",
+        description="Optional 'module:callable', any platform: a plain function called with each request's "
+        "inputs (a dict of input name to a read-only NumPy array, rows first) as the request is decoded, on "
+        "the event loop, before it is queued; a ValueError it raises refuses that request alone with "
+        "INVALID_ARGUMENT and its message. Found as the factory is: the model folder's file, else an "
+        "installed module.",
     )
     weights: str | None = Field(
         None,

@@ -68,8 +68,8 @@ WARMUP_MAX_ROWS = 64
 PREWARM_MAX_BYTES = 32 << 20  # the last-level cache of the machine it was measured on (docs/performance.md)
 # Failed batches in a row, rerun in parts, whose every request failed alone too (a model failing
 # every input runs 2n - 1 forwards for each batch of n), after which a failed batch first reruns
-# only its first and last request: if both fail again, it fails whole; if either is answered, the
-# model works for some inputs, and the rest of the batch is rerun in parts.
+# its first and last request alone, then the rest whole; only if all three fail does it fail whole
+# (Instance._isolate).
 ISOLATE_GIVE_UP = 2
 
 
@@ -367,9 +367,10 @@ class Instance:
         A value one request carries (an id past an embedding's table) fails the model for the whole
         batch; rerun, the others are answered. A batch of n with one such request takes about
         2·log2(n) more forwards, of shrinking parts; one where every request fails, 2n - 2. After
-        ISOLATE_GIVE_UP of those in a row, the first and last request are probed alone first: both
-        failing, every request gets the batch's own error (a model failing every input costs two
-        forwards a batch, not 2n - 2); either answered, the batch is rerun in parts.
+        ISOLATE_GIVE_UP of those in a row, the first and last request are probed alone first: either
+        answered, the rest is rerun in parts; both failing, the rest runs once, whole, and if that
+        fails too every request gets the batch's own error (a model failing every input costs three
+        forwards a batch, not 2n - 2).
         """
         n = len(rows)
         outcomes: list = [None] * n
@@ -398,11 +399,19 @@ class Instance:
         if self.all_failed_runs >= ISOLATE_GIVE_UP:
             part(0, 1)
             part(n - 1, n)
-            if isinstance(outcomes[0], ModelExecutionError) and isinstance(outcomes[-1], ModelExecutionError):
-                log.debug("model '%s': a failed batch, its probes failed too: failed whole", self.servable.name)
-                return [failure] * n, reruns
             if n > 2:
-                part(1, n - 1)
+                if isinstance(outcomes[0], ModelExecutionError) and isinstance(outcomes[-1], ModelExecutionError):
+                    # Both probes failed: the rest once, whole (a client's bad requests at both ends).
+                    reruns += 1
+                    try:
+                        outcomes[1 : n - 1] = run(inputs[1 : n - 1], rows[1 : n - 1])
+                    except ModelExecutionError:
+                        log.debug(
+                            "model '%s': a failed batch failed in three parts too: failed whole", self.servable.name
+                        )
+                        return [failure] * n, reruns
+                else:
+                    part(1, n - 1)
         else:
             part(0, n // 2)
             part(n // 2, n)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import importlib.util
+import inspect
 import itertools
 import logging
 import pickle
@@ -106,9 +107,29 @@ def _load_callable(cfg: ModelConfig, model_dir: Path, field: str, imported: dict
         found = getattr(mod, attr)
     except AttributeError:
         raise ConfigError(f"{where}: {found_in} has no attribute {attr!r}") from None
-    if field == "check" and not callable(found):
-        raise ConfigError(f"{where}: {attr!r} in {found_in} is {type(found).__name__}, not a function")
+    if field == "check":
+        _check_check(found, where, attr, found_in)
     return found
+
+
+def _check_check(found, where: str, attr: str, found_in: str) -> None:
+    """ConfigError unless `found` can be called as a check: with one positional argument, returning
+    at once (a coroutine function's call would only make a coroutine, and check nothing)."""
+    if not callable(found):
+        raise ConfigError(f"{where}: {attr!r} in {found_in} is {type(found).__name__}, not a function")
+    if inspect.iscoroutinefunction(found):
+        raise ConfigError(f"{where}: {attr!r} in {found_in} is an async function; a check must be a plain one")
+    try:
+        signature = inspect.signature(found)
+    except (TypeError, ValueError):  # some builtins have none to read: called as they are
+        return
+    try:
+        signature.bind(None)
+    except TypeError:
+        raise ConfigError(
+            f"{where}: {attr!r} in {found_in} cannot be called with one argument, the request's inputs "
+            f"(its signature: {attr}{signature})"
+        ) from None
 
 
 def _load_weights(module: nn.Module, path: Path, cfg: ModelConfig) -> None:

@@ -129,6 +129,7 @@ class Servable:
         if check is not None:
             # Bound here, not tested per request: a model without one keeps the no-op method.
             self._user_check = check
+            self._check_returned = False  # a value the check returned has been logged
             self.check = self._run_user_check
         self.platform_label = platform_label or config.platform
         self._module = module.eval()
@@ -174,14 +175,29 @@ class Servable:
         for a in inputs.values():
             a.flags.writeable = False  # a check reads the request; what it changed would be run
         try:
-            self._user_check(inputs)
+            result = self._user_check(inputs)
         except ValueError as exc:
-            raise InvalidInput(f"model '{self.name}' refused the request: {exc}") from None
+            if "read-only" not in str(exc):
+                message = str(exc) or "its check raised ValueError with no message"
+                raise InvalidInput(f"model '{self.name}' refused the request: {message}") from None
+            own = exc  # numpy's refusal of a write to the request: the check is wrong, not the request
         except Exception as exc:
-            log.debug("model '%s': its check raised", self.name, exc_info=True)
-            raise ModelExecutionError(
-                f"model '{self.name}': its check ({self.config.check}) failed: {error_line(exc)}"
-            ) from exc
+            own = exc
+        else:
+            if result is not None and not self._check_returned:
+                self._check_returned = True
+                log.warning(
+                    "model '%s': its check (%s) returned %s, which is ignored: a check refuses a request by "
+                    "raising ValueError (logged once)",
+                    self.name,
+                    self.config.check,
+                    type(result).__name__,
+                )
+            return
+        log.debug("model '%s': its check raised", self.name, exc_info=own)
+        raise ModelExecutionError(
+            f"model '{self.name}': its check ({self.config.check}) failed: {error_line(own)}"
+        ) from own
 
     def batch_key(self, inputs: dict[str, np.ndarray]) -> Hashable:
         """Requests share a batch only when their keys are equal."""

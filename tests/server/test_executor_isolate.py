@@ -83,26 +83,36 @@ def test_two_bad_requests_in_different_halves_each_fail_alone(cpu_executor):
 
 def test_after_batches_failing_for_every_request_a_failed_batch_is_probed_before_it_is_rerun(cpu_executor):
     """A model failing every input: rerunning a batch of n costs 2n - 1 forwards, so after
-    ISOLATE_GIVE_UP such batches in a row a failed batch reruns its first and last request alone
-    first. Both failing, every request gets the batch's error (two forwards); either answered (a
-    client's bad requests had filled the batches before), the rest is rerun in parts."""
+    ISOLATE_GIVE_UP such batches in a row a failed batch reruns its first and last request alone,
+    then the rest whole: all three failing, every request gets the batch's error (three forwards).
+    A client's bad requests may have filled those batches: then some part is answered."""
     ex, m = cpu_executor()
     inst = ex.instances[0]
-    for k in range(ISOLATE_GIVE_UP):
+
+    def fail_every_request_twice():
+        for k in range(ISOLATE_GIVE_UP):
+            m.batch_sizes.clear()
+            result = run(ex, requests([np.nan] * 4))
+            assert_answers(result, [np.nan] * 4)
+            assert result.reruns == 2 * 4 - 2  # every part of every size, but the batch itself
+            assert len(m.batch_sizes) == 2 * 4 - 1
+            assert inst.all_failed_runs == k + 1
         m.batch_sizes.clear()
-        result = run(ex, requests([np.nan] * 4))
-        assert_answers(result, [np.nan] * 4)
-        assert result.reruns == 2 * 4 - 2  # every part of every size, but the batch itself
-        assert len(m.batch_sizes) == 2 * 4 - 1
-        assert inst.all_failed_runs == k + 1
-    m.batch_sizes.clear()
-    result = run(ex, requests([np.nan, 1.0, np.nan]))
-    assert m.batch_sizes == [3, 1, 1]  # the batch, its first and its last request
-    assert result.reruns == 2
-    assert result.outputs == [result.failure] * 3  # failed whole, with the batch's error
+
+    fail_every_request_twice()
+    result = run(ex, requests([np.nan] * 5))
+    assert m.batch_sizes == [5, 1, 1, 3]  # the batch, its first and last request, the rest
+    assert result.reruns == 3
+    assert result.outputs == [result.failure] * 5  # failed whole, with the batch's error
     assert inst.all_failed_runs == ISOLATE_GIVE_UP
-    # The first request fails alone, the last is answered: the model works for some inputs.
+    # Bad requests at both ends: the rest, run whole, is answered.
     m.batch_sizes.clear()
+    values = [np.nan, 1.0, 2.0, np.nan]
+    assert_answers(run(ex, requests(values)), values)
+    assert m.batch_sizes == [4, 1, 1, 2]
+    assert inst.all_failed_runs == 0
+    # The first request fails alone, the last is answered: the rest is rerun in parts.
+    fail_every_request_twice()
     values = [np.nan, 1.0, 2.0, np.nan, 3.0, 4.0]
     result = run(ex, requests(values))
     assert m.batch_sizes == [6, 1, 1, 4, 2, 2, 1, 1]  # probes; then the four between them in parts

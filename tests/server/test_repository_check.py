@@ -4,6 +4,7 @@ refuses that request alone with INVALID_ARGUMENT, before it is queued (server/se
 from __future__ import annotations
 
 import asyncio
+import logging
 import textwrap
 from pathlib import Path
 
@@ -59,6 +60,30 @@ CHECKED_MODEL = textwrap.dedent(
             raise ValueError(f"input 'INPUT0': values must be >= 0; got {float(x.min())} in row {row}")
         if (x > 1e6).any():
             raise KeyError("a bug in the check")
+
+
+    def clips(inputs):
+        np.clip(inputs["INPUT0"], 0, None, out=inputs["INPUT0"])
+
+
+    def says_no(inputs):
+        raise ValueError()
+
+
+    def returns(inputs):
+        return bool((inputs["INPUT0"] >= 0).all())
+
+
+    async def waits(inputs):
+        pass
+
+
+    def takes_none():
+        pass
+
+
+    def takes_two(inputs, more):
+        pass
     """
 )
 
@@ -96,6 +121,32 @@ def test_a_check_that_raises_anything_but_value_error_is_its_own_failure_not_the
     assert str(info.value) == "model 'chk': its check (model:check) failed: KeyError: 'a bug in the check'"
 
 
+def test_a_check_that_writes_to_the_request_fails_itself_not_the_request(tmp_path):
+    """numpy refuses the write with a ValueError, which is the check's fault, not the client's."""
+    s = load_servable(checked_model(tmp_path, check="model:clips"))
+    with pytest.raises(ModelExecutionError) as info:
+        s.check({"INPUT0": np.full((1, 4), -1.0, np.float32)})
+    assert str(info.value) == "model 'chk': its check (model:clips) failed: ValueError: output array is read-only"
+
+
+def test_a_value_error_without_a_message_says_so(tmp_path):
+    s = load_servable(checked_model(tmp_path, check="model:says_no"))
+    with pytest.raises(InvalidInput) as info:
+        s.check({"INPUT0": np.ones((1, 4), np.float32)})
+    assert str(info.value) == "model 'chk' refused the request: its check raised ValueError with no message"
+
+
+def test_a_value_a_check_returns_is_ignored_and_logged_once(tmp_path, caplog):
+    s = load_servable(checked_model(tmp_path, check="model:returns"))
+    with caplog.at_level(logging.WARNING, logger="wok"):
+        for _ in range(3):
+            s.check({"INPUT0": np.full((1, 4), -1.0, np.float32)})  # False: not a refusal
+    assert [r.getMessage() for r in caplog.records] == [
+        "model 'chk': its check (model:returns) returned bool, which is ignored: a check refuses a request by "
+        "raising ValueError (logged once)"
+    ]
+
+
 def test_a_model_without_a_check_keeps_the_no_op(tmp_path):
     d = tmp_path / "plain"
     d.mkdir()
@@ -128,6 +179,9 @@ def test_a_torchscript_model_takes_a_check_from_its_folder(tmp_path):
         ("../model:check", "check must be 'module:callable' with a dotted module name, such as 'model:check'"),
         ("model:nothing", "has no attribute 'nothing'"),
         ("model:SEEN", "'SEEN' in "),
+        ("model:waits", "'waits' in "),
+        ("model:takes_none", "cannot be called with one argument, the request's inputs (its signature: takes_none())"),
+        ("model:takes_two", "(its signature: takes_two(inputs, more))"),
     ],
 )
 def test_a_check_that_cannot_be_found_fails_the_load_naming_it(tmp_path, check, message):
@@ -137,6 +191,8 @@ def test_a_check_that_cannot_be_found_fails_the_load_naming_it(tmp_path, check, 
     assert message in str(info.value), str(info.value)
     if check == "model:SEEN":
         assert str(info.value).endswith("is list, not a function")
+    if check == "model:waits":
+        assert str(info.value).endswith("is an async function; a check must be a plain one")
 
 
 async def test_a_request_the_check_refuses_gets_invalid_argument_and_the_others_in_flight_their_answers(
