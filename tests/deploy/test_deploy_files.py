@@ -47,7 +47,7 @@ REQUEST_COUNTERS = {
     "wok_request_duration_seconds_bucket",
     "wok_request_duration_seconds_count",
 }
-BATCH_COUNTERS = {"wok_batch_size_bucket", "wok_batch_size_count", "wok_batch_flushes_total"}
+BATCH_COUNTERS = {"wok_batch_size_bucket", "wok_batch_size_count", "wok_batch_flushes_total", "wok_batch_reruns_total"}
 # Values that stand in for the dashboard's Grafana variables when its queries go to promtool.
 GRAFANA_VARIABLES = {"__rate_interval": "1m", "__interval": "15s", "__range": "1h", "model": ".*", "percentile": "99"}
 
