@@ -131,7 +131,8 @@ class _BatchWatch:
             kept = requests if r.kept is None else len(r.kept)
             event.update(t_start=to_unix(r.started), t_end=to_unix(r.finished), ok=True, ran=kept)
             if r.failure is not None:
-                event.update(failed=failed, error=str(r.failure))
+                # ok while some request of it was answered, as its busy time counts.
+                event.update(ok=failed < len(r.outputs), failed=failed, error=str(r.failure))
         else:
             error = "cancelled" if cancelled else str(exc)
             event.update(t_start=to_unix(dispatched), t_end=to_unix(time.perf_counter()), ok=False, error=error)

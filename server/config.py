@@ -192,7 +192,7 @@ class InstanceConfig(_Strict):
 
 
 Platform = Literal["torchscript", "torch_export", "python"]
-_FACTORY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+_MODULE_CALLABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ModelConfig(_Strict):
@@ -239,12 +239,12 @@ class ModelConfig(_Strict):
 
     @field_validator("factory", "check")
     @classmethod
-    def _factory_is_a_module_name(cls, v: str | None, info: ValidationInfo) -> str | None:
+    def _module_callable(cls, v: str | None, info: ValidationInfo) -> str | None:
         # Security: a dotted module name only. The module is found in the model's own folder
         # (model.py) or among installed packages; a relative name or a path could reach a
         # file outside the repository (docs/security.md). A factory without ':' is named by
         # _consistent, for the platform that needs one.
-        if v is not None and (":" in v or info.field_name == "check") and not _FACTORY.fullmatch(v):
+        if v is not None and (":" in v or info.field_name == "check") and not _MODULE_CALLABLE.fullmatch(v):
             attr = "build" if info.field_name == "factory" else "check"
             raise ValueError(
                 f"{info.field_name} must be 'module:callable' with a dotted module name, such as 'model:{attr}' or "

@@ -68,9 +68,9 @@ WARMUP_MAX_ROWS = 64
 PREWARM_MAX_BYTES = 32 << 20  # the last-level cache of the machine it was measured on (docs/performance.md)
 # Failed batches in a row, rerun in parts, whose every request failed alone too (a model failing
 # every input runs 2n - 1 forwards for each batch of n), after which a failed batch first reruns
-# its first and last request alone, then the rest whole; only if all three fail does it fail whole
-# (Instance._isolate).
-ISOLATE_GIVE_UP = 2
+# its first and last request alone: either answered, the rest in parts; both failing, the rest
+# once, whole, and the batch fails whole if that fails too (Instance._isolate).
+PROBE_AFTER = 2
 
 
 @dataclass(slots=True)
@@ -172,8 +172,9 @@ class Instance:
         self._owned_rows = 0
         self.output_copies = 0  # CPU outputs copied rather than handed out as views (_run_cpu)
         # Failed batches rerun in parts in a row where every request failed alone too (a model
-        # that fails every input): from ISOLATE_GIVE_UP on, a failed batch is probed first (_isolate).
-        # Set to 0 by any batch or part answered: on the worker thread, and on CUDA's waiter.
+        # that fails every input): from PROBE_AFTER on, a failed batch is probed first (_isolate).
+        # Set to 0 by any batch or part answered: on the worker thread, and on CUDA's waiter, whose
+        # reset may race the worker's increment; lost, it only moves the probing by a batch.
         self.all_failed_runs = 0
         self.slots = [_Slot(pinned=self.cuda) for _ in range(depth)]
         self.fault = InstanceFault(servable.name, index)  # set by the admin API (server/faults.py)
@@ -367,7 +368,7 @@ class Instance:
         A value one request carries (an id past an embedding's table) fails the model for the whole
         batch; rerun, the others are answered. A batch of n with one such request takes about
         2·log2(n) more forwards, of shrinking parts; one where every request fails, 2n - 2. After
-        ISOLATE_GIVE_UP of those in a row, the first and last request are probed alone first: either
+        PROBE_AFTER of those in a row, the first and last request are probed alone first: either
         answered, the rest is rerun in parts; both failing, the rest runs once, whole, and if that
         fails too every request gets the batch's own error (a model failing every input costs three
         forwards a batch, not 2n - 2).
@@ -396,7 +397,7 @@ class Instance:
                 return
             outcomes[lo:hi] = answers
 
-        if self.all_failed_runs >= ISOLATE_GIVE_UP:
+        if self.all_failed_runs >= PROBE_AFTER:
             part(0, 1)
             part(n - 1, n)
             if n > 2:
@@ -469,7 +470,7 @@ class Instance:
             failure = exc if isinstance(exc, ModelExecutionError) else _model_failed(s.name, exc)
             # A device-side error (of this batch, or of the one before it, met at a sync in this
             # forward) leaves the CUDA context unusable: its parts would fail for nothing of theirs.
-            if not self._may_isolate(rows) or isinstance(exc, _DEVICE_ERRORS):
+            if not self._may_isolate(rows) or _is_device_error(exc):
                 if failure is exc:
                     raise
                 raise failure from exc
@@ -527,11 +528,16 @@ class Instance:
         return BatchResult(per_request, times, self.index, started, time.perf_counter(), tuple(ev), kept)
 
 
-# What torch raises for an error on the device (a kernel's assert, an illegal address); older
-# torch raised a plain RuntimeError, which a batch then reran in parts to no avail.
+# What torch raises for an error on the device (a kernel's assert, an illegal address).
 _DEVICE_ERRORS: tuple[type[BaseException], ...] = tuple(
     t for t in (getattr(torch, "AcceleratorError", None),) if isinstance(t, type)
 )
+
+
+def _is_device_error(exc: BaseException) -> bool:
+    """Whether `exc` is an error of the CUDA device, which leaves its context unusable: torch's
+    AcceleratorError, or (torch before it, which pyproject allows) a RuntimeError "CUDA error: ..."."""
+    return isinstance(exc, _DEVICE_ERRORS) or (isinstance(exc, RuntimeError) and str(exc).startswith("CUDA error"))
 
 
 def _model_failed(name: str, exc: BaseException) -> ModelExecutionError:

@@ -117,7 +117,8 @@ def _check_check(found, where: str, attr: str, found_in: str) -> None:
     at once (a coroutine function's call would only make a coroutine, and check nothing)."""
     if not callable(found):
         raise ConfigError(f"{where}: {attr!r} in {found_in} is {type(found).__name__}, not a function")
-    if inspect.iscoroutinefunction(found):
+    # A class instance's async __call__ too: each call would only make a coroutine.
+    if inspect.iscoroutinefunction(found) or inspect.iscoroutinefunction(type(found).__call__):
         raise ConfigError(f"{where}: {attr!r} in {found_in} is an async function; a check must be a plain one")
     try:
         signature = inspect.signature(found)

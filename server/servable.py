@@ -15,7 +15,9 @@ import inspect
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
+from types import MappingProxyType
 
 import numpy as np
 import torch
@@ -27,6 +29,8 @@ from .errors import InvalidInput, ModelExecutionError, error_line
 from .tensors import to_numpy_view, torch_dtype
 
 log = logging.getLogger("wok")
+# numpy's messages for a write to a read-only array (in place, or as an `out=`).
+_NUMPY_READ_ONLY = ("assignment destination is read-only", "output array is read-only")
 
 PRECISION = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -130,6 +134,7 @@ class Servable:
             # Bound here, not tested per request: a model without one keeps the no-op method.
             self._user_check = check
             self._check_returned = False  # a value the check returned has been logged
+            self._check_log_next = -math.inf  # when the check's next failure may be logged
             self.check = self._run_user_check
         self.platform_label = platform_label or config.platform
         self._module = module.eval()
@@ -175,9 +180,9 @@ class Servable:
         for a in inputs.values():
             a.flags.writeable = False  # a check reads the request; what it changed would be run
         try:
-            result = self._user_check(inputs)
+            result = self._user_check(MappingProxyType(inputs))  # nor may it swap the arrays
         except ValueError as exc:
-            if "read-only" not in str(exc):
+            if not any(m in str(exc) for m in _NUMPY_READ_ONLY):
                 message = str(exc) or "its check raised ValueError with no message"
                 raise InvalidInput(f"model '{self.name}' refused the request: {message}") from None
             own = exc  # numpy's refusal of a write to the request: the check is wrong, not the request
@@ -194,7 +199,10 @@ class Servable:
                     type(result).__name__,
                 )
             return
-        log.debug("model '%s': its check raised", self.name, exc_info=own)
+        now = time.monotonic()
+        if now >= self._check_log_next:  # every request may fail so: at most one line per 10 s
+            self._check_log_next = now + 10.0
+            log.warning("model '%s': its check (%s) failed", self.name, self.config.check, exc_info=own)
         raise ModelExecutionError(
             f"model '{self.name}': its check ({self.config.check}) failed: {error_line(own)}"
         ) from own

@@ -14,7 +14,7 @@ from torch import nn
 
 from wok.config import InstanceConfig
 from wok.errors import ModelExecutionError, WarmupError
-from wok.executor import ISOLATE_GIVE_UP, Executor
+from wok.executor import PROBE_AFTER, Executor
 from wok.servable import Servable
 
 from .conftest import four_wide_config, gated_servable
@@ -83,14 +83,14 @@ def test_two_bad_requests_in_different_halves_each_fail_alone(cpu_executor):
 
 def test_after_batches_failing_for_every_request_a_failed_batch_is_probed_before_it_is_rerun(cpu_executor):
     """A model failing every input: rerunning a batch of n costs 2n - 1 forwards, so after
-    ISOLATE_GIVE_UP such batches in a row a failed batch reruns its first and last request alone,
+    PROBE_AFTER such batches in a row a failed batch reruns its first and last request alone,
     then the rest whole: all three failing, every request gets the batch's error (three forwards).
     A client's bad requests may have filled those batches: then some part is answered."""
     ex, m = cpu_executor()
     inst = ex.instances[0]
 
     def fail_every_request_twice():
-        for k in range(ISOLATE_GIVE_UP):
+        for k in range(PROBE_AFTER):
             m.batch_sizes.clear()
             result = run(ex, requests([np.nan] * 4))
             assert_answers(result, [np.nan] * 4)
@@ -104,13 +104,26 @@ def test_after_batches_failing_for_every_request_a_failed_batch_is_probed_before
     assert m.batch_sizes == [5, 1, 1, 3]  # the batch, its first and last request, the rest
     assert result.reruns == 3
     assert result.outputs == [result.failure] * 5  # failed whole, with the batch's error
-    assert inst.all_failed_runs == ISOLATE_GIVE_UP
+    assert inst.all_failed_runs == PROBE_AFTER
     # Bad requests at both ends: the rest, run whole, is answered.
     m.batch_sizes.clear()
     values = [np.nan, 1.0, 2.0, np.nan]
     assert_answers(run(ex, requests(values)), values)
     assert m.batch_sizes == [4, 1, 1, 2]
     assert inst.all_failed_runs == 0
+    # A batch of two whose probes fail: nothing between them, each failed alone.
+    fail_every_request_twice()
+    result = run(ex, requests([np.nan, np.nan]))
+    assert m.batch_sizes == [2, 1, 1]
+    assert_answers(result, [np.nan, np.nan])
+    assert inst.all_failed_runs == PROBE_AFTER + 1
+    # A batch that succeeds ends the probing: a failed batch is rerun in halves again.
+    run(ex, requests([1.0, 2.0]))
+    assert inst.all_failed_runs == 0
+    m.batch_sizes.clear()
+    values = [np.nan, 1.0, 2.0, np.nan]
+    assert_answers(run(ex, requests(values)), values)
+    assert m.batch_sizes == [4, 2, 1, 1, 2, 1, 1]
     # The first request fails alone, the last is answered: the rest is rerun in parts.
     fail_every_request_twice()
     values = [np.nan, 1.0, 2.0, np.nan, 3.0, 4.0]
@@ -211,3 +224,13 @@ def test_cuda_one_bad_request_fails_alone_and_the_rest_of_its_batch_is_answered(
     result = run(ex, requests([3.0, 4.0]))
     assert result.failure is None and result.events is not None
     assert_answers(result, [3.0, 4.0])
+
+
+def test_a_device_error_is_told_by_its_type_or_by_older_torchs_message():
+    from wok.executor import _is_device_error
+
+    assert _is_device_error(RuntimeError("CUDA error: device-side assert triggered"))
+    assert not _is_device_error(RuntimeError("index out of range in self"))
+    assert not _is_device_error(ValueError("CUDA error: not a RuntimeError"))
+    if hasattr(torch, "AcceleratorError"):
+        assert _is_device_error(torch.AcceleratorError("an illegal memory access was encountered"))

@@ -78,6 +78,18 @@ CHECKED_MODEL = textwrap.dedent(
         pass
 
 
+    class AsyncCall:
+        async def __call__(self, inputs):
+            pass
+
+
+    waits_too = AsyncCall()
+
+
+    def swaps(inputs):
+        inputs["INPUT0"] = np.zeros((1, 4), np.float32)
+
+
     def takes_none():
         pass
 
@@ -127,6 +139,29 @@ def test_a_check_that_writes_to_the_request_fails_itself_not_the_request(tmp_pat
     with pytest.raises(ModelExecutionError) as info:
         s.check({"INPUT0": np.full((1, 4), -1.0, np.float32)})
     assert str(info.value) == "model 'chk': its check (model:clips) failed: ValueError: output array is read-only"
+
+
+def test_a_check_that_swaps_an_input_fails_itself_and_the_request_keeps_its_array(tmp_path):
+    s = load_servable(checked_model(tmp_path, check="model:swaps"))
+    x = np.full((1, 4), 7.0, np.float32)
+    inputs = {"INPUT0": x}
+    with pytest.raises(ModelExecutionError) as info:
+        s.check(inputs)
+    assert str(info.value) == (
+        "model 'chk': its check (model:swaps) failed: TypeError: 'mappingproxy' object does not support item assignment"
+    )
+    assert inputs["INPUT0"] is x
+
+
+def test_a_failing_check_is_logged_with_its_traceback_once_per_10_s(tmp_path, caplog):
+    s = load_servable(checked_model(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="wok"):
+        for _ in range(3):
+            with pytest.raises(ModelExecutionError):
+                s.check({"INPUT0": np.full((1, 4), 1e7, np.float32)})
+    (record,) = caplog.records
+    assert record.getMessage() == "model 'chk': its check (model:check) failed"
+    assert isinstance(record.exc_info[1], KeyError)
 
 
 def test_a_value_error_without_a_message_says_so(tmp_path):
@@ -180,6 +215,7 @@ def test_a_torchscript_model_takes_a_check_from_its_folder(tmp_path):
         ("model:nothing", "has no attribute 'nothing'"),
         ("model:SEEN", "'SEEN' in "),
         ("model:waits", "'waits' in "),
+        ("model:waits_too", "'waits_too' in "),
         ("model:takes_none", "cannot be called with one argument, the request's inputs (its signature: takes_none())"),
         ("model:takes_two", "(its signature: takes_two(inputs, more))"),
     ],
@@ -191,7 +227,7 @@ def test_a_check_that_cannot_be_found_fails_the_load_naming_it(tmp_path, check, 
     assert message in str(info.value), str(info.value)
     if check == "model:SEEN":
         assert str(info.value).endswith("is list, not a function")
-    if check == "model:waits":
+    if check in ("model:waits", "model:waits_too"):
         assert str(info.value).endswith("is an async function; a check must be a plain one")
 
 
