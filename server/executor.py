@@ -44,6 +44,7 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -68,8 +69,8 @@ WARMUP_MAX_ROWS = 64
 PREWARM_MAX_BYTES = 32 << 20  # the last-level cache of the machine it was measured on (docs/performance.md)
 # Failed batches in a row, rerun in parts, whose every request failed alone too (a model failing
 # every input runs 2n - 1 forwards for each batch of n), after which a failed batch first reruns
-# its first and last request alone: either answered, the rest in parts; both failing, the rest
-# once, whole, and the batch fails whole if that fails too (Instance._isolate).
+# its first and last request alone: either answered, the rest in parts; both failing, the rest in
+# parts within a budget of forwards (Instance._isolate).
 PROBE_AFTER = 2
 
 
@@ -369,13 +370,15 @@ class Instance:
         batch; rerun, the others are answered. A batch of n with one such request takes about
         2·log2(n) more forwards, of shrinking parts; one where every request fails, 2n - 2. After
         PROBE_AFTER of those in a row, the first and last request are probed alone first: either
-        answered, the rest is rerun in parts; both failing, the rest runs once, whole, and if that
-        fails too every request gets the batch's own error (a model failing every input costs three
-        forwards a batch, not 2n - 2).
+        answered, the rest is rerun in parts; both failing, the rest is rerun in parts with at most
+        2·ceil(log2 n) more forwards (enough to find one bad request among them), and the requests
+        it leaves undecided get the batch's own error: a model failing every input costs
+        2 + 2·ceil(log2 n) forwards a batch, not 2n - 2.
         """
         n = len(rows)
         outcomes: list = [None] * n
         reruns = 0
+        budget = math.inf  # the most forwards this batch's reruns may take
 
         def alone(exc: ModelExecutionError) -> ModelExecutionError:
             err = ModelExecutionError(f"{exc} (on this request alone)")
@@ -384,6 +387,9 @@ class Instance:
 
         def part(lo: int, hi: int) -> None:
             nonlocal reruns
+            if reruns >= budget:
+                outcomes[lo:hi] = [failure] * (hi - lo)
+                return
             reruns += 1
             try:
                 answers = run(inputs[lo:hi], rows[lo:hi])
@@ -400,19 +406,10 @@ class Instance:
         if self.all_failed_runs >= PROBE_AFTER:
             part(0, 1)
             part(n - 1, n)
+            if isinstance(outcomes[0], ModelExecutionError) and isinstance(outcomes[-1], ModelExecutionError):
+                budget = reruns + 2 * math.ceil(math.log2(n))
             if n > 2:
-                if isinstance(outcomes[0], ModelExecutionError) and isinstance(outcomes[-1], ModelExecutionError):
-                    # Both probes failed: the rest once, whole (a client's bad requests at both ends).
-                    reruns += 1
-                    try:
-                        outcomes[1 : n - 1] = run(inputs[1 : n - 1], rows[1 : n - 1])
-                    except ModelExecutionError:
-                        log.debug(
-                            "model '%s': a failed batch failed in three parts too: failed whole", self.servable.name
-                        )
-                        return [failure] * n, reruns
-                else:
-                    part(1, n - 1)
+                part(1, n - 1)
         else:
             part(0, n // 2)
             part(n // 2, n)

@@ -83,9 +83,9 @@ def test_two_bad_requests_in_different_halves_each_fail_alone(cpu_executor):
 
 def test_after_batches_failing_for_every_request_a_failed_batch_is_probed_before_it_is_rerun(cpu_executor):
     """A model failing every input: rerunning a batch of n costs 2n - 1 forwards, so after
-    PROBE_AFTER such batches in a row a failed batch reruns its first and last request alone,
-    then the rest whole: all three failing, every request gets the batch's error (three forwards).
-    A client's bad requests may have filled those batches: then some part is answered."""
+    PROBE_AFTER such batches in a row a failed batch reruns its first and last request alone;
+    both failing, the rest is rerun in parts within 2·ceil(log2 n) forwards, and what that leaves
+    undecided gets the batch's error. A client's bad requests may have filled those batches."""
     ex, m = cpu_executor()
     inst = ex.instances[0]
 
@@ -100,16 +100,20 @@ def test_after_batches_failing_for_every_request_a_failed_batch_is_probed_before
         m.batch_sizes.clear()
 
     fail_every_request_twice()
-    result = run(ex, requests([np.nan] * 5))
-    assert m.batch_sizes == [5, 1, 1, 3]  # the batch, its first and last request, the rest
-    assert result.reruns == 3
-    assert result.outputs == [result.failure] * 5  # failed whole, with the batch's error
-    assert inst.all_failed_runs == PROBE_AFTER
-    # Bad requests at both ends: the rest, run whole, is answered.
+    result = run(ex, requests([np.nan] * 8))
+    # The batch, its first and last request, then the six between in parts within 2·ceil(log2 8)
+    # forwards: requests 1, 2, 3 are found failing alone, 4, 5, 6 are left with the batch's error.
+    assert m.batch_sizes == [8, 1, 1, 6, 3, 1, 2, 1, 1]
+    assert result.reruns == 2 + 6
+    alone = [o for i, o in enumerate(result.outputs) if i not in (4, 5, 6)]
+    assert all(str(o).endswith("(on this request alone)") for o in alone), alone
+    assert result.outputs[4:7] == [result.failure] * 3
+    assert inst.all_failed_runs == PROBE_AFTER + 1
+    # Bad requests at both ends and one between: the rest is answered.
     m.batch_sizes.clear()
-    values = [np.nan, 1.0, 2.0, np.nan]
+    values = [np.nan, 1.0, 2.0, np.nan, 3.0, np.nan]
     assert_answers(run(ex, requests(values)), values)
-    assert m.batch_sizes == [4, 1, 1, 2]
+    assert m.batch_sizes == [6, 1, 1, 4, 2, 2, 1, 1]
     assert inst.all_failed_runs == 0
     # A batch of two whose probes fail: nothing between them, each failed alone.
     fail_every_request_twice()
