@@ -208,9 +208,9 @@ class FailureLog:
         self.unlogged = 0  # failed batches since the last one logged
 
     def batch_failed(
-        self, exc: BaseException, requests: int, samples: int, failed_alone: int | None = None, reruns: int = 0
+        self, exc: BaseException, requests: int, samples: int, failed: int | None = None, reruns: int = 0
     ) -> None:
-        """`failed_alone`: for a batch rerun in parts (`reruns` forwards), how many of its requests
+        """`failed`: for a batch rerun in parts (`reruns` forwards), how many of its requests
         failed (alone, or all of them when its probes failed: executor's Instance._isolate); None
         for one that failed whole without a rerun."""
         now = self._clock()
@@ -221,11 +221,8 @@ class FailureLog:
         more = f" ({self.unlogged} more failed batches since the last logged)" if self.unlogged else ""
         self.unlogged = 0
         parts = ""
-        if failed_alone is not None:
-            parts = (
-                f"; rerun in parts ({reruns} forwards): {failed_alone} request(s) failed, "
-                f"{requests - failed_alone} answered"
-            )
+        if failed is not None:
+            parts = f"; rerun in parts ({reruns} forwards): {failed} request(s) failed, {requests - failed} answered"
         # The model's own exception, with its traceback, when the error wraps one.
         log.warning(
             "model '%s': a batch of %d request(s), %d sample(s), failed: %s%s%s",
@@ -1347,25 +1344,32 @@ class Batcher:
             self.slo.observe_batch(batch.key, batch.samples, result.finished - result.started)
             if batch.to_idle:  # dispatch → worker start, and worker end → back on the loop
                 self.slo.observe_hop((result.started - batch.dispatched) + (now - result.finished))
-        t = result.times
-        # Metrics count the requests whose callers still wait, as the end-to-end histogram
-        # will: a caller cancelled meanwhile would otherwise be in the stages but not in the total.
-        waits = [p.dispatched - p.arrival for p in batch.requests if not p.future.cancelled()]
+        compute = result.times.compute
         for p, out in zip(batch.requests, result.outputs):
             p.state = DONE
             p.finished = result.finished
             p.started = result.started
-            p.compute = t.compute
+            p.compute = compute
             if not p.future.done():
                 p.future.set_result(out)
-        n = len(batch.requests)
-        queued_s = sum(p.dispatched - p.arrival for p in batch.requests)
-        self.stats.record_batch(batch.samples, n, queued_s, t.assemble + t.h2d, t.compute, t.d2h)
+        self._record_executed(batch, result, batch.requests, batch.samples)
+
+    def _record_executed(
+        self, batch: Batch, result: BatchResult, answered: list[Pending], samples: int, by_size: bool = True
+    ) -> None:
+        """Stats and metrics of an executed batch, for its `answered` requests (`samples` rows)."""
+        t = result.times
+        queued_s = sum(p.dispatched - p.arrival for p in answered)
+        self.stats.record_batch(samples, len(answered), queued_s, t.assemble + t.h2d, t.compute, t.d2h, by_size)
+        # Metrics count the requests whose callers still wait, as the end-to-end histogram
+        # will: a caller cancelled meanwhile would otherwise be in the stages but not in the total.
+        waits = [p.dispatched - p.arrival for p in answered if not p.future.cancelled()]
         # Assemble is charged from the dispatch, so the hop to the worker thread is counted.
         assemble = result.started - batch.dispatched + t.assemble
         busy = result.finished - result.started
-        live = len(waits)
-        self.metrics.record_batch(batch.instance, live, batch.samples, waits, assemble, t.h2d, t.compute, t.d2h, busy)
+        self.metrics.record_batch(
+            batch.instance, len(waits), batch.samples, waits, assemble, t.h2d, t.compute, t.d2h, busy
+        )
 
     def _answer_isolated(self, batch: Batch, result: BatchResult, now: float) -> None:
         """A batch the model failed, rerun in parts by its instance: each request that failed alone
@@ -1374,7 +1378,7 @@ class Batcher:
         the slo policy does not learn from it."""
         failed = [isinstance(out, BaseException) for out in result.outputs]
         self.failures.batch_failed(
-            result.failure, len(batch.requests), batch.samples, failed_alone=sum(failed), reruns=result.reruns
+            result.failure, len(batch.requests), batch.samples, failed=sum(failed), reruns=result.reruns
         )
         self.metrics.record_reruns(result.reruns)
         answered = []
@@ -1392,19 +1396,9 @@ class Batcher:
             if not p.future.done():
                 p.future.set_result(out)
             answered.append(p)
-        if not answered:
-            return
-        t = result.times
-        samples = sum(p.rows for p in answered)
-        queued_s = sum(p.dispatched - p.arrival for p in answered)
-        # Not under its size in `batch_stats`: no batch of the answered size ran, and its time is all the parts'.
-        self.stats.record_batch(samples, len(answered), queued_s, t.assemble + t.h2d, t.compute, t.d2h, by_size=False)
-        waits = [p.dispatched - p.arrival for p in answered if not p.future.cancelled()]
-        assemble = result.started - batch.dispatched + t.assemble
-        busy = result.finished - result.started
-        self.metrics.record_batch(
-            batch.instance, len(waits), batch.samples, waits, assemble, t.h2d, t.compute, t.d2h, busy
-        )
+        if answered:
+            # Not under its size in `batch_stats`: no batch of the answered size ran, and its time is all the parts'.
+            self._record_executed(batch, result, answered, sum(p.rows for p in answered), by_size=False)
 
     def _expire_left_out(self, batch: Batch, result: BatchResult) -> None:
         """Fail the requests the worker left out (deadline passed); keep the rest in the batch."""

@@ -210,8 +210,8 @@ class ModelConfig(_Strict):
     check: str | None = Field(
         None,
         description="Optional 'module:callable', any platform: a plain function called with each request's "
-        "inputs (a dict of input name to a read-only NumPy array, rows first) as the request is decoded, on "
-        "the event loop, before it is queued; a ValueError it raises refuses that request alone with "
+        "inputs (a read-only mapping of input name to a read-only NumPy array, rows first) as the request is "
+        "decoded, on the event loop, before it is queued; a ValueError it raises refuses that request alone with "
         "INVALID_ARGUMENT and its message. Found as the factory is: the model folder's file, else an "
         "installed module.",
     )

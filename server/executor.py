@@ -42,6 +42,7 @@ whose weights exceed PREWARM_MAX_BYTES (no cache holds them) are not prewarmed.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
 import logging
 import math
@@ -568,10 +569,9 @@ def module_storages(module: torch.nn.Module) -> frozenset[int]:
                 pass
     ptrs = set()
     for t in tensors:
-        try:
+        # A tensor with no storage (sparse, meta) raises here: it holds no rows an answer could alias.
+        with contextlib.suppress(RuntimeError, NotImplementedError):
             ptrs.add(t.untyped_storage().data_ptr())
-        except (RuntimeError, NotImplementedError):  # a tensor with no storage (sparse, meta): no rows to alias
-            pass
     ptrs.discard(0)  # an empty tensor's: no answer's rows live there
     return frozenset(ptrs)
 

@@ -66,7 +66,7 @@ def _import_model_folder_module(cfg: ModelConfig, model_dir: Path, module_name: 
     return mod
 
 
-def _load_callable(cfg: ModelConfig, model_dir: Path, field: str, imported: dict[str, object] | None = None):
+def _load_callable(cfg: ModelConfig, model_dir: Path, field: str, imported: dict[str, object]):
     """The callable a 'module:callable' field of the config names (factory, check): the module is the
     folder's file if there is one, else an installed module. `imported`: modules already imported for
     this model, by name, so that a factory and a check in one model.py run it once."""
@@ -74,7 +74,6 @@ def _load_callable(cfg: ModelConfig, model_dir: Path, field: str, imported: dict
     module_name, _, attr = spec.partition(":")
     local = model_dir / (module_name.replace(".", "/") + ".py")
     where = f"{cfg.source}: {field} {spec!r}" if cfg.source else f"model '{cfg.name}': {field} {spec!r}"
-    imported = {} if imported is None else imported
     if local.is_file():
         mod = imported.get(module_name)
         if mod is None:

@@ -16,7 +16,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 
 import numpy as np
@@ -126,7 +126,7 @@ class Servable:
         module: nn.Module,
         *,
         platform_label: str | None = None,
-        check: Callable[[dict[str, np.ndarray]], object] | None = None,
+        check: Callable[[Mapping[str, np.ndarray]], object] | None = None,
     ) -> None:
         """`check`: the config's `check` callable (repository.load_servable); see `check`."""
         self.config = config
