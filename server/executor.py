@@ -340,19 +340,23 @@ class Instance:
         # (the loop encodes them while the next batch runs). Any other is copied: an output that
         # aliases an input (identity, a slice of it) lives in this slot's reusable buffer, which
         # the next batch overwrites; one that is a view (of a buffer or parameter: a slice of
-        # `self.out`), or whose storage the module holds (a tensor it keeps and overwrites), would
-        # be the next batch's answer by the time it is sent.
+        # `self.out`), whose storage the module holds, or that anything but `out` refers to (a
+        # tensor kept in a closure, a global, a cache object, and overwritten: _held_elsewhere)
+        # would be the next batch's answer by the time it is sent.
         if self._owned is None or samples > self._owned_rows:
             self.collect_owned(samples)
         reused = slot.inputs.storage_ptrs()
         owned = self._owned
         arrays = {}
-        for k, v in out.items():
+        for k in out:
+            # Before the numpy view below, which refers to the storage too.
+            held = _held_elsewhere(out, k)
+            v = out[k]
             a = to_numpy_view(v.detach())
             ptr = v.untyped_storage().data_ptr()
             # A 0-d output stays 0-d (np.ascontiguousarray would make it 1-d), so that split
             # refuses it here as on CUDA: it is not one row per sample.
-            if copy or a.ndim == 0 or v._is_view() or ptr in reused or ptr in owned:
+            if copy or held or a.ndim == 0 or v._is_view() or ptr in reused or ptr in owned:
                 arrays[k] = a.copy()
                 self.output_copies += 1
             else:
@@ -544,6 +548,34 @@ def _model_failed(name: str, exc: BaseException) -> ModelExecutionError:
     every batch, and by the batcher's FailureLog at WARNING, rate-limited, as the error's cause."""
     log.debug("model '%s': a batch failed", name, exc_info=exc)
     return ModelExecutionError(f"model '{name}' failed: {error_line(exc)}")
+
+
+def _counts(out: dict[str, torch.Tensor], name: str) -> tuple[int, int, bool]:
+    """(references to output `name`'s tensor, tensors on its storage, whether torch allocated that
+    storage): see _held_elsewhere."""
+    v = out[name]
+    st = v.untyped_storage()
+    return sys.getrefcount(v), _storage_uses(st), st.resizable()
+
+
+def _storage_uses(st: torch.UntypedStorage) -> int:
+    """Tensors (and storage objects, `st` among them) on storage `st`: torch's private count, which
+    torch 2.x has; 0 where it has none (only the other two counts are read then)."""
+    uses = getattr(torch._C, "_storage_Use_Count", None)
+    return 0 if uses is None else uses(st._cdata)
+
+
+# The counts of a fresh output that only its `out` dict holds, read on this interpreter: what a
+# reference costs differs between Python versions (3.14 borrows some), so they are measured, not written.
+_FRESH = _counts({"y": torch.empty(1)}, "y")
+
+
+def _held_elsewhere(out: dict[str, torch.Tensor], name: str) -> bool:
+    """Whether anything besides `out` may hold output `name`'s memory, so that the model could write
+    it again before the answer is sent: another reference to the tensor (kept in a closure, a global,
+    an object of the module's), another tensor on its storage (a kept buffer's `detach()`), or memory
+    torch did not allocate (`torch.from_numpy` of a kept array). A false alarm costs a copy."""
+    return _counts(out, name) != _FRESH
 
 
 def module_storages(module: torch.nn.Module) -> frozenset[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import textwrap
+import types
 
 import grpc
 import numpy as np
@@ -179,6 +180,27 @@ class KeptScripted(torch.nn.Module):
         return self.kept
 
 
+class KeptOutside(torch.nn.Module):
+    """Answers memory it keeps per input shape where no module attribute shows it: in a cache object
+    of its own, handed out as it is, as a `detach()` of it (a second tensor on the kept storage), or
+    as a numpy array it keeps (memory torch did not allocate)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.cache = types.SimpleNamespace(by_shape={})
+
+    def forward(self, x):
+        key = tuple(x.shape)
+        if self.how == "numpy":
+            kept = self.cache.by_shape.setdefault(key, np.empty(key, np.float32))
+            np.multiply(x.numpy(), 2, out=kept)
+            return torch.from_numpy(kept)
+        kept = self.cache.by_shape.setdefault(key, torch.empty(key))
+        torch.mul(x, 2, out=kept)
+        return kept.detach() if self.how == "detach" else kept
+
+
 @pytest.mark.parametrize(
     "build, first",
     [
@@ -186,8 +208,19 @@ class KeptScripted(torch.nn.Module):
         (lambda: KeptWhole(in_list=False), 2.0),
         (lambda: KeptWhole(in_list=True), 2.0),
         (lambda: torch.jit.script(KeptScripted()), 2.0),
+        (lambda: KeptOutside("whole"), 2.0),
+        (lambda: KeptOutside("detach"), 2.0),
+        (lambda: KeptOutside("numpy"), 2.0),
     ],
-    ids=["slice-of-buffer", "kept-attribute", "kept-in-a-list", "torchscript-attribute"],
+    ids=[
+        "slice-of-buffer",
+        "kept-attribute",
+        "kept-in-a-list",
+        "torchscript-attribute",
+        "kept-in-an-object",
+        "detached-from-kept",
+        "kept-numpy-array",
+    ],
 )
 def test_an_output_in_memory_the_module_keeps_survives_the_next_batch(build, first):
     s = _servable(build())
