@@ -212,6 +212,36 @@ async def test_a_request_its_batch_fails_on_alone_gets_the_error_and_the_others_
     await next_batch_runs_and_finish(b)
 
 
+async def test_a_failed_batch_rerun_without_the_requests_its_worker_left_out_answers_each_of_the_rest(gated):
+    """A batch held behind a busy instance loses two requests before its worker starts it (a deadline
+    passed, a caller gone): the worker runs the other two, the model fails them together, and the
+    rerun's answers go to those two, in order; the two left out are answered once, or not at all."""
+    s, m, ex = gated(max_batch_size=4, delay_ms=60_000, depth=2)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    ahead = [submit(b, 0.0) for _ in range(4)]
+    await wait_entered(m)  # the first batch runs, behind the closed gate
+    late = submit(b, 1.0, deadline=time.perf_counter() + 0.2)
+    bad = submit(b, float("nan"))
+    gone = submit(b, 2.0)
+    good = submit(b, 3.0)
+    while b.inflight < 2:  # the second batch is dispatched to the instance's second slot
+        await asyncio.sleep(0)
+    b.withdraw(gone)
+    with pytest.raises(DeadlineExceeded):
+        await late.future  # answered as its batch waits
+    m.gate.set()
+    await asyncio.gather(*(p.future for p in ahead))
+    result = await asyncio.gather(bad.future, good.future, return_exceptions=True)
+    assert m.batch_sizes == [4, 2, 1, 1]  # the first batch; [bad, good] and each alone
+    assert str(result[0]) == "model 'gated' failed: ValueError: NaN in batch (on this request alone)"
+    np.testing.assert_array_equal(result[1]["OUTPUT0"], np.full((1, 4), 6.0, np.float32))
+    assert not gone.future.done()
+    assert (b.stats.inference_count, b.stats.execution_count, b.stats.fail.count) == (5, 2, 2)
+    assert b.metrics.stages["queue"].count == 5
+    await next_batch_runs_and_finish(b)
+
+
 async def test_a_batch_failing_for_every_request_fails_every_caller_and_the_next_batch_runs(gated):
     s, _, ex = gated(max_batch_size=3, delay_ms=60_000)
     b = make_batcher(s, ex)
