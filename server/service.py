@@ -474,7 +474,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, request_iterator, context):
         st = _Stream()
         results = st.results
-        tasks: set[asyncio.Task] = set()
+        tasks: dict[asyncio.Task, pb.ModelInferRequest] = {}  # each request's, until it ends
 
         async def one(req: pb.ModelInferRequest) -> None:
             try:
@@ -509,8 +509,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     results.put_nowait(error_answer(code, details, self.send_limit))
                 else:
                     t = asyncio.get_running_loop().create_task(one(req))
-                    tasks.add(t)
-                    t.add_done_callback(tasks.discard)
+                    tasks[t] = req
+                    t.add_done_callback(lambda t: tasks.pop(t, None))
                 if self.closing:  # this one is answered (UNAVAILABLE); read no more
                     return True
                 if st.owed >= window:
@@ -574,8 +574,26 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 reader.cancel()
             elif not reader.cancelled():
                 reader.exception()  # retrieved: a failed read (the call ended) is no one's to log
-            for t in list(tasks):
-                t.cancel()
+            if tasks:
+                left = context.time_remaining()
+                code = "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
+                for t, req in list(tasks.items()):
+                    if inspect.getcoroutinestate(t.get_coro()) == inspect.CORO_CREATED:
+                        # Read, its task not begun: `infer`, which counts a cancelled request's
+                        # code, never sees it. Counted here as it would have counted it.
+                        self._count_unbegun(req, code)
+                    t.cancel()
+
+    def _count_unbegun(self, req: pb.ModelInferRequest, code: str) -> None:
+        """Count `code` for a stream's request cancelled before `infer` began it (as `infer` counts)."""
+        try:
+            rt = self.server.runtime(req.model_name, req.model_version)
+        except ModelNotFound:
+            self.server.metrics.unknown_model_requests += 1
+            return
+        except WokError:
+            return  # `infer` counts no code for a request whose model it cannot resolve
+        rt.metrics.record_status(code)
 
     # -- health and metadata ----------------------------------------------------------------
     async def ServerLive(self, request, context):

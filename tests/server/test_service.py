@@ -246,3 +246,31 @@ async def test_a_client_deadline_that_passes_while_its_batch_runs_counts_deadlin
             codes, reasons = await asyncio.to_thread(_scrape_counts, server.http.port)
     assert codes == {"DEADLINE_EXCEEDED": 1, "CANCELLED": 1}, codes
     assert reasons == {}, reasons
+
+
+class _EndedCall:
+    """What the stream handler asks of its context once the call has ended: the time left (none set)."""
+
+    def time_remaining(self) -> None:
+        return None
+
+
+async def test_a_stream_request_read_but_not_begun_when_the_call_ends_is_counted_cancelled(serve):
+    """The handler reads a request and makes its task; the call ends (the client cancelled) before
+    that task runs, so `infer`, which counts a cancelled request's code, never sees it. Through gRPC
+    the window is one turn of the loop; here the order is forced: the handler is called directly and
+    its request iterator cancels it as it hands the request over."""
+    async with serve(models=("mlp",)) as server:
+        rt = server.runtimes["mlp"]
+        handler: asyncio.Future
+
+        async def requests():
+            handler.cancel()  # before the reader makes the request's task: the handler ends first
+            yield encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
+            await asyncio.Event().wait()
+
+        handler = asyncio.ensure_future(server.service.ModelStreamInfer(requests(), _EndedCall()))
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        assert rt.metrics.responses == {"CANCELLED": 1}
+        assert server.service.active == 0
