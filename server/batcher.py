@@ -815,6 +815,16 @@ class Batcher:
                 heapq.heappush(heap, (nxt, next(self._seq), batch))
         return math.inf
 
+    def _fail(self, p: Pending, exc: BaseException, now: float) -> None:
+        """Answer `p` with `exc` at `now`. Counted failed (ModelStatistics' fail) only if its caller
+        still waits: one gone (cancelled, its call's deadline passed) is answered nothing, as a
+        request answered after its caller left counts no success."""
+        p.state = DONE
+        p.finished = now
+        if not p.future.done():
+            p.future.set_exception(exc)
+            self.stats.fail.add(now - p.arrival)
+
     def _answer_left_out(self, p: Pending, at: float) -> None:
         """Fail a request of a batch sent to a busy instance whose deadline passed before it could run."""
         if not p.future.done():
@@ -824,7 +834,7 @@ class Batcher:
                     f"before it could run (its batch was waiting for a busy instance)"
                 )
             )
-        self.stats.fail.add(at - p.arrival)
+            self.stats.fail.add(at - p.arrival)
 
     def _expire_left(self, p: Pending, now: float) -> None:
         """An entry taken off a deadline structure: if still queued, its deadline has passed."""
@@ -1291,6 +1301,10 @@ class Batcher:
         if exc is not None:
             if self._busy[inst] == 0:
                 self._idle_since[inst] = now
+            left_out = getattr(exc, "left_out", None)  # (kept, started): see the executor's _note_left_out
+            if left_out is not None and not failed_at_stop:
+                # The requests its worker left out did not run: answered as left out, not with its error.
+                self._expire_left_out(batch, *left_out)
             if not isinstance(exc, (ModelExecutionError, ShuttingDown)):
                 # One line for the callers; the whole error, as the cause, for FailureLog's traceback.
                 cause, exc = exc, ModelExecutionError(f"model '{self.name}' failed: {error_line(exc)}")
@@ -1301,11 +1315,7 @@ class Batcher:
                 # Answered (its deadline passed, or at the stop: `_fail_dispatched`) or withdrawn while it waited.
                 if p.state != RUNNING:
                     continue
-                p.state = DONE
-                p.finished = now
-                if not p.future.done():
-                    p.future.set_exception(exc)
-                self.stats.fail.add(now - p.arrival)
+                self._fail(p, exc, now)
             return
         result: BatchResult = f.result()
         if self._busy[inst] == 0:
@@ -1319,7 +1329,7 @@ class Batcher:
         if batch.idle_from is not None and result.started > batch.idle_from:
             self.metrics.record_idle_queued(inst, result.started - batch.idle_from)
         if result.kept is not None:
-            self._expire_left_out(batch, result)
+            self._expire_left_out(batch, result.kept, result.started)
             if not batch.requests:
                 return
         if len(result.outputs) != len(batch.requests):
@@ -1331,11 +1341,7 @@ class Batcher:
                 # meanwhile is left alone; each caller failed here is counted once.
                 if p.state != RUNNING:
                     continue
-                p.state = DONE
-                p.finished = now
-                if not p.future.done():
-                    p.future.set_exception(exc)
-                self.stats.fail.add(now - p.arrival)
+                self._fail(p, exc, now)
             return
         if result.failure is not None:
             self._answer_isolated(batch, result, now)
@@ -1387,10 +1393,7 @@ class Batcher:
                 continue
             p.state = DONE
             if bad:
-                p.finished = now
-                if not p.future.done():
-                    p.future.set_exception(out)
-                self.stats.fail.add(now - p.arrival)
+                self._fail(p, out, now)
                 continue
             p.finished, p.started, p.compute = result.finished, result.started, result.times.compute
             if not p.future.done():
@@ -1400,15 +1403,16 @@ class Batcher:
             # Not under its size in `batch_stats`: no batch of the answered size ran, and its time is all the parts'.
             self._record_executed(batch, result, answered, sum(p.rows for p in answered), by_size=False)
 
-    def _expire_left_out(self, batch: Batch, result: BatchResult) -> None:
-        """Fail the requests the worker left out (deadline passed); keep the rest in the batch."""
-        kept = set(result.kept)
+    def _expire_left_out(self, batch: Batch, kept: tuple[int, ...], started: float) -> None:
+        """Fail the requests the worker left out as it took the batch at `started` (deadline passed):
+        those not in `kept`; keep the rest in the batch."""
+        ran = set(kept)
         for i, p in enumerate(batch.requests):
-            if i in kept or p.state != RUNNING:  # not left out; answered or withdrawn as it waited
+            if i in ran or p.state != RUNNING:  # not left out; answered or withdrawn as it waited
                 continue
             p.state = DONE
-            self._answer_left_out(p, result.started)
-        batch.requests = [batch.requests[i] for i in result.kept]
+            self._answer_left_out(p, started)
+        batch.requests = [batch.requests[i] for i in kept]
         batch.samples = sum(p.rows for p in batch.requests)
 
     def _fail_dispatched(self) -> None:
@@ -1423,11 +1427,7 @@ class Batcher:
             for p in batch.requests:
                 if p.state != RUNNING:  # answered (its deadline passed) or withdrawn as its batch waited
                     continue
-                p.state = DONE  # answered and counted: `_complete` then leaves it alone
-                p.finished = now
-                if not p.future.done():
-                    p.future.set_exception(exc)
-                self.stats.fail.add(now - p.arrival)
+                self._fail(p, exc, now)  # answered: `_complete` then leaves it alone
         self._dispatched.clear()
 
     def _fail_queued(self, exc: Exception) -> None:
@@ -1435,11 +1435,7 @@ class Batcher:
         for q in self._queues.values():
             for p in q.entries:
                 if p.state == QUEUED:
-                    p.state = DONE
-                    p.finished = now
-                    if not p.future.done():
-                        p.future.set_exception(exc)
-                    self.stats.fail.add(now - p.arrival)  # as a dispatched request failed at the stop is
+                    self._fail(p, exc, now)  # as a dispatched request failed at the stop is
             q.levels.clear()
             q.order.clear()
             q.deadlines.clear()

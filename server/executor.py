@@ -291,23 +291,27 @@ class Instance:
         if not rows:
             return BatchResult([], StageTimes(), self.index, t0, t0, kept=kept)
         samples = sum(rows)
-        host = s.assemble(inputs, samples, slot.inputs)
-        self._size_threads(samples)
-        t1 = time.perf_counter()
-        slow_s = self.fault.before_forward()  # an injected fault: raises, or a delay to add
         try:
-            out = self._forward_cpu(host)
-            if slow_s:
-                time.sleep(slow_s)
-            t2 = time.perf_counter()
-            per_request = self._split_cpu(out, rows, samples, slot)
-        except ModelExecutionError as exc:
-            if not self._may_isolate(rows):
-                raise
-            outcomes, reruns = self._isolate(exc, lambda i, r: self._cpu_batch(i, r, slot), inputs, rows)
-            t2 = time.perf_counter()
-            times = StageTimes(t1 - t0, NOT_RUN, t2 - t1, 0.0)
-            return BatchResult(outcomes, times, self.index, t0, t2, kept=kept, failure=exc, reruns=reruns)
+            host = s.assemble(inputs, samples, slot.inputs)
+            self._size_threads(samples)
+            t1 = time.perf_counter()
+            slow_s = self.fault.before_forward()  # an injected fault: raises, or a delay to add
+            try:
+                out = self._forward_cpu(host)
+                if slow_s:
+                    time.sleep(slow_s)
+                t2 = time.perf_counter()
+                per_request = self._split_cpu(out, rows, samples, slot)
+            except ModelExecutionError as exc:
+                if not self._may_isolate(rows):
+                    raise
+                outcomes, reruns = self._isolate(exc, lambda i, r: self._cpu_batch(i, r, slot), inputs, rows)
+                t2 = time.perf_counter()
+                times = StageTimes(t1 - t0, NOT_RUN, t2 - t1, 0.0)
+                return BatchResult(outcomes, times, self.index, t0, t2, kept=kept, failure=exc, reruns=reruns)
+        except BaseException as exc:
+            _note_left_out(exc, kept, t0)
+            raise
         self.all_failed_runs = 0
         t3 = time.perf_counter()
         times = StageTimes(t1 - t0, NOT_RUN, t2 - t1, t3 - t2)
@@ -432,11 +436,19 @@ class Instance:
 
     # -- CUDA: launch on three streams, then wait for the last event on another thread -----
     def _launch_cuda(self, inputs, rows, slot: _Slot, deadlines=None):
-        s = self.servable
         t0 = time.perf_counter()
         inputs, rows, kept = _live(inputs, rows, deadlines, t0)
         if not rows:
             return None, None, 0.0, t0, rows, kept
+        try:
+            return self._launch_live(inputs, rows, slot, kept, t0)
+        except BaseException as exc:
+            _note_left_out(exc, kept, t0)
+            raise
+
+    def _launch_live(self, inputs, rows, slot: _Slot, kept, t0: float):
+        """_launch_cuda's batch of the requests its worker kept."""
+        s = self.servable
         host = s.assemble(inputs, sum(rows), slot.inputs)
         assemble = time.perf_counter() - t0
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
@@ -513,21 +525,36 @@ class Instance:
         if ev is None:  # every request's deadline had passed: nothing ran
             return BatchResult([], StageTimes(), self.index, started, started, kept=kept)
         try:
-            ev[4].synchronize()
-        except Exception as exc:
-            log.debug("model '%s': a batch failed on the device", self.servable.name, exc_info=True)
-            raise ModelExecutionError(f"model '{self.servable.name}' failed on the device: {error_line(exc)}") from exc
-        times = StageTimes(
-            assemble,
-            ev[0].elapsed_time(ev[1]) / 1e3,
-            ev[2].elapsed_time(ev[3]) / 1e3,
-            ev[3].elapsed_time(ev[4]) / 1e3,
-        )
-        # The pinned output buffers belong to the slot and will be reused: copy out.
-        arrays = {k: to_numpy_view(v).copy() for k, v in host_out.items()}
-        per_request = self.servable.split(arrays, rows)
+            try:
+                ev[4].synchronize()
+            except Exception as exc:
+                log.debug("model '%s': a batch failed on the device", self.servable.name, exc_info=True)
+                raise ModelExecutionError(
+                    f"model '{self.servable.name}' failed on the device: {error_line(exc)}"
+                ) from exc
+            times = StageTimes(
+                assemble,
+                ev[0].elapsed_time(ev[1]) / 1e3,
+                ev[2].elapsed_time(ev[3]) / 1e3,
+                ev[3].elapsed_time(ev[4]) / 1e3,
+            )
+            # The pinned output buffers belong to the slot and will be reused: copy out.
+            arrays = {k: to_numpy_view(v).copy() for k, v in host_out.items()}
+            per_request = self.servable.split(arrays, rows)
+        except BaseException as exc:
+            _note_left_out(exc, kept, started)
+            raise
         self.all_failed_runs = 0
         return BatchResult(per_request, times, self.index, started, time.perf_counter(), tuple(ev), kept)
+
+
+def _note_left_out(exc: BaseException, kept: tuple[int, ...] | None, started: float) -> None:
+    """A batch that raised `exc` after its worker left out requests whose deadline had passed
+    (`kept`: the indices of those that ran, as BatchResult's): note them, and when the worker took
+    the batch, on the error as `left_out`, so that the batcher answers the left-out requests as
+    such (DEADLINE_EXCEEDED) and only those that ran with the batch's error."""
+    if kept is not None:
+        exc.left_out = (kept, started)
 
 
 # What torch raises for an error on the device (a kernel's assert, an illegal address).

@@ -242,6 +242,59 @@ async def test_a_failed_batch_rerun_without_the_requests_its_worker_left_out_ans
     await next_batch_runs_and_finish(b)
 
 
+async def test_a_request_its_worker_left_out_of_a_batch_that_failed_gets_its_deadline_not_the_batchs_error(gated):
+    """The loop is too busy to answer a held request whose deadline passes (a slow check, say): the
+    worker leaves it out as it starts the batch, the one request left fails in the model, and the
+    batch raises. The left-out request was answered the model's error meant for its batch mate."""
+    s, m, ex = gated(max_batch_size=2, delay_ms=60_000, depth=2)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    ahead = [submit(b, 0.0), submit(b, 0.0)]
+    await wait_entered(m)  # the first batch runs, behind the closed gate
+    deadline = time.perf_counter() + 0.05
+    late = submit(b, 1.0, deadline=deadline)
+    bad = submit(b, float("nan"))
+    while b.inflight < 2:  # the second batch is dispatched to the instance's second slot
+        await asyncio.sleep(0)
+    # The loop blocked (on purpose) from here until the worker has started the second batch.
+    while (left := deadline - time.perf_counter()) > 0:
+        time.sleep(left)
+    m.gate.set()
+    assert m.entered.wait(10)
+    await asyncio.gather(*(p.future for p in ahead))
+    with pytest.raises(DeadlineExceeded):
+        await late.future
+    with pytest.raises(ModelExecutionError, match="NaN in batch"):
+        await bad.future
+    assert m.batch_sizes == [2, 1]  # the first batch; the second without its late request
+    assert b.stats.fail.count == 2
+    await next_batch_runs_and_finish(b)
+
+
+async def test_a_caller_gone_before_its_batch_failed_is_not_counted_failed(gated):
+    """ModelStatistics' fail counts the errors callers get: a request whose caller left while its
+    batch ran is answered nothing, and, as one answered after its caller left counts no success,
+    no failure either; whether its batch failed whole or was rerun in parts."""
+    s, m, ex = gated(max_batch_size=2, delay_ms=60_000)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    whole = submit(b, float("nan"), rows=2)  # a batch of one request: it fails whole
+    await wait_entered(m)
+    whole.future.cancel()
+    m.gate.set()
+    while b.inflight:
+        await asyncio.sleep(0.001)
+    m.gate.clear()
+    bad, good = submit(b, float("nan")), submit(b, 1.0)  # rerun in parts: the bad one fails alone
+    await wait_entered(m)
+    bad.future.cancel()
+    m.gate.set()
+    await good.future
+    assert m.batch_sizes == [2, 2, 1, 1]
+    assert b.stats.fail.count == 0
+    await next_batch_runs_and_finish(b)
+
+
 async def test_a_batch_failing_for_every_request_fails_every_caller_and_the_next_batch_runs(gated):
     s, _, ex = gated(max_batch_size=3, delay_ms=60_000)
     b = make_batcher(s, ex)
