@@ -266,7 +266,8 @@ class _Stream:
     __slots__ = ("owed", "results", "room", "writing_since")
 
     def __init__(self) -> None:
-        self.results: asyncio.Queue = asyncio.Queue()  # its answers, in order, and _WAKE
+        # Its answers in order, each (message, request or None, code to count), and _WAKE.
+        self.results: asyncio.Queue = asyncio.Queue()
         self.owed = 0  # requests read and not yet answered on the stream (counted in `active`)
         self.writing_since: float | None = None  # loop.time() at the start of a write in progress
         # Clear while the stream owes its window of answers (`stream_window`) and reads no more;
@@ -365,7 +366,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """Run one request through its model's batcher; raises WokError on failure. With `timing` (a
         list), its stage times are appended to it as a `server-timing` value (`server_timing`).
         `counted`: the caller counts the request in `active` itself (a stream, until it is answered).
-        `stream`: the answer is a stream's (marked FINAL, and sent inside a ModelStreamInferResponse).
+        `stream`: the answer is a stream's (marked FINAL, and sent inside a ModelStreamInferResponse);
+        its code is counted by ModelStreamInfer as it writes the answer (or ends without writing it),
+        not here, except a cancellation's.
         `time_left`: the call's context.time_remaining, asked when the request is cancelled: a call
         ended by its deadline counts DEADLINE_EXCEEDED, as its client sees it, not CANCELLED."""
         arrival = time.perf_counter()
@@ -381,7 +384,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             resp = await self._run(rt, request, time_remaining, arrival, timing, stream)
         except WokError as exc:
-            m.record_status(exc.code.name)
+            if not stream:
+                m.record_status(exc.code.name)
             reason = REJECTION_REASON.get(type(exc))
             if reason is not None:
                 m.record_rejection(reason)
@@ -393,12 +397,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             m.record_status("DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED")
             raise
         except Exception:
-            m.record_status("INTERNAL")  # the handler logs it and answers INTERNAL
+            if not stream:
+                m.record_status("INTERNAL")  # the handler logs it and answers INTERNAL
             raise
         finally:
             if not counted:
                 self._end()
-        m.record_status("OK")
+        if not stream:
+            m.record_status("OK")
         return resp
 
     async def _run(
@@ -481,14 +487,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 resp = await self.infer(
                     req, context.time_remaining(), counted=True, stream=True, time_left=context.time_remaining
                 )
-                results.put_nowait(pb.ModelStreamInferResponse(infer_response=resp))
+                results.put_nowait((pb.ModelStreamInferResponse(infer_response=resp), req, "OK"))
             except Exception as exc:  # every request on the stream gets its one answer
                 if not isinstance(exc, WokError):
                     log.exception("ModelStreamInfer request for model '%s' failed", req.model_name)
                 code, details = to_status(exc)
-                results.put_nowait(
-                    error_answer(code, details, self.send_limit, req.model_name, req.model_version, req.id)
-                )
+                answer = error_answer(code, details, self.send_limit, req.model_name, req.model_version, req.id)
+                results.put_nowait((answer, req, code.name))
 
         window = self.stream_window
 
@@ -505,8 +510,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 if isinstance(req, Unparsed):  # answered in order; the stream goes on
                     self.server.metrics.unparsed_requests += 1
                     code, details = to_status(req.error)
-                    # Nothing of the request could be read: no model or id to answer with.
-                    results.put_nowait(error_answer(code, details, self.send_limit))
+                    # Nothing of the request could be read: no model or id to answer with, nor to count.
+                    results.put_nowait((error_answer(code, details, self.send_limit), None, None))
                 else:
                     t = asyncio.get_running_loop().create_task(one(req))
                     tasks[t] = req
@@ -525,6 +530,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._streams.add(st)
         loop = asyncio.get_running_loop()
         end_at: float | None = None  # when a stream the server closes ends, once it owes nothing
+        # The answer being written; with those still queued, what a stream ending early never wrote.
+        writing = None
+        ended = None  # the code the client sees the stream end with, when the server ends it
         try:
             while True:
                 if st.owed == 0 and reader.done() and (reader.exception() is not None or not reader.result()):
@@ -542,13 +550,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     item = await results.get()
                 if item is _WAKE:
                     continue
+                writing = item
                 st.writing_since = loop.time()
                 if self.closing:
                     self._changed.set()  # idle() times this write
                 # Returns once gRPC has written the answer: flow control holds it while the client
                 # does not read.
                 try:
-                    await context.write(item)
+                    await context.write(item[0])
                 except grpc.aio.InternalError:
                     # gRPC's core failed the write: the call has ended (the client cancelled, or its
                     # deadline passed) and a status can no longer be sent. Let grpc.aio see a
@@ -556,6 +565,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     # logs as an ERROR with a traceback when its own view of the end lags behind.
                     raise asyncio.CancelledError("the stream ended before its answer was written") from None
                 st.writing_since = None
+                writing = None
+                if item[1] is not None:
+                    self._count_answer(item[1], item[2])
                 st.owed -= 1
                 if st.owed < window:
                     st.room.set()
@@ -565,6 +577,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 return  # the client closed its side and has every answer
             # The server stops: every request read has its answer; what the client sends now
             # would be refused.
+            ended = "UNAVAILABLE"
             context.set_code(grpc.StatusCode.UNAVAILABLE)
             context.set_details("server is shutting down")
         finally:
@@ -574,25 +587,38 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 reader.cancel()
             elif not reader.cancelled():
                 reader.exception()  # retrieved: a failed read (the call ended) is no one's to log
-            if tasks:
-                left = context.time_remaining()
-                code = "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
+            unsent = [] if writing is None or writing[1] is None else [writing]
+            while not results.empty():
+                item = results.get_nowait()
+                if item is not _WAKE and item[1] is not None:
+                    unsent.append(item)
+            if tasks or unsent:
+                code = ended
+                if code is None:
+                    left = context.time_remaining()
+                    code = "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
+                # Answers the stream's end kept from the client count as it sees them end.
+                for _, req, _ in unsent:
+                    self._count_answer(req, code)
                 for t, req in list(tasks.items()):
                     if inspect.getcoroutinestate(t.get_coro()) == inspect.CORO_CREATED:
                         # Read, its task not begun: `infer`, which counts a cancelled request's
                         # code, never sees it. Counted here as it would have counted it.
-                        self._count_unbegun(req, code)
+                        self._count_answer(req, code, begun=False)
                     t.cancel()
 
-    def _count_unbegun(self, req: pb.ModelInferRequest, code: str) -> None:
-        """Count `code` for a stream's request cancelled before `infer` began it (as `infer` counts)."""
+    def _count_answer(self, req: pb.ModelInferRequest, code: str, begun: bool = True) -> None:
+        """Count `code` in wok_responses_total for a stream's request: as its answer is written, or as
+        the stream ends without writing it. No code for a request whose model cannot be resolved:
+        `infer` counts an unknown one (here, one `infer` never `begun`)."""
         try:
             rt = self.server.runtime(req.model_name, req.model_version)
         except ModelNotFound:
-            self.server.metrics.unknown_model_requests += 1
+            if not begun:
+                self.server.metrics.unknown_model_requests += 1
             return
         except WokError:
-            return  # `infer` counts no code for a request whose model it cannot resolve
+            return
         rt.metrics.record_status(code)
 
     # -- health and metadata ----------------------------------------------------------------

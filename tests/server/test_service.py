@@ -274,3 +274,42 @@ async def test_a_stream_request_read_but_not_begun_when_the_call_ends_is_counted
             await handler
         assert rt.metrics.responses == {"CANCELLED": 1}
         assert server.service.active == 0
+
+
+class _UnreadCall:
+    """A stream's call whose client reads nothing: each write waits, as flow control holds it."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def time_remaining(self) -> None:
+        return None
+
+    async def write(self, message) -> None:
+        self.writes += 1
+        await asyncio.Event().wait()
+
+
+async def test_stream_answers_its_call_ended_before_writing_are_counted_as_the_client_saw_the_end(serve):
+    """Three answers ready, the first held in its write, two queued behind it: the call ends (the
+    client cancelled). wok_responses_total counts the three CANCELLED, as the client saw them, not
+    OK as they were made. Called directly, as above, so that the order is certain."""
+    async with serve(models=("mlp",)) as server:
+        rt = server.runtimes["mlp"]
+        request = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
+
+        async def requests():
+            for _ in range(3):
+                yield request
+            await asyncio.Event().wait()  # the client keeps its side open
+
+        call = _UnreadCall()
+        handler = asyncio.ensure_future(server.service.ModelStreamInfer(requests(), call))
+        while rt.stats.success.count < 3:  # every answer made
+            await asyncio.sleep(0.005)
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        assert call.writes == 1
+        assert rt.metrics.responses == {"CANCELLED": 3}
+        assert server.service.active == 0
