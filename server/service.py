@@ -382,7 +382,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if not counted:
             self._begin()
         try:
-            resp = await self._run(rt, request, time_remaining, arrival, timing, stream)
+            resp = await self._run(rt, request, time_remaining, arrival, timing, stream, time_left)
         except WokError as exc:
             if not stream:
                 m.record_status(exc.code.name)
@@ -408,7 +408,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return resp
 
     async def _run(
-        self, rt: ModelRuntime, request, time_remaining: float | None, arrival: float, timing=None, stream=False
+        self,
+        rt: ModelRuntime,
+        request,
+        time_remaining: float | None,
+        arrival: float,
+        timing=None,
+        stream=False,
+        time_left: Callable[[], float | None] | None = None,
     ):
         server = self.server
         if server.draining:
@@ -428,6 +435,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except asyncio.CancelledError:
             rt.batcher.withdraw(p)
             raise
+        if time_left is not None and not stream and time_left() == 0:
+            # The call's deadline passed as its batch ran, and gRPC has not cancelled this handler
+            # yet: its core ends the call DEADLINE_EXCEEDED itself, and an answer sent now races
+            # that end (grpc.aio logs the failed send as an ERROR with a traceback). Ended as a
+            # cancelled call, counted as its client sees it (infer).
+            raise asyncio.CancelledError("the caller's deadline passed before its answer was sent")
         resumed = time.perf_counter()
         names = dec.outputs or tuple(outputs)
         resp = encode_response(servable.name, request.id, outputs, servable.output_types, names)

@@ -313,3 +313,22 @@ async def test_stream_answers_its_call_ended_before_writing_are_counted_as_the_c
         assert call.writes == 1
         assert rt.metrics.responses == {"CANCELLED": 3}
         assert server.service.active == 0
+
+
+async def test_an_answer_made_after_its_calls_deadline_passed_is_not_sent_and_counts_deadline_exceeded(serve):
+    """gRPC may resume the handler with its answer before it cancels it for the call's deadline,
+    which passed as the batch ran: an answer sent then races the core's own end of the call (and
+    grpc.aio logs the failed send as an ERROR). `infer` asks the call's time left (here: none) once
+    the batch is back and ends as a cancelled call, counted as its client sees it."""
+    async with serve(models=("mlp",)) as server:
+        rt = server.runtimes["mlp"]
+        request = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
+        with pytest.raises(asyncio.CancelledError, match="deadline passed before its answer was sent"):
+            await server.service.infer(request, None, time_left=lambda: 0.0)
+        assert rt.metrics.responses == {"DEADLINE_EXCEEDED": 1}
+        assert rt.stats.success.count == 0
+        # With time left, or none set, the answer is made.
+        await server.service.infer(request, None, time_left=lambda: 0.5)
+        await server.service.infer(request, None, time_left=lambda: None)
+        assert rt.metrics.responses == {"DEADLINE_EXCEEDED": 1, "OK": 2}
+        assert server.service.active == 0
