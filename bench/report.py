@@ -544,6 +544,9 @@ def _verdict_lines(result: dict) -> list[str]:
             f"merged from {len(merged['parts'])} results: percentiles from the merged histograms "
             f"(at most {100 * err:.2g}% above exact), server columns from {merged.get('server_view_from')}"
         )
+    # The document's warnings (a verdict's bound, a step that measured the generator, a merge's
+    # parts): a run printed without --json or --html would lose them.
+    lines += [f"warning: {w}" for w in result.get("warnings") or []]
     return lines
 
 

@@ -393,6 +393,19 @@ def test_verdicts_say_the_knee_is_at_or_below_a_first_step_that_fell_short():
     assert "knee: at or below 50 QPS (the first step already fell short of its offer)" in buf.getvalue()
 
 
+def test_table_lists_the_results_warnings_under_its_verdicts(result):
+    # A run printed without --json or --html lost them: "every step met the SLO", a merge's
+    # same-seed parts, a step that measured the generator.
+    doc = {**result, "warnings": ["every step met the SLO: the maximum is at least 800 QPS", "part-1: late"]}
+    buf = io.StringIO()
+    report.print_table(doc, file=buf)
+    lines = buf.getvalue().splitlines()
+    assert lines[-2:] == ["warning: every step met the SLO: the maximum is at least 800 QPS", "warning: part-1: late"]
+    buf = io.StringIO()
+    report.print_table({**result, "warnings": []}, file=buf)
+    assert "warning" not in buf.getvalue()
+
+
 def test_table_of_bare_steps_has_no_verdicts(result):
     buf = io.StringIO()
     report.print_table(result["steps"], file=buf)
