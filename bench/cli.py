@@ -1032,6 +1032,9 @@ def run_plan(args) -> int:
     from . import plan
 
     _check_outputs(args, "--json", "--markdown", "--manifests")
+    if args.manifests is not None and (why := plan.manifests_problem(args.manifests)):
+        # Its own rule (only the last level is made), checked before the plan is printed as the others are.
+        raise ValueError(f"--manifests {args.manifests}: {why}")
     sources = [x for x in ("t_batch", "alpha", "profile", "from_ramp") if getattr(args, x) is not None]
     if args.beta is not None and args.alpha is None:
         raise ValueError("--beta needs --alpha")

@@ -923,12 +923,14 @@ def test_team_and_burst_refusals_start_with_the_option(option, spec, why, wok_cl
 
 
 def test_manifests_refuse_a_missing_parent_folder_and_make_only_the_last_level(tmp_path, wok_cli):
-    """--manifests made the whole path (mkdir parents=True), while --json refused a missing folder."""
+    """--manifests made the whole path (mkdir parents=True), while --json refused a missing folder;
+    then it was refused only after the plan was printed (the up-front check lets a folder output
+    make its parents)."""
     argv = ["plan", "--peak-qps", "100", "--t-batch", "20ms", "--batch-size", "16"]
     missing = tmp_path / "nope" / "k8s"
     json_out = tmp_path / "p.json"
-    status, _, err = wok_cli(*argv, "--json", str(json_out), "--manifests", str(missing))
-    assert (status, err) == (2, f"wok plan: --manifests {missing}: folder {missing.parent} does not exist\n")
+    status, out, err = wok_cli(*argv, "--json", str(json_out), "--manifests", str(missing))
+    assert (status, out, err) == (2, "", f"wok plan: --manifests {missing}: folder {missing.parent} does not exist\n")
     assert not (tmp_path / "nope").exists() and not json_out.exists()
     assert plan.manifests_problem(missing) == f"folder {missing.parent} does not exist"
     status, _, err = wok_cli(*argv, "--manifests", str(tmp_path / "k8s"))  # the last level is made
