@@ -493,7 +493,7 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
             # No port is bound before the models are warm: abandon the start (a warm-up
             # cannot be interrupted, and waiting for it is what the signal said not to do).
             _exit_before_ready(stop_signal)
-    except WarmupError:
+    except (ConfigError, WarmupError):
         # The message names the model's config file: a config error (exit 2), not a failed start.
         await server.stop(grace=0)
         raise

@@ -56,7 +56,7 @@ import torch
 
 from .config import InstanceConfig
 from .cpulinear import MIN_ROWS, onednn_counts, padded_rows, with_onednn_linear
-from .errors import ModelExecutionError, WarmupError, error_line
+from .errors import ConfigError, ModelExecutionError, WarmupError, error_line
 from .faults import InstanceFault
 from .metrics import NOT_RUN
 from .servable import HostBuffers, Servable
@@ -691,7 +691,13 @@ class Executor:
         """`cpu_linear`: 'onednn' or 'torch', how CPU instances run nn.Linear (ServerSettings.cpu_linear)."""
         if cpu_linear not in ("onednn", "torch"):
             raise ValueError(f"cpu_linear must be 'onednn' or 'torch'; got {cpu_linear!r}")
-        devices = resolve_devices(cfg.devices)
+        try:
+            devices = resolve_devices(cfg.devices)
+        except ModelExecutionError as exc:
+            # The machine lacks a device the config names: the config must change (wok serve exits
+            # 2, as for its other errors), and the message says which model's.
+            source = servable.config.source or f"model '{servable.name}'"
+            raise ConfigError(f"{source}: instances.devices: {exc}") from None
         self.instances = []
         for i in range(cfg.count):
             device = devices[i % len(devices)]

@@ -669,6 +669,13 @@ def failed_starts(tmp_path_factory):
         "--port", "0", "--metrics-port", "-1", "--log-level", "WARNING",
     ]  # fmt: skip
     runs["warmup"] = (subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), d)
+    if not torch.cuda.is_available():
+        root = tmp_path_factory.mktemp("cuda")
+        d = model_dir(root, "m", "python", extra='factory = "torch.nn:Identity"', out_dims="[4]")
+        config = d / "config.toml"
+        config.write_text(config.read_text().replace('devices = ["cpu"]', 'devices = ["cuda:0"]'))
+        argv = [*argv[:5], str(root), *argv[6:]]
+        runs["cuda"] = (subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), d)
     yield runs
     for proc, _ in runs.values():
         if proc.poll() is None:
@@ -700,4 +707,17 @@ def test_a_model_that_fails_its_warm_up_makes_wok_serve_exit_2_as_a_config_error
         "wok: model 'm' failed: ModelExecutionError: model 'm' output 'OUTPUT0' has shape [1, 4]; its config "
         "declares [1, 3] (1 rows; -1 = any size); in the start-up warm-up, on a batch of zeros with input shapes "
         f"INPUT0 [1, 4] on cpu (config: {d / 'config.toml'})"  # no -1 dims: no warmup_dims hint
+    ]
+
+
+def test_a_model_on_a_cuda_device_the_machine_lacks_makes_wok_serve_exit_2_naming_its_config(failed_starts):
+    # It exited 1 with "cannot start: device 'cuda:0' requested but no CUDA device is present",
+    # naming neither the model nor its file, where every other config error names both, exit 2.
+    if "cuda" not in failed_starts:
+        pytest.skip("this machine has a CUDA device: the model starts")
+    proc, d = failed_starts["cuda"]
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2, stderr[-2000:]
+    assert stderr.splitlines()[-1:] == [
+        f"wok: {d / 'config.toml'}: instances.devices: device 'cuda:0' requested but no CUDA device is present"
     ]
