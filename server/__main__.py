@@ -272,6 +272,11 @@ def _demo_models(args) -> tuple[str, ...]:
 def _check_serve_options(args) -> None:
     """Options that do not apply to what would be served are refused (ConfigError), not ignored, as
     `wok bench` refuses them: checked before anything loads (no torch, no signal bound to a loop)."""
+    if args.metrics_port < -1:
+        # Taken as "none" before: a typo (-8002) turned the metrics off without a word.
+        raise ConfigError(
+            f"--metrics-port {args.metrics_port}: expected a port 0-65535 (0: a free one), or -1 for none"
+        )
     if args.model_repository is not None:
         if args.models is not None:
             raise ConfigError(
@@ -521,6 +526,8 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
             )
     elif not settings.metrics:
         print("wok: metrics off (--no-metrics): no HTTP port", file=sys.stderr, flush=True)
+    else:
+        print("wok: metrics off (--metrics-port -1): no HTTP port", file=sys.stderr, flush=True)
     target = host_port(settings.host, server.port)
     print(f"wok: serving {', '.join(server.runtimes)} on {target}", file=sys.stderr, flush=True)
     if server.health_port is not None:

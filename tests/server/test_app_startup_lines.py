@@ -40,6 +40,12 @@ def test_wok_serve_shows_each_start_up_fact_once(start_server, args, metrics_lin
     assert sp.terminate() == 0
 
 
+def test_wok_serve_says_when_it_serves_no_metrics_port(start_server):
+    sp = start_server("--models", "mlp", "--torch-threads", "1", "--metrics-port", "-1")
+    assert sp.wait_for_line("wok: metrics ") == "wok: metrics off (--metrics-port -1): no HTTP port"
+    assert sp.terminate() == 0
+
+
 async def test_a_library_caller_gets_the_start_up_facts_logged(serve, caplog):
     caplog.set_level(logging.INFO, logger="wok")
     async with serve(models=("mlp",), health_port=0) as server:

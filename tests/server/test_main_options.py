@@ -103,6 +103,13 @@ def test_an_option_that_does_not_apply_exits_2_before_the_server_starts(serve, a
     assert refusal in err.splitlines(), err
 
 
+def test_a_metrics_port_below_minus_one_is_refused_not_taken_as_none(serve):
+    # A typo (-8002 for 8002) turned the metrics off without a word.
+    status, err, started = serve("--models", "mlp", "--port", "0", "--metrics-port", "-8002")
+    assert (status, started) == (2, False)
+    assert err == "wok: --metrics-port -8002: expected a port 0-65535 (0: a free one), or -1 for none\n"
+
+
 def test_a_malformed_demo_option_is_named_as_such_before_the_models_it_is_not_among(serve):
     # Its own refusal, worded as before: not "'nope' is not among --models".
     status, err, started = serve("--models", "mlp", "--demo-option", "nope.x=1", "--metrics-port", "-1")
