@@ -396,6 +396,8 @@ class WokServer:
             # Watchers have had NOT_SERVING since stage 1; an open Watch would hold gRPC's stop.
             await self._health.end_watches()
         if self._grpc is not None:
+            if self.service is not None:
+                self.service.cutting = True  # the calls gRPC's stop ends, its clients see UNAVAILABLE
             # Only idle streams and responses on the wire remain: a short grace, not the rest.
             await self._grpc.stop(min(1.0, max(0.1, left())))
         if self.accept is not None:

@@ -552,9 +552,10 @@ def _note_left_out(exc: BaseException, kept: tuple[int, ...] | None, started: fl
     """A batch that raised `exc` after its worker left out requests whose deadline had passed
     (`kept`: the indices of those that ran, as BatchResult's): note them, and when the worker took
     the batch, on the error as `left_out`, so that the batcher answers the left-out requests as
-    such (DEADLINE_EXCEEDED) and only those that ran with the batch's error."""
-    if kept is not None:
-        exc.left_out = (kept, started)
+    such (DEADLINE_EXCEEDED) and only those that ran with the batch's error. Set (None: none left
+    out) on every error a batch raises: a model may raise one error object again and again, and a
+    note of an earlier batch's would be read for this one."""
+    exc.left_out = None if kept is None else (kept, started)
 
 
 # What torch raises for an error on the device (a kernel's assert, an illegal address).

@@ -289,6 +289,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._idle = asyncio.Event()
         self._idle.set()
         self.closing = False  # set by close_streams()
+        # Set by the server as gRPC's stop ends the calls still open (a stream whose client reads
+        # no more): what they never wrote counts UNAVAILABLE, as those clients see the end.
+        self.cutting = False
         self._streams: set[_Stream] = set()
         # After close_streams(): set when what idle() looks at may have changed.
         self._changed = asyncio.Event()
@@ -384,17 +387,27 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             resp = await self._run(rt, request, time_remaining, arrival, timing, stream, time_left)
         except WokError as exc:
-            if not stream:
-                m.record_status(exc.code.name)
             reason = REJECTION_REASON.get(type(exc))
             if reason is not None:
                 m.record_rejection(reason)
+            if stream:
+                raise
+            if time_left is not None and time_left() == 0:
+                # As for an answer (_run): the call's deadline passed, gRPC's core ends it
+                # DEADLINE_EXCEEDED itself, and a status sent now races that end. Ended as a
+                # cancelled call (ModelInfer), counted as its client sees it.
+                m.record_status("DEADLINE_EXCEEDED")
+                raise asyncio.CancelledError(f"the caller's deadline passed: {exc}") from None
+            m.record_status(exc.code.name)
             raise
         except asyncio.CancelledError:
             # gRPC cancels the handler both when the client cancels and when the call's deadline
             # passes (after its batch was dispatched: before, the batcher drops it as `deadline`).
             left = time_left() if time_left is not None else None
-            m.record_status("DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED")
+            if stream and self.cutting:  # ended by gRPC's stop: its client sees UNAVAILABLE
+                m.record_status("UNAVAILABLE")
+            else:
+                m.record_status("DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED")
             raise
         except Exception:
             if not stream:
@@ -439,7 +452,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             # The call's deadline passed as its batch ran, and gRPC has not cancelled this handler
             # yet: its core ends the call DEADLINE_EXCEEDED itself, and an answer sent now races
             # that end (grpc.aio logs the failed send as an ERROR with a traceback). Ended as a
-            # cancelled call, counted as its client sees it (infer).
+            # cancelled call, counted as its client sees it (infer). The batcher put it in the
+            # stage histograms: in the end-to-end one too (nothing encoded), so that they count
+            # the same requests.
+            now = time.perf_counter()
+            rt.metrics.record_response(p.arrival - arrival, now - p.finished, 0.0, now - arrival)
             raise asyncio.CancelledError("the caller's deadline passed before its answer was sent")
         resumed = time.perf_counter()
         names = dec.outputs or tuple(outputs)
@@ -461,7 +478,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if raw + bound > self.send_limit:
             check_answer_size(resp, self.send_limit, servable.name, stream=stream)
         done = time.perf_counter()
-        rt.stats.success.add(done - arrival)
+        if not stream:  # a stream's, as its answer is written (ModelStreamInfer)
+            rt.stats.success.add(done - arrival)
         rt.metrics.record_response(p.arrival - arrival, resumed - p.finished, done - resumed, done - arrival)
         if timing is not None:
             timing.append(
@@ -496,17 +514,20 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         tasks: dict[asyncio.Task, pb.ModelInferRequest] = {}  # each request's, until it ends
 
         async def one(req: pb.ModelInferRequest) -> None:
+            begun = time.perf_counter()
             try:
                 resp = await self.infer(
                     req, context.time_remaining(), counted=True, stream=True, time_left=context.time_remaining
                 )
-                results.put_nowait((pb.ModelStreamInferResponse(infer_response=resp), req, "OK"))
+                # With its time for ModelStatistics' success, counted once it is written.
+                answer = pb.ModelStreamInferResponse(infer_response=resp)
+                results.put_nowait((answer, req, "OK", time.perf_counter() - begun))
             except Exception as exc:  # every request on the stream gets its one answer
                 if not isinstance(exc, WokError):
                     log.exception("ModelStreamInfer request for model '%s' failed", req.model_name)
                 code, details = to_status(exc)
                 answer = error_answer(code, details, self.send_limit, req.model_name, req.model_version, req.id)
-                results.put_nowait((answer, req, code.name))
+                results.put_nowait((answer, req, code.name, None))
 
         window = self.stream_window
 
@@ -524,7 +545,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     self.server.metrics.unparsed_requests += 1
                     code, details = to_status(req.error)
                     # Nothing of the request could be read: no model or id to answer with, nor to count.
-                    results.put_nowait((error_answer(code, details, self.send_limit), None, None))
+                    results.put_nowait((error_answer(code, details, self.send_limit), None, None, None))
                 else:
                     t = asyncio.get_running_loop().create_task(one(req))
                     tasks[t] = req
@@ -580,7 +601,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 st.writing_since = None
                 writing = None
                 if item[1] is not None:
-                    self._count_answer(item[1], item[2])
+                    self._count_answer(item[1], item[2], item[3])
                 st.owed -= 1
                 if st.owed < window:
                     st.room.set()
@@ -606,12 +627,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 if item is not _WAKE and item[1] is not None:
                     unsent.append(item)
             if tasks or unsent:
-                code = ended
+                code = "UNAVAILABLE" if self.cutting else ended
                 if code is None:
                     left = context.time_remaining()
                     code = "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
                 # Answers the stream's end kept from the client count as it sees them end.
-                for _, req, _ in unsent:
+                for _, req, _, _ in unsent:
                     self._count_answer(req, code)
                 for t, req in list(tasks.items()):
                     if inspect.getcoroutinestate(t.get_coro()) == inspect.CORO_CREATED:
@@ -620,10 +641,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                         self._count_answer(req, code, begun=False)
                     t.cancel()
 
-    def _count_answer(self, req: pb.ModelInferRequest, code: str, begun: bool = True) -> None:
+    def _count_answer(
+        self, req: pb.ModelInferRequest, code: str, took: float | None = None, begun: bool = True
+    ) -> None:
         """Count `code` in wok_responses_total for a stream's request: as its answer is written, or as
-        the stream ends without writing it. No code for a request whose model cannot be resolved:
-        `infer` counts an unknown one (here, one `infer` never `begun`)."""
+        the stream ends without writing it; an OK one written, in ModelStatistics' success with the
+        time it `took`. No code for a request whose model cannot be resolved: `infer` counts an
+        unknown one (here, one `infer` never `begun`)."""
         try:
             rt = self.server.runtime(req.model_name, req.model_version)
         except ModelNotFound:
@@ -633,6 +657,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except WokError:
             return
         rt.metrics.record_status(code)
+        if took is not None and code == "OK":
+            rt.stats.success.add(took)
 
     # -- health and metadata ----------------------------------------------------------------
     async def ServerLive(self, request, context):

@@ -203,8 +203,14 @@ async def test_a_stream_whose_client_stops_reading_does_not_hold_the_stop(serve,
                 end = await call.code()
             except grpc.aio.AioRpcError as exc:
                 end = exc.code()
+        rt = server.runtimes["slow"]
+        responses, successes = dict(rt.metrics.responses), rt.stats.success.count
     gc.collect()
     assert took < 4, f"the stop took {took:.1f} s of its 6 s grace period for a stream whose client reads nothing"
+    # The answers written count OK (and as successes); those the stop's cut kept from the client,
+    # UNAVAILABLE, as it saw the stream end (they counted OK as they were made, then CANCELLED).
+    assert set(responses) == {"OK", "UNAVAILABLE"} and sum(responses.values()) == n, responses
+    assert got <= responses["OK"] == successes, (responses, got, successes)
     cut = [r for r in caplog.records if r.name == "wok.service" and STALLED in r.getMessage()]
     assert len(cut) == 1, [r.getMessage() for r in caplog.records]
     streams, _, unwritten = cut[0].args

@@ -16,6 +16,7 @@ import torch
 
 from wok.batcher import QUEUED, Batcher, BatchingPolicy, FailureLog
 from wok.errors import DeadlineExceeded, InvalidInput, ModelExecutionError, QueueFull, ShuttingDown
+from wok.executor import Executor
 from wok.stats import ModelStats
 
 
@@ -269,6 +270,40 @@ async def test_a_request_its_worker_left_out_of_a_batch_that_failed_gets_its_dea
     assert m.batch_sizes == [2, 1]  # the first batch; the second without its late request
     assert b.stats.fail.count == 2
     await next_batch_runs_and_finish(b)
+
+
+class RaisesOneError(torch.nn.Module):
+    """Raises, for a batch holding a NaN, the one error object it keeps (a model's cached error)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.error = ModelExecutionError("model 'gated' failed: resource unavailable")
+
+    def forward(self, x):
+        if torch.isnan(x).any():
+            raise self.error
+        return x * 2
+
+
+async def test_an_error_a_model_raises_again_carries_no_earlier_batchs_left_out_requests(gated_model):
+    """The executor notes on a batch's error which requests its worker left out; raised again for a
+    batch that left none out, the note of the first was read for the second: its caller got another
+    request's deadline error, and the loop an IndexError."""
+    s, _ = gated_model(max_batch_size=2, delay_ms=60_000)
+    s = type(s)(s.config, RaisesOneError())
+    ex = Executor(s, s.config.instances)
+    try:
+        first = ex.instances[0].submit([row(1.0), row(float("nan"))], [1, 1], 0, deadlines=[-math.inf, None])
+        with pytest.raises(ModelExecutionError, match="resource unavailable"):
+            first.result(30)  # the first request left out, the second failing alone
+        b = make_batcher(s, ex)
+        p = submit(b, float("nan"), rows=2)
+        with pytest.raises(ModelExecutionError, match="resource unavailable"):
+            await p.future
+        assert b.stats.fail.count == 1
+        await finish(b)
+    finally:
+        ex.shutdown()
 
 
 async def test_a_caller_gone_before_its_batch_failed_is_not_counted_failed(gated):

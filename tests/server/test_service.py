@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from wok.codec import decode_response, encode_request
+from wok.errors import InvalidInput
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
@@ -305,13 +306,14 @@ async def test_stream_answers_its_call_ended_before_writing_are_counted_as_the_c
 
         call = _UnreadCall()
         handler = asyncio.ensure_future(server.service.ModelStreamInfer(requests(), call))
-        while rt.stats.success.count < 3:  # every answer made
+        while rt.metrics.request.count < 3:  # every answer made
             await asyncio.sleep(0.005)
         handler.cancel()
         with pytest.raises(asyncio.CancelledError):
             await handler
         assert call.writes == 1
         assert rt.metrics.responses == {"CANCELLED": 3}
+        assert rt.stats.success.count == 0  # made, never written: no caller got them
         assert server.service.active == 0
 
 
@@ -331,4 +333,21 @@ async def test_an_answer_made_after_its_calls_deadline_passed_is_not_sent_and_co
         await server.service.infer(request, None, time_left=lambda: 0.5)
         await server.service.infer(request, None, time_left=lambda: None)
         assert rt.metrics.responses == {"DEADLINE_EXCEEDED": 1, "OK": 2}
+        assert server.service.active == 0
+        # The batcher put the first in the stage histograms: it is in the end-to-end one too.
+        counts = {name: h.count for name, h in rt.metrics.stages.items() if name != "h2d"}
+        assert counts == dict.fromkeys(counts, 3) and rt.metrics.request.count == 3, counts
+
+
+async def test_an_error_made_after_its_calls_deadline_passed_is_not_sent_and_counts_deadline_exceeded(serve):
+    """As for an answer: the client sees DEADLINE_EXCEEDED (gRPC's core ends the call), and a status
+    sent then races that end. It was counted under the error's own code."""
+    async with serve(models=("mlp",)) as server:
+        rt = server.runtimes["mlp"]
+        bad = encode_request("mlp", {"INPUT0": np.ones((1, 3), np.float32)})  # 3 wide, not 256
+        with pytest.raises(asyncio.CancelledError, match="the caller's deadline passed: "):
+            await server.service.infer(bad, None, time_left=lambda: 0.0)
+        with pytest.raises(InvalidInput):
+            await server.service.infer(bad, None, time_left=lambda: 0.5)
+        assert rt.metrics.responses == {"DEADLINE_EXCEEDED": 1, "INVALID_ARGUMENT": 1}
         assert server.service.active == 0
