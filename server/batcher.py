@@ -1301,10 +1301,10 @@ class Batcher:
         if exc is not None:
             if self._busy[inst] == 0:
                 self._idle_since[inst] = now
-            left_out = getattr(exc, "left_out", None)  # (kept, started): see the executor's _note_left_out
-            if left_out is not None and not failed_at_stop:
+            left_out = getattr(f, "left_out", None)  # [(kept, started)]: see the executor's _note_left_out
+            if left_out and not failed_at_stop:
                 # The requests its worker left out did not run: answered as left out, not with its error.
-                self._expire_left_out(batch, *left_out)
+                self._expire_left_out(batch, *left_out[0])
             if not isinstance(exc, (ModelExecutionError, ShuttingDown)):
                 # One line for the callers; the whole error, as the cause, for FailureLog's traceback.
                 cause, exc = exc, ModelExecutionError(f"model '{self.name}' failed: {error_line(exc)}")

@@ -213,16 +213,21 @@ class Instance:
         """Run one batch in `slot`; the future's result is a BatchResult.
 
         With `deadlines` (time.perf_counter() per request, None for none), the worker leaves
-        out the requests whose deadline has passed when it starts the batch (see BatchResult.kept).
+        out the requests whose deadline has passed when it starts the batch (see BatchResult.kept);
+        should the batch then raise, the future's `left_out` holds (kept, started) (_note_left_out).
         """
+        left_out: list = []
         if self.cuda:
             done: concurrent.futures.Future = concurrent.futures.Future()
-            launched = self._worker.submit(self._launch_cuda, inputs, rows, self.slots[slot], deadlines)
+            launched = self._worker.submit(self._launch_cuda, inputs, rows, self.slots[slot], deadlines, left_out)
             launched.add_done_callback(
-                lambda f: _after_launch(f, done, lambda result: self._waiter.submit(self._finish_cuda, result))
+                lambda f: _after_launch(
+                    f, done, lambda result: self._waiter.submit(self._finish_cuda, result, left_out)
+                )
             )
         else:
-            done = self._worker.submit(self._run_cpu, inputs, rows, self.slots[slot], deadlines)
+            done = self._worker.submit(self._run_cpu, inputs, rows, self.slots[slot], deadlines, left_out)
+        done.left_out = left_out
         if self.observer is not None:
             self.observer(rows, done)
         return done
@@ -284,7 +289,7 @@ class Instance:
             self._waiter.shutdown(wait=True, cancel_futures=True)
 
     # -- CPU: every stage in order on the worker thread -----------------------------------
-    def _run_cpu(self, inputs, rows, slot: _Slot, deadlines=None) -> BatchResult:
+    def _run_cpu(self, inputs, rows, slot: _Slot, deadlines=None, left_out: list | None = None) -> BatchResult:
         s = self.servable
         t0 = time.perf_counter()
         inputs, rows, kept = _live(inputs, rows, deadlines, t0)
@@ -309,8 +314,8 @@ class Instance:
                 t2 = time.perf_counter()
                 times = StageTimes(t1 - t0, NOT_RUN, t2 - t1, 0.0)
                 return BatchResult(outcomes, times, self.index, t0, t2, kept=kept, failure=exc, reruns=reruns)
-        except BaseException as exc:
-            _note_left_out(exc, kept, t0)
+        except BaseException:
+            _note_left_out(left_out, kept, t0)
             raise
         self.all_failed_runs = 0
         t3 = time.perf_counter()
@@ -435,15 +440,15 @@ class Instance:
         return outcomes, reruns
 
     # -- CUDA: launch on three streams, then wait for the last event on another thread -----
-    def _launch_cuda(self, inputs, rows, slot: _Slot, deadlines=None):
+    def _launch_cuda(self, inputs, rows, slot: _Slot, deadlines=None, left_out: list | None = None):
         t0 = time.perf_counter()
         inputs, rows, kept = _live(inputs, rows, deadlines, t0)
         if not rows:
             return None, None, 0.0, t0, rows, kept
         try:
             return self._launch_live(inputs, rows, slot, kept, t0)
-        except BaseException as exc:
-            _note_left_out(exc, kept, t0)
+        except BaseException:
+            _note_left_out(left_out, kept, t0)
             raise
 
     def _launch_live(self, inputs, rows, slot: _Slot, kept, t0: float):
@@ -518,7 +523,7 @@ class Instance:
             raise _model_failed(s.name, exc) from exc
         return s.split(arrays, rows)
 
-    def _finish_cuda(self, launched) -> BatchResult:
+    def _finish_cuda(self, launched, left_out: list | None = None) -> BatchResult:
         if isinstance(launched, BatchResult):  # a failed batch rerun in parts as it was launched
             return launched
         host_out, ev, assemble, started, rows, kept = launched
@@ -541,21 +546,21 @@ class Instance:
             # The pinned output buffers belong to the slot and will be reused: copy out.
             arrays = {k: to_numpy_view(v).copy() for k, v in host_out.items()}
             per_request = self.servable.split(arrays, rows)
-        except BaseException as exc:
-            _note_left_out(exc, kept, started)
+        except BaseException:
+            _note_left_out(left_out, kept, started)
             raise
         self.all_failed_runs = 0
         return BatchResult(per_request, times, self.index, started, time.perf_counter(), tuple(ev), kept)
 
 
-def _note_left_out(exc: BaseException, kept: tuple[int, ...] | None, started: float) -> None:
-    """A batch that raised `exc` after its worker left out requests whose deadline had passed
-    (`kept`: the indices of those that ran, as BatchResult's): note them, and when the worker took
-    the batch, on the error as `left_out`, so that the batcher answers the left-out requests as
-    such (DEADLINE_EXCEEDED) and only those that ran with the batch's error. Set (None: none left
-    out) on every error a batch raises: a model may raise one error object again and again, and a
-    note of an earlier batch's would be read for this one."""
-    exc.left_out = None if kept is None else (kept, started)
+def _note_left_out(left_out: list | None, kept: tuple[int, ...] | None, started: float) -> None:
+    """A batch that raised after its worker left out requests whose deadline had passed (`kept`:
+    the indices of those that ran, as BatchResult's): note them, and when the worker took the
+    batch, in the batch's own `left_out` (its future's), so that the batcher answers the left-out
+    requests as such (DEADLINE_EXCEEDED) and only those that ran with the batch's error. Not on
+    the error: a model may raise one error object for several batches at once."""
+    if left_out is not None and kept is not None:
+        left_out.append((kept, started))
 
 
 # What torch raises for an error on the device (a kernel's assert, an illegal address).

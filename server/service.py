@@ -498,11 +498,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 context.set_trailing_metadata(((SERVER_TIMING, timing[0]),))
             return resp
         except WokError as exc:
-            if context.time_remaining() == 0:
-                # The caller's own deadline has passed: gRPC's core ends the call
-                # DEADLINE_EXCEEDED itself. A status sent now can race that end, and a
-                # send to a finished call is logged as an ERROR with a traceback by grpc.aio.
-                raise asyncio.CancelledError(f"the caller's deadline passed: {exc}") from None
+            # One whose call's deadline had passed ended as a cancelled call in `infer`, which
+            # decides it once, counting it as the client sees it.
             await _abort(context, exc)
         except Exception as exc:  # a bug, not the request's fault: INTERNAL, and log it
             log.exception("ModelInfer for model '%s' failed", request.model_name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import logging
 import math
@@ -302,6 +303,24 @@ async def test_an_error_a_model_raises_again_carries_no_earlier_batchs_left_out_
             await p.future
         assert b.stats.fail.count == 1
         await finish(b)
+    finally:
+        ex.shutdown()
+
+
+def test_two_batches_failing_with_one_error_object_keep_their_own_left_out_requests(gated_model):
+    """The note of the requests a worker left out was kept on the error: two instances raising the
+    model's one error object close together (before the loop read the first) overwrote each other's,
+    giving a request left out the model's error, or a request that ran another's deadline error."""
+    s, _ = gated_model(max_batch_size=2, delay_ms=60_000, count=2)
+    s = type(s)(s.config, RaisesOneError())
+    ex = Executor(s, s.config.instances)
+    try:
+        a = ex.instances[0].submit([row(1.0), row(float("nan"))], [1, 1], 0, deadlines=[-math.inf, None])
+        concurrent.futures.wait([a])
+        b = ex.instances[1].submit([row(float("nan"))], [1], 0)
+        concurrent.futures.wait([b])
+        assert a.exception() is b.exception() is s.module_for(torch.device("cpu")).error
+        assert [kept for kept, _ in a.left_out] == [(1,)] and b.left_out == []
     finally:
         ex.shutdown()
 
