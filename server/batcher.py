@@ -807,7 +807,6 @@ class Batcher:
                 if p.state != RUNNING or p.deadline is None:
                     continue
                 if p.deadline <= now:
-                    p.state = DONE
                     self._answer_left_out(p, now)
                 elif p.deadline < nxt:
                     nxt = p.deadline
@@ -827,14 +826,11 @@ class Batcher:
 
     def _answer_left_out(self, p: Pending, at: float) -> None:
         """Fail a request of a batch sent to a busy instance whose deadline passed before it could run."""
-        if not p.future.done():
-            p.future.set_exception(
-                DeadlineExceeded(
-                    f"request to model '{self.name}' waited {1e3 * (at - p.arrival):.1f} ms and its deadline passed "
-                    f"before it could run (its batch was waiting for a busy instance)"
-                )
-            )
-            self.stats.fail.add(at - p.arrival)
+        exc = DeadlineExceeded(
+            f"request to model '{self.name}' waited {1e3 * (at - p.arrival):.1f} ms and its deadline passed "
+            f"before it could run (its batch was waiting for a busy instance)"
+        )
+        self._fail(p, exc, at)
 
     def _expire_left(self, p: Pending, now: float) -> None:
         """An entry taken off a deadline structure: if still queued, its deadline has passed."""
@@ -1391,10 +1387,10 @@ class Batcher:
         for p, out, bad in zip(batch.requests, result.outputs, failed):
             if p.state != RUNNING:  # answered (its deadline passed) or withdrawn as its batch waited
                 continue
-            p.state = DONE
             if bad:
                 self._fail(p, out, now)
                 continue
+            p.state = DONE
             p.finished, p.started, p.compute = result.finished, result.started, result.times.compute
             if not p.future.done():
                 p.future.set_result(out)
@@ -1410,7 +1406,6 @@ class Batcher:
         for i, p in enumerate(batch.requests):
             if i in ran or p.state != RUNNING:  # not left out; answered or withdrawn as it waited
                 continue
-            p.state = DONE
             self._answer_left_out(p, started)
         batch.requests = [batch.requests[i] for i in kept]
         batch.samples = sum(p.rows for p in batch.requests)

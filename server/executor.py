@@ -350,7 +350,7 @@ class Instance:
         # aliases an input (identity, a slice of it) lives in this slot's reusable buffer, which
         # the next batch overwrites; one that is a view (of a buffer or parameter: a slice of
         # `self.out`), whose storage the module holds, or that anything but `out` refers to (a
-        # tensor kept in a closure, a global, a cache object, and overwritten: _held_elsewhere)
+        # tensor kept in a closure, a global, a cache object, and overwritten: _storage_of)
         # would be the next batch's answer by the time it is sent.
         if self._owned is None or samples > self._owned_rows:
             self.collect_owned(samples)
@@ -359,10 +359,9 @@ class Instance:
         arrays = {}
         for k in out:
             # Before the numpy view below, which refers to the storage too.
-            held = _held_elsewhere(out, k)
+            ptr, held = _storage_of(out, k)
             v = out[k]
             a = to_numpy_view(v.detach())
-            ptr = v.untyped_storage().data_ptr()
             # A 0-d output stays 0-d (np.ascontiguousarray would make it 1-d), so that split
             # refuses it here as on CUDA: it is not one row per sample.
             if copy or held or a.ndim == 0 or v._is_view() or ptr in reused or ptr in owned:
@@ -583,32 +582,32 @@ def _model_failed(name: str, exc: BaseException) -> ModelExecutionError:
     return ModelExecutionError(f"model '{name}' failed: {error_line(exc)}")
 
 
-def _counts(out: dict[str, torch.Tensor], name: str) -> tuple[int, int, bool]:
-    """(references to output `name`'s tensor, tensors on its storage, whether torch allocated that
-    storage): see _held_elsewhere."""
+# Tensors (and storage objects) on a storage: torch's private count, which torch 2.x has; where it
+# has none, only the other two counts of _counts are read.
+_STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", lambda cdata: 0)
+
+
+def _counts(out: dict[str, torch.Tensor], name: str) -> tuple[int, tuple[int, int, bool]]:
+    """(output `name`'s storage's data pointer, (references to its tensor, tensors on that storage,
+    whether torch allocated it)): see _storage_of."""
     v = out[name]
     st = v.untyped_storage()
-    return sys.getrefcount(v), _storage_uses(st), st.resizable()
-
-
-def _storage_uses(st: torch.UntypedStorage) -> int:
-    """Tensors (and storage objects, `st` among them) on storage `st`: torch's private count, which
-    torch 2.x has; 0 where it has none (only the other two counts are read then)."""
-    uses = getattr(torch._C, "_storage_Use_Count", None)
-    return 0 if uses is None else uses(st._cdata)
+    return st.data_ptr(), (sys.getrefcount(v), _STORAGE_USE_COUNT(st._cdata), st.resizable())
 
 
 # The counts of a fresh output that only its `out` dict holds, read on this interpreter: what a
 # reference costs differs between Python versions (3.14 borrows some), so they are measured, not written.
-_FRESH = _counts({"y": torch.empty(1)}, "y")
+_FRESH = _counts({"y": torch.empty(1)}, "y")[1]
 
 
-def _held_elsewhere(out: dict[str, torch.Tensor], name: str) -> bool:
-    """Whether anything besides `out` may hold output `name`'s memory, so that the model could write
-    it again before the answer is sent: another reference to the tensor (kept in a closure, a global,
-    an object of the module's), another tensor on its storage (a kept buffer's `detach()`), or memory
-    torch did not allocate (`torch.from_numpy` of a kept array). A false alarm costs a copy."""
-    return _counts(out, name) != _FRESH
+def _storage_of(out: dict[str, torch.Tensor], name: str) -> tuple[int, bool]:
+    """Output `name`'s storage's data pointer, and whether anything besides `out` may hold that
+    memory, so that the model could write it again before the answer is sent: another reference to
+    the tensor (kept in a closure, a global, an object of the module's), another tensor on its
+    storage (a kept buffer's `detach()`), or memory torch did not allocate (`torch.from_numpy` of a
+    kept array). A false alarm costs a copy."""
+    ptr, counts = _counts(out, name)
+    return ptr, counts != _FRESH
 
 
 def module_storages(module: torch.nn.Module) -> frozenset[int]:

@@ -403,11 +403,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except asyncio.CancelledError:
             # gRPC cancels the handler both when the client cancels and when the call's deadline
             # passes (after its batch was dispatched: before, the batcher drops it as `deadline`).
-            left = time_left() if time_left is not None else None
-            if stream and self.cutting:  # ended by gRPC's stop: its client sees UNAVAILABLE
-                m.record_status("UNAVAILABLE")
-            else:
-                m.record_status("DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED")
+            m.record_status(self._ended_code(time_left, stream))
             raise
         except Exception:
             if not stream:
@@ -563,7 +559,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         end_at: float | None = None  # when a stream the server closes ends, once it owes nothing
         # The answer being written; with those still queued, what a stream ending early never wrote.
         writing = None
-        ended = None  # the code the client sees the stream end with, when the server ends it
+        closed = False  # the server ended the stream (UNAVAILABLE), owing nothing
         try:
             while True:
                 if st.owed == 0 and reader.done() and (reader.exception() is not None or not reader.result()):
@@ -608,7 +604,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 return  # the client closed its side and has every answer
             # The server stops: every request read has its answer; what the client sends now
             # would be refused.
-            ended = "UNAVAILABLE"
+            closed = True
             context.set_code(grpc.StatusCode.UNAVAILABLE)
             context.set_details("server is shutting down")
         finally:
@@ -624,10 +620,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 if item is not _WAKE and item[1] is not None:
                     unsent.append(item)
             if tasks or unsent:
-                code = "UNAVAILABLE" if self.cutting else ended
-                if code is None:
-                    left = context.time_remaining()
-                    code = "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
+                code = "UNAVAILABLE" if closed else self._ended_code(context.time_remaining, stream=True)
                 # Answers the stream's end kept from the client count as it sees them end.
                 for _, req, _, _ in unsent:
                     self._count_answer(req, code)
@@ -637,6 +630,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                         # code, never sees it. Counted here as it would have counted it.
                         self._count_answer(req, code, begun=False)
                     t.cancel()
+
+    def _ended_code(self, time_left: Callable[[], float | None] | None, stream: bool) -> str:
+        """The code a call's client sees when the call ends before its answer: UNAVAILABLE for a
+        stream gRPC's stop cut (`cutting`), DEADLINE_EXCEEDED once its deadline has passed (gRPC
+        cancels the handler for both a client's cancel and a deadline), else CANCELLED."""
+        if stream and self.cutting:
+            return "UNAVAILABLE"
+        left = time_left() if time_left is not None else None
+        return "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
 
     def _count_answer(
         self, req: pb.ModelInferRequest, code: str, took: float | None = None, begun: bool = True
