@@ -38,6 +38,25 @@ def status_name(code: int) -> str:
     return STATUS_NAMES.get(int(code), str(code))
 
 
+def wall_offset(tries: int = 5) -> float:
+    """time.time() − time.monotonic() now, in s.
+
+    Two clock reads in a row are not one instant: a thread descheduled between them (a few ms on a
+    busy machine) would put the difference off by the stall, and a step's wall-clock slot with it.
+    Each try brackets the wall-clock read between two monotonic ones; the tightest bracket's
+    midpoint is taken."""
+    best_gap, offset = math.inf, 0.0
+    for _ in range(tries):
+        before = time.monotonic()
+        wall = time.time()
+        after = time.monotonic()
+        if after - before < best_gap:
+            best_gap, offset = after - before, wall - (before + after) / 2
+        if best_gap < 50e-6:
+            break
+    return offset
+
+
 @dataclass
 class RampConfig:
     target: str
@@ -357,7 +376,7 @@ class Ramp:
         """
         cfg = self.cfg
         slot_wall = cfg.start_at + slot * cfg.step_period_s
-        planned = time.monotonic() + (slot_wall - time.time())
+        planned = slot_wall - wall_offset()
         late = max(0.0, earliest - planned)
         if slot == 0 and late > cfg.warmup_s:
             raise LateStart(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from wok.bench import analysis
-from wok.bench.runner import Ramp, RampConfig, _littles_law_edges, _mean_inflight, build_pool
+from wok.bench.runner import Ramp, RampConfig, _littles_law_edges, _mean_inflight, build_pool, wall_offset
 from wok.bench.scrape import scrape, server_view
 from wok.bench.workers import OK, Share, WorkerPool
 from wok.metrics import LATENCY_BUCKETS
@@ -487,7 +487,14 @@ class _Clocked(Ramp):
         return super().run_step(workers, qps, label, slot)
 
     def started(self, clock0: float) -> None:
-        self.start_wall = clock0 + (time.time() - time.monotonic())
+        self.start_wall = clock0 + wall_offset()
+
+    def _slot_start(self, slot, earliest):
+        # The wall clock's offset as each step's slot was placed: the slots are on the wall
+        # clock, which the machine may step between two steps (its time service correcting it).
+        got = super()._slot_start(slot, earliest)
+        self.offsets = {**getattr(self, "offsets", {}), slot: wall_offset()}
+        return got
 
 
 def test_start_at_puts_every_step_on_its_wall_clock_slot(bench_server):
@@ -509,11 +516,32 @@ def test_start_at_puts_every_step_on_its_wall_clock_slot(bench_server):
     ramp.lead_s = 0.8  # a step hands out its shares 0.2 s ahead: time enough on a busy machine
     result = ramp.run()
     assert ramp.start_wall == pytest.approx(cfg.start_at, abs=0.05)
+    late = [s["start_late_s"] for s in result["steps"]]
     for k, (intended, *_rest) in enumerate(ramp.timeline):
         # Constant arrivals at 100 QPS: the step's first send is its t = 0, on the step's slot.
-        assert intended.min() == pytest.approx(k * cfg.step_period_s, abs=0.005), k
-    assert [s["start_late_s"] for s in result["steps"]] == [0.0, 0.0, 0.0]
+        first_wall = ramp._clock0 + intended.min() + ramp.offsets[k]
+        assert first_wall == pytest.approx(cfg.start_at + k * cfg.step_period_s, abs=0.005), (k, late)
+    assert late == [0.0, 0.0, 0.0]
     assert result["config"]["start_at"] == cfg.start_at
+
+
+def test_the_wall_clock_offset_leaves_out_a_stall_between_its_two_reads(monkeypatch):
+    true = time.time() - time.monotonic()
+    real, calls = time.time, []
+
+    def stalled_once() -> float:
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.02)  # descheduled between the monotonic read and this one
+        return real()
+
+    from wok.bench import runner
+
+    monkeypatch.setattr(runner.time, "time", stalled_once)
+    assert wall_offset() == pytest.approx(true, abs=2e-3)
+    assert len(calls) >= 2
+    monkeypatch.setattr(runner.time, "time", real)
+    assert real() - time.monotonic() - wall_offset(tries=1) == pytest.approx(0, abs=2e-3)
 
 
 def test_start_at_refuses_a_generator_that_arrives_after_the_warm_up(bench_server):
