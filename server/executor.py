@@ -73,6 +73,9 @@ PREWARM_MAX_BYTES = 32 << 20  # the last-level cache of the machine it was measu
 # its first and last request alone: either answered, the rest in parts; both failing, the rest in
 # parts within a budget of forwards (Instance._isolate).
 PROBE_AFTER = 2
+# Ends the message of a request the probing left undecided: a client (and the chaos audit) can
+# tell the batch's error given to it from one its own request earned ("(on this request alone)").
+NOT_RERUN = "(its batch's error: not rerun alone, the model having failed every request of its last batches)"
 
 
 @dataclass(slots=True)
@@ -385,7 +388,7 @@ class Instance:
         PROBE_AFTER of those in a row, the first and last request are probed alone first: either
         answered, the rest is rerun in parts; both failing, the rest is rerun in parts with at most
         2·ceil(log2 n) more forwards (enough to find one bad request among them), and the requests
-        it leaves undecided get the batch's own error: a model failing every input costs
+        it leaves undecided get the batch's own error, marked NOT_RERUN: a model failing every input costs
         2 + 2·ceil(log2 n) forwards a batch, not 2n - 2.
         """
         n = len(rows)
@@ -393,22 +396,22 @@ class Instance:
         reruns = 0
         budget = math.inf  # the most forwards this batch's reruns may take
 
-        def alone(exc: ModelExecutionError) -> ModelExecutionError:
-            err = ModelExecutionError(f"{exc} (on this request alone)")
+        def marked(exc: ModelExecutionError, note: str) -> ModelExecutionError:
+            err = ModelExecutionError(f"{exc} {note}")
             err.__cause__ = exc.__cause__ or exc
             return err
 
         def part(lo: int, hi: int) -> None:
             nonlocal reruns
             if reruns >= budget:
-                outcomes[lo:hi] = [failure] * (hi - lo)
+                outcomes[lo:hi] = [marked(failure, NOT_RERUN)] * (hi - lo)
                 return
             reruns += 1
             try:
                 answers = run(inputs[lo:hi], rows[lo:hi])
             except ModelExecutionError as exc:
                 if hi - lo == 1:
-                    outcomes[lo] = alone(exc)
+                    outcomes[lo] = marked(exc, "(on this request alone)")
                     return
                 mid = (lo + hi) // 2
                 part(lo, mid)

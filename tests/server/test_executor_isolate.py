@@ -14,7 +14,7 @@ from torch import nn
 
 from wok.config import InstanceConfig
 from wok.errors import ModelExecutionError, WarmupError
-from wok.executor import PROBE_AFTER, Executor
+from wok.executor import NOT_RERUN, PROBE_AFTER, Executor
 from wok.servable import Servable
 
 from .conftest import four_wide_config, gated_servable
@@ -107,7 +107,9 @@ def test_after_batches_failing_for_every_request_a_failed_batch_is_probed_before
     assert result.reruns == 2 + 6
     alone = [o for i, o in enumerate(result.outputs) if i not in (4, 5, 6)]
     assert all(str(o).endswith("(on this request alone)") for o in alone), alone
-    assert result.outputs[4:7] == [result.failure] * 3
+    # Marked as the batch's, so that a client can tell it from an error its own request earned.
+    left = result.outputs[4:7]
+    assert all(str(o) == f"{result.failure} {NOT_RERUN}" and o.__cause__ is result.failure.__cause__ for o in left)
     assert inst.all_failed_runs == PROBE_AFTER + 1
     # Bad requests at both ends and one between: the rest is answered.
     m.batch_sizes.clear()
