@@ -17,6 +17,7 @@ SCRIPTS = {
     "accept_rate": "wok.acceptrate/2",
     "balancer_overhead": "wok.balancer_overhead/1",
     "ceiling": "wok.ceiling/1",
+    "chaos": "wok.chaos/1",
     "cold_batch": "wok.cold_batch/1",
     "latency_breakdown": "wok.latency_breakdown/1",
     "linear_kernels": "wok.linear_kernels/1",

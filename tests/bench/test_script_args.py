@@ -98,6 +98,9 @@ CASES = [
     ("accept_rate", ["--drain", "0,2"], "--drain: expected 0 or 1, comma-separated; got '0,2'"),
     ("queue_memory", ["--requests", "-1"], "--requests: expected an integer >= 1, got -1"),
     ("queue_memory", ["--max-queue-size", "-1"], "--max-queue-size: expected integers >= 0 (0: none), got [-1]"),
+    ("chaos", ["--seconds", "0"], "--seconds: expected a number > 0, got 0"),
+    ("chaos", ["--rate=-5"], "--rate: expected requests/s > 0, got -5"),
+    ("chaos", ["--streams=-1"], "--streams: expected an integer >= 0, got -1"),
 ]
 
 

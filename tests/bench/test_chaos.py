@@ -1,0 +1,138 @@
+"""bench/chaos.py: a short chaos run against a real server on a loopback port passes its audit,
+and the audit finds each broken rule in a doctored copy of that run."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+
+from prometheus_client import generate_latest
+
+from wok.bench import chaos
+from wok.executor import NOT_RERUN
+
+
+def _first(run: chaos.Run, channel: str, kind: str, code: str) -> chaos.Req:
+    return next(
+        r for r in run.reqs.values() if (r.channel, r.kind, [a[0] for a in r.answers]) == (channel, kind, [code])
+    )
+
+
+def _with_sample(text: str, series: str, change) -> str:
+    """`text` with the value of the exposition line starting with `series` replaced by change(value)."""
+    pattern = re.compile(rf"^({re.escape(series)}) (\S+)$", re.M)
+    assert pattern.search(text), series
+    return pattern.sub(lambda m: f"{m.group(1)} {change(float(m.group(2)))}", text)
+
+
+async def test_a_chaos_run_gets_one_right_answer_per_request_and_the_servers_counts_agree(serve, tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    root = chaos.write_repository(tmp_path / "repo")
+    async with serve(models=(), repository=root) as server:
+        plan = chaos.Plan(seconds=6.0, rate=150.0, streams=2, bad_burst=0.01, seed=11)
+        run = await chaos.drive(f"127.0.0.1:{server.port}", plan)
+        text = generate_latest(server.metrics.registry).decode()
+    doc = chaos.result(run, chaos.audit(run, text))
+    assert doc["problems"] == [], chaos.table(doc)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    # The load reached every path: each kind its own code, bad values found by the reruns,
+    # the client's cancels and deadlines, V2 timeouts both met and passed, streams.
+    codes = doc["codes"]
+    assert codes["unary/good"]["OK"] > 300 and codes["stream/good"]["OK"] > 50
+    assert codes["final/good"] == {"OK": 50}
+    assert codes["unary/bad"]["INTERNAL"] > 20 and doc["bad_alone"] > 10
+    for kind in ("bad_shape", "bad_dtype", "unparsed"):
+        assert codes[f"unary/{kind}"].get("INVALID_ARGUMENT", 0) > 0, kind
+    assert codes["unary/unknown"]["NOT_FOUND"] > 0 and codes["stream/unknown"].get("NOT_FOUND", 0) > 0
+    assert codes["unary/good"].get("CANCELLED", 0) + codes["unary/bad"].get("CANCELLED", 0) > 0
+    timed = [r.answers[0][0] for r in run.reqs.values() if r.kind == "good" and r.timeout_us and r.answers]
+    assert timed.count("OK") > 0 and timed.count("DEADLINE_EXCEEDED") > 0, timed
+    assert any(st.cancelled for st in run.streams) and doc["streams"] > 10
+    assert doc["server"]["chaos/OK"] == doc["model_stats"]["success"] > 0
+
+    # The audit is no rubber stamp: each doctored copy breaks one rule.
+    def problems(doctor, metrics: str = text) -> list[str]:
+        bent = copy.deepcopy(run)
+        doctor(bent)
+        return chaos.audit(bent, metrics)["problems"]
+
+    def answer(channel, kind, code, *new):
+        def doctor(bent):
+            r = _first(bent, channel, kind, code)
+            r.answers[0] = new or ("OK", "", r.expected())
+
+        return doctor
+
+    def each(*found):
+        return lambda got: all(any(f in p for p in got) for f in found)
+
+    def twice(bent):
+        r = _first(bent, "stream", "good", "OK")
+        r.answers.append(r.answers[0])
+
+    def lost(bent):
+        st = next(st for st in bent.streams if st.status == "OK" and st.id != "final")
+        r = bent.reqs[st.serials[-1]]
+        r.answers.clear()
+        r.sent = False  # as when a server ends a stream OK while the client still writes
+
+    def too_soon(bent):
+        r = next(r for r in bent.reqs.values() if r.channel == "unary" and r.timeout_us and r.answers[0][0] == "OK")
+        r.answers[0] = ("DEADLINE_EXCEEDED", "request to model 'chaos' waited 0.1 ms in the queue ...", None)
+        r.answered_at = r.sent_at + r.timeout_us / 2e6
+
+    def stray(bent):
+        bent.streams[0].stray_ids.append("123456789")
+
+    def broken_stream(bent):
+        st = next(st for st in bent.streams if st.status == "OK" and st.id != "final")
+        st.status, st.details = "INTERNAL", "the server ended it"
+
+    def stats(bent):
+        bent.model_stats["success"] += 1
+
+    cases = {
+        "wrong rows": (answer("unary", "good", "OK", "OK", "", [[0.0, 0.0]]), each("expected [[")),
+        "unreadable": (
+            answer("unary", "good", "OK", "OK", "", "an answer that cannot be read: KeyError('y')"),
+            each("answered an answer that cannot be read: KeyError"),
+        ),
+        "twice": (twice, each("got 2 answers")),
+        "lost": (lost, each("got no answer")),
+        "bad answered": (answer("unary", "bad", "INTERNAL"), each("got OK, expected INTERNAL")),
+        "not cut": (answer("unary", "good", "OK", "CANCELLED", "cancelled", None), each("the client cut nothing")),
+        "no deadline": (
+            answer("unary", "bad_shape", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "x", None),
+            each("DEADLINE_EXCEEDED without a deadline"),
+        ),
+        "early timeout": (too_soon, each("before its timeout")),
+        "unmarked": (
+            answer("unary", "good", "OK", "INTERNAL", "model 'chaos' failed: IndexError", None),
+            each("good request", "got INTERNAL"),
+        ),
+        "final": (answer("final", "good", "OK", "UNAVAILABLE", "gone", None), each("after the load")),
+        "stray": (stray, each("ids of no request of its own")),
+        "stream": (broken_stream, each("ended INTERNAL: the server ended it")),
+        "stats": (stats, each("ModelStatistics success grew by")),
+    }
+    for name, (doctor, found) in cases.items():
+        got = problems(doctor)
+        assert found(got), (name, got)
+    # A marked one is the documented probing case: counted, no problem of its own (the server's
+    # counts, left as they were, no longer add up).
+    bent = copy.deepcopy(run)
+    answer("unary", "good", "OK", "INTERNAL", f"model 'chaos' failed: IndexError {NOT_RERUN}", None)(bent)
+    checked = chaos.audit(bent, text)
+    assert checked["undecided_good"] == doc["undecided_good"] + 1
+    assert all(p.startswith("wok_responses_total") for p in checked["problems"]), checked["problems"]
+
+    # One OK more than the client saw from the server and could not place.
+    over = _with_sample(text, 'wok_responses_total{code="OK",model="chaos"}', lambda v: v + doc["unplaced"] + 1)
+    assert each("wok_responses_total{model='chaos',code='OK'}", "wok_responses_total grew by")(
+        problems(lambda bent: None, over)
+    )
+    left = _with_sample(text, 'wok_queue_depth{model="chaos"}', lambda v: v + 1)
+    assert each("wok_queue_depth is 1")(problems(lambda bent: None, left))
+    # Counts from before the run are taken off: the same text before and after is a run of none.
+    assert each("grew by 0; the client saw")(chaos.audit(run, text, text)["problems"])
