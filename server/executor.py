@@ -386,10 +386,10 @@ class Instance:
         batch; rerun, the others are answered. A batch of n with one such request takes about
         2·log2(n) more forwards, of shrinking parts; one where every request fails, 2n - 2. After
         PROBE_AFTER of those in a row, the first and last request are probed alone first: either
-        answered, the rest is rerun in parts; both failing, the rest is rerun in parts with at most
-        2·ceil(log2 n) more forwards (enough to find one bad request among them), and the requests
-        it leaves undecided get the batch's own error, marked NOT_RERUN: a model failing every input costs
-        2 + 2·ceil(log2 n) forwards a batch, not 2n - 2.
+        answered, the rest is rerun in parts; both failing, the n - 2 between are rerun in parts with
+        at most 1 + 2·ceil(log2(n - 2)) more forwards (enough to find one bad request among them), and
+        the requests it leaves undecided get the batch's own error, marked NOT_RERUN: a model failing
+        every input costs 3 + 2·ceil(log2(n - 2)) forwards a batch, not 2n - 2.
         """
         n = len(rows)
         outcomes: list = [None] * n
@@ -422,8 +422,10 @@ class Instance:
         if self.all_failed_runs >= PROBE_AFTER:
             part(0, 1)
             part(n - 1, n)
-            if isinstance(outcomes[0], ModelExecutionError) and isinstance(outcomes[-1], ModelExecutionError):
-                budget = reruns + 2 * math.ceil(math.log2(n))
+            if n > 2 and isinstance(outcomes[0], ModelExecutionError) and isinstance(outcomes[-1], ModelExecutionError):
+                # Finding one bad request among the m = n - 2 between: the part of m, then both
+                # halves of each failing part, down to one: 1 + 2·ceil(log2 m) forwards.
+                budget = reruns + 1 + 2 * math.ceil(math.log2(n - 2))
             if n > 2:
                 part(1, n - 1)
         else:

@@ -84,8 +84,9 @@ def test_two_bad_requests_in_different_halves_each_fail_alone(cpu_executor):
 def test_after_batches_failing_for_every_request_a_failed_batch_is_probed_before_it_is_rerun(cpu_executor):
     """A model failing every input: rerunning a batch of n costs 2n - 1 forwards, so after
     PROBE_AFTER such batches in a row a failed batch reruns its first and last request alone;
-    both failing, the rest is rerun in parts within 2·ceil(log2 n) forwards, and what that leaves
-    undecided gets the batch's error. A client's bad requests may have filled those batches."""
+    both failing, the n - 2 between are rerun in parts within 1 + 2·ceil(log2(n - 2)) forwards (enough
+    to find one bad request among them), and what that leaves undecided gets the batch's error. A
+    client's bad requests may have filled those batches."""
     ex, m = cpu_executor()
     inst = ex.instances[0]
 
@@ -101,10 +102,11 @@ def test_after_batches_failing_for_every_request_a_failed_batch_is_probed_before
 
     fail_every_request_twice()
     result = run(ex, requests([np.nan] * 8))
-    # The batch, its first and last request, then the six between in parts within 2·ceil(log2 8)
-    # forwards: requests 1, 2, 3 are found failing alone, 4, 5, 6 are left with the batch's error.
-    assert m.batch_sizes == [8, 1, 1, 6, 3, 1, 2, 1, 1]
-    assert result.reruns == 2 + 6
+    # The batch, its first and last request, then the six between in parts within 1 + 2·ceil(log2 6)
+    # forwards: requests 1, 2, 3 are found failing alone, 4, 5, 6 (which fail together once) are
+    # left with the batch's error.
+    assert m.batch_sizes == [8, 1, 1, 6, 3, 1, 2, 1, 1, 3]
+    assert result.reruns == 2 + 7
     alone = [o for i, o in enumerate(result.outputs) if i not in (4, 5, 6)]
     assert all(str(o).endswith("(on this request alone)") for o in alone), alone
     # Marked as the batch's, so that a client can tell it from an error its own request earned.
@@ -117,6 +119,11 @@ def test_after_batches_failing_for_every_request_a_failed_batch_is_probed_before
     assert_answers(run(ex, requests(values)), values)
     assert m.batch_sizes == [6, 1, 1, 4, 2, 2, 1, 1]
     assert inst.all_failed_runs == 0
+    # One bad request between failing ends is found wherever it lies, the rest answered (a budget
+    # of 2·ceil(log2 n) ran out on this one, the three good requests after it left undecided).
+    fail_every_request_twice()
+    values = [np.nan, 1.0, np.nan, 2.0, 3.0, 4.0, 5.0, np.nan]
+    assert_answers(run(ex, requests(values)), values)
     # A batch of two whose probes fail: nothing between them, each failed alone.
     fail_every_request_twice()
     result = run(ex, requests([np.nan, np.nan]))
