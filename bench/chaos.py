@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import tempfile
@@ -58,6 +57,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.report import write_json
 from wok.executor import NOT_RERUN
 
 SCHEMA = "wok.chaos/1"
@@ -66,6 +67,8 @@ TABLE = 100  # the embedding's rows: an id at or past it makes the model raise
 ALONE = "(on this request alone)"
 CORE_INTERNAL = "Internal error from Core"
 # Longest a call may take before the audit calls it hung (far past every deadline the load sets).
+# A call without a planned deadline has no gRPC deadline at all: one that fired would read as
+# DEADLINE_EXCEEDED, not as the hang it is.
 HANG_S = 60.0
 
 MODEL_SOURCE = textwrap.dedent(
@@ -185,6 +188,7 @@ class Stream:
     status: str | None = None
     details: str | None = None
     stray_ids: list = field(default_factory=list)  # answers naming no request of this stream
+    writer_error: str | None = None  # why the client could not write all its requests
 
 
 @dataclass
@@ -269,9 +273,9 @@ class _Client:
         loop = asyncio.get_running_loop()
         r.sent_at = time.monotonic()
         if r.kind == "unparsed":
-            call = self.raw(b"\xff\xff\xff\xff", timeout=HANG_S)
+            call = self.raw(b"\xff\xff\xff\xff")
         else:
-            call = self.stub.ModelInfer(_encode(r), timeout=r.timeout_s if r.timeout_s is not None else HANG_S)
+            call = self.stub.ModelInfer(_encode(r), timeout=r.timeout_s)
         r.sent = True
 
         def cancel() -> None:
@@ -279,7 +283,7 @@ class _Client:
 
         cut = loop.call_later(r.cancel_s, cancel) if r.cancel_s is not None else None
         try:
-            response = await asyncio.wait_for(asyncio.shield(call), HANG_S + 5)
+            response = await asyncio.wait_for(asyncio.shield(call), HANG_S)
             if r.kind == "unparsed":
                 _failed(r, "OK", "")
             else:
@@ -323,15 +327,15 @@ class _Client:
         import grpc
 
         loop = asyncio.get_running_loop()
-        call = self.stub.ModelStreamInfer(timeout=st.timeout_s if st.timeout_s is not None else HANG_S)
+        call = self.stub.ModelStreamInfer(timeout=st.timeout_s)
 
         async def write() -> None:
             for r, gap in zip(reqs, gaps):
                 if gap:
                     await asyncio.sleep(gap)
                 r.sent_at = time.monotonic()
+                r.sent = True  # a write the stream's end cuts short may have reached the server
                 await call.write(_encode(r))
-                r.sent = True
             await call.done_writing()
 
         async def read() -> None:
@@ -353,7 +357,7 @@ class _Client:
         cut = loop.call_later(st.cancel_s, cancel) if st.cancel_s is not None else None
         writer = asyncio.ensure_future(write())
         try:
-            await asyncio.wait_for(read(), HANG_S + 5)
+            await asyncio.wait_for(read(), HANG_S)
             st.status, st.details = (await call.code()).name, await call.details()
         except asyncio.TimeoutError:
             st.status = "HUNG"
@@ -372,10 +376,10 @@ class _Client:
                 await writer
             except asyncio.CancelledError:
                 pass
-            except Exception:
-                if st.status == "OK":
-                    raise
-                # The call ended under it: the requests it had not written stay unsent.
+            except Exception as exc:
+                # The call ended under it: the requests it had not written stay unsent. A stream
+                # the server ended OK before the client was done writing is a problem (rule 1).
+                st.writer_error = repr(exc)
 
     async def stream_load(self, end: float, k: int) -> None:
         rng = self.rng(f"stream/{k}")
@@ -541,6 +545,8 @@ def _check_stream(t: _Tally, st: Stream) -> None:
     """Rule 4."""
     if st.stray_ids:
         t.problems.append(f"stream {st.id} answered ids of no request of its own: {st.stray_ids[:10]}")
+    if st.status == "OK" and st.writer_error:
+        t.problems.append(f"stream {st.id} ended OK before the client had written all it meant to: {st.writer_error}")
     # gRPC's client ends a stream whose deadline passes as a write is under way INTERNAL,
     # "Internal error from Core": its own, not the server's.
     ended_by_client = (st.status == "CANCELLED" and st.cancelled) or (
@@ -661,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-repository", metavar="DIR", help="lay out the chaos model's repository in DIR and exit")
     ap.add_argument("--json", metavar="PATH", help="write the tallies and problems (schema wok.chaos/1)")
     args = ap.parse_args(argv)
+    refuse_unwritable(ap, args, "--json")
     if args.write_repository:
         write_repository(Path(args.write_repository))
         print(f"wok chaos: the chaos model laid out in {args.write_repository}")
@@ -698,9 +705,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if replicas is not None:
                 replicas.close()
+    # The file first: a reader that closes stdout early (`| head -1`) must not cost it.
+    failed = write_final(doc, [("--json", args.json, write_json)]) if args.json else None
     print(table(doc))
-    if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    if failed:
+        print(f"wok chaos: {failed}", file=sys.stderr)
+        return 1
     return 1 if doc["problems"] else 0
 
 

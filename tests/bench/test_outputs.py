@@ -24,6 +24,7 @@ SCRIPTS = {
     "balancer_overhead": [],
     "batcher_loop_cost": [],
     "ceiling": [],
+    "chaos": [],
     "cold_batch": [],
     "compare": ["--servers", "wok"],
     "fuzz": [],
