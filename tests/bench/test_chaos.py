@@ -19,6 +19,18 @@ def _first(run: chaos.Run, channel: str, kind: str, code: str) -> chaos.Req:
     )
 
 
+def _poller_noise(record: logging.LogRecord) -> bool:
+    """gRPC's poller wakes every event loop bound to it through one socket: with another loop of
+    this process bound (one an earlier test left), the loop that finds the byte taken logs its
+    BlockingIOError from grpc.aio's own callback. gRPC's, not the server's (wok's drain catches it)."""
+    return (
+        record.name == "asyncio"
+        and record.getMessage().startswith("Exception in callback PollerCompletionQueue._handle_events")
+        and record.exc_info is not None
+        and isinstance(record.exc_info[1], BlockingIOError)
+    )
+
+
 def _with_sample(text: str, series: str, change) -> str:
     """`text` with the value of the exposition line starting with `series` replaced by change(value)."""
     pattern = re.compile(rf"^({re.escape(series)}) (\S+)$", re.M)
@@ -35,7 +47,7 @@ async def test_a_chaos_run_gets_one_right_answer_per_request_and_the_servers_cou
         text = generate_latest(server.metrics.registry).decode()
     doc = chaos.result(run, chaos.audit(run, text))
     assert doc["problems"] == [], chaos.table(doc)
-    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and not _poller_noise(r)]
     # The load reached every path: each kind its own code, bad values found by the reruns,
     # the client's cancels and deadlines, V2 timeouts both met and passed, streams.
     codes = doc["codes"]
