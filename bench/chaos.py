@@ -59,6 +59,7 @@ from pathlib import Path
 
 from wok.bench.outputs import refuse_unwritable, write_final
 from wok.bench.report import write_json
+from wok.bench.scrape import parse_exposition, whole
 from wok.executor import NOT_RERUN
 
 SCHEMA = "wok.chaos/1"
@@ -235,7 +236,8 @@ def _answered(r: Req, response) -> None:
     r.answers.append(("OK", "", rows))
 
 
-def _failed(r: Req, code: str, details: str) -> None:
+def _ended(r: Req, code: str, details: str) -> None:
+    """Record an answer without rows: an error, or the OK of unparsable bytes' call."""
     r.answered_at = time.monotonic()
     r.answers.append((code, details, None))
 
@@ -285,18 +287,18 @@ class _Client:
         try:
             response = await asyncio.wait_for(asyncio.shield(call), HANG_S)
             if r.kind == "unparsed":
-                _failed(r, "OK", "")
+                _ended(r, "OK", "")
             else:
                 _answered(r, response)
         except asyncio.TimeoutError:
-            _failed(r, "HUNG", f"no answer in {HANG_S:g} s")
+            _ended(r, "HUNG", f"no answer in {HANG_S:g} s")
             call.cancel()
         except asyncio.CancelledError:
             if not r.cancelled:
                 raise
-            _failed(r, "CANCELLED", "cancelled by the client")
+            _ended(r, "CANCELLED", "cancelled by the client")
         except grpc.aio.AioRpcError as exc:
-            _failed(r, exc.code().name, exc.details() or "")
+            _ended(r, exc.code().name, exc.details() or "")
         finally:
             if cut is not None:
                 cut.cancel()
@@ -347,7 +349,7 @@ class _Client:
                 elif response.error_message:
                     code = ir.parameters["status_code"].int64_param if "status_code" in ir.parameters else -1
                     name = next((c.name for c in grpc.StatusCode if c.value[0] == code), f"status {code}")
-                    _failed(r, name, response.error_message)
+                    _ended(r, name, response.error_message)
                 else:
                     _answered(r, ir)
 
@@ -460,9 +462,20 @@ async def drive(target: str, plan: Plan, progress=None) -> Run:
 # -- the audit ------------------------------------------------------------------------------
 
 
+def _earns(kind: str) -> str:
+    """The code a request of `kind` earns from the server, cut and deadlines aside."""
+    return {"good": "OK", "bad": "INTERNAL", "unknown": "NOT_FOUND"}.get(kind, "INVALID_ARGUMENT")
+
+
 def _natural(r: Req) -> set[str]:
-    """The codes a request of its kind earns from the server, cut and deadlines aside."""
-    return {"good": {"OK", "INTERNAL"}, "bad": {"INTERNAL"}, "unknown": {"NOT_FOUND"}}.get(r.kind, {"INVALID_ARGUMENT"})
+    """The codes the server may answer a request of its kind with, cut and deadlines aside (a good
+    one: also a batch's error the probing left it)."""
+    return {_earns(r.kind)} | ({"INTERNAL"} if r.kind == "good" else set())
+
+
+def _label(r: Req) -> str:
+    """The `model` label the server counts the request under: none for one that names no model it serves."""
+    return "" if r.kind in ("unknown", "unparsed") else MODEL
 
 
 @dataclass
@@ -479,9 +492,8 @@ class _Tally:
 def _unplaced(t: _Tally, r: Req, cut: bool, deadline: bool) -> None:
     """An answer the client cannot place: the server may have counted it under any code it could end with."""
     t.unplaced += 1
-    model = "" if r.kind in ("unknown", "unparsed") else MODEL
     for code in _natural(r) | ({"CANCELLED"} if cut else set()) | ({"DEADLINE_EXCEEDED"} if deadline else set()):
-        t.allowed[(model, code)] += 1
+        t.allowed[(_label(r), code)] += 1
 
 
 def _check_request(t: _Tally, r: Req, st: Stream | None) -> None:
@@ -508,7 +520,7 @@ def _check_request(t: _Tally, r: Req, st: Stream | None) -> None:
         # Ended by the client (its cut, its gRPC deadline, its patience): the server may not know yet.
         _unplaced(t, r, cut, deadline)
     else:
-        t.seen[("" if r.kind in ("unknown", "unparsed") else MODEL, code)] += 1
+        t.seen[(_label(r), code)] += 1
     if r.channel == "final" and code != "OK":
         t.problems.append(f"after the load, good request {r.serial} got {code}: {details}")
     elif code == "HUNG":
@@ -535,7 +547,7 @@ def _check_request(t: _Tally, r: Req, st: Stream | None) -> None:
         elif code != "OK":
             t.problems.append(f"good request {r.serial} ({label}) got {code}: {details}")
     else:
-        want = {"bad": "INTERNAL", "unknown": "NOT_FOUND"}.get(r.kind, "INVALID_ARGUMENT")
+        want = _earns(r.kind)
         t.bad_alone += r.kind == "bad" and code == "INTERNAL" and details.endswith(ALONE)
         if code != want:
             t.problems.append(f"{r.kind} request {r.serial} ({label}) got {code}, expected {want}: {details}")
@@ -561,16 +573,14 @@ def _check_stream(t: _Tally, st: Stream) -> None:
 
 def _counts(metrics_text: str) -> tuple[Counter, dict]:
     """wok_responses_total by (model, code), and the chaos model's queue and in-flight gauges."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     responses: Counter = Counter()
     gauges: dict = {}
-    for family in text_string_to_metric_families(metrics_text):
-        for s in family.samples:
-            if s.name == "wok_responses_total":
-                responses[(s.labels["model"], s.labels["code"])] += int(s.value)
-            elif s.name in ("wok_queue_depth", "wok_inflight_batches") and s.labels.get("model") == MODEL:
-                gauges[s.name] = gauges.get(s.name, 0) + s.value
+    for (name, items), value in parse_exposition(metrics_text).values.items():
+        labels = dict(items)
+        if name == "wok_responses_total":
+            responses[(labels["model"], labels["code"])] += whole(name, value)
+        elif name in ("wok_queue_depth", "wok_inflight_batches") and labels.get("model") == MODEL:
+            gauges[name] = gauges.get(name, 0) + value
     return responses, gauges
 
 

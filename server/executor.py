@@ -422,11 +422,11 @@ class Instance:
         if self.all_failed_runs >= PROBE_AFTER:
             part(0, 1)
             part(n - 1, n)
-            if n > 2 and isinstance(outcomes[0], ModelExecutionError) and isinstance(outcomes[-1], ModelExecutionError):
-                # Finding one bad request among the m = n - 2 between: the part of m, then both
-                # halves of each failing part, down to one: 1 + 2·ceil(log2 m) forwards.
-                budget = reruns + 1 + 2 * math.ceil(math.log2(n - 2))
             if n > 2:
+                if isinstance(outcomes[0], ModelExecutionError) and isinstance(outcomes[-1], ModelExecutionError):
+                    # Finding one bad request among the m = n - 2 between: the part of m, then both
+                    # halves of each failing part, down to one: 1 + 2·ceil(log2 m) forwards.
+                    budget = reruns + 1 + 2 * math.ceil(math.log2(n - 2))
                 part(1, n - 1)
         else:
             part(0, n // 2)
