@@ -30,6 +30,7 @@ from .channel import (
     channel_credentials,
     channel_options,
     channel_target,
+    close_ending_watches,
     looks_up,
     open_channel,
 )
@@ -96,6 +97,7 @@ class AsyncClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: GRPCInferenceServiceStub | None = None
         self._closed = False
+        self._watches: set[asyncio.Task] = set()  # wait_ready's, pending after its timeout
         self._balancer: Balancer | None = None
         if balancer == "wok":
             s = balancer_settings or BalancerSettings()
@@ -167,7 +169,7 @@ class AsyncClient:
         self._closed = True
         channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
-            await channel.close()
+            await close_ending_watches(channel, self._watches)
         if self._balancer is not None:
             if self._balancer_start is not None and not self._balancer_start.done():
                 self._balancer_start.cancel()
@@ -180,10 +182,20 @@ class AsyncClient:
         if self._balancer is not None:
             await self._balancer.wait_ready(timeout)
             return
-        try:
-            await asyncio.wait_for(self._channel.channel_ready(), timeout)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"{self.target}: not connected within {timeout} s") from None
+        # Not channel_ready() under wait_for: that cancels its connectivity watch at the timeout,
+        # leaving it in gRPC's core (close_ending_watches); a watch left pending here ends at close().
+        channel, loop = self._channel, asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        state = channel.get_state(try_to_connect=True)
+        while state is not grpc.ChannelConnectivity.READY:
+            watch = loop.create_task(channel.wait_for_state_change(state))
+            self._watches.add(watch)
+            watch.add_done_callback(self._watches.discard)
+            await asyncio.wait([watch], timeout=None if deadline is None else max(0.0, deadline - loop.time()))
+            if not watch.done():
+                raise TimeoutError(f"{self.target}: not connected within {timeout} s")
+            watch.result()
+            state = channel.get_state(try_to_connect=True)
 
     async def _unary(self, method: str, request, timeout: float | None):
         if self._balancer is None:

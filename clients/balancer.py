@@ -109,8 +109,9 @@ set only, so the per-replica counters may add up to less than the totals.
 One owned object: `await start()` / `await stop()` (or `async with`), made and used in one
 running loop. `stop()` cancels the attempts in flight (their callers get CANCELLED, a caller
 whose attempt had just failed too: it starts no retry once `stop()` has begun; one whose attempt
-had just answered gets that answer), the watchers
-and the resolver, waits until none of them runs, and closes the channels.
+had just answered gets that answer) and the resolver, waits until none of them runs, closes the
+channels and sees each replica's watcher end with its channel (a watcher cancelled instead left
+its connectivity watch in gRPC's core, to complete on a loop closed by then).
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ from .channel import (
     PROBE_TIMEOUT_S,
     Probe,
     channel_options,
+    close_ending_watches,
     family_of,
     open_channel,
     preferred_families,
@@ -353,7 +355,7 @@ class Balancer:
         return self
 
     async def stop(self) -> None:
-        """Cancel the attempts in flight, the watchers and the resolver; close every channel."""
+        """Cancel the attempts in flight and the resolver; close every channel, its watcher ending."""
         if self._stopped:
             return
         self._stopped = True
@@ -361,7 +363,6 @@ class Balancer:
         # `_stopped` and launches nothing, but cancelled tasks may still spawn a channel's close.
         while True:
             tasks = [t for t in (self._resolver_task,) if t is not None and not t.done()]
-            tasks += [r.watcher for r in self.replicas.values() if r.watcher is not None and not r.watcher.done()]
             tasks += [t for t in self._tasks if not t.done()]
             if not tasks:
                 break
@@ -372,9 +373,17 @@ class Balancer:
         for r in self.replicas.values():
             if r.readmit is not None:
                 r.readmit.cancel()
-            if r.channel is not None:
-                await r.channel.close()
+        await asyncio.gather(*(self._retire(r) for r in self.replicas.values()))
         self._notify()
+
+    async def _retire(self, r: Replica) -> None:
+        """Close a replica's channel, its watcher ending with it (close_ending_watches: one
+        cancelled left its watch in gRPC's core, to complete on a loop closed by then)."""
+        if r.channel is not None:
+            await close_ending_watches(r.channel, [r.watcher] if r.watcher is not None else [])
+        elif r.watcher is not None:
+            r.watcher.cancel()
+            await asyncio.gather(r.watcher, return_exceptions=True)
 
     async def __aenter__(self) -> Balancer:
         return await self.start()
@@ -459,11 +468,9 @@ class Balancer:
             and self.replicas.get(r.address) is r
         ):
             del self.replicas[r.address]
-            if r.watcher is not None:
-                r.watcher.cancel()
             if r.readmit is not None:
                 r.readmit.cancel()
-            closing = self._spawn(r.channel.close())
+            closing = self._spawn(self._retire(r))
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
 
@@ -495,8 +502,11 @@ class Balancer:
                 r.readmit.cancel()
                 self._readmit(r)
             self._notify()
-            await r.channel.wait_for_state_change(state)
-            state = r.channel.get_state(try_to_connect=True)
+            try:
+                await r.channel.wait_for_state_change(state)
+                state = r.channel.get_state(try_to_connect=True)
+            except grpc.aio.UsageError:  # its channel was closed (_retire): the watch has ended
+                return
 
     def _notify(self) -> None:
         if self._changed is not None:
@@ -753,7 +763,10 @@ class Balancer:
         except grpc.aio.AioRpcError as exc:
             if exc.code() in FAILURES:
                 r.last_error = f"{exc.code().name}: {exc.details()}"
-            return exc.code(), None, exc
+            # Without its traceback: that holds grpc's call, and the call its channel open in the
+            # core past close() (the error, the attempt's task and frame are a cycle): the
+            # channel's connectivity watch would end only when the collector ran.
+            return exc.code(), None, exc.with_traceback(None)
         except grpc.aio.UsageError as exc:
             # The channel was closed under this attempt (a last guard: stop() cancels the attempts
             # first, and a replica's channel is closed once its attempts are done). Not an

@@ -70,9 +70,11 @@ too, where it can be read on the way: use it with TLS beyond loopback).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import errno
+import gc
 import ipaddress
 import json
 import os
@@ -82,7 +84,7 @@ import socket
 import ssl
 import tempfile
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -498,6 +500,31 @@ def channel_credentials(tls: TLS | bool | None) -> grpc.ChannelCredentials | Non
     if not isinstance(tls, TLS):
         raise TypeError(f"tls must be a TLS, True, False or None; got {type(tls).__name__}")
     return tls.credentials()
+
+
+WATCH_END_S = 0.05  # a watch sees its channel closed within this, unless a call holds the channel
+
+
+async def close_ending_watches(channel: grpc.aio.Channel, watches: Iterable[asyncio.Future]) -> None:
+    """Close a grpc.aio channel, then see its pending connectivity watches (tasks awaiting
+    `wait_for_state_change`) end with it. A watch cancelled instead stays in gRPC's core, and
+    its completion, handed over after this loop closed, makes gRPC's poller log "Exception in
+    callback PollerCompletionQueue._handle_events ... Event loop is closed" on whatever loop
+    runs gRPC next. A call in a reference cycle (an error's traceback holds its frames) keeps
+    the channel, and so its watches, open in the core until the collector frees it: that is run
+    once when a watch is slow to end. A watch still pending then (a call still referenced) is
+    cancelled: waiting longer would not let the call go."""
+    await channel.close()
+    watches = list(watches)
+    pending = [w for w in watches if not w.done()]
+    if pending:
+        _, pending = await asyncio.wait(pending, timeout=WATCH_END_S)
+    if pending:
+        gc.collect()
+        _, pending = await asyncio.wait(pending, timeout=WATCH_END_S)
+    for w in pending:
+        w.cancel()
+    await asyncio.gather(*watches, return_exceptions=True)  # their errors (the channel closed) are read
 
 
 NAME_OPTIONS = ("grpc.default_authority", "grpc.ssl_target_name_override")

@@ -59,6 +59,10 @@ class Answers:
         self.answered = False
 
     def error(self, exc: grpc.RpcError) -> InferError:
+        # The InferError, raised `from None`, still holds `exc` as its context: without its
+        # traceback, whose grpc.aio frame holds the call, and the call its channel open in
+        # gRPC's core past close() for as long as the caller keeps the error.
+        exc.with_traceback(None)
         err = InferError.from_rpc_error(exc)
         if err.code not in _NO_ANSWER:
             self.answered = True

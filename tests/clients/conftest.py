@@ -9,9 +9,12 @@ which server. Its answer names it (the response's model name).
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 
 import grpc
 import pytest
+import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from wok.v2pb import grpc_service_pb2 as pb
@@ -99,3 +102,45 @@ class Stub:
 def stub():
     """`async with stub("a", fail_first=2) as a:` a Stub server (see the module)."""
     return Stub
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def on_a_loop_then_closed(request, caplog):
+    """`on_a_loop_then_closed(run)`: see _on_a_loop_then_closed; on each kind of loop."""
+    factory = uvloop.new_event_loop if request.param == "uvloop" else asyncio.new_event_loop
+    return lambda run: _on_a_loop_then_closed(run, factory, caplog)
+
+
+def _on_a_loop_then_closed(run, loop_factory, caplog) -> list[str]:
+    """Run `run()` (which asserts what it needs) on a loop of `loop_factory`, close the loop, drop
+    what `run()` returned, run the collector and gRPC on a new loop; what was left for the closed
+    loop: the "Event loop is closed" errors logged meanwhile, and gRPC's operations of the closed
+    loop still open in its core (abandoned, their futures cancelled, or not completed). A
+    connectivity watch left so completes once its channel goes, if ever, and the poller, running on
+    whatever loop then, hands it to the closed one ("Exception in callback
+    PollerCompletionQueue._handle_events")."""
+    caplog.set_level(logging.ERROR)
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        kept = runner.run(run())
+        loop = runner.get_loop()
+    del kept  # what the caller kept past the loop (an error, say) goes now
+    gc.collect()
+
+    async def more_grpc() -> None:
+        async with grpc.aio.insecure_channel("127.0.0.1:1") as channel:  # nothing listens
+            try:
+                await channel.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=1)
+            except grpc.aio.AioRpcError:
+                pass  # refused: a call that ends by itself, its completion through the poller
+
+    asyncio.run(more_grpc())
+    gc.collect()
+    left = [r.getMessage() for r in caplog.records if r.exc_info and "Event loop is closed" in str(r.exc_info[1])]
+    # gRPC's own record of an operation: a CallbackWrapper holding the future it completes.
+    wrapper = getattr(grpc._cython.cygrpc, "CallbackWrapper", None)
+    for o in gc.get_objects() if wrapper is not None else ():
+        if type(o) is wrapper:
+            for f in gc.get_referents(o):
+                if isinstance(f, asyncio.Future) and f.get_loop() is loop and (f.cancelled() or not f.done()):
+                    left.append(f"an operation of the closed loop open in gRPC's core: {gc.get_referents(o)}")
+    return left

@@ -356,6 +356,24 @@ async def test_stop_leaves_nothing_in_flight(stub):
             await call(REQUEST)
 
 
+def test_stop_ends_the_connectivity_watches_before_its_loop_closes(on_a_loop_then_closed):
+    """A watcher cancelled, not ended, left its channel's connectivity watch in gRPC's core; its
+    completion came once the channel went (at the next collection: a failed call's error held
+    it), and gRPC's poller, running on a later loop, handed it to the closed one: "Exception in
+    callback PollerCompletionQueue._handle_events ... Event loop is closed" in a later test."""
+
+    async def use_and_stop() -> None:
+        bal = Balancer("127.0.0.1:1", settings=settings(max_attempts=1, **NO_EJECTION))  # nothing listens
+        await bal.start()
+        assert await code_of(bal.unary_unary(METHOD), timeout=1) == CODE.UNAVAILABLE
+        watchers = [r.watcher for r in bal.replicas.values()]
+        await bal.stop()
+        assert watchers and all(w.done() and not w.cancelled() for w in watchers)
+
+    left = on_a_loop_then_closed(use_and_stop)
+    assert not left, left[0]
+
+
 async def test_cancelling_the_caller_cancels_its_attempts(stub):
     async with stub("a", hold=True) as a, stub("b", hold=True) as b:
         async with Balancer([a.target, b.target], settings=settings(hedge_after=0.02, **NO_EJECTION)) as bal:

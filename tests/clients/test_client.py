@@ -607,16 +607,25 @@ async def test_several_targets_reach_every_server(serve):
     assert all(s.inference_count > 0 and s.execution_count > 0 for s in stats)
 
 
-async def test_wait_ready_times_out_without_a_server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # bound, never listening: connections are refused
-        async with AsyncClient(f"127.0.0.1:{port}") as client:
-            with pytest.raises(TimeoutError):
-                await client.wait_ready(timeout=0.2)
-            with pytest.raises(InferError) as e:
-                await client.server_live(timeout=5)
-    assert e.value.code in (CODE.UNAVAILABLE, CODE.DEADLINE_EXCEEDED)
+def test_wait_ready_times_out_without_a_server_and_leaves_no_watch_past_close(on_a_loop_then_closed):
+    """wait_ready's channel_ready(), cancelled at its timeout, left its connectivity watch in gRPC's
+    core, to complete when the channel went: at close() unless a call held the channel, as a
+    failed call's InferError did (its context's traceback held the call), or unless the loop
+    closed first. Either way it was left to a closed loop ("Event loop is closed" later)."""
+
+    async def use() -> InferError:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+            async with AsyncClient(f"127.0.0.1:{s.getsockname()[1]}") as client:
+                with pytest.raises(TimeoutError):
+                    await client.wait_ready(timeout=0.2)
+                with pytest.raises(InferError) as e:
+                    await client.server_live(timeout=5)
+        assert e.value.code in (CODE.UNAVAILABLE, CODE.DEADLINE_EXCEEDED)
+        return e.value  # the caller keeps its error past close, past the loop even
+
+    left = on_a_loop_then_closed(use)
+    assert not left, left[0]
 
 
 def test_a_closed_sync_client_says_so():
