@@ -97,7 +97,7 @@ class AsyncClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: GRPCInferenceServiceStub | None = None
         self._closed = False
-        self._watches: set[asyncio.Task] = set()  # wait_ready's, pending after its timeout
+        self._watch: asyncio.Task | None = None  # wait_ready's, pending after its timeout
         self._balancer: Balancer | None = None
         if balancer == "wok":
             s = balancer_settings or BalancerSettings()
@@ -169,7 +169,7 @@ class AsyncClient:
         self._closed = True
         channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
-            await close_ending_watches(channel, self._watches)
+            await close_ending_watches([channel], [self._watch] if self._watch is not None else [])
         if self._balancer is not None:
             if self._balancer_start is not None and not self._balancer_start.done():
                 self._balancer_start.cancel()
@@ -188,12 +188,16 @@ class AsyncClient:
         deadline = None if timeout is None else loop.time() + timeout
         state = channel.get_state(try_to_connect=True)
         while state is not grpc.ChannelConnectivity.READY:
-            watch = loop.create_task(channel.wait_for_state_change(state))
-            self._watches.add(watch)
-            watch.add_done_callback(self._watches.discard)
+            # One watch at a time: one still pending (an earlier wait_ready's, timed out) is on
+            # this state, as the state has not changed since it began.
+            if self._watch is None or self._watch.done():
+                self._watch = loop.create_task(channel.wait_for_state_change(state))
+            watch = self._watch
             await asyncio.wait([watch], timeout=None if deadline is None else max(0.0, deadline - loop.time()))
             if not watch.done():
                 raise TimeoutError(f"{self.target}: not connected within {timeout} s")
+            if watch.cancelled():  # by close(), as its last resort: the channel is closed
+                raise grpc.aio.UsageError("Channel is closed.")
             watch.result()
             state = channel.get_state(try_to_connect=True)
 
@@ -327,6 +331,9 @@ class AsyncClient:
             finally:
                 call.cancel()
                 writer.cancel()
+                # An error raised from here keeps this frame in its traceback: not the call with
+                # it, which holds its channel open in gRPC's core past close() (close_ending_watches).
+                call = writer = None
         finally:
             if release is not None:
                 release()

@@ -322,6 +322,7 @@ class Balancer:
         self.replicas: dict[str, Replica] = {}
         self._tasks: set[asyncio.Task] = set()
         self._closing: set[asyncio.Task] = set()  # of _tasks: channels of replicas no longer resolved
+        self._retired: set[asyncio.Task] = set()  # their watchers, until they end with the channel
         self._resolver_task: asyncio.Task | None = None
         self._undecided = False  # a name's server accepted on neither of its families at the last lookup
         self._changed: asyncio.Event | None = None
@@ -373,17 +374,11 @@ class Balancer:
         for r in self.replicas.values():
             if r.readmit is not None:
                 r.readmit.cancel()
-        await asyncio.gather(*(self._retire(r) for r in self.replicas.values()))
+        # One pass for all: the watchers of the replicas and those of replicas removed earlier.
+        channels = [r.channel for r in self.replicas.values() if r.channel is not None]
+        watchers = [r.watcher for r in self.replicas.values() if r.watcher is not None]
+        await close_ending_watches(channels, watchers + list(self._retired))
         self._notify()
-
-    async def _retire(self, r: Replica) -> None:
-        """Close a replica's channel, its watcher ending with it (close_ending_watches: one
-        cancelled left its watch in gRPC's core, to complete on a loop closed by then)."""
-        if r.channel is not None:
-            await close_ending_watches(r.channel, [r.watcher] if r.watcher is not None else [])
-        elif r.watcher is not None:
-            r.watcher.cancel()
-            await asyncio.gather(r.watcher, return_exceptions=True)
 
     async def __aenter__(self) -> Balancer:
         return await self.start()
@@ -470,8 +465,11 @@ class Balancer:
             del self.replicas[r.address]
             if r.readmit is not None:
                 r.readmit.cancel()
-            closing = self._spawn(self._retire(r))
+            closing = self._spawn(r.channel.close())
             self._closing.add(closing)
+            if r.watcher is not None:  # it ends with the channel; stop() sees to one that has not
+                self._retired.add(r.watcher)
+                r.watcher.add_done_callback(self._retired.discard)
             closing.add_done_callback(self._closing.discard)
 
     def _spawn(self, coro) -> asyncio.Task:
@@ -505,8 +503,12 @@ class Balancer:
             try:
                 await r.channel.wait_for_state_change(state)
                 state = r.channel.get_state(try_to_connect=True)
-            except grpc.aio.UsageError:  # its channel was closed (_retire): the watch has ended
-                return
+            except (grpc.aio.UsageError, AssertionError):
+                # Its channel was closed: grpc.aio asserts that a watch succeeded, and refuses
+                # one on a closed channel. The watch has ended in gRPC's core.
+                if r.removed or self._stopped:
+                    return
+                raise
 
     def _notify(self) -> None:
         if self._changed is not None:

@@ -505,16 +505,17 @@ def channel_credentials(tls: TLS | bool | None) -> grpc.ChannelCredentials | Non
 WATCH_END_S = 0.05  # a watch sees its channel closed within this, unless a call holds the channel
 
 
-async def close_ending_watches(channel: grpc.aio.Channel, watches: Iterable[asyncio.Future]) -> None:
-    """Close a grpc.aio channel, then see its pending connectivity watches (tasks awaiting
-    `wait_for_state_change`) end with it. A watch cancelled instead stays in gRPC's core, and
+async def close_ending_watches(channels: Iterable[grpc.aio.Channel], watches: Iterable[asyncio.Future]) -> None:
+    """Close grpc.aio channels, then see their pending connectivity watches (tasks awaiting
+    `wait_for_state_change`) end with them. A watch cancelled instead stays in gRPC's core, and
     its completion, handed over after this loop closed, makes gRPC's poller log "Exception in
     callback PollerCompletionQueue._handle_events ... Event loop is closed" on whatever loop
     runs gRPC next. A call in a reference cycle (an error's traceback holds its frames) keeps
-    the channel, and so its watches, open in the core until the collector frees it: that is run
+    its channel, and so the watches, open in the core until the collector frees it: that is run
     once when a watch is slow to end. A watch still pending then (a call still referenced) is
     cancelled: waiting longer would not let the call go."""
-    await channel.close()
+    for channel in channels:
+        await channel.close()
     watches = list(watches)
     pending = [w for w in watches if not w.done()]
     if pending:

@@ -628,6 +628,25 @@ def test_wait_ready_times_out_without_a_server_and_leaves_no_watch_past_close(on
     assert not left, left[0]
 
 
+@pytest.mark.parametrize("balancer", ["grpc", "wok"])
+def test_a_failed_streams_error_kept_past_close_leaves_no_watch(balancer, on_a_loop_then_closed):
+    """The stream's frame, in its error's traceback, held the call, and the call the channel."""
+
+    async def use() -> InferError:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+            async with AsyncClient(f"127.0.0.1:{s.getsockname()[1]}", balancer=balancer) as client:
+                with pytest.raises(TimeoutError):
+                    await client.wait_ready(timeout=0.2)
+                with pytest.raises(InferError) as e:
+                    async for _ in client.stream_infer([]):
+                        pass
+        return e.value
+
+    left = on_a_loop_then_closed(use)
+    assert not left, left[0]
+
+
 def test_a_closed_sync_client_says_so():
     # grpc's own ValueError ("Cannot invoke RPC on closed channel!") reached the caller, which
     # the docs promise InferError for failed calls; a call on a closed client is the caller's
