@@ -607,6 +607,19 @@ async def test_several_targets_reach_every_server(serve):
     assert all(s.inference_count > 0 and s.execution_count > 0 for s in stats)
 
 
+async def _refused_after_wait_ready(fail, balancer: str = "grpc") -> InferError:
+    """The InferError of `await fail(client)` on a client of a port that refuses connections, after
+    its wait_ready timed out."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        async with AsyncClient(f"127.0.0.1:{s.getsockname()[1]}", balancer=balancer) as client:
+            with pytest.raises(TimeoutError):
+                await client.wait_ready(timeout=0.2)
+            with pytest.raises(InferError) as e:
+                await fail(client)
+    return e.value
+
+
 def test_wait_ready_times_out_without_a_server_and_leaves_no_watch_past_close(on_a_loop_then_closed):
     """wait_ready's channel_ready(), cancelled at its timeout, left its connectivity watch in gRPC's
     core, to complete when the channel went: at close() unless a call held the channel, as a
@@ -614,15 +627,9 @@ def test_wait_ready_times_out_without_a_server_and_leaves_no_watch_past_close(on
     closed first. Either way it was left to a closed loop ("Event loop is closed" later)."""
 
     async def use() -> InferError:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
-            async with AsyncClient(f"127.0.0.1:{s.getsockname()[1]}") as client:
-                with pytest.raises(TimeoutError):
-                    await client.wait_ready(timeout=0.2)
-                with pytest.raises(InferError) as e:
-                    await client.server_live(timeout=5)
-        assert e.value.code in (CODE.UNAVAILABLE, CODE.DEADLINE_EXCEEDED)
-        return e.value  # the caller keeps its error past close, past the loop even
+        error = await _refused_after_wait_ready(lambda client: client.server_live(timeout=5))
+        assert error.code in (CODE.UNAVAILABLE, CODE.DEADLINE_EXCEEDED)
+        return error  # the caller keeps its error past close, past the loop even
 
     left = on_a_loop_then_closed(use)
     assert not left, left[0]
@@ -632,18 +639,11 @@ def test_wait_ready_times_out_without_a_server_and_leaves_no_watch_past_close(on
 def test_a_failed_streams_error_kept_past_close_leaves_no_watch(balancer, on_a_loop_then_closed):
     """The stream's frame, in its error's traceback, held the call, and the call the channel."""
 
-    async def use() -> InferError:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
-            async with AsyncClient(f"127.0.0.1:{s.getsockname()[1]}", balancer=balancer) as client:
-                with pytest.raises(TimeoutError):
-                    await client.wait_ready(timeout=0.2)
-                with pytest.raises(InferError) as e:
-                    async for _ in client.stream_infer([]):
-                        pass
-        return e.value
+    async def read_all(client) -> None:
+        async for _ in client.stream_infer([]):
+            pass
 
-    left = on_a_loop_then_closed(use)
+    left = on_a_loop_then_closed(lambda: _refused_after_wait_ready(read_all, balancer))
     assert not left, left[0]
 
 
