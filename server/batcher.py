@@ -104,6 +104,9 @@ class Pending:
     compute: float = 0.0  # its batch's model time, seconds
     level: int = 1  # priority level: lower is more urgent
     probe: bool = False  # slo policy: admitted without a check (the model was idle), so it runs even if predicted late
+    # Counted in ModelStatistics' fail here when failed; False: its caller counts it as it answers
+    # (the service: when its handler resumes with the error, or a stream's answer is written).
+    count_fail: bool = True
     # Its batch while that waits at a busy instance's worker, behind the batch ahead of it
     # (`Batcher._dispatch`); None otherwise, and once its batch is back.
     batch: Batch | None = None
@@ -408,11 +411,14 @@ class Batcher:
         key: Hashable,
         deadline: float | None,
         priority: int | None = None,
+        count_fail: bool = True,
     ) -> Pending:
         """Queue a checked request; raises QueueFull, ShuttingDown, DeadlineExceeded (its deadline has
         passed), or with the slo policy DeadlineUnmeetable, at once.
 
         `priority`: its level (lower is more urgent); None takes the model's default level.
+        `count_fail`: False when the caller counts the request in ModelStatistics' fail itself, should
+        it fail here (DeadlineExceeded at once, or the error its future is answered with).
         """
         self.check_room()
         if rows > self.configured_max_batch_size:  # the codec checks it; a direct caller may not
@@ -432,13 +438,15 @@ class Batcher:
             # delay window only to be dropped at its batch, and count toward max_queue_size meanwhile.
             # No retry could meet it, so it gets no retry hint; counted as a failure, as the
             # request dropped at its batch is, and by the service as reason="deadline".
-            self.stats.fail.add(0.0)
+            if count_fail:
+                self.stats.fail.add(0.0)
             raise DeadlineExceeded(
                 f"request to model '{self.name}' arrived {1e3 * (now - deadline):.1f} ms after its deadline "
                 "passed; it was not queued"
             )
         probe = self._admit(key, rows, level, deadline, now) if slo is not None else False
-        p = Pending(inputs, rows, key, now, deadline, self._loop.create_future(), level=level, probe=probe)
+        fut = self._loop.create_future()
+        p = Pending(inputs, rows, key, now, deadline, fut, level=level, probe=probe, count_fail=count_fail)
         q = self._queues.get(key)
         if q is None:
             q = self._queues[key] = _Queue(created=next(self._seq))
@@ -817,12 +825,14 @@ class Batcher:
     def _fail(self, p: Pending, exc: BaseException, now: float) -> None:
         """Answer `p` with `exc` at `now`. Counted failed (ModelStatistics' fail) only if its caller
         still waits: one gone (cancelled, its call's deadline passed) is answered nothing, as a
-        request answered after its caller left counts no success."""
+        request answered after its caller left counts no success. Counted here unless its caller
+        counts it (`Pending.count_fail`)."""
         p.state = DONE
         p.finished = now
         if not p.future.done():
             p.future.set_exception(exc)
-            self.stats.fail.add(now - p.arrival)
+            if p.count_fail:
+                self.stats.fail.add(now - p.arrival)
 
     def _answer_left_out(self, p: Pending, at: float) -> None:
         """Fail a request of a batch sent to a busy instance whose deadline passed before it could run."""
@@ -1201,7 +1211,8 @@ class Batcher:
                 f"{1e3 * predicted:.1f} ms{after})"
             )
         p.future.set_exception(DeadlineExceeded(msg))
-        self.stats.fail.add(now - p.arrival)
+        if p.count_fail:
+            self.stats.fail.add(now - p.arrival)
 
     def _dispatch(self, batch: Batch, queued_since: float | None, i: int | None = None) -> None:
         """Send the batch on the free slot at index `i` of `_free_slots` (None: `_choose_slot`'s)."""

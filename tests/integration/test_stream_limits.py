@@ -105,6 +105,7 @@ async def test_an_answer_over_the_send_limit_is_that_request_s_resource_exhauste
             except grpc.aio.AioRpcError as exc:
                 unary = exc
             responses = dict(server.runtimes["expand"].metrics.responses)
+            st = (await stub.ModelStatistics(pb.ModelStatisticsRequest(name="expand"))).model_stats[0]
     # Every request has its answer (in the order the models finished), and the stream ended OK.
     by_id = {a.infer_response.id: a for a in answers}
     assert sorted(by_id) == ["0", "1", "2", "3"] and len(answers) == 4, answers
@@ -123,6 +124,9 @@ async def test_an_answer_over_the_send_limit_is_that_request_s_resource_exhauste
     assert unary.details().startswith("the answer of model 'expand' is "), unary.details()
     assert f"over the server's send limit of {SEND_LIMIT:,} bytes" in unary.details()
     assert responses == {"RESOURCE_EXHAUSTED": 2}, responses
+    # Both ran, and both callers got an error: counted failed (they were counted in neither).
+    assert st.inference_count == 2
+    assert (st.inference_stats.success.count, st.inference_stats.fail.count) == (0, 2)
     assert not _errors(caplog), _errors(caplog)
 
 

@@ -13,7 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from wok.codec import decode_response, encode_request
-from wok.errors import InvalidInput
+from wok.errors import InvalidInput, ModelExecutionError
+from wok.faults import Fault
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
@@ -317,6 +318,74 @@ async def test_stream_answers_its_call_ended_before_writing_are_counted_as_the_c
         assert server.service.active == 0
 
 
+class _OneWriteCall(_UnreadCall):
+    """A stream's call whose client reads the first answer, then no more."""
+
+    async def write(self, message) -> None:
+        self.writes += 1
+        if self.writes > 1:
+            await asyncio.Event().wait()
+
+
+async def test_stream_errors_its_call_ended_before_writing_count_no_fail(serve, monkeypatch):
+    """As for answers (above): three requests the model fails, the first error written, the second held
+    in its write, the third queued behind it, and the call ends. ModelStatistics' fail counts the one
+    written (the batcher counted all three as it failed them, before the stream wrote any)."""
+    import wok.service
+
+    made = []  # the stream's error answers, as its requests' tasks make them
+    error_answer = wok.service.error_answer
+    monkeypatch.setattr(wok.service, "error_answer", lambda *a, **kw: made.append(1) or error_answer(*a, **kw))
+    async with serve(models=("mlp",)) as server:
+        rt = server.runtimes["mlp"]
+        for inst in rt.executor.instances:
+            inst.fault.set(Fault("fail"))
+        request = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
+
+        async def requests():
+            for _ in range(3):
+                yield request
+            await asyncio.Event().wait()  # the client keeps its side open
+
+        call = _OneWriteCall()
+        handler = asyncio.ensure_future(server.service.ModelStreamInfer(requests(), call))
+        while len(made) < 3 or call.writes < 2:
+            await asyncio.sleep(0.005)
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        assert call.writes == 2
+        assert rt.metrics.responses == {"INTERNAL": 1, "CANCELLED": 2}
+        assert (rt.stats.fail.count, rt.stats.success.count) == (1, 0)
+        assert server.service.active == 0
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["answer", "error"])
+async def test_a_unary_call_cancelled_as_its_batch_comes_back_counts_neither_success_nor_fail(serve, fails):
+    """The client's cancel reaches the handler in the loop turn its batch is answered in: the handler
+    ends cancelled (CANCELLED, as its client saw it), and counts no success, nor (it did) a failure."""
+    async with serve(models=("mlp",)) as server:
+        rt = server.runtimes["mlp"]
+        if fails:
+            for inst in rt.executor.instances:
+                inst.fault.set(Fault("fail"))
+        request = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
+        complete = rt.batcher._complete
+        handler: asyncio.Future
+
+        def complete_then_cancel(batch, f):
+            complete(batch, f)  # answers the batch's futures
+            handler.cancel()  # before the handler resumes, as gRPC cancels it
+
+        rt.batcher._complete = complete_then_cancel
+        handler = asyncio.ensure_future(server.service.infer(request, None, time_left=lambda: None))
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        assert rt.metrics.responses == {"CANCELLED": 1}
+        assert (rt.stats.fail.count, rt.stats.success.count) == (0, 0)
+        assert server.service.active == 0
+
+
 async def test_an_answer_made_after_its_calls_deadline_passed_is_not_sent_and_counts_deadline_exceeded(serve):
     """gRPC may resume the handler with its answer before it cancels it for the call's deadline,
     which passed as the batch ran: an answer sent then races the core's own end of the call (and
@@ -350,4 +419,22 @@ async def test_an_error_made_after_its_calls_deadline_passed_is_not_sent_and_cou
         with pytest.raises(InvalidInput):
             await server.service.infer(bad, None, time_left=lambda: 0.5)
         assert rt.metrics.responses == {"DEADLINE_EXCEEDED": 1, "INVALID_ARGUMENT": 1}
+        assert server.service.active == 0
+
+
+async def test_a_failed_batch_counts_in_fail_only_for_a_caller_still_waiting(serve):
+    """ModelStatistics' fail counts the errors callers get, as success counts answers: a request whose
+    batch failed after its call's deadline passed (its client sees DEADLINE_EXCEEDED) is in neither."""
+    async with serve(models=("mlp",)) as server:
+        rt = server.runtimes["mlp"]
+        for inst in rt.executor.instances:
+            inst.fault.set(Fault("fail"))
+        request = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
+        with pytest.raises(asyncio.CancelledError, match="the caller's deadline passed: "):
+            await server.service.infer(request, None, time_left=lambda: 0.0)
+        assert (rt.stats.fail.count, rt.stats.success.count) == (0, 0)
+        with pytest.raises(ModelExecutionError, match="instance 0: failing by fault injection"):
+            await server.service.infer(request, None, time_left=lambda: 0.5)
+        assert (rt.stats.fail.count, rt.stats.success.count) == (1, 0)
+        assert rt.metrics.responses == {"DEADLINE_EXCEEDED": 1, "INTERNAL": 1}
         assert server.service.active == 0
