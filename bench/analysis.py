@@ -87,6 +87,7 @@ def step_result(
     completed_ok: int | None = None,
     server_timing_ms: np.ndarray | None = None,
     error_details: dict[str, str] | None = None,
+    queued_s: np.ndarray | None = None,
 ) -> dict:
     """One step of the schema from its measured window's raw arrays (seconds from the window's start).
 
@@ -95,6 +96,8 @@ def step_result(
     figures cover successful requests; errors are counted by code. `sent_s` is NaN for a
     request never sent, `done_s` NaN for one that never completed (its code says why).
     `error_details` ({code name: message}, the bench's) is kept for the codes of `errors`.
+    `queued_s`, per request, is the host's share of its send's lag (the sender's run-queue wait
+    since its previous send; NaN unknown): `late_sends_own` counts the sends late without it.
     """
     if duration_s <= 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
@@ -115,6 +118,11 @@ def step_result(
 
     latency = 1e3 * (done[ok_mask] - intended[ok_mask])
     lag_ms = 1e3 * (sent - intended)
+    late_own = None
+    if queued_s is not None:
+        queued_ms = 1e3 * np.asarray(queued_s, dtype=np.float64).ravel()
+        if queued_ms.size == n and np.isfinite(queued_ms[np.isfinite(lag_ms)]).all():
+            late_own = int((lag_ms - queued_ms > LATE_SEND_MS).sum())
     lag_ms = lag_ms[np.isfinite(lag_ms)]
     lag = latency_summary(lag_ms)
 
@@ -159,6 +167,7 @@ def step_result(
         "latency_histogram": LatencyHistogram.from_ms(latency).to_dict(),
         "dispatch_lag_ms": {"p50": lag["p50"], "p99": lag["p99"], "max": lag["max"]},
         "late_sends": int((lag_ms > LATE_SEND_MS).sum()),
+        **({} if late_own is None else {"late_sends_own": late_own}),
         # The window's requests that went out within it: what the generator delivered, whatever
         # the server then did with them (check_precision judges the generator by this).
         "sent_qps": int(((sent >= 0) & (sent < duration_s)).sum()) / duration_s,
@@ -409,9 +418,13 @@ def check_precision(step: dict, slo_p99_ms: float | None = None) -> list[str]:
         return [f"{name}: no request was scheduled in the measured window"]
     lag99 = step["dispatch_lag_ms"]["p99"]
     if _finite(lag99) and lag99 > LATE_SEND_MS:
-        out.append(
-            f"{name}: dispatch lag p99 {lag99:.1f} ms > {LATE_SEND_MS:g} ms: the generator could not keep the schedule"
-        )
+        w = f"{name}: dispatch lag p99 {lag99:.1f} ms > {LATE_SEND_MS:g} ms: the generator could not keep the schedule"
+        late, own = step.get("late_sends"), step.get("late_sends_own")
+        if late and own is not None:
+            # Whose the lateness is says what to do: a busy host (a quieter one, fewer other
+            # processes) or a generator short of workers.
+            w += f"; of its {late} late sends, {late - own} were late only by waiting for a CPU (a busy host)"
+        out.append(w)
     offered, achieved, duration = step["offered_qps"], step["achieved_qps"], step["duration_s"]
     # Poisson arrivals alone put the count 3·sqrt(N) off on a short step; warn only beyond that.
     limit = max((1 - UNDER_DELIVERY) * offered, poisson_noise_qps(offered, duration))

@@ -116,6 +116,11 @@ def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
         "latency_histogram": hist.to_dict(),
         "dispatch_lag_ms": {k: _max_finite((s.get("dispatch_lag_ms") or {}).get(k) for s in steps) for k in LAG_KEYS},
         "late_sends": sum(int(s.get("late_sends") or 0) for s in steps),
+        **(
+            {"late_sends_own": sum(int(s["late_sends_own"]) for s in steps)}
+            if all(s.get("late_sends_own") is not None for s in steps)
+            else {}
+        ),
         "sent_qps": _sum_if_all(s.get("sent_qps") for s in steps),
         "littles_law": {
             "mean_inflight_measured": measured,

@@ -320,6 +320,7 @@ class Ramp:
         sent = np.concatenate([o.sent for o in outcomes])
         done = np.concatenate([o.done for o in outcomes])
         codes = np.concatenate([o.codes for o in outcomes])
+        queued = np.concatenate([np.full(len(o.sent), np.nan) if o.queued is None else o.queued for o in outcomes])
         server_ms = np.concatenate([o.server_ms for o in outcomes]) if cfg.server_timing else None
         self.timeline.append(
             (intended + start_at - self._clock0, done + start_at - self._clock0, done - intended, codes)
@@ -338,6 +339,7 @@ class Ramp:
             intended_s=intended[keep] - w,
             sent_s=sent[keep] - w,
             done_s=done[keep] - w,
+            queued_s=queued[keep],
             codes=np.array([("OK" if c == OK else status_name(c)) for c in codes[keep]]),
             inflight_samples=inflight_total,
             server=server,

@@ -69,6 +69,33 @@ class Outcome:
     # it: what the server said when it refused. Empty when every call succeeded (streams: none for
     # a request the sender itself settled, at its deadline or with no stream open).
     details: dict[int, str] = field(default_factory=dict)
+    # Per request, the seconds the sending thread spent ready to run but kept off a CPU by the
+    # host (its run-queue wait, /proc's schedstat) since the previous send: the part of a send's
+    # lag that is the host's, not the generator's. NaN where the kernel does not say; None (streams).
+    queued: np.ndarray | None = None
+
+
+class RunQueueClock:
+    """The run-queue wait so far (seconds) of the thread that made it: the time it was ready to
+    run and had no CPU (/proc/thread-self/schedstat's run_delay, 2 µs a read). NaN where the
+    kernel does not report it."""
+
+    def __init__(self) -> None:
+        try:
+            self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd = -1
+
+    def __call__(self) -> float:
+        try:
+            return int(os.pread(self._fd, 64, 0).split()[1]) * 1e-9
+        except (OSError, IndexError, ValueError):
+            return np.nan
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timing: bool = False, stop=None) -> Outcome:
@@ -78,6 +105,9 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
     sent = np.full(n, np.nan)
     done = np.full(n, np.nan)
     codes = np.zeros(n, dtype=np.int16)
+    queued = np.full(n, np.nan)
+    run_delay = RunQueueClock()
+    last_delay = run_delay()
     server_ms = np.full((n, len(TIMING_PARTS)), np.nan) if timing else None
     start = share.start_at
     inflight = 0
@@ -86,9 +116,11 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
     import grpc
 
     async def one(i: int, payload: bytes) -> None:
-        nonlocal inflight
+        nonlocal inflight, last_delay
         inflight += 1
         sent[i] = time.monotonic() - start
+        now_delay = run_delay()
+        queued[i], last_delay = now_delay - last_delay, now_delay
         samples.append((sent[i], inflight))
         c = None
         try:
@@ -136,8 +168,9 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
                         done[i] = np.nan  # cut in flight: no answer came
     finally:
         sleeper.close()
+        run_delay.close()
     samples_array = np.array(samples, dtype=float).reshape(-1, 2)
-    return Outcome(sent, done, codes, samples_array, server_ms=server_ms, details=details)
+    return Outcome(sent, done, codes, samples_array, server_ms=server_ms, details=details, queued=queued)
 
 
 def _short(message: str) -> str:

@@ -81,6 +81,30 @@ def test_latency_runs_from_the_intended_time_so_a_late_send_counts_in_full():
     assert step["late_sends"] == 1  # 0.2 ms is on time, 50 ms is late
     assert step["achieved_qps"] == 4.0 and step["success_rate"] == 1.0 and step["errors"] == {}
     assert step["phase"] == "ramp"
+    assert "late_sends_own" not in step  # no run-queue waits given
+
+
+def test_a_send_is_late_on_its_own_by_its_lag_less_the_hosts_run_queue_wait():
+    intended = np.array([0.0, 0.1, 0.2, 0.3])
+    sent = intended + np.array([0.004, 0.004, 0.0002, 0.030])
+
+    def step(queued):
+        return step_result(
+            offered_qps=4,
+            duration_s=1.0,
+            intended_s=intended,
+            sent_s=sent,
+            done_s=sent + 0.01,
+            codes=np.array(["OK"] * 4),
+            queued_s=np.array(queued),
+        )
+
+    # The first waited 3.5 ms for a CPU (0.5 ms of its own), the second 2 ms (2 ms of its own),
+    # the fourth 30 ms: a stall of the host.
+    s = step([0.0035, 0.002, 0.0, 0.030])
+    assert (s["late_sends"], s["late_sends_own"]) == (3, 1)
+    # A wait the kernel did not report (NaN) leaves the figure out rather than guess it.
+    assert "late_sends_own" not in step([0.0035, np.nan, 0.0, 0.030])
 
 
 def test_errors_are_counted_by_code_and_left_out_of_latency():
@@ -388,6 +412,11 @@ def test_dispatch_lag_warning():
     assert check_precision(fake_step(400, lag99=0.9)) == []
     (w,) = check_precision(fake_step(400, lag99=1.8))
     assert w == "step 400 QPS: dispatch lag p99 1.8 ms > 1 ms: the generator could not keep the schedule"
+    # With the sends' waits for a CPU known, it says how many were late only by them.
+    step = fake_step(400, lag99=1.8)
+    step.update(late_sends=40, late_sends_own=6)
+    (w,) = check_precision(step)
+    assert w.endswith("; of its 40 late sends, 34 were late only by waiting for a CPU (a busy host)"), w
 
 
 def test_sent_qps_counts_the_windows_requests_that_went_out_within_it():
