@@ -582,19 +582,27 @@ def main(argv: list[str] | None = None) -> int:
             add_demo_parser(sub)
         args = parser.parse_args(argv)
     except BaseException:
-        stop_signal.uninstall()
+        try:
+            stop_signal.uninstall()
+        except KeyboardInterrupt:  # Ctrl-C meanwhile: it wins over --help or a refused option
+            print("wok: interrupted", file=sys.stderr)
+            return 130
         raise
     if args.command == "serve":
         try:
             _check_serve_options(args)
         except ConfigError as exc:
-            stop_signal.uninstall()
             print(f"wok: {exc}", file=sys.stderr)
+            try:
+                stop_signal.uninstall()
+            except KeyboardInterrupt:  # Ctrl-C meanwhile: the refusal, said, is the status all the same
+                pass
             return 2
     else:
-        stop_signal.uninstall()
-        logging.basicConfig(level=logging.WARNING)
         try:
+            # A Ctrl-C while the parsers loaded, held by the handlers of `wok serve`, is raised here.
+            stop_signal.uninstall()
+            logging.basicConfig(level=logging.WARNING)
             return args.run(args)
         except ValueError as exc:  # a bad option value, named by the parser that refused it
             print(f"wok {args.command}: {exc}", file=sys.stderr)

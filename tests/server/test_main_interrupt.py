@@ -1,0 +1,63 @@
+"""Ctrl-C in the first second of a `wok` command, while its parsers load: `main` holds SIGINT then
+(the handlers `wok serve` needs from its first moment, server/__main__.py's _StopSignal) and
+hands it back to the command. It was handed back outside the command's Ctrl-C handling: a
+KeyboardInterrupt traceback from `uninstall`, where a Ctrl-C a moment later says
+`wok CMD: interrupted`, status 130.
+
+In a process of its own (a KeyboardInterrupt that escapes would end the test session): the
+signal is raised where the parsers load, as a Ctrl-C then would be."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+# SIGINT as Python's default has it (the test runner may have started with it ignored, which its
+# children inherit), then `main` with the signal raised at `hook`, a name in wok.__main__ or
+# wok.demo.cli that main calls while the parsers load.
+_CHILD = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import wok.__main__ as main_module
+import wok.demo.cli as demo_cli
+module = {"main": main_module, "demo": demo_cli}[sys.argv[1]]
+real = getattr(module, sys.argv[2])
+
+def interrupted(*args, **kwargs):
+    signal.raise_signal(signal.SIGINT)  # held by _StopSignal's handler: the command runs on
+    return real(*args, **kwargs)
+
+setattr(module, sys.argv[2], interrupted)
+sys.exit(main_module.main(sys.argv[3:]))
+"""
+
+SIMULATE = ["simulate", "--alpha", "1ms", "--beta", "1ms", "--steps", "10", "--step-duration", "1s"]
+
+
+def _run(module: str, hook: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _CHILD, module, hook, *argv], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_ctrl_c_while_the_parsers_load_ends_the_command_as_a_later_one_does():
+    done = _run("demo", "add_demo_parser", *SIMULATE)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "wok simulate: interrupted\n")
+
+
+@pytest.mark.parametrize("argv", [["simulate", "--no-such-option"], ["--help"]], ids=["refused", "help"])
+def test_ctrl_c_while_the_parsers_load_wins_over_their_own_exit(argv):
+    """A refused option (argparse's exit 2) or --help (exit 0) with a Ctrl-C meanwhile: the Ctrl-C's
+    status, said in one line, not a traceback during the handling of argparse's SystemExit."""
+    done = _run("demo", "add_demo_parser", *argv)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.endswith("wok: interrupted\n"), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_serve_option_refused_after_a_ctrl_c_is_still_said_with_its_status():
+    done = _run("main", "_check_serve_options", "serve", "--metrics-port", "-5")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == "wok: --metrics-port -5: expected a port 0-65535 (0: a free one), or -1 for none\n"
