@@ -26,6 +26,7 @@ import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -320,8 +321,11 @@ def _orphaned() -> None:
 
 
 def _main(conn, target: str, pool: list[bytes], how: Channel, stop=None, index: int = 0) -> None:
-    # Ctrl-C reaches the whole process group; the coordinator decides what it means.
+    # Ctrl-C reaches the whole process group; the coordinator decides what it means. Ignored, a
+    # Ctrl-C held back since the start (_start_held: blocked, as inherited) is dropped; SIGTERM and
+    # SIGHUP take their default again.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
     # The worker's own collector pauses would show up as dispatch lag; it allocates little.
     gc.disable()
     try:
@@ -331,6 +335,45 @@ def _main(conn, target: str, pool: list[bytes], how: Channel, stop=None, index: 
     except ImportError:
         pass
     asyncio.run(_serve(conn, target, pool, how, stop, index))
+
+
+# The signals the bench stops on (cli._signals_interrupt), held back while a worker starts.
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _start_held(process) -> None:
+    """`process.start()` with Ctrl-C, SIGTERM and SIGHUP held back until it returns, in this process
+    and in the worker. A Ctrl-C at the terminal in a ramp's first second, which reaches the whole
+    process group, printed a KeyboardInterrupt traceback per worker, from its imports before `_main`
+    ignores it; one that interrupted this process while it handed a worker its spawn data left the
+    worker a truncated pickle (UnpicklingError, its traceback).
+
+    The worker inherits this thread's mask, the signals blocked until `_main`. Here a signal
+    meanwhile (another thread of the process may take it) is recorded and raised again once the
+    start returns, to the handler as it was. Off the main thread, which neither sets handlers nor
+    runs them, a plain start."""
+    if threading.current_thread() is not threading.main_thread():
+        process.start()
+        return
+    from multiprocessing import resource_tracker
+
+    # Started by the first start otherwise, and that unblocks SIGINT and SIGTERM on its way out.
+    resource_tracker.ensure_running()
+    came: list[int] = []
+    before = {}
+    for s in _HELD:
+        handler = signal.getsignal(s)
+        if handler not in (signal.SIG_IGN, None):  # None: set outside Python, left as it is
+            before[s] = signal.signal(s, lambda signum, _frame: came.append(signum))
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        if came:
+            signal.raise_signal(came[0])
 
 
 class WorkerPool:
@@ -380,7 +423,7 @@ class WorkerPool:
         for index in range(n):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_main, args=(child, target, pool, how, self._stop, index), daemon=True)
-            p.start()
+            _start_held(p)
             self._conns.append(parent)
             self._procs.append(p)
         for c in self._conns:
