@@ -807,6 +807,11 @@ def run(args) -> int:
                 if probe_s:
                     result["host_probe"] = hostprobe.around(before, hostprobe.try_probe(probe_s, _warn))
         except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
+            if isinstance(exc, InferError) and exc.code.name == "NOT_FOUND":
+                # A model of --model that the target does not serve, refused with its metadata before
+                # the first step: a bad option, as a step whose every request comes back NOT_FOUND.
+                print(f"wok bench: --model {args.model}: {exc}", file=sys.stderr)
+                return BAD_REQUESTS
             if isinstance(exc, InferError) and exc.hint:  # a plaintext client's connection closed unanswered
                 exc = (
                     f"{exc.code.name}: {exc.details} (the server closed the connection before gRPC began: a "

@@ -391,3 +391,15 @@ def test_the_bench_and_planning_commands_start_without_importing_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stderr.strip().splitlines()[-1] == "False", r.stderr
+
+
+@pytest.mark.parametrize("model", ["nope", "mlp:0.5,nope:0.5"])
+def test_a_model_the_target_does_not_serve_is_a_bad_option(bench_server, model, capsys):
+    """Refused with its metadata before the first step, it exited 1, a failed target's status (docs/
+    bench.md: 2 when the options make requests the server cannot take, NOT_FOUND among them)."""
+    from wok.__main__ import main
+
+    argv = ["--target", bench_server.target, "--model", model, "--metrics-url", "none", "--steps", "10"]
+    assert main(["bench", "ramp", *argv, "--step-duration", "1s"]) == 2
+    err = capsys.readouterr().err
+    assert f"wok bench: --model {model}: NOT_FOUND: unknown model 'nope'" in err, err
