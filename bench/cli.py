@@ -392,16 +392,25 @@ def add_simulate_parser(sub) -> None:
     )
     p.add_argument("--alpha", default="0ms", help="fixed time per batch (default 0ms)")
     p.add_argument("--beta", default="1ms", help="time per sample in a batch (default 1ms)")
-    p.add_argument("--max-batch-size", type=int, default=1)
-    p.add_argument("--max-queue-delay", default="0ms", help="longest wait of the oldest queued request")
-    p.add_argument("--instances", type=int, default=1)
-    p.add_argument("--max-queue-size", type=int, default=0, help="queued requests beyond which arrivals are rejected")
-    p.add_argument("--arrival", default="poisson", help="as for wok bench ramp")
-    p.add_argument("--steps", default="300,600,900", help="QPS per step: a list, or start:stop:factor")
-    p.add_argument("--step-duration", default="600s")
-    p.add_argument("--warmup", default="0s")
-    p.add_argument("--slo-p99", default="200ms")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--max-batch-size", type=int, default=1, help="most samples per batch (default 1: no batching unless given)"
+    )
+    p.add_argument("--max-queue-delay", default="0ms", help="longest wait of the oldest queued request (default 0ms)")
+    p.add_argument("--instances", type=int, default=1, help="model instances, each running one batch (default 1)")
+    p.add_argument(
+        "--max-queue-size",
+        type=int,
+        default=0,
+        help="queued requests beyond which arrivals are rejected (default 0: no limit)",
+    )
+    p.add_argument("--arrival", default="poisson", help="as for wok bench ramp (default poisson)")
+    p.add_argument(
+        "--steps", default="300,600,900", help="QPS per step: a list, or start:stop:factor (default 300,600,900)"
+    )
+    p.add_argument("--step-duration", default="600s", help="simulated time per step (default 600s)")
+    p.add_argument("--warmup", default="0s", help="simulated but not counted at each step's start (default 0s)")
+    p.add_argument("--slo-p99", default="200ms", help="P99 latency objective, with its unit (default 200ms)")
+    p.add_argument("--seed", type=int, default=0, help="the arrivals' random seed (default 0)")
     _add_outputs(p)
     _negative_values(p)
     p.set_defaults(run=_quiet_when_stdout_closes(run_simulate))
@@ -905,7 +914,9 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--batch-sizes", help="list or start:stop:factor (default: powers of two up to max_batch_size)")
     p.add_argument("--warmup", type=int, default=5, help="untimed batches per size first (default 5)")
     p.add_argument("--repeats", type=int, default=100, help="timed batches per size (default 100)")
-    p.add_argument("--sizes", default="fixed:16", help="length of variable dims, as for wok bench ramp")
+    p.add_argument(
+        "--sizes", default="fixed:16", help="length of variable dims, as for wok bench ramp (default fixed:16)"
+    )
     p.add_argument("--int-high", type=int, help="integer inputs uniform in [0, N) (default: the smallest table)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
@@ -917,7 +928,7 @@ def add_profile_parser(sub) -> None:
     )
     p.add_argument("--peak-flops", help="device peak FLOP/s, e.g. 60T (default: measured by a matmul)")
     p.add_argument("--bandwidth", help="device memory bandwidth in bytes/s, e.g. 3.3T (default: measured by a copy)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs, their values and sizes (default 0)")
     p.add_argument("--json", type=Path, help="write the result (schema wok.profile/1) here")
     p.add_argument("--plot", type=Path, help="write the roofline and T(n) plot (PNG) here")
     _negative_values(p)
@@ -1004,14 +1015,18 @@ def add_plan_parser(sub) -> None:
     auto = p.add_argument_group("autoscaling")
     auto.add_argument("--scale-out-above", default="0.7", help="busy ratio to scale out above (default 0.7)")
     auto.add_argument("--scale-in-below", default="0.3", help="busy ratio to scale in below (default 0.3)")
-    auto.add_argument("--sustain", default="3m", help="how long either must hold: the stabilization windows (3m)")
+    auto.add_argument(
+        "--sustain", default="3m", help="how long either must hold: the stabilization windows (default 3m)"
+    )
     auto.add_argument("--max-replicas", type=int, help="the autoscaler's ceiling (default 2 × (N + k))")
     auto.add_argument("--model", help="the model whose busy time drives scaling (default: the ramp's, or mlp)")
     auto.add_argument("--deployment", default="wok", help="the Deployment to scale (default wok)")
     auto.add_argument("--namespace", default="wok", help="its namespace (default wok)")
     auto.add_argument("--prometheus-url", default="http://prometheus-operated.monitoring.svc:9090",
-                      help="Prometheus as KEDA reaches it")  # fmt: skip
-    auto.add_argument("--adapter-namespace", default="monitoring", help="the Prometheus adapter's namespace")
+                      help="Prometheus as KEDA reaches it (default %(default)s)")  # fmt: skip
+    auto.add_argument(
+        "--adapter-namespace", default="monitoring", help="the Prometheus adapter's namespace (default monitoring)"
+    )
     p.add_argument("--json", type=Path, help="write the plan (schema wok.plan/1) here")
     p.add_argument("--markdown", type=Path, help="write the plan as markdown here")
     p.add_argument("--manifests", type=Path, help="write the Kubernetes manifests into this folder")
@@ -1113,7 +1128,8 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--beta", help="time per sample in a batch, e.g. 0.03ms (instead of --profile)")
     p.add_argument(
         "--batch-times", choices=("fit", "samples"), default="fit",
-        help="α + β·n (default), or draw from the profile's measured samples (docs/tune.md: why not by default)",
+        help="fit: α + β·n (the default), or samples: drawn from the profile's measured batch times (docs/tune.md: why "
+        "not by default)",
     )  # fmt: skip
     p.add_argument("--overhead", help="constant per-request time outside the batcher (default 0ms)")
     p.add_argument(
@@ -1131,16 +1147,22 @@ def add_tune_parser(sub) -> None:
         "calibration's, keeping its split)",
     )
     p.add_argument("--cores", type=float, help="cores the loop, the model and the background share (0: unbounded)")
-    p.add_argument("--arrival", default="poisson", help="as for wok bench ramp")
-    p.add_argument("--max-batch-sizes", default="4,8,16,32,64", help="batch sizes to try")
-    p.add_argument("--delays", default="0ms,1ms,2ms,5ms,10ms", help="queue delays to try")
-    p.add_argument("--default", default="32,5ms", help="the setting to compare with: MAX_BATCH_SIZE,DELAY, or none")
-    p.add_argument("--instances", type=int, default=1)
+    p.add_argument("--arrival", default="poisson", help="as for wok bench ramp (default poisson)")
+    p.add_argument("--max-batch-sizes", default="4,8,16,32,64", help="batch sizes to try (default %(default)s)")
+    p.add_argument("--delays", default="0ms,1ms,2ms,5ms,10ms", help="queue delays to try (default %(default)s)")
+    p.add_argument(
+        "--default",
+        default="32,5ms",
+        help="the setting to compare with: MAX_BATCH_SIZE,DELAY, or none (default 32,5ms)",
+    )
+    p.add_argument("--instances", type=int, default=1, help="model instances, each running one batch (default 1)")
     p.add_argument("--sim-duration", default="10s", help="simulated step length per evaluation (default 10s)")
-    p.add_argument("--sim-warmup", default="1s")
+    p.add_argument(
+        "--sim-warmup", default="1s", help="simulated before each evaluation's step, not counted (default 1s)"
+    )
     p.add_argument("--iterations", type=int, default=8, help="bisection steps per setting (default 8)")
     p.add_argument("--tie", type=float, default=0.02, help="relative QPS difference counted as a tie (default 0.02)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated arrivals (default 0)")
     p.add_argument("--write-config", type=Path, help="write the chosen max_batch_size and [dynamic_batching] here")
     p.add_argument("--json", type=Path, help="write the result (schema wok.tune/2) here")
     _negative_values(p)

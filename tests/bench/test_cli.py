@@ -403,3 +403,36 @@ def test_a_model_the_target_does_not_serve_is_a_bad_option(bench_server, model, 
     assert main(["bench", "ramp", *argv, "--step-duration", "1s"]) == 2
     err = capsys.readouterr().err
     assert f"wok bench: --model {model}: NOT_FOUND: unknown model 'nope'" in err, err
+
+
+def test_every_option_of_every_command_but_serve_says_its_default():
+    """`wok simulate` said none of its defaults (--max-batch-size 1: no batching unless given), and
+    tune, profile and plan left some out. `wok serve`'s: tests/server/test_main_options.py."""
+    import argparse
+
+    from wok.bench import cli as bench_cli
+    from wok.demo.cli import add_demo_parser
+
+    wok = argparse.ArgumentParser(prog="wok")
+    sub = wok.add_subparsers()
+    for register in bench_cli.COMMANDS:
+        register(sub)
+    add_demo_parser(sub)
+
+    def options(parser, name):
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for command, p in a.choices.items():
+                    yield from options(p, f"{name} {command}")
+            elif a.option_strings and a.dest != "help":
+                yield name, parser, a
+
+    missing = []
+    for name, parser, a in options(wok, "wok"):
+        if a.default is None or a.default is False or a.default == []:  # leaving it out is the help's to say
+            continue
+        shown = f"{a.default:g}" if isinstance(a.default, float) else str(a.default)
+        helped = parser._get_formatter()._expand_help(a) if a.help else ""
+        if "default" not in helped or shown.lower() not in helped.lower():  # as tests/server's rule
+            missing.append(f"{name} {a.option_strings[0]} (default {shown}): {helped!r}")
+    assert not missing, "\n".join(missing)
