@@ -671,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30.0, help="how long the load runs (default 30)")
     ap.add_argument("--rate", type=float, default=150.0, help="unary requests a second (default 150)")
     ap.add_argument("--streams", type=int, default=2, help="streams open at once (default 2)")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1, help="seed of the plan's random draws (default 1)")
     ap.add_argument("--target", help="HOST:PORT of a server serving the chaos model (default: start one)")
     ap.add_argument("--metrics-url", help="its /metrics URL (with --target; default http://HOST:8002/metrics)")
     ap.add_argument("--write-repository", metavar="DIR", help="lay out the chaos model's repository in DIR and exit")
@@ -686,6 +686,16 @@ def main(argv: list[str] | None = None) -> int:
         plan = Plan(args.seconds, args.rate, args.streams, seed=args.seed)
     except ValueError as exc:
         ap.error(str(exc))
+    if args.target:
+        from wok.bench.cli import check_one_target
+        from wok.clients.channel import _SCHEMES
+
+        try:
+            args.target = check_one_target(args.target)  # else one without a port dials 443
+        except ValueError as exc:
+            ap.error(str(exc))
+        if args.target.startswith(_SCHEMES) and not args.metrics_url:
+            ap.error(f"--target {args.target!r}: a gRPC name; give its --metrics-url")
     tty = sys.stderr.isatty()
     shown = [0.0]
 
@@ -707,7 +717,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 replicas = ReplicaSet(1, ["--model-repository", str(write_repository(Path(tmp)))])
                 target, metrics_url = replicas.target, f"{replicas[0].admin_url}/metrics"
-            before = _scrape(metrics_url)
+            try:
+                before = _scrape(metrics_url)
+            except OSError as exc:  # URLError among them: the audit needs the server's counters
+                print(f"wok chaos: cannot read the server's metrics at {metrics_url}: {exc}", file=sys.stderr)
+                return 1
             run = asyncio.run(drive(target, plan, progress))
             if tty:
                 print(file=sys.stderr)

@@ -689,6 +689,21 @@ def _check_target(text: str) -> str:
     return text
 
 
+def check_one_target(text: str) -> str:
+    """`text` if it names one server (HOST:PORT, [IPV6]:PORT or a gRPC URI): the tools that test a
+    single server (fuzz, chaos) refuse a list, and say so whatever was wrong."""
+    from wok.clients.channel import _SCHEMES
+
+    try:
+        checked = _check_target(text)
+    except ValueError:
+        checked = None
+    if checked is None or ("," in checked and not checked.startswith(_SCHEMES)):
+        hint = " (no URL scheme: gRPC, not HTTP)" if "://" in text and not text.startswith(_SCHEMES) else ""
+        raise ValueError(f"--target {text!r}: expected one server, HOST:PORT or [IPV6]:PORT{hint}")
+    return checked
+
+
 def _latency(args, option: str, positive: bool = False) -> float:
     """A latency option of `args` in seconds (`_seconds`), its unit required (`_with_unit`)."""
     _with_unit(option, getattr(args, option.removeprefix("--").replace("-", "_")))

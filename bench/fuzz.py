@@ -671,13 +671,10 @@ def main(argv: list[str] | None = None) -> int:
         print("wok fuzz: --minutes must be > 0", file=sys.stderr)
         return 2
     if args.target is not None:
-        from wok.bench.cli import _check_target
-        from wok.clients.channel import _SCHEMES
+        from wok.bench.cli import check_one_target
 
         try:
-            args.target = _check_target(args.target)  # else a target without a port dials 443, a URL fails every input
-            if "," in args.target and not args.target.startswith(_SCHEMES):
-                raise ValueError(f"--target {args.target!r}: expected one server, HOST:PORT")
+            args.target = check_one_target(args.target)  # else one without a port dials 443, a URL fails every input
         except ValueError as exc:
             print(f"wok fuzz: {exc}", file=sys.stderr)
             return 2

@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import socket
 
+import pytest
 from prometheus_client import generate_latest
 
 from wok.bench import chaos
@@ -155,3 +157,30 @@ async def test_a_chaos_run_gets_one_right_answer_per_request_and_the_servers_cou
     assert each("wok_queue_depth is 1")(problems(lambda bent: None, left))
     # Counts from before the run are taken off: the same text before and after is a run of none.
     assert each("grew by 0; the client saw")(chaos.audit(run, text, text)["problems"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--target", "127.0.0.1"], "--target '127.0.0.1': expected one server, HOST:PORT or [IPV6]:PORT"),
+        (["--target", "dns:///wok:8001"], "--target 'dns:///wok:8001': a gRPC name; give its --metrics-url"),
+    ],
+)
+def test_a_target_chaos_cannot_reach_as_given_is_refused_before_the_run(argv, message, capsys):
+    """A target without a port went to gRPC as given (it dials 443) and to the metrics URL made from it."""
+    with pytest.raises(SystemExit) as exc:
+        chaos.main(["--seconds", "1", *argv])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.endswith(f"error: {message}\n")
+
+
+def test_a_server_whose_metrics_cannot_be_read_is_one_line_not_a_traceback(capsys):
+    """The audit compares the server's counters before and after: without them, nothing is run."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        url = f"http://127.0.0.1:{port}/metrics"
+        assert chaos.main(["--seconds", "1", "--target", f"127.0.0.1:{port}", "--metrics-url", url]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"wok chaos: cannot read the server's metrics at {url}: "), err
+    assert err.count("\n") == 1, err

@@ -117,13 +117,16 @@ def test_long_names_are_long_and_encodable(name):
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ("localhost", "--target 'localhost': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:///NAME:PORT)"),
+        ("localhost", "--target 'localhost': expected one server, HOST:PORT or [IPV6]:PORT"),
         (
             "http://127.0.0.1:8001",
-            "--target 'http://127.0.0.1:8001': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:///NAME:PORT) "
+            "--target 'http://127.0.0.1:8001': expected one server, HOST:PORT or [IPV6]:PORT "
             "(no URL scheme: gRPC, not HTTP)",
         ),
-        ("127.0.0.1:8001,127.0.0.1:8002", "--target '127.0.0.1:8001,127.0.0.1:8002': expected one server, HOST:PORT"),
+        (
+            "127.0.0.1:8001,127.0.0.1:8002",
+            "--target '127.0.0.1:8001,127.0.0.1:8002': expected one server, HOST:PORT or [IPV6]:PORT",
+        ),
     ],
 )
 def test_a_target_without_a_port_or_a_url_is_refused_before_fuzzing(target, message, monkeypatch, capsys):
