@@ -29,7 +29,8 @@ audit (`audit`) then holds the run to these rules, each broken one a problem:
    the client cannot place that could have it (a call it cut or whose gRPC deadline passed, a
    request written on a stream it cut: the server answered it with the code its kind earns, or
    counted it cut, CANCELLED or DEADLINE_EXCEEDED); the queue and in-flight batches are empty;
-   ModelStatistics' success count grew as `wok_responses_total`'s OK did;
+   ModelStatistics' success count grew as `wok_responses_total`'s OK did, its fail count by at
+   least its INTERNAL and at most its INTERNAL and DEADLINE_EXCEEDED together;
 6. after the load, a round of good requests (unary and a stream) all succeed.
 
 The test suite runs it for a few seconds against an in-process server (tests/bench/test_chaos.py);
@@ -603,6 +604,16 @@ def _check_server(t: _Tally, run: Run, counted: Counter, gauges: dict) -> None:
         t.problems.append(
             f"ModelStatistics success grew by {run.model_stats.get('success')}; wok_responses_total OK by "
             f"{counted[(MODEL, 'OK')]}"
+        )
+    # fail counts the errors of the batcher its callers got: every INTERNAL (the model failed), and
+    # the DEADLINE_EXCEEDED of a V2 timeout that passed in the queue, not those of a gRPC deadline,
+    # which the server counts by that code too.
+    internal, late = counted[(MODEL, "INTERNAL")], counted[(MODEL, "DEADLINE_EXCEEDED")]
+    fail = run.model_stats.get("fail")
+    if fail is None or not internal <= fail <= internal + late:
+        t.problems.append(
+            f"ModelStatistics fail grew by {fail}; wok_responses_total INTERNAL by {internal} and "
+            f"DEADLINE_EXCEEDED by {late}: expected from the first to their sum"
         )
 
 

@@ -61,6 +61,7 @@ async def test_a_chaos_run_gets_one_right_answer_per_request_and_the_servers_cou
     assert doc["server"].get("chaos/CANCELLED", 0) > 0
     assert any(st.cancelled for st in run.streams) and doc["streams"] > 10
     assert doc["server"]["chaos/OK"] == doc["model_stats"]["success"] > 0
+    assert doc["server"]["chaos/INTERNAL"] <= doc["model_stats"]["fail"] > 0
 
     # The audit is no rubber stamp: each doctored copy breaks one rule.
     def problems(doctor, metrics: str = text) -> list[str]:
@@ -103,6 +104,12 @@ async def test_a_chaos_run_gets_one_right_answer_per_request_and_the_servers_cou
     def stats(bent):
         bent.model_stats["success"] += 1
 
+    def fail_short(bent):  # an INTERNAL answer not in fail (the batcher's count, the stream's unwritten)
+        bent.model_stats["fail"] = doc["server"]["chaos/INTERNAL"] - 1
+
+    def fail_over(bent):  # more failures than errors answered (as when every gRPC deadline counted)
+        bent.model_stats["fail"] = doc["server"]["chaos/INTERNAL"] + doc["server"]["chaos/DEADLINE_EXCEEDED"] + 1
+
     def ended_early(bent):
         st = next(st for st in bent.streams if st.status == "OK" and st.id != "final")
         st.writer_error = "InvalidStateError('RPC already finished.')"
@@ -130,6 +137,8 @@ async def test_a_chaos_run_gets_one_right_answer_per_request_and_the_servers_cou
         "stray": (stray, each("ids of no request of its own")),
         "stream": (broken_stream, each("ended INTERNAL: the server ended it")),
         "stats": (stats, each("ModelStatistics success grew by")),
+        "fail short": (fail_short, each("ModelStatistics fail grew by")),
+        "fail over": (fail_over, each("ModelStatistics fail grew by")),
         "ended early": (ended_early, each("ended OK before the client had written all")),
         # A hang is the client's verdict: no count of the server's can hold it.
         "hung": (
