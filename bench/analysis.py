@@ -87,7 +87,7 @@ def step_result(
     completed_ok: int | None = None,
     server_timing_ms: np.ndarray | None = None,
     error_details: dict[str, str] | None = None,
-    queued_s: np.ndarray | None = None,
+    host_lag_s: np.ndarray | None = None,
 ) -> dict:
     """One step of the schema from its measured window's raw arrays (seconds from the window's start).
 
@@ -96,8 +96,8 @@ def step_result(
     figures cover successful requests; errors are counted by code. `sent_s` is NaN for a
     request never sent, `done_s` NaN for one that never completed (its code says why).
     `error_details` ({code name: message}, the bench's) is kept for the codes of `errors`.
-    `queued_s`, per request, is the host's share of its send's lag (the sender's run-queue wait
-    since its previous send; NaN unknown): `late_sends_own` counts the sends late without it.
+    `host_lag_s`, per request, is the host's share of its send's lag (seconds; the sender's waits
+    for a CPU, workers.HostShare; NaN unknown): `late_sends_own` counts the sends late without it.
     """
     if duration_s <= 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
@@ -119,10 +119,10 @@ def step_result(
     latency = 1e3 * (done[ok_mask] - intended[ok_mask])
     lag_ms = 1e3 * (sent - intended)
     late_own = None
-    if queued_s is not None:
-        queued_ms = 1e3 * np.asarray(queued_s, dtype=np.float64).ravel()
-        if queued_ms.size == n and np.isfinite(queued_ms[np.isfinite(lag_ms)]).all():
-            late_own = int((lag_ms - queued_ms > LATE_SEND_MS).sum())
+    if host_lag_s is not None:
+        host_ms = 1e3 * np.asarray(host_lag_s, dtype=np.float64).ravel()
+        if host_ms.size == n and np.isfinite(host_ms[np.isfinite(lag_ms)]).all():
+            late_own = int((lag_ms - host_ms > LATE_SEND_MS).sum())
     lag_ms = lag_ms[np.isfinite(lag_ms)]
     lag = latency_summary(lag_ms)
 

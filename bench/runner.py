@@ -320,7 +320,9 @@ class Ramp:
         sent = np.concatenate([o.sent for o in outcomes])
         done = np.concatenate([o.done for o in outcomes])
         codes = np.concatenate([o.codes for o in outcomes])
-        queued = np.concatenate([np.full(len(o.sent), np.nan) if o.queued is None else o.queued for o in outcomes])
+        host_lag = np.concatenate(
+            [np.full(len(o.sent), np.nan) if o.host_lag is None else o.host_lag for o in outcomes]
+        )
         server_ms = np.concatenate([o.server_ms for o in outcomes]) if cfg.server_timing else None
         self.timeline.append(
             (intended + start_at - self._clock0, done + start_at - self._clock0, done - intended, codes)
@@ -339,7 +341,7 @@ class Ramp:
             intended_s=intended[keep] - w,
             sent_s=sent[keep] - w,
             done_s=done[keep] - w,
-            queued_s=queued[keep],
+            host_lag_s=host_lag[keep],
             codes=np.array([("OK" if c == OK else status_name(c)) for c in codes[keep]]),
             inflight_samples=inflight_total,
             server=server,
@@ -481,3 +483,8 @@ def _timing_line(t: dict) -> str:
 
 def _ms(v) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f} ms"
+
+
+def _or_nan(values: np.ndarray | None, n: int) -> np.ndarray:
+    """`values`, or n NaN where a sender had none (a stream's)."""
+    return np.full(n, np.nan) if values is None else values

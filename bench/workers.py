@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
@@ -70,10 +71,9 @@ class Outcome:
     # it: what the server said when it refused. Empty when every call succeeded (streams: none for
     # a request the sender itself settled, at its deadline or with no stream open).
     details: dict[int, str] = field(default_factory=dict)
-    # Per request, the seconds the sending thread spent ready to run but kept off a CPU by the
-    # host (its run-queue wait, /proc's schedstat) since the previous send: the part of a send's
-    # lag that is the host's, not the generator's. NaN where the kernel does not say; None (streams).
-    queued: np.ndarray | None = None
+    # Per request, the host's share of its send's lag, seconds (`HostShare`): what the sending
+    # thread's waits for a CPU explain of it. NaN where the kernel does not say; None (streams).
+    host_lag: np.ndarray | None = None
 
 
 class RunQueueClock:
@@ -99,6 +99,29 @@ class RunQueueClock:
             self._fd = -1
 
 
+class HostShare:
+    """The host's share of each send's lag, the sends of one sender taken in their order: its
+    thread's wait for a CPU (run-queue time, `RunQueueClock`) since the previous send, plus what is
+    still due of the previous send's share, and at most the lag itself. A stall of the host makes
+    every send due meanwhile late, sent together as the sender gets its CPU back: the wait counts
+    for each of them, less the time between its intended send and the one before (that is how
+    much later it was due), so the sends late only by it are none of the generator's own."""
+
+    def __init__(self) -> None:
+        self._share = 0.0  # the previous send's share, seconds
+        self._intended = -math.inf  # its intended send time
+
+    def __call__(self, intended: float, lag: float, waited: float) -> float:
+        """`intended` (s, the sender's clock), `lag` (s, sent − intended), `waited` (s, for a CPU
+        since the previous send; NaN: unknown, as is the result)."""
+        if math.isnan(waited):
+            self._share, self._intended = 0.0, intended
+            return math.nan
+        still = max(0.0, self._share - (intended - self._intended))
+        self._share, self._intended = min(max(lag, 0.0), still + waited), intended
+        return self._share
+
+
 async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timing: bool = False, stop=None) -> Outcome:
     """Send the share open loop; with `stop` (a multiprocessing Event) set, stop sending and cancel
     the calls in flight: their `done` is NaN, so that only answers count."""
@@ -106,9 +129,10 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
     sent = np.full(n, np.nan)
     done = np.full(n, np.nan)
     codes = np.zeros(n, dtype=np.int16)
-    queued = np.full(n, np.nan)
+    host_lag = np.full(n, np.nan)
     run_delay = RunQueueClock()
     last_delay = run_delay()
+    host_share = HostShare()
     server_ms = np.full((n, len(TIMING_PARTS)), np.nan) if timing else None
     start = share.start_at
     inflight = 0
@@ -121,7 +145,8 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
         inflight += 1
         sent[i] = time.monotonic() - start
         now_delay = run_delay()
-        queued[i], last_delay = now_delay - last_delay, now_delay
+        host_lag[i] = host_share(share.times[i], sent[i] - share.times[i], now_delay - last_delay)
+        last_delay = now_delay
         samples.append((sent[i], inflight))
         c = None
         try:
@@ -171,7 +196,7 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
         sleeper.close()
         run_delay.close()
     samples_array = np.array(samples, dtype=float).reshape(-1, 2)
-    return Outcome(sent, done, codes, samples_array, server_ms=server_ms, details=details, queued=queued)
+    return Outcome(sent, done, codes, samples_array, server_ms=server_ms, details=details, host_lag=host_lag)
 
 
 def _short(message: str) -> str:

@@ -88,7 +88,7 @@ def test_a_send_is_late_on_its_own_by_its_lag_less_the_hosts_run_queue_wait():
     intended = np.array([0.0, 0.1, 0.2, 0.3])
     sent = intended + np.array([0.004, 0.004, 0.0002, 0.030])
 
-    def step(queued):
+    def step(host):
         return step_result(
             offered_qps=4,
             duration_s=1.0,
@@ -96,11 +96,11 @@ def test_a_send_is_late_on_its_own_by_its_lag_less_the_hosts_run_queue_wait():
             sent_s=sent,
             done_s=sent + 0.01,
             codes=np.array(["OK"] * 4),
-            queued_s=np.array(queued),
+            host_lag_s=np.array(host),
         )
 
-    # The first waited 3.5 ms for a CPU (0.5 ms of its own), the second 2 ms (2 ms of its own),
-    # the fourth 30 ms: a stall of the host.
+    # The host's share of the first is 3.5 ms (0.5 ms its own), of the second 2 ms (2 ms its own),
+    # of the fourth 30 ms: a stall of the host.
     s = step([0.0035, 0.002, 0.0, 0.030])
     assert (s["late_sends"], s["late_sends_own"]) == (3, 1)
     # A wait the kernel did not report (NaN) leaves the figure out rather than guess it.
