@@ -61,3 +61,135 @@ def test_every_key_of_a_committed_result_is_documented(script, schema):
     _, path, doc = max(found, key=lambda f: f[0])
     missing = set(doc) - documented_fields(schema)
     assert not missing, f"{path.name}: keys docs/bench-schema.md does not describe: {sorted(missing)}"
+
+
+# The sections a ramp's result gains from --fault and --soak ("The `faults` and `soak` sections"):
+# the section's first table is its top level; a table headed `#### `path`` (`faults[]`: each element
+# of the array) lists that object's keys.
+SECTIONS = {"faults": "wok.faults/1", "soak": "wok.soak/1"}
+SERVE = ["--replicas", "1", "--serve-args", "--models mlp --torch-threads 1", "--workers", "1"]
+# A server-side fault that runs and ends, and one the server refuses (an `error` event, a `note`).
+FAULT_RUN = [*SERVE, "--steps", "20", "--step-duration", "1s", "--warmup", "0.2s"]
+FAULT_RUN += ["--fault", "slow:model=mlp,delay=5ms,at=10%,until=50%", "--fault", "fail:model=nosuch,at=70%"]
+SOAK_RUN = [*SERVE, "--capacity", "40", "--soak", "1s", "--soak-window", "0.5s", "--rss-every", "0.2s"]
+
+
+def documented_tables(schema: str) -> dict[str, set[str]]:
+    """Path ("" for the section's top level, `faults[]`, `rss`, …) → the names its table documents."""
+    text = DOC.read_text(encoding="utf-8")
+    heading = re.search(rf"^### `{re.escape(schema)}`: bench/\w+\.py$", text, re.M)
+    assert heading, f"docs/bench-schema.md: no section `### `{schema}`: bench/….py`"
+    section = text[heading.end() :]
+    section = section[: m.start()] if (m := re.search(r"^#{1,3} ", section, re.M)) else section
+    parts = re.split(r"^#### `([^`]+)`\s*$", section, flags=re.M)
+    tables = {}
+    for path, body in zip(["", *parts[1::2]], parts[0::2]):
+        names = set()
+        for row in re.findall(r"^\| ([^|]+) \|", body, re.M):
+            names.update(n for n in re.findall(r"`([^`]+)`", row) if re.fullmatch(r"\w+", n))
+        tables[path] = names
+    return tables
+
+
+def walk(obj: dict, tables: dict[str, set[str]], seen: dict[str, set[str]], path: str = "") -> list[str]:
+    """The keys of `obj` (at `path`) that its table does not name, and those of the objects in it
+    that have a table of their own; every key met is added to `seen`."""
+    seen.setdefault(path, set()).update(obj)
+    missing = [f"{path}.{k}" if path else k for k in obj if k not in tables[path]]
+    for key, value in obj.items():
+        sub = f"{path}.{key}" if path else key
+        if isinstance(value, dict) and sub in tables:
+            missing += walk(value, tables, seen, sub)
+        elif isinstance(value, list) and f"{sub}[]" in tables:
+            for item in value:
+                missing += walk(item, tables, seen, f"{sub}[]")
+    return missing
+
+
+@pytest.fixture(scope="module")
+def fresh_sections(tmp_path_factory) -> dict[str, dict]:
+    """A real fault run and a real soak, each on a replica of its own, run at once (each is mostly
+    a process's imports and a replica's start): key → that run's section."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(key: str, args: list[str]) -> dict:
+        out = tmp_path_factory.mktemp(key) / "r.json"
+        cmd = [sys.executable, "-m", "wok", "bench", "ramp", *args, "--json", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+        assert out.exists(), f"{key}: exit {proc.returncode}, no result:\n{proc.stderr[-3000:]}"
+        return json.loads(out.read_text(encoding="utf-8"))[key]
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = {key: pool.submit(run, key, args) for key, args in (("faults", FAULT_RUN), ("soak", SOAK_RUN))}
+        return {key: f.result() for key, f in futures.items()}
+
+
+def hand_built(key: str) -> dict:
+    """What only rare runs write, from the code that writes it: a fault whose server-side expiry
+    came before its end (`expired_s`); a soak cut short (`cut`, as SoakRamp.step_cut builds it)."""
+    import time
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from wok.bench.faults import fault_report, parse_fault
+    from wok.bench.soak import SoakRamp, soak_report
+
+    intended = np.arange(0.0, 4.0, 0.05)
+    latency = np.full(len(intended), 0.01)
+    codes = np.zeros(len(intended), np.int16)
+    if key == "faults":
+        spec = parse_fault("slow:model=mlp,delay=5ms,at=1s")
+        events = [{"t_s": 1.0, "fault": 0, "action": "slow", "replica": 0, "expires_s": 2.0}]
+        args = dict(specs=[spec], events=events, slo_p99_ms=100.0, end_s=4.0, n_replicas=1)
+        return fault_report(intended, intended + latency, latency, codes, **args)
+    ramp = SoakRamp.__new__(SoakRamp)  # step_cut alone: no pool, no server
+    ramp._clock0, ramp.timeline = time.monotonic() - 2.0, []  # the soak's first send, 2 s ago
+    outcome = SimpleNamespace(sent=intended, done=intended + latency, codes=codes)
+    pool = SimpleNamespace(cut=lambda wait_s: [outcome, None])  # a second worker died: nothing back
+    ramp.step_cut(pool, [SimpleNamespace(times=intended), None], ramp._clock0, KeyboardInterrupt())
+    rss = [(t, [300e6]) for t in (0.5, 1.0, 1.5)]
+    return soak_report(intended, latency, codes, rss, duration_s=4.0, window_s=1.0, urls=["u"], cut=ramp.cut)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("key", sorted(SECTIONS))
+def test_every_key_of_the_faults_and_soak_sections_is_documented(key, fresh_sections):
+    """Each key a real run writes, each key of the committed results' sections (docs/results/), and
+    each key of the rare cases above is in its table; and each name of the tables is written by one."""
+    tables = documented_tables(SECTIONS[key])
+    seen: dict[str, set[str]] = {}
+    sources = {"a real run": fresh_sections[key], "a hand-built case": hand_built(key)}
+    for path in sorted((ROOT / "docs" / "results").glob("*.json")):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(doc, dict) and isinstance(doc.get(key), dict):
+            sources[path.name] = doc[key]
+    assert len(sources) > 2, f"no committed result with a {key} section"
+    for source, section in sources.items():
+        assert section["schema"] == SECTIONS[key]
+        missing = walk(section, tables, seen)
+        assert not missing, f"{source}: keys docs/bench-schema.md does not describe: {sorted(missing)}"
+    never = {f"{path}.{n}" if path else n for path, names in tables.items() for n in names - seen.get(path, set())}
+    assert not never, f"docs/bench-schema.md names keys that none of them has: {sorted(never)}"
+
+
+def test_wok_simulates_config_is_documented():
+    """`wok simulate`'s `config` and `config.model` (docs/bench-schema.md, "`wok simulate`'s
+    `config`"): the keys of each of its two tables are the keys simulate_ramp writes."""
+    from wok.bench.report import to_json
+    from wok.bench.simulate import BatcherModel, SimConfig, simulate_ramp
+
+    text = DOC.read_text(encoding="utf-8")
+    heading = re.search(r"^#### `wok simulate`'s `config`$", text, re.M)
+    assert heading, "docs/bench-schema.md: no section #### `wok simulate`'s `config`"
+    section = text[heading.end() :]
+    section = section[: re.search(r"^#{1,4} ", section, re.M).start()]
+    tables = [
+        {n for row in re.findall(r"^\| ([^|]+) \|", block, re.M) for n in re.findall(r"`(\w+)`", row)}
+        for block in re.findall(r"(?:^\|.*\n)+", section, re.M)
+    ]
+    model = BatcherModel(alpha_s=0.0, beta_s=1e-3, max_batch_size=1, max_queue_delay_s=0.0)
+    config = json.loads(to_json(simulate_ramp(SimConfig(model=model, steps=[50.0], step_duration_s=1.0))))["config"]
+    assert tables == [set(config), set(config["model"])]
