@@ -365,7 +365,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         counted: bool = False,
         stream: bool = False,
         time_left: Callable[[], float | None] | None = None,
-        failed: list[float] | None = None,
     ) -> pb.ModelInferResponse:
         """Run one request through its model's batcher; raises WokError on failure. With `timing` (a
         list), its stage times are appended to it as a `server-timing` value (`server_timing`).
@@ -375,9 +374,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         not here, except a cancellation's.
         `time_left`: the call's context.time_remaining, asked when the request is cancelled: a call
         ended by its deadline counts DEADLINE_EXCEEDED, as its client sees it, not CANCELLED.
-        `failed` (a stream's): when the batcher fails the request (or its answer is over the send limit),
-        its time is appended to it, for ModelStatistics' fail once the answer is written
-        (`_count_answer`); a unary one's is counted here, as its error is raised to the handler."""
+        ModelStatistics counts a unary request's answer here, in success or fail (an error of any
+        code its caller gets); a stream's once it is written (`_count_answer`)."""
         arrival = time.perf_counter()
         server = self.server
         try:
@@ -388,10 +386,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         m = rt.metrics
         if not counted:
             self._begin()
-        if failed is None:
-            failed = []  # a unary request's time, if it fails as ModelStatistics' fail counts it
         try:
-            resp = await self._run(rt, request, time_remaining, arrival, failed, timing, stream, time_left)
+            resp = await self._run(rt, request, time_remaining, arrival, timing, stream, time_left)
         except WokError as exc:
             reason = REJECTION_REASON.get(type(exc))
             if reason is not None:
@@ -406,8 +402,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 m.record_status("DEADLINE_EXCEEDED")
                 raise asyncio.CancelledError(f"the caller's deadline passed: {exc}") from None
             m.record_status(exc.code.name)
-            if failed:
-                rt.stats.fail.add(failed[0])
+            rt.stats.fail.add(time.perf_counter() - arrival)
             raise
         except asyncio.CancelledError:
             # gRPC cancels the handler both when the client cancels and when the call's deadline
@@ -417,8 +412,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except Exception:
             if not stream:
                 m.record_status("INTERNAL")  # the handler logs it and answers INTERNAL
-                if failed:
-                    rt.stats.fail.add(failed[0])
+                rt.stats.fail.add(time.perf_counter() - arrival)
             raise
         finally:
             if not counted:
@@ -433,7 +427,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         request,
         time_remaining: float | None,
         arrival: float,
-        failed: list[float],
         timing=None,
         stream=False,
         time_left: Callable[[], float | None] | None = None,
@@ -450,23 +443,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         timeout = dec.timeout_s or rt.default_timeout_s
         if timeout:
             deadline = arrival + timeout if deadline is None else min(deadline, arrival + timeout)
-        # ModelStatistics' fail counts a failure by the batcher as success counts an answer: a
-        # unary one as `infer` raises it to its call (a caller gone before, by a cancel or its
-        # deadline, is counted in neither), a stream's once it is written (`_count_answer`).
-        try:
-            p = rt.batcher.submit(
-                dec.inputs, dec.rows, servable.batch_key(dec.inputs), deadline, dec.priority, count_fail=False
-            )
-        except DeadlineExceeded:  # its deadline passed before it could be queued
-            failed.append(time.perf_counter() - arrival)
-            raise
+        # ModelStatistics' fail counts the errors callers get, as success counts answers (`infer`,
+        # `_count_answer`), not as the batcher fails a request: its caller may be gone by then.
+        p = rt.batcher.submit(
+            dec.inputs, dec.rows, servable.batch_key(dec.inputs), deadline, dec.priority, count_fail=False
+        )
         try:
             outputs = await p.future
         except asyncio.CancelledError:
             rt.batcher.withdraw(p)
-            raise
-        except Exception:
-            failed.append(time.perf_counter() - arrival)
             raise
         if time_left is not None and not stream and time_left() == 0:
             # The call's deadline passed as its batch ran, and gRPC has not cancelled this handler
@@ -496,11 +481,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             raw += len(resp.raw_output_contents[i]) if types[n].name == "BYTES" else a.nbytes
             bound += 4 * len(n) + 11 * a.ndim + 48
         if raw + bound > self.send_limit:
-            try:
-                check_answer_size(resp, self.send_limit, servable.name, stream=stream)
-            except AnswerTooLarge:  # its caller gets RESOURCE_EXHAUSTED, not the answer
-                failed.append(time.perf_counter() - arrival)
-                raise
+            check_answer_size(resp, self.send_limit, servable.name, stream=stream)
         done = time.perf_counter()
         if not stream:  # a stream's, as its answer is written (ModelStreamInfer)
             rt.stats.success.add(done - arrival)
@@ -536,17 +517,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
         async def one(req: pb.ModelInferRequest) -> None:
             begun = time.perf_counter()
-            failed: list[float] = []  # its time, if the batcher failed it: for fail once written
             try:
                 resp = await self.infer(
-                    req,
-                    context.time_remaining(),
-                    counted=True,
-                    stream=True,
-                    time_left=context.time_remaining,
-                    failed=failed,
+                    req, context.time_remaining(), counted=True, stream=True, time_left=context.time_remaining
                 )
-                # With its time for ModelStatistics' success, counted once it is written.
+                # With its time for ModelStatistics' success (or fail, below), counted once it is written.
                 answer = pb.ModelStreamInferResponse(infer_response=resp)
                 results.put_nowait((answer, req, "OK", time.perf_counter() - begun))
             except Exception as exc:  # every request on the stream gets its one answer
@@ -554,7 +529,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     log.exception("ModelStreamInfer request for model '%s' failed", req.model_name)
                 code, details = to_status(exc)
                 answer = error_answer(code, details, self.send_limit, req.model_name, req.model_version, req.id)
-                results.put_nowait((answer, req, code.name, failed[0] if failed else None))
+                results.put_nowait((answer, req, code.name, time.perf_counter() - begun))
 
         window = self.stream_window
 
@@ -679,7 +654,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> None:
         """Count `code` in wok_responses_total for a stream's request: as its answer is written, or as
         the stream ends without writing it; one written with the time it `took`, in ModelStatistics'
-        success (OK) or fail (an error by the batcher, or an answer over the send limit). No code for a
+        success (OK) or fail (any other code: an error its caller got). No code for a
         request whose model cannot be resolved: `infer` counts an unknown one (here, one `infer` never
         `begun`)."""
         try:

@@ -419,6 +419,8 @@ async def test_an_error_made_after_its_calls_deadline_passed_is_not_sent_and_cou
         with pytest.raises(InvalidInput):
             await server.service.infer(bad, None, time_left=lambda: 0.5)
         assert rt.metrics.responses == {"DEADLINE_EXCEEDED": 1, "INVALID_ARGUMENT": 1}
+        # ModelStatistics' fail counts the error its caller got, whatever refused it.
+        assert (rt.stats.fail.count, rt.stats.success.count) == (1, 0)
         assert server.service.active == 0
 
 
