@@ -734,13 +734,22 @@ def main(argv: list[str] | None = None) -> int:
                 target, metrics_url = replicas.target, f"{replicas[0].admin_url}/metrics"
             try:
                 before = _scrape(metrics_url)
-            except OSError as exc:  # URLError among them: the audit needs the server's counters
+            except (OSError, ValueError) as exc:  # URLError, a URL urllib cannot take: the audit needs them
                 print(f"wok chaos: cannot read the server's metrics at {metrics_url}: {exc}", file=sys.stderr)
                 return 1
-            run = asyncio.run(drive(target, plan, progress))
+            import grpc
+
+            try:
+                run = asyncio.run(drive(target, plan, progress))
+                after = _scrape(metrics_url)
+            except (OSError, grpc.RpcError) as exc:  # the server went away during the load
+                why = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else exc
+                end = "\n" if tty else ""  # after the progress line
+                print(f"{end}wok chaos: cannot read the server's counts after the load: {why}", file=sys.stderr)
+                return 1
             if tty:
                 print(file=sys.stderr)
-            doc = result(run, audit(run, _scrape(metrics_url), before), args.target)
+            doc = result(run, audit(run, after, before), args.target)
         finally:
             if replicas is not None:
                 replicas.close()

@@ -698,9 +698,9 @@ def check_one_target(text: str) -> str:
         checked = _check_target(text)
     except ValueError:
         checked = None
-    if checked is None or ("," in checked and not checked.startswith(_SCHEMES)):
+    if checked is None or "," in checked:  # ipv4:A,B is several servers too
         hint = " (no URL scheme: gRPC, not HTTP)" if "://" in text and not text.startswith(_SCHEMES) else ""
-        raise ValueError(f"--target {text!r}: expected one server, HOST:PORT or [IPV6]:PORT{hint}")
+        raise ValueError(f"--target {text!r}: expected one server, HOST:PORT, [IPV6]:PORT or a gRPC name{hint}")
     return checked
 
 
@@ -1161,7 +1161,11 @@ def add_tune_parser(sub) -> None:
         help="event-loop CPU per request, e.g. 0.23ms, split evenly before and after the batcher (overrides the "
         "calibration's, keeping its split)",
     )
-    p.add_argument("--cores", type=float, help="cores the loop, the model and the background share (0: unbounded)")
+    p.add_argument(
+        "--cores",
+        type=float,
+        help="cores the loop, the model and the background share (0: unbounded; default: the calibration's, else 0)",
+    )
     p.add_argument("--arrival", default="poisson", help="as for wok bench ramp (default poisson)")
     p.add_argument("--max-batch-sizes", default="4,8,16,32,64", help="batch sizes to try (default %(default)s)")
     p.add_argument("--delays", default="0ms,1ms,2ms,5ms,10ms", help="queue delays to try (default %(default)s)")

@@ -483,8 +483,3 @@ def _timing_line(t: dict) -> str:
 
 def _ms(v) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f} ms"
-
-
-def _or_nan(values: np.ndarray | None, n: int) -> np.ndarray:
-    """`values`, or n NaN where a sender had none (a stream's)."""
-    return np.full(n, np.nan) if values is None else values

@@ -174,7 +174,7 @@ async def test_a_chaos_run_gets_one_right_answer_per_request_and_the_servers_cou
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--target", "127.0.0.1"], "--target '127.0.0.1': expected one server, HOST:PORT or [IPV6]:PORT"),
+        (["--target", "127.0.0.1"], "--target '127.0.0.1': expected one server, HOST:PORT, [IPV6]:PORT or a gRPC name"),
         (["--target", "dns:///wok:8001"], "--target 'dns:///wok:8001': a gRPC name; give its --metrics-url"),
     ],
 )
@@ -196,3 +196,27 @@ def test_a_server_whose_metrics_cannot_be_read_is_one_line_not_a_traceback(capsy
     err = capsys.readouterr().err
     assert err.startswith(f"wok chaos: cannot read the server's metrics at {url}: "), err
     assert err.count("\n") == 1, err
+
+
+def test_a_metrics_url_urllib_cannot_take_is_one_line_too(capsys):
+    assert chaos.main(["--seconds", "1", "--target", "127.0.0.1:1", "--metrics-url", "notaurl"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("wok chaos: cannot read the server's metrics at notaurl: unknown url type"), err
+    assert err.count("\n") == 1, err
+
+
+def test_a_server_gone_during_the_load_is_one_line_not_a_traceback(monkeypatch, capsys):
+    """The counts read after the load (ModelStatistics, /metrics) from a server that died meanwhile."""
+    import grpc
+
+    def gone(target, plan, progress=None):
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details="Connection refused"
+        )
+
+    monkeypatch.setattr(chaos, "_scrape", lambda url: "")
+    monkeypatch.setattr(chaos, "drive", lambda *a, **k: gone(*a, **k))
+    argv = ["--seconds", "1", "--target", "127.0.0.1:1", "--metrics-url", "http://127.0.0.1:1/metrics"]
+    assert chaos.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err == "wok chaos: cannot read the server's counts after the load: UNAVAILABLE: Connection refused\n"

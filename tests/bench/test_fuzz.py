@@ -117,15 +117,19 @@ def test_long_names_are_long_and_encodable(name):
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ("localhost", "--target 'localhost': expected one server, HOST:PORT or [IPV6]:PORT"),
+        ("localhost", "--target 'localhost': expected one server, HOST:PORT, [IPV6]:PORT or a gRPC name"),
         (
             "http://127.0.0.1:8001",
-            "--target 'http://127.0.0.1:8001': expected one server, HOST:PORT or [IPV6]:PORT "
+            "--target 'http://127.0.0.1:8001': expected one server, HOST:PORT, [IPV6]:PORT or a gRPC name "
             "(no URL scheme: gRPC, not HTTP)",
         ),
         (
             "127.0.0.1:8001,127.0.0.1:8002",
-            "--target '127.0.0.1:8001,127.0.0.1:8002': expected one server, HOST:PORT or [IPV6]:PORT",
+            "--target '127.0.0.1:8001,127.0.0.1:8002': expected one server, HOST:PORT, [IPV6]:PORT or a gRPC name",
+        ),
+        (  # a gRPC name that lists several
+            "ipv4:127.0.0.1:8001,127.0.0.1:8002",
+            "--target 'ipv4:127.0.0.1:8001,127.0.0.1:8002': expected one server, HOST:PORT, [IPV6]:PORT or a gRPC name",
         ),
     ],
 )
