@@ -278,6 +278,13 @@ async def test_a_stream_request_read_but_not_begun_when_the_call_ends_is_counted
         assert server.service.active == 0
 
 
+async def _three_then_open(request):
+    """A stream's requests: `request` three times, and the client keeps its side open."""
+    for _ in range(3):
+        yield request
+    await asyncio.Event().wait()
+
+
 class _UnreadCall:
     """A stream's call whose client reads nothing: each write waits, as flow control holds it."""
 
@@ -300,13 +307,8 @@ async def test_stream_answers_its_call_ended_before_writing_are_counted_as_the_c
         rt = server.runtimes["mlp"]
         request = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
 
-        async def requests():
-            for _ in range(3):
-                yield request
-            await asyncio.Event().wait()  # the client keeps its side open
-
         call = _UnreadCall()
-        handler = asyncio.ensure_future(server.service.ModelStreamInfer(requests(), call))
+        handler = asyncio.ensure_future(server.service.ModelStreamInfer(_three_then_open(request), call))
         while rt.metrics.request.count < 3:  # every answer made
             await asyncio.sleep(0.005)
         handler.cancel()
@@ -330,7 +332,7 @@ class _OneWriteCall(_UnreadCall):
 async def test_stream_errors_its_call_ended_before_writing_count_no_fail(serve, monkeypatch):
     """As for answers (above): three requests the model fails, the first error written, the second held
     in its write, the third queued behind it, and the call ends. ModelStatistics' fail counts the one
-    written (the batcher counted all three as it failed them, before the stream wrote any)."""
+    written (it counted all three, as the batcher failed them, before the stream wrote any)."""
     import wok.service
 
     made = []  # the stream's error answers, as its requests' tasks make them
@@ -342,13 +344,8 @@ async def test_stream_errors_its_call_ended_before_writing_count_no_fail(serve, 
             inst.fault.set(Fault("fail"))
         request = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)})
 
-        async def requests():
-            for _ in range(3):
-                yield request
-            await asyncio.Event().wait()  # the client keeps its side open
-
         call = _OneWriteCall()
-        handler = asyncio.ensure_future(server.service.ModelStreamInfer(requests(), call))
+        handler = asyncio.ensure_future(server.service.ModelStreamInfer(_three_then_open(request), call))
         while len(made) < 3 or call.writes < 2:
             await asyncio.sleep(0.005)
         handler.cancel()
