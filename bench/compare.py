@@ -1007,7 +1007,7 @@ def _compare(args: argparse.Namespace, peers: list[Peer]) -> int:
     }
     doc = build_doc(config, versions, runs)
     print(render_table(doc))
-    failed = write_final(doc, [("--json", args.json, _write_doc)])
+    failed = write_final(doc, [("--json", args.json, _write_doc)], parents_made=True)
     if failed:
         say(failed)
         return 1
@@ -1017,7 +1017,6 @@ def _compare(args: argparse.Namespace, peers: list[Peer]) -> int:
 
 
 def _write_doc(doc: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(clean(doc), indent=1, allow_nan=False, default=_json_default) + "\n")
 
 

@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     print(
         f"{doc['requests']} requests in {doc['batches']} batches (mean {doc['mean_batch_size']:.2f}); {doc['flushes']}"
     )
-    failed = write_final(doc, [("--json", args.json, lambda doc, path: write_doc(path, doc))])
+    failed = write_final(doc, [("--json", args.json, lambda doc, path: write_doc(path, doc))], parents_made=True)
     if failed:
         print(f"latency_breakdown: {failed}", file=sys.stderr)
         return 1
@@ -184,9 +184,8 @@ def main(argv=None) -> int:
 
 
 def write_doc(path: Path | None, doc: dict) -> None:
-    """Write a measurement document as indented JSON (nothing without a path)."""
+    """Write a measurement document as indented JSON (nothing without a path; its folder must exist)."""
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=1) + "\n")
 
 

@@ -5,8 +5,11 @@ keeps its result in a temporary file rather than lose it."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import secrets
+import stat
 import tempfile
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, suppress
@@ -135,27 +138,97 @@ def keep_elsewhere(text: str, failed: WriteFailed) -> str:
 Outputs = Sequence[tuple[str, "Path | None", Callable[[dict, Path], None]]]
 
 
-def write_outputs(result: dict, outputs: Outputs) -> tuple[WriteFailed, bool] | None:
-    """Each (option, path, writer) whose path is given, in order (--json first). None when all were
-    written; else the first failure, and whether --json's file (written before it) holds the result."""
+@contextmanager
+def replacing(path: Path, parents_made: bool = False):
+    """The path a writer should write for `path`: a new file beside it, moved over `path` once the
+    writer returns. So a file is never seen half written, by a reader polling it or after a write
+    that failed (a full disk, Ctrl-C): an earlier result there is kept whole, and a failed write
+    leaves nothing. The new file keeps `path`'s suffix (a plot's format is read from it), and gets
+    the mode a plain write would (an existing file's, else 0666 less the umask); a symbolic link is
+    written through. A path that exists and is not a regular file (/dev/null, a pipe) is written
+    directly: it cannot be replaced, nor should it be. `parents_made`: the folder is made first if
+    missing (as `output_problem` allows)."""
+    given, path = path, Path(os.path.realpath(path))
+    part = None  # the new file, once made: removed at the end unless renamed over `path`
+    try:
+        if parents_made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            yield path
+            return
+        if mode is not None and not os.access(path, os.W_OK):
+            # The rename would replace a read-only file all the same: refused as a write in place would be.
+            raise PermissionError(errno.EACCES, "Permission denied", str(given))
+        part = _make_beside(path, mode)
+        yield part
+        fd = os.open(part, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # on disk before the rename, or a crash could leave an empty file in its place
+        finally:
+            os.close(fd)
+        os.replace(part, path)
+        part = None
+    except OSError as exc:
+        if exc.filename is not None and Path(os.fspath(exc.filename)).name.startswith(f".{path.name}."):
+            # The new file beside it is this output's own business: its error is said as the path's.
+            raise OSError(exc.errno, exc.strerror, str(given)) from None
+        raise
+    finally:
+        if part is not None:
+            with suppress(OSError):
+                os.unlink(part)
+
+
+def _make_beside(path: Path, mode: int | None) -> Path:
+    """A new empty file beside `path` named for it (hidden, `path`'s suffix kept), with `mode`, else
+    0666 less the umask, as a plain write would make it."""
+    while True:
+        part = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part{path.suffix}")
+        try:
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:  # another's of the same 32 random bits
+            continue
+        try:
+            if mode is not None:
+                os.fchmod(fd, stat.S_IMODE(mode))
+        except OSError:
+            os.unlink(part)
+            raise
+        finally:
+            os.close(fd)
+        return part
+
+
+def write_outputs(result: dict, outputs: Outputs, parents_made: bool = False) -> tuple[WriteFailed, bool] | None:
+    """Each (option, path, writer) whose path is given, in order (--json first), each file whole or
+    not at all (`replacing`; `parents_made` as there). None when all were written; else the first
+    failure, and whether --json's file (written before it) holds the result."""
     held = False
     for option, path, write in outputs:
         if not path:
             continue
         try:
             with writing(option, path):
-                write(result, path)
+                if option in FOLDER_OUTPUTS:
+                    write(result, path)
+                else:
+                    with replacing(Path(path), parents_made) as where:
+                        write(result, where)
         except WriteFailed as exc:
             return exc, held
         held = held or option == "--json"
     return None
 
 
-def write_final(result: dict, outputs: Outputs) -> str | None:
-    """A standalone script's last writes (`write_outputs`). None when all were written; else the
-    line to print for the first that failed, the result kept by `keep_elsewhere` unless --json's
-    file holds it."""
-    failed = write_outputs(result, outputs)
+def write_final(result: dict, outputs: Outputs, parents_made: bool = False) -> str | None:
+    """A standalone script's last writes (`write_outputs`, `parents_made` as there). None when all
+    were written; else the line to print for the first that failed, the result kept by
+    `keep_elsewhere` unless --json's file holds it."""
+    failed = write_outputs(result, outputs, parents_made)
     if failed is None:
         return None
     exc, held = failed

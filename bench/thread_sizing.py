@@ -128,7 +128,7 @@ def main(argv=None) -> int:
         f"n=1, 1 thread, weights read {touched['touch_lead_ms']:g} ms before: forward p50 {touched['p50_us']:.0f} "
         f"p99 {touched['p99_us']:.0f} µs (the read itself {touched['touch_p50_us']:.0f} µs)"
     )
-    failed = write_final(doc, [("--json", args.json, lambda doc, path: write_doc(path, doc))])
+    failed = write_final(doc, [("--json", args.json, lambda doc, path: write_doc(path, doc))], parents_made=True)
     if failed:
         print(f"thread_sizing: {failed}", file=sys.stderr)
         return 1

@@ -69,15 +69,11 @@ clean snapshot (`PYTHONPATH=SNAPSHOT python -m wok.bench.tune_check`) measures t
 from __future__ import annotations
 
 import argparse
-import errno
 import io
 import os
-import stat
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -87,7 +83,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 
-from wok.bench.outputs import WriteFailed, refuse_unwritable, write_final, writing
+from wok.bench.outputs import WriteFailed, refuse_unwritable, replacing, write_final, writing
 from wok.bench.report import read_json_object
 from wok.bench.tune import SearchTooLarge  # the search's refusal (`check_search`), the library's own
 
@@ -727,24 +723,10 @@ def add_batcher_means(doc: dict) -> None:
 
 
 def rewrite(path: Path, text: str) -> None:
-    """`text` (UTF-8) in place of the file at `path`, written beside it and then renamed over it:
-    a write that fails (a full disk) or is interrupted leaves the file as it was, not truncated."""
-    real = Path(os.path.realpath(path))  # through a link: the file it points at is replaced, the link kept
-    # The rename would replace a read-only file all the same: refused as writing it in place would be.
-    if not os.access(real, os.W_OK):
-        raise PermissionError(errno.EACCES, "is not writable", str(path))
-    fd, name = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
-    try:
-        with open(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())  # on disk before the rename, or a crash could leave an empty file
-        os.chmod(name, stat.S_IMODE(os.stat(real).st_mode))  # mkstemp's 0600, not the file's own mode
-        os.replace(name, real)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(name)
-        raise
+    """`text` (UTF-8) in place of the file at `path`, whole or not at all (`outputs.replacing`): a
+    write that fails (a full disk) or is interrupted leaves the file as it was, not truncated."""
+    with replacing(Path(path)) as part:
+        part.write_text(text, encoding="utf-8")
 
 
 def _rows_v2(run: dict) -> list[str]:

@@ -57,6 +57,9 @@ def no_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the script started measuring before it checked --json")
 
+    # matplotlib's first import on a new machine lists its fonts with fc-list (a subprocess) to
+    # build its cache: done here, before Popen is refused, or this test alone fails on a new machine.
+    importlib.import_module("matplotlib.font_manager")
     for module, name in ((subprocess, "Popen"), (asyncio, "run"), (asyncio, "Runner"), (uvloop, "run")):
         monkeypatch.setattr(module, name, refuse)
 
@@ -751,3 +754,100 @@ def test_tune_check_keeps_a_save_that_fails_mid_run_and_goes_on(tmp_path, monkey
     )
     assert json.loads(kept.read_text()) == samples
     assert json.loads(out.read_text())["schema"] == schema  # the run went on to its end
+
+
+def test_an_output_that_fails_midway_leaves_an_earlier_file_whole(tmp_path, monkeypatch):
+    """--json was written in place: a write that failed midway (a full disk) truncated the file
+    that was there, an earlier run's result lost with the new one only in a temporary file."""
+    import errno
+    import json
+    import tempfile
+
+    from wok.bench.outputs import write_final
+
+    keep = tmp_path / "kept"
+    keep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(keep))
+    path = tmp_path / "r.json"
+    path.write_text('{"schema": "s/1", "run": "earlier"}\n')
+
+    def full_disk(result, where):
+        where.write_text('{"schema": "s/1", "ru')
+        raise OSError(errno.ENOSPC, "No space left on device", str(where))
+
+    line = write_final({"schema": "s/1", "run": "new"}, [("--json", path, full_disk)])
+    (kept,) = keep.glob("wok-bench-*.json")
+    # The error is the path's, not the file beside it that was being written.
+    assert line == f"--json {path}: No space left on device; the result is kept in {kept} instead"
+    assert json.loads(path.read_text()) == {"schema": "s/1", "run": "earlier"}
+    assert json.loads(kept.read_text()) == {"schema": "s/1", "run": "new"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "r.json"]
+
+
+def test_an_output_is_replaced_whole_with_the_mode_a_plain_write_gives(tmp_path):
+    import os
+
+    from wok.bench.outputs import write_outputs
+
+    seen = []
+
+    def write(result, where):
+        seen.append(where)
+        assert not path.exists() or path.read_text() == "old\n"  # not yet replaced while written
+        where.write_text("new\n")
+
+    path = tmp_path / "r.png"
+    old = os.umask(0o027)
+    try:
+        assert write_outputs({}, [("--plot", path, write)]) is None
+    finally:
+        os.umask(old)
+    assert path.read_text() == "new\n" and path.stat().st_mode & 0o777 == 0o640
+    assert seen[0].parent == tmp_path and seen[0].suffix == ".png" and seen[0] != path  # a plot's format kept
+    path.write_text("old\n")
+    path.chmod(0o604)  # an existing file keeps its own mode, as a write in place would
+    assert write_outputs({}, [("--plot", path, write)]) is None
+    assert path.read_text() == "new\n" and path.stat().st_mode & 0o777 == 0o604
+    assert [p.name for p in tmp_path.iterdir()] == ["r.png"]
+
+
+def test_an_output_through_a_link_replaces_the_file_it_points_at(tmp_path):
+    from wok.bench import report
+    from wok.bench.outputs import write_outputs
+
+    (tmp_path / "runs").mkdir()
+    target = tmp_path / "runs" / "r.json"
+    target.write_text("{}\n")
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    assert write_outputs({"schema": "s/1"}, [("--json", link, report.write_json)]) is None
+    assert link.is_symlink() and '"s/1"' in target.read_text()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["latest.json", "r.json", "runs"]
+
+
+def test_an_output_that_is_not_a_regular_file_is_written_directly(tmp_path):
+    """A pipe (as /dev/null, a device) cannot be replaced by a file, and must not be."""
+    import os
+    import threading
+
+    from wok.bench import report
+    from wok.bench.outputs import write_outputs
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    assert write_outputs({"schema": "s/1"}, [("--json", fifo, report.write_json)]) is None
+    reader.join(10)
+    assert got == ['{\n  "schema": "s/1"\n}\n'] and fifo.is_fifo()
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
+
+
+def test_a_writer_that_makes_its_folder_gets_it_made(tmp_path):
+    from wok.bench import report
+    from wok.bench.outputs import write_final
+
+    path = tmp_path / "new" / "deeper" / "r.json"
+    assert write_final({"schema": "s/1"}, [("--json", path, report.write_json)], parents_made=True) is None
+    assert '"s/1"' in path.read_text() and [p.name for p in path.parent.iterdir()] == ["r.json"]
