@@ -61,3 +61,39 @@ def test_a_serve_option_refused_after_a_ctrl_c_is_still_said_with_its_status():
     done = _run("main", "_check_serve_options", "serve", "--metrics-port", "-5")
     assert done.returncode == 2, done.stderr
     assert done.stderr == "wok: --metrics-port -5: expected a port 0-65535 (0: a free one), or -1 for none\n"
+
+
+# The console script's own lines (pyproject.toml: wok = "wok.entry:main"), with SIGINT raised as
+# `wok.errors` (gRPC) is imported, as a Ctrl-C in the command's first 0.1 s is.
+_SCRIPT = """
+import importlib.abc, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+class CtrlC(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "wok.errors":
+            signal.raise_signal(signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+from wok.entry import main
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_while_the_command_module_imports_is_one_line_not_a_traceback():
+    """Before `main` held SIGINT: a KeyboardInterrupt traceback through the import of gRPC, and the
+    process killed by the signal rather than ending with a status."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, "simulate", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "wok: interrupted\n")
+
+
+def test_the_console_script_runs_wok_entry():
+    from pathlib import Path
+
+    from wok.config import tomllib  # tomli before Python 3.11
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert project["project"]["scripts"] == {"wok": "wok.entry:main"}
