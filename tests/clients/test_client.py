@@ -824,3 +824,40 @@ async def test_an_array_whose_dtype_is_not_the_named_datatype_is_refused_and_ml_
             assert str(info.value) == refused
             out = await asyncio.to_thread(sync.infer, "half", {"A": typed})
     assert out["B"].view(ml_dtypes.bfloat16).tolist() == [[2.0, -5.0, 0.3125]]
+
+
+async def test_wait_ready_cut_by_close_says_the_channel_is_closed():
+    """close() while wait_ready waits: its watch ends with the channel, grpc's UsageError."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        client = AsyncClient(f"127.0.0.1:{s.getsockname()[1]}")
+        waiting = asyncio.ensure_future(client.wait_ready())
+        while client._watch is None:  # its watch begun: a loop turn or two
+            await asyncio.sleep(0)
+        await client.close()
+        with pytest.raises(grpc.aio.UsageError, match="Channel is closed"):
+            await waiting
+
+
+async def test_wait_ready_whose_watch_close_had_to_cancel_says_the_channel_is_closed():
+    """A watch that does not end with its channel (a call still holds the channel in gRPC's core)
+    is cancelled by close() as its last resort: wait_ready, itself not cancelled, must not raise
+    CancelledError to its caller, but what a closed channel raises."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        client = AsyncClient(f"127.0.0.1:{s.getsockname()[1]}")
+        await client._open()
+        held = asyncio.Event()
+
+        async def held_in_core(state):
+            held.set()
+            await asyncio.Event().wait()  # ends only when cancelled
+
+        client._channel.wait_for_state_change = held_in_core
+        waiting = asyncio.ensure_future(client.wait_ready())
+        await held.wait()
+        await client.close()
+        assert client._watch.cancelled()
+        with pytest.raises(grpc.aio.UsageError, match="Channel is closed"):
+            await waiting
+        assert not waiting.cancelled()
