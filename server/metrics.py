@@ -204,12 +204,15 @@ class WokMetrics:
         self.enabled = enabled
         self.models: dict[str, ModelMetrics] = {}
         # Requests naming no served model are counted here, without the name, so that a
-        # client cannot grow the label set; scraped as model="" in both wok_responses_total
-        # (code NOT_FOUND) and wok_rejected_requests_total (reason not_found).
+        # client cannot grow the label set; scraped as model="" in wok_rejected_requests_total
+        # (reason not_found) as they are refused.
         self.unknown_model_requests = 0
-        # Messages that do not parse as a request name no model either: model="", answered
-        # INVALID_ARGUMENT (wok_responses_total) and refused as `invalid`.
+        # Messages that do not parse as a request name no model either: model="", refused as `invalid`.
         self.unparsed_requests = 0
+        # The answers to both, model="" in wok_responses_total, by the code their clients saw
+        # (`record_unmodeled`): NOT_FOUND and INVALID_ARGUMENT, or on a stream that ended before
+        # the answer was written, the stream's end (CANCELLED, ...), as for a model's own.
+        self.unmodeled_responses: dict[str, int] = {}
         self._gpu = GpuSampler.create() if gpu else None
         self.loop_lag = WeightedHistogram(LOOP_LAG_BUCKETS)  # fed by server/loopmon.py while the server runs
         # Set by the admin API (server/admin.py): (model, instance, mode, 1 or 0) per instance and mode.
@@ -228,6 +231,10 @@ class WokMetrics:
 
     def record_loop_lag(self, seconds: float) -> None:
         self.loop_lag.observe(seconds)
+
+    def record_unmodeled(self, code: str) -> None:
+        """One answer, of final gRPC status `code`, to a request of no served model (model="")."""
+        self.unmodeled_responses[code] = self.unmodeled_responses.get(code, 0) + 1
 
     def close(self) -> None:
         self.registry.unregister(self)
@@ -315,11 +322,11 @@ class WokMetrics:
             reruns.add_metric([m.name], m.reruns)
             depth.add_metric([m.name], m.queue_depth())
             inflight.add_metric([m.name], m.inflight())
-        # An unknown model's request is answered NOT_FOUND and counted nowhere else, so it is
-        # a final status too: without it, wok_responses_total would not count every answer.
-        resp.add_metric(["", "NOT_FOUND"], self.unknown_model_requests)
+        # An unknown model's request, or bytes that are no request, is answered and counted under no
+        # model's name: without these, wok_responses_total would not count every answer.
+        for code, n in ({"NOT_FOUND": 0, "INVALID_ARGUMENT": 0} | self.unmodeled_responses).items():
+            resp.add_metric(["", code], n)
         rej.add_metric(["", "not_found"], self.unknown_model_requests)
-        resp.add_metric(["", "INVALID_ARGUMENT"], self.unparsed_requests)
         rej.add_metric(["", "invalid"], self.unparsed_requests)
         if self.grpc_port is not None:
             # An info-style gauge (always 1; the label is the information), as prometheus_client's Info

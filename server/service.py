@@ -382,6 +382,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             rt: ModelRuntime = server.runtime(request.model_name, request.model_version)
         except ModelNotFound:
             server.metrics.unknown_model_requests += 1
+            if not stream:  # a stream's, as its answer is written (ModelStreamInfer)
+                server.metrics.record_unmodeled("NOT_FOUND")
             raise
         m = rt.metrics
         if not counted:
@@ -495,6 +497,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         if isinstance(request, Unparsed):
             self.server.metrics.unparsed_requests += 1
+            self.server.metrics.record_unmodeled("INVALID_ARGUMENT")
             await _abort(context, request.error)
         try:
             timing: list[str] | None = [] if self.server_timing else None
@@ -546,8 +549,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 if isinstance(req, Unparsed):  # answered in order; the stream goes on
                     self.server.metrics.unparsed_requests += 1
                     code, details = to_status(req.error)
-                    # Nothing of the request could be read: no model or id to answer with, nor to count.
-                    results.put_nowait((error_answer(code, details, self.send_limit), None, None, None))
+                    # Nothing of the request could be read: no model or id to answer with; counted
+                    # under no model's name as it is written.
+                    results.put_nowait((error_answer(code, details, self.send_limit), None, code.name, None))
                 else:
                     t = asyncio.get_running_loop().create_task(one(req))
                     tasks[t] = req
@@ -602,8 +606,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     raise asyncio.CancelledError("the stream ended before its answer was written") from None
                 st.writing_since = None
                 writing = None
-                if item[1] is not None:
-                    self._count_answer(item[1], item[2], item[3])
+                self._count_answer(item[1], item[2], item[3])
                 st.owed -= 1
                 if st.owed < window:
                     st.room.set()
@@ -623,10 +626,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 reader.cancel()
             elif not reader.cancelled():
                 reader.exception()  # retrieved: a failed read (the call ended) is no one's to log
-            unsent = [] if writing is None or writing[1] is None else [writing]
+            unsent = [] if writing is None else [writing]
             while not results.empty():
                 item = results.get_nowait()
-                if item is not _WAKE and item[1] is not None:
+                if item is not _WAKE:
                     unsent.append(item)
             if tasks or unsent:
                 code = "UNAVAILABLE" if closed else self._ended_code(context.time_remaining, stream=True)
@@ -637,7 +640,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     if inspect.getcoroutinestate(t.get_coro()) == inspect.CORO_CREATED:
                         # Read, its task not begun: `infer`, which counts a cancelled request's
                         # code, never sees it. Counted here as it would have counted it.
-                        self._count_answer(req, code, begun=False)
+                        self._count_answer(req, code)
                     t.cancel()
 
     def _ended_code(self, time_left: Callable[[], float | None] | None, stream: bool) -> str:
@@ -649,19 +652,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         left = time_left() if time_left is not None else None
         return "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
 
-    def _count_answer(
-        self, req: pb.ModelInferRequest, code: str, took: float | None = None, begun: bool = True
-    ) -> None:
+    def _count_answer(self, req: pb.ModelInferRequest | None, code: str, took: float | None = None) -> None:
         """Count `code` in wok_responses_total for a stream's request: as its answer is written, or as
         the stream ends without writing it; one written with the time it `took`, in ModelStatistics'
-        success (OK) or fail (any other code: an error its caller got). No code for a
-        request whose model cannot be resolved: `infer` counts an unknown one (here, one `infer` never
-        `begun`)."""
+        success (OK) or fail (any other code: an error its caller got). A request of no served model
+        (`req` None: bytes that are no request) under model=""."""
+        if req is None:
+            self.server.metrics.record_unmodeled(code)
+            return
         try:
             rt = self.server.runtime(req.model_name, req.model_version)
         except ModelNotFound:
-            if not begun:
-                self.server.metrics.unknown_model_requests += 1
+            self.server.metrics.record_unmodeled(code)
             return
         except WokError:
             return

@@ -320,6 +320,39 @@ async def test_stream_answers_its_call_ended_before_writing_are_counted_as_the_c
         assert server.service.active == 0
 
 
+@pytest.mark.parametrize("kind", ["unknown model", "unparsed"])
+async def test_stream_answers_of_no_model_its_call_ended_before_writing_count_as_the_client_saw_the_end(serve, kind):
+    """As above, for requests of no served model, counted under model="": they counted NOT_FOUND (or
+    INVALID_ARGUMENT) as they were refused, written or not. Refused they were: the rejection counts."""
+    from wok.service import Unparsed
+
+    async with serve(models=("mlp",)) as server:
+        metrics = server.metrics
+        if kind == "unknown model":
+            request = encode_request("nope", {"INPUT0": np.ones((1, 256), np.float32)})
+        else:
+            request = Unparsed(InvalidInput("not a ModelInferRequest"))
+        call = _UnreadCall()
+        handler = asyncio.ensure_future(server.service.ModelStreamInfer(_three_then_open(request), call))
+        refused = (
+            (lambda: metrics.unknown_model_requests) if kind == "unknown model" else (lambda: metrics.unparsed_requests)
+        )
+        while refused() < 3 or call.writes < 1:  # every answer made, the first held in its write
+            await asyncio.sleep(0.005)
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        assert call.writes == 1
+        assert metrics.unmodeled_responses == {"CANCELLED": 3}
+        assert server.service.active == 0
+        families = {f.name: f for f in metrics.collect()}
+        responses = {tuple(s.labels.values()): s.value for s in families["wok_responses"].samples}
+        assert responses == {("", "NOT_FOUND"): 0, ("", "INVALID_ARGUMENT"): 0, ("", "CANCELLED"): 3}
+        reason = "not_found" if kind == "unknown model" else "invalid"
+        rejected = {tuple(s.labels.values()): s.value for s in families["wok_rejected_requests"].samples}
+        assert rejected[("", reason)] == 3
+
+
 class _OneWriteCall(_UnreadCall):
     """A stream's call whose client reads the first answer, then no more."""
 
