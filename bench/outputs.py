@@ -139,41 +139,53 @@ Outputs = Sequence[tuple[str, "Path | None", Callable[[dict, Path], None]]]
 
 
 @contextmanager
-def replacing(path: Path, parents_made: bool = False):
-    """The path a writer should write for `path`: a new file beside it, moved over `path` once the
+def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
+    """The path a writer should write for `path`: a new file beside it, renamed over `path` once the
     writer returns. So a file is never seen half written, by a reader polling it or after a write
     that failed (a full disk, Ctrl-C): an earlier result there is kept whole, and a failed write
-    leaves nothing. The new file keeps `path`'s suffix (a plot's format is read from it), and gets
-    the mode a plain write would (an existing file's, else 0666 less the umask); a symbolic link is
-    written through. A path that exists and is not a regular file (/dev/null, a pipe) is written
-    directly: it cannot be replaced, nor should it be. `parents_made`: the folder is made first if
-    missing (as `output_problem` allows)."""
-    given, path = path, Path(os.path.realpath(path))
+    leaves nothing. The new file is hidden and keeps `path`'s suffix (a plot's format is read from
+    it) unless not `keep_suffix` (a folder others read by suffix: --manifests); it gets the mode and,
+    where allowed, the owner a write in place would keep (a new file's: 0666 less the umask). A link
+    is written through: the file it points at is replaced. Written in place as before, unreplaced:
+    what is not a regular file (/dev/null, a pipe, /dev/stdout), a file with other hard links (they
+    would keep the old text), and a file in a folder that takes no new file. `parents_made`: the
+    folder is made first if missing (as `output_problem` allows). A writer must write its file:
+    one that wrote nothing would leave an empty one."""
+    given = real = Path(path)
     part = None  # the new file, once made: removed at the end unless renamed over `path`
     try:
         if parents_made:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            given.parent.mkdir(parents=True, exist_ok=True)
         try:
-            mode = os.stat(path).st_mode
+            st = os.stat(given)  # through links, /dev/stdout's to its pipe
         except FileNotFoundError:
-            mode = None
-        if mode is not None and not stat.S_ISREG(mode):
-            yield path
+            st = None
+        in_place = st is not None and (not stat.S_ISREG(st.st_mode) or st.st_nlink > 1)
+        if st is not None and not in_place:
+            # Refused as a write in place would be (a read-only file, a read-only mount), though the
+            # rename would replace it all the same; the error is the open's own.
+            os.close(os.open(given, os.O_WRONLY))
+        real = Path(os.path.realpath(given))
+        if not in_place:
+            try:
+                part = _make_beside(real, st, keep_suffix)
+            except OSError as exc:
+                if st is None or exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise
+                in_place = True  # a folder that takes no new file, its file writable: as before
+        if in_place:
+            yield given
             return
-        if mode is not None and not os.access(path, os.W_OK):
-            # The rename would replace a read-only file all the same: refused as a write in place would be.
-            raise PermissionError(errno.EACCES, "Permission denied", str(given))
-        part = _make_beside(path, mode)
         yield part
         fd = os.open(part, os.O_RDONLY)
         try:
             os.fsync(fd)  # on disk before the rename, or a crash could leave an empty file in its place
         finally:
             os.close(fd)
-        os.replace(part, path)
+        os.replace(part, real)
         part = None
     except OSError as exc:
-        if exc.filename is not None and Path(os.fspath(exc.filename)).name.startswith(f".{path.name}."):
+        if exc.filename is not None and Path(os.fspath(exc.filename)).name.startswith(f".{real.name}."):
             # The new file beside it is this output's own business: its error is said as the path's.
             raise OSError(exc.errno, exc.strerror, str(given)) from None
         raise
@@ -183,18 +195,23 @@ def replacing(path: Path, parents_made: bool = False):
                 os.unlink(part)
 
 
-def _make_beside(path: Path, mode: int | None) -> Path:
-    """A new empty file beside `path` named for it (hidden, `path`'s suffix kept), with `mode`, else
-    0666 less the umask, as a plain write would make it."""
+def _make_beside(path: Path, st: os.stat_result | None, keep_suffix: bool) -> Path:
+    """A new empty file beside `path` named for it (hidden), with the mode and owner of `st` (the
+    file it will replace; the owner only where this process may give it), else 0666 less the umask,
+    as a write in place would leave them."""
     while True:
-        part = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part{path.suffix}")
+        tail = f".part{path.suffix}" if keep_suffix else ".part"
+        part = path.with_name(f".{path.name}.{secrets.token_hex(4)}{tail}")
         try:
             fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:  # another's of the same 32 random bits
             continue
         try:
-            if mode is not None:
-                os.fchmod(fd, stat.S_IMODE(mode))
+            if st is not None:
+                os.fchmod(fd, stat.S_IMODE(st.st_mode))
+                if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+                    with suppress(PermissionError):  # only root may give a file away
+                        os.fchown(fd, st.st_uid, st.st_gid)
         except OSError:
             os.unlink(part)
             raise

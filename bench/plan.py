@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from .arrivals import parse_duration
-from .outputs import json_text
+from .outputs import json_text, replacing
 
 SCHEMA = "wok.plan/1"
 # analysis.READ_SCHEMAS, spelled out so that planning does not import numpy. The step figures read
@@ -1131,7 +1131,10 @@ def write_manifests(plan: dict, folder: Path) -> list[Path]:
     for name, docs in manifests(plan).items():
         header = "# " + _HEADERS[name].format(**fmt) + f"\n# Written by `wok plan` ({SCHEMA}).\n"
         path = folder / name
-        path.write_text(header + to_yaml(docs), encoding="utf-8")
+        # Whole or not at all: a watcher of the folder (kubectl apply -f, a GitOps agent) never reads
+        # half a manifest; the file meanwhile ends in .part, not .yaml, so none reads it at all.
+        with replacing(path, keep_suffix=False) as where:
+            where.write_text(header + to_yaml(docs), encoding="utf-8")
         paths.append(path)
     a["manifests"] = [str(p) for p in paths]
     return paths

@@ -33,7 +33,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from .analysis import LATENCY_KEYS, knee_at_or_below_first_step, passes_slo
-from .outputs import json_text
+from .outputs import json_text, replacing
 
 PathOrFile = str | os.PathLike | IO
 
@@ -400,7 +400,19 @@ def _write_bytes(data: bytes, path: PathOrFile) -> None:
     if hasattr(path, "write"):
         path.write(data)
     else:
-        Path(path).write_bytes(data)
+        with replacing(Path(path)) as where:  # --plots' files, whole or not at all, as the other outputs
+            where.write_bytes(data)
+
+
+def figure_format(path) -> str:
+    """The format `savefig` should write at `path`: its suffix's where matplotlib knows it, else PNG.
+    Given explicitly, as matplotlib would read a suffix it does not know as the format (an output
+    written beside its path, `outputs.replacing`, may end in `.part`) and, for none, add `.png`
+    to the name."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(path).suffix.lstrip(".").lower()
+    return suffix if suffix in FigureCanvasBase.get_supported_filetypes() else "png"
 
 
 def plot_latency_vs_offered(result: dict, path: PathOrFile) -> None:

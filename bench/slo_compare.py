@@ -283,6 +283,8 @@ def plot(doc: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from wok.bench import report
+
     reps = sorted({r["rep"] for r in doc["runs"]})
     fig, axes = plt.subplots(len(reps), 1, figsize=(11, 3.6 * len(reps)), squeeze=False)
     for ax, rep in zip(axes[:, 0], reps):
@@ -307,7 +309,7 @@ def plot(doc: dict, path: Path) -> None:
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format=report.figure_format(path))
     plt.close(fig)
 
 

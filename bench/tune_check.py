@@ -868,6 +868,8 @@ def plot(doc: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from wok.bench import report
+
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for ax, label in zip(axes, ("default", "tuned")):
         runs = [r for r in doc["runs"] if r["label"] == label]
@@ -894,7 +896,7 @@ def plot(doc: dict, path: Path) -> None:
     fig.suptitle(f"wok {model}: P99 measured (wok bench ramp) and simulated ({what}); dotted: knee")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format=report.figure_format(path))
     plt.close(fig)
 
 

@@ -692,7 +692,7 @@ def test_an_interrupt_while_writing_is_not_an_output_error(stop, tmp_path, monke
 
     with pytest.raises(stop):
         write_final({"schema": "s/1"}, [("--json", tmp_path / "r.json", interrupted)])
-    assert not list(tmp_path.glob("wok-bench-*"))
+    assert not list(tmp_path.iterdir())  # nor the hidden file it was being written to
 
 
 @pytest.mark.parametrize(
@@ -851,3 +851,84 @@ def test_a_writer_that_makes_its_folder_gets_it_made(tmp_path):
     path = tmp_path / "new" / "deeper" / "r.json"
     assert write_final({"schema": "s/1"}, [("--json", path, report.write_json)], parents_made=True) is None
     assert '"s/1"' in path.read_text() and [p.name for p in path.parent.iterdir()] == ["r.json"]
+
+
+def test_an_output_to_a_pipes_dev_fd_path_is_written_to_the_pipe(tmp_path):
+    """/dev/stdout (and /dev/fd/N, a process substitution's >(...)) name a pipe through a link to a
+    name that resolves nowhere: the new file beside it was sought in /proc, and the result lost to
+    a temporary file."""
+    import os
+
+    from wok.bench import report
+    from wok.bench.outputs import write_outputs
+
+    r, w = os.pipe()
+    try:
+        assert write_outputs({"schema": "s/1"}, [("--json", Path(f"/dev/fd/{w}"), report.write_json)]) is None
+        os.close(w)
+        w = None
+        with os.fdopen(r) as f:
+            r = None
+            assert f.read() == '{\n  "schema": "s/1"\n}\n'
+    finally:
+        for fd in (r, w):
+            if fd is not None:
+                os.close(fd)
+
+
+def test_a_file_with_other_hard_links_is_written_in_place(tmp_path):
+    """Replaced, it would leave its other names holding the old text."""
+    from wok.bench import report
+    from wok.bench.outputs import write_outputs
+
+    path = tmp_path / "r.json"
+    path.write_text("{}\n")
+    other = tmp_path / "same.json"
+    other.hardlink_to(path)
+    assert write_outputs({"schema": "s/1"}, [("--json", path, report.write_json)]) is None
+    assert '"s/1"' in other.read_text() and path.stat().st_ino == other.stat().st_ino
+
+
+def test_a_file_in_a_folder_that_takes_no_new_file_is_written_in_place(tmp_path, monkeypatch):
+    """Its file writable, its folder not (a read-only folder, an immutable one): the check before
+    the run passed it, and the write at the end failed (a new file could not be made beside it)."""
+    import errno
+
+    from wok.bench import outputs, report
+
+    def refused(path, st, keep_suffix):  # the folder's refusal, as root cannot be refused here
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(outputs, "_make_beside", refused)
+    path = tmp_path / "r.json"
+    path.write_text("{}\n")
+    assert outputs.write_outputs({"schema": "s/1"}, [("--json", path, report.write_json)]) is None
+    assert '"s/1"' in path.read_text()
+    # A new file there cannot be made at all: the folder's refusal is the output's error.
+    new = tmp_path / "new.json"
+    failed, held = outputs.write_outputs({"schema": "s/1"}, [("--json", new, report.write_json)])
+    assert str(failed) == f"--json {new}: Operation not permitted" and not held
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="only root may give a file to another owner")
+def test_a_replaced_file_keeps_its_owner(tmp_path):
+    import os
+
+    from wok.bench import report
+    from wok.bench.outputs import write_outputs
+
+    path = tmp_path / "r.json"
+    path.write_text("{}\n")
+    os.chown(path, 65534, 65534)
+    assert write_outputs({"schema": "s/1"}, [("--json", path, report.write_json)]) is None
+    assert '"s/1"' in path.read_text() and (path.stat().st_uid, path.stat().st_gid) == (65534, 65534)
+
+
+def test_a_plot_is_drawn_in_its_paths_format_else_png():
+    """The file being written ends in .part when the path has no suffix: read as the format, savefig
+    refused it (and with none, it added .png to the name)."""
+    from wok.bench.report import figure_format
+
+    assert figure_format(Path(".fig.0a1b2c3d.part")) == "png"
+    assert figure_format(Path(".r.svg.0a1b2c3d.part.svg")) == "svg"
+    assert figure_format(Path("r.PDF")) == "pdf"

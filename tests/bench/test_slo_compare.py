@@ -84,7 +84,11 @@ def test_replot_without_plot_checks_the_plot_next_to_the_run_before_drawing(tmp_
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"--replot {run}: plot {tmp_path / 'run.png'}: is a folder; expected a file name" in err
     (tmp_path / "run.png").rmdir()
-    assert slo_compare.main(["--replot", str(run)]) == 0 and drawn == [tmp_path / "run.png"]
+    assert slo_compare.main(["--replot", str(run)]) == 0
+    # Drawn beside run.png, then renamed over it (outputs.replacing).
+    (where,) = drawn
+    assert where.parent == tmp_path and where.name.startswith(".run.png.") and where.suffix == ".png"
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".png"] == ["run.png"]
 
 
 @pytest.mark.parametrize("given", [None, "the run"], ids=["derived", "given"])
