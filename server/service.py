@@ -380,10 +380,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         server = self.server
         try:
             rt: ModelRuntime = server.runtime(request.model_name, request.model_version)
-        except ModelNotFound:
+        except ModelNotFound as exc:
             server.metrics.unknown_model_requests += 1
             if not stream:  # a stream's, as its answer is written (ModelStreamInfer)
-                server.metrics.record_unmodeled("NOT_FOUND")
+                self._refuse_unmodeled(exc, time_left)
             raise
         m = rt.metrics
         if not counted:
@@ -497,7 +497,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         if isinstance(request, Unparsed):
             self.server.metrics.unparsed_requests += 1
-            self.server.metrics.record_unmodeled("INVALID_ARGUMENT")
+            self._refuse_unmodeled(request.error, context.time_remaining)
             await _abort(context, request.error)
         try:
             timing: list[str] | None = [] if self.server_timing else None
@@ -642,6 +642,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                         # code, never sees it. Counted here as it would have counted it.
                         self._count_answer(req, code)
                     t.cancel()
+
+    def _refuse_unmodeled(self, exc: WokError, time_left: Callable[[], float | None] | None) -> None:
+        """Count a unary call's refusal of a request of no served model (model=""): its code, unless
+        the call's deadline has passed, when, as `infer` does for a model's, it is ended as a
+        cancelled call (CancelledError), counted DEADLINE_EXCEEDED as its client sees it."""
+        left = time_left() if time_left is not None else None
+        if left is not None and left <= 0:
+            self.server.metrics.record_unmodeled("DEADLINE_EXCEEDED")
+            raise asyncio.CancelledError(f"the caller's deadline passed: {exc}") from None
+        self.server.metrics.record_unmodeled(exc.code.name)
 
     def _ended_code(self, time_left: Callable[[], float | None] | None, stream: bool) -> str:
         """The code a call's client sees when the call ends before its answer: UNAVAILABLE for a

@@ -353,6 +353,36 @@ async def test_stream_answers_of_no_model_its_call_ended_before_writing_count_as
         assert rejected[("", reason)] == 3
 
 
+class _PastDeadline:
+    """A unary call's context whose deadline has passed."""
+
+    def time_remaining(self) -> float:
+        return 0.0
+
+    async def abort(self, code, details):  # pragma: no cover - reached only by the bug tested
+        raise AssertionError(f"answered {code.name} after the deadline passed: {details}")
+
+
+@pytest.mark.parametrize("kind", ["unknown model", "unparsed"])
+async def test_a_unary_request_of_no_model_refused_after_its_deadline_counts_deadline_exceeded(serve, kind):
+    """Its client sees DEADLINE_EXCEEDED (gRPC's core ends the call): counted NOT_FOUND (or
+    INVALID_ARGUMENT) under model="", and a status sent raced the core's end, as for a model's own."""
+    from wok.service import Unparsed
+
+    async with serve(models=("mlp",)) as server:
+        metrics = server.metrics
+        if kind == "unknown model":
+            request = encode_request("nope", {"INPUT0": np.ones((1, 256), np.float32)})
+        else:
+            request = Unparsed(InvalidInput("not a ModelInferRequest"))
+        with pytest.raises(asyncio.CancelledError):
+            await server.service.ModelInfer(request, _PastDeadline())
+        assert metrics.unmodeled_responses == {"DEADLINE_EXCEEDED": 1}
+        refused = metrics.unknown_model_requests if kind == "unknown model" else metrics.unparsed_requests
+        assert refused == 1  # refused all the same
+        assert server.service.active == 0
+
+
 class _OneWriteCall(_UnreadCall):
     """A stream's call whose client reads the first answer, then no more."""
 
