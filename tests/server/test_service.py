@@ -320,24 +320,29 @@ async def test_stream_answers_its_call_ended_before_writing_are_counted_as_the_c
         assert server.service.active == 0
 
 
+def _no_model_request(kind: str):
+    """A request of no served model: one naming an unknown model, or bytes that are no request."""
+    from wok.service import Unparsed
+
+    if kind == "unknown model":
+        return encode_request("nope", {"INPUT0": np.ones((1, 256), np.float32)})
+    return Unparsed(InvalidInput("not a ModelInferRequest"))
+
+
+def _refused(metrics, kind: str) -> int:
+    return metrics.unknown_model_requests if kind == "unknown model" else metrics.unparsed_requests
+
+
 @pytest.mark.parametrize("kind", ["unknown model", "unparsed"])
 async def test_stream_answers_of_no_model_its_call_ended_before_writing_count_as_the_client_saw_the_end(serve, kind):
     """As above, for requests of no served model, counted under model="": they counted NOT_FOUND (or
     INVALID_ARGUMENT) as they were refused, written or not. Refused they were: the rejection counts."""
-    from wok.service import Unparsed
-
     async with serve(models=("mlp",)) as server:
         metrics = server.metrics
-        if kind == "unknown model":
-            request = encode_request("nope", {"INPUT0": np.ones((1, 256), np.float32)})
-        else:
-            request = Unparsed(InvalidInput("not a ModelInferRequest"))
+        request = _no_model_request(kind)
         call = _UnreadCall()
         handler = asyncio.ensure_future(server.service.ModelStreamInfer(_three_then_open(request), call))
-        refused = (
-            (lambda: metrics.unknown_model_requests) if kind == "unknown model" else (lambda: metrics.unparsed_requests)
-        )
-        while refused() < 3 or call.writes < 1:  # every answer made, the first held in its write
+        while _refused(metrics, kind) < 3 or call.writes < 1:  # every answer made, the first held in its write
             await asyncio.sleep(0.005)
         handler.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -367,19 +372,13 @@ class _PastDeadline:
 async def test_a_unary_request_of_no_model_refused_after_its_deadline_counts_deadline_exceeded(serve, kind):
     """Its client sees DEADLINE_EXCEEDED (gRPC's core ends the call): counted NOT_FOUND (or
     INVALID_ARGUMENT) under model="", and a status sent raced the core's end, as for a model's own."""
-    from wok.service import Unparsed
-
     async with serve(models=("mlp",)) as server:
         metrics = server.metrics
-        if kind == "unknown model":
-            request = encode_request("nope", {"INPUT0": np.ones((1, 256), np.float32)})
-        else:
-            request = Unparsed(InvalidInput("not a ModelInferRequest"))
+        request = _no_model_request(kind)
         with pytest.raises(asyncio.CancelledError):
             await server.service.ModelInfer(request, _PastDeadline())
         assert metrics.unmodeled_responses == {"DEADLINE_EXCEEDED": 1}
-        refused = metrics.unknown_model_requests if kind == "unknown model" else metrics.unparsed_requests
-        assert refused == 1  # refused all the same
+        assert _refused(metrics, kind) == 1  # refused all the same
         assert server.service.active == 0
 
 
