@@ -148,7 +148,8 @@ def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
     where allowed, the owner a write in place would keep (a new file's: 0666 less the umask). A link
     is written through: the file it points at is replaced. Written in place as before, unreplaced:
     what is not a regular file (/dev/null, a pipe, /dev/stdout), a file with other hard links (they
-    would keep the old text), and a file in a folder that takes no new file. `parents_made`: the
+    would keep the old text), a path in /dev or /proc (/dev/stdout redirected to a file), and a
+    file in a folder that takes no new file. `parents_made`: the
     folder is made first if missing (as `output_problem` allows). A writer must write its file:
     one that wrote nothing would leave an empty one."""
     given = real = Path(path)
@@ -160,7 +161,11 @@ def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
             st = os.stat(given)  # through links, /dev/stdout's to its pipe
         except FileNotFoundError:
             st = None
-        in_place = st is not None and (not stat.S_ISREG(st.st_mode) or st.st_nlink > 1)
+        # /dev/stdout, /dev/fd/N, /proc/self/fd/N name an open file of this process: redirected to a
+        # regular file, it is the stream the caller means, not a file to replace by name.
+        in_place = st is not None and (
+            not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or given.absolute().parts[1:2] in (("dev",), ("proc",))
+        )
         if st is not None and not in_place:
             # Refused as a write in place would be (a read-only file, a read-only mount), though the
             # rename would replace it all the same; the error is the open's own.

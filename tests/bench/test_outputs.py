@@ -932,3 +932,19 @@ def test_a_plot_is_drawn_in_its_paths_format_else_png():
     assert figure_format(Path(".fig.0a1b2c3d.part")) == "png"
     assert figure_format(Path(".r.svg.0a1b2c3d.part.svg")) == "svg"
     assert figure_format(Path("r.PDF")) == "pdf"
+
+
+def test_an_output_to_dev_fd_of_a_regular_file_writes_that_open_file(tmp_path):
+    """`--json /dev/stdout > out.json`: the open file is the stream meant; replaced by name, the new
+    text went to a new out.json while the shell's descriptor kept the old, unlinked one."""
+    import os
+
+    from wok.bench import report
+    from wok.bench.outputs import write_outputs
+
+    out = tmp_path / "out.json"
+    with open(out, "w") as f:
+        before = os.fstat(f.fileno()).st_ino
+        assert write_outputs({"schema": "s/1"}, [("--json", Path(f"/dev/fd/{f.fileno()}"), report.write_json)]) is None
+        assert os.fstat(f.fileno()).st_ino == out.stat().st_ino == before
+    assert '"s/1"' in out.read_text() and [p.name for p in tmp_path.iterdir()] == ["out.json"]
