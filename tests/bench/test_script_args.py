@@ -24,6 +24,9 @@ class Started(BaseException):
 def nothing_started(monkeypatch):
     """Every process start fails the test, but git's (wok@REV names are resolved up front)."""
     real = subprocess.Popen
+    # matplotlib's first import on a new machine lists its fonts with fc-list (a subprocess) to build
+    # its cache: done before Popen is refused (the scripts import wok.bench.report, which imports it).
+    importlib.import_module("matplotlib.font_manager")
 
     def popen(args, *a, **kw):
         argv = [args] if isinstance(args, str) else list(args)
