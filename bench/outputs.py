@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import secrets
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Sequence
@@ -173,7 +174,7 @@ def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
         real = Path(os.path.realpath(given))
         if not in_place:
             try:
-                part = _make_beside(real, st, keep_suffix)
+                part, mode = _make_beside(real, st, keep_suffix)
             except OSError as exc:
                 if st is None or exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
                     raise
@@ -184,13 +185,26 @@ def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
         yield part
         fd = os.open(part, os.O_RDONLY)
         try:
+            if st is not None and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+                with suppress(OSError):  # only root may give a file away; EINVAL: an unmapped id
+                    os.fchown(fd, st.st_uid, st.st_gid)
+            os.fchmod(fd, mode)  # after the owner (a chown clears set-id bits) and the writer (0444)
             os.fsync(fd)  # on disk before the rename, or a crash could leave an empty file in its place
         finally:
             os.close(fd)
-        os.replace(part, real)
-        part = None
+        try:
+            os.replace(part, real)
+        except OSError as exc:
+            # The file takes no rename (bind-mounted: EBUSY, EXDEV; another's in a sticky folder, an
+            # append-only folder: EPERM): written in place, as before, from the whole new text.
+            if st is None or exc.errno not in (errno.EBUSY, errno.EXDEV, errno.EPERM, errno.EACCES):
+                raise
+            with open(part, "rb") as src, open(real, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        else:
+            part = None
     except OSError as exc:
-        if exc.filename is not None and Path(os.fspath(exc.filename)).name.startswith(f".{real.name}."):
+        if isinstance(exc.filename, (str, os.PathLike)) and Path(exc.filename).name.startswith(f".{real.name[:100]}."):
             # The new file beside it is this output's own business: its error is said as the path's.
             raise OSError(exc.errno, exc.strerror, str(given)) from None
         raise
@@ -200,29 +214,26 @@ def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
                 os.unlink(part)
 
 
-def _make_beside(path: Path, st: os.stat_result | None, keep_suffix: bool) -> Path:
-    """A new empty file beside `path` named for it (hidden), with the mode and owner of `st` (the
-    file it will replace; the owner only where this process may give it), else 0666 less the umask,
-    as a write in place would leave them."""
+def _make_beside(path: Path, st: os.stat_result | None, keep_suffix: bool) -> tuple[Path, int]:
+    """A new empty file beside `path` named for it (hidden; a long name cut short), writable by its
+    owner while written; and the mode it is to get once written: `st`'s (the file it replaces),
+    else 0666 less the umask, as a write in place would leave."""
     while True:
         tail = f".part{path.suffix}" if keep_suffix else ".part"
-        part = path.with_name(f".{path.name}.{secrets.token_hex(4)}{tail}")
+        part = path.with_name(f".{path.name[:100]}.{secrets.token_hex(4)}{tail}")
         try:
             fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:  # another's of the same 32 random bits
             continue
         try:
-            if st is not None:
-                os.fchmod(fd, stat.S_IMODE(st.st_mode))
-                if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
-                    with suppress(PermissionError):  # only root may give a file away
-                        os.fchown(fd, st.st_uid, st.st_gid)
-        except OSError:
+            mode = stat.S_IMODE(st.st_mode) if st is not None else stat.S_IMODE(os.fstat(fd).st_mode)
+            os.fchmod(fd, 0o600)
+        except BaseException:
             os.unlink(part)
             raise
         finally:
             os.close(fd)
-        return part
+        return part, mode
 
 
 def write_outputs(result: dict, outputs: Outputs, parents_made: bool = False) -> tuple[WriteFailed, bool] | None:

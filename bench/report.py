@@ -405,14 +405,19 @@ def _write_bytes(data: bytes, path: PathOrFile) -> None:
 
 
 def figure_format(path) -> str:
-    """The format `savefig` should write at `path`: its suffix's where matplotlib knows it, else PNG.
-    Given explicitly, as matplotlib would read a suffix it does not know as the format (an output
-    written beside its path, `outputs.replacing`, may end in `.part`) and, for none, add `.png`
-    to the name."""
+    """The format `savefig` should write at `path`: its suffix's, PNG for none; ValueError for one
+    matplotlib does not know. Given explicitly, as matplotlib would read `.part` (an output written
+    beside its path, `outputs.replacing`, of a path with no suffix) as the format, and for no
+    suffix add `.png` to the name."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     suffix = Path(path).suffix.lstrip(".").lower()
-    return suffix if suffix in FigureCanvasBase.get_supported_filetypes() else "png"
+    if suffix in ("", "part"):  # none given: the file beside it, `outputs.replacing`, ends in .part
+        return "png"
+    if suffix not in FigureCanvasBase.get_supported_filetypes():
+        # Drawn as PNG, it would overwrite what the path holds (a --plot run.json, by a slip).
+        raise ValueError(f"a figure cannot be written as .{suffix}; give a path ending in .png, .svg or .pdf")
+    return suffix
 
 
 def plot_latency_vs_offered(result: dict, path: PathOrFile) -> None:

@@ -932,6 +932,9 @@ def test_a_plot_is_drawn_in_its_paths_format_else_png():
     assert figure_format(Path(".fig.0a1b2c3d.part")) == "png"
     assert figure_format(Path(".r.svg.0a1b2c3d.part.svg")) == "svg"
     assert figure_format(Path("r.PDF")) == "pdf"
+    # Not drawn as PNG over what the path holds (a --plot run.json, by a slip): refused.
+    with pytest.raises(ValueError, match=r"a figure cannot be written as \.json"):
+        figure_format(Path(".run.json.0a1b2c3d.part.json"))
 
 
 def test_an_output_to_dev_fd_of_a_regular_file_writes_that_open_file(tmp_path):
@@ -948,3 +951,46 @@ def test_an_output_to_dev_fd_of_a_regular_file_writes_that_open_file(tmp_path):
         assert write_outputs({"schema": "s/1"}, [("--json", Path(f"/dev/fd/{f.fileno()}"), report.write_json)]) is None
         assert os.fstat(f.fileno()).st_ino == out.stat().st_ino == before
     assert '"s/1"' in out.read_text() and [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_an_output_that_takes_no_rename_is_written_in_place_whole(tmp_path, monkeypatch):
+    """A bind-mounted file (EBUSY), another's file in a sticky folder (EPERM): the rename is refused
+    where a write in place is not; the run's end failed, its result only in a temporary file."""
+    import errno
+
+    from wok.bench import outputs, report
+
+    def busy(src, dst):
+        raise OSError(errno.EBUSY, "Device or resource busy", src, None, dst)
+
+    monkeypatch.setattr(outputs.os, "replace", busy)
+    path = tmp_path / "r.json"
+    path.write_text("{}\n")
+    assert outputs.write_outputs({"schema": "s/1"}, [("--json", path, report.write_json)]) is None
+    assert '"s/1"' in path.read_text() and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_a_new_output_under_a_umask_that_leaves_it_read_only_is_written(tmp_path):
+    """Under umask 0222 the file beside it was made 0444 before its writer opened it: refused."""
+    import os
+
+    from wok.bench import report
+    from wok.bench.outputs import write_outputs
+
+    path = tmp_path / "r.json"
+    old = os.umask(0o222)
+    try:
+        assert write_outputs({"schema": "s/1"}, [("--json", path, report.write_json)]) is None
+    finally:
+        os.umask(old)
+    assert '"s/1"' in path.read_text() and path.stat().st_mode & 0o777 == 0o444
+
+
+def test_an_output_with_a_long_name_is_written(tmp_path):
+    """The file beside it adds to the name: at 240 bytes it passed the check and failed at the end."""
+    from wok.bench import report
+    from wok.bench.outputs import write_outputs
+
+    path = tmp_path / ("r" * 235 + ".json")
+    assert write_outputs({"schema": "s/1"}, [("--json", path, report.write_json)]) is None
+    assert '"s/1"' in path.read_text() and [p.name for p in tmp_path.iterdir()] == [path.name]
