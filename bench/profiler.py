@@ -615,4 +615,6 @@ def profile_figure(result: dict):
 def plot_profile(result: dict, path) -> None:
     fig = profile_figure(result)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=110)
+    from .report import figure_format
+
+    fig.savefig(path, format=figure_format(path), dpi=110)  # --plot p.svg: SVG, not PNG bytes in it
