@@ -945,7 +945,7 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--bandwidth", help="device memory bandwidth in bytes/s, e.g. 3.3T (default: measured by a copy)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs, their values and sizes (default 0)")
     p.add_argument("--json", type=Path, help="write the result (schema wok.profile/1) here")
-    p.add_argument("--plot", type=Path, help="write the roofline and T(n) plot (PNG) here")
+    p.add_argument("--plot", type=Path, help="write the roofline and T(n) plot here (PNG; SVG or PDF by its suffix)")
     _negative_values(p)
     p.set_defaults(run=_quiet_when_stdout_closes(run_profile))
 

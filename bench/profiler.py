@@ -31,7 +31,6 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -613,8 +612,8 @@ def profile_figure(result: dict):
 
 
 def plot_profile(result: dict, path) -> None:
-    fig = profile_figure(result)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     from .report import figure_format
+
+    fig = profile_figure(result)
 
     fig.savefig(path, format=figure_format(path), dpi=110)  # --plot p.svg: SVG, not PNG bytes in it

@@ -29,6 +29,7 @@ import numpy as np
 if "matplotlib.pyplot" not in sys.modules:
     matplotlib.use("Agg")
 
+from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
@@ -409,8 +410,6 @@ def figure_format(path) -> str:
     matplotlib does not know. Given explicitly, as matplotlib would read `.part` (an output written
     beside its path, `outputs.replacing`, of a path with no suffix) as the format, and for no
     suffix add `.png` to the name."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
     suffix = Path(path).suffix.lstrip(".").lower()
     if suffix in ("", "part"):  # none given: the file beside it, `outputs.replacing`, ends in .part
         return "png"

@@ -308,7 +308,6 @@ def plot(doc: dict, path: Path) -> None:
         f"mlp, {cfg['rows']} rows/request, {cfg['arrival']} at {cfg['base_qps']:g}/s, SLO {cfg['slo_ms']:g} ms"
     )
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, format=report.figure_format(path))
     plt.close(fig)
 

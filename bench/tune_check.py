@@ -895,7 +895,6 @@ def plot(doc: dict, path: Path) -> None:
     what = "CPU stage + batcher + overhead" if doc.get("cpu_stage") else "batcher + measured overhead"
     fig.suptitle(f"wok {model}: P99 measured (wok bench ramp) and simulated ({what}); dotted: knee")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, format=report.figure_format(path))
     plt.close(fig)
 

@@ -155,6 +155,12 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException):
     await context.abort(code, details)
 
 
+def _deadline_passed(time_left: Callable[[], float | None] | None) -> bool:
+    """Whether a call's deadline has passed, by its context's time_remaining (None: it has none)."""
+    left = time_left() if time_left is not None else None
+    return left is not None and left <= 0
+
+
 class Unparsed:
     """A message that does not parse as its method's request type; the method answers it
     (`add_tolerant_service`)."""
@@ -647,8 +653,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """Count a unary call's refusal of a request of no served model (model=""): its code, unless
         the call's deadline has passed, when, as `infer` does for a model's, it is ended as a
         cancelled call (CancelledError), counted DEADLINE_EXCEEDED as its client sees it."""
-        left = time_left() if time_left is not None else None
-        if left is not None and left <= 0:
+        if _deadline_passed(time_left):
             self.server.metrics.record_unmodeled("DEADLINE_EXCEEDED")
             raise asyncio.CancelledError(f"the caller's deadline passed: {exc}") from None
         self.server.metrics.record_unmodeled(exc.code.name)
@@ -659,8 +664,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         cancels the handler for both a client's cancel and a deadline), else CANCELLED."""
         if stream and self.cutting:
             return "UNAVAILABLE"
-        left = time_left() if time_left is not None else None
-        return "DEADLINE_EXCEEDED" if left is not None and left <= 0 else "CANCELLED"
+        return "DEADLINE_EXCEEDED" if _deadline_passed(time_left) else "CANCELLED"
 
     def _count_answer(self, req: pb.ModelInferRequest | None, code: str, took: float | None = None) -> None:
         """Count `code` in wok_responses_total for a stream's request: as its answer is written, or as
