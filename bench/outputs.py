@@ -8,9 +8,12 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import secrets
+import select
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, suppress
@@ -147,23 +150,33 @@ def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
     leaves nothing. The new file is hidden and keeps `path`'s suffix (a plot's format is read from
     it) unless not `keep_suffix` (a folder others read by suffix: --manifests); it gets the mode and,
     where allowed, the owner a write in place would keep (a new file's: 0666 less the umask). A link
-    is written through: the file it points at is replaced. Written in place as before, unreplaced:
-    what is not a regular file (/dev/null, a pipe, /dev/stdout), a file with other hard links (they
-    would keep the old text), a path in /dev or /proc (/dev/stdout redirected to a file), and a
+    is written through: the file it points at is replaced. A path naming a descriptor of this
+    process (/dev/stdout, /dev/fd/N) gets the whole text written to that descriptor, where it is.
+    Written in place as before, unreplaced: what is not a regular file (/dev/null, a pipe), a file
+    with other hard links (they would keep the old text), another path in /dev or /proc, and a
     file in a folder that takes no new file. `parents_made`: the
     folder is made first if missing (as `output_problem` allows). A writer must write its file:
     one that wrote nothing would leave an empty one."""
     given = real = Path(path)
     part = None  # the new file, once made: removed at the end unless renamed over `path`
     try:
+        fd = _own_descriptor(given)
+        if fd is not None:
+            # Opened by name it would be a second open file: one that truncates what the shell's
+            # `> out.json` made (this process's own writes to it then land over the output), or none
+            # at all (a socket: ENXIO). Written through the descriptor, it comes in order with them.
+            part = _make_spool(given, keep_suffix)
+            yield part
+            _write_descriptor(fd, part.read_bytes())
+            return
         if parents_made:
             given.parent.mkdir(parents=True, exist_ok=True)
         try:
             st = os.stat(given)  # through links, /dev/stdout's to its pipe
         except FileNotFoundError:
             st = None
-        # /dev/stdout, /dev/fd/N, /proc/self/fd/N name an open file of this process: redirected to a
-        # regular file, it is the stream the caller means, not a file to replace by name.
+        # Another process's /proc/PID/fd/N, a file under /dev: the open file or device meant, not a
+        # name to put a new file at.
         in_place = st is not None and (
             not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or given.absolute().parts[1:2] in (("dev",), ("proc",))
         )
@@ -212,6 +225,50 @@ def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
         if part is not None:
             with suppress(OSError):
                 os.unlink(part)
+
+
+_OWN_DESCRIPTOR = re.compile(r"/(?:dev/fd|proc/(?:self|thread-self|(?P<pid>[0-9]+))/fd)/(?P<fd>[0-9]+)")
+_STANDARD = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+
+
+def _own_descriptor(path: Path) -> int | None:
+    """The descriptor of this process that `path` names (/dev/stdout, /dev/fd/N, /proc/self/fd/N),
+    if it is open; None for any other path."""
+    name = os.path.normpath(os.path.abspath(path))
+    fd = _STANDARD.get(name)
+    if fd is None:
+        match = _OWN_DESCRIPTOR.fullmatch(name)
+        if match is None or (match["pid"] is not None and int(match["pid"]) != os.getpid()):
+            return None
+        fd = int(match["fd"])
+    try:
+        os.fstat(fd)
+    except (OSError, OverflowError):
+        return None  # not open: the path's own error (ENOENT) when the writer opens it
+    return fd
+
+
+def _make_spool(path: Path, keep_suffix: bool) -> Path:
+    """A new file for the writer of an output bound for a descriptor, in the temporary folder (the
+    descriptor's file may have none a name can reach), named as `_make_beside`'s are."""
+    suffix = path.suffix if keep_suffix else ""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=f".part{suffix}")
+    os.close(fd)
+    return Path(name)
+
+
+def _write_descriptor(fd: int, data: bytes) -> None:
+    """`data` written whole to `fd` after what this process wrote to its standard streams so far."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            with suppress(OSError, ValueError):  # a closed or broken stream has nothing to keep first
+                stream.flush()
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:  # a non-blocking pipe that is full: wait until its reader reads
+            select.select([], [fd], [])
 
 
 def _make_beside(path: Path, st: os.stat_result | None, keep_suffix: bool) -> tuple[Path, int]:

@@ -88,3 +88,50 @@ def test_only_stdouts_own_broken_pipe_ends_a_command_quietly(reader_gone, monkey
         stdout.close()
         if not reader_gone:
             os.close(read)
+
+
+def _table(*args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "wok", *args], capture_output=True, text=True, timeout=120).stdout
+
+
+@pytest.mark.parametrize("redirect", ["truncate", "append"])
+def test_json_to_dev_stdout_redirected_to_a_file_keeps_the_json_and_the_table_whole(redirect, tmp_path):
+    """`wok plan … --json /dev/stdout > out.json`: the JSON was written through a second open of the
+    file, which truncated it, and the table then landed over the JSON's start (44 lines of a mix);
+    with `>>` the JSON overwrote what the file held. Now the JSON goes through stdout itself,
+    before the table, and `>>` appends both."""
+    out = tmp_path / "out.json"
+    before = "an earlier line\n" if redirect == "append" else ""
+    out.write_text(before)
+    with open(out, "a" if redirect == "append" else "w") as f:
+        done = subprocess.run(
+            [sys.executable, "-m", "wok", *PLAN, "--json", "/dev/stdout"], stdout=f, stderr=subprocess.PIPE, timeout=120
+        )
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert text.startswith(before)
+    plan, end = json.JSONDecoder().raw_decode(text, len(before))
+    assert plan["schema"] == "wok.plan/1"
+    assert text[end:].lstrip("\n") == _table(*PLAN)
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_json_to_dev_stdout_when_stdout_is_a_socket_is_written(tmp_path):
+    """A service manager's stdout is often a socket, which /dev/stdout cannot open (ENXIO): the run
+    ended with `--json /dev/stdout: No such device or address`, its result only in a temporary file."""
+    import socket
+
+    mine, theirs = socket.socketpair()
+    with mine:
+        with theirs:
+            done = subprocess.run(
+                [sys.executable, "-m", "wok", *PLAN, "--json", "/dev/stdout"],
+                stdout=theirs,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=120,
+            )
+        got = b"".join(iter(lambda: mine.recv(1 << 16), b"")).decode()
+    assert done.returncode == 0, done.stderr
+    plan, end = json.JSONDecoder().raw_decode(got)
+    assert plan["schema"] == "wok.plan/1" and got[end:].lstrip("\n") == _table(*PLAN)

@@ -994,3 +994,50 @@ def test_an_output_with_a_long_name_is_written(tmp_path):
     path = tmp_path / ("r" * 235 + ".json")
     assert write_outputs({"schema": "s/1"}, [("--json", path, report.write_json)]) is None
     assert '"s/1"' in path.read_text() and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_an_output_to_an_own_descriptor_is_written_at_its_offset(tmp_path):
+    """What the process wrote to the descriptor before is kept, the output after it: a second open
+    by name truncated the file and wrote from its start."""
+    import os
+
+    from wok.bench import report
+    from wok.bench.outputs import write_outputs
+
+    out = tmp_path / "out.json"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        os.write(fd, b"before\n")
+        for name in (f"/dev/fd/{fd}", f"/proc/self/fd/{fd}", f"/proc/{os.getpid()}/fd/{fd}"):
+            assert write_outputs({"schema": name}, [("--json", Path(name), report.write_json)]) is None
+    finally:
+        os.close(fd)
+    text = out.read_text()
+    assert text == "before\n" + "".join(
+        f'{{\n  "schema": "{n}"\n}}\n' for n in (f"/dev/fd/{fd}", f"/proc/self/fd/{fd}", f"/proc/{os.getpid()}/fd/{fd}")
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_which_paths_name_an_own_descriptor(tmp_path, monkeypatch):
+    import os
+
+    from wok.bench.outputs import _own_descriptor
+
+    r, w = os.pipe()
+    try:
+        assert _own_descriptor(Path("/dev/stdout")) == 1 and _own_descriptor(Path("/dev/stderr")) == 2
+        assert _own_descriptor(Path(f"/dev/fd/{w}")) == w
+        assert _own_descriptor(Path(f"/dev/../dev/fd/{w}")) == w
+        assert _own_descriptor(Path(f"/proc/thread-self/fd/{w}")) == w
+        monkeypatch.chdir("/dev")
+        assert _own_descriptor(Path(f"fd/{w}")) == w
+        # Another process's descriptor, one not open, a file named like one: paths as any other.
+        assert _own_descriptor(Path(f"/proc/{os.getppid()}/fd/{w}")) is None
+        assert _own_descriptor(Path("/dev/fd/99999")) is None
+        assert _own_descriptor(Path(f"/dev/fd/{'9' * 30}")) is None
+        assert _own_descriptor(tmp_path / "dev" / "fd" / str(w)) is None
+        assert _own_descriptor(Path("/dev/null")) is None
+    finally:
+        os.close(r)
+        os.close(w)
