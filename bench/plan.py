@@ -25,6 +25,7 @@ import math
 import re
 import sys
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
@@ -1128,14 +1129,17 @@ def write_manifests(plan: dict, folder: Path) -> list[Path]:
         "keda_in": a["keda"]["scale_in_below_effective"],
     }
     paths = []
-    for name, docs in manifests(plan).items():
-        header = "# " + _HEADERS[name].format(**fmt) + f"\n# Written by `wok plan` ({SCHEMA}).\n"
-        path = folder / name
-        # Whole or not at all: a watcher of the folder (kubectl apply -f, a GitOps agent) never reads
-        # half a manifest; the file meanwhile ends in .part, not .yaml, so none reads it at all.
-        with replacing(path, keep_suffix=False) as where:
+    # Whole or not at all, each file and the set: a watcher of the folder (kubectl apply -f, a GitOps
+    # agent) never reads half a manifest, nor a new HPA beside the ScaledObject of an earlier plan
+    # when a later file fails (a full disk). Every file is written beside its path first (ending in
+    # .part, not .yaml, so none reads it), then all are renamed; a failure leaves the earlier set.
+    with ExitStack() as renames:
+        for name, docs in manifests(plan).items():
+            header = "# " + _HEADERS[name].format(**fmt) + f"\n# Written by `wok plan` ({SCHEMA}).\n"
+            path = folder / name
+            where = renames.enter_context(replacing(path, keep_suffix=False))
             where.write_text(header + to_yaml(docs), encoding="utf-8")
-        paths.append(path)
+            paths.append(path)
     a["manifests"] = [str(p) for p in paths]
     return paths
 

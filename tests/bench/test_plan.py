@@ -565,6 +565,35 @@ def written(tmp_path_factory) -> dict[str, list[dict]]:
     return {x.name: [d for d in yaml.safe_load_all(x.read_text()) if d] for x in paths}
 
 
+def test_manifests_are_replaced_as_a_set_or_not_at_all(tmp_path, monkeypatch):
+    """A write that fails midway (a full disk at the second file) left the first file of the new plan
+    beside the rest of the earlier one: an HPA and a ScaledObject that disagree. Now every file is
+    written before any is renamed: the earlier set stays as it was, and nothing else is left."""
+    import errno
+
+    folder = tmp_path / "manifests"
+    earlier = plan.write_manifests(make(peak_qps=F(1000)), folder)
+    texts = {x.name: x.read_text() for x in earlier}
+    calls = []
+
+    def failing_second(docs):
+        calls.append(len(docs))
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return to_yaml(docs)
+
+    to_yaml = plan.to_yaml
+    monkeypatch.setattr(plan, "to_yaml", failing_second)
+    with pytest.raises(OSError, match="No space left"):
+        plan.write_manifests(make(peak_qps=F(5000)), folder)
+    assert len(calls) == 2
+    assert {x.name: x.read_text() for x in folder.iterdir()} == texts
+    monkeypatch.setattr(plan, "to_yaml", to_yaml)
+    later = plan.write_manifests(make(peak_qps=F(5000)), folder)
+    assert sorted(x.name for x in folder.iterdir()) == sorted(x.name for x in later)
+    assert (folder / "hpa.yaml").read_text() != texts["hpa.yaml"]
+
+
 @pytest.mark.parametrize("version", ["1.33", "1.35", kubernetes_validate.latest_version()])
 def test_the_hpa_and_adapter_config_pass_the_kubernetes_schema(written, version):
     for name in ("hpa.yaml", "prometheus-adapter-rules.yaml"):
