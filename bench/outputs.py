@@ -159,15 +159,24 @@ def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
     one that wrote nothing would leave an empty one."""
     given = real = Path(path)
     part = None  # the new file, once made: removed at the end unless renamed over `path`
+    spooled = None  # the path of the file an output bound for a descriptor is written to first
     try:
         fd = _own_descriptor(given)
         if fd is not None:
             # Opened by name it would be a second open file: one that truncates what the shell's
             # `> out.json` made (this process's own writes to it then land over the output), or none
             # at all (a socket: ENXIO). Written through the descriptor, it comes in order with them.
-            part = _make_spool(given, keep_suffix)
-            yield part
-            _write_descriptor(fd, part.read_bytes())
+            spool, where = _make_spool(given, keep_suffix)
+            spooled = str(where)
+            if spool is None:
+                part = where  # a file in the temporary folder: removed at the end
+            try:
+                yield where
+                data = where.read_bytes()
+            finally:
+                if spool is not None:
+                    os.close(spool)
+            _write_descriptor(fd, data)
             return
         if parents_made:
             given.parent.mkdir(parents=True, exist_ok=True)
@@ -217,7 +226,9 @@ def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
         else:
             part = None
     except OSError as exc:
-        if isinstance(exc.filename, (str, os.PathLike)) and Path(exc.filename).name.startswith(f".{real.name[:100]}."):
+        if isinstance(exc.filename, (str, os.PathLike)) and (
+            Path(exc.filename).name.startswith(f".{real.name[:100]}.") or str(exc.filename) == spooled
+        ):
             # The new file beside it is this output's own business: its error is said as the path's.
             raise OSError(exc.errno, exc.strerror, str(given)) from None
         raise
@@ -227,34 +238,53 @@ def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
                 os.unlink(part)
 
 
-_OWN_DESCRIPTOR = re.compile(r"/(?:dev/fd|proc/(?:self|thread-self|(?P<pid>[0-9]+))/fd)/(?P<fd>[0-9]+)")
-_STANDARD = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+_FD_FOLDER = re.compile(r"/proc/(?P<pid>[0-9]+)(?:/task/[0-9]+)?/fd")
 
 
 def _own_descriptor(path: Path) -> int | None:
-    """The descriptor of this process that `path` names (/dev/stdout, /dev/fd/N, /proc/self/fd/N),
-    if it is open; None for any other path."""
-    name = os.path.normpath(os.path.abspath(path))
-    fd = _STANDARD.get(name)
-    if fd is None:
-        match = _OWN_DESCRIPTOR.fullmatch(name)
-        if match is None or (match["pid"] is not None and int(match["pid"]) != os.getpid()):
+    """The descriptor of this process that `path` names (/dev/stdout, /dev/fd/N, /proc/self/fd/N, a
+    link to one of them), if it is open; None for any other path. Resolved as the kernel would: its
+    folder through its links (/dev/fd to /proc/<pid>/fd; `..` after a link), then its last part
+    followed while a link (`out.json -> /dev/stdout`, /dev/stdout itself) until it is one in a
+    folder of this process's descriptors."""
+    name = os.fspath(path)
+    if not os.path.isabs(name):  # not abspath: its `..` taken lexically is not the kernel's
+        name = os.path.join(os.getcwd(), name)
+    for _ in range(40):  # the kernel's own limit on links followed
+        folder, base = os.path.split(name)
+        folder = os.path.realpath(folder)
+        match = _FD_FOLDER.fullmatch(folder)
+        if match is not None:
+            if match["pid"] != os.path.basename(os.path.realpath("/proc/self")) or not base.isdigit():
+                return None
+            try:
+                fd = int(base)
+                os.fstat(fd)
+            except (OSError, OverflowError):
+                return None  # not open: the path's own error (ENOENT) when the writer opens it
+            return fd
+        try:
+            target = os.readlink(os.path.join(folder, base))
+        except OSError:  # not a link (or none there): a path as any other
             return None
-        fd = int(match["fd"])
-    try:
-        os.fstat(fd)
-    except (OSError, OverflowError):
-        return None  # not open: the path's own error (ENOENT) when the writer opens it
-    return fd
+        name = os.path.join(folder, target)  # a relative target from the link's folder
+    return None
 
 
-def _make_spool(path: Path, keep_suffix: bool) -> Path:
-    """A new file for the writer of an output bound for a descriptor, in the temporary folder (the
-    descriptor's file may have none a name can reach), named as `_make_beside`'s are."""
+def _make_spool(path: Path, keep_suffix: bool) -> tuple[int | None, Path]:
+    """A new file for the writer of an output bound for a descriptor (the descriptor's file may have
+    no name a new file can be put beside) and its path. In memory where the system has them
+    (memfd: the descriptor's path /proc/self/fd/N, open while the descriptor is): what goes to
+    stdout needs no room in the temporary folder, a full one no longer fails it. Else a file in the
+    temporary folder, named as `_make_beside`'s are (the descriptor None: removed by the caller)."""
     suffix = path.suffix if keep_suffix else ""
+    if hasattr(os, "memfd_create") and not suffix:  # a memfd's path has no suffix to keep
+        with suppress(OSError):
+            spool = os.memfd_create(f"wok-{path.name[:100]}", os.MFD_CLOEXEC)
+            return spool, Path(f"/proc/self/fd/{spool}")
     fd, name = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=f".part{suffix}")
     os.close(fd)
-    return Path(name)
+    return None, Path(name)
 
 
 def _write_descriptor(fd: int, data: bytes) -> None:
@@ -268,7 +298,9 @@ def _write_descriptor(fd: int, data: bytes) -> None:
         try:
             view = view[os.write(fd, view) :]
         except BlockingIOError:  # a non-blocking pipe that is full: wait until its reader reads
-            select.select([], [fd], [])
+            poll = select.poll()  # not select.select: it refuses descriptors from 1024 up
+            poll.register(fd, select.POLLOUT)
+            poll.poll()
 
 
 def _make_beside(path: Path, st: os.stat_result | None, keep_suffix: bool) -> tuple[Path, int]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -1109,6 +1110,15 @@ def manifests_problem(folder: Path) -> str | None:
     return None
 
 
+def _sync(path: Path) -> None:
+    """`path`'s text on disk (a full disk, an NFS server's refusal found now, not after a rename)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_manifests(plan: dict, folder: Path) -> list[Path]:
     """Write the manifests into `folder`, made if missing (its parent must exist: `manifests_problem`);
     returns the paths, and records the names in the plan."""
@@ -1128,18 +1138,29 @@ def write_manifests(plan: dict, folder: Path) -> list[Path]:
         "keda_out": a["keda"]["scale_out_above_effective"],
         "keda_in": a["keda"]["scale_in_below_effective"],
     }
-    paths = []
+    # Every text is made before any file is touched: a value that fails to render leaves them all.
+    texts = {
+        folder / name: "# " + _HEADERS[name].format(**fmt) + f"\n# Written by `wok plan` ({SCHEMA}).\n" + to_yaml(docs)
+        for name, docs in manifests(plan).items()
+    }
+    paths = list(texts)
     # Whole or not at all, each file and the set: a watcher of the folder (kubectl apply -f, a GitOps
     # agent) never reads half a manifest, nor a new HPA beside the ScaledObject of an earlier plan
     # when a later file fails (a full disk). Every file is written beside its path first (ending in
-    # .part, not .yaml, so none reads it), then all are renamed; a failure leaves the earlier set.
+    # .part, not .yaml, so none reads it) and synced to disk, and only then are they renamed (each
+    # `replacing` on leaving the stack): a failure before leaves the earlier set. Only the renames
+    # themselves, one after another, can be cut (a crash, Ctrl-C, a rename refused) between files.
     with ExitStack() as renames:
-        for name, docs in manifests(plan).items():
-            header = "# " + _HEADERS[name].format(**fmt) + f"\n# Written by `wok plan` ({SCHEMA}).\n"
-            path = folder / name
+        in_place = []
+        for path, text in texts.items():
             where = renames.enter_context(replacing(path, keep_suffix=False))
-            where.write_text(header + to_yaml(docs), encoding="utf-8")
-            paths.append(path)
+            if where == path:  # not replaced by a rename (other hard links, not a regular file)
+                in_place.append(path)  # written in place, so last: after the others could fail
+                continue
+            where.write_text(text, encoding="utf-8")
+            _sync(where)  # here, not at the rename, where a failure would find earlier files renamed
+        for path in in_place:
+            path.write_text(texts[path], encoding="utf-8")
     a["manifests"] = [str(p) for p in paths]
     return paths
 

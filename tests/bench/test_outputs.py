@@ -1038,6 +1038,87 @@ def test_which_paths_name_an_own_descriptor(tmp_path, monkeypatch):
         assert _own_descriptor(Path(f"/dev/fd/{'9' * 30}")) is None
         assert _own_descriptor(tmp_path / "dev" / "fd" / str(w)) is None
         assert _own_descriptor(Path("/dev/null")) is None
+        # As the kernel resolves them: a link to /dev/stdout is stdout (opened by name it truncated
+        # the file the shell redirected stdout to, or was renamed over it, the table then lost);
+        # `//dev/stdout` is /dev/stdout; /dev/fd/../stdout is /proc/PID/stdout, which is nothing.
+        (tmp_path / "out.json").symlink_to("/dev/stdout")
+        (tmp_path / "again").symlink_to("out.json")
+        assert _own_descriptor(tmp_path / "out.json") == 1 and _own_descriptor(tmp_path / "again") == 1
+        assert _own_descriptor(Path("//dev/stdout")) == 1
+        assert _own_descriptor(Path("/dev/fd/../stdout")) is None
     finally:
         os.close(r)
         os.close(w)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "memfd_create"), reason="no memfd: spooled in the temporary folder")
+def test_an_output_to_an_own_descriptor_needs_no_room_in_the_temporary_folder(tmp_path, monkeypatch):
+    """Spooled in the temporary folder, `--json /dev/stdout` failed when that was full (No space left
+    on device, said of /dev/stdout), though stdout itself took it before."""
+    import errno
+    import os
+    import tempfile
+
+    from wok.bench import report
+    from wok.bench.outputs import write_outputs
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    out = tmp_path / "out.json"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        assert write_outputs({"schema": "x"}, [("--json", Path(f"/dev/fd/{fd}"), report.write_json)]) is None
+    finally:
+        os.close(fd)
+    assert out.read_text() == '{\n  "schema": "x"\n}\n'
+
+
+def test_an_error_of_the_file_an_own_descriptor_is_spooled_to_is_said_as_the_paths():
+    """The writer's error on the file it was given (in memory: /proc/self/fd/N) names the path asked
+    for, not that file."""
+    import errno
+
+    from wok.bench.outputs import write_outputs
+
+    def writer(result, where):
+        raise OSError(errno.EIO, "Input/output error", str(where))
+
+    failed = write_outputs({}, [("--json", Path("/dev/stderr"), writer)])
+    assert failed is not None and str(failed[0]) == "--json /dev/stderr: Input/output error"
+
+
+def test_an_output_to_a_full_non_blocking_pipe_waits_for_its_reader(tmp_path):
+    """A non-blocking stdout (left so by the program before) takes a result larger than its pipe in
+    parts, as its reader reads; at a descriptor from 1024 up too, where select() refuses to wait."""
+    import fcntl
+    import os
+    import resource
+    import threading
+
+    from wok.bench import report
+    from wok.bench.outputs import write_outputs
+
+    high = 1500
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] <= high:
+        pytest.skip("the open-file limit is below a descriptor of 1500")
+    r, w = os.pipe()
+    os.dup2(w, high)
+    os.close(w)
+    fcntl.fcntl(high, fcntl.F_SETFL, fcntl.fcntl(high, fcntl.F_GETFL) | os.O_NONBLOCK)
+    result = {"schema": "s/1", "text": "x" * (1 << 18)}
+    got = []
+
+    def read():
+        with os.fdopen(r, "rb") as f:
+            got.append(f.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    try:
+        reader.start()
+        assert write_outputs(result, [("--json", Path(f"/dev/fd/{high}"), report.write_json)]) is None
+    finally:
+        os.close(high)
+    reader.join(10)
+    assert got and got[0].decode() == report.to_json(result)

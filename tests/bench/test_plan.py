@@ -594,6 +594,34 @@ def test_manifests_are_replaced_as_a_set_or_not_at_all(tmp_path, monkeypatch):
     assert (folder / "hpa.yaml").read_text() != texts["hpa.yaml"]
 
 
+@pytest.mark.parametrize("first", ["renamed", "hard-linked"])
+def test_manifests_that_fail_to_reach_the_disk_leave_the_earlier_set(first, tmp_path, monkeypatch):
+    """A full disk found only by fsync (delayed allocation, NFS) came at the rename phase, after a
+    file had been renamed: the new ScaledObject beside the earlier HPA. A file written in place (other
+    hard links) was written at once, before the others could fail. Now both come after every write."""
+    import errno
+    import os
+
+    folder = tmp_path / "manifests"
+    earlier = plan.write_manifests(make(peak_qps=F(1000)), folder)
+    if first == "hard-linked":
+        os.link(folder / "hpa.yaml", tmp_path / "backup.yaml")
+    texts = {x.name: x.read_text() for x in earlier}
+    fsync, calls = os.fsync, []
+
+    def full(fd):  # the second file's: the first is on disk (and was renamed) by then
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        plan.write_manifests(make(peak_qps=F(5000)), folder)
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert {x.name: x.read_text() for x in folder.iterdir()} == texts
+
+
 @pytest.mark.parametrize("version", ["1.33", "1.35", kubernetes_validate.latest_version()])
 def test_the_hpa_and_adapter_config_pass_the_kubernetes_schema(written, version):
     for name in ("hpa.yaml", "prometheus-adapter-rules.yaml"):
