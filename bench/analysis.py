@@ -403,7 +403,8 @@ def ms_text(seconds: float) -> str:
 
 
 def _qps(x: float) -> str:
-    return f"{x:g}"
+    # A whole rate in full: ":g" wrote 1,048,576 QPS as 1.04858e+06.
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.10g}"
 
 
 def check_precision(step: dict, slo_p99_ms: float | None = None) -> list[str]:

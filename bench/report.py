@@ -438,10 +438,14 @@ def plot_timeline(result: dict, path: PathOrFile) -> None:
 
 
 def _fmt_qps(x: Any) -> str:
+    # Whole rates in full (":g" printed 1,048,576 as 1.04858e+06), others to 0.1 QPS, and below 1 QPS
+    # to 3 significant digits (0.25 read 0.2, 0.04 read 0.0).
     v = _num(x)
     if not math.isfinite(v):
         return "-"
-    return f"{v:g}" if v == round(v) else f"{v:.1f}"
+    if v == round(v):
+        return f"{v:.0f}"
+    return f"{v:.1f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
 def _fmt_ms(x: Any) -> str:
@@ -454,6 +458,38 @@ def _fmt_ms(x: Any) -> str:
 def _fmt_pct(x: Any) -> str:
     v = _num(x)
     return "-" if not math.isfinite(v) else f"{100 * v:.2f}"
+
+
+def _beside_verdict(x: Any, limit: Any, text: str, passes, scale: float = 1.0) -> str:
+    """`text` (x × scale as a cell shows it), with more decimals where its rounding puts the figure on
+    the other side of the verdict's `limit` than x is: a P99 of 200.4 ms read "200" beside FAIL for
+    a 200 ms SLO, a success rate of 98.996 % "99.00" beside FAIL for 99 %."""
+    v, lim = _num(x), _num(limit)
+    if not (math.isfinite(v) and math.isfinite(lim)):
+        return text
+    want = passes(v, lim)
+    decimals = len(text.partition(".")[2])
+    while passes(float(text) / scale, lim) != want:
+        decimals += 1
+        if decimals > 15:
+            return repr(v * scale)
+        text = f"{v * scale:.{decimals}f}"
+    return text
+
+
+def _p99_cell(step: dict, result: dict | None) -> str:
+    p99 = _get(step, "latency_ms", "p99")
+    if not result or result.get("slo_p99_ms") is None:
+        return _fmt_ms(p99)
+    return _beside_verdict(p99, result["slo_p99_ms"], _fmt_ms(p99), lambda v, lim: v <= lim)
+
+
+def _success_cell(step: dict, result: dict | None) -> str:
+    rate = step["success_rate"]
+    if not result or result.get("slo_p99_ms") is None:
+        return _fmt_pct(rate)
+    least = result.get("min_success_rate", 0.99)
+    return _beside_verdict(rate, least, _fmt_pct(rate), lambda v, lim: v >= lim, scale=100.0)
 
 
 def _verdict(step: dict, result: dict | None) -> str:
@@ -476,8 +512,10 @@ def _table_rows(result_or_steps) -> tuple[list[str], list[list[str]]]:
         row = [
             _fmt_qps(s["offered_qps"]),
             f"{_num(s['achieved_qps']):.1f}",
-            _fmt_pct(s["success_rate"]),
-            *(_fmt_ms(_get(s, "latency_ms", k)) for k in ("p50", "p95", "p99", "max")),
+            _success_cell(s, result),
+            *(_fmt_ms(_get(s, "latency_ms", k)) for k in ("p50", "p95")),
+            _p99_cell(s, result),
+            _fmt_ms(_get(s, "latency_ms", "max")),
             _fmt_ms(_get(s, "queue_ms", "p99")),
             _fmt_ms(_get(s, "loop_lag_ms", "p99")),
             "-" if s.get("mean_batch_size") is None else f"{_num(s['mean_batch_size']):.1f}",
@@ -696,8 +734,8 @@ def _steps_table(result: dict) -> str:
         classes = ("fail" if verdict == "FAIL" else "", "knee" if s["offered_qps"] == knee else "")
         cells = [_fmt_qps(s["offered_qps"]), f"{_num(s['achieved_qps']):.1f}"]
         cells += [s.get("phase", "ramp")] if refine else []
-        cells += [str(s["requests"]), str(s["ok"]), _fmt_pct(s["success_rate"])]
-        cells += [_fmt_ms(_get(s, "latency_ms", k)) for k in LATENCY_KEYS]
+        cells += [str(s["requests"]), str(s["ok"]), _success_cell(s, result)]
+        cells += [_p99_cell(s, result) if k == "p99" else _fmt_ms(_get(s, "latency_ms", k)) for k in LATENCY_KEYS]
         cells += [_fmt_ms(_get(s, "queue_ms", "mean")), _fmt_ms(_get(s, "queue_ms", "p99"))]
         cells += [_fmt_ms(_get(s, "loop_lag_ms", "p99"))]
         cells += ["-" if s.get("mean_batch_size") is None else f"{_num(s['mean_batch_size']):.1f}"]
@@ -805,7 +843,7 @@ def render_html(result: dict, *, title: str | None = None) -> str:
         best_note = "of the capacity ramp (see Soak)" if best is not None else "no capacity-ramp step met the SLO"
         knee_note = "of the capacity ramp: where achieved stops following offered"
     else:
-        best_note = "no step met the SLO" if best is None else "highest passing step"
+        best_note = "no step met the SLO" if best is None else "highest passing step below the first failure"
         knee_note = "where achieved stops following offered"
     knee_value = "none" if knee is None else f"{_fmt_qps(knee)} QPS"
     if _knee_at_first(result):

@@ -613,3 +613,57 @@ def test_html_of_a_soak_with_a_given_capacity_or_no_rss():
     assert "P99 ms (0 full windows)" in soak
     # `soak` is null when no soak ran to its end: no section then.
     assert "<h2>Soak</h2>" not in report.render_html({**doc, "soak": None})
+
+
+def _verdict_step(offered: float, p99: float, success: float = 1.0) -> dict:
+    """A step with just the figures the table and the verdicts read."""
+    lat = dict.fromkeys(LATENCY_KEYS, p99 / 2)
+    lat["p99"] = p99
+    return {
+        "offered_qps": float(offered),
+        "achieved_qps": float(offered),
+        "duration_s": 60.0,
+        "phase": "ramp",
+        "requests": round(offered * 60),
+        "ok": round(offered * 60 * success),
+        "errors": {},
+        "success_rate": success,
+        "latency_ms": lat,
+        "dispatch_lag_ms": {"p50": 0.05, "p99": 0.1, "max": 0.1},
+        "late_sends": 0,
+        "littles_law": {"mean_inflight_measured": math.nan, "lambda_w": math.nan, "relative_error": math.nan},
+    }
+
+
+def test_a_cell_the_verdict_reads_is_never_rounded_onto_the_other_side_of_its_limit():
+    # P99 200.4 ms against a 200 ms SLO read "200" beside FAIL; 98.996 % OK against the 99 % minimum
+    # read "99.00" beside FAIL. Each now shows the decimals that tell, and the rest keeps its width.
+    steps = [_verdict_step(100, 20.0), _verdict_step(200, 200.4), _verdict_step(400, 20.0, success=0.98996)]
+    doc = ramp_result(steps=steps, slo_p99_ms=SLO_MS, config={})
+    buf = io.StringIO()
+    report.print_table(doc, file=buf)
+    cells = [line.split() for line in buf.getvalue().splitlines()]
+    rows = {c[0]: c for c in cells if c[-1:] in (["pass"], ["FAIL"])}
+    assert rows["100"][2] == "100.00" and rows["100"][5] == "20.0" and rows["100"][-1] == "pass"
+    assert rows["200"][5] == "200.4" and rows["200"][-1] == "FAIL"
+    assert rows["400"][2] == "98.996" and rows["400"][-1] == "FAIL"
+    html = report.render_html(doc)
+    assert "<td>200.4</td>" in html and "<td>98.996</td>" in html
+    # A P99 exactly at the SLO passes, and reads as the SLO.
+    at = ramp_result(steps=[_verdict_step(100, 200.0)], slo_p99_ms=SLO_MS, config={})
+    buf = io.StringIO()
+    report.print_table(at, file=buf)
+    assert [line.split()[5] for line in buf.getvalue().splitlines() if line.endswith("pass")] == ["200"]
+
+
+def test_offered_rates_print_in_full_in_the_table_the_verdicts_and_the_warnings():
+    # ":g" printed 1,048,576 QPS (2**20, a step of `--steps 1:2000000:2`) as 1.04858e+06, and 0.25 QPS as 0.2.
+    steps = [_verdict_step(0.25, 20.0), _verdict_step(1048576, 20.0)]
+    doc = ramp_result(steps=steps, slo_p99_ms=SLO_MS, config={})
+    buf = io.StringIO()
+    report.print_table(doc, file=buf)
+    text = buf.getvalue()
+    assert "e+06" not in text
+    assert [line.split()[0] for line in text.splitlines() if line.endswith("pass")] == ["0.25", "1048576"]
+    assert "max QPS under SLO (P99 ≤ 200 ms): 1048576" in text
+    assert any("at least 1048576 QPS" in w for w in doc["warnings"])
