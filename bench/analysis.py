@@ -303,14 +303,22 @@ def max_qps_under_slo(steps: list[dict], slo_p99_ms: float, min_success_rate: fl
     """The highest offered QPS that passed, among the steps below the first failing one.
 
     A ramp is monotone: a server that failed at 400 QPS and passed at 800 is noisy, and
-    800 is not a rate it can be trusted with. None when the lowest step already fails.
+    800 is not a rate it can be trusted with. An offer run more than once (`--steps 100,200,200`)
+    passes only if every step at it passed: which of them ran first does not change the answer.
+    None when the lowest step already fails.
     """
+    lowest_fail = _lowest_failing_offer(steps, slo_p99_ms, min_success_rate)
     best = None
     for step in _sorted_steps(steps):
-        if not passes_slo(step, slo_p99_ms, min_success_rate):
+        if step["offered_qps"] >= lowest_fail:
             break
         best = step["offered_qps"]
     return best
+
+
+def _lowest_failing_offer(steps: Sequence[dict], slo_p99_ms: float, min_success_rate: float) -> float:
+    """The lowest offered QPS of a step that missed the SLO; infinity when none did."""
+    return min((s["offered_qps"] for s in steps if not passes_slo(s, slo_p99_ms, min_success_rate)), default=math.inf)
 
 
 def refine_points(last_pass: float, first_fail: float, n: int) -> list[float]:
@@ -503,15 +511,14 @@ def ramp_result(
         warnings.append(
             f"every step met the SLO: the maximum is at least {_qps(best)} QPS; add higher steps to find it"
         )
-    fail_seen = False
+    lowest_fail = _lowest_failing_offer(ordered, slo_p99_ms, min_success_rate)
     for s in ordered:
-        ok = passes_slo(s, slo_p99_ms, min_success_rate)
-        if fail_seen and ok:
+        if s["offered_qps"] >= lowest_fail and passes_slo(s, slo_p99_ms, min_success_rate):
+            which = "a lower step" if s["offered_qps"] > lowest_fail else "another step at the same offer"
             warnings.append(
-                f"step {_qps(s['offered_qps'])} QPS met the SLO after a lower step missed it: "
+                f"step {_qps(s['offered_qps'])} QPS met the SLO after {which} missed it: "
                 "ignored as noise in max_qps_under_slo"
             )
-        fail_seen = fail_seen or not ok
     return {
         "schema": SCHEMA,
         "created": created or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -115,15 +115,20 @@ class LatencyHistogram:
 
     def quantile_ms(self, num: int, den: int) -> float:
         """Nearest-rank quantile num/den: upper bound of the bucket of the ⌈num·n/den⌉-th latency, ≤ max."""
+        return self.quantile_bounds_ms(num, den)[1]
+
+    def quantile_bounds_ms(self, num: int, den: int) -> tuple[float, float]:
+        """Where the exact nearest-rank quantile num/den lies: (the lower bound of the bucket of the
+        ⌈num·n/den⌉-th latency, at least min; `quantile_ms`, its upper bound, at most max). NaNs when empty."""
         if self.count == 0:
-            return float("nan")
+            return float("nan"), float("nan")
         rank = min(max(-(-num * self.count // den), 1), self.count)
         seen = 0
         for i in sorted(self.counts):
             seen += self.counts[i]
             if seen >= rank:
-                _, upper = bucket_bounds(i, self.bits)
-                return min(upper, self.max_ns) / NS_PER_MS
+                lower, upper = bucket_bounds(i, self.bits)
+                return max(lower, self.min_ns) / NS_PER_MS, min(upper, self.max_ns) / NS_PER_MS
         raise AssertionError("bucket counts add up to less than count")
 
     def summary(self) -> dict[str, float]:

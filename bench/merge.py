@@ -31,7 +31,8 @@ step in each ramp (refinement steps are left out: each process bisected on its o
   the processes' requests; adding them would count the server N times.
 
 Verdicts (knee, max QPS under the SLO) and precision warnings are recomputed on the merged
-steps; the parts' own warnings are kept, prefixed with the part's name.
+steps, with the parts' knee threshold and least success rate (parts that differ in either are
+refused); the parts' own warnings are kept, prefixed with the part's name.
 
 Parts are `wok.bench/1` or `wok.bench/2`, all of one version, which the merged result keeps:
 a /1 file may hold the older definitions of `offered_qps` and the Little's-law count
@@ -205,6 +206,25 @@ def _mix(models: Sequence) -> list:
     return [(m[0], round(float(m[1]) / total, 6) if total > 0 else None) for m in models]
 
 
+def _uncertain_verdicts(steps: Sequence[dict], slo_p99_ms: float, min_success_rate: float) -> list[str]:
+    """A warning per merged step that fails the SLO by its histogram's P99 alone while the exact P99
+    of its requests may lie within the SLO: the bucket holding it straddles the SLO (a P99 of 49.9 ms
+    reads 50.07 ms off its bucket, and a step that met a 50 ms SLO in the part's own result fails)."""
+    out = []
+    for step in steps:
+        rate = step["success_rate"]
+        if not (analysis._finite(rate) and rate >= min_success_rate):
+            continue  # it fails whatever its P99
+        low, high = LatencyHistogram.from_dict(step["latency_histogram"]).quantile_bounds_ms(99, 100)
+        if low <= slo_p99_ms < high:
+            out.append(
+                f"step {analysis._qps(step['offered_qps'])} QPS: its P99 read off the merged histogram, "
+                f"{high:.6g} ms, misses the SLO ({slo_p99_ms:g} ms), but the exact P99 of its requests lies "
+                f"between {low:.6g} ms and that: the step may have met it"
+            )
+    return out
+
+
 def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -> dict:
     """A `wok.bench` result from the results of processes that ran the same ramp together, of the
     parts' schema version (/1 or /2; parts of both are refused)."""
@@ -234,6 +254,10 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
     _same(results, names, "the model mix", lambda r: _mix(r["config"].get("models", [])))
     _same(results, names, "the SLO", lambda r: r["slo_p99_ms"])
     _same(results, names, "the step duration", lambda r: r["config"].get("step_duration_s"))
+    # The verdicts are recomputed with one threshold and one least success rate: the first part's
+    # would decide them, and the order the files were given would change the knee.
+    _same(results, names, "the knee threshold", lambda r: float(r.get("knee_threshold", 0.5)))
+    _same(results, names, "the least success rate", lambda r: float(r.get("min_success_rate", 0.99)))
     first = results[0]
 
     parts = [[s for s in r["steps"] if s.get("phase", "ramp") == "ramp"] for r in results]
@@ -257,6 +281,7 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
             "line up only as well as their starts did (give every part the same --start-at)"
         )
     steps = [merge_steps([p[i] for p in parts], f"step {i + 1}") for i in range(n)]
+    warnings += _uncertain_verdicts(steps, float(first["slo_p99_ms"]), float(first.get("min_success_rate", 0.99)))
     for i, step in enumerate(steps):
         if step.get("start_late_s", 0) > 0:
             warnings.append(

@@ -205,6 +205,25 @@ def test_parts_of_different_ramps_do_not_merge(split_ramp):
         merge_results([parts[0], other])
 
 
+def test_parts_judged_by_other_thresholds_do_not_merge(split_ramp):
+    # The first part's knee threshold decided the merged knee: a, b gave one knee and b, a another.
+    _, parts = split_ramp
+    other = json.loads(json.dumps(parts[1]))
+    other["knee_threshold"] = 0.8
+    with pytest.raises(ValueError, match=r"knee threshold \(part 0: 0.5, part 1: 0.8\)"):
+        merge_results([parts[0], other])
+    with pytest.raises(ValueError, match="knee threshold"):
+        merge_results([other, parts[0]])
+    other = json.loads(json.dumps(parts[1]))
+    other["min_success_rate"] = 0.95
+    with pytest.raises(ValueError, match="least success rate"):
+        merge_results([parts[0], other])
+    # A part written without the fields has the defaults.
+    bare = json.loads(json.dumps(parts[1]))
+    del bare["knee_threshold"], bare["min_success_rate"]
+    assert merge_results([parts[0], bare])["knee_threshold"] == 0.5
+
+
 def test_parts_of_both_schema_versions_do_not_merge_and_one_versions_parts_keep_it(split_ramp):
     # A wok.bench/1 part's offered_qps may be over warm-up and window (before 067e39c): a sum with
     # a /2 part's would mean neither, so the merge names each part's version and stops.
@@ -335,6 +354,27 @@ def test_a_file_that_is_not_a_result_is_refused_by_its_name(tmp_path, capsys):
     )
     assert wok_main(["bench", "merge", str(array), str(array)]) == 2
     assert capsys.readouterr().err == f"wok bench: {array}: expected a wok.bench result, a JSON object; got an array\n"
+
+
+def test_a_p99_whose_bucket_straddles_the_slo_is_warned_about():
+    # 1,000 OK requests, the 990th at 49.9 ms: the exact P99 meets the 50 ms SLO, the merged
+    # histogram's (its bucket's upper bound, 50.07 ms) misses it: the FAIL may be the bucket's.
+    duration = 10.0
+    intended = np.linspace(0, duration, 1000, endpoint=False)
+    latency = np.array([10.0] * 985 + [49.9] * 10 + [100.0] * 5) / 1e3
+    codes = np.array(["OK"] * 1000)
+    part = _result([(intended, intended, intended + latency, codes)], [100.0], 0, duration)
+    assert part["max_qps_under_slo"] == 100.0
+    merged = merge_results([part], ["a.json"])
+    assert merged["steps"][0]["latency_ms"]["p99"] > 50.0 and merged["max_qps_under_slo"] is None
+    assert [w for w in merged["warnings"] if "may have met it" in w] == [
+        "step 100 QPS: its P99 read off the merged histogram, 50.0695 ms, misses the SLO (50 ms), but the exact "
+        "P99 of its requests lies between 49.8074 ms and that: the step may have met it"
+    ]
+    # A P99 clear of the SLO's bucket is not warned about.
+    latency[985:995] = 60.0 / 1e3
+    clear = _result([(intended, intended, intended + latency, codes)], [100.0], 0, duration)
+    assert not [w for w in merge_results([clear])["warnings"] if "may have met it" in w]
 
 
 def test_one_part_merges_into_itself(split_ramp):
