@@ -7,7 +7,8 @@ verdicts can be tested on hand-made data.
 Percentiles are nearest-rank: the p-th percentile of n samples is the ceil(p·n)-th
 smallest (numpy's method="inverted_cdf"). It is always a latency some request actually
 had, and it is exactly the statement an SLO makes: at least p of the requests finished
-within it. Interpolating methods (numpy's default "linear") invent values between two
+within it (of the successful ones: errors count in the success rate, judged beside it).
+Interpolating methods (numpy's default "linear") invent values between two
 requests, and "higher" (sorted[ceil(p·(n-1))]) turns P99 of 100 requests into the max.
 """
 
