@@ -959,6 +959,7 @@ def run_profile(args) -> int:
     from ..models import build_demo
     from ..repository import ModelRepository
     from . import profiler, report, roofline
+    from .payloads import parse_sizes
 
     _check_outputs(args, "--json", "--plot")
     if args.torch_threads is not None:
@@ -972,10 +973,16 @@ def run_profile(args) -> int:
             servable = ModelRepository.from_directory(args.model_repository).get(args.model)
     except ModelNotFound as exc:
         raise ValueError(str(exc)) from None
-    if args.batch_sizes:
+    if args.batch_sizes is not None:  # --batch-sizes '' is refused, not taken as the default
         batch_sizes = profiler.parse_batch_sizes(args.batch_sizes)
     else:
         batch_sizes = profiler.default_batch_sizes(servable.config.max_batch_size)
+        if len(batch_sizes) < 2:
+            raise ValueError(
+                f"model '{servable.name}' has max_batch_size {servable.config.max_batch_size}: T(n) = α + β·n "
+                "needs batches of two or more sizes, and the server forms no batch above max_batch_size"
+            )
+    _named("--sizes", parse_sizes, args.sizes)  # else refused as "sizes ...", in no option's name
     cfg = profiler.ProfileConfig(
         batch_sizes=batch_sizes,
         warmup=args.warmup,

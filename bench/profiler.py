@@ -14,7 +14,7 @@ dispatch modes (see docs/profile.md for the full rules):
   attention kernels it knows: 2 FLOPs per multiply-add), plus what it does not count
   that is added here: EmbeddingBag pooling (adds of the pooled rows) and CPU flash
   attention. Elementwise ops (bias adds, activations, norms, softmax) are not counted;
-  every op seen without a formula is listed in `flops.uncounted_ops`.
+  every op seen without a formula is listed in `counting.uncounted_ops`.
 * bytes: each op reads its tensor inputs and writes its tensor outputs; a parameter is
   read once per batch, however many ops use it; an embedding lookup reads only the rows it
   gathers (one row per id), not the table; views move nothing.
@@ -60,9 +60,17 @@ _EMBEDDING = {aten.embedding}
 _CPU_FLASH = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 # Ops that allocate without writing a value.
 _NO_WRITE = {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty}
+# Ops that take a tensor for its shape, dtype and device only: none of its bytes are read.
+_SHAPE_ONLY = {
+    aten.empty_like, aten.zeros_like, aten.ones_like, aten.full_like, aten.rand_like, aten.randn_like,
+    aten.new_empty, aten.new_empty_strided, aten.new_zeros, aten.new_ones, aten.new_full,
+}  # fmt: skip
 
 
-def classify(intensity: float) -> str:
+def classify(intensity: float) -> str | None:
+    """The class of intensity I; None when there is none (0 FLOPs over 0 bytes: the pass counted nothing)."""
+    if math.isnan(intensity):  # neither above, below nor between the thresholds
+        return None
     if intensity > COMPUTE_BOUND:
         return "compute-bound"
     if intensity < MEMORY_BOUND:
@@ -136,13 +144,16 @@ class _WorkMode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         packet = func._overloadpacket
-        ins, outs = _tensors((args, kwargs)), _tensors(out)
+        # An `out=` tensor is written, not read; a shape-only argument is not read at all.
+        named = _named_args(func, args, kwargs)
+        skip = {a.name for a in func._schema.arguments if a.is_out or packet in _SHAPE_ONLY}
+        ins, outs = _tensors([v for k, v in named.items() if k not in skip]), _tensors(out)
         in_place = any(r.alias_info is not None and r.alias_info.is_write for r in func._schema.returns)
         in_storages = {_storage(t) for t in ins}
         if not in_place and outs and all(_storage(t) in in_storages for t in outs):
             return out  # a view (t, view, transpose, detach, _unsafe_view): nothing moves
         if packet in _EMBEDDING_BAG or packet in _EMBEDDING:
-            self._embedding(packet, _named_args(func, args, kwargs), outs[0])
+            self._embedding(packet, named, outs[0])
         else:
             for t in ins:
                 self._read(t)
@@ -260,6 +271,10 @@ def fit_linear(n: Sequence[float], t: Sequence[float]) -> Fit:
     x, y = np.asarray(n, dtype=np.float64), np.asarray(t, dtype=np.float64)
     if x.shape != y.shape or len(np.unique(x)) < 2:
         raise ValueError("fitting T(n) = α + β·n needs times at two or more different batch sizes")
+    if (y == y[0]).all():
+        # Flat: the mean of equal values can round off them (3 × 0.1 / 3 = 0.10000000000000002), and
+        # the centred sums then gave β = 1e-33 (a ceiling of 1e33/s) and R² = 0 or -4e-16, not 1.
+        return Fit(float(y[0]), 0.0, 1.0)
     xm, ym = x.mean(), y.mean()
     beta = float(((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum())
     alpha = float(ym - beta * xm)
@@ -292,6 +307,8 @@ class ProfileConfig:
             raise ValueError(f"--warmup must be >= 0 and --repeats >= 1; got {self.warmup} and {self.repeats}")
         if self.int_high is not None and self.int_high < 1:
             raise ValueError(f"--int-high must be >= 1; got {self.int_high}")
+        if self.seed < 0:  # numpy's own refusal names no option: "expected non-negative integer"
+            raise ValueError(f"--seed must be >= 0; got {self.seed}")
         if re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is None:
             raise ValueError(f"--device {self.device!r}: expected auto, cpu, cuda or cuda:N")
         if self.cpu_linear not in ("onednn", "torch"):
@@ -404,7 +421,14 @@ def profile(
     sizes = list(dict.fromkeys(cfg.batch_sizes))
     pool = request_pool(servable, cfg, max(256, 4 * max(sizes)))
     roof = roofline_of(device)
-    times = time_batches(servable, device, cfg, pool, progress)
+    try:
+        times = time_batches(servable, device, cfg, pool, progress)
+    except ModelExecutionError as exc:
+        # The model refused the inputs made for it (ids past a table, a sequence longer than it
+        # takes): the options that made them are the error, not a traceback.
+        raise ValueError(
+            f"the inputs made with --sizes {cfg.sizes} and --int-high {cfg.int_high or id_range(servable)}: {exc}"
+        ) from None
     medians = [_median(times[n]["batch"]) for n in sizes]
     fit = fit_linear(sizes, medians)
     batches = []
@@ -444,7 +468,7 @@ def profile(
                 "intensity_flop_per_byte": intensity,
                 "bound": classify(intensity),
                 "predicted_s": predicted,
-                "roofline_limit": roof.limit(work.flops, work.bytes),
+                "roofline_limit": roof.limit(work.flops, work.bytes) if work.flops or work.bytes else None,
                 "attained_fraction": predicted / forward if forward > 0 else math.nan,
                 "samples_s": times[n]["batch"],
             }
@@ -493,6 +517,10 @@ def _si(x: float, unit: str = "") -> str:
     return f"{x:.3g} {unit}".rstrip()
 
 
+def _num(x: float | None, spec: str) -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, spec)
+
+
 def _pct(x: float | None) -> str:
     """A fraction as a percentage: whole from 10 % up, 2 significant digits below (1 % read '1%' whether 0.6 or 1.4)."""
     if x is None or not math.isfinite(x):
@@ -515,15 +543,15 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
                 _ms(b["p99_s"]),
                 _ms(b["fit_s"]),
                 f"{b['throughput_qps']:.0f}",
-                f"{b['fit_throughput_qps']:.0f}",
+                "-" if not math.isfinite(b["fit_throughput_qps"]) else f"{b['fit_throughput_qps']:.0f}",
                 _ms(b["stages_median_s"]["compute"]),
                 _ms(b["predicted_s"]),
                 _pct(b["attained_fraction"]),
                 _si(b["flops_per_inference"]),
                 _si(b["bytes"], "B"),
-                f"{b['intensity_flop_per_byte']:.2f}",
-                b["bound"],
-                b["roofline_limit"],
+                _num(b["intensity_flop_per_byte"], ".2f"),
+                b["bound"] or "-",
+                b["roofline_limit"] or "-",
             ]
         )
     return head, rows
@@ -543,6 +571,14 @@ def summary_lines(result: dict) -> list[str]:
         f"class: compute-bound I > {COMPUTE_BOUND:g}, memory-bound I < {MEMORY_BOUND:g}; "
         "attained = predicted / measured forward time",
     ]
+    if f["alpha_s"] < 0:
+        # As `wok plan` and `wok tune` say when they take such an α as 0. With α < 0 every n/(α + β·n)
+        # is above 1/β: the "ceiling" is then exceeded by the fit at every size.
+        zero = -f["alpha_s"] / f["beta_s"] if f["beta_s"] > 0 else math.inf
+        lines.append(
+            f"α < 0: the line does not hold at small batch sizes (fit ms ≤ 0 up to n = {zero:.1f}, and every "
+            "fit QPS is above 1/β); wok plan and wok tune take α as 0"
+        )
     if result["counting"]["uncounted_ops"]:
         lines.append("ops with no FLOPs counted: " + ", ".join(result["counting"]["uncounted_ops"]))
     return lines
@@ -578,17 +614,25 @@ def profile_figure(result: dict):
     bs = result["batches"]
     fig = Figure(figsize=(12, 4.8), layout="constrained")
     roof, curve = fig.subplots(1, 2)
-    xs = np.array([b["intensity_flop_per_byte"] for b in bs])
-    achieved = np.array([b["flops"] / b["stages_median_s"]["compute"] for b in bs])
-    lo = min(xs.min(), d["ridge_flop_per_byte"]) / 4
-    hi = max(xs.max(), d["ridge_flop_per_byte"]) * 4
+    xs = np.array([b["intensity_flop_per_byte"] for b in bs], dtype=float)  # None (JSON null): NaN
+    achieved = np.array([b["flops"] / b["stages_median_s"]["compute"] for b in bs], dtype=float)
+    # A log axis has no place for I = 0 (no FLOPs counted: an elementwise model) or NaN (no bytes):
+    # those sizes stay off the roofline, and its axis spans the others and the ridge.
+    on_roof = np.isfinite(xs) & (xs > 0) & np.isfinite(achieved) & (achieved > 0)
+    lo = min([*xs[on_roof], d["ridge_flop_per_byte"]]) / 4
+    hi = max([*xs[on_roof], d["ridge_flop_per_byte"]]) * 4
     grid = np.geomspace(lo, hi, 200)
     roof.loglog(grid, np.minimum(peak, grid * bw), color="#333333", label="roofline min(peak, I·bandwidth)")
     roof.axvline(MEMORY_BOUND, color="#4c72b0", ls=":", lw=1, label=f"I = {MEMORY_BOUND:g} (memory-bound below)")
     roof.axvline(COMPUTE_BOUND, color="#c44e52", ls=":", lw=1, label=f"I = {COMPUTE_BOUND:g} (compute-bound above)")
-    roof.scatter(xs, achieved, color="#dd8452", zorder=3, label="measured: FLOPs / forward time")
-    for b, x, y in zip(bs, xs, achieved):
-        roof.annotate(f"n={b['batch_size']}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    roof.scatter(xs[on_roof], achieved[on_roof], color="#dd8452", zorder=3, label="measured: FLOPs / forward time")
+    for b, x, y, shown in zip(bs, xs, achieved, on_roof):
+        if shown:
+            roof.annotate(f"n={b['batch_size']}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    if not on_roof.all():
+        off = ", ".join(str(b["batch_size"]) for b, shown in zip(bs, on_roof) if not shown)
+        note = f"not on the roofline (no FLOPs counted): n = {off}"
+        roof.text(0.02, 0.98, note, transform=roof.transAxes, fontsize=8, va="top")
     roof.set_xlabel("arithmetic intensity (FLOP/byte)")
     roof.set_ylabel("FLOP/s")
     roof.set_title(f"{result['model']['name']} on {d['name']}", fontsize=10)

@@ -138,6 +138,21 @@ def test_embedding_bag_mean_with_weights_and_padding_by_hand():
     assert work.activation_write_bytes == FP32 * 3 * 4
 
 
+def test_shape_only_and_out_arguments_are_not_read():
+    """empty_like(x) was counted as reading all of x (and zeros_like, new_zeros too), and
+    mm(a, b, out=c) as reading c: bytes no op moves."""
+    x, c = torch.randn(10, 10), torch.empty(10, 10)
+    for make, written in [
+        (lambda: torch.empty_like(x), 0),
+        (lambda: torch.zeros_like(x), FP32 * 100),
+        (lambda: x.new_zeros(10, 10), FP32 * 100),
+    ]:
+        work = _count(make)
+        assert (work.activation_read_bytes, work.activation_write_bytes) == (0, written)
+    work = _count(lambda: torch.mm(x, x, out=c))
+    assert (work.activation_read_bytes, work.activation_write_bytes) == (FP32 * 200, FP32 * 100)
+
+
 def test_views_move_nothing_and_parameters_are_read_once():
     w = torch.randn(8, 8)
     x = torch.randn(2, 8)
@@ -169,11 +184,33 @@ def test_r2_on_a_hand_case():
     assert fit.r2 == pytest.approx(0.25)
 
 
+@pytest.mark.parametrize(("sizes", "t"), [([1, 2, 4], 0.1), ([1, 2, 4, 8, 16, 32], 7e-5)])
+def test_equal_times_fit_a_flat_line_exactly(sizes, t):
+    fit = fit_linear(sizes, [t] * len(sizes))
+    assert (fit.alpha_s, fit.beta_s, fit.r2) == (t, 0.0, 1.0)
+    assert math.isnan(fit.ceiling)  # no ceiling seen, not 1/1e-33
+
+
 def test_throughput_and_ceiling():
     fit = Fit(alpha_s=0.002, beta_s=0.0005, r2=1.0)
     assert fit.throughput(4) == pytest.approx(4 / 0.004)
     assert fit.ceiling == pytest.approx(2000)
     assert math.isnan(Fit(0.002, 0.0, 1.0).ceiling)
+
+
+def test_a_negative_alpha_is_said_and_its_nan_throughput_is_a_dash():
+    """T(n) bending upwards fits α < 0: the fitted time at n = 1 is negative and its fitted
+    throughput NaN, which the table printed as "nan", with no word on why."""
+    doc = json.loads((Path(__file__).parents[2] / "docs" / "results" / "profile-mlp.json").read_text())
+    ns = [b["batch_size"] for b in doc["batches"]]
+    fit = fit_linear(ns, [1e-5 + 2e-6 * n**1.5 for n in ns])
+    assert fit.alpha_s < 0 and fit.time_s(1) < 0
+    doc["fit"].update(alpha_s=fit.alpha_s, beta_s=fit.beta_s, r2=fit.r2, ceiling_qps=fit.ceiling)
+    for b in doc["batches"]:
+        b["fit_s"], b["fit_throughput_qps"] = fit.time_s(b["batch_size"]), fit.throughput(b["batch_size"])
+    head, rows = profiler.table_rows(doc)
+    assert dict(zip(head, rows[0]))["fit QPS"] == "-"
+    assert any(line.startswith("α < 0: the line does not hold") for line in profiler.summary_lines(doc))
 
 
 def test_a_fit_needs_two_batch_sizes():
@@ -190,6 +227,52 @@ def test_classes_at_the_thresholds():
         "in between",
         "compute-bound",
     ]
+
+
+ECHO_MODEL = """
+from torch import nn
+
+
+class Echo(nn.Module):
+    def forward(self, x):
+        return x
+
+
+def build():
+    return Echo()
+"""
+
+ECHO_CONFIG = """
+platform = "python"
+factory = "model:build"
+max_batch_size = 4
+
+[[inputs]]
+name = "INPUT0"
+datatype = "FP32"
+dims = [4]
+
+[[outputs]]
+name = "OUTPUT0"
+datatype = "FP32"
+dims = [4]
+"""
+
+
+def test_a_model_that_does_nothing_has_no_class(tmp_path, capsys):
+    """0 FLOPs over 0 bytes is I = NaN: it was classed "in between" (1 <= I <= 10) on the "compute" roof."""
+    assert classify(math.nan) is None
+    (tmp_path / "echo").mkdir()
+    (tmp_path / "echo" / "model.py").write_text(ECHO_MODEL)
+    (tmp_path / "echo" / "config.toml").write_text(ECHO_CONFIG)
+    out = tmp_path / "echo.json"
+    argv = ["profile", "echo", "--model-repository", str(tmp_path), "--warmup", "0", "--repeats", "1"]
+    assert main([*argv, "--peak-flops", "1T", "--bandwidth", "1T", "--json", str(out)]) == 0
+    for b in json.loads(out.read_text())["batches"]:
+        assert (b["flops"], b["bytes"]) == (0, 0)
+        assert (b["intensity_flop_per_byte"], b["bound"], b["roofline_limit"]) == (None, None, None)
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["1"]]
+    assert rows[0][-3:] == ["-", "-", "-"]  # I, class, roof
 
 
 def test_default_batch_sizes_end_at_max_batch_size():
@@ -288,6 +371,16 @@ def test_cli_writes_the_documented_json(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_model_that_batches_one_row_has_no_fit_and_says_so(slow_repository, capsys):
+    """max_batch_size 1: the default sizes are [1]; the refusal named --batch-sizes, which was not given
+    and could not help (any size above 1 exceeds max_batch_size)."""
+    repo = slow_repository(sleep_ms=0.1, max_batch_size=1)
+    assert main(["profile", "slow", "--model-repository", str(repo), "--warmup", "0", "--repeats", "1"]) == 2
+    assert "model 'slow' has max_batch_size 1: T(n) = α + β·n needs batches of two or more sizes" in (
+        capsys.readouterr().err
+    )
+
+
 def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
     repo = slow_repository(sleep_ms=2.0, max_batch_size=4)
     out = tmp_path / "slow.json"
@@ -313,10 +406,28 @@ def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
         (["profile", "nope"], "unknown demo model"),
         (["profile", "mlp", "--device", "tpu"], "expected auto, cpu, cuda or cuda:N"),
         (["profile", "mlp", "--device", "cuda:99"], "--device: device 'cuda:99' requested but"),
+        (["profile", "mlp", "--seed", "-1"], "--seed must be >= 0; got -1"),
+        (["profile", "mlp", "--batch-sizes", ""], "--batch-sizes '': expected a list"),
+        (["profile", "recsys", "--sizes", "bogus"], "--sizes: sizes 'bogus': unknown distribution"),
     ],
 )
 def test_cli_refuses_bad_options(argv, message, capsys):
     assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["recsys", "--int-high", "2000000"], "--int-high 2000000: model 'recsys' failed: RuntimeError: Index"),
+        (["encoder", "--sizes", "fixed:300"], "--sizes fixed:300 and --int-high 256: model 'encoder' failed"),
+    ],
+)
+def test_inputs_the_model_refuses_are_the_options_error(argv, message, capsys):
+    """Ids past recsys's 200,000-row table, or 300 tokens for encoder's 256 positions: the model
+    failed in the executor and `wok profile` ended in a traceback (exit 1)."""
+    fast = ["--batch-sizes", "1,2", "--warmup", "0", "--repeats", "1", "--peak-flops", "1T", "--bandwidth", "1T"]
+    assert main(["profile", *argv, *fast]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -339,3 +450,18 @@ def test_the_table_shows_sub_ms_times_and_small_percentages_with_significant_dig
     )  # fmt: skip
     # The JSON is untouched: seconds and fractions as measured.
     assert doc["batches"][0]["predicted_s"] == pytest.approx(3.32e-7, rel=1e-2)
+
+
+def test_the_plot_draws_a_model_with_no_flops_counted(tmp_path):
+    """An elementwise model (x * 2: flops 0, I = 0, as test_cli_profiles_a_repository_model
+    profiles) has no place on a log axis: --plot failed with numpy's "Geometric sequence
+    cannot include zero" after the whole run."""
+    doc = json.loads((Path(__file__).parents[2] / "docs" / "results" / "profile-mlp.json").read_text())
+    for b in doc["batches"]:
+        b["flops"] = b["flops_per_inference"] = 0
+        b["intensity_flop_per_byte"] = 0.0
+    out = tmp_path / "zero.png"
+    profiler.plot_profile(doc, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc["batches"][0]["intensity_flop_per_byte"] = math.nan  # no bytes counted either: 0 / 0
+    profiler.plot_profile(doc, out)
