@@ -238,35 +238,18 @@ class Echo(nn.Module):
         return x
 
 
-def build():
+def build(**parameters):  # the slow model's config, its sleep_ms unused
     return Echo()
 """
 
-ECHO_CONFIG = """
-platform = "python"
-factory = "model:build"
-max_batch_size = 4
 
-[[inputs]]
-name = "INPUT0"
-datatype = "FP32"
-dims = [4]
-
-[[outputs]]
-name = "OUTPUT0"
-datatype = "FP32"
-dims = [4]
-"""
-
-
-def test_a_model_that_does_nothing_has_no_class(tmp_path, capsys):
+def test_a_model_that_does_nothing_has_no_class(tmp_path, slow_repository, capsys):
     """0 FLOPs over 0 bytes is I = NaN: it was classed "in between" (1 <= I <= 10) on the "compute" roof."""
     assert classify(math.nan) is None
-    (tmp_path / "echo").mkdir()
-    (tmp_path / "echo" / "model.py").write_text(ECHO_MODEL)
-    (tmp_path / "echo" / "config.toml").write_text(ECHO_CONFIG)
+    repo = slow_repository()
+    (repo / "slow" / "model.py").write_text(ECHO_MODEL)  # the slow model's config, a model that returns its input
     out = tmp_path / "echo.json"
-    argv = ["profile", "echo", "--model-repository", str(tmp_path), "--warmup", "0", "--repeats", "1"]
+    argv = ["profile", "slow", "--model-repository", str(repo), "--warmup", "0", "--repeats", "1"]
     assert main([*argv, "--peak-flops", "1T", "--bandwidth", "1T", "--json", str(out)]) == 0
     for b in json.loads(out.read_text())["batches"]:
         assert (b["flops"], b["bytes"]) == (0, 0)
