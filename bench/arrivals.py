@@ -63,7 +63,8 @@ class Arrivals(Protocol):
 
     @property
     def mean_rate(self) -> float:
-        """Requests/s averaged over a step: the "offered QPS" to report."""
+        """Requests/s averaged over whole periods of the schedule (a burst's: over its `duration_s`).
+        A step reports `window_rate` over its measured window as its offered QPS, not this."""
         ...
 
 
@@ -256,9 +257,9 @@ class Poisson:
 class Burst:
     """Poisson arrivals at λ(t) = base_qps + amplitude_qps·exp(−(t − t0_s)² / 2σ²).
 
-    `mean_rate` averages λ over [0, duration_s) when duration_s is given, which is what
-    the offered QPS of a step means; without it, over [0, 2·t0_s), which is the same
-    thing for a burst centred in its step (the default, t0 = 50%).
+    `mean_rate` averages λ over [0, duration_s) when duration_s is given (the warm-up and
+    the window a step's `times()` covers); without it, over [0, 2·t0_s). A step's offered
+    QPS is `window_rate` over its measured window, which leaves the warm-up out.
     """
 
     base_qps: float
@@ -517,6 +518,17 @@ def _timestamp(value: object, where: str) -> float:
     raise ValueError(f"{where}: timestamp {value!r} is neither seconds nor an ISO 8601 time")
 
 
+def _in_seconds(value: object) -> bool:
+    """Whether a timestamp `_timestamp` accepted is a number of seconds (not an ISO 8601 time)."""
+    if not isinstance(value, str):
+        return True
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _finite(seconds: float, value: object, where: str) -> float:
     # Here, where the line is known: TraceReplay would name only the sorted index.
     if not math.isfinite(seconds):
@@ -558,6 +570,7 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     stripped = text.lstrip()
     stamps: list[float] = []
+    raw: list[object] = []
     sizes: list[int | None] = []
     wheres: list[str] = []
     if path.suffix.lower() in (".jsonl", ".ndjson") or stripped.startswith("{"):
@@ -572,6 +585,7 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
             if not isinstance(obj, dict) or "timestamp" not in obj:
                 raise ValueError(f'{where}: expected an object with a "timestamp" field, got {_brief(line)}')
             stamps.append(_timestamp(obj["timestamp"], where))
+            raw.append(obj["timestamp"])
             sizes.append(_size(obj["size"], where) if obj.get("size") is not None else None)
             wheres.append(where)
     else:
@@ -583,12 +597,22 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
         for row in reader:
             where = f"{path}:{reader.line_num}"
             stamps.append(_timestamp(row["timestamp"], where))
+            raw.append(row["timestamp"])
             size = (row.get("size") or "").strip()
             sizes.append(_size(size, where) if size else None)
             wheres.append(where)
     if not stamps:
         raise ValueError(f"{path}: expected at least one arrival, got none")
     have = [s is not None for s in sizes]
+    # Seconds have any origin (Unix time or the recording's start), an ISO time the Unix epoch:
+    # mixed, "0" and "2026-01-01T00:00:00Z" made a trace 1.8e9 s long instead of a refusal.
+    kinds = [_in_seconds(v) for v in raw]
+    if any(kinds) and not all(kinds):
+        iso, secs = kinds.index(False), kinds.index(True)
+        raise ValueError(
+            f"{wheres[iso]}: timestamp {raw[iso]!r} is an ISO 8601 time, but {wheres[secs]} gives "
+            f"{raw[secs]!r} in seconds; give every timestamp the same way"
+        )
     if any(have) and not all(have):
         raise ValueError(
             f"{wheres[have.index(False)]}: no size, but {wheres[have.index(True)]} has one; "

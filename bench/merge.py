@@ -269,7 +269,20 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
     if any(s.get("phase", "ramp") != "ramp" for r in results for s in r["steps"]):
         warnings.append("refinement steps are left out: each process bisected on its own")
     seeds = [r["config"].get("seed") for r in results]
-    if len(results) > 1 and len(set(map(str, seeds))) < len(seeds):
+    # constant and trace draw nothing from the seed: constant sends at k/Q from each step's
+    # start, a trace replays its file, so different seeds leave the parts in lockstep.
+    unseeded = sorted(
+        {str(a).partition(":")[0].strip().lower() for a in (r["config"].get("arrival") for r in results) if a}
+        & {"constant", "trace"}
+    )
+    if len(results) > 1 and unseeded:
+        warnings.append(
+            f"the parts ran --arrival {' and '.join(unseeded)}, whose schedule does not depend on --seed: "
+            "with their windows lined up they sent together, so the merged load came in lockstep bursts of "
+            f"up to {len(results)} requests rather than as one process's schedule (poisson, burst and sawtooth "
+            "draw from the seed)"
+        )
+    elif len(results) > 1 and len(set(map(str, seeds))) < len(seeds):
         warnings.append(
             "some parts ran with the same --seed: their arrival schedules coincide, so the merged load came "
             "in lockstep bursts rather than as one process's schedule; give each process its own seed"

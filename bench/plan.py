@@ -226,7 +226,8 @@ class Burst:
 
 def parse_burst(spec: str, option: str = "--burst") -> Burst:
     """'base=1000,amplitude=4000,sigma=30s'; amplitude may be a multiple of the base ('4x'); sigma is optional.
-    A t0 is taken and left unused (the bench's burst spec pastes as it is; the plan needs no time of the peak).
+    A t0 is taken and left unused (the plan needs no time of the peak). The bench's `--arrival burst:…`
+    does not paste as it is: its base is the step's rate (give base=), its sigma may be a share of the step.
     Refusals start with `option` (the caller's name for the spec) and the spec."""
     opts: dict[str, str] = {}
     where = f"{option} {spec!r}"

@@ -437,6 +437,26 @@ def test_parse_arrivals_errors(spec, message):
     assert str(e.value) == message
 
 
+def test_a_trace_mixing_seconds_and_iso_times_is_refused(tmp_path):
+    """Seconds may have any origin, an ISO time counts from the Unix epoch: "0" beside
+    "2026-01-01T00:00:00Z" was read as a trace 1.8e9 s long (one arrival per replay)."""
+    p = tmp_path / "t.csv"
+    p.write_text("timestamp\n0\n1\n2026-01-01T00:00:00Z\n")
+    with pytest.raises(ValueError) as e:
+        load_trace(p)
+    assert str(e.value) == (
+        f"{p}:4: timestamp '2026-01-01T00:00:00Z' is an ISO 8601 time, but {p}:2 gives '0' in seconds; "
+        "give every timestamp the same way"
+    )
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text('{"timestamp": "2026-01-01T00:00:00Z"}\n{"timestamp": 1767225601.5}\n')
+    with pytest.raises(ValueError, match=r"t.jsonl:1: timestamp '2026-01-01T00:00:00Z' is an ISO 8601 time, but "):
+        load_trace(jsonl)
+    # Either way alone is still read, seconds written as strings too.
+    jsonl.write_text('{"timestamp": "1767225600"}\n{"timestamp": 1767225601.5}\n')
+    assert load_trace(jsonl).offsets.tolist() == [0.0, 1.5]
+
+
 def test_trace_file_errors_name_the_file_and_line(tmp_path):
     """A non-finite timestamp was refused "at index 4" (of the sorted trace), a trace of one
     distinct time or bytes that are not UTF-8 without the file's name."""

@@ -258,6 +258,22 @@ def test_parts_with_the_same_seed_are_warned_about(split_ramp):
     assert not any("same --seed" in w for w in merge_results(split_ramp[1][1:])["warnings"])
 
 
+@pytest.mark.parametrize("arrival", ["constant", "trace:calls.csv,scale=auto"])
+def test_parts_whose_arrivals_ignore_the_seed_are_warned_about(split_ramp, arrival):
+    """constant and trace schedules draw nothing from --seed: parts with their own seeds each
+    still fire at the same instants, which the same-seed warning alone did not say."""
+    _, parts = split_ramp
+    for p in parts:
+        p["config"]["arrival"] = arrival
+    warnings = merge_results(parts)["warnings"]
+    kind = arrival.partition(":")[0]
+    assert any(f"--arrival {kind}, whose schedule does not depend on --seed" in w for w in warnings), warnings
+    assert not any("same --seed" in w for w in warnings)
+    for p in parts:
+        p["config"]["arrival"] = "poisson"
+    assert not any("--seed" in w for w in merge_results(parts)["warnings"])
+
+
 def test_parts_without_one_start_at_are_warned_about_and_late_starts_carry_over(split_ramp):
     _, parts = split_ramp
     assert any("did not share one --start-at" in w for w in merge_results(parts)["warnings"])
