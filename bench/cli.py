@@ -764,6 +764,10 @@ def run(args) -> int:
     steps = _named("--steps", parse_steps, args.steps)
     _check_arrival(args.arrival, steps, warmup + duration)
     _named("--sizes", parse_sizes, args.sizes)  # else refused after connecting, in no option's name
+    if args.seed < 0:
+        # Else numpy refuses it after connecting (building the payload pool), in no option's name:
+        # "expected non-negative integer".
+        raise ValueError(f"--seed: expected an integer >= 0; got {args.seed}")
     _with_unit("--slo-p99", args.slo_p99)
     cfg = RampConfig(
         target=target,

@@ -99,7 +99,10 @@ def tune_fixed(profile_doc: dict, args) -> dict:
     search = SearchConfig(
         slo_p99_ms=args.slo_ms,
         arrival=args.arrival,
-        duration_s=args.warmup + args.duration,
+        # The measured window, as the run's step_duration_s: the warm-up is added to it. Given
+        # warm-up + window, the simulated step was a warm-up longer than the run's, and a burst's
+        # t0 and sigma (fractions of the step) moved and widened with it.
+        duration_s=args.duration,
         warmup_s=args.warmup,
         seed=args.seed,
     )

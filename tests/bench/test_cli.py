@@ -97,6 +97,7 @@ TARGET = "--target '{}': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns
         (["--steps", "50,fast"], "--steps: QPS steps '50,fast': 'fast' is not a number"),
         (["--warmup", "1e400"], "--warmup: expected a finite duration or a percentage of --step-duration; got '1e400'"),
         (["--sizes", "fixed:x"], "--sizes: sizes 'fixed:x': expected fixed:N with N an integer >= 0; got 'x'"),
+        (["--seed", "-1"], "--seed: expected an integer >= 0; got -1"),
         # A bare number is seconds: --slo-p99 50 was a 50 s objective that every step passed.
         (["--slo-p99", "50"], "--slo-p99 '50': give a unit, e.g. 50ms or 0.05s (a bare number would be seconds)"),
         (["--slo-p99", "0.5"], "--slo-p99 '0.5': give a unit, e.g. 0.5ms or 0.0005s"),

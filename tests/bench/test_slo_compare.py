@@ -136,3 +136,25 @@ def test_replot_whose_drawing_fails_says_so_and_keeps_the_run(tmp_path, monkeypa
     assert last.endswith(f"--plot {tmp_path / 'run.png'}: RuntimeError: cannot draw; the run is unchanged in {run}"), (
         last
     )
+
+
+def test_the_tuning_simulates_the_step_the_run_sends(monkeypatch):
+    """The fixed window was tuned on a step of warm-up + (warm-up + window), 24 s for the
+    defaults' 22 s run: the burst's t0 = 50% and sigma = 10% fell at 12 s and 2.4 s there,
+    at 11 s and 2.2 s in the run it was compared in."""
+    from wok.bench import tune as tune_mod
+    from wok.bench.arrivals import parse_arrivals
+
+    seen = []
+    monkeypatch.setattr(tune_mod, "profile_from_document", lambda doc, what: tune_mod.Profile(1e-3, 1e-4))
+    monkeypatch.setattr(tune_mod, "tune", lambda profile, search, *a, **k: seen.append(search) or {})
+    args = argparse.Namespace(
+        rows=16, warmup=2.0, duration=20.0, arrival="burst:amplitude=5x,t0=50%,sigma=10%", slo_ms=50.0, seed=0,
+        request_sizes=[1, 2], delays_ms=[0.0, 1.0],
+    )  # fmt: skip
+    slo_compare.tune_fixed({}, args)
+    (search,) = seen
+    assert (search.warmup_s, search.duration_s) == (args.warmup, args.duration)
+    simulated = parse_arrivals(search.arrival, 150.0, duration_s=search.warmup_s + search.duration_s)
+    sent = parse_arrivals(args.arrival, 150.0, duration_s=args.warmup + args.duration)  # as Ramp.run_step parses it
+    assert simulated == sent
