@@ -169,3 +169,16 @@ def test_a_trace_is_read_once_per_config_not_again_for_its_busiest_step(tmp_path
     cfg = SimConfig(model=model, steps=[100.0], step_duration_s=2.0, arrival=f"trace:{trace}")
     step = sim.simulate_step(cfg, 100.0, np.random.default_rng(0))
     assert len(reads) == 1 and step["requests"] == 200
+
+
+def test_the_docs_say_what_the_batcher_only_simulation_leaves_out():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "simulate.md").read_text()
+    for named in ("pipeline_depth", "preferred_batch_sizes", "--timeout"):
+        assert named in text
+    # The docs' example: one instance holding one batch, the queue bound counts the full batch
+    # waiting for it (the server's spare slot would not), so the 9th request of a burst is refused.
+    model = BatcherModel(alpha_s=10e-3, beta_s=0.0, max_batch_size=4, max_queue_delay_s=1.0, max_queue_size=4)
+    run = simulate(np.arange(14) * 1e-4, model)
+    assert np.flatnonzero(run.rejected)[0] == 8
