@@ -125,7 +125,9 @@ def test_ramp_options_are_refused_before_anything_connects_naming_the_option(
     def work(*args, **kwargs):
         raise AssertionError("the ramp ran: the options were not checked first")
 
-    monkeypatch.setattr(runner, "Ramp", work)
+    # The method, not the name: faults and soak subclass runner.Ramp when first imported, so with
+    # the name replaced (this test run alone, `-k refused_before`) they failed with a TypeError.
+    monkeypatch.setattr(runner.Ramp, "__init__", work)
     tiny = tmp_path / "tiny.csv"
     tiny.write_text("timestamp\n0\n0.000000001\n")  # 1 ns apart: 1e9 QPS at scale 1
     names = {"missing": tmp_path / "missing.csv", "tiny": tiny, "tmp": tmp_path}
@@ -170,14 +172,12 @@ def _ramp_config(monkeypatch, wok_cli, *argv: str):
 
     got = []
 
-    class Ramp:
-        def __init__(self, cfg):
-            got.append(cfg)
+    def run(self):
+        raise KeyboardInterrupt  # nothing measured: exit 130
 
-        def run(self):
-            raise KeyboardInterrupt  # nothing measured: exit 130
-
-    monkeypatch.setattr(runner, "Ramp", Ramp)
+    # Methods of the real class, so a module first imported here subclasses the real Ramp.
+    monkeypatch.setattr(runner.Ramp, "__init__", lambda self, cfg, *a, **k: got.append(cfg))
+    monkeypatch.setattr(runner.Ramp, "run", run)
     status, _, err = wok_cli("bench", "ramp", "--target", "127.0.0.1:1", "--metrics-url", "none", *argv)
     assert status == 130 and len(got) == 1, err
     return got[0]
