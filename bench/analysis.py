@@ -105,7 +105,9 @@ def step_result(
     intended = np.asarray(intended_s, dtype=np.float64).ravel()
     sent = np.asarray(sent_s, dtype=np.float64).ravel()
     done = np.asarray(done_s, dtype=np.float64).ravel()
-    code = np.asarray(codes).astype(str).ravel()
+    code = np.asarray(codes)
+    # Text or Python strings as they are: a copy of a step's codes as text is 4 bytes a character.
+    code = (code if code.dtype.kind in "UO" else code.astype(str)).ravel()
     n = intended.size
     if not (sent.size == done.size == code.size == n):
         raise ValueError(

@@ -42,10 +42,11 @@ from .arrivals import parse_arrivals, window_rate
 
 REJECTED = "RESOURCE_EXHAUSTED"
 
-# The most arrivals one step may expect (its highest rate × warm-up and window). Every arrival
-# holds about a hundred bytes of arrays and takes microseconds of Python, so this is already some
-# 10 GB and a quarter of an hour per step, far beyond a real ramp (600 s at 10,000 QPS is 6·10⁶):
-# a larger product is a slip in the units, which would otherwise end in a MemoryError.
+# The most arrivals one step may expect (its highest rate × warm-up and window). At its peak a
+# step holds about 140 bytes of arrays per arrival (tracemalloc, 10⁶ Poisson arrivals) and takes
+# 1.5–2 µs of Python each, so this is already some 14 GB and minutes per step, far beyond a real
+# ramp (600 s at 10,000 QPS is 6·10⁶): a larger product is a slip in the units, which would
+# otherwise end in a MemoryError or the kernel's OOM killer.
 MAX_ARRIVALS_PER_STEP = 1e8
 
 
@@ -415,17 +416,20 @@ def simulate_step(cfg: SimConfig, qps: float, rng: np.random.Generator) -> dict:
     w = cfg.warmup_s
     run = simulate(times, cfg.model, until=total, rng=rng, since=w)
     keep = times >= w
-    codes = np.where(run.rejected, REJECTED, "OK")
-    ok = ~run.rejected
-    in_window = ok & (run.done >= w) & (run.done < total)
+    completed_ok = int((~run.rejected & (run.done >= w) & (run.done < total)).sum())
+    # For the window's requests only, sent doubles as intended, and the codes are references to
+    # two strings: as numpy text each was 72 bytes (RESOURCE_EXHAUSTED), and the step held three
+    # such arrays at once, most of its ~350 bytes per arrival.
+    intended = times[keep] - w
+    codes = np.array(["OK", REJECTED], dtype=object)[run.rejected[keep].view(np.uint8)]
     step = analysis.step_result(
         offered_qps=window_rate(arrivals, w, total),
         duration_s=cfg.step_duration_s,
-        intended_s=times[keep] - w,
-        sent_s=times[keep] - w,
+        intended_s=intended,
+        sent_s=intended,
         done_s=run.done[keep] - w,
-        codes=codes[keep],
-        completed_ok=int(in_window.sum()),
+        codes=codes,
+        completed_ok=completed_ok,
     )
     step["nominal_qps"] = qps
     # The server's figures cover the client's window, as the bench's /metrics scrapes do.

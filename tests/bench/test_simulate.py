@@ -22,10 +22,13 @@ def test_md1_mean_wait_matches_pollaczek_khinchine():
     wait = run.done - arrivals - d
     rho = lam * d
     assert wait.mean() == pytest.approx(rho * d / (2 * (1 - rho)), rel=0.03)
-    # Little's law: the mean number in the system over the run is λ·W.
-    span = run.done.max()
-    in_system = (run.done - arrivals).sum() / span
-    assert in_system == pytest.approx(len(arrivals) / span * (run.done - arrivals).mean(), rel=1e-9)
+    # Little's law, L_q = λ·W_q = ρ²/(2(1 − ρ)) = 0.25 for M/D/1, against the queue length seen
+    # over time: sampled on a grid, the requests that have arrived and not yet started.
+    starts = np.sort(run.done - d)
+    grid = np.linspace(0.0, arrivals[-1], 1_000_000)
+    queued = np.searchsorted(arrivals, grid, side="right") - np.searchsorted(starts, grid, side="right")
+    assert queued.min() >= 0
+    assert queued.mean() == pytest.approx(rho**2 / (2 * (1 - rho)), rel=0.05)
     assert set(run.batch_sizes) == {1}
 
 
@@ -182,3 +185,22 @@ def test_the_docs_say_what_the_batcher_only_simulation_leaves_out():
     model = BatcherModel(alpha_s=10e-3, beta_s=0.0, max_batch_size=4, max_queue_delay_s=1.0, max_queue_size=4)
     run = simulate(np.arange(14) * 1e-4, model)
     assert np.flatnonzero(run.rejected)[0] == 8
+
+
+def test_a_step_holds_the_bytes_per_arrival_its_cap_is_sized_by():
+    """MAX_ARRIVALS_PER_STEP (10⁸) is sized by ~140 bytes an arrival (docs/simulate.md): the step
+    held ~350, its codes three copies of 72-byte text, so the cap allowed some 35 GB."""
+    import tracemalloc
+
+    from wok.bench.simulate import simulate_step
+
+    model = BatcherModel(alpha_s=1e-5, beta_s=1e-7, max_batch_size=32, max_queue_delay_s=5e-3)
+    cfg = SimConfig(model=model, steps=[100_000.0], step_duration_s=1.0, warmup_s=0.0)
+    tracemalloc.start()
+    try:
+        step = simulate_step(cfg, 100_000.0, np.random.default_rng(0))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert step["requests"] > 90_000
+    assert peak / step["requests"] < 180
