@@ -433,11 +433,12 @@ def simulate_step(cfg: SimConfig, qps: float, rng: np.random.Generator) -> dict:
     )
     step["nominal_qps"] = qps
     # The server's figures cover the client's window, as the bench's /metrics scrapes do.
-    step["utilization"] = run.busy_s / (cfg.step_duration_s * cfg.model.instances)
+    # At most 1: the busy time is a sum of overlaps whose rounding gave 1.0000000000000444.
+    step["utilization"] = min(1.0, run.busy_s / (cfg.step_duration_s * cfg.model.instances))
     sizes = np.asarray(run.batch_sizes)[_in_window(run.batch_starts, w, total)]
     step["mean_batch_size"] = float(sizes.mean()) if len(sizes) else None
     if cfg.model.staged:
-        step["loop_utilization"] = run.loop_busy_s / cfg.step_duration_s
+        step["loop_utilization"] = min(1.0, run.loop_busy_s / cfg.step_duration_s)
     return step
 
 

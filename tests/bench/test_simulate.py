@@ -204,3 +204,13 @@ def test_a_step_holds_the_bytes_per_arrival_its_cap_is_sized_by():
         tracemalloc.stop()
     assert step["requests"] > 90_000
     assert peak / step["requests"] < 180
+
+
+def test_a_saturated_instance_is_at_most_fully_utilized():
+    """The busy time is a sum of overlaps with the window: rounded, a step that was busy all
+    through read 1.0000000000000002."""
+    from wok.bench.simulate import simulate_step
+
+    model = BatcherModel(alpha_s=1e-3, beta_s=0.0, max_batch_size=1, max_queue_delay_s=0.0)
+    cfg = SimConfig(model=model, steps=[3000.0], step_duration_s=0.7, warmup_s=0.3, arrival="constant")
+    assert simulate_step(cfg, 3000.0, np.random.default_rng(0))["utilization"] == 1.0
