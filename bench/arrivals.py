@@ -781,7 +781,12 @@ def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) ->
     if kind == "trace":
         if not items or not items[0].strip():
             raise ValueError(f"arrivals {spec!r}: expected trace:PATH[,scale=N], got no PATH")
-        path, items = items[0].strip(), items[1:]
+        # A path may hold commas ("calls,2026.csv" was the file "calls" and an option "2026.csv"):
+        # the options are the trailing items with an "=", the rest is the path.
+        cut = len(items)
+        while cut > 1 and "=" in items[cut - 1]:
+            cut -= 1
+        path, items = ",".join(items[:cut]).strip(), items[cut:]
     opts = _options(spec, kind, items)
     if kind == "constant":
         return Constant(qps)

@@ -492,6 +492,17 @@ def test_parse_arrivals_bad_trace_scale(tmp_path):
     assert str(e.value) == f"arrivals 'trace:{trace},scale=auto': scale=auto needs a qps > 0, got 0"
 
 
+def test_a_trace_path_may_hold_commas(tmp_path):
+    """ "trace:calls,2026.csv" was the file "calls" with an option "2026.csv" ("expected key=value")."""
+    trace = tmp_path / "calls,2026.csv"
+    trace.write_text("timestamp\n0\n1\n2\n")
+    # Three arrivals a second apart, then the wrap-around gap of their mean gap: 1 QPS recorded.
+    assert parse_arrivals(f"trace:{trace}", 100).mean_rate == pytest.approx(1.0)
+    assert parse_arrivals(f"trace:{trace},scale=2", 100).mean_rate == pytest.approx(2.0)
+    with pytest.raises(ValueError, match=r"scale=fast is neither a number > 0 nor 'auto'"):
+        parse_arrivals(f"trace:{trace},scale=fast", 100)
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
