@@ -309,6 +309,20 @@ def _answered(server) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("wok_responses_total{"))
 
 
+def _until_one_answered(servers, within_s: float = 10.0) -> list[float]:
+    """`_answered` of each server once one has answered: a server counts an answer as it writes it,
+    and its /metrics is rendered at most every 250 ms, so the client can read its first answer
+    before either count shows it (both read 0 once, on a loaded machine)."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while True:
+        served = [_answered(s) for s in servers]
+        if max(served) > 0 or time.monotonic() > deadline:
+            return served
+        time.sleep(0.05)
+
+
 def test_a_failed_stream_is_reopened_and_the_requests_after_it_reach_a_server_still_up(own_servers):
     """Two servers behind one channel, one stream: the server holding the stream is killed. The
     requests in flight on it are lost; those sent after its failure go out on a new stream, which the
@@ -368,7 +382,7 @@ def test_a_failed_stream_is_reopened_and_the_requests_after_it_reach_a_server_st
             task = asyncio.ensure_future(sender)
             await asyncio.wait_for(answered.wait(), 10)
             # The one stream is on one server; the other has answered nothing.
-            served = await asyncio.get_running_loop().run_in_executor(None, lambda: [_answered(s) for s in servers])
+            served = await asyncio.get_running_loop().run_in_executor(None, _until_one_answered, servers)
             assert sorted(served)[0] == 0 < sorted(served)[1], served
             victim = servers[served.index(max(served))]
             victim.proc.send_signal(signal.SIGKILL)
