@@ -10,14 +10,16 @@ build (the plain PyPI wheel for Linux x86-64 is a multi-GB CUDA build). Set WOK_
 choose the requirement (for example ``WOK_TORCH="torch==2.13.0"``): it is installed on every
 run, also into an environment that already has a torch (pip leaves one that satisfies it
 alone). WOK_VENV chooses the environment's folder (default ``.venv`` in the checkout).
-`serve` and `test` then become `wok serve` and pytest (the same process): signals reach them,
-and the exit status is theirs.
+`serve` and `test` with options then become `wok serve` and pytest (the same process): signals
+reach them, and the exit status is theirs. `test` alone runs the suite in two pytest passes (see
+`suite_passes`), SIGTERM passed on, and exits with the first failing pass's status.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import venv
@@ -116,8 +118,50 @@ def main(argv: list[str]) -> int:
     if command == "serve":
         return hand_over([str(python), "-m", "wok", "serve", *rest])
     if command == "test":
-        return hand_over([str(python), "-m", "pytest", *rest], cwd=ROOT)
+        if rest:
+            return hand_over([str(python), "-m", "pytest", *rest], cwd=ROOT)
+        return run_suite(suite_passes(python, os.cpu_count() or 1))
     return 0
+
+
+def suite_passes(python: Path, cpus: int) -> list[list[str]]:
+    """The pytest runs of the whole suite: on two or more CPUs, the files not marked `serial`
+    on two workers (pytest-xdist, a file's tests together on one), then the `serial` ones
+    alone, since they measure times or rates that a second worker's load would move."""
+    pytest = [str(python), "-m", "pytest"]
+    if cpus < 2:
+        return [pytest]
+    return [[*pytest, "-n", "2", "--dist", "loadfile", "-m", "not serial"], [*pytest, "-m", "serial"]]
+
+
+def run_suite(passes: list[list[str]]) -> int:
+    """Run the passes in turn from the checkout; the first failing status, else 0. A SIGTERM is
+    passed on to the running pass, and a signal ends the suite there (Ctrl-C reaches the pass
+    itself, as the terminal signals the whole foreground group)."""
+    status = 0
+    for cmd in passes:
+        print("+", " ".join(cmd), flush=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT)
+        stopped: list[int] = []
+
+        def forward(signum, frame, proc=proc, stopped=stopped):
+            stopped.append(signum)
+            proc.send_signal(signum)
+
+        previous = signal.signal(signal.SIGTERM, forward)
+        try:
+            while True:
+                try:
+                    code = proc.wait()
+                    break
+                except KeyboardInterrupt:  # the pass has it too: wait for it to end
+                    stopped.append(signal.SIGINT)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if stopped or code < 0:  # no further pass
+            return code if code > 0 else 128 + (stopped[0] if stopped else -code)
+        status = status or code
+    return status
 
 
 if __name__ == "__main__":

@@ -26,6 +26,46 @@ import pytest
 # fork children with a preexec_fn, and gRPC's fork handlers killed about 1 in 100 of them.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
+# Files whose tests measure times or rates against bounds (latency agreement, throughput, CPU per
+# request, pacing, recovery times): marked `serial`, so that `bootstrap.py test` runs them alone,
+# after the rest of the suite on two workers, whose load would move what they measure.
+SERIAL_FILES = frozenset(
+    {
+        "bench/test_accept_rate.py",
+        "bench/test_balancer_overhead.py",
+        "bench/test_batcher_loop_cost.py",
+        "bench/test_ceiling.py",
+        "bench/test_chaos.py",
+        "bench/test_cold_batch.py",
+        "bench/test_compare.py",
+        "bench/test_latency_breakdown.py",
+        "bench/test_queue_memory.py",
+        "bench/test_ramp.py",
+        "bench/test_refusal_cost.py",
+        "bench/test_server_timing.py",
+        "bench/test_soak.py",
+        "bench/test_stream_sender.py",
+        "bench/test_stream_vs_unary.py",
+        "clients/test_balancer.py",
+        "clients/test_balancing.py",
+        "demo/test_demo.py",
+        "demo/test_page_controls.py",
+        "integration/test_cpu_wakeup_latency.py",
+        "integration/test_overload_and_shutdown.py",
+        "integration/test_prometheus_scrape.py",
+        "integration/test_replicas.py",
+        "integration/test_server_timing.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.relative_to(here).as_posix() in SERIAL_FILES:
+            item.add_marker(pytest.mark.serial)
+
+
 READY = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
 # Small demo sizes keep start-up fast; the defaults are what `wok serve` uses.
 SMALL_DEMO = ["--demo-option", "recsys.num_embeddings=20000"]

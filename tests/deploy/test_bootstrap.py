@@ -123,3 +123,60 @@ def test_sigterm_to_bootstrap_serve_stops_the_server_and_frees_its_port():
         for pid in left:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_suite_runs_in_two_passes_on_two_cpus_and_the_serial_files_exist(pytestconfig):
+    bootstrap = load_bootstrap()
+    py = Path("/venv/bin/python")
+    pytest_ = [str(py), "-m", "pytest"]
+    assert bootstrap.suite_passes(py, 1) == [pytest_]
+    assert bootstrap.suite_passes(py, 16) == [
+        [*pytest_, "-n", "2", "--dist", "loadfile", "-m", "not serial"],
+        [*pytest_, "-m", "serial"],
+    ]
+    # A misspelt or moved name would leave its file to the parallel pass without a word.
+    tests = ROOT / "tests"
+    here = str(tests / "conftest.py")
+    (conftest,) = (p for p in pytestconfig.pluginmanager.get_plugins() if getattr(p, "__file__", None) == here)
+    serial = conftest.SERIAL_FILES
+    assert serial and all((tests / name).is_file() for name in serial), [n for n in serial if not (tests / n).is_file()]
+    assert serial and all((tests / name).is_file() for name in serial), [n for n in serial if not (tests / n).is_file()]
+
+
+def test_a_failing_pass_fails_the_suite_after_the_passes_after_it_ran(tmp_path):
+    bootstrap = load_bootstrap()
+    ran = tmp_path / "ran"
+    passes = [
+        [sys.executable, "-c", f"open({str(ran)!r}, 'a').write('1'); raise SystemExit(1)"],
+        [sys.executable, "-c", f"open({str(ran)!r}, 'a').write('2')"],
+    ]
+    assert bootstrap.run_suite(passes) == 1 and ran.read_text() == "12"
+    assert bootstrap.run_suite(passes[1:]) == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads process children from Linux's /proc")
+def test_sigterm_to_the_suite_stops_the_running_pass_and_runs_no_other(tmp_path):
+    started, second = tmp_path / "started", tmp_path / "second"
+    script = textwrap.dedent(
+        f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("b", {str(BOOTSTRAP)!r})
+        b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+        first = "import time; open({str(started)!r}, 'w').close(); time.sleep(60)"
+        sys.exit(b.run_suite([[sys.executable, "-c", first], [sys.executable, "-c", "open({str(second)!r}, 'w')"]]))
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL)
+    try:
+        deadline = 30.0
+        while not started.exists() and deadline > 0 and proc.poll() is None:
+            threading.Event().wait(0.05)
+            deadline -= 0.05
+        assert started.exists(), "the first pass did not start"
+        (child,) = children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert not alive(child) and not second.exists()
+    finally:
+        proc.kill()
+        proc.wait()
