@@ -309,6 +309,9 @@ class Batcher:
         self._held: list[tuple[float, int, Batch]] = []
         self._free_slots = executor.slots()
         self._busy = [0] * len(executor.instances)
+        # Fixed policy: when each busy instance's running batch started (its dispatch to the idle
+        # instance, or the end of the batch ahead of it), the proxy for which frees first.
+        self._running_since = [0.0] * len(executor.instances)
         # For the idle-while-queued time: when each instance last finished its last batch,
         # and since when requests have been queued (None while nothing is).
         self._idle_since = [time.perf_counter()] * len(executor.instances)
@@ -1164,13 +1167,17 @@ class Batcher:
     def _choose_slot(self, now: float) -> int:
         """The index in `_free_slots` of the slot the next batch takes: an idle instance's if any.
 
-        Fixed policy: the least busy instance's. slo policy: the instance predicted free first
-        (the least busy among those), so that a full batch for a spare slot waits behind the
-        shortest remaining work, not behind whichever busy instance comes first.
+        Fixed policy: the least busy instance's, and among busy ones the one whose running batch
+        started first (with no time model, full batches of about one length: it frees first). slo
+        policy: the instance predicted free first (the least busy among those). Either way a full
+        batch for a spare slot waits behind the shortest remaining work, not behind whichever busy
+        instance comes first while another frees and idles.
         """
         slots, busy = self._free_slots, self._busy
         if self.slo is None:
-            return min(range(len(slots)), key=lambda j: busy[slots[j][0]])
+            # Idle ones tie (the first goes): `_prewarm_next` warmed that one.
+            since = self._running_since
+            return min(range(len(slots)), key=lambda j: (b := busy[slots[j][0]], since[slots[j][0]] if b else 0.0))
         return min(range(len(slots)), key=lambda j: (self._free_time(slots[j][0], now), busy[slots[j][0]]))
 
     def _expire_late(
@@ -1223,6 +1230,8 @@ class Batcher:
         if self._busy[inst] == 0 and queued_since is not None:
             batch.idle_from = max(self._idle_since[inst], queued_since)
         batch.to_idle = self._busy[inst] == 0
+        if batch.to_idle:
+            self._running_since[inst] = batch.dispatched
         if self.slo is not None:
             # Slack at dispatch: the earliest deadline of the batch minus its predicted finish
             # (after what the instance still runs, then the batch's own predicted time).
@@ -1294,6 +1303,8 @@ class Batcher:
         failed_at_stop = self._dispatched.pop(id(batch), None) is None  # callers answered, counted, DONE
         if self._busy[inst] == 0:
             self._free_at[inst] = now
+        else:  # the batch waiting at its worker runs now
+            self._running_since[inst] = now
         if self._last_sent[inst] is f:
             self._last_sent[inst] = None
         if batch.ahead is not None:

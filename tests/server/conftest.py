@@ -113,6 +113,15 @@ def gated():
         ex.shutdown()
 
 
+async def until(condition, tries: int = 10_000) -> None:
+    """Yield to the loop (1 ms at a time) until `condition()` holds; fail after `tries`."""
+    for _ in range(tries):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the batcher never got there")
+
+
 @pytest.fixture
 def gated_instances():
     """Build (module, executor) for the gated model with `count` CPU instances (one module, one gate)."""
