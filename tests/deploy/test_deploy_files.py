@@ -387,6 +387,72 @@ def test_the_dashboard_works_without_the_recording_rules():
         assert not metric_names(expr) & recorded, expr
 
 
+def ratio_or_quantile(expr: str) -> bool:
+    """A query that divides by a rate, or takes a histogram quantile: NaN (0/0) over a window without requests."""
+    return "histogram_quantile" in expr or re.search(r"\)\s*/\s*\(?\s*sum\b", expr) is not None
+
+
+def test_no_dashboard_ratio_or_quantile_draws_nan_where_no_request_was_seen(promtool, tmp_path):
+    """An idle model, and `h2d` of a model served on the CPU (exported at a count of 0), have no
+    request in the window: a mean, ratio or quantile over them must be no series, not NaN, which
+    Prometheus returns for 0/0 and histogram_quantile of zero rates (legend means and the stacked
+    stage means turn NaN with it)."""
+    flat = "5x10"
+    series = []
+    for stage in ("queue", "h2d"):
+        labels = f'job="wok",instance="a:8002",model="idle",stage="{stage}"'
+        series += [f"wok_request_stage_duration_seconds_{k}{{{labels}}}" for k in ("sum", "count")]
+        series += [f'wok_request_stage_duration_seconds_bucket{{{labels},le="{le}"}}' for le in ("0.001", "+Inf")]
+    model = 'job="wok",instance="a:8002",model="idle"'
+    for family in ("wok_request_duration_seconds", "wok_batch_size"):
+        series += [f"{family}_{k}{{{model}}}" for k in ("sum", "count")]
+        series += [f'{family}_bucket{{{model},le="{le}"}}' for le in ("0.2", "+Inf")]
+    series += [f'wok_responses_total{{{model},code="{code}"}}' for code in ("OK", "INTERNAL")]
+    queries = {}
+    for p in data_panels(load_dashboard()):
+        for t in p["targets"]:
+            if ratio_or_quantile(t["expr"]) and "wok_event_loop_lag_seconds" not in t["expr"]:
+                queries[f"{p['title']} {t['refId']}"] = grafana_to_promql(t["expr"])
+    assert {"Success ratio A", "Mean batch size and batches/s A", "End-to-end latency P50 / P95 / P99 C"} <= set(
+        queries
+    ), sorted(queries)
+    assert any(k.startswith("Mean time per stage") for k in queries)
+    assert any(k.startswith("Stage latency") for k in queries)
+    path = tmp_path / "dashboard_nan_test.yml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [str(PROMETHEUS / "recording_rules.yml")],
+                "evaluation_interval": "1m",
+                "tests": [
+                    {
+                        "interval": "1m",
+                        "input_series": [{"series": s, "values": flat} for s in series],
+                        "promql_expr_test": [
+                            {"expr": q, "eval_time": "5m", "exp_samples": []} for q in queries.values()
+                        ],
+                    }
+                ],
+            }
+        )
+    )
+    run_promtool(promtool, "test", "rules", path)
+
+
+def test_the_gpu_panels_say_why_they_are_empty_without_a_gpu():
+    """The wok_gpu_* series are absent, not 0, where NVML finds no device: each GPU panel says so
+    instead of Grafana's bare "No data"."""
+    gpu_panels = [
+        p
+        for p in data_panels(load_dashboard())
+        if all(n.startswith("wok_gpu_") for t in p["targets"] for n in metric_names(t["expr"]))
+    ]
+    assert len(gpu_panels) >= 4
+    for p in gpu_panels:
+        no_value = p.get("fieldConfig", {}).get("defaults", {}).get("noValue", "")
+        assert "GPU" in no_value, f"panel {p['title']!r} shows a bare 'No data' on a CPU-only server"
+
+
 # -- the names against what wok exports ------------------------------------------------------
 
 
