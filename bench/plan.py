@@ -54,6 +54,9 @@ METRIC_NAME = "wok_instance_busy_ratio"  # what the Prometheus adapter calls the
 BUSY_COUNTER = "wok_instance_busy_seconds_total"
 RATE_WINDOW = "1m"  # as deploy/prometheus/recording_rules.yml: 4 scrapes at 15 s
 MANIFEST_FILES = ("hpa.yaml", "prometheus-adapter-rules.yaml", "keda-scaledobject.yaml")
+# minReplicas and maxReplicas (HPA) and minReplicaCount and maxReplicaCount (KEDA) are int32: the API
+# server refuses a larger count, which a schema check without formats (kubernetes-validate) lets by.
+MAX_REPLICAS = 2**31 - 1
 
 
 # ---------------------------------------------------------------------------- exact numbers
@@ -300,6 +303,13 @@ def _check_batch(t: Fraction, n: Fraction, names: Mapping[str, str] | None) -> N
         raise ValueError(f"{_named(names, 't_batch_s')}T_batch must be > 0 s; got {decimal_text(t)} s")
     if n <= 0:
         raise ValueError(f"{_named(names, 'batch_size')}the batch size n must be > 0; got {decimal_text(n)}")
+    if n < 1:
+        # n counts requests per batch (its mean), and a batch holds one or more: below 1 the plan
+        # would charge every request more than a whole batch's time.
+        raise ValueError(
+            f"{_named(names, 'batch_size')}the batch size n must be at least 1 (a batch holds one request or "
+            f"more); got {decimal_text(n)}"
+        )
 
 
 def batch_given(t_batch_s: Fraction, batch_size: Fraction, *, names: Mapping[str, str] | None = None) -> BatchTime:
@@ -402,6 +412,8 @@ def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> Ba
     if best is None:
         raise ValueError(f"{file}: no step met the SLO (max_qps_under_slo is null): nothing to plan on")
     best = exact(best, f"{file}: max_qps_under_slo")
+    if best <= 0:
+        raise ValueError(f"{file}: max_qps_under_slo: expected a QPS > 0; got {decimal_text(best)}")
     all_steps = doc.get("steps")
     if all_steps is not None and not isinstance(all_steps, list):
         raise ValueError(f"{file}: steps: expected a list; got {json_kind(all_steps)}")
@@ -441,9 +453,14 @@ def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> Ba
         requests = exact(server["requests"], f"{where}: server.requests")
         n = requests / exact(server["batches"], f"{where}: server.batches")
     else:
-        n = rows_per_batch / exact(config.get("rows", 1), f"{file}: config.rows")
+        rows = exact(config.get("rows", 1), f"{file}: config.rows")
+        if rows < 1:
+            raise ValueError(f"{file}: config.rows: expected rows per request >= 1; got {decimal_text(rows)}")
+        n = rows_per_batch / rows
     _check_batch(t, n, {"t_batch_s": f"{where}: stages_ms", "batch_size": where})
     achieved = exact(_needed(step, "achieved_qps", where), f"{where}: achieved_qps")
+    if achieved < 0:
+        raise ValueError(f"{where}: achieved_qps: expected a QPS >= 0; got {decimal_text(achieved)}")
     p99 = _object(step.get("latency_ms"), f"{where}: latency_ms", optional=True).get("p99")
     if p99 is not None:
         exact(p99, f"{where}: latency_ms.p99")  # a number, or refused here rather than by float()
@@ -526,6 +543,11 @@ class Autoscaling:
             )
         if self.max_replicas is not None and self.max_replicas < 1:
             raise ValueError(f"{_named(names, 'max_replicas')}max replicas must be >= 1; got {self.max_replicas}")
+        if self.max_replicas is not None and self.max_replicas > MAX_REPLICAS:
+            raise ValueError(
+                f"{_named(names, 'max_replicas')}max replicas must be at most {MAX_REPLICAS} (the autoscalers' "
+                f"replica counts are 32-bit integers); got {self.max_replicas}"
+            )
         for what, name in (
             ("deployment", self.deployment),
             ("namespace", self.namespace),
@@ -713,6 +735,19 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
     )
     total = n_gpu + k
     steps.append(_step("N + k", "N + k", f"{n_gpu} + {k}", Fraction(total), "replicas"))
+    if total > MAX_REPLICAS:
+        raise ValueError(
+            f"N + k = {total} replicas is more than an autoscaler's minReplicas holds ({MAX_REPLICAS}, a 32-bit "
+            "integer): check the units of the peak and the batch time"
+        )
+    if busy / total > autoscaling.scale_out_above:
+        # The HPA (scale-up tolerance 0) adds replicas once the mean busy ratio exceeds its target.
+        warnings.append(
+            f"at the peak the {_many(total, 'replica')} are {decimal_text(100 * busy / total, 1)}% busy, above "
+            f"the scale-out threshold {_d(autoscaling.scale_out_above)}: the autoscaler would add replicas at "
+            f"every planned peak, not only for load beyond the plan; a U_target of at most "
+            f"{_d(autoscaling.scale_out_above)} (or a higher scale-out threshold) keeps the two apart"
+        )
 
     per_replica_full = n / t
     per_replica_target = per_replica_full * u
@@ -828,7 +863,7 @@ def _autoscaling(
     names: Mapping[str, str] | None,
 ) -> tuple[dict, dict | None]:
     """The policy's numbers (HPA target and tolerances, KEDA threshold, replica bounds) and why the floor is N + k."""
-    max_replicas = a.max_replicas if a.max_replicas is not None else 2 * total
+    max_replicas = a.max_replicas if a.max_replicas is not None else min(2 * total, MAX_REPLICAS)
     if max_replicas < total:
         raise ValueError(
             f"{_named(names, 'max_replicas')}max replicas {max_replicas} is below the planned minimum N + k = {total}"
@@ -856,9 +891,16 @@ def _autoscaling(
         }
         if above is not None:
             verdict = "shorter" if above < float(a.sustain_s) else "longer"
+            # Whole seconds, or as many places as it takes not to read as the window itself ("180 s, longer
+            # than the 180 s").
+            shown = next(
+                text
+                for places in range(7)
+                if (text := f"{above:.{places}f}") and (places == 6 or Fraction(text) != a.sustain_s)
+            )
             why_min += (
                 f". Here the burst stays above what the {_many(base_gpus, 'replica')} the base load needs can carry at "
-                f"U_target ({_d(base_capacity)} QPS) for {above:.0f} s, {verdict} than the {_d(a.sustain_s)} s "
+                f"U_target ({_d(base_capacity)} QPS) for {shown} s, {verdict} than the {_d(a.sustain_s)} s "
                 "the autoscaler waits before it even starts a replica"
             )
             if verdict == "longer":

@@ -809,7 +809,10 @@ def test_the_cli_from_ramp_and_burst(tmp_path, capsys):
         (["--burst", "base=1e400,amplitude=1", "--t-batch", "20ms", "--batch-size", "16"], "'1e400' is out of range"),
         # Each input fits a float; their product does not.
         (["--peak-qps", "1e300", "--t-batch", "1e300s", "--batch-size", "16"], "beyond what a 64-bit float holds"),
-        (["--peak-qps", "1e300", "--t-batch", "20ms", "--batch-size", "1e-300"], "beyond what a 64-bit float holds"),
+        (
+            ["--peak-qps", "1e300", "--t-batch", "20ms", "--batch-size", "16", "--target-util", "3e-300"],
+            "beyond what a 64-bit float holds",
+        ),
     ],
 )
 def test_the_cli_refuses_bad_options(argv, message, capsys):
@@ -1012,3 +1015,100 @@ def test_one_gpu_or_replica_is_singular_in_the_views():
     out = io.StringIO()
     plan.print_table(k0, file=out)
     assert "plan: N = 1 GPU + k = 0 → 1 replica;" in out.getvalue()
+
+
+# ---------------------------------------------------------------------------- review: edge cases
+
+
+def test_a_batch_size_below_one_request_is_refused(capsys):
+    # n is the mean requests per batch and a batch holds one or more: n = 0.5 planned
+    # ⌈5000 × 0.02 / (0.5 × 0.65)⌉ = ⌈307.7⌉ = 308 GPUs for the 10 of n = 16, without a word.
+    with pytest.raises(ValueError, match=r"^the batch size n must be at least 1 .*; got 0\.5$"):
+        given("20ms", "0.5")
+    assert given("20ms", "1").batch_size == 1
+    assert main(["plan", "--peak-qps", "5000", "--t-batch", "20ms", "--batch-size", "0.5"]) == 2
+    assert capsys.readouterr().err.startswith("wok plan: --batch-size: the batch size n must be at least 1")
+
+
+def test_a_ramp_whose_requests_per_batch_are_below_one_is_refused(tmp_path):
+    # server.requests / server.batches = 100 / 1000 = 0.1: 119 GPUs for the 4 of n = 12.5.
+    doc = json.loads(_ramp(tmp_path).read_text())
+    doc["steps"][1]["server"] = {"requests": 100, "batches": 1000}
+    (tmp_path / "few.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="the batch size n must be at least 1"):
+        plan.batch_from_ramp(tmp_path / "few.json")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        # 0 was a ZeroDivisionError traceback (⌈λ / 0⌉ in the cross-check), exit 1; −1000 a cross-check of
+        # ⌈5000 / −1000⌉ = −5 GPUs and a warning that one replica met the SLO "up to -1000 QPS".
+        (
+            lambda d: (d.update(max_qps_under_slo=0.0), d["steps"][1].update(offered_qps=0.0)),
+            "{path}: max_qps_under_slo: expected a QPS > 0; got 0",
+        ),
+        (
+            lambda d: (d.update(max_qps_under_slo=-1000.0), d["steps"][1].update(offered_qps=-1000.0)),
+            "{path}: max_qps_under_slo: expected a QPS > 0; got -1000",
+        ),
+        # rows 0 without the server's counts: n = rows per batch / 0, a ZeroDivisionError traceback.
+        (lambda d: d["config"].update(rows=0), "{path}: config.rows: expected rows per request >= 1; got 0"),
+        # A negative achieved QPS: the instance "only -0% busy" at the step.
+        (
+            lambda d: d["steps"][1].update(achieved_qps=-5.0),
+            "{step}: achieved_qps: expected a QPS >= 0; got -5",
+        ),
+    ],
+)
+def test_a_ramp_with_impossible_rates_is_refused_not_a_traceback(edit, message, tmp_path, wok_cli):
+    doc = json.loads(_ramp(tmp_path).read_text())
+    edit(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    status, _, err = wok_cli("plan", "--from-ramp", str(path), "--peak-qps", "5000")
+    given_ = f"--from-ramp {path}"
+    assert (status, err) == (2, "wok plan: " + message.format(path=given_, step=f"{given_}, step 2000 QPS") + "\n")
+
+
+def test_replica_counts_beyond_what_an_autoscaler_holds_are_refused(tmp_path, capsys):
+    # minReplicas/maxReplicas (and KEDA's counts) are int32. 1e12 QPS: ρ = 1e12 × 0.02 / 16 = 1.25e9,
+    # / 0.65 → N = 1923076924, + 1 = 1923076925 ≤ 2³¹ − 1, but the default 2 × (N + k) = 3846153850
+    # is not: it is capped at 2147483647. 2e12 QPS: N = ⌈3846153846.15⌉ = 3846153847, + 1 = 3846153848
+    # is beyond, refused.
+    p = make(peak_qps=F(10**12))
+    assert (p["result"]["replicas"], p["autoscaling"]["max_replicas"]) == (1923076925, 2**31 - 1)
+    spec = plan.manifests(p)["hpa.yaml"][0]["spec"]
+    assert spec["maxReplicas"] == 2**31 - 1
+    with pytest.raises(ValueError, match=r"^N \+ k = 3846153848 replicas is more than an autoscaler's minReplicas"):
+        make(peak_qps=F(2 * 10**12))
+    with pytest.raises(ValueError, match=r"^max replicas must be at most 2147483647"):
+        make(peak_qps=F(5000), autoscaling=Autoscaling(max_replicas=2**31))
+    argv = ["plan", "--peak-qps", "5000", "--t-batch", "20ms", "--batch-size", "16", "--max-replicas", "10000000000"]
+    assert main([*argv, "--manifests", str(tmp_path / "k8s")]) == 2
+    assert capsys.readouterr().err.startswith("wok plan: --max-replicas: max replicas must be at most 2147483647")
+    assert not (tmp_path / "k8s").exists()
+
+
+def test_a_target_above_the_scale_out_threshold_warns_that_every_peak_scales_out():
+    # U = 1: N = ⌈6.25⌉ = 7, + 1 = 8 replicas, 6.25 / 8 = 78.125% busy at the peak: above 0.7, so the
+    # HPA (target 0.7, scale-up tolerance 0) wants ⌈8 × 0.78125 / 0.7⌉ = 9 at every planned peak.
+    p = make(peak_qps=F(5000), target_util=F(1))
+    assert p["result"]["utilization_at_peak_all_replicas"] == 0.78125
+    assert any(
+        w.startswith("at the peak the 8 replicas are 78.1…% busy, above the scale-out threshold 0.7")
+        for w in p["warnings"]
+    )
+    # U = 0.8: N = ⌈7.8125⌉ = 8, + 1 = 9 replicas, 6.25 / 9 = 69.4% ≤ 0.7: no such warning.
+    assert not any("scale-out threshold" in w for w in make(peak_qps=F(5000), target_util=F(4, 5))["warnings"])
+    # k = 0: 6.25 / 7 = 89.3% > 0.7 at U = 1 as well; at the default 0.65 never (ρ / N ≤ U_target).
+    assert any("scale-out threshold" in w for w in make(peak_qps=F(5000), target_util=F(1), redundancy=0)["warnings"])
+
+
+def test_the_burst_duration_does_not_read_as_the_window_it_is_compared_with():
+    # σ = 29.7 s: 2 × 29.7 × √(2 ln 100) = 180.27 s, which whole seconds show as "180 s, longer than the 180 s".
+    p = make(burst=plan.parse_burst("base=1000,amplitude=4000,sigma=29.7s"))
+    assert "for 180.3 s, longer than the 180 s" in p["autoscaling"]["why_min_replicas"]
+    # The docs' σ = 30 s: 182.09 s, whole seconds as before.
+    p = make(burst=plan.parse_burst("base=1000,amplitude=4000,sigma=30s"))
+    assert "for 182 s, longer than the 180 s" in p["autoscaling"]["why_min_replicas"]
