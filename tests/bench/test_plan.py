@@ -896,6 +896,18 @@ def test_the_cli_names_alpha_beta_and_the_profiles_field(tmp_path, capsys):
 # ---------------------------------------------------------------------------- a new operator's review
 
 
+def _refused_after(edit, message: str, tmp_path, wok_cli) -> None:
+    """`wok plan --from-ramp` of the test ramp after `edit(doc)` exits 2 with `message` ({path}: the
+    option and file, {step}: its step at 2000 QPS)."""
+    doc = json.loads(_ramp(tmp_path).read_text())
+    edit(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    status, _, err = wok_cli("plan", "--from-ramp", str(path), "--peak-qps", "5000")
+    given = f"--from-ramp {path}"
+    assert (status, err) == (2, "wok plan: " + message.format(path=given, step=f"{given}, step 2000 QPS") + "\n")
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
@@ -920,13 +932,7 @@ def test_the_cli_names_alpha_beta_and_the_profiles_field(tmp_path, capsys):
 def test_a_wrongly_shaped_ramp_is_refused_naming_the_field(edit, message, tmp_path, wok_cli):
     """A ramp file of the right schema but the wrong shape was an AttributeError traceback, exit 1
     ("'int' object has no attribute 'get'")."""
-    doc = json.loads(_ramp(tmp_path).read_text())
-    edit(doc)
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(doc))
-    status, _, err = wok_cli("plan", "--from-ramp", str(path), "--peak-qps", "5000")
-    given = f"--from-ramp {path}"
-    assert (status, err) == (2, "wok plan: " + message.format(path=given, step=f"{given}, step 2000 QPS") + "\n")
+    _refused_after(edit, message, tmp_path, wok_cli)
 
 
 @pytest.mark.parametrize(
@@ -1062,13 +1068,7 @@ def test_a_ramp_whose_requests_per_batch_are_below_one_is_refused(tmp_path):
     ],
 )
 def test_a_ramp_with_impossible_rates_is_refused_not_a_traceback(edit, message, tmp_path, wok_cli):
-    doc = json.loads(_ramp(tmp_path).read_text())
-    edit(doc)
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(doc))
-    status, _, err = wok_cli("plan", "--from-ramp", str(path), "--peak-qps", "5000")
-    given_ = f"--from-ramp {path}"
-    assert (status, err) == (2, "wok plan: " + message.format(path=given_, step=f"{given_}, step 2000 QPS") + "\n")
+    _refused_after(edit, message, tmp_path, wok_cli)
 
 
 def test_replica_counts_beyond_what_an_autoscaler_holds_are_refused(tmp_path, capsys):
