@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,8 +22,17 @@ from .v2pb import grpc_service_pb2 as pb
 _LEN = struct.Struct("<I")
 
 
-def _shape_str(shape: Iterable[int]) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
+# A shape is written out in a message up to this many dims. A request's shape may have millions
+# (a 64 MiB request holds 60 million one-byte dims): written out whole, one took 6 s of the event
+# loop, every other request waiting, and 2 GB, for a 20 MB request.
+_SHAPE_STR_DIMS = 16
+
+
+def _shape_str(shape: Sequence[int]) -> str:
+    if len(shape) <= _SHAPE_STR_DIMS:
+        return "[" + ", ".join(str(d) for d in shape) + "]"
+    head = ", ".join(str(shape[i]) for i in range(_SHAPE_STR_DIMS))
+    return f"[{head}, …] ({len(shape):,} dims)"
 
 
 # The least urgent priority level a request or a model's default may name. Each level a queue
@@ -145,6 +154,19 @@ def array_from_contents(
         a = np.empty(count, dtype=object)
         a[:] = list(values)
         return a.reshape(shape)
+    if dt.numpy.kind in "iu" and dt.itemsize < 4:
+        # int_contents and uint_contents hold 32-bit values for the 8- and 16-bit types. One out of
+        # the type's range is refused here, not left to numpy: numpy 1.x wraps it (UINT8 300 is 44).
+        wide = np.asarray(values, dtype=np.int64)
+        info = np.iinfo(dt.numpy)
+        outside = (wide < info.min) | (wide > info.max)
+        if outside.any():
+            k = int(outside.argmax())
+            raise InvalidInput(
+                f"input '{name}': value {int(wide[k])} (element {k}) does not fit {dt.name}, "
+                f"expected {info.min} to {info.max}"
+            )
+        return wide.astype(dt.numpy).reshape(shape)
     try:
         return np.asarray(values, dtype=dt.numpy).reshape(shape)
     except OverflowError:
@@ -203,8 +225,13 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
         dt = DATATYPES[tcfg.datatype]
         if t.datatype != tcfg.datatype:
             raise InvalidInput(f"input '{name}': expected datatype {tcfg.datatype}, got {t.datatype or '(none)'}")
-        shape = tuple(t.shape)
         want = (-1, *tcfg.dims)
+        if len(t.shape) != len(want) and len(t.shape) > _SHAPE_STR_DIMS:
+            # Before the dims are read one by one: there may be millions of them (_SHAPE_STR_DIMS).
+            raise InvalidInput(
+                f"input '{name}': expected shape {_shape_str(want)} (batch first, -1 = any), got {_shape_str(t.shape)}"
+            )
+        shape = tuple(t.shape)
         if len(shape) != len(want) or any(w != -1 and w != s for w, s in zip(want, shape)) or any(s < 0 for s in shape):
             if any(s < 0 for s in shape):
                 # A -1 sent back from the metadata would read "expected [-1, 4], got [-1, 4]".
