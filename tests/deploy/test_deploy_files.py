@@ -538,3 +538,23 @@ async def test_every_metric_the_rules_and_dashboard_use_is_exported(serve):
     } <= set(referenced)
     missing = {n: sorted(srcs) for n, srcs in referenced.items() if n not in exported}
     assert not missing, f"referenced but not exported: {missing}"
+
+
+def test_a_stacked_panel_stacks_one_metrics_series_only():
+    """A stack adds its series up: "Batch flushes/s" stacked reruns (forwards run on parts of a failed
+    batch) on the flushes, a band of a height no count has. A target of other metrics than the first
+    target's is taken out of the stack by an override of its refId."""
+    for panel in data_panels(load_dashboard()):
+        field = panel.get("fieldConfig", {})
+        if field.get("defaults", {}).get("custom", {}).get("stacking", {}).get("mode", "none") == "none":
+            continue
+        unstacked = {
+            o["matcher"]["options"]
+            for o in field.get("overrides", [])
+            if o.get("matcher", {}).get("id") == "byFrameRefID"
+            and any(p["id"] == "custom.stacking" and p["value"].get("mode") == "none" for p in o["properties"])
+        }
+        first, *others = panel["targets"]
+        for t in others:
+            if metric_names(t["expr"]) != metric_names(first["expr"]):
+                assert t["refId"] in unstacked, f"panel {panel['title']!r} stacks {t['expr']!r} on {first['expr']!r}"
