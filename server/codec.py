@@ -200,7 +200,10 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
     if max_bytes is not None:
         size = req.ByteSize()
         if size > max_bytes:
-            raise InvalidInput(f"request to model '{model}' is {size} bytes, over the limit of {max_bytes} bytes")
+            raise InvalidInput(
+                f"request to model '{model}' is {size} bytes, over the limit of {max_bytes} bytes (the server's "
+                "--max-request-bytes)"
+            )
     expected_names = ", ".join(t.name for t in cfg.inputs)
     seen: dict[str, int] = {}
     for i, t in enumerate(req.inputs):
@@ -211,10 +214,13 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
         seen[t.name] = i
     missing = [t.name for t in cfg.inputs if t.name not in seen]
     if missing:
-        raise InvalidInput(f"missing input '{missing[0]}' for model '{model}'; expected inputs: {expected_names}")
+        names = ", ".join(f"'{m}'" for m in missing)
+        inputs = "inputs" if len(missing) > 1 else "input"
+        raise InvalidInput(f"missing {inputs} {names} for model '{model}'; expected inputs: {expected_names}")
     raw = req.raw_input_contents
     if raw and len(raw) != len(req.inputs):
-        raise InvalidInput(f"raw_input_contents has {len(raw)} entries for {len(req.inputs)} inputs")
+        entries = f"{len(raw)} entr{'y' if len(raw) == 1 else 'ies'}"
+        raise InvalidInput(f"raw_input_contents has {entries} for {len(req.inputs)} inputs")
 
     arrays: dict[str, np.ndarray] = {}
     rows = None

@@ -306,6 +306,40 @@ def test_an_input_sent_both_raw_and_typed_is_invalid_and_an_empty_contents_is_no
     )
 
 
+def test_every_missing_input_is_named_and_counts_read_in_the_singular_where_one():
+    cfg = model_config_from_dict(
+        {
+            "name": "two",
+            "platform": "python",
+            "factory": "x:y",
+            "inputs": [{"name": n, "datatype": "FP32", "dims": [3]} for n in ("A", "B", "C")],
+            "outputs": [{"name": "Y", "datatype": "FP32", "dims": [3]}],
+            "max_batch_size": 4,
+        },
+        "test",
+    )
+    s = Servable(cfg, nn.Identity())
+    with pytest.raises(InvalidInput) as info:
+        decode_request(encode_request("two", {"B": np.zeros((1, 3), np.float32)}), s)
+    # The first alone was named ("missing input 'A'"), the rest left to be found one call at a time.
+    assert str(info.value) == "missing inputs 'A', 'C' for model 'two'; expected inputs: A, B, C"
+    req = encode_request("two", {n: np.zeros((1, 3), np.float32) for n in "ABC"})
+    del req.raw_input_contents[1:]
+    with pytest.raises(InvalidInput) as info:
+        decode_request(req, s)
+    assert str(info.value) == "raw_input_contents has 1 entry for 3 inputs"  # was "1 entries"
+
+
+def test_a_request_over_the_size_limit_names_the_option_that_sets_it():
+    req = encode_request("id", {"X": np.zeros((4, 3), np.float32)})
+    with pytest.raises(InvalidInput) as info:
+        decode_request(req, identity("FP32"), max_bytes=16)
+    size = req.ByteSize()
+    assert str(info.value) == (
+        f"request to model 'id' is {size} bytes, over the limit of 16 bytes (the server's --max-request-bytes)"
+    )
+
+
 def test_an_output_requested_twice_is_invalid():
     req = encode_request("id", {"X": np.zeros((1, 3), np.float32)}, outputs=["Y", "Y"])
     with pytest.raises(InvalidInput) as info:
