@@ -120,7 +120,7 @@ def main(argv: list[str]) -> int:
     if command == "test":
         if rest:
             return hand_over([str(python), "-m", "pytest", *rest], cwd=ROOT)
-        return run_suite(suite_passes(python, os.cpu_count() or 1))
+        return run_suite(suite_passes(python, cpu_count()))
     return 0
 
 
@@ -137,31 +137,49 @@ def suite_passes(python: Path, cpus: int) -> list[list[str]]:
 def run_suite(passes: list[list[str]]) -> int:
     """Run the passes in turn from the checkout; the first failing status, else 0. A SIGTERM is
     passed on to the running pass, and a signal ends the suite there (Ctrl-C reaches the pass
-    itself, as the terminal signals the whole foreground group)."""
+    itself, as the terminal signals the whole foreground group). The handler is in place before
+    a pass starts: a SIGTERM as it starts stops it too, not bootstrap alone with the pass orphaned."""
     status = 0
-    for cmd in passes:
-        print("+", " ".join(cmd), flush=True)
-        proc = subprocess.Popen(cmd, cwd=ROOT)
-        stopped: list[int] = []
+    stopped: list[int] = []
+    running: list[subprocess.Popen] = []
 
-        def forward(signum, frame, proc=proc, stopped=stopped):
-            stopped.append(signum)
-            proc.send_signal(signum)
+    def forward(signum, frame):
+        stopped.append(signum)
+        if running:
+            running[0].send_signal(signum)
 
-        previous = signal.signal(signal.SIGTERM, forward)
-        try:
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        for cmd in passes:
+            if stopped:  # between two passes: no further pass
+                return 128 + stopped[0]
+            print("+", " ".join(cmd), flush=True)
+            proc = subprocess.Popen(cmd, cwd=ROOT)
+            running.append(proc)
+            if stopped:  # it came while the pass started
+                proc.send_signal(stopped[0])
             while True:
                 try:
                     code = proc.wait()
                     break
                 except KeyboardInterrupt:  # the pass has it too: wait for it to end
                     stopped.append(signal.SIGINT)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        if stopped or code < 0:  # no further pass
-            return code if code > 0 else 128 + (stopped[0] if stopped else -code)
-        status = status or code
+            running.clear()
+            if stopped or code < 0:  # no further pass
+                return code if code > 0 else 128 + (stopped[0] if stopped else -code)
+            status = status or code
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return status
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on: its affinity where the OS has one (a container's cpuset,
+    taskset), which os.cpu_count (the machine's) ignores."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # Windows, macOS
+        return os.cpu_count() or 1
 
 
 if __name__ == "__main__":

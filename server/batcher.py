@@ -312,6 +312,9 @@ class Batcher:
         # Fixed policy: when each busy instance's running batch started (its dispatch to the idle
         # instance, or the end of the batch ahead of it), the proxy for which frees first.
         self._running_since = [0.0] * len(executor.instances)
+        # Each instance's batches in the executor, in the order sent: the first is the one running.
+        # A CUDA batch that fails at launch comes back before the one ahead of it is done.
+        self._sent: list[list[Batch]] = [[] for _ in executor.instances]
         # For the idle-while-queued time: when each instance last finished its last batch,
         # and since when requests have been queued (None while nothing is).
         self._idle_since = [time.perf_counter()] * len(executor.instances)
@@ -1174,6 +1177,8 @@ class Batcher:
         instance comes first while another frees and idles.
         """
         slots, busy = self._free_slots, self._busy
+        if len(busy) == 1:  # one instance: every free slot is its own (called at every pass of the task)
+            return 0
         if self.slo is None:
             # Idle ones tie (the first goes): `_prewarm_next` warmed that one.
             since = self._running_since
@@ -1241,6 +1246,7 @@ class Batcher:
             if earliest < math.inf:
                 self.metrics.record_slack(earliest - finish - self.slo.margin)
         self._busy[inst] += 1
+        self._sent[inst].append(batch)
         self._inflight += 1
         self._dispatched[id(batch)] = batch
         batch.instance, batch.slot = inst, slot
@@ -1301,9 +1307,12 @@ class Batcher:
         self._busy[inst] -= 1
         self._inflight -= 1
         failed_at_stop = self._dispatched.pop(id(batch), None) is None  # callers answered, counted, DONE
+        sent = self._sent[inst]
+        ran_first = sent[0] is batch
+        del sent[next(j for j, x in enumerate(sent) if x is batch)]
         if self._busy[inst] == 0:
             self._free_at[inst] = now
-        else:  # the batch waiting at its worker runs now
+        elif ran_first:  # the batch waiting at its worker runs now (not if one behind the running one came back)
             self._running_since[inst] = now
         if self._last_sent[inst] is f:
             self._last_sent[inst] = None

@@ -62,7 +62,8 @@ SERIAL_FILES = frozenset(
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
-        if item.path.relative_to(here).as_posix() in SERIAL_FILES:
+        # Items from outside tests/ (a path given to pytest, --doctest-modules) are not in it.
+        if item.path.is_relative_to(here) and item.path.relative_to(here).as_posix() in SERIAL_FILES:
             item.add_marker(pytest.mark.serial)
 
 

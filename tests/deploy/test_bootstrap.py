@@ -140,7 +140,6 @@ def test_the_suite_runs_in_two_passes_on_two_cpus_and_the_serial_files_exist(pyt
     (conftest,) = (p for p in pytestconfig.pluginmanager.get_plugins() if getattr(p, "__file__", None) == here)
     serial = conftest.SERIAL_FILES
     assert serial and all((tests / name).is_file() for name in serial), [n for n in serial if not (tests / n).is_file()]
-    assert serial and all((tests / name).is_file() for name in serial), [n for n in serial if not (tests / n).is_file()]
 
 
 def test_a_failing_pass_fails_the_suite_after_the_passes_after_it_ran(tmp_path):

@@ -5,6 +5,8 @@ it frees first), not whichever busy instance's slot comes first in the list of f
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import threading
 
 import numpy as np
@@ -37,6 +39,32 @@ class KeyedGates(nn.Module):
         return x * 2
 
 
+def _two_instances(model: nn.Module, wrap=None) -> tuple[Executor, Batcher]:
+    """An executor of `model` on two CPU instances of two slots each (their instances passed through
+    `wrap`), and a started batcher of batches of 8 that flushes on size only (a 10 s window)."""
+    servable = Servable(gated_servable(max_batch_size=8, depth=2, count=2)[0].config, model)
+    ex = Executor(servable, servable.config.instances, cpu_linear="torch")
+    if wrap is not None:
+        ex.instances[:] = [wrap(inst) for inst in ex.instances]
+    b = Batcher("gated", ex, BatchingPolicy(8, 10.0), ModelStats("gated"))
+    b.start()
+    return ex, b
+
+
+def _batch(b: Batcher, k: int) -> list:
+    """A full batch of 8 one-row requests of value k (the gate it waits for)."""
+    return [b.submit({"INPUT0": np.full((1, 4), k, np.float32)}, 1, None, None) for _ in range(8)]
+
+
+async def _one_on_each(b: Batcher) -> tuple[list, list]:
+    """Batch 1 sent to instance 0, then batch 2 to instance 1 (both idle: the first idle one goes)."""
+    first = _batch(b, 1)
+    await until(lambda: b._busy == [1, 0])
+    second = _batch(b, 2)
+    await until(lambda: b._busy == [1, 1])
+    return first, second
+
+
 async def test_a_full_batch_takes_the_spare_slot_of_the_instance_running_since_first():
     # Two instances, two slots each, batches of 8 (the delay window 10 s: size flushes only).
     # Batch 1 runs on instance 0, batch 2 on instance 1, batch 3 (full) waits in instance 0's
@@ -45,19 +73,10 @@ async def test_a_full_batch_takes_the_spare_slot_of_the_instance_running_since_f
     # batch 3 started before batch 4. (It took instance 1's, the first in the list of free slots,
     # and waited behind batch 4 while instance 0 finished batch 3 and idled.)
     model = KeyedGates()
-    servable = Servable(gated_servable(max_batch_size=8, depth=2, count=2)[0].config, model)
-    ex = Executor(servable, servable.config.instances, cpu_linear="torch")
-    b = Batcher("gated", ex, BatchingPolicy(8, 10.0), ModelStats("gated"))
-    b.start()
+    ex, b = _two_instances(model)
+    batch = functools.partial(_batch, b)
     try:
-
-        def batch(k: int):
-            return [b.submit({"INPUT0": np.full((1, 4), k, np.float32)}, 1, None, None) for _ in range(8)]
-
-        first = batch(1)
-        await until(lambda: b._busy == [1, 0])
-        second = batch(2)
-        await until(lambda: b._busy == [1, 1])
+        first, second = await _one_on_each(b)
         third = batch(3)
         await until(lambda: b._busy == [2, 1])
         model.gates[2].set()
@@ -82,3 +101,44 @@ async def test_a_full_batch_takes_the_spare_slot_of_the_instance_running_since_f
         await b.stop()
         ex.shutdown()
     assert b.queued == 0 and b.inflight == 0
+
+
+class _LaunchesAtOnce:
+    """An instance as a CUDA one is to the batcher (a batch is launched at once, behind none), whose
+    batches of value 9 fail at launch: their future is done before the batch running ahead of them."""
+
+    def __init__(self, real) -> None:
+        self._real, self.cuda = real, True
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+    def submit(self, inputs, rows, slot, deadlines=None):
+        if int(inputs[0]["INPUT0"][0, 0]) == 9:
+            f: concurrent.futures.Future = concurrent.futures.Future()
+            f.set_exception(RuntimeError("launch failed"))
+            return f
+        return self._real.submit(inputs, rows, slot, deadlines)
+
+
+async def test_a_batch_failed_at_launch_behind_the_running_one_does_not_move_its_start():
+    # Batch 1 runs on instance 0, batch 2 (later) on instance 1. Batch 3, full, takes instance 0's
+    # spare slot and fails at launch, back before batch 1. Batch 4, full, still goes to instance 0,
+    # whose batch 1 started first (it went to instance 1: batch 3's failure counted as batch 1's end).
+    model = KeyedGates()
+    ex, b = _two_instances(model, wrap=_LaunchesAtOnce)
+    batch = functools.partial(_batch, b)
+    try:
+        first, second = await _one_on_each(b)
+        third = batch(9)
+        failed = await asyncio.gather(*(p.future for p in third), return_exceptions=True)
+        assert all(isinstance(r, Exception) for r in failed)
+        fourth = batch(4)
+        await until(lambda: b.queued == 0)
+        assert b._busy == [2, 1]
+    finally:
+        for g in model.gates.values():
+            g.set()
+        await b.stop()
+        ex.shutdown()
+    await asyncio.gather(*(p.future for p in [*first, *second, *fourth]))
