@@ -496,16 +496,17 @@ class TraceReplay:
 
 
 # -- trace files -----------------------------------------------------------------------------
-def _timestamp(value: object, where: str) -> float:
+def _timestamp(value: object, where: str) -> tuple[float, bool]:
+    """(seconds since its origin, whether `value` was in seconds rather than an ISO 8601 time)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return _finite(float(value), value, where)
+        return _finite(float(value), value, where), True
     if isinstance(value, str):
         try:
             seconds = float(value)
         except ValueError:
             pass
         else:
-            return _finite(seconds, value, where)
+            return _finite(seconds, value, where), True
         try:
             when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
         except ValueError:
@@ -514,19 +515,8 @@ def _timestamp(value: object, where: str) -> float:
             # Naive times are read as UTC: only differences matter, and UTC has no DST jumps.
             if when.tzinfo is None:
                 when = when.replace(tzinfo=timezone.utc)
-            return when.timestamp()
+            return when.timestamp(), False
     raise ValueError(f"{where}: timestamp {value!r} is neither seconds nor an ISO 8601 time")
-
-
-def _in_seconds(value: object) -> bool:
-    """Whether a timestamp `_timestamp` accepted is a number of seconds (not an ISO 8601 time)."""
-    if not isinstance(value, str):
-        return True
-    try:
-        float(value)
-    except ValueError:
-        return False
-    return True
 
 
 def _finite(seconds: float, value: object, where: str) -> float:
@@ -571,6 +561,14 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
     stripped = text.lstrip()
     stamps: list[float] = []
     raw: list[object] = []
+    kinds: list[bool] = []  # in seconds, not ISO 8601
+
+    def stamp(value: object, where: str) -> None:
+        seconds, in_seconds = _timestamp(value, where)
+        raw.append(value)
+        stamps.append(seconds)
+        kinds.append(in_seconds)
+
     sizes: list[int | None] = []
     wheres: list[str] = []
     if path.suffix.lower() in (".jsonl", ".ndjson") or stripped.startswith("{"):
@@ -584,8 +582,7 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
                 raise ValueError(f"{where}: not JSON ({e.msg})") from None
             if not isinstance(obj, dict) or "timestamp" not in obj:
                 raise ValueError(f'{where}: expected an object with a "timestamp" field, got {_brief(line)}')
-            stamps.append(_timestamp(obj["timestamp"], where))
-            raw.append(obj["timestamp"])
+            stamp(obj["timestamp"], where)
             sizes.append(_size(obj["size"], where) if obj.get("size") is not None else None)
             wheres.append(where)
     else:
@@ -596,8 +593,7 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
         reader.fieldnames = fields
         for row in reader:
             where = f"{path}:{reader.line_num}"
-            stamps.append(_timestamp(row["timestamp"], where))
-            raw.append(row["timestamp"])
+            stamp(row["timestamp"], where)
             size = (row.get("size") or "").strip()
             sizes.append(_size(size, where) if size else None)
             wheres.append(where)
@@ -606,7 +602,6 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
     have = [s is not None for s in sizes]
     # Seconds have any origin (Unix time or the recording's start), an ISO time the Unix epoch:
     # mixed, "0" and "2026-01-01T00:00:00Z" made a trace 1.8e9 s long instead of a refusal.
-    kinds = [_in_seconds(v) for v in raw]
     if any(kinds) and not all(kinds):
         iso, secs = kinds.index(False), kinds.index(True)
         raise ValueError(

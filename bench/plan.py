@@ -893,11 +893,10 @@ def _autoscaling(
             verdict = "shorter" if above < float(a.sustain_s) else "longer"
             # Whole seconds, or as many places as it takes not to read as the window itself ("180 s, longer
             # than the 180 s").
-            shown = next(
-                text
-                for places in range(7)
-                if (text := f"{above:.{places}f}") and (places == 6 or Fraction(text) != a.sustain_s)
-            )
+            places = 0
+            while places < 6 and Fraction(f"{above:.{places}f}") == a.sustain_s:
+                places += 1
+            shown = f"{above:.{places}f}"
             why_min += (
                 f". Here the burst stays above what the {_many(base_gpus, 'replica')} the base load needs can carry at "
                 f"U_target ({_d(base_capacity)} QPS) for {shown} s, {verdict} than the {_d(a.sustain_s)} s "

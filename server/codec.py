@@ -35,6 +35,12 @@ def _shape_str(shape: Sequence[int]) -> str:
     return f"[{head}, …] ({len(shape):,} dims)"
 
 
+def _wrong_shape(name: str, want: Sequence[int], got: Sequence[int]) -> InvalidInput:
+    return InvalidInput(
+        f"input '{name}': expected shape {_shape_str(want)} (batch first, -1 = any), got {_shape_str(got)}"
+    )
+
+
 # The least urgent priority level a request or a model's default may name. Each level a queue
 # holds is a FIFO of its own: the bound keeps a client from spreading requests over billions.
 MAX_PRIORITY_LEVEL = 1_000_000
@@ -234,9 +240,7 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
         want = (-1, *tcfg.dims)
         if len(t.shape) != len(want) and len(t.shape) > _SHAPE_STR_DIMS:
             # Before the dims are read one by one: there may be millions of them (_SHAPE_STR_DIMS).
-            raise InvalidInput(
-                f"input '{name}': expected shape {_shape_str(want)} (batch first, -1 = any), got {_shape_str(t.shape)}"
-            )
+            raise _wrong_shape(name, want, t.shape)
         shape = tuple(t.shape)
         if len(shape) != len(want) or any(w != -1 and w != s for w, s in zip(want, shape)) or any(s < 0 for s in shape):
             if any(s < 0 for s in shape):
@@ -245,9 +249,7 @@ def decode_request(req: pb.ModelInferRequest, servable, max_bytes: int | None = 
                     f"input '{name}': dims must be >= 0, got {_shape_str(shape)}; -1 is only a wildcard, "
                     f"in the expected shape {_shape_str(want)} of the model's metadata"
                 )
-            raise InvalidInput(
-                f"input '{name}': expected shape {_shape_str(want)} (batch first, -1 = any), got {_shape_str(shape)}"
-            )
+            raise _wrong_shape(name, want, shape)
         n = shape[0]
         if n < 1:
             raise InvalidInput(f"input '{name}': batch dimension is 0; send at least one row")
