@@ -19,7 +19,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from . import __version__
-from .codec import decode_request, encode_response
+from .codec import CONTENTS_CHUNK, decode_request, encode_response, finish_decoding, typed_values
 from .config import _MAX_REQUEST_BYTES
 from .errors import (
     AnswerTooLarge,
@@ -440,11 +440,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         time_left: Callable[[], float | None] | None = None,
     ):
         server = self.server
+        servable = rt.servable
+        if not request.raw_input_contents and typed_values(request, len(servable.config.inputs)) > CONTENTS_CHUNK:
+            # protobuf parsed it in this turn of the loop (~10 ns a value); its size check and
+            # reading take turns of their own, so that the requests around it go on in between.
+            await asyncio.sleep(0)
         if server.draining:
             raise ShuttingDown("server is shutting down and accepts no new requests")
         rt.batcher.check_room()
-        servable = rt.servable
-        dec = decode_request(request, servable, server.settings.max_request_bytes)
+        dec = decode_request(request, servable, server.settings.max_request_bytes, in_steps=True)
+        if dec.pending:
+            await finish_decoding(dec, servable)
         deadline = None
         if time_remaining is not None:
             deadline = arrival + time_remaining

@@ -51,6 +51,7 @@ SERIAL_FILES = frozenset(
         "demo/test_demo.py",
         "demo/test_page_controls.py",
         "integration/test_cpu_wakeup_latency.py",
+        "integration/test_large_typed_requests.py",
         "integration/test_overload_and_shutdown.py",
         "integration/test_prometheus_scrape.py",
         "integration/test_replicas.py",
