@@ -1025,6 +1025,35 @@ def _behavior(window_s: int, tolerances: tuple | None) -> dict:
     return rules
 
 
+# The characters Kubernetes draws a generated name from (k8s.io/apimachinery's rand.String, and
+# SafeEncodeString for the pod template hash): no vowels, no 0, 1 or 3, so that no word is spelt.
+_GENERATED_CHARS = "[bcdfghjklmnpqrstvwxz2456789]"
+# The API server cuts a generateName prefix to 58 characters, the 63 of a name less the 5 it adds.
+_GENERATE_PREFIX_MAX = 58
+
+
+def pod_name_regex(deployment: str) -> str:
+    """A regex (RE2, which Prometheus anchors at both ends) that matches the names of `deployment`'s
+    pods and not those of another Deployment named `deployment`-something: `deployment-.*` took in
+    a canary `wok-canary`'s pods (wok-canary-7d4b9c8f6-x2x9z) and summed their busy time into this
+    Deployment's. Its ReplicaSet is `deployment`-HASH, HASH the pod template's FNV-32a in decimal
+    with each digit mapped to one of the generated characters (1 to 10 of them, never a '-'), and
+    it asks for pods named `deployment`-HASH- plus 5 generated characters, the prefix cut to 58
+    characters first: a Deployment's name over 46 characters loses the end of that prefix."""
+    prefix = f"{deployment}-"
+    room = _GENERATE_PREFIX_MAX - len(prefix)  # what the cut leaves of HASH and the '-' after it
+    c = _GENERATED_CHARS
+    if room >= 11:
+        middle = f"{c}{{1,10}}-"
+    elif room >= 2:  # a HASH short enough keeps its '-'; a longer one is cut to `room` characters
+        middle = f"(?:{c}{{1,{room - 1}}}-|{c}{{{room}}})"
+    elif room == 1:
+        middle = c
+    else:
+        prefix, middle = prefix[:_GENERATE_PREFIX_MAX], ""
+    return f"{prefix}{middle}{c}{{5}}"
+
+
 def manifests(plan: dict) -> dict[str, list[dict]]:
     """The Kubernetes objects of the autoscaling policy, by file name.
 
@@ -1082,7 +1111,7 @@ def manifests(plan: dict) -> dict[str, list[dict]]:
         "data": {"config.yaml": yaml.safe_dump(adapter_config, sort_keys=False, width=1000)},
     }
     keda_query = (
-        f'sum(rate({BUSY_COUNTER}{{namespace="{a["namespace"]}",pod=~"{a["deployment"]}-.*",'
+        f'sum(rate({BUSY_COUNTER}{{namespace="{a["namespace"]}",pod=~"{pod_name_regex(a["deployment"])}",'
         f'model="{model}"}}[{RATE_WINDOW}]))'
     )
     scaled = scaler(

@@ -745,6 +745,76 @@ def test_every_query_is_valid_promql(written, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+GENERATED_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # k8s.io/apimachinery/pkg/util/rand's alphanums
+
+
+def deployment_pod(deployment: str, template_hash: int, suffix: str) -> str:
+    """A pod's name as Kubernetes gives it: the ReplicaSet is `deployment`-HASH (controller.ComputeHash:
+    the template's FNV-32a in decimal, each digit through rand.SafeEncodeString), and its pods are
+    generateName'd `deployment`-HASH-, a prefix the API server cuts to 58 characters before it adds
+    5 random ones (`suffix`)."""
+    assert len(suffix) == 5 and set(suffix) <= set(GENERATED_CHARS)
+    hash_text = "".join(GENERATED_CHARS[ord(d) % len(GENERATED_CHARS)] for d in str(template_hash))
+    return f"{deployment}-{hash_text}-"[:58] + suffix
+
+
+def promtool_eval(tmp_path: Path, input_series: list[dict], tests: list[dict]) -> None:
+    """`promtool test rules` of `tests` (expressions and the samples they must give) over
+    `input_series`, at one sample a 15 s scrape: Prometheus' own query engine and Go regexps."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found: it comes with Debian's `prometheus` package, which .ci/run installs")
+    path = tmp_path / "plan_test.yml"
+    case = {"interval": "15s", "input_series": input_series, "promql_expr_test": tests}
+    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "15s", "tests": [case]}))
+    r = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_keda_query_sums_the_deployments_pods_and_no_other_deployments(written, tmp_path):
+    """pod=~"wok-.*" took in the pods of any Deployment named wok-something: a `wok-canary` beside
+    `wok` added its busy time to wok's, and KEDA's HPA divided that sum by wok's replicas alone."""
+    query = written["keda-scaledobject.yaml"][0]["spec"]["triggers"][0]["metadata"]["query"]
+    busy = {  # busy seconds added per 15 s scrape: the rates are 0.5 and 0.25 for wok's pods, 1 for the rest
+        "wok-7d4b9c8f6-x2x9z": 7.5,
+        "wok-5d59d67564-bkq2w": 3.75,  # a second ReplicaSet's, as during a rollout
+        "wok-canary-7d4b9c8f6-x2x9z": 15,
+        "wok-2-5d59d67564-bkq2w": 15,  # a Deployment named in generated characters only
+        "wok-0": 15,  # a StatefulSet's
+    }
+    series = [
+        {
+            "series": f'wok_instance_busy_seconds_total{{namespace="wok",pod="{pod}",model="mlp",model_instance="0"}}',
+            "values": f"0+{step}x10",
+        }
+        for pod, step in busy.items()
+    ]
+    promtool_eval(
+        tmp_path, series, [{"expr": query, "eval_time": "2m", "exp_samples": [{"labels": "{}", "value": 0.75}]}]
+    )
+
+
+def test_the_pod_regex_matches_kubernetes_pod_names_for_every_deployment_name_length(tmp_path):
+    """Past 46 characters the 58-character cut eats into the hash and its '-'; every hash length
+    (1 to 10 characters) at every name length up to 63 must still match, and where nothing is cut,
+    no pod of a Deployment whose name adds to this one."""
+    hashes = [int(str(3912447523)[:n]) for n in range(1, 11)]
+    series, tests = [], []
+    for length in range(1, 64):
+        name = ("wok" + "x" * 63)[:length]
+        own = {deployment_pod(name, h, "x2x9z") for h in hashes}
+        others = set()
+        if length <= 46:
+            others = {
+                deployment_pod(f"{name}-{suffix}", h, "x2x9z") for suffix in ("canary", "bg", "2") for h in hashes
+            }
+        assert own.isdisjoint(others) and all(len(p) <= 63 for p in own | others)
+        series += [{"series": f'kube_pod_info{{length="{length}",pod="{p}"}}', "values": "1"} for p in own | others]
+        expr = f'count(kube_pod_info{{length="{length}",pod=~"{plan.pod_name_regex(name)}"}})'
+        tests.append({"expr": expr, "eval_time": "0s", "exp_samples": [{"labels": "{}", "value": len(own)}]})
+    promtool_eval(tmp_path, series, tests)
+
+
 # ---------------------------------------------------------------------------- outputs and CLI
 
 

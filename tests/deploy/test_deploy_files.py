@@ -439,6 +439,58 @@ def test_no_dashboard_ratio_or_quantile_draws_nan_where_no_request_was_seen(prom
     run_promtool(promtool, "test", "rules", path)
 
 
+async def test_errors_and_rejections_draw_no_line_for_a_series_that_never_moved(serve, promtool, tmp_path):
+    """wok exports its model="" NOT_FOUND and INVALID_ARGUMENT answers, and each model's rejections by
+    every reason, at 0 from the start: "Errors and rejections/s" drew a flat line at 0 for each code
+    of model="" (its rejections had `> 0`). The input is a real server's scrapes every 15 s, idle,
+    then with requests for a model it does not serve: errors with model="" that the panel must draw."""
+    (panel,) = [p for p in data_panels(load_dashboard()) if p["title"] == "Errors and rejections/s"]
+    queries = {t["refId"]: grafana_to_promql(t["expr"]) for t in panel["targets"]}
+    assert sorted(queries) == ["A", "B"]
+    scrapes = []
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            for i in range(12):
+                for _ in range(15 if i >= 6 else 0):  # 1/s from the seventh scrape on
+                    with pytest.raises(grpc.aio.AioRpcError):
+                        await stub.ModelInfer(encode_request("nope", {"INPUT0": np.ones((1, 256), np.float32)}))
+                scrapes.append(await asyncio.to_thread(scrape_samples, server.http.port))
+    values: dict[str, list[str]] = {}
+    for i, samples in enumerate(scrapes):
+        for s in samples:
+            if s.name in MODELLESS_SERIES:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted((s.labels | {"job": "wok"}).items()))
+                values.setdefault(f"{s.name}{{{labels}}}", ["_"] * len(scrapes))[i] = f"{s.value:g}"
+    assert values['wok_responses_total{code="INVALID_ARGUMENT",job="wok",model=""}'] == ["0"] * 12
+    # model="" is no label at all to Prometheus: the legend reads " NOT_FOUND", " rejected: not_found".
+    moved = [{"labels": '{code="NOT_FOUND"}', "value": 1}, {"labels": '{reason="not_found"}', "value": 1}]
+    evals = [
+        # Idle: every series is at 0.
+        *({"expr": q, "eval_time": "75s", "exp_samples": []} for q in queries.values()),
+        # 15 requests a scrape: 1/s, over a window that holds only scrapes after they began.
+        {"expr": queries["A"], "eval_time": "165s", "exp_samples": moved[:1]},
+        {"expr": queries["B"], "eval_time": "165s", "exp_samples": moved[1:]},
+    ]
+    path = tmp_path / "dashboard_errors_test.yml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [],
+                "evaluation_interval": "15s",
+                "tests": [
+                    {
+                        "interval": "15s",
+                        "input_series": [{"series": k, "values": " ".join(v)} for k, v in values.items()],
+                        "promql_expr_test": evals,
+                    }
+                ],
+            }
+        )
+    )
+    run_promtool(promtool, "test", "rules", path)
+
+
 def test_the_gpu_panels_say_why_they_are_empty_without_a_gpu():
     """The wok_gpu_* series are absent, not 0, where NVML finds no device: each GPU panel says so
     instead of Grafana's bare "No data"."""
