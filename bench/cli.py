@@ -1036,6 +1036,11 @@ def add_plan_parser(sub) -> None:
         "--from-ramp", type=Path, help="T_batch and n from a `wok bench ramp --json` result (wok.bench/1 or /2)"
     )
     batch.add_argument("--batch-size", help="n, the mean rows per batch (not with --from-ramp)")
+    batch.add_argument(
+        "--max-queue-delay",
+        help="the model's max_queue_delay_ms, e.g. 5ms: whether batches of n can fill at each GPU's load "
+        "(default 5ms, the server's default)",
+    )
     p.add_argument("--target-util", default="0.65", help="U_target in (0, 1] (default 0.65; advised 0.6-0.7)")
     p.add_argument("--redundancy", type=int, default=1, help="k replicas beyond N (default 1)")
     auto = p.add_argument_group("autoscaling")
@@ -1071,6 +1076,7 @@ PLAN_OPTIONS = {
     "scale_in_below": "--scale-in-below",
     "sustain_s": "--sustain",
     "max_replicas": "--max-replicas",
+    "max_queue_delay_s": "--max-queue-delay",
 }
 
 
@@ -1125,6 +1131,9 @@ def run_plan(args) -> int:
         redundancy=args.redundancy,
         autoscaling=autoscaling,
         names=PLAN_OPTIONS,
+        max_queue_delay_s=None
+        if args.max_queue_delay is None
+        else plan.exact_duration(args.max_queue_delay, "--max-queue-delay"),
     )
 
     def markdown(r: dict, path: Path) -> None:

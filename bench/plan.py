@@ -57,6 +57,8 @@ MANIFEST_FILES = ("hpa.yaml", "prometheus-adapter-rules.yaml", "keda-scaledobjec
 # minReplicas and maxReplicas (HPA) and minReplicaCount and maxReplicaCount (KEDA) are int32: the API
 # server refuses a larger count, which a schema check without formats (kubernetes-validate) lets by.
 MAX_REPLICAS = 2**31 - 1
+# The server's max_queue_delay_ms when a model's config sets none (server/config.py, DynamicBatchingConfig).
+QUEUE_DELAY_DEFAULT = Fraction(5, 1000)
 
 
 # ---------------------------------------------------------------------------- exact numbers
@@ -517,9 +519,24 @@ class Autoscaling:
     def check(self, names: Mapping[str, str] | None = None) -> None:
         """Raise ValueError on a bad field; `names` maps field names to the caller's (CLI options), for the errors."""
         out, inn = self.scale_out_above, self.scale_in_below
-        if not 0 < out <= 1:
+        if out <= 0:
             raise ValueError(
-                f"{_named(names, 'scale_out_above')}the scale-out threshold must be in (0, 1]; got {_d(out)}"
+                f"{_named(names, 'scale_out_above')}the scale-out threshold must be in (0, 1); got {_d(out)}"
+            )
+        if out >= 1:
+            raise ValueError(
+                f"{_named(names, 'scale_out_above')}the scale-out threshold must be in (0, 1): a pod's busy ratio, "
+                f"the seconds per second its model instance spends running batches, is at most 1, so the autoscaler "
+                f"would never scale out; got {_d(out)}"
+            )
+        # KEDA's HPA scales out above its threshold × (1 + the cluster's 10% tolerance), and the threshold,
+        # out / 1.1, is written rounded up to 4 places: above 0.9999 that puts scale-out above 1.
+        keda_out = _round_up(out / (1 + HPA_DEFAULT_TOLERANCE), 4) * (1 + HPA_DEFAULT_TOLERANCE)
+        if keda_out >= 1:
+            raise ValueError(
+                f"{_named(names, 'scale_out_above')}the scale-out threshold must be at most 0.9999: KEDA's threshold, "
+                f"it / 1.1 rounded up to 4 places, would have KEDA's HPA (10% tolerance) scale out only above "
+                f"{_d(keda_out)}, a busy ratio no pod reaches; got {decimal_text(out, 12)}"
             )
         if not 0 < inn < out:
             raise ValueError(
@@ -603,14 +620,19 @@ def build_plan(
     autoscaling: Autoscaling | None = None,
     created: str | None = None,
     names: Mapping[str, str] | None = None,
+    max_queue_delay_s: Fraction | None = None,
 ) -> dict:
     """The whole `wok.plan/1` document (docs/plan.md): inputs, the arithmetic step by step, the result.
 
-    `names` maps the inputs ("peak_qps", "target_util", "redundancy", and the fields of
-    `Autoscaling`) to the caller's names for them, which the errors then start with.
+    `names` maps the inputs ("peak_qps", "target_util", "redundancy", "max_queue_delay_s", and the
+    fields of `Autoscaling`) to the caller's names for them, which the errors then start with.
+    `max_queue_delay_s`: the batcher's window w (the model's max_queue_delay_ms), by default the
+    server's 5 ms; it decides whether the batches of n the formula assumes can form (`batch_fill`).
     """
     try:
-        return _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created, names)
+        return _build_plan(
+            batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created, names, max_queue_delay_s
+        )
     except OverflowError:
         # Each input is within a float's range (exact()), but a product or quotient of them may not be.
         raise ValueError(
@@ -619,7 +641,7 @@ def build_plan(
         ) from None
 
 
-def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created, names) -> dict:
+def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created, names, window) -> dict:
     teams = list(teams or [])
     given = [x for x in (peak_qps is not None, burst is not None, bool(teams)) if x]
     if len(given) != 1:
@@ -633,6 +655,10 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
         raise ValueError(f"a team is named twice: {team_names}")
     autoscaling = autoscaling or Autoscaling()
     autoscaling.check(names)
+    window_source = "given" if window is not None else "server default"
+    window = QUEUE_DELAY_DEFAULT if window is None else window
+    if window < 0:
+        raise ValueError(f"{_named(names, 'max_queue_delay_s')}the queue delay must be >= 0 s; got {_d(window)} s")
     warnings: list[str] = []
     lo, hi = TARGET_UTIL_ADVISED
     if not lo <= target_util <= hi:
@@ -749,6 +775,13 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
             f"{_d(autoscaling.scale_out_above)} (or a higher scale-out threshold) keeps the two apart"
         )
 
+    fill = None
+    if batch.source != "ramp":  # a ramp's n is the batch its step formed (and _ramp_check warns on it)
+        fill = batch_fill(lam, n_gpu, batch, window, u)
+        warning = _fill_warning(fill, batch, n_gpu, busy / n_gpu, u, window, window_source, names)
+        if warning:
+            warnings.append(warning)
+
     per_replica_full = n / t
     per_replica_target = per_replica_full * u
     result = {
@@ -761,6 +794,7 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
         "qps_per_replica_at_target": _num(per_replica_target),
         "utilization_at_peak": _num(busy / n_gpu),
         "utilization_at_peak_all_replicas": _num(busy / total),
+        "batch_fill": None if fill is None else {k: _num(v) if isinstance(v, Fraction) else v for k, v in fill.items()},
     }
 
     teams_out = None
@@ -800,6 +834,8 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
             "batch": batch_in,
             "target_utilization": _num(u),
             "redundancy": k,
+            "max_queue_delay_s": _num(window),
+            "max_queue_delay_source": window_source,
         },
         "steps": steps,
         "result": result,
@@ -809,6 +845,134 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
         "autoscaling": autoscale,
         "warnings": warnings,
     }
+
+
+# ---------------------------------------------------------------------------- do batches fill?
+
+
+def least_mean_batch(m: float, n: Fraction) -> float:
+    """E[min(n, 1 + X)] for X ~ Poisson(m): the mean batch when each holds its first request and
+    the arrivals of the window after it, m expected, up to n (`batch_fill`)."""
+    if m <= 0:
+        return float(min(n, 1))
+    cap = n - 1
+
+    def pmf(j: int) -> float:
+        return math.exp(-m + j * math.log(m) - math.lgamma(j + 1))
+
+    # Only the j within ~12 standard deviations of m count (what lies beyond adds far less than a
+    # float resolves). Of the two equal forms the one that sums the smaller side: 1 + m − E[(X − cap)⁺]
+    # with the cap above m (1.5 exactly at m = 0.5, not 16 less 14.5 in floats), n − E[(cap − X)⁺] below.
+    spread = 12 * math.sqrt(m) + 30
+    low, high = max(0, math.floor(m - spread)), math.ceil(m + spread)
+    if cap > m:
+        return 1 + m - sum(float(j - cap) * pmf(j) for j in range(max(low, math.ceil(cap)), high))
+    return float(n) - sum(float(cap - j) * pmf(j) for j in range(low, min(high, math.ceil(cap))))
+
+
+def batch_fill(lam: Fraction, gpus: int, batch: BatchTime, window: Fraction, target_util: Fraction) -> dict:
+    """Whether the batches of n the plan assumes form at each GPU's share of the peak (docs/plan.md,
+    "Do batches fill?"), and if not, bounds on the batch and the busy ratio.
+
+    Each of `gpus` GPUs (one model instance each) is taken to get a Poisson stream of λ' = λ / N,
+    batched by the fixed policy: a batch leaves when the instance is free and n requests wait or the
+    oldest has waited the window w. With T(k) ≤ T(n) for k ≤ n:
+
+    * at most: two flushes are at most T(k) + w apart, plus the wait for the next arrival (mean
+      1 / λ') when the queue is empty as the instance frees; batches leave at λ' / b a second, so
+      b / λ' ≤ E[T(k)] + w + 1 / λ', that is b ≤ 1 + λ'·(T(n) + w), and with T(k) = α + β·k,
+      b ≤ (1 + λ'·(α + w)) / (1 − λ'·β). Either is below n exactly when w < (n − 1) / λ' − T(n):
+      the plan's batches of n cannot form on average (`window_to_fill_s`).
+    * at least (α and β known): a batch below n leaves only once its oldest request has waited w,
+      and holds every request that arrived meanwhile, so b ≥ E[min(n, 1 + Poisson(λ'·w))].
+    * busy: λ' / b batches a second of α + β·b seconds each, U = λ'·(α / b + β), so the bounds on
+      b bound U the other way; `gpus_needed` is the least N whose lower bound is within the target
+      (fewer are busier than it for certain), `gpus_enough` the least whose upper bound is.
+    """
+    n, t = batch.batch_size, batch.t_batch_s
+    per_gpu = lam / gpus
+    to_fill = max(Fraction(0), (n - 1) / per_gpu - t)
+    out = {
+        "per_gpu_qps": per_gpu,
+        "window_to_fill_s": to_fill,
+        "mean_batch_at_most": _most_batch(per_gpu, batch, window),
+    }
+    if batch.alpha_s is None:
+        return out
+    least = least_mean_batch(float(per_gpu * window), n)
+    out.update(
+        mean_batch_at_least=least,
+        busy_at_least=_busy(per_gpu, batch, out["mean_batch_at_most"]),
+        busy_at_most=float(_busy(per_gpu, batch, least)),
+        gpus_needed=_least_gpus(lam, gpus, lambda q: _busy(q, batch, _most_batch(q, batch, window)) <= target_util),
+        gpus_enough=_least_gpus(
+            lam, gpus, lambda q: _busy(q, batch, least_mean_batch(float(q * window), n)) <= target_util
+        ),
+    )
+    return out
+
+
+def _most_batch(per_gpu: Fraction, batch: BatchTime, window: Fraction) -> Fraction:
+    """The most a batch can hold on average at `per_gpu` QPS (`batch_fill`), exactly."""
+    n = batch.batch_size
+    most = min(n, 1 + per_gpu * (batch.t_batch_s + window))
+    if batch.alpha_s is not None and per_gpu * batch.beta_s < 1:
+        most = min(most, (1 + per_gpu * (batch.alpha_s + window)) / (1 - per_gpu * batch.beta_s))
+    return most
+
+
+def _busy(per_gpu: Fraction, batch: BatchTime, mean_batch):
+    """U = λ'·(α / b + β): λ' / b batches a second of α + β·b seconds each."""
+    if isinstance(mean_batch, float):
+        return float(per_gpu) * (float(batch.alpha_s) / mean_batch + float(batch.beta_s))
+    return per_gpu * (batch.alpha_s / mean_batch + batch.beta_s)
+
+
+def _least_gpus(lam: Fraction, start: int, enough) -> int:
+    """The least N >= `start` with enough(λ / N); `enough` holds from some N on (U falls as N grows)."""
+    high = start
+    while not enough(lam / high):
+        high *= 2
+    low = start if enough(lam / start) else high // 2 + 1
+    while low < high:
+        mid = (low + high) // 2
+        if enough(lam / mid):
+            high = mid
+        else:
+            low = mid + 1
+    return high
+
+
+def _fill_warning(fill: dict, batch: BatchTime, gpus: int, planned: Fraction, u: Fraction, window, source, names):
+    """The warning when the plan's full batches cannot form on average, naming the numbers; else None."""
+    n, per_gpu, most = batch.batch_size, fill["per_gpu_qps"], fill["mean_batch_at_most"]
+    if most >= n or batch.alpha_s == 0:  # with α = 0 a request costs β in a batch of any size
+        return None
+    option = (names or {}).get("max_queue_delay_s", "max_queue_delay_s")
+    which = (
+        f"{option}" if source == "given" else f"the server's default; give the model's max_queue_delay_ms as {option}"
+    )
+    text = (
+        f"batches of n = {_d(n)} will not be full: at the peak each GPU gets λ / N = "
+        f"{decimal_text(per_gpu, 1)} QPS, so the n − 1 = {_d(n - 1)} requests after a batch's first take "
+        f"{decimal_text(1000 * (n - 1) / per_gpu, 1)} ms to arrive, and the batcher would have to wait "
+        f"{decimal_text(1000 * fill['window_to_fill_s'], 1)} ms ((n − 1) / λ' − T_batch) to fill it, but it flushes "
+        f"after {decimal_text(1000 * window, 3)} ms ({which}): batches average at most {decimal_text(most, 2)} "
+        "requests"
+    )
+    if batch.alpha_s is None:
+        return text + (
+            f", and each GPU is busier than the {decimal_text(100 * planned, 1)}% planned; with --alpha and --beta "
+            '(or --profile) the plan bounds how much busier (docs/plan.md, "Do batches fill?")'
+        )
+    needed, enough = fill["gpus_needed"], fill["gpus_enough"]
+    return text + (
+        f" and at least {_f(fill['mean_batch_at_least'], 2)}, so each GPU is "
+        f"{decimal_text(100 * fill['busy_at_least'], 1)}–{_f(100 * min(1.0, fill['busy_at_most']), 1)}% busy at "
+        f"the peak, not the {decimal_text(100 * planned, 1)}% planned: for U_target {_d(u)} the peak needs "
+        + (_many(needed, "GPU") if needed == enough else f"at least {needed} and at most {_many(enough, 'GPU')}")
+        + f' where the plan counts {gpus} (docs/plan.md, "Do batches fill?")'
+    )
 
 
 def _teams(teams: list[tuple[str, Fraction]], lam: Fraction, gpus_per_qps: Fraction, n_gpu: int, k: int):
@@ -1268,6 +1432,8 @@ def _input_rows(plan: dict) -> list[tuple[str, str]]:
         rows.append((f"team {t['name']}", f"{_f(t['peak_qps'])} QPS"))
     rows.append(("T_batch", f"{_f(batch['t_batch_s'])} s ({batch['source']})"))
     rows.append(("n (requests per batch)", _f(batch["batch_size"])))
+    if batch["source"] != "ramp":  # a ramp's n is the batch its step formed, whatever the window
+        rows.append(("window w", f"{_f(1000 * i['max_queue_delay_s'])} ms ({i['max_queue_delay_source']})"))
     if batch["alpha_s"] is not None:
         rows.append(("α, β", f"{_f(batch['alpha_s'])} s, {_f(batch['beta_s'])} s per row"))
     if batch.get("ramp"):

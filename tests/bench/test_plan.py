@@ -56,7 +56,13 @@ def test_the_issue_example_rounds_up_to_ten_plus_one():
     assert names == ["GPU load", "GPUs at target", "N", "N + k"]
     assert [s["exact"] for s in p["steps"]] == ["25/4", "125/13", "10", "11"]
     assert p["steps"][0]["substituted"] == "5000 × 0.02 / 16"
-    assert p["warnings"] == []
+    # At 5000 / 10 = 500 QPS per GPU the 15 requests after a batch's first take 30 ms to arrive, 10 ms
+    # more than the 20 ms batch before it, and the server's default window is 5 ms: batches average
+    # at most 1 + 500 × (0.020 + 0.005) = 13.5 requests ("Do batches fill?").
+    [warning] = p["warnings"]
+    assert warning.startswith("batches of n = 16 will not be full: at the peak each GPU gets λ / N = 500 QPS")
+    assert "wait 10 ms ((n − 1) / λ' − T_batch) to fill it, but it flushes after 5 ms (the server's" in warning
+    assert "average at most 13.5 requests, and each GPU is busier than the 62.5% planned" in warning
 
 
 def test_an_exact_integer_stays_put_where_floats_would_round_up():
@@ -92,7 +98,8 @@ def test_target_utilization_warns_outside_the_advised_band_but_allows_up_to_one(
     assert low["result"]["gpus"] == 13
     assert "below it GPUs idle" in low["warnings"][0]
     for edge in (F(3, 5), F(7, 10)):
-        assert make(peak_qps=F(5000), target_util=edge)["warnings"] == []
+        # A 20 ms window lets batches of 16 fill at both edges' load per GPU ("Do batches fill?").
+        assert make(peak_qps=F(5000), target_util=edge, max_queue_delay_s=F(1, 50))["warnings"] == []
     for bad in (F(0), F(-1, 10), F(11, 10)):
         with pytest.raises(ValueError, match="target utilization"):
             make(peak_qps=F(5000), target_util=bad)
@@ -158,7 +165,17 @@ OPTIONS = {**PLAN_OPTIONS, "beta_s": "--beta"}
         ),
         (
             lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(scale_out_above=F(3, 2)), **n),
-            r"the scale-out threshold must be in \(0, 1\]; got 1\.5",
+            r"the scale-out threshold must be in \(0, 1\): .* is at most 1, so the autoscaler would never scale out; "
+            r"got 1\.5$",
+        ),
+        (
+            lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(scale_out_above=F(1)), **n),
+            r"the scale-out threshold must be in \(0, 1\): a pod's busy ratio, .* is at most 1, so the autoscaler "
+            r"would never scale out; got 1$",
+        ),
+        (
+            lambda **n: make(peak_qps=F(5000), max_queue_delay_s=F(-1, 1000), **n),
+            r"the queue delay must be >= 0 s; got -0\.001 s$",
         ),
     ],
     ids=[
@@ -173,6 +190,8 @@ OPTIONS = {**PLAN_OPTIONS, "beta_s": "--beta"}
         "max-replicas-below-min",
         "scale-in-below",
         "scale-out-above",
+        "scale-out-above-1",
+        "max-queue-delay",
     ],
 )
 def test_a_range_error_starts_with_the_callers_name_for_the_input(build, message):
@@ -539,6 +558,25 @@ def test_a_scale_in_threshold_below_what_the_tolerance_can_express_is_refused():
         make(peak_qps=F(5000), autoscaling=Autoscaling(scale_out_above=F("0.12345678"), scale_in_below=F(1, 10**5)))
     with pytest.raises(ValueError, match=r"= 0\.000066666667: "):
         make(peak_qps=F(5000), autoscaling=Autoscaling(scale_out_above=F(2, 3), scale_in_below=F(1, 10**5)))
+
+
+def test_a_scale_out_threshold_no_busy_ratio_exceeds_is_refused(wok_cli):
+    # A pod's busy ratio is at most 1: "out above 1" never fires. Nor does KEDA's scale-out just below 1:
+    # its threshold out / 1.1 is rounded up to 4 places, so from 0.99991 it is 0.9091 and KEDA's HPA
+    # (10% tolerance) scales out above 0.9091 × 1.1 = 1.00001. 0.9999 is the most that works in both.
+    a = make(peak_qps=F(5000), autoscaling=Autoscaling(scale_out_above=F("0.9999")))["autoscaling"]
+    assert (a["hpa"]["target_average_value"], a["keda"]["scale_out_above_effective"]) == (0.9999, 0.9999)
+    for out in ("0.99991", "0.9999999996"):
+        with pytest.raises(ValueError, match=r"^--scale-out-above: .* at most 0\.9999: KEDA's .* above 1\.00001, a "):
+            make(peak_qps=F(5000), autoscaling=Autoscaling(scale_out_above=F(out)), names=OPTIONS)
+    status, out, err = wok_cli("plan", "--peak-qps", "5000", "--t-batch", "20ms", "--batch-size", "16",
+                               "--scale-out-above", "1")  # fmt: skip
+    assert (status, out) == (2, "")
+    assert err == (
+        "wok plan: --scale-out-above: the scale-out threshold must be in (0, 1): a pod's busy ratio, the seconds "
+        "per second its model instance spends running batches, is at most 1, so the autoscaler would never scale "
+        "out; got 1\n"
+    )
 
 
 def test_autoscaling_options_are_checked():
@@ -1182,3 +1220,117 @@ def test_the_burst_duration_does_not_read_as_the_window_it_is_compared_with():
     # The docs' σ = 30 s: 182.09 s, whole seconds as before.
     p = make(burst=plan.parse_burst("base=1000,amplitude=4000,sigma=30s"))
     assert "for 182 s, longer than the 180 s" in p["autoscaling"]["why_min_replicas"]
+
+
+# ---------------------------------------------------------------------------- do batches fill?
+
+# The issue's case: 100 QPS, T(n) = 15 ms + 0.25 ms·n, n = 16, the batcher's window 5 ms.
+LOW = {"alpha": F(15, 1000), "beta": F(1, 4000), "n": F(16), "window": F(5, 1000)}
+
+
+def _low_plan(window=LOW["window"], **kw) -> dict:
+    batch = batch_from_alpha_beta(LOW["alpha"], LOW["beta"], LOW["n"])
+    return make(batch=batch, peak_qps=F(100), max_queue_delay_s=window, names=OPTIONS, **kw)
+
+
+def test_batches_that_cannot_fill_are_bounded_by_hand():
+    # Full batches: ρ = 100 × 0.019 / 16 = 0.11875 → N = 1 GPU, 11.9% busy. At λ' = 100 / 1 QPS the
+    # 15 requests after a batch's first take 150 ms to arrive: 131 ms more than the 19 ms batch, against
+    # a 5 ms window. Mean batch b, at most (1 + λ'(α + w)) / (1 − λ'β) = 3 / 0.975 = 40/13 = 3.08;
+    # at least E[min(16, 1 + Poisson(λ'w = 0.5))] = 1.5 (less P(X ≥ 16) terms, ~1e-17). Busy λ'(α/b + β):
+    # at least 100 × (0.015 × 13/40 + 0.00025) = 0.5125, at most 100 × (0.015 / 1.5 + 0.00025) = 1.025.
+    # Two GPUs: λ' = 50, b ≥ 1.25, busy at most 50 × (0.012 + 0.00025) = 0.6125 ≤ 0.65: enough.
+    p = _low_plan()
+    assert (p["result"]["gpus"], p["result"]["utilization_at_peak"]) == (1, 0.11875)
+    fill = p["result"]["batch_fill"]
+    assert fill == {
+        "per_gpu_qps": 100,
+        "window_to_fill_s": 0.131,
+        "mean_batch_at_most": 40 / 13,
+        "mean_batch_at_least": pytest.approx(1.5, rel=1e-12),
+        "busy_at_least": 0.5125,
+        "busy_at_most": pytest.approx(1.025, rel=1e-12),
+        "gpus_needed": 1,
+        "gpus_enough": 2,
+    }
+    assert (p["inputs"]["max_queue_delay_s"], p["inputs"]["max_queue_delay_source"]) == (0.005, "given")
+    [warning] = p["warnings"]
+    assert warning == (
+        "batches of n = 16 will not be full: at the peak each GPU gets λ / N = 100 QPS, so the n − 1 = 15 requests "
+        "after a batch's first take 150 ms to arrive, and the batcher would have to wait 131 ms ((n − 1) / λ' − "
+        "T_batch) to fill it, but it flushes after 5 ms (--max-queue-delay): batches average at most 3.08… requests "
+        "and at least 1.5, so each GPU is 51.2…–100% busy at the peak, not the 11.9…% planned: for U_target 0.65 "
+        'the peak needs at least 1 and at most 2 GPUs where the plan counts 1 (docs/plan.md, "Do batches fill?")'
+    )
+    # A window of the 131 ms it takes leaves full batches possible: no warning, and no bound below n.
+    assert _low_plan(window=F(131, 1000))["warnings"] == []
+    assert _low_plan(window=F(131, 1000))["result"]["batch_fill"]["mean_batch_at_most"] == 16
+    # With α = 0 a request costs β whatever its batch: nothing to warn of.
+    batch = batch_from_alpha_beta(F(0), F(1, 1000), F(16))
+    assert make(batch=batch, peak_qps=F(100), max_queue_delay_s=F(0))["warnings"] == []
+    # The least mean batch above its cap's side: E[min(16, 1 + Poisson(20))], summed directly.
+    direct = sum(min(16, 1 + j) * math.exp(-20 + j * math.log(20) - math.lgamma(j + 1)) for j in range(200))
+    assert plan.least_mean_batch(20.0, F(16)) == pytest.approx(direct, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("qps", "alpha_ms", "beta_ms", "n", "window_ms"),
+    [
+        (100, "15", "0.25", 16, "5"),
+        (50, "15", "0.25", 16, "5"),
+        (500, "2", "1.125", 16, "5"),
+        (300, "5", "0.1", 64, "2"),
+    ],
+    ids=["issue-1-gpu", "issue-2-gpus", "docs-alpha-beta", "n-64"],
+)
+def test_the_batch_fill_bounds_hold_in_the_simulator(qps, alpha_ms, beta_ms, n, window_ms):
+    # `wok simulate`'s batcher (the reference) on one GPU's share of the peak: its mean batch and busy
+    # ratio fall within the plan's bounds, and neither is the full batch's.
+    import numpy as np
+
+    from wok.bench.simulate import BatcherModel, SimConfig, simulate_step
+
+    alpha, beta, window = (exact(x, "ms") / 1000 for x in (alpha_ms, beta_ms, window_ms))
+    batch = batch_from_alpha_beta(alpha, beta, F(n))
+    fill = plan.batch_fill(F(qps), 1, batch, window, F(13, 20))
+    model = BatcherModel(alpha_s=float(alpha), beta_s=float(beta), max_batch_size=n, max_queue_delay_s=float(window))
+    cfg = SimConfig(model=model, steps=[qps], step_duration_s=200, warmup_s=5)
+    step = simulate_step(cfg, qps, np.random.default_rng(0))
+    assert fill["mean_batch_at_least"] < step["mean_batch_size"] < fill["mean_batch_at_most"] < n
+    assert fill["busy_at_least"] < step["utilization"] < fill["busy_at_most"]
+    assert qps * (alpha + beta * n) / n < fill["busy_at_least"]  # the plan's full-batch figure is below both
+
+
+def test_the_issue_case_needs_the_gpus_the_simulator_needs():
+    # The plan counts 1 GPU at 11.9% busy; the simulator has one GPU at 100 QPS 82% busy (batches of
+    # 1.9), above U_target 0.65, and two at 50 QPS each 56%: 2 GPUs, the plan's gpus_enough.
+    import numpy as np
+
+    from wok.bench.simulate import BatcherModel, SimConfig, simulate_step
+
+    fill = _low_plan()["result"]["batch_fill"]
+    model = BatcherModel(alpha_s=0.015, beta_s=0.00025, max_batch_size=16, max_queue_delay_s=0.005)
+    busy = {}
+    for gpus in (1, 2):
+        cfg = SimConfig(model=model, steps=[100 / gpus], step_duration_s=200, warmup_s=5)
+        busy[gpus] = simulate_step(cfg, 100 / gpus, np.random.default_rng(0))["utilization"]
+    assert busy[1] > 0.65 > busy[2]
+    assert (fill["gpus_needed"], fill["gpus_enough"]) == (1, 2)
+
+
+def test_the_cli_takes_the_batchers_window(tmp_path, wok_cli):
+    argv = ["plan", "--peak-qps", "100", "--alpha", "15ms", "--beta", "0.25ms", "--batch-size", "16"]
+    status, out, _ = wok_cli(*argv, "--max-queue-delay", "5ms", "--json", str(tmp_path / "p.json"))
+    assert status == 0
+    assert "it flushes after 5 ms (--max-queue-delay): batches average at most 3.08…" in out
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert (doc["inputs"]["max_queue_delay_s"], doc["result"]["batch_fill"]["gpus_enough"]) == (0.005, 2)
+    # Without it, the server's default window, said so and how to give the model's own.
+    status, out, _ = wok_cli(*argv)
+    assert status == 0
+    assert "after 5 ms (the server's default; give the model's max_queue_delay_ms as --max-queue-delay)" in out
+    status, _, err = wok_cli(*argv, "--max-queue-delay", "5")
+    assert (status, err) == (2, "wok plan: --max-queue-delay: '5' has no unit; write 5ms or 5s\n")
+    status, _, err = wok_cli(*argv, "--max-queue-delay", "-1ms")
+    assert status == 2
+    assert err.startswith("wok plan: --max-queue-delay: invalid duration '-1ms'"), err
