@@ -12,7 +12,8 @@ run, also into an environment that already has a torch (pip leaves one that sati
 alone). WOK_VENV chooses the environment's folder (default ``.venv`` in the checkout).
 `serve` and `test` with options then become `wok serve` and pytest (the same process): signals
 reach them, and the exit status is theirs. `test` alone runs the suite in two pytest passes (see
-`suite_passes`), SIGTERM passed on, and exits with the first failing pass's status.
+`suite_passes`) and exits with the first failing pass's status; Ctrl-C, SIGTERM and SIGHUP are
+passed on to the running pass and end the suite there (see `run_suite` for the status then).
 """
 
 from __future__ import annotations
@@ -135,41 +136,90 @@ def suite_passes(python: Path, cpus: int) -> list[list[str]]:
 
 
 def run_suite(passes: list[list[str]]) -> int:
-    """Run the passes in turn from the checkout; the first failing status, else 0. A SIGTERM is
-    passed on to the running pass, and a signal ends the suite there (Ctrl-C reaches the pass
-    itself, as the terminal signals the whole foreground group). The handler is in place before
-    a pass starts: a SIGTERM as it starts stops it too, not bootstrap alone with the pass orphaned."""
+    """Run the passes in turn from the checkout; the first failing pass's status, else 0.
+
+    Each pass runs in a session of its own, and SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to
+    bootstrap go to the pass's whole process group: pytest-xdist's workers too, which a signal to
+    pytest alone would leave running. A terminal's Ctrl-C, Ctrl-\\ and hang-up now reach bootstrap
+    only (the pass is out of the terminal's foreground group), so bootstrap passes them on, and
+    Ctrl-Z stops the pass with bootstrap. A signal that bootstrap was started ignoring (nohup) stays
+    ignored. The handlers are in place before a pass starts: a signal as it starts reaches it too,
+    not bootstrap alone with the pass orphaned.
+
+    A signal ends the suite: no further pass starts, and bootstrap says on one line where it stopped.
+    Its status is then that of a pass that had failed before, which an interrupted run must not
+    hide, else 128 + the signal's number (130 for Ctrl-C), as a shell reports an interrupted command.
+    """
     status = 0
+    failed: list[str] = []  # "pass N of M", for the line an interrupt prints
     stopped: list[int] = []
     running: list[subprocess.Popen] = []
+
+    def signal_pass(proc: subprocess.Popen, signum: int) -> None:
+        if os.name == "nt":  # no process groups; a console's Ctrl-C reaches the pass itself
+            if signum == signal.SIGTERM:
+                proc.terminate()
+            return
+        try:
+            os.killpg(proc.pid, signum)  # its session's one process group has the pass's id
+        except ProcessLookupError:  # the pass and all it started have ended
+            pass
 
     def forward(signum, frame):
         stopped.append(signum)
         if running:
-            running[0].send_signal(signum)
+            signal_pass(running[0], signum)
 
-    previous = signal.signal(signal.SIGTERM, forward)
+    def suspend(signum, frame):
+        # SIGSTOP, as the kernel drops a SIGTSTP sent to the pass: its process group is orphaned
+        # (its parent, bootstrap, is in another session).
+        if running:
+            signal_pass(running[0], signal.SIGSTOP)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stops here, until the shell's SIGCONT (fg, bg)
+        signal.signal(signal.SIGTSTP, suspend)
+        if running:
+            signal_pass(running[0], signal.SIGCONT)
+
+    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGTSTP")  # the last three are POSIX-only
+    handlers = {sig: forward for sig in (getattr(signal, name) for name in names if hasattr(signal, name))}
+    if hasattr(signal, "SIGTSTP"):
+        handlers[signal.SIGTSTP] = suspend
+    previous = {
+        sig: signal.signal(sig, handler) for sig, handler in handlers.items() if signal.getsignal(sig) != signal.SIG_IGN
+    }
+
+    def interrupted(where: str) -> int:
+        why = f"{status}: {', '.join(failed)} had failed" if failed else 128 + stopped[0]
+        print(
+            f"bootstrap: {signal.Signals(stopped[0]).name} {where}; the suite stops there (status {why})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return status or 128 + stopped[0]
+
     try:
-        for cmd in passes:
-            if stopped:  # between two passes: no further pass
-                return 128 + stopped[0]
-            print("+", " ".join(cmd), flush=True)
-            proc = subprocess.Popen(cmd, cwd=ROOT)
+        for number, cmd in enumerate(passes, 1):
+            if not stopped:
+                print("+", " ".join(cmd), flush=True)
+            if stopped:  # since the last pass ended (or while the line above was written): this one does not start
+                return interrupted(f"before pass {number} of {len(passes)}")
+            proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
             running.append(proc)
             if stopped:  # it came while the pass started
-                proc.send_signal(stopped[0])
-            while True:
-                try:
-                    code = proc.wait()
-                    break
-                except KeyboardInterrupt:  # the pass has it too: wait for it to end
-                    stopped.append(signal.SIGINT)
+                signal_pass(proc, stopped[0])
+            code = proc.wait()
             running.clear()
-            if stopped or code < 0:  # no further pass
-                return code if code > 0 else 128 + (stopped[0] if stopped else -code)
-            status = status or code
+            if stopped:
+                return interrupted(f"in pass {number} of {len(passes)}")
+            if code < 0:  # a signal that did not come through bootstrap (the OOM killer's): no further pass
+                return status or 128 - code
+            if code:
+                failed.append(f"pass {number} of {len(passes)}")
+                status = status or code
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return status
 
 

@@ -1,4 +1,5 @@
-"""scripts/bootstrap.py: its usage, the torch it installs, and how it hands over to `wok serve`.
+"""scripts/bootstrap.py: its usage, the torch it installs, how it hands over to `wok serve`, and how
+`test` runs the suite's passes and passes signals on to them.
 
 Nothing here runs pip: the exec test replaces bootstrap's install steps with no-ops and points it at
 the environment the tests run in (an editable reinstall of wok into the shared .venv would disturb
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import queue
+import select
 import signal
 import socket
 import subprocess
@@ -153,6 +156,19 @@ def test_a_failing_pass_fails_the_suite_after_the_passes_after_it_ran(tmp_path):
     assert bootstrap.run_suite(passes[1:]) == 0
 
 
+def test_a_pass_killed_by_a_signal_ends_the_suite_with_the_failure_before_it(tmp_path):
+    # As the OOM killer's SIGKILL, which does not come through bootstrap: the earlier failure is the status.
+    bootstrap = load_bootstrap()
+    third = tmp_path / "third"
+    passes = [
+        [sys.executable, "-c", "raise SystemExit(1)"],
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+        [sys.executable, "-c", f"open({str(third)!r}, 'w')"],
+    ]
+    assert bootstrap.run_suite(passes) == 1 and not third.exists()
+    assert bootstrap.run_suite(passes[1:]) == 128 + signal.SIGKILL and not third.exists()
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads process children from Linux's /proc")
 def test_sigterm_to_the_suite_stops_the_running_pass_and_runs_no_other(tmp_path):
     started, second = tmp_path / "started", tmp_path / "second"
@@ -179,3 +195,192 @@ def test_sigterm_to_the_suite_stops_the_running_pass_and_runs_no_other(tmp_path)
     finally:
         proc.kill()
         proc.wait()
+
+
+# A pass that stands for a pytest run: it says it runs, then takes the SIGINT of a Ctrl-C as pytest
+# does (its summary on stderr, status 2). A signal that does not reach it leaves it running a minute.
+WAITING_PASS = textwrap.dedent(
+    """
+    import os, sys, time
+    try:  # from before it says it runs: a SIGINT once it has said so is its KeyboardInterrupt
+        print("pass: running", os.getpid(), flush=True, file=sys.stderr)
+        time.sleep(60)
+    except KeyboardInterrupt:
+        print("pass: KeyboardInterrupt", flush=True, file=sys.stderr)
+        sys.exit(2)
+    """
+)
+
+
+def start_suite(tmp_path: Path, passes: list[str], prelude: str = "", **popen) -> tuple[subprocess.Popen, queue.Queue]:
+    """bootstrap's run_suite on passes of Python code, in a process of its own as `bootstrap.py test`,
+    after `prelude`; and its stderr's lines (the passes' too), then None once every process holding
+    it has ended."""
+    script = tmp_path / "suite.py"  # a file: a pass may be longer than one argument can be
+    script.write_text(
+        prelude
+        + textwrap.dedent(
+            f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("b", {str(BOOTSTRAP)!r})
+        b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+        sys.exit(b.run_suite([[sys.executable, "-c", code] for code in {passes!r}]))
+        """
+        )
+    )
+    # A session of its own: the cleanup's SIGKILL to its group reaches what it started there.
+    popen = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, **popen}
+    proc = subprocess.Popen([sys.executable, str(script)], text=True, start_new_session=True, **popen)
+    lines: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stderr:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return proc, lines
+
+
+def read_until(lines: queue.Queue, wanted: str | None, timeout: float = 30) -> list[str]:
+    """The lines up to the one that starts with `wanted`, that one too; `None`: up to the end of the
+    output, which comes once every process holding it has ended."""
+    seen: list[str] = []
+    while True:
+        try:
+            line = lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no {wanted or 'end of the output'!r} in {timeout} s; so far: {seen}") from None
+        if line is None:
+            assert wanted is None, f"the output ended before {wanted!r}: {seen}"
+            return seen
+        seen.append(line)
+        if wanted is not None and line.startswith(wanted):
+            return seen
+
+
+def pid_of(line: str) -> int:
+    return int(line.split()[-1])
+
+
+def end_all(proc: subprocess.Popen, *pids: int) -> None:
+    """Whatever a failing test left running: bootstrap's session, and the given processes and their groups."""
+    for kill, pid in [(os.killpg, proc.pid), *((k, pid) for pid in pids for k in (os.killpg, os.kill))]:
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+def test_sigint_to_bootstrap_alone_interrupts_the_running_pass_and_ends_the_suite_with_130(tmp_path):
+    second = tmp_path / "second"
+    proc, lines = start_suite(tmp_path, [WAITING_PASS, f"open({str(second)!r}, 'w')"])
+    left: list[int] = []
+    try:
+        left.append(pid_of(read_until(lines, "pass: running")[-1]))
+        proc.send_signal(signal.SIGINT)  # `kill -INT`, not a terminal's Ctrl-C to the whole group
+        assert proc.wait(timeout=10) == 128 + signal.SIGINT
+        # to the end of the output: the pass has ended, and all it started
+        assert read_until(lines, None, timeout=10) == [
+            "pass: KeyboardInterrupt",
+            "bootstrap: SIGINT in pass 1 of 2; the suite stops there (status 130)",
+        ]
+        assert not second.exists()
+    finally:
+        end_all(proc, *left)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+def test_sigterm_to_the_suite_stops_what_the_pass_started_too(tmp_path):
+    # As pytest-xdist's workers: a process the pass started, in its process group.
+    worker = "import time; time.sleep(60)"
+    starts_a_worker = (
+        f"import os, subprocess, sys; w = subprocess.Popen([sys.executable, '-c', {worker!r}]); "
+        "print('pass: running', os.getpid(), w.pid, flush=True, file=sys.stderr); w.wait()"
+    )
+    proc, lines = start_suite(tmp_path, [starts_a_worker])
+    left: list[int] = []
+    try:
+        left += map(int, read_until(lines, "pass: running")[-1].split()[-2:])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+        # The worker holds the output open while it runs (it inherited stderr): it has ended too.
+        assert read_until(lines, None, timeout=10) == [
+            "bootstrap: SIGTERM in pass 1 of 1; the suite stops there (status 143)"
+        ]
+    finally:
+        end_all(proc, *left)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+def test_an_interrupted_pass_does_not_hide_the_failure_of_the_pass_before_it(tmp_path):
+    proc, lines = start_suite(tmp_path, ["raise SystemExit(1)", WAITING_PASS])
+    left: list[int] = []
+    try:
+        left.append(pid_of(read_until(lines, "pass: running")[-1]))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 1
+        assert read_until(lines, None, timeout=10) == [
+            "bootstrap: SIGTERM in pass 2 of 2; the suite stops there (status 1: pass 1 of 2 had failed)"
+        ]
+    finally:
+        end_all(proc, *left)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+def test_ctrl_c_between_two_passes_exits_130_with_one_line_and_starts_no_further_pass(tmp_path):
+    second = tmp_path / "second"
+    # Bootstrap writes the second pass's command line before it starts it, a line far longer than a
+    # pipe holds: once its start has come through stdout, bootstrap is held in that write, after the
+    # first pass ended and before the second starts, for as long as stdout is not read.
+    token = "the second pass"
+    second_pass = f"open({str(second)!r}, 'w')  # {token} " + "x" * 2**20
+    proc, lines = start_suite(tmp_path, ["pass", second_pass], stdout=subprocess.PIPE)
+    try:
+        out = b""
+        while token.encode() not in out:
+            assert select.select([proc.stdout], [], [], 30)[0], f"no second pass line in 30 s: {out[-300:]!r}"
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            assert chunk, f"stdout ended before the second pass's line: {out[-300:]!r}"
+            out += chunk
+        proc.send_signal(signal.SIGINT)
+        proc.stdout.read()  # the rest of the line, which bootstrap then finishes writing
+        assert proc.wait(timeout=10) == 128 + signal.SIGINT
+        assert read_until(lines, None, timeout=10) == [  # and no traceback
+            "bootstrap: SIGINT before pass 2 of 2; the suite stops there (status 130)"
+        ]
+        assert not second.exists()
+    finally:
+        end_all(proc)
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="runs bootstrap on a pseudo-terminal")
+def test_ctrl_c_typed_at_a_terminal_reaches_the_pass_which_still_writes_to_the_terminal(tmp_path):
+    # The pass runs in a session of its own, out of the terminal's foreground process group: a Ctrl-C
+    # reaches bootstrap alone, which passes it on. The pass says whether its stdout is a terminal
+    # (where pytest colours its output).
+    says_if_tty = "import os, sys; print('pass: stdout is a tty:', os.isatty(1), flush=True, file=sys.stderr)\n"
+    controller, terminal = os.openpty()
+    # bootstrap's process leads its session: the terminal becomes its controlling one, as a shell's
+    # foreground job's, and the terminal signals its process group.
+    takes_the_terminal = "import fcntl, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+    proc, lines = start_suite(
+        tmp_path, [says_if_tty + WAITING_PASS], takes_the_terminal, stdin=terminal, stdout=terminal
+    )
+    os.close(terminal)
+    left: list[int] = []
+    try:
+        *_, tty, running = read_until(lines, "pass: running")
+        left.append(pid_of(running))
+        assert tty == "pass: stdout is a tty: True"
+        os.write(controller, b"\x03")
+        assert proc.wait(timeout=10) == 128 + signal.SIGINT
+        assert read_until(lines, None, timeout=10) == [
+            "pass: KeyboardInterrupt",
+            "bootstrap: SIGINT in pass 1 of 1; the suite stops there (status 130)",
+        ]
+    finally:
+        os.close(controller)
+        end_all(proc, *left)
