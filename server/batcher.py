@@ -398,7 +398,8 @@ class Batcher:
     def check_room(self) -> None:
         """Raise what `submit` would for any request now: the batcher failed, it stops, or the
         queue is full. The service asks before decoding, so that under overload a refusal
-        costs no decode (submit asks again; nothing awaits in between)."""
+        costs no decode (submit asks again: a request of many typed values is read over several
+        turns of the loop, in which the queue may fill)."""
         if self._failed is not None:
             raise ModelExecutionError(f"model '{self.name}' cannot run requests: its batcher failed: {self._failed}")
         if self._stopping:

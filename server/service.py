@@ -450,7 +450,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         rt.batcher.check_room()
         dec = decode_request(request, servable, server.settings.max_request_bytes, in_steps=True)
         if dec.pending:
-            await finish_decoding(dec, servable)
+            # A stop beginning meanwhile ends the read at the next chunk: read to the end, the
+            # request would be refused all the same, with the stop waiting for it.
+            await finish_decoding(dec, servable, self._refuse_if_stopping)
         deadline = None
         if time_remaining is not None:
             deadline = arrival + time_remaining
@@ -505,6 +507,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 server_timing(arrival, p.arrival, p.dispatched, p.started, p.compute, p.finished, resumed, done)
             )
         return resp
+
+    def _refuse_if_stopping(self) -> None:
+        # As _run refuses a request that arrives once the stop has begun (inline there, on every request's path).
+        if self.server.draining:
+            raise ShuttingDown("server is shutting down and accepts no new requests")
 
     async def ModelInfer(self, request, context):
         if isinstance(request, Unparsed):

@@ -8,8 +8,9 @@ import time
 
 import grpc
 import numpy as np
+import pytest
 
-from wok.codec import decode_request, decode_response
+from wok.codec import CONTENTS_CHUNK, decode_request, decode_response
 from wok.v2pb import grpc_service_pb2 as pb
 
 N = 1 << 22  # UINT8 values: ~0.2 s to read one by one on this machine, in 64 chunks
@@ -99,3 +100,37 @@ async def test_a_request_of_millions_of_typed_values_does_not_hold_the_event_loo
     # against ~40 to read one, and ~10 more for the size check).
     longest = max(gaps)
     assert longest < whole_s / 2, f"the loop waited {longest * 1e3:.1f} ms; a whole read takes {whole_s * 1e3:.1f} ms"
+
+
+async def test_a_request_being_read_when_the_stop_begins_is_refused_at_its_next_chunk(serve, tmp_path):
+    (tmp_path / "repo" / "big").mkdir(parents=True)
+    (tmp_path / "repo" / "big" / "model.py").write_text(MODEL)
+    (tmp_path / "repo" / "big" / "config.toml").write_text(CONFIG)
+    req = pb.ModelInferRequest(model_name="big")
+    req.inputs.add(name="X", datatype="UINT8", shape=[1, N]).contents.uint_contents.extend([1] * N)
+    payload = req.SerializeToString()
+
+    async with serve(repository=tmp_path / "repo") as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            infer = ch.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=None,
+                response_deserializer=pb.ModelInferResponse.FromString,
+            )
+            call = asyncio.ensure_future(infer(payload))
+            while server.service.active == 0:  # its handler has begun; it waits a turn before the decode
+                await asyncio.sleep(0)
+            for _ in range(3):  # past its check of the stop, its first chunk read
+                await asyncio.sleep(0)
+            stop = asyncio.ensure_future(server.stop(grace=5.0))
+            turns = 0
+            while not call.done():
+                await asyncio.sleep(0)
+                turns += 1
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call
+            await stop
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "shutting down" in info.value.details()
+    # 63 chunks, a turn each, were left to read: the stop waited for them before it ended the call.
+    assert turns < N // CONTENTS_CHUNK // 2, f"the refusal took {turns} turns of the loop"

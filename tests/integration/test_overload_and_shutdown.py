@@ -34,9 +34,9 @@ async def test_a_burst_over_max_queue_size_is_rejected_at_once_and_the_rest_succ
 
     decoded = []
 
-    def counting_decode(request, *args):
+    def counting_decode(request, *args, **kwargs):
         decoded.append(request.id)
-        return decode_request(request, *args)
+        return decode_request(request, *args, **kwargs)
 
     # A refusal is decided before the request is decoded: under overload it costs no decode.
     monkeypatch.setattr(service, "decode_request", counting_decode)

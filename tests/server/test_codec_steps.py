@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from torch import nn
 
-from wok.codec import CONTENTS_CHUNK, _packed_values, decode_request, encode_request, finish_decoding
+from wok.codec import CONTENTS_CHUNK, _packed_values, decode_request, decode_response, encode_request, finish_decoding
 from wok.config import model_config_from_dict
 from wok.datatypes import DATATYPES
 from wok.errors import InvalidInput
@@ -73,6 +73,7 @@ VALUES = {
     "UINT8": lambda n: (np.arange(n) % 256).astype(np.uint8),
     "INT16": lambda n: (np.arange(n) % 65_536 - 32_768).astype(np.int16),
     "BOOL": lambda n: np.arange(n) % 3 == 0,
+    "BYTES": lambda n: np.array([b"%d" % i for i in range(n)], dtype=object),
 }
 
 
@@ -157,6 +158,20 @@ def test_float_contents_are_read_from_their_bytes_bit_for_bit_as_raw(datatype):
     bits = np.uint32 if datatype == "FP32" else np.uint64
     np.testing.assert_array_equal(dec.inputs["X"].view(bits), raw.inputs["X"].view(bits))  # NaN payloads too
     np.testing.assert_array_equal(dec.inputs["X"].view(bits), x.view(bits))
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_float_contents_make_an_aligned_writable_array_as_values_read_one_by_one_do(datatype):
+    # Read from the serialized bytes, they start at the field's odd offset there: a view would be
+    # misaligned and read-only, and decode_response hands the client's code a response's.
+    resp = pb.ModelInferResponse(model_name="id")
+    out = resp.outputs.add(name="Y", datatype=datatype, shape=[2, 3])
+    getattr(out.contents, DATATYPES[datatype].contents_field).extend([0.5, 1.5, 2.5, 3.5, 4.5, 5.5])
+    assert _packed_values(out.contents, DATATYPES[datatype], 6) is not None
+    y = decode_response(resp)["Y"]
+    assert y.dtype == DATATYPES[datatype].numpy and y.flags.aligned and y.flags.writeable
+    y += 1
+    assert y.tolist() == [[1.5, 2.5, 3.5], [4.5, 5.5, 6.5]]
 
 
 def _field(number: int, wire_type: int, payload: bytes) -> bytes:
