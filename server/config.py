@@ -7,9 +7,11 @@ what was wrong (see `load_model_config`).
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 import sys
+import typing
 from pathlib import Path
 from typing import Literal
 
@@ -105,8 +107,12 @@ class DynamicBatchingConfig(_Strict):
     preferred_batch_sizes: tuple[StrictInt, ...] = Field(
         (), description="Batch sizes (samples) to flush at as soon as they are reached."
     )
+    # At most 2**32 - 1: the ModelConfig RPC reports it in a uint32 field, which refuses a larger one.
     max_queue_size: StrictInt = Field(
-        0, ge=0, description="Most requests queued per model; 0 is unbounded. Beyond it: RESOURCE_EXHAUSTED."
+        0,
+        ge=0,
+        le=2**32 - 1,
+        description="Most requests queued per model; 0 is unbounded. Beyond it: RESOURCE_EXHAUSTED.",
     )
     # Bounded as slo_ms, the other deadline from arrival: inf would pass the check and then fail
     # every ModelConfig call, which reports it as whole microseconds.
@@ -191,6 +197,7 @@ class InstanceConfig(_Strict):
         return v
 
 
+_MODEL_NAME = r"^[A-Za-z0-9_.\-]+$"
 Platform = Literal["torchscript", "torch_export", "python"]
 _MODULE_CALLABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
@@ -198,7 +205,7 @@ _MODULE_CALLABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)
 class ModelConfig(_Strict):
     """One served model."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    name: str = Field(min_length=1, pattern=_MODEL_NAME)
     platform: Platform = Field(
         description="torchscript (a torch.jit file), torch_export (a torch.export .pt2 program) "
         "or python (a factory 'module:callable' returning an nn.Module)."
@@ -257,8 +264,22 @@ class ModelConfig(_Strict):
         if self.platform == "python":
             if not self.factory or ":" not in self.factory:
                 raise ValueError("platform 'python' needs factory = 'module:callable'")
-        elif not self.model_file:
-            raise ValueError(f"platform {self.platform!r} needs model_file")
+            if self.model_file is not None:
+                # Refused, not ignored: the file would go unread, and the model served be the factory's.
+                raise ValueError(
+                    "model_file only applies to platforms 'torchscript' and 'torch_export'; platform 'python' "
+                    "builds its module with factory"
+                )
+        else:
+            if not self.model_file:
+                raise ValueError(f"platform {self.platform!r} needs model_file")
+            unused = [f for f in ("factory", "parameters") if getattr(self, f)]
+            if unused:
+                verb = "applies" if len(unused) == 1 else "apply"
+                raise ValueError(
+                    f"{' and '.join(unused)} only {verb} to platform 'python' (platform is {self.platform!r}, "
+                    "which loads model_file)"
+                )
         for kind, tensors in (("input", self.inputs), ("output", self.outputs)):
             names = [t.name for t in tensors]
             dup = {n for n in names if names.count(n) > 1}
@@ -500,7 +521,51 @@ def _a(value: object) -> str:
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
 
 
-def _describe(err: ValidationError) -> str:
+def _model_of(annotation: object) -> type[BaseModel] | None:
+    """The settings class a field holds: itself, or the items of a tuple of them."""
+    for t in (annotation, *typing.get_args(annotation)):
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            return t
+    return None
+
+
+def _tables(root: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """The settings classes by where they are written: "" for the top level, then each field holding
+    one ("dynamic_batching", "outputs")."""
+    found = {"": root}
+    for name, field in root.model_fields.items():
+        sub = _model_of(field.annotation)
+        if sub is not None:
+            found[name] = sub
+    return found
+
+
+def _unknown_hint(root: type[BaseModel], loc: tuple) -> str:
+    """Why the setting at `loc` may be unknown: a misspelling of one known there, or one of another
+    table (in TOML a key written after a `[table]` or `[[array]]` header belongs to that table, so a
+    top-level key added at the end of the file lands in the last one)."""
+    key = str(loc[-1])
+    table = ".".join(str(p) for p in loc[:-1] if not isinstance(p, int))
+    tables = _tables(root)
+    here = tables.get(table)
+    if here is not None:
+        close = difflib.get_close_matches(key, list(here.model_fields), n=1, cutoff=0.75)
+        if close:
+            return f"; did you mean {close[0]}?"
+    home = [name for name, cls in tables.items() if name != table and key in cls.model_fields]
+    if not home:
+        return ""
+    header = f"[[{table}]]" if any(isinstance(p, int) for p in loc) else f"[{table}]"
+    if home[0] == "":
+        where, fix = "a top-level setting", "above the first header; in YAML, not indented"
+    else:
+        where, fix = f"a setting of {home[0]}", f"under [{home[0]}]; in YAML, indented under {home[0]}"
+    return f"; {key} is {where}: in TOML, every key after a {header} header belongs to it (write {key} {fix})"
+
+
+def _describe(err: ValidationError, root: type[BaseModel] | None = None) -> str:
+    """One line for all of `err`'s errors; `root`: the settings class validated, whose fields name
+    what an unknown setting may have meant."""
     errors = err.errors()
     lines = []
     named_params = set()
@@ -524,6 +589,10 @@ def _describe(err: ValidationError) -> str:
             continue
         got = e.get("input")
         got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+        if e["type"] == "extra_forbidden":
+            # pydantic's "Extra inputs are not permitted" reads as a word about a model's inputs.
+            lines.append(f"{where}: unknown setting{got_s}{_unknown_hint(root, loc) if root else ''}")
+            continue
         hint = ""
         if loc == ("max_batch_size",) and e["type"] == "greater_than_equal":
             hint = (
@@ -534,6 +603,30 @@ def _describe(err: ValidationError) -> str:
     return "; ".join(lines)
 
 
+class _RepeatedKey(yaml.YAMLError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key given twice in one mapping: PyYAML keeps the last one
+    without a word (a second `dynamic_batching:` drops every setting of the first), where TOML refuses it."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[object, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` entries may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = lines.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: the base loader names it
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    raise _RepeatedKey(f"{key!r} is given twice, on lines {first} and {key_node.start_mark.line + 1}")
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_config_file(path: Path) -> dict:
     try:
         text = path.read_bytes().decode("utf-8")
@@ -542,9 +635,11 @@ def read_config_file(path: Path) -> dict:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start]:#04x})") from None
     try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.load(text, Loader=_UniqueKeyLoader)
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from None
+    if data is None:
+        raise ConfigError(f"{path}: expected a table of settings, got an empty document")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a table of settings, got {type(data).__name__}")
     return data
@@ -554,7 +649,7 @@ def model_config_from_dict(data: dict, source: str) -> ModelConfig:
     try:
         cfg = ModelConfig(**data)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {_describe(exc)}") from None
+        raise ConfigError(f"{source}: {_describe(exc, ModelConfig)}") from None
     except TypeError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     cfg._source = source
@@ -583,6 +678,12 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     if len(found) > 1:
         raise ConfigError(f"{model_dir}: more than one config file: {', '.join(p.name for p in found)}")
     data = read_config_file(found[0])
+    if "name" not in data and not re.fullmatch(_MODEL_NAME, model_dir.name):
+        # Else named as a setting the file does not have: "name: String should match pattern ...".
+        raise ConfigError(
+            f"{found[0]}: name: the model is named after its folder, {model_dir.name!r}, which is not a valid model "
+            "name (letters, digits, '_', '.' and '-' only): rename the folder, or set name in the config"
+        )
     data.setdefault("name", model_dir.name)
     batching = data.get("dynamic_batching")
     if isinstance(batching, dict) and isinstance(batching.get("slo_profile"), str):
@@ -596,4 +697,4 @@ def server_settings(**values) -> ServerSettings:
     try:
         return ServerSettings(**values)
     except ValidationError as exc:
-        raise ConfigError(f"server settings: {_describe(exc)}") from None
+        raise ConfigError(f"server settings: {_describe(exc, ServerSettings)}") from None

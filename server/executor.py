@@ -729,7 +729,17 @@ class Executor:
         WARMUP_MAX_ROWS, that runs on one thread (oneDNN builds a kernel for each on its first
         use, several ms)."""
         s = self.instances[0].servable
-        sample = {t.name: np.zeros((1, *t.warmup_shape()), dtype=s.input_types[t.name].numpy) for t in s.config.inputs}
+        sample = {}
+        for t in s.config.inputs:
+            shape = (1, *t.warmup_shape())
+            try:
+                sample[t.name] = np.zeros(shape, dtype=s.input_types[t.name].numpy)
+            except (MemoryError, ValueError) as exc:  # dims no host can hold (numpy: too many elements)
+                raise WarmupError(
+                    f"model '{s.name}': its start-up warm-up cannot make a sample of zeros for input '{t.name}', "
+                    f"shape {list(shape)} ({t.datatype}): {str(exc).rstrip('.')}; check that input's dims (and "
+                    f"warmup_dims) in its config ({s.config.source or 'built in code'})"
+                ) from exc
         top = padded_rows(min(s.config.max_batch_size, WARMUP_MAX_ROWS))
         sizes = sorted({padded_rows(n) for n in range(MIN_ROWS, top + 1)})
         for inst in self.instances:

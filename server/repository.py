@@ -34,6 +34,17 @@ log = logging.getLogger("wok")
 
 _packages = itertools.count(1)
 
+# What a model's code may raise as it is imported or built, each a failure of that model's load. A
+# sys.exit() there (a script's main, an argparse parse of wok's own arguments) would otherwise end the
+# server with the model's status and no word of which model, or a traceback.
+_LOAD_FAILURES = (Exception, SystemExit)
+
+
+def _failure(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
+
 
 def _import_model_folder_module(cfg: ModelConfig, model_dir: Path, module_name: str, local: Path):
     """Import `local` (the folder's file for `module_name`) as a submodule of a package private to
@@ -79,9 +90,9 @@ def _load_callable(cfg: ModelConfig, model_dir: Path, field: str, imported: dict
         if mod is None:
             try:
                 mod = _import_model_folder_module(cfg, model_dir, module_name, local)
-            except Exception as exc:
+            except _LOAD_FAILURES as exc:
                 raise ConfigError(
-                    f"model '{cfg.name}': cannot import {field} module {str(local)!r}: {type(exc).__name__}: {exc}"
+                    f"model '{cfg.name}': cannot import {field} module {str(local)!r}: {_failure(exc)}"
                 ) from exc
             imported[module_name] = mod
         found_in = str(local)
@@ -95,9 +106,9 @@ def _load_callable(cfg: ModelConfig, model_dir: Path, field: str, imported: dict
             raise ConfigError(f"model '{cfg.name}': cannot import {field} module {module_name!r}: {exc}") from None
         except ImportError as exc:
             raise ConfigError(f"model '{cfg.name}': cannot import {field} module {module_name!r}: {exc}") from None
-        except Exception as exc:  # the module itself failed as it was imported
+        except _LOAD_FAILURES as exc:  # the module itself failed as it was imported
             raise ConfigError(
-                f"model '{cfg.name}': cannot import {field} module {module_name!r}: {type(exc).__name__}: {exc}"
+                f"model '{cfg.name}': cannot import {field} module {module_name!r}: {_failure(exc)}"
             ) from exc
         found_in = f"installed module {module_name!r}"
         if getattr(mod, "__file__", None):
@@ -208,10 +219,9 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
         factory = _load_callable(cfg, model_dir, "factory", imported)
         try:
             made = factory(**cfg.parameters)
-        except Exception as exc:
+        except _LOAD_FAILURES as exc:
             raise ConfigError(
-                f"model '{cfg.name}': factory {cfg.factory} failed with parameters {cfg.parameters}: "
-                f"{type(exc).__name__}: {exc}"
+                f"model '{cfg.name}': factory {cfg.factory} failed with parameters {cfg.parameters}: {_failure(exc)}"
             ) from exc
         if isinstance(made, Servable):
             # A Servable carries a config of its own: serving it would silently drop this
@@ -272,8 +282,20 @@ class ModelRepository:
                 names = " or ".join(CONFIG_NAMES)
                 log.warning("model repository %s: folder %s has no %s; it is not served", root, d.name, names)
         if not dirs:
+            if any((root / n).is_file() for n in CONFIG_NAMES):
+                raise ConfigError(
+                    f"model repository {root} has no model folders, but a config file of its own: it is a model's "
+                    "folder; give the folder above it, the repository, which holds one folder per model"
+                )
             raise ConfigError(f"model repository {root} has no model folders (each needs {' or '.join(CONFIG_NAMES)})")
-        return cls((load_servable(d) for d in dirs), str(root))
+
+        def load(d: Path) -> Servable:
+            # Said before, not after: a model's code that hangs (a download, a lock) leaves the start
+            # silent, and this line names the model it is in.
+            log.info("model repository %s: loading %s", root, d.name)
+            return load_servable(d)
+
+        return cls((load(d) for d in dirs), str(root))
 
     @classmethod
     def demo(cls, names: Iterable[str], **options) -> ModelRepository:

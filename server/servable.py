@@ -186,7 +186,7 @@ class Servable:
                 message = str(exc) or "its check raised ValueError with no message"
                 raise InvalidInput(f"model '{self.name}' refused the request: {message}") from None
             own = exc  # numpy's refusal of a write to the request: the check is wrong, not the request
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a sys.exit() here, on the event loop, would end the server
             own = exc
         else:
             if result is not None and not self._check_returned:

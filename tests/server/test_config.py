@@ -176,13 +176,61 @@ def test_misspelt_field_is_rejected(tmp_path):
     data["max_batch_sise"] = data.pop("max_batch_size")
     msg, path = load_error(tmp_path, data)
     assert msg.startswith(f"{path}: ")
-    assert "max_batch_sise: Extra inputs are not permitted (got 8)" in msg
+    assert "max_batch_sise: unknown setting (got 8); did you mean max_batch_size?" in msg
     assert "max_batch_size: Field required" in msg
 
 
 def test_misspelt_nested_field_is_rejected(tmp_path):
     msg, _ = load_error(tmp_path, changed(dynamic_batching={"max_queue_delay": 3}))
-    assert "dynamic_batching.max_queue_delay: Extra inputs are not permitted (got 3)" in msg
+    assert "dynamic_batching.max_queue_delay: unknown setting (got 3); did you mean max_queue_delay_ms?" in msg
+
+
+# The two tables of a config in TOML: a key written after them belongs to the last one.
+TABLES = """
+[[inputs]]
+name = "INPUT0"
+datatype = "FP32"
+dims = [4]
+
+[[outputs]]
+name = "OUTPUT0"
+datatype = "FP32"
+dims = [3]
+"""
+
+
+def test_a_top_level_key_written_after_a_table_is_named_as_one_of_the_top_level(tmp_path):
+    # Appended to a file that ends in [[outputs]], a key belongs to the last output: it was refused
+    # as "outputs.0.max_batch_size: Extra inputs are not permitted", with max_batch_size "required".
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.toml").write_text('platform = "python"\nfactory = "model:build"\n' + TABLES + "max_batch_size = 8\n")
+    with pytest.raises(ConfigError) as info:
+        load_model_config(d)
+    assert str(info.value) == (
+        f"{d / 'config.toml'}: outputs.0.max_batch_size: unknown setting (got 8); max_batch_size is a top-level "
+        "setting: in TOML, every key after a [[outputs]] header belongs to it (write max_batch_size above the "
+        "first header; in YAML, not indented); max_batch_size: Field required"
+    )
+
+
+def test_a_key_of_another_table_is_named_with_its_table(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    text = 'platform = "python"\nfactory = "model:build"\nmax_batch_size = 8\n' + TABLES + "count = 2\n"
+    (d / "config.toml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_model_config(d)
+    assert str(info.value) == (
+        f"{d / 'config.toml'}: outputs.0.count: unknown setting (got 2); count is a setting of instances: in TOML, "
+        "every key after a [[outputs]] header belongs to it (write count under [instances]; in YAML, indented "
+        "under instances)"
+    )
+
+
+def test_an_unknown_setting_like_no_other_has_no_hint(tmp_path):
+    msg, path = load_error(tmp_path, changed(batching={"max_queue_delay_ms": 3}))
+    assert msg == f"{path}: batching: unknown setting"
 
 
 def test_bad_device_string(tmp_path):
@@ -215,6 +263,70 @@ def test_bad_yaml_syntax(tmp_path):
     (d / "config.yaml").write_text("platform: python\ninputs: [unclosed\n")
     with pytest.raises(ConfigError, match=re.escape(f"{d / 'config.yaml'}: not valid YAML")):
         load_model_config(d)
+
+
+def test_a_yaml_key_given_twice_is_refused_as_toml_refuses_it(tmp_path):
+    # PyYAML kept the last silently: max_batch_size 64, and the second dynamic_batching dropped the
+    # first's max_queue_delay_ms (5.0, the default, served instead of 2.0).
+    d = tmp_path / "m"
+    d.mkdir()
+    text = yaml.safe_dump(BASE, sort_keys=False) + "max_batch_size: 64\n"
+    (d / "config.yaml").write_text(text)
+    line = text.splitlines().index("max_batch_size: 8") + 1
+    with pytest.raises(ConfigError) as info:
+        load_model_config(d)
+    assert str(info.value) == (
+        f"{d / 'config.yaml'}: not valid YAML: 'max_batch_size' is given twice, on lines {line} and "
+        f"{len(text.splitlines())}"
+    )
+    nested = yaml.safe_dump(BASE, sort_keys=False).replace(
+        "max_queue_delay_ms: 2.0", "max_queue_delay_ms: 2.0\n  max_queue_delay_ms: 3"
+    )
+    (d / "config.yaml").write_text(nested)
+    with pytest.raises(ConfigError, match=re.escape("not valid YAML: 'max_queue_delay_ms' is given twice")):
+        load_model_config(d)
+    # A key a merge (`<<: *tensor`) brings may still be given again: that is what merges are for.
+    text = yaml.safe_dump({k: v for k, v in BASE.items() if k != "outputs"}, sort_keys=False).replace(
+        "inputs:\n- name: INPUT0", "inputs:\n- &tensor\n  name: INPUT0"
+    )
+    (d / "config.yaml").write_text(text + "outputs:\n- <<: *tensor\n  name: OUTPUT0\n")
+    cfg = load_model_config(d)
+    assert [(t.name, t.dims) for t in cfg.outputs] == [("OUTPUT0", (4,))]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"model_file": "model.pt"},
+            "model_file only applies to platforms 'torchscript' and 'torch_export'; platform 'python' builds its "
+            "module with factory",
+        ),
+        (
+            {"platform": "torchscript", "model_file": "model.pt"},
+            "factory and parameters only apply to platform 'python' (platform is 'torchscript', which loads "
+            "model_file)",
+        ),
+        (
+            {"platform": "torch_export", "model_file": "model.pt2", "factory": None},
+            "parameters only applies to platform 'python' (platform is 'torch_export', which loads model_file)",
+        ),
+    ],
+)
+def test_a_setting_of_the_other_platform_is_refused_not_ignored(tmp_path, change, message):
+    # Each was accepted and never read: a python model's model_file, a torchscript model's factory.
+    data = {k: v for k, v in changed(**change).items() if v is not None}
+    msg, path = load_error(tmp_path, data)
+    assert msg == f"{path}: (top level): {message}"
+
+
+def test_an_empty_yaml_config_is_named_so(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.yaml").write_text("# nothing yet\n")
+    with pytest.raises(ConfigError) as info:
+        load_model_config(d)
+    assert str(info.value) == f"{d / 'config.yaml'}: expected a table of settings, got an empty document"
 
 
 def test_config_that_is_not_a_table(tmp_path):
@@ -265,7 +377,20 @@ def test_explicit_name_wins_over_folder_name(tmp_path):
     assert load_model_config(write_model(tmp_path, changed(name="other"), name="folder")).name == "other"
 
 
-def test_folder_name_unfit_for_a_model_name(tmp_path):
+def test_a_folder_name_unfit_for_a_model_name_is_named_as_the_folders(tmp_path):
+    # The config sets no name: it was refused as "name: String should match pattern ...", a setting
+    # the file does not have.
+    d = write_model(tmp_path, BASE, name="my model")
+    with pytest.raises(ConfigError) as info:
+        load_model_config(d)
+    assert str(info.value) == (
+        f"{d / 'config.toml'}: name: the model is named after its folder, 'my model', which is not a valid model "
+        "name (letters, digits, '_', '.' and '-' only): rename the folder, or set name in the config"
+    )
+    assert load_model_config(write_model(tmp_path, changed(name="mine"), name="my model")).name == "mine"
+
+
+def test_a_name_unfit_for_a_model_name(tmp_path):
     msg, _ = load_error(tmp_path, changed(name="has space"))
     assert "name: String should match pattern" in msg
     assert "(got 'has space')" in msg
@@ -356,7 +481,7 @@ def test_demo_options_list_each_builders_keywords_and_their_types():
 
 
 def test_server_settings_unknown_field():
-    with pytest.raises(ConfigError, match=re.escape("grpc_prot: Extra inputs are not permitted (got 1)")):
+    with pytest.raises(ConfigError, match=re.escape("grpc_prot: unknown setting (got 1); did you mean grpc_port?")):
         server_settings(grpc_prot=1)
 
 
@@ -619,3 +744,13 @@ def test_default_timeout_ms_is_finite_and_bounded_as_slo_ms(tmp_path, value):
 def test_default_timeout_ms_takes_its_bound(tmp_path):
     cfg = load_model_config(write_model(tmp_path, changed(dynamic_batching={"default_timeout_ms": 600_000})))
     assert cfg.dynamic_batching.default_timeout_ms == 600_000.0
+
+
+def test_max_queue_size_fits_the_model_config_rpcs_uint32(tmp_path):
+    # 2**32 loaded, and then every ModelConfig call failed: UNKNOWN, "Value out of range", with a
+    # traceback in the server's log.
+    assert load_model_config(write_model(tmp_path, changed(dynamic_batching={"max_queue_size": 2**32 - 1})))
+    msg, path = load_error(tmp_path / "b", changed(dynamic_batching={"max_queue_size": 2**32}))
+    assert msg == (
+        f"{path}: dynamic_batching.max_queue_size: Input should be less than or equal to 4294967295 (got 4294967296)"
+    )

@@ -356,6 +356,29 @@ def test_factory_returning_non_module(tmp_path):
     assert str(info.value) == "model 'm': factory model:build returned dict, expected an nn.Module"
 
 
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (
+            "import sys\ndef build():\n    sys.exit(3)\n",
+            "model 'm': factory model:build failed with parameters {}: it called sys.exit(3)",
+        ),
+        (
+            # As model code that parses arguments at import would, meeting wok's own.
+            "import sys\nsys.exit('usage: model.py [-h]')\n",
+            "model 'm': cannot import factory module '{d}/model.py': it called sys.exit('usage: model.py [-h]')",
+        ),
+    ],
+)
+def test_model_code_calling_sys_exit_fails_its_load_naming_the_model(tmp_path, source, message):
+    # SystemExit went past the load: `wok serve` ended with the model's status (3) and not a word.
+    d = model_dir(tmp_path, "m", "python", extra='factory = "model:build"')
+    (d / "model.py").write_text(source)
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == message.replace("{d}", str(d))
+
+
 @pytest.mark.parametrize("kind", ["input", "output"])
 def test_a_bytes_tensor_is_refused_by_name_before_any_model_code_is_imported(tmp_path, kind):
     d = model_dir(tmp_path, "t", "python", extra='factory = "model:build"')
@@ -581,6 +604,34 @@ def test_empty_repository(tmp_path):
     assert "config.toml" in msg
 
 
+def test_a_model_folder_given_as_the_repository_is_named_so(tmp_path):
+    d = model_dir(tmp_path, "m", "python", extra='factory = "torch.nn:Identity"', out_dims="[4]")
+    with pytest.raises(ConfigError) as info:
+        ModelRepository.from_directory(d)
+    assert str(info.value) == (
+        f"model repository {d} has no model folders, but a config file of its own: it is a model's folder; give "
+        "the folder above it, the repository, which holds one folder per model"
+    )
+
+
+def test_each_model_is_named_in_the_log_before_it_loads(tmp_path, caplog):
+    # A factory that hangs (a download, a lock) left the start silent, naming no model.
+    for name in ("b", "a"):
+        model_dir(tmp_path, name, "python", extra='factory = "model:build"', out_dims="[4]")
+        (tmp_path / name / "model.py").write_text(
+            "import logging\nimport torch\n\n\ndef build():\n"
+            "    logging.getLogger('wok').info('built')\n    return torch.nn.Identity()\n"
+        )
+    with caplog.at_level("INFO", logger="wok"):
+        ModelRepository.from_directory(tmp_path)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"model repository {tmp_path}: loading a",
+        "built",
+        f"model repository {tmp_path}: loading b",
+        "built",
+    ]
+
+
 def test_a_folder_without_a_config_is_named_in_a_warning(tmp_path, caplog):
     write_torchscript(tmp_path, "good")
     (tmp_path / "typo").mkdir()
@@ -676,6 +727,10 @@ def failed_starts(tmp_path_factory):
         config.write_text(config.read_text().replace('devices = ["cpu"]', 'devices = ["cuda:0"]'))
         argv = [*argv[:5], str(root), *argv[6:]]
         runs["cuda"] = (subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), d)
+    root = tmp_path_factory.mktemp("huge")
+    d = model_dir(root, "m", "python", extra='factory = "torch.nn:Identity"', in_dims="[1000000000000, 1000000000000]")
+    argv = [*argv[:5], str(root), *argv[6:]]
+    runs["huge"] = (subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), d)
     yield runs
     for proc, _ in runs.values():
         if proc.poll() is None:
@@ -720,4 +775,19 @@ def test_a_model_on_a_cuda_device_the_machine_lacks_makes_wok_serve_exit_2_namin
     assert proc.returncode == 2, stderr[-2000:]
     assert stderr.splitlines()[-1:] == [
         f"wok: {d / 'config.toml'}: instances.devices: device 'cuda:0' requested but no CUDA device is present"
+    ]
+
+
+def test_dims_too_large_for_the_warm_up_make_wok_serve_exit_2_naming_the_input_and_config(failed_starts):
+    # numpy's error ended the start with exit 1, "cannot start: array is too big; ..." (or, for dims of a few
+    # TiB, "Unable to allocate 3.64 TiB ..."), naming neither the model nor its config. Too big for any
+    # machine: numpy refuses it without asking the system for memory, which may overcommit.
+    proc, d = failed_starts["huge"]
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2, stderr[-2000:]
+    assert stderr.splitlines()[-1:] == [
+        "wok: model 'm': its start-up warm-up cannot make a sample of zeros for input 'INPUT0', shape "
+        "[1, 1000000000000, 1000000000000] (FP32): array is too big; `arr.size * arr.dtype.itemsize` is larger "
+        f"than the maximum possible size; check that input's dims (and warmup_dims) in its config "
+        f"({d / 'config.toml'})"
     ]

@@ -133,6 +133,15 @@ def test_a_check_that_raises_anything_but_value_error_is_its_own_failure_not_the
     assert str(info.value) == "model 'chk': its check (model:check) failed: KeyError: 'a bug in the check'"
 
 
+def test_a_check_that_calls_sys_exit_fails_itself_and_not_the_server(tmp_path):
+    # SystemExit went through the event loop: one request ended `wok serve`, every client's calls with it.
+    source = CHECKED_MODEL + "\n\ndef exits(inputs):\n    import sys\n\n    sys.exit(4)\n"
+    s = load_servable(checked_model(tmp_path, check="model:exits", source=source))
+    with pytest.raises(ModelExecutionError) as info:
+        s.check({"INPUT0": np.ones((1, 4), np.float32)})
+    assert str(info.value) == "model 'chk': its check (model:exits) failed: SystemExit: 4"
+
+
 def test_a_check_that_writes_to_the_request_fails_itself_not_the_request(tmp_path):
     """numpy refuses the write with a ValueError, which is the check's fault, not the client's."""
     s = load_servable(checked_model(tmp_path, check="model:clips"))
