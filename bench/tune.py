@@ -11,7 +11,8 @@ The bisection runs between 1 % of the setting's throughput ceiling
 instances · n / E[T(n)] (n = max_batch_size) and the ceiling itself, which counts as
 failing: at or above it the queue grows for as long as the load lasts. A setting that
 misses the SLO already at 1 % of its ceiling (a delay plus a batch longer than the SLO)
-scores 0. The setting with the highest such QPS wins
+scores 0; that step is lengthened to expect at least `MIN_LOW_ARRIVALS` arrivals. The setting
+with the highest such QPS wins
 (the default setting, 32 and 5 ms unless told otherwise, is always tried and can win);
 settings within `tie` (relative) of the best count as equal, and among them the one with
 the shortest delay, then the smallest batch, wins: it gives the lowest latency for the
@@ -61,6 +62,9 @@ OVERHEAD_SCHEMA = "wok.overhead/1"
 CPU_SCHEMA = "wok.cpustage/1"
 DEFAULT_SETTING = (32, 5e-3)  # the demo mlp's (and a repository model's default delay)
 LOW_FRACTION = 0.01
+# The light-load step is lengthened to expect at least this many arrivals: at 1 % of a slow setting's
+# ceiling a 10 s step can hold none, and a step without requests has no P99, so it failed the setting.
+MIN_LOW_ARRIVALS = 100
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -131,24 +135,32 @@ def profile_from_document(doc: dict, where: str = "profile") -> Profile:
         fit = doc["fit"]
         alpha, beta = float(fit["alpha_s"]), float(fit["beta_s"])
         r2 = fit.get("r2")
+        r2 = None if r2 is None else float(r2)
         samples = []
-        for b in doc.get("batches", []):
+        for i, b in enumerate(doc.get("batches", [])):
             times = tuple(float(x) for x in (b.get("samples_s") or []))
             if times:
-                samples.append((int(b["batch_size"]), times))
+                samples.append((i, int(b["batch_size"]), times))
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{where}: not a readable {PROFILE_SCHEMA} document: {exc!r}") from exc
     for name, value in (("fit.alpha_s", alpha), ("fit.beta_s", beta)):
         if not math.isfinite(value):
             raise ValueError(f"{where}: {name}: expected a finite number; got {value!r}")
+    # A NaN or infinite batch time passed the simulator's `> 0` check and surfaced mid-search as
+    # "a request with code OK has no completion time", naming neither the file nor the sample.
+    for i, _, times in samples:
+        bad = next((t for t in times if not math.isfinite(t)), None)
+        if bad is not None:
+            raise ValueError(f"{where}: batches[{i}].samples_s: expected finite seconds; got {bad!r}")
     # As `wok plan --profile` reads the same fit (one profile, one T(n)): β, the time per row, must be
     # ≥ 0; a fit can come out with α below 0 (noise at small n), which the simulator cannot take, so
     # it is clamped to 0, T(n) = β·n, and the result warns (`warnings`).
     if beta < 0:
         raise ValueError(f"{where}: fit.beta_s: β must be >= 0; got β={beta!r} s")
     fitted = alpha if alpha < 0 else None
-    r2 = None if r2 is None else float(r2)
-    return Profile(max(alpha, 0.0), beta, r2, tuple(samples), where, fitted_alpha_s=fitted)
+    if r2 is not None and not math.isfinite(r2):
+        r2 = None  # strict JSON writes it as null all the same
+    return Profile(max(alpha, 0.0), beta, r2, tuple((n, t) for _, n, t in samples), where, fitted_alpha_s=fitted)
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -186,14 +198,18 @@ def load_overhead(path: Path, what: str = "--overhead-samples") -> tuple[float, 
     doc = read_json(path, what)
     samples = doc.get("samples_s")
     if doc.get("schema") != OVERHEAD_SCHEMA or not samples:
-        raise ValueError(f"{path}: expected a {OVERHEAD_SCHEMA} document with samples_s")
+        raise ValueError(f"{what} {path}: expected a {OVERHEAD_SCHEMA} document with samples_s")
     if not isinstance(samples, list):
         raise ValueError(f"{what} {path}: samples_s: expected a list of seconds; got {json_kind(samples)}")
-    try:
-        return tuple(float(x) for x in samples)
-    except (TypeError, ValueError):
-        bad = next(x for x in samples if not isinstance(x, (int, float)) or isinstance(x, bool))
-        raise ValueError(f"{what} {path}: samples_s: expected numbers of seconds; got {json_kind(bad)}") from None
+    # float() takes true as 1 s; a NaN or an infinity left requests without a completion time
+    # mid-search, and a negative one was refused by the simulator without the file's name.
+    bad = next((x for x in samples if not isinstance(x, (int, float)) or isinstance(x, bool)), None)
+    if bad is not None:
+        raise ValueError(f"{what} {path}: samples_s: expected numbers of seconds; got {json_kind(bad)}")
+    bad = next((x for x in samples if not 0 <= x < math.inf), None)
+    if bad is not None:
+        raise ValueError(f"{what} {path}: samples_s: expected finite seconds ≥ 0; got {bad!r}")
+    return tuple(float(x) for x in samples)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -418,7 +434,9 @@ def max_qps(model: BatcherModel, search: SearchConfig, overhead_at: OverheadAt |
     top = ceiling_qps(model)
     lo, hi = LOW_FRACTION * top, top
     slo = search.slo_p99_ms
-    best = evaluate(model, lo, search, overhead_at)
+    longer = MIN_LOW_ARRIVALS / lo
+    low = replace(search, duration_s=longer) if search.duration_s < longer < math.inf else search
+    best = evaluate(model, lo, low, overhead_at)
     out = {"ceiling_qps": top, "evaluations": 1}
     if not analysis.passes_slo(best, slo):
         return out | {"max_qps": 0.0, "step": best}
@@ -440,13 +458,23 @@ def highest_rate(top_qps: float, iterations: int) -> float:
     return top_qps - (top_qps - lo) * 0.5**iterations
 
 
+def delay_ms(delay_s: float) -> float:
+    """A delay in ms as the result records it and settings are told apart: rounded to the picosecond, so
+    that one delay given in two units (`--delays 0.0013s`, `--default 32,1.3ms`: 1.3 × 1e-3 is not 0.0013
+    in binary) is one setting, not two rows of which only one counts as the grid's."""
+    return round(1e3 * delay_s, 9)
+
+
 def grid_of(
     batch_sizes: Sequence[int], delays_s: Sequence[float], default: tuple[int, float] | None
 ) -> list[tuple[int, float]]:
-    """The settings `tune` searches: the grid, in order, then the default when it is outside it."""
-    grid = [(n, d) for n in batch_sizes for d in delays_s]
-    if default is not None and default not in grid:
-        grid.append(default)
+    """The settings `tune` searches: the grid, in order, each setting once, then the default when it is
+    outside it."""
+    grid, seen = [], set()
+    for n, d in [(n, d) for n in batch_sizes for d in delays_s] + ([default] if default is not None else []):
+        if (n, delay_ms(d)) not in seen:
+            seen.add((n, delay_ms(d)))
+            grid.append((n, d))
     return grid
 
 
@@ -556,7 +584,7 @@ def _row(max_batch_size: int, delay_s: float, found: dict) -> dict:
     step = found["step"]
     return {
         "max_batch_size": max_batch_size,
-        "max_queue_delay_ms": 1e3 * delay_s,
+        "max_queue_delay_ms": delay_ms(delay_s),
         "max_qps": found["max_qps"],
         "ceiling_qps": found["ceiling_qps"],
         "p99_ms": step["latency_ms"]["p99"],
@@ -603,7 +631,7 @@ def tune(
     for n, d in grid:
         model = model_for(profile, n, d, instances=instances, overhead_s=overhead_s, sampled=sampled, cpu=cpu)
         row = _row(n, d, max_qps(model, search, overhead_at))
-        row["in_grid"] = n in batch_sizes and d in delays_s
+        row["in_grid"] = n in batch_sizes and delay_ms(d) in {delay_ms(x) for x in delays_s}
         rows.append(row)
         say(f"max_batch_size {n}, delay {1e3 * d:g} ms: {row['max_qps']:.0f} QPS")
     # The default competes too: the tuner never recommends a setting it predicts to be worse
@@ -612,7 +640,7 @@ def tune(
     default_row = None
     if default is not None:
         default_row = next(
-            r for r in rows if (r["max_batch_size"], r["max_queue_delay_ms"]) == (default[0], 1e3 * default[1])
+            r for r in rows if (r["max_batch_size"], r["max_queue_delay_ms"]) == (default[0], delay_ms(default[1]))
         )
     o = np.asarray(overhead_s, dtype=np.float64)
     # As model_for built every setting's model: what was simulated, not what was asked for.
@@ -650,7 +678,7 @@ def tune(
             "cpu": None if cpu is None else cpu.as_dict(),
             "instances": instances,
             "batch_sizes": list(batch_sizes),
-            "delays_ms": [1e3 * d for d in delays_s],
+            "delays_ms": [delay_ms(d) for d in delays_s],
             "sim_duration_s": search.duration_s,
             "sim_warmup_s": search.warmup_s,
             "iterations": search.iterations,

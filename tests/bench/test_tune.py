@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -125,6 +126,89 @@ def test_a_delay_longer_than_the_slo_scores_zero_and_the_tuner_picks_another():
     assert result["chosen"] is rows[0.0] and result["default"] is None
     only_bad = tune(profile, search, [8], [10e-3], default=None)
     assert only_bad["chosen"] is None and only_bad["config_toml"] is None
+
+
+def test_a_slow_settings_light_load_step_holds_requests_to_judge():
+    # T = 100 ms, batches of one, constant arrivals: below the 10 QPS ceiling no request waits, every
+    # latency is 100 ms ≤ 150 ms, so the answer is 10 − 9.9/2⁸ as for any setting whose latency never
+    # grows. The 1 % step (0.1 QPS: one arrival every 10 s, the first in the 1 s warm-up) of a 2 s step
+    # held no request, had no P99, and failed the setting at 0 QPS ("no setting meets the SLO").
+    search = SearchConfig(slo_p99_ms=150.0, arrival="constant", duration_s=2.0, warmup_s=1.0)
+    found = max_qps(BatcherModel(alpha_s=0.1, beta_s=0.0, max_batch_size=1, max_queue_delay_s=0.0), search)
+    assert found["max_qps"] == pytest.approx(10 - 9.9 / 256)
+    # A setting that does fail at light load fails on requests: batches of 4 at 0.4 QPS never fill, so
+    # each of the step's 100 requests waits the whole 1 s window, 1.1 s > 500 ms.
+    slow = BatcherModel(alpha_s=0.1, beta_s=0.0, max_batch_size=4, max_queue_delay_s=1.0)
+    found = max_qps(slow, replace(search, slo_p99_ms=500.0))
+    assert found["max_qps"] == 0.0 and found["step"]["requests"] == 100
+    assert found["step"]["latency_ms"]["p99"] == pytest.approx(1100.0)
+
+
+def test_one_delay_in_two_units_is_one_setting():
+    # 1.3 ms as "1.3ms" is 1.3 × 1e-3 = 0.0013000000000000002 s, as "0.0013s" it is 0.0013: the
+    # default was searched a second time, as a setting outside the grid, and recorded as 1.3000000000000003 ms.
+    search = SearchConfig(slo_p99_ms=50.0, duration_s=0.5, warmup_s=0.0, iterations=1)
+    result = tune(Profile(1e-3, 1e-4), search, [4, 4], [0.0013], default=(4, 1.3 * 1e-3))
+    assert [(r["max_batch_size"], r["max_queue_delay_ms"], r["in_grid"]) for r in result["settings"]] == [
+        (4, 1.3, True)
+    ]
+    assert result["default"] is result["settings"][0] is result["chosen"]
+
+
+@pytest.mark.parametrize(
+    "fit, batches, message",
+    [
+        ({"r2": {}}, [], "p.json: not a readable wok.profile/1 document: TypeError("),
+        ({"r2": "abc"}, [], "p.json: not a readable wok.profile/1 document: ValueError("),
+        ({}, [{"batch_size": 1, "samples_s": [1e-3]}, {"batch_size": 4, "samples_s": [2e-3, float("nan")]}],
+         "p.json: batches[1].samples_s: expected finite seconds; got nan"),
+        ({}, [{"batch_size": 1, "samples_s": [float("inf")]}],
+         "p.json: batches[0].samples_s: expected finite seconds; got inf"),
+    ],
+)  # fmt: skip
+def test_a_profile_that_cannot_be_simulated_is_refused_naming_the_file_and_field(fit, batches, message):
+    # r2 was read outside the readable-document check (a dict: a traceback; "abc": a message without the
+    # file); a NaN or infinite sample passed the simulator's check and failed mid-search as "a request
+    # with code OK has no completion time".
+    doc = {"schema": "wok.profile/1", "fit": {"alpha_s": 1e-3, "beta_s": 1e-4, **fit}, "batches": batches}
+    with pytest.raises(ValueError) as refused:
+        profile_from_document(doc, "p.json")
+    assert str(refused.value).startswith(message), refused.value
+
+
+def test_a_profile_whose_r2_is_not_a_number_is_refused_with_one_line(tmp_path, wok_cli):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": 1e-3, "beta_s": 1e-4, "r2": {}}}))
+    status, _, err = wok_cli("tune", "--slo-p99", "50ms", "--profile", str(path))
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"wok tune: {path}: not a readable wok.profile/1 document: TypeError("), err
+
+
+@pytest.mark.parametrize(
+    "samples, why",
+    [
+        ([1e-3, float("nan")], "samples_s: expected finite seconds ≥ 0; got nan"),
+        ([float("inf")], "samples_s: expected finite seconds ≥ 0; got inf"),
+        ([1e-3, -2e-3], "samples_s: expected finite seconds ≥ 0; got -0.002"),
+        ([True, 1e-3], "samples_s: expected numbers of seconds; got true"),
+    ],
+)
+def test_overhead_samples_that_cannot_be_simulated_are_refused_naming_the_file(samples, why, tmp_path):
+    # NaN and infinity failed mid-search ("a request with code OK has no completion time"), a negative
+    # sample was refused by the simulator without the file's name, and true was a 1 s overhead.
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps({"schema": "wok.overhead/1", "samples_s": samples}))
+    with pytest.raises(ValueError) as refused:
+        load_overhead(path)
+    assert str(refused.value) == f"--overhead-samples {path}: {why}"
+
+
+def test_an_overhead_file_of_another_schema_is_refused_naming_its_option(tmp_path):
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps({"schema": "wok.overhead/2", "samples_s": [1e-3]}))
+    with pytest.raises(ValueError) as refused:
+        load_overhead(path)
+    assert str(refused.value) == f"--overhead-samples {path}: expected a wok.overhead/1 document with samples_s"
 
 
 def test_choose_breaks_ties_by_delay_then_batch_size():
