@@ -1095,6 +1095,9 @@ def run_plan(args) -> int:
     if args.from_ramp is not None:
         if args.batch_size is not None:
             raise ValueError("--from-ramp takes n from the ramp: drop --batch-size")
+        if args.max_queue_delay is not None:
+            # Unread: the ramp's n is the batch its step formed, window and all.
+            raise ValueError("--from-ramp takes n as the ramp's batches formed it: drop --max-queue-delay")
         batch = plan.batch_from_ramp(args.from_ramp)
     else:
         if args.batch_size is None:

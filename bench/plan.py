@@ -903,7 +903,7 @@ def batch_fill(lam: Fraction, gpus: int, batch: BatchTime, window: Fraction, tar
     out.update(
         mean_batch_at_least=least,
         busy_at_least=_busy(per_gpu, batch, out["mean_batch_at_most"]),
-        busy_at_most=float(_busy(per_gpu, batch, least)),
+        busy_at_most=min(1.0, float(_busy(per_gpu, batch, least))),  # past 1: the GPU saturates
         gpus_needed=_least_gpus(lam, gpus, lambda q: _busy(q, batch, _most_batch(q, batch, window)) <= target_util),
         gpus_enough=_least_gpus(
             lam, gpus, lambda q: _busy(q, batch, least_mean_batch(float(q * window), n)) <= target_util
@@ -946,8 +946,22 @@ def _least_gpus(lam: Fraction, start: int, enough) -> int:
 def _fill_warning(fill: dict, batch: BatchTime, gpus: int, planned: Fraction, u: Fraction, window, source, names):
     """The warning when the plan's full batches cannot form on average, naming the numbers; else None."""
     n, per_gpu, most = batch.batch_size, fill["per_gpu_qps"], fill["mean_batch_at_most"]
-    if most >= n or batch.alpha_s == 0:  # with α = 0 a request costs β in a batch of any size
+    if batch.alpha_s == 0:  # with α = 0 a request costs β in a batch of any size
         return None
+    if most >= n:
+        # Full batches can form on average, but only when n − 1 requests arrive within the window after
+        # a batch's first (the instance is free at U_target < 1): the lower bound is the close one, and
+        # `wok simulate` at w = window_to_fill_s forms batches of 6 of 16, 73% busy for a 62.5% plan.
+        if batch.alpha_s is None or fill["gpus_enough"] <= gpus:
+            return None
+        return (
+            f"batches of n = {_d(n)} may not be full: at the peak each GPU gets λ / N = "
+            f"{decimal_text(per_gpu, 1)} QPS, and a batch below n waits only {decimal_text(1000 * window, 3)} ms "
+            f"for the requests after its first: batches average at least {_f(fill['mean_batch_at_least'], 2)}, "
+            f"so each GPU may be up to {_f(100 * min(1.0, fill['busy_at_most']), 1)}% busy at the peak, not the "
+            f"{decimal_text(100 * planned, 1)}% planned: for U_target {_d(u)} the peak needs at most "
+            f'{_many(fill["gpus_enough"], "GPU")} where the plan counts {gpus} (docs/plan.md, "Do batches fill?")'
+        )
     option = (names or {}).get("max_queue_delay_s", "max_queue_delay_s")
     which = (
         f"{option}" if source == "given" else f"the server's default; give the model's max_queue_delay_ms as {option}"
@@ -962,8 +976,9 @@ def _fill_warning(fill: dict, batch: BatchTime, gpus: int, planned: Fraction, u:
     )
     if batch.alpha_s is None:
         return text + (
-            f", and each GPU is busier than the {decimal_text(100 * planned, 1)}% planned; with --alpha and --beta "
-            '(or --profile) the plan bounds how much busier (docs/plan.md, "Do batches fill?")'
+            f", and each GPU may be busier than the {decimal_text(100 * planned, 1)}% planned (it is when T_batch "
+            "has a fixed part); with --alpha and --beta (or --profile) the plan bounds how much busier (docs/plan.md, "
+            '"Do batches fill?")'
         )
     needed, enough = fill["gpus_needed"], fill["gpus_enough"]
     return text + (
