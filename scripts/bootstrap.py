@@ -135,6 +135,51 @@ def suite_passes(python: Path, cpus: int) -> list[list[str]]:
     return [[*pytest, "-n", "2", "--dist", "loadfile", "-m", "not serial"], [*pytest, "-m", "serial"]]
 
 
+# Runs beside a pass, in a session of its own, and kills the pass's process group unless bootstrap
+# says "done" before its end of the pipe closes: bootstrap killed outright (SIGKILL to it or to its
+# group: `timeout -s KILL`, a CI runner) would otherwise leave the pass and its xdist workers running,
+# as they are out of bootstrap's group.
+PASS_GUARD = """
+import os, signal, sys
+if sys.stdin.buffer.read() != b"done":
+    try:
+        os.killpg(int(sys.argv[1]), signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+"""
+
+
+def _die_with_bootstrap() -> Callable[[], None] | None:
+    """A preexec_fn that kills the pass if bootstrap dies before its guard runs (Linux; else None).
+    Its workers are started later than that, and the guard kills them."""
+    if sys.platform != "linux":
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # bootstrap ended before the line above: no signal will come
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
+
+
+def _guard(proc: subprocess.Popen) -> subprocess.Popen | None:
+    if os.name == "nt":
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-c", PASS_GUARD, str(proc.pid)], stdin=subprocess.PIPE, start_new_session=True
+    )
+
+
+def _release(guard: subprocess.Popen | None) -> None:
+    if guard is not None:
+        guard.communicate(b"done")
+
+
 def run_suite(passes: list[list[str]]) -> int:
     """Run the passes in turn from the checkout; the first failing pass's status, else 0.
 
@@ -144,7 +189,8 @@ def run_suite(passes: list[list[str]]) -> int:
     only (the pass is out of the terminal's foreground group), so bootstrap passes them on, and
     Ctrl-Z stops the pass with bootstrap. A signal that bootstrap was started ignoring (nohup) stays
     ignored. The handlers are in place before a pass starts: a signal as it starts reaches it too,
-    not bootstrap alone with the pass orphaned.
+    not bootstrap alone with the pass orphaned. Bootstrap killed outright cannot pass anything on: then
+    the pass's guard (PASS_GUARD) kills its group, and the pass dies with bootstrap before the guard runs.
 
     A signal ends the suite: no further pass starts, and bootstrap says on one line where it stopped.
     Its status is then that of a pass that had failed before, which an interrupted run must not
@@ -204,11 +250,13 @@ def run_suite(passes: list[list[str]]) -> int:
                 print("+", " ".join(cmd), flush=True)
             if stopped:  # since the last pass ended (or while the line above was written): this one does not start
                 return interrupted(f"before pass {number} of {len(passes)}")
-            proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
+            proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, preexec_fn=_die_with_bootstrap())
+            guard = _guard(proc)
             running.append(proc)
             if stopped:  # it came while the pass started
                 signal_pass(proc, stopped[0])
             code = proc.wait()
+            _release(guard)
             running.clear()
             if stopped:
                 return interrupted(f"in pass {number} of {len(passes)}")

@@ -188,7 +188,8 @@ def test_sigterm_to_the_suite_stops_the_running_pass_and_runs_no_other(tmp_path)
             threading.Event().wait(0.05)
             deadline -= 0.05
         assert started.exists(), "the first pass did not start"
-        (child,) = children(proc.pid)
+        # The pass, not its guard (PASS_GUARD), bootstrap's other child.
+        (child,) = (c for c in children(proc.pid) if str(started) in Path(f"/proc/{c}/cmdline").read_text())
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM
         assert not alive(child) and not second.exists()
@@ -292,15 +293,16 @@ def test_sigint_to_bootstrap_alone_interrupts_the_running_pass_and_ends_the_suit
         end_all(proc, *left)
 
 
+# A pass that starts a worker, as pytest-xdist's, in its process group, and says both their ids.
+STARTS_A_WORKER = (
+    "import os, subprocess, sys; w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+    "print('pass: running', os.getpid(), w.pid, flush=True, file=sys.stderr); w.wait()"
+)
+
+
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
 def test_sigterm_to_the_suite_stops_what_the_pass_started_too(tmp_path):
-    # As pytest-xdist's workers: a process the pass started, in its process group.
-    worker = "import time; time.sleep(60)"
-    starts_a_worker = (
-        f"import os, subprocess, sys; w = subprocess.Popen([sys.executable, '-c', {worker!r}]); "
-        "print('pass: running', os.getpid(), w.pid, flush=True, file=sys.stderr); w.wait()"
-    )
-    proc, lines = start_suite(tmp_path, [starts_a_worker])
+    proc, lines = start_suite(tmp_path, [STARTS_A_WORKER])
     left: list[int] = []
     try:
         left += map(int, read_until(lines, "pass: running")[-1].split()[-2:])
@@ -310,6 +312,22 @@ def test_sigterm_to_the_suite_stops_what_the_pass_started_too(tmp_path):
         assert read_until(lines, None, timeout=10) == [
             "bootstrap: SIGTERM in pass 1 of 1; the suite stops there (status 143)"
         ]
+    finally:
+        end_all(proc, *left)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+def test_a_pass_and_what_it_started_end_with_bootstrap_killed_outright(tmp_path):
+    # `timeout -s KILL` (or -k), or a CI runner, kills bootstrap's process group: the pass, in a session
+    # of its own, is out of it, and it and its workers ran on, orphaned, for as long as they would.
+    proc, lines = start_suite(tmp_path, [STARTS_A_WORKER])
+    left: list[int] = []
+    try:
+        left += map(int, read_until(lines, "pass: running")[-1].split()[-2:])
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        # The pass and its worker hold the output open while they run: it ends once both have ended.
+        assert read_until(lines, None, timeout=10) == []
     finally:
         end_all(proc, *left)
 
