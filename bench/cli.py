@@ -1202,7 +1202,7 @@ def add_tune_parser(sub) -> None:
     p.add_argument(
         "--sim-warmup", default="1s", help="simulated before each evaluation's step, not counted (default 1s)"
     )
-    p.add_argument("--iterations", type=int, default=8, help="bisection steps per setting (default 8)")
+    p.add_argument("--iterations", type=int, default=8, help="bisection steps per setting, at most 51 (default 8)")
     p.add_argument("--tie", type=float, default=0.02, help="relative QPS difference counted as a tie (default 0.02)")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated arrivals (default 0)")
     p.add_argument("--write-config", type=Path, help="write the chosen max_batch_size and [dynamic_batching] here")
@@ -1215,6 +1215,7 @@ def run_tune(args) -> int:
     from . import report
     from .arrivals import parse_duration
     from .tune import (
+        MAX_ITERATIONS,
         Profile,
         SearchConfig,
         SearchNames,
@@ -1264,7 +1265,14 @@ def run_tune(args) -> int:
         except (ValueError, IndexError):
             default = None
         if default is not None:
-            _with_unit("--default", d)  # a queue delay, as --delays
+            try:
+                _with_unit("DELAY", d)  # a queue delay, as --delays
+            except ValueError:  # refused with the whole setting: "--default '5'" hid the size it came with
+                n, value = n.strip(), float(d)
+                raise ValueError(
+                    f"--default {args.default!r}: give DELAY a unit, e.g. {n},{value:g}ms or {n},{value / 1e3:g}s "
+                    "(a bare number would be seconds)"
+                ) from None
         if default is None or default[0] < 1 or not math.isfinite(default[1]):
             raise ValueError(
                 f"--default {args.default!r}: expected MAX_BATCH_SIZE ≥ 1 and a finite DELAY ≥ 0, like 32,5ms, or none"
@@ -1273,6 +1281,13 @@ def run_tune(args) -> int:
         raise ValueError(f"--instances: expected an integer ≥ 1; got {args.instances}")
     if args.iterations < 0:
         raise ValueError(f"--iterations: expected an integer ≥ 0; got {args.iterations}")
+    if args.iterations > MAX_ITERATIONS:
+        raise ValueError(
+            f"--iterations: expected an integer ≤ {MAX_ITERATIONS} (past it the bisection's interval holds no "
+            f"double between its ends); got {args.iterations}"
+        )
+    if args.seed < 0:  # else refused at the first simulated step, in the simulator's words ("seed must be")
+        raise ValueError(f"--seed: expected an integer ≥ 0; got {args.seed}")
     if not 0 <= args.tie < 1:  # NaN too
         raise ValueError(f"--tie: expected a number in [0, 1); got {args.tie:g}")
     if args.overhead_samples and args.overhead is not None:

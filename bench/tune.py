@@ -128,20 +128,43 @@ def profile_document(samples: dict[int, Sequence[float]], source: str, model: st
     }
 
 
+def _json_number(value, where: str, name: str, what: str = "a number") -> float:
+    """A JSON number as a float, else a ValueError naming `where` and the field: float() takes true as 1
+    and a string of digits as its number, so a file's `true` was 1 s, and a quoted "0.002" passed."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: {name}: expected {what}; got {json_kind(value)}")
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond any double: as infinite, for the caller's finiteness check
+        return math.inf
+
+
+def _batch_size(value, where: str, name: str) -> int:
+    """A profile's batch size: a whole number ≥ 1 (int() read 1.7 as 1, and true as 1)."""
+    n = _json_number(value, where, name, "a whole number ≥ 1")
+    if not (math.isfinite(n) and n.is_integer() and n >= 1):
+        raise ValueError(f"{where}: {name}: expected a whole number ≥ 1; got {json_kind(value)}")
+    return int(n)
+
+
 def profile_from_document(doc: dict, where: str = "profile") -> Profile:
     if doc.get("schema") != PROFILE_SCHEMA:
         raise ValueError(f"{where}: schema is {doc.get('schema')!r}, expected {PROFILE_SCHEMA!r}")
     try:
         fit = doc["fit"]
-        alpha, beta = float(fit["alpha_s"]), float(fit["beta_s"])
+        alpha = _json_number(fit["alpha_s"], where, "fit.alpha_s", "a number of seconds")
+        beta = _json_number(fit["beta_s"], where, "fit.beta_s", "a number of seconds")
         r2 = fit.get("r2")
-        r2 = None if r2 is None else float(r2)
+        r2 = None if r2 is None else _json_number(r2, where, "fit.r2", "a number or null")
         samples = []
         for i, b in enumerate(doc.get("batches", [])):
-            times = tuple(float(x) for x in (b.get("samples_s") or []))
+            times = tuple(
+                _json_number(x, where, f"batches[{i}].samples_s", "numbers of seconds")
+                for x in (b.get("samples_s") or [])
+            )
             if times:
-                samples.append((i, int(b["batch_size"]), times))
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                samples.append((i, _batch_size(b["batch_size"], where, f"batches[{i}].batch_size"), times))
+    except (AttributeError, KeyError, TypeError) as exc:
         raise ValueError(f"{where}: not a readable {PROFILE_SCHEMA} document: {exc!r}") from exc
     for name, value in (("fit.alpha_s", alpha), ("fit.beta_s", beta)):
         if not math.isfinite(value):
@@ -235,21 +258,37 @@ def cpu_document(stage: CpuStage, method: str, **extra) -> dict:
 
 
 def cpu_from_document(doc: dict, where: str = "CPU calibration") -> CpuStage:
+    """The CPU stage of a `wok.cpustage/1` document: every field of the stage (`cpu_document` writes them
+    all), and `batch_alpha_s`/`batch_beta_s` together or neither (null: the profile's batch time).
+    Each value a finite number ≥ 0; a refusal names `where` and the field."""
     if doc.get("schema") != CPU_SCHEMA:
         raise ValueError(f"{where}: schema is {doc.get('schema')!r}, expected {CPU_SCHEMA!r}")
-    try:
-        vals = {k: float(doc.get(k) or 0.0) for k in CPU_FIELDS}
-        for k in ("batch_alpha_s", "batch_beta_s"):
-            vals[k] = None if doc.get(k) is None else float(doc[k])
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: not a readable {CPU_SCHEMA} document: {exc!r}") from exc
-    if (vals["batch_alpha_s"] is None) != (vals["batch_beta_s"] is None):
+
+    def value(key: str) -> float:
+        # Checked here: a missing field read as 0 (0 cores: unbounded), and a NaN, an infinity or a negative
+        # was refused by the simulator in its own words, without the file (batch_alpha_s as "alpha_s").
+        unit = "cores" if key.endswith("cores") else "seconds"
+        expected = f"a finite number of {unit} ≥ 0"
+        if key not in doc:
+            raise ValueError(f"{where}: {key}: missing; expected {expected}")
+        x = _json_number(doc[key], where, key, expected)
+        if not 0 <= x < math.inf:
+            raise ValueError(f"{where}: {key}: expected {expected}; got {json_kind(doc[key])}")
+        return x
+
+    vals = {k: value(k) for k in CPU_FIELDS}
+    given = [k for k in ("batch_alpha_s", "batch_beta_s") if doc.get(k) is not None]
+    if len(given) == 1:
         raise ValueError(f"{where}: batch_alpha_s and batch_beta_s come together")
+    vals |= {k: value(k) if given else None for k in ("batch_alpha_s", "batch_beta_s")}
+    if given and vals["batch_alpha_s"] + vals["batch_beta_s"] == 0:
+        raise ValueError(f"{where}: batch_alpha_s and batch_beta_s: a batch needs a time, α + β > 0; got both 0")
     return CpuStage(**vals)
 
 
 def load_cpu(path: Path, what: str = "--cpu-calibration") -> CpuStage:
-    return cpu_from_document(read_json(path, what), str(path))
+    """`wok tune --cpu-calibration`'s file; every refusal names `what` and the path."""
+    return cpu_from_document(read_json(path, what), f"{what} {path}")
 
 
 def tune_cpu_stage(path: Path | None, per_request: str | None, cores: float | None) -> CpuStage | None:
@@ -282,6 +321,14 @@ def tune_cpu_stage(path: Path | None, per_request: str | None, cores: float | No
 # ---------------------------------------------------------------------------- search
 
 
+# The most bisection steps that can still narrow the interval. It starts 0.99·top wide and halves each
+# step; its midpoint falls strictly inside only while it spans at least two doubles, and near `top`
+# doubles are up to top·2⁻⁵² apart: 0.99·top·2⁻⁽ᵏ⁻¹⁾ ≥ 2·top·2⁻⁵² holds up to k = 51. Step 52 already
+# re-simulates an end for some ceilings, and from 54 on the search simulated the ceiling itself, which
+# counts as failing, and could return it (1,000 QPS for a 1 ms batch of one).
+MAX_ITERATIONS = 51
+
+
 @dataclass(frozen=True)
 class SearchConfig:
     slo_p99_ms: float
@@ -291,6 +338,18 @@ class SearchConfig:
     iterations: int = 8
     seed: int = 0
     tie: float = 0.02
+
+    def __post_init__(self) -> None:
+        # The simulator checks the rest when the search starts; these it never sees, or sees only there
+        # in its own words (a NaN tie left `choose` no row within it: "min() arg is an empty sequence").
+        if isinstance(self.iterations, bool) or not isinstance(self.iterations, int):
+            raise ValueError(f"iterations: expected an integer; got {self.iterations!r}")
+        if not 0 <= self.iterations <= MAX_ITERATIONS:
+            raise ValueError(f"iterations: expected an integer from 0 to {MAX_ITERATIONS}; got {self.iterations}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed: expected an integer ≥ 0; got {self.seed!r}")
+        if not 0 <= self.tie < 1:  # NaN too
+            raise ValueError(f"tie: expected a number in [0, 1); got {self.tie!r}")
 
 
 # Quantiles a distribution is resampled to when interpolated between two loads.

@@ -1005,6 +1005,8 @@ def parse_args(argv=None):
     for name, value in (("--reps", args.reps), ("--workers", args.workers), ("--profile-reps", args.profile_reps)):
         if value < 1:
             p.error(f"{name}: expected an integer >= 1, got {value}")
+    if args.seed < 0:  # else refused by the search's SearchConfig, after the profile and the calibrations
+        p.error(f"--seed: expected an integer >= 0, got {args.seed}")
     if not (args.calibration_qps > 0 and np.isfinite(args.calibration_qps)):
         p.error(f"--calibration-qps: expected a rate > 0, got {args.calibration_qps:g}")
     if not (args.cores > 0 and np.isfinite(args.cores)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import replace
 
@@ -116,6 +117,79 @@ def test_bisection_converges_on_the_ceiling_when_latency_never_grows():
     assert found["step"]["latency_ms"]["p99"] == pytest.approx(1.0)
 
 
+# Times in units of U = 2⁻¹⁰ s, so that every arrival plus a latency, and back, is exact in binary.
+U = 2**-10
+
+
+@pytest.mark.parametrize("iterations", [5, 8])
+def test_the_slo_binds_below_the_ceiling_where_a_bisection_by_hand_says(iterations, tmp_path, wok_cli):
+    """Every other exact max_qps is the grid's top or 0: neither tells P99 ≤ SLO from P99 < SLO, or an
+    SLO in the wrong unit. By hand: constant arrivals 1/λ apart from 0, a 4U window, batches of up to
+    16 taking T(b) = 2U + b·U/4. A batch leaves 4U after its first request (an arrival at that instant
+    joins it) with b = ⌊4U·λ⌋ + 1 requests, and while T(b) ≤ b/λ (b ≤ 4, where b/λ > 4U ≥ T(4) = 3U)
+    the instance is free when it leaves; the next batch starts at the next arrival, so every batch is
+    alike. Its first request waits longest, 4U + T(b) = 6.25U + b·U/4; 1/b of all requests do, more
+    than 1 %, so that is the P99. The SLO of 7U = 6.8359375 ms is met exactly (P99 = SLO) with b = 4
+    and missed from b = 5 on (by at least 1/b of the requests, queueing or not): a step passes iff
+    λ < 1/U = 1,024 QPS. The ceiling is 16/T(16) = 16/6U = 8,192/3 QPS, the search starts at 1 % of it, and a
+    bisection of a pass-below-a-rate test ends on the highest point lo + (top − lo)·j/2ᵏ below it."""
+    out = tmp_path / "tune.json"
+    status, _, err = wok_cli(
+        "tune", "--slo-p99", "6.8359375ms", "--arrival", "constant", "--alpha", f"{2 * U!r}s", "--beta",
+        f"{U / 4!r}s", "--max-batch-sizes", "16", "--delays", f"{4 * U!r}s", "--default", "none",
+        "--sim-warmup", "0s", "--sim-duration", "2s", "--iterations", str(iterations), "--json", str(out),
+    )  # fmt: skip
+    assert status == 0, err
+    (row,) = json.loads(out.read_text())["settings"]
+    top = 8192 / 3
+    lo = top / 100
+    j = math.ceil((1024 - lo) / (top - lo) * 2**iterations) - 1  # 11 of 32, 94 of 256
+    assert row["ceiling_qps"] == pytest.approx(top, rel=1e-12)
+    assert row["max_qps"] == pytest.approx(lo + (top - lo) * j / 2**iterations, rel=1e-12)
+    assert 768 <= row["max_qps"] < 1024  # 956.6 and 1,019.9 QPS: batches of 4, whose P99 is the SLO itself
+    assert (row["p99_ms"], row["mean_batch_size"]) == (6.8359375, 4.0)
+    assert row["evaluations"] == 1 + iterations
+
+
+@pytest.mark.parametrize(("alpha_s", "wasted"), [(0.968e-3, "repeats a rate"), (0.1e-3, "simulates the ceiling")])
+def test_the_bisection_stops_where_doubles_run_out(alpha_s, wasted, monkeypatch):
+    """The interval [1 % of the ceiling, the ceiling] holds a double strictly between its ends for 51
+    halvings (tune.MAX_ITERATIONS): a batch of one in 0.968 ms (1,033 QPS) repeats its lower end at the
+    52nd, one in 0.1 ms simulates the ceiling itself at the 53rd; there, with a latency that never grows,
+    it passed, and `--iterations 53` returned the ceiling, which counts as failing."""
+    import wok.bench.tune as tune_module
+
+    rates = []
+    real = tune_module.evaluate
+    monkeypatch.setattr(tune_module, "evaluate", lambda model, qps, *a: rates.append(qps) or real(model, qps, *a))
+    model = BatcherModel(alpha_s=alpha_s, beta_s=0.0, max_batch_size=1, max_queue_delay_s=0.0)
+    search = SearchConfig(slo_p99_ms=1.5, arrival="constant", duration_s=0.2, warmup_s=0.0, iterations=51)
+    found = max_qps(model, search)
+    assert len(set(rates)) == len(rates) == 52 and max(rates) < found["ceiling_qps"] == pytest.approx(1 / alpha_s)
+    with pytest.raises(ValueError) as refused:
+        replace(search, iterations=52)
+    assert str(refused.value) == "iterations: expected an integer from 0 to 51; got 52", wasted
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        # A NaN tie left choose() no row within it: "min() arg is an empty sequence", after the whole search.
+        ("tie", float("nan"), "tie: expected a number in [0, 1); got nan"),
+        ("tie", 1.0, "tie: expected a number in [0, 1); got 1.0"),
+        ("iterations", -1, "iterations: expected an integer from 0 to 51; got -1"),
+        ("iterations", 2.0, "iterations: expected an integer; got 2.0"),
+        # Refused by the simulator at the first step, in its words ("seed must be >= 0").
+        ("seed", -1, "seed: expected an integer ≥ 0; got -1"),
+    ],
+)
+def test_the_library_refuses_a_search_it_cannot_run_in_its_parameters_names(field, value, message):
+    with pytest.raises(ValueError) as refused:
+        search = SearchConfig(slo_p99_ms=20.0, duration_s=0.5, warmup_s=0.0, **{"iterations": 1, field: value})
+        tune(Profile(alpha_s=1e-3, beta_s=1e-4), search, [4], [1e-3], default=None)
+    assert str(refused.value) == message
+
+
 def test_a_delay_longer_than_the_slo_scores_zero_and_the_tuner_picks_another():
     # SLO 5 ms. With a 10 ms window, a request at 1 % of the ceiling waits the whole window: 0 QPS.
     profile = Profile(alpha_s=1e-3, beta_s=0.1e-3)
@@ -158,8 +232,20 @@ def test_one_delay_in_two_units_is_one_setting():
 @pytest.mark.parametrize(
     "fit, batches, message",
     [
-        ({"r2": {}}, [], "p.json: not a readable wok.profile/1 document: TypeError("),
-        ({"r2": "abc"}, [], "p.json: not a readable wok.profile/1 document: ValueError("),
+        ({"r2": {}}, [], "p.json: fit.r2: expected a number or null; got an object"),
+        ({"r2": "abc"}, [], "p.json: fit.r2: expected a number or null; got a string ('abc')"),
+        # float() read true as 1 (a 1 s batch) and a quoted number as its number; int() read 1.7 as a batch of 1.
+        ({"alpha_s": True}, [], "p.json: fit.alpha_s: expected a number of seconds; got true"),
+        ({"beta_s": "0.0001"}, [], "p.json: fit.beta_s: expected a number of seconds; got a string ('0.0001')"),
+        ({"r2": True}, [], "p.json: fit.r2: expected a number or null; got true"),
+        ({}, [{"batch_size": 1.7, "samples_s": [1e-3]}],
+         "p.json: batches[0].batch_size: expected a whole number ≥ 1; got 1.7"),
+        ({}, [{"batch_size": 1, "samples_s": [1e-3]}, {"batch_size": True, "samples_s": [1e-3]}],
+         "p.json: batches[1].batch_size: expected a whole number ≥ 1; got true"),
+        ({}, [{"batch_size": 0, "samples_s": [1e-3]}],
+         "p.json: batches[0].batch_size: expected a whole number ≥ 1; got 0"),
+        ({}, [{"batch_size": 4, "samples_s": [1e-3, True]}],
+         "p.json: batches[0].samples_s: expected numbers of seconds; got true"),
         ({}, [{"batch_size": 1, "samples_s": [1e-3]}, {"batch_size": 4, "samples_s": [2e-3, float("nan")]}],
          "p.json: batches[1].samples_s: expected finite seconds; got nan"),
         ({}, [{"batch_size": 1, "samples_s": [float("inf")]}],
@@ -176,12 +262,17 @@ def test_a_profile_that_cannot_be_simulated_is_refused_naming_the_file_and_field
     assert str(refused.value).startswith(message), refused.value
 
 
+def test_a_whole_batch_size_written_as_a_float_is_read_as_it_is():
+    doc = {"schema": "wok.profile/1", "fit": {"alpha_s": 1e-3, "beta_s": 1e-4},
+           "batches": [{"batch_size": 4.0, "samples_s": [1e-3]}]}  # fmt: skip
+    assert profile_from_document(doc, "p.json").samples == ((4, (1e-3,)),)
+
+
 def test_a_profile_whose_r2_is_not_a_number_is_refused_with_one_line(tmp_path, wok_cli):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": 1e-3, "beta_s": 1e-4, "r2": {}}}))
     status, _, err = wok_cli("tune", "--slo-p99", "50ms", "--profile", str(path))
-    assert status == 2 and len(err.splitlines()) == 1, err
-    assert err.startswith(f"wok tune: {path}: not a readable wok.profile/1 document: TypeError("), err
+    assert (status, err) == (2, f"wok tune: {path}: fit.r2: expected a number or null; got an object\n")
 
 
 @pytest.mark.parametrize(
@@ -537,6 +628,8 @@ def test_the_device_like_model_takes_alpha_plus_beta_n_through_the_executor():
         (["--slo-p99", "1e400ms"], "--slo-p99: expected a finite duration, got '1e400ms'"),
         (["--default", "32,1e400ms"], "--default: expected a finite duration, got '1e400ms'"),
         (["--tuned", "4,1e400ms"], "--tuned: expected a finite duration, got '1e400ms'"),
+        # Refused by the search's SearchConfig (on HEAD: by the simulator), after the profile and calibrations.
+        (["--seed", "-1"], "--seed: expected an integer >= 0, got -1"),
     ],
 )
 def test_tune_check_refuses_a_bad_value_before_measuring(args, message, monkeypatch, capsys):

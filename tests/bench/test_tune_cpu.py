@@ -88,7 +88,10 @@ def test_the_stage_replaces_the_profiles_batch_time_and_lowers_the_ceiling(tmp_p
     with pytest.raises(ValueError, match=r"expected .wok\.cpustage/1."):
         cpu_from_document({"schema": "wok.overhead/1"})
     with pytest.raises(ValueError, match="come together"):
-        cpu_from_document({"schema": "wok.cpustage/1", "batch_alpha_s": 1e-3})
+        cpu_from_document({**cpu_document(CpuStage(), "by hand"), "batch_alpha_s": 1e-3})
+    # Without the server's batch time (both null or both absent) the profile's is simulated.
+    alone = cpu_document(CpuStage(cpu_in_s=50 * US), "by hand")
+    assert cpu_from_document(alone) == cpu_from_document({k: v for k, v in alone.items() if v is not None})
 
 
 def test_the_command_lines_cpu_options_lay_over_the_calibration(tmp_path):
@@ -101,6 +104,53 @@ def test_the_command_lines_cpu_options_lay_over_the_calibration(tmp_path):
     assert (stage.cpu_in_s, stage.cpu_out_s, stage.cores) == pytest.approx((60 * US, 180 * US, 4.0))
     with pytest.raises(ValueError, match="--cores"):
         tune_cpu_stage(None, None, -1.0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        # Read as 0: unbounded cores, and the search ran (exit 0) on a stage the file did not describe.
+        ("cores", None, "cores: missing; expected a finite number of cores ≥ 0"),
+        ("cpu_out_s", "null", "cpu_out_s: expected a finite number of seconds ≥ 0; got null"),
+        # Refused by the simulator without the file: "the CPU stage's times and cores must be finite and ≥ 0".
+        ("cpu_in_s", float("nan"), "cpu_in_s: expected a finite number of seconds ≥ 0; got nan"),
+        ("cores", float("inf"), "cores: expected a finite number of cores ≥ 0; got inf"),
+        ("background_cpu_s", -1e-3, "background_cpu_s: expected a finite number of seconds ≥ 0; got -0.001"),
+        # "alpha_s must be a finite number of seconds; got nan": the simulator's field, not the file's.
+        ("batch_alpha_s", float("nan"), "batch_alpha_s: expected a finite number of seconds ≥ 0; got nan"),
+        # float() read true as 1 core, and a quoted number as its number.
+        ("cores", True, "cores: expected a finite number of cores ≥ 0; got true"),
+        ("batch_beta_s", "3e-5", "batch_beta_s: expected a finite number of seconds ≥ 0; got a string ('3e-5')"),
+        ("schema", "wok.cpustage/2", "schema is 'wok.cpustage/2', expected 'wok.cpustage/1'"),
+    ],
+)
+def test_a_cpu_calibration_that_cannot_be_simulated_is_refused_naming_option_file_and_field(
+    field, value, why, tmp_path, monkeypatch, wok_cli
+):
+    import wok.bench.tune as tune_module
+
+    monkeypatch.setattr(tune_module, "max_qps", lambda *a, **k: pytest.fail("simulated before refusing"))
+    doc = cpu_document(CpuStage(cpu_in_s=50 * US, cpu_out_s=70 * US, cores=2.0, background_cpu_s=0.2 * MS,
+                                batch_alpha_s=0.7 * MS, batch_beta_s=30 * US), "by hand")  # fmt: skip
+    if value is None:
+        del doc[field]
+    else:
+        doc[field] = None if value == "null" else value
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(doc))
+    status, _, err = wok_cli(
+        "tune", "--slo-p99", "20ms", "--alpha", "1ms", "--beta", "0.1ms", "--max-batch-sizes", "4", "--delays",
+        "1ms", "--default", "none", "--cpu-calibration", str(path),
+    )  # fmt: skip
+    assert (status, err) == (2, f"wok tune: --cpu-calibration {path}: {why}\n")
+
+
+def test_a_cpu_calibrations_batch_time_of_zero_is_refused_as_its_fields():
+    """Refused by the simulator as "batch time α + β·n needs ... α + β > 0", without the file or its fields."""
+    doc = cpu_document(CpuStage(batch_alpha_s=0.0, batch_beta_s=0.0), "by hand")
+    with pytest.raises(ValueError) as refused:
+        cpu_from_document(doc, "c.json")
+    assert str(refused.value) == "c.json: batch_alpha_s and batch_beta_s: a batch needs a time, α + β > 0; got both 0"
 
 
 def test_wok_tune_with_a_cpu_stage_is_bounded_by_the_loop(tmp_path, wok_cli):

@@ -208,7 +208,6 @@ ONE = ["--alpha", "1ms", "--beta", "1ms", "--max-batch-sizes", "4", "--delays", 
         ("--alpha", "1", "1", "1ms or 0.001s"),
         ("--beta", "0.5", "0.5", "0.5ms or 0.0005s"),
         ("--delays", "0ms,2", "2", "2ms or 0.002s"),
-        ("--default", "32,5", "5", "5ms or 0.005s"),
         ("--overhead", "1e-1", "1e-1", "0.1ms or 0.0001s"),
         ("--per-request-cpu", "0.23", "0.23", "0.23ms or 0.00023s"),
     ],
@@ -220,6 +219,15 @@ def test_a_latency_given_as_a_bare_number_is_refused(option, value, shown, hint,
     argv = [x for o, v in {**base, option: value}.items() for x in (o, v)]
     status, _, err = wok_cli("tune", *argv)
     message = f"wok tune: {option} '{shown}': give a unit, e.g. {hint} (a bare number would be seconds)\n"
+    assert (status, err) == (2, message)
+
+
+def test_a_default_delay_given_as_a_bare_number_is_refused_with_the_whole_setting(no_simulating, wok_cli):
+    """It said "--default '5': give a unit, e.g. 5ms or 0.005s", naming the delay alone, not the setting."""
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *ONE[:-2], "--default", "32,5")
+    message = (
+        "wok tune: --default '32,5': give DELAY a unit, e.g. 32,5ms or 32,0.005s (a bare number would be seconds)\n"
+    )
     assert (status, err) == (2, message)
 
 
@@ -244,6 +252,15 @@ def test_the_searchs_lengths_keep_bare_seconds(monkeypatch, wok_cli):
     [
         ("--instances", "0", "--instances: expected an integer ≥ 1; got 0"),
         ("--iterations", "-1", "--iterations: expected an integer ≥ 0; got -1"),
+        # Past 51 halvings the interval holds no double between its ends (tune.MAX_ITERATIONS).
+        (
+            "--iterations",
+            "52",
+            "--iterations: expected an integer ≤ 51 (past it the bisection's interval holds no "
+            "double between its ends); got 52",
+        ),
+        # It was refused at the first simulated step, in the simulator's words: "seed must be >= 0; got -1".
+        ("--seed", "-1", "--seed: expected an integer ≥ 0; got -1"),
         ("--tie", "2", "--tie: expected a number in [0, 1); got 2"),
         ("--tie", "-0.5", "--tie: expected a number in [0, 1); got -0.5"),
         ("--tie", "nan", "--tie: expected a number in [0, 1); got nan"),
