@@ -35,7 +35,7 @@ from .channel import (
     open_channel,
 )
 from .errors import Answers, InferError
-from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, stream_request, stream_result
+from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, output_names, stream_request, stream_result
 
 
 class AsyncClient:
@@ -211,11 +211,12 @@ class AsyncClient:
                 request_serializer=_serialize,
                 response_deserializer=getattr(pb, f"{method}Response").FromString,
             )
+        sent = self._answers.sent()
         try:
             response = await call(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise self._answers.error(exc) from None
-        self._answers.answered = True
+        self._answers.ok(sent)
         return response
 
     # -- health and metadata ---------------------------------------------------------------
@@ -268,7 +269,7 @@ class AsyncClient:
         is the V2 `timeout` parameter: how long the server may queue the request. The returned
         arrays are read-only views of the response; copy one to change it.
         """
-        request = encode_request(model, inputs, outputs, request_id, server_timeout_us, datatypes)
+        request = encode_request(model, inputs, output_names(outputs), request_id, server_timeout_us, datatypes)
         return decode_response(await self._unary("ModelInfer", request, timeout))
 
     async def stream_infer(
@@ -296,6 +297,7 @@ class AsyncClient:
         `contextlib.aclosing` to close it at once.
         """
         release = None
+        sent = self._answers.sent()
         if self._balancer is None:
             stub = self._stub or await self._first_connect()
         else:
@@ -322,7 +324,7 @@ class AsyncClient:
                         if not self._closed or (_COUNTS_CANCELS and asyncio.current_task().cancelling()):
                             raise
                         raise InferError(grpc.StatusCode.CANCELLED, "the client was closed under the stream") from None
-                    self._answers.answered = True  # a response, or EOF: the stream ended OK
+                    self._answers.ok(sent)  # a response, or EOF: the stream ended OK
                     if response is grpc.aio.EOF:
                         break
                     yield stream_result(response)

@@ -12,6 +12,18 @@ PLAINTEXT_HINT = (
     "the server closed the connection before gRPC began: a TLS-only server (this client is plaintext: pass tls=, "
     "a wok.clients.TLS with its CA, or True), or no gRPC server behind the port"
 )
+# What gRPC's details say of a call it did not send because the server's health service
+# (grpc.health.v1, which the channels watch) says NOT_SERVING: "... last error: ipv4:127.0.0.1:8001:
+# backend unhealthy" (grpc 1.85). wok's server says NOT_SERVING from the first moment of its drain, and
+# its own reason, "server is shutting down", then never reaches a client that health-checks.
+UNHEALTHY = "backend unhealthy"
+DRAINING_HINT = (
+    "the server's health service says NOT_SERVING, as a wok server does from the start of its drain "
+    "(it is shutting down); no call is sent to it until it serves again"
+)
+DRAINED_HINT = (
+    "the server's health service said NOT_SERVING before this, as a wok server does while it drains: it has shut down"
+)
 # Statuses that do not show that a server answered on the channel: the client's own, or a failed connection.
 _NO_ANSWER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
 
@@ -21,9 +33,11 @@ class InferError(Exception):
 
     `code` is the `grpc.StatusCode`, `details` the server's message (it names the input,
     what was expected and what was got); `str(err)` is "CODE: details", and " (hint)" after it
-    when the client adds one: `hint` is set (PLAINTEXT_HINT) only for a plaintext client whose
+    when the client adds one (`Answers.error`): PLAINTEXT_HINT for a plaintext client whose
     connection the server closed before anything was answered on its channel, as a TLS-only
-    server does; else "".
+    server does; DRAINING_HINT for a call not sent because the server's health service says
+    NOT_SERVING (a wok server draining); DRAINED_HINT for an UNAVAILABLE call after that, with no
+    call answered OK in between (the server that drained is gone); else "".
     """
 
     def __init__(self, code: grpc.StatusCode, details: str, hint: str = "") -> None:
@@ -46,17 +60,37 @@ class InferError(Exception):
 
 
 class Answers:
-    """Whether a client's channel has had an answer yet, to tell a plaintext client's failures
-    apart: `error(exc)` is the InferError of a failed call, with PLAINTEXT_HINT where the client is
-    plaintext, nothing was answered on its channel yet (no call succeeded, none got a status only a
-    server gives) and the call failed UNAVAILABLE with the socket closed (not refused: nothing
-    listening gets no hint). A server that answered once and then went away gets none either."""
+    """What a client's channel has seen, to tell its failures apart: `error(exc)` is the InferError
+    of a failed call, with PLAINTEXT_HINT where the client is plaintext, nothing was answered on its
+    channel yet (no call succeeded, none got a status only a server gives) and the call failed
+    UNAVAILABLE with the socket closed (not refused: nothing listening gets no hint). A server that
+    answered once and then went away gets none either.
 
-    __slots__ = ("answered", "plaintext")
+    A drain's UNAVAILABLE never reaches a client that health-checks: gRPC stops sending at
+    NOT_SERVING and says "backend unhealthy", then "Connection refused" once the server is gone. So
+    the first gets DRAINING_HINT, and every UNAVAILABLE after it DRAINED_HINT until a call is
+    answered OK that was sent after it (`ok()`; a drain answers the calls it had accepted, and those
+    say nothing of the server's serving again): the reason the server gave is carried to the
+    failures that follow it."""
+
+    __slots__ = ("answered", "drained", "drains", "plaintext")
 
     def __init__(self, plaintext: bool) -> None:
         self.plaintext = plaintext
         self.answered = False
+        self.drained = False  # a call failed for NOT_SERVING, and none sent since was answered OK
+        self.drains = 0  # calls failed for NOT_SERVING so far
+
+    def sent(self) -> int:
+        """What a call notes as it goes out, for `ok()`."""
+        return self.drains
+
+    def ok(self, sent: int) -> None:
+        """A call was answered OK (or a stream ended OK); `sent` is what `sent()` gave as it went out.
+        Sent after the last NOT_SERVING failure, its answer shows the server serves again."""
+        self.answered = True
+        if sent == self.drains:
+            self.drained = False
 
     def error(self, exc: grpc.RpcError) -> InferError:
         # The InferError, raised `from None`, still holds `exc` as its context: without its
@@ -66,7 +100,13 @@ class Answers:
         err = InferError.from_rpc_error(exc)
         if err.code not in _NO_ANSWER:
             self.answered = True
-        elif (
+        if err.code == grpc.StatusCode.UNAVAILABLE and UNHEALTHY in err.details:
+            self.drained = True
+            self.drains += 1
+            return InferError(err.code, err.details, DRAINING_HINT)
+        if err.code == grpc.StatusCode.UNAVAILABLE and self.drained:
+            return InferError(err.code, err.details, DRAINED_HINT)
+        if (
             self.plaintext
             and not self.answered
             and err.code == grpc.StatusCode.UNAVAILABLE

@@ -122,6 +122,14 @@ def _looks_automatic(request_id: str) -> bool:
     return request_id.isascii() and request_id.isdigit() and str(int(request_id)) == request_id
 
 
+def output_names(outputs: Any, where: str = "outputs") -> Any:
+    """`outputs` as given, unless it is one string: encode_request takes any iterable of names, and a
+    string's are its letters ("unknown output 'O'" for "OUTPUT0")."""
+    if isinstance(outputs, (str, bytes)):
+        raise TypeError(f"{where}: expected a list of output names, got the string {outputs!r}; pass [{outputs!r}]")
+    return outputs
+
+
 def stream_request(item: StreamItem, index: int, ids: StreamIds) -> pb.ModelInferRequest:
     """The request for the `index`-th stream item; its id comes from `ids` (one per stream)."""
     if isinstance(item, Mapping):
@@ -134,7 +142,7 @@ def stream_request(item: StreamItem, index: int, ids: StreamIds) -> pb.ModelInfe
         return encode_request(
             item["model"],
             item["inputs"],
-            item.get("outputs"),
+            output_names(item.get("outputs"), f"stream request {index}: outputs"),
             ids.id_for(index, item.get("request_id")),
             item.get("server_timeout_us"),
             item.get("datatypes"),

@@ -5,6 +5,7 @@ The channel is thread-safe, so one Client can serve many threads.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ from .channel import (
     open_channel,
 )
 from .errors import Answers
-from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, stream_request, stream_result
+from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, output_names, stream_request, stream_result
 
 
 class Client:
@@ -58,6 +59,9 @@ class Client:
         )
         self._stub = GRPCInferenceServiceStub(self._channel)
         self._closed = False
+        # wait_ready's pending futures: close() cancels them, else a wait without a timeout never ended.
+        self._waits: set[grpc.Future] = set()
+        self._lock = threading.Lock()
 
     def __enter__(self) -> Client:
         return self
@@ -67,7 +71,11 @@ class Client:
 
     def close(self) -> None:
         """Close the channel; calls still in flight end with CANCELLED, later ones raise RuntimeError."""
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            waits, self._waits = self._waits, set()
+        for ready in waits:
+            ready.cancel()
         self._channel.close()
 
     def _closed_error(self, exc: ValueError) -> Exception:
@@ -75,23 +83,35 @@ class Client:
         return RuntimeError("this Client is closed") if self._closed else exc
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until the channel is connected (to at least one server); TimeoutError if not in time."""
-        ready = grpc.channel_ready_future(self._channel)
+        """Wait until the channel is connected (to at least one server); TimeoutError if not in time,
+        RuntimeError if the client is closed (before, or while it waits)."""
+        with self._lock:
+            # On a closed channel grpc's watch thread dies of a ValueError, and the wait never ends.
+            if self._closed:
+                raise RuntimeError("this Client is closed")
+            ready = grpc.channel_ready_future(self._channel)
+            self._waits.add(ready)
         try:
             ready.result(timeout=timeout)
         except grpc.FutureTimeoutError:
             # Left running, it would stay subscribed to the channel's state until it connects.
             ready.cancel()
             raise TimeoutError(f"{self.target}: not connected within {timeout} s") from None
+        except grpc.FutureCancelledError:
+            raise RuntimeError("this Client is closed") from None
+        finally:
+            with self._lock:
+                self._waits.discard(ready)
 
     def _unary(self, method: str, request, timeout: float | None):
+        sent = self._answers.sent()
         try:
             response = getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise self._answers.error(exc) from None
         except ValueError as exc:
             raise self._closed_error(exc) from None
-        self._answers.answered = True
+        self._answers.ok(sent)
         return response
 
     # -- health and metadata ---------------------------------------------------------------
@@ -136,7 +156,7 @@ class Client:
         datatypes: Mapping[str, str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run one request; see AsyncClient.infer."""
-        request = encode_request(model, inputs, outputs, request_id, server_timeout_us, datatypes)
+        request = encode_request(model, inputs, output_names(outputs), request_id, server_timeout_us, datatypes)
         return decode_response(self._unary("ModelInfer", request, timeout))
 
     def stream_infer(self, requests: Iterable[StreamItem], *, timeout: float | None = None) -> Iterator[StreamResult]:
@@ -146,6 +166,7 @@ class Client:
         generator, or dropping it) cancels the stream.
         """
         failure: list[BaseException] = []
+        sent = self._answers.sent()
         try:
             responses = self._stub.ModelStreamInfer(
                 _requests(requests, failure), timeout=timeout, metadata=self._metadata
@@ -154,9 +175,9 @@ class Client:
             raise self._closed_error(exc) from None
         try:
             for response in responses:
-                self._answers.answered = True
+                self._answers.ok(sent)
                 yield stream_result(response)
-            self._answers.answered = True  # the stream ended OK
+            self._answers.ok(sent)  # the stream ended OK
         except grpc.RpcError as exc:
             raise self._answers.error(exc) from None
         finally:
