@@ -587,10 +587,20 @@ def encode_request(
     for name in outputs or ():
         req.outputs.add(name=name)
     if timeout_us is not None:
-        req.parameters["timeout"].int64_param = int(timeout_us)
+        req.parameters["timeout"].int64_param = _whole(timeout_us, "timeout_us (the clients' server_timeout_us)")
     if priority is not None:
-        req.parameters["priority"].int64_param = int(priority)
+        req.parameters["priority"].int64_param = _whole(priority, "priority")
     return req
+
+
+def _whole(value, what: str) -> int:
+    """An integer parameter's value, refused unless whole: int() dropped a fraction without a word (a
+    timeout of 0.5 µs was sent as 0, which asks for no timeout at all)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{what}: expected a whole number, got {value!r}")
+    if not float(value).is_integer():
+        raise ValueError(f"{what}: expected a whole number, got {value!r}")
+    return int(value)
 
 
 def decode_response(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:

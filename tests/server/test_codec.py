@@ -562,3 +562,20 @@ def test_bf16_goes_as_uint16_words_or_as_an_ml_dtypes_bfloat16_array_which_needs
     assert decode_request(encode_request("id", {"X": texts}, datatypes={"X": "BYTES"}), identity("BYTES")).inputs[
         "X"
     ].tolist() == [[b"a", b"b", b"c"]]
+
+
+@pytest.mark.parametrize("value", [0.5, 1.9, float("nan"), float("inf"), True, "5", np.float32(2.5)])
+def test_a_timeout_or_priority_that_is_not_whole_is_refused_before_sending_not_cut(value):
+    # int() made 0.5 µs a timeout of 0, which the server reads as none, and 1.9 µs one of 1.
+    x = {"X": np.zeros((1, 3), np.float32)}
+    with pytest.raises(
+        ValueError, match=r"^timeout_us \(the clients' server_timeout_us\): expected a whole number, got "
+    ):
+        encode_request("id", x, timeout_us=value)
+    with pytest.raises(ValueError, match=r"^priority: expected a whole number, got "):
+        encode_request("id", x, priority=value)
+
+
+def test_a_whole_timeout_or_priority_written_as_a_float_is_sent_as_its_integer():
+    req = encode_request("id", {"X": np.zeros((1, 3), np.float32)}, timeout_us=2500.0, priority=np.int64(2))
+    assert (req.parameters["timeout"].int64_param, req.parameters["priority"].int64_param) == (2500, 2)
