@@ -399,11 +399,8 @@ def decode_request(
             except StopIteration as done:
                 arrays[name] = done.value
             else:
-                if in_steps:
-                    arrays[name] = None  # type: ignore[assignment]  # its place in the order, filled in later
-                    pending.append((name, steps))
-                else:
-                    arrays[name] = _finish(steps)
+                arrays[name] = None  # type: ignore[assignment]  # its place in the order, filled in later
+                pending.append((name, steps))
 
     outputs = None
     if req.outputs:
@@ -466,7 +463,12 @@ def decode_request(
         priority = getattr(p, which) or None
 
     if pending:
-        return DecodedRequest(arrays, rows, outputs, timeout_s, priority, pending)
+        if in_steps:
+            return DecodedRequest(arrays, rows, outputs, timeout_s, priority, pending)
+        # Read after the outputs and parameters are checked, as finish_decoding reads them: a value out
+        # of range past the first chunk is refused after a bad parameter either way.
+        for name, steps in pending:
+            arrays[name] = _finish(steps)
     servable.check(arrays)
     return DecodedRequest(arrays, rows, outputs, timeout_s, priority)
 

@@ -204,3 +204,22 @@ def test_float_contents_sent_in_another_wire_form_read_the_same(form):
     req.inputs.add(name="S", datatype="FP32", shape=[1, 1]).contents.fp32_contents.append(0.5)
     got = decode_request(req, servable("FP32", 5)).inputs["X"]
     np.testing.assert_array_equal(got.view(np.uint32), x[None].view(np.uint32))
+
+
+async def test_a_bad_parameter_is_refused_before_a_later_chunks_bad_value_whether_read_in_steps_or_whole():
+    # The same error for one request from the server (in steps) and the fuzzer's check (whole).
+    n = CONTENTS_CHUNK + 10
+    s = servable("UINT8", n)
+    req = pb.ModelInferRequest(model_name="id")
+    t = req.inputs.add(name="X", datatype="UINT8", shape=[1, n])
+    t.contents.uint_contents.extend([300 if i == n - 1 else 1 for i in range(n)])
+    req.inputs.add(name="S", datatype="FP32", shape=[1, 1]).contents.fp32_contents.append(0.5)
+    req.parameters["timeout"].string_param = "soon"
+    with pytest.raises(InvalidInput, match=r"^parameter 'timeout'"):
+        decode_request(req, s)
+    with pytest.raises(InvalidInput, match=r"^parameter 'timeout'"):
+        dec = decode_request(req, s, in_steps=True)
+        await finish_decoding(dec, s)
+    del req.parameters["timeout"]
+    with pytest.raises(InvalidInput, match=f"element {n - 1}"):
+        decode_request(req, s)
