@@ -958,7 +958,7 @@ def _fill_warning(fill: dict, batch: BatchTime, gpus: int, planned: Fraction, u:
             f"batches of n = {_d(n)} may not be full: at the peak each GPU gets λ / N = "
             f"{decimal_text(per_gpu, 1)} QPS, and a batch below n waits only {decimal_text(1000 * window, 3)} ms "
             f"for the requests after its first: batches average at least {_f(fill['mean_batch_at_least'], 2)}, "
-            f"so each GPU may be up to {_f(100 * min(1.0, fill['busy_at_most']), 1)}% busy at the peak, not the "
+            f"so each GPU may be up to {_f(100 * fill['busy_at_most'], 1)}% busy at the peak, not the "
             f"{decimal_text(100 * planned, 1)}% planned: for U_target {_d(u)} the peak needs at most "
             f'{_many(fill["gpus_enough"], "GPU")} where the plan counts {gpus} (docs/plan.md, "Do batches fill?")'
         )
@@ -983,7 +983,7 @@ def _fill_warning(fill: dict, batch: BatchTime, gpus: int, planned: Fraction, u:
     needed, enough = fill["gpus_needed"], fill["gpus_enough"]
     return text + (
         f" and at least {_f(fill['mean_batch_at_least'], 2)}, so each GPU is "
-        f"{decimal_text(100 * fill['busy_at_least'], 1)}–{_f(100 * min(1.0, fill['busy_at_most']), 1)}% busy at "
+        f"{decimal_text(100 * fill['busy_at_least'], 1)}–{_f(100 * fill['busy_at_most'], 1)}% busy at "
         f"the peak, not the {decimal_text(100 * planned, 1)}% planned: for U_target {_d(u)} the peak needs "
         + (_many(needed, "GPU") if needed == enough else f"at least {needed} and at most {_many(enough, 'GPU')}")
         + f' where the plan counts {gpus} (docs/plan.md, "Do batches fill?")'

@@ -598,9 +598,8 @@ def encode_request(
 def _whole(value, what: str) -> int:
     """An integer parameter's value, refused unless whole: int() dropped a fraction without a word (a
     timeout of 0.5 µs was sent as 0, which asks for no timeout at all)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{what}: expected a whole number, got {value!r}")
-    if not float(value).is_integer():
+    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if not number or not float(value).is_integer():
         raise ValueError(f"{what}: expected a whole number, got {value!r}")
     return int(value)
 

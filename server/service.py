@@ -445,8 +445,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             # protobuf parsed it in this turn of the loop (~10 ns a value); its size check and
             # reading take turns of their own, so that the requests around it go on in between.
             await asyncio.sleep(0)
-        if server.draining:
-            raise ShuttingDown("server is shutting down and accepts no new requests")
+        self._refuse_if_stopping()
         rt.batcher.check_room()
         dec = decode_request(request, servable, server.settings.max_request_bytes, in_steps=True)
         if dec.pending:
@@ -509,7 +508,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return resp
 
     def _refuse_if_stopping(self) -> None:
-        # As _run refuses a request that arrives once the stop has begun (inline there, on every request's path).
+        # A request that arrives once the stop has begun, or whose read is still going on then.
         if self.server.draining:
             raise ShuttingDown("server is shutting down and accepts no new requests")
 
