@@ -14,6 +14,8 @@ alone). WOK_VENV chooses the environment's folder (default ``.venv`` in the chec
 reach them, and the exit status is theirs. `test` alone runs the suite in two pytest passes (see
 `suite_passes`) and exits with the first failing pass's status; Ctrl-C, SIGTERM and SIGHUP are
 passed on to the running pass and end the suite there (see `run_suite` for the status then).
+While installing, they are passed on to the running step (pip) and end bootstrap there, after it,
+with one line and status 128 + the signal's number; a failed step ends it with the step's status.
 """
 
 from __future__ import annotations
@@ -44,20 +46,77 @@ def has_nvidia_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None or Path("/dev/nvidia0").exists()
 
 
-def run(cmd: list[str]) -> None:
+class InstallStopped(Exception):
+    """An install step failed, or a signal came while installing: the line to print, and bootstrap's
+    exit status."""
+
+    def __init__(self, line: str, status: int):
+        super().__init__(line)
+        self.status = status
+
+
+def _interrupted_install(steps: Forwarding, where: str) -> InstallStopped:
+    signum = steps.stopped[0]
+    status = 128 + signum
+    return InstallStopped(
+        f"bootstrap: {signal.Signals(signum).name} {where}; nothing was run (status {status})", status
+    )
+
+
+def run(cmd: list[str], steps: Forwarding) -> None:
+    """One install step, its signals passed on by `steps` (a Ctrl-C ends pip, which cleans up what it
+    began, and then bootstrap). Raises InstallStopped when it fails or a signal came."""
+    if steps.stopped:  # since the step before ended
+        raise _interrupted_install(steps, f"before {' '.join(cmd)}")
     print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    code = steps.run(cmd)
+    if steps.stopped:
+        raise _interrupted_install(steps, f"in {' '.join(cmd)}")
+    if code:
+        how = f"was ended by {signal.Signals(-code).name}" if code < 0 else f"failed with status {code}"
+        raise InstallStopped(
+            f"bootstrap: an install step {how}: {' '.join(cmd)}; nothing was run", 128 - code if code < 0 else code
+        )
 
 
-def ensure_venv(path: Path) -> Path:
+def ensure_venv(path: Path, steps: Forwarding) -> Path:
+    """The environment's python, the environment made first where it has none. A failed or
+    interrupted making removes the folder where bootstrap made it: the python left in it would be
+    taken for a whole environment by the next run."""
     python = path / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    if not python.exists():
+    if python.exists():
+        return python
+    made = not path.exists()
+    print(f"+ {sys.executable} -m venv {path}", flush=True)
+    try:
+        # In-process, and its ensurepip in bootstrap's process group: a terminal's Ctrl-C ends it
+        # (CalledProcessError); a signal sent to bootstrap alone waits for it, a few seconds.
         venv.EnvBuilder(with_pip=True).create(path)
+        if steps.stopped:
+            raise _interrupted_install(steps, f"in making the virtual environment {path}")
+    except (InstallStopped, subprocess.CalledProcessError, OSError) as exc:
+        if made:
+            shutil.rmtree(path, ignore_errors=True)
+        if isinstance(exc, InstallStopped):
+            raise
+        if steps.stopped:
+            raise _interrupted_install(steps, f"in making the virtual environment {path}") from None
+        if isinstance(exc, subprocess.CalledProcessError):
+            said = (exc.output or b"").decode(errors="replace").strip().splitlines()
+            raise InstallStopped(
+                f"bootstrap: making the virtual environment {path} failed: {' '.join(map(str, exc.cmd))} exited "
+                f"with status {exc.returncode}{': ' + said[-1] if said else ''} (on Debian and Ubuntu the "
+                "python3-venv package provides ensurepip); nothing was run",
+                1,
+            ) from None
+        raise InstallStopped(
+            f"bootstrap: making the virtual environment {path} failed: {exc}; nothing was run", 1
+        ) from None
     return python
 
 
-def pip(python: Path, *args: str) -> None:
-    run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *args])
+def pip(python: Path, *args: str, steps: Forwarding) -> None:
+    run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *args], steps)
 
 
 def torch_to_install(requested: str | None, torch_imports: Callable[[], bool]) -> str | None:
@@ -71,7 +130,7 @@ def torch_to_install(requested: str | None, torch_imports: Callable[[], bool]) -
     return None if torch_imports() else f"torch=={TORCH_VERSION}"
 
 
-def ensure_torch(python: Path, requested: str | None) -> None:
+def ensure_torch(python: Path, requested: str | None, steps: Forwarding) -> None:
     def torch_imports() -> bool:
         return subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode == 0
 
@@ -79,11 +138,11 @@ def ensure_torch(python: Path, requested: str | None) -> None:
     if spec is None:
         return
     if has_nvidia_gpu():
-        pip(python, spec)
+        pip(python, spec, steps=steps)
         return
     # The CPU index carries "+cpu" builds, which pip prefers over PyPI's CUDA build of the
     # same version; where that index cannot be reached, a local CPU wheel (find-links) still wins.
-    pip(python, "--extra-index-url", CPU_INDEX, "--retries", "1", spec)
+    pip(python, "--extra-index-url", CPU_INDEX, "--retries", "1", spec, steps=steps)
 
 
 def hand_over(cmd: list[str], cwd: Path | None = None) -> int:
@@ -111,11 +170,16 @@ def main(argv: list[str]) -> int:
     if any(arg in HELP for arg in rest):  # usage only: nothing is installed, nor run
         print(f"{__doc__}\n{COMMAND_HELP[command]}")
         return 0
-    # Absolute: `test` runs from the checkout, whatever folder a relative WOK_VENV names.
-    python = ensure_venv(Path(os.environ.get("WOK_VENV", ROOT / ".venv")).absolute())
-    ensure_torch(python, os.environ.get("WOK_TORCH"))
-    extras = "[test]" if command == "test" else ""
-    pip(python, "-e", f"{ROOT}{extras}")
+    try:
+        with Forwarding() as steps:
+            # Absolute: `test` runs from the checkout, whatever folder a relative WOK_VENV names.
+            python = ensure_venv(Path(os.environ.get("WOK_VENV", ROOT / ".venv")).absolute(), steps)
+            ensure_torch(python, os.environ.get("WOK_TORCH"), steps)
+            extras = "[test]" if command == "test" else ""
+            pip(python, "-e", f"{ROOT}{extras}", steps=steps)
+    except InstallStopped as exc:
+        print(exc, file=sys.stderr, flush=True)
+        return exc.status
     if command == "serve":
         return hand_over([str(python), "-m", "wok", "serve", *rest])
     if command == "test":
@@ -180,17 +244,82 @@ def _release(guard: subprocess.Popen | None) -> None:
         guard.communicate(b"done")
 
 
-def run_suite(passes: list[list[str]]) -> int:
-    """Run the passes in turn from the checkout; the first failing pass's status, else 0.
+class Forwarding:
+    """Runs commands one at a time (`run`), each in a session of its own, and while in use (`with`)
+    passes SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to bootstrap on to the running command's whole
+    process group: pytest-xdist's workers and pip's build processes too, which a signal to the command
+    alone would leave running. A terminal's Ctrl-C, Ctrl-\\ and hang-up reach bootstrap only (the
+    command is out of the terminal's foreground group), so the command gets each once, and Ctrl-Z
+    stops it with bootstrap. A signal that bootstrap was started ignoring (nohup) stays ignored. The
+    handlers are in place before a command starts: a signal as it starts reaches it too, not bootstrap
+    alone with the command orphaned. Bootstrap killed outright cannot pass anything on: then the
+    command's guard (PASS_GUARD) kills its group, and the command dies with bootstrap before the guard
+    runs. `stopped` holds the signals that came; what they stop is the caller's to decide."""
 
-    Each pass runs in a session of its own, and SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to
-    bootstrap go to the pass's whole process group: pytest-xdist's workers too, which a signal to
-    pytest alone would leave running. A terminal's Ctrl-C, Ctrl-\\ and hang-up now reach bootstrap
-    only (the pass is out of the terminal's foreground group), so bootstrap passes them on, and
-    Ctrl-Z stops the pass with bootstrap. A signal that bootstrap was started ignoring (nohup) stays
-    ignored. The handlers are in place before a pass starts: a signal as it starts reaches it too,
-    not bootstrap alone with the pass orphaned. Bootstrap killed outright cannot pass anything on: then
-    the pass's guard (PASS_GUARD) kills its group, and the pass dies with bootstrap before the guard runs.
+    def __init__(self) -> None:
+        self.stopped: list[int] = []
+        self._running: list[subprocess.Popen] = []
+        self._previous: dict = {}
+
+    def __enter__(self) -> Forwarding:
+        names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGTSTP")  # the last three are POSIX-only
+        handlers = {sig: self._forward for sig in (getattr(signal, name) for name in names if hasattr(signal, name))}
+        if hasattr(signal, "SIGTSTP"):
+            handlers[signal.SIGTSTP] = self._suspend
+        self._previous = {
+            sig: signal.signal(sig, handler)
+            for sig, handler in handlers.items()
+            if signal.getsignal(sig) != signal.SIG_IGN
+        }
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def run(self, cmd: list[str], cwd: Path | None = None) -> int:
+        """The command's exit status (negative: the signal that ended it)."""
+        proc = subprocess.Popen(cmd, cwd=cwd, start_new_session=True, preexec_fn=_die_with_bootstrap())
+        guard = _guard(proc)
+        self._running.append(proc)
+        if self.stopped:  # it came while the command started
+            self._signal(proc, self.stopped[0])
+        code = proc.wait()
+        _release(guard)
+        self._running.clear()
+        return code
+
+    @staticmethod
+    def _signal(proc: subprocess.Popen, signum: int) -> None:
+        if os.name == "nt":  # no process groups; a console's Ctrl-C reaches the command itself
+            if signum == signal.SIGTERM:
+                proc.terminate()
+            return
+        try:
+            os.killpg(proc.pid, signum)  # its session's one process group has the command's id
+        except ProcessLookupError:  # the command and all it started have ended
+            pass
+
+    def _forward(self, signum, frame) -> None:
+        self.stopped.append(signum)
+        if self._running:
+            self._signal(self._running[0], signum)
+
+    def _suspend(self, signum, frame) -> None:
+        # SIGSTOP, as the kernel drops a SIGTSTP sent to the command: its process group is orphaned
+        # (its parent, bootstrap, is in another session).
+        if self._running:
+            self._signal(self._running[0], signal.SIGSTOP)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stops here, until the shell's SIGCONT (fg, bg)
+        signal.signal(signal.SIGTSTP, self._suspend)
+        if self._running:
+            self._signal(self._running[0], signal.SIGCONT)
+
+
+def run_suite(passes: list[list[str]]) -> int:
+    """Run the passes in turn from the checkout, their signals passed on (`Forwarding`); the first
+    failing pass's status, else 0.
 
     A signal ends the suite: no further pass starts, and bootstrap says on one line where it stopped.
     Its status is then that of a pass that had failed before, which an interrupted run must not
@@ -198,76 +327,32 @@ def run_suite(passes: list[list[str]]) -> int:
     """
     status = 0
     failed: list[str] = []  # "pass N of M", for the line an interrupt prints
-    stopped: list[int] = []
-    running: list[subprocess.Popen] = []
-
-    def signal_pass(proc: subprocess.Popen, signum: int) -> None:
-        if os.name == "nt":  # no process groups; a console's Ctrl-C reaches the pass itself
-            if signum == signal.SIGTERM:
-                proc.terminate()
-            return
-        try:
-            os.killpg(proc.pid, signum)  # its session's one process group has the pass's id
-        except ProcessLookupError:  # the pass and all it started have ended
-            pass
-
-    def forward(signum, frame):
-        stopped.append(signum)
-        if running:
-            signal_pass(running[0], signum)
-
-    def suspend(signum, frame):
-        # SIGSTOP, as the kernel drops a SIGTSTP sent to the pass: its process group is orphaned
-        # (its parent, bootstrap, is in another session).
-        if running:
-            signal_pass(running[0], signal.SIGSTOP)
-        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTSTP)  # stops here, until the shell's SIGCONT (fg, bg)
-        signal.signal(signal.SIGTSTP, suspend)
-        if running:
-            signal_pass(running[0], signal.SIGCONT)
-
-    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGTSTP")  # the last three are POSIX-only
-    handlers = {sig: forward for sig in (getattr(signal, name) for name in names if hasattr(signal, name))}
-    if hasattr(signal, "SIGTSTP"):
-        handlers[signal.SIGTSTP] = suspend
-    previous = {
-        sig: signal.signal(sig, handler) for sig, handler in handlers.items() if signal.getsignal(sig) != signal.SIG_IGN
-    }
 
     def interrupted(where: str) -> int:
-        why = f"{status}: {', '.join(failed)} had failed" if failed else 128 + stopped[0]
+        why = f"{status}: {', '.join(failed)} had failed" if failed else 128 + steps.stopped[0]
         print(
-            f"bootstrap: {signal.Signals(stopped[0]).name} {where}; the suite stops there (status {why})",
+            f"bootstrap: {signal.Signals(steps.stopped[0]).name} {where}; the suite stops there (status {why})",
             file=sys.stderr,
             flush=True,
         )
-        return status or 128 + stopped[0]
+        return status or 128 + steps.stopped[0]
 
-    try:
+    with Forwarding() as steps:
         for number, cmd in enumerate(passes, 1):
-            if not stopped:
+            if not steps.stopped:
                 print("+", " ".join(cmd), flush=True)
-            if stopped:  # since the last pass ended (or while the line above was written): this one does not start
+            if (
+                steps.stopped
+            ):  # since the last pass ended (or while the line above was written): this one does not start
                 return interrupted(f"before pass {number} of {len(passes)}")
-            proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, preexec_fn=_die_with_bootstrap())
-            guard = _guard(proc)
-            running.append(proc)
-            if stopped:  # it came while the pass started
-                signal_pass(proc, stopped[0])
-            code = proc.wait()
-            _release(guard)
-            running.clear()
-            if stopped:
+            code = steps.run(cmd, cwd=ROOT)
+            if steps.stopped:
                 return interrupted(f"in pass {number} of {len(passes)}")
             if code < 0:  # a signal that did not come through bootstrap (the OOM killer's): no further pass
                 return status or 128 - code
             if code:
                 failed.append(f"pass {number} of {len(passes)}")
                 status = status or code
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     return status
 
 

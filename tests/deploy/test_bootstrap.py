@@ -87,7 +87,7 @@ def test_sigterm_to_bootstrap_serve_stops_the_server_and_frees_its_port():
         spec = importlib.util.spec_from_file_location("wok_bootstrap", {str(BOOTSTRAP)!r})
         b = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(b)
-        b.pip = lambda *args: None
+        b.pip = lambda *args, **kwargs: None
         b.ensure_torch = lambda *args: None
         sys.exit(b.main(["serve", "--models", "mlp", "--port", "0", "--metrics-port", "-1"]))
         """
@@ -402,3 +402,149 @@ def test_ctrl_c_typed_at_a_terminal_reaches_the_pass_which_still_writes_to_the_t
     finally:
         os.close(controller)
         end_all(proc, *left)
+
+
+# A stand-in for a virtual environment's python, for bootstrap's install steps: its torch "imports",
+# and its pip either fails with a status or runs until a signal, then cleans up for a while (as pip
+# removes what it began) and says which signals reached it.
+FAKE_PYTHON = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    args = sys.argv[1:]
+    if args[:1] == ["-c"]:  # bootstrap's probe for torch
+        sys.exit(0)
+    assert args[:3] == ["-m", "pip", "install"], args
+    mode = os.environ["FAKE_PIP"]
+    if mode.startswith("fail:"):
+        print("pip: failing", file=sys.stderr, flush=True)
+        sys.exit(int(mode[5:]))
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    print("pip: running", os.getpid(), file=sys.stderr, flush=True)
+    first = signal.sigwait(sigs)
+    more, end = [], time.monotonic() + 1.5
+    while (left := end - time.monotonic()) > 0:
+        info = signal.sigtimedwait(sigs, left)
+        if info is not None:
+            more.append(signal.Signals(info.si_signo).name)
+    print(f"pip: {signal.Signals(first).name}, then {more}", file=sys.stderr, flush=True)
+    sys.exit(1)
+    """
+)
+
+
+def fake_venv(tmp_path: Path) -> Path:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (tmp_path / "fake_python.py").write_text(FAKE_PYTHON)
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "fake_python.py"} "$@"\n')
+    python.chmod(0o755)
+    return venv
+
+
+def start_install(venv: Path, fake_pip: str = "wait") -> tuple[subprocess.Popen, queue.Queue]:
+    """`bootstrap.py install` in a session of its own (a signal to its group is a terminal's Ctrl-C),
+    and the lines of its stdout and stderr, then None. A real pip it may start finds no package (no
+    index, no configuration): a step meant to be interrupted that is not fails at once."""
+    env = {**os.environ, "WOK_VENV": str(venv), "FAKE_PIP": fake_pip, "PYTHONUNBUFFERED": "1"}
+    env.update(PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull)
+    env.pop("WOK_TORCH", None)
+    proc = subprocess.Popen(
+        [sys.executable, str(BOOTSTRAP), "install"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    lines: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return proc, lines
+
+
+def pip_step(venv: Path) -> str:
+    return f"{venv / 'bin' / 'python'} -m pip install --disable-pip-version-check -q -e {ROOT}"
+
+
+def test_a_failing_install_step_ends_bootstrap_with_its_status_and_one_line(tmp_path):
+    venv = fake_venv(tmp_path)
+    proc, lines = start_install(venv, "fail:3")
+    try:
+        assert proc.wait(timeout=30) == 3
+        assert read_until(lines, None, timeout=10) == [  # and no traceback
+            f"+ {pip_step(venv)}",
+            "pip: failing",
+            f"bootstrap: an install step failed with status 3: {pip_step(venv)}; nothing was run",
+        ]
+    finally:
+        end_all(proc)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+@pytest.mark.parametrize(
+    ("to_group", "signum"), [(True, signal.SIGINT), (False, signal.SIGINT), (False, signal.SIGTERM)]
+)
+def test_a_signal_while_pip_runs_reaches_pip_once_and_ends_bootstrap_after_it_with_one_line(tmp_path, to_group, signum):
+    # to_group: a terminal's Ctrl-C (its whole foreground group); else `kill` of bootstrap alone.
+    venv = fake_venv(tmp_path)
+    proc, lines = start_install(venv)
+    left: list[int] = []
+    try:
+        left.append(pid_of(read_until(lines, "pip: running")[-1]))
+        if to_group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        assert proc.wait(timeout=30) == 128 + signum
+        name = signal.Signals(signum).name
+        assert read_until(lines, None, timeout=10) == [  # pip cleaned up before bootstrap ended
+            f"pip: {name}, then []",
+            f"bootstrap: {name} in {pip_step(venv)}; nothing was run (status {128 + signum})",
+        ]
+    finally:
+        end_all(proc, *left)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+def test_ctrl_c_while_the_environment_is_made_removes_it_and_ends_bootstrap_with_one_line(tmp_path):
+    venv = tmp_path / "new-venv"
+    proc, lines = start_install(venv)
+    try:
+        read_until(lines, f"+ {sys.executable} -m venv {venv}")
+        os.killpg(proc.pid, signal.SIGINT)  # ensurepip, in bootstrap's group, gets it too where it runs
+        assert proc.wait(timeout=60) == 130
+        said = read_until(lines, None, timeout=10)
+        assert said[-1] == f"bootstrap: SIGINT in making the virtual environment {venv}; nothing was run (status 130)"
+        assert not any("Traceback" in line for line in said), said
+        assert not venv.exists()  # the next run makes it whole
+    finally:
+        end_all(proc)
+
+
+def test_a_failed_ensurepip_is_named_with_what_it_said_and_the_package_that_provides_it(tmp_path):
+    venv = tmp_path / "venv"
+    # EnvBuilder runs `python -m ensurepip` in the new environment's folder, which is first on its
+    # path: a folder given that holds a failing ensurepip makes the making fail as a missing one does.
+    (venv / "ensurepip").mkdir(parents=True)
+    (venv / "ensurepip" / "__init__.py").write_text("")
+    (venv / "ensurepip" / "__main__.py").write_text("import sys\nprint('ensurepip: not here')\nsys.exit(1)\n")
+    proc, lines = start_install(venv)
+    try:
+        assert proc.wait(timeout=60) == 1
+        said = read_until(lines, None, timeout=10)
+        assert said[-1].startswith(f"bootstrap: making the virtual environment {venv} failed: "), said
+        assert said[-1].endswith(
+            "-m ensurepip --upgrade --default-pip exited with status 1: ensurepip: not here (on Debian and Ubuntu"
+            " the python3-venv package provides ensurepip); nothing was run"
+        ), said
+        assert not any("Traceback" in line for line in said), said
+        assert (venv / "ensurepip").exists()  # a folder bootstrap did not make is left
+    finally:
+        end_all(proc)
