@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
 # What gRPC's details say of a connection the server closed before HTTP/2 began: a TLS-only port
@@ -24,6 +26,31 @@ DRAINING_HINT = (
 DRAINED_HINT = (
     "the server's health service said NOT_SERVING before this, as a wok server does while it drains: it has shut down"
 )
+# What gRPC's details say of a message over the server's receive limit (grpc.max_receive_message_length),
+# refused before the server reads it: "SERVER: Received message larger than max (N vs. M)" (grpc 1.85).
+# A client's own limits say "CLIENT: ...". wok's server sets M = 4 × --max-request-bytes + 1 MiB and
+# refuses a request over --max-request-bytes itself, with its own words; only one over M gets these.
+_OVER_SERVER_LIMIT = re.compile(r"SERVER: Received message larger than max \((\d+) vs\. (\d+)\)")
+
+
+def over_limit_hint(details: str) -> str:
+    """The hint for gRPC's refusal of a request over the server's receive limit (its details name
+    the request's size and the limit, not the server's option): the --max-request-bytes that limit
+    means on a wok server, and what to do; "" for any other details."""
+    match = _OVER_SERVER_LIMIT.search(details)
+    if match is None:
+        return ""
+    size, limit = int(match[1]), int(match[2])
+    hint = f"the request is {size:,} bytes, over the server's gRPC limit of {limit:,} bytes, so it was not read"
+    max_request, rest = divmod(limit - (1 << 20), 4)
+    if max_request >= 1024 and rest == 0:
+        hint += (
+            f"; on a wok server that limit is 4 × --max-request-bytes + 1 MiB: --max-request-bytes is "
+            f"{max_request:,} here, so send requests of at most {max_request:,} bytes or raise it to at least {size:,}"
+        )
+    return hint + "; on a stream this ends the whole stream"
+
+
 # Statuses that do not show that a server answered on the channel: the client's own, or a failed connection.
 _NO_ANSWER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
 
@@ -37,7 +64,9 @@ class InferError(Exception):
     connection the server closed before anything was answered on its channel, as a TLS-only
     server does; DRAINING_HINT for a call not sent because the server's health service says
     NOT_SERVING (a wok server draining); DRAINED_HINT for an UNAVAILABLE call after that, with no
-    call answered OK in between (the server that drained is gone); else "".
+    call answered OK in between (the server that drained is gone); for a request gRPC refused as
+    over the server's message limit, its size, the limit and the --max-request-bytes it means on
+    a wok server (`over_limit_hint`); else "".
     """
 
     def __init__(self, code: grpc.StatusCode, details: str, hint: str = "") -> None:
@@ -113,4 +142,6 @@ class Answers:
             and SOCKET_CLOSED in err.details
         ):
             return InferError(err.code, err.details, PLAINTEXT_HINT)
+        if err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and (hint := over_limit_hint(err.details)):
+            return InferError(err.code, err.details, hint)
         return err

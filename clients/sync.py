@@ -6,6 +6,7 @@ The channel is thread-safe, so one Client can serve many threads.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -76,6 +77,7 @@ class Client:
             waits, self._waits = self._waits, set()
         for ready in waits:
             ready.cancel()
+        _await_poller_end(self._channel)
         self._channel.close()
 
     def _closed_error(self, exc: ValueError) -> Exception:
@@ -187,6 +189,24 @@ class Client:
         # and raised here, after the results.
         if failure:
             raise failure[0]
+
+
+# grpc's connectivity poller (the thread behind channel_ready_future, so behind wait_ready) looks for
+# subscribers only between watches of the channel's state, each at most 0.2 s long. Closed while
+# it is between two (a wait_ready cancelled by close(), or one that ended just before), the
+# channel kills it with "Cannot monitor channel state: Channel closed!", which Python prints as an
+# unhandled exception in a thread of the caller's application; so close() waits for it to stop.
+POLLER_END_S = 1.0  # a bound, should a subscriber that is not wait_ready's keep it going
+
+
+def _await_poller_end(channel: grpc.Channel, timeout: float = POLLER_END_S) -> None:
+    state = getattr(channel, "_connectivity_state", None)  # grpc's private state; absent: nothing to wait for
+    deadline = time.monotonic() + timeout
+    while state is not None and time.monotonic() < deadline:
+        with state.lock:
+            if not state.polling:
+                return
+        time.sleep(0.005)
 
 
 def _requests(requests: Iterable[StreamItem], failure: list[BaseException]) -> Iterator[pb.ModelInferRequest]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sys
 import textwrap
 import threading
@@ -220,3 +221,63 @@ def test_sync_wait_ready_ends_when_another_thread_closes_the_client():
     t.join(10)
     assert not t.is_alive(), "wait_ready without a timeout outlived close()"
     assert isinstance(result[0], RuntimeError) and "this Client is closed" in str(result[0])
+
+
+def test_sync_close_under_wait_ready_leaves_no_exception_in_grpcs_threads(monkeypatch):
+    # grpc's connectivity poller, closed under between two watches, died of "Cannot monitor channel
+    # state: Channel closed!", printed as an unhandled thread exception: about one close in four
+    # right after wait_ready began, so 50 tries leave it no chance to hide.
+    died: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    before = set(threading.enumerate())
+    for _ in range(50):
+        client = Client("127.0.0.1:1")  # nothing listens: never READY
+        waiting = threading.Event()
+
+        def wait(client=client, waiting=waiting) -> None:
+            waiting.set()
+            with contextlib.suppress(RuntimeError):  # "this Client is closed"
+                client.wait_ready()
+
+        t = threading.Thread(target=wait)
+        t.start()
+        assert waiting.wait(10)
+        client.close()
+        t.join(10)
+    for thread in set(threading.enumerate()) - before:  # grpc's pollers: their exceptions come as they end
+        thread.join(10)
+        assert not thread.is_alive(), f"{thread.name} outlived its client"
+    assert not died, f"exceptions in grpc's threads after close(): {died[:3]}"
+
+
+async def test_a_request_over_the_servers_grpc_limit_names_its_size_and_the_max_request_bytes(serve):
+    # gRPC refuses a message over 4 × --max-request-bytes + 1 MiB (1,052,672 bytes here) before
+    # wok's code reads it: its details named that number, never the option a caller can change.
+    x = {"INPUT0": np.ones((1100, 256), np.float32)}  # 1,126,400 bytes of FP32
+
+    def check(err: InferError) -> None:
+        assert err.code == CODE.RESOURCE_EXHAUSTED, err
+        size = int(re.search(r"larger than max \((\d+) vs\. 1052672\)", err.details)[1])
+        assert size > 1_126_400
+        assert f"the request is {size:,} bytes, over the server's gRPC limit of 1,052,672 bytes" in err.hint
+        assert "--max-request-bytes is 1,024 here" in err.hint and f"raise it to at least {size:,}" in err.hint
+
+    async with serve(models=("mlp",), max_request_bytes=1024) as server:
+        t = f"127.0.0.1:{server.port}"
+        for balancer in ("grpc", "wok"):
+            async with AsyncClient(t, balancer=balancer) as client:
+                with pytest.raises(InferError) as info:
+                    await client.infer("mlp", x)
+                check(info.value)
+                with pytest.raises(InferError) as info:
+                    async for _ in client.stream_infer([("mlp", x)]):
+                        pass
+                check(info.value)
+
+        def sync() -> None:
+            with Client(t) as c:
+                with pytest.raises(InferError) as info:
+                    c.infer("mlp", x)
+                check(info.value)
+
+        await asyncio.to_thread(sync)
