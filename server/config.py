@@ -12,6 +12,7 @@ import ipaddress
 import re
 import sys
 import typing
+import unicodedata
 from pathlib import Path
 from typing import Literal
 
@@ -45,6 +46,8 @@ class _Strict(BaseModel):
     # Numbers and switches are pydantic's Strict types: in a hand-written config a quoted
     # "64", "5" or "false", a 64.0 count or a 1 for true is a slip to name, not a value to
     # guess at. StrictFloat still takes an int (not a bool): `max_queue_delay_ms = 5` is 5.0.
+    # Each float field says allow_inf_nan=False: TOML and YAML write nan and inf, which a bound alone
+    # refused as "should be <= 60000 (got nan)", as though a smaller nan would do.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -61,6 +64,25 @@ class TensorConfig(_Strict):
         description="Inputs only: the sample shape the start-up warm-up runs the model on, `dims` with each -1 "
         "replaced by a size >= 1; None: each -1 as 1. For a model that refuses size 1 (a convolution's kernel).",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _carried_name(cls, v: str) -> str:
+        # Any other character travels: the V2 protocol carries names as UTF-8 strings (JSON's or
+        # protobuf's), and Triton checks only that a name is not empty.
+        control = [c for c in v if unicodedata.category(c) in ("Cc", "Zl", "Zp")]
+        if control:
+            raise ValueError(
+                f"tensor name {v!r} holds a control character (U+{ord(control[0]):04X}): it would break the "
+                "one-line errors and log lines that name the tensor, and a NUL cannot be sent by clients that "
+                "pass names as C strings (Triton's C API); expected printable characters"
+            )
+        if v != v.strip():
+            raise ValueError(
+                f"tensor name {v!r} begins or ends with a space: clients would have to send it, spaces and all, "
+                f"and every message shows it as {v.strip()!r} would look; expected no space at either end"
+            )
+        return v
 
     @field_validator("datatype")
     @classmethod
@@ -102,7 +124,11 @@ class DynamicBatchingConfig(_Strict):
     """When the batcher flushes, and how much it holds."""
 
     max_queue_delay_ms: StrictFloat = Field(
-        5.0, ge=0, le=60_000, description="Longest time (ms) the oldest queued request waits for a batch to fill."
+        5.0,
+        ge=0,
+        le=60_000,
+        allow_inf_nan=False,
+        description="Longest time (ms) the oldest queued request waits for a batch to fill.",
     )
     preferred_batch_sizes: tuple[StrictInt, ...] = Field(
         (), description="Batch sizes (samples) to flush at as soon as they are reached."
@@ -117,7 +143,11 @@ class DynamicBatchingConfig(_Strict):
     # Bounded as slo_ms, the other deadline from arrival: inf would pass the check and then fail
     # every ModelConfig call, which reports it as whole microseconds.
     default_timeout_ms: StrictFloat = Field(
-        0.0, ge=0, le=600_000, description="Deadline (ms from arrival) for requests that bring none; 0 is none."
+        0.0,
+        ge=0,
+        le=600_000,
+        allow_inf_nan=False,
+        description="Deadline (ms from arrival) for requests that bring none; 0 is none.",
     )
     policy: Literal["fixed", "slo"] = Field(
         "fixed",
@@ -128,11 +158,16 @@ class DynamicBatchingConfig(_Strict):
         None,
         gt=0,
         le=600_000,
+        allow_inf_nan=False,
         description="Policy 'slo': latency objective (ms from arrival); a request's deadline is the earliest of "
         "its gRPC deadline, its timeout parameter and arrival + slo_ms.",
     )
     slo_quantile: StrictFloat = Field(
-        0.95, ge=0.5, lt=1.0, description="Policy 'slo': the quantile of batch time it plans with (0.95: p95)."
+        0.95,
+        ge=0.5,
+        lt=1.0,
+        allow_inf_nan=False,
+        description="Policy 'slo': the quantile of batch time it plans with (0.95: p95).",
     )
     slo_profile: Path | None = Field(
         None,
@@ -146,6 +181,19 @@ class DynamicBatchingConfig(_Strict):
         description="Priority level of requests whose 'priority' parameter is absent or 0; lower is more "
         "urgent (1 is the most), FIFO within a level.",
     )
+
+    @field_validator("preferred_batch_sizes")
+    @classmethod
+    def _distinct_sizes(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        # Order carries no meaning (the batcher flushes at the largest size reached), so it is sorted, as
+        # Triton keeps them (a set); a size given twice is refused, not merged: a slip for another size.
+        twice = sorted({s for s in v if v.count(s) > 1})
+        if twice:
+            raise ValueError(
+                f"{', '.join(map(str, twice))} {'is' if len(twice) == 1 else 'are'} given more than once in "
+                f"{list(v)}; expected each size once"
+            )
+        return tuple(sorted(v))
 
     @model_validator(mode="after")
     def _policy_fields(self) -> DynamicBatchingConfig:
@@ -197,7 +245,8 @@ class InstanceConfig(_Strict):
         return v
 
 
-_MODEL_NAME = r"^[A-Za-z0-9_.\-]+$"
+# A model's name goes unescaped into V2 HTTP paths (/v2/models/NAME).
+_MODEL_NAME = r"[A-Za-z0-9_.\-]+"
 Platform = Literal["torchscript", "torch_export", "python"]
 _MODULE_CALLABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
@@ -205,13 +254,13 @@ _MODULE_CALLABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)
 class ModelConfig(_Strict):
     """One served model."""
 
-    name: str = Field(min_length=1, pattern=_MODEL_NAME)
+    name: str = Field(min_length=1)
     platform: Platform = Field(
         description="torchscript (a torch.jit file), torch_export (a torch.export .pt2 program) "
         "or python (a factory 'module:callable' returning an nn.Module)."
     )
     model_file: str | None = Field(
-        None, description="File, relative to the model's folder, for torchscript and torch_export."
+        None, min_length=1, description="File, relative to the model's folder, for torchscript and torch_export."
     )
     factory: str | None = Field(None, description="'module:callable' for the python platform.")
     check: str | None = Field(
@@ -224,6 +273,7 @@ class ModelConfig(_Strict):
     )
     weights: str | None = Field(
         None,
+        min_length=1,
         description="Optional state dict, relative to the model's folder: .safetensors, or a "
         "torch file loaded with weights_only=True. Never unpickled as arbitrary objects.",
     )
@@ -243,6 +293,20 @@ class ModelConfig(_Strict):
     # The file the config was read from, for errors found after loading (the warm-up); None
     # when it was built in code.
     _source: str | None = PrivateAttr(None)
+
+    @field_validator("name")
+    @classmethod
+    def _model_name(cls, v: str) -> str:
+        if not re.fullmatch(_MODEL_NAME, v):
+            raise ValueError(f"{v!r} is not a valid model name: expected letters, digits, '_', '.' and '-' only")
+        if v in (".", ".."):
+            # Clients resolve dot segments in a URL path (RFC 3986): /v2/models/../ready is sent as
+            # /v2/ready, and /v2/models/./ready asks for a model named 'ready'.
+            raise ValueError(
+                f"{v!r} is not a valid model name: clients drop it from a URL path, so the V2 HTTP path "
+                f"/v2/models/{v}/ready is sent without it; expected a name with a letter, digit, '_' or '-'"
+            )
+        return v
 
     @field_validator("factory", "check")
     @classmethod
@@ -323,12 +387,14 @@ class ServerSettings(_Strict):
         30.0,
         ge=0,
         le=_MAX_GRPC_MS / 1e3,
+        allow_inf_nan=False,
         description="Seconds queued and running requests get to finish on SIGTERM/SIGINT/SIGHUP.",
     )
     max_connection_age_s: StrictFloat | None = Field(
         None,
         gt=0,
         le=_MAX_GRPC_MS / 1e3,
+        allow_inf_nan=False,
         description="Seconds after which each client connection is closed (GOAWAY, gRPC adds ±10% jitter), so "
         "round-robin clients reconnect and reach replicas added since; None: never.",
     )
@@ -336,6 +402,7 @@ class ServerSettings(_Strict):
         None,
         ge=0,
         le=_MAX_GRPC_MS / 1e3,
+        allow_inf_nan=False,
         description="Seconds the calls in flight on such a connection get to finish; None: grace_period_s.",
     )
     health_host: str | None = Field(
@@ -381,6 +448,7 @@ class ServerSettings(_Strict):
         None,
         gt=0,
         le=100,
+        allow_inf_nan=False,
         description="The interpreter's GIL switch interval (ms): how long a model worker waiting for the GIL "
         "waits before the event loop must hand it over; None keeps Python's (5 ms). Process-wide: applied by "
         "`wok serve` (the entry point), not by WokServer.",
@@ -679,7 +747,7 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         raise ConfigError(f"{model_dir}: more than one config file: {', '.join(p.name for p in found)}")
     data = read_config_file(found[0])
     if "name" not in data and not re.fullmatch(_MODEL_NAME, model_dir.name):
-        # Else named as a setting the file does not have: "name: String should match pattern ...".
+        # Else named as a setting the file does not have: "name: 'my model' is not a valid model name ...".
         raise ConfigError(
             f"{found[0]}: name: the model is named after its folder, {model_dir.name!r}, which is not a valid model "
             "name (letters, digits, '_', '.' and '-' only): rename the folder, or set name in the config"

@@ -46,6 +46,12 @@ def _failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _source(cfg: ModelConfig) -> str:
+    """What a load error begins with: the config file to open, or the model's name for a config
+    built in code."""
+    return cfg.source or f"model '{cfg.name}'"
+
+
 def _import_model_folder_module(cfg: ModelConfig, model_dir: Path, module_name: str, local: Path):
     """Import `local` (the folder's file for `module_name`) as a submodule of a package private to
     this model: the folder is that package, so model.py may import its sibling files relatively
@@ -84,16 +90,14 @@ def _load_callable(cfg: ModelConfig, model_dir: Path, field: str, imported: dict
     spec = getattr(cfg, field)
     module_name, _, attr = spec.partition(":")
     local = model_dir / (module_name.replace(".", "/") + ".py")
-    where = f"{cfg.source}: {field} {spec!r}" if cfg.source else f"model '{cfg.name}': {field} {spec!r}"
+    where = f"{_source(cfg)}: {field} {spec!r}"
     if local.is_file():
         mod = imported.get(module_name)
         if mod is None:
             try:
                 mod = _import_model_folder_module(cfg, model_dir, module_name, local)
             except _LOAD_FAILURES as exc:
-                raise ConfigError(
-                    f"model '{cfg.name}': cannot import {field} module {str(local)!r}: {_failure(exc)}"
-                ) from exc
+                raise ConfigError(f"{where}: cannot import {str(local)!r}: {_failure(exc)}") from exc
             imported[module_name] = mod
         found_in = str(local)
     else:
@@ -103,13 +107,11 @@ def _load_callable(cfg: ModelConfig, model_dir: Path, field: str, imported: dict
             parts = module_name.split(".")
             if exc.name in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
                 raise ConfigError(f"{where}: no file {local}, and no installed module {module_name!r}") from None
-            raise ConfigError(f"model '{cfg.name}': cannot import {field} module {module_name!r}: {exc}") from None
+            raise ConfigError(f"{where}: cannot import installed module {module_name!r}: {exc}") from None
         except ImportError as exc:
-            raise ConfigError(f"model '{cfg.name}': cannot import {field} module {module_name!r}: {exc}") from None
+            raise ConfigError(f"{where}: cannot import installed module {module_name!r}: {exc}") from None
         except _LOAD_FAILURES as exc:  # the module itself failed as it was imported
-            raise ConfigError(
-                f"model '{cfg.name}': cannot import {field} module {module_name!r}: {_failure(exc)}"
-            ) from exc
+            raise ConfigError(f"{where}: cannot import installed module {module_name!r}: {_failure(exc)}") from exc
         found_in = f"installed module {module_name!r}"
         if getattr(mod, "__file__", None):
             found_in += f" ({mod.__file__})"
@@ -144,15 +146,16 @@ def _check_check(found, where: str, attr: str, found_in: str) -> None:
 
 
 def _load_weights(module: nn.Module, path: Path, cfg: ModelConfig) -> None:
+    where = f"{_source(cfg)}: weights {cfg.weights!r}"
     if not path.is_file():
-        raise ConfigError(f"model '{cfg.name}': weights file {path} does not exist")
+        raise ConfigError(f"{where}: {path} does not exist")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
         try:
             state = load_file(str(path))
         except Exception as exc:
-            raise ConfigError(f"model '{cfg.name}': {path} is not a valid safetensors file: {exc}") from None
+            raise ConfigError(f"{where}: {path} is not a valid safetensors file: {exc}") from None
     else:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -162,15 +165,15 @@ def _load_weights(module: nn.Module, path: Path, cfg: ModelConfig) -> None:
             found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
             what = f" ({found.group(1)})" if found else ""
             raise ConfigError(
-                f"model '{cfg.name}': {path} is not a weights-only state dict: it is a pickled object{what}, "
+                f"{where}: {path} is not a weights-only state dict: it is a pickled object{what}, "
                 "not a state dict: save model.state_dict(), or use safetensors"
             ) from None
         except Exception as exc:
-            raise ConfigError(f"model '{cfg.name}': {path} is not a weights-only state dict: {exc}") from None
+            raise ConfigError(f"{where}: {path} is not a weights-only state dict: {exc}") from None
     try:
         module.load_state_dict(state)
     except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"model '{cfg.name}': weights in {path} do not fit the module: {exc}") from None
+        raise ConfigError(f"{where}: {path} does not fit the module: {exc}") from None
 
 
 def _check_model_file(path: Path, cfg: ModelConfig) -> None:
@@ -183,10 +186,11 @@ def _check_model_file(path: Path, cfg: ModelConfig) -> None:
     except (zipfile.BadZipFile, OSError):
         names = None  # for torchscript, torch.jit.load names what is wrong with it
     export = names is not None and any(n == "archive_format" or n.endswith("/archive_format") for n in names)
+    where = f"{_source(cfg)}: model_file {cfg.model_file!r}"
     if cfg.platform != "torch_export":
         if export:
             raise ConfigError(
-                f"model '{cfg.name}': cannot load torchscript file {path}: it is a torch.export program, not a "
+                f"{where}: cannot load torchscript file {path}: it is a torch.export program, not a "
                 'TorchScript file; set platform = "torch_export"'
             )
         return
@@ -198,21 +202,22 @@ def _check_model_file(path: Path, cfg: ModelConfig) -> None:
         reason = 'it is a TorchScript file, not a torch.export program; set platform = "torchscript"'
     else:
         reason = "it holds no archive_format record, as torch.export.save writes"
-    raise ConfigError(f"model '{cfg.name}': cannot load torch_export file {path}: {reason}")
+    raise ConfigError(f"{where}: cannot load torch_export file {path}: {reason}")
 
 
 def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
     """Build the Servable for the model in `model_dir`."""
     cfg = cfg or load_model_config(model_dir)
+    source = _source(cfg)
     for kind, tensors in (("input", cfg.inputs), ("output", cfg.outputs)):
-        for t in tensors:
+        for i, t in enumerate(tensors):
             if t.datatype == "BYTES":
                 # Checked before any model code is imported: the batch would fail at its first
                 # assembly, after the server had loaded everything else.
                 raise ConfigError(
-                    f"model '{cfg.name}': {kind} '{t.name}' is BYTES, which wok's models cannot take or return: "
-                    "they run on torch tensors, which hold no byte strings; send text as token ids (INT64) "
-                    "or raw bytes as UINT8"
+                    f"{source}: {kind}s.{i}.datatype: {kind} '{t.name}' is BYTES, which wok's models cannot take "
+                    "or return: they run on torch tensors, which hold no byte strings; send text as token ids "
+                    "(INT64) or raw bytes as UINT8"
                 )
     imported: dict[str, object] = {}
     if cfg.platform == "python":
@@ -221,24 +226,24 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
             made = factory(**cfg.parameters)
         except _LOAD_FAILURES as exc:
             raise ConfigError(
-                f"model '{cfg.name}': factory {cfg.factory} failed with parameters {cfg.parameters}: {_failure(exc)}"
+                f"{source}: factory {cfg.factory!r} failed with parameters {cfg.parameters}: {_failure(exc)}"
             ) from exc
         if isinstance(made, Servable):
             # A Servable carries a config of its own: serving it would silently drop this
             # model's config file (its name, inputs, batching, instances and weights).
             raise ConfigError(
-                f"model '{cfg.name}': factory {cfg.factory} returned a Servable (model '{made.name}' with its own "
+                f"{source}: factory {cfg.factory!r} returned a Servable (model '{made.name}' with its own "
                 f"config), expected an nn.Module: a repository model is configured by its config file"
             )
         if not isinstance(made, nn.Module):
             raise ConfigError(
-                f"model '{cfg.name}': factory {cfg.factory} returned {type(made).__name__}, expected an nn.Module"
+                f"{source}: factory {cfg.factory!r} returned {type(made).__name__}, expected an nn.Module"
             )
         module = made
     else:
-        path = inside_model_dir(model_dir, cfg.model_file, f"model '{cfg.name}'", "model_file")
+        path = inside_model_dir(model_dir, cfg.model_file, source, "model_file")
         if not path.is_file():
-            raise ConfigError(f"model '{cfg.name}': model_file {path} does not exist")
+            raise ConfigError(f"{source}: model_file {cfg.model_file!r}: {path} does not exist")
         _check_model_file(path, cfg)
         try:
             if cfg.platform == "torchscript":
@@ -250,9 +255,11 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
                 for attr in ("train", "eval"):
                     module.__dict__.pop(attr, None)
         except Exception as exc:
-            raise ConfigError(f"model '{cfg.name}': cannot load {cfg.platform} file {path}: {exc}") from None
+            raise ConfigError(
+                f"{source}: model_file {cfg.model_file!r}: cannot load {cfg.platform} file {path}: {exc}"
+            ) from None
     if cfg.weights:
-        _load_weights(module, inside_model_dir(model_dir, cfg.weights, f"model '{cfg.name}'", "weights"), cfg)
+        _load_weights(module, inside_model_dir(model_dir, cfg.weights, source, "weights"), cfg)
     check = _load_callable(cfg, model_dir, "check", imported) if cfg.check else None
     return Servable(cfg, module, check=check)
 
@@ -265,7 +272,11 @@ class ModelRepository:
         self.models: dict[str, Servable] = {}
         for s in servables:
             if s.name in self.models:
-                raise ConfigError(f"{source}: two models are named '{s.name}'")
+                first = self.models[s.name].config
+                raise ConfigError(
+                    f"{source}: two models are named '{s.name}': {_source(first)} and {_source(s.config)}; "
+                    "expected one name per model"
+                )
             self.models[s.name] = s
 
     @classmethod

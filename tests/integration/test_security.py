@@ -914,7 +914,7 @@ def test_a_repository_imports_only_from_its_own_folders(probe, tmp_path):
     with pytest.raises(ConfigError, match="has no model folders"):
         ModelRepository.from_directory(tmp_path / "code" / "evil")
     assert not probe.exists()
-    with pytest.raises(ConfigError, match="factory wok_probe_evil:build failed"):
+    with pytest.raises(ConfigError, match=r"config\.toml: factory 'wok_probe_evil:build' failed"):
         ModelRepository.from_directory(tmp_path / "code")
     assert probe.read_text() == "imported"
 

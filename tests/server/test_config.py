@@ -390,10 +390,24 @@ def test_a_folder_name_unfit_for_a_model_name_is_named_as_the_folders(tmp_path):
     assert load_model_config(write_model(tmp_path, changed(name="mine"), name="my model")).name == "mine"
 
 
-def test_a_name_unfit_for_a_model_name(tmp_path):
-    msg, _ = load_error(tmp_path, changed(name="has space"))
-    assert "name: String should match pattern" in msg
-    assert "(got 'has space')" in msg
+@pytest.mark.parametrize("name", ["has space", "m\n", "é", "a/b"])
+def test_a_name_unfit_for_a_model_name(tmp_path, name):
+    # It was "String should match pattern '^[A-Za-z0-9_.\\-]+$'": the expected characters left to decode.
+    # YAML: the helper's TOML does not escape a newline.
+    msg, path = load_error(tmp_path, changed(name=name), filename="config.yaml")
+    assert msg == f"{path}: name: {name!r} is not a valid model name: expected letters, digits, '_', '.' and '-' only"
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_model_name_that_urls_drop_as_a_path_segment_is_refused(tmp_path, name):
+    # It loaded: /v2/models/../ready reaches the client's HTTP stack as /v2/ready, and
+    # /v2/models/./ready asks for a model named 'ready'.
+    msg, path = load_error(tmp_path, changed(name=name))
+    assert msg == (
+        f"{path}: name: {name!r} is not a valid model name: clients drop it from a URL path, so the V2 HTTP path "
+        f"/v2/models/{name}/ready is sent without it; expected a name with a letter, digit, '_' or '-'"
+    )
+    assert load_model_config(write_model(tmp_path / "ok", changed(name=".m."))).name == ".m."
 
 
 def test_model_config_from_dict_names_its_source():
@@ -429,7 +443,7 @@ def test_server_settings_port_out_of_range():
         ("max_request_bytes", 1 << 30, "536608767"),
         ("max_connection_age_s", 3e6, "2147483.647"),
         ("max_connection_age_grace_s", 3e6, "2147483.647"),
-        ("grace_period_s", float("inf"), "2147483.647"),
+        ("grace_period_s", 3e6, "2147483.647"),
     ],
 )
 def test_server_settings_grpc_cannot_take_are_refused_up_front(field, value, bound):
@@ -732,13 +746,95 @@ def test_a_bad_slo_profile_is_named_by_its_field(tmp_path, profile, why):
     assert msg == f"{path}: dynamic_batching.slo_profile: {why.format(p=p)}"
 
 
-@pytest.mark.parametrize("value", [float("inf"), 1e300, float("nan"), 600_000.5])
-def test_default_timeout_ms_is_finite_and_bounded_as_slo_ms(tmp_path, value):
+@pytest.mark.parametrize("value", [1e300, 600_000.5])
+def test_default_timeout_ms_is_bounded_as_slo_ms(tmp_path, value):
     # Unbounded, inf would load and then fail every ModelConfig call, which reports it in whole µs.
     msg, path = load_error(tmp_path, changed(dynamic_batching={"default_timeout_ms": value}))
     assert msg == (
         f"{path}: dynamic_batching.default_timeout_ms: Input should be less than or equal to 600000 (got {value})"
     )
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("field", ["max_queue_delay_ms", "default_timeout_ms", "slo_ms", "slo_quantile"])
+@pytest.mark.parametrize("filename", ["config.toml", "config.yaml"])
+def test_a_time_or_quantile_that_is_no_finite_number_is_named_so(tmp_path, field, value, filename):
+    # nan was refused as "Input should be less than or equal to 60000 (got nan)", as though a smaller nan
+    # would do; TOML writes nan and inf, YAML .nan and .inf.
+    batching = {"policy": "slo", "slo_ms": 50.0} if field.startswith("slo") else {}
+    msg, path = load_error(tmp_path, changed(dynamic_batching={**batching, field: value}), filename=filename)
+    assert msg == f"{path}: dynamic_batching.{field}: Input should be a finite number (got {value})"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize(
+    "field", ["grace_period_s", "max_connection_age_s", "max_connection_age_grace_s", "switch_interval_ms"]
+)
+def test_server_settings_times_that_are_no_finite_number_are_named_so(field, value):
+    extra = {"max_connection_age_s": 60.0} if field == "max_connection_age_grace_s" else {}
+    with pytest.raises(ConfigError) as info:
+        server_settings(**{field: value}, **extra)
+    assert str(info.value) == f"server settings: {field}: Input should be a finite number (got {value})"
+
+
+def test_preferred_batch_sizes_are_sorted_as_triton_keeps_them(tmp_path):
+    # The batcher flushes at the largest size reached, whatever the order; Triton keeps them as a set.
+    cfg = load_model_config(write_model(tmp_path, changed(dynamic_batching={"preferred_batch_sizes": [8, 2, 4]})))
+    assert cfg.dynamic_batching.preferred_batch_sizes == (2, 4, 8)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ([4, 4], "4 is given more than once in [4, 4]; expected each size once"),
+        ([8, 2, 8, 2, 4], "2, 8 are given more than once in [8, 2, 8, 2, 4]; expected each size once"),
+    ],
+)
+def test_a_preferred_batch_size_given_twice_is_refused(tmp_path, sizes, message):
+    # [4, 4] loaded, likely a slip for another size; the ModelConfig RPC then reported both.
+    msg, path = load_error(tmp_path, changed(dynamic_batching={"preferred_batch_sizes": sizes}))
+    assert msg == f"{path}: dynamic_batching.preferred_batch_sizes: {message}"
+
+
+@pytest.mark.parametrize(
+    ("name", "char"), [("in\nx", "000A"), ("in\x00", "0000"), ("a\tb", "0009"), ("x\u2028", "2028")]
+)
+@pytest.mark.parametrize("kind", ["inputs", "outputs"])
+def test_a_tensor_name_with_a_control_character_is_refused(tmp_path, kind, name, char):
+    # "in\nx" loaded and served: an error naming it ("input 'in\nx': expected shape ...") came in two lines.
+    data = changed(**{kind: [{"name": name, "datatype": "FP32", "dims": [4]}]})
+    msg, path = load_error(tmp_path, data, filename="config.yaml")  # the helper's TOML does not escape them
+    assert msg == (
+        f"{path}: {kind}.0.name: tensor name {name!r} holds a control character (U+{char}): it would break the "
+        "one-line errors and log lines that name the tensor, and a NUL cannot be sent by clients that pass "
+        "names as C strings (Triton's C API); expected printable characters"
+    )
+    # The rest is taken: Triton checks only that a name is not empty, and gRPC and JSON carry any UTF-8
+    # string. An input and an output of one name are two tensors there too (a request names them apart).
+    tensors = [{"name": n, "datatype": "FP32", "dims": [4]} for n in ("IN PUT", "入力", 'a"b,c:d')]
+    data = changed(inputs=tensors, outputs=[{"name": "IN PUT", "datatype": "FP32", "dims": [3]}])
+    cfg = load_model_config(write_model(tmp_path / "ok", data))
+    assert [t.name for t in cfg.inputs] == ["IN PUT", "入力", 'a"b,c:d'] and cfg.outputs[0].name == "IN PUT"
+
+
+@pytest.mark.parametrize("name", [" INPUT0", "INPUT0 ", "\u00a0INPUT0"])
+def test_a_tensor_name_beginning_or_ending_with_a_space_is_refused(tmp_path, name):
+    msg, path = load_error(tmp_path, changed(inputs=[{"name": name, "datatype": "FP32", "dims": [4]}]))
+    assert msg == (
+        f"{path}: inputs.0.name: tensor name {name!r} begins or ends with a space: clients would have to send it, "
+        f"spaces and all, and every message shows it as 'INPUT0' would look; expected no space at either end"
+    )
+
+
+@pytest.mark.parametrize("field", ["model_file", "weights"])
+def test_an_empty_file_name_is_refused_not_skipped(tmp_path, field):
+    # weights = "" loaded the model without weights, not a word said; model_file = "" read "needs model_file".
+    data = changed(platform="torchscript", model_file="m.pt", parameters={}) if field == "model_file" else changed()
+    if field == "model_file":
+        del data["factory"]
+    data[field] = ""
+    msg, path = load_error(tmp_path, data)
+    assert msg == f"{path}: {field}: String should have at least 1 character (got '')"
 
 
 def test_default_timeout_ms_takes_its_bound(tmp_path):

@@ -127,7 +127,9 @@ def test_corrupt_torchscript_file(tmp_path):
     (d / "model.pt").write_bytes(b"not a torchscript archive")
     with pytest.raises(ConfigError) as info:
         load_servable(d)
-    assert str(info.value).startswith(f"model 'ts': cannot load torchscript file {d / 'model.pt'}: ")
+    assert str(info.value).startswith(
+        f"{d / 'config.toml'}: model_file 'model.pt': cannot load torchscript file {d / 'model.pt'}: "
+    )
 
 
 # -- torch.export ----------------------------------------------------------------------
@@ -174,7 +176,8 @@ def test_a_torchscript_file_given_as_torch_export_is_named_in_one_line(tmp_path)
     with pytest.raises(ConfigError) as info:
         load_servable(d)
     assert str(info.value) == (
-        f"model 'exported': cannot load torch_export file {d / 'model.pt'}: it is a TorchScript file, "
+        f"{d / 'config.toml'}: model_file 'model.pt': cannot load torch_export file {d / 'model.pt'}: it is a "
+        "TorchScript file, "
         'not a torch.export program; set platform = "torchscript"'
     )
 
@@ -185,7 +188,8 @@ def test_a_torch_export_file_given_as_torchscript_is_named_in_one_line(tmp_path)
     with pytest.raises(ConfigError) as info:
         load_servable(d)
     assert str(info.value) == (
-        f"model 'ts': cannot load torchscript file {d / 'model.pt2'}: it is a torch.export program, "
+        f"{d / 'config.toml'}: model_file 'model.pt2': cannot load torchscript file {d / 'model.pt2'}: it is a "
+        "torch.export program, "
         'not a TorchScript file; set platform = "torch_export"'
     )
 
@@ -203,7 +207,9 @@ def test_a_file_that_is_no_torch_export_archive_is_named_in_one_line(tmp_path, z
         (d / "model.pt2").write_bytes(b"not a zip")
     with pytest.raises(ConfigError) as info:
         load_servable(d)
-    assert str(info.value).startswith(f"model 'exported': cannot load torch_export file {d / 'model.pt2'}: {reason}")
+    assert str(info.value).startswith(
+        f"{d / 'config.toml'}: model_file 'model.pt2': cannot load torch_export file {d / 'model.pt2'}: {reason}"
+    )
     assert "warnings above" not in str(info.value)
 
 
@@ -211,7 +217,7 @@ def test_torch_export_model_file_missing(tmp_path):
     d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"')
     with pytest.raises(ConfigError) as info:
         load_servable(d)
-    assert str(info.value) == f"model 'exported': model_file {d / 'model.pt2'} does not exist"
+    assert str(info.value) == f"{d / 'config.toml'}: model_file 'model.pt2': {d / 'model.pt2'} does not exist"
 
 
 # -- python factories ------------------------------------------------------------------
@@ -326,7 +332,8 @@ def test_an_installed_module_missing_a_dependency_names_the_dependency(tmp_path,
     with pytest.raises(ConfigError) as info:
         load_servable(d)
     assert str(info.value) == (
-        "model 'm': cannot import factory module 'wok_test_needs_dep': No module named 'wok_no_such_dependency_xyz'"
+        f"{d / 'config.toml'}: factory 'wok_test_needs_dep:build': cannot import installed module "
+        "'wok_test_needs_dep': No module named 'wok_no_such_dependency_xyz'"
     )
 
 
@@ -353,7 +360,7 @@ def test_factory_returning_non_module(tmp_path):
     (d / "model.py").write_text("def build():\n    return {'not': 'a module'}\n")
     with pytest.raises(ConfigError) as info:
         load_servable(d)
-    assert str(info.value) == "model 'm': factory model:build returned dict, expected an nn.Module"
+    assert str(info.value) == f"{d / 'config.toml'}: factory 'model:build' returned dict, expected an nn.Module"
 
 
 @pytest.mark.parametrize(
@@ -361,12 +368,13 @@ def test_factory_returning_non_module(tmp_path):
     [
         (
             "import sys\ndef build():\n    sys.exit(3)\n",
-            "model 'm': factory model:build failed with parameters {}: it called sys.exit(3)",
+            "{d}/config.toml: factory 'model:build' failed with parameters {}: it called sys.exit(3)",
         ),
         (
             # As model code that parses arguments at import would, meeting wok's own.
             "import sys\nsys.exit('usage: model.py [-h]')\n",
-            "model 'm': cannot import factory module '{d}/model.py': it called sys.exit('usage: model.py [-h]')",
+            "{d}/config.toml: factory 'model:build': cannot import '{d}/model.py': it called "
+            "sys.exit('usage: model.py [-h]')",
         ),
     ],
 )
@@ -391,8 +399,9 @@ def test_a_bytes_tensor_is_refused_by_name_before_any_model_code_is_imported(tmp
     with pytest.raises(ConfigError) as info:
         load_servable(d)
     assert str(info.value) == (
-        f"model 't': {kind} '{tensor}' is BYTES, which wok's models cannot take or return: they run on torch "
-        "tensors, which hold no byte strings; send text as token ids (INT64) or raw bytes as UINT8"
+        f"{d / 'config.toml'}: {kind}s.0.datatype: {kind} '{tensor}' is BYTES, which wok's models cannot take or "
+        "return: they run on torch tensors, which hold no byte strings; send text as token ids (INT64) or raw bytes "
+        "as UINT8"
     )
 
 
@@ -402,7 +411,7 @@ def test_factory_module_failing_at_import(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_servable(d)
     msg = str(info.value)
-    assert msg.startswith(f"model 'm': cannot import factory module {str(d / 'model.py')!r}: ")
+    assert msg.startswith(f"{d / 'config.toml'}: factory 'model:build': cannot import {str(d / 'model.py')!r}: ")
     assert "SyntaxError" in msg
 
 
@@ -412,7 +421,7 @@ def test_a_factory_returning_a_servable_is_refused_not_served_in_place_of_the_co
     with pytest.raises(ConfigError) as info:
         load_servable(d)
     assert str(info.value) == (
-        "model 's': factory wok.models.mlp:build returned a Servable (model 'mlp' with its own config), "
+        f"{d / 'config.toml'}: factory 'wok.models.mlp:build' returned a Servable (model 'mlp' with its own config), "
         "expected an nn.Module: a repository model is configured by its config file"
     )
 
@@ -426,7 +435,8 @@ def test_an_installed_factory_module_failing_at_import_names_the_model(tmp_path,
     with pytest.raises(ConfigError) as info:
         load_servable(d)
     assert str(info.value) == (
-        "model 'm': cannot import factory module 'wok_test_breaks_on_import': RuntimeError: no GPU driver"
+        f"{d / 'config.toml'}: factory 'wok_test_breaks_on_import:build': cannot import installed module "
+        "'wok_test_breaks_on_import': RuntimeError: no GPU driver"
     )
 
 
@@ -444,7 +454,10 @@ def test_a_file_the_config_names_outside_the_model_folder_is_refused(tmp_path, f
         (d / "link.pt").symlink_to(outside)  # a link out of the folder is a way out too
     with pytest.raises(ConfigError) as info:
         load_servable(d)
-    assert str(info.value) == (f"model 'm': {field} {where!r} leaves the model's folder {d}; expected a path inside it")
+    assert (
+        str(info.value)
+        == f"{d / 'config.toml'}: {field} {where!r} leaves the model's folder {d}; expected a path inside it"
+    )
 
 
 def test_a_config_that_is_not_utf8_is_a_config_error(tmp_path):
@@ -462,7 +475,9 @@ def test_factory_rejecting_parameters(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_servable(d)
     msg = str(info.value)
-    assert msg.startswith("model 'm': factory model:build failed with parameters {'out_featurs': 3}: TypeError")
+    assert msg.startswith(
+        f"{d / 'config.toml'}: factory 'model:build' failed with parameters {{'out_featurs': 3}}: TypeError"
+    )
     assert "out_featurs" in msg
 
 
@@ -522,7 +537,9 @@ def test_arbitrary_pickle_refused(tmp_path):
     assert not marker.exists()
     with pytest.raises(ConfigError) as info:
         load_servable(d)
-    assert str(info.value).startswith(f"model 'w': {d / 'w.pt'} is not a weights-only state dict: ")
+    assert str(info.value).startswith(
+        f"{d / 'config.toml'}: weights 'w.pt': {d / 'w.pt'} is not a weights-only state dict: "
+    )
     assert not marker.exists()
 
 
@@ -533,7 +550,7 @@ def test_whole_module_pickle_refused(tmp_path):
         load_servable(d)
     # One line, without torch's advice to load with weights_only=False.
     assert str(info.value) == (
-        f"model 'w': {d / 'w.pt'} is not a weights-only state dict: it is a pickled object "
+        f"{d / 'config.toml'}: weights 'w.pt': {d / 'w.pt'} is not a weights-only state dict: it is a pickled object "
         "(torch.nn.modules.linear.Linear), not a state dict: save model.state_dict(), or use safetensors"
     )
 
@@ -544,21 +561,23 @@ def test_weights_that_do_not_fit(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_servable(d)
     msg = str(info.value)
-    assert msg.startswith(f"model 'w': weights in {d / 'w.safetensors'} do not fit the module: ")
+    assert msg.startswith(
+        f"{d / 'config.toml'}: weights 'w.safetensors': {d / 'w.safetensors'} does not fit the module: "
+    )
     assert "size mismatch for weight" in msg
 
 
 def test_weights_with_missing_keys(tmp_path):
     d = weighted_model(tmp_path, "w.pt")
     torch.save({"weight": torch.zeros(3, 4)}, d / "w.pt")
-    with pytest.raises(ConfigError, match=r"(?s)do not fit the module: .*Missing key\(s\).*\"bias\""):
+    with pytest.raises(ConfigError, match=r"(?s)does not fit the module: .*Missing key\(s\).*\"bias\""):
         load_servable(d)
 
 
 def test_weights_file_that_is_not_a_dict(tmp_path):
     d = weighted_model(tmp_path, "w.pt")
     torch.save(torch.zeros(3), d / "w.pt")
-    with pytest.raises(ConfigError, match=r"^model 'w': weights in .*w\.pt do not fit the module: .*dict"):
+    with pytest.raises(ConfigError, match=r"config\.toml: weights 'w\.pt': .*w\.pt does not fit the module: .*dict"):
         load_servable(d)
 
 
@@ -567,14 +586,16 @@ def test_corrupt_safetensors(tmp_path):
     (d / "w.safetensors").write_bytes(b"garbage")
     with pytest.raises(ConfigError) as info:
         load_servable(d)
-    assert str(info.value).startswith(f"model 'w': {d / 'w.safetensors'} is not a valid safetensors file: ")
+    assert str(info.value).startswith(
+        f"{d / 'config.toml'}: weights 'w.safetensors': {d / 'w.safetensors'} is not a valid safetensors file: "
+    )
 
 
 def test_weights_file_missing(tmp_path):
     d = weighted_model(tmp_path, "absent.pt")
     with pytest.raises(ConfigError) as info:
         load_servable(d)
-    assert str(info.value) == f"model 'w': weights file {d / 'absent.pt'} does not exist"
+    assert str(info.value) == f"{d / 'config.toml'}: weights 'absent.pt': {d / 'absent.pt'} does not exist"
 
 
 # -- the repository --------------------------------------------------------------------
@@ -650,7 +671,7 @@ def test_torchscript_model_file_missing(tmp_path):
     d = model_dir(tmp_path, "ts", "torchscript", extra='model_file = "model.pt"')
     with pytest.raises(ConfigError) as info:
         ModelRepository.from_directory(tmp_path)
-    assert str(info.value) == f"model 'ts': model_file {d / 'model.pt'} does not exist"
+    assert str(info.value) == f"{d / 'config.toml'}: model_file 'model.pt': {d / 'model.pt'} does not exist"
 
 
 def test_bad_config_fails_the_whole_repository(tmp_path):
@@ -666,7 +687,10 @@ def test_two_models_with_one_name(tmp_path):
         model_dir(tmp_path, folder, "python", extra='name = "same"\nfactory = "torch.nn:Identity"', out_dims="[4]")
     with pytest.raises(ConfigError) as info:
         ModelRepository.from_directory(tmp_path)
-    assert str(info.value) == f"{tmp_path}: two models are named 'same'"
+    assert str(info.value) == (
+        f"{tmp_path}: two models are named 'same': {tmp_path / 'a' / 'config.toml'} and "
+        f"{tmp_path / 'b' / 'config.toml'}; expected one name per model"
+    )
 
 
 def test_a_bad_demo_name_or_option_is_a_config_error():
@@ -731,6 +755,16 @@ def failed_starts(tmp_path_factory):
     d = model_dir(root, "m", "python", extra='factory = "torch.nn:Identity"', in_dims="[1000000000000, 1000000000000]")
     argv = [*argv[:5], str(root), *argv[6:]]
     runs["huge"] = (subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), d)
+    root = tmp_path_factory.mktemp("weights")
+    d = model_dir(root, "m", "python", extra='factory = "torch.nn:Identity"\nweights = "w.safetensors"', out_dims="[4]")
+    argv = [*argv[:5], str(root), *argv[6:]]
+    runs["weights"] = (subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), d)
+    root = tmp_path_factory.mktemp("nan")
+    d = model_dir(root, "m", "python", extra='factory = "torch.nn:Identity"', out_dims="[4]")
+    config = d / "config.toml"
+    config.write_text(config.read_text().replace("max_queue_delay_ms = 1.0", "max_queue_delay_ms = nan"))
+    argv = [*argv[:5], str(root), *argv[6:]]
+    runs["nan"] = (subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), d)
     yield runs
     for proc, _ in runs.values():
         if proc.poll() is None:
@@ -790,4 +824,24 @@ def test_dims_too_large_for_the_warm_up_make_wok_serve_exit_2_naming_the_input_a
         "[1, 1000000000000, 1000000000000] (FP32): array is too big; `arr.size * arr.dtype.itemsize` is larger "
         f"than the maximum possible size; check that input's dims (and warmup_dims) in its config "
         f"({d / 'config.toml'})"
+    ]
+
+
+def test_a_missing_weights_file_makes_wok_serve_exit_2_naming_the_config_file_and_field(failed_starts):
+    # It said "model 'm': weights file ... does not exist": the model, not the file that names the weights.
+    proc, d = failed_starts["weights"]
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2, stderr[-2000:]
+    assert stderr.splitlines()[-1:] == [
+        f"wok: {d / 'config.toml'}: weights 'w.safetensors': {d / 'w.safetensors'} does not exist"
+    ]
+
+
+def test_a_nan_queue_delay_makes_wok_serve_exit_2_saying_it_must_be_a_finite_number(failed_starts):
+    # It said "Input should be less than or equal to 60000 (got nan)".
+    proc, d = failed_starts["nan"]
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2, stderr[-2000:]
+    assert stderr.splitlines()[-1:] == [
+        f"wok: {d / 'config.toml'}: dynamic_batching.max_queue_delay_ms: Input should be a finite number (got nan)"
     ]

@@ -109,7 +109,7 @@ def test_the_model_folder_is_not_put_on_sys_path(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_servable(d)
     assert str(info.value) == (
-        f"model 'm': cannot import factory module {str(d / 'model.py')!r}: ModuleNotFoundError: "
+        f"{d / 'config.toml'}: factory 'model:build': cannot import {str(d / 'model.py')!r}: ModuleNotFoundError: "
         "No module named 'wok_test_sibling_layers'"
     )
     assert sys.path == before
