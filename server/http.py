@@ -405,6 +405,19 @@ class MetricsHTTPServer:
                 error = b"Transfer-Encoding is not supported: send a Content-Length\n"
                 await self._respond(writer, 400, error, "text/plain", close=True, head=head)
                 return
+            if "host" not in headers and not old:
+                # RFC 9112 3.2 (a MUST): HTTP/1.0 predates Host; an HTTP/1.1 client always sends it,
+                # and the admin paths' cross-site check reads it.
+                error = b"Host: expected one header, got none (RFC 9112 3.2)\n"
+                await self._respond(writer, 400, error, "text/plain", close=True, head=head)
+                return
+            length = headers.get("content-length")
+            if length is not None and not re.fullmatch(r"[0-9]+", length):
+                # Not a number of bytes ("-1", "2, 2", "0x2", none at all): where the body ends is
+                # unknown, and a proxy in front may have framed it otherwise (RFC 9112 6.3).
+                error = f"Content-Length: expected a number of bytes, got {_shown(length)}\n"
+                await self._respond(writer, 400, error.encode("latin-1"), "text/plain", close=True, head=head)
+                return
             if old:
                 # HTTP/1.0 has no Expect; its client does not wait for a 100 (RFC 9110 10.1.1).
                 fields.pop("expect", None)
@@ -420,18 +433,19 @@ class MetricsHTTPServer:
             path = target.split("?", 1)[0]
             # Only a POST to an admin route reads its body: after any other request that has
             # one, the connection ends, or the body's bytes would be read as the next request.
-            if headers.get("content-length", "0").strip() not in ("", "0"):
+            has_body = bool(length and length.lstrip("0"))
+            if has_body:
                 close = close or not (method == "POST" and path in ADMIN_ROUTES)
             try:
                 keep = await self._dispatch(reader, writer, method, path, headers, close, arrived)
             except (ConnectionError, asyncio.TimeoutError):
                 raise  # the peer went away: nobody to answer
             except Exception:
-                await self._internal_error(writer, method, path)
+                await self._internal_error(writer, method, path, head=method == "HEAD")
                 return
             if not keep:
                 return
-            if headers.get("content-length", "0").strip() not in ("", "0"):
+            if has_body:
                 known = 0  # a body was read from the buffer's front: the count no longer holds
 
     async def _dispatch(
@@ -503,14 +517,17 @@ class MetricsHTTPServer:
             error = f"a POST body must be Content-Type application/json, got {ctype or 'none'}"
             await self._json(writer, 415, {"error": error}, close=True)
             return False
-        length = headers.get("content-length")
-        if length is None or not re.fullmatch(r"[0-9]{1,9}", length):
+        length = headers.get("content-length")  # digits alone, or absent: _requests refused the rest
+        if length is None:
             await self._json(writer, 411, {"error": "a POST needs a Content-Length"}, close=True)
             return False
-        if int(length) > MAX_BODY_BYTES:
+        # Leading zeros are dropped before int(), which refuses over 4,300 digits; a header may hold 16 KiB.
+        digits = length.lstrip("0")
+        if len(digits) > len(str(MAX_BODY_BYTES)) or int(digits or "0") > MAX_BODY_BYTES:
             await self._json(writer, 413, {"error": f"body over {MAX_BODY_BYTES} bytes"}, close=True)
             return False
-        if headers.get("expect", "").lower() == "100-continue" and int(length) > 0:
+        size = int(digits or "0")
+        if headers.get("expect", "").lower() == "100-continue" and size > 0:
             # Its client waits for this before it sends the body (curl for a second, then sends
             # it anyway). Asked only now that the request is acceptable: one refused above had
             # its final answer instead, and its body need not come.
@@ -518,9 +535,9 @@ class MetricsHTTPServer:
         # Waiting for its body, a connection may make room like an idle one: else connections
         # that send headers and no body could hold every slot, Prometheus's too, for
         # HEADER_TIMEOUT_S.
-        self._waiting[writer] = lambda: len(_buffered(reader)) >= int(length)
+        self._waiting[writer] = lambda: len(_buffered(reader)) >= size
         try:
-            raw = await asyncio.wait_for(reader.readexactly(int(length)), HEADER_TIMEOUT_S)
+            raw = await asyncio.wait_for(reader.readexactly(size), HEADER_TIMEOUT_S)
         except asyncio.IncompleteReadError as exc:
             # The client closed its side early; or the connection made room before its body
             # came (then the answer finds it closed, and nothing is sent).
@@ -562,14 +579,15 @@ class MetricsHTTPServer:
         await self._json(writer, 200, answer, close)
         return not close
 
-    async def _internal_error(self, writer, method: str, path: str) -> None:
+    async def _internal_error(self, writer, method: str, path: str, *, head: bool = False) -> None:
         """Answer a request's unexpected exception (the one being handled) with 500, and log it.
 
         Left to asyncio, it would end the connection with no answer at all. The connection ends:
         what the handler changed before it failed is unknown.
         """
         log.exception("%s %s failed", method, path)
-        await self._json(writer, 500, {"error": f"{method} {path}: internal error; see the server's log"}, True)
+        error = {"error": f"{method} {path}: internal error; see the server's log"}
+        await self._json(writer, 500, error, True, head=head)
 
     async def _stream_events(self, writer) -> None:
         # Subscribed before the header goes out, so that a failure to subscribe still answers 500.

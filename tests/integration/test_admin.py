@@ -164,7 +164,8 @@ FAULT = b'{"model": "mlp", "mode": "fail", "duration_s": 60}'
         ("Content-Type: application/x-www-form-urlencoded", 415, "got application/x-www-form-urlencoded"),
         ("Content-Type: application/json\r\nOrigin: http://evil.example", 403, "Origin 'http://evil.example'"),
         ("Content-Type: application/json\r\nHost: evil.example", 403, "Host 'evil.example' is not an IP address"),
-        ("Content-Type: application/json\r\nContent-Length: \xb2", 411, "a POST needs a Content-Length"),
+        # Not a number of bytes: refused as the head is read, in plain text as other framing errors.
+        ("Content-Type: application/json\r\nContent-Length: \xb2", 400, "expected a number of bytes, got '\xb2'"),
     ],
 )
 async def test_admin_posts_a_browser_page_could_send_are_refused_and_change_nothing(
@@ -180,7 +181,8 @@ async def test_admin_posts_a_browser_page_could_send_are_refused_and_change_noth
     head = "POST /admin/faults HTTP/1.1\r\n" + "\r\n".join(lines) + "\r\n\r\n"
     answer = await raw_http(port, head.encode("latin-1") + FAULT)
     assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:200]
-    assert says in json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    top, body = answer.split(b"\r\n\r\n", 1)
+    assert says in (json.loads(body)["error"] if b"Content-Type: application/json" in top else body.decode("latin-1"))
     assert (await ahttp(base + "/admin/faults"))[1] == {"faults": []}  # nothing was applied
 
 

@@ -9,10 +9,11 @@ import socket
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from wok import http
 
-from .test_http import LOOPS, Server, _gate_admin, errors, post, responses
+from .test_http import LOOPS, BrokenCollector, Server, _gate_admin, errors, post, responses
 
 
 def status(top: bytes) -> bytes:
@@ -260,3 +261,72 @@ async def test_a_head_the_client_sends_byte_by_byte_is_read(raw_http):
     [(top, body)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 200 OK\r\n"), answer
     assert body == b"wok: metrics at /metrics\n"
+
+
+@pytest.mark.parametrize(
+    "length",
+    [b"abc", b"-1", b"+2", b"2, 2", b"0x2", b"", b"\xb2"],
+    ids=["word", "minus", "plus", "list", "hex", "empty", "superscript"],
+)
+@pytest.mark.parametrize("target", [b"GET /metrics", b"POST /admin/faults"], ids=["get", "admin-post"])
+async def test_a_content_length_that_is_not_a_number_gets_400_naming_it_and_the_connection_ends(
+    target, length, raw_http
+):
+    """RFC 9112 6.3: the body's end is unknown, so the request is refused. A GET was answered 200
+    (its connection then closed); an admin POST got 411 "a POST needs a Content-Length", which it had."""
+    async with Server() as s:
+        head = target + b" HTTP/1.1\r\n" + s.host + b"Content-Type: application/json\r\nContent-Length: " + length
+        answer = await raw_http(s.port, head + b"\r\n\r\n{}GET / HTTP/1.1\r\n" + s.host + b"\r\n")
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in top, answer
+    shown = repr(length.decode("latin-1")).encode("latin-1")
+    assert body == b"Content-Length: expected a number of bytes, got " + shown + b"\n"
+    assert s.admin.posted == []
+
+
+@pytest.mark.parametrize(
+    "length",
+    [b"99999999999", b"1" * 5000, b"0" * 20 + b"65537"],
+    ids=["eleven-digits", "5000-digits", "zeros-then-over"],
+)
+async def test_an_admin_post_whose_content_length_is_over_the_limit_gets_413_however_it_is_written(length, raw_http):
+    """One of ten or more digits was answered 411, "a POST needs a Content-Length"."""
+    async with Server() as s:
+        head = b"POST /admin/faults HTTP/1.1\r\n" + s.host + b"Content-Type: application/json\r\nContent-Length: "
+        answer = await raw_http(s.port, head + length + b"\r\n\r\n{}")
+        # Leading zeros are still a number of bytes: this one is 2, and is taken.
+        taken = await raw_http(s.port, head + b"0" * 20 + b"2\r\nConnection: close\r\n\r\n{}")
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 413 Payload Too Large\r\n") and b"Connection: close" in top, answer
+    assert body == b'{"error":"body over %d bytes"}\n' % http.MAX_BODY_BYTES
+    assert status(responses(taken, [False])[0][0]) == b"HTTP/1.1 200 OK", taken
+    assert s.admin.posted == [{}]
+
+
+async def test_a_head_request_that_fails_gets_a_500_without_a_body(caplog, raw_http):
+    """The 500 carried its JSON body after a HEAD too, which a client reads as the next answer's start."""
+    registry = CollectorRegistry()
+    registry.register(BrokenCollector())
+    async with Server(registry) as s:
+        with caplog.at_level(logging.ERROR):
+            answer = await raw_http(s.port, b"HEAD /metrics HTTP/1.1\r\n" + s.host + b"\r\n")
+    [(top, _)] = responses(answer, [True])
+    assert top.startswith(b"HTTP/1.1 500 Internal Server Error\r\n") and b"Connection: close" in top, answer
+    assert int(top.split(b"Content-Length: ")[1].split(b"\r\n")[0]) > 0  # GET's length, as for any HEAD
+    assert errors(caplog) == ["wok.http: HEAD /metrics failed"]
+
+
+@pytest.mark.parametrize("target", [b"GET /metrics", b"HEAD /", b"GET /admin/faults"], ids=["metrics", "head", "admin"])
+async def test_an_http11_request_without_host_gets_400_and_http10_is_served(target, raw_http):
+    """RFC 9112 3.2: a server MUST answer 400 to an HTTP/1.1 request without Host. It was served
+    (the admin paths answered 403, "Host '' is not an IP address")."""
+    head = target.startswith(b"HEAD")
+    async with Server() as s:
+        answer = await raw_http(
+            s.port, target + b" HTTP/1.1\r\nAccept: */*\r\n\r\nGET / HTTP/1.1\r\n" + s.host + b"\r\n"
+        )
+        old = await raw_http(s.port, b"GET / HTTP/1.0\r\n\r\n")
+    [(top, body)] = responses(answer, [head])
+    assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in top, answer
+    assert head or body == b"Host: expected one header, got none (RFC 9112 3.2)\n"
+    assert status(responses(old, [False])[0][0]) == b"HTTP/1.1 200 OK", old
