@@ -192,18 +192,20 @@ class WokServer:
             )
             try:
                 await loop.run_in_executor(None, executor.warmup)
+                self._log_cpu_linear(name, executor)
+                db = cfg.dynamic_batching
+                policy = BatchingPolicy(
+                    cfg.max_batch_size, db.max_queue_delay_ms / 1e3, db.preferred_batch_sizes, db.max_queue_size
+                )
+                stats = ModelStats(name)
+                metrics = self.metrics.model(name, len(executor.instances))
+                # The slo policy reads its profile again here, after the load: the file may have
+                # changed since the config was checked.
+                batcher = Batcher(name, executor, policy, stats, metrics)
             except BaseException:
                 # Not in self.runtimes yet, so stop() would not shut its worker threads down.
                 await loop.run_in_executor(None, executor.shutdown)
                 raise
-            self._log_cpu_linear(name, executor)
-            db = cfg.dynamic_batching
-            policy = BatchingPolicy(
-                cfg.max_batch_size, db.max_queue_delay_ms / 1e3, db.preferred_batch_sizes, db.max_queue_size
-            )
-            stats = ModelStats(name)
-            metrics = self.metrics.model(name, len(executor.instances))
-            batcher = Batcher(name, executor, policy, stats, metrics)
             batcher.on_failed = functools.partial(self._model_failed, name)
             batcher.start()
             self.runtimes[name] = ModelRuntime(servable, executor, batcher, stats, metrics)

@@ -525,6 +525,11 @@ class Batcher:
         size = min(self.policy.flush_size, self.policy.max_batch_size)
         q = self._queues.get(key)
         counts = q.rows.keys() if q is not None else ()
+        if rows > size and all(r > size for r in counts):
+            # Every request is over every preferred size: `_form` then fills each batch up to the
+            # maximum, not the flush size (costed at the flush size, such a backlog was refused far
+            # below what its batches meet, or, with little fixed cost per batch, admitted to miss).
+            size = self.policy.max_batch_size
         if all(r == rows for r in counts):
             pack = None
             if rows <= size:

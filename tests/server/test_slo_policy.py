@@ -13,6 +13,7 @@ import json
 import math
 import re
 import shutil
+import threading
 import time
 
 import grpc
@@ -481,6 +482,26 @@ def test_config_checks_the_policy_fields(slow_repository):
     _profile(root / "slow" / "p.json", 0.02, 0.001)  # relative to the model's folder
     db = load_model_config(root / "slow").dynamic_batching
     assert db.policy == "slo" and db.slo_ms == 30 and db.slo_profile == root / "slow" / "p.json"
+
+
+async def test_a_profile_unreadable_by_the_start_fails_it_with_the_model_s_threads_shut_down(slow_repository):
+    # The config is checked as the repository loads; the server reads the profile again as it
+    # builds the model's batcher, after the model's load and warm-up. A profile edited between the
+    # two fails the start; its executor, not yet among the runtimes that stop() shuts down, kept
+    # its worker thread running after the stop.
+    from wok.app import WokServer, build_repository
+    from wok.config import server_settings
+
+    root = _set_batching(slow_repository(), 'policy = "slo"\nslo_ms = 50\nslo_profile = "profile.json"\n')
+    _profile(root / "slow" / "profile.json", 0.020, 0.0)
+    settings = server_settings(grpc_port=0, model_repository=root)
+    server = WokServer(settings, build_repository(settings))
+    (root / "slow" / "profile.json").write_text("{")
+    with pytest.raises(ValueError, match=r"cannot read profile .*profile\.json"):
+        await server.start()
+    await server.stop(grace=0)
+    assert server.runtimes == {}
+    assert [t.name for t in threading.enumerate() if t.name.startswith("wok-slow-")] == []
 
 
 # -- through a server: status, retry-after, metrics -------------------------------------------------

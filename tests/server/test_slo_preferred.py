@@ -204,6 +204,62 @@ async def test_a_backlog_of_multi_row_requests_admits_only_what_its_batches_fini
     assert b.queued == 0 and all(not q.rows for q in b._queues.values())
 
 
+@pytest.mark.parametrize(
+    ("rows", "admitted", "batch", "ahead"), [((3,), 22, 6, 66), ((5,), 11, 5, 55), ((3, 5), 10, 8, 40)]
+)
+async def test_requests_over_every_preferred_size_are_costed_in_the_batches_they_form(
+    gated_instances, rows, admitted, batch, ahead
+):
+    # T(n) = 20 + n ms, margin 1 ms, SLO 300 ms, max 8, preferred 2. A request over every preferred
+    # size takes what fits beside it up to the maximum, so requests of 3 rows run in batches of 6
+    # (26 ms; request i ends by 26·(i // 2) + 24 + 3·(i % 2): 21 in at 287, 22 out at 310), of 5
+    # rows alone (25 ms; i ends by 25·i + 26: 10 in at 276, 11 out at 301). Rows 3, 5, 3, 5, ...:
+    # a batch holds at least 8 − 5 + 1 = 4 samples and takes at most T(8), so request 2k ends by at
+    # most 56·k + 24, 2k + 1 by 56·k + 29: k = 4 in, k = 5 out (304). Costed in batches of the flush
+    # size 2, only 9, 5 and 4 were admitted.
+    _m, ex = gated_instances(1)
+    slo = slo_policy(300, 8, 1, alpha_ms=20, beta_ms=1)
+    b = Batcher("gated", ex, BatchingPolicy(8, 1e-3, (2,)), ModelStats("gated"), slo=slo)
+    b._loop = asyncio.get_running_loop()  # no task: the test plays the batches out itself
+    b._wakeup = asyncio.Event()
+    ps, refused = [], []
+    for i in range(40):
+        try:
+            ps.append(submit(b, rows=rows[i % len(rows)]))
+        except DeadlineUnmeetable as exc:
+            refused.append(exc)
+    reasons, sizes, dropped = play_backlog(b, slo, ps, 1)
+    assert dropped == []  # every admitted request went into a batch predicted to end in time
+    assert reasons == {"size"} and sizes == [batch] * (ahead // batch)
+    assert len(ps) == admitted and len(refused) == 40 - admitted
+    assert f"with {ahead} samples queued ahead of it" in str(refused[0])
+    assert b.queued == 0
+
+
+async def test_requests_over_every_preferred_size_are_not_admitted_past_what_their_batches_meet(gated_instances):
+    # T(n) = 5·n ms (no fixed cost), margin 1 ms, SLO 300 ms, max 16, preferred 5, two instances.
+    # Requests of 8 rows run two to a batch of 16 (80 ms), two batches side by side: request i
+    # ends by 80·(i // 4) + 41 when first in its batch, + 81 when second: 12 in (281 ms), 13 out
+    # (321). Costed in batches of the flush size 5 (25 ms each), request 13 was said to end by
+    # 291 ms: admitted, then dropped at its batch as late.
+    _m, ex = gated_instances(2, max_batch_size=16)
+    slo = slo_policy(300, 16, 2, alpha_ms=0, beta_ms=5)
+    b = Batcher("gated", ex, BatchingPolicy(16, 1e-3, (5,)), ModelStats("gated"), slo=slo)
+    b._loop = asyncio.get_running_loop()  # no task: the test plays the batches out itself
+    b._wakeup = asyncio.Event()
+    ps, refused = [], []
+    for _ in range(20):
+        try:
+            ps.append(submit(b, rows=8))
+        except DeadlineUnmeetable as exc:
+            refused.append(exc)
+    _reasons, sizes, dropped = play_backlog(b, slo, ps, 2)
+    assert dropped == []
+    assert len(ps) == 13 and sizes == [16] * 6 + [8]
+    assert "with 104 samples queued ahead of it" in str(refused[0])
+    assert b.queued == 0
+
+
 async def test_after_max_is_lowered_a_request_over_it_is_admitted_as_one_batch_of_its_rows(gated_instances):
     # T = 100 ms whatever n, SLO 400 ms, margin 1 ms; the maximum lowered from 8 to 2. A probe runs
     # (gated); 1 row and then 8 rows queue behind it. The 8 run alone after the 1: they end by
