@@ -1232,7 +1232,7 @@ def run_tune(args) -> int:
     if args.profile and (args.alpha or args.beta):
         raise ValueError("give --profile or --alpha/--beta, not both")
     if args.profile:
-        profile = load_profile(args.profile)
+        profile = load_profile(args.profile, where=f"--profile {args.profile}")
     elif args.alpha and args.beta:
         profile = Profile(*_batch_time(args), source="--alpha/--beta")
     else:
@@ -1240,6 +1240,12 @@ def run_tune(args) -> int:
     if args.batch_times == "samples" and not args.profile:
         # --alpha/--beta have no measured samples: the search would quietly run on the fit.
         raise ValueError("--batch-times samples draws from a --profile file's measured batch times; give --profile")
+    if args.batch_times == "samples" and not profile.samples:
+        # As with --alpha/--beta: the search would quietly run on the fit (inputs.batch_times "fit").
+        raise ValueError(
+            f"--batch-times samples: --profile {args.profile} holds no measured batch times (every "
+            "batches[i].samples_s is missing or empty)"
+        )
 
     def ints(spec: str, what: str) -> list[int]:
         try:
@@ -1312,7 +1318,8 @@ def run_tune(args) -> int:
     if args.cpu_calibration and args.overhead is None and not args.overhead_samples:
         # A calibration taken with the server-timing trailer measured the overhead at each of its
         # loads: without an overhead given here, each simulated rate draws its own.
-        overhead_at = overhead_by_rate(read_json(args.cpu_calibration, "CPU calibration"), cpu)
+        where = f"--cpu-calibration {args.cpu_calibration}"
+        overhead_at = overhead_by_rate(read_json(args.cpu_calibration, "--cpu-calibration"), cpu, where)
     _arrivals("--arrival", args.arrival, 1.0, 1.0)  # a bad spec fails here, before any simulation
     search = SearchConfig(
         slo_p99_ms=1e3 * _latency(args, "--slo-p99", positive=True),

@@ -147,7 +147,9 @@ def _batch_size(value, where: str, name: str) -> int:
     return int(n)
 
 
-def profile_from_document(doc: dict, where: str = "profile") -> Profile:
+def profile_from_document(doc: dict, where: str = "profile", *, source: str | None = None) -> Profile:
+    """The `Profile` of a `wok.profile/1` document; a refusal starts with `where`. `source` (default
+    `where`) is what the result records as the profile (`inputs.profile`)."""
     if doc.get("schema") != PROFILE_SCHEMA:
         raise ValueError(f"{where}: schema is {doc.get('schema')!r}, expected {PROFILE_SCHEMA!r}")
     try:
@@ -157,11 +159,17 @@ def profile_from_document(doc: dict, where: str = "profile") -> Profile:
         r2 = fit.get("r2")
         r2 = None if r2 is None else _json_number(r2, where, "fit.r2", "a number or null")
         samples = []
-        for i, b in enumerate(doc.get("batches", [])):
-            times = tuple(
-                _json_number(x, where, f"batches[{i}].samples_s", "numbers of seconds")
-                for x in (b.get("samples_s") or [])
-            )
+        batches = doc.get("batches", [])
+        if not isinstance(batches, list):
+            raise ValueError(f"{where}: batches: expected a list of batch sizes' times; got {json_kind(batches)}")
+        for i, b in enumerate(batches):
+            if not isinstance(b, dict):
+                raise ValueError(f"{where}: batches[{i}]: expected an object; got {json_kind(b)}")
+            listed = b.get("samples_s") or []
+            if not isinstance(listed, list):
+                got = json_kind(listed)
+                raise ValueError(f"{where}: batches[{i}].samples_s: expected a list of seconds; got {got}")
+            times = tuple(_json_number(x, where, f"batches[{i}].samples_s", "numbers of seconds") for x in listed)
             if times:
                 samples.append((i, _batch_size(b["batch_size"], where, f"batches[{i}].batch_size"), times))
     except (AttributeError, KeyError, TypeError) as exc:
@@ -175,6 +183,11 @@ def profile_from_document(doc: dict, where: str = "profile") -> Profile:
         bad = next((t for t in times if not math.isfinite(t)), None)
         if bad is not None:
             raise ValueError(f"{where}: batches[{i}].samples_s: expected finite seconds; got {bad!r}")
+        # A batch takes time: one of 0 s or less was refused only once drawn from (--batch-times samples),
+        # by the simulator, without the file or the field ("batch_samples: size 1 needs ... positive times").
+        bad = next((t for t in times if not t > 0), None)
+        if bad is not None:
+            raise ValueError(f"{where}: batches[{i}].samples_s: expected batch times > 0 s; got {bad!r}")
     # As `wok plan --profile` reads the same fit (one profile, one T(n)): β, the time per row, must be
     # ≥ 0; a fit can come out with α below 0 (noise at small n), which the simulator cannot take, so
     # it is clamped to 0, T(n) = β·n, and the result warns (`warnings`).
@@ -183,7 +196,8 @@ def profile_from_document(doc: dict, where: str = "profile") -> Profile:
     fitted = alpha if alpha < 0 else None
     if r2 is not None and not math.isfinite(r2):
         r2 = None  # strict JSON writes it as null all the same
-    return Profile(max(alpha, 0.0), beta, r2, tuple((n, t) for _, n, t in samples), where, fitted_alpha_s=fitted)
+    samples_out = tuple((n, t) for _, n, t in samples)
+    return Profile(max(alpha, 0.0), beta, r2, samples_out, where if source is None else source, fitted_alpha_s=fitted)
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -199,10 +213,11 @@ def read_json(path: Path, what: str) -> dict:
     return doc
 
 
-def load_profile(path: Path, what: str = "--profile") -> Profile:
+def load_profile(path: Path, what: str = "--profile", *, where: str | None = None) -> Profile:
     """`wok tune --profile`'s file; a file that cannot be read, or holds no JSON object, is refused
-    naming `what`; a document that is not a profile, naming its path (`profile_from_document`)."""
-    return profile_from_document(read_json(path, what), str(path))
+    naming `what`; a document that is not a profile, starting with `where` (by default its path; `wok
+    tune` names the option too) (`profile_from_document`)."""
+    return profile_from_document(read_json(path, what), str(path) if where is None else where, source=str(path))
 
 
 def overhead_document(samples_s: Sequence[float], method: str) -> dict:
@@ -218,10 +233,15 @@ def overhead_document(samples_s: Sequence[float], method: str) -> dict:
 
 
 def load_overhead(path: Path, what: str = "--overhead-samples") -> tuple[float, ...]:
+    """`wok tune --overhead-samples`'s file: its samples (s); every refusal names `what`, the path and the field."""
     doc = read_json(path, what)
+    if doc.get("schema") != OVERHEAD_SCHEMA:
+        raise ValueError(f"{what} {path}: schema is {doc.get('schema')!r}, expected {OVERHEAD_SCHEMA!r}")
     samples = doc.get("samples_s")
-    if doc.get("schema") != OVERHEAD_SCHEMA or not samples:
-        raise ValueError(f"{what} {path}: expected a {OVERHEAD_SCHEMA} document with samples_s")
+    if samples is None or samples == []:
+        # Said apart: both were "expected a wok.overhead/1 document with samples_s", of a document that had one.
+        got = "none" if samples is None else "an empty list"
+        raise ValueError(f"{what} {path}: samples_s: expected a list of seconds, at least one; got {got}")
     if not isinstance(samples, list):
         raise ValueError(f"{what} {path}: samples_s: expected a list of seconds; got {json_kind(samples)}")
     # float() takes true as 1 s; a NaN or an infinity left requests without a completion time
@@ -380,31 +400,71 @@ def _quantiles_by_rate(table: list[tuple[float, np.ndarray]]) -> Callable[[float
     return at
 
 
-def overhead_by_rate(cpu_doc: dict | None, stage) -> Callable[[float], tuple[float, ...]] | None:
+def _outside_points(cpu_doc: dict | None, where: str, histogram: str) -> list[tuple[float, np.ndarray | None]]:
+    """A calibration's `outside_by_rate`, each load's (offered QPS, its `histogram`'s values in ms, or None when
+    the load has none); a refusal names `where` and the field. A missing field was a KeyError traceback."""
+    from wok.bench.histogram import LatencyHistogram
+
+    points = (cpu_doc or {}).get("outside_by_rate") or []
+    if not isinstance(points, list):
+        raise ValueError(f"{where}: outside_by_rate: expected a list of loads; got {json_kind(points)}")
+    out = []
+    for i, p in enumerate(points):
+        field = f"outside_by_rate[{i}]"
+        if not isinstance(p, dict):
+            raise ValueError(f"{where}: {field}: expected an object; got {json_kind(p)}")
+        if "offered_qps" not in p:
+            raise ValueError(f"{where}: {field}.offered_qps: missing; expected a finite rate ≥ 0")
+        rate = _json_number(p["offered_qps"], where, f"{field}.offered_qps", "a finite rate ≥ 0")
+        if not 0 <= rate < math.inf:
+            got = json_kind(p["offered_qps"])
+            raise ValueError(f"{where}: {field}.offered_qps: expected a finite rate ≥ 0; got {got}")
+        h = p.get(histogram)
+        if h is None:
+            out.append((rate, None))
+            continue
+        try:
+            values = LatencyHistogram.from_dict(_object_of(h, where, f"{field}.{histogram}")).values_ms()
+        except (KeyError, TypeError, ValueError) as exc:
+            why = f"no {exc.args[0]}" if isinstance(exc, KeyError) else str(exc)
+            raise ValueError(f"{where}: {field}.{histogram}: expected a latency histogram; {why}") from None
+        out.append((rate, values))
+    return out
+
+
+def _object_of(value, where: str, name: str) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: {name}: expected a latency histogram; got {json_kind(value)}")
+    return value
+
+
+def overhead_by_rate(
+    cpu_doc: dict | None, stage, where: str = "CPU calibration"
+) -> Callable[[float], tuple[float, ...]] | None:
     """The overhead beside the CPU stage at an offered rate, from the calibration's server timing.
 
     At each calibration load, each request's time outside the server (its latency less its
     `server-timing` total: the generator's lag, the client, the transport, gRPC's work on both
     sides) was measured; less the loop's c_in + c_out, which the stage models as a queue of its
     own, that is the overhead sample there (s). Between loads, `_quantiles_by_rate`. None without
-    such a calibration.
+    such a calibration. A refusal names `where` (the caller's name for the calibration) and the field.
     """
-    from wok.bench.histogram import LatencyHistogram
-
-    points = (cpu_doc or {}).get("outside_by_rate") or []
-    if not points or stage is None:
+    if stage is None:
         return None
-    own = stage.cpu_in_s + stage.cpu_out_s
-    at = _quantiles_by_rate(
-        [
-            (
-                float(p["offered_qps"]),
-                np.maximum(LatencyHistogram.from_dict(p["outside_histogram"]).values_ms() / 1e3 - own, 0.0),
+    points = _outside_points(cpu_doc, where, "outside_histogram")
+    if not points:
+        return None
+    for i, (_, values) in enumerate(points):
+        # A load without requests measured nothing to draw from (np.quantile of none is an IndexError).
+        if values is None or not values.size:
+            got = "none" if values is None else "an empty histogram"
+            raise ValueError(
+                f"{where}: outside_by_rate[{i}].outside_histogram: expected a latency histogram of at least one "
+                f"request; got {got}"
             )
-            for p in points
-        ]
-    )
-    at.loads = sorted(float(p["offered_qps"]) for p in points)  # what the search records of it
+    own = stage.cpu_in_s + stage.cpu_out_s
+    at = _quantiles_by_rate([(rate, np.maximum(values / 1e3 - own, 0.0)) for rate, values in points])
+    at.loads = sorted(rate for rate, _ in points)  # what the search records of it
     return at
 
 
@@ -416,14 +476,10 @@ def batch_noise_by_rate(cpu_doc: dict | None) -> Callable[[float], tuple[float, 
     the P99 of a 2,400-QPS calibration), which the stage's even sharing of the cores does not give.
     Approximate: the samples are per request (a batch of n counts n times) and hold the spread of
     batch sizes too. None without the data."""
-    from wok.bench.histogram import LatencyHistogram
-
     table = []
-    for p in (cpu_doc or {}).get("outside_by_rate") or []:
-        if p.get("compute_histogram") and p["compute_histogram"]["count"]:
-            values = LatencyHistogram.from_dict(p["compute_histogram"]).values_ms()
-            if values.mean() > 0:
-                table.append((float(p["offered_qps"]), values / values.mean()))
+    for rate, values in _outside_points(cpu_doc, "CPU calibration", "compute_histogram"):
+        if values is not None and values.size and values.mean() > 0:
+            table.append((rate, values / values.mean()))
     return _quantiles_by_rate(table) if table else None
 
 
@@ -549,6 +605,13 @@ def busiest_step(profile: Profile, search: SearchConfig, grid: Sequence[tuple[in
         (ceiling_qps(model_for(profile, n, d, instances=instances, sampled=sampled, cpu=cpu)), n, d) for n, d in grid
     ]
     top, n, d = max(tops, key=lambda t: t[0])
+    if not math.isfinite(top):
+        # Batch times so short (1e-320 s) that n / E[T(n)] overflows: the search's rates were NaN, refused
+        # by the simulator as "qps must be a finite rate >= 0; got nan".
+        raise ValueError(
+            f"max_batch_size {n}, delay {1e3 * d:g} ms: its ceiling n / E[T(n)] by {_fit_words(profile, sampled, cpu)} "
+            "is beyond a float: batch times this short cannot be simulated"
+        )
     rate = highest_rate(top, search.iterations)
     seconds = search.warmup_s + search.duration_s
     expected = arrival_count(parse_arrivals(search.arrival, rate, duration_s=seconds), seconds)
@@ -577,6 +640,18 @@ class SearchNames:
         """The name of the grid's batch sizes (0), delays (1) or default (2), read off `grid`."""
         m = re.fullmatch(r"(.+?), (.+) and (.+)", self.grid)
         return m.group(i + 1) if m else self.grid
+
+
+def _fit_words(profile: Profile, sampled: bool, cpu: CpuStage | None) -> str:
+    """What the search's ceilings come from, as a refusal names it: "the profile's α, β", "the α, β of
+    --alpha/--beta", "the profile's batch times", "the CPU stage's batch time and bound"."""
+    source = batch_times(profile, sampled, cpu)[0]
+    # The fit's α, β come from a profile, or from options (`wok tune --alpha/--beta`: its source).
+    given = f"the α, β of {profile.source}" if profile.source.startswith("--") else "the profile's α, β"
+    fit = {"server": "the CPU stage's batch time", "samples": "the profile's batch times"}.get(source, given)
+    if cpu is not None:
+        fit += " and bound" if source == "server" else " and the CPU stage's bound"
+    return fit
 
 
 def check_fits(
@@ -614,12 +689,7 @@ def check_fits(
         return busiest
     from .arrivals import parse_arrivals
 
-    source = batch_times(profile, sampled, cpu)[0]
-    # The fit's α, β come from a profile, or from options (`wok tune --alpha/--beta`: its source).
-    given = f"the α, β of {profile.source}" if profile.source.startswith("--") else "the profile's α, β"
-    fit = {"server": "the CPU stage's batch time", "samples": "the profile's batch times"}.get(source, given)
-    if cpu is not None:
-        fit += " and bound" if source == "server" else " and the CPU stage's bound"
+    fit = _fit_words(profile, sampled, cpu)
     hint = f"a shorter {names.shorter}, or a grid with a lower ceiling, fits"
     if names.fixed_warmup is not None and search.warmup_s > 0:
         # The step's own process (parsed for its whole length, as the search does), counted to its warm-up's end.

@@ -1274,6 +1274,58 @@ def test_batches_that_cannot_fill_are_bounded_by_hand():
     assert plan.least_mean_batch(20.0, F(16)) == pytest.approx(direct, rel=1e-12)
 
 
+def _poisson_min_closed(m: float, n) -> float:
+    """E[min(n, 1 + Poisson(m))] in closed form, independently of the plan's code: with c = n − 1 and k the
+    least whole number above c, Σ_{j≥k} j·P(X = j) = m·P(X ≥ k − 1), so E[(X − c)⁺] = m·P(X ≥ k − 1) −
+    c·P(X ≥ k) (scipy's Poisson tails)."""
+    from scipy import stats
+
+    c = float(n) - 1
+    k = math.floor(c) + 1
+    return 1 + m - (m * stats.poisson.sf(k - 2, m) - c * stats.poisson.sf(k - 1, m))
+
+
+@pytest.mark.timeout(30)
+def test_a_plan_whose_window_holds_about_n_arrivals_is_quick_however_large_n():
+    # The reported case: 2e14 QPS on one GPU (T = 1 ms + 1e-15 s × 1e12 = 2 ms), a 5 ms window: m = λ'w = 1e12
+    # arrivals, within a standard deviation of the cap n − 1. The least mean batch summed ~24·√m terms per
+    # call (6.4 s at m = 1e11); this plan, with `gpus_enough`'s search, took 59 s. Now each call is O(1).
+    batch = batch_from_alpha_beta(F(1, 1000), F(1, 10**15), F(10**12))
+    p = make(batch=batch, peak_qps=F(2 * 10**14), max_queue_delay_s=F(5, 1000))
+    fill = p["result"]["batch_fill"]
+    # 1 + m − E[(X − c)⁺] at c = m − 1: about m − σ·φ(0) = 1e12 − 1e6 × 0.3989.
+    assert fill["mean_batch_at_least"] == pytest.approx(_poisson_min_closed(1e12, F(10**12)), rel=1e-12)
+    assert fill["mean_batch_at_least"] == pytest.approx(10**12 - 10**6 / math.sqrt(2 * math.pi), rel=1e-12)
+    assert (fill["gpus_needed"], fill["gpus_enough"]) == (1, 1)
+
+
+@pytest.mark.parametrize("m", [1e4, 1e6])
+def test_the_normal_approximation_of_the_least_mean_batch_leaves_the_error_derived_for_it(m):
+    # docs/plan.md, "Do batches fill?": after the skewness term what is left is R(z, θ)·φ(z) / σ, R = (z² − 1)/24
+    # + (z⁴ − 6z² + 3)/72 − 1/12 + θ(1 − θ)/2, at most φ(0) / (12σ) in size; the rest is O(1/m). Checked
+    # against the direct sum, where both run, across the cap's z (−6σ to 6σ) and its fraction θ.
+    sigma = math.sqrt(m)
+    bound = 1 / (12 * math.sqrt(2 * math.pi) * sigma)
+    for step in range(-24, 25):
+        for theta in (F(0), F(1, 4), F(1, 2), F(3, 4)):
+            c = F(round(m + step / 4 * sigma)) + theta
+            z = (float(c) - m) / sigma
+            phi = math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+            t = float(theta)
+            left = phi * ((z * z - 1) / 24 + (z**4 - 6 * z * z + 3) / 72 - 1 / 12 + t * (1 - t) / 2) / sigma
+            exact_sum = plan._least_mean_batch_sum(m, c + 1)
+            approx = plan._least_mean_batch_normal(m, c + 1)
+            assert abs(approx - exact_sum) <= bound + 1e-6, (z, theta)
+            # approx = 1 + m − (E[(X − c)⁺] − left): it is `left` above the exact value, to O(1/m) and the
+            # sum's own float error (5e-7 at m = 1e6).
+            assert approx - exact_sum == pytest.approx(left, abs=0.02 / m + 1e-6), (z, theta)
+    # From NORMAL_FROM on, the plan takes the approximation: within 1e-12 of the closed form up to 1e12.
+    assert plan.least_mean_batch(plan.NORMAL_FROM, F(10**6)) == plan._least_mean_batch_normal(1e6, F(10**6))
+    for big in (1e8, 1e10, 1e12):
+        for n in (F(int(big)), F(int(big + 3 * math.sqrt(big))) + F(1, 2), F(int(big - 2 * math.sqrt(big)))):
+            assert plan.least_mean_batch(big, n) == pytest.approx(_poisson_min_closed(big, n), rel=1e-12), (big, n)
+
+
 @pytest.mark.parametrize(
     ("qps", "alpha_ms", "beta_ms", "n", "window_ms"),
     [

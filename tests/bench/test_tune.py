@@ -272,7 +272,7 @@ def test_a_profile_whose_r2_is_not_a_number_is_refused_with_one_line(tmp_path, w
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": 1e-3, "beta_s": 1e-4, "r2": {}}}))
     status, _, err = wok_cli("tune", "--slo-p99", "50ms", "--profile", str(path))
-    assert (status, err) == (2, f"wok tune: {path}: fit.r2: expected a number or null; got an object\n")
+    assert (status, err) == (2, f"wok tune: --profile {path}: fit.r2: expected a number or null; got an object\n")
 
 
 @pytest.mark.parametrize(
@@ -299,7 +299,7 @@ def test_an_overhead_file_of_another_schema_is_refused_naming_its_option(tmp_pat
     path.write_text(json.dumps({"schema": "wok.overhead/2", "samples_s": [1e-3]}))
     with pytest.raises(ValueError) as refused:
         load_overhead(path)
-    assert str(refused.value) == f"--overhead-samples {path}: expected a wok.overhead/1 document with samples_s"
+    assert str(refused.value) == f"--overhead-samples {path}: schema is 'wok.overhead/2', expected 'wok.overhead/1'"
 
 
 def test_choose_breaks_ties_by_delay_then_batch_size():

@@ -191,14 +191,21 @@ def test_a_search_whose_warm_up_alone_is_too_large_says_no_duration_fits(tmp_pat
 
 
 def test_a_profile_the_model_refuses_is_named_as_the_profile(tmp_path, measured, capsys):
-    """Batch times all 0: the early check's error was blamed on --arrival ('error: --arrival poisson: ...')."""
+    """A fit of α = β = 0: the early check's error was blamed on --arrival ('error: --arrival poisson: ...')."""
     path = tmp_path / "zero.json"
-    path.write_text(json.dumps(tune.profile_document({1: [0.0] * 5, 8: [0.0] * 5}, "test", model="mlp")))
+    doc = tune.profile_document({1: [1e-3] * 5, 8: [2e-3] * 5}, "test", model="mlp")
+    path.write_text(json.dumps({**doc, "fit": {"alpha_s": 0.0, "beta_s": 0.0, "r2": 1.0}}))
     status = _main(_argv(tmp_path, "--profile", str(path), "--no-cpu-stage"))
     err = capsys.readouterr().err
     assert (status, measured) == (2, []), err[-2000:]
     assert "error: --profile: batch time α + β·n needs α, β ≥ 0 and α + β > 0" in err, err
     assert "error: --arrival" not in err, err
+    # Batch times of 0 s are refused as the profile's, in its field, when it is read.
+    path.write_text(json.dumps(tune.profile_document({1: [0.0] * 5, 8: [0.0] * 5}, "test", model="mlp")))
+    status = _main(_argv(tmp_path, "--profile", str(path), "--no-cpu-stage"))
+    err = capsys.readouterr().err
+    assert (status, measured) == (2, []), err[-2000:]
+    assert f"error: --profile: {path}: batches[0].samples_s: expected batch times > 0 s; got 0.0" in err, err
 
 
 def test_refresh_skips_a_run_whose_prediction_failed(monkeypatch):

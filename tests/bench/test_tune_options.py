@@ -194,7 +194,7 @@ def test_a_profile_with_a_negative_beta_is_refused_as_wok_plan_refuses_it(tmp_pa
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {"alpha_s": 0.002, "beta_s": -0.0001}}))
     status, _, err = wok_cli("tune", "--slo-p99", "20ms", "--profile", str(path))
-    assert (status, err) == (2, f"wok tune: {path}: fit.beta_s: β must be >= 0; got β=-0.0001 s\n")
+    assert (status, err) == (2, f"wok tune: --profile {path}: fit.beta_s: β must be >= 0; got β=-0.0001 s\n")
 
 
 # A valid search of one setting, to which each case below adds one bad option.
@@ -270,3 +270,109 @@ def test_a_search_option_out_of_range_is_refused_alone_with_its_value(option, va
     """Each was one sentence naming all three ranges, without the value given."""
     status, _, err = wok_cli("tune", "--slo-p99", "20ms", *ONE, option, value)
     assert (status, err) == (2, f"wok tune: {message}\n")
+
+
+PROFILE_OF = {"schema": "wok.profile/1", "fit": {"alpha_s": 1e-3, "beta_s": 1e-4, "r2": 1.0}}
+
+
+@pytest.mark.parametrize(
+    ("samples", "args", "why"),
+    [
+        # Drawn from only with --batch-times samples: refused then by the simulator, as "batch_samples: size 1
+        # needs n ≥ 1 and positive times", without the option, the file or the field.
+        ([0.0], ("--batch-times", "samples"), "batches[0].samples_s: expected batch times > 0 s; got 0.0"),
+        ([1e-3, -1e-3], (), "batches[0].samples_s: expected batch times > 0 s; got -0.001"),
+        (1e-3, (), "batches[0].samples_s: expected a list of seconds; got 0.001"),
+    ],
+)
+def test_a_profile_batch_time_of_zero_or_less_is_refused_naming_option_file_and_field(
+    samples, args, why, tmp_path, no_simulating, wok_cli
+):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({**PROFILE_OF, "batches": [{"batch_size": 1, "samples_s": samples}]}))
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", "--profile", str(path), *args)
+    assert (status, err) == (2, f"wok tune: --profile {path}: {why}\n")
+
+
+def test_batch_times_samples_from_a_profile_without_samples_is_refused(tmp_path, no_simulating, wok_cli):
+    """Every samples_s empty (or missing): the search ran on the fit without a word, inputs.batch_times "fit"."""
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({**PROFILE_OF, "batches": [{"batch_size": 1, "samples_s": []}, {"batch_size": 4}]}))
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", "--profile", str(path), "--batch-times", "samples")
+    assert (status, err) == (
+        2,
+        f"wok tune: --batch-times samples: --profile {path} holds no measured batch times (every "
+        "batches[i].samples_s is missing or empty)\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        # Both were "expected a wok.overhead/1 document with samples_s", of a document that had one.
+        (OVERHEAD % "[]", "samples_s: expected a list of seconds, at least one; got an empty list"),
+        ('{"schema": "wok.overhead/1"}', "samples_s: expected a list of seconds, at least one; got none"),
+        ('{"schema": "wok.profile/1", "samples_s": [0.001]}', "schema is 'wok.profile/1', expected 'wok.overhead/1'"),
+    ],
+)
+def test_an_overhead_file_without_samples_says_which_field_and_what_it_got(text, why, tmp_path, no_simulating, wok_cli):
+    path = tmp_path / "o.json"
+    path.write_text(text)
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *ONE, "--overhead-samples", str(path))
+    assert (status, err) == (2, f"wok tune: --overhead-samples {path}: {why}\n")
+
+
+@pytest.mark.parametrize(
+    ("points", "why"),
+    [
+        # The KeyError tracebacks: overhead_by_rate read p["offered_qps"] and p["outside_histogram"] as they came.
+        (
+            [{"offered_qps": 1000.0}],
+            "outside_by_rate[0].outside_histogram: expected a latency histogram of at least one request; got none",
+        ),
+        ([{"outside_histogram": {}}], "outside_by_rate[0].offered_qps: missing; expected a finite rate ≥ 0"),
+        (
+            [{"offered_qps": 1000.0, "outside_histogram": {"unit": "ns"}}],
+            "outside_by_rate[0].outside_histogram: expected a latency histogram; no sub_bucket_bits",
+        ),
+        (
+            [{"offered_qps": "1000", "outside_histogram": {}}],
+            "outside_by_rate[0].offered_qps: expected a finite rate ≥ 0; got a string ('1000')",
+        ),
+        ({"offered_qps": 1000.0}, "outside_by_rate: expected a list of loads; got an object"),
+        ([3], "outside_by_rate[0]: expected an object; got 3"),
+    ],
+)
+def test_a_calibrations_outside_by_rate_that_cannot_be_read_is_refused_with_one_line(
+    points, why, tmp_path, no_simulating, wok_cli
+):
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({**cpu_document(CpuStage(), "by hand"), "outside_by_rate": points}))
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *ONE, "--cpu-calibration", str(path))
+    assert (status, err) == (2, f"wok tune: --cpu-calibration {path}: {why}\n")
+
+
+def test_a_load_that_measured_no_request_is_refused_not_an_index_error():
+    from wok.bench.histogram import LatencyHistogram
+    from wok.bench.tune import overhead_by_rate
+
+    empty = LatencyHistogram.from_ms([]).to_dict()
+    doc = {"outside_by_rate": [{"offered_qps": 1000.0, "outside_histogram": empty}]}
+    with pytest.raises(ValueError) as refused:
+        overhead_by_rate(doc, CpuStage(), "cal.json")
+    assert str(refused.value) == (
+        "cal.json: outside_by_rate[0].outside_histogram: expected a latency histogram of at least one request; "
+        "got an empty histogram"
+    )
+
+
+def test_batch_times_too_short_for_a_float_ceiling_are_refused_before_simulating(no_simulating, wok_cli):
+    """n / 1e-320 s overflows to inf: the search's rates were NaN, refused as 'qps must be a finite rate >= 0;
+    got nan'."""
+    args = ["--alpha", "1e-320s", "--beta", "0s", "--max-batch-sizes", "4", "--delays", "1ms", "--default", "none"]
+    status, _, err = wok_cli("tune", "--slo-p99", "20ms", *args)
+    assert (status, err) == (
+        2,
+        "wok tune: max_batch_size 4, delay 1 ms: its ceiling n / E[T(n)] by the α, β of --alpha/--beta is beyond a "
+        "float: batch times this short cannot be simulated\n",
+    )
