@@ -768,6 +768,11 @@ def run(args) -> int:
         # Else numpy refuses it after connecting (building the payload pool), in no option's name:
         # "expected non-negative integer".
         raise ValueError(f"--seed: expected an integer >= 0; got {args.seed}")
+    for option, value in (("--rows", args.rows), ("--int-high", args.int_high)):
+        if value < 1:
+            # Else refused by the payload generator after connecting (exit 1 with the connection's
+            # error when nothing answers, or after --replicas started), in no option's name.
+            raise ValueError(f"{option}: expected an integer >= 1; got {value}")
     _with_unit("--slo-p99", args.slo_p99)
     cfg = RampConfig(
         target=target,

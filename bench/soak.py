@@ -250,18 +250,24 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
     what it measured: no `steps` (none finished), its `soak` section up to the cut, with `cut`.
     """
     from . import faults
-    from .arrivals import parse_duration
 
     say = say or faults.say
-    duration = parse_duration(args.soak)
     given = {k: d if getattr(args, k) is None else getattr(args, k) for k, d in DEFAULTS.items()}
-    window = parse_duration(given["soak_window"])
-    every = parse_duration(given["rss_every"])
+    duration = _duration("--soak", args.soak)
+    window = _duration("--soak-window", given["soak_window"])
+    every = _duration("--rss-every", given["rss_every"])
     share = parse_fraction(given["soak_load"])
-    if duration <= 0 or window <= 0 or every <= 0:
-        raise ValueError("--soak, --soak-window and --rss-every must be > 0")
+    if args.soak_window is not None and window > duration:
+        # The soak would be one window, shorter than asked: its P99 has nothing to drift from, and the
+        # report said so only as `-` (a window longer than twice the soak: no P99 at all). The default
+        # window is left to a short soak, run to see its RSS.
+        raise ValueError(
+            f"--soak-window {given['soak_window']} is longer than --soak {args.soak}: one window, no P99 drift to "
+            "measure"
+        )
     if args.capacity is not None and not args.capacity > 0:
         raise ValueError(f"--capacity must be > 0; got {args.capacity}")
+    _check_arrivals(args, cfg, share, duration)
     replicas, cfg = faults.start_replicas(args, cfg, say)
     if replicas is not None:
         urls = [f"{r.admin_url}/metrics" for r in replicas]
@@ -345,6 +351,43 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
         result["warnings"].append("no /metrics to scrape (give --metrics-url): RSS was not sampled")
     result["soak"] = section
     return result
+
+
+def _duration(option: str, text: str) -> float:
+    """`text` in seconds, finite and > 0; a ValueError names `option`."""
+    from .arrivals import parse_duration
+
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{option} must be > 0 and finite; got {text!r}")
+    return value
+
+
+def _check_arrivals(args, cfg: RampConfig, share: float, duration: float) -> None:
+    """Refuse, before anything connects, a soak whose one step expects more arrivals than a ramp's
+    step may: its whole schedule is drawn up front and every request's figures kept to the end
+    (a long --soak at a high rate was a numpy MemoryError traceback, or the bench's memory)."""
+    from .arrivals import parse_arrivals, window_rate
+    from .simulate import MAX_ARRIVALS_PER_STEP, arrival_count
+
+    if args.capacity is not None:
+        top, whose = args.capacity, f"--capacity {args.capacity:g}"
+    else:
+        # The measured capacity is a step's offered rate: the highest step's at most (refinement
+        # steps lie between the given ones).
+        total = cfg.warmup_s + cfg.step_duration_s
+        top = window_rate(parse_arrivals(cfg.arrival, max(cfg.steps), duration_s=total), cfg.warmup_s, total)
+        whose = f"the highest step ({top:g} QPS offered), which the capacity may reach"
+    nominal = nominal_for(cfg.arrival, share * top, duration)
+    expected = arrival_count(parse_arrivals(cfg.arrival, nominal, duration_s=duration), duration)
+    if not expected <= MAX_ARRIVALS_PER_STEP:
+        raise ValueError(
+            f"--soak {args.soak} at {100 * share:g}% of {whose}: at most {MAX_ARRIVALS_PER_STEP:.0e} arrivals in "
+            f"the soak; got {expected:.3g} expected (give a shorter --soak or a lower load)"
+        )
 
 
 def _without_soak(capacity_result: dict) -> dict:

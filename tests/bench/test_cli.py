@@ -98,6 +98,18 @@ TARGET = "--target '{}': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns
         (["--warmup", "1e400"], "--warmup: expected a finite duration or a percentage of --step-duration; got '1e400'"),
         (["--sizes", "fixed:x"], "--sizes: sizes 'fixed:x': expected fixed:N with N an integer >= 0; got 'x'"),
         (["--seed", "-1"], "--seed: expected an integer >= 0; got -1"),
+        # Refused by the payload generator after connecting: exit 1 (UNAVAILABLE) against a dead port.
+        (["--rows", "0"], "--rows: expected an integer >= 1; got 0"),
+        (["--int-high", "-3"], "--int-high: expected an integer >= 1; got -3"),
+        # A soak's one step drew its whole schedule after connecting: a numpy MemoryError traceback.
+        (["--soak", "1e12", "--capacity", "10"], "--soak 1e12 at 80% of --capacity 10: at most 1e+08 arrivals"),
+        (["--soak", "1000h", "--steps", "1000"], "--soak 1000h at 80% of the highest step (1000 QPS offered)"),
+        # Soak durations did not name their option; an infinite one was taken.
+        (["--soak", "1e400", "--capacity", "10"], "--soak must be > 0 and finite; got '1e400'"),
+        (["--soak", "1s", "--soak-window", "fast", "--capacity", "10"], "--soak-window: invalid duration 'fast'"),
+        (["--soak", "1s", "--rss-every", "1e400", "--capacity", "10"], "--rss-every must be > 0 and finite"),
+        # One window shorter than asked: the report's P99 drift was `-` or 0, without a word.
+        (["--soak", "2s", "--soak-window", "5s", "--capacity", "10"], "--soak-window 5s is longer than --soak 2s"),
         # A bare number is seconds: --slo-p99 50 was a 50 s objective that every step passed.
         (["--slo-p99", "50"], "--slo-p99 '50': give a unit, e.g. 50ms or 0.05s (a bare number would be seconds)"),
         (["--slo-p99", "0.5"], "--slo-p99 '0.5': give a unit, e.g. 0.5ms or 0.0005s"),
