@@ -136,19 +136,24 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
     server_ms = np.full((n, len(TIMING_PARTS)), np.nan) if timing else None
     start = share.start_at
     inflight = 0
-    samples: list[tuple[float, int]] = []
+    # (offset, requests in flight) at every send and every answer, written in place: a soak sends
+    # millions, and a list of tuples held ~200 bytes a request until the end.
+    samples = np.empty((2 * n, 2))
+    taken = 0
     details: dict[int, str] = {}
     import grpc
 
     async def one(i: int, payload: bytes) -> None:
-        nonlocal inflight, last_delay
+        nonlocal inflight, last_delay, taken
         inflight += 1
         sent[i] = time.monotonic() - start
         now_delay = run_delay()
         host_lag[i] = host_share(share.times[i], sent[i] - share.times[i], now_delay - last_delay)
         last_delay = now_delay
-        samples.append((sent[i], inflight))
+        samples[taken] = sent[i], inflight
+        taken += 1
         c = None
+        cut = False
         try:
             c = call(payload, timeout=share.timeout_s, metadata=metadata)
             await c
@@ -160,15 +165,29 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
             codes[i] = grpc.StatusCode.UNKNOWN.value[0]
             if int(codes[i]) not in details:
                 details[int(codes[i])] = _short(f"{type(exc).__name__}: {exc}")
+        except asyncio.CancelledError:
+            cut = True  # by a stop, in flight: no answer came
+            raise
         finally:
-            done[i] = time.monotonic() - start
+            now = time.monotonic() - start
+            done[i] = np.nan if cut else now
             inflight -= 1
-            samples.append((done[i], inflight))
+            samples[taken] = now, inflight
+            taken += 1
         if timing and codes[i] == OK:  # after `done`: reading the trailer is the generator's own time
             _record_timing(server_ms, i, await c.trailing_metadata())
 
     loop = asyncio.get_running_loop()
-    tasks = []
+    # The calls in flight only: a finished call's task is let go (it held ~1 KB until the end), its
+    # exception, were there one, kept to raise as gather did.
+    running: set[asyncio.Task] = set()
+    failed: list[BaseException] = []
+
+    def finished(task: asyncio.Task) -> None:
+        running.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            failed.append(task.exception())
+
     # Paced on a timerfd (wok.timers): asyncio.sleep on uvloop wakes up to about 1 ms late, and
     # latency is measured from the intended send time, so the generator's lateness would count.
     sleeper = PreciseSleeper(loop)
@@ -177,26 +196,27 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
     async def send_all() -> None:
         for i in range(n):
             await sleeper.until(start + share.times[i] + to_perf)
-            tasks.append(loop.create_task(one(i, pool[share.which[i]])))
-        if tasks:
-            await asyncio.gather(*tasks)
+            task = loop.create_task(one(i, pool[share.which[i]]))
+            running.add(task)
+            task.add_done_callback(finished)
+        if running:
+            await asyncio.gather(*running)
+        if failed:
+            raise failed[0]
 
     try:
         if stop is None:
             await send_all()
         else:
             if await until_stopped(send_all(), stop):
-                for task in tasks:
+                cut = list(running)  # a task cancelled before it began leaves its done NaN, as `one` does
+                for task in cut:
                     task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                for i, task in enumerate(tasks):
-                    if task.cancelled():
-                        done[i] = np.nan  # cut in flight: no answer came
+                await asyncio.gather(*cut, return_exceptions=True)
     finally:
         sleeper.close()
         run_delay.close()
-    samples_array = np.array(samples, dtype=float).reshape(-1, 2)
-    return Outcome(sent, done, codes, samples_array, server_ms=server_ms, details=details, host_lag=host_lag)
+    return Outcome(sent, done, codes, samples[:taken].copy(), server_ms=server_ms, details=details, host_lag=host_lag)
 
 
 def _short(message: str) -> str:
