@@ -46,6 +46,7 @@ sign of a drain is a refusal, and nothing moves a stream back.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import time
 from collections import deque
@@ -129,7 +130,9 @@ async def run_share_stream(
     # Per status code other than OK, the first message a request settled with it came with (the
     # server's error_message, the stream's status details): Outcome.details, as the unary sender's.
     details: dict[int, str] = {}
-    samples: list[tuple[float, int]] = []
+    # (offset, requests in flight) pairs, flat, 16 bytes a pair: a soak sends millions of requests,
+    # and a list of tuples held ~120 bytes a pair until the end.
+    samples = array.array("d")
     loop = asyncio.get_running_loop()
     READY = grpc.ChannelConnectivity.READY
     FAILING = grpc.ChannelConnectivity.TRANSIENT_FAILURE
@@ -165,7 +168,7 @@ async def run_share_stream(
             if message is not None and code != OK and code not in details:
                 details[code] = _short(message)
         del pending[i]
-        samples.append((now, len(pending)))
+        samples.extend((now, len(pending)))
         if not pending and sending_done:
             finished.set()
 
@@ -383,7 +386,7 @@ async def run_share_stream(
                 done[i], codes[i] = sent[i], UNAVAILABLE
                 continue
             pending[i] = k
-            samples.append((sent[i], len(pending)))
+            samples.extend((sent[i], len(pending)))
             expiry.append(i)
             arm()
             outbox[k].append((i, pool[share.which[i]] + suffix + id_field(i)))
@@ -404,10 +407,10 @@ async def run_share_stream(
         elif await until_stopped(send_all(), stop):
             # Cut: requests in flight have no answer (`done` NaN), as for the unary calls cancelled.
             if pending:
-                samples.append((time.monotonic() - start, 0))
+                samples.extend((time.monotonic() - start, 0))
             pending.clear()
         if pending:
-            samples.append((time.monotonic() - start, 0))  # given up on: counted in flight until now
+            samples.extend((time.monotonic() - start, 0))  # given up on: counted in flight until now
         for i in list(pending):
             done[i] = sent[i] + timeout_s
             codes[i] = DEADLINE_EXCEEDED
