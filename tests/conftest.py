@@ -7,6 +7,7 @@ inside the test's own event loop, for tests that also look at its internals.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -252,39 +253,63 @@ SLOW_MODEL = textwrap.dedent(
 )
 
 
+def _toml(value) -> str:
+    """`value` written as TOML: the numbers, strings, booleans and lists these configs hold."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return str(value)
+
+
+def python_model_config(
+    max_batch_size: int | None = 4,
+    *,
+    dims: int = 4,
+    out_dims: int | None = None,
+    parameters: dict | None = None,
+    dynamic_batching: dict | None = None,
+    devices: tuple[str, ...] | None = ("cpu",),
+) -> str:
+    """A python model's config.toml in the layout the docs show, for the model that model.py's
+    `build(**parameters)` makes: one FP32 input INPUT0 of `dims` values, one FP32 output OUTPUT0 of
+    `out_dims` (`dims` if None).
+
+    The top-level keys (`max_batch_size` None leaves it out), then the [[inputs]] and [[outputs]]
+    tables; [dynamic_batching] only when given, and [instances] on `devices` unless None (the
+    server's default). With neither, the text ends in the [[outputs]] table.
+    """
+    lines = ['platform = "python"', 'factory = "model:build"']
+    if max_batch_size is not None:
+        lines.append(f"max_batch_size = {max_batch_size}")
+    if parameters:
+        lines.append("parameters = { " + ", ".join(f"{k} = {_toml(v)}" for k, v in parameters.items()) + " }")
+    for table, name, n in (("inputs", "INPUT0", dims), ("outputs", "OUTPUT0", dims if out_dims is None else out_dims)):
+        lines += ["", f"[[{table}]]", f'name = "{name}"', 'datatype = "FP32"', f"dims = [{n}]"]
+    if dynamic_batching is not None:
+        lines += ["", "[dynamic_batching]", *(f"{k} = {_toml(v)}" for k, v in dynamic_batching.items())]
+    if devices is not None:
+        lines += ["", "[instances]", f"devices = {_toml(devices)}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_python_model(folder: Path, model_py: str, max_batch_size: int | None = 4, **config) -> Path:
+    """`folder` (made, with its parents) holding `model_py` as model.py and
+    `python_model_config(max_batch_size, **config)` as config.toml."""
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text(model_py)
+    (folder / "config.toml").write_text(python_model_config(max_batch_size, **config))
+    return folder
+
+
 def write_slow_model(
     root: Path, name="slow", *, sleep_ms=20.0, max_batch_size=4, delay_ms=1.0, max_queue_size=0, preferred=()
 ) -> Path:
-    d = root / name
-    d.mkdir(parents=True)
-    (d / "model.py").write_text(SLOW_MODEL)
-    (d / "config.toml").write_text(
-        textwrap.dedent(
-            f"""
-            platform = "python"
-            factory = "model:build"
-            max_batch_size = {max_batch_size}
-            parameters = {{ sleep_ms = {sleep_ms} }}
-
-            [[inputs]]
-            name = "INPUT0"
-            datatype = "FP32"
-            dims = [4]
-
-            [[outputs]]
-            name = "OUTPUT0"
-            datatype = "FP32"
-            dims = [4]
-
-            [dynamic_batching]
-            max_queue_delay_ms = {delay_ms}
-            max_queue_size = {max_queue_size}
-            preferred_batch_sizes = {list(preferred)}
-
-            [instances]
-            devices = ["cpu"]
-            """
-        )
+    batching = {"max_queue_delay_ms": delay_ms, "max_queue_size": max_queue_size, "preferred_batch_sizes": preferred}
+    write_python_model(
+        root / name, SLOW_MODEL, max_batch_size, parameters={"sleep_ms": sleep_ms}, dynamic_batching=batching
     )
     return root
 

@@ -17,6 +17,8 @@ import pytest
 from wok.clients import AsyncClient, Client, InferError
 from wok.clients.errors import DRAINED_HINT, DRAINING_HINT
 
+from ..conftest import write_python_model
+
 pytestmark = pytest.mark.timeout(60)
 CODE = grpc.StatusCode
 GATE = "wok_test_drain_gate"
@@ -43,33 +45,12 @@ GATED_MODEL = textwrap.dedent(
         return Gated()
     """
 )
-CONFIG = """
-platform = "python"
-factory = "model:build"
-max_batch_size = 4
-
-[[inputs]]
-name = "INPUT0"
-datatype = "FP32"
-dims = [4]
-
-[[outputs]]
-name = "OUTPUT0"
-datatype = "FP32"
-dims = [4]
-
-[instances]
-devices = ["cpu"]
-"""
 
 
 @pytest.fixture
 def gated(tmp_path, monkeypatch):
     """(repository, gate): a repository with the gated model; the gate is released at the end."""
-    d = tmp_path / "repo" / "gated"
-    d.mkdir(parents=True)
-    (d / "model.py").write_text(GATED_MODEL)
-    (d / "config.toml").write_text(CONFIG)
+    write_python_model(tmp_path / "repo" / "gated", GATED_MODEL)
     gate = types.SimpleNamespace(entered=threading.Event(), release=threading.Event())
     monkeypatch.setitem(sys.modules, GATE, gate)
     yield tmp_path / "repo", gate

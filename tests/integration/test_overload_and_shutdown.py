@@ -17,6 +17,8 @@ from wok.errors import ModelExecutionError
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
+from ..conftest import write_python_model
+
 
 def request(i: int) -> pb.ModelInferRequest:
     return encode_request("slow", {"INPUT0": np.full((1, 4), float(i), np.float32)}, request_id=str(i))
@@ -187,17 +189,12 @@ async def test_a_start_that_fails_in_a_warm_up_leaves_no_model_thread_behind(slo
     from wok.config import server_settings
 
     repo = slow_repository(sleep_ms=1)
-    boom = repo / "zboom"  # after "slow": one model is running when this one fails
-    boom.mkdir()
-    (boom / "model.py").write_text(
+    boom = (
         "from torch import nn\n\n\nclass Boom(nn.Module):\n    def forward(self, x):\n"
         "        raise RuntimeError('warm-up failed')\n\n\ndef build():\n    return Boom()\n"
     )
-    (boom / "config.toml").write_text(
-        'platform = "python"\nfactory = "model:build"\nmax_batch_size = 4\n'
-        '[[inputs]]\nname = "INPUT0"\ndatatype = "FP32"\ndims = [4]\n'
-        '[[outputs]]\nname = "OUTPUT0"\ndatatype = "FP32"\ndims = [4]\n'
-    )
+    # "zboom": after "slow", so one model is running when this one fails.
+    write_python_model(repo / "zboom", boom, devices=None)
     s = server_settings(grpc_port=0, model_repository=repo, metrics_port=None)
     server = WokServer(s, build_repository(s))
     with pytest.raises(ModelExecutionError, match="model 'zboom' failed: RuntimeError: warm-up failed"):

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import write_python_model
+
 STUCK_BUILD = textwrap.dedent(
     """
     import sys, time
@@ -87,33 +89,9 @@ FAILED_START_SLOW_EXIT = SLOW_EXIT.replace(
 )
 assert FAILED_START_SLOW_EXIT != SLOW_EXIT
 
-CONFIG = textwrap.dedent(
-    """
-    platform = "python"
-    factory = "model:build"
-    max_batch_size = 4
-
-    [[inputs]]
-    name = "INPUT0"
-    datatype = "FP32"
-    dims = [4]
-
-    [[outputs]]
-    name = "OUTPUT0"
-    datatype = "FP32"
-    dims = [4]
-
-    [instances]
-    devices = ["cpu"]
-    """
-)
-
 
 def write_repo(root: Path, model_py: str) -> Path:
-    d = root / "repo" / "stuck"
-    d.mkdir(parents=True)
-    (d / "model.py").write_text(model_py)
-    (d / "config.toml").write_text(CONFIG)
+    write_python_model(root / "repo" / "stuck", model_py)
     return root / "repo"
 
 

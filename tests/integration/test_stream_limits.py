@@ -20,6 +20,8 @@ from wok.codec import decode_response, encode_request
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
+from ..conftest import write_python_model
+
 X = {"INPUT0": np.ones((1, 4), np.float32)}
 # With --max-request-bytes 1024 the send limit is 4 × 1024 + 1 MiB = 1,052,672 bytes.
 MAX_REQUEST_BYTES = 1024
@@ -53,34 +55,9 @@ MODEL = textwrap.dedent(
 
 
 def _write_model(root, name: str, dims_in: int, width: int) -> None:
-    d = root / name
-    d.mkdir(parents=True)
-    (d / "model.py").write_text(MODEL)
-    (d / "config.toml").write_text(
-        textwrap.dedent(
-            f"""
-            platform = "python"
-            factory = "model:build"
-            max_batch_size = 4
-            parameters = {{ width = {width} }}
-
-            [[inputs]]
-            name = "INPUT0"
-            datatype = "FP32"
-            dims = [{dims_in}]
-
-            [[outputs]]
-            name = "OUTPUT0"
-            datatype = "FP32"
-            dims = [{width}]
-
-            [dynamic_batching]
-            max_queue_delay_ms = 1.0
-
-            [instances]
-            devices = ["cpu"]
-            """
-        )
+    batching = {"max_queue_delay_ms": 1.0}
+    write_python_model(
+        root / name, MODEL, dims=dims_in, out_dims=width, parameters={"width": width}, dynamic_batching=batching
     )
 
 

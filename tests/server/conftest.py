@@ -34,7 +34,10 @@ class GatedDouble(nn.Module):
         self.batch_sizes.append(int(x.shape[0]))
         if not self.enter_when_closed or not self.gate.is_set():
             self.entered.set()
-        if not self.gate.wait(timeout=30):
+        # A backstop for a test that awaits a batch it never lets through: a failure rather than
+        # a hang (the fixtures below open the gate before they shut an executor down). Held
+        # batches wait 1.2 s at most in the suite (tests/server/test_stop_stuck.py).
+        if not self.gate.wait(timeout=10):
             raise RuntimeError("test gate never opened")
         if torch.isnan(x).any():
             raise ValueError("NaN in batch")
@@ -97,20 +100,28 @@ def gated_model():
     return gated_servable
 
 
+def open_and_shut_down(made) -> None:
+    """Open each module's gate, then shut its executor down: the shutdown waits for the batch
+    running, which a test that failed with the gate closed leaves blocked on it."""
+    for module, _ in made:
+        module.gate.set()
+    for _, ex in made:
+        ex.shutdown()
+
+
 @pytest.fixture
 def gated():
-    """Build (servable, module, executor); executors are shut down at the end."""
+    """Build (servable, module, executor); executors are shut down at the end, their gates opened."""
     made = []
 
     def build(**kw):
         s, m = gated_servable(**kw)
         ex = Executor(s, s.config.instances)
-        made.append(ex)
+        made.append((m, ex))
         return s, m, ex
 
     yield build
-    for ex in made:
-        ex.shutdown()
+    open_and_shut_down(made)
 
 
 async def until(condition, tries: int = 10_000) -> None:
@@ -124,18 +135,18 @@ async def until(condition, tries: int = 10_000) -> None:
 
 @pytest.fixture
 def gated_instances():
-    """Build (module, executor) for the gated model with `count` CPU instances (one module, one gate)."""
+    """Build (module, executor) for the gated model with `count` CPU instances (one module, one gate);
+    executors are shut down at the end, their gates opened."""
     made = []
 
     def build(count: int, max_batch_size: int = 8, depth: int = 1):
         s, module = gated_servable(max_batch_size=max_batch_size, depth=depth, count=count)
         ex = Executor(s, s.config.instances, cpu_linear="torch")
-        made.append(ex)
+        made.append((module, ex))
         return module, ex
 
     yield build
-    for ex in made:
-        ex.shutdown()
+    open_and_shut_down(made)
 
 
 # wok serve runs on uvloop (a dependency) and falls back to asyncio's loop; tests that care

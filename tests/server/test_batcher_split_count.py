@@ -18,6 +18,8 @@ from wok.executor import Executor
 from wok.servable import Servable
 from wok.stats import ModelStats
 
+from .conftest import open_and_shut_down
+
 GRACE_S = 0.01
 
 
@@ -33,14 +35,15 @@ class ShortSplit(Servable):
 
 @pytest.fixture
 def short_split(gated_model):
-    """Build (servable, module, batcher) of the gated model with ShortSplit's split; shut down at the end."""
+    """Build (servable, module, batcher) of the gated model with ShortSplit's split; shut down at the
+    end, its gate opened."""
     made = []
 
     def build(**kw):
         s, m = gated_model(**kw)
         s = ShortSplit(s.config, m)
         ex = Executor(s, s.config.instances)
-        made.append(ex)
+        made.append((m, ex))
         cfg = s.config
         policy = BatchingPolicy(cfg.max_batch_size, cfg.dynamic_batching.max_queue_delay_ms / 1e3)
         b = Batcher(cfg.name, ex, policy, ModelStats(cfg.name))
@@ -48,8 +51,7 @@ def short_split(gated_model):
         return s, m, b
 
     yield build
-    for ex in made:
-        ex.shutdown()
+    open_and_shut_down(made)
 
 
 def submit(b: Batcher, value: float, rows: int = 1, deadline=None):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,8 @@ import yaml
 
 from wok.config import ModelConfig, load_model_config, model_config_from_dict, server_settings
 from wok.errors import ConfigError
+
+from ..conftest import python_model_config
 
 # A valid python-platform config; each test breaks one thing in it.
 BASE = {
@@ -185,26 +186,13 @@ def test_misspelt_nested_field_is_rejected(tmp_path):
     assert "dynamic_batching.max_queue_delay: unknown setting (got 3); did you mean max_queue_delay_ms?" in msg
 
 
-# The two tables of a config in TOML: a key written after them belongs to the last one.
-TABLES = """
-[[inputs]]
-name = "INPUT0"
-datatype = "FP32"
-dims = [4]
-
-[[outputs]]
-name = "OUTPUT0"
-datatype = "FP32"
-dims = [3]
-"""
-
-
 def test_a_top_level_key_written_after_a_table_is_named_as_one_of_the_top_level(tmp_path):
     # Appended to a file that ends in [[outputs]], a key belongs to the last output: it was refused
     # as "outputs.0.max_batch_size: Extra inputs are not permitted", with max_batch_size "required".
     d = tmp_path / "m"
     d.mkdir()
-    (d / "config.toml").write_text('platform = "python"\nfactory = "model:build"\n' + TABLES + "max_batch_size = 8\n")
+    # Without [dynamic_batching] and [instances] the text ends in the [[outputs]] table.
+    (d / "config.toml").write_text(python_model_config(None, out_dims=3, devices=None) + "max_batch_size = 8\n")
     with pytest.raises(ConfigError) as info:
         load_model_config(d)
     assert str(info.value) == (
@@ -217,7 +205,7 @@ def test_a_top_level_key_written_after_a_table_is_named_as_one_of_the_top_level(
 def test_a_key_of_another_table_is_named_with_its_table(tmp_path):
     d = tmp_path / "m"
     d.mkdir()
-    text = 'platform = "python"\nfactory = "model:build"\nmax_batch_size = 8\n' + TABLES + "count = 2\n"
+    text = python_model_config(8, out_dims=3, devices=None) + "count = 2\n"  # after the [[outputs]] table
     (d / "config.toml").write_text(text)
     with pytest.raises(ConfigError) as info:
         load_model_config(d)
@@ -546,33 +534,13 @@ def test_server_settings_switch_interval():
         server_settings(switch_interval_ms=500)
 
 
-TOML_BY_HAND = textwrap.dedent(
-    """
-    platform = "python"
-    factory = "model:build"
-    max_batch_size = 8
-
-    [[inputs]]
-    name = "INPUT0"
-    datatype = "FP32"
-    dims = [4]
-
-    [[outputs]]
-    name = "OUTPUT0"
-    datatype = "FP32"
-    dims = [3]
-
-    [dynamic_batching]
-    max_queue_delay_ms = 2.0
-    """
-)
-
-
 def test_hand_written_toml_with_tables(tmp_path):
-    # The documented layout ([[inputs]] tables) rather than the inline form used above.
+    # The documented layout ([[inputs]] tables, as python_model_config writes them) rather than the
+    # inline form used above.
     d = tmp_path / "hand"
     d.mkdir()
-    (d / "config.toml").write_text(TOML_BY_HAND)
+    text = python_model_config(8, out_dims=3, dynamic_batching={"max_queue_delay_ms": 2.0}, devices=None)
+    (d / "config.toml").write_text(text)
     cfg = load_model_config(d)
     assert cfg.name == "hand"
     assert cfg.inputs[0].dims == (4,) and cfg.outputs[0].dims == (3,)
