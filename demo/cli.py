@@ -136,7 +136,13 @@ def exit_text(status: int) -> str:
 
 
 class StartError(RuntimeError):
-    """The wok server child did not start; the message carries the end of its log."""
+    """The wok server child did not start; the message carries the end of its log. `status`: its
+    exit status if it ended by itself (None if it was killed for taking too long), `log` its last lines."""
+
+    def __init__(self, message: str, status: int | None = None, log: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.log = log or []
 
 
 class ServerExited(RuntimeError):
@@ -201,8 +207,12 @@ async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int
         for t in tasks:
             t.cancel()
     finally:
+        # A second Ctrl-C kills a server that does not drain (stopped, stuck) rather than waiting 15 s for it.
+        again = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, again.set)
         await web.stop()
-        await backend.close()
+        await backend.close(again)
     if backend.failure is not None:
         raise backend.failure
     return 0
@@ -276,8 +286,15 @@ def wait_for_patterns(
 
     threading.Thread(target=pump, daemon=True, name="wok-child-log").start()
     if not ready.wait(timeout_s) or len(found) < len(patterns):
+        status = None
+        if ready.is_set():  # its log ended: it is exiting, and its status says why (2: a setting refused)
+            try:
+                status = proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
         proc.kill()
-        raise StartError(f"{' '.join(proc.args[1:4])} did not start:\n" + "\n".join(log[-30:]))
+        how = "" if status is None else f" ({exit_text(status)})"
+        raise StartError(f"{' '.join(proc.args[2:4])} did not start{how}:\n" + "\n".join(log[-30:]), status, log[-30:])
     return found, log
 
 
@@ -319,7 +336,7 @@ class SimulatedDemo:
 
         self._task = asyncio.ensure_future(run())
 
-    async def close(self) -> None:
+    async def close(self, again: asyncio.Event | None = None) -> None:
         if self._task is not None:
             self._task.cancel()
 
@@ -423,9 +440,24 @@ class LiveDemo:
 
     def _wait_started(self) -> None:
         patterns = {"metrics": METRICS, "serving": SERVING}
-        found, self.log = wait_for_patterns(self.proc, patterns, 180.0, ended=self._log_ended)
+        try:
+            found, self.log = wait_for_patterns(self.proc, patterns, 180.0, ended=self._log_ended)
+        except StartError as exc:
+            if exc.status == 2:  # `wok serve` refused a setting made from the demo's options
+                raise self._refusal(exc.log) from None
+            raise
         self.admin = (found["metrics"].group(1), int(found["metrics"].group(2)))
         self.target = f"{found['serving'].group(2)}:{found['serving'].group(3)}"
+
+    def _refusal(self, log: list[str]) -> ValueError:
+        """The server's one-line refusal (its last `wok: ` line) as the demo's own: exit 2, one line,
+        naming --device for a device it lacks (--device cuda on a machine without CUDA), rather than
+        the model config file the demo wrote."""
+        line = next((ln for ln in reversed(log) if ln.startswith("wok: ")), log[-1] if log else "no message")
+        line = line.removeprefix("wok: ").replace(f"{Path(self._tmp.name) / MODEL / 'config.yaml'}: ", "")
+        if line.startswith("instances.devices:"):
+            return ValueError(f"--device: the wok server refused {self.args.device!r}: {line}")
+        return ValueError(f"the wok server refused its settings: {line}")
 
     async def _watch(self, stop: asyncio.Event) -> None:
         """Stop the demo, with the server's last words, if the server ends before the demo does:
@@ -463,7 +495,8 @@ class LiveDemo:
                 pass
             await asyncio.sleep(0.5)
 
-    async def close(self) -> None:
+    async def close(self, again: asyncio.Event | None = None) -> None:
+        """Stop the load, then the server: SIGTERM, then SIGKILL after 15 s, or at once once `again` is set."""
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -471,11 +504,20 @@ class LiveDemo:
             await self._channel.close()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.get_running_loop().run_in_executor(None, self.proc.wait, 15)
-            except subprocess.TimeoutExpired:
+            exited = asyncio.get_running_loop().run_in_executor(None, self._wait_drained)
+            hurry = asyncio.ensure_future((again or asyncio.Event()).wait())
+            await asyncio.wait({exited, hurry}, return_when=asyncio.FIRST_COMPLETED)
+            hurry.cancel()
+            if self.proc.poll() is None:
                 self.proc.kill()
+            await exited
         self._tmp.cleanup()
+
+    def _wait_drained(self) -> None:
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pass
 
     async def _admin(self, path: str, body) -> tuple[int, dict]:
         if not isinstance(body, dict):

@@ -405,13 +405,19 @@ function wire() {
   $("delay").oninput = () => { S.touched.delay = true; $("delay-v").textContent = $("delay").value; };
   // Apply sends only the sliders moved since the last Apply, so it cannot undo a change made
   // elsewhere in the meantime (an untouched slider's value may be a tick old). With none moved it
-  // sends both as shown, which follow the live policy: the server needs at least one.
+  // sends both as shown, the live policy's, which the server needs at least one of: not the
+  // sliders' values, which a range input snaps to its 0.5 ms step (a 2.3 ms window shown, 2.5 sent).
   $("apply-batching").onclick = async () => {
     const fields = { "max-batch": ["max_batch_size", "max batch size"], delay: ["max_queue_delay_ms", "delay window"] };
     const moved = Object.keys(fields).filter((id) => S.touched[id]);
     try {
       const body = {};
-      for (const id of moved.length ? moved : Object.keys(fields)) body[fields[id][0]] = num(id, fields[id][1]);
+      if (moved.length || !S.policy) {
+        for (const id of moved.length ? moved : Object.keys(fields)) body[fields[id][0]] = num(id, fields[id][1]);
+      } else {
+        body.max_batch_size = S.policy.max_batch_size;
+        body.max_queue_delay_ms = S.policy.max_queue_delay_ms;
+      }
       const sent = Object.fromEntries(moved.map((id) => [id, $(id).value]));
       const p = await api("batching", body);
       // A slider moved again while the request was out keeps its new value.

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -154,10 +155,11 @@ def _request(url: str, body: bytes | None = None, headers: dict | None = None) -
 
 @pytest.fixture(scope="module")
 def live_demos(start_demo_module) -> dict:
-    """The two live demos the tests below take apart, started at once: each start is mostly
+    """The live demos the tests below take apart, started at once: each start is mostly
     two processes' imports (the demo's, then its server's)."""
     demos = {"refuses": start_demo_module("--rate", "20", ready=False)}
     demos["killed"] = start_demo_module("--rate", "0", ready=False)
+    demos["stuck"] = start_demo_module("--rate", "0", ready=False)
     return {name: d.ready() for name, d in demos.items()}
 
 
@@ -199,6 +201,31 @@ def test_sigkill_of_the_demo_ends_its_server(live_demos, proc_tree):
             os.kill(server, signal.SIGKILL)
 
 
+@pytest.mark.timeout(120)
+def test_a_second_signal_kills_a_server_that_does_not_drain_at_once(live_demos, proc_tree):
+    # A stopped server (SIGSTOP) cannot drain: the demo waited 15 s for it, deaf to a second Ctrl-C.
+    demo = live_demos["stuck"]
+    (server,) = proc_tree.children(demo.proc.pid)
+    port = int(demo.url.rsplit(":", 1)[1].strip("/"))
+    try:
+        os.kill(server, signal.SIGSTOP)
+        demo.proc.send_signal(signal.SIGTERM)
+        # The page closes once the demo has begun to stop the server, its second-signal handler in place.
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            except ConnectionRefusedError:
+                break
+        t0 = time.monotonic()
+        demo.proc.send_signal(signal.SIGTERM)
+        assert demo.proc.wait(10) == 0
+        assert time.monotonic() - t0 < 5, "the second signal waited for the server"
+        assert not proc_tree.alive(server), "the demo's wok server outlived the demo"
+    finally:
+        if proc_tree.alive(server):
+            os.kill(server, signal.SIGKILL)
+
+
 def test_a_page_port_in_use_exits_2_in_one_line_before_any_server_starts(wok_cli, monkeypatch):
     # In this process: a child would spend seconds importing torch (demo/web.py pulls in the
     # server's admin routes) before the refusal. A server started anyway would be a child.
@@ -215,3 +242,18 @@ def test_a_page_port_in_use_exits_2_in_one_line_before_any_server_starts(wok_cli
         status, _, err = wok_cli("demo", "--port", str(port))
     assert status == 2, err
     assert err == f"wok demo: --port: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_device_the_server_lacks_exits_2_in_one_line_naming_the_option(wok_cli, tmp_path, monkeypatch):
+    # The real `wok serve` child (whose refusal this is) started by `wok demo` in this process. It
+    # refused with exit 2; the demo said "-m wok serve did not start:" and its log's last 30 lines,
+    # timestamps and the temporary config's path, and exited 1.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # read once per process: TMPDIR would not do
+    status, _, err = wok_cli("demo", "--port", "0", "--device", "cuda:99")
+    assert status == 2, err
+    assert err.startswith(
+        "wok demo: --device: the wok server refused 'cuda:99': instances.devices: device 'cuda:99' requested but "
+    ), err
+    assert err.count("\n") == 1, err
+    assert not list(tmp_path.iterdir()), "the demo left its model repository behind"

@@ -201,3 +201,14 @@ def test_the_page_loads_without_a_console_error(start_demo, new_context):
     # The icon is asked for once the document has loaded: wait past that, for a few load events.
     page.wait_for_function("() => document.readyState === 'complete' && S.loads.length >= 3", timeout=10_000)
     assert errors == []
+
+
+def test_apply_unchanged_sends_the_window_shown_not_the_sliders_step(start_demo, new_context):
+    # The delay slider steps by 0.5 ms, and a range input snaps its value to its step: a 2.3 ms
+    # window, shown as 2.3, was sent as 2.5 by an Apply with no slider moved.
+    demo = start_demo("--simulate", "--rate", "50", "--max-queue-delay", "2.3ms", ready=False)
+    page = open_page(new_context(), demo.ready().url)
+    assert page.inner_text("#delay-v") == "2.3"
+    apply_batching(page)
+    assert page.inner_text("#message") == "batching: max 32, delay 2.3 ms"
+    assert policy(demo) == (32, 2.3)
