@@ -64,6 +64,10 @@ LINGER_S = 2.0
 # requests read slowly, or not at all); when none is, the new one is closed at once. Sockets are
 # the gRPC port's file descriptors too.
 MAX_CONNECTIONS = 64
+# New connections refused at the cap are logged at WARNING at most once per this many seconds, with
+# their count: a scrape refused so fails (its 503 may be lost to a reset), and the operator whose
+# scrapes fail reads why only here; a flood of them must not flood the log.
+REFUSED_LOG_EVERY_S = 10.0
 # A /metrics render (tens of ms, tens of KiB with many models) runs on the loop that serves
 # gRPC: each format renders at most once per this interval. A scrape is answered with the last
 # render if that began after the scrape arrived (pipelined scrapes sent together share one),
@@ -102,6 +106,15 @@ ADMIN_ROUTES = {
 }
 
 
+# The answer to a new connection at the cap, written as it is closed unread. With the client's
+# request already in the socket the close is a reset, which may make the client's kernel drop this
+# answer unread (Linux keeps it); dropped, it is the bare close it replaces, else a scrape error that
+# says why.
+_REFUSED_BODY = b"the metrics port is at its connection limit, every connection busy: try again\n"
+REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+    b"Connection: close\r\n\r\n%s" % (len(_REFUSED_BODY), _REFUSED_BODY)
+)
 METRICS_OFF = b"metrics are off: this server runs with --no-metrics\n"
 
 
@@ -142,6 +155,11 @@ class MetricsHTTPServer:
         # The connections' tasks waiting for a due render, which stop() answers before it ends them.
         self._awaiting_render: set[asyncio.Task] = set()
         self._stopping = False
+        # New connections closed at the cap, and how many of them the last warning counted, when.
+        self.refused = 0
+        self._refused_logged = 0
+        self._refused_logged_at = -REFUSED_LOG_EVERY_S
+        self._refused_flush: asyncio.TimerHandle | None = None  # the window's end, while refusals wait for it
 
     async def start(self) -> None:
         try:
@@ -193,6 +211,8 @@ class MetricsHTTPServer:
                 task.cancel()
             await asyncio.gather(*self._clients, return_exceptions=True)
         await self._server.wait_closed()
+        if self._refused_flush is not None:  # the refusals still waiting for their window's end
+            self._log_refused()
 
     def _winding_down(self) -> bool:
         """Whether the server stops: this port's stop has begun, or the server's drain has (the
@@ -262,11 +282,39 @@ class MetricsHTTPServer:
             writer.transport.abort()
             return
         if len(self._clients) >= MAX_CONNECTIONS and not self._make_room():
-            writer.close()
+            self._refuse(writer)
             return
         task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
         self._clients[task] = writer
         task.add_done_callback(self._clients.pop)
+
+    def _refuse(self, writer: asyncio.StreamWriter) -> None:
+        """Close a new connection that found every slot busy and none to free, and count it for the log."""
+        writer.write(REFUSED)  # just accepted: its buffer is empty, and this small answer leaves at once
+        writer.close()
+        self.refused += 1
+        wait = self._refused_logged_at + REFUSED_LOG_EVERY_S - time.monotonic()
+        if wait <= 0:
+            self._log_refused()
+        elif self._refused_flush is None:
+            # Without it, the count would wait for the next refusal after the window, maybe forever.
+            self._refused_flush = asyncio.get_running_loop().call_later(wait, self._log_refused)
+
+    def _log_refused(self) -> None:
+        if self._refused_flush is not None:
+            self._refused_flush.cancel()
+            self._refused_flush = None
+        count = self.refused - self._refused_logged
+        if count <= 0:
+            return
+        log.warning(
+            "metrics port: refused %d new connection(s) (503, closed) since the last warning: all %d connections "
+            "were busy (answering, streaming /events, or just accepted), none idle to close for room; "
+            "scrapes among them failed (docs/security.md)",
+            count,
+            MAX_CONNECTIONS,
+        )
+        self._refused_logged_at, self._refused_logged = time.monotonic(), self.refused
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -430,7 +478,15 @@ class MetricsHTTPServer:
                 return
             # A list of options (RFC 9110 7.6.1): "TE, close" asks to close as "close" does.
             close = "close" in {o.strip().lower() for o in headers.get("connection", "").split(",")} or old
-            path = target.split("?", 1)[0]
+            try:
+                path, authority = _target(target)
+            except BadRequest as exc:
+                await self._respond(writer, 400, f"{exc}\n".encode("latin-1"), "text/plain", close=True, head=head)
+                return
+            if authority is not None:
+                # RFC 9112 3.2.2: the target's authority names the host asked for, and Host is ignored;
+                # the admin paths' cross-site check reads it as the Host.
+                headers["host"] = authority
             # Only a POST to an admin route reads its body: after any other request that has
             # one, the connection ends, or the body's bytes would be read as the next request.
             has_body = bool(length and length.lstrip("0"))
@@ -462,7 +518,10 @@ class MetricsHTTPServer:
                 await self._json(writer, 403, {"error": refusal}, close=True, head=head)
                 return False
             return await self._admin(reader, writer, method, path, headers, close)
-        if method not in ("GET", "HEAD"):
+        if path not in ("/metrics", "/"):
+            # Whatever the method: a 405 would say that the resource exists (RFC 9110 15.5.6).
+            await self._respond(writer, 404, b"not found\n", "text/plain", close=close, head=head)
+        elif method not in ("GET", "HEAD"):
             await self._respond(writer, 405, b"only GET\n", "text/plain", close=close, allow="GET, HEAD")
         elif path == "/metrics" and not self.metrics:
             await self._respond(writer, 404, METRICS_OFF, "text/plain", close=close, head=head)
@@ -472,11 +531,9 @@ class MetricsHTTPServer:
             # need not wait out its next request.
             close = close or self._stopping
             await self._respond(writer, 200, body, ctype, close=close, head=head)
-        elif path == "/":
+        else:
             root = b"wok: metrics at /metrics\n" if self.metrics else METRICS_OFF
             await self._respond(writer, 200, root, "text/plain", close=close, head=head)
-        else:
-            await self._respond(writer, 404, b"not found\n", "text/plain", close=close, head=head)
         return not close
 
     async def _admin(self, reader, writer, method: str, path: str, headers: dict, close: bool) -> bool:
@@ -698,6 +755,25 @@ async def _request_start(reader: asyncio.StreamReader, deadline: float) -> tuple
         skipped += len(start)
         if skipped > 2 * MAX_EMPTY_LINES:
             raise BadRequest(f"request line: expected one within {MAX_EMPTY_LINES} empty lines, got more")
+
+
+def _target(target: str) -> tuple[str, str | None]:
+    """A request target's path, without its query, and its authority: None for the origin form
+    (`/metrics`), the URL's host and port for the absolute form (`http://host:port/metrics`).
+
+    RFC 9112 3.2.2: a server MUST accept the absolute form, which clients send to proxies, and some
+    proxies pass on; it got 404. Another target (`*`, another scheme) is taken as a path, to which
+    nothing answers. BadRequest for an http URL with no host or with userinfo (RFC 9110 4.2.1, 4.2.4).
+    """
+    if target[:7].lower() != "http://":
+        return target.split("?", 1)[0], None
+    try:
+        url = urlsplit(target)
+    except ValueError as exc:  # a bracket left open ("http://[::1/")
+        raise BadRequest(f"request target: expected an http URL, got {_shown(target)}: {exc}") from None
+    if not url.netloc or "@" in url.netloc:
+        raise BadRequest(f"request target: expected an http URL with a host and no userinfo, got {_shown(target)}")
+    return url.path or "/", url.netloc
 
 
 def _head_buffered(buffered: bytes) -> bool:

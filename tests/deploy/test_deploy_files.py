@@ -491,6 +491,68 @@ async def test_errors_and_rejections_draw_no_line_for_a_series_that_never_moved(
     run_promtool(promtool, "test", "rules", path)
 
 
+async def test_requests_by_status_code_draw_only_codes_answered_in_the_range_and_those_without_holes(
+    serve, promtool, tmp_path
+):
+    """wok exports its model="" NOT_FOUND and INVALID_ARGUMENT answers at 0 from the start: the stacked
+    "Requests/s by status code" drew a flat band at 0 for each. `> 0` alone would hide them, but
+    also every point where a code that was answered is at 0, holes in the stack: a code answered
+    in the range is drawn at every point. The input is a real server's scrapes every 15 s: idle,
+    then 1/s to a served model and 1/s to one it does not serve, then idle again."""
+    (panel,) = [p for p in data_panels(load_dashboard()) if p["title"] == "Requests/s by status code"]
+    assert panel["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    (target,) = panel["targets"]
+    query = grafana_to_promql(target["expr"])
+    scrapes = []
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            x = {"INPUT0": np.ones((1, 256), np.float32)}
+            for i in range(24):
+                for _ in range(15 if 6 <= i < 12 else 0):  # before the seventh to the twelfth scrape
+                    await stub.ModelInfer(encode_request("mlp", x))
+                    with pytest.raises(grpc.aio.AioRpcError):
+                        await stub.ModelInfer(encode_request("nope", x))
+                scrapes.append(await asyncio.to_thread(scrape_samples, server.http.port))
+    values: dict[str, list[str]] = {}
+    for i, samples in enumerate(scrapes):
+        for s in samples:
+            if s.name == "wok_responses_total":
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted((s.labels | {"job": "wok"}).items()))
+                values.setdefault(f"{s.name}{{{labels}}}", ["_"] * len(scrapes))[i] = f"{s.value:g}"
+    assert values['wok_responses_total{code="INVALID_ARGUMENT",job="wok",model=""}'] == ["0"] * 24
+    assert values['wok_responses_total{code="OK",job="wok",model="mlp"}'][5:8] == ["_", "15", "30"]
+
+    def drawn(rate: int) -> list[dict]:
+        return [{"labels": '{code="NOT_FOUND"}', "value": rate}, {"labels": '{code="OK",model="mlp"}', "value": rate}]
+
+    evals = [
+        # Idle: nothing answered in the range, though model="" is exported at 0.
+        {"expr": query, "eval_time": "75s", "exp_samples": []},
+        # 1/s each, over a window that holds only scrapes after they began.
+        {"expr": query, "eval_time": "165s", "exp_samples": drawn(1)},
+        # Idle again for more than the rate's window: 0, drawn, not a hole.
+        {"expr": query, "eval_time": "345s", "exp_samples": drawn(0)},
+    ]
+    path = tmp_path / "dashboard_status_codes_test.yml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [],
+                "evaluation_interval": "15s",
+                "tests": [
+                    {
+                        "interval": "15s",
+                        "input_series": [{"series": k, "values": " ".join(v)} for k, v in values.items()],
+                        "promql_expr_test": evals,
+                    }
+                ],
+            }
+        )
+    )
+    run_promtool(promtool, "test", "rules", path)
+
+
 def test_the_gpu_panels_say_why_they_are_empty_without_a_gpu():
     """The wok_gpu_* series are absent, not 0, where NVML finds no device: each GPU panel says so
     instead of Grafana's bare "No data"."""

@@ -788,3 +788,49 @@ async def test_a_connection_option_list_holding_close_ends_the_connection(value,
     [(top, body)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close" in top, answer
     assert body == b"wok: metrics at /metrics\n"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_connection_refused_at_the_cap_gets_503_and_a_warning_at_most_once_a_window(
+    run_on, loop, monkeypatch, caplog
+):
+    """With every slot busy and none to free, a new connection was closed unanswered and unlogged:
+    an operator whose scrapes failed could not see why."""
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 1)
+
+    async def refused(port: int) -> bytes:
+        # Nothing sent: the refusal comes at the accept, and a request left unread would make the
+        # close a reset, which asyncio's reader raises in place of the answer.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            return await asyncio.wait_for(reader.read(), 5)
+        finally:
+            writer.close()
+
+    async def main() -> tuple[list[bytes], list[str]]:
+        async with Server() as s:
+            reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+            writer.write(b"GET /events HTTP/1.1\r\n" + s.host + b"\r\n")
+            await asyncio.wait_for(reader.readuntil(b'"hello"'), 5)  # streaming: busy, not waiting
+            answers = [await refused(s.port), await refused(s.port)]
+            at_once = warnings()
+            writer.close()
+        return answers, at_once
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "wok.http" and r.levelno == logging.WARNING]
+
+    with caplog.at_level(logging.WARNING, "wok.http"):
+        answers, at_once = run_on(loop, main())
+    for answer in answers:
+        [(top, body)] = responses(answer, [False])
+        assert top.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and b"Connection: close" in top, answer
+        assert body == b"the metrics port is at its connection limit, every connection busy: try again\n"
+    line = (
+        "metrics port: refused 1 new connection(s) (503, closed) since the last warning: all 1 connections were "
+        "busy (answering, streaming /events, or just accepted), none idle to close for room; scrapes among them "
+        "failed (docs/security.md)"
+    )
+    # The first at once; the second, within REFUSED_LOG_EVERY_S of it, at the window's end or the stop.
+    assert at_once == [line]
+    assert warnings() == [line, line]

@@ -330,3 +330,62 @@ async def test_an_http11_request_without_host_gets_400_and_http10_is_served(targ
     assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in top, answer
     assert head or body == b"Host: expected one header, got none (RFC 9112 3.2)\n"
     assert status(responses(old, [False])[0][0]) == b"HTTP/1.1 200 OK", old
+
+
+async def test_an_absolute_form_target_is_served_and_its_authority_stands_for_host(raw_http):
+    """RFC 9112 3.2.2: a server MUST accept `GET http://host:port/path`, which clients send to a
+    proxy; it got 404. Host is then ignored: the admin paths' cross-site check reads the URL's authority."""
+    async with Server() as s:
+        url = f"http://127.0.0.1:{s.port}"
+        close = b"Connection: close\r\n\r\n"
+        metrics = await raw_http(s.port, f"GET {url}/metrics?x=1 HTTP/1.1\r\n".encode() + s.host + close)
+        # The scheme is case-insensitive; no path is "/"; HTTP/1.0 needs no Host.
+        root = await raw_http(s.port, f"GET HTTP://127.0.0.1:{s.port} HTTP/1.0\r\n\r\n".encode())
+        named = f"GET http://localhost:{s.port}/admin/faults HTTP/1.1\r\nHost: rebound.example\r\n".encode()
+        named = await raw_http(s.port, named + close)
+        rebound = f"GET http://rebound.example:{s.port}/admin/faults HTTP/1.1\r\n".encode() + s.host + close
+        refused = await raw_http(s.port, rebound)
+        absolute = post(s.host, b"{}", extra=b"Connection: close\r\n").replace(b" /admin/", f" {url}/admin/".encode())
+        posted = await raw_http(s.port, absolute)
+    top, body = responses(metrics, [False])[0]
+    assert status(top) == b"HTTP/1.1 200 OK" and b"Content-Type: text/plain; version=" in top, metrics
+    assert responses(root, [False])[0][1] == b"wok: metrics at /metrics\n", root
+    assert responses(named, [False])[0][1] == b'{"faults":[]}\n', named
+    top, body = responses(refused, [False])[0]
+    assert status(top) == b"HTTP/1.1 403 Forbidden", refused
+    assert f"Host 'rebound.example:{s.port}' is not an IP address or localhost".encode() in body
+    assert status(responses(posted, [False])[0][0]) == b"HTTP/1.1 200 OK", posted
+    assert s.admin.posted == [{}]
+
+
+@pytest.mark.parametrize(
+    "target, error",
+    [
+        ("http://u@127.0.0.1/metrics", "'http://u@127.0.0.1/metrics'"),
+        ("http:///metrics", "'http:///metrics'"),
+    ],
+    ids=["userinfo", "no-host"],
+)
+async def test_an_absolute_form_target_without_a_host_or_with_userinfo_gets_400(target, error, raw_http):
+    """RFC 9110 4.2.1 (an http URL with no host MUST be rejected), 4.2.4 (userinfo is an error)."""
+    async with Server() as s:
+        answer = await raw_http(s.port, f"GET {target} HTTP/1.1\r\n".encode() + s.host + b"Connection: close\r\n\r\n")
+    [(top, body)] = responses(answer, [False])
+    assert status(top) == b"HTTP/1.1 400 Bad Request" and b"Connection: close" in top, answer
+    assert body.decode() == f"request target: expected an http URL with a host and no userinfo, got {error}\n"
+
+
+@pytest.mark.parametrize("method", ["POST", "DELETE", "PUT"])
+async def test_any_method_on_a_path_not_served_gets_404(method, raw_http):
+    """A 405 says the resource exists, but not the method (RFC 9110 15.5.6): any method but GET
+    and HEAD got it on any path, with `Allow: GET, HEAD`. `/` and `/metrics` still answer 405."""
+    async with Server() as s:
+        request = f"{method} /nowhere HTTP/1.1\r\n".encode() + s.host + b"Content-Length: 2\r\n\r\n{}"
+        answer = await raw_http(s.port, request)  # the body is not read: the connection ends
+        served = await raw_http(
+            s.port, f"{method} /metrics HTTP/1.1\r\n".encode() + s.host + b"Connection: close\r\n\r\n"
+        )
+    [(top, body)] = responses(answer, [False])
+    assert status(top) == b"HTTP/1.1 404 Not Found" and b"Allow:" not in top and b"Connection: close" in top, answer
+    assert body == b"not found\n"
+    assert status(responses(served, [False])[0][0]) == b"HTTP/1.1 405 Method Not Allowed", served

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import socket
 import urllib.request
 
@@ -254,7 +255,8 @@ async def test_idle_connections_at_the_cap_make_room_for_a_scrape_oldest_first(s
             w.close()
 
 
-async def test_connections_beyond_the_cap_are_closed_at_once_when_none_is_idle(serve, monkeypatch):
+async def test_connections_beyond_the_cap_get_503_and_are_closed_at_once_when_none_is_idle(serve, monkeypatch, caplog):
+    """They were closed with no answer and no log line (docs/security.md)."""
     from wok import http
 
     monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
@@ -267,9 +269,13 @@ async def test_connections_beyond_the_cap_are_closed_at_once_when_none_is_idle(s
             await reader.readuntil(b"\r\n\r\n")
             held.append((reader, writer))
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        assert await asyncio.wait_for(reader.read(), timeout=5) == b""
+        with caplog.at_level(logging.WARNING, "wok.http"):
+            answer = await asyncio.wait_for(reader.read(), timeout=5)
+        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and answer.endswith(b"try again\n"), answer
         for _, w in [*held, (reader, writer)]:
             w.close()
+    refusals = [r.getMessage() for r in caplog.records if "new connection(s)" in r.getMessage()]
+    assert [m.split(":")[1] for m in refusals] == [" refused 1 new connection(s) (503, closed) since the last warning"]
 
 
 async def test_event_streams_past_their_cap_get_503_and_leave_the_port_to_others(serve, monkeypatch):
