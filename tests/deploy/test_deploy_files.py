@@ -439,6 +439,29 @@ def test_no_dashboard_ratio_or_quantile_draws_nan_where_no_request_was_seen(prom
     run_promtool(promtool, "test", "rules", path)
 
 
+def series_values(scrapes: list, names) -> dict[str, list[str]]:
+    """promtool's input series of the samples named `names` in real scrapes, one value per scrape
+    ("_" where a scrape had none), labelled as Prometheus would with job="wok"."""
+    values: dict[str, list[str]] = {}
+    for i, samples in enumerate(scrapes):
+        for s in samples:
+            if s.name in names:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted((s.labels | {"job": "wok"}).items()))
+                values.setdefault(f"{s.name}{{{labels}}}", ["_"] * len(scrapes))[i] = f"{s.value:g}"
+    return values
+
+
+def run_promql_tests(promtool, path: Path, values: dict[str, list[str]], evals: list[dict]) -> None:
+    """`promtool test rules` of `evals` over `values`, scraped every 15 s."""
+    test = {
+        "interval": "15s",
+        "input_series": [{"series": k, "values": " ".join(v)} for k, v in values.items()],
+        "promql_expr_test": evals,
+    }
+    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "15s", "tests": [test]}))
+    run_promtool(promtool, "test", "rules", path)
+
+
 async def test_errors_and_rejections_draw_no_line_for_a_series_that_never_moved(serve, promtool, tmp_path):
     """wok exports its model="" NOT_FOUND and INVALID_ARGUMENT answers, and each model's rejections by
     every reason, at 0 from the start: "Errors and rejections/s" drew a flat line at 0 for each code
@@ -456,12 +479,7 @@ async def test_errors_and_rejections_draw_no_line_for_a_series_that_never_moved(
                     with pytest.raises(grpc.aio.AioRpcError):
                         await stub.ModelInfer(encode_request("nope", {"INPUT0": np.ones((1, 256), np.float32)}))
                 scrapes.append(await asyncio.to_thread(scrape_samples, server.http.port))
-    values: dict[str, list[str]] = {}
-    for i, samples in enumerate(scrapes):
-        for s in samples:
-            if s.name in MODELLESS_SERIES:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted((s.labels | {"job": "wok"}).items()))
-                values.setdefault(f"{s.name}{{{labels}}}", ["_"] * len(scrapes))[i] = f"{s.value:g}"
+    values = series_values(scrapes, MODELLESS_SERIES)
     assert values['wok_responses_total{code="INVALID_ARGUMENT",job="wok",model=""}'] == ["0"] * 12
     # model="" is no label at all to Prometheus: the legend reads " NOT_FOUND", " rejected: not_found".
     moved = [{"labels": '{code="NOT_FOUND"}', "value": 1}, {"labels": '{reason="not_found"}', "value": 1}]
@@ -472,23 +490,7 @@ async def test_errors_and_rejections_draw_no_line_for_a_series_that_never_moved(
         {"expr": queries["A"], "eval_time": "165s", "exp_samples": moved[:1]},
         {"expr": queries["B"], "eval_time": "165s", "exp_samples": moved[1:]},
     ]
-    path = tmp_path / "dashboard_errors_test.yml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "rule_files": [],
-                "evaluation_interval": "15s",
-                "tests": [
-                    {
-                        "interval": "15s",
-                        "input_series": [{"series": k, "values": " ".join(v)} for k, v in values.items()],
-                        "promql_expr_test": evals,
-                    }
-                ],
-            }
-        )
-    )
-    run_promtool(promtool, "test", "rules", path)
+    run_promql_tests(promtool, tmp_path / "dashboard_errors_test.yml", values, evals)
 
 
 async def test_requests_by_status_code_draw_only_codes_answered_in_the_range_and_those_without_holes(
@@ -514,12 +516,7 @@ async def test_requests_by_status_code_draw_only_codes_answered_in_the_range_and
                     with pytest.raises(grpc.aio.AioRpcError):
                         await stub.ModelInfer(encode_request("nope", x))
                 scrapes.append(await asyncio.to_thread(scrape_samples, server.http.port))
-    values: dict[str, list[str]] = {}
-    for i, samples in enumerate(scrapes):
-        for s in samples:
-            if s.name == "wok_responses_total":
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted((s.labels | {"job": "wok"}).items()))
-                values.setdefault(f"{s.name}{{{labels}}}", ["_"] * len(scrapes))[i] = f"{s.value:g}"
+    values = series_values(scrapes, {"wok_responses_total"})
     assert values['wok_responses_total{code="INVALID_ARGUMENT",job="wok",model=""}'] == ["0"] * 24
     assert values['wok_responses_total{code="OK",job="wok",model="mlp"}'][5:8] == ["_", "15", "30"]
 
@@ -534,23 +531,7 @@ async def test_requests_by_status_code_draw_only_codes_answered_in_the_range_and
         # Idle again for more than the rate's window: 0, drawn, not a hole.
         {"expr": query, "eval_time": "345s", "exp_samples": drawn(0)},
     ]
-    path = tmp_path / "dashboard_status_codes_test.yml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "rule_files": [],
-                "evaluation_interval": "15s",
-                "tests": [
-                    {
-                        "interval": "15s",
-                        "input_series": [{"series": k, "values": " ".join(v)} for k, v in values.items()],
-                        "promql_expr_test": evals,
-                    }
-                ],
-            }
-        )
-    )
-    run_promtool(promtool, "test", "rules", path)
+    run_promql_tests(promtool, tmp_path / "dashboard_status_codes_test.yml", values, evals)
 
 
 def test_the_gpu_panels_say_why_they_are_empty_without_a_gpu():
