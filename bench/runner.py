@@ -27,6 +27,10 @@ from .scrape import scrape, server_view
 from .workers import OK, Share, WorkerPool, merge_details, pick_balancer
 
 POOL_PER_MODEL = 256  # distinct pre-made payloads per model, cycled
+# Off a terminal, a step's progress line comes every tenth of the step, but no oftener than this
+# (a short step prints none) and no rarer than that.
+PLAIN_PROGRESS_MIN_S = 10.0
+PLAIN_PROGRESS_MAX_S = 60.0
 STATUS_NAMES: dict[int, str] = {}
 
 
@@ -114,7 +118,7 @@ def _metadata(cfg: RampConfig) -> list:
     """Each model's metadata, fetched through the balancer the workers will use: a target that
     only the wok balancer reaches (TLS checked per server, mixed address families) must not
     fail here before any worker tries it."""
-    from wok.clients import Client
+    from wok.clients import Client, InferError
     from wok.clients.channel import target_list
 
     names = [name for name, _ in cfg.models]
@@ -123,16 +127,42 @@ def _metadata(cfg: RampConfig) -> list:
     per_server = cfg.rpc == "stream" and len(target_list(cfg.target)) > 1
     if pick_balancer(cfg.balancer, cfg.rpc, cfg.target) == "grpc" and not per_server:
         with Client(cfg.target, tls=cfg.tls, token=cfg.token, retries=cfg.retries) as client:
-            return [client.model_metadata(name, timeout=30) for name in names]
+            infos = [client.model_metadata(name, timeout=30) for name in names]
+            for name in names:
+                try:
+                    _check_rows(cfg.rows, name, client.model_config(name, timeout=30).config.max_batch_size)
+                except InferError as exc:
+                    if exc.code.name != "UNIMPLEMENTED":  # a server without ModelConfig: nothing to check
+                        raise
+            return infos
     import asyncio
 
     from wok.clients import AsyncClient
 
     async def fetch() -> list:
         async with AsyncClient(cfg.target, tls=cfg.tls, token=cfg.token, retries=cfg.retries, balancer="wok") as client:
-            return [await client.model_metadata(name, timeout=30) for name in names]
+            infos = [await client.model_metadata(name, timeout=30) for name in names]
+            for name in names:
+                try:
+                    _check_rows(cfg.rows, name, (await client.model_config(name, timeout=30)).config.max_batch_size)
+                except InferError as exc:
+                    if exc.code.name != "UNIMPLEMENTED":
+                        raise
+            return infos
 
     return asyncio.run(fetch())
+
+
+def _check_rows(rows: int, name: str, max_batch_size: int) -> None:
+    """Refuse `rows` above the model's max_batch_size before the first step: the server refuses
+    every such request, so the ramp (or a --capacity soak, for its whole length) would measure
+    only refusals, and said so only after its first step. 0 is Triton's "no batch dimension":
+    nothing to check against."""
+    if 0 < max_batch_size < rows:
+        raise ValueError(
+            f"--rows {rows}: model '{name}' takes at most {max_batch_size} rows per request (its max_batch_size); "
+            "the server would refuse every request"
+        )
 
 
 def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix]:
@@ -167,6 +197,7 @@ class Ramp:
         self.pool, self.slices, self.mix = build_pool(cfg)
         self.timeline: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._clock0: float | None = None
+        self._step_label = "step"  # the running step's, for _collect's progress line
 
     def started(self, clock0: float) -> None:
         """Called once, as the first step is handed out: `clock0` (time.monotonic()) is the timeline's 0."""
@@ -307,6 +338,7 @@ class Ramp:
 
             scraper = threading.Thread(target=scrape_window, daemon=True)
             scraper.start()
+        self._step_label = label
         try:
             outcomes = self._collect(workers, start_at)
         except (Exception, KeyboardInterrupt) as exc:
@@ -393,11 +425,25 @@ class Ramp:
         return max(planned, earliest), late
 
     def _collect(self, workers: WorkerPool, start: float):
+        total = self.cfg.warmup_s + self.cfg.step_duration_s
         if not sys.stderr.isatty():
-            return workers.finish()
+            # No live bar in a log (nohup, CI, a pipe), but a long step (a soak) must still show
+            # it is running: a plain line every tenth of the step, kept between 10 s and 60 s
+            # apart so that a short step prints none and a day-long one a line a minute.
+            every = min(PLAIN_PROGRESS_MAX_S, max(PLAIN_PROGRESS_MIN_S, total / 10))
+            label = self._step_label
+            shown = 0
+
+            def plain_tick() -> None:
+                nonlocal shown
+                elapsed = time.monotonic() - start
+                if elapsed >= (shown + 1) * every and elapsed < total:
+                    shown = int(elapsed // every)
+                    self.say(f"{label}: {elapsed:.0f} s of {total:g} s ({100 * elapsed / total:.0f}%)")
+
+            return workers.finish(on_tick=plain_tick)
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-        total = self.cfg.warmup_s + self.cfg.step_duration_s
         with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), transient=True) as bar:
             task = bar.add_task("step", total=total)
 

@@ -60,14 +60,35 @@ class RssSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._clock0 = 0.0
+        # Per URL: scrapes that got no answer, and answers without the RSS metric.
+        self.unanswered = [0] * len(self.urls)
+        self.without_rss = [0] * len(self.urls)
 
     def sample(self) -> None:
         values = []
-        for url in self.urls:
+        for i, url in enumerate(self.urls):
             snap = scrape(url, timeout=2.0)
             value = snap.get(RSS) if snap is not None else 0.0
+            if snap is None:
+                self.unanswered[i] += 1
+            elif not value:
+                self.without_rss[i] += 1
             values.append(value or None)
         self.samples.append((round(time.monotonic() - self._clock0, 3), values))
+
+    def unread(self) -> list[str]:
+        """Why, for each URL of which no sample read the RSS: the report's RSS is then '-' for it."""
+        out = []
+        for i, url in enumerate(self.urls):
+            n = self.unanswered[i] + self.without_rss[i]
+            if not n or any(vs[i] for _, vs in self.samples):
+                continue
+            if self.without_rss[i]:
+                why = f"its answers had no {RSS} (a server that does not export process metrics?)"
+            else:
+                why = f"no answer to any of its {n} scrapes (a wrong --metrics-url?)"
+            out.append(f"RSS was not read from {url} ({RSS}): {why}")
+        return out
 
     def start(self, clock0: float) -> None:
         self._clock0 = clock0
@@ -349,6 +370,7 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
     section["verdict_from"] = "capacity ramp" if capacity_result is not None else "soak step"
     if not urls:
         result["warnings"].append("no /metrics to scrape (give --metrics-url): RSS was not sampled")
+    result["warnings"].extend(sampler.unread())
     result["soak"] = section
     return result
 

@@ -12,7 +12,9 @@ import numpy as np
 from wok.bench import analysis, report
 from wok.bench.workers import Outcome, Share, _run_share, merge_details
 
-ROWS_40 = "input 'INPUT0': 40 rows exceed max_batch_size 32 of model 'mlp'"
+# The encoder's positions stop at 256: every request of 257 tokens is refused. (A --rows above the
+# model's max_batch_size is refused before the ramp, from its config: tests/bench/test_soak_checks.py.)
+TOO_LONG = "input 'tokens': sequence length must be at most 256; got 257"
 INVALID, NOT_FOUND, UNAVAILABLE = (c.value[0] for c in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                                                         grpc.StatusCode.UNAVAILABLE))  # fmt: skip
 
@@ -23,22 +25,22 @@ def _ramp(target: str, out, *extra: str) -> list[str]:
 
 
 def test_a_step_refused_as_malformed_ends_the_ramp_with_exit_2_and_the_servers_message(bench_server, tmp_path, wok_cli):
-    """`--rows 40` above mlp's max batch of 32: every request INVALID_ARGUMENT. The ramp exited 0,
+    """Every request INVALID_ARGUMENT. The ramp exited 0,
     ran its higher steps, and said only "0.0% ok" and an error count, never the server's words."""
     out = tmp_path / "r.json"
-    status, stdout, err = wok_cli(*_ramp(bench_server.target, out, "--model", "mlp", "--rows", "40"))
+    status, stdout, err = wok_cli(*_ramp(bench_server.target, out, "--model", "encoder", "--sizes", "fixed:257"))
     assert status == 2, err
     (step,) = json.loads(out.read_text())["steps"]  # stopped after the first step
     n = step["errors"]["INVALID_ARGUMENT"]
     assert (step["ok"], step["errors"], step["error_details"]) == (
         0,
         {"INVALID_ARGUMENT": n},
-        {"INVALID_ARGUMENT": ROWS_40},
+        {"INVALID_ARGUMENT": TOO_LONG},
     )
-    assert f"step 1/2: {n} × INVALID_ARGUMENT: {ROWS_40}\n" in err
-    assert f"\nerrors: {n} × INVALID_ARGUMENT: {ROWS_40}\n" in stdout
+    assert f"step 1/2: {n} × INVALID_ARGUMENT: {TOO_LONG}\n" in err
+    assert f"\nerrors: {n} × INVALID_ARGUMENT: {TOO_LONG}\n" in stdout
     assert err.endswith(
-        f"wok bench: the server refused every request at 20 QPS as a bad request (INVALID_ARGUMENT: {ROWS_40}); "
+        f"wok bench: the server refused every request at 20 QPS as a bad request (INVALID_ARGUMENT: {TOO_LONG}); "
         "check --model, --rows, --sizes and --int-high against the model\n"
     )
 
@@ -46,14 +48,16 @@ def test_a_step_refused_as_malformed_ends_the_ramp_with_exit_2_and_the_servers_m
 def test_a_stream_ramp_shows_the_servers_message_as_a_unary_one_does(bench_server, tmp_path, wok_cli):
     """`--rpc stream` recorded no message: the step said "INVALID_ARGUMENT" and a count, not why."""
     out = tmp_path / "r.json"
-    argv = _ramp(bench_server.target, out, "--model", "mlp", "--rows", "40", "--rpc", "stream", "--streams", "1")
+    argv = _ramp(
+        bench_server.target, out, "--model", "encoder", "--sizes", "fixed:257", "--rpc", "stream", "--streams", "1"
+    )
     status, stdout, err = wok_cli(*argv)
     assert status == 2, err
     (step,) = json.loads(out.read_text())["steps"]
     n = step["errors"]["INVALID_ARGUMENT"]
-    assert (step["ok"], step["error_details"]) == (0, {"INVALID_ARGUMENT": ROWS_40})
-    assert f"step 1/2: {n} × INVALID_ARGUMENT: {ROWS_40}\n" in err
-    assert f"\nerrors: {n} × INVALID_ARGUMENT: {ROWS_40}\n" in stdout
+    assert (step["ok"], step["error_details"]) == (0, {"INVALID_ARGUMENT": TOO_LONG})
+    assert f"step 1/2: {n} × INVALID_ARGUMENT: {TOO_LONG}\n" in err
+    assert f"\nerrors: {n} × INVALID_ARGUMENT: {TOO_LONG}\n" in stdout
 
 
 def test_some_requests_refused_show_the_message_and_do_not_fail_the_run(bench_server, tmp_path, wok_cli):

@@ -1,0 +1,86 @@
+"""`wok bench ramp --soak` against a real server: a long step shows progress off a terminal, an RSS
+that no scrape read says why, and a --rows the model cannot take is refused before the run."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+from wok.bench.soak import RSS, RssSampler
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _bench(tmp_path, target: str, *args: str) -> tuple[int, str, str]:
+    """`wok bench ramp` in a child, its stderr a file: not a terminal, as under nohup or in CI."""
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", target, "--workers", "1", *args]
+    with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
+        status = subprocess.run(cmd, stdout=out, stderr=err, timeout=50).returncode
+    return status, (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
+
+
+def test_a_long_step_off_a_terminal_prints_a_bounded_number_of_progress_lines(bench_server, tmp_path):
+    """An 11 s soak printed nothing between its start line and its end: one line comes at 10 s
+    (a tenth of the step, but no oftener than every 10 s)."""
+    args = ["--metrics-url", "none", "--capacity", "10", "--soak", "11s", "--soak-load", "100%"]
+    status, _, err = _bench(tmp_path, bench_server.target, *args)
+    assert status == 0, err
+    lines = err.splitlines()
+    start = lines.index("step 1/1: 10 QPS offered for 11 s (+0 s warm-up)")
+    end = next(i for i, line in enumerate(lines) if line.startswith("step 1/1: achieved "))
+    progress = [line for line in lines if re.fullmatch(r"step 1/1: \d+ s of 11 s \(\d+%\)", line)]
+    assert len(progress) == 1, err
+    assert start < lines.index(progress[0]) < end
+    assert progress[0].startswith("step 1/1: 10 s of 11 s (9")
+
+
+def test_a_soak_whose_metrics_url_never_answers_says_so_once(bench_server, tmp_path):
+    """A wrong --metrics-url: the report read "RSS: - → -" with no word of why."""
+    url = bench_server.http_url() + "/no-such-path"
+    args = ["--metrics-url", url, "--capacity", "20", "--soak", "1s", "--soak-window", "0.5s", "--rss-every", "0.2s"]
+    status, out, err = _bench(tmp_path, bench_server.target, *args, "--json", str(tmp_path / "soak.json"))
+    assert status == 0, err
+    (warning,) = [w for w in json.loads((tmp_path / "soak.json").read_text())["warnings"] if "RSS" in w]
+    assert warning.startswith(f"RSS was not read from {url} ({RSS}): no answer to any of its ")
+    assert (out + err).count(warning) == 1
+
+
+@pytest.fixture
+def metrics_without_rss():
+    """A real Prometheus endpoint whose registry has no process collector."""
+    registry = CollectorRegistry()
+    Counter("unrelated", "a metric that is not the RSS", registry=registry).inc()
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    yield f"http://127.0.0.1:{server.server_port}/metrics"
+    server.shutdown()
+    thread.join(5)
+
+
+def test_a_server_without_the_rss_metric_is_named_with_the_metric(metrics_without_rss, bench_server):
+    answering = bench_server.http_url() + "/metrics"
+    sampler = RssSampler([metrics_without_rss, answering], every_s=1.0)
+    sampler.sample()
+    sampler.sample()
+    assert sampler.unread() == [
+        f"RSS was not read from {metrics_without_rss} ({RSS}): its answers had no {RSS} "
+        "(a server that does not export process metrics?)"
+    ]
+
+
+def test_rows_above_the_models_max_batch_size_are_refused_before_the_run(bench_server, tmp_path):
+    """mlp takes 32 rows: --rows 33 ran the capacity ramp's first step, every request refused, and
+    only then exited 2 (with --capacity, a whole soak of refusals)."""
+    out = tmp_path / "soak.json"
+    args = ["--metrics-url", "none", "--model", "mlp", "--rows", "33", "--steps", "10", "--step-duration", "0.5s"]
+    status, _, err = _bench(tmp_path, bench_server.target, *args, "--soak", "60s", "--json", str(out))
+    assert status == 2, err
+    assert err.endswith(
+        "wok bench: --rows 33: model 'mlp' takes at most 32 rows per request (its max_batch_size); the server would "
+        "refuse every request\n"
+    )
+    assert "step 1/1" not in err and not out.exists()
