@@ -52,7 +52,10 @@ def scrape(url: str, timeout: float = 5.0) -> Snapshot | None:
             body = resp.read().decode()
     except (urllib.error.URLError, OSError, ValueError):
         return None
-    return parse_exposition(body)
+    try:
+        return parse_exposition(body)
+    except ValueError:  # not Prometheus text (a web page at the URL given): no figures, as no answer gives none
+        return None
 
 
 def parse_exposition(body: str) -> Snapshot:

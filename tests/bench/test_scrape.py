@@ -3,8 +3,10 @@ P99 is only the histogram's last finite bound."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import math
+import threading
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -19,6 +21,7 @@ from wok.bench.scrape import (
     beyond_last_bound,
     histogram_quantile,
     parse_exposition,
+    scrape,
     server_view,
 )
 
@@ -134,3 +137,29 @@ def test_a_mixs_server_view_sums_its_models():
     absent = server_view(before, parse_exposition(generate_latest(registry).decode()), ["a", "b", "c"])
     assert (absent["requests"], absent["models"]) == (100, ["a", "b"])  # the models summed
     assert server_view(before, before, ["c", "d"]) is None
+
+
+def test_a_url_that_answers_no_prometheus_text_gives_no_snapshot():
+    """A web page at --metrics-url (a wrong port, a proxy's page): the parser's ValueError escaped
+    scrape() and ended the thread that scraped (a soak's RSS sampler, a step's window scrapes) with a
+    traceback; it is now as no answer, which those callers report."""
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"<!DOCTYPE html><html><body>not metrics</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert scrape(f"http://127.0.0.1:{server.server_port}/metrics") is None
+    finally:
+        server.shutdown()
+        server.server_close()
