@@ -14,6 +14,7 @@ import errno
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,6 +44,8 @@ MAX_QUEUE_SIZE = 4096
 # an overload shows as the server's own refusals; the cap only guards this process's memory.
 MAX_IN_FLIGHT = 2 * MAX_QUEUE_SIZE
 MAX_QUEUE_DELAY_S = 60.0  # the server's limit (ModelConfig, /admin/batching)
+TMP_PREFIX = "wok-demo-"  # the live demo's temporary folder (its model repository), in tempfile.gettempdir()
+PID_FILE = "demo.pid"  # in that folder: "PID START", the demo that owns it
 
 
 def add_demo_parser(sub) -> None:
@@ -347,8 +350,8 @@ class SimulatedDemo:
         return 400, {"error": "faults are not modelled by the simulator; run wok demo without --simulate"}
 
     def load_summary(self) -> dict:
-        # The simulator sends every arrival: none is skipped, the field is there for the page.
-        return {**self.sim.stats.summary(time.monotonic()), **self.control.describe(), "skipped": 0}
+        # The simulator sends every arrival: its `skipped` stays 0, the field is there for the page.
+        return {**self.sim.stats.summary(time.monotonic()), **self.control.describe()}
 
 
 def write_repository(root: Path, instances: int, max_batch_size: int, delay_ms: float, device: str) -> Path:
@@ -369,6 +372,57 @@ def write_repository(root: Path, instances: int, max_batch_size: int, delay_ms: 
     return root
 
 
+def process_start(pid: int) -> str | None:
+    """When process `pid` started (Linux: /proc/PID/stat's starttime, in clock ticks since boot), None
+    if there is none. With the pid it names one process: a pid reused since names another start."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:  # no /proc (not Linux): only whether the pid is in use can be told
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:  # another user's: alive
+            pass
+        return ""
+    # The fields after the command's ")" (which may itself hold spaces or parentheses) start at the 3rd.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def write_pid_file(folder: Path) -> None:
+    """Mark `folder` as this process's while it runs (see remove_stale_folders)."""
+    pid = os.getpid()
+    part = folder / (PID_FILE + ".part")
+    part.write_text(f"{pid} {process_start(pid)}\n")
+    part.replace(folder / PID_FILE)  # whole or absent: a demo sweeping meanwhile never reads half of it
+
+
+def remove_stale_folders(tmp: Path) -> list[Path]:
+    """Remove the temporary folders in `tmp` of demos that no longer run; returns those removed.
+
+    Only this user's folders with a pid file whose process is gone, or whose pid now names another
+    process (its start time differs), are removed. A folder without a pid file is left alone: its
+    demo may be between creating it and writing the file, or be a demo from before pid files.
+    """
+    removed = []
+    for folder in tmp.glob(TMP_PREFIX + "*"):
+        try:
+            if folder.is_symlink() or not folder.is_dir() or folder.stat().st_uid != os.getuid():
+                continue
+            pid, start = (folder / PID_FILE).read_text().split()
+            pid_n = int(pid)
+        except (OSError, ValueError):  # no pid file (yet), or not a demo's
+            continue
+        now = process_start(pid_n)
+        if now is not None and (now == "" or start in ("", now)):
+            continue  # that demo still runs
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
 class LiveDemo:
     """A `wok serve --admin` child process, the load generator, and the relay of its /events."""
 
@@ -385,7 +439,10 @@ class LiveDemo:
         self.admin: tuple[str, int] = ("127.0.0.1", 0)
         self.generator: LoadGenerator | None = None
         self._tasks: list[asyncio.Task] = []
-        self._tmp = tempfile.TemporaryDirectory(prefix="wok-demo-")
+        # First: the folders of demos killed outright (SIGKILL), which cannot remove their own.
+        remove_stale_folders(Path(tempfile.gettempdir()))
+        self._tmp = tempfile.TemporaryDirectory(prefix=TMP_PREFIX)
+        write_pid_file(Path(self._tmp.name))
         self._channel = None
 
     def config(self) -> dict:
@@ -538,5 +595,4 @@ class LiveDemo:
         return await self._admin("/admin/faults", body)
 
     def load_summary(self) -> dict:
-        g = self.generator
-        return {**g.stats.summary(time.monotonic()), **self.control.describe(), "skipped": g.skipped}
+        return {**self.generator.stats.summary(time.monotonic()), **self.control.describe()}

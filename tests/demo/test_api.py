@@ -20,11 +20,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from wok.bench.simulate import BatcherModel
-from wok.demo.cli import LiveDemo, SimulatedDemo
+from wok.demo.cli import MODEL, LiveDemo, SimulatedDemo
 from wok.demo.load import LoadControl
 from wok.demo.sim import SimBackend
 from wok.demo.web import DemoWeb, Hub
@@ -257,3 +258,64 @@ def test_a_device_the_server_lacks_exits_2_in_one_line_naming_the_option(wok_cli
     ), err
     assert err.count("\n") == 1, err
     assert not list(tmp_path.iterdir()), "the demo left its model repository behind"
+
+
+@pytest.mark.timeout(120)
+def test_arrivals_not_sent_count_the_last_seconds_and_clear_once_the_demo_keeps_up(start_demo, proc_tree):
+    # A lifetime total, the page's red warning stayed up for good after one overload.
+    demo = start_demo("--rate", "0")
+    (server,) = proc_tree.children(demo.proc.pid)
+    with urllib.request.urlopen(demo.url + "api/events", timeout=30) as stream:
+        loads = (json.loads(ln[6:]) for ln in stream if ln.startswith(b'data: {"type":"load"'))
+        try:
+            # A stopped server answers nobody: at 5,000/s every one of the demo's callers waits within 2 s.
+            os.kill(server, signal.SIGSTOP)
+            assert _request(demo.url + "api/load", b'{"rate": 5000}', {"Content-Type": JSON})[0] == 200
+            overloaded = next(e for e in loads if e["skipped"] > 0)
+            assert _request(demo.url + "api/load", b'{"rate": 20}', {"Content-Type": JSON})[0] == 200
+        finally:
+            os.kill(server, signal.SIGCONT)
+        deadline = time.monotonic() + 20
+        kept_up = next(e for e in loads if e["skipped"] == 0 or time.monotonic() > deadline)
+    assert kept_up["skipped"] == 0, kept_up
+    assert kept_up["skipped_total"] >= overloaded["skipped_total"] >= overloaded["skipped"] > 0
+
+
+def _repository_of(server: int) -> Path:
+    """The model repository a demo's server was started with (the demo's temporary folder)."""
+    with open(f"/proc/{server}/cmdline") as f:
+        args = f.read().split("\0")
+    return Path(args[args.index("--model-repository") + 1])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads the demos' servers' command lines in /proc")
+@pytest.mark.timeout(120)
+def test_a_demo_removes_the_folders_of_killed_demos_and_no_running_ones(start_demo, proc_tree, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    running, killed = start_demo("--rate", "0", ready=False), start_demo("--rate", "0", ready=False)
+    running.ready(), killed.ready()
+    (running_folder,) = [_repository_of(s) for s in proc_tree.children(running.proc.pid)]
+    (killed_folder,) = [_repository_of(s) for s in proc_tree.children(killed.proc.pid)]
+    killed.proc.kill()  # nothing of it can remove its folder
+    killed.proc.wait(10)
+    assert (killed_folder / MODEL / "config.yaml").is_file()
+    # A pid file naming a process that runs but is not the demo that wrote it (its pid reused).
+    reused = tmp_path / "wok-demo-reused"
+    reused.mkdir()
+    (reused / "demo.pid").write_text(f"{os.getpid()} 1\n")
+    # No pid file: a demo between making its folder and writing the file, or one from before them.
+    unmarked = tmp_path / "wok-demo-unmarked"
+    unmarked.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    args = argparse.Namespace(instances=2, max_batch_size=32, device="cpu", torch_threads=1)
+    new = LiveDemo(LoadControl(0), args, delay_s=0.005, slo_s=0.05)  # a demo starting
+    try:
+        assert {p.name for p in tmp_path.iterdir()} == {
+            running_folder.name,
+            unmarked.name,
+            Path(new._tmp.name).name,
+        }
+        assert (running_folder / MODEL / "config.yaml").is_file()
+    finally:
+        asyncio.run(new.close())
+    assert running.stop() == 0
