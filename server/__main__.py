@@ -7,6 +7,7 @@ import asyncio
 import gc
 import logging
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -28,6 +29,121 @@ from .errors import ConfigError, WarmupError
 # The demo models `wok serve` serves when --models is not given (server.models.DEMO_MODELS, without
 # importing it here).
 _DEFAULT_DEMO_MODELS = "mlp,recsys,encoder"
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer; got {text!r}") from None
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number; got {text!r}") from None
+
+
+# A word that begins as a negative number does, as newer argparse matches them ("-\.?\d").
+_DASH_NUMBER = re.compile(r"-\.?\d")
+
+
+class _Parser(argparse.ArgumentParser):
+    """The parser of `wok` and, through add_subparsers (whose parsers are of their parent's class), of
+    every subcommand, bench's and demo's included.
+
+    argparse takes a word that begins with '-' for an option unless it is a plain negative number
+    (-5, -1.5): `--slo -5ms` was --slo without a value ("expected one argument", after the whole
+    usage), and the option's own check, which `--slo=-5ms` reaches, never ran. Here a word that
+    begins as a negative number does (_DASH_NUMBER: -5ms, -.5s, -1e3) is the option's value unless
+    this parser would read it as one of its own options; the pair goes on to argparse as
+    `--slo=-5ms`, the form it documents for a long option's value. Other words beginning with '-'
+    stay options: a mistyped option after one that takes a value (`--json --stpes 100`) is refused,
+    not written to as a file. Not argparse's negative-number matcher (which bench/cli.py widens to "-5ms"
+    on its own parsers): it is private, and a pattern wide enough for "-x" would make every unknown
+    option a positional's value (`wok bench merge --bogus a.json` would merge a file named --bogus).
+    Short options (wok's only one is -h) are left to argparse.
+
+    A refused option value (a bad type, a choice not offered, a value missing) is one line naming
+    the option, as the commands' own refusals are; a missing or unknown command keeps argparse's
+    usage, which lists them. --help is untouched."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        # Refusals come back as ArgumentError (with the option's name), for parse_known_args to word.
+        kwargs.setdefault("exit_on_error", False)
+        super().__init__(*args, **kwargs)
+        self._commands = None
+        # type=int and type=float options, in wok's words ("expected an integer; got 'abc'") rather
+        # than argparse's ("invalid int value: 'abc'").
+        self.register("type", int, _integer)
+        self.register("type", float, _number)
+
+    def add_subparsers(self, **kwargs):
+        self._commands = super().add_subparsers(**kwargs)
+        return self._commands
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        try:
+            return super().parse_known_args(self._dash_values(args), namespace)
+        except argparse.ArgumentError as exc:
+            if not (exc.argument_name or "").startswith("-"):
+                self.error(str(exc))  # a command or a positional: the usage says what is expected
+            self.exit(2, f"{self.prog}: {exc.argument_name}: {exc.message}\n")
+
+    def _dash_values(self, args: list[str]) -> list[str]:
+        """`args` with each option that takes a value and is followed by a word beginning with '-'
+        that is not one of this parser's options joined to it as OPTION=WORD. A subcommand's words
+        are left to its own parser."""
+        out: list[str] = []
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            i += 1
+            if arg == "--":  # argparse's end of the options: what follows is positional, as given
+                return [*out, arg, *args[i:]]
+            option = self._value_option(arg)
+            if option is None:
+                out.append(arg)
+                if self._commands is not None and not arg.startswith("-"):  # the subcommand
+                    return [*out, *args[i:]]
+            elif i < len(args) and _DASH_NUMBER.match(args[i]) and not self._is_option(args[i]):
+                out.append(f"{option}={args[i]}")
+                i += 1
+            else:
+                # The value as argparse takes it, skipped here so that it is not taken for the subcommand.
+                out.append(arg)
+                if i < len(args) and not self._is_option(args[i]):
+                    out.append(args[i])
+                    i += 1
+        return out
+
+    def _value_option(self, arg: str) -> str | None:
+        """The long option string `arg` names, given whole or abbreviated, if that option takes one
+        value (nargs None or '?') and `arg` does not carry it (--OPTION=VALUE); None otherwise."""
+        if not arg.startswith("--") or "=" in arg:
+            return None
+        options = self._option_string_actions  # read only; argparse's map of option strings
+        if arg not in options:
+            matches = [s for s in options if s.startswith(arg)] if self.allow_abbrev else []
+            if len(matches) != 1:
+                return None
+            arg = matches[0]
+        return arg if options[arg].nargs in (None, argparse.OPTIONAL) else None
+
+    def _is_option(self, word: str) -> bool:
+        """Whether argparse would read `word` as one of this parser's options: whole, with =VALUE,
+        a short one with its value attached, or abbreviated (ambiguously too: argparse says so)."""
+        if word == "--":
+            return True
+        if not word.startswith("-") or word == "-":  # "-" is a value to argparse (stdin, stdout)
+            return False
+        options = self._option_string_actions
+        name = word.partition("=")[0]
+        if name in options or (word[1:2] != "-" and word[:2] in options):
+            return True
+        return self.allow_abbrev and any(s.startswith(name) for s in options)
 
 
 class StartError(RuntimeError):
@@ -564,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_signal = _StopSignal()
     stop_signal.install()
     try:
-        parser = argparse.ArgumentParser(prog="wok", description="wok: a dynamic-batching inference server")
+        parser = _Parser(prog="wok", description="wok: a dynamic-batching inference server")
         sub = parser.add_subparsers(dest="command", required=True)
         _serve_parser(sub)
         given = sys.argv[1:] if argv is None else argv

@@ -1,0 +1,107 @@
+"""Option values on the `wok` command line, for every subcommand (server/__main__.py's _Parser).
+
+argparse took a value that begins with '-' and is not a plain negative number (`--slo -5ms`,
+`--port -5x`) for an option: the option had no value ("expected one argument"), and its own
+check, which `--slo=-5ms` reached, never ran. And a value argparse refused itself (`--port abc`)
+came after the whole usage, where the commands' own refusals are one line.
+
+In `wok` processes of their own: what matters is the exit status and the words on stderr."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def wok(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "wok", *argv], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("argv", "refusal"),
+    [
+        (("demo", "--slo", "-5ms"), "wok demo: --slo: invalid duration '-5ms': expected a number >= 0"),
+        (
+            ("demo", "--max-queue-delay", "-1ms"),
+            "wok demo: --max-queue-delay: invalid duration '-1ms': expected a number >= 0",
+        ),
+        (("demo", "--alpha", "-1ms"), "wok demo: --alpha: invalid duration '-1ms': expected a number >= 0"),
+        # Abbreviated, as argparse allows: the value is still the option's.
+        (("demo", "--sl", "-5ms"), "wok demo: --slo: invalid duration '-5ms': expected a number >= 0"),
+        (("serve", "--port", "-5x"), "wok serve: --port: expected an integer; got '-5x'"),
+        (("serve", "--grace-period", "-.5s"), "wok serve: --grace-period: expected a number; got '-.5s'"),
+        (("simulate", "--arrival", "-1x"), "wok simulate: --arrival: arrivals '-1x': unknown process '-1x'"),
+    ],
+    ids=["demo-slo", "demo-delay", "demo-alpha", "demo-abbreviated", "serve-port", "serve-float", "simulate"],
+)
+def test_a_value_beginning_with_a_dash_is_refused_as_the_same_value_after_an_equals_sign(argv, refusal):
+    *command, option, value = argv
+    spaced, joined = wok(*argv), wok(*command, f"{option}={value}")
+    assert (spaced.returncode, spaced.stderr) == (joined.returncode, joined.stderr)
+    assert spaced.returncode == 2
+    assert len(spaced.stderr.splitlines()) == 1 and spaced.stderr.startswith(refusal), spaced.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "refusal"),
+    [
+        (("bench", "ramp", "--json", "--steps", "100"), "wok bench ramp: --json: expected one argument"),
+        (("demo", "--slo", "--simulate"), "wok demo: --slo: expected one argument"),
+        (("demo", "--slo", "--sim"), "wok demo: --slo: expected one argument"),  # --simulate, abbreviated
+        (("serve", "--models", "--port=0"), "wok serve: --models: expected one argument"),
+        (("serve", "--host", "-h"), "wok serve: --host: expected one argument"),
+        # A mistyped option is no value: not a file named --stpes.
+        (("bench", "ramp", "--json", "--stpes", "100"), "wok bench ramp: --json: expected one argument"),
+        (("serve", "--host", "-x"), "wok serve: --host: expected one argument"),
+    ],
+    ids=[
+        "bench-json",
+        "demo-slo",
+        "demo-abbreviated",
+        "serve-with-value",
+        "serve-help",
+        "bench-typo",
+        "serve-dash-word",
+    ],
+)
+def test_an_option_after_an_option_that_takes_a_value_is_still_an_option(argv, refusal):
+    done = wok(*argv)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", refusal + "\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "refusal"),
+    [
+        (("serve", "--port", "abc"), "wok serve: --port: expected an integer; got 'abc'"),
+        (("serve", "--port=abc"), "wok serve: --port: expected an integer; got 'abc'"),
+        (("serve", "--grace-period", "soon"), "wok serve: --grace-period: expected a number; got 'soon'"),
+        (
+            ("serve", "--cpu-linear", "mkl"),
+            "wok serve: --cpu-linear: invalid choice: 'mkl' (choose from 'onednn', 'torch')",
+        ),
+        (("serve", "--port"), "wok serve: --port: expected one argument"),
+        (("demo", "--rate", "fast"), "wok demo: --rate: expected a number; got 'fast'"),
+        (("bench", "ramp", "--workers", "two"), "wok bench ramp: --workers: expected an integer; got 'two'"),
+    ],
+    ids=["serve-port", "serve-port=", "serve-float", "serve-choice", "serve-missing", "demo-float", "bench-int"],
+)
+def test_a_value_argparse_refuses_is_one_line_naming_the_option(argv, refusal):
+    done = wok(*argv)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", refusal + "\n")
+
+
+def test_the_usage_stays_with_help_and_with_a_missing_or_unknown_command():
+    """Only an option's refused value lost the usage before its line."""
+    assert wok("serve", "--port", "abc").stderr == "wok serve: --port: expected an integer; got 'abc'\n"
+    shown = wok("serve", "--help")
+    assert (shown.returncode, shown.stderr) == (0, "") and shown.stdout.startswith("usage: wok serve [-h]")
+    assert "--port PORT" in shown.stdout
+    for argv, error in [
+        ((), "wok: error: the following arguments are required: command"),
+        (("bench", "bogus"), "wok bench: error: argument bench_command: invalid choice: 'bogus'"),
+    ]:
+        done = wok(*argv)
+        assert done.returncode == 2 and done.stderr.startswith(f"usage: {' '.join(('wok', *argv[:1]))} ")
+        assert done.stderr.splitlines()[-1].startswith(error), done.stderr
