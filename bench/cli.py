@@ -142,29 +142,8 @@ def add_parser(sub) -> None:
     _add_outputs(p)
     faults.add_arguments(p)
     soak.add_arguments(p)
-    _negative_values(p)
     p.set_defaults(run=_quiet_when_stdout_closes(run))
     add_merge_parser(bsub)
-
-
-# argparse counts only plain numbers ("-50", "-.5") as values: "--slo-p99 -50ms" would be refused
-# with "expected one argument", and the option's own check ("invalid duration '-50ms'") never run.
-# No option of these commands starts with a digit: whatever does ("-50ms", "-1,5ms") is a value.
-_NEGATIVE_VALUE = re.compile(r"^-\.?\d")
-
-
-def _negative_values(p) -> None:
-    """Take negative numbers, with a unit or in a list, as values on parser `p`, for the options'
-    checks to refuse.
-
-    Through argparse's private matcher: where it is missing, or an option of `p` itself looks
-    like a negative number, argparse's default stays, and tests/bench/test_cli.py's
-    test_a_negative_value_with_a_unit_reaches_the_options_own_check fails.
-    """
-    if isinstance(getattr(p, "_negative_number_matcher", None), re.Pattern) and not getattr(
-        p, "_has_negative_number_optionals", True
-    ):
-        p._negative_number_matcher = _NEGATIVE_VALUE
 
 
 def add_merge_parser(bsub) -> None:
@@ -177,7 +156,6 @@ def add_merge_parser(bsub) -> None:
     )
     p.add_argument("results", nargs="+", type=Path, help="the parts' --json files")
     _add_outputs(p)
-    _negative_values(p)
     p.set_defaults(run=_quiet_when_stdout_closes(run_merge))
 
 
@@ -412,7 +390,6 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--slo-p99", default="200ms", help="P99 latency objective, with its unit (default 200ms)")
     p.add_argument("--seed", type=int, default=0, help="the arrivals' random seed (default 0)")
     _add_outputs(p)
-    _negative_values(p)
     p.set_defaults(run=_quiet_when_stdout_closes(run_simulate))
 
 
@@ -955,7 +932,6 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs, their values and sizes (default 0)")
     p.add_argument("--json", type=Path, help="write the result (schema wok.profile/1) here")
     p.add_argument("--plot", type=Path, help="write the roofline and T(n) plot here (PNG; SVG or PDF by its suffix)")
-    _negative_values(p)
     p.set_defaults(run=_quiet_when_stdout_closes(run_profile))
 
 
@@ -1066,7 +1042,6 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--json", type=Path, help="write the plan (schema wok.plan/1) here")
     p.add_argument("--markdown", type=Path, help="write the plan as markdown here")
     p.add_argument("--manifests", type=Path, help="write the Kubernetes manifests into this folder")
-    _negative_values(p)
     p.set_defaults(run=_quiet_when_stdout_closes(run_plan))
 
 
@@ -1212,7 +1187,6 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated arrivals (default 0)")
     p.add_argument("--write-config", type=Path, help="write the chosen max_batch_size and [dynamic_batching] here")
     p.add_argument("--json", type=Path, help="write the result (schema wok.tune/2) here")
-    _negative_values(p)
     p.set_defaults(run=_quiet_when_stdout_closes(run_tune))
 
 

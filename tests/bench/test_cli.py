@@ -343,7 +343,8 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(
 )
 def test_a_negative_value_with_a_unit_reaches_the_options_own_check(argv, message, wok_cli):
     """argparse took "-50ms" for an option and answered "expected one argument"; only "--slo-p99=-50ms"
-    reached the duration check. Through argparse's private matcher: this fails if it goes away."""
+    reached the duration check. The `wok` parser (server/__main__.py's _Parser) passes such a value on
+    as --opt=VALUE, for every subcommand."""
     status, _, err = wok_cli(*argv)
     assert status == 2 and err.startswith(f"wok {argv[0]}: ") and message in err, err
 
