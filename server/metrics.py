@@ -256,7 +256,8 @@ class WokMetrics:
         )
         e2e = HistogramMetricFamily(
             "wok_request_duration_seconds",
-            "End-to-end time of a successful request as the server sees it, from its arrival to its encoded response",
+            "End-to-end time of a request whose batch ran, as the server sees it, from its arrival to its encoded "
+            "response (also one whose caller went after its batch came back: the requests the stages count)",
             labels=["model"],
         )
         bs = HistogramMetricFamily("wok_batch_size", "Samples (rows) per executed batch", labels=["model"])

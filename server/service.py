@@ -466,6 +466,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             outputs = await p.future
         except asyncio.CancelledError:
+            if p.future.done() and not p.future.cancelled() and p.future.exception() is None:
+                # Cancelled with its answer already made: the batcher counted it in the stage
+                # histograms (its caller was still there), so the end-to-end one counts it too.
+                now = time.perf_counter()
+                rt.metrics.record_response(p.arrival - arrival, now - p.finished, 0.0, now - arrival)
             rt.batcher.withdraw(p)
             raise
         if time_left is not None and not stream and time_left() == 0:

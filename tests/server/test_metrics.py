@@ -337,3 +337,33 @@ async def test_callers_that_gave_up_are_in_no_stage_so_stages_still_add_up(serve
     for stage, expected in observed(server, "slow", ok).items():
         count = sample(families, "wok_request_stage_duration_seconds", "_count", model="slow", stage=stage)
         assert count == expected, (stage, count, ok)
+
+
+async def test_a_caller_cancelled_after_its_batch_ran_is_counted_end_to_end_as_in_the_stages(
+    serve, slow_repository, monkeypatch
+):
+    # Its batch ran for a caller still there, so the batcher put it in the stage histograms; the
+    # handler cancelled before it resumed (its client gone just then) must count it end to end too.
+    async with serve(repository=slow_repository(sleep_ms=1, max_batch_size=4, delay_ms=0)) as server:
+        batcher = server.runtimes["slow"].batcher
+        submit = batcher.submit
+
+        def submit_then_cancel_on_result(*args, **kwargs):
+            p = submit(*args, **kwargs)
+            # Added before the handler awaits the future, so it runs first: the handler is
+            # cancelled with the future's result set and its resumption already scheduled.
+            p.future.add_done_callback(lambda _: handler.cancel())
+            return p
+
+        monkeypatch.setattr(batcher, "submit", submit_then_cancel_on_result)
+        request = encode_request("slow", {"INPUT0": np.ones((1, 4), np.float32)})
+        handler = asyncio.ensure_future(server.service.infer(request, None))
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        registry = server.metrics.registry
+        end_to_end = registry.get_sample_value("wok_request_duration_seconds_count", {"model": "slow"})
+        counts = {stage: stage_count(registry, "slow", stage) for stage in STAGES}
+        cancelled = registry.get_sample_value("wok_responses_total", {"model": "slow", "code": "CANCELLED"})
+    assert cancelled == 1
+    assert end_to_end == 1
+    assert counts == observed(server, "slow", 1)
