@@ -26,13 +26,14 @@ import logging
 import os
 import re
 import ssl
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
+
+from .ratelog import WindowedWarning
 
 if TYPE_CHECKING:
     from .config import ServerSettings
@@ -226,52 +227,51 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     ) -> None:
         self.check = check
         self.exempt = frozenset(exempt)
-        self.log_every_s = log_every_s
-        self.refused = 0
-        self._logged_at = -log_every_s
-        self._logged_count = 0
         self._latest: tuple[str, str, str] = ("", "", "")  # method, peer, reason of the latest refusal
-        self._flush: asyncio.TimerHandle | None = None  # the window's end, while refusals wait for it
+        self._warning = WindowedWarning(self._say, log_every_s)
+
+    @property
+    def refused(self) -> int:
+        return self._warning.count
+
+    @property
+    def log_every_s(self) -> float:
+        return self._warning.every_s
+
+    @log_every_s.setter
+    def log_every_s(self, seconds: float) -> None:
+        self._warning.every_s = seconds
+
+    @property
+    def _flush(self) -> asyncio.TimerHandle | None:
+        return self._warning.flush
 
     async def intercept_service(self, continuation, handler_call_details):
         service = handler_call_details.method.lstrip("/").rpartition("/")[0]
         if service not in self.exempt:
             reason = self.check.refusal(handler_call_details.invocation_metadata)
             if reason is not None:
-                self.refused += 1
+                self._warning.count += 1
                 return grpc.stream_stream_rpc_method_handler(self._deny(reason, handler_call_details.method))
         return await continuation(handler_call_details)
 
     def _deny(self, reason: str, method: str):
         async def deny(request_iterator, context: grpc.aio.ServicerContext):
             self._latest = (method, context.peer(), reason)
-            wait = self._logged_at + self.log_every_s - time.monotonic()
-            if wait <= 0:
-                self._log()
-            elif self._flush is None:
-                # Without it, the count would wait for the next refusal after the window, maybe forever.
-                self._flush = asyncio.get_running_loop().call_later(wait, self._log)
+            self._warning.due()
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
 
         return deny
 
-    def _log(self) -> None:
-        if self._flush is not None:
-            self._flush.cancel()
-            self._flush = None
-        count = self.refused - self._logged_count
-        if count <= 0:
-            return
+    def _say(self, count: int) -> None:
         log.warning(
             "refused %d call(s) without an accepted bearer token; latest: %s from %s (%s)", count, *self._latest
         )
-        self._logged_at, self._logged_count = time.monotonic(), self.refused
 
     def close(self) -> None:
         """At the server's stop: log the refusals still waiting for their window's end, and leave
         nothing scheduled on the loop."""
-        if self._flush is not None:
-            self._log()
+        self._warning.close()
 
 
 def token_interceptor(settings: ServerSettings) -> BearerTokenInterceptor | None:

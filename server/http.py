@@ -41,6 +41,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from .admin import Admin, dumps
 from .config import host_port
 from .faults import AdminRequestError
+from .ratelog import WindowedWarning
 
 log = logging.getLogger("wok.http")
 MAX_HEADER_BYTES = 16 << 10
@@ -156,10 +157,7 @@ class MetricsHTTPServer:
         self._awaiting_render: set[asyncio.Task] = set()
         self._stopping = False
         # New connections closed at the cap, and how many of them the last warning counted, when.
-        self.refused = 0
-        self._refused_logged = 0
-        self._refused_logged_at = -REFUSED_LOG_EVERY_S
-        self._refused_flush: asyncio.TimerHandle | None = None  # the window's end, while refusals wait for it
+        self._refusals = WindowedWarning(self._say_refused, REFUSED_LOG_EVERY_S)
 
     async def start(self) -> None:
         try:
@@ -211,8 +209,7 @@ class MetricsHTTPServer:
                 task.cancel()
             await asyncio.gather(*self._clients, return_exceptions=True)
         await self._server.wait_closed()
-        if self._refused_flush is not None:  # the refusals still waiting for their window's end
-            self._log_refused()
+        self._refusals.close()  # the refusals still waiting for their window's end
 
     def _winding_down(self) -> bool:
         """Whether the server stops: this port's stop has begun, or the server's drain has (the
@@ -292,21 +289,15 @@ class MetricsHTTPServer:
         """Close a new connection that found every slot busy and none to free, and count it for the log."""
         writer.write(REFUSED)  # just accepted: its buffer is empty, and this small answer leaves at once
         writer.close()
-        self.refused += 1
-        wait = self._refused_logged_at + REFUSED_LOG_EVERY_S - time.monotonic()
-        if wait <= 0:
-            self._log_refused()
-        elif self._refused_flush is None:
-            # Without it, the count would wait for the next refusal after the window, maybe forever.
-            self._refused_flush = asyncio.get_running_loop().call_later(wait, self._log_refused)
+        self._refusals.count += 1
+        self._refusals.due()
 
-    def _log_refused(self) -> None:
-        if self._refused_flush is not None:
-            self._refused_flush.cancel()
-            self._refused_flush = None
-        count = self.refused - self._refused_logged
-        if count <= 0:
-            return
+    @property
+    def refused(self) -> int:
+        """New connections closed at the cap."""
+        return self._refusals.count
+
+    def _say_refused(self, count: int) -> None:
         log.warning(
             "metrics port: refused %d new connection(s) (503, closed) since the last warning: all %d connections "
             "were busy (answering, streaming /events, or just accepted), none idle to close for room; "
@@ -314,7 +305,6 @@ class MetricsHTTPServer:
             count,
             MAX_CONNECTIONS,
         )
-        self._refused_logged_at, self._refused_logged = time.monotonic(), self.refused
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

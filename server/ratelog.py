@@ -1,0 +1,45 @@
+"""A count of refusals logged at most once per window: the first at once, those that follow within the
+window in one line at its end, with their count. Shared by the bearer-token interceptor (server/auth.py)
+and the metrics port's connection cap (server/http.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+
+class WindowedWarning:
+    """`count` is raised by the caller as refusals happen; `due()` logs what is new now, or arms a
+    timer for the window's end (else a count would wait for the next refusal after the window, maybe
+    forever); `close()` at the stop logs what is still held and leaves nothing scheduled on the loop.
+    `say(n)` writes the line for n refusals."""
+
+    def __init__(self, say: Callable[[int], None], every_s: float) -> None:
+        self.say = say
+        self.every_s = every_s
+        self.count = 0
+        self._logged_count = 0
+        self._logged_at = -every_s
+        self.flush: asyncio.TimerHandle | None = None  # the window's end, while refusals wait for it
+
+    def due(self) -> None:
+        wait = self._logged_at + self.every_s - time.monotonic()
+        if wait <= 0:
+            self.log()
+        elif self.flush is None:
+            self.flush = asyncio.get_running_loop().call_later(wait, self.log)
+
+    def log(self) -> None:
+        if self.flush is not None:
+            self.flush.cancel()
+            self.flush = None
+        new = self.count - self._logged_count
+        if new <= 0:
+            return
+        self.say(new)
+        self._logged_at, self._logged_count = time.monotonic(), self.count
+
+    def close(self) -> None:
+        if self.flush is not None:
+            self.log()
