@@ -95,10 +95,13 @@ def test_a_replica_killed_mid_step_loses_no_request(ramps):
     assert len(replicas) == 3 and len(replicas[1]["pids"]) == 2 and len(replicas[0]["pids"]) == 1
     assert len(set(r["target"] for r in replicas)) == 3
 
-    # The dip: three replicas up, then two while replica 1 is down, then three again.
-    up = faults["timeline"]["replicas_up"]
+    # The dip: three replicas up, then two while replica 1 is down, then three again, unless the
+    # restarted replica came up after the last window's middle (its start took over 13 s in a CI run
+    # beside a loaded host): a window counts the replicas up at its middle.
+    up, t_s = faults["timeline"]["replicas_up"], faults["timeline"]["t_s"]
     changes = [u for i, u in enumerate(up) if i == 0 or u != up[i - 1]]
-    assert changes == [3, 2, 3]
+    back_in_time = t["ready"] <= t_s[-1] + faults["definitions"]["window_s"] / 2
+    assert changes == ([3, 2, 3] if back_in_time else [3, 2]), (changes, t["ready"], t_s[-1])
     sent_while_down = sum(s for s, u in zip(faults["timeline"]["sent"], up) if u == 2)
     assert sent_while_down > 100  # traffic went on, to the other two
 
