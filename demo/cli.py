@@ -70,8 +70,14 @@ def add_demo_parser(sub) -> None:
         action="store_true",
         help="teaching mode: no server; the batcher simulator (as wok simulate) runs at wall-clock pace",
     )
-    p.add_argument("--alpha", default="0.25ms", help="--simulate: fixed time per batch (default mlp's, 0.25ms)")
-    p.add_argument("--beta", default="0.044ms", help="--simulate: time per sample (default mlp's, 0.044ms)")
+    # The defaults: mlp's fit in docs/profile.md, taken with 2 torch threads where the live demo's server
+    # runs 1 (docs/demo.md: how to measure it at 1).
+    p.add_argument(
+        "--alpha", default="0.25ms", help="--simulate: time per batch (default mlp's with 2 torch threads, 0.25ms)"
+    )
+    p.add_argument(
+        "--beta", default="0.044ms", help="--simulate: time per sample (default mlp's with 2 torch threads, 0.044ms)"
+    )
     p.set_defaults(run=run_demo)
 
 
@@ -183,6 +189,8 @@ async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int
             max_batch_size=args.max_batch_size,
             max_queue_delay_s=delay_s,
             instances=args.instances,
+            # The live server's bound: past it an arrival is refused (RESOURCE_EXHAUSTED), not queued.
+            max_queue_size=MAX_QUEUE_SIZE,
         )
         backend = SimulatedDemo(SimBackend(control, model), slo_s)
     else:

@@ -134,6 +134,70 @@ def test_stepping_with_cuts_shows_the_same_batches_as_one_run_over_all_arrivals(
     assert sim.stats.answered_total == int(np.sum(run.done <= clock[0]))
 
 
+def test_a_bounded_queue_refuses_under_overload_and_stepping_shows_the_same_as_one_run():
+    # 1500 requests/s against one instance that serves 1000/s (batches of 4 in 4 ms), the queue
+    # bounded at 50: it fills within a tenth of a second and stays full, never empty again, so the
+    # history is cut with requests still queued. What the page is shown, the refusals too, must be
+    # what one run over every arrival gives; the queue never passes its bound.
+    model = BatcherModel(
+        alpha_s=2e-3, beta_s=0.5e-3, max_batch_size=4, max_queue_delay_s=0.004, instances=1, max_queue_size=50
+    )
+    sim = SimBackend(LoadControl(1500), model, seed=5)
+    clock = [0.0]
+    sim.now = lambda: clock[0]
+    shown, queued, history = [], [], []
+    for k in range(1, 61):  # 3 s in 50 ms steps
+        clock[0] = 0.05 * k
+        events, tick = sim.step()
+        shown += events
+        queued.append(tick["models"]["simulated"]["queued"])
+        history.append(len(sim.arrivals))
+    assert max(queued) == 50 and min(queued[10:]) > 40, "full, and never beyond its bound"
+    assert max(history) < 400, "the history was cut while the queue stayed full"
+    arrivals = np.asarray(sim.stats.sent) - sim.start
+    run = simulate(arrivals, model)
+    served = ~run.rejected
+    done = run.done[served]
+    firsts = np.concatenate(([0], np.nonzero(np.diff(done))[0] + 1))
+    sizes = np.diff(np.append(firsts, len(done)))
+    begins = done[firsts] - (model.alpha_s + model.beta_s * sizes)
+    expected = [(int(n), float(b)) for b, n in sorted(zip(begins, sizes)) if b <= clock[0]]
+    base = shown[0]["t_start"] - expected[0][1]
+    assert [e["size"] for e in shown] == [n for n, _ in expected]
+    assert [e["t_start"] - base for e in shown] == pytest.approx([b for _, b in expected], abs=1e-4)
+    refused = int(np.sum(run.rejected & (arrivals <= clock[0])))
+    ok = int(np.sum(served & (run.done <= clock[0])))
+    assert refused > 1000  # about 500 a second
+    assert tick["models"]["simulated"]["responses"] == {"OK": ok, "RESOURCE_EXHAUSTED": refused}
+    s = sim.stats.summary(sim.start + clock[0])
+    assert s["errors"]["RESOURCE_EXHAUSTED"] > 0 and set(s["errors"]) == {"RESOURCE_EXHAUSTED"}
+    assert sim.stats.answered_total == ok + refused
+    assert s["in_flight"] == int(np.sum((arrivals <= clock[0]) & served & (run.done > clock[0])))
+
+
+def test_wok_demo_simulate_bounds_its_queue_as_the_live_server_and_shows_the_refusals(start_demo):
+    # One instance at 100 ms a batch of 32 serves 320/s; at 2000/s the queue fills its 4,096 in
+    # about 2.5 s. Unbounded, it went on growing (19,169 after 12 s at 5,000/s with max batch 1).
+    demo = start_demo("--simulate", "--instances", "1", "--alpha", "100ms", "--beta", "0ms", "--rate", "2000")
+    assert _get(demo.url + "api/config")["batching"]["max_queue_size"] == 4096
+    peak, refused, answered = 0, 0, {}
+    with urllib.request.urlopen(demo.url + "api/events", timeout=10) as stream:
+        for line in stream:
+            if not line.startswith(b"data: "):
+                continue
+            e = json.loads(line[6:])
+            if e["type"] == "tick":
+                peak = max(peak, e["models"]["simulated"]["queued"])
+                assert peak <= 4096
+                answered = e["models"]["simulated"]["responses"]
+            elif e["type"] == "load":
+                refused = e["errors"].get("RESOURCE_EXHAUSTED", 0)
+            if refused and answered.get("RESOURCE_EXHAUSTED"):  # shown as the live demo shows its refusals
+                break
+    assert peak > 4000
+    assert demo.stop() == 0
+
+
 def _get(url: str):
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.loads(r.read())
