@@ -63,11 +63,14 @@ LINGER_S = 2.0
 # so it is never that one; nor is one whose awaited bytes have arrived but not been read yet);
 # when none waits, the one blocked longest on a client that does not take its answers (pipelined
 # requests read slowly, or not at all); when none is, the new one is closed at once. Sockets are
-# the gRPC port's file descriptors too.
+# the gRPC port's file descriptors too. A connection so closed with a request owed (a new one's
+# first, whose bytes may be in the socket unread in a burst, or one whose request has begun) gets
+# a 503 as a refused new one does, when nothing of its own is still unsent before it.
 MAX_CONNECTIONS = 64
-# New connections refused at the cap are logged at WARNING at most once per this many seconds, with
-# their count: a scrape refused so fails (its 503 may be lost to a reset), and the operator whose
-# scrapes fail reads why only here; a flood of them must not flood the log.
+# Connections closed unanswered at the cap (new ones refused, and those closed for room with a request
+# owed) are logged at WARNING at most once per this many seconds, with their count: a scrape closed
+# so fails (its 503 may be lost to a reset), and the operator whose scrapes fail reads why only
+# here; a flood of them must not flood the log.
 REFUSED_LOG_EVERY_S = 10.0
 # A /metrics render (tens of ms, tens of KiB with many models) runs on the loop that serves
 # gRPC: each format renders at most once per this interval. A scrape is answered with the last
@@ -116,6 +119,16 @@ REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
     b"Connection: close\r\n\r\n%s" % (len(_REFUSED_BODY), _REFUSED_BODY)
 )
+# The answer to a connection closed to make room for a newer one with a request owed (its first,
+# perhaps in the socket, not read yet: a burst of new connections closes some of its own).
+_CLOSED_FOR_ROOM_BODY = (
+    b"the metrics port is at its connection limit: this connection was closed for a newer one before its "
+    b"request was read: try again\n"
+)
+CLOSED_FOR_ROOM = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+    b"Connection: close\r\n\r\n%s" % (len(_CLOSED_FOR_ROOM_BODY), _CLOSED_FOR_ROOM_BODY)
+)
 METRICS_OFF = b"metrics are off: this server runs with --no-metrics\n"
 
 
@@ -141,8 +154,10 @@ class MetricsHTTPServer:
         # Connections waiting for their next request, a body or the client's close, oldest
         # first, each with whether what it waits for has arrived (then it is not closed to make
         # room: its request would be lost, or, with its body read from the buffer, applied
-        # unanswered).
-        self._waiting: dict[asyncio.StreamWriter, Callable[[], bool]] = {}
+        # unanswered), and whether it owes an answer (a new connection's first request, or one
+        # begun): closed for room, such a one gets a 503; an idle keep-alive one is closed bare,
+        # as HTTP lets a server close those (its client asks again on a new connection).
+        self._waiting: dict[asyncio.StreamWriter, tuple[Callable[[], bool], bool]] = {}
         # Connections whose answer the client has not taken (over the transport's high-water
         # mark), longest first: a client that pipelines requests and does not read their answers
         # is never waiting, and 64 of them held every slot, WRITE_TIMEOUT_S an answer.
@@ -156,8 +171,13 @@ class MetricsHTTPServer:
         # The connections' tasks waiting for a due render, which stop() answers before it ends them.
         self._awaiting_render: set[asyncio.Task] = set()
         self._stopping = False
-        # New connections closed at the cap, and how many of them the last warning counted, when.
-        self._refusals = WindowedWarning(self._say_refused, REFUSED_LOG_EVERY_S)
+        # Connections closed unanswered at the cap, by why: "refused" (new, none to close for room),
+        # "room" (closed for a newer one with a request owed, with a 503), "blocked" (closed for a
+        # newer one while its client did not take its answers, with no 503: it would wait behind
+        # them); and how many of each the warnings have told.
+        self._unanswered: dict[str, int] = dict.fromkeys(("refused", "room", "blocked"), 0)
+        self._told = dict(self._unanswered)
+        self._refusals = WindowedWarning(self._say_unanswered, REFUSED_LOG_EVERY_S)
 
     async def start(self) -> None:
         try:
@@ -289,22 +309,48 @@ class MetricsHTTPServer:
         """Close a new connection that found every slot busy and none to free, and count it for the log."""
         writer.write(REFUSED)  # just accepted: its buffer is empty, and this small answer leaves at once
         writer.close()
+        self._closed_unanswered("refused")
+
+    def _closed_unanswered(self, why: str) -> None:
+        self._unanswered[why] += 1
         self._refusals.count += 1
         self._refusals.due()
 
     @property
     def refused(self) -> int:
         """New connections closed at the cap."""
-        return self._refusals.count
+        return self._unanswered["refused"]
 
-    def _say_refused(self, count: int) -> None:
-        log.warning(
-            "metrics port: refused %d new connection(s) (503, closed) since the last warning: all %d connections "
-            "were busy (answering, streaming /events, or just accepted), none idle to close for room; "
-            "scrapes among them failed (docs/security.md)",
-            count,
-            MAX_CONNECTIONS,
-        )
+    @property
+    def unanswered(self) -> dict[str, int]:
+        """Connections closed unanswered at the cap, by why (see `_unanswered`)."""
+        return dict(self._unanswered)
+
+    def _say_unanswered(self, count: int) -> None:
+        new = {why: n - self._told[why] for why, n in self._unanswered.items()}
+        self._told = dict(self._unanswered)
+        since = " since the last warning"
+        parts = []
+        if new["refused"]:
+            parts.append(
+                f"refused {new['refused']} new connection(s) (503, closed){since}: all {MAX_CONNECTIONS} "
+                "connections were busy (answering, streaming /events, or just accepted), none idle to close for room"
+            )
+            since = ""
+        if new["room"]:
+            # In a burst of new connections, those accepted in one loop pass wait for requests the
+            # loop has not read yet, and the next pass's accepts close them for room.
+            parts.append(
+                f"closed {new['room']} connection(s) for newer ones before their request was read (503){since}: "
+                f"more than {MAX_CONNECTIONS} connections at once"
+            )
+            since = ""
+        if new["blocked"]:
+            parts.append(
+                f"closed {new['blocked']} connection(s) for newer ones while their clients did not take their "
+                f"answers (their requests unanswered){since}"
+            )
+        log.warning("metrics port: %s; scrapes among them failed (docs/security.md)", "; ".join(parts))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -326,7 +372,7 @@ class MetricsHTTPServer:
             # The client reset the connection as its last answer was written (ENOTCONN, not a
             # ConnectionError, on asyncio's loop): it has gone, and there is nothing to drop.
             return
-        self._waiting[writer] = lambda: False  # it has nothing more to ask: it may make room
+        self._waiting[writer] = (lambda: False, False)  # it has nothing more to ask: it may make room
 
         async def discard() -> None:
             while await reader.read(1 << 16):
@@ -339,16 +385,31 @@ class MetricsHTTPServer:
         the one blocked longest on a client that does not take its answer; False when there is none.
 
         Without this, idle keep-alive connections (up to IDLE_TIMEOUT_S each), or clients that
-        pipeline requests and do not read, could lock Prometheus out of the port.
+        pipeline requests and do not read, could lock Prometheus out of the port. One closed with
+        a request owed gets a 503 and is counted in the warning, as a refused new one is: in a
+        burst of new connections, those accepted a loop pass before were closed bare, their
+        requests in their sockets unread, and no line said why scrapes failed.
         """
-        writer = next((w for w, arrived in self._waiting.items() if not arrived()), None)
+        writer = next((w for w, (arrived, _) in self._waiting.items() if not arrived()), None)
         if writer is not None:
-            del self._waiting[writer]
+            _, owed = self._waiting.pop(writer)
+            if owed and writer.transport.get_write_buffer_size() == 0:
+                # Closed, not aborted, so that the 503 goes out first; the close ends its read at
+                # once all the same (its reader gets the end of stream), and its task checks
+                # is_closing before it answers a request read in this pass.
+                writer.write(CLOSED_FOR_ROOM)
+                writer.close()
+                self._closed_unanswered("room")
+                return True
+            if owed:
+                # Its client has not taken all of an earlier answer: a 503 would wait behind it.
+                self._closed_unanswered("blocked")
         elif self._blocked:
             # Its answer is written (an admin POST's too) and left unread: the client's doing. Its
             # requests still unread are not answered.
             writer = next(iter(self._blocked))
             del self._blocked[writer]
+            self._closed_unanswered("blocked")
         else:
             return False
         # Its read (or drain) ends and its task ends; should its bytes arrive in this same loop
@@ -365,7 +426,9 @@ class MetricsHTTPServer:
             # The task reads whole lines, so the buffer starts a line, before the request line
             # perhaps empty ones (or, once the head's first byte is read, the rest of the request
             # line): the head has come when it holds an empty one after a line that is not.
-            self._waiting[writer] = lambda: _head_buffered(_buffered(reader).lstrip(b"\r\n"))
+            # Its first request is owed an answer from the accept: its bytes may be in the socket,
+            # not read yet; a later one once its first byte comes.
+            self._waiting[writer] = (lambda: _head_buffered(_buffered(reader).lstrip(b"\r\n")), first)
             try:
                 # A scraper sends its request at once; an idle or trickling client must not hold
                 # a socket (and its file descriptor) forever. A kept-alive connection may wait
@@ -379,7 +442,7 @@ class MetricsHTTPServer:
                 if not first:
                     began = time.monotonic()
                 if writer in self._waiting:  # not closed to make room meanwhile
-                    self._waiting[writer] = lambda: _head_buffered(_buffered(reader))
+                    self._waiting[writer] = (lambda: _head_buffered(_buffered(reader)), True)
                 left = began + HEADER_TIMEOUT_S - time.monotonic()
                 lines, size = await asyncio.wait_for(_read_head(reader, start), left)
                 size += skipped
@@ -473,17 +536,13 @@ class MetricsHTTPServer:
             except BadRequest as exc:
                 await self._respond(writer, 400, f"{exc}\n".encode("latin-1"), "text/plain", close=True, head=head)
                 return
-            if authority is not None:
-                # RFC 9112 3.2.2: the target's authority names the host asked for, and Host is ignored;
-                # the admin paths' cross-site check reads it as the Host.
-                headers["host"] = authority
             # Only a POST to an admin route reads its body: after any other request that has
             # one, the connection ends, or the body's bytes would be read as the next request.
             has_body = bool(length and length.lstrip("0"))
             if has_body:
                 close = close or not (method == "POST" and path in ADMIN_ROUTES)
             try:
-                keep = await self._dispatch(reader, writer, method, path, headers, close, arrived)
+                keep = await self._dispatch(reader, writer, method, path, headers, close, arrived, authority)
             except (ConnectionError, asyncio.TimeoutError):
                 raise  # the peer went away: nobody to answer
             except Exception:
@@ -495,15 +554,17 @@ class MetricsHTTPServer:
                 known = 0  # a body was read from the buffer's front: the count no longer holds
 
     async def _dispatch(
-        self, reader, writer, method: str, path: str, headers: dict, close: bool, arrived: float
+        self, reader, writer, method: str, path: str, headers: dict, close: bool, arrived: float, authority: str | None
     ) -> bool:
-        """Answer one request; False when the connection must end."""
+        """Answer one request; False when the connection must end. `authority`: an absolute-form
+        target's (RFC 9112 3.2.2: it names the host asked for, and Host is ignored), which the admin
+        paths' cross-site check reads in Host's place."""
         head = method == "HEAD"
         if path.startswith("/admin/") or path == "/events":
             if self.admin is None:  # off: as if absent; an unread body ends the connection
                 await self._respond(writer, 404, b"not found\n", "text/plain", close=True, head=head)
                 return False
-            refusal = cross_site_refusal(headers)
+            refusal = cross_site_refusal(headers, authority)
             if refusal is not None:
                 await self._json(writer, 403, {"error": refusal}, close=True, head=head)
                 return False
@@ -582,7 +643,7 @@ class MetricsHTTPServer:
         # Waiting for its body, a connection may make room like an idle one: else connections
         # that send headers and no body could hold every slot, Prometheus's too, for
         # HEADER_TIMEOUT_S.
-        self._waiting[writer] = lambda: len(_buffered(reader)) >= size
+        self._waiting[writer] = (lambda: len(_buffered(reader)) >= size, True)
         try:
             raw = await asyncio.wait_for(reader.readexactly(size), HEADER_TIMEOUT_S)
         except asyncio.IncompleteReadError as exc:
@@ -860,21 +921,25 @@ def _local_name(host: str) -> bool:
     return True
 
 
-def cross_site_refusal(headers: dict) -> str | None:
+def cross_site_refusal(headers: dict, authority: str | None = None) -> str | None:
     """Why an admin request looks sent by a page of another site (None: it does not).
 
     Admin changes what every caller gets. A web page the operator has open could reach this port
     on loopback: by its Origin header (a cross-site request), or, through a DNS name rebound to
     127.0.0.1, by a Host that is not an address. Tools (curl, the bench, `wok demo`'s relay) send
-    no Origin and an address or localhost as Host.
+    no Origin and an address or localhost as Host. `authority`, an absolute-form target's
+    (`POST http://host:port/admin/...`), takes Host's place, and the refusal names it as the URL's.
     """
-    host = headers.get("host", "")
+    host = headers.get("host", "") if authority is None else authority
     try:
         name = urlsplit("//" + host).hostname or ""
     except ValueError:  # not a host at all ("[::1"), so not a local one
         name = ""
     if not _local_name(name):
-        return f"Host {host!r} is not an IP address or localhost; the admin API answers only those"
+        # Named by where it came from: with the URL's host, "Host '...'" sent the reader to a
+        # header that may say otherwise, or be absent.
+        where = "Host" if authority is None else "the request target's host"
+        return f"{where} {host!r} is not an IP address or localhost; the admin API answers only those"
     origin = headers.get("origin")
     if origin is not None:
         try:

@@ -218,8 +218,11 @@ async def test_connections_waiting_for_a_body_make_room_for_a_scrape(monkeypatch
             await asyncio.wait_for(at_body.acquire(), 5)
         answer = await raw_http(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
-        # The one waiting longest was closed for it, unanswered.
-        assert await asyncio.wait_for(held[0][0].read(), 5) == b""
+        # The one waiting longest was closed for it, with the 503 a refused new connection gets
+        # (it was closed bare): its request's head was read, and the POST was not taken.
+        [(top, body)] = responses(await asyncio.wait_for(held[0][0].read(), 5), [False])
+        assert top.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and b"Connection: close" in top, top
+        assert body == CLOSED_FOR_ROOM
         for _, w in held:
             w.close()
     assert s.admin.posted == []
@@ -406,7 +409,9 @@ def test_a_post_whose_body_has_arrived_is_not_closed_to_make_room(run_on, loop):
             writer.write(b'{"model":"mlp"}')
             answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
             assert made_room == [True]
-            assert await asyncio.wait_for(idle[0].read(), 5) == b"", "the idle one made room instead"
+            # The newer one made room instead, its first request owed: with the 503 (docs/security.md).
+            closed = await asyncio.wait_for(idle[0].read(), 5)
+            assert closed.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), closed
             for w in (writer, idle[1]):
                 w.close()
             return answer, s.admin.posted
@@ -834,3 +839,95 @@ def test_a_connection_refused_at_the_cap_gets_503_and_a_warning_at_most_once_a_w
     # The first at once; the second, within REFUSED_LOG_EVERY_S of it, at the window's end or the stop.
     assert at_once == [line]
     assert warnings() == [line, line]
+
+
+CLOSED_FOR_ROOM = (
+    b"the metrics port is at its connection limit: this connection was closed for a newer one before its "
+    b"request was read: try again\n"
+)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("owed", ["new", "next-request-begun"])
+def test_a_connection_closed_for_room_with_a_request_owed_gets_503_and_is_counted_in_the_warning(
+    run_on, loop, owed, monkeypatch, caplog
+):
+    """In a burst of more than MAX_CONNECTIONS new connections, those accepted a loop pass before,
+    their requests in their sockets not read yet, were closed for room bare (no 503, no warning):
+    a scrape failed and no line said why. A kept-alive connection whose next request had begun
+    was closed so too. An idle kept-alive one is still closed bare, and not counted."""
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 1)
+    read_head = http._read_head
+    head_begun = asyncio.Event()
+
+    def begun(reader, start=b""):
+        head_begun.set()  # its first byte is read: the request has begun
+        return read_head(reader, start)
+
+    monkeypatch.setattr(http, "_read_head", begun)
+
+    async def main() -> tuple[bytes, bytes, list[str]]:
+        async with Server() as s:
+            captured = Captured(s.http)
+            reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+            await asyncio.wait_for(captured.started.acquire(), 5)  # its task waits for its first request
+            if owed == "next-request-begun":
+                writer.write(b"GET / HTTP/1.1\r\n" + s.host + b"\r\n")
+                await asyncio.wait_for(reader.readuntil(b"wok: metrics at /metrics\n"), 5)
+                head_begun.clear()
+                writer.write(b"GET /met")  # and the rest not yet
+                await asyncio.wait_for(head_begun.wait(), 5)
+            # Nothing of its own is left unread in the server's socket: its close is no reset.
+            newer = await raw(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n")
+            closed = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+        return closed, newer, warnings()
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "wok.http" and r.levelno == logging.WARNING]
+
+    with caplog.at_level(logging.WARNING, "wok.http"):
+        closed, newer, logged = run_on(loop, main())
+    assert newer.startswith(b"HTTP/1.1 200 OK\r\n"), newer
+    [(top, body)] = responses(closed, [False])
+    assert top.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and b"Connection: close" in top, closed
+    assert body == CLOSED_FOR_ROOM
+    assert logged == [
+        "metrics port: closed 1 connection(s) for newer ones before their request was read (503) since the last "
+        "warning: more than 1 connections at once; scrapes among them failed (docs/security.md)"
+    ]
+
+
+async def raw(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_idle_kept_alive_connection_closed_for_room_is_closed_bare_and_not_counted(
+    run_on, loop, monkeypatch, caplog
+):
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 1)
+
+    async def main() -> tuple[bytes, bytes, int]:
+        async with Server() as s:
+            reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+            writer.write(b"GET / HTTP/1.1\r\n" + s.host + b"\r\n")
+            await asyncio.wait_for(reader.readuntil(b"wok: metrics at /metrics\n"), 5)
+            # Idle, all answered: HTTP lets a server close it; a 503 there would be read as the
+            # answer to a request its client has not sent.
+            newer = await raw(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n")
+            closed = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+            return closed, newer, s.http.unanswered
+
+    with caplog.at_level(logging.WARNING, "wok.http"):
+        closed, newer, unanswered = run_on(loop, main())
+    assert newer.startswith(b"HTTP/1.1 200 OK\r\n"), newer
+    assert closed == b""
+    assert unanswered == {"refused": 0, "room": 0, "blocked": 0}
+    assert [r for r in caplog.records if r.name == "wok.http" and r.levelno >= logging.WARNING] == []
