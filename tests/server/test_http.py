@@ -850,7 +850,7 @@ CLOSED_FOR_ROOM = (
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("owed", ["new", "next-request-begun"])
 def test_a_connection_closed_for_room_with_a_request_owed_gets_503_and_is_counted_in_the_warning(
-    run_on, loop, owed, monkeypatch, caplog
+    run_on, loop, owed, monkeypatch, caplog, raw_http
 ):
     """In a burst of more than MAX_CONNECTIONS new connections, those accepted a loop pass before,
     their requests in their sockets not read yet, were closed for room bare (no 503, no warning):
@@ -878,7 +878,7 @@ def test_a_connection_closed_for_room_with_a_request_owed_gets_503_and_is_counte
                 writer.write(b"GET /met")  # and the rest not yet
                 await asyncio.wait_for(head_begun.wait(), 5)
             # Nothing of its own is left unread in the server's socket: its close is no reset.
-            newer = await raw(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n")
+            newer = await raw_http(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n")
             closed = await asyncio.wait_for(reader.read(), 5)
             writer.close()
         return closed, newer, warnings()
@@ -898,18 +898,9 @@ def test_a_connection_closed_for_room_with_a_request_owed_gets_503_and_is_counte
     ]
 
 
-async def raw(port: int, request: bytes) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(request)
-        return await asyncio.wait_for(reader.read(), 5)
-    finally:
-        writer.close()
-
-
 @pytest.mark.parametrize("loop", LOOPS)
 def test_an_idle_kept_alive_connection_closed_for_room_is_closed_bare_and_not_counted(
-    run_on, loop, monkeypatch, caplog
+    run_on, loop, monkeypatch, caplog, raw_http
 ):
     monkeypatch.setattr(http, "MAX_CONNECTIONS", 1)
 
@@ -920,7 +911,7 @@ def test_an_idle_kept_alive_connection_closed_for_room_is_closed_bare_and_not_co
             await asyncio.wait_for(reader.readuntil(b"wok: metrics at /metrics\n"), 5)
             # Idle, all answered: HTTP lets a server close it; a 503 there would be read as the
             # answer to a request its client has not sent.
-            newer = await raw(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n")
+            newer = await raw_http(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n")
             closed = await asyncio.wait_for(reader.read(), 5)
             writer.close()
             return closed, newer, s.http.unanswered
