@@ -480,17 +480,17 @@ def _vet_metrics_url(url: str, target: str | None, *, explicit: bool, say=_warn,
     wok_server_info names the target's port: another server's figures, or none at all, would
     be shown as the target's without a word. A URL given (explicit) is scraped as given, since
     a port mapping (a container's, a Kubernetes Service's) can make the port the client dials
-    differ from the one the server bound; a mismatch or no answer is said.
+    differ from the one the server bound; a mismatch, or why nothing was read, is said.
     """
-    from .scrape import scrape
+    from .scrape import NO_ANSWER, read_metrics
 
-    snap = scrape(url, timeout=timeout)
+    snap = read_metrics(url, timeout=timeout)
     port = None if target is None else target.rsplit(":", 1)[-1]
-    if snap is None:
+    if isinstance(snap, str):  # why there is no snapshot: no answer, an HTTP error, not Prometheus text
         if explicit:
-            say(f"--metrics-url {url}: no answer now; scraped at each step all the same (`-` while none)")
+            say(f"--metrics-url {url}: {snap} now; scraped at each step all the same (`-` while none)")
             return url
-        say(f"--metrics-url auto: nothing answers at {url}; {_LEFT_OUT}")
+        say(f"--metrics-url auto: {f'nothing answers at {url}' if snap == NO_ANSWER else f'{url} {snap}'}; {_LEFT_OUT}")
         return None
     ports = _grpc_ports(snap)
     if not ports:

@@ -110,14 +110,19 @@ class RampConfig:
         return self.warmup_s + self.step_duration_s + self.step_gap_s
 
 
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 class LateStart(RuntimeError):
     """With start_at: the first step's slot passed before this generator was ready for it."""
 
 
-def _metadata(cfg: RampConfig) -> list:
+def _metadata(cfg: RampConfig, say: Callable[[str], None] = _stderr) -> list:
     """Each model's metadata, fetched through the balancer the workers will use: a target that
     only the wok balancer reaches (TLS checked per server, mixed address families) must not
-    fail here before any worker tries it."""
+    fail here before any worker tries it. `--rows` is checked against each model's config; a
+    server without ModelConfig is said (`say`) to leave it unchecked."""
     from wok.clients import Client, InferError
     from wok.clients.channel import target_list
 
@@ -134,6 +139,7 @@ def _metadata(cfg: RampConfig) -> list:
                 except InferError as exc:
                     if exc.code.name != "UNIMPLEMENTED":  # a server without ModelConfig: nothing to check
                         raise
+                    _rows_unchecked(cfg.rows, name, say)
             return infos
     import asyncio
 
@@ -148,6 +154,7 @@ def _metadata(cfg: RampConfig) -> list:
                 except InferError as exc:
                     if exc.code.name != "UNIMPLEMENTED":
                         raise
+                    _rows_unchecked(cfg.rows, name, say)
             return infos
 
     return asyncio.run(fetch())
@@ -165,7 +172,16 @@ def _check_rows(rows: int, name: str, max_batch_size: int) -> None:
         )
 
 
-def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix]:
+def _rows_unchecked(rows: int, name: str, say: Callable[[str], None]) -> None:
+    """Say that `rows` went unchecked (one row is within any model's batch: nothing to say)."""
+    if rows > 1:
+        say(
+            f"--rows {rows}: not checked against model '{name}''s max_batch_size (the server answers ModelConfig "
+            "UNIMPLEMENTED); above it, the first step's requests are refused"
+        )
+
+
+def build_pool(cfg: RampConfig, say: Callable[[str], None] = _stderr) -> tuple[list[bytes], list[tuple[int, int]], Mix]:
     """Serialized requests for every model of the mix; (start, count) of each model's slice."""
     from wok.codec import encode_request
 
@@ -173,7 +189,7 @@ def build_pool(cfg: RampConfig) -> tuple[list[bytes], list[tuple[int, int]], Mix
     pool: list[bytes] = []
     slices = []
     gens = []
-    for (name, weight), info in zip(cfg.models, _metadata(cfg)):
+    for (name, weight), info in zip(cfg.models, _metadata(cfg, say)):
         specs = [TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in info.inputs.values()]
         gen = PayloadGenerator(
             name, specs, sizes=parse_sizes(cfg.sizes), rows=cfg.rows, seed=cfg.seed, int_high=cfg.int_high
@@ -192,9 +208,9 @@ class Ramp:
 
     def __init__(self, cfg: RampConfig, progress: Callable[[str], None] | None = None) -> None:
         self.cfg = cfg
-        self.say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.say = progress or _stderr
         self.rng = np.random.default_rng(cfg.seed + 1)
-        self.pool, self.slices, self.mix = build_pool(cfg)
+        self.pool, self.slices, self.mix = build_pool(cfg, self.say)
         self.timeline: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._clock0: float | None = None
         self._step_label = "step"  # the running step's, for _collect's progress line

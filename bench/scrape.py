@@ -47,15 +47,31 @@ class Snapshot:
 
 
 def scrape(url: str, timeout: float = 5.0) -> Snapshot | None:
+    """The Snapshot at `url`, or None whatever the reason (`read_metrics` says which)."""
+    got = read_metrics(url, timeout)
+    return got if isinstance(got, Snapshot) else None
+
+
+NO_ANSWER = "no answer"
+NOT_PROMETHEUS = "answered, but not Prometheus text"
+
+
+def read_metrics(url: str, timeout: float = 5.0) -> Snapshot | str:
+    """The Snapshot at `url`, or why there is none, for the operator to read: NO_ANSWER (nothing
+    listens, a timeout, a bad URL), "answered HTTP <code>" (a wrong path), or NOT_PROMETHEUS (a web
+    page at the URL given). Never raises: the threads that scrape must not end on a bad answer."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
-            body = resp.read().decode()
+            body = resp.read()
+    except urllib.error.HTTPError as exc:  # before URLError, its base: the server did answer
+        exc.close()
+        return f"answered HTTP {exc.code}"
     except (urllib.error.URLError, OSError, ValueError):
-        return None
+        return NO_ANSWER
     try:
-        return parse_exposition(body)
-    except ValueError:  # not Prometheus text (a web page at the URL given): no figures, as no answer gives none
-        return None
+        return parse_exposition(body.decode())
+    except ValueError:  # a web page, or anything not Prometheus' exposition (not UTF-8 either)
+        return NOT_PROMETHEUS
 
 
 def parse_exposition(body: str) -> Snapshot:

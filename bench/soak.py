@@ -24,7 +24,7 @@ import numpy as np
 from .analysis import latency_summary
 from .arrivals import nominal_for
 from .runner import Ramp, RampConfig, status_name
-from .scrape import scrape
+from .scrape import NO_ANSWER, read_metrics
 from .workers import OK, Share, WorkerPool
 
 SCHEMA = "wok.soak/1"
@@ -60,19 +60,22 @@ class RssSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._clock0 = 0.0
-        # Per URL: scrapes that got no answer, and answers without the RSS metric.
-        self.unanswered = [0] * len(self.urls)
+        # Per URL: scrapes that read no snapshot, counted by why (scrape.read_metrics: no answer,
+        # an HTTP error, not Prometheus text), and answers without the RSS metric.
+        self.unread_why: list[dict[str, int]] = [{} for _ in self.urls]
         self.without_rss = [0] * len(self.urls)
 
     def sample(self) -> None:
         values = []
         for i, url in enumerate(self.urls):
-            snap = scrape(url, timeout=2.0)
-            value = snap.get(RSS) if snap is not None else 0.0
-            if snap is None:
-                self.unanswered[i] += 1
-            elif not value:
-                self.without_rss[i] += 1
+            snap = read_metrics(url, timeout=2.0)
+            if isinstance(snap, str):
+                self.unread_why[i][snap] = self.unread_why[i].get(snap, 0) + 1
+                value = 0.0
+            else:
+                value = snap.get(RSS)
+                if not value:
+                    self.without_rss[i] += 1
             values.append(value or None)
         self.samples.append((round(time.monotonic() - self._clock0, 3), values))
 
@@ -80,13 +83,18 @@ class RssSampler:
         """Why, for each URL of which no sample read the RSS: the report's RSS is then '-' for it."""
         out = []
         for i, url in enumerate(self.urls):
-            n = self.unanswered[i] + self.without_rss[i]
+            whys = self.unread_why[i]
+            n = sum(whys.values()) + self.without_rss[i]
             if not n or any(vs[i] for _, vs in self.samples):
                 continue
             if self.without_rss[i]:
                 why = f"its answers had no {RSS} (a server that does not export process metrics?)"
-            else:
-                why = f"no answer to any of its {n} scrapes (a wrong --metrics-url?)"
+            elif len(whys) == 1:
+                (what,) = whys
+                why = f"{what} to {'any' if what == NO_ANSWER else 'each'} of its {n} scrapes (a wrong --metrics-url?)"
+            else:  # the reasons changed over the run (a server that came up on the wrong page, ...)
+                counts = ", ".join(f"{why} to {c}" for why, c in sorted(whys.items(), key=lambda kv: -kv[1]))
+                why = f"of its {n} scrapes: {counts} (a wrong --metrics-url?)"
             out.append(f"RSS was not read from {url} ({RSS}): {why}")
         return out
 

@@ -90,7 +90,9 @@ class _Parser(argparse.ArgumentParser):
         except argparse.ArgumentError as exc:
             if not (exc.argument_name or "").startswith("-"):
                 self.error(str(exc))  # a command or a positional: the usage says what is expected
-            self.exit(2, f"{self.prog}: {exc.argument_name}: {exc.message}\n")
+            # Prefixed as the command's own refusals are (`wok bench: --rows: ...`, main's ValueError),
+            # not with a bench subcommand's prog (`wok bench ramp`): one prefix whichever refused.
+            self.exit(2, f"{' '.join(self.prog.split()[:2])}: {exc.argument_name}: {exc.message}\n")
 
     def _dash_values(self, args: list[str]) -> list[str]:
         """`args` with each option that takes a value and is followed by a word beginning with '-'

@@ -2,11 +2,43 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 METRICS = re.compile(r"wok: metrics on (http://\S+/metrics)")
+# What a web page at --metrics-url answers (a wrong port: a dashboard's, a proxy's).
+WEB_PAGE = (b"<!DOCTYPE html><html><body>a dashboard</body></html>", "text/html")
+
+
+@contextlib.contextmanager
+def serving(body: bytes, content_type: str) -> Iterator[str]:
+    """A real HTTP server on loopback that answers every GET with `body`; yields its /metrics URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 import pytest
 
 from wok.bench import cli
+
+from .conftest import WEB_PAGE, serving
 
 
 def _other_port(port: int) -> str:
@@ -33,26 +33,39 @@ def refused_url():
 @pytest.fixture(scope="module")
 def foreign_url():
     """The /metrics of a server that is not wok: Prometheus text with no wok_server_info."""
+    with serving(b"# TYPE nv_inference_count counter\nnv_inference_count 267\n", "text/plain; version=0.0.4") as url:
+        yield url
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = b"# TYPE nv_inference_count counter\nnv_inference_count 267\n"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def log_message(self, *args):
-            pass
+@pytest.fixture(scope="module")
+def page_url():
+    """A URL that answers a web page, not Prometheus text (a wrong port: a dashboard's, a proxy's)."""
+    with serving(*WEB_PAGE) as url:
+        yield url
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
+
+def test_a_url_that_answers_a_web_page_is_said_to_answer_no_prometheus_text(page_url):
+    """It said "no answer" (scrape() takes a page as no snapshot): the operator looked for a server down."""
+    said: list[str] = []
+    assert cli._vet_metrics_url(page_url, "127.0.0.1:18001", explicit=True, say=said.append) == page_url
+    assert said == [
+        f"--metrics-url {page_url}: answered, but not Prometheus text now; scraped at each step all the same "
+        "(`-` while none)"
+    ]
+    said.clear()
+    assert cli._vet_metrics_url(page_url, "127.0.0.1:18001", explicit=False, say=said.append) is None
+    assert said == [
+        f"--metrics-url auto: {page_url} answered, but not Prometheus text; server-side columns left out "
+        "(give --metrics-url)"
+    ]
+
+
+def test_a_url_that_answers_an_http_error_is_said_to(bench_server):
+    """A wrong path on the right server: it said "no answer" too."""
+    url = bench_server.http_url() + "/no-such-path"
+    said: list[str] = []
+    assert cli._vet_metrics_url(url, bench_server.target, explicit=True, say=said.append) == url
+    assert said == [f"--metrics-url {url}: answered HTTP 404 now; scraped at each step all the same (`-` while none)"]
 
 
 def test_auto_takes_the_metrics_of_the_targets_own_server(bench_server, metrics_url):

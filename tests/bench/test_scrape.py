@@ -3,10 +3,8 @@ P99 is only the histogram's last finite bound."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import math
-import threading
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -24,6 +22,8 @@ from wok.bench.scrape import (
     scrape,
     server_view,
 )
+
+from .conftest import WEB_PAGE, serving
 
 INF = math.inf
 
@@ -142,24 +142,6 @@ def test_a_mixs_server_view_sums_its_models():
 def test_a_url_that_answers_no_prometheus_text_gives_no_snapshot():
     """A web page at --metrics-url (a wrong port, a proxy's page): the parser's ValueError escaped
     scrape() and ended the thread that scraped (a soak's RSS sampler, a step's window scrapes) with a
-    traceback; it is now as no answer, which those callers report."""
-
-    class Page(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = b"<!DOCTYPE html><html><body>not metrics</body></html>"
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        assert scrape(f"http://127.0.0.1:{server.server_port}/metrics") is None
-    finally:
-        server.shutdown()
-        server.server_close()
+    traceback; it gives no snapshot (read_metrics says why)."""
+    with serving(*WEB_PAGE) as url:
+        assert scrape(url) is None

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from wok.bench.soak import RSS, RssSampler
+
+from .conftest import WEB_PAGE, serving
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,13 +44,14 @@ def test_a_long_step_off_a_terminal_prints_a_bounded_number_of_progress_lines(be
 
 
 def test_a_soak_whose_metrics_url_never_answers_says_so_once(bench_server, tmp_path):
-    """A wrong --metrics-url: the report read "RSS: - → -" with no word of why."""
+    """A wrong --metrics-url: the report read "RSS: - → -" with no word of why. A wrong path on the
+    right server answers 404, which is said (it was "no answer", as if the server were down)."""
     url = bench_server.http_url() + "/no-such-path"
     args = ["--metrics-url", url, "--capacity", "20", "--soak", "1s", "--soak-window", "0.5s", "--rss-every", "0.2s"]
     status, out, err = _bench(tmp_path, bench_server.target, *args, "--json", str(tmp_path / "soak.json"))
     assert status == 0, err
     (warning,) = [w for w in json.loads((tmp_path / "soak.json").read_text())["warnings"] if "RSS" in w]
-    assert warning.startswith(f"RSS was not read from {url} ({RSS}): no answer to any of its ")
+    assert warning.startswith(f"RSS was not read from {url} ({RSS}): answered HTTP 404 to each of its ")
     assert (out + err).count(warning) == 1
 
 
@@ -72,6 +77,23 @@ def test_a_server_without_the_rss_metric_is_named_with_the_metric(metrics_withou
     ]
 
 
+def test_a_url_that_answers_no_prometheus_text_or_nothing_is_said_as_such():
+    """A web page at --metrics-url read "no answer to any of its scrapes": the operator looked for a
+    server down, not for a wrong URL. Nothing listening still reads "no answer"."""
+
+    with serving(*WEB_PAGE) as page_url, socket.socket() as held:  # bound, never listening: nothing answers there
+        held.bind(("127.0.0.1", 0))
+        nothing = f"http://127.0.0.1:{held.getsockname()[1]}/metrics"
+        sampler = RssSampler([page_url, nothing], every_s=1.0)
+        sampler.sample()
+        sampler.sample()
+    assert sampler.unread() == [
+        f"RSS was not read from {page_url} ({RSS}): answered, but not Prometheus text to each of its 2 scrapes "
+        "(a wrong --metrics-url?)",
+        f"RSS was not read from {nothing} ({RSS}): no answer to any of its 2 scrapes (a wrong --metrics-url?)",
+    ]
+
+
 def test_rows_above_the_models_max_batch_size_are_refused_before_the_run(bench_server, tmp_path):
     """mlp takes 32 rows: --rows 33 ran the capacity ramp's first step, every request refused, and
     only then exited 2 (with --capacity, a whole soak of refusals)."""
@@ -84,3 +106,33 @@ def test_rows_above_the_models_max_batch_size_are_refused_before_the_run(bench_s
         "refuse every request\n"
     )
     assert "step 1/1" not in err and not out.exists()
+
+
+@pytest.fixture
+def bare_target():
+    """bench/peers/bare_server.py: a real gRPC server with ModelMetadata but no ModelConfig (UNIMPLEMENTED)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bare = Path(__file__).resolve().parents[2] / "bench" / "peers" / "bare_server.py"
+    server = subprocess.Popen([sys.executable, str(bare), str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline() == "BARE_READY\n"
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.kill()
+        server.communicate()
+
+
+def test_rows_unchecked_for_a_server_without_model_config_is_said_and_the_ramp_runs(bare_target, tmp_path):
+    """A ModelConfig answered UNIMPLEMENTED skips the --rows check: the ramp ran with no word of it."""
+    out = tmp_path / "ramp.json"
+    args = ["--metrics-url", "none", "--model", "mlp", "--rows", "40", "--steps", "20", "--step-duration", "0.3s"]
+    status, _, err = _bench(tmp_path, bare_target, *args, "--warmup", "0.1s", "--json", str(out))
+    assert status == 0, err
+    assert err.startswith(
+        "--rows 40: not checked against model 'mlp''s max_batch_size (the server answers ModelConfig "
+        "UNIMPLEMENTED); above it, the first step's requests are refused\n"
+    ), err
+    (step,) = json.loads(out.read_text())["steps"]
+    assert step["ok"] > 0 and not step["errors"]

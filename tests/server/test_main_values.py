@@ -47,13 +47,13 @@ def test_a_value_beginning_with_a_dash_is_refused_as_the_same_value_after_an_equ
 @pytest.mark.parametrize(
     ("argv", "refusal"),
     [
-        (("bench", "ramp", "--json", "--steps", "100"), "wok bench ramp: --json: expected one argument"),
+        (("bench", "ramp", "--json", "--steps", "100"), "wok bench: --json: expected one argument"),
         (("demo", "--slo", "--simulate"), "wok demo: --slo: expected one argument"),
         (("demo", "--slo", "--sim"), "wok demo: --slo: expected one argument"),  # --simulate, abbreviated
         (("serve", "--models", "--port=0"), "wok serve: --models: expected one argument"),
         (("serve", "--host", "-h"), "wok serve: --host: expected one argument"),
         # A mistyped option is no value: not a file named --stpes.
-        (("bench", "ramp", "--json", "--stpes", "100"), "wok bench ramp: --json: expected one argument"),
+        (("bench", "ramp", "--json", "--stpes", "100"), "wok bench: --json: expected one argument"),
         (("serve", "--host", "-x"), "wok serve: --host: expected one argument"),
     ],
     ids=[
@@ -83,13 +83,21 @@ def test_an_option_after_an_option_that_takes_a_value_is_still_an_option(argv, r
         ),
         (("serve", "--port"), "wok serve: --port: expected one argument"),
         (("demo", "--rate", "fast"), "wok demo: --rate: expected a number; got 'fast'"),
-        (("bench", "ramp", "--workers", "two"), "wok bench ramp: --workers: expected an integer; got 'two'"),
+        (("bench", "ramp", "--workers", "two"), "wok bench: --workers: expected an integer; got 'two'"),
     ],
     ids=["serve-port", "serve-port=", "serve-float", "serve-choice", "serve-missing", "demo-float", "bench-int"],
 )
 def test_a_value_argparse_refuses_is_one_line_naming_the_option(argv, refusal):
     done = wok(*argv)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", refusal + "\n")
+
+
+def test_a_bench_subcommands_refusals_have_one_prefix_whoever_refused():
+    """argparse's refusal of a `wok bench ramp` option said `wok bench ramp:`, the bench's own check
+    of the same option `wok bench:` (main's ValueError): now both the latter."""
+    by_argparse, by_bench = wok("bench", "ramp", "--rows", "abc"), wok("bench", "ramp", "--rows", "0")
+    assert (by_argparse.returncode, by_argparse.stderr) == (2, "wok bench: --rows: expected an integer; got 'abc'\n")
+    assert (by_bench.returncode, by_bench.stderr) == (2, "wok bench: --rows: expected an integer >= 1; got 0\n")
 
 
 def test_the_usage_stays_with_help_and_with_a_missing_or_unknown_command():
