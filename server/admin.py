@@ -13,8 +13,9 @@ Events (`GET /events`, server-sent events) are what the demo page draws:
   executor's shutdown dropped at the worker, past the grace period, before it ran);
 - a `tick` every 250 ms: per model its queue, batches in flight, the instances' running
   batches, the counters (samples, batches, responses by code, flushes by reason, busy seconds
-  per instance), the policy and the active faults. With metrics off (`--no-metrics`) the busy
-  seconds are this module's own count (the same worker start and end times); responses by code
+  per instance: every batch an instance ran, failed ones included), the policy and the active
+  faults. With metrics off (`--no-metrics`) the busy seconds are this module's own count (the
+  same worker start and end times; for a batch that raised, those the executor's _note_raised noted); responses by code
   are counted only as metrics, so they are null, and the tick's `unavailable` says why: never
   an empty count that reads as no traffic.
 A subscriber that falls behind by more than `SUBSCRIBER_BACKLOG` events loses the newest
@@ -108,13 +109,16 @@ class _BatchWatch:
         exc = None if cancelled else f.exception()
         ok = not cancelled and exc is None
         failed = 0
+        # As wok_instance_busy_seconds: every batch its worker took counts, failed ones too (a
+        # failing model occupies its instance all the same); one cancelled before it ran, not.
         if ok:
             r: BatchResult = f.result()
             if r.failure is not None:  # rerun in parts: some requests failed alone
                 failed = sum(isinstance(out, BaseException) for out in r.outputs)
-            # As wok_instance_busy_seconds: a batch none of whose requests was answered counts nowhere.
-            if failed < len(r.outputs) or not r.outputs:
-                self.busy[index] += r.finished - r.started
+            self.busy[index] += r.finished - r.started
+        elif not cancelled and getattr(f, "ran", None):  # raised once its worker took it (_note_raised)
+            started, ended = f.ran[0]
+            self.busy[index] += ended - started
         if not self.admin.subscribers:
             return
         to_unix = self.admin.to_unix
@@ -131,7 +135,7 @@ class _BatchWatch:
             kept = requests if r.kept is None else len(r.kept)
             event.update(t_start=to_unix(r.started), t_end=to_unix(r.finished), ok=True, ran=kept)
             if r.failure is not None:
-                # ok while some request of it was answered, as its busy time counts.
+                # ok while some request of it was answered; its busy time counts either way.
                 event.update(ok=failed < len(r.outputs), failed=failed, error=str(r.failure))
         else:
             error = "cancelled" if cancelled else str(exc)

@@ -1334,6 +1334,14 @@ class Batcher:
         if exc is not None:
             if self._busy[inst] == 0:
                 self._idle_since[inst] = now
+            ran = getattr(f, "ran", None)  # [(started, ended)] once its worker took it: the executor's _note_raised
+            if ran:
+                # It held the instance until it raised: busy, as a batch that returned is, and
+                # idle while queued up to its start, as for any batch its worker started.
+                started, ended = ran[0]
+                self.metrics.record_busy(inst, ended - started)
+                if batch.idle_from is not None and started > batch.idle_from:
+                    self.metrics.record_idle_queued(inst, started - batch.idle_from)
             left_out = getattr(f, "left_out", None)  # [(kept, started)]: see the executor's _note_left_out
             if left_out and not failed_at_stop:
                 # The requests its worker left out did not run: answered as left out, not with its error.
@@ -1356,8 +1364,9 @@ class Batcher:
         if failed_at_stop:
             # The grace period ran out while it ran: `_fail_dispatched` answered its callers
             # UNAVAILABLE and counted them failed; what the model returned reaches nobody and is
-            # recorded nowhere (no left-out answers, stats, metrics or slo observations), as a
-            # batch that failed records none: the instance's busy time included.
+            # recorded nowhere (no left-out answers, stats, stage histograms or slo observations),
+            # as for a batch that failed; but it held the instance, as a failed batch does: busy.
+            self.metrics.record_busy(inst, result.finished - result.started)
             return
         if batch.idle_from is not None and result.started > batch.idle_from:
             self.metrics.record_idle_queued(inst, result.started - batch.idle_from)
@@ -1369,6 +1378,7 @@ class Batcher:
             n, got = len(batch.requests), len(result.outputs)
             exc = ModelExecutionError(f"model '{self.name}' split a batch of {n} requests into {got} results")
             self.failures.batch_failed(exc, n, batch.samples)
+            self.metrics.record_busy(inst, result.finished - result.started)  # it ran: see _note_raised
             for p in batch.requests:
                 # As a batch that raised: one answered (its deadline passed as it waited) or withdrawn
                 # meanwhile is left alone; each caller failed here is counted once.
@@ -1435,6 +1445,9 @@ class Batcher:
         if answered:
             # Not under its size in `batch_stats`: no batch of the answered size ran, and its time is all the parts'.
             self._record_executed(batch, result, answered, sum(p.rows for p in answered), by_size=False)
+        else:
+            # None answered: in no stage histogram, but its forwards and reruns held the instance.
+            self.metrics.record_busy(batch.instance, result.finished - result.started)
 
     def _expire_left_out(self, batch: Batch, kept: tuple[int, ...], started: float) -> None:
         """Fail the requests the worker left out as it took the batch at `started` (deadline passed):

@@ -218,19 +218,23 @@ class Instance:
         With `deadlines` (time.perf_counter() per request, None for none), the worker leaves
         out the requests whose deadline has passed when it starts the batch (see BatchResult.kept);
         should the batch then raise, the future's `left_out` holds (kept, started) (_note_left_out).
+        A batch that raised once its worker took it has (started, ended) in the future's `ran`
+        (_note_raised): the time it held the instance, as a BatchResult's started and finished do.
         """
         left_out: list = []
+        ran: list = []
         if self.cuda:
             done: concurrent.futures.Future = concurrent.futures.Future()
-            launched = self._worker.submit(self._launch_cuda, inputs, rows, self.slots[slot], deadlines, left_out)
+            launched = self._worker.submit(self._launch_cuda, inputs, rows, self.slots[slot], deadlines, left_out, ran)
             launched.add_done_callback(
                 lambda f: _after_launch(
-                    f, done, lambda result: self._waiter.submit(self._finish_cuda, result, left_out)
+                    f, done, lambda result: self._waiter.submit(self._finish_cuda, result, left_out, ran)
                 )
             )
         else:
-            done = self._worker.submit(self._run_cpu, inputs, rows, self.slots[slot], deadlines, left_out)
+            done = self._worker.submit(self._run_cpu, inputs, rows, self.slots[slot], deadlines, left_out, ran)
         done.left_out = left_out
+        done.ran = ran
         if self.observer is not None:
             self.observer(rows, done)
         return done
@@ -292,7 +296,9 @@ class Instance:
             self._waiter.shutdown(wait=True, cancel_futures=True)
 
     # -- CPU: every stage in order on the worker thread -----------------------------------
-    def _run_cpu(self, inputs, rows, slot: _Slot, deadlines=None, left_out: list | None = None) -> BatchResult:
+    def _run_cpu(
+        self, inputs, rows, slot: _Slot, deadlines=None, left_out: list | None = None, ran: list | None = None
+    ) -> BatchResult:
         s = self.servable
         t0 = time.perf_counter()
         inputs, rows, kept = _live(inputs, rows, deadlines, t0)
@@ -319,6 +325,7 @@ class Instance:
                 return BatchResult(outcomes, times, self.index, t0, t2, kept=kept, failure=exc, reruns=reruns)
         except BaseException:
             _note_left_out(left_out, kept, t0)
+            _note_raised(ran, t0)
             raise
         self.all_failed_runs = 0
         t3 = time.perf_counter()
@@ -444,7 +451,9 @@ class Instance:
         return outcomes, reruns
 
     # -- CUDA: launch on three streams, then wait for the last event on another thread -----
-    def _launch_cuda(self, inputs, rows, slot: _Slot, deadlines=None, left_out: list | None = None):
+    def _launch_cuda(
+        self, inputs, rows, slot: _Slot, deadlines=None, left_out: list | None = None, ran: list | None = None
+    ):
         t0 = time.perf_counter()
         inputs, rows, kept = _live(inputs, rows, deadlines, t0)
         if not rows:
@@ -453,6 +462,7 @@ class Instance:
             return self._launch_live(inputs, rows, slot, kept, t0)
         except BaseException:
             _note_left_out(left_out, kept, t0)
+            _note_raised(ran, t0)
             raise
 
     def _launch_live(self, inputs, rows, slot: _Slot, kept, t0: float):
@@ -527,7 +537,7 @@ class Instance:
             raise _model_failed(s.name, exc) from exc
         return s.split(arrays, rows)
 
-    def _finish_cuda(self, launched, left_out: list | None = None) -> BatchResult:
+    def _finish_cuda(self, launched, left_out: list | None = None, ran: list | None = None) -> BatchResult:
         if isinstance(launched, BatchResult):  # a failed batch rerun in parts as it was launched
             return launched
         host_out, ev, assemble, started, rows, kept = launched
@@ -552,6 +562,7 @@ class Instance:
             per_request = self.servable.split(arrays, rows)
         except BaseException:
             _note_left_out(left_out, kept, started)
+            _note_raised(ran, started)
             raise
         self.all_failed_runs = 0
         return BatchResult(per_request, times, self.index, started, time.perf_counter(), tuple(ev), kept)
@@ -565,6 +576,15 @@ def _note_left_out(left_out: list | None, kept: tuple[int, ...] | None, started:
     the error: a model may raise one error object for several batches at once."""
     if left_out is not None and kept is not None:
         left_out.append((kept, started))
+
+
+def _note_raised(ran: list | None, started: float) -> None:
+    """A batch that raised after its worker took it at `started`: note (started, now) in the batch's
+    own `ran` (its future's), so that the instance's busy time counts it as it does a batch that
+    returned (wok_instance_busy_seconds: a failing model occupies its instance all the same).
+    Not on the error, for the reason _note_left_out gives."""
+    if ran is not None:
+        ran.append((started, time.perf_counter()))
 
 
 # What torch raises for an error on the device (a kernel's assert, an illegal address).

@@ -142,6 +142,12 @@ class ModelMetrics:
         self.batch_size.observe(samples)
         self.busy_seconds[instance] += busy
 
+    def record_busy(self, instance: int, seconds: float) -> None:
+        """The time an instance ran a batch `record_batch` does not record: one that failed (raised, or
+        none of its requests answered) or whose answers reached nobody (the stop's grace period ran
+        out). The instance was occupied all the same, and the busy ratio is its utilisation."""
+        self.busy_seconds[instance] += seconds
+
     def record_idle_queued(self, instance: int, seconds: float) -> None:
         self.idle_queued_seconds[instance] += seconds
 
@@ -172,6 +178,9 @@ class NullModelMetrics(ModelMetrics):
     """Records nothing: for measuring what metrics cost (`wok serve --no-metrics`)."""
 
     def record_batch(self, *args, **kwargs) -> None:
+        pass
+
+    def record_busy(self, instance: int, seconds: float) -> None:
         pass
 
     def record_idle_queued(self, instance: int, seconds: float) -> None:
@@ -257,7 +266,8 @@ class WokMetrics:
         e2e = HistogramMetricFamily(
             "wok_request_duration_seconds",
             "End-to-end time of a request whose batch ran, as the server sees it, from its arrival to its encoded "
-            "response (also one whose caller went after its batch came back: the requests the stages count)",
+            "response (also one whose caller went after its batch came back, and one whose answer was refused as "
+            "over the send limit: the requests the stages count)",
             labels=["model"],
         )
         bs = HistogramMetricFamily("wok_batch_size", "Samples (rows) per executed batch", labels=["model"])
@@ -283,7 +293,7 @@ class WokMetrics:
         )
         busy = CounterMetricFamily(
             "wok_instance_busy_seconds",
-            "Seconds each model instance spent running batches; its rate is the busy ratio",
+            "Seconds each model instance spent running batches, failed ones included; its rate is the busy ratio",
             # Not "instance": Prometheus gives every target an `instance` label (host:port).
             labels=["model", "model_instance"],
         )

@@ -501,7 +501,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             raw += len(resp.raw_output_contents[i]) if types[n].name == "BYTES" else a.nbytes
             bound += 4 * len(n) + 11 * a.ndim + 48
         if raw + bound > self.send_limit:
-            check_answer_size(resp, self.send_limit, servable.name, stream=stream)
+            try:
+                check_answer_size(resp, self.send_limit, servable.name, stream=stream)
+            except AnswerTooLarge:
+                # Its batch ran for it and the batcher put it in the batch stages: it is in the
+                # end-to-end histogram too (its encode the answer built and measured), so that every
+                # stage counts the requests that one does (docs/metrics.md). Its caller gets the error.
+                done = time.perf_counter()
+                rt.metrics.record_response(p.arrival - arrival, resumed - p.finished, done - resumed, done - arrival)
+                raise
         done = time.perf_counter()
         if not stream:  # a stream's, as its answer is written (ModelStreamInfer)
             rt.stats.success.add(done - arrival)

@@ -264,6 +264,27 @@ def _toml(value) -> str:
     return str(value)
 
 
+# A python model whose answer is far larger than its request (for the send limit's tests):
+# build(width) repeats each row's first value `width` times.
+REPEAT_MODEL = """
+from torch import nn
+
+
+class Repeat(nn.Module):
+    # Each row's first value, `width` times: an answer far larger than the request.
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = width
+
+    def forward(self, x):
+        return x[:, :1].repeat(1, self.width)
+
+
+def build(width: int) -> nn.Module:
+    return Repeat(width)
+"""
+
+
 def python_model_config(
     max_batch_size: int | None = 4,
     *,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import textwrap
 
 import grpc
 import numpy as np
@@ -20,7 +19,7 @@ from wok.codec import decode_response, encode_request
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
-from ..conftest import write_python_model
+from ..conftest import REPEAT_MODEL, write_python_model
 
 X = {"INPUT0": np.ones((1, 4), np.float32)}
 # With --max-request-bytes 1024 the send limit is 4 × 1024 + 1 MiB = 1,052,672 bytes.
@@ -33,31 +32,11 @@ EXPAND = 300_000
 WIDE = 262_144
 GRPC_LOGGER = "grpc._cython.cygrpc"
 
-MODEL = textwrap.dedent(
-    """
-    from torch import nn
-
-
-    class Repeat(nn.Module):
-        # Each row's first value, `width` times: an answer far larger than the request.
-        def __init__(self, width: int) -> None:
-            super().__init__()
-            self.width = width
-
-        def forward(self, x):
-            return x[:, :1].repeat(1, self.width)
-
-
-    def build(width: int) -> nn.Module:
-        return Repeat(width)
-    """
-)
-
 
 def _write_model(root, name: str, dims_in: int, width: int) -> None:
     batching = {"max_queue_delay_ms": 1.0}
     write_python_model(
-        root / name, MODEL, dims=dims_in, out_dims=width, parameters={"width": width}, dynamic_batching=batching
+        root / name, REPEAT_MODEL, dims=dims_in, out_dims=width, parameters={"width": width}, dynamic_batching=batching
     )
 
 
