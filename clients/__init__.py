@@ -13,7 +13,9 @@
 `AsyncClient` (asyncio, grpc.aio) and `Client` (blocking, thread-safe) have the same
 calls: server_live, server_ready, model_ready, server_metadata, model_metadata,
 model_config, model_statistics, repository_index, infer, stream_infer, wait_ready,
-close. A failed call raises `InferError` with the gRPC `code` and the server's `details`.
+close. A failed call raises `InferError` with the gRPC `code` and the server's `details`. A
+request over a wok server's published gRPC limit is not sent (`wok.clients.limits`): InferError
+RESOURCE_EXHAUSTED, or on a stream that one request's result, and the stream goes on.
 
 Several replicas with wok's balancer (a channel per replica, least loaded of two, hedging,
 retries on another replica, outlier ejection; see `wok.clients.balancer` and

@@ -12,6 +12,7 @@ import concurrent.futures
 import dataclasses
 import sys
 import threading
+from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,7 @@ from .channel import (
     open_channel,
 )
 from .errors import Answers, InferError
+from .limits import RequestLimit, estimate, item_estimate, learn_from_error, lookup_timeout
 from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, output_names, stream_request, stream_result
 
 
@@ -105,6 +107,8 @@ class AsyncClient:
                 s = dataclasses.replace(s, max_attempts=1)
             self._balancer = Balancer(target, options=options, credentials=self._credentials, settings=s)
         self._balancer_start: asyncio.Future | None = None
+        self._limit = RequestLimit()  # the server's request limit, looked up once (wok.clients.limits)
+        self._lookup: asyncio.Future | None = None  # the look-up in progress, shared by its callers
 
     @property
     def target(self) -> str | Sequence[str]:
@@ -219,6 +223,31 @@ class AsyncClient:
         self._answers.ok(sent)
         return response
 
+    async def _look_up_limit(self, timeout: float | None) -> None:
+        """Learn the server's request limit (wok.clients.limits) unless a look-up does it already."""
+        if self._lookup is None or self._lookup.done():
+            self._lookup = asyncio.ensure_future(self._read_limit(lookup_timeout(timeout)))
+        await asyncio.shield(self._lookup)
+
+    async def _read_limit(self, timeout: float) -> None:
+        release = None
+        try:
+            if self._balancer is None:
+                stub = self._stub or await self._first_connect()
+            else:  # the balancer's calls give no metadata: one replica's channel, as a stream takes
+                await self._open()
+                channel, release = self._balancer.stream_channel()
+                stub = GRPCInferenceServiceStub(channel)
+            call = stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=timeout, metadata=self._metadata)
+            await call
+            self._limit.learn(await call.trailing_metadata())
+        except grpc.RpcError as exc:  # the request goes out as before; its own call reports the failure
+            learn_from_error(self._limit, exc)
+        finally:
+            call = None  # not kept by a traceback: it holds its channel open (close_ending_watches)
+            if release is not None:
+                release()
+
     # -- health and metadata ---------------------------------------------------------------
     async def server_live(self, *, timeout: float | None = None) -> bool:
         return (await self._unary("ServerLive", pb.ServerLiveRequest(), timeout)).live
@@ -268,8 +297,19 @@ class AsyncClient:
         BF16 travels as uint16 words, which would otherwise go as UINT16. `server_timeout_us`
         is the V2 `timeout` parameter: how long the server may queue the request. The returned
         arrays are read-only views of the response; copy one to change it.
+
+        A request over a wok server's gRPC limit (4 × --max-request-bytes + 1 MiB, looked up once,
+        with ServerMetadata, before the first request that could be over it) is not sent:
+        InferError RESOURCE_EXHAUSTED, its details ("CLIENT: ...") naming its size, the limit and the
+        server's --max-request-bytes (wok.clients.limits).
         """
+        est = estimate(inputs)
         request = encode_request(model, inputs, output_names(outputs), request_id, server_timeout_us, datatypes)
+        limit = self._limit
+        if limit.needs_lookup(est):
+            await self._look_up_limit(timeout)
+        if refused := limit.refusal(request, est):
+            raise InferError(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
         return decode_response(await self._unary("ModelInfer", request, timeout))
 
     async def stream_infer(
@@ -287,7 +327,9 @@ class AsyncClient:
         client's doing, a stream that has such items refuses (ValueError, also a malformed item)
         a caller's request_id of that form (a decimal number) other than its own item's position.
         A request the server rejects comes back as a StreamResult with `error` and `code`
-        set, and the stream goes on. If `requests` raises (or holds a malformed item), a
+        set, and the stream goes on; so does a request over a wok server's gRPC limit, which the
+        client does not send (code RESOURCE_EXHAUSTED, as `infer` refuses it): gRPC would refuse it
+        unread and end the whole stream. If `requests` raises (or holds a malformed item), a
         CancelledError of its own included, nothing more is sent, the results of what was
         sent still come, and then that exception is raised (a SystemExit or KeyboardInterrupt
         leaves at once: asyncio takes it out of the loop). A failure of the stream
@@ -307,13 +349,53 @@ class AsyncClient:
             except grpc.RpcError as exc:
                 raise self._answers.error(exc) from None
             stub = GRPCInferenceServiceStub(channel)
+        # Results of the requests the client refused (over the server's limit), not sent: yielded
+        # as they come, between the server's answers; `wake` is set as one comes.
+        refused: deque[StreamResult] = deque()
+        loop = asyncio.get_running_loop()
+        wake = [loop.create_future()]
+
+        async def check(request: pb.ModelInferRequest, est: int) -> bool:
+            """Whether `request` goes out; if not, its result is queued."""
+            if self._limit.needs_lookup(est):
+                await self._look_up_limit(timeout)
+            why = self._limit.refusal(request, est, f"stream request '{request.id}'")
+            if not why:
+                return True
+            refused.append(StreamResult(request.id, request.model_name, None, why, grpc.StatusCode.RESOURCE_EXHAUSTED))
+            if not wake[0].done():
+                wake[0].set_result(None)
+            return False
+
+        read = None
+        flight = _Flight()
         try:
             call = stub.ModelStreamInfer(timeout=timeout, metadata=self._metadata)
-            writer = asyncio.ensure_future(_write_requests(call, requests))
+            writer = asyncio.ensure_future(_write_requests(call, requests, check, flight))
             try:
                 while True:
+                    if refused:
+                        yield refused.popleft()
+                        continue
+                    # A request written and not answered yet, or the requests over (half-closed):
+                    # an answer or the stream's end is coming, so the read needs no task of its own,
+                    # and a refusal meanwhile waits for it at most. Otherwise (the writer waits on the
+                    # caller's requests: a caller that waits for each result, or the stream's start)
+                    # a refusal may be all that comes: the read runs as a task, raced with `wake`.
+                    direct = read is None and (flight.written > flight.answered or writer.done())
+                    if not direct:
+                        if read is None:
+                            read = asyncio.ensure_future(call.read())
+                        if not read.done():
+                            await asyncio.wait((read, wake[0]), return_when=asyncio.FIRST_COMPLETED)
+                            if not read.done():  # a refusal came first
+                                wake[0] = loop.create_future()
+                                continue
                     try:
-                        response = await call.read()
+                        if direct:
+                            response = await call.read()
+                        else:
+                            response, read = read.result(), None
                     except grpc.RpcError as exc:
                         raise self._answers.error(exc) from None
                     except asyncio.CancelledError:
@@ -325,7 +407,11 @@ class AsyncClient:
                             raise
                         raise InferError(grpc.StatusCode.CANCELLED, "the client was closed under the stream") from None
                     self._answers.ok(sent)  # a response, or EOF: the stream ended OK
+                    flight.answered += 1
                     if response is grpc.aio.EOF:
+                        # The writer refused what it refused before its half-close, and so before this.
+                        while refused:
+                            yield refused.popleft()
                         break
                     yield stream_result(response)
                 # The server ends the stream only after the writer half-closed it.
@@ -333,9 +419,12 @@ class AsyncClient:
             finally:
                 call.cancel()
                 writer.cancel()
+                if read is not None:
+                    read.cancel()
+                    read.add_done_callback(_retrieved)
                 # An error raised from here keeps this frame in its traceback: not the call with
                 # it, which holds its channel open in gRPC's core past close() (close_ending_watches).
-                call = writer = None
+                call = writer = read = None
         finally:
             if release is not None:
                 release()
@@ -375,14 +464,33 @@ def _serialize(message) -> bytes:
     return message.SerializeToString()
 
 
-async def _write_requests(call, requests) -> BaseException | None:
-    """Write every request, then half-close; returns the error that stopped the caller's
-    requests early. A failure of the call itself is left to the reader to report."""
+def _retrieved(task: asyncio.Future) -> None:
+    """A done callback that reads a task's outcome, so that asyncio never logs it as unretrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
+class _Flight:
+    """A stream's requests written (by its writer) and answers read (by stream_infer)."""
+
+    __slots__ = ("answered", "written")
+
+    def __init__(self) -> None:
+        self.written = self.answered = 0
+
+
+async def _write_requests(call, requests, check, flight: _Flight) -> BaseException | None:
+    """Write every request that `await check(request, estimate)` lets go, counting it in
+    `flight.written`, then half-close; returns the error that stopped the caller's requests early.
+    A failure of the call itself is left to the reader to report."""
     error = None
     ids = StreamIds()
     try:
         async for index, item in _enumerate(requests):
             request = stream_request(item, index, ids)
+            if not await check(request, item_estimate(item)):
+                continue
+            flight.written += 1  # before the write: an answer is due once it may be on its way
             try:
                 await call.write(request)
             except (grpc.RpcError, asyncio.InvalidStateError):

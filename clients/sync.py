@@ -5,8 +5,10 @@ The channel is thread-safe, so one Client can serve many threads.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -26,7 +28,8 @@ from .channel import (
     channel_target,
     open_channel,
 )
-from .errors import Answers
+from .errors import Answers, InferError
+from .limits import RequestLimit, estimate, item_estimate, learn_from_error, lookup_timeout
 from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, output_names, stream_request, stream_result
 
 
@@ -63,6 +66,8 @@ class Client:
         # wait_ready's pending futures: close() cancels them, else a wait without a timeout never ended.
         self._waits: set[grpc.Future] = set()
         self._lock = threading.Lock()
+        self._limit = RequestLimit()  # the server's request limit, looked up once (wok.clients.limits)
+        self._lookup_lock = threading.Lock()  # one look-up at a time; those waiting for it find it done
 
     def __enter__(self) -> Client:
         return self
@@ -116,6 +121,21 @@ class Client:
         self._answers.ok(sent)
         return response
 
+    def _look_up_limit(self, timeout: float | None) -> None:
+        """Learn the server's request limit (wok.clients.limits) unless another thread just did."""
+        with self._lookup_lock:
+            if self._limit.known:
+                return
+            try:
+                _, call = self._stub.ServerMetadata.with_call(
+                    pb.ServerMetadataRequest(), timeout=lookup_timeout(timeout), metadata=self._metadata
+                )
+                self._limit.learn(call.trailing_metadata())
+            except grpc.RpcError as exc:  # the request goes out as before; its own call reports the failure
+                learn_from_error(self._limit, exc)
+            except ValueError as exc:
+                raise self._closed_error(exc) from None
+
     # -- health and metadata ---------------------------------------------------------------
     def server_live(self, *, timeout: float | None = None) -> bool:
         return self._unary("ServerLive", pb.ServerLiveRequest(), timeout).live
@@ -157,8 +177,14 @@ class Client:
         server_timeout_us: int | None = None,
         datatypes: Mapping[str, str] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Run one request; see AsyncClient.infer."""
+        """Run one request; see AsyncClient.infer (a request over a wok server's limit is not sent)."""
+        est = estimate(inputs)
         request = encode_request(model, inputs, output_names(outputs), request_id, server_timeout_us, datatypes)
+        limit = self._limit
+        if limit.needs_lookup(est):
+            self._look_up_limit(timeout)
+        if refused := limit.refusal(request, est):
+            raise InferError(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
         return decode_response(self._unary("ModelInfer", request, timeout))
 
     def stream_infer(self, requests: Iterable[StreamItem], *, timeout: float | None = None) -> Iterator[StreamResult]:
@@ -169,17 +195,46 @@ class Client:
         """
         failure: list[BaseException] = []
         sent = self._answers.sent()
+        # The requests sent and answered, and the results of those the client refused (over the
+        # server's limit, not sent), shared with grpc's thread that consumes the requests.
+        flight = _Flight()
+
+        def check(request: pb.ModelInferRequest, est: int) -> bool:
+            """Whether `request` goes out; if not, its result is queued. On grpc's requests thread."""
+            if self._limit.needs_lookup(est):
+                self._look_up_limit(timeout)
+            why = self._limit.refusal(request, est, f"stream request '{request.id}'")
+            if not why:
+                flight.sending()
+                return True
+            flight.refuse(StreamResult(request.id, request.model_name, None, why, CODE.RESOURCE_EXHAUSTED))
+            return False
+
         try:
             responses = self._stub.ModelStreamInfer(
-                _requests(requests, failure), timeout=timeout, metadata=self._metadata
+                _requests(requests, failure, check, flight), timeout=timeout, metadata=self._metadata
             )
         except ValueError as exc:
             raise self._closed_error(exc) from None
+        responses.add_done_callback(flight.end)  # a failed call wakes a caller waiting below
         try:
-            for response in responses:
+            while True:
+                if flight.refused:
+                    yield flight.refused.popleft()
+                    continue
+                # The answers are read on this thread, in grpc's iterator, while one is coming (see
+                # _Flight): a refusal meanwhile comes right after it. Else wait for one to be due.
+                if not flight.answer_due():
+                    flight.wait()
+                    continue
+                response = next(responses, None)
                 self._answers.ok(sent)
+                if response is None:  # the stream ended OK; the requests refused before its half-close
+                    while flight.refused:
+                        yield flight.refused.popleft()
+                    break
+                flight.answered += 1
                 yield stream_result(response)
-            self._answers.ok(sent)  # the stream ended OK
         except grpc.RpcError as exc:
             raise self._answers.error(exc) from None
         finally:
@@ -209,12 +264,75 @@ def _await_poller_end(channel: grpc.Channel, timeout: float = POLLER_END_S) -> N
         time.sleep(0.005)
 
 
-def _requests(requests: Iterable[StreamItem], failure: list[BaseException]) -> Iterator[pb.ModelInferRequest]:
+CODE = grpc.StatusCode
+
+
+class _Flight:
+    """What a sync stream's caller, reading its answers, and grpc's thread, consuming its requests,
+    share: the requests sent and answered, and the results of those refused.
+
+    The caller reads the answers in grpc's iterator, on its own thread, and nothing can wake it
+    there but an answer or the stream's end. So it blocks there only while one is due (a request
+    sent and not answered, or the requests over, or the call done); a refusal meanwhile is yielded
+    right after that answer. Otherwise (nothing in flight: a caller that waits for each result, the
+    stream's start) it waits on `wake` until a request goes out, one is refused, or the stream ends.
+    """
+
+    __slots__ = ("answered", "ended", "lock", "refused", "waiting", "wake", "written")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.written = 0  # requests handed to grpc (grpc's thread)
+        self.answered = 0  # answers read (the caller's thread)
+        self.ended = False  # the requests are over, or the call is done: no refusal comes any more
+        self.waiting = False  # the caller waits on `wake`
+        self.refused: deque[StreamResult] = deque()
+        self.wake: queue.SimpleQueue = queue.SimpleQueue()
+
+    def _wake(self) -> None:  # under the lock
+        if self.waiting:
+            self.waiting = False
+            self.wake.put(None)
+
+    def sending(self) -> None:
+        with self.lock:
+            self.written += 1
+            self._wake()
+
+    def refuse(self, result: StreamResult) -> None:
+        with self.lock:
+            self.refused.append(result)
+            self._wake()
+
+    def end(self, _call=None) -> None:
+        with self.lock:
+            self.ended = True
+            self._wake()
+
+    def answer_due(self) -> bool:
+        # Read without the lock: each count has one writer, and a stale False only means wait().
+        return self.written > self.answered or self.ended
+
+    def wait(self) -> None:
+        with self.lock:
+            if self.written > self.answered or self.ended or self.refused:
+                return
+            self.waiting = True
+        self.wake.get()
+
+
+def _requests(
+    requests: Iterable[StreamItem], failure: list[BaseException], check, flight: _Flight
+) -> Iterator[pb.ModelInferRequest]:
     ids = StreamIds()
     try:
         for index, item in enumerate(requests):
-            yield stream_request(item, index, ids)
+            request = stream_request(item, index, ids)
+            if check(request, item_estimate(item)):
+                yield request
     except GeneratorExit:  # grpc dropped the requests: the stream is over, nothing to report
         raise
     except BaseException as exc:  # SystemExit too: ending here is what half-closes the stream
         failure.append(exc)
+    finally:  # no refusal comes after this: a caller waiting for one reads the stream's end
+        flight.end()

@@ -734,7 +734,21 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self._unready(rt) is None)
 
+    # ServerMetadata's trailing metadata: this server's --max-request-bytes, and the transport limit
+    # (transport_limit) over which gRPC refuses a request unread, ending a whole stream. KServe's
+    # response has no field for them; Triton's clients ignore metadata they do not know, and wok's
+    # (wok.clients.limits, which spells the keys again: it must not import this module's torch) refuse
+    # a request over the limit before sending it. See docs/security.md.
+    MAX_REQUEST_KEY = "wok-max-request-bytes"
+    MAX_MESSAGE_KEY = "wok-max-message-bytes"
+
     async def ServerMetadata(self, request, context):
+        context.set_trailing_metadata(
+            (
+                (self.MAX_REQUEST_KEY, str(self.server.settings.max_request_bytes)),
+                (self.MAX_MESSAGE_KEY, str(self.send_limit)),
+            )
+        )
         return pb.ServerMetadataResponse(name="wok", version=__version__, extensions=EXTENSIONS)
 
     async def ModelMetadata(self, request, context):

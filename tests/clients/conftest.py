@@ -18,6 +18,7 @@ import uvloop
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
 CODE = grpc.StatusCode
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
@@ -102,6 +103,60 @@ class Stub:
 def stub():
     """`async with stub("a", fail_first=2) as a:` a Stub server (see the module)."""
     return Stub
+
+
+class Unpublished(pb_grpc.GRPCInferenceServiceServicer):
+    """A KServe server that publishes no request limit, as tritonserver or a wok server before it
+    published one: gRPC's receive limit `limit`, the health service, a ServerMetadata without
+    trailing metadata (or, with `server_metadata=False`, none: UNIMPLEMENTED), and a ModelInfer and
+    ModelStreamInfer that answer each request with its model's name and id. `lookups` and `requests`
+    count what reached it."""
+
+    def __init__(self, limit: int, *, server_metadata: bool = True) -> None:
+        self.limit, self.server_metadata = limit, server_metadata
+        self.lookups = self.requests = 0
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+
+    async def ServerMetadata(self, request, context):
+        self.lookups += 1
+        if not self.server_metadata:
+            await context.abort(CODE.UNIMPLEMENTED, "Method not implemented!")
+        return pb.ServerMetadataResponse(name="triton")
+
+    async def ModelInfer(self, request, context):
+        self.requests += 1
+        return pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        async for request in request_iterator:
+            self.requests += 1
+            yield pb.ModelStreamInferResponse(
+                infer_response=pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+            )
+
+    async def __aenter__(self) -> Unpublished:
+        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", self.limit)])
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self, self.server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        await health_servicer.set("", SERVING)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.server.stop(0)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def unpublished():
+    """`async with unpublished(limit) as server:` an Unpublished server (see the class)."""
+    return Unpublished
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])

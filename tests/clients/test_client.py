@@ -11,6 +11,7 @@ import contextlib
 import os
 import pickle
 import socket
+import threading
 
 import grpc
 import numpy as np
@@ -489,6 +490,31 @@ async def test_stream_deadline_raises(serve):
             async for r in client.stream_infer(requests(), timeout=0.5):
                 seen.append(r)
         assert e.value.code == CODE.DEADLINE_EXCEEDED and len(seen) == 1
+
+
+async def test_sync_stream_deadline_raises_while_nothing_is_in_flight(serve):
+    # The caller waits for a request to go out, not in grpc's iterator, while nothing is in flight
+    # (so that a refused request's result can reach it): the call's end must wake it.
+    x = requests_for("mlp", np.random.default_rng(10))
+    stop = threading.Event()
+
+    def requests():
+        yield ("mlp", x)
+        stop.wait()  # the stream stays open, with nothing in flight, until its deadline
+
+    def run() -> list[StreamResult]:
+        seen = []
+        with Client(target(server)) as client, pytest.raises(InferError) as e:
+            for r in client.stream_infer(requests(), timeout=0.5):
+                seen.append(r)
+        assert e.value.code == CODE.DEADLINE_EXCEEDED, e.value
+        return seen
+
+    async with serve(models=("mlp",)) as server:
+        try:
+            assert [r.ok for r in await asyncio.to_thread(run)] == [True]
+        finally:
+            stop.set()  # grpc's thread, in the requests, ends
 
 
 async def test_stream_results_carry_the_servers_status_code(serve):

@@ -1,0 +1,146 @@
+"""The server's request limit: published by ServerMetadata, and honoured by wok's clients.
+
+gRPC refuses a request over a server's receive limit (4 × --max-request-bytes + 1 MiB on wok)
+before the server reads it, and on a stream that refusal ends the whole stream. A wok server
+publishes the limit as ServerMetadata's trailing metadata; wok's clients look it up once and
+refuse such a request before sending it, so only that request fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+from wok.clients import AsyncClient, Client, InferError
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.timeout(60)
+
+CODE = grpc.StatusCode
+# The trailing metadata keys, as docs/security.md documents them for other clients.
+MAX_REQUEST_KEY, MAX_MESSAGE_KEY = "wok-max-request-bytes", "wok-max-message-bytes"
+MAX_REQUEST = 2048  # one row of mlp (1,024 bytes of FP32 and its names) is under it
+LIMIT = 4 * MAX_REQUEST + (1 << 20)  # 1,056,768: gRPC's receive limit on the server
+SMALL = {"INPUT0": np.ones((1, 256), np.float32)}
+BIG = {"INPUT0": np.ones((1100, 256), np.float32)}  # 1,126,400 bytes of FP32: over LIMIT
+
+
+def check_refusal(details: str, what: str) -> None:
+    assert details.startswith(f"CLIENT: {what} to model 'mlp' is 1,126,4"), details
+    assert f"over the server's gRPC limit of {LIMIT:,} bytes" in details, details
+    assert f"--max-request-bytes is {MAX_REQUEST:,}" in details, details
+    assert "so it was not sent" in details and "raise the server's --max-request-bytes to at least 1,126,4" in details
+
+
+def check_stream(results) -> None:
+    """[small, big, small] on one stream: the big one refused by the client, the others answered."""
+    by_id = {r.id: r for r in results}
+    assert sorted(by_id) == ["0", "1", "2"], results
+    assert by_id["0"].ok and by_id["2"].ok, results
+    assert by_id["0"].outputs["OUTPUT0"].shape == (1, 256)
+    assert by_id["1"].code == CODE.RESOURCE_EXHAUSTED and by_id["1"].outputs is None
+    check_refusal(by_id["1"].error, "stream request '1'")
+
+
+async def test_server_metadata_publishes_the_request_limit_in_its_trailing_metadata(serve):
+    async with serve(models=("mlp",), max_request_bytes=MAX_REQUEST) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = pb_grpc.GRPCInferenceServiceStub(channel).ServerMetadata(pb.ServerMetadataRequest())
+            assert (await call).name == "wok"
+            trailing = dict(await call.trailing_metadata())
+    assert trailing[MAX_REQUEST_KEY] == str(MAX_REQUEST) and trailing[MAX_MESSAGE_KEY] == str(LIMIT)
+
+
+@pytest.mark.parametrize("balancer", ["grpc", "wok"])
+async def test_aio_client_refuses_a_request_over_the_limit_and_the_stream_goes_on(serve, balancer):
+    async with serve(models=("mlp",), max_request_bytes=MAX_REQUEST) as server:
+        async with AsyncClient(f"127.0.0.1:{server.port}", balancer=balancer) as client:
+            results = [r async for r in client.stream_infer([("mlp", SMALL), ("mlp", BIG), ("mlp", SMALL)])]
+            check_stream(results)
+            with pytest.raises(InferError) as info:
+                await client.infer("mlp", BIG)
+            assert info.value.code == CODE.RESOURCE_EXHAUSTED
+            check_refusal(info.value.details, "the request")
+            assert (await client.infer("mlp", SMALL))["OUTPUT0"].shape == (1, 256)
+
+
+async def test_aio_stream_hands_a_refusal_over_before_the_next_request_is_written(serve):
+    # A caller that waits for each result before it sends the next request: the refusal must come
+    # without an answer of the server's to carry it.
+    async with serve(models=("mlp",), max_request_bytes=MAX_REQUEST) as server:
+        async with AsyncClient(f"127.0.0.1:{server.port}") as client:
+            seen = asyncio.Event()
+
+            async def requests():
+                yield "mlp", BIG
+                await seen.wait()
+                yield "mlp", SMALL
+
+            results = []
+            async for r in client.stream_infer(requests()):
+                results.append(r)
+                seen.set()
+    assert [(r.id, r.code) for r in results] == [("0", CODE.RESOURCE_EXHAUSTED), ("1", None)]
+
+
+async def test_sync_client_refuses_a_request_over_the_limit_and_the_stream_goes_on(serve):
+    async with serve(models=("mlp",), max_request_bytes=MAX_REQUEST) as server:
+
+        def run() -> None:
+            with Client(f"127.0.0.1:{server.port}") as client:
+                check_stream(list(client.stream_infer([("mlp", SMALL), ("mlp", BIG), ("mlp", SMALL)])))
+                with pytest.raises(InferError) as info:
+                    client.infer("mlp", BIG)
+                assert info.value.code == CODE.RESOURCE_EXHAUSTED
+                check_refusal(info.value.details, "the request")
+                # One result at a time, each before the next request: the refusal comes on its own.
+                seen = threading.Event()
+
+                def requests():
+                    yield "mlp", BIG
+                    assert seen.wait(30), "the refusal never reached the caller"
+                    yield "mlp", SMALL
+
+                results = []
+                for r in client.stream_infer(requests()):
+                    results.append(r)
+                    seen.set()
+                assert [(r.id, r.code) for r in results] == [("0", CODE.RESOURCE_EXHAUSTED), ("1", None)]
+
+        await asyncio.to_thread(run)
+
+
+@pytest.mark.parametrize("server_metadata", [True, False], ids=["no-limit", "no-server-metadata"])
+async def test_a_server_that_publishes_no_limit_is_asked_once_and_sent_every_request(unpublished, server_metadata):
+    # tritonserver, or an older wok: the client sends as before, and gRPC's refusal ends the stream.
+    async with unpublished(LIMIT, server_metadata=server_metadata) as server:
+        async with AsyncClient(server.target) as client:
+            for _ in range(2):
+                with pytest.raises(InferError) as info:
+                    await client.infer("mlp", BIG)
+                assert info.value.code == CODE.RESOURCE_EXHAUSTED, info.value
+                assert "SERVER: Received message larger than max" in info.value.details
+            with pytest.raises(InferError) as info:
+                async for _ in client.stream_infer([("mlp", BIG)]):
+                    pass
+            assert "SERVER: Received message larger than max" in info.value.details
+            assert [r.ok for r in [r async for r in client.stream_infer([("mlp", SMALL)] * 2)]] == [True, True]
+        assert server.lookups == 1 and server.requests == 2
+
+        def run() -> None:
+            with Client(server.target) as client:
+                for _ in range(2):
+                    with pytest.raises(InferError) as info:
+                        client.infer("mlp", BIG)
+                    assert "SERVER: Received message larger than max" in info.value.details
+                with pytest.raises(InferError) as info:
+                    list(client.stream_infer([("mlp", BIG)]))
+                assert "SERVER: Received message larger than max" in info.value.details
+
+        await asyncio.to_thread(run)
+        assert server.lookups == 2 and server.requests == 2
