@@ -206,7 +206,8 @@ async def running_server(models=("mlp", "recsys", "encoder"), repository=None, *
     from wok.config import server_settings
 
     settings.setdefault("metrics_port", 0)
-    s = server_settings(grpc_port=0, demo_models=tuple(models), model_repository=repository, **settings)
+    settings.setdefault("grpc_port", 0)  # a given one: a server started again where another one stopped
+    s = server_settings(demo_models=tuple(models), model_repository=repository, **settings)
     server = WokServer(s, build_repository(s, SMALL_DEMO_OPTIONS))
     await server.start()
     try:
@@ -221,6 +222,76 @@ async def running_server(models=("mlp", "recsys", "encoder"), repository=None, *
 def serve():
     """`async with serve(models=..., **settings) as server:` a server in this test's loop."""
     return running_server
+
+
+class ServedInThread:
+    """`running_server(**settings)`, a WokServer on loopback, in a thread of its own with an event
+    loop of its own, as a separate `wok serve` would have: the test's loop (or the call it blocks
+    in) runs none of the server's work. For tests of what a client does, where the server process
+    is no subject: a `wok serve` child's start is mostly its imports, seconds each. `stop()` drains
+    and stops it as SIGTERM does `wok serve`; its ports are closed when it returns, and it raises
+    what the stop raised (`running_server`'s check that no work was left behind included)."""
+
+    def __init__(self, **settings) -> None:
+        import asyncio
+        from concurrent.futures import Future
+
+        self.loop = asyncio.new_event_loop()
+        started: Future = Future()
+
+        async def main() -> None:
+            self._stopping = asyncio.Event()
+            try:
+                async with running_server(**settings) as server:
+                    started.set_result(server)
+                    await self._stopping.wait()
+            except BaseException as exc:
+                if not started.done():
+                    started.set_exception(exc)
+                raise
+
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self.loop.run_until_complete(main())
+            except BaseException as exc:  # raised by stop(): a stop that failed, or work left behind
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        self.server = started.result(timeout=120)
+        self.port = self.server.port
+        self.target = f"127.0.0.1:{self.port}"
+
+    def http_url(self) -> str:
+        """The base URL of its metrics HTTP port, as ServerProcess.http_url gives it."""
+        return f"http://127.0.0.1:{self.server.http.port}"
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self._stopping.set)
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"the server on {self.target} did not stop within {timeout} s"
+        self.loop.close()
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.fixture
+def serve_in_thread():
+    """`serve_in_thread(**settings)`: a ServedInThread (its `running_server` settings); stopped at
+    the test's end if left running."""
+    started: list[ServedInThread] = []
+
+    def start(**settings) -> ServedInThread:
+        started.append(ServedInThread(**settings))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()
 
 
 SLOW_MODEL = textwrap.dedent(

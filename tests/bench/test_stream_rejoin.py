@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -74,7 +73,7 @@ class _WatchedChannel:
 
 
 def _answered(server) -> float:
-    """How many inference requests `server` (a ServerProcess) has answered, from its /metrics."""
+    """How many inference requests `server` (a ServedInThread) has answered, from its /metrics."""
     import urllib.request
 
     with urllib.request.urlopen(server.http_url() + "/metrics", timeout=10) as r:
@@ -94,18 +93,19 @@ def _check_each_request_once(out, log: _Log) -> None:
     assert settled_ok <= ok_read and ok_read - settled_ok <= cut, (settled_ok - ok_read, ok_read - settled_ok - cut)
 
 
-def test_a_slot_goes_back_to_its_server_once_it_is_back_up(start_server):
-    """Two servers, a stream on each; server A is stopped (SIGTERM) and started again on its port.
-    A's slot moved to B and stayed there for the rest of the step (every later request on B, A
-    answering none); it goes back to A once A has been READY for REJOIN_AFTER_S, and the two
+def test_a_slot_goes_back_to_its_server_once_it_is_back_up(serve_in_thread):
+    """Two servers, a stream on each; server A is stopped (drained as on SIGTERM) and started again
+    on its port. A's slot moved to B and stayed there for the rest of the step (every later request
+    on B, A answering none); it goes back to A once A has been READY for REJOIN_AFTER_S, and the two
     servers share the load again."""
     import grpc
 
     from wok.clients.channel import channel_options, channel_target, open_channel
 
-    args = ("--models", "mlp", "--torch-threads", "1")
-    with ThreadPoolExecutor(2) as ex:  # both start at once: the test waits for one start-up
-        servers = list(ex.map(lambda _: start_server(*args), range(2)))
+    # In this process, each on a loop of its own (conftest.ServedInThread): what is under test is
+    # the sender's moves, not a server process; a stop drains A as SIGTERM does `wok serve`.
+    with ThreadPoolExecutor(2) as ex:
+        servers = list(ex.map(lambda _: serve_in_thread(models=("mlp",)), range(2)))
     a = servers[0]
     times = np.arange(0, 60.0, 0.01)  # longer than needed: the test stops it once A is back in use
     share = Share(time.monotonic() + 0.3, times, np.zeros(len(times), dtype=np.int64), 5.0)
@@ -140,10 +140,9 @@ def test_a_slot_goes_back_to_its_server_once_it_is_back_up(start_server):
             sender = stream_sender.run_share_stream(watched, [MLP], share, streams=2, stop=stop)
             task = asyncio.ensure_future(sender)
             assert await until(lambda: log.on(0) and log.on(1), 10), "no answers from both servers"
-            a.proc.send_signal(signal.SIGTERM)
-            assert await loop.run_in_executor(None, a.proc.wait, 30) == 0, "\n".join(a.log[-20:])
+            await loop.run_in_executor(None, a.stop)
             down = log.clock()
-            restarted = await loop.run_in_executor(None, lambda: start_server(*args, "--port", str(a.port)))
+            restarted = await loop.run_in_executor(None, lambda: serve_in_thread(models=("mlp",), grpc_port=a.port))
             up = log.clock()
             # A's slot back on A: 30 answers from it (0.6 s of its half of 100 QPS).
             back = await until(lambda: len([t for t, *_ in log.on(0) if t > up]) >= 30, 15)

@@ -247,27 +247,21 @@ DRAINING = (*MLP, "--admin", "--grace-period", "10")
 SLOW = "slow"  # a server of the slow model (1 s a batch), from a repository written for it
 # The servers of the tests that start their own `wok serve` processes, all started at once by
 # `module_servers`. A test that kills or signals a server owns it (`own_servers`); the two that only
-# count a pair's answers share one pair (`shared_pair`), and count what they add to it.
+# count a pair's answers have a pair in this process (`shared_pair`).
 OWN_SERVERS = {
     "test_a_failed_stream_is_reopened_and_the_requests_after_it_reach_a_server_still_up": (MLP, MLP),
     "test_an_answer_after_the_timeout_is_deadline_exceeded_at_the_timeout_never_ok": (SLOW,),
     "test_a_draining_servers_streams_get_no_new_requests": (DRAINING, DRAINING),
 }
-SHARED_PAIR = (
-    "test_a_stream_worker_deals_its_streams_across_several_servers",
-    "test_workers_with_fewer_streams_than_servers_share_the_servers",
-)
 
 
 @pytest.fixture(scope="module")
 def module_servers(request, tmp_path_factory, start_server_module, write_slow, at_once):
-    """{test name: its servers} for the selected tests of OWN_SERVERS, and {"pair": two servers} if a
-    test of SHARED_PAIR is selected, all started at once (each start is mostly a process's imports).
-    Not autouse: made by the first of those tests, so no start overlaps the module's other tests."""
+    """{test name: its servers} for the selected tests of OWN_SERVERS, all started at once (each
+    start is mostly a process's imports). Not autouse: made by the first of those tests, so no
+    start overlaps the module's other tests."""
     selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     wanted = {name: servers for name, servers in OWN_SERVERS.items() if name in selected}
-    if selected & set(SHARED_PAIR):
-        wanted["pair"] = (MLP, MLP)
     args = []  # (name, the arguments of one of its servers)
     for name, servers in wanted.items():
         for a in servers:
@@ -295,9 +289,15 @@ def own_servers(module_servers, request):
 
 
 @pytest.fixture
-def shared_pair(module_servers):
-    """Two servers for the tests of SHARED_PAIR, which only send them requests and count the answers."""
-    return module_servers["pair"]
+def shared_pair(serve_in_thread):
+    """Two servers for the tests that only send them requests (from the pool's worker processes) and
+    count the answers: WokServers in this process, each on a loop of its own (conftest.ServedInThread),
+    started at once; no server process is under test there. They were two `wok serve` processes,
+    started with the module's others: two of its seven starts, each mostly a process's imports."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as ex:
+        return list(ex.map(lambda _: serve_in_thread(models=("mlp",)), range(2)))
 
 
 def _answered(server) -> float:
