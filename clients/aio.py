@@ -305,11 +305,9 @@ class AsyncClient:
         """
         est = estimate(inputs)
         request = encode_request(model, inputs, output_names(outputs), request_id, server_timeout_us, datatypes)
-        limit = self._limit
-        if limit.needs_lookup(est):
+        if self._limit.needs_lookup(est):
             await self._look_up_limit(timeout)
-        if refused := limit.refusal(request, est):
-            raise InferError(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
+        self._limit.check(request, est)
         return decode_response(await self._unary("ModelInfer", request, timeout))
 
     async def stream_infer(
@@ -359,10 +357,10 @@ class AsyncClient:
             """Whether `request` goes out; if not, its result is queued."""
             if self._limit.needs_lookup(est):
                 await self._look_up_limit(timeout)
-            why = self._limit.refusal(request, est, f"stream request '{request.id}'")
-            if not why:
+            result = self._limit.stream_refusal(request, est)
+            if result is None:
                 return True
-            refused.append(StreamResult(request.id, request.model_name, None, why, grpc.StatusCode.RESOURCE_EXHAUSTED))
+            refused.append(result)
             if not wake[0].done():
                 wake[0].set_result(None)
             return False

@@ -21,14 +21,15 @@ from typing import Any
 import grpc
 import numpy as np
 
+from wok.codec import MAX_MESSAGE_KEY, MAX_REQUEST_KEY, transport_limit
 from wok.v2pb import grpc_service_pb2 as pb
 
-# The keys of ServerMetadata's trailing metadata; wok.service.InferenceService spells them too.
-MAX_REQUEST_KEY = "wok-max-request-bytes"
-MAX_MESSAGE_KEY = "wok-max-message-bytes"
-# The smallest transport limit a wok server has (--max-request-bytes is at least 1,024): a request
-# under it needs no look-up.
-SMALLEST_LIMIT = 4 * 1024 + (1 << 20)
+from .errors import InferError
+from .messages import StreamResult
+
+# The smallest transport limit a wok server has (--max-request-bytes is at least 1,024: wok.config):
+# a request under it needs no look-up.
+SMALLEST_LIMIT = transport_limit(1024)
 # Room for what a request holds besides its arrays' bytes (names, datatypes, shapes, its id, its
 # parameters): a request whose arrays are this far under a limit is not measured (ByteSize() is a
 # full serialization pass, 0.3 ms for 1 MB). One whose other fields are larger than this and that
@@ -77,10 +78,11 @@ class RequestLimit:
     """What one client knows of its server's request limit.
 
     `needs_lookup(est)`: whether a request of `estimate` `est` waits for the look-up (ServerMetadata)
-    first; the client then calls `learn` with its trailing metadata (or `unpublished` when the
-    server does not implement ServerMetadata). `refusal(request, est)`: the error message for a
-    request over the limit, "" for one the client sends. A failed look-up (the server unreachable,
-    a token refused) teaches nothing: the request is sent, and the next large one looks again.
+    first; the client then calls `learn` with its trailing metadata (None when the server does not
+    implement ServerMetadata). `refusal(request, est)`: the error message for a request over the
+    limit, "" for one the client sends; `check` raises it, `stream_refusal` makes it a stream's
+    result. A failed look-up (the server unreachable, a token refused) teaches nothing: the request
+    is sent, and the next large one looks again.
     """
 
     __slots__ = ("known", "max_message", "max_request")
@@ -97,10 +99,6 @@ class RequestLimit:
         limits = published(metadata)
         self.known = True
         self.max_request, self.max_message = limits if limits is not None else (None, None)
-
-    def unpublished(self) -> None:
-        self.known = True
-        self.max_request = self.max_message = None
 
     def refusal(self, request: pb.ModelInferRequest, est: int, what: str = "the request") -> str:
         """ "" unless `request` (`estimate` `est`), framed for the wire, is over the server's limit;
@@ -119,6 +117,18 @@ class RequestLimit:
             f"--max-request-bytes to at least {size:,}"
         )
 
+    def check(self, request: pb.ModelInferRequest, est: int) -> None:
+        """Raise InferError RESOURCE_EXHAUSTED for a request over the limit (`infer`)."""
+        if refused := self.refusal(request, est):
+            raise InferError(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
+
+    def stream_refusal(self, request: pb.ModelInferRequest, est: int) -> StreamResult | None:
+        """The result of a stream's request over the limit, which is not sent; None for one that is."""
+        why = self.refusal(request, est, f"stream request '{request.id}'")
+        return (
+            StreamResult(request.id, request.model_name, None, why, grpc.StatusCode.RESOURCE_EXHAUSTED) if why else None
+        )
+
 
 def lookup_timeout(timeout: float | None) -> float:
     return LOOKUP_TIMEOUT_S if timeout is None else timeout
@@ -129,4 +139,4 @@ def learn_from_error(limit: RequestLimit, exc: grpc.RpcError) -> None:
     teaches nothing."""
     code = exc.code() if hasattr(exc, "code") else None
     if code == grpc.StatusCode.UNIMPLEMENTED:
-        limit.unpublished()
+        limit.learn(None)

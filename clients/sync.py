@@ -28,7 +28,7 @@ from .channel import (
     channel_target,
     open_channel,
 )
-from .errors import Answers, InferError
+from .errors import Answers
 from .limits import RequestLimit, estimate, item_estimate, learn_from_error, lookup_timeout
 from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, output_names, stream_request, stream_result
 
@@ -180,11 +180,9 @@ class Client:
         """Run one request; see AsyncClient.infer (a request over a wok server's limit is not sent)."""
         est = estimate(inputs)
         request = encode_request(model, inputs, output_names(outputs), request_id, server_timeout_us, datatypes)
-        limit = self._limit
-        if limit.needs_lookup(est):
+        if self._limit.needs_lookup(est):
             self._look_up_limit(timeout)
-        if refused := limit.refusal(request, est):
-            raise InferError(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
+        self._limit.check(request, est)
         return decode_response(self._unary("ModelInfer", request, timeout))
 
     def stream_infer(self, requests: Iterable[StreamItem], *, timeout: float | None = None) -> Iterator[StreamResult]:
@@ -203,11 +201,11 @@ class Client:
             """Whether `request` goes out; if not, its result is queued. On grpc's requests thread."""
             if self._limit.needs_lookup(est):
                 self._look_up_limit(timeout)
-            why = self._limit.refusal(request, est, f"stream request '{request.id}'")
-            if not why:
+            result = self._limit.stream_refusal(request, est)
+            if result is None:
                 flight.sending()
                 return True
-            flight.refuse(StreamResult(request.id, request.model_name, None, why, CODE.RESOURCE_EXHAUSTED))
+            flight.refuse(result)
             return False
 
         try:
@@ -262,9 +260,6 @@ def _await_poller_end(channel: grpc.Channel, timeout: float = POLLER_END_S) -> N
             if not state.polling:
                 return
         time.sleep(0.005)
-
-
-CODE = grpc.StatusCode
 
 
 class _Flight:

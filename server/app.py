@@ -31,6 +31,7 @@ from .accept import AcceptTasks
 from .admin import Admin
 from .auth import BearerTokenInterceptor, SecurityMode, security_warnings, server_credentials, token_interceptor
 from .batcher import Batcher, BatchingPolicy
+from .codec import transport_limit
 from .config import ServerSettings, host_port
 from .cpulatency import CpuWakeupLatency, read_constraint
 from .cpulinear import onednn_available
@@ -41,7 +42,7 @@ from .loopmon import LoopLagMonitor
 from .metrics import ModelMetrics, WokMetrics
 from .repository import ModelRepository
 from .servable import Servable
-from .service import InferenceService, add_to_server, add_tolerant_service, transport_limit
+from .service import InferenceService, add_to_server, add_tolerant_service
 from .stats import ModelStats
 from .v2pb import grpc_service_pb2 as pb
 from .wakeup import WakeupDrain

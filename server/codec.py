@@ -23,6 +23,20 @@ from .v2pb import grpc_service_pb2 as pb
 _LEN = struct.Struct("<I")
 
 
+def transport_limit(max_request_bytes: int) -> int:
+    """gRPC's limit on a message the server receives or sends: room for a request of
+    `max_request_bytes` encoded in the least compact way (app.py sets it on the server)."""
+    return 4 * max_request_bytes + (1 << 20)
+
+
+# ServerMetadata's trailing metadata, where a wok server publishes its --max-request-bytes and its
+# transport_limit (KServe's response has no field for them; Triton's clients ignore metadata they do
+# not know): wok's clients (wok.clients.limits) refuse a request over the limit before sending it,
+# since gRPC refuses it unread and, on a stream, ends the whole stream. See docs/security.md.
+MAX_REQUEST_KEY = "wok-max-request-bytes"
+MAX_MESSAGE_KEY = "wok-max-message-bytes"
+
+
 # A shape is written out in a message up to this many dims. A request's shape may have millions
 # (a 64 MiB request holds 60 million one-byte dims): written out whole, one took 6 s of the event
 # loop, every other request waiting, and 2 GB, for a 20 MB request.

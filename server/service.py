@@ -19,7 +19,16 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from . import __version__
-from .codec import CONTENTS_CHUNK, decode_request, encode_response, finish_decoding, typed_values
+from .codec import (
+    CONTENTS_CHUNK,
+    MAX_MESSAGE_KEY,
+    MAX_REQUEST_KEY,
+    decode_request,
+    encode_response,
+    finish_decoding,
+    transport_limit,
+    typed_values,
+)
 from .config import _MAX_REQUEST_BYTES
 from .errors import (
     AnswerTooLarge,
@@ -67,12 +76,6 @@ REJECTION_REASON = {
     InvalidInput: "invalid",
     ShuttingDown: "shutting_down",
 }
-
-
-def transport_limit(max_request_bytes: int) -> int:
-    """gRPC's limit on a message the server receives or sends: room for a request of
-    `max_request_bytes` encoded in the least compact way (app.py sets it on the server)."""
-    return 4 * max_request_bytes + (1 << 20)
 
 
 def _varint_len(n: int) -> int:
@@ -734,20 +737,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self._unready(rt) is None)
 
-    # ServerMetadata's trailing metadata: this server's --max-request-bytes, and the transport limit
-    # (transport_limit) over which gRPC refuses a request unread, ending a whole stream. KServe's
-    # response has no field for them; Triton's clients ignore metadata they do not know, and wok's
-    # (wok.clients.limits, which spells the keys again: it must not import this module's torch) refuse
-    # a request over the limit before sending it. See docs/security.md.
-    MAX_REQUEST_KEY = "wok-max-request-bytes"
-    MAX_MESSAGE_KEY = "wok-max-message-bytes"
-
     async def ServerMetadata(self, request, context):
         context.set_trailing_metadata(
-            (
-                (self.MAX_REQUEST_KEY, str(self.server.settings.max_request_bytes)),
-                (self.MAX_MESSAGE_KEY, str(self.send_limit)),
-            )
+            ((MAX_REQUEST_KEY, str(self.server.settings.max_request_bytes)), (MAX_MESSAGE_KEY, str(self.send_limit)))
         )
         return pb.ServerMetadataResponse(name="wok", version=__version__, extensions=EXTENSIONS)
 

@@ -405,9 +405,12 @@ async def test_an_answer_refused_as_too_large_is_counted_end_to_end_as_in_the_st
     # stages counted requests the end-to-end one did not (docs/metrics.md: the same requests).
     width = 300_000
     write_python_model(
-        tmp_path / "repo" / "expand", REPEAT_MODEL, out_dims=width, parameters={"width": width},
+        tmp_path / "repo" / "expand",
+        REPEAT_MODEL,
+        out_dims=width,
+        parameters={"width": width},
         dynamic_batching={"max_queue_delay_ms": 1.0},
-    )  # fmt: skip
+    )
     x = {"INPUT0": np.ones((1, 4), np.float32)}
     async with serve(repository=tmp_path / "repo", max_request_bytes=1024) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
