@@ -25,7 +25,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .datatypes import Datatype, datatype
-from .errors import InvalidInput, ModelExecutionError, error_line
+from .errors import ConfigError, InvalidInput, ModelExecutionError, error_line
 from .tensors import to_numpy_view, torch_dtype
 
 log = logging.getLogger("wok")
@@ -158,12 +158,26 @@ class Servable:
 
     # -- instances -----------------------------------------------------------------
     def module_for(self, device: torch.device) -> nn.Module:
-        """The module on `device`, cast to the configured precision; one copy per device."""
+        """The module on `device`, cast to the configured precision; one copy per device.
+
+        The first device asked for takes the module itself; each later one a copy of it. Copying only
+        for a second device serves a module that cannot be copied (one holding a lock, an event or a
+        handle) on any one device, CUDA included; where a second is asked for, ConfigError says so."""
         key = str(device)
         with self._lock:
             mod = self._per_device.get(key)
             if mod is None:
-                mod = self._module if device.type == "cpu" else copy.deepcopy(self._module)
+                if not self._per_device:
+                    mod = self._module
+                else:
+                    try:
+                        mod = copy.deepcopy(self._module)
+                    except Exception as exc:
+                        first = next(iter(self._per_device))
+                        raise ConfigError(
+                            f"model '{self.name}': its module, on {first}, cannot be copied for {key} "
+                            f"({error_line(exc)}); serve it on one device, or make it copyable (copy.deepcopy)"
+                        ) from exc
                 mod = mod.to(device)
                 if self.compute_dtype != torch.float32:
                     mod = mod.to(self.compute_dtype)

@@ -7,6 +7,7 @@ through a real server on loopback (a request whose batch fails, and the server g
 from __future__ import annotations
 
 import textwrap
+import threading
 
 import grpc
 import numpy as np
@@ -256,4 +257,51 @@ def test_an_output_that_is_no_tensor_fails_the_warm_up_without_a_warmup_dims_hin
     assert str(info.value) == (
         "model 'm' failed: ModelExecutionError: model 'm' output 'count' is int; expected a torch.Tensor; in the "
         f"start-up warm-up, on a batch of zeros with input shapes x [1, 1] on cpu (config: {source})"
+    )
+
+
+class Locked(nn.Module):
+    """A model holding a lock (a cache's, a tokenizer's): copy.deepcopy cannot copy it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+        self.lock = threading.Lock()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with self.lock:
+            return self.fc(x)
+
+
+META = torch.device("meta")  # a second device on a machine with none: parameters without storage
+
+
+def test_the_first_device_takes_the_module_itself_and_a_later_one_a_copy():
+    module = nn.Linear(2, 2)
+    s = servable(module, "FP32")
+    assert s.module_for(CPU) is module
+    copied = s.module_for(META)
+    assert copied is not module and copied.weight.device == META
+    assert module.weight.device == CPU  # the first device's module is left where it is
+    assert s.module_for(META) is copied and s.module_for(CPU) is module
+
+
+def test_a_module_that_cannot_be_copied_is_served_on_its_first_device_whichever_that_is():
+    # On CUDA: module_for copied for every device but the CPU, so a model holding a lock could not be
+    # served on a GPU at all ("TypeError: cannot pickle '_thread.lock' object", seen on an H200).
+    module = Locked()
+    s = servable(module, "FP32")
+    assert s.module_for(META) is module and module.fc.weight.device == META
+
+
+def test_a_module_that_cannot_be_copied_for_a_second_device_is_a_config_error_naming_both():
+    from wok.errors import ConfigError
+
+    s = servable(Locked(), "FP32")
+    s.module_for(CPU)
+    with pytest.raises(ConfigError) as info:
+        s.module_for(META)
+    assert str(info.value) == (
+        "model 'm': its module, on cpu, cannot be copied for meta (TypeError: cannot pickle '_thread.lock' object); "
+        "serve it on one device, or make it copyable (copy.deepcopy)"
     )
