@@ -37,14 +37,17 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.tx
     [ $rc -eq 0 ] || { echo "!! $name: exit $rc"; failed=$((failed + 1)); }
 }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv
-python3 -c "import sys, torch, grpc, google.protobuf as pb; print(sys.version.split()[0], 'torch', torch.__version__, \
+# Kept with the results: the driver and versions a run's figures belong to.
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv
+    python3 -c "import sys, torch, grpc, google.protobuf as pb; print(sys.version.split()[0], 'torch', torch.__version__, \
 'cuda', torch.version.cuda, 'grpc', grpc.__version__, 'protobuf', pb.__version__, 'nproc', __import__('os').cpu_count())"
+} 2>&1 | tee "$OUT/device.txt"
 
 small=()  # the dry run's model: the GPU one would take the CPU minutes per batch
 [ "$dev" = cpu ] && small=(--hidden 512 --layers 1 --rows 64 --batches 10)
 step gpu_check 180 python3 bench/gpu_check.py --device "$dev" "${small[@]}" --json "$OUT/gpu_check.json"
-step cuda_tests 120 python3 -m pytest -q -p no:cacheprovider -o addopts=--import-mode=importlib tests/server/test_executor.py tests/server/test_executor_isolate.py -k cuda -rA
+step cuda_tests 120 python3 -m pytest -q -p no:cacheprovider -o addopts=--import-mode=importlib tests/server/test_executor.py tests/server/test_executor_isolate.py tests/server/test_executor_cuda.py tests/server/test_device_lost.py -k cuda -rA
 step profile_mlp 120 python3 -m wok profile mlp --device "$dev" --repeats 50 \
     --json "$OUT/profile_mlp.json" --plot "$OUT/profile_mlp.png"
 step profile_recsys 120 python3 -m wok profile recsys --device "$dev" --repeats 50 --json "$OUT/profile_recsys.json"
@@ -75,7 +78,7 @@ for variant in "accept0 --accept-tasks 0" "drain --wakeup-drain"; do
     server=$!
     for _ in $(seq 120); do grep -q "wok: serving" "$OUT/serve_$name.log" && break; sleep 0.5; done
     step "ramp_unary_$name" 90 python3 -m wok bench ramp --target 127.0.0.1:8011 --model mlp --steps "$steps" \
-        --step-duration 5s --workers 4 --json "$OUT/ramp_unary_$name.json"
+        --step-duration 5s --workers 4 --metrics-url http://127.0.0.1:8012/metrics --json "$OUT/ramp_unary_$name.json"
     kill -INT $server
     wait $server
 done

@@ -660,6 +660,12 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
         # A model thread is stuck; Python would wait for it forever at exit.
         _say("wok: a model was still running after the grace period; exiting")
         os._exit(1)
+    if server.device_lost is not None:
+        # Torch frees a lost device's memory at exit through calls that now fail, and a failure in a
+        # destructor aborts the process (SIGABRT, seen on an H200): leave without those frees.
+        _say(f"wok: exiting without freeing the lost device's memory ({server.device_lost})")
+        logging.shutdown()
+        os._exit(1)
     return 0
 
 

@@ -35,6 +35,7 @@ from .codec import transport_limit
 from .config import ServerSettings, host_port
 from .cpulatency import CpuWakeupLatency, read_constraint
 from .cpulinear import onednn_available
+from .errors import DeviceLost
 from .executor import Executor
 from .health import HealthServicer
 from .http import MetricsHTTPServer
@@ -139,10 +140,12 @@ class WokServer:
         self.accept: AcceptTasks | None = None
         self.wakeup_drain: WakeupDrain | None = None
         self.cpu_latency: CpuWakeupLatency | None = None
+        # A device a model ran on, lost to a device-side error: the server can serve no more there.
+        self.device_lost: DeviceLost | None = None
 
     @property
     def ready(self) -> bool:
-        return self._started and not self.draining
+        return self._started and not self.draining and self.device_lost is None
 
     def runtime(self, name: str, version: str = "") -> ModelRuntime:
         return self.runtimes[self.repository.get(name, version).name]
@@ -293,9 +296,20 @@ class WokServer:
 
     def _model_failed(self, name: str, exc: BaseException) -> None:
         """A model's batching task failed (a bug; it is logged): its health turns NOT_SERVING, so
-        that a balancer watching it routes elsewhere; the server's own health is left as it is."""
-        if self._health is not None and not self.draining:
-            task = asyncio.get_running_loop().create_task(self._health.set(name, _NOT_SERVING))
+        that a balancer watching it routes elsewhere; the server's own health is left as it is.
+        A device lost to a device-side error (DeviceLost) is the process's, not the model's: only a
+        restart recovers it, so the server's health turns NOT_SERVING too and it is no longer ready
+        (the probes in deploy/k8s take it out of its Service, then restart it)."""
+        if self._health is None or self.draining:
+            return
+        services = [name]
+        if isinstance(exc, DeviceLost):
+            if self.device_lost is None:
+                self.device_lost = exc
+                log.error("%s; health NOT_SERVING", exc)
+            services += ["", SERVICE_NAME]
+        for service in services:
+            task = asyncio.get_running_loop().create_task(self._health.set(service, _NOT_SERVING))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 

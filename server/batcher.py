@@ -57,6 +57,7 @@ import numpy as np
 from .errors import (
     DeadlineExceeded,
     DeadlineUnmeetable,
+    DeviceLost,
     InvalidInput,
     ModelExecutionError,
     QueueFull,
@@ -401,6 +402,8 @@ class Batcher:
         costs no decode (submit asks again: a request of many typed values is read over several
         turns of the loop, in which the queue may fill)."""
         if self._failed is not None:
+            if isinstance(self._failed, DeviceLost):
+                raise DeviceLost(str(self._failed))
             raise ModelExecutionError(f"model '{self.name}' cannot run requests: its batcher failed: {self._failed}")
         if self._stopping:
             raise ShuttingDown(f"server is shutting down; model '{self.name}' accepts no new requests")
@@ -1346,7 +1349,7 @@ class Batcher:
             if left_out and not failed_at_stop:
                 # The requests its worker left out did not run: answered as left out, not with its error.
                 self._expire_left_out(batch, *left_out[0])
-            if not isinstance(exc, (ModelExecutionError, ShuttingDown)):
+            if not isinstance(exc, (ModelExecutionError, ShuttingDown, DeviceLost)):
                 # One line for the callers; the whole error, as the cause, for FailureLog's traceback.
                 cause, exc = exc, ModelExecutionError(f"model '{self.name}' failed: {error_line(exc)}")
                 exc.__cause__ = cause
@@ -1357,6 +1360,7 @@ class Batcher:
                 if p.state != RUNNING:
                     continue
                 self._fail(p, exc, now)
+            self._check_device()
             return
         result: BatchResult = f.result()
         if self._busy[inst] == 0:
@@ -1388,6 +1392,7 @@ class Batcher:
             return
         if result.failure is not None:
             self._answer_isolated(batch, result, now)
+            self._check_device()  # a part rerun alone may have met a device-side error
             return
         if self.slo is not None:
             self.slo.observe_batch(batch.key, batch.samples, result.finished - result.started)
@@ -1402,6 +1407,24 @@ class Batcher:
             if not p.future.done():
                 p.future.set_result(out)
         self._record_executed(batch, result, batch.requests, batch.samples)
+
+    def _check_device(self) -> None:
+        """After a failed batch: if it left one of the model's devices unusable (executor's
+        Instance.lost), refuse every request from now on (check_room: DeviceLost, UNAVAILABLE), fail
+        those queued with it, and tell the server (on_failed: its health turns NOT_SERVING). Batches
+        already sent fail on their own, at their instance."""
+        if self._failed is not None:
+            return
+        lost = self.executor.lost
+        if lost is None:
+            return
+        self._failed = lost
+        self._fail_queued(DeviceLost(str(lost)))
+        if self.on_failed is not None:
+            try:
+                self.on_failed(lost)
+            except Exception:
+                log.exception("on_failed for model '%s' failed", self.name)
 
     def _record_executed(
         self, batch: Batch, result: BatchResult, answered: list[Pending], samples: int, by_size: bool = True

@@ -66,6 +66,15 @@ class ShuttingDown(WokError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class DeviceLost(WokError):
+    """A CUDA device's context is unusable after a device-side error (a kernel's assert, an illegal
+    address): every later batch there would fail, and only a new process recovers it. The model
+    refuses requests (UNAVAILABLE, to be retried elsewhere) and the server's health turns
+    NOT_SERVING, so that a balancer routes around it and an orchestrator restarts it."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
 class NotSupported(WokError):
     """A protocol call wok declares only to say why it does not serve it (loading a model at run time)."""
 

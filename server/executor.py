@@ -56,7 +56,7 @@ import torch
 
 from .config import InstanceConfig
 from .cpulinear import MIN_ROWS, onednn_counts, padded_rows, with_onednn_linear
-from .errors import ConfigError, ModelExecutionError, WarmupError, error_line
+from .errors import ConfigError, DeviceLost, ModelExecutionError, WarmupError, error_line
 from .faults import InstanceFault
 from .metrics import NOT_RUN
 from .servable import HostBuffers, Servable
@@ -151,12 +151,22 @@ class Instance:
     """One copy of the model on one device, with its worker thread(s) and slots."""
 
     def __init__(
-        self, servable: Servable, index: int, device: torch.device, depth: int, cpu_linear: str = "onednn"
+        self,
+        servable: Servable,
+        index: int,
+        device: torch.device,
+        depth: int,
+        cpu_linear: str = "onednn",
+        lost: dict[str, str] | None = None,
     ) -> None:
+        """`lost`: the devices lost to a device-side error, by name, with that error's line; shared
+        by the model's instances (a CUDA context is the process's, so one device's instances go
+        together)."""
         self.servable = servable
         self.index = index
         self.device = device
         self.cuda = device.type == "cuda"
+        self._lost = {} if lost is None else lost
         self.module = servable.module_for(device)
         # Linear layers that run through oneDNN on this instance (server/cpulinear.py), and how
         # many of them carry the ReLU after them.
@@ -451,18 +461,43 @@ class Instance:
         return outcomes, reruns
 
     # -- CUDA: launch on three streams, then wait for the last event on another thread -----
+    @property
+    def lost(self) -> DeviceLost | None:
+        """Why this instance's device can run nothing more (a device-side error made its CUDA context
+        unusable); None while it can."""
+        why = self._lost.get(str(self.device))
+        if why is None:
+            return None
+        return DeviceLost(
+            f"model '{self.servable.name}': device {self.device} was lost to a device-side error ({why}); "
+            "every later batch there would fail: the server must be restarted"
+        )
+
+    def _mark_lost(self, exc: BaseException) -> None:
+        # The first error is the one to tell: those after it are its echoes. Logged by the server
+        # (WokServer._model_failed), which the batcher tells.
+        self._lost.setdefault(str(self.device), error_line(exc))
+
     def _launch_cuda(
         self, inputs, rows, slot: _Slot, deadlines=None, left_out: list | None = None, ran: list | None = None
     ):
+        lost = self.lost
+        if lost is not None:  # nothing runs: no time on the instance, no request left out
+            raise lost
         t0 = time.perf_counter()
         inputs, rows, kept = _live(inputs, rows, deadlines, t0)
         if not rows:
             return None, None, 0.0, t0, rows, kept
         try:
             return self._launch_live(inputs, rows, slot, kept, t0)
-        except BaseException:
+        except BaseException as exc:
             _note_left_out(left_out, kept, t0)
             _note_raised(ran, t0)
+            if _is_device_error(exc):  # met outside the forward: a pinned buffer's allocation, an event's
+                self._mark_lost(exc)
+                raise ModelExecutionError(
+                    f"model '{self.servable.name}' failed on the device: {error_line(exc)}"
+                ) from exc
             raise
 
     def _launch_live(self, inputs, rows, slot: _Slot, kept, t0: float):
@@ -503,6 +538,8 @@ class Instance:
             failure = exc if isinstance(exc, ModelExecutionError) else _model_failed(s.name, exc)
             # A device-side error (of this batch, or of the one before it, met at a sync in this
             # forward) leaves the CUDA context unusable: its parts would fail for nothing of theirs.
+            if _is_device_error(exc):
+                self._mark_lost(exc)
             if not self._may_isolate(rows) or _is_device_error(exc):
                 if failure is exc:
                     raise
@@ -534,6 +571,8 @@ class Instance:
         except ModelExecutionError:
             raise
         except Exception as exc:
+            if _is_device_error(exc):
+                self._mark_lost(exc)
             raise _model_failed(s.name, exc) from exc
         return s.split(arrays, rows)
 
@@ -548,6 +587,8 @@ class Instance:
                 ev[4].synchronize()
             except Exception as exc:
                 log.debug("model '%s': a batch failed on the device", self.servable.name, exc_info=True)
+                if _is_device_error(exc):
+                    self._mark_lost(exc)
                 raise ModelExecutionError(
                     f"model '{self.servable.name}' failed on the device: {error_line(exc)}"
                 ) from exc
@@ -729,10 +770,20 @@ class Executor:
             source = servable.config.source or f"model '{servable.name}'"
             raise ConfigError(f"{source}: instances.devices: {exc}") from None
         self.instances = []
+        self._lost: dict[str, str] = {}  # the devices lost to a device-side error (Instance.lost)
         for i in range(cfg.count):
             device = devices[i % len(devices)]
             depth = cfg.pipeline_depth or 2
-            self.instances.append(Instance(servable, i, device, depth, cpu_linear))
+            self.instances.append(Instance(servable, i, device, depth, cpu_linear, self._lost))
+
+    @property
+    def lost(self) -> DeviceLost | None:
+        """DeviceLost for the first of the model's devices lost to a device-side error; None if none is."""
+        for inst in self.instances:
+            lost = inst.lost
+            if lost is not None:
+                return lost
+        return None
 
     @property
     def slot_count(self) -> int:

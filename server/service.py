@@ -34,6 +34,7 @@ from .errors import (
     AnswerTooLarge,
     DeadlineExceeded,
     DeadlineUnmeetable,
+    DeviceLost,
     InvalidInput,
     ModelNotFound,
     NotSupported,
@@ -724,10 +725,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """Why the model cannot take requests now; None when it is ready (ModelReady, RepositoryIndex)."""
         if self.server.draining:
             return "server is shutting down and accepts no new requests"
+        if rt.batcher.failed is not None:
+            if isinstance(rt.batcher.failed, DeviceLost):
+                return str(rt.batcher.failed)
+            return f"batcher failed: {rt.batcher.failed}; the model refuses every request until the server restarts"
         if not self.server.ready:
             return "server is not ready"
-        if rt.batcher.failed is not None:
-            return f"batcher failed: {rt.batcher.failed}; the model refuses every request until the server restarts"
         return None
 
     async def ModelReady(self, request, context):

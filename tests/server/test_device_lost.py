@@ -1,0 +1,220 @@
+"""A device lost to a device-side error (a kernel's assert, an illegal address): its CUDA context is
+unusable, every later batch there would fail, and only a new process recovers it. The batch that met
+the error fails INTERNAL; from then on the model refuses requests UNAVAILABLE (to be retried
+elsewhere), is not ready, and the server's health turns NOT_SERVING so that the probes of
+deploy/k8s take it out of its Service and restart it; `wok serve` exits 1 without the frees that
+would abort it (errors.DeviceLost, executor's Instance._mark_lost, batcher's _check_device).
+
+The CUDA tests need a GPU (bench/gpu_session.sh runs them on a lent one); each runs the lost device
+in a process of its own, as the error poisons the process. The first test plants the mark the CUDA
+path sets on a CPU model, for what follows it in the batcher, the service and the health servicer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from wok.app import SERVICE_NAME, WokServer
+from wok.codec import decode_response, encode_request
+from wok.config import server_settings
+from wok.repository import ModelRepository
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+from ..conftest import write_python_model
+from .conftest import gated_servable, until
+
+NO_CUDA = "no CUDA device here; bench/gpu_session.sh runs this on a lent GPU"
+ASSERT = "AcceleratorError: CUDA error: device-side assert triggered"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def lost_message(model: str, device: str, why: str = ASSERT) -> str:
+    return (
+        f"model '{model}': device {device} was lost to a device-side error ({why}); "
+        "every later batch there would fail: the server must be restarted"
+    )
+
+
+async def health_turns(channel, service: str, status: int) -> None:
+    """Until the health servicer's Watch of `service` says `status`."""
+    call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=service), timeout=30)
+    async for reply in call:
+        if reply.status == status:
+            call.cancel()
+            return
+
+
+async def test_a_device_marked_lost_turns_its_model_unavailable_and_the_server_not_serving():
+    a, module = gated_servable(max_batch_size=1, delay_ms=5.0, depth=None, name="a", enter_when_closed=True)
+    b, _ = gated_servable(name="b", delay_ms=1.0)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([a, b], "test"))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            batcher = server.runtimes["a"].batcher
+            # As the CUDA path marks it when a batch meets a device-side error (Instance._mark_lost).
+            server.runtimes["a"].executor._lost["cpu"] = ASSERT
+            module.gate.clear()
+            nan = {"INPUT0": np.full((1, 4), np.nan, np.float32)}
+            failing = asyncio.ensure_future(stub.ModelInfer(encode_request("a", nan), timeout=30))
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(None, module.entered.wait, 10), "the batch never reached its model"
+            one = {"INPUT0": np.ones((1, 4), np.float32)}
+            behind = asyncio.ensure_future(stub.ModelInfer(encode_request("a", one), timeout=30))  # at the worker
+            await until(lambda: batcher.inflight == 2)
+            queued = asyncio.ensure_future(stub.ModelInfer(encode_request("a", one), timeout=30))
+            await until(lambda: batcher.queued == 1)
+            module.gate.set()
+
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await failing
+            assert info.value.code() == grpc.StatusCode.INTERNAL
+            assert info.value.details() == "model 'a' failed: ValueError: NaN in batch"
+            # The batch sent before the failure runs (on the CPU here; on CUDA its launch refuses it).
+            np.testing.assert_array_equal(decode_response(await behind)["OUTPUT0"], np.full((1, 4), 2.0))
+            for call in (queued, stub.ModelInfer(encode_request("a", one), timeout=30)):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert info.value.details() == lost_message("a", "cpu")
+
+            await health_turns(ch, "", NOT_SERVING)
+            for service, status in (("", NOT_SERVING), (SERVICE_NAME, NOT_SERVING), ("a", NOT_SERVING), ("b", SERVING)):
+                reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service))
+                assert reply.status == status, service
+            assert not (await stub.ServerReady(pb.ServerReadyRequest(), timeout=10)).ready
+            assert not (await stub.ModelReady(pb.ModelReadyRequest(name="a"), timeout=10)).ready
+            index = await stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=10)
+            assert [(m.name, m.state, m.reason) for m in index.models] == [
+                ("a", "UNAVAILABLE", lost_message("a", "cpu")),
+                ("b", "UNAVAILABLE", "server is not ready"),
+            ]
+            # The other model, on a device of its own, still answers until the restart.
+            np.testing.assert_array_equal(
+                decode_response(await stub.ModelInfer(encode_request("b", one), timeout=30))["OUTPUT0"],
+                np.full((1, 4), 2.0),
+            )
+            assert batcher.queued == 0 and batcher.inflight == 0
+    finally:
+        module.gate.set()
+        await server.stop(grace=5)
+
+
+# Row i of a 10-row table for each request's first value: 10 or more indexes past the table, which
+# on CUDA is a device-side assert, on the CPU an IndexError.
+LOOKUP_MODEL = """
+import torch
+from torch import nn
+
+
+class Lookup(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.arange(40, dtype=torch.float32).reshape(10, 4), requires_grad=False)
+
+    def forward(self, x):
+        return nn.functional.embedding(x[:, 0].long(), self.table)
+
+
+def build():
+    return Lookup()
+"""
+
+EXECUTOR_SCRIPT = """
+import json, os, sys, types
+import numpy as np
+from wok.config import InstanceConfig, model_config_from_dict
+from wok.executor import Executor
+from wok.servable import Servable
+
+code = types.ModuleType("lookup")
+exec(sys.argv[1], code.__dict__)
+cfg = model_config_from_dict({"name": "lookup", "platform": "python", "factory": "x:y", "max_batch_size": 4,
+    "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
+    "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [4]}]}, "test")
+ex = Executor(Servable(cfg, code.build()), InstanceConfig(count=1, devices=("cuda:0",), pipeline_depth=2))
+inst = ex.instances[0]
+req = lambda i: {"INPUT0": np.full((1, 4), i, np.float32)}
+out = {}
+
+def outcome(name, fut):
+    try:
+        outputs = fut.result(60).outputs
+        out[name] = ["ok", [repr(o) if isinstance(o, Exception) else o["OUTPUT0"].tolist() for o in outputs]]
+    except Exception as exc:
+        out[name] = [type(exc).__name__, str(exc)]
+    out[name + "_ran"] = len(fut.ran)
+
+outcome("good", inst.submit([req(1), req(2)], [1, 1], 0))
+bad, behind = inst.submit([req(1), req(50)], [1, 1], 0), inst.submit([req(3)], [1], 1)
+outcome("bad", bad)
+outcome("behind", behind)
+outcome("later", inst.submit([req(3)], [1], 0))
+out["lost"] = str(ex.lost)
+print(json.dumps(out), flush=True)
+os._exit(0)  # the frees at exit would abort on the lost device
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_cuda_a_device_side_error_fails_its_batch_and_every_later_one_is_refused_without_running():
+    proc = subprocess.run(
+        [sys.executable, "-c", EXECUTOR_SCRIPT, textwrap.dedent(LOOKUP_MODEL)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["good"] == ["ok", [[[4.0, 5.0, 6.0, 7.0]], [[8.0, 9.0, 10.0, 11.0]]]]
+    assert out["bad"] == ["ModelExecutionError", f"model 'lookup' failed on the device: {ASSERT}"]
+    assert out["bad_ran"] == 1
+    # In flight behind it on the other slot: it ran on the poisoned context, or was refused.
+    assert out["behind"][0] in ("ModelExecutionError", "DeviceLost"), out["behind"]
+    assert out["later"] == ["DeviceLost", lost_message("lookup", "cuda:0")]
+    assert out["later_ran"] == 0  # refused before it ran: no time on the instance
+    assert out["lost"] == lost_message("lookup", "cuda:0")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_cuda_wok_serve_after_a_device_side_error_refuses_turns_not_serving_and_exits_1(tmp_path, start_server):
+    write_python_model(tmp_path / "lookup", LOOKUP_MODEL, devices=("cuda:0",))
+    sp = start_server("--model-repository", str(tmp_path))
+    with grpc.insecure_channel(sp.target) as ch:
+        stub = pb_grpc.GRPCInferenceServiceStub(ch)
+
+        def infer(value: float):
+            return stub.ModelInfer(encode_request("lookup", {"INPUT0": np.full((1, 4), value, np.float32)}), timeout=30)
+
+        np.testing.assert_array_equal(decode_response(infer(1.0))["OUTPUT0"], [[4.0, 5.0, 6.0, 7.0]])
+        with pytest.raises(grpc.RpcError) as info:
+            infer(50.0)
+        assert info.value.code() == grpc.StatusCode.INTERNAL
+        assert info.value.details() == f"model 'lookup' failed on the device: {ASSERT}"
+        with pytest.raises(grpc.RpcError) as info:
+            infer(1.0)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert info.value.details() == lost_message("lookup", "cuda:0")
+        health = health_pb2_grpc.HealthStub(ch)
+        for reply in health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=30):
+            if reply.status == NOT_SERVING:
+                break
+        assert not stub.ServerReady(pb.ServerReadyRequest(), timeout=10).ready
+    assert sp.terminate(timeout=60) == 1, "\n".join(sp.log[-40:])
+    log = "\n".join(sp.log)
+    assert f"ERROR wok: {lost_message('lookup', 'cuda:0')}; health NOT_SERVING" in log, log[-3000:]
+    assert f"wok: exiting without freeing the lost device's memory ({lost_message('lookup', 'cuda:0')})" in log
+    assert "terminate called" not in log

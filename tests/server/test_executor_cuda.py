@@ -1,0 +1,112 @@
+"""The CUDA path's bookkeeping on a real device: requests left out at their deadline, a failed batch's
+`ran` and `left_out`, the instance serving on after a failed batch. Each is the CUDA twin of a CPU
+test (test_executor.py, test_batcher.py) whose stand-in cannot reach _launch_cuda/_finish_cuda.
+
+These skip without a CUDA device; bench/gpu_session.sh runs them on a lent GPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from wok.config import InstanceConfig
+from wok.errors import ModelExecutionError
+from wok.executor import Executor
+from wok.models import build_demo
+
+from .conftest import gated_servable
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here; bench/gpu_session.sh runs these on a GPU"
+)
+
+
+def mlp_requests(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [{"INPUT0": rng.standard_normal((1, 256), dtype=np.float32)} for _ in range(n)]
+
+
+def reference(servable, reqs):
+    module = servable.module_for(torch.device("cpu"))
+    with torch.inference_mode():
+        return [module(torch.from_numpy(r["INPUT0"])).numpy() for r in reqs]
+
+
+@pytest.fixture
+def cuda_executor():
+    made = []
+
+    def make(servable, depth=2):
+        ex = Executor(servable, InstanceConfig(count=1, devices=("cuda:0",), pipeline_depth=depth))
+        made.append(ex)
+        return ex
+
+    yield make
+    for ex in made:
+        ex.shutdown()
+
+
+def test_cuda_worker_leaves_out_requests_whose_deadline_passed(cuda_executor):
+    s = build_demo("mlp")
+    inst = cuda_executor(s).instances[0]
+    reqs = mlp_requests(3)
+    now = time.perf_counter()
+    result = inst.submit(reqs, [1, 1, 1], 0, [now - 1.0, None, now + 60.0]).result(30)
+    assert result.kept == (1, 2) and result.events is not None
+    assert len(result.outputs) == 2
+    for got, want in zip(result.outputs, reference(s, reqs[1:])):
+        np.testing.assert_allclose(got["OUTPUT0"], want, rtol=1e-3, atol=1e-4)
+    nothing = inst.submit(reqs[:1], [1], 0, [now - 1.0]).result(30)
+    assert nothing.kept == () and nothing.outputs == [] and nothing.events is None
+    every = inst.submit(reqs, [1, 1, 1], 1, [None, now + 60.0, None]).result(30)
+    assert every.kept is None and len(every.outputs) == 3
+
+
+def test_cuda_a_batch_failing_whole_notes_its_time_on_the_instance_and_its_left_out_requests(cuda_executor):
+    """One request left (its batch of one cannot be rerun in parts), its NaN fails the forward as the
+    batch is launched: the future raises, `ran` holds the time the batch held the instance and
+    `left_out` the request its worker left out (the batcher answers it DEADLINE_EXCEEDED)."""
+    s, _ = gated_servable()
+    inst = cuda_executor(s, depth=1).instances[0]
+    now = time.perf_counter()
+    before = time.perf_counter()
+    nan = {"INPUT0": np.full((1, 4), np.nan, np.float32)}
+    fut = inst.submit([{"INPUT0": np.ones((1, 4), np.float32)}, nan], [1, 1], 0, [now - 1.0, None])
+    with pytest.raises(ModelExecutionError, match=r"^model 'gated' failed: ValueError: NaN in batch$"):
+        fut.result(30)
+    after = time.perf_counter()
+    [(started, ended)] = fut.ran
+    assert before <= started <= ended <= after
+    assert fut.left_out == [((1,), started)]
+    # The instance serves on, on its streams.
+    ok = inst.submit([{"INPUT0": np.full((1, 4), 3.0, np.float32)}], [1], 0).result(30)
+    assert ok.failure is None and ok.events is not None
+    np.testing.assert_array_equal(ok.outputs[0]["OUTPUT0"], np.full((1, 4), 6.0, np.float32))
+
+
+def test_cuda_a_batch_that_returned_notes_no_ran_and_no_left_out(cuda_executor):
+    s = build_demo("mlp")
+    inst = cuda_executor(s).instances[0]
+    fut = inst.submit(mlp_requests(2), [1, 1], 0)
+    result = fut.result(30)
+    assert fut.ran == [] and fut.left_out == []
+    assert result.started <= result.finished
+
+
+def test_cuda_both_slots_of_a_pipeline_left_out_and_answered_in_order(cuda_executor):
+    """Depth 2: two batches in flight, each with a request past its deadline; each keeps its own."""
+    s = build_demo("mlp")
+    inst = cuda_executor(s).instances[0]
+    a, b = mlp_requests(4, seed=1), mlp_requests(4, seed=2)
+    now = time.perf_counter()
+    fa = inst.submit(a, [1] * 4, 0, [None, now - 1.0, None, None])
+    fb = inst.submit(b, [1] * 4, 1, [None, None, None, now - 1.0])
+    ra, rb = fa.result(30), fb.result(30)
+    assert (ra.kept, rb.kept) == ((0, 2, 3), (0, 1, 2))
+    for result, reqs in ((ra, [a[0], a[2], a[3]]), (rb, b[:3])):
+        for got, want in zip(result.outputs, reference(s, reqs)):
+            np.testing.assert_allclose(got["OUTPUT0"], want, rtol=1e-3, atol=1e-4)
