@@ -271,6 +271,7 @@ class Batcher:
         self.metrics = metrics or ModelMetrics(name, len(executor.instances))
         self.failures = FailureLog(name)
         self.metrics.queue_depth = lambda: self._queued
+        self.metrics.devices_lost = executor.devices_lost
         self.metrics.inflight = lambda: self._inflight
         self._queues: dict[Hashable, _Queue] = {}
         # (arrival of a queue's head, seq, key). Every non-empty queue has exactly one live entry

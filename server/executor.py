@@ -776,6 +776,10 @@ class Executor:
             depth = cfg.pipeline_depth or 2
             self.instances.append(Instance(servable, i, device, depth, cpu_linear, self._lost))
 
+    def devices_lost(self) -> dict[str, bool]:
+        """Each of the model's devices, and whether a device-side error made it unusable (Instance.lost)."""
+        return {str(inst.device): str(inst.device) in self._lost for inst in self.instances}
+
     @property
     def lost(self) -> DeviceLost | None:
         """DeviceLost for the first of the model's devices lost to a device-side error; None if none is."""

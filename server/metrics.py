@@ -117,6 +117,8 @@ class ModelMetrics:
         # Read at scrape time from the batcher, so the hot path keeps no gauge of its own.
         self.queue_depth: Callable[[], int] = lambda: 0
         self.inflight: Callable[[], int] = lambda: 0
+        # Each of the model's devices, and whether a device-side error made it unusable.
+        self.devices_lost: Callable[[], dict[str, bool]] = dict
 
     def record_batch(
         self,
@@ -313,6 +315,12 @@ class WokMetrics:
         inflight = GaugeMetricFamily(
             "wok_inflight_batches", "Batches handed to the model's instances and not yet finished", labels=["model"]
         )
+        lost = GaugeMetricFamily(
+            "wok_device_lost",
+            "1 when a device-side error (a kernel's assert, an illegal address) made the model's device unusable: "
+            "the model refuses requests and the server must be restarted; else 0",
+            labels=["model", "device"],
+        )
         for m in models:
             for s, h in m.stages.items():
                 stage.add_metric([m.name, s], h.cumulative(), h.total)
@@ -333,6 +341,8 @@ class WokMetrics:
             reruns.add_metric([m.name], m.reruns)
             depth.add_metric([m.name], m.queue_depth())
             inflight.add_metric([m.name], m.inflight())
+            for device, is_lost in m.devices_lost().items():
+                lost.add_metric([m.name, device], 1.0 if is_lost else 0.0)
         # An unknown model's request, or bytes that are no request, is answered and counted under no
         # model's name: without these, wok_responses_total would not count every answer.
         for code, n in ({"NOT_FOUND": 0, "INVALID_ARGUMENT": 0} | self.unmodeled_responses).items():
@@ -349,7 +359,7 @@ class WokMetrics:
             )
             info.add_metric([str(self.grpc_port)], 1)
             yield info
-        yield from (stage, e2e, bs, flush, slack, resp, rej, busy, idle_queued, reruns, depth, inflight)
+        yield from (stage, e2e, bs, flush, slack, resp, rej, busy, idle_queued, reruns, depth, inflight, lost)
         if self.loop_lag.count:
             lag = HistogramMetricFamily(
                 "wok_event_loop_lag_seconds",

@@ -288,6 +288,7 @@ def test_every_alert_has_a_severity_and_annotations_that_name_its_labels():
         "WokRequestsRejected",
         "WokClientRequestsRejected",
         "WokGpuTemperatureHigh",
+        "WokGpuLost",
     } <= set(alerts)
     for name, a in alerts.items():
         assert a["labels"]["severity"] in ("critical", "warning", "info"), name
@@ -629,6 +630,7 @@ async def test_every_metric_the_rules_and_dashboard_use_is_exported(serve):
         "wok_instance_busy_seconds_total",
         "wok_queue_depth",
         "wok_inflight_batches",
+        "wok_device_lost",
         "wok_gpu_temperature_celsius",
     } <= set(referenced)
     missing = {n: sorted(srcs) for n, srcs in referenced.items() if n not in exported}

@@ -17,12 +17,15 @@ import json
 import subprocess
 import sys
 import textwrap
+import urllib.request
 
 import grpc
 import numpy as np
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from wok.app import SERVICE_NAME, WokServer
 from wok.codec import decode_response, encode_request
@@ -47,6 +50,16 @@ def lost_message(model: str, device: str, why: str = ASSERT) -> str:
     )
 
 
+def lost_gauges(server: WokServer) -> dict[tuple[str, str], float]:
+    """wok_device_lost by (model, device), as /metrics gives it."""
+    return {
+        (s.labels["model"], s.labels["device"]): s.value
+        for family in text_string_to_metric_families(generate_latest(server.registry).decode())
+        if family.name == "wok_device_lost"
+        for s in family.samples
+    }
+
+
 async def health_turns(channel, service: str, status: int) -> None:
     """Until the health servicer's Watch of `service` says `status`."""
     call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=service), timeout=30)
@@ -65,6 +78,7 @@ async def test_a_device_marked_lost_turns_its_model_unavailable_and_the_server_n
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
             batcher = server.runtimes["a"].batcher
+            assert lost_gauges(server) == {("a", "cpu"): 0.0, ("b", "cpu"): 0.0}
             # As the CUDA path marks it when a batch meets a device-side error (Instance._mark_lost).
             server.runtimes["a"].executor._lost["cpu"] = ASSERT
             module.gate.clear()
@@ -92,6 +106,7 @@ async def test_a_device_marked_lost_turns_its_model_unavailable_and_the_server_n
                 assert info.value.details() == lost_message("a", "cpu")
 
             await health_turns(ch, "", NOT_SERVING)
+            assert lost_gauges(server) == {("a", "cpu"): 1.0, ("b", "cpu"): 0.0}
             for service, status in (("", NOT_SERVING), (SERVICE_NAME, NOT_SERVING), ("a", NOT_SERVING), ("b", SERVING)):
                 reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service))
                 assert reply.status == status, service
@@ -213,6 +228,14 @@ def test_cuda_wok_serve_after_a_device_side_error_refuses_turns_not_serving_and_
             if reply.status == NOT_SERVING:
                 break
         assert not stub.ServerReady(pb.ServerReadyRequest(), timeout=10).ready
+    with urllib.request.urlopen(sp.http_url() + "/metrics", timeout=10) as reply:
+        gauges = [
+            (s.labels, s.value)
+            for family in text_string_to_metric_families(reply.read().decode())
+            if family.name == "wok_device_lost"
+            for s in family.samples
+        ]
+    assert gauges == [({"model": "lookup", "device": "cuda:0"}, 1.0)]
     assert sp.terminate(timeout=60) == 1, "\n".join(sp.log[-40:])
     log = "\n".join(sp.log)
     assert f"ERROR wok: {lost_message('lookup', 'cuda:0')}; health NOT_SERVING" in log, log[-3000:]
