@@ -192,8 +192,9 @@ def main(argv: list[str]) -> int:
 def suite_passes(python: Path, cpus: int) -> list[list[str]]:
     """The pytest runs of the whole suite: on two or more CPUs, the files not marked `serial`
     on two workers (pytest-xdist, a file's tests together on one), then the `serial` ones
-    alone, since they measure times or rates that a second worker's load would move."""
-    pytest = [str(python), "-m", "pytest"]
+    alone, since they measure times or rates that a second worker's load would move. Each pass
+    names its slowest tests at the end: what to look at when the suite grows slow."""
+    pytest = [str(python), "-m", "pytest", "--durations=15"]
     if cpus < 2:
         return [pytest]
     return [[*pytest, "-n", "2", "--dist", "loadfile", "-m", "not serial"], [*pytest, "-m", "serial"]]

@@ -131,7 +131,7 @@ def test_sigterm_to_bootstrap_serve_stops_the_server_and_frees_its_port():
 def test_the_suite_runs_in_two_passes_on_two_cpus_and_the_serial_files_exist(pytestconfig):
     bootstrap = load_bootstrap()
     py = Path("/venv/bin/python")
-    pytest_ = [str(py), "-m", "pytest"]
+    pytest_ = [str(py), "-m", "pytest", "--durations=15"]
     assert bootstrap.suite_passes(py, 1) == [pytest_]
     assert bootstrap.suite_passes(py, 16) == [
         [*pytest_, "-n", "2", "--dist", "loadfile", "-m", "not serial"],
