@@ -385,7 +385,7 @@ def post_fault(base_url: str, body: dict, timeout: float = 5.0) -> dict:
             return json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")[:500]
-        # The admin paths answer 404 (or 405 to a POST) on a server run without --admin.
+        # A server run without --admin answers 404 at the admin paths (an older wok: 405 to a POST).
         hint = " (is the server run with --admin?)" if exc.code in (404, 405) else ""
         raise RuntimeError(f"{base_url}/admin/faults: HTTP {exc.code}{hint}: {detail}") from None
     except (urllib.error.URLError, OSError) as exc:
