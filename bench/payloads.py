@@ -5,7 +5,9 @@ and shapes with -1 for the batch dimension and for any dimension of variable len
 A PayloadGenerator fills those in: the batch dimension with `rows`, every other -1 with
 one length per request drawn from a size distribution (a sequence length, a number of
 ids), so that the server sees the spread of shapes a real workload brings. Payloads
-are pre-made in a pool; the send loop only picks one.
+are pre-made in a pool (`plan_pool`): one per size the distribution can draw where they fit
+under a byte cap, so that each request's size, drawn when its step is scheduled, has its
+payload, the tail included; the send loop only picks one by index.
 
 numpy and wok.datatypes only: bench worker processes import this and must start fast.
 """
@@ -31,11 +33,14 @@ __all__ = [
     "LogNormal",
     "Mix",
     "PayloadGenerator",
+    "PoolPlan",
     "Sizes",
     "TensorSpec",
     "Uniform",
     "parse_mix",
     "parse_sizes",
+    "plan_pool",
+    "support_of",
 ]
 
 
@@ -273,6 +278,24 @@ class PayloadGenerator:
         """Input name -> V2 datatype, for encode_request(datatypes=...): BF16 cannot be told from UINT16."""
         return {t.name: t.datatype for t in self.inputs}
 
+    @property
+    def variable(self) -> bool:
+        """Whether any input has a variable dimension besides the batch: else `sizes` changes nothing."""
+        return any(-1 in t.shape[1:] for t in self.inputs)
+
+    def nbytes(self, sizes: np.ndarray) -> np.ndarray:
+        """The serialized request of each size, estimated in bytes (float64): the inputs' raw contents
+        (a BYTES element: its 4-byte length and 8.5 letters on average) and protobuf's framing."""
+        s = np.asarray(sizes, dtype=np.float64)
+        total = np.full(s.shape, 4.0 + len(self.model))
+        for t in self.inputs:
+            dt = datatype(t.datatype)
+            per = 12.5 if dt.name == "BYTES" else float(dt.itemsize)
+            fixed = math.prod(self.shape_of(t, 1))  # the elements of size 1: the rest grow with it
+            k = sum(1 for d in t.shape[1:] if d == -1)
+            total += 12 + len(t.name) + len(t.datatype) + per * fixed * s**k
+        return total
+
     def shape_of(self, spec: TensorSpec, size: int) -> tuple[int, ...]:
         if not spec.shape:
             return ()
@@ -315,6 +338,125 @@ class PayloadGenerator:
         """n pre-made requests, sizes drawn independently from `sizes`."""
         rng = self.rng if rng is None else rng
         return [self.make(rng, int(s)) for s in self.sizes.sample(rng, _int(n, "n", 0))]
+
+
+# -- the pool ----------------------------------------------------------------------------------
+# At least this many payloads per model: a pool of one payload per size gives each size several
+# variants up to it, so that a fixed size or a narrow range keeps the values' variety of a pool of
+# draws (recsys's ids: at most this many × ids per request distinct embedding rows are read).
+POOL_PER_MODEL = 256
+# The pool's serialized bytes, all models of a mix together: every worker process holds a copy.
+POOL_CAP_BYTES = 64 << 20
+# The most distinct sizes made one payload each; and the largest pool of draws past the cap.
+MAX_SUPPORT = 1 << 16
+MAX_DRAWS = 1 << 16
+# A lognormal's sizes beyond this many σ either side of its median are left out of its support:
+# together a mass of 2·Φ(−6) ≈ 2e-9, 0.2 requests expected in a day at 1,000 QPS. Its sizes range up
+# to `max`, and one payload for every size up to a large max (4,096) outgrew the cap.
+LOGNORMAL_TAIL_Z = 6.0
+
+
+def support_of(sizes: Sizes, limit: int = MAX_SUPPORT) -> np.ndarray | None:
+    """Every size `sizes` can draw, increasing (int64): a range for Fixed, Uniform and LogNormal (cut
+    at LOGNORMAL_TAIL_Z σ), the distinct values for Empirical. None for a distribution of another
+    kind (its sizes are unknown) or one of more than `limit` sizes."""
+    if isinstance(sizes, Fixed):
+        return np.array([sizes.n], dtype=np.int64)
+    if isinstance(sizes, Uniform):
+        lo, hi = sizes.lo, sizes.hi
+    elif isinstance(sizes, LogNormal):
+        spread = math.exp(LOGNORMAL_TAIL_Z * sizes.sigma)
+        lo = max(1, round(sizes.median / spread))
+        hi = max(lo, min(sizes.max, round(sizes.median * spread)))
+    elif isinstance(sizes, Empirical):
+        values = np.unique(sizes.values)
+        return values if values.size <= limit else None
+    else:
+        return None
+    return np.arange(lo, hi + 1, dtype=np.int64) if hi - lo + 1 <= limit else None
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """Which payloads a model's slice of the pool holds, and how a request picks one.
+
+    `kind` "per_size": `variants` payloads of each size of `support`, each request's size drawn
+    from `sizes` as its step is scheduled (a lognormal's draw beyond its support takes the nearest
+    end of it). "draws": `sizes` drawn once, picked uniformly (over the cap: the sizes the draws
+    missed are never sent; `note` says so). "fixed_shape": the model has no variable dimension,
+    `sizes` changes nothing; picked uniformly. `payload_sizes`: each payload's size, in pool order.
+    """
+
+    kind: str
+    sizes: Sizes
+    payload_sizes: np.ndarray
+    support: np.ndarray | None = None
+    variants: int = 1
+    note: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.payload_sizes)
+
+    def pick(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """Each of n requests' payload, an index into the slice (int64)."""
+        if self.kind != "per_size":
+            return rng.integers(0, len(self.payload_sizes), n, dtype=np.int64)
+        support = self.support
+        drawn = np.clip(self.sizes.sample(rng, n), support[0], support[-1])
+        at = np.searchsorted(support, drawn)
+        if not np.array_equal(support[at], drawn):
+            raise RuntimeError(f"sizes {self.sizes!r} drew a size outside its support {support[0]}..{support[-1]}")
+        if self.variants > 1:
+            return at * self.variants + rng.integers(0, self.variants, n, dtype=np.int64)
+        return at
+
+
+def plan_pool(
+    gen: PayloadGenerator,
+    budget_bytes: float,
+    rng: np.random.Generator,
+    min_payloads: int = POOL_PER_MODEL,
+    cap_text: str | None = None,
+) -> PoolPlan:
+    """The payloads of `gen`'s slice: one per size of `gen.sizes` (with variants up to `min_payloads`
+    in all) when they fit in `budget_bytes`, else as many draws as fit (at least `min_payloads`, at
+    most MAX_DRAWS), the `note` naming the cap (`cap_text`, else the budget) and the sizes kept."""
+    if not gen.variable:
+        return PoolPlan("fixed_shape", gen.sizes, np.zeros(min_payloads, dtype=np.int64))
+    support = support_of(gen.sizes)
+    cap_text = cap_text or f"{budget_bytes / 2**20:g} MiB"
+    if support is not None:
+        one_each = float(gen.nbytes(support).sum())
+        variants = max(1, -(-min_payloads // len(support)))
+        variants = max(1, min(variants, int(budget_bytes // one_each)))
+        if one_each <= budget_bytes:
+            return PoolPlan("per_size", gen.sizes, np.repeat(support, variants), support, variants)
+        why = (
+            f"one payload per size ({support[0]}..{support[-1]}, {len(support)} sizes) would take "
+            f"{one_each / 2**20:.1f} MiB, over the pool's cap of {cap_text}"
+        )
+    elif isinstance(gen.sizes, (Uniform, LogNormal, Empirical)):
+        why = f"its sizes are more than the {MAX_SUPPORT} a pool makes one payload each for (its cap: {cap_text})"
+    else:
+        why = f"its sizes ({gen.sizes!r}) are not known ahead, to make one payload each (the pool's cap: {cap_text})"
+    draws = gen.sizes.sample(rng, MAX_DRAWS)
+    fit = int(np.searchsorted(np.cumsum(gen.nbytes(draws)), budget_bytes, side="right"))
+    kept = draws[: max(min_payloads, fit)]
+    distinct = np.unique(kept)
+    if support is None:
+        missed = f"the sizes the draws missed are never sent, any beyond {kept.max()} among them"
+    elif kept.max() < support[-1]:
+        missed = (
+            f"the {len(support) - len(distinct)} sizes the draws missed are never sent, "
+            f"every size beyond {kept.max()} up to {support[-1]} among them"
+        )
+    else:
+        missed = f"the {len(support) - len(distinct)} sizes the draws missed are never sent"
+    note = (
+        f"model '{gen.model}': {why}; a pool of {len(kept)} draws (as many as fit, at least {min_payloads}) "
+        f"is sent instead, sizes {kept.min()}..{kept.max()} ({len(distinct)} distinct): {missed}"
+    )
+    return PoolPlan("draws", gen.sizes, kept, note=note)
 
 
 class Mix:

@@ -22,11 +22,10 @@ from wok.clients.channel import tls_mode
 
 from . import analysis
 from .arrivals import parse_arrivals, window_rate
-from .payloads import Mix, PayloadGenerator, TensorSpec, parse_sizes
+from .payloads import POOL_CAP_BYTES, Mix, PayloadGenerator, PoolPlan, TensorSpec, parse_sizes, plan_pool
 from .scrape import scrape, server_view
 from .workers import OK, Share, WorkerPool, merge_details, pick_balancer
 
-POOL_PER_MODEL = 256  # distinct pre-made payloads per model, cycled
 # Off a terminal, a step's progress line comes every tenth of the step, but no oftener than this
 # (a short step prints none) and no rarer than that.
 PLAIN_PROGRESS_MIN_S = 10.0
@@ -181,23 +180,69 @@ def _rows_unchecked(rows: int, name: str, say: Callable[[str], None]) -> None:
         )
 
 
-def build_pool(cfg: RampConfig, say: Callable[[str], None] = _stderr) -> tuple[list[bytes], list[tuple[int, int]], Mix]:
-    """Serialized requests for every model of the mix; (start, count) of each model's slice."""
+@dataclass(frozen=True)
+class ModelSlice:
+    """One model's payloads in the pool: `plan.payload_sizes`' count from `start`, `nbytes` serialized."""
+
+    model: str
+    start: int
+    plan: PoolPlan
+    nbytes: int
+
+    @property
+    def count(self) -> int:
+        return len(self.plan)
+
+    def pick(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """Each of n requests' payload, an index into the pool."""
+        return self.start + self.plan.pick(rng, n)
+
+    def info(self) -> dict:
+        """The result's `payloads` entry (docs/bench-schema.md)."""
+        plan = self.plan
+        sizes = None if plan.kind == "fixed_shape" else plan.payload_sizes
+        return {
+            "model": self.model,
+            "pool": plan.kind,
+            "payloads": self.count,
+            "distinct_sizes": None if sizes is None else len(np.unique(sizes)),
+            "min_size": None if sizes is None else int(sizes.min()),
+            "max_size": None if sizes is None else int(sizes.max()),
+            "variants": plan.variants if plan.kind == "per_size" else None,
+            "bytes": self.nbytes,
+            "cap_bytes": POOL_CAP_BYTES,
+            "note": plan.note,
+        }
+
+
+def build_pool(cfg: RampConfig, say: Callable[[str], None] = _stderr) -> tuple[list[bytes], list[ModelSlice], Mix]:
+    """Serialized requests for every model of the mix; each model's slice of them (`ModelSlice`).
+
+    A model's slice holds a payload of every size its `--sizes` can draw (`payloads.plan_pool`), its
+    share of POOL_CAP_BYTES allowing; over it, a pool of draws, which is said (`say`) and in the result.
+    """
     from wok.codec import encode_request
 
     rng = np.random.default_rng(cfg.seed)
     pool: list[bytes] = []
     slices = []
     gens = []
+    budget = POOL_CAP_BYTES / len(cfg.models)
+    cap_text = f"{POOL_CAP_BYTES / 2**20:g} MiB" + (
+        f" ({budget / 2**20:g} MiB for each of the mix's {len(cfg.models)} models)" if len(cfg.models) > 1 else ""
+    )
     for (name, weight), info in zip(cfg.models, _metadata(cfg, say)):
         specs = [TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in info.inputs.values()]
         gen = PayloadGenerator(
             name, specs, sizes=parse_sizes(cfg.sizes), rows=cfg.rows, seed=cfg.seed, int_high=cfg.int_high
         )
+        plan = plan_pool(gen, budget, rng, cap_text=cap_text)
+        if plan.note:
+            say(f"warning: --sizes {cfg.sizes}: {plan.note}")
         start = len(pool)
-        for inputs in gen.pool(POOL_PER_MODEL, rng):
-            pool.append(encode_request(name, inputs, datatypes=gen.datatypes).SerializeToString())
-        slices.append((start, len(pool) - start))
+        for size in plan.payload_sizes.tolist():
+            pool.append(encode_request(name, gen.make(rng, size), datatypes=gen.datatypes).SerializeToString())
+        slices.append(ModelSlice(name, start, plan, sum(len(p) for p in pool[start:])))
         gens.append((gen, weight))
     return pool, slices, Mix(gens)
 
@@ -211,6 +256,11 @@ class Ramp:
         self.say = progress or _stderr
         self.rng = np.random.default_rng(cfg.seed + 1)
         self.pool, self.slices, self.mix = build_pool(cfg, self.say)
+        # Each payload's size, -1 where the model has no variable dimension: the step's `request_sizes`.
+        self.pool_sizes = np.full(len(self.pool), -1, dtype=np.int64)
+        for s in self.slices:
+            if s.plan.kind != "fixed_shape":
+                self.pool_sizes[s.start : s.start + s.count] = s.plan.payload_sizes
         self.timeline: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._clock0: float | None = None
         self._step_label = "step"  # the running step's, for _collect's progress line
@@ -306,6 +356,8 @@ class Ramp:
             timeline=self._timeline(),
         )
         result["balancer"] = workers.balancer_stats()
+        result["payloads"] = [s.info() for s in self.slices]
+        result["warnings"] += [f"--sizes {cfg.sizes}: {s.plan.note}" for s in self.slices if s.plan.note]
         # Null for a ramp that ran every step it meant to (or stopped early by its own rule);
         # else why it ended, and whether a signal (Ctrl-C, SIGTERM) ended it.
         result["interrupted"] = {"reason": interrupted, "by_signal": by_signal} if interrupted else None
@@ -317,13 +369,7 @@ class Ramp:
         """Run one step; with `cfg.start_at`, `slot` k starts at start_at + k × step_period_s."""
         cfg = self.cfg
         total = cfg.warmup_s + cfg.step_duration_s
-        arrivals = parse_arrivals(cfg.arrival, qps, duration_s=total)
-        times = arrivals.times(total, self.rng)
-        model_of = self.mix.choose(self.rng, len(times))
-        which = np.empty(len(times), dtype=np.int64)
-        for m, (start, count) in enumerate(self.slices):
-            idx = np.flatnonzero(model_of == m)
-            which[idx] = start + self.rng.integers(0, count, len(idx))
+        arrivals, times, which = self.schedule_step(qps)
         n = len(workers)
         # A lead lets every worker receive its share (pickled arrays) before t = 0.
         start_at = time.monotonic() + 0.2 + 2e-6 * len(times)
@@ -398,6 +444,9 @@ class Ramp:
         )
         step["littles_law"].update(_littles_law_edges(sent, done, keep, w, total))
         step["nominal_qps"] = qps
+        if (self.pool_sizes >= 0).any():
+            sizes = self.pool_sizes[np.concatenate([s.which for s in shares])]
+            step["request_sizes"] = _size_summary(sizes[keep & np.isfinite(sent) & (sizes >= 0)])
         if late_s is not None:
             step["start_late_s"] = late_s
             if late_s > 0:
@@ -416,6 +465,21 @@ class Ramp:
         for warning in analysis.check_precision(step, cfg.slo_p99_ms):
             self.say(f"warning: {warning}")
         return step
+
+    def schedule_step(self, qps: float):
+        """A step at `qps`: its arrival process, the intended send times, and each request's payload
+        (an index into the pool): its model by the mix's weights, then its size drawn from `--sizes`
+        (`ModelSlice.pick`), here rather than once for the pool, so that every size, the tail's too,
+        comes at its rate. From the ramp's seeded generator: the same seed, the same schedules."""
+        total = self.cfg.warmup_s + self.cfg.step_duration_s
+        arrivals = parse_arrivals(self.cfg.arrival, qps, duration_s=total)
+        times = arrivals.times(total, self.rng)
+        model_of = self.mix.choose(self.rng, len(times))
+        which = np.empty(len(times), dtype=np.int64)
+        for m, s in enumerate(self.slices):
+            idx = np.flatnonzero(model_of == m)
+            which[idx] = s.pick(self.rng, len(idx))
+        return arrivals, times, which
 
     def _slot_start(self, slot: int, earliest: float) -> tuple[float, float]:
         """time.monotonic() at which step `slot` starts, and how late that is after its slot.
@@ -486,6 +550,18 @@ class Ramp:
             achieved.append(int(np.count_nonzero(ok_here)))
             p99.append(analysis.latency_summary(lat[ok_here] * 1e3)["p99"] if ok_here.any() else None)
         return {"t_s": t_s, "offered": offered, "achieved": achieved, "p99_ms": p99}
+
+
+def _size_summary(sizes: np.ndarray) -> dict:
+    """A step's `request_sizes`: its window's requests sent to a model with a variable dimension,
+    and their sizes' mean, nearest-rank quantiles (as latencies') and maximum."""
+    keys = ("mean", "p50", "p90", "p99", "p999", "max")
+    if not len(sizes):
+        return {"requests": 0} | dict.fromkeys(keys)
+    q = np.quantile(sizes, [0.5, 0.9, 0.99, 0.999], method="inverted_cdf")
+    return {"requests": len(sizes), "mean": float(sizes.mean())} | {
+        k: int(v) for k, v in zip(keys[1:], [*q, sizes.max()])
+    }
 
 
 def _mean_inflight(per_worker: list[np.ndarray], start: float, end: float) -> np.ndarray:
