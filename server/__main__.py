@@ -83,6 +83,18 @@ class _Parser(argparse.ArgumentParser):
         self._commands = super().add_subparsers(**kwargs)
         return self._commands
 
+    def parse_args(self, args=None, namespace=None):
+        # Each parser puts itself in the namespace; a subcommand's parser, parsing after its parent,
+        # wins. argparse refuses words no parser took with the top parser's usage, every command
+        # listed (`wok bench ramp --bogus` printed `usage: wok [-h] {serve,bench,...}`): here the
+        # command that was given says what it takes.
+        _mark_parsers(self)
+        parsed, extras = self.parse_known_args(args, namespace)
+        parser = vars(parsed).pop(_PARSER, self)
+        if extras:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
     def parse_known_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
         try:
@@ -146,6 +158,17 @@ class _Parser(argparse.ArgumentParser):
         if name in options or (word[1:2] != "-" and word[:2] in options):
             return True
         return self.allow_abbrev and any(s.startswith(name) for s in options)
+
+
+_PARSER = "_wok_parser"  # the namespace key of the parser that parsed last (_Parser.parse_args)
+
+
+def _mark_parsers(parser: _Parser) -> None:
+    """`parser` and the parsers of its subcommands (of its class: add_subparsers makes them so), each
+    named in its own defaults."""
+    parser.set_defaults(**{_PARSER: parser})
+    for sub in parser._commands.choices.values() if parser._commands is not None else ():
+        _mark_parsers(sub)
 
 
 class StartError(RuntimeError):

@@ -113,3 +113,20 @@ def test_the_usage_stays_with_help_and_with_a_missing_or_unknown_command():
         done = wok(*argv)
         assert done.returncode == 2 and done.stderr.startswith(f"usage: {' '.join(('wok', *argv[:1]))} ")
         assert done.stderr.splitlines()[-1].startswith(error), done.stderr
+
+
+@pytest.mark.parametrize("argv", [("bench", "ramp"), ("bench", "merge", "a.json"), ("demo",), ("plan",)])
+def test_an_unknown_option_is_refused_with_its_commands_usage_not_the_top_ones(argv, wok_cli):
+    """argparse refused words no parser took with `wok`'s usage, every command listed
+    (`usage: wok [-h] {serve,bench,...}`), whichever command was given."""
+    status, out, err = wok_cli(*argv, "--bogus", "x")
+    command = " ".join(a for a in argv if not a.endswith(".json"))
+    assert (status, out) == (2, "")
+    assert err.startswith(f"usage: wok {command} [-h]"), err
+    assert err.endswith(f"wok {command}: error: unrecognized arguments: --bogus x\n"), err
+
+
+def test_an_unknown_option_of_wok_serve_is_refused_with_its_usage():
+    done = wok("serve", "--bogus")
+    assert done.returncode == 2 and done.stderr.startswith("usage: wok serve [-h]"), done.stderr
+    assert done.stderr.endswith("wok serve: error: unrecognized arguments: --bogus\n")
