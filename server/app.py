@@ -268,7 +268,9 @@ class WokServer:
             )
             await self.http.start()
         for service in ("", SERVICE_NAME):
-            await self._health.set(service, _SERVING)
+            # A device lost between the port's opening and here (the health and metrics ports start
+            # meanwhile) must not be told SERVING.
+            await self._health.set(service, _NOT_SERVING if self.device_lost else _SERVING)
         for name, rt in self.runtimes.items():
             await self._health.set(name, _NOT_SERVING if rt.batcher.failed else _SERVING)
         # Before the ready line, which scripts wait for.
@@ -300,14 +302,15 @@ class WokServer:
         A device lost to a device-side error (DeviceLost) is the process's, not the model's: only a
         restart recovers it, so the server's health turns NOT_SERVING too and it is no longer ready
         (the probes in deploy/k8s take it out of its Service, then restart it)."""
+        lost = isinstance(exc, DeviceLost)
+        if lost and self.device_lost is None:
+            # Recorded in the drain as well (its health is NOT_SERVING already): `wok serve` then
+            # exits without the frees that would abort it on the lost device.
+            self.device_lost = exc
+            log.error("%s; health NOT_SERVING", exc)
         if self._health is None or self.draining:
             return
-        services = [name]
-        if isinstance(exc, DeviceLost):
-            if self.device_lost is None:
-                self.device_lost = exc
-                log.error("%s; health NOT_SERVING", exc)
-            services += ["", SERVICE_NAME]
+        services = [name, "", SERVICE_NAME] if lost else [name]
         for service in services:
             task = asyncio.get_running_loop().create_task(self._health.set(service, _NOT_SERVING))
             self._background.add(task)

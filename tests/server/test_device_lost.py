@@ -128,6 +128,48 @@ async def test_a_device_marked_lost_turns_its_model_unavailable_and_the_server_n
         await server.stop(grace=5)
 
 
+async def test_a_device_lost_in_the_drain_is_the_servers_too(caplog):
+    """A batch of the drain meets the device-side error: the server records the loss and logs it
+    once, as outside the drain, so that `wok serve` exits 1 without the frees that would abort it
+    (recorded only outside the drain before: it exited 0 through them)."""
+    a, module = gated_servable(max_batch_size=1, delay_ms=5.0, depth=1, name="a", enter_when_closed=True)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([a], "test"))
+    await server.start()
+    stopping = None
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            batcher = server.runtimes["a"].batcher
+            server.runtimes["a"].executor._lost["cpu"] = ASSERT
+            module.gate.clear()
+            nan = {"INPUT0": np.full((1, 4), np.nan, np.float32)}
+            failing = asyncio.ensure_future(stub.ModelInfer(encode_request("a", nan), timeout=30))
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(None, module.entered.wait, 10), "the batch never reached its model"
+            one = {"INPUT0": np.ones((1, 4), np.float32)}
+            queued = asyncio.ensure_future(stub.ModelInfer(encode_request("a", one), timeout=30))
+            await until(lambda: batcher.queued == 1)
+            stopping = asyncio.ensure_future(server.stop(grace=10))
+            await until(lambda: server.draining)
+            module.gate.set()
+
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await failing
+            assert info.value.code() == grpc.StatusCode.INTERNAL
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await queued
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert info.value.details() == lost_message("a", "cpu")
+            await stopping
+    finally:
+        module.gate.set()
+        if stopping is None:
+            await server.stop(grace=5)
+    assert str(server.device_lost) == lost_message("a", "cpu")
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert lines == [f"{lost_message('a', 'cpu')}; health NOT_SERVING"]
+
+
 # Row i of a 10-row table for each request's first value: 10 or more indexes past the table, which
 # on CUDA is a device-side assert, on the CPU an IndexError.
 LOOKUP_MODEL = """
