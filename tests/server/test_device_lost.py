@@ -60,6 +60,19 @@ def lost_gauges(server: WokServer) -> dict[tuple[str, str], float]:
     }
 
 
+async def fail_a_batch_on_a_lost_device(server: WokServer, stub, module) -> asyncio.Future:
+    """Mark model a's device lost, as the CUDA path marks it when a batch meets a device-side error
+    (Instance._mark_lost), and send it a batch that fails (a NaN), held in the model at its gate:
+    its call, once it is there."""
+    server.runtimes["a"].executor._lost["cpu"] = ASSERT
+    module.gate.clear()
+    nan = {"INPUT0": np.full((1, 4), np.nan, np.float32)}
+    failing = asyncio.ensure_future(stub.ModelInfer(encode_request("a", nan), timeout=30))
+    entered = await asyncio.get_running_loop().run_in_executor(None, module.entered.wait, 10)
+    assert entered, "the batch never reached its model"
+    return failing
+
+
 async def health_turns(channel, service: str, status: int) -> None:
     """Until the health servicer's Watch of `service` says `status`."""
     call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=service), timeout=30)
@@ -79,13 +92,7 @@ async def test_a_device_marked_lost_turns_its_model_unavailable_and_the_server_n
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
             batcher = server.runtimes["a"].batcher
             assert lost_gauges(server) == {("a", "cpu"): 0.0, ("b", "cpu"): 0.0}
-            # As the CUDA path marks it when a batch meets a device-side error (Instance._mark_lost).
-            server.runtimes["a"].executor._lost["cpu"] = ASSERT
-            module.gate.clear()
-            nan = {"INPUT0": np.full((1, 4), np.nan, np.float32)}
-            failing = asyncio.ensure_future(stub.ModelInfer(encode_request("a", nan), timeout=30))
-            loop = asyncio.get_running_loop()
-            assert await loop.run_in_executor(None, module.entered.wait, 10), "the batch never reached its model"
+            failing = await fail_a_batch_on_a_lost_device(server, stub, module)
             one = {"INPUT0": np.ones((1, 4), np.float32)}
             behind = asyncio.ensure_future(stub.ModelInfer(encode_request("a", one), timeout=30))  # at the worker
             await until(lambda: batcher.inflight == 2)
@@ -140,12 +147,7 @@ async def test_a_device_lost_in_the_drain_is_the_servers_too(caplog):
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
             batcher = server.runtimes["a"].batcher
-            server.runtimes["a"].executor._lost["cpu"] = ASSERT
-            module.gate.clear()
-            nan = {"INPUT0": np.full((1, 4), np.nan, np.float32)}
-            failing = asyncio.ensure_future(stub.ModelInfer(encode_request("a", nan), timeout=30))
-            loop = asyncio.get_running_loop()
-            assert await loop.run_in_executor(None, module.entered.wait, 10), "the batch never reached its model"
+            failing = await fail_a_batch_on_a_lost_device(server, stub, module)
             one = {"INPUT0": np.ones((1, 4), np.float32)}
             queued = asyncio.ensure_future(stub.ModelInfer(encode_request("a", one), timeout=30))
             await until(lambda: batcher.queued == 1)
