@@ -117,11 +117,11 @@ class LateStart(RuntimeError):
     """With start_at: the first step's slot passed before this generator was ready for it."""
 
 
-def _metadata(cfg: RampConfig, say: Callable[[str], None] = _stderr) -> list:
+def _metadata(cfg: RampConfig, say: Callable[[str], None] = _stderr, notes: list[str] | None = None) -> list:
     """Each model's metadata, fetched through the balancer the workers will use: a target that
     only the wok balancer reaches (TLS checked per server, mixed address families) must not
     fail here before any worker tries it. `--rows` is checked against each model's config; a
-    server without ModelConfig is said (`say`) to leave it unchecked."""
+    server without ModelConfig is said (`say`, and added to `notes`) to leave it unchecked."""
     from wok.clients import Client, InferError
     from wok.clients.channel import target_list
 
@@ -138,7 +138,7 @@ def _metadata(cfg: RampConfig, say: Callable[[str], None] = _stderr) -> list:
                 except InferError as exc:
                     if exc.code.name != "UNIMPLEMENTED":  # a server without ModelConfig: nothing to check
                         raise
-                    _rows_unchecked(cfg.rows, name, say)
+                    _rows_unchecked(cfg.rows, name, say, notes)
             return infos
     import asyncio
 
@@ -153,7 +153,7 @@ def _metadata(cfg: RampConfig, say: Callable[[str], None] = _stderr) -> list:
                 except InferError as exc:
                     if exc.code.name != "UNIMPLEMENTED":
                         raise
-                    _rows_unchecked(cfg.rows, name, say)
+                    _rows_unchecked(cfg.rows, name, say, notes)
             return infos
 
     return asyncio.run(fetch())
@@ -171,13 +171,17 @@ def _check_rows(rows: int, name: str, max_batch_size: int) -> None:
         )
 
 
-def _rows_unchecked(rows: int, name: str, say: Callable[[str], None]) -> None:
-    """Say that `rows` went unchecked (one row is within any model's batch: nothing to say)."""
+def _rows_unchecked(rows: int, name: str, say: Callable[[str], None], notes: list[str] | None = None) -> None:
+    """Say that `rows` went unchecked (one row is within any model's batch: nothing to say), and note it
+    in `notes` (the result's warnings)."""
     if rows > 1:
-        say(
+        line = (
             f"--rows {rows}: not checked against model '{name}''s max_batch_size (the server answers ModelConfig "
             "UNIMPLEMENTED); above it, the first step's requests are refused"
         )
+        say(line)
+        if notes is not None:
+            notes.append(line)
 
 
 @dataclass(frozen=True)
@@ -215,11 +219,14 @@ class ModelSlice:
         }
 
 
-def build_pool(cfg: RampConfig, say: Callable[[str], None] = _stderr) -> tuple[list[bytes], list[ModelSlice], Mix]:
+def build_pool(
+    cfg: RampConfig, say: Callable[[str], None] = _stderr, notes: list[str] | None = None
+) -> tuple[list[bytes], list[ModelSlice], Mix]:
     """Serialized requests for every model of the mix; each model's slice of them (`ModelSlice`).
 
     A model's slice holds a payload of every size its `--sizes` can draw (`payloads.plan_pool`), its
     share of POOL_CAP_BYTES allowing; over it, a pool of draws, which is said (`say`) and in the result.
+    What the models' checks leave unchecked is said and added to `notes` (_metadata).
     """
     from wok.codec import encode_request
 
@@ -231,7 +238,7 @@ def build_pool(cfg: RampConfig, say: Callable[[str], None] = _stderr) -> tuple[l
     cap_text = f"{POOL_CAP_BYTES / 2**20:g} MiB" + (
         f" ({budget / 2**20:g} MiB for each of the mix's {len(cfg.models)} models)" if len(cfg.models) > 1 else ""
     )
-    for (name, weight), info in zip(cfg.models, _metadata(cfg, say)):
+    for (name, weight), info in zip(cfg.models, _metadata(cfg, say, notes)):
         specs = [TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in info.inputs.values()]
         gen = PayloadGenerator(
             name, specs, sizes=parse_sizes(cfg.sizes), rows=cfg.rows, seed=cfg.seed, int_high=cfg.int_high
@@ -255,7 +262,8 @@ class Ramp:
         self.cfg = cfg
         self.say = progress or _stderr
         self.rng = np.random.default_rng(cfg.seed + 1)
-        self.pool, self.slices, self.mix = build_pool(cfg, self.say)
+        self.setup_warnings: list[str] = []  # what the pool's build said (an unchecked --rows)
+        self.pool, self.slices, self.mix = build_pool(cfg, self.say, self.setup_warnings)
         # Each payload's size, -1 where the model has no variable dimension: the step's `request_sizes`.
         self.pool_sizes = np.full(len(self.pool), -1, dtype=np.int64)
         for s in self.slices:
@@ -357,6 +365,7 @@ class Ramp:
         )
         result["balancer"] = workers.balancer_stats()
         result["payloads"] = [s.info() for s in self.slices]
+        result["warnings"] += self.setup_warnings
         result["warnings"] += [f"--sizes {cfg.sizes}: {s.plan.note}" for s in self.slices if s.plan.note]
         # Null for a ramp that ran every step it meant to (or stopped early by its own rule);
         # else why it ended, and whether a signal (Ctrl-C, SIGTERM) ended it.

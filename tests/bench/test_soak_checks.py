@@ -125,7 +125,8 @@ def bare_target():
 
 
 def test_rows_unchecked_for_a_server_without_model_config_is_said_and_the_ramp_runs(bare_target, tmp_path):
-    """A ModelConfig answered UNIMPLEMENTED skips the --rows check: the ramp ran with no word of it."""
+    """A ModelConfig answered UNIMPLEMENTED skips the --rows check: the ramp ran with no word of it
+    (then with one on stderr alone)."""
     out = tmp_path / "ramp.json"
     args = ["--metrics-url", "none", "--model", "mlp", "--rows", "40", "--steps", "20", "--step-duration", "0.3s"]
     status, _, err = _bench(tmp_path, bare_target, *args, "--warmup", "0.1s", "--json", str(out))
@@ -134,5 +135,8 @@ def test_rows_unchecked_for_a_server_without_model_config_is_said_and_the_ramp_r
         "--rows 40: not checked against model 'mlp''s max_batch_size (the server answers ModelConfig "
         "UNIMPLEMENTED); above it, the first step's requests are refused\n"
     ), err
-    (step,) = json.loads(out.read_text())["steps"]
+    doc = json.loads(out.read_text())
+    (step,) = doc["steps"]
     assert step["ok"] > 0 and not step["errors"]
+    # In the result too, where a reader of the JSON alone finds it.
+    assert err.splitlines()[0] in doc["warnings"]
