@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from wok.servertiming import TIMING_PARTS
+from wok.servertiming import TIMING_COLUMNS, TIMING_COUNTS, TIMING_PARTS
 
 from .histogram import LatencyHistogram
 
@@ -194,20 +194,27 @@ def step_result(
 def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict:
     """Each successful request's latency split by its server-timing trailer (`server_timing`).
 
-    `stages_ms` holds one row per request of `latency_ms` (columns: TIMING_PARTS; NaN where
-    no trailer came). `outside` = the client's latency − the server's total: the generator's
+    `stages_ms` holds one row per request of `latency_ms` (columns: TIMING_COLUMNS, or only
+    TIMING_PARTS without the batch's counts; NaN where no trailer came, or where it had no such
+    part). `outside` = the client's latency − the server's total: the generator's
     lag, the client, the transport and gRPC's work on both sides. `outside_histogram`: those
     times as a LatencyHistogram (negative ones, if clocks ever gave any, as 0);
     `compute_histogram` and `batch_histogram`: each request's batch's model time and whole batch
-    stage, likewise. `tail`: the mean of each part over the requests at or above the client's
-    P99 (of the requests with a trailer), which says what the slowest 1 % were made of.
+    stage, likewise; `compute_batch_histogram`, where the trailers carried their batch's size,
+    the batches' model times, one count per batch (`per_batch_compute`). `tail`: the mean of each
+    part over the requests at or above the client's P99 (of the requests with a trailer), which
+    says what the slowest 1 % were made of.
     """
     lat = np.asarray(latency_ms, dtype=np.float64).ravel()
-    st = np.asarray(stages_ms, dtype=np.float64).reshape(lat.size, len(TIMING_PARTS))
+    st = np.asarray(stages_ms, dtype=np.float64)
+    if st.ndim != 2 or st.shape[1] != len(TIMING_COLUMNS):  # rows of the parts alone: no counts
+        st = st.reshape(lat.size, len(TIMING_PARTS))
+        st = np.hstack([st, np.full((lat.size, len(TIMING_COUNTS)), np.nan)])
     total = st[:, TIMING_PARTS.index("total")]
     have = np.isfinite(total)
     lat, st = lat[have], st[have]
     parts = {name: st[:, k] for k, name in enumerate(TIMING_PARTS)}
+    by_batch = per_batch_compute(parts["compute"], st[:, TIMING_COLUMNS.index("batch_requests")])
     parts["outside"] = lat - parts["total"]
 
     def brief(a: np.ndarray) -> dict[str, float]:
@@ -225,6 +232,8 @@ def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict
         "outside_histogram": LatencyHistogram.from_ms(np.maximum(parts["outside"], 0.0)).to_dict(),
         # ... and the spread of its batches' model time under this load.
         "compute_histogram": LatencyHistogram.from_ms(parts["compute"]).to_dict(),
+        # ... counted once per batch, not once per request, where the server said each batch's size.
+        **({} if by_batch is None else {"compute_batch_histogram": by_batch.to_dict()}),
         # ... and of the whole batch stage (the hop to the worker included), where the server's
         # own tail grows first with load.
         "batch_histogram": LatencyHistogram.from_ms(parts["batch"]).to_dict(),
@@ -234,6 +243,24 @@ def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict
             "mean_ms": {name: (float(a[slow].mean()) if slow.any() else NAN) for name, a in parts.items()},
         },
     }
+
+
+def per_batch_compute(compute_ms: np.ndarray, batch_requests: np.ndarray) -> LatencyHistogram | None:
+    """The batches' model times, one count per batch, from each request's (compute, its batch's request
+    count n); None when no request carried n (a server without it).
+
+    A batch's n requests carry the same compute (to the µs of the trailer), so each distinct (compute, n)
+    pair seen c times is ⌈c/n⌉ batches: its requests count 1/n each, and a batch the step's window cut
+    (some of its requests before the warm-up's end or failed) still counts once. Two batches of one size
+    that took the same µs are one pair seen 2n times: two batches. Requests without n are left out."""
+    compute = np.asarray(compute_ms, dtype=np.float64).ravel()
+    n = np.asarray(batch_requests, dtype=np.float64).ravel()
+    known = np.isfinite(compute) & np.isfinite(n) & (n >= 1)
+    if not known.any():
+        return None
+    pairs, seen = np.unique(np.column_stack([compute[known], n[known]]), axis=0, return_counts=True)
+    batches = np.ceil(seen / pairs[:, 1]).astype(np.int64)
+    return LatencyHistogram.from_ms(np.repeat(pairs[:, 0], batches))
 
 
 def outside_server_ms(client_mean_ms: float, server: dict | None) -> float | None:

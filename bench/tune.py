@@ -469,18 +469,29 @@ def overhead_by_rate(
 
 
 def batch_noise_by_rate(cpu_doc: dict | None) -> Callable[[float], tuple[float, ...]] | None:
-    """How much a batch's time varies under load: at each calibration load, each request's batch's
-    model time (`server-timing` compute) over their mean there, so the ratios average 1. A simulated
-    batch of n takes (α_s + β_s·n) times one drawn at its step's rate (`_quantiles_by_rate`): the
-    server's batches stretch when another thread has the core (on 2 shared cores, 2.3 × the mean at
+    """How much a batch's time varies under load: at each calibration load, each batch's model time
+    (`server-timing` compute) over the batches' mean there, so the ratios average 1 over batches. A
+    simulated batch of n takes (α_s + β_s·n) times one drawn at its step's rate (`_quantiles_by_rate`):
+    the server's batches stretch when another thread has the core (on 2 shared cores, 2.3 × the mean at
     the P99 of a 2,400-QPS calibration), which the stage's even sharing of the cores does not give.
-    Approximate: the samples are per request (a batch of n counts n times) and hold the spread of
-    batch sizes too. None without the data."""
-    table = []
-    for rate, values in _outside_points(cpu_doc, "CPU calibration", "compute_histogram"):
-        if values is not None and values.size and values.mean() > 0:
-            table.append((rate, values / values.mean()))
-    return _quantiles_by_rate(table) if table else None
+
+    Per batch where every load has `compute_batch_histogram` (calibrations against a server whose trailer
+    carries its batch's size: one count per batch); else per request from `compute_histogram`, as
+    calibrations before it hold: there a batch of n counts n times, so a slow batch of 27 is drawn as
+    often as 27 batches would be (docs/tune.md, run 14). Either way the ratios also hold the spread of
+    batch sizes at that load, which the simulation draws again. The function's `basis` says which:
+    "batches" or "requests". None without the data."""
+    where = "CPU calibration"
+    basis, points = "batches", _outside_points(cpu_doc, where, "compute_batch_histogram")
+    if not points or any(values is None or not values.size for _, values in points):
+        basis, points = "requests", _outside_points(cpu_doc, where, "compute_histogram")
+    table = [(rate, values / values.mean()) for rate, values in points
+             if values is not None and values.size and values.mean() > 0]  # fmt: skip
+    if not table:
+        return None
+    at = _quantiles_by_rate(table)
+    at.basis = basis  # what tune_check says and records of it
+    return at
 
 
 def batch_times(

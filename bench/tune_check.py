@@ -98,6 +98,12 @@ NOT_CONFIG = ("json", "plot", "save_profile", "save_overhead", "save_cpu", "log_
 # A step during which processes other than the server and the load generator used more than
 # this many cores (of the machine's) measured the machine, not the server (as in bench/compare.py).
 QUIET_CORES = 0.25
+# batch_noise_by_rate's `basis`, in words.
+BATCH_SPREAD = {
+    "batches": "per batch, each batch counted once (the calibration's compute_batch_histogram)",
+    "requests": "per request, a batch of n counted n times (the calibration has no batch sizes: a server "
+    "whose server-timing trailer does not carry them)",
+}
 
 
 def say(msg: str) -> None:
@@ -408,6 +414,8 @@ def calibrate_cpu(args) -> dict:
             "outside_ms": s["server_timing"]["outside_ms"],
             "outside_histogram": s["server_timing"]["outside_histogram"],
             "compute_histogram": s["server_timing"]["compute_histogram"],
+            # Once per batch (the trailer's batch size): what the batch's spread is drawn from (batch_noise_by_rate).
+            **{k: s["server_timing"][k] for k in ("compute_batch_histogram",) if k in s["server_timing"]},
             "batch_histogram": s["server_timing"]["batch_histogram"],
             # What the slowest 1 % were made of at this load: whether server and outside are slow together.
             "tail": s["server_timing"]["tail"],
@@ -1102,6 +1110,7 @@ def main(argv=None) -> int:
     # What was measured so far: written (--json) with `error` when a measurement fails before its ramp's
     # first step, or a calibration ramp is cut short (`stopped`).
     profile_doc = cpu_doc = overhead_doc = tuned_doc = tuned = None
+    noise = None  # the batch's spread (batch_noise_by_rate), when the calibration has one
     calibrations: list[dict] = []
     runs: list[dict] = []
     stopped = None
@@ -1151,6 +1160,8 @@ def main(argv=None) -> int:
             check_search(profile, args, cpu=stage)
         by_rate = overhead_by_rate(cpu_doc, stage)
         noise = batch_noise_by_rate(cpu_doc) if stage is not None else None
+        if noise is not None:
+            say(f"the batch's spread: {BATCH_SPREAD[noise.basis]}")
         phase = "the overhead calibration"
         overhead_doc = calibrate(args, t1)
         calibrations = [overhead_doc]
@@ -1294,6 +1305,9 @@ def main(argv=None) -> int:
         "tuned_setting": None if tuned is None else {"max_batch_size": tuned[0], "max_queue_delay_ms": tuned[1]},
         "runs": runs,
         "verdict": verdict(runs),
+        # What the prediction's batch spread was drawn from: "batches" (one count per batch), "requests"
+        # (a batch of n counted n times: calibrations without the trailer's batch size), or null (none).
+        "batch_spread": None if noise is None else noise.basis,
         "wall_s": time.monotonic() - t0,
     }
     doc["config"]["slo_p99_ms"] = args.slo_ms

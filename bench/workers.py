@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wok.servertiming import SERVER_TIMING, TIMING_PARTS, parse_server_timing
+from wok.servertiming import SERVER_TIMING, TIMING_COLUMNS, parse_server_timing
 from wok.timers import PreciseSleeper
 
 from .stream_sender import run_share_stream
@@ -65,7 +65,7 @@ class Outcome:
     inflight: np.ndarray  # (offset, requests in flight) at every send and every answer
     balancer: dict | None = None  # the wok balancer's counters so far (wok.balancer/1), or None
     # With server timing: per request, the server's `server-timing` stages in ms (columns in
-    # wok.servertiming.TIMING_PARTS' order; NaN where no trailer came), else None.
+    # wok.servertiming.TIMING_COLUMNS' order; NaN where no trailer came), else None.
     server_ms: np.ndarray | None = None
     # Per status code other than OK, the message (grpc details) of the first call that ended with
     # it: what the server said when it refused. Empty when every call succeeded (streams: none for
@@ -133,7 +133,7 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
     run_delay = RunQueueClock()
     last_delay = run_delay()
     host_share = HostShare()
-    server_ms = np.full((n, len(TIMING_PARTS)), np.nan) if timing else None
+    server_ms = np.full((n, len(TIMING_COLUMNS)), np.nan) if timing else None
     start = share.start_at
     inflight = 0
     # (offset, requests in flight) at every send and every answer, written in place: a soak sends
@@ -260,7 +260,7 @@ def _record_timing(server_ms: np.ndarray, i: int, trailer) -> None:
                 stages = parse_server_timing(value)
             except ValueError:
                 return
-            server_ms[i] = [stages.get(s, np.nan) for s in TIMING_PARTS]
+            server_ms[i] = [stages.get(s, np.nan) for s in TIMING_COLUMNS]
             return
 
 

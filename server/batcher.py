@@ -103,6 +103,10 @@ class Pending:
     finished: float = 0.0  # when its batch's outputs were on the host (executor clock)
     started: float = 0.0  # when the worker took its batch (executor clock)
     compute: float = 0.0  # its batch's model time, seconds
+    # Its batch's size, requests and samples, for the server-timing trailer: its compute is the whole
+    # batch's, so a reader weighs it by 1/batch_requests to count each batch once.
+    batch_requests: int = 0
+    batch_samples: int = 0
     level: int = 1  # priority level: lower is more urgent
     probe: bool = False  # slo policy: admitted without a check (the model was idle), so it runs even if predicted late
     # Counted in ModelStatistics' fail here when failed; False: its caller counts it as it answers
@@ -1400,11 +1404,13 @@ class Batcher:
             if batch.to_idle:  # dispatch → worker start, and worker end → back on the loop
                 self.slo.observe_hop((result.started - batch.dispatched) + (now - result.finished))
         compute = result.times.compute
+        size = len(batch.requests)
         for p, out in zip(batch.requests, result.outputs):
             p.state = DONE
             p.finished = result.finished
             p.started = result.started
             p.compute = compute
+            p.batch_requests, p.batch_samples = size, batch.samples
             if not p.future.done():
                 p.future.set_result(out)
         self._record_executed(batch, result, batch.requests, batch.samples)
@@ -1463,6 +1469,7 @@ class Batcher:
                 continue
             p.state = DONE
             p.finished, p.started, p.compute = result.finished, result.started, result.times.compute
+            p.batch_requests, p.batch_samples = len(batch.requests), batch.samples
             if not p.future.done():
                 p.future.set_result(out)
             answered.append(p)

@@ -1,4 +1,4 @@
-"""The `server-timing` trailer: one request's stage times, for the client that asked for them.
+"""The `server-timing` trailer: one request's stage times (and its batch's size), for the client that asked.
 
 With `server_timing` on (`wok serve --server-timing`), every unary ModelInfer answer carries
 this trailer, in the syntax of the W3C Server-Timing header (`name;dur=ms, ...`), so a load
@@ -17,6 +17,13 @@ TIMING_STAGES = ("decode", "queue", "batch", "respond", "encode", "total")
 # its thread, or a batch or weight read before it) and the model's own time.
 BATCH_PARTS = ("start", "compute")
 TIMING_PARTS = TIMING_STAGES + BATCH_PARTS
+# Not times: the size of the request's batch, its requests and its samples (rows), each a metric whose
+# `desc` is the count (`batch_requests;desc=27`), as Server-Timing has no field for a count and its
+# `dur` is a duration in ms. They let a reader weigh the per-request compute times by batch: each
+# request of a batch of n carries the same compute, so it counts 1/n of that batch (bench/analysis.py).
+TIMING_COUNTS = ("batch_requests", "batch_samples")
+# The columns of the bench's per-request rows (bench/workers.py): the parts, then the counts.
+TIMING_COLUMNS = TIMING_PARTS + TIMING_COUNTS
 
 
 def server_timing(
@@ -28,6 +35,9 @@ def server_timing(
     finished: float,
     resumed: float,
     done: float,
+    *,
+    batch_requests: int | None = None,
+    batch_samples: int | None = None,
 ) -> str:
     """A `server-timing` value (W3C Server-Timing syntax, ms with µs resolution) of one request:
     decode (arrival → in the batcher's queue), queue (→ its batch dispatched), batch (→ the
@@ -35,26 +45,45 @@ def server_timing(
     answer built), total (arrival → answer built); and inside batch, start (dispatched → the
     worker took the batch: the hop to the worker's thread, or a wait behind the batch or
     weight read before it) and compute (the model's forward; `compute` seconds). gRPC's own
-    work before arrival and after the handler returns is outside all of them.
+    work before arrival and after the handler returns is outside all of them. With
+    `batch_requests` and `batch_samples`, its batch's size (TIMING_COUNTS) follows, each as a `desc`.
     """
-    return (
+    value = (
         f"decode;dur={1e3 * (queued - arrival):.3f}, queue;dur={1e3 * (dispatched - queued):.3f}, "
         f"batch;dur={1e3 * (finished - dispatched):.3f}, respond;dur={1e3 * (resumed - finished):.3f}, "
         f"encode;dur={1e3 * (done - resumed):.3f}, total;dur={1e3 * (done - arrival):.3f}, "
         f"start;dur={1e3 * (started - dispatched):.3f}, compute;dur={1e3 * compute:.3f}"
     )
+    if batch_requests is not None:
+        value += f", batch_requests;desc={batch_requests}"
+    if batch_samples is not None:
+        value += f", batch_samples;desc={batch_samples}"
+    return value
 
 
 def parse_server_timing(value: str) -> dict[str, float]:
-    """A `server-timing` value → {metric: duration in ms}; metrics without a dur are left out."""
+    """A `server-timing` value → {metric: duration in ms}, and for the batch's counts (TIMING_COUNTS)
+    {metric: its desc, a whole number}; other metrics without a dur are left out, and so are the counts
+    where the server sent none (a server from before them)."""
     out: dict[str, float] = {}
     for metric in value.split(","):
         name, *params = (part.strip() for part in metric.split(";"))
+        if not name:
+            continue
+        want = "desc" if name in TIMING_COUNTS else "dur"
         for param in params:
-            key, _, dur = param.partition("=")
-            if key == "dur" and name:
-                try:
-                    out[name] = float(dur)
-                except ValueError:
-                    raise ValueError(f"server-timing metric {name!r}: dur {dur!r} is not a number") from None
+            key, _, given = param.partition("=")
+            if key.strip() != want:
+                continue
+            given = given.strip()
+            if want == "desc":
+                count = given[1:-1] if len(given) >= 2 and given[0] == given[-1] == '"' else given
+                if not count.isascii() or not count.isdigit():
+                    raise ValueError(f"server-timing metric {name!r}: desc {given!r} is not a whole number")
+                out[name] = float(count)
+                continue
+            try:
+                out[name] = float(given)
+            except ValueError:
+                raise ValueError(f"server-timing metric {name!r}: dur {given!r} is not a number") from None
     return out

@@ -519,9 +519,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             rt.stats.success.add(done - arrival)
         rt.metrics.record_response(p.arrival - arrival, resumed - p.finished, done - resumed, done - arrival)
         if timing is not None:
-            timing.append(
-                server_timing(arrival, p.arrival, p.dispatched, p.started, p.compute, p.finished, resumed, done)
-            )
+            at = (arrival, p.arrival, p.dispatched, p.started, p.compute, p.finished, resumed, done)
+            timing.append(server_timing(*at, batch_requests=p.batch_requests, batch_samples=p.batch_samples))
         return resp
 
     def _refuse_if_stopping(self) -> None:

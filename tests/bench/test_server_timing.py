@@ -11,7 +11,7 @@ import pytest
 from wok.bench import analysis
 from wok.bench.runner import Ramp, RampConfig
 from wok.bench.workers import WorkerPool
-from wok.servertiming import TIMING_PARTS, TIMING_STAGES
+from wok.servertiming import TIMING_COLUMNS, TIMING_PARTS, TIMING_STAGES
 
 from .conftest import METRICS
 
@@ -91,17 +91,45 @@ def test_the_summary_by_hand():
     assert t["compute_histogram"]["count"] == 3 and t["compute_histogram"]["sum_ns"] == 0
 
 
+def test_a_row_keeps_the_batchs_size_and_the_summary_counts_each_batchs_compute_once():
+    from wok.bench.workers import _record_timing
+
+    # Batches (compute ms, requests): a lone request (1.0, 1), a batch of 9 (9.0, 9), two batches of
+    # 2 that took the same µs (2.0, 2: 4 requests), and a batch of 4 of which the window saw 2 (4.0).
+    batches = [(1.0, 1, 1), (9.0, 9, 9), (2.0, 2, 4), (4.0, 4, 2)]  # (compute, n, requests seen)
+    trailers = [
+        f"total;dur={10 + c}, compute;dur={c:.3f}, batch_requests;desc={n}, batch_samples;desc={2 * n}"
+        for c, n, seen in batches
+        for _ in range(seen)
+    ]
+    rows = np.full((len(trailers) + 1, len(TIMING_COLUMNS)), np.nan)
+    for i, value in enumerate(trailers):
+        _record_timing(rows, i, (("server-timing", value),))
+    _record_timing(rows, len(trailers), (("server-timing", "total;dur=11.0, compute;dur=50.0"),))  # no size
+    assert rows[1, TIMING_COLUMNS.index("batch_requests")] == 9 and rows[1, TIMING_COLUMNS.index("batch_samples")] == 18
+    latency = np.full(len(rows), 30.0)
+    t = analysis.server_timing_summary(latency, rows)
+    assert t["compute_histogram"]["count"] == 17  # per request: the batch of 9 is 9 of them
+    per_batch = t["compute_batch_histogram"]
+    assert per_batch["count"] == 5  # 1 + 1 + 2 + 1: each batch once, the one without a size left out
+    assert per_batch["sum_ns"] == 1_000_000 * (1 + 9 + 2 * 2 + 4)
+    # Rows of the parts alone (a caller from before the counts) or trailers without them: no such field.
+    for old in (rows[:, : len(TIMING_PARTS)], rows[-1:]):
+        assert "compute_batch_histogram" not in analysis.server_timing_summary(latency[: len(old)], old)
+
+
 def test_a_trailer_that_does_not_parse_leaves_its_row_missing_not_the_call_failed():
     from wok.bench.runner import _timing_line
     from wok.bench.workers import _record_timing
 
-    rows = np.full((3, len(TIMING_PARTS)), np.nan)
+    rows = np.full((3, len(TIMING_COLUMNS)), np.nan)
     _record_timing(rows, 0, (("server-timing", "queue;dur=oops, total;dur=1.0"),))
     _record_timing(rows, 1, (("other", "x"),))
     _record_timing(rows, 2, (("server-timing", "queue;dur=2.5, total;dur=3.0"),))
     assert np.isnan(rows[0]).all() and np.isnan(rows[1]).all()
     assert rows[2, TIMING_PARTS.index("queue")] == 2.5 and rows[2, TIMING_PARTS.index("total")] == 3.0
     assert np.isnan(rows[2, TIMING_PARTS.index("compute")])  # a part the trailer did not carry
+    assert np.isnan(rows[2, TIMING_COLUMNS.index("batch_requests")])  # nor its batch's size (an older server)
     # A step without one successful answer says so, not that the server lacks the flag.
     empty = analysis.server_timing_summary(np.zeros(0), np.zeros((0, len(TIMING_PARTS))))
     assert empty["requests"] == empty["missing"] == 0
@@ -128,6 +156,8 @@ def test_each_answer_is_split_into_the_servers_stages_and_the_time_outside(timin
         assert t["tail"]["requests"] >= 1 and t["tail"]["threshold_ms"] == step["latency_ms"]["p99"]
         assert t["outside_histogram"]["count"] == t["compute_histogram"]["count"] == t["requests"]
         assert t["batch_histogram"]["count"] == t["requests"]
+        # Each trailer said its batch's size: every batch counted once, so no more than the requests.
+        assert 0 < t["compute_batch_histogram"]["count"] <= t["requests"], t
         # The batch stage holds the compute, request by request: its histogram's sum is the larger.
         assert t["batch_histogram"]["sum_ns"] >= t["compute_histogram"]["sum_ns"] > 0, t
         # Each column is its own part: the trailer's compute is the server's compute histogram's

@@ -266,6 +266,112 @@ def test_the_batch_noise_is_the_spread_of_the_model_time_around_its_mean_at_each
     assert batch_noise_by_rate({}) is None and batch_noise_by_rate({"outside_by_rate": [{"offered_qps": 1}]}) is None
 
 
+def _noise_doc(batches) -> dict:
+    """A calibration of one load at 1,000 QPS whose trailers carried `batches`: (compute ms, n), each of
+    its n requests with the batch's compute and size, summarised as the bench does."""
+    from wok.bench import analysis
+    from wok.servertiming import TIMING_COLUMNS
+
+    rows = [(c, n) for c, n in batches for _ in range(n)]
+    st = np.zeros((len(rows), len(TIMING_COLUMNS)))
+    st[:, TIMING_COLUMNS.index("total")] = 1.0
+    st[:, TIMING_COLUMNS.index("compute")] = [c for c, _ in rows]
+    st[:, TIMING_COLUMNS.index("batch_requests")] = [n for _, n in rows]
+    t = analysis.server_timing_summary(np.full(len(rows), 2.0), st)
+    keys = ("compute_histogram", "compute_batch_histogram")
+    return {"outside_by_rate": [{"offered_qps": 1000.0, **{k: t[k] for k in keys}}]}
+
+
+def test_the_batch_noise_counts_each_batch_once_where_the_calibration_knows_the_batches_sizes():
+    """Two batches, of 1 request at 1 ms and of 9 at 9 ms. Per request the slow one weighs 9/10 (mean
+    8.2 ms, ratios 0.12 and 1.10); per batch 1/2 (mean 5 ms, ratios 0.2 and 1.8)."""
+    doc = _noise_doc([(1.0, 1), (9.0, 9)])
+    at = batch_noise_by_rate(doc)
+    assert at.basis == "batches"
+    drawn = np.asarray(at(1000))
+    # The 2,000 quantiles of {0.2, 1.8}, linear between the two: half of them above the mean.
+    assert np.mean(drawn > 1.0) == pytest.approx(0.5, abs=1e-3)
+    assert (drawn.min(), drawn.max()) == pytest.approx((0.2, 1.8), abs=0.005)
+    assert np.mean(drawn) == pytest.approx(1.0, rel=0.01)
+    # The same load without the sizes (a calibration from before them): per request, as before.
+    del doc["outside_by_rate"][0]["compute_batch_histogram"]
+    old = batch_noise_by_rate(doc)
+    assert old.basis == "requests"
+    drawn = np.asarray(old(1000))
+    assert np.mean(drawn > 1.0) == pytest.approx(0.9, abs=1e-3)  # the quantiles of {0.12, 1.10 ×9}
+    assert (drawn.min(), drawn.max()) == pytest.approx((1 / 8.2, 9 / 8.2), abs=0.005)
+
+
+def _stored(path: str) -> dict:
+    from pathlib import Path
+
+    return json.loads((Path(__file__).resolve().parents[2] / "docs" / "results" / path).read_text(encoding="utf-8"))
+
+
+STORED_CALIBRATIONS = [
+    ("tune-check-50ms-run12-noise.json", "cpu_stage"),
+    ("tune-check-50ms-run13-tuner-by-load.json", "cpu_stage"),
+    ("gpu-h200-2026-12-04/tune-check.json", "cpu_stage"),
+    ("gpu-h200-2026-12-04/tune-cpu.json", None),
+]
+
+
+@pytest.mark.parametrize(("path", "key"), STORED_CALIBRATIONS)
+def test_a_stored_calibration_without_batch_sizes_draws_the_same_spread_as_before(path, key):
+    """Every committed calibration with compute histograms predates the batch's size in the trailer:
+    its spread is the per-request one it was, quantile for quantile (the computation before, inline)."""
+    from wok.bench.histogram import LatencyHistogram
+    from wok.bench.tune import _quantiles_by_rate
+
+    doc = _stored(path)
+    doc = doc[key] if key else doc
+    at = batch_noise_by_rate(doc)
+    assert at.basis == "requests"
+    table = []
+    for p in doc["outside_by_rate"]:
+        values = LatencyHistogram.from_dict(p["compute_histogram"]).values_ms()
+        table.append((p["offered_qps"], values / values.mean()))
+    before = _quantiles_by_rate(table)
+    for rate in (100.0, 300.0, 500.0, 1000.0, 1500.0, 2400.0, 3000.0):
+        assert at(rate) == before(rate), rate
+
+
+def test_a_stored_calibration_with_batch_sizes_draws_per_batch_and_counts_the_servers_batches():
+    """docs/results/tune-cpu-mlp-batches.json (a small tune_check run on the 2-core machine, after the
+    trailer carried the batch's size): its spread is per batch, and the trailer's batches (requests /
+    compute_batch_histogram's count) are the server's own mean batch size at each load (its metrics)."""
+    from wok.bench.histogram import LatencyHistogram
+
+    doc = _stored("tune-cpu-mlp-batches.json")
+    assert batch_noise_by_rate(doc).basis == "batches"
+    for point, load in zip(doc["points"], doc["outside_by_rate"], strict=True):
+        requests = LatencyHistogram.from_dict(load["compute_histogram"]).count
+        batches = LatencyHistogram.from_dict(load["compute_batch_histogram"]).count
+        assert requests / batches == pytest.approx(point["mean_batch_size"], rel=0.02), load["offered_qps"]
+
+
+def test_run_14_re_predicted_from_its_stored_documents_gives_its_stored_p99s():
+    """docs/tune.md run 14: predict() on its two stored ramps, with the file's profile, CPU stage,
+    overhead by load and batch spread (per request: the calibration has no batch sizes), gives each
+    stored predicted P99 again, exactly."""
+    import argparse
+
+    from wok.bench.tune import profile_from_document
+
+    doc = _stored("gpu-h200-2026-12-04/tune-check.json")
+    c = doc["config"]
+    args = argparse.Namespace(**{k: c[k] for k in ("step_duration", "warmup", "arrival", "seed")})
+    profile = profile_from_document(doc["profile"], "run 14's profile")
+    stage = cpu_from_document(doc["cpu_stage"])
+    noise = batch_noise_by_rate(doc["cpu_stage"])
+    assert noise.basis == "requests"
+    by_rate = overhead_by_rate(doc["cpu_stage"], stage)
+    for run in doc["runs"]:
+        n, d = run["max_batch_size"], run["max_queue_delay_ms"]
+        got = predict(run["measured"], n, d, profile, by_rate, args, False, stage, noise)
+        assert [s["latency_ms"]["p99"] for s in got["steps"]] == [r["predicted_p99_ms"] for r in run["comparison"]]
+
+
 def test_a_prediction_stretches_each_batch_by_its_rates_noise():
     import argparse
 

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from wok.codec import encode_request
-from wok.servertiming import SERVER_TIMING, TIMING_PARTS, TIMING_STAGES, parse_server_timing, server_timing
+from wok.servertiming import (
+    SERVER_TIMING,
+    TIMING_COLUMNS,
+    TIMING_PARTS,
+    TIMING_STAGES,
+    parse_server_timing,
+    server_timing,
+)
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
 ROUNDING_MS = 0.0005 * len(TIMING_STAGES)  # each stage is written to the µs
@@ -75,7 +82,7 @@ def _gate_and_watch(rt) -> tuple[threading.Event, asyncio.Event, list[float]]:
 
 
 def _check_stages(t: dict[str, float]) -> None:
-    assert set(t) == set(TIMING_PARTS), t
+    assert set(t) == set(TIMING_COLUMNS), t  # the parts, and its batch's requests and samples
     assert all(v >= 0 for v in t.values()), t
     parts = sum(t[s] for s in TIMING_STAGES if s != "total")
     assert abs(parts - t["total"]) <= ROUNDING_MS, t
@@ -145,6 +152,28 @@ async def test_the_batch_stage_is_the_model_and_a_second_batch_waits_behind_the_
         assert latest_start >= first_end - 4 * ROUNDING_MS, (g, first_end)
 
 
+async def test_each_answer_carries_its_batchs_requests_and_samples(serve, slow_repository):
+    """Requests of 1, 1 and 2 rows fill a batch of 4 samples (the window is a minute: only a full batch
+    leaves), so each says 3 requests and 4 samples and their batch's one compute; a lone request of 4
+    rows is a batch of its own: 1 request, 4 samples."""
+    root = slow_repository(sleep_ms=1.0, max_batch_size=4, delay_ms=60_000.0)
+    async with serve(models=(), repository=root, server_timing=True) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+
+            def request(rows: int):
+                return encode_request("slow", {"INPUT0": np.ones((rows, 4), np.float32)})
+
+            shared = await asyncio.gather(*(_call_window(stub, request(rows)) for rows in (1, 1, 2)))
+            _, _, alone = await _call_window(stub, request(4))
+    for _, _, t in shared:
+        _check_stages(t)
+        assert (t["batch_requests"], t["batch_samples"]) == (3, 4), t
+    assert len({t["compute"] for _, _, t in shared}) == 1, shared  # one batch: one model time
+    _check_stages(alone)
+    assert (alone["batch_requests"], alone["batch_samples"]) == (1, 4), alone
+
+
 async def test_off_by_default_no_trailer_and_errors_keep_their_status(serve):
     async with serve(models=("mlp",)) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
@@ -178,3 +207,17 @@ def test_the_value_round_trips_and_reads_the_w3c_syntax():
     assert parse_server_timing('cache;desc="Cache Read";dur=23.2, miss, db;dur=53') == {"cache": 23.2, "db": 53.0}
     with pytest.raises(ValueError, match="'db': dur 'x'"):
         parse_server_timing("db;dur=x")
+
+
+def test_the_batchs_size_rides_as_a_desc_and_a_trailer_without_it_still_parses():
+    times = (10.0, 10.000021, 10.005021, 10.005121, 0.0012, 10.006521, 10.006621, 10.006631)
+    old = server_timing(*times)  # as a server from before the counts writes it
+    value = server_timing(*times, batch_requests=27, batch_samples=54)
+    assert value == old + ", batch_requests;desc=27, batch_samples;desc=54"
+    t = parse_server_timing(value)
+    assert set(t) == set(TIMING_COLUMNS) and (t["batch_requests"], t["batch_samples"]) == (27, 54)
+    assert set(parse_server_timing(old)) == set(TIMING_PARTS)  # no counts: absent, not 0
+    # W3C's desc is a token or a quoted string; a count of either form reads the same.
+    assert parse_server_timing('batch_requests;desc="3"') == {"batch_requests": 3.0}
+    with pytest.raises(ValueError, match="'batch_requests': desc 'many' is not a whole number"):
+        parse_server_timing("batch_requests;desc=many")
