@@ -103,10 +103,9 @@ class Pending:
     finished: float = 0.0  # when its batch's outputs were on the host (executor clock)
     started: float = 0.0  # when the worker took its batch (executor clock)
     compute: float = 0.0  # its batch's model time, seconds
-    # Its batch's size, requests and samples, for the server-timing trailer: its compute is the whole
-    # batch's, so a reader weighs it by 1/batch_requests to count each batch once.
-    batch_requests: int = 0
-    batch_samples: int = 0
+    # Its batch's size, (requests, samples), for the server-timing trailer: its compute is the whole
+    # batch's, so a reader weighs it by 1/requests to count each batch once. One tuple per batch.
+    batch_size: tuple[int, int] = (0, 0)
     level: int = 1  # priority level: lower is more urgent
     probe: bool = False  # slo policy: admitted without a check (the model was idle), so it runs even if predicted late
     # Counted in ModelStatistics' fail here when failed; False: its caller counts it as it answers
@@ -749,13 +748,7 @@ class Batcher:
         except Exception as exc:
             # A bug here must not leave callers waiting forever: fail them, refuse new work.
             log.exception("batcher for model '%s' failed", self.name)
-            self._failed = exc
-            self._fail_queued(ModelExecutionError(f"model '{self.name}': batcher failed: {exc}"))
-            if self.on_failed is not None:
-                try:
-                    self.on_failed(exc)
-                except Exception:
-                    log.exception("on_failed for model '%s' failed", self.name)
+            self._fail_model(exc, ModelExecutionError(f"model '{self.name}': batcher failed: {exc}"))
             raise
         finally:
             timer.close()
@@ -1404,13 +1397,13 @@ class Batcher:
             if batch.to_idle:  # dispatch → worker start, and worker end → back on the loop
                 self.slo.observe_hop((result.started - batch.dispatched) + (now - result.finished))
         compute = result.times.compute
-        size = len(batch.requests)
+        size = (len(batch.requests), batch.samples)
         for p, out in zip(batch.requests, result.outputs):
             p.state = DONE
             p.finished = result.finished
             p.started = result.started
             p.compute = compute
-            p.batch_requests, p.batch_samples = size, batch.samples
+            p.batch_size = size
             if not p.future.done():
                 p.future.set_result(out)
         self._record_executed(batch, result, batch.requests, batch.samples)
@@ -1425,11 +1418,16 @@ class Batcher:
         lost = self.executor.lost
         if lost is None:
             return
-        self._failed = lost
-        self._fail_queued(DeviceLost(str(lost)))
+        self._fail_model(lost, DeviceLost(str(lost)))
+
+    def _fail_model(self, failure: BaseException, queued: Exception) -> None:
+        """From now on the model refuses every request (check_room: `failure`); those queued get
+        `queued`; the server is told (on_failed)."""
+        self._failed = failure
+        self._fail_queued(queued)
         if self.on_failed is not None:
             try:
-                self.on_failed(lost)
+                self.on_failed(failure)
             except Exception:
                 log.exception("on_failed for model '%s' failed", self.name)
 
@@ -1461,6 +1459,7 @@ class Batcher:
         )
         self.metrics.record_reruns(result.reruns)
         answered = []
+        size = (len(batch.requests), batch.samples)
         for p, out, bad in zip(batch.requests, result.outputs, failed):
             if p.state != RUNNING:  # answered (its deadline passed) or withdrawn as its batch waited
                 continue
@@ -1469,7 +1468,7 @@ class Batcher:
                 continue
             p.state = DONE
             p.finished, p.started, p.compute = result.finished, result.started, result.times.compute
-            p.batch_requests, p.batch_samples = len(batch.requests), batch.samples
+            p.batch_size = size
             if not p.future.done():
                 p.future.set_result(out)
             answered.append(p)

@@ -473,10 +473,14 @@ class Instance:
             "every later batch there would fail: the server must be restarted"
         )
 
-    def _mark_lost(self, exc: BaseException) -> None:
-        # The first error is the one to tell: those after it are its echoes. Logged by the server
-        # (WokServer._model_failed), which the batcher tells.
+    def _note_device_error(self, exc: BaseException) -> bool:
+        """Whether `exc` is a device-side error (_is_device_error); if so, mark this instance's device
+        lost. The first error is the one to tell: those after it are its echoes. Logged by the server
+        (WokServer._model_failed), which the batcher tells."""
+        if not _is_device_error(exc):
+            return False
         self._lost.setdefault(str(self.device), error_line(exc))
+        return True
 
     def _launch_cuda(
         self, inputs, rows, slot: _Slot, deadlines=None, left_out: list | None = None, ran: list | None = None
@@ -493,8 +497,7 @@ class Instance:
         except BaseException as exc:
             _note_left_out(left_out, kept, t0)
             _note_raised(ran, t0)
-            if _is_device_error(exc):  # met outside the forward: a pinned buffer's allocation, an event's
-                self._mark_lost(exc)
+            if self._note_device_error(exc):  # met outside the forward: a pinned buffer's allocation, an event's
                 raise ModelExecutionError(
                     f"model '{self.servable.name}' failed on the device: {error_line(exc)}"
                 ) from exc
@@ -538,9 +541,7 @@ class Instance:
             failure = exc if isinstance(exc, ModelExecutionError) else _model_failed(s.name, exc)
             # A device-side error (of this batch, or of the one before it, met at a sync in this
             # forward) leaves the CUDA context unusable: its parts would fail for nothing of theirs.
-            if _is_device_error(exc):
-                self._mark_lost(exc)
-            if not self._may_isolate(rows) or _is_device_error(exc):
+            if self._note_device_error(exc) or not self._may_isolate(rows):
                 if failure is exc:
                     raise
                 raise failure from exc
@@ -571,8 +572,7 @@ class Instance:
         except ModelExecutionError:
             raise
         except Exception as exc:
-            if _is_device_error(exc):
-                self._mark_lost(exc)
+            self._note_device_error(exc)
             raise _model_failed(s.name, exc) from exc
         return s.split(arrays, rows)
 
@@ -587,8 +587,7 @@ class Instance:
                 ev[4].synchronize()
             except Exception as exc:
                 log.debug("model '%s': a batch failed on the device", self.servable.name, exc_info=True)
-                if _is_device_error(exc):
-                    self._mark_lost(exc)
+                self._note_device_error(exc)
                 raise ModelExecutionError(
                     f"model '{self.servable.name}' failed on the device: {error_line(exc)}"
                 ) from exc

@@ -520,7 +520,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         rt.metrics.record_response(p.arrival - arrival, resumed - p.finished, done - resumed, done - arrival)
         if timing is not None:
             at = (arrival, p.arrival, p.dispatched, p.started, p.compute, p.finished, resumed, done)
-            timing.append(server_timing(*at, batch_requests=p.batch_requests, batch_samples=p.batch_samples))
+            requests, samples = p.batch_size
+            timing.append(server_timing(*at, batch_requests=requests, batch_samples=samples))
         return resp
 
     def _refuse_if_stopping(self) -> None:
