@@ -55,9 +55,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import (
+    BatcherFailed,
     DeadlineExceeded,
     DeadlineUnmeetable,
     DeviceLost,
+    DeviceLostRefusal,
     InvalidInput,
     ModelExecutionError,
     QueueFull,
@@ -407,8 +409,8 @@ class Batcher:
         turns of the loop, in which the queue may fill)."""
         if self._failed is not None:
             if isinstance(self._failed, DeviceLost):
-                raise DeviceLost(str(self._failed))
-            raise ModelExecutionError(f"model '{self.name}' cannot run requests: its batcher failed: {self._failed}")
+                raise DeviceLostRefusal(str(self._failed))
+            raise BatcherFailed(f"model '{self.name}' cannot run requests: its batcher failed: {self._failed}")
         if self._stopping:
             raise ShuttingDown(f"server is shutting down; model '{self.name}' accepts no new requests")
         limit = self.policy.max_queue_size
@@ -1410,7 +1412,7 @@ class Batcher:
 
     def _check_device(self) -> None:
         """After a failed batch: if it left one of the model's devices unusable (executor's
-        Instance.lost), refuse every request from now on (check_room: DeviceLost, UNAVAILABLE), fail
+        Instance.lost), refuse every request from now on (check_room: DeviceLostRefusal, UNAVAILABLE), fail
         those queued with it, and tell the server (on_failed: its health turns NOT_SERVING). Batches
         already sent fail on their own, at their instance."""
         if self._failed is not None:

@@ -75,6 +75,11 @@ class DeviceLost(WokError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class DeviceLostRefusal(DeviceLost):
+    """A request refused at arrival because its model's device was lost before it came (the batcher's
+    check_room): counted as rejected (`model_failed`), unlike the requests whose batch the loss failed."""
+
+
 class NotSupported(WokError):
     """A protocol call wok declares only to say why it does not serve it (loading a model at run time)."""
 
@@ -92,6 +97,11 @@ class ModelExecutionError(WokError):
     that fail alone too, when it is rerun in parts (executor's Instance._isolate), end with it."""
 
     code = grpc.StatusCode.INTERNAL
+
+
+class BatcherFailed(ModelExecutionError):
+    """A request refused at arrival because its model's batching task failed (the batcher's check_room):
+    the model refuses every request until the server restarts; counted as rejected (`model_failed`)."""
 
 
 class WarmupError(ModelExecutionError):

@@ -28,7 +28,15 @@ log = logging.getLogger("wok.metrics")
 
 STAGES = ("decode", "queue", "assemble", "h2d", "compute", "d2h", "respond", "encode")
 FLUSH_REASONS = ("size", "delay", "drain", "deadline", "idle")
-REJECTION_REASONS = ("queue_full", "deadline", "deadline_unmeetable", "invalid", "shutting_down", "not_found")
+REJECTION_REASONS = (
+    "queue_full",
+    "deadline",
+    "deadline_unmeetable",
+    "invalid",
+    "shutting_down",
+    "not_found",
+    "model_failed",
+)
 
 # 25 µs resolves the sub-millisecond stages (decode, H2D of a small batch); 60 s bounds
 # the multi-second tails of an overloaded queue. Roughly 1-2.5-5 per decade, but at most
@@ -290,7 +298,8 @@ class WokMetrics:
         rej = CounterMetricFamily(
             "wok_rejected_requests",
             "Inference requests refused before running, by reason: queue_full, deadline, deadline_unmeetable "
-            "(slo policy, at arrival), invalid, shutting_down, not_found",
+            "(slo policy, at arrival), invalid, shutting_down, not_found, model_failed (its batcher failed or its "
+            "device was lost: refused until the server restarts)",
             labels=["model", "reason"],
         )
         busy = CounterMetricFamily(

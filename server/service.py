@@ -32,9 +32,11 @@ from .codec import (
 from .config import _MAX_REQUEST_BYTES
 from .errors import (
     AnswerTooLarge,
+    BatcherFailed,
     DeadlineExceeded,
     DeadlineUnmeetable,
     DeviceLost,
+    DeviceLostRefusal,
     InvalidInput,
     ModelNotFound,
     NotSupported,
@@ -76,6 +78,9 @@ REJECTION_REASON = {
     DeadlineUnmeetable: "deadline_unmeetable",
     InvalidInput: "invalid",
     ShuttingDown: "shutting_down",
+    # The model refuses every request until the server restarts: its batcher failed, or its device was lost.
+    BatcherFailed: "model_failed",
+    DeviceLostRefusal: "model_failed",
 }
 
 

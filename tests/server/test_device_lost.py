@@ -111,6 +111,8 @@ async def test_a_device_marked_lost_turns_its_model_unavailable_and_the_server_n
                     await call
                 assert info.value.code() == grpc.StatusCode.UNAVAILABLE
                 assert info.value.details() == lost_message("a", "cpu")
+            # The queued one was accepted and failed with the device; the one sent after was refused.
+            assert server.metrics.models["a"].rejections["model_failed"] == 1
 
             await health_turns(ch, "", NOT_SERVING)
             assert lost_gauges(server) == {("a", "cpu"): 1.0, ("b", "cpu"): 0.0}

@@ -16,6 +16,7 @@ import pytest
 from wok.app import WokServer
 from wok.codec import decode_response, encode_request
 from wok.config import server_settings
+from wok.metrics import REJECTION_REASONS
 from wok.repository import ModelRepository
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -66,6 +67,15 @@ async def test_a_model_whose_batcher_failed_is_unavailable_with_the_failure_and_
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.ModelInfer(encode_request("a", X), timeout=10)
         assert info.value.details() == "model 'a': batcher failed: a bug in the batcher"
+        # That request was accepted and failed with the batcher; the next is refused at arrival.
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.ModelInfer(encode_request("a", X), timeout=10)
+        assert info.value.code() == grpc.StatusCode.INTERNAL
+        assert info.value.details() == "model 'a' cannot run requests: its batcher failed: a bug in the batcher"
+        assert server.metrics.models["a"].rejections == {
+            **dict.fromkeys(REJECTION_REASONS, 0),
+            "model_failed": 1,
+        }
         # The same condition as ModelReady's.
         assert not (await stub.ModelReady(pb.ModelReadyRequest(name="a"), timeout=10)).ready
         assert (await stub.ModelReady(pb.ModelReadyRequest(name="b"), timeout=10)).ready
