@@ -767,6 +767,11 @@ def main(argv: list[str] | None = None) -> int:
             stop_signal.after_loop()
     except (ConfigError, WarmupError) as exc:
         print(f"wok: {exc}", file=sys.stderr)
+        if isinstance(exc, WarmupError) and exc.device_lost is not None:
+            # As at a stop after the device was lost (_serve): torch's frees at exit would abort.
+            _say(f"wok: exiting without freeing the lost device's memory ({exc.device_lost})")
+            logging.shutdown()
+            os._exit(2)
         return 2
     except StartError as exc:
         print(f"wok: {exc}", file=sys.stderr)

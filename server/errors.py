@@ -106,7 +106,13 @@ class BatcherFailed(ModelExecutionError):
 
 class WarmupError(ModelExecutionError):
     """The model failed its start-up warm-up: its config (or the model) must change, so `wok serve`
-    exits as for any other config error."""
+    exits as for any other config error. `device_lost`: the failure was a device-side error that
+    left the device unusable (executor's Instance.lost), so the process must not free its memory
+    at exit (`wok serve` leaves through os._exit)."""
+
+    def __init__(self, message: str, device_lost: DeviceLost | None = None) -> None:
+        super().__init__(message)
+        self.device_lost = device_lost
 
 
 # The last line of a TorchScript interpreter's error: "RuntimeError: ...", or "builtins.ValueError: ..." for

@@ -854,7 +854,8 @@ class Executor:
                 )
             raise WarmupError(
                 f"model '{cfg.name}' failed: {error_line(exc)}; in the start-up warm-up, on a batch of "
-                f"zeros with input shapes {shapes} on {inst.device} (config: {cfg.source or 'built in code'}){hint}"
+                f"zeros with input shapes {shapes} on {inst.device} (config: {cfg.source or 'built in code'}){hint}",
+                device_lost=inst.lost,
             ) from exc
 
     def shutdown(self) -> None:

@@ -7,7 +7,8 @@ would abort it (errors.DeviceLost, executor's Instance._mark_lost, batcher's _ch
 
 The CUDA tests need a GPU (bench/gpu_session.sh runs them on a lent one); each runs the lost device
 in a process of its own, as the error poisons the process. The first test plants the mark the CUDA
-path sets on a CPU model, for what follows it in the batcher, the service and the health servicer.
+path sets on a CPU model, for what follows it in the batcher, the service and the health servicer;
+another plants it as the start-up warm-up begins, for `wok serve`'s exit.
 """
 
 from __future__ import annotations
@@ -287,3 +288,78 @@ def test_cuda_wok_serve_after_a_device_side_error_refuses_turns_not_serving_and_
     assert f"ERROR wok: {lost_message('lookup', 'cuda:0')}; health NOT_SERVING" in log, log[-3000:]
     assert f"wok: exiting without freeing the lost device's memory ({lost_message('lookup', 'cuda:0')})" in log
     assert "terminate called" not in log
+
+
+# The id is the input's first value less one: the warm-up's zeros ask for row -1, past the table.
+WARMUP_LOOKUP_MODEL = LOOKUP_MODEL.replace("x[:, 0].long()", "x[:, 0].long() - 1")
+
+# `wok serve`, with the mark the CUDA path sets when a batch meets a device-side error planted on
+# the CPU model's device as its warm-up starts (then its warm-up batch, which the model refuses,
+# fails on a "lost" device).
+PLANTED_WARMUP = """
+import sys
+from wok import __main__ as cli, executor
+
+warmup = executor.Executor.warmup
+
+def planted(self):
+    self._lost["cpu"] = "AcceleratorError: CUDA error: device-side assert triggered"
+    warmup(self)
+
+executor.Executor.warmup = planted
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+REFUSES_ZEROS = """
+import torch
+
+
+class RefusesZeros(torch.nn.Module):
+    def forward(self, x):
+        if not x.any():
+            raise ValueError("all zeros")
+        return x
+
+
+def build():
+    return RefusesZeros()
+"""
+
+
+def serve_until_exit(command: list[str], repository) -> subprocess.CompletedProcess:
+    """`command serve` on the models in `repository`, which must end at its start."""
+    return subprocess.run(
+        [*command, "serve", "--model-repository", str(repository), "--port", "0", "--metrics-port", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_warm_up_failed_on_a_lost_device_exits_2_without_the_frees_at_exit(tmp_path):
+    # A warm-up batch that met a device-side error left the device lost as a served batch does; wok serve
+    # exited 2 through Python's teardown, whose frees on a lost device abort the process (seen at the stop).
+    d = write_python_model(tmp_path / "m", REFUSES_ZEROS)
+    proc = serve_until_exit([sys.executable, "-c", PLANTED_WARMUP], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lost = lost_message("m", "cpu")
+    assert proc.stderr.splitlines()[-2:] == [
+        "wok: model 'm' failed: ValueError: all zeros; in the start-up warm-up, on a batch of zeros with input "
+        f"shapes INPUT0 [1, 4] on cpu (config: {d / 'config.toml'})",
+        f"wok: exiting without freeing the lost device's memory ({lost})",
+    ]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_cuda_a_device_side_error_in_the_warm_up_exits_2_naming_the_model_and_does_not_abort(tmp_path):
+    d = write_python_model(tmp_path / "lookup", WARMUP_LOOKUP_MODEL, devices=("cuda:0",))
+    proc = serve_until_exit([sys.executable, "-m", "wok"], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert lines[-2].startswith(f"wok: model 'lookup' failed: {ASSERT}"), proc.stderr[-3000:]
+    assert lines[-2].endswith(
+        f"in the start-up warm-up, on a batch of zeros with input shapes INPUT0 [1, 4] on "
+        f"cuda:0 (config: {d / 'config.toml'})"
+    ), lines[-2]
+    assert lines[-1] == f"wok: exiting without freeing the lost device's memory ({lost_message('lookup', 'cuda:0')})"
+    assert "terminate called" not in proc.stderr
