@@ -160,9 +160,10 @@ class Servable:
     def module_for(self, device: torch.device) -> nn.Module:
         """The module on `device`, cast to the configured precision; one copy per device.
 
-        The first device asked for takes the module itself; each later one a copy of it. Copying only
-        for a second device serves a module that cannot be copied (one holding a lock, an event or a
-        handle) on any one device, CUDA included; where a second is asked for, ConfigError says so."""
+        The first device asked for takes the module itself; each later one a copy of it, whose weights
+        are made on that device directly (_copy_onto). Copying only for a second device serves a module
+        that cannot be copied (one holding a lock, an event or a handle) on any one device, CUDA
+        included; where a second is asked for, ConfigError says so."""
         key = str(device)
         with self._lock:
             mod = self._per_device.get(key)
@@ -171,7 +172,7 @@ class Servable:
                     mod = self._module
                 else:
                     try:
-                        mod = copy.deepcopy(self._module)
+                        mod = _copy_onto(self._module, device)
                     except Exception as exc:
                         first = next(iter(self._per_device))
                         raise ConfigError(
@@ -315,3 +316,22 @@ class Servable:
             per_request.append({k: v[r : r + n] for k, v in outputs.items()})
             r += n
         return per_request
+
+
+def _copy_onto(module: nn.Module, device: torch.device) -> nn.Module:
+    """copy.deepcopy(module), its parameters and buffers made on `device` directly.
+
+    A plain deepcopy clones every tensor on the device it is on first: for a module on its first GPU,
+    a second copy of its weights there, which for a model filling most of that GPU runs it out of
+    memory before anything reaches the second one. Parameters and buffers given to deepcopy's memo
+    are taken as they are: a tensor held twice (tied weights) is copied once. A buffer that is a view
+    of another becomes a tensor of its own, as Module.to makes it anyway. Tensor subclasses are left
+    to deepcopy and the `.to(device)` after it."""
+    memo: dict[int, object] = {}
+    for t in module.parameters():
+        if type(t) is nn.Parameter:
+            memo[id(t)] = nn.Parameter(t.detach().to(device, copy=True), requires_grad=t.requires_grad)
+    for t in module.buffers():
+        if type(t) is torch.Tensor:
+            memo[id(t)] = t.detach().to(device, copy=True)
+    return copy.deepcopy(module, memo)

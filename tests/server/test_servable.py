@@ -305,3 +305,47 @@ def test_a_module_that_cannot_be_copied_for_a_second_device_is_a_config_error_na
         "model 'm': its module, on cpu, cannot be copied for meta (TypeError: cannot pickle '_thread.lock' object); "
         "serve it on one device, or make it copyable (copy.deepcopy)"
     )
+
+
+class Tied(nn.Module):
+    """Two layers sharing one weight (an embedding tied to its output layer), a buffer, and a view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+        self.b.weight = self.a.weight
+        self.register_buffer("scale", torch.full((4,), 2.0))
+        self.register_buffer("head", self.scale[:2])  # a view of another buffer
+
+
+def test_a_later_devices_copy_is_made_on_that_device_not_on_the_first_ones():
+    # deepcopy cloned every weight on the first device, then moved the clone: a second copy of a
+    # model's weights on its first GPU, which a model filling most of it cannot have.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Made(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.on: list[tuple[str, str]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.on.append((str(func), str(t.device)))
+            return out
+
+    module = Tied()
+    s = servable(module, "FP32")
+    assert s.module_for(CPU) is module
+    with Made() as made:
+        copied = s.module_for(META)
+    # On the CPU only aliases (detach), nothing allocated.
+    assert {op for op, device in made.on if device == "cpu"} == {"aten.detach.default"}, made.on
+    assert copied.b.weight is copied.a.weight and copied.a.weight is not module.a.weight
+    assert isinstance(copied.a.weight, nn.Parameter) and copied.a.weight.requires_grad == module.a.weight.requires_grad
+    assert {t.device for t in (*copied.parameters(), *copied.buffers())} == {META}
+    assert {t.device for t in (*module.parameters(), *module.buffers())} == {CPU}
+    assert [n for n, _ in copied.named_parameters()] == [n for n, _ in module.named_parameters()]
+    assert [n for n, _ in copied.named_buffers()] == [n for n, _ in module.named_buffers()]
