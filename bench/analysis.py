@@ -263,6 +263,26 @@ def per_batch_compute(compute_ms: np.ndarray, batch_requests: np.ndarray) -> Lat
     return LatencyHistogram.from_ms(np.repeat(pairs[:, 0], batches))
 
 
+SIZE_KEYS = ("mean", "p50", "p90", "p99", "p999", "max")
+
+
+def request_size_summary(sizes: np.ndarray) -> dict:
+    """A step's `request_sizes` from the sizes of its requests (those to a model with a variable
+    dimension): their count, mean, nearest-rank quantiles (as latencies') and maximum, and every size
+    with its count (`sizes`, increasing, and `counts`): what `wok bench merge` adds up, so that a merged
+    step's quantiles are exactly those of all the parts' requests together."""
+    sizes = np.asarray(sizes, dtype=np.int64).ravel()
+    if not len(sizes):
+        return {"requests": 0} | dict.fromkeys(SIZE_KEYS) | {"sizes": [], "counts": []}
+    q = np.quantile(sizes, [0.5, 0.9, 0.99, 0.999], method="inverted_cdf")
+    distinct, counts = np.unique(sizes, return_counts=True)
+    return (
+        {"requests": len(sizes), "mean": float(sizes.mean())}
+        | {k: int(v) for k, v in zip(SIZE_KEYS[1:], [*q, sizes.max()])}
+        | {"sizes": distinct.tolist(), "counts": counts.tolist()}
+    )
+
+
 def outside_server_ms(client_mean_ms: float, server: dict | None) -> float | None:
     """Mean client latency less the server's own mean end-to-end time over the same window.
 

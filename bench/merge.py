@@ -23,7 +23,15 @@ step in each ramp (refinement steps are left out: each process bisected on its o
   histograms (outside, compute, batch) are summed, `outside_ms`'s percentiles come from the
   summed outside histogram and every mean is the parts' means weighted by their requests (exact);
   the stages' percentiles and the slowest 1 %'s breakdown (`tail`) cannot be rebuilt from the
-  parts and are left null;
+  parts and are left null; the per-batch compute histogram (`compute_batch_histogram`) is summed
+  too when every part with requests has one, and then counts a batch once per part that sent some
+  of its requests (a part cannot tell which batches the others saw);
+* the sizes of the requests (`request_sizes`, when every part has them): the counts per size add,
+  so every figure is that of all the parts' requests (parts without the counts: count, mean and
+  maximum, the quantiles null);
+* histograms of different bucket layouts are refused, naming the step, the field and the parts;
+* the parts' pools of requests (`payloads`): kept once when all agree, else by part in
+  `payloads_by_part` (a pool of draws follows each part's seed);
 * the parts' host probes (`host_probe`, `wok bench ramp --host-probe`) are kept by part in
   `host_probes`: each read its own machine's speed, so they are not combined;
 * the server's view (`server`, `queue_ms`, …) is taken from the first result given: every
@@ -32,7 +40,8 @@ step in each ramp (refinement steps are left out: each process bisected on its o
 
 Verdicts (knee, max QPS under the SLO) and precision warnings are recomputed on the merged
 steps, with the parts' knee threshold and least success rate (parts that differ in either are
-refused); the parts' own warnings are kept, prefixed with the part's name.
+refused, as are parts that sent other requests: other --sizes, --rows or --int-high); the
+parts' own warnings are kept, prefixed with the part's name.
 
 Parts are `wok.bench/1` or `wok.bench/2`, all of one version, which the merged result keeps:
 a /1 file may hold the older definitions of `offered_qps` and the Little's-law count
@@ -46,12 +55,16 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
+
 from . import analysis
 from .histogram import LatencyHistogram
 
 NAN = float("nan")
 DURATION_TOLERANCE_S = 1e-6
 LAG_KEYS = ("p50", "p99", "max")
+# server_timing's histograms in the order a process writes them (analysis.server_timing_summary).
+HISTOGRAM_ORDER = ("outside_histogram", "compute_histogram", "compute_batch_histogram", "batch_histogram")
 
 
 def _num(x) -> float:
@@ -69,21 +82,41 @@ def _max_finite(values) -> float:
     return max(finite) if finite else NAN
 
 
-def _summed(histograms: Sequence[dict]) -> LatencyHistogram:
-    """The parts' histograms (their JSON form) added bucket by bucket."""
-    return functools.reduce(LatencyHistogram.merge, (LatencyHistogram.from_dict(h) for h in histograms))
+def _summed(
+    histograms: Sequence[dict], what: str = "histogram", names: Sequence[str] | None = None
+) -> LatencyHistogram:
+    """The parts' histograms (their JSON form) added bucket by bucket; `what` (the step and field) and
+    `names` (the parts') name them in a refusal: histograms of other bucket layouts do not add up."""
+    names = list(names) if names is not None else [f"part {i}" for i in range(len(histograms))]
+    read = []
+    for h, name in zip(histograms, names):
+        try:
+            read.append(LatencyHistogram.from_dict(h))
+        except (KeyError, TypeError, ValueError) as exc:
+            why = f"no {exc.args[0]}" if isinstance(exc, KeyError) else str(exc)
+            raise ValueError(f"{what} of {name}: expected a latency histogram; {why}") from None
+    bits = [r.bits for r in read]
+    if any(b != bits[0] for b in bits):
+        shown = ", ".join(f"{name}: {b}" for name, b in zip(names, bits))
+        raise ValueError(
+            f"{what}: the parts' histograms have different sub_bucket_bits ({shown}); only histograms of one "
+            "bucket layout add up (run the parts with one wok bench)"
+        )
+    return functools.reduce(LatencyHistogram.merge, read)
 
 
-def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
-    """One step from the same step of every part (see the module's docstring for each field)."""
+def merge_steps(steps: Sequence[dict], label: str = "step", names: Sequence[str] | None = None) -> dict:
+    """One step from the same step of every part (see the module's docstring for each field); `names`
+    (the parts') name them in a refusal."""
     if not steps:
         raise ValueError("nothing to merge")
+    names = list(names) if names is not None else [f"part {i}" for i in range(len(steps))]
     durations = {float(s["duration_s"]) for s in steps}
     if max(durations) - min(durations) > DURATION_TOLERANCE_S:
         raise ValueError(f"{label}: the parts' measured windows differ ({sorted(durations)} s); run them alike")
     if any("latency_histogram" not in s for s in steps):
         raise ValueError(f"{label}: a part has no latency_histogram (written by a wok bench older than merge)")
-    hist = _summed([s["latency_histogram"] for s in steps])
+    hist = _summed([s["latency_histogram"] for s in steps], f"{label}: latency_histogram", names)
     requests = sum(int(s["requests"]) for s in steps)
     ok = sum(int(s["ok"]) for s in steps)
     if hist.count != ok:
@@ -139,7 +172,7 @@ def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
     step["outside_server_ms"] = analysis.outside_server_ms(step["latency_ms"]["mean"], step["server"])
     timing = [s.get("server_timing") for s in steps]
     if all(t is not None for t in timing):
-        step["server_timing"] = merge_server_timing(timing, label)
+        step["server_timing"] = merge_server_timing(timing, label, names)
     if all("nominal_qps" in s for s in steps):
         step["nominal_qps"] = math.fsum(float(s["nominal_qps"]) for s in steps)
     if any("error_details" in s for s in steps):
@@ -150,14 +183,17 @@ def merge_steps(steps: Sequence[dict], label: str = "step") -> dict:
                 if code in step["errors"]:
                     details.setdefault(code, message)
         step["error_details"] = dict(sorted(details.items()))
+    if all("request_sizes" in s for s in steps):
+        step["request_sizes"] = merge_request_sizes([s["request_sizes"] for s in steps], label, names)
     if all("start_late_s" in s for s in steps):
         # The latest part's: until it started, the step had only the others' share of the load.
         step["start_late_s"] = max(float(s["start_late_s"]) for s in steps)
     return step
 
 
-def merge_server_timing(parts: Sequence[dict], label: str = "step") -> dict:
+def merge_server_timing(parts: Sequence[dict], label: str = "step", names: Sequence[str] | None = None) -> dict:
     """The server-timing split of one step from its parts' (see the module's docstring)."""
+    names = list(names) if names is not None else [f"part {i}" for i in range(len(parts))]
     weights = [int(t["requests"]) for t in parts]
     requests = sum(weights)
 
@@ -170,10 +206,18 @@ def merge_server_timing(parts: Sequence[dict], label: str = "step") -> dict:
     hists = {}
     for key in ("outside_histogram", "compute_histogram", "batch_histogram"):
         if all(key in t for t in parts):
-            merged = _summed([t[key] for t in parts])
+            merged = _summed([t[key] for t in parts], f"{label}: server_timing.{key}", names)
             if merged.count != requests:
                 raise ValueError(f"{label}: the parts' {key} hold {merged.count} times for {requests} requests")
             hists[key] = merged
+    # One count per batch a part saw (its count is batches, not requests). A part without requests
+    # has none to give; a part with requests but without it (a server whose trailer did not carry
+    # its batch's size) leaves it out: a sum of some parts' batches would be a lie. A batch whose
+    # requests came from several parts is counted once by each of them (docs/bench-schema.md).
+    key = "compute_batch_histogram"
+    have = [(t[key], name) for t, name in zip(parts, names) if key in t]
+    if have and all(key in t or not int(t["requests"]) for t in parts):
+        hists[key] = _summed([h for h, _ in have], f"{label}: server_timing.{key}", [name for _, name in have])
     stages = sorted({k for t in parts for k in t.get("stages_ms", {})})
     outside = {"mean": mean(lambda t: t["outside_ms"]["mean"]), "p50": NAN, "p99": NAN}
     if "outside_histogram" in hists:
@@ -186,10 +230,41 @@ def merge_server_timing(parts: Sequence[dict], label: str = "step") -> dict:
             k: {"mean": mean(lambda t, k=k: t["stages_ms"][k]["mean"]), "p50": NAN, "p99": NAN} for k in stages
         },
         "outside_ms": outside,
-        **{key: h.to_dict() for key, h in hists.items()},
+        **{key: hists[key].to_dict() for key in HISTOGRAM_ORDER if key in hists},
         "tail": None,
         "merged": True,
     }
+
+
+def merge_request_sizes(parts: Sequence[dict], label: str = "step", names: Sequence[str] | None = None) -> dict:
+    """One step's `request_sizes` from its parts': every size's count adds, so the quantiles are exactly
+    those of all the parts' requests together (`analysis.request_size_summary`). Parts written before
+    the counts were kept (`sizes`, `counts`) give the count, the mean (weighted by the parts' requests)
+    and the maximum alone: their quantiles cannot be rebuilt from the parts' and are null."""
+    names = list(names) if names is not None else [f"part {i}" for i in range(len(parts))]
+    if all("sizes" in p and "counts" in p for p in parts):
+        sizes, counts = [], []
+        for p, name in zip(parts, names):
+            if len(p["sizes"]) != len(p["counts"]) or sum(p["counts"]) != int(p["requests"]):
+                raise ValueError(
+                    f"{label}: request_sizes of {name}: expected a count per size adding up to its requests "
+                    f"({p['requests']}); got {len(p['counts'])} counts of {sum(p['counts'])} "
+                    f"for {len(p['sizes'])} sizes"
+                )
+            sizes += p["sizes"]
+            counts += p["counts"]
+        return analysis.request_size_summary(np.repeat(np.asarray(sizes, dtype=np.int64), counts))
+    requests = sum(int(p["requests"]) for p in parts)
+    mean = (
+        math.fsum(int(p["requests"]) * float(p["mean"]) for p in parts if p["requests"]) / requests
+        if requests
+        else None
+    )
+    return (
+        {"requests": requests, "mean": mean}
+        | dict.fromkeys(analysis.SIZE_KEYS[1:-1])
+        | {"max": max((int(p["max"]) for p in parts if p["requests"]), default=None)}
+    )
 
 
 def _same(results: Sequence[dict], names: Sequence[str], what: str, get) -> None:
@@ -253,6 +328,10 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         )
     _same(results, names, "the model mix", lambda r: _mix(r["config"].get("models", [])))
     _same(results, names, "the SLO", lambda r: r["slo_p99_ms"])
+    # What each request carried: a merged step's request_sizes, payloads and config describe one load.
+    _same(results, names, "the payload sizes (--sizes)", lambda r: r["config"].get("sizes"))
+    _same(results, names, "the rows per request (--rows)", lambda r: r["config"].get("rows"))
+    _same(results, names, "the integer inputs' bound (--int-high)", lambda r: r["config"].get("int_high"))
     _same(results, names, "the step duration", lambda r: r["config"].get("step_duration_s"))
     # The verdicts are recomputed with one threshold and one least success rate: the first part's
     # would decide them, and the order the files were given would change the knee.
@@ -293,7 +372,7 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
             "the parts did not share one --start-at: each timed its steps by its own start, so their windows "
             "line up only as well as their starts did (give every part the same --start-at)"
         )
-    steps = [merge_steps([p[i] for p in parts], f"step {i + 1}") for i in range(n)]
+    steps = [merge_steps([p[i] for p in parts], f"step {i + 1}", names) for i in range(n)]
     warnings += _uncertain_verdicts(steps, float(first["slo_p99_ms"]), float(first.get("min_success_rate", 0.99)))
     for i, step in enumerate(steps):
         if step.get("start_late_s", 0) > 0:
@@ -324,6 +403,16 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         from wok.clients.balancer import merge_stats
 
         result["balancer"] = merge_stats([r.get("balancer") for r in results])
+    elif any("balancer" in r for r in results):
+        result["balancer"] = None  # as the parts have it: run with the grpc balancer, which counts nothing
+    # Each part's pool of requests: one entry per model when they agree (the same --sizes, --rows and
+    # mix, enforced above, make the same pool but where it holds draws, which follow each part's seed);
+    # else kept by part, as the host probes are.
+    pools = [r.get("payloads") for r in results]
+    if all(p is not None and p == pools[0] for p in pools):
+        result["payloads"] = pools[0]
+    elif any(p is not None for p in pools):
+        result["payloads_by_part"] = {name: p for p, name in zip(pools, names) if p is not None}
     probes = {name: r["host_probe"] for r, name in zip(results, names) if r.get("host_probe") is not None}
     if probes:  # each part probed its own machine: kept side by side, never averaged
         result["host_probes"] = probes

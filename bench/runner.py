@@ -455,7 +455,7 @@ class Ramp:
         step["nominal_qps"] = qps
         if (self.pool_sizes >= 0).any():
             sizes = self.pool_sizes[np.concatenate([s.which for s in shares])]
-            step["request_sizes"] = _size_summary(sizes[keep & np.isfinite(sent) & (sizes >= 0)])
+            step["request_sizes"] = analysis.request_size_summary(sizes[keep & np.isfinite(sent) & (sizes >= 0)])
         if late_s is not None:
             step["start_late_s"] = late_s
             if late_s > 0:
@@ -559,18 +559,6 @@ class Ramp:
             achieved.append(int(np.count_nonzero(ok_here)))
             p99.append(analysis.latency_summary(lat[ok_here] * 1e3)["p99"] if ok_here.any() else None)
         return {"t_s": t_s, "offered": offered, "achieved": achieved, "p99_ms": p99}
-
-
-def _size_summary(sizes: np.ndarray) -> dict:
-    """A step's `request_sizes`: its window's requests sent to a model with a variable dimension,
-    and their sizes' mean, nearest-rank quantiles (as latencies') and maximum."""
-    keys = ("mean", "p50", "p90", "p99", "p999", "max")
-    if not len(sizes):
-        return {"requests": 0} | dict.fromkeys(keys)
-    q = np.quantile(sizes, [0.5, 0.9, 0.99, 0.999], method="inverted_cdf")
-    return {"requests": len(sizes), "mean": float(sizes.mean())} | {
-        k: int(v) for k, v in zip(keys[1:], [*q, sizes.max()])
-    }
 
 
 def _mean_inflight(per_worker: list[np.ndarray], start: float, end: float) -> np.ndarray:

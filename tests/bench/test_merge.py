@@ -580,3 +580,117 @@ def test_a_merged_result_draws_its_breakdown_without_a_tail(split_ramp):
     assert len(fig.axes) == 2  # the mean request's stacks, and a tail panel that says why it is empty
     assert len(fig.axes[0].patches) > 0
     assert not fig.axes[1].patches and "not in this result" in fig.axes[1].texts[0].get_text()
+
+
+# -- what later additions carry: per-batch compute, request sizes, payloads -------------------------------
+def _batched_timing(rng, batches: int, owner_of) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Three parts' client latencies and server-timing rows (with each batch's size) from `batches`
+    batches of 1-8 requests, each request sent by the part `owner_of(batch, request)` gives."""
+    from wok.servertiming import TIMING_COLUMNS
+
+    col = {name: k for k, name in enumerate(TIMING_COLUMNS)}
+    rows = [[], [], []]
+    for b in range(batches):
+        n = int(rng.integers(1, 9))
+        compute = round(float(rng.uniform(0.2, 2.0)), 3)  # the trailer's µs: one value per batch
+        for r in range(n):
+            row = np.zeros(len(TIMING_COLUMNS))
+            row[col["compute"]], row[col["batch_requests"]] = compute, n
+            row[col["batch"]] = compute + 0.1
+            row[col["total"]] = row[col["batch"]] + rng.uniform(0.0, 3.0)
+            rows[owner_of(b, r)].append(row)
+    out = []
+    for part in rows:
+        st = np.array(part).reshape(-1, len(TIMING_COLUMNS))
+        out.append((st[:, col["total"]] + rng.lognormal(0.0, 0.5, len(st)), st))
+    return out
+
+
+def test_merged_server_timing_keeps_the_per_batch_compute_histogram():
+    from wok.bench.merge import merge_server_timing
+
+    rng = np.random.default_rng(21)
+    # Each batch's requests all came from one part (the first 120 batches from parts 0 and 1, none from 2):
+    # the parts' batches add up to the whole's, batch by batch.
+    data = _batched_timing(rng, 200, lambda b, r: b % 2 if b < 120 else 1)
+    parts = [analysis.server_timing_summary(lat, rows) for lat, rows in data]
+    assert "compute_batch_histogram" not in parts[2]  # no requests, so no batches: it adds nothing
+    whole = analysis.server_timing_summary(np.concatenate([d[0] for d in data]), np.vstack([d[1] for d in data]))
+    m = merge_server_timing(parts)
+    assert m["compute_batch_histogram"] == whole["compute_batch_histogram"]
+    assert m["compute_batch_histogram"]["count"] == 200
+    assert list(m) == [*whole, "merged"]  # in a process's order, every field kept
+    # A batch whose requests several parts sent is counted once by each (docs/bench-schema.md).
+    split = _batched_timing(np.random.default_rng(21), 200, lambda b, r: r % 2)
+    m = merge_server_timing([analysis.server_timing_summary(lat, rows) for lat, rows in split])
+    assert 200 < m["compute_batch_histogram"]["count"] <= 400
+    # A part with requests but no batch sizes (a server whose trailer lacks them): left out, not a partial sum.
+    del parts[0]["compute_batch_histogram"]
+    assert "compute_batch_histogram" not in merge_server_timing(parts)
+
+
+def test_histograms_of_other_layouts_are_refused_naming_the_field_and_the_files(split_ramp):
+    rng = np.random.default_rng(22)
+    _, parts = split_ramp
+    for r in parts:
+        for step in r["steps"]:
+            lat, rows = _batched_timing(rng, 30, lambda b, i: 0)[0]
+            step["server_timing"] = analysis.server_timing_summary(lat, rows)
+    coarse = LatencyHistogram.from_ms([1.0], sub_bucket_bits=5)
+    parts[1]["steps"][1]["server_timing"]["compute_batch_histogram"] = coarse.to_dict()
+    with pytest.raises(ValueError) as err:
+        merge_results(parts, ["a.json", "b.json", "c.json"])
+    message = str(err.value)
+    assert "step 2: server_timing.compute_batch_histogram" in message
+    assert "a.json: 7, b.json: 5, c.json: 7" in message
+    parts[1]["steps"][1]["latency_histogram"]["sub_bucket_bits"] = 5
+    with pytest.raises(ValueError, match=r"step 2: latency_histogram: .*a\.json: 7, b\.json: 5"):
+        merge_results(parts, ["a.json", "b.json", "c.json"])
+
+
+def _with_sizes(result: dict, sizes_per_step: list[np.ndarray]) -> dict:
+    for step, sizes in zip(result["steps"], sizes_per_step):
+        step["request_sizes"] = analysis.request_size_summary(sizes)
+    result["config"]["sizes"] = "lognormal:median=20,sigma=0.8,max=256"
+    result["payloads"] = [{"model": "mlp", "pool": "per_size", "payloads": 1024, "distinct_sizes": 256}]
+    return result
+
+
+def test_merged_request_sizes_are_exactly_the_wholes(split_ramp):
+    rng = np.random.default_rng(23)
+    whole, parts = split_ramp
+    sizes = [np.clip(np.round(20 * rng.lognormal(0, 0.8, 3000)), 1, 256).astype(int) for _ in whole["steps"]]
+    sizes[2][:] = 7  # one size only
+    owners = [rng.integers(0, 3, len(s)) for s in sizes]
+    owners[1][:] = 0  # a part that sent no sized request in a step
+    parts = [_with_sizes(r, [s[o == i] for s, o in zip(sizes, owners)]) for i, r in enumerate(parts)]
+    merged = merge_results(parts)
+    for step, s in zip(merged["steps"], sizes):
+        assert step["request_sizes"] == analysis.request_size_summary(s)
+    assert merged["steps"][0]["request_sizes"]["p999"] == int(np.quantile(sizes[0], 0.999, method="inverted_cdf"))
+    assert merged["payloads"] == parts[0]["payloads"]
+    # Parts written before the sizes' counts were kept: count, mean and maximum; no quantile.
+    for r in parts:
+        for step in r["steps"]:
+            del step["request_sizes"]["sizes"], step["request_sizes"]["counts"]
+    step = merge_results(parts)["steps"][0]["request_sizes"]
+    assert step["requests"] == len(sizes[0]) and step["max"] == sizes[0].max()
+    assert step["mean"] == pytest.approx(sizes[0].mean(), rel=1e-12)
+    assert step["p50"] is None and step["p999"] is None
+
+
+def test_parts_that_sent_other_requests_do_not_merge_and_other_pools_are_kept_by_part(split_ramp):
+    _, parts = split_ramp
+    parts = [_with_sizes(r, [np.arange(1, 50)] * 3) for r in parts]
+    for key, value, what in (("sizes", "fixed:16", "--sizes"), ("rows", 4, "--rows"), ("int_high", 9, "--int-high")):
+        other = [json.loads(json.dumps(r)) for r in parts]
+        other[2]["config"][key] = value
+        with pytest.raises(ValueError, match=rf"differ in .*\({what}\) .*c\.json: {value}"):
+            merge_results(other, ["a.json", "b.json", "c.json"])
+    parts[1]["payloads"] = [{"model": "mlp", "pool": "draws", "payloads": 300, "distinct_sizes": 40}]
+    merged = merge_results(parts, ["a.json", "b.json", "c.json"])
+    assert "payloads" not in merged
+    assert merged["payloads_by_part"] == {n: r["payloads"] for n, r in zip(["a.json", "b.json", "c.json"], parts)}
+    for r in parts:
+        r["balancer"] = None  # as a ramp with the grpc balancer writes it
+    assert merge_results(parts)["balancer"] is None
