@@ -32,6 +32,8 @@ step in each ramp (refinement steps are left out: each process bisected on its o
 * histograms of different bucket layouts are refused, naming the step, the field and the parts;
 * the parts' pools of requests (`payloads`): kept once when all agree, else by part in
   `payloads_by_part` (a pool of draws follows each part's seed);
+* `interrupted`: null unless a part was cut in its ramp (then its steps, fewer, cap the merged
+  ones, and its verdicts with them); each such part's reason, after its name;
 * the parts' host probes (`host_probe`, `wok bench ramp --host-probe`) are kept by part in
   `host_probes`: each read its own machine's speed, so they are not combined;
 * the server's view (`server`, `queue_ms`, …) is taken from the first result given: every
@@ -267,6 +269,15 @@ def merge_request_sizes(parts: Sequence[dict], label: str = "step", names: Seque
     )
 
 
+def _cut_phase(interrupted: dict) -> str:
+    """Where a part was cut: its `phase`, or for a file written before it, the phase its reason names."""
+    phase = interrupted.get("phase")
+    if phase is not None:
+        return phase
+    reason = str(interrupted.get("reason", ""))
+    return "refine" if reason.startswith("refinement ended early") else "soak" if reason.startswith("soak") else "ramp"
+
+
 def _same(results: Sequence[dict], names: Sequence[str], what: str, get) -> None:
     values = [get(r) for r in results]
     if any(v != values[0] for v in values):
@@ -416,6 +427,21 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
     probes = {name: r["host_probe"] for r, name in zip(results, names) if r.get("host_probe") is not None}
     if probes:  # each part probed its own machine: kept side by side, never averaged
         result["host_probes"] = probes
+    # A part cut short in its ramp ran fewer steps, and only the steps every part ran are merged: the
+    # merged verdicts then stop where that part stopped, not where the server failed, as a cut ramp's
+    # do (bench/compare.py leaves such a result out). A cut in a refinement or a soak leaves the ramp's
+    # steps whole (those steps are not merged), so the merged ramp is not cut.
+    cut = [(name, r["interrupted"]) for r, name in zip(results, names) if r.get("interrupted")]
+    cut = [(name, c) for name, c in cut if _cut_phase(c) == "ramp"]
+    result["interrupted"] = (
+        {
+            "reason": "; ".join(f"{name}: {c['reason']}" for name, c in cut),
+            "by_signal": any(bool(c.get("by_signal")) for _, c in cut),
+            "phase": "ramp",
+        }
+        if cut
+        else None
+    )
     result["warnings"] = warnings + result["warnings"]
     result["warnings"] += [f"{name}: {w}" for r, name in zip(results, names) for w in r.get("warnings", [])]
     # The merged steps' figures are the parts' added up, so they mean what the parts' meant.

@@ -299,6 +299,7 @@ class Ramp:
         )
         steps: list[dict] = []
         interrupted = None
+        cut_phase = None
         by_signal = False
         try:
             for i, qps in enumerate(cfg.steps):
@@ -309,6 +310,7 @@ class Ramp:
                         raise
                     # Keep what was measured: the steps done so far are still a result.
                     interrupted = f"ramp ended early at {qps:g} QPS: {type(exc).__name__}: {exc}"
+                    cut_phase = "ramp"
                     by_signal = isinstance(exc, KeyboardInterrupt)
                     self.say(interrupted)
                     break
@@ -348,6 +350,7 @@ class Ramp:
                             analysis.bisect_max_qps(refine_at, passed, failed, cfg.slo_p99_ms, cfg.refine)
                         except (Exception, KeyboardInterrupt) as exc:
                             interrupted = f"refinement ended early at {at_qps:g} QPS: {type(exc).__name__}: {exc}"
+                            cut_phase = "refine"
                             by_signal = isinstance(exc, KeyboardInterrupt)
                             self.say(interrupted)
                         steps = sorted(steps + extra, key=lambda s: s["offered_qps"])
@@ -369,7 +372,10 @@ class Ramp:
         result["warnings"] += [f"--sizes {cfg.sizes}: {s.plan.note}" for s in self.slices if s.plan.note]
         # Null for a ramp that ran every step it meant to (or stopped early by its own rule);
         # else why it ended, and whether a signal (Ctrl-C, SIGTERM) ended it.
-        result["interrupted"] = {"reason": interrupted, "by_signal": by_signal} if interrupted else None
+        # `phase`: where it was cut, "ramp" or "refine" (a refinement cut leaves the ramp's steps whole).
+        result["interrupted"] = (
+            {"reason": interrupted, "by_signal": by_signal, "phase": cut_phase} if interrupted else None
+        )
         if interrupted:
             result["warnings"].append(interrupted)
         return result

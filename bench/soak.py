@@ -335,7 +335,11 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
             # The soak is one step, so nothing of it is kept; the capacity ramp still is a result.
             reason = f"soak ended early: {type(exc).__name__}: {exc}"
             say(reason)
-            capacity_result["interrupted"] = {"reason": reason, "by_signal": isinstance(exc, KeyboardInterrupt)}
+            capacity_result["interrupted"] = {
+                "reason": reason,
+                "by_signal": isinstance(exc, KeyboardInterrupt),
+                "phase": "soak",
+            }
             capacity_result["warnings"].append(reason)
             return _without_soak(capacity_result)
     finally:
@@ -348,7 +352,7 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
         say(f"{reason}; the soak's {ramp.cut['at_s']:g} s measured are kept")
         cut_warning = result["interrupted"]["reason"]  # the ramp's own words for the one step
         result["warnings"] = [w for w in result["warnings"] if w != cut_warning] + [reason]
-        result["interrupted"] = {"reason": reason, "by_signal": isinstance(exc, KeyboardInterrupt)}
+        result["interrupted"] = {"reason": reason, "by_signal": isinstance(exc, KeyboardInterrupt), "phase": "soak"}
     if ramp.timeline:
         intended, _, lat, codes = (np.concatenate([t[k] for t in ramp.timeline]) for k in range(4))
     else:

@@ -694,3 +694,34 @@ def test_parts_that_sent_other_requests_do_not_merge_and_other_pools_are_kept_by
     for r in parts:
         r["balancer"] = None  # as a ramp with the grpc balancer writes it
     assert merge_results(parts)["balancer"] is None
+
+
+def test_a_part_cut_in_its_ramp_makes_the_merged_ramp_cut_and_one_cut_elsewhere_does_not(split_ramp):
+    # A merged result had no `interrupted`: a part cut short (fewer steps) capped the merged verdicts at
+    # the last step it reached, and bench/compare.py, which leaves cut ramps out, could not tell.
+    _, parts = split_ramp
+    assert merge_results(parts)["interrupted"] is None  # present, as in one process's result
+    del parts[1]["steps"][2]
+    parts[1]["interrupted"] = {
+        "reason": "ramp ended early at 200 QPS: KeyboardInterrupt: SIGINT",
+        "by_signal": True,
+        "phase": "ramp",
+    }
+    merged = merge_results(parts, ["a.json", "b.json", "c.json"])
+    assert len(merged["steps"]) == 2
+    assert merged["interrupted"] == {
+        "reason": "b.json: ramp ended early at 200 QPS: KeyboardInterrupt: SIGINT",
+        "by_signal": True,
+        "phase": "ramp",
+    }
+    # Cut in a refinement or a soak (whose steps are not merged): the merged ramp is whole. Files written
+    # before `phase` say where in their reason.
+    for cut in (
+        {"reason": "refinement ended early at 250 QPS: RuntimeError: x", "by_signal": False, "phase": "refine"},
+        {"reason": "refinement ended early at 250 QPS: RuntimeError: x", "by_signal": False},
+        {"reason": "soak ended early: KeyboardInterrupt: SIGINT", "by_signal": True, "phase": "soak"},
+    ):
+        parts[1]["interrupted"] = cut
+        assert merge_results(parts)["interrupted"] is None, cut
+    parts[1]["interrupted"] = {"reason": "ramp ended early at 200 QPS: OSError: gone", "by_signal": False}
+    assert merge_results(parts)["interrupted"]["reason"] == "part 1: ramp ended early at 200 QPS: OSError: gone"

@@ -396,6 +396,7 @@ def test_a_ramp_cut_by_a_signal_says_so_in_its_result(bench_server):
     assert result["interrupted"] == {
         "reason": "ramp ended early at 100 QPS: KeyboardInterrupt: Ctrl-C",
         "by_signal": True,
+        "phase": "ramp",
     }
     assert result["interrupted"]["reason"] in result["warnings"]
     cfg.steps = [50]
@@ -480,6 +481,7 @@ def test_ctrl_c_in_the_refinement_keeps_the_ramp_and_the_refine_steps_run(bench_
     assert result["interrupted"] == {
         "reason": "refinement ended early at 1750 QPS: KeyboardInterrupt: Ctrl-C",
         "by_signal": True,
+        "phase": "refine",
     }
     assert result["interrupted"]["reason"] in result["warnings"]
 
