@@ -214,38 +214,66 @@ def _scrape_counts(port: int) -> tuple[dict[str, float], dict[str, float]]:
 
 
 async def test_a_client_deadline_that_passes_while_its_batch_runs_counts_deadline_exceeded_a_cancel_cancelled(
-    serve, slow_repository
+    gated_model,
 ):
     # gRPC cancels the handler both ways; a deadline was counted CANCELLED while its client saw
-    # DEADLINE_EXCEEDED. Neither is a rejection: each request ran.
-    repo = slow_repository(sleep_ms=300, max_batch_size=1, delay_ms=0)
+    # DEADLINE_EXCEEDED. Neither is a rejection: each request ran. The gated model holds each batch
+    # until the call has ended, so that the end comes while it runs (a 300 ms model's sleep did).
+    # The deadline must not pass before the batch starts: a host stalled past it then, gRPC ends the
+    # call before wok's handler sees it, and nothing counts it (once in 30 runs with the test
+    # stopped 250 ms at a time). Such a try is made again on a new server with twice the time.
+    from wok.app import WokServer
+    from wok.config import server_settings
+    from wok.repository import ModelRepository
+
+    async def counted(rt, n: int) -> dict[str, int]:
+        # The handler counts its end once gRPC has cancelled it, after the client saw the end.
+        while sum(rt.metrics.responses.values()) < n:
+            await asyncio.sleep(0.005)
+        return dict(rt.metrics.responses)
+
     x = {"INPUT0": np.ones((1, 4), np.float32)}
-    async with serve(repository=repo) as server:
-        rt = server.runtimes["slow"]
-
-        async def counted(n: int) -> dict[str, int]:
-            # The handler counts its end once gRPC has cancelled it, after the client saw the end.
-            while sum(rt.metrics.responses.values()) < n:
-                await asyncio.sleep(0.005)
-            return dict(rt.metrics.responses)
-
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-            stub = pb_grpc.GRPCInferenceServiceStub(ch)
-            # Its batch starts at once (the instance is free) and runs past the call's deadline.
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.ModelInfer(encode_request("slow", x), timeout=0.1)
-            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            assert await asyncio.wait_for(counted(1), 10) == {"DEADLINE_EXCEEDED": 1}
-            # A call its client cancels while its batch runs.
-            while rt.batcher.inflight:
-                await asyncio.sleep(0.005)
-            call = stub.ModelInfer(encode_request("slow", x), timeout=30)
-            while rt.batcher.inflight == 0:
-                await asyncio.sleep(0.001)
-            call.cancel()
-            assert await call.code() == grpc.StatusCode.CANCELLED
-            assert await asyncio.wait_for(counted(2), 10) == {"DEADLINE_EXCEEDED": 1, "CANCELLED": 1}
-            codes, reasons = await asyncio.to_thread(_scrape_counts, server.http.port)
+    timeout = 0.1
+    for _ in range(6):
+        s, module = gated_model(max_batch_size=1, delay_ms=0, depth=1, name="slow", enter_when_closed=True)
+        server = WokServer(server_settings(grpc_port=0, metrics_port=0), ModelRepository([s], "test"))
+        await server.start()
+        try:
+            rt = server.runtimes["slow"]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+                stub = pb_grpc.GRPCInferenceServiceStub(ch)
+                module.gate.clear()
+                late = asyncio.ensure_future(stub.ModelInfer(encode_request("slow", x), timeout=timeout))
+                while not (module.entered.is_set() or late.done()):
+                    await asyncio.sleep(0.001)
+                if not module.entered.is_set():  # the deadline passed before the batch began
+                    late.exception()  # DEADLINE_EXCEEDED, retrieved
+                    timeout *= 2
+                    continue
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await late
+                assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                assert await asyncio.wait_for(counted(rt, 1), 10) == {"DEADLINE_EXCEEDED": 1}
+                module.entered.clear()
+                module.gate.set()
+                # A call its client cancels while its batch runs.
+                while rt.batcher.inflight:
+                    await asyncio.sleep(0.005)
+                module.gate.clear()
+                call = stub.ModelInfer(encode_request("slow", x), timeout=30)
+                while not module.entered.is_set():
+                    await asyncio.sleep(0.001)
+                call.cancel()
+                assert await call.code() == grpc.StatusCode.CANCELLED
+                assert await asyncio.wait_for(counted(rt, 2), 10) == {"DEADLINE_EXCEEDED": 1, "CANCELLED": 1}
+                module.gate.set()
+                codes, reasons = await asyncio.to_thread(_scrape_counts, server.http.port)
+            break
+        finally:
+            module.gate.set()
+            await server.stop(grace=5)
+    else:
+        raise AssertionError(f"every call's deadline passed before its batch began, the last after {timeout / 2} s")
     assert codes == {"DEADLINE_EXCEEDED": 1, "CANCELLED": 1}, codes
     assert reasons == {}, reasons
 

@@ -656,28 +656,33 @@ async def test_the_retry_hint_in_the_message_is_the_trailer_s_and_at_least_1_ms(
         assert server.metrics.models["slow"].rejections["deadline_unmeetable"] == 2
 
 
-async def test_the_priority_parameter_reaches_the_batcher_and_a_bad_one_is_invalid_argument(serve, slow_repository):
-    # The slow model (fixed policy, batches of 1, one slot): one request occupies the instance;
-    # then a level-5 request and a level-1 request queue, in that order; the level-1 one runs first.
-    repo = slow_repository(sleep_ms=200, max_batch_size=1, delay_ms=0)
-    cfg = repo / "slow" / "config.toml"
-    cfg.write_text(cfg.read_text().replace("[instances]\n", "[instances]\npipeline_depth = 1\n"))
-    async with serve(repository=repo) as server:
-        b = server.runtimes["slow"].batcher
+async def test_the_priority_parameter_reaches_the_batcher_and_a_bad_one_is_invalid_argument(gated_model):
+    # The gated model (fixed policy, one slot): one request is held at its gate, occupying the
+    # instance; then a level-5 request (2 rows) and a level-1 request (3 rows) queue, in that
+    # order, and the gate opens: the level-1 one runs first. The gate, not a model's sleep, holds
+    # the first: a host that stalled past a 200 ms sleep between the two sends let the level-5 one
+    # run alone before the level-1 one arrived (once in 30 runs with the test stopped 250 ms at a time).
+    from wok.app import WokServer
+    from wok.config import server_settings
+    from wok.repository import ModelRepository
+
+    s, module = gated_model(max_batch_size=4, delay_ms=0, depth=1, enter_when_closed=True)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([s], "test"))
+    await server.start()
+    try:
+        b = server.runtimes["gated"].batcher
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
-            x = {"INPUT0": np.ones((1, 4), np.float32)}
-            bad = encode_request("slow", x)
+            bad = encode_request("gated", {"INPUT0": np.ones((1, 4), np.float32)})
             bad.parameters["priority"].int64_param = -2
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.ModelInfer(bad)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "parameter 'priority'" in info.value.details()
-            done: list[str] = []
 
-            async def call(name: str, priority: int | None) -> None:
-                await stub.ModelInfer(encode_request("slow", x, request_id=name, priority=priority))
-                done.append(name)
+            def call(rows: int, priority: int | None):
+                x = {"INPUT0": np.ones((rows, 4), np.float32)}
+                return asyncio.ensure_future(stub.ModelInfer(encode_request("gated", x, priority=priority)))
 
             async def until(condition) -> None:
                 for _ in range(5000):
@@ -686,13 +691,21 @@ async def test_the_priority_parameter_reaches_the_batcher_and_a_bad_one_is_inval
                     await asyncio.sleep(0.001)
                 raise AssertionError("the server never got there")
 
-            first = asyncio.ensure_future(call("first", None))
-            await until(lambda: b.inflight == 1)
-            low = asyncio.ensure_future(call("low", 5))
+            module.gate.clear()
+            ran_before = len(module.batch_sizes)
+            first = call(1, None)
+            await until(module.entered.is_set)  # held at the gate
+            low = call(2, 5)
             await until(lambda: b.queued == 1)
-            high = asyncio.ensure_future(call("high", 1))
+            high = call(3, 1)
+            await until(lambda: b.queued == 2)
+            module.gate.set()
             await asyncio.gather(first, low, high)
-            assert done == ["first", "high", "low"]
+            # Each ran alone (2 + 3 rows are more than a batch of 4): in the order the batcher took them.
+            assert module.batch_sizes[ran_before:] == [1, 3, 2]
+    finally:
+        module.gate.set()
+        await server.stop(grace=5)
 
 
 @pytest.mark.parametrize("a_rows", [2, 4], ids=["partial", "full"])
