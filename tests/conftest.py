@@ -88,6 +88,12 @@ SMALL_DEMO_OPTIONS = {"recsys": {"num_embeddings": 20000}}
 # default at exec, so the children get Ctrl-C as a user's shell gives it.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# Under nohup, SIGHUP is ignored, and wok (serve and bench) keeps an ignored SIGHUP ignored, as
+# nohup asks: the tests that stop a wok with SIGHUP, in this process or a child, would wait for it in
+# vain. A handler that does nothing keeps this process through a hangup, as nohup meant, and is reset
+# to the default at exec, so the children get SIGHUP as a terminal's closing gives it.
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, lambda signum, frame: None)
 
 
 @dataclass
