@@ -117,11 +117,14 @@ class LateStart(RuntimeError):
     """With start_at: the first step's slot passed before this generator was ready for it."""
 
 
-def _metadata(cfg: RampConfig, say: Callable[[str], None] = _stderr, notes: list[str] | None = None) -> list:
+def _metadata(
+    cfg: RampConfig, say: Callable[[str], None] = _stderr, notes: list[str] | None = None
+) -> tuple[list, tuple[int, int] | None]:
     """Each model's metadata, fetched through the balancer the workers will use: a target that
     only the wok balancer reaches (TLS checked per server, mixed address families) must not
     fail here before any worker tries it. `--rows` is checked against each model's config; a
-    server without ModelConfig is said (`say`, and added to `notes`) to leave it unchecked."""
+    server without ModelConfig is said (`say`, and added to `notes`) to leave it unchecked.
+    With them, the server's published request limit (Client.request_limit; None: none published)."""
     from wok.clients import Client, InferError
     from wok.clients.channel import target_list
 
@@ -139,7 +142,7 @@ def _metadata(cfg: RampConfig, say: Callable[[str], None] = _stderr, notes: list
                     if exc.code.name != "UNIMPLEMENTED":  # a server without ModelConfig: nothing to check
                         raise
                     _rows_unchecked(cfg.rows, name, say, notes)
-            return infos
+            return infos, client.request_limit(timeout=30)
     import asyncio
 
     from wok.clients import AsyncClient
@@ -154,9 +157,33 @@ def _metadata(cfg: RampConfig, say: Callable[[str], None] = _stderr, notes: list
                     if exc.code.name != "UNIMPLEMENTED":
                         raise
                     _rows_unchecked(cfg.rows, name, say, notes)
-            return infos
+            return infos, await client.request_limit(timeout=30)
 
     return asyncio.run(fetch())
+
+
+def _over_limit(name: str, payloads: list[bytes], limit: tuple[int, int], rpc: str) -> str | None:
+    """What the server will do with the payloads of model `name` over its published `limit`
+    ((--max-request-bytes, gRPC receive limit)); None when none is over it. Said, not refused: the
+    steps then measure those refusals, as asked, but a reader must know why they failed."""
+    max_request, max_message = limit
+    sizes = np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
+    over = int((sizes > max_request).sum())
+    if not over:
+        return None
+    line = (
+        f"{over} of model '{name}''s {len(sizes)} payloads are over the server's --max-request-bytes of "
+        f"{max_request:,} bytes (the largest is {int(sizes.max()):,}): the server refuses each such request "
+        "INVALID_ARGUMENT"
+    )
+    beyond = int((sizes > max_message).sum())
+    if beyond:
+        line += f"; {beyond} are over its gRPC limit of {max_message:,} bytes, which gRPC refuses unread " + (
+            "RESOURCE_EXHAUSTED, ending the stream it was sent on with every request in flight there"
+            if rpc == "stream"
+            else "RESOURCE_EXHAUSTED"
+        )
+    return line + " (raise the server's --max-request-bytes, or send smaller --sizes)"
 
 
 def _check_rows(rows: int, name: str, max_batch_size: int) -> None:
@@ -238,7 +265,8 @@ def build_pool(
     cap_text = f"{POOL_CAP_BYTES / 2**20:g} MiB" + (
         f" ({budget / 2**20:g} MiB for each of the mix's {len(cfg.models)} models)" if len(cfg.models) > 1 else ""
     )
-    for (name, weight), info in zip(cfg.models, _metadata(cfg, say, notes)):
+    infos, limit = _metadata(cfg, say, notes)
+    for (name, weight), info in zip(cfg.models, infos):
         specs = [TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in info.inputs.values()]
         gen = PayloadGenerator(
             name, specs, sizes=parse_sizes(cfg.sizes), rows=cfg.rows, seed=cfg.seed, int_high=cfg.int_high
@@ -250,6 +278,10 @@ def build_pool(
         for size in plan.payload_sizes.tolist():
             pool.append(encode_request(name, gen.make(rng, size), datatypes=gen.datatypes).SerializeToString())
         slices.append(ModelSlice(name, start, plan, sum(len(p) for p in pool[start:])))
+        if limit is not None and (line := _over_limit(name, pool[start:], limit, cfg.rpc)):
+            say(f"warning: {line}")
+            if notes is not None:
+                notes.append(line)
         gens.append((gen, weight))
     return pool, slices, Mix(gens)
 

@@ -261,6 +261,13 @@ class AsyncClient:
     async def server_metadata(self, *, timeout: float | None = None) -> pb.ServerMetadataResponse:
         return await self._unary("ServerMetadata", pb.ServerMetadataRequest(), timeout)
 
+    async def request_limit(self, *, timeout: float | None = None) -> tuple[int, int] | None:
+        """The server's published request limit in bytes, (its --max-request-bytes, its gRPC receive
+        limit), looked up once (wok.clients.limits); None when it publishes none (not a wok server, an
+        older one) or the look-up failed."""
+        await self._look_up_limit(timeout)
+        return self._limit.published()
+
     async def model_metadata(self, name: str, *, timeout: float | None = None) -> ModelInfo:
         """The model's inputs and outputs: names, datatypes, shapes (batch first, -1 = any)."""
         return ModelInfo.from_proto(await self._unary("ModelMetadata", pb.ModelMetadataRequest(name=name), timeout))

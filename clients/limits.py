@@ -92,6 +92,12 @@ class RequestLimit:
         self.max_request: int | None = None
         self.max_message: int | None = None
 
+    def published(self) -> tuple[int, int] | None:
+        """(max_request, max_message) as learnt; None before a look-up or when the server published none."""
+        if self.max_request is None or self.max_message is None:
+            return None
+        return self.max_request, self.max_message
+
     def needs_lookup(self, est: int) -> bool:
         return not self.known and (est == _UNKNOWN or est + SLACK > SMALLEST_LIMIT)
 

@@ -149,6 +149,13 @@ class Client:
     def server_metadata(self, *, timeout: float | None = None) -> pb.ServerMetadataResponse:
         return self._unary("ServerMetadata", pb.ServerMetadataRequest(), timeout)
 
+    def request_limit(self, *, timeout: float | None = None) -> tuple[int, int] | None:
+        """The server's published request limit in bytes, (its --max-request-bytes, its gRPC receive
+        limit), looked up once (wok.clients.limits); None when it publishes none (not a wok server, an
+        older one) or the look-up failed."""
+        self._look_up_limit(timeout)
+        return self._limit.published()
+
     def model_metadata(self, name: str, *, timeout: float | None = None) -> ModelInfo:
         """The model's inputs and outputs: names, datatypes, shapes (batch first, -1 = any)."""
         return ModelInfo.from_proto(self._unary("ModelMetadata", pb.ModelMetadataRequest(name=name), timeout))

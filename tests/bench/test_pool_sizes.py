@@ -254,3 +254,43 @@ def test_the_result_says_how_the_pool_was_made_and_the_sizes_sent(bench_server, 
     assert 0 < sizes["requests"] < step["requests"]  # the encoder's only
     assert 1 <= sizes["p50"] <= sizes["p99"] <= sizes["max"] <= encoder["max_size"]
     assert math.isfinite(sizes["mean"])
+
+
+# -- the server's request limit ---------------------------------------------------------------
+async def test_payloads_over_the_servers_published_limit_are_said_before_the_first_step():
+    # They were sent without a word: each refused INVALID_ARGUMENT (or, over gRPC's limit, ending its
+    # stream), and the result said only that the step failed.
+    import asyncio
+
+    from ..conftest import running_server
+
+    async with running_server(models=("encoder",), max_request_bytes=1024) as server:
+        cfg = RampConfig(f"127.0.0.1:{server.port}", [("encoder", 1.0)], [1], 1.0, sizes="uniform:1:200")
+        said: list[str] = []
+        notes: list[str] = []
+        pool, _, _ = await asyncio.to_thread(build_pool, cfg, said.append, notes)
+    sizes = np.array([len(p) for p in pool])
+    over = int((sizes > 1024).sum())
+    assert 0 < over < len(pool)
+    line = (
+        f"{over} of model 'encoder''s {len(pool)} payloads are over the server's --max-request-bytes of 1,024 "
+        f"bytes (the largest is {sizes.max():,}): the server refuses each such request INVALID_ARGUMENT (raise "
+        "the server's --max-request-bytes, or send smaller --sizes)"
+    )
+    assert said == [f"warning: {line}"] and notes == [line]
+
+
+def test_payloads_over_the_grpc_limit_are_said_to_end_their_stream():
+    limit = (1024, 4 * 1024 + (1 << 20))
+    payloads = [b"x" * 100, b"x" * 2000, b"x" * (limit[1] + 1)]
+    assert runner._over_limit("m", payloads[:1], limit, "unary") is None
+    head = (
+        f"2 of model 'm''s 3 payloads are over the server's --max-request-bytes of 1,024 bytes (the largest is "
+        f"{limit[1] + 1:,}): the server refuses each such request INVALID_ARGUMENT; 1 are over its gRPC limit of "
+        f"{limit[1]:,} bytes, which gRPC refuses unread RESOURCE_EXHAUSTED"
+    )
+    tail = " (raise the server's --max-request-bytes, or send smaller --sizes)"
+    assert runner._over_limit("m", payloads, limit, "unary") == head + tail
+    assert runner._over_limit("m", payloads, limit, "stream") == (
+        head + ", ending the stream it was sent on with every request in flight there" + tail
+    )

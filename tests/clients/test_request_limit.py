@@ -57,6 +57,21 @@ async def test_server_metadata_publishes_the_request_limit_in_its_trailing_metad
 
 
 @pytest.mark.parametrize("balancer", ["grpc", "wok"])
+async def test_both_clients_tell_the_published_limit(serve, balancer):
+    # wok bench reads it before its first step, to say which of its payloads the server will refuse.
+    async with serve(models=("mlp",), max_request_bytes=MAX_REQUEST) as server:
+        async with AsyncClient(f"127.0.0.1:{server.port}", balancer=balancer) as client:
+            assert await client.request_limit(timeout=10) == (MAX_REQUEST, LIMIT)
+        if balancer == "grpc":  # the sync client has one channel, no balancer of its own
+
+            def sync() -> tuple[int, int] | None:
+                with Client(f"127.0.0.1:{server.port}") as client:
+                    return client.request_limit(timeout=10)
+
+            assert await asyncio.to_thread(sync) == (MAX_REQUEST, LIMIT)
+
+
+@pytest.mark.parametrize("balancer", ["grpc", "wok"])
 async def test_aio_client_refuses_a_request_over_the_limit_and_the_stream_goes_on(serve, balancer):
     async with serve(models=("mlp",), max_request_bytes=MAX_REQUEST) as server:
         async with AsyncClient(f"127.0.0.1:{server.port}", balancer=balancer) as client:
