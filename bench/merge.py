@@ -42,7 +42,8 @@ step in each ramp (refinement steps are left out: each process bisected on its o
 
 Verdicts (knee, max QPS under the SLO) and precision warnings are recomputed on the merged
 steps, with the parts' knee threshold and least success rate (parts that differ in either are
-refused, as are parts that sent other requests: other --sizes, --rows or --int-high); the
+refused, as are parts that sent other requests: other --sizes, --rows or --int-high, or measured
+otherwise: other --warmup, --timeout, --rpc/--streams, or --step-gap with --start-at); the
 parts' own warnings are kept, prefixed with the part's name.
 
 Parts are `wok.bench/1` or `wok.bench/2`, all of one version, which the merged result keeps:
@@ -285,6 +286,12 @@ def _same(results: Sequence[dict], names: Sequence[str], what: str, get) -> None
         raise ValueError(f"the results differ in {what} ({shown}); only runs of the same ramp merge")
 
 
+def _rpc(config: dict) -> tuple:
+    """("unary",) or ("stream", streams per worker): a unary part's --streams means nothing."""
+    rpc = config.get("rpc", "unary")
+    return (rpc,) if rpc == "unary" else (rpc, config.get("streams"))
+
+
 def _mix(models: Sequence) -> list:
     """[(name, share)] of a result's model mix: the weights normalised and rounded, so that
     parts given 2:1 and 4:2 agree, and parts given 0.7:0.3 and 0.1:0.9 do not."""
@@ -344,6 +351,13 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
     _same(results, names, "the rows per request (--rows)", lambda r: r["config"].get("rows"))
     _same(results, names, "the integer inputs' bound (--int-high)", lambda r: r["config"].get("int_high"))
     _same(results, names, "the step duration", lambda r: r["config"].get("step_duration_s"))
+    # When a window opens, and how long a request may take before it counts as failed: parts that
+    # differ measured windows that do not line up, or successes of other definitions.
+    _same(results, names, "the warm-up before each window (--warmup)", lambda r: r["config"].get("warmup_s"))
+    _same(results, names, "the request timeout (--timeout)", lambda r: r["config"].get("timeout_s"))
+    _same(results, names, "the RPC (--rpc, --streams)", lambda r: _rpc(r["config"]))
+    if all(r["config"].get("start_at") is not None for r in results):  # the gap sets step 2's slot on
+        _same(results, names, "the gap between steps (--step-gap)", lambda r: r["config"].get("step_gap_s"))
     # The verdicts are recomputed with one threshold and one least success rate: the first part's
     # would decide them, and the order the files were given would change the knee.
     _same(results, names, "the knee threshold", lambda r: float(r.get("knee_threshold", 0.5)))

@@ -725,3 +725,33 @@ def test_a_part_cut_in_its_ramp_makes_the_merged_ramp_cut_and_one_cut_elsewhere_
         assert merge_results(parts)["interrupted"] is None, cut
     parts[1]["interrupted"] = {"reason": "ramp ended early at 200 QPS: OSError: gone", "by_signal": False}
     assert merge_results(parts)["interrupted"]["reason"] == "part 1: ramp ended early at 200 QPS: OSError: gone"
+
+
+def test_parts_whose_windows_or_successes_are_defined_otherwise_do_not_merge(split_ramp):
+    # They merged: another warm-up opens the window elsewhere, another timeout counts other requests
+    # as failed, another RPC measures another path, and with one --start-at another gap moves step 2 on.
+    _, parts = split_ramp
+    for r in parts:
+        r["config"] |= {"warmup_s": 1.0, "timeout_s": 30.0, "rpc": "unary", "streams": 4, "step_gap_s": 2.0}
+    merge_results(parts)
+    cases = (
+        (
+            {"warmup_s": 0.5},
+            r"the warm-up before each window \(--warmup\) \(a\.json: 1\.0, b\.json: 1\.0, c\.json: 0\.5\)",
+        ),
+        ({"timeout_s": 5.0}, r"the request timeout \(--timeout\) .*c\.json: 5\.0"),
+        ({"rpc": "stream"}, r"the RPC \(--rpc, --streams\) .*c\.json: \('stream', 4\)"),
+    )
+    for change, message in cases:
+        other = [json.loads(json.dumps(r)) for r in parts]
+        other[2]["config"] |= change
+        with pytest.raises(ValueError, match=message):
+            merge_results(other, ["a.json", "b.json", "c.json"])
+    # A unary part's --streams, and the gap without a shared --start-at, change nothing that is merged.
+    other = [json.loads(json.dumps(r)) for r in parts]
+    other[2]["config"] |= {"streams": 8, "step_gap_s": 5.0}
+    merge_results(other)
+    for r in other:
+        r["config"]["start_at"] = 1e9
+    with pytest.raises(ValueError, match=r"the gap between steps \(--step-gap\) .*c\.json: 5\.0"):
+        merge_results(other, ["a.json", "b.json", "c.json"])
