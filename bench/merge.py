@@ -85,12 +85,17 @@ def _max_finite(values) -> float:
     return max(finite) if finite else NAN
 
 
+def _part_names(names: Sequence[str] | None, n: int) -> list[str]:
+    """The parts' names for a refusal: those given, else "part 0", "part 1", ..."""
+    return list(names) if names is not None else [f"part {i}" for i in range(n)]
+
+
 def _summed(
     histograms: Sequence[dict], what: str = "histogram", names: Sequence[str] | None = None
 ) -> LatencyHistogram:
     """The parts' histograms (their JSON form) added bucket by bucket; `what` (the step and field) and
     `names` (the parts') name them in a refusal: histograms of other bucket layouts do not add up."""
-    names = list(names) if names is not None else [f"part {i}" for i in range(len(histograms))]
+    names = _part_names(names, len(histograms))
     read = []
     for h, name in zip(histograms, names):
         try:
@@ -113,7 +118,7 @@ def merge_steps(steps: Sequence[dict], label: str = "step", names: Sequence[str]
     (the parts') name them in a refusal."""
     if not steps:
         raise ValueError("nothing to merge")
-    names = list(names) if names is not None else [f"part {i}" for i in range(len(steps))]
+    names = _part_names(names, len(steps))
     durations = {float(s["duration_s"]) for s in steps}
     if max(durations) - min(durations) > DURATION_TOLERANCE_S:
         raise ValueError(f"{label}: the parts' measured windows differ ({sorted(durations)} s); run them alike")
@@ -196,7 +201,7 @@ def merge_steps(steps: Sequence[dict], label: str = "step", names: Sequence[str]
 
 def merge_server_timing(parts: Sequence[dict], label: str = "step", names: Sequence[str] | None = None) -> dict:
     """The server-timing split of one step from its parts' (see the module's docstring)."""
-    names = list(names) if names is not None else [f"part {i}" for i in range(len(parts))]
+    names = _part_names(names, len(parts))
     weights = [int(t["requests"]) for t in parts]
     requests = sum(weights)
 
@@ -244,7 +249,7 @@ def merge_request_sizes(parts: Sequence[dict], label: str = "step", names: Seque
     those of all the parts' requests together (`analysis.request_size_summary`). Parts written before
     the counts were kept (`sizes`, `counts`) give the count, the mean (weighted by the parts' requests)
     and the maximum alone: their quantiles cannot be rebuilt from the parts' and are null."""
-    names = list(names) if names is not None else [f"part {i}" for i in range(len(parts))]
+    names = _part_names(names, len(parts))
     if all("sizes" in p and "counts" in p for p in parts):
         sizes, counts = [], []
         for p, name in zip(parts, names):
@@ -323,7 +328,7 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
     parts' schema version (/1 or /2; parts of both are refused)."""
     if not results:
         raise ValueError("nothing to merge: give at least one result")
-    names = list(names) if names is not None else [f"part {i}" for i in range(len(results))]
+    names = _part_names(names, len(results))
     if len(names) != len(results):
         raise ValueError(f"{len(names)} names for {len(results)} results")
     readable = " or ".join(map(repr, analysis.READ_SCHEMAS))

@@ -568,12 +568,17 @@ def test_merged_server_timing_has_the_wholes_counts_histograms_and_means(split_r
     assert "server_timing" not in merge_steps(steps)
 
 
+def _with_server_timing(results: list[dict], summary) -> None:
+    """Give every step of `results` a `server_timing` of its own, `summary()`."""
+    for r in results:
+        for step in r["steps"]:
+            step["server_timing"] = summary()
+
+
 def test_a_merged_result_draws_its_breakdown_without_a_tail(split_ramp):
     rng = np.random.default_rng(6)
     _, result_parts = split_ramp
-    for r in result_parts:
-        for step in r["steps"]:
-            step["server_timing"] = analysis.server_timing_summary(*_timing_part(rng, 50))
+    _with_server_timing(result_parts, lambda: analysis.server_timing_summary(*_timing_part(rng, 50)))
     merged = merge_results(result_parts)
     assert all(s["server_timing"]["tail"] is None for s in merged["steps"])
     fig = report.breakdown_figure(merged)
@@ -632,10 +637,7 @@ def test_merged_server_timing_keeps_the_per_batch_compute_histogram():
 def test_histograms_of_other_layouts_are_refused_naming_the_field_and_the_files(split_ramp):
     rng = np.random.default_rng(22)
     _, parts = split_ramp
-    for r in parts:
-        for step in r["steps"]:
-            lat, rows = _batched_timing(rng, 30, lambda b, i: 0)[0]
-            step["server_timing"] = analysis.server_timing_summary(lat, rows)
+    _with_server_timing(parts, lambda: analysis.server_timing_summary(*_batched_timing(rng, 30, lambda b, i: 0)[0]))
     coarse = LatencyHistogram.from_ms([1.0], sub_bucket_bits=5)
     parts[1]["steps"][1]["server_timing"]["compute_batch_histogram"] = coarse.to_dict()
     with pytest.raises(ValueError) as err:
