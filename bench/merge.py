@@ -34,6 +34,8 @@ step in each ramp (refinement steps are left out: each process bisected on its o
   `payloads_by_part` (a pool of draws follows each part's seed);
 * `interrupted`: null unless a part was cut in its ramp (then its steps, fewer, cap the merged
   ones, and its verdicts with them); each such part's reason, after its name;
+* a part run without --server-timing beside parts run with it: the merged steps have no split,
+  and a warning names the part;
 * the parts' host probes (`host_probe`, `wok bench ramp --host-probe`) are kept by part in
   `host_probes`: each read its own machine's speed, so they are not combined;
 * the server's view (`server`, `queue_ms`, …) is taken from the first result given: every
@@ -43,7 +45,7 @@ step in each ramp (refinement steps are left out: each process bisected on its o
 Verdicts (knee, max QPS under the SLO) and precision warnings are recomputed on the merged
 steps, with the parts' knee threshold and least success rate (parts that differ in either are
 refused, as are parts that sent other requests: other --sizes, --rows or --int-high, or measured
-otherwise: other --warmup, --timeout, --rpc/--streams, or --step-gap with --start-at); the
+otherwise: other --warmup, --timeout, --rpc/--streams, --arrival, or --step-gap with --start-at); the
 parts' own warnings are kept, prefixed with the part's name.
 
 Parts are `wok.bench/1` or `wok.bench/2`, all of one version, which the merged result keeps:
@@ -297,6 +299,16 @@ def _rpc(config: dict) -> tuple:
     return (rpc,) if rpc == "unary" else (rpc, config.get("streams"))
 
 
+def _arrival(arrival) -> str | None:
+    """A part's --arrival as compared: its kind in lower case (the parser takes any case), its
+    comma-separated parameters as given but for the spaces around them. A default written out
+    ("burst" beside "burst:amplitude=4x") compares as other: refused, not guessed."""
+    if arrival is None:
+        return None
+    kind, sep, rest = str(arrival).strip().partition(":")
+    return kind.strip().lower() + sep + ",".join(item.strip() for item in rest.split(","))
+
+
 def _mix(models: Sequence) -> list:
     """[(name, share)] of a result's model mix: the weights normalised and rounded, so that
     parts given 2:1 and 4:2 agree, and parts given 0.7:0.3 and 0.1:0.9 do not."""
@@ -361,6 +373,9 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
     _same(results, names, "the warm-up before each window (--warmup)", lambda r: r["config"].get("warmup_s"))
     _same(results, names, "the request timeout (--timeout)", lambda r: r["config"].get("timeout_s"))
     _same(results, names, "the RPC (--rpc, --streams)", lambda r: _rpc(r["config"]))
+    # The merged config names one arrival process: parts that ran others would be labelled with the
+    # first's, and the merged load (their superposition) is neither.
+    _same(results, names, "the arrival process (--arrival)", lambda r: _arrival(r["config"].get("arrival")))
     if all(r["config"].get("start_at") is not None for r in results):  # the gap sets step 2's slot on
         _same(results, names, "the gap between steps (--step-gap)", lambda r: r["config"].get("step_gap_s"))
     # The verdicts are recomputed with one threshold and one least success rate: the first part's
@@ -395,6 +410,13 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         warnings.append(
             "some parts ran with the same --seed: their arrival schedules coincide, so the merged load came "
             "in lockstep bursts rather than as one process's schedule; give each process its own seed"
+        )
+    timed = [r["config"].get("server_timing") for r in results]
+    if any(timed) and not all(timed):
+        without = ", ".join(name for t, name in zip(timed, names) if not t)
+        warnings.append(
+            f"{without} ran without --server-timing: the merged steps carry no server_timing split (it needs "
+            "every part's)"
         )
     starts = {r["config"].get("start_at") for r in results}
     if len(results) > 1 and (None in starts or len(starts) > 1):

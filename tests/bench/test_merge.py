@@ -749,6 +749,15 @@ def test_parts_whose_windows_or_successes_are_defined_otherwise_do_not_merge(spl
         other[2]["config"] |= change
         with pytest.raises(ValueError, match=message):
             merge_results(other, ["a.json", "b.json", "c.json"])
+    # The merged config names one arrival process: the first part's would label the others' load.
+    for r in parts:
+        r["config"]["arrival"] = "burst:amplitude=4x,t0=50%"
+    other = [json.loads(json.dumps(r)) for r in parts]
+    other[2]["config"]["arrival"] = "poisson"
+    with pytest.raises(ValueError, match=r"the arrival process \(--arrival\) .*c\.json: poisson"):
+        merge_results(other, ["a.json", "b.json", "c.json"])
+    other[2]["config"]["arrival"] = "Burst: amplitude=4x, t0=50%"  # as the parser reads it: the same process
+    merge_results(other)
     # A unary part's --streams, and the gap without a shared --start-at, change nothing that is merged.
     other = [json.loads(json.dumps(r)) for r in parts]
     other[2]["config"] |= {"streams": 8, "step_gap_s": 5.0}
@@ -757,3 +766,19 @@ def test_parts_whose_windows_or_successes_are_defined_otherwise_do_not_merge(spl
         r["config"]["start_at"] = 1e9
     with pytest.raises(ValueError, match=r"the gap between steps \(--step-gap\) .*c\.json: 5\.0"):
         merge_results(other, ["a.json", "b.json", "c.json"])
+
+
+def test_a_part_without_server_timing_is_said_to_leave_the_split_out(split_ramp):
+    # The merged steps' server_timing needs every part's: it was left out without a word.
+    _, parts = split_ramp
+    for r in parts:
+        r["config"]["server_timing"] = True
+    parts[1]["config"]["server_timing"] = False
+    merged = merge_results(parts, ["a.json", "b.json", "c.json"])
+    said = [w for w in merged["warnings"] if "--server-timing" in w]
+    assert said == [
+        "b.json ran without --server-timing: the merged steps carry no server_timing split (it needs every part's)"
+    ], merged["warnings"]
+    for r in parts:
+        r["config"]["server_timing"] = False
+    assert not [w for w in merge_results(parts)["warnings"] if "--server-timing" in w]
