@@ -5,8 +5,9 @@ share at its intended time (paced on wok.timers' timerfd, as the unary sender is
 stream, round robin. Each request carries its index in the share as its `id`, appended to the
 pre-serialized bytes (a later field wins when protobuf parses a message), and its deadline as
 the `timeout` parameter, so the server drops it as it would a unary call's. A reader per stream
-matches each answer to its request by that id: latency, status codes and dispatch lag come
-out in the same `Outcome` as for unary calls.
+matches each answer to its request by that id: latency, status codes, dispatch lag and the host's
+share of it (the send loop's waits for a CPU: workers.SendHostShare) come out in the same `Outcome`
+as for unary calls.
 
 Sending never waits for a stream: the send loop queues each request on its stream, and a writer
 task per stream writes them in order, so a stream whose writes are held (flow control, a server
@@ -117,10 +118,11 @@ async def run_share_stream(
     than there are servers would all open theirs on the first servers and leave the last idle."""
     import grpc
 
-    from .workers import Outcome, _short, until_stopped
+    from .workers import Outcome, SendHostShare, _short, until_stopped
 
     n = len(share.times)
     sent = np.full(n, np.nan)
+    host_lag = np.full(n, np.nan)
     done = np.full(n, np.nan)
     codes = np.zeros(n, dtype=np.int16)
     start = share.start_at
@@ -373,12 +375,15 @@ async def run_share_stream(
         rejoin_timer = loop.call_later(REJOIN_AFTER_S / 4, rejoin)
     sleeper = PreciseSleeper(loop)
     to_perf = time.perf_counter() - time.monotonic()  # 0 on Linux: both read CLOCK_MONOTONIC
+    # Made here, on the loop's thread, which send_all sends from (the writers only pass the bytes on).
+    host_share = SendHostShare()
 
     async def send_all() -> None:
         nonlocal sending_done
         for i in range(n):
             await sleeper.until(start + share.times[i] + to_perf)
             sent[i] = time.monotonic() - start
+            host_lag[i] = host_share(share.times[i], sent[i])
             if dead:
                 reopen_due()
             k = pick(i)
@@ -417,6 +422,7 @@ async def run_share_stream(
             del pending[i]
     finally:
         sleeper.close()
+        host_share.close()
         if timer is not None:
             timer.cancel()
         if rejoin_timer is not None:
@@ -434,4 +440,5 @@ async def run_share_stream(
         for t in readers:
             t.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
-    return Outcome(sent, done, codes, np.array(samples, dtype=float).reshape(-1, 2), details=details)
+    inflight = np.array(samples, dtype=float).reshape(-1, 2)
+    return Outcome(sent, done, codes, inflight, details=details, host_lag=host_lag)

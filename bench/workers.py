@@ -71,8 +71,8 @@ class Outcome:
     # it: what the server said when it refused. Empty when every call succeeded (streams: none for
     # a request the sender itself settled, at its deadline or with no stream open).
     details: dict[int, str] = field(default_factory=dict)
-    # Per request, the host's share of its send's lag, seconds (`HostShare`): what the sending
-    # thread's waits for a CPU explain of it. NaN where the kernel does not say; None (streams).
+    # Per request, the host's share of its send's lag, seconds (`HostShare`, by `SendHostShare`):
+    # what the sending thread's waits for a CPU explain of it. NaN where the kernel does not say.
     host_lag: np.ndarray | None = None
 
 
@@ -122,6 +122,39 @@ class HostShare:
         return self._share
 
 
+class SendHostShare:
+    """Each send's host share (`HostShare`) from the run-queue wait (`RunQueueClock`) of the thread
+    that sends, the sends of one sender taken in their order: what both senders (unary and stream)
+    record as `Outcome.host_lag`. Made on the sending thread and called there at each send (the
+    clock reads the wait of the thread that made it: another thread's would be no wait of the
+    sender's); a call from another thread raises. `clock` (run-queue seconds so far; default the
+    thread's `RunQueueClock`) is for a hand-made sequence of waits."""
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self._own = clock is None
+        self._clock = RunQueueClock() if clock is None else clock
+        self._thread = threading.get_ident()
+        self._last = self._clock()
+        self._share = HostShare()
+
+    def __call__(self, intended: float, sent: float) -> float:
+        """The share (s) of the send intended at `intended` and made at `sent` (s, the sender's clock)."""
+        if threading.get_ident() != self._thread:
+            raise RuntimeError(
+                f"SendHostShare: called on thread {threading.get_ident()}, made on {self._thread}: "
+                "the run-queue wait read would be another thread's than the sender's"
+            )
+        intended = float(intended)  # a share's times are numpy scalars: their arithmetic costs more
+        now = self._clock()
+        share = self._share(intended, float(sent) - intended, now - self._last)
+        self._last = now
+        return share
+
+    def close(self) -> None:
+        if self._own:
+            self._clock.close()
+
+
 async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timing: bool = False, stop=None) -> Outcome:
     """Send the share open loop; with `stop` (a multiprocessing Event) set, stop sending and cancel
     the calls in flight: their `done` is NaN, so that only answers count."""
@@ -130,9 +163,7 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
     done = np.full(n, np.nan)
     codes = np.zeros(n, dtype=np.int16)
     host_lag = np.full(n, np.nan)
-    run_delay = RunQueueClock()
-    last_delay = run_delay()
-    host_share = HostShare()
+    host_share = SendHostShare()  # here, on the loop's thread: the one `one` sends from
     server_ms = np.full((n, len(TIMING_COLUMNS)), np.nan) if timing else None
     start = share.start_at
     inflight = 0
@@ -144,12 +175,10 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
     import grpc
 
     async def one(i: int, payload: bytes) -> None:
-        nonlocal inflight, last_delay, taken
+        nonlocal inflight, taken
         inflight += 1
         sent[i] = time.monotonic() - start
-        now_delay = run_delay()
-        host_lag[i] = host_share(share.times[i], sent[i] - share.times[i], now_delay - last_delay)
-        last_delay = now_delay
+        host_lag[i] = host_share(share.times[i], sent[i])
         samples[taken] = sent[i], inflight
         taken += 1
         c = None
@@ -215,7 +244,7 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
                 await asyncio.gather(*cut, return_exceptions=True)
     finally:
         sleeper.close()
-        run_delay.close()
+        host_share.close()
     return Outcome(sent, done, codes, samples[:taken].copy(), server_ms=server_ms, details=details, host_lag=host_lag)
 
 

@@ -5,6 +5,7 @@ Against the session's server: these tests neither stop it nor leave work queued 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import numpy as np
 import pytest
@@ -55,6 +56,8 @@ def test_a_stream_ramp_delivers_every_request_on_schedule(server_process):
     result = Ramp(cfg, progress=lambda _: None).run()
     assert result["config"]["rpc"] == "stream"
     for step in result["steps"]:
+        # The host's share of the sends' lag, as for unary calls (absent where the kernel has no run-queue time).
+        assert "late_sends_own" in step or not os.path.exists("/proc/thread-self/schedstat"), step
         assert step["success_rate"] == 1.0, step
         # Completions in the window (150 and 600): a stall of the shared machine at its end moves
         # a few past it, up to 7 at 100 QPS (a 70 ms stall) within 5 %.
@@ -214,6 +217,38 @@ def test_stream_failures_keep_the_servers_message_per_code_as_unary_calls_do(ser
     assert set(stream.codes.tolist()) == {OK, 3, 5}, stream.codes  # INVALID_ARGUMENT, NOT_FOUND
     assert stream.details == unary.details and set(stream.details) == {3, 5}, (stream.details, unary.details)
     assert "no-such-model" in stream.details[5], stream.details
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="the kernel reports no run-queue time")
+def test_a_stream_share_records_the_hosts_share_of_each_sends_lag_and_not_the_senders_own_pause(server_process):
+    """The stream sender's Outcome had no host share (host_lag None): a stream ramp on a starved host
+    could not tell the host's lateness from the generator's. Each send's share is now the unary
+    sender's (workers.SendHostShare, read on the send loop's thread): at most its lag, and a pause
+    of the sender's own is not the host's. The pause planted here: the sender's event loop blocked
+    for 50 ms (a blocking call) from 105 ms on, while five sends, 10 ms apart, come due."""
+    import time
+
+    import grpc
+
+    ok = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.float32)}).SerializeToString()
+    times = np.arange(0, 0.2, 0.01)
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(server_process.target) as channel:
+            await channel.channel_ready()
+            share = Share(time.monotonic() + 0.1, times, np.zeros(len(times), dtype=np.int64), 5.0)
+            # The fault itself, not a wait of the test's: time.sleep holds the loop the sender runs on.
+            asyncio.get_running_loop().call_later(share.start_at + 0.105 - time.monotonic(), time.sleep, 0.05)
+            return await stream_sender.run_share_stream(channel, [ok], share, streams=2)
+
+    out = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert out.codes.tolist() == [OK] * len(times), out.codes
+    lag = out.sent - times
+    assert out.host_lag is not None and out.host_lag.shape == times.shape, out.host_lag
+    assert np.all(np.isfinite(out.host_lag)), out.host_lag
+    assert np.all((out.host_lag >= 0) & (out.host_lag <= np.maximum(lag, 0))), (lag, out.host_lag)
+    # The send due first in the pause is late by most of its 50 ms, none of it a wait for a CPU.
+    assert (lag - out.host_lag).max() > 0.025, (lag, out.host_lag)
 
 
 def test_a_worker_pool_refuses_a_stream_with_the_wok_balancer_or_no_streams():

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from wok.bench.workers import HostShare
+from wok.bench.workers import HostShare, SendHostShare
 
 MS = 1e-3
 
@@ -47,3 +48,28 @@ def test_an_unknown_wait_is_an_unknown_share_and_starts_afresh():
     assert share(0.0, 0.009, 0.009) == pytest.approx(0.009)
     assert math.isnan(share(0.001, 0.008, math.nan))
     assert share(0.002, 0.007, 0.0) == 0.0  # nothing carried past the unknown one
+
+
+def test_what_both_senders_record_is_the_share_of_the_run_queue_waits_between_their_sends():
+    """SendHostShare, what the unary and the stream sender record per send (Outcome.host_lag): the
+    stall case above, its waits as a run-queue clock reads them (cumulative, seconds) before the
+    first send and at each. The stream sender recorded nothing (its host_lag None)."""
+    readings = iter([2.0, 2.009, 2.009, 2.009, 2.009, 2.009, 2.009])
+    share = SendHostShare(clock=lambda: next(readings))
+    intended = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    sent = [10.0, 10.02, 10.04, 10.06, 10.08, 10.10]
+    got = [round(share(i * MS, s * MS) / MS, 6) for i, s in zip(intended, sent)]
+    assert got == _shares(intended, sent, [9.0, 0, 0, 0, 0, 0]) == [9.0, 8.5, 8.0, 7.5, 7.0, 6.5]
+    unknown = iter([0.0, math.nan, 0.001])
+    share = SendHostShare(clock=lambda: next(unknown))
+    assert math.isnan(share(0.0, 0.005))
+    assert math.isnan(share(0.001, 0.006))  # a wait from an unknown reading is unknown too
+
+
+def test_a_senders_share_read_on_another_thread_than_its_own_raises():
+    """The run-queue clock reads the wait of the thread that opened it: a share read elsewhere would
+    charge the sender another thread's waits (or none)."""
+    share = SendHostShare(clock=lambda: 0.0)
+    with ThreadPoolExecutor(1) as pool, pytest.raises(RuntimeError, match="thread"):
+        pool.submit(share, 0.0, 0.001).result()
+    assert share(0.0, 0.001) == 0.0  # on its own thread
