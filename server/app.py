@@ -45,6 +45,7 @@ from .repository import ModelRepository
 from .servable import Servable
 from .service import InferenceService, add_to_server, add_tolerant_service
 from .stats import ModelStats
+from .unhandled import UnhandledCalls
 from .v2pb import grpc_service_pb2 as pb
 from .wakeup import WakeupDrain
 
@@ -135,6 +136,8 @@ class WokServer:
         self._background: set[asyncio.Task] = set()  # held until done (the loop keeps weak refs)
         self._health_grpc: grpc.aio.Server | None = None
         self._token_interceptor: BearerTokenInterceptor | None = None
+        # Counts the ModelInfer calls that end before their handler runs (metrics on only).
+        self.unhandled: UnhandledCalls | None = None
         self._stopped: asyncio.Event | None = None
         self.loop_lag: LoopLagMonitor | None = None
         self.accept: AcceptTasks | None = None
@@ -218,6 +221,11 @@ class WokServer:
         # Built before the port opens: a token source that fails now fails the start.
         interceptor = self._token_interceptor = token_interceptor(self.settings)
         interceptors = [interceptor] if interceptor is not None else []
+        if self.settings.metrics:
+            # After the token's: a call it refuses never reaches this one, and is not counted as unhandled.
+            self.unhandled = UnhandledCalls((f"/{SERVICE_NAME}/ModelInfer",), self.metrics.record_unhandled)
+            self.metrics.sweep_unhandled = self.unhandled.sweep
+            interceptors.append(self.unhandled)
         # No maximum_concurrent_rpcs: calls the AcceptTasks below take would bypass its limiter
         # (admission is the batcher's max_queue_size).
         self._grpc = grpc.aio.server(interceptors=interceptors or None, options=self._grpc_options(limit))
@@ -422,6 +430,9 @@ class WokServer:
             await self._grpc.stop(min(1.0, max(0.1, left())))
         if self.accept is not None:
             await self.accept.stop()
+        if self.unhandled is not None:
+            # Every call has ended: those gRPC's stop ended before their handler count now, for the last scrape.
+            self.unhandled.sweep()
         if self._token_interceptor is not None:
             # No call is refused any more: the last refusals are logged now, not at their window's end.
             self._token_interceptor.close()

@@ -232,6 +232,12 @@ class WokMetrics:
         # (`record_unmodeled`): NOT_FOUND and INVALID_ARGUMENT, or on a stream that ended before
         # the answer was written, the stream's end (CANCELLED, ...), as for a model's own.
         self.unmodeled_responses: dict[str, int] = {}
+        # Calls gRPC accepted that ended (deadline or cancel) before wok's handler ran, by method
+        # ('ModelInfer'): in no other counter (server/unhandled.py).
+        self.unhandled_calls: dict[str, int] = {}
+        # Set by the server: counts those ended since the last call (UnhandledCalls.sweep), so that a
+        # scrape reads every one ended by then.
+        self.sweep_unhandled: Callable[[], object] | None = None
         self._gpu = GpuSampler.create() if gpu else None
         self.loop_lag = WeightedHistogram(LOOP_LAG_BUCKETS)  # fed by server/loopmon.py while the server runs
         # Set by the admin API (server/admin.py): (model, instance, mode, 1 or 0) per instance and mode.
@@ -255,6 +261,11 @@ class WokMetrics:
         """One answer, of final gRPC status `code`, to a request of no served model (model="")."""
         self.unmodeled_responses[code] = self.unmodeled_responses.get(code, 0) + 1
 
+    def record_unhandled(self, method: str) -> None:
+        """One call of `method` ('/package.Service/Method') that ended before wok's handler ran."""
+        name = method.rpartition("/")[2]
+        self.unhandled_calls[name] = self.unhandled_calls.get(name, 0) + 1
+
     def close(self) -> None:
         self.registry.unregister(self)
         if self._gpu is not None:
@@ -265,6 +276,8 @@ class WokMetrics:
         return []
 
     def collect(self) -> Iterable[Metric]:
+        if self.sweep_unhandled is not None:
+            self.sweep_unhandled()
         models = list(self.models.values())
         stage = HistogramMetricFamily(
             "wok_request_stage_duration_seconds",
@@ -358,6 +371,14 @@ class WokMetrics:
             resp.add_metric(["", code], n)
         rej.add_metric(["", "not_found"], self.unknown_model_requests)
         rej.add_metric(["", "invalid"], self.unparsed_requests)
+        unhandled = CounterMetricFamily(
+            "wok_calls_ended_before_handler",
+            "Inference calls gRPC accepted that ended (their deadline passed, or their client cancelled) before "
+            "wok's handler ran, by method: counted nowhere else; a busy event loop takes them too late",
+            labels=["method"],
+        )
+        for method, n in ({"ModelInfer": 0} | self.unhandled_calls).items():
+            unhandled.add_metric([method], n)
         if self.grpc_port is not None:
             # An info-style gauge (always 1; the label is the information), as prometheus_client's Info
             # renders in the text format.
@@ -368,7 +389,22 @@ class WokMetrics:
             )
             info.add_metric([str(self.grpc_port)], 1)
             yield info
-        yield from (stage, e2e, bs, flush, slack, resp, rej, busy, idle_queued, reruns, depth, inflight, lost)
+        yield from (
+            stage,
+            e2e,
+            bs,
+            flush,
+            slack,
+            resp,
+            rej,
+            unhandled,
+            busy,
+            idle_queued,
+            reruns,
+            depth,
+            inflight,
+            lost,
+        )
         if self.loop_lag.count:
             lag = HistogramMetricFamily(
                 "wok_event_loop_lag_seconds",

@@ -310,6 +310,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._streams: set[_Stream] = set()
         # After close_streams(): set when what idle() looks at may have changed.
         self._changed = asyncio.Event()
+        # Tells server/unhandled.py that a ModelInfer call reached its handler (metrics on only).
+        self._handler_started = server.unhandled.started if server.unhandled is not None else None
 
     async def idle(self) -> None:
         """Return once no inference request is being handled and, after close_streams(), every
@@ -535,6 +537,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             raise ShuttingDown("server is shutting down and accepts no new requests")
 
     async def ModelInfer(self, request, context):
+        if self._handler_started is not None:
+            self._handler_started()
         if isinstance(request, Unparsed):
             self.server.metrics.unparsed_requests += 1
             self._refuse_unmodeled(request.error, context.time_remaining)
