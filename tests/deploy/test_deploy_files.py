@@ -46,6 +46,7 @@ REQUEST_COUNTERS = {
     "wok_rejected_requests_total",
     "wok_request_duration_seconds_bucket",
     "wok_request_duration_seconds_count",
+    "wok_calls_ended_before_handler_total",  # ModelInfer calls: one request each
 }
 BATCH_COUNTERS = {"wok_batch_size_bucket", "wok_batch_size_count", "wok_batch_flushes_total", "wok_batch_reruns_total"}
 # Values that stand in for the dashboard's Grafana variables when its queries go to promtool.
@@ -470,7 +471,7 @@ async def test_errors_and_rejections_draw_no_line_for_a_series_that_never_moved(
     then with requests for a model it does not serve: errors with model="" that the panel must draw."""
     (panel,) = [p for p in data_panels(load_dashboard()) if p["title"] == "Errors and rejections/s"]
     queries = {t["refId"]: grafana_to_promql(t["expr"]) for t in panel["targets"]}
-    assert sorted(queries) == ["A", "B"]
+    assert sorted(queries) == ["A", "B", "C"]  # C: calls ended before the handler, exported at 0 too
     scrapes = []
     async with serve(models=("mlp",)) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
@@ -480,8 +481,9 @@ async def test_errors_and_rejections_draw_no_line_for_a_series_that_never_moved(
                     with pytest.raises(grpc.aio.AioRpcError):
                         await stub.ModelInfer(encode_request("nope", {"INPUT0": np.ones((1, 256), np.float32)}))
                 scrapes.append(await asyncio.to_thread(scrape_samples, server.http.port))
-    values = series_values(scrapes, MODELLESS_SERIES)
+    values = series_values(scrapes, MODELLESS_SERIES | {"wok_calls_ended_before_handler_total"})
     assert values['wok_responses_total{code="INVALID_ARGUMENT",job="wok",model=""}'] == ["0"] * 12
+    assert values['wok_calls_ended_before_handler_total{job="wok",method="ModelInfer"}'] == ["0"] * 12
     # model="" is no label at all to Prometheus: the legend reads " NOT_FOUND", " rejected: not_found".
     moved = [{"labels": '{code="NOT_FOUND"}', "value": 1}, {"labels": '{reason="not_found"}', "value": 1}]
     evals = [
@@ -490,6 +492,7 @@ async def test_errors_and_rejections_draw_no_line_for_a_series_that_never_moved(
         # 15 requests a scrape: 1/s, over a window that holds only scrapes after they began.
         {"expr": queries["A"], "eval_time": "165s", "exp_samples": moved[:1]},
         {"expr": queries["B"], "eval_time": "165s", "exp_samples": moved[1:]},
+        {"expr": queries["C"], "eval_time": "165s", "exp_samples": []},  # every call reached the handler
     ]
     run_promql_tests(promtool, tmp_path / "dashboard_errors_test.yml", values, evals)
 
