@@ -38,6 +38,7 @@ SCRIPTS = {
     "stream_vs_unary": [],
     "thread_sizing": [],
     "tune_check": [],
+    "unhandled_cost": [],
 }
 
 

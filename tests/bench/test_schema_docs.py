@@ -26,6 +26,7 @@ SCRIPTS = {
     "refusal_cost": "wok.refusal_cost/1",
     "stream_vs_unary": "wok.stream_vs_unary/1",
     "thread_sizing": "wok.thread_sizing/1",
+    "unhandled_cost": "wok.unhandled_cost/1",
 }
 
 
