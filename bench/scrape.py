@@ -19,6 +19,8 @@ E2E = "wok_request_duration_seconds"
 BATCH = "wok_batch_size"
 FLUSHES = "wok_batch_flushes"
 LOOP_LAG = "wok_event_loop_lag_seconds"
+# ModelInfer calls that ended (deadline or cancel) inside grpc.aio before wok's handler ran: in no other counter.
+ENDED_BEFORE_HANDLER = "wok_calls_ended_before_handler_total"
 GPU = (
     "wok_gpu_utilization_ratio",
     "wok_gpu_memory_used_bytes",
@@ -124,12 +126,13 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str | Se
 
     `model` may be a mix's models: the per-model series are then summed over them (requests,
     stage and end-to-end histograms, batches, flushes), so the queue, batch and stage figures are
-    the mix's as a whole, and `models` names the models summed. The event-loop lag and the GPU
-    gauges are the server's whatever the model. None without both scrapes, or when none of the
-    models has a series (not a wok server, or not these models).
+    the mix's as a whole, and `models` names the models summed. The event-loop lag, the GPU
+    gauges and `ended_before_handler` (ModelInfer calls ended before wok's handler ran; None from
+    a server that does not export it) are the server's whatever the model. None without both
+    scrapes, or when none of the models has a series (not a wok server, or not these models).
 
-    Counts (`requests`, `batches`, `flush_reasons`, `loop_lag_ms.samples`) are ints; a series that
-    counts in fractions is not wok's, and `whole` raises ValueError for it."""
+    Counts (`requests`, `batches`, `flush_reasons`, `loop_lag_ms.samples`, `ended_before_handler`)
+    are ints; a series that counts in fractions is not wok's, and `whole` raises ValueError for it."""
     if before is None or after is None:
         return None
     names = [model] if isinstance(model, str) else list(model)
@@ -167,6 +170,13 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str | Se
     out: dict = {"requests": n}
     if not isinstance(model, str):
         out["models"] = present  # the models summed: one with no series yet adds nothing
+    # Before a window without completed requests returns: an overloaded server's calls may all end there.
+    ended = (ENDED_BEFORE_HANDLER, (("method", "ModelInfer"),))
+    out["ended_before_handler"] = (
+        whole(ENDED_BEFORE_HANDLER, after.values[ended] - before.values.get(ended, 0.0))
+        if ended in after.values
+        else None  # a server that does not export it (a wok from before 2026-12-04)
+    )
     if n <= 0:
         return out
     e2e_delta = bucket_delta(E2E)

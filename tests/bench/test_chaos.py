@@ -165,6 +165,18 @@ async def test_a_chaos_run_gets_one_right_answer_per_request_and_the_servers_cou
     assert each("wok_responses_total{model='chaos',code='OK'}", "wok_responses_total grew by")(
         problems(lambda bent: None, over)
     )
+    # The calls that ended in grpc.aio before wok's handler ran count with the codes' in the total:
+    # one counted there and under a code too (or twice) passes what the client could not place.
+    ended = 'wok_calls_ended_before_handler_total{method="ModelInfer"}'
+    both = _with_sample(text, ended, lambda v: v + doc["unplaced"] + 1)
+    got = problems(lambda bent: None, both)
+    responses = sum(doc["server"].values())
+    assert len(got) == 1 and got[0].startswith(f"wok_responses_total grew by {responses} and {ended[:36]} by "), got
+    assert isinstance(doc["ended_before_handler"], int) and doc["ended_before_handler"] >= 0
+    assert f" by {doc['ended_before_handler'] + doc['unplaced'] + 1}, " in got[0], got
+    # ... as its growth over the run: what it held before is taken off.
+    checked = chaos.audit(run, both, f"{ended} {doc['unplaced'] + 1}\n")
+    assert (checked["ended_before_handler"], checked["problems"]) == (doc["ended_before_handler"], [])
     left = _with_sample(text, 'wok_queue_depth{model="chaos"}', lambda v: v + 1)
     assert each("wok_queue_depth is 1")(problems(lambda bent: None, left))
     # Counts from before the run are taken off: the same text before and after is a run of none.

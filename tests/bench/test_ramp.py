@@ -114,6 +114,8 @@ def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(b
         # The server's scrapes bracket the measured window: it saw about the requests the
         # client counted there (warm-up sends landing inside it would inflate its count).
         assert abs(step["server"]["requests"] - step["requests"]) <= 0.05 * step["requests"], step["server"]
+        # The server exports its count of calls ended before its handler ran: none below capacity.
+        assert step["server"]["ended_before_handler"] == 0, step["server"]
         # The loop-lag timer fires every 10 ms: about 150 samples in the 1.5 s window (fewer if the
         # loop's mean lag grew past a few ms, more if the scrapes drift by 0.3 s: neither at 200 QPS).
         assert 100 <= step["loop_lag_ms"]["samples"] <= 180, step["loop_lag_ms"]

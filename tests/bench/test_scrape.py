@@ -139,6 +139,35 @@ def test_a_mixs_server_view_sums_its_models():
     assert server_view(before, before, ["c", "d"]) is None
 
 
+def test_the_server_view_counts_the_calls_ended_before_woks_handler():
+    """wok_calls_ended_before_handler_total: calls the server saw end before its handler ran, in
+    no other counter. The window's growth, an int, the server's whatever the model; null from a
+    server that does not export it."""
+    registry = CollectorRegistry()
+    e2e = Histogram(E2E, "e2e", ["model"], registry=registry)
+    ended = Counter("wok_calls_ended_before_handler", "ended", ["method"], registry=registry)
+    e2e.labels("m").observe(0.01)
+    ended.labels("ModelInfer").inc(3)  # before the window
+    before = parse_exposition(generate_latest(registry).decode())
+    # None completed in the window, 7 ended before the handler: an overloaded server's end of a call.
+    ended.labels("ModelInfer").inc(7)
+    idle = server_view(before, parse_exposition(generate_latest(registry).decode()), "m")
+    assert idle == {"requests": 0, "ended_before_handler": 7} and type(idle["ended_before_handler"]) is int
+    for _ in range(4):
+        e2e.labels("m").observe(0.01)
+    view = server_view(before, parse_exposition(generate_latest(registry).decode()), ["m", "other"])
+    assert (view["requests"], view["models"], view["ended_before_handler"]) == (4, ["m"], 7)
+    assert '"ended_before_handler": 7,' in json.dumps(view)
+
+    bare = CollectorRegistry()  # a server without the counter
+    Histogram(E2E, "e2e", ["model"], registry=bare).labels("m").observe(0.01)
+    text = generate_latest(bare).decode()
+    assert server_view(parse_exposition(text), parse_exposition(text), "m") == {
+        "requests": 0,
+        "ended_before_handler": None,
+    }
+
+
 def test_a_url_that_answers_no_prometheus_text_gives_no_snapshot():
     """A web page at --metrics-url (a wrong port, a proxy's page): the parser's ValueError escaped
     scrape() and ended the thread that scraped (a soak's RSS sampler, a step's window scrapes) with a
