@@ -41,6 +41,10 @@ class SimBackend:
         self.limit_batch_size = model.max_batch_size
         self.rng = np.random.default_rng(seed)
         self.start = time.monotonic()
+        # The wall-clock time of `start`, read once: the page's batch times are the simulated ones
+        # shifted by it. Read at every step, a preemption between its two clock reads (2 ms on a
+        # starved host) moved that step's batches alone.
+        self.wall_start = time.time() - time.monotonic() + self.start
         self.arrivals: list[float] = []  # seconds since start, since the last idle moment
         self.windows = 0  # arrival windows drawn so far
         self.emitted_to = -1.0  # batches that started at or before this were sent to the page
@@ -173,7 +177,7 @@ class SimBackend:
 
     def _emit(self, batches, arr: np.ndarray, starts: np.ndarray, now: float) -> list[dict]:
         m = self.model
-        offset = time.time() - time.monotonic() + self.start
+        offset = self.wall_start
         events = []
         for s, e, n, inst in batches:
             if s <= self.emitted_to or s > now:
