@@ -439,8 +439,11 @@ class WokServer:
         if self.wakeup_drain is not None:
             self.wakeup_drain.uninstall()
         if self._health_grpc is not None:
-            # Last of the ports: probes read NOT_SERVING through the whole drain.
-            await self._health_grpc.stop(0)
+            # Last of the ports: probes read NOT_SERVING through the whole drain. A short grace, as the
+            # main port's: its Watch streams, ended above, may not have written their NOT_SERVING yet
+            # (a drain with nothing to wait for comes here at once), and stop(0) cut them with
+            # "Cancelling all calls" before it (CI at ed42cb6, a starved host).
+            await self._health_grpc.stop(min(1.0, max(0.1, left())))
         # Metrics stay up through the drain, so the last scrape sees it.
         if self.http is not None:
             await self.http.stop()
