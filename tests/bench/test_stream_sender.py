@@ -68,8 +68,15 @@ def test_a_stream_ramp_delivers_every_request_on_schedule(server_process):
         # (its stages' means 29-35 ms at 400 QPS, the test on one core beside three busy loops). So
         # the 45 ms allowed besides the window count from the server's P50 for the step (its
         # end-to-end histogram, scraped around the window), as measured, and never from less than 5 ms.
+        # On one starved core the server's loop itself runs late (loop-lag P99 50-138 ms where this
+        # failed, 2 in 30), and a request waits for it before the server stamps its arrival, unseen by
+        # its end-to-end histogram while the sender's own lag stayed at 0.2-2.6 ms (helper B,
+        # 2026-12-04): that lateness, the step's loop-lag P99, is allowed too (2-4 ms on a quiet host).
         server_p50 = step["server"]["e2e_ms"]["p50"]
-        assert step["latency_ms"]["p50"] < max(server_p50, 5.0) + 45.0, (step["latency_ms"], step["server"]["e2e_ms"])
+        loop_p99 = (step.get("loop_lag_ms") or {}).get("p99") or 0.0
+        bound = max(server_p50, 5.0) + 45.0 + loop_p99
+        why = (step["latency_ms"], step["server"]["e2e_ms"], step.get("loop_lag_ms"))
+        assert step["latency_ms"]["p50"] < bound, why
     # At 100 QPS, constant, requests come 10 ms apart: each waits out the 5 ms window alone.
     # (At 400 QPS, 2.5 ms apart, the later ones of a window wait less: no such floor.)
     assert result["steps"][0]["latency_ms"]["p50"] > 4.0, result["steps"][0]["latency_ms"]
