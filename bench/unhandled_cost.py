@@ -24,7 +24,8 @@ import statistics
 import sys
 import time
 
-from wok.bench.outputs import json_text, refuse_unwritable, write_final
+from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.report import write_json
 
 SCHEMA = "wok.unhandled_cost/1"
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -171,16 +172,11 @@ def main(argv=None) -> int:
             f"{p['variant']:<16}{p['baseline']:<8}{p['median_ratio']:>8.3f}{p['added_us']:>10.2f}"
             f"{100 * p['of_reference']:>10.2f}%"
         )
-    failed = write_final(report, [("--json", args.json, _write_json)])
+    failed = write_final(report, [("--json", args.json, write_json)])
     if failed:
         print(f"unhandled_cost: {failed}", file=sys.stderr)
         return 1
     return 0
-
-
-def _write_json(report: dict, path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(json_text(report))
 
 
 if __name__ == "__main__":

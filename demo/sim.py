@@ -44,7 +44,7 @@ class SimBackend:
         # The wall-clock time of `start`, read once: the page's batch times are the simulated ones
         # shifted by it. Read at every step, a preemption between its two clock reads (2 ms on a
         # starved host) moved that step's batches alone.
-        self.wall_start = time.time() - time.monotonic() + self.start
+        self.wall_start = time.time()
         self.arrivals: list[float] = []  # seconds since start, since the last idle moment
         self.windows = 0  # arrival windows drawn so far
         self.emitted_to = -1.0  # batches that started at or before this were sent to the page
@@ -177,7 +177,6 @@ class SimBackend:
 
     def _emit(self, batches, arr: np.ndarray, starts: np.ndarray, now: float) -> list[dict]:
         m = self.model
-        offset = self.wall_start
         events = []
         for s, e, n, inst in batches:
             if s <= self.emitted_to or s > now:
@@ -196,8 +195,8 @@ class SimBackend:
                     "requests": n,
                     "reason": reason,
                     "queued": int(np.sum((arr <= s) & (starts > s))),
-                    "t_start": round(offset + s, 6),
-                    "t_end": round(offset + e, 6),
+                    "t_start": round(self.wall_start + s, 6),
+                    "t_end": round(self.wall_start + e, 6),
                     "ok": True,
                 }
             )

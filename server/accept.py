@@ -79,6 +79,12 @@ def unsupported_reason(server: grpc.aio.Server, cygrpc: Any = None, version: str
     return None
 
 
+def check_method_name(method: str) -> None:
+    """Raise ValueError unless `method` is a fully qualified gRPC method name, as grpc.aio looks handlers up by."""
+    if not method.startswith("/") or method.count("/") != 2:
+        raise ValueError(f"method name must be '/package.Service/Method' (got {method!r})")
+
+
 class AcceptTasks:
     """N tasks per method, each accepting that method's calls one at a time, beside grpc.aio's own.
 
@@ -99,8 +105,7 @@ class AcceptTasks:
         if tasks_per_method < 0:
             raise ValueError(f"tasks_per_method must be >= 0 (got {tasks_per_method})")
         for method in handlers:
-            if not method.startswith("/") or method.count("/") != 2:
-                raise ValueError(f"method name must be '/package.Service/Method' (got {method!r})")
+            check_method_name(method)
         self._server = server
         self._handlers = dict(handlers)
         self._per_method = tasks_per_method

@@ -32,6 +32,8 @@ from contextvars import ContextVar
 
 import grpc
 
+from .accept import check_method_name
+
 # The task of the watched call running in this context: the interceptor sets it, the handler reads
 # it back (cheaper than a second asyncio.current_task()). Each task runs in a context of its own.
 _CALL: ContextVar[asyncio.Task | None] = ContextVar("unhandled_call", default=None)
@@ -49,8 +51,7 @@ class UnhandledCalls(grpc.aio.ServerInterceptor):
     def __init__(self, methods: Iterable[str], record: Callable[[str], None], *, sweep_at: int = SWEEP_AT) -> None:
         self.methods = frozenset(methods)
         for method in self.methods:
-            if not method.startswith("/") or method.count("/") != 2:
-                raise ValueError(f"method name must be '/package.Service/Method' (got {method!r})")
+            check_method_name(method)
         if sweep_at < 1:
             raise ValueError(f"sweep_at must be >= 1 (got {sweep_at})")
         self._record = record

@@ -108,6 +108,30 @@ def test_simulated_batches_by_hand():
         assert sim.set_batching({"max_queue_delay_ms": ms})["max_queue_delay_ms"] == ms
 
 
+def _stepped(sim: SimBackend, steps: int) -> tuple[list[dict], float]:
+    """`sim` stepped every 50 ms of the test's own clock, `steps` times (so the steps are exact):
+    the batch events shown, and the clock at the end."""
+    clock = [0.0]
+    sim.now = lambda: clock[0]
+    shown = []
+    for k in range(1, steps + 1):
+        clock[0] = 0.05 * k
+        shown += sim.step()[0]
+    return shown, clock[0]
+
+
+def _one_run(sim: SimBackend, model: BatcherModel):
+    """One run of the simulator over every arrival `sim` made (s since its start), and that run's
+    batches as (start, size), in start order. FIFO batches: a batch is a run of consecutive
+    arrivals sharing an end time."""
+    arrivals = np.asarray(sim.stats.sent) - sim.start
+    run = simulate(arrivals, model)
+    firsts = np.concatenate(([0], np.nonzero(np.diff(run.done))[0] + 1))
+    sizes = np.diff(np.append(firsts, len(arrivals)))
+    begins = run.done[firsts] - (model.alpha_s + model.beta_s * sizes)
+    return run, [(float(b), int(n)) for b, n in sorted(zip(begins, sizes))]
+
+
 def test_batch_times_are_shifted_by_one_wall_clock_offset_whatever_the_clock_does_between_steps(monkeypatch):
     # Each step read the wall clock's offset anew (time.time() - time.monotonic()): a preemption
     # between the two reads, 2 ms on a starved CI host, shifted that step's batches alone, and the
@@ -123,53 +147,28 @@ def test_batch_times_are_shifted_by_one_wall_clock_offset_whatever_the_clock_doe
 
     # The simulator's module alone reads this clock: nothing else of the process is touched.
     monkeypatch.setattr(sim_module, "time", SimpleNamespace(time=ahead, monotonic=time.monotonic))
-    clock = [0.0]
-    sim.now = lambda: clock[0]
-    shown = []
-    for k in range(1, 11):
-        clock[0] = 0.05 * k
-        shown += sim.step()[0]
-    offsets = [e["t_start"] - s for e, s in zip(shown, _simulated_starts(sim, model, clock[0]))]
+    shown, now = _stepped(sim, 10)
+    starts = [b for b, _ in _one_run(sim, model)[1] if b <= now]
+    offsets = [e["t_start"] - s for e, s in zip(shown, starts)]
     # One offset, to the µs the page's times are rounded to.
     assert len(shown) > 50 and max(offsets) - min(offsets) <= 2e-6, (min(offsets), max(offsets))
-
-
-def _simulated_starts(sim, model, now: float) -> list[float]:
-    """The batches' start times (s since the simulator's start) of one run over every arrival, in start order."""
-    arrivals = np.asarray(sim.stats.sent) - sim.start
-    run = simulate(arrivals, model)
-    firsts = np.concatenate(([0], np.nonzero(np.diff(run.done))[0] + 1))
-    sizes = np.diff(np.append(firsts, len(arrivals)))
-    begins = run.done[firsts] - (model.alpha_s + model.beta_s * sizes)
-    return [float(b) for b in sorted(begins) if b <= now]
 
 
 def test_stepping_with_cuts_shows_the_same_batches_as_one_run_over_all_arrivals():
     # 1500 requests/s on 2 instances (about 60% busy): the queue empties often, so the
     # history is cut many times; what the page is shown must be what one run over every
-    # arrival gives. The clock is the test's, so the steps are exact.
+    # arrival gives.
     model = BatcherModel(alpha_s=2e-3, beta_s=0.5e-3, max_batch_size=16, max_queue_delay_s=0.004, instances=2)
     sim = SimBackend(LoadControl(1500), model, seed=3)
-    clock = [0.0]
-    sim.now = lambda: clock[0]
-    shown = []
-    for k in range(1, 61):  # 3 s in 50 ms steps
-        clock[0] = 0.05 * k
-        shown += sim.step()[0]
+    shown, now = _stepped(sim, 60)  # 3 s in 50 ms steps
     assert len(sim.arrivals) < 200, "the history was cut"
-    arrivals = np.asarray(sim.stats.sent) - sim.start
-    assert len(arrivals) > 4000
-    run = simulate(arrivals, model)
-    # FIFO batches: a batch is a run of consecutive arrivals sharing an end time.
-    firsts = np.concatenate(([0], np.nonzero(np.diff(run.done))[0] + 1))
-    ends = run.done[firsts]
-    sizes = np.diff(np.append(firsts, len(arrivals)))
-    begins = ends - (model.alpha_s + model.beta_s * sizes)
-    expected = [(int(n), float(b)) for b, n in sorted(zip(begins, sizes)) if b <= clock[0]]
+    assert len(sim.stats.sent) > 4000
+    run, batches = _one_run(sim, model)
+    expected = [(n, b) for b, n in batches if b <= now]
     base = shown[0]["t_start"] - expected[0][1]
     assert [e["size"] for e in shown] == [n for n, _ in expected]
     assert [e["t_start"] - base for e in shown] == pytest.approx([b for _, b in expected], abs=1e-4)
-    assert sim.stats.answered_total == int(np.sum(run.done <= clock[0]))
+    assert sim.stats.answered_total == int(np.sum(run.done <= now))
 
 
 def test_a_bounded_queue_refuses_under_overload_and_stepping_shows_the_same_as_one_run():
