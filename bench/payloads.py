@@ -419,12 +419,22 @@ def plan_pool(
     cap_text: str | None = None,
 ) -> PoolPlan:
     """The payloads of `gen`'s slice: one per size of `gen.sizes` (with variants up to `min_payloads`
-    in all) when they fit in `budget_bytes`, else as many draws as fit (at least `min_payloads`, at
-    most MAX_DRAWS), the `note` naming the cap (`cap_text`, else the budget) and the sizes kept."""
-    if not gen.variable:
-        return PoolPlan("fixed_shape", gen.sizes, np.zeros(min_payloads, dtype=np.int64))
-    support = support_of(gen.sizes)
+    in all) when they fit in `budget_bytes`, else as many draws as fit (at most MAX_DRAWS, at least
+    one), the `note` naming the cap (`cap_text`, else the budget) and the sizes kept. A model without
+    a variable dimension: `min_payloads` requests, or as many as fit (at least one, said in `note`)."""
     cap_text = cap_text or f"{budget_bytes / 2**20:g} MiB"
+    if not gen.variable:
+        each = float(gen.nbytes(np.ones(1))[0])
+        count = _fitting(each, budget_bytes, min_payloads)
+        note = None
+        if count < min_payloads:
+            note = (
+                f"model '{gen.model}': its requests are {_mib(each)} each, so {count} of them fit in the pool's "
+                f"cap of {cap_text}, not {min_payloads}: the values sent repeat every {count} requests"
+                + (" (one request alone is over the cap)" if each > budget_bytes else "")
+            )
+        return PoolPlan("fixed_shape", gen.sizes, np.zeros(count, dtype=np.int64), note=note)
+    support = support_of(gen.sizes)
     if support is not None:
         one_each = float(gen.nbytes(support).sum())
         variants = max(1, -(-min_payloads // len(support)))
@@ -441,7 +451,9 @@ def plan_pool(
         why = f"its sizes ({gen.sizes!r}) are not known ahead, to make one payload each (the pool's cap: {cap_text})"
     draws = gen.sizes.sample(rng, MAX_DRAWS)
     fit = int(np.searchsorted(np.cumsum(gen.nbytes(draws)), budget_bytes, side="right"))
-    kept = draws[: max(min_payloads, fit)]
+    # The cap holds before the variety: every worker process holds the pool, and 256 requests of a
+    # large input (an image model's) would take gigabytes in each. One is kept whatever its size.
+    kept = draws[: max(1, fit)]
     distinct = np.unique(kept)
     if support is None:
         missed = f"the sizes the draws missed are never sent, any beyond {kept.max()} among them"
@@ -452,11 +464,26 @@ def plan_pool(
         )
     else:
         missed = f"the {len(support) - len(distinct)} sizes the draws missed are never sent"
+    fewer = ""
+    if fit < min_payloads:
+        fewer = f", fewer than the {min_payloads} a pool holds where they fit" + (
+            f" (the first draw alone, {_mib(float(gen.nbytes(kept)[0]))}, is over the cap)" if fit == 0 else ""
+        )
     note = (
-        f"model '{gen.model}': {why}; a pool of {len(kept)} draws (as many as fit, at least {min_payloads}) "
+        f"model '{gen.model}': {why}; a pool of {len(kept)} draws (as many as fit{fewer}) "
         f"is sent instead, sizes {kept.min()}..{kept.max()} ({len(distinct)} distinct): {missed}"
     )
     return PoolPlan("draws", gen.sizes, kept, note=note)
+
+
+def _fitting(each_bytes: float, budget_bytes: float, most: int) -> int:
+    """How many payloads of `each_bytes` a pool holds: as many as fit in `budget_bytes`, at most
+    `most`, and one even when it alone is over."""
+    return max(1, min(most, int(budget_bytes // each_bytes)))
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 / 10 else f"{nbytes / 1024:.1f} KiB"
 
 
 class Mix:

@@ -273,7 +273,7 @@ def build_pool(
         )
         plan = plan_pool(gen, budget, rng, cap_text=cap_text)
         if plan.note:
-            say(f"warning: --sizes {cfg.sizes}: {plan.note}")
+            say(f"warning: {_pool_warning(cfg, plan)}")
         start = len(pool)
         for size in plan.payload_sizes.tolist():
             pool.append(encode_request(name, gen.make(rng, size), datatypes=gen.datatypes).SerializeToString())
@@ -284,6 +284,11 @@ def build_pool(
                 notes.append(line)
         gens.append((gen, weight))
     return pool, slices, Mix(gens)
+
+
+def _pool_warning(cfg: RampConfig, plan: PoolPlan) -> str:
+    # A model without a variable dimension is cut by its requests' size, not by --sizes.
+    return plan.note if plan.kind == "fixed_shape" else f"--sizes {cfg.sizes}: {plan.note}"
 
 
 class Ramp:
@@ -401,7 +406,7 @@ class Ramp:
         result["balancer"] = workers.balancer_stats()
         result["payloads"] = [s.info() for s in self.slices]
         result["warnings"] += self.setup_warnings
-        result["warnings"] += [f"--sizes {cfg.sizes}: {s.plan.note}" for s in self.slices if s.plan.note]
+        result["warnings"] += [_pool_warning(cfg, s.plan) for s in self.slices if s.plan.note]
         # Null for a ramp that ran every step it meant to (or stopped early by its own rule);
         # else why it ended, and whether a signal (Ctrl-C, SIGTERM) ended it.
         # `phase`: where it was cut, "ramp" or "refine" (a refinement cut leaves the ramp's steps whole).

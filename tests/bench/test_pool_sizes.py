@@ -193,10 +193,36 @@ def test_too_many_sizes_fall_back_to_draws_and_say_why():
     assert "(its cap: 64 MiB)" in plan.note and "any beyond" in plan.note
 
 
-def test_draws_never_below_256_even_when_they_do_not_fit():
+def test_draws_keep_under_the_cap_even_when_fewer_than_256_fit():
+    """Every worker process holds the pool: 256 requests of 0.5-1 MiB each would take 192 MiB, three
+    times the cap, in each of them. As many as fit are kept, and the note says they are fewer."""
+    gen = PayloadGenerator("encoder", ENCODER, sizes=Uniform(65_536, 131_072))
+    plan = plan_pool(gen, 64 << 20, np.random.default_rng(0), cap_text="64 MiB")
+    assert plan.kind == "draws" and 64 <= len(plan) < POOL_PER_MODEL
+    sent = gen.nbytes(plan.payload_sizes)
+    assert (64 << 20) - gen.nbytes(np.array([131_072]))[0] < sent.sum() <= 64 << 20
+    assert f"a pool of {len(plan)} draws (as many as fit, fewer than the 256 a pool holds where they fit)" in plan.note
+
+
+def test_one_draw_is_kept_when_it_alone_is_over_the_cap():
     gen = PayloadGenerator("encoder", ENCODER, sizes=Uniform(1000, 2000))
-    plan = plan_pool(gen, 10_000, np.random.default_rng(0))
-    assert (plan.kind, len(plan)) == ("draws", POOL_PER_MODEL)
+    plan = plan_pool(gen, 4_000, np.random.default_rng(0))
+    assert (plan.kind, len(plan)) == ("draws", 1)
+    (size,) = plan.payload_sizes
+    assert f"(the first draw alone, {gen.nbytes(np.array([size]))[0] / 1024:.1f} KiB, is over the cap)" in plan.note
+    assert set(plan.pick(np.random.default_rng(1), 100).tolist()) == {0}
+
+
+@pytest.mark.parametrize(("budget", "count"), [(64 << 20, 21), (2 << 20, 1)])
+def test_a_fixed_shape_pool_of_large_requests_keeps_under_the_cap(budget, count):
+    """An image model's 3 × 512 × 512 FP32 input is 3 MiB a request: 256 of them would be 768 MiB."""
+    gen = PayloadGenerator("resnet", [TensorSpec("image", "FP32", (-1, 3, 512, 512))])
+    plan = plan_pool(gen, budget, np.random.default_rng(0), cap_text="the cap")
+    assert (plan.kind, len(plan)) == ("fixed_shape", count)
+    assert f"its requests are 3.0 MiB each, so {count} of them fit in the pool's cap of the cap, not 256" in plan.note
+    assert plan.note.endswith("(one request alone is over the cap)") == (count == 1)
+    one = len(encode_request("resnet", gen.make(np.random.default_rng(0)), datatypes=gen.datatypes).SerializeToString())
+    assert count == 1 or count * one <= budget
 
 
 def test_the_byte_estimate_is_close_to_the_encoded_size():
@@ -245,10 +271,16 @@ def test_the_result_says_how_the_pool_was_made_and_the_sizes_sent(bench_server, 
     encoder, mlp = result["payloads"]
     assert (encoder["model"], encoder["pool"], encoder["cap_bytes"]) == ("encoder", "draws", 1 << 19)
     assert encoder["variants"] is None and encoder["distinct_sizes"] >= 1 and encoder["bytes"] <= (1 << 18) * 1.02
-    assert (mlp["model"], mlp["pool"], mlp["payloads"], mlp["distinct_sizes"]) == ("mlp", "fixed_shape", 256, None)
+    # mlp's 256 FP32 a request (1 KiB and its framing): 248 fit in its 256 KiB, not 256.
+    assert (mlp["model"], mlp["pool"], mlp["payloads"], mlp["distinct_sizes"]) == ("mlp", "fixed_shape", 248, None)
+    assert mlp["bytes"] <= 1 << 18 < mlp["bytes"] * 249 / 248
     warning = next(w for w in result["warnings"] if w.startswith(f"--sizes {LOGNORMAL}: model 'encoder'"))
     assert "cap of 0.5 MiB (0.25 MiB for each of the mix's 2 models)" in warning
     assert any(line == f"warning: {warning}" for line in said)
+    # Not --sizes' doing: its warning does not name it.
+    (fixed,) = [w for w in result["warnings"] if w.startswith("model 'mlp'")]
+    assert "so 248 of them fit in the pool's cap of 0.5 MiB (0.25 MiB for each" in fixed and fixed == mlp["note"]
+    assert f"warning: {fixed}" in said
     (step,) = result["steps"]
     sizes = step["request_sizes"]
     assert 0 < sizes["requests"] < step["requests"]  # the encoder's only
