@@ -2,6 +2,22 @@
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # `python -m wok`: this module's own imports (gRPC, asyncio: 0.1 s) would run before `main` holds
+    # SIGINT, and a Ctrl-C then was a KeyboardInterrupt traceback. The console script's entry point
+    # guards them (wok.entry): it imports this module again, as wok.__main__, and runs its `main`.
+    # The working directory leaves the path first: a stray module there must not be found by a
+    # model's factory import (only the repository's own files and installed modules are,
+    # docs/security.md). The package itself is already imported.
+    import os as _os
+    import sys as _sys
+
+    _cwd = _os.getcwd()
+    _sys.path[:] = [p for p in _sys.path if p not in ("", ".", _cwd)]
+    from .entry import main as _entry
+
+    _sys.exit(_entry())
+
 import argparse
 import asyncio
 import gc
@@ -776,12 +792,3 @@ def main(argv: list[str] | None = None) -> int:
     except StartError as exc:
         print(f"wok: {exc}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    # `python -m wok` puts the working directory first on the path: a stray module there must
-    # not be found by a model's factory import (only the repository's own files and installed
-    # modules are, docs/security.md). The package itself is already imported.
-    cwd = os.getcwd()
-    sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)]
-    sys.exit(main())

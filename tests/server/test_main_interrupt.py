@@ -90,6 +90,31 @@ def test_ctrl_c_while_the_command_module_imports_is_one_line_not_a_traceback():
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "wok: interrupted\n")
 
 
+# `python -m wok` as the interpreter runs it (runpy, the module named __main__), with SIGINT raised as
+# gRPC is imported.
+_DASH_M = _SCRIPT.replace(
+    "from wok.entry import main\nsys.exit(main())",
+    'import runpy\nrunpy.run_module("wok", run_name="__main__", alter_sys=True)',
+)
+
+
+def test_ctrl_c_while_python_m_wok_imports_is_one_line_not_a_traceback():
+    """`python -m wok` ran this module's imports before any guard: a KeyboardInterrupt traceback."""
+    assert "runpy" in _DASH_M
+    done = subprocess.run(
+        [sys.executable, "-c", _DASH_M, "simulate", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "wok: interrupted\n")
+
+
+def test_python_m_wok_runs_the_command():
+    done = subprocess.run(
+        [sys.executable, "-m", "wok", "simulate", "--no-such-option"], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.endswith("unrecognized arguments: --no-such-option\n"), done.stderr
+
+
 def test_the_console_script_runs_wok_entry():
     from pathlib import Path
 
