@@ -51,32 +51,36 @@ def test_a_stream_ramp_delivers_every_request_on_schedule(server_process):
         workers=2,
         rpc="stream",
         streams=3,
-        metrics_url=server_process.http_url() + "/metrics",  # the server's own time for the same requests
+        metrics_url=server_process.http_url() + "/metrics",  # the server's view of each step, for a failure's message
     )
     result = Ramp(cfg, progress=lambda _: None).run()
     assert result["config"]["rpc"] == "stream"
+    # What the sender controls is judged, not the server's speed. This asserted achieved_qps (OK
+    # answers that came inside the window) within 5 % of the offer, and the P50 within the server's
+    # own P50 + 45 ms + its loop lag: with the whole test on one core beside three busy loops (all
+    # under `taskset -c 0`) 6 runs in 10 failed at 400 QPS, all 6 on the P50 (200-666 ms against
+    # bounds of 164-303), 4 of them on achieved_qps first (248-364), while every request went out
+    # on time (dispatch lag P50 at most 1.6 ms, max 16 ms, late_sends_own 0, sent_qps 399.3-400) and
+    # was answered OK. The server was past its capacity: up to 268 of the 600 answers came after the
+    # window's end, and the backlog waited ahead of the server's arrival stamp, unseen by its histograms.
     for step in result["steps"]:
         # The host's share of the sends' lag, as for unary calls (absent where the kernel has no run-queue time).
         assert "late_sends_own" in step or not os.path.exists("/proc/thread-self/schedstat"), step
-        assert step["success_rate"] == 1.0, step
-        # Completions in the window (150 and 600): a stall of the shared machine at its end moves
-        # a few past it, up to 7 at 100 QPS (a 70 ms stall) within 5 %.
-        assert abs(step["achieved_qps"] - step["offered_qps"]) <= 0.05 * step["offered_qps"], step
-        # The stream's sending, transport and matching add a few ms to the server's own time, which
-        # on a quiet host is its 5 ms window plus a few ms (P50 about 7 ms). The bound was 50 ms in
-        # all; a host that starves the processes broke it with the server's own time grown as much
-        # (its stages' means 29-35 ms at 400 QPS, the test on one core beside three busy loops). So
-        # the 45 ms allowed besides the window count from the server's P50 for the step (its
-        # end-to-end histogram, scraped around the window), as measured, and never from less than 5 ms.
-        # On one starved core the server's loop itself runs late (loop-lag P99 50-138 ms where this
-        # failed, 2 in 30), and a request waits for it before the server stamps its arrival, unseen by
-        # its end-to-end histogram while the sender's own lag stayed at 0.2-2.6 ms (helper B,
-        # 2026-12-04): that lateness, the step's loop-lag P99, is allowed too (2-4 ms on a quiet host).
-        server_p50 = step["server"]["e2e_ms"]["p50"]
-        loop_p99 = (step.get("loop_lag_ms") or {}).get("p99") or 0.0
-        bound = max(server_p50, 5.0) + 45.0 + loop_p99
-        why = (step["latency_ms"], step["server"]["e2e_ms"], step.get("loop_lag_ms"))
-        assert step["latency_ms"]["p50"] < bound, why
+        # Every request of the schedule (150 and 600 in the window) was sent and answered OK: the
+        # server failed none. Its slowness fails nothing here (the deadline is the ramp's 30 s).
+        offered = round(step["offered_qps"] * step["duration_s"])
+        assert step["requests"] == step["ok"] == offered and step["errors"] == {}, step
+        # On schedule: the window's requests went out within it (`sent_qps`, the sender's own count,
+        # whenever the answers came); a stall of the shared machine at its end moves a few past it,
+        # up to 30 at 400 QPS (a 75 ms stall) within 5 %. A sender that falls behind its schedule
+        # sends the window's last requests after it (one made to pause 6 ms after each send, at 200
+        # QPS a worker: 299 QPS sent at 400).
+        assert step["sent_qps"] >= 0.95 * step["offered_qps"], (step["sent_qps"], step["dispatch_lag_ms"])
+        # And late by its own doing (more than 1 ms, once the host's share is taken off: its waits
+        # for a CPU) at most 1 % of them: 0 in each of 80 steps on the starved core, 1 once beside one
+        # busy loop; 149 of 150 for a sender made to pause 3 ms before each send (on time otherwise).
+        if "late_sends_own" in step:
+            assert step["late_sends_own"] <= 0.01 * offered, (step["late_sends_own"], step["dispatch_lag_ms"])
     # At 100 QPS, constant, requests come 10 ms apart: each waits out the 5 ms window alone.
     # (At 400 QPS, 2.5 ms apart, the later ones of a window wait less: no such floor.)
     assert result["steps"][0]["latency_ms"]["p50"] > 4.0, result["steps"][0]["latency_ms"]
