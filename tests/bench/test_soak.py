@@ -21,10 +21,13 @@ MIB = float(1 << 20)
 
 
 @pytest.fixture(scope="module")
-def soak_server(start_server_module):
-    """One server for the module's real runs (a start costs seconds): each run leaves it idle,
-    and none of them changes its state."""
-    return start_server_module("--models", "mlp", "--torch-threads", "1")
+def soak_server(server_process):
+    """The session's server for the module's real runs, as tests/bench/conftest.py's bench_server:
+    each run leaves it idle, none of them changes its state or reads its counters (only its RSS,
+    above 50 MiB), and in the serial pass it is already up (test_ramp, test_server_timing), where a
+    start of the module's own cost 3 s alone."""
+    assert "mlp" in server_process.models, server_process.models
+    return server_process
 
 
 def _e2e_args(metrics: str) -> list[str]:

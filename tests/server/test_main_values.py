@@ -5,7 +5,9 @@ argparse took a value that begins with '-' and is not a plain negative number (`
 check, which `--slo=-5ms` reached, never ran. And a value argparse refused itself (`--port abc`)
 came after the whole usage, where the commands' own refusals are one line.
 
-In `wok` processes of their own: what matters is the exit status and the words on stderr."""
+What matters is the exit status and the words on stderr: `wok serve`'s in `wok` processes of their
+own, the other commands' in this process (`wok_cli`: the same main(), which refuses before it starts
+anything, without a child's seconds of imports each, 19 of this module's 35 runs)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,17 @@ import sys
 import pytest
 
 
-def wok(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "wok", *argv], capture_output=True, text=True, timeout=60)
+@pytest.fixture
+def wok(wok_cli):
+    """`wok(*argv)` → (returncode, stdout, stderr) of `wok ARGV`: in a `python -m wok` child for
+    `serve` and for no command (wok_cli runs neither), else in this process."""
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        if argv[:1] in ((), ("serve",)):
+            return subprocess.run([sys.executable, "-m", "wok", *argv], capture_output=True, text=True, timeout=60)
+        return subprocess.CompletedProcess(argv, *wok_cli(*argv))
+
+    return run
 
 
 @pytest.mark.parametrize(
@@ -36,7 +47,7 @@ def wok(*argv: str) -> subprocess.CompletedProcess:
     ],
     ids=["demo-slo", "demo-delay", "demo-alpha", "demo-abbreviated", "serve-port", "serve-float", "simulate"],
 )
-def test_a_value_beginning_with_a_dash_is_refused_as_the_same_value_after_an_equals_sign(argv, refusal):
+def test_a_value_beginning_with_a_dash_is_refused_as_the_same_value_after_an_equals_sign(argv, refusal, wok):
     *command, option, value = argv
     spaced, joined = wok(*argv), wok(*command, f"{option}={value}")
     assert (spaced.returncode, spaced.stderr) == (joined.returncode, joined.stderr)
@@ -66,7 +77,7 @@ def test_a_value_beginning_with_a_dash_is_refused_as_the_same_value_after_an_equ
         "serve-dash-word",
     ],
 )
-def test_an_option_after_an_option_that_takes_a_value_is_still_an_option(argv, refusal):
+def test_an_option_after_an_option_that_takes_a_value_is_still_an_option(argv, refusal, wok):
     done = wok(*argv)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", refusal + "\n")
 
@@ -87,12 +98,12 @@ def test_an_option_after_an_option_that_takes_a_value_is_still_an_option(argv, r
     ],
     ids=["serve-port", "serve-port=", "serve-float", "serve-choice", "serve-missing", "demo-float", "bench-int"],
 )
-def test_a_value_argparse_refuses_is_one_line_naming_the_option(argv, refusal):
+def test_a_value_argparse_refuses_is_one_line_naming_the_option(argv, refusal, wok):
     done = wok(*argv)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", refusal + "\n")
 
 
-def test_a_bench_subcommands_refusals_have_one_prefix_whoever_refused():
+def test_a_bench_subcommands_refusals_have_one_prefix_whoever_refused(wok):
     """argparse's refusal of a `wok bench ramp` option said `wok bench ramp:`, the bench's own check
     of the same option `wok bench:` (main's ValueError): now both the latter."""
     by_argparse, by_bench = wok("bench", "ramp", "--rows", "abc"), wok("bench", "ramp", "--rows", "0")
@@ -100,7 +111,7 @@ def test_a_bench_subcommands_refusals_have_one_prefix_whoever_refused():
     assert (by_bench.returncode, by_bench.stderr) == (2, "wok bench: --rows: expected an integer >= 1; got 0\n")
 
 
-def test_the_usage_stays_with_help_and_with_a_missing_or_unknown_command():
+def test_the_usage_stays_with_help_and_with_a_missing_or_unknown_command(wok):
     """Only an option's refused value lost the usage before its line."""
     assert wok("serve", "--port", "abc").stderr == "wok serve: --port: expected an integer; got 'abc'\n"
     shown = wok("serve", "--help")
@@ -126,7 +137,7 @@ def test_an_unknown_option_is_refused_with_its_commands_usage_not_the_top_ones(a
     assert err.endswith(f"wok {command}: error: unrecognized arguments: --bogus x\n"), err
 
 
-def test_an_unknown_option_of_wok_serve_is_refused_with_its_usage():
+def test_an_unknown_option_of_wok_serve_is_refused_with_its_usage(wok):
     done = wok("serve", "--bogus")
     assert done.returncode == 2 and done.stderr.startswith("usage: wok serve [-h]"), done.stderr
     assert done.stderr.endswith("wok serve: error: unrecognized arguments: --bogus\n")
