@@ -77,6 +77,20 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
 
 
+def state(pid: int) -> str:
+    """A process's run state, signal sets and kernel wait point (Linux's /proc), for a failure's message:
+    why a process that a signal should have ended runs on (the signal's bit in SigIgn: ignored; in
+    SigPnd or ShdPnd and SigBlk: held back; in none of them: it never came)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return f"{pid} gone"
+    fields = ("Name", "State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+    said = [line.replace("\t", " ") for line in status if line.split(":", 1)[0] in fields]
+    return f"{pid}: {', '.join(said)}, waits in {wchan or '-'}"
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads process children from Linux's /proc")
 def test_sigterm_to_bootstrap_serve_stops_the_server_and_frees_its_port():
     # bootstrap's own code down to the hand-over; only its pip steps are skipped, and WOK_VENV
@@ -379,6 +393,8 @@ def test_ctrl_c_typed_at_a_terminal_reaches_the_pass_which_still_writes_to_the_t
     # The pass runs in a session of its own, out of the terminal's foreground process group: a Ctrl-C
     # reaches bootstrap alone, which passes it on. The pass says whether its stdout is a terminal
     # (where pytest colours its output).
+    import termios  # POSIX only, as openpty
+
     says_if_tty = "import os, sys; print('pass: stdout is a tty:', os.isatty(1), flush=True, file=sys.stderr)\n"
     controller, terminal = os.openpty()
     # bootstrap's process leads its session: the terminal becomes its controlling one, as a shell's
@@ -393,8 +409,25 @@ def test_ctrl_c_typed_at_a_terminal_reaches_the_pass_which_still_writes_to_the_t
         *_, tty, running = read_until(lines, "pass: running")
         left.append(pid_of(running))
         assert tty == "pass: stdout is a tty: True"
+        # What a typed Ctrl-C needs of the terminal, checked before it is typed (a termios call on the
+        # controller side reads the terminal's): a SIGINT (ISIG on) to bootstrap's group. Either missing
+        # would show only as the wait below running out.
+        group = os.tcgetpgrp(controller)
+        assert group == proc.pid, f"the terminal's foreground process group is {group}, not bootstrap's {proc.pid}"
+        assert termios.tcgetattr(controller)[3] & termios.ISIG, "ISIG is off: a Ctrl-C would be input, not SIGINT"
         os.write(controller, b"\x03")
-        assert proc.wait(timeout=10) == 128 + signal.SIGINT
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            seen = []
+            while not lines.empty():
+                seen.append(lines.get())
+            raise AssertionError(
+                f"bootstrap still runs 10 s after the Ctrl-C (foreground group {os.tcgetpgrp(controller)}): "
+                f"{state(proc.pid)}; its children (the pass, its guard): "
+                f"{'; '.join(state(pid) for pid in children(proc.pid)) or 'none'}; its output since: {seen}"
+            ) from None
+        assert code == 128 + signal.SIGINT
         assert read_until(lines, None, timeout=10) == [
             "pass: KeyboardInterrupt",
             "bootstrap: SIGINT in pass 1 of 1; the suite stops there (status 130)",
