@@ -122,11 +122,14 @@ async def test_admission_counts_a_busy_instance_busy(gated_instances):
 
 
 async def test_a_full_batch_takes_the_spare_slot_of_the_instance_free_first(gated_instances):
-    # α = 10 ms, β = 20 ms: T(1) = 30 ms, T(8) = 170 ms; 2 instances with 2 slots each. Instance 0
-    # runs 8 (free in 170 ms), instance 1 runs 1 (free in 30 ms); 8 more arrive, a full batch for a
-    # spare slot: behind the 1 it starts 140 ms sooner than behind the 8.
+    # α = 10 ms, β = 200 ms: T(1) = 210 ms, T(8) = 1,610 ms; 2 instances with 2 slots each. Instance
+    # 0 runs 8 (free in 1,610 ms), instance 1 runs 1 (free in 210 ms); 8 more arrive, a full batch
+    # for a spare slot: behind the 1 it starts 1,400 ms sooner than behind the 8. Predicted times
+    # long enough that a stalled host does not outlast both (an instance running over its
+    # prediction counts as free now): with T(8) = 170 ms, a stall past it made them even, and the
+    # batch took instance 0's spare slot (1 in 8 runs on one starved core with stalls).
     m, ex = gated_instances(count=2, depth=2)
-    b = batcher(ex, 10_000, 8, alpha_ms=10, beta_ms=20)
+    b = batcher(ex, 10_000, 8, alpha_ms=10, beta_ms=200)
     m.gate.clear()
     first = [submit(b) for _ in range(8)]
     await until(lambda: b.inflight == 1)

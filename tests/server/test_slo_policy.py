@@ -59,7 +59,9 @@ def submit(b: Batcher, value: float = 1.0, rows: int = 1, deadline=None, priorit
 
 
 async def wait_entered(module) -> None:
-    await asyncio.to_thread(module.entered.wait, 10)
+    # Event.wait returns False at its timeout: a batch that never reached the model (dropped in
+    # the queue) fails here, not at a later step that assumed it runs.
+    assert await asyncio.to_thread(module.entered.wait, 10), "no batch entered the model within 10 s"
     module.entered.clear()
 
 
@@ -228,17 +230,19 @@ async def test_an_idle_instance_takes_a_lone_request_at_once_when_waiting_cannot
 
 
 async def test_a_running_batcher_sends_the_batch_at_its_latest_start(gated):
-    # As above with a margin of 20 ms, so that a loaded machine's late timer does not push the
-    # batch past the request's deadline by its mean time (it would be dropped at dispatch).
+    # As above with an SLO of 1 s and a margin of 800 ms: the latest start comes as soon (179 ms), and
+    # the batcher's timer may wake up to 800 ms late before the request's deadline passes in the
+    # queue (it is then dropped, not sent). With 200 ms and 20 ms, a host that stalled the loop
+    # 150 ms at the timer failed it (2 runs of 2 on one starved core with 50-300 ms SIGSTOP stalls).
     s, _m, ex = gated(max_batch_size=8)
-    slo = policy(200, 8, alpha_ms=20, beta_ms=1, margin_ms=20, tau_s=10.0)
+    slo = policy(1000, 8, alpha_ms=20, beta_ms=1, margin_ms=800, tau_s=10.0)
     b = make_batcher(s, ex, slo)
     p = submit(b)
     slo.arrived(None, p.arrival, 989)  # as above: λα = 1.98 > 1, so only the deadline rule sends it
     await p.future
     assert b.stats.flushes == {"deadline": 1}
     waited = p.dispatched - p.arrival
-    assert waited >= 0.159 - 1e-6  # never before the latest start: 200 − 21 − 20 ms
+    assert waited >= 0.179 - 1e-6  # never before the latest start: 1000 − 21 − 800 ms
     await b.stop()
 
 
@@ -325,17 +329,19 @@ async def test_admission_refuses_the_first_request_that_cannot_finish_in_time(ga
 
 
 async def test_an_idle_model_lets_a_probe_through_so_an_inflated_estimate_recovers(gated):
-    # Seeded 1 s per batch against a 50 ms SLO: every checked request would be refused. With the
+    # Seeded 10 s per batch against a 1 s SLO: every checked request would be refused. With the
     # model idle, one goes through unchecked; its real (ms) time enters the fit, and once the key
-    # has min_batches (16) batches of its own the seed leaves the fit.
+    # has min_batches (16) batches of its own the seed leaves the fit. Each probe's deadline (the
+    # SLO) must not pass before its batch is sent: with 50 ms, a host that stalled the loop that
+    # long dropped the first in the queue, and the next request found the model idle (a probe).
     s, m, ex = gated(max_batch_size=8)
-    b = make_batcher(s, ex, policy(50, 8, alpha_ms=1000, beta_ms=0))
+    b = make_batcher(s, ex, policy(1000, 8, alpha_ms=10_000, beta_ms=0))
     m.gate.clear()
     probe = submit(b)
     await wait_entered(m)
     assert probe.probe
     with pytest.raises(DeadlineUnmeetable):
-        submit(b)  # the model is busy: checked against the 1 s estimate
+        submit(b)  # the model is busy: checked against the 10 s estimate
     m.gate.set()
     await probe.future
     for _ in range(15):
