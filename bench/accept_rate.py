@@ -166,7 +166,7 @@ async def _drive(port: int, seconds: float, warmup: float, channels: int, inflig
     calls, passes = c1["calls"] - c0["calls"], c1["passes"] - c0["passes"]
     wakeups = c1["wakeups"] - c0["wakeups"]  # counted only with the drain on
     return {
-        "wakeups_per_call": wakeups / calls if wakeups else None,
+        "wakeups_per_call": wakeups / calls if wakeups and calls else None,
         "per_server_calls": [b - a for a, b in zip(c0["per_server"], c1["per_server"])],
         "window_s": dt,
         "calls_per_s": calls / dt,
