@@ -438,7 +438,7 @@ def plan_pool(
     if support is not None:
         one_each = float(gen.nbytes(support).sum())
         variants = max(1, -(-min_payloads // len(support)))
-        variants = max(1, min(variants, int(budget_bytes // one_each)))
+        variants = _fitting(one_each, budget_bytes, variants)
         if one_each <= budget_bytes:
             return PoolPlan("per_size", gen.sizes, np.repeat(support, variants), support, variants)
         why = (
@@ -450,7 +450,8 @@ def plan_pool(
     else:
         why = f"its sizes ({gen.sizes!r}) are not known ahead, to make one payload each (the pool's cap: {cap_text})"
     draws = gen.sizes.sample(rng, MAX_DRAWS)
-    fit = int(np.searchsorted(np.cumsum(gen.nbytes(draws)), budget_bytes, side="right"))
+    draw_bytes = gen.nbytes(draws)
+    fit = int(np.searchsorted(np.cumsum(draw_bytes), budget_bytes, side="right"))
     # The cap holds before the variety: every worker process holds the pool, and 256 requests of a
     # large input (an image model's) would take gigabytes in each. One is kept whatever its size.
     kept = draws[: max(1, fit)]
@@ -467,7 +468,7 @@ def plan_pool(
     fewer = ""
     if fit < min_payloads:
         fewer = f", fewer than the {min_payloads} a pool holds where they fit" + (
-            f" (the first draw alone, {_mib(float(gen.nbytes(kept)[0]))}, is over the cap)" if fit == 0 else ""
+            f" (the first draw alone, {_mib(float(draw_bytes[0]))}, is over the cap)" if fit == 0 else ""
         )
     note = (
         f"model '{gen.model}': {why}; a pool of {len(kept)} draws (as many as fit{fewer}) "

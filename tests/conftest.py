@@ -71,11 +71,15 @@ SERIAL_FILES = frozenset(
 )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _in_serial_files(path: Path) -> bool:
+    # A path from outside tests/ (given to pytest, --doctest-modules) is not in it.
     here = Path(__file__).parent
+    return path.is_relative_to(here) and path.relative_to(here).as_posix() in SERIAL_FILES
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        # Items from outside tests/ (a path given to pytest, --doctest-modules) are not in it.
-        if item.path.is_relative_to(here) and item.path.relative_to(here).as_posix() in SERIAL_FILES:
+        if _in_serial_files(item.path):
             item.add_marker(pytest.mark.serial)
 
 
@@ -87,10 +91,9 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     markexpr = " ".join(config.getoption("markexpr", "").split())
     if markexpr not in ("serial", "not serial") or collection_path.suffix != ".py":
         return None
-    here = Path(__file__).parent
-    if not collection_path.name.startswith("test_") or not collection_path.is_relative_to(here):
+    if not collection_path.name.startswith("test_") or not collection_path.is_relative_to(Path(__file__).parent):
         return None
-    serial = collection_path.relative_to(here).as_posix() in SERIAL_FILES
+    serial = _in_serial_files(collection_path)
     if markexpr == "not serial":
         return True if serial else None
     return True if not serial and "mark.serial" not in collection_path.read_text(encoding="utf-8") else None
