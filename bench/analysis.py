@@ -201,7 +201,8 @@ def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict
     times as a LatencyHistogram (negative ones, if clocks ever gave any, as 0);
     `compute_histogram` and `batch_histogram`: each request's batch's model time and whole batch
     stage, likewise; `compute_batch_histogram`, where the trailers carried their batch's size,
-    the batches' model times, one count per batch (`per_batch_compute`). `tail`: the mean of each
+    the batches' model times, one count per batch, and beside it `partial_batches`, the batches of
+    which it saw only some requests (`per_batch_compute`). `tail`: the mean of each
     part over the requests at or above the client's P99 (of the requests with a trailer), which
     says what the slowest 1 % were made of.
     """
@@ -214,7 +215,7 @@ def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict
     have = np.isfinite(total)
     lat, st = lat[have], st[have]
     parts = {name: st[:, k] for k, name in enumerate(TIMING_PARTS)}
-    by_batch = per_batch_compute(parts["compute"], st[:, TIMING_COLUMNS.index("batch_requests")])
+    by_batch, partial = per_batch_compute(parts["compute"], st[:, TIMING_COLUMNS.index("batch_requests")])
     parts["outside"] = lat - parts["total"]
 
     def brief(a: np.ndarray) -> dict[str, float]:
@@ -233,7 +234,7 @@ def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict
         # ... and the spread of its batches' model time under this load.
         "compute_histogram": LatencyHistogram.from_ms(parts["compute"]).to_dict(),
         # ... counted once per batch, not once per request, where the server said each batch's size.
-        **({} if by_batch is None else {"compute_batch_histogram": by_batch.to_dict()}),
+        **({} if by_batch is None else {"compute_batch_histogram": by_batch.to_dict(), "partial_batches": partial}),
         # ... and of the whole batch stage (the hop to the worker included), where the server's
         # own tail grows first with load.
         "batch_histogram": LatencyHistogram.from_ms(parts["batch"]).to_dict(),
@@ -245,22 +246,39 @@ def server_timing_summary(latency_ms: np.ndarray, stages_ms: np.ndarray) -> dict
     }
 
 
-def per_batch_compute(compute_ms: np.ndarray, batch_requests: np.ndarray) -> LatencyHistogram | None:
+def per_batch_compute(
+    compute_ms: np.ndarray, batch_requests: np.ndarray
+) -> tuple[LatencyHistogram, dict[str, list]] | tuple[None, None]:
     """The batches' model times, one count per batch, from each request's (compute, its batch's request
-    count n); None when no request carried n (a server without it).
+    count n), and the batches of which only some requests were seen (`partial_batches`); (None, None)
+    when no request carried n (a server without it).
 
     A batch's n requests carry the same compute (to the µs of the trailer), so each distinct (compute, n)
     pair seen c times is ⌈c/n⌉ batches: its requests count 1/n each, and a batch the step's window cut
     (some of its requests before the warm-up's end or failed) still counts once. Two batches of one size
-    that took the same µs are one pair seen 2n times: two batches. Requests without n are left out."""
+    that took the same µs are one pair seen 2n times: two batches. Requests without n are left out.
+
+    `partial_batches` holds every pair whose c is not a multiple of n: its `compute_ms`, `batch_requests`
+    (n) and `requests`, c mod n (sorted by compute, then n). It is what a merge of several processes'
+    steps needs to count a batch whose requests they shared once (bench/merge.py): the pair's batches over
+    all of them are ⌈Σc/n⌉ = Σ⌊c/n⌋ + ⌈Σ(c mod n)/n⌉, and a process counted ⌊c/n⌋ + 1. A process that sent
+    every request of its batches lists only those its window cut."""
     compute = np.asarray(compute_ms, dtype=np.float64).ravel()
     n = np.asarray(batch_requests, dtype=np.float64).ravel()
     known = np.isfinite(compute) & np.isfinite(n) & (n >= 1)
     if not known.any():
-        return None
+        return None, None
     pairs, seen = np.unique(np.column_stack([compute[known], n[known]]), axis=0, return_counts=True)
-    batches = np.ceil(seen / pairs[:, 1]).astype(np.int64)
-    return LatencyHistogram.from_ms(np.repeat(pairs[:, 0], batches))
+    size = pairs[:, 1].astype(np.int64)
+    batches = -(-seen // size)
+    left = seen % size
+    cut = left > 0
+    partial = {
+        "compute_ms": pairs[cut, 0].tolist(),
+        "batch_requests": size[cut].tolist(),
+        "requests": left[cut].tolist(),
+    }
+    return LatencyHistogram.from_ms(np.repeat(pairs[:, 0], batches)), partial
 
 
 SIZE_KEYS = ("mean", "p50", "p90", "p99", "p999", "max")

@@ -23,9 +23,10 @@ step in each ramp (refinement steps are left out: each process bisected on its o
   histograms (outside, compute, batch) are summed, `outside_ms`'s percentiles come from the
   summed outside histogram and every mean is the parts' means weighted by their requests (exact);
   the stages' percentiles and the slowest 1 %'s breakdown (`tail`) cannot be rebuilt from the
-  parts and are left null; the per-batch compute histogram (`compute_batch_histogram`) is summed
-  too when every part with requests has one, and then counts a batch once per part that sent some
-  of its requests (a part cannot tell which batches the others saw);
+  parts and are left null; the per-batch compute histogram (`compute_batch_histogram`) is merged
+  when every part with requests has one: exactly (each batch once, whichever parts sent its
+  requests) when they all list the batches they saw only part of (`partial_batches`), else, with a
+  part written before those, summed, counting a batch once per part that sent some of its requests;
 * the sizes of the requests (`request_sizes`, when every part has them): the counts per size add,
   so every figure is that of all the parts' requests (parts without the counts: count, mean and
   maximum, the quantiles null);
@@ -223,16 +224,26 @@ def merge_server_timing(parts: Sequence[dict], label: str = "step", names: Seque
     # One count per batch a part saw (its count is batches, not requests). A part without requests
     # has none to give; a part with requests but without it (a server whose trailer did not carry
     # its batch's size) leaves it out: a sum of some parts' batches would be a lie. A batch whose
-    # requests came from several parts is counted once by each of them (docs/bench-schema.md).
+    # requests came from several parts was counted by each of them: their `partial_batches` count it
+    # once; parts written before those leave the sum, an upper bound (docs/bench-schema.md).
     key = "compute_batch_histogram"
-    have = [(t[key], name) for t, name in zip(parts, names) if key in t]
+    have = [(t, name) for t, name in zip(parts, names) if key in t]
+    partial = None
     if have and all(key in t or not int(t["requests"]) for t in parts):
-        hists[key] = _summed([h for h, _ in have], f"{label}: server_timing.{key}", [name for _, name in have])
+        hists[key] = _summed([t[key] for t, _ in have], f"{label}: server_timing.{key}", [name for _, name in have])
+        if all("partial_batches" in t for t, _ in have):
+            partial = _count_shared_batches_once(hists[key], have, label)
     stages = sorted({k for t in parts for k in t.get("stages_ms", {})})
     outside = {"mean": mean(lambda t: t["outside_ms"]["mean"]), "p50": NAN, "p99": NAN}
     if "outside_histogram" in hists:
         summary = hists["outside_histogram"].summary()
         outside["p50"], outside["p99"] = summary["p50"], summary["p99"]
+    written = {}
+    for key in HISTOGRAM_ORDER:  # partial_batches after the histogram it completes, as a process writes it
+        if key in hists:
+            written[key] = hists[key].to_dict()
+        if key == "compute_batch_histogram" and partial is not None:
+            written["partial_batches"] = partial
     return {
         "requests": requests,
         "missing": sum(int(t["missing"]) for t in parts),
@@ -240,10 +251,80 @@ def merge_server_timing(parts: Sequence[dict], label: str = "step", names: Seque
             k: {"mean": mean(lambda t, k=k: t["stages_ms"][k]["mean"]), "p50": NAN, "p99": NAN} for k in stages
         },
         "outside_ms": outside,
-        **{key: hists[key].to_dict() for key in HISTOGRAM_ORDER if key in hists},
+        **written,
         "tail": None,
         "merged": True,
     }
+
+
+def _count_shared_batches_once(summed: LatencyHistogram, parts: Sequence[tuple[dict, str]], label: str) -> dict:
+    """Take out of `summed` (the parts' `compute_batch_histogram` added up) the counts of batches that more
+    than one part counted, and return the merged `partial_batches`. `parts`: (server_timing, name) of
+    each part with the histogram, every one with `partial_batches`.
+
+    A part counted a (compute, n) pair it saw c times ⌈c/n⌉ times, and listed c mod n when not 0: over
+    all parts the pair is ⌈Σc/n⌉ = Σ⌊c/n⌋ + ⌈Σ(c mod n)/n⌉ batches, where the parts counted Σ⌊c/n⌋ plus
+    one per part that listed it. So the merged histogram is what one process that sent every request
+    would have written (analysis.per_batch_compute), bucket, count, sum, min and max: every listed pair
+    keeps at least one count, so no value leaves it."""
+    where = f"{label}: server_timing.partial_batches"
+    left: dict[tuple[float, int], int] = {}  # Σ(c mod n) per pair
+    listed: Counter = Counter()  # the parts that listed the pair, each of which counted it once more
+    for t, name in parts:
+        p = t["partial_batches"]
+        keys = ("compute_ms", "batch_requests", "requests")
+        try:
+            entries = list(zip(*(p[k] for k in keys), strict=True))
+        except (KeyError, TypeError, ValueError):
+            got = {k: len(v) if isinstance(v, list) else v for k, v in p.items()} if isinstance(p, dict) else p
+            raise ValueError(
+                f"{where} of {name}: expected lists {', '.join(keys)} of one length; got {got} (lists as their lengths)"
+            ) from None
+        for entry in entries:
+            try:
+                x, n, r = float(entry[0]), int(entry[1]), int(entry[2])
+                valid = math.isfinite(x) and x >= 0 and 1 <= r < n
+            except (TypeError, ValueError):
+                valid = False
+            if not valid:
+                raise ValueError(
+                    f"{where} of {name}: expected each entry a compute_ms ≥ 0 and 1 ≤ requests < batch_requests; "
+                    f"got compute_ms {entry[0]!r}, batch_requests {entry[1]!r}, requests {entry[2]!r}"
+                )
+        entries = [(float(x), int(n), int(r)) for x, n, r in entries]
+        own = LatencyHistogram.from_dict(t["compute_batch_histogram"])
+        need = LatencyHistogram.from_ms([x for x, _, _ in entries], own.bits)
+        for bucket, c in need.counts.items():
+            if own.counts.get(bucket, 0) < c:
+                x = next(x for x, _, _ in entries if LatencyHistogram.from_ms([x], own.bits).counts.get(bucket))
+                raise ValueError(
+                    f"{where} of {name}: expected batches its compute_batch_histogram holds; it lists {c} in the "
+                    f"bucket of {x:g} ms, which holds {own.counts.get(bucket, 0)}"
+                )
+        twice = [key for key, c in Counter((x, n) for x, n, _ in entries).items() if c > 1]
+        if twice:
+            raise ValueError(
+                f"{where} of {name}: expected each (compute_ms, batch_requests) once; got {twice[0][0]:g} ms, "
+                f"{twice[0][1]} more than once"
+            )
+        for x, n, r in entries:
+            left[(x, n)] = left.get((x, n), 0) + r
+            listed[(x, n)] += 1
+    extra, merged = [], {"compute_ms": [], "batch_requests": [], "requests": []}
+    for (x, n), total in sorted(left.items()):
+        extra += [x] * (listed[(x, n)] - -(-total // n))
+        if total % n:
+            merged["compute_ms"].append(x)
+            merged["batch_requests"].append(n)
+            merged["requests"].append(total % n)
+    drop = LatencyHistogram.from_ms(extra, summed.bits)
+    for bucket, c in drop.counts.items():
+        summed.counts[bucket] -= c
+        if not summed.counts[bucket]:
+            del summed.counts[bucket]
+    summed.count -= drop.count
+    summed.sum_ns -= drop.sum_ns
+    return merged
 
 
 def merge_request_sizes(parts: Sequence[dict], label: str = "step", names: Sequence[str] | None = None) -> dict:

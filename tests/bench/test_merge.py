@@ -625,13 +625,85 @@ def test_merged_server_timing_keeps_the_per_batch_compute_histogram():
     assert m["compute_batch_histogram"] == whole["compute_batch_histogram"]
     assert m["compute_batch_histogram"]["count"] == 200
     assert list(m) == [*whole, "merged"]  # in a process's order, every field kept
-    # A batch whose requests several parts sent is counted once by each (docs/bench-schema.md).
+    # A batch whose requests several parts sent is counted once too (its parts' partial_batches).
     split = _batched_timing(np.random.default_rng(21), 200, lambda b, r: r % 2)
     m = merge_server_timing([analysis.server_timing_summary(lat, rows) for lat, rows in split])
-    assert 200 < m["compute_batch_histogram"]["count"] <= 400
+    assert m["compute_batch_histogram"]["count"] == 200
     # A part with requests but no batch sizes (a server whose trailer lacks them): left out, not a partial sum.
     del parts[0]["compute_batch_histogram"]
     assert "compute_batch_histogram" not in merge_server_timing(parts)
+
+
+def _cut(data: list[tuple[np.ndarray, np.ndarray]], rng, share: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each part's requests less about `share` of them, drawn at random: what a step's window leaves out of
+    the batches it cuts (requests answered in the warm-up, or failed)."""
+    out = []
+    for lat, rows in data:
+        keep = rng.random(len(lat)) >= share
+        out.append((lat[keep], rows[keep]))
+    return out
+
+
+def _written(summary: dict) -> dict:
+    """A `server_timing` as a result file holds it (JSON text read back)."""
+    return json.loads(report.to_json(summary))
+
+
+@pytest.mark.parametrize("owner", ["alternate", "random"])
+def test_merged_per_batch_compute_counts_each_batch_once_whichever_parts_sent_its_requests(owner):
+    from wok.bench.merge import merge_server_timing
+
+    rng = np.random.default_rng(23)
+    # Every batch's requests shared out between parts (two of three, or all three at random), and some
+    # of each part's cut by its window: a part sees only some requests of most batches.
+    pick = {"alternate": lambda b, r: r % 2, "random": lambda b, r: int(rng.integers(0, 3))}[owner]
+    data = _cut(_batched_timing(rng, 300, pick), rng, 0.1)
+    parts = [_written(analysis.server_timing_summary(lat, rows)) for lat, rows in data]
+    whole = _written(
+        analysis.server_timing_summary(np.concatenate([d[0] for d in data]), np.vstack([d[1] for d in data]))
+    )
+    seen = sum(p["compute_batch_histogram"]["count"] for p in parts if "compute_batch_histogram" in p)
+    assert seen > whole["compute_batch_histogram"]["count"]  # the parts' own counts overlap
+    m = _written(merge_server_timing(parts))
+    # What one process that sent every request would have written: each batch once, a cut one too.
+    assert m["compute_batch_histogram"] == whole["compute_batch_histogram"]
+    assert m["partial_batches"] == whole["partial_batches"]
+    assert list(m) == [*whole, "merged"]
+    # A merged split merges again: the first two parts' merge with the third is the whole's.
+    again = merge_server_timing([_written(merge_server_timing(parts[:2])), parts[2]])
+    assert _written(again)["compute_batch_histogram"] == whole["compute_batch_histogram"]
+
+
+def test_parts_without_partial_batches_merge_to_the_sum_and_bad_ones_are_refused():
+    from wok.bench.merge import merge_server_timing
+
+    data = _batched_timing(np.random.default_rng(24), 100, lambda b, r: r % 2)
+    parts = [_written(analysis.server_timing_summary(lat, rows)) for lat, rows in data]
+    # A part written before partial_batches: each part's count of the batches it saw, summed, as before
+    # (an upper bound); the merged split says so by having no partial_batches.
+    old = [dict(p) for p in parts]
+    del old[1]["partial_batches"]
+    m = merge_server_timing(old)
+    assert (
+        m["compute_batch_histogram"]["count"]
+        == parts[0]["compute_batch_histogram"]["count"] + (parts[1]["compute_batch_histogram"]["count"])
+    )
+    assert "partial_batches" not in m
+    # An entry for a batch its own histogram does not hold, or lists of other lengths: refused, named.
+    bad = [dict(p) for p in parts]
+    bad[1]["partial_batches"] = dict(
+        bad[1]["partial_batches"], compute_ms=[1e6] * len(bad[1]["partial_batches"]["compute_ms"])
+    )
+    with pytest.raises(ValueError, match=r"step 3: server_timing\.partial_batches of b\.json: .*1e\+06 ms"):
+        merge_server_timing(bad, "step 3", ["a.json", "b.json", "c.json"])
+    bad[1]["partial_batches"] = dict(parts[1]["partial_batches"], requests=[1])
+    with pytest.raises(ValueError, match=r"step 3: server_timing\.partial_batches of b\.json: expected lists .* one "):
+        merge_server_timing(bad, "step 3", ["a.json", "b.json", "c.json"])
+    listed = parts[1]["partial_batches"]
+    size = listed["batch_requests"][0]  # a whole batch's requests are no partial one's
+    bad[1]["partial_batches"] = dict(listed, requests=[size] * len(listed["requests"]))
+    with pytest.raises(ValueError, match=rf"b\.json: expected each entry .*batch_requests {size}, requests {size}"):
+        merge_server_timing(bad, "step 3", ["a.json", "b.json", "c.json"])
 
 
 def test_histograms_of_other_layouts_are_refused_naming_the_field_and_the_files(split_ramp):
