@@ -40,8 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from wok.bench.outputs import refuse_unwritable, write_final
-from wok.bench.report import bench_header, write_json
+from wok.bench.outputs import finish_json, refuse_unwritable
+from wok.bench.report import bench_header
 
 SCHEMA = "wok.acceptrate/2"
 METHOD = "/wok.bench.Echo/Echo"
@@ -321,10 +321,7 @@ def main(argv=None) -> int:
             "runs": runs,
             "summary": summary,
         }
-        failed = write_final(doc, [("--json", args.json, write_json)])
-        if failed:
-            print(f"accept_rate: {failed}", file=sys.stderr)
-            return 1
+        return finish_json(doc, args.json, "accept_rate: ")
     return 0
 
 

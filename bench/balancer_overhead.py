@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.outputs import finish_json, refuse_unwritable
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.balancer_overhead/1"
@@ -194,13 +194,8 @@ def main(argv=None) -> int:
     extra = cpu["wok"] - cpu["grpc"]
     print(f"median client CPU per call: grpc {cpu['grpc']:.1f} µs, wok {cpu['wok']:.1f} µs ({extra:+.1f} µs)")
     if args.json:
-        from wok.bench.report import write_json
-
         doc = document(runs, med, {k: v for k, v in vars(args).items() if k != "json"})
-        failed = write_final(doc, [("--json", args.json, write_json)])
-        if failed:
-            print(f"balancer_overhead: {failed}", file=sys.stderr)
-            return 1
+        return finish_json(doc, args.json, "balancer_overhead: ")
     return 0
 
 

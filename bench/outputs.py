@@ -357,6 +357,19 @@ def write_final(result: dict, outputs: Outputs, parents_made: bool = False) -> s
     return str(exc) if held else keep_elsewhere(result_text(result), exc)
 
 
+def finish_json(result: dict, path, prefix: str) -> int:
+    """A standalone script's exit status after its last write, `result` to --json's `path`
+    (`report.write_json`, by `write_final`): 0 when written, or when there is no path; else 1, the
+    line `write_final` gave printed to stderr after `prefix` (how the script labels its lines)."""
+    from .report import write_json
+
+    failed = write_final(result, [("--json", path, write_json)])
+    if failed:
+        print(f"{prefix}{failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def json_text(value, **dumps) -> str:
     """`value` as indented JSON text (`json.dumps` with `dumps`), non-ASCII kept as itself, ending
     in a newline; every result and plan file is written so. A lone surrogate (a command-line

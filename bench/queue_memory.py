@@ -23,8 +23,7 @@ import numpy as np
 
 from wok.bench.compare import local_wok, tree_usage
 from wok.bench.faults import post_fault
-from wok.bench.outputs import refuse_unwritable, write_final
-from wok.bench.report import write_json
+from wok.bench.outputs import finish_json, refuse_unwritable
 from wok.bench.scrape import scrape
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -123,10 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         doc = {"schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"), "runs": runs}
-        failed = write_final(doc, [("--json", args.json, write_json)])
-        if failed:
-            print(f"[queue_memory] {failed}", file=sys.stderr)
-            return 1
+        return finish_json(doc, args.json, "[queue_memory] ")
     return 0
 
 

@@ -24,8 +24,7 @@ import statistics
 import sys
 import time
 
-from wok.bench.outputs import refuse_unwritable, write_final
-from wok.bench.report import write_json
+from wok.bench.outputs import finish_json, refuse_unwritable
 
 SCHEMA = "wok.unhandled_cost/1"
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -172,11 +171,7 @@ def main(argv=None) -> int:
             f"{p['variant']:<16}{p['baseline']:<8}{p['median_ratio']:>8.3f}{p['added_us']:>10.2f}"
             f"{100 * p['of_reference']:>10.2f}%"
         )
-    failed = write_final(report, [("--json", args.json, write_json)])
-    if failed:
-        print(f"unhandled_cost: {failed}", file=sys.stderr)
-        return 1
-    return 0
+    return finish_json(report, args.json, "unhandled_cost: ")
 
 
 if __name__ == "__main__":

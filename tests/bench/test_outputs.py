@@ -414,6 +414,18 @@ def _thread_sizing_measured_nothing(monkeypatch, tmp_path, at_end):
     return thread_sizing, ["--reps", "1", "--cpu-linear", "torch"], thread_sizing.SCHEMA
 
 
+def _unhandled_cost_measured_nothing(monkeypatch, tmp_path, at_end):
+    from wok.bench import unhandled_cost
+
+    async def measure(calls, reps, progress):
+        at_end()
+        names = {name for pair in unhandled_cost.PAIRS for name in pair}
+        return {name: [1e-6] for name in sorted(names)}, 0
+
+    monkeypatch.setattr(unhandled_cost, "_measure", measure)
+    return unhandled_cost, ["--calls", "1", "--reps", "1"], unhandled_cost.SCHEMA
+
+
 # The scripts that make --json's folder when they write it: one that became a file is "File exists".
 MAKES_ITS_FOLDER = {"compare", "latency_breakdown", "thread_sizing"}
 JSON_ONLY = [
@@ -431,6 +443,7 @@ JSON_ONLY = [
     _refusal_cost_measured_nothing,
     _stream_vs_unary_measured_nothing,
     _thread_sizing_measured_nothing,
+    _unhandled_cost_measured_nothing,
 ]
 
 
@@ -465,6 +478,32 @@ def test_a_scripts_output_that_fails_at_the_end_keeps_the_result(script, given, 
     why = f"File exists ({folder})" if module.__name__.rpartition(".")[2] in MAKES_ITS_FOLDER else "Not a directory"
     assert last.endswith(f" {given} {path}: {why}; the result is kept in {kept} instead"), last
     assert json.loads(kept.read_text())["schema"] == schema
+
+
+def test_a_scripts_last_json_write_gives_its_exit_status(tmp_path, monkeypatch, capsys):
+    """The scripts that write only --json end by `finish_json`: 0 when it is written or not asked for,
+    else 1, the failure on stderr after the script's own label, the result kept elsewhere."""
+    import json
+    import tempfile
+
+    from wok.bench.outputs import finish_json
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # the system's temp folder, for this test
+    assert finish_json({"schema": "s/1"}, None, "[s] ") == 0
+    path = tmp_path / "r.json"
+    assert finish_json({"schema": "s/1", "n": 1}, str(path), "[s] ") == 0
+    assert json.loads(path.read_text()) == {"schema": "s/1", "n": 1}
+    assert capsys.readouterr().err == ""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    _lose(folder)
+    assert finish_json({"schema": "s/1", "n": 2}, str(folder / "r.json"), "[s] ") == 1
+    (kept,) = temp.glob("wok-bench-*.json")
+    assert json.loads(kept.read_text()) == {"schema": "s/1", "n": 2}
+    err = capsys.readouterr().err
+    assert err == f"[s] --json {folder / 'r.json'}: Not a directory; the result is kept in {kept} instead\n"
 
 
 @pytest.mark.parametrize("name", ["slo_compare", "tune_check"])
