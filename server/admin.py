@@ -9,8 +9,9 @@ Events (`GET /events`, server-sent events) are what the demo page draws:
   with `reason` the batcher's flush reason (one of metrics.FLUSH_REASONS: size, delay, drain;
   with the slo policy also deadline, idle), `queued` the requests still waiting when it was
   formed, the times in Unix seconds (the worker's start and end; for a failed batch, its
-  dispatch and the failure), and `error` when `ok` is false ("cancelled" for a batch the
-  executor's shutdown dropped at the worker, past the grace period, before it ran);
+  dispatch and the failure), and `error` when `ok` is false ("cancelled" for a batch
+  withdrawn at its worker before it ran, past the grace period: by the batcher as the grace
+  period ran out, or by the executor's shutdown);
 - a `tick` every 250 ms: per model its queue, batches in flight, the instances' running
   batches, the counters (samples, batches, responses by code, flushes by reason, busy seconds
   per instance: every batch an instance ran, failed ones included), the policy and the active

@@ -137,6 +137,9 @@ class Batch:
     # meanwhile gets -inf: the worker leaves it out). None when it went to an idle instance.
     ahead: concurrent.futures.Future | None = None
     deadlines: list[float | None] | None = None
+    # Its executor future, once sent: withdrawn (`_fail_dispatched`) if the stop's grace period runs
+    # out before its worker took it.
+    future: concurrent.futures.Future | None = None
 
 
 @dataclass(frozen=True)
@@ -356,7 +359,8 @@ class Batcher:
         """Refuse new requests, run everything queued and in flight, then end the task.
 
         If this is cancelled (the grace period ran out), the task is cancelled too and what
-        is still queued, or in a batch sent to the executor, fails with UNAVAILABLE.
+        is still queued, or in a batch sent to the executor, fails with UNAVAILABLE; the batches
+        sent that their workers have not started are withdrawn, never run (`_fail_dispatched`).
         """
         self._stopping = True
         if self._task is None:
@@ -1287,6 +1291,7 @@ class Batcher:
             self._complete(batch, fut)
             return
         self._last_sent[inst] = fut
+        batch.future = fut
         if ahead is not None:
             batch.ahead, batch.deadlines = ahead, deadlines
             for p in reqs:
@@ -1325,6 +1330,7 @@ class Batcher:
             self._running_since[inst] = now
         if self._last_sent[inst] is f:
             self._last_sent[inst] = None
+        batch.future = None  # back: nothing to withdraw, and a stale `_held` entry keeps no result alive
         if batch.ahead is not None:
             batch.ahead = batch.deadlines = None
             for p in batch.requests:
@@ -1494,8 +1500,14 @@ class Batcher:
 
     def _fail_dispatched(self) -> None:
         """The grace period ran out: the callers of every batch sent to the executor get UNAVAILABLE
-        now, before gRPC stops (a batch running in the model cannot be interrupted; what it
-        returns later reaches nobody)."""
+        now, before gRPC stops, and the batches their workers have not taken yet are withdrawn (a
+        batch running in the model cannot be interrupted; what it returns later reaches nobody).
+
+        Withdrawn rather than left to the executor's shutdown, which comes only after the answers
+        are written and gRPC has stopped (seconds later): meanwhile the running batch may end and
+        the worker start the next, holding the instance (the CPU, the device) for nobody during the
+        stop. A withdrawn batch comes back cancelled: `_complete` gives its slot back and counts no
+        busy time (it never ran), as for one the executor's shutdown cancels."""
         now = time.perf_counter()
         for batch in self._dispatched.values():
             exc = ShuttingDown(
@@ -1505,6 +1517,15 @@ class Batcher:
                 if p.state != RUNNING:  # answered (its deadline passed) or withdrawn as its batch waited
                     continue
                 self._fail(p, exc, now)  # answered: `_complete` then leaves it alone
+        for sent in self._sent:
+            # Newest first: were an instance's older batch withdrawn first, its worker, free then,
+            # could take the next before that one is withdrawn. A batch already taken stays
+            # (withdraw() is False). `_complete` runs later (its callback goes through the loop),
+            # so `sent` does not change here; a stand-in executor's future may have no withdraw.
+            for batch in reversed(sent):
+                withdraw = getattr(batch.future, "withdraw", None)
+                if withdraw is not None:
+                    withdraw()
         self._dispatched.clear()
 
     def _fail_queued(self, exc: Exception) -> None:

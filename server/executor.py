@@ -230,6 +230,12 @@ class Instance:
         should the batch then raise, the future's `left_out` holds (kept, started) (_note_left_out).
         A batch that raised once its worker took it has (started, ended) in the future's `ran`
         (_note_raised): the time it held the instance, as a BatchResult's started and finished do.
+
+        The future's `withdraw()` cancels the batch if its worker has not taken it yet (it waits
+        behind another batch of the instance): True, and the future is cancelled, as the executor's
+        shutdown cancels it; False once the worker took it, which then runs to its end (nothing
+        interrupts a model). The batcher withdraws the batches whose callers it answered when a
+        stop's grace period ran out, so that none runs for nobody.
         """
         left_out: list = []
         ran: list = []
@@ -241,8 +247,15 @@ class Instance:
                     f, done, lambda result: self._waiter.submit(self._finish_cuda, result, left_out, ran)
                 )
             )
+            # The launch, not `done`: `done` is a plain future, which cancel() would mark cancelled
+            # even while its batch runs on the device. A launch cancelled before the worker took
+            # it cancels `done` (_after_launch); one launched is on the device's streams for good.
+            done.withdraw = launched.cancel
         else:
             done = self._worker.submit(self._run_cpu, inputs, rows, self.slots[slot], deadlines, left_out, ran)
+            # The pool's future: cancel() succeeds only while it is pending, and the worker skips a
+            # cancelled one (both under the future's lock: no batch is both cancelled and started).
+            done.withdraw = done.cancel
         done.left_out = left_out
         done.ran = ran
         if self.observer is not None:
@@ -298,9 +311,10 @@ class Instance:
 
     def shutdown(self) -> None:
         # At a clean stop nothing is pending here. Past the grace period the batcher has failed
-        # the callers of every batch it sent here (UNAVAILABLE): the batches still waiting at the
-        # worker are cancelled rather than run for nobody. The running one cannot be interrupted,
-        # and wait=True waits for it: the server bounds that wait and exits hard past it.
+        # the callers of every batch it sent here (UNAVAILABLE) and withdrawn those its worker
+        # had not taken (the future's `withdraw`, see submit); whatever is still pending here then
+        # (a prewarm read) is cancelled rather than run for nobody. The running one cannot be
+        # interrupted, and wait=True waits for it: the server bounds that wait and exits hard past it.
         self._worker.shutdown(wait=True, cancel_futures=True)
         if self._waiter is not None:
             self._waiter.shutdown(wait=True, cancel_futures=True)

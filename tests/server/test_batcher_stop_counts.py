@@ -1,8 +1,10 @@
 """A batch still in the model when a stop's grace period runs out: its callers are answered
 UNAVAILABLE and counted failed then (`Batcher._fail_dispatched`); when the model returns later,
-on a loop still running, nothing more is counted for them (no second failure for a request the
-worker left out, no executed batch or metrics for callers already answered), and the instance's
-slot and busy count are given back (the gated model's gate stays closed until each test opens it)."""
+on a loop still running, nothing more is counted for them (no executed batch or metrics for
+callers already answered), and the instance's slot and busy count are given back. A batch still
+waiting at the worker behind it then is withdrawn: it never runs, and its requests (one whose
+deadline passes meanwhile too) are answered once (the gated model's gate stays closed until each
+test opens it)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from wok.batcher import Batcher, BatchingPolicy
 from wok.errors import ShuttingDown
 from wok.metrics import ModelMetrics
 from wok.stats import ModelStats
+
+from .conftest import until
 
 GRACE_S = 0.01
 
@@ -90,7 +94,7 @@ async def test_a_batch_returning_after_the_grace_period_counts_its_requests_once
     assert b.metrics.stages["compute"].count == 0 and b.metrics.stages["queue"].count == 0
 
 
-async def test_a_request_left_out_of_a_batch_returning_after_the_grace_period_is_counted_once(gated):
+async def test_a_request_whose_deadline_passes_in_a_batch_withdrawn_at_the_grace_period_is_counted_once(gated):
     s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=2)
     b = make_batcher(s, ex)
     m.gate.clear()
@@ -100,28 +104,61 @@ async def test_a_request_left_out_of_a_batch_returning_after_the_grace_period_is
     ahead = b._last_sent[0]
     # The next batch waits at the busy instance's worker in its spare slot. `short`'s deadline
     # passes after the stop (the task that would answer it where it waits is then over) and
-    # before the worker starts the batch: the worker leaves it out (BatchResult.kept).
+    # before the batch ahead returns. The stop withdraws the waiting batch (`_fail_dispatched`):
+    # its worker never starts it, so nothing leaves `short` out and answers it a second time.
     short_deadline = time.perf_counter() + 0.3
     short = submit(b, 1.0, deadline=short_deadline)
     patient = submit(b, 2.0, deadline=time.perf_counter() + 60)
-    for _ in range(1000):
-        if b.inflight == 2:
-            break
-        await asyncio.sleep(0)
-    assert b.inflight == 2, "no batch went to the spare slot"
+    await until(lambda: b.inflight == 2)
     held = b._last_sent[0]
     assert ahead is not None and held is not None and held is not ahead
     await stop_past_grace(b)
     assert time.perf_counter() < short_deadline, "the stop took longer than the test allows"
     await answered_at_stop(first, short, patient)
     assert b.stats.fail.count == 3
-    # Past `short`'s deadline before the worker starts its batch (the batch ahead holds it): the
-    # scenario needs the clock past that instant, nothing else to wait for.
+    assert held.cancelled()
+    # Past `short`'s deadline before the batch ahead returns: the scenario needs the clock past
+    # that instant, nothing else to wait for.
     while time.perf_counter() <= short_deadline:
         await asyncio.sleep(short_deadline - time.perf_counter() + 0.001)
-    await model_returned(b, m, [ahead, held])
-    assert m.batch_sizes == [2, 1]  # the worker left `short` out
+    m.gate.set()
+    await asyncio.wait([asyncio.wrap_future(f) for f in (ahead, held)], timeout=10)
+    assert b.inflight == 0 and b._busy == [0]
+    assert sorted(b._free_slots) == sorted(b.executor.slots())
+    assert m.batch_sizes == [2]  # the withdrawn batch never ran
     st = b.stats
     assert st.fail.count == 3 and st.success.count == 0  # `short` not failed a second time
     assert (st.inference_count, st.execution_count, st.queue.count) == (0, 0, 0)
     assert b.metrics.batch_size.count == 0
+
+
+async def test_a_batch_waiting_at_the_worker_when_the_grace_period_runs_out_is_withdrawn(gated):
+    s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=2)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    m.entered.clear()
+    first = submit(b, 0.0, rows=2)  # runs, blocked in the model
+    await entered(m)
+    ahead = b._last_sent[0]
+    waiting = submit(b, 1.0, rows=2)  # a full batch: it waits at the busy instance's worker, in its spare slot
+    await until(lambda: b.inflight == 2)
+    held = b._last_sent[0]
+    assert ahead is not None and held is not None and held is not ahead
+    await stop_past_grace(b)
+    await answered_at_stop(first, waiting)
+    assert b.stats.fail.count == 2
+    # Withdrawn from the executor at once: its worker never starts it, so when the running batch
+    # returns the model runs nothing more for callers already answered.
+    assert held.cancelled()
+    m.gate.set()
+    await asyncio.wait([asyncio.wrap_future(f) for f in (ahead, held)], timeout=10)
+    assert ahead.done() and held.done()
+    assert m.batch_sizes == [2]
+    # The instance's slots and busy count are given back; only the batch that ran counts as busy.
+    assert b.inflight == 0 and b._busy == [0]
+    assert sorted(b._free_slots) == sorted(b.executor.slots())
+    ran = ahead.result()
+    assert b.metrics.busy_seconds == [ran.finished - ran.started]
+    st = b.stats
+    assert st.fail.count == 2 and st.success.count == 0
+    assert (st.inference_count, st.execution_count) == (0, 0)

@@ -226,6 +226,29 @@ def test_a_cuda_batch_whose_launch_was_cancelled_is_cancelled_not_a_model_error(
     assert done.result() == 7
 
 
+def test_a_batch_waiting_at_the_worker_can_be_withdrawn_and_never_runs(gated):
+    # Past a stop's grace period the batcher has answered the callers of every batch it sent:
+    # one still waiting behind the running batch is withdrawn, or the worker would run it for
+    # nobody once the running one ends. A batch the worker took cannot be withdrawn.
+    _, m, ex = gated(max_batch_size=4, delay_ms=0, depth=2)
+    inst = ex.instances[0]
+    m.gate.clear()
+    m.entered.clear()
+    running = inst.submit([{"INPUT0": np.ones((2, 4), np.float32)}], [2], 0)
+    assert m.entered.wait(10), "the first batch never reached the model"
+    waiting = inst.submit([{"INPUT0": np.ones((3, 4), np.float32)}], [3], 1)
+    assert waiting.withdraw() is True
+    assert waiting.cancelled()
+    assert running.withdraw() is False  # taken by the worker: it runs to its end
+    m.gate.set()
+    result = running.result(30)
+    np.testing.assert_array_equal(result.outputs[0]["OUTPUT0"], np.full((2, 4), 2.0, np.float32))
+    # The worker's next task runs after it skipped the withdrawn one: only the first batch ran.
+    inst.submit([{"INPUT0": np.ones((1, 4), np.float32)}], [1], 0).result(30)
+    assert m.batch_sizes == [2, 1]
+    assert waiting.ran == [] and waiting.left_out == []
+
+
 def run_x(ex, value):
     return ex.instances[0].submit([{"X": np.full((3, 2), value, np.float32)}], [3], 0).result(30)
 

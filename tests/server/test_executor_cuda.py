@@ -110,3 +110,26 @@ def test_cuda_both_slots_of_a_pipeline_left_out_and_answered_in_order(cuda_execu
     for result, reqs in ((ra, [a[0], a[2], a[3]]), (rb, b[:3])):
         for got, want in zip(result.outputs, reference(s, reqs)):
             np.testing.assert_allclose(got["OUTPUT0"], want, rtol=1e-3, atol=1e-4)
+
+
+def test_cuda_a_launch_waiting_at_the_worker_can_be_withdrawn_and_never_runs(cuda_executor):
+    """The CUDA twin of test_executor.py's: the batch's future is a plain one, so `withdraw` cancels
+    its launch at the worker (the gated forward holds the worker in the first launch), which
+    cancels the batch; a launch the worker took cannot be withdrawn."""
+    s, m = gated_servable()
+    inst = cuda_executor(s, depth=2).instances[0]
+    m.gate.clear()
+    m.entered.clear()
+    try:  # the gate opened whatever fails: the fixture's shutdown waits for the batch in the model
+        running = inst.submit([{"INPUT0": np.ones((2, 4), np.float32)}], [2], 0)
+        assert m.entered.wait(30), "the first batch never reached the model"
+        waiting = inst.submit([{"INPUT0": np.ones((3, 4), np.float32)}], [3], 1)
+        assert waiting.withdraw() is True
+        assert waiting.cancelled()
+        assert running.withdraw() is False
+    finally:
+        m.gate.set()
+    result = running.result(30)
+    np.testing.assert_array_equal(result.outputs[0]["OUTPUT0"], np.full((2, 4), 2.0, np.float32))
+    inst.submit([{"INPUT0": np.ones((1, 4), np.float32)}], [1], 0).result(30)
+    assert m.batch_sizes == [2, 1]
