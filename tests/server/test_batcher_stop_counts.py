@@ -71,6 +71,27 @@ async def answered_at_stop(*ps) -> None:
             await p.future
 
 
+async def one_running_one_slot_spare(gated):
+    """A batcher whose one instance (two slots) runs a batch of two rows, blocked in the model."""
+    s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=2)
+    b = make_batcher(s, ex)
+    m.gate.clear()
+    m.entered.clear()
+    first = submit(b, 0.0, rows=2)
+    await entered(m)
+    return b, m, first, b._last_sent[0]
+
+
+async def both_back(b, m, ahead, held) -> None:
+    """Open the gate: the running batch returns, the withdrawn one is back already; the
+    instance's slots and busy count are given back."""
+    m.gate.set()
+    await asyncio.wait([asyncio.wrap_future(f) for f in (ahead, held)], timeout=10)
+    assert ahead.done() and held.done()
+    assert b.inflight == 0 and b._busy == [0]
+    assert sorted(b._free_slots) == sorted(b.executor.slots())
+
+
 async def test_a_batch_returning_after_the_grace_period_counts_its_requests_once(gated):
     s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=1)
     b = make_batcher(s, ex)
@@ -95,13 +116,7 @@ async def test_a_batch_returning_after_the_grace_period_counts_its_requests_once
 
 
 async def test_a_request_whose_deadline_passes_in_a_batch_withdrawn_at_the_grace_period_is_counted_once(gated):
-    s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=2)
-    b = make_batcher(s, ex)
-    m.gate.clear()
-    m.entered.clear()
-    first = submit(b, 0.0, rows=2)  # runs, blocked in the model
-    await entered(m)
-    ahead = b._last_sent[0]
+    b, m, first, ahead = await one_running_one_slot_spare(gated)
     # The next batch waits at the busy instance's worker in its spare slot. `short`'s deadline
     # passes after the stop (the task that would answer it where it waits is then over) and
     # before the batch ahead returns. The stop withdraws the waiting batch (`_fail_dispatched`):
@@ -121,10 +136,7 @@ async def test_a_request_whose_deadline_passes_in_a_batch_withdrawn_at_the_grace
     # that instant, nothing else to wait for.
     while time.perf_counter() <= short_deadline:
         await asyncio.sleep(short_deadline - time.perf_counter() + 0.001)
-    m.gate.set()
-    await asyncio.wait([asyncio.wrap_future(f) for f in (ahead, held)], timeout=10)
-    assert b.inflight == 0 and b._busy == [0]
-    assert sorted(b._free_slots) == sorted(b.executor.slots())
+    await both_back(b, m, ahead, held)
     assert m.batch_sizes == [2]  # the withdrawn batch never ran
     st = b.stats
     assert st.fail.count == 3 and st.success.count == 0  # `short` not failed a second time
@@ -133,13 +145,7 @@ async def test_a_request_whose_deadline_passes_in_a_batch_withdrawn_at_the_grace
 
 
 async def test_a_batch_waiting_at_the_worker_when_the_grace_period_runs_out_is_withdrawn(gated):
-    s, m, ex = gated(max_batch_size=2, delay_ms=0, depth=2)
-    b = make_batcher(s, ex)
-    m.gate.clear()
-    m.entered.clear()
-    first = submit(b, 0.0, rows=2)  # runs, blocked in the model
-    await entered(m)
-    ahead = b._last_sent[0]
+    b, m, first, ahead = await one_running_one_slot_spare(gated)
     waiting = submit(b, 1.0, rows=2)  # a full batch: it waits at the busy instance's worker, in its spare slot
     await until(lambda: b.inflight == 2)
     held = b._last_sent[0]
@@ -150,13 +156,9 @@ async def test_a_batch_waiting_at_the_worker_when_the_grace_period_runs_out_is_w
     # Withdrawn from the executor at once: its worker never starts it, so when the running batch
     # returns the model runs nothing more for callers already answered.
     assert held.cancelled()
-    m.gate.set()
-    await asyncio.wait([asyncio.wrap_future(f) for f in (ahead, held)], timeout=10)
-    assert ahead.done() and held.done()
+    await both_back(b, m, ahead, held)
     assert m.batch_sizes == [2]
-    # The instance's slots and busy count are given back; only the batch that ran counts as busy.
-    assert b.inflight == 0 and b._busy == [0]
-    assert sorted(b._free_slots) == sorted(b.executor.slots())
+    # Only the batch that ran counts as busy.
     ran = ahead.result()
     assert b.metrics.busy_seconds == [ran.finished - ran.started]
     st = b.stats
