@@ -26,7 +26,8 @@ import signal
 import subprocess
 import sys
 import venv
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,8 +205,15 @@ def suite_passes(python: Path, cpus: int) -> list[list[str]]:
 # says "done" before its end of the pipe closes: bootstrap killed outright (SIGKILL to it or to its
 # group: `timeout -s KILL`, a CI runner) would otherwise leave the pass and its xdist workers running,
 # as they are out of bootstrap's group.
+# It starts with the signals that bootstrap passes on blocked (see `Forwarding.run`), their numbers
+# after the group's: one sent to bootstrap's group before it left it (setsid) waits, pending, and is
+# dropped here (ignoring a signal discards a pending one), then they are let through again.
 PASS_GUARD = """
 import os, signal, sys
+held = [signal.Signals(int(arg)) for arg in sys.argv[2:]]
+for sig in held:
+    signal.signal(sig, signal.signal(sig, signal.SIG_IGN))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
 if sys.stdin.buffer.read() != b"done":
     try:
         os.killpg(int(sys.argv[1]), signal.SIGKILL)
@@ -232,11 +240,14 @@ def _die_with_bootstrap() -> Callable[[], None] | None:
     return arm
 
 
-def _guard(proc: subprocess.Popen) -> subprocess.Popen | None:
+def _guard(proc: subprocess.Popen, held: Iterable[int]) -> subprocess.Popen | None:
+    """The pass's guard, started while bootstrap blocks the signals `held` (which it inherits)."""
     if os.name == "nt":
         return None
     return subprocess.Popen(
-        [sys.executable, "-c", PASS_GUARD, str(proc.pid)], stdin=subprocess.PIPE, start_new_session=True
+        [sys.executable, "-c", PASS_GUARD, str(proc.pid), *(str(int(s)) for s in held)],
+        stdin=subprocess.PIPE,
+        start_new_session=True,
     )
 
 
@@ -255,12 +266,19 @@ class Forwarding:
     handlers are in place before a command starts: a signal as it starts reaches it too, not bootstrap
     alone with the command orphaned. Bootstrap killed outright cannot pass anything on: then the
     command's guard (PASS_GUARD) kills its group, and the command dies with bootstrap before the guard
-    runs. `stopped` holds the signals that came; what they stop is the caller's to decide."""
+    runs. `stopped` holds the signals that came; what they stop is the caller's to decide.
+
+    The signals it handles are let through while in use, and so to the commands, which inherit the
+    mask: a caller that started bootstrap with them blocked (a leftover of its own signal handling;
+    ignoring one, as nohup, is the way to keep it out) would leave bootstrap's handlers and the command's
+    own (pytest's on SIGINT) never called, and the command running on. One sent to bootstrap while it
+    was blocked comes as they are let through."""
 
     def __init__(self) -> None:
         self.stopped: list[int] = []
         self._running: list[subprocess.Popen] = []
         self._previous: dict = {}
+        self._mask: set[int] | None = None  # the signal mask bootstrap had, where it has one (POSIX)
 
     def __enter__(self) -> Forwarding:
         names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGTSTP")  # the last three are POSIX-only
@@ -272,19 +290,39 @@ class Forwarding:
             for sig, handler in handlers.items()
             if signal.getsignal(sig) != signal.SIG_IGN
         }
+        if hasattr(signal, "pthread_sigmask"):  # after the handlers: a pending one comes here, to them
+            self._mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, self._previous)
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._mask is not None:  # first: one that comes after waits for the caller, as before
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+    @contextmanager
+    def _held(self) -> Iterator[None]:
+        """Blocks the signals it handles: one that comes meanwhile is handled as the block ends."""
+        if not hasattr(signal, "pthread_sigmask"):  # Windows
+            yield
+            return
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, self._previous)  # handles those that came before it
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def run(self, cmd: list[str], cwd: Path | None = None) -> int:
         """The command's exit status (negative: the signal that ended it)."""
         proc = subprocess.Popen(cmd, cwd=cwd, start_new_session=True, preexec_fn=_die_with_bootstrap())
-        guard = _guard(proc)
-        self._running.append(proc)
-        if self.stopped:  # it came while the command started
-            self._signal(proc, self.stopped[0])
+        # Held back: one sent to bootstrap's group would end the guard until its setsid (it inherits the
+        # block, and drops one that came); and its handler must not pass one on between the command's
+        # becoming the running one and the check below, which would pass it on again.
+        with self._held():
+            guard = _guard(proc, self._previous)
+            self._running.append(proc)
+            if self.stopped:  # it came while the command started
+                self._signal(proc, self.stopped[0])
         code = proc.wait()
         _release(guard)
         self._running.clear()

@@ -12,12 +12,15 @@ import importlib.util
 import os
 import queue
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -227,10 +230,12 @@ WAITING_PASS = textwrap.dedent(
 )
 
 
-def start_suite(tmp_path: Path, passes: list[str], prelude: str = "", **popen) -> tuple[subprocess.Popen, queue.Queue]:
-    """bootstrap's run_suite on passes of Python code, in a process of its own as `bootstrap.py test`,
-    after `prelude`; and its stderr's lines (the passes' too), then None once every process holding
-    it has ended."""
+def start_suite(
+    tmp_path: Path, passes: list[str], prelude: str = "", wrapper: Sequence[str] = (), **popen
+) -> tuple[subprocess.Popen, queue.Queue]:
+    """bootstrap's run_suite on passes of Python code, in a process of its own as `bootstrap.py test`
+    (run by `wrapper` where one is given), after `prelude`; and its stderr's lines (the passes' too),
+    then None once every process holding it has ended."""
     script = tmp_path / "suite.py"  # a file: a pass may be longer than one argument can be
     script.write_text(
         prelude
@@ -245,7 +250,7 @@ def start_suite(tmp_path: Path, passes: list[str], prelude: str = "", **popen) -
     )
     # A session of its own: the cleanup's SIGKILL to its group reaches what it started there.
     popen = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, **popen}
-    proc = subprocess.Popen([sys.executable, str(script)], text=True, start_new_session=True, **popen)
+    proc = subprocess.Popen([*wrapper, sys.executable, str(script)], text=True, start_new_session=True, **popen)
     lines: queue.Queue = queue.Queue()
 
     def pump() -> None:
@@ -581,3 +586,155 @@ def test_a_failed_ensurepip_is_named_with_what_it_said_and_the_package_that_prov
         assert (venv / "ensurepip").exists()  # a folder bootstrap did not make is left
     finally:
         end_all(proc)
+
+
+# strace, to make a signal arrive at a chosen point in another process (its `inject` on a system call):
+# the moment a race needs, every run, without a hook in bootstrap.
+STRACE = shutil.which("strace")
+
+
+def strace_works() -> bool:
+    """Whether strace may trace here (a container's seccomp profile or Yama's ptrace_scope can forbid it)."""
+    if STRACE is None:
+        return False
+    r = subprocess.run([STRACE, "-f", "-qq", "-o", os.devnull, sys.executable, "-c", "pass"], capture_output=True)
+    return r.returncode == 0
+
+
+def until(found: Callable[[], int | None], what: str, timeout: float = 10) -> int:
+    """What `found` returns once it returns something, looked for every 10 ms."""
+    end = time.monotonic() + timeout
+    while (got := found()) is None:
+        assert time.monotonic() < end, f"no {what} in {timeout} s"
+        select.select([], [], [], 0.01)
+    return got
+
+
+def started_guard(bootstrap: int, pass_pid: int) -> int | None:
+    """bootstrap's child other than the pass once it runs the guard's code, or has ended (a zombie)."""
+    for pid in children(bootstrap):
+        try:
+            if pid != pass_pid and (not alive(pid) or b"killpg" in Path(f"/proc/{pid}/cmdline").read_bytes()):
+                return pid
+        except OSError:
+            pass
+    return None
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads process children from Linux's /proc")
+def test_a_signal_that_reaches_the_guard_as_it_starts_does_not_end_it(tmp_path):
+    # Until its setsid the guard (PASS_GUARD) is in bootstrap's process group, where a terminal's Ctrl-C
+    # or a runner's SIGTERM to the group reaches it: strace delivers a SIGINT there (on entering setsid)
+    # to each process bootstrap starts. The pass takes it as it starts (see `Forwarding.run`), the guard
+    # must too: else it dies, and bootstrap then killed outright leaves the pass's worker running.
+    if not strace_works():
+        pytest.skip("needs strace, allowed to trace (ptrace)")
+    tracer = [STRACE, "-f", "-qq", "-o", os.devnull, "-e", "trace=setsid", "-e", "inject=setsid:signal=SIGINT"]
+    proc, lines = start_suite(tmp_path, [STARTS_A_WORKER], wrapper=tracer)
+    left: list[int] = []
+    try:
+        left += map(int, read_until(lines, "pass: running")[-1].split()[-2:])
+        (bootstrap,) = children(proc.pid)  # strace's child
+        guard = until(lambda: started_guard(bootstrap, left[0]), "the guard's start")
+        assert alive(guard), f"the guard ended as it started: {state(guard)}"
+        os.killpg(proc.pid, signal.SIGKILL)  # strace and bootstrap; the pass and the guard are out of the group
+        proc.wait(timeout=10)
+        # The pass and its worker hold the output open while they run: it ends once the guard has ended both.
+        assert read_until(lines, None, timeout=10) == []
+    finally:
+        end_all(proc, *left)
+
+
+# For start_suite's prelude: bootstrap's process says each signal it sends a process group (`kill`
+# after killpg: the test's line to look for), then sends it.
+SAYS_WHAT_IT_SENDS = textwrap.dedent(
+    """
+    import os, signal, sys
+    killpg = os.killpg
+    def says_it(pgid, signum):
+        print("kill", signal.Signals(signum).name, pgid, file=sys.stderr, flush=True)
+        killpg(pgid, signum)
+    os.killpg = says_it
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+def test_a_signal_as_the_pass_becomes_the_running_one_reaches_it_once(tmp_path):
+    # A signal whose handler runs as `Forwarding.run` has just put the pass in `_running` is passed on by
+    # the handler, and must not be again by run's check for one that came while the pass started. A
+    # trace function sends it there, every run: at the first line run executes with the pass in `_running`.
+    sends_it_there = textwrap.dedent(
+        f"""
+        import sys
+        def run_line(frame, event, arg):
+            if event == "line" and frame.f_locals["self"]._running and not sent:
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGINT)
+            return run_line
+        def calls(frame, event, arg):
+            code = frame.f_code
+            in_run = code.co_filename == {str(BOOTSTRAP)!r} and code.co_name == "run" and "self" in frame.f_locals
+            return run_line if in_run else None  # Forwarding.run's
+        sent = []
+        sys.settrace(calls)
+        """
+    )
+    proc, lines = start_suite(tmp_path, ["import time; time.sleep(60)"], SAYS_WHAT_IT_SENDS + sends_it_there)
+    try:
+        assert proc.wait(timeout=10) == 128 + signal.SIGINT
+        said = read_until(lines, None, timeout=10)
+        assert [line.split()[:2] for line in said if line.startswith("kill ")] == [["kill", "SIGINT"]], said
+        assert said[-1] == "bootstrap: SIGINT in pass 1 of 1; the suite stops there (status 130)", said
+    finally:
+        end_all(proc)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+def test_a_signal_held_back_by_a_mask_bootstrap_was_started_with_ends_the_suite_before_its_first_pass(tmp_path):
+    # A runner that starts bootstrap with SIGINT and SIGTERM blocked (a mask is inherited, a leftover of
+    # its own signal handling): one sent then waits, pending, and comes once bootstrap lets it through.
+    first = tmp_path / "first"
+    blocked_and_sent = textwrap.dedent(
+        """
+        import os, signal
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        os.kill(os.getpid(), signal.SIGTERM)
+        """
+    )
+    proc, lines = start_suite(tmp_path, [f"open({str(first)!r}, 'w')"], blocked_and_sent)
+    try:
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+        assert read_until(lines, None, timeout=10) == [
+            "bootstrap: SIGTERM before pass 1 of 1; the suite stops there (status 143)"
+        ]
+        assert not first.exists()
+    finally:
+        end_all(proc)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+def test_sigint_interrupts_the_pass_of_a_bootstrap_started_with_it_blocked(tmp_path):
+    # The pass inherits bootstrap's mask: a SIGINT passed on to a pass that holds it back would leave it
+    # (pytest, its workers) running, and bootstrap waiting for it.
+    blocked = "import signal; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})\n"
+    proc, lines = start_suite(tmp_path, [WAITING_PASS], blocked)
+    left: list[int] = []
+    try:
+        left.append(pid_of(read_until(lines, "pass: running")[-1]))
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"bootstrap still runs 10 s after SIGINT: {state(proc.pid)}; the pass: {state(left[0])}"
+            ) from None
+        assert code == 128 + signal.SIGINT
+        assert read_until(lines, None, timeout=10) == [
+            "pass: KeyboardInterrupt",
+            "bootstrap: SIGINT in pass 1 of 1; the suite stops there (status 130)",
+        ]
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # this process's is untouched
+    finally:
+        end_all(proc, *left)
