@@ -366,6 +366,17 @@ def test_an_interrupted_pass_does_not_hide_the_failure_of_the_pass_before_it(tmp
         end_all(proc, *left)
 
 
+def stopped_before(proc, lines, sig: int, n: int, of: int, never_made: Path) -> None:
+    """Bootstrap stopped by `sig` before pass n of `of`: its status, its one line (no traceback), and
+    the pass's file never made."""
+    assert proc.wait(timeout=10) == 128 + sig
+    status = 128 + sig
+    assert read_until(lines, None, timeout=10) == [
+        f"bootstrap: {signal.Signals(sig).name} before pass {n} of {of}; the suite stops there (status {status})"
+    ]
+    assert not never_made.exists()
+
+
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
 def test_ctrl_c_between_two_passes_exits_130_with_one_line_and_starts_no_further_pass(tmp_path):
     second = tmp_path / "second"
@@ -384,11 +395,7 @@ def test_ctrl_c_between_two_passes_exits_130_with_one_line_and_starts_no_further
             out += chunk
         proc.send_signal(signal.SIGINT)
         proc.stdout.read()  # the rest of the line, which bootstrap then finishes writing
-        assert proc.wait(timeout=10) == 128 + signal.SIGINT
-        assert read_until(lines, None, timeout=10) == [  # and no traceback
-            "bootstrap: SIGINT before pass 2 of 2; the suite stops there (status 130)"
-        ]
-        assert not second.exists()
+        stopped_before(proc, lines, signal.SIGINT, 2, 2, second)
     finally:
         end_all(proc)
 
@@ -705,11 +712,7 @@ def test_a_signal_held_back_by_a_mask_bootstrap_was_started_with_ends_the_suite_
     )
     proc, lines = start_suite(tmp_path, [f"open({str(first)!r}, 'w')"], blocked_and_sent)
     try:
-        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
-        assert read_until(lines, None, timeout=10) == [
-            "bootstrap: SIGTERM before pass 1 of 1; the suite stops there (status 143)"
-        ]
-        assert not first.exists()
+        stopped_before(proc, lines, signal.SIGTERM, 1, 1, first)
     finally:
         end_all(proc)
 
