@@ -163,7 +163,13 @@ def _contents_in_steps(
 ) -> Generator[None, None, np.ndarray]:
     """array_from_contents, yielding between chunks of CONTENTS_CHUNK values."""
     if dt.contents_field is None:
-        raise InvalidInput(f"input '{name}': datatype {dt.name} must be sent in raw_input_contents")
+        # Name what was sent: "0 values" or a guess at the field would not tell the client the
+        # protocol has no field for FP16 or BF16 at all.
+        got = ", ".join(f"{field} ({n} value{'' if n == 1 else 's'})" for field, n in _fields(contents))
+        raise InvalidInput(
+            f"input '{name}': datatype {dt.name} must be sent in raw_input_contents (InferTensorContents has no "
+            f"field for it), got {f'contents: {got}' if got else 'no raw_input_contents'}"
+        )
     values = getattr(contents, dt.contents_field)
     count = math.prod(shape)
     if count == 0:
@@ -345,7 +351,9 @@ def decode_request(
         if cfg.input(t.name) is None:
             raise InvalidInput(f"unexpected input '{t.name}' for model '{model}'; expected inputs: {expected_names}")
         if t.name in seen:
-            raise InvalidInput(f"input '{t.name}' appears more than once")
+            raise InvalidInput(
+                f"input '{t.name}' appears more than once (inputs {seen[t.name]} and {i}); expected each input once"
+            )
         seen[t.name] = i
     missing = [t.name for t in cfg.inputs if t.name not in seen]
     if missing:
@@ -355,7 +363,11 @@ def decode_request(
     raw = req.raw_input_contents
     if raw and len(raw) != len(req.inputs):
         entries = f"{len(raw)} entr{'y' if len(raw) == 1 else 'ies'}"
-        raise InvalidInput(f"raw_input_contents has {entries} for {len(req.inputs)} inputs")
+        inputs = f"{len(req.inputs)} input{'' if len(req.inputs) == 1 else 's'}"
+        raise InvalidInput(
+            f"raw_input_contents has {entries} for {inputs}; expected one entry per input, in the order of "
+            "the request's inputs, or none (every input's values in its contents)"
+        )
 
     arrays: dict[str, np.ndarray] = {}
     pending = []
@@ -366,7 +378,7 @@ def decode_request(
         name = tcfg.name
         dt = DATATYPES[tcfg.datatype]
         if t.datatype != tcfg.datatype:
-            raise InvalidInput(f"input '{name}': expected datatype {tcfg.datatype}, got {t.datatype or '(none)'}")
+            raise InvalidInput(f"input '{name}': expected datatype {tcfg.datatype}, got {_datatype_str(t.datatype)}")
         want = (-1, *tcfg.dims)
         if len(t.shape) != len(want) and len(t.shape) > _SHAPE_STR_DIMS:
             # Before the dims are read one by one: there may be millions of them (_SHAPE_STR_DIMS).
@@ -485,6 +497,19 @@ def decode_request(
             arrays[name] = _finish(steps)
     servable.check(arrays)
     return DecodedRequest(arrays, rows, outputs, timeout_s, priority)
+
+
+def _datatype_str(got: str) -> str:
+    """A request's datatype as a message's "got" names it: a V2 one as it is (FP64); any other
+    quoted (control characters escaped), cut as a long string parameter is, and said to be none."""
+    if not got:
+        return "(none)"
+    if got in DATATYPES:
+        return got
+    shown = repr(got) if len(got) <= _PARAM_STR_CHARS else f"{got[:_PARAM_STR_CHARS]!r}… ({len(got):,} characters)"
+    # Datatypes are matched exactly, as Triton matches them: "fp32" is no datatype.
+    hint = f" (the datatypes are upper case: {got.upper()})" if got.upper() in DATATYPES else ""
+    return f"{shown}, which is not a V2 datatype{hint}; the V2 datatypes: {', '.join(DATATYPES)}"
 
 
 _INTEGER_PARAMS = ("int64_param", "uint64_param")

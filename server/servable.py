@@ -190,12 +190,17 @@ class Servable:
         """Value checks beyond datatype and shape; raise InvalidInput. Default: none."""
 
     def _run_user_check(self, inputs: dict[str, np.ndarray]) -> None:
-        """The config's `check`: a ValueError refuses the request (INVALID_ARGUMENT, its message);
-        anything else is the check's own failure (INTERNAL), not the request's."""
+        """The config's `check`: a ValueError (or wok's InvalidInput) refuses the request (INVALID_ARGUMENT,
+        its message); anything else is the check's own failure (INTERNAL), not the request's."""
         for a in inputs.values():
             a.flags.writeable = False  # a check reads the request; what it changed would be run
         try:
             result = self._user_check(MappingProxyType(inputs))  # nor may it swap the arrays
+        except InvalidInput as exc:
+            # wok's own refusal, as the demo models' checks raise it: the request's fault, as a ValueError
+            # is, not a failure of the check (it ended INTERNAL, with a traceback in the log).
+            message = str(exc) or "its check raised InvalidInput with no message"
+            raise InvalidInput(f"model '{self.name}' refused the request: {message}") from None
         except ValueError as exc:
             if not any(m in str(exc) for m in _NUMPY_READ_ONLY):
                 message = str(exc) or "its check raised ValueError with no message"

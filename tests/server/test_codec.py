@@ -327,7 +327,10 @@ def test_every_missing_input_is_named_and_counts_read_in_the_singular_where_one(
     del req.raw_input_contents[1:]
     with pytest.raises(InvalidInput) as info:
         decode_request(req, s)
-    assert str(info.value) == "raw_input_contents has 1 entry for 3 inputs"  # was "1 entries"
+    assert str(info.value) == (  # was "1 entries"
+        "raw_input_contents has 1 entry for 3 inputs; expected one entry per input, in the order of the request's "
+        "inputs, or none (every input's values in its contents)"
+    )
 
 
 def test_a_request_over_the_size_limit_names_the_option_that_sets_it():

@@ -1,0 +1,255 @@
+"""Malformed inference requests on a real server: each gets INVALID_ARGUMENT with a message that names
+the input, what was expected and what was got, on ModelInfer and on a stream alike, and the requests
+sent around it are answered."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import numpy as np
+import pytest
+
+from wok.codec import decode_response
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+# A model of the two datatypes InferTensorContents has no field for, and one of a single FP32 input.
+HALF_PY = """
+from torch import nn
+
+
+class Sum(nn.Module):
+    def forward(self, H, B):
+        return H.float() + B.float()
+
+
+def build():
+    return Sum()
+"""
+ONE_PY = """
+from torch import nn
+
+from wok.errors import InvalidInput
+
+
+class Double(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def build():
+    return Double()
+
+
+def check(inputs):
+    # wok's own refusal, as the demo models' checks raise it, in place of a ValueError.
+    top = float(inputs["X"].max())
+    if top > 100:
+        raise InvalidInput(f"input 'X': values must be at most 100, got {top}")
+"""
+
+
+def _config(inputs: list[tuple[str, str]], check: bool) -> str:
+    lines = ['platform = "python"', 'factory = "model:build"', "max_batch_size = 4"]
+    if check:
+        lines.append('check = "model:check"')
+    for name, datatype in inputs:
+        lines += ["", "[[inputs]]", f'name = "{name}"', f'datatype = "{datatype}"', "dims = [4]"]
+    lines += ["", "[[outputs]]", 'name = "OUT"', 'datatype = "FP32"', "dims = [4]"]
+    lines += ["", "[instances]", 'devices = ["cpu"]']
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def repository(tmp_path):
+    root = tmp_path / "repo"
+    for name, model_py, inputs in (
+        ("half", HALF_PY, [("H", "FP16"), ("B", "BF16")]),
+        ("one", ONE_PY, [("X", "FP32")]),
+    ):
+        (root / name).mkdir(parents=True)
+        (root / name / "model.py").write_text(model_py)
+        (root / name / "config.toml").write_text(_config(inputs, check=name == "one"))
+    return root
+
+
+def half() -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name="half")
+    req.inputs.add(name="H", datatype="FP16", shape=[1, 4])
+    req.raw_input_contents.append(np.full((1, 4), 1.5, np.float16).tobytes())
+    req.inputs.add(name="B", datatype="BF16", shape=[1, 4])
+    req.raw_input_contents.append(np.full((1, 4), 0x4000, np.uint16).tobytes())  # bfloat16 2.0
+    return req
+
+
+def one() -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name="one")
+    req.inputs.add(name="X", datatype="FP32", shape=[1, 4])
+    req.raw_input_contents.append(np.ones((1, 4), np.float32).tobytes())
+    return req
+
+
+def over_100() -> pb.ModelInferRequest:
+    req = one()
+    req.raw_input_contents[0] = np.full((1, 4), 1000.0, np.float32).tobytes()
+    return req
+
+
+def typed_fp16() -> pb.ModelInferRequest:
+    req = half()
+    del req.raw_input_contents[:]
+    for t in req.inputs:
+        t.contents.fp32_contents.extend([1.0] * 4)
+    return req
+
+
+def fp16_without_values() -> pb.ModelInferRequest:
+    req = half()
+    del req.raw_input_contents[:]
+    return req
+
+
+def two_raw_for_one_input() -> pb.ModelInferRequest:
+    req = one()
+    req.raw_input_contents.append(req.raw_input_contents[0])
+    return req
+
+
+def one_raw_for_two_inputs() -> pb.ModelInferRequest:
+    req = half()
+    del req.raw_input_contents[1]
+    return req
+
+
+def duplicate_input() -> pb.ModelInferRequest:
+    req = one()
+    req.inputs.add(name="X", datatype="FP32", shape=[1, 4])
+    req.raw_input_contents.append(req.raw_input_contents[0])
+    return req
+
+
+def with_datatype(datatype: str) -> pb.ModelInferRequest:
+    req = one()
+    req.inputs[0].datatype = datatype
+    return req
+
+
+ALL = "BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64, FP16, FP32, FP64, BYTES, BF16"
+RAW_COUNT = (
+    "; expected one entry per input, in the order of the request's inputs, or none (every input's values in its "
+    "contents)"
+)
+CASES = {
+    "FP16 in typed contents": (
+        typed_fp16(),
+        "input 'H': datatype FP16 must be sent in raw_input_contents (InferTensorContents has no field for it), "
+        "got contents: fp32_contents (4 values)",
+    ),
+    "FP16 sent nowhere": (
+        fp16_without_values(),
+        "input 'H': datatype FP16 must be sent in raw_input_contents (InferTensorContents has no field for it), "
+        "got no raw_input_contents",
+    ),
+    "two raw entries for one input": (
+        two_raw_for_one_input(),
+        "raw_input_contents has 2 entries for 1 input" + RAW_COUNT,
+    ),
+    "one raw entry for two inputs": (
+        one_raw_for_two_inputs(),
+        "raw_input_contents has 1 entry for 2 inputs" + RAW_COUNT,
+    ),
+    "an input twice": (
+        duplicate_input(),
+        "input 'X' appears more than once (inputs 0 and 1); expected each input once",
+    ),
+    "an unknown datatype": (
+        with_datatype("FP8"),
+        f"input 'X': expected datatype FP32, got 'FP8', which is not a V2 datatype; the V2 datatypes: {ALL}",
+    ),
+    "a datatype in lower case": (
+        with_datatype("fp32"),
+        "input 'X': expected datatype FP32, got 'fp32', which is not a V2 datatype (the datatypes are upper case: "
+        f"FP32); the V2 datatypes: {ALL}",
+    ),
+    "a datatype of control characters": (
+        with_datatype("FP\n32\x00"),
+        f"input 'X': expected datatype FP32, got 'FP\\n32\\x00', which is not a V2 datatype; the V2 datatypes: {ALL}",
+    ),
+    "a datatype of 100,000 characters": (
+        with_datatype("Q" * 100_000),
+        f"input 'X': expected datatype FP32, got '{'Q' * 40}'… (100,000 characters), which is not a V2 datatype; "
+        f"the V2 datatypes: {ALL}",
+    ),
+    # It ended INTERNAL ("its check (model:check) failed: InvalidInput: ..."), logged with a traceback.
+    "a check's InvalidInput": (
+        over_100(),
+        "model 'one' refused the request: input 'X': values must be at most 100, got 1000.0",
+    ),
+    # Already right, kept as they are: a V2 datatype that is not the input's, and none at all.
+    "another V2 datatype": (with_datatype("FP64"), "input 'X': expected datatype FP32, got FP64"),
+    "no datatype": (with_datatype(""), "input 'X': expected datatype FP32, got (none)"),
+}
+
+
+def _good(model: str) -> pb.ModelInferRequest:
+    return half() if model == "half" else one()
+
+
+def _answer_of(model: str) -> np.ndarray:
+    return np.full((1, 4), 3.5 if model == "half" else 2.0, np.float32)
+
+
+async def test_each_malformed_request_is_refused_by_name_on_model_infer_and_its_neighbours_are_answered(
+    serve, repository, caplog
+):
+    caplog.set_level(logging.WARNING, logger="wok")
+    async with serve(repository=repository) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            for label, (bad, message) in CASES.items():
+                model = bad.model_name
+                # Sent at once with good requests to its model, which may share a batch with them.
+                calls = [stub.ModelInfer(_good(model)) for _ in range(3)]
+                calls[1:1] = [stub.ModelInfer(bad)]
+                results = await asyncio.gather(*calls, return_exceptions=True)
+                refused = results.pop(1)
+                assert isinstance(refused, grpc.aio.AioRpcError), f"{label}: {refused}"
+                assert (refused.code(), refused.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message), label
+                for r in results:
+                    assert not isinstance(r, Exception), f"{label}: {r}"
+                    np.testing.assert_array_equal(decode_response(r)["OUT"], _answer_of(model))
+    # A malformed request is the client's: nothing for the server's log.
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_each_malformed_request_on_a_stream_gets_its_one_answer_by_name_and_the_stream_goes_on(serve, repository):
+    sent = []
+    for label, (bad, _) in CASES.items():
+        good = _good(bad.model_name)
+        good.id = f"good before {label}"
+        bad.id = label
+        sent += [good, bad]
+    sent.append(one())
+    sent[-1].id = "last"
+    async with serve(repository=repository) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+
+            async def requests():
+                for req in sent:
+                    yield req
+
+            answers = [a async for a in stub.ModelStreamInfer(requests())]
+    by_id = {a.infer_response.id: a for a in answers}
+    assert len(answers) == len(sent) == len(by_id)
+    for label, (_, message) in CASES.items():
+        a = by_id[label]
+        assert a.error_message == message, label
+        assert a.infer_response.parameters["status_code"].int64_param == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    for req in sent:
+        if req.id not in CASES:
+            a = by_id[req.id]
+            assert a.error_message == "", f"{req.id}: {a.error_message}"
+            np.testing.assert_array_equal(decode_response(a.infer_response)["OUT"], _answer_of(req.model_name))
