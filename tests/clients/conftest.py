@@ -11,6 +11,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import grpc
 import pytest
@@ -199,3 +206,60 @@ def _on_a_loop_then_closed(run, loop_factory, caplog) -> list[str]:
                 if isinstance(f, asyncio.Future) and f.get_loop() is loop and (f.cancelled() or not f.done()):
                     left.append(f"an operation of the closed loop open in gRPC's core: {gc.get_referents(o)}")
     return left
+
+
+# test_balancing.py's test of a call held by a stopped server: almost all of its 11 s is waiting
+# for gRPC's ping and reconnection timers, so its client runs in a process of its own from the
+# first test of this folder on (test_balancer.py's, in the serial pass), not from its module's
+# start: the module's other tests took 3-5 s of it, and the serial pass waited out the rest.
+HELD = ("test_balancing.py", "test_a_call_held_by_a_stopped_server_fails_unavailable_long_before_its_deadline")
+HELD_CALL = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    import numpy as np
+    from wok.clients import Client, InferError
+    pid, target = int(sys.argv[1]), sys.argv[2]
+    with Client(target) as client:
+        client.wait_ready(timeout=30)
+        x = {"INPUT0": np.zeros((1, 256), np.float32)}
+        client.infer("mlp", x, timeout=10)
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            client.infer("mlp", x, timeout=40)
+            code, error = "OK", None
+        except InferError as exc:
+            code, error = exc.code.name, str(exc)
+        took = time.monotonic() - t0
+    print(json.dumps({"code": code, "error": error, "took": took}))
+    """
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def held_call(request):
+    """The held call's client (a Popen; None unless its test is selected), started with a bare
+    server (bench/peers/bare_server.py) that it SIGSTOPs once answered."""
+    if not any((item.path.name, getattr(item, "originalname", None)) == HELD for item in request.session.items):
+        yield None
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bare = Path(__file__).resolve().parents[2] / "bench" / "peers" / "bare_server.py"
+    server = subprocess.Popen([sys.executable, str(bare), str(port)], stderr=subprocess.DEVNULL)
+    client = subprocess.Popen(
+        [sys.executable, "-c", HELD_CALL, str(server.pid), f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield client
+    finally:
+        if client.poll() is None:
+            client.kill()
+        client.communicate()
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()
+        server.wait()

@@ -5,7 +5,7 @@ a short ramp; with retries no request is lost, and the report shows the dip (rep
 hedges answer them elsewhere while the paused replica is ejected.
 
 Runs `wok bench ramp --replicas N --fault ...` as a user would: the three ramps at once (`ramps`),
-about 25 s in all.
+about 25 s in all, the Ctrl-C test first, while they start.
 """
 
 from __future__ import annotations
@@ -42,11 +42,13 @@ RAMPS = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def ramps(request, tmp_path_factory):
     """The ramps of this module's selected tests, all started at once: most of each one's time is
     waiting (replicas starting, planned steps), and each bench paces its sends and schedules its
-    faults on its own clock, so they overlap without changing what each one measures."""
+    faults on its own clock, so they overlap without changing what each one measures. Started as
+    the module starts (autouse), so that the Ctrl-C test, first in the module, runs while they do:
+    after them it added 6 s to the serial pass (a bench and a replica starting), beside them 2-3 s."""
     selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     started: dict[str, tuple[subprocess.Popen, Path]] = {}
     try:
@@ -73,6 +75,48 @@ def finished(ramps: dict, name: str) -> tuple[dict, str]:
     rc = proc.wait(timeout=150)
     assert rc == 0, (d / "stderr").read_text()[-3000:]
     return json.loads((d / "ramp.json").read_text()), (d / "stdout").read_text()
+
+
+def test_ctrl_c_mid_step_ends_at_once_with_the_replica_paused(tmp_path, proc_tree):
+    """SIGINT in the middle of a step, the only replica stopped and holding calls: the bench's
+    workers are ended at once (they used to send to the end of their share, then wait out a 10 s
+    join each), the bench says "interrupted" without a traceback, and the replica is gone."""
+    import contextlib
+    import os
+    import signal
+    import socket
+    import time
+
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "1", "--workers", "1"]
+    cmd += ["--serve-args", "--models mlp --torch-threads 1", "--steps", "50", "--step-duration", "60s"]
+    cmd += ["--warmup", "0s", "--fault", "pause:replica=0,at=0.3s", "--json", str(tmp_path / "r.json")]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # "replicas serving on ADDR", then the pause
+        lines.append(line)
+        if "fault: pause" in line:
+            break
+    target = next(line.split("serving on ")[1].strip() for line in lines if "replicas serving on" in line)
+    time.sleep(0.5)  # calls sent in the pause are held by the stopped replica
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:  # it ends in well under 1 s; without the signal it would run out its 60 s step
+        _, rest = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        for child in proc_tree.children(proc.pid):  # the stopped replica, which would outlive it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"still running 15 s after SIGINT:\n{''.join(lines)[-3000:]}") from None
+    rc = proc.returncode
+    took = time.monotonic() - t0
+    assert rc == 130 and "wok bench: interrupted" in rest and "Traceback" not in rest, rest[-3000:]
+    assert took < 8, f"{took:.1f} s to exit after SIGINT"
+    host, port = target.rsplit(":", 1)
+    with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=2):
+        pass  # the replica is gone
+    assert not os.path.exists(tmp_path / "r.json")
 
 
 def test_a_replica_killed_mid_step_loses_no_request(ramps):
@@ -162,45 +206,3 @@ def test_the_wok_balancer_answers_a_paused_replicas_calls_elsewhere(ramps):
     assert paused["address"] == faults["replicas"][1]["target"]
     assert paused["slow"] >= 5 and paused["ejections"] >= 1 and bal["hedges"] >= 5, bal
     assert bal["ok"] == bal["calls"] == faults["requests"]["sent"], bal
-
-
-def test_ctrl_c_mid_step_ends_at_once_with_the_replica_paused(tmp_path, proc_tree):
-    """SIGINT in the middle of a step, the only replica stopped and holding calls: the bench's
-    workers are ended at once (they used to send to the end of their share, then wait out a 10 s
-    join each), the bench says "interrupted" without a traceback, and the replica is gone."""
-    import contextlib
-    import os
-    import signal
-    import socket
-    import time
-
-    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--replicas", "1", "--workers", "1"]
-    cmd += ["--serve-args", "--models mlp --torch-threads 1", "--steps", "50", "--step-duration", "60s"]
-    cmd += ["--warmup", "0s", "--fault", "pause:replica=0,at=0.3s", "--json", str(tmp_path / "r.json")]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in proc.stderr:  # "replicas serving on ADDR", then the pause
-        lines.append(line)
-        if "fault: pause" in line:
-            break
-    target = next(line.split("serving on ")[1].strip() for line in lines if "replicas serving on" in line)
-    time.sleep(0.5)  # calls sent in the pause are held by the stopped replica
-    t0 = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    try:  # it ends in well under 1 s; without the signal it would run out its 60 s step
-        _, rest = proc.communicate(timeout=15)
-    except subprocess.TimeoutExpired:
-        for child in proc_tree.children(proc.pid):  # the stopped replica, which would outlive it
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
-        proc.kill()
-        proc.wait()
-        raise AssertionError(f"still running 15 s after SIGINT:\n{''.join(lines)[-3000:]}") from None
-    rc = proc.returncode
-    took = time.monotonic() - t0
-    assert rc == 130 and "wok bench: interrupted" in rest and "Traceback" not in rest, rest[-3000:]
-    assert took < 8, f"{took:.1f} s to exit after SIGINT"
-    host, port = target.rsplit(":", 1)
-    with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=2):
-        pass  # the replica is gone
-    assert not os.path.exists(tmp_path / "r.json")
