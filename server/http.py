@@ -58,9 +58,11 @@ WRITE_TIMEOUT_S = 10.0  # an answer the client does not read within this ends it
 # to this long: a close with unread bytes makes the kernel send a reset, and the client's kernel
 # may then discard the answer before the client has read it.
 LINGER_S = 2.0
-# Beyond this many connections, the one waiting longest for its next request, for a request's
-# body, or for the client to close, is closed to make room (a scraper sends its request at once,
-# so it is never that one; nor is one whose awaited bytes have arrived but not been read yet);
+# Beyond this many connections, one waiting for its next request, for a request's body, or for the
+# client to close, is closed to make room (a scraper sends its request at once, so it is never that
+# one; nor is one whose awaited bytes have arrived but not been read yet): the one waiting longest
+# that loses nothing (an idle kept-alive one, or one whose last answer is out, all of it sent),
+# else the one waiting longest with an answer owed, else one whose last answer is not all sent;
 # when none waits, the one blocked longest on a client that does not take its answers (pipelined
 # requests read slowly, or not at all); when none is, the new one is closed at once. Sockets are
 # the gRPC port's file descriptors too. A connection so closed with a request owed (a new one's
@@ -99,8 +101,8 @@ REASONS = {
     505: "HTTP Version Not Supported",
 }
 JSON = "application/json"
-# A header field's name (RFC 9110 5.1): anything else, a space before the colon included, a proxy
-# in front may read otherwise.
+# A header field's name (RFC 9110 5.1), and a method (RFC 9110 9.1): anything else, a space before
+# the colon included, a proxy in front may read otherwise.
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 VERSION = re.compile(r"HTTP/([0-9])\.([0-9])")  # RFC 9112 2.3; "HTTP" is case-sensitive
 # Admin paths and the Admin methods that answer their GET and POST (a POST reads its body).
@@ -173,8 +175,8 @@ class MetricsHTTPServer:
         self._stopping = False
         # Connections closed unanswered at the cap, by why: "refused" (new, none to close for room),
         # "room" (closed for a newer one with a request owed, with a 503), "blocked" (closed for a
-        # newer one while its client did not take its answers, with no 503: it would wait behind
-        # them); and how many of each the warnings have told.
+        # newer one while its client did not take its answers, one cut short, with no 503: it would
+        # wait behind them); and how many of each the warnings have told.
         self._unanswered: dict[str, int] = dict.fromkeys(("refused", "room", "blocked"), 0)
         self._told = dict(self._unanswered)
         self._refusals = WindowedWarning(self._say_unanswered, REFUSED_LOG_EVERY_S)
@@ -348,7 +350,7 @@ class MetricsHTTPServer:
         if new["blocked"]:
             parts.append(
                 f"closed {new['blocked']} connection(s) for newer ones while their clients did not take their "
-                f"answers (their requests unanswered){since}"
+                f"answers (answers cut short, requests unanswered){since}"
             )
         log.warning("metrics port: %s; scrapes among them failed (docs/security.md)", "; ".join(parts))
 
@@ -381,8 +383,10 @@ class MetricsHTTPServer:
         await asyncio.wait_for(discard(), LINGER_S)
 
     def _make_room(self) -> bool:
-        """Close the connection waiting longest (for a request, a body or the client's close), else
-        the one blocked longest on a client that does not take its answer; False when there is none.
+        """Close a connection waiting (for a request, a body or the client's close): the one waiting
+        longest of those that lose nothing, else of those owed an answer, else of those whose last
+        answer is not all sent; else the one blocked longest on a client that does not take its
+        answer. False when there is none.
 
         Without this, idle keep-alive connections (up to IDLE_TIMEOUT_S each), or clients that
         pipeline requests and do not read, could lock Prometheus out of the port. One closed with
@@ -390,10 +394,12 @@ class MetricsHTTPServer:
         burst of new connections, those accepted a loop pass before were closed bare, their
         requests in their sockets unread, and no line said why scrapes failed.
         """
-        writer = next((w for w, (arrived, _) in self._waiting.items() if not arrived()), None)
+        closable = [w for w, (arrived, _) in self._waiting.items() if not arrived()]
+        writer = min(closable, key=self._loss, default=None)  # min keeps the first, the oldest, of the least
         if writer is not None:
             _, owed = self._waiting.pop(writer)
-            if owed and writer.transport.get_write_buffer_size() == 0:
+            unsent = writer.transport.get_write_buffer_size() > 0
+            if owed and not unsent:
                 # Closed, not aborted, so that the 503 goes out first; the close ends its read at
                 # once all the same (its reader gets the end of stream), and its task checks
                 # is_closing before it answers a request read in this pass.
@@ -401,8 +407,9 @@ class MetricsHTTPServer:
                 writer.close()
                 self._closed_unanswered("room")
                 return True
-            if owed:
-                # Its client has not taken all of an earlier answer: a 503 would wait behind it.
+            if unsent:
+                # Its client has not taken all of an earlier answer: the abort cuts it short, and a
+                # 503 would wait behind it.
                 self._closed_unanswered("blocked")
         elif self._blocked:
             # Its answer is written (an admin POST's too) and left unread: the client's doing. Its
@@ -416,6 +423,19 @@ class MetricsHTTPServer:
         # pass, they are read, but the request is not answered (its task checks is_closing).
         writer.transport.abort()
         return True
+
+    def _loss(self, writer: asyncio.StreamWriter) -> tuple[bool, bool]:
+        """What closing a waiting connection for room loses, least first: nothing; a request owed its
+        answer (it gets the 503); the end of an answer, still unsent (the abort cuts it short).
+
+        First those that lose nothing, closed bare: no answer owed (idle kept-alive ones, and those
+        waiting for their client to close) and all of theirs sent; their clients ask again on a new
+        connection. By age alone, a new connection accepted before a kept-alive one's last answer
+        had waited longer and got the 503 while the idle one stayed; and an idle one whose client
+        had not yet taken its answer's end (under the transport's low-water mark) had it cut short,
+        uncounted, while another lost nothing.
+        """
+        return writer.transport.get_write_buffer_size() > 0, self._waiting[writer][1]
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         first = True
@@ -465,11 +485,11 @@ class MetricsHTTPServer:
                 arrived = seen = time.monotonic()
                 known = len(_buffered(reader))
             first = False
-            parts = lines[0].split(" ")
-            if len(parts) != 3:
-                await self._respond(writer, 400, b"bad request line\n", "text/plain", close=True)
+            try:
+                method, target, version = _request_line(lines[0])
+            except BadRequest as exc:
+                await self._respond(writer, 400, f"{exc}\n".encode("latin-1"), "text/plain", close=True)
                 return
-            method, target, version = parts
             head = method == "HEAD"
             numbered = VERSION.fullmatch(version)
             if numbered is None:
@@ -573,7 +593,8 @@ class MetricsHTTPServer:
             # Whatever the method: a 405 would say that the resource exists (RFC 9110 15.5.6).
             await self._respond(writer, 404, b"not found\n", "text/plain", close=close, head=head)
         elif method not in ("GET", "HEAD"):
-            await self._respond(writer, 405, b"only GET\n", "text/plain", close=close, allow="GET, HEAD")
+            error = f"{path} takes GET or HEAD, got {method}\n".encode("latin-1")
+            await self._respond(writer, 405, error, "text/plain", close=close, allow="GET, HEAD")
         elif path == "/metrics" and not self.metrics:
             await self._respond(writer, 404, METRICS_OFF, "text/plain", close=close, head=head)
         elif path == "/metrics":
@@ -593,7 +614,8 @@ class MetricsHTTPServer:
         head = method == "HEAD"
         if path == "/events":
             if method != "GET":  # a HEAD would open a stream with no body to carry it
-                await self._respond(writer, 405, b"only GET\n", "text/plain", close=True, head=head, allow="GET")
+                error = f"/events takes GET, got {method}\n".encode("latin-1")
+                await self._respond(writer, 405, error, "text/plain", close=True, head=head, allow="GET")
                 return False
             if self._stopping:
                 # The admin has closed (or is closing): a stream now would outlive the stop.
@@ -806,6 +828,25 @@ async def _request_start(reader: asyncio.StreamReader, deadline: float) -> tuple
         skipped += len(start)
         if skipped > 2 * MAX_EMPTY_LINES:
             raise BadRequest(f"request line: expected one within {MAX_EMPTY_LINES} empty lines, got more")
+
+
+def _request_line(line: str) -> tuple[str, str, str]:
+    """A request line's method, target and version (RFC 9112 3); BadRequest naming what is wrong.
+
+    A method that is not a token, or an empty one or target, was served (405 "only GET", or 404
+    for the path ""), as though the request were well formed.
+    """
+    parts = line.split(" ")
+    if len(parts) != 3:
+        raise BadRequest(
+            f"request line: expected a method, a target and a version separated by single spaces, got {_shown(line)}"
+        )
+    method, target, version = parts
+    if not TOKEN.fullmatch(method):
+        raise BadRequest(f"request line: expected a method (a token), got {_shown(method)}")
+    if not target:
+        raise BadRequest(f"request line: expected a request target, got none: {_shown(line)}")
+    return method, target, version
 
 
 def _target(target: str) -> tuple[str, str | None]:
