@@ -61,7 +61,7 @@ from wok.bench.outputs import refuse_unwritable, write_final
 from wok.codec import UNSUPPORTED_OUTPUT_PARAMETERS, decode_request, serialize_bytes
 from wok.config import model_config_from_dict
 from wok.datatypes import DATATYPES
-from wok.errors import InvalidInput
+from wok.errors import InvalidInput, escaped
 from wok.repository import VERSION
 from wok.v2pb import grpc_service_pb2 as pb
 
@@ -404,7 +404,8 @@ MAX_REQUEST_BYTES = 64 << 20
 # wok's own RESOURCE_EXHAUSTED refusals, of a request of any size, by their messages: a full queue,
 # an slo admission refusal, an answer over the send limit.
 SERVER_REFUSALS = re.compile(r"queue is full|; retry after \d+ ms$|over the server's send limit")
-# A wrong name must appear in the error's details: its first this many characters.
+# A wrong name must appear in the error's details: its first this many characters, as they are or,
+# for a name with a character that is not printable, escaped (`quoted_name` in server/errors.py).
 NAME_START = 32
 UNCLEAR_KEPT = 10  # unclear answers listed in the result, the first ones
 
@@ -462,7 +463,8 @@ def judge(
     only for a request over `max_request_bytes` or as one of wok's refusals (SERVER_REFUSALS);
     INVALID_ARGUMENT for bytes that do not parse; for a wrong model name, version, input or output
     name (`wrong_name`), the status it calls for, with the name's first NAME_START characters in
-    the details. `servables`: what the server serves, by name."""
+    the details (escaped, for a name that is not all printable). `servables`: what the server serves,
+    by name."""
     if code not in CLEAR_STATUSES:
         return f"status {code}", f"status {code}: {details[:200]!r}"
     size = sent_size(details)
@@ -482,7 +484,7 @@ def judge(
     want, what, name = wrong
     if code != want:
         return f"{code} for a wrong {what}", f"{code} for a request whose {what} is wrong ({_show(name)}), not {want}"
-    if name[:NAME_START] not in details:
+    if name[:NAME_START] not in details and escaped(name[:NAME_START]) not in details:
         return f"{what} not named", f"{code} does not name the {what} ({_show(name)}): {details[:200]!r}"
     return None
 

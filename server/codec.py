@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .datatypes import DATATYPES, Datatype
-from .errors import InvalidInput
+from .errors import InvalidInput, quoted_name
 from .v2pb import grpc_service_pb2 as pb
 
 _LEN = struct.Struct("<I")
@@ -349,7 +349,9 @@ def decode_request(
     seen: dict[str, int] = {}
     for i, t in enumerate(req.inputs):
         if cfg.input(t.name) is None:
-            raise InvalidInput(f"unexpected input '{t.name}' for model '{model}'; expected inputs: {expected_names}")
+            raise InvalidInput(
+                f"unexpected input {quoted_name(t.name)} for model '{model}'; expected inputs: {expected_names}"
+            )
         if t.name in seen:
             raise InvalidInput(
                 f"input '{t.name}' appears more than once (inputs {seen[t.name]} and {i}); expected each input once"
@@ -435,7 +437,7 @@ def decode_request(
         for o in req.outputs:
             if o.name not in known:
                 raise InvalidInput(
-                    f"unknown output '{o.name}' requested from model '{model}'; outputs: "
+                    f"unknown output {quoted_name(o.name)} requested from model '{model}'; outputs: "
                     + ", ".join(t.name for t in cfg.outputs)
                 )
             if o.name in names:

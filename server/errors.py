@@ -140,6 +140,31 @@ def error_line(exc: BaseException) -> str:
     return f"{name}: {lines[-1]}"
 
 
+# A name or id a request sent is shown in a message up to this many characters: generous for a real
+# name, and a wrong one of 100 KB makes no 100 KB message (a stream's error_message is not cut as a
+# unary call's details are, `short_details` in service.py).
+NAME_CHARS = 200
+
+
+def quoted_name(name: str) -> str:
+    """A name (or id) a request sent, as a message shows it: in single quotes, as it is when it is
+    all printable, else with what is not printable (a newline, a terminal's escape) and backslashes
+    escaped as repr escapes them, so that a name cannot break or forge a line of a client's log.
+    Past NAME_CHARS characters, its start and its length: 'mmm'… (100,000 characters in all)."""
+    shown = name[:NAME_CHARS]
+    if not shown.isprintable():
+        shown = escaped(shown)
+    if len(name) <= NAME_CHARS:
+        return f"'{shown}'"
+    return f"'{shown}'… ({len(name):,} characters in all)"
+
+
+def escaped(text: str) -> str:
+    """`text` with backslashes and the characters that are not printable escaped as repr escapes
+    them (\\n, \\x1b, \\u200e); quotes are left as they are."""
+    return "".join(c if c.isprintable() and c != "\\" else repr(c)[1:-1] for c in text)
+
+
 class ConfigError(ValueError):
     """A model or server configuration is invalid; raised at load, never per request."""
 

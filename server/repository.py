@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .config import CONFIG_NAMES, ModelConfig, inside_model_dir, load_model_config
-from .errors import ConfigError, ModelNotFound
+from .errors import ConfigError, ModelNotFound, quoted_name
 from .servable import Servable
 
 VERSION = "1"
@@ -324,7 +324,7 @@ class ModelRepository:
         s = self.models.get(name)
         if s is None:
             known = ", ".join(sorted(self.models)) or "(none)"
-            raise ModelNotFound(f"unknown model '{name}'; this server serves: {known}")
+            raise ModelNotFound(f"unknown model {quoted_name(name)}; this server serves: {known}")
         if version not in ("", VERSION):
-            raise ModelNotFound(f"model '{name}' has no version '{version}'; available: {VERSION}")
+            raise ModelNotFound(f"model '{name}' has no version {quoted_name(version)}; available: {VERSION}")
         return s

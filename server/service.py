@@ -44,6 +44,7 @@ from .errors import (
     RegionNotFound,
     ShuttingDown,
     WokError,
+    quoted_name,
     to_status,
 )
 from .repository import VERSION
@@ -793,7 +794,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 InvalidInput(
                     f"'repository_name' specification is not supported: wok serves one set of models, chosen at "
                     f"start (--model-repository, --models); send RepositoryIndex without repository_name "
-                    f"(got '{request.repository_name}')"
+                    f"(got {quoted_name(request.repository_name)})"
                 ),
             )
         resp = pb.RepositoryIndexResponse()
@@ -818,8 +819,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         await _abort(
             context,
             NotSupported(
-                f"cannot {what} model '{model}': wok does not load or unload models while it runs; it serves the "
-                "fixed set chosen at start (--model-repository, --models): restart it with the models wanted"
+                f"cannot {what} model {quoted_name(model)}: wok does not load or unload models while it runs; it "
+                "serves the fixed set chosen at start (--model-repository, --models): restart it with the models wanted"
             ),
         )
 
@@ -852,15 +853,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 async def _no_region(context, kind: str, name: str) -> None:
     """The status of region `name` (all regions when empty) of `kind`: Triton's NOT_FOUND for a name."""
     if name:
-        await _abort(context, RegionNotFound(f"Unable to find {kind} shared memory region: '{name}'"))
+        await _abort(context, RegionNotFound(f"Unable to find {kind} shared memory region: {quoted_name(name)}"))
 
 
 async def _no_shared_memory(context, kind: str, name: str) -> None:
     await _abort(
         context,
         NotSupported(
-            f"cannot register {kind} shared memory region '{name}': wok does not support shared memory; send "
-            "the tensors in the request (raw_input_contents, or the typed contents)"
+            f"cannot register {kind} shared memory region {quoted_name(name)}: wok does not support shared memory; "
+            "send the tensors in the request (raw_input_contents, or the typed contents)"
         ),
     )
 

@@ -93,6 +93,17 @@ def test_a_wrong_name_must_get_its_status_and_be_named():
         assert _judge(req, want, short_details(details.replace(name, name * 50))) is None
 
 
+@pytest.mark.parametrize("unit", ["\x00", "a\n", "\u202e\\"], ids=["nul", "newline", "override-backslash"])
+def test_a_wrong_name_the_server_escaped_is_named_by_its_escaped_start(unit):
+    # The server shows a name with a character that is not printable escaped (wok.errors.quoted_name):
+    # its start as sent is not in the details, its start escaped is.
+    name = unit * 5_000
+    shown = repr(name[:200])[1:-1]  # no quote in it: escaped as repr escapes it
+    details = f"unknown model '{shown}'… ({len(name):,} characters in all); this server serves: alltypes"
+    assert _judge(_request(model_name=name), "NOT_FOUND", details) is None
+    assert _judge(_request(model_name=name), "NOT_FOUND", "unknown model '...'")[0] == "model name not named"
+
+
 def _one_row(t):
     dt = fuzz.DATATYPES[t.datatype]
     if dt.name == "BYTES":

@@ -263,3 +263,52 @@ async def test_a_long_name_echoed_in_an_error_is_cut_and_the_status_is_the_serve
                 assert len(details.encode()) < 8192, len(details.encode())
             ok = decode_response(await stub.ModelInfer(encode_request("mlp", GOOD)))
             assert ok["OUTPUT0"].shape == (1, 256)
+
+
+LONG = 100_000  # characters in a wrong name
+
+
+def _named(model="mlp", version="", inputs=GOOD, outputs=None) -> pb.ModelInferRequest:
+    req = encode_request(model, inputs, outputs)
+    req.model_version = version
+    return req
+
+
+EXTRA = {**GOOD, "x" * LONG: np.ones((1, 2), np.float32)}
+# Each wrong name at its cut: its first 200 characters, quoted, then its length.
+NAME_CASES = {
+    "model": (
+        _named(model="m" * LONG),
+        f"unknown model '{'m' * 200}'… (100,000 characters in all); this server serves",
+    ),
+    "version": (_named(version="7" * LONG), f"model 'mlp' has no version '{'7' * 200}'… (100,000 characters in all)"),
+    "input": (_named(inputs=EXTRA), f"unexpected input '{'x' * 200}'… (100,000 characters in all) for model 'mlp'"),
+    "output": (_named(outputs=["o" * LONG]), f"unknown output '{'o' * 200}'… (100,000 characters in all) requested"),
+    "control characters": (
+        _named(inputs={**GOOD, "a\\b\n\x1b[2K\u202e": np.ones((1, 2), np.float32)}),
+        "unexpected input 'a\\\\b\\n\\x1b[2K\\u202e' for model 'mlp'; expected inputs: INPUT0",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", NAME_CASES)
+async def test_a_wrong_name_is_echoed_cut_and_escaped_alike_on_a_unary_call_and_on_a_stream(serve, case):
+    # The stream's error_message was not cut as a unary call's details are (to 4 KiB): a 100 KB
+    # wrong name came back whole, 100 KB per bad request, and a newline or a terminal escape in a
+    # name went as it was into the client's log.
+    req, start = NAME_CASES[case]
+    req.id = "bad"
+    good = encode_request("mlp", GOOD)
+    good.id = "good"
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(req)
+            answers = [a async for a in stub.ModelStreamInfer(iter([req, good]))]
+    assert info.value.details().startswith(start), info.value.details()[:400]
+    assert len(info.value.details()) < 400, len(info.value.details())
+    bad, ok = sorted(answers, key=lambda a: a.infer_response.id)
+    assert bad.error_message == info.value.details()
+    assert bad.infer_response.parameters["status_code"].int64_param == info.value.code().value[0]
+    assert (ok.error_message, decode_response(ok.infer_response)["OUTPUT0"].shape) == ("", (1, 256))

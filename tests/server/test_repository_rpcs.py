@@ -139,3 +139,43 @@ async def test_server_metadata_does_not_advertise_the_model_repository_extension
     async with gated_server("a") as (_, _, stub):
         meta = await stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=10)
     assert list(meta.extensions) == ["model_configuration", "statistics"]
+
+
+# A wrong name of 100,007 characters, with a newline: shown cut to 200 characters, the newline escaped.
+ODD_NAME = "models\n" + "x" * 100_000
+SHOWN = "'models\\n" + "x" * 193 + "'… (100,007 characters in all)"
+ODD_NAME_CASES = {
+    "RepositoryIndex": (
+        pb.RepositoryIndexRequest(repository_name=ODD_NAME),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"send RepositoryIndex without repository_name (got {SHOWN})",
+    ),
+    "RepositoryModelLoad": (
+        pb.RepositoryModelLoadRequest(model_name=ODD_NAME),
+        grpc.StatusCode.UNIMPLEMENTED,
+        f"cannot load model {SHOWN}: wok does not load",
+    ),
+    "SystemSharedMemoryStatus": (
+        pb.SystemSharedMemoryStatusRequest(name=ODD_NAME),
+        grpc.StatusCode.NOT_FOUND,
+        f"Unable to find system shared memory region: {SHOWN}",
+    ),
+    "CudaSharedMemoryRegister": (
+        pb.CudaSharedMemoryRegisterRequest(name=ODD_NAME),
+        grpc.StatusCode.UNIMPLEMENTED,
+        f"cannot register CUDA shared memory region {SHOWN}: wok does not support shared memory",
+    ),
+}
+
+
+@pytest.mark.parametrize("method", ODD_NAME_CASES)
+async def test_a_name_sent_to_an_rpc_that_refuses_it_is_echoed_cut_and_escaped(method):
+    # It came back whole up to the 4 KiB cut of the details, and its newline as it was.
+    request, code, shown = ODD_NAME_CASES[method]
+    async with gated_server("a") as (_, _, stub):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await getattr(stub, method)(request, timeout=10)
+        assert await index(stub) == [("a", "READY", "")]
+    assert info.value.code() == code
+    assert shown in info.value.details() and info.value.details().isprintable(), info.value.details()[:400]
+    assert len(info.value.details()) < 600, len(info.value.details())  # the name's 230 and the message's own
