@@ -11,11 +11,13 @@ choose the requirement (for example ``WOK_TORCH="torch==2.13.0"``): it is instal
 run, also into an environment that already has a torch (pip leaves one that satisfies it
 alone). WOK_VENV chooses the environment's folder (default ``.venv`` in the checkout).
 `serve` and `test` with options then become `wok serve` and pytest (the same process): signals
-reach them, and the exit status is theirs. `test` alone runs the suite in two pytest passes (see
+reach them, also those that bootstrap was started with blocked (an ignored one stays ignored), and
+the exit status is theirs. `test` alone runs the suite in two pytest passes (see
 `suite_passes`) and exits with the first failing pass's status; Ctrl-C, SIGTERM and SIGHUP are
 passed on to the running pass and end the suite there (see `run_suite` for the status then).
 While installing, they are passed on to the running step (pip) and end bootstrap there, after it,
-with one line and status 128 + the signal's number; a failed step ends it with the step's status.
+with one line and status 128 + the signal's number, as one that comes after the install, before
+`wok serve` or pytest starts, does; a failed step ends it with the step's status.
 """
 
 from __future__ import annotations
@@ -146,15 +148,54 @@ def ensure_torch(python: Path, requested: str | None, steps: Forwarding) -> None
     pip(python, "--extra-index-url", CPU_INDEX, "--retries", "1", spec, steps=steps)
 
 
+# The signals bootstrap passes on (`Forwarding`) and lets through to what it hands over to (`hand_over`);
+# the last three are POSIX-only.
+PASSED_ON = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGTSTP")
+
+
+def passed_on(ignored_too: bool = False) -> list[signal.Signals]:
+    """PASSED_ON's signals that this platform has and, unless `ignored_too`, that bootstrap was not
+    started ignoring: one ignored (nohup's SIGHUP) stays ignored."""
+    found = [getattr(signal, name) for name in PASSED_ON if hasattr(signal, name)]
+    return found if ignored_too else [sig for sig in found if signal.getsignal(sig) != signal.SIG_IGN]
+
+
 def hand_over(cmd: list[str], cwd: Path | None = None) -> int:
     """Run `cmd` in place of this process, so that a signal sent to it (SIGTERM from a
-    supervisor, Ctrl-C) stops the command itself instead of orphaning it."""
+    supervisor, Ctrl-C) stops the command itself instead of orphaning it.
+
+    The command gets bootstrap's signal mask less PASSED_ON's signals: a caller that started bootstrap
+    with them blocked (see `Forwarding`) would leave `wok serve` deaf to a process manager's SIGTERM, its
+    staged shutdown never run. Their actions are the caller's: an ignored one stays ignored (one that
+    came while blocked is dropped as it is let through), the others are the default ones, as an exec
+    leaves them. One of the others that came since bootstrap last let them through waits, pending,
+    until here: SIGTSTP then stops bootstrap, and the rest end it with one line and status 128 + its
+    number, the command not run, as they end it while installing."""
     if cwd is not None:
         os.chdir(cwd)
     sys.stdout.flush()
     sys.stderr.flush()
     if os.name == "nt":  # Windows' execv starts a new process and ends this one: the caller would stop waiting
         return subprocess.call(cmd)
+    held, handled = passed_on(ignored_too=True), passed_on()
+    # Held while their actions become the defaults: one that comes between the unblocking and the exec
+    # then ends bootstrap as it would end the command before its own handlers, not in a KeyboardInterrupt
+    # traceback (Python's SIGINT handler) with the command not run.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    for sig in handled:
+        signal.signal(sig, signal.SIG_DFL)
+    ending = [sig for sig in handled if sig != getattr(signal, "SIGTSTP", None)]
+    pending = signal.sigpending() & set(ending)
+    if pending:
+        signum = signal.sigwait(pending)  # takes it at once (sigwait: macOS has no sigtimedwait)
+        status = 128 + signum
+        print(
+            f"bootstrap: {signal.Signals(signum).name} before {' '.join(cmd)}; nothing was run (status {status})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return status
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask - set(held))
     os.execv(cmd[0], cmd)
     raise AssertionError("unreachable: execv returns only by raising")
 
@@ -178,6 +219,11 @@ def main(argv: list[str]) -> int:
             ensure_torch(python, os.environ.get("WOK_TORCH"), steps)
             extras = "[test]" if command == "test" else ""
             pip(python, "-e", f"{ROOT}{extras}", steps=steps)
+        # One that Forwarding's handler took after the last step's check, before it let go: not passed on
+        # to anything, nor pending for hand_over.
+        if steps.stopped and command != "install":
+            what = "the suite" if command == "test" and not rest else command
+            raise _interrupted_install(steps, f"after installing, before {what}")
     except InstallStopped as exc:
         print(exc, file=sys.stderr, flush=True)
         return exc.status
@@ -281,15 +327,10 @@ class Forwarding:
         self._mask: set[int] | None = None  # the signal mask bootstrap had, where it has one (POSIX)
 
     def __enter__(self) -> Forwarding:
-        names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGTSTP")  # the last three are POSIX-only
-        handlers = {sig: self._forward for sig in (getattr(signal, name) for name in names if hasattr(signal, name))}
-        if hasattr(signal, "SIGTSTP"):
+        handlers = {sig: self._forward for sig in passed_on()}
+        if hasattr(signal, "SIGTSTP") and signal.SIGTSTP in handlers:
             handlers[signal.SIGTSTP] = self._suspend
-        self._previous = {
-            sig: signal.signal(sig, handler)
-            for sig, handler in handlers.items()
-            if signal.getsignal(sig) != signal.SIG_IGN
-        }
+        self._previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
         if hasattr(signal, "pthread_sigmask"):  # after the handlers: a pending one comes here, to them
             self._mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, self._previous)
         return self

@@ -230,36 +230,49 @@ WAITING_PASS = textwrap.dedent(
 )
 
 
-def start_suite(
-    tmp_path: Path, passes: list[str], prelude: str = "", wrapper: Sequence[str] = (), **popen
-) -> tuple[subprocess.Popen, queue.Queue]:
-    """bootstrap's run_suite on passes of Python code, in a process of its own as `bootstrap.py test`
-    (run by `wrapper` where one is given), after `prelude`; and its stderr's lines (the passes' too),
-    then None once every process holding it has ended."""
-    script = tmp_path / "suite.py"  # a file: a pass may be longer than one argument can be
-    script.write_text(
+def lines_of(stream) -> queue.Queue:
+    """The lines of a child's `stream`, as they come, then None once every process holding it has ended."""
+    lines: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in stream:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def bootstrap_script(path: Path, prelude: str, call: str) -> Path:
+    """A script that does `prelude`, then loads bootstrap and exits with `b.<call>`."""
+    path.write_text(
         prelude
         + textwrap.dedent(
             f"""
         import importlib.util, sys
         spec = importlib.util.spec_from_file_location("b", {str(BOOTSTRAP)!r})
         b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
-        sys.exit(b.run_suite([[sys.executable, "-c", code] for code in {passes!r}]))
+        sys.exit(b.{call})
         """
         )
+    )
+    return path
+
+
+def start_suite(
+    tmp_path: Path, passes: list[str], prelude: str = "", wrapper: Sequence[str] = (), **popen
+) -> tuple[subprocess.Popen, queue.Queue]:
+    """bootstrap's run_suite on passes of Python code, in a process of its own as `bootstrap.py test`
+    (run by `wrapper` where one is given), after `prelude`; and its stderr's lines (the passes' too),
+    then None once every process holding it has ended."""
+    # A file: a pass may be longer than one argument can be.
+    script = bootstrap_script(
+        tmp_path / "suite.py", prelude, f"run_suite([[sys.executable, '-c', code] for code in {passes!r}])"
     )
     # A session of its own: the cleanup's SIGKILL to its group reaches what it started there.
     popen = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, **popen}
     proc = subprocess.Popen([*wrapper, sys.executable, str(script)], text=True, start_new_session=True, **popen)
-    lines: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        for line in proc.stderr:
-            lines.put(line.rstrip("\n"))
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return proc, lines
+    return proc, lines_of(proc.stderr)
 
 
 def read_until(lines: queue.Queue, wanted: str | None, timeout: float = 30) -> list[str]:
@@ -450,16 +463,25 @@ def test_ctrl_c_typed_at_a_terminal_reaches_the_pass_which_still_writes_to_the_t
 
 
 # A stand-in for a virtual environment's python, for bootstrap's install steps: its torch "imports",
-# and its pip either fails with a status or runs until a signal, then cleans up for a while (as pip
-# removes what it began) and says which signals reached it.
+# and its pip succeeds at once ("ok"), fails with a status, or runs until a signal, then cleans up for a
+# while (as pip removes what it began) and says which signals reached it. As what bootstrap hands over to
+# (`wok serve`, pytest), it says the signals it has blocked and ignored, and waits a minute for one.
 FAKE_PYTHON = textwrap.dedent(
     """
     import os, signal, sys, time
     args = sys.argv[1:]
     if args[:1] == ["-c"]:  # bootstrap's probe for torch
         sys.exit(0)
+    if args[:2] in (["-m", "wok"], ["-m", "pytest"]):
+        blocked = sorted(signal.Signals(s).name for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        ignored = sorted(s.name for s in signal.Signals if signal.getsignal(s) is signal.SIG_IGN)
+        print("handed over:", *args, "| blocked:", *blocked, "| ignored:", *ignored, file=sys.stderr, flush=True)
+        time.sleep(60)
+        sys.exit(0)
     assert args[:3] == ["-m", "pip", "install"], args
     mode = os.environ["FAKE_PIP"]
+    if mode == "ok":
+        sys.exit(0)
     if mode.startswith("fail:"):
         print("pip: failing", file=sys.stderr, flush=True)
         sys.exit(int(mode[5:]))
@@ -503,15 +525,7 @@ def start_install(venv: Path, fake_pip: str = "wait") -> tuple[subprocess.Popen,
         env=env,
         start_new_session=True,
     )
-    lines: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        for line in proc.stdout:
-            lines.put(line.rstrip("\n"))
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return proc, lines
+    return proc, lines_of(proc.stdout)
 
 
 def pip_step(venv: Path) -> str:
@@ -741,3 +755,99 @@ def test_sigint_interrupts_the_pass_of_a_bootstrap_started_with_it_blocked(tmp_p
         assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # this process's is untouched
     finally:
         end_all(proc, *left)
+
+
+def start_bootstrap(tmp_path: Path, argv: list[str], prelude: str) -> tuple[subprocess.Popen, queue.Queue]:
+    """bootstrap's main on `argv` in a process of its own, as `bootstrap.py ARGV` run by a caller that
+    did `prelude` before it, with a stand-in environment (fake_venv) whose pip succeeds; and the lines
+    of its stderr (what it hands over to writes there too), then None."""
+    venv = fake_venv(tmp_path)
+    script = bootstrap_script(tmp_path / "bootstrap_main.py", prelude, f"main({argv!r})")
+    env = {**os.environ, "WOK_VENV": str(venv), "FAKE_PIP": "ok", "PYTHONUNBUFFERED": "1"}
+    env.pop("WOK_TORCH", None)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    return proc, lines_of(proc.stderr)
+
+
+# A caller (a runner, a process manager) that starts bootstrap with the signals it passes on blocked, a
+# leftover of its own signal handling, and SIGHUP ignored too, as under nohup; a hang-up has come since.
+BLOCKED_CALLER = textwrap.dedent(
+    """
+    import os, signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    os.kill(os.getpid(), signal.SIGHUP)  # pending: a blocked signal is kept, ignored or not
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+@pytest.mark.parametrize("argv", [["serve", "--port", "0"], ["test", "-q"]])
+def test_what_bootstrap_hands_over_to_gets_the_signals_its_caller_blocked_and_a_sigterm_ends_it(tmp_path, argv):
+    # `wok serve` (or pytest) runs in bootstrap's place, with its mask: with SIGTERM blocked, a process
+    # manager's stop would never reach wok's staged shutdown, and the server would run on.
+    proc, lines = start_bootstrap(tmp_path, argv, BLOCKED_CALLER)
+    try:
+        said = read_until(lines, "handed over:")[-1]
+        what = ["-m", "wok", *argv] if argv[0] == "serve" else ["-m", "pytest", *argv[1:]]
+        _, blocked, ignored = (part.split() for part in said.split("|"))
+        assert not {"SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGTSTP"} & set(blocked), said
+        assert "SIGHUP" in ignored, said  # as nohup set it: the hang-up that came meanwhile ended nothing
+        assert said.startswith(f"handed over: {' '.join(what)} |"), said
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still runs 10 s after SIGTERM: {state(proc.pid)}") from None
+        assert code == -signal.SIGTERM
+    finally:
+        end_all(proc)
+
+
+# For start_bootstrap's prelude: bootstrap's process sends itself SIGNUM as it calls FUNCTION (a name
+# in BOOTSTRAP's code), just before FUNCTION's own code runs.
+SENDS_ITSELF_IN = textwrap.dedent(
+    """
+    import os, sys
+    def calls(frame, event, arg):
+        if frame.f_code.co_name == FUNCTION and frame.f_code.co_filename == BOOTSTRAP and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), SIGNUM)
+    sent = []
+    sys.settrace(calls)
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+@pytest.mark.parametrize(
+    ("caller", "function", "signum"),
+    [
+        (BLOCKED_CALLER, "hand_over", signal.SIGTERM),  # pending, blocked, since bootstrap stopped passing it on
+        (BLOCKED_CALLER, "hand_over", signal.SIGINT),
+        ("", "__exit__", signal.SIGTERM),  # Forwarding's handler takes it as bootstrap stops passing them on
+    ],
+    ids=["pending-SIGTERM", "pending-SIGINT", "recorded-SIGTERM"],
+)
+def test_a_signal_that_comes_after_installing_ends_bootstrap_with_one_line_before_the_hand_over(
+    tmp_path, caller, function, signum
+):
+    prelude = caller + f"import signal\nFUNCTION, SIGNUM, BOOTSTRAP = {function!r}, {int(signum)}, {str(BOOTSTRAP)!r}\n"
+    proc, lines = start_bootstrap(tmp_path, ["serve", "--port", "0"], prelude + SENDS_ITSELF_IN)
+    try:
+        first = lines.get(timeout=30)  # a hand-over with the signal still pending would say so first
+        name, status = signal.Signals(signum).name, 128 + signum
+        cmd = f"{tmp_path / 'venv' / 'bin' / 'python'} -m wok serve --port 0"
+        where = "after installing, before serve" if function == "__exit__" else f"before {cmd}"
+        assert first == f"bootstrap: {name} {where}; nothing was run (status {status})"
+        assert proc.wait(timeout=10) == status
+        assert read_until(lines, None, timeout=10) == []
+    finally:
+        end_all(proc)
