@@ -8,7 +8,6 @@ import math
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -50,78 +49,30 @@ RUNS = {
     ),
     "test_a_soak_without_capacity_writes_the_capacity_ramp_and_exits_3": ("no_capacity", lambda metrics: NO_CAPACITY),
 }
-# The runs interrupted with SIGINT once their stderr shows a line starting with the prefix (`Interrupted`).
-ONE_STEP = ["--metrics-url", "none", "--workers", "1", "--warmup", "0.2s", "--step-duration", "0.5s", "--soak", "60s"]
-INTERRUPTED = {
-    "test_ctrl_c_in_the_capacity_ramp_starts_no_soak": ("cut_ramp", [*ONE_STEP, "--steps", "20,40,80"], "step 2/3:"),
-    # The soak's one step, after the capacity ramp's two.
-    "test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp": ("cut_soak", [*ONE_STEP, "--steps", "20,40"], "step 1/1:"),
-}
-
-
-class Interrupted:
-    """A run sent SIGINT by a thread of its own once its stderr shows a line starting with `starts`,
-    so that it runs beside the others: the runs are mostly imports and paced sends."""
-
-    def __init__(self, proc: subprocess.Popen, out: Path, starts: str) -> None:
-        self.proc, self.out, self.starts = proc, out, starts
-        self.seen: list[str] = []
-        self.signalled = False
-        self.thread = threading.Thread(target=self._watch, daemon=True)
-        self.thread.start()
-
-    def _watch(self) -> None:
-        for line in self.proc.stderr:
-            self.seen.append(line)
-            if not self.signalled and line.startswith(self.starts):
-                self.proc.send_signal(signal.SIGINT)
-                self.signalled = True
-
-    def stderr(self) -> str:
-        """All of its stderr once it has ended; fails if it never showed the line, or still runs 100 s on."""
-        try:
-            self.proc.wait(timeout=100)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(
-                f"still running (SIGINT sent: {self.signalled}):\n{''.join(self.seen)[-3000:]}"
-            ) from None
-        self.thread.join(10)
-        seen = "".join(self.seen)
-        assert self.signalled, f"no line starting with {self.starts!r}:\n{seen[-3000:]}"
-        return seen
 
 
 @pytest.fixture(scope="module", autouse=True)
 def runs(request, tmp_path_factory):
-    """The runs of the selected tests, all started as the module starts: each is mostly waiting
-    (imports, paced sends), their loads together are a small part of the server's capacity, and
-    none of their checks counts another's requests."""
+    """The runs of the selected tests that take no signal, all started as the module starts: each
+    is mostly waiting (imports, paced sends), their loads together are a small part of the
+    server's capacity, and none of their checks counts another's requests."""
     selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     wanted = {name: args for test, (name, args) in RUNS.items() if test in selected}
-    interrupted = {name: (args, starts) for test, (name, args, starts) in INTERRUPTED.items() if test in selected}
-    started: dict[str, tuple[subprocess.Popen, Path] | Interrupted] = {}
+    started: dict[str, tuple[subprocess.Popen, Path]] = {}
     try:
-        if wanted or interrupted:
+        if wanted:
             server = request.getfixturevalue("soak_server")
             metrics = next(line.split("metrics on ")[1] for line in server.log if "metrics on http://" in line)
-        for name, args in wanted.items():
-            d = tmp_path_factory.mktemp(name)
-            cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, *args(metrics)]
-            # Files, not pipes: a run not yet waited on must not block on a full pipe.
-            with open(d / "stdout", "w") as out, open(d / "stderr", "w") as err:
-                proc = subprocess.Popen([*cmd, "--json", str(d / "soak.json")], stdout=out, stderr=err, text=True)
-            started[name] = (proc, d)
-        for name, (args, starts) in interrupted.items():
-            out = tmp_path_factory.mktemp(name) / "soak.json"
-            cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--json", str(out), *args]
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            started[name] = Interrupted(proc, out, starts)
+            for name, args in wanted.items():
+                d = tmp_path_factory.mktemp(name)
+                cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, *args(metrics)]
+                # Files, not pipes: a run not yet waited on must not block on a full pipe.
+                with open(d / "stdout", "w") as out, open(d / "stderr", "w") as err:
+                    proc = subprocess.Popen([*cmd, "--json", str(d / "soak.json")], stdout=out, stderr=err, text=True)
+                started[name] = (proc, d)
         yield started
     finally:
-        for run in started.values():
-            proc = run.proc if isinstance(run, Interrupted) else run[0]
+        for proc, _ in started.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
@@ -244,24 +195,52 @@ def test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_ca
     assert "from the capacity ramp's steps" in stdout
 
 
-def test_ctrl_c_in_the_capacity_ramp_starts_no_soak(runs):
+def _soak_child(server, tmp_path, *args: str) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / "soak.json"
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
+    cmd += ["--workers", "1", "--warmup", "0.2s", "--json", str(out), *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), out
+
+
+def _interrupt_at(proc: subprocess.Popen, starts: str) -> str:
+    """SIGINT once stderr shows a line starting with `starts`; then all of stderr."""
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith(starts):
+            proc.send_signal(signal.SIGINT)
+            break
+    else:
+        raise AssertionError("".join(seen)[-3000:])
+    try:
+        _, rest = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"still running 30 s after SIGINT:\n{''.join(seen)[-3000:]}") from None
+    return "".join(seen) + rest
+
+
+def test_ctrl_c_in_the_capacity_ramp_starts_no_soak(soak_server, tmp_path):
     """It used to soak at 80 % of the steps reached so far (exit 0, `interrupted` null)."""
-    run = runs["cut_ramp"]
-    err = run.stderr()
-    assert run.proc.returncode == 0, err[-3000:]
+    server = soak_server
+    proc, out = _soak_child(server, tmp_path, "--steps", "20,40,80", "--step-duration", "0.5s", "--soak", "60s")
+    err = _interrupt_at(proc, "step 2/3:")
+    assert proc.returncode == 0, err[-3000:]
     assert "\nsoak: " not in err and "the capacity ramp was cut short: no soak" in err
-    result = json.loads(run.out.read_text())
+    result = json.loads(out.read_text())
     assert result["soak"] is None and [s["nominal_qps"] for s in result["steps"]] == [20]
     assert result["interrupted"]["by_signal"] is True
     assert result["interrupted"]["reason"].startswith("ramp ended early at 40 QPS: KeyboardInterrupt")
 
 
-def test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp(runs):
+def test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp(soak_server, tmp_path):
     """It used to exit 130 with nothing written, the capacity ramp's steps lost."""
-    run = runs["cut_soak"]
-    err = run.stderr()
-    assert run.proc.returncode == 0, err[-3000:]
-    result = json.loads(run.out.read_text())
+    server = soak_server
+    proc, out = _soak_child(server, tmp_path, "--steps", "20,40", "--step-duration", "0.5s", "--soak", "60s")
+    err = _interrupt_at(proc, "step 1/1:")  # the soak's one step, after the capacity ramp's two
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.read_text())
     # Cut before the soak's first send (about 0.2 s after its progress line): no soak section;
     # after it, the part measured, marked `cut` (tests/bench/test_soak_cut.py).
     if result["soak"] is None:
