@@ -1,8 +1,8 @@
-"""Acceptance (issue 7): three replicas on loopback, one SIGKILLed mid-step and restarted during
-a short ramp; with retries no request is lost, and the report shows the dip (replicas up
-3 → 2 → 3, P99 during the fault) and the time to recover below the SLO. Then a replica paused
-(SIGSTOP) behind gRPC's round_robin, whose calls wait for it, and behind wok's balancer, whose
-hedges answer them elsewhere while the paused replica is ejected.
+"""Acceptance (issue 7): three replicas on loopback, one SIGKILLed mid-step (paused first, so that
+it holds calls) and restarted during a short ramp; with retries no request is lost, and the report
+shows the dip (replicas up 3 → 2 → 3, P99 during the fault) and the time to recover below the
+SLO. Then a replica paused (SIGSTOP) behind gRPC's round_robin, whose calls wait for it, and
+behind wok's balancer, whose hedges answer them elsewhere while the paused replica is ejected.
 
 Runs `wok bench ramp --replicas N --fault ...` as a user would: the three ramps at once (`ramps`),
 about 25 s in all, the Ctrl-C test first, while they start.
@@ -23,9 +23,17 @@ SERVE = ["--serve-args", "--models mlp --torch-threads 1"]
 # and the restart 1 s later leaves the restarted replica's start-up room before the end: about 3 s
 # on a quiet machine, 7.9 s seen in CI on a slow host beside the other ramps (with 4 s steps the
 # replica was ready only after the ramp had ended, and the timeline never showed it back).
+# Replica 1 is paused (SIGSTOP) 0.5 s before the kill, so that the kill always finds calls in it:
+# at 100 QPS over three replicas answering in a few ms, a kill on its own finds few calls in
+# flight, at times none, and the balancer's retries turned off (max_attempts=1) then lost nothing. The
+# calls sent to it in those 0.5 s (about a third of 50, until it piles up calls and stops winning
+# the balancer's picks: at least one but in about 1e-9 runs) wait there and fail at the kill.
+# Hedging is off, or the held calls would be hedged to another replica before the kill, and the
+# retries on UNAVAILABLE, this test's subject, would have nothing to answer (the wok balancer's
+# pause test covers hedges).
 KILL_END_S = 18.0
 KILL = ["--replicas", "3", *SERVE, "--steps", "100,200", "--step-duration", "8s", "--warmup", "1s"]
-KILL += ["--fault", "kill:replica=1,at=2.5s,restart=3.5s"]
+KILL += ["--hedge-after", "off", "--fault", "pause:replica=1,at=2s", "--fault", "kill:replica=1,at=2.5s,restart=3.5s"]
 
 
 def paused(balancer: str, resume: str, step: str) -> list[str]:
@@ -80,7 +88,12 @@ def finished(ramps: dict, name: str) -> tuple[dict, str]:
 def test_ctrl_c_mid_step_ends_at_once_with_the_replica_paused(tmp_path, proc_tree):
     """SIGINT in the middle of a step, the only replica stopped and holding calls: the bench's
     workers are ended at once (they used to send to the end of their share, then wait out a 10 s
-    join each), the bench says "interrupted" without a traceback, and the replica is gone."""
+    join each), the bench says "interrupted" without a traceback, and the replica is gone.
+
+    A ramp's workers are terminated by `WorkerPool.close` (the step is still running): a ramp
+    keeps nothing of a cut step, so its pool has no stop event (only a soak's is stoppable:
+    tests/bench/test_soak_cut.py), and a worker ignoring that event changes nothing here. Without
+    the terminate, the bench exits after close's 10 s join, which `took` catches."""
     import contextlib
     import os
     import signal
@@ -120,21 +133,30 @@ def test_ctrl_c_mid_step_ends_at_once_with_the_replica_paused(tmp_path, proc_tre
 
 
 def test_a_replica_killed_mid_step_loses_no_request(ramps):
+    """Replica 1, paused and holding calls, is SIGKILLed: the calls it held fail with UNAVAILABLE
+    and are retried on the other two; it is restarted, and serves again."""
     result, stdout = finished(ramps, "kill")
-    faults = result["faults"]
+    faults, bal = result["faults"], result["balancer"]
     assert faults["schema"] == "wok.faults/1" and faults["retries"] is True
+    assert faults["balancer"] == "wok" and bal["hedge_after_ms"] is None and bal["hedges"] == 0, bal
 
     # Every request sent was answered, and answered OK.
     requests = faults["requests"]
-    assert requests["lost"] == 0, faults["lost_by_code"]
+    assert requests["lost"] == 0, (faults["lost_by_code"], bal)
     assert requests["sent"] == requests["ok"] > 500
     assert all(s["success_rate"] == 1.0 for s in result["steps"])
+    # The kill found calls in the replica (their attempts failed there), and each was retried:
+    # without calls in flight at the kill, this test could not tell retries on from off.
+    killed = next(r for r in bal["replicas"] if r["address"] == faults["replicas"][1]["target"])
+    assert killed["failures"] >= 1 and bal["retries"] >= killed["failures"], bal
+    assert bal["ok"] == bal["calls"] == requests["sent"], bal
 
-    # The kill, the restart and the replica serving again, in order, at the planned times.
+    # The pause, the kill, the restart and the replica serving again, in order, at the planned times.
     events = [(e["action"], e["replica"]) for e in faults["events"]]
-    assert events == [("kill", 1), ("restart", 1), ("ready", 1)], faults["events"]
+    assert events == [("pause", 1), ("kill", 1), ("restart", 1), ("ready", 1)], faults["events"]
     t = {e["action"]: e["t_s"] for e in faults["events"]}
-    assert 2.5 <= t["kill"] < 3.5 and 3.5 <= t["restart"] < 4.5 and t["ready"] > t["restart"]
+    assert 2.0 <= t["pause"] < t["kill"] and 2.5 <= t["kill"] < 3.5 and 3.5 <= t["restart"] < 4.5
+    assert t["ready"] > t["restart"]
     replicas = faults["replicas"]
     assert len(replicas) == 3 and len(replicas[1]["pids"]) == 2 and len(replicas[0]["pids"]) == 1
     assert len(set(r["target"] for r in replicas)) == 3
@@ -149,7 +171,8 @@ def test_a_replica_killed_mid_step_loses_no_request(ramps):
     sent_while_down = sum(s for s, u in zip(faults["timeline"]["sent"], up) if u == 2)
     assert sent_while_down > 100  # traffic went on, to the other two
 
-    (kill,) = faults["faults"]
+    pause, kill = faults["faults"]
+    assert pause["kind"] == "pause" and pause["end_s"] is None and kill["kind"] == "kill"
     assert kill["start_s"] == t["kill"] and kill["end_s"] == t["ready"] and kill["restart_s"] == t["restart"]
     assert kill["lost_during"] == 0 and kill["errors_during"] == {}
     for phase in ("before", "during", "after"):
