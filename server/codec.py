@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .datatypes import DATATYPES, Datatype
-from .errors import InvalidInput, quoted_name
+from .errors import InvalidInput, quoted, quoted_name
 from .v2pb import grpc_service_pb2 as pb
 
 _LEN = struct.Struct("<I")
@@ -127,7 +127,28 @@ def array_from_raw(raw: bytes, dt: Datatype, shape: tuple[int, ...], name: str) 
             f"input '{name}': raw content is {len(raw)} bytes, expected {expected} "
             f"(shape {_shape_str(shape)} of {dt.name}, {dt.itemsize} bytes each)"
         )
-    return np.frombuffer(raw, dtype=dt.numpy).reshape(shape)
+    a = np.frombuffer(raw, dtype=dt.numpy).reshape(shape)
+    if dt.name == "BOOL":
+        _check_bool_bytes(a, name)
+    return a
+
+
+def _check_bool_bytes(a: np.ndarray, name: str) -> None:
+    """Refuse a raw BOOL tensor with a byte other than 0 or 1: numpy and torch take any byte for a
+    bool as it is, and what a model gets from it depends on the op (a conversion reads it as True, a
+    view of its bytes or a BOOL output sent back carries the 2 or the 255). Triton's core checks a raw
+    input's datatype, shape and size, not its BOOL bytes (its backends get them as sent); wok refuses
+    them, as typed contents (bool_contents) cannot hold another value.
+
+    One pass of a max over the bytes (about 6 ms for 64 MiB); the first bad one is looked for only to refuse."""
+    u8 = a.view(np.uint8)
+    if u8.size and u8.max() > 1:
+        flat = int(np.argmax(u8.reshape(-1) > 1))
+        index = ", ".join(str(int(i)) for i in np.unravel_index(flat, a.shape))
+        raise InvalidInput(
+            f"input '{name}': BOOL values must be bytes 0 or 1 in raw_input_contents, got {u8.reshape(-1)[flat]} "
+            f"at element {flat} (index [{index}])"
+        )
 
 
 def _count_mismatch(contents: pb.InferTensorContents, dt: Datatype, shape: tuple[int, ...], name: str, got: int) -> str:
@@ -503,20 +524,21 @@ def decode_request(
 
 def _datatype_str(got: str) -> str:
     """A request's datatype as a message's "got" names it: a V2 one as it is (FP64); any other
-    quoted (control characters escaped), cut as a long string parameter is, and said to be none."""
+    quoted as names are (`errors.quoted`), cut as a long string parameter is, and said to be none."""
     if not got:
         return "(none)"
     if got in DATATYPES:
         return got
-    shown = repr(got) if len(got) <= _PARAM_STR_CHARS else f"{got[:_PARAM_STR_CHARS]!r}… ({len(got):,} characters)"
+    shown = quoted(got, _PARAM_STR_CHARS)
     # Datatypes are matched exactly, as Triton matches them: "fp32" is no datatype.
     hint = f" (the datatypes are upper case: {got.upper()})" if got.upper() in DATATYPES else ""
     return f"{shown}, which is not a V2 datatype{hint}; the V2 datatypes: {', '.join(DATATYPES)}"
 
 
 _INTEGER_PARAMS = ("int64_param", "uint64_param")
-# A string parameter's value is quoted in a message up to this many characters: one of 10,000
-# must not make a 10 KB message.
+# A string parameter's value (or a datatype that is none) is quoted in a message up to this many
+# characters: one of 10,000 must not make a 10 KB message. Fewer than a name's (NAME_CHARS): a value
+# is recognised by its start, and a message may hold a name besides.
 _PARAM_STR_CHARS = 40
 
 
@@ -530,9 +552,7 @@ def _param_str(p: pb.InferParameter) -> str:
     if which == "bool_param":
         return f"bool_param {'true' if v else 'false'}"
     if which == "string_param":
-        if len(v) <= _PARAM_STR_CHARS:
-            return f"string_param {v!r}"  # repr: quoted, control characters escaped
-        return f"string_param {v[:_PARAM_STR_CHARS]!r}… ({len(v):,} characters)"
+        return f"string_param {quoted(v, _PARAM_STR_CHARS)}"  # as names are: control characters escaped
     return f"{which} {v!r}"  # a double as repr reads 1000000.0, inf, nan
 
 

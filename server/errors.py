@@ -141,22 +141,28 @@ def error_line(exc: BaseException) -> str:
 
 
 # A name or id a request sent is shown in a message up to this many characters: generous for a real
-# name, and a wrong one of 100 KB makes no 100 KB message (a stream's error_message is not cut as a
-# unary call's details are, `short_details` in service.py).
+# name, and a wrong one of 100 KB makes no 100 KB message, nor one whose start (all that a unary call's
+# details and a stream's error_message keep of a long message, `short_details` in service.py) is all name.
 NAME_CHARS = 200
 
 
-def quoted_name(name: str) -> str:
-    """A name (or id) a request sent, as a message shows it: in single quotes, as it is when it is
-    all printable, else with what is not printable (a newline, a terminal's escape) and backslashes
-    escaped as repr escapes them, so that a name cannot break or forge a line of a client's log.
-    Past NAME_CHARS characters, its start and its length: 'mmm'… (100,000 characters in all)."""
-    shown = name[:NAME_CHARS]
+def quoted(text: str, chars: int) -> str:
+    """A string a request sent (a name, an id, a datatype, a parameter's value), as a message shows
+    it: in single quotes, as it is when it is all printable, else with what is not printable (a
+    newline, a terminal's escape) and backslashes escaped as repr escapes them, so that it cannot
+    break or forge a line of a client's log. Past `chars` characters, its start and its length:
+    'mmm'… (100,000 characters in all)."""
+    shown = text[:chars]
     if not shown.isprintable():
         shown = escaped(shown)
-    if len(name) <= NAME_CHARS:
+    if len(text) <= chars:
         return f"'{shown}'"
-    return f"'{shown}'… ({len(name):,} characters in all)"
+    return f"'{shown}'… ({len(text):,} characters in all)"
+
+
+def quoted_name(name: str) -> str:
+    """A name (or id) a request sent, as a message shows it (`quoted`), up to NAME_CHARS characters."""
+    return quoted(name, NAME_CHARS)
 
 
 def escaped(text: str) -> str:

@@ -119,12 +119,16 @@ _ERROR_FIELD_CHARS = 1024
 def error_answer(
     code: grpc.StatusCode, details: str, limit: int, model: str = "", version: str = "", request_id: str = ""
 ) -> pb.ModelStreamInferResponse:
-    """A stream's answer to a request that failed: `details`, and the status a unary call would
-    have ended with in its `status_code` parameter, for clients that count codes.
+    """A stream's answer to a request that failed: `details`, cut as a unary call's are
+    (`short_details`: the same message either way, and a model's check or an internal error of 1 MB
+    makes no 1 MB answer), and the status a unary call would have ended with in its `status_code`
+    parameter, for clients that count codes.
 
-    It echoes the request's model name and id, which can be as long as a request may be (a wrong
-    model name is repeated in `details` too): over gRPC's send limit, the answer would end the
-    whole stream, so then each string is cut to _ERROR_FIELD_CHARS, and `details` says so."""
+    It echoes the request's model name and id whole, as Triton does (clients match a stream's answers
+    to their requests by id), though they can be as long as a request may be: over gRPC's send limit,
+    the answer would end the whole stream, so then each string is cut to _ERROR_FIELD_CHARS, and
+    `details` says so."""
+    details = short_details(details)
     if 4 * (len(details) + len(model) + len(version) + len(request_id)) + 256 > limit:
         cut = _ERROR_FIELD_CHARS
 

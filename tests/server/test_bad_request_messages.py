@@ -1,6 +1,6 @@
 """Malformed inference requests on a real server: each gets INVALID_ARGUMENT with a message that names
-the input, what was expected and what was got, on ModelInfer and on a stream alike, and the requests
-sent around it are answered."""
+the input, what was expected and what was got, on ModelInfer and on a stream alike (the same message,
+cut alike when it is long), and the requests sent around it are answered."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from wok.codec import decode_response
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
-# A model of the two datatypes InferTensorContents has no field for, and one of a single FP32 input.
+# A model of the two datatypes InferTensorContents has no field for, one of a single FP32 input (whose
+# check refuses values over 100, and under -1000 with a 1 MB message, and fails itself under -10,000,
+# with a 1 MB error), and one of a BOOL input.
 HALF_PY = """
 from torch import nn
 
@@ -48,6 +50,23 @@ def check(inputs):
     top = float(inputs["X"].max())
     if top > 100:
         raise InvalidInput(f"input 'X': values must be at most 100, got {top}")
+    bottom = float(inputs["X"].min())
+    if bottom < -10_000:
+        raise RuntimeError("the check itself fails: " + "r" * 1_000_000)  # not a refusal: INTERNAL
+    if bottom < -1000:
+        raise InvalidInput("input 'X': " + "v" * 1_000_000)
+"""
+FLAG_PY = """
+from torch import nn
+
+
+class Flag(nn.Module):
+    def forward(self, F):
+        return F.float()
+
+
+def build():
+    return Flag()
 """
 
 
@@ -68,6 +87,7 @@ def repository(tmp_path):
     for name, model_py, inputs in (
         ("half", HALF_PY, [("H", "FP16"), ("B", "BF16")]),
         ("one", ONE_PY, [("X", "FP32")]),
+        ("flag", FLAG_PY, [("F", "BOOL")]),
     ):
         (root / name).mkdir(parents=True)
         (root / name / "model.py").write_text(model_py)
@@ -88,6 +108,19 @@ def one() -> pb.ModelInferRequest:
     req = pb.ModelInferRequest(model_name="one")
     req.inputs.add(name="X", datatype="FP32", shape=[1, 4])
     req.raw_input_contents.append(np.ones((1, 4), np.float32).tobytes())
+    return req
+
+
+def flag(raw: bytes = bytes([1, 0, 1, 0])) -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name="flag")
+    req.inputs.add(name="F", datatype="BOOL", shape=[len(raw) // 4, 4])
+    req.raw_input_contents.append(raw)
+    return req
+
+
+def one_of(value: float) -> pb.ModelInferRequest:
+    req = one()
+    req.raw_input_contents[0] = np.full((1, 4), value, np.float32).tobytes()
     return req
 
 
@@ -137,6 +170,10 @@ def with_datatype(datatype: str) -> pb.ModelInferRequest:
 
 
 ALL = "BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64, FP16, FP32, FP64, BYTES, BF16"
+# The 1 MB message of the check, as a unary call's details and a stream's error_message both cut it
+# (service.short_details: 4096 bytes percent-encoded, 100 of them for the note).
+CHECK_1MB = "model 'one' refused the request: input 'X': " + "v" * 1_000_000
+CHECK_1MB_CUT = f"{CHECK_1MB[:3996]}… (cut: {len(CHECK_1MB):,} characters in all)"
 RAW_COUNT = (
     "; expected one entry per input, in the order of the request's inputs, or none (every input's values in its "
     "contents)"
@@ -179,13 +216,29 @@ CASES = {
     ),
     "a datatype of 100,000 characters": (
         with_datatype("Q" * 100_000),
-        f"input 'X': expected datatype FP32, got '{'Q' * 40}'… (100,000 characters), which is not a V2 datatype; "
-        f"the V2 datatypes: {ALL}",
+        f"input 'X': expected datatype FP32, got '{'Q' * 40}'… (100,000 characters in all), which is not a V2 "
+        f"datatype; the V2 datatypes: {ALL}",
+    ),
+    # Quoted as names are (errors.quoted): in single quotes whatever it holds (repr wrote "it's").
+    "a datatype with a quote": (
+        with_datatype("it's"),
+        f"input 'X': expected datatype FP32, got 'it's', which is not a V2 datatype; the V2 datatypes: {ALL}",
     ),
     # It ended INTERNAL ("its check (model:check) failed: InvalidInput: ..."), logged with a traceback.
     "a check's InvalidInput": (
         over_100(),
         "model 'one' refused the request: input 'X': values must be at most 100, got 1000.0",
+    ),
+    # A stream's error_message was the whole 1 MB; a unary call's details were cut.
+    "a check's InvalidInput of 1 MB": (one_of(-2000.0), CHECK_1MB_CUT),
+    # Taken for bools as they were: the byte reached the model (numpy, torch) as it was sent.
+    "a BOOL byte of 2": (
+        flag(bytes([1, 0, 2, 1])),
+        "input 'F': BOOL values must be bytes 0 or 1 in raw_input_contents, got 2 at element 2 (index [0, 2])",
+    ),
+    "a BOOL byte of 255 in the second row": (
+        flag(bytes([0, 1, 0, 1, 1, 255, 2, 0])),
+        "input 'F': BOOL values must be bytes 0 or 1 in raw_input_contents, got 255 at element 5 (index [1, 1])",
     ),
     # Already right, kept as they are: a V2 datatype that is not the input's, and none at all.
     "another V2 datatype": (with_datatype("FP64"), "input 'X': expected datatype FP32, got FP64"),
@@ -194,10 +247,12 @@ CASES = {
 
 
 def _good(model: str) -> pb.ModelInferRequest:
-    return half() if model == "half" else one()
+    return {"half": half, "one": one, "flag": flag}[model]()
 
 
 def _answer_of(model: str) -> np.ndarray:
+    if model == "flag":
+        return np.array([[1, 0, 1, 0]], np.float32)
     return np.full((1, 4), 3.5 if model == "half" else 2.0, np.float32)
 
 
@@ -253,3 +308,30 @@ async def test_each_malformed_request_on_a_stream_gets_its_one_answer_by_name_an
             a = by_id[req.id]
             assert a.error_message == "", f"{req.id}: {a.error_message}"
             np.testing.assert_array_equal(decode_response(a.infer_response)["OUT"], _answer_of(req.model_name))
+
+
+async def test_an_internal_error_of_1_mb_is_cut_alike_on_model_infer_and_on_a_stream_which_echoes_the_id_whole(
+    serve, repository
+):
+    # A check that fails itself (not a refusal) ends INTERNAL with its error's text: the stream's
+    # error_message held all 1 MB of it. The model name and id are echoed whole, as Triton does: a
+    # client matches a stream's answers to its requests by id.
+    bad = one_of(-20_000.0)
+    bad.id = "i" * 5000
+    async with serve(repository=repository) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(bad)
+
+            async def requests():
+                yield bad
+
+            answers = [a async for a in stub.ModelStreamInfer(requests())]
+    message = "model 'one': its check (model:check) failed: RuntimeError: the check itself fails: " + "r" * 1_000_000
+    cut = f"{message[:3996]}… (cut: {len(message):,} characters in all)"
+    assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INTERNAL, cut)
+    [a] = answers
+    assert a.error_message == cut
+    assert a.infer_response.parameters["status_code"].int64_param == grpc.StatusCode.INTERNAL.value[0]
+    assert (a.infer_response.model_name, a.infer_response.id) == ("one", bad.id)

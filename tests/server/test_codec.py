@@ -85,6 +85,23 @@ def test_typed_contents_decode_like_raw(datatype):
     np.testing.assert_array_equal(decode_request(req, s).inputs["X"], x)
 
 
+@pytest.mark.parametrize(
+    "raw, got",
+    [
+        (bytes([1, 0, 2, 1, 1, 1]), "got 2 at element 2 (index [0, 2])"),
+        (bytes([0, 1, 1, 1, 255, 7]), "got 255 at element 4 (index [1, 1])"),  # the first bad one is named
+    ],
+)
+def test_a_raw_bool_byte_other_than_0_or_1_is_refused_naming_the_first(raw, got):
+    # numpy and torch would take the byte for a bool as it is; a model that sends it back sends the byte.
+    req = encode_request("id", {"X": np.zeros((2, 3), np.bool_)})
+    req.raw_input_contents[0] = raw
+    with pytest.raises(InvalidInput) as info:
+        decode_request(req, identity("BOOL"))
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(info.value) == f"input 'X': BOOL values must be bytes 0 or 1 in raw_input_contents, {got}"
+
+
 @pytest.mark.parametrize("datatype", ["FP16", "BF16"])
 def test_types_without_a_contents_field_must_be_raw(datatype):
     req = pb.ModelInferRequest(model_name="id")
@@ -148,6 +165,8 @@ EXPECTED_PARAM = {
         ("bool_param", True, "bool_param true"),
         ("bool_param", False, "bool_param false"),
         ("string_param", "a\nb", "string_param 'a\\nb'"),  # quoted, a control character escaped
+        # Quoted as names are (errors.quoted): in single quotes whatever it holds, not repr's "it's".
+        ("string_param", "it's", "string_param 'it's'"),
     ],
 )
 def test_a_bad_timeout_or_priority_parameter_names_what_was_got_and_its_kind(key, kind, value, got):
@@ -181,7 +200,7 @@ def test_a_long_string_parameter_is_cut_in_the_message(key):
     with pytest.raises(InvalidInput) as info:
         decode_request(req, identity("FP32"))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert str(info.value) == f"{EXPECTED_PARAM[key]}, got string_param '{'9' * 40}'… (10,000 characters)"
+    assert str(info.value) == f"{EXPECTED_PARAM[key]}, got string_param '{'9' * 40}'… (10,000 characters in all)"
     assert len(str(info.value)) < 300
 
 
@@ -198,7 +217,7 @@ SEQUENCE_REFUSED = (
         ("sequence_id", "int64_param", -1, "int64_param -1"),
         ("sequence_id", "uint64_param", 7, "uint64_param 7"),
         ("sequence_id", "string_param", "user-42", "string_param 'user-42'"),
-        ("sequence_id", "string_param", "s" * 10_000, f"string_param '{'s' * 40}'… (10,000 characters)"),
+        ("sequence_id", "string_param", "s" * 10_000, f"string_param '{'s' * 40}'… (10,000 characters in all)"),
         ("sequence_id", "double_param", 1.0, "double_param 1.0"),  # not a kind Triton takes: still no sequence
         ("sequence_start", "bool_param", True, "bool_param true"),
         ("sequence_end", "bool_param", True, "bool_param true"),
