@@ -19,6 +19,11 @@ sent before the stop or not; but `{"mode": "off"}` to /admin/faults is taken thr
 fault lifted lets the drain finish). The reads (GET and HEAD of the admin paths, /metrics) are
 answered through the drain; from this port's own stop, the drain's end, every POST and /events
 answer 503.
+
+Every answer carries a Date header (RFC 9110 6.6.1), formatted once a second. A request whose Host
+is not `host[:port]` (RFC 9110 7.2: a name, an IPv4 address or a bracketed IPv6 one, then an
+optional colon and digits) gets 400 naming it (RFC 9112 3.2), as does an absolute-form target
+whose authority is not; a path not served gets 404 naming it and the paths that are.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import re
 import socket
 import time
 from collections.abc import Callable
+from email.utils import formatdate
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
@@ -40,6 +46,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from .admin import Admin, dumps
 from .config import host_port
+from .errors import NAME_CHARS
 from .faults import AdminRequestError
 from .ratelog import WindowedWarning
 
@@ -105,6 +112,16 @@ JSON = "application/json"
 # the colon included, a proxy in front may read otherwise.
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 VERSION = re.compile(r"HTTP/([0-9])\.([0-9])")  # RFC 9112 2.3; "HTTP" is case-sensitive
+# A Host field value (RFC 9110 7.2): uri-host [":" port], uri-host an RFC 3986 3.2.2 host: a reg-name
+# (a name, an IPv4 address, or empty, which RFC 9112 3.2 has a client send when the target has
+# no authority) or an IP literal in brackets, checked by _valid_host; port = *DIGIT, so
+# `127.0.0.1:` is one. Anything else (`a b`, `x/y`, `u@h`, `::1` unbracketed) is not a host, and
+# a proxy in front, or the cross-site check, may read another name from it.
+HOST = re.compile(r"((?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})*|\[([^\[\]]*)\])(?::[0-9]*)?")
+# An IP literal's inside, besides an IPv6 address: IPvFuture (RFC 3986 3.2.2), and an IPv6
+# address's zone (`fe80::1%25eth0`, RFC 6874), which some clients send.
+IP_FUTURE = re.compile(r"v[0-9A-Fa-f]+\.[A-Za-z0-9\-._~!$&'()*+,;=:]+")
+ZONE = re.compile(r"%25(?:[A-Za-z0-9\-._~]|%[0-9A-Fa-f]{2})+")
 # Admin paths and the Admin methods that answer their GET and POST (a POST reads its body).
 ADMIN_ROUTES = {
     "/admin/faults": ("get_faults", "post_faults"),
@@ -117,21 +134,19 @@ ADMIN_ROUTES = {
 # answer unread (Linux keeps it); dropped, it is the bare close it replaces, else a scrape error that
 # says why.
 _REFUSED_BODY = b"the metrics port is at its connection limit, every connection busy: try again\n"
-REFUSED = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
-    b"Connection: close\r\n\r\n%s" % (len(_REFUSED_BODY), _REFUSED_BODY)
-)
 # The answer to a connection closed to make room for a newer one with a request owed (its first,
 # perhaps in the socket, not read yet: a burst of new connections closes some of its own).
 _CLOSED_FOR_ROOM_BODY = (
     b"the metrics port is at its connection limit: this connection was closed for a newer one before its "
     b"request was read: try again\n"
 )
-CLOSED_FOR_ROOM = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
-    b"Connection: close\r\n\r\n%s" % (len(_CLOSED_FOR_ROOM_BODY), _CLOSED_FOR_ROOM_BODY)
-)
 METRICS_OFF = b"metrics are off: this server runs with --no-metrics\n"
+
+
+def date_line(now: int) -> bytes:
+    """`Date: <IMF-fixdate>\r\n` for the second `now` (RFC 9110 6.6.1: an origin server with a clock
+    MUST send Date in its 2xx, 3xx and 4xx answers)."""
+    return b"Date: %s\r\n" % formatdate(now, usegmt=True).encode("ascii")
 
 
 def _turns_faults_off(body) -> bool:
@@ -148,8 +163,14 @@ class MetricsHTTPServer:
         # answers 404 with the reason, as a 200 of zeroed series would read as a server without traffic.
         self.metrics = metrics
         self.admin = admin
+        # What a 404 lists as served: those that answer 200 (not /metrics with metrics off).
+        served = (["/metrics"] if metrics else []) + ["/"] + ([*ADMIN_ROUTES, "/events"] if admin is not None else [])
+        self._served = ", ".join(served)
         self.host = host
         self.port = port
+        # The Date line of the second it was made for, made again in the next: /metrics is scraped
+        # often, and its answer should cost no more than the render it shares.
+        self._date: tuple[int, bytes] = (-1, b"")
         self._server: asyncio.base_events.Server | None = None
         # Each connection's task, and its writer, which stop() aborts.
         self._clients: dict[asyncio.Task, asyncio.StreamWriter] = {}
@@ -307,9 +328,24 @@ class MetricsHTTPServer:
         self._clients[task] = writer
         task.add_done_callback(self._clients.pop)
 
+    def _date_header(self) -> bytes:
+        """The Date header line for now (`date_line`), formatted once a second."""
+        now = int(time.time())
+        if self._date[0] != now:
+            self._date = (now, date_line(now))
+        return self._date[1]
+
+    def _closing_503(self, body: bytes) -> bytes:
+        """A 503 that ends its connection, written whole as it closes (see _REFUSED_BODY)."""
+        return (
+            b"HTTP/1.1 503 Service Unavailable\r\n%sContent-Type: text/plain\r\nContent-Length: %d\r\n"
+            b"Connection: close\r\n\r\n%s" % (self._date_header(), len(body), body)
+        )
+
     def _refuse(self, writer: asyncio.StreamWriter) -> None:
         """Close a new connection that found every slot busy and none to free, and count it for the log."""
-        writer.write(REFUSED)  # just accepted: its buffer is empty, and this small answer leaves at once
+        # Just accepted: its buffer is empty, and this small answer leaves at once.
+        writer.write(self._closing_503(_REFUSED_BODY))
         writer.close()
         self._closed_unanswered("refused")
 
@@ -403,7 +439,7 @@ class MetricsHTTPServer:
                 # Closed, not aborted, so that the 503 goes out first; the close ends its read at
                 # once all the same (its reader gets the end of stream), and its task checks
                 # is_closing before it answers a request read in this pass.
-                writer.write(CLOSED_FOR_ROOM)
+                writer.write(self._closing_503(_CLOSED_FOR_ROOM_BODY))
                 writer.close()
                 self._closed_unanswered("room")
                 return True
@@ -532,6 +568,12 @@ class MetricsHTTPServer:
                 error = b"Host: expected one header, got none (RFC 9112 3.2)\n"
                 await self._respond(writer, 400, error, "text/plain", close=True, head=head)
                 return
+            if "host" in headers and not _valid_host(headers["host"]):
+                # RFC 9112 3.2 (a MUST). Served, `Host: a b` or `Host: x/y` reached the admin
+                # paths' cross-site check, and a proxy in front may read another name from it.
+                error = f"Host: expected {HOST_SHAPE}, got {_quoted(headers['host'])}\n"
+                await self._respond(writer, 400, error.encode("ascii"), "text/plain", close=True, head=head)
+                return
             length = headers.get("content-length")
             if length is not None and not re.fullmatch(r"[0-9]+", length):
                 # Not a number of bytes ("-1", "2, 2", "0x2", none at all): where the body ends is
@@ -582,7 +624,8 @@ class MetricsHTTPServer:
         head = method == "HEAD"
         if path.startswith("/admin/") or path == "/events":
             if self.admin is None:  # off: as if absent; an unread body ends the connection
-                await self._respond(writer, 404, b"not found\n", "text/plain", close=True, head=head)
+                error = self._not_found(path, "the admin API is off: `wok serve --admin` serves it")
+                await self._respond(writer, 404, error.encode("ascii"), "text/plain", close=True, head=head)
                 return False
             refusal = cross_site_refusal(headers, authority)
             if refusal is not None:
@@ -591,7 +634,9 @@ class MetricsHTTPServer:
             return await self._admin(reader, writer, method, path, headers, close)
         if path not in ("/metrics", "/"):
             # Whatever the method: a 405 would say that the resource exists (RFC 9110 15.5.6).
-            await self._respond(writer, 404, b"not found\n", "text/plain", close=close, head=head)
+            await self._respond(
+                writer, 404, self._not_found(path).encode("ascii"), "text/plain", close=close, head=head
+            )
         elif method not in ("GET", "HEAD"):
             error = f"{path} takes GET or HEAD, got {method}\n".encode("latin-1")
             await self._respond(writer, 405, error, "text/plain", close=close, allow="GET, HEAD")
@@ -627,7 +672,7 @@ class MetricsHTTPServer:
             await self._stream_events(writer)
             return False
         if path not in ADMIN_ROUTES:
-            await self._json(writer, 404, {"error": f"no admin path {path}"}, close, head=head)
+            await self._json(writer, 404, {"error": self._not_found(path).rstrip("\n")}, close, head=head)
             return not close
         get, post = (getattr(admin, name) for name in ADMIN_ROUTES[path])
         if method in ("GET", "HEAD"):
@@ -709,6 +754,11 @@ class MetricsHTTPServer:
         await self._json(writer, 200, answer, close)
         return not close
 
+    def _not_found(self, path: str, why: str = "") -> str:
+        """A 404's body: the path asked for (quoted, capped) and those served; "not found" alone
+        left a scraper's typo (/metric, /metrics/) to be guessed at."""
+        return f"no path {_quoted(path)} here{f' ({why})' if why else ''}; paths: {self._served}\n"
+
     async def _internal_error(self, writer, method: str, path: str, *, head: bool = False) -> None:
         """Answer a request's unexpected exception (the one being handled) with 500, and log it.
 
@@ -726,8 +776,8 @@ class MetricsHTTPServer:
         try:
             _write(
                 writer,
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                b"Connection: close\r\n\r\n",
+                b"HTTP/1.1 200 OK\r\n" + self._date_header() + b"Content-Type: text/event-stream\r\n"
+                b"Cache-Control: no-cache\r\nConnection: close\r\n\r\n",
             )
             try:
                 while True:
@@ -757,11 +807,12 @@ class MetricsHTTPServer:
         """Send one answer; `allow` (the methods the path takes) goes with a 405, as RFC 9110 15.5.6 asks."""
         reason = REASONS[status]
         header = (
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
             + (f"Allow: {allow}\r\n" if allow else "")
             + f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
         )
-        await self._send(writer, header.encode("latin-1") + (b"" if head else body))
+        status_line = f"HTTP/1.1 {status} {reason}\r\n".encode("latin-1")
+        await self._send(writer, status_line + self._date_header() + header.encode("latin-1") + (b"" if head else body))
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
         """Write, then wait for the client to take it; while it does not, the connection may make room."""
@@ -863,9 +914,51 @@ def _target(target: str) -> tuple[str, str | None]:
         url = urlsplit(target)
     except ValueError as exc:  # a bracket left open ("http://[::1/")
         raise BadRequest(f"request target: expected an http URL, got {_shown(target)}: {exc}") from None
-    if not url.netloc or "@" in url.netloc:
+    if not url.netloc or "@" in url.netloc or url.netloc[0] == ":":
         raise BadRequest(f"request target: expected an http URL with a host and no userinfo, got {_shown(target)}")
+    if not _valid_host(url.netloc):
+        # It takes Host's place (the admin paths' cross-site check reads it), and is held to Host's shape.
+        raise BadRequest(
+            f"request target: expected an http URL whose authority is {HOST_SHAPE}, got {_quoted(url.netloc)}"
+        )
     return url.path or "/", url.netloc
+
+
+# How a 400 for a Host (or an absolute-form target's authority) names what it expected.
+HOST_SHAPE = "host[:port] (a name, an IPv4 address or a bracketed IPv6 one; RFC 9110 7.2)"
+
+
+def _valid_host(value: str) -> bool:
+    """Whether `value` is `uri-host [":" port]` (RFC 9110 7.2, RFC 3986 3.2.2; see HOST)."""
+    match = HOST.fullmatch(value)
+    if match is None:
+        return False
+    literal = match[2]
+    if literal is None or IP_FUTURE.fullmatch(literal):
+        return True
+    address, percent, zone = literal.partition("%")
+    if percent and not ZONE.fullmatch(percent + zone):
+        return False
+    try:
+        ipaddress.IPv6Address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def _quoted(text: str) -> str:
+    """A value a request sent (a header's, a path), as an answer shows it: errors.quoted_name's
+    form in ASCII. In quotes as it is when it is all printable ASCII, else with backslashes and
+    every other byte escaped (\\x1b, \\xe9: the head is read as Latin-1, a byte a character);
+    past NAME_CHARS, its start and its length, so that a 16 KiB path makes no 16 KiB answer."""
+    shown = text[:NAME_CHARS]
+    if not (shown.isascii() and shown.isprintable()):
+        shown = "".join(
+            c if " " <= c <= "~" and c != "\\" else repr(c)[1:-1] if c < "\x80" else f"\\x{ord(c):02x}" for c in shown
+        )
+    if len(text) <= NAME_CHARS:
+        return f"'{shown}'"
+    return f"'{shown}'... ({len(text):,} bytes in all)"
 
 
 def _head_buffered(buffered: bytes) -> bool:

@@ -152,16 +152,13 @@ def test_an_event_stream_whose_client_left_ends_with_no_error(run_on, loop, capl
     assert errors(caplog) == []
 
 
-@pytest.mark.parametrize(
-    "headers", [b"Host: [::1\r\n", b"Host: 127.0.0.1\r\nOrigin: http://[x\r\n"], ids=["host", "origin"]
-)
-async def test_an_unparsable_host_or_origin_is_refused_with_403(headers, raw_http):
+async def test_an_unparsable_origin_is_refused_with_403(raw_http):
+    """An unparsable Host (`[::1`) is refused before, with 400 (test_http_host.py)."""
     async with Server() as s:
-        answer = await raw_http(s.port, b"GET /admin/faults HTTP/1.1\r\n" + headers + b"\r\n")
+        answer = await raw_http(s.port, b"GET /admin/faults HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://[x\r\n\r\n")
     [(top, body)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 403 Forbidden\r\n"), answer
-    value = headers.split(b": ")[-1].strip().decode()
-    assert value in json.loads(body)["error"]
+    assert "http://[x" in json.loads(body)["error"]
 
 
 class BrokenCollector:

@@ -392,5 +392,5 @@ async def test_any_method_on_a_path_not_served_gets_404(method, raw_http):
         )
     [(top, body)] = responses(answer, [False])
     assert status(top) == b"HTTP/1.1 404 Not Found" and b"Allow:" not in top and b"Connection: close" in top, answer
-    assert body == b"not found\n"
+    assert body == b"no path '/nowhere' here; paths: /metrics, /, /admin/faults, /admin/batching, /events\n"
     assert status(responses(served, [False])[0][0]) == b"HTTP/1.1 405 Method Not Allowed", served
