@@ -238,6 +238,21 @@ def parse_sizes(spec: str) -> Sizes:
 
 
 # -- payloads ----------------------------------------------------------------------------------
+# The longest string a BYTES input's payload holds (each is 1 to this many random letters).
+BYTES_LONGEST = 16
+
+
+def _varint_len(n) -> np.ndarray:
+    """The bytes of protobuf's varint of each n >= 0 (float64, elementwise): 7 bits a byte."""
+    n = np.asarray(n, dtype=np.float64)
+    return 1.0 + sum((n >= 2.0**bits).astype(np.float64) for bits in range(7, 64, 7))
+
+
+def _string_field(length: int) -> float:
+    """The bytes of a string field of `length` bytes: none when empty (proto3 leaves it out)."""
+    return float(1 + _varint_len(length) + length) if length else 0.0
+
+
 class PayloadGenerator:
     """One request's inputs for `model`, shaped by its metadata.
 
@@ -284,16 +299,28 @@ class PayloadGenerator:
         return any(-1 in t.shape[1:] for t in self.inputs)
 
     def nbytes(self, sizes: np.ndarray) -> np.ndarray:
-        """The serialized request of each size, estimated in bytes (float64): the inputs' raw contents
-        (a BYTES element: its 4-byte length and 8.5 letters on average) and protobuf's framing."""
+        """The serialized request of each size in bytes (float64), as `wok.codec.encode_request` writes
+        it: protobuf's wire format counted field by field, so exact for every datatype but BYTES, whose
+        strings' lengths are drawn: each is counted at its longest (its 4-byte length and BYTES_LONGEST
+        letters), an upper bound. The pool's cap is held against this (`plan_pool`): an estimate of the
+        average let a pool planned just under the cap serialize to more than it."""
         s = np.asarray(sizes, dtype=np.float64)
-        total = np.full(s.shape, 4.0 + len(self.model))
+        total = np.full(s.shape, _string_field(len(self.model.encode())))  # model_name; id and the rest empty
         for t in self.inputs:
             dt = datatype(t.datatype)
-            per = 12.5 if dt.name == "BYTES" else float(dt.itemsize)
+            per = 4.0 + BYTES_LONGEST if dt.name == "BYTES" else float(dt.itemsize)
             fixed = math.prod(self.shape_of(t, 1))  # the elements of size 1: the rest grow with it
             k = sum(1 for d in t.shape[1:] if d == -1)
-            total += 12 + len(t.name) + len(t.datatype) + per * fixed * s**k
+            raw = per * fixed * s**k
+            shape = np.zeros(s.shape)
+            if t.shape:  # packed int64s: the fixed dimensions' varints and one of the size per variable one
+                first = self.rows if t.shape[0] == -1 else t.shape[0]
+                dims = sum(float(_varint_len(d)) for d in (first, *(d for d in t.shape[1:] if d != -1)))
+                dims = dims + k * _varint_len(s)
+                shape = 1 + _varint_len(dims) + dims
+            tensor = _string_field(len(t.name.encode())) + _string_field(len(t.datatype.encode())) + shape
+            total += 1 + _varint_len(tensor) + tensor  # inputs: tag, length, the InferInputTensor
+            total += 1 + _varint_len(raw) + raw  # raw_input_contents: tag, length, the bytes (even none)
         return total
 
     def shape_of(self, spec: TensorSpec, size: int) -> tuple[int, ...]:
@@ -317,9 +344,9 @@ class PayloadGenerator:
             return rng.integers(0, high, shape, dtype=dt.numpy)
         if kind == "b":
             return rng.random(shape) < 0.5
-        # BYTES: one draw of letters, cut into strings of 1 to 16 bytes.
+        # BYTES: one draw of letters, cut into strings of 1 to BYTES_LONGEST bytes.
         count = math.prod(shape)
-        lengths = rng.integers(1, 17, count)
+        lengths = rng.integers(1, BYTES_LONGEST + 1, count)
         letters = rng.integers(ord("a"), ord("z") + 1, int(lengths.sum()), dtype=np.uint8).tobytes()
         ends = np.cumsum(lengths)
         out = np.empty(count, dtype=object)
@@ -346,6 +373,7 @@ class PayloadGenerator:
 # draws (recsys's ids: at most this many × ids per request distinct embedding rows are read).
 POOL_PER_MODEL = 256
 # The pool's serialized bytes, all models of a mix together: every worker process holds a copy.
+# Held against PayloadGenerator.nbytes, exact (a BYTES string at its longest): one payload alone may pass it.
 POOL_CAP_BYTES = 64 << 20
 # The most distinct sizes made one payload each; and the largest pool of draws past the cap.
 MAX_SUPPORT = 1 << 16
