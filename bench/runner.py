@@ -33,6 +33,25 @@ PLAIN_PROGRESS_MAX_S = 60.0
 STATUS_NAMES: dict[int, str] = {}
 
 
+def plain_progress_every(total_s: float) -> float:
+    """Off a terminal, seconds between a step's progress lines: a tenth of the step (`total_s`,
+    its warm-up included), kept between PLAIN_PROGRESS_MIN_S and PLAIN_PROGRESS_MAX_S (read at each
+    call), so that a short step prints none and a day-long one a line a minute."""
+    return min(PLAIN_PROGRESS_MAX_S, max(PLAIN_PROGRESS_MIN_S, total_s / 10))
+
+
+def plain_progress_line(label: str, elapsed_s: float, total_s: float, shown: int) -> tuple[str | None, int]:
+    """Off a terminal, a step's progress line at `elapsed_s` (seconds since it started), if one is due:
+    (the line or None, the number of periods shown so far, `shown` the same before). A tick late by
+    more than a period shows the latest one alone; none at or after the step's end."""
+    every = plain_progress_every(total_s)
+    if elapsed_s >= (shown + 1) * every and elapsed_s < total_s:
+        return f"{label}: {elapsed_s:.0f} s of {total_s:g} s ({100 * elapsed_s / total_s:.0f}%)", int(
+            elapsed_s // every
+        )
+    return None, shown
+
+
 def status_name(code: int) -> str:
     if not STATUS_NAMES:
         import grpc
@@ -560,18 +579,15 @@ class Ramp:
         total = self.cfg.warmup_s + self.cfg.step_duration_s
         if not sys.stderr.isatty():
             # No live bar in a log (nohup, CI, a pipe), but a long step (a soak) must still show
-            # it is running: a plain line every tenth of the step, kept between 10 s and 60 s
-            # apart so that a short step prints none and a day-long one a line a minute.
-            every = min(PLAIN_PROGRESS_MAX_S, max(PLAIN_PROGRESS_MIN_S, total / 10))
+            # it is running: plain lines (plain_progress_every).
             label = self._step_label
             shown = 0
 
             def plain_tick() -> None:
                 nonlocal shown
-                elapsed = time.monotonic() - start
-                if elapsed >= (shown + 1) * every and elapsed < total:
-                    shown = int(elapsed // every)
-                    self.say(f"{label}: {elapsed:.0f} s of {total:g} s ({100 * elapsed / total:.0f}%)")
+                line, shown = plain_progress_line(label, time.monotonic() - start, total, shown)
+                if line is not None:
+                    self.say(line)
 
             return workers.finish(on_tick=plain_tick)
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn

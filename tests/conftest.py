@@ -159,9 +159,21 @@ class ServerProcess:
         return self.proc.wait(timeout)
 
 
-def start_server_process(*args: str, timeout: float = 120.0) -> ServerProcess:
-    """Start `python -m wok serve --port 0 ARGS` and wait for its ready line."""
+# `python -c NOHUP_EXEC ARGS` runs `python ARGS` with SIGHUP ignored, as nohup starts a command: the
+# disposition is set in the child, so the starting process (any thread of it) keeps its own, and an
+# ignored signal stays ignored across the exec. The process keeps its pid.
+NOHUP_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+def start_server_process(*args: str, timeout: float = 120.0, sighup_ignored: bool = False) -> ServerProcess:
+    """Start `python -m wok serve --port 0 ARGS` and wait for its ready line; with `sighup_ignored`,
+    started with SIGHUP ignored, as under nohup (NOHUP_EXEC)."""
     cmd = [sys.executable, "-m", "wok", "serve", "--port", "0", "--metrics-port", "0", *args]
+    if sighup_ignored:
+        cmd = [sys.executable, "-c", NOHUP_EXEC, *cmd[1:]]
     # The server's own gRPC log level, not one this process took by importing wok.__main__.
     env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"} | {"PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
@@ -202,8 +214,8 @@ def _starter():
     """A start function that remembers what it started, and a cleanup that stops it all."""
     started: list[ServerProcess] = []
 
-    def start(*args: str) -> ServerProcess:
-        sp = start_server_process(*args)
+    def start(*args: str, **options) -> ServerProcess:
+        sp = start_server_process(*args, **options)
         started.append(sp)
         return sp
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
+from wok.bench.runner import plain_progress_every, plain_progress_line
 from wok.bench.soak import RSS, RssSampler
 
 from .conftest import WEB_PAGE, serving
@@ -20,9 +21,26 @@ from .conftest import WEB_PAGE, serving
 pytestmark = pytest.mark.timeout(60)
 
 
-def _start(tmp_path, target: str, *args: str) -> subprocess.Popen:
-    """`wok bench ramp` in a child, its stderr a file: not a terminal, as under nohup or in CI."""
-    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", target, "--workers", "1", *args]
+# `wok` as `python -m wok` runs it, with the floor of the plain progress lines' period set to
+# sys.argv[1] seconds: the schedule itself is tested as a function (test_the_plain_progress_schedule).
+WOK_WITH_PROGRESS_FLOOR = """
+import sys
+
+from wok.bench import runner
+from wok.entry import main
+
+runner.PLAIN_PROGRESS_MIN_S = float(sys.argv.pop(1))
+sys.exit(main())
+"""
+
+
+def _start(tmp_path, target: str, *args: str, progress_floor_s: float | None = None) -> subprocess.Popen:
+    """`wok bench ramp` in a child, its stderr a file: not a terminal, as under nohup or in CI.
+    `progress_floor_s`: PLAIN_PROGRESS_MIN_S in the child (WOK_WITH_PROGRESS_FLOOR)."""
+    wok = [sys.executable, "-m", "wok"]
+    if progress_floor_s is not None:
+        wok = [sys.executable, "-c", WOK_WITH_PROGRESS_FLOOR, str(progress_floor_s)]
+    cmd = [*wok, "bench", "ramp", "--target", target, "--workers", "1", *args]
     with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
         return subprocess.Popen(cmd, stdout=out, stderr=err)
 
@@ -43,22 +61,26 @@ def _bench(tmp_path, target: str, *args: str) -> tuple[int, str, str]:
 
 
 LONG_STEP_TEST = "test_a_long_step_off_a_terminal_prints_a_bounded_number_of_progress_lines"
+# The long step's soak and the floor of its progress lines' period in its child: as the product's
+# 10 s floor in an 11 s soak, one line is due, but 2 s before the end rather than 1 s (a tick late
+# on a slow host).
+LONG_STEP_S, LONG_STEP_FLOOR_S = 4, 2.0
 
 
 @pytest.fixture(scope="module", autouse=True)
 def long_step(request, tmp_path_factory):
-    """The 11 s soak of LONG_STEP_TEST, started as the module starts when that test is selected: its
-    progress line cannot come before 10 s (the product's floor, which the test checks), and the
-    module's other runs fit in that wait (its test is the module's last). It offers 10 QPS, theirs
-    16 QPS for 1 s or nothing to this server, and none of their checks counts the server's requests."""
+    """The soak of LONG_STEP_TEST, started as the module starts when that test is selected: its
+    progress line cannot come before LONG_STEP_FLOOR_S, and the module's other runs start in that
+    wait (its test is the module's last). It offers 10 QPS, theirs 16 QPS for 1 s or nothing to this
+    server, and none of their checks counts the server's requests."""
     selected = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
     if LONG_STEP_TEST not in selected:
         yield None
         return
     server = request.getfixturevalue("bench_server")
     d = tmp_path_factory.mktemp("long_step")
-    args = ["--metrics-url", "none", "--capacity", "10", "--soak", "11s", "--soak-load", "100%"]
-    proc = _start(d, server.target, *args)
+    args = ["--metrics-url", "none", "--capacity", "10", "--soak", f"{LONG_STEP_S}s", "--soak-load", "100%"]
+    proc = _start(d, server.target, *args, progress_floor_s=LONG_STEP_FLOOR_S)
     try:
         yield proc, d
     finally:
@@ -166,16 +188,40 @@ def test_rows_unchecked_for_a_server_without_model_config_is_said_and_the_ramp_r
     assert err.splitlines()[0] in doc["warnings"]
 
 
+def test_the_plain_progress_schedule():
+    """Off a terminal, a step's lines come every tenth of the step, no oftener than every 10 s and no
+    rarer than every 60 s, none at or after its end (ticks every 0.2 s, as WorkerPool.finish's)."""
+    assert [plain_progress_every(t) for t in (0.5, 11, 100, 200, 600, 601, 86400)] == [10, 10, 10, 20, 60, 60, 60]
+
+    def lines(total_s: float, ticks_s: list[float]) -> list[str]:
+        shown, out = 0, []
+        for t in ticks_s:
+            line, shown = plain_progress_line("step 1/1", t, total_s, shown)
+            out += [line] if line is not None else []
+        return out
+
+    def every_tick(total_s: float) -> list[float]:
+        return [i / 5 for i in range(int(total_s * 5) + 3)]  # to past the end
+
+    assert lines(9.9, every_tick(9.9)) == []
+    assert lines(11, every_tick(11)) == ["step 1/1: 10 s of 11 s (91%)"]
+    assert lines(200, every_tick(200)) == [f"step 1/1: {t} s of 200 s ({t // 2}%)" for t in range(20, 200, 20)]
+    assert len(lines(3600, every_tick(3600))) == 59 and lines(3600, [60.1])[0] == "step 1/1: 60 s of 3600 s (2%)"
+    # A tick late by more than a period shows the latest one alone, and the next is a period after it.
+    assert lines(200, [19.9, 61.0, 79.9, 80.0]) == ["step 1/1: 61 s of 200 s (30%)", "step 1/1: 80 s of 200 s (40%)"]
+
+
 # Last in the module: its run started with the module and ran beside the others' (`long_step`).
 def test_a_long_step_off_a_terminal_prints_a_bounded_number_of_progress_lines(long_step):
-    """An 11 s soak printed nothing between its start line and its end: one line comes at 10 s
-    (a tenth of the step, but no oftener than every 10 s)."""
+    """An 11 s soak printed nothing between its start line and its end: one line comes at 10 s (a
+    tenth of the step, but no oftener than every 10 s, test_the_plain_progress_schedule). Here the
+    same, scaled down in its child: a 4 s soak, a floor of 2 s, one line at 2 s or later."""
     status, _, err = _ended(*long_step)
     assert status == 0, err
     lines = err.splitlines()
-    start = lines.index("step 1/1: 10 QPS offered for 11 s (+0 s warm-up)")
+    start = lines.index(f"step 1/1: 10 QPS offered for {LONG_STEP_S} s (+0 s warm-up)")
     end = next(i for i, line in enumerate(lines) if line.startswith("step 1/1: achieved "))
-    progress = [line for line in lines if re.fullmatch(r"step 1/1: \d+ s of 11 s \(\d+%\)", line)]
+    progress = [m for line in lines if (m := re.fullmatch(rf"step 1/1: (\d+) s of {LONG_STEP_S} s \(\d+%\)", line))]
     assert len(progress) == 1, err
-    assert start < lines.index(progress[0]) < end
-    assert progress[0].startswith("step 1/1: 10 s of 11 s (9")
+    assert start < lines.index(progress[0].group(0)) < end
+    assert int(progress[0].group(1)) >= LONG_STEP_FLOOR_S, err

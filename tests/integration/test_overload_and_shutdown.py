@@ -87,9 +87,12 @@ def build(sleep_ms):
 """
 
 
+# Started with SIGHUP ignored, as nohup starts a command (its test reads the dispositions it then has).
+NOHUP = ("test_sighup_ignored_at_start_as_under_nohup_stays_ignored", None)
 # The signal tests' servers, one each: (test, parameter id) → the slow model's options, and whether
 # its model.py is HELD_MODEL (a batch held long enough for the test's signals to land while it runs).
 SIGNALLED = {
+    NOHUP: ({"sleep_ms": 1}, False),
     # 20 ms per batch of 4: 64 requests need about 0.32 s, so most are queued at the signal.
     ("test_sigterm_mid_burst_answers_every_accepted_request_and_exits_0", None): (
         {"sleep_ms": 20, "max_batch_size": 4, "delay_ms": 1},
@@ -126,8 +129,13 @@ def signalled(request, tmp_path_factory, start_server_module, write_slow, at_onc
             repo = write_slow(tmp_path_factory.mktemp("signalled") / "repo", **options)
             if held:
                 (repo / "slow" / "model.py").write_text(HELD_MODEL)
-            args[key] = ("--model-repository", str(repo), "--grace-period", "20")
-    with at_once(start_server_module, args) as servers:
+            grace = () if key == NOHUP else ("--grace-period", "20")
+            args[key] = (key == NOHUP, "--model-repository", str(repo), *grace)
+
+    def start(sighup_ignored: bool, *args: str):
+        return start_server_module(*args, sighup_ignored=sighup_ignored)
+
+    with at_once(start, args) as servers:
         yield servers
 
 
@@ -244,13 +252,8 @@ def _signal_mask(pid: int, field: str) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/PID/status (Linux)")
-def test_sighup_ignored_at_start_as_under_nohup_stays_ignored(slow_repository, start_server):
-    repo = slow_repository(sleep_ms=1)
-    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the server, as nohup does
-    try:
-        sp = start_server("--model-repository", str(repo))
-    finally:
-        signal.signal(signal.SIGHUP, before)
+def test_sighup_ignored_at_start_as_under_nohup_stays_ignored(signalled, request):
+    sp = own_server(signalled, request)  # started with SIGHUP ignored (NOHUP)
     try:
         # Read from the kernel, not by sending SIGHUP: whether a signal was handled would need a wait.
         hup = 1 << (signal.SIGHUP - 1)
