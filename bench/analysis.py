@@ -483,6 +483,16 @@ def _qps(x: float) -> str:
     return f"{x:.0f}" if float(x).is_integer() else f"{x:.10g}"
 
 
+def _over(x: float, bound: float) -> str:
+    """`x`, known to be above `bound`, with one decimal, or as many more as show it above: a lag of
+    1.04 ms written "1.0 ms > 1 ms" read as a warning about nothing."""
+    for digits in range(1, 7):
+        text = f"{x:.{digits}f}"
+        if float(text) > bound:
+            return text
+    return f"{x:.10g}"
+
+
 def check_precision(step: dict, slo_p99_ms: float | None = None) -> list[str]:
     """Warnings that a step measured the generator rather than the server.
 
@@ -495,7 +505,8 @@ def check_precision(step: dict, slo_p99_ms: float | None = None) -> list[str]:
         return [f"{name}: no request was scheduled in the measured window"]
     lag99 = step["dispatch_lag_ms"]["p99"]
     if _finite(lag99) and lag99 > LATE_SEND_MS:
-        w = f"{name}: dispatch lag p99 {lag99:.1f} ms > {LATE_SEND_MS:g} ms: the generator could not keep the schedule"
+        shown = _over(lag99, LATE_SEND_MS)
+        w = f"{name}: dispatch lag p99 {shown} ms > {LATE_SEND_MS:g} ms: the generator could not keep the schedule"
         late, own = step.get("late_sends"), step.get("late_sends_own")
         if late and own is not None:
             # Whose the lateness is says what to do: a busy host (a quieter one, fewer other

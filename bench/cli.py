@@ -236,6 +236,16 @@ def _security(args):
     return tls, token
 
 
+def _token_hint(args) -> str:
+    """What a bench user does about UNAUTHENTICATED: the server's message names the metadata to
+    send, which the bench sends from --token-file or --token-env."""
+    if args.token_file:
+        return f"the bench sent the first token of --token-file {args.token_file}: the server does not accept it"
+    if args.token_env:
+        return f"the bench sent the first token of --token-env {args.token_env}: the server does not accept it"
+    return "the bench sent no token: give the server's with --token-file PATH or --token-env VAR"
+
+
 def _add_outputs(p) -> None:
     """The result files every figure-producing command writes."""
     p.add_argument("--json", type=Path, help="write the result (schema wok.bench/2) here")
@@ -828,6 +838,9 @@ def run(args) -> int:
                     "TLS-only server (the bench connected in plaintext: give --tls-ca PATH, or --tls to trust "
                     "gRPC's bundled roots), or no gRPC server behind the port)"
                 )
+            elif isinstance(exc, InferError) and exc.code.name == "UNAUTHENTICATED":
+                # The server's message names the metadata to send; the bench sends it from its options.
+                exc = f"{exc} ({_token_hint(args)})"
             print(f"wok bench: {exc}", file=sys.stderr)
             return 1
         outputs = _result_outputs(args)

@@ -429,6 +429,10 @@ def test_dispatch_lag_warning():
     assert check_precision(fake_step(400, lag99=0.9)) == []
     (w,) = check_precision(fake_step(400, lag99=1.8))
     assert w == "step 400 QPS: dispatch lag p99 1.8 ms > 1 ms: the generator could not keep the schedule"
+    # Just over the bound, one decimal would read "1.0 ms > 1 ms": as many as show it over.
+    for lag99, shown in ((1.04, "1.04"), (1.0004, "1.0004"), (1.06, "1.1")):
+        (w,) = check_precision(fake_step(400, lag99=lag99))
+        assert w.startswith(f"step 400 QPS: dispatch lag p99 {shown} ms > 1 ms: "), w
     # With the sends' waits for a CPU known, it says how many were late only by them.
     step = fake_step(400, lag99=1.8)
     step.update(late_sends=40, late_sends_own=6)

@@ -276,6 +276,38 @@ def test_token_file_sends_the_first_token_of_the_servers_own_file(start_server, 
     assert f"--token-file {empty} holds no token" in capsys.readouterr().err
 
 
+def test_a_token_refused_names_the_bench_option_that_sends_one(start_server, tmp_path, capsys, monkeypatch):
+    """The server's UNAUTHENTICATED names the metadata to send ('authorization: Bearer <token>'),
+    which a bench user cannot send but through --token-file or --token-env: the line says which
+    option sent the token refused, or that none was given."""
+    from wok.__main__ import main
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("tok-A-1b0c4ee6a1f94c8a8d1e\n")
+    wrong = tmp_path / "wrong"
+    wrong.write_text("tok-W-70d2a9c4b8e14f6a9d3b\n")
+    server = start_server("--models", "mlp", "--torch-threads", "1", "--auth-token-file", str(tokens))
+    argv = ["bench", "ramp", "--target", server.target, "--steps", "20", "--step-duration", "0.5s", "--warmup", "0.1s"]
+    argv += ["--workers", "1", "--metrics-url", "none"]
+    monkeypatch.setenv("WOK_TEST_WRONG_TOKEN", "tok-W-70d2a9c4b8e14f6a9d3b")
+    cases = [
+        ([], "(the bench sent no token: give the server's with --token-file PATH or --token-env VAR)"),
+        (
+            ["--token-file", str(wrong)],
+            f"(the bench sent the first token of --token-file {wrong}: the server does not accept it)",
+        ),
+        (
+            ["--token-env", "WOK_TEST_WRONG_TOKEN"],
+            "(the bench sent the first token of --token-env WOK_TEST_WRONG_TOKEN: the server does not accept it)",
+        ),
+    ]
+    for options, hint in cases:
+        assert main([*argv, *options]) == 1
+        last = capsys.readouterr().err.splitlines()[-1]
+        assert last.startswith("wok bench: UNAUTHENTICATED: ") and last.endswith(hint), (options, last)
+        assert "tok-W-" not in last  # the token itself is never printed
+
+
 # The work each command does once its options are read: a test that reaches it failed to refuse first.
 WORK = {
     "tune": ("wok.bench.tune", "tune"),
