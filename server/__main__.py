@@ -606,8 +606,8 @@ def _build(args):
         for name in settings.demo_models:
             try:
                 check_demo_name(name)
-            except ValueError as exc:  # worded as ModelRepository.demo words it, before torch
-                raise ConfigError(f"demo model {name!r}: {exc}") from None
+            except ValueError as exc:  # before torch; the message names the model, this the option
+                raise ConfigError(f"--models: {exc}") from None
     demo_options = _demo_options(args.demo_option)  # an unknown model or option: refused before torch too
     from .app import build_repository
 

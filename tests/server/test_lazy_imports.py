@@ -30,7 +30,7 @@ def test_a_refused_serve_option_exits_2_before_torch_is_imported():
 @pytest.mark.parametrize(
     ("option", "refusal"),
     [
-        (("--models", "mlp,nope"), "wok: demo model 'nope': unknown demo model 'nope'; known: mlp, recsys, encoder"),
+        (("--models", "mlp,nope"), "wok: --models: unknown demo model 'nope'; known: mlp, recsys, encoder"),
         (
             ("--demo-option", "nope.x=1"),
             "wok: --demo-option 'nope.x=1': unknown demo model 'nope'; known: mlp, recsys, encoder",
