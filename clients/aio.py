@@ -36,7 +36,7 @@ from .channel import (
     open_channel,
 )
 from .errors import Answers, InferError
-from .limits import RequestLimit, estimate, item_estimate, learn_from_error, lookup_timeout
+from .limits import RequestLimit, check_time_left, estimate, item_estimate, learn_from_error, lookup_timeout
 from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, output_names, stream_request, stream_result
 
 
@@ -223,13 +223,29 @@ class AsyncClient:
         self._answers.ok(sent)
         return response
 
-    async def _look_up_limit(self, timeout: float | None) -> None:
-        """Learn the server's request limit (wok.clients.limits) unless a look-up does it already."""
-        if self._lookup is None or self._lookup.done():
+    async def _look_up_limit(self, timeout: float | None) -> float | None:
+        """Learn the server's request limit (wok.clients.limits) unless a look-up does it already;
+        wait for it at most `timeout`, and return what is left of `timeout` (None: no deadline), the
+        deadline of the call that needed it: else a call waited up to twice its timeout."""
+        own = self._lookup is None or self._lookup.done()
+        if own:
             self._lookup = asyncio.ensure_future(self._read_limit(lookup_timeout(timeout)))
-        await asyncio.shield(self._lookup)
+        lookup = self._lookup
+        if timeout is None:
+            await asyncio.shield(lookup)
+            return None
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        # Not wait_for: another call's look-up (with its own deadline) goes on for that call.
+        await asyncio.wait([lookup], timeout=timeout)
+        # Its error (the client closed), as awaiting it gave; out of time on this call's own deadline
+        # (gRPC's timer may fire a little early), nothing is left of it.
+        if lookup.done() and lookup.result() and own:
+            return 0.0
+        return max(0.0, timeout - (loop.time() - start))
 
-    async def _read_limit(self, timeout: float) -> None:
+    async def _read_limit(self, timeout: float) -> bool:
+        """The look-up itself; whether it ran out of time (DEADLINE_EXCEEDED)."""
         release = None
         try:
             if self._balancer is None:
@@ -243,10 +259,12 @@ class AsyncClient:
             self._limit.learn(await call.trailing_metadata())
         except grpc.RpcError as exc:  # the request goes out as before; its own call reports the failure
             learn_from_error(self._limit, exc)
+            return exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         finally:
             call = None  # not kept by a traceback: it holds its channel open (close_ending_watches)
             if release is not None:
                 release()
+        return False
 
     # -- health and metadata ---------------------------------------------------------------
     async def server_live(self, *, timeout: float | None = None) -> bool:
@@ -313,7 +331,9 @@ class AsyncClient:
         est = estimate(inputs)
         request = encode_request(model, inputs, output_names(outputs), request_id, server_timeout_us, datatypes)
         if self._limit.needs_lookup(est):
-            await self._look_up_limit(timeout)
+            left = await self._look_up_limit(timeout)
+            check_time_left(left, timeout)
+            timeout = left
         self._limit.check(request, est)
         return decode_response(await self._unary("ModelInfer", request, timeout))
 

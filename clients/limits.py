@@ -140,6 +140,17 @@ def lookup_timeout(timeout: float | None) -> float:
     return LOOKUP_TIMEOUT_S if timeout is None else timeout
 
 
+def check_time_left(left: float | None, timeout: float | None) -> None:
+    """Raise InferError DEADLINE_EXCEEDED when the look-up left nothing of the call's `timeout`
+    (`left`): gRPC would still send the request, its deadline past, for the server to run for nobody."""
+    if left is not None and left <= 0:
+        raise InferError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"CLIENT: the look-up of the server's request limit (ServerMetadata) took the whole timeout of "
+            f"{timeout} s, so the request was not sent",
+        )
+
+
 def learn_from_error(limit: RequestLimit, exc: grpc.RpcError) -> None:
     """After a failed look-up: a server without ServerMetadata publishes nothing; any other failure
     teaches nothing."""

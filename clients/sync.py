@@ -29,7 +29,7 @@ from .channel import (
     open_channel,
 )
 from .errors import Answers
-from .limits import RequestLimit, estimate, item_estimate, learn_from_error, lookup_timeout
+from .limits import RequestLimit, check_time_left, estimate, item_estimate, learn_from_error, lookup_timeout
 from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, output_names, stream_request, stream_result
 
 
@@ -121,20 +121,36 @@ class Client:
         self._answers.ok(sent)
         return response
 
-    def _look_up_limit(self, timeout: float | None) -> None:
-        """Learn the server's request limit (wok.clients.limits) unless another thread just did."""
-        with self._lookup_lock:
+    def _look_up_limit(self, timeout: float | None) -> float | None:
+        """Learn the server's request limit (wok.clients.limits) unless another thread just did; wait
+        for it at most `timeout`, and return what is left of `timeout` (None: no deadline), the
+        deadline of the call that needed it: else a call waited up to twice its timeout."""
+        start = time.monotonic()
+
+        def left() -> float | None:
+            return None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+
+        # Another thread's look-up (with its own deadline) may hold the lock: wait for it only so long.
+        if not self._lookup_lock.acquire(timeout=-1 if timeout is None else timeout):
+            return left()
+        try:
             if self._limit.known:
-                return
+                return left()
             try:
                 _, call = self._stub.ServerMetadata.with_call(
-                    pb.ServerMetadataRequest(), timeout=lookup_timeout(timeout), metadata=self._metadata
+                    pb.ServerMetadataRequest(), timeout=lookup_timeout(left()), metadata=self._metadata
                 )
                 self._limit.learn(call.trailing_metadata())
             except grpc.RpcError as exc:  # the request goes out as before; its own call reports the failure
                 learn_from_error(self._limit, exc)
+                # Out of time on this call's deadline (gRPC's timer may fire a little early): none is left.
+                if timeout is not None and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    return 0.0
             except ValueError as exc:
                 raise self._closed_error(exc) from None
+        finally:
+            self._lookup_lock.release()
+        return left()
 
     # -- health and metadata ---------------------------------------------------------------
     def server_live(self, *, timeout: float | None = None) -> bool:
@@ -188,7 +204,9 @@ class Client:
         est = estimate(inputs)
         request = encode_request(model, inputs, output_names(outputs), request_id, server_timeout_us, datatypes)
         if self._limit.needs_lookup(est):
-            self._look_up_limit(timeout)
+            left = self._look_up_limit(timeout)
+            check_time_left(left, timeout)
+            timeout = left
         self._limit.check(request, est)
         return decode_response(self._unary("ModelInfer", request, timeout))
 
@@ -255,14 +273,20 @@ class Client:
 # subscribers only between watches of the channel's state, each at most 0.2 s long. Closed while
 # it is between two (a wait_ready cancelled by close(), or one that ended just before), the
 # channel kills it with "Cannot monitor channel state: Channel closed!", which Python prints as an
-# unhandled exception in a thread of the caller's application; so close() waits for it to stop.
+# unhandled exception in a thread of the caller's application (grpc/grpc#18995: grpc#19030's
+# unsubscribe-all in close() narrowed the window, still open in grpcio 1.85); so close() waits for
+# it to stop. grpc's public API cannot tell: the sync channel has no get_state (grpc.aio's has),
+# and subscribe/unsubscribe/channel_ready_future say nothing of the poller's thread. So this
+# reads grpc's private state, and does nothing where its shape is not the one known.
 POLLER_END_S = 1.0  # a bound, should a subscriber that is not wait_ready's keep it going
 
 
 def _await_poller_end(channel: grpc.Channel, timeout: float = POLLER_END_S) -> None:
-    state = getattr(channel, "_connectivity_state", None)  # grpc's private state; absent: nothing to wait for
+    state = getattr(channel, "_connectivity_state", None)  # grpc's private state
+    if not hasattr(state, "lock") or not hasattr(state, "polling"):  # another grpc: nothing known to wait for
+        return
     deadline = time.monotonic() + timeout
-    while state is not None and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
         with state.lock:
             if not state.polling:
                 return

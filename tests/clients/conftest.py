@@ -1,9 +1,9 @@
 """Loopback gRPC servers whose ModelInfer answers as a test says, for the balancing tests.
 
-A `Stub` is a plain grpc.aio server with the health service and a ModelInfer that fails its
-first `fail_first` calls with `code`, or holds every call until `release` is set (a server
-that hangs with its connection open), so a test knows exactly how many attempts reached
-which server. Its answer names it (the response's model name).
+A `Stub` is a plain grpc.aio server (a `Loopback`) with the health service and a ModelInfer
+that fails its first `fail_first` calls with `code`, or holds every call until `release` is set
+(a server that hangs with its connection open), so a test knows exactly how many attempts
+reached which server. Its answer names it (the response's model name).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -31,10 +33,49 @@ CODE = grpc.StatusCode
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-class Stub:
-    """A loopback gRPC server whose ModelInfer fails its first `fail_first` calls with `code`;
-    with `hold`, every call waits for `release` (and counts as `cancelled` if the client gives up);
-    with `credentials`, it speaks TLS."""
+class Loopback:
+    """A grpc.aio server on `address` (loopback, a free port) with the health service, SERVING;
+    `register(server)` adds a subclass's handlers. With `credentials` it speaks TLS, `options` are
+    the server's. `async with` starts it and stops it (no grace)."""
+
+    def __init__(
+        self,
+        *,
+        address: str = "127.0.0.1:0",
+        options: Sequence[tuple[str, Any]] = (),
+        credentials: grpc.ServerCredentials | None = None,
+    ) -> None:
+        self.address, self.options, self.credentials = address, options, credentials
+        self.server: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+
+    def register(self, server: grpc.aio.Server) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Loopback:
+        self.server = grpc.aio.server(options=self.options)
+        self.register(self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if self.credentials is None:
+            self.port = self.server.add_insecure_port(self.address)
+        else:
+            self.port = self.server.add_secure_port(self.address, self.credentials)
+        await self.server.start()
+        await self.health.set("", SERVING)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.server.stop(0)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+class Stub(Loopback):
+    """A Loopback server whose ModelInfer fails its first `fail_first` calls with `code`; with
+    `hold`, every call waits for `release` (and counts as `cancelled` if the client gives up)."""
 
     def __init__(
         self,
@@ -43,18 +84,16 @@ class Stub:
         fail_first: int = 0,
         code: grpc.StatusCode = CODE.UNAVAILABLE,
         hold: bool = False,
-        credentials: grpc.ServerCredentials | None = None,
+        **loopback,
     ) -> None:
-        self.name, self.fail_first, self.code, self.credentials = name, fail_first, code, credentials
+        super().__init__(**loopback)
+        self.name, self.fail_first, self.code = name, fail_first, code
         self.calls = 0
         self.cancelled = 0
         self.release = asyncio.Event()
         if not hold:
             self.release.set()
         self._changed = asyncio.Condition()
-        self.server: grpc.aio.Server | None = None
-        self.health = health.aio.HealthServicer()
-        self.port = 0
 
     async def infer(self, request: bytes, context) -> bytes:
         self.calls += 1
@@ -82,28 +121,15 @@ class Stub:
         """Return once `n` calls have reached this server."""
         await self.wait_until(lambda: self.calls >= n, timeout)
 
-    async def __aenter__(self) -> Stub:
-        self.server = grpc.aio.server()
+    def register(self, server: grpc.aio.Server) -> None:
         handler = grpc.unary_unary_rpc_method_handler(self.infer)
-        self.server.add_generic_rpc_handlers(
+        server.add_generic_rpc_handlers(
             [grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler})]
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        if self.credentials is None:
-            self.port = self.server.add_insecure_port("127.0.0.1:0")
-        else:
-            self.port = self.server.add_secure_port("127.0.0.1:0", self.credentials)
-        await self.server.start()
-        await self.health.set("", SERVING)
-        return self
 
     async def __aexit__(self, *exc) -> None:
         self.release.set()
-        await self.server.stop(0)
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        await super().__aexit__(*exc)
 
 
 @pytest.fixture
@@ -112,23 +138,24 @@ def stub():
     return Stub
 
 
-class Unpublished(pb_grpc.GRPCInferenceServiceServicer):
+class Unpublished(Loopback, pb_grpc.GRPCInferenceServiceServicer):
     """A KServe server that publishes no request limit, as tritonserver or a wok server before it
     published one: gRPC's receive limit `limit`, the health service, a ServerMetadata without
-    trailing metadata (or, with `server_metadata=False`, none: UNIMPLEMENTED), and a ModelInfer and
-    ModelStreamInfer that answer each request with its model's name and id. `lookups` and `requests`
-    count what reached it."""
+    trailing metadata (or, with `server_metadata=False`, none: UNIMPLEMENTED; with "hold", one that
+    never answers), and a ModelInfer and ModelStreamInfer that answer each request with its model's
+    name and id. `lookups` and `requests` count what reached it."""
 
-    def __init__(self, limit: int, *, server_metadata: bool = True) -> None:
+    def __init__(self, limit: int, *, server_metadata: bool | str = True) -> None:
+        super().__init__(options=[("grpc.max_receive_message_length", limit)])
         self.limit, self.server_metadata = limit, server_metadata
         self.lookups = self.requests = 0
-        self.server: grpc.aio.Server | None = None
-        self.port = 0
 
     async def ServerMetadata(self, request, context):
         self.lookups += 1
         if not self.server_metadata:
             await context.abort(CODE.UNIMPLEMENTED, "Method not implemented!")
+        if self.server_metadata == "hold":
+            await asyncio.Event().wait()  # until the caller's deadline cancels it
         return pb.ServerMetadataResponse(name="triton")
 
     async def ModelInfer(self, request, context):
@@ -142,22 +169,8 @@ class Unpublished(pb_grpc.GRPCInferenceServiceServicer):
                 infer_response=pb.ModelInferResponse(model_name=request.model_name, id=request.id)
             )
 
-    async def __aenter__(self) -> Unpublished:
-        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", self.limit)])
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self, self.server)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        await self.server.start()
-        await health_servicer.set("", SERVING)
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.server.stop(0)
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
+    def register(self, server: grpc.aio.Server) -> None:
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self, server)
 
 
 @pytest.fixture

@@ -264,3 +264,14 @@ async def test_a_request_over_the_servers_grpc_limit_names_its_size_and_the_max_
                 check(info.value)
 
         await asyncio.to_thread(sync)
+
+
+def test_sync_close_reads_grpcs_private_poller_state_only_where_it_has_the_shape_it_knows():
+    # close() waits for grpc's poller through grpc's private state (sync._await_poller_end): a grpc
+    # whose state lost the `polling` flag made every close() raise AttributeError, the channel left open.
+    client = Client("127.0.0.1:1")
+    # The fields grpc's own close() reads are kept; `polling` is gone, as under another grpc.
+    client._channel._connectivity_state = types.SimpleNamespace(lock=threading.RLock(), callbacks_and_connectivities=[])
+    client.close()
+    with pytest.raises(RuntimeError, match="this Client is closed"):
+        client.server_live(timeout=10)

@@ -17,7 +17,6 @@ import socket
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from wok.clients import AsyncClient
 from wok.clients.balancer import Balancer, BalancerSettings
@@ -64,20 +63,7 @@ def stub_at(stub):
 
     class At(stub):
         def __init__(self, name: str, host: str, port: int = 0) -> None:
-            super().__init__(name)
-            self.host, self.bind_port = host, port
-
-        async def __aenter__(self):
-            self.server = grpc.aio.server()
-            handler = grpc.unary_unary_rpc_method_handler(self.infer)
-            self.server.add_generic_rpc_handlers(
-                [grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler})]
-            )
-            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-            self.port = self.server.add_insecure_port(f"{self.host}:{self.bind_port}")
-            await self.server.start()
-            await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-            return self
+            super().__init__(name, address=f"{host}:{port}")
 
     return At
 

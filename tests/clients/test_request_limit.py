@@ -159,3 +159,28 @@ async def test_a_server_that_publishes_no_limit_is_asked_once_and_sent_every_req
 
         await asyncio.to_thread(run)
         assert server.lookups == 2 and server.requests == 2
+
+
+@pytest.mark.parametrize("balancer", ["grpc", "wok"])
+async def test_a_look_up_that_takes_the_calls_whole_timeout_leaves_its_request_none(unpublished, balancer):
+    # The look-up (ServerMetadata, before the first large request) had the call's timeout, and then
+    # the request had it again: infer(timeout=T) took up to 2T, its request sent past its deadline.
+    mid = {"INPUT0": np.ones((1000, 256), np.float32)}  # 1,024,000 bytes: looked up first, under LIMIT
+    async with unpublished(LIMIT, server_metadata="hold") as server:
+        async with AsyncClient(server.target, balancer=balancer) as client:
+            with pytest.raises(InferError) as info:
+                await client.infer("mlp", mid, timeout=0.5)
+            assert info.value.code == CODE.DEADLINE_EXCEEDED, info.value
+            assert "took the whole timeout of 0.5 s, so the request was not sent" in info.value.details
+        assert (server.lookups, server.requests) == (1, 0)
+        if balancer == "grpc":  # the sync client has one channel, no balancer of its own
+
+            def run() -> None:
+                with Client(server.target) as client:
+                    with pytest.raises(InferError) as info:
+                        client.infer("mlp", mid, timeout=0.5)
+                    assert info.value.code == CODE.DEADLINE_EXCEEDED, info.value
+                    assert "so the request was not sent" in info.value.details
+
+            await asyncio.to_thread(run)
+            assert (server.lookups, server.requests) == (2, 0)
