@@ -151,7 +151,17 @@ _DETAILS_BYTES = 4096
 
 
 def short_details(details: str, budget: int = _DETAILS_BYTES) -> str:
-    """`details`, or its start and how long it was, so that its percent-encoding fits `budget`."""
+    """`details`, or its start and how long it was, so that its percent-encoding fits `budget`.
+
+    A lone surrogate (a model's or its check's message built from undecodable bytes, as
+    os.fsdecode makes them: 'caf\\udce9') is escaped as repr escapes it: neither a status's details
+    nor a protobuf string can carry it, and the call's abort, or the stream's answer, would raise
+    UnicodeEncodeError in its place, leaving the request with no answer at all."""
+    if not details.isascii():
+        try:
+            details.encode("utf-8")
+        except UnicodeEncodeError:
+            details = details.encode("utf-8", "backslashreplace").decode("utf-8")
     used = 0
     for end, ch in enumerate(details):
         # A printable ASCII character (but '%') goes as itself; any other byte as %XX.

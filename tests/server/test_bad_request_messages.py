@@ -38,6 +38,8 @@ from wok.errors import InvalidInput
 
 class Double(nn.Module):
     def forward(self, x):
+        if (x == -777).any():
+            raise ValueError(f"cannot open '{UNDECODABLE}'")
         return x * 2
 
 
@@ -45,9 +47,17 @@ def build():
     return Double()
 
 
+# A name made of undecodable bytes, as os.fsdecode makes it: a lone surrogate, which UTF-8 cannot encode.
+UNDECODABLE = "caf\\udce9.bin"
+
+
 def check(inputs):
-    # wok's own refusal, as the demo models' checks raise it, in place of a ValueError.
     top = float(inputs["X"].max())
+    if top == -555:
+        raise ValueError(f"input 'X': read from '{UNDECODABLE}'")
+    if top == -556:
+        raise RuntimeError(f"cannot open '{UNDECODABLE}'")
+    # wok's own refusal, as the demo models' checks raise it, in place of a ValueError.
     if top > 100:
         raise InvalidInput(f"input 'X': values must be at most 100, got {top}")
     bottom = float(inputs["X"].min())
@@ -335,3 +345,63 @@ async def test_an_internal_error_of_1_mb_is_cut_alike_on_model_infer_and_on_a_st
     assert a.error_message == cut
     assert a.infer_response.parameters["status_code"].int64_param == grpc.StatusCode.INTERNAL.value[0]
     assert (a.infer_response.model_name, a.infer_response.id) == ("one", bad.id)
+
+
+# A check's refusal, a check's own failure and a model's error, each with a name of undecodable bytes
+# in its message (os.fsdecode's lone surrogate), by the value that makes it, and what its caller gets.
+ESCAPED = "'caf\\udce9.bin'"
+SURROGATE_CASES = {
+    -555.0: (grpc.StatusCode.INVALID_ARGUMENT, f"model 'one' refused the request: input 'X': read from {ESCAPED}"),
+    -556.0: (
+        grpc.StatusCode.INTERNAL,
+        f"model 'one': its check (model:check) failed: RuntimeError: cannot open {ESCAPED}",
+    ),
+    -777.0: (grpc.StatusCode.INTERNAL, f"model 'one' failed: ValueError: cannot open {ESCAPED}"),
+}
+
+
+@pytest.mark.parametrize("call", ["unary", "stream"])
+async def test_a_message_holding_a_lone_surrogate_is_answered_escaped(serve, repository, caplog, call):
+    # Neither a status's details nor a protobuf string can carry a lone surrogate: the unary call's
+    # abort raised UnicodeEncodeError (grpc.aio logged it) and its client waited out its deadline for
+    # an answer never sent; on a stream the request's task died making its answer ("Task exception was
+    # never retrieved"), and the stream owed it until the call's deadline. The timeouts only bound
+    # that wait: each call is answered at once.
+    async with serve(repository=repository) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            if call == "unary":
+                results = await asyncio.gather(
+                    *(stub.ModelInfer(one_of(v), timeout=10) for v in SURROGATE_CASES), return_exceptions=True
+                )
+                for value, got in zip(SURROGATE_CASES, results):
+                    assert isinstance(got, grpc.aio.AioRpcError), f"{value}: {got}"
+                    assert (got.code(), got.details()) == SURROGATE_CASES[value], value
+            else:
+                sent = []
+                for value in SURROGATE_CASES:
+                    sent.append(one_of(value))
+                    sent[-1].id = str(value)
+                sent.append(one())
+                sent[-1].id = "good"
+
+                async def requests():
+                    for req in sent:
+                        yield req
+
+                stream = stub.ModelStreamInfer(requests(), timeout=10)
+                answers = {a.infer_response.id: a async for a in stream}
+                assert await stream.code() == grpc.StatusCode.OK
+                assert sorted(answers) == sorted(req.id for req in sent)
+                assert answers["good"].error_message == ""
+                for value, (code, message) in SURROGATE_CASES.items():
+                    a = answers[str(value)]
+                    # A model's error, its batch shared with the good request, is found in parts: the
+                    # message then says "(on this request alone)".
+                    assert a.error_message.startswith(message), value
+                    assert a.infer_response.parameters["status_code"].int64_param == code.value[0], value
+        assert server.service.active == 0
+        good = {"OK": 1} if call == "stream" else {}
+        assert server.runtimes["one"].metrics.responses == {"INVALID_ARGUMENT": 1, "INTERNAL": 2, **good}
+    failed = [r.getMessage() for r in caplog.records if "UnicodeEncodeError" in r.getMessage()]
+    assert not failed
