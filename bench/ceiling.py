@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.ceiling/1"
@@ -292,9 +292,7 @@ def main(argv=None) -> int:
         "load": {k: step.get(k) for k in ("offered_qps", "achieved_qps", "success_rate", "dispatch_lag_ms")},
     }
     print(table(doc))
-    failed = write_final(
-        doc, [("--json", args.json, lambda doc, path: path.write_text(json.dumps(doc, indent=2) + "\n"))]
-    )
+    failed = write_final(doc, [("--json", args.json, write_json_text)])
     if failed:
         print(f"ceiling: {failed}", file=sys.stderr)
         return 1

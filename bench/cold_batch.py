@@ -14,13 +14,12 @@ low load.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.cold_batch/1"
@@ -124,9 +123,7 @@ def main(argv=None) -> int:
         doc = bench_header(SCHEMA, config) | {
             "sizes": out,
         }
-        failed = write_final(
-            doc, [("--json", args.json, lambda doc, path: path.write_text(json.dumps(doc, indent=2) + "\n"))]
-        )
+        failed = write_final(doc, [("--json", args.json, write_json_text)])
         if failed:
             print(f"cold_batch: {failed}", file=sys.stderr)
             return 1

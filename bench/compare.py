@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from wok.bench.arrivals import parse_arrivals, parse_duration, parse_steps
-from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
 
 SCHEMA = "wok.compare/1"
 ROOT = Path(__file__).resolve().parent.parent
@@ -1017,7 +1017,7 @@ def _compare(args: argparse.Namespace, peers: list[Peer]) -> int:
 
 
 def _write_doc(doc: dict, path: Path) -> None:
-    path.write_text(json.dumps(clean(doc), indent=1, allow_nan=False, default=_json_default) + "\n")
+    write_json_text(clean(doc), path, allow_nan=False, default=_json_default)
 
 
 def clean(obj):

@@ -40,7 +40,6 @@ answer was unclear (the first ones are listed).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
@@ -57,7 +56,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.outputs import json_text, refuse_unwritable, write_final
 from wok.codec import UNSUPPORTED_OUTPUT_PARAMETERS, decode_request, serialize_bytes
 from wok.config import model_config_from_dict
 from wok.datatypes import DATATYPES
@@ -686,10 +685,10 @@ def main(argv: list[str] | None = None) -> int:
         progress=lambda m: print(m, file=sys.stderr, flush=True),
         max_request_bytes=args.max_request_bytes,
     )
-    text = json.dumps(result, indent=2)
+    text = json_text(result)
     # The file first: a reader that closes stdout early (`| head -1`) must not cost it.
-    failed = write_final(result, [("--json", args.json, lambda result, path: path.write_text(text + "\n"))])
-    shown = _print_to_stdout(text)
+    failed = write_final(result, [("--json", args.json, lambda result, path: path.write_text(text, encoding="utf-8"))])
+    shown = _print_to_stdout(text.removesuffix("\n"))
     unclear = sum(n for verdict, n in (result.get("server_verdicts") or {}).items() if verdict != "clear")
     if unclear:
         print(f"wok fuzz: {unclear} unclear answers from the server; the first ones:", file=sys.stderr)

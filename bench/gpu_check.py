@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -30,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
 from wok.config import InstanceConfig
 from wok.executor import Executor
 from wok.models import build_demo
@@ -217,16 +216,11 @@ def main(argv=None) -> int:
     for name, ok in checks.items():
         print(f"{'n/a ' if ok is None else 'PASS' if ok else 'FAIL'}  {name}")
     report["checks"] = checks
-    failed = write_final(report, [("--json", args.json, _write_json)])
+    failed = write_final(report, [("--json", args.json, write_json_text)])
     if failed:
         print(f"gpu_check: {failed}", file=sys.stderr)
         return 1
     return 1 if any(ok is False for ok in checks.values()) else 0
-
-
-def _write_json(report: dict, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":

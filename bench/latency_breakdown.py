@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import sys
@@ -31,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from wok.bench.arrivals import parse_duration
-from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
 
 SCHEMA = "wok.latency_breakdown/1"
 STAGES = ("lag", "queue", "flush_late", "hop_to_worker", "assemble", "compute", "split", "hop_back", "total")
@@ -186,7 +185,7 @@ def main(argv=None) -> int:
 def write_doc(path: Path | None, doc: dict) -> None:
     """Write a measurement document as indented JSON (nothing without a path; its folder must exist)."""
     if path is not None:
-        path.write_text(json.dumps(doc, indent=1) + "\n")
+        write_json_text(doc, path)
 
 
 if __name__ == "__main__":

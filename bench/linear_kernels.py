@@ -17,7 +17,6 @@ oneDNN, with wok's padding.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,7 +24,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
 
 SCHEMA = "wok.linear_kernels/1"
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64, 128, 256, 512)
@@ -133,9 +132,7 @@ def main(argv=None) -> int:
         )
     print(f"µs per forward, medians of {args.reps}; gap: {args.gap_ms:g} ms sleep before each; threads {args.threads}")
     print(f"RSS {before:.0f} → {after:.0f} MiB after rows {MIN_ROWS}..{args.max_rows_rss} through oneDNN")
-    failed = write_final(
-        doc, [("--json", args.json, lambda doc, path: path.write_text(json.dumps(doc, indent=2) + "\n"))]
-    )
+    failed = write_final(doc, [("--json", args.json, write_json_text)])
     if failed:
         print(f"linear_kernels: {failed}", file=sys.stderr)
         return 1

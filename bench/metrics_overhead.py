@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import math
 import os
 import re
@@ -25,7 +24,7 @@ import time
 import grpc
 import numpy as np
 
-from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
 from wok.codec import encode_request
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
@@ -136,16 +135,11 @@ def main(argv=None) -> int:
         f"{report['median_cpu_us_per_request_without_metrics']:>12.0f}"
     )
     print(f"median ratio of paired runs (with / without): {report['median_qps_ratio_with_over_without']:.3f}")
-    failed = write_final(report, [("--json", args.json, _write_json)])
+    failed = write_final(report, [("--json", args.json, write_json_text)])
     if failed:
         print(f"metrics_overhead: {failed}", file=sys.stderr)
         return 1
     return 0
-
-
-def _write_json(report: dict, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.stream_vs_unary/1"
@@ -168,9 +167,7 @@ def main(argv=None) -> int:
             "median": summary,
             "stream_over_unary_cpu": ratio,
         }
-        failed = write_final(
-            doc, [("--json", args.json, lambda doc, path: path.write_text(json.dumps(doc, indent=2) + "\n"))]
-        )
+        failed = write_final(doc, [("--json", args.json, write_json_text)])
         if failed:
             print(f"stream_vs_unary: {failed}", file=sys.stderr)
             return 1

@@ -1162,3 +1162,133 @@ def test_an_output_to_a_full_non_blocking_pipe_waits_for_its_reader(tmp_path):
         os.close(high)
     reader.join(10)
     assert got and got[0].decode() == report.to_json(result)
+
+
+# ---------------------------------------------------------------------------- JSON text
+
+
+def _real_results() -> list:
+    """Results as the writers get them: a simulated ramp (histograms' buckets and counts, a
+    timeline, config lists of lists) and a step's server timing whose window cut some batches
+    (`partial_batches`' three arrays of numbers, as a part's file of a merged run holds them)."""
+    import numpy as np
+
+    from wok.bench.analysis import per_batch_compute
+    from wok.bench.simulate import BatcherModel, SimConfig, simulate_ramp
+
+    model = BatcherModel(alpha_s=1e-4, beta_s=1e-3, max_batch_size=8, max_queue_delay_s=0.002)
+    ramp = simulate_ramp(SimConfig(model=model, steps=[50.0, 200.0], step_duration_s=1.0))
+    rng = np.random.default_rng(3)
+    n = rng.integers(1, 9, 400).astype(float)
+    histogram, partial = per_batch_compute(np.round(rng.uniform(0.2, 2.0, 400), 3), n)
+    assert partial["compute_ms"] and len(partial["compute_ms"]) == len(partial["requests"])
+    return [ramp, {"compute_batch_histogram": histogram.to_dict(), "partial_batches": partial}]
+
+
+# Values that stand beside the real shapes: every kind of item, lists inside lists and objects, and
+# strings made to look like the lists the writer puts on one line.
+ODD_SHAPES = {
+    "numbers": [0, -1, 2.5, -3e-05, 1e300, -0.0, 10**30, True, False, None],
+    "empty": [],
+    "empty_object": {},
+    "nested": [[1, 2], [3, [4, 5.5], []], [[[]]], [[None]]],
+    "objects": [{"a": [1, 2]}, {"b": []}, {}, 3],
+    "mixed": [1, "2", [3], {"4": 4}, None],
+    "strings": ["1", "true", "[\n1,\n2\n]", "a\nb", "µs"],
+    "keys": {"[\n1\n]": [1], "2": "[3,\n4]"},
+    "tuple": (1, 2.0),
+}
+
+
+def _number_lists(value) -> list:
+    """Every non-empty list (or tuple) in `value` whose items are all plain numbers, bools or None."""
+    if isinstance(value, dict):
+        return [found for v in value.values() for found in _number_lists(v)]
+    if not isinstance(value, (list, tuple)):
+        return []
+    if value and all(v is None or isinstance(v, (int, float)) for v in value):
+        return [value]
+    return [found for v in value for found in _number_lists(v)]
+
+
+def _on_one_line(text: str, value) -> list:
+    """The lists of plain numbers in `value` that `text` does not hold on one line, as json.dumps
+    writes a list without indent ("[1, 2.5, null]")."""
+    import json
+
+    return [lst for lst in _number_lists(value) if json.dumps(list(lst)) not in text]
+
+
+def test_json_text_reads_back_as_json_dumps_value_with_each_number_list_on_one_line():
+    """A step's arrays of numbers were written one item a line, most of a result file (a two-step
+    ramp with --server-timing: 98 KB, 39 KB one line a list). Now every list of plain numbers is one
+    line, and the text reads back as the very value json.dumps wrote (the same types: 1 stays 1, 1.0
+    1.0, True true)."""
+    import json
+    import math
+
+    from wok.bench import report
+    from wok.bench.outputs import json_text
+
+    for value in [*_real_results(), ODD_SHAPES]:
+        text = report.to_json(value)
+        reference = json.dumps(report._plain(value), indent=2, ensure_ascii=False) + "\n"
+        assert json.dumps(json.loads(text), indent=2) == json.dumps(json.loads(reference), indent=2)
+        assert _number_lists(value) and _on_one_line(text, report._plain(value)) == []
+        assert len(text) < len(reference) and text.endswith("\n")
+    # Where the writer lets NaN and the infinities through (json.dumps' default, kept by the scripts
+    # that wrote their own JSON), they stand in a one-line list as json.dumps writes them.
+    value = {"x": [math.nan, math.inf, -math.inf, 1], "y": [[math.nan], {"z": [-math.inf]}]}
+    text = json_text(value)
+    assert '"x": [NaN, Infinity, -Infinity, 1]' in text and _on_one_line(text, value) == []
+    assert json.dumps(json.loads(text)) == json.dumps(value)
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        json_text(value, allow_nan=False)  # refused as before: report.to_json writes them as null
+    assert (
+        report.to_json(value)
+        == '{\n  "x": [null, null, null, 1],\n  "y": [\n    [null],\n    {\n      "z": [null]\n    }\n  ]\n}\n'
+    )
+
+
+def test_a_list_of_plain_numbers_is_written_on_one_line_and_the_rest_at_indent_2(tmp_path):
+    """What a reader of a result file sees: a histogram's counts on the line of their key, a list of
+    strings or of lists still one item a line, objects indented by 2."""
+    from wok.bench import report
+
+    path = tmp_path / "r.json"
+    report.write_json({"schema": "s/1", "h": {"buckets": [0.5, 1.0], "counts": [3, 0]}, "w": ["a", "b"]}, path)
+    assert path.read_text(encoding="utf-8").splitlines() == [
+        "{",
+        '  "schema": "s/1",',
+        '  "h": {',
+        '    "buckets": [0.5, 1.0],',
+        '    "counts": [3, 0]',
+        "  },",
+        '  "w": [',
+        '    "a",',
+        '    "b"',
+        "  ]",
+        "}",
+    ]
+
+
+def test_scripts_that_wrote_their_own_json_write_it_by_json_text_keeping_nan(tmp_path):
+    """The scripts that wrote --json by json.dumps themselves (indent 2, or 1) write it by the same
+    writer as every result, in UTF-8; json.dumps' NaN stays NaN there (report.write_json's null would
+    change the value), and compare's strict JSON stays strict."""
+    import json
+    import math
+
+    from wok.bench import compare, latency_breakdown
+    from wok.bench.outputs import write_json_text
+
+    doc = {"schema": "s/1", "runs": [{"us": [1.5, math.nan, 3]}], "unit": "µs"}
+    path = tmp_path / "r.json"
+    write_json_text(doc, path)
+    text = path.read_text(encoding="utf-8")
+    assert '"us": [1.5, NaN, 3]' in text and '"unit": "µs"' in text
+    assert json.dumps(json.loads(text)) == json.dumps(doc)
+    latency_breakdown.write_doc(path, {"schema": "wok.latency_breakdown/1", "ms": [1, 2]})
+    assert path.read_text(encoding="utf-8") == '{\n  "schema": "wok.latency_breakdown/1",\n  "ms": [1, 2]\n}\n'
+    compare._write_doc({"schema": "wok.compare/1", "qps": [1.0, math.inf, 2]}, path)
+    assert path.read_text(encoding="utf-8") == '{\n  "schema": "wok.compare/1",\n  "qps": [1.0, null, 2]\n}\n'
