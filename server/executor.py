@@ -846,11 +846,14 @@ class Executor:
     def _warm(inst: Instance, sample: dict[str, np.ndarray], rows: int) -> None:
         """One warm-up batch of `rows` copies of `sample`; WarmupError, in one line, if the model
         refuses it: a model may reject the zeros' shapes (a -1 dim run as 1), which the config can change."""
-        try:
-            result = inst.submit([sample] * rows, [1] * rows, 0).result()
-            if result.failure is not None:  # rerun in parts (_isolate): the batch as a whole failed
-                raise result.failure
-        except Exception as exc:
+        # Read off the future, not raised: the model's KeyboardInterrupt, SystemExit or GeneratorExit
+        # is its failure too (a batch's callers get it as any error), and raised out of the warm-up
+        # it would end `wok serve` as if asked to (SystemExit(0): status 0, not a word of the model).
+        fut = inst.submit([sample] * rows, [1] * rows, 0)
+        exc = fut.exception()
+        if exc is None:
+            exc = fut.result().failure  # rerun in parts (_isolate): the batch as a whole failed
+        if exc is not None:
             cfg = inst.servable.config
             # wok's own check of the answer (its shape, its dtype) failed, not the model: the zeros'
             # sizes are not what to change then.
@@ -859,7 +862,7 @@ class Executor:
             if isinstance(exc, ModelExecutionError) and not own_check:
                 exc = exc.__cause__
             shapes = ", ".join(f"{name} {[rows, *a.shape[1:]]}" for name, a in sample.items())
-            log.debug("model '%s': warm-up batch failed", cfg.name, exc_info=True)
+            log.debug("model '%s': warm-up batch failed", cfg.name, exc_info=exc)
             hint = ""
             if not own_check and any(t.variable for t in cfg.inputs):
                 hint = (

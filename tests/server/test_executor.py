@@ -429,3 +429,46 @@ def test_warmup_dims_set_the_sizes_the_warm_up_runs_the_model_on(tmp_path):
         assert out.outputs[0]["y"].shape == (1, 2, 3)
     finally:
         ex.shutdown()
+
+
+class Exits(torch.nn.Module):
+    """Raises `exc` (a BaseException, not an Exception) on every batch."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__()
+        self.exc = exc
+
+    def forward(self, x):
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc", [SystemExit(0), KeyboardInterrupt(), GeneratorExit()], ids=lambda e: type(e).__name__)
+def test_a_model_raising_a_base_exception_in_the_warm_up_fails_it_as_a_warm_up_error(exc):
+    # Raised out of warmup(), the model's SystemExit(0) ended `wok serve` with status 0 and no word
+    # (its KeyboardInterrupt read as the operator's Ctrl-C); a batch's callers get it as any error.
+    from wok.config import model_config_from_dict
+    from wok.servable import Servable
+
+    cfg = model_config_from_dict(
+        {
+            "name": "exits",
+            "platform": "python",
+            "factory": "model:build",
+            "inputs": [{"name": "X", "datatype": "FP32", "dims": [2]}],
+            "outputs": [{"name": "Y", "datatype": "FP32", "dims": [2]}],
+            "max_batch_size": 4,
+            "instances": {"devices": ["cpu"], "pipeline_depth": 1},
+        },
+        "test",
+    )
+    ex = Executor(Servable(cfg, Exits(exc)), cfg.instances, cpu_linear="torch")
+    try:
+        with pytest.raises(WarmupError) as info:
+            ex.warmup()
+    finally:
+        ex.shutdown()
+    assert str(info.value) == (
+        f"model 'exits' failed: {type(exc).__name__}: {str(exc) or '(no message)'}; in the start-up warm-up, on a "
+        "batch of zeros with input shapes X [1, 2] on cpu (config: test)"
+    )
+    assert info.value.__cause__ is exc
