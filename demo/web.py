@@ -21,6 +21,11 @@ The page's API fails and slows the server, so it takes the admin API's checks ag
 one client that reaches loopback anyway, a page of another site in the user's browser: the
 Host must be an IP address or localhost, a foreign Origin is refused (403), and a POST must
 be JSON (415). See docs/security.md.
+
+As the metrics port does (server/http.py, whose checks it calls): a Host that is not `host[:port]`,
+none on HTTP/1.1, or two, get 400 naming it (RFC 9112 3.2) before that check, on every path;
+every answer carries a Date header (RFC 9110 6.6.1), formatted once a second; a 404 names the
+path asked for (escaped, cut at 200 characters) and the paths served.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import re
 import time
 from importlib import resources
 
-from ..http import cross_site_refusal
+from ..http import HOST_SHAPE, cross_site_refusal, date_line, quoted, valid_host
 
 log = logging.getLogger("wok.demo")
 TICK_S = 0.25
@@ -51,6 +56,9 @@ STATUS = {
     431: "Request Header Fields Too Large",
     502: "Bad Gateway",
 }
+# What a 404 names as served.
+API_PATHS = "GET /api/config, GET /api/events, POST /api/load, POST /api/batching, POST /api/faults"
+PATHS = f"/, /static/<file> (the page's script and style), {API_PATHS}"
 
 
 class Refused(Exception):
@@ -122,6 +130,8 @@ class DemoWeb:
         self.port = port
         self._server: asyncio.base_events.Server | None = None
         self._clients: set[asyncio.Task] = set()
+        # The Date line of the second it was made for (see _date_header).
+        self._date: tuple[int, bytes] = (-1, b"")
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_HEAD)
@@ -170,13 +180,17 @@ class DemoWeb:
         if path.startswith("/api/"):
             status, answer = await self._api(method, path[len("/api/") :], body)
             await self._send(writer, status, answer, close=close)
-        elif method != "GET":
-            await self._send(writer, 405, {"error": f"{path}: expected GET, got {method}"}, close=close)
         else:
             name = "index.html" if path == "/" else path[len("/static/") :] if path.startswith("/static/") else ""
             data = static_file(name) if name else None
             if data is None:
-                await self._send(writer, 404, {"error": f"no page {path}"}, close=close)
+                # Whatever the method, as the metrics port: a 405 would say that the path exists.
+                error = f"no path {quoted(path)} here; paths: {PATHS}"
+                await self._send(writer, 404, {"error": error}, close=close)
+            elif method != "GET":
+                await self._send(
+                    writer, 405, {"error": f"{quoted(path)}: expected GET, got {quoted(method)}"}, close=close
+                )
             else:
                 ctype = TYPES.get(name[name.rfind(".") :], "application/octet-stream")
                 await self._raw(writer, 200, data, ctype, close=close)
@@ -191,7 +205,18 @@ class DemoWeb:
         if len(parts) != 3:
             raise Refused(400, f"request line: expected METHOD TARGET VERSION, got {lines[0][:80]!r}")
         method, target, version = parts
-        headers = {k.strip().lower(): v.strip() for k, sep, v in (ln.partition(":") for ln in lines[1:]) if sep}
+        fields = [(k.strip().lower(), v.strip()) for k, sep, v in (ln.partition(":") for ln in lines[1:]) if sep]
+        headers = dict(fields)
+        hosts = [v for k, v in fields if k == "host"]
+        # RFC 9112 3.2 (MUSTs), checked as the metrics port checks them, before the cross-site check
+        # reads the Host: it took `127.0.0.1/x`, `localhost?x` or `evil@127.0.0.1` for an address, and
+        # with two Hosts read the last, where a proxy in front may read the first.
+        if len(hosts) > 1:
+            raise Refused(400, f"Host: expected one header, got {len(hosts)}: {', '.join(map(quoted, hosts))}")
+        if not hosts and version != "HTTP/1.0":  # HTTP/1.0 predates Host: the cross-site check refuses it
+            raise Refused(400, "Host: expected one header, got none (RFC 9112 3.2)")
+        if hosts and not valid_host(hosts[0]):
+            raise Refused(400, f"Host: expected {HOST_SHAPE}, got {quoted(hosts[0])}")
         # Kept open, the connection of a client that asked to end it (or an HTTP/1.0 one, whose
         # default that is) waited out the 120 s idle timeout: such a client reads to the close.
         options = {o.strip().lower() for o in headers.get("connection", "").split(",")}
@@ -240,12 +265,12 @@ class DemoWeb:
             return 400, {"error": str(exc)}
         except OSError as exc:  # only the admin calls do I/O: the wok server did not answer
             return 502, {"error": f"the wok server did not answer: {str(exc) or type(exc).__name__}"}
-        return 404, {"error": f"no API {method} /api/{name}"}
+        return 404, {"error": f"no API {quoted(f'{method} /api/{name}')}; the API: {API_PATHS}"}
 
     async def _stream(self, writer) -> None:
         writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-            b"Connection: close\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\n" + self._date_header() + b"Content-Type: text/event-stream\r\n"
+            b"Cache-Control: no-cache\r\nConnection: close\r\n\r\n"
         )
         q: asyncio.Queue = asyncio.Queue()
         self.hub.queues.add(q)
@@ -263,15 +288,23 @@ class DemoWeb:
     async def _send(self, writer, status: int, obj, *, close: bool) -> None:
         await self._raw(writer, status, json.dumps(obj).encode(), "application/json", close=close)
 
-    @staticmethod
-    async def _raw(writer, status: int, body: bytes, ctype: str, *, close: bool) -> None:
+    async def _raw(self, writer, status: int, body: bytes, ctype: str, *, close: bool) -> None:
         # Said either way: an HTTP/1.0 client keeps its connection only when the answer says so.
         writer.write(
-            f"HTTP/1.1 {status} {STATUS[status]}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            f"HTTP/1.1 {status} {STATUS[status]}\r\n".encode()
+            + self._date_header()
+            + f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
             f"Cache-Control: no-store\r\nConnection: {'close' if close else 'keep-alive'}\r\n\r\n".encode()
             + body
         )
         await writer.drain()
+
+    def _date_header(self) -> bytes:
+        """The Date header line for now (server/http.py's `date_line`), formatted at most once a second."""
+        now = int(time.time())
+        if self._date[0] != now:
+            self._date = (now, date_line(now))
+        return self._date[1]
 
 
 async def _linger(reader, writer) -> None:

@@ -114,7 +114,7 @@ TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 VERSION = re.compile(r"HTTP/([0-9])\.([0-9])")  # RFC 9112 2.3; "HTTP" is case-sensitive
 # A Host field value (RFC 9110 7.2): uri-host [":" port], uri-host an RFC 3986 3.2.2 host: a reg-name
 # (a name, an IPv4 address, or empty, which RFC 9112 3.2 has a client send when the target has
-# no authority) or an IP literal in brackets, checked by _valid_host; port = *DIGIT, so
+# no authority) or an IP literal in brackets, checked by valid_host; port = *DIGIT, so
 # `127.0.0.1:` is one. Anything else (`a b`, `x/y`, `u@h`, `::1` unbracketed) is not a host, and
 # a proxy in front, or the cross-site check, may read another name from it.
 HOST = re.compile(r"((?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})*|\[([^\[\]]*)\])(?::[0-9]*)?")
@@ -568,10 +568,10 @@ class MetricsHTTPServer:
                 error = b"Host: expected one header, got none (RFC 9112 3.2)\n"
                 await self._respond(writer, 400, error, "text/plain", close=True, head=head)
                 return
-            if "host" in headers and not _valid_host(headers["host"]):
+            if "host" in headers and not valid_host(headers["host"]):
                 # RFC 9112 3.2 (a MUST). Served, `Host: a b` or `Host: x/y` reached the admin
                 # paths' cross-site check, and a proxy in front may read another name from it.
-                error = f"Host: expected {HOST_SHAPE}, got {_quoted(headers['host'])}\n"
+                error = f"Host: expected {HOST_SHAPE}, got {quoted(headers['host'])}\n"
                 await self._respond(writer, 400, error.encode("ascii"), "text/plain", close=True, head=head)
                 return
             length = headers.get("content-length")
@@ -757,7 +757,7 @@ class MetricsHTTPServer:
     def _not_found(self, path: str, why: str = "") -> str:
         """A 404's body: the path asked for (quoted, capped) and those served; "not found" alone
         left a scraper's typo (/metric, /metrics/) to be guessed at."""
-        return f"no path {_quoted(path)} here{f' ({why})' if why else ''}; paths: {self._served}\n"
+        return f"no path {quoted(path)} here{f' ({why})' if why else ''}; paths: {self._served}\n"
 
     async def _internal_error(self, writer, method: str, path: str, *, head: bool = False) -> None:
         """Answer a request's unexpected exception (the one being handled) with 500, and log it.
@@ -916,10 +916,10 @@ def _target(target: str) -> tuple[str, str | None]:
         raise BadRequest(f"request target: expected an http URL, got {_shown(target)}: {exc}") from None
     if not url.netloc or "@" in url.netloc or url.netloc[0] == ":":
         raise BadRequest(f"request target: expected an http URL with a host and no userinfo, got {_shown(target)}")
-    if not _valid_host(url.netloc):
+    if not valid_host(url.netloc):
         # It takes Host's place (the admin paths' cross-site check reads it), and is held to Host's shape.
         raise BadRequest(
-            f"request target: expected an http URL whose authority is {HOST_SHAPE}, got {_quoted(url.netloc)}"
+            f"request target: expected an http URL whose authority is {HOST_SHAPE}, got {quoted(url.netloc)}"
         )
     return url.path or "/", url.netloc
 
@@ -928,7 +928,7 @@ def _target(target: str) -> tuple[str, str | None]:
 HOST_SHAPE = "host[:port] (a name, an IPv4 address or a bracketed IPv6 one; RFC 9110 7.2)"
 
 
-def _valid_host(value: str) -> bool:
+def valid_host(value: str) -> bool:
     """Whether `value` is `uri-host [":" port]` (RFC 9110 7.2, RFC 3986 3.2.2; see HOST)."""
     match = HOST.fullmatch(value)
     if match is None:
@@ -946,7 +946,7 @@ def _valid_host(value: str) -> bool:
     return True
 
 
-def _quoted(text: str) -> str:
+def quoted(text: str) -> str:
     """A value a request sent (a header's, a path), as an answer shows it: errors.quoted_name's
     form in ASCII. In quotes as it is when it is all printable ASCII, else with backslashes and
     every other byte escaped (\\x1b, \\xe9: the head is read as Latin-1, a byte a character);

@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from email.utils import formatdate, parsedate_to_datetime
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from wok.demo.cli import MODEL, LiveDemo, SimulatedDemo
 from wok.demo.load import LoadControl
 from wok.demo.sim import SimBackend
 from wok.demo.web import DemoWeb, Hub
+from wok.http import HOST_SHAPE
 from wok.models.limits import MAX_QUEUE_SIZE
 
 JSON = "application/json"
@@ -67,6 +69,18 @@ async def sim_page():
     await web.stop()
 
 
+async def answer_head(port: int, request: bytes) -> tuple[list[str], bytes]:
+    """Send raw bytes to the page's server; its first answer's head lines and body (none for a stream)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        lines = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).decode("latin-1").split("\r\n")[:-2]
+        length = next((int(ln.split(":", 1)[1]) for ln in lines if ln.lower().startswith("content-length:")), 0)
+        return lines, await asyncio.wait_for(reader.readexactly(length), 10)
+    finally:
+        writer.close()
+
+
 async def config(port: int) -> dict:
     status, answer = await exchange(port, f"GET /api/config HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
     assert status == 200, answer
@@ -92,6 +106,92 @@ async def test_cross_site_posts_are_refused_and_change_nothing(sim_page):
     own = f"Origin: http://127.0.0.1:{port}\r\n"
     status, answer = await exchange(port, post(port, "/api/load", b'{"rate": 40}', extra=own))
     assert status == 200 and answer["rate"] == 40
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1/x", "localhost?x", "localhost#x", "evil.example@127.0.0.1", "127.0.0.1:80/x", "::1"]
+)
+async def test_a_host_that_is_not_host_port_gets_400_on_every_path_and_changes_nothing(sim_page, host):
+    # The cross-site check read `127.0.0.1/x` as the address 127.0.0.1 (the URL's host), and the
+    # POST took; the metrics port refuses such a Host with 400 (RFC 9112 3.2), so does the page.
+    port = sim_page.port
+    refused = (400, {"error": f"Host: expected {HOST_SHAPE}, got '{host}'"})
+    body = b'{"rate": 5000}'
+    head = f"POST /api/load HTTP/1.1\r\nHost: {host}\r\nContent-Type: {JSON}\r\nContent-Length: {len(body)}\r\n\r\n"
+    assert await exchange(port, head.encode() + body) == refused
+    for path in ("/", "/api/config", "/nope"):
+        assert await exchange(port, f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()) == refused
+    assert (await config(port))["load"]["rate"] == 100
+
+
+@pytest.mark.parametrize(
+    ("hosts", "error"),
+    [
+        (["evil.example", "127.0.0.1"], "Host: expected one header, got 2: 'evil.example', '127.0.0.1'"),
+        (["127.0.0.1", "127.0.0.1"], "Host: expected one header, got 2: '127.0.0.1', '127.0.0.1'"),
+        ([], "Host: expected one header, got none (RFC 9112 3.2)"),
+    ],
+    ids=["two-hosts", "two-equal-hosts", "none"],
+)
+async def test_an_http_1_1_request_without_exactly_one_host_gets_400_and_changes_nothing(sim_page, hosts, error):
+    # Two Hosts were read by the last one (a proxy in front may read the first); none on HTTP/1.1
+    # got the cross-site check's 403, where RFC 9112 3.2 asks for 400, as the metrics port answers.
+    port, body = sim_page.port, b'{"rate": 5000}'
+    fields = "".join(f"Host: {h}\r\n" for h in hosts)
+    request = f"POST /api/load HTTP/1.1\r\n{fields}Content-Type: {JSON}\r\nContent-Length: {len(body)}\r\n\r\n"
+    assert await exchange(port, request.encode() + body) == (400, {"error": error})
+    assert (await config(port))["load"]["rate"] == 100
+    # HTTP/1.0 predates Host: none is no shape error there, but not an address either.
+    status, answer = await exchange(port, b"GET /api/config HTTP/1.0\r\n\r\n")
+    assert status == 403 and answer["error"].startswith("Host '' is not an IP address"), answer
+
+
+async def test_every_answer_carries_a_date_and_the_hosts_a_browser_sends_are_served(sim_page):
+    # RFC 9110 6.6.1: an origin server with a clock MUST send Date in its 2xx, 3xx and 4xx answers.
+    port = sim_page.port
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+        own = f"Host: {host}\r\nOrigin: http://{host}\r\n"
+        requests = {
+            200: [
+                f"GET / HTTP/1.1\r\n{own}\r\n",
+                f"GET /static/demo.js HTTP/1.1\r\n{own}\r\n",
+                f"GET /api/config HTTP/1.1\r\n{own}\r\n",
+                f"POST /api/load HTTP/1.1\r\n{own}Content-Type: {JSON}\r\nContent-Length: 13\r\n\r\n" + '{"rate": 100}',
+                f"GET /api/events HTTP/1.1\r\n{own}\r\n",
+            ],
+            400: [f"GET / HTTP/1.1\r\nHost: {host}/x\r\n\r\n"],
+            403: [f"GET / HTTP/1.1\r\nHost: {host}\r\nOrigin: http://evil.example\r\n\r\n"],
+            404: [f"GET /nope HTTP/1.1\r\n{own}\r\n"],
+            405: [f"DELETE / HTTP/1.1\r\n{own}\r\n"],
+            431: [f"GET / HTTP/1.1\r\n{own}X-Big: {'a' * 20_000}\r\n\r\n"],
+        }
+        for status, sent in requests.items():
+            for request in sent:
+                lines, _ = await answer_head(port, request.encode())
+                assert lines[0].startswith(f"HTTP/1.1 {status} "), (request[:60], lines)
+                dates = [ln[len("Date: ") :] for ln in lines if ln.startswith("Date: ")]
+                assert len(dates) == 1, (request[:60], lines)
+                # IMF-fixdate, in GMT (RFC 9110 5.6.7): it reads back, and is written back the same.
+                assert formatdate(parsedate_to_datetime(dates[0]).timestamp(), usegmt=True) == dates[0], dates
+
+
+async def test_a_404_names_the_path_asked_for_escaped_and_cut_and_the_paths_served(sim_page):
+    port = sim_page.port
+    served = (
+        "; paths: /, /static/<file> (the page's script and style), GET /api/config, GET /api/events, "
+        "POST /api/load, POST /api/batching, POST /api/faults"
+    )
+    status, answer = await exchange(port, b"GET /nope\x1b\xe9 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert (status, answer) == (404, {"error": "no path '/nope\\x1b\\xe9' here" + served})
+    # Whatever the method (it got 405, which says the path exists).
+    status, answer = await exchange(port, post(port, "/static/nope.js", b"{}"))
+    assert (status, answer) == (404, {"error": "no path '/static/nope.js' here" + served})
+    # A 10 KB path makes no 10 KB answer.
+    status, answer = await exchange(port, b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert (status, answer) == (404, {"error": f"no path '/{'a' * 199}'... (10,001 bytes in all) here" + served})
+    the_api = "; the API: GET /api/config, GET /api/events, POST /api/load, POST /api/batching, POST /api/faults"
+    status, answer = await exchange(port, b"GET /api/load HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert (status, answer) == (404, {"error": "no API 'GET /api/load'" + the_api})
 
 
 @pytest.mark.parametrize(
@@ -172,6 +272,8 @@ def test_live_demo_refuses_cross_site_faults_and_bounds_the_queue(live_demos):
     assert _request(demo.url + "api/faults", fail, {"Content-Type": "text/plain"})[0] == 415
     assert _request(demo.url + "api/faults", fail, {"Content-Type": JSON, "Origin": "http://evil.example"})[0] == 403
     assert _request(demo.url + "api/faults", fail, {"Content-Type": JSON, "Host": "rebind.evil.example"})[0] == 403
+    # Read by the cross-site check as the address 127.0.0.1, it reached the admin API and failed the model.
+    assert _request(demo.url + "api/faults", fail, {"Content-Type": JSON, "Host": "127.0.0.1/x"})[0] == 400
     assert _request(admin + "/admin/faults") == (200, {"faults": []})
     slow0 = b'{"mode": "slow", "delay_ms": 0}'
     assert _request(demo.url + "api/faults", slow0, {"Content-Type": JSON})[0] == 400
