@@ -451,13 +451,15 @@ def simulate_ramp(cfg: SimConfig) -> dict:
     rng = np.random.default_rng(cfg.seed)
     steps = [simulate_step(cfg, q, rng) for q in cfg.steps]
     config = {**asdict(cfg), "source": "simulate"}
-    # Samples stay out of the result's config: their count and spread say what was used.
+    # Samples stay out of the result's config: their count and spread say what was used. Nearest-rank,
+    # as every percentile of the schema (np.median and np.quantile interpolate between two samples).
+    summary = analysis.latency_summary
     config["model"]["batch_samples"] = {
-        str(n): {"count": len(t), "median_s": float(np.median(t))} for n, t in cfg.model.batch_samples
+        str(n): {"count": len(t), "median_s": summary(t)["p50"]} for n, t in cfg.model.batch_samples
     }
     o = cfg.model.overhead_samples_s
     config["model"]["overhead_samples_s"] = (
-        {"count": len(o), "median_s": float(np.median(o)), "p99_s": float(np.quantile(o, 0.99))} if o else None
+        {"count": len(o), "median_s": summary(o)["p50"], "p99_s": summary(o)["p99"]} if o else None
     )
     return analysis.ramp_result(
         steps=steps, slo_p99_ms=cfg.slo_p99_ms, config=config, knee_threshold=cfg.knee_threshold

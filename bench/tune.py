@@ -111,11 +111,13 @@ def profile_document(samples: dict[int, Sequence[float]], source: str, model: st
     batches = []
     for n in sizes:
         a = np.sort(np.asarray(samples[n], dtype=np.float64))
+        # Nearest-rank, as `wok profile` writes median_s and p99_s (np.median averaged the middle two).
+        q = analysis.latency_summary(a)
         batches.append(
             {
                 "batch_size": n,
-                "median_s": float(np.median(a)),
-                "p99_s": analysis.latency_summary(a)["p99"],
+                "median_s": q["p50"],
+                "p99_s": q["p99"],
                 "samples_s": a.tolist(),
             }
         )
@@ -222,12 +224,13 @@ def load_profile(path: Path, what: str = "--profile", *, where: str | None = Non
 
 def overhead_document(samples_s: Sequence[float], method: str) -> dict:
     a = np.asarray(samples_s, dtype=np.float64)
+    q = analysis.latency_summary(a)  # nearest-rank, both (the median was np.median's, interpolated)
     return {
         "schema": OVERHEAD_SCHEMA,
         "method": method,
         "count": int(a.size),
-        "median_s": float(np.median(a)) if a.size else None,
-        "p99_s": analysis.latency_summary(a)["p99"] if a.size else None,
+        "median_s": q["p50"] if a.size else None,
+        "p99_s": q["p99"] if a.size else None,
         "samples_s": a.tolist(),
     }
 
@@ -783,6 +786,7 @@ def tune(
             r for r in rows if (r["max_batch_size"], r["max_queue_delay_ms"]) == (default[0], delay_ms(default[1]))
         )
     o = np.asarray(overhead_s, dtype=np.float64)
+    o_ms = analysis.latency_summary(1e3 * o)  # nearest-rank, as the simulated steps' own percentiles
     # As model_for built every setting's model: what was simulated, not what was asked for.
     source, _, _, samples = batch_times(profile, sampled, cpu)
     toml = None if chosen is None else config_toml(chosen["max_batch_size"], 1e-3 * chosen["max_queue_delay_ms"])
@@ -807,8 +811,8 @@ def tune(
             "overhead": (
                 {
                     "count": int(o.size),
-                    "median_ms": 1e3 * float(np.median(o)),
-                    "p99_ms": 1e3 * float(np.quantile(o, 0.99)),
+                    "median_ms": o_ms["p50"],
+                    "p99_ms": o_ms["p99"],
                 }
                 if o.size and overhead_at is None
                 else None

@@ -83,6 +83,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 
+from wok.bench.analysis import latency_summary
 from wok.bench.outputs import WriteFailed, refuse_unwritable, replacing, write_final, writing
 from wok.bench.report import read_json_object
 from wok.bench.tune import SearchTooLarge  # the search's refusal (`check_search`), the library's own
@@ -561,8 +562,9 @@ def compare_steps(
                 # Request by request (server-timing): the server's own P99, and the time outside it.
                 "measured_server_p99_ms": ((timing.get("stages_ms") or {}).get("total") or {}).get("p99"),
                 "measured_outside_p99_ms": (timing.get("outside_ms") or {}).get("p99"),
+                # Nearest-rank, as the measured_outside_p99_ms it is set beside (np.quantile interpolated).
                 "predicted_overhead_p99_ms": (
-                    None if by_rate is None else 1e3 * float(np.quantile(by_rate(m["nominal_qps"]), 0.99))
+                    None if by_rate is None else latency_summary(1e3 * np.asarray(by_rate(m["nominal_qps"])))["p99"]
                 ),
             }
         )
@@ -1168,8 +1170,8 @@ def main(argv=None) -> int:
         overhead = np.asarray(overhead_doc["samples_s"])
         if stage is not None:
             overhead = cpu_overhead(overhead, t1, stage)
-            say(f"overhead beside the CPU stage: median {1e3 * np.median(overhead):.2f} ms, "
-                f"P99 {1e3 * np.quantile(overhead, 0.99):.2f} ms")  # fmt: skip
+            shown = latency_summary(1e3 * overhead)  # nearest-rank, as the overhead document's
+            say(f"overhead beside the CPU stage: median {shown['p50']:.2f} ms, P99 {shown['p99']:.2f} ms")
         if args.save_overhead:  # what `wok tune --overhead-samples` needs beside this run's CPU stage
             saved = overhead_doc
             if stage is not None:

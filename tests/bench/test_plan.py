@@ -1426,3 +1426,29 @@ def test_a_window_beside_a_ramp_is_refused_as_the_ramps_batches_formed_with_the_
         2,
         "wok plan: --from-ramp takes n as the ramp's batches formed it: drop --max-queue-delay\n",
     )
+
+
+def test_the_plans_gpu_load_is_the_simulators_busy_ratio_when_batches_are_full():
+    # ρ = λ·T_batch / n: 1,900 × (2 + 0.25 × 8) ms / 8 = 0.95 GPUs, N = ⌈0.95 / 0.65⌉ = 2, each 47.5 % busy.
+    # `wok simulate` on one GPU at the whole peak with a window so long (10⁴ s) that every batch is full
+    # measures the same busy ratio: the plan's U and the simulator's `utilization` are one quantity (the
+    # instance's busy seconds per second). The step's Poisson count over 20 s has σ 0.5 %: 5σ is 2.6 %.
+    import numpy as np
+
+    from wok.bench.simulate import BatcherModel, SimConfig, simulate_step
+
+    batch = batch_from_alpha_beta(F(2, 1000), F(1, 4000), F(8))
+    doc = make(batch=batch, peak_qps=F(1900), max_queue_delay_s=F(10**4))
+    load = next(s for s in doc["steps"] if s["name"] == "GPU load")
+    assert (load["exact"], doc["result"]["gpus"], doc["result"]["utilization_at_peak"]) == ("19/20", 2, 0.475)
+    assert doc["result"]["batch_fill"]["mean_batch_at_most"] == 8 and doc["warnings"] == []
+    model = BatcherModel(alpha_s=2e-3, beta_s=0.25e-3, max_batch_size=8, max_queue_delay_s=1e4)
+    step = simulate_step(SimConfig(model=model, steps=[1900.0], step_duration_s=20.0, warmup_s=2.0), 1900.0,
+                         np.random.default_rng(0))  # fmt: skip
+    assert step["mean_batch_size"] == 8.0
+    assert step["utilization"] == pytest.approx(load["value"], rel=0.026)
+    # And at N's share of the peak, 950/s a GPU: the plan's 47.5 %, with batches still full (19,000 arrivals:
+    # σ 0.7 %, 5σ 3.7 %).
+    step = simulate_step(SimConfig(model=model, steps=[950.0], step_duration_s=20.0, warmup_s=2.0), 950.0,
+                         np.random.default_rng(0))  # fmt: skip
+    assert step["utilization"] == pytest.approx(doc["result"]["utilization_at_peak"], rel=0.037)

@@ -870,3 +870,39 @@ def test_the_tables_batch_time_has_significant_digits_below_a_millisecond(alpha_
     print_table(result, file=out)
     first = out.getvalue().splitlines()[0]
     assert first == f"batch time {shown} (profile); SLO P99 ≤ 50 ms; poisson arrivals; 5 s simulated per point"
+
+
+# docs/profile.md and docs/bench-schema.md: percentiles are nearest-rank, the ⌈p·n⌉-th smallest. np.median
+# averaged the middle two (2.5 ms of 1, 2, 3, 4 ms, a time no batch took) and np.quantile interpolated.
+FOUR_MS = [4e-3, 1e-3, 3e-3, 2e-3]
+HUNDRED_MS = [k * 1e-3 for k in range(1, 101)]
+
+
+def test_a_profile_documents_median_is_nearest_rank_as_wok_profile_writes_it():
+    from wok.bench.analysis import latency_summary
+
+    doc = profile_document({1: FOUR_MS, 2: [5e-3, 6e-3]}, source="test")
+    # `wok profile` writes median_s = its latency_summary's p50 (the 2nd of 4): the same figure here.
+    assert [b["median_s"] for b in doc["batches"]] == [2e-3, 5e-3] == [latency_summary(FOUR_MS)["p50"], 5e-3]
+
+
+def test_an_overhead_documents_median_is_nearest_rank_as_its_p99():
+    doc = overhead_document(FOUR_MS, "test")
+    assert (doc["median_s"], overhead_document(HUNDRED_MS, "test")["p99_s"]) == (2e-3, 0.099)
+
+
+def test_wok_tunes_record_of_its_overhead_is_nearest_rank():
+    # The 50th and 99th of 1..100 ms (np.median and np.quantile: 50.5 and 99.01).
+    search = SearchConfig(slo_p99_ms=500.0, duration_s=0.5, warmup_s=0.0, iterations=0)
+    result = tune(Profile(alpha_s=1e-3, beta_s=0.0), search, [1], [0.0], default=None, overhead_s=HUNDRED_MS)
+    assert result["inputs"]["overhead"] == {"count": 100, "median_ms": 50.0, "p99_ms": 99.0}
+
+
+def test_tune_checks_predicted_overhead_p99_is_nearest_rank_as_the_measured_one_beside_it():
+    from wok.bench.simulate import SimConfig, simulate_ramp
+    from wok.bench.tune_check import compare_steps
+
+    model = BatcherModel(alpha_s=1e-3, beta_s=0.0, max_batch_size=1, max_queue_delay_s=0.0)
+    ramp = simulate_ramp(SimConfig(model=model, steps=[10.0], step_duration_s=1.0))
+    [row] = compare_steps(ramp, ramp, ramp, by_rate=lambda qps: tuple(HUNDRED_MS))
+    assert row["predicted_overhead_p99_ms"] == pytest.approx(99.0, abs=1e-9)  # np.quantile: 99.01
