@@ -25,7 +25,8 @@ server is NOT_SERVING or gone, READY when it serves; a watcher task per replica 
 balancer retries, to a different replica. Names are resolved again every
 `resolve_every_s`, so a Kubernetes headless Service's pods come and go: a new address gets a
 channel, a vanished one gets no new calls and is closed once its calls are done, the streams
-open on it (`stream_channel`) included.
+open on it (`stream_channel`) included. A name whose lookup fails (or finds nothing) keeps the
+replicas it has; the other names' changes apply all the same.
 
 Picking (`pick`): power of two choices on outstanding attempts: two random replicas among
 the READY, non-ejected ones (if none is READY: among the READY ejected ones, then those
@@ -36,22 +37,23 @@ at once, for a budget token; a first attempt does when every replica is down, so
 call fails at once with UNAVAILABLE instead of waiting for a connection up to its deadline.
 
 Hedging (Dean & Barroso, "The Tail at Scale", 2013): an attempt without an answer after
-`hedge_after` gets one more attempt on a different replica; the first OK answer wins and the
-others are cancelled; `max_attempts` attempts in all, each bounded by the caller's deadline.
-`hedge_after="auto"` (the default) is the 95th percentile of the last 512 OK attempts'
-latencies, recomputed every 64 answers, never below `hedge_floor_s` (20 ms), and
-`hedge_initial_s` (100 ms) until 64 answers have come: deferring the hedge to the P95 costs
-about 5% more attempts on a healthy fleet (the paper's figure), and the floor keeps a fleet
-that answers in a millisecond from hedging on scheduler jitter. A number is a fixed delay;
-None turns hedging off. Inference is idempotent, so two answers do no harm.
+`hedge_after` gets one more attempt on a different replica; the first OK answer wins (over an
+error that came with it) and the others are cancelled; `max_attempts` attempts in all, each
+bounded by the caller's deadline. `hedge_after="auto"` (the default) is the 95th percentile of
+the last 512 OK attempts' latencies, recomputed every 64 answers, never below `hedge_floor_s`
+(20 ms), and `hedge_initial_s` (100 ms) until 64 answers have come: deferring the hedge to the
+P95 costs about 5% more attempts on a healthy fleet (the paper's figure), and the floor keeps a
+fleet that answers in a millisecond from hedging on scheduler jitter. A number is a fixed
+delay; None turns hedging off. Inference is idempotent, so two answers do no harm.
 
 Retries: UNAVAILABLE (connection refused or reset, server draining) is sent again at once to
 another replica; only when every replica has been tried (or the others are down) does an
-attempt go back to one already tried, after a random backoff of up to 50 ms × 2ⁿ (at most
-1 s); with none left but failing ones the call ends with the UNAVAILABLE. Nothing else is
-retried or hedged once it comes back: INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED (the
-fleet is full: more attempts would feed the overload), DEADLINE_EXCEEDED, INTERNAL (the model
-failed; it is the call's answer) and the rest are the call's answer.
+attempt go back to one already tried, after a random backoff of up to 50 ms × 2ⁿ (at most 1 s);
+with none left but failing ones, or a backoff that would end at or past the call's deadline,
+the call ends with the UNAVAILABLE. Nothing else is retried or hedged once it comes back:
+INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED (the fleet is full: more attempts would feed
+the overload), DEADLINE_EXCEEDED, INTERNAL (the model failed; it is the call's answer) and the
+rest are the call's answer.
 
 Budget (like gRPC's retryThrottling): `budget_tokens` (100) tokens; every retry or hedge
 takes one, every OK call gives `budget_ratio` (0.1) back; no retry or hedge while half the
@@ -387,8 +389,10 @@ class Balancer:
         await self.stop()
 
     # -- replicas -----------------------------------------------------------------------------
-    async def _resolve_all(self, strict: bool) -> dict[str, str] | None:
-        """{address: target name}; None when a name did not resolve and not `strict` (keep the old set)."""
+    async def _resolve_all(self, strict: bool) -> dict[str, str]:
+        """{address: target name}. Not `strict` (a lookup again), a name whose lookup fails or finds
+        nothing keeps the replicas it has, and the other names' changes apply all the same: one
+        name gone from DNS froze the replica set of every other."""
         out: dict[str, str] = {}
         self._undecided = False
         for host, port in self.targets:
@@ -396,13 +400,18 @@ class Balancer:
             if ip is not None:
                 out.setdefault(_address(ip, port), f"{host}:{port}")
                 continue
+            name = f"{host}:{port}"
             try:
                 found = await self._resolve(host, port)
             except (OSError, socket.gaierror) as exc:
                 if strict:
-                    raise ValueError(f"target {host}:{port}: cannot resolve {host!r}: {exc}") from None
-                return None
-            name = f"{host}:{port}"
+                    raise ValueError(f"target {name}: cannot resolve {host!r}: {exc}") from None
+                found = []
+            if not found and not strict:
+                for r in self.replicas.values():
+                    if r.name == name and not r.removed:
+                        out.setdefault(r.address, name)
+                continue
             for a in await self._one_family(name, found):
                 out.setdefault(a, name)
         return out
@@ -485,7 +494,7 @@ class Balancer:
             every = self.settings.resolve_every_s
             await asyncio.sleep(min(every, UNDECIDED_RESOLVE_S) if self._undecided else every)
             addresses = await self._resolve_all(strict=False)
-            if addresses:  # a failed or empty lookup keeps the replicas we have
+            if addresses:  # (a name whose lookup failed or found nothing keeps its replicas)
                 self._update(addresses)
 
     async def _watch(self, r: Replica) -> None:
@@ -831,6 +840,7 @@ class Balancer:
                     raise rpc_error(CODE.CANCELLED, STOPPED)
                 now = loop.time()
                 retry = 0
+                answers = []
                 for task in done:
                     a = pending.pop(task)
                     if task.cancelled():  # only stop() cancels an attempt (seen above): a guard
@@ -838,10 +848,17 @@ class Balancer:
                     code, response, error = task.result()
                     started = a.started
                     self._answered(a, code, None if started is None else now - started)
+                    answers.append((code, response, error))
+                # Answers that came together are all recorded (above), and an OK one among them is the
+                # call's answer, whatever came with it: `done` is a set, in no order. Taken in its order,
+                # a hedge's INTERNAL could beat the OK that came with it, and the answers after the
+                # first to end the call went uncounted (a replica's ok and failures, its ejection).
+                for code, response, _ in answers:
                     if code is CODE.OK:
                         self.ok_calls += 1
                         self.tokens = min(s.budget_tokens, self.tokens + s.budget_ratio)
                         return response
+                for code, _, error in answers:
                     if code not in RETRYABLE:
                         raise error
                     last_error = error
@@ -859,14 +876,19 @@ class Balancer:
                 for kind in extra:
                     busy = [a.replica for a in pending.values()]
                     r = self.pick(exclude=tried, extra=True) or self.pick(exclude=busy, extra=True)
+                    delay, backoff = 0.0, r is not None and r in tried and kind == "retry"
+                    if backoff:
+                        delay = random.uniform(0, min(s.max_backoff_s, s.backoff_s * 2**backoffs))
+                        if deadline is not None and now + delay >= deadline:
+                            # It would wake at or past the deadline, to fail DEADLINE_EXCEEDED unsent:
+                            # the call ended up to max_backoff_s late, for a token. It ends now, with
+                            # its UNAVAILABLE, unless another attempt is still out.
+                            continue
                     if r is None or not self._spend():
                         if kind == "hedge":
                             last_launch = now  # try again one hedge delay later
                         continue
-                    delay = 0.0
-                    if r in tried and kind == "retry":
-                        delay = random.uniform(0, min(s.max_backoff_s, s.backoff_s * 2**backoffs))
-                        backoffs += 1
+                    backoffs += backoff
                     tried.append(r)
                     sent += 1
                     if kind == "hedge":

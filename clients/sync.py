@@ -68,6 +68,7 @@ class Client:
         self._lock = threading.Lock()
         self._limit = RequestLimit()  # the server's request limit, looked up once (wok.clients.limits)
         self._lookup_lock = threading.Lock()  # one look-up at a time; those waiting for it find it done
+        self._lookups_ended = 0  # look-ups ended, whatever their outcome (under _lookup_lock)
 
     def __enter__(self) -> Client:
         return self
@@ -124,17 +125,23 @@ class Client:
     def _look_up_limit(self, timeout: float | None) -> float | None:
         """Learn the server's request limit (wok.clients.limits) unless another thread just did; wait
         for it at most `timeout`, and return what is left of `timeout` (None: no deadline), the
-        deadline of the call that needed it: else a call waited up to twice its timeout."""
+        deadline of the call that needed it: else a call waited up to twice its timeout. A thread
+        that waited for another's look-up takes its outcome, as AsyncClient's callers share one."""
         start = time.monotonic()
 
         def left() -> float | None:
             return None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
 
+        ended = self._lookups_ended
         # Another thread's look-up (with its own deadline) may hold the lock: wait for it only so long.
-        if not self._lookup_lock.acquire(timeout=-1 if timeout is None else timeout):
+        # Not below 0: Lock.acquire raised ValueError for a timeout under 0, and waited for ever at -1.
+        if not self._lookup_lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
             return left()
         try:
-            if self._limit.known:
+            # One that ended while this thread waited and learnt nothing (out of its caller's time, the
+            # server unreachable) is not run again at once: each waiting thread then ran its own in
+            # turn, and with a server that hangs the n-th waited n look-ups (10 s each, no timeout).
+            if self._limit.known or self._lookups_ended != ended:
                 return left()
             try:
                 _, call = self._stub.ServerMetadata.with_call(
@@ -148,6 +155,8 @@ class Client:
                     return 0.0
             except ValueError as exc:
                 raise self._closed_error(exc) from None
+            finally:
+                self._lookups_ended += 1
         finally:
             self._lookup_lock.release()
         return left()

@@ -36,7 +36,8 @@ SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.Health
 class Loopback:
     """A grpc.aio server on `address` (loopback, a free port) with the health service, SERVING;
     `register(server)` adds a subclass's handlers. With `credentials` it speaks TLS, `options` are
-    the server's. `async with` starts it and stops it (no grace)."""
+    the server's. `async with` starts it and stops it (no grace). A subclass's handlers call
+    `_notify()` where `wait_until` is to look again."""
 
     def __init__(
         self,
@@ -49,9 +50,19 @@ class Loopback:
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
         self.port = 0
+        self._changed = asyncio.Condition()
 
     def register(self, server: grpc.aio.Server) -> None:
         raise NotImplementedError
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_until(self, predicate, timeout: float = 10.0) -> None:
+        """Return once `predicate()` holds; it is checked at each `_notify()` of the handlers."""
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(predicate), timeout)
 
     async def __aenter__(self) -> Loopback:
         self.server = grpc.aio.server(options=self.options)
@@ -93,7 +104,6 @@ class Stub(Loopback):
         self.release = asyncio.Event()
         if not hold:
             self.release.set()
-        self._changed = asyncio.Condition()
 
     async def infer(self, request: bytes, context) -> bytes:
         self.calls += 1
@@ -107,15 +117,6 @@ class Stub(Loopback):
             asyncio.get_running_loop().create_task(self._notify())
             raise
         return pb.ModelInferResponse(model_name=self.name).SerializeToString()
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def wait_until(self, predicate, timeout: float = 10.0) -> None:
-        """Return once `predicate()` holds; it is checked at each call's arrival and cancellation."""
-        async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(predicate), timeout)
 
     async def wait_calls(self, n: int, timeout: float = 10.0) -> None:
         """Return once `n` calls have reached this server."""
@@ -142,24 +143,28 @@ class Unpublished(Loopback, pb_grpc.GRPCInferenceServiceServicer):
     """A KServe server that publishes no request limit, as tritonserver or a wok server before it
     published one: gRPC's receive limit `limit`, the health service, a ServerMetadata without
     trailing metadata (or, with `server_metadata=False`, none: UNIMPLEMENTED; with "hold", one that
-    never answers), and a ModelInfer and ModelStreamInfer that answer each request with its model's
-    name and id. `lookups` and `requests` count what reached it."""
+    answers only once `release` is set, or not at all), and a ModelInfer and ModelStreamInfer that
+    answer each request with its model's name and id. `lookups` and `requests` count what reached
+    it (`wait_until` looks at each arrival)."""
 
     def __init__(self, limit: int, *, server_metadata: bool | str = True) -> None:
         super().__init__(options=[("grpc.max_receive_message_length", limit)])
         self.limit, self.server_metadata = limit, server_metadata
         self.lookups = self.requests = 0
+        self.release = asyncio.Event()
 
     async def ServerMetadata(self, request, context):
         self.lookups += 1
+        await self._notify()
         if not self.server_metadata:
             await context.abort(CODE.UNIMPLEMENTED, "Method not implemented!")
         if self.server_metadata == "hold":
-            await asyncio.Event().wait()  # until the caller's deadline cancels it
+            await self.release.wait()  # or until the caller's deadline cancels it
         return pb.ServerMetadataResponse(name="triton")
 
     async def ModelInfer(self, request, context):
         self.requests += 1
+        await self._notify()
         return pb.ModelInferResponse(model_name=request.model_name, id=request.id)
 
     async def ModelStreamInfer(self, request_iterator, context):

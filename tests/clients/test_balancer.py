@@ -13,6 +13,7 @@ import gc
 import os
 import random
 import signal
+import socket
 
 import grpc
 import numpy as np
@@ -22,6 +23,8 @@ from grpc_health.v1 import health_pb2
 from wok.clients import TLS, AsyncClient, InferError
 from wok.clients.balancer import Balancer, BalancerSettings, merge_stats, split_targets
 from wok.v2pb import grpc_service_pb2 as pb
+
+from .conftest import Stub
 
 pytestmark = pytest.mark.timeout(90)
 CODE = grpc.StatusCode
@@ -163,8 +166,10 @@ async def test_back_to_the_same_replica_only_after_a_backoff(stub):
     "code", [CODE.INVALID_ARGUMENT, CODE.NOT_FOUND, CODE.RESOURCE_EXHAUSTED, CODE.DEADLINE_EXCEEDED, CODE.INTERNAL]
 )
 async def test_answers_that_are_never_retried_or_hedged(stub, code):
+    # Hedging on, with a delay that the first answer beats even on a loaded host (at 50 ms a slow
+    # first answer let a hedge go out before it, and the test failed on the host, not the balancer).
     async with stub("a", fail_first=1, code=code) as a, stub("b", fail_first=1, code=code) as b:
-        async with Balancer([a.target, b.target], settings=settings(hedge_after=0.05)) as bal:
+        async with Balancer([a.target, b.target], settings=settings(hedge_after=1.0)) as bal:
             assert await code_of(bal.unary_unary(METHOD)) == code
             assert a.calls + b.calls == 1 and bal.attempts == 1 and bal.hedges == bal.retries == 0
 
@@ -940,3 +945,105 @@ async def test_a_stream_with_no_replica_to_send_to_raises_infer_error():
             async for _ in c.stream_infer([("mlp", {"INPUT0": np.zeros((1, 256), np.float32)})]):
                 pass
     assert (info.value.code, info.value.details) == (grpc.StatusCode.UNAVAILABLE, "no replica to send to among 1")
+
+
+# -- answers that come together; a backoff past the deadline; a name that stops resolving ---------
+
+
+class HeldThen(Stub):
+    """A Stub that holds every call until `release` is set, then answers it with `then`: an error
+    of that code, or (OK) its name."""
+
+    def __init__(self, name: str, then: grpc.StatusCode = CODE.OK) -> None:
+        super().__init__(name, hold=True)
+        self.then = then
+
+    async def infer(self, request: bytes, context) -> bytes:
+        self.calls += 1
+        await self._notify()
+        await self.release.wait()
+        if self.then is not CODE.OK:
+            await context.abort(self.then, f"{self.name}: {self.then.name}")
+        return pb.ModelInferResponse(model_name=self.name).SerializeToString()
+
+
+async def test_an_ok_answer_that_came_with_an_error_is_the_calls_answer_and_both_are_counted():
+    """A call and its hedge answered together, one INTERNAL, one OK: the answers were taken in the
+    order of asyncio.wait's `done` (a set, in no order), so half the time the call failed INTERNAL
+    with the OK answer in hand, and the answer after the first to end the call was never counted
+    (its replica's ok or failures: a failing replica's ejection came late). The OK one wins, both
+    are counted. The attempts here end only once both have their answer (on real servers, released
+    at once, they mostly come together; this makes it every time)."""
+    async with HeldThen("a", CODE.INTERNAL) as a, HeldThen("b") as b:
+        s = settings(hedge_after=0.02, max_attempts=2, **NO_EJECTION)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            attempt, ended, both = bal._attempt, [], asyncio.Event()
+
+            async def attempt_ending_with_the_other(a, *args):
+                try:
+                    return await attempt(a, *args)
+                finally:
+                    ended.append(a)
+                    if len(ended) == 2:
+                        both.set()
+                    await both.wait()
+
+            bal._attempt = attempt_ending_with_the_other
+            call = asyncio.ensure_future(name_of(bal.unary_unary(METHOD)))
+            await a.wait_calls(1)
+            await b.wait_calls(1)  # the call and its hedge
+            a.release.set()
+            b.release.set()
+            assert await call == "b"
+            ra, rb = bal.replica(a.target), bal.replica(b.target)
+            assert (ra.failures, ra.ok, rb.ok, rb.failures) == (1, 0, 1, 0)
+            assert bal.ok_calls == 1 and bal.hedges == 1 and bal.attempts == 2
+
+
+async def test_a_retry_whose_backoff_would_end_past_the_deadline_is_not_made(stub, monkeypatch):
+    """One replica, failing UNAVAILABLE: its retry goes back to it after a backoff. One drawn past
+    the call's deadline was slept through all the same, for a token, and the attempt then failed
+    DEADLINE_EXCEEDED unsent: infer(timeout=0.5) ended after the whole backoff (5 s here; up to
+    max_backoff_s, 1 s, by default). The call ends at once with its UNAVAILABLE."""
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)  # the backoff: its longest, 5 s
+    async with stub("a", fail_first=1 << 30) as a:
+        s = settings(backoff_s=5.0, max_backoff_s=5.0, **NO_EJECTION)
+        async with Balancer(a.target, settings=s) as bal:
+            call = bal.unary_unary(METHOD)
+            assert await code_of(call, timeout=0.5) == CODE.UNAVAILABLE
+            assert a.calls == 1 and bal.retries == 0 and bal.attempts == 1
+            assert bal.tokens == s.budget_tokens  # no token spent on it
+            # A backoff that ends in time is slept, and the retry made.
+            monkeypatch.setattr(random, "uniform", lambda low, high: low)
+            assert await code_of(call, timeout=0.5) == CODE.UNAVAILABLE
+            assert a.calls == 1 + 3 and bal.retries == 2
+
+
+@pytest.mark.parametrize("lookup", ["fails", "finds nothing"])
+async def test_a_name_that_stops_resolving_keeps_its_replicas_and_the_others_follow_theirs(stub, lookup):
+    """Two names; the lookups of one start failing (a Service deleted, its DNS gone): the replica
+    set was kept whole, the other name's too, so its new pods never got a call and its vanished ones
+    stayed. (A lookup that found nothing, from a resolver of one's own, dropped the name's
+    replicas.) Now a name that fails keeps its own replicas and the others follow their names."""
+    async with stub("a") as a, stub("b") as b, stub("c") as c:
+        answers = {"svc-a": [a.target], "svc-b": [b.target]}
+        lookups = {"svc-a": 0, "svc-b": 0}
+
+        async def resolver(host: str, port: int) -> list[str]:
+            lookups[host] += 1
+            if host == "svc-b" and lookups[host] > 1:
+                if lookup == "fails":
+                    raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+                return []
+            return list(answers[host])
+
+        s = settings(resolve_every_s=0.05)
+        async with Balancer("dns:///svc-a:8001,dns:///svc-b:8001", settings=s, resolver=resolver) as bal:
+            assert sorted(bal.replicas) == sorted([a.target, b.target])
+            answers["svc-a"] = [a.target, c.target]  # a new pod of svc-a
+            await bal.wait_for(lambda: c.target in bal.replicas, 10, "c added")
+            answers["svc-a"] = [c.target]  # and an old one gone
+            await bal.wait_for(lambda: a.target not in bal.replicas, 10, "a gone")
+            assert sorted(bal.replicas) == sorted([b.target, c.target]) and lookups["svc-b"] > 1
+            call = bal.unary_unary(METHOD)
+            assert {await name_of(call) for _ in range(40)} == {"b", "c"}

@@ -184,3 +184,62 @@ async def test_a_look_up_that_takes_the_calls_whole_timeout_leaves_its_request_n
 
             await asyncio.to_thread(run)
             assert (server.lookups, server.requests) == (2, 0)
+
+
+# -- the sync client: threads that need the look-up at once --------------------------------------
+
+MID = {"INPUT0": np.ones((1000, 256), np.float32)}  # 1,024,000 bytes: looked up first, under LIMIT
+
+
+async def test_sync_a_thread_that_gives_up_waiting_for_anothers_look_up_sends_nothing(unpublished):
+    # One thread's look-up is held by the server; another's request needs the limit too and waits
+    # for that look-up (one at a time), within its own timeout: it runs none of its own, and once
+    # its timeout is over its request is not sent (it would go out past its deadline). The first
+    # thread's call is unaffected.
+    async with unpublished(LIMIT, server_metadata="hold") as server:
+        with Client(server.target) as client:
+            first = asyncio.ensure_future(asyncio.to_thread(client.infer, "mlp", MID, timeout=60))
+            await server.wait_until(lambda: server.lookups == 1)
+            with pytest.raises(InferError) as info:
+                await asyncio.to_thread(client.infer, "mlp", MID, timeout=0.2)
+            assert info.value.code == CODE.DEADLINE_EXCEEDED, info.value
+            assert "took the whole timeout of 0.2 s, so the request was not sent" in info.value.details
+            assert (server.lookups, server.requests) == (1, 0)
+            server.release.set()  # the first thread's look-up is answered (no limit published)
+            assert await first == {}
+            assert (server.lookups, server.requests) == (1, 1)
+
+
+async def test_sync_threads_that_waited_for_a_look_up_that_failed_take_its_outcome(unpublished):
+    # The first thread's look-up runs out of its caller's time (2 s); a second thread waited for it
+    # (30 s). The second used to run a look-up of its own then, held as long again: with a server
+    # that hangs, the n-th waiting thread waited n look-ups (10 s each, without a timeout). It takes
+    # the first one's outcome, as AsyncClient's callers share one look-up: its request goes out.
+    async with unpublished(LIMIT, server_metadata="hold") as server:
+        with Client(server.target) as client:
+            first = asyncio.ensure_future(asyncio.to_thread(client.infer, "mlp", MID, timeout=2))
+            await server.wait_until(lambda: server.lookups == 1)
+            # (Started now, it waits for the first thread's look-up: 2 s is its margin to get there.)
+            second = asyncio.ensure_future(asyncio.to_thread(client.infer, "mlp", MID, timeout=30))
+            with pytest.raises(InferError) as info:
+                await first
+            assert info.value.code == CODE.DEADLINE_EXCEEDED and "was not sent" in info.value.details
+            assert await second == {}
+            assert (server.lookups, server.requests) == (1, 1)
+
+
+async def test_sync_a_negative_timeout_is_out_of_time_not_a_value_error(unpublished):
+    # A request that needs the look-up, with a timeout already past: threading.Lock.acquire raised
+    # its own ValueError ("timeout value must be positive"), where one that needs none, and
+    # AsyncClient, say DEADLINE_EXCEEDED.
+    async with unpublished(LIMIT) as server:
+
+        def run() -> None:
+            with Client(server.target) as client:
+                for x in (SMALL, MID):
+                    with pytest.raises(InferError) as info:
+                        client.infer("mlp", x, timeout=-0.5)
+                    assert info.value.code == CODE.DEADLINE_EXCEEDED, info.value
+
+        await asyncio.to_thread(run)
+        assert server.requests == 0
