@@ -29,6 +29,7 @@ import yaml
 
 from ..bench.arrivals import parse_duration
 from ..children import die_with_parent
+from ..config import host_port
 from .load import MAX_RATE, LoadControl, LoadGenerator
 
 if TYPE_CHECKING:
@@ -459,7 +460,7 @@ class LiveDemo:
             "model": MODEL,
             "instances": self.args.instances,
             "slo_ms": self.slo_s * 1e3,
-            "server": {"grpc": self.target, "admin": f"http://{self.admin[0]}:{self.admin[1]}"},
+            "server": {"grpc": self.target, "admin": f"http://{host_port(*self.admin)}"},
             "load": self.control.describe(),
             "faults": True,
         }
@@ -548,7 +549,8 @@ class LiveDemo:
         while not stop.is_set():
             try:
                 reader, writer = await asyncio.open_connection(host, port)
-                writer.write(f"GET /events HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+                # host:port, an IPv6 address bracketed (RFC 9110 7.2): the admin port refuses `::1` with 400.
+                writer.write(f"GET /events HTTP/1.1\r\nHost: {host_port(host, port)}\r\n\r\n".encode())
                 await reader.readuntil(b"\r\n\r\n")
                 while True:
                     line = await reader.readline()

@@ -25,7 +25,10 @@ be JSON (415). See docs/security.md.
 As the metrics port does (server/http.py, whose checks it calls): a Host that is not `host[:port]`,
 none on HTTP/1.1, or two, get 400 naming it (RFC 9112 3.2) before that check, on every path;
 every answer carries a Date header (RFC 9110 6.6.1), formatted once a second; a 404 names the
-path asked for (escaped, cut at 200 characters) and the paths served.
+path asked for (escaped, cut at 200 characters) and the paths served. The head is read and framed
+by the metrics port's functions: a bare LF, a bare CR, a space before a colon, a folded line, a
+method that is not a token, two Content-Lengths get 400, a version not HTTP/1.x 505 (400 if not
+HTTP/<digit>.<digit>); an absolute-form target is served, its authority checked in Host's place.
 """
 
 from __future__ import annotations
@@ -37,14 +40,29 @@ import re
 import time
 from importlib import resources
 
-from ..http import HOST_SHAPE, cross_site_refusal, date_line, quoted, valid_host
+from ..config import host_port
+from ..http import (
+    HOST_SHAPE,
+    BadRequest,
+    cross_site_refusal,
+    date_line,
+    header_field,
+    quoted,
+    read_head,
+    request_line,
+    request_start,
+    request_target,
+    valid_host,
+    version_refusal,
+)
 
 log = logging.getLogger("wok.demo")
 TICK_S = 0.25
 BACKLOG = 4000
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
 MAX_BODY = 64 << 10
-MAX_HEAD = 16 << 10  # the request line and headers
+MAX_HEAD = 16 << 10  # the request line and headers (the metrics port's MAX_HEADER_BYTES, which read_head checks)
+IDLE_S = 120.0  # for a connection's next request head, all of it
 ADMIN_TIMEOUT_S = 10.0  # for the wok server's answer to an admin call
 STATUS = {
     200: "OK",
@@ -55,6 +73,7 @@ STATUS = {
     415: "Unsupported Media Type",
     431: "Request Header Fields Too Large",
     502: "Bad Gateway",
+    505: "HTTP Version Not Supported",
 }
 # What a 404 names as served.
 API_PATHS = "GET /api/config, GET /api/events, POST /api/load, POST /api/batching, POST /api/faults"
@@ -100,7 +119,8 @@ async def http_json(host: str, port: int, method: str, path: str, body=None) -> 
         try:
             data = b"" if body is None else json.dumps(body).encode()
             writer.write(
-                f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                # host:port, an IPv6 address bracketed (RFC 9110 7.2): the admin port refuses `::1` with 400.
+                f"{method} {path} HTTP/1.1\r\nHost: {host_port(host, port)}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
                 + data
             )
@@ -117,7 +137,16 @@ async def http_json(host: str, port: int, method: str, path: str, body=None) -> 
     m = re.match(rb"HTTP/1\.[01] ([0-9]{3}) ", head)
     if m is None:  # the server ended mid-answer: as unreachable, for the caller's 502
         raise ConnectionError(f"{method} {path}: expected an HTTP answer from {host}:{port}, got {raw[:60]!r}")
-    return int(m.group(1)), json.loads(payload or b"{}")
+    try:
+        answer = json.loads(payload or b"{}")
+    except ValueError:
+        # The admin port's own refusals of a request's framing are text/plain; read as JSON, the
+        # parse error reached the page as a 400 of its own input.
+        answer = None
+    if not isinstance(answer, dict):
+        text = payload.decode("latin-1").strip()
+        return 502, {"error": f"the wok server answered {m.group(1).decode()} with {quoted(text)}, not a JSON object"}
+    return int(m.group(1)), answer
 
 
 class DemoWeb:
@@ -164,13 +193,15 @@ class DemoWeb:
     async def _one(self, reader, writer) -> bool:
         """Answer one request; False when the connection must end."""
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)
+            lines = await asyncio.wait_for(_head_lines(reader), IDLE_S)
+            method, path, body, close = await self._request(reader, lines)
         except asyncio.LimitOverrunError:
             error = {"error": f"request head: expected at most {MAX_HEAD} bytes, got more"}
             await self._send(writer, 431, error, close=True)
             return False
-        try:
-            method, path, body, close = await self._request(reader, head)
+        except BadRequest as exc:  # the head's framing, as the metrics port refuses it
+            await self._send(writer, 400, {"error": str(exc)}, close=True)
+            return False
         except Refused as exc:
             await self._send(writer, exc.status, {"error": str(exc)}, close=True)
             return False
@@ -197,58 +228,73 @@ class DemoWeb:
         return not close
 
     @staticmethod
-    async def _request(reader, head: bytes) -> tuple[str, str, object, bool]:
-        """(method, path, JSON body or None, whether the connection ends after it) of one request;
-        raises Refused."""
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3:
-            raise Refused(400, f"request line: expected METHOD TARGET VERSION, got {lines[0][:80]!r}")
-        method, target, version = parts
-        fields = [(k.strip().lower(), v.strip()) for k, sep, v in (ln.partition(":") for ln in lines[1:]) if sep]
+    async def _request(reader, lines: list[str]) -> tuple[str, str, object, bool]:
+        """(method, path, JSON body or None, whether the connection ends after it) of one request,
+        from its head's lines; raises Refused, or BadRequest for the head's framing.
+
+        Framed as the metrics port frames a request, with its checks (server/http.py), in its order:
+        each form refused is one a proxy in front may read otherwise (a bare LF, a space before a
+        colon, a folded line, two Content-Lengths: another body, or another request, than read
+        here), or not HTTP/1 at all (`HTTP/9.9` was served as 1.1).
+        """
+        method, target, version = request_line(lines[0])
+        refused = version_refusal(version)
+        if refused is not None:
+            raise Refused(*refused)
+        fields = [header_field(number, line) for number, line in enumerate(lines[1:], 1)]
         headers = dict(fields)
-        hosts = [v for k, v in fields if k == "host"]
-        # RFC 9112 3.2 (MUSTs), checked as the metrics port checks them, before the cross-site check
-        # reads the Host: it took `127.0.0.1/x`, `localhost?x` or `evil@127.0.0.1` for an address, and
-        # with two Hosts read the last, where a proxy in front may read the first.
-        if len(hosts) > 1:
-            raise Refused(400, f"Host: expected one header, got {len(hosts)}: {', '.join(map(quoted, hosts))}")
-        if not hosts and version != "HTTP/1.0":  # HTTP/1.0 predates Host: the cross-site check refuses it
-            raise Refused(400, "Host: expected one header, got none (RFC 9112 3.2)")
-        if hosts and not valid_host(hosts[0]):
-            raise Refused(400, f"Host: expected {HOST_SHAPE}, got {quoted(hosts[0])}")
-        # Kept open, the connection of a client that asked to end it (or an HTTP/1.0 one, whose
-        # default that is) waited out the 120 s idle timeout: such a client reads to the close.
-        options = {o.strip().lower() for o in headers.get("connection", "").split(",")}
-        close = "close" in options or (version == "HTTP/1.0" and "keep-alive" not in options)
-        refusal = cross_site_refusal(headers)
-        if refusal is not None:
-            raise Refused(403, refusal.replace("the admin API", "the demo's page"))
-        length = headers.get("content-length", "0") or "0"
+        # Two lengths frame the body two ways (the last was read here); two Hosts may be read
+        # apart likewise (RFC 9112 6.3, 3.2).
+        for name in ("content-length", "host"):
+            values = [v for k, v in fields if k == name]
+            if len(values) > 1:
+                raise Refused(
+                    400, f"{name.title()}: expected one header, got {len(values)}: {', '.join(map(quoted, values))}"
+                )
         coding = headers.get("transfer-encoding")
         if coding is not None:
-            raise Refused(400, f"Transfer-Encoding: expected none (a Content-Length), got {coding!r}")
-        if not re.fullmatch(r"[0-9]{1,9}", length):
-            raise Refused(400, f"Content-Length: expected a number of bytes, got {length!r}")
+            raise Refused(400, f"Transfer-Encoding: expected none (a Content-Length), got {quoted(coding)}")
+        # RFC 9112 3.2 (MUSTs), before the cross-site check reads the Host: it took `127.0.0.1/x`,
+        # `localhost?x` or `evil@127.0.0.1` for an address.
+        if "host" not in headers and version != "HTTP/1.0":  # HTTP/1.0 predates Host: the cross-site check refuses it
+            raise Refused(400, "Host: expected one header, got none (RFC 9112 3.2)")
+        if "host" in headers and not valid_host(headers["host"]):
+            raise Refused(400, f"Host: expected {HOST_SHAPE}, got {quoted(headers['host'])}")
+        length = headers.get("content-length", "0")
+        if not re.fullmatch(r"[0-9]+", length):
+            raise Refused(400, f"Content-Length: expected a number of bytes, got {quoted(length)}")
+        # The absolute form (`GET http://127.0.0.1:8090/api/config`) names the host asked for in
+        # Host's place (RFC 9112 3.2.2), and the cross-site check reads it; it got 404.
+        path, authority = request_target(target)
+        # Kept open, the connection of a client that asked to end it (or an HTTP/1.0 one, whose
+        # default that is) waited out the idle timeout: such a client reads to the close.
+        options = {o.strip().lower() for o in headers.get("connection", "").split(",")}
+        close = "close" in options or (version == "HTTP/1.0" and "keep-alive" not in options)
+        refusal = cross_site_refusal(headers, authority)
+        if refusal is not None:
+            raise Refused(403, refusal.replace("the admin API", "the demo's page"))
+        # Leading zeros dropped before int(), which refuses over 4,300 digits; a header may hold 16 KiB.
+        digits = length.lstrip("0")
+        size = int(digits or "0") if len(digits) <= len(str(MAX_BODY)) else MAX_BODY + 1
         if method != "POST":
-            if int(length):  # its bytes would be read as the next request
-                raise Refused(400, f"{method}: expected no body, got Content-Length {length}")
-            return method, target.split("?", 1)[0], None, close
+            if size:  # its bytes would be read as the next request
+                raise Refused(400, f"{method}: expected no body, got Content-Length {quoted(length)}")
+            return method, path, None, close
         ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if ctype != "application/json":
             # A page of any site may POST text/plain or a form here without asking; JSON makes the
             # browser ask first (a CORS preflight), which this server never grants.
-            raise Refused(415, f"Content-Type: expected application/json for a POST, got {ctype or 'none'!r}")
-        if int(length) > MAX_BODY:
-            raise Refused(400, f"Content-Length: expected at most {MAX_BODY} bytes, got {length}")
-        raw = await asyncio.wait_for(reader.readexactly(int(length)), 10)
+            raise Refused(415, f"Content-Type: expected application/json for a POST, got {quoted(ctype or 'none')}")
+        if size > MAX_BODY:
+            raise Refused(400, f"Content-Length: expected at most {MAX_BODY} bytes, got {quoted(length)}")
+        raw = await asyncio.wait_for(reader.readexactly(size), 10)
         try:
             body = json.loads(raw or b"null")
         except ValueError as exc:
             raise Refused(400, f"body: expected JSON, got a parse error: {exc}") from None
         except RecursionError:
             raise Refused(400, "body: expected JSON, got one nested too deeply") from None
-        return method, target.split("?", 1)[0], body, close
+        return method, path, body, close
 
     async def _api(self, method: str, name: str, body) -> tuple[int, dict]:
         b = self.backend
@@ -305,6 +351,16 @@ class DemoWeb:
         if self._date[0] != now:
             self._date = (now, date_line(now))
         return self._date[1]
+
+
+async def _head_lines(reader: asyncio.StreamReader) -> list[str]:
+    """A request head's lines, read line by line as the metrics port reads them (server/http.py):
+    a bare LF or CR refused with BadRequest at once (the head was read to a CRLF CRLF, and one
+    sent with LF alone waited out the idle timeout unanswered), the empty lines before a request
+    line skipped (RFC 9112 2.2). LimitOverrunError past MAX_HEAD."""
+    start, _ = await request_start(reader, time.monotonic() + IDLE_S)
+    lines, _ = await read_head(reader, start)
+    return lines
 
 
 async def _linger(reader, writer) -> None:

@@ -494,13 +494,13 @@ class MetricsHTTPServer:
                 # client may send before it (a CRLF after a POST's body) do not begin it: timed
                 # from them, the connection was closed HEADER_TIMEOUT_S after its last request.
                 began = time.monotonic()
-                start, skipped = await _request_start(reader, began + (HEADER_TIMEOUT_S if first else IDLE_TIMEOUT_S))
+                start, skipped = await request_start(reader, began + (HEADER_TIMEOUT_S if first else IDLE_TIMEOUT_S))
                 if not first:
                     began = time.monotonic()
                 if writer in self._waiting:  # not closed to make room meanwhile
                     self._waiting[writer] = (lambda: _head_buffered(_buffered(reader)), True)
                 left = began + HEADER_TIMEOUT_S - time.monotonic()
-                lines, size = await asyncio.wait_for(_read_head(reader, start), left)
+                lines, size = await asyncio.wait_for(read_head(reader, start), left)
                 size += skipped
             except asyncio.LimitOverrunError:
                 error = f"request headers over {MAX_HEADER_BYTES} bytes\n".encode()
@@ -522,26 +522,21 @@ class MetricsHTTPServer:
                 known = len(_buffered(reader))
             first = False
             try:
-                method, target, version = _request_line(lines[0])
+                method, target, version = request_line(lines[0])
             except BadRequest as exc:
                 await self._respond(writer, 400, f"{exc}\n".encode("latin-1"), "text/plain", close=True)
                 return
             head = method == "HEAD"
-            numbered = VERSION.fullmatch(version)
-            if numbered is None:
-                error = f"request line: expected HTTP/<digit>.<digit> as its version, got {_shown(version)}\n"
-                await self._respond(writer, 400, error.encode("latin-1"), "text/plain", close=True, head=head)
-                return
-            if numbered[1] != "1":
-                # A later HTTP/1 minor is read as 1.1 (RFC 9110 2.5); another major is not HTTP/1.
-                error = f"{version} is not supported: this server speaks HTTP/1.1\n"
-                await self._respond(writer, 505, error.encode("latin-1"), "text/plain", close=True, head=head)
+            refused = version_refusal(version)
+            if refused is not None:
+                status, error = refused
+                await self._respond(writer, status, f"{error}\n".encode("latin-1"), "text/plain", close=True, head=head)
                 return
             old = version == "HTTP/1.0"
             fields: dict[str, list[str]] = {}
             try:
                 for number, line in enumerate(lines[1:], 1):
-                    name, value = _field(number, line)
+                    name, value = header_field(number, line)
                     fields.setdefault(name, []).append(value)
             except BadRequest as exc:
                 await self._respond(writer, 400, f"{exc}\n".encode("latin-1"), "text/plain", close=True, head=head)
@@ -594,7 +589,7 @@ class MetricsHTTPServer:
             # A list of options (RFC 9110 7.6.1): "TE, close" asks to close as "close" does.
             close = "close" in {o.strip().lower() for o in headers.get("connection", "").split(",")} or old
             try:
-                path, authority = _target(target)
+                path, authority = request_target(target)
             except BadRequest as exc:
                 await self._respond(writer, 400, f"{exc}\n".encode("latin-1"), "text/plain", close=True, head=head)
                 return
@@ -836,14 +831,14 @@ def _shown(line: str) -> str:
     return repr(line if len(line) <= 120 else line[:120] + "...")
 
 
-async def _read_head(reader: asyncio.StreamReader, start: bytes = b"") -> tuple[list[str], int]:
+async def read_head(reader: asyncio.StreamReader, start: bytes = b"") -> tuple[list[str], int]:
     """A request's head: its request line and header lines, without line ends, and its size in bytes.
 
     `start` is its first bytes, already read. Each line must end in CRLF. RFC 9112 2.2 lets a
     server take a bare LF as a line end too, but a proxy in front that does not would read other
     headers, or another request, from the same bytes; refused at once, it cannot wait for a CRLF
     CRLF that never comes (HEADER_TIMEOUT_S). The empty lines before the request line are
-    `_request_start`'s. LimitOverrunError past MAX_HEADER_BYTES.
+    `request_start`'s. LimitOverrunError past MAX_HEADER_BYTES.
     """
     lines: list[str] = []
     size = 0
@@ -865,10 +860,10 @@ async def _read_head(reader: asyncio.StreamReader, start: bytes = b"") -> tuple[
         lines.append(line)
 
 
-async def _request_start(reader: asyncio.StreamReader, deadline: float) -> tuple[bytes, int]:
+async def request_start(reader: asyncio.StreamReader, deadline: float) -> tuple[bytes, int]:
     """A request's first bytes, read by `deadline` (time.monotonic()), past the empty lines (CRLF)
     before it, and the size of those. Up to MAX_EMPTY_LINES are skipped (RFC 9112 2.2); a bare LF
-    or CR is returned as the start, for `_read_head` to refuse."""
+    or CR is returned as the start, for `read_head` to refuse."""
     skipped = 0
     while True:
         start = await asyncio.wait_for(reader.readexactly(1), deadline - time.monotonic())
@@ -881,7 +876,7 @@ async def _request_start(reader: asyncio.StreamReader, deadline: float) -> tuple
             raise BadRequest(f"request line: expected one within {MAX_EMPTY_LINES} empty lines, got more")
 
 
-def _request_line(line: str) -> tuple[str, str, str]:
+def request_line(line: str) -> tuple[str, str, str]:
     """A request line's method, target and version (RFC 9112 3); BadRequest naming what is wrong.
 
     A method that is not a token, or an empty one or target, was served (405 "only GET", or 404
@@ -900,7 +895,19 @@ def _request_line(line: str) -> tuple[str, str, str]:
     return method, target, version
 
 
-def _target(target: str) -> tuple[str, str | None]:
+def version_refusal(version: str) -> tuple[int, str] | None:
+    """The status and message refusing a request line's version (400 for one that is not
+    HTTP/<digit>.<digit>, 505 for another major than 1), or None for HTTP/1.x: a later HTTP/1
+    minor is read as 1.1 (RFC 9110 2.5); another major is not HTTP/1."""
+    numbered = VERSION.fullmatch(version)
+    if numbered is None:
+        return 400, f"request line: expected HTTP/<digit>.<digit> as its version, got {_shown(version)}"
+    if numbered[1] != "1":
+        return 505, f"{version} is not supported: this server speaks HTTP/1.1"
+    return None
+
+
+def request_target(target: str) -> tuple[str, str | None]:
     """A request target's path, without its query, and its authority: None for the origin form
     (`/metrics`), the URL's host and port for the absolute form (`http://host:port/metrics`).
 
@@ -966,7 +973,7 @@ def _head_buffered(buffered: bytes) -> bool:
     return buffered.startswith(b"\r\n") or b"\r\n\r\n" in buffered
 
 
-def _field(number: int, line: str) -> tuple[str, str]:
+def header_field(number: int, line: str) -> tuple[str, str]:
     """Header line `number`'s name (lower case) and value; BadRequest naming the line when malformed.
 
     Each refused form (RFC 9112 5.1, 5.2; RFC 9110 5.5) a proxy in front may read otherwise: a
@@ -1073,7 +1080,8 @@ def cross_site_refusal(headers: dict, authority: str | None = None) -> str | Non
         # Named by where it came from: with the URL's host, "Host '...'" sent the reader to a
         # header that may say otherwise, or be absent.
         where = "Host" if authority is None else "the request target's host"
-        return f"{where} {host!r} is not an IP address or localhost; the admin API answers only those"
+        # quoted, as the 400s show what a request sent: a Host of 16 KiB made a 403 as long.
+        return f"{where} {quoted(host)} is not an IP address or localhost; the admin API answers only those"
     origin = headers.get("origin")
     if origin is not None:
         try:
@@ -1081,5 +1089,6 @@ def cross_site_refusal(headers: dict, authority: str | None = None) -> str | Non
         except ValueError:  # not a URL ("http://[x"), so not this server's
             o = None
         if o is None or o.netloc.lower() != host.lower() or o.scheme != "http":
-            return f"Origin {origin!r} is not this server ({host}); the admin API takes no cross-site requests"
+            this = quoted(host)  # valid_host passed, but its port may be 16 KiB of digits
+            return f"Origin {quoted(origin)} is not this server ({this}); the admin API takes no cross-site requests"
     return None

@@ -199,7 +199,10 @@ async def test_a_404_names_the_path_asked_for_escaped_and_cut_and_the_paths_serv
     [
         (b"POST /api/load HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n", "Content-Length: expected"),
         (b"POST /api/load HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -5\r\n\r\n", "got '-5'"),
-        (b"GARBAGE\r\n\r\n", "request line: expected METHOD TARGET VERSION, got 'GARBAGE'"),
+        (
+            b"GARBAGE\r\n\r\n",
+            "request line: expected a method, a target and a version separated by single spaces, got 'GARBAGE'",
+        ),
         (post(0, "/api/load", b"[" * 30_000 + b"]" * 30_000), "body: expected JSON, got one nested too deeply"),
     ],
     ids=["length-abc", "length-negative", "request-line", "nested-json"],
@@ -423,3 +426,119 @@ def test_a_demo_removes_the_folders_of_killed_demos_and_no_running_ones(start_de
     finally:
         asyncio.run(new.close())
     assert running.stop() == 0
+
+
+def _framed(head: str, body: bytes = b"") -> bytes:
+    return head.encode("latin-1") + body
+
+
+RATE = b'{"rate": 5000}'
+
+
+@pytest.mark.parametrize(
+    ("request_", "refused"),
+    [
+        (
+            _framed("GET /api/config HTTP/9.9\r\nHost: 127.0.0.1\r\n\r\n"),
+            (505, "HTTP/9.9 is not supported: this server speaks HTTP/1.1"),
+        ),
+        (
+            _framed("GET /api/config http/1.1\r\nHost: 127.0.0.1\r\n\r\n"),
+            (400, "request line: expected HTTP/<digit>.<digit> as its version, got 'http/1.1'"),
+        ),
+        (
+            _framed(
+                f"P(ST /api/load HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {JSON}\r\nContent-Length: 14\r\n\r\n"
+            ),
+            (400, "request line: expected a method (a token), got 'P(ST'"),
+        ),
+        (
+            _framed(f"POST /api/load HTTP/1.1\nHost: 127.0.0.1\nContent-Type: {JSON}\nContent-Length: 14\n\n", RATE),
+            (400, "request line: expected CRLF at its end, got a bare LF: 'POST /api/load HTTP/1.1'"),
+        ),
+        (
+            _framed(
+                f"POST /api/load HTTP/1.1\r\nHost : 127.0.0.1\r\nContent-Type: {JSON}\r\nContent-Length: 14\r\n\r\n"
+            ),
+            (400, "header line 1: expected no space before the colon, got 'Host : 127.0.0.1'"),
+        ),
+        (
+            _framed(
+                f"POST /api/load HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type:\r\n {JSON}\r\nContent-Length: 14\r\n\r\n",
+                RATE,
+            ),
+            (
+                400,
+                "header line 3: expected a field, got a continuation of the line before (obsolete line folding): "
+                "' application/json'",
+            ),
+        ),
+        (
+            # Read by the last length, the body was the 14 bytes; a proxy reading the first sends 200.
+            _framed(
+                f"POST /api/load HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {JSON}\r\n"
+                "Content-Length: 200\r\nContent-Length: 14\r\n\r\n",
+                RATE,
+            ),
+            (400, "Content-Length: expected one header, got 2: '200', '14'"),
+        ),
+    ],
+    ids=[
+        "version-9.9",
+        "version-lower-case",
+        "method-not-a-token",
+        "bare-lf",
+        "space-before-colon",
+        "folded",
+        "two-lengths",
+    ],
+)
+async def test_a_request_the_metrics_port_refuses_for_its_framing_is_refused_alike_and_changes_nothing(
+    sim_page, request_, refused
+):
+    # Each was served (HTTP/9.9 as 1.1; two lengths by the last; a bare-LF head waited out the
+    # idle timeout unanswered): the metrics port's status and message, in the page's JSON.
+    status, error = refused
+    assert await exchange(sim_page.port, request_) == (status, {"error": error})
+    assert (await config(sim_page.port))["load"]["rate"] == 100
+
+
+async def test_an_absolute_form_target_is_served_and_its_host_is_the_one_checked(sim_page):
+    # RFC 9112 3.2.2: a server MUST accept it; it got 404. Its authority takes Host's place (as on
+    # the metrics port), so a rebound name there is refused though the Host header is an address.
+    port = sim_page.port
+    get = f"GET http://127.0.0.1:{port}/api/config?x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    status, answer = await exchange(port, get)
+    assert status == 200 and answer["load"]["rate"] == 100, answer
+    rebound = post(port, f"http://rebind.evil.example:{port}/api/load", RATE)
+    assert await exchange(port, rebound) == (
+        403,
+        {
+            "error": f"the request target's host 'rebind.evil.example:{port}' is not an IP address or localhost; "
+            "the demo's page answers only those"
+        },
+    )
+    not_a_url = post(port, "http://u@127.0.0.1/api/load", RATE)
+    assert await exchange(port, not_a_url) == (
+        400,
+        {
+            "error": "request target: expected an http URL with a host and no userinfo, got 'http://u@127.0.0.1/api/load'"
+        },
+    )
+    assert (await config(port))["load"]["rate"] == 100
+    own = post(port, f"http://127.0.0.1:{port}/api/load", b'{"rate": 40}')
+    status, answer = await exchange(port, own)
+    assert status == 200 and answer["rate"] == 40, answer
+
+
+async def test_the_cross_site_refusal_shows_the_host_escaped_and_cut(sim_page):
+    # Shown with repr(), a 16 KiB Host made a 16 KiB 403.
+    port = sim_page.port
+    status, answer = await exchange(port, f"GET /api/config HTTP/1.1\r\nHost: {'a' * 300}\r\n\r\n".encode())
+    assert (status, answer) == (
+        403,
+        {
+            "error": f"Host '{'a' * 200}'... (300 bytes in all) is not an IP address or localhost; "
+            "the demo's page answers only those"
+        },
+    )

@@ -854,14 +854,14 @@ def test_a_connection_closed_for_room_with_a_request_owed_gets_503_and_is_counte
     a scrape failed and no line said why. A kept-alive connection whose next request had begun
     was closed so too. An idle kept-alive one is still closed bare, and not counted."""
     monkeypatch.setattr(http, "MAX_CONNECTIONS", 1)
-    read_head = http._read_head
+    read_head = http.read_head
     head_begun = asyncio.Event()
 
     def begun(reader, start=b""):
         head_begun.set()  # its first byte is read: the request has begun
         return read_head(reader, start)
 
-    monkeypatch.setattr(http, "_read_head", begun)
+    monkeypatch.setattr(http, "read_head", begun)
 
     async def main() -> tuple[bytes, bytes, list[str]]:
         async with Server() as s:

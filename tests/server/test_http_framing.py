@@ -394,3 +394,22 @@ async def test_any_method_on_a_path_not_served_gets_404(method, raw_http):
     assert status(top) == b"HTTP/1.1 404 Not Found" and b"Allow:" not in top and b"Connection: close" in top, answer
     assert body == b"no path '/nowhere' here; paths: /metrics, /, /admin/faults, /admin/batching, /events\n"
     assert status(responses(served, [False])[0][0]) == b"HTTP/1.1 405 Method Not Allowed", served
+
+
+async def test_the_cross_site_refusal_shows_what_was_sent_escaped_and_cut(raw_http):
+    """It showed the Host and the Origin with repr(): a 16 KiB Host made a 16 KiB 403, and a
+    quote in it changed the quotes; the 400s show what a request sent with `quoted`."""
+    long_host, long_origin = "a" * 300, "http://evil.example/" + "x" * 300
+    async with Server() as s:
+        host = await raw_http(s.port, f"GET /admin/faults HTTP/1.1\r\nHost: {long_host}\r\n\r\n".encode())
+        quote = await raw_http(s.port, b"GET /admin/faults HTTP/1.1\r\nHost: rebound'example\r\n\r\n")
+        origin = await raw_http(
+            s.port, b"GET /admin/faults HTTP/1.1\r\n" + s.host + b"Origin: " + long_origin.encode() + b"\r\n\r\n"
+        )
+    answers = [json.loads(responses(a, [False])[0][1])["error"] for a in (host, quote, origin)]
+    assert answers == [
+        f"Host '{'a' * 200}'... (300 bytes in all) is not an IP address or localhost; the admin API answers only those",
+        "Host 'rebound'example' is not an IP address or localhost; the admin API answers only those",
+        f"Origin '{long_origin[:200]}'... (320 bytes in all) is not this server ('127.0.0.1:{s.port}'); "
+        "the admin API takes no cross-site requests",
+    ]

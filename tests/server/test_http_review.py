@@ -22,14 +22,14 @@ def test_at_the_cap_an_idle_kept_alive_connection_is_closed_before_a_new_one_owe
     waited longer: it got the 503 (its client's request failed) while the idle one, which HTTP lets
     a server close bare (its client asks again on a new connection), stayed open."""
     monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
-    request_start = http._request_start
+    request_start = http.request_start
     waits = asyncio.Semaphore(0)
 
     def counted(reader, deadline):
         waits.release()  # its connection is registered as waiting, for a request's start
         return request_start(reader, deadline)
 
-    monkeypatch.setattr(http, "_request_start", counted)
+    monkeypatch.setattr(http, "request_start", counted)
 
     async def main() -> tuple[bytes, dict]:
         async with Server() as s:
