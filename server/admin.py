@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from .errors import message_of
 from .faults import AdminRequestError, FaultBoard, is_number, parse_fault_request, shown
 
 if TYPE_CHECKING:  # they import torch, which the metrics port (and wok demo's page) need not load
@@ -137,9 +138,9 @@ class _BatchWatch:
             event.update(t_start=to_unix(r.started), t_end=to_unix(r.finished), ok=True, ran=kept)
             if r.failure is not None:
                 # ok while some request of it was answered; its busy time counts either way.
-                event.update(ok=failed < len(r.outputs), failed=failed, error=str(r.failure))
+                event.update(ok=failed < len(r.outputs), failed=failed, error=message_of(r.failure))
         else:
-            error = "cancelled" if cancelled else str(exc)
+            error = "cancelled" if cancelled else message_of(exc)
             event.update(t_start=to_unix(dispatched), t_end=to_unix(time.perf_counter()), ok=False, error=error)
         self.admin.publish(event)
 

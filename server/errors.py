@@ -120,19 +120,40 @@ class WarmupError(ModelExecutionError):
 _NAMED_LINE = re.compile(r"(?:builtins\.)?([A-Za-z_][\w.]*(?:Error|Exception)): (.*)")
 
 
+def message_of(exc: BaseException) -> str:
+    """str(exc), as a plain str, without ever raising.
+
+    A model's exception (or its check's) is the user's code: its __str__ may raise, return what is
+    not a str, or format an argument whose repr raises, and it may be a BaseException. Described
+    with plain str(), the error path itself raised in its place: a batch's error never reached its
+    callers (unanswered until their deadlines), and a check's failure was reported as wok's own.
+    What __str__ raised is named in its place. Read once: a slow __str__ is paid once."""
+    try:
+        text = str(exc)
+    except BaseException as failed:  # whatever __str__ does, the description is made
+        try:
+            why = f"{type(failed).__name__}: {failed!s}"
+        except BaseException:
+            why = type(failed).__name__
+        return f"(its message cannot be shown: str() raised {why})"
+    # A str subclass (__str__ may return one) could override what is done with the text next.
+    return text if type(text) is str else str.__str__(text)
+
+
 def error_line(exc: BaseException) -> str:
     """'Type: message' in one line, for a client: the full message (TorchScript's traceback, CUDA's
-    advice) belongs in the server's log.
+    advice) belongs in the server's log. Never raises (`message_of`).
 
     A TorchScript error's message is the script's traceback, its last line the error itself (named
     there: "RuntimeError: index out of range in self" is given as it is, not under a second
     "RuntimeError: "); any other message gives its first line.
     """
     name = type(exc).__name__
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = message_of(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not lines:
         return f"{name}: (no message)"
-    if "Traceback of TorchScript" not in str(exc):
+    if "Traceback of TorchScript" not in text:
         return f"{name}: {lines[0]}"
     named = _NAMED_LINE.fullmatch(lines[-1])
     if named:
@@ -176,9 +197,10 @@ class ConfigError(ValueError):
 
 
 def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The gRPC status code and details for an exception that ended a request."""
+    """The gRPC status code and details for an exception that ended a request; never raises
+    (`message_of`): the request's one answer is made from them."""
     if isinstance(exc, WokError):
-        return exc.code, str(exc)
+        return exc.code, message_of(exc)
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"
-    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {message_of(exc)}"

@@ -25,7 +25,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .datatypes import Datatype, datatype
-from .errors import ConfigError, InvalidInput, ModelExecutionError, error_line
+from .errors import ConfigError, InvalidInput, ModelExecutionError, error_line, message_of
 from .tensors import to_numpy_view, torch_dtype
 
 log = logging.getLogger("wok")
@@ -199,14 +199,20 @@ class Servable:
         except InvalidInput as exc:
             # wok's own refusal, as the demo models' checks raise it: the request's fault, as a ValueError
             # is, not a failure of the check (it ended INTERNAL, with a traceback in the log).
-            message = str(exc) or "its check raised InvalidInput with no message"
+            message = message_of(exc) or "its check raised InvalidInput with no message"
             raise InvalidInput(f"model '{self.name}' refused the request: {message}") from None
         except ValueError as exc:
-            if not any(m in str(exc) for m in _NUMPY_READ_ONLY):
-                message = str(exc) or "its check raised ValueError with no message"
+            message = message_of(exc)
+            if not any(m in message for m in _NUMPY_READ_ONLY):
+                message = message or "its check raised ValueError with no message"
                 raise InvalidInput(f"model '{self.name}' refused the request: {message}") from None
             own = exc  # numpy's refusal of a write to the request: the check is wrong, not the request
-        except (Exception, SystemExit) as exc:  # a sys.exit() here, on the event loop, would end the server
+        except BaseException as exc:
+            # Whatever else it raises is its own failure, BaseExceptions too: it runs on the event loop,
+            # where a KeyboardInterrupt or SystemExit would end the server, and a GeneratorExit, a
+            # CancelledError or another BaseException end the call's handler with no answer (a stream's
+            # request never answered). Run synchronously, nothing it raises is the task's cancellation,
+            # nor a signal's KeyboardInterrupt: `wok serve` takes its signals through the loop.
             own = exc
         else:
             if result is not None and not self._check_returned:
@@ -273,6 +279,13 @@ class Servable:
             if missing:
                 raise ModelExecutionError(f"model '{self.name}' returned no output named {missing}")
             result = [result[n] for n in names]
+        elif not isinstance(result, (tuple, list)):
+            # Taken apart as a sequence, a string said "returned 8 outputs" (its characters), an array
+            # as many outputs as it has rows, and None failed as "'NoneType' object is not iterable".
+            raise ModelExecutionError(
+                f"model '{self.name}' returned {type(result).__name__}; expected a torch.Tensor, or a tuple, "
+                f"list or dict of them ({len(names)} output(s): {', '.join(names)})"
+            )
         result = list(result)
         if len(result) != len(names):
             raise ModelExecutionError(
