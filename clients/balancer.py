@@ -26,7 +26,9 @@ balancer retries, to a different replica. Names are resolved again every
 `resolve_every_s`, so a Kubernetes headless Service's pods come and go: a new address gets a
 channel, a vanished one gets no new calls and is closed once its calls are done, the streams
 open on it (`stream_channel`) included. A name whose lookup fails (or finds nothing) keeps the
-replicas it has; the other names' changes apply all the same.
+replicas it has; the other names' changes apply all the same. A resolver of one's own that raises
+anything but OSError is logged (logger `wok.balancer`, once per name and kind of error) and
+treated alike: the lookups go on.
 
 Picking (`pick`): power of two choices on outstanding attempts: two random replicas among
 the READY, non-ejected ones (if none is READY: among the READY ejected ones, then those
@@ -56,9 +58,10 @@ the overload), DEADLINE_EXCEEDED, INTERNAL (the model failed; it is the call's a
 rest are the call's answer.
 
 Budget (like gRPC's retryThrottling): `budget_tokens` (100) tokens; every retry or hedge
-takes one, every OK call gives `budget_ratio` (0.1) back; no retry or hedge while half the
-bucket or less is left. So extra attempts are at most about one per ten OK calls, and a
-dead fleet costs 50 extra attempts, not `max_attempts` × every call.
+takes one (given back if it never goes out: cancelled in its backoff because another attempt
+answered, or its deadline passed first), every OK call gives `budget_ratio` (0.1) back; no
+retry or hedge while half the bucket or less is left. So extra attempts are at most about one
+per ten OK calls, and a dead fleet costs 50 extra attempts, not `max_attempts` × every call.
 
 Outlier detection (like Envoy's): a replica with `consecutive_failures` (5) failures in a row
 (UNAVAILABLE, INTERNAL, UNKNOWN) or as many attempts in a row that reached `hedge_after`
@@ -101,9 +104,11 @@ place (a swap). Hedges and retries of a call that has tried every READY replica 
 rotation may go to a READY one ejected for slowness (never to one ejected for failures), so
 calls stuck on a hung replica are answered there meanwhile.
 
-Counters (`stats()`): calls, attempts, hedges, retries, refusals by the budget, ejections
-and those the cap refused, swaps (a failing or hung replica ejected in the place of a slow one), and
-per replica attempts, OK answers, failures, slow attempts, ejections, early readmissions (its
+Counters (`stats()`): calls, attempts, hedges and retries, each counted as it goes out to its
+replica (attempts = first attempts + hedges + retries; a retry cancelled in its backoff, another
+attempt having answered, is none of them), refusals by the budget, ejections and those the cap
+refused, swaps (a failing or hung replica ejected in the place of a slow one), and per replica
+attempts, OK answers, failures, slow attempts, ejections, early readmissions (its
 ejection for slowness cut short by a swap), its state. The totals are the balancer's own: they
 keep what a replica counted after re-resolution drops it, while `replicas` lists the current
 set only, so the per-replica counters may add up to less than the totals.
@@ -111,15 +116,17 @@ set only, so the per-replica counters may add up to less than the totals.
 One owned object: `await start()` / `await stop()` (or `async with`), made and used in one
 running loop. `stop()` cancels the attempts in flight (their callers get CANCELLED, a caller
 whose attempt had just failed too: it starts no retry once `stop()` has begun; one whose attempt
-had just answered gets that answer) and the resolver, waits until none of them runs, closes the
-channels and sees each replica's watcher end with its channel (a watcher cancelled instead left
-its connectivity watch in gRPC's core, to complete on a loop closed by then).
+had just answered gets that answer, counted as any other) and the resolver, waits until none of
+them runs, closes the channels and sees each replica's watcher end with its channel (a watcher
+cancelled instead left its connectivity watch in gRPC's core, to complete on a loop closed by
+then).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import math
 import random
 import socket
@@ -154,6 +161,7 @@ UNDECIDED_RESOLVE_S = 1.0  # look a name up again this soon while its server acc
 STOPPED = "the balancer was stopped"
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
+log = logging.getLogger("wok.balancer")
 
 
 @dataclass(frozen=True)
@@ -288,10 +296,11 @@ class Replica:
 
 
 class _Attempt:
-    __slots__ = ("counts", "due", "late", "replica", "started", "task")
+    __slots__ = ("counts", "due", "kind", "late", "replica", "started", "task")
 
-    def __init__(self, replica: Replica) -> None:
+    def __init__(self, replica: Replica, kind: str = "first") -> None:
         self.replica = replica
+        self.kind = kind  # "first", "hedge" or "retry"
         self.due = 0.0  # when it is to go out: its launch, plus any backoff
         self.started: float | None = None  # when the call went out (after any backoff)
         self.late = False  # reached hedge_after without an answer
@@ -326,6 +335,7 @@ class Balancer:
         self._closing: set[asyncio.Task] = set()  # of _tasks: channels of replicas no longer resolved
         self._retired: set[asyncio.Task] = set()  # their watchers, until they end with the channel
         self._resolver_task: asyncio.Task | None = None
+        self._resolver_errors: set[tuple[str, str]] = set()  # (name, error type) logged: once each
         self._undecided = False  # a name's server accepted on neither of its families at the last lookup
         self._changed: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -406,6 +416,25 @@ class Balancer:
             except (OSError, socket.gaierror) as exc:
                 if strict:
                     raise ValueError(f"target {name}: cannot resolve {host!r}: {exc}") from None
+                found = []
+            except Exception as exc:
+                if strict:
+                    raise
+                # A resolver of one's own may raise anything (a bug, its library's error): that
+                # ended the lookups for good, silently. Logged once per name and kind of error,
+                # not at every period; the name keeps its replicas, as for a failed lookup.
+                kind = (name, f"{type(exc).__module__}.{type(exc).__qualname__}")
+                if kind not in self._resolver_errors:
+                    self._resolver_errors.add(kind)
+                    log.error(
+                        "target %s: the resolver raised %s: %s; its replicas are kept and it is looked up"
+                        " again every %g s (this error is logged once)",
+                        name,
+                        type(exc).__name__,
+                        exc,
+                        self.settings.resolve_every_s,
+                        exc_info=exc,
+                    )
                 found = []
             if not found and not strict:
                 for r in self.replicas.values():
@@ -526,7 +555,8 @@ class Balancer:
 
     async def changed(self) -> None:
         """Return at the next change: a replica's state, an ejection, the set of replicas, a hedge or
-        retry sent or refused by the budget, an attempt found late (for tests and waiters)."""
+        retry launched, sent, refused by the budget or given its token back unsent, an attempt found
+        late (for tests and waiters)."""
         await self._changed.wait()
 
     async def wait_for(
@@ -610,8 +640,8 @@ class Balancer:
 
     # -- outlier detection --------------------------------------------------------------------
     def _eject(self, r: Replica, slow: bool = False) -> None:
-        if r.ejected or r.removed:
-            return
+        if r.ejected or r.removed or self._stopped:
+            return  # (stopped: an answer counted after stop() starts no readmission timer)
         live = [x for x in self.replicas.values() if not x.removed]
         cap = (
             0
@@ -763,6 +793,17 @@ class Balancer:
         r.outstanding += 1
         r.attempts += 1
         self.attempts += 1
+        # Hedges and retries are counted as they go out, as attempts are: one cancelled in its
+        # backoff (another attempt answered) or past the deadline before it went out was counted
+        # in `retries` (its replica's: "sent to it") but not in `attempts`.
+        if a.kind == "hedge":
+            self.hedges += 1
+            r.hedges += 1
+            self._notify()
+        elif a.kind == "retry":
+            self.retries += 1
+            r.retries += 1
+            self._notify()
         a.started = loop.time()
         a.counts = r.state is STATE.READY or r.state is STATE.IDLE
         try:
@@ -796,7 +837,17 @@ class Balancer:
         a.task = self._loop.create_task(self._attempt(a, key, request, deadline, metadata, delay))
         self._tasks.add(a.task)
         a.task.add_done_callback(self._tasks.discard)
+        if a.kind != "first":
+            a.task.add_done_callback(lambda _: self._unsent(a))
         pending[a.task] = a
+
+    def _unsent(self, a: _Attempt) -> None:
+        """A hedge or retry ended: one that never went out (cancelled in its backoff or before it
+        ran, or its deadline passed first) gives its budget token back; the budget pays for extra
+        attempts sent."""
+        if a.started is None:
+            self.tokens = min(self.settings.budget_tokens, self.tokens + 1)
+            self._notify()
 
     async def call(self, key, request, timeout: float | None, metadata):
         """One call: attempts, hedges and retries as the module says; raises grpc.aio.AioRpcError."""
@@ -829,22 +880,13 @@ class Balancer:
                             wake = min(wake, (a.due if a.started is None else a.started) + hedge_s)
                 wait = None if wake == math.inf else max(0.0, wake - loop.time())
                 done, _ = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-                if self._stopped:
-                    # An answer that came before stop() is the caller's; anything else ends here, even
-                    # an attempt that failed before stop() (an UNAVAILABLE would launch a retry that
-                    # stop() does not know of, on a channel it closes): the caller gets CANCELLED.
-                    for task in done:
-                        if not task.cancelled() and task.result()[0] is CODE.OK:
-                            self.ok_calls += 1
-                            return task.result()[1]
-                    raise rpc_error(CODE.CANCELLED, STOPPED)
                 now = loop.time()
                 retry = 0
                 answers = []
                 for task in done:
                     a = pending.pop(task)
-                    if task.cancelled():  # only stop() cancels an attempt (seen above): a guard
-                        raise rpc_error(CODE.CANCELLED, STOPPED)
+                    if task.cancelled():  # only stop() cancels an attempt: the call ends below
+                        continue
                     code, response, error = task.result()
                     started = a.started
                     self._answered(a, code, None if started is None else now - started)
@@ -853,11 +895,18 @@ class Balancer:
                 # call's answer, whatever came with it: `done` is a set, in no order. Taken in its order,
                 # a hedge's INTERNAL could beat the OK that came with it, and the answers after the
                 # first to end the call went uncounted (a replica's ok and failures, its ejection).
+                # So is one that came before stop(), counted as any other (its replica's ok, the hedge
+                # delay's latencies and the budget's token were not).
                 for code, response, _ in answers:
                     if code is CODE.OK:
                         self.ok_calls += 1
                         self.tokens = min(s.budget_tokens, self.tokens + s.budget_ratio)
                         return response
+                if self._stopped or len(answers) < len(done):
+                    # Anything but an OK answer ends here once stop() has begun, even an attempt that
+                    # failed before it (an UNAVAILABLE would launch a retry that stop() does not know
+                    # of, on a channel it closes): the caller gets CANCELLED.
+                    raise rpc_error(CODE.CANCELLED, STOPPED)
                 for code, _, error in answers:
                     if code not in RETRYABLE:
                         raise error
@@ -891,13 +940,8 @@ class Balancer:
                     backoffs += backoff
                     tried.append(r)
                     sent += 1
-                    if kind == "hedge":
-                        self.hedges += 1
-                        r.hedges += 1
-                    else:
-                        self.retries += 1
-                        r.retries += 1
-                    self._launch(pending, _Attempt(r), key, request, deadline, metadata, delay)
+                    # Counted in `hedges` or `retries` once it goes out (`_attempt`), as in `attempts`.
+                    self._launch(pending, _Attempt(r, kind), key, request, deadline, metadata, delay)
                     last_launch = now
                     self._notify()
             raise last_error or rpc_error(CODE.UNAVAILABLE, "no attempt could be made")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import random
 import signal
@@ -692,10 +693,12 @@ async def test_stop_as_an_attempt_fails_cancels_its_call_and_outlives_nothing(st
 
 async def test_stop_as_an_attempt_answers_leaves_its_caller_the_answer(stub):
     """The same race with an attempt that answered OK: the server did the work, and the caller gets
-    its answer, not CANCELLED."""
+    its answer, not CANCELLED; counted as any other answer (its replica's ok and the hedge delay's
+    latencies were not) and giving its budget token back."""
     async with stub("a") as a:
         bal = Balancer(a.target, settings=settings(**NO_EJECTION))
         await bal.start()
+        bal.tokens = 90.0  # as after ten extra attempts: the OK call's 0.1 back shows
         stopping: list[asyncio.Task] = []
         launch = bal._launch
 
@@ -710,6 +713,9 @@ async def test_stop_as_an_attempt_answers_leaves_its_caller_the_answer(stub):
         await stopping[0]
         assert await call == CODE.OK
         assert a.calls == 1 and bal.ok_calls == 1 and [t for t in bal._tasks if not t.done()] == []
+        ra = bal.replica(a.target)
+        assert (ra.attempts, ra.ok, ra.failures) == (1, 1, 0) and len(bal._latencies) == 1
+        assert bal.tokens == pytest.approx(90.1)
 
 
 async def test_hedges_and_retries_skip_a_replica_whose_channel_is_down(stub):
@@ -1047,3 +1053,75 @@ async def test_a_name_that_stops_resolving_keeps_its_replicas_and_the_others_fol
             assert sorted(bal.replicas) == sorted([b.target, c.target]) and lookups["svc-b"] > 1
             call = bal.unary_unary(METHOD)
             assert {await name_of(call) for _ in range(40)} == {"b", "c"}
+
+
+# -- a retry cancelled in its backoff; stop() taking an answer; a resolver's own errors ---------
+
+
+async def test_a_retry_cancelled_in_its_backoff_is_not_counted_and_gives_its_token_back(stub, monkeypatch):
+    """A call on a (held), its hedge on b fails UNAVAILABLE, and its retry goes back to b after a
+    backoff; a answers meanwhile and the retry is cancelled unsent. It was counted in `retries` (b's
+    too: "sent to it") but not in `attempts`, and kept its token: `retries` and `hedges` are extra
+    attempts sent, so attempts = first attempts + hedges + retries, and the budget pays for those."""
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)  # the backoff: its longest, 5 s
+    monkeypatch.setattr(random, "sample", lambda seq, k: list(seq)[:k])  # the first pick: a, the first target
+    async with stub("a", hold=True) as a, stub("b", fail_first=1 << 30) as b:
+        s = settings(hedge_after=0.02, max_attempts=3, backoff_s=5.0, max_backoff_s=5.0, **NO_EJECTION)
+        async with Balancer([a.target, b.target], settings=s) as bal:
+            # Both READY: the first pick is a (a READY b alone would take it, and retry on a at once).
+            await bal.wait_for(lambda: all(r.state is STATE.READY for r in bal.replicas.values()), 10)
+            call = asyncio.ensure_future(name_of(bal.unary_unary(METHOD), timeout=30))
+            await b.wait_calls(1)  # the hedge, failed
+            await bal.wait_for(lambda: bal.tokens == s.budget_tokens - 2, 10, "the retry launched")
+            assert b.calls == 1 and not call.done()  # the retry sleeps in its backoff
+            a.release.set()
+            assert await call == "a"
+            rb = bal.replica(b.target)
+            assert (bal.attempts, bal.hedges, bal.retries) == (2, 1, 0) and (rb.attempts, rb.retries) == (1, 0)
+            assert bal.attempts == bal.calls + bal.hedges + bal.retries
+            # The hedge's token only: the retry's comes back as its task ends, cancelled.
+            refunded = s.budget_tokens - 1 + s.budget_ratio
+            await bal.wait_for(lambda: bal.tokens == pytest.approx(refunded), 10, "the retry's token back")
+            assert (bal.attempts, bal.retries) == (2, 0) and b.calls == 1
+
+
+async def test_a_resolver_raising_its_own_error_is_logged_once_per_kind_and_the_lookups_go_on(stub, caplog):
+    """A resolver of one's own raising something other than OSError (a bug, a client library's own
+    error) ended the re-resolving task, silently: the names were never looked up again. Now the
+    name keeps its replicas, the error is logged once per kind of error (not at every lookup), and
+    once the resolver answers again its changes apply."""
+    async with stub("a") as a, stub("b") as b:
+        answers = [a.target]
+        lookups = 0
+        raising: list[type[Exception]] = []
+        looked = asyncio.Event()
+
+        async def resolver(host: str, port: int) -> list[str]:
+            nonlocal lookups
+            lookups += 1
+            looked.set()
+            if raising:
+                raise raising[0](f"lookup {lookups} of {host}: the resolver failed")
+            return list(answers)
+
+        async def lookups_made(n: int) -> None:
+            until = lookups + n
+            while lookups < until:
+                looked.clear()
+                await asyncio.wait_for(looked.wait(), 10)
+
+        caplog.set_level(logging.WARNING, logger="wok.balancer")
+        s = settings(resolve_every_s=0.02)
+        async with Balancer("dns:///svc:8001", settings=s, resolver=resolver) as bal:
+            raising.append(RuntimeError)
+            await lookups_made(4)
+            raising[0] = KeyError
+            await lookups_made(4)
+            assert list(bal.replicas) == [a.target]  # kept meanwhile
+            raising.clear()
+            answers.append(b.target)
+            await bal.wait_for(lambda: b.target in bal.replicas, 10, "b added")
+            logged = [r.getMessage() for r in caplog.records if r.name == "wok.balancer"]
+            assert len(logged) == 2, logged
+            assert "RuntimeError" in logged[0] and "KeyError" in logged[1]
+            assert all("svc:8001" in m for m in logged)
