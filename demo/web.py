@@ -29,6 +29,10 @@ path asked for (escaped, cut at 200 characters) and the paths served. The head i
 by the metrics port's functions: a bare LF, a bare CR, a space before a colon, a folded line, a
 method that is not a token, two Content-Lengths get 400, a version not HTTP/1.x 505 (400 if not
 HTTP/<digit>.<digit>); an absolute-form target is served, its authority checked in Host's place.
+A HEAD is answered where a GET is, with the GET's headers and no body, and no answer to a HEAD has
+one (405 for /api/events, whose stream has no length); `Expect: 100-continue` gets a 100 before the
+body is read, another expectation 417 (`expect_refusal`); a request that fails unexpectedly gets
+500, logged with its traceback, and the connection ends.
 """
 
 from __future__ import annotations
@@ -42,10 +46,12 @@ from importlib import resources
 
 from ..config import host_port
 from ..http import (
+    CONTINUE,
     HOST_SHAPE,
     BadRequest,
     cross_site_refusal,
     date_line,
+    expect_refusal,
     header_field,
     quoted,
     read_head,
@@ -71,7 +77,9 @@ STATUS = {
     404: "Not Found",
     405: "Method Not Allowed",
     415: "Unsupported Media Type",
+    417: "Expectation Failed",
     431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
     502: "Bad Gateway",
     505: "HTTP Version Not Supported",
 }
@@ -192,56 +200,84 @@ class DemoWeb:
 
     async def _one(self, reader, writer) -> bool:
         """Answer one request; False when the connection must end."""
+        head = False  # a HEAD's answers, refusals too, carry no body (RFC 9110 9.3.2)
         try:
             lines = await asyncio.wait_for(_head_lines(reader), IDLE_S)
-            method, path, body, close = await self._request(reader, lines)
+            method, target, version = request_line(lines[0])
+            head = method == "HEAD"
+            path, body, close = await self._request(reader, writer, method, target, version, lines[1:])
         except asyncio.LimitOverrunError:
             error = {"error": f"request head: expected at most {MAX_HEAD} bytes, got more"}
             await self._send(writer, 431, error, close=True)
             return False
         except BadRequest as exc:  # the head's framing, as the metrics port refuses it
-            await self._send(writer, 400, {"error": str(exc)}, close=True)
+            await self._send(writer, 400, {"error": str(exc)}, close=True, head=head)
             return False
         except Refused as exc:
-            await self._send(writer, exc.status, {"error": str(exc)}, close=True)
+            await self._send(writer, exc.status, {"error": str(exc)}, close=True, head=head)
             return False
-        if path == "/api/events" and method == "GET":
+        try:
+            return await self._answer(writer, method, path, body, close)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, asyncio.TimeoutError):
+            raise  # the client went away: nobody to answer
+        except Exception:
+            # As the metrics port: left to asyncio, the request had no answer at all, and the log
+            # an "Unhandled exception in client_connected_cb". The connection ends: what the
+            # handler changed before it failed is unknown.
+            log.exception("%s %s failed", method, quoted(path))
+            error = f"{method} {quoted(path)}: internal error; see the demo's log"
+            await self._send(writer, 500, {"error": error}, close=True, head=head)
+            return False
+
+    async def _answer(self, writer, method: str, path: str, body, close: bool) -> bool:
+        """Answer a request read and checked; False when the connection must end. A HEAD is
+        answered as a GET is, with the GET's headers (its Content-Length too) and no body, as the
+        metrics port answers it: a 405 with a body, on a connection kept alive, was read by the
+        client as the start of the next answer."""
+        head = method == "HEAD"
+        if path == "/api/events" and method in ("GET", "HEAD"):
+            if head:  # as the metrics port's /events: a stream has no length to send
+                error = {"error": f"{quoted(path)}: expected GET, got {quoted(method)}"}
+                await self._send(writer, 405, error, close=close, head=True, allow="GET")
+                return not close
             await self._stream(writer)
             return False
         if path.startswith("/api/"):
-            status, answer = await self._api(method, path[len("/api/") :], body)
-            await self._send(writer, status, answer, close=close)
+            status, answer = await self._api("GET" if head else method, path[len("/api/") :], body)
+            await self._send(writer, status, answer, close=close, head=head)
         else:
             name = "index.html" if path == "/" else path[len("/static/") :] if path.startswith("/static/") else ""
             data = static_file(name) if name else None
             if data is None:
                 # Whatever the method, as the metrics port: a 405 would say that the path exists.
                 error = f"no path {quoted(path)} here; paths: {PATHS}"
-                await self._send(writer, 404, {"error": error}, close=close)
-            elif method != "GET":
-                await self._send(
-                    writer, 405, {"error": f"{quoted(path)}: expected GET, got {quoted(method)}"}, close=close
-                )
+                await self._send(writer, 404, {"error": error}, close=close, head=head)
+            elif method not in ("GET", "HEAD"):
+                error = f"{quoted(path)}: expected GET or HEAD, got {quoted(method)}"
+                # Allow: RFC 9110 15.5.6 (a MUST for a 405).
+                await self._send(writer, 405, {"error": error}, close=close, allow="GET, HEAD")
             else:
                 ctype = TYPES.get(name[name.rfind(".") :], "application/octet-stream")
-                await self._raw(writer, 200, data, ctype, close=close)
+                await self._raw(writer, 200, data, ctype, close=close, head=head)
         return not close
 
     @staticmethod
-    async def _request(reader, lines: list[str]) -> tuple[str, str, object, bool]:
-        """(method, path, JSON body or None, whether the connection ends after it) of one request,
-        from its head's lines; raises Refused, or BadRequest for the head's framing.
+    async def _request(
+        reader, writer, method: str, target: str, version: str, lines: list[str]
+    ) -> tuple[str, object, bool]:
+        """(path, JSON body or None, whether the connection ends after it) of one request, from its
+        request line's parts and its header lines; raises Refused, or BadRequest for the head's
+        framing. `writer` takes the 100 Continue its client may wait for before it sends the body.
 
         Framed as the metrics port frames a request, with its checks (server/http.py), in its order:
         each form refused is one a proxy in front may read otherwise (a bare LF, a space before a
         colon, a folded line, two Content-Lengths: another body, or another request, than read
         here), or not HTTP/1 at all (`HTTP/9.9` was served as 1.1).
         """
-        method, target, version = request_line(lines[0])
         refused = version_refusal(version)
         if refused is not None:
             raise Refused(*refused)
-        fields = [header_field(number, line) for number, line in enumerate(lines[1:], 1)]
+        fields = [header_field(number, line) for number, line in enumerate(lines, 1)]
         headers = dict(fields)
         # Two lengths frame the body two ways (the last was read here); two Hosts may be read
         # apart likewise (RFC 9112 6.3, 3.2).
@@ -263,6 +299,12 @@ class DemoWeb:
         length = headers.get("content-length", "0")
         if not re.fullmatch(r"[0-9]+", length):
             raise Refused(400, f"Content-Length: expected a number of bytes, got {quoted(length)}")
+        # As the metrics port: HTTP/1.0 has no Expect (its client waits for no 100); another
+        # expectation than 100-continue, ignored, left its client waiting for it.
+        expects = [v for k, v in fields if k == "expect"] if version != "HTTP/1.0" else []
+        unmet = expect_refusal(expects)
+        if unmet is not None:
+            raise Refused(417, unmet)
         # The absolute form (`GET http://127.0.0.1:8090/api/config`) names the host asked for in
         # Host's place (RFC 9112 3.2.2), and the cross-site check reads it; it got 404.
         path, authority = request_target(target)
@@ -279,7 +321,7 @@ class DemoWeb:
         if method != "POST":
             if size:  # its bytes would be read as the next request
                 raise Refused(400, f"{method}: expected no body, got Content-Length {quoted(length)}")
-            return method, path, None, close
+            return path, None, close
         ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if ctype != "application/json":
             # A page of any site may POST text/plain or a form here without asking; JSON makes the
@@ -287,6 +329,12 @@ class DemoWeb:
             raise Refused(415, f"Content-Type: expected application/json for a POST, got {quoted(ctype or 'none')}")
         if size > MAX_BODY:
             raise Refused(400, f"Content-Length: expected at most {MAX_BODY} bytes, got {quoted(length)}")
+        if expects and size:
+            # Its client waits for this before it sends the body (curl for a second, then sends it
+            # anyway); asked only now that the request is acceptable: one refused above had its
+            # final answer instead, and its body need not come.
+            writer.write(CONTINUE)
+            await writer.drain()
         raw = await asyncio.wait_for(reader.readexactly(size), 10)
         try:
             body = json.loads(raw or b"null")
@@ -294,7 +342,7 @@ class DemoWeb:
             raise Refused(400, f"body: expected JSON, got a parse error: {exc}") from None
         except RecursionError:
             raise Refused(400, "body: expected JSON, got one nested too deeply") from None
-        return method, path, body, close
+        return path, body, close
 
     async def _api(self, method: str, name: str, body) -> tuple[int, dict]:
         b = self.backend
@@ -314,6 +362,8 @@ class DemoWeb:
         return 404, {"error": f"no API {quoted(f'{method} /api/{name}')}; the API: {API_PATHS}"}
 
     async def _stream(self, writer) -> None:
+        # Made before the 200 goes out: should it fail, the 500 (see _one) must not land inside the stream.
+        first = json.dumps({"type": "config", **self.backend.config()}).encode()
         writer.write(
             b"HTTP/1.1 200 OK\r\n" + self._date_header() + b"Content-Type: text/event-stream\r\n"
             b"Cache-Control: no-cache\r\nConnection: close\r\n\r\n"
@@ -321,7 +371,7 @@ class DemoWeb:
         q: asyncio.Queue = asyncio.Queue()
         self.hub.queues.add(q)
         try:
-            q.put_nowait(json.dumps({"type": "config", **self.backend.config()}).encode())
+            q.put_nowait(first)
             while True:
                 items = [await q.get()]
                 while not q.empty() and len(items) < 512:
@@ -331,17 +381,26 @@ class DemoWeb:
         finally:
             self.hub.queues.discard(q)
 
-    async def _send(self, writer, status: int, obj, *, close: bool) -> None:
-        await self._raw(writer, status, json.dumps(obj).encode(), "application/json", close=close)
+    async def _send(self, writer, status: int, obj, *, close: bool, head: bool = False, allow: str = "") -> None:
+        body = json.dumps(obj).encode()
+        await self._raw(writer, status, body, "application/json", close=close, head=head, allow=allow)
 
-    async def _raw(self, writer, status: int, body: bytes, ctype: str, *, close: bool) -> None:
+    async def _raw(
+        self, writer, status: int, body: bytes, ctype: str, *, close: bool, head: bool = False, allow: str = ""
+    ) -> None:
+        """Send one answer: to a HEAD (`head`), its headers alone, Content-Length the body's; `allow`
+        (the methods the path takes) goes with a 405."""
         # Said either way: an HTTP/1.0 client keeps its connection only when the answer says so.
+        fields = (
+            f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            + (f"Allow: {allow}\r\n" if allow else "")
+            + f"Cache-Control: no-store\r\nConnection: {'close' if close else 'keep-alive'}\r\n\r\n"
+        )
         writer.write(
             f"HTTP/1.1 {status} {STATUS[status]}\r\n".encode()
             + self._date_header()
-            + f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            f"Cache-Control: no-store\r\nConnection: {'close' if close else 'keep-alive'}\r\n\r\n".encode()
-            + body
+            + fields.encode()
+            + (b"" if head else body)
         )
         await writer.drain()
 

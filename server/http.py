@@ -580,11 +580,9 @@ class MetricsHTTPServer:
                 # HTTP/1.0 has no Expect; its client does not wait for a 100 (RFC 9110 10.1.1).
                 fields.pop("expect", None)
                 headers.pop("expect", None)
-            unmet = [value for value in fields.get("expect", ()) if value.lower() != "100-continue"]
-            if unmet:
-                # Ignored, the client would wait for what it expects; its body, if any, is unread.
-                error = f"Expect: expected 100-continue, got {', '.join(unmet)}\n"
-                await self._respond(writer, 417, error.encode("latin-1"), "text/plain", close=True, head=head)
+            unmet = expect_refusal(fields.get("expect", ()))
+            if unmet is not None:
+                await self._respond(writer, 417, f"{unmet}\n".encode("latin-1"), "text/plain", close=True, head=head)
                 return
             # A list of options (RFC 9110 7.6.1): "TE, close" asks to close as "close" does.
             close = "close" in {o.strip().lower() for o in headers.get("connection", "").split(",")} or old
@@ -701,7 +699,7 @@ class MetricsHTTPServer:
             # Its client waits for this before it sends the body (curl for a second, then sends
             # it anyway). Asked only now that the request is acceptable: one refused above had
             # its final answer instead, and its body need not come.
-            await self._send(writer, b"HTTP/1.1 100 Continue\r\n\r\n")
+            await self._send(writer, CONTINUE)
         # Waiting for its body, a connection may make room like an idle one: else connections
         # that send headers and no body could hold every slot, Prometheus's too, for
         # HEADER_TIMEOUT_S.
@@ -893,6 +891,23 @@ def request_line(line: str) -> tuple[str, str, str]:
     if not target:
         raise BadRequest(f"request line: expected a request target, got none: {_shown(line)}")
     return method, target, version
+
+
+# The interim answer to `Expect: 100-continue` (RFC 9110 10.1.1), sent once a request with a body is
+# found acceptable, before the body is read.
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def expect_refusal(values) -> str | None:
+    """The message refusing a request's Expect fields (417), one value a field line, or None when
+    each asks for 100-continue, the one expectation met (CONTINUE before the body is read).
+
+    Ignored, another expectation would leave its client waiting for what it expects, its body, if
+    any, unread. HTTP/1.0 has no Expect, its client waits for no 100 (RFC 9110 10.1.1): the caller
+    drops its fields first.
+    """
+    unmet = [value for value in values if value.lower() != "100-continue"]
+    return f"Expect: expected 100-continue, got {', '.join(unmet)}" if unmet else None
 
 
 def version_refusal(version: str) -> tuple[int, str] | None:

@@ -542,3 +542,141 @@ async def test_the_cross_site_refusal_shows_the_host_escaped_and_cut(sim_page):
             "the demo's page answers only those"
         },
     )
+
+
+async def _read_answers(reader: asyncio.StreamReader, heads: list[bool]) -> list[tuple[list[str], bytes]]:
+    """The answers on one connection, in order, each read by its Content-Length: none for a HEAD's
+    (`heads`), whose answer has the GET's length and no body; then the connection's end."""
+    answers = []
+    for head in heads:
+        lines = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).decode("latin-1").split("\r\n")[:-2]
+        length = next(int(ln.split(":", 1)[1]) for ln in lines if ln.lower().startswith("content-length:"))
+        answers.append((lines, b"" if head else await asyncio.wait_for(reader.readexactly(length), 10)))
+    assert await asyncio.wait_for(reader.read(), 10) == b"", "bytes after the last answer"
+    return answers
+
+
+async def test_head_is_answered_as_get_with_no_body_and_the_kept_alive_connection_goes_on(sim_page):
+    # HEAD / got a 405 with a body on a kept-alive connection: the client, reading no body to a
+    # HEAD (RFC 9110 9.3.2), read that body as the start of the next answer.
+    port = sim_page.port
+    host = f"Host: 127.0.0.1:{port}\r\n"
+    paths = ["/", "/static/demo.js", "/api/config", "/nowhere", "/api/events", "/api/load"]
+    requests = "".join(f"{m} {p} HTTP/1.1\r\n{host}\r\n" for p in paths for m in ("GET", "HEAD") if p != "/api/events")
+    requests += f"HEAD /api/events HTTP/1.1\r\n{host}\r\nPUT / HTTP/1.1\r\n{host}Connection: close\r\n\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(requests.encode())
+        answers = await _read_answers(reader, [False, True] * (len(paths) - 1) + [True, False])
+    finally:
+        writer.close()
+    for (get_lines, get_body), (head_lines, _) in zip(answers[0:-2:2], answers[1:-2:2]):
+        # The GET's status line and headers, Content-Length the GET's body's; only the Date may differ.
+        assert [ln for ln in head_lines if not ln.startswith("Date:")] == [
+            ln for ln in get_lines if not ln.startswith("Date:")
+        ]
+        assert f"Content-Length: {len(get_body)}" in head_lines
+    assert [lines[0] for lines, _ in answers[0:-2:2]] == [
+        "HTTP/1.1 200 OK",
+        "HTTP/1.1 200 OK",
+        "HTTP/1.1 200 OK",
+        "HTTP/1.1 404 Not Found",
+        "HTTP/1.1 404 Not Found",  # GET /api/load: the API takes POST
+    ]
+    (events, _), (put_lines, put_body) = answers[-2:]
+    # As the metrics port's /events: a stream has no length for a HEAD's answer to give.
+    assert events[0] == "HTTP/1.1 405 Method Not Allowed" and "Allow: GET" in events
+    assert put_lines[0] == "HTTP/1.1 405 Method Not Allowed" and "Allow: GET, HEAD" in put_lines
+    assert json.loads(put_body) == {"error": "'/': expected GET or HEAD, got 'PUT'"}
+
+
+@pytest.mark.parametrize(
+    "extra, status",
+    [("Origin: http://evil.example\r\n", "403 Forbidden"), ("Expect: foo\r\n", "417 Expectation Failed")],
+)
+async def test_a_refused_head_has_no_body(sim_page, extra, status):
+    port = sim_page.port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"HEAD /api/config HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode())
+        [(lines, _)] = await _read_answers(reader, [True])  # and then the connection's end, no body before it
+    finally:
+        writer.close()
+    assert lines[0] == f"HTTP/1.1 {status}" and "Connection: close" in lines
+
+
+async def test_expect_100_continue_gets_a_100_before_the_body_and_another_expectation_417(sim_page):
+    # The demo ignored Expect: a client that waits for the 100 before it sends the body (curl for
+    # a second) waited; one that expected something else was served as though it had not asked.
+    port = sim_page.port
+    body = b'{"rate": 40}'
+    request = post(port, "/api/load", body, extra="Expect: 100-continue\r\nConnection: close\r\n")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request[: -len(body)])  # the head alone: the body waits for the 100
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(body)
+        [(lines, answer)] = await _read_answers(reader, [False])
+    finally:
+        writer.close()
+    assert lines[0] == "HTTP/1.1 200 OK" and json.loads(answer)["rate"] == 40
+    for expect in ("foo", "100-continue, foo"):
+        unmet = post(port, "/api/load", b'{"rate": 5000}', extra=f"Expect: {expect}\r\n")
+        assert await exchange(port, unmet) == (417, {"error": f"Expect: expected 100-continue, got {expect}"})
+    # HTTP/1.0 has no Expect (RFC 9110 10.1.1): its client sends the body at once, and waits for no 100.
+    old = post(port, "/api/load", b'{"rate": 30}', extra="Expect: 100-continue\r\n").replace(b"HTTP/1.1", b"HTTP/1.0")
+    assert (await answer_head(port, old))[0][0] == "HTTP/1.1 200 OK"
+    assert (await config(port))["load"]["rate"] == 30
+
+
+class _StandInAdmin:
+    """The admin API's handlers (server/admin.py) behind the metrics port's own server."""
+
+    def get_faults(self) -> dict:
+        return {"faults": []}
+
+    def post_faults(self, body) -> dict:
+        return {"faults": []}
+
+    get_batching, post_batching = get_faults, post_faults
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_request_that_fails_unexpectedly_gets_500_and_is_logged_and_the_demo_goes_on(caplog):
+    # A real trigger: a fault body within the page's 64 KiB that the relay re-encodes (", " and
+    # ": " for "," and ":", the model added) past the admin port's 64 KiB, whose 413 the page's
+    # server had no reason phrase for. It went to asyncio's "Unhandled exception in
+    # client_connected_cb", and the request had no answer at all.
+    from prometheus_client import CollectorRegistry
+
+    from wok.http import MetricsHTTPServer
+
+    admin = MetricsHTTPServer(CollectorRegistry(), "127.0.0.1", 0, admin=_StandInAdmin())
+    await admin.start()
+    args = argparse.Namespace(instances=2, max_batch_size=32, device="cpu", torch_threads=1)
+    backend = LiveDemo(LoadControl(0), args, delay_s=0.005, slo_s=0.05)
+    backend.admin = ("127.0.0.1", admin.port)
+    web = DemoWeb(backend, Hub(), "127.0.0.1", 0)
+    await web.start()
+    try:
+        port = web.port
+        body = json.dumps({"mode": "off", "pad": [0] * 30_000}, separators=(",", ":")).encode()
+        assert len(body) <= 64 << 10 < len(json.dumps({"model": MODEL, **json.loads(body)}))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(post(port, "/api/faults", body))  # kept alive: the 500 ends it all the same
+            [(lines, answer)] = await _read_answers(reader, [False])
+        finally:
+            writer.close()
+        assert lines[0] == "HTTP/1.1 500 Internal Server Error" and "Connection: close" in lines
+        assert json.loads(answer) == {"error": "POST '/api/faults': internal error; see the demo's log"}
+        assert (await exchange(port, f"GET /api/config HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()))[0] == 200
+    finally:
+        await web.stop()
+        await admin.stop()
+        await backend.close()
+    failed = [r for r in caplog.records if r.name == "wok.demo" and r.levelname == "ERROR"]
+    assert [r.getMessage() for r in failed] == ["POST '/api/faults' failed"] and failed[0].exc_info is not None
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
