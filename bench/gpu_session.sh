@@ -47,7 +47,7 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.tx
 small=()  # the dry run's model: the GPU one would take the CPU minutes per batch
 [ "$dev" = cpu ] && small=(--hidden 512 --layers 1 --rows 64 --batches 10)
 step gpu_check 180 python3 bench/gpu_check.py --device "$dev" "${small[@]}" --json "$OUT/gpu_check.json"
-step cuda_tests 120 python3 -m pytest -q -p no:cacheprovider -o addopts=--import-mode=importlib tests/server/test_executor.py tests/server/test_executor_isolate.py tests/server/test_executor_cuda.py tests/server/test_device_lost.py -k cuda -rA
+step cuda_tests 120 python3 -m pytest -q -p no:cacheprovider -o addopts=--import-mode=importlib tests/server/test_executor.py tests/server/test_executor_isolate.py tests/server/test_executor_cuda.py tests/server/test_device_lost.py tests/server/test_forward_base_exceptions.py -k cuda -rA
 step profile_mlp 120 python3 -m wok profile mlp --device "$dev" --repeats 50 \
     --json "$OUT/profile_mlp.json" --plot "$OUT/profile_mlp.png"
 step profile_recsys 120 python3 -m wok profile recsys --device "$dev" --repeats 50 --json "$OUT/profile_recsys.json"

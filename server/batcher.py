@@ -65,6 +65,7 @@ from .errors import (
     QueueFull,
     ShuttingDown,
     error_line,
+    message_of,
 )
 from .executor import BatchResult, Executor
 from .metrics import ModelMetrics
@@ -203,13 +204,20 @@ def slo_policy_for(executor: Executor, max_batch_size: int) -> SloPolicy | None:
     return SloPolicy(db.slo_ms / 1e3, max_batch_size, len(executor.instances), quantile=db.slo_quantile, seed=seed)
 
 
+# A failed batch's error is shown in FailureLog's line up to this many characters, as a client's
+# details are cut (`short_details` in service.py): a model's message of 20 MB made a 20 MB log line.
+LOG_MESSAGE_CHARS = 4096
+
+
 class FailureLog:
     """A model's failed batches at WARNING in the server's log: the first at once, then at most
     one per `every_s`, saying how many were not logged in between.
 
     Callers get the error too, but an operator reads the log: without it a model that fails
     shows only as a rising INTERNAL count. Rate-limited, as a model broken for every input
-    (or a fault injected on purpose) fails each of its batches.
+    (or a fault injected on purpose) fails each of its batches. The error is cut to
+    LOG_MESSAGE_CHARS in the line; the model's own exception follows it, with its traceback, as
+    the record's exc_info.
     """
 
     def __init__(self, model: str, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
@@ -235,13 +243,16 @@ class FailureLog:
         parts = ""
         if failed is not None:
             parts = f"; rerun in parts ({reruns} forwards): {failed} request(s) failed, {requests - failed} answered"
+        message = message_of(exc)
+        if len(message) > LOG_MESSAGE_CHARS:
+            message = f"{message[:LOG_MESSAGE_CHARS]}… (cut: {len(message):,} characters in all)"
         # The model's own exception, with its traceback, when the error wraps one.
         log.warning(
             "model '%s': a batch of %d request(s), %d sample(s), failed: %s%s%s",
             self.model,
             requests,
             samples,
-            exc,
+            message,
             parts,
             more,
             exc_info=exc.__cause__,

@@ -363,7 +363,7 @@ class Instance:
                 return s.forward(self.module, s.prepare(host))
         except ModelExecutionError:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # a BaseException too: see _model_failed
             raise _model_failed(s.name, exc) from exc
 
     def _cpu_batch(self, inputs, rows, slot: _Slot) -> list[dict[str, np.ndarray]]:
@@ -551,7 +551,7 @@ class Instance:
                         dst.copy_(v, non_blocking=True)
                         host_out[k] = dst
                     ev[4].record()
-        except Exception as exc:
+        except BaseException as exc:  # a BaseException too: see _model_failed
             failure = exc if isinstance(exc, ModelExecutionError) else _model_failed(s.name, exc)
             # A device-side error (of this batch, or of the one before it, met at a sync in this
             # forward) leaves the CUDA context unusable: its parts would fail for nothing of theirs.
@@ -585,7 +585,7 @@ class Instance:
                     arrays = {k: to_numpy_view(v.detach().cpu()) for k, v in out.items()}
         except ModelExecutionError:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # a BaseException too: see _model_failed
             self._note_device_error(exc)
             raise _model_failed(s.name, exc) from exc
         return s.split(arrays, rows)
@@ -656,7 +656,17 @@ def _is_device_error(exc: BaseException) -> bool:
 def _model_failed(name: str, exc: BaseException) -> ModelExecutionError:
     """The error a batch whose model raised `exc` ends with: its callers get one line (error_line; a
     TorchScript error's message is the script's traceback). The full one is logged here at DEBUG for
-    every batch, and by the batcher's FailureLog at WARNING, rate-limited, as the error's cause."""
+    every batch, and by the batcher's FailureLog at WARNING, rate-limited, as the error's cause.
+
+    `exc` may be a BaseException (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio's CancelledError,
+    one of the user's own): the batch's forwards catch those too, for on a worker thread they can only
+    be the model's own. Python raises a signal's KeyboardInterrupt in the main thread only; the pool
+    ends a worker thread between batches (a None on its queue, at the executor's shutdown), never by
+    raising in one, and cancels only the batches its worker has not taken (withdraw, shutdown's
+    cancel_futures), which never start; asyncio cancels tasks on the loop, not code on this thread.
+    Caught as Exception only, such a batch failed whole, its other requests with the model's error,
+    where an Exception has it rerun in parts (Instance._isolate) and fails only the requests the
+    model fails on."""
     log.debug("model '%s': a batch failed", name, exc_info=exc)
     return ModelExecutionError(f"model '{name}' failed: {error_line(exc)}")
 
