@@ -49,8 +49,8 @@ from ..http import (
     CONTINUE,
     HOST_SHAPE,
     BadRequest,
+    DateHeader,
     cross_site_refusal,
-    date_line,
     expect_refusal,
     header_field,
     quoted,
@@ -167,8 +167,7 @@ class DemoWeb:
         self.port = port
         self._server: asyncio.base_events.Server | None = None
         self._clients: set[asyncio.Task] = set()
-        # The Date line of the second it was made for (see _date_header).
-        self._date: tuple[int, bytes] = (-1, b"")
+        self._date_header = DateHeader()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_HEAD)
@@ -403,13 +402,6 @@ class DemoWeb:
             + (b"" if head else body)
         )
         await writer.drain()
-
-    def _date_header(self) -> bytes:
-        """The Date header line for now (server/http.py's `date_line`), formatted at most once a second."""
-        now = int(time.time())
-        if self._date[0] != now:
-            self._date = (now, date_line(now))
-        return self._date[1]
 
 
 async def _head_lines(reader: asyncio.StreamReader) -> list[str]:

@@ -149,6 +149,20 @@ def date_line(now: int) -> bytes:
     return b"Date: %s\r\n" % formatdate(now, usegmt=True).encode("ascii")
 
 
+class DateHeader:
+    """A server's Date header line, made once a second (`date_line`): /metrics is scraped often,
+    and its answer should cost no more than the render it shares. One per server, no module state."""
+
+    def __init__(self) -> None:
+        self._second, self._line = -1, b""
+
+    def __call__(self) -> bytes:
+        now = int(time.time())
+        if now != self._second:
+            self._second, self._line = now, date_line(now)
+        return self._line
+
+
 def _turns_faults_off(body) -> bool:
     """Whether a /admin/faults body asks for `mode: off` (the one change taken while draining)."""
     return isinstance(body, dict) and body.get("mode") == "off"
@@ -168,9 +182,7 @@ class MetricsHTTPServer:
         self._served = ", ".join(served)
         self.host = host
         self.port = port
-        # The Date line of the second it was made for, made again in the next: /metrics is scraped
-        # often, and its answer should cost no more than the render it shares.
-        self._date: tuple[int, bytes] = (-1, b"")
+        self._date_header = DateHeader()
         self._server: asyncio.base_events.Server | None = None
         # Each connection's task, and its writer, which stop() aborts.
         self._clients: dict[asyncio.Task, asyncio.StreamWriter] = {}
@@ -327,13 +339,6 @@ class MetricsHTTPServer:
         task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
         self._clients[task] = writer
         task.add_done_callback(self._clients.pop)
-
-    def _date_header(self) -> bytes:
-        """The Date header line for now (`date_line`), formatted once a second."""
-        now = int(time.time())
-        if self._date[0] != now:
-            self._date = (now, date_line(now))
-        return self._date[1]
 
     def _closing_503(self, body: bytes) -> bytes:
         """A 503 that ends its connection, written whole as it closes (see _REFUSED_BODY)."""

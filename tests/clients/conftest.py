@@ -8,6 +8,7 @@ reached which server. Its answer names it (the response's model name).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import gc
 import logging
@@ -33,7 +34,7 @@ CODE = grpc.StatusCode
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-class Loopback:
+class Loopback(abc.ABC):
     """A grpc.aio server on `address` (loopback, a free port) with the health service, SERVING;
     `register(server)` adds a subclass's handlers. With `credentials` it speaks TLS, `options` are
     the server's. `async with` starts it and stops it (no grace). A subclass's handlers call
@@ -52,8 +53,9 @@ class Loopback:
         self.port = 0
         self._changed = asyncio.Condition()
 
+    @abc.abstractmethod
     def register(self, server: grpc.aio.Server) -> None:
-        raise NotImplementedError
+        """Add the subclass's handlers to `server` (before it starts)."""
 
     async def _notify(self) -> None:
         async with self._changed:
