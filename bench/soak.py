@@ -108,9 +108,15 @@ class RssSampler:
         # capacity ramp's last (often saturated) step.
         if self._stop.wait(max(0.0, self._clock0 - time.monotonic())):
             return
+        # On a grid from clock0, not every_s after each scrape ends: a scrape's own time (tens of
+        # ms on a busy host) would otherwise stretch every interval. Ticks a slow scrape overran
+        # are skipped, not made up in a burst.
+        tick = 0
         while True:
             self.sample()
-            if self._stop.wait(self.every_s):
+            late = time.monotonic() - self._clock0
+            tick = max(tick + 1, math.floor(late / self.every_s) + 1)
+            if self._stop.wait(max(0.0, self._clock0 + tick * self.every_s - time.monotonic())):
                 return
 
     def stop(self) -> None:

@@ -8,6 +8,7 @@ import math
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -160,6 +161,34 @@ def test_rss_sampler_reads_a_real_server(soak_server):
         assert rss > 50 * MIB and gone is None
 
 
+class _SlowScrapes(RssSampler):
+    """A sampler whose every scrape takes 0.2 s, recording when each of its own thread's began."""
+
+    def __init__(self, every_s: float):
+        super().__init__([], every_s)
+        self.began: list[float] = []
+
+    def sample(self) -> None:
+        if threading.current_thread().name == "wok-rss":
+            self.began.append(time.monotonic() - self._clock0)
+            time.sleep(0.2)
+        super().sample()
+
+
+def test_rss_samples_keep_their_grid_however_long_a_scrape_takes():
+    # It waited every_s after each scrape ended: 0.2 s scrapes every 0.4 s began at 0, 0.6, 1.2 s,
+    # the cadence stretched by half (the soak's e2e test, 0.2 s cadence, got 7 samples of 2 s on a
+    # host slow to scrape). On the grid they begin at 0, 0.4, 0.8, 1.2 s, give or take the host.
+    sampler = _SlowScrapes(every_s=0.4)
+    sampler.start(time.monotonic())
+    while len(sampler.began) < 4:
+        time.sleep(0.01)
+    sampler.stop()
+    ticks = [round(t / 0.4) for t in sampler.began]
+    assert ticks == list(range(len(ticks))), sampler.began
+    assert all(t - 0.4 * k < 0.15 for k, t in enumerate(sampler.began)), sampler.began
+
+
 def test_soak_end_to_end(runs):
     status, stdout, stderr, out = _finished(runs, "e2e")
     assert status == 0, stderr[-3000:]
@@ -168,7 +197,10 @@ def test_soak_end_to_end(runs):
     assert soak["schema"] == "wok.soak/1" and soak["capacity"]["source"] == "given"
     assert soak["capacity"]["load_qps"] == 50.0 and result["steps"][0]["nominal_qps"] == 50.0
     assert len(soak["windows"]) == 4 and sum(w["sent"] for w in soak["windows"]) == soak["requests"]["sent"] > 50
-    assert soak["rss"]["first_mib"] > 50 and len(soak["rss"]["samples"]) >= 8
+    # Every 0.2 s over the 2 s soak, on a grid from its first send, and once more at its end: 12,
+    # less the ticks a slow scrape overran (7 on a slow host when each scrape stretched the cadence).
+    times = [t for t, _ in soak["rss"]["samples"]]
+    assert soak["rss"]["first_mib"] > 50 and len(times) >= 8, times
     assert soak["p99"]["windows"] == 4 and "RSS:" in stdout and "P99: first window" in stdout
 
 
