@@ -703,6 +703,7 @@ class Batcher:
     # -- the task ------------------------------------------------------------------------
     async def _run(self) -> None:
         timer = self._timer
+        batch = None  # the batch taken off its queue and not yet handed over, if any
         try:
             while True:
                 now = time.perf_counter()
@@ -728,6 +729,7 @@ class Batcher:
                         batch = self._form(key, q, reason, now, start)
                         if batch is not None:
                             self._dispatch(batch, queued_since, i)
+                            batch = None
                         continue
                 else:
                     wait = None
@@ -765,7 +767,10 @@ class Batcher:
         except Exception as exc:
             # A bug here must not leave callers waiting forever: fail them, refuse new work.
             log.exception("batcher for model '%s' failed", self.name)
-            self._fail_model(exc, ModelExecutionError(f"model '{self.name}': batcher failed: {exc}"))
+            error = ModelExecutionError(f"model '{self.name}': batcher failed: {exc}")
+            if batch is not None:
+                self._fail_formed(batch, error)
+            self._fail_model(exc, error)
             raise
         finally:
             timer.close()
@@ -1438,6 +1443,23 @@ class Batcher:
         if lost is None:
             return
         self._fail_model(lost, DeviceLost(str(lost)))
+
+    def _fail_formed(self, batch: Batch, error: Exception) -> None:
+        """A batch taken off its queue when the batching task failed, before `_dispatch` handed it
+        over: `_fail_queued` no longer sees its requests and no executor answer will complete them,
+        so its callers get `error` here. One `_dispatch` had counted sent is completed as a batch
+        the executor refused, so that nothing stays counted in flight."""
+        if id(batch) in self._dispatched:
+            f: concurrent.futures.Future = concurrent.futures.Future()
+            f.set_exception(error)
+            try:
+                self._complete(batch, f)
+            except Exception:  # the same bug may be on this path: the callers below still get their answer
+                log.exception("completing the batch of model '%s' that its failed batcher had formed", self.name)
+        now = time.perf_counter()
+        for p in batch.requests:
+            if p.state == RUNNING:
+                self._fail(p, error, now)
 
     def _fail_model(self, failure: BaseException, queued: Exception) -> None:
         """From now on the model refuses every request (check_room: `failure`); those queued get

@@ -162,6 +162,32 @@ async def test_a_model_whose_batcher_fails_turns_not_serving_and_the_server_goes
             )
 
 
+@pytest.mark.parametrize("where", ["before_dispatch", "halfway"])
+async def test_a_batch_formed_when_the_batcher_fails_gets_the_failure_not_silence(serve, where):
+    # A bug between taking a batch off its queue and handing it to the executor (before `_dispatch`
+    # counted it sent, or halfway through: at the flush counter) failed only the requests still
+    # queued: the formed batch's callers waited for an answer that nothing would ever give.
+    async with serve(models=("mlp",)) as server:
+        batcher = server.runtimes["mlp"].batcher
+
+        def bug(*args, **kwargs):
+            raise RuntimeError("a bug in the batcher")
+
+        if where == "halfway":
+            batcher.metrics.record_flush = bug
+        else:
+            batcher._dispatch = bug
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            x = {"INPUT0": np.ones((1, 256), np.float32)}
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(encode_request("mlp", x), timeout=10)
+            assert info.value.code() == grpc.StatusCode.INTERNAL
+            assert info.value.details() == "model 'mlp': batcher failed: a bug in the batcher"
+        assert batcher._dispatched == {} and batcher._queued == 0
+        assert server.runtimes["mlp"].stats.fail.count == 1
+
+
 async def test_a_stop_without_grace_and_without_work_logs_no_grace_warning(serve, caplog):
     # As after a failed start: stop(grace=0) finds every drain still pending, with nothing in it.
     async with serve(models=("mlp",)) as server:
