@@ -11,7 +11,8 @@ Events (`GET /events`, server-sent events) are what the demo page draws:
   formed, the times in Unix seconds (the worker's start and end; for a failed batch, its
   dispatch and the failure), and `error` when `ok` is false ("cancelled" for a batch
   withdrawn at its worker before it ran, past the grace period: by the batcher as the grace
-  period ran out, or by the executor's shutdown);
+  period ran out, or by the executor's shutdown), or when some of its requests failed; `error`
+  is cut as the server's log line of a failed batch is (errors.cut_message, 4,096 characters);
 - a `tick` every 250 ms: per model its queue, batches in flight, the instances' running
   batches, the counters (samples, batches, responses by code, flushes by reason, busy seconds
   per instance: every batch an instance ran, failed ones included), the policy and the active
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .errors import message_of
+from .errors import cut_message, message_of, quoted_name
 from .faults import AdminRequestError, FaultBoard, is_number, parse_fault_request, shown
 
 if TYPE_CHECKING:  # they import torch, which the metrics port (and wok demo's page) need not load
@@ -138,9 +139,10 @@ class _BatchWatch:
             event.update(t_start=to_unix(r.started), t_end=to_unix(r.finished), ok=True, ran=kept)
             if r.failure is not None:
                 # ok while some request of it was answered; its busy time counts either way.
-                event.update(ok=failed < len(r.outputs), failed=failed, error=message_of(r.failure))
+                # Cut: a model's message of megabytes went out whole, in one event to each subscriber.
+                event.update(ok=failed < len(r.outputs), failed=failed, error=cut_message(message_of(r.failure)))
         else:
-            error = "cancelled" if cancelled else message_of(exc)
+            error = "cancelled" if cancelled else cut_message(message_of(exc))
             event.update(t_start=to_unix(dispatched), t_end=to_unix(time.perf_counter()), ok=False, error=error)
         self.admin.publish(event)
 
@@ -213,7 +215,7 @@ class Admin:
         extra = sorted(set(body) - allowed)
         if extra:
             raise AdminRequestError(
-                f"field '{extra[0]}': expected only the fields {', '.join(sorted(allowed))}, "
+                f"field {quoted_name(extra[0])}: expected only the fields {', '.join(sorted(allowed))}, "
                 f"got {shown(body[extra[0]])}"
             )
         model = body.get("model")

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import (
+    MESSAGE_CHARS,
     BatcherFailed,
     DeadlineExceeded,
     DeadlineUnmeetable,
@@ -64,6 +65,7 @@ from .errors import (
     ModelExecutionError,
     QueueFull,
     ShuttingDown,
+    cut_message,
     error_line,
     message_of,
 )
@@ -204,9 +206,8 @@ def slo_policy_for(executor: Executor, max_batch_size: int) -> SloPolicy | None:
     return SloPolicy(db.slo_ms / 1e3, max_batch_size, len(executor.instances), quantile=db.slo_quantile, seed=seed)
 
 
-# A failed batch's error is shown in FailureLog's line up to this many characters, as a client's
-# details are cut (`short_details` in service.py): a model's message of 20 MB made a 20 MB log line.
-LOG_MESSAGE_CHARS = 4096
+# A failed batch's error is shown in FailureLog's line up to this many characters (errors.cut_message).
+LOG_MESSAGE_CHARS = MESSAGE_CHARS
 
 
 class FailureLog:
@@ -243,9 +244,7 @@ class FailureLog:
         parts = ""
         if failed is not None:
             parts = f"; rerun in parts ({reruns} forwards): {failed} request(s) failed, {requests - failed} answered"
-        message = message_of(exc)
-        if len(message) > LOG_MESSAGE_CHARS:
-            message = f"{message[:LOG_MESSAGE_CHARS]}… (cut: {len(message):,} characters in all)"
+        message = cut_message(message_of(exc), LOG_MESSAGE_CHARS)
         # The model's own exception, with its traceback, when the error wraps one.
         log.warning(
             "model '%s': a batch of %d request(s), %d sample(s), failed: %s%s%s",

@@ -161,6 +161,20 @@ def error_line(exc: BaseException) -> str:
     return f"{name}: {lines[-1]}"
 
 
+# A model's error message is shown in a line of the server's log (batcher's FailureLog) and in an
+# /events batch event (admin.py) up to this many characters, as a client's details are cut
+# (`short_details` in service.py): a model's message of 20 MB made a 20 MB log line, and an event as long.
+MESSAGE_CHARS = 4096
+
+
+def cut_message(message: str, chars: int = MESSAGE_CHARS) -> str:
+    """`message` as it is up to `chars` characters, else its start and its length:
+    'yyy… (cut: 3,000,032 characters in all)'."""
+    if len(message) <= chars:
+        return message
+    return f"{message[:chars]}… (cut: {len(message):,} characters in all)"
+
+
 # A name or id a request sent is shown in a message up to this many characters: generous for a real
 # name, and a wrong one of 100 KB makes no 100 KB message, nor one whose start (all that a unary call's
 # details and a stream's error_message keep of a long message, `short_details` in service.py) is all name.

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .errors import ModelExecutionError
+from .errors import NAME_CHARS, ModelExecutionError, cut_message, quoted_name
 
 MODES = ("slow", "fail", "off")
 ACTIVE_MODES = ("slow", "fail")
@@ -99,9 +99,14 @@ class FaultRequest:
 
 def shown(v) -> str:
     """`v` as an error message says what came: its repr, but a JSON integer too large for a float
-    by its length (it may have thousands of digits)."""
+    by its length (it may have thousands of digits), a string as every message shows a request's
+    (quoted_name), and an array or object cut past NAME_CHARS: a body of 64 KiB made a 400 as long."""
     if isinstance(v, int) and not isinstance(v, bool) and abs(v) > sys.float_info.max:
         return f"an integer of {len(str(abs(v)))} digits"
+    if isinstance(v, str):
+        return quoted_name(v)
+    if isinstance(v, (list, dict)):
+        return cut_message(repr(v), NAME_CHARS)
     return repr(v)
 
 
@@ -117,7 +122,8 @@ def is_number(v) -> bool:
 
 
 def _bad(field: str, expected: str, got) -> AdminRequestError:
-    return AdminRequestError(f"field '{field}': expected {expected}, got {shown(got)}")
+    # quoted_name: a field not allowed is named by the body's key, which may be 64 KiB.
+    return AdminRequestError(f"field {quoted_name(field)}: expected {expected}, got {shown(got)}")
 
 
 def _number(body: dict, field: str, lo: float, hi: float) -> float:

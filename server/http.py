@@ -23,7 +23,9 @@ answer 503.
 Every answer carries a Date header (RFC 9110 6.6.1), formatted once a second. A request whose Host
 is not `host[:port]` (RFC 9110 7.2: a name, an IPv4 address or a bracketed IPv6 one, then an
 optional colon and digits) gets 400 naming it (RFC 9112 3.2), as does an absolute-form target
-whose authority is not; a path not served gets 404 naming it and the paths that are.
+whose authority is not; a path not served gets 404 naming it and the paths that are. A refusal shows
+a header's value, a method or a path as `quoted` does (in quotes, in ASCII, cut past 200 characters),
+a malformed line by its repr, cut past 120.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ REASONS = {
     408: "Request Timeout",
     411: "Length Required",
     413: "Payload Too Large",
+    414: "URI Too Long",
     415: "Unsupported Media Type",
     417: "Expectation Failed",
     431: "Request Header Fields Too Large",
@@ -507,6 +510,9 @@ class MetricsHTTPServer:
                 left = began + HEADER_TIMEOUT_S - time.monotonic()
                 lines, size = await asyncio.wait_for(read_head(reader, start), left)
                 size += skipped
+            except TargetTooLong as exc:
+                await self._respond(writer, 414, f"{exc}\n".encode(), "text/plain", close=True)
+                return
             except asyncio.LimitOverrunError:
                 error = f"request headers over {MAX_HEADER_BYTES} bytes\n".encode()
                 await self._respond(writer, 431, error, "text/plain", close=True)
@@ -553,8 +559,8 @@ class MetricsHTTPServer:
                 # one, and the rest as a request of its own (RFC 9112 6.3). Even equal repeats are
                 # refused: no client sends them. Two Hosts may be read apart likewise (RFC 9112 3.2).
                 name, values = repeated[0]
-                error = f"{name.title()}: expected one header, got {len(values)}: {', '.join(values)}\n"
-                await self._respond(writer, 400, error.encode("latin-1"), "text/plain", close=True, head=head)
+                error = f"{name.title()}: expected one header, got {len(values)}: {', '.join(map(quoted, values))}\n"
+                await self._respond(writer, 400, error.encode("ascii"), "text/plain", close=True, head=head)
                 return
             if "transfer-encoding" in headers:
                 # No chunked bodies here; and a request framed both ways must not be read by its
@@ -578,8 +584,8 @@ class MetricsHTTPServer:
             if length is not None and not re.fullmatch(r"[0-9]+", length):
                 # Not a number of bytes ("-1", "2, 2", "0x2", none at all): where the body ends is
                 # unknown, and a proxy in front may have framed it otherwise (RFC 9112 6.3).
-                error = f"Content-Length: expected a number of bytes, got {_shown(length)}\n"
-                await self._respond(writer, 400, error.encode("latin-1"), "text/plain", close=True, head=head)
+                error = f"Content-Length: expected a number of bytes, got {quoted(length)}\n"
+                await self._respond(writer, 400, error.encode("ascii"), "text/plain", close=True, head=head)
                 return
             if old:
                 # HTTP/1.0 has no Expect; its client does not wait for a 100 (RFC 9110 10.1.1).
@@ -587,7 +593,7 @@ class MetricsHTTPServer:
                 headers.pop("expect", None)
             unmet = expect_refusal(fields.get("expect", ()))
             if unmet is not None:
-                await self._respond(writer, 417, f"{unmet}\n".encode("latin-1"), "text/plain", close=True, head=head)
+                await self._respond(writer, 417, f"{unmet}\n".encode("ascii"), "text/plain", close=True, head=head)
                 return
             # A list of options (RFC 9110 7.6.1): "TE, close" asks to close as "close" does.
             close = "close" in {o.strip().lower() for o in headers.get("connection", "").split(",")} or old
@@ -636,7 +642,7 @@ class MetricsHTTPServer:
                 writer, 404, self._not_found(path).encode("ascii"), "text/plain", close=close, head=head
             )
         elif method not in ("GET", "HEAD"):
-            error = f"{path} takes GET or HEAD, got {method}\n".encode("latin-1")
+            error = f"{path} takes GET or HEAD, got {quoted(method)}\n".encode("ascii")
             await self._respond(writer, 405, error, "text/plain", close=close, allow="GET, HEAD")
         elif path == "/metrics" and not self.metrics:
             await self._respond(writer, 404, METRICS_OFF, "text/plain", close=close, head=head)
@@ -657,7 +663,7 @@ class MetricsHTTPServer:
         head = method == "HEAD"
         if path == "/events":
             if method != "GET":  # a HEAD would open a stream with no body to carry it
-                error = f"/events takes GET, got {method}\n".encode("latin-1")
+                error = f"/events takes GET, got {quoted(method)}\n".encode("ascii")
                 await self._respond(writer, 405, error, "text/plain", close=True, head=head, allow="GET")
                 return False
             if self._stopping:
@@ -677,7 +683,7 @@ class MetricsHTTPServer:
             await self._json(writer, 200, get(), close, head=head)
             return not close
         if method != "POST":
-            error = {"error": f"{path} takes GET, HEAD or POST, got {method}"}
+            error = {"error": f"{path} takes GET, HEAD or POST, got {quoted(method)}"}
             await self._json(writer, 405, error, close=True, allow="GET, HEAD, POST")
             return False
         if self._stopping:  # the drain is over: nothing left to change; the body is not read
@@ -687,7 +693,7 @@ class MetricsHTTPServer:
         if ctype != "application/json":
             # A page on any site may POST text/plain or a form to loopback without asking; JSON
             # makes a browser ask first (a CORS preflight, which this server refuses).
-            error = f"a POST body must be Content-Type application/json, got {ctype or 'none'}"
+            error = f"a POST body must be Content-Type application/json, got {quoted(ctype) if ctype else 'none'}"
             await self._json(writer, 415, {"error": error}, close=True)
             return False
         length = headers.get("content-length")  # digits alone, or absent: _requests refused the rest
@@ -714,11 +720,11 @@ class MetricsHTTPServer:
         except asyncio.IncompleteReadError as exc:
             # The client closed its side early; or the connection made room before its body
             # came (then the answer finds it closed, and nothing is sent).
-            error = f"body: Content-Length {length}, got {len(exc.partial)} bytes and end of stream"
+            error = f"body: Content-Length {size}, got {len(exc.partial)} bytes and end of stream"
             await self._json(writer, 400, {"error": error}, close=True)
             return False
         except asyncio.TimeoutError:
-            error = f"body: Content-Length {length}, not all sent within {HEADER_TIMEOUT_S:g} s"
+            error = f"body: Content-Length {size}, not all sent within {HEADER_TIMEOUT_S:g} s"
             await self._json(writer, 408, {"error": error}, close=True)
             return False
         finally:
@@ -830,6 +836,16 @@ class BadRequest(ValueError):
     """A request head this server refuses (400, and the connection ends); the message names the line."""
 
 
+class TargetTooLong(asyncio.LimitOverrunError):
+    """A request line over MAX_HEADER_BYTES by itself: its target is too long (414, RFC 9112 3), not
+    its header fields (431), which a client that made its URL too long (a browser, curl) was told."""
+
+    def __init__(self, consumed: int) -> None:
+        super().__init__(
+            f"request line: expected at most {MAX_HEADER_BYTES} bytes, got more: its target is too long", consumed
+        )
+
+
 def _shown(line: str) -> str:
     return repr(line if len(line) <= 120 else line[:120] + "...")
 
@@ -841,15 +857,23 @@ async def read_head(reader: asyncio.StreamReader, start: bytes = b"") -> tuple[l
     server take a bare LF as a line end too, but a proxy in front that does not would read other
     headers, or another request, from the same bytes; refused at once, it cannot wait for a CRLF
     CRLF that never comes (HEADER_TIMEOUT_S). The empty lines before the request line are
-    `request_start`'s. LimitOverrunError past MAX_HEADER_BYTES.
+    `request_start`'s. LimitOverrunError past MAX_HEADER_BYTES: TargetTooLong when the request line
+    alone is past it.
     """
     lines: list[str] = []
     size = 0
     while True:
-        raw = start if start.endswith(b"\n") else start + await reader.readuntil(b"\n")
+        try:
+            raw = start if start.endswith(b"\n") else start + await reader.readuntil(b"\n")
+        except asyncio.LimitOverrunError as exc:  # past the reader's limit, no line end in it
+            if lines:
+                raise
+            raise TargetTooLong(exc.consumed) from None
         start = b""
         size += len(raw)
         if size > MAX_HEADER_BYTES:
+            if not lines:
+                raise TargetTooLong(size)
             raise asyncio.LimitOverrunError(f"request headers over {MAX_HEADER_BYTES} bytes", size)
         line = raw[:-1].decode("latin-1")
         where = f"header line {len(lines)}" if lines else "request line"
@@ -904,15 +928,16 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 def expect_refusal(values) -> str | None:
-    """The message refusing a request's Expect fields (417), one value a field line, or None when
-    each asks for 100-continue, the one expectation met (CONTINUE before the body is read).
+    """The message refusing a request's Expect fields (417), one value a field line, each `quoted`
+    as every refusal shows what a request sent, or None when each asks for 100-continue, the one
+    expectation met (CONTINUE before the body is read).
 
     Ignored, another expectation would leave its client waiting for what it expects, its body, if
     any, unread. HTTP/1.0 has no Expect, its client waits for no 100 (RFC 9110 10.1.1): the caller
     drops its fields first.
     """
     unmet = [value for value in values if value.lower() != "100-continue"]
-    return f"Expect: expected 100-continue, got {', '.join(unmet)}" if unmet else None
+    return f"Expect: expected 100-continue, got {', '.join(map(quoted, unmet))}" if unmet else None
 
 
 def version_refusal(version: str) -> tuple[int, str] | None:

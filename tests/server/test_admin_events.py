@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import numpy as np
+import torch
+from torch import nn
 
 from wok.app import WokServer
 from wok.config import server_settings
 from wok.repository import ModelRepository
+from wok.servable import Servable
+
+from .conftest import four_wide_config
 
 
 async def until(cond, what: str, limit_s: float = 10.0) -> None:
@@ -124,3 +130,38 @@ async def test_a_batch_rerun_in_parts_is_an_event_that_ran_naming_its_failed_req
         admin.unsubscribe(sub)
     finally:
         await server.stop(grace=5.0)
+
+
+class Loud(nn.Module):
+    """Doubles; a batch holding a negative value fails with a message of 100,000 characters."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x < 0).any():
+            raise ValueError("y" * 100_000)
+        return x * 2
+
+
+async def test_a_failed_batchs_error_is_cut_in_its_event_as_in_the_log_line():
+    """The batch event carried the model's message whole: one of megabytes went out in one event to
+    each /events subscriber. Cut as the server's WARNING for the failed batch is (4,096 characters)."""
+    servable = Servable(four_wide_config("loud", max_batch_size=1), Loud())
+    server = WokServer(server_settings(grpc_port=0, metrics_port=0, admin=True), ModelRepository([servable], "test"))
+    await server.start()
+    # Read from the port, as the demo's page reads it: a limit past the uncut event's 100 KB line.
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.http.port, limit=1 << 20)
+    try:
+        writer.write(f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{server.http.port}\r\n\r\n".encode())
+        await asyncio.wait_for(reader.readuntil(b'"type":"hello"'), 10)  # subscribed
+        pending = server.runtime("loud").batcher.submit({"INPUT0": np.full((1, 4), -1, np.float32)}, 1, None, None)
+        while True:
+            line = await asyncio.wait_for(reader.readline(), 10)
+            if line.startswith(b"data: ") and json.loads(line[6:])["type"] == "batch":
+                break
+        await asyncio.gather(pending.future, return_exceptions=True)
+    finally:
+        writer.close()
+        await server.stop(grace=5.0)
+    event = json.loads(line[6:])
+    message = "model 'loud' failed: ValueError: " + "y" * 100_000
+    assert (event["ok"], event["error"]) == (False, f"{message[:4096]}… (cut: {len(message):,} characters in all)")
+    assert len(line) < 5_000, len(line)

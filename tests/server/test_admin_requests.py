@@ -10,8 +10,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from wok import admin
+from wok.app import WokServer
+from wok.config import server_settings
 from wok.http import MetricsHTTPServer
 from wok.metrics import FLUSH_REASONS
+from wok.repository import ModelRepository
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -85,3 +88,56 @@ def test_every_flush_reason_a_batch_event_can_carry_is_listed():
         listed = _reasons_sentence(text)
         missing = [r for r in FLUSH_REASONS if r not in listed]
         assert not missing, f"{where} lists {listed!r}, without {missing}"
+
+
+async def _post_json(port: int, path: str, body: dict) -> tuple[bytes, dict]:
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    )
+    answer = await _exchange(port, head.encode() + data)
+    top, _, payload = answer.partition(b"\r\n\r\n")
+    return top.split(b"\r\n")[0], json.loads(payload)
+
+
+async def test_a_refused_admin_body_shows_a_long_field_or_value_cut(gated_model):
+    """A 400 echoed a body's string, key or array whole: a model name of 60,000 characters made a
+    60 KB answer. Each is shown as every message shows a request's string (errors.quoted_name): its
+    first 200 characters and its length; an array or object by its first 200 and its length."""
+    servable, _ = gated_model()
+    server = WokServer(server_settings(grpc_port=0, metrics_port=0, admin=True), ModelRepository([servable], "test"))
+    await server.start()
+    m, k, ones = "m" * 60_000, "k" * 30_000, [1] * 10_000  # the list's repr: 30,000 characters
+    fields = "delay_ms, duration_s, instance, mode, model"
+    cases = [
+        (
+            "/admin/faults",
+            {"model": m, "mode": "off"},
+            f"field 'model': expected one of the served models (gated), got '{m[:200]}'… (60,000 characters in all)",
+        ),
+        (
+            "/admin/faults",
+            {"model": "gated", "mode": "off", k: ones},
+            f"field '{k[:200]}'… (30,000 characters in all): expected only the fields {fields}, "
+            f"got {repr(ones)[:200]}… (cut: 30,000 characters in all)",
+        ),
+        (
+            "/admin/batching",
+            {"model": "gated", k: 1},
+            f"field '{k[:200]}'… (30,000 characters in all): expected only the fields max_batch_size, "
+            "max_queue_delay_ms, model, got 1",
+        ),
+        (
+            "/admin/batching",
+            {"model": "gated", "max_batch_size": ones},
+            f"field 'max_batch_size': expected an integer from 1 to 8 (the model's configured maximum), "
+            f"got {repr(ones)[:200]}… (cut: 30,000 characters in all)",
+        ),
+    ]
+    try:
+        for path, body, error in cases:
+            status, answer = await _post_json(server.http.port, path, body)
+            assert (status, answer) == (b"HTTP/1.1 400 Bad Request", {"error": error})
+    finally:
+        await server.stop(grace=5.0)

@@ -460,7 +460,7 @@ async def test_a_repeated_content_length_or_host_gets_400_and_the_connection_end
     [(top, body)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in top, answer
     assert body.startswith(b"Content-Length: expected one header, got 2: ") or body.startswith(
-        b"Host: expected one header, got 2: 127.0.0.1:"
+        b"Host: expected one header, got 2: '127.0.0.1:"
     ), body
     assert s.admin.posted == []
 

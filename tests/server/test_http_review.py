@@ -159,9 +159,9 @@ async def test_a_malformed_request_line_gets_400_naming_what_is_wrong(line, erro
 @pytest.mark.parametrize(
     "method, path, error",
     [
-        ("POST", "/metrics", "/metrics takes GET or HEAD, got POST"),
-        ("DELETE", "/", "/ takes GET or HEAD, got DELETE"),
-        ("DELETE", "/events", "/events takes GET, got DELETE"),
+        ("POST", "/metrics", "/metrics takes GET or HEAD, got 'POST'"),
+        ("DELETE", "/", "/ takes GET or HEAD, got 'DELETE'"),
+        ("DELETE", "/events", "/events takes GET, got 'DELETE'"),
     ],
 )
 async def test_a_405_names_the_method_and_what_the_path_takes(method, path, error, raw_http):
