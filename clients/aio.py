@@ -20,6 +20,7 @@ import grpc
 import numpy as np
 
 from wok.codec import decode_response, encode_request
+from wok.errors import quoted_name
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 
@@ -82,7 +83,8 @@ class AsyncClient:
         balancer_settings: BalancerSettings | None = None,
     ) -> None:
         if balancer not in ("grpc", "wok"):
-            raise ValueError(f"balancer must be 'grpc' or 'wok'; got {balancer!r}")
+            shown = quoted_name(balancer) if isinstance(balancer, str) else repr(balancer)
+            raise ValueError(f"balancer must be 'grpc' or 'wok'; got {shown}")
         self._targets = target
         self._target: str | Sequence[str] = target
         self._target_lookup: concurrent.futures.Future[str] | None = None

@@ -91,6 +91,8 @@ from typing import Any
 
 import grpc
 
+from wok.errors import quoted_name
+
 ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 STREAM_METHOD = "ModelStreamInfer"
@@ -201,9 +203,9 @@ def channel_target(target: str | Sequence[str]) -> str:
     if len(needs) > 1:
         (t4, why4), (t6, why6) = needs[socket.AF_INET], needs[socket.AF_INET6]
         raise ValueError(
-            f"targets {t4!r} (IPv4: {why4}) and {t6!r} (IPv6: {why6}) need different address families, and one "
-            "gRPC channel lists addresses of one family; give targets of one family, or use the wok balancer "
-            "(AsyncClient(..., balancer='wok'), wok bench --balancer wok): it opens a channel per address"
+            f"targets {quoted_name(t4)} (IPv4: {why4}) and {quoted_name(t6)} (IPv6: {why6}) need different address "
+            "families, and one gRPC channel lists addresses of one family; give targets of one family, or use the "
+            "wok balancer (AsyncClient(..., balancer='wok'), wok bench --balancer wok): it opens a channel per address"
         )
     family = next(iter(needs), socket.AF_INET)
     scheme = "ipv4" if family == socket.AF_INET else "ipv6"
@@ -261,10 +263,10 @@ def _is_ip(host: str) -> bool:
 def _host_port(target: str) -> tuple[str, int]:
     """(host, port) of one of several targets: "host:port" or "[v6]:port"."""
     if "/" in target or (target.count(":") != 1 and not target.startswith("[")):
-        raise ValueError(f"target {target!r}: with several targets each must be host:port or [ipv6]:port")
+        raise ValueError(f"target {quoted_name(target)}: with several targets each must be host:port or [ipv6]:port")
     parsed = split_host_port(target)
     if parsed is None:
-        raise ValueError(f"target {target!r}: expected host:port")
+        raise ValueError(f"target {quoted_name(target)}: expected host:port")
     return parsed
 
 
@@ -277,7 +279,7 @@ def _addresses(target: str) -> dict[socket.AddressFamily, list[str]]:
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
-            raise ValueError(f"target {target!r}: cannot resolve {host!r}: {exc}") from None
+            raise ValueError(f"target {quoted_name(target)}: cannot resolve {quoted_name(host)}: {exc}") from None
         ips = [ipaddress.ip_address(info[4][0]) for info in infos]
     out: dict[socket.AddressFamily, list[str]] = {}
     for ip in dict.fromkeys(ips):
@@ -339,7 +341,7 @@ def probe(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> dict[st
         for address in outcomes:
             parsed = split_host_port(address)
             if parsed is None:
-                raise ValueError(f"address {address!r}: expected ip:port or [ipv6]:port")
+                raise ValueError(f"address {quoted_name(address)}: expected ip:port or [ipv6]:port")
             try:
                 sock = socket.socket(family_of(address), socket.SOCK_STREAM)
             except OSError:  # no such family on this host (IPv6 turned off): nothing accepts there

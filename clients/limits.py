@@ -22,6 +22,7 @@ import grpc
 import numpy as np
 
 from wok.codec import MAX_MESSAGE_KEY, MAX_REQUEST_KEY, transport_limit
+from wok.errors import quoted_name
 from wok.v2pb import grpc_service_pb2 as pb
 
 from .errors import InferError
@@ -117,10 +118,10 @@ class RequestLimit:
             return ""
         max_request = self.max_request
         return (
-            f"CLIENT: {what} to model '{request.model_name}' is {size:,} bytes, over the server's gRPC limit of "
-            f"{limit:,} bytes (4 × --max-request-bytes + 1 MiB; the server's --max-request-bytes is {max_request:,}), "
-            f"so it was not sent: send requests of at most {max_request:,} bytes, or raise the server's "
-            f"--max-request-bytes to at least {size:,}"
+            f"CLIENT: {what} to model {quoted_name(request.model_name)} is {size:,} bytes, over the server's gRPC "
+            f"limit of {limit:,} bytes (4 × --max-request-bytes + 1 MiB; the server's --max-request-bytes is "
+            f"{max_request:,}), so it was not sent: send requests of at most {max_request:,} bytes, or raise the "
+            f"server's --max-request-bytes to at least {size:,}"
         )
 
     def check(self, request: pb.ModelInferRequest, est: int) -> None:
@@ -130,7 +131,7 @@ class RequestLimit:
 
     def stream_refusal(self, request: pb.ModelInferRequest, est: int) -> StreamResult | None:
         """The result of a stream's request over the limit, which is not sent; None for one that is."""
-        why = self.refusal(request, est, f"stream request '{request.id}'")
+        why = self.refusal(request, est, f"stream request {quoted_name(request.id)}")
         return (
             StreamResult(request.id, request.model_name, None, why, grpc.StatusCode.RESOURCE_EXHAUSTED) if why else None
         )

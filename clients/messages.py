@@ -15,6 +15,7 @@ import numpy as np
 
 from wok.codec import decode_response, encode_request
 from wok.datatypes import datatype
+from wok.errors import quoted_name
 from wok.v2pb import grpc_service_pb2 as pb
 
 
@@ -98,7 +99,7 @@ class StreamIds:
                 at, rid = self._first_numeric
                 raise ValueError(
                     f"stream request {index}: has no request_id, so it would get the automatic id "
-                    f"'{index}', which can repeat stream request {at}'s request_id '{rid}', a number other "
+                    f"'{index}', which can repeat stream request {at}'s request_id {quoted_name(rid)}, a number other "
                     f"than its position; expected every request to have an id, or numeric ids only at "
                     f"their own position"
                 )
@@ -108,7 +109,7 @@ class StreamIds:
         if isinstance(request_id, str) and request_id != str(index) and _looks_automatic(request_id):
             if self._first_auto is not None:
                 raise ValueError(
-                    f"stream request {index}: request_id '{request_id}' is a number other than its "
+                    f"stream request {index}: request_id {quoted_name(request_id)} is a number other than its "
                     f"position, which the automatic ids of this stream's requests without an id (the "
                     f"first: stream request {self._first_auto}) can repeat; expected a request_id that "
                     f"is not a number, or '{index}'"
@@ -126,7 +127,8 @@ def output_names(outputs: Any, where: str = "outputs") -> Any:
     """`outputs` as given, unless it is one string: encode_request takes any iterable of names, and a
     string's are its letters ("unknown output 'O'" for "OUTPUT0")."""
     if isinstance(outputs, (str, bytes)):
-        raise TypeError(f"{where}: expected a list of output names, got the string {outputs!r}; pass [{outputs!r}]")
+        shown = quoted_name(outputs) if isinstance(outputs, str) else repr(outputs)
+        raise TypeError(f"{where}: expected a list of output names, got the string {shown}; pass [{shown}]")
     return outputs
 
 

@@ -34,7 +34,7 @@ from pydantic import (
 from .auth import check_tls_files, load_tokens, read_secret_file
 from .codec import MAX_PRIORITY_LEVEL
 from .datatypes import DATATYPES
-from .errors import ConfigError
+from .errors import ConfigError, quoted_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -73,14 +73,15 @@ class TensorConfig(_Strict):
         control = [c for c in v if unicodedata.category(c) in ("Cc", "Zl", "Zp")]
         if control:
             raise ValueError(
-                f"tensor name {v!r} holds a control character (U+{ord(control[0]):04X}): it would break the "
+                f"tensor name {quoted_name(v)} holds a control character (U+{ord(control[0]):04X}): it would break the "
                 "one-line errors and log lines that name the tensor, and a NUL cannot be sent by clients that "
                 "pass names as C strings (Triton's C API); expected printable characters"
             )
         if v != v.strip():
             raise ValueError(
-                f"tensor name {v!r} begins or ends with a space: clients would have to send it, spaces and all, "
-                f"and every message shows it as {v.strip()!r} would look; expected no space at either end"
+                f"tensor name {quoted_name(v)} begins or ends with a space: clients would have to send it, spaces "
+                f"and all, and every message shows it as {quoted_name(v.strip())} would look; expected no space at "
+                "either end"
             )
         return v
 
@@ -88,7 +89,7 @@ class TensorConfig(_Strict):
     @classmethod
     def _known_datatype(cls, v: str) -> str:
         if v not in DATATYPES:
-            raise ValueError(f"unknown datatype {v!r}; expected one of {', '.join(DATATYPES)}")
+            raise ValueError(f"unknown datatype {quoted_name(v)}; expected one of {', '.join(DATATYPES)}")
         return v
 
     @field_validator("dims")
@@ -202,7 +203,8 @@ class DynamicBatchingConfig(_Strict):
         if self.policy != "slo":
             extra = [f for f in ("slo_ms", "slo_profile") if getattr(self, f) is not None]
             if extra:
-                raise ValueError(f"{', '.join(extra)} only apply to policy 'slo' (policy is {self.policy!r})")
+                policy = quoted_name(self.policy)
+                raise ValueError(f"{', '.join(extra)} only apply to policy 'slo' (policy is {policy})")
         return self
 
     @field_validator("slo_profile")
@@ -241,7 +243,7 @@ class InstanceConfig(_Strict):
         for d in v:
             head, _, idx = d.partition(":")
             if head not in {"auto", "cpu", "cuda"} or (idx and (head != "cuda" or not idx.isdigit())):
-                raise ValueError(f"device {d!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N'")
+                raise ValueError(f"device {quoted_name(d)} is not one of 'auto', 'cpu', 'cuda', 'cuda:N'")
         return v
 
 
@@ -298,12 +300,14 @@ class ModelConfig(_Strict):
     @classmethod
     def _model_name(cls, v: str) -> str:
         if not re.fullmatch(_MODEL_NAME, v):
-            raise ValueError(f"{v!r} is not a valid model name: expected letters, digits, '_', '.' and '-' only")
+            raise ValueError(
+                f"{quoted_name(v)} is not a valid model name: expected letters, digits, '_', '.' and '-' only"
+            )
         if v in (".", ".."):
             # Clients resolve dot segments in a URL path (RFC 3986): /v2/models/../ready is sent as
             # /v2/ready, and /v2/models/./ready asks for a model named 'ready'.
             raise ValueError(
-                f"{v!r} is not a valid model name: clients drop it from a URL path, so the V2 HTTP path "
+                f"{quoted_name(v)} is not a valid model name: clients drop it from a URL path, so the V2 HTTP path "
                 f"/v2/models/{v}/ready is sent without it; expected a name with a letter, digit, '_' or '-'"
             )
         return v
@@ -336,13 +340,13 @@ class ModelConfig(_Strict):
                 )
         else:
             if not self.model_file:
-                raise ValueError(f"platform {self.platform!r} needs model_file")
+                raise ValueError(f"platform {quoted_name(self.platform)} needs model_file")
             unused = [f for f in ("factory", "parameters") if getattr(self, f)]
             if unused:
                 verb = "applies" if len(unused) == 1 else "apply"
                 raise ValueError(
-                    f"{' and '.join(unused)} only {verb} to platform 'python' (platform is {self.platform!r}, "
-                    "which loads model_file)"
+                    f"{' and '.join(unused)} only {verb} to platform 'python' (platform is "
+                    f"{quoted_name(self.platform)}, which loads model_file)"
                 )
         for kind, tensors in (("input", self.inputs), ("output", self.outputs)):
             names = [t.name for t in tensors]
@@ -523,7 +527,7 @@ class ServerSettings(_Strict):
         if bare.startswith("[") and bare.endswith("]"):
             bare = bare[1:-1]
         if not bare:
-            raise ValueError(f"expected an address or a host name, got {v!r}")
+            raise ValueError(f"expected an address or a host name, got {quoted_name(v)}")
         return bare
 
     @field_validator("tls_cert", "tls_key", "tls_client_ca")
@@ -587,6 +591,12 @@ def _a(value: object) -> str:
         return "nothing (null)"
     kind = {dict: "table", list: "list", tuple: "list"}.get(type(value), type(value).__name__)
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+def _shown(value: object) -> str:
+    """A value from a config as a message shows it: a string as names are (`quoted_name`: quoted, cut,
+    escaped), anything else (a number, a boolean, a list) as Python writes it."""
+    return quoted_name(value) if isinstance(value, str) else repr(value)
 
 
 def _model_of(annotation: object) -> type[BaseModel] | None:
@@ -656,7 +666,7 @@ def _describe(err: ValidationError, root: type[BaseModel] | None = None) -> str:
             lines.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
             continue
         got = e.get("input")
-        got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+        got_s = "" if isinstance(got, dict) else f" (got {_shown(got)})"
         if e["type"] == "extra_forbidden":
             # pydantic's "Extra inputs are not permitted" reads as a word about a model's inputs.
             lines.append(f"{where}: unknown setting{got_s}{_unknown_hint(root, loc) if root else ''}")
@@ -691,7 +701,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 except TypeError:  # an unhashable key: the base loader names it
                     continue
                 if first != key_node.start_mark.line + 1:
-                    raise _RepeatedKey(f"{key!r} is given twice, on lines {first} and {key_node.start_mark.line + 1}")
+                    again = key_node.start_mark.line + 1
+                    raise _RepeatedKey(f"{_shown(key)} is given twice, on lines {first} and {again}")
         return super().construct_mapping(node, deep=deep)
 
 
@@ -733,7 +744,8 @@ def inside_model_dir(model_dir: Path, relative: str, source: str, field: str) ->
     path = model_dir / relative
     if not path.resolve().is_relative_to(model_dir.resolve()):
         raise ConfigError(
-            f"{source}: {field} {relative!r} leaves the model's folder {model_dir}; expected a path inside it"
+            f"{source}: {field} {quoted_name(relative)} leaves the model's folder {model_dir}; expected a path "
+            "inside it"
         )
     return path
 
@@ -749,8 +761,8 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     if "name" not in data and not re.fullmatch(_MODEL_NAME, model_dir.name):
         # Else named as a setting the file does not have: "name: 'my model' is not a valid model name ...".
         raise ConfigError(
-            f"{found[0]}: name: the model is named after its folder, {model_dir.name!r}, which is not a valid model "
-            "name (letters, digits, '_', '.' and '-' only): rename the folder, or set name in the config"
+            f"{found[0]}: name: the model is named after its folder, {quoted_name(model_dir.name)}, which is not a "
+            "valid model name (letters, digits, '_', '.' and '-' only): rename the folder, or set name in the config"
         )
     data.setdefault("name", model_dir.name)
     batching = data.get("dynamic_batching")

@@ -586,6 +586,41 @@ def test_stream_ids_that_could_collide_are_refused(ids, message):
             stream.id_for(i, rid)
 
 
+# Text the caller gave is shown in a message as the server shows a request's names (wok.errors' quoted_name):
+# in single quotes whatever it holds, cut past 200 characters to its start and its length. It was its repr,
+# or put in quotes as it was: a 100,000-character string written out whole, twice.
+def test_stream_ids_show_a_callers_id_cut_as_names_are():
+    stream = StreamIds()
+    stream.id_for(0, "1" * 300)
+    with pytest.raises(ValueError) as info:
+        stream.id_for(1, None)
+    assert f"stream request 0's request_id '{'1' * 200}'… (300 characters in all), a number other" in str(info.value)
+    stream = StreamIds()
+    stream.id_for(0, None)
+    with pytest.raises(ValueError) as info:
+        stream.id_for(1, "2" * 300)
+    assert str(info.value).startswith(f"stream request 1: request_id '{'2' * 200}'… (300 characters in all) is a ")
+
+
+async def test_a_refused_argument_is_shown_quoted_and_cut_as_names_are():
+    with pytest.raises(ValueError) as info:
+        AsyncClient("127.0.0.1:1", balancer="it's")
+    assert str(info.value) == "balancer must be 'grpc' or 'wok'; got 'it's'"
+    with pytest.raises(ValueError) as info:
+        AsyncClient("127.0.0.1:1", balancer=None)
+    assert str(info.value) == "balancer must be 'grpc' or 'wok'; got None"
+    with pytest.raises(ValueError) as info:
+        channel_target(["127.0.0.1:1", "it's"])
+    assert str(info.value) == "target 'it's': with several targets each must be host:port or [ipv6]:port"
+    # Nothing listens on port 1: each call is refused before anything is sent.
+    name = "O" * 1000
+    shown = f"'{'O' * 200}'… (1,000 characters in all)"
+    async with AsyncClient("127.0.0.1:1") as client:
+        with pytest.raises(TypeError) as info:
+            await client.infer("mlp", {"INPUT0": np.ones((1, 256), np.float32)}, outputs=name)
+    assert str(info.value) == f"outputs: expected a list of output names, got the string {shown}; pass [{shown}]"
+
+
 async def test_a_callers_id_that_an_automatic_id_repeats_is_refused_after_the_results(serve):
     x = requests_for("mlp", np.random.default_rng(15))
     items = [{"model": "mlp", "inputs": x, "request_id": "1"}, ("mlp", x), ("mlp", x)]

@@ -84,6 +84,22 @@ async def test_aio_client_refuses_a_request_over_the_limit_and_the_stream_goes_o
             assert (await client.infer("mlp", SMALL))["OUTPUT0"].shape == (1, 256)
 
 
+async def test_a_refusal_shows_the_model_and_the_id_as_the_server_shows_names(serve):
+    # They were put in quotes as they were: a line break in either broke the caller's log line in two (and
+    # could forge the second), and a 100,000-character id was written out whole. Now as wok.errors'
+    # quoted_name shows them: escaped, and cut past 200 characters.
+    async with serve(models=("mlp",), max_request_bytes=MAX_REQUEST) as server:
+        async with AsyncClient(f"127.0.0.1:{server.port}") as client:
+            with pytest.raises(InferError) as info:
+                await client.infer("mlp\nwok: serving", BIG)
+            assert info.value.details.startswith("CLIENT: the request to model 'mlp\\nwok: serving' is 1,126,4")
+            item = {"model": "mlp", "inputs": BIG, "request_id": "a\nb" + "c" * 300}
+            [result] = [r async for r in client.stream_infer([item])]
+    shown = "'a\\nb" + "c" * 197 + "'… (303 characters in all)"
+    assert result.error.startswith(f"CLIENT: stream request {shown} to model 'mlp' is 1,126,"), result.error
+    assert result.error.isprintable() and info.value.details.isprintable()
+
+
 async def test_aio_stream_hands_a_refusal_over_before_the_next_request_is_written(serve):
     # A caller that waits for each result before it sends the next request: the refusal must come
     # without an answer of the server's to carry it.

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from wok.config import ModelConfig, load_model_config, model_config_from_dict, server_settings
-from wok.errors import ConfigError
+from wok.errors import ConfigError, quoted_name
 
 from ..conftest import python_model_config
 
@@ -383,7 +383,8 @@ def test_a_name_unfit_for_a_model_name(tmp_path, name):
     # It was "String should match pattern '^[A-Za-z0-9_.\\-]+$'": the expected characters left to decode.
     # YAML: the helper's TOML does not escape a newline.
     msg, path = load_error(tmp_path, changed(name=name), filename="config.yaml")
-    assert msg == f"{path}: name: {name!r} is not a valid model name: expected letters, digits, '_', '.' and '-' only"
+    shown = quoted_name(name)
+    assert msg == f"{path}: name: {shown} is not a valid model name: expected letters, digits, '_', '.' and '-' only"
 
 
 @pytest.mark.parametrize("name", [".", ".."])
@@ -392,8 +393,8 @@ def test_a_model_name_that_urls_drop_as_a_path_segment_is_refused(tmp_path, name
     # /v2/models/./ready asks for a model named 'ready'.
     msg, path = load_error(tmp_path, changed(name=name))
     assert msg == (
-        f"{path}: name: {name!r} is not a valid model name: clients drop it from a URL path, so the V2 HTTP path "
-        f"/v2/models/{name}/ready is sent without it; expected a name with a letter, digit, '_' or '-'"
+        f"{path}: name: {quoted_name(name)} is not a valid model name: clients drop it from a URL path, so the V2 "
+        f"HTTP path /v2/models/{name}/ready is sent without it; expected a name with a letter, digit, '_' or '-'"
     )
     assert load_model_config(write_model(tmp_path / "ok", changed(name=".m."))).name == ".m."
 
@@ -773,9 +774,9 @@ def test_a_tensor_name_with_a_control_character_is_refused(tmp_path, kind, name,
     data = changed(**{kind: [{"name": name, "datatype": "FP32", "dims": [4]}]})
     msg, path = load_error(tmp_path, data, filename="config.yaml")  # the helper's TOML does not escape them
     assert msg == (
-        f"{path}: {kind}.0.name: tensor name {name!r} holds a control character (U+{char}): it would break the "
-        "one-line errors and log lines that name the tensor, and a NUL cannot be sent by clients that pass "
-        "names as C strings (Triton's C API); expected printable characters"
+        f"{path}: {kind}.0.name: tensor name {quoted_name(name)} holds a control character (U+{char}): it would "
+        "break the one-line errors and log lines that name the tensor, and a NUL cannot be sent by clients that "
+        "pass names as C strings (Triton's C API); expected printable characters"
     )
     # The rest is taken: Triton checks only that a name is not empty, and gRPC and JSON carry any UTF-8
     # string. An input and an output of one name are two tensors there too (a request names them apart).
@@ -789,8 +790,9 @@ def test_a_tensor_name_with_a_control_character_is_refused(tmp_path, kind, name,
 def test_a_tensor_name_beginning_or_ending_with_a_space_is_refused(tmp_path, name):
     msg, path = load_error(tmp_path, changed(inputs=[{"name": name, "datatype": "FP32", "dims": [4]}]))
     assert msg == (
-        f"{path}: inputs.0.name: tensor name {name!r} begins or ends with a space: clients would have to send it, "
-        f"spaces and all, and every message shows it as 'INPUT0' would look; expected no space at either end"
+        f"{path}: inputs.0.name: tensor name {quoted_name(name)} begins or ends with a space: clients would have "
+        "to send it, spaces and all, and every message shows it as 'INPUT0' would look; expected no space at either "
+        "end"
     )
 
 
@@ -817,4 +819,86 @@ def test_max_queue_size_fits_the_model_config_rpcs_uint32(tmp_path):
     msg, path = load_error(tmp_path / "b", changed(dynamic_batching={"max_queue_size": 2**32}))
     assert msg == (
         f"{path}: dynamic_batching.max_queue_size: Input should be less than or equal to 4294967295 (got 4294967296)"
+    )
+
+
+# Text a config gives (a name, a value, a key, a path) is shown as a request's names are, by wok.errors'
+# `quoted_name`: in single quotes whatever it holds, as it is when printable, cut past NAME_CHARS to its
+# start and its length. It was its repr: "it's" in double quotes, a backslash doubled, and a 150,000-
+# character name written out whole, in a message that then named a tensor twice (300 KB).
+LONG_NAME = "a b" * 50_000
+SPACED = "X" * 1000 + " "
+
+
+@pytest.mark.parametrize(
+    ("change", "where", "message"),
+    [
+        ({"name": "it's"}, "name", "'it's' is not a valid model name: expected letters, digits, '_', '.' and '-' only"),
+        (
+            {"name": LONG_NAME},
+            "name",
+            f"'{LONG_NAME[:200]}'… (150,000 characters in all) is not a valid model name: expected letters, digits, "
+            "'_', '.' and '-' only",
+        ),
+        (
+            {"inputs": [{"name": SPACED, "datatype": "FP32", "dims": [4]}]},
+            "inputs.0.name",
+            f"tensor name '{'X' * 200}'… (1,001 characters in all) begins or ends with a space: clients would have to "
+            f"send it, spaces and all, and every message shows it as '{'X' * 200}'… (1,000 characters in all) would "
+            "look; expected no space at either end",
+        ),
+        (
+            {"inputs": [{"name": "INPUT0", "datatype": "FP\\32", "dims": [4]}]},
+            "inputs.0.datatype",
+            "unknown datatype 'FP\\32'; expected one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, "
+            "INT64, FP16, FP32, FP64, BYTES, BF16",
+        ),
+        (
+            {"instances": {"devices": ["it's"]}},
+            "instances.devices",
+            "device 'it's' is not one of 'auto', 'cpu', 'cuda', 'cuda:N'",
+        ),
+        (
+            {"max_batch_size": "9" * 1000},
+            "max_batch_size",
+            f"Input should be a valid integer (got '{'9' * 200}'… (1,000 characters in all))",
+        ),
+    ],
+    ids=["quote", "long-name", "long-tensor-name", "backslash", "device", "long-value"],
+)
+def test_text_from_a_config_is_shown_quoted_cut_and_escaped(tmp_path, change, where, message):
+    msg, path = load_error(tmp_path, changed(**change))
+    assert msg == f"{path}: {where}: {message}"
+
+
+def test_a_folder_key_or_path_from_a_config_is_shown_quoted_as_names_are(tmp_path):
+    d = write_model(tmp_path, BASE, name="it's")
+    with pytest.raises(ConfigError) as info:
+        load_model_config(d)
+    assert str(info.value).startswith(f"{d / 'config.toml'}: name: the model is named after its folder, 'it's', which")
+    d = tmp_path / "m"
+    d.mkdir()
+    text = yaml.safe_dump(BASE)
+    first = len(text.splitlines()) + 1
+    (d / "config.yaml").write_text(text + '"it\'s": 1\n"it\'s": 2\n')
+    with pytest.raises(ConfigError) as info:
+        load_model_config(d)
+    assert str(info.value) == (
+        f"{d / 'config.yaml'}: not valid YAML: 'it's' is given twice, on lines {first} and {first + 1}"
+    )
+    profile = "../it's.json"
+    msg, path = load_error(
+        tmp_path / "p", changed(dynamic_batching={"policy": "slo", "slo_ms": 50.0, "slo_profile": profile})
+    )
+    assert msg == (
+        f"{path}: dynamic_batching.slo_profile '{profile}' leaves the model's folder {path.parent}; expected a path "
+        "inside it"
+    )
+
+
+def test_a_long_host_is_shown_cut():
+    with pytest.raises(ConfigError) as info:
+        server_settings(host=" " * 1000)
+    assert str(info.value) == (
+        f"server settings: host: expected an address or a host name, got '{' ' * 200}'… (1,000 characters in all)"
     )
