@@ -29,12 +29,17 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .analysis import latency_summary
+
 SCHEMA = "wok.hostprobe/2"  # /1: numpy's forward on OpenBLAS's threads (readings of 2026-11-30)
 SHAPES = ((256, 1024), (1024, 1024), (1024, 256))  # the demo mlp's layers, (in, out)
 
 
 def probe(seconds: float = 2.0, gap_s: float = 0.005, *, seed: int = 0) -> dict:
-    """Probe cycles for about `seconds` (at least two), each with two sleeps of `gap_s`; medians in µs.
+    """Probe cycles for about `seconds` (at least two), each with two sleeps of `gap_s`; medians in µs,
+    nearest-rank as every percentile of the bench (the ⌈p·n⌉-th smallest: a time some cycle took; readings
+    written before 2026-12-05 hold numpy's, which averaged the middle two of an even count and interpolated
+    the P90).
 
     Returns the `wok.hostprobe/2` object: `cold_forward_us` (median of the forwards that follow
     a sleep), `cold_forward_p90_us`, `warm_forward_us` (of those straight after one),
@@ -83,6 +88,7 @@ def probe(seconds: float = 2.0, gap_s: float = 0.005, *, seed: int = 0) -> dict:
     finally:
         torch.set_num_threads(threads)
     read, cold, warm = (np.array(rows[1:]) * 1e6).T
+    cold_q = latency_summary(cold)
     return {
         "schema": SCHEMA,
         "seconds": seconds,
@@ -90,10 +96,10 @@ def probe(seconds: float = 2.0, gap_s: float = 0.005, *, seed: int = 0) -> dict:
         "samples": len(cold),
         "threads": ran_on,
         "torch": torch.__version__,
-        "cold_forward_us": float(np.median(cold)),
-        "cold_forward_p90_us": float(np.percentile(cold, 90)),
-        "warm_forward_us": float(np.median(warm)),
-        "cold_read_us": float(np.median(read)),
+        "cold_forward_us": cold_q["p50"],
+        "cold_forward_p90_us": cold_q["p90"],
+        "warm_forward_us": latency_summary(warm)["p50"],
+        "cold_read_us": latency_summary(read)["p50"],
     }
 
 

@@ -10,7 +10,8 @@ request it reads the batcher's and the executor's own clocks (time.perf_counter(
 delay flush left (dispatch minus head arrival minus max_queue_delay, for batches that left on
 the delay), the hop to the worker thread, assemble, compute, split, and the hop back to the loop
 (the future's resolution seen by the awaiting coroutine); `total` is submit to resumption.
-Percentiles are over requests (batch stages: over the requests of each batch).
+Percentiles are over requests (batch stages: over the requests of each batch), nearest-rank: the
+⌈p·n⌉-th smallest, a time some request took, as every percentile of the bench.
 
 Run with the checkout's `wok`, or with a revision's laid out by bench/compare.py (wok@REV):
 `PYTHONPATH=.bench-peers/wok@SHA python bench/latency_breakdown.py …` measures that revision's
@@ -37,15 +38,19 @@ STAGES = ("lag", "queue", "flush_late", "hop_to_worker", "assemble", "compute", 
 
 
 def percentiles(values) -> dict:
+    """Mean, min, P50, P90, P99 and max in ms of `values` in s; all None without any. Nearest-rank, the
+    ⌈p·n⌉-th smallest, as every percentile of the bench (numpy's default interpolated between two requests)."""
     import numpy as np
 
+    # Since wok's first bench commit, so a peer's wok@REV on PYTHONPATH has it too.
+    from wok.bench.analysis import latency_summary
+
     a = 1e3 * np.asarray(values, dtype=float)
+    a = a[np.isfinite(a)]  # as latency_summary leaves them out: min over the same samples
     if not len(a):
         return {k: None for k in ("mean", "min", "p50", "p90", "p99", "max")}
-    out = {"mean": float(a.mean()), "min": float(a.min())}
-    out.update({f"p{q}": float(np.percentile(a, q)) for q in (50, 90, 99)})
-    out["max"] = float(a.max())
-    return out
+    q = latency_summary(a)
+    return {"mean": q["mean"], "min": float(a.min()), **{k: q[k] for k in ("p50", "p90", "p99", "max")}}
 
 
 async def measure(qps: float, duration_s: float, seed: int) -> dict:

@@ -27,7 +27,7 @@ import re
 import sys
 from collections.abc import Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -298,6 +298,8 @@ class BatchTime:
     stages_ms: dict[str, Fraction] = field(default_factory=dict)
     # The α given when it was below 0 and taken as 0 (`alpha_s`), as `wok tune` takes it.
     given_alpha_s: Fraction | None = None
+    # A profile's largest measured batch size (`batches[].batch_size`), past which α + β·n is extrapolated.
+    profiled_max_batch: Fraction | None = None
 
 
 def _check_batch(t: Fraction, n: Fraction, names: Mapping[str, str] | None) -> None:
@@ -391,7 +393,14 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
         except (TypeError, ValueError):
             raise ValueError(f"{option} {path}: fit.r2: expected a number; got {json_kind(fit['r2'])}") from None
     fields = {"beta_s": f"{option} {path}: fit.beta_s", "t_batch_s": f"{option} {path}: fit.alpha_s + fit.beta_s × n"}
-    return batch_from_alpha_beta(alpha, beta, batch_size, names={**(names or {}), **fields}, **detail)
+    batch = batch_from_alpha_beta(alpha, beta, batch_size, names={**(names or {}), **fields}, **detail)
+    # The sizes the fit was made on, as `wok tune` reads them; entries it cannot read are left to it (the plan
+    # needs the fit alone): a size past them is only warned of.
+    batches = doc.get("batches")
+    sizes = [b.get("batch_size") for b in batches if isinstance(b, dict)] if isinstance(batches, list) else []
+    whole = [Fraction(x) for x in sizes if type(x) is int or (isinstance(x, Decimal) and x.is_finite())]
+    whole = [x for x in whole if x >= 1]
+    return replace(batch, profiled_max_batch=max(whole)) if whole else batch
 
 
 def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> BatchTime:
@@ -678,6 +687,12 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
             f"α = {_d(batch.given_alpha_s)} s is negative: the linear fit T = α + β·n does not hold at small "
             f"batches; α is taken as 0 (as wok tune takes it), so T_batch at n = {_d(n)} is β·n = {_d(t)} s, "
             f"not {_d(batch.given_alpha_s + batch.beta_s * n)} s"
+        )
+    most = batch.profiled_max_batch
+    if most is not None and n > most:
+        warnings.append(
+            f"n = {_d(n)} is past the largest batch the profile measured ({_d(most)}): T_batch = α + β·n = {_d(t)} s "
+            f"is the fit extrapolated, not measured; profile batches of {_d(n)} to check it"
         )
     steps: list[dict] = []
 

@@ -10,7 +10,8 @@ forwards with no gap ("warm": the weights stay in the caches) and with a 5 ms sl
 each ("cold": what a batch meets after a delay window below saturation). A third series at
 n = 1 reads every weight tensor `--touch-lead` before the forward (a prefetch; its own time is
 reported beside the forward's). Times are wall-clock µs of the forward alone: p50 and p99
-over the reps.
+over the reps, nearest-rank (the ⌈p·n⌉-th smallest: a time some forward took, as every percentile
+of the bench; numpy's median and percentile interpolated between two).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
+    from wok.bench.analysis import latency_summary
     from wok.bench.latency_breakdown import write_doc
     from wok.models import build_demo
 
@@ -93,12 +95,11 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             forward(x)
             fwd.append(time.perf_counter() - t0)
-        a = 1e6 * np.array(fwd[10:])
-        out = {"n": n, "threads": t, "gap_ms": 1e3 * gap_s, "p50_us": float(np.median(a))}
-        out["p99_us"] = float(np.percentile(a, 99))
+        q = latency_summary(1e6 * np.array(fwd[10:]))
+        out = {"n": n, "threads": t, "gap_ms": 1e3 * gap_s, "p50_us": q["p50"], "p99_us": q["p99"]}
         if lead_s:
             out["touch_lead_ms"] = 1e3 * lead_s
-            out["touch_p50_us"] = float(1e6 * np.median(pre[10:]))
+            out["touch_p50_us"] = latency_summary(1e6 * np.array(pre[10:]))["p50"]
         return out
 
     forward(torch.ones(32, 256))

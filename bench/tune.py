@@ -81,6 +81,9 @@ class Profile:
     source: str = "given"
     # The fit's α when it was below 0 and clamped to 0 (`alpha_s`), as `wok plan` clamps it too.
     fitted_alpha_s: float | None = None
+    # The batch sizes the profile measured (its `batches[].batch_size`, with or without samples): a larger
+    # max_batch_size runs on T(n) extrapolated past them. Empty: not known (--alpha/--beta).
+    profiled_sizes: tuple[int, ...] = ()
 
 
 def fit_linear(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float, float]:
@@ -161,6 +164,7 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
         r2 = fit.get("r2")
         r2 = None if r2 is None else _json_number(r2, where, "fit.r2", "a number or null")
         samples = []
+        sizes = set()
         batches = doc.get("batches", [])
         if not isinstance(batches, list):
             raise ValueError(f"{where}: batches: expected a list of batch sizes' times; got {json_kind(batches)}")
@@ -172,8 +176,11 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
                 got = json_kind(listed)
                 raise ValueError(f"{where}: batches[{i}].samples_s: expected a list of seconds; got {got}")
             times = tuple(_json_number(x, where, f"batches[{i}].samples_s", "numbers of seconds") for x in listed)
+            # A size is needed with its samples; without them, one given still bounds the fit's range.
+            if times or "batch_size" in b:
+                sizes.add(n := _batch_size(b["batch_size"], where, f"batches[{i}].batch_size"))
             if times:
-                samples.append((i, _batch_size(b["batch_size"], where, f"batches[{i}].batch_size"), times))
+                samples.append((i, n, times))
     except (AttributeError, KeyError, TypeError) as exc:
         raise ValueError(f"{where}: not a readable {PROFILE_SCHEMA} document: {exc!r}") from exc
     for name, value in (("fit.alpha_s", alpha), ("fit.beta_s", beta)):
@@ -199,7 +206,8 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
     if r2 is not None and not math.isfinite(r2):
         r2 = None  # strict JSON writes it as null all the same
     samples_out = tuple((n, t) for _, n, t in samples)
-    return Profile(max(alpha, 0.0), beta, r2, samples_out, where if source is None else source, fitted_alpha_s=fitted)
+    return Profile(max(alpha, 0.0), beta, r2, samples_out, where if source is None else source, fitted_alpha_s=fitted,
+                   profiled_sizes=tuple(sorted(sizes)))  # fmt: skip
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -769,12 +777,18 @@ def tune(
     check_fits(profile, search, batch_sizes, delays_s, default, instances=instances, sampled=sampled, cpu=cpu,
                names=names)  # fmt: skip
     say = progress or (lambda msg: None)
+    # As model_for builds every setting's model: what is simulated, not what was asked for.
+    source, _, _, samples = batch_times(profile, sampled, cpu)
+    # A setting past the profile's largest batch runs on T(n) extrapolated along the fit; with the calibration's
+    # batch time (fit on its loads' mean batch sizes, which the stage does not carry) the range is not known.
+    largest = max(profile.profiled_sizes) if profile.profiled_sizes and source != "server" else None
     rows = []
     grid = grid_of(batch_sizes, delays_s, default)
     for n, d in grid:
         model = model_for(profile, n, d, instances=instances, overhead_s=overhead_s, sampled=sampled, cpu=cpu)
         row = _row(n, d, max_qps(model, search, overhead_at))
         row["in_grid"] = n in batch_sizes and delay_ms(d) in {delay_ms(x) for x in delays_s}
+        row["extrapolated"] = None if largest is None else n > largest
         rows.append(row)
         say(f"max_batch_size {n}, delay {1e3 * d:g} ms: {row['max_qps']:.0f} QPS")
     # The default competes too: the tuner never recommends a setting it predicts to be worse
@@ -787,15 +801,24 @@ def tune(
         )
     o = np.asarray(overhead_s, dtype=np.float64)
     o_ms = analysis.latency_summary(1e3 * o)  # nearest-rank, as the simulated steps' own percentiles
-    # As model_for built every setting's model: what was simulated, not what was asked for.
-    source, _, _, samples = batch_times(profile, sampled, cpu)
-    toml = None if chosen is None else config_toml(chosen["max_batch_size"], 1e-3 * chosen["max_queue_delay_ms"])
     warnings = []
     if profile.fitted_alpha_s is not None and source != "server":
         warnings.append(
             f"the profile's fitted α = {1e3 * profile.fitted_alpha_s:.4g} ms is negative: the linear fit "
             "T = α + β·n does not hold at small batches; α is taken as 0, T(n) = β·n (as wok plan takes it)"
         )
+    toml = None
+    if chosen is not None:
+        n, delay_s = chosen["max_batch_size"], 1e-3 * chosen["max_queue_delay_ms"]
+        comment = "written by wok tune"
+        if chosen["extrapolated"]:
+            comment += f"; max_batch_size {n} extrapolated: profiled to {largest}"
+            t_n = model_for(profile, n, delay_s, sampled=sampled, cpu=cpu).mean_batch_time(n)
+            warnings.append(
+                f"the chosen max_batch_size {n} is past the largest batch the profile measured ({largest}): its mean "
+                f"batch time, {1e3 * t_n:.3g} ms, is the fit α + β·n extrapolated; profile batches of {n} to check it"
+            )
+        toml = config_toml(n, delay_s, comment)
     return {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -808,6 +831,7 @@ def tune(
             "profile": profile.source,
             "batch_times": source,
             "sampled_sizes": [n for n, _ in samples],
+            "largest_profiled_batch": largest,
             "overhead": (
                 {
                     "count": int(o.size),
@@ -879,6 +903,8 @@ def print_table(result: dict, file=None) -> None:
             mark.append("chosen")
         if r is default:
             mark.append("default")
+        if r.get("extrapolated"):
+            mark.append("extrapolated")
         table.add_row(
             str(r["max_batch_size"]),
             f"{r['max_queue_delay_ms']:g}",
@@ -917,4 +943,4 @@ def print_table(result: dict, file=None) -> None:
             f"max_queue_delay_ms = {chosen['max_queue_delay_ms']:g} (predicted max QPS {chosen['max_qps']:,.0f})"
         )
     for w in result.get("warnings") or []:
-        console.print(f"warning: {w}")
+        console.print(f"warning: {w}", soft_wrap=True)  # one line, whole, for a reader's grep

@@ -11,7 +11,7 @@ under the SLO next to the default's, and the simulator's P99 next to the measure
 2. Overhead: `wok serve` with `max_queue_delay_ms = 0` under a light load (one short step,
    default 100 QPS): there nearly every request is a batch of one that finds the instance
    free, so its latency is the overhead (client, gRPC, decode, encode) plus one batch of
-   one. Overhead sample = latency − median measured T(1), floored at 0 (`wok.overhead/1`).
+   one. Overhead sample = latency − median measured T(1) (nearest-rank), floored at 0 (`wok.overhead/1`).
    Before it, the CPU stage (`wok.cpustage/1`): `wok serve` with the default setting, a
    metered ramp over a few loads (`--cpu-steps`), the server's CPU per thread group from
    /proc and its stage means from /metrics at each, fitted against the rate (`fit_cpu_stage`):
@@ -35,7 +35,8 @@ A validation ramp cut short by an error (it raised after its first step, `interr
 result; or its server exited during it, which fails the later steps as overload would) is kept
 in `runs` with `error` ("interrupted: …", as bench/compare.py records such a run; null for a
 whole ramp) and left out of the verdict (`verdict`): `tuned_at_least_default` is then null
-unless a whole repetition shows tuned < default, and the medians are over whole ramps. A ramp
+unless a whole repetition shows tuned < default, and the medians (nearest-rank: of two, the lower)
+are over whole ramps. A ramp
 cut by Ctrl-C stops the run there, nothing written (KeyboardInterrupt: status 130). A validation
 ramp that fails before its first step is kept so too (`error` "failed before its first step: …",
 `measured` null). A validation ramp whose predictions fail (the simulator refusing its steps) is
@@ -1132,8 +1133,9 @@ def main(argv=None) -> int:
             if args.save_profile and not _save(profile_doc, "--save-profile", args.save_profile):
                 unsaved.append("--save-profile")
         say(f"α = {1e3 * profile.alpha_s:.3f} ms, β = {1e3 * profile.beta_s:.4f} ms/sample, R² = {profile.r2:.3f}")
+        # The profile's median_s of batches of 1, nearest-rank as profile_document and `wok profile` write it.
         t1 = (
-            float(np.median(dict(profile.samples)[1]))
+            latency_summary(dict(profile.samples)[1])["p50"]
             if 1 in dict(profile.samples)
             else profile.alpha_s + profile.beta_s
         )
@@ -1146,7 +1148,7 @@ def main(argv=None) -> int:
             phase = "the profile"
             # Its samples only: the fit of a batch that takes no time is noise around 0, β < 0 half the time.
             zero = measure_profile([1, 2], 50, device_like=(0.0, 0.0))
-            t1 = float(np.median(next(b["samples_s"] for b in zero["batches"] if b["batch_size"] == 1)))
+            t1 = latency_summary(next(b["samples_s"] for b in zero["batches"] if b["batch_size"] == 1))["p50"]
 
         # 2. the CPU stage (not for the device-like model: its batch sleeps), then the overhead
         stage = None
@@ -1378,8 +1380,9 @@ def verdict(runs: list[dict]) -> dict:
         at_least = None
 
     def median(label: str) -> float | None:
+        # Nearest-rank, a max QPS some repetition measured: of two, the lower (np.median took their mean).
         values = [v[label] for v in by_rep.values() if label in v]
-        return float(np.median(values)) if values else None
+        return latency_summary(values)["p50"] if values else None
 
     return {
         "default_max_qps": [by_rep[r].get("default") for r in sorted(by_rep)],

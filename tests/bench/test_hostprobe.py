@@ -81,3 +81,34 @@ def test_try_probe_is_off_at_zero_and_turns_a_failure_into_a_record(monkeypatch)
 def test_around_keeps_both_readings_and_their_mean():
     before, after = {"cold_forward_us": 100.0}, {"error": "OSError: x"}
     assert hostprobe.around(before, after) == {"before": before, "after": after, "cold_forward_us": 100.0}
+
+
+class _ScriptedClock:
+    """time for the probe: perf_counter gives the readings a probe of `cycles` (read, cold, warm: seconds,
+    exact binary fractions) takes, in the order it takes them; sleeping takes no time."""
+
+    def __init__(self, cycles: list[tuple[float, float, float]], seconds: float) -> None:
+        readings = [0.0]  # the start: the probe ends `seconds` after it
+        for i, (read, cold, warm) in enumerate(cycles):
+            if i >= 2:  # the first two cycles run whatever the clock says
+                readings.append(0.0)  # still before the end
+            readings += [0.0, read, 0.0, cold, cold + warm]  # around the sum, the forward, the forward again
+        readings.append(2 * seconds)  # past the end: no further cycle
+        self.perf_counter = iter(readings).__next__
+
+    def sleep(self, seconds: float) -> None:
+        pass
+
+
+def test_the_readings_medians_and_p90_are_nearest_rank(monkeypatch):
+    """docs/bench-schema.md: percentiles are nearest-rank, the ⌈p·n⌉-th smallest. numpy's median of four
+    cold forwards of 0.25, 0.5, 0.75, 1 s read 0.625 s, a time no forward took, and its P90 0.925 s."""
+    first = (9.0, 9.0, 9.0)  # discarded
+    cycles = [first, (0.5, 1.0, 0.25), (0.25, 0.25, 0.25), (0.5, 0.75, 0.75), (0.125, 0.5, 0.75)]
+    monkeypatch.setattr(hostprobe, "time", _ScriptedClock(cycles, seconds=1.0))
+    r = hostprobe.probe(1.0)
+    assert r["samples"] == 4
+    # cold 0.25, 0.5, 0.75, 1: the 2nd of 4 and the 4th (⌈3.6⌉); warm 0.25, 0.25, 0.75, 0.75: the 2nd
+    # (numpy: 0.5, between the ties); the reads 0.125, 0.25, 0.5, 0.5: the 2nd (numpy: 0.375).
+    figures = ("cold_forward_us", "cold_forward_p90_us", "warm_forward_us", "cold_read_us")
+    assert {k: r[k] for k in figures} == dict(zip(figures, (5e5, 1e6, 2.5e5, 2.5e5)))

@@ -8,6 +8,8 @@ import runpy
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -91,3 +93,79 @@ def test_linear_kernels_times_both_ways_at_every_row_count(tmp_path, monkeypatch
     rss = doc["rss_mib"]
     assert rss["max_rows"] == 8 and rss["after"] > 0 and rss["before"] > 0
     assert "RSS" in capsys.readouterr().out
+
+
+# docs/bench-schema.md: percentiles are nearest-rank, the ⌈p·n⌉-th smallest (wok.bench.analysis.latency_summary).
+# numpy's default interpolated: the median of 1, 2, 3, 4 ms read 2.5 ms, a time no request took.
+@pytest.mark.parametrize(
+    ("ms", "p50", "p90", "p99"),
+    [
+        ([4, 1, 3, 2], 2, 4, 4),  # even count: the 2nd of 4 (numpy: 2.5, 3.7, 3.97)
+        ([1, 1, 5, 5], 1, 5, 5),  # ties: the lower pair (numpy: 3, a time no request took)
+        ([9, 9, 9, 9, 9, 7, 7, 7, 7, 7], 7, 9, 9),  # ties: the 5th of 10, 7 (numpy: 8, between the two)
+        ([3, 1, 2], 2, 3, 3),  # odd count: the middle one, as numpy (its P90 2.8, P99 2.98)
+    ],
+)
+def test_the_breakdowns_percentiles_are_nearest_rank(ms, p50, p90, p99):
+    from wok.bench.latency_breakdown import percentiles
+
+    got = percentiles([1e-3 * x for x in ms])
+    expected = {"mean": sum(ms) / len(ms), "min": min(ms), "p50": p50, "p90": p90, "p99": p99, "max": max(ms)}
+    assert got == pytest.approx(expected, rel=1e-12)
+    assert percentiles([]) == dict.fromkeys(("mean", "min", "p50", "p90", "p99", "max"))
+
+
+class _PairedClock:
+    """time for thread_sizing: perf_counter's readings in (start, end) pairs, the k-th pair `durations[k]`
+    apart (an exact binary fraction, so µs come out exact); sleeping takes no time."""
+
+    def __init__(self, durations: list[float]) -> None:
+        self.durations, self.calls = durations, 0
+
+    def perf_counter(self) -> float:
+        k, end = divmod(self.calls, 2)
+        self.calls += 1
+        return 10.0 * k + (self.durations[k] if end else 0.0)
+
+    def sleep(self, seconds: float) -> None:
+        pass
+
+
+class _Module:
+    """The demo model's place: a forward that computes nothing, no weights."""
+
+    def module_for(self, device):
+        return self
+
+    def parameters(self):
+        return []
+
+    def __call__(self, x):
+        return x
+
+
+def test_thread_sizings_p50_and_p99_are_nearest_rank(tmp_path, monkeypatch):
+    """Every cell times 4 forwards (after 10 untimed ones of 9 s) by a scripted clock; the touch series
+    times its read of the weights before each of its forwards."""
+    import torch
+
+    from wok import models
+    from wok.bench import thread_sizing
+
+    reps, warm = 4, [9.0] * 10
+    cells = 2 * 6 * len({1, torch.get_num_threads()})  # gap 0 and --gap-ms, six sizes, 1 and T threads
+    forwards, reads = [0.25, 1.0, 0.75, 0.5], [0.125, 0.5, 0.25, 0.375]
+    touch = [d for r, f in zip(warm + reads, warm + forwards) for d in (r, f)]  # read, then its forward
+    monkeypatch.setattr(thread_sizing, "time", _PairedClock(cells * (warm + forwards) + touch))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this test process's, not the script's
+    monkeypatch.setattr(models, "build_demo", lambda name: _Module())
+    out = tmp_path / "t.json"
+    argv = ["--reps", str(reps), "--gap-ms", "1", "--touch-lead-ms", "0.5", "--cpu-linear", "torch"]
+    assert thread_sizing.main([*argv, "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert len(doc["rows"]) == cells
+    # 0.25, 0.5, 0.75, 1 s: the 2nd of 4 is 0.5 s (numpy: 0.625); the 4th is P99 (numpy: 0.9925).
+    assert {(r["p50_us"], r["p99_us"]) for r in doc["rows"]} == {(5e5, 1e6)}
+    t = doc["touch"]
+    # The reads 0.125, 0.25, 0.375, 0.5 s: the 2nd, 0.25 s (numpy: 0.3125).
+    assert (t["p50_us"], t["p99_us"], t["touch_p50_us"]) == (5e5, 1e6, 2.5e5)

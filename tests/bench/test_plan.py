@@ -524,6 +524,29 @@ def test_from_profile_reads_the_fit(tmp_path):
         plan.batch_from_profile(path, F(16))
 
 
+def test_a_batch_size_past_the_profiled_ones_is_warned_of_as_tune_warns(tmp_path):
+    """A profile of batches 1 to 4 of a model whose max_batch_size is 32: n = 16 is allowed (the server forms
+    such batches), but T(16) = 2 ms + 16 × 1.125 ms = 20 ms is the line through batches of 1 to 4 carried to
+    16, which no batch measured. The plan said nothing (`wok tune` warns of the same, its `extrapolated`)."""
+    path = tmp_path / "profile.json"
+    fit = {"alpha_s": 0.002, "beta_s": 0.001125, "r2": 0.999}
+    doc = {"schema": "wok.profile/1", "model": {"name": "mlp", "max_batch_size": 32}, "fit": fit}
+    doc["batches"] = [{"batch_size": n, "median_s": 0.002 + 0.001125 * n} for n in (1, 2, 4)]
+    path.write_text(json.dumps(doc))
+    warning = (
+        "n = 16 is past the largest batch the profile measured (4): T_batch = α + β·n = 0.02 s is the fit "
+        "extrapolated, not measured; profile batches of 16 to check it"
+    )
+    p = make(batch=plan.batch_from_profile(path, F(16)), peak_qps=F(5000))
+    assert warning in p["warnings"] and p["result"]["gpus"] == 10  # the plan itself as before
+    assert not any("past the largest batch" in w for w in make(batch=plan.batch_from_profile(path, F(4)),
+                                                                peak_qps=F(5000))["warnings"])  # fmt: skip
+    # Sizes it cannot read are left alone (the plan reads the fit): no warning, no refusal.
+    doc["batches"] = [{"batch_size": "4"}, 7, {"batch_size": True}]
+    path.write_text(json.dumps(doc))
+    assert plan.batch_from_profile(path, F(16)).profiled_max_batch is None
+
+
 # ---------------------------------------------------------------------------- autoscaling
 
 

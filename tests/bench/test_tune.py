@@ -6,6 +6,7 @@ import json
 import math
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -910,3 +911,117 @@ def test_tune_checks_predicted_overhead_p99_is_nearest_rank_as_the_measured_one_
     ramp = simulate_ramp(SimConfig(model=model, steps=[10.0], step_duration_s=1.0))
     [row] = compare_steps(ramp, ramp, ramp, by_rate=lambda qps: tuple(HUNDRED_MS))
     assert row["predicted_overhead_p99_ms"] == pytest.approx(99.0, abs=1e-9)  # np.quantile: 99.01
+
+
+def _whole_run(rep: int, label: str, max_qps: float) -> dict:
+    return {"rep": rep, "label": label, "error": None, "measured_max_qps": max_qps, "comparison": []}
+
+
+@pytest.mark.parametrize(
+    ("default", "tuned", "medians"),
+    [
+        ([300.0, 100.0], [200.0, 250.0], (100.0, 200.0)),  # even: the 1st of 2 (np.median: 200, 225)
+        ([100.0, 100.0, 300.0, 300.0], [5.0, 5.0, 5.0, 9.0], (100.0, 5.0)),  # ties: the 2nd of 4 (np: 200, 5)
+        ([400.0, 100.0, 300.0], [7.0, 7.0, 9.0], (300.0, 7.0)),  # odd: the middle one, as np.median
+    ],
+)
+def test_tune_checks_verdict_medians_over_repetitions_are_nearest_rank(default, tuned, medians):
+    """A median some repetition measured: of two, the lower (np.median: the mean of both, a max QPS no ramp reached)."""
+    from wok.bench.tune_check import verdict
+
+    runs = [_whole_run(rep, label, q) for label, qs in (("default", default), ("tuned", tuned))
+            for rep, q in enumerate(qs, 1)]  # fmt: skip
+    v = verdict(runs)
+    assert (v["default_median_max_qps"], v["tuned_median_max_qps"]) == medians
+
+
+# A profile measured at batches of 1 and 8 only (T = 1 ms + 0.125 ms·n): a max_batch_size of 16 runs on the
+# fit's T(16) = 3 ms, an extrapolation past the data that no batch of the profile took.
+PROFILED = {1: [1.125e-3] * 3, 8: [2e-3] * 3}
+QUICK = SearchConfig(slo_p99_ms=50.0, duration_s=0.5, warmup_s=0.0, iterations=2)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_pick_beyond_the_profiled_batch_sizes_says_it_is_extrapolated(sampled):
+    """tune() chose 16 (ceiling 16 / 3 ms = 5,333 QPS against 8 / 2 ms = 4,000) and said nothing of
+    the profile ending at 8: no field, no warning, a config of 16 as if measured."""
+    import io
+
+    from wok.bench.tune import print_table
+
+    profile = profile_from_document(profile_document(PROFILED, "test"), "profile.json")
+    result = tune(profile, QUICK, [4, 8, 16], [0.0], default=None, sampled=sampled)
+    assert result["inputs"]["largest_profiled_batch"] == 8
+    assert [(r["max_batch_size"], r["extrapolated"]) for r in result["settings"]] == [
+        (4, False), (8, False), (16, True)
+    ]  # fmt: skip
+    assert result["chosen"]["max_batch_size"] == 16 and result["chosen"]["extrapolated"] is True
+    warning = (
+        "the chosen max_batch_size 16 is past the largest batch the profile measured (8): its mean batch time, "
+        "3 ms, is the fit α + β·n extrapolated; profile batches of 16 to check it"
+    )
+    assert warning in result["warnings"]
+    first = result["config_toml"].splitlines()[0]
+    assert first == "# written by wok tune; max_batch_size 16 extrapolated: profiled to 8"
+    assert tomllib.loads(result["config_toml"])["max_batch_size"] == 16
+    out = io.StringIO()
+    print_table(result, file=out)
+    table = out.getvalue()
+    assert "chosen, extrapolated" in table and f"warning: {warning}" in table
+
+
+def test_a_pick_within_the_profiled_batch_sizes_says_nothing_of_it():
+    profile = profile_from_document(profile_document(PROFILED, "test"), "profile.json")
+    result = tune(profile, QUICK, [4, 8], [0.0], default=None)
+    assert result["chosen"]["max_batch_size"] == 8 and result["chosen"]["extrapolated"] is False
+    assert result["warnings"] == [] and result["config_toml"].startswith("# written by wok tune\n")
+
+
+def test_without_a_profiled_range_extrapolation_is_not_known():
+    """--alpha/--beta, and a profile whose batches hold no sizes: nothing to measure the pick against."""
+    fit_only = {"schema": "wok.profile/1", "fit": {"alpha_s": 1e-3, "beta_s": 1.25e-4}}
+    for profile in (Profile(1e-3, 1.25e-4, source="--alpha/--beta"), profile_from_document(fit_only)):
+        result = tune(profile, QUICK, [8, 16], [0.0], default=None)
+        assert result["inputs"]["largest_profiled_batch"] is None
+        assert [r["extrapolated"] for r in result["settings"]] == [None, None]
+        assert result["warnings"] == []
+
+
+def test_the_cpu_calibrations_batch_time_is_not_judged_by_the_profiles_sizes():
+    """The calibration's batch time replaces the profile's (fit on its loads' mean batch sizes, which the
+    stage does not carry): the profile's range says nothing of it."""
+    from wok.bench.tune import CpuStage
+
+    profile = profile_from_document(profile_document(PROFILED, "test"), "profile.json")
+    stage = CpuStage(batch_alpha_s=1e-3, batch_beta_s=1.25e-4)
+    result = tune(profile, QUICK, [16], [0.0], default=None, cpu=stage)
+    assert result["inputs"]["batch_times"] == "server" and result["inputs"]["largest_profiled_batch"] is None
+    assert result["chosen"]["extrapolated"] is None and result["warnings"] == []
+
+
+def test_a_profiles_sizes_without_samples_still_bound_the_fit():
+    """A `wok profile` document lists every size it fitted on, with or without its raw samples."""
+    doc = profile_document(PROFILED, "test")
+    for b in doc["batches"]:
+        del b["samples_s"]
+    profile = profile_from_document(doc, "profile.json")
+    result = tune(profile, QUICK, [16], [0.0], default=None)
+    assert result["inputs"]["largest_profiled_batch"] == 8 and result["chosen"]["extrapolated"] is True
+
+
+def test_the_cli_says_the_mlp_profiles_pick_of_64_is_extrapolated(tmp_path, wok_cli):
+    """docs/results/tune-profile-mlp.json holds batches of 1 to 32 (`wok profile` refuses more than the
+    model's max_batch_size); with the default grid `wok tune` chose 64 and wrote it as it would a measured one."""
+    profile = Path(__file__).resolve().parents[2] / "docs" / "results" / "tune-profile-mlp.json"
+    out, cfg = tmp_path / "tune.json", tmp_path / "config.toml"
+    status, stdout, stderr = wok_cli(
+        "tune", "--slo-p99", "50ms", "--profile", str(profile), "--max-batch-sizes", "32,64", "--delays", "0ms",
+        "--default", "none", "--sim-duration", "1s", "--iterations", "2", "--json", str(out),
+        "--write-config", str(cfg),
+    )  # fmt: skip
+    assert status == 0, stderr
+    result = json.loads(out.read_text())
+    assert result["chosen"]["max_batch_size"] == 64 and result["chosen"]["extrapolated"] is True
+    assert result["inputs"]["largest_profiled_batch"] == 32
+    assert cfg.read_text().startswith("# written by wok tune; max_batch_size 64 extrapolated: profiled to 32\n")
+    assert "warning: the chosen max_batch_size 64 is past the largest batch the profile measured (32)" in stdout

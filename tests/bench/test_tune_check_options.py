@@ -236,3 +236,38 @@ def test_refresh_skips_a_run_whose_prediction_failed(monkeypatch):
     }
     tune_check.add_batcher_means(doc)
     assert [r["comparison"] for r in doc["runs"]] == [[], []]
+
+
+# T(1), which each overhead sample is its calibration latency less, is the profile's median_s of batches of 1
+# (nearest-rank, the ⌈n/2⌉-th smallest, as `wok profile` and tune.profile_document write it): np.median
+# took the mean of the middle two, 2.5 ms of 1, 2, 3, 4 ms, a time no batch took.
+FOUR_MS = [4e-3, 1e-3, 3e-3, 2e-3]
+
+
+def _t1_given_to_the_calibration(monkeypatch, tmp_path, argv: list[str]) -> float:
+    given = []
+
+    def calibrate(args, t1):
+        given.append(t1)
+        return OVERHEAD
+
+    monkeypatch.setattr(tune_check, "calibrate", calibrate)
+    monkeypatch.setattr(tune, "tune", lambda *args, **kwargs: {"chosen": None})
+    assert _main(_argv(tmp_path, *argv)) == 1  # no setting chosen (canned): 1
+    [t1] = given
+    return t1
+
+
+def test_t1_of_a_profile_is_its_nearest_rank_median(tmp_path, measured, monkeypatch):
+    path = tmp_path / "profile.json"
+    doc = tune.profile_document({1: FOUR_MS, 8: [5e-3] * 5}, "test", model="mlp")
+    path.write_text(json.dumps(doc))
+    t1 = _t1_given_to_the_calibration(monkeypatch, tmp_path, ["--profile", str(path), "--no-cpu-stage"])
+    assert t1 == 2e-3 == doc["batches"][0]["median_s"]
+
+
+def test_t1_of_the_device_like_calibrations_zero_time_batch_is_its_nearest_rank_median(tmp_path, measured, monkeypatch):
+    zero = tune.profile_document({1: [1e-4, 1e-4, 3e-4, 3e-4], 2: [2e-4] * 4}, "test: the zero-time batch")
+    monkeypatch.setattr(tune_check, "measure_profile", lambda *args, **kwargs: zero)
+    argv = ["--profile", _profile(tmp_path), "--device-like", "1ms,0.1ms"]
+    assert _t1_given_to_the_calibration(monkeypatch, tmp_path, argv) == 1e-4  # ties: np.median 2e-4
