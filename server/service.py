@@ -44,6 +44,7 @@ from .errors import (
     RegionNotFound,
     ShuttingDown,
     WokError,
+    cut_message,
     quoted_name,
     to_status,
 )
@@ -126,21 +127,24 @@ def error_answer(
 
     It echoes the request's model name and id whole, as Triton does (clients match a stream's answers
     to their requests by id), though they can be as long as a request may be: over gRPC's send limit,
-    the answer would end the whole stream, so then each string is cut to _ERROR_FIELD_CHARS, and
-    `details` says so."""
-    details = short_details(details)
-    if 4 * (len(details) + len(model) + len(version) + len(request_id)) + 256 > limit:
-        cut = _ERROR_FIELD_CHARS
+    the answer would end the whole stream, so then each string is cut to _ERROR_FIELD_CHARS, as
+    `short_details` cuts (errors.cut_message: the same note, with the whole length), and `details` says so."""
+    details = _encodable(details)
+    message = short_details(details)
+    if 4 * (len(message) + len(model) + len(version) + len(request_id)) + 256 > limit:
+        keep = _ERROR_FIELD_CHARS
 
         def short(text: str) -> str:
-            return text if len(text) <= cut else f"{text[:cut]}… ({len(text):,} characters)"
+            return cut_message(text, keep)
 
-        details = f"{short(details)} [this answer's model name, id and message are cut to {cut} characters each]"
+        # Cut from the whole message, not from short_details' cut of it, so that its note gives the
+        # message's own length.
+        message = f"{short(details)} [this answer's model name, id and message are cut to {keep} characters each]"
         model, version, request_id = short(model), short(version), short(request_id)
     failed = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id)
     failed.parameters["status_code"].int64_param = code.value[0]
     failed.parameters[FINAL].bool_param = True
-    return pb.ModelStreamInferResponse(error_message=details, infer_response=failed)
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
 
 
 # A unary error's details travel in the grpc-message header, percent-encoded: a client refuses
@@ -150,24 +154,29 @@ def error_answer(
 _DETAILS_BYTES = 4096
 
 
-def short_details(details: str, budget: int = _DETAILS_BYTES) -> str:
-    """`details`, or its start and how long it was, so that its percent-encoding fits `budget`.
-
-    A lone surrogate (a model's or its check's message built from undecodable bytes, as
-    os.fsdecode makes them: 'caf\\udce9') is escaped as repr escapes it: neither a status's details
-    nor a protobuf string can carry it, and the call's abort, or the stream's answer, would raise
+def _encodable(text: str) -> str:
+    """`text` with a lone surrogate (a model's or its check's message built from undecodable bytes, as
+    os.fsdecode makes them: 'caf\\udce9') escaped as repr escapes it: neither a status's details nor
+    a protobuf string can carry it, and the call's abort, or the stream's answer, would raise
     UnicodeEncodeError in its place, leaving the request with no answer at all."""
-    if not details.isascii():
+    if not text.isascii():
         try:
-            details.encode("utf-8")
+            text.encode("utf-8")
         except UnicodeEncodeError:
-            details = details.encode("utf-8", "backslashreplace").decode("utf-8")
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def short_details(details: str, budget: int = _DETAILS_BYTES) -> str:
+    """`details`, or its start and how long it was (errors.cut_message), so that its percent-encoding fits
+    `budget`; a lone surrogate escaped (`_encodable`)."""
+    details = _encodable(details)
     used = 0
     for end, ch in enumerate(details):
         # A printable ASCII character (but '%') goes as itself; any other byte as %XX.
         used += 1 if " " <= ch <= "~" and ch != "%" else 3 * len(ch.encode("utf-8", "surrogatepass"))
         if used > budget - 100:  # room for the note
-            return f"{details[:end]}… (cut: {len(details):,} characters in all)"
+            return cut_message(details, end)
     return details
 
 
@@ -650,6 +659,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 if item is _WAKE:
                     continue
                 writing = item
+                if _deadline_passed(context.time_remaining):
+                    # gRPC's core ends the call DEADLINE_EXCEEDED itself, and its client, whose own
+                    # deadline has passed, reads no more. Not written, as a unary answer made then is
+                    # not sent (_run): written, it counted in success or fail though it reached no one
+                    # (the error of a request the batcher drops at its deadline, the stream's, raced
+                    # that end). Ended as a cancelled call, so that this answer and the rest the
+                    # stream owes count DEADLINE_EXCEEDED, as its client sees the end (finally).
+                    raise asyncio.CancelledError("the stream's deadline passed before its answer was written")
                 st.writing_since = loop.time()
                 if self.closing:
                     self._changed.set()  # idle() times this write

@@ -111,6 +111,31 @@ async def test_an_error_answer_that_echoes_a_huge_id_or_model_name_fits_and_the_
     for a in failed:
         assert a.ByteSize() < 16 << 10, a.ByteSize()
         assert "cut to 1024 characters each" in a.error_message, a.error_message[:300]
+    # Each cut string ends as a unary call's cut details do (short_details), with its whole length.
+    by_code = {a.infer_response.parameters["status_code"].int64_param: a.infer_response for a in failed}
+    assert by_code[grpc.StatusCode.INVALID_ARGUMENT.value[0]].id == _cut("i" * huge, 1024)
+    assert by_code[grpc.StatusCode.NOT_FOUND.value[0]].model_name == _cut("m" * (SEND_LIMIT // 2), 1024)
+
+
+def _cut(text: str, keep: int) -> str:
+    return f"{text[:keep]}… (cut: {len(text):,} characters in all)"
+
+
+def test_an_error_answer_cut_to_fit_the_send_limit_ends_its_cuts_as_a_unary_call_s_details_end():
+    # Two styles for one cut: a unary call's details (and a stream's message) ended "… (cut: N
+    # characters in all)", an error answer's strings cut to fit the send limit "… (N characters)",
+    # its message's N the length of the first cut, not of the message.
+    message = "model 'm' refused the request: " + "v" * 100_000
+    request_id = "i" * SEND_LIMIT
+    a = service.error_answer(grpc.StatusCode.INVALID_ARGUMENT, message, SEND_LIMIT, "m", "1", request_id)
+    note = " [this answer's model name, id and message are cut to 1024 characters each]"
+    assert a.error_message == _cut(message, 1024) + note, a.error_message[-200:]
+    assert a.infer_response.id == _cut(request_id, 1024), a.infer_response.id[-100:]
+    assert (a.infer_response.model_name, a.infer_response.model_version) == ("m", "1")
+    assert service.short_details(message) == _cut(message, 3996)
+    # Under the limit, only the message is cut, as a unary call's details are.
+    a = service.error_answer(grpc.StatusCode.INVALID_ARGUMENT, message, SEND_LIMIT, "m", "1", "r")
+    assert (a.error_message, a.infer_response.id) == (service.short_details(message), "r")
 
 
 def test_the_size_check_is_exact_at_the_limit():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 import numpy as np
@@ -393,6 +394,65 @@ async def test_stream_answers_its_call_ended_before_writing_are_counted_as_the_c
         assert rt.metrics.responses == {"CANCELLED": 3}
         assert rt.stats.success.count == 0  # made, never written: no caller got them
         assert server.service.active == 0
+
+
+class _DeadlineCall:
+    """A stream's call whose client reads every answer, with a deadline once `deadline` (time.time())
+    is set: its time left as gRPC's context gives it, never below 0."""
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None
+        self.written: list[str] = []
+
+    def time_remaining(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.time())
+
+    async def write(self, message) -> None:
+        self.written.append(message.infer_response.id)
+
+
+async def test_a_stream_answer_made_after_its_calls_deadline_passed_is_not_written_and_counts_deadline_exceeded(
+    serve, slow_repository
+):
+    """As a unary answer made then is not sent: gRPC's core ends the call DEADLINE_EXCEEDED, and its
+    client, whose own deadline has passed, reads no more. The stream wrote it all the same, counted
+    OK and in success (a request the batcher dropped at its deadline, the stream's, in fail): with
+    tritonclient, 10 of 40 streams whose deadline passed as the batcher dropped requests counted an
+    error answer in fail that their client never got. Called directly: through gRPC its cancel of the
+    handler follows the deadline within a millisecond, and whether an answer comes first is chance."""
+    async with serve(repository=slow_repository(sleep_ms=200, delay_ms=1)) as server:
+        rt = server.runtimes["slow"]
+        x = {"INPUT0": np.ones((1, 4), np.float32)}
+        second = asyncio.Event()
+
+        async def requests():
+            yield encode_request("slow", x, request_id="0")
+            await second.wait()
+            yield encode_request("slow", x, request_id="1")
+            await asyncio.Event().wait()  # the client keeps its side open
+
+        async def counted(n: int) -> None:
+            while sum(rt.metrics.responses.values()) < n:
+                await asyncio.sleep(0.005)
+
+        call = _DeadlineCall()
+        handler = asyncio.ensure_future(server.service.ModelStreamInfer(requests(), call))
+        try:
+            await asyncio.wait_for(counted(1), 10)
+            assert call.written == ["0"]
+            # 50 ms left: the second request's batch (the model sleeps 200 ms) ends after the
+            # deadline, or, should the host stall past it first, the request is refused on arrival.
+            call.deadline = time.time() + 0.05
+            second.set()
+            await asyncio.wait_for(counted(2), 10)
+            assert call.written == ["0"]
+            assert rt.metrics.responses == {"OK": 1, "DEADLINE_EXCEEDED": 1}
+            assert (rt.stats.success.count, rt.stats.fail.count) == (1, 0)
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(handler, 10)
+            assert server.service.active == 0 and not server.service._streams
+        finally:
+            handler.cancel()
 
 
 def _no_model_request(kind: str):
