@@ -586,17 +586,22 @@ class LiveDemo:
         except subprocess.TimeoutExpired:
             pass
 
-    async def _admin(self, path: str, body) -> tuple[int, dict]:
+    async def _admin(self, path: str, body) -> tuple[int, dict | bytes]:
+        """The admin API's answer to a POST of `body`, the model added (see web.http_json)."""
         if not isinstance(body, dict):
             raise ValueError(f"body: expected a JSON object, got {body!r}")
+        if self.admin[1] == 0:
+            # The page is served from before the server starts (a port in use is found first), and
+            # a tab left open on it asks meanwhile: it got 502, "did not answer" from port 0.
+            return 503, {"error": f"the wok server is still starting: POST {path} is refused; try again once it serves"}
         from .web import http_json
 
         return await http_json(*self.admin, "POST", path, {"model": MODEL, **body})
 
-    async def set_batching(self, body) -> tuple[int, dict]:
+    async def set_batching(self, body) -> tuple[int, dict | bytes]:
         return await self._admin("/admin/batching", body)
 
-    async def set_faults(self, body) -> tuple[int, dict]:
+    async def set_faults(self, body) -> tuple[int, dict | bytes]:
         # The admin API takes a 0 ms slow fault (a no-op); from the page it is an emptied field.
         if isinstance(body, dict) and body.get("mode") == "slow":
             v = body.get("delay_ms")

@@ -14,13 +14,17 @@ alive between requests, except after one with `Connection: close`, or an HTTP/1.
   POST /api/faults        {"instance"?, "mode", "delay_ms"?, "duration_s"?}: the server's /admin/faults
 
 In live mode the batching and fault calls are forwarded to the wok server's admin API
-(loopback) with the model filled in, and its answer (or its 400) comes back as is; 502 with
-the error when the server does not answer.
+(loopback) with the model filled in, and its answer (or its 400) comes back as is, the admin
+API's own bytes; its 413 (a body over its 64 KiB once the model is added) and 503 (the wok server
+stops) come back with their status, their message quoted after what the wok server answered; any
+other status (408, 411, its own 500), a truncated answer or one that is not a JSON object is a 502
+naming what came; 502 with the error when the server does not answer, and 503 while it starts. A
+500 is the page server's own failure alone.
 
 The page's API fails and slows the server, so it takes the admin API's checks against the
 one client that reaches loopback anyway, a page of another site in the user's browser: the
 Host must be an IP address or localhost, a foreign Origin is refused (403), and a POST must
-be JSON (415). See docs/security.md.
+be JSON (415), of at most 64 KiB (413). See docs/security.md.
 
 As the metrics port does (server/http.py, whose checks it calls): a Host that is not `host[:port]`,
 none on HTTP/1.1, or two, get 400 naming it (RFC 9112 3.2) before that check, on every path;
@@ -38,6 +42,7 @@ body is read, another expectation 417 (`expect_refusal`); a request that fails u
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -48,6 +53,7 @@ from ..config import host_port
 from ..http import (
     CONTINUE,
     HOST_SHAPE,
+    REASONS,
     BadRequest,
     DateHeader,
     cross_site_refusal,
@@ -76,13 +82,22 @@ STATUS = {
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    413: "Payload Too Large",
     415: "Unsupported Media Type",
     417: "Expectation Failed",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     502: "Bad Gateway",
+    503: "Service Unavailable",
     505: "HTTP Version Not Supported",
 }
+# The admin API's statuses passed on with its own answer, as it wrote it: its answer and its refusal
+# of a field. Those passed on with their message quoted: a body over its 64 KiB (the page's own
+# limit, but the model is added to what goes on) and the wok server's stop. Any other is no fault of
+# the page's request (408: the relay's body came late; 411; the wok server's own 500) and gets 502:
+# as a 500 it read as the page server's own failure, and the browser's request as the one to blame.
+RELAYED = (200, 400)
+RELAYED_WITH_MESSAGE = (413, 503)
 # What a 404 names as served.
 API_PATHS = "GET /api/config, GET /api/events, POST /api/load, POST /api/batching, POST /api/faults"
 PATHS = f"/, /static/<file> (the page's script and style), {API_PATHS}"
@@ -96,11 +111,17 @@ class Refused(Exception):
         self.status = status
 
 
+@functools.cache
+def static_names() -> frozenset[str]:
+    return frozenset(f.name for f in resources.files("wok.demo").joinpath("static").iterdir() if f.is_file())
+
+
 def static_file(name: str) -> bytes | None:
-    if "/" in name or name.startswith("."):
+    # Looked up among the files shipped, not on disk: a name over the file system's 255 bytes
+    # raised ENAMETOOLONG from is_file(), and `GET /static/aaa…` got the page server's 500.
+    if name not in static_names():
         return None
-    f = resources.files("wok.demo").joinpath("static", name)
-    return f.read_bytes() if f.is_file() else None
+    return resources.files("wok.demo").joinpath("static", name).read_bytes()
 
 
 class Hub:
@@ -118,14 +139,18 @@ class Hub:
         self.publish_raw(json.dumps(event, separators=(",", ":")).encode())
 
 
-async def http_json(host: str, port: int, method: str, path: str, body=None) -> tuple[int, dict]:
-    """One request to the wok server's admin API (HTTP/1.1, Connection: close); raises OSError
-    (ConnectionError when it does not answer in ADMIN_TIMEOUT_S)."""
+async def http_json(host: str, port: int, method: str, path: str, body=None) -> tuple[int, bytes | dict]:
+    """One request to the wok server's admin API (HTTP/1.1, Connection: close): the status the
+    page answers with, and its body: the admin API's own bytes where it is passed on (RELAYED),
+    else a dict naming what the wok server answered. Raises OSError (ConnectionError when it does
+    not answer in ADMIN_TIMEOUT_S)."""
+    # Compact, as the admin API writes JSON: with ", " and ": " a body within the page's 64 KiB
+    # grew past the admin port's.
+    data = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
 
     async def exchange() -> bytes:
         reader, writer = await asyncio.open_connection(host, port)
         try:
-            data = b"" if body is None else json.dumps(body).encode()
             writer.write(
                 # host:port, an IPv6 address bracketed (RFC 9110 7.2): the admin port refuses `::1` with 400.
                 f"{method} {path} HTTP/1.1\r\nHost: {host_port(host, port)}\r\nContent-Type: application/json\r\n"
@@ -145,16 +170,34 @@ async def http_json(host: str, port: int, method: str, path: str, body=None) -> 
     m = re.match(rb"HTTP/1\.[01] ([0-9]{3}) ", head)
     if m is None:  # the server ended mid-answer: as unreachable, for the caller's 502
         raise ConnectionError(f"{method} {path}: expected an HTTP answer from {host}:{port}, got {raw[:60]!r}")
+    status = int(m.group(1))
+    length = re.search(rb"\r\ncontent-length:[ \t]*([0-9]{1,18})[ \t]*(?:\r\n|$)", head, re.IGNORECASE)
+    if length is not None:
+        expected = int(length.group(1))
+        if len(payload) < expected:
+            # Read as JSON, a cut answer was "not a JSON object", and a cut 200 said nothing of the
+            # change it reports, which may have been made.
+            return 502, {
+                "error": f"the wok server's {status} answer to {method} {path} ended after {len(payload)} of its "
+                f"{expected} bytes: whether the change was made is unknown"
+            }
+        payload = payload[:expected]
     try:
-        answer = json.loads(payload or b"{}")
-    except ValueError:
+        answer = json.loads(payload)
+    except (ValueError, RecursionError):
         # The admin port's own refusals of a request's framing are text/plain; read as JSON, the
         # parse error reached the page as a 400 of its own input.
         answer = None
-    if not isinstance(answer, dict):
-        text = payload.decode("latin-1").strip()
-        return 502, {"error": f"the wok server answered {m.group(1).decode()} with {quoted(text)}, not a JSON object"}
-    return int(m.group(1)), answer
+    text = payload.decode("latin-1").strip()
+    if status in RELAYED:
+        if isinstance(answer, dict):
+            return status, payload  # passed on as it came: re-encoded, it was spaced otherwise
+        return 502, {"error": f"the wok server answered {status} with {quoted(text)}, not a JSON object"}
+    said = answer["error"] if isinstance(answer, dict) and isinstance(answer.get("error"), str) else text
+    error = f"the wok server answered {status} {REASONS.get(status, '')}".rstrip() + f" with {quoted(said)}"
+    if status == 413:
+        error += f" (the body sent on, the model added: {len(data):,} bytes)"
+    return (status if status in RELAYED_WITH_MESSAGE else 502), {"error": error}
 
 
 class DemoWeb:
@@ -326,8 +369,8 @@ class DemoWeb:
             # A page of any site may POST text/plain or a form here without asking; JSON makes the
             # browser ask first (a CORS preflight), which this server never grants.
             raise Refused(415, f"Content-Type: expected application/json for a POST, got {quoted(ctype or 'none')}")
-        if size > MAX_BODY:
-            raise Refused(400, f"Content-Length: expected at most {MAX_BODY} bytes, got {quoted(length)}")
+        if size > MAX_BODY:  # 413, as the metrics port refuses it (RFC 9110 15.5.14); it got 400
+            raise Refused(413, f"Content-Length: expected at most {MAX_BODY} bytes, got {quoted(length)}")
         if expects and size:
             # Its client waits for this before it sends the body (curl for a second, then sends it
             # anyway); asked only now that the request is acceptable: one refused above had its
@@ -343,7 +386,8 @@ class DemoWeb:
             raise Refused(400, "body: expected JSON, got one nested too deeply") from None
         return path, body, close
 
-    async def _api(self, method: str, name: str, body) -> tuple[int, dict]:
+    async def _api(self, method: str, name: str, body) -> tuple[int, dict | bytes]:
+        """The status and body of an API call: a dict to encode, or bytes passed on as they are."""
         b = self.backend
         try:
             if (method, name) == ("GET", "config"):
@@ -381,7 +425,8 @@ class DemoWeb:
             self.hub.queues.discard(q)
 
     async def _send(self, writer, status: int, obj, *, close: bool, head: bool = False, allow: str = "") -> None:
-        body = json.dumps(obj).encode()
+        """Send a JSON answer: `obj` encoded, or, bytes, as they are (the admin API's own answer)."""
+        body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
         await self._raw(writer, status, body, "application/json", close=close, head=head, allow=allow)
 
     async def _raw(

@@ -213,9 +213,10 @@ def test_a_bounded_queue_refuses_under_overload_and_stepping_shows_the_same_as_o
 
 
 def test_wok_demo_simulate_bounds_its_queue_as_the_live_server_and_shows_the_refusals(start_demo):
-    # One instance at 100 ms a batch of 32 serves 320/s; at 2000/s the queue fills its 4,096 in
-    # about 2.5 s. Unbounded, it went on growing (19,169 after 12 s at 5,000/s with max batch 1).
-    demo = start_demo("--simulate", "--instances", "1", "--alpha", "100ms", "--beta", "0ms", "--rate", "2000")
+    # One instance at 100 ms a batch of 32 serves 320/s; at 5000/s (the most the page takes) the
+    # queue fills its 4,096 in about 0.9 s (at 2000/s, 2.5 s). Unbounded, it went on growing (19,169
+    # after 12 s at 5,000/s with max batch 1).
+    demo = start_demo("--simulate", "--instances", "1", "--alpha", "100ms", "--beta", "0ms", "--rate", "5000")
     assert _get(demo.url + "api/config")["batching"]["max_queue_size"] == 4096
     peak, refused, answered = 0, 0, {}
     with urllib.request.urlopen(demo.url + "api/events", timeout=10) as stream:
