@@ -35,8 +35,7 @@ A validation ramp cut short by an error (it raised after its first step, `interr
 result; or its server exited during it, which fails the later steps as overload would) is kept
 in `runs` with `error` ("interrupted: …", as bench/compare.py records such a run; null for a
 whole ramp) and left out of the verdict (`verdict`): `tuned_at_least_default` is then null
-unless a whole repetition shows tuned < default, and the medians (nearest-rank: of two, the lower)
-are over whole ramps. A ramp
+unless a whole repetition shows tuned < default, and the medians are over whole ramps. A ramp
 cut by Ctrl-C stops the run there, nothing written (KeyboardInterrupt: status 130). A validation
 ramp that fails before its first step is kept so too (`error` "failed before its first step: …",
 `measured` null). A validation ramp whose predictions fail (the simulator refusing its steps) is
@@ -1380,9 +1379,10 @@ def verdict(runs: list[dict]) -> dict:
         at_least = None
 
     def median(label: str) -> float | None:
-        # Nearest-rank, a max QPS some repetition measured: of two, the lower (np.median took their mean).
+        # Of repetitions, the median as the compare harness takes it (statistics.median): of an even
+        # count the mean of the middle two. Nearest-rank is for the percentiles of a run's samples.
         values = [v[label] for v in by_rep.values() if label in v]
-        return latency_summary(values)["p50"] if values else None
+        return float(np.median(values)) if values else None
 
     return {
         "default_max_qps": [by_rep[r].get("default") for r in sorted(by_rep)],

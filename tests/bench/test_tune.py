@@ -920,13 +920,14 @@ def _whole_run(rep: int, label: str, max_qps: float) -> dict:
 @pytest.mark.parametrize(
     ("default", "tuned", "medians"),
     [
-        ([300.0, 100.0], [200.0, 250.0], (100.0, 200.0)),  # even: the 1st of 2 (np.median: 200, 225)
-        ([100.0, 100.0, 300.0, 300.0], [5.0, 5.0, 5.0, 9.0], (100.0, 5.0)),  # ties: the 2nd of 4 (np: 200, 5)
-        ([400.0, 100.0, 300.0], [7.0, 7.0, 9.0], (300.0, 7.0)),  # odd: the middle one, as np.median
+        ([300.0, 100.0], [200.0, 250.0], (200.0, 225.0)),  # even: the mean of the middle two
+        ([100.0, 100.0, 300.0, 300.0], [5.0, 5.0, 5.0, 9.0], (200.0, 5.0)),  # ties
+        ([400.0, 100.0, 300.0], [7.0, 7.0, 9.0], (300.0, 7.0)),  # odd: the middle one
     ],
 )
-def test_tune_checks_verdict_medians_over_repetitions_are_nearest_rank(default, tuned, medians):
-    """A median some repetition measured: of two, the lower (np.median: the mean of both, a max QPS no ramp reached)."""
+def test_tune_checks_verdict_medians_over_repetitions_are_taken_as_compare_takes_them(default, tuned, medians):
+    """Medians of repetitions as `wok compare`'s summary takes them (statistics.median); nearest-rank is for
+    the percentiles of one run's samples (T(1), the overhead's P99)."""
     from wok.bench.tune_check import verdict
 
     runs = [_whole_run(rep, label, q) for label, qs in (("default", default), ("tuned", tuned))
