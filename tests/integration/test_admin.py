@@ -160,12 +160,12 @@ FAULT = b'{"model": "mlp", "mode": "fail", "duration_s": 60}'
     ("headers", "status", "says"),
     [
         # A page on another site may send these without a CORS preflight (text/plain, a form).
-        ("Content-Type: text/plain", 415, "Content-Type application/json, got text/plain"),
-        ("Content-Type: application/x-www-form-urlencoded", 415, "got application/x-www-form-urlencoded"),
+        ("Content-Type: text/plain", 415, "Content-Type application/json, got 'text/plain'"),
+        ("Content-Type: application/x-www-form-urlencoded", 415, "got 'application/x-www-form-urlencoded'"),
         ("Content-Type: application/json\r\nOrigin: http://evil.example", 403, "Origin 'http://evil.example'"),
         ("Content-Type: application/json\r\nHost: evil.example", 403, "Host 'evil.example' is not an IP address"),
         # Not a number of bytes: refused as the head is read, in plain text as other framing errors.
-        ("Content-Type: application/json\r\nContent-Length: \xb2", 400, "expected a number of bytes, got '\xb2'"),
+        ("Content-Type: application/json\r\nContent-Length: \xb2", 400, "expected a number of bytes, got '\\xb2'"),
     ],
 )
 async def test_admin_posts_a_browser_page_could_send_are_refused_and_change_nothing(
