@@ -2,9 +2,10 @@
 
 promtool (from Debian's `prometheus` package, which `.ci/run` installs) checks the
 Prometheus config, the rule files, the rules' unit tests and every dashboard query. The
-metric names that the rules and the dashboard use are checked against a live scrape of a
-real server after real traffic; the GPU gauges, absent where there is no GPU, against
-what `GpuSampler` collects from a fake NVML.
+series that the rules, the dashboard, the generated autoscaling queries and the unit tests'
+input name (metric names, labels, bucket bounds and the label values the server fixes) are
+checked against a live scrape of a real server after real traffic; the GPU gauges, absent
+where there is no GPU, against what `GpuSampler` collects from a fake NVML.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from wok.codec import encode_request
-from wok.metrics import LATENCY_BUCKETS, GpuSampler
+from wok.metrics import FLUSH_REASONS, LATENCY_BUCKETS, REJECTION_REASONS, STAGES, GpuSampler
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,31 +154,149 @@ def test_metric_name_extraction_finds_metrics_and_nothing_else():
     assert metric_names("avg_over_time(g[$__rate_interval]) > bool 2") == {"g"}
 
 
-def referenced_metric_names() -> dict[str, set[str]]:
-    """Each metric name the rules, their unit tests and the dashboard use → where."""
-    where: dict[str, set[str]] = {}
+GENERATED = ROOT / "deploy" / "k8s" / "generated"
 
-    def add(names: set[str], source: str) -> None:
-        for n in names:
-            where.setdefault(n, set()).add(source)
 
-    for rule in load_rules():
-        add(metric_names(rule["expr"]), f"rule {rule.get('record') or rule.get('alert')}")
-    for t in yaml.safe_load(RULE_TESTS.read_text())["tests"]:
-        for s in t.get("input_series", []):
-            add({s["series"].split("{", 1)[0].strip()}, f"{RULE_TESTS.name} input series")
+def queries() -> list[tuple[str, str, str]]:
+    """Every PromQL query in deploy/ that reads wok's series, as (where, query, legend): the rules, the
+    dashboard's panels and variables (a variable's `label_values(SELECTOR, LABEL)` as `SELECTOR` with
+    LABEL as its legend), the autoscaling queries `wok plan` writes, and the rules' unit tests' input
+    series (selectors too)."""
+    out = [(f"rule {r.get('record') or r.get('alert')}", r["expr"], "") for r in load_rules()]
     dashboard = load_dashboard()
     for p in data_panels(dashboard):
-        for t in p.get("targets", []):
-            add(metric_names(t["expr"]), f"panel {p['title']!r}")
+        out += [(f"panel {p['title']!r}", t["expr"], t.get("legendFormat", "")) for t in p.get("targets", [])]
     for var in dashboard["templating"]["list"]:
         if var["type"] == "query":
             query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
-            m = re.fullmatch(r"label_values\((.*),\s*\w+\s*\)", query.strip())
+            m = re.fullmatch(r"label_values\((.*),\s*(\w+)\s*\)", query.strip())
             assert m, f"variable {var['name']}: expected label_values(SELECTOR, LABEL), got {query!r}"
-            add(metric_names(m.group(1)), f"variable {var['name']}")
+            out.append((f"variable {var['name']}", m.group(1), f"{{{{{m.group(2)}}}}}"))
+    keda = yaml.safe_load((GENERATED / "keda-scaledobject.yaml").read_text())
+    out += [("KEDA trigger", t["metadata"]["query"], "") for t in keda["spec"]["triggers"]]
+    adapter = yaml.safe_load(
+        yaml.safe_load((GENERATED / "prometheus-adapter-rules.yaml").read_text())["data"]["config.yaml"]
+    )
+    out += [("adapter seriesQuery", r["seriesQuery"], "") for r in adapter["rules"]]
+    for t in yaml.safe_load(RULE_TESTS.read_text())["tests"]:
+        out += [(f"{RULE_TESTS.name} input series", s["series"], "") for s in t.get("input_series", [])]
+    return out
+
+
+def referenced_metric_names() -> dict[str, set[str]]:
+    """Each metric name the queries use → where."""
+    where: dict[str, set[str]] = {}
+    for source, query, _ in queries():
+        for n in metric_names(query):
+            where.setdefault(n, set()).add(source)
     recorded = {r["record"] for r in load_rules() if "record" in r}
     return {n: srcs for n, srcs in where.items() if n not in recorded and n not in PROMETHEUS_SERIES}
+
+
+# Labels that Prometheus gives a target (job, instance) or that deploy/'s relabelling adds (namespace,
+# pod: prometheus.yml's Kubernetes block, the annotations' `kubernetes-pods` job), not wok.
+TARGET_LABELS = {"job", "instance", "namespace", "pod"}
+SELECTOR = re.compile(r"(?<![\w:])(wok_\w+)(?![\w:])\s*(\{)?")
+MATCHER = re.compile(r'\s*(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*,?')
+GROUPING_LABELS = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+WORDS = re.compile(r"[\w.+-]+(?:\|[\w.+-]+)*")
+
+
+def selections(query: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
+    """Each wok series selector in `query`: its metric and its label matchers (label, operator, value)."""
+    out = []
+    for m in SELECTOR.finditer(query):
+        matchers, pos = [], m.end()
+        if m.group(2):
+            while (mm := MATCHER.match(query, pos)) is not None:
+                matchers.append(mm.groups())
+                pos = mm.end()
+            assert query[pos:].lstrip().startswith("}"), f"unparsed label matchers in {query!r} at {query[pos:]!r}"
+        out.append((m.group(1), matchers))
+    return out
+
+
+def unexported_selections(
+    queries: list[tuple[str, str, str]], labels: dict[str, set[str]], values: dict[tuple[str, str], set[str]]
+) -> list[str]:
+    """What `queries` select that no exported series carries: a label the metric does not have (in a
+    matcher, a grouping clause or a legend), or a value outside a label's known set, `values`, for
+    labels whose values the server fixes (histogram bounds `le` exactly as exported, status codes,
+    reasons, stages). A matcher on either matches no series, and the query stays silent for ever."""
+    problems = []
+    for where, query, legend in queries:
+        metrics = [(metric, matchers) for metric, matchers in selections(query) if metric in labels]
+        for metric, matchers in metrics:
+            for label, op, value in matchers:
+                if label in TARGET_LABELS:
+                    continue
+                if label not in labels[metric]:
+                    problems.append(f"{where}: {metric} has no label {label!r} (it has {sorted(labels[metric])})")
+                    continue
+                known = values.get((metric, label))
+                if known is None or (op in ("=", "!=") and value == ""):
+                    continue
+                if op in ("=~", "!~"):
+                    if "$" in value or not WORDS.fullmatch(value):  # a Grafana variable, or a real regex
+                        continue
+                    wanted = value.split("|")
+                else:
+                    wanted = [value]
+                for v in wanted:
+                    if v not in known:
+                        problems.append(
+                            f"{where}: {metric}{{{label}{op}{v!r}}}: {v!r} is none a matcher can name: {sorted(known)}"
+                        )
+        if not metrics:
+            continue
+        carried = TARGET_LABELS.union(*(labels[metric] for metric, _ in metrics))
+        used = {x.strip() for g in GROUPING_LABELS.findall(query) for x in g.split(",") if x.strip()}
+        used |= set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend))
+        for label in sorted(used - carried):
+            problems.append(
+                f"{where}: groups or labels by {label!r}, which none of {sorted(m for m, _ in metrics)} has"
+            )
+    return problems
+
+
+def le_matchable(exported: set[str]) -> set[str]:
+    """The bucket bounds a matcher such as le="0.2" can name: those the server exports in the form that
+    Prometheus 3 stores too. Prometheus 3 rewrites each `le` it ingests as a float (whole numbers with
+    ".0": le="1" is stored as le="1.0"), Prometheus 2 keeps it as exported: a whole-number bound
+    matches in one of them only (le=~"1(\\.0)?" would match both)."""
+    return {v for v in exported if v == "+Inf" or repr(float(v)) == v}
+
+
+def test_le_matchable_keeps_the_bounds_both_prometheus_versions_store_alike():
+    assert le_matchable({"2.5e-05", "0.0001", "0.2", "1", "1.0", "60", "+Inf"}) == {
+        "2.5e-05",
+        "0.0001",
+        "0.2",
+        "1.0",
+        "+Inf",
+    }
+
+
+def test_unexported_selections_finds_labels_and_values_no_series_has():
+    labels = {"wok_x_bucket": {"model", "le"}, "wok_r_total": {"model", "code"}}
+    values = {("wok_x_bucket", "le"): {"0.2", "0.25", "+Inf"}, ("wok_r_total", "code"): {"OK", "INTERNAL"}}
+    fine = [
+        ("a", 'sum by (model, le) (rate(wok_x_bucket{le="0.2", model=~"$model", job="wok"}[1m]))', "{{model}}"),
+        ("b", 'sum by (instance) (wok_r_total{code!="OK", code=~"OK|INTERNAL", model!=""})', ""),
+        ("c", 'x{le="0.3"} and on (job) wok_x_bucket{le=~"0\\.2.*"}', ""),  # a regex: not a list of values
+        ("d", 'wok_r_total{pod=~"wok-[a-z]{1,10}-x"}', ""),  # braces inside a matcher's string
+    ]
+    assert unexported_selections(fine, labels, values) == []
+    wrong = [
+        ("e", 'rate(wok_x_bucket{le="0.3"}[1m])', ""),  # not a bound the server exports
+        ("f", 'wok_x_bucket{le="1.0"}', ""),
+        ("g", 'wok_r_total{code=~"OK|INTERNL"}', ""),
+        ("h", 'wok_r_total{modle="mlp"}', ""),
+        ("i", "sum by (model, reason) (wok_r_total)", ""),
+        ("j", "wok_r_total", "{{model_instance}}"),
+    ]
+    problems = unexported_selections(wrong, labels, values)
+    assert [p.split(":", 1)[0] for p in problems] == ["e", "f", "g", "h", "i", "j"], problems
 
 
 # -- promtool -------------------------------------------------------------------------------
@@ -232,6 +351,35 @@ def test_the_rules_unit_tests_pass(promtool):
     run_promtool(promtool, "test", "rules", RULE_TESTS)
 
 
+def seconds(duration: str) -> int:
+    m = re.fullmatch(r"(\d+)([smh])", duration)
+    assert m, f"expected a duration such as 15s, 1m or 2h, got {duration!r}"
+    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def test_the_rules_unit_tests_sample_and_evaluate_as_prometheus_yml_does():
+    """The unit tests feed series at the config's scrape interval and evaluate at its evaluation interval:
+    at one-minute samples they tested the rules at an interval they are not written for, and passed on
+    Prometheus 2's promtool only. Prometheus 3's range selectors leave out the sample at the window's
+    start, so a rate(...[1m]) over one-minute samples holds one sample and gives no rate: every alert
+    on a rate stayed silent where the tests expected it to fire."""
+    config = yaml.safe_load(CONFIG.read_text())["global"]
+    tests = yaml.safe_load(RULE_TESTS.read_text())
+    assert tests["evaluation_interval"] == config["evaluation_interval"]
+    intervals = [t["interval"] for t in tests["tests"]]
+    assert set(intervals) == {config["scrape_interval"]}, intervals
+
+
+def test_every_range_in_the_rules_holds_four_scrapes():
+    """prometheus.yml's promise: rate() needs two samples, and four leave room for a missed scrape and
+    for Prometheus 3's left-open ranges (a 1m range at 15 s holds 4 samples there, 5 in Prometheus 2)."""
+    scrape = seconds(yaml.safe_load(CONFIG.read_text())["global"]["scrape_interval"])
+    ranges = {(r.get("record") or r["alert"], w) for r in load_rules() for w in re.findall(r"\[(\w+)\]", r["expr"])}
+    assert ranges, "no range found: the pattern is wrong"
+    short = sorted((name, w) for name, w in ranges if seconds(w) < 4 * scrape)
+    assert not short, f"ranges shorter than 4 scrapes of {scrape} s: {short}"
+
+
 def test_every_dashboard_query_is_valid_promql(promtool, tmp_path):
     exprs = dashboard_exprs(load_dashboard())
     rules = [{"record": f"dashboard:query_{i}:check", "expr": grafana_to_promql(e)} for i, e in enumerate(exprs)]
@@ -284,6 +432,7 @@ def test_every_alert_has_a_severity_and_annotations_that_name_its_labels():
     alerts = {r["alert"]: r for r in load_rules() if "alert" in r}
     assert {
         "WokDown",
+        "WokTargetsMissing",
         "WokLatencyP99AboveSLO",
         "WokQueueSaturated",
         "WokRequestsRejected",
@@ -399,7 +548,7 @@ def test_no_dashboard_ratio_or_quantile_draws_nan_where_no_request_was_seen(prom
     request in the window: a mean, ratio or quantile over them must be no series, not NaN, which
     Prometheus returns for 0/0 and histogram_quantile of zero rates (legend means and the stacked
     stage means turn NaN with it)."""
-    flat = "5x10"
+    flat = "5x40"  # 10 minutes of scrapes every 15 s
     series = []
     for stage in ("queue", "h2d"):
         labels = f'job="wok",instance="a:8002",model="idle",stage="{stage}"'
@@ -425,10 +574,10 @@ def test_no_dashboard_ratio_or_quantile_draws_nan_where_no_request_was_seen(prom
         yaml.safe_dump(
             {
                 "rule_files": [str(PROMETHEUS / "recording_rules.yml")],
-                "evaluation_interval": "1m",
+                "evaluation_interval": "15s",
                 "tests": [
                     {
-                        "interval": "1m",
+                        "interval": "15s",
                         "input_series": [{"series": s, "values": flat} for s in series],
                         "promql_expr_test": [
                             {"expr": q, "eval_time": "5m", "exp_samples": []} for q in queries.values()
@@ -638,6 +787,28 @@ async def test_every_metric_the_rules_and_dashboard_use_is_exported(serve):
     } <= set(referenced)
     missing = {n: sorted(srcs) for n, srcs in referenced.items() if n not in exported}
     assert not missing, f"referenced but not exported: {missing}"
+
+    # Their labels and label values too: a matcher on a label the series lacks, or on a value it never
+    # takes (a bucket bound it does not export, a misspelt code), matches nothing and is as silent.
+    every = samples + [s for f in GpuSampler(FakeNvml(), ["gpu0"]).collect() for s in f.samples]
+    labels: dict[str, set[str]] = {}
+    values: dict[tuple[str, str], set[str]] = {}
+    for s in every:
+        labels.setdefault(s.name, set()).update(s.labels)
+        if "le" in s.labels:
+            values.setdefault((s.name, "le"), set()).add(s.labels["le"])
+    values = {k: le_matchable(v) for k, v in values.items()}
+    for name in labels:  # the label values the server fixes, whether or not this traffic met them
+        if name == "wok_responses_total":
+            values[name, "code"] = {c.name for c in grpc.StatusCode}
+        elif name == "wok_rejected_requests_total":
+            values[name, "reason"] = set(REJECTION_REASONS)
+        elif name == "wok_batch_flushes_total":
+            values[name, "reason"] = set(FLUSH_REASONS)
+        elif name.startswith("wok_request_stage_duration_seconds"):
+            values[name, "stage"] = set(STAGES)
+    assert values["wok_request_duration_seconds_bucket", "le"] >= {"0.2", "0.25", "+Inf"}
+    assert unexported_selections(queries(), labels, values) == []
 
 
 def test_a_stacked_panel_stacks_one_metrics_series_only():
