@@ -27,8 +27,10 @@ balancer retries, to a different replica. Names are resolved again every
 channel, a vanished one gets no new calls and is closed once its calls are done, the streams
 open on it (`stream_channel`) included. A name whose lookup fails (or finds nothing) keeps the
 replicas it has; the other names' changes apply all the same. A resolver of one's own that raises
-anything but OSError is logged (logger `wok.balancer`, once per name and kind of error) and
-treated alike: the lookups go on.
+anything but OSError, or answers what is not a list of addresses ("ip:port", "[v6]:port": a host
+name, say, whose channel would fail every call), is logged (logger `wok.balancer`, once per name
+and kind of error) and treated alike: the lookups go on; at `start()` it raises, a ValueError
+naming the answer for the latter.
 
 Picking (`pick`): power of two choices on outstanding attempts: two random replicas among
 the READY, non-ejected ones (if none is READY: among the READY ejected ones, then those
@@ -72,7 +74,11 @@ late attempts and failures before its return (attempts out at its ejection, or s
 ejected) do not count towards its next ejection, so a lasting fault costs as many calls each
 time it comes back. At most `max_ejected_fraction` (half, rounded down, but one of two) of
 the replicas are ejected at once, never the last one, so a fault of the whole fleet cannot
-empty the rotation; and while no replica in the rotation is
+empty the rotation. The cap holds as the set changes too: a lookup that leaves more replicas
+ejected than it allows (the name's other addresses gone) readmits the excess at once, those
+ejected for slowness first, then those due back first, judged afresh (left out, a lone replica
+ejected got no call while its channel reconnected, and the next new address took every call
+until the ejections ended). And while no replica in the rotation is
 READY (the others are down), the READY ejected ones take the calls: a replica ejected for
 slowness fills the cap, and the one that dies next could not be ejected in its place. A
 READY replica that fails its calls, with the cap full, takes the place of one ejected only for
@@ -227,6 +233,27 @@ def _literal(host: str) -> str | None:
 
 def _address(ip: str, port: int) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+class _BadAnswer(ValueError):
+    """A resolver answered something other than a list of addresses."""
+
+
+def _answer(name: str, found: Any) -> list[str]:
+    """A resolver's answer for target `name`, each address as `_address` writes it; _BadAnswer naming
+    the first that is not "ip:port" or "[ipv6]:port" (a host name among them: the channel made for
+    it failed every call, UNKNOWN "the target uri is not valid")."""
+    expected = "expected a list of addresses, 'ip:port' or '[ipv6]:port'"
+    if not isinstance(found, (list, tuple)):
+        raise _BadAnswer(f"target {name}: the resolver answered {found!r}; {expected}")
+    out = []
+    for a in found:
+        parsed = split_host_port(a) if isinstance(a, str) else None
+        ip = None if parsed is None else _literal(parsed[0])
+        if ip is None or not 0 < parsed[1] < 65536:
+            raise _BadAnswer(f"target {name}: the resolver answered {a!r} (of {list(found)!r}); {expected}")
+        out.append(_address(ip, parsed[1]))
+    return out
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
@@ -412,7 +439,7 @@ class Balancer:
                 continue
             name = f"{host}:{port}"
             try:
-                found = await self._resolve(host, port)
+                found = _answer(name, await self._resolve(host, port))
             except (OSError, socket.gaierror) as exc:
                 if strict:
                     raise ValueError(f"target {name}: cannot resolve {host!r}: {exc}") from None
@@ -420,20 +447,20 @@ class Balancer:
             except Exception as exc:
                 if strict:
                     raise
-                # A resolver of one's own may raise anything (a bug, its library's error): that
-                # ended the lookups for good, silently. Logged once per name and kind of error,
-                # not at every period; the name keeps its replicas, as for a failed lookup.
+                # A resolver of one's own may raise anything (a bug, its library's error), or answer
+                # what is no address: the one ended the lookups for good, silently, the other
+                # replaced the name's replicas with channels that fail every call. Logged once per
+                # name and kind of error, not at every period; the name keeps its replicas, as for
+                # a failed lookup.
                 kind = (name, f"{type(exc).__module__}.{type(exc).__qualname__}")
                 if kind not in self._resolver_errors:
                     self._resolver_errors.add(kind)
+                    bad = isinstance(exc, _BadAnswer)
                     log.error(
-                        "target %s: the resolver raised %s: %s; its replicas are kept and it is looked up"
-                        " again every %g s (this error is logged once)",
-                        name,
-                        type(exc).__name__,
-                        exc,
+                        "%s; its replicas are kept and it is looked up again every %g s (this error is logged once)",
+                        exc if bad else f"target {name}: the resolver raised {type(exc).__name__}: {exc}",
                         self.settings.resolve_every_s,
-                        exc_info=exc,
+                        exc_info=None if bad else exc,
                     )
                 found = []
             if not found and not strict:
@@ -489,6 +516,7 @@ class Balancer:
             if address not in addresses and not r.removed:
                 r.removed = True
                 self._close_if_idle(r)
+        self._within_cap()
         self._notify()
 
     def _close_if_idle(self, r: Replica) -> None:
@@ -639,16 +667,16 @@ class Balancer:
         return None
 
     # -- outlier detection --------------------------------------------------------------------
+    def _ejection_cap(self, live: int) -> int:
+        """How many of `live` replicas may be ejected at once: `max_ejected_fraction` of them,
+        rounded down but at least one (as Envoy's max_ejection_percent), never all."""
+        return 0 if live < 2 else min(live - 1, max(1, math.floor(self.settings.max_ejected_fraction * live)))
+
     def _eject(self, r: Replica, slow: bool = False) -> None:
         if r.ejected or r.removed or self._stopped:
             return  # (stopped: an answer counted after stop() starts no readmission timer)
         live = [x for x in self.replicas.values() if not x.removed]
-        cap = (
-            0
-            if len(live) < 2
-            else min(len(live) - 1, max(1, math.floor(self.settings.max_ejected_fraction * len(live))))
-        )
-        if sum(x.ejected for x in live) >= cap:
+        if sum(x.ejected for x in live) >= self._ejection_cap(len(live)):
             # A slow replica still answers, a failing one fails every call it gets: with the cap
             # full, a failing one takes the place of the slow one due back first, readmitted now.
             slow_ones = [x for x in live if x.ejected and x.ejected_slow and x.readmit is not None]
@@ -666,6 +694,23 @@ class Balancer:
         duration = min(self.settings.max_ejection_s, self.settings.base_ejection_s * r.times_ejected)
         r.readmit = self._loop.call_later(duration, self._readmit, r)
         self._notify()
+
+    def _within_cap(self) -> None:
+        """After the set of replicas changed: readmit the ejected ones past the cap. The cap was held
+        only at each ejection, so a name whose other addresses left kept its ejected ones out, all
+        of them at worst: a lone replica ejected got no call while its channel reconnected ("no
+        replica to send to"), and the first new address took every call for the ejections' rest.
+        Those ejected for slowness come back first (they answer), then those due back first."""
+        live = [x for x in self.replicas.values() if not x.removed]
+        ejected = [x for x in live if x.ejected]
+        excess = len(ejected) - self._ejection_cap(len(live))
+        if excess <= 0:
+            return
+        ejected.sort(key=lambda x: (not x.ejected_slow, x.readmit.when() if x.readmit is not None else -math.inf))
+        for x in ejected[:excess]:
+            if x.readmit is not None:
+                x.readmit.cancel()
+            self._readmit(x)
 
     def _readmit_early(self, slow_ones: list[Replica]) -> None:
         """Readmit the one of `slow_ones` (ejected for slowness) due back first: a swap."""

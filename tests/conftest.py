@@ -49,7 +49,6 @@ SERIAL_FILES = frozenset(
         "bench/test_soak.py",
         "bench/test_stream_sender.py",
         "bench/test_stream_vs_unary.py",
-        "clients/test_balancer.py",
         "clients/test_balancing.py",
         "demo/test_demo.py",
         "demo/test_page_controls.py",
