@@ -3,7 +3,9 @@
 When the load comes from N machines (a Kubernetes Indexed Job, N `wok bench ramp`
 processes with the same steps and step duration, started together), each process's result
 holds its share of every step. `merge_results` adds them step by step, by the index of the
-step in each ramp (refinement steps are left out: each process bisected on its own):
+step in each ramp, in the order it ran (`config.steps`: a result lists its steps by offered rate, and
+with `--steps 400,200,100` a part stopped after its first step ran 400, not the 100 listed first);
+refinement steps are left out (each process bisected on its own):
 
 * counts add: offered, nominal and achieved QPS, requests, ok, errors by code, late sends;
 * the server's message per error code (`error_details`, when a part has one): per code, the first
@@ -358,6 +360,30 @@ def merge_request_sizes(parts: Sequence[dict], label: str = "step", names: Seque
     )
 
 
+def _run_order(result: dict, steps: list[dict]) -> list[dict]:
+    """A part's ramp `steps` in the order it ran them: that of its `config.steps`, whose first k a part
+    that ran k steps ran (it stopped, or was cut, after them). A result lists its steps by offered rate,
+    so with steps run high to low (`--steps 400,200,100`) its first step is the last one run: merged by
+    that index, a part stopped after 400 added its 400 to another part's 100. Equal rates keep the order
+    they are listed in, which is the order they ran (the ramp sorts stably). Steps that do not match
+    `config.steps` by their `nominal_qps` (a file without either) keep the order they are listed in."""
+    order = result.get("config", {}).get("steps")
+    if not isinstance(order, list) or any("nominal_qps" not in s for s in steps):
+        return steps
+    free: dict[float, list[int]] = {}
+    for k, qps in enumerate(order):
+        if not analysis._finite(qps):
+            return steps
+        free.setdefault(float(qps), []).append(k)
+    ranked = []
+    for step in steps:
+        left = free.get(float(step["nominal_qps"])) if analysis._finite(step["nominal_qps"]) else None
+        if not left:
+            return steps
+        ranked.append((left.pop(0), step))
+    return [step for _, step in sorted(ranked, key=lambda r: r[0])]
+
+
 def _cut_phase(interrupted: dict) -> str:
     """Where a part was cut: its `phase`, or for a file written before it, the phase its reason names."""
     phase = interrupted.get("phase")
@@ -465,12 +491,12 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
     _same(results, names, "the least success rate", lambda r: float(r.get("min_success_rate", 0.99)))
     first = results[0]
 
-    parts = [[s for s in r["steps"] if s.get("phase", "ramp") == "ramp"] for r in results]
+    parts = [_run_order(r, [s for s in r["steps"] if s.get("phase", "ramp") == "ramp"]) for r in results]
     n = min(len(p) for p in parts)
     warnings = []
     if any(len(p) != n for p in parts):
         counts = ", ".join(f"{name}: {len(p)}" for name, p in zip(names, parts))
-        warnings.append(f"the parts ran different numbers of steps ({counts}): only the first {n} are merged")
+        warnings.append(f"the parts ran different numbers of steps ({counts}): only the first {n} they ran are merged")
     if any(s.get("phase", "ramp") != "ramp" for r in results for s in r["steps"]):
         warnings.append("refinement steps are left out: each process bisected on its own")
     seeds = [r["config"].get("seed") for r in results]

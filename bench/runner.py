@@ -601,23 +601,31 @@ class Ramp:
             return workers.finish(on_tick=tick)
 
     def _timeline(self) -> dict | None:
-        if not self.timeline:
-            return None
-        intended = np.concatenate([t[0] for t in self.timeline])
-        done = np.concatenate([t[1] for t in self.timeline])
-        lat = np.concatenate([t[2] for t in self.timeline])
-        codes = np.concatenate([t[3] for t in self.timeline])
-        end = math.ceil(np.nanmax(done)) if len(done) else 0
-        t_s, offered, achieved, p99 = [], [], [], []
-        sec_i = np.floor(intended).astype(int)
-        sec_d = np.floor(np.nan_to_num(done, nan=-1)).astype(int)
-        for s in range(max(end, 0)):
-            t_s.append(s)
-            offered.append(int(np.count_nonzero(sec_i == s)))
-            ok_here = (sec_d == s) & (codes == OK)
-            achieved.append(int(np.count_nonzero(ok_here)))
-            p99.append(analysis.latency_summary(lat[ok_here] * 1e3)["p99"] if ok_here.any() else None)
-        return {"t_s": t_s, "offered": offered, "achieved": achieved, "p99_ms": p99}
+        return timeline_series(self.timeline)
+
+
+def timeline_series(entries: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> dict | None:
+    """The result's `timeline` from the steps' requests (`Ramp.timeline`: per step, each request's intended
+    send time and completion, seconds from the first step's start, latency and status number): per 1 s
+    bin, the requests intended in it, the OK answers that came in it and their P99. None without steps."""
+    if not entries:
+        return None
+    intended = np.concatenate([t[0] for t in entries])
+    done = np.concatenate([t[1] for t in entries])
+    lat = np.concatenate([t[2] for t in entries])
+    codes = np.concatenate([t[3] for t in entries])
+    # Bins up to the one holding the last answer: ceil() left out an answer on a whole second.
+    end = math.floor(np.nanmax(done)) + 1 if np.isfinite(done).any() else 0
+    t_s, offered, achieved, p99 = [], [], [], []
+    sec_i = np.floor(intended).astype(int)
+    sec_d = np.floor(np.nan_to_num(done, nan=-1)).astype(int)
+    for s in range(max(end, 0)):
+        t_s.append(s)
+        offered.append(int(np.count_nonzero(sec_i == s)))
+        ok_here = (sec_d == s) & (codes == OK)
+        achieved.append(int(np.count_nonzero(ok_here)))
+        p99.append(analysis.latency_summary(lat[ok_here] * 1e3)["p99"] if ok_here.any() else None)
+    return {"t_s": t_s, "offered": offered, "achieved": achieved, "p99_ms": p99}
 
 
 def _mean_inflight(per_worker: list[np.ndarray], start: float, end: float) -> np.ndarray:

@@ -394,7 +394,7 @@ def _orphaned() -> None:
     os._exit(1)  # nobody is left to report to, and nothing of the worker's needs flushing
 
 
-def _main(conn, target: str, pool: list[bytes], how: Channel, stop=None, index: int = 0) -> None:
+def _main(conn, target: str, how: Channel, stop=None, index: int = 0) -> None:
     # Ctrl-C reaches the whole process group; the coordinator decides what it means. Ignored, a
     # Ctrl-C held back since the start (_start_held: blocked, as inherited) is dropped; SIGTERM and
     # SIGHUP take their default again.
@@ -402,6 +402,12 @@ def _main(conn, target: str, pool: list[bytes], how: Channel, stop=None, index: 
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
     # The worker's own collector pauses would show up as dispatch lag; it allocates little.
     gc.disable()
+    # The pool comes on the pipe once this worker runs, not with its spawn data (WorkerPool).
+    try:
+        conn.send(STARTED)
+        pool = conn.recv()
+    except (EOFError, OSError):
+        return  # the bench stopped, or gave up on this worker, before handing it the pool
     try:
         import uvloop
 
@@ -413,6 +419,10 @@ def _main(conn, target: str, pool: list[bytes], how: Channel, stop=None, index: 
 
 # The signals the bench stops on (cli._signals_interrupt), held back while a worker starts.
 _HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# A worker's first word, once it runs `_main`: the pool may be sent.
+STARTED = "started"
+# How long a worker may take to start (its imports), and then to connect, before the bench gives up.
+START_TIMEOUT_S = 60.0
 
 
 def _start_held(process) -> None:
@@ -448,6 +458,22 @@ def _start_held(process) -> None:
             signal.signal(s, handler)
         if came:
             signal.raise_signal(came[0])
+
+
+def _died(process, stage: str) -> RuntimeError:
+    process.join(1)
+    return RuntimeError(f"bench worker {process.pid} died as it tried to {stage} (exit code {process.exitcode})")
+
+
+def _from_worker(conn, process, stage: str) -> object:
+    """The worker's next word as it starts (`stage`: "start", its imports, or "connect", its channel);
+    a RuntimeError when it died first or took more than START_TIMEOUT_S."""
+    try:
+        if not conn.poll(START_TIMEOUT_S):
+            raise RuntimeError(f"a bench worker did not {stage} within {START_TIMEOUT_S:g} s")
+        return conn.recv()
+    except (EOFError, OSError):
+        raise _died(process, stage) from None
 
 
 class WorkerPool:
@@ -494,16 +520,35 @@ class WorkerPool:
         self._stop = ctx.Event() if stoppable else None
         self._conns = []
         self._procs = []
-        for index in range(n):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_main, args=(child, target, pool, how, self._stop, index), daemon=True)
-            _start_held(p)
-            self._conns.append(parent)
-            self._procs.append(p)
-        for c in self._conns:
-            if not c.poll(60):
-                raise RuntimeError("a bench worker did not start within 60 s")
-            c.recv()
+        try:
+            for index in range(n):
+                parent, child = ctx.Pipe()
+                # The pool (up to 64 MiB) is not in the spawn data: the bench writes that with its stop
+                # signals held (_start_held), and a worker that died before reading it all (a script
+                # without the main guard, which each worker runs again and fails in; an OOM kill)
+                # left the write blocked for good (multiprocessing keeps the worker's end of that pipe
+                # open while it writes), Ctrl-C and SIGTERM held with it: only SIGKILL ended the bench.
+                p = ctx.Process(target=_main, args=(child, target, how, self._stop, index), daemon=True)
+                self._procs.append(p)
+                _start_held(p)
+                child.close()  # the worker's end: with it closed here, a dead worker reads as EOF
+                self._conns.append(parent)
+            for c, p in zip(self._conns, self._procs):
+                _from_worker(c, p, "start")
+                try:
+                    c.send(pool)
+                except OSError:  # a broken pipe: the worker died as it read it
+                    raise _died(p, "start") from None
+            for c, p in zip(self._conns, self._procs):
+                _from_worker(c, p, "connect")
+        except BaseException:
+            for p in self._procs:
+                if p.pid is not None:  # started
+                    p.terminate()
+            for p in self._procs:
+                if p.pid is not None:
+                    p.join(10)
+            raise
 
     def __len__(self) -> int:
         return len(self._conns)

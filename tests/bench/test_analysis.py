@@ -372,6 +372,51 @@ def test_a_step_without_successes_has_no_p99_and_fails():
     assert max_qps_under_slo(steps, 200) == 50
 
 
+def _verdicts(steps, slo=200.0) -> tuple:
+    r = ramp_result(steps=steps, slo_p99_ms=slo, config={}, created="2026-01-01T00:00:00Z")
+    return r["knee_qps"], r["knee_at_or_below_first_step"], r["max_qps_under_slo"], r["warnings"]
+
+
+def test_the_verdicts_on_edge_cases_by_hand():
+    # One step that kept up and met the SLO: no knee; the maximum is at least that step.
+    assert _verdicts([fake_step(100, 100, p99=10)]) == (
+        None,
+        False,
+        100,
+        ["every step met the SLO: the maximum is at least 100 QPS; add higher steps to find it"],
+    )
+    # One step 60 short (gain 0.4 from the origin, beyond its noise 3·√6000 / 60 = 3.9) that missed the
+    # SLO: the knee is at or below it, no rate met the SLO.
+    assert _verdicts([fake_step(100, 40, p99=500, success=0.4)]) == (
+        100,
+        True,
+        None,
+        ["the lowest step (100 QPS) already misses the SLO"],
+    )
+    # Equal throughputs: 200 gains (100 − 100) / 100 = 0 and is 100 short (noise 5.5): the knee.
+    flat = curve([(100, 100), (200, 100), (400, 100)])
+    assert _verdicts(flat)[:3] == (200, False, 400)
+    # Non-monotone: 400 loses 50 of 200's throughput (gain −0.25), and 800 recovering does not move the
+    # knee back up; listed in any order.
+    dip = curve([(100, 100), (200, 200), (400, 150), (800, 790)])
+    assert find_knee(dip) == 400 and find_knee(dip[::-1]) == 400 and find_knee([dip[2], dip[0], dip[3], dip[1]]) == 400
+    # Every step failing (every request an error: nothing achieved, no P99): the knee is at or below the
+    # first step, no rate met the SLO, and no step is said to have met it after another missed it.
+    failing = [fake_step(q, 0.0, p99=math.nan, success=0.0) for q in (100, 200, 400)]
+    assert _verdicts(failing) == (100, True, None, ["the lowest step (100 QPS) already misses the SLO"])
+    # The SLO met only at the steps after a failed first one: none counts, and each is said to be noise.
+    late = slo_curve([(100, 300), (200, 50), (400, 60)])
+    knee, _, best, warnings = _verdicts(late)
+    assert (knee, best) == (None, None)
+    assert warnings == [
+        "the lowest step (100 QPS) already misses the SLO",
+        "step 200 QPS met the SLO after a lower step missed it: ignored as noise in max_qps_under_slo",
+        "step 400 QPS met the SLO after a lower step missed it: ignored as noise in max_qps_under_slo",
+    ]
+    # ... and the same after a pass: the last pass before the first failure.
+    assert _verdicts(slo_curve([(50, 20), (100, 300), (200, 50), (400, 60)]))[2] == 50
+
+
 def test_refine_points_are_evenly_spaced_strictly_inside():
     assert refine_points(100, 200, 3) == [125.0, 150.0, 175.0]
     assert refine_points(100, 200, 0) == []

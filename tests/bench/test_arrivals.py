@@ -541,6 +541,31 @@ def test_window_rate_is_the_schedules_mean_over_the_measured_window():
     assert str(e.value) == "window: expected end_s > start_s, got the empty [3, 3)"
 
 
+def test_a_steps_burst_is_timed_from_the_warm_ups_start_and_its_window_offers_its_integral():
+    """docs/bench.md's example: with --warmup 10s --step-duration 60s the runner gives the process the
+    whole 70 s step (warm-up included), so a default burst, t0=50% and sigma=10%, peaks 35 s in, with
+    σ 7 s, and the step's offered rate (its measured window, [10, 70)) is λ's integral there / 60 s."""
+    warmup, total, q = 10.0, 70.0, 100.0
+    burst = parse_arrivals("burst", q, duration_s=total)
+    assert (burst.t0_s, burst.sigma_s, burst.amplitude_qps) == (35.0, 7.0, 400.0)
+
+    def rate(t: float) -> float:
+        return q + 400.0 * math.exp(-((t - 35.0) ** 2) / (2 * 7.0**2))
+
+    in_window = integrate.quad(rate, warmup, total, points=[35.0])[0]
+    # By hand: 60·100 + 400·7·√(2π)·(Φ(5) − Φ(−25/7)) = 6,000 + 7,017.1 requests, less 1.25 in the warm-up's tail.
+    assert in_window == pytest.approx(6000 + 400 * 7 * math.sqrt(2 * math.pi) * (0.9999997 - 0.0001775), rel=1e-6)
+    assert window_rate(burst, warmup, total) == pytest.approx(in_window / 60.0, rel=1e-9)
+    # Drawn, seeded: the window's count over 20 steps is 20 times the integral, within 4σ of Poisson.
+    rng = np.random.default_rng(21)
+    counts = [int(np.count_nonzero(burst.times(total, rng) >= warmup)) for _ in range(20)]
+    assert abs(sum(counts) - 20 * in_window) < 4 * math.sqrt(20 * in_window), counts
+    # Centred in the window instead, as the docs say to: t0=40s, sigma=6s.
+    centred = parse_arrivals("burst:t0=40s,sigma=6s", q, duration_s=total)
+    assert (centred.t0_s, centred.sigma_s) == (40.0, 6.0)
+    assert window_rate(centred, warmup, total) == pytest.approx(q + 400 * 6 * math.sqrt(2 * math.pi) / 60, rel=1e-6)
+
+
 def test_nominal_for_solves_the_step_rate_that_offers_a_rate():
     # Poisson offers its step rate.
     assert nominal_for("poisson", 40.0, 4.0) == pytest.approx(40.0)

@@ -251,6 +251,33 @@ def test_steps_only_some_parts_ran_are_left_out_with_a_warning(split_ramp):
     assert any("different numbers of steps" in w for w in merged["warnings"])
 
 
+def test_steps_run_high_to_low_merge_by_the_order_they_ran_when_a_part_stopped_early(split_ramp):
+    # `--steps 200,100,50` on each of 3 machines (600, 300, 150 QPS in all); part c stopped after its
+    # first step, 200. A result lists its steps by offered rate, so c's one step is listed where the
+    # others list their 50: merged by that index, the step read 50 + 50 + 200 = 300 QPS, a rate never
+    # run, with two thirds of its requests from another step. It is the 600 QPS step, as one process has it.
+    whole, parts = split_ramp
+    for p in parts:
+        p["config"]["steps"] = [200.0, 100.0, 50.0]
+    stopped = [*parts[:2], {**parts[2], "steps": [s for s in parts[2]["steps"] if s["nominal_qps"] == 200.0]}]
+    merged = merge_results(stopped, ["a.json", "b.json", "c.json"])
+    (m,) = merged["steps"]
+    w = whole["steps"][2]
+    assert (m["offered_qps"], m["nominal_qps"]) == (pytest.approx(600.0), pytest.approx(600.0))
+    for key in ("requests", "ok", "errors", "late_sends", "latency_histogram"):
+        assert m[key] == w[key], key
+    assert m["achieved_qps"] == pytest.approx(w["achieved_qps"])
+    assert merged["config"]["steps"] == [pytest.approx(600.0)]
+    assert (
+        "the parts ran different numbers of steps (a.json: 3, b.json: 3, c.json: 1): only the first 1 they ran "
+        "are merged" in merged["warnings"]
+    )
+    # Every part whole: each step with its own, listed by offered rate; config.steps in the order run.
+    merged = merge_results(parts)
+    assert [s["requests"] for s in merged["steps"]] == [s["requests"] for s in whole["steps"]]
+    assert merged["config"]["steps"] == [pytest.approx(q) for q in (600.0, 300.0, 150.0)]
+
+
 def test_parts_with_the_same_seed_are_warned_about(split_ramp):
     _, parts = split_ramp
     parts[1]["config"]["seed"] = parts[0]["config"]["seed"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,15 @@ import numpy as np
 import pytest
 
 from wok.bench import analysis
-from wok.bench.runner import Ramp, RampConfig, _littles_law_edges, _mean_inflight, build_pool, wall_offset
+from wok.bench.runner import (
+    Ramp,
+    RampConfig,
+    _littles_law_edges,
+    _mean_inflight,
+    build_pool,
+    timeline_series,
+    wall_offset,
+)
 from wok.bench.scrape import scrape, server_view
 from wok.bench.workers import OK, RunQueueClock, Share, WorkerPool
 from wok.metrics import LATENCY_BUCKETS
@@ -223,6 +232,24 @@ def test_the_edges_owe_lambda_w_what_it_counts_outside_the_window():
     assert step["littles_law"]["relative_error"] == pytest.approx(0.15 / 0.45)
 
 
+def test_the_timeline_counts_every_request_once_an_answer_on_a_whole_second_too():
+    # By hand, two steps (seconds from the first one's start): an OK answer lands on 3.0 exactly, the
+    # ramp's last; 13 (DEADLINE_EXCEEDED) and 14 (UNAVAILABLE) are errors, intended but not achieved.
+    # The bins ran to ceil(3.0) = 3, so the last answer, on the bin [3, 4), was in none.
+    first = (np.array([0.2, 0.5, 0.9]), np.array([0.3, 1.5, 1.0]), np.array([0.1, 1.0, 0.1]), np.array([0, 0, 13]))
+    second = (np.array([1.25, 2.5]), np.array([1.5, 3.0]), np.array([0.25, 0.5]), np.array([14, 0]))
+    tl = timeline_series([first, second])
+    assert tl == {
+        "t_s": [0, 1, 2, 3],
+        "offered": [3, 1, 1, 0],
+        "achieved": [1, 1, 0, 1],
+        "p99_ms": [100.0, 1000.0, None, 500.0],
+    }
+    # Every request intended once, every OK answer achieved once.
+    assert sum(tl["offered"]) == 5 and sum(tl["achieved"]) == 3
+    assert timeline_series([]) is None
+
+
 def test_littles_law_holds_on_a_low_rate_step_with_few_short_calls(bench_server):
     # A few 5-10 ms calls in a 1 s window: a count sampled every 10 ms and held to the window's
     # end read several times λW here and warned that the clocks were suspect. Seed 0 draws 2 and 3
@@ -289,6 +316,61 @@ def test_a_stalled_server_delays_every_request_scheduled_during_the_stall(bench_
     late = dict(scrape(metrics_url).buckets("wok_event_loop_lag_seconds"))
     early = dict(lag_before.buckets("wok_event_loop_lag_seconds"))
     assert late[math.inf] - late[0.25] - (early[math.inf] - early[0.25]) >= 1, (early, late)
+
+
+def test_a_server_killed_mid_step_leaves_every_request_of_the_step_counted_once(start_server):
+    """Each request the step scheduled ends once: answered OK, or failed with its code when the server
+    died (those in flight, and those sent after), none left out, none counted twice."""
+    sp = start_server("--models", "mlp")
+    url = next(m.group(1) for m in map(re.compile(r"wok: metrics on (http://\S+/metrics)").search, sp.log) if m)
+
+    def answered() -> float:
+        snap = scrape(url)
+        return snap.get("wok_request_duration_seconds_count", model="mlp") if snap is not None else 0.0
+
+    killed = threading.Event()
+
+    class Killing(Ramp):
+        def started(self, clock0: float) -> None:
+            def kill() -> None:
+                # Gated on the server's own count, not a clock: 80 answered is 30 of the window's at
+                # least (the warm-up holds 50), with 2.7 s of sends still to come at 100 QPS.
+                while answered() < 80:
+                    time.sleep(0.02)
+                sp.proc.kill()
+                killed.set()
+
+            threading.Thread(target=kill, daemon=True).start()
+
+    cfg = RampConfig(
+        target=sp.target,
+        models=[("mlp", 1.0)],
+        steps=[100],
+        step_duration_s=3.0,
+        warmup_s=0.5,
+        arrival="constant",  # k / 100 s: 350 requests, 300 of them in the window, whatever the seed
+        workers=2,
+        timeout_s=5.0,
+        stop_factor=math.inf,
+    )
+    ramp = Killing(cfg, progress=lambda _: None)
+    result = ramp.run()
+    assert killed.is_set()
+    (step,) = result["steps"]
+    assert step["requests"] == 300
+    assert step["ok"] + sum(step["errors"].values()) == 300, step["errors"]
+    assert step["ok"] >= 30 and "UNAVAILABLE" in step["errors"], (step["ok"], step["errors"])
+    assert step["success_rate"] == step["ok"] / 300
+    assert step["latency_histogram"]["count"] == step["ok"]
+    # Every request of the step, warm-up included, ended once (a completion time, a code), and the
+    # figures over the window are those of these requests.
+    ((intended, done, _, codes),) = ramp.timeline
+    assert len(intended) == 350 and np.isfinite(done).all()
+    ok_in_window = (codes == OK) & (done >= cfg.warmup_s) & (done < cfg.warmup_s + cfg.step_duration_s)
+    assert step["achieved_qps"] * cfg.step_duration_s == pytest.approx(int(ok_in_window.sum()))
+    timeline = result["timeline"]
+    assert sum(timeline["offered"]) == 350
+    assert sum(timeline["achieved"]) == int((codes == OK).sum())
 
 
 def test_a_ramp_past_capacity_finds_a_knee(bench_server, metrics_url, tmp_path):

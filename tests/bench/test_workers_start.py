@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from multiprocessing.context import SpawnProcess
 
 import pytest
@@ -70,3 +72,30 @@ def test_a_ctrl_c_to_the_bench_as_a_worker_starts_is_raised_once_it_has_started(
             p.terminate()
             p.join(10)
     assert len(started) == 1  # the first start was whole; the Ctrl-C came before the second
+
+
+# A script without the main guard: each spawned worker imports it again, and its WorkerPool fails there
+# (multiprocessing refuses to start a process while a child bootstraps), so the worker dies at once.
+NO_MAIN_GUARD = """
+from wok.bench.workers import WorkerPool
+
+pool = WorkerPool("127.0.0.1:1", [bytes(200_000)], 1)
+pool.close()
+"""
+
+
+def test_a_worker_that_dies_before_it_has_the_pool_fails_the_start_instead_of_hanging_it(tmp_path):
+    """The pool (200 KB here, more than a pipe holds) was in the spawn data, written with the stop
+    signals held: the worker died before reading it, and the write waited for good (multiprocessing
+    holds the worker's end of that pipe open while it writes), Ctrl-C and SIGTERM held too. Now the
+    worker gets the pool on its own pipe once it runs, and its death is the bench's error."""
+    script = tmp_path / "ramp.py"
+    script.write_text(NO_MAIN_GUARD)
+    # The timeout only bounds the hang this was: the start itself takes a second or two.
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: bench worker ") and last.endswith(
+        " died as it tried to start (exit code 1)"
+    ), done.stderr[-2000:]
+    assert "bootstrapping phase" in done.stderr  # the worker's own reason, from multiprocessing
