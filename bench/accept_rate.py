@@ -224,12 +224,14 @@ def _settings(p: argparse.ArgumentParser, args) -> list[tuple[int, float, int, i
             p.error(f"{option}: expected an integer >= 1, got {value}")
 
     def values(option: str, text: str, kind, ok, expected: str) -> list:
+        from wok.errors import quoted_name
+
         try:
             out = [kind(x) for x in text.split(",")]
         except ValueError:
             out = []
         if not out or not all(ok(v) for v in out):
-            p.error(f"{option}: expected {expected}, comma-separated; got {text!r}")
+            p.error(f"{option}: expected {expected}, comma-separated; got {quoted_name(text)}")
         return out
 
     hogs = values("--hog-us", args.hog_us, float, lambda v: 0 <= v < math.inf, "microseconds >= 0")
@@ -240,7 +242,9 @@ def _settings(p: argparse.ArgumentParser, args) -> list[tuple[int, float, int, i
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+
+    p = ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--loops", default="1,4", help="servers on the port, comma-separated")
     p.add_argument("--hog-us", default="0,1000", help="least length of a loop pass (µs), comma-separated")
     p.add_argument(

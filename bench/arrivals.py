@@ -33,6 +33,15 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+
+def _quoted(text: str) -> str:
+    """`text` as a refusal shows user text (wok.errors.quoted_name: quoted, escaped, cut); imported
+    here, for a refusal only: wok.errors imports gRPC (see the module's doc)."""
+    from wok.errors import quoted_name
+
+    return quoted_name(text)
+
+
 __all__ = [
     "Arrivals",
     "Burst",
@@ -117,7 +126,7 @@ def nominal_for(spec: str, offered_qps: float, duration_s: float) -> float:
         if not q1 > 0:
             low_q, low_f = min(tried)
             raise ValueError(
-                f"arrivals {spec!r}: offers more than {offered_qps:g} QPS at any step rate above 0, got "
+                f"arrivals {_quoted(spec)}: offers more than {offered_qps:g} QPS at any step rate above 0, got "
                 f"{low_f:g} QPS at step rate {low_q:g} (an absolute burst amplitude or sawtooth bound sets a floor)"
             )
         f0, f1 = f1, offered(q1)
@@ -127,12 +136,14 @@ def nominal_for(spec: str, offered_qps: float, duration_s: float) -> float:
         return q
     if stalled:
         raise ValueError(
-            f"arrivals {spec!r}: the offered rate ({f1:g} QPS) does not follow the step's QPS, so it "
+            f"arrivals {_quoted(spec)}: the offered rate ({f1:g} QPS) does not follow the step's QPS, so it "
             f"cannot be set to {offered_qps:g} (a trace at a fixed scale, or a sawtooth with absolute low "
             "and high, keeps its own rate)"
         )
     if abs(f - offered_qps) > 0.01 * offered_qps:
-        raise ValueError(f"arrivals {spec!r}: no step rate found that offers {offered_qps:g} QPS (nearest {f:g})")
+        raise ValueError(
+            f"arrivals {_quoted(spec)}: no step rate found that offers {offered_qps:g} QPS (nearest {f:g})"
+        )
     return q
 
 
@@ -629,7 +640,7 @@ def parse_duration(s: str) -> float:
     m = _DURATION.fullmatch(s)
     if m is None:
         raise ValueError(
-            f"invalid duration {s!r}: expected a number >= 0 with an optional unit ms, s, m or h "
+            f"invalid duration {_quoted(s)}: expected a number >= 0 with an optional unit ms, s, m or h "
             "(e.g. '250ms', '30s', '5m', '1.5h')"
         )
     number = float(m.group(1) + (f"e{m.group(2)}" if m.group(2) else ""))
@@ -661,22 +672,22 @@ def parse_steps(spec: str) -> list[float]:
         parts = [p.strip() for p in text.split(":")]
         if len(parts) != 3:
             raise ValueError(
-                f"QPS range {spec!r}: expected start:stop:factor (e.g. '50:800:2'), got {len(parts)} parts"
+                f"QPS range {_quoted(spec)}: expected start:stop:factor (e.g. '50:800:2'), got {len(parts)} parts"
             )
         values = [_number(p) for p in parts]
         for label, p, v in zip(("start", "stop", "factor"), parts, values):
             if v is None:
-                raise ValueError(f"QPS range {spec!r}: {label} {p!r} is not a number")
+                raise ValueError(f"QPS range {_quoted(spec)}: {label} {_quoted(p)} is not a number")
         start, stop, factor = values
         if start <= 0:
-            raise ValueError(f"QPS range {spec!r}: start must be > 0; got {start:g}")
+            raise ValueError(f"QPS range {_quoted(spec)}: start must be > 0; got {start:g}")
         if stop < start:
-            raise ValueError(f"QPS range {spec!r}: stop must be >= start {start:g}; got {stop:g}")
+            raise ValueError(f"QPS range {_quoted(spec)}: stop must be >= start {start:g}; got {stop:g}")
         if factor <= 1:
-            raise ValueError(f"QPS range {spec!r}: factor must be > 1; got {factor:g}")
+            raise ValueError(f"QPS range {_quoted(spec)}: factor must be > 1; got {factor:g}")
         count = math.floor(math.log(stop / start) / math.log(factor) + 1e-9) + 1
         if count > MAX_STEPS:
-            raise ValueError(f"QPS range {spec!r}: {count} steps; at most {MAX_STEPS}")
+            raise ValueError(f"QPS range {_quoted(spec)}: {count} steps; at most {MAX_STEPS}")
         steps = [start * factor**k for k in range(count)]
         if math.isclose(steps[-1], stop, rel_tol=1e-9):
             steps[-1] = stop
@@ -686,12 +697,12 @@ def parse_steps(spec: str) -> list[float]:
         item = item.strip()
         value = _number(item)
         if value is None:
-            raise ValueError(f"QPS steps {spec!r}: {item!r} is not a number")
+            raise ValueError(f"QPS steps {_quoted(spec)}: {_quoted(item)} is not a number")
         if value <= 0:
-            raise ValueError(f"QPS steps {spec!r}: each step must be > 0; got {value:g}")
+            raise ValueError(f"QPS steps {_quoted(spec)}: each step must be > 0; got {value:g}")
         steps.append(value)
     if len(steps) > MAX_STEPS:
-        raise ValueError(f"QPS steps {spec!r}: {len(steps)} steps; at most {MAX_STEPS}")
+        raise ValueError(f"QPS steps {_quoted(spec)}: {len(steps)} steps; at most {MAX_STEPS}")
     return steps
 
 
@@ -710,13 +721,18 @@ def _options(spec: str, kind: str, items: list[str]) -> dict[str, str]:
     for item in items:
         key, eq, value = (x.strip() for x in item.partition("="))
         if not allowed:
-            raise ValueError(f"arrivals {spec!r}: {kind} takes no options; got {item.strip()!r}")
+            raise ValueError(f"arrivals {_quoted(spec)}: {kind} takes no options; got {_quoted(item.strip())}")
         if not eq or not key or not value:
-            raise ValueError(f"arrivals {spec!r}: expected key=value; got {item.strip()!r}")
+            raise ValueError(f"arrivals {_quoted(spec)}: expected key=value; got {_quoted(item.strip())}")
         if key not in allowed:
-            raise ValueError(f"arrivals {spec!r}: unknown option {key!r} for {kind}; expected {', '.join(allowed)}")
+            raise ValueError(
+                f"arrivals {_quoted(spec)}: unknown option {_quoted(key)} for {kind}; expected {', '.join(allowed)}"
+            )
         if key in out:
-            raise ValueError(f"arrivals {spec!r}: option {key!r} given twice; got {out[key]!r} and {value!r}")
+            raise ValueError(
+                f"arrivals {_quoted(spec)}: option {_quoted(key)} given twice; got {_quoted(out[key])} and "
+                f"{_quoted(value)}"
+            )
         out[key] = value
     return out
 
@@ -727,7 +743,7 @@ def _rate_option(spec: str, key: str, value: str, qps: float) -> float:
     number = _number(value[:-1] if multiple else value)
     if number is None or number < 0:
         raise ValueError(
-            f"arrivals {spec!r}: {key}={value} is neither a multiple of the step's rate like '4x' "
+            f"arrivals {_quoted(spec)}: {key}={value} is neither a multiple of the step's rate like '4x' "
             "nor a rate >= 0 like '200'"
         )
     return number * qps if multiple else number
@@ -738,17 +754,18 @@ def _time_option(spec: str, key: str, value: str, duration_s: float | None) -> f
     if value.endswith("%"):
         fraction = _number(value[:-1])
         if fraction is None or fraction < 0:
-            raise ValueError(f"arrivals {spec!r}: {key}={value} is not a percentage >= 0 of the step")
+            raise ValueError(f"arrivals {_quoted(spec)}: {key}={value} is not a percentage >= 0 of the step")
         if duration_s is None:
             raise ValueError(
-                f"arrivals {spec!r}: {key}={value} is a fraction of the step; parse_arrivals needs duration_s, got None"
+                f"arrivals {_quoted(spec)}: {key}={value} is a fraction of the step; parse_arrivals needs "
+                "duration_s, got None"
             )
         return fraction / 100.0 * duration_s
     try:
         return parse_duration(value)
     except ValueError:
         raise ValueError(
-            f"arrivals {spec!r}: {key}={value} is neither a duration like '30s', '500ms', '2m' "
+            f"arrivals {_quoted(spec)}: {key}={value} is neither a duration like '30s', '500ms', '2m' "
             "nor a fraction of the step like '50%'"
         ) from None
 
@@ -770,12 +787,13 @@ def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) ->
     kind = kind.strip().lower()
     if kind not in _OPTIONS:
         raise ValueError(
-            f"arrivals {spec!r}: unknown process {kind!r}; expected constant, poisson, burst, sawtooth or trace:PATH"
+            f"arrivals {_quoted(spec)}: unknown process {_quoted(kind)}; expected constant, poisson, burst, sawtooth "
+            "or trace:PATH"
         )
     items = rest.split(",") if rest.strip() else []
     if kind == "trace":
         if not items or not items[0].strip():
-            raise ValueError(f"arrivals {spec!r}: expected trace:PATH[,scale=N], got no PATH")
+            raise ValueError(f"arrivals {_quoted(spec)}: expected trace:PATH[,scale=N], got no PATH")
         # A path may hold commas ("calls,2026.csv" was the file "calls" and an option "2026.csv"):
         # the options are the trailing items with an "=", the rest is the path.
         cut = len(items)
@@ -792,10 +810,10 @@ def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) ->
         t0 = _time_option(spec, "t0", opts.get("t0", "50%"), duration_s)
         sigma = _time_option(spec, "sigma", opts.get("sigma", "10%"), duration_s)
         if sigma <= 0:
-            raise ValueError(f"arrivals {spec!r}: burst sigma must be > 0 s, got {sigma:g}")
+            raise ValueError(f"arrivals {_quoted(spec)}: burst sigma must be > 0 s, got {sigma:g}")
         if duration_s is None and t0 <= 0:
             raise ValueError(
-                f"arrivals {spec!r}: a burst at t0 <= 0 needs duration_s for its mean rate, got t0 {t0:g} s "
+                f"arrivals {_quoted(spec)}: a burst at t0 <= 0 needs duration_s for its mean rate, got t0 {t0:g} s "
                 "and duration_s None"
             )
         return Burst(qps, amplitude, t0, sigma, duration_s)
@@ -804,15 +822,15 @@ def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) ->
         high = _rate_option(spec, "high", opts.get("high", "1.5x"), qps)
         period = _time_option(spec, "period", opts.get("period", "10s"), duration_s)
         if period <= 0:
-            raise ValueError(f"arrivals {spec!r}: sawtooth period must be > 0 s, got {period:g}")
+            raise ValueError(f"arrivals {_quoted(spec)}: sawtooth period must be > 0 s, got {period:g}")
         return Sawtooth(low, high, period)
     trace = load_trace(path)
     scale = opts.get("scale", "1")
     if scale.lower() == "auto":
         if qps == 0:
-            raise ValueError(f"arrivals {spec!r}: scale=auto needs a qps > 0, got {qps:g}")
+            raise ValueError(f"arrivals {_quoted(spec)}: scale=auto needs a qps > 0, got {qps:g}")
         return TraceReplay(trace.timestamps_s, trace.sizes, qps / trace.mean_rate)
     factor = _number(scale)
     if factor is None or factor <= 0:
-        raise ValueError(f"arrivals {spec!r}: scale={scale} is neither a number > 0 nor 'auto'")
+        raise ValueError(f"arrivals {_quoted(spec)}: scale={scale} is neither a number > 0 nor 'auto'")
     return TraceReplay(trace.timestamps_s, trace.sizes, factor)

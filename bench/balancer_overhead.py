@@ -15,7 +15,6 @@ costs a client, not what it saves when a replica misbehaves (docs/reliability.md
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import math
@@ -164,7 +163,9 @@ def document(runs: list[dict], med: dict, config: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=20000, help="calls per run (default 20,000)")
     p.add_argument("--inflight", type=int, default=32, help="outstanding calls (default 32)")
     p.add_argument("--servers", type=int, default=2, help="bare servers to balance over (default 2)")

@@ -355,10 +355,10 @@ def render_table(doc: dict, markdown: bool = False) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from wok.bench.outputs import refuse_unwritable
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+    from wok.errors import quoted_name
 
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--rev",
         action="append",
@@ -392,7 +392,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.case_list = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in args.case_list if c not in CASES]
     if unknown or not args.case_list:
-        p.error(f"--cases: expected some of {', '.join(CASES)}, comma-separated; got {args.cases!r}")
+        p.error(f"--cases: expected some of {', '.join(CASES)}, comma-separated; got {quoted_name(args.cases)}")
     if not (args.host_probe >= 0 and math.isfinite(args.host_probe)):
         p.error(f"--host-probe: expected seconds >= 0 (0: off), got {args.host_probe:g}")
     # Resolved once, up front: an unknown revision is refused before anything runs, and every rep
@@ -402,11 +402,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     for rev in args.revs:
         if rev != WORKTREE and not REV_PEER.fullmatch(f"wok@{rev}"):
-            p.error(f"--rev: expected {WORKTREE} or a git revision (letters, digits and _.~^/-), got {rev!r}")
+            p.error(
+                f"--rev: expected {WORKTREE} or a git revision (letters, digits and _.~^/-), got {quoted_name(rev)}"
+            )
         try:
             args.targets[rev] = resolve(rev)
         except ValueError:
-            p.error(f"--rev: git does not know revision {rev!r}")
+            p.error(f"--rev: git does not know revision {quoted_name(rev)}")
         except subprocess.CalledProcessError as exc:
             p.error(f"--rev {rev}: {' '.join(exc.cmd)} failed: {exc.stderr.strip()}")
     return args

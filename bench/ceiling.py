@@ -224,8 +224,9 @@ def table(doc: dict) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     from wok.bench.arrivals import parse_duration
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hidden", type=int, default=4096, help="mlp hidden width (default 4096: compute-bound here)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--max-batch-size", type=int, default=32)

@@ -51,7 +51,6 @@ It prints the codes each kind got and the problems, writes the tallies with `--j
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import sys
@@ -704,7 +703,10 @@ def _scrape(url: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+    from wok.errors import quoted_name
+
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=30.0, help="how long the load runs (default 30)")
     ap.add_argument("--rate", type=float, default=150.0, help="unary requests a second (default 150)")
     ap.add_argument("--streams", type=int, default=2, help="streams open at once (default 2)")
@@ -732,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             ap.error(str(exc))
         if args.target.startswith(_SCHEMES) and not args.metrics_url:
-            ap.error(f"--target {args.target!r}: a gRPC name; give its --metrics-url")
+            ap.error(f"--target {quoted_name(args.target)}: a gRPC name; give its --metrics-url")
     tty = sys.stderr.isatty()
     shown = [0.0]
 

@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from ..errors import quoted_name
 from .outputs import check_outputs as _check_outputs
 from .outputs import keep_elsewhere as _keep_elsewhere
 from .outputs import result_text as _result_text
@@ -208,11 +209,18 @@ def _security(args):
 
     tls = None
     if args.tls_ca or args.tls_cert or args.tls_key:
+        # Read here first, for a refusal that names the option: TLS.from_files names the file alone.
+        for option, path in (("--tls-ca", args.tls_ca), ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+            if path is not None:
+                try:
+                    path.read_bytes()
+                except OSError as exc:
+                    raise ValueError(f"{option} {path}: {exc.strerror or exc}") from None
         tls = TLS.from_files(args.tls_ca, args.tls_cert, args.tls_key)
     elif args.tls:
         tls = True
     token = None
-    if args.token_file and args.token_env:
+    if args.token_file is not None and args.token_env is not None:
         raise ValueError("give --token-file or --token-env, not both")
     from ..auth import split_tokens
 
@@ -228,10 +236,12 @@ def _security(args):
         if not tokens:
             raise ValueError(f"--token-file {args.token_file} holds no token")
         token = tokens[0]
-    elif args.token_env:
-        tokens = split_tokens(os.environ.get(args.token_env) or "")
+    elif args.token_env is not None:  # `--token-env ""` sent no token, without a word
+        tokens = split_tokens(os.environ.get(args.token_env) or "") if args.token_env else []
         if not tokens:
-            raise ValueError(f"--token-env: environment variable {args.token_env} is not set, or holds no token")
+            raise ValueError(
+                f"--token-env: environment variable {quoted_name(args.token_env)} is not set, or holds no token"
+            )
         token = tokens[0]
     return tls, token
 
@@ -478,6 +488,23 @@ def _metrics_url(spec: str, target: str, *, replicas: bool = False, say=_warn) -
     return _vet_metrics_url(f"http://{host}:{AUTO_METRICS_PORT}/metrics", target, explicit=False, say=say)
 
 
+def _check_metrics_url(spec: str) -> None:
+    """Refuse a --metrics-url that is neither auto, none nor an http(s) URL with a host: one such as
+    "" or "host:8002/metrics" was scraped at every step, nothing ever answering, after a warning."""
+    from urllib.parse import urlsplit
+
+    if spec in ("auto", "none"):
+        return
+    try:
+        url = urlsplit(spec)
+    except ValueError:  # an IPv6 host without its closing bracket
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.hostname or not spec.isprintable() or " " in spec:
+        raise ValueError(
+            f"--metrics-url {quoted_name(spec)}: expected auto, none or a URL such as http://HOST:8002/metrics"
+        )
+
+
 def _grpc_ports(snap) -> list[str]:
     """The gRPC ports a scrape's wok_server_info names: one for a wok server, none for any other."""
     return sorted({dict(items).get("grpc_port", "?") for name, items in snap.values if name == "wok_server_info"})
@@ -530,9 +557,13 @@ def _unix_time(text: str | None) -> float | None:
     if text is None:
         return None
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise ValueError(f"--start-at: expected a Unix time in seconds, e.g. $(date +%s); got {text!r}") from None
+        value = math.nan
+    # Checked here, not only by RampConfig, whose refusal named its field (start_at), not the option.
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"--start-at: expected a Unix time in seconds, e.g. $(date +%s); got {quoted_name(text)}")
+    return value
 
 
 def _signals_interrupt() -> dict | None:
@@ -589,6 +620,13 @@ def _check_aim(args) -> None:
         raise ValueError(f"--workers must be at least 1; got {args.workers}")
     if not args.stop_factor > 0:  # NaN too
         raise ValueError(f"--stop-factor must be > 0 (inf: never stop early); got {args.stop_factor:g}")
+    if args.refine < 0:  # taken as 0 before, without a word
+        raise ValueError(f"--refine: expected an integer >= 0; got {args.refine}")
+    # NaN compares false: a NaN threshold found no knee, and wrote NaN into the JSON; a NaN
+    # --require-qps let every run pass.
+    for option, value in (("--knee-threshold", args.knee_threshold), ("--require-qps", args.require_qps)):
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"{option}: expected a finite number; got {value:g}")
     if args.replicas is not None:
         if args.replicas < 1:
             raise ValueError(f"--replicas must be >= 1; got {args.replicas}")
@@ -617,7 +655,7 @@ def _seconds(args, option: str, positive: bool = False) -> float:
     text = getattr(args, option.removeprefix("--").replace("-", "_"))
     value = _named(option, parse_duration, text)
     if not math.isfinite(value) or (positive and value == 0):
-        raise ValueError(f"{option}: expected a finite duration{' > 0' if positive else ''}; got {text!r}")
+        raise ValueError(f"{option}: expected a finite duration{' > 0' if positive else ''}; got {quoted_name(text)}")
     return value
 
 
@@ -631,8 +669,8 @@ def _with_unit(option: str, text: str) -> str:
     # 0 is 0 in any unit (`--max-queue-delay 0`, `--overhead 0`): only another number is ambiguous.
     if _BARE_NUMBER.fullmatch(text) and math.isfinite(value := float(text)) and value != 0:
         raise ValueError(
-            f"{option} {text.strip()!r}: give a unit, e.g. {value:g}ms or {value / 1e3:g}s (a bare number would be "
-            "seconds)"
+            f"{option} {quoted_name(text.strip())}: give a unit, e.g. {value:g}ms or {value / 1e3:g}s (a bare number "
+            "would be seconds)"
         )
     return text
 
@@ -651,7 +689,9 @@ def _warmup(text: str | None, duration: float) -> float:
 
     value = _named("--warmup", parse_duration, text)
     if not math.isfinite(value):
-        raise ValueError(f"--warmup: expected a finite duration or a percentage of --step-duration; got {text!r}")
+        raise ValueError(
+            f"--warmup: expected a finite duration or a percentage of --step-duration; got {quoted_name(text)}"
+        )
     return value
 
 
@@ -665,13 +705,16 @@ def _check_target(text: str) -> str:
     text = text.strip()  # "HOST:PORT " from a script: gRPC took it, and the items of a list are stripped
     if text.startswith(_SCHEMES):
         return text
+    if not text:  # `--target ""` (a variable left empty) ramped the default target, 127.0.0.1:8001
+        raise ValueError("--target '': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:///NAME:PORT)")
     for one in target_list(text):
         parsed = split_host_port(one)
         plain = "/" not in one and (one.count(":") == 1 or one.startswith("["))
         if parsed is None or not plain or not 0 < parsed[1] < 65536:
             hint = " (no URL scheme: gRPC, not HTTP)" if "://" in one else ""
             raise ValueError(
-                f"--target {text!r}: expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:///NAME:PORT){hint}"
+                f"--target {quoted_name(text)}: expected HOST:PORT (several: HOST:PORT,HOST:PORT or "
+                f"dns:///NAME:PORT){hint}"
             )
     return text
 
@@ -687,7 +730,9 @@ def check_one_target(text: str) -> str:
         checked = None
     if checked is None or "," in checked:  # ipv4:A,B is several servers too
         hint = " (no URL scheme: gRPC, not HTTP)" if "://" in text and not text.startswith(_SCHEMES) else ""
-        raise ValueError(f"--target {text!r}: expected one server, HOST:PORT, [IPV6]:PORT or a gRPC name{hint}")
+        raise ValueError(
+            f"--target {quoted_name(text)}: expected one server, HOST:PORT, [IPV6]:PORT or a gRPC name{hint}"
+        )
     return checked
 
 
@@ -714,7 +759,9 @@ def _arrivals(option: str, spec: str, qps: float, duration_s: float):
         try:
             return parse_arrivals(text, qps, duration_s=duration_s)
         except OSError as exc:  # a trace file: an option's value, not a failure of the run (exit 1)
-            raise ValueError(f"arrivals {text!r}: cannot read {exc.filename}: {exc.strerror or exc}") from None
+            raise ValueError(
+                f"arrivals {quoted_name(text)}: cannot read {exc.filename}: {exc.strerror or exc}"
+            ) from None
 
     return _named(option, parse, spec)
 
@@ -744,7 +791,8 @@ def run(args) -> int:
 
     _check_aim(args)
     _check_outputs(args, *_RESULT_OUTPUTS)
-    target = _check_target(args.target or DEFAULT_TARGET)
+    target = _check_target(DEFAULT_TARGET if args.target is None else args.target)
+    _check_metrics_url(args.metrics_url)
     tls, token = _security(args)
     duration = _seconds(args, "--step-duration", positive=True)
     warmup = _warmup(args.warmup, duration)
@@ -793,13 +841,13 @@ def run(args) -> int:
     plain = args.soak is None and not args.fault and args.replicas is None
     probe_s = _named("--host-probe", parse_duration, args.host_probe)
     if not math.isfinite(probe_s):
-        raise ValueError(f"--host-probe: expected a finite duration (0: off), got {args.host_probe!r}")
+        raise ValueError(f"--host-probe: expected a finite duration (0: off), got {quoted_name(args.host_probe)}")
     if probe_s and not plain:
         raise ValueError("--host-probe is for plain ramps; not with --soak, --fault or --replicas")
     if cfg.start_at is not None and not plain:
         raise ValueError("--start-at is for plain ramps of several generators; not with --soak, --fault or --replicas")
     if args.streams < 1:
-        raise ValueError("--streams must be at least 1")
+        raise ValueError(f"--streams must be at least 1; got {args.streams}")
     # The balancer the workers will use (as WorkerPool picks it): several replicas are several targets.
     balancer = pick_balancer(args.balancer, args.rpc, target, replicas=args.replicas or 0)
     if args.rpc == "stream" and balancer != "grpc":
@@ -811,13 +859,21 @@ def run(args) -> int:
         )
     if args.hedge_after != "auto" and balancer != "wok":
         raise ValueError("--hedge-after is the wok balancer's: it does nothing with --balancer grpc")
+    # The soak's, the faults' and the replicas' own options too, before --metrics-url is scraped (for
+    # up to 2 s, and said): a bad --fault or --soak was refused after both.
+    if args.soak is not None:
+        if args.fault:
+            raise ValueError("--soak runs without --fault")
+        soak.soak_values(args, cfg)
+        if args.replicas is not None:
+            faults.serve_args_of(args, cfg)
+    elif args.replicas is not None or args.fault:
+        faults.check_options(args, cfg)
     cfg = replace(cfg, metrics_url=_metrics_url(args.metrics_url, target, replicas=args.replicas is not None))
     previous = _signals_interrupt()
     try:
         try:
             if args.soak is not None:
-                if args.fault:
-                    raise ValueError("--soak runs without --fault")
                 result = soak.run_soak(args, cfg)
             elif args.replicas is not None or args.fault:
                 result = faults.run_faults(args, cfg)
@@ -830,7 +886,7 @@ def run(args) -> int:
             if isinstance(exc, InferError) and exc.code.name == "NOT_FOUND":
                 # A model of --model that the target does not serve, refused with its metadata before
                 # the first step: a bad option, as a step whose every request comes back NOT_FOUND.
-                print(f"wok bench: --model {args.model}: {exc}", file=sys.stderr)
+                print(f"wok bench: --model {quoted_name(args.model)}: {exc}", file=sys.stderr)
                 return BAD_REQUESTS
             if isinstance(exc, InferError) and exc.hint:  # a plaintext client's connection closed unanswered
                 exc = (
@@ -1060,6 +1116,11 @@ def add_plan_parser(sub) -> None:
 
 # What the planner's inputs are called on this command line: its range errors start with them.
 PLAN_OPTIONS = {
+    "model": "--model",
+    "deployment": "--deployment",
+    "namespace": "--namespace",
+    "prometheus_url": "--prometheus-url",
+    "adapter_namespace": "--adapter-namespace",
     "peak_qps": "--peak-qps",
     "t_batch_s": "--t-batch",
     "batch_size": "--batch-size",
@@ -1106,7 +1167,8 @@ def run_plan(args) -> int:
             batch = plan.batch_from_alpha_beta(alpha, beta, n, names=ab)
         else:
             batch = plan.batch_from_profile(args.profile, n, names=PLAN_OPTIONS)
-    model = args.model or batch.detail.get("model") or "mlp"
+    # `--model ""` is refused (Autoscaling.check), not taken for the default.
+    model = args.model if args.model is not None else batch.detail.get("model") or "mlp"
     autoscaling = plan.Autoscaling(
         scale_out_above=plan.exact(args.scale_out_above, "--scale-out-above"),
         scale_in_below=plan.exact(args.scale_in_below, "--scale-in-below"),
@@ -1243,7 +1305,7 @@ def run_tune(args) -> int:
         try:
             return [int(x) for x in spec.split(",") if x.strip()]
         except ValueError:
-            raise ValueError(f"{what} {spec!r}: expected whole numbers like 4,8,16") from None
+            raise ValueError(f"{what} {quoted_name(spec)}: expected whole numbers like 4,8,16") from None
 
     sizes = ints(args.max_batch_sizes, "--max-batch-sizes")
     delays = [
@@ -1252,12 +1314,14 @@ def run_tune(args) -> int:
         if x.strip()
     ]
     if not all(math.isfinite(d) for d in delays):  # else refused only after simulating the others
-        raise ValueError(f"--delays: expected finite durations; got {args.delays!r}")
+        raise ValueError(f"--delays: expected finite durations; got {quoted_name(args.delays)}")
     default = None
     if args.default != "none":
         n, comma, d = args.default.partition(",")
         if not comma:
-            raise ValueError(f"--default {args.default!r}: expected MAX_BATCH_SIZE,DELAY like 32,5ms, or none")
+            raise ValueError(
+                f"--default {quoted_name(args.default)}: expected MAX_BATCH_SIZE,DELAY like 32,5ms, or none"
+            )
         try:
             default = (ints(n, "--default")[0], parse_duration(d.strip()))
         except (ValueError, IndexError):
@@ -1268,12 +1332,14 @@ def run_tune(args) -> int:
             except ValueError:  # refused with the whole setting: "--default '5'" hid the size it came with
                 n, value = n.strip(), float(d)
                 raise ValueError(
-                    f"--default {args.default!r}: give DELAY a unit, e.g. {n},{value:g}ms or {n},{value / 1e3:g}s "
+                    f"--default {quoted_name(args.default)}: give DELAY a unit, e.g. {n},{value:g}ms or "
+                    f"{n},{value / 1e3:g}s "
                     "(a bare number would be seconds)"
                 ) from None
         if default is None or default[0] < 1 or not math.isfinite(default[1]):
             raise ValueError(
-                f"--default {args.default!r}: expected MAX_BATCH_SIZE ≥ 1 and a finite DELAY ≥ 0, like 32,5ms, or none"
+                f"--default {quoted_name(args.default)}: expected MAX_BATCH_SIZE ≥ 1 and a finite DELAY ≥ 0, like "
+                "32,5ms, or none"
             )
     if args.instances < 1:
         raise ValueError(f"--instances: expected an integer ≥ 1; got {args.instances}")

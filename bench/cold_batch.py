@@ -13,7 +13,6 @@ low load.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -62,11 +61,13 @@ def main(argv=None) -> int:
     import torch
 
     from wok.bench.arrivals import parse_duration
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
     from wok.config import InstanceConfig
+    from wok.errors import quoted_name
     from wok.executor import Executor
     from wok.models import DEMO_MODELS, build_demo
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp", help="a demo model with one FP32 input (default mlp)")
     p.add_argument("--sizes", default="1,7,32", help="batch sizes (rows), comma-separated")
     p.add_argument("--gap", type=parse_duration, default="5ms", help="idle time between spaced batches")
@@ -82,13 +83,13 @@ def main(argv=None) -> int:
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
-        p.error(f"--sizes: expected positive integers, comma-separated; got {args.sizes!r}")
+        p.error(f"--sizes: expected positive integers, comma-separated; got {quoted_name(args.sizes)}")
     if args.batches < 1:
         p.error(f"--batches: expected an integer >= 1, got {args.batches}")
     if args.torch_threads is not None and args.torch_threads < 1:
         p.error(f"--torch-threads: expected an integer >= 1, got {args.torch_threads}")
     if args.model not in DEMO_MODELS:
-        p.error(f"--model: expected a demo model with one FP32 input (mlp), got {args.model!r}")
+        p.error(f"--model: expected a demo model with one FP32 input (mlp), got {quoted_name(args.model)}")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     servable = build_demo(args.model)

@@ -310,10 +310,18 @@ def _launch_wok(peer: Peer, ports: dict) -> tuple[list[str], dict, Path]:
 
 def wok_variant(spec: str) -> Peer:
     """NAME=ARGS: wok served with extra `wok serve` arguments, compared side by side with plain wok."""
+    from wok.errors import quoted_name
+
     name, eq, args = spec.partition("=")
     if not eq or not re.fullmatch(r"wok-[A-Za-z0-9_.-]+", name):
-        raise ValueError(f"--wok-variant {spec!r}: expected wok-NAME='ARGS', e.g. wok-t1='--torch-threads 1'")
-    return Peer(name, [], _launch_wok, ready_timeout_s=120.0, extra={"args": shlex.split(args)})
+        raise ValueError(
+            f"--wok-variant {quoted_name(spec)}: expected wok-NAME='ARGS', e.g. wok-t1='--torch-threads 1'"
+        )
+    try:
+        argv = shlex.split(args)
+    except ValueError as exc:  # shlex's "No closing quotation", in no option's name
+        raise ValueError(f"--wok-variant {quoted_name(spec)}: {exc}") from None
+    return Peer(name, [], _launch_wok, ready_timeout_s=120.0, extra={"args": argv})
 
 
 REV_PEER = re.compile(r"wok@([A-Za-z0-9_.~^/-]+)")
@@ -326,15 +334,17 @@ def wok_at_rev(name: str) -> Peer:
     are laid out as the package `wok` under `.bench-peers/wok@SHA/` (as pyproject's package-dir
     maps them), which comes first on the server's PYTHONPATH.
     """
+    from wok.errors import quoted_name
+
     m = REV_PEER.fullmatch(name)
     if m is None:
-        raise ValueError(f"{name!r}: expected wok@REV, e.g. wok@HEAD or wok@76aec29")
+        raise ValueError(f"{quoted_name(name)}: expected wok@REV, e.g. wok@HEAD or wok@76aec29")
     rev = m.group(1)
     out = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"], capture_output=True, text=True
     )
     if out.returncode != 0:
-        raise ValueError(f"{name!r}: git does not know revision {rev!r}")
+        raise ValueError(f"{quoted_name(name)}: git does not know revision {quoted_name(rev)}")
     sha = out.stdout.strip()
     return Peer(name, [], _launch_wok, ready_timeout_s=120.0, extra={"rev": sha})
 
@@ -736,9 +746,10 @@ def host_info() -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+    from wok.errors import quoted_name
+
+    p = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--servers",
         default="wok,pytriton,mlserver",
@@ -811,9 +822,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 p.error(str(exc))
     unknown = [s for s in args.server_list if s not in PEERS]
     if unknown:
-        p.error(f"unknown server(s) {unknown}; known: {', '.join(PEERS)}")
+        p.error(f"unknown server(s) {', '.join(map(quoted_name, unknown))}; known: {', '.join(PEERS)}")
     if not args.server_list:
-        p.error(f"--servers: expected at least one server name, got {args.servers!r}")
+        p.error(f"--servers: expected at least one server name, got {quoted_name(args.servers)}")
     twice = sorted({s for s in args.server_list if args.server_list.count(s) > 1})
     if twice:
         p.error(f"--servers: expected each server once, got {', '.join(twice)} more than once")
@@ -839,7 +850,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         except ValueError as exc:
             p.error(f"{option}: {exc}")
     if args.step_duration_s <= 0:
-        p.error(f"--step-duration: expected a duration > 0, got {args.step_duration!r}")
+        p.error(f"--step-duration: expected a duration > 0, got {quoted_name(args.step_duration)}")
     try:
         # As each step parses it (runner.run_step). A rate only has to be > 0 (the lowest step) and
         # its multiples finite (the highest): the two ends stand for every step, a trace read twice.

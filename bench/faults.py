@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..children import die_with_parent
+from ..errors import quoted_name
 from ..faults import MAX_DELAY_MS
 from .analysis import latency_summary
 from .arrivals import parse_duration
@@ -102,13 +103,13 @@ def parse_at(text: str, what: str) -> At:
         except ValueError:
             value = math.nan
         if not 0 <= value <= 1:
-            raise ValueError(f"{what}={text}: expected a percentage of the ramp from 0% to 100%")
+            raise ValueError(f"{what}={quoted_name(text)}: expected a percentage of the ramp from 0% to 100%")
         return At(value, True)
     try:
         return At(parse_duration(text), False)
     except ValueError:
         raise ValueError(
-            f"{what}={text}: expected a percentage of the ramp (30%) or a time from its start (12s)"
+            f"{what}={quoted_name(text)}: expected a percentage of the ramp (30%) or a time from its start (12s)"
         ) from None
 
 
@@ -133,40 +134,49 @@ def parse_fault(spec: str) -> FaultSpec:
     kind, _, rest = spec.partition(":")
     kind = kind.strip()
     if kind not in _KEYS:
-        raise ValueError(f"--fault {spec!r}: expected kill:, pause:, slow: or fail:; got {kind!r}")
+        raise ValueError(
+            f"--fault {quoted_name(spec)}: expected kill:, pause:, slow: or fail:; got {quoted_name(kind)}"
+        )
     values: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or key not in _KEYS[kind]:
-            raise ValueError(f"--fault {spec!r}: {item!r}: expected KEY=VALUE with KEY one of {sorted(_KEYS[kind])}")
+            raise ValueError(
+                f"--fault {quoted_name(spec)}: {quoted_name(item)}: expected KEY=VALUE with KEY one of "
+                f"{sorted(_KEYS[kind])}"
+            )
         if key in values:
-            raise ValueError(f"--fault {spec!r}: {key} given twice")
+            raise ValueError(f"--fault {quoted_name(spec)}: {key} given twice")
         values[key] = value.strip()
     if "at" not in values:
-        raise ValueError(f"--fault {spec!r}: at=... is required (e.g. at=30%)")
+        raise ValueError(f"--fault {quoted_name(spec)}: at=... is required (e.g. at=30%)")
     if len(values.keys() & {"until", "restart", "resume"}) > 1:
-        raise ValueError(f"--fault {spec!r}: give one end (until=, restart= or resume=)")
+        raise ValueError(f"--fault {quoted_name(spec)}: give one end (until=, restart= or resume=)")
     end_key = next((k for k in ("until", "restart", "resume") if k in values), None)
     try:
         at = parse_at(values["at"], "at")
         until = parse_at(values[end_key], end_key) if end_key else None
     except ValueError as exc:
-        raise ValueError(f"--fault {spec!r}: {exc}") from None
+        raise ValueError(f"--fault {quoted_name(spec)}: {exc}") from None
     if until is not None and until.fraction == at.fraction and until.value <= at.value:
-        raise ValueError(f"--fault {spec!r}: the fault must end after it starts ({until} <= {at})")
+        raise ValueError(f"--fault {quoted_name(spec)}: the fault must end after it starts ({until} <= {at})")
     replica = _int(values, "replica", spec)
     instance = _int(values, "instance", spec)
     model = values.get("model")
     delay_ms = None
     if kind in ("slow", "fail") and not model:
-        raise ValueError(f"--fault {spec!r}: model=NAME is required")
+        raise ValueError(f"--fault {quoted_name(spec)}: model=NAME is required")
     if kind == "slow":
         if "delay" not in values:
-            raise ValueError(f"--fault {spec!r}: delay=DURATION is required (e.g. delay=50ms)")
-        delay_ms = 1e3 * parse_duration(values["delay"])
+            raise ValueError(f"--fault {quoted_name(spec)}: delay=DURATION is required (e.g. delay=50ms)")
+        try:
+            delay_ms = 1e3 * parse_duration(values["delay"])
+        except ValueError as exc:  # in the option's name: it was "invalid duration ..." alone
+            raise ValueError(f"--fault {quoted_name(spec)}: delay: {exc}") from None
         if not 0 < delay_ms <= MAX_DELAY_MS:  # the server's own bound: past it, the fault is refused
             raise ValueError(
-                f"--fault {spec!r}: delay={values['delay']}: expected above 0 and at most {MAX_DELAY_MS / 1e3:g}s"
+                f"--fault {quoted_name(spec)}: delay={quoted_name(values['delay'])}: expected above 0 and at most "
+                f"{MAX_DELAY_MS / 1e3:g}s"
             )
     if kind in ("kill", "pause") and replica is None:
         replica = 0
@@ -178,7 +188,7 @@ def _int(values: dict[str, str], key: str, spec: str) -> int | None:
         return None
     text = values[key]
     if not text.isdigit():
-        raise ValueError(f"--fault {spec!r}: {key}={text}: expected an integer >= 0")
+        raise ValueError(f"--fault {quoted_name(spec)}: {key}={quoted_name(text)}: expected an integer >= 0")
     return int(text)
 
 
@@ -432,7 +442,8 @@ def check_overlaps(specs: Sequence[FaultSpec], planned_s: float, server_of: Call
             if same and a0 < b1 and b0 < a1:
                 inst = "every instance" if a.instance is None or b.instance is None else f"instance {a.instance}"
                 raise ValueError(
-                    f"--fault {a.text!r} and --fault {b.text!r}: both act on model {a.model} ({inst}) of {where} "
+                    f"--fault {quoted_name(a.text)} and --fault {quoted_name(b.text)}: both act on model "
+                    f"{a.model} ({inst}) of {where} "
                     f"from {max(a0, b0):g} s to {_s(min(a1, b1))}; the server keeps one fault per instance, so "
                     "one would silently undo the other: expected windows that do not overlap (a fault without "
                     "until= lasts to the end), or another instance= or replica="
@@ -486,30 +497,35 @@ class FaultSchedule:
         n = len(self.replicas) if self.replicas is not None else 0
         if self.replicas is None:
             raise ValueError(
-                f"--fault {spec.text!r}: {spec.kind} needs --replicas: the bench signals only replicas it started"
+                f"--fault {quoted_name(spec.text)}: {spec.kind} needs --replicas: the bench signals only replicas it "
+                "started"
             )
         if spec.replica >= n:
-            raise ValueError(f"--fault {spec.text!r}: replica={spec.replica}, but there are {n} (0 to {n - 1})")
+            raise ValueError(
+                f"--fault {quoted_name(spec.text)}: replica={spec.replica}, but there are {n} (0 to {n - 1})"
+            )
         return spec.replica
 
     def _admin_url(self, spec: FaultSpec) -> str:
         if self.replicas is not None:
             i = spec.replica or 0
             if i >= len(self.replicas):
-                raise ValueError(f"--fault {spec.text!r}: replica={i}, but there are {len(self.replicas)}")
+                raise ValueError(f"--fault {quoted_name(spec.text)}: replica={i}, but there are {len(self.replicas)}")
             return self.replicas[i].admin_url
         if not self.admin_urls:
-            raise ValueError(f"--fault {spec.text!r}: a server-side fault needs --replicas or --admin-url")
+            raise ValueError(f"--fault {quoted_name(spec.text)}: a server-side fault needs --replicas or --admin-url")
         i = spec.replica or 0
         if i >= len(self.admin_urls):
-            raise ValueError(f"--fault {spec.text!r}: replica={i}, but --admin-url names {len(self.admin_urls)}")
+            raise ValueError(
+                f"--fault {quoted_name(spec.text)}: replica={i}, but --admin-url names {len(self.admin_urls)}"
+            )
         return self.admin_urls[i]
 
     def _actions(self, i: int, spec: FaultSpec) -> list[Action]:
         start = spec.at.seconds(self.planned_s)
         end = spec.until.seconds(self.planned_s) if spec.until is not None else None
         if end is not None and end <= start:
-            raise ValueError(f"--fault {spec.text!r}: ends at {end:g} s, before it starts at {start:g} s")
+            raise ValueError(f"--fault {quoted_name(spec.text)}: ends at {end:g} s, before it starts at {start:g} s")
         if spec.kind == "kill":
             r = self._check_replica(spec)
             out = [Action(start, i, "kill", lambda: self.replicas[r].kill(), r)]
@@ -891,7 +907,7 @@ class FaultRamp(Ramp):
         result["faults"] = section
         for f, problem in zip(section["faults"], not_in_effect(section)):
             if problem is not None:
-                result["warnings"].append(f"fault {f['fault']!r} {problem}")
+                result["warnings"].append(f"fault {quoted_name(f['fault'])} {problem}")
         warning = loss_warning(section, self.cfg.retries, self.cfg.rpc)
         if warning is not None:
             result["warnings"].append(warning)
@@ -1004,7 +1020,7 @@ def print_faults(result: dict, file=None) -> None:
     console.print(table)
     for f, problem in zip(section["faults"], not_in_effect(section)):
         if problem is not None:
-            console.print(f"[bold]fault {f['fault']!r} {problem}[/bold]", markup=True, highlight=False)
+            console.print(f"[bold]fault {quoted_name(f['fault'])} {problem}[/bold]", markup=True, highlight=False)
     tl = section["timeline"]
     starts = [f["start_s"] for f in section["faults"] if f.get("start_s") is not None]
     if not starts:
@@ -1090,9 +1106,12 @@ def parse_hedge_after(text: str) -> float | str | None:
     text = text.strip()
     if text in ("auto", "off"):
         return None if text == "off" else "auto"
-    value = parse_duration(text)
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:  # in the option's name: it was "invalid duration ..." alone
+        raise ValueError(f"--hedge-after: {exc}") from None
     if value <= 0:
-        raise ValueError(f"--hedge-after {text}: expected a duration > 0, auto or off")
+        raise ValueError(f"--hedge-after {quoted_name(text)}: expected a duration > 0, auto or off")
     return value
 
 
@@ -1100,18 +1119,26 @@ def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def start_replicas(args, cfg: RampConfig, say: Callable[[str], None], *, admin: bool = False):
-    """(ReplicaSet, cfg aimed at it) for `--replicas N`; (None, cfg) without it."""
+def serve_args_of(args, cfg: RampConfig) -> list[str]:
+    """The arguments of each replica's `wok serve`: --serve-args split as a shell would; ValueError
+    naming the option for one a shell could not split (an unclosed quote)."""
     import shlex
 
+    if args.serve_args is None:
+        return ["--models", ",".join(m for m, _ in cfg.models)]
+    try:
+        return shlex.split(args.serve_args)
+    except ValueError as exc:  # shlex's "No closing quotation", in no option's name
+        raise ValueError(f"--serve-args {quoted_name(args.serve_args)}: {exc}") from None
+
+
+def start_replicas(args, cfg: RampConfig, say: Callable[[str], None], *, admin: bool = False):
+    """(ReplicaSet, cfg aimed at it) for `--replicas N`; (None, cfg) without it."""
     if args.replicas is None:
         return None, cfg
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1; got {args.replicas}")
-    if args.serve_args is not None:
-        serve_args = shlex.split(args.serve_args)
-    else:
-        serve_args = ["--models", ",".join(m for m, _ in cfg.models)]
+    serve_args = serve_args_of(args, cfg)
     say(f"starting {args.replicas} replica(s): wok serve {' '.join(serve_args)}")
     replicas = ReplicaSet(args.replicas, serve_args, admin=admin)
     say(f"replicas serving on {replicas.target}")
@@ -1120,22 +1147,22 @@ def start_replicas(args, cfg: RampConfig, say: Callable[[str], None], *, admin: 
     return replicas, replace(cfg, target=replicas.target, metrics_url=metrics_url)
 
 
-def run_faults(args, cfg: RampConfig) -> dict:
-    """The ramp with `--replicas` and `--fault`: start the replicas, run, stop them, return the result."""
+def check_options(args, cfg: RampConfig) -> list[FaultSpec]:
+    """The --fault specs, checked with the replica options against each other and the ramp's plan
+    before anything connects or starts (`wok bench ramp` calls this before it scrapes --metrics-url);
+    ValueError naming the option."""
     specs = [parse_fault(s) for s in args.fault]
     if args.replicas is not None:
         if args.replicas < 1:
             raise ValueError(f"--replicas must be >= 1; got {args.replicas}")
         for s in specs:
             if s.replica is not None and s.replica >= args.replicas:
-                raise ValueError(f"--fault {s.text!r}: replica={s.replica}, but --replicas {args.replicas}")
+                raise ValueError(f"--fault {quoted_name(s.text)}: replica={s.replica}, but --replicas {args.replicas}")
+        serve_args_of(args, cfg)
     elif any(not s.server_side for s in specs):
         raise ValueError("--fault kill: and pause: need --replicas: the bench signals only replicas it started")
     elif any(s.server_side for s in specs) and not args.admin_url:
         raise ValueError("--fault slow: and fail: need --replicas or --admin-url")
-    if specs:
-        # A fault is expected to break the SLO for a while; stopping there would skip its end.
-        cfg = replace(cfg, stop_factor=math.inf)
 
     def server_of(s: FaultSpec) -> str:
         i = s.replica or 0
@@ -1145,6 +1172,15 @@ def run_faults(args, cfg: RampConfig) -> dict:
 
     # Before any replica starts; the schedule checks again with the servers' own URLs.
     check_overlaps(specs, planned_s(cfg), server_of)
+    return specs
+
+
+def run_faults(args, cfg: RampConfig) -> dict:
+    """The ramp with `--replicas` and `--fault`: start the replicas, run, stop them, return the result."""
+    specs = check_options(args, cfg)
+    if specs:
+        # A fault is expected to break the SLO for a while; stopping there would skip its end.
+        cfg = replace(cfg, stop_factor=math.inf)
     replicas, cfg = start_replicas(args, cfg, say, admin=any(s.server_side for s in specs))
     try:
         return FaultRamp(cfg, specs, replicas=replicas, admin_urls=args.admin_url, progress=say).run()

@@ -39,7 +39,6 @@ answer was unclear (the first ones are listed).
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import sys
@@ -656,7 +655,9 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m wok.bench.fuzz", description=__doc__.split("\n\n")[0])
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+
+    ap = ArgumentParser(prog="python -m wok.bench.fuzz", description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0, help="how long to fuzz (default 10)")
     ap.add_argument("--target", help="HOST:PORT of a wok server serving the demo models; also send each input there")
     ap.add_argument(

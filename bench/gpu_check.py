@@ -20,7 +20,6 @@ it small sizes, as the default model takes over half an hour on a CPU:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
@@ -117,7 +116,9 @@ async def server_check(device: str) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+
+    ap = ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--batches", type=int, default=60)
     ap.add_argument("--rows", type=int, default=1024, help="rows per batch of the copy-heavy model")

@@ -21,7 +21,6 @@ the editable install finds; with neither, asyncio.sleep; `paced_with` says which
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import math
 import os
@@ -144,7 +143,10 @@ async def measure(qps: float, duration_s: float, seed: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+    from wok.errors import quoted_name
+
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--qps", type=float, default=100.0, help="Poisson arrival rate (default 100)")
     p.add_argument("--duration", default="20s", help="length of the run (default 20s)")
     p.add_argument("--seed", type=int, default=0)
@@ -158,7 +160,7 @@ def main(argv=None) -> int:
     except ValueError as exc:
         p.error(f"--duration: {exc}")
     if duration_s <= 0:
-        p.error(f"--duration: expected a duration > 0, got {args.duration!r}")
+        p.error(f"--duration: expected a duration > 0, got {quoted_name(args.duration)}")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as wok serve sets it, before torch loads
     import uvloop
 

@@ -16,7 +16,6 @@ oneDNN, with wok's padding.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -39,7 +38,9 @@ def rss_mib() -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=100, help="timed forwards per cell (default 100)")
     p.add_argument("--gap-ms", type=float, default=5.0, help="sleep before each forward of the gap series (default 5)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")

@@ -10,7 +10,6 @@ ratio measured side by side, plus the server's CPU seconds per request (from /pr
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import math
@@ -84,7 +83,9 @@ def one_run(metrics: bool, concurrency: int, seconds: float) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+
+    ap = ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--concurrency", type=int, default=64)

@@ -85,6 +85,8 @@ def check_outputs(args, *options: str, parents_made: bool = False) -> None:
         path = getattr(args, option.removeprefix("--").replace("-", "_"))
         if path is None:
             continue
+        if path == "":  # an option read as text, left empty (a variable): not the working directory
+            raise ValueError(f"{option}: expected a path; got ''")
         try:
             why = output_problem(path, option in FOLDER_OUTPUTS, parents_made)
         except OSError as exc:  # a stat refused on the way (a folder that cannot be searched)

@@ -44,6 +44,14 @@ __all__ = [
 ]
 
 
+def _quoted(text: str) -> str:
+    """`text` as a refusal shows user text (wok.errors.quoted_name: quoted, escaped, cut); imported
+    here, for a refusal only: wok.errors imports gRPC (see the module's doc)."""
+    from wok.errors import quoted_name
+
+    return quoted_name(text)
+
+
 def _int(value: object, what: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer, float)):
         raise ValueError(f"{what} must be an integer >= {minimum}; got {value!r}")
@@ -204,19 +212,19 @@ def parse_sizes(spec: str) -> Sizes:
             return Fixed(int(kind))
         if kind == "fixed":
             if not re.fullmatch(r"\d+", rest):
-                raise ValueError(f"expected fixed:N with N an integer >= 0; got {rest!r}")
+                raise ValueError(f"expected fixed:N with N an integer >= 0; got {_quoted(rest)}")
             return Fixed(int(rest))
         if kind == "uniform":
             m = re.fullmatch(r"(\d+)\s*:\s*(\d+)", rest)
             if m is None:
-                raise ValueError(f"expected uniform:LO:HI with integers 0 <= LO <= HI; got {rest!r}")
+                raise ValueError(f"expected uniform:LO:HI with integers 0 <= LO <= HI; got {_quoted(rest)}")
             return Uniform(int(m.group(1)), int(m.group(2)))
         if kind == "lognormal":
             opts: dict[str, str] = {}
             for item in rest.split(",") if rest else []:
                 key, eq, value = (x.strip() for x in item.partition("="))
                 if not eq or key not in ("median", "sigma", "max") or key in opts or not value:
-                    raise ValueError(f"expected median=M,sigma=S,max=N, each once; got {item.strip()!r}")
+                    raise ValueError(f"expected median=M,sigma=S,max=N, each once; got {_quoted(item.strip())}")
                 opts[key] = value
             missing = [k for k in ("median", "sigma", "max") if k not in opts]
             if missing:
@@ -226,15 +234,15 @@ def parse_sizes(spec: str) -> Sizes:
             except ValueError:
                 raise ValueError("lognormal median and sigma must be numbers") from None
             if not re.fullmatch(r"\d+", opts["max"]):
-                raise ValueError(f"lognormal max must be an integer >= 1; got {opts['max']!r}")
+                raise ValueError(f"lognormal max must be an integer >= 1; got {_quoted(opts['max'])}")
             return LogNormal(median, sigma, int(opts["max"]))
         if kind == "empirical":
             if not rest:
                 raise ValueError("expected empirical:PATH")
             return Empirical(_read_sizes(Path(rest)))
     except (ValueError, OSError) as e:
-        raise ValueError(f"sizes {spec!r}: {e}") from None
-    raise ValueError(f"sizes {spec!r}: unknown distribution {kind!r}; {_SIZES_HELP}")
+        raise ValueError(f"sizes {_quoted(spec)}: {e}") from None
+    raise ValueError(f"sizes {_quoted(spec)}: unknown distribution {_quoted(kind)}; {_SIZES_HELP}")
 
 
 # -- payloads ----------------------------------------------------------------------------------
@@ -544,15 +552,15 @@ def parse_mix(spec: str) -> list[tuple[str, float]]:
     """
     items = [item.strip() for item in spec.split(",")]
     if not spec.strip() or any(not item for item in items):
-        raise ValueError(f"model mix {spec!r}: expected NAME[:WEIGHT],... (e.g. 'mlp:0.7,encoder:0.3')")
+        raise ValueError(f"model mix {_quoted(spec)}: expected NAME[:WEIGHT],... (e.g. 'mlp:0.7,encoder:0.3')")
     names: list[str] = []
     weights: list[float | None] = []
     for item in items:
         name, colon, weight = (x.strip() for x in item.rpartition(":")) if ":" in item else (item, "", "")
         if not name:
-            raise ValueError(f"model mix {spec!r}: {item!r} has no model name")
+            raise ValueError(f"model mix {_quoted(spec)}: {_quoted(item)} has no model name")
         if name in names:
-            raise ValueError(f"model mix {spec!r}: model {name!r} appears twice")
+            raise ValueError(f"model mix {_quoted(spec)}: model {_quoted(name)} appears twice")
         value: float | None = None
         if colon:
             try:
@@ -560,12 +568,14 @@ def parse_mix(spec: str) -> list[tuple[str, float]]:
             except ValueError:
                 value = None
             if value is None or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"model mix {spec!r}: weight {weight!r} of {name!r} is not a number > 0")
+                raise ValueError(
+                    f"model mix {_quoted(spec)}: weight {_quoted(weight)} of {_quoted(name)} is not a number > 0"
+                )
         names.append(name)
         weights.append(value)
     given = [w is not None for w in weights]
     if any(given) and not all(given):
-        raise ValueError(f"model mix {spec!r}: give a weight for every model or for none")
+        raise ValueError(f"model mix {_quoted(spec)}: give a weight for every model or for none")
     raw = [w if w is not None else 1.0 for w in weights]
     total = sum(raw)
     return [(name, w / total) for name, w in zip(names, raw)]

@@ -32,9 +32,11 @@ from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import yaml
 
+from ..errors import quoted_name
 from .arrivals import parse_duration
 from .outputs import json_text, replacing
 
@@ -123,10 +125,16 @@ def exact(value, what: str) -> Fraction:
         try:
             d = Decimal(text)
         except InvalidOperation:
-            raise ValueError(f"{what}: {value!r} is not a number") from None
+            raise ValueError(f"{what}: {_shown(value)} is not a number") from None
     if not d.is_finite():
-        raise ValueError(f"{what}: expected a finite number; got {value!r}")
+        raise ValueError(f"{what}: expected a finite number; got {_shown(value)}")
     return _in_float_range(Fraction(d), what, value)
+
+
+def _shown(value) -> str:
+    """A value a refusal names: text as user text is shown (errors.quoted_name: quoted, escaped, cut),
+    a JSON number as Python writes it."""
+    return quoted_name(value) if isinstance(value, str) else repr(value)
 
 
 def _in_float_range(x: Fraction, what: str, given) -> Fraction:
@@ -137,7 +145,7 @@ def _in_float_range(x: Fraction, what: str, given) -> Fraction:
         f = math.inf
     if math.isinf(f) or (x and not f):
         raise ValueError(
-            f"{what}: {given!r} is out of range: its magnitude is beyond what a 64-bit float holds "
+            f"{what}: {_shown(given)} is out of range: its magnitude is beyond what a 64-bit float holds "
             "(about 1e-308 to 1e308)"
         )
     return x
@@ -158,7 +166,7 @@ def exact_duration(text: str, what: str) -> Fraction:
     m = _DURATION.fullmatch(text)
     if m.group(3) is None:
         bare = text.strip()
-        raise ValueError(f"{what}: {text!r} has no unit; write {bare}ms or {bare}s")
+        raise ValueError(f"{what}: {quoted_name(text)} has no unit; write {bare}ms or {bare}s")
     number = Fraction(Decimal(m.group(1) + (f"e{m.group(2)}" if m.group(2) else "")))
     return _in_float_range(number * _UNIT[m.group(3)], what, text)
 
@@ -235,15 +243,15 @@ def parse_burst(spec: str, option: str = "--burst") -> Burst:
     does not paste as it is: its base is the step's rate (give base=), its sigma may be a share of the step.
     Refusals start with `option` (the caller's name for the spec) and the spec."""
     opts: dict[str, str] = {}
-    where = f"{option} {spec!r}"
+    where = f"{option} {quoted_name(spec)}"
     for item in spec.split(","):
         key, eq, value = (x.strip() for x in item.partition("="))
         if not eq or not key or not value:
             raise ValueError(f"{where}: expected key=value items like base=1000,amplitude=4000,sigma=30s")
         if key not in ("base", "amplitude", "sigma", "t0"):
-            raise ValueError(f"{where}: unknown option {key!r}; expected base, amplitude, sigma or t0")
+            raise ValueError(f"{where}: unknown option {quoted_name(key)}; expected base, amplitude, sigma or t0")
         if key in opts:
-            raise ValueError(f"{where}: option {key!r} given twice")
+            raise ValueError(f"{where}: option {quoted_name(key)} given twice")
         opts[key] = value
     for key in ("base", "amplitude"):
         if key not in opts:
@@ -273,7 +281,7 @@ _TEAM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 def parse_team(spec: str, option: str = "--team") -> tuple[str, Fraction]:
     """'search=3000': a team name and its peak QPS. Refusals start with `option` and the spec."""
     name, eq, value = (x.strip() for x in spec.partition("="))
-    where = f"{option} {spec!r}"
+    where = f"{option} {quoted_name(spec)}"
     if not eq or not _TEAM.fullmatch(name):
         raise ValueError(f"{where}: expected NAME=PEAK_QPS like search=3000")
     qps = exact(value, f"{where}: peak QPS")
@@ -574,15 +582,32 @@ class Autoscaling:
                 f"{_named(names, 'max_replicas')}max replicas must be at most {MAX_REPLICAS} (the autoscalers' "
                 f"replica counts are 32-bit integers); got {self.max_replicas}"
             )
-        for what, name in (
-            ("deployment", self.deployment),
-            ("namespace", self.namespace),
-            ("adapter namespace", self.adapter_namespace),
+        for key, what, name in (
+            ("deployment", "deployment", self.deployment),
+            ("namespace", "namespace", self.namespace),
+            ("adapter_namespace", "adapter namespace", self.adapter_namespace),
         ):
             if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", name):
-                raise ValueError(f"{what} {name!r} is not a Kubernetes name (lower case letters, digits, '-')")
+                raise ValueError(
+                    f"{_named(names, key)}{what} {quoted_name(name)} is not a Kubernetes name (lower case letters, "
+                    "digits, '-')"
+                )
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.model):
-            raise ValueError(f"model {self.model!r}: letters, digits, '_', '.', '-' only (it goes into PromQL)")
+            raise ValueError(
+                f"{_named(names, 'model')}model {quoted_name(self.model)}: letters, digits, '_', '.', '-' only (it "
+                "goes into PromQL)"
+            )
+        # KEDA's serverAddress: "" or a host without its scheme was written into the manifest as given.
+        try:
+            url = urlsplit(self.prometheus_url)
+        except ValueError:  # an IPv6 host without its closing bracket
+            url = None
+        shown = self.prometheus_url.isprintable() and " " not in self.prometheus_url
+        if url is None or url.scheme not in ("http", "https") or not url.hostname or not shown:
+            raise ValueError(
+                f"{_named(names, 'prometheus_url')}Prometheus URL {quoted_name(self.prometheus_url)}: expected a URL "
+                "such as http://prometheus-operated.monitoring.svc:9090"
+            )
 
 
 # ---------------------------------------------------------------------------- the plan

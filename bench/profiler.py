@@ -42,6 +42,7 @@ from wok.errors import ModelExecutionError
 from wok.executor import Executor, resolve_devices
 from wok.servable import HostBuffers, Servable
 
+from ..errors import quoted_name
 from .analysis import latency_summary
 from .analysis import ms_text as _ms
 from .payloads import PayloadGenerator, TensorSpec, parse_sizes
@@ -310,9 +311,9 @@ class ProfileConfig:
         if self.seed < 0:  # numpy's own refusal names no option: "expected non-negative integer"
             raise ValueError(f"--seed must be >= 0; got {self.seed}")
         if re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is None:
-            raise ValueError(f"--device {self.device!r}: expected auto, cpu, cuda or cuda:N")
+            raise ValueError(f"--device {quoted_name(self.device)}: expected auto, cpu, cuda or cuda:N")
         if self.cpu_linear not in ("onednn", "torch"):
-            raise ValueError(f"--cpu-linear {self.cpu_linear!r}: expected onednn or torch")
+            raise ValueError(f"--cpu-linear {quoted_name(self.cpu_linear)}: expected onednn or torch")
 
 
 def default_batch_sizes(max_batch_size: int) -> list[int]:
@@ -330,9 +331,9 @@ def parse_batch_sizes(spec: str) -> list[int]:
     except ValueError as exc:
         # parse_steps speaks of QPS steps; the message that reaches the user names this option.
         detail = str(exc).split(": ", 1)[-1]
-        raise ValueError(f"--batch-sizes {spec!r}: {detail.replace('each step', 'each size')}") from None
+        raise ValueError(f"--batch-sizes {quoted_name(spec)}: {detail.replace('each step', 'each size')}") from None
     if any(v != int(v) for v in values):
-        raise ValueError(f"--batch-sizes {spec!r}: batch sizes must be whole numbers")
+        raise ValueError(f"--batch-sizes {quoted_name(spec)}: batch sizes must be whole numbers")
     return [int(v) for v in values]
 
 

@@ -12,7 +12,6 @@ that its stop at the end does not wait for the slowed batch.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
@@ -91,7 +90,9 @@ async def measure(requests: int, max_queue_size: int, settle_s: float = 1.0) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=10_000, help="calls sent at once (default 10,000)")
     ap.add_argument(
         "--max-queue-size",

@@ -147,16 +147,18 @@ def _median(runs: list[dict], server: str, rows: int, key: str) -> float:
 def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, str | None], list[int]]:
     """The servers (each name to the commit a wok@REV serves, else None) and the rows values, or
     the parser's error (exit 2) before any server starts."""
+    from wok.errors import quoted_name
+
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if not servers:
-        ap.error(f"--servers: expected wok, bare or wok@REV, comma-separated; got {args.servers!r}")
+        ap.error(f"--servers: expected wok, bare or wok@REV, comma-separated; got {quoted_name(args.servers)}")
     revs: dict[str, str | None] = {}
     for name in servers:
         if name in ("wok", "bare"):
             revs[name] = None
             continue
         if not REV_PEER.fullmatch(name):
-            ap.error(f"--servers: expected wok, bare or wok@REV; got {name!r}")
+            ap.error(f"--servers: expected wok, bare or wok@REV; got {quoted_name(name)}")
         # Resolved once, up front: an unknown revision is refused before any server starts, and
         # every rep serves the same commit even if a branch named by REV moves meanwhile.
         try:
@@ -169,9 +171,9 @@ def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
     try:
         rows_list = [int(r) for r in args.rows.split(",")]
     except ValueError:
-        ap.error(f"--rows: expected positive integers, comma-separated; got {args.rows!r}")
+        ap.error(f"--rows: expected positive integers, comma-separated; got {quoted_name(args.rows)}")
     if min(rows_list) < 1:
-        ap.error(f"--rows: expected positive integers, comma-separated; got {args.rows!r}")
+        ap.error(f"--rows: expected positive integers, comma-separated; got {quoted_name(args.rows)}")
     for option, value in (("--calls", args.calls), ("--concurrency", args.concurrency), ("--reps", args.reps)):
         if value < 1:
             ap.error(f"{option}: expected an integer >= 1, got {value}")
@@ -179,7 +181,9 @@ def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--servers", default="wok", help="comma-separated: wok, wok@REV, bare (default wok)")
     ap.add_argument("--rows", default="1,32", help="rows per refused call, comma-separated (default 1,32)")
     ap.add_argument("--calls", type=int, default=5_000, help="refused calls per rows value (default 5,000)")

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import quoted_name
+
 # Sizes that take a fraction of a second on the 2-core CI machine and saturate a GPU.
 CPU_MATMUL_N = 1536
 CUDA_MATMUL_N = 8192
@@ -37,10 +39,12 @@ def parse_rate(spec: str, what: str) -> float:
     """A positive rate such as "2.5e12", "900G" or "3.35T" (SI prefixes, no unit)."""
     m = _RATE.fullmatch(spec)
     if m is None:
-        raise ValueError(f"{what} {spec!r}: expected a number with an optional SI prefix (e.g. '900G', '3.35T')")
+        raise ValueError(
+            f"{what} {quoted_name(spec)}: expected a number with an optional SI prefix (e.g. '900G', '3.35T')"
+        )
     value = float(m.group(1)) * _PREFIX[m.group(2)]
     if not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{what} {spec!r}: must be a finite number > 0")
+        raise ValueError(f"{what} {quoted_name(spec)}: must be a finite number > 0")
     return value
 
 

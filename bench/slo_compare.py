@@ -320,8 +320,9 @@ def plot(doc: dict, path: Path) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     from wok.bench.arrivals import parse_duration
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--slo", default="50ms", help="the latency objective (client-side, from the intended send)")
     p.add_argument("--server-slo", help="slo_ms given to the slo policy (default: --slo)")
     p.add_argument("--slo-quantile", type=float, default=0.95, help="slo_quantile of the slo policy")

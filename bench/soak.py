@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..errors import quoted_name
 from .analysis import latency_summary
 from .arrivals import nominal_for
 from .runner import Ramp, RampConfig, status_name
@@ -46,7 +47,9 @@ def parse_fraction(text: str) -> float:
     except ValueError:
         value = math.nan
     if not 0 < value <= 1:
-        raise ValueError(f"--soak-load {text!r}: expected a share of the capacity such as 80% or 0.8, in (0, 1]")
+        raise ValueError(
+            f"--soak-load {quoted_name(text)}: expected a share of the capacity such as 80% or 0.8, in (0, 1]"
+        )
     return value
 
 
@@ -287,22 +290,7 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
     from . import faults
 
     say = say or faults.say
-    given = {k: d if getattr(args, k) is None else getattr(args, k) for k, d in DEFAULTS.items()}
-    duration = _duration("--soak", args.soak)
-    window = _duration("--soak-window", given["soak_window"])
-    every = _duration("--rss-every", given["rss_every"])
-    share = parse_fraction(given["soak_load"])
-    if args.soak_window is not None and window > duration:
-        # The soak would be one window, shorter than asked: its P99 has nothing to drift from, and the
-        # report said so only as `-` (a window longer than twice the soak: no P99 at all). The default
-        # window is left to a short soak, run to see its RSS.
-        raise ValueError(
-            f"--soak-window {given['soak_window']} is longer than --soak {args.soak}: one window, no P99 drift to "
-            "measure"
-        )
-    if args.capacity is not None and not args.capacity > 0:
-        raise ValueError(f"--capacity must be > 0; got {args.capacity}")
-    _check_arrivals(args, cfg, share, duration)
+    duration, window, every, share = soak_values(args, cfg)
     replicas, cfg = faults.start_replicas(args, cfg, say)
     if replicas is not None:
         urls = [f"{r.admin_url}/metrics" for r in replicas]
@@ -393,6 +381,29 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
     return result
 
 
+def soak_values(args, cfg: RampConfig) -> tuple[float, float, float, float]:
+    """(duration, window, RSS interval in seconds, share of the capacity) of a soak's options, checked
+    against each other and the arrival cap before anything connects (`wok bench ramp` calls this
+    before it scrapes --metrics-url); ValueError naming the option."""
+    given = {k: d if getattr(args, k) is None else getattr(args, k) for k, d in DEFAULTS.items()}
+    duration = _duration("--soak", args.soak)
+    window = _duration("--soak-window", given["soak_window"])
+    every = _duration("--rss-every", given["rss_every"])
+    share = parse_fraction(given["soak_load"])
+    if args.soak_window is not None and window > duration:
+        # The soak would be one window, shorter than asked: its P99 has nothing to drift from, and the
+        # report said so only as `-` (a window longer than twice the soak: no P99 at all). The default
+        # window is left to a short soak, run to see its RSS.
+        raise ValueError(
+            f"--soak-window {given['soak_window']} is longer than --soak {args.soak}: one window, no P99 drift to "
+            "measure"
+        )
+    if args.capacity is not None and not args.capacity > 0:
+        raise ValueError(f"--capacity must be > 0; got {args.capacity}")
+    _check_arrivals(args, cfg, share, duration)
+    return duration, window, every, share
+
+
 def _duration(option: str, text: str) -> float:
     """`text` in seconds, finite and > 0; a ValueError names `option`."""
     from .arrivals import parse_duration
@@ -402,7 +413,7 @@ def _duration(option: str, text: str) -> float:
     except ValueError as exc:
         raise ValueError(f"{option}: {exc}") from None
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{option} must be > 0 and finite; got {text!r}")
+        raise ValueError(f"{option} must be > 0 and finite; got {quoted_name(text)}")
     return value
 
 

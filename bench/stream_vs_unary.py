@@ -116,7 +116,9 @@ def measure(kind: str, target: str, pid: int, payload: bytes, args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=20000, help="requests per run (default 20,000)")
     p.add_argument("--inflight", type=int, default=64, help="outstanding requests (default 64)")
     p.add_argument("--streams", type=int, default=4, help="streams that share them (default 4)")

@@ -16,7 +16,6 @@ of the bench; numpy's median and percentile interpolated between two).
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -31,7 +30,9 @@ SIZES = (1, 2, 4, 8, 16, 32)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=200, help="timed forwards per cell (default 200)")
     p.add_argument("--gap-ms", type=float, default=5.0, help="sleep before each cold forward (default 5)")
     p.add_argument("--touch-lead-ms", type=float, default=1.0, help="prefetch lead for the touch series (default 1)")

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import quoted_name
 from . import analysis
 from .analysis import ms_text as _ms
 from .plan import json_kind
@@ -338,7 +339,7 @@ def tune_cpu_stage(path: Path | None, per_request: str | None, cores: float | No
         except ValueError as exc:
             raise ValueError(f"--per-request-cpu: {exc}") from None
         if not math.isfinite(total):  # else refused by the model, as cpu_in_s
-            raise ValueError(f"--per-request-cpu: expected a finite duration; got {per_request!r}")
+            raise ValueError(f"--per-request-cpu: expected a finite duration; got {quoted_name(per_request)}")
         old = stage.cpu_in_s + stage.cpu_out_s
         share = stage.cpu_in_s / old if old > 0 else 0.5
         stage = replace(stage, cpu_in_s=share * total, cpu_out_s=(1 - share) * total)

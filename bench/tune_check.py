@@ -914,8 +914,9 @@ def plot(doc: dict, path: Path) -> None:
 
 def parse_args(argv=None):
     from wok.bench.arrivals import parse_arrivals, parse_steps
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--slo-p99", default="50ms")
     p.add_argument("--profile", type=Path, help="a wok.profile/1 document; default: measure in-process")
     p.add_argument("--profile-sizes", default="1,2,4,8,16,32,64")

@@ -18,7 +18,6 @@ configured the token's interceptor alone and with the counter behind it.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
@@ -121,7 +120,9 @@ async def _measure(calls: int, reps: int, progress) -> tuple[dict, int]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
+
+    ap = ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=2000, help="calls per variant and rep (default 2000)")
     ap.add_argument("--reps", type=int, default=101, help="repetitions, each variant once per rep (default 101)")
     ap.add_argument("--json", help="write the figures here (schema wok.unhandled_cost/1)")

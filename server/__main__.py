@@ -40,32 +40,19 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 # file descriptor": grpc/grpc#43055). wok runs no gRPC in a forked child; read at import, as above.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from .errors import ConfigError, WarmupError
+from .cliargs import ArgumentParser, one_line
+from .errors import ConfigError, WarmupError, quoted_name
 
 # The demo models `wok serve` serves when --models is not given (server.models.DEMO_MODELS, without
 # importing it here).
 _DEFAULT_DEMO_MODELS = "mlp,recsys,encoder"
 
 
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer; got {text!r}") from None
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number; got {text!r}") from None
-
-
 # A word that begins as a negative number does, as newer argparse matches them ("-\.?\d").
 _DASH_NUMBER = re.compile(r"-\.?\d")
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(ArgumentParser):
     """The parser of `wok` and, through add_subparsers (whose parsers are of their parent's class), of
     every subcommand, bench's and demo's included.
 
@@ -90,10 +77,6 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("exit_on_error", False)
         super().__init__(*args, **kwargs)
         self._commands = None
-        # type=int and type=float options, in wok's words ("expected an integer; got 'abc'") rather
-        # than argparse's ("invalid int value: 'abc'").
-        self.register("type", int, _integer)
-        self.register("type", float, _number)
 
     def add_subparsers(self, **kwargs):
         self._commands = super().add_subparsers(**kwargs)
@@ -108,7 +91,7 @@ class _Parser(argparse.ArgumentParser):
         parsed, extras = self.parse_known_args(args, namespace)
         parser = vars(parsed).pop(_PARSER, self)
         if extras:
-            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+            parser.error(f"unrecognized arguments: {' '.join(map(quoted_name, extras))}")
         return parsed
 
     def parse_known_args(self, args=None, namespace=None):
@@ -120,7 +103,7 @@ class _Parser(argparse.ArgumentParser):
                 self.error(str(exc))  # a command or a positional: the usage says what is expected
             # Prefixed as the command's own refusals are (`wok bench: --rows: ...`, main's ValueError),
             # not with a bench subcommand's prog (`wok bench ramp`): one prefix whichever refused.
-            self.exit(2, f"{' '.join(self.prog.split()[:2])}: {exc.argument_name}: {exc.message}\n")
+            self.exit(2, f"{' '.join(self.prog.split()[:2])}: {exc.argument_name}: {one_line(exc.message)}\n")
 
     def _dash_values(self, args: list[str]) -> list[str]:
         """`args` with each option that takes a value and is followed by a word beginning with '-'
@@ -382,13 +365,17 @@ def _demo_options(items: list[str]) -> dict:
         key, eq, value = item.partition("=")
         model, dot, opt = key.partition(".")
         if not eq or not dot:
-            raise ConfigError(f"--demo-option {item!r}: expected MODEL.KEY=VALUE")
+            raise ConfigError(f"--demo-option {quoted_name(item)}: expected MODEL.KEY=VALUE")
         options = DEMO_OPTIONS.get(model)
         if options is None:
-            raise ConfigError(f"--demo-option {item!r}: unknown demo model {model!r}; known: {', '.join(DEMO_MODELS)}")
+            raise ConfigError(
+                f"--demo-option {quoted_name(item)}: unknown demo model {quoted_name(model)}; known: "
+                f"{', '.join(DEMO_MODELS)}"
+            )
         if opt not in options:
             raise ConfigError(
-                f"--demo-option {item!r}: demo model {model!r} has no option {opt!r}; its options: {', '.join(options)}"
+                f"--demo-option {quoted_name(item)}: demo model {quoted_name(model)} has no option {quoted_name(opt)}; "
+                f"its options: {', '.join(options)}"
             )
         parsed = _parse_value(value)
         kind = options[opt]
@@ -396,7 +383,8 @@ def _demo_options(items: list[str]) -> dict:
         if not isinstance(parsed, (int, float) if kind is float else int):
             expected = "a number" if kind is float else "an integer"
             raise ConfigError(
-                f"--demo-option {item!r}: option {opt!r} of demo model {model!r}: expected {expected}, got {value!r}"
+                f"--demo-option {quoted_name(item)}: option {quoted_name(opt)} of demo model {quoted_name(model)}: "
+                f"expected {expected}, got {quoted_name(value)}"
             )
         out.setdefault(model, {})[opt] = parsed
     return out
@@ -414,14 +402,14 @@ def _demo_models(args) -> tuple[str, ...]:
         return ()
     if "" in names:
         raise ConfigError(
-            f"--models {args.models!r}: name {names.index('') + 1} of {len(names)} is empty; "
+            f"--models {quoted_name(args.models)}: name {names.index('') + 1} of {len(names)} is empty; "
             f"expected names separated by single commas, e.g. {_DEFAULT_DEMO_MODELS}"
         )
     for i, name in enumerate(names):
         if name in names[:i]:  # refused here, before seconds of torch imports and a first model built
             raise ConfigError(
-                f"--models {args.models!r}: {name!r} is named twice (names {names.index(name) + 1} and {i + 1}); "
-                "each model is served once, under its own name"
+                f"--models {quoted_name(args.models)}: {quoted_name(name)} is named twice (names "
+                f"{names.index(name) + 1} and {i + 1}); each model is served once, under its own name"
             )
     return tuple(names)
 
@@ -437,24 +425,28 @@ def _check_serve_options(args) -> None:
     if args.model_repository is not None:
         if args.models is not None:
             raise ConfigError(
-                f"--models {args.models!r} with --model-repository: the repository's models are served; "
+                f"--models {quoted_name(args.models)} with --model-repository: the repository's models are served; "
                 "give one of the two"
             )
         if args.demo_option:
             raise ConfigError(
-                f"--demo-option {args.demo_option[0]!r} with --model-repository: demo options apply to the demo "
-                "models only"
+                f"--demo-option {quoted_name(args.demo_option[0])} with --model-repository: demo options apply to the "
+                "demo models only"
             )
         return
     served = _demo_models(args)
     if not served:
-        raise ConfigError(f"--models {args.models!r}: no model to serve")
+        raise ConfigError(f"--models {quoted_name(args.models)}: no model to serve")
     if args.demo_option:
         _demo_options(args.demo_option)  # a malformed one or an unknown model: its own refusal first
     for item in args.demo_option:
         model = item.partition("=")[0].partition(".")[0]
         if model not in served:
-            raise ConfigError(f"--demo-option {item!r}: demo model {model!r} is not among --models ({args.models})")
+            given = _DEFAULT_DEMO_MODELS if args.models is None else args.models
+            raise ConfigError(
+                f"--demo-option {quoted_name(item)}: demo model {quoted_name(model)} is not among --models "
+                f"{quoted_name(given)}"
+            )
 
 
 def _pick_loop() -> None:
@@ -562,6 +554,39 @@ class _StopSignal:
             signal.signal(sig, signal.SIG_IGN)
 
 
+# The option each server setting comes from, for the settings' refusals: "--port: ..." rather than
+# "server settings: grpc_port: ...".
+_SETTING_OPTIONS = {
+    "host": "--host",
+    "grpc_port": "--port",
+    "model_repository": "--model-repository",
+    "demo_models": "--models",
+    "grace_period_s": "--grace-period",
+    "max_connection_age_s": "--max-connection-age",
+    "max_connection_age_grace_s": "--max-connection-age-grace",
+    "health_host": "--health-host",
+    "health_port": "--health-port",
+    "max_request_bytes": "--max-request-bytes",
+    "stream_window": "--stream-window",
+    "torch_threads": "--torch-threads",
+    "cpu_linear": "--cpu-linear",
+    "switch_interval_ms": "--switch-interval",
+    "accept_tasks": "--accept-tasks",
+    "drain_wakeups": "--wakeup-drain",
+    "server_timing": "--server-timing",
+    "cpu_wakeup_latency_us": "--cpu-wakeup-latency",
+    "metrics": "--no-metrics",
+    "metrics_host": "--metrics-host",
+    "metrics_port": "--metrics-port",
+    "admin": "--admin",
+    "tls_cert": "--tls-cert",
+    "tls_key": "--tls-key",
+    "tls_client_ca": "--tls-client-ca",
+    "auth_token_file": "--auth-token-file",
+    "auth_token_env": "--auth-token-env",
+}
+
+
 def _build(args):
     """Import torch and the server, and load the models: slow, so run on a thread (a signal meanwhile
     stops the start at once). Returns (settings, the repository). The settings are checked
@@ -569,6 +594,7 @@ def _build(args):
     from .config import server_settings
 
     settings = server_settings(
+        _SETTING_OPTIONS,
         host=args.host,
         grpc_port=args.port,
         model_repository=args.model_repository,
@@ -755,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             _check_serve_options(args)
         except ConfigError as exc:
-            print(f"wok: {exc}", file=sys.stderr)
+            print(f"wok: {one_line(str(exc))}", file=sys.stderr)
             try:
                 stop_signal.uninstall()
             except KeyboardInterrupt:  # Ctrl-C meanwhile: the refusal, said, is the status all the same
@@ -768,7 +794,7 @@ def main(argv: list[str] | None = None) -> int:
             logging.basicConfig(level=logging.WARNING)
             return args.run(args)
         except ValueError as exc:  # a bad option value, named by the parser that refused it
-            print(f"wok {args.command}: {exc}", file=sys.stderr)
+            print(f"wok {args.command}: {one_line(str(exc))}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:  # Ctrl-C before anything was measured: nothing to report
             print(f"wok {args.command}: interrupted", file=sys.stderr)
@@ -782,7 +808,9 @@ def main(argv: list[str] | None = None) -> int:
             # A failed start tears down as long as a stopped server does (torch): the same holds.
             stop_signal.after_loop()
     except (ConfigError, WarmupError) as exc:
-        print(f"wok: {exc}", file=sys.stderr)
+        # A config's refusal names paths as given (a newline in one split the line): one line, as
+        # the options' refusals above.
+        print(f"wok: {one_line(str(exc)) if isinstance(exc, ConfigError) else exc}", file=sys.stderr)
         if isinstance(exc, WarmupError) and exc.device_lost is not None:
             # As at a stop after the device was lost (_serve): torch's frees at exit would abort.
             _say(f"wok: exiting without freeing the lost device's memory ({exc.device_lost})")

@@ -58,11 +58,13 @@ REFUSED = "the bearer token was not accepted"
 def read_secret_file(path: Path) -> bytes:
     """The bytes of `path`; ValueError saying why it cannot be read (never its contents)."""
     path = Path(path)
-    if not path.exists():
-        raise ValueError(f"{path} does not exist")
-    if not path.is_file():
-        raise ValueError(f"{path} is not a file")
     try:
+        # In the try: a stat can fail otherwise than "no such file" (a name too long for the file
+        # system), and `wok serve --tls-cert` then ended in an OSError traceback.
+        if not path.exists():
+            raise ValueError(f"{path} does not exist")
+        if not path.is_file():
+            raise ValueError(f"{path} is not a file")
         return path.read_bytes()
     except PermissionError:
         raise ValueError(f"{path} is not readable by this process (uid {os.getuid()})") from None

@@ -13,6 +13,7 @@ import re
 import sys
 import typing
 import unicodedata
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -526,7 +527,9 @@ class ServerSettings(_Strict):
         bare = v.strip()
         if bare.startswith("[") and bare.endswith("]"):
             bare = bare[1:-1]
-        if not bare:
+        # A space, a control character or a name past DNS's 253 characters was taken, and the bind
+        # failed only after the models had loaded (exit 1, "cannot start").
+        if not bare or not bare.isprintable() or " " in bare or len(bare) > 253:
             raise ValueError(f"expected an address or a host name, got {quoted_name(v)}")
         return bare
 
@@ -641,9 +644,10 @@ def _unknown_hint(root: type[BaseModel], loc: tuple) -> str:
     return f"; {key} is {where}: in TOML, every key after a {header} header belongs to it (write {key} {fix})"
 
 
-def _describe(err: ValidationError, root: type[BaseModel] | None = None) -> str:
+def _describe(err: ValidationError, root: type[BaseModel] | None = None, names: Mapping[str, str] | None = None) -> str:
     """One line for all of `err`'s errors; `root`: the settings class validated, whose fields name
-    what an unknown setting may have meant."""
+    what an unknown setting may have meant; `names`: what the caller's user calls a top-level field
+    (`wok serve`'s options), in its place."""
     errors = err.errors()
     lines = []
     named_params = set()
@@ -660,10 +664,19 @@ def _describe(err: ValidationError, root: type[BaseModel] | None = None) -> str:
         if e["type"] == "too_short" and any(len(o["loc"]) > len(loc) and o["loc"][: len(loc)] == loc for o in errors):
             continue
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if names and loc and loc[0] in names:
+            where = ".".join([names[loc[0]], *map(str, loc[1:])])
         if e["type"] == "value_error":
             # wok's own validators: their message names what they were given; pydantic's prefix
             # and the input's repr (a PosixPath(...)) would only repeat it.
-            lines.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
+            msg = e["msg"].removeprefix("Value error, ")
+            if names and not loc:
+                # A check of several fields names them in its words ("tls_key is given without
+                # tls_cert"): the caller's names instead. Only names with a '_', which no host has.
+                fields = "|".join(re.escape(f) for f in names if "_" in f)
+                lines.append(re.sub(rf"\b({fields})\b", lambda m: names[m[1]], msg) if fields else msg)
+                continue
+            lines.append(f"{where}: {msg}")
             continue
         got = e.get("input")
         got_s = "" if isinstance(got, dict) else f" (got {_shown(got)})"
@@ -772,9 +785,13 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     return model_config_from_dict(data, str(found[0]))
 
 
-def server_settings(**values) -> ServerSettings:
-    """ServerSettings with ConfigError (naming each bad field) instead of pydantic's error."""
+def server_settings(options: Mapping[str, str] | None = None, **values) -> ServerSettings:
+    """ServerSettings with ConfigError (naming each bad field) instead of pydantic's error. `options`
+    maps fields to the command-line options that gave them: the message names those instead
+    (`wok serve --port -1` was refused as "server settings: grpc_port: ...")."""
     try:
         return ServerSettings(**values)
     except ValidationError as exc:
+        if options:
+            raise ConfigError(_describe(exc, ServerSettings, options)) from None
         raise ConfigError(f"server settings: {_describe(exc, ServerSettings)}") from None

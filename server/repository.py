@@ -282,11 +282,14 @@ class ModelRepository:
     @classmethod
     def from_directory(cls, root: Path) -> ModelRepository:
         root = Path(root)
-        if not root.exists():
-            raise ConfigError(f"model repository {root} does not exist")
-        if not root.is_dir():
-            raise ConfigError(f"model repository {root} is not a folder")
-        folders = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        try:
+            if not root.exists():
+                raise ConfigError(f"model repository {root} does not exist")
+            if not root.is_dir():
+                raise ConfigError(f"model repository {root} is not a folder")
+            folders = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        except OSError as exc:  # a name too long for the file system, a folder that cannot be listed
+            raise ConfigError(f"model repository {root} cannot be read: {exc.strerror or exc}") from None
         dirs = [d for d in folders if any((d / n).is_file() for n in CONFIG_NAMES)]
         for d in folders:
             if d not in dirs:  # a misnamed config (config.tml, a Triton config.pbtxt) would skip a model unseen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -448,7 +449,7 @@ def test_a_model_the_target_does_not_serve_is_a_bad_option(bench_server, model, 
     argv = ["--target", bench_server.target, "--model", model, "--metrics-url", "none", "--steps", "10"]
     assert main(["bench", "ramp", *argv, "--step-duration", "1s"]) == 2
     err = capsys.readouterr().err
-    assert f"wok bench: --model {model}: NOT_FOUND: unknown model 'nope'" in err, err
+    assert f"wok bench: --model '{model}': NOT_FOUND: unknown model 'nope'" in err, err
 
 
 def test_every_option_of_every_command_but_serve_says_its_default():
@@ -482,3 +483,112 @@ def test_every_option_of_every_command_but_serve_says_its_default():
         if "default" not in helped or shown.lower() not in helped.lower():  # as tests/server's rule
             missing.append(f"{name} {a.option_strings[0]} (default {shown}): {helped!r}")
     assert not missing, "\n".join(missing)
+
+
+LONG = "x" * 100_000
+LONG_SHOWN = f"'{'x' * 200}'… (100,000 characters in all)"
+DURATION = "expected a number >= 0 with an optional unit ms, s, m or h (e.g. '250ms', '30s', '5m', '1.5h')"
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        # RampConfig's check named its field, not the option, and took -1 and NaN as their text.
+        *(
+            (["--start-at", v], f"--start-at: expected a Unix time in seconds, e.g. $(date +%s); got '{v}'")
+            for v in ("nan", "inf", "-1", "1e999")
+        ),
+        # Each was taken: "" for the default target and no token, -1 for no refinement, NaN for no knee
+        # (and NaN in the JSON), a NaN --require-qps for a run that always passes.
+        (["--target", ""], "--target '': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:///NAME:PORT)"),
+        (["--token-env", ""], "--token-env: environment variable '' is not set, or holds no token"),
+        (["--refine", "-1"], "--refine: expected an integer >= 0; got -1"),
+        (["--knee-threshold", "nan"], "--knee-threshold: expected a finite number; got nan"),
+        (["--require-qps", "nan"], "--require-qps: expected a finite number; got nan"),
+        (["--require-qps", "inf"], "--require-qps: expected a finite number; got inf"),
+        # Scraped at every step, nothing ever answering, after a warning.
+        (["--metrics-url", ""], "--metrics-url '': expected auto, none or a URL such as http://HOST:8002/metrics"),
+        (
+            ["--metrics-url", "127.0.0.1:8002/metrics"],
+            "--metrics-url '127.0.0.1:8002/metrics': expected auto, none or a URL such as http://HOST:8002/metrics",
+        ),
+        # Named no option: "cannot read PATH", "invalid duration 'soon'" alone.
+        (["--tls-ca", "{missing}"], "--tls-ca {missing}: No such file or directory"),
+        (["--hedge-after", "soon"], f"--hedge-after: invalid duration 'soon': {DURATION}"),
+        (
+            ["--fault", "slow:model=mlp,at=1s,delay=soon", "--admin-url", "http://127.0.0.1:9"],
+            f"--fault 'slow:model=mlp,at=1s,delay=soon': delay: invalid duration 'soon': {DURATION}",
+        ),
+        # Refused after --metrics-url was scraped, and a line about it.
+        (
+            ["--fault", "bogus", "--metrics-url", "http://127.0.0.1:1/metrics"],
+            "--fault 'bogus': expected kill:, pause:, slow: or fail:; got 'bogus'",
+        ),
+        (
+            ["--soak", "soon", "--metrics-url", "http://127.0.0.1:1/metrics"],
+            f"--soak: invalid duration 'soon': {DURATION}",
+        ),
+        # Shown whole, twice: a 200 KB refusal.
+        (["--steps", LONG], f"--steps: QPS steps {LONG_SHOWN}: {LONG_SHOWN} is not a number"),
+        (["--step-duration", LONG], f"--step-duration: invalid duration {LONG_SHOWN}: {DURATION}"),
+        (
+            ["--sizes", LONG],
+            f"--sizes: sizes {LONG_SHOWN}: unknown distribution {LONG_SHOWN}; expected fixed:N, uniform:LO:HI, "
+            "lognormal:median=M,sigma=S,max=N or empirical:PATH",
+        ),
+        (
+            ["--target", LONG],
+            f"--target {LONG_SHOWN}: expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:///NAME:PORT)",
+        ),
+        (
+            ["--fault", f"kill:at=\x1b[2J{LONG}"],
+            f"--fault 'kill:at=\\x1b[2J{'x' * 188}'… (100,012 characters in all): at='\\x1b[2J{'x' * 196}'… "
+            "(100,004 characters in all): expected a percentage of the ramp (30%) or a time from its start (12s)",
+        ),
+    ],
+)
+def test_a_bad_value_is_refused_in_one_line_naming_its_option(argv, line, tmp_path, monkeypatch, wok_cli):
+    from wok.bench import runner
+
+    def work(*args, **kwargs):
+        raise AssertionError("the ramp ran: the options were not checked first")
+
+    monkeypatch.setattr(runner.Ramp, "__init__", work)
+    argv = [a.format(missing=tmp_path / "missing.pem") for a in argv]
+    status, out, err = wok_cli("bench", "ramp", "--target", "127.0.0.1:1", "--metrics-url", "none",
+                               "--step-duration", "1s", *argv)  # fmt: skip
+    assert (status, out, err) == (2, "", f"wok bench: {line.format(missing=tmp_path / 'missing.pem')}\n")
+
+
+def test_serve_args_a_shell_cannot_split_are_refused_naming_the_option(monkeypatch, wok_cli):
+    """shlex's refusal came alone: "wok bench: No closing quotation"."""
+    from wok.bench import faults
+
+    def start(*args, **kwargs):
+        raise AssertionError("a replica was started")
+
+    monkeypatch.setattr(faults.ReplicaSet, "__init__", start)
+    argv = ["bench", "ramp", "--replicas", "1", "--serve-args", "--models 'mlp", "--metrics-url", "none"]
+    assert wok_cli(*argv)[::2] == (2, "wok bench: --serve-args '--models 'mlp': No closing quotation\n")
+
+
+def test_a_path_in_a_refusal_is_still_one_bounded_line(wok_cli):
+    """A path is shown as given, not quoted as a name: the whole message is cut, and what is not
+    printable in it escaped, where `wok` prints it: one line of at most errors.MESSAGE_CHARS (this
+    one was 100 KB, its newline splitting it, and named no option: "cannot read PATH")."""
+    from wok.errors import MESSAGE_CHARS
+
+    path = LONG + "\n"
+    status, _, err = wok_cli("bench", "ramp", "--target", "127.0.0.1:1", "--metrics-url", "none", "--tls-ca", path)
+    assert status == 2 and err.count("\n") == 1 and err.startswith(f"wok bench: --tls-ca {'x' * 100}"), err[:100]
+    assert len(err) <= len("wok bench: ") + MESSAGE_CHARS + 60, len(err)
+    assert re.search(r"… \(cut: [\d,]+ characters in all\)\n$", err), err[-80:]
+
+
+def test_an_empty_plan_model_is_refused_not_taken_for_the_default(wok_cli):
+    """`--model ""` (a variable left empty) planned, and wrote manifests, for mlp."""
+    status, _, err = wok_cli("plan", "--peak-qps", "100", "--t-batch", "10ms", "--batch-size", "8", "--model", "")
+    assert (status, err) == (
+        2,
+        "wok plan: --model: model '': letters, digits, '_', '.', '-' only (it goes into PromQL)\n",
+    )

@@ -177,8 +177,8 @@ def test_parse_kill_pause_slow_fail():
         ("kill:replica=-1,at=1s", "expected an integer >= 0"),
         ("slow:at=1s,delay=5ms", "model=NAME is required"),
         ("slow:model=mlp,at=1s", "delay=DURATION is required"),
-        ("slow:model=mlp,delay=120s,at=1s", "delay=120s: expected above 0 and at most 60s"),  # the server's cap
-        ("slow:model=mlp,delay=0ms,at=1s", "delay=0ms: expected above 0"),
+        ("slow:model=mlp,delay=120s,at=1s", "delay='120s': expected above 0 and at most 60s"),  # the server's cap
+        ("slow:model=mlp,delay=0ms,at=1s", "delay='0ms': expected above 0"),
     ],
 )
 def test_bad_specs_say_what_is_wrong(spec, says):

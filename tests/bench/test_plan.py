@@ -177,6 +177,20 @@ OPTIONS = {**PLAN_OPTIONS, "beta_s": "--beta"}
             lambda **n: make(peak_qps=F(5000), max_queue_delay_s=F(-1, 1000), **n),
             r"the queue delay must be >= 0 s; got -0\.001 s$",
         ),
+        # Named no option ("deployment 'Wok' is not ..."); a Prometheus URL was not checked at all: "" or a
+        # host without its scheme went into KEDA's serverAddress as given.
+        (
+            lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(deployment="Wok"), **n),
+            "deployment 'Wok' is not a Kubernetes name",
+        ),
+        (lambda **n: make(peak_qps=F(5000), autoscaling=Autoscaling(model="a b"), **n), "model 'a b': letters"),
+        *(
+            (
+                lambda url=url, **n: make(peak_qps=F(5000), autoscaling=Autoscaling(prometheus_url=url), **n),
+                f"Prometheus URL '{url}': expected a URL such as http://prometheus-operated",
+            )
+            for url in ("", "prometheus:9090")
+        ),
     ],
     ids=[
         "target-util",
@@ -192,6 +206,10 @@ OPTIONS = {**PLAN_OPTIONS, "beta_s": "--beta"}
         "scale-out-above",
         "scale-out-above-1",
         "max-queue-delay",
+        "deployment",
+        "model",
+        "prometheus-url-empty",
+        "prometheus-url-no-scheme",
     ],
 )
 def test_a_range_error_starts_with_the_callers_name_for_the_input(build, message):

@@ -197,3 +197,45 @@ def test_a_bad_arrival_or_count_exits_2_naming_it_before_anything_starts(
 
         monkeypatch.setattr(mod, "build_demo", build_demo)
     _exits_2_naming_it(mod, argv, message, bad_files, capsys)
+
+
+# -- values shown as user text is everywhere (errors.quoted_name: quoted, escaped, cut) ----------------
+
+LONG = "x" * 100_000
+LONG_SHOWN = f"'{'x' * 200}'… (100,000 characters in all)"
+SHOWN_CASES = [
+    # argparse's own refusals showed the value whole.
+    ("compare", [*COMPARE, "--reps", LONG], f"--reps: expected an integer; got {LONG_SHOWN}"),
+    ("chaos", ["--seconds", LONG], f"--seconds: expected a number; got {LONG_SHOWN}"),
+    ("cold_batch", ["--gap", LONG], f"--gap: invalid parse_duration value: {LONG_SHOWN}"),
+    ("gpu_check", ["--json", ""], "--json: expected a path; got ''"),
+    ("thread_sizing", ["a\nb"], r"unrecognized arguments: a\nb"),
+    # The scripts' own, through repr.
+    ("compare", [*COMPARE, "--servers", LONG], f"unknown server(s) {LONG_SHOWN}; known: "),
+    ("compare", [*COMPARE, "--step-duration", "0" * 100_000], "--step-duration: expected a duration > 0, got '000"),
+    ("refusal_cost", ["--rows", LONG], f"--rows: expected positive integers, comma-separated; got {LONG_SHOWN}"),
+    ("accept_rate", ["--drain", LONG], f"--drain: expected 0 or 1, comma-separated; got {LONG_SHOWN}"),
+    (
+        "batcher_loop_cost",
+        ["--rev", LONG],
+        f"--rev: git does not know revision {LONG_SHOWN}",
+    ),
+    ("latency_breakdown", ["--duration", "0" * 100_000], "--duration: expected a duration > 0, got '000"),
+    # shlex's refusal came alone: "No closing quotation".
+    ("compare", [*COMPARE, "--wok-variant", "wok-x='--torch-threads"], "--wok-variant 'wok-x='--torch-threads': No"),
+]
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "message"),
+    SHOWN_CASES,
+    ids=[f"{s} {' '.join(a[len(COMPARE) :] if s == 'compare' else a)[:30]}" for s, a, _ in SHOWN_CASES],
+)
+def test_a_refused_value_is_one_short_line_quoted_as_names_are(script, argv, message, nothing_started, capsys):
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module(f"wok.bench.{script}").main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    last = err.splitlines()[-1]
+    assert ": error: " in last and message in last, last[:400]
+    assert len(last) < 600 and "\x1b" not in err, len(last)

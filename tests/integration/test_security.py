@@ -997,7 +997,7 @@ def test_wok_serve_refuses_bad_security_options_with_exit_2(pki, tmp_path):
     # The two token sources are checked field by field, so one start names both; the TLS pair is
     # checked only once every field is valid, so it needs a start of its own.
     cases = {
-        ("--tls-cert", str(pki.path("ca-server.pem"))): ["tls_cert is given without tls_key"],
+        ("--tls-cert", str(pki.path("ca-server.pem"))): ["wok: --tls-cert is given without --tls-key"],
         ("--auth-token-file", str(tmp_path / "none"), "--auth-token-env", "WOK_TEST_UNSET_TOKENS"): [
             f"{tmp_path / 'none'} does not exist",
             "environment variable WOK_TEST_UNSET_TOKENS is not set",

@@ -112,7 +112,7 @@ def test_python_m_wok_runs_the_command():
         [sys.executable, "-m", "wok", "simulate", "--no-such-option"], capture_output=True, text=True, timeout=120
     )
     assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr.endswith("unrecognized arguments: --no-such-option\n"), done.stderr
+    assert done.stderr.endswith("unrecognized arguments: '--no-such-option'\n"), done.stderr
 
 
 def test_the_console_script_runs_wok_entry():

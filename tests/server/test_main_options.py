@@ -55,11 +55,11 @@ def serve(monkeypatch, capsys, tmp_path):
         ),
         (
             ("--models", "mlp", "--demo-option", "recsys.num_embeddings=1000000"),
-            "wok: --demo-option 'recsys.num_embeddings=1000000': demo model 'recsys' is not among --models (mlp)",
+            "wok: --demo-option 'recsys.num_embeddings=1000000': demo model 'recsys' is not among --models 'mlp'",
         ),
         (
             ("--models", "mlp,encoder", "--demo-option", "mlp.hidden=64", "--demo-option", "recsys.num_embeddings=9"),
-            "wok: --demo-option 'recsys.num_embeddings=9': demo model 'recsys' is not among --models (mlp,encoder)",
+            "wok: --demo-option 'recsys.num_embeddings=9': demo model 'recsys' is not among --models 'mlp,encoder'",
         ),
         (("--models", ""), "wok: --models '': no model to serve"),
         (("--models", ","), "wok: --models ',': no model to serve"),
@@ -193,3 +193,37 @@ def test_max_request_bytes_help_gives_its_default_and_unit(capsys):
         "--max-request-bytes BYTES largest ModelInfer request accepted, in bytes (default 67108864, 64 MiB; at "
         "least 1024)" in help_text
     )
+
+
+LONG = "x" * 100_000
+LONG_SHOWN = f"'{'x' * 200}'… (100,000 characters in all)"
+
+
+@pytest.mark.parametrize(
+    ("args", "refusal"),
+    [
+        (
+            ("--model-repository", "REPO", "--models", LONG),
+            f"wok: --models {LONG_SHOWN} with --model-repository: the repository's models are served; give one of "
+            "the two",
+        ),
+        (("--demo-option", LONG), f"wok: --demo-option {LONG_SHOWN}: expected MODEL.KEY=VALUE"),
+        # --models' names are stripped: "mlp\n" serves mlp, and the refusal showed the value as given,
+        # its newline splitting the line.
+        (
+            ("--models", "mlp\n", "--demo-option", "recsys.num_embeddings=9"),
+            r"wok: --demo-option 'recsys.num_embeddings=9': demo model 'recsys' is not among --models 'mlp\n'",
+        ),
+    ],
+    ids=["long-models", "long-demo-option", "newline-in-models"],
+)
+def test_the_values_a_refusal_names_are_quoted_escaped_and_cut(serve, args, refusal):
+    status, err, started = serve(*args, "--port", "0", "--metrics-port", "-1")
+    assert (status, started) == (2, False)
+    assert err == refusal + "\n"
+
+
+def test_an_empty_model_repository_is_refused_not_the_working_directory_served(serve):
+    status, err, started = serve("--model-repository", "", "--port", "0", "--metrics-port", "-1")
+    assert (status, started) == (2, False)
+    assert err == "wok serve: --model-repository: expected a path; got ''\n"

@@ -134,10 +134,108 @@ def test_an_unknown_option_is_refused_with_its_commands_usage_not_the_top_ones(a
     command = " ".join(a for a in argv if not a.endswith(".json"))
     assert (status, out) == (2, "")
     assert err.startswith(f"usage: wok {command} [-h]"), err
-    assert err.endswith(f"wok {command}: error: unrecognized arguments: --bogus x\n"), err
+    assert err.endswith(f"wok {command}: error: unrecognized arguments: '--bogus' 'x'\n"), err
 
 
 def test_an_unknown_option_of_wok_serve_is_refused_with_its_usage(wok):
     done = wok("serve", "--bogus")
     assert done.returncode == 2 and done.stderr.startswith("usage: wok serve [-h]"), done.stderr
-    assert done.stderr.endswith("wok serve: error: unrecognized arguments: --bogus\n")
+    assert done.stderr.endswith("wok serve: error: unrecognized arguments: '--bogus'\n")
+
+
+# User text in a refusal is shown as names are everywhere (errors.quoted_name): quoted, escaped, cut
+# at 200 characters. argparse showed a refused value whole (repr), and the words it did not take as
+# they were given: a 100,000-character value made a 100 KB refusal, a newline split it, a terminal
+# escape reached the terminal.
+LONG = "x" * 100_000
+LONG_SHOWN = f"'{'x' * 200}'… (100,000 characters in all)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "refusal"),
+    [
+        (("bench", "ramp", "--rows", LONG), f"wok bench: --rows: expected an integer; got {LONG_SHOWN}"),
+        (("demo", "--rate", LONG), f"wok demo: --rate: expected a number; got {LONG_SHOWN}"),
+        (
+            ("bench", "ramp", "--rpc", LONG),
+            f"wok bench: --rpc: invalid choice: {LONG_SHOWN} (choose from 'unary', 'stream')",
+        ),
+        (("serve", "--port", LONG), f"wok serve: --port: expected an integer; got {LONG_SHOWN}"),
+    ],
+    ids=["bench-int", "demo-float", "bench-choice", "serve-int"],
+)
+def test_a_long_refused_value_is_shown_cut_as_names_are(argv, refusal, wok):
+    done = wok(*argv)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", refusal + "\n")
+
+
+@pytest.mark.parametrize(
+    ("word", "shown"),
+    [("a\nb", r"'a\nb'"), ("\x1b[31mred", r"'\x1b[31mred'"), (LONG, LONG_SHOWN)],
+    ids=["newline", "escape", "long"],
+)
+def test_words_no_option_took_are_quoted_escaped_and_cut(word, shown, wok_cli):
+    status, out, err = wok_cli("bench", "ramp", word)
+    assert (status, out) == (2, "")
+    assert err.endswith(f"wok bench ramp: error: unrecognized arguments: {shown}\n"), err[-300:]
+    assert len(err.splitlines()[-1]) < 400
+
+
+def test_a_command_not_offered_is_shown_cut(wok_cli):
+    status, _, err = wok_cli("bench", LONG)
+    assert status == 2
+    refusal = f"wok bench: error: argument bench_command: invalid choice: {LONG_SHOWN} (choose from 'ramp', 'merge')"
+    assert err.splitlines()[-1] == refusal
+
+
+def test_an_empty_path_is_refused_not_taken_for_the_working_directory(wok_cli, tmp_path, monkeypatch):
+    """Path("") is ".": `--plots ""` (a variable left empty) drew the plots into the working
+    directory, `--json ""` was refused as "--json .: is a folder"."""
+    monkeypatch.chdir(tmp_path)
+    status, _, err = wok_cli("simulate", "--steps", "10", "--step-duration", "1s", "--plots", "")
+    assert (status, err) == (2, "wok simulate: --plots: expected a path; got ''\n")
+    assert list(tmp_path.iterdir()) == []
+    assert wok_cli("bench", "ramp", "--json", "")[::2] == (2, "wok bench: --json: expected a path; got ''\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "refusal"),
+    [
+        (("--port", "-1"), "wok: --port: Input should be greater than or equal to 0 (got -1)"),
+        (("--grace-period", "nan"), "wok: --grace-period: Input should be a finite number (got nan)"),
+        (
+            ("--max-connection-age-grace", "5"),
+            "wok: --max-connection-age-grace needs --max-connection-age: there is no age to be graceful at",
+        ),
+        # Taken: the bind failed after the models had loaded, exit 1.
+        (("--host", "a\nb"), r"wok: --host: expected an address or a host name, got 'a\nb'"),
+        (("--host", LONG), f"wok: --host: expected an address or a host name, got {LONG_SHOWN}"),
+    ],
+    ids=["field", "finite", "several-fields", "host-newline", "host-long"],
+)
+def test_a_server_setting_refused_names_the_option_that_gave_it(argv, refusal, wok):
+    """It named the settings' field: "wok: server settings: grpc_port: ..." for `--port -1`. Refused
+    before the models load: with a model that does not exist, the test cannot load one."""
+    done = wok("serve", *argv, "--metrics-port", "-1", "--models", "nosuch")
+    assert (done.returncode, done.stderr) == (2, refusal + "\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "start"),
+    [
+        (("serve", "--tls-cert", LONG), "wok: --tls-cert: xxx"),
+        (("serve", "--model-repository", LONG), "wok: model repository xxx"),
+        (("profile", "mlp", "--model-repository", LONG), "wok profile: model repository xxx"),
+    ],
+    ids=["serve-tls-cert", "serve-repository", "profile-repository"],
+)
+def test_a_path_too_long_for_the_file_system_is_refused_not_a_traceback(argv, start, wok):
+    """A stat that fails otherwise than "no such file" (ENAMETOOLONG) raised out of the checks: an
+    OSError traceback, exit 1. Now a refusal, one line cut to errors.MESSAGE_CHARS."""
+    from wok.errors import MESSAGE_CHARS
+
+    extra = ("--metrics-port", "-1", "--models", "nosuch") if argv[:2] == ("serve", "--tls-cert") else ()
+    done = wok(*argv, *extra)
+    assert done.returncode == 2, done.stderr[-500:]
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(start), done.stderr[:200]
+    assert len(done.stderr) < MESSAGE_CHARS + 100
