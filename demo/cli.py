@@ -432,6 +432,10 @@ def remove_stale_folders(tmp: Path) -> list[Path]:
     return removed
 
 
+# The longest server event the live demo relays to its page (one line of JSON).
+EVENT_LINE_LIMIT = 4 * 1024 * 1024
+
+
 class LiveDemo:
     """A `wok serve --admin` child process, the load generator, and the relay of its /events."""
 
@@ -547,8 +551,11 @@ class LiveDemo:
         """Relay the server's /events to the page, reconnecting if the stream breaks."""
         host, port = self.admin
         while not stop.is_set():
+            writer = None
             try:
-                reader, writer = await asyncio.open_connection(host, port)
+                # An event is one line: asyncio's 64 KiB line limit made readline raise ValueError on a
+                # longer one (a tick of many models), which ended the relay for good, silently.
+                reader, writer = await asyncio.open_connection(host, port, limit=EVENT_LINE_LIMIT)
                 # host:port, an IPv6 address bracketed (RFC 9110 7.2): the admin port refuses `::1` with 400.
                 writer.write(f"GET /events HTTP/1.1\r\nHost: {host_port(host, port)}\r\n\r\n".encode())
                 await reader.readuntil(b"\r\n\r\n")
@@ -558,8 +565,11 @@ class LiveDemo:
                         break
                     if line.startswith(b"data: "):
                         hub.publish_raw(line[6:].rstrip(b"\n"))
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-                pass
+            except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                pass  # a line over even this limit too: the stream is read afresh
+            finally:
+                if writer is not None:  # each reconnection left its socket open
+                    writer.close()
             await asyncio.sleep(0.5)
 
     async def close(self, again: asyncio.Event | None = None) -> None:

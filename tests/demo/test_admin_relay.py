@@ -107,6 +107,29 @@ async def test_an_admin_port_on_ipv6_loopback_takes_the_demo_s_calls_and_its_eve
         await server.stop()
 
 
+async def test_an_event_over_64_kib_reaches_the_page_and_the_relay_goes_on(live_backend):
+    # asyncio's readline refused a line over its 64 KiB limit with ValueError, which the relay did
+    # not catch: it ended for good, silently, and the page had no more server events.
+    big = json.dumps({"type": "tick", "pad": "x" * 100_000}).encode()
+    stream = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+    server = await _answering(stream + b"data: " + big + b"\n\ndata: " + b'{"type":"after"}' + b"\n\n")
+    hub = Hub()
+    events: asyncio.Queue = asyncio.Queue()
+    hub.queues.add(events)
+    stop = asyncio.Event()
+    live_backend.admin = ("127.0.0.1", server.sockets[0].getsockname()[1])
+    relay = asyncio.ensure_future(live_backend._relay(hub, stop))
+    try:
+        assert await asyncio.wait_for(events.get(), 10) == big
+        assert json.loads(await asyncio.wait_for(events.get(), 10)) == {"type": "after"}
+    finally:
+        stop.set()
+        relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)
+        server.close()
+        await server.wait_closed()
+
+
 async def test_http_json_sends_the_host_with_its_port():
     # RFC 9110 7.2: the port, when not the scheme's default, is part of Host; it was left out.
     heads: asyncio.Queue = asyncio.Queue()
