@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from ..errors import quoted_name
+from ..errors import quoted_name, shown_value
 from .arrivals import parse_duration
 from .outputs import json_text, replacing
 
@@ -125,16 +125,10 @@ def exact(value, what: str) -> Fraction:
         try:
             d = Decimal(text)
         except InvalidOperation:
-            raise ValueError(f"{what}: {_shown(value)} is not a number") from None
+            raise ValueError(f"{what}: {shown_value(value)} is not a number") from None
     if not d.is_finite():
-        raise ValueError(f"{what}: expected a finite number; got {_shown(value)}")
+        raise ValueError(f"{what}: expected a finite number; got {shown_value(value)}")
     return _in_float_range(Fraction(d), what, value)
-
-
-def _shown(value) -> str:
-    """A value a refusal names: text as user text is shown (errors.quoted_name: quoted, escaped, cut),
-    a JSON number as Python writes it."""
-    return quoted_name(value) if isinstance(value, str) else repr(value)
 
 
 def _in_float_range(x: Fraction, what: str, given) -> Fraction:
@@ -145,7 +139,7 @@ def _in_float_range(x: Fraction, what: str, given) -> Fraction:
         f = math.inf
     if math.isinf(f) or (x and not f):
         raise ValueError(
-            f"{what}: {_shown(given)} is out of range: its magnitude is beyond what a 64-bit float holds "
+            f"{what}: {shown_value(given)} is out of range: its magnitude is beyond what a 64-bit float holds "
             "(about 1e-308 to 1e308)"
         )
     return x

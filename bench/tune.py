@@ -207,8 +207,15 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
     if r2 is not None and not math.isfinite(r2):
         r2 = None  # strict JSON writes it as null all the same
     samples_out = tuple((n, t) for _, n, t in samples)
-    return Profile(max(alpha, 0.0), beta, r2, samples_out, where if source is None else source, fitted_alpha_s=fitted,
-                   profiled_sizes=tuple(sorted(sizes)))  # fmt: skip
+    return Profile(
+        max(alpha, 0.0),
+        beta,
+        r2,
+        samples_out,
+        where if source is None else source,
+        fitted_alpha_s=fitted,
+        profiled_sizes=tuple(sorted(sizes)),
+    )
 
 
 def read_json(path: Path, what: str) -> dict:

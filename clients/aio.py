@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 
 from wok.codec import decode_response, encode_request
-from wok.errors import quoted_name
+from wok.errors import shown_value
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 
@@ -83,7 +83,7 @@ class AsyncClient:
         balancer_settings: BalancerSettings | None = None,
     ) -> None:
         if balancer not in ("grpc", "wok"):
-            shown = quoted_name(balancer) if isinstance(balancer, str) else repr(balancer)
+            shown = shown_value(balancer)
             raise ValueError(f"balancer must be 'grpc' or 'wok'; got {shown}")
         self._targets = target
         self._target: str | Sequence[str] = target

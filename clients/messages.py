@@ -15,7 +15,7 @@ import numpy as np
 
 from wok.codec import decode_response, encode_request
 from wok.datatypes import datatype
-from wok.errors import quoted_name
+from wok.errors import quoted_name, shown_value
 from wok.v2pb import grpc_service_pb2 as pb
 
 
@@ -127,7 +127,7 @@ def output_names(outputs: Any, where: str = "outputs") -> Any:
     """`outputs` as given, unless it is one string: encode_request takes any iterable of names, and a
     string's are its letters ("unknown output 'O'" for "OUTPUT0")."""
     if isinstance(outputs, (str, bytes)):
-        shown = quoted_name(outputs) if isinstance(outputs, str) else repr(outputs)
+        shown = shown_value(outputs)
         raise TypeError(f"{where}: expected a list of output names, got the string {shown}; pass [{shown}]")
     return outputs
 

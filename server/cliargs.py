@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .errors import MESSAGE_CHARS, cut_message, quoted_name
+from .errors import MESSAGE_CHARS, cut_message, quoted_name, shown_value
 
 
 def one_line(message: str) -> str:
@@ -47,12 +47,6 @@ def _path(text: str) -> Path:
     return Path(text)
 
 
-def _shown(value) -> str:
-    """A refused value: text as user text is shown (quoted_name), anything else (a choice's converted
-    value, a default) as repr writes it."""
-    return quoted_name(value) if isinstance(value, str) else repr(value)
-
-
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, its refusals in wok's words: type=int, type=float and type=Path values as
     "expected an integer; got 'abc'" (not "invalid int value: 'abc'"), a choice not offered quoted
@@ -76,13 +70,13 @@ class ArgumentParser(argparse.ArgumentParser):
             raise argparse.ArgumentError(action, str(exc)) from None
         except (TypeError, ValueError):
             name = getattr(action.type, "__name__", repr(action.type))
-            raise argparse.ArgumentError(action, f"invalid {name} value: {_shown(arg_string)}") from None
+            raise argparse.ArgumentError(action, f"invalid {name} value: {shown_value(arg_string)}") from None
 
     def _check_value(self, action, value) -> None:
         # argparse's own shows the value as repr does: whole, however long.
         if action.choices is not None and value not in action.choices:
             choices = ", ".join(map(repr, action.choices))
-            raise argparse.ArgumentError(action, f"invalid choice: {_shown(value)} (choose from {choices})")
+            raise argparse.ArgumentError(action, f"invalid choice: {shown_value(value)} (choose from {choices})")
 
     def error(self, message: str):
         super().error(one_line(message))

@@ -35,7 +35,7 @@ from pydantic import (
 from .auth import check_tls_files, load_tokens, read_secret_file
 from .codec import MAX_PRIORITY_LEVEL
 from .datatypes import DATATYPES
-from .errors import ConfigError, quoted_name
+from .errors import ConfigError, quoted_name, shown_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -596,12 +596,6 @@ def _a(value: object) -> str:
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
 
 
-def _shown(value: object) -> str:
-    """A value from a config as a message shows it: a string as names are (`quoted_name`: quoted, cut,
-    escaped), anything else (a number, a boolean, a list) as Python writes it."""
-    return quoted_name(value) if isinstance(value, str) else repr(value)
-
-
 def _model_of(annotation: object) -> type[BaseModel] | None:
     """The settings class a field holds: itself, or the items of a tuple of them."""
     for t in (annotation, *typing.get_args(annotation)):
@@ -679,7 +673,7 @@ def _describe(err: ValidationError, root: type[BaseModel] | None = None, names: 
             lines.append(f"{where}: {msg}")
             continue
         got = e.get("input")
-        got_s = "" if isinstance(got, dict) else f" (got {_shown(got)})"
+        got_s = "" if isinstance(got, dict) else f" (got {shown_value(got)})"
         if e["type"] == "extra_forbidden":
             # pydantic's "Extra inputs are not permitted" reads as a word about a model's inputs.
             lines.append(f"{where}: unknown setting{got_s}{_unknown_hint(root, loc) if root else ''}")
@@ -715,7 +709,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     continue
                 if first != key_node.start_mark.line + 1:
                     again = key_node.start_mark.line + 1
-                    raise _RepeatedKey(f"{_shown(key)} is given twice, on lines {first} and {again}")
+                    raise _RepeatedKey(f"{shown_value(key)} is given twice, on lines {first} and {again}")
         return super().construct_mapping(node, deep=deep)
 
 

@@ -200,6 +200,12 @@ def quoted_name(name: str) -> str:
     return quoted(name, NAME_CHARS)
 
 
+def shown_value(value: object) -> str:
+    """A value a refusal names: text as names are (`quoted_name`: quoted, escaped, cut), anything
+    else (a number, a boolean, a list) as Python writes it."""
+    return quoted_name(value) if isinstance(value, str) else repr(value)
+
+
 def escaped(text: str) -> str:
     """`text` with backslashes and the characters that are not printable escaped as repr escapes
     them (\\n, \\x1b, \\u200e); quotes are left as they are."""
