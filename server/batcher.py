@@ -344,6 +344,10 @@ class Batcher:
         self._free_at = [0.0] * len(executor.instances)
         self._level_samples: dict[int, int] = {}
         self._timer_at = math.inf
+        # Every live request the running `_form` took off its queue (for the batch or to expire),
+        # until it returns: were it to fail halfway, the task's handler answers these, which
+        # neither the queue nor a formed batch holds any more.
+        self._forming: list[Pending] = []
         self._stopping = False
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -726,6 +730,7 @@ class Batcher:
                     if q is not None:
                         queued_since = self._queued_since
                         batch = self._form(key, q, reason, now, start)
+                        self._forming.clear()
                         if batch is not None:
                             self._dispatch(batch, queued_since, i)
                             batch = None
@@ -769,6 +774,11 @@ class Batcher:
             error = ModelExecutionError(f"model '{self.name}': batcher failed: {exc}")
             if batch is not None:
                 self._fail_formed(batch, error)
+            now = time.perf_counter()
+            for p in self._forming:
+                if not p.future.done():
+                    self._fail(p, error, now)
+            self._forming.clear()
             self._fail_model(exc, error)
             raise
         finally:
@@ -1135,6 +1145,8 @@ class Batcher:
             if fitting and head is not None and head.rows <= max(fitting):
                 limit = max(fitting)
         taken: list[Pending] = []
+        forming = self._forming
+        forming.clear()
         samples = 0
         # A request whose deadline has passed is dropped; with the slo policy also one that would
         # finish after it, from `start`, even in a batch of mean time (the flush rules plan with
@@ -1152,6 +1164,7 @@ class Batcher:
                 alone = 0.0 if slo is None else slo.times.mean(key, p.rows)
                 if p.deadline is not None and (now >= p.deadline or (not p.probe and start + alone >= p.deadline)):
                     entries.popleft()
+                    forming.append(p)
                     self._forget(p)
                     self._expire(p, now, start, alone)
                     continue
@@ -1165,6 +1178,7 @@ class Batcher:
                     # maximum the admin API lowered: it goes alone.
                     limit = max(self.policy.max_batch_size, p.rows)
                 entries.popleft()
+                forming.append(p)
                 self._forget(p)
                 p.state = RUNNING
                 p.dispatched = now

@@ -163,18 +163,21 @@ async def test_a_model_whose_batcher_fails_turns_not_serving_and_the_server_goes
             )
 
 
-@pytest.mark.parametrize("where", ["before_dispatch", "halfway"])
+@pytest.mark.parametrize("where", ["forming", "before_dispatch", "halfway"])
 async def test_a_batch_formed_when_the_batcher_fails_gets_the_failure_not_silence(serve, where):
-    # A bug between taking a batch off its queue and handing it to the executor (before `_dispatch`
-    # counted it sent, or halfway through: at the flush counter) failed only the requests still
-    # queued: the formed batch's callers waited for an answer that nothing would ever give.
+    # A bug between taking a batch off its queue and handing it to the executor (while forming it,
+    # once a request is off the queue; before `_dispatch` counted it sent; or halfway through: at
+    # the flush counter) failed only the requests still queued: the taken ones' callers waited for
+    # an answer that nothing would ever give.
     async with serve(models=("mlp",)) as server:
         batcher = server.runtimes["mlp"].batcher
 
         def bug(*args, **kwargs):
             raise RuntimeError("a bug in the batcher")
 
-        if where == "halfway":
+        if where == "forming":
+            batcher._forget = bug
+        elif where == "halfway":
             batcher.metrics.record_flush = bug
         else:
             batcher._dispatch = bug
