@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger("wok.metrics")
 
@@ -102,7 +103,9 @@ class WeightedHistogram:
 
 
 def _fmt(bound: float) -> str:
-    return repr(float(bound)) if bound < 1e-4 else f"{bound:g}"
+    # As prometheus_client writes `le` ("1.0", "0.005", "2.5e-05"), which is also the form
+    # Prometheus 3 stores every bound in: a matcher such as le="1.0" selects alike on 2 and 3.
+    return floatToGoString(bound)
 
 
 class ModelMetrics:

@@ -11,17 +11,29 @@ import urllib.request
 import grpc
 import numpy as np
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from wok.batcher import Batcher, BatchingPolicy
 from wok.codec import encode_request
-from wok.metrics import LATENCY_BUCKETS, NOT_RUN, STAGES, WeightedHistogram, WokMetrics
+from wok.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS, NOT_RUN, STAGES, WeightedHistogram, WokMetrics
 from wok.stats import ModelStats
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
 from ..conftest import REPEAT_MODEL, write_python_model, write_slow_model
+
+
+@pytest.mark.parametrize("bounds", [LATENCY_BUCKETS, BATCH_SIZE_BUCKETS], ids=["latency", "batch_size"])
+def test_bucket_bounds_are_written_as_prometheus_client_writes_them(bounds):
+    # Whole-number bounds went out as le="1", where prometheus_client (and Prometheus 3, on
+    # ingestion) write le="1.0": a matcher written for one missed the other's series.
+    reg = CollectorRegistry()
+    Histogram("h", "", buckets=bounds, registry=reg)
+    theirs = [s.labels["le"] for s in next(iter(reg.collect())).samples if s.name == "h_bucket"]
+    ours = [le for le, _ in WeightedHistogram(bounds).cumulative()]
+    assert ours == theirs
+    assert "1.0" in ours and "1" not in ours
 
 
 def test_weighted_observation_equals_repeated_observations():
@@ -30,9 +42,9 @@ def test_weighted_observation_equals_repeated_observations():
         a.observe(value, n)
         for _ in range(n):
             b.observe(value)
-    assert a.counts == b.counts == [5, 1, 0, 4]  # 1.0 is in the le="1" bucket: le is inclusive
+    assert a.counts == b.counts == [5, 1, 0, 4]  # 1.0 is in the le="1.0" bucket: le is inclusive
     assert a.total == pytest.approx(0.5 * 3 + 1.0 * 2 + 1.5 + 7.0 * 4)
-    assert a.cumulative() == [("1", 5), ("2", 6), ("5", 6), ("+Inf", 10)]
+    assert a.cumulative() == [("1.0", 5), ("2.0", 6), ("5.0", 6), ("+Inf", 10)]
 
 
 def test_latency_buckets_resolve_sub_millisecond_and_multi_second_times():
