@@ -332,10 +332,12 @@ def find_knee(steps: list[dict], threshold: float = 0.5) -> float | None:
     first step's gain taken from the origin (nothing offered, nothing achieved): achieved_1 /
     offered_1. When the first step is the knee, the knee is at or below it (nothing ran below
     to say where): `knee_at_or_below_first_step`. `achieved_qps` counts successful requests
-    only, so a server that answers the extra load with errors has reached its knee too. Steps
-    at an already-seen offer are skipped. The step must also fall short of its own offer by
-    more than the Poisson noise of its count (3·√N): between steps a few QPS apart
-    (refinement), noise alone makes gains below any threshold while throughput still follows.
+    only, so a server that answers the extra load with errors has reached its knee too. Of steps
+    at one offer only the first in `steps` (sorted stably: the first run) is judged, and the next
+    gain is taken from it; the later ones are skipped (docs/bench-schema.md, Verdicts). The step
+    must also fall short of its own offer by more than the Poisson noise of its count (3·√N):
+    between steps a few QPS apart (refinement), noise alone makes gains below any threshold while
+    throughput still follows.
     """
     prev = {"offered_qps": 0.0, "achieved_qps": 0.0}
     for step in _sorted_steps(steps):

@@ -48,8 +48,9 @@ refinement steps are left out (each process bisected on its own):
 Verdicts (knee, max QPS under the SLO) and precision warnings are recomputed on the merged
 steps, with the parts' knee threshold and least success rate (parts that differ in either are
 refused, as are parts that sent other requests: other --sizes, --rows or --int-high, or measured
-otherwise: other --warmup, --timeout, --rpc/--streams, --arrival, or --step-gap with --start-at); the
-parts' own warnings are kept, prefixed with the part's name.
+otherwise: other --warmup, --timeout, --rpc/--streams, --arrival, or --step-gap with --start-at, or
+ran a merged step at other rates: other --steps, or the same in another order); the parts' own
+warnings are kept, prefixed with the part's name.
 
 Parts are `wok.bench/1` or `wok.bench/2`, all of one version, which the merged result keeps:
 a /1 file may hold the older definitions of `offered_qps` and the Little's-law count
@@ -400,6 +401,22 @@ def _same(results: Sequence[dict], names: Sequence[str], what: str, get) -> None
         raise ValueError(f"the results differ in {what} ({shown}); only runs of the same ramp merge")
 
 
+def _same_rate(steps: Sequence[dict], names: Sequence[str], i: int) -> None:
+    """Refuse the i-th step the parts ran (run order) at different rates: their sum would be a step
+    mixed from several offers, one nobody ran. Compared by `nominal_qps` (the --steps value), or by
+    `offered_qps` where a part's step lacks it."""
+    key = "nominal_qps" if all(analysis._finite(s.get("nominal_qps")) for s in steps) else "offered_qps"
+    rates = [float(s[key]) for s in steps]
+    if any(not math.isclose(r, rates[0], rel_tol=1e-9) for r in rates):
+        shown = ", ".join(f"{name}: {analysis._qps(r)} QPS" for name, r in zip(names, rates))
+        what = "--steps values" if key == "nominal_qps" else "offered rates"
+        raise ValueError(
+            f"step {i + 1} (in the order the parts ran their steps): the parts ran it at different rates ({what} "
+            f"{shown}); only runs of the same --steps, in the same order, merge: each part sends its share of "
+            "every step"
+        )
+
+
 def _rpc(config: dict) -> tuple:
     """("unary",) or ("stream", streams per worker): a unary part's --streams means nothing."""
     rpc = config.get("rpc", "unary")
@@ -493,6 +510,8 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
 
     parts = [_run_order(r, [s for s in r["steps"] if s.get("phase", "ramp") == "ramp"]) for r in results]
     n = min(len(p) for p in parts)
+    for i in range(n):
+        _same_rate([p[i] for p in parts], names, i)
     warnings = []
     if any(len(p) != n for p in parts):
         counts = ", ".join(f"{name}: {len(p)}" for name, p in zip(names, parts))

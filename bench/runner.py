@@ -24,7 +24,7 @@ from . import analysis
 from .arrivals import parse_arrivals, window_rate
 from .payloads import POOL_CAP_BYTES, Mix, PayloadGenerator, PoolPlan, TensorSpec, parse_sizes, plan_pool
 from .scrape import scrape, server_view
-from .workers import OK, Share, WorkerPool, merge_details, pick_balancer
+from .workers import NOT_SENT, OK, Share, WorkerPool, merge_details, pick_balancer
 
 # Off a terminal, a step's progress line comes every tenth of the step, but no oftener than this
 # (a short step prints none) and no rarer than that.
@@ -53,10 +53,12 @@ def plain_progress_line(label: str, elapsed_s: float, total_s: float, shown: int
 
 
 def status_name(code: int) -> str:
+    """A status number's name: gRPC's, or "NOT_SENT" for a request of a cut step never sent (workers.Outcome)."""
     if not STATUS_NAMES:
         import grpc
 
         STATUS_NAMES.update({c.value[0]: c.name for c in grpc.StatusCode})
+        STATUS_NAMES[NOT_SENT] = "NOT_SENT"
     return STATUS_NAMES.get(int(code), str(code))
 
 

@@ -26,7 +26,7 @@ from .analysis import latency_summary
 from .arrivals import nominal_for
 from .runner import Ramp, RampConfig, status_name
 from .scrape import NO_ANSWER, read_metrics
-from .workers import OK, Share, WorkerPool
+from .workers import NOT_SENT, OK, Share, WorkerPool
 
 SCHEMA = "wok.soak/1"
 # The options' defaults with --soak; None in argparse, so that one given without --soak is seen.
@@ -158,7 +158,8 @@ class SoakRamp(Ramp):
             if outcome is None:
                 lost += 1
                 continue
-            answered = outcome.done < at  # NaN (unanswered) compares False
+            # NaN (no answer: never sent, NOT_SENT, or cut in flight, CANCELLED) compares False.
+            answered = outcome.done < at
             in_flight += int(np.count_nonzero((outcome.sent < at) & ~answered))
             intended.append(share.times[answered])
             done.append(outcome.done[answered])
@@ -205,8 +206,12 @@ def soak_report(
     """Per-window latency and RSS, and the growth and drift figures (docs/reliability.md).
 
     `cut` (a soak cut short: `at_s` from the first send, and its counts) ends the windows and the
-    RSS samples at the cut; the last window is then as long as the soak ran into it.
+    RSS samples at the cut; the last window is then as long as the soak ran into it. A request
+    the cut left unsent (code NOT_SENT, workers.Outcome) is left out: it was never part of the load.
     """
+    was_sent = codes != NOT_SENT
+    if not was_sent.all():
+        intended, latency_s, codes = intended[was_sent], latency_s[was_sent], codes[was_sent]
     ok = codes == OK
     end_s = duration_s if cut is None else min(duration_s, cut["at_s"])
     # Before the soak's start: the capacity ramp's; after a cut: the run that was stopped.

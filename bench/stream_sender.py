@@ -57,7 +57,7 @@ import numpy as np
 from wok.timers import PreciseSleeper
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
-OK, UNKNOWN, DEADLINE_EXCEEDED, UNAVAILABLE = 0, 2, 4, 14
+OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, UNAVAILABLE = 0, 1, 2, 4, 14
 # The least time between two openings of one stream slot: a failed stream is replaced with the next
 # request unless its slot opened less than this ago (then with the first request after that).
 REOPEN_AFTER_S = 0.1
@@ -108,7 +108,7 @@ async def run_share_stream(
 ):
     """Send `share` (wok.bench.workers.Share) open loop on `streams` streams of `channel`; an Outcome.
     With `stop` (a multiprocessing Event) set, stop sending and close the streams: requests in
-    flight then have no answer (`done` NaN).
+    flight then have no answer (`done` NaN, code CANCELLED), and those never sent keep NOT_SENT.
 
     `channel` may be a list, a channel per server: stream slot k opens on channel
     (first_slot + k) mod their number, or, while that one is not connected and another is, on the
@@ -118,13 +118,13 @@ async def run_share_stream(
     than there are servers would all open theirs on the first servers and leave the last idle."""
     import grpc
 
-    from .workers import Outcome, SendHostShare, _short, until_stopped
+    from .workers import NOT_SENT, Outcome, SendHostShare, _short, until_stopped
 
     n = len(share.times)
     sent = np.full(n, np.nan)
     host_lag = np.full(n, np.nan)
     done = np.full(n, np.nan)
-    codes = np.zeros(n, dtype=np.int16)
+    codes = np.full(n, NOT_SENT, dtype=np.int16)  # each request's is set as it is settled
     start = share.start_at
     timeout_s = share.timeout_s
     suffix = timeout_field(timeout_s)
@@ -413,6 +413,8 @@ async def run_share_stream(
             # Cut: requests in flight have no answer (`done` NaN), as for the unary calls cancelled.
             if pending:
                 samples.extend((time.monotonic() - start, 0))
+            for i in pending:
+                codes[i] = CANCELLED
             pending.clear()
         if pending:
             samples.extend((time.monotonic() - start, 0))  # given up on: counted in flight until now

@@ -41,6 +41,10 @@ from .stream_sender import run_share_stream
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 OK = 0  # grpc.StatusCode.OK's number; others are their own numbers
+CANCELLED = 1  # grpc.StatusCode.CANCELLED's: a request a cut caught in flight (no answer came)
+# A request of a cut step that was never sent: no gRPC status has a negative number, so none reads as it.
+# A code is OK only where an answer said so: the arrays start here, not at 0, which is OK.
+NOT_SENT = -1
 # The longest message kept per status code (Outcome.details): a server's own words, not a dump.
 DETAILS_CHARS = 300
 # How often a worker of a stoppable pool looks whether the coordinator cut the step short.
@@ -61,7 +65,10 @@ class Share:
 class Outcome:
     sent: np.ndarray  # actual send offsets
     done: np.ndarray  # completion offsets
-    codes: np.ndarray  # gRPC status numbers (0 = OK)
+    # gRPC status numbers: OK (0) only for an answer that said so; of a step cut short (a stoppable
+    # pool's `cut`), NOT_SENT for a request never sent (`sent` and `done` NaN) and CANCELLED for one
+    # the cut caught in flight (`done` NaN).
+    codes: np.ndarray
     inflight: np.ndarray  # (offset, requests in flight) at every send and every answer
     balancer: dict | None = None  # the wok balancer's counters so far (wok.balancer/1), or None
     # With server timing: per request, the server's `server-timing` stages in ms (columns in
@@ -157,11 +164,12 @@ class SendHostShare:
 
 async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timing: bool = False, stop=None) -> Outcome:
     """Send the share open loop; with `stop` (a multiprocessing Event) set, stop sending and cancel
-    the calls in flight: their `done` is NaN, so that only answers count."""
+    the calls in flight: their `done` is NaN and their code CANCELLED, so that only answers count;
+    the requests never sent keep NOT_SENT."""
     n = len(share.times)
     sent = np.full(n, np.nan)
     done = np.full(n, np.nan)
-    codes = np.zeros(n, dtype=np.int16)
+    codes = np.full(n, NOT_SENT, dtype=np.int16)
     host_lag = np.full(n, np.nan)
     host_share = SendHostShare()  # here, on the loop's thread: the one `one` sends from
     server_ms = np.full((n, len(TIMING_COLUMNS)), np.nan) if timing else None
@@ -186,6 +194,7 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
         try:
             c = call(payload, timeout=share.timeout_s, metadata=metadata)
             await c
+            codes[i] = OK
         except grpc.aio.AioRpcError as exc:
             codes[i] = exc.code().value[0]
             if int(codes[i]) not in details:
@@ -196,6 +205,7 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
                 details[int(codes[i])] = _short(f"{type(exc).__name__}: {exc}")
         except asyncio.CancelledError:
             cut = True  # by a stop, in flight: no answer came
+            codes[i] = CANCELLED
             raise
         finally:
             now = time.monotonic() - start
@@ -238,7 +248,8 @@ async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timin
             await send_all()
         else:
             if await until_stopped(send_all(), stop):
-                cut = list(running)  # a task cancelled before it began leaves its done NaN, as `one` does
+                # A task cancelled before it began sent nothing: its sent and done stay NaN, its code NOT_SENT.
+                cut = list(running)
                 for task in cut:
                     task.cancel()
                 await asyncio.gather(*cut, return_exceptions=True)

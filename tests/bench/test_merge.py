@@ -278,6 +278,37 @@ def test_steps_run_high_to_low_merge_by_the_order_they_ran_when_a_part_stopped_e
     assert merged["config"]["steps"] == [pytest.approx(q) for q in (600.0, 300.0, 150.0)]
 
 
+def test_parts_that_ran_a_step_at_other_rates_do_not_merge(split_ramp):
+    # Part c ran --steps 50,100,300 beside the others' 50,100,200: its third step added to theirs made a
+    # step of 700 QPS mixed from two offers, which nobody ran.
+    _, parts = split_ramp
+    for p in parts:
+        p["config"]["steps"] = [50.0, 100.0, 200.0]
+    parts[2]["config"]["steps"] = [50.0, 100.0, 300.0]
+    parts[2]["steps"][2]["nominal_qps"] = parts[2]["steps"][2]["offered_qps"] = 300.0
+    with pytest.raises(
+        ValueError,
+        match=r"^step 3 \(in the order the parts ran their steps\): the parts ran it at different rates \(--steps "
+        r"values a\.json: 200 QPS, b\.json: 200 QPS, c\.json: 300 QPS\); only runs of the same --steps, in the same "
+        r"order, merge",
+    ):
+        merge_results(parts, ["a.json", "b.json", "c.json"])
+    # The same steps run in another order (c: 200, 100, 50) differ from the first on.
+    parts[2]["steps"][2]["nominal_qps"] = parts[2]["steps"][2]["offered_qps"] = 200.0
+    parts[2]["config"]["steps"] = [200.0, 100.0, 50.0]
+    with pytest.raises(ValueError, match=r"^step 1 .*\(--steps values a: 50 QPS, b: 50 QPS, c: 200 QPS\)"):
+        merge_results(parts, ["a", "b", "c"])
+    # Without nominal_qps (a file older than it), the offered rates are compared.
+    parts[2]["config"]["steps"] = [50.0, 100.0, 200.0]
+    for p in parts:
+        for step in p["steps"]:
+            del step["nominal_qps"]
+    assert len(merge_results(parts)["steps"]) == 3
+    parts[1]["steps"][0]["offered_qps"] = 60.0
+    with pytest.raises(ValueError, match=r"^step 1 .*\(offered rates part 0: 50 QPS, part 1: 60 QPS, part 2: 50 QPS\)"):
+        merge_results(parts)
+
+
 def test_parts_with_the_same_seed_are_warned_about(split_ramp):
     _, parts = split_ramp
     parts[1]["config"]["seed"] = parts[0]["config"]["seed"]
@@ -442,8 +473,8 @@ def _stalled_at_the_end(rng, duration=1.5, warmup=0.5, qps=200.0, stall=0.05):
     return sent, done, start, end
 
 
-def _edged_result(sent, done, start, end, seed):
-    """A ramp of one step as wok bench ramp measures it: Little's law with its edges, L exact."""
+def _edged_result(sent, done, start, end, seed, nominal_qps):
+    """A ramp of one step at `nominal_qps` as wok bench ramp measures it: Little's law with its edges, L exact."""
     from wok.bench.runner import _littles_law_edges
 
     keep = sent >= start
@@ -461,6 +492,7 @@ def _edged_result(sent, done, start, end, seed):
         inflight_samples=np.array([inside.sum() / (end - start)]),
     )
     step["littles_law"].update(_littles_law_edges(sent, done, keep, start, end))
+    step["nominal_qps"] = nominal_qps
     config = {"source": "bench", "models": [["mlp", 1.0]], "step_duration_s": end - start, "seed": seed}
     return json.loads(report.to_json(analysis.ramp_result(steps=[step], slo_p99_ms=50.0, config=config)))
 
@@ -475,9 +507,9 @@ def test_merged_steps_add_the_window_edges_and_judge_what_they_leave_unexplained
     # step does not warn; neither may its merge (which judged the whole error, its edges dropped).
     rng = np.random.default_rng(5)
     sent, done, start, end = _stalled_at_the_end(rng)
-    whole = _edged_result(sent, done, start, end, 0)
+    whole = _edged_result(sent, done, start, end, 0, 200.0)
     owner = rng.integers(0, 2, sent.size)
-    parts = [_edged_result(sent[owner == i], done[owner == i], start, end, i + 1) for i in range(2)]
+    parts = [_edged_result(sent[owner == i], done[owner == i], start, end, i + 1, 100.0) for i in range(2)]
     w = whole["steps"][0]
     assert w["littles_law"]["relative_error"] > 0.9 and w["littles_law"]["early_edge"] > 0
     assert abs(analysis._unexplained(w["littles_law"])) < 1e-9
@@ -500,7 +532,7 @@ def test_a_part_without_the_window_edges_leaves_the_merged_step_judged_on_the_wh
     rng = np.random.default_rng(5)
     sent, done, start, end = _stalled_at_the_end(rng)
     owner = rng.integers(0, 2, sent.size)
-    parts = [_edged_result(sent[owner == i], done[owner == i], start, end, i + 1) for i in range(2)]
+    parts = [_edged_result(sent[owner == i], done[owner == i], start, end, i + 1, 100.0) for i in range(2)]
     for key in ("late_edge", "early_edge"):
         del parts[1]["steps"][0]["littles_law"][key]  # written before the edges were
     merged = merge_results(parts)

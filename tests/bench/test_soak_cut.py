@@ -23,6 +23,7 @@ import pytest
 
 from wok.bench.scrape import scrape
 from wok.bench.soak import soak_report
+from wok.bench.workers import CANCELLED, NOT_SENT
 
 pytestmark = pytest.mark.timeout(120)
 SERVED = "wok_request_duration_seconds_count"
@@ -123,6 +124,17 @@ def test_a_cut_ends_the_windows_and_rss_samples_at_the_cut():
     assert r["windows"][-1]["rss_mib"] == 104.0 and r["p99"]["windows"] == 2  # the 0.2 s window is too short
     whole = soak_report(intended, latency, np.zeros(5, np.int16), rss, duration_s=3.0, window_s=1.0)
     assert whole["cut"] is None and len(whole["rss"]["samples"]) == 6
+
+
+def test_requests_a_cut_left_unsent_are_not_counted_and_those_it_caught_in_flight_are_no_success():
+    # A cut step's per-request codes as the workers hand them back: 2 answered OK, 1 cancelled in
+    # flight, 2 never sent. The unsent were no part of the load; the cancelled one was sent, unanswered.
+    intended = np.array([0.2, 0.4, 0.6, 0.8, 1.2])
+    latency = np.array([0.01, 0.02, np.nan, np.nan, np.nan])
+    codes = np.array([0, 0, CANCELLED, NOT_SENT, NOT_SENT], np.int16)
+    r = soak_report(intended, latency, codes, [], duration_s=60.0, window_s=1.0, cut={"at_s": 1.5})
+    assert r["requests"] == {"sent": 3, "ok": 2, "errors": 1} and r["errors_by_code"] == {"CANCELLED": 1}
+    assert [(w["sent"], w["ok"]) for w in r["windows"]] == [(3, 2), (0, 0)]
 
 
 def _first_rss_window(soak: dict) -> int:

@@ -1,10 +1,11 @@
-"""A bench worker that dies mid-step is seen at once, a stream worker honours a cut, and a bench killed
-outright takes its workers with it.
+"""A bench worker that dies mid-step is seen at once, a stream worker honours a cut, a cut step's
+requests without an answer never read OK, and a bench killed outright takes its workers with it.
 
 `WorkerPool.finish` used to wait on its workers in order: a worker killed while the ones before it
 were still sending was noticed only when their shares ended (up to an hour into a soak step), the
 run going on meanwhile at a silently reduced load. Stream workers ignored `cut` and were
-terminated after its wait, their measurements lost.
+terminated after its wait, their measurements lost. A cut step's requests never sent, and those the
+cut caught in flight, kept the code their array started with, 0: OK to anyone counting codes.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import time
 import numpy as np
 import pytest
 
-from wok.bench.runner import RampConfig, build_pool
+from wok.bench.faults import post_fault
+from wok.bench.runner import RampConfig, build_pool, status_name
 from wok.bench.scrape import scrape
-from wok.bench.workers import Share, WorkerPool
+from wok.bench.workers import OK, Share, WorkerPool
 
 STEP_S = 20.0  # planned step length: far longer than any of these tests may take
 QPS = 50  # per worker: light, so the loaded machine keeps up
@@ -93,6 +95,46 @@ def test_a_cut_stream_step_hands_back_what_the_stream_workers_measured(bench_ser
         answered = np.isfinite(o.done)
         assert np.all(o.done[answered] >= o.sent[answered])
         assert np.all(np.isnan(o.done[~sent]))
+
+
+@pytest.fixture(scope="module")
+def held_server(start_server_module):
+    """A server of this module's own, whose mlp a slow fault can hold (--admin): the session's is not held."""
+    return start_server_module("--models", "mlp", "--admin", "--torch-threads", "1")
+
+
+def _queued(metrics_url: str) -> float:
+    snap = scrape(metrics_url)
+    return snap.get("wok_queue_depth", model="mlp") if snap is not None else 0.0
+
+
+@pytest.mark.parametrize("rpc", ["unary", "stream"])
+def test_a_cut_steps_requests_never_sent_or_cut_in_flight_never_read_ok(held_server, rpc):
+    metrics_url = held_server.wait_for_line("wok: metrics on http://").split("metrics on ")[1]
+    admin = metrics_url.removesuffix("/metrics")
+    workers = _pool(held_server, 1, stoppable=True, **({"rpc": "stream", "streams": 2} if rpc == "stream" else {}))
+    try:
+        before = _answered(metrics_url)
+        workers.start(_shares(1, time.monotonic()))
+        _until_answered(metrics_url, before)
+        # Held for 3 s a batch from now on: the requests sent meanwhile are in flight at the cut.
+        post_fault(admin, {"model": "mlp", "mode": "slow", "delay_ms": 3000})
+        deadline = time.monotonic() + 15.0
+        while _queued(metrics_url) < 3:
+            assert time.monotonic() < deadline, "no request queued behind the held batch within 15 s"
+            time.sleep(0.05)
+        (o,) = workers.cut(10.0)
+    finally:
+        workers.close()
+        post_fault(admin, {"model": "mlp", "mode": "off"})
+    assert o is not None
+    sent, answered = np.isfinite(o.sent), np.isfinite(o.done)
+    names = np.array([status_name(c) for c in o.codes])
+    # Every code is OK with an answer, CANCELLED sent without one, or NOT_SENT: none reads OK unanswered.
+    assert np.all(answered[o.codes == OK]) and np.count_nonzero(o.codes == OK) >= 5
+    assert np.all(names[~sent] == "NOT_SENT") and np.count_nonzero(~sent) > 0
+    assert np.all(names[sent & ~answered] == "CANCELLED") and np.count_nonzero(sent & ~answered) >= 3
+    assert set(names[answered]) == {"OK"}, set(names[answered])
 
 
 # A bench that makes a pool, starts a long step against the server and says its workers' pids.
