@@ -26,11 +26,16 @@ balancer retries, to a different replica. Names are resolved again every
 `resolve_every_s`, so a Kubernetes headless Service's pods come and go: a new address gets a
 channel, a vanished one gets no new calls and is closed once its calls are done, the streams
 open on it (`stream_channel`) included. A name whose lookup fails (or finds nothing) keeps the
-replicas it has; the other names' changes apply all the same. A resolver of one's own that raises
-anything but OSError, or answers what is not a list of addresses ("ip:port", "[v6]:port": a host
-name, say, whose channel would fail every call), is logged (logger `wok.balancer`, once per name
-and kind of error) and treated alike: the lookups go on; at `start()` it raises, a ValueError
-naming the answer for the latter.
+replicas it has; the other names' changes apply all the same. So does one whose lookup gives no
+answer within `resolve_timeout_s` (10 s: a resolver that never answered stalled the lookups of
+every name for good), cancelled and logged. A resolver of one's own that raises anything but
+OSError, or answers what is not a list of addresses ("ip:port", "[v6]:port": a host name, say,
+or an IPv6 address whose scope names no interface here, whose channel would fail every call), is
+logged (logger `wok.balancer`, once per name and kind of error) and treated alike: the lookups go
+on; at `start()` it raises, a ValueError naming the answer for the latter, as for a timeout. A
+lookup again that fails in any other way (a channel gRPC cannot make for a new address, the probe
+of a name's two families raising) is logged once per name and kind of error too, and leaves the
+set as it was until the next lookup: it ended the lookups for good, silently.
 
 Picking (`pick`): power of two choices on outstanding attempts: two random replicas among
 the READY, non-ejected ones (if none is READY: among the READY ejected ones, then those
@@ -72,13 +77,14 @@ ejected (at most `max_ejection_s`, 30 s); the count is forgotten once it has ans
 before `hedge_after`, as many times in a row again. Back in the rotation it is judged afresh:
 late attempts and failures before its return (attempts out at its ejection, or sent to it while
 ejected) do not count towards its next ejection, so a lasting fault costs as many calls each
-time it comes back. At most `max_ejected_fraction` (half, rounded down, but one of two) of
-the replicas are ejected at once, never the last one, so a fault of the whole fleet cannot
-empty the rotation. The cap holds as the set changes too: a lookup that leaves more replicas
-ejected than it allows (the name's other addresses gone) readmits the excess at once, those
-ejected for slowness first, then those due back first, judged afresh (left out, a lone replica
-ejected got no call while its channel reconnected, and the next new address took every call
-until the ejections ended). And while no replica in the rotation is
+time it comes back. At most `max_ejected_fraction` (half, rounded down, but one of two; any
+fraction above 0 allows one, and 0 none) of the replicas are ejected at once, never the last
+one, so a fault of the whole fleet cannot empty the rotation. The cap holds as the set changes
+too: a lookup that leaves more replicas ejected than it allows (the name's other addresses
+gone) readmits the excess at once, those ejected for slowness first, then those due back first,
+judged afresh (`readmitted_by_cap` in `stats()`; left out, a lone replica ejected got no call
+while its channel reconnected, and the next new address took every call until the ejections
+ended). And while no replica in the rotation is
 READY (the others are down), the READY ejected ones take the calls: a replica ejected for
 slowness fills the cap, and the one that dies next could not be ejected in its place. A
 READY replica that fails its calls, with the cap full, takes the place of one ejected only for
@@ -113,9 +119,10 @@ calls stuck on a hung replica are answered there meanwhile.
 Counters (`stats()`): calls, attempts, hedges and retries, each counted as it goes out to its
 replica (attempts = first attempts + hedges + retries; a retry cancelled in its backoff, another
 attempt having answered, is none of them), refusals by the budget, ejections and those the cap
-refused, swaps (a failing or hung replica ejected in the place of a slow one), and per replica
-attempts, OK answers, failures, slow attempts, ejections, early readmissions (its
-ejection for slowness cut short by a swap), its state. The totals are the balancer's own: they
+refused, swaps (a failing or hung replica ejected in the place of a slow one), readmissions by
+the cap as the set shrank (`readmitted_by_cap`), and per replica attempts, OK answers, failures,
+slow attempts, ejections, early readmissions (its ejection for slowness cut short by a swap),
+readmissions by the cap, its state. The totals are the balancer's own: they
 keep what a replica counted after re-resolution drops it, while `replicas` lists the current
 set only, so the per-replica counters may add up to less than the totals.
 
@@ -134,6 +141,7 @@ import asyncio
 import ipaddress
 import logging
 import math
+import numbers
 import random
 import socket
 from collections import deque
@@ -142,6 +150,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+
+from wok.errors import NAME_CHARS, cut_message, message_of, quoted_name, shown_value
 
 from .channel import (
     NAME_OPTIONS,
@@ -170,9 +180,40 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 log = logging.getLogger("wok.balancer")
 
 
+def _real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _positive(name: str, value: Any, finite: bool = False) -> None:
+    """ValueError unless `value` is a number of seconds > 0 (NaN is not; infinity only if not `finite`)."""
+    if not (_real(value) and value > 0 and (not finite or math.isfinite(value))):
+        what = "a finite duration" if finite else "a duration"
+        raise ValueError(f"{name} must be {what} > 0 in seconds; got {shown_value(value)}")
+
+
 @dataclass(frozen=True)
 class BalancerSettings:
-    """The balancer's knobs; the module's doc says what each does and why its default."""
+    """The balancer's knobs; the module's doc says what each does and why its default. Durations
+    are in seconds.
+
+    `max_ejected_fraction`: at most this fraction of the replicas (those the names resolve to now)
+    are ejected at once, rounded down but at least one while it is above 0 (0.5 of 3 replicas is
+    1, 0.1 of 2 is 1), never the last one; 0: none is ever ejected (each ejection due is counted
+    in `ejections_refused`), while `consecutive_failures=0` turns detection off. (gRPC's outlier
+    detection ejects while fewer than its max_ejection_percent are out: one at any percentage
+    above 0, none at 0; Envoy ejected one whatever the value, 0 included, until 1.31 made that
+    `always_eject_one_host`, off by default.)
+
+    `resolve_timeout_s`: how long one lookup of a name (the resolver's answer) may take. At
+    `start()` a lookup past it raises the ValueError of a name that does not resolve; at a lookup
+    again it is cancelled, logged (once per name) and the name keeps its replicas until its next
+    lookup, `resolve_every_s` later. (The system resolver gives up on a silent name server after
+    5 s × 2 tries by default: resolv.conf's `timeout` and `attempts`.)
+    """
 
     max_attempts: int = 3
     hedge_after: float | str | None = "auto"  # seconds, "auto" or None (no hedging)
@@ -184,23 +225,29 @@ class BalancerSettings:
     consecutive_failures: int = 5  # 0: no outlier detection
     base_ejection_s: float = 2.0
     max_ejection_s: float = 30.0
-    max_ejected_fraction: float = 0.5
+    max_ejected_fraction: float = 0.5  # 0: no ejection
     backoff_s: float = 0.05
     max_backoff_s: float = 1.0
     resolve_every_s: float = 30.0
+    resolve_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1; got {self.max_attempts}")
+        if not (_whole(self.max_attempts) and self.max_attempts >= 1):
+            raise ValueError(f"max_attempts must be a whole number >= 1; got {shown_value(self.max_attempts)}")
         h = self.hedge_after
-        if not (h is None or h == "auto" or (isinstance(h, (int, float)) and h > 0)):
-            raise ValueError(f"hedge_after must be a duration > 0 in seconds, 'auto' or None; got {h!r}")
-        if not 0 < self.hedge_quantile < 1:
-            raise ValueError(f"hedge_quantile must be in (0, 1); got {self.hedge_quantile}")
-        if not 0 <= self.max_ejected_fraction <= 1:
-            raise ValueError(f"max_ejected_fraction must be in [0, 1]; got {self.max_ejected_fraction}")
-        if self.consecutive_failures < 0 or self.base_ejection_s <= 0 or self.resolve_every_s <= 0:
-            raise ValueError("consecutive_failures must be >= 0, base_ejection_s and resolve_every_s > 0")
+        if not (h is None or h == "auto" or (_real(h) and h > 0)):
+            raise ValueError(f"hedge_after must be a duration > 0 in seconds, 'auto' or None; got {shown_value(h)}")
+        if not (_real(self.hedge_quantile) and 0 < self.hedge_quantile < 1):
+            raise ValueError(f"hedge_quantile must be a number in (0, 1); got {shown_value(self.hedge_quantile)}")
+        f = self.max_ejected_fraction
+        if not (_real(f) and 0 <= f <= 1):
+            raise ValueError(f"max_ejected_fraction must be a number in [0, 1] (0: no ejection); got {shown_value(f)}")
+        k = self.consecutive_failures
+        if not (_whole(k) and k >= 0):
+            raise ValueError(f"consecutive_failures must be a whole number >= 0 (0: no ejection); got {shown_value(k)}")
+        _positive("base_ejection_s", self.base_ejection_s)
+        _positive("resolve_every_s", self.resolve_every_s)
+        _positive("resolve_timeout_s", self.resolve_timeout_s, finite=True)
 
 
 def split_targets(target: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -217,7 +264,9 @@ def split_targets(target: str | Sequence[str]) -> list[tuple[str, int]]:
             text = text[5:]
         parsed = split_host_port(text)
         if parsed is None:
-            raise ValueError(f"target {item!r}: the wok balancer needs host:port, [ipv6]:port or dns:///name:port")
+            raise ValueError(
+                f"target {quoted_name(item)}: the wok balancer needs host:port, [ipv6]:port or dns:///name:port"
+            )
         out.append(parsed)
     if not out:
         raise ValueError("no target given")
@@ -239,19 +288,48 @@ class _BadAnswer(ValueError):
     """A resolver answered something other than a list of addresses."""
 
 
+class _NoAnswer(Exception):
+    """A resolver gave no answer within `resolve_timeout_s`."""
+
+
+def _shown(value: Any) -> str:
+    """A value a resolver answered, as a message shows it (`shown_value`); a list or anything else
+    cut past NAME_CHARS characters, as a string is: an answer of 10,000 addresses made a 200 KB line."""
+    return shown_value(value) if isinstance(value, str) else cut_message(shown_value(value), NAME_CHARS)
+
+
+def _unknown_scope(ip: str) -> str | None:
+    """The scope of an IPv6 address ("fe80::1%eth0") when it names no network interface of this
+    host: gRPC takes a number, or a name if_nametoindex knows, and fails every call of any other."""
+    scope = ip.partition("%")[2]
+    if not scope or scope.isdigit():
+        return None
+    try:
+        socket.if_nametoindex(scope)
+    except OSError:
+        return scope
+    return None
+
+
 def _answer(name: str, found: Any) -> list[str]:
     """A resolver's answer for target `name`, each address as `_address` writes it; _BadAnswer naming
     the first that is not "ip:port" or "[ipv6]:port" (a host name among them: the channel made for
-    it failed every call, UNKNOWN "the target uri is not valid")."""
+    it failed every call, UNKNOWN "the target uri is not valid"; so did an IPv6 address whose scope
+    names no interface here, and with an address of the other family, the probe of it raised)."""
     expected = "expected a list of addresses, 'ip:port' or '[ipv6]:port'"
     if not isinstance(found, (list, tuple)):
-        raise _BadAnswer(f"target {name}: the resolver answered {found!r}; {expected}")
+        raise _BadAnswer(f"target {quoted_name(name)}: the resolver answered {_shown(found)}; {expected}")
     out = []
     for a in found:
         parsed = split_host_port(a) if isinstance(a, str) else None
         ip = None if parsed is None else _literal(parsed[0])
-        if ip is None or not 0 < parsed[1] < 65536:
-            raise _BadAnswer(f"target {name}: the resolver answered {a!r} (of {list(found)!r}); {expected}")
+        scope = None if ip is None else _unknown_scope(ip)
+        if ip is None or scope is not None or not 0 < parsed[1] < 65536:
+            why = "" if scope is None else f" (its scope {quoted_name(scope)} names no network interface of this host)"
+            raise _BadAnswer(
+                f"target {quoted_name(name)}: the resolver answered {_shown(a)} (of {_shown(list(found))}); "
+                f"{expected}{why}"
+            )
         out.append(_address(ip, parsed[1]))
     return out
 
@@ -300,6 +378,7 @@ class Replica:
     retries: int = 0
     ejections: int = 0
     readmitted_early: int = 0  # ejected for slowness, readmitted early to make room for a failing one
+    readmitted_by_cap: int = 0  # readmitted early as the set shrank: its ejection was past the cap
     last_error: str | None = None  # its last failed attempt's code and details
     methods: dict = field(default_factory=dict)
     watcher: asyncio.Task | None = None
@@ -319,6 +398,7 @@ class Replica:
             "retries": self.retries,
             "ejections": self.ejections,
             "readmitted_early": self.readmitted_early,
+            "readmitted_by_cap": self.readmitted_by_cap,
         }
 
 
@@ -362,7 +442,9 @@ class Balancer:
         self._closing: set[asyncio.Task] = set()  # of _tasks: channels of replicas no longer resolved
         self._retired: set[asyncio.Task] = set()  # their watchers, until they end with the channel
         self._resolver_task: asyncio.Task | None = None
-        self._resolver_errors: set[tuple[str, str]] = set()  # (name, error type) logged: once each
+        self._names = {f"{h}:{p}" for h, p in self.targets if _literal(h) is None}
+        self._shown_targets = quoted_name(",".join(_address(h, p) for h, p in self.targets))
+        self._logged: set[tuple[str, str]] = set()  # (name, error type) of the lookups' errors logged
         self._undecided = False  # a name's server accepted on neither of its families at the last lookup
         self._changed: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -372,7 +454,7 @@ class Balancer:
         self._since_quantile = 0
         self._auto_hedge_s = self.settings.hedge_initial_s
         self.calls = self.ok_calls = self.attempts = self.hedges = self.retries = 0
-        self.budget_refusals = self.ejections = self.ejections_refused = self.swaps = 0
+        self.budget_refusals = self.ejections = self.ejections_refused = self.swaps = self.readmitted_by_cap = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> Balancer:
@@ -385,7 +467,7 @@ class Balancer:
         try:
             addresses = await self._resolve_all(strict=True)
             if not addresses:
-                raise ValueError(f"targets {self.targets}: no address to balance over")
+                raise ValueError(f"targets {self._shown_targets}: no address to balance over")
             self._update(addresses)
             if any(_literal(h) is None for h, _ in self.targets):
                 self._resolver_task = self._loop.create_task(self._re_resolve())
@@ -427,9 +509,9 @@ class Balancer:
 
     # -- replicas -----------------------------------------------------------------------------
     async def _resolve_all(self, strict: bool) -> dict[str, str]:
-        """{address: target name}. Not `strict` (a lookup again), a name whose lookup fails or finds
-        nothing keeps the replicas it has, and the other names' changes apply all the same: one
-        name gone from DNS froze the replica set of every other."""
+        """{address: target name}. Not `strict` (a lookup again), a name whose lookup fails, finds
+        nothing or takes over `resolve_timeout_s` keeps the replicas it has, and the other names'
+        changes apply all the same: one name gone from DNS froze the replica set of every other."""
         out: dict[str, str] = {}
         self._undecided = False
         for host, port in self.targets:
@@ -438,39 +520,90 @@ class Balancer:
                 out.setdefault(_address(ip, port), f"{host}:{port}")
                 continue
             name = f"{host}:{port}"
+            shown = quoted_name(name)
             try:
-                found = _answer(name, await self._resolve(host, port))
-            except (OSError, socket.gaierror) as exc:
+                found = _answer(name, await self._lookup(host, port))
+            except (_NoAnswer, OSError) as exc:
                 if strict:
-                    raise ValueError(f"target {name}: cannot resolve {host!r}: {exc}") from None
+                    raise ValueError(f"target {shown}: cannot resolve {quoted_name(host)}: {exc}") from None
+                # A lookup that failed is the resolver's answer, and is not logged; one that hung
+                # stalled every later lookup, of every name, silently.
+                if isinstance(exc, _NoAnswer):
+                    self._log_once(name, exc, f"target {shown}: {exc}", logging.WARNING)
                 found = []
             except Exception as exc:
                 if strict:
                     raise
                 # A resolver of one's own may raise anything (a bug, its library's error), or answer
                 # what is no address: the one ended the lookups for good, silently, the other
-                # replaced the name's replicas with channels that fail every call. Logged once per
-                # name and kind of error, not at every period; the name keeps its replicas, as for
-                # a failed lookup.
-                kind = (name, f"{type(exc).__module__}.{type(exc).__qualname__}")
-                if kind not in self._resolver_errors:
-                    self._resolver_errors.add(kind)
-                    bad = isinstance(exc, _BadAnswer)
-                    log.error(
-                        "%s; its replicas are kept and it is looked up again every %g s (this error is logged once)",
-                        exc if bad else f"target {name}: the resolver raised {type(exc).__name__}: {exc}",
-                        self.settings.resolve_every_s,
-                        exc_info=None if bad else exc,
-                    )
+                # replaced the name's replicas with channels that fail every call.
+                bad = isinstance(exc, _BadAnswer)
+                what = (
+                    str(exc) if bad else f"target {shown}: the resolver raised {type(exc).__name__}: {message_of(exc)}"
+                )
+                self._log_once(name, exc, what, exc_info=not bad)
                 found = []
+            if found:
+                try:
+                    found = await self._one_family(name, found)
+                except Exception as exc:
+                    if strict:
+                        raise
+                    # Its probe raised (out of file descriptors, say): it ended the lookups for good.
+                    what = f"target {shown}: choosing the family of {_shown(found)} failed: {type(exc).__name__}: "
+                    self._log_once(name, exc, what + message_of(exc), exc_info=True)
+                    found = []
             if not found and not strict:
                 for r in self.replicas.values():
                     if r.name == name and not r.removed:
                         out.setdefault(r.address, name)
                 continue
-            for a in await self._one_family(name, found):
+            for a in found:
                 out.setdefault(a, name)
         return out
+
+    async def _lookup(self, host: str, port: int) -> Any:
+        """The resolver's answer; _NoAnswer if it gives none within `resolve_timeout_s` (it is
+        cancelled then). A timer of its own, not wait_for: a TimeoutError the resolver raises is its
+        answer (an OSError: the name does not resolve), not a lookup that took too long."""
+        timeout = self.settings.resolve_timeout_s
+        lookup = asyncio.ensure_future(self._resolve(host, port))
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            lookup.cancel()
+
+        timer = self._loop.call_later(timeout, expire)
+        try:
+            return await lookup
+        except asyncio.CancelledError:
+            # stop() cancels this task, and the lookup with it: that stays a cancellation.
+            if expired and not self._stopped:
+                raise _NoAnswer(f"the resolver gave no answer within {timeout:g} s (resolve_timeout_s)") from None
+            raise
+        finally:
+            timer.cancel()
+
+    def _log_once(
+        self, name: str, exc: BaseException, what: str, level: int = logging.ERROR, exc_info: bool = False
+    ) -> None:
+        """Log `what` (an error of the lookups again: they go on) once per name and kind of error,
+        not at every period."""
+        kind = (name, f"{type(exc).__module__}.{type(exc).__qualname__}")
+        if kind in self._logged:
+            return
+        self._logged.add(kind)
+        keep = "its replicas are kept and it is" if name in self._names else "the replicas are kept and the names are"
+        log.log(
+            level,
+            "%s; %s looked up again every %g s (this error is logged once)",
+            what,
+            keep,
+            self.settings.resolve_every_s,
+            exc_info=exc if exc_info else None,
+        )
 
     async def _one_family(self, name: str, found: list[str]) -> list[str]:
         """Those of a name's addresses of the family its server answers on best (`preferred_families`,
@@ -492,13 +625,15 @@ class Balancer:
         family = socket.AF_INET if socket.AF_INET in families else socket.AF_INET6
         return [a for a in found if family_of(a) == family]
 
-    def _update(self, addresses: dict[str, str]) -> None:
+    def _update(self, addresses: dict[str, str], strict: bool = True) -> None:
+        """Apply a lookup's {address: target name}: a channel for each new address, the vanished ones
+        closed once idle. All or nothing: if a channel cannot be made (gRPC's constructor raised),
+        those made for the others are closed and the set stays as it was; `strict` (at start) it
+        raises, else it is logged once per name and kind of error, the next lookup trying again
+        (it ended the lookups for good, silently: names never changed again)."""
+        opened: list[Replica] = []
         for address, name in addresses.items():
-            r = self.replicas.get(address)
-            if r is not None and not r.removed:
-                continue
-            if r is not None:  # came back before its channel was closed
-                r.removed = False
+            if address in self.replicas:
                 continue
             r = Replica(address, name)
             options = list(self._options)
@@ -509,15 +644,35 @@ class Balancer:
             if _literal(host) is None and not any(key in NAME_OPTIONS for key, _ in options):
                 options.append(("grpc.default_authority", name))
             target = ("ipv6:" if address.startswith("[") else "ipv4:") + address
-            r.channel = open_channel(grpc.aio, target, self._credentials, options)
+            try:
+                r.channel = open_channel(grpc.aio, target, self._credentials, options)
+            except Exception as exc:
+                for o in opened:
+                    self._close_channel(o.channel)
+                if strict:
+                    raise
+                what = f"target {quoted_name(name)}: no channel could be made to {address}: {type(exc).__name__}: "
+                self._log_once(name, exc, what + message_of(exc), exc_info=True)
+                return
+            opened.append(r)
+        for r in opened:
             r.watcher = self._loop.create_task(self._watch(r))
-            self.replicas[address] = r
+            self.replicas[r.address] = r
         for address, r in list(self.replicas.items()):
-            if address not in addresses and not r.removed:
+            if address in addresses:
+                r.removed = False  # (one that came back before its channel was closed)
+            elif not r.removed:
                 r.removed = True
                 self._close_if_idle(r)
         self._within_cap()
         self._notify()
+
+    def _close_channel(self, channel) -> asyncio.Task:
+        """Close `channel` in a task that stop() lets finish (it is quick) rather than cancel."""
+        closing = self._spawn(channel.close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+        return closing
 
     def _close_if_idle(self, r: Replica) -> None:
         # After stop() nothing is started: it closed every channel, and waits for no later task.
@@ -531,12 +686,10 @@ class Balancer:
             del self.replicas[r.address]
             if r.readmit is not None:
                 r.readmit.cancel()
-            closing = self._spawn(r.channel.close())
-            self._closing.add(closing)
+            self._close_channel(r.channel)
             if r.watcher is not None:  # it ends with the channel; stop() sees to one that has not
                 self._retired.add(r.watcher)
                 r.watcher.add_done_callback(self._retired.discard)
-            closing.add_done_callback(self._closing.discard)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = self._loop.create_task(coro)
@@ -550,9 +703,15 @@ class Balancer:
             # over a refusal: a server coming up on the other must not wait resolve_every_s for calls.
             every = self.settings.resolve_every_s
             await asyncio.sleep(min(every, UNDECIDED_RESOLVE_S) if self._undecided else every)
-            addresses = await self._resolve_all(strict=False)
-            if addresses:  # (a name whose lookup failed or found nothing keeps its replicas)
-                self._update(addresses)
+            try:
+                addresses = await self._resolve_all(strict=False)
+                if addresses:  # (a name whose lookup failed or found nothing keeps its replicas)
+                    self._update(addresses, strict=False)
+            except Exception as exc:
+                # A last guard (the errors known are the names' own, above): this task ended for good
+                # at an error, silently, and the names never changed again.
+                what = f"targets {self._shown_targets}: a lookup again failed: {type(exc).__name__}: "
+                self._log_once("", exc, what + message_of(exc), exc_info=True)
 
     async def _watch(self, r: Replica) -> None:
         state = r.channel.get_state(try_to_connect=True)
@@ -669,8 +828,11 @@ class Balancer:
     # -- outlier detection --------------------------------------------------------------------
     def _ejection_cap(self, live: int) -> int:
         """How many of `live` replicas may be ejected at once: `max_ejected_fraction` of them,
-        rounded down but at least one (as Envoy's max_ejection_percent), never all."""
-        return 0 if live < 2 else min(live - 1, max(1, math.floor(self.settings.max_ejected_fraction * live)))
+        rounded down but at least one, never all; none at 0 (which allowed one all the same)."""
+        fraction = self.settings.max_ejected_fraction
+        if live < 2 or fraction == 0:
+            return 0
+        return min(live - 1, max(1, math.floor(fraction * live)))
 
     def _eject(self, r: Replica, slow: bool = False) -> None:
         if r.ejected or r.removed or self._stopped:
@@ -710,6 +872,8 @@ class Balancer:
         for x in ejected[:excess]:
             if x.readmit is not None:
                 x.readmit.cancel()
+            x.readmitted_by_cap += 1
+            self.readmitted_by_cap += 1
             self._readmit(x)
 
     def _readmit_early(self, slow_ones: list[Replica]) -> None:
@@ -1029,6 +1193,7 @@ class Balancer:
             "ejections": self.ejections,
             "ejections_refused": self.ejections_refused,
             "swaps": self.swaps,
+            "readmitted_by_cap": self.readmitted_by_cap,
             "hedge_after_ms": None if self.hedge_after_s is None else round(1e3 * self.hedge_after_s, 3),
             "replicas": [r.stats() for r in self.replicas.values()],
         }
@@ -1038,9 +1203,10 @@ def merge_stats(parts: Sequence[dict | None]) -> dict | None:
     """Counters of several balancers (the bench's workers) added up; per replica by address.
 
     A part may itself be a merge (a bench result's, whose `hedge_after_ms` is already a list):
-    the hedge delays of all the balancers behind the parts come out as one list. `swaps` and a
-    replica's `readmitted_early` are later additions: a part written before them counts 0, and a
-    replica's comes out only when some part has it.
+    the hedge delays of all the balancers behind the parts come out as one list. `swaps`,
+    `readmitted_by_cap` and a replica's `readmitted_early` and `readmitted_by_cap` are later
+    additions (within wok.balancer/1: nothing read before them changed): a part written before
+    them counts 0, and a replica's comes out only when some part has it.
     """
     parts = [p for p in parts if p]
     if not parts:
@@ -1048,6 +1214,7 @@ def merge_stats(parts: Sequence[dict | None]) -> dict | None:
     keys = ("calls", "ok", "attempts", "hedges", "retries", "budget_refusals", "ejections", "ejections_refused")
     out: dict = {"schema": SCHEMA, **{k: sum(p[k] for p in parts) for k in keys}}
     out["swaps"] = sum(p.get("swaps", 0) for p in parts)
+    out["readmitted_by_cap"] = sum(p.get("readmitted_by_cap", 0) for p in parts)
     hedge = []
     for p in parts:
         h = p["hedge_after_ms"]
@@ -1059,8 +1226,9 @@ def merge_stats(parts: Sequence[dict | None]) -> dict | None:
             m = replicas.setdefault(r["address"], {"address": r["address"], "target": r["target"]})
             for k in ("attempts", "ok", "failures", "slow", "hedges", "retries", "ejections"):
                 m[k] = m.get(k, 0) + r[k]
-            if "readmitted_early" in r:
-                m["readmitted_early"] = m.get("readmitted_early", 0) + r["readmitted_early"]
+            for k in ("readmitted_early", "readmitted_by_cap"):
+                if k in r:
+                    m[k] = m.get(k, 0) + r[k]
     out["replicas"] = list(replicas.values())
     return out
 

@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import random
+import re
 import signal
 import socket
 
@@ -1241,7 +1242,7 @@ async def test_a_resolver_answering_no_address_is_named_at_start_and_keeps_the_r
         s = settings(resolve_every_s=0.02)
         first = Balancer("dns:///svc:8001", settings=s, resolver=resolver)
         try:
-            with pytest.raises(ValueError, match=f"target svc:8001: the resolver answered '{named}'") as err:
+            with pytest.raises(ValueError, match=f"target 'svc:8001': the resolver answered '{named}'") as err:
                 await first.start()
         finally:
             await first.stop()  # (its failed start stopped it; one that started must not be left running)
@@ -1258,4 +1259,230 @@ async def test_a_resolver_answering_no_address_is_named_at_start_and_keeps_the_r
             assert await name_of(bal.unary_unary(METHOD)) == "a"
         logged = [r.getMessage() for r in caplog.records if r.name == "wok.balancer"]
         assert len(logged) == 1, logged  # one name, one kind of error: the three bad answers
-        assert logged[0].startswith(f"target svc:8001: the resolver answered '{named}' (of ['{named}'])"), logged
+        assert logged[0].startswith(f"target 'svc:8001': the resolver answered '{named}' (of ['{named}'])"), logged
+
+
+# -- lookups again that fail in other ways; a lookup's time bound ---------------------------------
+
+
+class Lookups:
+    """A resolver answering what `answers` holds for each host (a test changes it), counting the
+    lookups; a host in `hanging` gets no answer until the lookup is cancelled (`cancelled` counts
+    those). `made(n)` returns once n more lookups of `host` have been made."""
+
+    def __init__(self, answers: dict[str, list]) -> None:
+        self.answers = answers
+        self.hanging: set[str] = set()
+        self.count = dict.fromkeys(answers, 0)
+        self.cancelled = 0
+        self._looked = asyncio.Event()
+
+    async def __call__(self, host: str, port: int) -> list:
+        self.count[host] += 1
+        self._looked.set()
+        if host in self.hanging:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        return list(self.answers[host])
+
+    async def made(self, host: str, n: int) -> None:
+        until = self.count[host] + n
+        while self.count[host] < until:
+            self._looked.clear()
+            await asyncio.wait_for(self._looked.wait(), 10)
+
+
+def balancer_log(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "wok.balancer"]
+
+
+async def test_a_lookup_again_whose_channel_cannot_be_made_keeps_the_set_is_logged_once_and_goes_on(
+    stub, caplog, monkeypatch
+):
+    """A channel gRPC cannot make for a new address (its constructor raising: nothing known makes
+    it raise after start, where the same options and names were taken, so the fault is injected
+    here) ended the lookups for good, silently: the name never changed again. Now that lookup
+    changes nothing (b's channel, made before c's failed, is not added: a half-applied set), it is
+    logged once (not at every period), and the next lookups try again: once c's channel can be
+    made, the name's new addresses replace a."""
+    from wok.clients import balancer as module
+
+    made = module.open_channel
+    refusing = {"on": True}
+    refusals = 0
+
+    def open_channel(grpc_module, target, credentials, options):
+        nonlocal refusals
+        if refusing["on"] and target.endswith(c_target):
+            refusals += 1
+            raise RuntimeError(f"no channel to {target} (refusal {refusals})")
+        return made(grpc_module, target, credentials, options)
+
+    monkeypatch.setattr(module, "open_channel", open_channel)
+    caplog.set_level(logging.WARNING, logger="wok.balancer")
+    async with stub("a") as a, stub("b") as b, stub("c") as c:
+        c_target = c.target
+        lookups = Lookups({"svc": [a.target]})
+        async with Balancer("dns:///svc:8001", settings=settings(resolve_every_s=0.02), resolver=lookups) as bal:
+            lookups.answers["svc"] = [b.target, c.target]
+            await lookups.made("svc", 4)
+            assert refusals >= 3 and list(bal.replicas) == [a.target]  # nothing of that lookup applied
+            refusing["on"] = False
+            await bal.wait_for(lambda: sorted(bal.replicas) == sorted([b.target, c.target]), 10, "b and c in, a out")
+            assert {await name_of(bal.unary_unary(METHOD)) for _ in range(20)} <= {"b", "c"}
+    logged = balancer_log(caplog)
+    assert len(logged) == 1, [r.getMessage() for r in logged]
+    assert logged[0].levelno == logging.ERROR and logged[0].exc_info is not None
+    message = logged[0].getMessage()
+    assert message.startswith(f"target 'svc:8001': no channel could be made to {c_target}: RuntimeError: "), message
+    assert message.endswith(
+        "; its replicas are kept and it is looked up again every 0.02 s (this error is logged once)"
+    )
+
+
+async def test_a_resolver_answering_a_scoped_address_of_no_interface_is_refused_as_no_address(stub, caplog):
+    """An IPv6 address whose scope names no interface of this host ("fe80::1%nosuch"): gRPC fails
+    every call of its channel ("Invalid interface name ... the target uri is not valid"). Beside
+    an IPv4 address its probe raised socket.gaierror, which ended the lookups for good, silently;
+    alone it replaced the name's replicas. Now it is an answer of no address: named at start,
+    logged once after it, the replicas kept."""
+    async with stub("a") as a, stub("b") as b:
+        scoped = f"[fe80::1%nosuch]:{a.port}"
+        lookups = Lookups({"svc": [scoped]})
+        first = Balancer("dns:///svc:8001", settings=settings(), resolver=lookups)
+        try:
+            with pytest.raises(ValueError, match=re.escape(f"the resolver answered '{scoped}'")) as err:
+                await first.start()
+        finally:
+            await first.stop()
+        assert str(err.value).endswith("(its scope 'nosuch' names no network interface of this host)")
+        caplog.set_level(logging.WARNING, logger="wok.balancer")
+        lookups.answers["svc"] = [a.target]
+        async with Balancer("dns:///svc:8001", settings=settings(resolve_every_s=0.02), resolver=lookups) as bal:
+            for bad in ([a.target, scoped], [scoped]):
+                lookups.answers["svc"] = bad
+                await lookups.made("svc", 3)
+                assert list(bal.replicas) == [a.target]
+            lookups.answers["svc"] = [a.target, b.target]
+            await bal.wait_for(lambda: b.target in bal.replicas, 10, "b added")
+    logged = [r.getMessage() for r in balancer_log(caplog)]
+    assert len(logged) == 1 and "names no network interface" in logged[0], logged
+
+
+async def test_a_lookup_that_never_answers_is_bounded_and_the_other_names_follow_theirs(stub, caplog):
+    """A resolver that never answers stalled the lookups for good: at start, start() waited forever;
+    after it, every name's lookups, so the other name's new addresses never came. Each lookup is
+    now bounded by resolve_timeout_s (checked at construction): at start past it a ValueError names
+    the target; after it the lookup is cancelled, logged once, its name keeps its replicas and the
+    other name follows its own."""
+    for bad in (0, -1, float("nan"), float("inf"), "1", None, True):
+        with pytest.raises(ValueError, match=r"^resolve_timeout_s must be a finite duration > 0 in seconds; got "):
+            BalancerSettings(resolve_timeout_s=bad)
+    async with stub("a") as a, stub("b") as b, stub("c") as c:
+        lookups = Lookups({"svc-a": [a.target], "svc-b": [b.target]})
+        s = settings(resolve_every_s=0.02, resolve_timeout_s=0.2)
+        lookups.hanging.add("svc-a")
+        first = Balancer("dns:///svc-a:8001,dns:///svc-b:8001", settings=s, resolver=lookups)
+        try:
+            with pytest.raises(ValueError) as err:
+                await first.start()
+        finally:
+            await first.stop()
+        expected = "target 'svc-a:8001': cannot resolve 'svc-a': the resolver gave no answer within 0.2 s"
+        assert str(err.value) == expected + " (resolve_timeout_s)" and lookups.cancelled == 1
+        lookups.hanging.clear()
+        caplog.set_level(logging.WARNING, logger="wok.balancer")
+        async with Balancer("dns:///svc-a:8001,dns:///svc-b:8001", settings=s, resolver=lookups) as bal:
+            lookups.hanging.add("svc-a")
+            lookups.answers["svc-b"] = [b.target, c.target]
+            await bal.wait_for(lambda: c.target in bal.replicas, 10, "c added")
+            await lookups.made("svc-a", 2)
+            assert sorted(bal.replicas) == sorted([a.target, b.target, c.target]) and lookups.cancelled >= 2
+    logged = balancer_log(caplog)
+    assert len(logged) == 1 and logged[0].levelno == logging.WARNING, [r.getMessage() for r in logged]
+    timed_out = "target 'svc-a:8001': the resolver gave no answer within 0.2 s (resolve_timeout_s)"
+    assert logged[0].getMessage().startswith(timed_out + "; its replicas are kept"), logged[0].getMessage()
+
+
+# -- the cap at 0; readmissions by the cap counted; messages ---------------------------------------
+
+
+async def test_max_ejected_fraction_0_ejects_none_and_any_fraction_above_ejects_one(stub, monkeypatch):
+    """The cap was at least one whatever the fraction: 0 let one replica be ejected all the same.
+    Now 0 means none (each ejection due is counted as refused), and a fraction above 0 that rounds
+    down to none of two (0.1) still allows one, as gRPC's outlier detection does."""
+    async with stub("a", fail_first=1 << 30, code=CODE.INTERNAL) as a, stub("b") as b:
+        for fraction, ejected in ((0, 0), (0.1, 1)):
+            s = settings(consecutive_failures=2, base_ejection_s=60, max_ejected_fraction=fraction)
+            async with Balancer([a.target, b.target], settings=s) as bal:
+                await bal.wait_for(lambda: all(r.state is STATE.READY for r in bal.replicas.values()), 10, "all READY")
+                a_first_on_ties(monkeypatch, a.target)  # (idle replicas: every call goes to a while it is in)
+                call = bal.unary_unary(METHOD)
+                for _ in range(4):
+                    await code_of(call)
+                assert (bal.ejections, bal.replica(a.target).ejected) == (ejected, bool(ejected)), fraction
+                assert bal.ejections_refused == (3 if fraction == 0 else 0), fraction
+
+
+async def test_readmissions_by_the_cap_are_counted_in_stats_and_merged(stub):
+    """a fails twice and is ejected; b's address leaves the name, and of one replica none may be out:
+    a is readmitted at once. stats() counted that nowhere (a readmission by a swap is counted);
+    now `readmitted_by_cap`, in all and per replica, added up by merge_stats (0, or absent per
+    replica, in counters written before it)."""
+    async with stub("a", fail_first=2, code=CODE.INTERNAL) as a, stub("b") as b:
+        answers = [a.target, b.target]
+        async with ejecting_headless(answers) as bal:
+            call = bal.unary_unary(METHOD)
+            await ejected_by_calls(bal, call, a.target)
+            answers[:] = [a.target]
+            await bal.wait_for(lambda: list(bal.replicas) == [a.target], 10, "b gone")
+            stats = bal.stats()
+    assert stats["readmitted_by_cap"] == 1 and stats["swaps"] == 0
+    assert by_address(stats)[a.target]["readmitted_by_cap"] == 1
+    merged = merge_stats([stats, stats])
+    assert merged["readmitted_by_cap"] == 2 and by_address(merged)[a.target]["readmitted_by_cap"] == 2
+    old = {k: v for k, v in stats.items() if k != "readmitted_by_cap"}
+    old["replicas"] = [{k: v for k, v in r.items() if k != "readmitted_by_cap"} for r in stats["replicas"]]
+    assert merge_stats([old])["readmitted_by_cap"] == 0 and "readmitted_by_cap" not in merge_stats([old])["replicas"][0]
+
+
+async def test_settings_and_answers_are_refused_naming_the_value_as_names_are():
+    """Each setting's refusal names it, what it takes and the value (as a name is shown: quoted,
+    escaped, cut); one message named three settings and no value. A target or a resolver's answer
+    is shown the same way, and an answer of many addresses is cut: 10,000 made a 200 KB message."""
+    refusals = {
+        "resolve_every_s": (0, "resolve_every_s must be a duration > 0 in seconds; got 0"),
+        "base_ejection_s": (-1.0, "base_ejection_s must be a duration > 0 in seconds; got -1.0"),
+        "consecutive_failures": ("5", "consecutive_failures must be a whole number >= 0 (0: no ejection); got '5'"),
+        "max_attempts": (1.5, "max_attempts must be a whole number >= 1; got 1.5"),
+        "max_ejected_fraction": (
+            "half",
+            "max_ejected_fraction must be a number in [0, 1] (0: no ejection); got 'half'",
+        ),
+        "hedge_quantile": (1, "hedge_quantile must be a number in (0, 1); got 1"),
+        "hedge_after": ("x\n" * 200, "hedge_after must be a duration > 0 in seconds, 'auto' or None; got 'x\\nx\\n"),
+    }
+    for name, (value, message) in refusals.items():
+        with pytest.raises(ValueError) as err:
+            BalancerSettings(**{name: value})
+        assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
+    assert len(str(err.value)) < 500  # (400 characters given, 200 shown)
+    with pytest.raises(ValueError, match=re.escape(r"target 'a\nb': the wok balancer needs host:port")):
+        split_targets("a\nb")
+
+    many = [f"10.0.{i // 250}.{i % 250}:1" for i in range(10_000)] + ["box:1"]
+    bal = Balancer("dns:///svc:8001", resolver=answering(many))
+    try:
+        with pytest.raises(ValueError) as err:
+            await bal.start()
+    finally:
+        await bal.stop()
+    message = str(err.value)
+    assert (
+        message.startswith("target 'svc:8001': the resolver answered 'box:1' (of ['10.0.0.0:1', ")
+        and len(message) < 600
+    )
+    assert "… (cut: " in message and message.endswith("; expected a list of addresses, 'ip:port' or '[ipv6]:port'")
