@@ -42,6 +42,15 @@ def _quoted(text: str) -> str:
     return quoted_name(text)
 
 
+def _shown(value: object) -> str:
+    """A trace file's cell (a CSV field, a JSON value) as a refusal shows it: text as `_quoted`, an
+    array or object cut (wok.faults.shown, as the admin API shows a body's values); imported here for
+    the reason `_quoted` is."""
+    from wok.faults import shown
+
+    return shown(value)
+
+
 __all__ = [
     "Arrivals",
     "Burst",
@@ -527,20 +536,22 @@ def _timestamp(value: object, where: str) -> tuple[float, bool]:
             if when.tzinfo is None:
                 when = when.replace(tzinfo=timezone.utc)
             return when.timestamp(), False
-    raise ValueError(f"{where}: timestamp {value!r} is neither seconds nor an ISO 8601 time")
+    raise ValueError(f"{where}: timestamp {_shown(value)} is neither seconds nor an ISO 8601 time")
 
 
 def _finite(seconds: float, value: object, where: str) -> float:
     # Here, where the line is known: TraceReplay would name only the sorted index.
     if not math.isfinite(seconds):
-        raise ValueError(f"{where}: timestamp {value!r} is not a finite number of seconds")
+        raise ValueError(f"{where}: timestamp {_shown(value)} is not a finite number of seconds")
     return seconds
 
 
 def _brief(text: str, width: int = 60) -> str:
-    """`text` quoted for a message, cut to about `width` characters (a trace line may be long)."""
-    text = text.strip()
-    return repr(text if len(text) <= width else text[: width - 1] + "…")
+    """`text` quoted as a refusal shows user text (`_quoted`), cut to `width` characters (a trace
+    line may be long), with its length."""
+    from wok.errors import quoted
+
+    return quoted(text.strip(), width)
 
 
 def _size(value: object, where: str) -> int:
@@ -552,7 +563,7 @@ def _size(value: object, where: str) -> int:
         return value
     elif isinstance(value, float) and value.is_integer() and value >= 0:
         return int(value)
-    raise ValueError(f"{where}: size {value!r} is not an integer >= 0")
+    raise ValueError(f"{where}: size {_shown(value)} is not an integer >= 0")
 
 
 def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
@@ -600,7 +611,8 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
         reader = csv.DictReader(text.splitlines())
         fields = [f.strip() for f in reader.fieldnames or []]
         if "timestamp" not in fields:
-            raise ValueError(f"{path}: CSV header must have a 'timestamp' column; got {', '.join(fields) or 'none'}")
+            got = ", ".join(map(_quoted, fields[:20])) + (f" and {len(fields) - 20} more" if len(fields) > 20 else "")
+            raise ValueError(f"{path}: CSV header must have a 'timestamp' column; got {got or 'none'}")
         reader.fieldnames = fields
         for row in reader:
             where = f"{path}:{reader.line_num}"
@@ -616,8 +628,8 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
     if any(kinds) and not all(kinds):
         iso, secs = kinds.index(False), kinds.index(True)
         raise ValueError(
-            f"{wheres[iso]}: timestamp {raw[iso]!r} is an ISO 8601 time, but {wheres[secs]} gives "
-            f"{raw[secs]!r} in seconds; give every timestamp the same way"
+            f"{wheres[iso]}: timestamp {_shown(raw[iso])} is an ISO 8601 time, but {wheres[secs]} gives "
+            f"{_shown(raw[secs])} in seconds; give every timestamp the same way"
         )
     if any(have) and not all(have):
         raise ValueError(

@@ -489,20 +489,56 @@ def _metrics_url(spec: str, target: str, *, replicas: bool = False, say=_warn) -
 
 
 def _check_metrics_url(spec: str) -> None:
-    """Refuse a --metrics-url that is neither auto, none nor an http(s) URL with a host: one such as
-    "" or "host:8002/metrics" was scraped at every step, nothing ever answering, after a warning."""
+    """Refuse a --metrics-url that is neither auto, none nor an http(s) URL with a host (and a port
+    from 1 to 65535 if it names one): one such as "" or "host:8002/metrics" was scraped at every
+    step, nothing ever answering, after a warning."""
+    if spec not in ("auto", "none"):
+        _check_http_url("--metrics-url", spec, "auto, none or a URL such as http://HOST:8002/metrics")
+
+
+# What faults.Replica.launch gives every replica's `wok serve` itself, before --serve-args.
+_REPLICA_OPTIONS = {"--host": "127.0.0.1", "--port": "0", "--metrics-port": "0"}
+
+
+def _check_replica_args(args, words: list[str]) -> None:
+    """Refuse the replicas' `wok serve` arguments that it would refuse (wok serve's own checks, run
+    here: wok.__main__.check_replica_args), before any replica starts: each such replica exited 2
+    at once, and the bench with 1 and the child's whole usage, in no option's name."""
+    from ..__main__ import check_replica_args
+
+    try:
+        check_replica_args(words, _REPLICA_OPTIONS)
+    except ValueError as exc:
+        if args.serve_args is not None:
+            raise ValueError(f"--serve-args {quoted_name(args.serve_args)}: wok serve refuses it: {exc}") from None
+        # Not given: the default, the demo models of the mix, which is --model's.
+        raise ValueError(
+            f"--model {quoted_name(args.model)}: the replicas serve its models (wok serve {' '.join(words)}), "
+            f"which wok serve refuses: {exc}"
+        ) from None
+
+
+def _check_http_url(option: str, spec: str, example: str, *, base: bool = False) -> None:
+    """Refuse `spec` unless it is an http(s) URL with a host and, if it names one, a port from 1 to
+    65535, all printable and without spaces; a `base` (which paths are added to) without a query or
+    a fragment either. ValueError naming `option`."""
     from urllib.parse import urlsplit
 
-    if spec in ("auto", "none"):
-        return
     try:
         url = urlsplit(spec)
+        port = url.port  # ValueError for one that is no number, or out of range
     except ValueError:  # an IPv6 host without its closing bracket
-        url = None
-    if url is None or url.scheme not in ("http", "https") or not url.hostname or not spec.isprintable() or " " in spec:
-        raise ValueError(
-            f"--metrics-url {quoted_name(spec)}: expected auto, none or a URL such as http://HOST:8002/metrics"
-        )
+        url = port = None
+    if (
+        url is None
+        or url.scheme not in ("http", "https")
+        or not url.hostname
+        or port == 0
+        or (base and (url.query or url.fragment))
+        or not spec.isprintable()
+        or " " in spec
+    ):
+        raise ValueError(f"{option} {quoted_name(spec)}: expected {example}")
 
 
 def _grpc_ports(snap) -> list[str]:
@@ -624,9 +660,14 @@ def _check_aim(args) -> None:
         raise ValueError(f"--refine: expected an integer >= 0; got {args.refine}")
     # NaN compares false: a NaN threshold found no knee, and wrote NaN into the JSON; a NaN
     # --require-qps let every run pass.
-    for option, value in (("--knee-threshold", args.knee_threshold), ("--require-qps", args.require_qps)):
-        if value is not None and not math.isfinite(value):
-            raise ValueError(f"{option}: expected a finite number; got {value:g}")
+    if args.require_qps is not None and not math.isfinite(args.require_qps):
+        raise ValueError(f"--require-qps: expected a finite number; got {args.require_qps:g}")
+    # The knee is the first step whose Δachieved/Δoffered is below it: at 0 or less a flat throughput
+    # (all the server can give) is no knee, above 1 a step that kept up with its offer is one.
+    if not 0 < args.knee_threshold <= 1:  # NaN too
+        raise ValueError(
+            f"--knee-threshold: expected a ratio Δachieved/Δoffered above 0 and at most 1; got {args.knee_threshold:g}"
+        )
     if args.replicas is not None:
         if args.replicas < 1:
             raise ValueError(f"--replicas must be >= 1; got {args.replicas}")
@@ -638,6 +679,10 @@ def _check_aim(args) -> None:
         raise ValueError("--serve-args is for --replicas: without it no server is started")
     if args.admin_url and not args.fault:
         raise ValueError("--admin-url is where --fault slow:/fail: go; no --fault was given")
+    for url in args.admin_url:  # else found only when the fault's time came, the ramp half run
+        _check_http_url(
+            "--admin-url", url, "the admin API's URL, http://HOST:METRICS-PORT of a wok serve --admin", base=True
+        )
 
 
 def _named(option: str, parse, text: str):
@@ -869,6 +914,8 @@ def run(args) -> int:
             faults.serve_args_of(args, cfg)
     elif args.replicas is not None or args.fault:
         faults.check_options(args, cfg)
+    if args.replicas is not None:
+        _check_replica_args(args, faults.serve_args_of(args, cfg))
     cfg = replace(cfg, metrics_url=_metrics_url(args.metrics_url, target, replicas=args.replicas is not None))
     previous = _signals_interrupt()
     try:

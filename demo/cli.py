@@ -30,6 +30,8 @@ import yaml
 from ..bench.arrivals import parse_duration
 from ..children import die_with_parent
 from ..config import host_port
+from ..errors import quoted_name
+from ..faults import shown
 from .load import MAX_RATE, LoadControl, LoadGenerator
 
 if TYPE_CHECKING:
@@ -95,7 +97,8 @@ def run_demo(args) -> int:
     if args.torch_threads < 1:
         raise ValueError(f"--torch-threads: expected 1 or more, got {args.torch_threads}")
     if re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device) is None:
-        raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {args.device!r}")
+        raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {quoted_name(args.device)}")
+    check_host(args.host)
     delay_s = duration("--max-queue-delay", args.max_queue_delay)
     if delay_s > MAX_QUEUE_DELAY_S:
         raise ValueError(f"--max-queue-delay: expected at most {MAX_QUEUE_DELAY_S:g}s, got {args.max_queue_delay}")
@@ -130,6 +133,15 @@ def duration(option: str, text: str) -> float:
     return seconds
 
 
+def check_host(host: str) -> None:
+    """Refuse a --host no page can listen on by name, before anything starts, as `wok serve` refuses
+    its --host: empty (asyncio took "" for every address of the machine, the page at http://:PORT/),
+    not printable, with a space, or longer than DNS's 253 characters (one of 100,000 was refused in
+    IDNA's words, naming no option)."""
+    if not host or not host.isprintable() or " " in host or len(host) > 253:
+        raise ValueError(f"--host: expected an address or a host name of this machine, got {quoted_name(host)}")
+
+
 def page_url(host: str, port: int) -> str:
     """The page's address; an IPv6 literal in brackets, as a URL needs it."""
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
@@ -159,15 +171,17 @@ class ServerExited(RuntimeError):
     """The wok server child ended while the demo ran; the message carries the end of its log."""
 
 
-def listen_error(exc: OSError, host: str, port: int) -> ValueError:
+def listen_error(exc: OSError | UnicodeError, host: str, port: int) -> ValueError:
     """The option to blame when the page cannot listen."""
+    if isinstance(exc, UnicodeError):  # IDNA's: a label over 63 characters, or an empty one ("a..b")
+        return ValueError(f"--host: expected an address of this machine, got {quoted_name(host)} ({exc})")
     if isinstance(exc, socket.gaierror):
-        return ValueError(f"--host: expected an address of this machine, got {host!r} ({exc.strerror})")
+        return ValueError(f"--host: expected an address of this machine, got {quoted_name(host)} ({exc.strerror})")
     # asyncio's message repeats the address; the errno's own text is the one line needed.
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
     if exc.errno == errno.EADDRNOTAVAIL:
-        return ValueError(f"--host: expected an address of this machine, got {host!r} ({reason})")
-    return ValueError(f"--port: cannot listen on {host}:{port}: {reason}")
+        return ValueError(f"--host: expected an address of this machine, got {quoted_name(host)} ({reason})")
+    return ValueError(f"--port: cannot listen on {host_port(host, port)}: {reason}")
 
 
 async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int:
@@ -201,7 +215,7 @@ async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int
         # The page first: a port in use or a bad host is found before a server is started for nothing.
         try:
             await web.start()
-        except OSError as exc:
+        except (OSError, UnicodeError) as exc:
             raise listen_error(exc, args.host, args.port) from None
         if not await _start_unless_stopped(backend, hub, stop):
             return 0
@@ -526,7 +540,7 @@ class LiveDemo:
         line = next((ln for ln in reversed(log) if ln.startswith("wok: ")), log[-1] if log else "no message")
         line = line.removeprefix("wok: ").replace(f"{Path(self._tmp.name) / MODEL / 'config.yaml'}: ", "")
         if line.startswith("instances.devices:"):
-            return ValueError(f"--device: the wok server refused {self.args.device!r}: {line}")
+            return ValueError(f"--device: the wok server refused {quoted_name(self.args.device)}: {line}")
         return ValueError(f"the wok server refused its settings: {line}")
 
     async def _watch(self, stop: asyncio.Event) -> None:
@@ -597,16 +611,25 @@ class LiveDemo:
             pass
 
     async def _admin(self, path: str, body) -> tuple[int, dict | bytes]:
-        """The admin API's answer to a POST of `body`, the model added (see web.http_json)."""
+        """The admin API's answer to a POST of `body`, the model added (see web.http_json).
+
+        The model is the demo's: the page controls the one model the demo serves, and need not name
+        it. A body that names another is refused here, as the simulated demo refuses it, rather than
+        passed on (the body's "model" went over the demo's) or overridden (its change would then
+        be made to the demo's model, which it did not ask for)."""
         if not isinstance(body, dict):
-            raise ValueError(f"body: expected a JSON object, got {body!r}")
+            raise ValueError(f"body: expected a JSON object, got {shown(body)}")
+        if "model" in body and body["model"] != MODEL:
+            raise ValueError(
+                f"field 'model': expected '{MODEL}' (the demo's model) or none, got {shown(body['model'])}"
+            )
         if self.admin[1] == 0:
             # The page is served from before the server starts (a port in use is found first), and
             # a tab left open on it asks meanwhile: it got 502, "did not answer" from port 0.
             return 503, {"error": f"the wok server is still starting: POST {path} is refused; try again once it serves"}
         from .web import http_json
 
-        return await http_json(*self.admin, "POST", path, {"model": MODEL, **body})
+        return await http_json(*self.admin, "POST", path, {**body, "model": MODEL})
 
     async def set_batching(self, body) -> tuple[int, dict | bytes]:
         return await self._admin("/admin/batching", body)
@@ -616,7 +639,9 @@ class LiveDemo:
         if isinstance(body, dict) and body.get("mode") == "slow":
             v = body.get("delay_ms")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 60_000:
-                raise ValueError(f"field 'delay_ms': expected a number above 0 up to 60000 for mode 'slow', got {v!r}")
+                raise ValueError(
+                    f"field 'delay_ms': expected a number above 0 up to 60000 for mode 'slow', got {shown(v)}"
+                )
         return await self._admin("/admin/faults", body)
 
     def load_summary(self) -> dict:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..bench.arrivals import Poisson
+from ..errors import quoted_name
+from ..faults import shown
 
 WINDOW_S = 0.05  # arrivals are drawn this far ahead; a rate change applies within it
 ROLLING_S = 2.0  # the page's throughput and percentiles cover the last this many seconds
@@ -44,10 +46,13 @@ class LoadControl:
     def set(self, body) -> dict:
         """Apply a POST /api/load body: {"rate"} and/or {"burst_rate", "burst_s"}; raises ValueError."""
         if not isinstance(body, dict):
-            raise ValueError(f"body: expected a JSON object, got {body!r}")
+            # As the admin API shows a value (wok.faults.shown): a body of 64 KiB made a 400 as long.
+            raise ValueError(f"body: expected a JSON object, got {shown(body)}")
         extra = sorted(set(body) - {"rate", "burst_rate", "burst_s"})
         if extra:
-            raise ValueError(f"field '{extra[0]}': expected only rate, burst_rate, burst_s, got {body[extra[0]]!r}")
+            raise ValueError(
+                f"field {quoted_name(extra[0])}: expected only rate, burst_rate, burst_s, got {shown(body[extra[0]])}"
+            )
         # Every field checked before any applies: a refused body changes nothing.
         rate = check_rate("rate", body["rate"]) if "rate" in body else None
         burst = "burst_rate" in body or "burst_s" in body
@@ -55,7 +60,9 @@ class LoadControl:
             burst_rate = check_rate("burst_rate", body.get("burst_rate"))
             seconds = body.get("burst_s")
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_BURST_S:
-                raise ValueError(f"field 'burst_s': expected seconds above 0 up to {MAX_BURST_S:g}, got {seconds!r}")
+                raise ValueError(
+                    f"field 'burst_s': expected seconds above 0 up to {MAX_BURST_S:g}, got {shown(seconds)}"
+                )
         if rate is not None:
             self.state.rate = rate
         if burst:
@@ -84,7 +91,7 @@ class LoadControl:
 
 def check_rate(field: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_RATE:
-        raise ValueError(f"field '{field}': expected requests per second from 0 to {MAX_RATE:g}, got {value!r}")
+        raise ValueError(f"field '{field}': expected requests per second from 0 to {MAX_RATE:g}, got {shown(value)}")
     return float(value)
 
 

@@ -28,8 +28,10 @@ from collections import Counter
 import numpy as np
 
 from ..bench.simulate import REJECTED, BatcherModel, simulate
+from ..faults import check_batching_body, shown
 from .load import WINDOW_S, LoadControl, Rolling
 
+MODEL = "simulated"  # the model's name, in the page's figures and its batching answers
 MAX_HISTORY = 60_000  # arrivals kept since the queue was last empty; beyond, the backlog is dropped
 
 
@@ -66,7 +68,7 @@ class SimBackend:
     def batching(self) -> dict:
         m = self.model
         return {
-            "model": "simulated",
+            "model": MODEL,
             "max_batch_size": m.max_batch_size,
             "policy": "fixed",
             "max_queue_delay_ms": round(m.max_queue_delay_s * 1e3, 6),  # as sent, as the server's admin API
@@ -78,18 +80,25 @@ class SimBackend:
     def set_batching(self, body) -> dict:
         """Change the model's batch size or delay window; see the module's note on when it applies."""
         if not isinstance(body, dict):
-            raise ValueError(f"body: expected a JSON object, got {body!r}")
+            raise ValueError(f"body: expected a JSON object, got {shown(body)}")
+        # As the live server's admin API: a field it does not know, or another model, was taken
+        # without a word (a typo changed nothing, "model": "encoder" changed the simulated one).
+        check_batching_body(body)
+        if "model" in body and body["model"] != MODEL:
+            raise ValueError(
+                f"field 'model': expected '{MODEL}' (the one model simulated) or none, got {shown(body['model'])}"
+            )
         changes = {}
         v = body.get("max_batch_size")
         if v is not None:
             limit = self.limit_batch_size
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit:
-                raise ValueError(f"field 'max_batch_size': expected an integer from 1 to {limit}, got {v!r}")
+                raise ValueError(f"field 'max_batch_size': expected an integer from 1 to {limit}, got {shown(v)}")
             changes["max_batch_size"] = v
         v = body.get("max_queue_delay_ms")
         if v is not None:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 60_000:
-                raise ValueError(f"field 'max_queue_delay_ms': expected a number from 0 to 60000, got {v!r}")
+                raise ValueError(f"field 'max_queue_delay_ms': expected a number from 0 to 60000, got {shown(v)}")
             changes["max_queue_delay_s"] = float(v) / 1e3
         fields = {k: getattr(self.model, k) for k in self.model.__dataclass_fields__}
         self.model = BatcherModel(**{**fields, **changes})
@@ -140,7 +149,7 @@ class SimBackend:
             "type": "tick",
             "t": round(time.time(), 6),
             "models": {
-                "simulated": {
+                MODEL: {
                     "queued": queued,
                     "samples": self.samples,
                     "batches": self.batches,
@@ -189,7 +198,7 @@ class SimBackend:
             events.append(
                 {
                     "type": "batch",
-                    "model": "simulated",
+                    "model": MODEL,
                     "instance": inst,
                     "size": n,
                     "requests": n,

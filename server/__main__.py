@@ -26,6 +26,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 # gRPC core logs every failed TLS handshake, a line per connection (at INFO; a TLS name the
@@ -590,7 +591,17 @@ _SETTING_OPTIONS = {
 def _build(args):
     """Import torch and the server, and load the models: slow, so run on a thread (a signal meanwhile
     stops the start at once). Returns (settings, the repository). The settings are checked
-    before torch is imported: a refused option costs no second of imports."""
+    before torch is imported (`_settings`): a refused option costs no second of imports."""
+    settings, demo_options = _settings(args)
+    from .app import build_repository
+
+    return settings, build_repository(settings, demo_options)
+
+
+def _settings(args):
+    """(the server's settings, the demo models' options) of `wok serve`'s `args`, checked as far as
+    they can be without torch and without binding a port; ConfigError naming the option. It reads
+    the TLS and token files named, and nothing more."""
     from .config import server_settings
 
     settings = server_settings(
@@ -627,17 +638,71 @@ def _build(args):
     if settings.admin and settings.metrics_port is None:
         raise ConfigError("--admin is served on the metrics port: it needs --metrics-port other than -1")
     if settings.model_repository is None:
-        from .models import check_demo_name
+        from .models import DEMO_MODELS
 
         for name in settings.demo_models:
-            try:
-                check_demo_name(name)
-            except ValueError as exc:  # before torch; the message names the model, this the option
-                raise ConfigError(f"--models: {exc}") from None
-    demo_options = _demo_options(args.demo_option)  # an unknown model or option: refused before torch too
-    from .app import build_repository
+            # Not check_demo_name's message: it shows the name as repr does, whole however long.
+            if name not in DEMO_MODELS:
+                raise ConfigError(f"--models: unknown demo model {quoted_name(name)}; known: {', '.join(DEMO_MODELS)}")
+    # An unknown model or option: refused before torch too.
+    return settings, _demo_options(args.demo_option)
 
-    return settings, build_repository(settings, demo_options)
+
+class _Refused(Exception):
+    """What a `_QuietParser` would have printed and exited with: `status`, `message` (None for --help)."""
+
+    def __init__(self, status: int, message: str | None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class _QuietParser(_Parser):
+    """`wok`'s parser that prints nothing and exits nowhere: a refusal (or --help) raises _Refused."""
+
+    def print_usage(self, file=None) -> None:
+        pass
+
+    def print_help(self, file=None) -> None:
+        pass
+
+    def error(self, message: str):
+        # Without argparse's "wok serve: error: " and the usage before it: the reason alone.
+        raise _Refused(2, one_line(message))
+
+    def exit(self, status: int = 0, message: str | None = None):
+        raise _Refused(status, message)
+
+
+_GIVEN = object()  # the default of an option that check_replica_args's `fixed` gives: still there, not given
+
+
+def check_replica_args(words: Sequence[str], fixed: Mapping[str, str]) -> None:
+    """Raise ValueError with the one-line reason `wok serve` would refuse `wok serve FIXED WORDS` for
+    (`fixed`: option → value, what the caller gives every such server itself, --port 0 say, which
+    `words` may not give again), as far as it checks before torch is imported or a port bound: its
+    parser, then the options' and the settings' checks. Prints nothing and starts nothing: the
+    bench's --serve-args are checked so before any replica starts, where a refused one ended the
+    run with exit 1 and the child's whole usage."""
+    parser = _QuietParser(prog="wok")
+    _serve_parser(parser.add_subparsers(dest="command", required=True))
+    (serve,) = parser._commands.choices.values()
+    dests = {serve._option_string_actions[option].dest: option for option in fixed}
+    serve.set_defaults(**dict.fromkeys(dests, _GIVEN))
+    try:
+        given = parser.parse_args(["serve", *words])
+        for dest, option in dests.items():
+            if getattr(given, dest) is not _GIVEN:
+                raise ValueError(f"{option} is not to be given: each replica is started with {option} {fixed[option]}")
+        args = parser.parse_args(["serve", *(w for pair in fixed.items() for w in pair), *words])
+        _check_serve_options(args)
+        _settings(args)
+    except _Refused as exc:
+        if exc.message is None:  # --help: printed, a replica would exit 0 without serving
+            raise ValueError("-h/--help prints wok serve's help and exits: no replica would serve") from None
+        raise ValueError(one_line(exc.message.strip().removeprefix(f"{serve.prog}: "))) from None
+    except ConfigError as exc:
+        raise ValueError(one_line(str(exc))) from None
 
 
 async def _until_stop(step, stop: asyncio.Event) -> bool:

@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .errors import cut_message, message_of, quoted_name
-from .faults import AdminRequestError, FaultBoard, is_number, parse_fault_request, shown
+from .errors import cut_message, message_of
+from .faults import AdminRequestError, FaultBoard, check_batching_body, is_number, parse_fault_request, shown
 
 if TYPE_CHECKING:  # they import torch, which the metrics port (and wok demo's page) need not load
     from .app import ModelRuntime, WokServer
@@ -209,15 +209,7 @@ class Admin:
 
     def post_batching(self, body) -> dict:
         """Replace a model's max_batch_size and/or (fixed policy only) max_queue_delay; the batcher uses it at once."""
-        if not isinstance(body, dict):
-            raise AdminRequestError(f"field '(body)': expected a JSON object, got {shown(body)}")
-        allowed = {"model", "max_batch_size", "max_queue_delay_ms"}
-        extra = sorted(set(body) - allowed)
-        if extra:
-            raise AdminRequestError(
-                f"field {quoted_name(extra[0])}: expected only the fields {', '.join(sorted(allowed))}, "
-                f"got {shown(body[extra[0]])}"
-            )
+        check_batching_body(body)
         model = body.get("model")
         rt = self.server.runtimes.get(model) if isinstance(model, str) else None
         if rt is None:

@@ -12,17 +12,25 @@ from pathlib import Path
 
 from .errors import MESSAGE_CHARS, cut_message, quoted_name, shown_value
 
+# What a cut refusal keeps of its end: its reason. A message that long is long for a path (or a word)
+# shown as given in its middle; "--json PATH: File name too long" cut at its start lost the reason.
+TAIL_CHARS = 1024
+
 
 def one_line(message: str) -> str:
-    """A refusal's message as a command prints it: one line of at most MESSAGE_CHARS characters. The
-    user's text it holds is quoted where the message is made (errors.quoted_name); a path, or a
+    """A refusal's message as a command prints it: one line of about MESSAGE_CHARS characters at most.
+    The user's text it holds is quoted where the message is made (errors.quoted_name); a path, or a
     word argparse shows as given (an unrecognized argument of a script, an ambiguous option), is
     not, and its newline would split the line, its terminal escape reach the terminal, its 100,000
     characters make the message: what is not printable is escaped here as repr escapes it
-    (backslashes left as they are), and the whole cut (errors.cut_message)."""
+    (backslashes left as they are), and a message still too long is cut in its middle, where such
+    a path is, keeping its start (the option) and its last TAIL_CHARS characters (the reason, the
+    OS's "File name too long" among them): 'head… (cut: 100,025 characters in all) …tail'."""
     if not message.isprintable():
         message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
-    return cut_message(message, MESSAGE_CHARS)
+    if len(message) <= MESSAGE_CHARS:
+        return message
+    return f"{cut_message(message, MESSAGE_CHARS - TAIL_CHARS)} …{message[-TAIL_CHARS:]}"
 
 
 def _integer(text: str) -> int:

@@ -14,7 +14,7 @@ import sys
 import typing
 import unicodedata
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Literal
 
 import yaml
@@ -35,7 +35,7 @@ from pydantic import (
 from .auth import check_tls_files, load_tokens, read_secret_file
 from .codec import MAX_PRIORITY_LEVEL
 from .datatypes import DATATYPES
-from .errors import ConfigError, quoted_name, shown_value
+from .errors import NAME_CHARS, ConfigError, cut_message, quoted_name, shown_value
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -98,7 +98,7 @@ class TensorConfig(_Strict):
     def _valid_dims(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         bad = [d for d in v if d != -1 and d < 1]
         if bad:
-            raise ValueError(f"each dim must be -1 (variable) or >= 1; got {list(v)}")
+            raise ValueError(f"each dim must be -1 (variable) or >= 1; got {_shown(list(v))}")
         return v
 
     @model_validator(mode="after")
@@ -353,10 +353,10 @@ class ModelConfig(_Strict):
             names = [t.name for t in tensors]
             dup = {n for n in names if names.count(n) > 1}
             if dup:
-                raise ValueError(f"{kind} names repeat: {sorted(dup)}")
+                raise ValueError(f"{kind} names repeat: {_shown(sorted(dup))}")
         given = [t.name for t in self.outputs if t.warmup_dims is not None]
         if given:
-            raise ValueError(f"warmup_dims only apply to inputs; given for output(s) {given}")
+            raise ValueError(f"warmup_dims only apply to inputs; given for output(s) {_shown(given)}")
         for size in self.dynamic_batching.preferred_batch_sizes:
             if not 1 <= size <= self.max_batch_size:
                 raise ValueError(f"preferred batch size {size} is outside 1..max_batch_size ({self.max_batch_size})")
@@ -588,6 +588,17 @@ def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _shown(value: object) -> str:
+    """A refused config value as a message shows it (errors.shown_value), but a path as the text it
+    names, quoted as a name is (its repr was PosixPath('...'), whole), and a list or a table cut past
+    NAME_CHARS (its repr was as long as it: a list of 20,000 numbers made a refusal of 129 KB)."""
+    if isinstance(value, PurePath):
+        return quoted_name(str(value))
+    if isinstance(value, (list, tuple, dict, set)):
+        return cut_message(repr(value), NAME_CHARS)
+    return shown_value(value)
+
+
 def _a(value: object) -> str:
     """What a config value is, in words: "a list", "a table", "nothing (null)"."""
     if value is None:
@@ -673,7 +684,7 @@ def _describe(err: ValidationError, root: type[BaseModel] | None = None, names: 
             lines.append(f"{where}: {msg}")
             continue
         got = e.get("input")
-        got_s = "" if isinstance(got, dict) else f" (got {shown_value(got)})"
+        got_s = "" if isinstance(got, dict) else f" (got {_shown(got)})"
         if e["type"] == "extra_forbidden":
             # pydantic's "Extra inputs are not permitted" reads as a word about a model's inputs.
             lines.append(f"{where}: unknown setting{got_s}{_unknown_hint(root, loc) if root else ''}")
@@ -709,7 +720,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     continue
                 if first != key_node.start_mark.line + 1:
                     again = key_node.start_mark.line + 1
-                    raise _RepeatedKey(f"{shown_value(key)} is given twice, on lines {first} and {again}")
+                    raise _RepeatedKey(f"{_shown(key)} is given twice, on lines {first} and {again}")
         return super().construct_mapping(node, deep=deep)
 
 

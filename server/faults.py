@@ -97,6 +97,23 @@ class FaultRequest:
     duration_s: float | None
 
 
+# The fields a POST /admin/batching body may hold (the admin API's, and the demo's simulator's).
+BATCHING_FIELDS = ("max_batch_size", "max_queue_delay_ms", "model")
+
+
+def check_batching_body(body) -> None:
+    """AdminRequestError unless `body` is an object of BATCHING_FIELDS only: a field not known (a
+    typo) was taken without a word, and changed nothing."""
+    if not isinstance(body, dict):
+        raise AdminRequestError(f"field '(body)': expected a JSON object, got {shown(body)}")
+    extra = sorted(set(body) - set(BATCHING_FIELDS))
+    if extra:
+        raise AdminRequestError(
+            f"field {quoted_name(extra[0])}: expected only the fields {', '.join(sorted(BATCHING_FIELDS))}, "
+            f"got {shown(body[extra[0]])}"
+        )
+
+
 def shown(v) -> str:
     """`v` as an error message says what came: its repr, but a JSON integer too large for a float
     by its length (it may have thousands of digits), a string as every message shows a request's

@@ -300,7 +300,7 @@ def test_load_trace_csv_and_jsonl(tmp_path):
 def test_load_trace_errors(tmp_path):
     p = tmp_path / "bad.csv"
     p.write_text("time,size\n1,2\n")
-    with pytest.raises(ValueError, match=r"CSV header must have a 'timestamp' column; got time, size$"):
+    with pytest.raises(ValueError, match=r"CSV header must have a 'timestamp' column; got 'time', 'size'$"):
         load_trace(p)
     p.write_text("timestamp,size\n1,2\n2,\n")
     with pytest.raises(ValueError, match=r"bad.csv:3: no size, but .*bad.csv:2 has one"):
@@ -455,6 +455,59 @@ def test_a_trace_mixing_seconds_and_iso_times_is_refused(tmp_path):
     # Either way alone is still read, seconds written as strings too.
     jsonl.write_text('{"timestamp": "1767225600"}\n{"timestamp": 1767225601.5}\n')
     assert load_trace(jsonl).offsets.tolist() == [0.0, 1.5]
+
+
+LONG = "t" * 100_000
+LONG_SHOWN = f"'{'t' * 200}'… (100,000 characters in all)"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        (
+            "t.csv",
+            f"timestamp\n0\n{LONG}\n",
+            f"t.csv:3: timestamp {LONG_SHOWN} is neither seconds nor an ISO 8601 time",
+        ),
+        ("t.csv", f"timestamp,size\n0,1\n1,{LONG}\n", f"t.csv:3: size {LONG_SHOWN} is not an integer >= 0"),
+        (
+            "t.jsonl",
+            '{"timestamp": 0}\n{"timestamp": [' + ", ".join(["1"] * 30_000) + "]}\n",
+            f"t.jsonl:2: timestamp {str([1] * 30_000)[:200]}… (cut: 90,000 characters in all) is neither seconds nor "
+            "an ISO 8601 time",
+        ),
+        (
+            "t.jsonl",
+            '{"timestamp": 0}\n{"timestamp": 1, "size": {"n": "' + LONG + '"}}\n',
+            f"t.jsonl:2: size {{'n': '{'t' * 193}… (cut: 100,009 characters in all) is not an integer >= 0",
+        ),
+        # A header's names as the file gives them, however many and however long.
+        ("t.csv", f"{LONG},size\n1,2\n", f"t.csv: CSV header must have a 'timestamp' column; got {LONG_SHOWN}, 'size'"),
+        (
+            "t.csv",
+            ",".join(f"c{i}" for i in range(1000)) + "\n" + ",".join(["1"] * 1000) + "\n",
+            "t.csv: CSV header must have a 'timestamp' column; got "
+            + ", ".join(f"'c{i}'" for i in range(20))
+            + " and 980 more",
+        ),
+        (
+            "t.jsonl",
+            '{"timestamp": 0}\n["' + LONG + '"]\n',
+            't.jsonl:2: expected an object with a "timestamp" field, got \'["'
+            + "t" * 58
+            + "'… (100,004 characters in all)",
+        ),
+    ],
+    ids=["csv-timestamp", "csv-size", "jsonl-list", "jsonl-object", "header-long", "header-many", "line"],
+)
+def test_a_trace_files_cell_is_shown_quoted_and_cut(tmp_path, name, text, message):
+    """Shown as repr writes them, whole: a cell of 100,000 characters (or a JSON array of 30,000
+    numbers) made a refusal as long, cut only by the command's line limit, and a header's names bare."""
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(ValueError) as e:
+        load_trace(p)
+    assert str(e.value).removeprefix(f"{tmp_path}/") == message
 
 
 def test_trace_file_errors_name_the_file_and_line(tmp_path):

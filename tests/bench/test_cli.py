@@ -503,7 +503,14 @@ DURATION = "expected a number >= 0 with an optional unit ms, s, m or h (e.g. '25
         (["--target", ""], "--target '': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns:///NAME:PORT)"),
         (["--token-env", ""], "--token-env: environment variable '' is not set, or holds no token"),
         (["--refine", "-1"], "--refine: expected an integer >= 0; got -1"),
-        (["--knee-threshold", "nan"], "--knee-threshold: expected a finite number; got nan"),
+        *(
+            (
+                ["--knee-threshold", v],
+                f"--knee-threshold: expected a ratio Δachieved/Δoffered above 0 and at most 1; got {v}",
+            )
+            # NaN found no knee; at or below 0 a flat throughput was no knee, above 1 one that kept up was.
+            for v in ("nan", "-0.5", "0", "1.5")
+        ),
         (["--require-qps", "nan"], "--require-qps: expected a finite number; got nan"),
         (["--require-qps", "inf"], "--require-qps: expected a finite number; got inf"),
         # Scraped at every step, nothing ever answering, after a warning.
@@ -511,6 +518,29 @@ DURATION = "expected a number >= 0 with an optional unit ms, s, m or h (e.g. '25
         (
             ["--metrics-url", "127.0.0.1:8002/metrics"],
             "--metrics-url '127.0.0.1:8002/metrics': expected auto, none or a URL such as http://HOST:8002/metrics",
+        ),
+        # Taken, and refused (or worse, posted somewhere) only when the fault's time came, the ramp half run.
+        *(
+            (
+                ["--fault", "slow:model=mlp,at=1s,delay=5ms", "--admin-url", url],
+                f"--admin-url '{url}': expected the admin API's URL, http://HOST:METRICS-PORT of a wok serve --admin",
+            )
+            for url in (
+                "",
+                "127.0.0.1:8002",
+                "ftp://127.0.0.1:8002",
+                "http://:8002",
+                "http://127.0.0.1:99999",
+                "http://127.0.0.1:0",
+                "http://127.0.0.1:8002/?x=1",
+                "http://[::1:8002",
+            )
+        ),
+        # A port past 65535 was scraped at every step, nothing ever answering, after a warning.
+        (
+            ["--metrics-url", "http://127.0.0.1:80020/metrics"],
+            "--metrics-url 'http://127.0.0.1:80020/metrics': expected auto, none or a URL such as "
+            "http://HOST:8002/metrics",
         ),
         # Named no option: "cannot read PATH", "invalid duration 'soon'" alone.
         (["--tls-ca", "{missing}"], "--tls-ca {missing}: No such file or directory"),
@@ -572,17 +602,93 @@ def test_serve_args_a_shell_cannot_split_are_refused_naming_the_option(monkeypat
     assert wok_cli(*argv)[::2] == (2, "wok bench: --serve-args '--models 'mlp': No closing quotation\n")
 
 
-def test_a_path_in_a_refusal_is_still_one_bounded_line(wok_cli):
+def test_a_path_in_a_refusal_is_still_one_bounded_line_and_keeps_its_reason(wok_cli):
     """A path is shown as given, not quoted as a name: the whole message is cut, and what is not
     printable in it escaped, where `wok` prints it: one line of at most errors.MESSAGE_CHARS (this
-    one was 100 KB, its newline splitting it, and named no option: "cannot read PATH")."""
+    one was 100 KB, its newline splitting it, and named no option: "cannot read PATH"). Cut in its
+    middle, where the path is: cut at its end, it lost the OS's reason (File name too long)."""
     from wok.errors import MESSAGE_CHARS
 
     path = LONG + "\n"
     status, _, err = wok_cli("bench", "ramp", "--target", "127.0.0.1:1", "--metrics-url", "none", "--tls-ca", path)
     assert status == 2 and err.count("\n") == 1 and err.startswith(f"wok bench: --tls-ca {'x' * 100}"), err[:100]
     assert len(err) <= len("wok bench: ") + MESSAGE_CHARS + 60, len(err)
-    assert re.search(r"… \(cut: [\d,]+ characters in all\)\n$", err), err[-80:]
+    assert re.search(r"x… \(cut: [\d,]+ characters in all\) …x+\\n: File name too long\n$", err), err[-80:]
+
+
+@pytest.mark.parametrize(
+    ("argv", "start"),
+    [
+        (("bench", "ramp", "--json"), "wok bench: --json /"),
+        (("bench", "merge"), "wok bench: /"),
+        (("simulate", "--json"), "wok simulate: --json /"),
+        (("tune", "--slo-p99", "5ms", "--profile"), "wok tune: --profile /"),
+        (("bench", "ramp", "--target", "127.0.0.1:1", "--metrics-url", "none", "--arrival"), "wok bench: --arrival: "),
+    ],
+    ids=["ramp-json", "merge", "simulate-json", "tune-profile", "ramp-trace"],
+)
+def test_a_path_too_long_keeps_the_os_reason_whole(argv, start, tmp_path, wok_cli):
+    """A path of 5,000 characters in a folder of 300: the refusal was cut at its end, inside the path."""
+    from wok.errors import MESSAGE_CHARS
+
+    path = str(tmp_path / ("d" * 300) / ("p" * 5000))
+    value = f"trace:{path}" if argv[-1] == "--arrival" else path
+    status, out, err = wok_cli(*argv, value)
+    assert (status, out) == (2, ""), err[-300:]
+    assert err.startswith(start) and err.count("\n") == 1, err[:200]
+    assert len(err) <= len(start) + MESSAGE_CHARS + 60, len(err)
+    assert re.search(r"p… \(cut: [\d,]+ characters in all\) …p+\S*:? [^…]*File name too long", err), err[-300:]
+
+
+def _no_replica(monkeypatch):
+    from wok.bench import faults
+
+    def start(*args, **kwargs):
+        raise AssertionError("a replica was started")
+
+    monkeypatch.setattr(faults.ReplicaSet, "__init__", start)
+
+
+@pytest.mark.parametrize(
+    ("serve_args", "reason"),
+    [
+        ("--bogus", "unrecognized arguments: '--bogus'"),
+        ("--grace-period soon", "--grace-period: expected a number; got 'soon'"),
+        ("--models nope", "--models: unknown demo model 'nope'; known: mlp, recsys, encoder"),
+        ("--models mlp --demo-option mlp.bogus=1", "--demo-option 'mlp.bogus=1': demo model 'mlp' has no option"),
+        ("--cpu-linear mkl", "--cpu-linear: invalid choice: 'mkl' (choose from 'onednn', 'torch')"),
+        ("--tls-key {missing}", "--tls-key: {missing} does not exist"),
+        # The bench's own: two replicas on one port, the second failing to bind.
+        ("--port 8001", "--port is not to be given: each replica is started with --port 0"),
+        ("--metrics-port=-1", "--metrics-port is not to be given: each replica is started with --metrics-port 0"),
+        ("--help", "-h/--help prints wok serve's help and exits: no replica would serve"),
+    ],
+    ids=["unknown", "value", "model", "demo-option", "choice", "file", "port", "metrics-port", "help"],
+)
+def test_serve_args_that_wok_serve_refuses_are_refused_before_any_replica_starts(
+    serve_args, reason, tmp_path, monkeypatch, wok_cli
+):
+    """Each replica exited 2 at once, and the bench with 1 and the child's usage (or its one line),
+    in no option's name."""
+    _no_replica(monkeypatch)
+    missing = str(tmp_path / "missing.pem")
+    serve_args, reason = serve_args.format(missing=missing), reason.format(missing=missing)
+    argv = ["bench", "ramp", "--replicas", "2", f"--serve-args={serve_args}", "--metrics-url", "none"]
+    status, out, err = wok_cli(*argv)
+    assert (status, out) == (2, ""), err
+    assert err.startswith(f"wok bench: --serve-args '{serve_args}': wok serve refuses it: {reason}"), err
+    assert err.count("\n") == 1, err
+
+
+def test_a_mix_whose_models_wok_serve_refuses_names_model_before_any_replica_starts(monkeypatch, wok_cli):
+    """Without --serve-args the replicas serve the mix's models: --model is the option to blame."""
+    _no_replica(monkeypatch)
+    status, out, err = wok_cli("bench", "ramp", "--replicas", "1", "--model", "nope", "--metrics-url", "none")
+    assert (status, out) == (2, ""), err
+    assert err == (
+        "wok bench: --model 'nope': the replicas serve its models (wok serve --models nope), which wok serve "
+        "refuses: --models: unknown demo model 'nope'; known: mlp, recsys, encoder\n"
+    )
 
 
 def test_an_empty_plan_model_is_refused_not_taken_for_the_default(wok_cli):

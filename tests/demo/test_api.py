@@ -223,6 +223,68 @@ async def test_simulator_refuses_a_batch_above_the_configured_maximum(sim_page):
     assert status == 200 and answer["max_batch_size"] == 32
 
 
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        # Taken: the simulated model changed though the body named another.
+        (
+            b'{"model": "encoder", "max_batch_size": 4}',
+            "field 'model': expected 'simulated' (the one model simulated) or none, got 'encoder'",
+        ),
+        # Taken, changing nothing, where the live server's admin API refuses a field it does not know.
+        (
+            b'{"max_batch": 4}',
+            "field 'max_batch': expected only the fields max_batch_size, max_queue_delay_ms, model, got 4",
+        ),
+    ],
+    ids=["another-model", "unknown-field"],
+)
+async def test_simulator_refuses_another_model_or_an_unknown_field_and_changes_nothing(sim_page, body, error):
+    port = sim_page.port
+    status, answer = await exchange(port, post(port, "/api/batching", body))
+    assert (status, answer) == (400, {"error": error})
+    assert (await config(port))["batching"]["max_batch_size"] == 32
+    status, answer = await exchange(port, post(port, "/api/batching", b'{"model": "simulated", "max_batch_size": 4}'))
+    assert status == 200 and answer["max_batch_size"] == 4, answer
+
+
+async def test_the_live_demo_refuses_another_model_itself_and_sends_its_own():
+    """The body's "model" went over the demo's ({"model": MODEL, **body}): sent on to the server,
+    which the page does not choose. The demo's model is the one the page controls: a body that
+    names another is refused here, before any call (it got the server's 502 here: nothing listens),
+    and one that names the demo's, or none, is sent with the demo's."""
+    posted: list[dict] = []
+
+    async def admin_api(reader, writer):  # the admin port's side of one POST, answered 200
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")).split(b":")[1])
+        posted.append(json.loads(await reader.readexactly(length)))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    admin = await asyncio.start_server(admin_api, "127.0.0.1", 0)
+    args = argparse.Namespace(instances=2, max_batch_size=32, device="cpu", torch_threads=1)
+    backend = LiveDemo(LoadControl(0), args, delay_s=0.005, slo_s=0.05)
+    backend.admin = ("127.0.0.1", admin.sockets[0].getsockname()[1])
+    web = DemoWeb(backend, Hub(), "127.0.0.1", 0)
+    await web.start()
+    try:
+        port = web.port
+        for path in ("/api/batching", "/api/faults"):
+            status, answer = await exchange(port, post(port, path, b'{"model": "encoder", "mode": "fail"}'))
+            error = f"field 'model': expected '{MODEL}' (the demo's model) or none, got 'encoder'"
+            assert (status, answer) == (400, {"error": error}), path
+        assert posted == []
+        for body in (b'{"model": "mlp", "max_batch_size": 4}', b'{"max_batch_size": 4}'):
+            assert await exchange(port, post(port, "/api/batching", body)) == (200, {})
+        assert posted == [{"max_batch_size": 4, "model": MODEL}] * 2
+    finally:
+        await web.stop()
+        await backend.close()
+        admin.close()
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

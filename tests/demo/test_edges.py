@@ -273,3 +273,94 @@ async def test_a_request_that_keeps_its_connection_is_answered_keep_alive(first)
             writer.close()
     finally:
         await web.stop()
+
+
+LONG = "x" * 100_000
+LONG_SHOWN = f"'{'x' * 200}'… (100,000 characters in all)"
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "refusal"),
+    [
+        # Shown as repr does, whole: one_line cut the 100 KB message at 4,096 characters.
+        ("--device", LONG, f"--device: expected auto, cpu, cuda or cuda:N, got {LONG_SHOWN}"),
+        # IDNA's refusal, naming no option: "encoding with 'idna' codec failed (UnicodeError: label too long)".
+        ("--host", LONG, f"--host: expected an address or a host name of this machine, got {LONG_SHOWN}"),
+        ("--host", "a b", "--host: expected an address or a host name of this machine, got 'a b'"),
+        # asyncio took it for every address of the machine: the page at http://:PORT/, open to all.
+        ("--host", "", "--host: expected an address or a host name of this machine, got ''"),
+    ],
+    ids=["device", "host-long", "host-space", "host-empty"],
+)
+def test_a_device_or_host_is_refused_before_the_page_listens_quoted_as_names_are(
+    option, value, refusal, wok_cli, monkeypatch
+):
+    def no_page(self):
+        raise AssertionError(f"the page listened with {option} {value[:20]!r}")
+
+    monkeypatch.setattr(DemoWeb, "start", no_page)
+    status, out, err = wok_cli("demo", "--simulate", "--port", "0", option, value)
+    assert (status, out, err) == (2, "", f"wok demo: {refusal}\n")
+
+
+def test_a_host_label_too_long_is_refused_naming_the_option(wok_cli, monkeypatch):
+    """A label over 63 characters: the page's listen raised IDNA's UnicodeError, "wok demo: encoding
+    with 'idna' codec failed (UnicodeError: label too long)", naming no option."""
+    monkeypatch.setattr(wok.demo.cli, "popen_wok", lambda cmd: pytest.fail("a wok server was started"))
+    status, out, err = wok_cli("demo", "--simulate", "--port", "0", "--host", "h" * 70)
+    assert (status, out) == (2, ""), err
+    assert err == (
+        f"wok demo: --host: expected an address of this machine, got '{'h' * 70}' (encoding with 'idna' codec "
+        "failed (UnicodeError: label too long))\n"
+    )
+
+
+BIG_BODY = [0] * 30_000  # 90 KB as repr writes it; the page's server takes 64 KiB of JSON, 2 bytes a zero
+
+
+async def test_a_refused_body_is_shown_cut_not_whole():
+    """A body that is no object, or a field's value, was shown as repr writes it, whole: a 400 of up
+    to the body's 64 KiB (and more: repr's spaces), and a field not allowed by its name, unquoted."""
+    model = BatcherModel(alpha_s=2.5e-4, beta_s=4.4e-5, max_batch_size=32, max_queue_delay_s=0.005)
+    sim = SimBackend(LoadControl(100), model)
+    args = argparse.Namespace(instances=2, max_batch_size=32, device="cpu", torch_threads=1)
+    live = LiveDemo(LoadControl(0), args, delay_s=0.005, slo_s=0.05)
+    cut = "[" + ", ".join(["0"] * 67) + "… (cut: 90,000 characters in all)"
+    try:
+        refusals = [
+            (LoadControl(100).set, BIG_BODY, f"body: expected a JSON object, got {cut}"),
+            (
+                LoadControl(100).set,
+                {"rate": LONG},
+                f"field 'rate': expected requests per second from 0 to 5000, got {LONG_SHOWN}",
+            ),
+            (
+                LoadControl(100).set,
+                {"x\n" + LONG: BIG_BODY},
+                f"field 'x\\n{'x' * 198}'… (100,002 characters in all): expected only rate, burst_rate, burst_s, "
+                f"got {cut}",
+            ),
+            (sim.set_batching, BIG_BODY, f"body: expected a JSON object, got {cut}"),
+            (
+                sim.set_batching,
+                {"max_batch_size": LONG},
+                f"field 'max_batch_size': expected an integer from 1 to 32, got {LONG_SHOWN}",
+            ),
+        ]
+        for call, body, message in refusals:
+            with pytest.raises(ValueError) as info:
+                call(body)
+            assert str(info.value) == message
+        for call, body, message in [
+            (live.set_batching, BIG_BODY, f"body: expected a JSON object, got {cut}"),
+            (
+                live.set_faults,
+                {"mode": "slow", "delay_ms": LONG},
+                f"field 'delay_ms': expected a number above 0 up to 60000 for mode 'slow', got {LONG_SHOWN}",
+            ),
+        ]:
+            with pytest.raises(ValueError) as info:
+                await call(body)
+            assert str(info.value) == message
+    finally:
+        await live.close()

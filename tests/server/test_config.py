@@ -863,8 +863,19 @@ SPACED = "X" * 1000 + " "
             "max_batch_size",
             f"Input should be a valid integer (got '{'9' * 200}'… (1,000 characters in all))",
         ),
+        # A list's repr, whole: a config's list of 20,000 numbers made a refusal of 129 KB.
+        (
+            {"max_batch_size": list(range(20_000))},
+            "max_batch_size",
+            f"Input should be a valid integer (got {str(list(range(20_000)))[:200]}… (cut: 128,890 characters in all))",
+        ),
+        (
+            {"inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [0] * 20_000}]},
+            "inputs.0.dims",
+            f"each dim must be -1 (variable) or >= 1; got {str([0] * 20_000)[:200]}… (cut: 60,000 characters in all)",
+        ),
     ],
-    ids=["quote", "long-name", "long-tensor-name", "backslash", "device", "long-value"],
+    ids=["quote", "long-name", "long-tensor-name", "backslash", "device", "long-value", "long-list", "long-dims"],
 )
 def test_text_from_a_config_is_shown_quoted_cut_and_escaped(tmp_path, change, where, message):
     msg, path = load_error(tmp_path, changed(**change))
@@ -894,6 +905,13 @@ def test_a_folder_key_or_path_from_a_config_is_shown_quoted_as_names_are(tmp_pat
         f"{path}: dynamic_batching.slo_profile '{profile}' leaves the model's folder {path.parent}; expected a path "
         "inside it"
     )
+
+
+def test_a_path_given_where_another_value_was_expected_is_shown_as_its_text():
+    """Its repr was shown: PosixPath('x'), not the text the user gave."""
+    with pytest.raises(ConfigError) as info:
+        server_settings({"grpc_port": "--port"}, grpc_port=Path("it's"))
+    assert str(info.value) == "--port: Input should be a valid integer (got 'it's')"
 
 
 def test_a_long_host_is_shown_cut():

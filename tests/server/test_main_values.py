@@ -161,8 +161,14 @@ LONG_SHOWN = f"'{'x' * 200}'… (100,000 characters in all)"
             f"wok bench: --rpc: invalid choice: {LONG_SHOWN} (choose from 'unary', 'stream')",
         ),
         (("serve", "--port", LONG), f"wok serve: --port: expected an integer; got {LONG_SHOWN}"),
+        # As repr writes it, whole: the 100 KB refusal was cut at 4,096 characters (its list of the
+        # models known lost).
+        (
+            ("serve", "--models", LONG, "--port", "0", "--metrics-port", "-1"),
+            f"wok: --models: unknown demo model {LONG_SHOWN}; known: mlp, recsys, encoder",
+        ),
     ],
-    ids=["bench-int", "demo-float", "bench-choice", "serve-int"],
+    ids=["bench-int", "demo-float", "bench-choice", "serve-int", "serve-models"],
 )
 def test_a_long_refused_value_is_shown_cut_as_names_are(argv, refusal, wok):
     done = wok(*argv)
