@@ -300,7 +300,9 @@ class BatchTime:
     stages_ms: dict[str, Fraction] = field(default_factory=dict)
     # The α given when it was below 0 and taken as 0 (`alpha_s`), as `wok tune` takes it.
     given_alpha_s: Fraction | None = None
-    # A profile's largest measured batch size (`batches[].batch_size`), past which α + β·n is extrapolated.
+    # A profile's smallest and largest measured batch sizes (`batches[].batch_size`), outside which α + β·n is
+    # extrapolated.
+    profiled_min_batch: Fraction | None = None
     profiled_max_batch: Fraction | None = None
 
 
@@ -397,12 +399,12 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
     fields = {"beta_s": f"{option} {path}: fit.beta_s", "t_batch_s": f"{option} {path}: fit.alpha_s + fit.beta_s × n"}
     batch = batch_from_alpha_beta(alpha, beta, batch_size, names={**(names or {}), **fields}, **detail)
     # The sizes the fit was made on, as `wok tune` reads them; entries it cannot read are left to it (the plan
-    # needs the fit alone): a size past them is only warned of.
+    # needs the fit alone): a size outside them is only warned of.
     batches = doc.get("batches")
     sizes = [b.get("batch_size") for b in batches if isinstance(b, dict)] if isinstance(batches, list) else []
     whole = [Fraction(x) for x in sizes if type(x) is int or (isinstance(x, Decimal) and x.is_finite())]
     whole = [x for x in whole if x >= 1]
-    return replace(batch, profiled_max_batch=max(whole)) if whole else batch
+    return replace(batch, profiled_min_batch=min(whole), profiled_max_batch=max(whole)) if whole else batch
 
 
 def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> BatchTime:
@@ -707,11 +709,12 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
             f"batches; α is taken as 0 (as wok tune takes it), so T_batch at n = {_d(n)} is β·n = {_d(t)} s, "
             f"not {_d(batch.given_alpha_s + batch.beta_s * n)} s"
         )
-    most = batch.profiled_max_batch
-    if most is not None and n > most:
+    least, most = batch.profiled_min_batch, batch.profiled_max_batch
+    if most is not None and not least <= n <= most:
+        side, end, size = ("below", "smallest", least) if n < least else ("past", "largest", most)
         warnings.append(
-            f"n = {_d(n)} is past the largest batch the profile measured ({_d(most)}): T_batch = α + β·n = {_d(t)} s "
-            f"is the fit extrapolated, not measured; profile batches of {_d(n)} to check it"
+            f"n = {_d(n)} is {side} the {end} batch the profile measured ({_d(size)}): T_batch = α + β·n = "
+            f"{_d(t)} s is the fit extrapolated, not measured; profile batches of {_d(n)} to check it"
         )
     steps: list[dict] = []
 

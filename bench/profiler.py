@@ -5,7 +5,8 @@ server runs a batch (assemble the requests' rows into the slot's host buffers, f
 split). For each batch size the batch time is the worker's time for one batch
 (`BatchResult.finished - started`); sizes are visited round robin, one batch each per
 round, so that a slow spell of a shared machine spreads over every size instead of
-bending the curve. T(n) = α + β·n is fitted by least squares on the per-size medians.
+bending the curve. T(n) = α + β·n is fitted by least squares on the per-size medians
+(`wok.bench.tune.fit_medians`, as `wok tune` fits the profiles it writes itself).
 
 The work of one batch is counted on the model itself, with one forward pass under two
 dispatch modes (see docs/profile.md for the full rules):
@@ -47,6 +48,8 @@ from .analysis import latency_summary
 from .analysis import ms_text as _ms
 from .payloads import PayloadGenerator, TensorSpec, parse_sizes
 from .roofline import Roofline
+from .tune import fit_linear as fit_linear_tuple
+from .tune import fit_medians
 
 SCHEMA = "wok.profile/1"
 COMPUTE_BOUND = 10.0  # FLOP/byte above which a batch is compute-bound
@@ -268,21 +271,9 @@ class Fit:
 
 
 def fit_linear(n: Sequence[float], t: Sequence[float]) -> Fit:
-    """Least squares T = α + β·n, and R² = 1 - SS_res / SS_tot (1 when every t is equal and fitted)."""
-    x, y = np.asarray(n, dtype=np.float64), np.asarray(t, dtype=np.float64)
-    if x.shape != y.shape or len(np.unique(x)) < 2:
-        raise ValueError("fitting T(n) = α + β·n needs times at two or more different batch sizes")
-    if (y == y[0]).all():
-        # Flat: the mean of equal values can round off them (3 × 0.1 / 3 = 0.10000000000000002), and
-        # the centred sums then gave β = 1e-33 (a ceiling of 1e33/s) and R² = 0 or -4e-16, not 1.
-        return Fit(float(y[0]), 0.0, 1.0)
-    xm, ym = x.mean(), y.mean()
-    beta = float(((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum())
-    alpha = float(ym - beta * xm)
-    ss_res = float(((y - alpha - beta * x) ** 2).sum())
-    ss_tot = float(((y - ym) ** 2).sum())
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
-    return Fit(alpha, beta, r2)
+    """Least squares T = α + β·n, and R² = 1 - SS_res / SS_tot (1 when every t is equal and fitted): `wok tune`'s
+    line (`tune.fit_linear`), so that a profile fitted here and one fitted there agree."""
+    return Fit(*fit_linear_tuple(n, t))
 
 
 # ---------------------------------------------------------------------------- the run
@@ -430,8 +421,9 @@ def profile(
         raise ValueError(
             f"the inputs made with --sizes {cfg.sizes} and --int-high {cfg.int_high or id_range(servable)}: {exc}"
         ) from None
-    medians = [_median(times[n]["batch"]) for n in sizes]
-    fit = fit_linear(sizes, medians)
+    # The fit `wok tune` makes of a profile's raw times too (tune_check's in-process profile): one α, β.
+    by_size, (alpha, beta, r2) = fit_medians({n: times[n]["batch"] for n in sizes})
+    medians, fit = [by_size[n] for n in sizes], Fit(alpha, beta, r2)
     batches = []
     uncounted: set[str] = set()
     added: set[str] = set()

@@ -34,7 +34,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -88,30 +88,50 @@ class Profile:
 
 
 def fit_linear(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float, float]:
-    """Least-squares T(n) = α + β·n over (n, T) pairs: (α, β, R²). R² is 1.0 when T does not vary."""
+    """Least-squares T(n) = α + β·n over (n, T) pairs: (α, β, R²), R² = 1 − SS_res / SS_tot (1.0 when T does
+    not vary). The one least-squares line of `wok profile` (`profiler.fit_linear`), of the profiles written
+    here (`fit_medians`) and of tune_check's CPU calibration."""
     n = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(times_s, dtype=np.float64)
-    if n.size != t.size or n.size < 2 or np.unique(n).size < 2:
-        raise ValueError("fitting T(n) = α + β·n needs at least two distinct batch sizes")
-    beta, alpha = np.polyfit(n, t, 1)
-    resid = t - (alpha + beta * n)
-    total = float(np.sum((t - t.mean()) ** 2))
-    r2 = 1.0 - float(np.sum(resid**2)) / total if total > 0 else 1.0
-    return float(alpha), float(beta), r2
+    if n.shape != t.shape or n.ndim != 1:
+        raise ValueError(f"fitting T(n) = α + β·n needs one time per batch size; got {n.size} sizes and {t.size} times")
+    if np.unique(n).size < 2:
+        raise ValueError(
+            f"fitting T(n) = α + β·n needs times at two or more distinct batch sizes; got {np.unique(n).size}"
+        )
+    if (t == t[0]).all():
+        # Flat: the mean of equal values can round off them (3 × 0.1 / 3 = 0.10000000000000002), and
+        # the centred sums then gave β = 1e-33 (a ceiling of 1e33/s) and R² = 0 or -4e-16, not 1.
+        return float(t[0]), 0.0, 1.0
+    nm, tm = n.mean(), t.mean()
+    beta = float(((n - nm) * (t - tm)).sum() / ((n - nm) ** 2).sum())
+    alpha = float(tm - beta * nm)
+    total = float(((t - tm) ** 2).sum())
+    r2 = 1.0 - float(((t - alpha - beta * n) ** 2).sum()) / total if total > 0 else 1.0
+    return alpha, beta, r2
+
+
+def fit_medians(samples: Mapping[int, Sequence[float]]) -> tuple[dict[int, float], tuple[float, float, float]]:
+    """The profile's fit: T(n) = α + β·n by least squares on each batch size's median time (nearest-rank), one
+    point per size. `wok profile` and `profile_document` both fit so, so that one set of batch times gives
+    one α, β wherever it is fitted: a median is not moved by the odd batch a busy machine preempted, and a
+    size timed more often does not outweigh the others. Returns ({size: median}, in `samples`' order, and
+    (α, β, R²)); the fit takes the sizes in ascending order, whatever that order."""
+    empty = next((n for n, t in samples.items() if not len(t)), None)
+    if empty is not None:
+        raise ValueError(f"batch size {empty}: expected at least one batch time to take its median of; got none")
+    medians = {n: analysis.latency_summary(np.asarray(t, dtype=np.float64))["p50"] for n, t in samples.items()}
+    sizes = sorted(medians)
+    return medians, fit_linear(sizes, [medians[n] for n in sizes])
 
 
 def profile_document(samples: dict[int, Sequence[float]], source: str, model: str = "") -> dict:
-    """A `wok.profile/1`-shaped document (the part `wok tune` reads) from raw batch times per size.
-
-    The fit runs over every sample, not over per-size medians, so sizes with more samples
-    weigh more; `bench/tune_check.py` uses this when no profile is given.
-    """
+    """A `wok.profile/1`-shaped document (the part `wok tune` reads) from raw batch times per size, fitted
+    as `wok profile` fits them (`fit_medians`); `bench/tune_check.py` uses this when no profile is given."""
     if not samples:
         raise ValueError("no batch times")
     sizes = sorted(samples)
-    ns = [n for n in sizes for _ in samples[n]]
-    ts = [t for n in sizes for t in samples[n]]
-    alpha, beta, r2 = fit_linear(ns, ts)
+    medians, (alpha, beta, r2) = fit_medians({n: samples[n] for n in sizes})
     batches = []
     for n in sizes:
         a = np.sort(np.asarray(samples[n], dtype=np.float64))
@@ -120,7 +140,7 @@ def profile_document(samples: dict[int, Sequence[float]], source: str, model: st
         batches.append(
             {
                 "batch_size": n,
-                "median_s": q["p50"],
+                "median_s": medians[n],
                 "p99_s": q["p99"],
                 "samples_s": a.tolist(),
             }
@@ -129,7 +149,7 @@ def profile_document(samples: dict[int, Sequence[float]], source: str, model: st
         "schema": PROFILE_SCHEMA,
         "model": model,
         "source": source,
-        "fit": {"alpha_s": alpha, "beta_s": beta, "r2": r2},
+        "fit": {"alpha_s": alpha, "beta_s": beta, "r2": r2, "on": "per-size medians"},
         "batches": batches,
     }
 
@@ -282,6 +302,9 @@ class CpuStage(CpuFields):
 
     batch_alpha_s: float | None = None
     batch_beta_s: float | None = None
+    # The mean batch sizes of the loads that batch time was fitted on (the calibration's `points`): a setting
+    # outside them runs on α + β·n extrapolated. Empty: not known. Not one of the stage's fields (`as_dict`).
+    batch_fit_sizes: tuple[float, ...] = ()
 
     def fields(self) -> dict:
         """The BatcherModel fields."""
@@ -322,7 +345,29 @@ def cpu_from_document(doc: dict, where: str = "CPU calibration") -> CpuStage:
     vals |= {k: value(k) if given else None for k in ("batch_alpha_s", "batch_beta_s")}
     if given and vals["batch_alpha_s"] + vals["batch_beta_s"] == 0:
         raise ValueError(f"{where}: batch_alpha_s and batch_beta_s: a batch needs a time, α + β > 0; got both 0")
-    return CpuStage(**vals)
+    return CpuStage(**vals, batch_fit_sizes=_fit_sizes(doc, where) if given else ())
+
+
+def _fit_sizes(doc: dict, where: str) -> tuple[float, ...]:
+    """The mean batch sizes of a calibration's `points` (`bench/tune_check.py` fits batch_alpha_s and
+    batch_beta_s on them); () for a document without points (one written by hand: the range is not known)."""
+    points = doc.get("points")
+    if points is None:
+        return ()
+    if not isinstance(points, list):
+        raise ValueError(f"{where}: points: expected a list of the calibration's loads; got {json_kind(points)}")
+    sizes = []
+    for i, point in enumerate(points):
+        if not isinstance(point, dict):
+            raise ValueError(f"{where}: points[{i}]: expected an object; got {json_kind(point)}")
+        # The batch time's fit ran on these: one that is not a mean batch (≥ 1 request) cannot bound it.
+        expected = "the load's mean batch size, a finite number ≥ 1"
+        got = point.get("mean_batch_size")
+        n = _json_number(got, where, f"points[{i}].mean_batch_size", expected)
+        if not 1 <= n < math.inf:
+            raise ValueError(f"{where}: points[{i}].mean_batch_size: expected {expected}; got {json_kind(got)}")
+        sizes.append(n)
+    return tuple(sorted(sizes))
 
 
 def load_cpu(path: Path, what: str = "--cpu-calibration") -> CpuStage:
@@ -787,16 +832,17 @@ def tune(
     say = progress or (lambda msg: None)
     # As model_for builds every setting's model: what is simulated, not what was asked for.
     source, _, _, samples = batch_times(profile, sampled, cpu)
-    # A setting past the profile's largest batch runs on T(n) extrapolated along the fit; with the calibration's
-    # batch time (fit on its loads' mean batch sizes, which the stage does not carry) the range is not known.
-    largest = max(profile.profiled_sizes) if profile.profiled_sizes and source != "server" else None
+    # A setting outside the sizes the batch time was measured at runs on T(n) extrapolated along the fit: the
+    # profile's batch sizes, or the calibration's loads' mean batch sizes when its batch time replaces the profile's.
+    measured = cpu.batch_fit_sizes if source == "server" else profile.profiled_sizes
+    smallest, largest = (min(measured), max(measured)) if measured else (None, None)
     rows = []
     grid = grid_of(batch_sizes, delays_s, default)
     for n, d in grid:
         model = model_for(profile, n, d, instances=instances, overhead_s=overhead_s, sampled=sampled, cpu=cpu)
         row = _row(n, d, max_qps(model, search, overhead_at))
         row["in_grid"] = n in batch_sizes and delay_ms(d) in {delay_ms(x) for x in delays_s}
-        row["extrapolated"] = None if largest is None else n > largest
+        row["extrapolated"] = None if largest is None else not smallest <= n <= largest
         rows.append(row)
         say(f"max_batch_size {n}, delay {1e3 * d:g} ms: {row['max_qps']:.0f} QPS")
     # The default competes too: the tuner never recommends a setting it predicts to be worse
@@ -820,12 +866,9 @@ def tune(
         n, delay_s = chosen["max_batch_size"], 1e-3 * chosen["max_queue_delay_ms"]
         comment = "written by wok tune"
         if chosen["extrapolated"]:
-            comment += f"; max_batch_size {n} extrapolated: profiled to {largest}"
             t_n = model_for(profile, n, delay_s, sampled=sampled, cpu=cpu).mean_batch_time(n)
-            warnings.append(
-                f"the chosen max_batch_size {n} is past the largest batch the profile measured ({largest}): its mean "
-                f"batch time, {1e3 * t_n:.3g} ms, is the fit α + β·n extrapolated; profile batches of {n} to check it"
-            )
+            comment += "; " + _extrapolated_comment(n, smallest, largest, source)
+            warnings.append(_extrapolated_warning(n, smallest, largest, source, t_n))
         toml = config_toml(n, delay_s, comment)
     return {
         "schema": SCHEMA,
@@ -839,6 +882,7 @@ def tune(
             "profile": profile.source,
             "batch_times": source,
             "sampled_sizes": [n for n, _ in samples],
+            "smallest_profiled_batch": smallest,
             "largest_profiled_batch": largest,
             "overhead": (
                 {
@@ -868,6 +912,39 @@ def tune(
         "config_toml": toml,
         "warnings": warnings,
     }
+
+
+def _size_text(n: float) -> str:
+    """A batch size as the messages write it: a profile's whole sizes as they are, a calibration's mean to 0.1."""
+    return f"{round(n, 1):g}"
+
+
+def _extrapolated_comment(n: int, smallest: float, largest: float, source: str) -> str:
+    """The config's note of a chosen max_batch_size outside the measured batch sizes."""
+    if source == "server":
+        return (
+            f"max_batch_size {n} extrapolated: calibrated at mean batches {_size_text(smallest)}-{_size_text(largest)}"
+        )
+    return f"max_batch_size {n} extrapolated: " + (
+        f"profiled from {smallest}" if n < smallest else f"profiled to {largest}"
+    )
+
+
+def _extrapolated_warning(n: int, smallest: float, largest: float, source: str, t_n: float) -> str:
+    """The warning of a chosen max_batch_size outside the measured batch sizes, with its mean batch time `t_n`."""
+    side = "below" if n < smallest else "past"
+    if source == "server":
+        span = f"{_size_text(smallest)} to {_size_text(largest)}"
+        # Fitted on loads' mean batches, not on batches of one size: a load's mean batch is what can reach n.
+        where = f"{side} the mean batch sizes the CPU calibration's batch time was fitted on ({span})"
+        check = f"calibrate at a load whose mean batch is about {n} to check it"
+    else:
+        end, size = ("smallest", smallest) if n < smallest else ("largest", largest)
+        where, check = f"{side} the {end} batch the profile measured ({size})", f"profile batches of {n} to check it"
+    return (
+        f"the chosen max_batch_size {n} is {where}: its mean batch time, {1e3 * t_n:.3g} ms, is the fit α + β·n "
+        f"extrapolated; {check}"
+    )
 
 
 # ---------------------------------------------------------------------------- outputs

@@ -565,6 +565,26 @@ def test_a_batch_size_past_the_profiled_ones_is_warned_of_as_tune_warns(tmp_path
     assert plan.batch_from_profile(path, F(16)).profiled_max_batch is None
 
 
+def test_a_batch_size_below_the_profiled_ones_is_warned_of_as_tune_warns(tmp_path):
+    """A profile of batches 4 to 16: n = 2 is α + β·n carried below the smallest batch measured, where the line
+    holds least (a fitted α < 0 is the common sign of it). The plan warned only past the largest."""
+    path = tmp_path / "profile.json"
+    fit = {"alpha_s": 0.002, "beta_s": 0.001125, "r2": 0.999}
+    doc = {"schema": "wok.profile/1", "model": {"name": "mlp", "max_batch_size": 32}, "fit": fit}
+    doc["batches"] = [{"batch_size": n, "median_s": 0.002 + 0.001125 * n} for n in (4, 8, 16)]
+    path.write_text(json.dumps(doc))
+    batch = plan.batch_from_profile(path, F(2))
+    warning = (
+        "n = 2 is below the smallest batch the profile measured (4): T_batch = α + β·n = 0.00425 s is the fit "
+        "extrapolated, not measured; profile batches of 2 to check it"
+    )
+    assert warning in make(batch=batch, peak_qps=F(5000))["warnings"]
+    assert (batch.profiled_min_batch, batch.profiled_max_batch) == (4, 16)
+    for n in (4, 16):
+        warned = make(batch=plan.batch_from_profile(path, F(n)), peak_qps=F(5000))["warnings"]
+        assert not any("the fit extrapolated" in w for w in warned), n
+
+
 # ---------------------------------------------------------------------------- autoscaling
 
 

@@ -45,16 +45,16 @@ def test_fit_by_hand_on_noisy_points():
     # α = 2 − 0.5·2 = 1; residuals −0.5, 1, −0.5 → SSE 1.5 of SST 2 → R² = 0.25.
     alpha, beta, r2 = fit_linear([1, 2, 3], [1, 3, 2])
     assert (alpha, beta, r2) == pytest.approx((1.0, 0.5, 0.25))
-    with pytest.raises(ValueError, match="two distinct"):
+    with pytest.raises(ValueError, match="two or more distinct batch sizes; got 1"):
         fit_linear([4, 4], [1, 2])
 
 
 def test_a_profile_document_round_trips_and_reads_the_profilers_shape(tmp_path):
     doc = profile_document({1: [1e-3, 1.2e-3], 4: [2e-3, 2.2e-3]}, source="test")
     assert doc["schema"] == "wok.profile/1" and [b["batch_size"] for b in doc["batches"]] == [1, 4]
-    # Over all four points: β = (2.1 − 1.1) / 3 ms, α = 1.1 ms − β.
+    # On the per-size medians (nearest-rank: 1 and 2 ms): β = (2 − 1) / 3 ms, α = 1 ms − β.
     prof = profile_from_document(doc)
-    assert prof.beta_s == pytest.approx(1e-3 / 3) and prof.alpha_s == pytest.approx(1.1e-3 - 1e-3 / 3)
+    assert prof.beta_s == pytest.approx(1e-3 / 3) and prof.alpha_s == pytest.approx(1e-3 - 1e-3 / 3)
     assert dict(prof.samples)[4] == (2e-3, 2.2e-3)
     # What `wok profile --json` writes has more keys; only fit and batches[].samples_s are read.
     path = tmp_path / "p.json"
@@ -989,8 +989,8 @@ def test_without_a_profiled_range_extrapolation_is_not_known():
 
 
 def test_the_cpu_calibrations_batch_time_is_not_judged_by_the_profiles_sizes():
-    """The calibration's batch time replaces the profile's (fit on its loads' mean batch sizes, which the
-    stage does not carry): the profile's range says nothing of it."""
+    """The calibration's batch time replaces the profile's: the profile's range says nothing of it, and a stage
+    made in code carries no mean batch sizes of its own (a file's `points` do: the tests below)."""
     from wok.bench.tune import CpuStage
 
     profile = profile_from_document(profile_document(PROFILED, "test"), "profile.json")
@@ -1026,3 +1026,131 @@ def test_the_cli_says_the_mlp_profiles_pick_of_64_is_extrapolated(tmp_path, wok_
     assert result["inputs"]["largest_profiled_batch"] == 32
     assert cfg.read_text().startswith("# written by wok tune; max_batch_size 64 extrapolated: profiled to 32\n")
     assert "warning: the chosen max_batch_size 64 is past the largest batch the profile measured (32)" in stdout
+
+
+# ---------------------------------------------------------------------------- one fit of a profile
+
+
+def test_a_profile_document_is_fitted_on_the_per_size_medians_as_wok_profile_fits():
+    """Batch times of 1 + n ms, with one batch of 1 preempted (14 ms): `wok profile` fits the medians, 2, 3
+    and 5 ms, to T = 1 + 1·n ms; profile_document fitted every sample, to T = 4.5 ms flat (β ≈ 0), so one
+    set of times gave tune_check's simulator another batch time than `wok tune --profile` of the same times."""
+    samples = {1: [2e-3, 2e-3, 2e-3, 14e-3], 2: [3e-3, 3e-3], 4: [5e-3, 5e-3]}
+    fit = profile_document(samples, "by hand")["fit"]
+    assert (fit["alpha_s"], fit["beta_s"], fit["r2"]) == pytest.approx((1e-3, 1e-3, 1.0))
+    assert fit["on"] == "per-size medians"
+    from wok.bench.tune import fit_medians  # the one fit, `wok profile`'s too
+
+    medians, line = fit_medians(samples)
+    assert medians == {1: 2e-3, 2: 3e-3, 4: 5e-3} and line == (fit["alpha_s"], fit["beta_s"], fit["r2"])
+
+
+def test_wok_profiles_own_samples_written_again_give_its_fit_exactly():
+    """`docs/results/tune-profile-mlp.json` is `wok profile`'s (100 batches per size): its samples through
+    profile_document gave α = 0.685 ms, β = 0.0558 ms against the file's 0.407 and 0.0450."""
+    doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "results" / "tune-profile-mlp.json").read_text())
+    again = profile_document({b["batch_size"]: b["samples_s"] for b in doc["batches"]}, "again")
+    assert [again["fit"][k] for k in ("alpha_s", "beta_s", "r2")] == [
+        doc["fit"][k] for k in ("alpha_s", "beta_s", "r2")
+    ]
+    assert [b["median_s"] for b in again["batches"]] == [b["median_s"] for b in doc["batches"]]
+
+
+def test_a_size_without_batch_times_is_refused_naming_it():
+    with pytest.raises(
+        ValueError, match=r"^batch size 4: expected at least one batch time to take its median of; got none$"
+    ):
+        profile_document({1: [1e-3], 4: []}, "by hand")
+
+
+# ------------------------------------------------------------ extrapolated: below, and the calibration's
+
+
+def test_a_pick_below_the_smallest_profiled_batch_says_it_is_extrapolated():
+    """A profile of batches of 4 and 8: batches of 2 run on the fit carried below 4 (at small batches the line
+    holds least: a fitted α < 0 is the common sign). tune() marked only the sizes past 8."""
+    import io
+
+    from wok.bench.tune import print_table
+
+    profile = profile_from_document(profile_document({4: [1.5e-3] * 3, 8: [2e-3] * 3}, "test"), "profile.json")
+    result = tune(profile, QUICK, [1, 2, 4], [0.0], default=None)
+    assert [(r["max_batch_size"], r["extrapolated"]) for r in result["settings"]] == [(1, True), (2, True), (4, False)]
+    assert (result["inputs"]["smallest_profiled_batch"], result["inputs"]["largest_profiled_batch"]) == (4, 8)
+    result = tune(profile, QUICK, [2], [0.0], default=None)
+    warning = (
+        "the chosen max_batch_size 2 is below the smallest batch the profile measured (4): its mean batch time, "
+        "1.25 ms, is the fit α + β·n extrapolated; profile batches of 2 to check it"
+    )
+    assert result["warnings"] == [warning]
+    assert (
+        result["config_toml"].splitlines()[0] == "# written by wok tune; max_batch_size 2 extrapolated: profiled from 4"
+    )
+    out = io.StringIO()
+    print_table(result, file=out)
+    assert "chosen, extrapolated" in out.getvalue() and f"warning: {warning}" in out.getvalue()
+
+
+def _calibration(tmp_path, means, **stage) -> Path:
+    from wok.bench.tune import CpuStage, cpu_document
+
+    stage = CpuStage(batch_alpha_s=1e-3, batch_beta_s=1.25e-4, **stage)
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(cpu_document(stage, "test", points=[{"mean_batch_size": m} for m in means])))
+    return path
+
+
+def test_the_cpu_calibrations_batch_time_is_judged_by_its_loads_mean_batches(tmp_path):
+    """bench/tune_check.py fits the server's batch time on its loads' mean batches (2.6 to 14.7 in run 8's
+    calibration) and `wok tune` used it up to 64 with `extrapolated` null: no mark, no warning."""
+    from wok.bench.tune import cpu_from_document, load_cpu
+
+    profile = profile_from_document(profile_document(PROFILED, "test"), "profile.json")
+    stage = load_cpu(_calibration(tmp_path, [14.72, 2.57, 7.84]))
+    result = tune(profile, QUICK, [2, 8, 16], [0.0], default=None, cpu=stage)
+    assert result["inputs"]["batch_times"] == "server"
+    assert [(r["max_batch_size"], r["extrapolated"]) for r in result["settings"]] == [(2, True), (8, False), (16, True)]
+    assert (result["inputs"]["smallest_profiled_batch"], result["inputs"]["largest_profiled_batch"]) == (2.57, 14.72)
+    assert result["chosen"]["max_batch_size"] == 16
+    assert result["warnings"] == [
+        "the chosen max_batch_size 16 is past the mean batch sizes the CPU calibration's batch time was fitted on "
+        "(2.6 to 14.7): its mean batch time, 3 ms, is the fit α + β·n extrapolated; calibrate at a load whose mean "
+        "batch is about 16 to check it"
+    ]
+    comment = "# written by wok tune; max_batch_size 16 extrapolated: calibrated at mean batches 2.6-14.7"
+    assert result["config_toml"].splitlines()[0] == comment
+    # Run 8's calibration as tune_check wrote it: its three loads' mean batches.
+    run8 = load_cpu(Path(__file__).resolve().parents[2] / "docs" / "results" / "tune-cpu-mlp-run8.json")
+    inputs = tune(profile, QUICK, [64], [0.0], default=None, cpu=run8)["inputs"]
+    assert [round(inputs[k], 2) for k in ("smallest_profiled_batch", "largest_profiled_batch")] == [2.57, 14.72]
+    # A calibration written without its points (by hand): its range is not known, as with --alpha/--beta.
+    bare = json.loads(_calibration(tmp_path, []).read_text())
+    del bare["points"]
+    result = tune(profile, QUICK, [16], [0.0], default=None, cpu=cpu_from_document(bare))
+    assert result["inputs"]["largest_profiled_batch"] is None and result["chosen"]["extrapolated"] is None
+
+
+MEAN_BATCH = "expected the load's mean batch size, a finite number ≥ 1"
+
+
+@pytest.mark.parametrize(
+    ("points", "got"),
+    [
+        ({"load": 1}, "points: expected a list of the calibration's loads; got an object"),
+        ([3.0], "points[0]: expected an object; got 3.0"),
+        ([{"mean_batch_size": 4.0}, {}], f"points[1].mean_batch_size: {MEAN_BATCH}; got null"),
+        ([{"mean_batch_size": "4"}], f"points[0].mean_batch_size: {MEAN_BATCH}; got a string ('4')"),
+        ([{"mean_batch_size": 0.5}], f"points[0].mean_batch_size: {MEAN_BATCH}; got 0.5"),
+    ],
+    ids=["not-a-list", "not-an-object", "missing", "a-string", "below-1"],
+)
+def test_a_calibrations_points_it_cannot_read_are_refused_naming_the_field(tmp_path, points, got):
+    from wok.bench.tune import load_cpu
+
+    path = _calibration(tmp_path, [])
+    doc = json.loads(path.read_text())
+    doc["points"] = points
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as info:
+        load_cpu(path)
+    assert str(info.value) == f"--cpu-calibration {path}: {got}"
