@@ -18,8 +18,9 @@ In live mode the batching and fault calls are forwarded to the wok server's admi
 API's own bytes; its 413 (a body over its 64 KiB once the model is added) and 503 (the wok server
 stops) come back with their status, their message quoted after what the wok server answered; any
 other status (408, 411, its own 500), a truncated answer or one that is not a JSON object is a 502
-naming what came; 502 with the error when the server does not answer, and 503 while it starts. A
-500 is the page server's own failure alone.
+naming what came; 502 with the error when the server refuses or drops the connection, 504 (Gateway
+Timeout) when it does not answer within ADMIN_TIMEOUT_S, and 503 while it starts. A 500 is the page
+server's own failure alone.
 
 The page's API fails and slows the server, so it takes the admin API's checks against the
 one client that reaches loopback anyway, a page of another site in the user's browser: the
@@ -32,7 +33,9 @@ every answer carries a Date header (RFC 9110 6.6.1), formatted once a second; a 
 path asked for (escaped, cut at 200 characters) and the paths served. The head is read and framed
 by the metrics port's functions: a bare LF, a bare CR, a space before a colon, a folded line, a
 method that is not a token, two Content-Lengths get 400, a version not HTTP/1.x 505 (400 if not
-HTTP/<digit>.<digit>); an absolute-form target is served, its authority checked in Host's place.
+HTTP/<digit>.<digit>), a request line over 16 KiB by itself 414 (its target is too long), a head over
+it 431, a Transfer-Encoding 501 or 400 (`transfer_coding_refusal`); an absolute-form target is
+served, its authority checked in Host's place.
 A HEAD is answered where a GET is, with the GET's headers and no body, and no answer to a HEAD has
 one (405 for /api/events, whose stream has no length); `Expect: 100-continue` gets a 100 before the
 body is read, another expectation 417 (`expect_refusal`); a request that fails unexpectedly gets
@@ -56,6 +59,7 @@ from ..http import (
     REASONS,
     BadRequest,
     DateHeader,
+    TargetTooLong,
     cross_site_refusal,
     expect_refusal,
     header_field,
@@ -64,6 +68,7 @@ from ..http import (
     request_line,
     request_start,
     request_target,
+    transfer_coding_refusal,
     valid_host,
     version_refusal,
 )
@@ -82,13 +87,16 @@ STATUS = {
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
-    413: "Payload Too Large",
+    413: "Content Too Large",  # RFC 9110 15.5.14 (RFC 7231 named it Payload Too Large)
+    414: "URI Too Long",
     415: "Unsupported Media Type",
     417: "Expectation Failed",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
+    501: "Not Implemented",
     502: "Bad Gateway",
     503: "Service Unavailable",
+    504: "Gateway Timeout",
     505: "HTTP Version Not Supported",
 }
 # The admin API's statuses passed on with its own answer, as it wrote it: its answer and its refusal
@@ -142,8 +150,9 @@ class Hub:
 async def http_json(host: str, port: int, method: str, path: str, body=None) -> tuple[int, bytes | dict]:
     """One request to the wok server's admin API (HTTP/1.1, Connection: close): the status the
     page answers with, and its body: the admin API's own bytes where it is passed on (RELAYED),
-    else a dict naming what the wok server answered. Raises OSError (ConnectionError when it does
-    not answer in ADMIN_TIMEOUT_S)."""
+    else a dict naming what the wok server answered. Raises OSError: TimeoutError when it does not
+    answer in ADMIN_TIMEOUT_S (the page answers 504), ConnectionError when it ends the connection
+    without an answer (502)."""
     # Compact, as the admin API writes JSON: with ", " and ": " a body within the page's 64 KiB
     # grew past the admin port's.
     data = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
@@ -165,7 +174,7 @@ async def http_json(host: str, port: int, method: str, path: str, body=None) -> 
         # The connect too: a stopped server's socket still accepts, its kernel answering for it.
         raw = await asyncio.wait_for(exchange(), ADMIN_TIMEOUT_S)
     except asyncio.TimeoutError:  # its own text is empty
-        raise ConnectionError(f"{method} {path}: no answer within {ADMIN_TIMEOUT_S:g} s from {host}:{port}") from None
+        raise TimeoutError(f"{method} {path}: no answer within {ADMIN_TIMEOUT_S:g} s from {host}:{port}") from None
     head, _, payload = raw.partition(b"\r\n\r\n")
     m = re.match(rb"HTTP/1\.[01] ([0-9]{3}) ", head)
     if m is None:  # the server ended mid-answer: as unreachable, for the caller's 502
@@ -248,6 +257,9 @@ class DemoWeb:
             method, target, version = request_line(lines[0])
             head = method == "HEAD"
             path, body, close = await self._request(reader, writer, method, target, version, lines[1:])
+        except TargetTooLong as exc:  # the request line alone: its URL is too long, not its headers
+            await self._send(writer, 414, {"error": str(exc)}, close=True)
+            return False
         except asyncio.LimitOverrunError:
             error = {"error": f"request head: expected at most {MAX_HEAD} bytes, got more"}
             await self._send(writer, 431, error, close=True)
@@ -329,9 +341,9 @@ class DemoWeb:
                 raise Refused(
                     400, f"{name.title()}: expected one header, got {len(values)}: {', '.join(map(quoted, values))}"
                 )
-        coding = headers.get("transfer-encoding")
-        if coding is not None:
-            raise Refused(400, f"Transfer-Encoding: expected none (a Content-Length), got {quoted(coding)}")
+        codings = [v for k, v in fields if k == "transfer-encoding"]
+        if codings:
+            raise Refused(*transfer_coding_refusal(codings, version))
         # RFC 9112 3.2 (MUSTs), before the cross-site check reads the Host: it took `127.0.0.1/x`,
         # `localhost?x` or `evil@127.0.0.1` for an address.
         if "host" not in headers and version != "HTTP/1.0":  # HTTP/1.0 predates Host: the cross-site check refuses it
@@ -400,6 +412,10 @@ class DemoWeb:
                 return await b.set_faults(body)
         except ValueError as exc:
             return 400, {"error": str(exc)}
+        except TimeoutError as exc:
+            # The wok server kept the connection and sent nothing in time (stopped, or stuck): a
+            # gateway's timeout (RFC 9110 15.6.5), not an answer that was wrong (502).
+            return 504, {"error": f"the wok server did not answer: {str(exc) or type(exc).__name__}"}
         except OSError as exc:  # only the admin calls do I/O: the wok server did not answer
             return 502, {"error": f"the wok server did not answer: {str(exc) or type(exc).__name__}"}
         return 404, {"error": f"no API {quoted(f'{method} /api/{name}')}; the API: {API_PATHS}"}

@@ -12,7 +12,8 @@ Events (`GET /events`, server-sent events) are what the demo page draws:
   dispatch and the failure), and `error` when `ok` is false ("cancelled" for a batch
   withdrawn at its worker before it ran, past the grace period: by the batcher as the grace
   period ran out, or by the executor's shutdown), or when some of its requests failed; `error`
-  is cut as the server's log line of a failed batch is (errors.cut_message, 4,096 characters);
+  is cut as the server's log line of a failed batch is (errors.cut_message, to 4,096 bytes as the
+  event's JSON writes it);
 - a `tick` every 250 ms: per model its queue, batches in flight, the instances' running
   batches, the counters (samples, batches, responses by code, flushes by reason, busy seconds
   per instance: every batch an instance ran, failed ones included), the policy and the active

@@ -206,7 +206,7 @@ def slo_policy_for(executor: Executor, max_batch_size: int) -> SloPolicy | None:
     return SloPolicy(db.slo_ms / 1e3, max_batch_size, len(executor.instances), quantile=db.slo_quantile, seed=seed)
 
 
-# A failed batch's error is shown in FailureLog's line up to this many characters (errors.cut_message).
+# A failed batch's error is shown in FailureLog's line up to this many bytes, encoded (errors.cut_message).
 LOG_MESSAGE_CHARS = MESSAGE_CHARS
 
 

@@ -25,7 +25,7 @@ def one_line(message: str) -> str:
     characters make the message: what is not printable is escaped here as repr escapes it
     (backslashes left as they are), and a message still too long is cut in its middle, where such
     a path is, keeping its start (the option) and its last TAIL_CHARS characters (the reason, the
-    OS's "File name too long" among them): 'head… (cut: 100,025 characters in all) …tail'."""
+    OS's "File name too long" among them): 'head… (100,025 characters in all) …tail'."""
     if not message.isprintable():
         message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
     if len(message) <= MESSAGE_CHARS:

@@ -162,17 +162,51 @@ def error_line(exc: BaseException) -> str:
 
 
 # A model's error message is shown in a line of the server's log (batcher's FailureLog) and in an
-# /events batch event (admin.py) up to this many characters, as a client's details are cut
-# (`short_details` in service.py): a model's message of 20 MB made a 20 MB log line, and an event as long.
-MESSAGE_CHARS = 4096
+# /events batch event (admin.py) up to this many bytes, encoded (`encoded_size`), as a client's details
+# are cut (`short_details` in service.py): a model's message of 20 MB made a 20 MB log line, and an event
+# as long; and counted in characters, 4,096 characters that are not ASCII made 24 KB of \uXXXX in an event.
+MESSAGE_BYTES = 4096
+# The bound in characters that MESSAGE_BYTES implies (each character is at least a byte), by the name
+# its callers import (cliargs' one_line, batcher's FailureLog).
+MESSAGE_CHARS = MESSAGE_BYTES
+
+# How every cut value ends, in every message wok writes: its start (in quotes when the value is quoted),
+# an ellipsis, and its whole length in characters: 'mmm'… (100,000 characters in all).
+CUT_NOTE = "… ({:,} characters in all)"
 
 
-def cut_message(message: str, chars: int = MESSAGE_CHARS) -> str:
-    """`message` as it is up to `chars` characters, else its start and its length:
-    'yyy… (cut: 3,000,032 characters in all)'."""
-    if len(message) <= chars:
+def encoded_size(char: str) -> int:
+    """The bytes one character takes as JSON writes it in ASCII (admin.dumps, json.dumps' default): 1
+    for printable ASCII, 2 for `"`, a backslash and \\n-like escapes, 6 for another control character
+    or one of the Basic Multilingual Plane (\\u00e9), 12 for one beyond it (a surrogate pair). Never
+    less than its UTF-8 size, so a bound in it holds for a log line too."""
+    if " " <= char <= "~":
+        return 2 if char in '"\\' else 1
+    if char in "\b\f\n\r\t":
+        return 2
+    return 6 if char < "\U00010000" else 12
+
+
+def cut_at(message: str, end: int) -> str:
+    """`message` whole when `end` reaches its end, else its first `end` characters and its length
+    (CUT_NOTE): for a caller that counted where to cut by its own measure (service's short_details)."""
+    if len(message) <= end:
         return message
-    return f"{message[:chars]}… (cut: {len(message):,} characters in all)"
+    return message[:end] + CUT_NOTE.format(len(message))
+
+
+def cut_message(message: str, size: int = MESSAGE_BYTES) -> str:
+    """`message` whole when it takes at most `size` bytes encoded (`encoded_size`), else its longest
+    start that does and its length: 'yyy… (3,000,032 characters in all)' (CUT_NOTE)."""
+    start = message[:size]  # at least a byte a character: no more can fit
+    if start.isascii() and start.isprintable() and '"' not in start and "\\" not in start:
+        return cut_at(message, size)  # a byte each: the usual case, no count
+    used = 0
+    for end, char in enumerate(start):
+        used += encoded_size(char)
+        if used > size:
+            return cut_at(message, end)
+    return cut_at(message, len(start))
 
 
 # A name or id a request sent is shown in a message up to this many characters: generous for a real
@@ -186,13 +220,13 @@ def quoted(text: str, chars: int) -> str:
     it: in single quotes, as it is when it is all printable, else with what is not printable (a
     newline, a terminal's escape) and backslashes escaped as repr escapes them, so that it cannot
     break or forge a line of a client's log. Past `chars` characters, its start and its length:
-    'mmm'… (100,000 characters in all)."""
+    'mmm'… (100,000 characters in all) (CUT_NOTE)."""
     shown = text[:chars]
     if not shown.isprintable():
         shown = escaped(shown)
     if len(text) <= chars:
         return f"'{shown}'"
-    return f"'{shown}'… ({len(text):,} characters in all)"
+    return f"'{shown}'" + CUT_NOTE.format(len(text))
 
 
 def quoted_name(name: str) -> str:

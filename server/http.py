@@ -24,13 +24,21 @@ Every answer carries a Date header (RFC 9110 6.6.1), formatted once a second. A 
 is not `host[:port]` (RFC 9110 7.2: a name, an IPv4 address or a bracketed IPv6 one, then an
 optional colon and digits) gets 400 naming it (RFC 9112 3.2), as does an absolute-form target
 whose authority is not; a path not served gets 404 naming it and the paths that are. A refusal shows
-a header's value, a method or a path as `quoted` does (in quotes, in ASCII, cut past 200 characters),
-a malformed line by its repr, cut past 120.
+what the request sent (a header's value, a method, a path, a malformed line) as `quoted` does: in
+quotes, each byte that is not printable ASCII escaped, cut past 200 characters as every cut value
+ends (errors.CUT_NOTE); text answers are UTF-8, and say so.
+
+A request with a Transfer-Encoding gets 501 when its last coding is chunked (RFC 9112 6.1: a coding
+this server does not implement; bodies are read by Content-Length alone), else 400 (its framing is
+faulty: RFC 9112 6.1, 6.3); either way the connection ends. /metrics is OpenMetrics when Accept
+weighs it above the Prometheus text format (`wants_openmetrics`, RFC 9110 12.5.1), else the text
+format.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import logging
@@ -48,7 +56,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from .admin import Admin, dumps
 from .config import host_port
-from .errors import NAME_CHARS
+from .errors import CUT_NOTE, NAME_CHARS
 from .faults import AdminRequestError
 from .ratelog import WindowedWarning
 
@@ -101,16 +109,19 @@ REASONS = {
     405: "Method Not Allowed",
     408: "Request Timeout",
     411: "Length Required",
-    413: "Payload Too Large",
+    413: "Content Too Large",  # RFC 9110 15.5.14 (RFC 7231 named it Payload Too Large)
     414: "URI Too Long",
     415: "Unsupported Media Type",
     417: "Expectation Failed",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
+    501: "Not Implemented",
     503: "Service Unavailable",
     505: "HTTP Version Not Supported",
 }
 JSON = "application/json"
+# A text answer (a refusal, the root): UTF-8, as a cut value's note holds an ellipsis (errors.CUT_NOTE).
+TEXT = "text/plain; charset=utf-8"
 # A header field's name (RFC 9110 5.1), and a method (RFC 9110 9.1): anything else, a space before
 # the colon included, a proxy in front may read otherwise.
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -280,7 +291,7 @@ class MetricsHTTPServer:
         await self._json(writer, 503, {"error": f"the server is stopping: POST {path} is refused"}, True)
 
     def render(self, accept: str) -> tuple[bytes, str]:
-        if "application/openmetrics-text" in accept:
+        if wants_openmetrics(accept):
             return openmetrics.generate_latest(self.registry), openmetrics.CONTENT_TYPE_LATEST
         return text_format.generate_latest(self.registry), text_format.CONTENT_TYPE_LATEST
 
@@ -290,7 +301,7 @@ class MetricsHTTPServer:
         Back-to-back scrapes (pipelined, or from many connections) each rendered on the loop that
         serves gRPC, and stalled inference for as long as they came.
         """
-        om = "application/openmetrics-text" in accept
+        om = wants_openmetrics(accept)
         began, ended, answer = self._rendered.get(om, (-1.0, -RENDER_INTERVAL_S, None))
         if answer is not None and began >= arrived:
             return answer
@@ -511,14 +522,14 @@ class MetricsHTTPServer:
                 lines, size = await asyncio.wait_for(read_head(reader, start), left)
                 size += skipped
             except TargetTooLong as exc:
-                await self._respond(writer, 414, f"{exc}\n".encode(), "text/plain", close=True)
+                await self._respond(writer, 414, f"{exc}\n".encode(), TEXT, close=True)
                 return
             except asyncio.LimitOverrunError:
                 error = f"request headers over {MAX_HEADER_BYTES} bytes\n".encode()
-                await self._respond(writer, 431, error, "text/plain", close=True)
+                await self._respond(writer, 431, error, TEXT, close=True)
                 return
             except BadRequest as exc:
-                await self._respond(writer, 400, f"{exc}\n".encode("latin-1"), "text/plain", close=True)
+                await self._respond(writer, 400, f"{exc}\n".encode(), TEXT, close=True)
                 return
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
                 return
@@ -535,13 +546,13 @@ class MetricsHTTPServer:
             try:
                 method, target, version = request_line(lines[0])
             except BadRequest as exc:
-                await self._respond(writer, 400, f"{exc}\n".encode("latin-1"), "text/plain", close=True)
+                await self._respond(writer, 400, f"{exc}\n".encode(), TEXT, close=True)
                 return
             head = method == "HEAD"
             refused = version_refusal(version)
             if refused is not None:
                 status, error = refused
-                await self._respond(writer, status, f"{error}\n".encode("latin-1"), "text/plain", close=True, head=head)
+                await self._respond(writer, status, f"{error}\n".encode(), TEXT, close=True, head=head)
                 return
             old = version == "HTTP/1.0"
             fields: dict[str, list[str]] = {}
@@ -550,7 +561,7 @@ class MetricsHTTPServer:
                     name, value = header_field(number, line)
                     fields.setdefault(name, []).append(value)
             except BadRequest as exc:
-                await self._respond(writer, 400, f"{exc}\n".encode("latin-1"), "text/plain", close=True, head=head)
+                await self._respond(writer, 400, f"{exc}\n".encode(), TEXT, close=True, head=head)
                 return
             headers = {name: values[-1] for name, values in fields.items()}
             repeated = [(name, fields[name]) for name in ("content-length", "host") if len(fields.get(name, ())) > 1]
@@ -560,32 +571,32 @@ class MetricsHTTPServer:
                 # refused: no client sends them. Two Hosts may be read apart likewise (RFC 9112 3.2).
                 name, values = repeated[0]
                 error = f"{name.title()}: expected one header, got {len(values)}: {', '.join(map(quoted, values))}\n"
-                await self._respond(writer, 400, error.encode("ascii"), "text/plain", close=True, head=head)
+                await self._respond(writer, 400, error.encode(), TEXT, close=True, head=head)
                 return
-            if "transfer-encoding" in headers:
+            if "transfer-encoding" in fields:
                 # No chunked bodies here; and a request framed both ways must not be read by its
                 # Content-Length, the other end of a proxy may read it by the other (RFC 9112 6.1).
-                error = b"Transfer-Encoding is not supported: send a Content-Length\n"
-                await self._respond(writer, 400, error, "text/plain", close=True, head=head)
+                status, error = transfer_coding_refusal(fields["transfer-encoding"], version)
+                await self._respond(writer, status, f"{error}\n".encode(), TEXT, close=True, head=head)
                 return
             if "host" not in headers and not old:
                 # RFC 9112 3.2 (a MUST): HTTP/1.0 predates Host; an HTTP/1.1 client always sends it,
                 # and the admin paths' cross-site check reads it.
                 error = b"Host: expected one header, got none (RFC 9112 3.2)\n"
-                await self._respond(writer, 400, error, "text/plain", close=True, head=head)
+                await self._respond(writer, 400, error, TEXT, close=True, head=head)
                 return
             if "host" in headers and not valid_host(headers["host"]):
                 # RFC 9112 3.2 (a MUST). Served, `Host: a b` or `Host: x/y` reached the admin
                 # paths' cross-site check, and a proxy in front may read another name from it.
                 error = f"Host: expected {HOST_SHAPE}, got {quoted(headers['host'])}\n"
-                await self._respond(writer, 400, error.encode("ascii"), "text/plain", close=True, head=head)
+                await self._respond(writer, 400, error.encode(), TEXT, close=True, head=head)
                 return
             length = headers.get("content-length")
             if length is not None and not re.fullmatch(r"[0-9]+", length):
                 # Not a number of bytes ("-1", "2, 2", "0x2", none at all): where the body ends is
                 # unknown, and a proxy in front may have framed it otherwise (RFC 9112 6.3).
                 error = f"Content-Length: expected a number of bytes, got {quoted(length)}\n"
-                await self._respond(writer, 400, error.encode("ascii"), "text/plain", close=True, head=head)
+                await self._respond(writer, 400, error.encode(), TEXT, close=True, head=head)
                 return
             if old:
                 # HTTP/1.0 has no Expect; its client does not wait for a 100 (RFC 9110 10.1.1).
@@ -593,14 +604,14 @@ class MetricsHTTPServer:
                 headers.pop("expect", None)
             unmet = expect_refusal(fields.get("expect", ()))
             if unmet is not None:
-                await self._respond(writer, 417, f"{unmet}\n".encode("ascii"), "text/plain", close=True, head=head)
+                await self._respond(writer, 417, f"{unmet}\n".encode(), TEXT, close=True, head=head)
                 return
             # A list of options (RFC 9110 7.6.1): "TE, close" asks to close as "close" does.
             close = "close" in {o.strip().lower() for o in headers.get("connection", "").split(",")} or old
             try:
                 path, authority = request_target(target)
             except BadRequest as exc:
-                await self._respond(writer, 400, f"{exc}\n".encode("latin-1"), "text/plain", close=True, head=head)
+                await self._respond(writer, 400, f"{exc}\n".encode(), TEXT, close=True, head=head)
                 return
             # Only a POST to an admin route reads its body: after any other request that has
             # one, the connection ends, or the body's bytes would be read as the next request.
@@ -629,7 +640,7 @@ class MetricsHTTPServer:
         if path.startswith("/admin/") or path == "/events":
             if self.admin is None:  # off: as if absent; an unread body ends the connection
                 error = self._not_found(path, "the admin API is off: `wok serve --admin` serves it")
-                await self._respond(writer, 404, error.encode("ascii"), "text/plain", close=True, head=head)
+                await self._respond(writer, 404, error.encode(), TEXT, close=True, head=head)
                 return False
             refusal = cross_site_refusal(headers, authority)
             if refusal is not None:
@@ -638,14 +649,12 @@ class MetricsHTTPServer:
             return await self._admin(reader, writer, method, path, headers, close)
         if path not in ("/metrics", "/"):
             # Whatever the method: a 405 would say that the resource exists (RFC 9110 15.5.6).
-            await self._respond(
-                writer, 404, self._not_found(path).encode("ascii"), "text/plain", close=close, head=head
-            )
+            await self._respond(writer, 404, self._not_found(path).encode(), TEXT, close=close, head=head)
         elif method not in ("GET", "HEAD"):
-            error = f"{path} takes GET or HEAD, got {quoted(method)}\n".encode("ascii")
-            await self._respond(writer, 405, error, "text/plain", close=close, allow="GET, HEAD")
+            error = f"{path} takes GET or HEAD, got {quoted(method)}\n".encode()
+            await self._respond(writer, 405, error, TEXT, close=close, allow="GET, HEAD")
         elif path == "/metrics" and not self.metrics:
-            await self._respond(writer, 404, METRICS_OFF, "text/plain", close=close, head=head)
+            await self._respond(writer, 404, METRICS_OFF, TEXT, close=close, head=head)
         elif path == "/metrics":
             body, ctype = await self.scrape(headers.get("accept", ""), arrived)
             # At stop the connection ends after this answer: its client then closes, and stop()
@@ -654,7 +663,7 @@ class MetricsHTTPServer:
             await self._respond(writer, 200, body, ctype, close=close, head=head)
         else:
             root = b"wok: metrics at /metrics\n" if self.metrics else METRICS_OFF
-            await self._respond(writer, 200, root, "text/plain", close=close, head=head)
+            await self._respond(writer, 200, root, TEXT, close=close, head=head)
         return not close
 
     async def _admin(self, reader, writer, method: str, path: str, headers: dict, close: bool) -> bool:
@@ -663,8 +672,8 @@ class MetricsHTTPServer:
         head = method == "HEAD"
         if path == "/events":
             if method != "GET":  # a HEAD would open a stream with no body to carry it
-                error = f"/events takes GET, got {quoted(method)}\n".encode("ascii")
-                await self._respond(writer, 405, error, "text/plain", close=True, head=head, allow="GET")
+                error = f"/events takes GET, got {quoted(method)}\n".encode()
+                await self._respond(writer, 405, error, TEXT, close=True, head=head, allow="GET")
                 return False
             if self._stopping:
                 # The admin has closed (or is closing): a stream now would outlive the stop.
@@ -846,10 +855,6 @@ class TargetTooLong(asyncio.LimitOverrunError):
         )
 
 
-def _shown(line: str) -> str:
-    return repr(line if len(line) <= 120 else line[:120] + "...")
-
-
 async def read_head(reader: asyncio.StreamReader, start: bytes = b"") -> tuple[list[str], int]:
     """A request's head: its request line and header lines, without line ends, and its size in bytes.
 
@@ -878,10 +883,10 @@ async def read_head(reader: asyncio.StreamReader, start: bytes = b"") -> tuple[l
         line = raw[:-1].decode("latin-1")
         where = f"header line {len(lines)}" if lines else "request line"
         if not line.endswith("\r"):
-            raise BadRequest(f"{where}: expected CRLF at its end, got a bare LF: {_shown(line)}")
+            raise BadRequest(f"{where}: expected CRLF at its end, got a bare LF: {quoted(line)}")
         line = line[:-1]
         if "\r" in line:
-            raise BadRequest(f"{where}: expected CR only before its LF, got a bare CR: {_shown(line)}")
+            raise BadRequest(f"{where}: expected CR only before its LF, got a bare CR: {quoted(line)}")
         if not line and lines:
             return lines, size
         lines.append(line)
@@ -912,13 +917,13 @@ def request_line(line: str) -> tuple[str, str, str]:
     parts = line.split(" ")
     if len(parts) != 3:
         raise BadRequest(
-            f"request line: expected a method, a target and a version separated by single spaces, got {_shown(line)}"
+            f"request line: expected a method, a target and a version separated by single spaces, got {quoted(line)}"
         )
     method, target, version = parts
     if not TOKEN.fullmatch(method):
-        raise BadRequest(f"request line: expected a method (a token), got {_shown(method)}")
+        raise BadRequest(f"request line: expected a method (a token), got {quoted(method)}")
     if not target:
-        raise BadRequest(f"request line: expected a request target, got none: {_shown(line)}")
+        raise BadRequest(f"request line: expected a request target, got none: {quoted(line)}")
     return method, target, version
 
 
@@ -946,10 +951,92 @@ def version_refusal(version: str) -> tuple[int, str] | None:
     minor is read as 1.1 (RFC 9110 2.5); another major is not HTTP/1."""
     numbered = VERSION.fullmatch(version)
     if numbered is None:
-        return 400, f"request line: expected HTTP/<digit>.<digit> as its version, got {_shown(version)}"
+        return 400, f"request line: expected HTTP/<digit>.<digit> as its version, got {quoted(version)}"
     if numbered[1] != "1":
         return 505, f"{version} is not supported: this server speaks HTTP/1.1"
     return None
+
+
+# A transfer coding (RFC 9112 7): a token, then its parameters, `;name=value` with a token or a
+# quoted string as the value.
+_QUOTED_STRING = r'"(?:[^"\\]|\\.)*"'
+CODING = re.compile(rf"{TOKEN.pattern}(?:[ \t]*;[ \t]*{TOKEN.pattern}=(?:{TOKEN.pattern}|{_QUOTED_STRING}))*")
+
+
+def transfer_coding_refusal(values, version: str) -> tuple[int, str]:
+    """The status and message refusing a request's Transfer-Encoding (its field lines' values):
+    this server reads a body by its Content-Length alone, and a request framed both ways must not
+    be read one way here and the other by a proxy in front (RFC 9112 6.1). The connection ends.
+
+    501 Not Implemented when the request is framed, by a coding this server does not implement:
+    well-formed codings, chunked the last and only once (RFC 9112 6.1: a server SHOULD answer 501
+    to a transfer coding it does not understand). 400 when its framing is faulty: in an HTTP/1.0
+    request (RFC 9112 6.1, a MUST, with a Content-Length or not), a list that is not of codings,
+    or one whose last coding is not chunked (RFC 9112 6.3, a MUST: the body's length is unknown).
+    It was 400 for every one, which read as a malformed request where it was a well-formed one
+    this server does not take.
+    """
+    shown = ", ".join(map(quoted, values))
+    if version == "HTTP/1.0":
+        return 400, f"Transfer-Encoding: expected none in an HTTP/1.0 request (RFC 9112 6.1), got {shown}"
+    # Empty list elements are ignored (RFC 9110 5.6.1); a comma inside a quoted parameter is not
+    # read as one, and the coding is then refused as malformed.
+    codings = [c.strip(" \t") for value in values for c in value.split(",") if c.strip(" \t")]
+    if not all(CODING.fullmatch(c) for c in codings):
+        return 400, f"Transfer-Encoding: expected a list of transfer codings (RFC 9112 7), got {shown}"
+    names = [c.split(";", 1)[0].rstrip(" \t").lower() for c in codings]
+    if names.count("chunked") != 1 or names[-1] != "chunked":
+        return 400, (
+            f"Transfer-Encoding: expected chunked as the last coding, and once (RFC 9112 6.3: else where "
+            f"the body ends is unknown), got {shown}"
+        )
+    return 501, (
+        f"Transfer-Encoding {shown} is not implemented: this server reads a body by its Content-Length "
+        "alone (RFC 9112 6.1); send one"
+    )
+
+
+# What /metrics offers: OpenMetrics and the Prometheus text format, as media types (RFC 9110 8.3.1).
+_OPENMETRICS = ("application", "openmetrics-text")
+_PROMETHEUS_TEXT = ("text", "plain")
+# A weight (RFC 9110 12.4.2): 0 to 1, at most three decimals.
+QVALUE = re.compile(r"0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?")
+
+
+@functools.lru_cache(maxsize=32)  # a scraper sends the same Accept every time
+def wants_openmetrics(accept: str) -> bool:
+    """Whether a scrape's Accept weighs OpenMetrics above the Prometheus text format (the default).
+
+    RFC 9110 12.5.1: each of the two gets the weight (q, 1 when not given) of the most specific
+    media range that names it (type/subtype, then type/*, then */*; of ranges as specific, the
+    highest), 0 when none names it: not acceptable. OpenMetrics when its weight is above 0 and
+    above the text format's, or equal and given to it by name (`application/openmetrics-text,
+    text/plain`). A media type's other parameters (a version) are not compared: either format is
+    served in the version prometheus_client writes. A range that is not type/subtype, or whose
+    weight is not a qvalue (`q=2`, `q=.5`), is skipped. No Accept, or one naming neither: the
+    text format. OpenMetrics was chosen when Accept named it at all, with `q=0` ("not
+    acceptable") too, and above a text/plain it weighed higher.
+    """
+    best = {_OPENMETRICS: (-1, 0.0), _PROMETHEUS_TEXT: (-1, 0.0)}  # (specificity, weight)
+    for media_range in accept.split(","):
+        media, *params = media_range.split(";")
+        kind, slash, sub = media.strip(" \t").lower().partition("/")
+        if not (slash and TOKEN.fullmatch(kind) and TOKEN.fullmatch(sub)) or (kind == "*" and sub != "*"):
+            continue
+        weight = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip(" \t").lower() == "q":
+                value = value.strip(" \t")
+                weight = float(value) if QVALUE.fullmatch(value) else -1.0
+        if weight < 0:
+            continue
+        for offered in best:
+            specificity = 2 if (kind, sub) == offered else 1 if (kind, sub) == (offered[0], "*") else 0
+            if (kind, sub) == ("*", "*") or specificity:
+                best[offered] = max(best[offered], (specificity, weight))
+    (om_named, om), (_, text) = best[_OPENMETRICS], best[_PROMETHEUS_TEXT]
+    return om > 0 and (om > text or (om == text and om_named == 2))
 
 
 def request_target(target: str) -> tuple[str, str | None]:
@@ -965,9 +1052,9 @@ def request_target(target: str) -> tuple[str, str | None]:
     try:
         url = urlsplit(target)
     except ValueError as exc:  # a bracket left open ("http://[::1/")
-        raise BadRequest(f"request target: expected an http URL, got {_shown(target)}: {exc}") from None
+        raise BadRequest(f"request target: expected an http URL, got {quoted(target)}: {exc}") from None
     if not url.netloc or "@" in url.netloc or url.netloc[0] == ":":
-        raise BadRequest(f"request target: expected an http URL with a host and no userinfo, got {_shown(target)}")
+        raise BadRequest(f"request target: expected an http URL with a host and no userinfo, got {quoted(target)}")
     if not valid_host(url.netloc):
         # It takes Host's place (the admin paths' cross-site check reads it), and is held to Host's shape.
         raise BadRequest(
@@ -999,18 +1086,28 @@ def valid_host(value: str) -> bool:
 
 
 def quoted(text: str) -> str:
-    """A value a request sent (a header's, a path), as an answer shows it: errors.quoted_name's
-    form in ASCII. In quotes as it is when it is all printable ASCII, else with backslashes and
-    every other byte escaped (\\x1b, \\xe9: the head is read as Latin-1, a byte a character);
-    past NAME_CHARS, its start and its length, so that a 16 KiB path makes no 16 KiB answer."""
+    """A value a request sent (a header's, a path, a line of its head), as an answer shows it:
+    errors.quoted_name's form, escaped in ASCII. In quotes as it is when it is all printable ASCII,
+    else with backslashes and every other character escaped (\\x1b, \\xe9: the head is read as
+    Latin-1, a byte a character, so a UTF-8 é shows as the two bytes sent, \\xc3\\xa9; text from
+    elsewhere, \\u2026); past NAME_CHARS, its start and its length (errors.CUT_NOTE, in characters:
+    a head's are its bytes), so that a 16 KiB path makes no 16 KiB answer.
+
+    A malformed line was shown by its repr, which keeps printable Latin-1 (é, a no-break space): it
+    went out raw, a byte that is not UTF-8 in the answer, and cut past 120 characters its own way."""
     shown = text[:NAME_CHARS]
     if not (shown.isascii() and shown.isprintable()):
         shown = "".join(
-            c if " " <= c <= "~" and c != "\\" else repr(c)[1:-1] if c < "\x80" else f"\\x{ord(c):02x}" for c in shown
+            c if " " <= c <= "~" and c != "\\" else repr(c)[1:-1] if c < "\x80" else _escaped(c) for c in shown
         )
     if len(text) <= NAME_CHARS:
         return f"'{shown}'"
-    return f"'{shown}'... ({len(text):,} bytes in all)"
+    return f"'{shown}'" + CUT_NOTE.format(len(text))
+
+
+def _escaped(char: str) -> str:
+    """A character past ASCII as Python escapes it: \\xe9, \\u2026, \\U0001f600."""
+    return char.encode("ascii", "backslashreplace").decode("ascii")
 
 
 def _head_buffered(buffered: bytes) -> bool:
@@ -1029,18 +1126,18 @@ def header_field(number: int, line: str) -> tuple[str, str]:
     if line[:1] in (" ", "\t"):
         raise BadRequest(
             f"header line {number}: expected a field, got a continuation of the line before "
-            f"(obsolete line folding): {_shown(line)}"
+            f"(obsolete line folding): {quoted(line)}"
         )
     name, sep, value = line.partition(":")
     if not sep:
-        raise BadRequest(f"header line {number}: expected name: value, got no colon: {_shown(line)}")
+        raise BadRequest(f"header line {number}: expected name: value, got no colon: {quoted(line)}")
     if name != name.rstrip(" \t"):
-        raise BadRequest(f"header line {number}: expected no space before the colon, got {_shown(line)}")
+        raise BadRequest(f"header line {number}: expected no space before the colon, got {quoted(line)}")
     if not TOKEN.fullmatch(name):
-        raise BadRequest(f"header line {number}: expected a field name (a token), got {_shown(line)}")
+        raise BadRequest(f"header line {number}: expected a field name (a token), got {quoted(line)}")
     value = value.strip(" \t")
     if "\0" in value:
-        raise BadRequest(f"header line {number}: expected no NUL in the value, got {_shown(line)}")
+        raise BadRequest(f"header line {number}: expected no NUL in the value, got {quoted(line)}")
     return name.lower(), value
 
 

@@ -44,7 +44,7 @@ from .errors import (
     RegionNotFound,
     ShuttingDown,
     WokError,
-    cut_message,
+    cut_at,
     quoted_name,
     to_status,
 )
@@ -128,14 +128,14 @@ def error_answer(
     It echoes the request's model name and id whole, as Triton does (clients match a stream's answers
     to their requests by id), though they can be as long as a request may be: over gRPC's send limit,
     the answer would end the whole stream, so then each string is cut to _ERROR_FIELD_CHARS, as
-    `short_details` cuts (errors.cut_message: the same note, with the whole length), and `details` says so."""
+    `short_details` cuts (errors.cut_at: the same note, with the whole length), and `details` says so."""
     details = _encodable(details)
     message = short_details(details)
     if 4 * (len(message) + len(model) + len(version) + len(request_id)) + 256 > limit:
         keep = _ERROR_FIELD_CHARS
 
         def short(text: str) -> str:
-            return cut_message(text, keep)
+            return cut_at(text, keep)
 
         # Cut from the whole message, not from short_details' cut of it, so that its note gives the
         # message's own length.
@@ -168,7 +168,7 @@ def _encodable(text: str) -> str:
 
 
 def short_details(details: str, budget: int = _DETAILS_BYTES) -> str:
-    """`details`, or its start and how long it was (errors.cut_message), so that its percent-encoding fits
+    """`details`, or its start and how long it was (errors.cut_at), so that its percent-encoding fits
     `budget`; a lone surrogate escaped (`_encodable`)."""
     details = _encodable(details)
     used = 0
@@ -176,7 +176,7 @@ def short_details(details: str, budget: int = _DETAILS_BYTES) -> str:
         # A printable ASCII character (but '%') goes as itself; any other byte as %XX.
         used += 1 if " " <= ch <= "~" and ch != "%" else 3 * len(ch.encode("utf-8", "surrogatepass"))
         if used > budget - 100:  # room for the note
-            return cut_message(details, end)
+            return cut_at(details, end)
     return details
 
 

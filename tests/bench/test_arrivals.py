@@ -473,13 +473,13 @@ LONG_SHOWN = f"'{'t' * 200}'… (100,000 characters in all)"
         (
             "t.jsonl",
             '{"timestamp": 0}\n{"timestamp": [' + ", ".join(["1"] * 30_000) + "]}\n",
-            f"t.jsonl:2: timestamp {str([1] * 30_000)[:200]}… (cut: 90,000 characters in all) is neither seconds nor "
+            f"t.jsonl:2: timestamp {str([1] * 30_000)[:200]}… (90,000 characters in all) is neither seconds nor "
             "an ISO 8601 time",
         ),
         (
             "t.jsonl",
             '{"timestamp": 0}\n{"timestamp": 1, "size": {"n": "' + LONG + '"}}\n',
-            f"t.jsonl:2: size {{'n': '{'t' * 193}… (cut: 100,009 characters in all) is not an integer >= 0",
+            f"t.jsonl:2: size {{'n': '{'t' * 193}… (100,009 characters in all) is not an integer >= 0",
         ),
         # A header's names as the file gives them, however many and however long.
         ("t.csv", f"{LONG},size\n1,2\n", f"t.csv: CSV header must have a 'timestamp' column; got {LONG_SHOWN}, 'size'"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
 import signal
@@ -254,3 +255,15 @@ def held_address() -> Iterator[HeldAddress]:
     held = HeldAddress()
     yield held
     held.close()
+
+
+async def exchange(port: int, request: bytes) -> tuple[bytes, bytes]:
+    """Send raw bytes to a server on loopback; its answer's status line and body bytes, read to the close."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        raw = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0], body

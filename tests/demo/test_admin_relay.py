@@ -23,6 +23,8 @@ from wok.demo.web import MAX_BODY, DemoWeb, Hub, http_json
 from wok.faults import AdminRequestError
 from wok.http import MetricsHTTPServer
 
+from .conftest import exchange
+
 
 def _ipv6_loopback() -> bool:
     try:
@@ -168,14 +170,8 @@ async def test_an_admin_answer_that_is_not_json_is_a_502_naming_it():
 
 async def _exchange(port: int, request: bytes) -> tuple[int, bytes]:
     """Send raw bytes to a server on loopback; (status, body bytes) of its answer, read to the close."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(request)
-        raw = await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body
+    line, body = await exchange(port, request)
+    return int(line.split(b" ", 2)[1]), body
 
 
 def _post(port: int, path: str, body: bytes) -> bytes:
@@ -232,7 +228,7 @@ async def test_a_body_over_the_admin_api_s_64_kib_once_the_model_is_added_gets_i
     assert (status, json.loads(answer)) == (
         413,
         {
-            "error": "the wok server answered 413 Payload Too Large with 'body over 65536 bytes' "
+            "error": "the wok server answered 413 Content Too Large with 'body over 65536 bytes' "
             f"(the body sent on, the model added: {sent:,} bytes)"
         },
     )

@@ -188,7 +188,7 @@ async def test_a_404_names_the_path_asked_for_escaped_and_cut_and_the_paths_serv
     assert (status, answer) == (404, {"error": "no path '/static/nope.js' here" + served})
     # A 10 KB path makes no 10 KB answer.
     status, answer = await exchange(port, b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-    assert (status, answer) == (404, {"error": f"no path '/{'a' * 199}'... (10,001 bytes in all) here" + served})
+    assert (status, answer) == (404, {"error": f"no path '/{'a' * 199}'… (10,001 characters in all) here" + served})
     the_api = "; the API: GET /api/config, GET /api/events, POST /api/load, POST /api/batching, POST /api/faults"
     status, answer = await exchange(port, b"GET /api/load HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert (status, answer) == (404, {"error": "no API 'GET /api/load'" + the_api})
@@ -601,7 +601,7 @@ async def test_the_cross_site_refusal_shows_the_host_escaped_and_cut(sim_page):
     assert (status, answer) == (
         403,
         {
-            "error": f"Host '{'a' * 200}'... (300 bytes in all) is not an IP address or localhost; "
+            "error": f"Host '{'a' * 200}'… (300 characters in all) is not an IP address or localhost; "
             "the demo's page answers only those"
         },
     )
@@ -727,7 +727,7 @@ async def test_a_static_name_too_long_for_the_file_system_gets_404_not_500(sim_p
     port = sim_page.port
     name = "a" * 300
     status, answer = await exchange(port, f"GET /static/{name} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-    assert status == 404 and answer["error"].startswith(f"no path '/static/{name[:192]}'... (308 bytes in all) here")
+    assert status == 404 and answer["error"].startswith(f"no path '/static/{name[:192]}'… (308 characters in all) here")
     lines, script = await answer_head(port, b"GET /static/demo.js HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert lines[0] == "HTTP/1.1 200 OK" and b"EventSource" in script
 

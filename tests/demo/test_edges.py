@@ -141,8 +141,9 @@ async def answer(port: int, request: bytes) -> tuple[int, dict]:
     return int(lines[0].split(" ")[1]), json.loads(body)
 
 
-async def test_an_admin_call_without_an_answer_gets_502_naming_the_wait(monkeypatch):
-    # A server that accepts and never answers, as a stopped (SIGSTOP) one does.
+async def test_an_admin_call_without_an_answer_gets_504_naming_the_wait(monkeypatch):
+    # A server that accepts and never answers, as a stopped (SIGSTOP) one does: a gateway's timeout
+    # (504, RFC 9110 15.6.5), which was answered 502, as an answer that was wrong.
     held: list[asyncio.StreamWriter] = []
 
     async def silent(reader, writer):
@@ -165,7 +166,7 @@ async def test_an_admin_call_without_an_answer_gets_502_naming_the_wait(monkeypa
         ).encode() + body
         status, got = await answer(web.port, request)
         wait = f"POST /admin/faults: no answer within 0.2 s from 127.0.0.1:{admin_port}"
-        assert (status, got) == (502, {"error": f"the wok server did not answer: {wait}"})
+        assert (status, got) == (504, {"error": f"the wok server did not answer: {wait}"})
     finally:
         await web.stop()
         await backend.close()
@@ -325,7 +326,7 @@ async def test_a_refused_body_is_shown_cut_not_whole():
     sim = SimBackend(LoadControl(100), model)
     args = argparse.Namespace(instances=2, max_batch_size=32, device="cpu", torch_threads=1)
     live = LiveDemo(LoadControl(0), args, delay_s=0.005, slo_s=0.05)
-    cut = "[" + ", ".join(["0"] * 67) + "… (cut: 90,000 characters in all)"
+    cut = "[" + ", ".join(["0"] * 67) + "… (90,000 characters in all)"
     try:
         refusals = [
             (LoadControl(100).set, BIG_BODY, f"body: expected a JSON object, got {cut}"),

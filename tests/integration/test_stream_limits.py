@@ -118,7 +118,7 @@ async def test_an_error_answer_that_echoes_a_huge_id_or_model_name_fits_and_the_
 
 
 def _cut(text: str, keep: int) -> str:
-    return f"{text[:keep]}… (cut: {len(text):,} characters in all)"
+    return f"{text[:keep]}… ({len(text):,} characters in all)"
 
 
 def test_an_error_answer_cut_to_fit_the_send_limit_ends_its_cuts_as_a_unary_call_s_details_end():

@@ -120,7 +120,7 @@ async def test_a_refused_admin_body_shows_a_long_field_or_value_cut(gated_model)
             "/admin/faults",
             {"model": "gated", "mode": "off", k: ones},
             f"field '{k[:200]}'… (30,000 characters in all): expected only the fields {fields}, "
-            f"got {repr(ones)[:200]}… (cut: 30,000 characters in all)",
+            f"got {repr(ones)[:200]}… (30,000 characters in all)",
         ),
         (
             "/admin/batching",
@@ -132,7 +132,7 @@ async def test_a_refused_admin_body_shows_a_long_field_or_value_cut(gated_model)
             "/admin/batching",
             {"model": "gated", "max_batch_size": ones},
             f"field 'max_batch_size': expected an integer from 1 to 8 (the model's configured maximum), "
-            f"got {repr(ones)[:200]}… (cut: 30,000 characters in all)",
+            f"got {repr(ones)[:200]}… (30,000 characters in all)",
         ),
     ]
     try:

@@ -183,7 +183,7 @@ ALL = "BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64, FP16, FP3
 # The 1 MB message of the check, as a unary call's details and a stream's error_message both cut it
 # (service.short_details: 4096 bytes percent-encoded, 100 of them for the note).
 CHECK_1MB = "model 'one' refused the request: input 'X': " + "v" * 1_000_000
-CHECK_1MB_CUT = f"{CHECK_1MB[:3996]}… (cut: {len(CHECK_1MB):,} characters in all)"
+CHECK_1MB_CUT = f"{CHECK_1MB[:3996]}… ({len(CHECK_1MB):,} characters in all)"
 RAW_COUNT = (
     "; expected one entry per input, in the order of the request's inputs, or none (every input's values in its "
     "contents)"
@@ -339,7 +339,7 @@ async def test_an_internal_error_of_1_mb_is_cut_alike_on_model_infer_and_on_a_st
 
             answers = [a async for a in stub.ModelStreamInfer(requests())]
     message = "model 'one': its check (model:check) failed: RuntimeError: the check itself fails: " + "r" * 1_000_000
-    cut = f"{message[:3996]}… (cut: {len(message):,} characters in all)"
+    cut = f"{message[:3996]}… ({len(message):,} characters in all)"
     assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INTERNAL, cut)
     [a] = answers
     assert a.error_message == cut

@@ -17,7 +17,7 @@ def test_a_message_too_long_is_cut_in_its_middle_keeping_its_start_and_its_reaso
     line = one_line(message)
     head = message[: MESSAGE_CHARS - TAIL_CHARS]
     tail = message.replace("\n", "\\n")[-TAIL_CHARS:]
-    assert line == f"{head}… (cut: {len(message) + 1:,} characters in all) …{tail}"
+    assert line == f"{head}… ({len(message) + 1:,} characters in all) …{tail}"
     assert line.endswith("p\\n.json: File name too long") and "\n" not in line
     assert len(line) <= MESSAGE_CHARS + 50
     assert one_line("x" * MESSAGE_CHARS) == "x" * MESSAGE_CHARS  # as long as it may be: whole

@@ -867,12 +867,12 @@ SPACED = "X" * 1000 + " "
         (
             {"max_batch_size": list(range(20_000))},
             "max_batch_size",
-            f"Input should be a valid integer (got {str(list(range(20_000)))[:200]}… (cut: 128,890 characters in all))",
+            f"Input should be a valid integer (got {str(list(range(20_000)))[:200]}… (128,890 characters in all))",
         ),
         (
             {"inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [0] * 20_000}]},
             "inputs.0.dims",
-            f"each dim must be -1 (variable) or >= 1; got {str([0] * 20_000)[:200]}… (cut: 60,000 characters in all)",
+            f"each dim must be -1 (variable) or >= 1; got {str([0] * 20_000)[:200]}… (60,000 characters in all)",
         ),
     ],
     ids=["quote", "long-name", "long-tensor-name", "backslash", "device", "long-value", "long-list", "long-dims"],

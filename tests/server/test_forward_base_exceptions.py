@@ -192,6 +192,6 @@ def test_the_failure_log_line_cuts_a_long_model_message_and_keeps_the_traceback(
     size = len(line)  # not the line: a failing assert would show it whole
     assert size < 10_000
     assert line.startswith("model 'm': a batch of 2 request(s), 2 sample(s), failed: model 'm' failed: ValueError: xxx")
-    assert f"… (cut: {len(str(err)):,} characters in all)" in line
+    assert f"… ({len(str(err)):,} characters in all)" in line
     assert line.endswith("; rerun in parts (2 forwards): 1 request(s) failed, 1 answered")
     assert record.exc_info[1] is cause  # the model's exception and its traceback, as before

@@ -70,7 +70,7 @@ async def serving(*, admin: bool = True, metrics: bool = True):
         (b"a\x1b[2Jb", "'a\\x1b[2Jb'"),
         (b"back\\slash\x7f", "'back\\\\slash\\x7f'"),
         (b"caf\xc3\xa9", "'caf\\xc3\\xa9'"),  # UTF-8, not punycode: bytes, each shown
-        (b"a" * 5000 + b" b", "'" + "a" * 200 + "'... (5,002 bytes in all)"),
+        (b"a" * 5000 + b" b", "'" + "a" * 200 + "'… (5,002 characters in all)"),
     ],
     ids=[
         "space", "slash", "bare-ipv6", "open-bracket", "bad-literal", "ipv4-literal", "bad-port", "two-ports",
@@ -85,7 +85,7 @@ async def test_a_host_that_is_not_host_port_gets_400_naming_it(value, shown, raw
         head = await raw_http(s.port, b"HEAD /metrics HTTP/1.1\r\nHost: " + value + b"\r\n\r\n" + NEXT)
     [(top, body)] = responses(answer, [False])  # one answer: the connection ends
     assert status(top) == b"HTTP/1.1 400 Bad Request" and b"Connection: close" in top, answer
-    assert body.decode("ascii") == f"Host: expected {SHAPE}, got {shown}\n"
+    assert body.decode() == f"Host: expected {SHAPE}, got {shown}\n"
     [(top, _)] = responses(head, [True])
     assert status(top) == b"HTTP/1.1 400 Bad Request", head
 
@@ -205,7 +205,12 @@ async def test_every_answer_carries_a_date(monkeypatch, raw_http):
         ),
         (True, False, "/x", "no path '/x' here; paths: /, /admin/faults, /admin/batching, /events\n"),
         (True, True, "/a\x1bb\xe9", f"no path '/a\\x1bb\\xe9' here; paths: {ALL_PATHS}\n"),
-        (True, True, "/" + "p" * 15000, f"no path '/{'p' * 199}'... (15,001 bytes in all) here; paths: {ALL_PATHS}\n"),
+        (
+            True,
+            True,
+            "/" + "p" * 15000,
+            f"no path '/{'p' * 199}'… (15,001 characters in all) here; paths: {ALL_PATHS}\n",
+        ),
     ],
     ids=["typo", "trailing-slash", "admin-off", "admin-path-admin-off", "metrics-off", "escaped", "long"],
 )
@@ -223,10 +228,10 @@ async def test_a_404_names_the_path_and_those_served(admin, metrics, path, body,
     close = path.startswith("/admin/") and not admin  # an admin path without the admin API ends the connection
     got = responses(answer, [False] if close else [False, True, False])
     assert status(got[0][0]) == b"HTTP/1.1 404 Not Found", answer
-    assert got[0][1].decode("ascii") == body
+    assert got[0][1].decode() == body
     if not close:
         top = got[1][0]
-        assert status(top) == b"HTTP/1.1 404 Not Found" and f"Content-Length: {len(body)}\r\n".encode() in top
+        assert status(top) == b"HTTP/1.1 404 Not Found" and f"Content-Length: {len(body.encode())}\r\n".encode() in top
         assert status(got[2][0]) == b"HTTP/1.1 200 OK"
 
 

@@ -14,7 +14,7 @@ from .test_http import Server, post, responses
 
 # 10,000 characters of what a client sent: shown as its first 200, in quotes, and its length.
 LONG = "z" * 10_000
-LONG_SHOWN = f"'{'z' * 200}'... (10,000 bytes in all)"
+LONG_SHOWN = f"'{'z' * 200}'… (10,000 characters in all)"
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ async def test_an_unmet_expectation_is_shown_quoted_escaped_and_cut(expects, sho
         answer = await raw_http(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + fields + b"\r\n")
     [(top, body)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 417 Expectation Failed\r\n") and b"Connection: close" in top, answer
-    assert body.decode("ascii") == f"Expect: expected 100-continue, got {shown}\n"
+    assert body.decode() == f"Expect: expected 100-continue, got {shown}\n"
 
 
 @pytest.mark.parametrize(
@@ -45,7 +45,7 @@ async def test_an_unmet_expectation_is_shown_quoted_escaped_and_cut(expects, sho
         (b"Host: " + LONG.encode() + b"\r\n", "Host: expected one header, got 2: '127.0.0.1:{port}', " + LONG_SHOWN),
         (
             b"Content-Length: 0\r\nContent-Length: 0" + b"0" * 10_000 + b"\r\n",
-            "Content-Length: expected one header, got 2: '0', '" + "0" * 200 + "'... (10,001 bytes in all)",
+            "Content-Length: expected one header, got 2: '0', '" + "0" * 200 + "'… (10,001 characters in all)",
         ),
     ],
     ids=["escape", "long-host", "long-length"],
@@ -55,7 +55,7 @@ async def test_a_repeated_header_is_shown_quoted_escaped_and_cut(fields, shown, 
         answer = await raw_http(s.port, b"GET /metrics HTTP/1.1\r\n" + s.host + fields + b"\r\n")
     [(top, body)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in top, answer
-    assert body.decode("ascii") == shown.format(port=s.port) + "\n"
+    assert body.decode() == shown.format(port=s.port) + "\n"
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ async def test_a_405_shows_a_long_method_cut(path, error, raw_http):
         answer = await raw_http(s.port, f"{LONG} {path} HTTP/1.1\r\n".encode() + s.host + b"Connection: close\r\n\r\n")
     [(top, body)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n"), answer[:200]
-    shown = json.loads(body)["error"] if path.startswith("/admin/") else body.decode("ascii").removesuffix("\n")
+    shown = json.loads(body)["error"] if path.startswith("/admin/") else body.decode().removesuffix("\n")
     assert shown == error.format(method=LONG_SHOWN)
 
 

@@ -184,7 +184,7 @@ async def test_expect_100_continue_is_answered_before_the_body_is_read():
         ((b"application/json", b"text/plain"), b"HTTP/1.1 415 Unsupported Media Type"),
         ((b"/admin/faults", b"/admin/nope"), b"HTTP/1.1 404 Not Found"),
         ((b"POST /admin/faults", b"POST /"), b"HTTP/1.1 405 Method Not Allowed"),
-        ((b"Content-Length: 15", b"Content-Length: 70000"), b"HTTP/1.1 413 Payload Too Large"),
+        ((b"Content-Length: 15", b"Content-Length: 70000"), b"HTTP/1.1 413 Content Too Large"),
         ((b"Host: 127.0.0.1", b"Host: example.com"), b"HTTP/1.1 403 Forbidden"),
     ],
     ids=["415", "404", "405", "413", "403"],
@@ -281,7 +281,7 @@ async def test_a_content_length_that_is_not_a_number_gets_400_naming_it_and_the_
     [(top, body)] = responses(answer, [False])
     assert top.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in top, answer
     # Quoted as the other refusals show a header's value: the superscript two went out as the raw byte.
-    shown = http.quoted(length.decode("latin-1")).encode("ascii")
+    shown = http.quoted(length.decode("latin-1")).encode()
     assert body == b"Content-Length: expected a number of bytes, got " + shown + b"\n"
     assert s.admin.posted == []
 
@@ -299,7 +299,7 @@ async def test_an_admin_post_whose_content_length_is_over_the_limit_gets_413_how
         # Leading zeros are still a number of bytes: this one is 2, and is taken.
         taken = await raw_http(s.port, head + b"0" * 20 + b"2\r\nConnection: close\r\n\r\n{}")
     [(top, body)] = responses(answer, [False])
-    assert top.startswith(b"HTTP/1.1 413 Payload Too Large\r\n") and b"Connection: close" in top, answer
+    assert top.startswith(b"HTTP/1.1 413 Content Too Large\r\n") and b"Connection: close" in top, answer
     assert body == b'{"error":"body over %d bytes"}\n' % http.MAX_BODY_BYTES
     assert status(responses(taken, [False])[0][0]) == b"HTTP/1.1 200 OK", taken
     assert s.admin.posted == [{}]
@@ -409,8 +409,9 @@ async def test_the_cross_site_refusal_shows_what_was_sent_escaped_and_cut(raw_ht
         )
     answers = [json.loads(responses(a, [False])[0][1])["error"] for a in (host, quote, origin)]
     assert answers == [
-        f"Host '{'a' * 200}'... (300 bytes in all) is not an IP address or localhost; the admin API answers only those",
+        f"Host '{'a' * 200}'… (300 characters in all) is not an IP address or localhost; the admin API answers "
+        "only those",
         "Host 'rebound'example' is not an IP address or localhost; the admin API answers only those",
-        f"Origin '{long_origin[:200]}'... (320 bytes in all) is not this server ('127.0.0.1:{s.port}'); "
+        f"Origin '{long_origin[:200]}'… (320 characters in all) is not this server ('127.0.0.1:{s.port}'); "
         "the admin API takes no cross-site requests",
     ]

@@ -1,0 +1,89 @@
+"""The demo page's server (demo/web.py) against raw sockets on loopback: its refusals as the metrics
+port words them (server/http.py): a URL too long 414, a Transfer-Encoding 501 or 400, a malformed line
+escaped in ASCII, 413 under its RFC 9110 name. The admin relay's timeout (504):
+tests/demo/test_edges.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from wok.bench.simulate import BatcherModel
+from wok.demo.cli import SimulatedDemo
+from wok.demo.load import LoadControl
+from wok.demo.sim import SimBackend
+from wok.demo.web import DemoWeb, Hub
+
+from .conftest import exchange
+
+HOST = b"Host: 127.0.0.1\r\n"
+CONFIG = b"GET /api/config HTTP/1.1\r\n" + HOST + b"\r\n"
+
+
+@pytest.fixture
+async def page():
+    """The page's server on a free loopback port, the simulator behind it at 100/s."""
+    model = BatcherModel(alpha_s=2.5e-4, beta_s=4.4e-5, max_batch_size=32, max_queue_delay_s=0.005)
+    web = DemoWeb(SimulatedDemo(SimBackend(LoadControl(100), model), slo_s=0.05), Hub(), "127.0.0.1", 0)
+    await web.start()
+    yield web
+    await web.stop()
+
+
+async def answer(port: int, request: bytes) -> tuple[bytes, dict]:
+    """Send `request`; its answer's status line and JSON body, read to the close."""
+    line, body = await exchange(port, request)
+    return line, json.loads(body)
+
+
+async def test_a_url_too_long_gets_414_and_the_page_goes_on(page):
+    """The metrics port's read_head says a request line over 16 KiB by itself is its target's fault
+    (414, RFC 9112 3); the page answered it 431, header fields too large, which its client had not sent."""
+    line, got = await answer(page.port, b"GET /api/config?" + b"a" * 20_000 + b" HTTP/1.1\r\n" + HOST + b"\r\n")
+    assert line == b"HTTP/1.1 414 URI Too Long", got
+    assert got == {"error": "request line: expected at most 16384 bytes, got more: its target is too long"}
+    assert (await answer(page.port, CONFIG.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")))[0].endswith(
+        b" 200 OK"
+    )
+
+
+@pytest.mark.parametrize(
+    "coding, expected, error",
+    [
+        ("chunked", b"HTTP/1.1 501 Not Implemented", "Transfer-Encoding 'chunked' is not implemented: this server "
+         "reads a body by its Content-Length alone (RFC 9112 6.1); send one"),
+        ("gzip", b"HTTP/1.1 400 Bad Request", "Transfer-Encoding: expected chunked as the last coding, and once "
+         "(RFC 9112 6.3: else where the body ends is unknown), got 'gzip'"),
+    ],
+    ids=["chunked", "gzip"],
+)  # fmt: skip
+async def test_a_transfer_encoding_is_answered_as_the_metrics_port_answers_it(page, coding, expected, error):
+    """Every one got 400, "expected none"; chunked, well formed, is a coding this server does not
+    implement (RFC 9112 6.1: SHOULD answer 501)."""
+    body = b'{"rate": 5000}'
+    request = (
+        f"POST /api/load HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Transfer-Encoding: {coding}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    line, got = await answer(page.port, request)
+    assert (line, got) == (expected, {"error": error})
+    assert page.backend.config()["load"]["rate"] == 100  # not applied
+
+
+async def test_a_malformed_request_line_is_shown_escaped_in_ascii(page):
+    """read_head's 400s showed the line by its repr: é (0xe9, read as Latin-1) came back as é, not
+    as the byte sent, which every other refusal escapes."""
+    line, got = await answer(page.port, b"GET /caf\xe9 x HTTP/1.1\r\n" + HOST + b"\r\n")
+    assert line == b"HTTP/1.1 400 Bad Request"
+    assert got == {
+        "error": "request line: expected a method, a target and a version separated by single spaces, "
+        "got 'GET /caf\\xe9 x HTTP/1.1'"
+    }
+
+
+async def test_a_body_over_64_kib_gets_413_content_too_large(page):
+    """RFC 9110 15.5.14's name; Payload Too Large was RFC 7231's."""
+    request = b"POST /api/load HTTP/1.1\r\n" + HOST + b"Content-Type: application/json\r\nContent-Length: 70000\r\n\r\n"
+    line, got = await answer(page.port, request)
+    assert line == b"HTTP/1.1 413 Content Too Large", got

@@ -1,0 +1,60 @@
+"""/metrics' format by the scrape's Accept, its media ranges weighed as RFC 9110 12.5.1 weighs them
+(server/http.py's wants_openmetrics), over raw sockets on loopback."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from .test_http import Server, responses
+
+OPENMETRICS = b"application/openmetrics-text"
+TEXT = b"text/plain"
+# What Prometheus 2.x and 3.x send.
+PROMETHEUS = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+@pytest.mark.parametrize(
+    "accept, expected",
+    [
+        # q=0 is "not acceptable" (RFC 9110 12.4.2): naming OpenMetrics so asked for anything but it.
+        ("application/openmetrics-text;q=0, text/plain", TEXT),
+        ("application/openmetrics-text; q=0", TEXT),
+        ("application/openmetrics-text;q=0.000, */*", TEXT),
+        # The text format weighed higher than OpenMetrics.
+        ("application/openmetrics-text;q=0.1, text/plain;q=0.9", TEXT),
+        ("text/plain;version=0.0.4, application/openmetrics-text;q=0.5", TEXT),
+        ("application/openmetrics-text;q=0.4, text/*;q=0.5", TEXT),
+        # OpenMetrics weighed higher, or named where the text format is not.
+        (PROMETHEUS, OPENMETRICS),
+        ("application/openmetrics-text;q=0.9, text/plain;q=0.1", OPENMETRICS),
+        ("application/openmetrics-text", OPENMETRICS),
+        ("Application/OpenMetrics-Text", OPENMETRICS),
+        ("application/openmetrics-text, text/plain", OPENMETRICS),
+        ("application/openmetrics-text;q=0.5, text/plain;q=0", OPENMETRICS),
+        # The more specific range decides: text/plain;q=0 over */*.
+        ("*/*, text/plain;q=0", OPENMETRICS),
+        ("", TEXT),
+        ("*/*", TEXT),
+        ("application/json", TEXT),
+        # A weight that is not a qvalue: the range is skipped, not read as q=1 (nor as naming it).
+        ("application/openmetrics-text;q=2, text/plain;q=0.5", TEXT),
+        ("application/openmetrics-text;q=abc", TEXT),
+    ],
+)
+async def test_the_format_is_the_one_accept_weighs_highest(accept, expected, raw_http):
+    """OpenMetrics was served whenever Accept named it, with q=0 ("not acceptable") too, and above a
+    text/plain it weighed higher."""
+    registry = CollectorRegistry()
+    Counter("wok_test_scrapes", "a counter to render", registry=registry).inc()
+    async with Server(registry) as s:
+        request = b"GET /metrics HTTP/1.1\r\n" + s.host + b"Accept: " + accept.encode() + b"\r\nConnection: close\r\n"
+        answer = await raw_http(s.port, request + b"\r\n")
+    [(top, body)] = responses(answer, [False])
+    assert top.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+    [ctype] = [line for line in top.split(b"\r\n") if line.startswith(b"Content-Type: ")]
+    assert ctype.startswith(b"Content-Type: " + expected), (accept, ctype)
+    assert body.endswith(b"# EOF\n") == (expected == OPENMETRICS), body[-40:]
