@@ -454,15 +454,20 @@ def decode_request(
     outputs = None
     if req.outputs:
         known = {t.name for t in cfg.outputs}
-        names = []
-        for o in req.outputs:
+        names: dict[str, int] = {}  # each output asked for, at its place in req.outputs (kept in that order)
+        for j, o in enumerate(req.outputs):
             if o.name not in known:
                 raise InvalidInput(
                     f"unknown output {quoted_name(o.name)} requested from model '{model}'; outputs: "
                     + ", ".join(t.name for t in cfg.outputs)
                 )
             if o.name in names:
-                raise InvalidInput(f"output '{o.name}' requested more than once")
+                # Refused, as Triton's core refused it before its later versions kept one copy: an
+                # answer has one tensor per name, fewer than the request listed.
+                raise InvalidInput(
+                    f"output '{o.name}' requested more than once (outputs {names[o.name]} and {j}); "
+                    "expected each output once"
+                )
             for unsupported, what in UNSUPPORTED_OUTPUT_PARAMETERS.items() if o.parameters else ():
                 if unsupported in o.parameters:
                     # Ignored, the client would get the whole tensor inline and take it for what it asked.
@@ -470,7 +475,7 @@ def decode_request(
                         f"output '{o.name}': parameter '{unsupported}' ({what}) is not supported by this server; "
                         "request the output without it"
                     )
-            names.append(o.name)
+            names[o.name] = j
         outputs = tuple(names)
 
     if req.parameters:

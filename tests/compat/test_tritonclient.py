@@ -197,3 +197,13 @@ def test_triton_features_wok_lacks_are_refused_by_name_not_ignored(peer_run):
         "message": "input 'INPUT0': parameter 'shared_memory_region' (shared memory) is not supported by this "
         "server; send the tensor in raw_input_contents",
     }
+
+
+def test_an_output_requested_twice_is_refused_naming_both_places(peer_run):
+    # As an input given twice is (was "output 'OUTPUT0' requested more than once", with no expected).
+    report, _ = peer_run
+    assert report["output_twice"] == {
+        "raised": True,
+        "status": "StatusCode.INVALID_ARGUMENT",
+        "message": "output 'OUTPUT0' requested more than once (outputs 0 and 1); expected each output once",
+    }

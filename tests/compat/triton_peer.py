@@ -351,6 +351,19 @@ class Peer:
                 entry.update(raised=True, status=exc.status(), message=exc.message())
             self.report.setdefault("unsupported", {})[name] = entry
 
+    def output_twice(self, client) -> None:
+        """An output named twice in tritonclient's outputs list: refused, naming both places."""
+        a = np.zeros((1, 256), dtype=np.float32)
+        inp = grpcclient.InferInput("INPUT0", list(a.shape), "FP32")
+        inp.set_data_from_numpy(a)
+        outputs = [grpcclient.InferRequestedOutput("OUTPUT0"), grpcclient.InferRequestedOutput("OUTPUT0")]
+        entry = {"raised": False, "status": None, "message": None}
+        try:
+            client.infer("mlp", [inp], outputs=outputs, client_timeout=CALL_TIMEOUT_S)
+        except InferenceServerException as exc:
+            entry.update(raised=True, status=exc.status(), message=exc.message())
+        self.report["output_twice"] = entry
+
     async def aio_infer(self) -> None:
         async with aioclient.InferenceServerClient(self.target) as client:
             if not await client.is_server_ready():
@@ -388,6 +401,7 @@ class Peer:
             self.record("aio", None, asyncio.run, self.aio_infer())
             self.bad_request(client)
             self.unsupported_features(client)
+            self.output_twice(client)
             self.statistics(client, "after")
         finally:
             client.close()

@@ -362,11 +362,13 @@ def test_a_request_over_the_size_limit_names_the_option_that_sets_it():
     )
 
 
-def test_an_output_requested_twice_is_invalid():
+def test_an_output_requested_twice_is_invalid_naming_both_places():
+    # As an input given twice is named: where each was, and what was expected (was "output 'Y' requested
+    # more than once", with no expected).
     req = encode_request("id", {"X": np.zeros((1, 3), np.float32)}, outputs=["Y", "Y"])
     with pytest.raises(InvalidInput) as info:
         decode_request(req, identity("FP32"))
-    assert str(info.value) == "output 'Y' requested more than once"
+    assert str(info.value) == "output 'Y' requested more than once (outputs 0 and 1); expected each output once"
 
 
 def test_a_shape_whose_element_count_overflows_int64_is_invalid_not_a_crash():
