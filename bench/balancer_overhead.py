@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from wok.bench.analysis import latency_summary
 from wok.bench.outputs import finish_json, refuse_unwritable
 from wok.bench.report import bench_header
 
@@ -75,20 +75,16 @@ async def measure(kind: str, targets: list[str], payload: bytes, n: int, infligh
 
 
 def summarize(kind: str, latencies: list[float], cpu_s: float, wall_s: float, before, after) -> dict:
-    """The figures of one run; percentiles nearest-rank, as the bench's."""
-    ordered = sorted(latencies)
-    n = len(ordered)
-
-    def pct(p: float) -> float:
-        return 1e3 * ordered[max(0, math.ceil(p * n) - 1)] if n else float("nan")
-
+    """The figures of one run; percentiles nearest-rank, as the bench's (analysis.latency_summary)."""
+    n = len(latencies)
+    ms = latency_summary([1e3 * s for s in latencies])
     out = {
         "kind": kind,
         "requests": n,
         "client_cpu_us_per_request": 1e6 * cpu_s / n,
         "throughput_rps": n / wall_s,
-        "p50_ms": pct(0.50),
-        "p99_ms": pct(0.99),
+        "p50_ms": ms["p50"],
+        "p99_ms": ms["p99"],
     }
     if before is not None and after is not None:
         out["hedges"] = after["hedges"] - before["hedges"]

@@ -25,6 +25,7 @@ the time to recover below the SLO (docs/reliability.md defines each).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -234,6 +235,19 @@ class Forker:
         self._thread.join()
 
 
+def reachable(address: str) -> str:
+    """The host a server printed it listens on (`host_port`'s form: an IPv6 address in brackets), as a
+    client on this machine connects to it: bare, and a wildcard (0.0.0.0, ::) as its family's loopback."""
+    bare = address[1:-1] if address.startswith("[") and address.endswith("]") else address
+    try:
+        ip = ipaddress.ip_address(bare)
+    except ValueError:
+        return bare  # a name (localhost)
+    if ip.is_unspecified:
+        return "::1" if ip.version == 6 else "127.0.0.1"
+    return bare
+
+
 @dataclass
 class Replica:
     index: int
@@ -247,14 +261,21 @@ class Replica:
     _ready: threading.Event = field(default_factory=threading.Event)  # served, or its stderr closed
     _served: threading.Event = field(default_factory=threading.Event)  # it printed its serving line
     forker: Forker | None = None  # None: forked from the calling thread, ending with it (see Forker)
+    # Where its HTTP port (metrics, admin API) is reached, read from the address it printed: a
+    # `--metrics-host` in its arguments binds it there, not on `host`. None until it printed one.
+    metrics_host: str | None = None
 
     @property
     def target(self) -> str:
-        return f"{self.host}:{self.port}"
+        from ..config import host_port  # not at the top: it imports pydantic
+
+        return host_port(self.host, self.port)
 
     @property
     def admin_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}"
+        from ..config import host_port
+
+        return f"http://{host_port(self.metrics_host or self.host, self.metrics_port)}"
 
     def launch(self) -> None:
         """Start `wok serve` (on the ports it had, after the first start); wait_ready() waits for it."""
@@ -278,7 +299,7 @@ class Replica:
             self.log.append(line.rstrip())
             m = METRICS.search(line)
             if m:
-                self.metrics_port = int(m.group(2))
+                self.metrics_host, self.metrics_port = reachable(m.group(1)), int(m.group(2))
             m = READY.search(line)
             if m:
                 self.port = int(m.group(3))

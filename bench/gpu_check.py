@@ -7,7 +7,8 @@ What it checks, on cuda:0:
   * overlap: with pipeline_depth 2, the copy-in of batch k+1 runs while batch k computes
     (read from the batches' own CUDA events, on one time base), and throughput against
     pipeline_depth 1 measured side by side in the same run;
-  * per-stage timings (assemble, H2D, compute, D2H) from CUDA events, medians;
+  * per-stage timings (assemble, H2D, compute, D2H) from CUDA events, medians over the batches
+    (nearest-rank, the ⌈n/2⌉-th smallest, as every percentile of one run's samples in the bench);
   * a real server on loopback serving `mlp` on the GPU: 512 concurrent requests give the
     CPU's answers (rtol 1e-3, TF32 allowed) and the mean batch size.
 Exits 1 when a check fails, and when --json cannot be written at the end (the figures are then
@@ -28,6 +29,7 @@ import time
 import numpy as np
 import torch
 
+from wok.bench.analysis import latency_summary
 from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
 from wok.config import InstanceConfig
 from wok.executor import Executor
@@ -68,8 +70,10 @@ def overlaps(results) -> tuple[int, int]:
 
 
 def stage_medians(results) -> dict[str, float]:
+    """Each stage's median over the run's batches, ms: nearest-rank, a time some batch took (the
+    mean of the middle two of an even count before 2026-12-05)."""
     return {
-        stage: 1e3 * statistics.median(getattr(r.times, stage) for r in results)
+        stage: 1e3 * latency_summary([getattr(r.times, stage) for r in results])["p50"]
         for stage in ("assemble", "h2d", "compute", "d2h")
     }
 

@@ -9,7 +9,8 @@ each (what a batch meets after a delay window below saturation), the ways altern
 each row count so that the host's drift hits them alike: torch's layers, wok's oneDNN chain
 (rows padded as wok pads them), and, from 4 rows, oneDNN at the exact row count (what the
 padding costs). Times are wall-clock µs of the
-forward alone, medians. First, the resident memory oneDNN's kernels add: RSS after a forward
+forward alone, medians (nearest-rank, the ⌈reps/2⌉-th smallest, as every percentile of one run's
+samples in the bench). First, the resident memory oneDNN's kernels add: RSS after a forward
 at every row count up to `--max-rows-rss` through torch, then again after the same through
 oneDNN, with wok's padding.
 """
@@ -17,12 +18,12 @@ oneDNN, with wok's padding.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from wok.bench.analysis import latency_summary
 from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
 
 SCHEMA = "wok.linear_kernels/1"
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
                     for k, m in timed_ways.items():
                         samples[k].append(timed(m, x, g))
                 for k in timed_ways:
-                    row[f"{k}_{label}_us"] = 1e6 * statistics.median(samples[k])
+                    row[f"{k}_{label}_us"] = 1e6 * latency_summary(samples[k])["p50"]
             row["speedup_warm"] = row["torch_warm_us"] / row["onednn_warm_us"]
             row["speedup_gap"] = row["torch_gap_us"] / row["onednn_gap_us"]
             rows_out.append(row)

@@ -66,6 +66,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import NAME_CHARS, cut_message, shown_value
 from . import analysis
 from .histogram import LatencyHistogram
 
@@ -401,6 +402,21 @@ def _same(results: Sequence[dict], names: Sequence[str], what: str, get) -> None
         raise ValueError(f"the results differ in {what} ({shown}); only runs of the same ramp merge")
 
 
+def _knee_threshold(result: dict, name: str) -> float:
+    """A part's `knee_threshold` (0.5 where absent, as in files written before it); ValueError naming
+    the part and the value unless it is a number in (0, 1], as `wok bench ramp --knee-threshold` takes:
+    the merged knee would be found with a threshold no ramp runs with (at 0 or less a flat throughput
+    is no knee, above 1 a step that kept up with its offer is one)."""
+    value = result.get("knee_threshold", 0.5)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:  # NaN too
+        shown = shown_value(value) if isinstance(value, str) else cut_message(repr(value), NAME_CHARS)
+        raise ValueError(
+            f"{name}: knee_threshold: expected a ratio Δachieved/Δoffered above 0 and at most 1 (as "
+            f"--knee-threshold takes); got {shown}"
+        )
+    return float(value)
+
+
 def _same_rate(steps: Sequence[dict], names: Sequence[str], i: int) -> None:
     """Refuse the i-th step the parts ran (run order) at different rates: their sum would be a step
     mixed from several offers, one nobody ran. Compared by `nominal_qps` (the --steps value), or by
@@ -504,7 +520,8 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         _same(results, names, "the gap between steps (--step-gap)", lambda r: r["config"].get("step_gap_s"))
     # The verdicts are recomputed with one threshold and one least success rate: the first part's
     # would decide them, and the order the files were given would change the knee.
-    _same(results, names, "the knee threshold", lambda r: float(r.get("knee_threshold", 0.5)))
+    thresholds = [_knee_threshold(r, name) for r, name in zip(results, names)]
+    _same(thresholds, names, "the knee threshold", float)
     _same(results, names, "the least success rate", lambda r: float(r.get("min_success_rate", 0.99)))
     first = results[0]
 
@@ -573,7 +590,7 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         steps=steps,
         slo_p99_ms=first["slo_p99_ms"],
         config=config,
-        knee_threshold=first.get("knee_threshold", 0.5),
+        knee_threshold=thresholds[0],
         min_success_rate=first.get("min_success_rate", 0.99),
         timeline=None,
     )

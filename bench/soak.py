@@ -138,7 +138,8 @@ class SoakRamp(Ramp):
         super().__init__(cfg, progress)
         self.sampler = sampler
         # Set when the soak step was cut after its first send: `at_s` (from the first send),
-        # `in_flight` (sent, unanswered at the cut: left out), `workers_lost` (nothing came back).
+        # `in_flight` (sent, unanswered at the cut: left out), `sent_after` (sent after the cut, before
+        # the workers saw the stop: left out), `workers_lost` (nothing came back).
         self.cut: dict | None = None
         self.cut_by: BaseException | None = None
 
@@ -152,8 +153,10 @@ class SoakRamp(Ramp):
             return  # before the first send: nothing of the soak was measured
         # Only answers that came before the cut count: a request in flight then has no latency,
         # and one answered while the workers were stopping was not part of the run that was cut.
+        # A worker sees the stop only at its next look (workers.STOP_POLL_S), and sends on until
+        # then: those requests are counted apart, so that every request sent is counted once.
         intended, done, codes = [np.empty(0)], [np.empty(0)], [np.empty(0, dtype=np.int16)]
-        in_flight = lost = 0
+        in_flight = sent_after = lost = 0
         for share, outcome in zip(shares, outcomes):
             if outcome is None:
                 lost += 1
@@ -161,13 +164,19 @@ class SoakRamp(Ramp):
             # NaN (no answer: never sent, NOT_SENT, or cut in flight, CANCELLED) compares False.
             answered = outcome.done < at
             in_flight += int(np.count_nonzero((outcome.sent < at) & ~answered))
+            sent_after += int(np.count_nonzero(outcome.sent >= at))
             intended.append(share.times[answered])
             done.append(outcome.done[answered])
             codes.append(outcome.codes[answered])
         t, d = np.concatenate(intended), np.concatenate(done)
         offset = start_at - self._clock0
         self.timeline.append((t + offset, d + offset, d - t, np.concatenate(codes)))
-        self.cut = {"at_s": round(at + offset, 3), "in_flight": in_flight, "workers_lost": lost}
+        self.cut = {
+            "at_s": round(at + offset, 3),
+            "in_flight": in_flight,
+            "sent_after": sent_after,
+            "workers_lost": lost,
+        }
         self.cut_by = exc
 
     def run(self) -> dict:
@@ -487,6 +496,12 @@ def print_soak(result: dict, file=None) -> None:
         f"{_f(p.get('slope_ms_per_min'), '+.2f')} ms/min, worst window {_f(p.get('max_ms'))} ms; "
         f"errors {s['errors_by_code'] or 'none'} of {s['requests']['sent']}"
     )
+    if cut is not None:
+        lost = cut["workers_lost"]
+        console.print(
+            f"left out at the cut: {cut['in_flight']} requests in flight, {cut['sent_after']} sent after it (before "
+            "the workers saw the stop)" + (f", and all that {lost} lost worker(s) sent" if lost else "")
+        )
 
 
 def add_arguments(p) -> None:

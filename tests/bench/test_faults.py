@@ -827,6 +827,44 @@ def test_a_replica_serving_without_metrics_is_found_on_its_admin_port(replica_wi
         replica.kill()
 
 
+def test_a_replica_on_ipv6_whose_metrics_host_is_another_is_reached_at_both():
+    # The bench wrote an IPv6 host bare ("::1:8001", no port a client can read) and took the replica's
+    # --host for its HTTP port too, whereas a --metrics-host in --serve-args binds that elsewhere: its
+    # /metrics (a soak's RSS) and admin API (slow/fail faults) were refused.
+    from wok.clients import Client
+
+    args = ["--models", "mlp", "--torch-threads", "1", "--metrics-host", "127.0.0.2", "--admin"]
+    replica = Replica(0, args, host="::1")
+    try:
+        replica.launch()
+        replica.wait_ready(120)
+        assert replica.target == f"[::1]:{replica.port}" and replica.port != 0
+        assert replica.admin_url == f"http://127.0.0.2:{replica.metrics_port}" and replica.metrics_port != 0
+        with urllib.request.urlopen(replica.admin_url + "/admin/faults", timeout=10) as answer:
+            assert answer.status == 200
+        with urllib.request.urlopen(replica.admin_url + "/metrics", timeout=10) as answer:
+            assert b"process_resident_memory_bytes" in answer.read()
+        with Client(replica.target) as client:
+            assert client.infer("mlp", {"INPUT0": np.ones((1, 256), np.float32)})["OUTPUT0"].shape == (1, 256)
+    finally:
+        replica.kill()
+
+
+@pytest.mark.parametrize(
+    ("printed", "host", "url"),
+    [
+        ("[::1]", "::1", "http://[::1]:8002"),
+        ("[::]", "::1", "http://[::1]:8002"),  # a wildcard: its family's loopback
+        ("0.0.0.0", "127.0.0.1", "http://127.0.0.1:8002"),
+        ("127.0.0.2", "127.0.0.2", "http://127.0.0.2:8002"),
+        ("localhost", "localhost", "http://localhost:8002"),
+    ],
+)
+def test_a_replicas_admin_url_is_where_it_said_its_metrics_port_listens(printed, host, url):
+    assert bench_faults.reachable(printed) == host
+    assert Replica(0, [], metrics_host=host, metrics_port=8002).admin_url == url
+
+
 def test_every_column_of_the_timeline_has_a_header():
     """The column that marks a bad window had an empty header."""
     intended, done, latency, codes = hand_case()

@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -40,3 +42,16 @@ def test_without_cuda_the_hint_names_a_cpu_dry_run_that_takes_seconds(monkeypatc
     small = "--device cpu --hidden 512 --layers 1 --rows 64 --batches 10"
     assert small in capsys.readouterr().err
     assert small in gpu_check.__doc__
+
+
+def test_stage_medians_are_nearest_rank():
+    # A stage's median over one run's batches is a time some batch took, the ⌈n/2⌉-th smallest, as every
+    # percentile of one run's samples; statistics.median took the mean of the middle two (2.5 ms here).
+    from types import SimpleNamespace
+
+    from wok.bench.gpu_check import stage_medians
+
+    seconds = [0.004, 0.001, 0.003, 0.002]
+    results = [SimpleNamespace(times=SimpleNamespace(assemble=s, h2d=s / 2, compute=2 * s, d2h=s)) for s in seconds]
+    assert stage_medians(results) == pytest.approx({"assemble": 2.0, "h2d": 1.0, "compute": 4.0, "d2h": 2.0})
+    assert stage_medians(results[:3]) == pytest.approx({"assemble": 3.0, "h2d": 1.5, "compute": 6.0, "d2h": 3.0})

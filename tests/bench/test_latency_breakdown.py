@@ -169,3 +169,30 @@ def test_thread_sizings_p50_and_p99_are_nearest_rank(tmp_path, monkeypatch):
     t = doc["touch"]
     # The reads 0.125, 0.25, 0.375, 0.5 s: the 2nd, 0.25 s (numpy: 0.3125).
     assert (t["p50_us"], t["p99_us"], t["touch_p50_us"]) == (5e5, 1e6, 2.5e5)
+
+
+def test_linear_kernels_medians_are_nearest_rank(tmp_path, monkeypatch):
+    """Each cell's figure is the ⌈reps/2⌉-th smallest of its forwards, as every percentile of one
+    run's samples; statistics.median took the mean of the middle two, a time no forward took. By a
+    scripted clock, every way's first forward of a cell takes 0.25 s and its second 0.75 s."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from wok import cpulinear, models
+    from wok.bench import linear_kernels
+
+    rows = (1, cpulinear.MIN_ROWS)  # the ways timed: torch and wok's oneDNN; from MIN_ROWS oneDNN's exact too
+    forwards = [d for n in rows for _ in ("warm", "gap") for d in (0.25, 0.75) for _ in range(3 if n >= 4 else 2)]
+    monkeypatch.setattr(linear_kernels, "time", _PairedClock(forwards))
+    monkeypatch.setattr(linear_kernels, "ROWS", rows)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this test process's, not the script's
+    monkeypatch.setattr(models, "build_demo", lambda name: _Module())
+    monkeypatch.setattr(cpulinear, "onednn_available", lambda: True)
+    monkeypatch.setattr(cpulinear, "with_onednn_linear", lambda module: (_Module(), 3, 2))
+    monkeypatch.setattr(cpulinear, "chains", lambda module: [SimpleNamespace(layers=[], kernel=None)])
+    out = tmp_path / "k.json"
+    assert linear_kernels.main(["--reps", "2", "--gap-ms", "0", "--max-rows-rss", "4", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    cells = [(r["rows"], k, v) for r in doc["rows"] for k, v in r.items() if k.endswith("_us")]
+    assert len(cells) == 10 and {v for _, _, v in cells} == {2.5e5}, cells  # statistics.median: 5e5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -222,6 +223,42 @@ def test_parts_judged_by_other_thresholds_do_not_merge(split_ramp):
     bare = json.loads(json.dumps(parts[1]))
     del bare["knee_threshold"], bare["min_success_rate"]
     assert merge_results([parts[0], bare])["knee_threshold"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (2.0, "2.0"),
+        (0.0, "0.0"),
+        (-0.5, "-0.5"),
+        (float("nan"), "nan"),
+        ("0.5", "'0.5'"),
+        (None, "None"),
+        (True, "True"),
+    ],
+)
+def test_a_part_whose_knee_threshold_wok_bench_ramp_refuses_is_refused_by_name(split_ramp, value, shown):
+    # The CLI takes --knee-threshold in (0, 1] only; parts holding 2.0 (every one: they agreed) merged,
+    # the knee found by a threshold no ramp runs with; "0.5" and null failed with a TypeError naming
+    # neither the part nor the field.
+    _, parts = split_ramp
+    a, b = (json.loads(json.dumps(p)) for p in parts[:2])
+    b["knee_threshold"] = value
+
+    def refusal(name: str) -> str:
+        return re.escape(
+            f"{name}: knee_threshold: expected a ratio Δachieved/Δoffered above 0 and at most 1 (as "
+            f"--knee-threshold takes); got {shown}"
+        )
+
+    with pytest.raises(ValueError, match=f"^{refusal('b.json')}$"):
+        merge_results([a, b], ["a.json", "b.json"])
+    a["knee_threshold"] = value
+    with pytest.raises(ValueError, match=f"^{refusal('a.json')}$"):
+        merge_results([a, b], ["a.json", "b.json"])
+    # The range's top, which the CLI takes, merges.
+    a["knee_threshold"] = b["knee_threshold"] = 1
+    assert merge_results([a, b])["knee_threshold"] == 1.0
 
 
 def test_parts_of_both_schema_versions_do_not_merge_and_one_versions_parts_keep_it(split_ramp):

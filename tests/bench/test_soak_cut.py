@@ -114,7 +114,7 @@ def test_a_cut_ends_the_windows_and_rss_samples_at_the_cut():
     intended = np.array([0.2, 0.7, 1.2, 1.6, 2.1])
     latency = np.array([10, 20, 30, 40, 50]) / 1e3
     rss = [(float(t) / 2, [(100 + t) * MIB]) for t in range(6)]  # 0, 0.5 … 2.5 s
-    cut = {"at_s": 2.2, "in_flight": 3, "workers_lost": 0}
+    cut = {"at_s": 2.2, "in_flight": 3, "sent_after": 1, "workers_lost": 0}
     r = soak_report(intended, latency, np.zeros(5, np.int16), rss, duration_s=60.0, window_s=1.0, cut=cut)
     assert r["duration_s"] == 60.0 and r["cut"] == cut
     assert [w["length_s"] for w in r["windows"]] == pytest.approx([1.0, 1.0, 0.2])
@@ -184,6 +184,32 @@ def test_ctrl_c_in_the_soak_keeps_the_windows_and_rss_measured_so_far(cut_server
     # No step ran to its end; the per-second timeline is the soak's up to the cut.
     assert result["steps"] == [] and sum(result["timeline"]["achieved"]) == soak["requests"]["ok"]
     assert f"cut at {soak['cut']['at_s']:g} s of 60 s" in " ".join(stdout.split())
+
+
+def test_every_request_a_cut_soak_sent_is_counted_once(cut_server, tmp_path):
+    """A worker sees the stop only at its next look (workers.STOP_POLL_S, 0.1 s) and sends on until
+    then; those requests, sent after the cut moment, were in neither `requests` nor `cut.in_flight`.
+    At 200 QPS the server ran 232 of a soak cut by SIGINT, and the result accounted for 209.
+
+    Every request whose batch the server ran (its wok_request_duration_seconds count) was sent, and
+    some sent never reach it (cancelled by the cut), so that count bounds the sum from below, however
+    late it is read."""
+    metrics, out = _metrics(cut_server), tmp_path / "soak.json"
+    base = _served(metrics)
+    # 50 % of 400: 200 QPS, so that the 0.1 s the worker takes to see the stop holds requests.
+    proc = _soak(cut_server, out, "--soak", "60s", "--workers", "1", "--capacity", "400")
+    _until_served(proc, metrics, 200, base)
+    proc.send_signal(signal.SIGINT)
+    _, err = _finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    served = _served(metrics) - base
+    assert served >= 200  # read: a failed scrape reads -1
+    soak = json.loads(out.read_text())["soak"]
+    _check_partial(soak, at_least=150)
+    cut = soak["cut"]
+    assert cut["workers_lost"] == 0 and cut["sent_after"] >= 0
+    accounted = soak["requests"]["sent"] + cut["in_flight"] + cut["sent_after"]
+    assert accounted >= served, (soak["requests"], cut, served)
 
 
 def test_a_worker_dying_in_the_soak_keeps_what_the_others_measured(cut_server, tmp_path):
