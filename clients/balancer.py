@@ -28,14 +28,25 @@ channel, a vanished one gets no new calls and is closed once its calls are done,
 open on it (`stream_channel`) included. A name whose lookup fails (or finds nothing) keeps the
 replicas it has; the other names' changes apply all the same. So does one whose lookup gives no
 answer within `resolve_timeout_s` (10 s: a resolver that never answered stalled the lookups of
-every name for good), cancelled and logged. A resolver of one's own that raises anything but
-OSError, or answers what is not a list of addresses ("ip:port", "[v6]:port": a host name, say,
-or an IPv6 address whose scope names no interface here, whose channel would fail every call), is
-logged (logger `wok.balancer`, once per name and kind of error) and treated alike: the lookups go
-on; at `start()` it raises, a ValueError naming the answer for the latter, as for a timeout. A
-lookup again that fails in any other way (a channel gRPC cannot make for a new address, the probe
-of a name's two families raising) is logged once per name and kind of error too, and leaves the
-set as it was until the next lookup: it ended the lookups for good, silently.
+every name for good), cancelled and logged. The names are looked up at once, a task each, each
+bounded on its own (so a resolver of one's own may be asked for several names at once): one
+after another, N names whose resolver hung cost N × resolve_timeout_s at each lookup and at
+start, and every other name's change waited as long; now it waits for the slowest lookup, at
+most one resolve_timeout_s. Their answers are taken in the targets' order all the same: an
+address two names share is the first's, and start() raises for the first name that fails.
+A resolver of one's own that raises anything but OSError (its own CancelledError included:
+that ended the lookups for good, past every guard, and start() raised a cancellation no one
+asked for), or answers what is not a list of addresses ("ip:port", "[v6]:port": a host name,
+say, or an IPv6 address whose scope names no interface here, whose channel would fail every
+call), is logged (logger `wok.balancer`) and treated alike: the lookups go on; at `start()` it
+raises, a ValueError naming the answer for the latter, as for a timeout.
+A lookup again that fails in any other way (a channel gRPC cannot make for a new address, the
+probe of a name's two families raising: out of file descriptors) is logged too, and leaves the
+set as it was until the next lookup: it ended the lookups for good, silently. Each error is
+logged once per name and kind of error until it is over (the name's lookup gives addresses
+again, a lookup's new channels are all made, a lookup again goes through: told at INFO), and
+again at its next occurrence: logged once for the process's life, a name that timed out,
+answered and timed out again went untold the second time.
 
 Picking (`pick`): power of two choices on outstanding attempts: two random replicas among
 the READY, non-ejected ones (if none is READY: among the READY ejected ones, then those
@@ -208,11 +219,14 @@ class BalancerSettings:
     above 0, none at 0; Envoy ejected one whatever the value, 0 included, until 1.31 made that
     `always_eject_one_host`, off by default.)
 
-    `resolve_timeout_s`: how long one lookup of a name (the resolver's answer) may take. At
-    `start()` a lookup past it raises the ValueError of a name that does not resolve; at a lookup
-    again it is cancelled, logged (once per name) and the name keeps its replicas until its next
-    lookup, `resolve_every_s` later. (The system resolver gives up on a silent name server after
-    5 s × 2 tries by default: resolv.conf's `timeout` and `attempts`.)
+    `resolve_timeout_s`: how long one lookup of a name (the resolver's answer) may take; the names
+    are looked up at once, so names that all hang cost it once, not once each. At `start()` a
+    lookup past it raises the ValueError of a name that does not resolve; at a lookup again it is
+    cancelled, logged (once per name, until a lookup of it gives addresses again) and the name
+    keeps its replicas until its next lookup, `resolve_every_s` later. (The system resolver gives
+    up on a silent name server after 5 s × 2 tries by default: resolv.conf's `timeout` and
+    `attempts`; a lookup of it cancelled still holds a thread of the loop's default executor
+    until then.)
     """
 
     max_attempts: int = 3
@@ -290,6 +304,10 @@ class _BadAnswer(ValueError):
 
 class _NoAnswer(Exception):
     """A resolver gave no answer within `resolve_timeout_s`."""
+
+
+class _Cancelled(RuntimeError):
+    """A resolver's lookup ended cancelled, not by the balancer: its own CancelledError."""
 
 
 def _shown(value: Any) -> str:
@@ -444,7 +462,7 @@ class Balancer:
         self._resolver_task: asyncio.Task | None = None
         self._names = {f"{h}:{p}" for h, p in self.targets if _literal(h) is None}
         self._shown_targets = quoted_name(",".join(_address(h, p) for h, p in self.targets))
-        self._logged: set[tuple[str, str]] = set()  # (name, error type) of the lookups' errors logged
+        self._logged: set[tuple[str, str, str]] = set()  # (stage, name, error type) of the errors logged, not over
         self._undecided = False  # a name's server accepted on neither of its families at the last lookup
         self._changed: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -509,63 +527,100 @@ class Balancer:
 
     # -- replicas -----------------------------------------------------------------------------
     async def _resolve_all(self, strict: bool) -> dict[str, str]:
-        """{address: target name}. Not `strict` (a lookup again), a name whose lookup fails, finds
+        """{address: target name}, in the targets' order. The names are looked up at once, a task each,
+        each bounded by `resolve_timeout_s` on its own: one after another, N names whose resolver hung
+        cost N × resolve_timeout_s at each lookup (and at start), and every other name's change waited
+        as long. `strict` (at start) raises for the first name in the targets' order that fails, the
+        other lookups cancelled. Not `strict` (a lookup again), a name whose lookup fails, finds
         nothing or takes over `resolve_timeout_s` keeps the replicas it has, and the other names'
         changes apply all the same: one name gone from DNS froze the replica set of every other."""
         out: dict[str, str] = {}
         self._undecided = False
-        for host, port in self.targets:
-            ip = _literal(host)
-            if ip is not None:
-                out.setdefault(_address(ip, port), f"{host}:{port}")
-                continue
-            name = f"{host}:{port}"
-            shown = quoted_name(name)
-            try:
-                found = _answer(name, await self._lookup(host, port))
-            except (_NoAnswer, OSError) as exc:
-                if strict:
-                    raise ValueError(f"target {shown}: cannot resolve {quoted_name(host)}: {exc}") from None
-                # A lookup that failed is the resolver's answer, and is not logged; one that hung
-                # stalled every later lookup, of every name, silently.
-                if isinstance(exc, _NoAnswer):
-                    self._log_once(name, exc, f"target {shown}: {exc}", logging.WARNING)
-                found = []
-            except Exception as exc:
-                if strict:
-                    raise
-                # A resolver of one's own may raise anything (a bug, its library's error), or answer
-                # what is no address: the one ended the lookups for good, silently, the other
-                # replaced the name's replicas with channels that fail every call.
-                bad = isinstance(exc, _BadAnswer)
-                what = (
-                    str(exc) if bad else f"target {shown}: the resolver raised {type(exc).__name__}: {message_of(exc)}"
-                )
-                self._log_once(name, exc, what, exc_info=not bad)
-                found = []
-            if found:
-                try:
-                    found = await self._one_family(name, found)
-                except Exception as exc:
-                    if strict:
-                        raise
-                    # Its probe raised (out of file descriptors, say): it ended the lookups for good.
-                    what = f"target {shown}: choosing the family of {_shown(found)} failed: {type(exc).__name__}: "
-                    self._log_once(name, exc, what + message_of(exc), exc_info=True)
-                    found = []
-            if not found and not strict:
-                for r in self.replicas.values():
-                    if r.name == name and not r.removed:
-                        out.setdefault(r.address, name)
-                continue
-            for a in found:
-                out.setdefault(a, name)
+        lookups = {  # (a name given twice is looked up once)
+            f"{h}:{p}": self._loop.create_task(self._look_up(h, p)) for h, p in self.targets if _literal(h) is None
+        }
+        try:
+            for host, port in self.targets:
+                ip = _literal(host)
+                if ip is not None:
+                    out.setdefault(_address(ip, port), f"{host}:{port}")
+                    continue
+                name = f"{host}:{port}"
+                # Taken in the targets' order, whichever answers first: that order decides the name an
+                # address two names share belongs to, the name start() raises for, and the log's order.
+                found, error, choosing = await lookups[name]
+                if error is not None:
+                    found = self._failed(host, port, found, error, choosing, strict)
+                elif found:
+                    self._rearm("lookup", name, f"its lookup answers again, {_shown(found)}")
+                if not found and not strict:
+                    for r in self.replicas.values():
+                        if r.name == name and not r.removed:
+                            out.setdefault(r.address, name)
+                    continue
+                for a in found:
+                    out.setdefault(a, name)
+        finally:
+            # A name failed at start, or stop() (or start()'s caller) cancelled this task: the lookups
+            # still running are cancelled and waited for, so none outlives it.
+            running = [task for task in lookups.values() if not task.done()]
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
         return out
+
+    async def _look_up(self, host: str, port: int) -> tuple[list[str], Exception | None, bool]:
+        """One name's lookup, a task of `_resolve_all`: (its addresses, of one family; None; False), or
+        ([], the error of its lookup or answer, False), or (the answer, the error its family's choice
+        raised, True). Returned, not raised: `_resolve_all` takes them in the targets' order."""
+        name = f"{host}:{port}"
+        try:
+            found = _answer(name, await self._lookup(host, port))
+        except Exception as exc:
+            return [], exc, False
+        try:
+            return (await self._one_family(name, found) if found else found), None, False
+        except Exception as exc:
+            return found, exc, True
+
+    def _failed(
+        self, host: str, port: int, found: list[str], exc: Exception, choosing: bool, strict: bool
+    ) -> list[str]:
+        """A name's failed lookup (`_look_up`): raised if `strict`, else logged once as its kind asks; []."""
+        name = f"{host}:{port}"
+        shown = quoted_name(name)
+        if choosing:
+            if strict:
+                raise exc
+            # Its probe raised (out of file descriptors, say): it ended the lookups for good.
+            what = f"target {shown}: choosing the family of {_shown(found)} failed: {type(exc).__name__}: "
+            self._log_once(name, exc, what + message_of(exc), exc_info=True)
+        elif isinstance(exc, (_NoAnswer, OSError)):
+            if strict:
+                raise ValueError(f"target {shown}: cannot resolve {quoted_name(host)}: {exc}") from None
+            # A lookup that failed is the resolver's answer, and is not logged; one that hung
+            # stalled every later lookup, of every name, silently.
+            if isinstance(exc, _NoAnswer):
+                self._log_once(name, exc, f"target {shown}: {exc}", logging.WARNING)
+        else:
+            if strict:
+                raise exc
+            # A resolver of one's own may raise anything (a bug, its library's error), or answer
+            # what is no address: the one ended the lookups for good, silently, the other
+            # replaced the name's replicas with channels that fail every call.
+            told = isinstance(exc, (_BadAnswer, _Cancelled))  # (messages that name the target)
+            what = str(exc) if told else f"target {shown}: the resolver raised {type(exc).__name__}: {message_of(exc)}"
+            self._log_once(name, exc, what, exc_info=not told)
+        return []
 
     async def _lookup(self, host: str, port: int) -> Any:
         """The resolver's answer; _NoAnswer if it gives none within `resolve_timeout_s` (it is
-        cancelled then). A timer of its own, not wait_for: a TimeoutError the resolver raises is its
-        answer (an OSError: the name does not resolve), not a lookup that took too long."""
+        cancelled then), _Cancelled if it ends cancelled otherwise: its own CancelledError (a
+        shared lookup it waited on, cancelled) ended the lookups for good, past every guard, and
+        start() raised a cancellation no one asked for. A timer of its own, not wait_for: a
+        TimeoutError the resolver raises is its answer (an OSError: the name does not resolve),
+        not a lookup that took too long."""
         timeout = self.settings.resolve_timeout_s
         lookup = asyncio.ensure_future(self._resolve(host, port))
         expired = False
@@ -577,33 +632,60 @@ class Balancer:
 
         timer = self._loop.call_later(timeout, expire)
         try:
-            return await lookup
-        except asyncio.CancelledError:
-            # stop() cancels this task, and the lookup with it: that stays a cancellation.
-            if expired and not self._stopped:
-                raise _NoAnswer(f"the resolver gave no answer within {timeout:g} s (resolve_timeout_s)") from None
-            raise
+            # Not `await lookup`: this task's cancellation (stop(), start()'s caller, a failed start)
+            # would then look the same as the lookup's own.
+            await asyncio.wait([lookup])
         finally:
             timer.cancel()
+            if not lookup.done():  # this task was cancelled: the lookup with it, and waited for
+                lookup.cancel()
+                await asyncio.wait([lookup])
+        if not lookup.cancelled():
+            return lookup.result()
+        if expired:
+            raise _NoAnswer(f"the resolver gave no answer within {timeout:g} s (resolve_timeout_s)")
+        raise _Cancelled(
+            f"target {quoted_name(f'{host}:{port}')}: the resolver's lookup of {quoted_name(host)} ended cancelled, "
+            "not by the balancer (the resolver's own CancelledError)"
+        )
 
     def _log_once(
-        self, name: str, exc: BaseException, what: str, level: int = logging.ERROR, exc_info: bool = False
+        self,
+        name: str,
+        exc: BaseException,
+        what: str,
+        level: int = logging.ERROR,
+        exc_info: bool = False,
+        stage: str = "lookup",
     ) -> None:
         """Log `what` (an error of the lookups again: they go on) once per name and kind of error,
-        not at every period."""
-        kind = (name, f"{type(exc).__module__}.{type(exc).__qualname__}")
+        not at every period, until it is over (`_rearm`): logged once for the process's life, a
+        name's second outage went untold. `stage`: "lookup" (the name's lookup), "channel" (a
+        channel for its new address) or "round" (a lookup again as a whole, name "")."""
+        kind = (stage, name, f"{type(exc).__module__}.{type(exc).__qualname__}")
         if kind in self._logged:
             return
         self._logged.add(kind)
         keep = "its replicas are kept and it is" if name in self._names else "the replicas are kept and the names are"
         log.log(
             level,
-            "%s; %s looked up again every %g s (this error is logged once)",
+            "%s; %s looked up again every %g s (this error is logged once, until it is over)",
             what,
             keep,
             self.settings.resolve_every_s,
             exc_info=exc if exc_info else None,
         )
+
+    def _rearm(self, stage: str, name: str | None, how: str) -> None:
+        """The errors logged at `stage` (of `name`, or of any) are over, as `how` says: told at INFO,
+        so that a warning's end is in the log too, and the next such error is logged again."""
+        over = [k for k in self._logged if k[0] == stage and (name is None or k[1] == name)]
+        if not over:
+            return
+        self._logged.difference_update(over)
+        for subject in sorted({k[1] for k in over}):
+            shown = f"target {quoted_name(subject)}" if subject else f"targets {self._shown_targets}"
+            log.info("%s: %s (after the error logged before: the next one is logged again)", shown, how)
 
     async def _one_family(self, name: str, found: list[str]) -> list[str]:
         """Those of a name's addresses of the family its server answers on best (`preferred_families`,
@@ -629,8 +711,9 @@ class Balancer:
         """Apply a lookup's {address: target name}: a channel for each new address, the vanished ones
         closed once idle. All or nothing: if a channel cannot be made (gRPC's constructor raised),
         those made for the others are closed and the set stays as it was; `strict` (at start) it
-        raises, else it is logged once per name and kind of error, the next lookup trying again
-        (it ended the lookups for good, silently: names never changed again)."""
+        raises, else it is logged once per name and kind of error until a lookup's channels are all
+        made, the next lookup trying again (it ended the lookups for good, silently: names never
+        changed again)."""
         opened: list[Replica] = []
         for address, name in addresses.items():
             if address in self.replicas:
@@ -652,7 +735,7 @@ class Balancer:
                 if strict:
                     raise
                 what = f"target {quoted_name(name)}: no channel could be made to {address}: {type(exc).__name__}: "
-                self._log_once(name, exc, what + message_of(exc), exc_info=True)
+                self._log_once(name, exc, what + message_of(exc), exc_info=True, stage="channel")
                 return
             opened.append(r)
         for r in opened:
@@ -666,6 +749,7 @@ class Balancer:
                 self._close_if_idle(r)
         self._within_cap()
         self._notify()
+        self._rearm("channel", None, "the channels of its new addresses were made")
 
     def _close_channel(self, channel) -> asyncio.Task:
         """Close `channel` in a task that stop() lets finish (it is quick) rather than cancel."""
@@ -711,7 +795,9 @@ class Balancer:
                 # A last guard (the errors known are the names' own, above): this task ended for good
                 # at an error, silently, and the names never changed again.
                 what = f"targets {self._shown_targets}: a lookup again failed: {type(exc).__name__}: "
-                self._log_once("", exc, what + message_of(exc), exc_info=True)
+                self._log_once("", exc, what + message_of(exc), exc_info=True, stage="round")
+            else:
+                self._rearm("round", None, "a lookup again went through")
 
     async def _watch(self, r: Replica) -> None:
         state = r.channel.get_state(try_to_connect=True)
@@ -770,14 +856,14 @@ class Balancer:
         await self.wait_for(ready, timeout, "connected (no replica READY)")
 
     def describe(self) -> str:
-        """The targets and each replica's state and last error, for messages: "localhost:8001
+        """The targets (quoted, as the module's other messages show them: a target is the user's
+        text) and each replica's state and last error, for messages: "'localhost:8001'
         (127.0.0.1:8001 TRANSIENT_FAILURE, last error UNAVAILABLE: ...)"."""
-        targets = ",".join(_address(h, p) for h, p in self.targets)
         parts = []
         for r in self.replicas.values():
             part = f"{r.address} {r.state.name}" + (" ejected" if r.ejected else "")
             parts.append(part + (f", last error {r.last_error}" if r.last_error else ""))
-        return f"{targets} ({'; '.join(parts) or 'no replica'})"
+        return f"{self._shown_targets} ({'; '.join(parts) or 'no replica'})"
 
     def replica(self, address: str) -> Replica:
         return self.replicas[address]
