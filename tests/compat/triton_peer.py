@@ -14,12 +14,12 @@ import asyncio
 import json
 import queue
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
+from peer_common import describe, main, tritonclient_version
 from tritonclient.utils import InferenceServerException
 
 MODELS = ("mlp", "recsys", "encoder")
@@ -81,7 +81,7 @@ class Peer:
         self.cases = make_cases()
         self.report: dict = {
             "target": target,
-            "tritonclient": _tritonclient_version(),
+            "tritonclient": tritonclient_version(),
             "calls": [],
             "cases": {},
             "outputs": {},
@@ -96,7 +96,7 @@ class Peer:
         try:
             value = fn(*args, **kwargs)
         except Exception as exc:
-            entry["error"] = _describe(exc)
+            entry["error"] = describe(exc)
             return None
         entry["ok"] = True
         return value
@@ -246,7 +246,7 @@ class Peer:
                 return
             model = sent[case]
             if error is not None:
-                self.fail("async_infer.callback", model, _describe(error))
+                self.fail("async_infer.callback", model, describe(error))
             else:
                 self.record("async_infer.result", model, self.save_result, "async_infer", case, result)
 
@@ -304,7 +304,7 @@ class Peer:
             self.record("stream.result", self.cases[case][0], self.save_result, "stream", case, result)
         for rid in sent:
             self.fail("stream.result", None, f"no response for {rid}")
-        self.report["stream_errors"] = [_describe(e) for e in errors]
+        self.report["stream_errors"] = [describe(e) for e in errors]
         # Triton puts a failed streamed request's error in error_message, which tritonclient
         # turns into an InferenceServerException without a status.
         if len(errors) != 1 or "INPUT0" not in errors[0].message():
@@ -381,7 +381,7 @@ class Peer:
                     )
                     self.save_result("aio", case, result)
                 except Exception as exc:
-                    entry["error"] = _describe(exc)
+                    entry["error"] = describe(exc)
                     return
                 entry["ok"] = True
 
@@ -435,37 +435,5 @@ def _output_of(model: str) -> str:
     return {"mlp": "OUTPUT0", "recsys": "score", "encoder": "embedding"}[model]
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, InferenceServerException):
-        return f"InferenceServerException(status={exc.status()}, message={exc.message()!r})"
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _tritonclient_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tritonclient")
-    except PackageNotFoundError:
-        return None
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print("usage: triton_peer.py TARGET OUTDIR", file=sys.stderr)
-        return 2
-    outdir = Path(argv[2])
-    outdir.mkdir(parents=True, exist_ok=True)
-    peer = Peer(argv[1], outdir)
-    try:
-        return peer.run()
-    except Exception:
-        peer.report["ok"] = False
-        peer.report["crash"] = traceback.format_exc()
-        peer.write()
-        print("triton_peer: crashed:\n" + traceback.format_exc(), file=sys.stderr)
-        return 1
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main(Peer, sys.argv, "triton_peer.py"))
