@@ -158,16 +158,18 @@ class Instance:
         depth: int,
         cpu_linear: str = "onednn",
         lost: dict[str, str] | None = None,
+        first_on_device: bool = True,
     ) -> None:
         """`lost`: the devices lost to a device-side error, by name, with that error's line; shared
         by the model's instances (a CUDA context is the process's, so one device's instances go
-        together)."""
+        together). `first_on_device`: whether no instance before this one runs on `device`; a later
+        one runs a copy of the module, its parameters shared (Servable.module_for_instance)."""
         self.servable = servable
         self.index = index
         self.device = device
         self.cuda = device.type == "cuda"
         self._lost = {} if lost is None else lost
-        self.module = servable.module_for(device)
+        self.module = servable.module_for_instance(device, first_on_device)
         # Linear layers that run through oneDNN on this instance (server/cpulinear.py), and how
         # many of them carry the ReLU after them.
         self.onednn_layers = self.onednn_fused = 0
@@ -538,6 +540,10 @@ class Instance:
                     ev[2].record()
                     with torch.inference_mode():
                         out = s.forward(self.module, s.prepare(dev_in))
+                    # Here, not only in _finish_cuda's split: shapes are known before the values, and
+                    # a batch failing as it is launched is rerun in parts, as on the CPU, so that a
+                    # model answering another row count for one request's values fails that one alone.
+                    s.check_shapes({k: v.shape for k, v in out.items()}, sum(rows))
                     if slow_s:  # after the forward, before its end event: counted in compute
                         self.compute_stream.synchronize()
                         time.sleep(slow_s)
@@ -794,10 +800,13 @@ class Executor:
             raise ConfigError(f"{source}: instances.devices: {exc}") from None
         self.instances = []
         self._lost: dict[str, str] = {}  # the devices lost to a device-side error (Instance.lost)
+        taken: set[torch.device] = set()
         for i in range(cfg.count):
             device = devices[i % len(devices)]
             depth = cfg.pipeline_depth or 2
-            self.instances.append(Instance(servable, i, device, depth, cpu_linear, self._lost))
+            first = device not in taken
+            taken.add(device)
+            self.instances.append(Instance(servable, i, device, depth, cpu_linear, self._lost, first))
 
     def devices_lost(self) -> dict[str, bool]:
         """Each of the model's devices, and whether a device-side error made it unusable (Instance.lost)."""

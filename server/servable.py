@@ -1,7 +1,8 @@
 """What the executor runs: a model's module plus how its requests share a batch.
 
 A `Servable` is built once per model. The executor asks it for one module per instance
-(`module_for`), then, per batch: `assemble` the requests' inputs into host buffers,
+(`module_for_instance`: one per device, and a copy sharing its parameters for each later instance
+there), then, per batch: `assemble` the requests' inputs into host buffers,
 `forward` them on the device, and `split` the outputs back into per-request rows.
 Requests share a batch only when their `batch_key`s are equal; the default key is the
 shape of every variable-sized input, so generic models never see mixed shapes.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import logging
 import math
 import threading
@@ -25,7 +27,16 @@ from torch import nn
 
 from .config import ModelConfig
 from .datatypes import Datatype, datatype
-from .errors import ConfigError, InvalidInput, ModelExecutionError, error_line, message_of
+from .errors import (
+    NAME_CHARS,
+    ConfigError,
+    InvalidInput,
+    ModelExecutionError,
+    error_line,
+    escaped,
+    message_of,
+    quoted_name,
+)
 from .tensors import to_numpy_view, torch_dtype
 
 log = logging.getLogger("wok")
@@ -139,6 +150,7 @@ class Servable:
         self.platform_label = platform_label or config.platform
         self._module = module.eval()
         self._per_device: dict[str, nn.Module] = {}
+        self._shared_on: set[str] = set()  # devices whose instances share the module (module_for_instance)
         self._lock = threading.Lock()
         self.compute_dtype = PRECISION[config.precision]
         self.input_types: dict[str, Datatype] = {t.name: datatype(t.datatype) for t in config.inputs}
@@ -183,6 +195,36 @@ class Servable:
                 if self.compute_dtype != torch.float32:
                     mod = mod.to(self.compute_dtype)
                 self._per_device[key] = mod
+            return mod
+
+    def module_for_instance(self, device: torch.device, first: bool) -> nn.Module:
+        """The module one instance on `device` runs: the device's own (module_for) for the `first`
+        instance there, and for each later one a copy of it that shares its parameters (the weights
+        are not made twice) but holds its own buffers and other state (_copy_sharing_parameters).
+
+        The instances on one device run their batches on threads of their own, at the same time: on one
+        shared module, a forward that writes tensors the module keeps (a workspace its input is staged
+        in, an output buffer, a cache) would write another batch's rows into them while the first still
+        computes from them, and hand that batch's callers another's answers. A module that cannot be
+        copied (one holding a lock or an event) is shared, with a warning once per device."""
+        mod = self.module_for(device)
+        if first:
+            return mod
+        try:
+            return _copy_sharing_parameters(mod)
+        except Exception as exc:
+            key = str(device)
+            if key not in self._shared_on:
+                self._shared_on.add(key)
+                log.warning(
+                    "model '%s': its module cannot be copied for a second instance on %s (%s); its instances "
+                    "there share it and run its forward at the same time: a forward that writes tensors the "
+                    "module keeps would mix their batches' rows; make it copyable (copy.deepcopy), or serve one "
+                    "instance per device",
+                    self.name,
+                    key,
+                    error_line(exc),
+                )
             return mod
 
     # -- per request, on the event loop, before the request joins a queue ------------
@@ -277,7 +319,15 @@ class Servable:
         if isinstance(result, dict):
             missing = [n for n in names if n not in result]
             if missing:
-                raise ModelExecutionError(f"model '{self.name}' returned no output named {missing}")
+                # What it returned instead: a key misspelt, or another model's names. A few, cut: the
+                # model's dict may be long, its keys anything.
+                keys = [_shown_key(k) for k in itertools.islice(result, 8)]
+                more = f" and {len(result) - 8:,} more" if len(result) > 8 else ""
+                wanted = ", ".join(f"'{n}'" for n in missing)
+                raise ModelExecutionError(
+                    f"model '{self.name}' returned a dict with no output named {wanted}; "
+                    f"its keys: {', '.join(keys) or 'none'}{more}"
+                )
             result = [result[n] for n in names]
         elif not isinstance(result, (tuple, list)):
             # Taken apart as a sequence, a string said "returned 8 outputs" (its characters), an array
@@ -297,6 +347,13 @@ class Servable:
                 raise ModelExecutionError(
                     f"model '{self.name}' output '{n}' is {type(t).__name__}; expected a torch.Tensor"
                 )
+            if t.layout != torch.strided or t.is_nested:
+                # Rows of it cannot be cut out or read as an array: it failed later, in torch's words,
+                # naming neither the output nor what it is ("Cannot access storage of SparseTensorImpl").
+                layout = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
+                raise ModelExecutionError(
+                    f"model '{self.name}' output '{n}' is a {layout} tensor; expected a dense (strided) torch.Tensor"
+                )
             want = torch_dtype(self.output_types[n])
             if t.dtype != want:
                 ok = self._castable.get((n, t.dtype))
@@ -312,28 +369,48 @@ class Servable:
             out[n] = t
         return out
 
-    def split(self, outputs: dict[str, np.ndarray], rows: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        """Per-request views of the batch outputs, by rows."""
-        total = sum(rows)
-        for k, v in outputs.items():
-            if v.ndim == 0 or v.shape[0] != total:
+    def check_shapes(self, shapes: Mapping[str, Sequence[int]], total: int) -> None:
+        """ModelExecutionError unless every output's shape is `total` rows of its config's dims."""
+        for k, shape in shapes.items():
+            if len(shape) == 0 or shape[0] != total:
                 raise ModelExecutionError(
-                    f"model '{self.name}' output '{k}' has shape {list(v.shape)}; expected {total} rows, one per sample"
+                    f"model '{self.name}' output '{k}' has shape {list(shape)}; expected {total} rows, one per sample"
                 )
             dims = self._output_dims[k]
-            if len(v.shape) != len(dims) + 1 or any(d != -1 and d != n for d, n in zip(dims, v.shape[1:])):
+            if len(shape) != len(dims) + 1 or any(d != -1 and d != n for d, n in zip(dims, shape[1:])):
                 # Clients size their buffers from the model's metadata: an answer of another shape
                 # would be read wrongly, or not at all, so the batch fails instead.
                 raise ModelExecutionError(
-                    f"model '{self.name}' output '{k}' has shape {list(v.shape)}; its config declares "
+                    f"model '{self.name}' output '{k}' has shape {list(shape)}; its config declares "
                     f"{[total, *dims]} ({total} rows; -1 = any size)"
                 )
+
+    def split(self, outputs: dict[str, np.ndarray], rows: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        """Per-request views of the batch outputs, by rows."""
+        self.check_shapes({k: v.shape for k, v in outputs.items()}, sum(rows))
         per_request = []
         r = 0
         for n in rows:
             per_request.append({k: v[r : r + n] for k, v in outputs.items()})
             r += n
         return per_request
+
+
+def _shown_key(key: object) -> str:
+    """A key of a model's output dict, as a message shows it: a string as a name (quoted, escaped, cut),
+    anything else as Python writes it, escaped and cut as well."""
+    if isinstance(key, str):
+        return quoted_name(key)
+    text = repr(key)
+    return escaped(text[:NAME_CHARS]) + ("…" if len(text) > NAME_CHARS else "")
+
+
+def _copy_sharing_parameters(module: nn.Module) -> nn.Module:
+    """copy.deepcopy(module), its parameters the module's own objects: the copy's buffers, plain tensor
+    attributes and Python state are its own. A TorchScript module's copy is made by TorchScript, which
+    copies its parameters too."""
+    memo: dict[int, object] = {id(p): p for p in module.parameters()}
+    return copy.deepcopy(module, memo)
 
 
 def _copy_onto(module: nn.Module, device: torch.device) -> nn.Module:

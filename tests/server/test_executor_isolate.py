@@ -239,6 +239,35 @@ def test_cuda_one_bad_request_fails_alone_and_the_rest_of_its_batch_is_answered(
     assert_answers(result, [3.0, 4.0])
 
 
+class DropsNaN(nn.Module):
+    """Doubles its input, leaving out the rows holding a NaN: a row count that depends on one request's values."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[~torch.isnan(x).any(1)] * 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_cuda_a_request_whose_values_make_the_model_answer_too_few_rows_fails_alone():
+    """The output's shape was checked only as the batch was waited for (its split), past the point where
+    a failed batch is rerun in parts: every request of the batch failed, where on the CPU only the
+    request with the NaN does. Shapes are known as the batch is launched, and checked there."""
+    s = Servable(four_wide_config("drops"), DropsNaN())
+    ex = Executor(s, InstanceConfig(count=1, devices=("cuda:0",), pipeline_depth=1))
+    try:
+        result = run(ex, requests([1.0, 2.0, np.nan, 4.0, 5.0]))
+        assert result.failure is not None
+        for out, v in zip(result.outputs, [1.0, 2.0, np.nan, 4.0, 5.0], strict=True):
+            if np.isnan(v):
+                assert str(out) == (
+                    "model 'drops' output 'OUTPUT0' has shape [0, 4]; expected 1 rows, one per sample "
+                    "(on this request alone)"
+                )
+            else:
+                np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2 * v, np.float32))
+    finally:
+        ex.shutdown()
+
+
 def test_a_device_error_is_told_by_its_type_or_by_older_torchs_message():
     from wok.executor import _is_device_error
 
