@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 
 from wok.codec import decode_response, encode_request
-from wok.errors import shown_value
+from wok.errors import quoted_name, shown_value
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 
@@ -201,7 +201,7 @@ class AsyncClient:
             watch = self._watch
             await asyncio.wait([watch], timeout=None if deadline is None else max(0.0, deadline - loop.time()))
             if not watch.done():
-                raise TimeoutError(f"{self.target}: not connected within {timeout} s")
+                raise TimeoutError(f"{quoted_name(self.target)}: not connected within {timeout} s")
             if watch.cancelled():  # by close(), as its last resort: the channel is closed
                 raise grpc.aio.UsageError("Channel is closed.")
             watch.result()

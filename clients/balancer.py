@@ -162,7 +162,7 @@ from typing import Any
 
 import grpc
 
-from wok.errors import NAME_CHARS, cut_message, message_of, quoted_name, shown_value
+from wok.errors import NAME_CHARS, cut_message, message_of, quoted, quoted_name, shown_value
 
 from .channel import (
     NAME_OPTIONS,
@@ -361,6 +361,11 @@ async def system_resolver(host: str, port: int) -> list[str]:
     return [_address(ip, port) for ip in dict.fromkeys(v4 + v6)]
 
 
+# A replica's last error (its code and a server's details) is shown in describe() up to this many
+# characters: a server's details of 100 KB made each wait_ready timeout's message as long.
+ERROR_CHARS = 300
+
+
 async def probing(addresses: Sequence[str], timeout: float | None = None) -> dict[str, Probe]:
     """`wok.clients.channel.probe` (how each address answers a TCP connect: accepted, no answer
     within `timeout` seconds, PROBE_TIMEOUT_S by default, or refused) on a thread: its wait stays
@@ -460,6 +465,7 @@ class Balancer:
         self._closing: set[asyncio.Task] = set()  # of _tasks: channels of replicas no longer resolved
         self._retired: set[asyncio.Task] = set()  # their watchers, until they end with the channel
         self._resolver_task: asyncio.Task | None = None
+        self._starting: asyncio.Task | None = None  # start()'s lookups
         self._names = {f"{h}:{p}" for h, p in self.targets if _literal(h) is None}
         self._shown_targets = quoted_name(",".join(_address(h, p) for h, p in self.targets))
         self._logged: set[tuple[str, str, str]] = set()  # (stage, name, error type) of the errors logged, not over
@@ -476,14 +482,28 @@ class Balancer:
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> Balancer:
-        """Resolve the targets and open a channel per address; ValueError if none resolves."""
+        """Resolve the targets and open a channel per address; ValueError if none resolves,
+        RuntimeError if stop() came first or while the targets were looked up (no channel is made)."""
         if self._started:
             raise RuntimeError("this Balancer was started already")
+        if self._stopped:  # its channels would be made after stop() closed them all, and never closed
+            raise RuntimeError(f"targets {self._shown_targets}: this Balancer was stopped before it started")
         self._loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()
         self._started = True
         try:
-            addresses = await self._resolve_all(strict=True)
+            # In a task stop() cancels: a stop() from another task while the names were looked up
+            # found nothing to close, and this start() made the channels afterwards, never closed.
+            starting = self._starting = self._loop.create_task(self._resolve_all(strict=True))
+            await asyncio.wait([starting])  # (start()'s caller cancelling it: stop() below ends the task)
+            if self._stopped:  # (also when the lookups had ended, just before stop() ran)
+                # A lookup's error, left unread, was logged as "never retrieved" when the task went.
+                cause = None if starting.cancelled() else starting.exception()
+                raise RuntimeError(
+                    f"targets {self._shown_targets}: stop() was called while start() looked them up; "
+                    "no channel was made"
+                ) from cause
+            addresses = starting.result()
             if not addresses:
                 raise ValueError(f"targets {self._shown_targets}: no address to balance over")
             self._update(addresses)
@@ -495,14 +515,15 @@ class Balancer:
         return self
 
     async def stop(self) -> None:
-        """Cancel the attempts in flight and the resolver; close every channel, its watcher ending."""
+        """Cancel the attempts in flight, start()'s lookups (that start() raises RuntimeError) and the
+        resolver; close every channel, its watcher ending."""
         if self._stopped:
             return
         self._stopped = True
         # Until none is left: a caller woken by an attempt that ended just before stop() sees
         # `_stopped` and launches nothing, but cancelled tasks may still spawn a channel's close.
         while True:
-            tasks = [t for t in (self._resolver_task,) if t is not None and not t.done()]
+            tasks = [t for t in (self._resolver_task, self._starting) if t is not None and not t.done()]
             tasks += [t for t in self._tasks if not t.done()]
             if not tasks:
                 break
@@ -857,12 +878,13 @@ class Balancer:
 
     def describe(self) -> str:
         """The targets (quoted, as the module's other messages show them: a target is the user's
-        text) and each replica's state and last error, for messages: "'localhost:8001'
-        (127.0.0.1:8001 TRANSIENT_FAILURE, last error UNAVAILABLE: ...)"."""
+        text) and each replica's state and last error (quoted, escaped and cut past ERROR_CHARS: a
+        server's details), for messages: "'localhost:8001' (127.0.0.1:8001 TRANSIENT_FAILURE, last
+        error 'UNAVAILABLE: ...')"."""
         parts = []
         for r in self.replicas.values():
             part = f"{r.address} {r.state.name}" + (" ejected" if r.ejected else "")
-            parts.append(part + (f", last error {r.last_error}" if r.last_error else ""))
+            parts.append(part + (f", last error {quoted(r.last_error, ERROR_CHARS)}" if r.last_error else ""))
         return f"{self._shown_targets} ({'; '.join(parts) or 'no replica'})"
 
     def replica(self, address: str) -> Replica:

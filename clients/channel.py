@@ -334,7 +334,10 @@ def accepting(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> set
 def probe(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> dict[str, Probe]:
     """How each of `addresses` ("ip:port", "[v6]:port") answers a TCP connect within `timeout`
     seconds, all tried at once; the connections are closed at once, nothing is sent on them.
-    Blocks up to `timeout`: run it on a thread from async code."""
+    Blocks up to `timeout`: run it on a thread from async code. A family this host lacks (IPv6
+    turned off) is REFUSED; OSError naming the address when no socket can be made for want of file
+    descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): this process's shortage, no answer of
+    the address."""
     outcomes = {address: Probe.TIMED_OUT for address in addresses}
     selector = selectors.DefaultSelector()
     try:
@@ -344,8 +347,14 @@ def probe(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> dict[st
                 raise ValueError(f"address {quoted_name(address)}: expected ip:port or [ipv6]:port")
             try:
                 sock = socket.socket(family_of(address), socket.SOCK_STREAM)
-            except OSError:  # no such family on this host (IPv6 turned off): nothing accepts there
-                outcomes[address] = Probe.REFUSED
+            except OSError as exc:
+                if exc.errno in _SHORTAGES:
+                    # Counted as REFUSED, a moment's shortage of descriptors chose a name's family (the
+                    # other one, or IPv4 for a tie) for as long as the balancer kept its replicas.
+                    raise OSError(
+                        exc.errno, f"address {quoted_name(address)}: no socket to probe it with: {exc.strerror}"
+                    ) from exc
+                outcomes[address] = Probe.REFUSED  # no such family on this host (IPv6 turned off)
                 continue
             sock.setblocking(False)
             err = sock.connect_ex(parsed)
@@ -373,6 +382,8 @@ def probe(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> dict[st
     return outcomes
 
 
+# socket()'s errors that tell of this process's or host's resources, not of the address's family.
+_SHORTAGES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _IN_PROGRESS = {errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN, getattr(errno, "WSAEWOULDBLOCK", -1)}
 
 

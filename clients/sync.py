@@ -16,6 +16,7 @@ import grpc
 import numpy as np
 
 from wok.codec import decode_response, encode_request
+from wok.errors import quoted_name
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb.grpc_service_pb2_grpc import GRPCInferenceServiceStub
 
@@ -104,7 +105,7 @@ class Client:
         except grpc.FutureTimeoutError:
             # Left running, it would stay subscribed to the channel's state until it connects.
             ready.cancel()
-            raise TimeoutError(f"{self.target}: not connected within {timeout} s") from None
+            raise TimeoutError(f"{quoted_name(self.target)}: not connected within {timeout} s") from None
         except grpc.FutureCancelledError:
             raise RuntimeError("this Client is closed") from None
         finally:

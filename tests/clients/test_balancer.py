@@ -29,6 +29,7 @@ from grpc_health.v1 import health_pb2
 
 from wok.clients import TLS, AsyncClient, InferError
 from wok.clients.balancer import Balancer, BalancerSettings, merge_stats, split_targets
+from wok.errors import CUT_NOTE
 from wok.v2pb import grpc_service_pb2 as pb
 
 from .conftest import Stub
@@ -576,7 +577,7 @@ async def test_wait_ready_names_the_targets_and_each_replicas_state_and_last_err
     assert message.startswith(f"'127.0.0.1:{port}' (127.0.0.1:{port} "), message
     assert "not connected (no replica READY) within 0.2 s" in message
     assert any(f" {state.name}" in message for state in (STATE.TRANSIENT_FAILURE, STATE.CONNECTING)), message
-    assert "last error UNAVAILABLE: " in message
+    assert "last error 'UNAVAILABLE: " in message
     # The targets are the user's text, quoted as the module's other messages show them: shown bare,
     # a name with a newline broke the message's line (and a client's log with it).
     bal = Balancer(f"dns:///we\nird:{port}", settings=settings(), resolver=answering([f"127.0.0.1:{port}"]))
@@ -585,6 +586,24 @@ async def test_wait_ready_names_the_targets_and_each_replicas_state_and_last_err
             await bal.wait_ready(0.2)
     message = str(err.value)
     assert message.startswith(f"'we\\nird:{port}' (127.0.0.1:{port} ") and "\n" not in message, message
+
+
+async def test_describe_quotes_and_cuts_a_replicas_last_error(stub):
+    """A replica's last error is a server's details: shown whole and bare, one with a newline split
+    the message's line (forging one in a client's log), and 100 KB of details made each wait_ready
+    timeout's message as long."""
+    name = "a\nERROR forged " + "x" * 5000  # the stub's details: "{name}: failing call 1"
+    async with stub(name, fail_first=1) as a:
+        async with Balancer(a.target, settings=settings(max_attempts=1, **NO_EJECTION)) as bal:
+            assert await code_of(bal.unary_unary(METHOD)) == CODE.UNAVAILABLE
+            details = f"UNAVAILABLE: {name}: failing call 1"
+            assert bal.replica(a.target).last_error == details  # kept whole: only its display is bounded
+            shown = bal.describe()
+    assert "\n" not in shown and len(shown) < 1000, shown[-200:]
+    from wok.clients.balancer import ERROR_CHARS  # (after the checks that failed before it was made)
+
+    cut = ("UNAVAILABLE: a\\nERROR forged " + "x" * 5000)[: ERROR_CHARS + 1]  # one more for the escape
+    assert shown.endswith(f"last error '{cut}'" + CUT_NOTE.format(len(details)) + ")"), shown[-200:]
 
 
 def test_counters_of_several_workers_add_up():
@@ -1786,3 +1805,47 @@ async def test_an_error_of_a_lookup_again_as_a_whole_is_logged_once_until_over_a
     assert logged[2].getMessage() == logged[0].getMessage()
     went = "targets 'svc:8001': a lookup again went through"
     assert logged[1].getMessage() == went + " (after the error logged before: the next one is logged again)"
+
+
+async def test_stop_while_start_looks_up_ends_start_and_makes_no_channel():
+    """stop() from another task while start() looked the names up found nothing to close and
+    returned; start() then made the channels and the resolver's task, never closed."""
+    looking, go, cancelled = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def resolver(host: str, port: int) -> list[str]:
+        looking.set()
+        try:
+            await go.wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return ["127.0.0.1:1"]
+
+    bal = Balancer("dns:///svc:8001", settings=settings(), resolver=resolver)
+    start = asyncio.create_task(bal.start())
+    try:
+        await looking.wait()
+        await bal.stop()
+        stopped_lookup = cancelled.is_set()
+        go.set()
+        with pytest.raises(RuntimeError, match=r"^targets 'svc:8001': stop\(\) was called while start\(\) looked"):
+            await start
+        assert bal.replicas == {}
+        assert stopped_lookup  # stop() ended the lookup, not left it running past its return
+    finally:  # (what the unfixed start() made)
+        if bal._resolver_task is not None:
+            bal._resolver_task.cancel()
+        for r in bal.replicas.values():
+            await r.channel.close()
+
+
+async def test_start_after_stop_raises_and_makes_no_channel():
+    bal = Balancer("127.0.0.1:1", settings=settings())
+    await bal.stop()
+    try:
+        with pytest.raises(RuntimeError, match=r"^targets '127.0.0.1:1': this Balancer was stopped before it started$"):
+            await bal.start()
+        assert bal.replicas == {}
+    finally:
+        for r in bal.replicas.values():
+            await r.channel.close()

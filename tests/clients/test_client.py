@@ -737,10 +737,28 @@ def test_sync_wait_ready_times_out_and_stops_watching_the_channel(monkeypatch):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: connections are refused
         with Client(f"127.0.0.1:{port}") as client:
-            with pytest.raises(TimeoutError, match=f"127.0.0.1:{port}: not connected within 0.2 s"):
+            with pytest.raises(TimeoutError, match=f"^'127.0.0.1:{port}': not connected within 0.2 s$"):
                 client.wait_ready(timeout=0.2)
             (ready,) = made
             assert ready.cancelled()
+
+
+async def test_wait_ready_quotes_the_target_it_names():
+    """The target is the user's text: shown bare, one with a newline split the message's line (and
+    forged a line of a client's log), as the balancer's messages no longer do."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        target = f"127.0.0.1:{port}\nERROR forged"
+        expected = f"'127.0.0.1:{port}\\nERROR forged': not connected within 0.2 s"
+        async with AsyncClient(target) as client:
+            with pytest.raises(TimeoutError) as err:
+                await client.wait_ready(timeout=0.2)
+        assert str(err.value) == expected
+        with Client(target) as client:
+            with pytest.raises(TimeoutError) as err:
+                await asyncio.to_thread(client.wait_ready, timeout=0.2)
+        assert str(err.value) == expected
 
 
 # -- the sync client ---------------------------------------------------------------------------

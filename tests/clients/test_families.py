@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import select
 import socket
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -443,3 +445,32 @@ async def test_the_balancer_prefers_a_family_without_an_answer_over_one_that_ref
     finally:
         no4.close()
         busy6.close()
+
+
+OUT_OF_DESCRIPTORS = """
+import errno, os, resource, sys
+from wok.clients.channel import probe
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(open(os.devnull))
+except OSError as exc:
+    assert exc.errno == errno.EMFILE, exc
+held.pop().close()  # the one the probe's selector takes: its sockets then find none
+try:
+    print("answered", probe(["127.0.0.1:1", "[::1]:1"], 0.1))
+except OSError as exc:
+    print("raised", errno.errorcode[exc.errno], exc.strerror)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_NOFILE is POSIX's")
+def test_a_probe_out_of_file_descriptors_raises_rather_than_count_a_refusal():
+    """socket() failing for want of descriptors (EMFILE) counted as REFUSED, as a family this host
+    lacks: both families refused, the name's family was a guess, and the balancer kept it."""
+    # In a child with a low descriptor limit: filling this process's descriptors would starve gRPC.
+    done = subprocess.run([sys.executable, "-c", OUT_OF_DESCRIPTORS], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("raised EMFILE address '127.0.0.1:1': no socket to probe it with: "), done.stdout
