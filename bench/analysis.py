@@ -41,6 +41,9 @@ FAR_UNDER_SLO = 0.5
 UNDER_DELIVERY = 0.98
 LITTLE_TOLERANCE = 0.25
 NAN = float("nan")
+# The code of a request of a cut step that was never sent (runner.status_name's for workers.NOT_SENT):
+# counted in a step's `not_sent`, never among its `requests` or `errors`.
+NOT_SENT = "NOT_SENT"
 
 
 def _nearest_rank(sorted_ms: np.ndarray, num: int, den: int) -> float:
@@ -96,6 +99,9 @@ def step_result(
     late is charged its full wait: a stall never hides behind a delayed send. Latency
     figures cover successful requests; errors are counted by code. `sent_s` is NaN for a
     request never sent, `done_s` NaN for one that never completed (its code says why).
+    A request never sent (code NOT_SENT, a step cut short) was no part of the load: it is left out
+    of every figure, `requests`, `errors` and `success_rate` included, and counted in `not_sent`
+    (present when any was).
     `error_details` ({code name: message}, the bench's) is kept for the codes of `errors`.
     `host_lag_s`, per request, is the host's share of its send's lag (seconds; the sender's waits
     for a CPU, workers.HostShare; NaN unknown): `late_sends_own` counts the sends late without it.
@@ -113,6 +119,23 @@ def step_result(
         raise ValueError(
             f"arrays differ in length: intended {n}, sent {sent.size}, done {done.size}, codes {code.size}"
         )
+    unsent = code == NOT_SENT
+    if unsent.any():
+        timed = unsent & (np.isfinite(sent) | np.isfinite(done))
+        if timed.any():
+            i = int(np.flatnonzero(timed)[0])
+            raise ValueError(
+                f"request {i} has code {NOT_SENT} (never sent): expected NaN send and completion times; "
+                f"got sent {float(sent[i])!r}, done {float(done[i])!r}"
+            )
+        keep = ~unsent
+        intended, sent, done, code = intended[keep], sent[keep], done[keep], code[keep]
+        if host_lag_s is not None:
+            host_lag_s = np.asarray(host_lag_s, dtype=np.float64).ravel()
+            host_lag_s = host_lag_s[keep] if host_lag_s.size == n else None  # a wrong length: unknown, as below
+        if server_timing_ms is not None:
+            server_timing_ms = np.asarray(server_timing_ms)[keep]
+        n = intended.size
     ok_mask = code == "OK"
     if not np.isfinite(done[ok_mask]).all():
         raise ValueError("a request with code OK has no completion time")
@@ -159,6 +182,7 @@ def step_result(
         "duration_s": float(duration_s),
         "phase": phase,
         "requests": int(n),
+        **({"not_sent": int(unsent.sum())} if unsent.any() else {}),
         "ok": ok,
         "errors": errors,
         **details,
@@ -504,6 +528,8 @@ def check_precision(step: dict, slo_p99_ms: float | None = None) -> list[str]:
     out = []
     name = f"step {_qps(step['offered_qps'])} QPS"
     if step["requests"] == 0:
+        if step.get("not_sent"):
+            return [f"{name}: none of the {step['not_sent']} requests scheduled in the measured window was sent"]
         return [f"{name}: no request was scheduled in the measured window"]
     lag99 = step["dispatch_lag_ms"]["p99"]
     if _finite(lag99) and lag99 > LATE_SEND_MS:

@@ -7,7 +7,8 @@ step in each ramp, in the order it ran (`config.steps`: a result lists its steps
 with `--steps 400,200,100` a part stopped after its first step ran 400, not the 100 listed first);
 refinement steps are left out (each process bisected on its own):
 
-* counts add: offered, nominal and achieved QPS, requests, ok, errors by code, late sends;
+* counts add: offered, nominal and achieved QPS, requests, requests never sent (`not_sent`), ok, errors by
+  code, late sends;
 * the server's message per error code (`error_details`, when a part has one): per code, the first
   part's that has one, in the order the parts are given;
 * latency percentiles come from the sum of the parts' histograms (`latency_histogram`,
@@ -36,7 +37,8 @@ refinement steps are left out (each process bisected on its own):
 * the parts' pools of requests (`payloads`): kept once when all agree, else by part in
   `payloads_by_part` (a pool of draws follows each part's seed);
 * `interrupted`: null unless a part was cut in its ramp (then its steps, fewer, cap the merged
-  ones, and its verdicts with them); each such part's reason, after its name;
+  ones, and its verdicts with them, as a part stopped early by its own rule does: with a warning);
+  each such part's reason, after its name;
 * a part run without --server-timing beside parts run with it: the merged steps have no split,
   and a warning names the part;
 * the parts' host probes (`host_probe`, `wok bench ramp --host-probe`) are kept by part in
@@ -49,8 +51,8 @@ Verdicts (knee, max QPS under the SLO) and precision warnings are recomputed on 
 steps, with the parts' knee threshold and least success rate (parts that differ in either are
 refused, as are parts that sent other requests: other --sizes, --rows or --int-high, or measured
 otherwise: other --warmup, --timeout, --rpc/--streams, --arrival, or --step-gap with --start-at, or
-ran a merged step at other rates: other --steps, or the same in another order); the parts' own
-warnings are kept, prefixed with the part's name.
+ran a merged step at other rates, or planned other steps: other --steps, or the same in another order,
+or more or fewer of them); the parts' own warnings are kept, prefixed with the part's name.
 
 Parts are `wok.bench/1` or `wok.bench/2`, all of one version, which the merged result keeps:
 a /1 file may hold the older definitions of `offered_qps` and the Little's-law count
@@ -133,6 +135,7 @@ def merge_steps(steps: Sequence[dict], label: str = "step", names: Sequence[str]
         raise ValueError(f"{label}: a part has no latency_histogram (written by a wok bench older than merge)")
     hist = _summed([s["latency_histogram"] for s in steps], f"{label}: latency_histogram", names)
     requests = sum(int(s["requests"]) for s in steps)
+    not_sent = sum(int(s.get("not_sent") or 0) for s in steps)  # absent: none (analysis.step_result)
     ok = sum(int(s["ok"]) for s in steps)
     if hist.count != ok:
         raise ValueError(f"{label}: the histograms hold {hist.count} latencies for {ok} OK requests")
@@ -157,6 +160,7 @@ def merge_steps(steps: Sequence[dict], label: str = "step", names: Sequence[str]
         "duration_s": float(first["duration_s"]),
         "phase": "ramp",
         "requests": requests,
+        **({"not_sent": not_sent} if not_sent else {}),
         "ok": ok,
         "errors": dict(sorted(errors.items())),
         "success_rate": ok / requests if requests else NAN,
@@ -407,13 +411,25 @@ def _knee_threshold(result: dict, name: str) -> float:
     the part and the value unless it is a number in (0, 1], as `wok bench ramp --knee-threshold` takes:
     the merged knee would be found with a threshold no ramp runs with (at 0 or less a flat throughput
     is no knee, above 1 a step that kept up with its offer is one)."""
-    value = result.get("knee_threshold", 0.5)
+    expected = "a ratio Δachieved/Δoffered above 0 and at most 1 (as --knee-threshold takes)"
+    return _ratio(result, name, "knee_threshold", 0.5, expected)
+
+
+def _min_success_rate(result: dict, name: str) -> float:
+    """A part's `min_success_rate` (0.99 where absent, as in files written before it); ValueError naming
+    the part and the value unless it is a number in (0, 1]: the merged verdicts would pass a step none
+    of whose requests had to succeed (0 or less), or none at all (above 1)."""
+    expected = "the least share of a step's requests that succeed for it to pass, above 0 and at most 1"
+    return _ratio(result, name, "min_success_rate", 0.99, expected)
+
+
+def _ratio(result: dict, name: str, key: str, default: float, expected: str) -> float:
+    """`result[key]` (`default` where absent) as a float in (0, 1]; else ValueError naming `name`, `key`,
+    `expected` and the value got."""
+    value = result.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:  # NaN too
         shown = shown_value(value) if isinstance(value, str) else cut_message(repr(value), NAME_CHARS)
-        raise ValueError(
-            f"{name}: knee_threshold: expected a ratio Δachieved/Δoffered above 0 and at most 1 (as "
-            f"--knee-threshold takes); got {shown}"
-        )
+        raise ValueError(f"{name}: {key}: expected {expected}; got {shown}")
     return float(value)
 
 
@@ -431,6 +447,28 @@ def _same_rate(steps: Sequence[dict], names: Sequence[str], i: int) -> None:
             f"{shown}); only runs of the same --steps, in the same order, merge: each part sends its share of "
             "every step"
         )
+
+
+def _same_plan(results: Sequence[dict], names: Sequence[str]) -> None:
+    """Refuse parts that planned other ramps (`config.steps`: the --steps values, in the order run).
+    Only the steps every part ran are merged, and `_same_rate` compares only those: a part planned with
+    more steps, or with others after them, merged as if the others had stopped early, its own later
+    steps dropped without a word of why. Parts with one plan, some stopped early, merge (with a warning);
+    parts without a plan (older files) are compared by the steps they ran alone."""
+    plans = [r["config"].get("steps") for r in results]
+    if not all(isinstance(p, list) and all(analysis._finite(q) for q in p) for p in plans):
+        return
+    first = [float(q) for q in plans[0]]
+    if all(
+        len(p) == len(first) and all(math.isclose(float(q), f, rel_tol=1e-9) for q, f in zip(p, first)) for p in plans
+    ):
+        return
+    shown = "; ".join(f"{name}: {', '.join(analysis._qps(float(q)) for q in p)}" for name, p in zip(names, plans))
+    raise ValueError(
+        f"the parts planned different ramps (--steps {shown}); only runs of the same --steps, in the same order, "
+        "merge: each part sends its share of every step, and a step planned by some parts only would be "
+        "dropped as if the others had stopped early"
+    )
 
 
 def _rpc(config: dict) -> tuple:
@@ -522,13 +560,15 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
     # would decide them, and the order the files were given would change the knee.
     thresholds = [_knee_threshold(r, name) for r, name in zip(results, names)]
     _same(thresholds, names, "the knee threshold", float)
-    _same(results, names, "the least success rate", lambda r: float(r.get("min_success_rate", 0.99)))
+    rates = [_min_success_rate(r, name) for r, name in zip(results, names)]
+    _same(rates, names, "the least success rate", float)
     first = results[0]
 
     parts = [_run_order(r, [s for s in r["steps"] if s.get("phase", "ramp") == "ramp"]) for r in results]
     n = min(len(p) for p in parts)
     for i in range(n):
         _same_rate([p[i] for p in parts], names, i)
+    _same_plan(results, names)
     warnings = []
     if any(len(p) != n for p in parts):
         counts = ", ".join(f"{name}: {len(p)}" for name, p in zip(names, parts))
@@ -568,7 +608,7 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
             "line up only as well as their starts did (give every part the same --start-at)"
         )
     steps = [merge_steps([p[i] for p in parts], f"step {i + 1}", names) for i in range(n)]
-    warnings += _uncertain_verdicts(steps, float(first["slo_p99_ms"]), float(first.get("min_success_rate", 0.99)))
+    warnings += _uncertain_verdicts(steps, float(first["slo_p99_ms"]), rates[0])
     for i, step in enumerate(steps):
         if step.get("start_late_s", 0) > 0:
             warnings.append(
@@ -591,7 +631,7 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         slo_p99_ms=first["slo_p99_ms"],
         config=config,
         knee_threshold=thresholds[0],
-        min_success_rate=first.get("min_success_rate", 0.99),
+        min_success_rate=rates[0],
         timeline=None,
     )
     if any(r.get("balancer") for r in results):

@@ -753,6 +753,27 @@ def _fmt(v: Any, spec: str) -> str:
     return "-" if not math.isfinite(x) else format(x, spec)
 
 
+def soak_cut_note(result: dict) -> str | None:
+    """What a soak cut short left out, and why it was cut (the run's `interrupted` reason): the line
+    under the soak's table, in text and HTML alike; None for a whole soak. A count a file lacks
+    (`sent_after`, written before it) is not named."""
+    cut = (result.get("soak") or {}).get("cut")
+    if not cut:
+        return None
+    counts = []
+    if cut.get("in_flight") is not None:
+        counts.append(f"{cut['in_flight']} requests in flight")
+    if cut.get("sent_after") is not None:
+        counts.append(f"{cut['sent_after']} sent after it (before the workers saw the stop)")
+    lost = cut.get("workers_lost")
+    note = "left out at the cut: " + (", ".join(counts) or "nothing counted")
+    note += f", and all that {lost} lost worker(s) sent" if lost else ""
+    interrupted = result.get("interrupted") or {}
+    if interrupted.get("phase") == "soak" and interrupted.get("reason"):
+        note = f"{interrupted['reason']}; {note}"
+    return note
+
+
 def _soak_html(result: dict) -> str:
     """`--soak`'s section (docs/reliability.md): the load held, P99 and RSS per window, their drift."""
     s = result.get("soak")
@@ -775,6 +796,8 @@ def _soak_html(result: dict) -> str:
         f"windows: {req.get('sent', '-')} sent, {req.get('ok', '-')} ok; errors {errors}."
     )
     out = ["<h2>Soak</h2>", f"<p>{_e(summary)}</p>"]
+    if cut_note := soak_cut_note(result):
+        out.append(f"<p>{_e(cut_note)}.</p>")
     head = ["", "first", "last", "change", "change %", "slope /min", "slope /min, 2nd half", "worst"]
     drift = [
         ["RSS MiB"]

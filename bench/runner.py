@@ -58,7 +58,7 @@ def status_name(code: int) -> str:
         import grpc
 
         STATUS_NAMES.update({c.value[0]: c.name for c in grpc.StatusCode})
-        STATUS_NAMES[NOT_SENT] = "NOT_SENT"
+        STATUS_NAMES[NOT_SENT] = analysis.NOT_SENT
     return STATUS_NAMES.get(int(code), str(code))
 
 

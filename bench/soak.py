@@ -497,11 +497,9 @@ def print_soak(result: dict, file=None) -> None:
         f"errors {s['errors_by_code'] or 'none'} of {s['requests']['sent']}"
     )
     if cut is not None:
-        lost = cut["workers_lost"]
-        console.print(
-            f"left out at the cut: {cut['in_flight']} requests in flight, {cut['sent_after']} sent after it (before "
-            "the workers saw the stop)" + (f", and all that {lost} lost worker(s) sent" if lost else "")
-        )
+        from .report import soak_cut_note
+
+        console.print(soak_cut_note(result), markup=False, highlight=False)  # the reason is an error's own text
 
 
 def add_arguments(p) -> None:

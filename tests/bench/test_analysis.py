@@ -122,6 +122,60 @@ def test_errors_are_counted_by_code_and_left_out_of_latency():
     assert step["latency_ms"]["p50"] == pytest.approx(5.0) and step["latency_ms"]["max"] == pytest.approx(5.0)
 
 
+def test_requests_never_sent_are_neither_requests_nor_errors_and_are_counted_apart():
+    # A cut step's codes as the runner names them (runner.status_name of workers.NOT_SENT): 2 answered
+    # OK, 1 refused, 2 never sent (sent and done NaN). The two were no part of the load: they read as
+    # 2 errors "NOT_SENT" and a success rate of 40 % before.
+    from wok.bench.runner import status_name
+    from wok.bench.workers import NOT_SENT
+
+    intended = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
+    sent = np.array([0.1, 0.2, 0.3, np.nan, np.nan])
+    done = sent + 0.01
+    codes = np.array(["OK", "OK", "UNAVAILABLE", status_name(NOT_SENT), status_name(NOT_SENT)])
+    timing = np.full((5, len(analysis.TIMING_COLUMNS)), np.nan)
+    step = step_result(
+        offered_qps=5,
+        duration_s=1.0,
+        intended_s=intended,
+        sent_s=sent,
+        done_s=done,
+        codes=codes,
+        host_lag_s=np.zeros(5),
+        server_timing_ms=timing,
+    )
+    assert (step["requests"], step["not_sent"], step["ok"]) == (3, 2, 2)
+    assert step["errors"] == {"UNAVAILABLE": 1} and step["success_rate"] == pytest.approx(2 / 3)
+    assert step["late_sends_own"] == 0 and step["server_timing"]["missing"] == 2
+    assert step["littles_law"]["arrival_rate_qps"] == 3.0 and step["sent_qps"] == 3.0
+    # A step that sent everything has no such count.
+    whole = step_result(
+        offered_qps=3, duration_s=1.0, intended_s=intended[:3], sent_s=sent[:3], done_s=done[:3], codes=codes[:3]
+    )
+    assert "not_sent" not in whole and whole["requests"] == 3
+    # Nothing of the window sent: said so, not "no request was scheduled".
+    none = step_result(
+        offered_qps=2, duration_s=1.0, intended_s=intended[3:], sent_s=sent[3:], done_s=done[3:], codes=codes[3:]
+    )
+    assert (none["requests"], none["not_sent"], none["errors"]) == (0, 2, {})
+    assert check_precision(none) == ["step 2 QPS: none of the 2 requests scheduled in the measured window was sent"]
+    # A request said never sent that has a send time is a bookkeeping error, not a request to drop.
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "request 0 has code NOT_SENT (never sent): expected NaN send and completion times; got sent 0.1, done nan"
+        ),
+    ):
+        step_result(
+            offered_qps=1,
+            duration_s=1.0,
+            intended_s=intended[:1],
+            sent_s=intended[:1],
+            done_s=np.array([np.nan]),
+            codes=np.array(["NOT_SENT"]),
+        )
+
+
 def test_an_ok_without_completion_time_is_refused():
     with pytest.raises(ValueError, match="OK"):
         step_result(

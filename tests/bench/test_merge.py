@@ -225,6 +225,11 @@ def test_parts_judged_by_other_thresholds_do_not_merge(split_ramp):
     assert merge_results([parts[0], bare])["knee_threshold"] == 0.5
 
 
+KNEE = "a ratio Δachieved/Δoffered above 0 and at most 1 (as --knee-threshold takes)"
+LEAST = "the least share of a step's requests that succeed for it to pass, above 0 and at most 1"
+
+
+@pytest.mark.parametrize(("key", "expected"), [("knee_threshold", KNEE), ("min_success_rate", LEAST)])
 @pytest.mark.parametrize(
     ("value", "shown"),
     [
@@ -237,28 +242,26 @@ def test_parts_judged_by_other_thresholds_do_not_merge(split_ramp):
         (True, "True"),
     ],
 )
-def test_a_part_whose_knee_threshold_wok_bench_ramp_refuses_is_refused_by_name(split_ramp, value, shown):
+def test_a_part_whose_ratio_wok_bench_ramp_refuses_is_refused_by_name(split_ramp, key, expected, value, shown):
     # The CLI takes --knee-threshold in (0, 1] only; parts holding 2.0 (every one: they agreed) merged,
     # the knee found by a threshold no ramp runs with; "0.5" and null failed with a TypeError naming
-    # neither the part nor the field.
+    # neither the part nor the field. A min_success_rate of 2.0 merged too, every step failing the SLO
+    # whatever its requests did, "0.5" as if a number, and null failed with a TypeError.
     _, parts = split_ramp
     a, b = (json.loads(json.dumps(p)) for p in parts[:2])
-    b["knee_threshold"] = value
+    b[key] = value
 
     def refusal(name: str) -> str:
-        return re.escape(
-            f"{name}: knee_threshold: expected a ratio Δachieved/Δoffered above 0 and at most 1 (as "
-            f"--knee-threshold takes); got {shown}"
-        )
+        return re.escape(f"{name}: {key}: expected {expected}; got {shown}")
 
     with pytest.raises(ValueError, match=f"^{refusal('b.json')}$"):
         merge_results([a, b], ["a.json", "b.json"])
-    a["knee_threshold"] = value
+    a[key] = value
     with pytest.raises(ValueError, match=f"^{refusal('a.json')}$"):
         merge_results([a, b], ["a.json", "b.json"])
     # The range's top, which the CLI takes, merges.
-    a["knee_threshold"] = b["knee_threshold"] = 1
-    assert merge_results([a, b])["knee_threshold"] == 1.0
+    a[key] = b[key] = 1
+    assert merge_results([a, b])[key] == 1.0
 
 
 def test_parts_of_both_schema_versions_do_not_merge_and_one_versions_parts_keep_it(split_ramp):
@@ -313,6 +316,40 @@ def test_steps_run_high_to_low_merge_by_the_order_they_ran_when_a_part_stopped_e
     merged = merge_results(parts)
     assert [s["requests"] for s in merged["steps"]] == [s["requests"] for s in whole["steps"]]
     assert merged["config"]["steps"] == [pytest.approx(q) for q in (600.0, 300.0, 150.0)]
+
+
+def test_parts_planned_with_other_steps_do_not_merge_even_where_the_steps_all_ran_agree(split_ramp):
+    # c planned --steps 150,300 beside the others' 150,300,600 and ran both: the merge compared the two
+    # steps all parts ran, merged them and dropped a's and b's 600 QPS step as if c had stopped early.
+    _, parts = split_ramp
+    for p in parts:
+        p["config"]["steps"] = [50.0, 100.0, 200.0]
+    parts[2]["config"]["steps"] = [50.0, 100.0]
+    parts[2]["steps"] = parts[2]["steps"][:2]
+    with pytest.raises(
+        ValueError,
+        match=r"^the parts planned different ramps \(--steps a\.json: 50, 100, 200; b\.json: 50, 100, 200; c\.json: "
+        r"50, 100\); only runs of the same --steps, in the same order, merge",
+    ):
+        merge_results(parts, ["a.json", "b.json", "c.json"])
+    # One plan, c stopped after two of its steps: merged, with a warning.
+    parts[2]["config"]["steps"] = [50.0, 100.0, 200.0]
+    merged = merge_results(parts, ["a.json", "b.json", "c.json"])
+    assert len(merged["steps"]) == 2
+    assert (
+        "the parts ran different numbers of steps (a.json: 3, b.json: 3, c.json: 2): only the first 2 they ran "
+        "are merged" in merged["warnings"]
+    )
+
+
+def test_requests_never_sent_add_apart_from_the_requests(split_ramp):
+    _, parts = split_ramp
+    parts[0]["steps"][1]["not_sent"] = 4
+    parts[2]["steps"][1]["not_sent"] = 3
+    merged = merge_results(parts)
+    assert merged["steps"][1]["not_sent"] == 7
+    assert merged["steps"][1]["requests"] == sum(p["steps"][1]["requests"] for p in parts)
+    assert "not_sent" not in merged["steps"][0] and "not_sent" not in merged["steps"][2]
 
 
 def test_parts_that_ran_a_step_at_other_rates_do_not_merge(split_ramp):

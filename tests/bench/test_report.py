@@ -589,6 +589,32 @@ def test_html_of_a_cut_soak_says_where_it_was_cut_and_points_at_no_step_row(verd
     assert "the soak, cut at 2.5 s, held 50 QPS" in text
 
 
+def test_a_cut_soak_says_what_the_cut_left_out_and_why_in_html_as_in_text():
+    # The HTML said only where the soak was cut; the text table named what was left out, and a file
+    # written before `sent_after` (its cut without it) failed the text with a KeyError.
+    from wok.bench.soak import print_soak
+
+    doc = soak_document("soak step")
+    doc["steps"] = []
+    doc["soak"]["cut"] = {"at_s": 2.5, "in_flight": 3, "sent_after": 7, "workers_lost": 1}
+    doc["interrupted"] = {"reason": "soak ended early: KeyboardInterrupt: [SIGINT]", "by_signal": True, "phase": "soak"}
+    note = (
+        "soak ended early: KeyboardInterrupt: [SIGINT]; left out at the cut: 3 requests in flight, 7 sent after it "
+        "(before the workers saw the stop), and all that 1 lost worker(s) sent"
+    )
+    html = report.render_html(doc)
+    soak = html[html.index("<h2>Soak</h2>") : html.index("<h2>Configuration</h2>")]
+    assert f"<p>{report._e(note)}.</p>" in soak
+    out = io.StringIO()
+    print_soak(doc, out)
+    assert note in " ".join(out.getvalue().split())
+    del doc["soak"]["cut"]["sent_after"]
+    out = io.StringIO()
+    print_soak(doc, out)
+    older = "left out at the cut: 3 requests in flight, and all that 1 lost worker(s) sent"
+    assert older in " ".join(out.getvalue().split()) and older in report.render_html(doc)
+
+
 def test_plots_of_a_soak_name_the_capacity_ramps_verdicts():
     doc = soak_document()
     for fig in (report.latency_figure(doc), report.throughput_figure(doc)):
