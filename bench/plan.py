@@ -61,6 +61,14 @@ MANIFEST_FILES = ("hpa.yaml", "prometheus-adapter-rules.yaml", "keda-scaledobjec
 MAX_REPLICAS = 2**31 - 1
 # The server's max_queue_delay_ms when a model's config sets none (server/config.py, DynamicBatchingConfig).
 QUEUE_DELAY_DEFAULT = Fraction(5, 1000)
+# A fitted α within this share of the smallest batch time measured is 0 rounded, not a line that fails at small
+# batches: times exactly 0.1 ms·n at n = 1, 4, 16, 64 fit α = -4.3e-19 s, which `wok profile`, `wok tune` and
+# `wok plan` all warned of as negative. The rounding is ~1e-16 of the largest time; a nanosecond per second is far
+# above it for any profile's span of sizes and far below any clock's resolution of a batch.
+ALPHA_ROUNDING = Fraction(1, 10**9)
+# n more than this many times past the largest batch a profile measured (or below the smallest) is far outside it:
+# the plan's `inputs.batch.extrapolation.far` (docs/plan.md, "Past the profile").
+FAR_EXTRAPOLATION = 2
 
 
 # ---------------------------------------------------------------------------- exact numbers
@@ -306,6 +314,14 @@ class BatchTime:
     profiled_max_batch: Fraction | None = None
 
 
+def alpha_is_rounding(alpha_s, smallest_time_s) -> bool:
+    """Whether a fitted α is 0 but for the fit's rounding: |α| within `ALPHA_ROUNDING` of the smallest batch time
+    measured (`smallest_time_s`, None when no time is known: then only an α of exactly 0 is)."""
+    if smallest_time_s is None or not smallest_time_s > 0:
+        return alpha_s == 0
+    return abs(alpha_s) <= ALPHA_ROUNDING * smallest_time_s
+
+
 def _check_batch(t: Fraction, n: Fraction, names: Mapping[str, str] | None) -> None:
     if t <= 0:
         raise ValueError(f"{_named(names, 't_batch_s')}T_batch must be > 0 s; got {decimal_text(t)} s")
@@ -327,18 +343,25 @@ def batch_given(t_batch_s: Fraction, batch_size: Fraction, *, names: Mapping[str
 
 
 def batch_from_alpha_beta(
-    alpha_s: Fraction, beta_s: Fraction, batch_size: Fraction, *, names: Mapping[str, str] | None = None, **detail
+    alpha_s: Fraction,
+    beta_s: Fraction,
+    batch_size: Fraction,
+    *,
+    names: Mapping[str, str] | None = None,
+    smallest_time_s: Fraction | None = None,
+    **detail,
 ) -> BatchTime:
     """T_batch = α + β·n, the linear batch-time model `wok profile` fits.
 
     β, the time per row, must be >= 0. A least-squares α may come out below 0 (noise at small
     batches): it is taken as 0, T_batch = β·n, as `wok tune` takes it (its simulator needs α >= 0;
-    one profile, one T(n)), and the plan warns. `names` ("beta_s", "t_batch_s" for α + β·n,
-    "batch_size") are the caller's for the inputs, for the errors.
+    one profile, one T(n)), and the plan warns, unless it is the fit's rounding of 0 (`alpha_is_rounding`
+    of `smallest_time_s`, the smallest batch time the fit was made on). `names` ("beta_s", "t_batch_s" for
+    α + β·n, "batch_size") are the caller's for the inputs, for the errors.
     """
     if beta_s < 0:
         raise ValueError(f"{_named(names, 'beta_s')}β must be >= 0; got β={decimal_text(beta_s)} s")
-    given = alpha_s if alpha_s < 0 else None
+    given = alpha_s if alpha_s < 0 and not alpha_is_rounding(alpha_s, smallest_time_s) else None
     alpha_s = max(alpha_s, Fraction(0))
     t = alpha_s + beta_s * batch_size
     _check_batch(t, batch_size, names)
@@ -396,15 +419,26 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
             detail["r2"] = float(fit["r2"])
         except (TypeError, ValueError):
             raise ValueError(f"{option} {path}: fit.r2: expected a number; got {json_kind(fit['r2'])}") from None
-    fields = {"beta_s": f"{option} {path}: fit.beta_s", "t_batch_s": f"{option} {path}: fit.alpha_s + fit.beta_s × n"}
-    batch = batch_from_alpha_beta(alpha, beta, batch_size, names={**(names or {}), **fields}, **detail)
-    # The sizes the fit was made on, as `wok tune` reads them; entries it cannot read are left to it (the plan
-    # needs the fit alone): a size outside them is only warned of.
+    # The sizes and times the fit was made on, as `wok tune` reads them; entries it cannot read are left to it
+    # (the plan needs the fit alone): a size outside them is marked and warned of, a time bounds α's rounding.
     batches = doc.get("batches")
-    sizes = [b.get("batch_size") for b in batches if isinstance(b, dict)] if isinstance(batches, list) else []
-    whole = [Fraction(x) for x in sizes if type(x) is int or (isinstance(x, Decimal) and x.is_finite())]
+    batches = [b for b in batches if isinstance(b, dict)] if isinstance(batches, list) else []
+    whole = [Fraction(x) for x in (b.get("batch_size") for b in batches) if _finite_number(x)]
     whole = [x for x in whole if x >= 1]
+    times = [b.get("median_s") for b in batches]
+    times += [x for b in batches if isinstance(b.get("samples_s"), list) for x in b["samples_s"]]
+    times = [Fraction(x) for x in times if _finite_number(x)]
+    smallest = min((x for x in times if x > 0), default=None)
+    fields = {"beta_s": f"{option} {path}: fit.beta_s", "t_batch_s": f"{option} {path}: fit.alpha_s + fit.beta_s × n"}
+    batch = batch_from_alpha_beta(
+        alpha, beta, batch_size, names={**(names or {}), **fields}, smallest_time_s=smallest, **detail
+    )
     return replace(batch, profiled_min_batch=min(whole), profiled_max_batch=max(whole)) if whole else batch
+
+
+def _finite_number(x) -> bool:
+    """A JSON number read with `parse_float=Decimal` that is finite (not true, not a string, not NaN)."""
+    return type(x) is int or (isinstance(x, Decimal) and x.is_finite())
 
 
 def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> BatchTime:
@@ -709,11 +743,16 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
             f"batches; α is taken as 0 (as wok tune takes it), so T_batch at n = {_d(n)} is β·n = {_d(t)} s, "
             f"not {_d(batch.given_alpha_s + batch.beta_s * n)} s"
         )
-    least, most = batch.profiled_min_batch, batch.profiled_max_batch
-    if most is not None and not least <= n <= most:
+    extrapolation = _extrapolation(batch)
+    if extrapolation is not None and extrapolation["extrapolated"]:
+        least, most = batch.profiled_min_batch, batch.profiled_max_batch
         side, end, size = ("below", "smallest", least) if n < least else ("past", "largest", most)
+        far = ""
+        if extrapolation["far"]:
+            ratio = n / most if n > most else least / n
+            far = f", a factor of {decimal_text(ratio, 2)} outside it (far: more than {FAR_EXTRAPOLATION})"
         warnings.append(
-            f"n = {_d(n)} is {side} the {end} batch the profile measured ({_d(size)}): T_batch = α + β·n = "
+            f"n = {_d(n)} is {side} the {end} batch the profile measured ({_d(size)}){far}: T_batch = α + β·n = "
             f"{_d(t)} s is the fit extrapolated, not measured; profile batches of {_d(n)} to check it"
         )
     steps: list[dict] = []
@@ -860,6 +899,7 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
         # The α given, when it was below 0 and taken as 0 (alpha_s): else null.
         "alpha_given_s": None if batch.given_alpha_s is None else _num(batch.given_alpha_s),
         "beta_s": None if batch.beta_s is None else _num(batch.beta_s),
+        "extrapolation": extrapolation,
         **({"ramp": batch.detail} if batch.source == "ramp" else {}),
         **({"profile": batch.detail} if batch.source == "profile" else {}),
     }
@@ -881,6 +921,25 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
         "cross_check": cross,
         "autoscaling": autoscale,
         "warnings": warnings,
+    }
+
+
+def _extrapolation(batch: BatchTime) -> dict | None:
+    """Where n lies against the batch sizes a profile measured (`inputs.batch.extrapolation`, docs/plan.md): None
+    when they are not known. Marked, not refused: n within the model's max_batch_size is a batch the server forms
+    (past it `batch_from_profile` refuses), and the plan of it is the fit's, as `wok tune` searches such settings."""
+    least, most, n = batch.profiled_min_batch, batch.profiled_max_batch, batch.batch_size
+    if least is None or most is None:
+        return None
+    # How many times past the largest (or below the smallest) n is; 1 within the range.
+    ratio = n / most if n > most else least / n if n < least else Fraction(1)
+    return {
+        "smallest_profiled_batch": _num(least),
+        "largest_profiled_batch": _num(most),
+        "extrapolated": ratio > 1,
+        "ratio": _num(ratio),
+        "ratio_exact": _exact_str(ratio),
+        "far": ratio > FAR_EXTRAPOLATION,
     }
 
 

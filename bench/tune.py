@@ -44,7 +44,7 @@ import numpy as np
 from ..errors import quoted_name
 from . import analysis
 from .analysis import ms_text as _ms
-from .plan import json_kind
+from .plan import alpha_is_rounding, json_kind
 from .simulate import (
     CPU_FIELDS,
     MAX_ARRIVALS_PER_STEP,
@@ -106,6 +106,10 @@ def fit_linear(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[float,
     nm, tm = n.mean(), t.mean()
     beta = float(((n - nm) * (t - tm)).sum() / ((n - nm) ** 2).sum())
     alpha = float(tm - beta * nm)
+    if alpha_is_rounding(alpha, float(t.min())):
+        # Times exactly on T = β·n (0.1 ms·n at n = 1, 4, 16, 64) fit α = -4.3e-19 s, which `wok profile` wrote and
+        # it, `wok tune` and `wok plan` warned of as a negative α: the line's α is 0 to within its rounding.
+        alpha = 0.0
     total = float(((t - tm) ** 2).sum())
     r2 = 1.0 - float(((t - alpha - beta * n) ** 2).sum()) / total if total > 0 else 1.0
     return alpha, beta, r2
@@ -186,6 +190,7 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
         r2 = None if r2 is None else _json_number(r2, where, "fit.r2", "a number or null")
         samples = []
         sizes = set()
+        medians = []
         batches = doc.get("batches", [])
         if not isinstance(batches, list):
             raise ValueError(f"{where}: batches: expected a list of batch sizes' times; got {json_kind(batches)}")
@@ -202,6 +207,9 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
                 sizes.add(n := _batch_size(b["batch_size"], where, f"batches[{i}].batch_size"))
             if times:
                 samples.append((i, n, times))
+            median = b.get("median_s")
+            if isinstance(median, (int, float)) and not isinstance(median, bool) and math.isfinite(median):
+                medians.append(float(median))  # only to bound α's rounding: the simulation never reads it
     except (AttributeError, KeyError, TypeError) as exc:
         raise ValueError(f"{where}: not a readable {PROFILE_SCHEMA} document: {exc!r}") from exc
     for name, value in (("fit.alpha_s", alpha), ("fit.beta_s", beta)):
@@ -223,7 +231,10 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
     # it is clamped to 0, T(n) = β·n, and the result warns (`warnings`).
     if beta < 0:
         raise ValueError(f"{where}: fit.beta_s: β must be >= 0; got β={beta!r} s")
-    fitted = alpha if alpha < 0 else None
+    # A profile written before `fit_linear` rounded such an α to 0 holds it as fitted (-4.3e-19 s): it is 0 as well,
+    # judged against the smallest time the file measured (its samples, else its medians; none: only 0 is).
+    measured = [t for _, _, times in samples for t in times] or [m for m in medians if m > 0]
+    fitted = alpha if alpha < 0 and not alpha_is_rounding(alpha, min(measured, default=None)) else None
     if r2 is not None and not math.isfinite(r2):
         r2 = None  # strict JSON writes it as null all the same
     samples_out = tuple((n, t) for _, n, t in samples)
@@ -832,7 +843,7 @@ def tune(
     say = progress or (lambda msg: None)
     # As model_for builds every setting's model: what is simulated, not what was asked for.
     source, _, _, samples = batch_times(profile, sampled, cpu)
-    # A setting outside the sizes the batch time was measured at runs on T(n) extrapolated along the fit: the
+    # Batches outside the sizes the batch time was measured at run on T(n) extrapolated along the fit: the
     # profile's batch sizes, or the calibration's loads' mean batch sizes when its batch time replaces the profile's.
     measured = cpu.batch_fit_sizes if source == "server" else profile.profiled_sizes
     smallest, largest = (min(measured), max(measured)) if measured else (None, None)
@@ -842,7 +853,13 @@ def tune(
         model = model_for(profile, n, d, instances=instances, overhead_s=overhead_s, sampled=sampled, cpu=cpu)
         row = _row(n, d, max_qps(model, search, overhead_at))
         row["in_grid"] = n in batch_sizes and delay_ms(d) in {delay_ms(x) for x in delays_s}
+        # The largest batch the setting can form, as context; the flag is the batches the simulation formed at
+        # max_qps (their mean): a max_batch_size of 64 whose batches average 6 under a tight SLO ran on measured
+        # times, one of 8 whose batches average 2.4 on a profile of 4 and 8 did not, and the calibration's range
+        # is of loads' mean batches.
         row["extrapolated"] = None if largest is None else not smallest <= n <= largest
+        mean = row["mean_batch_size"]
+        row["mean_batch_extrapolated"] = None if largest is None or mean is None else not smallest <= mean <= largest
         rows.append(row)
         say(f"max_batch_size {n}, delay {1e3 * d:g} ms: {row['max_qps']:.0f} QPS")
     # The default competes too: the tuner never recommends a setting it predicts to be worse
@@ -865,10 +882,10 @@ def tune(
     if chosen is not None:
         n, delay_s = chosen["max_batch_size"], 1e-3 * chosen["max_queue_delay_ms"]
         comment = "written by wok tune"
-        if chosen["extrapolated"]:
-            t_n = model_for(profile, n, delay_s, sampled=sampled, cpu=cpu).mean_batch_time(n)
-            comment += "; " + _extrapolated_comment(n, smallest, largest, source)
-            warnings.append(_extrapolated_warning(n, smallest, largest, source, t_n))
+        if chosen["mean_batch_extrapolated"] or chosen["extrapolated"]:
+            model = model_for(profile, n, delay_s, sampled=sampled, cpu=cpu)
+            comment += "; " + _extrapolated_comment(chosen, smallest, largest, source)
+            warnings.append(_extrapolated_warning(chosen, smallest, largest, source, model.mean_batch_time))
         toml = config_toml(n, delay_s, comment)
     return {
         "schema": SCHEMA,
@@ -919,31 +936,58 @@ def _size_text(n: float) -> str:
     return f"{round(n, 1):g}"
 
 
-def _extrapolated_comment(n: int, smallest: float, largest: float, source: str) -> str:
-    """The config's note of a chosen max_batch_size outside the measured batch sizes."""
+def _mean_text(mean: float) -> str:
+    """A simulated mean batch as the messages write it, to 0.01: 8.04 is past a profile's 8, and shown so."""
+    return f"{round(mean, 2):g}"
+
+
+def _extrapolated_comment(row: dict, smallest: float, largest: float, source: str) -> str:
+    """The config's note of a chosen setting whose simulated mean batch, or else max_batch_size, lies outside the
+    measured sizes."""
+    n, mean = row["max_batch_size"], row["mean_batch_size"]
+    if row["mean_batch_extrapolated"]:
+        what, at = f"mean batch {_mean_text(mean)} (max_batch_size {n}) extrapolated: ", mean
+    else:  # only the largest batches the setting forms
+        what, at = f"max_batch_size {n} extrapolated: ", n
     if source == "server":
-        return (
-            f"max_batch_size {n} extrapolated: calibrated at mean batches {_size_text(smallest)}-{_size_text(largest)}"
-        )
-    return f"max_batch_size {n} extrapolated: " + (
-        f"profiled from {smallest}" if n < smallest else f"profiled to {largest}"
-    )
+        return what + f"calibrated at mean batches {_size_text(smallest)}-{_size_text(largest)}"
+    return what + (f"profiled from {smallest}" if at < smallest else f"profiled to {largest}")
 
 
-def _extrapolated_warning(n: int, smallest: float, largest: float, source: str, t_n: float) -> str:
-    """The warning of a chosen max_batch_size outside the measured batch sizes, with its mean batch time `t_n`."""
-    side = "below" if n < smallest else "past"
+def _extrapolated_warning(row: dict, smallest: float, largest: float, source: str, batch_time) -> str:
+    """The warning of a chosen setting whose simulated batches average outside the measured sizes (its
+    max_batch_size the context), or whose max_batch_size alone is past them; `batch_time` is the setting's
+    mean batch time as a function of the batch size."""
+    n, mean = row["max_batch_size"], row["mean_batch_size"]
+    by_mean = row["mean_batch_extrapolated"]
+    # Below the smallest only the mean can be: a max_batch_size below it has every batch, so the mean, below too.
+    below = by_mean and mean < smallest
+    side = "below" if below else "past"
     if source == "server":
         span = f"{_size_text(smallest)} to {_size_text(largest)}"
-        # Fitted on loads' mean batches, not on batches of one size: a load's mean batch is what can reach n.
-        where = f"{side} the mean batch sizes the CPU calibration's batch time was fitted on ({span})"
-        check = f"calibrate at a load whose mean batch is about {n} to check it"
+        # Fitted on loads' mean batches, not on batches of one size: the simulated mean is what compares with them.
+        where = f"the mean batch sizes the CPU calibration's batch time was fitted on ({span})"
+        check = f"calibrate at a load whose mean batch is about {_mean_text(mean) if by_mean else n} to check it"
     else:
-        end, size = ("smallest", smallest) if n < smallest else ("largest", largest)
-        where, check = f"{side} the {end} batch the profile measured ({size})", f"profile batches of {n} to check it"
+        where = f"the smallest batch the profile measured ({smallest})" if below else (
+            f"the largest batch the profile measured ({largest})")  # fmt: skip
+        # Past: the setting's batches reach n; below: the small batches its mean is made of.
+        check = f"profile batches of {max(1, math.floor(mean)) if below else n} to check it"
+    if by_mean:
+        return (
+            f"the chosen setting's simulated batches average {_mean_text(mean)} requests (max_batch_size {n}), "
+            f"{side} {where}: their mean batch time, {1e3 * batch_time(mean):.3g} ms, is the fit α + β·n "
+            f"extrapolated; {check}"
+        )
+    # A step without a batch in its window has no mean (null): only the max_batch_size is known outside then.
+    within = (
+        ""
+        if mean is None
+        else f"its simulated batches average {_mean_text(mean)} requests, within the measured range, but "
+    )
     return (
-        f"the chosen max_batch_size {n} is {where}: its mean batch time, {1e3 * t_n:.3g} ms, is the fit α + β·n "
-        f"extrapolated; {check}"
+        f"the chosen max_batch_size {n} is past {where}: {within}its larger batches and its ceiling run on the fit "
+        f"α + β·n extrapolated (a batch of {n}: {1e3 * batch_time(n):.3g} ms); {check}"
     )
 
 
@@ -988,8 +1032,10 @@ def print_table(result: dict, file=None) -> None:
             mark.append("chosen")
         if r is default:
             mark.append("default")
-        if r.get("extrapolated"):
+        if r.get("mean_batch_extrapolated"):
             mark.append("extrapolated")
+        elif r.get("extrapolated"):  # only its largest batches, the simulated mean within the measured sizes
+            mark.append("max extrapolated")
         table.add_row(
             str(r["max_batch_size"]),
             f"{r['max_queue_delay_ms']:g}",

@@ -552,8 +552,8 @@ def test_a_batch_size_past_the_profiled_ones_is_warned_of_as_tune_warns(tmp_path
     doc["batches"] = [{"batch_size": n, "median_s": 0.002 + 0.001125 * n} for n in (1, 2, 4)]
     path.write_text(json.dumps(doc))
     warning = (
-        "n = 16 is past the largest batch the profile measured (4): T_batch = α + β·n = 0.02 s is the fit "
-        "extrapolated, not measured; profile batches of 16 to check it"
+        "n = 16 is past the largest batch the profile measured (4), a factor of 4 outside it (far: more than 2): "
+        "T_batch = α + β·n = 0.02 s is the fit extrapolated, not measured; profile batches of 16 to check it"
     )
     p = make(batch=plan.batch_from_profile(path, F(16)), peak_qps=F(5000))
     assert warning in p["warnings"] and p["result"]["gpus"] == 10  # the plan itself as before
@@ -583,6 +583,90 @@ def test_a_batch_size_below_the_profiled_ones_is_warned_of_as_tune_warns(tmp_pat
     for n in (4, 16):
         warned = make(batch=plan.batch_from_profile(path, F(n)), peak_qps=F(5000))["warnings"]
         assert not any("the fit extrapolated" in w for w in warned), n
+
+
+def test_a_profiles_alpha_that_is_zero_but_for_rounding_is_not_warned_of(tmp_path):
+    """Times exactly 0.1 ms·n at n = 1, 4, 16, 64 fitted α = -4.3e-19 s (as `wok profile` wrote it before its fit
+    rounded it to 0): the plan warned "α = -0.0000000000000000004336808689942018 s is negative: the linear fit
+    T = α + β·n does not hold at small batches". Judged against the smallest time the profile measured (0.1 ms) it
+    is 0; an α of -0.2 ns, 2e-9 of it, is not, nor is any α < 0 of a profile with no times."""
+    path = tmp_path / "profile.json"
+    fit = {"alpha_s": -4.336808689942018e-19, "beta_s": 1e-4, "r2": 1.0}
+    doc = {"schema": "wok.profile/1", "model": {"name": "mlp", "max_batch_size": 64}, "fit": fit}
+    doc["batches"] = [{"batch_size": n, "median_s": 1e-4 * n, "samples_s": [1e-4 * n]} for n in (1, 4, 16, 64)]
+    path.write_text(json.dumps(doc))
+    p = make(batch=plan.batch_from_profile(path, F(16)), peak_qps=F(5000))
+    assert not any("is negative" in w for w in p["warnings"])
+    assert p["inputs"]["batch"]["alpha_given_s"] is None and p["inputs"]["batch"]["alpha_s"] == 0
+    assert p["inputs"]["batch"]["t_batch_exact"] == "1/625"  # β·n = 16 × 0.1 ms
+    for alpha, warned in ((-2e-13, True), (-4.336808689942018e-19, False)):
+        fit["alpha_s"] = alpha
+        path.write_text(json.dumps(doc))
+        assert (plan.batch_from_profile(path, F(16)).given_alpha_s is not None) is warned, alpha
+    del doc["batches"]
+    path.write_text(json.dumps(doc))
+    assert plan.batch_from_profile(path, F(16)).given_alpha_s == F("-4.336808689942018e-19")
+
+
+def _profiled(tmp_path, sizes=(4, 8, 16, 32)) -> Path:
+    path = tmp_path / "profile.json"
+    fit = {"alpha_s": 0.002, "beta_s": 0.001125, "r2": 0.999}
+    doc = {"schema": "wok.profile/1", "model": {"name": "mlp", "max_batch_size": 256}, "fit": fit}
+    doc["batches"] = [{"batch_size": n, "median_s": 0.002 + 0.001125 * n} for n in sizes]
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_plan_far_past_the_profile_is_marked_in_the_json_not_only_warned_of(tmp_path):
+    """n = 128 on a profile of batches 4 to 32: 4 times the largest, T_batch the line carried four times past its
+    data. The plan said so only in a warning (for people, not for parsing), so a pipeline reading the JSON could not
+    tell it from n = 32. Marked, not refused: the model forms batches of 128 (its max_batch_size is 256: past it
+    the plan is refused) and the fit's is the only T_batch there is, as `wok tune` searches such settings."""
+    path = _profiled(tmp_path)
+    p = make(batch=plan.batch_from_profile(path, F(128)), peak_qps=F(5000))
+    assert p["inputs"]["batch"]["extrapolation"] == {
+        "smallest_profiled_batch": 4,
+        "largest_profiled_batch": 32,
+        "extrapolated": True,
+        "ratio": 4,
+        "ratio_exact": "4",
+        "far": True,
+    }
+    assert (
+        "n = 128 is past the largest batch the profile measured (32), a factor of 4 outside it (far: more than 2): "
+        "T_batch = α + β·n = 0.146 s is the fit extrapolated, not measured; profile batches of 128 to check it"
+    ) in p["warnings"]
+    assert p["result"]["gpus"] == ceil_exact(F(5000) * F("0.146") / (128 * F(13, 20)))  # planned all the same
+    # Twice the largest is outside, not far; within the range nothing is outside; below it the ratio is the other way.
+    for n, ratio, far in ((64, 2, False), (32, 1, False), (4, 1, False), (2, 2, False), (1, 4, True)):
+        e = make(batch=plan.batch_from_profile(path, F(n)), peak_qps=F(5000))["inputs"]["batch"]["extrapolation"]
+        assert (e["extrapolated"], e["ratio"], e["far"]) == (ratio > 1, ratio, far), n
+    e = make(batch=plan.batch_from_profile(path, F(40)), peak_qps=F(5000))["inputs"]["batch"]["extrapolation"]
+    assert (e["ratio"], e["ratio_exact"], e["far"]) == (1.25, "5/4", False)
+    warned = " ".join(make(batch=plan.batch_from_profile(path, F(1)), peak_qps=F(5000))["warnings"])
+    assert "n = 1 is below the smallest batch the profile measured (4), a factor of 4 outside it (far: more" in warned
+    # Without a profile's sizes the range is not known: null, as `wok tune`'s `extrapolated`.
+    assert make(peak_qps=F(5000))["inputs"]["batch"]["extrapolation"] is None
+    bare = json.loads(path.read_text())
+    del bare["batches"]
+    path.write_text(json.dumps(bare))
+    unknown = make(batch=plan.batch_from_profile(path, F(128)), peak_qps=F(5000))["inputs"]["batch"]
+    assert unknown["extrapolation"] is None
+
+
+def test_the_cli_writes_the_extrapolation_mark(tmp_path, wok_cli):
+    path, out = _profiled(tmp_path), tmp_path / "plan.json"
+    status, stdout, stderr = wok_cli(
+        "plan", "--peak-qps", "5000", "--profile", str(path), "--batch-size", "128", "--json", str(out)
+    )
+    assert status == 0, stderr
+    mark = json.loads(out.read_text())["inputs"]["batch"]["extrapolation"]
+    assert (mark["largest_profiled_batch"], mark["ratio"], mark["far"]) == (32, 4, True)
+    assert "warning: n = 128 is past the largest batch the profile measured (32), a factor of 4 outside it" in stdout
+
+
+def ceil_exact(x: Fraction) -> int:
+    return -(-x.numerator // x.denominator)
 
 
 # ---------------------------------------------------------------------------- autoscaling

@@ -213,6 +213,17 @@ def test_a_negative_alpha_is_said_and_its_nan_throughput_is_a_dash():
     assert any(line.startswith("α < 0: the line does not hold") for line in profiler.summary_lines(doc))
 
 
+def test_times_exactly_through_the_origin_fit_alpha_zero_and_are_not_said_negative():
+    """Times exactly 0.1 ms·n at n = 1, 4, 16, 64 fitted α = -4.3e-19 s, and the summary said "α < 0: the line
+    does not hold at small batch sizes" of a line that holds at every size: α is 0 but for the fit's rounding."""
+    doc = json.loads((Path(__file__).parents[2] / "docs" / "results" / "profile-mlp.json").read_text())
+    ns = [1, 4, 16, 64]
+    fit = fit_linear(ns, [1e-4 * n for n in ns])
+    assert fit.alpha_s == 0.0 and fit.beta_s == pytest.approx(1e-4, rel=1e-12)
+    doc["fit"].update(alpha_s=fit.alpha_s, beta_s=fit.beta_s, r2=fit.r2, ceiling_qps=fit.ceiling)
+    assert not any(line.startswith("α < 0") for line in profiler.summary_lines(doc))
+
+
 def test_a_fit_needs_two_batch_sizes():
     with pytest.raises(ValueError, match="two or more"):
         fit_linear([4, 4], [1.0, 2.0])

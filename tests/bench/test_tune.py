@@ -855,6 +855,43 @@ def test_a_negative_alpha_is_clamped_with_a_warning_and_a_negative_beta_refused_
     assert tune(Profile(1e-4, 1e-4), search, [4], [0.0], default=None)["warnings"] == []
 
 
+# Batch times exactly on T = 0.1 ms·n, a line through the origin: the least-squares α came out -4.3e-19 s.
+ON_THE_ORIGIN = {n: [1e-4 * n] * 3 for n in (1, 4, 16, 64)}
+
+
+def test_an_alpha_that_is_zero_but_for_rounding_is_fitted_as_zero_and_not_warned_of():
+    """`fit_linear` of times exactly 0.1 ms·n gave α = -4.3e-19 s: `wok profile` wrote it and said "α < 0: the line
+    does not hold at small batch sizes", and `wok tune` warned "the profile's fitted α = -4.337e-16 ms is
+    negative"."""
+    sizes = sorted(ON_THE_ORIGIN)
+    alpha, beta, r2 = fit_linear(sizes, [ON_THE_ORIGIN[n][0] for n in sizes])
+    assert alpha == 0.0 and beta == pytest.approx(1e-4, rel=1e-12) and r2 == pytest.approx(1.0)
+    doc = profile_document(ON_THE_ORIGIN, "test")
+    assert doc["fit"]["alpha_s"] == 0.0
+    profile = profile_from_document(doc, "profile.json")
+    assert (profile.alpha_s, profile.fitted_alpha_s) == (0.0, None)
+    assert tune(profile, QUICK, [4], [0.0], default=None)["warnings"] == []
+
+
+def test_a_profiles_alpha_within_rounding_of_its_smallest_time_is_zero_and_past_it_negative():
+    """A profile written before the fit rounded such an α to 0 holds it: read as 0, judged against the smallest
+    batch time the file measured (0.1 ms: its samples, else its medians), not warned of. An α of -0.2 ns, 2e-9 of
+    that time, is no rounding of a fit and is warned of as before; so is any α < 0 of a file with no times."""
+    doc = profile_document(ON_THE_ORIGIN, "test")
+    doc["fit"]["alpha_s"] = -4.336808689942018e-19  # as fit_linear fitted these times before
+    profile = profile_from_document(doc, "profile.json")
+    assert (profile.alpha_s, profile.fitted_alpha_s) == (0.0, None)
+    assert tune(profile, QUICK, [4], [0.0], default=None)["warnings"] == []
+    for b in doc["batches"]:
+        del b["samples_s"]  # the medians alone
+    assert profile_from_document(doc, "profile.json").fitted_alpha_s is None
+    doc["fit"]["alpha_s"] = -2e-13
+    assert profile_from_document(doc, "profile.json").fitted_alpha_s == -2e-13
+    doc["fit"]["alpha_s"] = -4.336808689942018e-19
+    del doc["batches"]
+    assert profile_from_document(doc, "profile.json").fitted_alpha_s == -4.336808689942018e-19
+
+
 @pytest.mark.parametrize(
     ("alpha_s", "beta_s", "shown"),
     [
@@ -956,26 +993,59 @@ def test_a_pick_beyond_the_profiled_batch_sizes_says_it_is_extrapolated(sampled)
     assert [(r["max_batch_size"], r["extrapolated"]) for r in result["settings"]] == [
         (4, False), (8, False), (16, True)
     ]  # fmt: skip
-    assert result["chosen"]["max_batch_size"] == 16 and result["chosen"]["extrapolated"] is True
+    chosen = result["chosen"]
+    assert chosen["max_batch_size"] == 16 and chosen["extrapolated"] is True
+    # At its max QPS (the 2-iteration bisection's 3/4 of the ceiling) its batches average under 8: the flag is
+    # the simulated mean's; the max_batch_size past the profile is said as context, the batches beyond it named.
+    assert 1 < chosen["mean_batch_size"] < 8 and chosen["mean_batch_extrapolated"] is False
     warning = (
-        "the chosen max_batch_size 16 is past the largest batch the profile measured (8): its mean batch time, "
-        "3 ms, is the fit α + β·n extrapolated; profile batches of 16 to check it"
+        f"the chosen max_batch_size 16 is past the largest batch the profile measured (8): its simulated batches "
+        f"average {round(chosen['mean_batch_size'], 2):g} requests, within the measured range, but its larger "
+        "batches and its ceiling run on the fit α + β·n extrapolated (a batch of 16: 3 ms); profile batches of 16 "
+        "to check it"
     )
-    assert warning in result["warnings"]
+    assert result["warnings"] == [warning]
     first = result["config_toml"].splitlines()[0]
     assert first == "# written by wok tune; max_batch_size 16 extrapolated: profiled to 8"
     assert tomllib.loads(result["config_toml"])["max_batch_size"] == 16
     out = io.StringIO()
     print_table(result, file=out)
     table = out.getvalue()
-    assert "chosen, extrapolated" in table and f"warning: {warning}" in table
+    assert "chosen, max extrapolated" in table and f"warning: {warning}" in table
 
 
 def test_a_pick_within_the_profiled_batch_sizes_says_nothing_of_it():
     profile = profile_from_document(profile_document(PROFILED, "test"), "profile.json")
     result = tune(profile, QUICK, [4, 8], [0.0], default=None)
     assert result["chosen"]["max_batch_size"] == 8 and result["chosen"]["extrapolated"] is False
+    assert result["chosen"]["mean_batch_extrapolated"] is False
     assert result["warnings"] == [] and result["config_toml"].startswith("# written by wok tune\n")
+
+
+def test_a_pick_whose_simulated_batches_average_below_the_profile_is_flagged_though_its_max_is_within():
+    """A profile of batches of 4 and 8 and max_batch_size 4: at its max QPS its batches average 2.65, so the
+    simulation ran mostly on T(1..3), the fit carried below 4. Judged by max_batch_size (4, within 4 to 8) it was
+    not marked, warned of, nor noted in the config."""
+    import io
+
+    from wok.bench.tune import print_table
+
+    profile = profile_from_document(profile_document({4: [1.5e-3] * 3, 8: [2e-3] * 3}, "test"), "profile.json")
+    result = tune(profile, QUICK, [4], [0.0], default=None)
+    chosen = result["chosen"]
+    assert chosen["max_batch_size"] == 4 and chosen["extrapolated"] is False  # the context: its largest batch
+    assert chosen["mean_batch_size"] == pytest.approx(2.654, abs=1e-3) and chosen["mean_batch_extrapolated"] is True
+    t_mean = 1e-3 + 1.25e-4 * chosen["mean_batch_size"]  # the fit through (4, 1.5 ms) and (8, 2 ms)
+    assert result["warnings"] == [
+        "the chosen setting's simulated batches average 2.65 requests (max_batch_size 4), below the smallest batch "
+        f"the profile measured (4): their mean batch time, {1e3 * t_mean:.3g} ms, is the fit α + β·n extrapolated; "
+        "profile batches of 2 to check it"
+    ]
+    comment = "# written by wok tune; mean batch 2.65 (max_batch_size 4) extrapolated: profiled from 4"
+    assert result["config_toml"].splitlines()[0] == comment
+    out = io.StringIO()
+    print_table(result, file=out)
+    assert "chosen, extrapolated" in out.getvalue()
 
 
 def test_without_a_profiled_range_extrapolation_is_not_known():
@@ -985,6 +1055,7 @@ def test_without_a_profiled_range_extrapolation_is_not_known():
         result = tune(profile, QUICK, [8, 16], [0.0], default=None)
         assert result["inputs"]["largest_profiled_batch"] is None
         assert [r["extrapolated"] for r in result["settings"]] == [None, None]
+        assert [r["mean_batch_extrapolated"] for r in result["settings"]] == [None, None]
         assert result["warnings"] == []
 
 
@@ -1023,6 +1094,7 @@ def test_the_cli_says_the_mlp_profiles_pick_of_64_is_extrapolated(tmp_path, wok_
     assert status == 0, stderr
     result = json.loads(out.read_text())
     assert result["chosen"]["max_batch_size"] == 64 and result["chosen"]["extrapolated"] is True
+    assert result["chosen"]["mean_batch_size"] < 32 and result["chosen"]["mean_batch_extrapolated"] is False
     assert result["inputs"]["largest_profiled_batch"] == 32
     assert cfg.read_text().startswith("# written by wok tune; max_batch_size 64 extrapolated: profiled to 32\n")
     assert "warning: the chosen max_batch_size 64 is past the largest batch the profile measured (32)" in stdout
@@ -1076,16 +1148,19 @@ def test_a_pick_below_the_smallest_profiled_batch_says_it_is_extrapolated():
     profile = profile_from_document(profile_document({4: [1.5e-3] * 3, 8: [2e-3] * 3}, "test"), "profile.json")
     result = tune(profile, QUICK, [1, 2, 4], [0.0], default=None)
     assert [(r["max_batch_size"], r["extrapolated"]) for r in result["settings"]] == [(1, True), (2, True), (4, False)]
+    # Below by max_batch_size, below by the mean too; 4's batches average 2.65 (the test above).
+    assert [r["mean_batch_extrapolated"] for r in result["settings"]] == [True, True, True]
     assert (result["inputs"]["smallest_profiled_batch"], result["inputs"]["largest_profiled_batch"]) == (4, 8)
     result = tune(profile, QUICK, [2], [0.0], default=None)
+    assert result["chosen"]["mean_batch_size"] == pytest.approx(1.505, abs=1e-3)
     warning = (
-        "the chosen max_batch_size 2 is below the smallest batch the profile measured (4): its mean batch time, "
-        "1.25 ms, is the fit α + β·n extrapolated; profile batches of 2 to check it"
+        "the chosen setting's simulated batches average 1.51 requests (max_batch_size 2), below the smallest batch "
+        "the profile measured (4): their mean batch time, 1.19 ms, is the fit α + β·n extrapolated; profile batches "
+        "of 1 to check it"
     )
     assert result["warnings"] == [warning]
-    assert (
-        result["config_toml"].splitlines()[0] == "# written by wok tune; max_batch_size 2 extrapolated: profiled from 4"
-    )
+    comment = "# written by wok tune; mean batch 1.51 (max_batch_size 2) extrapolated: profiled from 4"
+    assert result["config_toml"].splitlines()[0] == comment
     out = io.StringIO()
     print_table(result, file=out)
     assert "chosen, extrapolated" in out.getvalue() and f"warning: {warning}" in out.getvalue()
@@ -1110,12 +1185,17 @@ def test_the_cpu_calibrations_batch_time_is_judged_by_its_loads_mean_batches(tmp
     result = tune(profile, QUICK, [2, 8, 16], [0.0], default=None, cpu=stage)
     assert result["inputs"]["batch_times"] == "server"
     assert [(r["max_batch_size"], r["extrapolated"]) for r in result["settings"]] == [(2, True), (8, False), (16, True)]
+    # The calibration's range is of loads' mean batches: the simulated mean is what compares with it. 16's batches
+    # average 7.79 (3/4 of its ceiling, as with the profile's same fit above), within 2.57 to 14.72.
+    means = [r["mean_batch_extrapolated"] for r in result["settings"]]
+    assert means == [True, False, False]
     assert (result["inputs"]["smallest_profiled_batch"], result["inputs"]["largest_profiled_batch"]) == (2.57, 14.72)
     assert result["chosen"]["max_batch_size"] == 16
     assert result["warnings"] == [
         "the chosen max_batch_size 16 is past the mean batch sizes the CPU calibration's batch time was fitted on "
-        "(2.6 to 14.7): its mean batch time, 3 ms, is the fit α + β·n extrapolated; calibrate at a load whose mean "
-        "batch is about 16 to check it"
+        f"(2.6 to 14.7): its simulated batches average {round(result['chosen']['mean_batch_size'], 2):g} requests, "
+        "within the measured range, but its larger batches and its ceiling run on the fit α + β·n extrapolated (a "
+        "batch of 16: 3 ms); calibrate at a load whose mean batch is about 16 to check it"
     ]
     comment = "# written by wok tune; max_batch_size 16 extrapolated: calibrated at mean batches 2.6-14.7"
     assert result["config_toml"].splitlines()[0] == comment
