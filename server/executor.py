@@ -76,6 +76,9 @@ PROBE_AFTER = 2
 # Ends the message of a request the probing left undecided: a client (and the chaos audit) can
 # tell the batch's error given to it from one its own request earned ("(on this request alone)").
 NOT_RERUN = "(its batch's error: not rerun alone, the model having failed every request of its last batches)"
+# Ends the message of the requests of a part that failed as the device was lost: its halves were not rerun
+# on a device that can run nothing more, so the error may be any one's of them.
+LOST_IN_PART = "(its part's error, met as the device was lost: not rerun alone)"
 
 
 @dataclass(slots=True)
@@ -423,11 +426,20 @@ class Instance:
         at most 1 + 2·ceil(log2(n - 2)) more forwards (enough to find one bad request among them), and
         the requests it leaves undecided get the batch's own error, marked NOT_RERUN: a model failing
         every input costs 3 + 2·ceil(log2(n - 2)) forwards a batch, not 2n - 2.
+
+        The reruns stop, the parts answered keeping their answers, when the device is lost (a part's
+        device-side error, or another instance's on the device: Instance.lost): a part failing as it
+        is lost gives its requests its error, marked LOST_IN_PART, and those not rerun yet get the loss
+        (DeviceLost, UNAVAILABLE: to be retried elsewhere) without running; rerun on a device that can
+        run nothing more, each failed again, as if on its own values. They stop too at an error that is
+        not the model failing a part (a MemoryError taking its answers to the host, a bug), which every
+        request not answered gets: raised out of here, it failed the whole batch, answered parts too.
         """
         n = len(rows)
         outcomes: list = [None] * n
         reruns = 0
         budget = math.inf  # the most forwards this batch's reruns may take
+        stop: BaseException | None = None  # why no more part runs: the device lost, or an error not the model's
 
         def marked(exc: ModelExecutionError, note: str) -> ModelExecutionError:
             err = ModelExecutionError(f"{exc} {note}")
@@ -435,7 +447,12 @@ class Instance:
             return err
 
         def part(lo: int, hi: int) -> None:
-            nonlocal reruns
+            nonlocal reruns, stop
+            if stop is None:  # lost by the last part, or meanwhile by another instance on the device
+                stop = self.lost
+            if stop is not None:
+                outcomes[lo:hi] = [stop] * (hi - lo)
+                return
             if reruns >= budget:
                 outcomes[lo:hi] = [marked(failure, NOT_RERUN)] * (hi - lo)
                 return
@@ -445,10 +462,17 @@ class Instance:
             except ModelExecutionError as exc:
                 if hi - lo == 1:
                     outcomes[lo] = marked(exc, "(on this request alone)")
-                    return
-                mid = (lo + hi) // 2
-                part(lo, mid)
-                part(mid, hi)
+                elif self.lost is not None:
+                    outcomes[lo:hi] = [marked(exc, LOST_IN_PART)] * (hi - lo)
+                else:
+                    mid = (lo + hi) // 2
+                    part(lo, mid)
+                    part(mid, hi)
+                return
+            except BaseException as exc:  # wok's own work on the part failed, not the model: so would every part's
+                stop = _model_failed(self.servable.name, exc)
+                stop.__cause__ = exc
+                outcomes[lo:hi] = [stop] * (hi - lo)
                 return
             outcomes[lo:hi] = answers
 
@@ -464,8 +488,11 @@ class Instance:
         else:
             part(0, n // 2)
             part(n // 2, n)
-        failed = sum(isinstance(o, ModelExecutionError) for o in outcomes)
-        self.all_failed_runs = self.all_failed_runs + 1 if failed == n else 0
+        failed = sum(isinstance(o, BaseException) for o in outcomes)
+        if failed < n:
+            self.all_failed_runs = 0
+        elif stop is None and self.lost is None:  # not cut short: every request failed alone (or was left undecided)
+            self.all_failed_runs += 1
         log.debug(
             "model '%s': a failed batch of %d requests, rerun in parts (%d forwards): %d failed alone",
             self.servable.name,
