@@ -29,7 +29,7 @@ import yaml
 
 from ..bench.arrivals import parse_duration
 from ..children import die_with_parent
-from ..config import host_port
+from ..config import bind_address, host_port
 from ..errors import quoted_name
 from ..faults import shown
 from .load import MAX_RATE, LoadControl, LoadGenerator
@@ -98,7 +98,7 @@ def run_demo(args) -> int:
         raise ValueError(f"--torch-threads: expected 1 or more, got {args.torch_threads}")
     if re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device) is None:
         raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {quoted_name(args.device)}")
-    check_host(args.host)
+    host = check_host(args.host)
     delay_s = duration("--max-queue-delay", args.max_queue_delay)
     if delay_s > MAX_QUEUE_DELAY_S:
         raise ValueError(f"--max-queue-delay: expected at most {MAX_QUEUE_DELAY_S:g}s, got {args.max_queue_delay}")
@@ -115,7 +115,7 @@ def run_demo(args) -> int:
         )
     control = LoadControl(args.rate)
     try:
-        return asyncio.run(_main(args, control, delay_s, slo_s))
+        return asyncio.run(_main(args, control, host, delay_s, slo_s))
     except (StartError, ServerExited) as exc:
         print(f"wok demo: {exc}", file=sys.stderr)
         return 1
@@ -133,13 +133,17 @@ def duration(option: str, text: str) -> float:
     return seconds
 
 
-def check_host(host: str) -> None:
-    """Refuse a --host no page can listen on by name, before anything starts, as `wok serve` refuses
-    its --host: empty (asyncio took "" for every address of the machine, the page at http://:PORT/),
-    not printable, with a space, or longer than DNS's 253 characters (one of 100,000 was refused in
-    IDNA's words, naming no option)."""
-    if not host or not host.isprintable() or " " in host or len(host) > 253:
-        raise ValueError(f"--host: expected an address or a host name of this machine, got {quoted_name(host)}")
+def check_host(host: str) -> str:
+    """--host as the page listens on it, an IPv6 address in brackets ("[::1]") bare, as `wok serve`
+    takes its --host (bind_address). Refused before anything starts, as there: empty (asyncio took ""
+    for every address of the machine, the page at http://:PORT/), not printable, with a space, or
+    longer than DNS's 253 characters (one of 100,000 was refused in IDNA's words, naming no option)."""
+    try:
+        return bind_address(host)
+    except ValueError:
+        raise ValueError(
+            f"--host: expected an address or a host name of this machine, got {quoted_name(host)}"
+        ) from None
 
 
 def page_url(host: str, port: int) -> str:
@@ -184,7 +188,7 @@ def listen_error(exc: OSError | UnicodeError, host: str, port: int) -> ValueErro
     return ValueError(f"--port: cannot listen on {host_port(host, port)}: {reason}")
 
 
-async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int:
+async def _main(args, control: LoadControl, host: str, delay_s: float, slo_s: float) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -210,21 +214,21 @@ async def _main(args, control: LoadControl, delay_s: float, slo_s: float) -> int
         backend = SimulatedDemo(SimBackend(control, model), slo_s)
     else:
         backend = LiveDemo(control, args, delay_s, slo_s)
-    web = DemoWeb(backend, hub, args.host, args.port)
+    web = DemoWeb(backend, hub, host, args.port)
     try:
         # The page first: a port in use or a bad host is found before a server is started for nothing.
         try:
             await web.start()
         except (OSError, UnicodeError) as exc:
-            raise listen_error(exc, args.host, args.port) from None
+            raise listen_error(exc, host, args.port) from None
         if not await _start_unless_stopped(backend, hub, stop):
             return 0
         mode = "SIMULATION (no server)" if args.simulate else f"live, wok server at {backend.target}"
         print(f"wok demo: {mode}", file=sys.stderr, flush=True)
-        print(f"wok demo: page at {page_url(args.host, web.port)}", file=sys.stderr, flush=True)
-        if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"wok demo: page at {page_url(host, web.port)}", file=sys.stderr, flush=True)
+        if host not in ("127.0.0.1", "localhost", "::1"):
             print(
-                f"wok demo: warning: the page on {args.host} lets anyone who reaches it fail and slow the server",
+                f"wok demo: warning: the page on {host} lets anyone who reaches it fail and slow the server",
                 file=sys.stderr,
                 flush=True,
             )
@@ -335,14 +339,16 @@ class SimulatedDemo:
 
     def config(self) -> dict:
         m = self.sim.model
+        batching = self.sim.batching()
         return {
             "mode": "simulate",
-            "model": "simulated",
+            # The simulator's name for its model (sim.MODEL), as its ticks and batching answers give it.
+            "model": batching["model"],
             "instances": m.instances,
             "slo_ms": self.slo_s * 1e3,
             "alpha_ms": m.alpha_s * 1e3,
             "beta_ms": m.beta_s * 1e3,
-            "batching": self.sim.batching(),
+            "batching": batching,
             "load": self.control.describe(),
             "faults": False,
         }

@@ -28,7 +28,7 @@ from collections import Counter
 import numpy as np
 
 from ..bench.simulate import REJECTED, BatcherModel, simulate
-from ..faults import check_batching_body, shown
+from ..faults import check_batching_body, check_batching_change, shown
 from .load import WINDOW_S, LoadControl, Rolling
 
 MODEL = "simulated"  # the model's name, in the page's figures and its batching answers
@@ -88,15 +88,17 @@ class SimBackend:
             raise ValueError(
                 f"field 'model': expected '{MODEL}' (the one model simulated) or none, got {shown(body['model'])}"
             )
+        # As the admin API: a body that changes nothing, or a field null, is refused, not answered 200.
+        check_batching_change(body)
         changes = {}
-        v = body.get("max_batch_size")
-        if v is not None:
+        if "max_batch_size" in body:
+            v = body["max_batch_size"]
             limit = self.limit_batch_size
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit:
                 raise ValueError(f"field 'max_batch_size': expected an integer from 1 to {limit}, got {shown(v)}")
             changes["max_batch_size"] = v
-        v = body.get("max_queue_delay_ms")
-        if v is not None:
+        if "max_queue_delay_ms" in body:
+            v = body["max_queue_delay_ms"]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 60_000:
                 raise ValueError(f"field 'max_queue_delay_ms': expected a number from 0 to 60000, got {shown(v)}")
             changes["max_queue_delay_s"] = float(v) / 1e3

@@ -59,6 +59,7 @@ from ..http import (
     REASONS,
     BadRequest,
     DateHeader,
+    HeadTooLarge,
     TargetTooLong,
     cross_site_refusal,
     expect_refusal,
@@ -197,7 +198,8 @@ async def http_json(host: str, port: int, method: str, path: str, body=None) -> 
         # The admin port's own refusals of a request's framing are text/plain; read as JSON, the
         # parse error reached the page as a 400 of its own input.
         answer = None
-    text = payload.decode("latin-1").strip()
+    # The admin port writes UTF-8 (charset=utf-8): read as Latin-1, a "…" in it showed as its three bytes.
+    text = payload.decode("utf-8", "replace").strip()
     if status in RELAYED:
         if isinstance(answer, dict):
             return status, payload  # passed on as it came: re-encoded, it was spaced otherwise
@@ -257,15 +259,17 @@ class DemoWeb:
             method, target, version = request_line(lines[0])
             head = method == "HEAD"
             path, body, close = await self._request(reader, writer, method, target, version, lines[1:])
+        # Refused before its request line is parsed, or for it, a HEAD is known by the method its
+        # line starts with (`method` of the exception).
         except TargetTooLong as exc:  # the request line alone: its URL is too long, not its headers
-            await self._send(writer, 414, {"error": str(exc)}, close=True)
+            await self._send(writer, 414, {"error": str(exc)}, close=True, head=exc.method == "HEAD")
             return False
-        except asyncio.LimitOverrunError:
+        except HeadTooLarge as exc:
             error = {"error": f"request head: expected at most {MAX_HEAD} bytes, got more"}
-            await self._send(writer, 431, error, close=True)
+            await self._send(writer, 431, error, close=True, head=exc.method == "HEAD")
             return False
         except BadRequest as exc:  # the head's framing, as the metrics port refuses it
-            await self._send(writer, 400, {"error": str(exc)}, close=True, head=head)
+            await self._send(writer, 400, {"error": str(exc)}, close=True, head=head or exc.method == "HEAD")
             return False
         except Refused as exc:
             await self._send(writer, exc.status, {"error": str(exc)}, close=True, head=head)
@@ -469,7 +473,7 @@ async def _head_lines(reader: asyncio.StreamReader) -> list[str]:
     """A request head's lines, read line by line as the metrics port reads them (server/http.py):
     a bare LF or CR refused with BadRequest at once (the head was read to a CRLF CRLF, and one
     sent with LF alone waited out the idle timeout unanswered), the empty lines before a request
-    line skipped (RFC 9112 2.2). LimitOverrunError past MAX_HEAD."""
+    line skipped (RFC 9112 2.2). HeadTooLarge (TargetTooLong for the request line alone) past MAX_HEAD."""
     start, _ = await request_start(reader, time.monotonic() + IDLE_S)
     lines, _ = await read_head(reader, start)
     return lines

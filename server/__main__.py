@@ -638,12 +638,13 @@ def _settings(args):
     if settings.admin and settings.metrics_port is None:
         raise ConfigError("--admin is served on the metrics port: it needs --metrics-port other than -1")
     if settings.model_repository is None:
-        from .models import DEMO_MODELS
+        from .models import check_demo_name
 
         for name in settings.demo_models:
-            # Not check_demo_name's message: it shows the name as repr does, whole however long.
-            if name not in DEMO_MODELS:
-                raise ConfigError(f"--models: unknown demo model {quoted_name(name)}; known: {', '.join(DEMO_MODELS)}")
+            try:
+                check_demo_name(name)
+            except ValueError as exc:
+                raise ConfigError(f"--models: {exc}") from None
     # An unknown model or option: refused before torch too.
     return settings, _demo_options(args.demo_option)
 

@@ -36,7 +36,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .errors import cut_message, message_of
-from .faults import AdminRequestError, FaultBoard, check_batching_body, is_number, parse_fault_request, shown
+from .faults import (
+    AdminRequestError,
+    FaultBoard,
+    check_batching_body,
+    check_batching_change,
+    is_number,
+    parse_fault_request,
+    shown,
+)
 
 if TYPE_CHECKING:  # they import torch, which the metrics port (and wok demo's page) need not load
     from .app import ModelRuntime, WokServer
@@ -218,6 +226,7 @@ class Admin:
                 f"field 'model': expected one of the served models ({', '.join(sorted(self.server.runtimes))}), "
                 f"got {shown(model)}"
             )
+        check_batching_change(body)
         policy: BatchingPolicy = rt.batcher.policy
         limit = rt.servable.config.max_batch_size
         changes = {}
@@ -247,8 +256,6 @@ class Admin:
                     f"field 'max_queue_delay_ms': expected a number from 0 to {MAX_QUEUE_DELAY_MS:g}, got {shown(v)}"
                 )
             changes["max_queue_delay_s"] = float(v) / 1e3
-        if not changes:
-            raise AdminRequestError("field 'max_batch_size': expected it or max_queue_delay_ms, got neither")
         rt.batcher.set_policy(replace(policy, **changes))  # within the configured maximum, checked above
         return self._policy(model, rt)
 

@@ -521,17 +521,7 @@ class ServerSettings(_Strict):
     @field_validator("host", "health_host", "metrics_host")
     @classmethod
     def _address(cls, v: str | None) -> str | None:
-        # "[::1]" is how an IPv6 address is written beside a port; bind calls take it bare.
-        if v is None:
-            return v
-        bare = v.strip()
-        if bare.startswith("[") and bare.endswith("]"):
-            bare = bare[1:-1]
-        # A space, a control character or a name past DNS's 253 characters was taken, and the bind
-        # failed only after the models had loaded (exit 1, "cannot start").
-        if not bare or not bare.isprintable() or " " in bare or len(bare) > 253:
-            raise ValueError(f"expected an address or a host name, got {quoted_name(v)}")
-        return bare
+        return v if v is None else bind_address(v)
 
     @field_validator("tls_cert", "tls_key", "tls_client_ca")
     @classmethod
@@ -581,6 +571,19 @@ def _distinct_addresses(a: str, b: str) -> bool:
     except ValueError:
         return False
     return x != y and not x.is_unspecified and not y.is_unspecified
+
+
+def bind_address(value: str) -> str:
+    """An address or host name to listen on, as bind calls take it: an IPv6 address in brackets bare
+    ("[::1]" is how one is written beside a port), spaces around it dropped. ValueError for one no
+    bind can take: empty, with a space or a control character, or a name past DNS's 253 characters
+    (`wok serve` took them, and the bind failed only after the models had loaded: exit 1, "cannot start")."""
+    bare = value.strip()
+    if bare.startswith("[") and bare.endswith("]"):
+        bare = bare[1:-1]
+    if not bare or not bare.isprintable() or " " in bare or len(bare) > 253:
+        raise ValueError(f"expected an address or a host name, got {quoted_name(value)}")
+    return bare
 
 
 def host_port(host: str, port: int) -> str:

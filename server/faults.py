@@ -97,7 +97,8 @@ class FaultRequest:
     duration_s: float | None
 
 
-# The fields a POST /admin/batching body may hold (the admin API's, and the demo's simulator's).
+# The fields a POST /admin/batching body may hold (the admin API's, and the demo's simulator's, which
+# share its checks: check_batching_body, check_batching_change).
 BATCHING_FIELDS = ("max_batch_size", "max_queue_delay_ms", "model")
 
 
@@ -112,6 +113,13 @@ def check_batching_body(body) -> None:
             f"field {quoted_name(extra[0])}: expected only the fields {', '.join(sorted(BATCHING_FIELDS))}, "
             f"got {shown(body[extra[0]])}"
         )
+
+
+def check_batching_change(body: dict) -> None:
+    """AdminRequestError unless `body` (checked by check_batching_body) changes something: a body of
+    the model alone changed nothing, yet was answered as a change made."""
+    if "max_batch_size" not in body and "max_queue_delay_ms" not in body:
+        raise AdminRequestError("field 'max_batch_size': expected it or max_queue_delay_ms, got neither")
 
 
 def shown(v) -> str:

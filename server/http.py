@@ -842,17 +842,45 @@ class MetricsHTTPServer:
 
 
 class BadRequest(ValueError):
-    """A request head this server refuses (400, and the connection ends); the message names the line."""
+    """A request head this server refuses (400, and the connection ends); the message names the line.
+    `method`: the request's as far as its line was read (`request_method`), "" when unknown, for the
+    refusal of a HEAD to carry no body (RFC 9110 9.3.2)."""
+
+    def __init__(self, message: str, method: str = "") -> None:
+        super().__init__(message)
+        self.method = method
 
 
-class TargetTooLong(asyncio.LimitOverrunError):
+class HeadTooLarge(asyncio.LimitOverrunError):
+    """A request head over MAX_HEADER_BYTES (431); `method` as BadRequest's."""
+
+    def __init__(self, message: str, consumed: int, method: str = "") -> None:
+        super().__init__(message, consumed)
+        self.method = method
+
+
+class TargetTooLong(HeadTooLarge):
     """A request line over MAX_HEADER_BYTES by itself: its target is too long (414, RFC 9112 3), not
     its header fields (431), which a client that made its URL too long (a browser, curl) was told."""
 
-    def __init__(self, consumed: int) -> None:
+    def __init__(self, consumed: int, method: str = "") -> None:
         super().__init__(
-            f"request line: expected at most {MAX_HEADER_BYTES} bytes, got more: its target is too long", consumed
+            f"request line: expected at most {MAX_HEADER_BYTES} bytes, got more: its target is too long",
+            consumed,
+            method,
         )
+
+
+# The bytes of a request line read for its method when the line is too long to read whole: past
+# the longest method a server may know (RFC 9110's are at most 7 characters).
+METHOD_PEEK = 32
+
+
+def request_method(line: str) -> str:
+    """The method a request line (or its start) names: its text before the first space when that is
+    a token, else "" (no space in it yet, or no method)."""
+    method, space, _ = line.partition(" ")
+    return method if space and TOKEN.fullmatch(method) else ""
 
 
 async def read_head(reader: asyncio.StreamReader, start: bytes = b"") -> tuple[list[str], int]:
@@ -862,31 +890,36 @@ async def read_head(reader: asyncio.StreamReader, start: bytes = b"") -> tuple[l
     server take a bare LF as a line end too, but a proxy in front that does not would read other
     headers, or another request, from the same bytes; refused at once, it cannot wait for a CRLF
     CRLF that never comes (HEADER_TIMEOUT_S). The empty lines before the request line are
-    `request_start`'s. LimitOverrunError past MAX_HEADER_BYTES: TargetTooLong when the request line
-    alone is past it.
+    `request_start`'s. HeadTooLarge past MAX_HEADER_BYTES: TargetTooLong when the request line
+    alone is past it. Each refusal carries the request's method as far as its line was read.
     """
     lines: list[str] = []
     size = 0
+    method = ""  # the request's, once its line is read
     while True:
         try:
             raw = start if start.endswith(b"\n") else start + await reader.readuntil(b"\n")
         except asyncio.LimitOverrunError as exc:  # past the reader's limit, no line end in it
             if lines:
-                raise
-            raise TargetTooLong(exc.consumed) from None
+                raise HeadTooLarge(str(exc), exc.consumed, method) from None
+            # readuntil left the line in the buffer: its method is at its start.
+            line_start = start + bytes(_buffered(reader)[:METHOD_PEEK])
+            raise TargetTooLong(exc.consumed, request_method(line_start.decode("latin-1"))) from None
         start = b""
         size += len(raw)
+        line = raw[:-1].decode("latin-1")
+        if not lines:
+            method = request_method(line)
         if size > MAX_HEADER_BYTES:
             if not lines:
-                raise TargetTooLong(size)
-            raise asyncio.LimitOverrunError(f"request headers over {MAX_HEADER_BYTES} bytes", size)
-        line = raw[:-1].decode("latin-1")
+                raise TargetTooLong(size, method)
+            raise HeadTooLarge(f"request headers over {MAX_HEADER_BYTES} bytes", size, method)
         where = f"header line {len(lines)}" if lines else "request line"
         if not line.endswith("\r"):
-            raise BadRequest(f"{where}: expected CRLF at its end, got a bare LF: {quoted(line)}")
+            raise BadRequest(f"{where}: expected CRLF at its end, got a bare LF: {quoted(line)}", method)
         line = line[:-1]
         if "\r" in line:
-            raise BadRequest(f"{where}: expected CR only before its LF, got a bare CR: {quoted(line)}")
+            raise BadRequest(f"{where}: expected CR only before its LF, got a bare CR: {quoted(line)}", method)
         if not line and lines:
             return lines, size
         lines.append(line)
@@ -917,13 +950,14 @@ def request_line(line: str) -> tuple[str, str, str]:
     parts = line.split(" ")
     if len(parts) != 3:
         raise BadRequest(
-            f"request line: expected a method, a target and a version separated by single spaces, got {quoted(line)}"
+            f"request line: expected a method, a target and a version separated by single spaces, got {quoted(line)}",
+            request_method(line),
         )
     method, target, version = parts
     if not TOKEN.fullmatch(method):
         raise BadRequest(f"request line: expected a method (a token), got {quoted(method)}")
     if not target:
-        raise BadRequest(f"request line: expected a request target, got none: {quoted(line)}")
+        raise BadRequest(f"request line: expected a request target, got none: {quoted(line)}", method)
     return method, target, version
 
 

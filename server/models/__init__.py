@@ -11,6 +11,8 @@ import importlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
+from ..errors import quoted_name
+
 if TYPE_CHECKING:
     from ..servable import Servable
 
@@ -62,7 +64,7 @@ DEMO_OPTIONS: Mapping[str, Mapping[str, type]] = {
 def check_demo_name(name: str) -> None:
     """Raise ValueError unless `name` is a demo model; imports no model (nor torch)."""
     if name not in DEMO_MODELS:
-        raise ValueError(f"unknown demo model {name!r}; known: {', '.join(DEMO_MODELS)}")
+        raise ValueError(f"unknown demo model {quoted_name(name)}; known: {', '.join(DEMO_MODELS)}")
 
 
 def build_demo(name: str, **options) -> Servable:

@@ -257,6 +257,16 @@ def held_address() -> Iterator[HeldAddress]:
     held.close()
 
 
+def ipv6_loopback() -> bool:
+    """Whether this machine can bind ::1 (a container may have no IPv6)."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
 async def exchange(port: int, request: bytes) -> tuple[bytes, bytes]:
     """Send raw bytes to a server on loopback; its answer's status line and body bytes, read to the close."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)

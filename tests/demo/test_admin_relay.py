@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -23,16 +22,7 @@ from wok.demo.web import MAX_BODY, DemoWeb, Hub, http_json
 from wok.faults import AdminRequestError
 from wok.http import MetricsHTTPServer
 
-from .conftest import exchange
-
-
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
+from .conftest import exchange, ipv6_loopback
 
 
 class StandInAdmin:
@@ -78,7 +68,7 @@ async def live_backend():
     await backend.close()
 
 
-@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback (::1) here")
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback (::1) here")
 async def test_an_admin_port_on_ipv6_loopback_takes_the_demo_s_calls_and_its_event_stream(live_backend):
     # They sent `Host: ::1`, unbracketed, which the admin port refuses with 400 (RFC 9110 7.2):
     # a fault from the page came back as a 400 "Expecting value" (the refusal is not JSON), and
@@ -279,10 +269,10 @@ async def _answering(answer: bytes):
     return await asyncio.start_server(serve, "127.0.0.1", 0)
 
 
-def _answer(status: str, body: bytes, length: int | None = None) -> bytes:
+def _answer(status: str, body: bytes, length: int | None = None, ctype: str = "application/json") -> bytes:
     length = len(body) if length is None else length
     return (
-        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
+        f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
     ).encode() + body
 
 
@@ -309,6 +299,20 @@ def _answer(status: str, body: bytes, length: int | None = None) -> bytes:
             ),
         ),
         (
+            # The admin port's text is UTF-8 (its Content-Type says so): read as Latin-1, the cut
+            # note's "…" was shown as the three bytes of it, '\xe2\x80\xa6'. A byte that is not UTF-8: U+FFFD.
+            _answer(
+                "503 Service Unavailable",
+                "the wok server is stopping: 'café'… (300 characters in all) ".encode() + b"\xff\n",
+                ctype="text/plain; charset=utf-8",
+            ),
+            (
+                503,
+                "the wok server answered 503 Service Unavailable with 'the wok server is stopping: 'caf\\xe9'\\u2026 "
+                "(300 characters in all) \\ufffd'",
+            ),
+        ),
+        (
             # Cut short (the server ended as it wrote): read as JSON, "not a JSON object".
             _answer("200 OK", b'{"faults":[{"model":"mlp"', length=60),
             (
@@ -318,7 +322,7 @@ def _answer(status: str, body: bytes, length: int | None = None) -> bytes:
             ),
         ),
     ],
-    ids=["408", "411", "503-text", "cut-short"],
+    ids=["408", "411", "503-text", "503-utf-8", "cut-short"],
 )
 async def test_an_admin_status_the_page_does_not_pass_on_is_named_not_a_500(answer, relayed):
     # 408 and 411 had no reason phrase in the page's server, and reached the browser as its own

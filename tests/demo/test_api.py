@@ -87,6 +87,24 @@ async def config(port: int) -> dict:
     return answer
 
 
+async def test_a_batching_body_that_changes_nothing_is_refused_as_the_admin_api_refuses_it(sim_page):
+    """The simulator answered `{}` (and the model alone, and a null field) 200, changing nothing,
+    where the admin API, which the live page relays to, refuses each (server/admin.py)."""
+    port = sim_page.port
+    before = (await config(port))["batching"]
+    neither = "field 'max_batch_size': expected it or max_queue_delay_ms, got neither"
+    for body in (b"{}", b'{"model": "simulated"}'):
+        assert await exchange(port, post(port, "/api/batching", body)) == (400, {"error": neither}), body
+    refusals = {
+        "max_batch_size": "field 'max_batch_size': expected an integer from 1 to 32, got None",
+        "max_queue_delay_ms": "field 'max_queue_delay_ms': expected a number from 0 to 60000, got None",
+    }
+    for field, error in refusals.items():
+        body = json.dumps({field: None}).encode()
+        assert await exchange(port, post(port, "/api/batching", body)) == (400, {"error": error})
+    assert (await config(port))["batching"] == before
+
+
 async def test_cross_site_posts_are_refused_and_change_nothing(sim_page):
     port = sim_page.port
     rate = b'{"rate": 5000}'
@@ -662,6 +680,52 @@ async def test_a_refused_head_has_no_body(sim_page, extra, status):
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(f"HEAD /api/config HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode())
+        [(lines, _)] = await _read_answers(reader, [True])  # and then the connection's end, no body before it
+    finally:
+        writer.close()
+    assert lines[0] == f"HTTP/1.1 {status}" and "Connection: close" in lines
+
+
+# A request line of 16,385 bytes, its CRLF in them: read whole (16,384 bytes after its first one, the
+# reader's limit), then found over the head's limit.
+JUST_TOO_LONG = b"HEAD /api/config?" + b"a" * (16_385 - len(b"HEAD /api/config? HTTP/1.1\r\n")) + b" HTTP/1.1\r\n"
+
+
+@pytest.mark.parametrize(
+    "request_head, status",
+    [
+        (b"HEAD /api/config?" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", "414 URI Too Long"),
+        (JUST_TOO_LONG + b"Host: 127.0.0.1\r\n\r\n", "414 URI Too Long"),
+        (
+            b"HEAD /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+            "431 Request Header Fields Too Large",
+        ),
+        (
+            b"HEAD /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 16_340 + b"\r\n\r\n",
+            "431 Request Header Fields Too Large",
+        ),
+        (b"HEAD /api/config HTTP/1.1\nHost: 127.0.0.1\r\n\r\n", "400 Bad Request"),
+        (b"HEAD /api/config HTTP/1.1\r\nHost: 127.0.0.1\n\r\n", "400 Bad Request"),
+        (b"HEAD  /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", "400 Bad Request"),
+        (b"HEAD  HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", "400 Bad Request"),
+    ],
+    ids=[
+        "url-too-long",
+        "url-just-too-long",
+        "head-too-large",
+        "head-just-too-large",
+        "bare-lf-request-line",
+        "bare-lf-header",
+        "two-spaces",
+        "no-target",
+    ],
+)
+async def test_a_head_refused_as_its_head_is_read_has_no_body(sim_page, request_head, status):
+    """Refused before its request line was parsed (or because of it), a HEAD's answer carried a body:
+    its URL too long (414), its head too large (431), a line malformed (400)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", sim_page.port)
+    try:
+        writer.write(request_head)
         [(lines, _)] = await _read_answers(reader, [True])  # and then the connection's end, no body before it
     finally:
         writer.close()

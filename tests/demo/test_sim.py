@@ -14,6 +14,7 @@ import pytest
 
 from wok.bench.simulate import BatcherModel, simulate
 from wok.demo import sim as sim_module
+from wok.demo.cli import SimulatedDemo
 from wok.demo.load import WINDOW_S, LoadControl, LoadGenerator, Rolling
 from wok.demo.sim import SimBackend
 
@@ -106,6 +107,17 @@ def test_simulated_batches_by_hand():
     # The window comes back as sent (ms → s → ms once missed 1001 by an ulp), as the server's does.
     for ms in (1001, 1003, 0.1, 2.7, 12.345678):
         assert sim.set_batching({"max_queue_delay_ms": ms})["max_queue_delay_ms"] == ms
+
+
+def test_the_page_s_config_names_the_model_the_simulator_s_ticks_and_answers_name(monkeypatch):
+    """The config wrote its own "simulated", a copy of sim.MODEL that a rename of the model would
+    have left behind."""
+    monkeypatch.setattr(sim_module, "MODEL", "renamed")
+    model = BatcherModel(alpha_s=2.5e-4, beta_s=4.4e-5, max_batch_size=32, max_queue_delay_s=0.005)
+    sim = SimBackend(LoadControl(0), model)
+    config = SimulatedDemo(sim, slo_s=0.05).config()
+    assert [config["model"], config["batching"]["model"]] == ["renamed", "renamed"]
+    assert list(sim.step()[1]["models"]) == ["renamed"]
 
 
 def _stepped(sim: SimBackend, steps: int) -> tuple[list[dict], float]:

@@ -167,8 +167,10 @@ LONG_SHOWN = f"'{'x' * 200}'… (100,000 characters in all)"
             ("serve", "--models", LONG, "--port", "0", "--metrics-port", "-1"),
             f"wok: --models: unknown demo model {LONG_SHOWN}; known: mlp, recsys, encoder",
         ),
+        # check_demo_name's: as repr writes it, whole.
+        (("profile", LONG), f"wok profile: unknown demo model {LONG_SHOWN}; known: mlp, recsys, encoder"),
     ],
-    ids=["bench-int", "demo-float", "bench-choice", "serve-int", "serve-models"],
+    ids=["bench-int", "demo-float", "bench-choice", "serve-int", "serve-models", "profile-model"],
 )
 def test_a_long_refused_value_is_shown_cut_as_names_are(argv, refusal, wok):
     done = wok(*argv)
