@@ -61,6 +61,39 @@ def _wrong_shape(name: str, want: Sequence[int], got: Sequence[int]) -> InvalidI
 MAX_PRIORITY_LEVEL = 1_000_000
 
 
+# -- sides ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Side:
+    """Which end a tensor is read at, for the words of its messages: a request's input, which the server
+    refuses (InvalidInput, INVALID_ARGUMENT), or an answer's output, which a client reads
+    (`decode_response`): a malformed answer is no fault of the caller's request, so it is a ValueError."""
+
+    kind: str  # "input" or "output"
+    message: str  # "request" or "answer"
+    raw_field: str  # the message's field of raw tensors
+    error: type[Exception]
+
+    def tensor(self, name: str) -> str:
+        # An input's name is one of its model's config (decode_request checks it first); an output's
+        # comes from the wire, as the server sent it, and is quoted as names sent are.
+        return f"input '{name}'" if self is INPUT else f"output {quoted_name(name)}"
+
+
+INPUT = _Side("input", "request", "raw_input_contents", InvalidInput)
+OUTPUT = _Side("output", "answer", "raw_output_contents", ValueError)
+
+
+def _check_raw_entries(raw: Sequence[bytes], tensors: int, side: _Side) -> None:
+    """One raw entry per tensor, or none at all."""
+    if raw and len(raw) != tensors:
+        entries = f"{len(raw)} entr{'y' if len(raw) == 1 else 'ies'}"
+        counted = f"{tensors} {side.kind}{'' if tensors == 1 else 's'}"
+        raise side.error(
+            f"{side.raw_field} has {entries} for {counted}; expected one entry per {side.kind}, in the order of "
+            f"the {side.message}'s {side.kind}s, or none (every {side.kind}'s values in its contents)"
+        )
+
+
 # -- BYTES ---------------------------------------------------------------------------
 def serialize_bytes(a: np.ndarray) -> bytes:
     """Raw BYTES content: each element as a 4-byte little-endian length, then its bytes."""
@@ -77,25 +110,25 @@ def serialize_bytes(a: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def deserialize_bytes(raw: bytes, count: int, name: str) -> np.ndarray:
+def deserialize_bytes(raw: bytes, count: int, name: str, side: _Side = INPUT) -> np.ndarray:
+    what = side.tensor(name)
     if count > len(raw) // 4:  # checked before allocating: each element needs its 4-byte length
-        raise InvalidInput(
-            f"input '{name}': raw BYTES content of {len(raw)} bytes cannot hold {count} elements "
-            f"(each needs at least 4 bytes)"
+        raise side.error(
+            f"{what}: raw BYTES content of {len(raw)} bytes cannot hold {count} elements (each needs at least 4 bytes)"
         )
     out = np.empty(count, dtype=object)
     pos = 0
     for i in range(count):
         if pos + 4 > len(raw):
-            raise InvalidInput(f"input '{name}': raw BYTES content ends after {i} of {count} elements")
+            raise side.error(f"{what}: raw BYTES content ends after {i} of {count} elements")
         (n,) = _LEN.unpack_from(raw, pos)
         pos += 4
         if pos + n > len(raw):
-            raise InvalidInput(f"input '{name}': raw BYTES element {i} claims {n} bytes, {len(raw) - pos} left")
+            raise side.error(f"{what}: raw BYTES element {i} claims {n} bytes, {len(raw) - pos} left")
         out[i] = raw[pos : pos + n]
         pos += n
     if pos != len(raw):
-        raise InvalidInput(f"input '{name}': raw BYTES content has {len(raw) - pos} bytes after {count} elements")
+        raise side.error(f"{what}: raw BYTES content has {len(raw) - pos} bytes after {count} elements")
     return out
 
 
@@ -105,30 +138,31 @@ def deserialize_bytes(raw: bytes, count: int, name: str) -> np.ndarray:
 _MAX_SPAN_BYTES = np.iinfo(np.intp).max
 
 
-def _check_empty_span(shape: tuple[int, ...], dt: Datatype, name: str) -> None:
+def _check_empty_span(shape: tuple[int, ...], dt: Datatype, name: str, side: _Side) -> None:
     """For a shape with a 0 in it (a non-empty one meets the byte or value count first)."""
     span = math.prod(d for d in shape if d) * dt.itemsize
     if span > _MAX_SPAN_BYTES:
-        raise InvalidInput(
-            f"input '{name}': shape {_shape_str(shape)} is too large: its dims other than 0 span {span} bytes "
+        raise side.error(
+            f"{side.tensor(name)}: shape {_shape_str(shape)} is too large: its dims other than 0 span {span} bytes "
             f"of {dt.name}, more than the {_MAX_SPAN_BYTES} an array can address"
         )
 
 
-def array_from_raw(raw: bytes, dt: Datatype, shape: tuple[int, ...], name: str) -> np.ndarray:
+def array_from_raw(raw: bytes, dt: Datatype, shape: tuple[int, ...], name: str, side: _Side = INPUT) -> np.ndarray:
     count = math.prod(shape)
     if count == 0:
-        _check_empty_span(shape, dt, name)
+        _check_empty_span(shape, dt, name, side)
     if dt.name == "BYTES":
-        return deserialize_bytes(raw, count, name).reshape(shape)
+        return deserialize_bytes(raw, count, name, side).reshape(shape)
     expected = count * dt.itemsize
     if len(raw) != expected:
-        raise InvalidInput(
-            f"input '{name}': raw content is {len(raw)} bytes, expected {expected} "
+        raise side.error(
+            f"{side.tensor(name)}: raw content is {len(raw)} bytes, expected {expected} "
             f"(shape {_shape_str(shape)} of {dt.name}, {dt.itemsize} bytes each)"
         )
     a = np.frombuffer(raw, dtype=dt.numpy).reshape(shape)
-    if dt.name == "BOOL":
+    if dt.name == "BOOL" and side is INPUT:
+        # An answer's BOOL bytes are handed on as the server sent them, as tritonclient's as_numpy does.
         _check_bool_bytes(a, name)
     return a
 
@@ -151,11 +185,13 @@ def _check_bool_bytes(a: np.ndarray, name: str) -> None:
         )
 
 
-def _count_mismatch(contents: pb.InferTensorContents, dt: Datatype, shape: tuple[int, ...], name: str, got: int) -> str:
+def _count_mismatch(
+    contents: pb.InferTensorContents, dt: Datatype, shape: tuple[int, ...], name: str, got: int, side: _Side
+) -> str:
     # Values in another field (FP64 ones in int64_contents) look like no data at all: name where they are.
     msg = (
-        f"input '{name}': contents hold {got} values, expected {math.prod(shape)} (shape {_shape_str(shape)}) "
-        f"in {dt.contents_field} for {dt.name}, or the tensor in raw_input_contents"
+        f"{side.tensor(name)}: contents hold {got} values, expected {math.prod(shape)} (shape {_shape_str(shape)}) "
+        f"in {dt.contents_field} for {dt.name}, or the tensor in {side.raw_field}"
     )
     others = [f"{field} holds {n} values" for field, n in _other_fields(contents, dt)]
     if others:
@@ -174,42 +210,42 @@ def _other_fields(contents: pb.InferTensorContents, dt: Datatype) -> list[tuple[
 
 
 def array_from_contents(
-    contents: pb.InferTensorContents, dt: Datatype, shape: tuple[int, ...], name: str
+    contents: pb.InferTensorContents, dt: Datatype, shape: tuple[int, ...], name: str, side: _Side = INPUT
 ) -> np.ndarray:
-    return _finish(_contents_in_steps(contents, dt, shape, name))
+    return _finish(_contents_in_steps(contents, dt, shape, name, side))
 
 
 def _contents_in_steps(
-    contents: pb.InferTensorContents, dt: Datatype, shape: tuple[int, ...], name: str
+    contents: pb.InferTensorContents, dt: Datatype, shape: tuple[int, ...], name: str, side: _Side = INPUT
 ) -> Generator[None, None, np.ndarray]:
     """array_from_contents, yielding between chunks of CONTENTS_CHUNK values."""
     if dt.contents_field is None:
         # Name what was sent: "0 values" or a guess at the field would not tell the client the
         # protocol has no field for FP16 or BF16 at all.
         got = ", ".join(f"{field} ({n} value{'' if n == 1 else 's'})" for field, n in _fields(contents))
-        raise InvalidInput(
-            f"input '{name}': datatype {dt.name} must be sent in raw_input_contents (InferTensorContents has no "
-            f"field for it), got {f'contents: {got}' if got else 'no raw_input_contents'}"
+        raise side.error(
+            f"{side.tensor(name)}: datatype {dt.name} must be sent in {side.raw_field} (InferTensorContents has no "
+            f"field for it), got {f'contents: {got}' if got else f'no {side.raw_field}'}"
         )
     values = getattr(contents, dt.contents_field)
     count = math.prod(shape)
     if count == 0:
-        _check_empty_span(shape, dt, name)
+        _check_empty_span(shape, dt, name, side)
     if len(values) != count:
-        raise InvalidInput(_count_mismatch(contents, dt, shape, name, len(values)))
+        raise side.error(_count_mismatch(contents, dt, shape, name, len(values), side))
     others = _other_fields(contents, dt)
     if others:
         # Only its own field is read: the others' values would be dropped unseen, and which the client meant is a guess.
         got = ", ".join(f"{field} ({n} value{'' if n == 1 else 's'})" for field, n in others)
-        raise InvalidInput(
-            f"input '{name}': expected values in {dt.contents_field} alone for {dt.name}, got {got} too, "
+        raise side.error(
+            f"{side.tensor(name)}: expected values in {dt.contents_field} alone for {dt.name}, got {got} too, "
             f"which {dt.name} is not read from"
         )
     if dt.contents_field in _PACKED_TAGS:
         a = _packed_values(contents, dt, count)
         if a is not None:
             return a.reshape(shape)
-    a = yield from _values_in_steps(values, dt, count, name)
+    a = yield from _values_in_steps(values, dt, count, name, side)
     return a.reshape(shape)
 
 
@@ -263,24 +299,24 @@ def _packed_values(contents: pb.InferTensorContents, dt: Datatype, count: int) -
     return np.frombuffer(data, dtype=dt.numpy.newbyteorder("<"), count=count, offset=pos).astype(dt.numpy)
 
 
-def _values_in_steps(values, dt: Datatype, count: int, name: str) -> Generator[None, None, np.ndarray]:
+def _values_in_steps(values, dt: Datatype, count: int, name: str, side: _Side) -> Generator[None, None, np.ndarray]:
     """Typed values into an array, CONTENTS_CHUNK at a time, yielding between chunks. BYTES too: an
     object array filled with the field's bytes objects (numpy would make a list of them an 'S' array)."""
     if count <= CONTENTS_CHUNK:
         # The common request: no array to copy a chunk into (~1 µs of a small one's decode).
-        return _chunk(iter(values), dt, count, 0, name)
+        return _chunk(iter(values), dt, count, 0, name, side)
     out = np.empty(count, dtype=dt.numpy)
     it = iter(values)
     for start in range(0, count, CONTENTS_CHUNK):
         n = min(CONTENTS_CHUNK, count - start)
-        out[start : start + n] = _chunk(it, dt, n, start, name)
+        out[start : start + n] = _chunk(it, dt, n, start, name, side)
         if start + n < count:
             yield
     return out
 
 
-def _chunk(it, dt: Datatype, n: int, start: int, name: str) -> np.ndarray:
-    """The next `n` values of `it`, elements `start` on of input `name`."""
+def _chunk(it, dt: Datatype, n: int, start: int, name: str, side: _Side) -> np.ndarray:
+    """The next `n` values of `it`, elements `start` on of tensor `name`."""
     if dt.numpy.kind in "iu" and dt.itemsize < 4:
         # int_contents and uint_contents hold 32-bit values for the 8- and 16-bit types. One out of
         # the type's range is refused here, not left to numpy: numpy 1.x wraps it (UINT8 300 is 44).
@@ -289,15 +325,15 @@ def _chunk(it, dt: Datatype, n: int, start: int, name: str) -> np.ndarray:
         outside = (wide < info.min) | (wide > info.max)
         if outside.any():
             k = int(outside.argmax())
-            raise InvalidInput(
-                f"input '{name}': value {int(wide[k])} (element {start + k}) does not fit {dt.name}, "
+            raise side.error(
+                f"{side.tensor(name)}: value {int(wide[k])} (element {start + k}) does not fit {dt.name}, "
                 f"expected {info.min} to {info.max}"
             )
         return wide.astype(dt.numpy)
     try:
         return np.fromiter(it, dtype=dt.numpy, count=n)
     except OverflowError:
-        raise InvalidInput(f"input '{name}': a value does not fit {dt.name}") from None
+        raise side.error(f"{side.tensor(name)}: a value does not fit {dt.name}") from None
 
 
 def _finish(steps: Generator[None, None, np.ndarray]) -> np.ndarray:
@@ -384,13 +420,7 @@ def decode_request(
         inputs = "inputs" if len(missing) > 1 else "input"
         raise InvalidInput(f"missing {inputs} {names} for model '{model}'; expected inputs: {expected_names}")
     raw = req.raw_input_contents
-    if raw and len(raw) != len(req.inputs):
-        entries = f"{len(raw)} entr{'y' if len(raw) == 1 else 'ies'}"
-        inputs = f"{len(req.inputs)} input{'' if len(req.inputs) == 1 else 's'}"
-        raise InvalidInput(
-            f"raw_input_contents has {entries} for {inputs}; expected one entry per input, in the order of "
-            "the request's inputs, or none (every input's values in its contents)"
-        )
+    _check_raw_entries(raw, len(req.inputs), INPUT)
 
     arrays: dict[str, np.ndarray] = {}
     pending = []
@@ -434,11 +464,14 @@ def decode_request(
                 "send the tensor in raw_input_contents"
             )
         if raw:
-            if t.HasField("contents") and t.contents.ByteSize():
-                # Both would be data for one tensor; which one the client meant is a guess.
+            if t.HasField("contents"):
+                # Both would be data for one tensor; which one the client meant is a guess. A contents set but
+                # empty is refused too, as Triton refuses any (the KServe spec: contents "must not be specified"
+                # where raw contents are used); tritonclient never sets it beside raw_input_contents.
                 fields = ", ".join(f"{field} ({n} value{'' if n == 1 else 's'})" for field, n in _fields(t.contents))
+                got = fields or "set, with no values"
                 raise InvalidInput(
-                    f"input '{name}': sent both in raw_input_contents and in contents ({fields}); expected one of them"
+                    f"input '{name}': sent both in raw_input_contents and in contents ({got}); expected one of them"
                 )
             arrays[name] = array_from_raw(raw[i], dt, shape, name)
         else:
@@ -671,16 +704,27 @@ def _whole(value, what: str) -> int:
 
 
 def decode_response(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:
-    out = {}
+    """An answer's outputs as arrays, by name. An answer that cannot be read (the server's fault, not the
+    request's) raises ValueError naming the output, what was expected and what was got."""
     raw = resp.raw_output_contents
+    _check_raw_entries(raw, len(resp.outputs), OUTPUT)
+    out: dict[str, np.ndarray] = {}
+    seen: dict[str, int] = {}
     for i, t in enumerate(resp.outputs):
-        dt = DATATYPES[t.datatype]
+        what = OUTPUT.tensor(t.name)
+        if t.name in seen:
+            # A dict keeps one of them: the other would be dropped without a word.
+            raise ValueError(f"{what} appears more than once (outputs {seen[t.name]} and {i}); expected each once")
+        seen[t.name] = i
+        dt = DATATYPES.get(t.datatype)
+        if dt is None:
+            raise ValueError(f"{what}: expected a V2 datatype, got {_datatype_str(t.datatype)}")
         shape = tuple(t.shape)
+        if any(d < 0 for d in shape):
+            # numpy would take a -1 for "the rest" and reshape the values to a shape the server did not send.
+            raise ValueError(f"{what}: dims must be >= 0, got {_shape_str(shape)}")
         if raw:
-            if dt.name == "BYTES":
-                out[t.name] = deserialize_bytes(raw[i], math.prod(shape), t.name).reshape(shape)
-            else:
-                out[t.name] = np.frombuffer(raw[i], dtype=dt.numpy).reshape(shape)
+            out[t.name] = array_from_raw(raw[i], dt, shape, t.name, OUTPUT)
         else:
-            out[t.name] = array_from_contents(t.contents, dt, shape, t.name)
+            out[t.name] = array_from_contents(t.contents, dt, shape, t.name, OUTPUT)
     return out

@@ -54,9 +54,13 @@ def f64_name(t: str) -> str:
     return f"F64_{t}"
 
 
-# The config's output order, unlike the inputs' (each F64 in input order, then each ECHO in reverse):
-# an answer that followed the inputs' order, or the model's dict, would show.
-OUTPUTS = tuple(f64_name(t) for t in TYPES) + tuple(echo_name(t) for t in reversed(TYPES))
+def outputs_of(types: tuple[str, ...]) -> tuple[str, ...]:
+    """The config's output order, unlike the inputs' (each F64 in input order, then each ECHO in reverse):
+    an answer that followed the inputs' order, or the model's dict, would show."""
+    return tuple(f64_name(t) for t in types) + tuple(echo_name(t) for t in reversed(types))
+
+
+OUTPUTS = outputs_of(TYPES)
 
 
 def _float_edges(exponent: int, mantissa: int) -> list[int]:
@@ -128,15 +132,16 @@ def case_inputs(case: str) -> dict[str, np.ndarray]:
     return out
 
 
-def config_toml() -> str:
+def config_toml(types: tuple[str, ...] = TYPES, max_queue_delay_ms: float = MAX_QUEUE_DELAY_MS) -> str:
+    """The config of the model of `types` (model_py): an input of each, its ECHO and F64 outputs."""
     lines = ['platform = "python"', 'factory = "model:build"', f"max_batch_size = {MAX_BATCH_SIZE}"]
-    for t in TYPES:
+    for t in types:
         lines += ["", "[[inputs]]", f'name = "{input_name(t)}"', f'datatype = "{t}"', f"dims = [{dims(t)}]"]
-    for name in OUTPUTS:
+    for name in outputs_of(types):
         t = name.split("_", 1)[1]
         datatype = "FP64" if name == f64_name(t) else t
         lines += ["", "[[outputs]]", f'name = "{name}"', f'datatype = "{datatype}"', f"dims = [{dims(t)}]"]
-    lines += ["", "[dynamic_batching]", f"max_queue_delay_ms = {MAX_QUEUE_DELAY_MS}"]
+    lines += ["", "[dynamic_batching]", f"max_queue_delay_ms = {max_queue_delay_ms}"]
     lines += ["", "[instances]", 'devices = ["cpu"]']
     return "\n".join(lines) + "\n"
 
@@ -144,16 +149,20 @@ def config_toml() -> str:
 # Each input back unchanged, and converted to float64 by torch: an echo alone would pass a codec
 # that read one type's bytes as another of the same width (BF16 as FP16, INT8 as UINT8), since the
 # same bytes would go back; the conversion reads the values as the type the model got.
-MODEL_PY = f"""\
+def model_py(types: tuple[str, ...] = TYPES) -> str:
+    return _MODEL_PY.replace("TYPES = ()", f"TYPES = {types!r}")
+
+
+_MODEL_PY = """\
 import torch
 from torch import nn
 
-TYPES = {TYPES!r}
+TYPES = ()
 
 
 class EchoAndWiden(nn.Module):
     def forward(self, *inputs):
-        out = {{}}
+        out = {}
         for t, x in zip(TYPES, inputs, strict=True):
             out["ECHO_" + t] = x
             out["F64_" + t] = x.to(torch.float64)
@@ -163,3 +172,6 @@ class EchoAndWiden(nn.Module):
 def build():
     return EchoAndWiden()
 """
+
+
+MODEL_PY = model_py()

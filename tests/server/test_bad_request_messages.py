@@ -154,6 +154,12 @@ def fp16_without_values() -> pb.ModelInferRequest:
     return req
 
 
+def raw_and_empty_contents() -> pb.ModelInferRequest:
+    req = one()
+    req.inputs[0].contents.SetInParent()  # set, with no values: on the wire as an empty field 5
+    return req
+
+
 def two_raw_for_one_input() -> pb.ModelInferRequest:
     req = one()
     req.raw_input_contents.append(req.raw_input_contents[0])
@@ -198,6 +204,11 @@ CASES = {
         fp16_without_values(),
         "input 'H': datatype FP16 must be sent in raw_input_contents (InferTensorContents has no field for it), "
         "got no raw_input_contents",
+    ),
+    # Accepted before, the empty contents taken for none; Triton refuses any contents beside raw_input_contents.
+    "raw and an empty contents": (
+        raw_and_empty_contents(),
+        "input 'X': sent both in raw_input_contents and in contents (set, with no values); expected one of them",
     ),
     "two raw entries for one input": (
         two_raw_for_one_input(),

@@ -312,17 +312,31 @@ def test_tritonclient_with_a_sequence_id_is_refused_naming_it(sequence, got):
     assert str(info.value) == f"parameter 'sequence_id' ({got}) {SEQUENCE_REFUSED}"
 
 
-def test_an_input_sent_both_raw_and_typed_is_invalid_and_an_empty_contents_is_not_data():
-    s = identity("FP32")
+@pytest.mark.parametrize(
+    ("values", "got"),
+    [([9.0, 9.0, 9.0], "fp32_contents (3 values)"), ([], "set, with no values")],
+    ids=["typed", "empty"],
+)
+def test_an_input_sent_both_raw_and_in_contents_is_invalid_even_an_empty_contents(values, got):
+    # Triton refuses a contents beside raw_input_contents whatever it holds (the KServe spec: it "must not be
+    # specified"); tritonclient never sets one. An empty one was taken for no contents and accepted.
     req = encode_request("id", {"X": np.zeros((1, 3), np.float32)})
-    req.inputs[0].contents.SetInParent()  # present, empty: no second copy of the data
-    assert decode_request(req, s).inputs["X"].shape == (1, 3)
-    req.inputs[0].contents.fp32_contents.extend([9.0, 9.0, 9.0])
+    req.inputs[0].contents.SetInParent()
+    req.inputs[0].contents.fp32_contents.extend(values)
+    sent = pb.ModelInferRequest.FromString(req.SerializeToString())  # as the server gets it: set survives the wire
+    assert sent.inputs[0].HasField("contents")
     with pytest.raises(InvalidInput) as info:
-        decode_request(req, s)
-    assert str(info.value) == (
-        "input 'X': sent both in raw_input_contents and in contents (fp32_contents (3 values)); expected one of them"
+        decode_request(sent, identity("FP32"))
+    assert (
+        str(info.value) == f"input 'X': sent both in raw_input_contents and in contents ({got}); expected one of them"
     )
+
+
+def test_a_raw_request_whose_inputs_leave_contents_unset_is_accepted():
+    req = encode_request("id", {"X": np.zeros((1, 3), np.float32)})
+    _ = req.inputs[0].contents.fp32_contents  # reading a field of an unset message does not set it
+    assert not req.inputs[0].HasField("contents")
+    assert decode_request(req, identity("FP32")).inputs["X"].shape == (1, 3)
 
 
 def test_every_missing_input_is_named_and_counts_read_in_the_singular_where_one():
