@@ -1131,8 +1131,8 @@ def parse_hedge_after(text: str) -> float | str | None:
         value = parse_duration(text)
     except ValueError as exc:  # in the option's name: it was "invalid duration ..." alone
         raise ValueError(f"--hedge-after: {exc}") from None
-    if value <= 0:
-        raise ValueError(f"--hedge-after {quoted_name(text)}: expected a duration > 0, auto or off")
+    if not 0 < value < math.inf:  # (an infinite one, "1e400s", is no hedging: off)
+        raise ValueError(f"--hedge-after {quoted_name(text)}: expected a finite duration > 0, auto or off")
     return value
 
 

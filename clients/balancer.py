@@ -28,12 +28,16 @@ channel, a vanished one gets no new calls and is closed once its calls are done,
 open on it (`stream_channel`) included. A name whose lookup fails (or finds nothing) keeps the
 replicas it has; the other names' changes apply all the same. So does one whose lookup gives no
 answer within `resolve_timeout_s` (10 s: a resolver that never answered stalled the lookups of
-every name for good), cancelled and logged. The names are looked up at once, a task each, each
-bounded on its own (so a resolver of one's own may be asked for several names at once): one
-after another, N names whose resolver hung cost N × resolve_timeout_s at each lookup and at
-start, and every other name's change waited as long; now it waits for the slowest lookup, at
-most one resolve_timeout_s. Their answers are taken in the targets' order all the same: an
-address two names share is the first's, and start() raises for the first name that fails.
+every name for good), logged; the lookup is left running, not cancelled, and the name is not
+looked up anew while it runs: each lookup again waits for it, up to `resolve_timeout_s`, and
+takes its answer once it comes (cancelled, the system resolver's getaddrinfo went on in a thread
+until the system gave up, and each period started one more: the loop's default executor filled).
+The names are looked up at once, a task each, each bounded on its own (so a resolver of one's
+own may be asked for several names at once): one after another, N names whose resolver hung
+cost N × resolve_timeout_s at each lookup and at start, and every other name's change waited as
+long; now it waits for the slowest lookup, at most one resolve_timeout_s. Their answers are
+taken in the targets' order all the same: an address two names share is the first's, and
+start() raises for the first name that fails.
 A resolver of one's own that raises anything but OSError (its own CancelledError included:
 that ended the lookups for good, past every guard, and start() raised a cancellation no one
 asked for), or answers what is not a list of addresses ("ip:port", "[v6]:port": a host name,
@@ -44,9 +48,11 @@ A lookup again that fails in any other way (a channel gRPC cannot make for a new
 probe of a name's two families raising: out of file descriptors) is logged too, and leaves the
 set as it was until the next lookup: it ended the lookups for good, silently. Each error is
 logged once per name and kind of error until it is over (the name's lookup gives addresses
-again, a lookup's new channels are all made, a lookup again goes through: told at INFO), and
-again at its next occurrence: logged once for the process's life, a name that timed out,
-answered and timed out again went untold the second time.
+again, a lookup's new channels are all made, a lookup again goes through: SETTLED_AFTER, 3,
+times in a row; told at INFO, with how often it came back untold), and again at its next
+occurrence: logged once for the process's life, a name that timed out, answered and timed out
+again went untold the second time; over at the first that went through, a name whose lookups
+failed every other time was logged at every other lookup.
 
 Picking (`pick`): power of two choices on outstanding attempts: two random replicas among
 the READY, non-ejected ones (if none is READY: among the READY ejected ones, then those
@@ -60,11 +66,12 @@ Hedging (Dean & Barroso, "The Tail at Scale", 2013): an attempt without an answe
 `hedge_after` gets one more attempt on a different replica; the first OK answer wins (over an
 error that came with it) and the others are cancelled; `max_attempts` attempts in all, each
 bounded by the caller's deadline. `hedge_after="auto"` (the default) is the 95th percentile of
-the last 512 OK attempts' latencies, recomputed every 64 answers, never below `hedge_floor_s`
-(20 ms), and `hedge_initial_s` (100 ms) until 64 answers have come: deferring the hedge to the
-P95 costs about 5% more attempts on a healthy fleet (the paper's figure), and the floor keeps a
-fleet that answers in a millisecond from hedging on scheduler jitter. A number is a fixed
-delay; None turns hedging off. Inference is idempotent, so two answers do no harm.
+the last 512 OK attempts' latencies, recomputed every 64 answers, and `hedge_initial_s`
+(100 ms) until 64 answers have come, never below `hedge_floor_s` (20 ms; the initial delay neither):
+deferring the hedge to the P95 costs about 5% more attempts on a healthy fleet (the paper's
+figure), and the floor keeps a fleet that answers in a millisecond from hedging on scheduler
+jitter. A number is a fixed delay; None turns hedging off. Inference is idempotent, so two
+answers do no harm.
 
 Retries: UNAVAILABLE (connection refused or reset, server draining) is sent again at once to
 another replica; only when every replica has been tried (or the others are down) does an
@@ -186,6 +193,10 @@ LATENCY_EVERY = 64  # recompute the quantile every this many OK attempts
 SCHEMA = "wok.balancer/1"
 UNDECIDED_RESOLVE_S = 1.0  # look a name up again this soon while its server accepted on neither family
 STOPPED = "the balancer was stopped"
+# An error logged is over once its name's lookups (or the lookups again, or the channels made) went
+# through this many times in a row: re-armed at the first, a name whose lookups alternated failing
+# and working was logged at every other lookup, a WARNING and an INFO each time, for good.
+SETTLED_AFTER = 3
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 log = logging.getLogger("wok.balancer")
@@ -199,17 +210,30 @@ def _whole(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _positive(name: str, value: Any, finite: bool = False) -> None:
-    """ValueError unless `value` is a number of seconds > 0 (NaN is not; infinity only if not `finite`)."""
-    if not (_real(value) and value > 0 and (not finite or math.isfinite(value))):
-        what = "a finite duration" if finite else "a duration"
-        raise ValueError(f"{name} must be {what} > 0 in seconds; got {shown_value(value)}")
+def _positive(name: str, value: Any, finite: bool = False, zero: bool = False, unit: str = "") -> None:
+    """ValueError unless `value` is a number of seconds > 0, or >= 0 if `zero` (NaN is not; infinity
+    only if not `finite`); a `unit` other than seconds makes it a number of that unit, not a duration."""
+    if not (_real(value) and (value >= 0 if zero else value > 0) and (not finite or math.isfinite(value))):
+        what = f"{'a finite' if finite else 'a'} {'number' if unit else 'duration'} {'>=' if zero else '>'} 0"
+        raise ValueError(f"{name} must be {what} {unit or 'in seconds'}; got {shown_value(value)}")
+
+
+def _not_below(name: str, value: float, other: str, bound: float) -> None:
+    """ValueError if the cap `name` is below `other`: the cap was then every ejection's (or backoff's)
+    length, `other` given and never used."""
+    if value < bound:
+        raise ValueError(f"{name} must be >= {other} ({bound:g} s), as it caps it; got {value:g} s")
 
 
 @dataclass(frozen=True)
 class BalancerSettings:
     """The balancer's knobs; the module's doc says what each does and why its default. Durations
-    are in seconds.
+    are in seconds, finite but `resolve_every_s` (infinite: never looked up again), and > 0 but
+    `hedge_floor_s` (0: no floor); `budget_tokens` and `budget_ratio` are finite numbers > 0, as
+    gRPC's retryThrottling takes them; the counts are ints (2.0 is refused, as a count in a wok
+    config is: a float there is a slip). A cap below what it caps is refused: `max_ejection_s` <
+    `base_ejection_s`, `max_backoff_s` < `backoff_s` made the cap every ejection's or backoff's
+    length, the other setting given and never used.
 
     `max_ejected_fraction`: at most this fraction of the replicas (those the names resolve to now)
     are ejected at once, rounded down but at least one while it is above 0 (0.5 of 3 replicas is
@@ -222,11 +246,12 @@ class BalancerSettings:
     `resolve_timeout_s`: how long one lookup of a name (the resolver's answer) may take; the names
     are looked up at once, so names that all hang cost it once, not once each. At `start()` a
     lookup past it raises the ValueError of a name that does not resolve; at a lookup again it is
-    cancelled, logged (once per name, until a lookup of it gives addresses again) and the name
-    keeps its replicas until its next lookup, `resolve_every_s` later. (The system resolver gives
-    up on a silent name server after 5 s × 2 tries by default: resolv.conf's `timeout` and
-    `attempts`; a lookup of it cancelled still holds a thread of the loop's default executor
-    until then.)
+    logged (once per name, until its lookups give addresses SETTLED_AFTER times in a row) and the
+    name keeps its replicas; the lookup is left running, and the name's next lookup,
+    `resolve_every_s` later, waits for it again rather than start another. (The system resolver
+    gives up on a silent name server after 5 s × 2 tries by default: resolv.conf's `timeout` and
+    `attempts`; its lookup holds a thread of the loop's default executor until then, cancelled
+    or not: one per name, not one more at each period.)
     """
 
     max_attempts: int = 3
@@ -249,8 +274,11 @@ class BalancerSettings:
         if not (_whole(self.max_attempts) and self.max_attempts >= 1):
             raise ValueError(f"max_attempts must be a whole number >= 1; got {shown_value(self.max_attempts)}")
         h = self.hedge_after
-        if not (h is None or h == "auto" or (_real(h) and h > 0)):
-            raise ValueError(f"hedge_after must be a duration > 0 in seconds, 'auto' or None; got {shown_value(h)}")
+        # (Not infinite: None says no hedging; an infinite delay did it too, and no attempt was ever late.)
+        if not (h is None or h == "auto" or (_real(h) and h > 0 and math.isfinite(h))):
+            raise ValueError(
+                f"hedge_after must be a finite duration > 0 in seconds, 'auto' or None; got {shown_value(h)}"
+            )
         if not (_real(self.hedge_quantile) and 0 < self.hedge_quantile < 1):
             raise ValueError(f"hedge_quantile must be a number in (0, 1); got {shown_value(self.hedge_quantile)}")
         f = self.max_ejected_fraction
@@ -259,7 +287,19 @@ class BalancerSettings:
         k = self.consecutive_failures
         if not (_whole(k) and k >= 0):
             raise ValueError(f"consecutive_failures must be a whole number >= 0 (0: no ejection); got {shown_value(k)}")
-        _positive("base_ejection_s", self.base_ejection_s)
+        # Unchecked, NaN, a negative, infinity or a string passed here and failed at a call, or did
+        # not fail: a NaN hedge_floor_s made the auto delay NaN once 64 answers came (a hedge wait of
+        # max(0, NaN), 0 s), budget_tokens=inf refused every retry (inf is not > inf / 2).
+        _positive("hedge_floor_s", self.hedge_floor_s, finite=True, zero=True)
+        _positive("hedge_initial_s", self.hedge_initial_s, finite=True)
+        _positive("budget_tokens", self.budget_tokens, finite=True, unit="(tokens)")
+        _positive("budget_ratio", self.budget_ratio, finite=True, unit="(tokens given back per OK call)")
+        _positive("base_ejection_s", self.base_ejection_s, finite=True)
+        _positive("max_ejection_s", self.max_ejection_s, finite=True)
+        _not_below("max_ejection_s", self.max_ejection_s, "base_ejection_s", self.base_ejection_s)
+        _positive("backoff_s", self.backoff_s, finite=True)
+        _positive("max_backoff_s", self.max_backoff_s, finite=True)
+        _not_below("max_backoff_s", self.max_backoff_s, "backoff_s", self.backoff_s)
         _positive("resolve_every_s", self.resolve_every_s)
         _positive("resolve_timeout_s", self.resolve_timeout_s, finite=True)
 
@@ -308,6 +348,15 @@ class _NoAnswer(Exception):
 
 class _Cancelled(RuntimeError):
     """A resolver's lookup ended cancelled, not by the balancer: its own CancelledError."""
+
+
+@dataclass
+class _Logged:
+    """An error logged and not over: how often it came back since, untold, and how many lookups in a
+    row went through since it last came (it is over at SETTLED_AFTER)."""
+
+    again: int = 0
+    through: int = 0
 
 
 def _shown(value: Any) -> str:
@@ -466,9 +515,10 @@ class Balancer:
         self._retired: set[asyncio.Task] = set()  # their watchers, until they end with the channel
         self._resolver_task: asyncio.Task | None = None
         self._starting: asyncio.Task | None = None  # start()'s lookups
+        self._lookups: dict[str, asyncio.Future] = {}  # {name: its resolver's lookup}, until its answer is taken
         self._names = {f"{h}:{p}" for h, p in self.targets if _literal(h) is None}
         self._shown_targets = quoted_name(",".join(_address(h, p) for h, p in self.targets))
-        self._logged: set[tuple[str, str, str]] = set()  # (stage, name, error type) of the errors logged, not over
+        self._logged: dict[tuple[str, str, str], _Logged] = {}  # (stage, name, error type) of errors logged, not over
         self._undecided = False  # a name's server accepted on neither of its families at the last lookup
         self._changed: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -476,7 +526,8 @@ class Balancer:
         self.tokens = self.settings.budget_tokens
         self._latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
         self._since_quantile = 0
-        self._auto_hedge_s = self.settings.hedge_initial_s
+        # The floor holds from the first call: an initial delay below it hedged on the jitter it is for.
+        self._auto_hedge_s = max(self.settings.hedge_floor_s, self.settings.hedge_initial_s)
         self.calls = self.ok_calls = self.attempts = self.hedges = self.retries = 0
         self.budget_refusals = self.ejections = self.ejections_refused = self.swaps = self.readmitted_by_cap = 0
 
@@ -525,6 +576,10 @@ class Balancer:
         while True:
             tasks = [t for t in (self._resolver_task, self._starting) if t is not None and not t.done()]
             tasks += [t for t in self._tasks if not t.done()]
+            # A name's lookup past resolve_timeout_s, left running between lookups (`_lookup`); its
+            # answer, if one came since, read here: unread, "exception was never retrieved".
+            tasks += self._lookups.values()
+            self._lookups.clear()
             if not tasks:
                 break
             for t in tasks:
@@ -572,8 +627,10 @@ class Balancer:
                 found, error, choosing = await lookups[name]
                 if error is not None:
                     found = self._failed(host, port, found, error, choosing, strict)
-                elif found:
+                if found:
                     self._rearm("lookup", name, f"its lookup answers again, {_shown(found)}")
+                else:  # (failed untold, an OSError, or found nothing: not a lookup that went through)
+                    self._unsettled("lookup", name)
                 if not found and not strict:
                     for r in self.replicas.values():
                         if r.name == name and not r.removed:
@@ -636,35 +693,39 @@ class Balancer:
         return []
 
     async def _lookup(self, host: str, port: int) -> Any:
-        """The resolver's answer; _NoAnswer if it gives none within `resolve_timeout_s` (it is
-        cancelled then), _Cancelled if it ends cancelled otherwise: its own CancelledError (a
-        shared lookup it waited on, cancelled) ended the lookups for good, past every guard, and
-        start() raised a cancellation no one asked for. A timer of its own, not wait_for: a
-        TimeoutError the resolver raises is its answer (an OSError: the name does not resolve),
-        not a lookup that took too long."""
+        """The resolver's answer; _NoAnswer if it gives none within `resolve_timeout_s`, _Cancelled if
+        it ends cancelled by another than the balancer: its own CancelledError (a shared lookup it
+        waited on, cancelled) ended the lookups for good, past every guard, and start() raised a
+        cancellation no one asked for. `asyncio.wait`'s timeout, not wait_for's: a TimeoutError the
+        resolver raises is its answer (an OSError: the name does not resolve), not a lookup that
+        took too long.
+
+        A lookup past `resolve_timeout_s` is not cancelled but left running, and the name's next
+        lookup waits for it again (up to `resolve_timeout_s`), taking its answer, rather than start
+        another: cancelled, the system resolver's getaddrinfo went on in a thread of the loop's
+        default executor until the system gave up, and each period started one more; a name that
+        hung filled the executor (6 threads on 2 cores), and every `asyncio.to_thread` of the
+        process, the family probes included, queued behind them. stop() cancels it."""
         timeout = self.settings.resolve_timeout_s
-        lookup = asyncio.ensure_future(self._resolve(host, port))
-        expired = False
-
-        def expire() -> None:
-            nonlocal expired
-            expired = True
-            lookup.cancel()
-
-        timer = self._loop.call_later(timeout, expire)
+        name = f"{host}:{port}"
+        lookup = self._lookups.get(name)
+        if lookup is None:
+            lookup = self._lookups[name] = asyncio.ensure_future(self._resolve(host, port))
         try:
             # Not `await lookup`: this task's cancellation (stop(), start()'s caller, a failed start)
             # would then look the same as the lookup's own.
+            await asyncio.wait([lookup], timeout=timeout)
+        except asyncio.CancelledError:  # this task was: the lookup with it, and waited for
+            lookup.cancel()
+            if self._lookups.get(name) is lookup:
+                del self._lookups[name]
             await asyncio.wait([lookup])
-        finally:
-            timer.cancel()
-            if not lookup.done():  # this task was cancelled: the lookup with it, and waited for
-                lookup.cancel()
-                await asyncio.wait([lookup])
+            raise
+        if not lookup.done():
+            raise _NoAnswer(f"the resolver gave no answer within {timeout:g} s (resolve_timeout_s)")
+        self._lookups.pop(name, None)  # (stop() may have taken it: it cancels those left running)
         if not lookup.cancelled():
             return lookup.result()
-        if expired:
-            raise _NoAnswer(f"the resolver gave no answer within {timeout:g} s (resolve_timeout_s)")
         raise _Cancelled(
             f"target {quoted_name(f'{host}:{port}')}: the resolver's lookup of {quoted_name(host)} ended cancelled, "
             "not by the balancer (the resolver's own CancelledError)"
@@ -684,9 +745,11 @@ class Balancer:
         name's second outage went untold. `stage`: "lookup" (the name's lookup), "channel" (a
         channel for its new address) or "round" (a lookup again as a whole, name "")."""
         kind = (stage, name, f"{type(exc).__module__}.{type(exc).__qualname__}")
+        self._unsettled(stage, name)
         if kind in self._logged:
+            self._logged[kind].again += 1
             return
-        self._logged.add(kind)
+        self._logged[kind] = _Logged()
         keep = "its replicas are kept and it is" if name in self._names else "the replicas are kept and the names are"
         log.log(
             level,
@@ -697,16 +760,34 @@ class Balancer:
             exc_info=exc if exc_info else None,
         )
 
+    def _unsettled(self, stage: str, name: str) -> None:
+        """`name` failed again at `stage`: the errors logged for it start again counting lookups in a row."""
+        for kind, logged in self._logged.items():
+            if kind[:2] == (stage, name):
+                logged.through = 0
+
     def _rearm(self, stage: str, name: str | None, how: str) -> None:
-        """The errors logged at `stage` (of `name`, or of any) are over, as `how` says: told at INFO,
+        """`stage` went through (for `name`, or for all): the errors logged there are over once it has
+        SETTLED_AFTER times in a row, as `how` says: told at INFO, with how often they came back untold,
         so that a warning's end is in the log too, and the next such error is logged again."""
-        over = [k for k in self._logged if k[0] == stage and (name is None or k[1] == name)]
-        if not over:
-            return
-        self._logged.difference_update(over)
-        for subject in sorted({k[1] for k in over}):
+        over: dict[str, int] = {}  # subject: times its errors came back untold
+        for kind, logged in list(self._logged.items()):
+            if kind[0] == stage and (name is None or kind[1] == name):
+                logged.through += 1
+                if logged.through >= SETTLED_AFTER:
+                    del self._logged[kind]
+                    over[kind[1]] = over.get(kind[1], 0) + logged.again
+        for subject in sorted(over):
             shown = f"target {quoted_name(subject)}" if subject else f"targets {self._shown_targets}"
-            log.info("%s: %s (after the error logged before: the next one is logged again)", shown, how)
+            again = over[subject]
+            untold = f", which came back {again} time{'s' * (again != 1)} since, untold" if again else ""
+            log.info(
+                "%s: %s (%d lookups in a row, after the error logged before%s: the next one is logged again)",
+                shown,
+                how,
+                SETTLED_AFTER,
+                untold,
+            )
 
     async def _one_family(self, name: str, found: list[str]) -> list[str]:
         """Those of a name's addresses of the family its server answers on best (`preferred_families`,

@@ -13,6 +13,7 @@ import errno
 import gc
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -20,6 +21,7 @@ import signal
 import socket
 import sys
 import textwrap
+import threading
 from collections import defaultdict
 
 import grpc
@@ -28,7 +30,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from wok.clients import TLS, AsyncClient, InferError
-from wok.clients.balancer import Balancer, BalancerSettings, merge_stats, split_targets
+from wok.clients.balancer import SETTLED_AFTER, Balancer, BalancerSettings, merge_stats, split_targets
 from wok.errors import CUT_NOTE
 from wok.v2pb import grpc_service_pb2 as pb
 
@@ -66,7 +68,7 @@ def answering(answers: list[str]):
 def ejecting_headless(answers: list[str]) -> Balancer:
     """A balancer of dns:///wok-headless:8001, whose addresses are what `answers` holds, looked up
     every 50 ms; 2 failures in a row eject a replica for 60 s."""
-    s = settings(consecutive_failures=2, base_ejection_s=60, resolve_every_s=0.05)
+    s = settings(consecutive_failures=2, base_ejection_s=60, max_ejection_s=60, resolve_every_s=0.05)
     return Balancer("dns:///wok-headless:8001", settings=s, resolver=answering(answers))
 
 
@@ -259,7 +261,7 @@ async def test_the_deadline_bounds_every_attempt(stub):
 
 async def test_a_failing_replica_is_ejected_after_k_failures(stub):
     async with stub("a", fail_first=1 << 30, code=CODE.INTERNAL) as a, stub("b") as b:
-        s = settings(consecutive_failures=3, base_ejection_s=60)
+        s = settings(consecutive_failures=3, base_ejection_s=60, max_ejection_s=60)
         async with Balancer([a.target, b.target], settings=s) as bal:
             call = bal.unary_unary(METHOD)
             codes = [await code_of(call) for _ in range(60)]
@@ -272,7 +274,7 @@ async def test_a_failing_replica_is_ejected_after_k_failures(stub):
 async def test_never_more_than_the_fraction_is_ejected(stub):
     async with stub("a", fail_first=1 << 30, code=CODE.INTERNAL) as a:
         async with stub("b", fail_first=1 << 30, code=CODE.INTERNAL) as b:
-            s = settings(consecutive_failures=2, base_ejection_s=60)
+            s = settings(consecutive_failures=2, base_ejection_s=60, max_ejection_s=60)
             async with Balancer([a.target, b.target], settings=s) as bal:
                 # Both READY first: while one is still connecting (a slow host), the other, ejected
                 # and READY, takes every call (pick: READY ejected before connecting), so the
@@ -291,7 +293,7 @@ async def test_a_replica_ejected_for_slowness_takes_the_calls_when_the_rotation_
     """The cap on ejections is filled by a slow replica; the other then dies and cannot be
     ejected. The slow one, READY, takes the calls instead of the dead one failing them all."""
     async with stub("a", hold=True) as a, stub("b") as b:
-        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60)
+        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60, max_ejection_s=60)
         async with Balancer([a.target, b.target], settings=s) as bal:
             call = bal.unary_unary(METHOD)
             slow = bal.replica(a.target)
@@ -311,7 +313,7 @@ async def test_a_failing_replica_takes_the_place_of_one_ejected_for_slowness(stu
     call. It is ejected after K failures all the same and the slow one comes back early, instead
     of the failing one taking every call until the slow one's ejection ends (60 s here)."""
     async with stub("a", hold=True) as a, stub("b") as b:
-        s = settings(hedge_after=0.2, max_attempts=2, consecutive_failures=2, base_ejection_s=60)
+        s = settings(hedge_after=0.2, max_attempts=2, consecutive_failures=2, base_ejection_s=60, max_ejection_s=60)
         async with Balancer([a.target, b.target], settings=s) as bal:
             call = bal.unary_unary(METHOD)
             slow, failing = bal.replica(a.target), bal.replica(b.target)
@@ -334,7 +336,7 @@ async def test_a_hung_replica_takes_the_place_of_the_one_ejected_for_slowness(st
     b has been late K times in a row without answering anything, a comes back early and b is
     ejected in its place. Every call used to wait for b until its deadline."""
     async with stub("a", hold=True) as a, stub("b") as b:
-        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60)
+        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60, max_ejection_s=60)
         async with Balancer([a.target, b.target], settings=s) as bal:
             call = bal.unary_unary(METHOD)
             ra, rb = bal.replica(a.target), bal.replica(b.target)
@@ -356,7 +358,7 @@ async def test_a_slow_replica_that_still_answers_keeps_its_place_until_it_hangs(
     (its load may be why), and keeps its place: swapping on slowness alone, two slow replicas
     would trade places at every K late attempts. Once it hangs, it is swapped out all the same."""
     async with stub("a", hold=True) as a, stub("b") as b:
-        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60)
+        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60, max_ejection_s=60)
         async with Balancer([a.target, b.target], settings=s) as bal:
             call = bal.unary_unary(METHOD)
             ra, rb = bal.replica(a.target), bal.replica(b.target)
@@ -632,7 +634,9 @@ async def test_a_swap_is_counted_and_names_the_replica_readmitted_early(stub):
     """The cap (one of two) is filled by a slow replica; the other, READY, then fails its calls and
     takes the slow one's place: stats() counts the swap, and the slow one as readmitted early."""
     async with stub("a", hold=True) as a, stub("b") as b:
-        s = BalancerSettings(hedge_after=0.2, max_attempts=2, consecutive_failures=2, base_ejection_s=60)
+        s = BalancerSettings(
+            hedge_after=0.2, max_attempts=2, consecutive_failures=2, base_ejection_s=60, max_ejection_s=60
+        )
         async with Balancer([a.target, b.target], settings=s) as bal:
             call = bal.unary_unary(METHOD)
             slow, failing = bal.replica(a.target), bal.replica(b.target)
@@ -672,7 +676,7 @@ async def test_failing_replicas_that_fill_the_cap_keep_a_further_failing_one_in_
     has recovered: an ejected one gets no calls while the rotation has a READY one). It keeps
     its share of the calls, every failure past K is counted as refused, and nothing is swapped."""
     async with stub("a", fail_first=1 << 30, code=CODE.INTERNAL) as a, stub("b") as b, stub("c") as c:
-        s = BalancerSettings(hedge_after=None, consecutive_failures=2, base_ejection_s=60)
+        s = BalancerSettings(hedge_after=None, consecutive_failures=2, base_ejection_s=60, max_ejection_s=60)
         async with Balancer([a.target, b.target, c.target], settings=s) as bal:
             call = bal.unary_unary(METHOD)
             first, second = bal.replica(a.target), bal.replica(b.target)
@@ -814,7 +818,7 @@ async def test_failures_while_every_replica_is_down_eject_none(stub):
     (UNAVAILABLE, not a wait), but that is the channel's state, which connectivity tracks: it
     used to eject one replica, kept out of the rotation for its whole ejection once back."""
     async with stub("a") as a, stub("b") as b:
-        s = settings(consecutive_failures=2, base_ejection_s=60)
+        s = settings(consecutive_failures=2, base_ejection_s=60, max_ejection_s=60)
         async with Balancer([a.target, b.target], settings=s) as bal:
             call = bal.unary_unary(METHOD)
             for x in (a, b):
@@ -833,7 +837,7 @@ async def test_an_ejection_ends_when_the_replica_is_back_from_being_down(stub):
     so) and is ejected; its channel then goes TRANSIENT_FAILURE and, once its server is back,
     READY: it takes calls again at once, not after the rest of its ejection (60 s here)."""
     async with stub("a") as a, stub("b", fail_first=2) as b:
-        s = settings(consecutive_failures=2, base_ejection_s=60)
+        s = settings(consecutive_failures=2, base_ejection_s=60, max_ejection_s=60)
         async with Balancer([a.target, b.target], settings=s) as bal:
             call = bal.unary_unary(METHOD)
             back = bal.replica(b.target)
@@ -896,7 +900,7 @@ async def test_a_hedge_late_on_an_ejected_replica_does_not_count_after_its_retur
     (documented: a hedge may go to a READY one ejected for slowness) and is late there too. Back
     in the rotation, a was ejected again at its first late attempt."""
     async with stub("a", hold=True) as a, stub("b") as b:
-        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60)
+        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60, max_ejection_s=60)
         async with Balancer([a.target, b.target], settings=s) as bal:
             call = bal.unary_unary(METHOD)
             ra = bal.replica(a.target)
@@ -923,7 +927,7 @@ async def test_a_failure_while_ejected_does_not_count_after_the_return(stub):
     ejected) takes the calls and fails one. Back in the rotation, b was ejected again at its first
     failure: a lasting fault costs K failed calls each time it comes back."""
     async with stub("a") as a, stub("b", fail_first=1 << 30, code=CODE.INTERNAL) as b:
-        s = settings(consecutive_failures=2, base_ejection_s=60)
+        s = settings(consecutive_failures=2, base_ejection_s=60, max_ejection_s=60)
         async with Balancer([a.target, b.target], settings=s) as bal:
             call = bal.unary_unary(METHOD)
             ra, rb = bal.replica(a.target), bal.replica(b.target)
@@ -975,7 +979,7 @@ async def test_an_ejected_slow_replica_alone_ready_is_not_swapped_out_for_itself
     replica sitting out for slowness (itself), readmitted early and ejected again in its own place:
     a swap counted, its ejection lengthened."""
     async with stub("a", hold=True) as a, stub("b") as b:
-        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60)
+        s = settings(hedge_after=0.05, max_attempts=2, consecutive_failures=2, base_ejection_s=60, max_ejection_s=60)
         async with Balancer([a.target, b.target], settings=s) as bal:
             call = bal.unary_unary(METHOD)
             ra, rb = bal.replica(a.target), bal.replica(b.target)
@@ -998,7 +1002,7 @@ async def test_one_attempt_per_call_is_found_late_and_ejects_a_hung_replica(stub
     kept its share of the calls, each waiting out its deadline."""
     async with stub("a", hold=True) as a, stub("b") as b:
         a_first_on_ties(monkeypatch, a.target)
-        s = settings(hedge_after=0.1, max_attempts=1, consecutive_failures=2, base_ejection_s=60)
+        s = settings(hedge_after=0.1, max_attempts=1, consecutive_failures=2, base_ejection_s=60, max_ejection_s=60)
         async with Balancer([a.target, b.target], settings=s) as bal:
             await bal.wait_for(lambda: all(r.state is STATE.READY for r in bal.replicas.values()), 10, "all READY")
             call = bal.unary_unary(METHOD)
@@ -1235,7 +1239,12 @@ async def test_the_replica_ejected_for_slowness_is_readmitted_first_when_the_cap
                 return list(answers)
 
             s = settings(
-                hedge_after=0.2, max_attempts=2, consecutive_failures=2, base_ejection_s=60, resolve_every_s=0.05
+                hedge_after=0.2,
+                max_attempts=2,
+                consecutive_failures=2,
+                base_ejection_s=60,
+                max_ejection_s=60,
+                resolve_every_s=0.05,
             )
             async with Balancer("dns:///wok-headless:8001", settings=s, resolver=resolver) as bal:
                 call = bal.unary_unary(METHOD)
@@ -1300,8 +1309,9 @@ async def test_a_resolver_answering_no_address_is_named_at_start_and_keeps_the_r
 class Lookups:
     """A resolver answering what `answers` holds for each host (a test changes it), counting the
     lookups; a host in `hanging` gets no answer until the lookup is cancelled (`cancelled` counts
-    those), one in `held` answers once its event is set, one in `raising` raises that; `answered`
-    holds an event per host, set as it answers. `in_flight`: the hosts being looked up now.
+    those) or `unhang(host)` takes it out of `hanging`, one in `held` answers once its event is
+    set, one in `raising` raises that; `answered` holds an event per host, set as it answers.
+    `in_flight`: the hosts being looked up now.
     `made(n)` returns once n more lookups of `host` have been made, `at_once(hosts)` once all of
     them are being looked up together."""
 
@@ -1315,18 +1325,19 @@ class Lookups:
         self.answered: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self.in_flight: set[str] = set()
         self._looked = asyncio.Event()
+        self._unhung = asyncio.Event()
 
     async def __call__(self, host: str, port: int) -> list:
         self.count[host] += 1
         self.in_flight.add(host)
         self._looked.set()
         try:
-            if host in self.hanging:
-                try:
-                    await asyncio.Event().wait()
-                except asyncio.CancelledError:
-                    self.cancelled += 1
-                    raise
+            try:
+                while host in self.hanging:
+                    await self._unhung.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
             if host in self.held:
                 await self.held[host].wait()
             if host in self.raising:
@@ -1336,6 +1347,12 @@ class Lookups:
         finally:
             self.in_flight.discard(host)
             self._looked.set()
+
+    def unhang(self, host: str) -> None:
+        """`host`'s lookups hanging now answer."""
+        self.hanging.discard(host)
+        self._unhung.set()
+        self._unhung = asyncio.Event()
 
     async def made(self, host: str, n: int) -> None:
         until = self.count[host] + n
@@ -1391,11 +1408,13 @@ async def test_a_lookup_again_whose_channel_cannot_be_made_keeps_the_set_is_logg
             refused.clear()
             await bal.wait_for(lambda: sorted(bal.replicas) == sorted([b.target, c.target]), 10, "b and c in, a out")
             assert {await name_of(bal.unary_unary(METHOD)) for _ in range(20)} <= {"b", "c"}
+            await lookups.made("svc", SETTLED_AFTER)  # (the rounds before the last begun went through)
             refused.add(d.target)
             lookups.answers["svc"] = [b.target, c.target, d.target]
             await lookups.made("svc", 3)
             refused.clear()
             await bal.wait_for(lambda: d.target in bal.replicas, 10, "d in")
+            await lookups.made("svc", SETTLED_AFTER)
     logged = balancer_log(caplog)
     assert [r.levelno for r in logged] == [logging.ERROR, logging.INFO] * 2, [r.getMessage() for r in logged]
     for record, refused_target in zip(logged[::2], (c.target, d.target)):
@@ -1405,10 +1424,11 @@ async def test_a_lookup_again_whose_channel_cannot_be_made_keeps_the_set_is_logg
         assert message.startswith(expected), message
         kept = "; its replicas are kept and it is looked up again every 0.02 s"
         assert message.endswith(kept + " (this error is logged once, until it is over)"), message
-    assert logged[1].getMessage() == (
-        "target 'svc:8001': the channels of its new addresses were made "
-        "(after the error logged before: the next one is logged again)"
-    )
+    assert re.fullmatch(
+        r"target 'svc:8001': the channels of its new addresses were made \(3 lookups in a row, after the error "
+        r"logged before, which came back \d+ times since, untold: the next one is logged again\)",
+        logged[1].getMessage(),
+    ), logged[1].getMessage()
 
 
 async def test_a_resolver_answering_a_scoped_address_of_no_interface_is_refused_as_no_address(stub, caplog):
@@ -1444,8 +1464,8 @@ async def test_a_lookup_that_never_answers_is_bounded_and_the_other_names_follow
     """A resolver that never answers stalled the lookups for good: at start, start() waited forever;
     after it, every name's lookups, so the other name's new addresses never came. Each lookup is
     now bounded by resolve_timeout_s (checked at construction): at start past it a ValueError names
-    the target; after it the lookup is cancelled, logged once, its name keeps its replicas and the
-    other name follows its own."""
+    the target; after it the lookup is left running (as a thread's would be: see the next test but
+    one), logged once, its name keeps its replicas and the other name follows its own."""
     for bad in (0, -1, float("nan"), float("inf"), "1", None, True):
         with pytest.raises(ValueError, match=r"^resolve_timeout_s must be a finite duration > 0 in seconds; got "):
             BalancerSettings(resolve_timeout_s=bad)
@@ -1467,8 +1487,10 @@ async def test_a_lookup_that_never_answers_is_bounded_and_the_other_names_follow
             lookups.hanging.add("svc-a")
             lookups.answers["svc-b"] = [b.target, c.target]
             await bal.wait_for(lambda: c.target in bal.replicas, 10, "c added")
-            await lookups.made("svc-a", 2)
-            assert sorted(bal.replicas) == sorted([a.target, b.target, c.target]) and lookups.cancelled >= 2
+            await lookups.made("svc-b", 3)  # two lookups again, at least, waited out svc-a's
+            assert sorted(bal.replicas) == sorted([a.target, b.target, c.target])
+            assert lookups.count["svc-a"] == 3 and lookups.cancelled == 1  # (two at start, one after it)
+        assert lookups.cancelled == 2 and lookups.in_flight == set()  # (stop() cancelled it)
     logged = balancer_log(caplog)
     assert len(logged) == 1 and logged[0].levelno == logging.WARNING, [r.getMessage() for r in logged]
     timed_out = "target 'svc-a:8001': the resolver gave no answer within 0.2 s (resolve_timeout_s)"
@@ -1484,7 +1506,7 @@ async def test_max_ejected_fraction_0_ejects_none_and_any_fraction_above_ejects_
     down to none of two (0.1) still allows one, as gRPC's outlier detection does."""
     async with stub("a", fail_first=1 << 30, code=CODE.INTERNAL) as a, stub("b") as b:
         for fraction, ejected in ((0, 0), (0.1, 1)):
-            s = settings(consecutive_failures=2, base_ejection_s=60, max_ejected_fraction=fraction)
+            s = settings(consecutive_failures=2, base_ejection_s=60, max_ejection_s=60, max_ejected_fraction=fraction)
             async with Balancer([a.target, b.target], settings=s) as bal:
                 await bal.wait_for(lambda: all(r.state is STATE.READY for r in bal.replicas.values()), 10, "all READY")
                 a_first_on_ties(monkeypatch, a.target)  # (idle replicas: every call goes to a while it is in)
@@ -1523,7 +1545,7 @@ async def test_settings_and_answers_are_refused_naming_the_value_as_names_are():
     is shown the same way, and an answer of many addresses is cut: 10,000 made a 200 KB message."""
     refusals = {
         "resolve_every_s": (0, "resolve_every_s must be a duration > 0 in seconds; got 0"),
-        "base_ejection_s": (-1.0, "base_ejection_s must be a duration > 0 in seconds; got -1.0"),
+        "base_ejection_s": (-1.0, "base_ejection_s must be a finite duration > 0 in seconds; got -1.0"),
         "consecutive_failures": ("5", "consecutive_failures must be a whole number >= 0 (0: no ejection); got '5'"),
         "max_attempts": (1.5, "max_attempts must be a whole number >= 1; got 1.5"),
         "max_ejected_fraction": (
@@ -1531,7 +1553,10 @@ async def test_settings_and_answers_are_refused_naming_the_value_as_names_are():
             "max_ejected_fraction must be a number in [0, 1] (0: no ejection); got 'half'",
         ),
         "hedge_quantile": (1, "hedge_quantile must be a number in (0, 1); got 1"),
-        "hedge_after": ("x\n" * 200, "hedge_after must be a duration > 0 in seconds, 'auto' or None; got 'x\\nx\\n"),
+        "hedge_after": (
+            "x\n" * 200,
+            "hedge_after must be a finite duration > 0 in seconds, 'auto' or None; got 'x\\nx\\n",
+        ),
     }
     for name, (value, message) in refusals.items():
         with pytest.raises(ValueError) as err:
@@ -1555,6 +1580,51 @@ async def test_settings_and_answers_are_refused_naming_the_value_as_names_are():
     )
     assert re.search(r"… \([\d,]+ characters in all\)\)", message), message[-120:]
     assert message.endswith("; expected a list of addresses, 'ip:port' or '[ipv6]:port'")
+
+
+def test_every_setting_is_checked_at_construction_naming_it_what_it_takes_and_the_value():
+    """hedge_floor_s, hedge_initial_s, budget_tokens, budget_ratio, max_ejection_s, backoff_s and
+    max_backoff_s were taken unchecked: NaN, a negative, infinity or a string failed at a call, or
+    never failed (budget_tokens=inf refused every retry: inf is not > inf / 2; hedge_after=inf never
+    hedged, what None says). A cap below what it caps (max_ejection_s < base_ejection_s, max_backoff_s
+    < backoff_s) made every ejection or backoff the cap's length, the other setting given for nothing.
+    The counts take ints only, as a wok config's do: 2.0 is a slip."""
+    duration = "must be a finite duration > 0 in seconds; got "
+    refusals = [
+        ("hedge_floor_s", math.nan, "hedge_floor_s must be a finite duration >= 0 in seconds; got nan"),
+        ("hedge_floor_s", -0.01, "hedge_floor_s must be a finite duration >= 0 in seconds; got -0.01"),
+        ("hedge_initial_s", 0, "hedge_initial_s " + duration + "0"),
+        ("hedge_initial_s", "0.1", "hedge_initial_s " + duration + "'0.1'"),
+        ("hedge_after", math.inf, "hedge_after must be a finite duration > 0 in seconds, 'auto' or None; got inf"),
+        ("budget_tokens", math.inf, "budget_tokens must be a finite number > 0 (tokens); got inf"),
+        ("budget_tokens", 0, "budget_tokens must be a finite number > 0 (tokens); got 0"),
+        ("budget_ratio", math.nan, "budget_ratio must be a finite number > 0 (tokens given back per OK call); got nan"),
+        ("budget_ratio", -0.1, "budget_ratio must be a finite number > 0 (tokens given back per OK call); got -0.1"),
+        ("base_ejection_s", math.inf, "base_ejection_s " + duration + "inf"),
+        ("max_ejection_s", math.inf, "max_ejection_s " + duration + "inf"),
+        ("max_ejection_s", True, "max_ejection_s " + duration + "True"),
+        ("max_ejection_s", 1, "max_ejection_s must be >= base_ejection_s (2 s), as it caps it; got 1 s"),
+        ("backoff_s", -0.05, "backoff_s " + duration + "-0.05"),
+        ("backoff_s", 2, "max_backoff_s must be >= backoff_s (2 s), as it caps it; got 1 s"),
+        ("max_backoff_s", math.nan, "max_backoff_s " + duration + "nan"),
+        ("max_backoff_s", None, "max_backoff_s " + duration + "None"),
+        ("max_attempts", 2.0, "max_attempts must be a whole number >= 1; got 2.0"),
+        ("consecutive_failures", 5.0, "consecutive_failures must be a whole number >= 0 (0: no ejection); got 5.0"),
+    ]
+    for name, value, message in refusals:
+        with pytest.raises(ValueError) as err:
+            BalancerSettings(**{name: value})
+        assert str(err.value) == message, (name, value, str(err.value))
+    # What they take: a floor of 0 (none), caps equal to what they cap, numpy's numbers.
+    s = BalancerSettings(hedge_floor_s=0, base_ejection_s=30, backoff_s=1.0, budget_tokens=np.float64(10))
+    assert (s.max_ejection_s, s.max_backoff_s, s.budget_tokens) == (30, 1.0, 10)
+
+
+def test_the_auto_hedge_delay_is_never_below_its_floor_from_the_first_call():
+    """hedge_initial_s below hedge_floor_s was the auto delay until 64 answers came: the floor, set
+    to keep a fast fleet from hedging on jitter, held only after them."""
+    assert Balancer("127.0.0.1:1", settings=BalancerSettings(hedge_floor_s=0.3)).hedge_after_s == 0.3
+    assert Balancer("127.0.0.1:1").hedge_after_s == 0.1
 
 
 # -- names looked up at once; an error logged again once it was over; the guards' triggers --------
@@ -1608,7 +1678,7 @@ async def test_names_that_hang_cost_one_timeout_are_logged_in_order_and_stop_can
             lookups.answers["svc-c"] = [c.target, d.target]
             await lookups.at_once({"svc-a", "svc-b"})
             await bal.wait_for(lambda: d.target in bal.replicas, 10, "d added")
-            await lookups.made("svc-a", 2)
+            await lookups.made("svc-c", 3)
             assert sorted(bal.replicas) == sorted([a.target, b.target, c.target, d.target])
         messages = [r.getMessage() for r in balancer_log(caplog)]
         assert len(messages) == 2, messages
@@ -1631,28 +1701,124 @@ async def test_names_that_hang_cost_one_timeout_are_logged_in_order_and_stop_can
 async def test_a_name_that_times_out_again_after_answering_is_logged_again(stub, caplog):
     """Errors were logged once per name and kind for the process's life: a name that timed out,
     answered, and timed out again went untold the second time, and an operator saw one outage
-    where there were two. Now a lookup that gives the name addresses ends its error (told at INFO,
-    so that the warning's end is in the log too), and its next timeout is logged again; while it
-    keeps timing out, once."""
+    where there were two. Now lookups that give the name addresses, three in a row, end its error
+    (told at INFO, so that the warning's end is in the log too, with how often it came back
+    untold), and its next timeout is logged again; while it keeps timing out, once. (`tick`, looked
+    up at every lookup again, counts them: svc's lookup, hanging, is not made again.)"""
     async with stub("a") as a:
-        lookups = Lookups({"svc": [a.target]})
+        lookups = Lookups({"svc": [a.target], "tick": [a.target]})
         caplog.set_level(logging.INFO, logger="wok.balancer")
         s = settings(resolve_every_s=0.02, resolve_timeout_s=0.2)
-        async with Balancer("dns:///svc:8001", settings=s, resolver=lookups) as bal:
+        async with Balancer("dns:///svc:8001,dns:///tick:8001", settings=s, resolver=lookups) as bal:
             for _ in range(2):
                 lookups.hanging.add("svc")
-                await lookups.made("svc", 3)  # two lookups timed out, at least
-                lookups.hanging.clear()
-                await lookups.made("svc", 2)  # one answered, and its round ended
+                await lookups.made("tick", 3)  # two lookups timed out, at least
+                lookups.unhang("svc")
+                await lookups.made("svc", SETTLED_AFTER)  # the hung one's answer and two more taken
                 assert list(bal.replicas) == [a.target]
     logged = balancer_log(caplog)
     assert [r.levelno for r in logged] == [logging.WARNING, logging.INFO] * 2, [r.getMessage() for r in logged]
     timed_out = "target 'svc:8001': the resolver gave no answer within 0.2 s (resolve_timeout_s); its replicas are kept"
     assert logged[0].getMessage().startswith(timed_out) and logged[2].getMessage() == logged[0].getMessage()
-    assert logged[1].getMessage() == (
-        f"target 'svc:8001': its lookup answers again, ['{a.target}'] "
-        "(after the error logged before: the next one is logged again)"
+    answers = re.escape(f"target 'svc:8001': its lookup answers again, ['{a.target}'] ")
+    assert re.fullmatch(
+        answers + r"\(3 lookups in a row, after the error logged before, which came back \d+ times? since, untold: "
+        r"the next one is logged again\)",
+        logged[1].getMessage(),
+    ), logged[1].getMessage()
+
+
+class Flapping(Lookups):
+    """Lookups whose every other lookup of a host raises RuntimeError (the 2nd, the 4th...) while
+    `flapping`: the first, start()'s, answers."""
+
+    flapping = True
+
+    async def __call__(self, host: str, port: int) -> list:
+        if self.flapping and self.count[host] % 2:
+            self.raising[host] = RuntimeError
+        else:
+            self.raising.pop(host, None)
+        return await super().__call__(host, port)
+
+
+async def test_a_name_whose_lookups_fail_every_other_time_is_logged_once_until_they_work_three_in_a_row(stub, caplog):
+    """A lookup that went through ended the name's error: one whose lookups failed and worked in turn
+    was logged at every other lookup, an ERROR with its traceback and an INFO each time, for as long
+    as it flapped (every 30 s by default). Now its error is over only once its lookups went through
+    SETTLED_AFTER times in a row: flapping, it is logged once; steady again, its end is told once,
+    with how often it came back untold."""
+    async with stub("a") as a:
+        lookups = Flapping({"svc": [a.target]})
+        caplog.set_level(logging.INFO, logger="wok.balancer")
+        async with Balancer("dns:///svc:8001", settings=settings(resolve_every_s=0.01), resolver=lookups) as bal:
+            await lookups.made("svc", 10)  # five failed, the 2nd to the 10th, each after one that went through
+            levels = [r.levelno for r in balancer_log(caplog)]
+            lookups.flapping = False
+            await lookups.made("svc", SETTLED_AFTER + 1)  # (the one in flight may have failed)
+            assert list(bal.replicas) == [a.target]
+    assert levels == [logging.ERROR], [r.getMessage() for r in balancer_log(caplog)]
+    logged = balancer_log(caplog)
+    assert [r.levelno for r in logged] == [logging.ERROR, logging.INFO], [r.getMessage() for r in logged]
+    assert logged[0].getMessage().startswith("target 'svc:8001': the resolver raised RuntimeError: lookup 2 of svc;")
+    over = re.fullmatch(
+        re.escape(f"target 'svc:8001': its lookup answers again, ['{a.target}'] ")
+        + r"\(3 lookups in a row, after the error logged before, which came back (\d+) times since, untold: "
+        r"the next one is logged again\)",
+        logged[1].getMessage(),
     )
+    assert over is not None and int(over.group(1)) >= 4, logged[1].getMessage()
+
+
+async def test_a_name_whose_lookup_hangs_in_a_thread_is_not_looked_up_again_while_it_runs(stub):
+    """The system resolver's getaddrinfo runs in a thread of the loop's default executor, which a
+    cancellation does not stop: each lookup again past resolve_timeout_s was cancelled and the next
+    started one more thread, the others still hanging, until the executor was full (6 threads on 2
+    cores; here 6 lookups in 0.3 s) and every `asyncio.to_thread` of the process waited behind them.
+    Now the lookup is left running and each lookup again waits for it (up to resolve_timeout_s)
+    instead of starting another: one thread, whatever the rounds; its late answer is taken; and
+    stop() cancels it. (`tick`, looked up at every lookup again, counts them.)"""
+    release = threading.Event()
+    lock = threading.Lock()
+    running = most = 0
+
+    def getaddrinfo() -> None:  # as the system's, until it gives up
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        release.wait(30)
+        with lock:
+            running -= 1
+
+    async with stub("a") as a, stub("b") as b:
+        lookups = Lookups({"svc": [a.target], "tick": [a.target]})
+        hanging = False
+
+        async def resolver(host: str, port: int) -> list:
+            if host == "svc" and hanging:
+                await asyncio.get_running_loop().run_in_executor(None, getaddrinfo)
+                return [b.target]
+            return await lookups(host, port)
+
+        s = settings(resolve_every_s=0.01, resolve_timeout_s=0.03)
+        try:
+            async with Balancer("dns:///svc:8001,dns:///tick:8001", settings=s, resolver=resolver) as bal:
+                hanging = True
+                await lookups.made("tick", 12)  # ten lookups again timed out on svc's, at least
+                assert (most, running) == (1, 1) and list(bal.replicas) == [a.target]
+                release.set()  # the system gave up waiting for a name server: the lookup answers
+                await bal.wait_for(lambda: b.target in bal.replicas, 10, "svc's late answer taken")
+                hanging = False
+                release.clear()
+                lookups.answers["svc"] = [b.target]
+                await lookups.made("svc", 1)  # looked up anew once that one answered
+                hanging = True
+                await lookups.made("tick", 2)
+                assert running == 1
+            assert most == 1
+        finally:
+            release.set()
 
 
 async def test_a_resolvers_own_cancellation_is_its_error_not_the_end_of_the_lookups(stub, caplog):
@@ -1776,8 +1942,8 @@ async def test_an_error_of_a_lookup_again_as_a_whole_is_logged_once_until_over_a
     its answer, its family's choice and its channels are each caught as the name's own, and a
     resolver's own CancelledError is its error now), so the fault is injected at the narrowest seam,
     the balancer's `_within_cap`, which every lookup again runs once it has applied the set. It is
-    logged once with its traceback while it lasts, the lookups go on, a lookup again that goes
-    through ends it (told at INFO) and the next one is logged again."""
+    logged once with its traceback while it lasts, the lookups go on, three lookups again in a row
+    that go through end it (told at INFO) and the next one is logged again."""
     async with stub("a") as a, stub("b") as b:
         lookups = Lookups({"svc": [a.target]})
         caplog.set_level(logging.INFO, logger="wok.balancer")
@@ -1795,7 +1961,7 @@ async def test_an_error_of_a_lookup_again_as_a_whole_is_logged_once_until_over_a
                 failing["on"] = True
                 await lookups.made("svc", 3)
                 failing["on"] = False
-                await lookups.made("svc", 2)
+                await lookups.made("svc", SETTLED_AFTER + 1)  # (the round in flight may have failed)
             lookups.answers["svc"] = [b.target]
             await bal.wait_for(lambda: list(bal.replicas) == [b.target], 10, "b in, a out")
     logged = balancer_log(caplog)
@@ -1803,8 +1969,11 @@ async def test_an_error_of_a_lookup_again_as_a_whole_is_logged_once_until_over_a
     failed = "targets 'svc:8001': a lookup again failed: RuntimeError: the cap could not be held; the replicas are kept"
     assert logged[0].getMessage().startswith(failed) and logged[0].exc_info is not None, logged[0].getMessage()
     assert logged[2].getMessage() == logged[0].getMessage()
-    went = "targets 'svc:8001': a lookup again went through"
-    assert logged[1].getMessage() == went + " (after the error logged before: the next one is logged again)"
+    went = r"targets 'svc:8001': a lookup again went through \(3 lookups in a row, after the error logged before"
+    assert re.fullmatch(
+        went + r"(, which came back \d+ times? since, untold)?: the next one is logged again\)",
+        logged[1].getMessage(),
+    )
 
 
 async def test_stop_while_start_looks_up_ends_start_and_makes_no_channel():
