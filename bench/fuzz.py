@@ -426,8 +426,16 @@ def wrong_name(req: pb.ModelInferRequest, servables: dict) -> tuple[str, str, st
     servable = servables.get(req.model_name)
     if servable is None:
         return "NOT_FOUND", "model name", req.model_name
-    if req.model_version not in ("", VERSION):
-        return "NOT_FOUND", "model version", req.model_version
+    version = req.model_version
+    if version not in ("", VERSION):
+        # An int64 as Triton reads it, in ASCII digits alone: "01" is version 1, another integer one not
+        # served, anything else (a sign, a point, past 2**63-1) no version at all. Leading zeros go before
+        # int(), which refuses over 4,300 digits.
+        digits = version.lstrip("0") or "0"
+        if re.fullmatch(r"[0-9]+", version) is None or len(digits) > 19 or int(digits) >= 2**63:
+            return "INVALID_ARGUMENT", "model version", version
+        if int(digits) != int(VERSION):
+            return "NOT_FOUND", "model version", version
     cfg = servable.config
     seen: set[str] = set()
     for t in req.inputs:

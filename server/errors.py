@@ -24,6 +24,13 @@ class ModelNotFound(WokError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class InvalidVersion(ModelNotFound):
+    """A model version that is no integer of 0 to 2**63-1: INVALID_ARGUMENT, as Triton answers a version its
+    int64 parse refuses. A ModelNotFound still, as the request names no model served and is counted so."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
 class InvalidInput(WokError):
     code = grpc.StatusCode.INVALID_ARGUMENT
 

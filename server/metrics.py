@@ -229,7 +229,8 @@ class WokMetrics:
         # client cannot grow the label set; scraped as model="" in wok_rejected_requests_total
         # (reason not_found) as they are refused.
         self.unknown_model_requests = 0
-        # Messages that do not parse as a request name no model either: model="", refused as `invalid`.
+        # Messages that do not parse as a request name no model either, nor do requests whose model version
+        # is no integer (InvalidVersion): model="", refused as `invalid`.
         self.unparsed_requests = 0
         # The answers to both, model="" in wok_responses_total, by the code their clients saw
         # (`record_unmodeled`): NOT_FOUND and INVALID_ARGUMENT, or on a stream that ended before

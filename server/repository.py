@@ -25,10 +25,13 @@ import torch
 from torch import nn
 
 from .config import CONFIG_NAMES, ModelConfig, inside_model_dir, load_model_config
-from .errors import ConfigError, ModelNotFound, quoted_name
+from .errors import ConfigError, InvalidVersion, ModelNotFound, quoted_name
 from .servable import Servable
 
 VERSION = "1"
+# The most digits a version of at most 2**63-1 takes, leading zeros left out: longer, it is refused before
+# int() reads it, which past 4,300 digits raises a ValueError of its own.
+_VERSION_DIGITS = len(str(2**63 - 1))
 log = logging.getLogger("wok")
 
 
@@ -329,5 +332,14 @@ class ModelRepository:
             known = ", ".join(sorted(self.models)) or "(none)"
             raise ModelNotFound(f"unknown model {quoted_name(name)}; this server serves: {known}")
         if version not in ("", VERSION):
-            raise ModelNotFound(f"model '{name}' has no version {quoted_name(version)}; available: {VERSION}")
+            # Read as Triton reads it, an int64: "01" is version 1, and what is no integer is INVALID_ARGUMENT,
+            # not NOT_FOUND. Stricter than its std::stol, which reads " 1", "+1", "1.0" and "1abc" as 1.
+            digits = version.lstrip("0") or "0"
+            if not (version.isascii() and version.isdigit()) or len(digits) > _VERSION_DIGITS or int(digits) >= 2**63:
+                raise InvalidVersion(
+                    f"model '{name}': model version must be an integer from 0 to 2**63-1 in decimal digits, or '' for "
+                    f"the version served ({VERSION}); got {quoted_name(version)}"
+                )
+            if digits != VERSION:
+                raise ModelNotFound(f"model '{name}' has no version {quoted_name(version)}; available: {VERSION}")
         return s

@@ -354,6 +354,13 @@ class Servable:
                 raise ModelExecutionError(
                     f"model '{self.name}' output '{n}' is a {layout} tensor; expected a dense (strided) torch.Tensor"
                 )
+            if t.is_meta:
+                # A shape with no values: it failed as the rows were read, in torch's words, naming no output
+                # and advising a copy to host (Tensor.cpu()) that cannot be made of it.
+                raise ModelExecutionError(
+                    f"model '{self.name}' output '{n}' is on the meta device, which holds no values; "
+                    "expected a torch.Tensor with data"
+                )
             want = torch_dtype(self.output_types[n])
             if t.dtype != want:
                 ok = self._castable.get((n, t.dtype))
@@ -366,15 +373,19 @@ class Servable:
                         f"{self.output_types[n].name}, which it cannot be cast to without loss"
                     )
                 t = t.to(want)
-            out[n] = t
+            # A view with torch's negative bit set (x.conj().imag) is -x only as torch reads it: numpy()
+            # refuses it, which failed the whole batch. Made into a tensor of its values; others are returned
+            # as they are. A conjugate view (the conj bit) is complex, refused by the cast check above.
+            out[n] = t.resolve_neg()
         return out
 
     def check_shapes(self, shapes: Mapping[str, Sequence[int]], total: int) -> None:
         """ModelExecutionError unless every output's shape is `total` rows of its config's dims."""
+        rows = f"{total} row" if total == 1 else f"{total} rows"
         for k, shape in shapes.items():
             if len(shape) == 0 or shape[0] != total:
                 raise ModelExecutionError(
-                    f"model '{self.name}' output '{k}' has shape {list(shape)}; expected {total} rows, one per sample"
+                    f"model '{self.name}' output '{k}' has shape {list(shape)}; expected {rows}, one per sample"
                 )
             dims = self._output_dims[k]
             if len(shape) != len(dims) + 1 or any(d != -1 and d != n for d, n in zip(dims, shape[1:])):
@@ -382,7 +393,7 @@ class Servable:
                 # would be read wrongly, or not at all, so the batch fails instead.
                 raise ModelExecutionError(
                     f"model '{self.name}' output '{k}' has shape {list(shape)}; its config declares "
-                    f"{[total, *dims]} ({total} rows; -1 = any size)"
+                    f"{[total, *dims]} ({rows}; -1 = any size)"
                 )
 
     def split(self, outputs: dict[str, np.ndarray], rows: Sequence[int]) -> list[dict[str, np.ndarray]]:

@@ -38,6 +38,7 @@ from .errors import (
     DeviceLost,
     DeviceLostRefusal,
     InvalidInput,
+    InvalidVersion,
     ModelNotFound,
     NotSupported,
     QueueFull,
@@ -422,7 +423,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             rt: ModelRuntime = server.runtime(request.model_name, request.model_version)
         except ModelNotFound as exc:
-            server.metrics.unknown_model_requests += 1
+            if isinstance(exc, InvalidVersion):  # INVALID_ARGUMENT: refused as `invalid`, not `not_found`
+                server.metrics.unparsed_requests += 1
+            else:
+                server.metrics.unknown_model_requests += 1
             if not stream:  # a stream's, as its answer is written (ModelStreamInfer)
                 self._refuse_unmodeled(exc, time_left)
             raise

@@ -69,11 +69,46 @@ def test_sent_size_counts_bytes_as_the_grpc_message_header_carries_them():
     assert fuzz.sent_size("\u00e9") == 6 and fuzz.sent_size("\U0001f600") == 12
 
 
+@pytest.mark.parametrize(
+    ("version", "want"),
+    [
+        ("", None),
+        ("1", None),
+        ("01", None),  # Triton reads the version as an integer: version 1
+        ("0", "NOT_FOUND"),
+        ("02", "NOT_FOUND"),
+        (str(2**63 - 1), "NOT_FOUND"),
+        ("abc", "INVALID_ARGUMENT"),
+        ("-1", "INVALID_ARGUMENT"),
+        ("1.0", "INVALID_ARGUMENT"),
+        ("+1", "INVALID_ARGUMENT"),
+        ("\u0661", "INVALID_ARGUMENT"),  # a digit, but not an ASCII one
+        (str(2**63), "INVALID_ARGUMENT"),  # past int64, as Triton's std::stol refuses it
+        ("1" * 5000, "INVALID_ARGUMENT"),
+    ],
+)
+def test_a_model_version_is_expected_to_be_read_as_triton_reads_it(version, want):
+    got = fuzz.wrong_name(_request(model_version=version), SERVABLES)
+    assert got == (None if want is None else (want, "model version", version))
+
+
 def test_a_wrong_name_must_get_its_status_and_be_named():
     name = "x\u00e9" * 100
     cases = [
         (_request(model_name=name), "NOT_FOUND", "model name", f"unknown model '{name}'; this server serves: alltypes"),
-        (_request(model_version=name), "NOT_FOUND", "model version", f"model 'alltypes' has no version '{name}'"),
+        (
+            _request(model_version=name),
+            "INVALID_ARGUMENT",
+            "model version",
+            "model 'alltypes': model version must be an integer from 0 to 2**63-1 in decimal digits, or '' for the "
+            f"version served (1); got '{name}'",
+        ),
+        (
+            _request(model_version="2"),
+            "NOT_FOUND",
+            "model version",
+            "model 'alltypes' has no version '2'; available: 1",
+        ),
     ]
     req = _request()
     req.inputs[0].name = name

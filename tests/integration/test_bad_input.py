@@ -281,7 +281,16 @@ NAME_CASES = {
         _named(model="m" * LONG),
         f"unknown model '{'m' * 200}'… (100,000 characters in all); this server serves",
     ),
-    "version": (_named(version="7" * LONG), f"model 'mlp' has no version '{'7' * 200}'… (100,000 characters in all)"),
+    # Leading zeros and all, an integer: version 7, not served.
+    "version": (
+        _named(version="0" * (LONG - 1) + "7"),
+        f"model 'mlp' has no version '{'0' * 200}'… (100,000 characters in all)",
+    ),
+    "version no integer": (
+        _named(version="7" * LONG),
+        "model 'mlp': model version must be an integer from 0 to 2**63-1 in decimal digits, or '' for the version "
+        f"served (1); got '{'7' * 200}'… (100,000 characters in all)",
+    ),
     "input": (_named(inputs=EXTRA), f"unexpected input '{'x' * 200}'… (100,000 characters in all) for model 'mlp'"),
     "output": (_named(outputs=["o" * LONG]), f"unknown output '{'o' * 200}'… (100,000 characters in all) requested"),
     "control characters": (

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from wok.codec import decode_response, encode_request
-from wok.errors import ConfigError, ModelNotFound
+from wok.errors import ConfigError, ModelNotFound, quoted_name
 from wok.repository import ModelRepository, load_servable
 from wok.servable import Servable
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -715,6 +715,26 @@ def test_get_unknown_model_and_version(tmp_path):
     assert str(info.value) == "model 'alpha' has no version '2'; available: 1"
 
 
+def test_a_version_is_an_integer_as_triton_reads_it(tmp_path):
+    model_dir(tmp_path, "alpha", "python", extra='factory = "torch.nn:Identity"', out_dims="[4]")
+    repo = ModelRepository.from_directory(tmp_path)
+    for v in ("01", "001"):
+        assert repo.get("alpha", v) is repo.get("alpha")
+    for v in ("0", "02", str(2**63 - 1)):
+        with pytest.raises(ModelNotFound) as info:
+            repo.get("alpha", v)
+        assert info.value.code == grpc.StatusCode.NOT_FOUND
+        assert str(info.value) == f"model 'alpha' has no version '{v}'; available: 1"
+    for v in ("abc", "-1", "1.0", "1e0", "0x1", str(2**63), "1" * 4301):
+        with pytest.raises(ModelNotFound) as info:  # counted as a request of no served model
+            repo.get("alpha", v)
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert str(info.value) == (
+            "model 'alpha': model version must be an integer from 0 to 2**63-1 in decimal digits, or '' for the "
+            f"version served (1); got {quoted_name(v)}"
+        )
+
+
 @pytest.fixture(scope="module", autouse=True)
 def failed_starts(tmp_path_factory):
     """The module's `wok serve` runs that must fail at start, all started as the module begins
@@ -794,7 +814,7 @@ def test_a_model_that_fails_its_warm_up_makes_wok_serve_exit_2_as_a_config_error
     assert not [line for line in lines if line.startswith("Traceback")], stderr[-2000:]
     assert lines[-1:] == [
         "wok: model 'm' failed: ModelExecutionError: model 'm' output 'OUTPUT0' has shape [1, 4]; its config "
-        "declares [1, 3] (1 rows; -1 = any size); in the start-up warm-up, on a batch of zeros with input shapes "
+        "declares [1, 3] (1 row; -1 = any size); in the start-up warm-up, on a batch of zeros with input shapes "
         f"INPUT0 [1, 4] on cpu (config: {d / 'config.toml'})"  # no -1 dims: no warmup_dims hint
     ]
 

@@ -16,6 +16,7 @@ import pytest
 from wok.app import WokServer
 from wok.codec import decode_response, encode_request
 from wok.config import server_settings
+from wok.errors import quoted_name
 from wok.metrics import REJECTION_REASONS
 from wok.repository import ModelRepository
 from wok.v2pb import grpc_service_pb2 as pb
@@ -179,3 +180,52 @@ async def test_a_name_sent_to_an_rpc_that_refuses_it_is_echoed_cut_and_escaped(m
     assert info.value.code() == code
     assert shown in info.value.details() and info.value.details().isprintable(), info.value.details()[:400]
     assert len(info.value.details()) < 600, len(info.value.details())  # the name's 230 and the message's own
+
+
+# Triton reads a version as an integer: "01" is version 1, and what is no integer (or is negative) is
+# INVALID_ARGUMENT. wok served only "" and "1", and answered NOT_FOUND for "01" and "abc" alike.
+def versioned(version: str) -> pb.ModelInferRequest:
+    req = encode_request("a", X)
+    req.model_version = version
+    return req
+
+
+SERVED_VERSIONS = ("", "1", "01", "0001")
+ABSENT_VERSIONS = ("2", "0", "02", str(2**63 - 1))
+INVALID_VERSIONS = ("abc", "-1", "1.0", "+1", " 1", "1 ", "\u0661", "1_0", str(2**63), "9" * 5000)
+
+
+async def test_a_version_is_read_as_triton_reads_it_by_every_rpc_that_takes_one():
+    async with gated_server("a") as (server, _, stub):
+        for v in SERVED_VERSIONS:
+            out = decode_response(await stub.ModelInfer(versioned(v), timeout=10))
+            np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+            meta = await stub.ModelMetadata(pb.ModelMetadataRequest(name="a", version=v), timeout=10)
+            assert meta.versions == ["1"], v
+            assert (await stub.ModelReady(pb.ModelReadyRequest(name="a", version=v), timeout=10)).ready, v
+        bad = [(v, grpc.StatusCode.NOT_FOUND) for v in ABSENT_VERSIONS]
+        bad += [(v, grpc.StatusCode.INVALID_ARGUMENT) for v in INVALID_VERSIONS]
+        for v, code in bad:
+            for call in (
+                stub.ModelInfer(versioned(v), timeout=10),
+                stub.ModelMetadata(pb.ModelMetadataRequest(name="a", version=v), timeout=10),
+                stub.ModelConfig(pb.ModelConfigRequest(name="a", version=v), timeout=10),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call
+                assert info.value.code() == code, (v, info.value.details())
+                if code == grpc.StatusCode.NOT_FOUND:
+                    assert info.value.details() == f"model 'a' has no version '{v}'; available: 1"
+                else:
+                    assert info.value.details() == (
+                        "model 'a': model version must be an integer from 0 to 2**63-1 in decimal digits, or '' "
+                        f"for the version served (1); got {quoted_name(v)}"
+                    )
+            assert not (await stub.ModelReady(pb.ModelReadyRequest(name="a", version=v), timeout=10)).ready, v
+        # Each refused ModelInfer answered once and counted, under no model's name, by its own code.
+        unmodeled = server.metrics.unmodeled_responses
+        assert unmodeled.get("NOT_FOUND", 0) == len(ABSENT_VERSIONS)
+        assert unmodeled.get("INVALID_ARGUMENT", 0) == len(INVALID_VERSIONS)
+        # Refused as the codes say: not_found for an integer not served, invalid for what is no integer.
+        assert server.metrics.unknown_model_requests == len(ABSENT_VERSIONS)
+        assert server.metrics.unparsed_requests == len(INVALID_VERSIONS)

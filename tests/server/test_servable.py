@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import textwrap
 import threading
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -166,13 +167,15 @@ FLOATS_ON_NONZERO = textwrap.dedent(
 )
 
 
-async def test_a_request_whose_output_cannot_take_its_config_datatype_fails_and_the_server_goes_on(tmp_path, serve):
+def python_model_repository(tmp_path: Path, source: str, out_datatype: str) -> Path:
+    """A repository of one model 'm' built by `source`'s build(): FP32 input 'x' and output 'y' (`out_datatype`),
+    both of dims [2], batched up to 4, on the CPU."""
     d = tmp_path / "repo" / "m"
     d.mkdir(parents=True)
-    (d / "model.py").write_text(FLOATS_ON_NONZERO)
+    (d / "model.py").write_text(source)
     (d / "config.toml").write_text(
         textwrap.dedent(
-            """
+            f"""
             platform = "python"
             factory = "model:build"
             max_batch_size = 4
@@ -184,7 +187,7 @@ async def test_a_request_whose_output_cannot_take_its_config_datatype_fails_and_
 
             [[outputs]]
             name = "y"
-            datatype = "INT64"
+            datatype = "{out_datatype}"
             dims = [2]
 
             [dynamic_batching]
@@ -195,7 +198,11 @@ async def test_a_request_whose_output_cannot_take_its_config_datatype_fails_and_
             """
         )
     )
-    async with serve(repository=tmp_path / "repo") as server:
+    return tmp_path / "repo"
+
+
+async def test_a_request_whose_output_cannot_take_its_config_datatype_fails_and_the_server_goes_on(tmp_path, serve):
+    async with serve(repository=python_model_repository(tmp_path, FLOATS_ON_NONZERO, "INT64")) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
             with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -302,6 +309,105 @@ def test_an_output_that_is_no_dense_tensor_fails_the_batch_naming_the_output_and
     with pytest.raises(ModelExecutionError) as info:
         forward(s, torch.ones(2, 2))
     assert str(info.value) == f"model 'm' output 'y' is a {layout} tensor; expected a dense (strided) torch.Tensor"
+
+
+class OnMeta(nn.Module):
+    """Answers a tensor of its output's shape on the meta device: a shape, no values."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x, device="meta")
+
+
+def test_an_output_on_the_meta_device_fails_the_batch_naming_the_output_and_the_device():
+    # It failed in the split as "can't convert meta device type tensor to numpy. Use Tensor.cpu() to copy
+    # the tensor to host memory first.", naming no output, with advice that cannot work.
+    s = servable(OnMeta(), "FP32")
+    with pytest.raises(ModelExecutionError) as info:
+        forward(s, torch.ones(2, 2))
+    assert str(info.value) == (
+        "model 'm' output 'y' is on the meta device, which holds no values; expected a torch.Tensor with data"
+    )
+
+
+class NegatedView(nn.Module):
+    """Answers -x as the imaginary part of a conjugate: a view with torch's negative bit set."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.complex(x, x).conj().imag
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_an_output_with_the_negative_bit_set_is_answered_with_its_values(datatype):
+    x = torch.tensor([[1.5, -2.0], [0.0, 3.0]])
+    assert NegatedView()(x).is_neg()
+    out = forward(servable(NegatedView(), datatype), x)
+    assert not out.is_neg() and out.numpy().tolist() == (-x).tolist()
+
+
+def test_a_conjugate_output_is_complex_and_refused_as_a_lossy_cast_naming_the_output():
+    class Conjugate(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.complex(x, x).conj()
+
+    with pytest.raises(ModelExecutionError) as info:
+        forward(servable(Conjugate(), "FP32"), torch.ones(2, 2))
+    assert str(info.value) == (
+        "model 'm' output 'y' is torch.complex64; its config declares FP32, which it cannot be cast to without loss"
+    )
+
+
+@pytest.mark.parametrize(("total", "rows"), [(1, "1 row"), (2, "2 rows")])
+def test_a_wrong_row_count_names_the_rows_expected_in_good_grammar(total, rows):
+    s = servable(Returns(torch.float32), "FP32")
+    with pytest.raises(ModelExecutionError) as info:
+        s.check_shapes({"y": [total + 1, 2]}, total)
+    assert str(info.value) == f"model 'm' output 'y' has shape [{total + 1}, 2]; expected {rows}, one per sample"
+    with pytest.raises(ModelExecutionError) as info:
+        s.check_shapes({"y": [total, 3]}, total)
+    assert str(info.value) == (
+        f"model 'm' output 'y' has shape [{total}, 3]; its config declares [{total}, 2] ({rows}; -1 = any size)"
+    )
+
+
+NEG_OR_META = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class NegOrMeta(nn.Module):
+        # Zeros (the warm-up's) as they are; a positive sum as -x, a negative-bit view; a negative
+        # sum as a meta tensor.
+        def forward(self, x):
+            s = float(x.sum())
+            if s > 0:
+                return torch.complex(x, x).conj().imag
+            if s < 0:
+                return torch.empty_like(x, device="meta")
+            return x
+
+
+    def build():
+        return NegOrMeta()
+    """
+)
+
+
+async def test_a_negative_bit_output_is_answered_and_a_meta_one_refused_by_name_through_the_server(tmp_path, serve):
+    async with serve(repository=python_model_repository(tmp_path, NEG_OR_META, "FP32")) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            x = np.array([[1.5, -0.5]], np.float32)
+            resp = await stub.ModelInfer(encode_request("m", {"x": x}), timeout=30)
+            assert decode_response(resp)["y"].tolist() == (-x).tolist()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(encode_request("m", {"x": -np.ones((1, 2), np.float32)}), timeout=30)
+            assert info.value.code() == grpc.StatusCode.INTERNAL
+            assert info.value.details() == (
+                "model 'm' output 'y' is on the meta device, which holds no values; expected a torch.Tensor with data"
+            )
+            resp = await stub.ModelInfer(encode_request("m", {"x": np.zeros((1, 2), np.float32)}), timeout=30)
+    assert decode_response(resp)["y"].tolist() == [[0.0, 0.0]]
 
 
 def test_an_output_that_is_no_tensor_fails_the_warm_up_without_a_warmup_dims_hint(tmp_path):
