@@ -496,8 +496,10 @@ def _check_metrics_url(spec: str) -> None:
         _check_http_url("--metrics-url", spec, "auto, none or a URL such as http://HOST:8002/metrics")
 
 
-# What faults.Replica.launch gives every replica's `wok serve` itself, before --serve-args.
-_REPLICA_OPTIONS = {"--host": "127.0.0.1", "--port": "0", "--metrics-port": "0"}
+def _replica_options(host: str) -> dict[str, str]:
+    """What faults.Replica.launch gives every replica's `wok serve` itself, before --serve-args (which may
+    not give them again). Its --metrics-host too, which --serve-args may give: a default, not fixed."""
+    return {"--host": host, "--port": "0", "--metrics-port": "0"}
 
 
 def _check_replica_args(args, words: list[str]) -> None:
@@ -505,10 +507,14 @@ def _check_replica_args(args, words: list[str]) -> None:
     here: wok.__main__.check_replica_args), before any replica starts: each such replica exited 2
     at once, and the bench with 1 and the child's whole usage, in no option's name."""
     from ..__main__ import check_replica_args
+    from .faults import replica_host
 
+    host = replica_host(args.replica_host)
     try:
-        check_replica_args(words, _REPLICA_OPTIONS)
+        check_replica_args(["--metrics-host", host, *words], _replica_options(host))
     except ValueError as exc:
+        if str(exc).startswith("--host is not to be given"):
+            exc = f"{exc} (give --replica-host for another loopback address)"
         if args.serve_args is not None:
             raise ValueError(f"--serve-args {quoted_name(args.serve_args)}: wok serve refuses it: {exc}") from None
         # Not given: the default, the demo models of the mix, which is --model's.
@@ -675,8 +681,9 @@ def _check_aim(args) -> None:
             raise ValueError("--target with --replicas: the bench ramps the replicas it starts; give one of them")
         if args.admin_url:
             raise ValueError("--admin-url with --replicas: slow and fail faults go to the replicas' own admin API")
-    elif args.serve_args is not None:
-        raise ValueError("--serve-args is for --replicas: without it no server is started")
+    elif args.serve_args is not None or args.replica_host is not None:
+        option = "--serve-args" if args.serve_args is not None else "--replica-host"
+        raise ValueError(f"{option} is for --replicas: without it no server is started")
     if args.admin_url and not args.fault:
         raise ValueError("--admin-url is where --fault slow:/fail: go; no --fault was given")
     for url in args.admin_url:  # else found only when the fault's time came, the ramp half run

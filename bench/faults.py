@@ -51,7 +51,7 @@ from ..faults import MAX_DELAY_MS
 from .analysis import latency_summary
 from .arrivals import parse_duration
 from .runner import Ramp, RampConfig, status_name
-from .workers import OK
+from .workers import NOT_SENT, OK
 
 SCHEMA = "wok.faults/1"
 LOST_CODES = ("UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED", "UNKNOWN")
@@ -67,6 +67,8 @@ MAX_EXPIRY_S = 86_400.0  # the server's bound on duration_s
 # restarting: the bench stops that replica with the others, and a second Ctrl-C is deferred
 # until the result is written, so the full start timeout (minutes) would hold the user for nothing.
 CUT_WAIT_S = 5.0
+# Where the replicas of `--replicas` bind (gRPC and HTTP ports) unless --replica-host says otherwise.
+REPLICA_HOST = "127.0.0.1"
 READY = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
 # The HTTP port a replica's admin API is on: its metrics line, or, with `--no-metrics --admin`, its admin line.
 METRICS = re.compile(r"wok: (?:metrics on|metrics off \(--no-metrics\); admin API on) http://(\S+):(\d+)")
@@ -235,6 +237,22 @@ class Forker:
         self._thread.join()
 
 
+def replica_host(text: str | None) -> str:
+    """`--replica-host`: the loopback address the replicas bind (default REPLICA_HOST), bare (`[::1]` is ::1).
+    Loopback only: the replicas serve plaintext, and with a slow:/fail: fault the admin API, unauthenticated
+    (wok serve warns of both off loopback); ValueError naming the option otherwise."""
+    if text is None:
+        return REPLICA_HOST
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        loopback = ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        loopback = False  # a name too: one resolving to both families binds one of them, which the target must name
+    if not loopback:
+        raise ValueError(f"--replica-host {quoted_name(text)}: expected a loopback address, such as 127.0.0.1 or ::1")
+    return str(ipaddress.ip_address(bare))
+
+
 def reachable(address: str) -> str:
     """The host a server printed it listens on (`host_port`'s form: an IPv6 address in brackets), as a
     client on this machine connects to it: bare, and a wildcard (0.0.0.0, ::) as its family's loopback."""
@@ -252,7 +270,7 @@ def reachable(address: str) -> str:
 class Replica:
     index: int
     args: list[str]
-    host: str = "127.0.0.1"
+    host: str = REPLICA_HOST
     port: int = 0
     metrics_port: int = 0
     proc: subprocess.Popen | None = None
@@ -280,7 +298,9 @@ class Replica:
     def launch(self) -> None:
         """Start `wok serve` (on the ports it had, after the first start); wait_ready() waits for it."""
         cmd = [sys.executable, "-m", "wok", "serve", "--host", self.host, "--port", str(self.port)]
-        cmd += ["--metrics-port", str(self.metrics_port), *self.args]
+        # The HTTP port on the gRPC port's host, as wok serve's --health-host follows --host: on ::1 alone
+        # the server's own 127.0.0.1 does not bind. A --metrics-host in `args` comes later, and wins.
+        cmd += ["--metrics-host", self.host, "--metrics-port", str(self.metrics_port), *self.args]
         self._ready, self._served = threading.Event(), threading.Event()
         options = dict(
             stdin=subprocess.DEVNULL,
@@ -353,15 +373,24 @@ class Replica:
 
 
 class ReplicaSet:
-    """N `wok serve` processes on free loopback ports, started together; stopped by `close()`."""
+    """N `wok serve` processes on free ports of the loopback address `host`, started together; stopped by
+    `close()`."""
 
-    def __init__(self, n: int, serve_args: Sequence[str], *, admin: bool = False, start_timeout: float = 180.0):
+    def __init__(
+        self,
+        n: int,
+        serve_args: Sequence[str],
+        *,
+        admin: bool = False,
+        start_timeout: float = 180.0,
+        host: str = REPLICA_HOST,
+    ):
         if n < 1:
             raise ValueError(f"--replicas must be >= 1; got {n}")
         args = list(serve_args) + (["--admin"] if admin and "--admin" not in serve_args else [])
         self.start_timeout = start_timeout
         self.forker = Forker()
-        self.replicas = [Replica(i, args, forker=self.forker) for i in range(n)]
+        self.replicas = [Replica(i, args, host=host, forker=self.forker) for i in range(n)]
         try:
             for r in self.replicas:
                 r.launch()
@@ -701,7 +730,21 @@ def fault_report(
 
     `intended` and `done` are seconds from the ramp's start (done NaN: never ended),
     `codes` gRPC status numbers. See docs/reliability.md for each figure.
+    A request never sent (code workers.NOT_SENT, of a step cut short) was no part of the load, as in
+    analysis.step_result: it is in no figure, `lost` and `errors` included, and counted in
+    `requests.not_sent` (present when any was).
     """
+    codes = np.asarray(codes)
+    unsent = codes == NOT_SENT
+    if unsent.any():
+        timed = unsent & np.isfinite(done)
+        if timed.any():
+            i = int(np.flatnonzero(timed)[0])
+            raise ValueError(
+                f"request {i} has code NOT_SENT (never sent): expected a NaN completion time; got {float(done[i])!r}"
+            )
+        keep = ~unsent
+        intended, done, latency_s, codes = intended[keep], done[keep], latency_s[keep], codes[keep]
     names = np.array([status_name(c) for c in codes]) if len(codes) else np.array([], dtype=str)
     ok = codes == OK
     lost = np.isnan(done) | np.isin(names, LOST_CODES)
@@ -720,6 +763,7 @@ def fault_report(
             "ok": int(ok.sum()),
             "errors": int(errors.sum()),
             "lost": int(lost.sum()),
+            **({"not_sent": int(unsent.sum())} if unsent.any() else {}),
         },
         "errors_by_code": _by_code(names[~ok]),
         "lost_by_code": _by_code(names[lost]),
@@ -1016,9 +1060,10 @@ def print_faults(result: dict, file=None) -> None:
     # The label tells the setting from its effect; results before `retries_requested` held the
     # setting in `retries`.
     requested = section.get("retries_requested", section.get("retries", True))
+    unsent = f"({req['not_sent']} never sent, in no figure) " if req.get("not_sent") else ""
     console.print(
         f"requests: {req['sent']} sent, {req['ok']} ok, {req['errors']} errors, [bold]{req['lost']} lost[/bold] "
-        f"({retries_label(requested, (result.get('config') or {}).get('rpc'))}, "
+        f"{unsent}({retries_label(requested, (result.get('config') or {}).get('rpc'))}, "
         f"balancer {section.get('balancer') or 'grpc'}); "
         "not OK by code: "
         f"{section['errors_by_code'] or '-'}"
@@ -1085,6 +1130,12 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("replicas and faults", "see docs/reliability.md")
     g.add_argument(
         "--replicas", type=int, help="start N local `wok serve` replicas and ramp all of them (through --balancer)"
+    )
+    g.add_argument(
+        "--replica-host",
+        metavar="ADDR",
+        help=f"loopback address the replicas bind, their gRPC and (unless --serve-args gives --metrics-host) HTTP "
+        f"ports: ::1 where the machine has no {REPLICA_HOST} (default {REPLICA_HOST})",
     )
     g.add_argument(
         "--serve-args",
@@ -1161,7 +1212,7 @@ def start_replicas(args, cfg: RampConfig, say: Callable[[str], None], *, admin: 
         raise ValueError(f"--replicas must be >= 1; got {args.replicas}")
     serve_args = serve_args_of(args, cfg)
     say(f"starting {args.replicas} replica(s): wok serve {' '.join(serve_args)}")
-    replicas = ReplicaSet(args.replicas, serve_args, admin=admin)
+    replicas = ReplicaSet(args.replicas, serve_args, admin=admin, host=replica_host(args.replica_host))
     say(f"replicas serving on {replicas.target}")
     # Several servers have no one /metrics: the server's view is left out unless a URL is given.
     metrics_url = None if args.metrics_url == "auto" else cfg.metrics_url

@@ -1594,9 +1594,21 @@ def _input_rows(plan: dict) -> list[tuple[str, str]]:
         )
     if batch.get("profile"):
         rows.append(("profile", batch["profile"]["path"]))
+    if batch.get("extrapolation"):
+        rows.append(("profiled batches", _extrapolation_text(batch["extrapolation"], batch["batch_size"])))
     rows.append(("U_target", _f(i["target_utilization"])))
     rows.append(("redundancy k", str(i["redundancy"])))
     return rows
+
+
+def _extrapolation_text(e: dict, n) -> str:
+    """The inputs row of `inputs.batch.extrapolation`: the profile's range and where n lies against it."""
+    least, most = e["smallest_profiled_batch"], e["largest_profiled_batch"]
+    text = f"{_f(least)} to {_f(most)}; n = {_f(n)} is "
+    if not e["extrapolated"]:
+        return text + "within them"
+    side = f"past them, {_f(e['ratio'])}× the largest" if n > most else f"below them, the smallest {_f(e['ratio'])}× n"
+    return text + side + ": T_batch extrapolated" + (f" (far: more than {FAR_EXTRAPOLATION}×)" if e["far"] else "")
 
 
 def to_markdown(plan: dict) -> str:

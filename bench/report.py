@@ -109,6 +109,8 @@ CSV_COLUMNS = (
     "loop_lag_p99_ms",
     "mean_batch_size",
     "dispatch_lag_p99_ms",
+    # Appended, not beside `requests`: a reader that takes the columns by position keeps its own.
+    "not_sent",
 )
 
 
@@ -146,6 +148,7 @@ def _csv_row(step: dict) -> dict:
         "loop_lag_p99_ms": _get(step, "loop_lag_ms", "p99"),
         "mean_batch_size": step.get("mean_batch_size"),
         "dispatch_lag_p99_ms": _get(step, "dispatch_lag_ms", "p99"),
+        "not_sent": step.get("not_sent", 0),  # absent: every request of the step was sent
     }
     for k in LATENCY_KEYS:
         row[f"latency_{k}_ms"] = _get(step, "latency_ms", k)

@@ -52,6 +52,7 @@ def test_mistaken_options_exit_2_naming_the_option(extra, message, capsys):
         (["--replicas", "1", "--target", "127.0.0.1:1"], "--target with --replicas: the bench ramps the replicas"),
         (["--replicas", "1", "--admin-url", "http://127.0.0.1:9"], "--admin-url with --replicas"),
         (["--serve-args", "--models mlp"], "--serve-args is for --replicas: without it no server is started"),
+        (["--replica-host", "::1"], "--replica-host is for --replicas: without it no server is started"),
         (["--admin-url", "http://127.0.0.1:9"], "--admin-url is where --fault slow:/fail: go; no --fault"),
         (["--workers", "0"], "--workers must be at least 1; got 0"),
         (["--stop-factor", "0"], "--stop-factor must be > 0 (inf: never stop early); got 0"),
@@ -680,6 +681,35 @@ def test_serve_args_that_wok_serve_refuses_are_refused_before_any_replica_starts
     assert (status, out) == (2, ""), err
     assert err.startswith(f"wok bench: --serve-args '{serve_args}': wok serve refuses it: {reason}"), err
     assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (
+            ["--replica-host", "192.0.2.2"],
+            "--replica-host '192.0.2.2': expected a loopback address, such as 127.0.0.1 or ::1",
+        ),
+        (["--replica-host", "0.0.0.0"], "--replica-host '0.0.0.0': expected a loopback address"),
+        (["--replica-host", "localhost"], "--replica-host 'localhost': expected a loopback address"),
+        # The replicas' --host is the bench's to give: the refusal names the option that gives another.
+        (
+            ["--serve-args", "--models mlp --host ::1"],
+            "--serve-args '--models mlp --host ::1': wok serve refuses it: --host is not to be given: each replica "
+            "is started with --host 127.0.0.1 (give --replica-host for another loopback address)",
+        ),
+        (
+            ["--replica-host", "[::1]", "--serve-args", "--models mlp --host ::1"],
+            "each replica is started with --host ::1 (give --replica-host",
+        ),
+    ],
+    ids=["not-loopback", "wildcard", "name", "host-in-serve-args", "host-in-serve-args-ipv6"],
+)
+def test_replica_hosts_are_refused_before_any_replica_starts(args, says, monkeypatch, wok_cli):
+    _no_replica(monkeypatch)
+    status, out, err = wok_cli("bench", "ramp", "--replicas", "2", "--metrics-url", "none", *args)
+    assert (status, out) == (2, ""), err
+    assert says in err and err.count("\n") == 1, err
 
 
 def test_a_mix_whose_models_wok_serve_refuses_names_model_before_any_replica_starts(monkeypatch, wok_cli):

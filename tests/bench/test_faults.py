@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -244,6 +245,44 @@ def test_fault_report_by_hand():
     assert f["recovery_s"] == pytest.approx(1.4) and f["breached_slo"] is True
     assert f["recovered_after_end_s"] == pytest.approx(0.2)
     json.dumps(r)  # plain JSON
+
+
+def test_never_sent_requests_are_counted_apart():
+    """A request of a cut step never sent (workers.NOT_SENT: done NaN) was no part of the load, as in
+    analysis.step_result: counted in `requests.not_sent`, never as lost or an error, in no window."""
+    from wok.bench.workers import NOT_SENT
+
+    intended, done, latency, codes = hand_case()
+    # Two requests due after the cut, in w2 and past the last window: the figures stay the hand count's.
+    intended = np.append(intended, [1.15, 4.7])
+    done = np.append(done, [math.nan, math.nan])
+    latency = np.append(latency, [math.nan, math.nan])
+    codes = np.append(codes, np.array([NOT_SENT, NOT_SENT], dtype=np.int16))
+    spec = parse_fault("kill:replica=1,at=5%,restart=10%")
+    r = fault_report(intended, done, latency, codes, specs=[spec], events=EVENTS, slo_p99_ms=100.0, n_replicas=3)
+    assert r["requests"] == {"sent": 18, "ok": 16, "errors": 1, "lost": 1, "not_sent": 2}
+    assert r["errors_by_code"] == {"INTERNAL": 1, "UNAVAILABLE": 1} and r["lost_by_code"] == {"UNAVAILABLE": 1}
+    tl = r["timeline"]
+    # The windows end with the last request sent (4.1 s: 9 windows), not with one never sent at 4.7 s.
+    assert tl["sent"] == [2] * 9 and tl["lost"] == [0, 1] + [0] * 7 and tl["errors"] == [0, 0, 0, 1] + [0] * 5
+    (f,) = r["faults"]
+    assert (f["sent_before"], f["sent_during"], f["sent_after"]) == (3, 5, 10)
+    assert (f["lost_before"], f["lost_during"], f["lost_after"]) == (0, 1, 0)
+    out = io.StringIO()
+    print_faults({"config": {"retries": True, "rpc": "unary"}, "faults": r}, file=out)
+    assert "18 sent, 16 ok, 1 errors, 1 lost (2 never sent, in no figure) (retries on" in out.getvalue()
+    # Every request sent: no `not_sent` key, as a step's.
+    assert "not_sent" not in fault_report(*hand_case(), specs=[], events=[], slo_p99_ms=100.0)["requests"]
+
+
+def test_a_never_sent_request_with_a_completion_is_refused():
+    from wok.bench.workers import NOT_SENT
+
+    intended, done, latency, codes = hand_case()
+    codes = codes.copy()
+    codes[3] = NOT_SENT
+    with pytest.raises(ValueError, match=r"request 3 has code NOT_SENT \(never sent\): expected a NaN completion"):
+        fault_report(intended, done, latency, codes, specs=[], events=[], slo_p99_ms=100.0)
 
 
 def test_never_recovered_and_never_happened():
@@ -848,6 +887,78 @@ def test_a_replica_on_ipv6_whose_metrics_host_is_another_is_reached_at_both():
             assert client.infer("mlp", {"INPUT0": np.ones((1, 256), np.float32)})["OUTPUT0"].shape == (1, 256)
     finally:
         replica.kill()
+
+
+def _binds(host: str) -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, 0))
+        return True
+    except OSError:
+        return False
+
+
+# A ramp on one replica with a server-side fault: its gRPC port and its admin API are both used.
+IPV6_RAMP = ["bench", "ramp", "--replicas", "1", "--serve-args", "--models mlp --torch-threads 1", "--workers", "1"]
+IPV6_RAMP += ["--steps", "20", "--step-duration", "1s", "--warmup", "0.2s", "--metrics-url", "none"]
+IPV6_RAMP += ["--fault", "slow:model=mlp,delay=5ms,at=10%,until=50%"]
+
+
+def _assert_ramped_on_ipv6(proc: subprocess.CompletedProcess, out: Path) -> None:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    faults = json.loads(out.read_text())["faults"]
+    (replica,) = faults["replicas"]
+    assert replica["target"].startswith("[::1]:") and replica["admin_url"].startswith("http://[::1]:"), replica
+    assert faults["requests"]["ok"] == faults["requests"]["sent"] > 0
+    assert [e["action"] for e in faults["events"]] == ["slow", "off"] and not any(
+        "error" in e for e in faults["events"]
+    )
+
+
+@pytest.mark.skipif(not _binds("::1"), reason="this machine has no IPv6 loopback (::1)")
+def test_replicas_on_the_ipv6_loopback(tmp_path):
+    """--replica-host ::1: the replicas' gRPC port and, with no --metrics-host in --serve-args, their HTTP port
+    (the admin API the slow fault goes to) bind ::1. The replicas were pinned to --host 127.0.0.1, and
+    `--serve-args "--host ::1"` is refused (the bench gives every replica its --host)."""
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "wok", *IPV6_RAMP, "--replica-host", "::1", "--json", str(out)]
+    _assert_ramped_on_ipv6(subprocess.run(cmd, capture_output=True, text=True, timeout=100), out)
+
+
+def _ipv6_only(argv: list[str]) -> list[str]:
+    """`argv` in a network namespace of its own (an unprivileged user's) whose loopback has ::1 and no 127.0.0.1."""
+    import shlex
+
+    setup = "ip link set lo up && ip addr del 127.0.0.1/8 dev lo && exec " + shlex.join(argv)
+    return ["unshare", "--user", "--map-root-user", "--net", "sh", "-c", setup]
+
+
+def _can_run_ipv6_only() -> bool:
+    if not (shutil.which("unshare") and shutil.which("ip")):
+        return False
+    probe = [sys.executable, "-c", "import socket; socket.socket(socket.AF_INET6).bind(('::1', 0))"]
+    try:
+        return subprocess.run(_ipv6_only(probe), capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or not _can_run_ipv6_only(),
+    reason="needs unshare and ip to make a network namespace with ::1 alone (unprivileged user namespaces)",
+)
+def test_replicas_on_a_machine_without_ipv4_loopback(tmp_path):
+    """Where 127.0.0.1 is not an address of the machine (an IPv6-only network namespace), the replicas at their
+    default exit at once ("cannot bind the gRPC port to 127.0.0.1:0"), and there was no way to start them
+    elsewhere; with --replica-host ::1 the ramp runs, its fault reaching the replica's admin API on ::1."""
+    out = tmp_path / "r.json"
+    base = [sys.executable, "-m", "wok", *IPV6_RAMP, "--json", str(out)]
+    default = subprocess.run(_ipv6_only(base), capture_output=True, text=True, timeout=100)
+    assert default.returncode == 1 and "cannot bind the gRPC port to 127.0.0.1:0" in default.stderr, default.stderr
+    ipv6 = subprocess.run(_ipv6_only([*base, "--replica-host", "::1"]), capture_output=True, text=True, timeout=100)
+    _assert_ramped_on_ipv6(ipv6, out)
 
 
 @pytest.mark.parametrize(

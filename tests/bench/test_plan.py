@@ -665,6 +665,36 @@ def test_the_cli_writes_the_extrapolation_mark(tmp_path, wok_cli):
     assert "warning: n = 128 is past the largest batch the profile measured (32), a factor of 4 outside it" in stdout
 
 
+def test_the_tables_show_where_n_lies_against_the_profile(tmp_path):
+    """`inputs.batch.extrapolation` was in the JSON alone: the table and --markdown showed the profile's path and
+    nothing of n = 128 being four times past its largest batch (a warning said so, below the arithmetic). A row
+    now, with a profile's range only: none without one (given α, β), none for a profile without batch sizes."""
+    path = _profiled(tmp_path)
+
+    def rows(p: dict) -> tuple[str, str]:
+        out = io.StringIO()
+        plan.print_table(p, file=out)
+        text = [line for line in out.getvalue().splitlines() if line.startswith("profiled batches ")]
+        md = [line for line in plan.to_markdown(p).splitlines() if line.startswith("| profiled batches |")]
+        return " ".join(" ".join(text).split()[2:]), " ".join(md)
+
+    cases = (
+        (128, "4 to 32; n = 128 is past them, 4× the largest: T_batch extrapolated (far: more than 2×)"),
+        (40, "4 to 32; n = 40 is past them, 1.25× the largest: T_batch extrapolated"),
+        (1, "4 to 32; n = 1 is below them, the smallest 4× n: T_batch extrapolated (far: more than 2×)"),
+        (16, "4 to 32; n = 16 is within them"),
+    )
+    for n, shown in cases:
+        text, md = rows(make(batch=plan.batch_from_profile(path, F(n)), peak_qps=F(5000)))
+        assert text == shown, n
+        assert md == f"| profiled batches | {shown} |", n
+    assert rows(make(peak_qps=F(5000))) == ("", "")
+    bare = json.loads(path.read_text())
+    del bare["batches"]
+    path.write_text(json.dumps(bare))
+    assert rows(make(batch=plan.batch_from_profile(path, F(128)), peak_qps=F(5000))) == ("", "")
+
+
 def ceil_exact(x: Fraction) -> int:
     return -(-x.numerator // x.denominator)
 

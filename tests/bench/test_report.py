@@ -172,6 +172,30 @@ def test_csv_leaves_missing_figures_empty(tmp_path):
     assert row["latency_p99_ms"] == "" and row["queue_p99_ms"] == "" and row["errors"] == "1"
 
 
+def test_csv_counts_the_requests_never_sent_in_a_last_column(tmp_path):
+    """A step's `not_sent` (docs/bench-schema.md) is appended after the columns a reader already
+    knows, so one reading by position keeps working; a step without it sent everything: 0."""
+    intended = np.array([0.1, 0.2, 0.3])
+    sent = np.array([0.1, np.nan, np.nan])
+    codes = np.array(["OK", "NOT_SENT", "NOT_SENT"])
+    cut = step_result(offered_qps=3, duration_s=1, intended_s=intended, sent_s=sent, done_s=sent + 0.01, codes=codes)
+    whole = step_result(
+        offered_qps=1, duration_s=1, intended_s=intended[:1], sent_s=sent[:1], done_s=sent[:1] + 0.01, codes=codes[:1]
+    )
+    report.write_csv({"steps": [cut, whole]}, tmp_path / "n.csv")
+    with open(tmp_path / "n.csv", newline="") as f:
+        header, *rows = list(csv.reader(f))
+    # The columns of before in their order (a reader by position keeps its own), then the new one.
+    assert ",".join(header) == (
+        "offered_qps,achieved_qps,phase,requests,ok,errors,success_rate,latency_mean_ms,latency_p50_ms,"
+        "latency_p90_ms,latency_p95_ms,latency_p99_ms,latency_p999_ms,latency_max_ms,queue_mean_ms,queue_p99_ms,"
+        "loop_lag_p99_ms,mean_batch_size,dispatch_lag_p99_ms,not_sent"
+    )
+    by_rate = {float(r[0]): dict(zip(header, r)) for r in rows}
+    assert (by_rate[3.0]["requests"], by_rate[3.0]["errors"], by_rate[3.0]["not_sent"]) == ("1", "0", "2")
+    assert (by_rate[1.0]["requests"], by_rate[1.0]["not_sent"]) == ("1", "0")
+
+
 # ---------------------------------------------------------------------------- plots
 
 

@@ -129,7 +129,8 @@ def fresh_sections(tmp_path_factory) -> dict[str, dict]:
 
 def hand_built(key: str) -> dict:
     """What only rare runs write, from the code that writes it: a fault whose server-side expiry
-    came before its end (`expired_s`); a soak cut short (`cut`, as SoakRamp.step_cut builds it)."""
+    came before its end (`expired_s`) and a request never sent (`requests.not_sent`); a soak cut short
+    (`cut`, as SoakRamp.step_cut builds it)."""
     import time
     from types import SimpleNamespace
 
@@ -137,6 +138,7 @@ def hand_built(key: str) -> dict:
 
     from wok.bench.faults import fault_report, parse_fault
     from wok.bench.soak import SoakRamp, soak_report
+    from wok.bench.workers import NOT_SENT
 
     intended = np.arange(0.0, 4.0, 0.05)
     latency = np.full(len(intended), 0.01)
@@ -145,7 +147,11 @@ def hand_built(key: str) -> dict:
         spec = parse_fault("slow:model=mlp,delay=5ms,at=1s")
         events = [{"t_s": 1.0, "fault": 0, "action": "slow", "replica": 0, "expires_s": 2.0}]
         args = dict(specs=[spec], events=events, slo_p99_ms=100.0, end_s=4.0, n_replicas=1)
-        return fault_report(intended, intended + latency, latency, codes, **args)
+        unsent = (np.array([3.99]), np.array([np.nan]), np.array([np.nan]), np.array([NOT_SENT], np.int16))
+        intended, done, latency, codes = (
+            np.concatenate(pair) for pair in zip((intended, intended + latency, latency, codes), unsent)
+        )
+        return fault_report(intended, done, latency, codes, **args)
     ramp = SoakRamp.__new__(SoakRamp)  # step_cut alone: no pool, no server
     ramp._clock0, ramp.timeline = time.monotonic() - 2.0, []  # the soak's first send, 2 s ago
     outcome = SimpleNamespace(sent=intended, done=intended + latency, codes=codes)
