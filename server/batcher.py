@@ -72,6 +72,7 @@ from .errors import (
 from .executor import BatchResult, Executor
 from .metrics import ModelMetrics
 from .policy import SloPolicy, read_profile_fit
+from .ratelog import Throttle
 from .stats import ModelStats
 from .timers import PreciseTimer
 
@@ -223,10 +224,7 @@ class FailureLog:
 
     def __init__(self, model: str, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
-        self.every_s = every_s
-        self._clock = clock
-        self._next = -math.inf
-        self.unlogged = 0  # failed batches since the last one logged
+        self._throttle = Throttle(every_s, clock)
 
     def batch_failed(
         self, exc: BaseException, requests: int, samples: int, failed: int | None = None, reruns: int = 0
@@ -234,13 +232,10 @@ class FailureLog:
         """`failed`: for a batch rerun in parts (`reruns` forwards), how many of its requests
         failed (alone, or all of them when its probes failed: executor's Instance._isolate); None
         for one that failed whole without a rerun."""
-        now = self._clock()
-        if now < self._next:
-            self.unlogged += 1
+        held = self._throttle.due()
+        if held is None:
             return
-        self._next = now + self.every_s
-        more = f" ({self.unlogged} more failed batches since the last logged)" if self.unlogged else ""
-        self.unlogged = 0
+        more = f" ({held} more failed batches since the last logged)" if held else ""
         parts = ""
         if failed is not None:
             parts = f"; rerun in parts ({reruns} forwards): {failed} request(s) failed, {requests - failed} answered"

@@ -56,9 +56,10 @@ import torch
 
 from .config import InstanceConfig
 from .cpulinear import MIN_ROWS, onednn_counts, padded_rows, with_onednn_linear
-from .errors import ConfigError, DeviceLost, ModelExecutionError, WarmupError, error_line
+from .errors import ConfigError, DeviceLost, ModelExecutionError, WarmupError, cut_message, error_line
 from .faults import InstanceFault
 from .metrics import NOT_RUN
+from .ratelog import Throttle
 from .servable import HostBuffers, Servable
 from .tensors import to_numpy_view
 
@@ -79,6 +80,40 @@ NOT_RERUN = "(its batch's error: not rerun alone, the model having failed every 
 # Ends the message of the requests of a part that failed as the device was lost: its halves were not rerun
 # on a device that can run nothing more, so the error may be any one's of them.
 LOST_IN_PART = "(its part's error, met as the device was lost: not rerun alone)"
+# Ends the message of a request that failed rerun alone as the device was lost: by a device-side error it met
+# (on CUDA reported at the first sync after it, maybe another instance's kernel's) or by another instance's, its
+# own error then met on a lost device. The loss, not its values, may have failed it: not "(on this request alone)".
+LOST_ALONE = "(its error alone, met as the device was lost: maybe the loss's, not its own)"
+
+
+class OwnFailureLog:
+    """wok's own errors met rerunning a failed batch's parts (Instance._isolate: a MemoryError taking a part's
+    answers to the host, a bug) at WARNING in the server's log, with their traceback: the first at once, then
+    at most one per `every_s`, saying how many were not logged in between.
+
+    The batcher's FailureLog shows the batch's first error, the model's; this one, which the requests not
+    answered get, was logged at DEBUG only. Rate-limited, as every failed batch may meet it."""
+
+    def __init__(self, model: str, instance: int, every_s: float = 10.0) -> None:
+        self.model = model
+        self.instance = instance
+        self.throttle = Throttle(every_s)
+
+    def failed(self, exc: BaseException, unanswered: int) -> None:
+        held = self.throttle.due()
+        if held is None:
+            return
+        more = f" ({held} more since the last logged)" if held else ""
+        log.warning(
+            "model '%s', instance %d: rerunning a failed batch in parts, wok's own work on a part failed (not the "
+            "model): %s; the %d request(s) not answered get it%s",
+            self.model,
+            self.instance,
+            cut_message(error_line(exc)),
+            unanswered,
+            more,
+            exc_info=exc,
+        )
 
 
 @dataclass(slots=True)
@@ -196,6 +231,7 @@ class Instance:
         # Set to 0 by any batch or part answered: on the worker thread, and on CUDA's waiter, whose
         # reset may race the worker's increment; lost, it only moves the probing by a batch.
         self.all_failed_runs = 0
+        self.own_failures = OwnFailureLog(servable.name, index)  # read and written on the worker thread only
         self.slots = [_Slot(pinned=self.cuda) for _ in range(depth)]
         self.fault = InstanceFault(servable.name, index)  # set by the admin API (server/faults.py)
         # Called on the loop as each batch is handed over, with (rows, future): the admin's event stream.
@@ -433,13 +469,17 @@ class Instance:
         (DeviceLost, UNAVAILABLE: to be retried elsewhere) without running; rerun on a device that can
         run nothing more, each failed again, as if on its own values. They stop too at an error that is
         not the model failing a part (a MemoryError taking its answers to the host, a bug), which every
-        request not answered gets: raised out of here, it failed the whole batch, answered parts too.
+        request not answered gets: raised out of here, it failed the whole batch, answered parts too. It is
+        logged at WARNING with its traceback (OwnFailureLog): the batcher's line shows the model's error.
+        A request rerun alone that fails as the device is lost is marked LOST_ALONE: the loss, not its
+        values, may have failed it.
         """
         n = len(rows)
         outcomes: list = [None] * n
         reruns = 0
         budget = math.inf  # the most forwards this batch's reruns may take
         stop: BaseException | None = None  # why no more part runs: the device lost, or an error not the model's
+        own: BaseException | None = None  # that error not the model's, as raised
 
         def marked(exc: ModelExecutionError, note: str) -> ModelExecutionError:
             err = ModelExecutionError(f"{exc} {note}")
@@ -447,7 +487,7 @@ class Instance:
             return err
 
         def part(lo: int, hi: int) -> None:
-            nonlocal reruns, stop
+            nonlocal reruns, stop, own
             if stop is None:  # lost by the last part, or meanwhile by another instance on the device
                 stop = self.lost
             if stop is not None:
@@ -460,16 +500,17 @@ class Instance:
             try:
                 answers = run(inputs[lo:hi], rows[lo:hi])
             except ModelExecutionError as exc:
-                if hi - lo == 1:
+                if self.lost is not None:  # lost during this run (not before it: read above)
+                    outcomes[lo:hi] = [marked(exc, LOST_ALONE if hi - lo == 1 else LOST_IN_PART)] * (hi - lo)
+                elif hi - lo == 1:
                     outcomes[lo] = marked(exc, "(on this request alone)")
-                elif self.lost is not None:
-                    outcomes[lo:hi] = [marked(exc, LOST_IN_PART)] * (hi - lo)
                 else:
                     mid = (lo + hi) // 2
                     part(lo, mid)
                     part(mid, hi)
                 return
             except BaseException as exc:  # wok's own work on the part failed, not the model: so would every part's
+                own = exc
                 stop = _model_failed(self.servable.name, exc)
                 stop.__cause__ = exc
                 outcomes[lo:hi] = [stop] * (hi - lo)
@@ -488,6 +529,8 @@ class Instance:
         else:
             part(0, n // 2)
             part(n // 2, n)
+        if own is not None:
+            self.own_failures.failed(own, sum(o is stop for o in outcomes))
         failed = sum(isinstance(o, BaseException) for o in outcomes)
         if failed < n:
             self.all_failed_runs = 0
@@ -541,9 +584,7 @@ class Instance:
             _note_left_out(left_out, kept, t0)
             _note_raised(ran, t0)
             if self._note_device_error(exc):  # met outside the forward: a pinned buffer's allocation, an event's
-                raise ModelExecutionError(
-                    f"model '{self.servable.name}' failed on the device: {error_line(exc)}"
-                ) from exc
+                raise _model_failed(self.servable.name, exc) from exc
             raise
 
     def _launch_live(self, inputs, rows, slot: _Slot, kept, t0: float):
@@ -633,11 +674,8 @@ class Instance:
             try:
                 ev[4].synchronize()
             except Exception as exc:
-                log.debug("model '%s': a batch failed on the device", self.servable.name, exc_info=True)
                 self._note_device_error(exc)
-                raise ModelExecutionError(
-                    f"model '{self.servable.name}' failed on the device: {error_line(exc)}"
-                ) from exc
+                raise _model_failed(self.servable.name, exc) from exc
             times = StageTimes(
                 assemble,
                 ev[0].elapsed_time(ev[1]) / 1e3,
@@ -686,8 +724,18 @@ def _is_device_error(exc: BaseException) -> bool:
     return isinstance(exc, _DEVICE_ERRORS) or (isinstance(exc, RuntimeError) and str(exc).startswith("CUDA error"))
 
 
+def failure_line(name: str, exc: BaseException) -> str:
+    """How a model's failure with `exc` is told, on every path (a batch's launch, its wait, a part of a failed
+    batch, the warm-up): "model 'M' failed on the device: ..." for a device-side error (_is_device_error,
+    which marks the device lost on CUDA), "model 'M' failed: ..." for any other, so that a client and an
+    operator tell them apart. A part of a failed batch on CUDA said "failed: AcceleratorError: ..." where a
+    batch's wait said "failed on the device: AcceleratorError: ..."."""
+    where = " on the device" if _is_device_error(exc) else ""
+    return f"model '{name}' failed{where}: {error_line(exc)}"
+
+
 def _model_failed(name: str, exc: BaseException) -> ModelExecutionError:
-    """The error a batch whose model raised `exc` ends with: its callers get one line (error_line; a
+    """The error a batch whose model raised `exc` ends with: its callers get one line (failure_line; a
     TorchScript error's message is the script's traceback). The full one is logged here at DEBUG for
     every batch, and by the batcher's FailureLog at WARNING, rate-limited, as the error's cause.
 
@@ -701,7 +749,7 @@ def _model_failed(name: str, exc: BaseException) -> ModelExecutionError:
     where an Exception has it rerun in parts (Instance._isolate) and fails only the requests the
     model fails on."""
     log.debug("model '%s': a batch failed", name, exc_info=exc)
-    return ModelExecutionError(f"model '{name}' failed: {error_line(exc)}")
+    return ModelExecutionError(failure_line(name, exc))
 
 
 # Tensors (and storage objects) on a storage: torch's private count, which torch 2.x has; where it
@@ -916,7 +964,7 @@ class Executor:
                     "each [[inputs]] of the config"
                 )
             raise WarmupError(
-                f"model '{cfg.name}' failed: {error_line(exc)}; in the start-up warm-up, on a batch of "
+                f"{failure_line(cfg.name, exc)}; in the start-up warm-up, on a batch of "
                 f"zeros with input shapes {shapes} on {inst.device} (config: {cfg.source or 'built in code'}){hint}",
                 device_lost=inst.lost,
             ) from exc

@@ -1,12 +1,36 @@
 """A count of refusals logged at most once per window: the first at once, those that follow within the
 window in one line at its end, with their count. Shared by the bearer-token interceptor (server/auth.py)
-and the metrics port's connection cap (server/http.py)."""
+and the metrics port's connection cap (server/http.py). And Throttle, at most a line per window off the
+event loop: the batcher's FailureLog, the executor's OwnFailureLog."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
+
+
+class Throttle:
+    """At most one line per `every_s`, for a caller with no event loop to arm a timer on (a worker thread):
+    `due()` is, when a line is due now, how many were held since the last; None, that one held, while within
+    `every_s` of it. What is held is told in the next line, however late (WindowedWarning's timer tells it at
+    the window's end)."""
+
+    def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self.clock = clock
+        self._next = -math.inf
+        self.held = 0
+
+    def due(self) -> int | None:
+        now = self.clock()
+        if now < self._next:
+            self.held += 1
+            return None
+        self._next = now + self.every_s
+        held, self.held = self.held, 0
+        return held
 
 
 class WindowedWarning:

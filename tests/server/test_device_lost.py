@@ -28,15 +28,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from wok import executor
 from wok.app import SERVICE_NAME, WokServer
 from wok.codec import decode_response, encode_request
-from wok.config import server_settings
+from wok.config import InstanceConfig, server_settings
+from wok.errors import ModelExecutionError, WarmupError, error_line
 from wok.repository import ModelRepository
+from wok.servable import Servable
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
 from ..conftest import write_python_model
-from .conftest import gated_servable, until
+from .conftest import four_wide_config, gated_servable, until
 
 NO_CUDA = "no CUDA device here; bench/gpu_session.sh runs this on a lent GPU"
 ASSERT = "AcceleratorError: CUDA error: device-side assert triggered"
@@ -356,10 +359,58 @@ def test_cuda_a_device_side_error_in_the_warm_up_exits_2_naming_the_model_and_do
     proc = serve_until_exit([sys.executable, "-m", "wok"], tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.splitlines()
-    assert lines[-2].startswith(f"wok: model 'lookup' failed: {ASSERT}"), proc.stderr[-3000:]
+    assert lines[-2].startswith(f"wok: model 'lookup' failed on the device: {ASSERT}"), proc.stderr[-3000:]
     assert lines[-2].endswith(
         f"in the start-up warm-up, on a batch of zeros with input shapes INPUT0 [1, 4] on "
         f"cuda:0 (config: {d / 'config.toml'})"
     ), lines[-2]
     assert lines[-1] == f"wok: exiting without freeing the lost device's memory ({lost_message('lookup', 'cuda:0')})"
     assert "terminate called" not in proc.stderr
+
+
+# Device-side errors as torch raises them (executor._DEVICE_ERRORS, _is_device_error): made on the CPU here.
+SYNTHETIC_DEVICE_ERRORS = [RuntimeError("CUDA error: device-side assert triggered")] + (
+    [torch.AcceleratorError("CUDA error: an illegal memory access was encountered")]
+    if isinstance(getattr(torch, "AcceleratorError", None), type)
+    else []
+)
+
+
+@pytest.mark.parametrize("error", SYNTHETIC_DEVICE_ERRORS, ids=lambda e: type(e).__name__)
+def test_a_device_side_error_is_named_so_by_the_message_every_path_gives(error):
+    # A part of a failed batch rerun on CUDA (_cuda_batch) said "failed: AcceleratorError: ...", a batch's
+    # launch and wait "failed on the device: ...": one helper builds them all now. Those paths need a GPU
+    # (bench/gpu_session.sh), so the helper is checked here, on an error classified as theirs are.
+    assert executor._is_device_error(error)
+    assert str(executor._model_failed("m", error)) == f"model 'm' failed on the device: {error_line(error)}"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ValueError("NaN in batch"), RuntimeError("index out of range in self"), RuntimeError("not a CUDA error: x")],
+    ids=["ValueError", "RuntimeError", "RuntimeError-naming-CUDA"],
+)
+def test_an_error_not_the_devices_is_named_the_models(error):
+    assert str(executor._model_failed("m", error)) == f"model 'm' failed: {error_line(error)}"
+
+
+class RaisesDeviceError(torch.nn.Module):
+    def forward(self, x):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+
+def test_a_batch_and_a_warm_up_meeting_a_device_side_error_name_it_so():
+    """The CPU paths (its forward, the warm-up's message) use the same helper: the warm-up said "model 'm'
+    failed: RuntimeError: CUDA error: ...; in the start-up warm-up" where a batch's launch said "on the device"."""
+    ex = executor.Executor(Servable(four_wide_config("m"), RaisesDeviceError()), InstanceConfig(count=1))
+    try:
+        error = "model 'm' failed on the device: RuntimeError: CUDA error: device-side assert triggered"
+        one = {"INPUT0": np.ones((1, 4), np.float32)}
+        with pytest.raises(ModelExecutionError) as info:
+            ex.instances[0].submit([one], [1], 0).result(30)
+        assert str(info.value) == error
+        with pytest.raises(WarmupError) as warm:
+            ex.warmup()
+        assert str(warm.value).startswith(f"{error}; in the start-up warm-up, on a batch of zeros"), warm.value
+    finally:
+        ex.shutdown()
