@@ -28,7 +28,7 @@ from collections import Counter
 import numpy as np
 
 from ..bench.simulate import REJECTED, BatcherModel, simulate
-from ..faults import check_batching_body, check_batching_change, shown
+from ..faults import check_batching_body, check_batching_change, check_max_batch_size, shown
 from .load import WINDOW_S, LoadControl, Rolling
 
 MODEL = "simulated"  # the model's name, in the page's figures and its batching answers
@@ -93,9 +93,7 @@ class SimBackend:
         changes = {}
         if "max_batch_size" in body:
             v = body["max_batch_size"]
-            limit = self.limit_batch_size
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit:
-                raise ValueError(f"field 'max_batch_size': expected an integer from 1 to {limit}, got {shown(v)}")
+            check_max_batch_size(v, self.limit_batch_size)  # in the admin API's words
             changes["max_batch_size"] = v
         if "max_queue_delay_ms" in body:
             v = body["max_queue_delay_ms"]

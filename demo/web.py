@@ -255,7 +255,7 @@ class DemoWeb:
         """Answer one request; False when the connection must end."""
         head = False  # a HEAD's answers, refusals too, carry no body (RFC 9110 9.3.2)
         try:
-            lines = await asyncio.wait_for(_head_lines(reader), IDLE_S)
+            lines = await _head_lines(reader)
             method, target, version = request_line(lines[0])
             head = method == "HEAD"
             path, body, close = await self._request(reader, writer, method, target, version, lines[1:])
@@ -473,9 +473,18 @@ async def _head_lines(reader: asyncio.StreamReader) -> list[str]:
     """A request head's lines, read line by line as the metrics port reads them (server/http.py):
     a bare LF or CR refused with BadRequest at once (the head was read to a CRLF CRLF, and one
     sent with LF alone waited out the idle timeout unanswered), the empty lines before a request
-    line skipped (RFC 9112 2.2). HeadTooLarge (TargetTooLong for the request line alone) past MAX_HEAD."""
-    start, _ = await request_start(reader, time.monotonic() + IDLE_S)
-    lines, _ = await read_head(reader, start)
+    line skipped (RFC 9112 2.2). HeadTooLarge (TargetTooLong for the request line alone) past MAX_HEAD.
+    TimeoutError past IDLE_S from the call.
+
+    The time limit is request_start's and a wait_for of read_head's alone, as the metrics port has
+    it: a wait_for of this whole coroutine ran it as a task around request_start's own wait_for,
+    which on Python 3.10 and 3.11 loses a cancellation that lands as the read ends (3.12's runs no task).
+    At the page's stop, a client's close met so ended that task with IncompleteReadError, never
+    retrieved by the outer wait_for, and asyncio logged "Task exception was never retrieved".
+    """
+    deadline = time.monotonic() + IDLE_S
+    start, _ = await request_start(reader, deadline)
+    lines, _ = await asyncio.wait_for(read_head(reader, start), deadline - time.monotonic())
     return lines
 
 

@@ -41,6 +41,7 @@ from .faults import (
     FaultBoard,
     check_batching_body,
     check_batching_change,
+    check_max_batch_size,
     is_number,
     parse_fault_request,
     shown,
@@ -232,11 +233,7 @@ class Admin:
         changes = {}
         if "max_batch_size" in body:
             v = body["max_batch_size"]
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit:
-                raise AdminRequestError(
-                    f"field 'max_batch_size': expected an integer from 1 to {limit} (the model's configured "
-                    f"maximum), got {shown(v)}"
-                )
+            check_max_batch_size(v, limit)
             changes["max_batch_size"] = v
             # The model's configured preferred sizes that the new maximum can reach: from the
             # config, not the live policy, so that raising the maximum again brings them back.

@@ -122,6 +122,16 @@ def check_batching_change(body: dict) -> None:
         raise AdminRequestError("field 'max_batch_size': expected it or max_queue_delay_ms, got neither")
 
 
+def check_max_batch_size(v, limit: int) -> None:
+    """AdminRequestError unless `v` is an integer from 1 to `limit`, the model's configured maximum:
+    the admin API and the demo's simulator refuse one in the same words."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit:
+        raise AdminRequestError(
+            f"field 'max_batch_size': expected an integer from 1 to {limit} (the model's configured maximum), "
+            f"got {shown(v)}"
+        )
+
+
 def shown(v) -> str:
     """`v` as an error message says what came: its repr, but a JSON integer too large for a float
     by its length (it may have thousands of digits), a string as every message shows a request's

@@ -521,15 +521,17 @@ class MetricsHTTPServer:
                 left = began + HEADER_TIMEOUT_S - time.monotonic()
                 lines, size = await asyncio.wait_for(read_head(reader, start), left)
                 size += skipped
+            # Refused before its request line is parsed, a HEAD is known by the method its line
+            # starts with (the exception's `method`): its answer carries no body (RFC 9110 9.3.2).
             except TargetTooLong as exc:
-                await self._respond(writer, 414, f"{exc}\n".encode(), TEXT, close=True)
+                await self._respond(writer, 414, f"{exc}\n".encode(), TEXT, close=True, head=exc.method == "HEAD")
                 return
-            except asyncio.LimitOverrunError:
+            except HeadTooLarge as exc:
                 error = f"request headers over {MAX_HEADER_BYTES} bytes\n".encode()
-                await self._respond(writer, 431, error, TEXT, close=True)
+                await self._respond(writer, 431, error, TEXT, close=True, head=exc.method == "HEAD")
                 return
             except BadRequest as exc:
-                await self._respond(writer, 400, f"{exc}\n".encode(), TEXT, close=True)
+                await self._respond(writer, 400, f"{exc}\n".encode(), TEXT, close=True, head=exc.method == "HEAD")
                 return
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
                 return
@@ -546,7 +548,7 @@ class MetricsHTTPServer:
             try:
                 method, target, version = request_line(lines[0])
             except BadRequest as exc:
-                await self._respond(writer, 400, f"{exc}\n".encode(), TEXT, close=True)
+                await self._respond(writer, 400, f"{exc}\n".encode(), TEXT, close=True, head=exc.method == "HEAD")
                 return
             head = method == "HEAD"
             refused = version_refusal(version)
@@ -992,9 +994,33 @@ def version_refusal(version: str) -> tuple[int, str] | None:
 
 
 # A transfer coding (RFC 9112 7): a token, then its parameters, `;name=value` with a token or a
-# quoted string as the value.
+# quoted string as the value, whitespace allowed around the "=" (BWS).
 _QUOTED_STRING = r'"(?:[^"\\]|\\.)*"'
-CODING = re.compile(rf"{TOKEN.pattern}(?:[ \t]*;[ \t]*{TOKEN.pattern}=(?:{TOKEN.pattern}|{_QUOTED_STRING}))*")
+CODING = re.compile(
+    rf"{TOKEN.pattern}(?:[ \t]*;[ \t]*{TOKEN.pattern}[ \t]*=[ \t]*(?:{TOKEN.pattern}|{_QUOTED_STRING}))*"
+)
+
+
+def split_unquoted(value: str, separator: str) -> list[str]:
+    """`value` split at each `separator` (a list's comma, a parameter's semicolon) outside a quoted
+    string: in one, with its backslash escapes, it is text (RFC 9110 5.6.1, 5.6.4, 5.6.6). A quote
+    left open runs to the end, for the caller to refuse or skip what it is part of."""
+    parts = []
+    start = 0
+    in_quotes = escaped = False
+    for i, char in enumerate(value):
+        if escaped:
+            escaped = False
+        elif in_quotes:
+            escaped = char == "\\"
+            in_quotes = char != '"'
+        elif char == '"':
+            in_quotes = True
+        elif char == separator:
+            parts.append(value[start:i])
+            start = i + 1
+    parts.append(value[start:])
+    return parts
 
 
 def transfer_coding_refusal(values, version: str) -> tuple[int, str]:
@@ -1013,9 +1039,9 @@ def transfer_coding_refusal(values, version: str) -> tuple[int, str]:
     shown = ", ".join(map(quoted, values))
     if version == "HTTP/1.0":
         return 400, f"Transfer-Encoding: expected none in an HTTP/1.0 request (RFC 9112 6.1), got {shown}"
-    # Empty list elements are ignored (RFC 9110 5.6.1); a comma inside a quoted parameter is not
-    # read as one, and the coding is then refused as malformed.
-    codings = [c.strip(" \t") for value in values for c in value.split(",") if c.strip(" \t")]
+    # Empty list elements are ignored (RFC 9110 5.6.1). Split at every comma, one in a quoted
+    # parameter value (`gzip;q="a,b", chunked`) made a well-formed list malformed, a 400.
+    codings = [c.strip(" \t") for value in values for c in split_unquoted(value, ",") if c.strip(" \t")]
     if not all(CODING.fullmatch(c) for c in codings):
         return 400, f"Transfer-Encoding: expected a list of transfer codings (RFC 9112 7), got {shown}"
     names = [c.split(";", 1)[0].rstrip(" \t").lower() for c in codings]
@@ -1033,6 +1059,8 @@ def transfer_coding_refusal(values, version: str) -> tuple[int, str]:
 # What /metrics offers: OpenMetrics and the Prometheus text format, as media types (RFC 9110 8.3.1).
 _OPENMETRICS = ("application", "openmetrics-text")
 _PROMETHEUS_TEXT = ("text", "plain")
+# The OpenMetrics version `render` writes (openmetrics.generate_latest's, its CONTENT_TYPE_LATEST's).
+OPENMETRICS_VERSION = "1.0.0"
 # A weight (RFC 9110 12.4.2): 0 to 1, at most three decimals.
 QVALUE = re.compile(r"0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?")
 
@@ -1042,35 +1070,63 @@ def wants_openmetrics(accept: str) -> bool:
     """Whether a scrape's Accept weighs OpenMetrics above the Prometheus text format (the default).
 
     RFC 9110 12.5.1: each of the two gets the weight (q, 1 when not given) of the most specific
-    media range that names it (type/subtype, then type/*, then */*; of ranges as specific, the
-    highest), 0 when none names it: not acceptable. OpenMetrics when its weight is above 0 and
-    above the text format's, or equal and given to it by name (`application/openmetrics-text,
-    text/plain`). A media type's other parameters (a version) are not compared: either format is
-    served in the version prometheus_client writes. A range that is not type/subtype, or whose
-    weight is not a qvalue (`q=2`, `q=.5`), is skipped. No Accept, or one naming neither: the
-    text format. OpenMetrics was chosen when Accept named it at all, with `q=0` ("not
-    acceptable") too, and above a text/plain it weighed higher.
+    media range that names it (type/subtype with the version served, then type/subtype, then
+    type/*, then */*; of ranges as specific, the highest), 0 when none names it: not acceptable.
+    OpenMetrics when its weight is above 0 and above the text format's, or equal and given to it by
+    name (`application/openmetrics-text, text/plain`). A range that is not type/subtype, or whose
+    weight is not a qvalue (`q=2`, `q=.5`), is skipped. No Accept, or one naming neither: the text
+    format. OpenMetrics was chosen when Accept named it at all, with `q=0` ("not acceptable") too,
+    and above a text/plain it weighed higher.
+
+    An OpenMetrics range's `version` names the one asked for: one other than OPENMETRICS_VERSION,
+    the one written, does not name what is served, and is skipped, as prometheus_client's
+    choose_encoder skips 0.0.1 (Prometheus offers it below 1.0.0; OpenMetrics 1.0.0 was served for
+    it). prometheus_client serves any version from 1.0.0 up (9.9.9 too, in 1.0.0's text) and fails
+    on one not numeric; here each gets the text format unless another range takes OpenMetrics.
+    The text format's parameters are not compared: prometheus_client writes one text format.
+    Commas and semicolons in a quoted parameter value separate nothing (RFC 9110 5.6.4).
     """
     best = {_OPENMETRICS: (-1, 0.0), _PROMETHEUS_TEXT: (-1, 0.0)}  # (specificity, weight)
-    for media_range in accept.split(","):
-        media, *params = media_range.split(";")
+    for media_range in split_unquoted(accept, ","):
+        media, *params = split_unquoted(media_range, ";")
         kind, slash, sub = media.strip(" \t").lower().partition("/")
         if not (slash and TOKEN.fullmatch(kind) and TOKEN.fullmatch(sub)) or (kind == "*" and sub != "*"):
             continue
         weight = 1.0
+        version = None
         for param in params:
             name, _, value = param.partition("=")
-            if name.strip(" \t").lower() == "q":
-                value = value.strip(" \t")
+            name, value = name.strip(" \t").lower(), value.strip(" \t")
+            if name == "q":
                 weight = float(value) if QVALUE.fullmatch(value) else -1.0
+            elif name == "version":
+                version = _unquoted(value)
         if weight < 0:
             continue
         for offered in best:
-            specificity = 2 if (kind, sub) == offered else 1 if (kind, sub) == (offered[0], "*") else 0
-            if (kind, sub) == ("*", "*") or specificity:
-                best[offered] = max(best[offered], (specificity, weight))
+            if (kind, sub) == offered:
+                specificity = 2
+                if offered == _OPENMETRICS and version is not None:
+                    if version != OPENMETRICS_VERSION:
+                        continue  # another version: this range does not name what is served
+                    specificity = 3
+            elif (kind, sub) == (offered[0], "*"):
+                specificity = 1
+            elif (kind, sub) == ("*", "*"):
+                specificity = 0
+            else:
+                continue
+            best[offered] = max(best[offered], (specificity, weight))
     (om_named, om), (_, text) = best[_OPENMETRICS], best[_PROMETHEUS_TEXT]
-    return om > 0 and (om > text or (om == text and om_named == 2))
+    return om > 0 and (om > text or (om == text and om_named >= 2))
+
+
+def _unquoted(value: str) -> str:
+    """A parameter's value as its token or quoted string means it (RFC 9110 5.6.6: the two forms are
+    equivalent), the quotes and backslash escapes of the latter removed."""
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        return re.sub(r"\\(.)", r"\1", value[1:-1])
+    return value
 
 
 def request_target(target: str) -> tuple[str, str | None]:

@@ -96,7 +96,9 @@ async def test_a_batching_body_that_changes_nothing_is_refused_as_the_admin_api_
     for body in (b"{}", b'{"model": "simulated"}'):
         assert await exchange(port, post(port, "/api/batching", body)) == (400, {"error": neither}), body
     refusals = {
-        "max_batch_size": "field 'max_batch_size': expected an integer from 1 to 32, got None",
+        "max_batch_size": (
+            "field 'max_batch_size': expected an integer from 1 to 32 (the model's configured maximum), got None"
+        ),
         "max_queue_delay_ms": "field 'max_queue_delay_ms': expected a number from 0 to 60000, got None",
     }
     for field, error in refusals.items():
@@ -234,7 +236,9 @@ async def test_malformed_requests_get_400_and_the_server_goes_on(sim_page, reque
 async def test_simulator_refuses_a_batch_above_the_configured_maximum(sim_page):
     port = sim_page.port
     status, answer = await exchange(port, post(port, "/api/batching", b'{"max_batch_size": 200}'))
-    assert status == 400 and answer["error"] == "field 'max_batch_size': expected an integer from 1 to 32, got 200"
+    assert status == 400 and answer["error"] == (
+        "field 'max_batch_size': expected an integer from 1 to 32 (the model's configured maximum), got 200"
+    )
     status, answer = await exchange(port, post(port, "/api/batching", b'{"max_batch_size": 8}'))
     assert status == 200 and (answer["max_batch_size"], answer["limit_batch_size"]) == (8, 32)
     status, answer = await exchange(port, post(port, "/api/batching", b'{"max_batch_size": 32}'))

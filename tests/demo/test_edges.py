@@ -351,7 +351,8 @@ async def test_a_refused_body_is_shown_cut_not_whole():
             (
                 sim.set_batching,
                 {"max_batch_size": LONG},
-                f"field 'max_batch_size': expected an integer from 1 to 32, got {LONG_SHOWN}",
+                "field 'max_batch_size': expected an integer from 1 to 32 (the model's configured maximum), "
+                f"got {LONG_SHOWN}",
             ),
         ]
         for call, body, message in refusals:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.openmetrics import exposition as openmetrics
+
+from wok import http
 
 from .test_http import Server, responses
 
@@ -43,6 +46,29 @@ PROMETHEUS = (
         # A weight that is not a qvalue: the range is skipped, not read as q=1 (nor as naming it).
         ("application/openmetrics-text;q=2, text/plain;q=0.5", TEXT),
         ("application/openmetrics-text;q=abc", TEXT),
+        # The version parameter names the OpenMetrics asked for; this server writes 1.0.0 alone. As
+        # prometheus_client (exposition.choose_encoder) does, 0.0.1 (a draft before 1.0.0) is not it,
+        # and the text format is served. It was OpenMetrics 1.0.0, whatever version was asked.
+        ("application/openmetrics-text; version=1.0.0", OPENMETRICS),
+        ('application/openmetrics-text; Version="1.0.0"', OPENMETRICS),
+        ("application/openmetrics-text; version=0.0.1", TEXT),
+        ("application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.3", TEXT),
+        ("application/openmetrics-text;version=0.0.1, application/openmetrics-text;q=0.5", OPENMETRICS),
+        # A version this server does not write (prometheus_client labels its 1.0.0 text with any one
+        # from 1.0.0 up, and fails on one not numeric): not the OpenMetrics it serves.
+        ("application/openmetrics-text; version=9.9.9", TEXT),
+        ("application/openmetrics-text; version=abc", TEXT),
+        # The range naming the version served is the more specific one (RFC 9110 12.5.1).
+        ("application/openmetrics-text;version=1.0.0;q=0, application/openmetrics-text, text/plain;q=0.5", TEXT),
+        ("application/openmetrics-text;q=0, application/openmetrics-text;version=1.0.0, text/plain", OPENMETRICS),
+        # A comma inside a quoted parameter value separates no ranges (RFC 9110 5.6.4).
+        ('text/plain;x="a, application/openmetrics-text;y=b", text/plain;q=0.5', TEXT),
+        # Prometheus 3's own Accept (scrape.ScrapeProtocolsHeaders, DefaultScrapeProtocols).
+        (
+            "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+            "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1",
+            OPENMETRICS,
+        ),
     ],
 )
 async def test_the_format_is_the_one_accept_weighs_highest(accept, expected, raw_http):
@@ -58,3 +84,8 @@ async def test_the_format_is_the_one_accept_weighs_highest(accept, expected, raw
     [ctype] = [line for line in top.split(b"\r\n") if line.startswith(b"Content-Type: ")]
     assert ctype.startswith(b"Content-Type: " + expected), (accept, ctype)
     assert body.endswith(b"# EOF\n") == (expected == OPENMETRICS), body[-40:]
+
+
+def test_the_openmetrics_version_compared_is_the_one_written():
+    """wants_openmetrics takes a range naming OPENMETRICS_VERSION as naming what render writes."""
+    assert f"; version={http.OPENMETRICS_VERSION};" in openmetrics.CONTENT_TYPE_LATEST

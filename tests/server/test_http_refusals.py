@@ -60,8 +60,20 @@ async def test_a_malformed_line_is_cut_as_every_value_is(raw_http):
 
 @pytest.mark.parametrize(
     "codings",
-    [[b"chunked"], [b"gzip, chunked"], [b"gzip", b"chunked"], [b"Chunked"], [b"gzip;level=1 , chunked"]],
-    ids=["chunked", "gzip-chunked", "two-lines", "case", "parameter"],
+    [
+        [b"chunked"],
+        [b"gzip, chunked"],
+        [b"gzip", b"chunked"],
+        [b"Chunked"],
+        [b"gzip;level=1 , chunked"],
+        # A comma or semicolon in a quoted parameter value is its text, not a separator (RFC 9110 5.6.1,
+        # 5.6.4): split there, the list read as malformed and got 400.
+        [b'gzip;q="a,b", chunked'],
+        [b'gzip;q="a;b\\",c", chunked'],
+        # Whitespace around a parameter's "=" (BWS, RFC 9112 7) is parsed and removed.
+        [b"gzip;level = 1, chunked"],
+    ],
+    ids=["chunked", "gzip-chunked", "two-lines", "case", "parameter", "quoted-comma", "quoted-escape", "bws"],
 )
 async def test_a_chunked_request_gets_501_and_the_connection_ends(codings, raw_http):
     """RFC 9112 6.1: a server that receives a transfer coding it does not understand SHOULD answer 501.
@@ -95,8 +107,16 @@ async def test_a_chunked_request_gets_501_and_the_connection_ends(codings, raw_h
         ("HTTP/1.1", "chunked x", "expected a list of transfer codings (RFC 9112 7), got 'chunked x'"),
         ("HTTP/1.1", "chu\xe9nked", "expected a list of transfer codings (RFC 9112 7), got 'chu\\xe9nked'"),
         ("HTTP/1.0", "chunked", "expected none in an HTTP/1.0 request (RFC 9112 6.1), got 'chunked'"),
+        # chunked inside a quoted parameter value is no coding: gzip is the last one.
+        ("HTTP/1.1", 'gzip;x="a, chunked"', "expected chunked as the last coding, and once (RFC 9112 6.3: else "
+         "where the body ends is unknown), got 'gzip;x=\"a, chunked\"'"),
+        ("HTTP/1.1", 'gzip;x="a, chunked', "expected a list of transfer codings (RFC 9112 7), got "
+         "'gzip;x=\"a, chunked'"),
     ],
-    ids=["not-chunked", "chunked-not-last", "chunked-twice", "empty", "malformed", "latin-1", "http-1.0"],
+    ids=[
+        "not-chunked", "chunked-not-last", "chunked-twice", "empty", "malformed", "latin-1", "http-1.0",
+        "chunked-quoted", "quote-unclosed",
+    ],
 )  # fmt: skip
 async def test_a_transfer_encoding_that_does_not_frame_the_request_gets_400(version, coding, why, raw_http):
     """RFC 9112 6.3: chunked not the last coding, the body's length cannot be known: a server MUST
@@ -128,3 +148,36 @@ def test_a_value_is_cut_as_errors_cut_a_name():
     assert http.quoted("é" * 300).endswith("\\xe9'… (300 characters in all)")
     # Not Latin-1 (the demo quotes the admin API's JSON text): escaped as Python writes it.
     assert http.quoted("a\u2026\U0001f600") == "'a\\u2026\\U0001f600'"
+
+
+# A request line of MAX_HEADER_BYTES + 1 bytes, its CRLF in them: read whole (the reader's limit is
+# past its first byte, which request_start reads), then found over the head's limit.
+JUST_TOO_LONG = b"HEAD /metrics?" + b"a" * (http.MAX_HEADER_BYTES + 1 - len(b"HEAD /metrics? HTTP/1.1\r\n"))
+JUST_TOO_LONG += b" HTTP/1.1\r\n"
+TOO_LARGE = b"431 Request Header Fields Too Large"
+
+
+@pytest.mark.parametrize(
+    "request_head, answer_status",
+    [
+        pytest.param(b"HEAD /metrics?" + b"a" * 20_000 + b" HTTP/1.1\r\n{host}\r\n", b"414 URI Too Long", id="url"),
+        pytest.param(JUST_TOO_LONG + b"{host}\r\n", b"414 URI Too Long", id="url-just-over"),
+        pytest.param(b"HEAD /metrics HTTP/1.1\r\n{host}X-Big: " + b"a" * 20_000 + b"\r\n\r\n", TOO_LARGE, id="head"),
+        pytest.param(
+            b"HEAD /metrics HTTP/1.1\r\n{host}X-Big: " + b"a" * 16_340 + b"\r\n\r\n", TOO_LARGE, id="head-just-over"
+        ),
+        pytest.param(b"HEAD /metrics HTTP/1.1\n{host}\r\n", b"400 Bad Request", id="request-line-lf"),
+        pytest.param(b"HEAD /metrics HTTP/1.1\r\n{host}X-A: 1\n\r\n", b"400 Bad Request", id="header-lf"),
+        pytest.param(b"HEAD /metrics HTTP/1.1\r\n{host}X-A: 1\r\r\n\r\n", b"400 Bad Request", id="header-cr"),
+        pytest.param(b"HEAD  /metrics HTTP/1.1\r\n{host}\r\n", b"400 Bad Request", id="two-spaces"),
+        pytest.param(b"HEAD  HTTP/1.1\r\n{host}\r\n", b"400 Bad Request", id="no-target"),
+    ],
+)
+async def test_a_head_refused_as_its_head_is_read_has_no_body(request_head, answer_status, raw_http):
+    """Refused before its request line was parsed (or for it), a HEAD's answer carried a body (RFC
+    9110 9.3.2: none): its URL too long (414), its head too large (431), a line malformed (400)."""
+    async with Server() as s:
+        answer = await raw_http(s.port, request_head.replace(b"{host}", s.host))
+    [(top, body)] = responses(answer, [True])  # and then the connection's end, no body before it
+    assert status(top) == b"HTTP/1.1 " + answer_status and b"Connection: close" in top, answer[:300]
+    assert body == b""
