@@ -151,6 +151,7 @@ class Servable:
         self._module = module.eval()
         self._per_device: dict[str, nn.Module] = {}
         self._shared_on: set[str] = set()  # devices whose instances share the module (module_for_instance)
+        self._weights_copied_on: set[str] = set()  # devices a TorchScript copy's weights were logged on
         self._lock = threading.Lock()
         self.compute_dtype = PRECISION[config.precision]
         self.input_types: dict[str, Datatype] = {t.name: datatype(t.datatype) for t in config.inputs}
@@ -200,7 +201,10 @@ class Servable:
     def module_for_instance(self, device: torch.device, first: bool) -> nn.Module:
         """The module one instance on `device` runs: the device's own (module_for) for the `first`
         instance there, and for each later one a copy of it that shares its parameters (the weights
-        are not made twice) but holds its own buffers and other state (_copy_sharing_parameters).
+        are not made twice) but holds its own buffers and other state (_copy_sharing_parameters). A
+        TorchScript module's copy, made by TorchScript, holds its weights too: logged once per device
+        with their size, as an operator sizing a device's memory needs it (Triton's PyTorch backend
+        gives each instance its own weights as well, unless ENABLE_WEIGHT_SHARING).
 
         The instances on one device run their batches on threads of their own, at the same time: on one
         shared module, a forward that writes tensors the module keeps (a workspace its input is staged
@@ -211,7 +215,7 @@ class Servable:
         if first:
             return mod
         try:
-            return _copy_sharing_parameters(mod)
+            copied = _copy_sharing_parameters(mod)
         except Exception as exc:
             key = str(device)
             if key not in self._shared_on:
@@ -226,6 +230,18 @@ class Servable:
                     error_line(exc),
                 )
             return mod
+        key = str(device)
+        if isinstance(mod, torch.jit.ScriptModule) and key not in self._weights_copied_on:
+            self._weights_copied_on.add(key)
+            held = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in copied.parameters()}
+            log.info(
+                "model '%s': TorchScript copies its weights for each later instance on %s (%.1f MiB each): "
+                "the instances there hold them once each",
+                self.name,
+                key,
+                sum(held.values()) / 2**20,
+            )
+        return copied
 
     # -- per request, on the event loop, before the request joins a queue ------------
     def check(self, inputs: dict[str, np.ndarray]) -> None:

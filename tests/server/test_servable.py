@@ -545,3 +545,21 @@ def test_a_module_that_cannot_be_copied_is_shared_by_its_instances_on_a_device_w
         "that writes tensors the module keeps would mix their batches' rows; make it copyable (copy.deepcopy), "
         "or serve one instance per device"
     ]
+
+
+def test_a_torchscript_module_s_later_instances_hold_weights_of_their_own_logged_once_with_their_size(caplog):
+    # TorchScript's deepcopy ignores the memo that keeps a plain module's parameters shared: each later
+    # instance holds its weights again, which an operator sizing a device's memory is told.
+    module = torch.jit.script(nn.Sequential(nn.Linear(512, 1024)))  # 2 MiB + 4 KiB of fp32
+    s = servable(module, "FP32")
+    caplog.set_level("INFO", logger="wok")
+    assert s.module_for_instance(CPU, first=True) is module
+    copies = [s.module_for_instance(CPU, first=False) for _ in range(2)]
+    for copied in copies:
+        for mine, first in zip(copied.parameters(), module.parameters()):
+            assert mine.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+            assert torch.equal(mine, first)
+    assert [r.getMessage() for r in caplog.records if "TorchScript" in r.getMessage()] == [
+        "model 'm': TorchScript copies its weights for each later instance on cpu (2.0 MiB each): the instances "
+        "there hold them once each"
+    ]
