@@ -14,7 +14,9 @@ task per stream writes them in order, so a stream whose writes are held (flow co
 that hangs) delays only its own requests, never the schedule of the others.
 
 A failed request's answer is an `error_message`; wok puts its gRPC status code in the answer's
-`status_code` parameter (another server's error counts as UNKNOWN). A request with no answer
+`status_code` parameter (another server's error counts as UNKNOWN, as does a number that names no
+gRPC failure). An answer whose id is not one of the sender's settles nothing: its request waits out
+its deadline, and the stream goes on. A request with no answer
 `timeout_s` after it was sent is DEADLINE_EXCEEDED, with `done` = sent + `timeout_s`, settled then
 (as a unary call's deadline ends it, so it leaves the in-flight count on time); an answer that
 comes later is ignored, and a request not yet written by then is never written. Requests are
@@ -58,6 +60,7 @@ from wok.timers import PreciseSleeper
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, UNAVAILABLE = 0, 1, 2, 4, 14
+FIRST_FAILURE, LAST_FAILURE = 1, 16  # gRPC's failure codes: CANCELLED .. UNAUTHENTICATED
 # The least time between two openings of one stream slot: a failed stream is replaced with the next
 # request unless its slot opened less than this ago (then with the first request after that).
 REOPEN_AFTER_S = 0.1
@@ -89,11 +92,16 @@ def parse_answer(msg: bytes) -> tuple[int | None, int]:
 
     r = pb.ModelStreamInferResponse.FromString(msg)
     rid = r.infer_response.id
-    index = int(rid) if rid.isdigit() else None
+    # Not isdigit() alone: it takes digits int() refuses ("²"), and the ValueError ended the stream's
+    # reader, failing every request in flight on it. Ours are ASCII; any other id is not ours.
+    index = int(rid) if rid.isascii() and rid.isdigit() else None
     if not r.error_message:
         return index, OK
     p = r.infer_response.parameters.get("status_code")
-    return index, int(p.int64_param) if p is not None and p.int64_param else UNKNOWN
+    code = p.int64_param if p is not None else UNKNOWN
+    # Another server's number may name no gRPC failure: one past int16 ended the reader as above (the
+    # codes array's OverflowError), and -1 read as NOT_SENT. As the clients read it, UNKNOWN.
+    return index, code if FIRST_FAILURE <= code <= LAST_FAILURE else UNKNOWN
 
 
 def answer_message(msg: bytes) -> str:

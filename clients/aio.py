@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from wok.codec import decode_response, encode_request
+from wok.codec import encode_request
 from wok.errors import quoted_name, shown_value
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb.grpc_service_pb2_grpc import GRPCInferenceServiceStub
@@ -36,7 +36,7 @@ from .channel import (
     looks_up,
     open_channel,
 )
-from .errors import Answers, InferError
+from .errors import Answers, InferError, read_answer
 from .limits import RequestLimit, check_time_left, estimate, item_estimate, learn_from_error, lookup_timeout
 from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, output_names, stream_request, stream_result
 
@@ -325,6 +325,10 @@ class AsyncClient:
         is the V2 `timeout` parameter: how long the server may queue the request. The returned
         arrays are read-only views of the response; copy one to change it.
 
+        An answer the client cannot read (from a server other than wok: a raw entry of the wrong
+        size, an unknown datatype, a negative dim, an output twice) raises ValueError naming the
+        request id, the model, the output, what was expected and what was got.
+
         A request over a wok server's gRPC limit (4 × --max-request-bytes + 1 MiB, looked up once,
         with ServerMetadata, before the first request that could be over it) is not sent:
         InferError RESOURCE_EXHAUSTED, its details ("CLIENT: ...") naming its size, the limit and the
@@ -337,7 +341,7 @@ class AsyncClient:
             check_time_left(left, timeout)
             timeout = left
         self._limit.check(request, est)
-        return decode_response(await self._unary("ModelInfer", request, timeout))
+        return read_answer(await self._unary("ModelInfer", request, timeout), request.model_name, request.id)
 
     async def stream_infer(
         self,
@@ -356,11 +360,12 @@ class AsyncClient:
         A request the server rejects comes back as a StreamResult with `error` and `code`
         set, and the stream goes on; so does a request over a wok server's gRPC limit, which the
         client does not send (code RESOURCE_EXHAUSTED, as `infer` refuses it): gRPC would refuse it
-        unread and end the whole stream. If `requests` raises (or holds a malformed item), a
-        CancelledError of its own included, nothing more is sent, the results of what was
-        sent still come, and then that exception is raised (a SystemExit or KeyboardInterrupt
-        leaves at once: asyncio takes it out of the loop). A failure of the stream
-        itself (deadline `timeout` for the whole stream, server gone, the client closed under
+        unread and end the whole stream; and so does one whose answer the client cannot read (code
+        INTERNAL, `error` naming the request, the model and the flaw, as `infer`'s ValueError does).
+        If `requests` raises (or holds a malformed item), a CancelledError of its own included,
+        nothing more is sent, the results of what was sent still come, and then that exception is
+        raised (a SystemExit or KeyboardInterrupt leaves at once: asyncio takes it out of the loop).
+        A failure of the stream itself (deadline `timeout` for the whole stream, server gone, the client closed under
         it: CANCELLED) raises InferError.
         Leaving early cancels the stream once the generator is closed: wrap it in
         `contextlib.aclosing` to close it at once.

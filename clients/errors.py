@@ -1,10 +1,16 @@
-"""The one exception the clients raise for a call that failed on the wire or on the server."""
+"""The one exception the clients raise for a call that failed on the wire or on the server, and the
+ValueError of an answer they cannot read (`read_answer`)."""
 
 from __future__ import annotations
 
 import re
 
 import grpc
+import numpy as np
+
+from wok.codec import decode_response
+from wok.errors import quoted_name
+from wok.v2pb import grpc_service_pb2 as pb
 
 # What gRPC's details say of a connection the server closed before HTTP/2 began: a TLS-only port
 # closes a plaintext client's connection so, "... last error: UNAVAILABLE: ipv4:127.0.0.1:8001:
@@ -145,3 +151,15 @@ class Answers:
         if err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and (hint := over_limit_hint(err.details)):
             return InferError(err.code, err.details, hint)
         return err
+
+
+def read_answer(
+    resp: pb.ModelInferResponse, model: str, request_id: str, what: str = "request"
+) -> dict[str, np.ndarray]:
+    """`decode_response(resp)`, its ValueError (an answer it cannot read) naming the request (`what`,
+    its id) and the model as well as the output: a caller with many requests in flight can tell which."""
+    try:
+        return decode_response(resp)
+    except ValueError as exc:
+        named = f"{what} {quoted_name(request_id)}" if request_id else f"the {what} (sent without a request id)"
+        raise ValueError(f"the answer to {named} of model {quoted_name(model)} cannot be read: {exc}") from None

@@ -13,10 +13,12 @@ from typing import Any
 import grpc
 import numpy as np
 
-from wok.codec import decode_response, encode_request
+from wok.codec import encode_request
 from wok.datatypes import datatype
 from wok.errors import quoted_name, shown_value
 from wok.v2pb import grpc_service_pb2 as pb
+
+from .errors import read_answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,9 @@ class StreamResult:
 
     `error` is the server's message and `code` the status a unary call would have ended with,
     which wok sends in the answer's `status_code` parameter (UNKNOWN from a server that sends
-    none); both are None for a success.
+    none); both are None for a success. An answer the client cannot read (`read_answer`) is a
+    failure of its request alone: `code` INTERNAL, as gRPC's for a response it cannot deserialize,
+    and `error` naming the request, the model and what was wrong with the answer.
     """
 
     id: str
@@ -166,4 +170,9 @@ def stream_result(msg: pb.ModelStreamInferResponse) -> StreamResult:
         if code is None or code is grpc.StatusCode.OK:  # not wok, or a number that names no failure
             code = grpc.StatusCode.UNKNOWN
         return StreamResult(resp.id, resp.model_name, None, msg.error_message, code)
-    return StreamResult(resp.id, resp.model_name, decode_response(resp), None)
+    try:
+        outputs = read_answer(resp, resp.model_name, resp.id, "stream request")
+    except ValueError as exc:
+        # Raised here, it ended the caller's iterator: the requests after it lost their results.
+        return StreamResult(resp.id, resp.model_name, None, str(exc), grpc.StatusCode.INTERNAL)
+    return StreamResult(resp.id, resp.model_name, outputs, None)

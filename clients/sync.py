@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from wok.codec import decode_response, encode_request
+from wok.codec import encode_request
 from wok.errors import quoted_name
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb.grpc_service_pb2_grpc import GRPCInferenceServiceStub
@@ -29,7 +29,7 @@ from .channel import (
     channel_target,
     open_channel,
 )
-from .errors import Answers
+from .errors import Answers, read_answer
 from .limits import RequestLimit, check_time_left, estimate, item_estimate, learn_from_error, lookup_timeout
 from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, output_names, stream_request, stream_result
 
@@ -218,7 +218,7 @@ class Client:
             check_time_left(left, timeout)
             timeout = left
         self._limit.check(request, est)
-        return decode_response(self._unary("ModelInfer", request, timeout))
+        return read_answer(self._unary("ModelInfer", request, timeout), request.model_name, request.id)
 
     def stream_infer(self, requests: Iterable[StreamItem], *, timeout: float | None = None) -> Iterator[StreamResult]:
         """Send `requests` on one stream; yield results as they arrive. See AsyncClient.stream_infer.
