@@ -561,7 +561,13 @@ def summary_lines(result: dict) -> list[str]:
         f"roofline of {d['name']}: peak {_si(d['peak_flops'], 'FLOP/s')} ({how['peak_flops']}), "
         f"bandwidth {_si(d['bandwidth_bytes_s'], 'B/s')} ({how['bandwidth']}), "
         f"ridge {d['ridge_flop_per_byte']:.1f} FLOP/B",
-        f"class: compute-bound I > {COMPUTE_BOUND:g}, memory-bound I < {MEMORY_BOUND:g}; "
+        f"class: I against fixed thresholds, the same on every device: compute-bound I > {COMPUTE_BOUND:g}, "
+        f"memory-bound I < {MEMORY_BOUND:g}, in between otherwise",
+        # Only the ridge is the device's: a batch the thresholds call "in between" sits under one roof or
+        # the other, and on a device whose ridge is above 10 FLOP/B a "compute-bound" one under memory's.
+        f"roof: which roof of this device bounds the batch: compute from its ridge up (I ≥ "
+        f"{d['ridge_flop_per_byte']:.1f} FLOP/B), memory below; class ignores the ridge, so the two differ where "
+        "I lies between it and a threshold",
         "attained = predicted / measured forward time",
     ]
     if f["alpha_s"] < 0:

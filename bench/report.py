@@ -501,39 +501,82 @@ def _verdict(step: dict, result: dict | None) -> str:
     return "pass" if passes_slo(step, result["slo_p99_ms"], result.get("min_success_rate", 0.99)) else "FAIL"
 
 
+def _simulated(result_or_steps) -> bool:
+    """Whether the steps are `wok simulate`'s: its config says so or, for bare steps, each carries
+    `utilization`, which only the simulator writes."""
+    if isinstance(result_or_steps, dict) and (result_or_steps.get("config") or {}).get("source") == "simulate":
+        return True
+    steps = _steps(result_or_steps)
+    return bool(steps) and all("utilization" in s for s in steps)
+
+
 def _table_rows(result_or_steps) -> tuple[list[str], list[list[str]]]:
     result = result_or_steps if isinstance(result_or_steps, dict) else None
     steps = _steps(result_or_steps)
     refine = any(s.get("phase", "ramp") != "ramp" for s in steps)
-    head = ["offered", "achieved", "ok %", "p50 ms", "p95 ms", "p99 ms", "max ms", "queue p99", "loop p99"]
-    head += ["batch", "lag p99"]
-    timed = bool(_timed(steps))  # with --server-timing: the server's own P99 and the time outside it
-    head += ["server p99", "outside p99"] if timed else []
-    head += ["errors"] + (["phase"] if refine else []) + (["SLO"] if result else [])
-    rows = []
-    for s in steps:
-        row = [
-            _fmt_qps(s["offered_qps"]),
-            f"{_num(s['achieved_qps']):.1f}",
-            _success_cell(s, result),
-            *(_fmt_ms(_get(s, "latency_ms", k)) for k in ("p50", "p95")),
-            _p99_cell(s, result),
-            _fmt_ms(_get(s, "latency_ms", "max")),
-            _fmt_ms(_get(s, "queue_ms", "p99")),
-            _fmt_ms(_get(s, "loop_lag_ms", "p99")),
-            "-" if s.get("mean_batch_size") is None else f"{_num(s['mean_batch_size']):.1f}",
-            _fmt_ms(_get(s, "dispatch_lag_ms", "p99")),
+    simulated = _simulated(result_or_steps)
+    columns = [
+        ("offered", lambda s: _fmt_qps(s["offered_qps"])),
+        ("achieved", lambda s: f"{_num(s['achieved_qps']):.1f}"),
+        ("ok %", lambda s: _success_cell(s, result)),
+        ("p50 ms", lambda s: _fmt_ms(_get(s, "latency_ms", "p50"))),
+        ("p95 ms", lambda s: _fmt_ms(_get(s, "latency_ms", "p95"))),
+        ("p99 ms", lambda s: _p99_cell(s, result)),
+        ("max ms", lambda s: _fmt_ms(_get(s, "latency_ms", "max"))),
+        ("queue p99", lambda s: _fmt_ms(_get(s, "queue_ms", "p99"))),
+        ("loop p99", lambda s: _fmt_ms(_get(s, "loop_lag_ms", "p99"))),
+        ("batch", lambda s: "-" if s.get("mean_batch_size") is None else f"{_num(s['mean_batch_size']):.1f}"),
+        ("lag p99", lambda s: _fmt_ms(_get(s, "dispatch_lag_ms", "p99"))),
+    ]
+    if simulated:
+        # No figure to show: the simulator has no event loop to lag, and sends every request on time (lag 0).
+        columns = [c for c in columns if c[0] not in ("loop p99", "lag p99")]
+    if _timed(steps):  # with --server-timing: the server's own P99 and the time outside it
+        columns += [
+            ("server p99", lambda s: _fmt_ms(_get(s, "server_timing", "stages_ms", "total", "p99"))),
+            ("outside p99", lambda s: _fmt_ms(_get(s, "server_timing", "outside_ms", "p99"))),
         ]
-        if timed:
-            row += [
-                _fmt_ms(_get(s, "server_timing", "stages_ms", "total", "p99")),
-                _fmt_ms(_get(s, "server_timing", "outside_ms", "p99")),
-            ]
-        row += [str(sum((s.get("errors") or {}).values()))]
-        row += [s.get("phase", "ramp")] if refine else []
-        row += [_verdict(s, result)] if result else []
-        rows.append(row)
-    return head, rows
+    columns.append(("errors", lambda s: str(sum((s.get("errors") or {}).values()))))
+    if refine:
+        columns.append(("phase", lambda s: s.get("phase", "ramp")))
+    if result:
+        columns.append(("SLO", lambda s: _verdict(s, result)))
+    return [name for name, _ in columns], [[cell(s) for _, cell in columns] for s in steps]
+
+
+# What the table's less obvious columns hold, said under it (`_legend_lines`) and in docs/bench.md
+# ("Reading the table"): "lag p99", the generator's, beside "loop p99", the server's, read as one figure.
+LEGEND = {
+    "p50 ms": "p50 ms … max ms: latency from each request's intended send to its answer (OK requests)",
+    "queue p99": "queue p99: ms waited in the server's batching queue",
+    "loop p99": "loop p99: ms the server's event loop ran late (its lag)",
+    "batch": "batch: mean rows per batch the server ran",
+    "lag p99": "lag p99: ms the load generator sent late (its dispatch lag)",
+    "server p99": "server p99: ms inside the server (its server-timing trailer)",
+    "outside p99": "outside p99: ms of latency outside the server (network, client, gRPC)",
+}
+SIMULATED_LEGEND = {
+    **LEGEND,
+    "queue p99": "queue p99: ms waited in the simulated batching queue",
+    "batch": "batch: mean rows per simulated batch",
+}
+LEGEND_WIDTH = 110
+
+
+def _legend_lines(result_or_steps, head: list[str], rows: list[list[str]]) -> list[str]:
+    """The legend of the table's columns `head`, packed into lines of at most LEGEND_WIDTH characters
+    (an entry is never split), with what "-" means when a cell shows it."""
+    legend = SIMULATED_LEGEND if _simulated(result_or_steps) else LEGEND
+    entries = [legend[h] for h in head if h in legend]
+    if any(cell == "-" for row in rows for cell in row):
+        entries.append("-: no figure")
+    lines: list[str] = []
+    for entry in entries:
+        if lines and len(lines[-1]) + 2 + len(entry) <= LEGEND_WIDTH:
+            lines[-1] += "; " + entry
+        else:
+            lines.append(entry)
+    return lines
 
 
 def _verdicts_from_capacity_ramp(result: dict) -> bool:
@@ -555,7 +598,7 @@ def _knee_at_first(result: dict) -> bool:
 def _knee_text(result: dict) -> str:
     knee = result.get("knee_qps")
     if knee is None:
-        return "none: throughput kept up at every step"
+        return "none (throughput kept up at every step)"
     if _knee_at_first(result):
         return f"at or below {_fmt_qps(knee)} QPS (the first step already fell short of its offer)"
     return f"{_fmt_qps(knee)} QPS"
@@ -586,7 +629,7 @@ def _verdict_lines(result: dict) -> list[str]:
     slo = _num(result.get("slo_p99_ms"))
     best = result.get("max_qps_under_slo")
     lines = [
-        f"max QPS under SLO (P99 ≤ {slo:g} ms): {'none: no step met it' if best is None else _fmt_qps(best)}",
+        f"max QPS under SLO (P99 ≤ {slo:g} ms): {'none (no step met it)' if best is None else _fmt_qps(best)}",
         f"knee: {_knee_text(result)}",
     ]
     note = _soak_verdict_note(result, "above")
@@ -630,7 +673,8 @@ def print_table(result_or_steps: dict | Sequence[dict], file=None) -> None:
     """
     file = sys.stdout if file is None else file
     head, rows = _table_rows(result_or_steps)
-    footer = _verdict_lines(result_or_steps) if isinstance(result_or_steps, dict) else []
+    footer = _legend_lines(result_or_steps, head, rows)
+    footer += _verdict_lines(result_or_steps) if isinstance(result_or_steps, dict) else []
     try:
         from rich import box
         from rich.console import Console

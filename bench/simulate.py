@@ -43,7 +43,7 @@ from .arrivals import parse_arrivals, window_rate
 REJECTED = "RESOURCE_EXHAUSTED"
 
 # The most arrivals one step may expect (its highest rate × warm-up and window). At its peak a
-# step holds about 140 bytes of arrays per arrival (tracemalloc, 10⁶ Poisson arrivals) and takes
+# step holds about 145 bytes of arrays per arrival (tracemalloc, 10⁶ Poisson arrivals) and takes
 # 1.5–2 µs of Python each, so this is already some 14 GB and minutes per step, far beyond a real
 # ramp (600 s at 10,000 QPS is 6·10⁶): a larger product is a slip in the units, which would
 # otherwise end in a MemoryError or the kernel's OOM killer.
@@ -176,6 +176,8 @@ class Run:
     enqueued: np.ndarray | None = None
     loop_busy_s: float = 0.0
     batch_starts: list[float] = field(default_factory=list)  # when each batch of `batch_sizes` left
+    # When each request's batch left the queue (NaN if rejected): its wait in the queue ends there.
+    started: np.ndarray | None = None
 
 
 def _overlap(start: float, end: float, since: float, until: float) -> float:
@@ -219,6 +221,7 @@ def _simulate_batcher(arrivals, model: BatcherModel, rng, free_at, window) -> Ru
     n = len(arrivals)
     done = np.full(n, np.nan)
     rejected = np.zeros(n, dtype=bool)
+    started = np.full(n, np.nan)
     queue: deque[int] = deque()
     free_at = [0.0] * model.instances if free_at is None else list(free_at)  # a heap of when instances come free
     heapq.heapify(free_at)
@@ -251,11 +254,12 @@ def _simulate_batcher(arrivals, model: BatcherModel, rng, free_at, window) -> Ru
         members = [queue.popleft() for _ in range(k)]
         service = batch_time(k) + extra
         done[members] = t + service
+        started[members] = t
         heapq.heappush(free_at, t + service)
         sizes.append(k)
         starts.append(t)
         busy += _overlap(t, t + service, *window)
-    return Run(done, rejected, sizes, busy, batch_starts=starts)
+    return Run(done, rejected, sizes, busy, batch_starts=starts, started=started)
 
 
 def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at, window) -> Run:
@@ -277,6 +281,7 @@ def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at, window)
     n = len(arrivals)
     done = np.full(n, np.nan)
     enqueued = np.full(n, np.nan)
+    started_at = np.full(n, np.nan)
     rejected = np.zeros(n, dtype=bool)
     c_in, c_out, extra = model.cpu_in_s, model.cpu_out_s, model.batch_overhead_s
     span = until if until is not None else (float(arrivals[-1]) if n else 0.0)
@@ -357,11 +362,12 @@ def _simulate_staged(arrivals, model: BatcherModel, until, rng, free_at, window)
             j = members.index(None)
             k = min(len(queue), k_max)
             members[j] = [queue.popleft() for _ in range(k)]
+            started_at[members[j]] = t
             left[j] = batch_time(k) + extra
             started[j] = t
             sizes.append(k)
             starts.append(t)
-    return Run(done, rejected, sizes, busy, enqueued, loop_busy, starts)
+    return Run(done, rejected, sizes, busy, enqueued, loop_busy, starts, started_at)
 
 
 @dataclass
@@ -437,9 +443,24 @@ def simulate_step(cfg: SimConfig, qps: float, rng: np.random.Generator) -> dict:
     step["utilization"] = min(1.0, run.busy_s / (cfg.step_duration_s * cfg.model.instances))
     sizes = np.asarray(run.batch_sizes)[_in_window(run.batch_starts, w, total)]
     step["mean_batch_size"] = float(sizes.mean()) if len(sizes) else None
+    step["queue_ms"] = _queue_ms(run, times, w, total)
     if cfg.model.staged:
         step["loop_utilization"] = min(1.0, run.loop_busy_s / cfg.step_duration_s)
     return step
+
+
+def _queue_ms(run: Run, arrivals: np.ndarray, since: float, until: float) -> dict | None:
+    """The server's `queue_ms`, simulated: mean and P99 (nearest-rank) of the waits in the batcher's
+    queue, from joining it (the arrival, or the loop's first pass with the CPU stage) to the batch
+    leaving, of the requests whose batch left in the window, as `mean_batch_size` counts batches;
+    None when none did."""
+    left = run.started
+    joined = arrivals if run.enqueued is None else run.enqueued
+    counted = (left >= since) & (left < until)  # NaN (rejected) is in no window
+    if not counted.any():
+        return None
+    waits = analysis.latency_summary(1e3 * (left[counted] - joined[counted]))
+    return {"mean": waits["mean"], "p99": waits["p99"]}
 
 
 def _in_window(times: list[float], since: float, until: float) -> np.ndarray:

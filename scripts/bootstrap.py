@@ -12,9 +12,12 @@ run, also into an environment that already has a torch (pip leaves one that sati
 alone). WOK_VENV chooses the environment's folder (default ``.venv`` in the checkout).
 `serve` and `test` with options then become `wok serve` and pytest (the same process): signals
 reach them, also those that bootstrap was started with blocked (an ignored one stays ignored), and
-the exit status is theirs. `test` alone runs the suite in two pytest passes (see
-`suite_passes`) and exits with the first failing pass's status; Ctrl-C, SIGTERM and SIGHUP are
-passed on to the running pass and end the suite there (see `run_suite` for the status then).
+the exit status is theirs. `test` alone runs the whole suite: with two or more CPUs in two pytest
+passes, the tests not marked `serial` on two workers, then the `serial` ones alone (they time things
+a second worker would disturb); with one CPU in one pass. Each pass ends by listing its 15 slowest
+tests, and the exit status is the first failing pass's. Ctrl-C, SIGTERM and SIGHUP are passed on to
+the running pass and end the suite there, with one line saying where, and the status of a pass that
+had failed before, else 128 + the signal's number (130 for Ctrl-C).
 While installing, they are passed on to the running step (pip) and end bootstrap there, after it,
 with one line and status 128 + the signal's number, as one that comes after the install, before
 `wok serve` or pytest starts, does; a failed step ends it with the step's status.

@@ -213,6 +213,31 @@ def test_a_negative_alpha_is_said_and_its_nan_throughput_is_a_dash():
     assert any(line.startswith("α < 0: the line does not hold") for line in profiler.summary_lines(doc))
 
 
+def test_the_summary_says_what_class_and_roof_are_and_why_they_differ():
+    """mlp's batches of 4 to 16 are "in between" under the "compute" roof, and the summary explained
+    "class" alone: the two columns read as contradicting each other."""
+    root = Path(__file__).parents[2]
+    doc = json.loads((root / "docs" / "results" / "profile-mlp.json").read_text())
+    head, rows = profiler.table_rows(doc)
+    assert ("in between", "compute") in {(r[head.index("class")], r[head.index("roof")]) for r in rows}
+    lines = profiler.summary_lines(doc)
+    assert (
+        "class: I against fixed thresholds, the same on every device: compute-bound I > 10, memory-bound I < 1, "
+        "in between otherwise"
+    ) in lines
+    roof = next(line for line in lines if line.startswith("roof: "))
+    assert "compute from its ridge up (I ≥ 1.8 FLOP/B), memory below; class ignores the ridge" in roof
+    # The rule the line states is the one the rows follow.
+    ridge = doc["device"]["ridge_flop_per_byte"]
+    limits = [b["roofline_limit"] for b in doc["batches"]]
+    assert limits == ["compute" if b["intensity_flop_per_byte"] >= ridge else "memory" for b in doc["batches"]]
+    # docs/profile.md shows these documents as wok profile prints them now.
+    text = (root / "docs" / "profile.md").read_text()
+    for name in ("mlp", "recsys"):
+        stored = json.loads((root / "docs" / "results" / f"profile-{name}.json").read_text())
+        assert "\n".join(profiler.summary_lines(stored)) in text, name
+
+
 def test_times_exactly_through_the_origin_fit_alpha_zero_and_are_not_said_negative():
     """Times exactly 0.1 ms·n at n = 1, 4, 16, 64 fitted α = -4.3e-19 s, and the summary said "α < 0: the line
     does not hold at small batch sizes" of a line that holds at every size: α is 0 but for the fit's rounding."""

@@ -393,6 +393,59 @@ def test_table_says_none_for_missing_verdicts(result):
     assert "knee: none" in buf.getvalue() and "max QPS under SLO (P99 ≤ 200 ms): none" in buf.getvalue()
 
 
+def test_the_verdicts_say_none_without_two_colons_in_a_row(result):
+    # "knee: none: throughput kept up at every step" read as a label of a label.
+    buf = io.StringIO()
+    report.print_table({**result, "knee_qps": None, "max_qps_under_slo": None}, file=buf)
+    text = buf.getvalue()
+    assert "knee: none (throughput kept up at every step)" in text
+    assert "max QPS under SLO (P99 ≤ 200 ms): none (no step met it)" in text
+    assert ": none:" not in text
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "rich"])
+def test_a_legend_under_the_table_says_what_its_columns_hold(result, monkeypatch, plain):
+    # "lag p99" (the load generator's) beside "loop p99" (the server's event loop), "batch" and
+    # "queue p99" had no unit or legend anywhere.
+    if plain:
+        monkeypatch.setitem(sys.modules, "rich", None)
+    else:
+        pytest.importorskip("rich")
+    buf = io.StringIO()
+    report.print_table(result, file=buf)
+    lines = buf.getvalue().splitlines()
+    end = lines.index("max QPS under SLO (P99 ≤ 200 ms): 200")
+    legend = lines[2 + len(result["steps"]) : end]  # between the rows and the verdicts
+    assert legend and all(len(line) <= report.LEGEND_WIDTH for line in legend), legend
+    entries = "; ".join(legend).split("; ")
+    assert "queue p99: ms waited in the server's batching queue" in entries
+    assert "loop p99: ms the server's event loop ran late (its lag)" in entries
+    assert "lag p99: ms the load generator sent late (its dispatch lag)" in entries
+    assert "batch: mean rows per batch the server ran" in entries
+    assert "-: no figure" in entries  # the synthetic server has no loop lag
+    # With --server-timing, its two columns too; bare steps get the legend without the verdicts.
+    rng = np.random.default_rng(3)
+    timed = ramp_result(steps=[_timed_step(100, rng)], slo_p99_ms=SLO_MS, config={})
+    buf = io.StringIO()
+    report.print_table(timed["steps"], file=buf)
+    text = buf.getvalue()
+    assert "server p99: ms inside the server" in text and "outside p99: ms of latency outside" in text
+    assert "-: no figure" in text  # no /metrics: no queue, loop or batch figure
+
+
+def test_docs_list_every_column_the_table_can_print(result):
+    """docs/bench.md, "Reading the table": a row per column of the table, with server timing, a
+    refinement and the SLO verdicts, in the order it prints them."""
+    rng = np.random.default_rng(3)
+    steps = [_timed_step(100, rng), {**_timed_step(150, rng), "phase": "refine"}]
+    head, _ = report._table_rows(ramp_result(steps=steps, slo_p99_ms=SLO_MS, config={}))
+    text = (ROOT / "docs" / "bench.md").read_text()
+    section = text[text.index("### Reading the table") :]
+    section = section[: section.index("\n#")]
+    listed = re.findall(r"^\| `([^`]+)` \|", section, re.M)
+    assert listed == head, (listed, head)
+
+
 def test_verdicts_say_the_knee_is_at_or_below_a_first_step_that_fell_short():
     # A server of 250 QPS offered 800 then 1,600: the first step already falls short (gain from nothing
     # offered about 0.3). It was reported as "none: throughput kept up at every step".

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import subprocess
 import sys
 
@@ -188,7 +190,7 @@ def test_the_docs_say_what_the_batcher_only_simulation_leaves_out():
 
 
 def test_a_step_holds_the_bytes_per_arrival_its_cap_is_sized_by():
-    """MAX_ARRIVALS_PER_STEP (10⁸) is sized by ~140 bytes an arrival (docs/simulate.md): the step
+    """MAX_ARRIVALS_PER_STEP (10⁸) is sized by ~145 bytes an arrival (docs/simulate.md): the step
     held ~350, its codes three copies of 72-byte text, so the cap allowed some 35 GB."""
     import tracemalloc
 
@@ -214,6 +216,51 @@ def test_a_saturated_instance_is_at_most_fully_utilized():
     model = BatcherModel(alpha_s=1e-3, beta_s=0.0, max_batch_size=1, max_queue_delay_s=0.0)
     cfg = SimConfig(model=model, steps=[3000.0], step_duration_s=0.7, warmup_s=0.3, arrival="constant")
     assert simulate_step(cfg, 3000.0, np.random.default_rng(0))["utilization"] == 1.0
+
+
+@pytest.mark.parametrize("cpu_in_s", [0.0, 1e-4], ids=["batcher", "cpu-stage"])
+def test_a_steps_queue_p99_is_the_simulated_wait_in_the_queue(cpu_in_s):
+    """Its `queue_ms` was null, and the table's "queue p99" "-", though every wait is known. Here by
+    hand: one arrival a millisecond, batches of 4 leave when full (the 10 ms window never runs out)
+    and take 0.5 ms, so the four of each batch waited 3, 2, 1 and 0 ms; with the CPU stage each joins
+    the queue 0.1 ms after it arrives, its wait the same. 1,000 arrivals fill 250 batches."""
+    model = BatcherModel(alpha_s=5e-4, beta_s=0.0, max_batch_size=4, max_queue_delay_s=10e-3, cpu_in_s=cpu_in_s)
+    cfg = SimConfig(model=model, steps=[1000.0], step_duration_s=1.0, arrival="constant")
+    result = simulate_ramp(cfg)
+    step = result["steps"][0]
+    assert step["requests"] == 1000 and step["mean_batch_size"] == 4.0
+    assert step["queue_ms"] == {"mean": pytest.approx(1.5), "p99": pytest.approx(3.0)}
+    # The table shows it, and leaves out the two columns a simulation has no figure for: the
+    # generator's dispatch lag (always 0) and the server's event-loop lag (none).
+    from wok.bench import report
+
+    buf = io.StringIO()
+    report.print_table(result, file=buf)
+    head, _, row, *rest = buf.getvalue().splitlines()
+    columns = ["offered", "achieved", "ok %", "p50 ms", "p95 ms", "p99 ms", "max ms", "queue p99", "batch", "errors"]
+    assert re.split(r"  +", head.strip()) == [*columns, "SLO"], head
+    assert row.split()[7:9] == ["3.00", "4.0"], row
+    assert "queue p99: ms waited in the simulated batching queue" in "\n".join(rest)
+    assert "lag p99" not in "\n".join(rest) and "loop p99" not in "\n".join(rest)
+
+
+def test_a_step_without_a_batch_in_its_window_has_no_queue_figure(tmp_path):
+    # The window [1, 2) s holds one arrival, at 1.9 s, which waits out a 0.2 s delay: its batch
+    # leaves after the step (the warm-up's, at 0.2 s, before the window).
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp\n0\n1.9\n")
+    model = BatcherModel(alpha_s=1e-3, beta_s=0.0, max_batch_size=4, max_queue_delay_s=0.2)
+    cfg = SimConfig(model=model, steps=[1.0], step_duration_s=1.0, warmup_s=1.0, arrival=f"trace:{trace}")
+    result = simulate_ramp(cfg)
+    step = result["steps"][0]
+    assert step["requests"] == 1 and step["mean_batch_size"] is None and step["queue_ms"] is None
+    from wok.bench import report
+
+    head, rows = report._table_rows(result)
+    assert "lag p99" not in head and dict(zip(head, rows[0]))["queue p99"] == "-"
+    buf = io.StringIO()
+    report.print_table(result, file=buf)
+    assert "-: no figure" in buf.getvalue()
 
 
 # ---------------------------------------------------------------------------- against closed forms
@@ -258,6 +305,8 @@ def test_md1_latency_percentiles_match_erlangs_waiting_time_distribution():
     assert _md1_wait_quantile(0.9, lam, d) * 1e3 + 1 == pytest.approx(2.5157, abs=1e-4)  # the theory, by hand
     assert lat["p90"] == pytest.approx(1e3 * (_md1_wait_quantile(0.9, lam, d) + d), rel=0.035)
     assert lat["p99"] == pytest.approx(1e3 * (_md1_wait_quantile(0.99, lam, d) + d), rel=0.085)
+    # The queue's own wait is W itself (batches of one, no window): its P99 is Erlang's, without D.
+    assert step["queue_ms"]["p99"] == pytest.approx(1e3 * _md1_wait_quantile(0.99, lam, d), rel=0.085)
     # Pollaczek–Khinchine, the mean: D + ρD / (2(1 − ρ)) = 1.5 ms (σ of the step's mean 0.0064 ms: 5σ is 2.2 %).
     assert lat["mean"] == pytest.approx(1.5, rel=0.022)
 

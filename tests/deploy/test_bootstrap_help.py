@@ -51,3 +51,22 @@ def test_help_after_a_command_prints_the_usage_and_installs_nothing(bootstrap, c
     assert err == ""
     assert out == f"{bootstrap.__doc__}\n{note}\n"
     assert not (tmp_path / "venv").exists()
+
+
+def test_the_usage_says_what_test_runs_without_naming_the_scripts_functions(bootstrap):
+    # It sent the reader to `suite_passes` and `run_suite` for what `test` runs and its status on Ctrl-C.
+    import inspect
+    import re
+
+    usage = bootstrap.__doc__
+    own = [name for name, value in vars(bootstrap).items() if inspect.isfunction(value) and "_" in name]
+    assert "suite_passes" in own and "run_suite" in own
+    assert not [name for name in own if re.search(rf"\b{name}\b", usage)]
+    # What it says instead, as the passes are made.
+    two, one = bootstrap.suite_passes(Path("python"), 2), bootstrap.suite_passes(Path("python"), 1)
+    assert len(two) == 2 and len(one) == 1
+    assert two[0][-2:] == ["-m", "not serial"] and two[1][-2:] == ["-m", "serial"] and "2" in two[0]
+    slowest = next(arg for arg in one[0] if arg.startswith("--durations=")).partition("=")[2]
+    flat = " ".join(usage.split())
+    assert "with two or more CPUs in two pytest passes, the tests not marked `serial` on two workers" in flat
+    assert f"its {slowest} slowest tests" in flat and "128 + the signal's number (130 for Ctrl-C)" in flat
