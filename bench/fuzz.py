@@ -84,6 +84,9 @@ CONTENT_VALUES = {
 # units that encode to 1 ('m'), 3 ('%', a control character), 6, 9 and 12 bytes.
 LONG_NAME_CHARS = (256, 40_000)
 NAME_UNITS = ["m", " ", "%", "\u00e9", "\u6f22", "\U0001f600", "\x00", "\r\n", "\x7f", "'"]
+# Versions other than a request's usual "" and "1": "01", which Triton reads as 1 and is answered; "2", an
+# integer not served; and none at all: letters, a sign, 20 digits (past int64's 19).
+OTHER_VERSIONS = st.sampled_from(["01", "2", "x", "-1"]) | st.integers(10**19, 10**20 - 1).map(str)
 PARAMETER_VALUES = {
     "bool_param": st.booleans(),
     "int64_param": st.integers(*INT64),
@@ -205,18 +208,26 @@ def _bytes_content(draw) -> bytes:
 
 
 @st.composite
+def names_and_versions(draw, model: str) -> tuple[str, str]:
+    """A random request's model name and version: mostly (9 in 10) `model` and its own version ("" or "1"), so
+    that at a server most requests reach the decoder; else a wrong name, another version (`OTHER_VERSIONS`, odd
+    names) or both. Drawn apart: with the name always wrong as well, the version was never what the server's
+    answer was about."""
+    other = "" if draw(st.integers(0, 9)) > 0 else draw(st.sampled_from(["name", "version", "both"]))
+    name = draw(st.sampled_from(["", model.upper()]) | odd_names()) if other in ("name", "both") else model
+    version = draw(OTHER_VERSIONS | odd_names() if other in ("version", "both") else st.sampled_from(["", "1"]))
+    return name, version
+
+
+@st.composite
 def random_requests(draw, servable) -> pb.ModelInferRequest:
     """Anything the message can hold, biased towards the model's own names so checks run deep."""
     cfg = servable.config
     names = st.one_of(st.sampled_from([t.name for t in cfg.inputs]), odd_names())
     datatypes = st.one_of(st.sampled_from(list(DATATYPES)), st.text(max_size=6))
     dims = st.one_of(st.integers(-3, 40), st.sampled_from(EDGE_DIMS), st.integers(*INT64))
-    # Mostly (9 in 10) the model's own name and version, so that at a server most requests reach the decoder.
-    mostly = draw(st.integers(0, 9)) > 0
-    req = pb.ModelInferRequest(
-        model_name=cfg.name if mostly else draw(st.sampled_from(["", cfg.name.upper()]) | odd_names()),
-        model_version=draw(st.sampled_from(["", "1"])) if mostly else draw(st.sampled_from(["2", "x"]) | odd_names()),
-    )
+    model_name, model_version = draw(names_and_versions(cfg.name))
+    req = pb.ModelInferRequest(model_name=model_name, model_version=model_version)
     n = draw(st.integers(0, len(cfg.inputs) + 2))
     for _ in range(n):
         name = draw(names)
@@ -420,22 +431,22 @@ def _show(name: str) -> str:
 
 def wrong_name(req: pb.ModelInferRequest, servables: dict) -> tuple[str, str, str] | None:
     """(status, what, name) when `req` names something the server (serving `servables`, by name)
-    does not have, in the order the server checks: the model, its version, an input (unknown or
-    repeated), then, where the inputs pass, an output (unknown, repeated or with a parameter wok
-    refuses). The answer must have that status and quote the name's start; None: no wrong name."""
+    does not have, in the order the server checks: a version that is no integer (read first, as
+    Triton reads it), the model, a version not served, an input (unknown or repeated), then, where
+    the inputs pass, an output (unknown, repeated or with a parameter wok refuses). The answer must
+    have that status and quote the name's start; None: no wrong name."""
+    version = req.model_version
+    # An int64 as Triton reads it, in ASCII digits alone: "01" is version 1, another integer one not
+    # served, anything else (a sign, a point, past 2**63-1) no version at all. Leading zeros go before
+    # int(), which refuses over 4,300 digits.
+    digits = version.lstrip("0") or "0"
+    if version and (re.fullmatch(r"[0-9]+", version) is None or len(digits) > 19 or int(digits) >= 2**63):
+        return "INVALID_ARGUMENT", "model version", version
     servable = servables.get(req.model_name)
     if servable is None:
         return "NOT_FOUND", "model name", req.model_name
-    version = req.model_version
-    if version not in ("", VERSION):
-        # An int64 as Triton reads it, in ASCII digits alone: "01" is version 1, another integer one not
-        # served, anything else (a sign, a point, past 2**63-1) no version at all. Leading zeros go before
-        # int(), which refuses over 4,300 digits.
-        digits = version.lstrip("0") or "0"
-        if re.fullmatch(r"[0-9]+", version) is None or len(digits) > 19 or int(digits) >= 2**63:
-            return "INVALID_ARGUMENT", "model version", version
-        if int(digits) != int(VERSION):
-            return "NOT_FOUND", "model version", version
+    if version and int(digits) != int(VERSION):
+        return "NOT_FOUND", "model version", version
     cfg = servable.config
     seen: set[str] = set()
     for t in req.inputs:

@@ -330,6 +330,7 @@ class Servable:
 
     def name_outputs(self, result) -> dict[str, torch.Tensor]:
         names = [t.name for t in self.config.outputs]
+        what = "a tensor" if isinstance(result, torch.Tensor) else f"a {type(result).__name__}"
         if isinstance(result, torch.Tensor):
             result = (result,)
         if isinstance(result, dict):
@@ -354,8 +355,10 @@ class Servable:
             )
         result = list(result)
         if len(result) != len(names):
+            got = "1 output" if len(result) == 1 else f"{len(result):,} outputs"
             raise ModelExecutionError(
-                f"model '{self.name}' returned {len(result)} outputs, config declares {len(names)}"
+                f"model '{self.name}' returned {got} ({what}); expected {len(names)}, one per output its config "
+                f"declares: {', '.join(quoted_name(n) for n in names)}"
             )
         out = {}
         for n, t in zip(names, result):

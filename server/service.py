@@ -49,7 +49,7 @@ from .errors import (
     quoted_name,
     to_status,
 )
-from .repository import VERSION
+from .repository import VERSION, check_version
 from .servertiming import SERVER_TIMING, server_timing
 from .v2pb import grpc_service_pb2 as pb
 from .v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -781,7 +781,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, request, context):
         try:
             rt = self.server.runtime(request.name, request.version)
-        except WokError:
+        except InvalidVersion as exc:
+            # Triton's answer: a version that is no integer is a bad request, not a model that is not ready.
+            await _abort(context, exc)
+        except WokError:  # a model or version not served: not ready, as Triton answers it
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self._unready(rt) is None)
 
@@ -818,6 +821,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             except WokError as exc:
                 await _abort(context, exc)
         else:
+            try:
+                # Read though every model is answered, as Triton reads it before it looks at the name.
+                check_version(request.version)
+            except InvalidVersion as exc:
+                await _abort(context, exc)
             rts = list(self.server.runtimes.values())
         return pb.ModelStatisticsResponse(model_stats=[rt.stats.to_proto() for rt in rts])
 

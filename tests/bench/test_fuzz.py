@@ -9,7 +9,7 @@ run against a server is tests/integration/test_fuzz_server.py.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, find, given, settings
 
 from wok.bench import fuzz
 from wok.codec import encode_request
@@ -90,6 +90,31 @@ def test_sent_size_counts_bytes_as_the_grpc_message_header_carries_them():
 def test_a_model_version_is_expected_to_be_read_as_triton_reads_it(version, want):
     got = fuzz.wrong_name(_request(model_version=version), SERVABLES)
     assert got == (None if want is None else (want, "model version", version))
+
+
+def test_a_version_that_is_no_integer_is_expected_refused_before_an_unknown_model_name():
+    # Triton reads the version first, whatever the name; an integer version leaves the name to be refused.
+    for version in ("-1", "9" * 20):
+        got = fuzz.wrong_name(_request(model_name="nope", model_version=version), SERVABLES)
+        assert got == ("INVALID_ARGUMENT", "model version", version)
+    unknown = ("NOT_FOUND", "model name", "nope")
+    for version in ("", "01", "2"):
+        assert fuzz.wrong_name(_request(model_name="nope", model_version=version), SERVABLES) == unknown
+
+
+@pytest.mark.parametrize("version", ["01", "2", "-1", "20 digits"])
+def test_random_requests_send_the_models_own_name_with_other_versions(version):
+    # They sent "2" and "x", and only with a wrong model name as well, which the server answers about first:
+    # "01" (served, so answered), "-1" and a number past int64 were never sent.
+    def drawn(name_and_version: tuple[str, str]) -> bool:
+        name, got = name_and_version
+        return name == "alltypes" and (len(got) == 20 and got.isdigit() if version == "20 digits" else got == version)
+
+    _, got = find(fuzz.names_and_versions("alltypes"), drawn, settings=settings(database=None, max_examples=5000))
+    want = {"01": None, "2": ("NOT_FOUND", "model version", got)}.get(
+        version, ("INVALID_ARGUMENT", "model version", got)
+    )
+    assert fuzz.wrong_name(_request(model_version=got), SERVABLES) == want
 
 
 def test_a_wrong_name_must_get_its_status_and_be_named():

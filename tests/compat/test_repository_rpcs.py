@@ -83,3 +83,50 @@ async def test_tritonclient_load_and_unload_name_the_model(serve, aio):
         ("StatusCode.UNIMPLEMENTED", f"cannot load model 'nope': {FIXED}"),
         ("StatusCode.UNIMPLEMENTED", f"cannot unload model 'nope': {FIXED}"),
     ]
+
+
+def invalid_version(version: str) -> str:
+    return (
+        "model 'mlp': model version must be an integer from 0 to 2**63-1 in decimal digits, or '' for the version "
+        f"served (1); got '{version}'"
+    )
+
+
+async def test_tritonclient_gets_tritons_answers_for_a_version_on_every_model_rpc(serve):
+    # As Triton: "01" is version 1; another integer is a version not served (ModelReady: not ready); what is no
+    # integer is INVALID_ARGUMENT, ModelReady's too (it answered ready=False), and ModelStatistics' of every model.
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    def outcome(fn, *args):
+        try:
+            return fn(*args)
+        except InferenceServerException as exc:
+            return exc.status(), exc.message()
+
+    async with serve(models=("mlp",)) as server:
+        target = f"127.0.0.1:{server.port}"
+
+        def with_tritonclient() -> dict:
+            with grpcclient.InferenceServerClient(target) as client:
+                got = {
+                    v: [
+                        outcome(client.is_model_ready, "mlp", v),
+                        outcome(client.get_model_metadata, "mlp", v),
+                        outcome(client.get_model_config, "mlp", v),
+                        outcome(client.get_inference_statistics, "mlp", v),
+                    ]
+                    for v in ("01", "2", "-1", "9" * 20)
+                }
+                got["every model"] = outcome(client.get_inference_statistics, "", "-1")
+                return got
+
+        got = await asyncio.to_thread(with_tritonclient)
+    ready, meta, config, stats = got["01"]
+    assert ready is True and list(meta.versions) == ["1"] and config.config.name == "mlp"
+    assert [(s.name, s.version) for s in stats.model_stats] == [("mlp", "1")]
+    not_found = ("StatusCode.NOT_FOUND", "model 'mlp' has no version '2'; available: 1")
+    assert got["2"] == [False, not_found, not_found, not_found]
+    for v in ("-1", "9" * 20):
+        assert got[v] == [("StatusCode.INVALID_ARGUMENT", invalid_version(v))] * 4
+    assert got["every model"] == ("StatusCode.INVALID_ARGUMENT", invalid_version("-1").removeprefix("model 'mlp': "))

@@ -184,10 +184,17 @@ async def test_a_name_sent_to_an_rpc_that_refuses_it_is_echoed_cut_and_escaped(m
 
 # Triton reads a version as an integer: "01" is version 1, and what is no integer (or is negative) is
 # INVALID_ARGUMENT. wok served only "" and "1", and answered NOT_FOUND for "01" and "abc" alike.
-def versioned(version: str) -> pb.ModelInferRequest:
-    req = encode_request("a", X)
+def versioned(version: str, model: str = "a") -> pb.ModelInferRequest:
+    req = encode_request(model, X)
     req.model_version = version
     return req
+
+
+def invalid_version(model: str, version: str) -> str:
+    return (
+        f"{model}model version must be an integer from 0 to 2**63-1 in decimal digits, or '' for the version served "
+        f"(1); got {quoted_name(version)}"
+    )
 
 
 SERVED_VERSIONS = ("", "1", "01", "0001")
@@ -203,25 +210,29 @@ async def test_a_version_is_read_as_triton_reads_it_by_every_rpc_that_takes_one(
             meta = await stub.ModelMetadata(pb.ModelMetadataRequest(name="a", version=v), timeout=10)
             assert meta.versions == ["1"], v
             assert (await stub.ModelReady(pb.ModelReadyRequest(name="a", version=v), timeout=10)).ready, v
+            stats = await stub.ModelStatistics(pb.ModelStatisticsRequest(name="a", version=v), timeout=10)
+            assert [(st.name, st.version) for st in stats.model_stats] == [("a", "1")], v
         bad = [(v, grpc.StatusCode.NOT_FOUND) for v in ABSENT_VERSIONS]
         bad += [(v, grpc.StatusCode.INVALID_ARGUMENT) for v in INVALID_VERSIONS]
         for v, code in bad:
-            for call in (
+            calls = [
                 stub.ModelInfer(versioned(v), timeout=10),
                 stub.ModelMetadata(pb.ModelMetadataRequest(name="a", version=v), timeout=10),
                 stub.ModelConfig(pb.ModelConfigRequest(name="a", version=v), timeout=10),
-            ):
+                stub.ModelStatistics(pb.ModelStatisticsRequest(name="a", version=v), timeout=10),
+            ]
+            if code == grpc.StatusCode.INVALID_ARGUMENT:  # an integer not served is a model not ready, below
+                calls.append(stub.ModelReady(pb.ModelReadyRequest(name="a", version=v), timeout=10))
+            for call in calls:
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await call
                 assert info.value.code() == code, (v, info.value.details())
                 if code == grpc.StatusCode.NOT_FOUND:
                     assert info.value.details() == f"model 'a' has no version '{v}'; available: 1"
                 else:
-                    assert info.value.details() == (
-                        "model 'a': model version must be an integer from 0 to 2**63-1 in decimal digits, or '' "
-                        f"for the version served (1); got {quoted_name(v)}"
-                    )
-            assert not (await stub.ModelReady(pb.ModelReadyRequest(name="a", version=v), timeout=10)).ready, v
+                    assert info.value.details() == invalid_version("model 'a': ", v)
+            if code == grpc.StatusCode.NOT_FOUND:
+                assert not (await stub.ModelReady(pb.ModelReadyRequest(name="a", version=v), timeout=10)).ready, v
         # Each refused ModelInfer answered once and counted, under no model's name, by its own code.
         unmodeled = server.metrics.unmodeled_responses
         assert unmodeled.get("NOT_FOUND", 0) == len(ABSENT_VERSIONS)
@@ -229,3 +240,36 @@ async def test_a_version_is_read_as_triton_reads_it_by_every_rpc_that_takes_one(
         # Refused as the codes say: not_found for an integer not served, invalid for what is no integer.
         assert server.metrics.unknown_model_requests == len(ABSENT_VERSIONS)
         assert server.metrics.unparsed_requests == len(INVALID_VERSIONS)
+
+
+async def test_a_version_that_is_no_integer_is_refused_before_the_model_is_looked_up_as_triton_does():
+    # Triton reads the version first: INVALID_ARGUMENT whatever the name, and for ModelStatistics of every
+    # model (no name) too. wok looked the model up first (NOT_FOUND), ModelReady answered ready=False, and
+    # ModelStatistics with no name ignored the version.
+    async with gated_server("a") as (server, _, stub):
+        for v in ("-1", "x", "9" * 20):
+            for name, shown in (("nope", "model 'nope': "), ("", "")):  # no name: ModelStatistics of every model
+                for call in (
+                    stub.ModelInfer(versioned(v, name), timeout=10),
+                    stub.ModelMetadata(pb.ModelMetadataRequest(name=name, version=v), timeout=10),
+                    stub.ModelConfig(pb.ModelConfigRequest(name=name, version=v), timeout=10),
+                    stub.ModelReady(pb.ModelReadyRequest(name=name, version=v), timeout=10),
+                    stub.ModelStatistics(pb.ModelStatisticsRequest(name=name, version=v), timeout=10),
+                ):
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        await call
+                    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, v, info.value.details())
+                    assert info.value.details() == invalid_version(shown, v)
+        # An unknown model with a version that is an integer: the model is what is not found, and not ready.
+        for v in ("", "1", "2"):
+            assert not (await stub.ModelReady(pb.ModelReadyRequest(name="nope", version=v), timeout=10)).ready
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelStatistics(pb.ModelStatisticsRequest(name="nope", version=v), timeout=10)
+            assert info.value.code() == grpc.StatusCode.NOT_FOUND
+            assert info.value.details() == "unknown model 'nope'; this server serves: a"
+        # Every model's statistics, with a version that is an integer: the version is not looked for.
+        for v in ("", "1", "2"):
+            stats = await stub.ModelStatistics(pb.ModelStatisticsRequest(version=v), timeout=10)
+            assert [st.name for st in stats.model_stats] == ["a"]
+        # Each refused ModelInfer counted as what is no request of a model served, `invalid`.
+        assert server.metrics.unparsed_requests == 6 and server.metrics.unknown_model_requests == 0

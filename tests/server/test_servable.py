@@ -369,6 +369,37 @@ def test_a_wrong_row_count_names_the_rows_expected_in_good_grammar(total, rows):
     )
 
 
+class Answers(nn.Module):
+    """Answers what it was built with, whatever its input."""
+
+    def __init__(self, answer) -> None:
+        super().__init__()
+        self.answer = answer
+
+    def forward(self, x: torch.Tensor):
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "got"),
+    [
+        (torch.ones(2, 3), "1 output (a tensor)"),
+        ((torch.ones(2, 3),), "1 output (a tuple)"),
+        ([], "0 outputs (a list)"),
+        ((torch.ones(2, 3),) * 3, "3 outputs (a tuple)"),
+    ],
+    ids=["tensor", "tuple of 1", "none", "3"],
+)
+def test_a_wrong_output_count_names_what_was_returned_and_what_the_config_declares(answer, got):
+    # It said "returned 1 outputs, config declares 2": "1 outputs", and neither which outputs nor what it returned.
+    s = servable_with_count()
+    with pytest.raises(ModelExecutionError) as info, torch.inference_mode():
+        s.forward(Answers(answer), {"x": torch.ones(2, 3)})
+    assert str(info.value) == (
+        f"model 'm' returned {got}; expected 2, one per output its config declares: 'score', 'count'"
+    )
+
+
 NEG_OR_META = textwrap.dedent(
     """
     import torch
