@@ -301,10 +301,10 @@ def _result_outputs(args) -> list:
     ]
 
 
-def _write_outputs(result: dict, args) -> None:
+def _write_outputs(result: dict, args, command: str = "wok bench") -> None:
     from . import report
 
-    _show_after(lambda: _write_or_raise(result, _result_outputs(args)), lambda: report.print_table(result))
+    _show_after(lambda: _write_or_raise(result, _result_outputs(args), command), lambda: report.print_table(result))
 
 
 def _show_after(write, show):
@@ -374,11 +374,24 @@ def _stdout_closed() -> bool:
     return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
 
 
-def _write_or_raise(result: dict, outputs) -> None:
-    """A command's output writes (`write_outputs`); the first that fails is that option's error (2)."""
+def _write_or_raise(result: dict, outputs, command: str = "wok bench") -> None:
+    """A command's output writes (`write_outputs`); the first that fails is that option's error (2). Each
+    written is named on stderr (`_say_written`)."""
     failed = _write_outputs_in_order(result, outputs)
+    _say_written(command, outputs, failed)
     if failed is not None:
         raise failed[0]
+
+
+def _say_written(command: str, outputs, failed) -> None:
+    """One stderr line per file (or folder) written, in order, up to the one that failed: where the results went."""
+    stop = None if failed is None else getattr(failed[0], "option", None)
+    for option, path, _ in outputs:
+        if not path or str(path) == "-":  # none, or stdout
+            continue
+        if option == stop:
+            break
+        print(f"{command}: wrote {path} ({option})", file=sys.stderr)
 
 
 def add_simulate_parser(sub) -> None:
@@ -450,7 +463,7 @@ def run_simulate(args) -> int:
         seed=args.seed,
     )
     result = simulate_ramp(cfg)
-    _write_outputs(result, args)
+    _write_outputs(result, args, "wok simulate")
     print(
         "utilization per step: "
         + ", ".join(f"{s['offered_qps']:g} QPS {100 * s['utilization']:.0f}%" for s in result["steps"])
@@ -978,6 +991,7 @@ def _write_or_keep(command: str, result: dict, outputs) -> bool:
     the command fails (1).
     With --json written, another output's failure is that option's error (2), as for any."""
     failed = _write_outputs_in_order(result, outputs)
+    _say_written(command, outputs, failed)
     if failed is None:
         return False
     exc, held = failed
@@ -1254,8 +1268,11 @@ def run_plan(args) -> int:
     def write() -> None:
         if args.manifests:
             with _writing("--manifests", args.manifests):
-                plan.write_manifests(result, args.manifests)
-        _write_or_raise(result, [("--json", args.json, plan.write_json), ("--markdown", args.markdown, markdown)])
+                written = plan.write_manifests(result, args.manifests)
+            for path in written:
+                print(f"wok plan: wrote {path} (--manifests)", file=sys.stderr)
+        outputs = [("--json", args.json, plan.write_json), ("--markdown", args.markdown, markdown)]
+        _write_or_raise(result, outputs, "wok plan")
 
     _show_after(write, lambda: plan.print_table(result))
     return 0
@@ -1305,6 +1322,12 @@ def add_tune_parser(sub) -> None:
         "--default",
         default="32,5ms",
         help="the setting to compare with: MAX_BATCH_SIZE,DELAY, or none (default 32,5ms)",
+    )
+    p.add_argument(
+        "--allow-extrapolated",
+        action="store_true",
+        help="choose a setting whose batches run past the profiled sizes even when a measured one meets the SLO "
+        "(default: measured first; docs/tune.md)",
     )
     p.add_argument("--instances", type=int, default=1, help="model instances, each running one batch (default 1)")
     p.add_argument("--sim-duration", default="10s", help="simulated step length per evaluation (default 10s)")
@@ -1464,6 +1487,7 @@ def run_tune(args) -> int:
         cpu=cpu,
         overhead_at=overhead_at,
         names=names,
+        allow_extrapolated=args.allow_extrapolated,
     )
     config = args.write_config if result["config_toml"] is not None else None
     outputs = [

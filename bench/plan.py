@@ -25,6 +25,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -198,11 +199,35 @@ def _many(count, word: str) -> str:
 
 
 # A step's unit (plural, as the JSON has it) for a value of exactly 1, in the views.
-_SINGULAR = {"GPUs": "GPU", "replicas": "replica"}
+_SINGULAR = {"GPUs": "GPU", "CPUs": "CPU", "replicas": "replica"}
+
+
+def device_word(batch_in: Mapping) -> str:
+    """What the plan counts, by the device the batch time was measured on: 'CPU' for a profile run on the CPU
+    (its `config.device`, `inputs.batch.profile.device`), else 'GPU' (every other source plans GPUs)."""
+    device = (batch_in.get("profile") or {}).get("device")
+    return "CPU" if isinstance(device, str) and device.lower().startswith("cpu") else "GPU"
+
+
+# Printed under the plan (and in --markdown) when `inputs.batch.server_cpu_counted` is false.
+NO_CPU_NOTE = (
+    "T_batch is the model's batch alone: the server's CPU per request (event loop, gRPC, codec) is not in this "
+    "plan, and caps a replica at about its cores / (CPU per request) QPS whatever N says (the 2-core development "
+    "machine: about 410 µs per request, saturating near 4,000 QPS, docs/performance.md); measure a replica with "
+    "`wok bench ramp` and plan with --from-ramp"
+)
+
+
+def _ms(seconds) -> str:
+    """Seconds (a Fraction, or a float as the plan holds it) as milliseconds, exact to 0.1 µs or marked '…'."""
+    x = seconds if isinstance(seconds, Fraction) else exact(Decimal(repr(seconds)), "figure")
+    return decimal_text(1000 * x, 4) + " ms"
 
 
 def _value_unit(step: dict) -> str:
-    """A step's value and unit as the views show it: '10 GPUs', '1 GPU'."""
+    """A step's value and unit as the views show it: '10 GPUs', '1 GPU'; seconds as ms."""
+    if step["unit"] == "s":
+        return _ms(step["value"])
     unit = _SINGULAR.get(step["unit"], step["unit"]) if step["value"] == 1 else step["unit"]
     return f"{_f(step['value'])} {unit}"
 
@@ -414,6 +439,10 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
             "the server never forms such batches"
         )
     detail = {"path": str(path), "model": model.get("name") if isinstance(model, dict) else model}
+    # The device the batches ran on (`config.device`: cpu, cuda, cuda:1): the plan names what it counts by it.
+    config = doc.get("config")
+    device = config.get("device") if isinstance(config, dict) else None
+    detail["device"] = device if isinstance(device, str) else None
     if fit.get("r2") is not None:
         try:
             detail["r2"] = float(fit["r2"])
@@ -796,7 +825,7 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
             _step(
                 "T_batch",
                 "T_batch = α + β·n",
-                f"{_d(batch.alpha_s)} s + {_d(batch.beta_s)} s × {_d(n)}",
+                f"{_ms(batch.alpha_s)} + {_ms(batch.beta_s)} × {_d(n)}",
                 t,
                 "s",
             )
@@ -814,17 +843,18 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
         )
 
     busy = lam * t / n
+    dev = "CPU" if batch.source == "profile" and device_word({"profile": batch.detail}) == "CPU" else "GPU"
     steps.append(
         _step(
-            "GPU load",
-            "ρ = λ_peak × T_batch / n   (GPUs busy all the time)",
+            f"{dev} load",
+            f"ρ = λ_peak × T_batch / n   ({dev}s busy all the time)",
             f"{_d(lam)} × {_d(t)} / {_d(n)}",
             busy,
-            "GPUs",
+            f"{dev}s",
         )
     )
     n_exact = busy / u
-    steps.append(_step("GPUs at target", "ρ / U_target", f"{_d(busy)} / {_d(u)}", n_exact, "GPUs"))
+    steps.append(_step(f"{dev}s at target", "ρ / U_target", f"{_d(busy)} / {_d(u)}", n_exact, f"{dev}s"))
     n_gpu = ceil(n_exact)
     steps.append(
         _step(
@@ -832,7 +862,7 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
             "N = ⌈ρ / U_target⌉",
             f"⌈{_d(n_exact)}⌉" + ("  (an integer: stays)" if n_exact.denominator == 1 else ""),
             Fraction(n_gpu),
-            "GPUs",
+            f"{dev}s",
         )
     )
     total = n_gpu + k
@@ -900,6 +930,9 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
         "alpha_given_s": None if batch.given_alpha_s is None else _num(batch.given_alpha_s),
         "beta_s": None if batch.beta_s is None else _num(batch.beta_s),
         "extrapolation": extrapolation,
+        # Only a ramp ran the real server, whose cross-check sizes on what a replica served; every other T_batch
+        # is the model's batch alone, without the server's CPU per request (NO_CPU_NOTE).
+        "server_cpu_counted": batch.source == "ramp",
         **({"ramp": batch.detail} if batch.source == "ramp" else {}),
         **({"profile": batch.detail} if batch.source == "profile" else {}),
     }
@@ -1577,12 +1610,12 @@ def _input_rows(plan: dict) -> list[tuple[str, str]]:
         rows.append(("burst", f"λ_base = {_f(b['base_qps'])} QPS, A = {_f(b['amplitude_qps'])} QPS{sigma}"))
     for t in peak.get("teams") or []:
         rows.append((f"team {t['name']}", f"{_f(t['peak_qps'])} QPS"))
-    rows.append(("T_batch", f"{_f(batch['t_batch_s'])} s ({batch['source']})"))
+    rows.append(("T_batch", f"{_ms(batch['t_batch_s'])} ({batch['source']})"))
     rows.append(("n (requests per batch)", _f(batch["batch_size"])))
     if batch["source"] != "ramp":  # a ramp's n is the batch its step formed, whatever the window
         rows.append(("window w", f"{_f(1000 * i['max_queue_delay_s'])} ms ({i['max_queue_delay_source']})"))
     if batch["alpha_s"] is not None:
-        rows.append(("α, β", f"{_f(batch['alpha_s'])} s, {_f(batch['beta_s'])} s per row"))
+        rows.append(("α, β", f"{_ms(batch['alpha_s'])}, {_ms(batch['beta_s'])} per row"))
     if batch.get("ramp"):
         r = batch["ramp"]
         rows.append(
@@ -1593,7 +1626,8 @@ def _input_rows(plan: dict) -> list[tuple[str, str]]:
             )
         )
     if batch.get("profile"):
-        rows.append(("profile", batch["profile"]["path"]))
+        device = batch["profile"].get("device")
+        rows.append(("profile", batch["profile"]["path"] + (f" (on {device})" if device else "")))
     if batch.get("extrapolation"):
         rows.append(("profiled batches", _extrapolation_text(batch["extrapolation"], batch["batch_size"])))
     rows.append(("U_target", _f(i["target_utilization"])))
@@ -1614,9 +1648,10 @@ def _extrapolation_text(e: dict, n) -> str:
 def to_markdown(plan: dict) -> str:
     """The plan as markdown: inputs, each step of the arithmetic, the result, teams, autoscaling, warnings."""
     r, a = plan["result"], plan["autoscaling"]
+    dev = device_word(plan["inputs"]["batch"])
     out = [f"# Capacity plan ({plan['schema']}, {plan['created']})", ""]
     out += [
-        f"**{_many(r['replicas'], 'replica')}**: N = {_many(r['gpus'], 'GPU')} for the peak at U_target, plus "
+        f"**{_many(r['replicas'], 'replica')}**: N = {_many(r['gpus'], dev)} for the peak at U_target, plus "
         f"k = {r['redundancy']}.",
         "",
     ]
@@ -1628,14 +1663,15 @@ def to_markdown(plan: dict) -> str:
     out += [
         "",
         f"One replica serves {_f(r['qps_per_replica_full'], 1)} QPS at 100% busy and "
-        f"{_f(r['qps_per_replica_at_target'], 1)} QPS at U_target. At the peak the {_many(r['gpus'], 'GPU')} are "
+        f"{_f(r['qps_per_replica_at_target'], 1)} QPS at U_target. At the peak the {_many(r['gpus'], dev)} are "
         f"{_f(100 * r['utilization_at_peak'], 1)}% busy, all {_many(r['replicas'], 'replica')} "
         f"{_f(100 * r['utilization_at_peak_all_replicas'], 1)}%.",
         "",
     ]
     if plan["teams"]:
         t = plan["teams"]
-        out += ["## Teams", "", "| team | peak QPS | share | GPUs (exact) | own pool ⌈⌉ | quota in the shared fleet |"]
+        out += ["## Teams", ""]
+        out += [f"| team | peak QPS | share | {dev}s (exact) | own pool ⌈⌉ | quota in the shared fleet |"]
         out += ["|---|---|---|---|---|---|"]
         for row in t["rows"]:
             out.append(
@@ -1644,9 +1680,9 @@ def to_markdown(plan: dict) -> str:
             )
         out += [
             "",
-            f"Shared fleet: {_many(t['shared_gpus'], 'GPU')} + k = {_many(t['shared_replicas'], 'replica')}. "
-            f"Own pools: {_many(t['own_pools_gpus'], 'GPU')}, {_many(t['own_pools_replicas'], 'replica')} with "
-            f"k each (rounding costs {_many(t['rounding_overhead_gpus'], 'GPU')}). Rounding: {t['rounding']}.",
+            f"Shared fleet: {_many(t['shared_gpus'], dev)} + k = {_many(t['shared_replicas'], 'replica')}. "
+            f"Own pools: {_many(t['own_pools_gpus'], dev)}, {_many(t['own_pools_replicas'], 'replica')} with "
+            f"k each (rounding costs {_many(t['rounding_overhead_gpus'], dev)}). Rounding: {t['rounding']}.",
             "",
         ]
     if plan["cross_check"]:
@@ -1656,7 +1692,7 @@ def to_markdown(plan: dict) -> str:
             "",
             f"The ramp's step at {_f(c['max_qps_under_slo'])} QPS kept the instance "
             f"{_f(100 * c['utilization_at_step'], 1)}% busy; sized by what one replica served within the SLO, "
-            f"the peak takes {_many(c['replicas_at_measured_max'], 'GPU')}.",
+            f"the peak takes {_many(c['replicas_at_measured_max'], dev)}.",
             "",
         ]
     out += [
@@ -1676,8 +1712,9 @@ def to_markdown(plan: dict) -> str:
     if a["manifests"]:
         out.append("- Manifests: " + ", ".join(f"`{p}`" for p in a["manifests"]))
     out.append("")
-    if plan["warnings"]:
-        out += ["## Warnings", ""] + [f"- {w}" for w in plan["warnings"]] + [""]
+    cpu = [NO_CPU_NOTE] if plan["inputs"]["batch"].get("server_cpu_counted") is False else []
+    if plan["warnings"] or cpu:
+        out += ["## Warnings", ""] + [f"- {w}" for w in cpu + plan["warnings"]] + [""]
     return "\n".join(out)
 
 
@@ -1689,6 +1726,8 @@ def print_table(plan: dict, file=None) -> None:
 
     file = sys.stdout if file is None else file
     console = Console(file=file, color_system=None, highlight=False, markup=False, emoji=False, width=200)
+    r, a = plan["result"], plan["autoscaling"]
+    dev = device_word(plan["inputs"]["batch"])
     inputs = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     inputs.add_column("input")
     inputs.add_column("value")
@@ -1704,7 +1743,7 @@ def print_table(plan: dict, file=None) -> None:
     if plan["teams"]:
         t = plan["teams"]
         teams = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        for h in ("team", "peak QPS", "GPUs exact", "own pool", "quota"):
+        for h in ("team", "peak QPS", f"{dev}s exact", "own pool", "quota"):
             teams.add_column(h, justify="right")
         for row in t["rows"]:
             cells = (_f(row["peak_qps"]), _f(row["gpus_exact"]), str(row["own_pool_gpus"]), str(row["quota_gpus"]))
@@ -1713,15 +1752,18 @@ def print_table(plan: dict, file=None) -> None:
         console.print(
             f"teams: shared {_many(t['shared_replicas'], 'replica')}, own pools "
             f"{_many(t['own_pools_replicas'], 'replica')} "
-            f"(rounding overhead {_many(t['rounding_overhead_gpus'], 'GPU')})"
+            f"(rounding overhead {_many(t['rounding_overhead_gpus'], dev)})"
         )
-    r, a = plan["result"], plan["autoscaling"]
     console.print(
-        f"plan: N = {_many(r['gpus'], 'GPU')} + k = {r['redundancy']} → {_many(r['replicas'], 'replica')}; autoscale "
+        f"plan: N = {_many(r['gpus'], dev)} + k = {r['redundancy']} → {_many(r['replicas'], 'replica')}; autoscale "
         f"{a['min_replicas']}..{a['max_replicas']}, out above {_f(a['scale_out_above'])}, in below "
         f"{_f(a['scale_in_below'])}, sustained {_f(a['sustain_s'])} s"
     )
     # The burst's duration above the base's capacity decides it: shown here, not only in --markdown.
-    console.print(f"why {a['min_replicas']} at least: {a['why_min_replicas']}")
+    # ~400 characters: wrapped to a terminal's width, each later line indented under the first.
+    why = textwrap.fill(f"why {a['min_replicas']} at least: {a['why_min_replicas']}", 100, subsequent_indent="  ")
+    console.print(why, soft_wrap=True)
+    if plan["inputs"]["batch"].get("server_cpu_counted") is False:
+        console.print(f"WARNING: {NO_CPU_NOTE}", soft_wrap=True)
     for w in plan["warnings"]:
         console.print(f"warning: {w}")

@@ -810,8 +810,22 @@ def _row(max_batch_size: int, delay_s: float, found: dict) -> dict:
     }
 
 
-def choose(rows: list[dict], tie: float) -> dict | None:
-    """The best row: highest max QPS, ties (within `tie`, relative) to the shortest delay, then the smallest batch."""
+def on_measured_times(row: dict) -> bool:
+    """Whether a setting's batches ran on measured batch times: its simulated mean batch within the measured sizes,
+    as the table's mark and the warning judge it (`mean_batch_extrapolated`; a max_batch_size past them alone is
+    context: a calibration's range is of loads' mean batches, which nearly every max_batch_size is past). Null,
+    not known, counts as measured: there is nothing to prefer to it."""
+    return not row.get("mean_batch_extrapolated")
+
+
+def choose(rows: list[dict], tie: float, *, allow_extrapolated: bool = True) -> dict | None:
+    """The best row: highest max QPS, ties (within `tie`, relative) to the shortest delay, then the smallest batch.
+    Without `allow_extrapolated`, among the settings that ran on measured batch times (`on_measured_times`) when one of
+    them meets the SLO: an extrapolated setting's lead is the fit's, not a measurement's."""
+    if not allow_extrapolated:
+        within = [r for r in rows if on_measured_times(r)]
+        if any(r["max_qps"] > 0 for r in within):
+            rows = within
     best = max((r["max_qps"] for r in rows), default=0.0)
     if best <= 0:
         return None
@@ -833,10 +847,13 @@ def tune(
     cpu: CpuStage | None = None,
     overhead_at: OverheadAt | None = None,
     names: SearchNames | None = None,
+    allow_extrapolated: bool = False,
 ) -> dict:
     """Search the grid; the `wok.tune/2` document (docs/tune.md). `overhead_at` (`overhead_by_rate`):
     each simulated rate draws its overhead there, in place of `overhead_s`. The grid and the
-    search's size are checked first (`check_fits`, its refusal worded with `names`)."""
+    search's size are checked first (`check_fits`, its refusal worded with `names`). Without
+    `allow_extrapolated` a setting on extrapolated batch times is chosen only when no measured one
+    meets the SLO (`choose`)."""
     # Before any simulating: a step too large to hold would be refused only once the search reached it.
     check_fits(profile, search, batch_sizes, delays_s, default, instances=instances, sampled=sampled, cpu=cpu,
                names=names)  # fmt: skip
@@ -864,7 +881,11 @@ def tune(
         say(f"max_batch_size {n}, delay {1e3 * d:g} ms: {row['max_qps']:.0f} QPS")
     # The default competes too: the tuner never recommends a setting it predicts to be worse
     # than it by more than the tie (within it, the shorter delay wins).
-    chosen = choose(rows, search.tie)
+    chosen = choose(rows, search.tie, allow_extrapolated=allow_extrapolated)
+    # The setting the measured-first rule passed over, when an extrapolated one predicted more beyond the tie.
+    unrestricted = choose(rows, search.tie)
+    ahead = chosen is not None and unrestricted["max_qps"] * (1 - search.tie) > chosen["max_qps"]
+    passed_over = unrestricted if ahead and not on_measured_times(unrestricted) else None
     default_row = None
     if default is not None:
         default_row = next(
@@ -877,6 +898,14 @@ def tune(
         warnings.append(
             f"the profile's fitted α = {1e3 * profile.fitted_alpha_s:.4g} ms is negative: the linear fit "
             "T = α + β·n does not hold at small batches; α is taken as 0, T(n) = β·n (as wok plan takes it)"
+        )
+    if passed_over is not None:
+        n = passed_over["max_batch_size"]
+        warnings.append(
+            f"max_batch_size {n}, delay {passed_over['max_queue_delay_ms']:g} ms predicts "
+            f"{passed_over['max_qps']:,.0f} QPS, more than the chosen {chosen['max_qps']:,.0f}, but on batch times "
+            f"extrapolated past the measured sizes ({_size_text(smallest)} to {_size_text(largest)}): not chosen; "
+            f"measure batches of {n} to check it, or pass --allow-extrapolated to choose it"
         )
     toml = None
     if chosen is not None:
@@ -913,6 +942,10 @@ def tune(
             # The calibration loads the overhead was measured at, when it is drawn by rate.
             "overhead_by_rate_loads": None if overhead_at is None else list(getattr(overhead_at, "loads", [])),
             "cpu": None if cpu is None else cpu.as_dict(),
+            # Whether the prediction charges the server's CPU per request (a CPU stage with some): without it the
+            # max QPS is the batcher's alone, which a CPU-bound server does not reach (docs/tune.md).
+            "server_cpu_modelled": server_cpu_modelled(cpu),
+            "allow_extrapolated": allow_extrapolated,
             "instances": instances,
             "batch_sizes": list(batch_sizes),
             "delays_ms": [delay_ms(d) for d in delays_s],
@@ -925,10 +958,26 @@ def tune(
         },
         "settings": rows,
         "chosen": chosen,
+        "passed_over": passed_over,
         "default": default_row,
         "config_toml": toml,
         "warnings": warnings,
     }
+
+
+def server_cpu_modelled(cpu: CpuStage | None) -> bool:
+    """Whether a CPU stage charges CPU per request (the loop's, or the background's): a constant or measured
+    overhead only delays each request, leaving the batcher's schedule, so its capacity, alone."""
+    return cpu is not None and cpu.cpu_in_s + cpu.cpu_out_s + cpu.background_cpu_s > 0
+
+
+# `wok tune`'s warning when `inputs.server_cpu_modelled` is false, printed above the table.
+NO_CPU_WARNING = (
+    "no per-request server CPU modelled: these are the batcher's limits alone. A server whose CPU is the bottleneck "
+    "saturates far below them (on the 2-core development machine near 4,000 QPS, about 410 µs of server CPU per "
+    "request: docs/performance.md); give --cpu-calibration (from bench/tune_check.py) or --per-request-cpu and "
+    "--cores (docs/tune.md)"
+)
 
 
 def _size_text(n: float) -> str:
@@ -1065,13 +1114,18 @@ def print_table(result: dict, file=None) -> None:
     if inp.get("overhead_by_rate_loads"):
         loads = ", ".join(f"{q:,.0f}" for q in inp["overhead_by_rate_loads"])
         console.print(f"overhead outside the server: drawn at each rate, from the calibration's loads {loads} QPS")
+    # A result without the field (written before it) is not known to lack the CPU stage: no warning then.
+    no_cpu = inp.get("server_cpu_modelled") is False
+    if no_cpu:
+        console.print(f"WARNING: {NO_CPU_WARNING}", soft_wrap=True)
     console.print(table)
     if chosen is None:
         console.print("no setting meets the SLO at any load")
     else:
         console.print(
             f"chosen: max_batch_size = {chosen['max_batch_size']}, "
-            f"max_queue_delay_ms = {chosen['max_queue_delay_ms']:g} (predicted max QPS {chosen['max_qps']:,.0f})"
+            f"max_queue_delay_ms = {chosen['max_queue_delay_ms']:g} (predicted max QPS {chosen['max_qps']:,.0f}"
+            + ("; the batcher's alone, no server CPU modelled)" if no_cpu else ")")
         )
     for w in result.get("warnings") or []:
         console.print(f"warning: {w}", soft_wrap=True)  # one line, whole, for a reader's grep

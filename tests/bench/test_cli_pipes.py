@@ -42,14 +42,18 @@ def test_a_closed_stdout_costs_no_file_and_ends_quietly(argv, schema, tmp_path):
     status, err = _closed_stdout(*argv, "--json", str(path))
     assert path.is_file(), err
     assert json.loads(path.read_text())["schema"] == schema
-    assert (status, err) == (1, "")
+    assert (status, err) == (1, f"wok {argv[0]}: wrote {path} (--json)\n")  # each file written is named
 
 
 def test_a_failed_write_is_told_though_stdout_is_closed(tmp_path):
     """A --csv that cannot be written, stdout closed: it exited 1 and said nothing, the table's broken
     pipe having replaced the write's error."""
-    status, err = _closed_stdout(*SIMULATE, "--json", str(tmp_path / "ok.json"), "--csv", "/dev/full")
-    assert (status, err) == (2, "wok simulate: --csv /dev/full: No space left on device\n")
+    ok = tmp_path / "ok.json"
+    status, err = _closed_stdout(*SIMULATE, "--json", str(ok), "--csv", "/dev/full")
+    assert (status, err) == (
+        2,
+        f"wok simulate: wrote {ok} (--json)\nwok simulate: --csv /dev/full: No space left on device\n",
+    )
 
 
 def test_a_ramp_writes_its_result_before_a_closed_stdout_ends_it(bench_server, tmp_path):

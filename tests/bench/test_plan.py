@@ -111,7 +111,7 @@ def test_alpha_beta_gives_t_batch():
     assert b.t_batch_s == F(1, 50)
     p = make(batch=b, peak_qps=F(5000))
     assert p["steps"][0]["name"] == "T_batch"
-    assert p["steps"][0]["substituted"] == "0.002 s + 0.001125 s × 16"
+    assert p["steps"][0]["substituted"] == "2 ms + 1.125 ms × 16"
     assert p["result"]["gpus"] == 10
 
 
@@ -121,7 +121,7 @@ def test_a_negative_alpha_is_taken_as_zero_with_a_warning_as_tune_takes_it():
     p = make(batch=batch_from_alpha_beta(F(-1, 1000), F(3, 2000), F(16)), peak_qps=F(5000))
     batch = p["inputs"]["batch"]
     assert (batch["t_batch_exact"], batch["alpha_s"], batch["alpha_given_s"]) == ("3/125", 0, -0.001)
-    assert p["steps"][0]["substituted"] == "0 s + 0.0015 s × 16"
+    assert p["steps"][0]["substituted"] == "0 ms + 1.5 ms × 16"
     assert p["warnings"] == [
         "α = -0.001 s is negative: the linear fit T = α + β·n does not hold at small batches; α is taken as 0 "
         "(as wok tune takes it), so T_batch at n = 16 is β·n = 0.024 s, not 0.023 s"
@@ -532,7 +532,7 @@ def test_from_profile_reads_the_fit(tmp_path):
     assert (b.alpha_s, b.beta_s, b.t_batch_s) == (F(1, 500), F(9, 8000), F(1, 50))
     p = make(batch=b, peak_qps=F(5000))
     assert p["inputs"]["batch"]["source"] == "profile"
-    assert p["inputs"]["batch"]["profile"] == {"path": str(path), "model": "mlp", "r2": 0.999}
+    assert p["inputs"]["batch"]["profile"] == {"path": str(path), "model": "mlp", "r2": 0.999, "device": None}
     assert p["result"]["gpus"] == 10
     assert plan.batch_from_profile(path, F(32)).t_batch_s == F(2, 1000) + 32 * F(9, 8000)
     with pytest.raises(ValueError, match=r"--batch-size 33 exceeds the profiled model's max_batch_size \(32\)"):
@@ -1627,3 +1627,64 @@ def test_the_plans_gpu_load_is_the_simulators_busy_ratio_when_batches_are_full()
     step = simulate_step(SimConfig(model=model, steps=[950.0], step_duration_s=20.0, warmup_s=2.0), 950.0,
                          np.random.default_rng(0))  # fmt: skip
     assert step["utilization"] == pytest.approx(doc["result"]["utilization_at_peak"], rel=0.037)
+
+
+# ---------------------------------------------------------------------------- readability (a new operator's review)
+
+
+def _cpu_profiled(tmp_path) -> Path:
+    """A profile shaped as `wok profile mlp` writes it on this machine: run on the CPU, batches 1 to 32."""
+    path = tmp_path / "profile.json"
+    fit = {"alpha_s": 0.00044518899502197845, "beta_s": 2.9659349676104636e-05, "r2": 0.9017}
+    doc = {"schema": "wok.profile/1", "model": {"name": "mlp", "max_batch_size": 32}, "fit": fit}
+    doc["config"] = {"device": "cpu", "batch_sizes": [1, 2, 4, 8, 16, 32]}
+    doc["batches"] = [{"batch_size": n, "median_s": 0.000445 + 0.0000297 * n} for n in (1, 2, 4, 8, 16, 32)]
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_the_readme_plan_shows_ms_names_the_cpu_and_wraps_why(tmp_path, wok_cli):
+    """The README's `wok plan --peak-qps 5000 --profile profile.json --batch-size 16` printed T_batch as
+    "0.000920… s" and α, β as "0.000445… s, 0.000030… s per row", said "ρ = 0.28… GPUs → N = 1 GPU" of a profile
+    run on the CPU, and printed the "why 2 at least" line as one ~400-character line."""
+    path = _cpu_profiled(tmp_path)
+    status, stdout, stderr = wok_cli("plan", "--peak-qps", "5000", "--profile", str(path), "--batch-size", "16")
+    assert status == 0, stderr
+    lines = stdout.splitlines()
+    assert "0.9197… ms (profile)" in next(line for line in lines if line.startswith("T_batch "))
+    assert next(line for line in lines if line.startswith("α, β ")).split(maxsplit=2)[2].rstrip() == (
+        "0.4452… ms, 0.0297… ms per row"
+    )
+    assert " s " not in stdout and not stdout.count("… s")
+    assert f"{path} (on cpu)" in stdout
+    assert "plan: N = 1 CPU + k = 1 → 2 replicas" in stdout and "GPU" not in stdout
+    assert any(line.startswith("CPU load ") and line.endswith("CPUs") for line in lines)
+    why = lines.index(next(line for line in lines if line.startswith("why 2 at least: ")))
+    assert all(len(line) <= 100 for line in lines[why : why + 4])
+    assert lines[why + 1].startswith("  ") and "never below" in " ".join(lines[why : why + 6])
+
+
+def test_a_plan_without_the_servers_cpu_says_so(tmp_path, wok_cli):
+    """The plan counted the batch alone (N = 1 for 5,000 QPS) while the server here saturates near 4,000 QPS on its
+    per-request CPU, and said nothing: now a field, and a warning on stdout and in --markdown; not for a ramp."""
+    path, out, md = _cpu_profiled(tmp_path), tmp_path / "plan.json", tmp_path / "plan.md"
+    argv = ["plan", "--peak-qps", "5000", "--profile", str(path), "--batch-size", "16", "--json", str(out)]
+    status, stdout, stderr = wok_cli(*argv, "--markdown", str(md))
+    assert status == 0, stderr
+    assert json.loads(out.read_text())["inputs"]["batch"]["server_cpu_counted"] is False
+    assert f"WARNING: {plan.NO_CPU_NOTE}\n" in stdout
+    assert f"- {plan.NO_CPU_NOTE}" in md.read_text()
+    ramp = make(batch=plan.batch_from_ramp(_ramp(tmp_path)), peak_qps=F(5000))
+    assert ramp["inputs"]["batch"]["server_cpu_counted"] is True and plan.NO_CPU_NOTE not in plan.to_markdown(ramp)
+
+
+def test_the_cli_names_each_file_it_wrote(tmp_path, wok_cli):
+    """`wok plan --manifests k8s/` wrote three files and named none; --json and --markdown neither."""
+    path, out, md, k8s = _cpu_profiled(tmp_path), tmp_path / "plan.json", tmp_path / "plan.md", tmp_path / "k8s"
+    argv = ["plan", "--peak-qps", "5000", "--profile", str(path), "--batch-size", "16", "--manifests", str(k8s)]
+    status, _, stderr = wok_cli(*argv, "--json", str(out), "--markdown", str(md))
+    assert status == 0, stderr
+    assert stderr.splitlines() == [f"wok plan: wrote {k8s / name} (--manifests)" for name in plan.MANIFEST_FILES] + [
+        f"wok plan: wrote {out} (--json)",
+        f"wok plan: wrote {md} (--markdown)",
+    ]

@@ -165,3 +165,16 @@ def test_the_steps_lengths_keep_bare_seconds(tmp_path, capsys):
     assert main(["simulate", "--steps", "10", "--step-duration", "2", "--warmup", "0.5", "--json", str(path)]) == 0
     config = json.loads(path.read_text())["config"]
     assert (config["step_duration_s"], config["warmup_s"]) == (2.0, 0.5), config
+
+
+def test_the_files_written_are_named_on_stderr(tmp_path, wok_cli):
+    """`wok simulate` and `wok bench ramp` (one writer, `cli._write_outputs`) wrote --json, --csv and --html and
+    named none of them: a new operator had to guess where the results went."""
+    out, csv, html = tmp_path / "sim.json", tmp_path / "sim.csv", tmp_path / "sim.html"
+    status, _, err = wok_cli("simulate", *BASE, "--json", str(out), "--csv", str(csv), "--html", str(html))
+    assert status == 0, err
+    assert err.splitlines() == [
+        f"wok simulate: wrote {out} (--json)",
+        f"wok simulate: wrote {csv} (--csv)",
+        f"wok simulate: wrote {html} (--html)",
+    ]

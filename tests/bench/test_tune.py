@@ -1234,3 +1234,72 @@ def test_a_calibrations_points_it_cannot_read_are_refused_naming_the_field(tmp_p
     with pytest.raises(ValueError) as info:
         load_cpu(path)
     assert str(info.value) == f"--cpu-calibration {path}: {got}"
+
+
+# ---------------------------------------------------------------------------- a new operator's review
+
+# The README's profile on this machine (`wok profile mlp`: batches 1 to 32, on the CPU): T(n) = 0.445 + 0.0297·n ms.
+README_PROFILED = {n: [0.445e-3 + 0.0297e-3 * n] * 3 for n in (1, 2, 4, 8, 16, 32)}
+# Bisected far enough (6 steps) that 64's batches average past 32 at its max QPS (58.9), as the README's did (62.5).
+CLOSER = replace(QUICK, iterations=6)
+
+
+def test_a_measured_setting_is_chosen_before_an_extrapolated_one():
+    """The README's `wok tune` chose 64 ("chosen, extrapolated", batches averaging 62.5 on a profile that stops at
+    32) and wrote it into tuned.toml, though 32, measured, meets the SLO as well."""
+    profile = profile_from_document(profile_document(README_PROFILED, "test"), "profile.json")
+    result = tune(profile, CLOSER, [32, 64], [0.0], default=None)
+    chosen, passed = result["chosen"], result["passed_over"]
+    assert chosen["max_batch_size"] == 32 and chosen["mean_batch_extrapolated"] is False
+    assert passed["max_batch_size"] == 64 and passed["mean_batch_extrapolated"] is True
+    assert passed["max_qps"] > chosen["max_qps"] and result["inputs"]["allow_extrapolated"] is False
+    assert tomllib.loads(result["config_toml"])["max_batch_size"] == 32
+    assert result["config_toml"].startswith("# written by wok tune\n")
+    assert result["warnings"] == [
+        f"max_batch_size 64, delay 0 ms predicts {passed['max_qps']:,.0f} QPS, more than the chosen "
+        f"{chosen['max_qps']:,.0f}, but on batch times extrapolated past the measured sizes (1 to 32): not chosen; "
+        "measure batches of 64 to check it, or pass --allow-extrapolated to choose it"
+    ]
+    allowed = tune(profile, CLOSER, [32, 64], [0.0], default=None, allow_extrapolated=True)
+    assert allowed["chosen"]["max_batch_size"] == 64 and allowed["passed_over"] is None
+    assert allowed["inputs"]["allow_extrapolated"] is True
+    # With no measured setting that meets the SLO, the extrapolated one is still chosen (and warned of).
+    alone = tune(profile, CLOSER, [64], [0.0], default=None)
+    assert alone["chosen"]["max_batch_size"] == 64 and alone["passed_over"] is None
+    assert alone["warnings"][0].startswith("the chosen setting's simulated batches average")
+
+
+def test_the_cli_chooses_measured_unless_allowed_and_says_what_it_wrote(tmp_path, wok_cli):
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(profile_document(README_PROFILED, "test")))
+    out, cfg = tmp_path / "tune.json", tmp_path / "tuned.toml"
+    argv = ["tune", "--slo-p99", "50ms", "--profile", str(profile), "--max-batch-sizes", "32,64", "--delays", "0ms",
+            "--default", "none", "--sim-duration", "0.5s", "--sim-warmup", "0s", "--iterations", "6"]  # fmt: skip
+    status, stdout, stderr = wok_cli(*argv, "--json", str(out), "--write-config", str(cfg))
+    assert status == 0, stderr
+    assert tomllib.loads(cfg.read_text())["max_batch_size"] == 32
+    assert "warning: max_batch_size 64, delay 0 ms predicts" in stdout
+    assert stderr.splitlines()[-2:] == [f"wok tune: wrote {out} (--json)", f"wok tune: wrote {cfg} (--write-config)"]
+    status, stdout, stderr = wok_cli(*argv, "--write-config", str(cfg), "--allow-extrapolated")
+    assert status == 0, stderr
+    assert tomllib.loads(cfg.read_text())["max_batch_size"] == 64
+
+
+def test_a_prediction_without_the_servers_cpu_says_so(tmp_path, wok_cli):
+    """`wok tune --slo-p99 50ms --profile profile.json` predicted 27,205 QPS on this machine, where the server
+    saturates near 4,000 on its per-request CPU, without a word: now a field and a warning above the table. An
+    overhead alone does not count (it delays each request, leaving the batcher's capacity); a CPU stage does."""
+    from wok.bench.tune import NO_CPU_WARNING
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(profile_document(README_PROFILED, "test")))
+    out = tmp_path / "tune.json"
+    argv = ["tune", "--slo-p99", "50ms", "--profile", str(profile), "--max-batch-sizes", "8", "--delays", "0ms",
+            "--default", "none", "--sim-duration", "0.5s", "--sim-warmup", "0s", "--iterations", "2",
+            "--json", str(out)]  # fmt: skip
+    for extra, modelled in (([], False), (["--overhead", "0.4ms"], False), (["--per-request-cpu", "0.4ms"], True)):
+        status, stdout, stderr = wok_cli(*argv, *extra)
+        assert status == 0, stderr
+        assert json.loads(out.read_text())["inputs"]["server_cpu_modelled"] is modelled, extra
+        assert (f"WARNING: {NO_CPU_WARNING}\n" in stdout) is not modelled, extra
+        assert ("the batcher's alone, no server CPU modelled)" in stdout) is not modelled, extra
