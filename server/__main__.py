@@ -591,8 +591,17 @@ _SETTING_OPTIONS = {
 def _build(args):
     """Import torch and the server, and load the models: slow, so run on a thread (a signal meanwhile
     stops the start at once). Returns (settings, the repository). The settings are checked
-    before torch is imported (`_settings`): a refused option costs no second of imports."""
+    before torch is imported (`_settings`): a refused option costs no second of imports; and so are
+    the ports (StartError for one the server cannot have)."""
     settings, demo_options = _settings(args)
+    from .ports import check_ports
+
+    try:
+        # Before torch's import and the models' load: a port the server cannot have fails the start in
+        # a second, not after minutes of loading.
+        check_ports(settings)
+    except OSError as exc:
+        raise StartError(f"cannot start: {exc}") from exc
     from .app import build_repository
 
     return settings, build_repository(settings, demo_options)

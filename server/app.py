@@ -41,6 +41,7 @@ from .health import HealthServicer
 from .http import MetricsHTTPServer
 from .loopmon import LoopLagMonitor
 from .metrics import ModelMetrics, WokMetrics
+from .ports import bind_error, bind_refusal, check_ports
 from .repository import ModelRepository
 from .servable import Servable
 from .service import InferenceService, add_to_server, add_tolerant_service
@@ -56,7 +57,8 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 # Past the grace period, how long the answers already decided (the requests that ran, and the
 # UNAVAILABLE of those that did not) get to be handed to gRPC and the streams to end.
 ANSWER_WINDOW_S = 1.0
-_BIND_CAUSES = "the port is in use, or the address is not one of this machine's"
+# A bind gRPC refused though a plain socket binds there now (the port was held and let go meanwhile).
+_BIND_CAUSES = "gRPC refused it, naming no cause (a plain socket binds there now: the port may have been held a moment)"
 
 
 @functools.cache
@@ -165,9 +167,11 @@ class WokServer:
                 *first.onednn_ran,
             )
         elif first.onednn_layers:
+            # The demo encoder: its transformer layers run torch's fused kernels in inference, never their Linears.
             log.info(
-                "%s: its %d linear layer(s) did not take oneDNN in the warm-up (the model runs around them); torch "
-                "runs them",
+                "%s: oneDNN not used: the warm-up called none of its %d linear layer(s), which its forward "
+                "computes another way (as torch's fused transformer kernels do); nothing to do: it runs as with "
+                "--cpu-linear torch",
                 name,
                 first.onednn_layers,
             )
@@ -191,6 +195,9 @@ class WokServer:
                 self.cpu_latency.latency_us,
                 bound,
             )
+        # Before the models' warm-up, which takes minutes for a large one (`wok serve` checks before it loads them
+        # too). Off the loop: a host name resolves there.
+        await loop.run_in_executor(None, check_ports, self.settings)
         for name, servable in self.repository.models.items():
             cfg = servable.config
             # Moving modules to devices and the warm-up batch block; keep them off the loop.
@@ -249,8 +256,8 @@ class WokServer:
                 self.port = self._grpc.add_secure_port(address, credentials)
         except RuntimeError:  # gRPC's own message names no cause
             self.port = 0
-        if self.port == 0:
-            raise OSError(f"cannot bind the gRPC port to {address}: {_BIND_CAUSES}")
+        if self.port == 0:  # taken since check_ports
+            self._bind_failed("gRPC port", self.settings.host, self.settings.grpc_port)
         self.metrics.grpc_port = self.port  # wok_server_info: whose /metrics a scraper reads
         await self._grpc.start()
         # Unary inference only: a stream is accepted once and then carries many requests.
@@ -341,8 +348,16 @@ class WokServer:
         except RuntimeError:
             self.health_port = 0
         if self.health_port == 0:
-            raise OSError(f"cannot bind the health port to {address}: {_BIND_CAUSES}")
+            self._bind_failed("health port", self._health_host, self.settings.health_port)
         await self._health_grpc.start()
+
+    @staticmethod
+    def _bind_failed(what: str, host: str, port: int) -> None:
+        """Raise for a port gRPC refused, with the cause a plain socket meets there (gRPC names none)."""
+        exc = bind_error(host, port)
+        if exc is None:
+            raise OSError(f"cannot bind the {what} to {host_port(host, port)}: {_BIND_CAUSES}")
+        raise OSError(bind_refusal(what, host, port, exc)) from exc
 
     def _grpc_options(self, transport_limit: int) -> list[tuple[str, int]]:
         options = [
@@ -379,7 +394,11 @@ class WokServer:
             return max(0.0, deadline - time.monotonic())
 
         self.draining = True
-        log.info("stopping: draining %d model(s) within %.1f s", len(self.runtimes), grace)
+        # Not for a start that failed before any model loaded (a port it cannot have): nothing to drain,
+        # and its error is the line to read.
+        told = self._started or bool(self.runtimes)
+        if told:
+            log.info("stopping: draining %d model(s) within %.1f s", len(self.runtimes), grace)
         try:
             await self._stop_stages(left)
         finally:
@@ -389,7 +408,8 @@ class WokServer:
                 # Last: the drain's answers are latency-sensitive too.
                 self.cpu_latency.release()
             self._stopped.set()
-        log.info("stopped")
+        if told:
+            log.info("stopped")
 
     async def _stop_stages(self, left) -> None:
         """Stages 1-4 of the stop (the module's docstring); `left()`: seconds of grace left."""

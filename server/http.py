@@ -42,7 +42,6 @@ import functools
 import ipaddress
 import json
 import logging
-import os
 import re
 import socket
 import time
@@ -55,9 +54,9 @@ from prometheus_client import exposition as text_format
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from .admin import Admin, dumps
-from .config import host_port
 from .errors import CUT_NOTE, NAME_CHARS
 from .faults import AdminRequestError
+from .ports import bind_refusal
 from .ratelog import WindowedWarning
 
 log = logging.getLogger("wok.http")
@@ -238,10 +237,7 @@ class MetricsHTTPServer:
             else:
                 self._server = await asyncio.start_server(self._accept, self.host, self.port, limit=MAX_HEADER_BYTES)
         except OSError as exc:
-            address = host_port(self.host, self.port)
-            # A name that does not resolve is a gaierror, whose negative errno strerror cannot name.
-            cause = (os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)).lower()
-            raise OSError(f"cannot bind the metrics port to {address}: {cause}") from exc
+            raise OSError(bind_refusal("metrics port", self.host, self.port, exc)) from exc
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:

@@ -4,6 +4,7 @@ asked, and the answers a batch gets agree either way (to float32 rounding)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 import numpy as np
@@ -67,3 +68,18 @@ def test_wok_serve_says_what_runs_through_onednn_and_takes_the_flag(start_server
     sp_torch.wait_for_line("wok: serving")
     assert not any("oneDNN" in line for line in sp_torch.log)
     assert sp_torch.terminate() == 0
+
+
+async def test_a_model_whose_forward_calls_none_of_its_linears_is_told_as_needing_nothing(serve, caplog):
+    # The encoder's transformer layers run torch's fused kernels in inference, never their Linears. The line
+    # read "did not take oneDNN in the warm-up (the model runs around them)", which left an operator asking
+    # whether something had failed.
+    caplog.set_level(logging.INFO, logger="wok")
+    async with serve(models=("encoder",)) as server:
+        inst = server.runtime("encoder").executor.instances[0]
+        assert inst.onednn_layers == 4 and inst.onednn_ran == (0, 0)
+    said = [r.getMessage() for r in caplog.records if r.name == "wok" and "oneDNN" in r.getMessage()]
+    assert said == [
+        "encoder: oneDNN not used: the warm-up called none of its 4 linear layer(s), which its forward computes "
+        "another way (as torch's fused transformer kernels do); nothing to do: it runs as with --cpu-linear torch"
+    ], said

@@ -781,7 +781,7 @@ async def test_a_port_already_taken_is_named_in_the_error_and_the_exit_status_is
     port, proc = _port_taken_serve
     cases = {
         ("health port", "the port is in use"): {"metrics_port": 0, "health_port": port},
-        ("metrics port", "address already in use"): {"metrics_port": port},
+        ("metrics port", "the port is in use by another socket (EADDRINUSE"): {"metrics_port": port},
         # A host name that does not resolve: its cause in words (it read "unknown error -2").
         "unresolved": {"metrics_port": 0, "metrics_host": "nosuchhost.invalid"},
     }

@@ -1,0 +1,128 @@
+"""A port the server cannot have fails its start before any model loads, naming the address and the cause.
+
+It took its ports only after loading and warming every model (minutes for a large one), then said
+"the port is in use, or the address is not one of this machine's". The model here leaves a marker
+file when it is built and another when it runs (its warm-up): a start that fails on its port must
+leave neither (`wok serve` loads the models; a WokServer, given them loaded, warms them up).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from wok.app import WokServer
+from wok.config import server_settings
+from wok.repository import ModelRepository
+
+from ..conftest import write_python_model
+
+MARKS_ITS_BUILD = textwrap.dedent(
+    """
+    import os
+    from pathlib import Path
+
+    from torch import nn
+
+
+    class Marks(nn.Module):
+        def forward(self, x):
+            Path(os.environ["WOK_TEST_MARKS"], "warmed").write_text("warmed")
+            return x
+
+
+    def build():
+        Path(os.environ["WOK_TEST_MARKS"], "built").write_text("built")
+        return Marks()
+    """
+)
+# TEST-NET-1 (RFC 5737): documentation only, on no machine's interface.
+NOT_HERE = "192.0.2.1"
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch) -> Path:
+    write_python_model(tmp_path / "repo" / "marks", MARKS_ITS_BUILD)
+    (tmp_path / "marks").mkdir()
+    monkeypatch.setenv("WOK_TEST_MARKS", str(tmp_path / "marks"))
+    return tmp_path / "repo"
+
+
+def marks() -> list[str]:
+    return sorted(p.name for p in Path(os.environ["WOK_TEST_MARKS"]).iterdir())
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A loopback port another socket listens on."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        yield busy.getsockname()[1]
+
+
+def _here(address: str) -> bool:
+    try:
+        with socket.socket() as sock:
+            sock.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_wok_serve_with_its_port_taken_exits_before_loading_a_model(repo, held_port):
+    cmd = [sys.executable, "-m", "wok", "serve", "--model-repository", str(repo), "--port", str(held_port)]
+    done = subprocess.run([*cmd, "--metrics-port", "-1"], capture_output=True, text=True, timeout=120)
+    assert marks() == [], done.stderr
+    assert done.returncode == 1, done.stderr
+    said = (
+        f"wok: cannot start: cannot bind the gRPC port to 127.0.0.1:{held_port}: the port is in use by another "
+        f"socket (EADDRINUSE; `ss -ltnp 'sport = :{held_port}'` names its process)"
+    )
+    assert said in done.stderr.splitlines(), done.stderr
+    # Nothing was started, so nothing is drained: the error is the only line about the stop.
+    assert "stopping: draining" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("case", ["gRPC not here", "health taken", "metrics taken", "metrics not here"])
+async def test_a_port_the_server_cannot_have_fails_its_start_before_any_model_loads(repo, held_port, case):
+    if "not here" in case and _here(NOT_HERE):
+        pytest.skip(f"{NOT_HERE} is an address of this machine")
+    values, said = {
+        "gRPC not here": (
+            {"host": NOT_HERE},
+            f"cannot bind the gRPC port to {NOT_HERE}:0: {NOT_HERE} is not one of this machine's addresses "
+            "(EADDRNOTAVAIL)",
+        ),
+        "health taken": (
+            {"health_port": held_port},
+            f"cannot bind the health port to 127.0.0.1:{held_port}: the port is in use by another socket (EADDRINUSE",
+        ),
+        "metrics taken": (
+            {"metrics_port": held_port},
+            f"cannot bind the metrics port to 127.0.0.1:{held_port}: the port is in use by another socket (EADDRINUSE",
+        ),
+        "metrics not here": (
+            {"metrics_host": NOT_HERE},
+            f"cannot bind the metrics port to {NOT_HERE}:0: {NOT_HERE} is not one of this machine's addresses "
+            "(EADDRNOTAVAIL)",
+        ),
+    }[case]
+    settings = server_settings(grpc_port=0, **{"metrics_port": 0, **values}, model_repository=repo)
+    server = WokServer(settings, ModelRepository.from_directory(repo))
+    assert marks() == ["built"]
+    try:
+        with pytest.raises(OSError) as info:
+            await server.start()
+    finally:
+        await server.stop(grace=0)
+    assert marks() == ["built"]  # not warmed up
+    assert server.runtimes == {}
+    assert str(info.value).startswith(said), str(info.value)
