@@ -349,7 +349,9 @@ class _Client:
         async def read() -> None:
             async for response in call:
                 ir = response.infer_response
-                r = self.run.reqs.get(int(ir.id)) if ir.id.isdigit() else None
+                # Not isdigit() alone: it takes digits int() refuses ("²"), and the ValueError ended the
+                # reader and the stream's task. Our ids are ASCII; any other is a stray id (rule 4).
+                r = self.run.reqs.get(int(ir.id)) if ir.id.isascii() and ir.id.isdigit() else None
                 if r is None or r.stream != sid:
                     st.stray_ids.append(ir.id)
                 elif response.error_message:

@@ -43,7 +43,9 @@ that ended the lookups for good, past every guard, and start() raised a cancella
 asked for), or answers what is not a list of addresses ("ip:port", "[v6]:port": a host name,
 say, or an IPv6 address whose scope names no interface here, whose channel would fail every
 call), is logged (logger `wok.balancer`) and treated alike: the lookups go on; at `start()` it
-raises, a ValueError naming the answer for the latter, as for a timeout.
+raises, a ValueError naming the answer for the latter, as for a timeout. One that swallows its
+cancellation (catches CancelledError and awaits on) hung stop() for good: a lookup cancelled is
+waited for CANCEL_GRACE_S (1 s), then left running, logged.
 A lookup again that fails in any other way (a channel gRPC cannot make for a new address, the
 probe of a name's two families raising: out of file descriptors) is logged too, and leaves the
 set as it was until the next lookup: it ended the lookups for good, silently. Each error is
@@ -197,6 +199,10 @@ STOPPED = "the balancer was stopped"
 # through this many times in a row: re-armed at the first, a name whose lookups alternated failing
 # and working was logged at every other lookup, a WARNING and an INFO each time, for good.
 SETTLED_AFTER = 3
+# How long a lookup the balancer cancelled (stop(), a failed start) is waited for. A resolver of one's own
+# that swallows its cancellation (catches CancelledError and awaits on) hung stop() for good; past this,
+# its lookup is left running, logged as stuck.
+CANCEL_GRACE_S = 1.0
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 log = logging.getLogger("wok.balancer")
@@ -516,6 +522,7 @@ class Balancer:
         self._resolver_task: asyncio.Task | None = None
         self._starting: asyncio.Task | None = None  # start()'s lookups
         self._lookups: dict[str, asyncio.Future] = {}  # {name: its resolver's lookup}, until its answer is taken
+        self._stuck: set[asyncio.Future] = set()  # lookups cancelled that outlived CANCEL_GRACE_S, until they end
         self._names = {f"{h}:{p}" for h, p in self.targets if _literal(h) is None}
         self._shown_targets = quoted_name(",".join(_address(h, p) for h, p in self.targets))
         self._logged: dict[tuple[str, str, str], _Logged] = {}  # (stage, name, error type) of errors logged, not over
@@ -567,7 +574,8 @@ class Balancer:
 
     async def stop(self) -> None:
         """Cancel the attempts in flight, start()'s lookups (that start() raises RuntimeError) and the
-        resolver; close every channel, its watcher ending."""
+        resolver; close every channel, its watcher ending. A resolver's lookup still running
+        CANCEL_GRACE_S after its cancellation is left running, logged (`_end_lookup`)."""
         if self._stopped:
             return
         self._stopped = True
@@ -576,16 +584,17 @@ class Balancer:
         while True:
             tasks = [t for t in (self._resolver_task, self._starting) if t is not None and not t.done()]
             tasks += [t for t in self._tasks if not t.done()]
-            # A name's lookup past resolve_timeout_s, left running between lookups (`_lookup`); its
-            # answer, if one came since, read here: unread, "exception was never retrieved".
-            tasks += self._lookups.values()
+            # A name's lookup past resolve_timeout_s, left running between lookups (`_lookup`), ended
+            # apart: the resolver's, it may outlive its cancellation.
+            lookups = list(self._lookups.items())
             self._lookups.clear()
-            if not tasks:
+            if not tasks and not lookups:
                 break
             for t in tasks:
                 if t not in self._closing:  # a channel's close is let finish: it is quick
                     t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            ends = (self._end_lookup(name, lookup) for name, lookup in lookups)
+            await asyncio.gather(*tasks, *ends, return_exceptions=True)
         for r in self.replicas.values():
             if r.readmit is not None:
                 r.readmit.cancel()
@@ -716,10 +725,9 @@ class Balancer:
             # would then look the same as the lookup's own.
             await asyncio.wait([lookup], timeout=timeout)
         except asyncio.CancelledError:  # this task was: the lookup with it, and waited for
-            lookup.cancel()
             if self._lookups.get(name) is lookup:
                 del self._lookups[name]
-            await asyncio.wait([lookup])
+            await self._end_lookup(name, lookup)
             raise
         if not lookup.done():
             raise _NoAnswer(f"the resolver gave no answer within {timeout:g} s (resolve_timeout_s)")
@@ -730,6 +738,33 @@ class Balancer:
             f"target {quoted_name(f'{host}:{port}')}: the resolver's lookup of {quoted_name(host)} ended cancelled, "
             "not by the balancer (the resolver's own CancelledError)"
         )
+
+    async def _end_lookup(self, name: str, lookup: asyncio.Future) -> None:
+        """Cancel a name's lookup and wait for its end, up to CANCEL_GRACE_S: a resolver that swallows
+        its cancellation is left running past it (kept, and logged once), so that stop() ends. Its
+        answer, if one came, is read: unread, "exception was never retrieved"."""
+        lookup.cancel()
+        await asyncio.wait([lookup], timeout=CANCEL_GRACE_S)
+        if lookup.done():
+            if not lookup.cancelled():
+                lookup.exception()
+            return
+        if lookup in self._stuck:  # (stop() and the lookup's own task both wait for it)
+            return
+        self._stuck.add(lookup)
+        lookup.add_done_callback(self._stuck_ended)
+        log.error(
+            "target %s: the resolver's lookup of %s did not end within %g s of its cancellation (a resolver "
+            "that catches CancelledError and goes on); it is left running",
+            quoted_name(name),
+            quoted_name(name.rpartition(":")[0]),
+            CANCEL_GRACE_S,
+        )
+
+    def _stuck_ended(self, lookup: asyncio.Future) -> None:
+        self._stuck.discard(lookup)
+        if not lookup.cancelled():
+            lookup.exception()
 
     def _log_once(
         self,

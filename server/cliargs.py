@@ -18,7 +18,7 @@ TAIL_CHARS = 1024
 
 
 def one_line(message: str) -> str:
-    """A refusal's message as a command prints it: one line of about MESSAGE_CHARS characters at most.
+    """A refusal's message as a command prints it: one line of at most MESSAGE_CHARS characters.
     The user's text it holds is quoted where the message is made (errors.quoted_name); a path, or a
     word argparse shows as given (an unrecognized argument of a script, an ambiguous option), is
     not, and its newline would split the line, its terminal escape reach the terminal, its 100,000
@@ -30,7 +30,7 @@ def one_line(message: str) -> str:
         message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
     if len(message) <= MESSAGE_CHARS:
         return message
-    return f"{cut_message(message, MESSAGE_CHARS - TAIL_CHARS)} …{message[-TAIL_CHARS:]}"
+    return f"{cut_message(message, MESSAGE_CHARS - TAIL_CHARS - 2)} …{message[-TAIL_CHARS:]}"  # 2: the " …" between
 
 
 def _integer(text: str) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import sys
 
 import grpc
 
@@ -169,9 +170,10 @@ def error_line(exc: BaseException) -> str:
 
 
 # A model's error message is shown in a line of the server's log (batcher's FailureLog) and in an
-# /events batch event (admin.py) up to this many bytes, encoded (`encoded_size`), as a client's details
-# are cut (`short_details` in service.py): a model's message of 20 MB made a 20 MB log line, and an event
-# as long; and counted in characters, 4,096 characters that are not ASCII made 24 KB of \uXXXX in an event.
+# /events batch event (admin.py) up to this many bytes, encoded (`encoded_size`), the note of a cut one
+# included, as a client's details are cut (`short_details` in service.py): a model's message of 20 MB made
+# a 20 MB log line, and an event as long; and counted in characters, 4,096 characters that are not ASCII
+# made 24 KB of \uXXXX in an event.
 MESSAGE_BYTES = 4096
 # The bound in characters that MESSAGE_BYTES implies (each character is at least a byte), by the name
 # its callers import (cliargs' one_line, batcher's FailureLog).
@@ -194,9 +196,19 @@ def encoded_size(char: str) -> int:
     return 6 if char < "\U00010000" else 12
 
 
+def _note_bytes(length: int) -> int:
+    return len(CUT_NOTE.format(length)) + 5  # all ASCII but the ellipsis, 6 bytes as \u2026
+
+
+# The most bytes a cut's note takes (`encoded_size`): for the longest str Python can hold. The least size
+# `cut_message` takes, so that its bound holds for every message.
+NOTE_BYTES = _note_bytes(sys.maxsize)
+
+
 def cut_at(message: str, end: int) -> str:
     """`message` whole when `end` reaches its end, else its first `end` characters and its length
-    (CUT_NOTE): for a caller that counted where to cut by its own measure (service's short_details)."""
+    (CUT_NOTE), the note past `end`: for a caller that counted where to cut by its own measure, leaving
+    room for the note (service's short_details)."""
     if len(message) <= end:
         return message
     return message[:end] + CUT_NOTE.format(len(message))
@@ -204,16 +216,25 @@ def cut_at(message: str, end: int) -> str:
 
 def cut_message(message: str, size: int = MESSAGE_BYTES) -> str:
     """`message` whole when it takes at most `size` bytes encoded (`encoded_size`), else its longest
-    start that does and its length: 'yyy… (3,000,032 characters in all)' (CUT_NOTE)."""
+    start that takes at most `size` bytes with its length after it: 'yyy… (3,000,032 characters in all)'
+    (CUT_NOTE), note included. `size` is at least NOTE_BYTES (ValueError)."""
+    if size < NOTE_BYTES:
+        raise ValueError(f"size: expected at least {NOTE_BYTES} bytes, the longest note's, got {size}")
     start = message[:size]  # at least a byte a character: no more can fit
     if start.isascii() and start.isprintable() and '"' not in start and "\\" not in start:
-        return cut_at(message, size)  # a byte each: the usual case, no count
+        # A byte each: the usual case, no count.
+        return message if len(message) <= size else cut_at(message, size - _note_bytes(len(message)))
+    room = size - _note_bytes(len(message))
     used = 0
-    for end, char in enumerate(start):
+    end = None  # the longest start that fits beside the note, once the message is known not to fit whole
+    for i, char in enumerate(start):
         used += encoded_size(char)
+        if end is None and used > room:
+            end = i
         if used > size:
             return cut_at(message, end)
-    return cut_at(message, len(start))
+    # Each character fitted: whole when that was all of it; else the start took a byte each, past room.
+    return message if len(message) <= size else cut_at(message, end)
 
 
 # A name or id a request sent is shown in a message up to this many characters: generous for a real

@@ -473,13 +473,13 @@ LONG_SHOWN = f"'{'t' * 200}'… (100,000 characters in all)"
         (
             "t.jsonl",
             '{"timestamp": 0}\n{"timestamp": [' + ", ".join(["1"] * 30_000) + "]}\n",
-            f"t.jsonl:2: timestamp {str([1] * 30_000)[:200]}… (90,000 characters in all) is neither seconds nor "
+            f"t.jsonl:2: timestamp {str([1] * 30_000)[:167]}… (90,000 characters in all) is neither seconds nor "
             "an ISO 8601 time",
         ),
         (
             "t.jsonl",
             '{"timestamp": 0}\n{"timestamp": 1, "size": {"n": "' + LONG + '"}}\n',
-            f"t.jsonl:2: size {{'n': '{'t' * 193}… (100,009 characters in all) is not an integer >= 0",
+            f"t.jsonl:2: size {{'n': '{'t' * 159}… (100,009 characters in all) is not an integer >= 0",
         ),
         # A header's names as the file gives them, however many and however long.
         ("t.csv", f"{LONG},size\n1,2\n", f"t.csv: CSV header must have a 'timestamp' column; got {LONG_SHOWN}, 'size'"),
@@ -502,7 +502,8 @@ LONG_SHOWN = f"'{'t' * 200}'… (100,000 characters in all)"
 )
 def test_a_trace_files_cell_is_shown_quoted_and_cut(tmp_path, name, text, message):
     """Shown as repr writes them, whole: a cell of 100,000 characters (or a JSON array of 30,000
-    numbers) made a refusal as long, cut only by the command's line limit, and a header's names bare."""
+    numbers) made a refusal as long, cut only by the command's line limit, and a header's names bare. A
+    value that is no string is cut to 200 bytes (errors.cut_message), its note included."""
     p = tmp_path / name
     p.write_text(text)
     with pytest.raises(ValueError) as e:

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2
 
-from wok.clients import TLS, AsyncClient, InferError
+from wok.clients import TLS, AsyncClient, InferError, balancer
 from wok.clients.balancer import SETTLED_AFTER, Balancer, BalancerSettings, merge_stats, split_targets
 from wok.errors import CUT_NOTE
 from wok.v2pb import grpc_service_pb2 as pb
@@ -2006,6 +2006,115 @@ async def test_stop_while_start_looks_up_ends_start_and_makes_no_channel():
             bal._resolver_task.cancel()
         for r in bal.replicas.values():
             await r.channel.close()
+
+
+class Stubborn:
+    """A resolver that swallows its cancellation: it catches CancelledError and waits on, until `release`
+    is set. Answers `answer` at once while `hang` is false."""
+
+    def __init__(self, answer: list[str], hang: bool = True) -> None:
+        self.answer, self.hang = answer, hang
+        self.looking, self.cancelled, self.release, self.ended = (asyncio.Event() for _ in range(4))
+
+    async def __call__(self, host: str, port: int) -> list[str]:
+        if not self.hang:
+            return list(self.answer)
+        self.looking.set()
+        try:
+            while not self.release.is_set():
+                try:
+                    await self.release.wait()
+                except asyncio.CancelledError:
+                    self.cancelled.set()
+            return list(self.answer)
+        finally:
+            self.ended.set()
+
+
+class Told(logging.Handler):
+    """`event` is set once wok.balancer logs a message starting with `start`."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start, self.event = start, asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(self.start):
+            self.event.set()
+
+
+STUCK = (
+    "target 'svc:8001': the resolver's lookup of 'svc' did not end within 0.05 s of its cancellation (a resolver "
+    "that catches CancelledError and goes on); it is left running"
+)
+
+
+async def stops_alone(bal: Balancer, resolver: Stubborn) -> bool:
+    """Whether bal.stop() returns while the resolver still hangs (10 s: room for a loaded host). If not,
+    the resolver is released so that the test ends: a timeout's cancellation it would swallow too."""
+    stopping = asyncio.create_task(bal.stop())
+    done, _ = await asyncio.wait([stopping], timeout=10)
+    if not done:
+        resolver.release.set()
+        await stopping
+    return bool(done)
+
+
+async def _release(resolver: Stubborn, bal: Balancer) -> None:
+    """Let the stuck lookup end; its answer is read, and the balancer lets it go."""
+    stuck = list(bal._stuck)
+    resolver.release.set()
+    await asyncio.wait_for(resolver.ended.wait(), 10)
+    if stuck:
+        await asyncio.wait(stuck)
+    assert bal._stuck == set()
+
+
+async def test_stop_gives_up_on_a_resolver_that_swallows_its_cancellation_as_start_looks_up(monkeypatch, caplog):
+    """A lookup cancelled (stop() as start() looked the names up) was waited for without bound: a resolver
+    that catches CancelledError and awaits on hung stop(), and start(), for good. Now after CANCEL_GRACE_S
+    it is left running, logged."""
+    monkeypatch.setattr(balancer, "CANCEL_GRACE_S", 0.05)
+    caplog.set_level(logging.WARNING, logger="wok.balancer")
+    resolver = Stubborn(["127.0.0.1:1"])
+    bal = Balancer("dns:///svc:8001", settings=settings(), resolver=resolver)
+    start = asyncio.create_task(bal.start())
+    try:
+        await resolver.looking.wait()
+        assert await stops_alone(bal, resolver)
+        with pytest.raises(RuntimeError, match=r"^targets 'svc:8001': stop\(\) was called while start\(\) looked"):
+            await start
+        assert resolver.cancelled.is_set() and not resolver.ended.is_set()
+        assert [r.getMessage() for r in balancer_log(caplog)] == [STUCK]
+        assert bal.replicas == {}
+    finally:
+        await _release(resolver, bal)
+        start.cancel()
+
+
+async def test_stop_gives_up_on_a_lookup_left_running_that_swallows_its_cancellation(monkeypatch, caplog):
+    """A name's lookup past resolve_timeout_s is left running between lookups, and stop() cancels it:
+    it waited for it without bound, and a resolver that swallows its cancellation hung stop() for good."""
+    monkeypatch.setattr(balancer, "CANCEL_GRACE_S", 0.05)
+    caplog.set_level(logging.WARNING, logger="wok.balancer")
+    told = Told("target 'svc:8001': the resolver gave no answer within 0.05 s")
+    logging.getLogger("wok.balancer").addHandler(told)
+    resolver = Stubborn(["127.0.0.1:1"], hang=False)
+    # A lookup again every 0.2 s: stop() comes as the lookup that timed out sleeps until the next.
+    bal = Balancer("dns:///svc:8001", settings=settings(resolve_every_s=0.2, resolve_timeout_s=0.05), resolver=resolver)
+    try:
+        await bal.start()
+        resolver.hang = True
+        await asyncio.wait_for(told.event.wait(), 10)
+        assert list(bal._lookups) == ["svc:8001"]  # left running
+        assert await stops_alone(bal, resolver)
+        assert resolver.cancelled.is_set() and not resolver.ended.is_set()
+        assert [r.getMessage() for r in balancer_log(caplog)][1:] == [STUCK]
+        assert bal._resolver_task.done()
+    finally:
+        logging.getLogger("wok.balancer").removeHandler(told)
+        await _release(resolver, bal)
+        await bal.stop()
 
 
 async def test_start_after_stop_raises_and_makes_no_channel():

@@ -332,7 +332,7 @@ async def test_a_refused_body_is_shown_cut_not_whole():
     sim = SimBackend(LoadControl(100), model)
     args = argparse.Namespace(instances=2, max_batch_size=32, device="cpu", torch_threads=1)
     live = LiveDemo(LoadControl(0), args, delay_s=0.005, slo_s=0.05)
-    cut = "[" + ", ".join(["0"] * 67) + "… (90,000 characters in all)"
+    cut = "[" + ", ".join(["0"] * 56) + "… (90,000 characters in all)"  # 200 bytes, the note's 33 included
     try:
         refusals = [
             (LoadControl(100).set, BIG_BODY, f"body: expected a JSON object, got {cut}"),

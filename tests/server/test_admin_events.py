@@ -143,7 +143,7 @@ class Loud(nn.Module):
 
 async def test_a_failed_batchs_error_is_cut_in_its_event_as_in_the_log_line():
     """The batch event carried the model's message whole: one of megabytes went out in one event to
-    each /events subscriber. Cut as the server's WARNING for the failed batch is (4,096 characters)."""
+    each /events subscriber. Cut as the server's WARNING for the failed batch is (to 4,096 bytes)."""
     servable = Servable(four_wide_config("loud", max_batch_size=1), Loud())
     server = WokServer(server_settings(grpc_port=0, metrics_port=0, admin=True), ModelRepository([servable], "test"))
     await server.start()
@@ -163,5 +163,6 @@ async def test_a_failed_batchs_error_is_cut_in_its_event_as_in_the_log_line():
         await server.stop(grace=5.0)
     event = json.loads(line[6:])
     message = "model 'loud' failed: ValueError: " + "y" * 100_000
-    assert (event["ok"], event["error"]) == (False, f"{message[:4096]}… ({len(message):,} characters in all)")
+    # 4,096 bytes as the event's JSON writes it, its note (34 bytes, the ellipsis \u2026) included.
+    assert (event["ok"], event["error"]) == (False, f"{message[: 4096 - 34]}… ({len(message):,} characters in all)")
     assert len(line) < 5_000, len(line)

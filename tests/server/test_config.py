@@ -863,16 +863,17 @@ SPACED = "X" * 1000 + " "
             "max_batch_size",
             f"Input should be a valid integer (got '{'9' * 200}'… (1,000 characters in all))",
         ),
-        # A list's repr, whole: a config's list of 20,000 numbers made a refusal of 129 KB.
+        # A list's repr, whole: a config's list of 20,000 numbers made a refusal of 129 KB. Cut to
+        # NAME_CHARS bytes, its note (34 bytes as JSON writes it, 33 for 60,000) included.
         (
             {"max_batch_size": list(range(20_000))},
             "max_batch_size",
-            f"Input should be a valid integer (got {str(list(range(20_000)))[:200]}… (128,890 characters in all))",
+            f"Input should be a valid integer (got {str(list(range(20_000)))[:166]}… (128,890 characters in all))",
         ),
         (
             {"inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [0] * 20_000}]},
             "inputs.0.dims",
-            f"each dim must be -1 (variable) or >= 1; got {str([0] * 20_000)[:200]}… (60,000 characters in all)",
+            f"each dim must be -1 (variable) or >= 1; got {str([0] * 20_000)[:167]}… (60,000 characters in all)",
         ),
     ],
     ids=["quote", "long-name", "long-tensor-name", "backslash", "device", "long-value", "long-list", "long-dims"],

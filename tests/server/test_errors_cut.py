@@ -22,28 +22,63 @@ MESSAGE_BYTES = 4096  # errors.MESSAGE_BYTES, as docs/demo.md gives it: the boun
 )
 def test_a_message_is_cut_to_its_size_as_an_event_encodes_it(char):
     """4,096 characters that are not ASCII made 24 KB of \\uXXXX in an event (48 KB beyond the
-    Basic Multilingual Plane), for a bound meant as 4 KB."""
+    Basic Multilingual Plane), for a bound meant as 4 KB; and the note came on top of the bound."""
     message = "model 'm' failed: ValueError: " + char * 10_000
     cut = cut_message(message)
-    assert len(dumps({"error": cut})) < MESSAGE_BYTES + 100, len(dumps({"error": cut}))
-    assert len(cut.encode()) <= MESSAGE_BYTES + 100  # the log line's UTF-8 too
+    assert len(dumps({"error": cut})) == len(dumps({"error": ""})) + json_bytes(cut)
+    assert json_bytes(cut) <= MESSAGE_BYTES, json_bytes(cut)  # the note included
+    assert len(cut.encode()) <= MESSAGE_BYTES  # the log line's UTF-8 too
     start, _, note = cut.rpartition("… (")
     assert message.startswith(start)
-    assert len(json.dumps(start)) - 2 <= MESSAGE_BYTES  # the start, as the event's JSON writes it
-    # And no shorter than it need be: one character more would not fit.
-    assert len(json.dumps(message[: len(start) + 1])) - 2 > MESSAGE_BYTES
+    # And no shorter than it need be: one character more would not fit beside the note.
+    assert json_bytes(message[: len(start) + 1] + cut[len(start) :]) > MESSAGE_BYTES
     assert note == f"{len(message):,} characters in all)"
     assert errors.MESSAGE_BYTES == MESSAGE_BYTES
 
 
-def test_a_message_that_fits_is_whole_and_ascii_is_cut_at_its_size():
+def test_a_message_that_fits_is_whole_and_one_that_does_not_is_cut_to_its_size_note_and_all():
     assert cut_message("é" * 682) == "é" * 682  # 4,092 bytes as \u00e9
     assert cut_message("x" * MESSAGE_BYTES) == "x" * MESSAGE_BYTES
-    assert cut_message("x" * 5000) == "x" * MESSAGE_BYTES + "… (5,000 characters in all)"
-    assert cut_message("x" * 300, 200) == "x" * 200 + "… (300 characters in all)"
+    # The note, "… (5,000 characters in all)", is 32 bytes as JSON writes it (the ellipsis \u2026).
+    assert cut_message("x" * (MESSAGE_BYTES + 1)) == "x" * (MESSAGE_BYTES - 32) + "… (4,097 characters in all)"
+    assert cut_message("x" * 5000) == "x" * (MESSAGE_BYTES - 32) + "… (5,000 characters in all)"
+    assert cut_message("x" * 300, 200) == "x" * (200 - 30) + "… (300 characters in all)"
+    assert cut_message("é" * 683) == "é" * 677 + "… (683 characters in all)"  # 4,062 + 30 bytes
+
+
+def json_bytes(text: str) -> int:
+    """The bytes `text` takes in a JSON string as admin.dumps writes it (ASCII), quotes left out."""
+    return len(json.dumps(text)) - 2
+
+
+@pytest.mark.parametrize("size", [64, 100, 200, 201, MESSAGE_BYTES])
+@pytest.mark.parametrize("fill", ["x", "é", "\U0001f600", 'a"', "ab\n", "日x"], ids=repr)
+def test_a_cut_message_takes_at_most_its_size_at_every_length_past_it(size, fill):
+    """At the boundary: each length from the last that fits whole to 20 characters past it, and one
+    whose note is longer, in ASCII, in 6- and 12-byte characters and in 2-byte escapes."""
+    whole = fill * (size + 20)
+    fits = max(n for n in range(len(whole) + 1) if json_bytes(whole[:n]) <= size)
+    for message in [whole[:n] for n in range(fits, fits + 21)] + [fill * 600_000]:
+        cut = cut_message(message, size)
+        assert json_bytes(cut) <= size, (len(message), cut)
+        if json_bytes(message) <= size:
+            assert cut == message
+            continue
+        note = f"… ({len(message):,} characters in all)"
+        assert cut.endswith(note) and message.startswith(cut.removesuffix(note))
+        start = len(cut) - len(note)
+        assert json_bytes(message[: start + 1] + note) > size, (len(message), cut)  # no shorter than need be
+
+
+def test_a_size_that_cannot_hold_the_longest_note_is_refused():
+    # "… (9,223,372,036,854,775,807 characters in all)": 52 bytes, the longest note a str's length makes.
+    assert errors.NOTE_BYTES == 52
+    assert cut_message("x" * 100, errors.NOTE_BYTES) == "x" * (52 - 30) + "… (100 characters in all)"
+    with pytest.raises(ValueError, match="size: expected at least 52 bytes, the longest note's, got 51"):
+        cut_message("x", 51)
 
 
 def test_every_cut_ends_alike():
     """Three styles for one cut: `'…'... (N bytes in all)` (the HTTP ports), `'…'… (N characters in
     all)` (a name), `…… (cut: N characters in all)` (a message)."""
-    assert cut_message("m" * 300, 200).removeprefix("m" * 200) == quoted_name("m" * 300).removeprefix(f"'{'m' * 200}'")
+    assert cut_message("m" * 300, 200).lstrip("m") == quoted_name("m" * 300).removeprefix(f"'{'m' * 200}'")
