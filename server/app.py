@@ -4,7 +4,8 @@ Stop (SIGTERM/SIGINT/SIGHUP, or `stop()`), in order, within the grace period:
   1. health turns NOT_SERVING and new inference calls get UNAVAILABLE;
   2. each batcher runs what is queued and in flight (flush reason "drain");
   3. every handler hands its answer to gRPC and each open stream, having written the answers it
-     owes, ends with UNAVAILABLE "server is shutting down"; then the gRPC server stops;
+     owes, ends with UNAVAILABLE "server is shutting down"; once gRPC has written the unary
+     inference answers (`InferenceService.answers_written`), the gRPC server stops;
   4. the executors' threads end;
   5. a CPU wake-up latency request (`cpu_wakeup_latency_us`) is dropped.
 If the grace period runs out, what is still queued or in a batch that has not finished fails
@@ -436,10 +437,17 @@ class WokServer:
             # open streams write theirs and end (UNAVAILABLE) rather than be cut by gRPC's stop.
             # Past the grace period this still gets ANSWER_WINDOW_S.
             self.service.close_streams()
+            # One window for both: the answers handed to gRPC, then written by it.
+            window_end = time.monotonic() + max(left(), ANSWER_WINDOW_S)
+
+            def window() -> float:
+                return max(0.0, window_end - time.monotonic())
+
             try:
-                await asyncio.wait_for(self.service.idle(), timeout=max(left(), ANSWER_WINDOW_S))
+                await asyncio.wait_for(self.service.idle(), timeout=window())
             except asyncio.TimeoutError:
                 log.warning("grace period over with %d request(s) still being answered", self.service.active)
+            await self.service.answers_written(window)
         if self._health is not None:
             # Watchers have had NOT_SERVING since stage 1; an open Watch would hold gRPC's stop.
             await self._health.end_watches()

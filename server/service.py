@@ -329,6 +329,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._idle = asyncio.Event()
         self._idle.set()
         self.closing = False  # set by close_streams()
+        # ModelInfer calls whose answer gRPC has not written yet: it writes it after the handler
+        # returns, as HTTP/2 flow control lets it (answers_written).
+        self.unwritten = 0
+        self._written = asyncio.Event()
         # Set by the server as gRPC's stop ends the calls still open (a stream whose client reads
         # no more): what they never wrote counts UNAVAILABLE, as those clients see the end.
         self.cutting = False
@@ -387,6 +391,37 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             self._idle.set()
         if self.closing:
             self._changed.set()
+
+    def _answer_written(self, _context) -> None:
+        self.unwritten -= 1
+        self._written.set()
+
+    async def answers_written(self, window: Callable[[], float]) -> None:
+        """Return once gRPC has written the answer of every ModelInfer call, or none of them has been
+        written for STREAM_STALL_S (their clients read no more), or `window()` (seconds left) has run out.
+
+        gRPC's stop must not begin before: it sends GOAWAY and a ping, and once the ping is acknowledged
+        its core closes a connection as soon as its last call ends. An answer still held by HTTP/2 flow
+        control is written after that exchange, while its client acknowledges what it reads
+        (WINDOW_UPDATE, BDP pings); the close then finds those frames unread, and Linux answers a close
+        with unread input with a TCP reset, which drops what is still in the socket's send queue: the
+        client gets UNAVAILABLE "Connection reset by peer" for answers the server had written
+        (docs/reliability.md, "A graceful stop: what gRPC can lose"). Written before the stop begins,
+        every answer is ahead of the GOAWAY and the ping on the connection.
+        A call counts as written when grpc.aio runs its done callbacks (`add_done_callback`, at the end
+        of the task that ran the handler and then wrote the message and the status); a slow reader
+        completes an answer at least every STREAM_STALL_S and is waited for, as a stream's is."""
+        while self.unwritten:
+            self._written.clear()
+            try:
+                await asyncio.wait_for(self._written.wait(), timeout=min(STREAM_STALL_S, window()))
+            except asyncio.TimeoutError:
+                log.warning(
+                    "%d unary answer(s) not written by gRPC %s: gRPC's stop may cut them",
+                    self.unwritten,
+                    f"for {STREAM_STALL_S:.1f} s (their clients read no more)" if window() else "in the grace period",
+                )
+                return
 
     def close_streams(self) -> None:
         """At the stop, once every accepted request has its result: each open stream stops reading,
@@ -567,6 +602,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         if self._handler_started is not None:
             self._handler_started()
+        self.unwritten += 1
+        context.add_done_callback(self._answer_written)
         if isinstance(request, Unparsed):
             self.server.metrics.unparsed_requests += 1
             self._refuse_unmodeled(request.error, context.time_remaining)

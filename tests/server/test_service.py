@@ -502,6 +502,9 @@ class _PastDeadline:
     def time_remaining(self) -> float:
         return 0.0
 
+    def add_done_callback(self, callback) -> None:
+        callback(self)  # no answer for gRPC to write
+
     async def abort(self, code, details):  # pragma: no cover - reached only by the bug tested
         raise AssertionError(f"answered {code.name} after the deadline passed: {details}")
 
