@@ -173,7 +173,7 @@ def error_line(exc: BaseException) -> str:
 # /events batch event (admin.py) up to this many bytes, encoded (`encoded_size`), the note of a cut one
 # included, as a client's details are cut (`short_details` in service.py): a model's message of 20 MB made
 # a 20 MB log line, and an event as long; and counted in characters, 4,096 characters that are not ASCII
-# made 24 KB of \uXXXX in an event.
+# made 24 KB of JSON \u escapes (6 bytes a character) in an event.
 MESSAGE_BYTES = 4096
 # The bound in characters that MESSAGE_BYTES implies (each character is at least a byte), by the name
 # its callers import (cliargs' one_line, batcher's FailureLog).

@@ -43,6 +43,7 @@ from wok.bench.faults import (
     print_faults,
 )
 from wok.bench.runner import status_name
+from wok.ports import bind_error
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -889,17 +890,6 @@ def test_a_replica_on_ipv6_whose_metrics_host_is_another_is_reached_at_both():
         replica.kill()
 
 
-def _binds(host: str) -> bool:
-    import socket
-
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.bind((host, 0))
-        return True
-    except OSError:
-        return False
-
-
 # A ramp on one replica with a server-side fault: its gRPC port and its admin API are both used.
 IPV6_RAMP = ["bench", "ramp", "--replicas", "1", "--serve-args", "--models mlp --torch-threads 1", "--workers", "1"]
 IPV6_RAMP += ["--steps", "20", "--step-duration", "1s", "--warmup", "0.2s", "--metrics-url", "none"]
@@ -917,7 +907,7 @@ def _assert_ramped_on_ipv6(proc: subprocess.CompletedProcess, out: Path) -> None
     )
 
 
-@pytest.mark.skipif(not _binds("::1"), reason="this machine has no IPv6 loopback (::1)")
+@pytest.mark.skipif(bind_error("::1", 0) is not None, reason="this machine has no IPv6 loopback (::1)")
 def test_replicas_on_the_ipv6_loopback(tmp_path):
     """--replica-host ::1: the replicas' gRPC port and, with no --metrics-host in --serve-args, their HTTP port
     (the admin API the slow fault goes to) bind ::1. The replicas were pinned to --host 127.0.0.1, and

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from wok.demo.cli import popen_wok, wait_for_patterns
+from wok.ports import bind_error
 
 CHROMIUM = Path("/usr/bin/chromium")
 PAGE = re.compile(r"wok demo: page at (http://\S+)")
@@ -259,12 +260,7 @@ def held_address() -> Iterator[HeldAddress]:
 
 def ipv6_loopback() -> bool:
     """Whether this machine can bind ::1 (a container may have no IPv6)."""
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
+    return bind_error("::1", 0) is None
 
 
 async def exchange(port: int, request: bytes) -> tuple[bytes, bytes]:

@@ -21,7 +21,7 @@ MESSAGE_BYTES = 4096  # errors.MESSAGE_BYTES, as docs/demo.md gives it: the boun
     ids=["latin-1", "cjk", "astral", "escape", "quote", "backslash", "newline"],
 )
 def test_a_message_is_cut_to_its_size_as_an_event_encodes_it(char):
-    """4,096 characters that are not ASCII made 24 KB of \\uXXXX in an event (48 KB beyond the
+    """4,096 characters that are not ASCII made 24 KB of JSON \\u escapes in an event (48 KB beyond the
     Basic Multilingual Plane), for a bound meant as 4 KB; and the note came on top of the bound."""
     message = "model 'm' failed: ValueError: " + char * 10_000
     cut = cut_message(message)
