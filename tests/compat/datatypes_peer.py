@@ -24,7 +24,7 @@ import tritonclient.grpc.aio as aioclient
 
 # From the script's own folder, which Python puts first on sys.path: numpy only, no wok.
 from datatype_values import CASES, MODEL, TOGETHER, TYPES, case_inputs
-from peer_common import describe, main, tritonclient_version
+from peer_common import describe, finish, main, tritonclient_version, wok_imported
 from tritonclient.utils import triton_to_np_dtype
 
 # Generous, so a slow 2-core machine is not mistaken for a broken server.
@@ -256,18 +256,10 @@ class Peer:
         finally:
             client.close()
         # A wok import here would make this something other than a Triton user's process.
-        self.report["wok_imported"] = any(m == "wok" or m.startswith("wok.") for m in sys.modules)
+        self.report["wok_imported"] = wok_imported()
         if self.report["wok_imported"]:
             self.fail("isolation", "the peer process imported wok")
-        failed = [c for c in self.report["calls"] if not c["ok"]]
-        self.report["ok"] = not failed
-        self.write()
-        if failed:
-            print(f"datatypes_peer: {len(failed)} call(s) failed:", file=sys.stderr)
-            for c in failed:
-                print(f"  {c['call']}: {c['error']}", file=sys.stderr)
-            return 1
-        return 0
+        return finish(self, "datatypes_peer", lambda c: f"{c['call']}: {c['error']}")
 
     def write(self) -> None:
         (self.outdir / "report.json").write_text(json.dumps(self.report, indent=1, sort_keys=True))

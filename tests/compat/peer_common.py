@@ -25,6 +25,24 @@ def tritonclient_version() -> str | None:
         return None
 
 
+def wok_imported() -> bool:
+    """Whether this process has imported wok: a peer must be a Triton user's process, with nothing of wok."""
+    return any(m == "wok" or m.startswith("wok.") for m in sys.modules)
+
+
+def finish(peer, name: str, shown) -> int:
+    """The end of a peer's run: its report's verdict written, each failed call printed (`shown(call)`); 0 or 1."""
+    failed = [c for c in peer.report["calls"] if not c["ok"]]
+    peer.report["ok"] = not failed
+    peer.write()
+    if failed:
+        print(f"{name}: {len(failed)} call(s) failed:", file=sys.stderr)
+        for c in failed:
+            print(f"  {shown(c)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(peer_class, argv: list[str], name: str) -> int:
     """Run `peer_class(TARGET, OUTDIR).run()`; a crash is written into its report and exits 1."""
     if len(argv) != 3:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
-from peer_common import describe, main, tritonclient_version
+from peer_common import describe, finish, main, tritonclient_version, wok_imported
 from tritonclient.utils import InferenceServerException
 
 MODELS = ("mlp", "recsys", "encoder")
@@ -406,18 +406,10 @@ class Peer:
         finally:
             client.close()
         # The whole point of a separate process: a wok import here would hide a clash.
-        self.report["wok_imported"] = any(m == "wok" or m.startswith("wok.") for m in sys.modules)
+        self.report["wok_imported"] = wok_imported()
         if self.report["wok_imported"]:
             self.fail("isolation", None, "the peer process imported wok")
-        failed = [c for c in self.report["calls"] if not c["ok"]]
-        self.report["ok"] = not failed
-        self.write()
-        if failed:
-            print(f"triton_peer: {len(failed)} call(s) failed:", file=sys.stderr)
-            for c in failed:
-                print(f"  {c['call']} ({c['model']}): {c['error']}", file=sys.stderr)
-            return 1
-        return 0
+        return finish(self, "triton_peer", lambda c: f"{c['call']} ({c['model']}): {c['error']}")
 
     def write(self) -> None:
         (self.outdir / "report.json").write_text(json.dumps(self.report, indent=2, sort_keys=True))
