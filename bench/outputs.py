@@ -8,11 +8,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import platform
 import re
 import secrets
 import select
 import shutil
 import stat
+import struct
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -67,6 +69,8 @@ def _create_problem(folder: Path) -> str | None:
 
     os.access answers for the permissions alone: for root it passes /proc, whose files cannot be
     created whatever they say, and a filesystem that refuses new files for its own reasons."""
+    if _append_only(folder):
+        return None  # files can be made there but none removed: the probe would stay
     try:
         fd, name = tempfile.mkstemp(prefix=".wok-probe-", dir=folder)
     except OSError as exc:
@@ -156,7 +160,7 @@ def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
     process (/dev/stdout, /dev/fd/N) gets the whole text written to that descriptor, where it is.
     Written in place as before, unreplaced: what is not a regular file (/dev/null, a pipe), a file
     with other hard links (they would keep the old text), another path in /dev or /proc, and a
-    file in a folder that takes no new file. `parents_made`: the
+    file in a folder that takes no new file or removes none (append-only). `parents_made`: the
     folder is made first if missing (as `output_problem` allows). A writer must write its file:
     one that wrote nothing would leave an empty one."""
     given = real = Path(path)
@@ -196,6 +200,8 @@ def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
             # rename would replace it all the same; the error is the open's own.
             os.close(os.open(given, os.O_WRONLY))
         real = Path(os.path.realpath(given))
+        if not in_place and _append_only(real.parent):
+            in_place = True  # a file made beside it could be neither renamed over it nor removed
         if not in_place:
             try:
                 part, mode = _make_beside(real, st, keep_suffix)
@@ -220,7 +226,8 @@ def replacing(path: Path, parents_made: bool = False, keep_suffix: bool = True):
             os.replace(part, real)
         except OSError as exc:
             # The file takes no rename (bind-mounted: EBUSY, EXDEV; another's in a sticky folder, an
-            # append-only folder: EPERM): written in place, as before, from the whole new text.
+            # append-only folder whose flag `_append_only` cannot read: EPERM): written in place, as
+            # before, from the whole new text.
             if st is None or exc.errno not in (errno.EBUSY, errno.EXDEV, errno.EPERM, errno.EACCES):
                 raise
             with open(part, "rb") as src, open(real, "wb") as dst:
@@ -303,6 +310,35 @@ def _write_descriptor(fd: int, data: bytes) -> None:
             poll = select.poll()  # not select.select: it refuses descriptors from 1024 up
             poll.register(fd, select.POLLOUT)
             poll.poll()
+
+
+# FS_IOC_GETFLAGS (linux/fs.h: _IOR('f', 1, long)) in the ioctl encoding of most architectures; those
+# that encode the direction otherwise would read it as another request (powerpc's: FS_IOC_SETFLAGS).
+_FS_IOC_GETFLAGS = (2 << 30) | (struct.calcsize("l") << 16) | (ord("f") << 8) | 1
+_FS_APPEND_FL = 0x20
+_OTHER_IOCTL_ENCODING = ("alpha", "mips", "parisc", "ppc", "sparc")
+
+
+def _append_only(folder: Path) -> bool:
+    """Whether `folder` is append-only (Linux's `chattr +a`): a file made in it can be neither
+    renamed nor removed. False where that cannot be read (another system or architecture, a file
+    system without the flags, a folder not open for reading)."""
+    if sys.platform != "linux" or platform.machine().startswith(_OTHER_IOCTL_ENCODING):
+        return False
+    import fcntl
+
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    flags = bytearray(8)  # the kernel writes an int into it, at its start
+    try:
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags)
+    except OSError:  # ENOTTY, EINVAL, EOPNOTSUPP: a file system without these flags
+        return False
+    finally:
+        os.close(fd)
+    return bool(struct.unpack_from("i", flags)[0] & _FS_APPEND_FL)
 
 
 def _make_beside(path: Path, st: os.stat_result | None, keep_suffix: bool) -> tuple[Path, int]:

@@ -317,11 +317,11 @@ class Forwarding:
     command's guard (PASS_GUARD) kills its group, and the command dies with bootstrap before the guard
     runs. `stopped` holds the signals that came; what they stop is the caller's to decide.
 
-    The signals it handles are let through while in use, and so to the commands, which inherit the
-    mask: a caller that started bootstrap with them blocked (a leftover of its own signal handling;
-    ignoring one, as nohup, is the way to keep it out) would leave bootstrap's handlers and the command's
-    own (pytest's on SIGINT) never called, and the command running on. One sent to bootstrap while it
-    was blocked comes as they are let through."""
+    The signals it passes on, ignored ones too, are let through while in use, and so to the commands,
+    which inherit the mask: a caller that started bootstrap with them blocked (a leftover of its own
+    signal handling; ignoring one, as nohup, is the way to keep it out) would leave bootstrap's handlers
+    and the command's own (pytest's on SIGINT, a `wok serve` it starts) never called, and the command
+    running on. One sent to bootstrap while it was blocked comes as they are let through."""
 
     def __init__(self) -> None:
         self.stopped: list[int] = []
@@ -335,7 +335,10 @@ class Forwarding:
             handlers[signal.SIGTSTP] = self._suspend
         self._previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
         if hasattr(signal, "pthread_sigmask"):  # after the handlers: a pending one comes here, to them
-            self._mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, self._previous)
+            # The ignored ones too, as hand_over does: the commands inherit the mask, and one held back
+            # there would reach none of the processes they start that take it (a `wok serve` a test
+            # starts). Ignored, one pending is dropped as it is let through.
+            self._mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, passed_on(ignored_too=True))
         return self
 
     def __exit__(self, *exc) -> None:

@@ -811,6 +811,30 @@ def test_what_bootstrap_hands_over_to_gets_the_signals_its_caller_blocked_and_a_
         end_all(proc)
 
 
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="signals process groups")
+def test_a_suite_pass_gets_the_signals_its_caller_blocked_and_ignored_unblocked_and_still_ignored(tmp_path):
+    # As `test ARGS` and `serve` (above): a pass left with SIGINT blocked hands it on blocked to every
+    # process it starts, and a `wok serve` a test starts, whose own handler takes SIGINT, never sees one.
+    ignored_too = BLOCKED_CALLER + "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    says_its_mask = textwrap.dedent(
+        """
+        import signal, sys
+        blocked = sorted(signal.Signals(s).name for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        ignored = sorted(s.name for s in signal.Signals if signal.getsignal(s) is signal.SIG_IGN)
+        print("pass | blocked:", *blocked, "| ignored:", *ignored, file=sys.stderr, flush=True)
+        """
+    )
+    proc, lines = start_suite(tmp_path, [says_its_mask], ignored_too)
+    try:
+        said = read_until(lines, "pass |")[-1]
+        _, blocked, ignored = (part.split() for part in said.split("|"))
+        assert not {"SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGTSTP"} & set(blocked), said
+        assert {"SIGINT", "SIGHUP"} <= set(ignored), said
+        assert proc.wait(timeout=30) == 0
+    finally:
+        end_all(proc)
+
+
 # For start_bootstrap's prelude: bootstrap's process sends itself SIGNUM as it calls FUNCTION (a name
 # in BOOTSTRAP's code), just before FUNCTION's own code runs.
 SENDS_ITSELF_IN = textwrap.dedent(
