@@ -472,7 +472,9 @@ def run_simulate(args) -> int:
 
 
 AUTO_METRICS_PORT = 8002  # `wok serve`'s default --metrics-port, where --metrics-url auto looks
-_LEFT_OUT = "server-side columns left out (give --metrics-url)"
+# Said when nothing is scraped: the columns stay, as the CSV's do, each cell `-` (no figure), as they are for a
+# step whose scrape failed.
+_NOT_SCRAPED = "server-side columns `-` (give --metrics-url)"
 
 
 def _several(target: str) -> bool:
@@ -488,14 +490,14 @@ def _metrics_url(spec: str, target: str, *, replicas: bool = False, say=_warn) -
     if replicas:
         # The replicas do not run yet, and with several there is no one /metrics (bench/faults.py).
         if spec == "auto":
-            say(f"--metrics-url auto: the replicas started have no one /metrics; {_LEFT_OUT}")
+            say(f"--metrics-url auto: the replicas started have no one /metrics; {_NOT_SCRAPED}")
             return None
         say(f"server-side columns from {spec} (as given)")
         return spec
     if spec != "auto":
         return _vet_metrics_url(spec, None if _several(target) else target, explicit=True, say=say)
     if _several(target):
-        say(f"--metrics-url auto: a target of several servers ({target}) has no one /metrics; {_LEFT_OUT}")
+        say(f"--metrics-url auto: a target of several servers ({target}) has no one /metrics; {_NOT_SCRAPED}")
         return None
     host = target.rsplit(":", 1)[0]
     return _vet_metrics_url(f"http://{host}:{AUTO_METRICS_PORT}/metrics", target, explicit=False, say=say)
@@ -582,7 +584,8 @@ def _vet_metrics_url(url: str, target: str | None, *, explicit: bool, say=_warn,
         if explicit:
             say(f"--metrics-url {url}: {snap} now; scraped at each step all the same (`-` while none)")
             return url
-        say(f"--metrics-url auto: {f'nothing answers at {url}' if snap == NO_ANSWER else f'{url} {snap}'}; {_LEFT_OUT}")
+        found = f"nothing answers at {url}" if snap == NO_ANSWER else f"{url} {snap}"
+        say(f"--metrics-url auto: {found}; {_NOT_SCRAPED}")
         return None
     ports = _grpc_ports(snap)
     if not ports:
@@ -591,7 +594,7 @@ def _vet_metrics_url(url: str, target: str | None, *, explicit: bool, say=_warn,
             return url
         say(
             f"--metrics-url auto: {url} names no wok server (no wok_server_info: another server, or a wok "
-            f"older than this bench), so not {target}'s for sure; {_LEFT_OUT}"
+            f"older than this bench), so not {target}'s for sure; {_NOT_SCRAPED}"
         )
         return None
     whose = f"the server on gRPC port {ports[0]}" if len(ports) == 1 else f"servers on gRPC ports {', '.join(ports)}"
@@ -604,7 +607,7 @@ def _vet_metrics_url(url: str, target: str | None, *, explicit: bool, say=_warn,
             "(right only if a port mapping stands between)"
         )
         return url
-    say(f"--metrics-url auto: {url} is the metrics of {whose}, not of {target}; {_LEFT_OUT}")
+    say(f"--metrics-url auto: {url} is the metrics of {whose}, not of {target}; {_NOT_SCRAPED}")
     return None
 
 

@@ -198,6 +198,11 @@ def _many(count, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
+def _are(count) -> str:
+    """The verb after a count of things (`_many`): 'the 1 CPU is', 'the 2 CPUs are'."""
+    return "is" if count == 1 else "are"
+
+
 # A step's unit (plural, as the JSON has it) for a value of exactly 1, in the views.
 _SINGULAR = {"GPUs": "GPU", "CPUs": "CPU", "replicas": "replica"}
 
@@ -753,12 +758,14 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
     if window < 0:
         raise ValueError(f"{_named(names, 'max_queue_delay_s')}the queue delay must be >= 0 s; got {_d(window)} s")
     warnings: list[str] = []
+    # What the plan counts, in its steps and every message: CPUs for a profile run on the CPU (`device_word`).
+    dev = "CPU" if batch.source == "profile" and device_word({"profile": batch.detail}) == "CPU" else "GPU"
     lo, hi = TARGET_UTIL_ADVISED
     if not lo <= target_util <= hi:
         warnings.append(
             f"target utilization {_d(target_util)} is outside the advised {_d(lo)}–{_d(hi)}: "
             + (
-                "below it GPUs idle for little gain in latency"
+                f"below it {dev}s idle for little gain in latency"
                 if target_util < lo
                 else "above it the queue (and P99) grows steeply as load nears capacity, and a lost replica "
                 "or a forecast miss has little room"
@@ -843,7 +850,6 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
         )
 
     busy = lam * t / n
-    dev = "CPU" if batch.source == "profile" and device_word({"profile": batch.detail}) == "CPU" else "GPU"
     steps.append(
         _step(
             f"{dev} load",
@@ -874,8 +880,9 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
         )
     if busy / total > autoscaling.scale_out_above:
         # The HPA (scale-up tolerance 0) adds replicas once the mean busy ratio exceeds its target.
+        share = decimal_text(100 * busy / total, 1)
         warnings.append(
-            f"at the peak the {_many(total, 'replica')} are {decimal_text(100 * busy / total, 1)}% busy, above "
+            f"at the peak the {_many(total, 'replica')} {_are(total)} {share}% busy, above "
             f"the scale-out threshold {_d(autoscaling.scale_out_above)}: the autoscaler would add replicas at "
             f"every planned peak, not only for load beyond the plan; a U_target of at most "
             f"{_d(autoscaling.scale_out_above)} (or a higher scale-out threshold) keeps the two apart"
@@ -884,7 +891,7 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
     fill = None
     if batch.source != "ramp":  # a ramp's n is the batch its step formed (and _ramp_check warns on it)
         fill = batch_fill(lam, n_gpu, batch, window, u)
-        warning = _fill_warning(fill, batch, n_gpu, busy / n_gpu, u, window, window_source, names)
+        warning = _fill_warning(fill, batch, n_gpu, busy / n_gpu, u, window, window_source, names, dev)
         if warning:
             warnings.append(warning)
 
@@ -905,14 +912,14 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
 
     teams_out = None
     if teams:
-        teams_out, step = _teams(teams, lam, t / (n * u), n_gpu, k)
+        teams_out, step = _teams(teams, lam, t / (n * u), n_gpu, k, dev)
         steps.append(step)
 
     autoscale, burst_out = _autoscaling(autoscaling, total, burst, t / (n * u), per_replica_target, names)
 
     cross = None
     if batch.source == "ramp":
-        cross, step = _ramp_check(batch, lam, per_replica_target, n_gpu, warnings)
+        cross, step = _ramp_check(batch, lam, per_replica_target, n_gpu, warnings, dev)
         steps.append(step)
         if batch.detail.get("model") and autoscaling.model != batch.detail["model"]:
             warnings.append(
@@ -1053,6 +1060,8 @@ def batch_fill(lam: Fraction, gpus: int, batch: BatchTime, window: Fraction, tar
     * busy: λ' / b batches a second of α + β·b seconds each, U = λ'·(α / b + β), so the bounds on
       b bound U the other way; `gpus_needed` is the least N whose lower bound is within the target
       (fewer are busier than it for certain), `gpus_enough` the least whose upper bound is.
+    * `extrapolation`: whether those b lie below the smallest batch a profile measured, where α + β·b is
+      the fit extrapolated (`_fill_extrapolation`).
     """
     n, t = batch.batch_size, batch.t_batch_s
     per_gpu = lam / gpus
@@ -1073,8 +1082,48 @@ def batch_fill(lam: Fraction, gpus: int, batch: BatchTime, window: Fraction, tar
         gpus_enough=_least_gpus(
             lam, gpus, lambda q: _busy(q, batch, least_mean_batch(float(q * window), n)) <= target_util
         ),
+        extrapolation=_fill_extrapolation(batch, least),
     )
     return out
+
+
+def _fill_below(fill: dict | None, n) -> bool:
+    """Whether the views add that the batches at the peak may lie below the profile (`_fill_extrapolation`): only
+    when they may be smaller than n, since full batches below it are n's own case, which `inputs.batch.extrapolation`
+    says. `n` None: for the fill warnings, which speak only of batches that are not full."""
+    e = (fill or {}).get("extrapolation")
+    return bool(e and e["extrapolated"]) and (n is None or e["least_mean_batch"] < n)
+
+
+def _fill_extrapolation(batch: BatchTime, least: float) -> dict | None:
+    """Where the least mean batch at the peak lies against the smallest batch a profile measured (`batch_fill`'s
+    `extrapolation`, docs/plan.md): None when the profile's sizes are not known. The busy bounds charge batches of
+    that size α + β·b, which below the profile is the fit carried past its data, as `inputs.batch.extrapolation`
+    marks it for n. Only below: the batches that form are at most n, which that mark judges against the largest."""
+    smallest = batch.profiled_min_batch
+    if smallest is None:
+        return None
+    # How many times below the smallest the least mean batch is; 1 at or above it.
+    ratio = float(smallest) / least if least < smallest else 1.0
+    return {
+        "smallest_profiled_batch": _num(smallest),
+        "least_mean_batch": least,
+        "extrapolated": ratio > 1,
+        "ratio": ratio,
+        "far": ratio > FAR_EXTRAPOLATION,
+    }
+
+
+def _fill_below_text(fill: dict) -> str:
+    """The fill warnings' note on a least mean batch below the profile (`_fill_extrapolation`), or ''."""
+    if not _fill_below(fill, None):
+        return ""
+    e = fill["extrapolation"]
+    far = f", far: more than {FAR_EXTRAPOLATION}× below it" if e["far"] else ""
+    return (
+        f" (below the smallest batch the profile measured, {_f(e['smallest_profiled_batch'])}{far}: the busy "
+        "bounds charge such batches α + β·b extrapolated)"
+    )
 
 
 def _most_batch(per_gpu: Fraction, batch: BatchTime, window: Fraction) -> Fraction:
@@ -1108,8 +1157,11 @@ def _least_gpus(lam: Fraction, start: int, enough) -> int:
     return high
 
 
-def _fill_warning(fill: dict, batch: BatchTime, gpus: int, planned: Fraction, u: Fraction, window, source, names):
-    """The warning when the plan's full batches cannot form on average, naming the numbers; else None."""
+def _fill_warning(
+    fill: dict, batch: BatchTime, gpus: int, planned: Fraction, u: Fraction, window, source, names, dev: str = "GPU"
+):
+    """The warning when the plan's full batches cannot form on average, naming the numbers; else None. `dev`: what
+    the plan counts (`device_word`)."""
     n, per_gpu, most = batch.batch_size, fill["per_gpu_qps"], fill["mean_batch_at_most"]
     if batch.alpha_s == 0:  # with α = 0 a request costs β in a batch of any size
         return None
@@ -1120,20 +1172,22 @@ def _fill_warning(fill: dict, batch: BatchTime, gpus: int, planned: Fraction, u:
         if batch.alpha_s is None or fill["gpus_enough"] <= gpus:
             return None
         return (
-            f"batches of n = {_d(n)} may not be full: at the peak each GPU gets λ / N = "
+            f"batches of n = {_d(n)} may not be full: at the peak each {dev} gets λ / N = "
             f"{decimal_text(per_gpu, 1)} QPS, and a batch below n waits only {decimal_text(1000 * window, 3)} ms "
-            f"for the requests after its first: batches average at least {_f(fill['mean_batch_at_least'], 2)}, "
-            f"so each GPU may be up to {_f(100 * fill['busy_at_most'], 1)}% busy at the peak, not the "
+            f"for the requests after its first: batches average at least {_f(fill['mean_batch_at_least'], 2)}"
+            f"{_fill_below_text(fill)}, "
+            f"so each {dev} may be up to {_f(100 * fill['busy_at_most'], 1)}% busy at the peak, not the "
             f"{decimal_text(100 * planned, 1)}% planned: for U_target {_d(u)} the peak needs at most "
-            f'{_many(fill["gpus_enough"], "GPU")} where the plan counts {gpus} (docs/plan.md, "Do batches fill?")'
+            f'{_many(fill["gpus_enough"], dev)} where the plan counts {gpus} (docs/plan.md, "Do batches fill?")'
         )
     option = (names or {}).get("max_queue_delay_s", "max_queue_delay_s")
     which = (
         f"{option}" if source == "given" else f"the server's default; give the model's max_queue_delay_ms as {option}"
     )
+    after = "request after a batch's first takes" if n - 1 == 1 else "requests after a batch's first take"
     text = (
-        f"batches of n = {_d(n)} will not be full: at the peak each GPU gets λ / N = "
-        f"{decimal_text(per_gpu, 1)} QPS, so the n − 1 = {_d(n - 1)} requests after a batch's first take "
+        f"batches of n = {_d(n)} will not be full: at the peak each {dev} gets λ / N = "
+        f"{decimal_text(per_gpu, 1)} QPS, so the n − 1 = {_d(n - 1)} {after} "
         f"{decimal_text(1000 * (n - 1) / per_gpu, 1)} ms to arrive, and the batcher would have to wait "
         f"{decimal_text(1000 * fill['window_to_fill_s'], 1)} ms ((n − 1) / λ' − T_batch) to fill it, but it flushes "
         f"after {decimal_text(1000 * window, 3)} ms ({which}): batches average at most {decimal_text(most, 2)} "
@@ -1141,22 +1195,22 @@ def _fill_warning(fill: dict, batch: BatchTime, gpus: int, planned: Fraction, u:
     )
     if batch.alpha_s is None:
         return text + (
-            f", and each GPU may be busier than the {decimal_text(100 * planned, 1)}% planned (it is when T_batch "
+            f", and each {dev} may be busier than the {decimal_text(100 * planned, 1)}% planned (it is when T_batch "
             "has a fixed part); with --alpha and --beta (or --profile) the plan bounds how much busier (docs/plan.md, "
             '"Do batches fill?")'
         )
     needed, enough = fill["gpus_needed"], fill["gpus_enough"]
     return text + (
-        f" and at least {_f(fill['mean_batch_at_least'], 2)}, so each GPU is "
+        f" and at least {_f(fill['mean_batch_at_least'], 2)}{_fill_below_text(fill)}, so each {dev} is "
         f"{decimal_text(100 * fill['busy_at_least'], 1)}–{_f(100 * fill['busy_at_most'], 1)}% busy at "
         f"the peak, not the {decimal_text(100 * planned, 1)}% planned: for U_target {_d(u)} the peak needs "
-        + (_many(needed, "GPU") if needed == enough else f"at least {needed} and at most {_many(enough, 'GPU')}")
+        + (_many(needed, dev) if needed == enough else f"at least {needed} and at most {_many(enough, dev)}")
         + f' where the plan counts {gpus} (docs/plan.md, "Do batches fill?")'
     )
 
 
-def _teams(teams: list[tuple[str, Fraction]], lam: Fraction, gpus_per_qps: Fraction, n_gpu: int, k: int):
-    """Each team's exact GPUs, own pool and quota of the shared fleet; and the own-pools step."""
+def _teams(teams: list[tuple[str, Fraction]], lam: Fraction, gpus_per_qps: Fraction, n_gpu: int, k: int, dev: str):
+    """Each team's exact GPUs (CPUs: `dev`), own pool and quota of the shared fleet; and the own-pools step."""
     shares = {name: q * gpus_per_qps for name, q in teams}
     quota = largest_remainder(shares, n_gpu)
     rows = [
@@ -1181,8 +1235,8 @@ def _teams(teams: list[tuple[str, Fraction]], lam: Fraction, gpus_per_qps: Fract
         "own_pools_replicas": own + k * len(rows),
         "rounding_overhead_gpus": own - n_gpu,
         "rounding": (
-            "shared: one fleet of N = ⌈Σ team GPUs⌉ rounds once, and k redundant replicas serve every team; "
-            "each team is charged quota_gpus, ⌊its exact share⌋ plus one GPU for the teams with the largest "
+            f"shared: one fleet of N = ⌈Σ team {dev}s⌉ rounds once, and k redundant replicas serve every team; "
+            f"each team is charged quota_gpus, ⌊its exact share⌋ plus one {dev} for the teams with the largest "
             "fractional parts until the quotas add up to N (largest remainder). Own pools: each team "
             "rounds up on its own and keeps its own k, which costs own_pools_replicas − shared_replicas "
             "more replicas"
@@ -1193,7 +1247,7 @@ def _teams(teams: list[tuple[str, Fraction]], lam: Fraction, gpus_per_qps: Fract
         "Σ ⌈λ_team × T_batch / (n × U_target)⌉",
         " + ".join(f"⌈{_d(shares[name])}⌉" for name, _ in teams),
         Fraction(own),
-        "GPUs",
+        f"{dev}s",
     )
     return out, step
 
@@ -1285,8 +1339,11 @@ def _autoscaling(
     return out, burst_out
 
 
-def _ramp_check(batch: BatchTime, lam: Fraction, per_replica_target: Fraction, n_gpu: int, warnings: list[str]):
-    """The plan against what one replica served within the SLO in the ramp; appends its warnings."""
+def _ramp_check(
+    batch: BatchTime, lam: Fraction, per_replica_target: Fraction, n_gpu: int, warnings: list[str], dev: str = "GPU"
+):
+    """The plan against what one replica served within the SLO in the ramp; appends its warnings. `dev`: what the
+    plan counts (a ramp records no device, so GPUs, but named as every other message names it)."""
     served = batch.step_qps
     n_ramp = ceil(lam / served)
     step_busy = batch.achieved_qps * batch.t_batch_s / batch.batch_size
@@ -1300,7 +1357,7 @@ def _ramp_check(batch: BatchTime, lam: Fraction, per_replica_target: Fraction, n
         "⌈λ_peak / max QPS under the SLO of one replica⌉",
         f"⌈{_d(lam)} / {_d(served)}⌉",
         Fraction(n_ramp),
-        "GPUs",
+        f"{dev}s",
     )
     if served < per_replica_target:
         warnings.append(
@@ -1308,12 +1365,12 @@ def _ramp_check(batch: BatchTime, lam: Fraction, per_replica_target: Fraction, n
             f"{decimal_text(per_replica_target, 1)} QPS per replica this plan puts on it at U_target (its "
             f"batches kept the instance only {100 * float(step_busy):.0f}% busy there): something besides "
             f"the batch time limits it (CPU, the event loop, the network), and sizing by the ramp would take "
-            f"{_many(n_ramp, 'GPU')}, not {n_gpu}"
+            f"{_many(n_ramp, dev)}, not {n_gpu}"
         )
     if batch.detail.get("highest_step"):
         warnings.append(
             f"every step of the ramp met the SLO, so one replica can carry more than {_d(served)} QPS: "
-            f"the cross-check's {_many(n_ramp, 'GPU')} is an upper bound, and the step's batches may be smaller "
+            f"the cross-check's {_many(n_ramp, dev)} is an upper bound, and the step's batches may be smaller "
             "than at a replica's planned load"
         )
     flushes = batch.detail.get("flush_reasons") or {}
@@ -1629,7 +1686,14 @@ def _input_rows(plan: dict) -> list[tuple[str, str]]:
         device = batch["profile"].get("device")
         rows.append(("profile", batch["profile"]["path"] + (f" (on {device})" if device else "")))
     if batch.get("extrapolation"):
-        rows.append(("profiled batches", _extrapolation_text(batch["extrapolation"], batch["batch_size"])))
+        text = _extrapolation_text(batch["extrapolation"], batch["batch_size"])
+        if _fill_below(plan["result"].get("batch_fill"), batch["batch_size"]):
+            fill = plan["result"]["batch_fill"]["extrapolation"]
+            text += (
+                f"; the batches at the peak average as few as {_f(fill['least_mean_batch'], 2)}, below them: "
+                "busy bounds extrapolated" + (f" (far: more than {FAR_EXTRAPOLATION}×)" if fill["far"] else "")
+            )
+        rows.append(("profiled batches", text))
     rows.append(("U_target", _f(i["target_utilization"])))
     rows.append(("redundancy k", str(i["redundancy"])))
     return rows
@@ -1663,7 +1727,8 @@ def to_markdown(plan: dict) -> str:
     out += [
         "",
         f"One replica serves {_f(r['qps_per_replica_full'], 1)} QPS at 100% busy and "
-        f"{_f(r['qps_per_replica_at_target'], 1)} QPS at U_target. At the peak the {_many(r['gpus'], dev)} are "
+        f"{_f(r['qps_per_replica_at_target'], 1)} QPS at U_target. At the peak the {_many(r['gpus'], dev)} "
+        f"{_are(r['gpus'])} "
         f"{_f(100 * r['utilization_at_peak'], 1)}% busy, all {_many(r['replicas'], 'replica')} "
         f"{_f(100 * r['utilization_at_peak_all_replicas'], 1)}%.",
         "",

@@ -768,10 +768,12 @@ def _card(key: str, value: str, note: str = "") -> str:
 def _steps_table(result: dict) -> str:
     steps = _steps(result)
     refine = any(st.get("phase", "ramp") != "ramp" for st in steps)
+    # As the text table (`_table_rows`): a simulation has no event loop to lag and sends every request on time.
+    simulated = _simulated(result)
     head = ["offered QPS", "achieved QPS"] + (["phase"] if refine else []) + ["requests", "ok", "success %"]
-    head += [f"{k} ms" for k in LATENCY_KEYS] + ["queue mean ms", "queue p99 ms", "loop p99 ms", "mean batch"]
-    head += ["lag p99 ms"]
-    head += ["late sends", "SLO", "errors"]
+    head += [f"{k} ms" for k in LATENCY_KEYS] + ["queue mean ms", "queue p99 ms"]
+    head += ["mean batch"] if simulated else ["loop p99 ms", "mean batch", "lag p99 ms", "late sends"]
+    head += ["SLO", "errors"]
     out = ['<div class="wrap"><table class="steps"><thead><tr>']
     out += [f"<th{' class=l' if h == 'errors' else ''}>{_e(h)}</th>" for h in head]
     out.append("</tr></thead><tbody>")
@@ -784,9 +786,12 @@ def _steps_table(result: dict) -> str:
         cells += [str(s["requests"]), str(s["ok"]), _success_cell(s, result)]
         cells += [_p99_cell(s, result) if k == "p99" else _fmt_ms(_get(s, "latency_ms", k)) for k in LATENCY_KEYS]
         cells += [_fmt_ms(_get(s, "queue_ms", "mean")), _fmt_ms(_get(s, "queue_ms", "p99"))]
-        cells += [_fmt_ms(_get(s, "loop_lag_ms", "p99"))]
-        cells += ["-" if s.get("mean_batch_size") is None else f"{_num(s['mean_batch_size']):.1f}"]
-        cells += [_fmt_ms(_get(s, "dispatch_lag_ms", "p99")), str(s.get("late_sends", "-"))]
+        batch = "-" if s.get("mean_batch_size") is None else f"{_num(s['mean_batch_size']):.1f}"
+        if simulated:
+            cells += [batch]
+        else:
+            cells += [_fmt_ms(_get(s, "loop_lag_ms", "p99")), batch]
+            cells += [_fmt_ms(_get(s, "dispatch_lag_ms", "p99")), str(s.get("late_sends", "-"))]
         errors = ", ".join(f"{k}: {v}" for k, v in (s.get("errors") or {}).items()) or "-"
         tds = [f"<td>{_e(c)}</td>" for c in cells]
         tds += [f'<td class="v">{_e(verdict)}</td>', f'<td class="l">{_e(errors)}</td>']

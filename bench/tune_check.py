@@ -20,7 +20,10 @@ under the SLO next to the default's, and the simulator's P99 next to the measure
    batch size (the server's own batch time); everything else (gRPC's threads, the load
    generator) as a background demand; the machine's cores. The overhead is then what the
    loop and the batch leave of a calibration latency, not the profile's T(1) alone.
-3. Tune: `wok.bench.tune.tune` on the profile, the CPU stage and the overhead samples.
+3. Tune: `wok.bench.tune.tune` on the profile, the CPU stage and the overhead samples, choosing as
+   `wok tune` does: among the settings on measured batch times first, with `--allow-extrapolated`
+   as `wok tune`'s (docs/tune.md, "Measured first"), so that the setting validated is the one the
+   user would get.
 4. Validate: `wok serve` with the default setting and with the tuned one, one fresh server
    per ramp, `--reps` times each, in alternating order (default first in odd repetitions,
    tuned first in even ones), the same ramp for both (`wok.bench.runner.Ramp`, in-process).
@@ -936,6 +939,12 @@ def parse_args(argv=None):
         help="validate this setting, not the tuner's choice (the search still runs, for its table): "
         "MAX_BATCH_SIZE,DELAY",
     )
+    p.add_argument(
+        "--allow-extrapolated",
+        action="store_true",
+        help="as wok tune's: choose a setting whose batches run past the profiled sizes even when a measured one "
+        "meets the SLO (default: measured first; docs/tune.md)",
+    )
     p.add_argument("--sim-duration", default="10s", help="simulated seconds per tuning evaluation")
     p.add_argument("--steps", default=DEFAULT_STEPS)
     p.add_argument("--step-duration", default="4s")
@@ -1187,7 +1196,8 @@ def main(argv=None) -> int:
         search = search_config(args)
         default_s = default_seconds(args)
         tuned_doc = tune(profile, search, args.sizes, args.delays_s, overhead_s=tuple(overhead), default=default_s,
-                         progress=say, cpu=stage, overhead_at=by_rate, names=search_names(args))  # fmt: skip
+                         progress=say, cpu=stage, overhead_at=by_rate, names=search_names(args),
+                         allow_extrapolated=args.allow_extrapolated)  # fmt: skip
         print_table(tuned_doc)
         if args.tuned_setting:
             tuned = args.tuned_setting

@@ -55,7 +55,7 @@ def test_a_url_that_answers_a_web_page_is_said_to_answer_no_prometheus_text(page
     said.clear()
     assert cli._vet_metrics_url(page_url, "127.0.0.1:18001", explicit=False, say=said.append) is None
     assert said == [
-        f"--metrics-url auto: {page_url} answered, but not Prometheus text; server-side columns left out "
+        f"--metrics-url auto: {page_url} answered, but not Prometheus text; server-side columns `-` "
         "(give --metrics-url)"
     ]
 
@@ -80,7 +80,7 @@ def test_auto_leaves_out_another_servers_metrics_and_says_whose_they_are(bench_s
     assert cli._vet_metrics_url(metrics_url, target, explicit=False, say=said.append) is None
     assert said == [
         f"--metrics-url auto: {metrics_url} is the metrics of the server on gRPC port {bench_server.port}, "
-        f"not of {target}; server-side columns left out (give --metrics-url)"
+        f"not of {target}; server-side columns `-` (give --metrics-url)"
     ]
 
 
@@ -98,7 +98,7 @@ def test_auto_where_nothing_answers_takes_none_and_says_so(refused_url):
     said: list[str] = []
     assert cli._vet_metrics_url(refused_url, "127.0.0.1:18001", explicit=False, say=said.append) is None
     assert said == [
-        f"--metrics-url auto: nothing answers at {refused_url}; server-side columns left out (give --metrics-url)"
+        f"--metrics-url auto: nothing answers at {refused_url}; server-side columns `-` (give --metrics-url)"
     ]
     said.clear()
     assert cli._vet_metrics_url(refused_url, "127.0.0.1:18001", explicit=True, say=said.append) == refused_url
@@ -109,7 +109,7 @@ def test_auto_leaves_out_a_server_that_is_not_wok(foreign_url):
     said: list[str] = []
     assert cli._vet_metrics_url(foreign_url, "127.0.0.1:18001", explicit=False, say=said.append) is None
     assert len(said) == 1 and said[0].startswith(f"--metrics-url auto: {foreign_url} names no wok server")
-    assert said[0].endswith("server-side columns left out (give --metrics-url)")
+    assert said[0].endswith("server-side columns `-` (give --metrics-url)")
     said.clear()
     # Given: taken (Triton's /metrics has none of wok's series, but the user asked for it).
     assert cli._vet_metrics_url(foreign_url, "127.0.0.1:18001", explicit=True, say=said.append) == foreign_url
@@ -121,7 +121,7 @@ def test_auto_says_what_it_found_at_port_8002_whatever_is_there(capsys):
     assert cli._metrics_url("auto", "127.0.0.1:1") is None
     err = capsys.readouterr().err
     assert "wok bench: --metrics-url auto: " in err and "http://127.0.0.1:8002/metrics" in err
-    assert err.rstrip().endswith("server-side columns left out (give --metrics-url)")
+    assert err.rstrip().endswith("server-side columns `-` (give --metrics-url)")
 
 
 def test_a_ramp_does_not_report_another_servers_metrics_as_its_targets(

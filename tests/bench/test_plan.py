@@ -685,7 +685,8 @@ def test_the_tables_show_where_n_lies_against_the_profile(tmp_path):
         (16, "4 to 32; n = 16 is within them"),
     )
     for n, shown in cases:
-        text, md = rows(make(batch=plan.batch_from_profile(path, F(n)), peak_qps=F(5000)))
+        # A window of 1 s fills the batches at the peak: the row is of n alone (batches below the profile: below).
+        text, md = rows(make(batch=plan.batch_from_profile(path, F(n)), peak_qps=F(5000), max_queue_delay_s=F(1)))
         assert text == shown, n
         assert md == f"| profiled batches | {shown} |", n
     assert rows(make(peak_qps=F(5000))) == ("", "")
@@ -1428,6 +1429,7 @@ def test_batches_that_cannot_fill_are_bounded_by_hand():
         "busy_at_most": 1.0,
         "gpus_needed": 1,
         "gpus_enough": 2,
+        "extrapolation": None,  # α and β given: no profiled sizes to judge b by
     }
     assert (p["inputs"]["max_queue_delay_s"], p["inputs"]["max_queue_delay_source"]) == (0.005, "given")
     [warning] = p["warnings"]
@@ -1688,3 +1690,97 @@ def test_the_cli_names_each_file_it_wrote(tmp_path, wok_cli):
         f"wok plan: wrote {out} (--json)",
         f"wok plan: wrote {md} (--markdown)",
     ]
+
+
+def test_a_cpu_profiles_plan_names_the_cpu_in_every_message(tmp_path):
+    """Since the steps named CPUs for a profile run on the CPU, the fill warning still said "each GPU gets λ / N"
+    and "the peak needs 1 GPU", the teams step's unit was GPUs, and the markdown read "the 1 CPU are 2.9…% busy"."""
+    path = _cpu_profiled(tmp_path)
+    p = make(batch=plan.batch_from_profile(path, F(16)), peak_qps=F(500), target_util=F(1, 2))
+    [low, fill] = p["warnings"]
+    assert low.startswith("target utilization 0.5 is outside the advised 0.6–0.7: below it CPUs idle")
+    assert "at the peak each CPU gets λ / N = 500 QPS" in fill and "so each CPU is " in fill
+    assert "the peak needs 1 CPU where the plan counts 1" in fill
+    md = plan.to_markdown(p)
+    assert "At the peak the 1 CPU is 2.9…% busy, all 2 replicas 1.4…%." in md
+    out = io.StringIO()
+    plan.print_table(p, file=out)
+    assert "GPU" not in md and "GPU" not in out.getvalue()
+    teams = make(batch=plan.batch_from_profile(path, F(16)), teams=[("search", F(300)), ("ads", F(200))])
+    assert teams["steps"][-1]["name"] == "teams, own pools" and teams["steps"][-1]["unit"] == "CPUs"
+    assert "plus one CPU for the teams with the largest" in teams["teams"]["rounding"]
+    assert "GPU" not in plan.to_markdown(teams)
+    # A plan of GPUs says GPU, and counts many in the plural.
+    assert "At the peak the 10 GPUs are 62.5% busy" in plan.to_markdown(make(peak_qps=F(5000)))
+
+
+def test_one_of_a_count_is_singular_in_the_plans_messages():
+    """The messages read "the 1 CPU are", "the 1 replica are 80% busy", "the n − 1 = 1 requests after a batch's first
+    take"."""
+    # T = 20 ms, n = 16 at 640 QPS: ρ = 640 × 0.02 / 16 = 0.8; U_target 0.9 → N = 1, k = 0: one replica 80% busy.
+    p = make(peak_qps=F(640), target_util=F(9, 10), redundancy=0)
+    assert (p["result"]["gpus"], p["result"]["replicas"]) == (1, 1)
+    [busy] = [w for w in p["warnings"] if w.startswith("at the peak the 1 replica")]
+    assert busy.startswith("at the peak the 1 replica is 80% busy, above the scale-out threshold 0.7")
+    assert "At the peak the 1 GPU is 80% busy, all 1 replica 80%." in plan.to_markdown(p)
+    # n = 2 at 10 QPS with a 1 ms window: the one request after a batch's first takes 100 ms to arrive.
+    [fill] = [w for w in make(batch=given("20ms", "2"), peak_qps=F(10), max_queue_delay_s=F(1, 1000))["warnings"]
+              if w.startswith("batches of n = 2")]  # fmt: skip
+    assert "so the n − 1 = 1 request after a batch's first takes 100 ms to arrive" in fill
+    [fill] = [w for w in make(batch=given("20ms", "3"), peak_qps=F(10), max_queue_delay_s=F(1, 1000))["warnings"]
+              if w.startswith("batches of n = 3")]  # fmt: skip
+    assert "so the n − 1 = 2 requests after a batch's first take 200 ms to arrive" in fill
+
+
+def _low_profile(tmp_path, sizes) -> Path:
+    """The fill section's LOW case as a profile (α = 15 ms, β = 0.25 ms) of batches of `sizes`."""
+    path = tmp_path / "profile.json"
+    doc = {"schema": "wok.profile/1", "model": {"name": "mlp", "max_batch_size": 32}}
+    doc["fit"] = {"alpha_s": 0.015, "beta_s": 0.00025, "r2": 1.0}
+    doc["batches"] = [{"batch_size": n, "median_s": 0.015 + 0.00025 * n} for n in sizes]
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_batches_at_the_peak_below_the_profile_are_marked_as_n_is(tmp_path):
+    """The LOW case (100 QPS, n = 16, w = 5 ms) on a profile of batches 4 to 16: n is within the profile, so nothing
+    was marked, yet the busy bounds charge the batches that form, of 1.5 to 3.08 (`batch_fill`), α + β·b, the fit
+    carried below its smallest batch. By hand: the least mean batch is E[min(16, 1 + Poisson(100 × 0.005))] = 1.5
+    (less terms of P(X ≥ 16), ~1e-17), 4 / 1.5 = 8/3 = 2.67 times below the smallest, over 2: far."""
+
+    def planned(sizes) -> dict:
+        batch = plan.batch_from_profile(_low_profile(tmp_path, sizes), LOW["n"])
+        return make(batch=batch, peak_qps=F(100), max_queue_delay_s=LOW["window"], names=OPTIONS)
+
+    p = planned((4, 8, 16))
+    assert p["inputs"]["batch"]["extrapolation"]["extrapolated"] is False  # n = 16 itself was measured
+    mark = p["result"]["batch_fill"]["extrapolation"]
+    assert mark == {
+        "smallest_profiled_batch": 4,
+        "least_mean_batch": pytest.approx(1.5, rel=1e-12),
+        "extrapolated": True,
+        "ratio": pytest.approx(8 / 3, rel=1e-12),
+        "far": True,
+    }
+    [warning] = [w for w in p["warnings"] if w.startswith("batches of n = 16")]
+    assert (
+        "batches average at most 3.08… requests and at least 1.5 (below the smallest batch the profile measured, 4, "
+        "far: more than 2× below it: the busy bounds charge such batches α + β·b extrapolated), so each GPU is"
+    ) in warning
+    out = io.StringIO()
+    plan.print_table(p, file=out)
+    [row] = [line for line in out.getvalue().splitlines() if line.startswith("profiled batches ")]
+    shown = (
+        "4 to 16; n = 16 is within them; the batches at the peak average as few as 1.5, below them: busy bounds "
+        "extrapolated (far: more than 2×)"
+    )
+    assert " ".join(row.split()[2:]) == shown
+    assert f"| profiled batches | {shown} |" in plan.to_markdown(p)
+    # Smallest 2: 2 / 1.5 = 4/3 below it, not far. Smallest 1: the batches of 1.5 lie within: unmarked, unsaid.
+    mark = planned((2, 8, 16))["result"]["batch_fill"]["extrapolation"]
+    assert (mark["extrapolated"], mark["ratio"], mark["far"]) == (True, pytest.approx(4 / 3, rel=1e-12), False)
+    p = planned((1, 4, 16))
+    mark = p["result"]["batch_fill"]["extrapolation"]
+    assert (mark["extrapolated"], mark["ratio"], mark["far"]) == (False, 1.0, False)
+    assert not any("below the smallest batch" in w for w in p["warnings"])
+    assert "the batches at the peak" not in plan.to_markdown(p)

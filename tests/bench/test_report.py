@@ -196,6 +196,26 @@ def test_csv_counts_the_requests_never_sent_in_a_last_column(tmp_path):
     assert (by_rate[1.0]["requests"], by_rate[1.0]["not_sent"]) == ("1", "0")
 
 
+def test_every_committed_ramp_csv_has_the_writers_columns(tmp_path):
+    """docs/results/ramp-mlp.csv kept the header of 2026-11-29 after CSV_COLUMNS gained `loop_lag_p99_ms` in the
+    middle (and `not_sent` at the end): a reader of the committed example by position read `mean_batch_size` where a
+    fresh run has `loop_lag_p99_ms`. Every CSV under docs/results whose header starts as a ramp's has the writer's
+    header, and one beside its JSON is that JSON as `write_csv` writes it now."""
+    ramps = []
+    for path in sorted((Path(__file__).parents[2] / "docs" / "results").rglob("*.csv")):
+        with open(path, newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), [])
+        if header[:2] != ["offered_qps", "achieved_qps"]:
+            continue
+        ramps.append(path.name)
+        assert tuple(header) == report.CSV_COLUMNS, path
+        beside = path.with_suffix(".json")
+        if beside.exists():
+            report.write_csv(report.read_json_object(beside), tmp_path / path.name)
+            assert (tmp_path / path.name).read_bytes() == path.read_bytes(), path
+    assert "ramp-mlp.csv" in ramps
+
+
 # ---------------------------------------------------------------------------- plots
 
 
@@ -289,6 +309,33 @@ def test_html_is_one_self_contained_file(result, tmp_path):
     assert "RESOURCE_EXHAUSTED" in table
     # The config.
     assert "127.0.0.1:8001" in text and "poisson" in text
+
+
+def _html_steps(text: str) -> tuple[list[str], list[list[str]]]:
+    """The HTML report's steps table: its header cells and each row's cells."""
+    table = text[text.index('<table class="steps">') : text.index("</table>", text.index('<table class="steps">'))]
+    head = re.findall(r"<th[^>]*>([^<]*)</th>", table)
+    rows = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table)[1:]]
+    return head, rows
+
+
+def test_the_html_steps_table_of_a_simulation_leaves_out_what_a_simulation_has_no_figure_for(result):
+    """The text table left out `loop p99` and `lag p99` of a `wok simulate` result; the HTML report showed its
+    event-loop lag as "-", its dispatch lag as 0.00 and its late sends as 0 at every step: figures of an event loop
+    and a load generator a simulation does not have."""
+    from wok.bench.simulate import BatcherModel, SimConfig, simulate_ramp
+
+    model = BatcherModel(alpha_s=1e-3, beta_s=1e-4, max_batch_size=8, max_queue_delay_s=2e-3)
+    simulated = simulate_ramp(SimConfig(model=model, steps=[100.0, 200.0], step_duration_s=1.0))
+    head, rows = _html_steps(report.render_html(simulated))
+    assert not {"loop p99 ms", "lag p99 ms", "late sends"} & set(head), head
+    assert head[-5:] == ["queue mean ms", "queue p99 ms", "mean batch", "SLO", "errors"], head
+    assert len(rows) == 2 and all(len(row) == len(head) for row in rows)
+    # A measured ramp keeps them, in their place.
+    head, rows = _html_steps(report.render_html(result))
+    assert head[-8:] == ["queue mean ms", "queue p99 ms", "loop p99 ms", "mean batch", "lag p99 ms", "late sends",
+                         "SLO", "errors"]  # fmt: skip
+    assert all(len(row) == len(head) for row in rows)
 
 
 def test_html_default_title_names_model_and_target(html):

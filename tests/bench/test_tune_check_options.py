@@ -271,3 +271,23 @@ def test_t1_of_the_device_like_calibrations_zero_time_batch_is_its_nearest_rank_
     monkeypatch.setattr(tune_check, "measure_profile", lambda *args, **kwargs: zero)
     argv = ["--profile", _profile(tmp_path), "--device-like", "1ms,0.1ms"]
     assert _t1_given_to_the_calibration(monkeypatch, tmp_path, argv) == 1e-4  # ties: np.median 2e-4
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_the_setting_validated_is_the_one_wok_tune_chooses(allow, tmp_path, measured, capsys):
+    """`wok tune` chooses among settings on measured batch times first (--allow-extrapolated to choose past them);
+    tune_check validated its search's choice with no such option, so it could not check the setting a user of
+    `wok tune --allow-extrapolated` gets. On the profile of batches 1 and 8, max_batch_size 64 forms batches past
+    8 and predicts more (its ceiling 64 / T(64) = 6,400 QPS against 8 / T(8) = 4,000): measured first, 8 is
+    validated and 64 passed over; allowed, 64."""
+    extra = ["--allow-extrapolated"] if allow else []
+    argv = ["--profile", _profile(tmp_path), "--no-cpu-stage", "--max-batch-sizes", "8,64", "--delays", "0ms"]
+    status = _main(_argv(tmp_path, *argv, "--default", "8,0ms", "--sim-duration", "1s", *extra))
+    err = capsys.readouterr().err
+    assert status == 0, err[-2000:]
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert doc["config"]["allow_extrapolated"] is allow
+    assert doc["tune"]["inputs"]["allow_extrapolated"] is allow
+    assert doc["tuned_setting"] == {"max_batch_size": 64 if allow else 8, "max_queue_delay_ms": 0.0}
+    assert (doc["tune"]["passed_over"] is None) is allow
+    assert measured == ["overhead calibration", "server 8,0", "ramp", f"server {64 if allow else 8},0", "ramp"]
