@@ -260,6 +260,8 @@ class WokServer:
         if self.port == 0:  # taken since check_ports
             self._bind_failed("gRPC port", self.settings.host, self.settings.grpc_port)
         self.metrics.grpc_port = self.port  # wok_server_info: whose /metrics a scraper reads
+        # Nothing that can fail goes between the bind and the start: grpc.aio's stop does nothing to a server
+        # never started, whose port then stays bound until the process ends (grpcio 1.85).
         await self._grpc.start()
         # Unary inference only: a stream is accepted once and then carries many requests.
         infer = f"/{SERVICE_NAME}/ModelInfer"

@@ -17,9 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from wok.app import WokServer
 from wok.config import server_settings
+from wok.ports import bind_error
 from wok.repository import ModelRepository
 
 from ..conftest import write_python_model
@@ -126,3 +128,56 @@ async def test_a_port_the_server_cannot_have_fails_its_start_before_any_model_lo
     assert marks() == ["built"]  # not warmed up
     assert server.runtimes == {}
     assert str(info.value).startswith(said), str(info.value)
+
+
+TAKES_A_PORT = textwrap.dedent(
+    """
+    import os
+    import socket
+
+    from torch import nn
+
+
+    class TakesAPort(nn.Module):
+        held = None
+
+        def forward(self, x):
+            if self.held is None:  # as another process would, while the server warms its model up
+                self.held = socket.create_server(("127.0.0.1", int(os.environ["WOK_TEST_TAKE_PORT"])))
+            return x
+
+
+    def build():
+        return TakesAPort()
+    """
+)
+
+
+@pytest.mark.parametrize("taken", ["health port", "metrics port"])
+async def test_a_port_taken_after_the_check_leaves_none_of_the_ports_opened_before_it_bound(
+    tmp_path, monkeypatch, taken
+):
+    # A guard: grpc.aio's stop does nothing to a server whose port was added but that never started (its
+    # port stays bound until the process ends). wok starts each gRPC server as soon as its port is added,
+    # so the ports a start that failed later had opened are free as soon as its stop returns.
+    write_python_model(tmp_path / "repo" / "takes", TAKES_A_PORT)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("WOK_TEST_TAKE_PORT", str(port))
+    ports = {"grpc_port": 0, "health_port": 0, "metrics_port": 0, taken.replace(" ", "_"): port}
+    repository = ModelRepository.from_directory(tmp_path / "repo")
+    server = WokServer(server_settings(**ports, model_repository=tmp_path / "repo"), repository)
+    try:
+        with pytest.raises(OSError, match=f"cannot bind the {taken} to 127.0.0.1:{port}: the port is in use"):
+            await server.start()
+    finally:
+        await server.stop(grace=0)
+        held = repository.models["takes"].module_for(torch.device("cpu")).held
+        if held is not None:
+            held.close()
+    opened = {"gRPC port": server.port, "health port": server.health_port}
+    assert all(opened.values()) == (taken == "metrics port"), opened
+    for what, at in opened.items():
+        if at:
+            assert bind_error("127.0.0.1", at) is None, f"the {what} ({at}) is still bound after the stop"

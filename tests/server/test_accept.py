@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from wok.accept import CHECKED_GRPCIO, AcceptTasks, grpcio_unchecked, unsupported_reason
+from wok.ports import bind_error
 
 LOOPS = ("asyncio", "uvloop")
 SERVICE = "wok.test.Echo"
@@ -207,13 +208,16 @@ async def test_only_checked_grpcio_versions_and_a_started_server():
     checked = ", ".join(CHECKED_GRPCIO)
     assert grpcio_unchecked("1.86.0") == f"grpcio 1.86.0 is not among the versions checked ({checked})"
     handler = grpc.unary_unary_rpc_method_handler(echo)
-    server, _ = await registered_server(handler, start=False)
+    server, port = await registered_server(handler, start=False)
     assert unsupported_reason(server, version="1.86.0").startswith("grpcio 1.86.0 is not among")
     accept = AcceptTasks(server, {METHOD: handler}, 2)
     with pytest.raises(RuntimeError, match=r"^start the gRPC server before its AcceptTasks$"):
         accept.start()
     assert accept.running == 0
+    # grpc.aio's stop does nothing to a server never started: its port stayed bound until the process ended.
+    await server.start()
     await server.stop(None)
+    assert bind_error("127.0.0.1", port) is None, "the server's port is still bound after its stop"
 
 
 def test_arguments_are_checked():
