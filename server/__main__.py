@@ -171,6 +171,26 @@ def _mark_parsers(parser: _Parser) -> None:
         _mark_parsers(sub)
 
 
+def wok_parser(*, serve_only: bool = False) -> _Parser:
+    """`wok`'s parser, with every command's; with `serve_only`, `wok serve`'s alone."""
+    parser = _Parser(prog="wok", description="wok: a dynamic-batching inference server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    if not serve_only:
+        # Not for `wok serve`: the bench's parsers import its clients, numpy and the fault
+        # machinery (about 0.3 s of a server's start, before its own imports).
+        from .bench import cli as bench_cli
+
+        # Each figure-producing command registers itself with `p.set_defaults(run=fn, name=...)`;
+        # `run(args)` returns the exit status and raises ValueError for a bad option value.
+        for register in bench_cli.COMMANDS:
+            register(sub)
+        from .demo.cli import add_demo_parser
+
+        add_demo_parser(sub)
+    return parser
+
+
 class StartError(RuntimeError):
     """The server could not start (a port taken, a device missing): exit 1. A model that fails its
     start-up warm-up is a config error instead (exit 2)."""
@@ -828,23 +848,8 @@ def main(argv: list[str] | None = None) -> int:
     stop_signal = _StopSignal()
     stop_signal.install()
     try:
-        parser = _Parser(prog="wok", description="wok: a dynamic-batching inference server")
-        sub = parser.add_subparsers(dest="command", required=True)
-        _serve_parser(sub)
         given = sys.argv[1:] if argv is None else argv
-        if given[:1] != ["serve"]:
-            # Not for `wok serve`: the bench's parsers import its clients, numpy and the fault
-            # machinery (about 0.3 s of a server's start, before its own imports).
-            from .bench import cli as bench_cli
-
-            # Each figure-producing command registers itself with `p.set_defaults(run=fn, name=...)`;
-            # `run(args)` returns the exit status and raises ValueError for a bad option value.
-            for register in bench_cli.COMMANDS:
-                register(sub)
-            from .demo.cli import add_demo_parser
-
-            add_demo_parser(sub)
-        args = parser.parse_args(argv)
+        args = wok_parser(serve_only=given[:1] == ["serve"]).parse_args(argv)
     except BaseException:
         try:
             stop_signal.uninstall()

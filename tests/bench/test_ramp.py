@@ -59,6 +59,11 @@ def v6_server(_own_servers):
     return _own_servers[1].result()
 
 
+def mlp_ramp(target: str, **fields) -> RampConfig:
+    """A ramp of mlp alone against `target`; the test gives the rest of its fields."""
+    return RampConfig(target=target, models=[("mlp", 1.0)], **fields)
+
+
 def bucket_of(seconds: float) -> int:
     return int(np.searchsorted(LATENCY_BUCKETS, seconds))
 
@@ -82,16 +87,10 @@ def _round_trip_ms(target: str, n: int = 50) -> float:
 
 
 def test_below_capacity_every_step_is_delivered_and_p50_agrees_with_the_server(bench_server, metrics_url):
-    cfg = RampConfig(
-        target=bench_server.target,
-        models=[("mlp", 1.0)],
-        steps=[100, 200],
-        step_duration_s=1.5,
-        warmup_s=0.5,
-        arrival="constant",
-        workers=2,
-        metrics_url=metrics_url,
+    cfg = mlp_ramp(
+        bench_server.target, steps=[100, 200], step_duration_s=1.5, warmup_s=0.5, arrival="constant", workers=2
     )
+    cfg.metrics_url = metrics_url
     result = Ramp(cfg, progress=lambda _: None).run()
     outside_ms = _round_trip_ms(bench_server.target)
     assert result["schema"] == "wok.bench/2"
@@ -254,16 +253,7 @@ def test_littles_law_holds_on_a_low_rate_step_with_few_short_calls(bench_server)
     # A few 5-10 ms calls in a 1 s window: a count sampled every 10 ms and held to the window's
     # end read several times λW here and warned that the clocks were suspect. Seed 0 draws 2 and 3
     # calls in the windows, none within 0.18 s of a window's edge, where a call would be cut.
-    cfg = RampConfig(
-        target=bench_server.target,
-        models=[("mlp", 1.0)],
-        steps=[2, 5],
-        step_duration_s=1.0,
-        warmup_s=0.3,
-        arrival="poisson",
-        seed=0,
-        metrics_url=None,
-    )
+    cfg = mlp_ramp(bench_server.target, steps=[2, 5], step_duration_s=1.0, warmup_s=0.3, arrival="poisson", seed=0)
     lines: list[str] = []
     result = Ramp(cfg, progress=lines.append).run()
     for step in result["steps"]:
@@ -275,7 +265,7 @@ def test_littles_law_holds_on_a_low_rate_step_with_few_short_calls(bench_server)
 def test_a_stalled_server_delays_every_request_scheduled_during_the_stall(bench_server, metrics_url):
     """Coordinated omission: latency runs from the intended send time, so a stall counts in full."""
     lag_before = scrape(metrics_url)
-    cfg = RampConfig(target=bench_server.target, models=[("mlp", 1.0)], steps=[100], step_duration_s=2)
+    cfg = mlp_ramp(bench_server.target, steps=[100], step_duration_s=2)
     pool, _, _ = build_pool(cfg)
     workers = WorkerPool(cfg.target, pool, 2)
     try:
@@ -342,9 +332,8 @@ def test_a_server_killed_mid_step_leaves_every_request_of_the_step_counted_once(
 
             threading.Thread(target=kill, daemon=True).start()
 
-    cfg = RampConfig(
-        target=sp.target,
-        models=[("mlp", 1.0)],
+    cfg = mlp_ramp(
+        sp.target,
         steps=[100],
         step_duration_s=3.0,
         warmup_s=0.5,
@@ -374,9 +363,8 @@ def test_a_server_killed_mid_step_leaves_every_request_of_the_step_counted_once(
 
 
 def test_a_ramp_past_capacity_finds_a_knee(bench_server, metrics_url, tmp_path):
-    cfg = RampConfig(
-        target=bench_server.target,
-        models=[("mlp", 1.0)],
+    cfg = mlp_ramp(
+        bench_server.target,
         steps=[1000, 3000, 8000],
         step_duration_s=1.0,
         warmup_s=0.3,
@@ -440,15 +428,8 @@ def test_the_cli_writes_every_output_and_gates_on_require_qps(bench_server, metr
 
 
 def test_a_burst_step_reports_the_rate_it_really_offered(bench_server):
-    cfg = RampConfig(
-        target=bench_server.target,
-        models=[("mlp", 1.0)],
-        steps=[100],
-        step_duration_s=1.0,
-        warmup_s=0.2,
-        arrival="burst:amplitude=4x,t0=50%,sigma=10%",
-        metrics_url=None,
-    )
+    burst = "burst:amplitude=4x,t0=50%,sigma=10%"
+    cfg = mlp_ramp(bench_server.target, steps=[100], step_duration_s=1.0, warmup_s=0.2, arrival=burst)
     (step,) = Ramp(cfg, progress=lambda _: None).run()["steps"]
     assert step["nominal_qps"] == 100
     # λ_base + A·σ·√(2π)/T over the measured window (the burst at 0.6 s lies inside it, 3.3 σ
@@ -467,14 +448,7 @@ class _CutAfterOne(Ramp):
 
 
 def test_a_ramp_cut_by_a_signal_says_so_in_its_result(bench_server):
-    cfg = RampConfig(
-        target=bench_server.target,
-        models=[("mlp", 1.0)],
-        steps=[50, 100],
-        step_duration_s=0.3,
-        warmup_s=0.1,
-        workers=1,
-    )
+    cfg = mlp_ramp(bench_server.target, steps=[50, 100], step_duration_s=0.3, warmup_s=0.1, workers=1)
     result = _CutAfterOne(cfg, progress=lambda _: None).run()
     assert [s["nominal_qps"] for s in result["steps"]] == [50]  # the step measured is kept
     assert result["interrupted"] == {
@@ -513,18 +487,18 @@ class _DoubleOffer(Ramp):
         }
 
 
-def test_refine_bisects_on_the_nominal_rates_it_runs(bench_server):
-    cfg = RampConfig(
-        target=bench_server.target,
-        models=[("mlp", 1.0)],
-        steps=[1000, 2000],
-        step_duration_s=1.0,
-        refine=2,
-        slo_p99_ms=50.0,
-        workers=1,  # started, never sent to
-    )
-    ramp = _DoubleOffer(cfg, progress=lambda _: None)
+def refining(ramp_class: type[_DoubleOffer], target: str, refine: int) -> _DoubleOffer:
+    """A `ramp_class` ramp over nominal 1,000 and 2,000 QPS with `refine` bisection steps under a
+    50 ms P99; the rates it runs are noted in its `ran`."""
+    # One worker, started and never sent to.
+    cfg = mlp_ramp(target, steps=[1000, 2000], step_duration_s=1.0, refine=refine, slo_p99_ms=50.0, workers=1)
+    ramp = ramp_class(cfg, progress=lambda _: None)
     ramp.ran = []
+    return ramp
+
+
+def test_refine_bisects_on_the_nominal_rates_it_runs(bench_server):
+    ramp = refining(_DoubleOffer, bench_server.target, refine=2)
     result = ramp.run()
     # 1,000 (2,000 offered) passes, 2,000 (4,000 offered) fails: the refinement runs at nominal
     # 1,500 (3,000 offered: passes) then 1,750 (3,500: fails), between the two, never above.
@@ -543,17 +517,7 @@ class _CutInRefine(_DoubleOffer):
 
 def test_ctrl_c_in_the_refinement_keeps_the_ramp_and_the_refine_steps_run(bench_server):
     """It used to end the run with exit 130 and nothing kept, though two steps had finished."""
-    cfg = RampConfig(
-        target=bench_server.target,
-        models=[("mlp", 1.0)],
-        steps=[1000, 2000],
-        step_duration_s=1.0,
-        refine=3,
-        slo_p99_ms=50.0,
-        workers=1,  # started, never sent to
-    )
-    ramp = _CutInRefine(cfg, progress=lambda _: None)
-    ramp.ran = []
+    ramp = refining(_CutInRefine, bench_server.target, refine=3)
     result = ramp.run()
     assert ramp.ran == [1000, 2000, 1500]  # cut as the second refinement step (1,750) starts
     assert [(s["nominal_qps"], s["phase"]) for s in result["steps"]] == [
@@ -574,14 +538,8 @@ def test_the_pool_is_built_through_the_balancer_the_workers_use(bench_server, v6
     """Two servers of two address families: one gRPC channel cannot list both, the wok balancer
     (the workers' default for several targets) opens a channel per server. build_pool opened a
     plain round-robin channel whatever the workers were to use, and failed before any worker ran."""
-    cfg = RampConfig(
-        target=f"{bench_server.target},{v6_server.target}",
-        models=[("mlp", 1.0)],
-        steps=[40],
-        step_duration_s=0.5,
-        warmup_s=0.1,
-        workers=1,
-    )
+    targets = f"{bench_server.target},{v6_server.target}"
+    cfg = mlp_ramp(targets, steps=[40], step_duration_s=0.5, warmup_s=0.1, workers=1)
     result = Ramp(cfg, progress=lambda _: None).run()
     assert result["config"]["balancer"] == "wok" and len(result["balancer"]["replicas"]) == 2
     (step,) = result["steps"]
@@ -623,9 +581,8 @@ class _Clocked(Ramp):
 def test_start_at_puts_every_step_on_its_wall_clock_slot(bench_server):
     """--start-at: step k's t = 0 is start_at + k × (warm-up + duration + gap), whatever the
     previous step's last answers cost, so generators on several machines stay in step."""
-    cfg = RampConfig(
-        target=bench_server.target,
-        models=[("mlp", 1.0)],
+    cfg = mlp_ramp(
+        bench_server.target,
         steps=[100, 100, 100],
         step_duration_s=0.4,
         warmup_s=0.2,
@@ -668,14 +625,7 @@ def test_the_wall_clock_offset_leaves_out_a_stall_between_its_two_reads(monkeypa
 
 
 def test_start_at_refuses_a_generator_that_arrives_after_the_warm_up(bench_server):
-    cfg = RampConfig(
-        target=bench_server.target,
-        models=[("mlp", 1.0)],
-        steps=[100],
-        step_duration_s=0.5,
-        warmup_s=0.2,
-        start_at=time.time() - 5.0,
-    )
+    cfg = mlp_ramp(bench_server.target, steps=[100], step_duration_s=0.5, warmup_s=0.2, start_at=time.time() - 5.0)
     with pytest.raises(
         RuntimeError, match=r"was \d+\.\d s ago, more than the warm-up \(0\.2 s\): this generator is too late"
     ):

@@ -3,6 +3,7 @@ deploy/Dockerfile, docs/gpu.md's commands against bench/gpu_session.sh."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 import re
 import shlex
@@ -69,3 +70,56 @@ def test_architecture_doc_names_every_source_file():
             if not any(n == path.name or str(rel).endswith(n) for n in named):
                 missing.append(str(rel))
     assert not missing, f"docs/architecture.md names no row for {missing}"
+
+
+def test_the_metrics_render_interval_is_the_one_the_docs_and_the_scrape_config_give():
+    # /metrics is rendered at most once per RENDER_INTERVAL_S; a scraper set below it waits for each
+    # render, so the pages that set or describe the scrape interval must say so, with the code's figure.
+    from wok import http
+
+    pages = {
+        "docs/metrics.md": r"rendered at most once every ([\d.]+) s",
+        "deploy/README.md": r"rendered at most once every ([\d.]+) s",
+        "deploy/prometheus/prometheus.yml": r"at most once\s*#?\s*every ([\d.]+) s",
+    }
+    for page, said in pages.items():
+        text = (ROOT / page).read_text()
+        figures = {float(f) for f in re.findall(said, text)}
+        assert figures == {http.RENDER_INTERVAL_S}, (
+            f"{page} says {sorted(figures)} s; the code: {http.RENDER_INTERVAL_S} s"
+        )
+        below = rf"below {http.RENDER_INTERVAL_S:g} ?s\b"
+        assert re.search(below, text), f"{page} does not warn of a scrape interval below {http.RENDER_INTERVAL_S:g} s"
+
+
+def test_every_test_that_needs_cuda_is_one_the_gpu_sessions_cuda_step_runs():
+    # The machines this project builds on have no GPU: a CUDA test that bench/gpu_session.sh does not run
+    # (its file not listed, or a name `-k cuda` leaves out) is never run at all.
+    (step,) = [
+        line for line in (ROOT / "bench" / "gpu_session.sh").read_text().splitlines() if "step cuda_tests" in line
+    ]
+    words = shlex.split(step)
+    listed = {w for w in words if w.startswith("tests/")}
+    assert words[words.index("-k") + 1] == "cuda", step
+    left_out = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        source = path.read_text()
+        tree = ast.parse(source)
+        # A module-wide mark (pytestmark = skipif(not torch.cuda.is_available(), ...)) gates every test in it.
+        gated = any(
+            isinstance(n, ast.Assign)
+            and any(getattr(target, "id", None) == "pytestmark" for target in n.targets)
+            and "cuda.is_available" in ast.get_source_segment(source, n)
+            for n in tree.body
+        )
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.name.startswith("test"):
+                continue
+            marks = " ".join(ast.get_source_segment(source, d) for d in node.decorator_list)
+            if gated or "cuda.is_available" in marks:
+                # -k cuda selects by the test's name or, for a parametrized one, the id of a "cuda:N" value.
+                selected = "cuda" in node.name or '"cuda' in marks
+                where = str(path.relative_to(ROOT))
+                if where not in listed or not selected:
+                    left_out.append(f"{where}::{node.name}")
+    assert not left_out, f"bench/gpu_session.sh's cuda_tests step does not run {left_out}"

@@ -32,7 +32,7 @@ from wok import executor
 from wok.app import SERVICE_NAME, WokServer
 from wok.codec import decode_response, encode_request
 from wok.config import InstanceConfig, server_settings
-from wok.errors import ModelExecutionError, WarmupError, error_line
+from wok.errors import DeviceLost, ModelExecutionError, WarmupError, error_line
 from wok.repository import ModelRepository
 from wok.servable import Servable
 from wok.v2pb import grpc_service_pb2 as pb
@@ -198,7 +198,9 @@ def build():
     return Lookup()
 """
 
-EXECUTOR_SCRIPT = """
+# An executor on cuda:0 for the model whose source is argv[1]; `outcome` notes a batch's answers (or its
+# error) and how many times its worker ran, in `out`, which the script prints as JSON at its end.
+EXECUTOR_HEAD = """
 import json, os, sys, types
 import numpy as np
 from wok.config import InstanceConfig, model_config_from_dict
@@ -222,7 +224,11 @@ def outcome(name, fut):
     except Exception as exc:
         out[name] = [type(exc).__name__, str(exc)]
     out[name + "_ran"] = len(fut.ran)
+"""
 
+EXECUTOR_SCRIPT = (
+    EXECUTOR_HEAD
+    + """
 outcome("good", inst.submit([req(1), req(2)], [1, 1], 0))
 bad, behind = inst.submit([req(1), req(50)], [1, 1], 0), inst.submit([req(3)], [1], 1)
 outcome("bad", bad)
@@ -232,18 +238,22 @@ out["lost"] = str(ex.lost)
 print(json.dumps(out), flush=True)
 os._exit(0)  # the frees at exit would abort on the lost device
 """
+)
+
+
+def run_executor_script(script: str, model: str) -> dict:
+    """What `script` (EXECUTOR_HEAD's executor, on `model`'s source) printed: a process of its own, as
+    the device-side error poisons the process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, textwrap.dedent(model)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
 def test_cuda_a_device_side_error_fails_its_batch_and_every_later_one_is_refused_without_running():
-    proc = subprocess.run(
-        [sys.executable, "-c", EXECUTOR_SCRIPT, textwrap.dedent(LOOKUP_MODEL)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_executor_script(EXECUTOR_SCRIPT, LOOKUP_MODEL)
     assert out["good"] == ["ok", [[[4.0, 5.0, 6.0, 7.0]], [[8.0, 9.0, 10.0, 11.0]]]]
     assert out["bad"] == ["ModelExecutionError", f"model 'lookup' failed on the device: {ASSERT}"]
     assert out["bad_ran"] == 1
@@ -291,6 +301,40 @@ def test_cuda_wok_serve_after_a_device_side_error_refuses_turns_not_serving_and_
     assert f"ERROR wok: {lost_message('lookup', 'cuda:0')}; health NOT_SERVING" in log, log[-3000:]
     assert f"wok: exiting without freeing the lost device's memory ({lost_message('lookup', 'cuda:0')})" in log
     assert "terminate called" not in log
+
+
+# LOOKUP_MODEL refusing a batch of more than one row as it is launched (a check on the host, no device
+# work): the CUDA path reruns such a batch in parts (Instance._cuda_batch), one request at a time.
+ONE_ROW_LOOKUP_MODEL = LOOKUP_MODEL.replace(
+    "    def forward(self, x):\n",
+    "    def forward(self, x):\n        if x.shape[0] > 1:\n            raise ValueError('one row at a time')\n",
+)
+
+RERUN_SCRIPT = (
+    EXECUTOR_HEAD
+    + """
+outcome("rerun", inst.submit([req(1), req(50), req(2), req(3)], [1, 1, 1, 1], 0))
+out["lost"] = str(ex.lost)
+print(json.dumps(out), flush=True)
+os._exit(0)
+"""
+)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_cuda_a_part_of_a_failed_batch_that_loses_the_device_fails_on_the_device_and_the_reruns_stop():
+    # CPU twins with the loss planted: test_executor_isolate_stop.py. On CUDA the part is run and waited for
+    # by _cuda_batch, which said "failed: AcceleratorError" where every other path said "failed on the device";
+    # the parts after it must get the loss without running (each failed again on the dead context before).
+    assert "raise ValueError" in ONE_ROW_LOOKUP_MODEL
+    out = run_executor_script(RERUN_SCRIPT, ONE_ROW_LOOKUP_MODEL)
+    status, answers = out["rerun"]
+    assert status == "ok", out
+    assert answers[0] == [[4.0, 5.0, 6.0, 7.0]]  # answered before the loss: kept
+    failed = f"model 'lookup' failed on the device: {ASSERT} {executor.LOST_ALONE}"
+    assert answers[1] == repr(ModelExecutionError(failed))
+    assert answers[2:] == [repr(DeviceLost(lost_message("lookup", "cuda:0")))] * 2  # never run
+    assert out["lost"] == lost_message("lookup", "cuda:0")
 
 
 # The id is the input's first value less one: the warm-up's zeros ask for row -1, past the table.

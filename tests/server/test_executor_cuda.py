@@ -12,13 +12,15 @@ import time
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from wok.config import InstanceConfig
 from wok.errors import ModelExecutionError
 from wok.executor import Executor
 from wok.models import build_demo
+from wok.servable import Servable
 
-from .conftest import gated_servable
+from .conftest import four_wide_config, gated_servable
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device here; bench/gpu_session.sh runs these on a GPU"
@@ -40,8 +42,8 @@ def reference(servable, reqs):
 def cuda_executor():
     made = []
 
-    def make(servable, depth=2):
-        ex = Executor(servable, InstanceConfig(count=1, devices=("cuda:0",), pipeline_depth=depth))
+    def make(servable, depth=2, count=1):
+        ex = Executor(servable, InstanceConfig(count=count, devices=("cuda:0",), pipeline_depth=depth))
         made.append(ex)
         return ex
 
@@ -133,3 +135,69 @@ def test_cuda_a_launch_waiting_at_the_worker_can_be_withdrawn_and_never_runs(cud
     np.testing.assert_array_equal(result.outputs[0]["OUTPUT0"], np.full((2, 4), 2.0, np.float32))
     inst.submit([{"INPUT0": np.ones((1, 4), np.float32)}], [1], 0).result(30)
     assert m.batch_sizes == [2, 1]
+
+
+def storages(tensors) -> list[int]:
+    return [t.untyped_storage().data_ptr() for t in tensors]
+
+
+def two_instances(cuda_executor, make) -> tuple:
+    """(first, second, twin): two instances on cuda:0 of the module `make()` builds, and a CPU module of
+    `make()` holding the same weights, made before the first instance takes the module onto the GPU."""
+    module, twin = make(), make()
+    twin.load_state_dict(module.state_dict())
+    first, second = cuda_executor(Servable(four_wide_config("m"), module), count=2).instances
+    return first, second, twin
+
+
+def assert_each_answers_as(instances, twin) -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with torch.inference_mode():
+        want = twin(torch.from_numpy(x)).numpy()
+    for inst in instances:
+        (got,) = inst.submit([{"INPUT0": x}], [2], 0).result(30).outputs
+        np.testing.assert_allclose(got["OUTPUT0"], want, rtol=1e-5, atol=1e-5)
+
+
+class Scaled(nn.Module):
+    """A linear layer and a buffer of its own: an instance's copy shares the one, holds the other."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.register_buffer("scale", torch.full((4,), 2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.scale
+
+
+def test_cuda_a_later_instance_on_the_device_runs_a_copy_sharing_the_weights_and_answers_as_the_first(
+    cuda_executor,
+):
+    """Servable.module_for_instance on a GPU (checked on the CPU in test_servable.py): the second instance's
+    module is a copy whose parameters are the first's own tensors on cuda:0 (the weights are not made twice
+    on the device) and whose buffers are its own; both instances answer as the CPU does."""
+    first, second, twin = two_instances(cuda_executor, Scaled)
+    assert second.module is not first.module
+    assert {t.device for t in (*second.module.parameters(), *second.module.buffers())} == {torch.device("cuda:0")}
+    assert storages(second.module.parameters()) == storages(first.module.parameters())
+    assert storages(second.module.buffers())[0] != storages(first.module.buffers())[0]
+    assert_each_answers_as((first, second), twin)
+
+
+def test_cuda_a_torchscript_modules_later_instance_holds_weights_of_its_own_logged_once(cuda_executor, caplog):
+    """TorchScript's deepcopy ignores the memo that shares a plain module's parameters: on a GPU too, the
+    second instance holds its own copy of the weights on cuda:0, said once with their size, and answers."""
+    caplog.set_level("INFO", logger="wok")
+    first, second, twin = two_instances(cuda_executor, lambda: torch.jit.script(nn.Sequential(nn.Linear(4, 4))))
+    assert {p.device for p in second.module.parameters()} == {torch.device("cuda:0")}
+    mine, theirs = storages(second.module.parameters()), storages(first.module.parameters())
+    assert not set(mine) & set(theirs)
+    for a, b in zip(second.module.parameters(), first.module.parameters()):
+        assert torch.equal(a, b)
+    size = sum(p.numel() * p.element_size() for p in twin.parameters()) / 2**20
+    assert [r.getMessage() for r in caplog.records if "TorchScript" in r.getMessage()] == [
+        f"model 'm': TorchScript copies its weights for each later instance on cuda:0 ({size:.1f} MiB each): "
+        "the instances there hold them once each"
+    ]
+    assert_each_answers_as((first, second), twin)
