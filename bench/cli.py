@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
@@ -15,6 +16,7 @@ from .outputs import keep_elsewhere as _keep_elsewhere
 from .outputs import result_text as _result_text
 from .outputs import write_outputs as _write_outputs_in_order
 from .outputs import writing as _writing
+from .payloads import DEFAULT_INT_HIGH
 
 REQUIRE_QPS_NOT_MET = 3
 # A soak that found no capacity to soak at: the same verdict as a capacity below --require-qps.
@@ -24,6 +26,15 @@ FAULT_NOT_IN_EFFECT = 4
 # requests the server cannot take, which is a bad option's status.
 BAD_REQUESTS = 2
 DEFAULT_TARGET = "127.0.0.1:8001"
+# One default ramp for `wok bench ramp` and `wok simulate` ("the same ramp, simulated"): low rates
+# any server takes, so the first run is a measurement rather than an overload.
+DEFAULT_STEPS = "50,100,200,400"
+# A minute a step: a default ramp ends in minutes (5 min each made it 22), and the lowest step's
+# 3,000 requests still leave 30 beyond its P99. A soak or a capacity figure to publish wants longer.
+DEFAULT_STEP_DURATION = "60s"
+# The warm-up when --warmup is not given: this share of the step, at most WARMUP_CAP_S.
+WARMUP_SHARE = 0.1
+WARMUP_CAP_S = 30.0
 
 
 def add_parser(sub) -> None:
@@ -46,9 +57,14 @@ def add_parser(sub) -> None:
         "--model", default="mlp", help="model, or a weighted mix such as mlp:0.7,encoder:0.3 (default %(default)s)"
     )
     p.add_argument(
-        "--steps", default="50,100,200,400", help="QPS per step: a list, or start:stop:factor (default %(default)s)"
+        "--steps", default=DEFAULT_STEPS, help="QPS per step: a list, or start:stop:factor (default %(default)s)"
     )
-    p.add_argument("--step-duration", default="5m", help="how long each step is held, e.g. 5m, 30s (default 5m)")
+    p.add_argument(
+        "--step-duration",
+        default=DEFAULT_STEP_DURATION,
+        help=f"how long each step is held, e.g. 5m, 30s (default %(default)s; the default ramp takes "
+        f"{_default_ramp_text()}; the planned total is printed before the first step)",
+    )
     p.add_argument(
         "--warmup",
         default=None,
@@ -67,9 +83,10 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--int-high",
         type=int,
-        default=50,
-        help="integer inputs uniform in [0, N) (default 50, which every demo model accepts; give recsys its table "
-        "size, e.g. 200000, so that its gathers spread over the table)",
+        default=DEFAULT_INT_HIGH,
+        help="integer inputs uniform in [0, N) (default %(default)s, which every demo model accepts: a server's "
+        "metadata does not say a model's id range; give recsys its table size, e.g. 200000, so that its gathers "
+        "spread over the table)",
     )
     p.add_argument(
         "--slo-p99", default="200ms", help="P99 latency objective, with its unit: 50ms, 0.05s (default 200ms)"
@@ -165,7 +182,7 @@ def run_merge(args) -> int:
 
     from .merge import merge_results
 
-    _check_outputs(args, *_RESULT_OUTPUTS)
+    _check_outputs(args, *_RESULT_OUTPUTS, folders=_RESULT_FOLDERS)
     parts = []
     for path in args.results:
         try:
@@ -261,11 +278,19 @@ def _add_outputs(p) -> None:
     p.add_argument("--json", type=Path, help="write the result (schema wok.bench/2) here")
     p.add_argument("--csv", type=Path, help="write one row per step here")
     p.add_argument("--html", type=Path, help="write a self-contained HTML report here")
-    p.add_argument("--plots", type=Path, help="write the plots as PNG files into this folder")
+    _add_plot(p, metavar="FOLDER", help="write the plots as PNG files into this folder")
 
 
-# The files of `_add_outputs`.
-_RESULT_OUTPUTS = ("--json", "--csv", "--html", "--plots")
+def _add_plot(p, **kwargs) -> None:
+    """--plot, the one spelling every command documents, and --plots, the one `wok bench ramp`,
+    `merge` and `simulate` documented before: kept, out of the help, so that scripts still run."""
+    p.add_argument("--plot", type=Path, **kwargs)
+    p.add_argument("--plots", dest="plot", type=Path, help=argparse.SUPPRESS)
+
+
+# The files of `_add_outputs`; --plot is a folder there.
+_RESULT_OUTPUTS = ("--json", "--csv", "--html", "--plot")
+_RESULT_FOLDERS = ("--plot",)
 
 
 def _warn(message: str) -> None:
@@ -297,14 +322,17 @@ def _result_outputs(args) -> list:
         ("--json", args.json, report.write_json),
         ("--csv", args.csv, report.write_csv),
         ("--html", args.html, report.write_html),
-        ("--plots", args.plots, plots),
+        ("--plot", args.plot, plots),
     ]
 
 
 def _write_outputs(result: dict, args, command: str = "wok bench") -> None:
     from . import report
 
-    _show_after(lambda: _write_or_raise(result, _result_outputs(args), command), lambda: report.print_table(result))
+    _show_after(
+        lambda: _write_or_raise(result, _result_outputs(args), command, folders=_RESULT_FOLDERS),
+        lambda: report.print_table(result),
+    )
 
 
 def _show_after(write, show):
@@ -374,10 +402,10 @@ def _stdout_closed() -> bool:
     return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
 
 
-def _write_or_raise(result: dict, outputs, command: str = "wok bench") -> None:
-    """A command's output writes (`write_outputs`); the first that fails is that option's error (2). Each
-    written is named on stderr (`_say_written`)."""
-    failed = _write_outputs_in_order(result, outputs)
+def _write_or_raise(result: dict, outputs, command: str = "wok bench", folders=()) -> None:
+    """A command's output writes (`write_outputs`, `folders` as there); the first that fails is that
+    option's error (2). Each written is named on stderr (`_say_written`)."""
+    failed = _write_outputs_in_order(result, outputs, folders=folders)
     _say_written(command, outputs, failed)
     if failed is not None:
         raise failed[0]
@@ -416,9 +444,16 @@ def add_simulate_parser(sub) -> None:
     )
     p.add_argument("--arrival", default="poisson", help="as for wok bench ramp (default poisson)")
     p.add_argument(
-        "--steps", default="300,600,900", help="QPS per step: a list, or start:stop:factor (default 300,600,900)"
+        "--steps",
+        default=DEFAULT_STEPS,
+        help="QPS per step: a list, or start:stop:factor (default %(default)s, as wok bench ramp's)",
     )
-    p.add_argument("--step-duration", default="600s", help="simulated time per step (default 600s)")
+    p.add_argument(
+        "--step-duration",
+        default="600s",
+        help="simulated time per step (default 600s: longer than wok bench ramp's, as simulated time costs little "
+        "and steadies the P99)",
+    )
     p.add_argument("--warmup", default="0s", help="simulated but not counted at each step's start (default 0s)")
     p.add_argument("--slo-p99", default="200ms", help="P99 latency objective, with its unit (default 200ms)")
     p.add_argument("--seed", type=int, default=0, help="the arrivals' random seed (default 0)")
@@ -434,7 +469,7 @@ def run_simulate(args) -> int:
         # Each option checked here, so that its message names it (the model's would not).
         return _seconds(args, option, positive)
 
-    _check_outputs(args, *_RESULT_OUTPUTS)
+    _check_outputs(args, *_RESULT_OUTPUTS, folders=_RESULT_FOLDERS)
     least = {"--max-batch-size": 1, "--instances": 1, "--max-queue-size": 0, "--seed": 0}
     for option, low in least.items():
         value = getattr(args, option.removeprefix("--").replace("-", "_"))
@@ -749,7 +784,7 @@ _PERCENT = re.compile(r"\s*(\d+\.?\d*|\.\d+)\s*%\s*")
 def _warmup(text: str | None, duration: float) -> float:
     """--warmup in seconds: a duration, or a percentage of the step's `duration`; None: 10 %, at most 30 s."""
     if text is None:
-        return min(30.0, 0.1 * duration)
+        return min(WARMUP_CAP_S, WARMUP_SHARE * duration)
     m = _PERCENT.fullmatch(text)
     if m is not None:
         return float(m.group(1)) / 100 * duration
@@ -761,6 +796,53 @@ def _warmup(text: str | None, duration: float) -> float:
             f"--warmup: expected a finite duration or a percentage of --step-duration; got {quoted_name(text)}"
         )
     return value
+
+
+def _duration_text(seconds: float) -> str:
+    """`seconds` as a person reads a run's length: 45 s, 4 min 24 s, 1 h 6 min."""
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    hours, rest = divmod(round(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n} {unit}" for n, unit in ((hours, "h"), (minutes, "min"), (secs, "s")) if n]
+    return " ".join(parts[:2])  # to the minute past an hour
+
+
+def _steps_text(count: int, warmup_s: float, duration_s: float, gap_s: float = 0.0) -> str:
+    """How long `count` steps of `warmup_s` + `duration_s` take, `gap_s` between them (--start-at)."""
+    total = count * (warmup_s + duration_s) + max(count - 1, 0) * gap_s
+    warm = f"{_duration_text(warmup_s)} warm-up + " if warmup_s else ""
+    gaps = f" + {count - 1} × {_duration_text(gap_s)} gap" if gap_s and count > 1 else ""
+    steps = f"{count} step{'' if count == 1 else 's'}"
+    return f"{steps} × ({warm}{_duration_text(duration_s)}){gaps} = {_duration_text(total)}"
+
+
+def _default_ramp_text() -> str:
+    """How long `wok bench ramp` runs with every default, for its help."""
+    from .arrivals import parse_duration, parse_steps
+
+    duration = parse_duration(DEFAULT_STEP_DURATION)
+    return _steps_text(len(parse_steps(DEFAULT_STEPS)), _warmup(None, duration), duration)
+
+
+def _planned_text(args, cfg) -> str:
+    """What a ramp (or soak) will take, said before it starts: a default ramp of 5 min steps ran 22 min
+    with nothing to say so but the first step's progress."""
+    from . import soak
+
+    parts = []
+    if args.soak is None or args.capacity is None:
+        gap = cfg.step_gap_s if cfg.start_at is not None else 0.0
+        parts.append(_steps_text(len(cfg.steps), cfg.warmup_s, cfg.step_duration_s, gap))
+        if cfg.refine:
+            step = _duration_text(cfg.warmup_s + cfg.step_duration_s)
+            parts.append(f"up to {cfg.refine} refinement step{'' if cfg.refine == 1 else 's'} of {step}")
+    if args.soak is not None:
+        parts.append(f"a soak of {_duration_text(soak.soak_values(args, cfg)[0])}")
+    text = f"planned: {', then '.join(parts)}"
+    if (args.soak is None or args.capacity is None) and math.isfinite(cfg.stop_factor):
+        text += " (less if a step ends the ramp: --stop-factor)"
+    return text
 
 
 def _check_target(text: str) -> str:
@@ -858,7 +940,7 @@ def run(args) -> int:
     from .workers import pick_balancer
 
     _check_aim(args)
-    _check_outputs(args, *_RESULT_OUTPUTS)
+    _check_outputs(args, *_RESULT_OUTPUTS, folders=_RESULT_FOLDERS)
     target = _check_target(DEFAULT_TARGET if args.target is None else args.target)
     _check_metrics_url(args.metrics_url)
     tls, token = _security(args)
@@ -940,6 +1022,7 @@ def run(args) -> int:
     if args.replicas is not None:
         _check_replica_args(args, faults.serve_args_of(args, cfg))
     cfg = replace(cfg, metrics_url=_metrics_url(args.metrics_url, target, replicas=args.replicas is not None))
+    print(f"wok bench: {_planned_text(args, cfg)}", file=sys.stderr, flush=True)
     previous = _signals_interrupt()
     try:
         try:
@@ -975,8 +1058,11 @@ def run(args) -> int:
             def faults_png(r: dict, folder: Path) -> None:
                 report.plot_fault_timeline(r, folder / "faults.png")
 
-            outputs.append(("--plots", args.plots, faults_png))
-        if _show_after(lambda: _write_or_keep("wok bench", result, outputs), lambda: report.print_table(result)):
+            outputs.append(("--plot", args.plot, faults_png))
+        if _show_after(
+            lambda: _write_or_keep("wok bench", result, outputs, folders=_RESULT_FOLDERS),
+            lambda: report.print_table(result),
+        ):
             return 1
         soak.print_soak(result)
         _print_host_probe(result.get("host_probe"))
@@ -987,13 +1073,13 @@ def run(args) -> int:
     return _exit_status(result, args)
 
 
-def _write_or_keep(command: str, result: dict, outputs) -> bool:
+def _write_or_keep(command: str, result: dict, outputs, folders=()) -> bool:
     """A command's output writes (`write_outputs`, --json first). True when one failed past the
     up-front check (its folder removed meanwhile, a full disk, a plot that cannot be drawn) with
     the result in no file: the minutes measured then go to a temporary one, named on stderr, and
     the command fails (1).
     With --json written, another output's failure is that option's error (2), as for any."""
-    failed = _write_outputs_in_order(result, outputs)
+    failed = _write_outputs_in_order(result, outputs, folders=folders)
     _say_written(command, outputs, failed)
     if failed is None:
         return False
@@ -1058,7 +1144,12 @@ def add_profile_parser(sub) -> None:
     p.add_argument(
         "--sizes", default="fixed:16", help="length of variable dims, as for wok bench ramp (default fixed:16)"
     )
-    p.add_argument("--int-high", type=int, help="integer inputs uniform in [0, N) (default: the smallest table)")
+    p.add_argument(
+        "--int-high",
+        type=int,
+        help=f"integer inputs uniform in [0, N) (default: the model's smallest embedding table, else "
+        f"{DEFAULT_INT_HIGH}; wok bench ramp's is {DEFAULT_INT_HIGH}, as a server's metadata does not say the table)",
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument(
@@ -1071,7 +1162,7 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--bandwidth", help="device memory bandwidth in bytes/s, e.g. 3.3T (default: measured by a copy)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs, their values and sizes (default 0)")
     p.add_argument("--json", type=Path, help="write the result (schema wok.profile/1) here")
-    p.add_argument("--plot", type=Path, help="write the roofline and T(n) plot here (PNG; SVG or PDF by its suffix)")
+    _add_plot(p, metavar="FILE", help="write the roofline and T(n) plot here (PNG; SVG or PDF by its suffix)")
     p.set_defaults(run=_quiet_when_stdout_closes(run_profile))
 
 

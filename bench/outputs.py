@@ -21,8 +21,10 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-# Made with their parents if missing; every other output is a file whose folder must exist.
-FOLDER_OUTPUTS = ("--plots", "--manifests", "--log-dir")
+# Made with their parents if missing; every other output is a file whose folder must exist. A
+# command whose --plot is a folder of plots (`wok bench ramp`) says so with `folders`: `wok profile`'s
+# --plot is one file.
+FOLDER_OUTPUTS = ("--manifests", "--log-dir")
 
 
 class WriteFailed(ValueError):
@@ -83,8 +85,9 @@ def _create_problem(folder: Path) -> str | None:
     return None
 
 
-def check_outputs(args, *options: str, parents_made: bool = False) -> None:
-    """Raise ValueError naming the first of `options` (read off `args`) that cannot be written."""
+def check_outputs(args, *options: str, parents_made: bool = False, folders: Sequence[str] = ()) -> None:
+    """Raise ValueError naming the first of `options` (read off `args`) that cannot be written; those of
+    FOLDER_OUTPUTS and `folders` are folders."""
     for option in options:
         path = getattr(args, option.removeprefix("--").replace("-", "_"))
         if path is None:
@@ -92,7 +95,7 @@ def check_outputs(args, *options: str, parents_made: bool = False) -> None:
         if path == "":  # an option read as text, left empty (a variable): not the working directory
             raise ValueError(f"{option}: expected a path; got ''")
         try:
-            why = output_problem(path, option in FOLDER_OUTPUTS, parents_made)
+            why = output_problem(path, option in FOLDER_OUTPUTS or option in folders, parents_made)
         except OSError as exc:  # a stat refused on the way (a folder that cannot be searched)
             why = exc.strerror or str(exc)
         if why:
@@ -363,17 +366,20 @@ def _make_beside(path: Path, st: os.stat_result | None, keep_suffix: bool) -> tu
         return part, mode
 
 
-def write_outputs(result: dict, outputs: Outputs, parents_made: bool = False) -> tuple[WriteFailed, bool] | None:
+def write_outputs(
+    result: dict, outputs: Outputs, parents_made: bool = False, folders: Sequence[str] = ()
+) -> tuple[WriteFailed, bool] | None:
     """Each (option, path, writer) whose path is given, in order (--json first), each file whole or
-    not at all (`replacing`; `parents_made` as there). None when all were written; else the first
-    failure, and whether --json's file (written before it) holds the result."""
+    not at all (`replacing`; `parents_made` as there; a folder's writer, FOLDER_OUTPUTS' and `folders`',
+    given the folder). None when all were written; else the first failure, and whether --json's file
+    (written before it) holds the result."""
     held = False
     for option, path, write in outputs:
         if not path:
             continue
         try:
             with writing(option, path):
-                if option in FOLDER_OUTPUTS:
+                if option in FOLDER_OUTPUTS or option in folders:
                     write(result, path)
                 else:
                     with replacing(Path(path), parents_made) as where:

@@ -27,6 +27,11 @@ import numpy as np
 
 from wok.datatypes import datatype
 
+# The bound of integer inputs when none is given: every wok demo model accepts ids below it. A
+# server's KServe metadata does not say a model's id range, so the bench cannot find a better one;
+# `wok profile`, which loads the model, uses its smallest embedding table instead (profiler.id_range).
+DEFAULT_INT_HIGH = 50
+
 __all__ = [
     "Empirical",
     "Fixed",
@@ -282,7 +287,7 @@ class PayloadGenerator:
         sizes: Sizes = Fixed(16),  # frozen, so one shared default is safe
         rows: int = 1,
         seed: int = 0,
-        int_high: int = 50,
+        int_high: int = DEFAULT_INT_HIGH,
     ) -> None:
         # Any object with name, datatype and shape will do (a client's TensorInfo, a protobuf).
         self.inputs = tuple(

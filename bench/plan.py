@@ -1545,7 +1545,9 @@ _HEADERS = {
         "The per-direction `tolerance`\n# is in the API from Kubernetes 1.33 and takes effect with the "
         "HPAConfigurableTolerance feature gate\n# (beta from 1.35); with the gate off the API server drops it "
         "and the cluster-wide tolerance (10% by\n# default) applies. Older API servers reject the object under "
-        "kubectl's default strict field\n# validation. Apply this OR keda-scaledobject.yaml, not both."
+        "kubectl's default strict field\n# validation: on a cluster older than 1.33 delete the two `tolerance` "
+        "lines (the cluster-wide\n# tolerance then applies, as with the gate off) or apply "
+        "keda-scaledobject.yaml. Apply this OR\n# keda-scaledobject.yaml, not both."
     ),
     "prometheus-adapter-rules.yaml": "Prometheus adapter rules: the per-pod busy ratio of wok's model instances "
     "as the custom\n# metric {metric}. Merge `rules` into the adapter's config (the Helm chart's "

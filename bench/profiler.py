@@ -46,7 +46,7 @@ from wok.servable import HostBuffers, Servable
 from ..errors import quoted_name
 from .analysis import latency_summary
 from .analysis import ms_text as _ms
-from .payloads import PayloadGenerator, TensorSpec, parse_sizes
+from .payloads import DEFAULT_INT_HIGH, PayloadGenerator, TensorSpec, parse_sizes
 from .roofline import Roofline
 from .tune import fit_linear as fit_linear_tuple
 from .tune import fit_medians
@@ -54,7 +54,6 @@ from .tune import fit_medians
 SCHEMA = "wok.profile/1"
 COMPUTE_BOUND = 10.0  # FLOP/byte above which a batch is compute-bound
 MEMORY_BOUND = 1.0  # ... and below which it is memory-bound
-DEFAULT_INT_HIGH = 50  # every wok demo model accepts ids below 50
 # The executor's stages (wok.executor.StageTimes); on the CPU h2d is 0 and d2h is the split.
 STAGES = ("assemble", "h2d", "compute", "d2h")
 

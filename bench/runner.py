@@ -22,7 +22,16 @@ from wok.clients.channel import tls_mode
 
 from . import analysis
 from .arrivals import parse_arrivals, window_rate
-from .payloads import POOL_CAP_BYTES, Mix, PayloadGenerator, PoolPlan, TensorSpec, parse_sizes, plan_pool
+from .payloads import (
+    DEFAULT_INT_HIGH,
+    POOL_CAP_BYTES,
+    Mix,
+    PayloadGenerator,
+    PoolPlan,
+    TensorSpec,
+    parse_sizes,
+    plan_pool,
+)
 from .scrape import scrape, server_view
 from .workers import NOT_SENT, OK, Share, WorkerPool, merge_details, pick_balancer
 
@@ -91,7 +100,7 @@ class RampConfig:
     arrival: str = "poisson"
     sizes: str = "fixed:16"
     rows: int = 1
-    int_high: int = 50  # integer inputs uniform in [0, int_high): every demo model accepts ids below 50
+    int_high: int = DEFAULT_INT_HIGH  # integer inputs uniform in [0, int_high)
     slo_p99_ms: float = 200.0
     workers: int = 2
     timeout_s: float = 30.0

@@ -343,6 +343,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     p.add_argument("--plot", type=Path)
+    p.add_argument("--plots", dest="plot", type=Path, help=argparse.SUPPRESS)  # the `wok` commands' old spelling
     p.add_argument("--replot", type=Path, help="draw --plot from a finished run's JSON and exit")
     p.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "wok-slo-compare")
     args = p.parse_args(argv)

@@ -963,6 +963,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     p.add_argument("--plot", type=Path)
+    p.add_argument("--plots", dest="plot", type=Path, help=argparse.SUPPRESS)  # the `wok` commands' old spelling
     p.add_argument("--save-profile", type=Path, help="write the measured profile here")
     p.add_argument(
         "--save-overhead", type=Path,

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -340,7 +341,7 @@ COMMAND = {
         ("plan", "--manifests", "{file}/k8s", "{file} is not a folder"),
         ("plan", "--manifests", "{file}", "is not a folder"),
         ("simulate", "--json", "{missing}/x.json", "folder {missing} does not exist"),
-        ("simulate", "--plots", "{file}/plots", "{file} is not a folder"),
+        ("simulate", "--plot", "{file}/plots", "{file} is not a folder"),
         ("bench", "--csv", "{missing}/x.csv", "folder {missing} does not exist"),
         ("bench", "--html", "{tmp}", "is a folder; expected a file name"),
         ("profile", "--plot", "{missing}/p.png", "folder {missing} does not exist"),
@@ -730,3 +731,115 @@ def test_an_empty_plan_model_is_refused_not_taken_for_the_default(wok_cli):
         2,
         "wok plan: --model: model '': letters, digits, '_', '.', '-' only (it goes into PromQL)\n",
     )
+
+
+def _wok_parser():
+    import argparse
+
+    from wok.bench import cli as bench_cli
+
+    wok = argparse.ArgumentParser(prog="wok")
+    sub = wok.add_subparsers()
+    for register in bench_cli.COMMANDS:
+        register(sub)
+    return wok, sub
+
+
+def _command(sub, *names: str):
+    import argparse
+
+    parser = sub.choices[names[0]]
+    for name in names[1:]:
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    return parser
+
+
+def _option(parser, option: str):
+    return next(a for a in parser._actions if option in a.option_strings)
+
+
+def test_a_ramp_says_how_long_it_will_run_before_its_first_step(bench_server, wok_cli):
+    """Nothing said how long a ramp would take: with the defaults (4 steps of 5 min) it ran 22 min,
+    and only the first step's progress line hinted at it."""
+    argv = ["bench", "ramp", "--target", bench_server.target, "--steps", "20,40", "--step-duration", "0.5s"]
+    status, _, err = wok_cli(*argv, "--warmup", "0.1s", "--workers", "1", "--metrics-url", "none")
+    assert status == 0, err
+    line = "wok bench: planned: 2 steps × (0.1 s warm-up + 0.5 s) = 1.2 s (less if a step ends the ramp: --stop-factor)"
+    assert line in err.splitlines(), err
+    assert err.index(line) < err.index("step 1/2"), err
+
+
+def test_the_default_ramp_takes_minutes_and_its_help_says_how_many(monkeypatch, wok_cli):
+    """A step lasted 5 min by default: 22 min for the default ramp, said nowhere."""
+    cfg = _ramp_config(monkeypatch, wok_cli)
+    assert (cfg.steps, cfg.step_duration_s, cfg.warmup_s) == ([50, 100, 200, 400], 60.0, 6.0)
+    _, sub = _wok_parser()
+    ramp = _command(sub, "bench", "ramp")
+    helped = ramp._get_formatter()._expand_help(_option(ramp, "--step-duration"))
+    assert "the default ramp takes 4 steps × (6 s warm-up + 1 min) = 4 min 24 s" in helped, helped
+
+
+def test_ramp_and_simulate_share_one_default_ramp():
+    """`wok simulate` ("the same ramp, simulated") stepped 300,600,900 QPS by default, the ramp 50,100,200,400."""
+    from wok.bench.cli import DEFAULT_STEPS
+
+    _, sub = _wok_parser()
+    defaults = {name: _option(_command(sub, *name.split()), "--steps").default for name in ("bench ramp", "simulate")}
+    assert defaults == {"bench ramp": DEFAULT_STEPS, "simulate": DEFAULT_STEPS}
+
+
+@pytest.mark.parametrize("command", ["bench ramp", "bench merge", "simulate", "profile"])
+def test_plot_is_the_one_spelling_shown_and_plots_still_works(command):
+    """`wok bench ramp`, `merge` and `simulate` took --plots, `wok profile` --plot: the other spelling
+    was refused as an unknown option."""
+    _, sub = _wok_parser()
+    parser = _command(sub, *command.split())
+    shown = parser.format_help()
+    assert "--plot " in shown and "--plots" not in shown, shown
+    positional = {"bench merge": ["r.json"], "profile": ["mlp"]}.get(command, [])
+    for spelling in ("--plot", "--plots"):
+        assert parser.parse_args([*positional, spelling, "out"]).plot == Path("out")
+
+
+def test_simulate_draws_its_plots_with_either_spelling(tmp_path, wok_cli):
+    for spelling in ("--plot", "--plots"):
+        folder = tmp_path / spelling.strip("-")
+        status, _, err = wok_cli("simulate", "--steps", "100", "--step-duration", "1s", spelling, str(folder))
+        assert status == 0, err
+        assert sorted(p.name for p in folder.iterdir()) == ["latency_vs_offered.png", "throughput.png", "timeline.png"]
+        assert f"wok simulate: wrote {folder} (--plot)" in err
+
+
+def test_profile_takes_plots_for_its_plot_file(tmp_path, wok_cli):
+    """--plots was refused by `wok profile` (unrecognized arguments); it is --plot's file now."""
+    missing = tmp_path / "missing"
+    status, _, err = wok_cli("profile", "mlp", "--plots", f"{missing}/p.png")
+    assert (status, err) == (2, f"wok profile: --plot {missing}/p.png: folder {missing} does not exist\n")
+
+
+@pytest.mark.parametrize("name", ["tune_check", "slo_compare"])
+def test_the_scripts_with_a_plot_take_plots_too(name, tmp_path, capsys):
+    import importlib
+
+    missing = tmp_path / "missing"
+    with pytest.raises(SystemExit) as exited:
+        importlib.import_module(f"wok.bench.{name}").main(["--plots", f"{missing}/p.png"])
+    assert exited.value.code == 2
+    assert f"error: --plot {missing}/p.png: folder {missing} does not exist\n" in capsys.readouterr().err
+
+
+def test_one_default_bound_for_integer_inputs_and_profiles_own_is_explained():
+    """The bench's 50 was written out in four places (the ramp's option, RampConfig, the payload
+    generator, the profiler's fallback), and `wok profile`'s help did not say why its default differs."""
+    import inspect
+
+    from wok.bench import payloads, profiler, runner
+
+    _, sub = _wok_parser()
+    ramp, profile = _command(sub, "bench", "ramp"), _command(sub, "profile")
+    assert _option(ramp, "--int-high").default == payloads.DEFAULT_INT_HIGH
+    assert runner.RampConfig.__dataclass_fields__["int_high"].default == payloads.DEFAULT_INT_HIGH
+    assert inspect.signature(payloads.PayloadGenerator).parameters["int_high"].default == payloads.DEFAULT_INT_HIGH
+    assert profiler.DEFAULT_INT_HIGH is payloads.DEFAULT_INT_HIGH
+    helped = profile._get_formatter()._expand_help(_option(profile, "--int-high"))
+    assert f"wok bench ramp's is {payloads.DEFAULT_INT_HIGH}, as a server's metadata does not say the table" in helped

@@ -93,16 +93,16 @@ def test_a_file_whose_writer_makes_its_folder_may_lie_in_a_missing_one(tmp_path)
 
 def _lose(folder: Path) -> None:
     """What may happen to an output's folder between the up-front check and the write (removed,
-    a full disk): here it becomes a file, which fails every write under it, --plots' mkdir too."""
+    a full disk): here it becomes a file, which fails every write under it, --plot's mkdir too."""
     folder.rmdir()
     folder.write_text("")
 
 
-@pytest.mark.parametrize(("option", "name"), [("--csv", "r.csv"), ("--html", "r.html"), ("--plots", "plots")])
+@pytest.mark.parametrize(("option", "name"), [("--csv", "r.csv"), ("--html", "r.html"), ("--plot", "plots")])
 def test_a_ramp_without_json_whose_output_fails_at_the_end_keeps_the_result(
     option, name, bench_server, tmp_path, monkeypatch, wok_cli
 ):
-    """Only a failed --json kept the result: without --json, a --csv, --html or --plots that failed
+    """Only a failed --json kept the result: without --json, a --csv, --html or --plot that failed
     when written lost the whole ramp, as an option error (exit 2)."""
     import json
     import tempfile
@@ -531,7 +531,7 @@ def test_a_folder_where_no_file_can_be_made_is_refused_for_root_too(path, folder
     from wok.bench.outputs import output_problem
 
     assert output_problem(Path(path), folder=folder).startswith("folder /proc is not writable")
-    option = "--plots" if folder else "--json"
+    option = "--plot" if folder else "--json"
     status, _, err = wok_cli("simulate", "--steps", "100", "--step-duration", "1s", option, path)
     assert status == 2 and err.startswith(f"wok simulate: {option} {path}: folder /proc is not writable"), err
 
@@ -549,7 +549,7 @@ SIMULATE = ["simulate", "--steps", "100", "--step-duration", "1s"]
         (SIMULATE, "--json"),
         (SIMULATE, "--csv"),
         (SIMULATE, "--html"),
-        (SIMULATE, "--plots"),
+        (SIMULATE, "--plot"),
     ],
 )
 def test_a_dash_for_standard_output_is_refused_up_front(argv, option, tmp_path, monkeypatch, wok_cli):
@@ -557,7 +557,7 @@ def test_a_dash_for_standard_output_is_refused_up_front(argv, option, tmp_path, 
     monkeypatch.chdir(tmp_path)
     status, out, err = wok_cli(*argv, option, "-")
     assert status == 2 and out == ""
-    kind = "folder" if option in ("--manifests", "--plots") else "file"
+    kind = "folder" if option in ("--manifests", "--plot") else "file"
     assert err == f"wok {argv[0]}: {option} -: writing to standard output is not supported; give a {kind} path\n"
     assert not list(tmp_path.iterdir())
 

@@ -407,7 +407,7 @@ def test_the_cli_writes_every_output_and_gates_on_require_qps(bench_server, metr
         "bench", "ramp", "--target", bench_server.target, "--model", "mlp", "--workers", "1",
         "--steps", "50:100:2", "--step-duration", "0.5s", "--warmup", "0.2s", "--metrics-url", metrics_url,
         "--json", f"{out}.json", "--csv", f"{out}.csv", "--html", f"{out}.html", "--require-qps", "1000000",
-        "--plots", str(tmp_path / "plots"), "--host-probe", "0.1s",
+        "--plot", str(tmp_path / "plots"), "--host-probe", "0.1s",
     ]  # fmt: skip
     status, stdout, stderr = wok_cli(*argv)
     assert status == 3, stderr

@@ -121,7 +121,7 @@ def test_a_write_that_fails_is_reported_not_a_traceback(tmp_path, monkeypatch, w
     meanwhile), the OSError is the option's message, exit 2; it was a traceback, exit 1."""
     import wok.bench.cli as cli
 
-    monkeypatch.setattr(cli, "_check_outputs", lambda *a: None, raising=False)
+    monkeypatch.setattr(cli, "_check_outputs", lambda *a, **k: None, raising=False)
     path = tmp_path / "missing" / "x.json"
     status, out, err = wok_cli("simulate", *BASE, "--json", str(path))
     assert "utilization" not in out  # the failed write ends the command

@@ -392,6 +392,20 @@ def test_the_generated_manifests_are_what_wok_plan_writes_now(tmp_path):
         )
 
 
+def test_the_hpa_and_the_readme_say_which_kubernetes_it_needs_and_what_an_older_one_does():
+    """The HPA's per-direction `tolerance` is refused by API servers older than 1.33 (strict field
+    validation): its header said so but not what to do, and the README named no version at all."""
+    minor = OLDEST_FOR_GENERATED.rsplit(".", 1)[0]
+    header = " ".join(
+        line.removeprefix("#").strip() for line in (GENERATED / "hpa.yaml").read_text().splitlines() if line[:1] == "#"
+    )
+    assert f"on a cluster older than {minor} delete the two `tolerance` lines" in header, header
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    oldest = OLDEST_KUBERNETES.rsplit(".", 1)[0]
+    assert f"The manifests need Kubernetes {oldest} or later; the generated HPA {minor} or later" in readme
+    assert "on an older cluster delete its two `tolerance:` lines or apply the KEDA ScaledObject" in readme
+
+
 # -- the image ---------------------------------------------------------------------------------
 
 

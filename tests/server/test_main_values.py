@@ -197,11 +197,11 @@ def test_a_command_not_offered_is_shown_cut(wok_cli):
 
 
 def test_an_empty_path_is_refused_not_taken_for_the_working_directory(wok_cli, tmp_path, monkeypatch):
-    """Path("") is ".": `--plots ""` (a variable left empty) drew the plots into the working
+    """Path("") is ".": `--plot ""` (a variable left empty) drew the plots into the working
     directory, `--json ""` was refused as "--json .: is a folder"."""
     monkeypatch.chdir(tmp_path)
-    status, _, err = wok_cli("simulate", "--steps", "10", "--step-duration", "1s", "--plots", "")
-    assert (status, err) == (2, "wok simulate: --plots: expected a path; got ''\n")
+    status, _, err = wok_cli("simulate", "--steps", "10", "--step-duration", "1s", "--plot", "")
+    assert (status, err) == (2, "wok simulate: --plot: expected a path; got ''\n")
     assert list(tmp_path.iterdir()) == []
     assert wok_cli("bench", "ramp", "--json", "")[::2] == (2, "wok bench: --json: expected a path; got ''\n")
 
