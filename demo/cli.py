@@ -31,7 +31,7 @@ from ..bench.arrivals import parse_duration
 from ..children import die_with_parent
 from ..config import bind_address, host_port
 from ..errors import quoted_name
-from ..faults import shown
+from ..faults import MAX_QUEUE_DELAY_MS, shown
 from .load import MAX_RATE, LoadControl, LoadGenerator
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ MAX_QUEUE_SIZE = 4096
 # The callers waiting at most: above the server's queue bound and the batches in hand, so that
 # an overload shows as the server's own refusals; the cap only guards this process's memory.
 MAX_IN_FLIGHT = 2 * MAX_QUEUE_SIZE
-MAX_QUEUE_DELAY_S = 60.0  # the server's limit (ModelConfig, /admin/batching)
+MAX_QUEUE_DELAY_S = MAX_QUEUE_DELAY_MS / 1e3  # the server's limit (ModelConfig, /admin/batching)
 TMP_PREFIX = "wok-demo-"  # the live demo's temporary folder (its model repository), in tempfile.gettempdir()
 PID_FILE = "demo.pid"  # in that folder: "PID START", the demo that owns it
 

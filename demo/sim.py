@@ -28,7 +28,13 @@ from collections import Counter
 import numpy as np
 
 from ..bench.simulate import REJECTED, BatcherModel, simulate
-from ..faults import check_batching_body, check_batching_change, check_max_batch_size, shown
+from ..faults import (
+    check_batching_body,
+    check_batching_change,
+    check_max_batch_size,
+    check_max_queue_delay_ms,
+    shown,
+)
 from .load import WINDOW_S, LoadControl, Rolling
 
 MODEL = "simulated"  # the model's name, in the page's figures and its batching answers
@@ -97,8 +103,7 @@ class SimBackend:
             changes["max_batch_size"] = v
         if "max_queue_delay_ms" in body:
             v = body["max_queue_delay_ms"]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 60_000:
-                raise ValueError(f"field 'max_queue_delay_ms': expected a number from 0 to 60000, got {shown(v)}")
+            check_max_queue_delay_ms(v)  # in the admin API's words, to its bound
             changes["max_queue_delay_s"] = float(v) / 1e3
         fields = {k: getattr(self.model, k) for k in self.model.__dataclass_fields__}
         self.model = BatcherModel(**{**fields, **changes})

@@ -39,7 +39,9 @@ served, its authority checked in Host's place.
 A HEAD is answered where a GET is, with the GET's headers and no body, and no answer to a HEAD has
 one (405 for /api/events, whose stream has no length); `Expect: 100-continue` gets a 100 before the
 body is read, another expectation 417 (`expect_refusal`); a request that fails unexpectedly gets
-500, logged with its traceback, and the connection ends.
+500, logged with its traceback, and the connection ends. The stop is staged (`DemoWeb.stop`): the
+connections waiting for a request, and the event streams, end at once; a request being answered gets
+STOP_GRACE_S; then every connection left is aborted.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from ..http import (
     DateHeader,
     HeadTooLarge,
     TargetTooLong,
+    connection_options,
     cross_site_refusal,
     expect_refusal,
     header_field,
@@ -81,6 +84,10 @@ TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": 
 MAX_BODY = 64 << 10
 MAX_HEAD = 16 << 10  # the request line and headers (the metrics port's MAX_HEADER_BYTES, which read_head checks)
 IDLE_S = 120.0  # for a connection's next request head, all of it
+# At stop, what a connection still has to write (an answer begun before the stop, a stream's last
+# events) gets this long to reach its client; then every connection left is aborted: a client that
+# does not read held its connection, and its events, open past the stop.
+STOP_GRACE_S = 2.0
 ADMIN_TIMEOUT_S = 10.0  # for the wok server's answer to an admin call
 STATUS = {
     200: "OK",
@@ -220,7 +227,11 @@ class DemoWeb:
         self.host = host
         self.port = port
         self._server: asyncio.base_events.Server | None = None
-        self._clients: set[asyncio.Task] = set()
+        # Each connection's task, and its writer, which stop() aborts once the grace is over.
+        self._clients: dict[asyncio.Task, asyncio.StreamWriter] = {}
+        # Those that owe nothing at stop, ended at once: waiting for a request head, or streaming events.
+        self._idle: set[asyncio.Task] = set()
+        self._stopping = False
         self._date_header = DateHeader()
 
     async def start(self) -> None:
@@ -228,19 +239,48 @@ class DemoWeb:
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        """Staged, as uvicorn stops: no new connection; those waiting for a request closed at once,
+        event streams ended; a request being answered gets STOP_GRACE_S for its answer (which says
+        `Connection: close`) and its client's close; then every connection left is aborted.
+
+        Its tasks were cancelled, and that was all: a stream whose client read slowly stayed open
+        with its unsent events (a transport's close waits for them), and a request being answered,
+        an admin call relayed, was cut with no answer."""
         if self._server is None:
             return
+        # From here no connection is served: one accepted just before the close, whose task runs
+        # later, is aborted as it starts (_serve).
+        self._stopping = True
         self._server.close()
-        for t in list(self._clients):
-            t.cancel()
-        await asyncio.gather(*self._clients, return_exceptions=True)
+        connections = dict(self._clients)
+        for task in self._idle:
+            task.cancel()
+        if connections:
+            ends = [asyncio.ensure_future(_ended(task, writer)) for task, writer in connections.items()]
+            _, late = await asyncio.wait(ends, timeout=STOP_GRACE_S)
+            for end in late:
+                end.cancel()
+            await asyncio.gather(*ends, return_exceptions=True)
+        # Until none is left; aborted as well as cancelled: on Python 3.11, asyncio.wait_for loses a
+        # cancellation that lands as what it waits for completes (see server/http.py's stop).
+        while self._clients:
+            for task, writer in list(self._clients.items()):
+                writer.transport.abort()
+                task.cancel()
+            await asyncio.gather(*self._clients, return_exceptions=True)
+        # Their tasks ended, but a transport closed with bytes unsent stays open until they are taken.
+        for writer in connections.values():
+            writer.transport.abort()
         await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._stopping:
+            writer.transport.abort()
+            return
         task = asyncio.current_task()
-        self._clients.add(task)
+        self._clients[task] = writer
         try:
-            while await self._one(reader, writer):
+            while not self._stopping and await self._one(reader, writer):
                 pass
             await _linger(reader, writer)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, asyncio.TimeoutError):
@@ -248,14 +288,19 @@ class DemoWeb:
         except asyncio.CancelledError:  # the demo stops; end quietly (see server/http.py)
             pass
         finally:
-            self._clients.discard(task)
+            self._clients.pop(task, None)
             writer.close()
 
     async def _one(self, reader, writer) -> bool:
         """Answer one request; False when the connection must end."""
         head = False  # a HEAD's answers, refusals too, carry no body (RFC 9110 9.3.2)
+        task = asyncio.current_task()
         try:
-            lines = await _head_lines(reader)
+            self._idle.add(task)
+            try:
+                lines = await _head_lines(reader)
+            finally:
+                self._idle.discard(task)
             method, target, version = request_line(lines[0])
             head = method == "HEAD"
             path, body, close = await self._request(reader, writer, method, target, version, lines[1:])
@@ -293,15 +338,25 @@ class DemoWeb:
         metrics port answers it: a 405 with a body, on a connection kept alive, was read by the
         client as the start of the next answer."""
         head = method == "HEAD"
+        close = close or self._stopping  # the page stops: this answer is the connection's last
         if path == "/api/events" and method in ("GET", "HEAD"):
             if head:  # as the metrics port's /events: a stream has no length to send
                 error = {"error": f"{quoted(path)}: expected GET, got {quoted(method)}"}
                 await self._send(writer, 405, error, close=close, head=True, allow="GET")
                 return not close
-            await self._stream(writer)
+            if self._stopping:  # stop() ends the streams it finds; this one would outlive it
+                await self._send(writer, 503, {"error": "the demo's page is stopping"}, close=True)
+                return False
+            task = asyncio.current_task()
+            self._idle.add(task)
+            try:
+                await self._stream(writer)
+            finally:
+                self._idle.discard(task)
             return False
         if path.startswith("/api/"):
             status, answer = await self._api("GET" if head else method, path[len("/api/") :], body)
+            close = close or self._stopping  # the stop began while it was answered (an admin call relayed)
             await self._send(writer, status, answer, close=close, head=head)
         else:
             name = "index.html" if path == "/" else path[len("/static/") :] if path.startswith("/static/") else ""
@@ -368,7 +423,7 @@ class DemoWeb:
         path, authority = request_target(target)
         # Kept open, the connection of a client that asked to end it (or an HTTP/1.0 one, whose
         # default that is) waited out the idle timeout: such a client reads to the close.
-        options = {o.strip().lower() for o in headers.get("connection", "").split(",")}
+        options = connection_options(v for k, v in fields if k == "connection")
         close = "close" in options or (version == "HTTP/1.0" and "keep-alive" not in options)
         refusal = cross_site_refusal(headers, authority)
         if refusal is not None:
@@ -486,6 +541,15 @@ async def _head_lines(reader: asyncio.StreamReader) -> list[str]:
     start, _ = await request_start(reader, deadline)
     lines, _ = await asyncio.wait_for(read_head(reader, start), deadline - time.monotonic())
     return lines
+
+
+async def _ended(task: asyncio.Task, writer: asyncio.StreamWriter) -> None:
+    """Wait until a connection's task has ended and its transport has closed, its bytes all sent."""
+    await asyncio.wait({task})  # not `await task`: cancelled at the grace's end, this would cancel it
+    try:
+        await writer.wait_closed()
+    except OSError:  # reset by its client: closed all the same
+        pass
 
 
 async def _linger(reader, writer) -> None:

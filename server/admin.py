@@ -42,7 +42,7 @@ from .faults import (
     check_batching_body,
     check_batching_change,
     check_max_batch_size,
-    is_number,
+    check_max_queue_delay_ms,
     parse_fault_request,
     shown,
 )
@@ -54,7 +54,6 @@ if TYPE_CHECKING:  # they import torch, which the metrics port (and wok demo's p
 
 TICK_S = 0.25
 SUBSCRIBER_BACKLOG = 2000
-MAX_QUEUE_DELAY_MS = 60_000.0
 # A tick's `unavailable` with metrics off: each figure it leaves null (per model), and why.
 UNAVAILABLE_WITHOUT_METRICS = {
     "responses": "not counted: this server runs with --no-metrics (responses by gRPC code are counted only as metrics)"
@@ -248,10 +247,7 @@ class Admin:
                     f"field 'max_queue_delay_ms': expected no max_queue_delay_ms for model '{model}', whose "
                     f"batching policy is '{_policy_name(rt)}' (only 'fixed' uses a delay window), got {shown(v)}"
                 )
-            if not is_number(v) or not 0 <= v <= MAX_QUEUE_DELAY_MS:
-                raise AdminRequestError(
-                    f"field 'max_queue_delay_ms': expected a number from 0 to {MAX_QUEUE_DELAY_MS:g}, got {shown(v)}"
-                )
+            check_max_queue_delay_ms(v)
             changes["max_queue_delay_s"] = float(v) / 1e3
         rt.batcher.set_policy(replace(policy, **changes))  # within the configured maximum, checked above
         return self._policy(model, rt)

@@ -36,6 +36,7 @@ from .auth import check_tls_files, load_tokens, read_secret_file
 from .codec import MAX_PRIORITY_LEVEL
 from .datatypes import DATATYPES
 from .errors import NAME_CHARS, ConfigError, cut_message, quoted_name, shown_value
+from .faults import MAX_QUEUE_DELAY_MS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -128,7 +129,7 @@ class DynamicBatchingConfig(_Strict):
     max_queue_delay_ms: StrictFloat = Field(
         5.0,
         ge=0,
-        le=60_000,
+        le=MAX_QUEUE_DELAY_MS,
         allow_inf_nan=False,
         description="Longest time (ms) the oldest queued request waits for a batch to fill.",
     )

@@ -28,6 +28,10 @@ from .errors import NAME_CHARS, ModelExecutionError, cut_message, quoted_name
 MODES = ("slow", "fail", "off")
 ACTIVE_MODES = ("slow", "fail")
 MAX_DELAY_MS = 60_000.0
+# The longest max_queue_delay_ms, one bound for a model's config (config.DynamicBatchingConfig), the
+# admin API's change of it and the demo's simulator's. Here, not in config: that module loads
+# pydantic and numpy (0.35 s), which the admin's routes and the demo's simulator do not.
+MAX_QUEUE_DELAY_MS = 60_000
 
 
 class AdminRequestError(ValueError):
@@ -129,6 +133,15 @@ def check_max_batch_size(v, limit: int) -> None:
         raise AdminRequestError(
             f"field 'max_batch_size': expected an integer from 1 to {limit} (the model's configured maximum), "
             f"got {shown(v)}"
+        )
+
+
+def check_max_queue_delay_ms(v) -> None:
+    """AdminRequestError unless `v` is a number from 0 to MAX_QUEUE_DELAY_MS, the bound a model's
+    config is held to: the admin API and the demo's simulator refuse one in the same words."""
+    if not is_number(v) or not 0 <= v <= MAX_QUEUE_DELAY_MS:
+        raise AdminRequestError(
+            f"field 'max_queue_delay_ms': expected a number from 0 to {MAX_QUEUE_DELAY_MS}, got {shown(v)}"
         )
 
 

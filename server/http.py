@@ -32,7 +32,8 @@ A request with a Transfer-Encoding gets 501 when its last coding is chunked (RFC
 this server does not implement; bodies are read by Content-Length alone), else 400 (its framing is
 faulty: RFC 9112 6.1, 6.3); either way the connection ends. /metrics is OpenMetrics when Accept
 weighs it above the Prometheus text format (`wants_openmetrics`, RFC 9110 12.5.1), else the text
-format.
+format, labelled version 0.0.4 or 1.0.0 as Accept asks (`text_format_type`). Header lists (Accept,
+Connection, Transfer-Encoding) are split outside quoted strings (server/fieldvalues.py).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from .admin import Admin, dumps
 from .errors import CUT_NOTE, NAME_CHARS
 from .faults import AdminRequestError
+from .fieldvalues import split_unquoted, unquoted
 from .ports import bind_refusal
 from .ratelog import WindowedWarning
 
@@ -289,15 +291,20 @@ class MetricsHTTPServer:
     def render(self, accept: str) -> tuple[bytes, str]:
         if wants_openmetrics(accept):
             return openmetrics.generate_latest(self.registry), openmetrics.CONTENT_TYPE_LATEST
-        return text_format.generate_latest(self.registry), text_format.CONTENT_TYPE_LATEST
+        return text_format.generate_latest(self.registry), text_format_type(accept)
 
     async def scrape(self, accept: str, arrived: float) -> tuple[bytes, str]:
         """A render begun at or after `arrived` (time.monotonic()), at most one per format every RENDER_INTERVAL_S.
 
         Back-to-back scrapes (pipelined, or from many connections) each rendered on the loop that
-        serves gRPC, and stalled inference for as long as they came.
+        serves gRPC, and stalled inference for as long as they came. A text render serves the scrapes
+        asking for either version of the text format, each labelled as it asked (text_format_type).
         """
         om = wants_openmetrics(accept)
+        body, content_type = await self._shared_render(om, accept, arrived)
+        return body, content_type if om else text_format_type(accept)
+
+    async def _shared_render(self, om: bool, accept: str, arrived: float) -> tuple[bytes, str]:
         began, ended, answer = self._rendered.get(om, (-1.0, -RENDER_INTERVAL_S, None))
         if answer is not None and began >= arrived:
             return answer
@@ -605,7 +612,7 @@ class MetricsHTTPServer:
                 await self._respond(writer, 417, f"{unmet}\n".encode(), TEXT, close=True, head=head)
                 return
             # A list of options (RFC 9110 7.6.1): "TE, close" asks to close as "close" does.
-            close = "close" in {o.strip().lower() for o in headers.get("connection", "").split(",")} or old
+            close = "close" in connection_options(fields.get("connection", ())) or old
             try:
                 path, authority = request_target(target)
             except BadRequest as exc:
@@ -997,26 +1004,12 @@ CODING = re.compile(
 )
 
 
-def split_unquoted(value: str, separator: str) -> list[str]:
-    """`value` split at each `separator` (a list's comma, a parameter's semicolon) outside a quoted
-    string: in one, with its backslash escapes, it is text (RFC 9110 5.6.1, 5.6.4, 5.6.6). A quote
-    left open runs to the end, for the caller to refuse or skip what it is part of."""
-    parts = []
-    start = 0
-    in_quotes = escaped = False
-    for i, char in enumerate(value):
-        if escaped:
-            escaped = False
-        elif in_quotes:
-            escaped = char == "\\"
-            in_quotes = char != '"'
-        elif char == '"':
-            in_quotes = True
-        elif char == separator:
-            parts.append(value[start:i])
-            start = i + 1
-    parts.append(value[start:])
-    return parts
+def connection_options(values) -> set[str]:
+    """The options of a request's Connection field lines (their values), in lower case: one list
+    of them all (RFC 9110 7.6.1, 5.3), split outside quoted strings as every list here is. Only
+    the last line was read, so `Connection: close` then `Connection: TE` kept the connection; and a
+    comma in a quoted string (`x="a,close"`) split an option out of it."""
+    return {o.strip(" \t").lower() for value in values for o in split_unquoted(value, ",")} - {""}
 
 
 def transfer_coding_refusal(values, version: str) -> tuple[int, str]:
@@ -1061,7 +1054,41 @@ OPENMETRICS_VERSION = "1.0.0"
 QVALUE = re.compile(r"0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?")
 
 
+# The Prometheus text format's labels, as prometheus_client's choose_encoder writes them: 0.0.4 by
+# default, 1.0.0 for a scraper that asks for it (from 1.0.0 up), with the escaping of metric names the
+# text is written in. `render` writes one text for both: wok's metric names are legacy names, which
+# 1.0.0 writes as 0.0.4 does, and with underscores escaping (generate_latest's default) unchanged.
+TEXT_FORMAT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
+TEXT_FORMAT_1_0_0 = "text/plain; version=1.0.0; charset=utf-8; escaping=underscores"
+
+
 @functools.lru_cache(maxsize=32)  # a scraper sends the same Accept every time
+def _media_ranges(accept: str) -> tuple[tuple[str, str, float, str | None], ...]:
+    """Accept's media ranges as (type, subtype, weight, version), in lower case but the version, which
+    is unquoted: those that are type/subtype (`*/*` and type/* too) with a weight that is a qvalue
+    (q, 1 when not given). Commas and semicolons in a quoted parameter value separate nothing (RFC
+    9110 5.6.4)."""
+    ranges = []
+    for media_range in split_unquoted(accept, ","):
+        media, *params = split_unquoted(media_range, ";")
+        kind, slash, sub = media.strip(" \t").lower().partition("/")
+        if not (slash and TOKEN.fullmatch(kind) and TOKEN.fullmatch(sub)) or (kind == "*" and sub != "*"):
+            continue
+        weight = 1.0
+        version = None
+        for param in params:
+            name, _, value = param.partition("=")
+            name, value = name.strip(" \t").lower(), value.strip(" \t")
+            if name == "q":
+                weight = float(value) if QVALUE.fullmatch(value) else -1.0
+            elif name == "version":
+                version = unquoted(value)
+        if weight >= 0:
+            ranges.append((kind, sub, weight, version))
+    return tuple(ranges)
+
+
+@functools.lru_cache(maxsize=32)
 def wants_openmetrics(accept: str) -> bool:
     """Whether a scrape's Accept weighs OpenMetrics above the Prometheus text format (the default).
 
@@ -1079,26 +1106,11 @@ def wants_openmetrics(accept: str) -> bool:
     choose_encoder skips 0.0.1 (Prometheus offers it below 1.0.0; OpenMetrics 1.0.0 was served for
     it). prometheus_client serves any version from 1.0.0 up (9.9.9 too, in 1.0.0's text) and fails
     on one not numeric; here each gets the text format unless another range takes OpenMetrics.
-    The text format's parameters are not compared: prometheus_client writes one text format.
-    Commas and semicolons in a quoted parameter value separate nothing (RFC 9110 5.6.4).
+    The text format's version does not weigh it: prometheus_client serves the text for any one,
+    and it decides the text's label alone (text_format_type).
     """
     best = {_OPENMETRICS: (-1, 0.0), _PROMETHEUS_TEXT: (-1, 0.0)}  # (specificity, weight)
-    for media_range in split_unquoted(accept, ","):
-        media, *params = split_unquoted(media_range, ";")
-        kind, slash, sub = media.strip(" \t").lower().partition("/")
-        if not (slash and TOKEN.fullmatch(kind) and TOKEN.fullmatch(sub)) or (kind == "*" and sub != "*"):
-            continue
-        weight = 1.0
-        version = None
-        for param in params:
-            name, _, value = param.partition("=")
-            name, value = name.strip(" \t").lower(), value.strip(" \t")
-            if name == "q":
-                weight = float(value) if QVALUE.fullmatch(value) else -1.0
-            elif name == "version":
-                version = _unquoted(value)
-        if weight < 0:
-            continue
+    for kind, sub, weight, version in _media_ranges(accept):
         for offered in best:
             if (kind, sub) == offered:
                 specificity = 2
@@ -1117,12 +1129,23 @@ def wants_openmetrics(accept: str) -> bool:
     return om > 0 and (om > text or (om == text and om_named >= 2))
 
 
-def _unquoted(value: str) -> str:
-    """A parameter's value as its token or quoted string means it (RFC 9110 5.6.6: the two forms are
-    equivalent), the quotes and backslash escapes of the latter removed."""
-    if len(value) >= 2 and value[0] == value[-1] == '"':
-        return re.sub(r"\\(.)", r"\1", value[1:-1])
-    return value
+@functools.lru_cache(maxsize=32)
+def text_format_type(accept: str) -> str:
+    """The Content-Type of the text format served for `accept`: TEXT_FORMAT_1_0_0 when the text/plain
+    range weighed highest (the first of those as high; q=0 ones are not acceptable) names a version
+    from 1.0.0 up, as numbers (`1.0.0`, `2`), else TEXT_FORMAT_0_0_4, prometheus_client's default.
+
+    Every scrape was labelled `version=1.0.0` (prometheus_client's CONTENT_TYPE_LATEST since 0.22),
+    Prometheus 2's `text/plain;version=0.0.4` too. prometheus_client's choose_encoder takes the
+    first text/plain range with a version from 1.0.0 up, whatever its weight, and fails on one not
+    numeric (here 0.0.4); it writes the escaping asked for, here always underscores (see
+    TEXT_FORMAT_1_0_0)."""
+    named = [
+        (weight, version) for kind, sub, weight, version in _media_ranges(accept) if (kind, sub) == _PROMETHEUS_TEXT
+    ]
+    weight, version = max(named, key=lambda r: r[0], default=(0.0, None))  # max: the first of the highest
+    numeric = weight > 0 and version is not None and re.fullmatch(r"[0-9]+(?:\.[0-9]+)*", version)
+    return TEXT_FORMAT_1_0_0 if numeric and tuple(map(int, version.split("."))) >= (1, 0, 0) else TEXT_FORMAT_0_0_4
 
 
 def request_target(target: str) -> tuple[str, str | None]:

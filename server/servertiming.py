@@ -3,11 +3,13 @@
 With `server_timing` on (`wok serve --server-timing`), every unary ModelInfer answer carries
 this trailer, in the syntax of the W3C Server-Timing header (`name;dur=ms, ...`), so a load
 generator can split each latency into the server's stages and the time outside the server
-(the client, the transport, gRPC's own work on both sides). Free of wok's other modules: the
-bench's worker processes import it.
+(the client, the transport, gRPC's own work on both sides). Free of wok's other modules but
+fieldvalues (standard library alone): the bench's worker processes import it.
 """
 
 from __future__ import annotations
+
+from .fieldvalues import split_unquoted, unquoted
 
 SERVER_TIMING = "server-timing"
 # Of one request, in the order they follow each other (perf_counter instants in `server_timing`);
@@ -66,8 +68,10 @@ def parse_server_timing(value: str) -> dict[str, float]:
     {metric: its desc, a whole number}; other metrics without a dur are left out, and so are the counts
     where the server sent none (a server from before them)."""
     out: dict[str, float] = {}
-    for metric in value.split(","):
-        name, *params = (part.strip() for part in metric.split(";"))
+    # Split outside quoted strings (RFC 9110 5.6.1, 5.6.4): at every comma and semicolon, another
+    # server's `cache;desc="hit, miss";dur=1` made a metric `miss"` of 1 ms and lost `cache`.
+    for metric in split_unquoted(value, ","):
+        name, *params = (part.strip() for part in split_unquoted(metric, ";"))
         if not name:
             continue
         want = "desc" if name in TIMING_COUNTS else "dur"
@@ -77,13 +81,13 @@ def parse_server_timing(value: str) -> dict[str, float]:
                 continue
             given = given.strip()
             if want == "desc":
-                count = given[1:-1] if len(given) >= 2 and given[0] == given[-1] == '"' else given
+                count = unquoted(given)
                 if not count.isascii() or not count.isdigit():
                     raise ValueError(f"server-timing metric {name!r}: desc {given!r} is not a whole number")
                 out[name] = float(count)
                 continue
             try:
-                out[name] = float(given)
+                out[name] = float(unquoted(given))
             except ValueError:
                 raise ValueError(f"server-timing metric {name!r}: dur {given!r} is not a number") from None
     return out

@@ -263,6 +263,23 @@ def ipv6_loopback() -> bool:
     return bind_error("::1", 0) is None
 
 
+async def live_page(admin_port: int):
+    """(the page's server, started on a free loopback port, its live backend), relaying to an admin
+    API at 127.0.0.1:`admin_port`; the caller stops both."""
+    import argparse
+
+    from wok.demo.cli import LiveDemo
+    from wok.demo.load import LoadControl
+    from wok.demo.web import DemoWeb, Hub
+
+    args = argparse.Namespace(instances=2, max_batch_size=32, device="cpu", torch_threads=1)
+    backend = LiveDemo(LoadControl(0), args, delay_s=0.005, slo_s=0.05)
+    backend.admin = ("127.0.0.1", admin_port)
+    web = DemoWeb(backend, Hub(), "127.0.0.1", 0)
+    await web.start()
+    return web, backend
+
+
 async def exchange(port: int, request: bytes) -> tuple[bytes, bytes]:
     """Send raw bytes to a server on loopback; its answer's status line and body bytes, read to the close."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -33,6 +33,8 @@ from wok.demo.web import DemoWeb, Hub
 from wok.http import HOST_SHAPE
 from wok.models.limits import MAX_QUEUE_SIZE
 
+from .conftest import live_page
+
 JSON = "application/json"
 
 
@@ -286,11 +288,7 @@ async def test_the_live_demo_refuses_another_model_itself_and_sends_its_own():
         writer.close()
 
     admin = await asyncio.start_server(admin_api, "127.0.0.1", 0)
-    args = argparse.Namespace(instances=2, max_batch_size=32, device="cpu", torch_threads=1)
-    backend = LiveDemo(LoadControl(0), args, delay_s=0.005, slo_s=0.05)
-    backend.admin = ("127.0.0.1", admin.sockets[0].getsockname()[1])
-    web = DemoWeb(backend, Hub(), "127.0.0.1", 0)
-    await web.start()
+    web, backend = await live_page(admin.sockets[0].getsockname()[1])
     try:
         port = web.port
         for path in ("/api/batching", "/api/faults"):

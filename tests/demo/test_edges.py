@@ -231,10 +231,12 @@ CONFIG = "GET /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     [
         "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
         "GET /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: TE, Close\r\n\r\n",
+        # Two lines are one list (RFC 9110 5.3): only the last was read, and the connection was kept.
+        "GET /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nConnection: TE\r\n\r\n",
         "GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n",
         "POST /api/load HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
     ],
-    ids=["close", "close-in-a-list", "http-1.0", "http-1.0-post"],
+    ids=["close", "close-in-a-list", "close-on-a-first-line", "http-1.0", "http-1.0-post"],
 )
 async def test_a_request_that_asks_to_close_is_answered_and_its_connection_ends(first):
     # Kept open, the connection waited out the page's 120 s idle timeout, and so did its client,
@@ -260,8 +262,13 @@ async def test_a_request_that_asks_to_close_is_answered_and_its_connection_ends(
 
 @pytest.mark.parametrize(
     "first",
-    [CONFIG, "GET /api/config HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n"],
-    ids=["http-1.1", "http-1.0-keep-alive"],
+    [
+        CONFIG,
+        "GET /api/config HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n",
+        # A comma in a quoted string separates nothing (RFC 9110 5.6.4): split at it, "close" was an option.
+        'GET /api/config HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: x="a,close,b"\r\n\r\n',
+    ],
+    ids=["http-1.1", "http-1.0-keep-alive", "quoted-comma"],
 )
 async def test_a_request_that_keeps_its_connection_is_answered_keep_alive(first):
     web = simulated_page()

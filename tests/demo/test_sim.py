@@ -109,6 +109,23 @@ def test_simulated_batches_by_hand():
         assert sim.set_batching({"max_queue_delay_ms": ms})["max_queue_delay_ms"] == ms
 
 
+def test_the_simulator_holds_max_queue_delay_ms_to_the_servers_one_bound(monkeypatch):
+    """The simulator had 60000 written in, beside the admin API's own constant and the model config's
+    `le=60_000`: one changed, the others went on refusing (or taking) by the old bound. Now a model's
+    config, the admin API and the simulator read faults.MAX_QUEUE_DELAY_MS, in one check's words."""
+    from wok import faults
+    from wok.config import DynamicBatchingConfig
+
+    field = DynamicBatchingConfig.model_fields["max_queue_delay_ms"]
+    assert [m.le for m in field.metadata if hasattr(m, "le")] == [faults.MAX_QUEUE_DELAY_MS]
+    monkeypatch.setattr(faults, "MAX_QUEUE_DELAY_MS", 10, raising=False)
+    model = BatcherModel(alpha_s=1e-3, beta_s=1e-3, max_batch_size=2, max_queue_delay_s=0.005)
+    sim = SimBackend(LoadControl(0), model)
+    with pytest.raises(ValueError, match=r"^field 'max_queue_delay_ms': expected a number from 0 to 10, got 11$"):
+        sim.set_batching({"max_queue_delay_ms": 11})
+    assert sim.set_batching({"max_queue_delay_ms": 10})["max_queue_delay_ms"] == 10
+
+
 def test_the_page_s_config_names_the_model_the_simulator_s_ticks_and_answers_name(monkeypatch):
     """The config wrote its own "simulated", a copy of sim.MODEL that a rename of the model would
     have left behind."""

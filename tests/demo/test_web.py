@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import socket
 
 import pytest
 
@@ -17,7 +18,7 @@ from wok.demo.load import LoadControl
 from wok.demo.sim import SimBackend
 from wok.demo.web import DemoWeb, Hub
 
-from .conftest import exchange
+from .conftest import exchange, live_page
 
 HOST = b"Host: 127.0.0.1\r\n"
 CONFIG = b"GET /api/config HTTP/1.1\r\n" + HOST + b"\r\n"
@@ -113,3 +114,101 @@ async def test_the_page_stops_with_no_task_exception_left_unretrieved(caplog):
             await web.stop()
         gc.collect()  # a task left unretrieved logs as it is collected
     assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"], caplog.text
+
+
+EVENTS = b"GET /api/events HTTP/1.1\r\n" + HOST + b"\r\n"
+
+
+async def closed_within(reader: asyncio.StreamReader, timeout: float) -> int:
+    """Read to the close, within `timeout` s (TimeoutError if the connection stays open); the bytes read."""
+
+    async def drain() -> int:
+        n = 0
+        try:
+            while chunk := await reader.read(1 << 20):
+                n += len(chunk)
+        except ConnectionResetError:  # aborted with bytes unread: closed too
+            pass
+        return n
+
+    return await asyncio.wait_for(drain(), timeout)
+
+
+async def test_the_page_stop_closes_a_kept_alive_connection_and_a_stream_its_client_does_not_read(monkeypatch):
+    """The stop cancelled the connections' tasks and left their transports: a stream whose client
+    read slowly stayed open with its unsent events (a transport's close waits for them), past the
+    stop, for as long as the client kept reading."""
+    monkeypatch.setattr("wok.demo.web.STOP_GRACE_S", 0.2, raising=False)  # not there before the fix
+    model = BatcherModel(alpha_s=2.5e-4, beta_s=4.4e-5, max_batch_size=32, max_queue_delay_s=0.005)
+    hub = Hub()
+    web = DemoWeb(SimulatedDemo(SimBackend(LoadControl(100), model), slo_s=0.05), hub, "127.0.0.1", 0)
+    await web.start()
+    writers = []
+    try:
+        kept_reader, kept = await asyncio.open_connection("127.0.0.1", web.port)
+        writers.append(kept)
+        kept.write(CONFIG)
+        head = await asyncio.wait_for(kept_reader.readuntil(b"\r\n\r\n"), 10)
+        assert b"Connection: keep-alive" in head
+        # A client that takes its events slowly: a small receive buffer, read no further than the stream's head.
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", web.port))
+        stream_reader, stream = await asyncio.open_connection(sock=sock, limit=1 << 16)
+        writers.append(stream)
+        stream.write(EVENTS)
+        read = len(await asyncio.wait_for(stream_reader.readuntil(b"data: "), 10))  # its first event: subscribed
+        hub.publish_raw(b"x" * (16 << 20))  # more than the kernel's buffers hold: most of it waits in the page's
+        read += len(await asyncio.wait_for(stream_reader.readuntil(b"xxxx"), 10))  # it is being written
+    finally:
+        await asyncio.wait_for(web.stop(), 10)
+    try:
+        await closed_within(kept_reader, 5)
+        read += await closed_within(stream_reader, 5)
+        # Its unsent events dropped, not held for it: a client that never read held the connection for good.
+        assert read < 16 << 20, f"the stream's {read:,} bytes, its event's {16 << 20:,} among them, outlived the stop"
+    finally:
+        for w in writers:
+            w.close()
+
+
+async def test_the_page_stop_gives_a_request_being_answered_its_answer_then_closes():
+    """A request in flight at the stop (an admin call relayed to a slow wok server) was cancelled,
+    and its client got the close with no answer; it gets its answer, `Connection: close`."""
+    asked, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_admin(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        asked.set()
+        await release.wait()
+        body = b'{"faults": []}'
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    admin = await asyncio.start_server(slow_admin, "127.0.0.1", 0)
+    web, backend = await live_page(admin.sockets[0].getsockname()[1])
+    stopping = None
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", web.port)
+        body = b'{"mode": "off"}'
+        writer.write(
+            b"POST /api/faults HTTP/1.1\r\n" + HOST + b"Content-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await asyncio.wait_for(asked.wait(), 10)
+        stopping = asyncio.ensure_future(web.stop())
+        await asyncio.sleep(0)  # a loop pass, not a wait: the stop has begun
+        assert not stopping.done()
+        release.set()
+        raw = await asyncio.wait_for(reader.read(), 10)  # to the close
+        writer.close()
+        head, _, got = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n"), raw
+        assert b"\r\nConnection: close" in head and json.loads(got) == {"faults": []}
+        await asyncio.wait_for(stopping, 10)
+    finally:
+        if stopping is None:
+            await web.stop()
+        await backend.close()
+        admin.close()

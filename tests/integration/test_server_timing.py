@@ -221,3 +221,15 @@ def test_the_batchs_size_rides_as_a_desc_and_a_trailer_without_it_still_parses()
     assert parse_server_timing('batch_requests;desc="3"') == {"batch_requests": 3.0}
     with pytest.raises(ValueError, match="'batch_requests': desc 'many' is not a whole number"):
         parse_server_timing("batch_requests;desc=many")
+
+
+def test_commas_and_semicolons_in_a_quoted_desc_separate_nothing():
+    """Split at every comma and semicolon, another server's `desc="hit, miss"` made a metric `miss"`
+    of its dur and lost its own, and `desc="a;dur=5"` a dur `5"`, refused as no number."""
+    assert parse_server_timing('cache;desc="hit, miss";dur=1.5, total;dur=2') == {"cache": 1.5, "total": 2.0}
+    assert parse_server_timing('db;desc="a;dur=5";dur=1') == {"db": 1.0}
+    # A quoted string's escapes are its text (RFC 9110 5.6.4): `\"` is a quote, not its end.
+    assert parse_server_timing(r'db;desc="say \", then";dur=3, batch_requests;desc="\4"') == {
+        "db": 3.0,
+        "batch_requests": 4.0,
+    }

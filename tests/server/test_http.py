@@ -793,6 +793,26 @@ async def test_a_connection_option_list_holding_close_ends_the_connection(value,
     assert body == b"wok: metrics at /metrics\n"
 
 
+@pytest.mark.parametrize(
+    "fields, answers",
+    [
+        # Two lines are one list (RFC 9110 5.3): only the last was read, and the connection was kept.
+        ("Connection: close\r\nConnection: TE", 1),
+        # A comma in a quoted string separates nothing (RFC 9110 5.6.4): split at it, "close" was an option.
+        ('Connection: x="a,close,b"', 2),
+    ],
+    ids=["two-lines", "quoted-comma"],
+)
+async def test_connection_lines_are_read_as_one_list_split_outside_quoted_strings(fields, answers, raw_http):
+    async with Server() as s:
+        first = b"GET / HTTP/1.1\r\n" + s.host + fields.encode() + b"\r\n\r\n"
+        last = b"GET / HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n"
+        answer = await asyncio.wait_for(raw_http(s.port, first + last), 4)
+    got = responses(answer, [False] * answers)
+    assert [top.split(b"\r\n")[0] for top, _ in got] == [b"HTTP/1.1 200 OK"] * answers
+    assert b"Connection: close" in got[-1][0]
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_connection_refused_at_the_cap_gets_503_and_a_warning_at_most_once_a_window(
     run_on, loop, monkeypatch, caplog

@@ -89,3 +89,49 @@ async def test_the_format_is_the_one_accept_weighs_highest(accept, expected, raw
 def test_the_openmetrics_version_compared_is_the_one_written():
     """wants_openmetrics takes a range naming OPENMETRICS_VERSION as naming what render writes."""
     assert f"; version={http.OPENMETRICS_VERSION};" in openmetrics.CONTENT_TYPE_LATEST
+
+
+V0 = "text/plain; version=0.0.4; charset=utf-8"
+V1 = "text/plain; version=1.0.0; charset=utf-8; escaping=underscores"
+
+
+@pytest.mark.parametrize(
+    "accept, expected",
+    [
+        # prometheus_client's default (exposition.choose_encoder): 0.0.4 unless a text/plain asks for 1.0.0 up.
+        ("", V0),
+        ("*/*", V0),
+        ("text/plain", V0),
+        ("text/plain;version=0.0.4", V0),
+        ("application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.3", V0),
+        ("text/plain;version=1.0.0", V1),
+        ('text/plain; Version="1.0.0"', V1),
+        ("text/plain;version=2", V1),  # as prometheus_client: any version from 1.0.0 up is written as 1.0.0
+        # Not numbers, not 1.0.0 up (prometheus_client raises on the first).
+        ("text/plain;version=abc", V0),
+        ("text/plain;version=1.0", V0),
+        # Of several text/plain ranges, the one weighed highest names the version; q=0 is "not acceptable".
+        ("text/plain;version=0.0.4;q=0.2, text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3", V1),
+        ("text/plain;version=0.0.4, text/plain;version=1.0.0;q=0.5", V0),
+        ("text/plain;version=1.0.0;q=0, text/plain", V0),
+        # Prometheus 3 with OpenMetrics weighed below the text format (its scrape_protocols reordered).
+        ("text/plain;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=1.0.0;q=0.4", V1),
+    ],
+)
+async def test_the_text_formats_version_is_the_one_its_accept_asks_for(accept, expected, raw_http):
+    """Every text answer was labelled `version=1.0.0` (prometheus_client's CONTENT_TYPE_LATEST since
+    0.22), Prometheus 2's `text/plain;version=0.0.4` too; prometheus_client's own negotiation labels
+    it 0.0.4 unless a text/plain range asks for 1.0.0 or later. Scrapes asking for either version
+    share one render, each labelled as it asked."""
+    registry = CollectorRegistry()
+    Counter("wok_test_scrapes", "a counter to render", registry=registry).inc()
+    async with Server(registry) as s:
+        asked = b"GET /metrics HTTP/1.1\r\n" + s.host + b"Accept: " + accept.encode() + b"\r\n\r\n"
+        other = "text/plain" if expected == V1 else "text/plain;version=1.0.0"  # pipelined: the same render
+        last = b"GET /metrics HTTP/1.1\r\n" + s.host + f"Accept: {other}\r\nConnection: close\r\n\r\n".encode()
+        answer = await raw_http(s.port, asked + last)
+    (top, body), (other_top, other_body) = responses(answer, [False, False])
+    assert top.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+    assert f"\r\nContent-Type: {expected}\r\n".encode() in top, (accept, top)
+    assert f"\r\nContent-Type: {V0 if expected == V1 else V1}\r\n".encode() in other_top, other_top
+    assert body == other_body and b"wok_test_scrapes_total 1.0\n" in body
