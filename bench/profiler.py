@@ -8,8 +8,9 @@ round, so that a slow spell of a shared machine spreads over every size instead 
 bending the curve. T(n) = α + β·n is fitted by least squares on the per-size medians
 (`wok.bench.tune.fit_medians`, as `wok tune` fits the profiles it writes itself).
 
-The work of one batch is counted on the model itself, with one forward pass under two
-dispatch modes (see docs/profile.md for the full rules):
+The work of a batch is counted on the model itself, with one forward pass under two
+dispatch modes (see docs/profile.md for the full rules); where the payloads' sizes vary, the
+figures per batch size are the mean over the timed batches, from at most COUNTED_BATCHES passes:
 
 * FLOPs: `torch.utils.flop_counter.FlopCounterMode` (matmuls, convolutions, the
   attention kernels it knows: 2 FLOPs per multiply-add), plus what it does not count
@@ -46,7 +47,7 @@ from wok.servable import HostBuffers, Servable
 from ..errors import quoted_name
 from .analysis import latency_summary
 from .analysis import ms_text as _ms
-from .payloads import DEFAULT_INT_HIGH, PayloadGenerator, TensorSpec, parse_sizes
+from .payloads import DEFAULT_INT_HIGH, PayloadGenerator, TensorSpec, parse_sizes, support_of
 from .roofline import Roofline
 from .tune import fit_linear as fit_linear_tuple
 from .tune import fit_medians
@@ -54,6 +55,10 @@ from .tune import fit_medians
 SCHEMA = "wok.profile/1"
 COMPUTE_BOUND = 10.0  # FLOP/byte above which a batch is compute-bound
 MEMORY_BOUND = 1.0  # ... and below which it is memory-bound
+# Timed batches whose work is counted per batch size when the payloads' sizes vary: one counting pass is a
+# forward under two dispatch modes (about 50-130 ms for 16 encoder sequences on 2 cores), so counting every
+# one of --repeats batches would cost more than timing them. See `representatives` for which ones.
+COUNTED_BATCHES = 8
 # The executor's stages (wok.executor.StageTimes); on the CPU h2d is 0 and d2h is the split.
 STAGES = ("assemble", "h2d", "compute", "d2h")
 
@@ -246,6 +251,70 @@ def count_work(servable: Servable, device: torch.device, requests: Sequence[dict
     return work
 
 
+def representatives(keys: Sequence, most: int = COUNTED_BATCHES) -> list[tuple[int, int]]:
+    """Which of the batches with these (sortable) keys to count, as (index, how many batches it stands for).
+
+    At most `most` distinct keys: each once, at its first batch, weighted by its count (exact where a batch's
+    work follows from its key). More: the batches sorted by key cut into `most` runs as equal in number as
+    can be, each counted at its middle batch and weighted by its length (a stratified sample, so that a
+    draw of sizes that is long, or short, by chance does not stand for the whole distribution)."""
+    if most < 1:
+        raise ValueError(f"representatives: most must be >= 1; got {most}")
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    groups: dict = {}
+    for i in order:
+        groups.setdefault(keys[i], []).append(i)
+    if len(groups) <= most:
+        return [(members[0], len(members)) for members in groups.values()]
+    return [(int(run[len(run) // 2]), len(run)) for run in np.array_split(np.asarray(order), most)]
+
+
+def batch_key(servable: Servable, requests: Sequence[dict[str, np.ndarray]], buffers: HostBuffers) -> tuple:
+    """What the model is given for these requests, as (elements, shapes): the tensors `assemble` makes
+    (padded to the longest request, where the model pads), so that batches sort by the work they hold."""
+    rows = sum(next(iter(r.values())).shape[0] for r in requests)
+    shapes = tuple(sorted((name, tuple(t.shape)) for name, t in servable.assemble(requests, rows, buffers).items()))
+    return sum(math.prod(shape) for _, shape in shapes), shapes
+
+
+def mean_work(counted: Sequence[tuple[WorkCount, int]]) -> WorkCount:
+    """The weighted mean of counted passes, field by field (floats); uncounted ops: those of any pass."""
+    total = sum(weight for _, weight in counted)
+
+    def mean(value: Callable[[WorkCount], float]) -> float:
+        return sum(value(work) * weight for work, weight in counted) / total
+
+    added = sorted({k for work, _ in counted for k in work.flops_added})
+    return WorkCount(
+        flops_counter=mean(lambda w: w.flops_counter),
+        flops_added={k: mean(lambda w, k=k: w.flops_added.get(k, 0)) for k in added},
+        param_bytes=mean(lambda w: w.param_bytes),
+        activation_read_bytes=mean(lambda w: w.activation_read_bytes),
+        activation_write_bytes=mean(lambda w: w.activation_write_bytes),
+        embedding_row_bytes=mean(lambda w: w.embedding_row_bytes),
+        embedding_rows=mean(lambda w: w.embedding_rows),
+        uncounted_ops=set().union(*(work.uncounted_ops for work, _ in counted)),
+    )
+
+
+def count_timed(
+    servable: Servable, device: torch.device, pool: list, n: int, starts: Sequence[int]
+) -> tuple[WorkCount, int]:
+    """The mean work of the timed batches of n (`pool[s : s + n]` for each s in `starts`), and how many
+    passes it counted (`representatives`: at most COUNTED_BATCHES)."""
+    buffers = HostBuffers(pinned=False)
+    keys = [batch_key(servable, pool[s : s + n], buffers) for s in starts]
+    picked = representatives(keys)
+    counted = [(count_work(servable, device, pool[starts[i] : starts[i] + n]), weight) for i, weight in picked]
+    return mean_work(counted), len(picked)
+
+
+def sizes_vary(servable: Servable, sizes: str) -> bool:
+    """Whether the requests made with `sizes` differ in shape: a variable dimension, and more than one size."""
+    variable = any(-1 in t.dims for t in servable.config.inputs)
+    return variable and support_of(parse_sizes(sizes), limit=1) is None
+
+
 # ---------------------------------------------------------------------------- the fit
 
 
@@ -357,16 +426,17 @@ Progress = Callable[[int], None]  # called with the number of batches just run
 def time_batches(
     servable: Servable, device: torch.device, cfg: ProfileConfig, pool: list, progress: Progress | None = None
 ) -> dict[int, dict[str, list[float]]]:
-    """Per batch size: the batch times and stage times (seconds) of `repeats` batches."""
+    """Per batch size: the batch times and stage times (seconds) of `repeats` batches, and under "start" the
+    place in `pool` each of them began (its n requests are `pool[start : start + n]`)."""
     executor = Executor(servable, InstanceConfig(count=1, devices=(str(device),)), cpu_linear=cfg.cpu_linear)
     instance = executor.instances[0]
     rng = np.random.default_rng(cfg.seed)
     sizes = list(dict.fromkeys(cfg.batch_sizes))
-    out = {n: {k: [] for k in ("batch", *STAGES)} for n in sizes}
+    out = {n: {k: [] for k in ("batch", *STAGES, "start")} for n in sizes}
 
-    def run(n: int) -> object:
+    def run(n: int) -> tuple[int, object]:
         start = int(rng.integers(0, len(pool) - n + 1))
-        return instance.submit(pool[start : start + n], [1] * n, 0).result()
+        return start, instance.submit(pool[start : start + n], [1] * n, 0).result()
 
     try:
         for _ in range(cfg.warmup):
@@ -376,7 +446,8 @@ def time_batches(
                     progress(1)
         for _ in range(cfg.repeats):
             for n in sizes:
-                r = run(n)
+                start, r = run(n)
+                out[n]["start"].append(start)
                 out[n]["batch"].append(r.finished - r.started)
                 for k in STAGES:
                     out[n][k].append(getattr(r.times, k))
@@ -426,8 +497,15 @@ def profile(
     batches = []
     uncounted: set[str] = set()
     added: set[str] = set()
+    # With one shape of request every batch of n holds the same work: one pass counts it. Otherwise the
+    # timed batches differ (a sequence model's padded length, a bag's ids): their mean, from a few of them.
+    vary = sizes_vary(servable, cfg.sizes)
     for n, median in zip(sizes, medians):
-        work = count_work(servable, device, pool[:n])
+        counted = None
+        if vary:
+            work, counted = count_timed(servable, device, pool, n, times[n]["start"])
+        else:
+            work = count_work(servable, device, pool[:n])
         uncounted |= work.uncounted_ops
         added |= set(work.flops_added)
         summary = latency_summary(np.asarray(times[n]["batch"]))
@@ -465,6 +543,8 @@ def profile(
                 "samples_s": times[n]["batch"],
             }
         )
+        if counted is not None:
+            batches[-1]["counted_batches"] = counted
     cfg_out = asdict(cfg)
     cfg_out["int_high"] = cfg.int_high or id_range(servable)
     return {

@@ -23,8 +23,10 @@ from wok.bench.profiler import (
     fit_linear,
     request_pool,
 )
-from wok.bench.roofline import Roofline, measure_bandwidth, measure_peak_flops, parse_rate
+from wok.bench.roofline import Roofline, measure_bandwidth, measure_peak_flops, parse_rate, roofline_for
+from wok.config import model_config_from_dict
 from wok.models import build_demo
+from wok.servable import HostBuffers, Servable
 
 CPU = torch.device("cpu")
 FP32, INT64 = 4, 8
@@ -112,6 +114,110 @@ def test_recsys_is_memory_bound_at_every_batch_size(sizes):
     for n in default_batch_sizes(recsys.config.max_batch_size):
         work = count_work(recsys, CPU, pool[:n])
         assert classify(work.flops / work.bytes) == "memory-bound", (n, work)
+
+
+# ---------------------------------------------------------------------------- sizes that vary
+
+WIDTH = 8  # PaddedLinear's output features
+
+
+class PaddedLinear(Servable):
+    """Sequences of L floats, padded to the batch's longest (as encoder pads), each value through a bias-free
+    Linear(1, WIDTH): a batch of n padded to L is one (n·L × 1) @ (1 × WIDTH) matmul, 2·n·L·WIDTH FLOPs."""
+
+    def __init__(self) -> None:
+        config = model_config_from_dict(
+            {
+                "name": "padded",
+                "platform": "python",
+                "factory": f"{__name__}:PaddedLinear",
+                "inputs": [{"name": "x", "datatype": "FP32", "dims": [-1]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "dims": [WIDTH]}],
+                "max_batch_size": 4,
+            },
+            source="test",
+        )
+        super().__init__(config, torch.nn.Linear(1, WIDTH, bias=False))
+
+    def assemble(self, requests, rows, buffers):
+        longest = max(r["x"].shape[1] for r in requests)
+        x = buffers.get("x", (rows, longest), torch.float32)
+        x.zero_()
+        for i, r in enumerate(requests):
+            x[i, : r["x"].shape[1]] = torch.from_numpy(r["x"][0])
+        return {"x": x}
+
+    def forward(self, module, tensors):
+        return self.name_outputs(module(tensors["x"].unsqueeze(-1)).sum(dim=1))
+
+
+def _padded_flops(batch: list[dict[str, np.ndarray]]) -> int:
+    return 2 * len(batch) * max(r["x"].shape[1] for r in batch) * WIDTH
+
+
+def test_flops_with_two_sizes_are_the_mean_of_the_timed_batches(tmp_path):
+    """Sequences of 2 or 6 values: a batch of one costs 32 or 96 FLOPs. Counted on `pool[:n]` alone, each
+    size's figure was one of those (that of the pool's first draw), whatever mix of the two was timed."""
+    sizes = tmp_path / "sizes.txt"
+    sizes.write_text("2\n6\n")
+    model, repeats = PaddedLinear(), 16
+    cfg = ProfileConfig(batch_sizes=[1, 2], warmup=0, repeats=repeats, sizes=f"empirical:{sizes}")
+    doc = profiler.profile(model, cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    for b in doc["batches"]:
+        n = b["batch_size"]
+        # R timed batches, a of them padded to 2 and R - a to 6: FLOPs per batch 2·n·WIDTH·(2a + 6(R - a))/R.
+        a = (6 * repeats - repeats * b["flops"] / (2 * n * WIDTH)) / 4
+        assert a == pytest.approx(round(a), abs=1e-9) and 0 < round(a) < repeats, (n, b["flops"])
+        assert b["flops_per_inference"] == pytest.approx(b["flops"] / n)
+        assert b["counted_batches"] == 2  # two shapes of batch: each counted once, weighted by how often timed
+    # The default payload sizes stay one pass per batch size, with no counted_batches in the document.
+    fixed = profiler.profile(
+        model, ProfileConfig(batch_sizes=[1, 2], warmup=0, repeats=2), lambda d: roofline_for(d, 1e12, 1e11)
+    )
+    assert [(b["flops"], "counted_batches" in b) for b in fixed["batches"]] == [
+        (2 * 16 * WIDTH, False),
+        (4 * 16 * WIDTH, False),
+    ]
+
+
+def test_count_timed_weights_each_timed_batch_as_timed():
+    """The mean over the batches time_batches ran, by hand from their padded lengths; uniform:1:9 draws
+    more shapes than COUNTED_BATCHES at n = 1, so there the counted figure is a stratified estimate."""
+    model = PaddedLinear()
+    cfg = ProfileConfig(batch_sizes=[1, 3], warmup=0, repeats=20, sizes="uniform:2:4")
+    pool = request_pool(model, cfg, 256)
+    times = profiler.time_batches(model, CPU, cfg, pool)
+    for n in (1, 3):
+        starts = times[n]["start"]
+        assert len(starts) == 20
+        work, counted = profiler.count_timed(model, CPU, pool, n, starts)
+        assert counted == 3  # padded to 2, 3 or 4
+        assert work.flops == pytest.approx(np.mean([_padded_flops(pool[s : s + n]) for s in starts]))
+    cfg = ProfileConfig(batch_sizes=[1, 3], warmup=0, repeats=40, sizes="uniform:1:30")
+    pool = request_pool(model, cfg, 256)
+    starts = profiler.time_batches(model, CPU, cfg, pool)[1]["start"]
+    work, counted = profiler.count_timed(model, CPU, pool, 1, starts)
+    exact = np.mean([_padded_flops(pool[s : s + 1]) for s in starts])
+    assert counted == profiler.COUNTED_BATCHES
+    assert work.flops == pytest.approx(exact, rel=0.05)
+    assert abs(_padded_flops(pool[:1]) - exact) > 0.05 * exact  # what one batch said: off by more
+
+
+def test_representatives_by_hand():
+    keys = [3, 1, 3, 2, 1, 3]
+    # Three distinct keys: each once, at its first batch, weighted by its count.
+    assert profiler.representatives(keys, 3) == [(1, 2), (3, 1), (0, 3)]
+    # Two runs of the batches sorted by key, [1 4 3] and [0 2 5]: their middle batches, 3 each.
+    assert profiler.representatives(keys, 2) == [(4, 3), (2, 3)]
+    with pytest.raises(ValueError, match="most must be >= 1; got 0"):
+        profiler.representatives(keys, 0)
+
+
+def test_batch_keys_follow_the_padding():
+    model, buffers = PaddedLinear(), HostBuffers(pinned=False)
+    short, long = {"x": np.zeros((1, 2), np.float32)}, {"x": np.zeros((1, 6), np.float32)}
+    assert profiler.batch_key(model, [short, long], buffers) == (12, (("x", (2, 6)),))
+    assert profiler.batch_key(model, [short], buffers) == (2, (("x", (1, 2)),))
 
 
 def _count(fn) -> WorkCount:
