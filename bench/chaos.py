@@ -66,6 +66,7 @@ from pathlib import Path
 from wok.bench.outputs import refuse_unwritable, write_final
 from wok.bench.report import write_json
 from wok.bench.scrape import parse_exposition, whole
+from wok.errors import ascii_digits
 from wok.executor import NOT_RERUN
 
 SCHEMA = "wok.chaos/1"
@@ -349,9 +350,9 @@ class _Client:
         async def read() -> None:
             async for response in call:
                 ir = response.infer_response
-                # Not isdigit() alone: it takes digits int() refuses ("²"), and the ValueError ended the
-                # reader and the stream's task. Our ids are ASCII; any other is a stray id (rule 4).
-                r = self.run.reqs.get(int(ir.id)) if ir.id.isascii() and ir.id.isdigit() else None
+                # Not isdigit(): it takes digits int() refuses ("²"), and the ValueError ended the reader
+                # and the stream's task. Our ids are ASCII; any other is a stray id (rule 4).
+                r = self.run.reqs.get(int(ir.id)) if ascii_digits(ir.id) else None
                 if r is None or r.stream != sid:
                     st.stray_ids.append(ir.id)
                 elif response.error_message:

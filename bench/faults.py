@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..children import die_with_parent
-from ..errors import quoted_name
+from ..errors import ascii_digits, quoted_name
 from ..faults import MAX_DELAY_MS
 from .analysis import latency_summary
 from .arrivals import parse_duration
@@ -190,7 +190,7 @@ def _int(values: dict[str, str], key: str, spec: str) -> int | None:
     if key not in values:
         return None
     text = values[key]
-    if not text.isdigit():
+    if not ascii_digits(text):
         raise ValueError(f"--fault {quoted_name(spec)}: {key}={quoted_name(text)}: expected an integer >= 0")
     return int(text)
 

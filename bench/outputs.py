@@ -267,7 +267,10 @@ def _own_descriptor(path: Path) -> int | None:
         folder = os.path.realpath(folder)
         match = _FD_FOLDER.fullmatch(folder)
         if match is not None:
-            if match["pid"] != os.path.basename(os.path.realpath("/proc/self")) or not base.isdigit():
+            # Not isdigit() alone: it takes "²", which int() below refuses with a ValueError.
+            if match["pid"] != os.path.basename(os.path.realpath("/proc/self")) or not (
+                base.isascii() and base.isdigit()
+            ):
                 return None
             try:
                 fd = int(base)

@@ -171,7 +171,7 @@ from typing import Any
 
 import grpc
 
-from wok.errors import NAME_CHARS, cut_message, message_of, quoted, quoted_name, shown_value
+from wok.errors import NAME_CHARS, ascii_digits, cut_message, message_of, quoted, quoted_name, shown_value
 
 from .channel import (
     NAME_OPTIONS,
@@ -375,7 +375,7 @@ def _unknown_scope(ip: str) -> str | None:
     """The scope of an IPv6 address ("fe80::1%eth0") when it names no network interface of this
     host: gRPC takes a number, or a name if_nametoindex knows, and fails every call of any other."""
     scope = ip.partition("%")[2]
-    if not scope or scope.isdigit():
+    if not scope or ascii_digits(scope):
         return None
     try:
         socket.if_nametoindex(scope)

@@ -91,7 +91,7 @@ from typing import Any
 
 import grpc
 
-from wok.errors import quoted_name
+from wok.errors import ascii_digits, quoted_name
 
 ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
@@ -236,7 +236,7 @@ def target_list(target: str | Sequence[str]) -> list[str]:
 def split_host_port(text: str) -> tuple[str, int] | None:
     """(host, port) of "host:port" or "[ipv6]:port" (brackets removed); None if it is neither."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    if not sep or not ascii_digits(port) or not host:
         return None
     return (host[1:-1] if host.startswith("[") and host.endswith("]") else host), int(port)
 
@@ -335,8 +335,9 @@ def probe(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> dict[st
     """How each of `addresses` ("ip:port", "[v6]:port") answers a TCP connect within `timeout`
     seconds, all tried at once; the connections are closed at once, nothing is sent on them.
     Blocks up to `timeout`: run it on a thread from async code. A family this host lacks (IPv6
-    turned off) is REFUSED; OSError naming the address when no socket can be made for want of file
-    descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): this process's shortage, no answer of
+    turned off) is REFUSED, as is an address it has no route to; OSError naming the address when no
+    socket can be made or connected for want of file descriptors, memory (EMFILE, ENFILE, ENOBUFS,
+    ENOMEM) or a local port (EADDRNOTAVAIL with a route there): this host's shortage, no answer of
     the address."""
     outcomes = {address: Probe.TIMED_OUT for address in addresses}
     selector = selectors.DefaultSelector()
@@ -356,13 +357,17 @@ def probe(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> dict[st
                     ) from exc
                 outcomes[address] = Probe.REFUSED  # no such family on this host (IPv6 turned off)
                 continue
-            sock.setblocking(False)
-            err = sock.connect_ex(parsed)
-            if err in _IN_PROGRESS:
-                selector.register(sock, selectors.EVENT_WRITE, address)
-                continue
-            outcomes[address] = Probe.ACCEPTED if err == 0 else Probe.REFUSED
-            sock.close()
+            try:
+                sock.setblocking(False)
+                err = sock.connect_ex(parsed)
+                if err in _IN_PROGRESS:
+                    selector.register(sock, selectors.EVENT_WRITE, address)
+                    sock = None
+                    continue
+                outcomes[address] = _answer(address, parsed, err)
+            finally:
+                if sock is not None:
+                    sock.close()
         deadline = time.monotonic() + timeout
         while selector.get_map():
             left = deadline - time.monotonic()
@@ -370,11 +375,11 @@ def probe(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> dict[st
                 break
             for key, _ in selector.select(left):
                 sock = key.fileobj
-                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                if err != errno.ETIMEDOUT:
-                    outcomes[key.data] = Probe.ACCEPTED if err == 0 else Probe.REFUSED
                 selector.unregister(sock)
-                sock.close()
+                with sock:
+                    err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                    if err != errno.ETIMEDOUT:
+                        outcomes[key.data] = _answer(key.data, split_host_port(key.data), err)
     finally:
         for key in list(selector.get_map().values()):
             key.fileobj.close()
@@ -382,8 +387,39 @@ def probe(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> dict[st
     return outcomes
 
 
-# socket()'s errors that tell of this process's or host's resources, not of the address's family.
+def _answer(address: str, parsed: tuple[str, int], err: int) -> Probe:
+    """What connect()'s error `err` (0: none) says of `address`: ACCEPTED, or REFUSED (refused, no route
+    there: ENETUNREACH, EHOSTUNREACH; a family this host cannot use: EAFNOSUPPORT, or EADDRNOTAVAIL without
+    a source address); OSError naming the address for this host's shortage, which says nothing of it."""
+    if err == 0:
+        return Probe.ACCEPTED
+    if err in _SHORTAGES:
+        # Counted as REFUSED, a moment's want of kernel memory chose a name's family as socket()'s shortage did.
+        raise OSError(err, f"address {quoted_name(address)}: no memory to probe it with: {os.strerror(err)}")
+    if err == errno.EADDRNOTAVAIL and _out_of_ports(address, parsed):
+        raise OSError(err, f"address {quoted_name(address)}: no local port left to probe it from: {os.strerror(err)}")
+    return Probe.REFUSED
+
+
+def _out_of_ports(address: str, parsed: tuple[str, int]) -> bool:
+    """Whether a TCP connect's EADDRNOTAVAIL to `address` was for want of a local port rather than of a
+    source address of its family: the kernel says the same of both, and the second is a family this host
+    cannot use (IPv6 turned off by sysctl, as in Docker's default containers: connect to ::1 fails so).
+    A UDP connect tells them apart: it picks the source address as TCP's does, but takes no TCP port and
+    sends nothing."""
+    try:
+        with socket.socket(family_of(address), socket.SOCK_DGRAM) as udp:
+            udp.connect(parsed)
+    except OSError as exc:
+        # EAGAIN: no UDP port left either; EMFILE and the like: no socket. A shortage all the same.
+        return exc.errno == errno.EAGAIN or exc.errno in _SHORTAGES
+    return True
+
+
+# socket()'s and connect()'s errors that tell of this process's or host's resources, not of the address.
 _SHORTAGES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+# EAGAIN is EWOULDBLOCK on Linux and macOS, a connect in progress where a system says so (asyncio reads it so
+# too); Linux's TCP tells a want of local ports by EADDRNOTAVAIL (`_out_of_ports`), never by EAGAIN.
 _IN_PROGRESS = {errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN, getattr(errno, "WSAEWOULDBLOCK", -1)}
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from wok.codec import encode_request
 from wok.datatypes import datatype
-from wok.errors import quoted_name, shown_value
+from wok.errors import ascii_digits, quoted_name, shown_value
 from wok.v2pb import grpc_service_pb2 as pb
 
 from .errors import read_answer
@@ -124,7 +124,7 @@ class StreamIds:
 
 
 def _looks_automatic(request_id: str) -> bool:
-    return request_id.isascii() and request_id.isdigit() and str(int(request_id)) == request_id
+    return ascii_digits(request_id) and str(int(request_id)) == request_id
 
 
 def output_names(outputs: Any, where: str = "outputs") -> Any:

@@ -35,7 +35,7 @@ from pydantic import (
 from .auth import check_tls_files, load_tokens, read_secret_file
 from .codec import MAX_PRIORITY_LEVEL
 from .datatypes import DATATYPES
-from .errors import NAME_CHARS, ConfigError, cut_message, quoted_name, shown_value
+from .errors import NAME_CHARS, ConfigError, ascii_digits, cut_message, quoted_name, shown_value
 from .faults import MAX_QUEUE_DELAY_MS
 
 if sys.version_info >= (3, 11):
@@ -244,7 +244,7 @@ class InstanceConfig(_Strict):
             raise ValueError("at least one device is needed")
         for d in v:
             head, _, idx = d.partition(":")
-            if head not in {"auto", "cpu", "cuda"} or (idx and (head != "cuda" or not idx.isdigit())):
+            if head not in {"auto", "cpu", "cuda"} or (idx and (head != "cuda" or not ascii_digits(idx))):
                 raise ValueError(f"device {quoted_name(d)} is not one of 'auto', 'cpu', 'cuda', 'cuda:N'")
         return v
 

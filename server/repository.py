@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .config import CONFIG_NAMES, ModelConfig, inside_model_dir, load_model_config
-from .errors import ConfigError, InvalidVersion, ModelNotFound, quoted_name
+from .errors import ConfigError, InvalidVersion, ModelNotFound, ascii_digits, quoted_name
 from .servable import Servable
 
 VERSION = "1"
@@ -347,7 +347,7 @@ def check_version(version: str, name: str = "") -> None:
     if version in ("", VERSION):
         return
     digits = version.lstrip("0") or "0"
-    if version.isascii() and version.isdigit() and len(digits) <= _VERSION_DIGITS and int(digits) < 2**63:
+    if ascii_digits(version) and len(digits) <= _VERSION_DIGITS and int(digits) < 2**63:
         return
     asked = f"model {quoted_name(name)}: " if name else ""
     raise InvalidVersion(

@@ -177,6 +177,8 @@ def test_parse_kill_pause_slow_fail():
         ("kill:at=130%", "from 0% to 100%"),
         ("kill:at=soon", "expected a percentage of the ramp"),
         ("kill:replica=-1,at=1s", "expected an integer >= 0"),
+        # isdigit() takes "²" (superscript two); int() refused it with its own bare ValueError.
+        ("kill:replica=\N{SUPERSCRIPT TWO},at=1s", "replica='²': expected an integer >= 0"),
         ("slow:at=1s,delay=5ms", "model=NAME is required"),
         ("slow:model=mlp,at=1s", "delay=DURATION is required"),
         ("slow:model=mlp,delay=120s,at=1s", "delay='120s': expected above 0 and at most 60s"),  # the server's cap

@@ -1108,6 +1108,7 @@ def test_which_paths_name_an_own_descriptor(tmp_path, monkeypatch):
         assert _own_descriptor(Path(f"/proc/{os.getppid()}/fd/{w}")) is None
         assert _own_descriptor(Path("/dev/fd/99999")) is None
         assert _own_descriptor(Path(f"/dev/fd/{'9' * 30}")) is None
+        assert _own_descriptor(Path("/dev/fd/\N{SUPERSCRIPT TWO}")) is None  # isdigit() took it, int() raised
         assert _own_descriptor(tmp_path / "dev" / "fd" / str(w)) is None
         assert _own_descriptor(Path("/dev/null")) is None
         # As the kernel resolves them: a link to /dev/stdout is stdout (opened by name it truncated

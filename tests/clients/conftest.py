@@ -34,10 +34,24 @@ CODE = grpc.StatusCode
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+class _Health(health.aio.HealthServicer):
+    """grpc_health's servicer, whose Watch handlers' tasks a stop waits for (`Loopback.stop`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watches: set[asyncio.Task] = set()
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context) -> None:
+        task = asyncio.current_task()
+        self.watches.add(task)
+        task.add_done_callback(self.watches.discard)
+        await super().Watch(request, context)
+
+
 class Loopback(abc.ABC):
     """A grpc.aio server on `address` (loopback, a free port) with the health service, SERVING;
     `register(server)` adds a subclass's handlers. With `credentials` it speaks TLS, `options` are
-    the server's. `async with` starts it and stops it (no grace). A subclass's handlers call
+    the server's. `async with` starts it and stops it (no grace, `stop`). A subclass's handlers call
     `_notify()` where `wait_until` is to look again."""
 
     def __init__(
@@ -49,7 +63,7 @@ class Loopback(abc.ABC):
     ) -> None:
         self.address, self.options, self.credentials = address, options, credentials
         self.server: grpc.aio.Server | None = None
-        self.health = health.aio.HealthServicer()
+        self.health = _Health()
         self.port = 0
         self._changed = asyncio.Condition()
 
@@ -79,7 +93,20 @@ class Loopback(abc.ABC):
         return self
 
     async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Stop the server at once (no grace, its calls cancelled), and return once the health Watch handlers it
+        cancels have ended. gRPC's stop returns before them: one still running when the test's loop closed was
+        cancelled with it, and gRPC logged "Exception not handled by _handle_exceptions in servicer method
+        [/grpc.health.v1.Health/Watch]"."""
         await self.server.stop(0)
+        if self.health.watches:
+            _, pending = await asyncio.wait(set(self.health.watches), timeout=10)
+            assert not pending, f"{len(pending)} health Watch handler(s) still running 10 s after the server's stop"
+        # gRPC's own task around each handler resumes once the handler has ended: one turn of the loop, queued
+        # before this coroutine's resumption. Cancelled before it, it logs the same error.
+        await asyncio.sleep(0)
 
     @property
     def target(self) -> str:

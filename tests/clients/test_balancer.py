@@ -302,7 +302,7 @@ async def test_a_replica_ejected_for_slowness_takes_the_calls_when_the_rotation_
             assert slow.failures == 0 and slow.slow == 2
             a.release.set()  # a answers from now on, but stays ejected for 60 s
             assert [await name_of(call) for _ in range(5)] == ["b"] * 5  # ejected: no calls while b serves
-            await b.server.stop(0)  # b dies
+            await b.stop()  # b dies
             await bal.wait_for(lambda: bal.replica(b.target).state is not STATE.READY, 10)
             names = [await name_of(call) for _ in range(20)]
             assert names == ["a"] * 20 and slow.ejected and bal.ejections_refused == 0
@@ -1431,14 +1431,16 @@ async def test_a_lookup_again_whose_channel_cannot_be_made_keeps_the_set_is_logg
     ), logged[1].getMessage()
 
 
-async def test_a_resolver_answering_a_scoped_address_of_no_interface_is_refused_as_no_address(stub, caplog):
+# "²" passes str.isdigit(), as an interface number would, and no interface is named so.
+@pytest.mark.parametrize("scope", ["nosuch", "\N{SUPERSCRIPT TWO}"])
+async def test_a_resolver_answering_a_scoped_address_of_no_interface_is_refused_as_no_address(stub, caplog, scope):
     """An IPv6 address whose scope names no interface of this host ("fe80::1%nosuch"): gRPC fails
     every call of its channel ("Invalid interface name ... the target uri is not valid"). Beside
     an IPv4 address its probe raised socket.gaierror, which ended the lookups for good, silently;
     alone it replaced the name's replicas. Now it is an answer of no address: named at start,
     logged once after it, the replicas kept."""
     async with stub("a") as a, stub("b") as b:
-        scoped = f"[fe80::1%nosuch]:{a.port}"
+        scoped = f"[fe80::1%{scope}]:{a.port}"
         lookups = Lookups({"svc": [scoped]})
         first = Balancer("dns:///svc:8001", settings=settings(), resolver=lookups)
         try:
@@ -1446,7 +1448,7 @@ async def test_a_resolver_answering_a_scoped_address_of_no_interface_is_refused_
                 await first.start()
         finally:
             await first.stop()
-        assert str(err.value).endswith("(its scope 'nosuch' names no network interface of this host)")
+        assert str(err.value).endswith(f"(its scope '{scope}' names no network interface of this host)")
         caplog.set_level(logging.WARNING, logger="wok.balancer")
         lookups.answers["svc"] = [a.target]
         async with Balancer("dns:///svc:8001", settings=settings(resolve_every_s=0.02), resolver=lookups) as bal:

@@ -474,3 +474,77 @@ def test_a_probe_out_of_file_descriptors_raises_rather_than_count_a_refusal():
     done = subprocess.run([sys.executable, "-c", OUT_OF_DESCRIPTORS], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("raised EMFILE address '127.0.0.1:1': no socket to probe it with: "), done.stdout
+
+
+# In a network namespace of its own (`unshare -rn`, no root needed where user namespaces are allowed), whose
+# settings are its own: the real conditions, which loopback in this one cannot make.
+OWN_NETWORK = """
+import errno, socket, subprocess
+from wok.clients.channel import probe
+
+
+def shown(addresses):
+    try:
+        return {a: outcome.name for a, outcome in probe(addresses, 0.5).items()}
+    except OSError as exc:
+        return f"raised {errno.errorcode[exc.errno]} {exc.strerror}"
+
+
+print("down:", shown(["127.0.0.1:5000"]))  # loopback not up yet: no route to it
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+server = socket.socket()
+server.bind(("127.0.0.1", 5000))
+server.listen()
+for conf in ("all", "default", "lo"):  # IPv6 turned off as Docker's default containers have it
+    with open(f"/proc/sys/net/ipv6/conf/{conf}/disable_ipv6", "w") as f:
+        f.write("1")
+print("no IPv6:", shown(["[::1]:5000", "127.0.0.1:5000"]))
+with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as f:
+    f.write("40000 40000")  # one local port, taken by the connection below
+held = socket.create_connection(("127.0.0.1", 5000))
+print("no port:", shown(["127.0.0.1:5000"]))
+"""
+
+
+def test_a_probe_out_of_local_ports_raises_and_a_family_turned_off_is_refused():
+    """connect()'s EADDRNOTAVAIL counted as REFUSED: with no local port left toward a server, its family was
+    a guess. The kernel says the same of an IPv6 turned off by sysctl, which must stay a refusal: a UDP
+    connect, which needs a route and a source address but no TCP port, tells the two apart."""
+    unshare = ["unshare", "-rn"]
+    try:
+        usable = subprocess.run([*unshare, "true"], capture_output=True, timeout=30).returncode == 0
+    except FileNotFoundError:
+        usable = False
+    if not usable or subprocess.run(["ip", "-V"], capture_output=True).returncode != 0:
+        pytest.skip("needs `unshare -rn` (a network namespace of its own) and `ip`")
+    done = subprocess.run([*unshare, sys.executable, "-c", OWN_NETWORK], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "down: {'127.0.0.1:5000': 'REFUSED'}",
+        "no IPv6: {'[::1]:5000': 'REFUSED', '127.0.0.1:5000': 'ACCEPTED'}",
+        "no port: raised EADDRNOTAVAIL address '127.0.0.1:5000': no local port left to probe it from: "
+        "Cannot assign requested address",
+    ], done.stdout
+
+
+@pytest.mark.parametrize("err", ["ENOBUFS", "ENOMEM"])
+def test_a_connect_out_of_memory_raises_rather_than_count_a_refusal(monkeypatch, err):
+    """connect() failing for want of kernel memory counted as REFUSED. The condition cannot be made on
+    loopback: the error alone is injected (a socket whose connect_ex returns it); ENETUNREACH, injected the
+    same way, stays a refusal."""
+    import errno
+
+    from wok.clients.channel import Probe, probe
+
+    answer = getattr(errno, err)
+
+    class Failing(socket.socket):
+        def connect_ex(self, address):
+            return answer
+
+    monkeypatch.setattr(socket, "socket", Failing)
+    with pytest.raises(OSError, match=r"^\[Errno \d+\] address '127.0.0.1:1': no memory to probe it with: ") as raised:
+        probe(["127.0.0.1:1"])
+    assert raised.value.errno == answer
+    answer = errno.ENETUNREACH
+    assert probe(["127.0.0.1:1"]) == {"127.0.0.1:1": Probe.REFUSED}

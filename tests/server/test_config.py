@@ -883,6 +883,13 @@ def test_text_from_a_config_is_shown_quoted_cut_and_escaped(tmp_path, change, wh
     assert msg == f"{path}: {where}: {message}"
 
 
+@pytest.mark.parametrize("index", ["\N{SUPERSCRIPT TWO}", "\N{ARABIC-INDIC DIGIT THREE}"])
+def test_a_cuda_index_of_other_digits_is_refused(tmp_path, index):
+    """isdigit() takes "²" (int() refuses it) and "٣" (int() reads 3): "cuda:²" passed the config's check."""
+    msg, path = load_error(tmp_path, changed(instances={"devices": [f"cuda:{index}"]}))
+    assert msg == f"{path}: instances.devices: device 'cuda:{index}' is not one of 'auto', 'cpu', 'cuda', 'cuda:N'"
+
+
 def test_a_folder_key_or_path_from_a_config_is_shown_quoted_as_names_are(tmp_path):
     d = write_model(tmp_path, BASE, name="it's")
     with pytest.raises(ConfigError) as info:
