@@ -557,6 +557,8 @@ def _check_request(t: _Tally, r: Req, st: Stream | None) -> None:
             t.problems.append(f"good request {r.serial} ({label}) got {code}: {details}")
     else:
         want = _earns(r.kind)
+        # Only what the reruns found: a request rerun alone as its device was lost (executor.LOST_ALONE) may
+        # have failed by the loss, another instance's kernel's, not by its id, and the server says so.
         t.bad_alone += r.kind == "bad" and code == "INTERNAL" and details.endswith(ALONE)
         if code != want:
             t.problems.append(f"{r.kind} request {r.serial} ({label}) got {code}, expected {want}: {details}")

@@ -153,6 +153,11 @@ class WokServer:
     def ready(self) -> bool:
         return self._started and not self.draining and self.device_lost is None
 
+    @property
+    def started(self) -> bool:
+        """Its start has finished (every port open, health SERVING); still True once it stops."""
+        return self._started
+
     def runtime(self, name: str, version: str = "") -> ModelRuntime:
         return self.runtimes[self.repository.get(name, version).name]
 

@@ -333,7 +333,14 @@ def _chunk(it, dt: Datatype, n: int, start: int, name: str, side: _Side) -> np.n
     try:
         return np.fromiter(it, dtype=dt.numpy, count=n)
     except OverflowError:
-        raise side.error(f"{side.tensor(name)}: a value does not fit {dt.name}") from None
+        # Each contents field holds what its datatypes can (the 8- and 16-bit ones are checked above): only
+        # values from elsewhere than a parsed message get here, and which one numpy refused it does not say.
+        if dt.numpy.kind in "iu":
+            span = f"{np.iinfo(dt.numpy).min} to {np.iinfo(dt.numpy).max}"
+        else:
+            span = f"{float(np.finfo(dt.numpy).min):g} to {float(np.finfo(dt.numpy).max):g}"
+        where = f"element {start}" if n == 1 else f"among elements {start} to {start + n - 1}"
+        raise side.error(f"{side.tensor(name)}: a value ({where}) does not fit {dt.name}, expected {span}") from None
 
 
 def _finish(steps: Generator[None, None, np.ndarray]) -> np.ndarray:
@@ -727,6 +734,14 @@ def decode_response(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:
             # numpy would take a -1 for "the rest" and reshape the values to a shape the server did not send.
             raise ValueError(f"{OUTPUT.tensor(name)}: dims must be >= 0, got {_shape_str(shape)}")
         if raw:
+            if t.HasField("contents") and (fields := _fields(t.contents)):
+                # Both would be data for one output, the contents read nowhere: which one the server meant is a
+                # guess, as for a request's input. A contents set with no values drops none and is read past.
+                got = ", ".join(f"{field} ({n} value{'' if n == 1 else 's'})" for field, n in fields)
+                raise ValueError(
+                    f"{OUTPUT.tensor(name)}: sent both in raw_output_contents and in contents ({got}); "
+                    "expected one of them"
+                )
             out[name] = array_from_raw(raw[i], dt, shape, name, OUTPUT)
         else:
             out[name] = array_from_contents(t.contents, dt, shape, name, OUTPUT)

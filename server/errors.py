@@ -74,6 +74,12 @@ class ShuttingDown(WokError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class NotStarted(WokError):
+    """The server's start has not finished (its ports open before its health says SERVING)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
 class DeviceLost(WokError):
     """A CUDA device's context is unusable after a device-side error (a kernel's assert, an illegal
     address): every later batch there would fail, and only a new process recovers it. The model

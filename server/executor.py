@@ -963,8 +963,12 @@ class Executor:
                     "; if the model needs other sizes for its variable (-1) dims, set them with warmup_dims on "
                     "each [[inputs]] of the config"
                 )
+            # wok's own check names the model, the output, what it expected and what it got, as a batch's
+            # callers are told it; as the model's failure it read "model 'M' failed: ModelExecutionError: model
+            # 'M' output ...", the model named twice beside a class of wok's.
+            what = str(exc) if own_check else failure_line(cfg.name, exc)
             raise WarmupError(
-                f"{failure_line(cfg.name, exc)}; in the start-up warm-up, on a batch of "
+                f"{what}; in the start-up warm-up, on a batch of "
                 f"zeros with input shapes {shapes} on {inst.device} (config: {cfg.source or 'built in code'}){hint}",
                 device_lost=inst.lost,
             ) from exc

@@ -40,6 +40,7 @@ from .errors import (
     InvalidInput,
     InvalidVersion,
     ModelNotFound,
+    NotStarted,
     NotSupported,
     QueueFull,
     RegionNotFound,
@@ -75,6 +76,7 @@ STREAM_LINGER_S = 0.2
 STREAM_STALL_S = 1.0
 # Put on a stream's queue of answers to make it look again at its reader and the server's stop.
 _WAKE = object()
+_DRAINING = "server is shutting down and accepts no new requests"
 REJECTION_REASON = {
     QueueFull: "queue_full",
     DeadlineExceeded: "deadline",
@@ -597,7 +599,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def _refuse_if_stopping(self) -> None:
         # A request that arrives once the stop has begun, or whose read is still going on then.
         if self.server.draining:
-            raise ShuttingDown("server is shutting down and accepts no new requests")
+            raise ShuttingDown(_DRAINING)
 
     async def ModelInfer(self, request, context):
         if self._handler_started is not None:
@@ -806,7 +808,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def _unready(self, rt: ModelRuntime) -> str | None:
         """Why the model cannot take requests now; None when it is ready (ModelReady, RepositoryIndex)."""
         if self.server.draining:
-            return "server is shutting down and accepts no new requests"
+            return _DRAINING
         if rt.batcher.failed is not None:
             if isinstance(rt.batcher.failed, DeviceLost):
                 return str(rt.batcher.failed)
@@ -817,10 +819,21 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request, context):
         try:
-            rt = self.server.runtime(request.name, request.version)
+            # Triton's answer: a version that is no integer is a bad request, not a model that is not ready;
+            # read first, as Triton reads it, before the server's state and the model.
+            check_version(request.version, request.name)
         except InvalidVersion as exc:
-            # Triton's answer: a version that is no integer is a bad request, not a model that is not ready.
             await _abort(context, exc)
+        server = self.server
+        if server.draining or not server.started:
+            # Triton's ModelReady answers UNAVAILABLE "Server not ready", not ready=false, while its server is
+            # not ready (starting or exiting: core's InferenceServer::ModelIsReady), for every model, known or
+            # not: tritonclient's is_model_ready raises then, and wok's clients retry it (on another server too). A
+            # device lost or a batcher failed leave the server running: the model's ready=false tells those.
+            reason = _DRAINING if server.draining else "server is not ready: it is still starting"
+            await _abort(context, ShuttingDown(reason) if server.draining else NotStarted(reason))
+        try:
+            rt = server.runtime(request.name, request.version)
         except WokError:  # a model or version not served: not ready, as Triton answers it
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self._unready(rt) is None)
@@ -855,8 +868,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if request.name:
             try:
                 rts = [self.server.runtime(request.name, request.version)]
-            except WokError as exc:
+            except InvalidVersion as exc:
                 await _abort(context, exc)
+            except ModelNotFound as exc:
+                # Triton's ModelStatistics answers a model or version it does not serve INVALID_ARGUMENT
+                # (TRITONSERVER_ServerModelStatistics: "requested model ... is not available"), where its
+                # ModelMetadata, ModelConfig and ModelInfer answer NOT_FOUND; wok's message, naming what it serves.
+                await _abort(context, InvalidInput(str(exc)))
         else:
             try:
                 # Read though every model is answered, as Triton reads it before it looks at the name.

@@ -93,8 +93,9 @@ def invalid_version(version: str) -> str:
 
 
 async def test_tritonclient_gets_tritons_answers_for_a_version_on_every_model_rpc(serve):
-    # As Triton: "01" is version 1; another integer is a version not served (ModelReady: not ready); what is no
-    # integer is INVALID_ARGUMENT, ModelReady's too (it answered ready=False), and ModelStatistics' of every model.
+    # As Triton: "01" is version 1; another integer is a version not served (ModelReady: not ready; ModelStatistics:
+    # INVALID_ARGUMENT); what is no integer is INVALID_ARGUMENT, ModelReady's too (it answered ready=False), and
+    # ModelStatistics' of every model.
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
@@ -125,8 +126,10 @@ async def test_tritonclient_gets_tritons_answers_for_a_version_on_every_model_rp
     ready, meta, config, stats = got["01"]
     assert ready is True and list(meta.versions) == ["1"] and config.config.name == "mlp"
     assert [(s.name, s.version) for s in stats.model_stats] == [("mlp", "1")]
-    not_found = ("StatusCode.NOT_FOUND", "model 'mlp' has no version '2'; available: 1")
-    assert got["2"] == [False, not_found, not_found, not_found]
+    not_served = "model 'mlp' has no version '2'; available: 1"
+    not_found = ("StatusCode.NOT_FOUND", not_served)
+    # Triton's ModelStatistics answers a version it does not serve INVALID_ARGUMENT, its others NOT_FOUND.
+    assert got["2"] == [False, not_found, not_found, ("StatusCode.INVALID_ARGUMENT", not_served)]
     for v in ("-1", "9" * 20):
         assert got[v] == [("StatusCode.INVALID_ARGUMENT", invalid_version(v))] * 4
     assert got["every model"] == ("StatusCode.INVALID_ARGUMENT", invalid_version("-1").removeprefix("model 'mlp': "))

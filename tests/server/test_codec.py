@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from wok import codec
 from wok.codec import decode_request, decode_response, encode_request, encode_response
 from wok.config import model_config_from_dict
 from wok.datatypes import DATATYPES
@@ -497,6 +498,36 @@ def test_a_typed_value_out_of_its_datatypes_range_is_refused_naming_it_and_the_r
     with pytest.raises(InvalidInput) as info:
         decode_request(req, identity(datatype))
     assert str(info.value) == f"input 'X': {got}"
+
+
+@pytest.mark.parametrize(
+    ("datatype", "values", "start", "got"),
+    [
+        (
+            "INT32",
+            [1, 2**40],
+            0,
+            "a value (among elements 0 to 1) does not fit INT32, expected -2147483648 to 2147483647",
+        ),
+        ("UINT64", [-1], 7, "a value (element 7) does not fit UINT64, expected 0 to 18446744073709551615"),
+        (
+            "FP32",
+            [10**400, 1.0],
+            0,
+            "a value (among elements 0 to 1) does not fit FP32, expected -3.40282e+38 to 3.40282e+38",
+        ),
+    ],
+)
+def test_values_numpy_cannot_convert_are_refused_naming_the_tensor_the_elements_and_the_range(
+    datatype, values, start, got
+):
+    # A parsed message's fields hold only what their datatypes can: such values come from elsewhere (Python
+    # numbers), where numpy's OverflowError names neither the range nor the elements. It said only "a value
+    # does not fit INT32".
+    for side, what in ((codec.INPUT, "input 'X'"), (codec.OUTPUT, "output 'X'")):
+        with pytest.raises(side.error) as info:
+            codec._chunk(iter(values), DATATYPES[datatype], len(values), start, "X", side)
+        assert str(info.value) == f"{what}: {got}"
 
 
 @pytest.mark.parametrize("datatype", ["UINT8", "UINT16", "INT8", "INT16"])

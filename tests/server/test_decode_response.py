@@ -20,11 +20,13 @@ def raw_answer(raw: bytes, datatype: str = "FP32", shape=(1, 3), name: str = "Y"
     return resp
 
 
-def typed_answer(datatype: str = "FP32", shape=(1, 3), **fields) -> pb.ModelInferResponse:
+def typed_answer(datatype: str = "FP32", shape=(1, 3), raw: bytes | None = None, **fields) -> pb.ModelInferResponse:
     resp = pb.ModelInferResponse(model_name="m")
     t = resp.outputs.add(name="Y", datatype=datatype, shape=shape)
     for field, values in fields.items():
         getattr(t.contents, field).extend(values)
+    if raw is not None:
+        resp.raw_output_contents.append(raw)
     return resp
 
 
@@ -105,6 +107,11 @@ CASES = {
         raw_answer(np.zeros(6, np.float32).tobytes(), shape=(-1, 3)),
         "output 'Y': dims must be >= 0, got [-1, 3]",
     ),
+    # Read from raw_output_contents, the contents' values dropped without a word.
+    "raw and typed contents for one output": (
+        typed_answer(fp32_contents=[4.0, 5.0, 6.0], raw=np.ones(3, np.float32).tobytes()),
+        "output 'Y': sent both in raw_output_contents and in contents (fp32_contents (3 values)); expected one of them",
+    ),
     # IndexError.
     "one raw entry for two outputs": (
         two_outputs(1),
@@ -153,3 +160,12 @@ def test_well_formed_answers_still_read_as_before_raw_and_typed(datatype):
         np.testing.assert_array_equal(decode_response(typed)["Y"], x)
     empty = decode_response(raw_answer(b"", datatype, shape=(0, 3)))["Y"]
     assert empty.shape == (0, 3) and empty.dtype == dt.numpy
+
+
+def test_an_empty_contents_beside_raw_output_contents_is_read_past():
+    # It holds no values to drop: the raw entry is the output's only data.
+    resp = raw_answer(np.arange(3, dtype=np.float32).tobytes())
+    resp.outputs[0].contents.SetInParent()
+    resp = pb.ModelInferResponse.FromString(resp.SerializeToString())
+    assert resp.outputs[0].HasField("contents")
+    np.testing.assert_array_equal(decode_response(resp)["Y"], np.arange(3, dtype=np.float32).reshape(1, 3))

@@ -414,7 +414,8 @@ def test_a_0_d_output_is_not_one_row_per_sample_and_fails_the_warm_up_as_on_cuda
     finally:
         ex.shutdown()
     assert str(info.value) == (
-        "model 'sq' failed: ModelExecutionError: model 'sq' output 'Y' has shape []; expected 1 row, one per "
+        # As a batch's callers are told it: it read "model 'sq' failed: ModelExecutionError: model 'sq' output ...".
+        "model 'sq' output 'Y' has shape []; expected 1 row, one per "
         f"sample; in the start-up warm-up, on a batch of zeros with input shapes X [1] on cpu (config: "
         f"{tmp_path / 'sq' / 'config.toml'})"  # wok's own check failed: no warmup_dims hint
     )

@@ -97,12 +97,60 @@ async def test_during_a_drain_every_model_is_unavailable_and_none_is_ready():
         try:
             assert await index(stub) == [("a", "UNAVAILABLE", SHUTTING_DOWN), ("b", "UNAVAILABLE", SHUTTING_DOWN)]
             assert await index(stub, ready=True) == []
-            assert not (await stub.ModelReady(pb.ModelReadyRequest(name="b"), timeout=10)).ready
+            await model_ready_is_unavailable(stub, SHUTTING_DOWN)
         finally:
             modules["a"].gate.set()
         out = decode_response(await accepted)
         np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
         await stopping
+
+
+async def model_ready_is_unavailable(stub, details: str) -> None:
+    """ModelReady while the server is not ready, as Triton answers it (core's InferenceServer::ModelIsReady):
+    UNAVAILABLE for a model served or not, not ready=false; a version that is no integer is read first."""
+    for name in ("b", "nope"):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.ModelReady(pb.ModelReadyRequest(name=name), timeout=10)
+        assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNAVAILABLE, details), name
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ModelReady(pb.ModelReadyRequest(name="b", version="x"), timeout=10)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        invalid_version("model 'b': ", "x"),
+    )
+
+
+async def test_model_ready_while_the_server_starts_is_unavailable_as_tritons():
+    made = {name: stuck_servable(name) for name in ("a", "b")}
+    server = WokServer(
+        server_settings(grpc_port=0, metrics_port=None, health_port=0),
+        ModelRepository([s for s, _ in made.values()], "test"),
+    )
+    # Held where the gRPC port is open and the start not finished: the health port opens after it.
+    held, go_on = asyncio.Event(), asyncio.Event()
+    start_health_port = server._start_health_port
+
+    async def held_health_port() -> None:
+        held.set()
+        await go_on.wait()
+        await start_health_port()
+
+    server._start_health_port = held_health_port
+    starting = asyncio.ensure_future(server.start())
+    try:
+        await asyncio.wait_for(held.wait(), 60)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            assert not (await stub.ServerReady(pb.ServerReadyRequest(), timeout=10)).ready
+            await model_ready_is_unavailable(stub, "server is not ready: it is still starting")
+            go_on.set()
+            await starting
+            assert (await stub.ModelReady(pb.ModelReadyRequest(name="b"), timeout=10)).ready
+            assert not (await stub.ModelReady(pb.ModelReadyRequest(name="nope"), timeout=10)).ready
+    finally:
+        go_on.set()
+        await asyncio.gather(starting, return_exceptions=True)
+        await server.stop(grace=5)
 
 
 @pytest.mark.parametrize("ready", [False, True])
@@ -212,21 +260,23 @@ async def test_a_version_is_read_as_triton_reads_it_by_every_rpc_that_takes_one(
             assert (await stub.ModelReady(pb.ModelReadyRequest(name="a", version=v), timeout=10)).ready, v
             stats = await stub.ModelStatistics(pb.ModelStatisticsRequest(name="a", version=v), timeout=10)
             assert [(st.name, st.version) for st in stats.model_stats] == [("a", "1")], v
+        invalid = grpc.StatusCode.INVALID_ARGUMENT
         bad = [(v, grpc.StatusCode.NOT_FOUND) for v in ABSENT_VERSIONS]
-        bad += [(v, grpc.StatusCode.INVALID_ARGUMENT) for v in INVALID_VERSIONS]
+        bad += [(v, invalid) for v in INVALID_VERSIONS]
         for v, code in bad:
             calls = [
-                stub.ModelInfer(versioned(v), timeout=10),
-                stub.ModelMetadata(pb.ModelMetadataRequest(name="a", version=v), timeout=10),
-                stub.ModelConfig(pb.ModelConfigRequest(name="a", version=v), timeout=10),
-                stub.ModelStatistics(pb.ModelStatisticsRequest(name="a", version=v), timeout=10),
+                (code, stub.ModelInfer(versioned(v), timeout=10)),
+                (code, stub.ModelMetadata(pb.ModelMetadataRequest(name="a", version=v), timeout=10)),
+                (code, stub.ModelConfig(pb.ModelConfigRequest(name="a", version=v), timeout=10)),
+                # Triton's ModelStatistics answers a version not served INVALID_ARGUMENT, its others NOT_FOUND.
+                (invalid, stub.ModelStatistics(pb.ModelStatisticsRequest(name="a", version=v), timeout=10)),
             ]
-            if code == grpc.StatusCode.INVALID_ARGUMENT:  # an integer not served is a model not ready, below
-                calls.append(stub.ModelReady(pb.ModelReadyRequest(name="a", version=v), timeout=10))
-            for call in calls:
+            if code == invalid:  # an integer not served is a model not ready, below
+                calls.append((code, stub.ModelReady(pb.ModelReadyRequest(name="a", version=v), timeout=10)))
+            for want, call in calls:
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await call
-                assert info.value.code() == code, (v, info.value.details())
+                assert info.value.code() == want, (v, info.value.details())
                 if code == grpc.StatusCode.NOT_FOUND:
                     assert info.value.details() == f"model 'a' has no version '{v}'; available: 1"
                 else:
@@ -260,16 +310,27 @@ async def test_a_version_that_is_no_integer_is_refused_before_the_model_is_looke
                         await call
                     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, v, info.value.details())
                     assert info.value.details() == invalid_version(shown, v)
-        # An unknown model with a version that is an integer: the model is what is not found, and not ready.
+        # An unknown model with a version that is an integer: the model is what is not found, and not ready;
+        # its statistics INVALID_ARGUMENT, as Triton's ModelStatistics answers a model it does not serve.
         for v in ("", "1", "2"):
             assert not (await stub.ModelReady(pb.ModelReadyRequest(name="nope", version=v), timeout=10)).ready
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await stub.ModelStatistics(pb.ModelStatisticsRequest(name="nope", version=v), timeout=10)
-            assert info.value.code() == grpc.StatusCode.NOT_FOUND
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert info.value.details() == "unknown model 'nope'; this server serves: a"
+            for call in (
+                stub.ModelMetadata(pb.ModelMetadataRequest(name="nope", version=v), timeout=10),
+                stub.ModelConfig(pb.ModelConfigRequest(name="nope", version=v), timeout=10),
+                stub.ModelInfer(versioned(v, "nope"), timeout=10),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call
+                assert info.value.code() == grpc.StatusCode.NOT_FOUND, v
+                assert info.value.details() == "unknown model 'nope'; this server serves: a"
         # Every model's statistics, with a version that is an integer: the version is not looked for.
         for v in ("", "1", "2"):
             stats = await stub.ModelStatistics(pb.ModelStatisticsRequest(version=v), timeout=10)
             assert [st.name for st in stats.model_stats] == ["a"]
-        # Each refused ModelInfer counted as what is no request of a model served, `invalid`.
-        assert server.metrics.unparsed_requests == 6 and server.metrics.unknown_model_requests == 0
+        # Each refused ModelInfer counted as what is no request of a model served: `invalid` for a version that is
+        # no integer, whatever the name, `not_found` for an unknown model asked with an integer (or no) version.
+        assert server.metrics.unparsed_requests == 6 and server.metrics.unknown_model_requests == 3

@@ -452,7 +452,7 @@ def test_an_output_that_is_no_tensor_fails_the_warm_up_without_a_warmup_dims_hin
     finally:
         ex.shutdown()
     assert str(info.value) == (
-        "model 'm' failed: ModelExecutionError: model 'm' output 'count' is int; expected a torch.Tensor; in the "
+        "model 'm' output 'count' is int; expected a torch.Tensor; in the "
         f"start-up warm-up, on a batch of zeros with input shapes x [1, 1] on cpu (config: {source})"
     )
 
