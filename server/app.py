@@ -5,7 +5,8 @@ Stop (SIGTERM/SIGINT/SIGHUP, or `stop()`), in order, within the grace period:
   2. each batcher runs what is queued and in flight (flush reason "drain");
   3. every handler hands its answer to gRPC and each open stream, having written the answers it
      owes, ends with UNAVAILABLE "server is shutting down"; once gRPC has written the unary
-     inference answers (`InferenceService.answers_written`), the gRPC server stops;
+     answers that can be large, inference and metadata (`InferenceService.answers_written`), the
+     gRPC server stops;
   4. the executors' threads end;
   5. a CPU wake-up latency request (`cpu_wakeup_latency_us`) is dropped.
 If the grace period runs out, what is still queued or in a batch that has not finished fails

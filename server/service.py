@@ -9,6 +9,7 @@ status number a unary call would have ended with in the answer's `status_code` p
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import time
@@ -318,6 +319,21 @@ class _Stream:
         self.room.set()
 
 
+def _written_before_stop(method):
+    """`method`, a unary one whose answer can pass the 64 KiB HTTP/2 lets a server send before its client
+    reads: counted in `unwritten` until gRPC has written its answer, so the stop waits for it as for a
+    ModelInfer answer (`InferenceService.answers_written`). ModelInfer counts itself, without this
+    wrapper's extra coroutine on the hot path."""
+
+    @functools.wraps(method)
+    async def counted(self: InferenceService, request, context):
+        self.unwritten += 1
+        context.add_done_callback(self._answer_written)
+        return await method(self, request, context)
+
+    return counted
+
+
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, server: WokServer) -> None:
         self.server = server
@@ -331,8 +347,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._idle = asyncio.Event()
         self._idle.set()
         self.closing = False  # set by close_streams()
-        # ModelInfer calls whose answer gRPC has not written yet: it writes it after the handler
-        # returns, as HTTP/2 flow control lets it (answers_written).
+        # Calls whose answer gRPC has not written yet (ModelInfer, and the methods whose answer can be
+        # large, _written_before_stop): it writes it after the handler returns, as HTTP/2 flow control
+        # lets it (answers_written).
         self.unwritten = 0
         self._written = asyncio.Event()
         # Set by the server as gRPC's stop ends the calls still open (a stream whose client reads
@@ -399,7 +416,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self._written.set()
 
     async def answers_written(self, window: Callable[[], float]) -> None:
-        """Return once gRPC has written the answer of every ModelInfer call, or none of them has been
+        """Return once gRPC has written the answer of every call counted in `unwritten` (ModelInfer, and
+        the methods whose answer can be large: `_written_before_stop`), or none of them has been
         written for STREAM_STALL_S (their clients read no more), or `window()` (seconds left) has run out.
 
         gRPC's stop must not begin before: it sends GOAWAY and a ping, and once the ping is acknowledged
@@ -844,6 +862,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         )
         return pb.ServerMetadataResponse(name="wok", version=__version__, extensions=EXTENSIONS)
 
+    @_written_before_stop
     async def ModelMetadata(self, request, context):
         try:
             s = self.server.runtime(request.name, request.version).servable
@@ -857,6 +876,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             resp.outputs.add(name=t.name, datatype=t.datatype, shape=[-1, *t.dims])
         return resp
 
+    @_written_before_stop
     async def ModelConfig(self, request, context):
         try:
             rt = self.server.runtime(request.name, request.version)
@@ -864,6 +884,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             await _abort(context, exc)
         return pb.ModelConfigResponse(config=model_config_proto(rt))
 
+    @_written_before_stop
     async def ModelStatistics(self, request, context):
         if request.name:
             try:
@@ -884,6 +905,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             rts = list(self.server.runtimes.values())
         return pb.ModelStatisticsResponse(model_stats=[rt.stats.to_proto() for rt in rts])
 
+    @_written_before_stop
     async def RepositoryIndex(self, request, context):
         if request.repository_name:
             # Triton refuses it too; ignored, a client would take wok's one repository for the one it named.

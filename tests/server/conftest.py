@@ -70,8 +70,10 @@ def gated_servable(
     count=1,
     name="gated",
     enter_when_closed=False,
+    parameters=None,
 ):
-    """(servable, module) of the gated model; `depth` None is the config's default (2)."""
+    """(servable, module) of the gated model; `depth` None is the config's default (2). `parameters`: the
+    config's, which only ModelConfig answers show (the factory is not called)."""
     cfg = model_config_from_dict(
         {
             "name": name,
@@ -86,6 +88,7 @@ def gated_servable(
                 "max_queue_size": max_queue_size,
             },
             "instances": {"count": count, "devices": ["cpu"], "pipeline_depth": depth},
+            "parameters": parameters or {},
         },
         "test",
     )
