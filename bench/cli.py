@@ -804,8 +804,9 @@ def _duration_text(seconds: float) -> str:
         return f"{seconds:.3g} s"
     hours, rest = divmod(round(seconds), 3600)
     minutes, secs = divmod(rest, 60)
-    parts = [f"{n} {unit}" for n, unit in ((hours, "h"), (minutes, "min"), (secs, "s")) if n]
-    return " ".join(parts[:2])  # to the minute past an hour
+    # To the minute past an hour: the first two units that are not 0 made 3,601 s "1 h 1 s".
+    units = ((hours, "h"), (minutes, "min")) if hours else ((minutes, "min"), (secs, "s"))
+    return " ".join(f"{n} {unit}" for n, unit in units if n)
 
 
 def _steps_text(count: int, warmup_s: float, duration_s: float, gap_s: float = 0.0) -> str:

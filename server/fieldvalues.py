@@ -14,6 +14,10 @@ def split_unquoted(value: str, separator: str) -> list[str]:
     """`value` split at each `separator` (a list's comma, a parameter's semicolon) outside a quoted
     string: in one, with its backslash escapes, it is text (RFC 9110 5.6.1, 5.6.4, 5.6.6). A quote
     left open runs to the end, for the caller to refuse or skip what it is part of."""
+    if '"' not in value:
+        # No quoted string, so every separator separates. The bench's workers split each answer's
+        # server-timing trailer (~190 characters) here: char by char it cost ~15 µs an answer more.
+        return value.split(separator)
     parts = []
     start = 0
     in_quotes = escaped = False

@@ -779,6 +779,17 @@ def test_the_default_ramp_takes_minutes_and_its_help_says_how_many(monkeypatch, 
     assert "the default ramp takes 4 steps × (6 s warm-up + 1 min) = 4 min 24 s" in helped, helped
 
 
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(45, "45 s"), (264, "4 min 24 s"), (3600, "1 h"), (3601, "1 h"), (3661, "1 h 1 min"), (7259, "2 h")],
+)
+def test_a_planned_length_past_an_hour_is_said_to_the_minute(seconds, text):
+    """The first two units that were not 0: 3,601 s read "1 h 1 s", 7,259 s "2 h 59 s"."""
+    from wok.bench.cli import _duration_text
+
+    assert _duration_text(seconds) == text
+
+
 def test_ramp_and_simulate_share_one_default_ramp():
     """`wok simulate` ("the same ramp, simulated") stepped 300,600,900 QPS by default, the ramp 50,100,200,400."""
     from wok.bench.cli import DEFAULT_STEPS
