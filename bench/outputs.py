@@ -67,12 +67,15 @@ def output_problem(path: Path, folder: bool, parents_made: bool = False) -> str 
 
 
 def _create_problem(folder: Path) -> str | None:
-    """Why no file can be made in `folder`, found by making one and removing it (None: one was made).
+    """Why no file can be made in `folder`, found by making one and removing it (None: one was made,
+    or the folder is append-only: see below).
 
     os.access answers for the permissions alone: for root it passes /proc, whose files cannot be
-    created whatever they say, and a filesystem that refuses new files for its own reasons."""
+    created whatever they say, and a filesystem that refuses new files for its own reasons. An
+    append-only folder is not probed, as nothing made there could be removed: a full disk or a quota
+    there shows only when the output is written, after the run."""
     if _append_only(folder):
-        return None  # files can be made there but none removed: the probe would stay
+        return None
     try:
         fd, name = tempfile.mkstemp(prefix=".wok-probe-", dir=folder)
     except OSError as exc:
