@@ -454,7 +454,12 @@ def add_simulate_parser(sub) -> None:
         help="simulated time per step (default 600s: longer than wok bench ramp's, as simulated time costs little "
         "and steadies the P99)",
     )
-    p.add_argument("--warmup", default="0s", help="simulated but not counted at each step's start (default 0s)")
+    p.add_argument(
+        "--warmup",
+        default=None,
+        help="simulated but not counted at each step's start: a duration (e.g. 1s) or a share of --step-duration "
+        "(e.g. 10%%) (default as wok bench ramp's: 10%%, at most 30 s)",
+    )
     p.add_argument("--slo-p99", default="200ms", help="P99 latency objective, with its unit (default 200ms)")
     p.add_argument("--seed", type=int, default=0, help="the arrivals' random seed (default 0)")
     _add_outputs(p)
@@ -477,7 +482,10 @@ def run_simulate(args) -> int:
             raise ValueError(f"{option} must be >= {low}; got {value}")
     alpha, beta = _batch_time(args)
     steps = _named("--steps", parse_steps, args.steps)
-    duration, warmup = seconds("--step-duration", positive=True), seconds("--warmup")
+    duration = seconds("--step-duration", positive=True)
+    # The ramp's rule: each simulated step starts from an empty queue, as each of the bench's starts drained, and
+    # leaves out the same share of its start, so that the two windows count the same part of a step.
+    warmup = _warmup(args.warmup, duration)
     # From the process's own count: a burst's peak or a dense trace offers far more than the step's QPS.
     _check_arrival(args.arrival, steps, warmup + duration)
     model = BatcherModel(

@@ -939,6 +939,12 @@ def render_html(result: dict, *, title: str | None = None) -> str:
     if warnings:
         warn = '<div class="warnings"><strong>Warnings</strong><ul>' + "".join(f"<li>{_e(w)}</li>" for w in warnings)
         warn += "</ul></div>"
+    elif _simulated(result):
+        # No generator to have kept a schedule: the simulator sends each request at its intended time (lag 0).
+        warn = (
+            '<p class="ok-note">No warnings (a simulation has no load generator: '
+            "it sends each request at its scheduled time).</p>"
+        )
     else:
         warn = '<p class="ok-note">No warnings: the generator kept its schedule at every step.</p>'
     source = config.get("source", "bench")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -216,6 +217,30 @@ def test_every_committed_ramp_csv_has_the_writers_columns(tmp_path):
     assert "ramp-mlp.csv" in ramps
 
 
+_PNG_DATA = re.compile(r'src="data:image/png;base64,([^"]*)"')
+
+
+def test_every_committed_ramp_html_is_its_json_as_rendered_now(tmp_path):
+    """docs/results/ramp-mlp.html was a render of 2026-11-29 (no loop p99 column, no verdict note) beside a JSON that
+    renders otherwise now. A page under docs/results beside its JSON is that JSON as `write_html` writes it now, but for
+    the plots' PNG bytes, which follow the matplotlib installed (its version is in each PNG): each is a PNG, as many."""
+    pages = []
+    for path in sorted((ROOT / "docs" / "results").rglob("*.html")):
+        beside = path.with_suffix(".json")
+        if not beside.exists():
+            continue
+        pages.append(path.name)
+        report.write_html(report.read_json_object(beside), tmp_path / path.name)
+        committed, fresh = path.read_text(encoding="utf-8"), (tmp_path / path.name).read_text(encoding="utf-8")
+        assert _PNG_DATA.sub('src="data:image/png;base64,"', committed) == _PNG_DATA.sub(
+            'src="data:image/png;base64,"', fresh
+        ), path
+        images = _PNG_DATA.findall(committed)
+        assert len(images) == len(_PNG_DATA.findall(fresh)), path
+        assert all(base64.b64decode(b64)[:8] == PNG_SIGNATURE for b64 in images), path
+    assert "ramp-mlp.html" in pages
+
+
 # ---------------------------------------------------------------------------- plots
 
 
@@ -291,8 +316,6 @@ def test_html_is_one_self_contained_file(result, tmp_path):
     assert not EXTERNAL.search(text), EXTERNAL.search(text)
     assert text.count('src="data:image/png;base64,') == 3
     for b64 in re.findall(r'src="data:image/png;base64,([^"]+)"', text):
-        import base64
-
         assert base64.b64decode(b64)[:8] == PNG_SIGNATURE
     assert "<style>" in text and "Content-Security-Policy" in text
     assert "mlp &lt;ramp&gt; &amp; co" in text  # the title is escaped
@@ -344,7 +367,19 @@ def test_html_default_title_names_model_and_target(html):
 
 def test_html_says_so_when_there_are_no_warnings(result):
     text = report.render_html({**result, "warnings": []})
-    assert "No warnings" in text
+    assert '<p class="ok-note">No warnings: the generator kept its schedule at every step.</p>' in text
+
+
+def test_the_html_ok_note_of_a_simulation_names_no_generator():
+    """A `wok simulate` result without warnings was told "the generator kept its schedule at every step": a
+    simulation has no generator, and sends every request at its scheduled time."""
+    from wok.bench.simulate import BatcherModel, SimConfig, simulate_ramp
+
+    model = BatcherModel(alpha_s=1e-3, beta_s=1e-4, max_batch_size=8, max_queue_delay_s=2e-3)
+    simulated = simulate_ramp(SimConfig(model=model, steps=[100.0, 200.0], step_duration_s=1.0))
+    text = report.render_html({**simulated, "warnings": []})
+    notes = re.findall(r'<p class="ok-note">([^<]*)</p>', text)
+    assert notes == ["No warnings (a simulation has no load generator: it sends each request at its scheduled time)."]
 
 
 def test_html_writes_a_lone_surrogate_in_the_config_as_its_backslash_escape(result, tmp_path):

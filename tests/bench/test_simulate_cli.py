@@ -17,7 +17,11 @@ BASE = ["--steps", "100", "--step-duration", "1s"]
     [
         (["--step-duration", "0s"], "--step-duration: expected a finite duration > 0; got '0s'"),
         (["--step-duration", "1e400s"], "--step-duration: expected a finite duration > 0; got '1e400s'"),
-        (["--warmup", "1e400s"], "--warmup: expected a finite duration; got '1e400s'"),
+        (
+            ["--warmup", "1e400s"],
+            "--warmup: expected a finite duration or a percentage of --step-duration; got '1e400s'",
+        ),
+        (["--warmup", "-1s"], "--warmup: invalid duration '-1s': expected a number >= 0"),
         (["--seed=-1"], "--seed must be >= 0; got -1"),
         (["--alpha", "1e400s"], "--alpha: expected a finite duration; got '1e400s'"),
         (["--beta", "1e400s"], "--beta: expected a finite duration; got '1e400s'"),
@@ -27,7 +31,7 @@ BASE = ["--steps", "100", "--step-duration", "1s"]
         (["--alpha", "0ms", "--beta", "0ms"], "--alpha and --beta: a batch needs a time"),
         # 10⁹ QPS × 100 s = 10¹¹ arrivals: a slip, refused before it runs out of memory.
         (
-            ["--steps", "1e9", "--step-duration", "100s"],
+            ["--steps", "1e9", "--step-duration", "100s", "--warmup", "0"],
             "--steps × (--warmup + --step-duration) with --arrival poisson: at most 1e+08 arrivals per step; "
             "got 1e+11 expected at 1e+09 QPS over 100 s",
         ),
@@ -66,7 +70,8 @@ def test_a_step_is_capped_by_its_arrival_process_own_count_before_simulating(
     tiny.write_text("timestamp\n0\n0.000000001\n")
     monkeypatch.setattr(simulate_module, "simulate_ramp", lambda *a: pytest.fail("simulated before refusing"))
     arrival = arrival.format(tiny=tiny)
-    assert main(["simulate", "--steps", "10", "--step-duration", "1s", "--arrival", arrival]) == 2
+    # No warm-up: the window alone is the second the counts below are over.
+    assert main(["simulate", "--steps", "10", "--step-duration", "1s", "--warmup", "0", "--arrival", arrival]) == 2
     err = capsys.readouterr().err
     assert err == (
         f"wok simulate: --steps × (--warmup + --step-duration) with --arrival {arrival}: at most 1e+08 arrivals "
@@ -165,6 +170,30 @@ def test_the_steps_lengths_keep_bare_seconds(tmp_path, capsys):
     assert main(["simulate", "--steps", "10", "--step-duration", "2", "--warmup", "0.5", "--json", str(path)]) == 0
     config = json.loads(path.read_text())["config"]
     assert (config["step_duration_s"], config["warmup_s"]) == (2.0, 0.5), config
+
+
+@pytest.mark.parametrize(
+    ("argv", "warmup_s"),
+    [
+        (["--step-duration", "60s"], 6.0),  # wok bench ramp's default step: its 6 s
+        (["--step-duration", "600s"], 30.0),  # wok simulate's default step: the ramp's cap
+        (["--step-duration", "60s", "--warmup", "20%"], 12.0),
+        (["--step-duration", "60s", "--warmup", "0"], 0.0),
+    ],
+)
+def test_the_warmup_is_the_ramps_rule(argv, warmup_s, tmp_path):
+    """`wok simulate` ("the same ramp, simulated") counted a step from its first arrival (--warmup 0s by default)
+    where `wok bench ramp` leaves out 10 % of the step, at most 30 s, and refused --warmup 20 %: past capacity the
+    simulated queue had grown for less time at the window's start, and its P99 came out lower than the bench's."""
+    import json
+
+    from wok.__main__ import main
+    from wok.bench.cli import WARMUP_CAP_S, WARMUP_SHARE
+
+    assert (WARMUP_SHARE, WARMUP_CAP_S) == (0.1, 30.0)  # the rule the cases above spell out
+    path = tmp_path / "sim.json"
+    assert main(["simulate", "--steps", "1", *argv, "--json", str(path)]) == 0
+    assert json.loads(path.read_text())["config"]["warmup_s"] == pytest.approx(warmup_s)
 
 
 def test_the_files_written_are_named_on_stderr(tmp_path, wok_cli):

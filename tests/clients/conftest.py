@@ -52,7 +52,7 @@ class Loopback(abc.ABC):
     """A grpc.aio server on `address` (loopback, a free port) with the health service, SERVING;
     `register(server)` adds a subclass's handlers. With `credentials` it speaks TLS, `options` are
     the server's. `async with` starts it and stops it (no grace, `stop`). A subclass's handlers call
-    `_notify()` where `wait_until` is to look again."""
+    `_notify()` where `wait_until` is to look again. A start that fails once the server runs stops it."""
 
     def __init__(
         self,
@@ -89,7 +89,12 @@ class Loopback(abc.ABC):
         else:
             self.port = self.server.add_secure_port(self.address, self.credentials)
         await self.server.start()
-        await self.health.set("", SERVING)
+        try:
+            await self.health.set("", SERVING)
+        except BaseException:
+            # `async with` calls no __aexit__ for an __aenter__ that raised: the server would go on answering.
+            await self.stop()
+            raise
         return self
 
     async def __aexit__(self, *exc) -> None:

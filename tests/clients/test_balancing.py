@@ -134,6 +134,34 @@ async def test_round_robin_skips_a_not_serving_server_and_comes_back(stub):
             assert {await answered_by(client) for _ in range(20)} == {"b"}
 
 
+async def test_a_stub_that_fails_once_started_stops_its_server(stub):
+    """`Loopback.__aenter__` started the server, then failed (here its health status refused): `async with` calls no
+    `__aexit__` for an `__aenter__` that raised, so the server went on answering on its port for the rest of the
+    session (a health Check answered it SERVING, grpc_health's status before any is set)."""
+
+    class Unsettable(stub):
+        def __init__(self, name: str) -> None:
+            super().__init__(name)
+
+            class Refusing(type(self.health)):
+                async def set(self, service: str, status) -> None:
+                    raise RuntimeError("health status refused")
+
+            self.health = Refusing()
+
+    a = Unsettable("a")
+    try:
+        with pytest.raises(RuntimeError, match="health status refused"):
+            async with a:
+                pytest.fail("entered a stub whose start failed")
+        async with grpc.aio.insecure_channel(a.target) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert info.value.code() == CODE.UNAVAILABLE, info.value  # nothing listens on its port
+    finally:
+        await a.server.stop(0)  # the server a failing test left running
+
+
 def test_a_stopped_stub_leaves_no_health_watch_to_the_closed_loop(stub, caplog):
     """gRPC's stop returned before it had ended the open health Watch handlers; the loop that then closed
     cancelled them, and gRPC logged "Exception not handled by _handle_exceptions in servicer method

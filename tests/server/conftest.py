@@ -72,8 +72,9 @@ def gated_servable(
     enter_when_closed=False,
     parameters=None,
 ):
-    """(servable, module) of the gated model; `depth` None is the config's default (2). `parameters`: the
-    config's, which only ModelConfig answers show (the factory is not called)."""
+    """(servable, module) of the gated model; `depth` None leaves `instances.pipeline_depth` unset, which the
+    executor runs as 2 slots an instance (its default). `parameters`: the config's, which only ModelConfig answers
+    show (the factory is not called)."""
     cfg = model_config_from_dict(
         {
             "name": name,

@@ -254,6 +254,15 @@ def run_x(ex, value):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OS thread names are read from Linux's /proc")
+@pytest.mark.parametrize(("depth", "slots"), [(None, 2), (1, 1), (3, 3)])
+def test_the_gated_models_depth_none_is_the_default_two_slots(gated, depth, slots):
+    """gated_servable's docstring says `depth` None is the default of 2, and passes None on as the config's
+    pipeline_depth: the executor's default is what makes the two agree."""
+    servable, _, ex = gated(depth=depth)
+    assert servable.config.instances.pipeline_depth == depth
+    assert [len(inst.slots) for inst in ex.instances] == [slots]
+
+
 def test_worker_threads_carry_an_os_name_that_top_and_proc_show(gated):
     import threading
 
