@@ -303,7 +303,8 @@ class AsyncClient:
         self, *, ready: bool = False, timeout: float | None = None
     ) -> pb.RepositoryIndexResponse:
         """The server's models, each with its state ("READY", or "UNAVAILABLE" with the reason: a
-        failed batcher, a drain); with `ready`, those ready for inferencing only (V2's `ready` flag)."""
+        failed batcher, a lost GPU); with `ready`, those ready for inferencing only (V2's `ready` flag). A wok server
+        starting or draining answers UNAVAILABLE instead, as Triton does (InferError)."""
         return await self._unary("RepositoryIndex", pb.RepositoryIndexRequest(ready=ready), timeout)
 
     # -- inference ---------------------------------------------------------------------------

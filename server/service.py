@@ -78,6 +78,7 @@ STREAM_STALL_S = 1.0
 # Put on a stream's queue of answers to make it look again at its reader and the server's stop.
 _WAKE = object()
 _DRAINING = "server is shutting down and accepts no new requests"
+_STARTING = "server is not ready: it is still starting"
 REJECTION_REASON = {
     QueueFull: "queue_full",
     DeadlineExceeded: "deadline",
@@ -817,16 +818,31 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             (rt.stats.success if code == "OK" else rt.stats.fail).add(took)
 
     # -- health and metadata ----------------------------------------------------------------
+    def _not_serving(self) -> WokError | None:
+        """Why the server as a whole answers no state while it starts or drains (ModelReady, RepositoryIndex: Triton
+        core's "Server not ready" whenever its server is not READY); None once started and until its stop."""
+        if self.server.draining:
+            return ShuttingDown(_DRAINING)
+        if not self.server.started:
+            return NotStarted(_STARTING)
+        return None
+
     async def ServerLive(self, request, context):
-        return pb.ServerLiveResponse(live=True)
+        # As Triton core's IsLive and IsReady: UNAVAILABLE while the server exits (a tritonclient's is_server_live
+        # raises then), false while it starts. Kubernetes' probes read grpc.health.v1, NOT_SERVING from the drain's
+        # first moment: these answers change no probe (docs/kubernetes.md).
+        if self.server.draining:
+            await _abort(context, ShuttingDown(_DRAINING))
+        return pb.ServerLiveResponse(live=self.server.started)
 
     async def ServerReady(self, request, context):
+        if self.server.draining:
+            await _abort(context, ShuttingDown(_DRAINING))
         return pb.ServerReadyResponse(ready=self.server.ready)
 
     def _unready(self, rt: ModelRuntime) -> str | None:
-        """Why the model cannot take requests now; None when it is ready (ModelReady, RepositoryIndex)."""
-        if self.server.draining:
-            return _DRAINING
+        """Why the model cannot take requests now, the server started and not draining (`_not_serving`); None
+        when it is ready (ModelReady, RepositoryIndex)."""
         if rt.batcher.failed is not None:
             if isinstance(rt.batcher.failed, DeviceLost):
                 return str(rt.batcher.failed)
@@ -842,16 +858,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             check_version(request.version, request.name)
         except InvalidVersion as exc:
             await _abort(context, exc)
-        server = self.server
-        if server.draining or not server.started:
+        if (not_serving := self._not_serving()) is not None:
             # Triton's ModelReady answers UNAVAILABLE "Server not ready", not ready=false, while its server is
             # not ready (starting or exiting: core's InferenceServer::ModelIsReady), for every model, known or
             # not: tritonclient's is_model_ready raises then, and wok's clients retry it (on another server too). A
             # device lost or a batcher failed leave the server running: the model's ready=false tells those.
-            reason = _DRAINING if server.draining else "server is not ready: it is still starting"
-            await _abort(context, ShuttingDown(reason) if server.draining else NotStarted(reason))
+            await _abort(context, not_serving)
         try:
-            rt = server.runtime(request.name, request.version)
+            rt = self.server.runtime(request.name, request.version)
         except WokError:  # a model or version not served: not ready, as Triton answers it
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self._unready(rt) is None)
@@ -917,6 +931,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                     f"(got {quoted_name(request.repository_name)})"
                 ),
             )
+        if (not_serving := self._not_serving()) is not None:
+            # Triton's (core's InferenceServer::RepositoryIndex), after it refused a repository_name: no list of
+            # models each UNAVAILABLE, which read as models that failed on a server that serves.
+            await _abort(context, not_serving)
         resp = pb.RepositoryIndexResponse()
         for name in sorted(self.server.runtimes):
             reason = self._unready(self.server.runtimes[name])

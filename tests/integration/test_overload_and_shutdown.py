@@ -176,12 +176,16 @@ async def _burst_then_sigterm(sp):
             await asyncio.sleep(0.005)
         sent = time.monotonic()
         sp.proc.send_signal(signal.SIGTERM)
-        # Once the server says it is not ready, a new call is refused (UNAVAILABLE), whether
-        # the server still drains or has already closed its port.
+        # Once the server no longer says it is ready (UNAVAILABLE, as Triton's while it exits, or no answer once
+        # its port is closed), a new call is refused (UNAVAILABLE), whether the server still drains or has already
+        # closed its port.
         refused = None
         try:
             while (await stub.ServerReady(pb.ServerReadyRequest(), timeout=10)).ready:
                 await asyncio.sleep(0.002)
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+        try:
             await stub.ModelInfer(request(999), timeout=10)
         except grpc.aio.AioRpcError as exc:
             refused = exc

@@ -1,7 +1,8 @@
 """The V2 repository RPCs as Triton answers them: RepositoryIndex tells what is ready for
-inferencing by the condition ModelReady uses (a failed batcher, a drain) and honours `ready`;
-a `repository_name` is refused by name, not ignored; RepositoryModelLoad/Unload say why wok
-does not serve them, and ServerMetadata does not advertise the `model_repository` extension."""
+inferencing by the condition ModelReady uses (a failed batcher) and honours `ready`; while the
+server starts or drains it answers UNAVAILABLE, as ModelReady does, and ServerLive and ServerReady
+too while it drains; a `repository_name` is refused by name, not ignored; RepositoryModelLoad/Unload
+say why wok does not serve them, and ServerMetadata does not advertise the `model_repository` extension."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from contextlib import asynccontextmanager
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from wok.app import WokServer
 from wok.codec import decode_response, encode_request
@@ -32,6 +34,7 @@ def stuck_servable(name: str):
 
 X = {"INPUT0": np.ones((1, 4), np.float32)}
 SHUTTING_DOWN = "server is shutting down and accepts no new requests"
+STARTING = "server is not ready: it is still starting"
 
 
 @asynccontextmanager
@@ -85,7 +88,7 @@ async def test_a_model_whose_batcher_failed_is_unavailable_with_the_failure_and_
         assert await index(stub, ready=True) == [("b", "READY", "")]
 
 
-async def test_during_a_drain_every_model_is_unavailable_and_none_is_ready():
+async def test_during_a_drain_the_server_and_repository_rpcs_answer_unavailable_as_tritons():
     async with gated_server("a", "b") as (server, modules, stub):
         modules["a"].gate.clear()
         accepted = asyncio.ensure_future(stub.ModelInfer(encode_request("a", X), timeout=30))
@@ -95,14 +98,61 @@ async def test_during_a_drain_every_model_is_unavailable_and_none_is_ready():
         while not server.draining:
             await asyncio.sleep(0)
         try:
-            assert await index(stub) == [("a", "UNAVAILABLE", SHUTTING_DOWN), ("b", "UNAVAILABLE", SHUTTING_DOWN)]
-            assert await index(stub, ready=True) == []
+            await state_rpcs_are_unavailable(stub, SHUTTING_DOWN, server_rpcs=True)
             await model_ready_is_unavailable(stub, SHUTTING_DOWN)
+            # Triton reads repository_name before its server's state: refused by name still.
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.RepositoryIndex(pb.RepositoryIndexRequest(repository_name="models"), timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            unavailable = ("StatusCode.UNAVAILABLE", SHUTTING_DOWN)
+            assert await asyncio.to_thread(with_tritonclient, f"127.0.0.1:{server.port}") == {
+                "live": unavailable,
+                "ready": unavailable,
+                "index": unavailable,
+                "model ready": unavailable,
+            }
         finally:
             modules["a"].gate.set()
         out = decode_response(await accepted)
         np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
         await stopping
+
+
+def with_tritonclient(target: str) -> dict:
+    """What Triton's own client makes of the server and repository RPCs: each value, or (status, message) of
+    what it raised. Blocking, so off the event loop that serves it."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    got = {}
+    with grpcclient.InferenceServerClient(target) as client:
+        for key, fn in (
+            ("live", client.is_server_live),
+            ("ready", client.is_server_ready),
+            ("index", lambda: [(m.name, m.state) for m in client.get_model_repository_index().models]),
+            ("model ready", lambda: client.is_model_ready("b")),
+        ):
+            try:
+                got[key] = fn()
+            except InferenceServerException as exc:
+                got[key] = (exc.status(), exc.message())
+    return got
+
+
+async def state_rpcs_are_unavailable(stub, details: str, *, server_rpcs: bool) -> None:
+    """RepositoryIndex while the server is not ready (core's InferenceServer::RepositoryIndex), and with `server_rpcs`
+    ServerLive and ServerReady too (its IsLive and IsReady, while it exits): UNAVAILABLE, not an answer."""
+    calls = {
+        "RepositoryIndex": lambda: stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=10),
+        "RepositoryIndex ready": lambda: stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=True), timeout=10),
+    }
+    if server_rpcs:
+        calls["ServerLive"] = lambda: stub.ServerLive(pb.ServerLiveRequest(), timeout=10)
+        calls["ServerReady"] = lambda: stub.ServerReady(pb.ServerReadyRequest(), timeout=10)
+    for what, call in calls.items():
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call()
+        assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNAVAILABLE, details), what
 
 
 async def model_ready_is_unavailable(stub, details: str) -> None:
@@ -120,7 +170,7 @@ async def model_ready_is_unavailable(stub, details: str) -> None:
     )
 
 
-async def test_model_ready_while_the_server_starts_is_unavailable_as_tritons():
+async def test_while_the_server_starts_it_is_not_live_nor_ready_and_its_models_unavailable_as_tritons():
     made = {name: stuck_servable(name) for name in ("a", "b")}
     server = WokServer(
         server_settings(grpc_port=0, metrics_port=None, health_port=0),
@@ -139,14 +189,45 @@ async def test_model_ready_while_the_server_starts_is_unavailable_as_tritons():
     starting = asyncio.ensure_future(server.start())
     try:
         await asyncio.wait_for(held.wait(), 60)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        target = f"127.0.0.1:{server.port}"
+        async with grpc.aio.insecure_channel(target) as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            # Triton's IsLive and IsReady while it initializes: false, not an error.
+            assert not (await stub.ServerLive(pb.ServerLiveRequest(), timeout=10)).live
             assert not (await stub.ServerReady(pb.ServerReadyRequest(), timeout=10)).ready
-            await model_ready_is_unavailable(stub, "server is not ready: it is still starting")
+            await state_rpcs_are_unavailable(stub, STARTING, server_rpcs=False)
+            await model_ready_is_unavailable(stub, STARTING)
+            # No health status is set yet: a probe's Check fails (docs/kubernetes.md); inference is served already.
+            for service in ("", "a"):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await health_pb2_grpc.HealthStub(ch).Check(
+                        health_pb2.HealthCheckRequest(service=service), timeout=10
+                    )
+                assert (info.value.code(), info.value.details()) == (
+                    grpc.StatusCode.NOT_FOUND,
+                    f"unknown service '{service}'",
+                )
+            out = decode_response(await stub.ModelInfer(encode_request("a", X), timeout=10))
+            np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+            unavailable = ("StatusCode.UNAVAILABLE", STARTING)
+            assert await asyncio.to_thread(with_tritonclient, target) == {
+                "live": False,
+                "ready": False,
+                "index": unavailable,
+                "model ready": unavailable,
+            }
             go_on.set()
             await starting
+            assert (await stub.ServerLive(pb.ServerLiveRequest(), timeout=10)).live
             assert (await stub.ModelReady(pb.ModelReadyRequest(name="b"), timeout=10)).ready
             assert not (await stub.ModelReady(pb.ModelReadyRequest(name="nope"), timeout=10)).ready
+            assert await index(stub) == [("a", "READY", ""), ("b", "READY", "")]
+            assert await asyncio.to_thread(with_tritonclient, target) == {
+                "live": True,
+                "ready": True,
+                "index": [("a", "READY"), ("b", "READY")],
+                "model ready": True,
+            }
     finally:
         go_on.set()
         await asyncio.gather(starting, return_exceptions=True)

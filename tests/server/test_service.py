@@ -62,11 +62,15 @@ async def test_stop_turns_health_not_serving_refuses_new_calls_and_finishes_acce
                 await asyncio.sleep(0)
             for name in ("", "slow"):
                 assert (await h.Check(health_pb2.HealthCheckRequest(service=name))).status == NOT_SERVING
-            assert not (await stub.ServerReady(pb.ServerReadyRequest())).ready
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.ModelInfer(encode_request("slow", x))
-            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert info.value.details() == "server is shutting down and accepts no new requests"
+            # ServerReady as Triton's while it exits: UNAVAILABLE, not ready=false.
+            for call in (
+                lambda: stub.ServerReady(pb.ServerReadyRequest()),
+                lambda: stub.ModelInfer(encode_request("slow", x)),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call()
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert info.value.details() == "server is shutting down and accepts no new requests"
             out = decode_response(await accepted)
             np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
             await stopping
