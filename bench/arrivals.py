@@ -557,7 +557,7 @@ def _brief(text: str, width: int = 60) -> str:
 def _size(value: object, where: str) -> int:
     if isinstance(value, str):
         value = value.strip()
-        if re.fullmatch(r"\d+", value):
+        if re.fullmatch(r"[0-9]+", value):
             return int(value)
     elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
@@ -643,13 +643,14 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
 
 
 # -- parsing ---------------------------------------------------------------------------------
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]([-+]?\d+))?\s*(ms|s|m|h)?\s*")
+# [0-9], not \d: \d takes every script's digits ("٣"), and float() reads them (3).
+DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([-+]?[0-9]+))?\s*(ms|s|m|h)?\s*")
 _UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
 def parse_duration(s: str) -> float:
     """Seconds in "250ms", "30s", "5m", "1.5h" or a plain number of seconds."""
-    m = _DURATION.fullmatch(s)
+    m = DURATION.fullmatch(s)
     if m is None:
         raise ValueError(
             f"invalid duration {_quoted(s)}: expected a number >= 0 with an optional unit ms, s, m or h "

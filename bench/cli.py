@@ -772,7 +772,7 @@ def _seconds(args, option: str, positive: bool = False) -> float:
 
 # A bare number is seconds to parse_duration: right for --step-duration 30, a trap for a latency
 # ("--slo-p99 50" was a 50 s objective every step passed).
-_BARE_NUMBER = re.compile(r"\s*(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
+_BARE_NUMBER = re.compile(r"\s*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*")
 
 
 def _with_unit(option: str, text: str) -> str:
@@ -786,7 +786,8 @@ def _with_unit(option: str, text: str) -> str:
     return text
 
 
-_PERCENT = re.compile(r"\s*(\d+\.?\d*|\.\d+)\s*%\s*")
+# [0-9], not \d: float() reads other scripts' digits ("٣%" was 3 %).
+_PERCENT = re.compile(r"\s*([0-9]+\.?[0-9]*|\.[0-9]+)\s*%\s*")
 
 
 def _warmup(text: str | None, duration: float) -> float:

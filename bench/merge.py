@@ -45,7 +45,8 @@ refinement steps are left out (each process bisected on its own):
   `host_probes`: each read its own machine's speed, so they are not combined;
 * the server's view (`server`, `queue_ms`, …) is taken from the first result given: every
   process scraped the same server over the same window, so each scrape already counts all
-  the processes' requests; adding them would count the server N times.
+  the processes' requests; adding them would count the server N times. So is the models'
+  `devices`, what that server runs them on.
 
 Verdicts (knee, max QPS under the SLO) and precision warnings are recomputed on the merged
 steps, with the parts' knee threshold and least success rate (parts that differ in either are
@@ -648,6 +649,8 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         result["payloads"] = pools[0]
     elif any(p is not None for p in pools):
         result["payloads_by_part"] = {name: p for p, name in zip(pools, names) if p is not None}
+    if "devices" in first:  # the server's, as its view is: the first part's
+        result["devices"] = first["devices"]
     probes = {name: r["host_probe"] for r, name in zip(results, names) if r.get("host_probe") is not None}
     if probes:  # each part probed its own machine: kept side by side, never averaged
         result["host_probes"] = probes

@@ -186,7 +186,7 @@ def _read_sizes(path: Path) -> np.ndarray:
             if not isinstance(obj, dict) or obj.get("size") is None:
                 raise ValueError(f'{path}:{i}: expected an object with a "size" field')
             values.append((i, obj["size"]))
-    elif re.fullmatch(r"\d+", first):
+    elif re.fullmatch(r"[0-9]+", first):
         values = lines
     else:
         reader = csv.DictReader(text.splitlines())
@@ -198,7 +198,7 @@ def _read_sizes(path: Path) -> np.ndarray:
     out = []
     for i, v in values:
         text_v = str(v).strip()
-        if isinstance(v, bool) or not re.fullmatch(r"\d+", text_v):
+        if isinstance(v, bool) or not re.fullmatch(r"[0-9]+", text_v):
             raise ValueError(f"{path}:{i}: size {v!r} is not an integer >= 0")
         out.append(int(text_v))
     return np.asarray(out, dtype=np.int64)
@@ -213,14 +213,14 @@ def parse_sizes(spec: str) -> Sizes:
     kind = kind.strip().lower()
     rest = rest.strip()
     try:
-        if re.fullmatch(r"\d+", kind) and not rest:
+        if re.fullmatch(r"[0-9]+", kind) and not rest:
             return Fixed(int(kind))
         if kind == "fixed":
-            if not re.fullmatch(r"\d+", rest):
+            if not re.fullmatch(r"[0-9]+", rest):
                 raise ValueError(f"expected fixed:N with N an integer >= 0; got {_quoted(rest)}")
             return Fixed(int(rest))
         if kind == "uniform":
-            m = re.fullmatch(r"(\d+)\s*:\s*(\d+)", rest)
+            m = re.fullmatch(r"([0-9]+)\s*:\s*([0-9]+)", rest)
             if m is None:
                 raise ValueError(f"expected uniform:LO:HI with integers 0 <= LO <= HI; got {_quoted(rest)}")
             return Uniform(int(m.group(1)), int(m.group(2)))
@@ -238,7 +238,7 @@ def parse_sizes(spec: str) -> Sizes:
                 median, sigma = float(opts["median"]), float(opts["sigma"])
             except ValueError:
                 raise ValueError("lognormal median and sigma must be numbers") from None
-            if not re.fullmatch(r"\d+", opts["max"]):
+            if not re.fullmatch(r"[0-9]+", opts["max"]):
                 raise ValueError(f"lognormal max must be an integer >= 1; got {_quoted(opts['max'])}")
             return LogNormal(median, sigma, int(opts["max"]))
         if kind == "empirical":

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from ..errors import quoted_name, shown_value
-from .arrivals import parse_duration
+from .arrivals import DURATION, parse_duration
 from .outputs import json_text, replacing
 
 SCHEMA = "wok.plan/1"
@@ -154,7 +154,6 @@ def _in_float_range(x: Fraction, what: str, given) -> Fraction:
     return x
 
 
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]([-+]?\d+))?\s*(ms|s|m|h)?\s*")
 _UNIT = {"ms": Fraction(1, 1000), "s": Fraction(1), "m": Fraction(60), "h": Fraction(3600), None: Fraction(1)}
 
 
@@ -166,7 +165,7 @@ def exact_duration(text: str, what: str) -> Fraction:
         parse_duration(text)  # the same syntax and the same message for a bad one
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None
-    m = _DURATION.fullmatch(text)
+    m = DURATION.fullmatch(text)
     if m.group(3) is None:
         bare = text.strip()
         raise ValueError(f"{what}: {quoted_name(text)} has no unit; write {bare}ms or {bare}s")
@@ -209,8 +208,9 @@ _SINGULAR = {"GPUs": "GPU", "CPUs": "CPU", "replicas": "replica"}
 
 def device_word(batch_in: Mapping) -> str:
     """What the plan counts, by the device the batch time was measured on: 'CPU' for a profile run on the CPU
-    (its `config.device`, `inputs.batch.profile.device`), else 'GPU' (every other source plans GPUs)."""
-    device = (batch_in.get("profile") or {}).get("device")
+    (its `config.device`, `inputs.batch.profile.device`) or a ramp of a model the server runs on the CPU (its
+    `devices`, `inputs.batch.ramp.device`), else 'GPU' (every other source, and a ramp that recorded none)."""
+    device = (batch_in.get("profile") or batch_in.get("ramp") or {}).get("device")
     return "CPU" if isinstance(device, str) and device.lower().startswith("cpu") else "GPU"
 
 
@@ -550,11 +550,18 @@ def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> Ba
     models = config.get("models") or []
     if not isinstance(models, list):
         raise ValueError(f"{file}: config.models: expected a list; got {json_kind(models)}")
+    model = _model_of(models, f"{file}: config.models")
+    device = _object(doc.get("devices"), f"{file}: devices", optional=True).get(model)
+    if device not in (None, "cpu", "gpu"):
+        raise ValueError(
+            f"{file}: devices[{quoted_name(model)}]: expected 'cpu', 'gpu' or null; got {shown_value(device)}"
+        )
     flushes = _object(step.get("flush_reasons"), f"{where}: flush_reasons", optional=True)
     slo = exact(_needed(doc, "slo_p99_ms", file), f"{file}: slo_p99_ms")
     detail = {
         "path": str(path),
-        "model": _model_of(models, f"{file}: config.models"),
+        "model": model,
+        "device": device,
         "step_offered_qps": _num(best),
         "achieved_qps": float(achieved),
         "p99_ms": None if p99 is None else float(p99),
@@ -759,7 +766,7 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
         raise ValueError(f"{_named(names, 'max_queue_delay_s')}the queue delay must be >= 0 s; got {_d(window)} s")
     warnings: list[str] = []
     # What the plan counts, in its steps and every message: CPUs for a profile run on the CPU (`device_word`).
-    dev = "CPU" if batch.source == "profile" and device_word({"profile": batch.detail}) == "CPU" else "GPU"
+    dev = device_word({batch.source: batch.detail})
     lo, hi = TARGET_UTIL_ADVISED
     if not lo <= target_util <= hi:
         warnings.append(
@@ -1343,7 +1350,7 @@ def _ramp_check(
     batch: BatchTime, lam: Fraction, per_replica_target: Fraction, n_gpu: int, warnings: list[str], dev: str = "GPU"
 ):
     """The plan against what one replica served within the SLO in the ramp; appends its warnings. `dev`: what the
-    plan counts (a ramp records no device, so GPUs, but named as every other message names it)."""
+    plan counts (`device_word`: CPUs where the ramp's server ran the model on the CPU)."""
     served = batch.step_qps
     n_ramp = ceil(lam / served)
     step_busy = batch.achieved_qps * batch.t_batch_s / batch.batch_size
@@ -1379,7 +1386,7 @@ def _ramp_check(
             f"at the chosen step most batches left on the queue delay, not full (mean "
             f"{decimal_text(batch.batch_size, 2)} requests): n grows with load, so at a replica's planned load its "
             "batches may be bigger and T_batch / n smaller than measured; on that count the plan errs towards "
-            "more GPUs"
+            f"more {dev}s"
         )
     return cross, step
 
@@ -1681,7 +1688,7 @@ def _input_rows(plan: dict) -> list[tuple[str, str]]:
             (
                 "ramp step",
                 f"{_f(r['step_offered_qps'])} QPS, the max under the SLO (P99 {_f(r['p99_ms'], 1)} ms ≤ "
-                f"{_f(r['slo_p99_ms'])} ms) of {r['path']}",
+                f"{_f(r['slo_p99_ms'])} ms) of {r['path']}" + (f" (on {r['device']})" if r.get("device") else ""),
             )
         )
     if batch.get("profile"):

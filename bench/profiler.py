@@ -369,7 +369,7 @@ class ProfileConfig:
             raise ValueError(f"--int-high must be >= 1; got {self.int_high}")
         if self.seed < 0:  # numpy's own refusal names no option: "expected non-negative integer"
             raise ValueError(f"--seed must be >= 0; got {self.seed}")
-        if re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is None:
+        if re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device) is None:
             raise ValueError(f"--device {quoted_name(self.device)}: expected auto, cpu, cuda or cuda:N")
         if self.cpu_linear not in ("onednn", "torch"):
             raise ValueError(f"--cpu-linear {quoted_name(self.cpu_linear)}: expected onednn or torch")

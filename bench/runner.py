@@ -148,13 +148,17 @@ class LateStart(RuntimeError):
 
 
 def _metadata(
-    cfg: RampConfig, say: Callable[[str], None] = _stderr, notes: list[str] | None = None
+    cfg: RampConfig,
+    say: Callable[[str], None] = _stderr,
+    notes: list[str] | None = None,
+    devices: dict[str, str | None] | None = None,
 ) -> tuple[list, tuple[int, int] | None]:
     """Each model's metadata, fetched through the balancer the workers will use: a target that
     only the wok balancer reaches (TLS checked per server, mixed address families) must not
     fail here before any worker tries it. `--rows` is checked against each model's config; a
     server without ModelConfig is said (`say`, and added to `notes`) to leave it unchecked.
-    With them, the server's published request limit (Client.request_limit; None: none published)."""
+    With them, the server's published request limit (Client.request_limit; None: none published).
+    `devices` gets each model's device by its config (`instance_device`; None without ModelConfig)."""
     from wok.clients import Client, InferError
     from wok.clients.channel import target_list
 
@@ -167,11 +171,12 @@ def _metadata(
             infos = [client.model_metadata(name, timeout=30) for name in names]
             for name in names:
                 try:
-                    _check_rows(cfg.rows, name, client.model_config(name, timeout=30).config.max_batch_size)
+                    config = client.model_config(name, timeout=30).config
                 except InferError as exc:
                     if exc.code.name != "UNIMPLEMENTED":  # a server without ModelConfig: nothing to check
                         raise
-                    _rows_unchecked(cfg.rows, name, say, notes)
+                    config = None
+                _checked(cfg.rows, name, config, say, notes, devices)
             return infos, client.request_limit(timeout=30)
     import asyncio
 
@@ -182,11 +187,12 @@ def _metadata(
             infos = [await client.model_metadata(name, timeout=30) for name in names]
             for name in names:
                 try:
-                    _check_rows(cfg.rows, name, (await client.model_config(name, timeout=30)).config.max_batch_size)
+                    config = (await client.model_config(name, timeout=30)).config
                 except InferError as exc:
                     if exc.code.name != "UNIMPLEMENTED":
                         raise
-                    _rows_unchecked(cfg.rows, name, say, notes)
+                    config = None
+                _checked(cfg.rows, name, config, say, notes, devices)
             return infos, await client.request_limit(timeout=30)
 
     return asyncio.run(fetch())
@@ -214,6 +220,29 @@ def _over_limit(name: str, payloads: list[bytes], limit: tuple[int, int], rpc: s
             else "RESOURCE_EXHAUSTED"
         )
     return line + " (raise the server's --max-request-bytes, or send smaller --sizes)"
+
+
+def _checked(rows: int, name: str, config, say, notes: list[str] | None, devices: dict | None) -> None:
+    """`rows` checked against model `name`'s ModelConfig `config` (None: the server answers none, which
+    leaves it unchecked, `_rows_unchecked`), and the model's device recorded in `devices`."""
+    if config is None:
+        _rows_unchecked(rows, name, say, notes)
+    else:
+        _check_rows(rows, name, config.max_batch_size)
+    if devices is not None:
+        devices[name] = None if config is None else instance_device(config)
+
+
+def instance_device(config) -> str | None:
+    """What runs a model, by its ModelConfig's instance groups: "cpu" when each is KIND_CPU, "gpu" when
+    each is KIND_GPU, else None (none listed, both kinds, or KIND_AUTO or KIND_MODEL, which name no
+    device). wok lists a group per device type its instances run on, Triton its config's groups."""
+    from wok.v2pb import model_config_pb2 as mc
+
+    kinds = {g.kind for g in config.instance_group}
+    return {mc.ModelInstanceGroup.KIND_CPU: "cpu", mc.ModelInstanceGroup.KIND_GPU: "gpu"}.get(
+        kinds.pop() if len(kinds) == 1 else None
+    )
 
 
 def _check_rows(rows: int, name: str, max_batch_size: int) -> None:
@@ -277,13 +306,17 @@ class ModelSlice:
 
 
 def build_pool(
-    cfg: RampConfig, say: Callable[[str], None] = _stderr, notes: list[str] | None = None
+    cfg: RampConfig,
+    say: Callable[[str], None] = _stderr,
+    notes: list[str] | None = None,
+    devices: dict[str, str | None] | None = None,
 ) -> tuple[list[bytes], list[ModelSlice], Mix]:
     """Serialized requests for every model of the mix; each model's slice of them (`ModelSlice`).
 
     A model's slice holds a payload of every size its `--sizes` can draw (`payloads.plan_pool`), its
     share of POOL_CAP_BYTES allowing; over it, a pool of draws, which is said (`say`) and in the result.
-    What the models' checks leave unchecked is said and added to `notes` (_metadata).
+    What the models' checks leave unchecked is said and added to `notes`, and each model's device put
+    in `devices` (_metadata).
     """
     from wok.codec import encode_request
 
@@ -295,7 +328,7 @@ def build_pool(
     cap_text = f"{POOL_CAP_BYTES / 2**20:g} MiB" + (
         f" ({budget / 2**20:g} MiB for each of the mix's {len(cfg.models)} models)" if len(cfg.models) > 1 else ""
     )
-    infos, limit = _metadata(cfg, say, notes)
+    infos, limit = _metadata(cfg, say, notes, devices)
     for (name, weight), info in zip(cfg.models, infos):
         specs = [TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in info.inputs.values()]
         gen = PayloadGenerator(
@@ -330,7 +363,8 @@ class Ramp:
         self.say = progress or _stderr
         self.rng = np.random.default_rng(cfg.seed + 1)
         self.setup_warnings: list[str] = []  # what the pool's build said (an unchecked --rows)
-        self.pool, self.slices, self.mix = build_pool(cfg, self.say, self.setup_warnings)
+        self.devices: dict[str, str | None] = {}  # each model's, by the server's ModelConfig: the result's `devices`
+        self.pool, self.slices, self.mix = build_pool(cfg, self.say, self.setup_warnings, self.devices)
         # Each payload's size, -1 where the model has no variable dimension: the step's `request_sizes`.
         self.pool_sizes = np.full(len(self.pool), -1, dtype=np.int64)
         for s in self.slices:
@@ -435,6 +469,7 @@ class Ramp:
         )
         result["balancer"] = workers.balancer_stats()
         result["payloads"] = [s.info() for s in self.slices]
+        result["devices"] = self.devices
         result["warnings"] += self.setup_warnings
         result["warnings"] += [_pool_warning(cfg, s.plan) for s in self.slices if s.plan.note]
         # Null for a ramp that ran every step it meant to (or stopped early by its own rule);

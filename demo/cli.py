@@ -96,7 +96,7 @@ def run_demo(args) -> int:
         raise ValueError(f"--rate: expected requests per second from 0 to {MAX_RATE:g}, got {args.rate:g}")
     if args.torch_threads < 1:
         raise ValueError(f"--torch-threads: expected 1 or more, got {args.torch_threads}")
-    if re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device) is None:
+    if re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", args.device) is None:
         raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {quoted_name(args.device)}")
     host = check_host(args.host)
     delay_s = duration("--max-queue-delay", args.max_queue_delay)
@@ -641,13 +641,15 @@ class LiveDemo:
         return await self._admin("/admin/batching", body)
 
     async def set_faults(self, body) -> tuple[int, dict | bytes]:
-        # The admin API takes a 0 ms slow fault (a no-op); from the page it is an emptied field.
+        # The admin API takes a 0 ms slow fault (a no-op); from the page it is an emptied field. Read
+        # here, not at import: the admin's one bound, as `check_max_queue_delay_ms` reads its own.
+        from ..faults import MAX_DELAY_MS
+
         if isinstance(body, dict) and body.get("mode") == "slow":
             v = body.get("delay_ms")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 60_000:
-                raise ValueError(
-                    f"field 'delay_ms': expected a number above 0 up to 60000 for mode 'slow', got {shown(v)}"
-                )
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= MAX_DELAY_MS:
+                expected = f"a number above 0 up to {MAX_DELAY_MS:g} for mode 'slow'"
+                raise ValueError(f"field 'delay_ms': expected {expected}, got {shown(v)}")
         return await self._admin("/admin/faults", body)
 
     def load_summary(self) -> dict:

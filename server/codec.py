@@ -204,6 +204,12 @@ def _fields(contents: pb.InferTensorContents) -> list[tuple[str, int]]:
     return [(f.name, len(v)) for f, v in contents.ListFields()]
 
 
+def _counted(fields: list[tuple[str, int]]) -> str:
+    """`fields` ((field, values) pairs, as `_fields` gives them) as a refusal names them: "int_contents
+    (1 value), fp64_contents (2 values)". Called only to refuse: the request path builds no text."""
+    return ", ".join(f"{field} ({n} value{'' if n == 1 else 's'})" for field, n in fields)
+
+
 def _other_fields(contents: pb.InferTensorContents, dt: Datatype) -> list[tuple[str, int]]:
     """(field, values) of each non-empty field of `contents` that `dt` is not read from."""
     return [(field, n) for field, n in _fields(contents) if field != dt.contents_field]
@@ -222,7 +228,7 @@ def _contents_in_steps(
     if dt.contents_field is None:
         # Name what was sent: "0 values" or a guess at the field would not tell the client the
         # protocol has no field for FP16 or BF16 at all.
-        got = ", ".join(f"{field} ({n} value{'' if n == 1 else 's'})" for field, n in _fields(contents))
+        got = _counted(_fields(contents))
         raise side.error(
             f"{side.tensor(name)}: datatype {dt.name} must be sent in {side.raw_field} (InferTensorContents has no "
             f"field for it), got {f'contents: {got}' if got else f'no {side.raw_field}'}"
@@ -236,7 +242,7 @@ def _contents_in_steps(
     others = _other_fields(contents, dt)
     if others:
         # Only its own field is read: the others' values would be dropped unseen, and which the client meant is a guess.
-        got = ", ".join(f"{field} ({n} value{'' if n == 1 else 's'})" for field, n in others)
+        got = _counted(others)
         raise side.error(
             f"{side.tensor(name)}: expected values in {dt.contents_field} alone for {dt.name}, got {got} too, "
             f"which {dt.name} is not read from"
@@ -475,7 +481,7 @@ def decode_request(
                 # Both would be data for one tensor; which one the client meant is a guess. A contents set but
                 # empty is refused too, as Triton refuses any (the KServe spec: contents "must not be specified"
                 # where raw contents are used); tritonclient never sets it beside raw_input_contents.
-                fields = ", ".join(f"{field} ({n} value{'' if n == 1 else 's'})" for field, n in _fields(t.contents))
+                fields = _counted(_fields(t.contents))
                 got = fields or "set, with no values"
                 raise InvalidInput(
                     f"input '{name}': sent both in raw_input_contents and in contents ({got}); expected one of them"
@@ -737,7 +743,7 @@ def decode_response(resp: pb.ModelInferResponse) -> dict[str, np.ndarray]:
             if t.HasField("contents") and (fields := _fields(t.contents)):
                 # Both would be data for one output, the contents read nowhere: which one the server meant is a
                 # guess, as for a request's input. A contents set with no values drops none and is read past.
-                got = ", ".join(f"{field} ({n} value{'' if n == 1 else 's'})" for field, n in fields)
+                got = _counted(fields)
                 raise ValueError(
                     f"{OUTPUT.tensor(name)}: sent both in raw_output_contents and in contents ({got}); "
                     "expected one of them"

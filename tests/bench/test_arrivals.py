@@ -333,11 +333,21 @@ def test_parse_duration_errors(text):
         parse_duration(text)
 
 
-def test_parse_duration_error_text():
+def test_a_trace_size_in_other_digits_than_0_to_9_is_refused(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("timestamp,size\n0,1\n1,٣\n")
     with pytest.raises(ValueError) as e:
-        parse_duration("5 parsecs")
+        load_trace(p)
+    assert str(e.value) == f"{p}:3: size '٣' is not an integer >= 0"
+
+
+# Digits other than 0-9: \d took every script's, and float() read them ("٣s" was 3 s, "1e٣s" 1000 s).
+@pytest.mark.parametrize("text", ["5 parsecs", "٣s", "1.٣s", "1e٣s", "２ms"])
+def test_parse_duration_error_text(text):
+    with pytest.raises(ValueError) as e:
+        parse_duration(text)
     assert str(e.value) == (
-        "invalid duration '5 parsecs': expected a number >= 0 with an optional unit ms, s, m or h "
+        f"invalid duration '{text}': expected a number >= 0 with an optional unit ms, s, m or h "
         "(e.g. '250ms', '30s', '5m', '1.5h')"
     )
 

@@ -117,6 +117,9 @@ TARGET = "--target '{}': expected HOST:PORT (several: HOST:PORT,HOST:PORT or dns
         (["--slo-p99", "50"], "--slo-p99 '50': give a unit, e.g. 50ms or 0.05s (a bare number would be seconds)"),
         (["--slo-p99", "0.5"], "--slo-p99 '0.5': give a unit, e.g. 0.5ms or 0.0005s"),
         (["--hedge-after", "30", "--balancer", "wok"], "--hedge-after '30': give a unit, e.g. 30ms or 0.03s"),
+        # \d took every script's digits, and float() read them: "٣" was a bare 3, "٣%" a 3 % warm-up.
+        (["--slo-p99", "٣"], "--slo-p99: invalid duration '٣': expected a number >= 0 with an optional unit"),
+        (["--warmup", "٣%"], "--warmup: invalid duration '٣%': expected a number >= 0 with an optional unit"),
         # An infinite delay is no hedging (off says it): the balancer refuses it, in each worker.
         (["--hedge-after", "1e400s", "--balancer", "wok"], "--hedge-after '1e400s': expected a finite duration > 0"),
         # Without a port gRPC dialled 443; a URL doubled its scheme in --metrics-url auto's URL.

@@ -987,3 +987,14 @@ def test_a_part_without_server_timing_is_said_to_leave_the_split_out(split_ramp)
     for r in parts:
         r["config"]["server_timing"] = False
     assert not [w for w in merge_results(parts)["warnings"] if "--server-timing" in w]
+
+
+def test_the_models_devices_are_the_first_parts_as_the_servers_view_is(split_ramp):
+    """Every part ramped the same server: what it runs the models on (`devices`, which `wok plan
+    --from-ramp` counts CPUs or GPUs by) is kept, from the part whose server view the merge keeps."""
+    _, parts = split_ramp
+    assert "devices" not in merge_results(parts)  # parts written before it: none
+    for r in parts:
+        r["devices"] = {"mlp": "cpu"}
+    parts[1]["devices"] = {"mlp": None}  # its ModelConfig unanswered
+    assert merge_results(parts)["devices"] == {"mlp": "cpu"}

@@ -213,6 +213,18 @@ def test_parse_sizes():
             "lognormal:median=20,sigma=0.8",
             "sizes 'lognormal:median=20,sigma=0.8': lognormal needs median, sigma and max; missing max",
         ),
+        # \d took every script's digits, and int() read them: each of these was a size of 3.
+        (
+            "٣",
+            "sizes '٣': unknown distribution '٣'; expected fixed:N, uniform:LO:HI, "
+            "lognormal:median=M,sigma=S,max=N or empirical:PATH",
+        ),
+        ("fixed:٣", "sizes 'fixed:٣': expected fixed:N with N an integer >= 0; got '٣'"),
+        ("uniform:1:٣", "sizes 'uniform:1:٣': expected uniform:LO:HI with integers 0 <= LO <= HI; got '1:٣'"),
+        (
+            "lognormal:median=2,sigma=1,max=٣",
+            "sizes 'lognormal:median=2,sigma=1,max=٣': lognormal max must be an integer >= 1; got '٣'",
+        ),
         (
             "lognormal:median=300,sigma=1,max=256",
             "sizes 'lognormal:median=300,sigma=1,max=256': lognormal median 300 is above max 256",
@@ -232,6 +244,21 @@ def test_parse_sizes_empirical_file_errors(tmp_path):
         parse_sizes(f"empirical:{bad}")
     with pytest.raises(ValueError, match=r"sizes 'empirical:/nonexistent/x': .*No such file"):
         parse_sizes("empirical:/nonexistent/x")
+
+
+@pytest.mark.parametrize(("text", "line"), [("3\n٣\n", 2), ("٣\n3\n", 1)])
+def test_an_empirical_size_in_other_digits_than_0_to_9_is_refused(tmp_path, text, line):
+    # A first line of "٣" read the file as one integer a line; now it is a CSV without a size column.
+    sizes = tmp_path / "sizes.txt"
+    sizes.write_text(text)
+    with pytest.raises(ValueError) as e:
+        parse_sizes(f"empirical:{sizes}")
+    expected = (
+        f"{sizes}:{line}: size '٣' is not an integer >= 0"
+        if line == 2
+        else f"{sizes}: expected one integer a line, or a CSV header with a 'size' column"
+    )
+    assert str(e.value) == f"sizes 'empirical:{sizes}': {expected}"
 
 
 # -- mixes -------------------------------------------------------------------------------------

@@ -270,6 +270,12 @@ def test_durations_and_numbers_parse_exactly():
             ["--t-batch", "20ms", "--burst", "base=100,amplitude=4x,sigma=30"],
             "wok plan: --burst 'base=100,amplitude=4x,sigma=30': sigma: '30' has no unit; write 30ms or 30s\n",
         ),
+        # \d took every script's digits, and Decimal() read them: "٣ms" was 3 ms.
+        (
+            ["--t-batch", "٣ms"],
+            "wok plan: --t-batch: invalid duration '٣ms': expected a number >= 0 with an optional unit ms, s, m or h "
+            "(e.g. '250ms', '30s', '5m', '1.5h')\n",
+        ),
     ],
 )
 def test_a_duration_without_a_unit_is_refused(argv, message, wok_cli):
@@ -474,6 +480,28 @@ def test_from_ramp_counts_requests_per_batch_when_requests_carry_several_rows(tm
     del doc["steps"][1]["server"]
     (tmp_path / "rows.json").write_text(json.dumps(doc))
     assert plan.batch_from_ramp(tmp_path / "rows.json").batch_size == F(25, 8)
+
+
+@pytest.mark.parametrize(
+    ("devices", "dev"), [({"mlp": "cpu"}, "CPU"), ({"mlp": "gpu"}, "GPU"), ({"mlp": None}, "GPU"), (None, "GPU")]
+)
+def test_a_ramp_of_a_cpu_server_plans_cpus(devices, dev, tmp_path, wok_cli):
+    """A ramp recorded no device, so the plan of a ramp against a CPU server counted GPUs: the ramp's
+    `devices` (its server's ModelConfig) names the model's. None recorded (older files): GPUs, as before."""
+    doc = json.loads(_ramp(tmp_path, compute_ms="1.0").read_text())  # a replica limited by more than its batches
+    if devices is not None:
+        doc["devices"] = devices
+    path = tmp_path / "device.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "plan.json"
+    status, stdout, stderr = wok_cli("plan", "--from-ramp", str(path), "--peak-qps", "5000", "--json", str(out))
+    assert status == 0, stderr
+    other = "GPU" if dev == "CPU" else "CPU"
+    assert f"plan: N = 2 {dev}s + k = 1 → 3 replicas" in stdout and f"{other}s" not in stdout
+    written = json.loads(out.read_text())
+    assert written["inputs"]["batch"]["ramp"]["device"] == (devices or {}).get("mlp")
+    assert ("(on cpu)" in stdout) == (dev == "CPU")
+    assert any(f"would take 3 {dev}s, not 2" in w for w in written["warnings"])
 
 
 def test_from_ramp_warns_when_the_replica_was_limited_by_something_else(tmp_path):
@@ -1210,6 +1238,11 @@ def _refused_after(edit, message: str, tmp_path, wok_cli) -> None:
         (
             lambda d: d["config"].update(models=["mlp"]),
             "{path}: config.models[0]: expected [NAME, ...]; got a string ('mlp')",
+        ),
+        (lambda d: d.update(devices=["cpu"]), "{path}: devices: expected an object; got a list"),
+        (
+            lambda d: d.update(devices={"mlp": "tpu"}),
+            "{path}: devices['mlp']: expected 'cpu', 'gpu' or null; got 'tpu'",
         ),
     ],
 )

@@ -305,6 +305,7 @@ def test_the_result_says_how_the_pool_was_made_and_the_sizes_sent(bench_server, 
     warning = next(w for w in result["warnings"] if w.startswith(f"--sizes {LOGNORMAL}: model 'encoder'"))
     assert "cap of 0.5 MiB (0.25 MiB for each of the mix's 2 models)" in warning
     assert any(line == f"warning: {warning}" for line in said)
+    assert result["devices"] == {"encoder": "cpu", "mlp": "cpu"}  # what the server runs them on
     # Not --sizes' doing: its warning does not name it.
     (fixed,) = [w for w in result["warnings"] if w.startswith("model 'mlp'")]
     assert "so 248 of them fit in the pool's cap of 0.5 MiB (0.25 MiB for each" in fixed and fixed == mlp["note"]
@@ -314,6 +315,33 @@ def test_the_result_says_how_the_pool_was_made_and_the_sizes_sent(bench_server, 
     assert 0 < sizes["requests"] < step["requests"]  # the encoder's only
     assert 1 <= sizes["p50"] <= sizes["p99"] <= sizes["max"] <= encoder["max_size"]
     assert math.isfinite(sizes["mean"])
+
+
+# -- the models' devices ----------------------------------------------------------------------
+@pytest.mark.parametrize("balancer", ["grpc", "wok"])
+def test_the_pool_records_each_models_device_as_its_config_names_it(bench_server, balancer):
+    """A ramp recorded no device, so `wok plan --from-ramp` of a CPU server planned GPUs: each model's
+    ModelConfig, already read for --rows, names the kind of its instance groups."""
+    cfg = RampConfig(bench_server.target, [("mlp", 1.0)], [1], 1.0, balancer=balancer)
+    devices: dict = {}
+    build_pool(cfg, lambda line: None, [], devices)
+    assert devices == {"mlp": "cpu"}
+
+
+def test_a_models_device_is_named_only_when_every_instance_group_has_it():
+    from wok.v2pb import model_config_pb2 as mc
+
+    kind = mc.ModelInstanceGroup
+    for kinds, device in [
+        ([kind.KIND_CPU], "cpu"),
+        ([kind.KIND_GPU, kind.KIND_GPU], "gpu"),
+        ([kind.KIND_GPU, kind.KIND_CPU], None),  # instances on both: neither alone
+        ([kind.KIND_AUTO], None),  # Triton's "GPU if there is one": no device named
+        ([kind.KIND_MODEL], None),
+        ([], None),
+    ]:
+        config = mc.ModelConfig(instance_group=[mc.ModelInstanceGroup(kind=k) for k in kinds])
+        assert runner.instance_device(config) == device, kinds
 
 
 # -- the server's request limit ---------------------------------------------------------------

@@ -530,6 +530,8 @@ def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
         (["profile", "mlp", "--peak-flops", "lots"], "--peak-flops 'lots'"),
         (["profile", "nope"], "unknown demo model"),
         (["profile", "mlp", "--device", "tpu"], "expected auto, cpu, cuda or cuda:N"),
+        # \d took every script's digits: "cuda:٣" passed, as the server's config refuses it.
+        (["profile", "mlp", "--device", "cuda:٣"], "--device 'cuda:٣': expected auto, cpu, cuda or cuda:N"),
         (["profile", "mlp", "--device", "cuda:99"], "--device: device 'cuda:99' requested but"),
         (["profile", "mlp", "--seed", "-1"], "--seed must be >= 0; got -1"),
         (["profile", "mlp", "--batch-sizes", ""], "--batch-sizes '': expected a list"),

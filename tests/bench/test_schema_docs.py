@@ -200,3 +200,21 @@ def test_wok_simulates_config_is_documented():
     model = BatcherModel(alpha_s=0.0, beta_s=1e-3, max_batch_size=1, max_queue_delay_s=0.0)
     config = json.loads(to_json(simulate_ramp(SimConfig(model=model, steps=[50.0], step_duration_s=1.0))))["config"]
     assert tables == [set(config), set(config["model"])]
+
+
+@pytest.mark.timeout(120)
+def test_every_top_level_key_of_a_ramps_result_is_documented(bench_server):
+    """A ramp's result (`wok.bench/2`): each top-level key it writes has its row, in "Top level" or,
+    for `balancer`, among the sections added by other runs. `devices` was written before it had one."""
+    from wok.bench.runner import Ramp, RampConfig
+
+    text = DOC.read_text(encoding="utf-8")
+    top = text[text.index("\n## Top level\n") :]
+    top = top[: top.index("\n## ", 1)]
+    documented = {n for row in re.findall(r"^\| ([^|]+) \|", top, re.M) for n in re.findall(r"`(\w+)`", row)}
+    # `balancer` has its row among the sections other runs add.
+    documented |= {"balancer"} & set(re.findall(r"^\| `(\w+)` \|", text, re.M))
+    cfg = RampConfig(bench_server.target, [("mlp", 1.0)], [20], 0.5, warmup_s=0.1)
+    result = Ramp(cfg, progress=lambda line: None).run()
+    assert result["devices"] == {"mlp": "cpu"}
+    assert not set(result) - documented, f"keys docs/bench-schema.md does not describe: {set(result) - documented}"

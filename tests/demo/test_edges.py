@@ -329,6 +329,29 @@ def test_a_host_label_too_long_is_refused_naming_the_option(wok_cli, monkeypatch
     )
 
 
+async def test_the_page_holds_a_slow_fault_to_the_admins_one_bound(monkeypatch):
+    """The page's check had 60000 written in beside faults.MAX_DELAY_MS, the admin API's bound: one
+    changed, the other went on refusing (or passing on) by the old bound."""
+    from wok import faults
+
+    args = argparse.Namespace(instances=2, max_batch_size=32, device="cpu", torch_threads=1)
+    live = LiveDemo(LoadControl(0), args, delay_s=0.005, slo_s=0.05)
+    try:
+        with pytest.raises(ValueError) as info:
+            await live.set_faults({"mode": "slow", "delay_ms": faults.MAX_DELAY_MS + 1})
+        assert str(info.value) == (
+            "field 'delay_ms': expected a number above 0 up to 60000 for mode 'slow', got 60001.0"
+        )
+        monkeypatch.setattr(faults, "MAX_DELAY_MS", 10.0)
+        with pytest.raises(ValueError) as info:
+            await live.set_faults({"mode": "slow", "delay_ms": 11})
+        assert str(info.value) == "field 'delay_ms': expected a number above 0 up to 10 for mode 'slow', got 11"
+        # Within the bound it goes on to the admin API: the server is still starting (admin port 0).
+        assert (await live.set_faults({"mode": "slow", "delay_ms": 10}))[0] == 503
+    finally:
+        await live.close()
+
+
 BIG_BODY = [0] * 30_000  # 90 KB as repr writes it; the page's server takes 64 KiB of JSON, 2 bytes a zero
 
 

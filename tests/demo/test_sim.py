@@ -305,6 +305,8 @@ def test_wok_demo_simulate_serves_the_page_and_labels_itself(start_demo):
         (["--slo", "0ms"], "wok demo: --slo: expected a duration above 0, got 0ms\n"),
         (["--torch-threads", "0"], "wok demo: --torch-threads: expected 1 or more, got 0\n"),
         (["--device", "bogus"], "wok demo: --device: expected auto, cpu, cuda or cuda:N, got 'bogus'\n"),
+        # \d took every script's digits: "cuda:٣" passed, as the server's config refuses it.
+        (["--device", "cuda:٣"], "wok demo: --device: expected auto, cpu, cuda or cuda:N, got 'cuda:٣'\n"),
         (["--host", "no-such-host.invalid"], "wok demo: --host: expected an address of this machine, got "),
     ],
 )

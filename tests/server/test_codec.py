@@ -582,6 +582,64 @@ def test_values_in_a_field_beside_the_one_read_are_refused_not_dropped(datatype,
     )
 
 
+def _contents_refusal(where: str) -> str:
+    """The message of the refusal at `where`, one of the four that name a contents' fields and their counts."""
+    extra = {"int_contents": [7], "fp64_contents": [1.0, 2.0]}
+    if where == "a request's raw input":
+        req = encode_request("id", {"X": np.zeros((1, 3), np.float32)})
+        for field, values in extra.items():
+            getattr(req.inputs[0].contents, field).extend(values)
+        with pytest.raises(InvalidInput) as info:
+            decode_request(req, identity("FP32"))
+        return str(info.value)
+    if where == "an answer's raw output":
+        resp = encode_response("id", "1", {"Y": np.zeros((1, 3), np.float32)}, {"Y": DATATYPES["FP32"]})
+        for field, values in extra.items():
+            getattr(resp.outputs[0].contents, field).extend(values)
+        with pytest.raises(ValueError) as info:
+            decode_response(resp)
+        return str(info.value)
+    contents = pb.InferTensorContents(**extra)
+    datatype = "FP16" if where == "a datatype with no field" else "INT32"
+    if datatype == "INT32":
+        contents.ClearField("int_contents")
+        contents.int_contents.extend([1, 2, 3])
+        contents.uint_contents.extend([4])
+    with pytest.raises(InvalidInput) as info:
+        codec.array_from_contents(contents, DATATYPES[datatype], (1, 3), "X")
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        (
+            "a datatype with no field",
+            "input 'X': datatype FP16 must be sent in raw_input_contents (InferTensorContents has no field for it), "
+            "got contents: int_contents (1 value), fp64_contents (2 values)",
+        ),
+        (
+            "a field beside the one read",
+            "input 'X': expected values in int_contents alone for INT32, got uint_contents (1 value), fp64_contents "
+            "(2 values) too, which INT32 is not read from",
+        ),
+        (
+            "a request's raw input",
+            "input 'X': sent both in raw_input_contents and in contents (int_contents (1 value), fp64_contents "
+            "(2 values)); expected one of them",
+        ),
+        (
+            "an answer's raw output",
+            "output 'Y': sent both in raw_output_contents and in contents (int_contents (1 value), fp64_contents "
+            "(2 values)); expected one of them",
+        ),
+    ],
+)
+def test_the_four_refusals_naming_a_contents_fields_count_them_in_one_way(where, message):
+    # Four copies of one expression built this text; one (codec._counted) now, these messages unchanged.
+    assert _contents_refusal(where) == message
+
+
 def test_an_input_with_no_data_at_all_is_told_where_its_data_goes():
     req = pb.ModelInferRequest(model_name="id")
     req.inputs.add(name="X", datatype="INT8", shape=[1, 3])
