@@ -13,6 +13,7 @@ import pytest
 
 from wok.app import WokServer
 from wok.config import server_settings
+from wok.errors import ShuttingDown
 from wok.repository import ModelRepository
 
 GRACE_S = 0.2
@@ -50,6 +51,9 @@ async def _stop_with_stuck_models(gated_model, count: int, caplog) -> None:
         assert sorted(logged) == sorted(f"model '{s.name}' {STUCK}" for s, _ in made)
         for p in pending:  # answered UNAVAILABLE by the stop, not left waiting
             assert p.future.done()
+            # Read, as a handler reads it: unread, the failed futures log "Future exception was never retrieved"
+            # when collected, into whichever test then runs in this process (CI: test_deadlines' caplog check).
+            assert isinstance(p.future.exception(), ShuttingDown), p.future.exception()
     finally:
         for m in modules:
             m.gate.set()
