@@ -2,7 +2,8 @@
 
 A model is run in-process through wok's own Executor, on one instance, exactly as the
 server runs a batch (assemble the requests' rows into the slot's host buffers, forward,
-split). For each batch size the batch time is the worker's time for one batch
+split), a batch holding requests of one batching key as the server's batcher forms it (`KeyedPool`).
+For each batch size the batch time is the worker's time for one batch
 (`BatchResult.finished - started`); sizes are visited round robin, one batch each per
 round, so that a slow spell of a shared machine spreads over every size instead of
 bending the curve. T(n) = α + β·n is fitted by least squares on the per-size medians
@@ -31,7 +32,7 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -59,6 +60,12 @@ MEMORY_BOUND = 1.0  # ... and below which it is memory-bound
 # forward under two dispatch modes (about 50-130 ms for 16 encoder sequences on 2 cores), so counting every
 # one of --repeats batches would cost more than timing them. See `representatives` for which ones.
 COUNTED_BATCHES = 8
+# Requests drawn at most beyond the pool to give each batching key of it as many requests as the largest batch
+# (`keyed_pool`); a key rarer than about n in this many draws gets no batch of n, and the document says so. Most
+# draws are made, keyed and dropped: 0.05 s for encoder's uniform:8:200 (its rarest bucket, 8 tokens alone, 1
+# draw in 193, took 5,900 draws to hold 32 requests). FILL_CHUNK: the draws made at once.
+FILL_DRAWS = 1 << 16
+FILL_CHUNK = 256
 # The executor's stages (wok.executor.StageTimes); on the CPU h2d is 0 and d2h is the split.
 STAGES = ("assemble", "h2d", "compute", "d2h")
 
@@ -269,9 +276,11 @@ def representatives(keys: Sequence, most: int = COUNTED_BATCHES) -> list[tuple[i
     return [(int(run[len(run) // 2]), len(run)) for run in np.array_split(np.asarray(order), most)]
 
 
-def batch_key(servable: Servable, requests: Sequence[dict[str, np.ndarray]], buffers: HostBuffers) -> tuple:
+def batch_shapes(servable: Servable, requests: Sequence[dict[str, np.ndarray]], buffers: HostBuffers) -> tuple:
     """What the model is given for these requests, as (elements, shapes): the tensors `assemble` makes
-    (padded to the longest request, where the model pads), so that batches sort by the work they hold."""
+    (padded to the longest request, where the model pads), so that batches sort by the work they hold.
+    Not the batcher's key (`Servable.batch_key`, which decides which requests may share a batch): a batch of
+    one such key still pads to its own longest request."""
     rows = sum(next(iter(r.values())).shape[0] for r in requests)
     shapes = tuple(sorted((name, tuple(t.shape)) for name, t in servable.assemble(requests, rows, buffers).items()))
     return sum(math.prod(shape) for _, shape in shapes), shapes
@@ -298,14 +307,14 @@ def mean_work(counted: Sequence[tuple[WorkCount, int]]) -> WorkCount:
 
 
 def count_timed(
-    servable: Servable, device: torch.device, pool: list, n: int, starts: Sequence[int]
+    servable: Servable, device: torch.device, requests: list, batches: Sequence[Sequence[int]]
 ) -> tuple[WorkCount, int]:
-    """The mean work of the timed batches of n (`pool[s : s + n]` for each s in `starts`), and how many
-    passes it counted (`representatives`: at most COUNTED_BATCHES)."""
+    """The mean work of the timed batches (each the indices of its requests in `requests`, as `time_batches`
+    formed it), and how many passes it counted (`representatives`: at most COUNTED_BATCHES)."""
     buffers = HostBuffers(pinned=False)
-    keys = [batch_key(servable, pool[s : s + n], buffers) for s in starts]
+    keys = [batch_shapes(servable, [requests[i] for i in batch], buffers) for batch in batches]
     picked = representatives(keys)
-    counted = [(count_work(servable, device, pool[starts[i] : starts[i] + n]), weight) for i, weight in picked]
+    counted = [(count_work(servable, device, [requests[j] for j in batches[i]]), weight) for i, weight in picked]
     return mean_work(counted), len(picked)
 
 
@@ -406,10 +415,9 @@ def id_range(servable: Servable) -> int:
     return min(tables) if tables else DEFAULT_INT_HIGH
 
 
-def request_pool(servable: Servable, cfg: ProfileConfig, count: int) -> list[dict[str, np.ndarray]]:
-    """`count` one-row requests shaped by the model's inputs, as the bench would send them."""
+def _generator(servable: Servable, cfg: ProfileConfig) -> PayloadGenerator:
     specs = [TensorSpec(t.name, t.datatype, (-1, *t.dims)) for t in servable.config.inputs]
-    gen = PayloadGenerator(
+    return PayloadGenerator(
         servable.name,
         specs,
         sizes=parse_sizes(cfg.sizes),
@@ -417,26 +425,129 @@ def request_pool(servable: Servable, cfg: ProfileConfig, count: int) -> list[dic
         seed=cfg.seed,
         int_high=cfg.int_high or id_range(servable),
     )
-    return gen.pool(count)
+
+
+def request_pool(servable: Servable, cfg: ProfileConfig, count: int) -> list[dict[str, np.ndarray]]:
+    """`count` one-row requests shaped by the model's inputs, as the bench would send them."""
+    return _generator(servable, cfg).pool(count)
+
+
+@dataclass
+class KeyedPool:
+    """The requests timed batches are formed from, grouped as the server's batcher groups them: by the model's
+    `Servable.batch_key` (the shape of every variable input by default, encoder's length bucket, recsys's one
+    key), since requests of different keys never share a batch there.
+
+    A batch of n takes a key in proportion to the pool's own draws (the first `len(keys)` requests, a sample
+    of the payload distribution), then n consecutive requests of that key from a random place in its group.
+    The requests past those were drawn only to give a key as many requests as the largest batch
+    (`keyed_pool`); a key that still has fewer than n is left out of the batches of n (`short`)."""
+
+    requests: list[dict[str, np.ndarray]]
+    keys: list[Hashable]  # the key of each of the pool's own draws
+    groups: dict[Hashable, list[int]]  # key -> the indices of its requests in `requests`, in the order drawn
+    extra_draws: int = 0  # requests drawn beyond the pool's own to fill keys, kept or not
+    _allowed: dict[int, list[int]] = field(default_factory=dict, repr=False, compare=False)
+
+    def allowed(self, n: int) -> list[int]:
+        """The pool's own draws whose key has n requests or more: a batch of n takes its key from one of them."""
+        if n not in self._allowed:
+            self._allowed[n] = [i for i, key in enumerate(self.keys) if len(self.groups[key]) >= n]
+        return self._allowed[n]
+
+    def short(self, n: int) -> tuple[int, float]:
+        """How many keys of the pool have fewer than n requests, and the share of its own draws that are theirs."""
+        keys = sum(len(members) < n for members in self.groups.values())
+        return keys, 1 - len(self.allowed(n)) / len(self.keys)
+
+    def _allowed_or_raise(self, n: int) -> list[int]:
+        allowed = self.allowed(n)
+        if not allowed:
+            most = max(len(members) for members in self.groups.values())
+            raise ValueError(f"KeyedPool: a batch of {n} needs a key with {n} requests; the most any has: {most}")
+        return allowed
+
+    def plan(self, rng: np.random.Generator, n: int, count: int) -> list[Hashable] | None:
+        """The keys of `count` batches of n, in random order: each key as often as its share of the pool's draws
+        says, to within one (systematic sampling: the draws grouped by key, every len/count-th of them from one
+        random offset). Drawn one batch at a time, a key's share of 100 batches strays by some 5 points, and
+        with batch times that differ by key the median of one size then fell on another key than its
+        neighbours' (encoder, uniform:8:200, seed 0: 53 of 100 batches of 16 of bucket 256, 42 of 32). None
+        with one key: there is nothing to plan, and no draw is made."""
+        if len(self.groups) == 1:
+            return None
+        order = {key: i for i, key in enumerate(self.groups)}
+        allowed = sorted(self._allowed_or_raise(n), key=lambda i: order[self.keys[i]])
+        step = len(allowed) / count
+        offset = rng.random() * step
+        keys = [self.keys[allowed[int(offset + j * step)]] for j in range(count)]
+        return [keys[i] for i in rng.permutation(count)]
+
+    def batch(self, rng: np.random.Generator, n: int, key: Hashable | None = None) -> list[int]:
+        """The indices in `requests` of one batch of n, all of one key: `key` (from `plan`), else one drawn in
+        proportion to the pool's draws."""
+        if len(self.groups) == 1:
+            # No key to take: the one random start per batch that batches took before there were keys.
+            group = next(iter(self.groups.values()))
+        elif key is not None:
+            group = self.groups[key]
+        else:
+            allowed = self._allowed_or_raise(n)
+            group = self.groups[self.keys[allowed[int(rng.integers(0, len(allowed)))]]]
+        start = int(rng.integers(0, len(group) - n + 1))
+        return group[start : start + n]
+
+
+def keyed_pool(
+    servable: Servable, cfg: ProfileConfig, count: int, largest: int, most_draws: int | None = None
+) -> KeyedPool:
+    """`request_pool`'s `count` requests grouped by batching key; then, while a key of theirs has fewer than
+    `largest` requests, more drawn from the same payload distribution (at most `most_draws`, by default
+    FILL_DRAWS), keeping only those a key still needs: the other keys' are dropped, so that the pool's own
+    draws alone set how often each key is taken."""
+    most_draws = FILL_DRAWS if most_draws is None else most_draws
+    gen = _generator(servable, cfg)
+    requests = gen.pool(count)
+    keys = [servable.batch_key(r) for r in requests]
+    groups: dict[Hashable, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    wanted = {key: largest - len(members) for key, members in groups.items() if len(members) < largest}
+    draws = 0
+    while wanted and draws < most_draws:
+        chunk = gen.pool(min(FILL_CHUNK, most_draws - draws))
+        draws += len(chunk)
+        for request in chunk:
+            key = servable.batch_key(request)
+            if key in wanted:
+                groups[key].append(len(requests))
+                requests.append(request)
+                wanted[key] -= 1
+                if not wanted[key]:
+                    del wanted[key]
+    return KeyedPool(requests, keys, groups, draws)
 
 
 Progress = Callable[[int], None]  # called with the number of batches just run
 
 
 def time_batches(
-    servable: Servable, device: torch.device, cfg: ProfileConfig, pool: list, progress: Progress | None = None
-) -> dict[int, dict[str, list[float]]]:
-    """Per batch size: the batch times and stage times (seconds) of `repeats` batches, and under "start" the
-    place in `pool` each of them began (its n requests are `pool[start : start + n]`)."""
+    servable: Servable, device: torch.device, cfg: ProfileConfig, pool: KeyedPool, progress: Progress | None = None
+) -> dict[int, dict[str, list]]:
+    """Per batch size: the batch times and stage times (seconds) of `repeats` batches, and under "requests" the
+    indices in `pool.requests` of each batch's n requests (`KeyedPool.batch`: all of one batching key; the keys of
+    the timed batches of each size in proportion to the pool's draws, `KeyedPool.plan`)."""
     executor = Executor(servable, InstanceConfig(count=1, devices=(str(device),)), cpu_linear=cfg.cpu_linear)
     instance = executor.instances[0]
     rng = np.random.default_rng(cfg.seed)
     sizes = list(dict.fromkeys(cfg.batch_sizes))
-    out = {n: {k: [] for k in ("batch", *STAGES, "start")} for n in sizes}
+    out = {n: {k: [] for k in ("batch", *STAGES, "requests")} for n in sizes}
 
-    def run(n: int) -> tuple[int, object]:
-        start = int(rng.integers(0, len(pool) - n + 1))
-        return start, instance.submit(pool[start : start + n], [1] * n, 0).result()
+    plans = {n: pool.plan(rng, n, cfg.repeats) for n in sizes}
+
+    def run(n: int, key: Hashable | None = None) -> tuple[list[int], object]:
+        batch = pool.batch(rng, n, key)
+        return batch, instance.submit([pool.requests[i] for i in batch], [1] * n, 0).result()
 
     try:
         for _ in range(cfg.warmup):
@@ -444,10 +555,10 @@ def time_batches(
                 run(n)
                 if progress:
                     progress(1)
-        for _ in range(cfg.repeats):
+        for repeat in range(cfg.repeats):
             for n in sizes:
-                start, r = run(n)
-                out[n]["start"].append(start)
+                batch, r = run(n, None if plans[n] is None else plans[n][repeat])
+                out[n]["requests"].append(batch)
                 out[n]["batch"].append(r.finished - r.started)
                 for k in STAGES:
                     out[n][k].append(getattr(r.times, k))
@@ -481,7 +592,16 @@ def profile(
     except ModelExecutionError as exc:  # CUDA asked for and absent
         raise ValueError(f"--device: {exc}") from None
     sizes = list(dict.fromkeys(cfg.batch_sizes))
-    pool = request_pool(servable, cfg, max(256, 4 * max(sizes)))
+    pool = keyed_pool(servable, cfg, max(256, 4 * max(sizes)), max(sizes))
+    never = [n for n in sizes if not pool.allowed(n)]
+    if never:
+        most = max(len(members) for members in pool.groups.values())
+        raise ValueError(
+            f"model '{servable.name}': the server batches only requests of one batching key, and none of the "
+            f"{len(pool.groups)} keys of the {len(pool.keys)} requests drawn with --sizes {cfg.sizes} had "
+            f"{never[0]} requests after {pool.extra_draws} draws more (the most: {most}): batches of {never[0]} "
+            "would hardly ever form; give smaller --batch-sizes, or --sizes with fewer distinct sizes"
+        )
     roof = roofline_of(device)
     try:
         times = time_batches(servable, device, cfg, pool, progress)
@@ -503,9 +623,9 @@ def profile(
     for n, median in zip(sizes, medians):
         counted = None
         if vary:
-            work, counted = count_timed(servable, device, pool, n, times[n]["start"])
+            work, counted = count_timed(servable, device, pool.requests, times[n]["requests"])
         else:
-            work = count_work(servable, device, pool[:n])
+            work = count_work(servable, device, pool.requests[:n])
         uncounted |= work.uncounted_ops
         added |= set(work.flops_added)
         summary = latency_summary(np.asarray(times[n]["batch"]))
@@ -545,6 +665,9 @@ def profile(
         )
         if counted is not None:
             batches[-1]["counted_batches"] = counted
+        keys, share = pool.short(n)
+        if keys:
+            batches[-1]["keys_left_out"] = {"keys": keys, "share": share, "draws": len(pool.keys) + pool.extra_draws}
     cfg_out = asdict(cfg)
     cfg_out["int_high"] = cfg.int_high or id_range(servable)
     return {
@@ -656,6 +779,13 @@ def summary_lines(result: dict) -> list[str]:
         lines.append(
             f"α < 0: the line does not hold at small batch sizes (fit ms ≤ 0 up to n = {zero:.1f}, and every "
             "fit QPS is above 1/β); wok plan and wok tune take α as 0"
+        )
+    left_out = [(b["batch_size"], b["keys_left_out"]) for b in result["batches"] if "keys_left_out" in b]
+    if left_out:
+        each = ", ".join(f"n = {n}: {o['keys']} ({_pct(o['share'])} of requests)" for n, o in left_out)
+        lines.append(
+            f"batching keys with fewer than n requests in {left_out[0][1]['draws']} draws, left out of the batches "
+            f"of n (the server forms a batch of n of a key only when n of its requests wait at once): {each}"
         )
     if result["counting"]["uncounted_ops"]:
         lines.append("ops with no FLOPs counted: " + ", ".join(result["counting"]["uncounted_ops"]))

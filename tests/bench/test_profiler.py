@@ -26,7 +26,10 @@ from wok.bench.profiler import (
 from wok.bench.roofline import Roofline, measure_bandwidth, measure_peak_flops, parse_rate, roofline_for
 from wok.config import model_config_from_dict
 from wok.models import build_demo
+from wok.models.encoder import length_bucket
 from wok.servable import HostBuffers, Servable
+
+from ..conftest import write_python_model
 
 CPU = torch.device("cpu")
 FP32, INT64 = 4, 8
@@ -181,26 +184,174 @@ def test_flops_with_two_sizes_are_the_mean_of_the_timed_batches(tmp_path):
 
 
 def test_count_timed_weights_each_timed_batch_as_timed():
-    """The mean over the batches time_batches ran, by hand from their padded lengths; uniform:1:9 draws
+    """The mean over the batches time_batches ran, by hand from their padded lengths; uniform:1:30 draws
     more shapes than COUNTED_BATCHES at n = 1, so there the counted figure is a stratified estimate."""
     model = PaddedLinear()
     cfg = ProfileConfig(batch_sizes=[1, 3], warmup=0, repeats=20, sizes="uniform:2:4")
-    pool = request_pool(model, cfg, 256)
+    pool = profiler.keyed_pool(model, cfg, 256, 3)
     times = profiler.time_batches(model, CPU, cfg, pool)
     for n in (1, 3):
-        starts = times[n]["start"]
-        assert len(starts) == 20
-        work, counted = profiler.count_timed(model, CPU, pool, n, starts)
+        batches = times[n]["requests"]
+        assert len(batches) == 20
+        work, counted = profiler.count_timed(model, CPU, pool.requests, batches)
         assert counted == 3  # padded to 2, 3 or 4
-        assert work.flops == pytest.approx(np.mean([_padded_flops(pool[s : s + n]) for s in starts]))
+        exact = np.mean([_padded_flops([pool.requests[i] for i in b]) for b in batches])
+        assert work.flops == pytest.approx(exact)
     cfg = ProfileConfig(batch_sizes=[1, 3], warmup=0, repeats=40, sizes="uniform:1:30")
-    pool = request_pool(model, cfg, 256)
-    starts = profiler.time_batches(model, CPU, cfg, pool)[1]["start"]
-    work, counted = profiler.count_timed(model, CPU, pool, 1, starts)
-    exact = np.mean([_padded_flops(pool[s : s + 1]) for s in starts])
+    pool = profiler.keyed_pool(model, cfg, 256, 3)
+    batches = profiler.time_batches(model, CPU, cfg, pool)[1]["requests"]
+    work, counted = profiler.count_timed(model, CPU, pool.requests, batches)
+    exact = np.mean([_padded_flops([pool.requests[i] for i in b]) for b in batches])
     assert counted == profiler.COUNTED_BATCHES
     assert work.flops == pytest.approx(exact, rel=0.05)
-    assert abs(_padded_flops(pool[:1]) - exact) > 0.05 * exact  # what one batch said: off by more
+    assert abs(_padded_flops(pool.requests[:1]) - exact) > 0.05 * exact  # what one batch said: off by more
+
+
+class BucketedLinear(PaddedLinear):
+    """PaddedLinear batched as encoder batches: by length bucket (encoder's own `length_bucket`: 8 for 1-8
+    values, 16 for 9-16), each batch padded to its longest sequence."""
+
+    def batch_key(self, inputs):
+        return length_bucket(inputs["x"].shape[1], 16)
+
+
+def _lengths(pool, batch) -> list[int]:
+    return [pool.requests[i]["x"].shape[1] for i in batch]
+
+
+def test_timed_batches_are_of_one_bucket_each_padded_to_its_longest(tmp_path):
+    """Sequences of 3, 5 or 12 values: buckets 8 (3, 5) and 16 (12). A batch of bucket 8 pads to 5, or to 3
+    when all its sequences are 3; one of bucket 16 to 12. Timed batches were n consecutive requests of the
+    pool whatever their bucket: a 3 and a 12 padded to 12 together, a batch the server never runs."""
+    sizes = tmp_path / "sizes.txt"
+    sizes.write_text("3\n5\n12\n")
+    model = BucketedLinear()
+    cfg = ProfileConfig(batch_sizes=[1, 4], warmup=0, repeats=30, sizes=f"empirical:{sizes}")
+    pool = profiler.keyed_pool(model, cfg, 256, 4)
+    times = profiler.time_batches(model, CPU, cfg, pool)
+    for n in (1, 4):
+        batches = times[n]["requests"]
+        padded = []
+        for b in batches:
+            lengths = _lengths(pool, b)
+            assert len({length_bucket(length, 16) for length in lengths}) == 1, lengths
+            padded.append(12 if lengths[0] == 12 else 3 if set(lengths) == {3} else 5)
+        work, counted = profiler.count_timed(model, CPU, pool.requests, batches)
+        assert work.flops == pytest.approx(np.mean([2 * n * p * WIDTH for p in padded]))
+        assert counted == len(set(padded))
+
+
+def test_buckets_are_taken_in_proportion_to_the_payloads(tmp_path):
+    """Sequences of 3 or 12 values, equally likely: bucket 8 pads to 3, bucket 16 to 12, so a batch of n costs
+    2·n·WIDTH·(3 or 12) FLOPs, and their mean over the timed batches is 2·n·WIDTH·(3·q + 12·(1 - q)), q the
+    share of bucket 8 among the pool's draws (near 1/2), to within one batch of R. Mixed, a batch of n padded
+    to 12 unless all n were 3: at n = 4 the mean was 2·n·WIDTH·(3/16·3 + 15/16·12) = 2·n·WIDTH·11.4."""
+    sizes = tmp_path / "sizes.txt"
+    sizes.write_text("3\n12\n")
+    model, repeats = BucketedLinear(), 50
+    cfg = ProfileConfig(batch_sizes=[1, 4], warmup=0, repeats=repeats, sizes=f"empirical:{sizes}")
+    doc = profiler.profile(model, cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    q = np.mean([r["x"].shape[1] == 3 for r in request_pool(model, cfg, 256)])
+    for b in doc["batches"]:
+        n = b["batch_size"]
+        assert b["flops"] / (2 * n * WIDTH) == pytest.approx(3 * q + 12 * (1 - q), abs=9 / repeats), n
+        assert b["counted_batches"] == 2 and "keys_left_out" not in b
+
+
+def test_each_size_times_the_keys_in_the_pools_proportions(tmp_path):
+    """Drawn batch by batch, a key's share of 100 batches strays by about 5 points either way; planned, every
+    key is timed as often as its share of the pool's draws says, to within one batch, at every size."""
+    model = BucketedLinear()
+    cfg = ProfileConfig(batch_sizes=[1, 4], warmup=0, repeats=37, sizes="uniform:1:16")
+    pool = profiler.keyed_pool(model, cfg, 256, 4, most_draws=0)
+    share = {key: pool.keys.count(key) / 256 for key in pool.groups}
+    assert share.keys() == {8, 16}
+    times = profiler.time_batches(model, CPU, cfg, pool)
+    for n in (1, 4):
+        timed = [length_bucket(_lengths(pool, b)[0], 16) for b in times[n]["requests"]]
+        for key in (8, 16):
+            assert abs(timed.count(key) - 37 * share[key]) < 1, (n, key, timed.count(key))
+    # One key: no plan and no draw for it, so the batches are those a pool without keys gave.
+    assert profiler.keyed_pool(PaddedLinear(), ProfileConfig(batch_sizes=[1, 2]), 256, 2).plan(None, 2, 10) is None
+
+
+def test_a_key_short_of_requests_gets_more_drawn_and_else_none_of_its_batches(monkeypatch, capsys):
+    """Sequences of 1-40 values batched by their exact shape (the default key): 256 draws give a length 6.4
+    requests on average, some fewer than 4. More draws fill every key to 4; with none allowed, batches of
+    4 take only the keys that have 4, and the document and the table say how many keys were left out."""
+    model = PaddedLinear()
+    cfg = ProfileConfig(batch_sizes=[1, 4], warmup=0, repeats=20, sizes="uniform:1:40")
+    bare = profiler.keyed_pool(model, cfg, 256, 4, most_draws=0)
+    lengths = [r["x"].shape[1] for r in bare.requests]
+    assert len(bare.requests) == 256 and bare.extra_draws == 0
+    counts = {length: lengths.count(length) for length in set(lengths)}
+    few = {length for length, k in counts.items() if k < 4}
+    assert few  # the case at hand: some keys short of 4
+    assert bare.short(4) == (len(few), sum(counts[length] for length in few) / 256)
+    assert bare.short(1) == (0, 0.0)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        batch = bare.batch(rng, 4)
+        assert len(set(_lengths(bare, batch))) == 1 and _lengths(bare, batch)[0] not in few
+    filled = profiler.keyed_pool(model, cfg, 256, 4)
+    # The pool's own draws first, the same: they alone set how often a key is taken.
+    assert all(np.array_equal(a["x"], b["x"]) for a, b in zip(filled.requests[:256], bare.requests, strict=False))
+    assert filled.short(4) == (0, 0.0) and filled.extra_draws > 0
+    for key, members in filled.groups.items():
+        assert len(members) >= 4 and {((length,),) for length in _lengths(filled, members)} == {key}
+    monkeypatch.setattr(profiler, "FILL_DRAWS", 0)
+    doc = profiler.profile(model, cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    assert "keys_left_out" not in doc["batches"][0]
+    assert doc["batches"][1]["keys_left_out"] == {"keys": len(few), "share": bare.short(4)[1], "draws": 256}
+    profiler.print_table(doc)
+    assert f"n = 4: {len(few)} (" in capsys.readouterr().out
+
+
+class KeyedByValue(PaddedLinear):
+    """A request's key is its values: no two requests of standard normal draws share a batch."""
+
+    def batch_key(self, inputs):
+        return inputs["x"].tobytes()
+
+
+def test_sizes_that_give_no_key_a_batch_are_refused():
+    cfg = ProfileConfig(batch_sizes=[1, 2], warmup=0, repeats=1, sizes="fixed:2")
+    with pytest.raises(
+        ValueError, match=r"none of the 256 keys .* had 2 requests after 65536 draws more \(the most: 1\)"
+    ):
+        profiler.profile(KeyedByValue(), cfg, lambda device: roofline_for(device, 1e12, 1e11))
+
+
+VARIABLE_DOUBLE = """
+from torch import nn
+
+
+class Double(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def build(**parameters):
+    return Double()
+"""
+
+
+def test_a_repository_model_with_a_variable_dimension_profiles(tmp_path):
+    """dims [-1] and the default assemble, which copies rows of one width: batches of requests of different
+    lengths failed in it ("could not broadcast input array from shape (1,4) into shape (1,6)"). The server
+    batches by shape (the default key), and so does the profile now. x * 2 of a batch of n of length L reads
+    and writes 4·n·L bytes, so the bytes per batch over 8·n are the mean length of the timed batches."""
+    repo = tmp_path / "repo"
+    write_python_model(repo / "var", VARIABLE_DOUBLE, 4, dims=-1)
+    out = tmp_path / "var.json"
+    argv = ["profile", "var", "--model-repository", str(repo), "--sizes", "uniform:2:6", "--repeats", "20"]
+    assert main([*argv, "--warmup", "0", "--peak-flops", "1T", "--bandwidth", "1T", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [b["batch_size"] for b in doc["batches"]] == [1, 2, 4]
+    for b in doc["batches"]:
+        mean_length = b["bytes"] / (8 * b["batch_size"])
+        assert 2 <= mean_length <= 6 and b["counted_batches"] <= 5, b
+        assert b["flops"] == 0 and "keys_left_out" not in b
 
 
 def test_representatives_by_hand():
@@ -213,11 +364,11 @@ def test_representatives_by_hand():
         profiler.representatives(keys, 0)
 
 
-def test_batch_keys_follow_the_padding():
+def test_batch_shapes_follow_the_padding():
     model, buffers = PaddedLinear(), HostBuffers(pinned=False)
     short, long = {"x": np.zeros((1, 2), np.float32)}, {"x": np.zeros((1, 6), np.float32)}
-    assert profiler.batch_key(model, [short, long], buffers) == (12, (("x", (2, 6)),))
-    assert profiler.batch_key(model, [short], buffers) == (2, (("x", (1, 2)),))
+    assert profiler.batch_shapes(model, [short, long], buffers) == (12, (("x", (2, 6)),))
+    assert profiler.batch_shapes(model, [short], buffers) == (2, (("x", (1, 2)),))
 
 
 def _count(fn) -> WorkCount:
