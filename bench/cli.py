@@ -841,7 +841,8 @@ def _planned_text(args, cfg) -> str:
     from . import soak
 
     parts = []
-    if args.soak is None or args.capacity is None:
+    ramps = args.soak is None or args.capacity is None  # a ramp runs: alone, or to find the soak's rate
+    if ramps:
         gap = cfg.step_gap_s if cfg.start_at is not None else 0.0
         parts.append(_steps_text(len(cfg.steps), cfg.warmup_s, cfg.step_duration_s, gap))
         if cfg.refine:
@@ -850,7 +851,7 @@ def _planned_text(args, cfg) -> str:
     if args.soak is not None:
         parts.append(f"a soak of {_duration_text(soak.soak_values(args, cfg)[0])}")
     text = f"planned: {', then '.join(parts)}"
-    if (args.soak is None or args.capacity is None) and math.isfinite(cfg.stop_factor):
+    if ramps and math.isfinite(cfg.stop_factor):
         text += " (less if a step ends the ramp: --stop-factor)"
     return text
 

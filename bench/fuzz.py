@@ -59,7 +59,7 @@ from wok.bench.outputs import json_text, refuse_unwritable, write_final
 from wok.codec import UNSUPPORTED_OUTPUT_PARAMETERS, decode_request, serialize_bytes
 from wok.config import model_config_from_dict
 from wok.datatypes import DATATYPES
-from wok.errors import InvalidInput, escaped
+from wok.errors import InvalidInput, ascii_digits, escaped
 from wok.repository import VERSION
 from wok.v2pb import grpc_service_pb2 as pb
 
@@ -440,7 +440,7 @@ def wrong_name(req: pb.ModelInferRequest, servables: dict) -> tuple[str, str, st
     # served, anything else (a sign, a point, past 2**63-1) no version at all. Leading zeros go before
     # int(), which refuses over 4,300 digits.
     digits = version.lstrip("0") or "0"
-    if version and (re.fullmatch(r"[0-9]+", version) is None or len(digits) > 19 or int(digits) >= 2**63):
+    if version and (not ascii_digits(version) or len(digits) > 19 or int(digits) >= 2**63):
         return "INVALID_ARGUMENT", "model version", version
     servable = servables.get(req.model_name)
     if servable is None:

@@ -883,7 +883,7 @@ def tune(
     # than it by more than the tie (within it, the shorter delay wins).
     chosen = choose(rows, search.tie, allow_extrapolated=allow_extrapolated)
     # The setting the measured-first rule passed over, when an extrapolated one predicted more beyond the tie.
-    unrestricted = choose(rows, search.tie)
+    unrestricted = chosen if allow_extrapolated else choose(rows, search.tie)
     ahead = chosen is not None and unrestricted["max_qps"] * (1 - search.tie) > chosen["max_qps"]
     passed_over = unrestricted if ahead and not on_measured_times(unrestricted) else None
     default_row = None

@@ -361,7 +361,7 @@ def probe(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> dict[st
                 sock.setblocking(False)
                 err = sock.connect_ex(parsed)
                 if err in _IN_PROGRESS:
-                    selector.register(sock, selectors.EVENT_WRITE, address)
+                    selector.register(sock, selectors.EVENT_WRITE, (address, parsed))
                     sock = None
                     continue
                 outcomes[address] = _answer(address, parsed, err)
@@ -379,7 +379,7 @@ def probe(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> dict[st
                 with sock:
                     err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                     if err != errno.ETIMEDOUT:
-                        outcomes[key.data] = _answer(key.data, split_host_port(key.data), err)
+                        outcomes[key.data[0]] = _answer(*key.data, err)
     finally:
         for key in list(selector.get_map().values()):
             key.fileobj.close()

@@ -643,11 +643,11 @@ class LiveDemo:
     async def set_faults(self, body) -> tuple[int, dict | bytes]:
         # The admin API takes a 0 ms slow fault (a no-op); from the page it is an emptied field. Read
         # here, not at import: the admin's one bound, as `check_max_queue_delay_ms` reads its own.
-        from ..faults import MAX_DELAY_MS
+        from ..faults import MAX_DELAY_MS, is_number
 
         if isinstance(body, dict) and body.get("mode") == "slow":
             v = body.get("delay_ms")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= MAX_DELAY_MS:
+            if not is_number(v) or not 0 < v <= MAX_DELAY_MS:
                 expected = f"a number above 0 up to {MAX_DELAY_MS:g} for mode 'slow'"
                 raise ValueError(f"field 'delay_ms': expected {expected}, got {shown(v)}")
         return await self._admin("/admin/faults", body)

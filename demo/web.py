@@ -47,6 +47,7 @@ STOP_GRACE_S; then every connection left is aborted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -291,16 +292,22 @@ class DemoWeb:
             self._clients.pop(task, None)
             writer.close()
 
+    @contextlib.contextmanager
+    def _idle_while(self):
+        """This task counted in `_idle` (the stop ends it at once) for the block's time."""
+        task = asyncio.current_task()
+        self._idle.add(task)
+        try:
+            yield
+        finally:
+            self._idle.discard(task)
+
     async def _one(self, reader, writer) -> bool:
         """Answer one request; False when the connection must end."""
         head = False  # a HEAD's answers, refusals too, carry no body (RFC 9110 9.3.2)
-        task = asyncio.current_task()
         try:
-            self._idle.add(task)
-            try:
+            with self._idle_while():
                 lines = await _head_lines(reader)
-            finally:
-                self._idle.discard(task)
             method, target, version = request_line(lines[0])
             head = method == "HEAD"
             path, body, close = await self._request(reader, writer, method, target, version, lines[1:])
@@ -347,12 +354,8 @@ class DemoWeb:
             if self._stopping:  # stop() ends the streams it finds; this one would outlive it
                 await self._send(writer, 503, {"error": "the demo's page is stopping"}, close=True)
                 return False
-            task = asyncio.current_task()
-            self._idle.add(task)
-            try:
+            with self._idle_while():
                 await self._stream(writer)
-            finally:
-                self._idle.discard(task)
             return False
         if path.startswith("/api/"):
             status, answer = await self._api("GET" if head else method, path[len("/api/") :], body)

@@ -809,7 +809,7 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
     target = host_port(settings.host, server.port)
     print(f"wok: serving {', '.join(server.runtimes)} on {target}", file=sys.stderr, flush=True)
     if server.health_port is not None:
-        host = settings.health_host or settings.host
+        host = settings.health_bind_host
         print(f"wok: health (plaintext) on {host_port(host, server.health_port)}", file=sys.stderr, flush=True)
     print(f"wok: gRPC security: {SecurityMode.of(settings).describe()}", file=sys.stderr, flush=True)
     await stop.wait()

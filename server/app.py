@@ -342,7 +342,7 @@ class WokServer:
 
     @property
     def _health_host(self) -> str:
-        return self.settings.health_host or self.settings.host
+        return self.settings.health_bind_host
 
     async def _start_health_port(self) -> None:
         # The kubelet's gRPC probe speaks plaintext only and presents no client certificate,

@@ -519,6 +519,11 @@ class ServerSettings(_Strict):
         description="Name of an environment variable holding accepted bearer tokens (comma or space separated).",
     )
 
+    @property
+    def health_bind_host(self) -> str:
+        """The address the plaintext health port binds: `health_host`, else `host`."""
+        return self.health_host or self.host
+
     @field_validator("host", "health_host", "metrics_host")
     @classmethod
     def _address(cls, v: str | None) -> str | None:
@@ -549,7 +554,7 @@ class ServerSettings(_Strict):
             check_tls_files(self.tls_cert, self.tls_key, self.tls_client_ca)
         if self.max_connection_age_grace_s is not None and self.max_connection_age_s is None:
             raise ValueError("max_connection_age_grace_s needs max_connection_age_s: there is no age to be graceful at")
-        health_host = self.health_host or self.host
+        health_host = self.health_bind_host
         if (
             self.health_port is not None
             and self.health_port != 0

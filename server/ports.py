@@ -99,7 +99,7 @@ def check_ports(settings: ServerSettings) -> None:
     health port, the metrics port) that cannot be had now."""
     ports = [("gRPC port", settings.host, settings.grpc_port)]
     if settings.health_port is not None:
-        ports.append(("health port", settings.health_host or settings.host, settings.health_port))
+        ports.append(("health port", settings.health_bind_host, settings.health_port))
     if settings.metrics_port is not None:
         ports.append(("metrics port", settings.metrics_host, settings.metrics_port))
     for what, host, port in ports:

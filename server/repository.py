@@ -329,13 +329,14 @@ class ModelRepository:
     def get(self, name: str, version: str = "") -> Servable:
         # The version first, as Triton reads it before it looks the model up: a version that is no integer is
         # INVALID_ARGUMENT whatever the name. (Tested here first: ModelInfer passes on every request.)
-        if version and version != VERSION:
+        odd = version not in ("", VERSION)
+        if odd:
             check_version(version, name)
         s = self.models.get(name)
         if s is None:
             known = ", ".join(sorted(self.models)) or "(none)"
             raise ModelNotFound(f"unknown model {quoted_name(name)}; this server serves: {known}")
-        if version not in ("", VERSION) and version.lstrip("0") != VERSION:
+        if odd and version.lstrip("0") != VERSION:
             raise ModelNotFound(f"model '{name}' has no version {quoted_name(version)}; available: {VERSION}")
         return s
 
