@@ -31,9 +31,9 @@ ends (errors.CUT_NOTE); text answers are UTF-8, and say so.
 A request with a Transfer-Encoding gets 501 when its last coding is chunked (RFC 9112 6.1: a coding
 this server does not implement; bodies are read by Content-Length alone), else 400 (its framing is
 faulty: RFC 9112 6.1, 6.3); either way the connection ends. /metrics is OpenMetrics when Accept
-weighs it above the Prometheus text format (`wants_openmetrics`, RFC 9110 12.5.1), else the text
-format, labelled version 0.0.4 or 1.0.0 as Accept asks (`text_format_type`). Header lists (Accept,
-Connection, Transfer-Encoding) are split outside quoted strings (server/fieldvalues.py).
+weighs it above the Prometheus text format (RFC 9110 12.5.1), else the text format, labelled version
+0.0.4 or 1.0.0 as Accept asks, its names in the escaping asked for (`negotiate`). Header lists
+(Accept, Connection, Transfer-Encoding) are split outside quoted strings (server/fieldvalues.py).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ import socket
 import time
 from collections.abc import Callable
 from email.utils import formatdate
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
@@ -213,11 +214,11 @@ class MetricsHTTPServer:
         # is never waiting, and 64 of them held every slot, WRITE_TIMEOUT_S an answer.
         self._blocked: dict[asyncio.StreamWriter, None] = {}
         self._streams = 0
-        # Per format (OpenMetrics or not): its last render (when it began, when it ended, and
-        # the answer), and the render that scrapes which came sooner wait for, with its timer and
-        # the Accept it renders for.
-        self._rendered: dict[bool, tuple[float, float, tuple[bytes, str] | None]] = {}
-        self._due: dict[bool, tuple[asyncio.Future, asyncio.TimerHandle, str]] = {}
+        # Per body (OpenMetrics or not, and the escaping of its names: `Exposition.body`): its last
+        # render (when it began, when it ended, and the body), and the render that scrapes which
+        # came sooner wait for, with its timer.
+        self._rendered: dict[tuple[bool, str], tuple[float, float, bytes | None]] = {}
+        self._due: dict[tuple[bool, str], tuple[asyncio.Future, asyncio.TimerHandle]] = {}
         # The connections' tasks waiting for a due render, which stop() answers before it ends them.
         self._awaiting_render: set[asyncio.Task] = set()
         self._stopping = False
@@ -253,15 +254,15 @@ class MetricsHTTPServer:
         # Scrapes waiting for the rate-limited render get it now, of the final figures: cut off,
         # they had no answer at all, and the drain's last counters were never scraped.
         answering = set(self._awaiting_render)
-        for om, (_, timer, accept) in list(self._due.items()):
+        for body, (_, timer) in list(self._due.items()):
             timer.cancel()
-            self._render_due(om, accept)
+            self._render_due(body)
         if self.admin is not None:
             await self.admin.close()
         if answering:
             await asyncio.wait(answering, timeout=STOP_ANSWER_S)
         # A kept-alive connection may have asked again meanwhile: its render will not come.
-        for future, timer, _ in self._due.values():
+        for future, timer in self._due.values():
             timer.cancel()
             future.cancel()
         self._due.clear()
@@ -288,34 +289,37 @@ class MetricsHTTPServer:
     async def _refuse_stopping(self, writer, path: str) -> None:
         await self._json(writer, 503, {"error": f"the server is stopping: POST {path} is refused"}, True)
 
-    def render(self, accept: str) -> tuple[bytes, str]:
-        if wants_openmetrics(accept):
-            return openmetrics.generate_latest(self.registry), openmetrics.CONTENT_TYPE_LATEST
-        return text_format.generate_latest(self.registry), text_format_type(accept)
+    def render(self, body: tuple[bool, str]) -> bytes:
+        """The metrics in a format (OpenMetrics or not) and an escaping of names (`Exposition.body`)."""
+        om, escaping = body
+        if om:
+            return openmetrics.generate_latest(self.registry, escaping=escaping)
+        return text_format.generate_latest(self.registry, escaping)
 
     async def scrape(self, accept: str, arrived: float) -> tuple[bytes, str]:
-        """A render begun at or after `arrived` (time.monotonic()), at most one per format every RENDER_INTERVAL_S.
+        """The body and Content-Type for `accept` (`negotiate`), from a render begun at or after
+        `arrived` (time.monotonic()), at most one per body every RENDER_INTERVAL_S.
 
         Back-to-back scrapes (pipelined, or from many connections) each rendered on the loop that
-        serves gRPC, and stalled inference for as long as they came. A text render serves the scrapes
-        asking for either version of the text format, each labelled as it asked (text_format_type).
+        serves gRPC, and stalled inference for as long as they came. A render serves the scrapes
+        asking for its body, each labelled as it asked (the text format's 0.0.4 and 1.0.0 in
+        underscores share one).
         """
-        om = wants_openmetrics(accept)
-        body, content_type = await self._shared_render(om, accept, arrived)
-        return body, content_type if om else text_format_type(accept)
+        exposition = negotiate(accept)
+        return await self._shared_render(exposition.body, arrived), exposition.content_type
 
-    async def _shared_render(self, om: bool, accept: str, arrived: float) -> tuple[bytes, str]:
-        began, ended, answer = self._rendered.get(om, (-1.0, -RENDER_INTERVAL_S, None))
+    async def _shared_render(self, body: tuple[bool, str], arrived: float) -> bytes:
+        began, ended, answer = self._rendered.get(body, (-1.0, -RENDER_INTERVAL_S, None))
         if answer is not None and began >= arrived:
             return answer
-        due = self._due.get(om)
+        due = self._due.get(body)
         if due is None:
             wait = ended + RENDER_INTERVAL_S - time.monotonic()
             if wait <= 0:
-                return self._render(om, accept)
+                return self._render(body)
             loop = asyncio.get_running_loop()
             future = loop.create_future()
-            due = self._due[om] = (future, loop.call_later(wait, self._render_due, om, accept), accept)
+            due = self._due[body] = (future, loop.call_later(wait, self._render_due, body))
         task = asyncio.current_task()
         self._awaiting_render.add(task)
         try:
@@ -324,20 +328,20 @@ class MetricsHTTPServer:
         finally:
             self._awaiting_render.discard(task)
 
-    def _render(self, om: bool, accept: str) -> tuple[bytes, str]:
+    def _render(self, body: tuple[bool, str]) -> bytes:
         began = time.monotonic()
         try:
-            answer = self.render(accept)
+            answer = self.render(body)
         except Exception:
-            self._rendered[om] = (-1.0, time.monotonic(), None)  # failed: counts for the interval
+            self._rendered[body] = (-1.0, time.monotonic(), None)  # failed: counts for the interval
             raise
-        self._rendered[om] = (began, time.monotonic(), answer)
+        self._rendered[body] = (began, time.monotonic(), answer)
         return answer
 
-    def _render_due(self, om: bool, accept: str) -> None:
-        future, _, _ = self._due.pop(om)
+    def _render_due(self, body: tuple[bool, str]) -> None:
+        future, _ = self._due.pop(body)
         try:
-            future.set_result(self._render(om, accept))
+            future.set_result(self._render(body))
         except Exception as exc:  # each waiter answers 500 and logs it
             future.set_exception(exc)
 
@@ -1052,22 +1056,48 @@ _PROMETHEUS_TEXT = ("text", "plain")
 OPENMETRICS_VERSION = "1.0.0"
 # A weight (RFC 9110 12.4.2): 0 to 1, at most three decimals.
 QVALUE = re.compile(r"0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?")
+# The escaping schemes of metric and label names a scraper may ask for (Prometheus 3's `escaping`
+# parameter), as prometheus_client and client_golang spell them; any other value asks for underscores.
+ESCAPINGS = (openmetrics.UNDERSCORES, openmetrics.ALLOWUTF8, openmetrics.DOTS, openmetrics.VALUES)
 
 
 # The Prometheus text format's labels, as prometheus_client's choose_encoder writes them: 0.0.4 by
-# default, 1.0.0 for a scraper that asks for it (from 1.0.0 up), with the escaping of metric names the
-# text is written in. `render` writes one text for both: wok's metric names are legacy names, which
-# 1.0.0 writes as 0.0.4 does, and with underscores escaping (generate_latest's default) unchanged.
+# default (its names escaped as underscores), 1.0.0 for a scraper that asks for it (from 1.0.0 up),
+# followed by the escaping its names are written in. An OpenMetrics range naming its version gets
+# OPENMETRICS_WITH_ESCAPING, one naming none openmetrics.CONTENT_TYPE_LATEST.
 TEXT_FORMAT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
-TEXT_FORMAT_1_0_0 = "text/plain; version=1.0.0; charset=utf-8; escaping=underscores"
+TEXT_FORMAT_1_0_0 = "text/plain; version=1.0.0; charset=utf-8; escaping="
+OPENMETRICS_WITH_ESCAPING = f"application/openmetrics-text; version={OPENMETRICS_VERSION}; charset=utf-8; escaping="
+
+
+class MediaRange(NamedTuple):
+    """One of Accept's media ranges: in lower case but its parameters' values, which are unquoted."""
+
+    kind: str
+    sub: str
+    weight: float
+    version: str | None
+    escaping: str | None
+
+
+class Exposition(NamedTuple):
+    """What a scrape is answered with: the format, the escaping its names are written in (these two
+    make the body, `MetricsHTTPServer.render`), and its Content-Type."""
+
+    openmetrics: bool
+    escaping: str
+    content_type: str
+
+    @property
+    def body(self) -> tuple[bool, str]:
+        return self.openmetrics, self.escaping
 
 
 @functools.lru_cache(maxsize=32)  # a scraper sends the same Accept every time
-def _media_ranges(accept: str) -> tuple[tuple[str, str, float, str | None], ...]:
-    """Accept's media ranges as (type, subtype, weight, version), in lower case but the version, which
-    is unquoted: those that are type/subtype (`*/*` and type/* too) with a weight that is a qvalue
-    (q, 1 when not given). Commas and semicolons in a quoted parameter value separate nothing (RFC
-    9110 5.6.4)."""
+def _media_ranges(accept: str) -> tuple[MediaRange, ...]:
+    """Accept's media ranges: those that are type/subtype (`*/*` and type/* too) with a weight that
+    is a qvalue (q, 1 when not given). Commas and semicolons in a quoted parameter value separate
+    nothing (RFC 9110 5.6.4)."""
     ranges = []
     for media_range in split_unquoted(accept, ","):
         media, *params = split_unquoted(media_range, ";")
@@ -1075,7 +1105,7 @@ def _media_ranges(accept: str) -> tuple[tuple[str, str, float, str | None], ...]
         if not (slash and TOKEN.fullmatch(kind) and TOKEN.fullmatch(sub)) or (kind == "*" and sub != "*"):
             continue
         weight = 1.0
-        version = None
+        version = escaping = None
         for param in params:
             name, _, value = param.partition("=")
             name, value = name.strip(" \t").lower(), value.strip(" \t")
@@ -1083,14 +1113,18 @@ def _media_ranges(accept: str) -> tuple[tuple[str, str, float, str | None], ...]
                 weight = float(value) if QVALUE.fullmatch(value) else -1.0
             elif name == "version":
                 version = unquoted(value)
+            elif name == "escaping":
+                escaping = unquoted(value)
         if weight >= 0:
-            ranges.append((kind, sub, weight, version))
+            ranges.append(MediaRange(kind, sub, weight, version, escaping))
     return tuple(ranges)
 
 
 @functools.lru_cache(maxsize=32)
-def wants_openmetrics(accept: str) -> bool:
-    """Whether a scrape's Accept weighs OpenMetrics above the Prometheus text format (the default).
+def negotiate(accept: str) -> Exposition:
+    """What a scrape with this Accept is answered with: OpenMetrics when Accept weighs it above the
+    Prometheus text format (the default), else the text format, labelled and escaped as
+    prometheus_client's choose_encoder labels and escapes it for the range chosen.
 
     RFC 9110 12.5.1: each of the two gets the weight (q, 1 when not given) of the most specific
     media range that names it (type/subtype with the version served, then type/subtype, then
@@ -1098,19 +1132,37 @@ def wants_openmetrics(accept: str) -> bool:
     OpenMetrics when its weight is above 0 and above the text format's, or equal and given to it by
     name (`application/openmetrics-text, text/plain`). A range that is not type/subtype, or whose
     weight is not a qvalue (`q=2`, `q=.5`), is skipped. No Accept, or one naming neither: the text
-    format. OpenMetrics was chosen when Accept named it at all, with `q=0` ("not acceptable") too,
-    and above a text/plain it weighed higher.
+    format.
+
+    choose_encoder reads no weight: it takes the first OpenMetrics range, or text/plain range asking
+    for 1.0.0 up, in Accept's order, `q=0` ("not acceptable") too, where this server takes the one
+    weighed highest, as client_golang's expfmt.Negotiate does (goautoneg.ParseAccept orders the
+    ranges by q). Every Accept Prometheus sends (2.x, 3.x, each scrape_protocols) lists its ranges
+    by falling q, and gets here what choose_encoder chooses (tests/server/test_http_accept.py).
 
     An OpenMetrics range's `version` names the one asked for: one other than OPENMETRICS_VERSION,
-    the one written, does not name what is served, and is skipped, as prometheus_client's
-    choose_encoder skips 0.0.1 (Prometheus offers it below 1.0.0; OpenMetrics 1.0.0 was served for
-    it). prometheus_client serves any version from 1.0.0 up (9.9.9 too, in 1.0.0's text) and fails
-    on one not numeric; here each gets the text format unless another range takes OpenMetrics.
-    The text format's version does not weigh it: prometheus_client serves the text for any one,
-    and it decides the text's label alone (text_format_type).
+    the one written, does not name what is served, and is skipped, as choose_encoder skips 0.0.1
+    (Prometheus offers it below 1.0.0). choose_encoder labels its 1.0.0 text with any version from
+    1.0.0 up (9.9.9 too) and fails on one not numeric; here each gets the text format unless another
+    range takes OpenMetrics. The text format's version does not weigh it: it decides the text's
+    label alone (`_text_format`).
+
+    `escaping` (underscores, allow-utf-8, dots, values; another value or none is underscores) is read
+    from the range chosen where choose_encoder reads it: an OpenMetrics range naming its version, a
+    text/plain range asking for 1.0.0 up; the Content-Type names it, and the names are written in
+    it. But OpenMetrics asked for in `values` is written in underscores: prometheus_client's
+    OpenMetrics writer prefixes every sample's name with `U__` (`U__wok__responses__total` under
+    `# TYPE wok_responses counter`: a sample of no family), where `values`, as client_golang's
+    model.EscapeName writes it, leaves a legacy name as it is, and every name wok writes is one
+    (`[a-zA-Z_][a-zA-Z0-9_]*`), written alike in underscores.
     """
-    best = {_OPENMETRICS: (-1, 0.0), _PROMETHEUS_TEXT: (-1, 0.0)}  # (specificity, weight)
-    for kind, sub, weight, version in _media_ranges(accept):
+    # Per format: (specificity, weight) and the range that gave them.
+    best: dict[tuple[str, str], tuple[tuple[int, float], MediaRange | None]] = {
+        _OPENMETRICS: ((-1, 0.0), None),
+        _PROMETHEUS_TEXT: ((-1, 0.0), None),
+    }
+    for media_range in _media_ranges(accept):
+        kind, sub, weight, version, _ = media_range
         for offered in best:
             if (kind, sub) == offered:
                 specificity = 2
@@ -1124,28 +1176,46 @@ def wants_openmetrics(accept: str) -> bool:
                 specificity = 0
             else:
                 continue
-            best[offered] = max(best[offered], (specificity, weight))
-    (om_named, om), (_, text) = best[_OPENMETRICS], best[_PROMETHEUS_TEXT]
-    return om > 0 and (om > text or (om == text and om_named >= 2))
+            if (specificity, weight) > best[offered][0]:
+                best[offered] = ((specificity, weight), media_range)
+    ((om_named, om), om_range), ((_, text), _) = best[_OPENMETRICS], best[_PROMETHEUS_TEXT]
+    if not (om > 0 and (om > text or (om == text and om_named >= 2))):
+        return _text_format(accept)
+    if om_named < 3:  # no version named: choose_encoder labels no escaping, and writes underscores
+        return Exposition(True, openmetrics.UNDERSCORES, openmetrics.CONTENT_TYPE_LATEST)
+    escaping = _escaping(om_range)
+    return Exposition(True, _written(escaping), OPENMETRICS_WITH_ESCAPING + escaping)
 
 
-@functools.lru_cache(maxsize=32)
-def text_format_type(accept: str) -> str:
-    """The Content-Type of the text format served for `accept`: TEXT_FORMAT_1_0_0 when the text/plain
-    range weighed highest (the first of those as high; q=0 ones are not acceptable) names a version
-    from 1.0.0 up, as numbers (`1.0.0`, `2`), else TEXT_FORMAT_0_0_4, prometheus_client's default.
+def _text_format(accept: str) -> Exposition:
+    """The text format served for `accept`: 1.0.0 when the text/plain range weighed highest (the
+    first of those as high; q=0 ones are not acceptable) names a version from 1.0.0 up, as numbers
+    (`1.0.0`, `2`), in that range's escaping, else 0.0.4 in underscores, prometheus_client's default.
 
-    Every scrape was labelled `version=1.0.0` (prometheus_client's CONTENT_TYPE_LATEST since 0.22),
-    Prometheus 2's `text/plain;version=0.0.4` too. prometheus_client's choose_encoder takes the
-    first text/plain range with a version from 1.0.0 up, whatever its weight, and fails on one not
-    numeric (here 0.0.4); it writes the escaping asked for, here always underscores (see
-    TEXT_FORMAT_1_0_0)."""
-    named = [
-        (weight, version) for kind, sub, weight, version in _media_ranges(accept) if (kind, sub) == _PROMETHEUS_TEXT
-    ]
-    weight, version = max(named, key=lambda r: r[0], default=(0.0, None))  # max: the first of the highest
-    numeric = weight > 0 and version is not None and re.fullmatch(r"[0-9]+(?:\.[0-9]+)*", version)
-    return TEXT_FORMAT_1_0_0 if numeric and tuple(map(int, version.split("."))) >= (1, 0, 0) else TEXT_FORMAT_0_0_4
+    choose_encoder takes the first text/plain range with a version from 1.0.0 up, whatever its
+    weight, and fails on one not numeric (here 0.0.4)."""
+    named = [r for r in _media_ranges(accept) if (r.kind, r.sub) == _PROMETHEUS_TEXT]
+    chosen = max(named, key=lambda r: r.weight, default=None)  # max: the first of the highest
+    version = chosen.version if chosen is not None and chosen.weight > 0 else None
+    numeric = version is not None and re.fullmatch(r"[0-9]+(?:\.[0-9]+)*", version)
+    if not numeric or tuple(map(int, version.split("."))) < (1, 0, 0):
+        return Exposition(False, openmetrics.UNDERSCORES, TEXT_FORMAT_0_0_4)
+    escaping = _escaping(chosen)
+    return Exposition(False, _written(escaping), TEXT_FORMAT_1_0_0 + escaping)
+
+
+def _written(escaping: str) -> str:
+    """The escaping a body is rendered in for the one asked for: every name wok writes is a legacy
+    name, written alike in underscores, allow-utf-8 and values (and prometheus_client's OpenMetrics
+    writer gets `values` wrong, see `negotiate`), so those share one render, and a scraper cycling
+    through them cannot make the loop render more than twice per format every RENDER_INTERVAL_S."""
+    return openmetrics.DOTS if escaping == openmetrics.DOTS else openmetrics.UNDERSCORES
+
+
+def _escaping(media_range: MediaRange) -> str:
+    """The escaping scheme a range asks for: its `escaping` when one of ESCAPINGS (matched as
+    written, as choose_encoder and client_golang match it), else underscores."""
+    return media_range.escaping if media_range.escaping in ESCAPINGS else openmetrics.UNDERSCORES
 
 
 def request_target(target: str) -> tuple[str, str | None]:

@@ -485,6 +485,15 @@ class CountingCollector:
         yield family
 
 
+def counted(monkeypatch, interval_s: float) -> tuple[CollectorRegistry, CountingCollector]:
+    """A registry holding one CountingCollector, rendered at most once every `interval_s`."""
+    monkeypatch.setattr(http, "RENDER_INTERVAL_S", interval_s)
+    registry = CollectorRegistry()
+    counter = CountingCollector()
+    registry.register(counter)
+    return registry, counter
+
+
 def _value(answer: bytes) -> float:
     line = next(x for x in answer.split(b"\n") if x.startswith(b"wok_test_value "))
     return float(line.split()[1])
@@ -492,10 +501,7 @@ def _value(answer: bytes) -> float:
 
 async def test_scrapes_that_come_together_share_one_render_made_after_they_came(monkeypatch, raw_http):
     """Each scrape rendered on the loop that serves gRPC: back-to-back scrapes stalled inference."""
-    monkeypatch.setattr(http, "RENDER_INTERVAL_S", 1.0, raising=False)
-    registry = CollectorRegistry()
-    counter = CountingCollector()
-    registry.register(counter)
+    registry, counter = counted(monkeypatch, 1.0)
     async with Server(registry) as s:
         scrape = b"GET /metrics HTTP/1.1\r\n" + s.host + b"Connection: close\r\n\r\n"
         first = await raw_http(s.port, scrape)
@@ -509,11 +515,24 @@ async def test_scrapes_that_come_together_share_one_render_made_after_they_came(
     assert counter.renders == 3
 
 
+async def test_escapings_that_write_wok_names_alike_share_one_render(monkeypatch, raw_http):
+    """underscores, allow-utf-8 and values write a legacy name alike: a scraper cycling through them
+    made a render each per RENDER_INTERVAL_S on the loop that serves gRPC."""
+    registry, counter = counted(monkeypatch, 1.0)
+    async with Server(registry) as s:
+        scrape = b"GET /metrics HTTP/1.1\r\n" + s.host + b"Connection: close\r\n"
+        await raw_http(s.port, scrape + b"\r\n")
+        counter.value = 1.0
+        escapings = ("underscores", "allow-utf-8", "values")
+        accepts = [f"Accept: text/plain;version=1.0.0;escaping={e}\r\n\r\n".encode() for e in escapings]
+        answers = await asyncio.gather(*(raw_http(s.port, scrape + a) for a in accepts))
+    for escaping, answer in zip(escapings, answers):
+        assert f"escaping={escaping}".encode() in answer.split(b"\r\n\r\n")[0] and _value(answer) == 1.0, answer
+    assert counter.renders == 2
+
+
 async def test_pipelined_scrapes_each_read_a_render_made_after_they_came(monkeypatch, raw_http):
-    monkeypatch.setattr(http, "RENDER_INTERVAL_S", 0.05)
-    registry = CollectorRegistry()
-    counter = CountingCollector()
-    registry.register(counter)
+    registry, counter = counted(monkeypatch, 0.05)
     async with Server(registry) as s:
         request = b"GET /metrics HTTP/1.1\r\n" + s.host + b"\r\n"
         reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
@@ -530,10 +549,7 @@ async def test_pipelined_scrapes_each_read_a_render_made_after_they_came(monkeyp
 
 
 async def test_scrapes_pipelined_together_share_one_render(monkeypatch, raw_http):
-    monkeypatch.setattr(http, "RENDER_INTERVAL_S", 0.05, raising=False)
-    registry = CollectorRegistry()
-    counter = CountingCollector()
-    registry.register(counter)
+    registry, counter = counted(monkeypatch, 0.05)
     async with Server(registry) as s:
         request = b"GET /metrics HTTP/1.1\r\n" + s.host + b"\r\n"
         answer = await raw_http(s.port, request * 9 + request[:-2] + b"Connection: close\r\n\r\n")
