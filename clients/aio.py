@@ -35,10 +35,14 @@ from .channel import (
     close_ending_watches,
     looks_up,
     open_channel,
+    retrieved,
 )
 from .errors import Answers, InferError, read_answer
 from .limits import RequestLimit, check_time_left, estimate, item_estimate, learn_from_error, lookup_timeout
 from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, output_names, stream_request, stream_result
+
+# What a call that waited for the client's first lookup (or its balancer's start) gets when close() came first.
+CLOSED_EARLY = "the client was closed before its first call went out"
 
 
 class AsyncClient:
@@ -147,7 +151,7 @@ class AsyncClient:
             self._target = await asyncio.wrap_future(lookup)
             self._target_lookup = None
             if self._closed:  # closed while the lookup ran: as a call in flight at close() ends
-                raise InferError(grpc.StatusCode.CANCELLED, "the client was closed before its first call went out")
+                raise InferError(grpc.StatusCode.CANCELLED, CLOSED_EARLY)
         # Concurrent first calls all waited for the lookup: the first to get here makes the channel.
         return self._stub or self._connect()
 
@@ -161,7 +165,14 @@ class AsyncClient:
             return
         if self._balancer_start is None:
             self._balancer_start = asyncio.ensure_future(self._balancer.start())
-        await asyncio.shield(self._balancer_start)
+        start = self._balancer_start
+        # Not `await shield(start)`: close() cancels the start, and its cancellation reached every call
+        # waiting for it as a CancelledError of the caller's own (its task ended cancelled). wait() raises
+        # only the caller's cancellation; a close() then ends the calls as the grpc path's lookup does.
+        await asyncio.wait([start])
+        if self._closed:
+            raise InferError(grpc.StatusCode.CANCELLED, CLOSED_EARLY)
+        start.result()  # its error (a name that does not resolve) to every call
 
     async def __aenter__(self) -> AsyncClient:
         await self._open()
@@ -454,7 +465,7 @@ class AsyncClient:
                 writer.cancel()
                 if read is not None:
                     read.cancel()
-                    read.add_done_callback(_retrieved)
+                    read.add_done_callback(retrieved)
                 # An error raised from here keeps this frame in its traceback: not the call with
                 # it, which holds its channel open in gRPC's core past close() (close_ending_watches).
                 call = writer = read = None
@@ -495,12 +506,6 @@ def _on_thread(fn, *args) -> concurrent.futures.Future:
 
 def _serialize(message) -> bytes:
     return message.SerializeToString()
-
-
-def _retrieved(task: asyncio.Future) -> None:
-    """A done callback that reads a task's outcome, so that asyncio never logs it as unretrieved."""
-    if not task.cancelled():
-        task.exception()
 
 
 class _Flight:

@@ -183,6 +183,7 @@ from .channel import (
     open_channel,
     preferred_families,
     probe,
+    retrieved,
     split_host_port,
 )
 
@@ -436,7 +437,8 @@ class Replica:
     name: str  # the target it came from
     channel: Any = None
     state: grpc.ChannelConnectivity = STATE.IDLE
-    outstanding: int = 0
+    outstanding: int = 0  # attempts out on its channel (what power of two choices compares)
+    launched: int = 0  # attempts launched to it and not ended: those out and those in their backoff
     streams: int = 0  # calls open on its channel that the balancer does not carry (`stream_channel`)
     ejected: bool = False
     ejected_slow: bool = False  # ejected for slow attempts, not failures: gives its place to a failing one
@@ -746,8 +748,7 @@ class Balancer:
         lookup.cancel()
         await asyncio.wait([lookup], timeout=CANCEL_GRACE_S)
         if lookup.done():
-            if not lookup.cancelled():
-                lookup.exception()
+            retrieved(lookup)
             return
         if lookup in self._stuck:  # (stop() and the lookup's own task both wait for it)
             return
@@ -763,8 +764,7 @@ class Balancer:
 
     def _stuck_ended(self, lookup: asyncio.Future) -> None:
         self._stuck.discard(lookup)
-        if not lookup.cancelled():
-            lookup.exception()
+        retrieved(lookup)
 
     def _log_once(
         self,
@@ -897,13 +897,7 @@ class Balancer:
 
     def _close_if_idle(self, r: Replica) -> None:
         # After stop() nothing is started: it closed every channel, and waits for no later task.
-        if (
-            r.removed
-            and r.outstanding == 0
-            and r.streams == 0
-            and not self._stopped
-            and self.replicas.get(r.address) is r
-        ):
+        if r.removed and r.launched == 0 and r.streams == 0 and not self._stopped and self.replicas.get(r.address) is r:
             del self.replicas[r.address]
             if r.readmit is not None:
                 r.readmit.cancel()
@@ -1260,19 +1254,28 @@ class Balancer:
             return code, None, rpc_error(code, f"replica {r.address}: {exc}")
         finally:
             r.outstanding -= 1
-            if r.removed:
-                self._close_if_idle(r)
 
     def _launch(self, pending: dict, a: _Attempt, key, request, deadline, metadata, delay: float = 0.0) -> None:
         if self._stopped:  # stop() waits for the attempts it knows of: start none after it
             raise rpc_error(CODE.CANCELLED, STOPPED)
         a.due = self._loop.time() + delay
+        # Its replica's channel stays open from its launch to its task's end, not only while the call
+        # is out: a retry sleeping in its backoff counted for nothing, so a lookup that dropped the
+        # address closed the channel "as idle", and the retry woke to it closed (UNAVAILABLE, "Channel
+        # is closed"). (A callback, not the task's `finally`: a task cancelled before it ran runs none.)
+        a.replica.launched += 1
         a.task = self._loop.create_task(self._attempt(a, key, request, deadline, metadata, delay))
         self._tasks.add(a.task)
         a.task.add_done_callback(self._tasks.discard)
+        a.task.add_done_callback(lambda _: self._attempt_ended(a.replica))
         if a.kind != "first":
             a.task.add_done_callback(lambda _: self._unsent(a))
         pending[a.task] = a
+
+    def _attempt_ended(self, r: Replica) -> None:
+        r.launched -= 1
+        if r.removed:
+            self._close_if_idle(r)
 
     def _unsent(self, a: _Attempt) -> None:
         """A hedge or retry ended: one that never went out (cancelled in its backoff or before it

@@ -577,6 +577,13 @@ async def close_ending_watches(channels: Iterable[grpc.aio.Channel], watches: It
     await asyncio.gather(*watches, return_exceptions=True)  # their errors (the channel closed) are read
 
 
+def retrieved(future: asyncio.Future) -> None:
+    """Read a done future's outcome (a done callback, or once it is known done), so that asyncio never
+    logs its exception as never retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
 NAME_OPTIONS = ("grpc.default_authority", "grpc.ssl_target_name_override")
 
 

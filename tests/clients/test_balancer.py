@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2
 
-from wok.clients import TLS, AsyncClient, InferError, balancer
+from wok.clients import TLS, AsyncClient, InferError, aio, balancer
 from wok.clients.balancer import SETTLED_AFTER, Balancer, BalancerSettings, merge_stats, split_targets
 from wok.errors import CUT_NOTE
 from wok.v2pb import grpc_service_pb2 as pb
@@ -2129,3 +2129,49 @@ async def test_start_after_stop_raises_and_makes_no_channel():
     finally:
         for r in bal.replicas.values():
             await r.channel.close()
+
+
+async def test_a_retry_in_its_backoff_keeps_its_replicas_channel_open_when_the_name_drops_it(stub, monkeypatch):
+    """One replica, its first answer UNAVAILABLE: the retry goes back to it after a backoff, and the
+    name's next lookup drops its address meanwhile. The attempt in its backoff was not counted as the
+    replica's call, so the channel was closed at once, "as idle", and the retry woke to a closed
+    channel: UNAVAILABLE "Channel is closed", the call's answer with max_attempts=2, with its replica
+    still serving. The channel is closed once the retry is done, as once an attempt in flight is."""
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)  # the backoff: its longest, 1 s
+    async with stub("a", fail_first=1) as a, stub("b") as b:
+        answers = [a.target]
+        s = settings(max_attempts=2, backoff_s=1.0, max_backoff_s=1.0, resolve_every_s=0.05, **NO_EJECTION)
+        async with Balancer("dns:///wok-headless:8001", settings=s, resolver=answering(answers)) as bal:
+            call = asyncio.ensure_future(name_of(bal.unary_unary(METHOD)))
+            await bal.wait_for(lambda: bal.tokens == s.budget_tokens - 1, 10, "the retry launched")
+            answers[:] = [b.target]
+            await bal.wait_for(lambda: b.target in bal.replicas, 10, "b resolved")
+            assert not call.done() and a.calls == 1  # the retry sleeps in its backoff
+            assert await call == "a" and a.calls == 2 and bal.retries == 1
+            await bal.wait_for(lambda: list(bal.replicas) == [b.target], 10, "a closed once its retry was done")
+
+
+async def test_calls_waiting_for_the_balancers_start_when_the_client_closes_get_infer_error(stub):
+    """Calls of an AsyncClient(balancer="wok") whose balancer still looks its names up when the client
+    is closed: close() cancels the start, and its cancellation reached each call that waited for it,
+    a CancelledError out of infer() (its task ending cancelled, as if the caller had cancelled it).
+    They end as a call in flight at close() does, and as the grpc balancer's first calls do when its
+    lookup is cut by close(): InferError CANCELLED."""
+    async with stub("a") as a:
+        client = AsyncClient(f"dns:///wok-headless:{a.port}", balancer="wok")
+        looking_up = asyncio.Event()
+
+        async def resolver(host: str, port: int) -> list[str]:  # a name server that does not answer
+            looking_up.set()
+            await asyncio.Event().wait()
+
+        client.balancer._resolve = resolver
+        calls = [asyncio.ensure_future(client.server_live(timeout=10)) for _ in range(2)]
+        await looking_up.wait()
+        await client.close()
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        assert [type(o).__name__ for o in outcomes] == ["InferError"] * 2, outcomes
+        assert {(o.code, o.details) for o in outcomes} == {(CODE.CANCELLED, aio.CLOSED_EARLY)}
+        assert not any(c.cancelled() for c in calls) and a.calls == 0
+        with pytest.raises(RuntimeError, match="closed"):  # a call after close(), as ever
+            await client.server_live()
