@@ -1266,6 +1266,12 @@ def add_plan_parser(sub) -> None:
     )
     p.add_argument("--target-util", default="0.65", help="U_target in (0, 1] (default 0.65; advised 0.6-0.7)")
     p.add_argument("--redundancy", type=int, default=1, help="k replicas beyond N (default 1)")
+    p.add_argument(
+        "--unit",
+        choices=("cpu", "gpu"),
+        help="what N counts, where the batch time's source records no device (a ramp written before 2026-12-05, "
+        "--t-batch, --alpha/--beta; default: the device --profile or --from-ramp records, else gpu)",
+    )
     auto = p.add_argument_group("autoscaling")
     auto.add_argument("--scale-out-above", default="0.7", help="busy ratio to scale out above (default 0.7)")
     auto.add_argument("--scale-in-below", default="0.3", help="busy ratio to scale in below (default 0.3)")
@@ -1304,6 +1310,7 @@ PLAN_OPTIONS = {
     "sustain_s": "--sustain",
     "max_replicas": "--max-replicas",
     "max_queue_delay_s": "--max-queue-delay",
+    "unit": "--unit",
 }
 
 
@@ -1365,6 +1372,7 @@ def run_plan(args) -> int:
         max_queue_delay_s=None
         if args.max_queue_delay is None
         else plan.exact_duration(args.max_queue_delay, "--max-queue-delay"),
+        unit=args.unit,
     )
 
     def markdown(r: dict, path: Path) -> None:
@@ -1437,7 +1445,10 @@ def add_tune_parser(sub) -> None:
     p.add_argument("--instances", type=int, default=1, help="model instances, each running one batch (default 1)")
     p.add_argument("--sim-duration", default="10s", help="simulated step length per evaluation (default 10s)")
     p.add_argument(
-        "--sim-warmup", default="1s", help="simulated before each evaluation's step, not counted (default 1s)"
+        "--sim-warmup",
+        default="1s",
+        help="simulated before each evaluation's step, not counted (default 1s, whatever --sim-duration: not the "
+        "ramp's 10%%, docs/tune.md)",
     )
     p.add_argument("--iterations", type=int, default=8, help="bisection steps per setting, at most 51 (default 8)")
     p.add_argument("--tie", type=float, default=0.02, help="relative QPS difference counted as a tie (default 0.02)")

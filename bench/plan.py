@@ -209,9 +209,41 @@ _SINGULAR = {"GPUs": "GPU", "CPUs": "CPU", "replicas": "replica"}
 def device_word(batch_in: Mapping) -> str:
     """What the plan counts, by the device the batch time was measured on: 'CPU' for a profile run on the CPU
     (its `config.device`, `inputs.batch.profile.device`) or a ramp of a model the server runs on the CPU (its
-    `devices`, `inputs.batch.ramp.device`), else 'GPU' (every other source, and a ramp that recorded none)."""
+    `devices`, `inputs.batch.ramp.device`), else 'GPU' (every other source, and a ramp that recorded none).
+    A plan's views read its `inputs.unit` (`plan_word`); this is for plans written before it."""
     device = (batch_in.get("profile") or batch_in.get("ramp") or {}).get("device")
     return "CPU" if isinstance(device, str) and device.lower().startswith("cpu") else "GPU"
+
+
+def plan_word(plan: Mapping) -> str:
+    """What a plan document counts, 'CPU' or 'GPU': its `inputs.unit`, or in a plan written before that field
+    (up to e7bb956, 2026-12-05) the device its batch input recorded (`device_word`)."""
+    unit = plan["inputs"].get("unit")
+    return unit.upper() if isinstance(unit, str) else device_word(plan["inputs"]["batch"])
+
+
+# What `inputs.unit` may be: the device one of N (`result.gpus`, `teams.rows[].quota_gpus`, ...) is.
+UNITS = ("cpu", "gpu")
+
+
+def plan_unit(batch: BatchTime, given: str | None, names: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """What the plan counts ('cpu' or 'gpu') and where that came from: the device the batch input records (source
+    'profile' or 'ramp'), else `given` ('given'), else 'gpu' ('default'). A `given` unit that contradicts the
+    recorded device is refused: the batch time was measured on the one, and would size a fleet of the other."""
+    option = (names or {}).get("unit", "unit")
+    if given is not None and given not in UNITS:
+        raise ValueError(f"{option}: expected one of {', '.join(map(repr, UNITS))}; got {shown_value(given)}")
+    device = batch.detail.get("device") if batch.source in ("profile", "ramp") else None
+    recorded = None if not isinstance(device, str) else "cpu" if device.lower().startswith("cpu") else "gpu"
+    if recorded is None:
+        return (given, "given") if given is not None else ("gpu", "default")
+    if given is not None and given != recorded:
+        field_name = "config.device" if batch.source == "profile" else "devices"
+        raise ValueError(
+            f"{option} {given}: the {batch.source} {batch.detail.get('path')} was measured on {device} "
+            f"(its {field_name}), so its batch time sizes {recorded.upper()}s; drop {option}"
+        )
+    return recorded, batch.source
 
 
 # Printed under the plan (and in --markdown) when `inputs.batch.server_cpu_counted` is false.
@@ -726,6 +758,7 @@ def build_plan(
     created: str | None = None,
     names: Mapping[str, str] | None = None,
     max_queue_delay_s: Fraction | None = None,
+    unit: str | None = None,
 ) -> dict:
     """The whole `wok.plan/1` document (docs/plan.md): inputs, the arithmetic step by step, the result.
 
@@ -733,10 +766,12 @@ def build_plan(
     fields of `Autoscaling`) to the caller's names for them, which the errors then start with.
     `max_queue_delay_s`: the batcher's window w (the model's max_queue_delay_ms), by default the
     server's 5 ms; it decides whether the batches of n the formula assumes can form (`batch_fill`).
+    `unit`: what N counts, 'cpu' or 'gpu', where the batch input records no device (`plan_unit`; "unit" in
+    `names`); by default what it records, else GPUs.
     """
     try:
         return _build_plan(
-            batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created, names, max_queue_delay_s
+            batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created, names, max_queue_delay_s, unit
         )
     except OverflowError:
         # Each input is within a float's range (exact()), but a product or quotient of them may not be.
@@ -746,7 +781,9 @@ def build_plan(
         ) from None
 
 
-def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created, names, window) -> dict:
+def _build_plan(
+    batch, peak_qps, burst, teams, target_util, redundancy, autoscaling, created, names, window, unit
+) -> dict:
     teams = list(teams or [])
     given = [x for x in (peak_qps is not None, burst is not None, bool(teams)) if x]
     if len(given) != 1:
@@ -765,8 +802,16 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
     if window < 0:
         raise ValueError(f"{_named(names, 'max_queue_delay_s')}the queue delay must be >= 0 s; got {_d(window)} s")
     warnings: list[str] = []
-    # What the plan counts, in its steps and every message: CPUs for a profile run on the CPU (`device_word`).
-    dev = device_word({batch.source: batch.detail})
+    # What the plan counts, in its steps and every message: CPUs for a batch time measured on the CPU.
+    unit, unit_source = plan_unit(batch, unit, names)
+    dev = unit.upper()
+    if batch.source == "ramp" and unit_source == "default":
+        # A ramp written before 2026-12-05 records no device: a CPU server's plan would count GPUs unsaid.
+        warnings.append(
+            f"the ramp {batch.detail['path']} records no device for its model (its `devices`: absent in ramps "
+            "written before 2026-12-05, null where the server's ModelConfig named none), so the plan counts GPUs; "
+            f"if that server ran the model on the CPU, give {(names or {}).get('unit', 'unit')} cpu"
+        )
     lo, hi = TARGET_UTIL_ADVISED
     if not lo <= target_util <= hi:
         warnings.append(
@@ -960,6 +1005,8 @@ def _build_plan(batch, peak_qps, burst, teams, target_util, redundancy, autoscal
             "redundancy": k,
             "max_queue_delay_s": _num(window),
             "max_queue_delay_source": window_source,
+            "unit": unit,
+            "unit_source": unit_source,
         },
         "steps": steps,
         "result": result,
@@ -1168,7 +1215,7 @@ def _fill_warning(
     fill: dict, batch: BatchTime, gpus: int, planned: Fraction, u: Fraction, window, source, names, dev: str = "GPU"
 ):
     """The warning when the plan's full batches cannot form on average, naming the numbers; else None. `dev`: what
-    the plan counts (`device_word`)."""
+    the plan counts (`plan_unit`)."""
     n, per_gpu, most = batch.batch_size, fill["per_gpu_qps"], fill["mean_batch_at_most"]
     if batch.alpha_s == 0:  # with α = 0 a request costs β in a batch of any size
         return None
@@ -1350,7 +1397,7 @@ def _ramp_check(
     batch: BatchTime, lam: Fraction, per_replica_target: Fraction, n_gpu: int, warnings: list[str], dev: str = "GPU"
 ):
     """The plan against what one replica served within the SLO in the ramp; appends its warnings. `dev`: what the
-    plan counts (`device_word`: CPUs where the ramp's server ran the model on the CPU)."""
+    plan counts (`plan_unit`: CPUs where the ramp's server ran the model on the CPU)."""
     served = batch.step_qps
     n_ramp = ceil(lam / served)
     step_busy = batch.achieved_qps * batch.t_batch_s / batch.batch_size
@@ -1666,6 +1713,15 @@ def _f(x, places: int = 6) -> str:
     return decimal_text(exact(Decimal(repr(x)), "figure"), places)
 
 
+# Where the unit came from (`inputs.unit_source`), as the inputs table says it.
+_UNIT_SOURCES = {
+    "ramp": "the ramp's devices",
+    "profile": "the profile's config.device",
+    "given": "given",
+    "default": "default",
+}
+
+
 def _input_rows(plan: dict) -> list[tuple[str, str]]:
     i = plan["inputs"]
     peak, batch = i["peak"], i["batch"]
@@ -1705,6 +1761,8 @@ def _input_rows(plan: dict) -> list[tuple[str, str]]:
         rows.append(("profiled batches", text))
     rows.append(("U_target", _f(i["target_utilization"])))
     rows.append(("redundancy k", str(i["redundancy"])))
+    if i.get("unit_source"):  # absent in plans written up to e7bb956
+        rows.append(("counts", f"{plan_word(plan)}s ({_UNIT_SOURCES.get(i['unit_source'], i['unit_source'])})"))
     return rows
 
 
@@ -1721,7 +1779,7 @@ def _extrapolation_text(e: dict, n) -> str:
 def to_markdown(plan: dict) -> str:
     """The plan as markdown: inputs, each step of the arithmetic, the result, teams, autoscaling, warnings."""
     r, a = plan["result"], plan["autoscaling"]
-    dev = device_word(plan["inputs"]["batch"])
+    dev = plan_word(plan)
     out = [f"# Capacity plan ({plan['schema']}, {plan['created']})", ""]
     out += [
         f"**{_many(r['replicas'], 'replica')}**: N = {_many(r['gpus'], dev)} for the peak at U_target, plus "
@@ -1801,7 +1859,7 @@ def print_table(plan: dict, file=None) -> None:
     file = sys.stdout if file is None else file
     console = Console(file=file, color_system=None, highlight=False, markup=False, emoji=False, width=200)
     r, a = plan["result"], plan["autoscaling"]
-    dev = device_word(plan["inputs"]["batch"])
+    dev = plan_word(plan)
     inputs = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     inputs.add_column("input")
     inputs.add_column("value")
