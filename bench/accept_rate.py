@@ -241,7 +241,8 @@ def _settings(p: argparse.ArgumentParser, args) -> list[tuple[int, float, int, i
     return [(n, h, t, d) for h in hogs for n in loops for t in tasks for d in drains]
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     p = ArgumentParser(description=__doc__.split("\n")[0])
@@ -271,6 +272,11 @@ def main(argv=None) -> int:
         "during a pass in the next one, as uvloop is expected to",
     )
     p.add_argument("--serve", nargs=7, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json")
     if args.serve:

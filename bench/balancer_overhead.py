@@ -15,6 +15,7 @@ costs a client, not what it saves when a replica misbehaves (docs/reliability.md
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import statistics
@@ -158,7 +159,8 @@ def document(runs: list[dict], med: dict, config: dict) -> dict:
     }
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -167,6 +169,11 @@ def main(argv=None) -> int:
     p.add_argument("--servers", type=int, default=2, help="bare servers to balance over (default 2)")
     p.add_argument("--rounds", type=int, default=3, help="grpc/wok pairs, alternating which goes first")
     p.add_argument("--json", type=Path)
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json")
     if args.requests < 1 or args.inflight < 1 or args.servers < 1 or args.rounds < 1:

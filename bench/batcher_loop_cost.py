@@ -353,10 +353,9 @@ def render_table(doc: dict, markdown: bool = False) -> str:
     return format_table(*table_rows(doc), markdown=markdown, left=2)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from wok.bench.outputs import refuse_unwritable
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
-    from wok.errors import quoted_name
 
     p = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -380,6 +379,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument("--json", type=Path, help=f"write the {SCHEMA} document here")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from wok.bench.outputs import refuse_unwritable
+    from wok.errors import quoted_name
+
+    p = build_parser()
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json", parents_made=True)
     args.revs = args.rev or [WORKTREE]

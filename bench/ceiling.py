@@ -222,7 +222,8 @@ def table(doc: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.bench.arrivals import parse_duration
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
@@ -253,6 +254,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json")
     if args.rows < 1 or args.max_batch_size % args.rows:

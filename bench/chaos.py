@@ -51,6 +51,7 @@ It prints the codes each kind got and the problems, writes the tallies with `--j
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 import sys
@@ -707,9 +708,9 @@ def _scrape(url: str) -> str:
         return response.read().decode()
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
-    from wok.errors import quoted_name
 
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=30.0, help="how long the load runs (default 30)")
@@ -720,6 +721,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-url", help="its /metrics URL (with --target; default http://HOST:8002/metrics)")
     ap.add_argument("--write-repository", metavar="DIR", help="lay out the chaos model's repository in DIR and exit")
     ap.add_argument("--json", metavar="PATH", help="write the tallies and problems (schema wok.chaos/1)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from wok.errors import quoted_name
+
+    ap = build_parser()
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
     if args.write_repository:

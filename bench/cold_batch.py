@@ -13,6 +13,7 @@ low load.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -55,17 +56,10 @@ def measure(instance, requests, rows, batches: int, gap_s: float, tid: int) -> d
     }
 
 
-def main(argv=None) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `wok serve` sets it, before torch loads
-    import numpy as np
-    import torch
-
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.bench.arrivals import parse_duration
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
-    from wok.config import InstanceConfig
-    from wok.errors import quoted_name
-    from wok.executor import Executor
-    from wok.models import DEMO_MODELS, build_demo
 
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="mlp", help="a demo model with one FP32 input (default mlp)")
@@ -74,6 +68,20 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, default=300, help="batches per measurement")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--json", type=Path)
+    return p
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `wok serve` sets it, before torch loads
+    import numpy as np
+    import torch
+
+    from wok.config import InstanceConfig
+    from wok.errors import quoted_name
+    from wok.executor import Executor
+    from wok.models import DEMO_MODELS, build_demo
+
+    p = build_parser()
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json")
     if not sys.platform.startswith("linux"):

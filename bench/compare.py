@@ -745,9 +745,9 @@ def host_info() -> dict:
 # --------------------------------------------------------------------------- main
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
-    from wok.errors import quoted_name
 
     p = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -805,6 +805,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="wok-NAME=ARGS",
         help="also serve wok with these extra `wok serve` arguments under NAME (list NAME in --servers)",
     )
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from wok.errors import quoted_name
+
+    p = build_parser()
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json", parents_made=True)
     for spec in args.wok_variant:

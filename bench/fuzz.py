@@ -39,6 +39,7 @@ answer was unclear (the first ones are listed).
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 import sys
@@ -673,7 +674,8 @@ def run(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     ap = ArgumentParser(prog="python -m wok.bench.fuzz", description=__doc__.split("\n\n")[0])
@@ -686,6 +688,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the target's --max-request-bytes (default 64 MiB): RESOURCE_EXHAUSTED is clear only over it",
     )
     ap.add_argument("--json", type=Path, help="write the counts (schema wok.fuzz/1) here")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
     if args.minutes <= 0:

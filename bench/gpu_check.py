@@ -21,6 +21,7 @@ it small sizes, as the default model takes over half an hour on a CPU:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import sys
@@ -119,7 +120,8 @@ async def server_check(device: str) -> dict:
     }
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     ap = ArgumentParser(description=__doc__.split("\n")[0])
@@ -129,6 +131,11 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=OVERLAP_MODEL["hidden"], help="width of the hidden layers")
     ap.add_argument("--layers", type=int, default=OVERLAP_MODEL["layers"], help="hidden layers")
     ap.add_argument("--json", help="write the figures here")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     # Checked before the model is built: a zero would fail only after it (or size nothing). The
     # overlap check judges pairs of batches in flight together: one batch leaves it nothing.

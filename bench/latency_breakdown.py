@@ -21,6 +21,7 @@ the editable install finds; with neither, asyncio.sleep; `paced_with` says which
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import math
 import os
@@ -142,15 +143,22 @@ async def measure(qps: float, duration_s: float, seed: int) -> dict:
     }
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
-    from wok.errors import quoted_name
 
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--qps", type=float, default=100.0, help="Poisson arrival rate (default 100)")
     p.add_argument("--duration", default="20s", help="length of the run (default 20s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="write the wok.latency_breakdown/1 document here")
+    return p
+
+
+def main(argv=None) -> int:
+    from wok.errors import quoted_name
+
+    p = build_parser()
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json", parents_made=True)
     if not (args.qps > 0 and math.isfinite(args.qps)):

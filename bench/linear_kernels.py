@@ -17,6 +17,7 @@ oneDNN, with wok's padding.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -38,7 +39,8 @@ def rss_mib() -> float:
     return float("nan")
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -47,6 +49,11 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--max-rows-rss", type=int, default=32, help="row counts run for the memory reading (default 32)")
     p.add_argument("--json", type=Path)
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json")
     if args.reps < 1 or args.gap_ms < 0 or args.threads < 1 or args.max_rows_rss < 4:

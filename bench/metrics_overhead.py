@@ -10,6 +10,7 @@ ratio measured side by side, plus the server's CPU seconds per request (from /pr
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
 import math
@@ -82,7 +83,8 @@ def one_run(metrics: bool, concurrency: int, seconds: float) -> dict:
     return {"metrics": metrics, "requests": n, "qps": n / wall, "server_cpu_us_per_request": 1e6 * cpu / n}
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     ap = ArgumentParser(description=__doc__.split("\n")[0])
@@ -90,6 +92,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--json")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
     for option, value in (("--reps", args.reps), ("--concurrency", args.concurrency)):

@@ -12,6 +12,7 @@ that its stop at the end does not wait for the slowed batch.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 import time
@@ -89,7 +90,8 @@ async def measure(requests: int, max_queue_size: int, settle_s: float = 1.0) -> 
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -101,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the mlp's bound, once per run (0: none); default 0 and 4096",
     )
     ap.add_argument("--json", help="write the wok.queue_memory/1 document here")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
     if args.requests < 1:

@@ -180,7 +180,8 @@ def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
     return revs, rows_list
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -190,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=32, help="calls in flight at a time (default 32)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions, the server order rotated (default 3)")
     ap.add_argument("--json", help="write the wok.refusal_cost/1 document here")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
     revs, rows_list = _check_args(ap, args)

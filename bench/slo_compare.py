@@ -318,8 +318,8 @@ def plot(doc: dict, path: Path) -> None:
 # --------------------------------------------------------------------------- main
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    from wok.bench.arrivals import parse_duration
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -346,6 +346,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plots", dest="plot", type=Path, help=argparse.SUPPRESS)  # the `wok` commands' old spelling
     p.add_argument("--replot", type=Path, help="draw --plot from a finished run's JSON and exit")
     p.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "wok-slo-compare")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    from wok.bench.arrivals import parse_duration
+
+    p = build_parser()
     args = p.parse_args(argv)
     # --log-dir: the servers' logs, first written after the profile and the tuning.
     refuse_unwritable(p, args, "--json", "--plot", "--log-dir")

@@ -115,7 +115,8 @@ def measure(kind: str, target: str, pid: int, payload: bytes, args) -> dict:
     }
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -125,6 +126,11 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="unary/stream pairs, alternating which goes first")
     p.add_argument("--serve-args", default="--models mlp", help="arguments for wok serve (default: --models mlp)")
     p.add_argument("--json", type=Path)
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json")
     if not sys.platform.startswith("linux"):

@@ -16,6 +16,7 @@ of the bench; numpy's median and percentile interpolated between two).
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
@@ -29,7 +30,8 @@ SCHEMA = "wok.thread_sizing/1"
 SIZES = (1, 2, 4, 8, 16, 32)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -43,6 +45,11 @@ def main(argv=None) -> int:
         help="how the linear layers run, as `wok serve --cpu-linear` (default onednn; files before it: torch)",
     )
     p.add_argument("--json", type=Path)
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json", parents_made=True)
     if args.reps < 1:

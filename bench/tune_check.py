@@ -915,8 +915,8 @@ def plot(doc: dict, path: Path) -> None:
 # --------------------------------------------------------------------------- main
 
 
-def parse_args(argv=None):
-    from wok.bench.arrivals import parse_arrivals, parse_steps
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -974,6 +974,13 @@ def parse_args(argv=None):
     p.add_argument(
         "--refresh", action="store_true", help="with --markdown: add the batcher-only columns to an older run's file"
     )
+    return p
+
+
+def parse_args(argv=None):
+    from wok.bench.arrivals import parse_arrivals, parse_steps
+
+    p = build_parser()
     args = p.parse_args(argv)
     # --log-dir: the servers' logs (and the device-like model's repository), first written after
     # the profile.

@@ -18,6 +18,7 @@ configured the token's interceptor alone and with the counter behind it.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import sys
@@ -119,13 +120,19 @@ async def _measure(calls: int, reps: int, progress) -> tuple[dict, int]:
     return per_call, len(counted) + counter.waiting
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """This script's parser (tests/deploy/test_doc_commands.py parses the docs' command lines with it)."""
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     ap = ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=2000, help="calls per variant and rep (default 2000)")
     ap.add_argument("--reps", type=int, default=101, help="repetitions, each variant once per rep (default 101)")
     ap.add_argument("--json", help="write the figures here (schema wok.unhandled_cost/1)")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
     for option, value in (("--calls", args.calls), ("--reps", args.reps)):
