@@ -760,8 +760,6 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
     import torch
 
     from .app import WokServer  # imported by _build already: no wait
-    from .auth import SecurityMode
-    from .config import host_port
 
     # On this thread: torch.set_num_threads sets the calling thread's OpenMP team size too.
     if settings.torch_threads:
@@ -773,9 +771,17 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
     starting = asyncio.ensure_future(server.start())
     try:
         if not await _until_stop(starting, stop):
-            # No port is bound before the models are warm: abandon the start (a warm-up
-            # cannot be interrupted, and waiting for it is what the signal said not to do).
-            _exit_before_ready(stop_signal)
+            if not server.port:
+                # No port is bound before the models are warm: abandon the start (a warm-up
+                # cannot be interrupted, and waiting for it is what the signal said not to do).
+                _exit_before_ready(stop_signal)
+            # The gRPC port serves already (the health and metrics ports open after it) and no model
+            # thread is busy: the start ends where it is, and the staged stop below answers the calls
+            # the port took. Exiting at once cut them, unanswered.
+            starting.cancel()
+            await asyncio.wait({starting})
+            if not starting.cancelled():
+                starting.result()  # what the start met before the cancellation landed
     except (ConfigError, WarmupError):
         # The message names the model's config file: a config error (exit 2), not a failed start.
         await server.stop(grace=0)
@@ -783,10 +789,34 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
     except Exception as exc:
         await server.stop(grace=0)
         raise StartError(f"cannot start: {exc}") from exc
-    if stop.is_set():  # the signal came with the last step of the start: stop before the ready line
-        _say(f"wok: {stop_signal.name()} received, stopping")
-        await server.stop()
-        return 0
+    # Not when the signal came during the start: it stops before the ready line.
+    serving = not stop.is_set()
+    if serving:
+        _say_serving(server, settings)
+        await stop.wait()
+    _say(f"wok: {stop_signal.name()} received, stopping")
+    await server.stop()
+    stop_signal.drained = True
+    if not serving:
+        _say("wok: stopped by a signal before serving")
+    if server.abandoned_work:
+        # A model thread is stuck; Python would wait for it forever at exit.
+        _say("wok: a model was still running after the grace period; exiting")
+        os._exit(1)
+    if server.device_lost is not None:
+        # Torch frees a lost device's memory at exit through calls that now fail, and a failure in a
+        # destructor aborts the process (SIGABRT, seen on an H200): leave without those frees.
+        _say(f"wok: exiting without freeing the lost device's memory ({server.device_lost})")
+        logging.shutdown()
+        os._exit(1)
+    return 0
+
+
+def _say_serving(server, settings) -> None:
+    """The start-up lines that scripts and tests parse, "wok: serving ..." among them."""
+    from .auth import SecurityMode
+    from .config import host_port
+
     # Everything built so far (torch, the models, gRPC) lives as long as the process; out of
     # the collector's sight, a full collection under load no longer walks it (at start-up,
     # walking it took 10-90 ms per gen-2 collection here).
@@ -812,21 +842,6 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
         host = settings.health_bind_host
         print(f"wok: health (plaintext) on {host_port(host, server.health_port)}", file=sys.stderr, flush=True)
     print(f"wok: gRPC security: {SecurityMode.of(settings).describe()}", file=sys.stderr, flush=True)
-    await stop.wait()
-    _say(f"wok: {stop_signal.name()} received, stopping")
-    await server.stop()
-    stop_signal.drained = True
-    if server.abandoned_work:
-        # A model thread is stuck; Python would wait for it forever at exit.
-        _say("wok: a model was still running after the grace period; exiting")
-        os._exit(1)
-    if server.device_lost is not None:
-        # Torch frees a lost device's memory at exit through calls that now fail, and a failure in a
-        # destructor aborts the process (SIGABRT, seen on an H200): leave without those frees.
-        _say(f"wok: exiting without freeing the lost device's memory ({server.device_lost})")
-        logging.shutdown()
-        os._exit(1)
-    return 0
 
 
 def _exit_before_ready(stop_signal: _StopSignal) -> None:

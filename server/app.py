@@ -243,28 +243,33 @@ class WokServer:
         # No maximum_concurrent_rpcs: calls the AcceptTasks below take would bypass its limiter
         # (admission is the batcher's max_queue_size).
         self._grpc = grpc.aio.server(interceptors=interceptors or None, options=self._grpc_options(limit))
-        self.service = InferenceService(self)
-        handlers = add_to_server(self.service, self._grpc)
-        self._health = HealthServicer()
-        # Health and reflection parse as the V2 service does: bytes that are not their request
-        # get INVALID_ARGUMENT, not UNKNOWN and an ERROR with a traceback in the log per call.
-        add_tolerant_service(self._grpc, health_pb2, "Health", self._health)
-        reflector = reflection.aio.ReflectionServicer(
-            [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-            pool=_reflection_pool(),
-        )
-        add_tolerant_service(self._grpc, reflection_pb2, "ServerReflection", reflector)
-        address = host_port(self.settings.host, self.settings.grpc_port)
-        credentials = server_credentials(self.settings)
         try:
-            if credentials is None:
-                self.port = self._grpc.add_insecure_port(address)
-            else:
-                self.port = self._grpc.add_secure_port(address, credentials)
-        except RuntimeError:  # gRPC's own message names no cause
-            self.port = 0
-        if self.port == 0:  # taken since check_ports
-            self._bind_failed("gRPC port", self.settings.host, self.settings.grpc_port)
+            self.service = InferenceService(self)
+            handlers = add_to_server(self.service, self._grpc)
+            self._health = HealthServicer()
+            # Health and reflection parse as the V2 service does: bytes that are not their request
+            # get INVALID_ARGUMENT, not UNKNOWN and an ERROR with a traceback in the log per call.
+            add_tolerant_service(self._grpc, health_pb2, "Health", self._health)
+            reflector = reflection.aio.ReflectionServicer(
+                [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+                pool=_reflection_pool(),
+            )
+            add_tolerant_service(self._grpc, reflection_pb2, "ServerReflection", reflector)
+            address = host_port(self.settings.host, self.settings.grpc_port)
+            credentials = server_credentials(self.settings)
+            try:
+                if credentials is None:
+                    self.port = self._grpc.add_insecure_port(address)
+                else:
+                    self.port = self._grpc.add_secure_port(address, credentials)
+            except RuntimeError:  # gRPC's own message names no cause
+                self.port = 0
+            if self.port == 0:  # taken since check_ports
+                self._bind_failed("gRPC port", self.settings.host, self.settings.grpc_port)
+        except BaseException:
+            # Nothing is bound (the bind is the last step above), and stop() frees no server never started.
+            await _release_unstarted(self._grpc)
+            raise
         self.metrics.grpc_port = self.port  # wok_server_info: whose /metrics a scraper reads
         # Nothing that can fail goes between the bind and the start: grpc.aio's stop does nothing to a server
         # never started, whose port then stays bound until the process ends (grpcio 1.85).
@@ -357,6 +362,7 @@ class WokServer:
         except RuntimeError:
             self.health_port = 0
         if self.health_port == 0:
+            await _release_unstarted(self._health_grpc)
             self._bind_failed("health port", self._health_host, self.settings.health_port)
         await self._health_grpc.start()
 
@@ -506,6 +512,16 @@ class WokServer:
                     thread.join()
             for end in done:
                 end.result()
+
+
+async def _release_unstarted(server: grpc.aio.Server) -> None:
+    """Free the core objects of a gRPC server whose port could not be bound.
+
+    grpc.aio's stop does nothing to a server never started, and its core server (and gRPC's init
+    count with it) then lived until the process ended (grpcio 1.85: only the stop of a started one
+    destroys it). Started with no port, it serves nothing, and its stop destroys it."""
+    await server.start()
+    await server.stop(None)
 
 
 def _shutdown_on_own_thread(

@@ -231,17 +231,24 @@ class MetricsHTTPServer:
         self._refusals = WindowedWarning(self._say_unanswered, REFUSED_LOG_EVERY_S)
 
     async def start(self) -> None:
+        # Held before it serves: a start cancelled in its last await (a signal as the server starts)
+        # left a port bound and served that stop() did not know of.
         try:
             if _ipv6_any(self.host):
                 # "::" is every address of both families, as gRPC takes it; asyncio would make
                 # the socket IPv6-only, and an IPv4 scraper would be refused.
                 sock = _dual_stack_socket(self.port)
-                self._server = await asyncio.start_server(self._accept, sock=sock, limit=MAX_HEADER_BYTES)
+                self._server = await asyncio.start_server(
+                    self._accept, sock=sock, limit=MAX_HEADER_BYTES, start_serving=False
+                )
             else:
-                self._server = await asyncio.start_server(self._accept, self.host, self.port, limit=MAX_HEADER_BYTES)
+                self._server = await asyncio.start_server(
+                    self._accept, self.host, self.port, limit=MAX_HEADER_BYTES, start_serving=False
+                )
         except OSError as exc:
             raise OSError(bind_refusal("metrics port", self.host, self.port, exc)) from exc
         self.port = self._server.sockets[0].getsockname()[1]
+        await self._server.start_serving()
 
     async def stop(self) -> None:
         if self._server is None:

@@ -426,6 +426,22 @@ def python_model_config(
     return "\n".join(lines) + "\n"
 
 
+async def cancel_after(start, steps: int) -> bool:
+    """Cancel the task `start` after `steps` more loop iterations and wait for it to end; whether it had
+    finished before the cancellation. Raises what it raised, other than the cancellation."""
+    import asyncio
+
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    finished = start.done()
+    start.cancel()
+    try:
+        await start
+    except asyncio.CancelledError:
+        pass
+    return finished
+
+
 def write_python_model(folder: Path, model_py: str, max_batch_size: int | None = 4, **config) -> Path:
     """`folder` (made, with its parents) holding `model_py` as model.py and
     `python_model_config(max_batch_size, **config)` as config.toml."""

@@ -8,6 +8,8 @@ leave neither (`wok serve` loads the models; a WokServer, given them loaded, war
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -18,13 +20,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from grpc._cython import cygrpc  # channelz: the core servers alive, which no public API lists
 
 from wok.app import WokServer
 from wok.config import server_settings
 from wok.ports import bind_error
 from wok.repository import ModelRepository
 
-from ..conftest import write_python_model
+from ..conftest import cancel_after, write_python_model
 
 MARKS_ITS_BUILD = textwrap.dedent(
     """
@@ -153,21 +156,28 @@ TAKES_A_PORT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("taken", ["health port", "metrics port"])
+def _core_servers() -> int:
+    """gRPC core servers alive in this process, as channelz lists them (created, not yet destroyed)."""
+    return len(json.loads(cygrpc.channelz_get_servers(0)).get("server", []))
+
+
+@pytest.mark.parametrize("taken", ["gRPC port", "health port", "metrics port"])
 async def test_a_port_taken_after_the_check_leaves_none_of_the_ports_opened_before_it_bound(
     tmp_path, monkeypatch, taken
 ):
     # A guard: grpc.aio's stop does nothing to a server whose port was added but that never started (its
     # port stays bound until the process ends). wok starts each gRPC server as soon as its port is added,
     # so the ports a start that failed later had opened are free as soon as its stop returns.
+    # Nor did it free a server whose bind failed: its core server lived until the process ended.
     write_python_model(tmp_path / "repo" / "takes", TAKES_A_PORT)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     monkeypatch.setenv("WOK_TEST_TAKE_PORT", str(port))
-    ports = {"grpc_port": 0, "health_port": 0, "metrics_port": 0, taken.replace(" ", "_"): port}
+    ports = {"grpc_port": 0, "health_port": 0, "metrics_port": 0, taken.lower().replace(" ", "_"): port}
     repository = ModelRepository.from_directory(tmp_path / "repo")
     server = WokServer(server_settings(**ports, model_repository=tmp_path / "repo"), repository)
+    alive = _core_servers()
     try:
         with pytest.raises(OSError, match=f"cannot bind the {taken} to 127.0.0.1:{port}: the port is in use"):
             await server.start()
@@ -181,3 +191,32 @@ async def test_a_port_taken_after_the_check_leaves_none_of_the_ports_opened_befo
     for what, at in opened.items():
         if at:
             assert bind_error("127.0.0.1", at) is None, f"the {what} ({at}) is still bound after the stop"
+    assert _core_servers() == alive, f"a gRPC server of the failed start is still alive after its stop ({taken} taken)"
+
+
+async def test_a_start_cancelled_at_any_step_once_its_grpc_port_is_bound_leaves_nothing_after_the_stop(tmp_path):
+    # `wok serve` cancels the start at a signal that comes once the gRPC port serves, then stops the server
+    # (the health and metrics ports open after it). A metrics port whose start was cancelled in its last
+    # step stayed bound: asyncio's start_server serves, then yields once, before it returns the server.
+    write_python_model(tmp_path / "repo" / "same", "from torch import nn\n\n\ndef build():\n    return nn.Identity()\n")
+    repository = ModelRepository.from_directory(tmp_path / "repo")
+    with socket.socket() as probe:  # a port of its own: one whose listener was lost is not known to the server
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    repo = tmp_path / "repo"
+    settings = server_settings(grpc_port=0, health_port=0, metrics_port=metrics_port, model_repository=repo)
+    steps, started = 0, False
+    while not started:  # cancelled 0, 1, 2... loop iterations after the bind, until a start finishes first
+        server = WokServer(settings, repository)
+        alive = _core_servers()
+        start = asyncio.ensure_future(server.start())
+        while not server.port and not start.done():
+            await asyncio.sleep(0)
+        started = await cancel_after(start, steps)
+        await server.stop()
+        opened = {"gRPC port": server.port, "health port": server.health_port, "metrics port": metrics_port}
+        for what, at in opened.items():
+            if at:
+                assert bind_error("127.0.0.1", at) is None, f"cancelled {steps} step(s) after the bind: {what} bound"
+        assert _core_servers() == alive, f"cancelled {steps} step(s) after the bind: a gRPC server is still alive"
+        steps += 1

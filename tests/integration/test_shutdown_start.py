@@ -1,9 +1,11 @@
-"""A signal before the server is ready stops the start: no port is bound, the process exits 0.
+"""A signal before the server is ready stops the start, and the process exits 0.
 
 As PID 1 (a container's entrypoint) a signal with no handler is dropped by the kernel, so wok
 must hold its handlers from the start; and a warm-up cannot be interrupted, so the start is
-abandoned rather than awaited. Each model here tells the test on stderr which stage it is in,
-then blocks for a minute: a server that does not stop at the signal fails the test's wait.
+abandoned rather than awaited: no port is bound yet. Each model here tells the test on stderr which
+stage it is in, then blocks for a minute: a server that does not stop at the signal fails the test's
+wait. Once the gRPC port serves (the health and metrics ports open after it, before SERVING), the
+start ends there and the stop is the staged one: the calls the port took are answered.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -19,7 +22,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
+import numpy as np
 import pytest
+
+from wok.codec import decode_response, encode_request
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
 from ..conftest import write_python_model
 
@@ -53,6 +61,44 @@ STUCK_WARMUP = textwrap.dedent(
 
     def build():
         return StuckFirst()
+    """
+)
+
+# The start held where the gRPC port serves and the health port is not open yet: a hold of the test's own,
+# the gap being a few milliseconds. The model's batches (not its warm-up) take 0.5 s.
+HELD_IN_THE_GAP = textwrap.dedent(
+    """
+    import asyncio, sys, time
+
+    from torch import nn
+
+    import wok.app
+
+    _start_health_port = wok.app.WokServer._start_health_port
+
+
+    async def _held(self):
+        print(f"test: in the gap, gRPC port {self.port}", file=sys.stderr, flush=True)
+        await asyncio.get_running_loop().create_future()  # until the stop cancels the start
+        await _start_health_port(self)
+
+
+    wok.app.WokServer._start_health_port = _held
+
+
+    class SlowAfterWarmup(nn.Module):
+        calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls > 1:  # a request's batch
+                print("test: running a batch", file=sys.stderr, flush=True)
+                time.sleep(0.5)
+            return x * 2
+
+
+    def build():
+        return SlowAfterWarmup()
     """
 )
 
@@ -99,9 +145,9 @@ class Serve:
     """`wok serve` started, not waited for (the fixtures wait for the ready line): its stderr lines
     are collected as they come."""
 
-    def __init__(self, repo: Path, prefix: tuple[str, ...] = ()) -> None:
+    def __init__(self, repo: Path, prefix: tuple[str, ...] = (), options: tuple[str, ...] = ()) -> None:
         cmd = [*prefix, sys.executable, "-m", "wok", "serve", "--port", "0", "--metrics-port", "-1"]
-        cmd += ["--model-repository", str(repo), "--grace-period", "5"]
+        cmd += ["--model-repository", str(repo), "--grace-period", "5", *options]
         self.proc = subprocess.Popen(
             cmd,
             stdout=subprocess.DEVNULL,
@@ -119,10 +165,12 @@ class Serve:
                 self.log.append(line.rstrip())
                 self.lines.notify_all()
 
-    def wait_for_line(self, prefix: str, timeout: float = 60.0) -> None:
+    def wait_for_line(self, prefix: str, timeout: float = 60.0) -> str:
+        """The first line starting with `prefix`, once there."""
         with self.lines:
             if not self.lines.wait_for(lambda: any(x.startswith(prefix) for x in self.log), timeout):
                 raise AssertionError(f"no line starting with {prefix!r} within {timeout} s:\n" + "\n".join(self.log))
+            return next(x for x in self.log if x.startswith(prefix))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -162,6 +210,7 @@ def servers(tmp_path_factory) -> Iterator[dict[str, Serve]]:
         "SIGTERM": Serve(repo(STUCK_BUILD)),
         "SIGINT": Serve(repo(STUCK_BUILD)),
         "warm-up": Serve(repo(STUCK_WARMUP)),
+        "gap": Serve(repo(HELD_IN_THE_GAP), options=("--health-port", "0")),
         "slow exit": Serve(repo(SLOW_EXIT)),
         "failed start": Serve(repo(FAILED_START_SLOW_EXIT)),
     }
@@ -192,6 +241,29 @@ def test_a_signal_during_the_warm_up_abandons_the_start_before_any_port_is_bound
         server.wait_for_line("test: warming up")
         sent = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(15)
+        check_stopped_before_serving(server, code, time.monotonic() - sent)
+    finally:
+        server.stop()
+
+
+def test_a_signal_once_the_grpc_port_serves_answers_the_calls_it_took_then_frees_the_port(servers):
+    # The process exited at once (os._exit): the call running in the model got UNAVAILABLE "Socket closed".
+    server = servers["gap"]
+    try:
+        port = int(server.wait_for_line("test: in the gap, gRPC port ").rsplit(" ", 1)[1])
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            x = np.arange(4, dtype=np.float32).reshape(1, 4)
+            call = stub.ModelInfer.future(encode_request("stuck", {"INPUT0": x}), timeout=30)
+            server.wait_for_line("test: running a batch")
+            sent = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            np.testing.assert_array_equal(decode_response(call.result())["OUTPUT0"], x * 2)
+        # Said once the stop has returned, whether or not the process is still tearing down.
+        server.wait_for_line("wok: stopped by a signal before serving", timeout=15)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
         code = server.proc.wait(15)
         check_stopped_before_serving(server, code, time.monotonic() - sent)
     finally:

@@ -18,6 +18,9 @@ from prometheus_client import CollectorRegistry, Gauge
 from wok import http
 from wok.admin import Subscriber
 from wok.http import MetricsHTTPServer
+from wok.ports import bind_error
+
+from ..conftest import cancel_after
 
 LOOPS = ("asyncio", "uvloop")
 
@@ -956,3 +959,18 @@ def test_an_idle_kept_alive_connection_closed_for_room_is_closed_bare_and_not_co
     assert closed == b""
     assert unanswered == {"refused": 0, "room": 0, "blocked": 0}
     assert [r for r in caplog.records if r.name == "wok.http" and r.levelno >= logging.WARNING] == []
+
+
+async def test_a_start_cancelled_at_any_of_its_steps_leaves_no_port_bound_after_the_stop():
+    # A signal as the server starts cancels its start (`wok serve`): asyncio's start_server began serving,
+    # then yielded once; cancelled there, the serving listener was never held, and the stop left it bound.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    steps, started = 0, False
+    while not started:  # cancelled after 0, 1, 2... loop iterations, until a start finishes first
+        server = MetricsHTTPServer(CollectorRegistry(), "127.0.0.1", port)
+        started = await cancel_after(asyncio.ensure_future(server.start()), steps)
+        await server.stop()
+        assert bind_error("127.0.0.1", port) is None, f"cancelled after {steps} step(s): the port is still bound"
+        steps += 1

@@ -9,6 +9,7 @@ import time
 import grpc
 import numpy as np
 import pytest
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -45,6 +46,36 @@ async def test_reflection_lists_the_inference_and_health_services(serve):
             async for resp in stub.ServerReflectionInfo(ask()):
                 names |= {s.name for s in resp.list_services_response.service}
     assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
+
+
+async def test_reflection_and_health_answers_stay_well_within_what_http2_sends_unread(serve):
+    # A guard for why the stop does not wait for them (docs/reliability.md, "A graceful stop"): an answer
+    # within the 64 KiB HTTP/2 lets a server send before its client reads is written as its handler makes it,
+    # ahead of gRPC's stop. One grown past half of that (a larger file in the reflection pool) asks again.
+    limit = 32 << 10
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+            call = stub.ServerReflectionInfo()
+            await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+            answers = [await call.read()]
+            files: set[str] = set()
+            for service in answers[0].list_services_response.service:
+                await call.write(reflection_pb2.ServerReflectionRequest(file_containing_symbol=service.name))
+                answers.append(await call.read())
+                for proto in answers[-1].file_descriptor_response.file_descriptor_proto:
+                    files.add(descriptor_pb2.FileDescriptorProto.FromString(proto).name)
+            for name in sorted(files):
+                await call.write(reflection_pb2.ServerReflectionRequest(file_by_filename=name))
+                answers.append(await call.read())
+            await call.done_writing()
+            h = health_pb2_grpc.HealthStub(ch)
+            checks = [await h.Check(health_pb2.HealthCheckRequest(service=name)) for name in ("", "mlp")]
+    assert not any(a.HasField("error_response") for a in answers), answers
+    assert len(files) >= 3, files  # the V2 service's, the model config's it imports, health's, reflection's
+    largest = max(answers, key=lambda a: a.ByteSize())
+    assert largest.ByteSize() < limit, (largest.ByteSize(), largest.original_request)
+    assert max(c.ByteSize() for c in checks) <= 2, checks
 
 
 async def test_stop_turns_health_not_serving_refuses_new_calls_and_finishes_accepted_ones(serve, slow_repository):
