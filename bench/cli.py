@@ -1043,9 +1043,10 @@ def run(args) -> int:
                 result = faults.run_faults(args, cfg)
             else:
                 before = hostprobe.try_probe(probe_s, _warn)
-                result = Ramp(cfg).run()
+                ramp = Ramp(cfg)
+                result = ramp.run()
                 if probe_s:
-                    result["host_probe"] = hostprobe.around(before, hostprobe.try_probe(probe_s, _warn))
+                    result["host_probe"] = hostprobe.around(before, _probe_after(probe_s, ramp.late_signal))
         except (RuntimeError, OSError, InferError) as exc:  # the target or a worker failed us
             if isinstance(exc, InferError) and exc.code.name == "NOT_FOUND":
                 # A model of --model that the target does not serve, refused with its metadata before
@@ -1082,6 +1083,22 @@ def run(args) -> int:
     finally:
         _restore_signals(previous)
     return _exit_status(result, args)
+
+
+def _probe_after(probe_s: float, late_signal: str | None) -> dict:
+    """The host probe after a ramp (`--host-probe`), said as it starts. A signal before it (`late_signal`,
+    as the workers stopped) or during it leaves a failed reading, `{schema, error}`: the ramp is
+    measured whole, and a KeyboardInterrupt from the probe cost the result, its JSON never written."""
+    from . import hostprobe
+
+    if late_signal is not None:
+        return {"schema": hostprobe.SCHEMA, "error": f"not run: {late_signal} after the ramp"}
+    try:  # the line too: a signal as soon as it is read lands before the probe has begun
+        _warn(f"probing the host for {probe_s:g} s after the ramp (--host-probe)")
+        return hostprobe.try_probe(probe_s, _warn)
+    except KeyboardInterrupt as exc:
+        _warn(f"warning: host probe after the ramp cut short by {type(exc).__name__}: {exc}")
+        return {"schema": hostprobe.SCHEMA, "error": f"cut short: {type(exc).__name__}: {exc}"}
 
 
 def _write_or_keep(command: str, result: dict, outputs, folders=()) -> bool:

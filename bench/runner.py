@@ -373,6 +373,9 @@ class Ramp:
         self.timeline: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._clock0: float | None = None
         self._step_label = "step"  # the running step's, for _collect's progress line
+        # A signal (KeyboardInterrupt's text) that came as the workers stopped after the ramp: `run`
+        # keeps the result; a caller stops what it meant to do next (the CLI's host probe).
+        self.late_signal: str | None = None
 
     def started(self, clock0: float) -> None:
         """Called once, as the first step is handed out: `clock0` (time.monotonic()) is the timeline's 0."""
@@ -456,7 +459,15 @@ class Ramp:
                             self.say(interrupted)
                         steps = sorted(steps + extra, key=lambda s: s["offered_qps"])
         finally:
-            workers.close()
+            try:
+                workers.close()
+            except KeyboardInterrupt as exc:
+                # A signal as the workers exit, after the last step (close() takes ~0.1 s each run):
+                # what was measured is whole, and raising here lost every step of the ramp.
+                if not steps and not (self.keeps_cut_step and self.timeline):
+                    raise
+                self.late_signal = f"{type(exc).__name__}: {exc}"
+                self.say(f"{self.late_signal} as the workers stopped: the steps run are the result")
         # Key material and the token never reach the result; only which kind of security was used.
         config = {**asdict(self.cfg), "source": "bench", "tls": tls_mode(cfg.tls), "token": cfg.token is not None}
         config["balancer"] = workers.balancer

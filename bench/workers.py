@@ -638,17 +638,28 @@ class WorkerPool:
         return merge_stats(self._stats)
 
     def close(self) -> None:
-        if self._running:
-            # A step cut short (Ctrl-C, an error): its workers would send to the end of their
-            # share before reading the pipe again, and nobody waits for what they measure.
+        """Stop the workers and wait for them. A signal meanwhile (Ctrl-C, raised in a join as the
+        workers exit) is raised once those left are killed: not left to send, or to exit on their own
+        while the bench has stopped waiting (nothing of theirs needs flushing: `_orphaned`)."""
+        try:
+            if self._running:
+                # A step cut short (Ctrl-C, an error): its workers would send to the end of their
+                # share before reading the pipe again, and nobody waits for what they measure.
+                for p in self._procs:
+                    p.terminate()
+            for c in self._conns:
+                try:
+                    c.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
             for p in self._procs:
-                p.terminate()
-        for c in self._conns:
-            try:
-                c.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-        for p in self._procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+                p.join(10)
+                if p.is_alive():
+                    p.kill()
+        except BaseException:
+            for p in self._procs:
+                if p.is_alive():
+                    p.kill()  # not terminate(): a stopped worker (SIGSTOP, a debugger) holds SIGTERM pending
+            for p in self._procs:
+                p.join(10)
+            raise

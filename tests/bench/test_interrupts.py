@@ -171,3 +171,35 @@ def test_faults_planned_after_a_signal_cut_the_run_do_not_count(due_before, no_t
     else:
         assert status == 0, err
         assert "not run as asked" not in err and "did not take effect" not in stdout
+
+
+def test_sigterm_in_the_host_probe_after_the_ramp_keeps_the_result(bench_server, tmp_path):
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", bench_server.target, "--metrics-url", "none"]
+    cmd += ["--steps", "20", "--step-duration", "0.5s", "--warmup", "0.1s", "--workers", "1"]
+    cmd += ["--host-probe", "4s", "--json", str(out)]  # before the ramp too: 4 s each
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if "after the ramp (--host-probe)" in line:
+                break
+        else:
+            raise AssertionError("".join(seen)[-3000:])
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    # The ramp was measured whole: the signal cuts the probe, not the result (it was exit 130, no JSON).
+    assert proc.returncode == 0 and "Traceback" not in rest, rest[-3000:]
+    assert "host probe after the ramp cut short by KeyboardInterrupt: SIGTERM" in rest, rest[-3000:]
+    result = json.loads(out.read_text())
+    assert [s["nominal_qps"] for s in result["steps"]] == [20] and result["interrupted"] is None
+    assert result["host_probe"]["after"] == {
+        "schema": "wok.hostprobe/2",
+        "error": "cut short: KeyboardInterrupt: SIGTERM",
+    }
+    assert "cold_forward_us" in result["host_probe"]["before"]

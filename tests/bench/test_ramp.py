@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import re
 import signal
@@ -459,6 +460,44 @@ def test_a_ramp_cut_by_a_signal_says_so_in_its_result(bench_server):
     assert result["interrupted"]["reason"] in result["warnings"]
     cfg.steps = [50]
     assert Ramp(cfg, progress=lambda _: None).run()["interrupted"] is None
+
+
+class _WorkersSlowToStop(Ramp):
+    """A Ramp whose workers are stopped (SIGSTOP) once its last step is measured: `WorkerPool.close`
+    then waits for them, and a signal 0.5 s later lands there, as a Ctrl-C in the ~0.1 s every ramp's
+    workers take to exit does."""
+
+    def run_step(self, workers, qps, label, slot=None):
+        step = super().run_step(workers, qps, label, slot)
+        for child in multiprocessing.active_children():
+            os.kill(child.pid, signal.SIGSTOP)
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        return step
+
+
+def test_a_signal_as_the_workers_stop_keeps_the_steps_measured(bench_server):
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt("SIGTERM")  # as the CLI's handler raises it (cli._signals_interrupt)
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        cfg = mlp_ramp(bench_server.target, steps=[50], step_duration_s=0.3, warmup_s=0.1, workers=2)
+        ramp = _WorkersSlowToStop(cfg, progress=lambda _: None)
+        try:
+            result = ramp.run()
+        except KeyboardInterrupt:
+            pytest.fail("a signal as the workers stopped, after the last step, lost the ramp's result")
+        left = multiprocessing.active_children()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        for child in multiprocessing.active_children():  # stopped, before the fix: not to outlive the test
+            child.kill()
+            child.join(10)
+    assert [s["nominal_qps"] for s in result["steps"]] == [50] and result["steps"][0]["ok"] > 0
+    assert result["interrupted"] is None  # every step ran whole
+    assert ramp.late_signal == "KeyboardInterrupt: SIGTERM"
+    assert left == []  # the stopped workers were killed, not left behind
 
 
 class _DoubleOffer(Ramp):
