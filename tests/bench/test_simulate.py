@@ -145,6 +145,12 @@ def test_server_side_figures_cover_the_measured_window_only(tmp_path):
     step = _trace_step(tmp_path, model)
     assert step["utilization"] == pytest.approx(0.1, abs=1e-9)
     assert step["mean_batch_size"] == pytest.approx(1.3)
+    # The latencies are the window's 17 requests' too (the warm-up's waited up to 400 ms): nine of 10 ms,
+    # four of 40 ms and four of 80 ms (behind the first four), done after the window's end or not.
+    # Completions in the window: the nine.
+    lat = step["latency_ms"]
+    assert step["requests"] == 17 and step["achieved_qps"] == 9.0
+    assert (lat["mean"], lat["p50"], lat["max"]) == (pytest.approx(570 / 17), pytest.approx(10), pytest.approx(80))
 
 
 def test_utilization_is_the_windows_offer_times_beta_when_the_warm_up_differs():
