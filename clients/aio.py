@@ -34,8 +34,10 @@ from .channel import (
     channel_target,
     close_ending_watches,
     looks_up,
+    names_looked_up,
     open_channel,
     retrieved,
+    target_list,
 )
 from .errors import Answers, InferError, read_answer
 from .limits import RequestLimit, check_time_left, estimate, item_estimate, learn_from_error, lookup_timeout
@@ -70,6 +72,12 @@ class AsyncClient:
     both families) comes from that call, not from the constructor; built outside one, the
     constructor does it.
 
+    A call's `timeout` bounds all it waits for: that lookup, or the wok balancer's start (its lookups, each up
+    to `BalancerSettings.resolve_timeout_s`), as well as the call itself. A first call out of time there raises
+    InferError DEADLINE_EXCEEDED, as a late call does, its details naming what it waited for ("CLIENT: the
+    lookup of 'name' did not end within the call's timeout of 0.5 s, ..."); wait_ready raises its TimeoutError.
+    The lookup or the start goes on for the other calls, and for the next.
+
     Every failed call raises InferError. The metadata calls return the protocol's
     response messages (`wok.v2pb.grpc_service_pb2`) as they are, except `model_metadata`.
     `timeout` is always in seconds and becomes the gRPC deadline.
@@ -92,6 +100,7 @@ class AsyncClient:
         self._targets = target
         self._target: str | Sequence[str] = target
         self._target_lookup: concurrent.futures.Future[str] | None = None
+        self._target_wait: asyncio.Future[str] | None = None  # the lookup, as the calls of the loop await it
         if balancer == "grpc":
             if looks_up(target) and _loop_running():
                 # The lookup and the probe would stall every task of the loop meanwhile.
@@ -130,6 +139,13 @@ class AsyncClient:
         """The wok balancer (its `stats()`, its replicas) while the client is open; None with "grpc"."""
         return None if self._closed else self._balancer
 
+    def _waited_for(self) -> str:
+        """What a first call waits for, as its timeout's error names it."""
+        if self._balancer is None:
+            return f"the lookup of {_shown_names(names_looked_up(self._targets))}"
+        names = self._balancer.names
+        return "the balancer's start" + (f" (the lookup of {_shown_names(names)})" if names else "")
+
     def _connect(self) -> GRPCInferenceServiceStub:
         if self._closed:
             raise RuntimeError("this AsyncClient is closed")
@@ -141,41 +157,61 @@ class AsyncClient:
         self._stub = GRPCInferenceServiceStub(self._channel)
         return self._stub
 
-    async def _first_connect(self) -> GRPCInferenceServiceStub:
-        """The stub, once the target's lookup (if it runs on a thread) is done; its error, if any,
-        is raised to every call."""
-        if self._closed:
-            raise RuntimeError("this AsyncClient is closed")
+    async def _first_connect(self, timeout: float | None) -> float | None:
+        """Make the channel once the target's lookup (if it runs on a thread) is done, waiting for it at
+        most `timeout` (`_within`); what is left of `timeout`. The lookup's error is raised to every call."""
         lookup = self._target_lookup
         if lookup is not None:
-            self._target = await asyncio.wrap_future(lookup)
+            if self._target_wait is None:
+                # One future for every call: a wrap_future of each call's own, left pending past its caller's
+                # timeout, had the lookup's error logged as never retrieved.
+                self._target_wait = asyncio.wrap_future(lookup)
+                self._target_wait.add_done_callback(retrieved)
+            timeout = await _within(self._target_wait, timeout, self._waited_for)
+            self._target = self._target_wait.result()
             self._target_lookup = None
             if self._closed:  # closed while the lookup ran: as a call in flight at close() ends
                 raise InferError(grpc.StatusCode.CANCELLED, CLOSED_EARLY)
         # Concurrent first calls all waited for the lookup: the first to get here makes the channel.
-        return self._stub or self._connect()
+        if self._stub is None:
+            self._connect()
+        return timeout
 
-    async def _open(self) -> None:
-        """Make the channel, or start the balancer once (concurrent first calls wait for the one start)."""
+    async def _setup(self, timeout: float | None = None) -> float | None:
+        """Make the channel, or start the balancer once (concurrent first calls wait for the one lookup or
+        start), waiting at most `timeout` (_SetupTimeout past it; it goes on for the others); what is left of
+        `timeout`, all of it when nothing was waited for."""
         if self._closed:
             raise RuntimeError("this AsyncClient is closed")
         if self._balancer is None:
-            if self._stub is None:
-                await self._first_connect()
-            return
+            return timeout if self._stub is not None else await self._first_connect(timeout)
         if self._balancer_start is None:
             self._balancer_start = asyncio.ensure_future(self._balancer.start())
+            # Its error is every caller's; read here too, should each caller's timeout run out before it.
+            self._balancer_start.add_done_callback(retrieved)
         start = self._balancer_start
         # Not `await shield(start)`: close() cancels the start, and its cancellation reached every call
         # waiting for it as a CancelledError of the caller's own (its task ended cancelled). wait() raises
         # only the caller's cancellation; a close() then ends the calls as the grpc path's lookup does.
-        await asyncio.wait([start])
+        timeout = await _within(start, timeout, self._waited_for)
         if self._closed:
             raise InferError(grpc.StatusCode.CANCELLED, CLOSED_EARLY)
         start.result()  # its error (a name that does not resolve) to every call
+        return timeout
+
+    async def _open(self, timeout: float | None = None, unsent: str = "the request was not sent") -> float | None:
+        """`_setup` for a call: out of time, InferError DEADLINE_EXCEEDED, as a late call gets, naming what it
+        waited for and the call's timeout, then `unsent`."""
+        try:
+            return await self._setup(timeout)
+        except _SetupTimeout as exc:
+            raise InferError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"CLIENT: {exc.what} did not end within the call's timeout of {timeout} s, so {unsent}",
+            ) from None
 
     async def __aenter__(self) -> AsyncClient:
-        await self._open()
+        await self._setup()
         return self
 
     async def __aexit__(self, *exc_info) -> None:
@@ -194,15 +230,22 @@ class AsyncClient:
             await self._balancer.stop()
 
     async def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until the channel is connected (to at least one server); TimeoutError if not in time."""
-        await self._open()
+        """Wait until the channel is connected (to at least one server); TimeoutError if not in time, the
+        client's first lookup or balancer start included (it goes on, for the calls)."""
+        try:
+            left = await self._setup(timeout)
+        except _SetupTimeout as exc:
+            shown = quoted_name(",".join(target_list(self._targets)))
+            raise TimeoutError(
+                f"{shown}: not connected within {timeout} s: {exc.what} did not end in that time"
+            ) from None
         if self._balancer is not None:
-            await self._balancer.wait_ready(timeout)
+            await self._balancer.wait_ready(left)
             return
         # Not channel_ready() under wait_for: that cancels its connectivity watch at the timeout,
         # leaving it in gRPC's core (close_ending_watches); a watch left pending here ends at close().
         channel, loop = self._channel, asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+        deadline = None if left is None else loop.time() + left
         state = channel.get_state(try_to_connect=True)
         while state is not grpc.ChannelConnectivity.READY:
             # One watch at a time: one still pending (an earlier wait_ready's, timed out) is on
@@ -220,9 +263,11 @@ class AsyncClient:
 
     async def _unary(self, method: str, request, timeout: float | None):
         if self._balancer is None:
-            call = getattr(self._stub or await self._first_connect(), method)
+            if self._stub is None:
+                timeout = await self._open(timeout)
+            call = getattr(self._stub, method)
         else:
-            await self._open()
+            timeout = await self._open(timeout)
             call = self._balancer.unary_unary(
                 f"/inference.GRPCInferenceService/{method}",
                 request_serializer=_serialize,
@@ -261,10 +306,10 @@ class AsyncClient:
         """The look-up itself; whether it ran out of time (DEADLINE_EXCEEDED)."""
         release = None
         try:
+            await self._setup()  # its callers wait for it at most their timeout (_look_up_limit)
             if self._balancer is None:
-                stub = self._stub or await self._first_connect()
+                stub = self._stub
             else:  # the balancer's calls give no metadata: one replica's channel, as a stream takes
-                await self._open()
                 channel, release = self._balancer.stream_channel()
                 stub = GRPCInferenceServiceStub(channel)
             call = stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=timeout, metadata=self._metadata)
@@ -349,7 +394,8 @@ class AsyncClient:
         est = estimate(inputs)
         request = encode_request(model, inputs, output_names(outputs), request_id, server_timeout_us, datatypes)
         if self._limit.needs_lookup(est):
-            left = await self._look_up_limit(timeout)
+            # The setup first, out of time with its own error: the look-up's would blame ServerMetadata.
+            left = await self._look_up_limit(await self._open(timeout))
             check_time_left(left, timeout)
             timeout = left
         self._limit.check(request, est)
@@ -384,10 +430,11 @@ class AsyncClient:
         """
         release = None
         sent = self._answers.sent()
+        if self._stub is None or self._balancer is not None:
+            timeout = await self._open(timeout, "the stream was not opened")
         if self._balancer is None:
-            stub = self._stub or await self._first_connect()
+            stub = self._stub
         else:
-            await self._open()
             try:  # no replica left to send to: an InferError, as every failed call
                 channel, release = self._balancer.stream_channel()
             except grpc.RpcError as exc:
@@ -502,6 +549,35 @@ def _on_thread(fn, *args) -> concurrent.futures.Future:
 
     threading.Thread(target=run, name="wok-channel-target", daemon=True).start()
     return future
+
+
+class _SetupTimeout(Exception):
+    """A call's timeout ran out while it waited for the client's setup; `what` names it."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+async def _within(setup: asyncio.Future, timeout: float | None, waited_for) -> float | None:
+    """Wait for `setup` at most `timeout` s, without cancelling it: other calls wait for it too, and one
+    caller's short timeout must not end it for them. What is left of `timeout`, all of it when `setup` is
+    done; _SetupTimeout naming `waited_for()` when it is not done in time."""
+    if setup.done():
+        return timeout
+    if timeout is None:
+        await asyncio.wait([setup])
+        return None
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await asyncio.wait([setup], timeout=max(0.0, timeout))
+    if not setup.done():
+        raise _SetupTimeout(waited_for())
+    return max(0.0, timeout - (loop.time() - start))
+
+
+def _shown_names(names: Sequence[str]) -> str:
+    return ", ".join(map(quoted_name, names))
 
 
 def _serialize(message) -> bytes:

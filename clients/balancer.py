@@ -540,6 +540,12 @@ class Balancer:
         self.calls = self.ok_calls = self.attempts = self.hedges = self.retries = 0
         self.budget_refusals = self.ejections = self.ejections_refused = self.swaps = self.readmitted_by_cap = 0
 
+    @property
+    def names(self) -> list[str]:
+        """The host names among the targets (not IP addresses), each once, in the targets' order: what
+        start() looks up, and again every `resolve_every_s`."""
+        return list(dict.fromkeys(host for host, _ in self.targets if _literal(host) is None))
+
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> Balancer:
         """Resolve the targets and open a channel per address; ValueError if none resolves,
@@ -1285,16 +1291,24 @@ class Balancer:
             self.tokens = min(self.settings.budget_tokens, self.tokens + 1)
             self._notify()
 
-    async def call(self, key, request, timeout: float | None, metadata):
-        """One call: attempts, hedges and retries as the module says; raises grpc.aio.AioRpcError."""
+    def _check_running(self) -> None:
         if not self._started or self._stopped:
             raise RuntimeError("the Balancer is not running: use `async with Balancer(...)` or start()")
+
+    def _no_replica(self) -> grpc.aio.AioRpcError:
+        return rpc_error(
+            CODE.UNAVAILABLE, f"targets {self._shown_targets}: no replica to send to among {len(self.replicas)}"
+        )
+
+    async def call(self, key, request, timeout: float | None, metadata):
+        """One call: attempts, hedges and retries as the module says; raises grpc.aio.AioRpcError."""
+        self._check_running()
         loop, s = self._loop, self.settings
         self.calls += 1
         deadline = None if timeout is None else loop.time() + timeout
         first = self.pick()
         if first is None:
-            raise rpc_error(CODE.UNAVAILABLE, f"no replica to send to among {len(self.replicas)}")
+            raise self._no_replica()
         pending: dict[asyncio.Task, _Attempt] = {}
         tried = [first]
         sent = 1
@@ -1389,10 +1403,12 @@ class Balancer:
         """A replica's channel (power of two choices) for a call the balancer does not carry (a
         stream), and the function to call once that call has ended: until then the channel stays
         open, as for the balancer's own attempts, should its address leave the name (closing it
-        cancelled the stream under its caller, answers owed and all)."""
+        cancelled the stream under its caller, answers owed and all). RuntimeError, as `call` raises, before
+        start() or after stop(): it handed out a channel stop() had closed."""
+        self._check_running()
         r = self.pick()
         if r is None:
-            raise rpc_error(CODE.UNAVAILABLE, f"no replica to send to among {len(self.replicas)}")
+            raise self._no_replica()
         r.streams += 1
         released = False
 

@@ -245,11 +245,17 @@ def looks_up(target: str | Sequence[str]) -> bool:
     """Whether `channel_target(target)` resolves names (and so may probe, `probe`): several
     targets of which one names a host, not an IP address. Raises channel_target's ValueError for
     a malformed list; does no I/O."""
+    return bool(names_looked_up(target))
+
+
+def names_looked_up(target: str | Sequence[str]) -> list[str]:
+    """The host names (not IP addresses) `channel_target(target)` resolves, each once, in the targets'
+    order: none for one target, which gRPC resolves itself. Raises channel_target's ValueError for a
+    malformed list; does no I/O."""
     targets = target_list(target)
     if len(targets) < 2:
-        return False
-    hosts = [_host_port(t)[0] for t in targets]
-    return any(not _is_ip(host) for host in hosts)
+        return []
+    return list(dict.fromkeys(host for host, _ in map(_host_port, targets) if not _is_ip(host)))
 
 
 def _is_ip(host: str) -> bool:

@@ -1027,7 +1027,23 @@ async def test_a_stream_with_no_replica_to_send_to_raises_infer_error():
         with pytest.raises(InferError) as info:
             async for _ in c.stream_infer([("mlp", {"INPUT0": np.zeros((1, 256), np.float32)})]):
                 pass
-    assert (info.value.code, info.value.details) == (grpc.StatusCode.UNAVAILABLE, "no replica to send to among 1")
+    assert (info.value.code, info.value.details) == (
+        grpc.StatusCode.UNAVAILABLE,
+        "targets '127.0.0.1:1': no replica to send to among 1",
+    )
+
+
+async def test_stream_channel_before_start_or_after_stop_raises_as_call_does():
+    """stream_channel did not check start() and stop() as call() does: before start() it raised UNAVAILABLE
+    "no replica", after stop() it handed out a replica's channel stop() had closed."""
+    bal = Balancer("127.0.0.1:1")
+    with pytest.raises(RuntimeError, match=r"^the Balancer is not running: "):
+        bal.stream_channel()
+    async with bal:
+        _channel, release = bal.stream_channel()
+        release()
+    with pytest.raises(RuntimeError, match=r"^the Balancer is not running: "):
+        bal.stream_channel()
 
 
 # -- answers that come together; a backoff past the deadline; a name that stops resolving ---------
