@@ -33,6 +33,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from ..numerals import digits_note, read_float
+
 
 def _quoted(text: str) -> str:
     """`text` as a refusal shows user text (wok.errors.quoted_name: quoted, escaped, cut); imported
@@ -522,7 +524,7 @@ def _timestamp(value: object, where: str) -> tuple[float, bool]:
         return _finite(float(value), value, where), True
     if isinstance(value, str):
         try:
-            seconds = float(value)
+            seconds = read_float(value)
         except ValueError:
             pass
         else:
@@ -662,7 +664,7 @@ def parse_duration(s: str) -> float:
 
 def _number(text: str) -> float | None:
     try:
-        value = float(text)
+        value = read_float(text)
     except ValueError:
         return None
     return value if math.isfinite(value) else None
@@ -690,7 +692,7 @@ def parse_steps(spec: str) -> list[float]:
         values = [_number(p) for p in parts]
         for label, p, v in zip(("start", "stop", "factor"), parts, values):
             if v is None:
-                raise ValueError(f"QPS range {_quoted(spec)}: {label} {_quoted(p)} is not a number")
+                raise ValueError(f"QPS range {_quoted(spec)}: {label} {_quoted(p)} is not a number{digits_note(p)}")
         start, stop, factor = values
         if start <= 0:
             raise ValueError(f"QPS range {_quoted(spec)}: start must be > 0; got {start:g}")
@@ -710,7 +712,7 @@ def parse_steps(spec: str) -> list[float]:
         item = item.strip()
         value = _number(item)
         if value is None:
-            raise ValueError(f"QPS steps {_quoted(spec)}: {_quoted(item)} is not a number")
+            raise ValueError(f"QPS steps {_quoted(spec)}: {_quoted(item)} is not a number{digits_note(item)}")
         if value <= 0:
             raise ValueError(f"QPS steps {_quoted(spec)}: each step must be > 0; got {value:g}")
         steps.append(value)

@@ -67,8 +67,8 @@ from pathlib import Path
 from wok.bench.outputs import refuse_unwritable, write_final
 from wok.bench.report import write_json
 from wok.bench.scrape import parse_exposition, whole
-from wok.errors import ascii_digits
 from wok.executor import NOT_RERUN
+from wok.numerals import ascii_digits
 
 SCHEMA = "wok.chaos/1"
 MODEL = "chaos"

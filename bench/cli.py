@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import quoted_name
+from ..numerals import read_float, read_int
 from .outputs import check_outputs as _check_outputs
 from .outputs import keep_elsewhere as _keep_elsewhere
 from .outputs import result_text as _result_text
@@ -658,7 +659,7 @@ def _unix_time(text: str | None) -> float | None:
     if text is None:
         return None
     try:
-        value = float(text)
+        value = read_float(text)
     except ValueError:
         value = math.nan
     # Checked here, not only by RampConfig, whose refusal named its field (start_at), not the option.
@@ -1513,7 +1514,7 @@ def run_tune(args) -> int:
 
     def ints(spec: str, what: str) -> list[int]:
         try:
-            return [int(x) for x in spec.split(",") if x.strip()]
+            return [read_int(x) for x in spec.split(",") if x.strip()]
         except ValueError:
             raise ValueError(f"{what} {quoted_name(spec)}: expected whole numbers like 4,8,16") from None
 

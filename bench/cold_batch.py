@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     from wok.errors import quoted_name
     from wok.executor import Executor
     from wok.models import DEMO_MODELS, build_demo
+    from wok.numerals import read_int
 
     p = build_parser()
     args = p.parse_args(argv)
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
     if not sys.platform.startswith("linux"):
         p.error("reads thread CPU time from Linux's /proc")
     try:
-        sizes = [int(x) for x in args.sizes.split(",")]
+        sizes = [read_int(x) for x in args.sizes.split(",")]
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:

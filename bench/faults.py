@@ -46,8 +46,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..children import die_with_parent
-from ..errors import ascii_digits, quoted_name
+from ..errors import quoted_name
 from ..faults import MAX_DELAY_MS
+from ..numerals import ascii_digits, read_float
 from .analysis import latency_summary
 from .arrivals import parse_duration
 from .runner import Ramp, RampConfig, status_name
@@ -102,7 +103,7 @@ def parse_at(text: str, what: str) -> At:
     text = text.strip()
     if text.endswith("%"):
         try:
-            value = float(text[:-1]) / 100
+            value = read_float(text[:-1]) / 100
         except ValueError:
             value = math.nan
         if not 0 <= value <= 1:

@@ -60,7 +60,8 @@ from wok.bench.outputs import json_text, refuse_unwritable, write_final
 from wok.codec import UNSUPPORTED_OUTPUT_PARAMETERS, decode_request, serialize_bytes
 from wok.config import model_config_from_dict
 from wok.datatypes import DATATYPES
-from wok.errors import InvalidInput, ascii_digits, escaped
+from wok.errors import InvalidInput, escaped
+from wok.numerals import ascii_digits
 from wok.repository import VERSION
 from wok.v2pb import grpc_service_pb2 as pb
 

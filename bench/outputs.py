@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from ..numerals import ascii_digits
+
 # Made with their parents if missing; every other output is a file whose folder must exist. A
 # command whose --plot is a folder of plots (`wok bench ramp`) says so with `folders`: `wok profile`'s
 # --plot is one file.
@@ -270,10 +272,7 @@ def _own_descriptor(path: Path) -> int | None:
         folder = os.path.realpath(folder)
         match = _FD_FOLDER.fullmatch(folder)
         if match is not None:
-            # Not isdigit() alone: it takes "²", which int() below refuses with a ValueError.
-            if match["pid"] != os.path.basename(os.path.realpath("/proc/self")) or not (
-                base.isascii() and base.isdigit()
-            ):
+            if match["pid"] != os.path.basename(os.path.realpath("/proc/self")) or not ascii_digits(base):
                 return None
             try:
                 fd = int(base)

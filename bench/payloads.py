@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from wok.datatypes import datatype
+from wok.numerals import read_float
 
 # The bound of integer inputs when none is given: every wok demo model accepts ids below it. A
 # server's KServe metadata does not say a model's id range, so the bench cannot find a better one;
@@ -235,7 +236,7 @@ def parse_sizes(spec: str) -> Sizes:
             if missing:
                 raise ValueError(f"lognormal needs median, sigma and max; missing {', '.join(missing)}")
             try:
-                median, sigma = float(opts["median"]), float(opts["sigma"])
+                median, sigma = read_float(opts["median"]), read_float(opts["sigma"])
             except ValueError:
                 raise ValueError("lognormal median and sigma must be numbers") from None
             if not re.fullmatch(r"[0-9]+", opts["max"]):
@@ -569,7 +570,7 @@ def parse_mix(spec: str) -> list[tuple[str, float]]:
         value: float | None = None
         if colon:
             try:
-                value = float(weight)
+                value = read_float(weight)
             except ValueError:
                 value = None
             if value is None or not math.isfinite(value) or value <= 0:

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from ..errors import quoted_name, shown_value
+from ..numerals import read_decimal
 from .arrivals import DURATION, parse_duration
 from .outputs import json_text, replacing
 
@@ -132,8 +133,8 @@ def exact(value, what: str) -> Fraction:
     else:
         text = str(value).strip()
         try:
-            d = Decimal(text)
-        except InvalidOperation:
+            d = read_decimal(text)
+        except ValueError:
             raise ValueError(f"{what}: {shown_value(value)} is not a number") from None
     if not d.is_finite():
         raise ValueError(f"{what}: expected a finite number; got {shown_value(value)}")

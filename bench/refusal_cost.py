@@ -148,6 +148,7 @@ def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
     """The servers (each name to the commit a wok@REV serves, else None) and the rows values, or
     the parser's error (exit 2) before any server starts."""
     from wok.errors import quoted_name
+    from wok.numerals import read_int
 
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if not servers:
@@ -169,7 +170,7 @@ def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
     if twice:
         ap.error(f"--servers: expected each server once, got {', '.join(twice)} more than once")
     try:
-        rows_list = [int(r) for r in args.rows.split(",")]
+        rows_list = [read_int(r) for r in args.rows.split(",")]
     except ValueError:
         ap.error(f"--rows: expected positive integers, comma-separated; got {quoted_name(args.rows)}")
     if min(rows_list) < 1:

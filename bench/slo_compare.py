@@ -351,22 +351,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     from wok.bench.arrivals import parse_duration
+    from wok.errors import quoted_name
+    from wok.numerals import read_int
 
     p = build_parser()
     args = p.parse_args(argv)
     # --log-dir: the servers' logs, first written after the profile and the tuning.
     refuse_unwritable(p, args, "--json", "--plot", "--log-dir")
+    # int()'s own refusal named neither the option nor what it takes ("invalid literal for int()").
+    try:
+        args.request_sizes = [read_int(x) for x in args.request_sizes.split(",")]
+    except ValueError:
+        p.error(f"--request-sizes: expected whole numbers like 1,2,4,8; got {quoted_name(args.request_sizes)}")
+    if args.fixed:
+        size, _, delay = args.fixed.partition(",")
+        try:
+            args.fixed = (read_int(size), delay)
+        except ValueError:
+            p.error(f"--fixed: expected MAX_BATCH_SIZE_IN_REQUESTS,DELAY like 8,5ms; got {quoted_name(args.fixed)}")
     try:
         args.slo_ms = 1e3 * parse_duration(args.slo)
         args.server_slo_ms = 1e3 * parse_duration(args.server_slo) if args.server_slo else args.slo_ms
         args.duration = parse_duration(args.duration)
         args.warmup = parse_duration(args.warmup)
         args.client_timeout = parse_duration(args.client_timeout)
-        args.request_sizes = [int(x) for x in args.request_sizes.split(",")]
         args.delays_ms = [1e3 * parse_duration(x) for x in args.delays.split(",")]
         if args.fixed:
-            k, _, d = args.fixed.partition(",")
-            args.fixed = (int(k), 1e3 * parse_duration(d))
+            args.fixed = (args.fixed[0], 1e3 * parse_duration(args.fixed[1]))
     except ValueError as exc:
         p.error(str(exc))
     if args.rows < 1 or args.reps < 1 or args.base_qps <= 0:

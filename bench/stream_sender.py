@@ -56,6 +56,7 @@ from collections import deque
 
 import numpy as np
 
+from wok.numerals import ascii_digits
 from wok.timers import PreciseSleeper
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -94,7 +95,7 @@ def parse_answer(msg: bytes) -> tuple[int | None, int]:
     rid = r.infer_response.id
     # Not isdigit() alone: it takes digits int() refuses ("²"), and the ValueError ended the stream's
     # reader, failing every request in flight on it. Ours are ASCII; any other id is not ours.
-    index = int(rid) if rid.isascii() and rid.isdigit() else None
+    index = int(rid) if ascii_digits(rid) else None
     if not r.error_message:
         return index, OK
     p = r.infer_response.parameters.get("status_code")

@@ -171,7 +171,8 @@ from typing import Any
 
 import grpc
 
-from wok.errors import NAME_CHARS, ascii_digits, cut_message, message_of, quoted, quoted_name, shown_value
+from wok.errors import NAME_CHARS, cut_message, message_of, quoted, quoted_name, shown_value
+from wok.numerals import ascii_digits
 
 from .channel import (
     NAME_OPTIONS,

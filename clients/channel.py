@@ -91,7 +91,8 @@ from typing import Any
 
 import grpc
 
-from wok.errors import ascii_digits, quoted_name
+from wok.errors import quoted_name
+from wok.numerals import ascii_digits
 
 ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 INFERENCE_SERVICE = "inference.GRPCInferenceService"

@@ -15,7 +15,8 @@ import numpy as np
 
 from wok.codec import encode_request
 from wok.datatypes import datatype
-from wok.errors import ascii_digits, quoted_name, shown_value
+from wok.errors import quoted_name, shown_value
+from wok.numerals import ascii_digits
 from wok.v2pb import grpc_service_pb2 as pb
 
 from .errors import read_answer

@@ -43,6 +43,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from .cliargs import ArgumentParser, one_line
 from .errors import ConfigError, WarmupError, quoted_name
+from .numerals import digits_note, read_float, read_int
 
 # The demo models `wok serve` serves when --models is not given (server.models.DEMO_MODELS, without
 # importing it here).
@@ -369,7 +370,7 @@ def _serve_parser(sub) -> None:
 
 
 def _parse_value(v: str):
-    for cast in (int, float):
+    for cast in (read_int, read_float):
         try:
             return cast(v)
         except ValueError:
@@ -405,7 +406,7 @@ def _demo_options(items: list[str]) -> dict:
             expected = "a number" if kind is float else "an integer"
             raise ConfigError(
                 f"--demo-option {quoted_name(item)}: option {quoted_name(opt)} of demo model {quoted_name(model)}: "
-                f"expected {expected}, got {quoted_name(value)}"
+                f"expected {expected}, got {quoted_name(value)}{digits_note(value)}"
             )
         out.setdefault(model, {})[opt] = parsed
     return out

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from .errors import MESSAGE_CHARS, cut_message, quoted_name, shown_value
+from .numerals import digits_note, read_float, read_int
 
 # What a cut refusal keeps of its end: its reason. A message that long is long for a path (or a word)
 # shown as given in its middle; "--json PATH: File name too long" cut at its start lost the reason.
@@ -35,16 +36,16 @@ def one_line(message: str) -> str:
 
 def _integer(text: str) -> int:
     try:
-        return int(text)
+        return read_int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer; got {quoted_name(text)}") from None
+        raise argparse.ArgumentTypeError(f"expected an integer; got {quoted_name(text)}{digits_note(text)}") from None
 
 
 def _number(text: str) -> float:
     try:
-        return float(text)
+        return read_float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number; got {quoted_name(text)}") from None
+        raise argparse.ArgumentTypeError(f"expected a number; got {quoted_name(text)}{digits_note(text)}") from None
 
 
 def _path(text: str) -> Path:
@@ -57,8 +58,9 @@ def _path(text: str) -> Path:
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, its refusals in wok's words: type=int, type=float and type=Path values as
-    "expected an integer; got 'abc'" (not "invalid int value: 'abc'"), a choice not offered quoted
-    as user text is, an empty path refused, and every message one line (`one_line`)."""
+    "expected an integer; got 'abc'" (not "invalid int value: 'abc'"), numbers in ASCII alone (int()
+    took "٣" for 3: wok.numerals), a choice not offered quoted as user text is, an empty path
+    refused, and every message one line (`one_line`)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -35,8 +35,9 @@ from pydantic import (
 from .auth import check_tls_files, load_tokens, read_secret_file
 from .codec import MAX_PRIORITY_LEVEL
 from .datatypes import DATATYPES
-from .errors import NAME_CHARS, ConfigError, ascii_digits, cut_message, quoted_name, shown_value
+from .errors import NAME_CHARS, ConfigError, cut_message, quoted_name, shown_value
 from .faults import MAX_QUEUE_DELAY_MS
+from .numerals import ascii_digits
 
 if sys.version_info >= (3, 11):
     import tomllib

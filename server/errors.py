@@ -268,13 +268,6 @@ def quoted_name(name: str) -> str:
     return quoted(name, NAME_CHARS)
 
 
-def ascii_digits(text: str) -> bool:
-    """Whether `text` is one or more of the digits 0-9 and nothing else: a whole number as int() reads it.
-    Not str.isdigit() alone: it also takes "²", which int() refuses (a bare ValueError where a refusal
-    naming the input was due), and "٣", which int() reads as 3."""
-    return text.isascii() and text.isdigit()
-
-
 def shown_value(value: object) -> str:
     """A value a refusal names: text as names are (`quoted_name`: quoted, escaped, cut), anything
     else (a number, a boolean, a list) as Python writes it."""

@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from .config import CONFIG_NAMES, ModelConfig, inside_model_dir, load_model_config
-from .errors import ConfigError, InvalidVersion, ModelNotFound, ascii_digits, quoted_name
+from .errors import ConfigError, InvalidVersion, ModelNotFound, quoted_name
+from .numerals import ascii_digits
 from .servable import Servable
 
 VERSION = "1"

@@ -4,12 +4,13 @@ With `server_timing` on (`wok serve --server-timing`), every unary ModelInfer an
 this trailer, in the syntax of the W3C Server-Timing header (`name;dur=ms, ...`), so a load
 generator can split each latency into the server's stages and the time outside the server
 (the client, the transport, gRPC's own work on both sides). Free of wok's other modules but
-fieldvalues (standard library alone): the bench's worker processes import it.
+fieldvalues and numerals (standard library alone): the bench's worker processes import it.
 """
 
 from __future__ import annotations
 
 from .fieldvalues import split_unquoted, unquoted
+from .numerals import ascii_digits, read_float
 
 SERVER_TIMING = "server-timing"
 # Of one request, in the order they follow each other (perf_counter instants in `server_timing`);
@@ -82,12 +83,12 @@ def parse_server_timing(value: str) -> dict[str, float]:
             given = given.strip()
             if want == "desc":
                 count = unquoted(given)
-                if not count.isascii() or not count.isdigit():
+                if not ascii_digits(count):
                     raise ValueError(f"server-timing metric {name!r}: desc {given!r} is not a whole number")
                 out[name] = float(count)
                 continue
             try:
-                out[name] = float(unquoted(given))
+                out[name] = read_float(unquoted(given))
             except ValueError:
                 raise ValueError(f"server-timing metric {name!r}: dur {given!r} is not a number") from None
     return out

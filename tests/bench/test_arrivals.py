@@ -666,3 +666,48 @@ def test_nominal_for_refuses_rates_it_cannot_reach(tmp_path):
         "arrivals 'burst:amplitude=200': offers more than 40 QPS at any step rate above 0, got 90.1325 QPS at "
         "step rate 40 (an absolute burst amplitude or sawtooth bound sets a floor)"
     )
+
+
+@pytest.mark.parametrize(
+    ("spec", "refusal"),
+    [
+        ("٣,٤", "QPS steps '٣,٤': '٣' is not a number (numbers are read in ASCII: the digits 0-9)"),
+        ("100,２００", "QPS steps '100,２００': '２００' is not a number (numbers are read in ASCII"),
+        ("١:٨:٢", "QPS range '١:٨:٢': start '١' is not a number (numbers are read in ASCII"),
+        ("1:8:２", "QPS range '1:8:２': factor '２' is not a number (numbers are read in ASCII"),
+    ],
+    ids=["arabic-indic", "fullwidth", "range", "range-factor"],
+)
+def test_steps_in_digits_other_than_ascii_are_refused(spec, refusal):
+    """float() read "٣" as 3: `--steps ٣,٤` ramped at 3 and 4 QPS."""
+    with pytest.raises(ValueError) as exc:
+        parse_steps(spec)
+    assert str(exc.value).startswith(refusal), str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("spec", "refusal"),
+    [
+        ("burst:amplitude=٤x", "amplitude=٤x is neither a multiple of the step's rate"),
+        ("sawtooth:high=٢٠٠", "high=٢٠٠ is neither a multiple of the step's rate"),
+        ("burst:t0=٥٠%", "t0=٥٠% is not a percentage >= 0 of the step"),
+    ],
+    ids=["rate-multiple", "rate", "percentage"],
+)
+def test_arrival_options_in_digits_other_than_ascii_are_refused(spec, refusal):
+    with pytest.raises(ValueError, match=refusal):
+        parse_arrivals(spec, 10.0, duration_s=10.0)
+
+
+def test_a_trace_in_digits_other_than_ascii_is_refused(tmp_path):
+    """A CSV cell (and a JSONL string) is text: float() read "١" as 1 second."""
+    csv_path, jsonl_path = tmp_path / "t.csv", tmp_path / "t.jsonl"
+    csv_path.write_text("timestamp\n0\n١\n")
+    jsonl_path.write_text('{"timestamp": 0}\n{"timestamp": "１"}\n')
+    with pytest.raises(ValueError, match="timestamp '١' is neither seconds nor an ISO 8601 time"):
+        load_trace(csv_path)
+    with pytest.raises(ValueError, match="timestamp '１' is neither seconds nor an ISO 8601 time"):
+        load_trace(jsonl_path)
+    csv_path.write_text("timestamp\n0\n1\n")
+    with pytest.raises(ValueError, match="scale=٢ is neither a number > 0 nor 'auto'"):
+        parse_arrivals(f"trace:{csv_path},scale=٢", 1.0)

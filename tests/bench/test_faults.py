@@ -982,3 +982,10 @@ def test_every_column_of_the_timeline_has_a_header():
         "t s", "sent", "ok", "errors", "lost", "P99 ms", "up", "window", "events"
     ], head  # fmt: skip
     assert any("│ bad" in line for line in lines), out.getvalue()
+
+
+@pytest.mark.parametrize("text", ["٥٠%", "５０%", "5٠%"])
+def test_a_percentage_in_digits_other_than_ascii_is_refused(text):
+    """float() read "٥٠" as 50: at=٥٠% was half way through the ramp."""
+    with pytest.raises(ValueError, match="expected a percentage of the ramp from 0% to 100%"):
+        parse_at(text, "at")

@@ -300,3 +300,18 @@ def test_parse_mix_errors(spec, message):
     with pytest.raises(ValueError) as e:
         parse_mix(spec)
     assert str(e.value) == message
+
+
+@pytest.mark.parametrize(
+    ("parse", "spec", "refusal"),
+    [
+        (parse_sizes, "lognormal:median=٢٠,sigma=0.8,max=256", "lognormal median and sigma must be numbers"),
+        (parse_sizes, "lognormal:median=20,sigma=０.８,max=256", "lognormal median and sigma must be numbers"),
+        (parse_mix, "mlp:٢,recsys:1", "weight '٢' of 'mlp' is not a number > 0"),
+    ],
+    ids=["median", "sigma", "mix-weight"],
+)
+def test_numbers_in_digits_other_than_ascii_are_refused(parse, spec, refusal):
+    """float() read "٢٠" as 20."""
+    with pytest.raises(ValueError, match=refusal):
+        parse(spec)

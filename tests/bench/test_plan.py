@@ -1912,3 +1912,15 @@ def test_batches_at_the_peak_below_the_profile_are_marked_as_n_is(tmp_path):
     assert (mark["extrapolated"], mark["ratio"], mark["far"]) == (False, 1.0, False)
     assert not any("below the smallest batch" in w for w in p["warnings"])
     assert "the batches at the peak" not in plan.to_markdown(p)
+
+
+@pytest.mark.parametrize("text", ["٣", "１００", "0.٦٥"])
+def test_a_number_in_digits_other_than_ascii_is_refused(text):
+    """Decimal() read "٣" as 3: `--peak-qps ٣` planned for 3 QPS."""
+    with pytest.raises(ValueError, match=r"--peak-qps: .* is not a number"):
+        exact(text, "--peak-qps")
+
+
+def test_a_burst_in_digits_other_than_ascii_is_refused():
+    with pytest.raises(ValueError, match="base: '١٠٠' is not a number"):
+        plan.parse_burst("base=١٠٠,amplitude=2x")

@@ -104,6 +104,14 @@ CASES = [
     ("chaos", ["--seconds", "0"], "--seconds: expected a number > 0, got 0"),
     ("chaos", ["--rate=-5"], "--rate: expected requests/s > 0, got -5"),
     ("chaos", ["--streams=-1"], "--streams: expected an integer >= 0, got -1"),
+    # Numbers in ASCII alone (wok.numerals): int() and float() read every script's digits ("٣" as 3).
+    ("compare", [*COMPARE, "--reps", "٣"], "--reps: expected an integer; got '٣' (numbers are read in ASCII"),
+    ("chaos", ["--seconds", "３.５"], "--seconds: expected a number; got '３.５' (numbers are read in ASCII"),
+    ("tune_check", ["--cores", "٢"], "--cores: expected a number; got '٢' (numbers are read in ASCII"),
+    ("refusal_cost", ["--rows", "١,٢"], "--rows: expected positive integers, comma-separated; got '١,٢'"),
+    ("cold_batch", ["--sizes", "١"], "--sizes: expected positive integers, comma-separated; got '١'"),
+    ("slo_compare", ["--request-sizes", "١,٢"], "--request-sizes: expected whole numbers like 1,2,4,8; got '١,٢'"),
+    ("slo_compare", ["--fixed", "٤,5ms"], "--fixed: expected MAX_BATCH_SIZE_IN_REQUESTS,DELAY like 8,5ms; got '٤,5ms'"),
 ]
 
 

@@ -325,3 +325,10 @@ def test_cli_refuses_bad_soak_options(args, says, wok_cli):
     target = [] if "--replicas" in args else ["--target", "127.0.0.1:1"]  # the bench aims at its replicas
     status, _, err = wok_cli("bench", "ramp", "--metrics-url", "none", *target, *args)
     assert status == 2 and says in err, err
+
+
+@pytest.mark.parametrize("text", ["٠.٨", "٨٠%", "０.８"])
+def test_parse_fraction_refuses_digits_other_than_ascii(text):
+    """float() read "٠.٨" as 0.8."""
+    with pytest.raises(ValueError, match=r"expected a share of the capacity such as 80% or 0\.8"):
+        parse_fraction(text)

@@ -209,6 +209,15 @@ def test_the_value_round_trips_and_reads_the_w3c_syntax():
         parse_server_timing("db;dur=x")
 
 
+@pytest.mark.parametrize(
+    "value", ["db;dur=٣", "db;dur=３.５", "db;dur=1.٥"], ids=["arabic-indic", "fullwidth", "mixed"]
+)
+def test_a_dur_in_digits_other_than_ascii_is_refused(value):
+    """float() read "٣" as 3: a figure no server writes (wok writes ASCII) is not a time."""
+    with pytest.raises(ValueError, match=r"'db': dur .* is not a number"):
+        parse_server_timing(value)
+
+
 def test_the_batchs_size_rides_as_a_desc_and_a_trailer_without_it_still_parses():
     times = (10.0, 10.000021, 10.005021, 10.005121, 0.0012, 10.006521, 10.006621, 10.006631)
     old = server_timing(*times)  # as a server from before the counts writes it

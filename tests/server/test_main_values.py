@@ -247,3 +247,45 @@ def test_a_path_too_long_for_the_file_system_is_refused_not_a_traceback(argv, st
     assert done.returncode == 2, done.stderr[-500:]
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(start), done.stderr[:200]
     assert len(done.stderr) < MESSAGE_CHARS + 100
+
+
+NOTE = " (numbers are read in ASCII: the digits 0-9)"
+
+# int() and float() read every script's digits: `--port ٣` served on port 3, `--steps ٣,٤` ramped.
+NUMBER_CASES = [
+    # `--models nope` stops a serve whose number passed (it was read as 3) before it starts.
+    (("serve", "--port", "٣", "--models", "nope"), f"wok serve: --port: expected an integer; got '٣'{NOTE}"),
+    (
+        ("serve", "--grace-period", "３.５", "--models", "nope"),
+        f"wok serve: --grace-period: expected a number; got '３.５'{NOTE}",
+    ),
+    (
+        ("serve", "--demo-option", "mlp.hidden=٣", "--models", "mlp", "--grace-period", "-1"),
+        f"wok: --demo-option 'mlp.hidden=٣': option 'hidden' of demo model 'mlp': expected an integer, got '٣'{NOTE}",
+    ),
+    (("serve", "--port", "\u00a03", "--models", "nope"), rf"wok serve: --port: expected an integer; got '\xa03'{NOTE}"),
+    (("bench", "ramp", "--workers", "٢"), f"wok bench: --workers: expected an integer; got '٢'{NOTE}"),
+    (
+        ("bench", "ramp", "--steps", "٣,٤", "--target", "127.0.0.1:1"),
+        f"wok bench: --steps: QPS steps '٣,٤': '٣' is not a number{NOTE}",
+    ),
+    (
+        ("bench", "ramp", "--steps", "١:٨:٢", "--target", "127.0.0.1:1"),
+        f"wok bench: --steps: QPS range '١:٨:٢': start '١' is not a number{NOTE}",
+    ),
+    (("demo", "--rate", "３"), f"wok demo: --rate: expected a number; got '３'{NOTE}"),
+    (
+        ("tune", "--max-batch-sizes", "٤,٨", "--alpha", "1ms", "--beta", "1ms", "--slo-p99", "50ms"),
+        "wok tune: --max-batch-sizes '٤,٨': expected whole numbers like 4,8,16",
+    ),
+    (
+        ("bench", "ramp", "--start-at", "١٧٠٠٠٠٠٠٠٠", "--target", "127.0.0.1:1"),
+        "wok bench: --start-at: expected a Unix time in seconds, e.g. $(date +%s); got '١٧٠٠٠٠٠٠٠٠'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "refusal"), NUMBER_CASES, ids=[" ".join(argv[:3]) for argv, _ in NUMBER_CASES])
+def test_a_number_in_digits_other_than_ascii_is_refused_naming_the_option(argv, refusal, wok):
+    done = wok(*argv)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", refusal + "\n")

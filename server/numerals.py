@@ -1,0 +1,52 @@
+"""Numbers in text a user wrote (an option, a spec's field, a trace file's cell), read in ASCII alone.
+
+Python's int(), float() and Decimal() read every script's digits and spaces: int("٣") is 3,
+float("３.５") is 3.5, int("\\u00a03") is 3, so `--steps ٣,٤` ramped at 3 and 4 QPS where a
+refusal was due. Here such text is refused; ASCII text is read as int() and float() read it
+(a sign, the spaces around it, "1_000", float's "1e3" and "inf"), which is what wok's options
+took before. Standard library alone, unlike wok.errors (gRPC): the bench's worker processes and
+its outputs import it."""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+# What a refusal of a number adds when its text is not ASCII: its writer reads "٣" as a digit.
+NOT_ASCII_NOTE = " (numbers are read in ASCII: the digits 0-9)"
+
+
+def ascii_digits(text: str) -> bool:
+    """Whether `text` is one or more of the digits 0-9 and nothing else: a whole number as int() reads it.
+    Not str.isdigit() alone: it also takes "²", which int() refuses (a bare ValueError where a refusal
+    naming the input was due), and "٣", which int() reads as 3."""
+    return text.isascii() and text.isdigit()
+
+
+def digits_note(text: str) -> str:
+    """NOT_ASCII_NOTE where `text` is not ASCII, else "": for a refusal that quotes `text`."""
+    return "" if text.isascii() else NOT_ASCII_NOTE
+
+
+def _ascii(text: str, kind: str) -> str:
+    if not text.isascii():
+        raise ValueError(f"expected {kind} in the digits 0-9; got {text!r}")
+    return text
+
+
+def read_int(text: str) -> int:
+    """int(text) for ASCII text; ValueError for any other, as for text int() refuses."""
+    return int(_ascii(text, "an integer"))
+
+
+def read_float(text: str) -> float:
+    """float(text) for ASCII text; ValueError for any other, as for text float() refuses."""
+    return float(_ascii(text, "a number"))
+
+
+def read_decimal(text: str) -> Decimal:
+    """Decimal(text) for ASCII text; ValueError for any other, and for text Decimal refuses (whose own
+    refusal, InvalidOperation, is an ArithmeticError)."""
+    try:
+        return Decimal(_ascii(text, "a number"))
+    except InvalidOperation:
+        raise ValueError(f"expected a number; got {text!r}") from None

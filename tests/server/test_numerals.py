@@ -1,0 +1,57 @@
+"""Numbers in text a user wrote, read in ASCII alone (server/numerals.py): int(), float() and
+Decimal() read every script's digits and spaces ("٣" is 3), where a refusal was due."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from wok.numerals import ascii_digits, digits_note, read_decimal, read_float, read_int
+
+# Each read as 3 (or 3.5) by int()/float()/Decimal(): Arabic-Indic, fullwidth, Devanagari digits,
+# a no-break space and an em space around ASCII ones.
+NOT_ASCII = ["٣", "３", "३", "\u00a03", "3\u2003", "-٣", "1_٠٠٠"]
+NOT_ASCII_FLOATS = ["٣.٥", "３.５", "٣e٢", "\u00a03.5"]
+
+
+@pytest.mark.parametrize("text", NOT_ASCII)
+def test_an_integer_in_other_digits_or_spaces_is_refused(text):
+    with pytest.raises(ValueError, match="expected an integer in the digits 0-9; got "):
+        read_int(text)
+
+
+@pytest.mark.parametrize("text", NOT_ASCII + NOT_ASCII_FLOATS)
+def test_a_number_in_other_digits_or_spaces_is_refused(text):
+    with pytest.raises(ValueError, match="expected a number in the digits 0-9; got "):
+        read_float(text)
+    with pytest.raises(ValueError, match="expected a number in the digits 0-9; got "):
+        read_decimal(text)
+
+
+@pytest.mark.parametrize(("text", "number"), [("3", 3), (" -3 ", -3), ("+3", 3), ("1_000", 1000), ("007", 7)], ids=repr)
+def test_ascii_integers_read_as_int_reads_them(text, number):
+    assert read_int(text) == number
+
+
+@pytest.mark.parametrize(
+    ("text", "number"), [("3.5", 3.5), (" -.5 ", -0.5), ("1e3", 1000.0), ("1_000.5", 1000.5), ("inf", float("inf"))]
+)
+def test_ascii_numbers_read_as_float_reads_them(text, number):
+    assert read_float(text) == number
+
+
+def test_a_decimal_is_exact_and_its_refusal_a_value_error():
+    assert read_decimal(" 0.1 ") == Decimal("0.1")
+    with pytest.raises(ValueError, match="expected a number; got 'abc'"):
+        read_decimal("abc")
+
+
+@pytest.mark.parametrize(("text", "whole"), [("12", True), ("٣", False), ("²", False), ("", False), ("-1", False)])
+def test_ascii_digits(text, whole):
+    assert ascii_digits(text) is whole
+
+
+def test_the_note_is_for_text_that_is_not_ascii():
+    assert digits_note("abc") == ""
+    assert digits_note("٣") == " (numbers are read in ASCII: the digits 0-9)"
