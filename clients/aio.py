@@ -168,10 +168,12 @@ class AsyncClient:
                 self._target_wait = asyncio.wrap_future(lookup)
                 self._target_wait.add_done_callback(retrieved)
             timeout = await _within(self._target_wait, timeout, self._waited_for)
+            # Closed while the lookup ran (close() cancels the wait, not the thread): as a call in flight at
+            # close() ends, its result or error dropped.
+            if self._closed:
+                raise InferError(grpc.StatusCode.CANCELLED, CLOSED_EARLY)
             self._target = self._target_wait.result()
             self._target_lookup = None
-            if self._closed:  # closed while the lookup ran: as a call in flight at close() ends
-                raise InferError(grpc.StatusCode.CANCELLED, CLOSED_EARLY)
         # Concurrent first calls all waited for the lookup: the first to get here makes the channel.
         if self._stub is None:
             self._connect()
@@ -218,8 +220,14 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        """Close the channel; calls still in flight end with CANCELLED."""
+        """Close the channel; calls still in flight, and those waiting for the first lookup or the balancer's
+        start, end with CANCELLED (InferError)."""
         self._closed = True
+        if self._target_wait is not None:
+            # Its calls waited for the lookup's thread, which nothing can stop: until the resolver answered (or
+            # gave up on a DNS server that does not), or to their own timeout. Cancelled, the wait wakes them now,
+            # and the thread's result is dropped when it comes (asyncio.wrap_future skips a cancelled future).
+            self._target_wait.cancel()
         channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
             await close_ending_watches([channel], [self._watch] if self._watch is not None else [])
@@ -232,6 +240,7 @@ class AsyncClient:
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until the channel is connected (to at least one server); TimeoutError if not in time, the
         client's first lookup or balancer start included (it goes on, for the calls)."""
+        starting = self._balancer is not None and (self._balancer_start is None or not self._balancer_start.done())
         try:
             left = await self._setup(timeout)
         except _SetupTimeout as exc:
@@ -240,7 +249,10 @@ class AsyncClient:
                 f"{shown}: not connected within {timeout} s: {exc.what} did not end in that time"
             ) from None
         if self._balancer is not None:
-            await self._balancer.wait_ready(left)
+            # The balancer's TimeoutError quoted what was left of `timeout` once its start had taken the rest.
+            took = None if left is None or not starting else timeout - left
+            within = None if took is None else f"{timeout} s, of which {self._waited_for()} took {took:.3f} s"
+            await self._balancer.wait_ready(left, within=within)
             return
         # Not channel_ready() under wait_for: that cancels its connectivity watch at the timeout,
         # leaving it in gRPC's core (close_ending_watches); a watch left pending here ends at close().
@@ -340,8 +352,11 @@ class AsyncClient:
     async def request_limit(self, *, timeout: float | None = None) -> tuple[int, int] | None:
         """The server's published request limit in bytes, (its --max-request-bytes, its gRPC receive
         limit), looked up once (wok.clients.limits); None when it publishes none (not a wok server, an
-        older one) or the look-up failed."""
-        await self._look_up_limit(timeout)
+        older one) or the look-up (ServerMetadata) failed, as a request then goes out unchecked. The client's
+        setup it waits for first (its first lookup, the wok balancer's start) fails as any call's does: a
+        name's error, InferError DEADLINE_EXCEEDED past `timeout` naming what it waited for, CANCELLED at close()."""
+        # The setup first, with the calls' errors: a look-up left waiting for it gave None, as a failed one.
+        await self._look_up_limit(await self._open(timeout, "the server's request limit was not looked up"))
         return self._limit.published()
 
     async def model_metadata(self, name: str, *, timeout: float | None = None) -> ModelInfo:

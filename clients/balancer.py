@@ -971,10 +971,17 @@ class Balancer:
         await self._changed.wait()
 
     async def wait_for(
-        self, predicate: Callable[[], bool], timeout: float | None = None, what: str = "as awaited"
+        self,
+        predicate: Callable[[], bool],
+        timeout: float | None = None,
+        what: str = "as awaited",
+        *,
+        within: str | None = None,
     ) -> None:
         """Wait until `predicate()` holds, re-checked at each change; TimeoutError if not in time,
-        naming the targets, `what` was awaited and each replica's state and last error."""
+        naming the targets, `what` was awaited and each replica's state and last error, and the time
+        waited as `within` says it ("{timeout} s" by default: a caller that waited before for other
+        things quotes its own timeout)."""
 
         async def loop() -> None:
             while not predicate():
@@ -983,15 +990,15 @@ class Balancer:
         try:
             await asyncio.wait_for(loop(), timeout)
         except asyncio.TimeoutError:
-            raise TimeoutError(f"{self.describe()}: not {what} within {timeout} s") from None
+            raise TimeoutError(f"{self.describe()}: not {what} within {within or f'{timeout} s'}") from None
 
-    async def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until at least one replica is READY."""
+    async def wait_ready(self, timeout: float | None = None, *, within: str | None = None) -> None:
+        """Wait until at least one replica is READY; TimeoutError past `timeout` (`wait_for`'s `within`)."""
 
         def ready() -> bool:
             return any(r.state is STATE.READY for r in self.replicas.values())
 
-        await self.wait_for(ready, timeout, "connected (no replica READY)")
+        await self.wait_for(ready, timeout, "connected (no replica READY)", within=within)
 
     def describe(self) -> str:
         """The targets (quoted, as the module's other messages show them: a target is the user's

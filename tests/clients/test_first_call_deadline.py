@@ -5,6 +5,9 @@ The lookups are the system resolver's (glibc's getaddrinfo), made to hang for re
 child with a user, mount and network namespace of its own (`unshare -rmn`, no root needed where user
 namespaces are allowed), its /etc/resolv.conf bind-mounted to name a DNS server the child runs on its own
 loopback, which holds its answers until the child releases them. Nothing of this machine's changes.
+
+Also there: close() ends the calls waiting for that setup at once, the lookup's late result dropped quietly, and
+wait_ready's TimeoutError quotes the caller's timeout when the balancer's start took part of it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 CHILD = r"""
-import asyncio, json, struct, sys, time
+import asyncio, gc, json, logging, socket, struct, sys, threading, time
 
 import grpc
 import numpy as np
@@ -31,9 +34,27 @@ TIMEOUT = 0.3
 GUARD_S = 3.0  # a call still waiting past this overran: without the fix it waits for the resolver (30 s)
 
 
+class Logged(logging.Handler):
+    # Every record of WARNING and up, the child's whole life: asyncio's "never retrieved", a callback's error.
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(f"{record.name}: {record.getMessage()}")
+
+
+LOGGED = Logged()
+logging.getLogger().addHandler(LOGGED)
+
+
 class Server(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         return pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+
+    async def ServerMetadata(self, request, context):  # (no request limit published)
+        return pb.ServerMetadataResponse(name="child")
 
     async def ModelStreamInfer(self, request_iterator, context):
         async for request in request_iterator:
@@ -76,6 +97,14 @@ class Dns(asyncio.DatagramProtocol):
             self.answer(*held)
 
 
+def described(exc):
+    if exc is None:
+        return "ok", ""
+    if isinstance(exc, InferError):
+        return exc.code.name, exc.details
+    return type(exc).__name__, str(exc)
+
+
 async def outcome(call):
     # What a call with TIMEOUT gives, and how long it took; "overran" past GUARD_S.
     t0 = time.monotonic()
@@ -84,11 +113,18 @@ async def outcome(call):
         kind, text = "ok", ""
     except asyncio.TimeoutError as exc:
         kind, text = ("overran", "") if time.monotonic() - t0 >= GUARD_S else ("TimeoutError", str(exc))
-    except InferError as exc:
-        kind, text = exc.code.name, exc.details
     except Exception as exc:
-        kind, text = type(exc).__name__, str(exc)
+        kind, text = described(exc)
     return {"kind": kind, "text": text, "took": round(time.monotonic() - t0, 3)}
+
+
+async def asked(dns, name):
+    # Once the system resolver has asked for `name`: the client waits for its answer.
+    try:
+        await asyncio.wait_for(dns.event(name).wait(), 20)
+    except asyncio.TimeoutError:
+        print(json.dumps({"skip": "the system resolver never asked this resolv.conf's server"}))
+        sys.exit(0)
 
 
 async def scenario(dns, port, name, **client_args):
@@ -97,11 +133,7 @@ async def scenario(dns, port, name, **client_args):
     out = {}
     # A first call without a timeout, waiting for the lookup: it must get its answer once the resolver answers.
     patient = asyncio.ensure_future(client.infer("patient", x))
-    try:
-        await asyncio.wait_for(dns.event(name).wait(), 20)
-    except asyncio.TimeoutError:
-        print(json.dumps({"skip": "the system resolver never asked this resolv.conf's server"}))
-        sys.exit(0)
+    await asked(dns, name)
 
     async def stream():
         async for _ in client.stream_infer([("m", x)], timeout=TIMEOUT):
@@ -112,6 +144,7 @@ async def scenario(dns, port, name, **client_args):
     large = {"INPUT0": np.zeros((1, 300_000), np.float32)}
     out["large_infer"] = await outcome(lambda: client.infer("m", large, timeout=TIMEOUT))
     out["server_live"] = await outcome(lambda: client.server_live(timeout=TIMEOUT))
+    out["request_limit"] = await outcome(lambda: client.request_limit(timeout=TIMEOUT))
     out["stream_infer"] = await outcome(stream)
     out["wait_ready"] = await outcome(lambda: client.wait_ready(timeout=TIMEOUT))
     out["patient_waits"] = not patient.done()
@@ -126,6 +159,58 @@ async def scenario(dns, port, name, **client_args):
     return out
 
 
+async def closing(dns, name, **client_args):
+    # Calls waiting for the lookup (or the balancer's start) when the client is closed: how each ends, and how long
+    # after close(); then the lookup's answer comes, for nobody.
+    x = {"INPUT0": np.zeros((1, 4), np.float32)}
+    client = AsyncClient(**client_args)
+    calls = {
+        "infer": client.infer("m", x, timeout=20),
+        "no_timeout": client.server_live(),
+        "stream_infer": client.stream_infer([("m", x)], timeout=20).__anext__(),
+        "request_limit": client.request_limit(timeout=20),
+        "wait_ready": client.wait_ready(timeout=20),
+    }
+    tasks = {what: asyncio.ensure_future(call) for what, call in calls.items()}
+    ended = {}
+    for what, task in tasks.items():
+        task.add_done_callback(lambda _, what=what: ended.setdefault(what, time.monotonic()))
+    await asked(dns, name)
+    closed = time.monotonic()
+    await client.close()
+    await asyncio.wait(tasks.values(), timeout=GUARD_S)
+    out = {}
+    for what, task in tasks.items():
+        if what in ended:
+            kind, text = described(task.exception() if not task.cancelled() else asyncio.CancelledError())
+            out[what] = {"kind": kind, "text": text, "took": round(ended[what] - closed, 3)}
+        else:
+            out[what] = {"kind": "overran", "text": "", "took": GUARD_S}
+    dns.release(name)
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+    # The lookup's thread ends with the resolver's answer, the loop still running to drop it.
+    for thread in threading.enumerate():
+        if thread.name == "wok-channel-target":
+            await asyncio.to_thread(thread.join, 20)
+    await asyncio.sleep(0)  # (a result handed to the loop by the thread: call_soon_threadsafe)
+    await asyncio.sleep(0)
+    return out
+
+
+async def ready_after_start(dns, name):
+    # wait_ready whose timeout the balancer's start takes part of, the rest running out with no replica READY.
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound and never listening: connections to it are refused
+    client = AsyncClient(f"{name}:{dead.getsockname()[1]}", balancer="wok")
+    waiting = asyncio.ensure_future(outcome(lambda: client.wait_ready(timeout=1.0)))
+    await asked(dns, name)
+    dns.release(name)
+    out = await waiting
+    await client.close()
+    dead.close()
+    return out
+
+
 async def main():
     loop = asyncio.get_running_loop()
     transport, dns = await loop.create_datagram_endpoint(Dns, local_addr=("127.0.0.1", 53))
@@ -136,13 +221,19 @@ async def main():
     results = {
         "grpc": await scenario(dns, port, "grpc.wok-test", target=[f"grpc.wok-test:{port}", f"127.0.0.1:{port}"]),
         "wok": await scenario(dns, port, "wok.wok-test", target=f"wok.wok-test:{port}", balancer="wok"),
+        "closing_grpc": await closing(dns, "cg.wok-test", target=[f"cg.wok-test:{port}", f"127.0.0.1:{port}"]),
+        "closing_wok": await closing(dns, "cw.wok-test", target=f"cw.wok-test:{port}", balancer="wok"),
+        "ready_after_start": await ready_after_start(dns, "ready.wok-test"),
     }
     await server.stop(0)
     transport.close()
-    print(json.dumps(results))
+    return results
 
 
-asyncio.run(main())
+results = asyncio.run(main())
+gc.collect()  # a future left with its error unread says so as it goes
+results["logged"] = LOGGED.lines
+print(json.dumps(results))
 """
 
 # The child's namespaces: its loopback up, its resolv.conf the test's (glibc waits 30 s for an answer).
@@ -171,11 +262,12 @@ def hung_lookups(tmp_path_factory) -> dict:
     results = json.loads(done.stdout.splitlines()[-1])
     if "skip" in results:
         pytest.skip(results["skip"])
+    results["stderr"] = done.stderr
     return results
 
 
 @pytest.mark.parametrize("path", ["grpc", "wok"])
-@pytest.mark.parametrize("call", ["infer", "large_infer", "server_live", "stream_infer"])
+@pytest.mark.parametrize("call", ["infer", "large_infer", "server_live", "request_limit", "stream_infer"])
 def test_a_first_call_past_its_timeout_in_the_lookup_ends_deadline_exceeded(hung_lookups, path, call):
     got = hung_lookups[path][call]
     assert got["kind"] == "DEADLINE_EXCEEDED", got
@@ -204,3 +296,35 @@ def test_a_call_out_of_time_leaves_the_lookup_to_the_others(hung_lookups, path):
     assert results["patient_waits"], results
     assert results["patient"] == "answered", results
     assert results["after"]["kind"] == "ok", results
+
+
+def test_request_limit_past_its_timeout_in_the_lookup_raises_not_none(hung_lookups):
+    """request_limit's look-up waited for the setup unbounded, and past the caller's timeout it gave None, as a
+    server that publishes no limit: the caller could not tell "not looked up" from "no limit"."""
+    for path in ("grpc", "wok"):
+        got = hung_lookups[path]["request_limit"]
+        assert got["text"].endswith("so the server's request limit was not looked up"), got
+
+
+@pytest.mark.parametrize("path", ["grpc", "wok"])
+def test_close_ends_the_calls_waiting_for_the_lookup_at_once(hung_lookups, path):
+    """On the plain gRPC path a call waiting for the first lookup at close() waited on, up to its own timeout
+    (or for good, without one) or until the resolver answered: the balancer's path ends them at once. Both end
+    now as a call in flight at close() does, and the lookup's answer, when it comes, goes nowhere, quietly."""
+    from wok.clients.aio import CLOSED_EARLY
+
+    for call, got in hung_lookups[f"closing_{path}"].items():
+        assert (got["kind"], got["text"]) == ("CANCELLED", CLOSED_EARLY), (call, got)
+        assert got["took"] < 1.0, (call, got)
+    assert hung_lookups["logged"] == []
+    assert "Traceback" not in hung_lookups["stderr"], hung_lookups["stderr"]
+
+
+def test_wait_ready_quotes_the_callers_timeout_when_the_balancers_start_took_part_of_it(hung_lookups):
+    """The balancer's TimeoutError quoted what was left of the caller's timeout once its start had taken the
+    rest ("within 0.997 s" for wait_ready(timeout=1.0)); it quotes the caller's, and says what took the rest."""
+    got = hung_lookups["ready_after_start"]
+    assert got["kind"] == "TimeoutError", got
+    assert 1.0 <= got["took"] < 2.0, got
+    waited = "the balancer's start (the lookup of 'ready.wok-test')"
+    assert f"not connected (no replica READY) within 1.0 s, of which {waited} took 0." in got["text"], got
