@@ -67,7 +67,6 @@ from pathlib import Path
 from wok.bench.outputs import refuse_unwritable, write_final
 from wok.bench.report import write_json
 from wok.bench.scrape import parse_exposition, whole
-from wok.executor import NOT_RERUN
 from wok.numerals import ascii_digits
 
 SCHEMA = "wok.chaos/1"
@@ -508,6 +507,8 @@ def _unplaced(t: _Tally, r: Req, cut: bool, deadline: bool) -> None:
 
 def _check_request(t: _Tally, r: Req, st: Stream | None) -> None:
     """Rules 1–3 and 6 for one request."""
+    from wok.executor import NOT_RERUN  # here, not at the top: it loads torch, which parsing the options needs not
+
     call_deadline = r.timeout_s is not None or (st is not None and st.timeout_s is not None)
     deadline = call_deadline or r.timeout_us is not None
     only_v2 = not call_deadline  # a stream's deadline bounds its requests' too
