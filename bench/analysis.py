@@ -602,8 +602,12 @@ def ramp_result(
     timeline: dict | None = None,
     min_success_rate: float = 0.99,
     created: str | None = None,
+    cut_at_qps: float | None = None,
 ) -> dict:
-    """The whole `wok.bench/2` document: config, verdicts, steps in offered order, warnings."""
+    """The whole `wok.bench/2` document: config, verdicts, steps in offered order, warnings.
+
+    `cut_at_qps`: the step (its --steps value) in which a signal or an error cut the ramp, None when
+    it ran the steps it meant to; a maximum that is then the highest step run is only a lower bound."""
     config = dict(config)
     config.setdefault("source", "bench")
     if config["source"] not in ("bench", "simulate"):
@@ -614,6 +618,12 @@ def ramp_result(
     warnings = [w for s in ordered for w in check_precision(s, slo_p99_ms)]
     if ordered and best is None:
         warnings.append(f"the lowest step ({_qps(ordered[0]['offered_qps'])} QPS) already misses the SLO")
+    elif ordered and best == ordered[-1]["offered_qps"] and cut_at_qps is not None:
+        # "Add higher steps" would be wrong: a higher one was planned, and never finished.
+        warnings.append(
+            f"the ramp was cut in its {_qps(cut_at_qps)} QPS step, and every step before it met the SLO: "
+            f"the maximum is at least {_qps(best)} QPS, a lower bound; run the ramp again to find it"
+        )
     elif ordered and best == ordered[-1]["offered_qps"]:
         warnings.append(
             f"every step met the SLO: the maximum is at least {_qps(best)} QPS; add higher steps to find it"

@@ -128,7 +128,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--step-gap",
         default="2s",
-        help="with --start-at: from a step's last send to the next one's start (default %(default)s)",
+        help="with --start-at: from a step's end (warm-up + duration from its start) to the next one's start "
+        "(default %(default)s)",
     )
     p.add_argument(
         "--stop-factor",

@@ -4,7 +4,9 @@ Two histograms with the same `sub_bucket_bits` merge exactly by adding counts bu
 bucket, so N bench processes that each saw part of the requests merge into the very
 histogram one process would have built from all of them, and into the same percentiles.
 
-Buckets. A latency is first floored to whole nanoseconds, v. Below 2·2^b (b =
+Buckets. A latency x (ms) is first rounded up to whole nanoseconds, v: the fewest whose
+value in ms, the float v / 10^6, is not below x (`ms_to_ns`). An exact count of nanoseconds
+(0.57 ms) is kept as it is; any other goes up, by less than 1 ns. Below 2·2^b (b =
 `sub_bucket_bits`) every nanosecond is its own bucket. Above, each power-of-two range
 [2^k, 2^(k+1)) is cut into 2^b equal buckets of width 2^(k−b): bucket index
 (k − b)·2^b + ⌊v / 2^(k−b)⌋ for k = bit length of v − 1 > b. A bucket's width is at most
@@ -15,7 +17,8 @@ the ⌈p·n⌉-th smallest latency, read off the cumulative counts as the upper 
 bucket that holds it, clamped to the exact maximum. So the value is never below the true
 nearest-rank percentile and at most 2^−b above it (0.78% for the default b = 7), and it
 keeps the SLO reading: at least p of the requests finished within it. Count, sum, min
-and max are kept exactly (in whole nanoseconds), so the mean and max are exact too.
+and max are kept exactly (of the whole nanoseconds v), so the mean and max are exact too, to
+within 1 ns above.
 """
 
 from __future__ import annotations
@@ -33,6 +36,22 @@ KEYS = ("mean", "p50", "p90", "p95", "p99", "p999", "max")
 def relative_error(sub_bucket_bits: int = SUB_BUCKET_BITS) -> float:
     """The most a percentile read from the histogram exceeds the exact one, relative to it."""
     return 2.0**-sub_bucket_bits
+
+
+def ms_to_ns(ms: np.ndarray) -> np.ndarray:
+    """Each latency x in ms (finite, >= 0) as v, the fewest whole nanoseconds with float(v / 10^6) >= x.
+
+    Flooring x · 10^6 put values 1 ns low: 0.000249 ms is 248.99999999999997 ns in floats. Rounding
+    up puts whole ones 1 ns high: 0.000123 ms is 123.00000000000001 ns in floats, and the float
+    0.001, exactly, a shade above 1000 ns.
+    What the histogram hands back is v / 10^6 in floats, compared with the samples' own floats, so
+    that is the test: from the float product's floor (within 1 of v), one step up where its ms
+    fall short of x, then one down where the nanosecond below is enough too."""
+    a = np.asarray(ms, dtype=np.float64)
+    v = np.floor(a * NS_PER_MS)
+    v = np.where(v / NS_PER_MS < a, v + 1, v)
+    v = np.where((v >= 1) & ((v - 1) / NS_PER_MS >= a), v - 1, v)
+    return v.astype(np.int64)
 
 
 def bucket_index(ns: np.ndarray, bits: int = SUB_BUCKET_BITS) -> np.ndarray:
@@ -90,7 +109,7 @@ class LatencyHistogram:
         a = a[np.isfinite(a)]
         if a.size == 0:
             return
-        ns = np.floor(np.maximum(a, 0.0) * NS_PER_MS).astype(np.int64)
+        ns = ms_to_ns(np.maximum(a, 0.0))
         idx, n = np.unique(bucket_index(ns, self.bits), return_counts=True)
         for i, c in zip(idx.tolist(), n.tolist()):
             self.counts[i] = self.counts.get(i, 0) + c

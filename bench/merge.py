@@ -627,6 +627,16 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         "seeds": seeds,
         "server_view_from": names[0],
     }
+    # A part cut short in its ramp ran fewer steps, and only the steps every part ran are merged: the
+    # merged verdicts then stop where that part stopped, not where the server failed, as a cut ramp's
+    # do (bench/compare.py leaves such a result out). A cut in a refinement or a soak leaves the ramp's
+    # steps whole (those steps are not merged), so the merged ramp is not cut.
+    cut_parts = [i for i, r in enumerate(results) if r.get("interrupted") and _cut_phase(r["interrupted"]) == "ramp"]
+    cut = [(names[i], results[i]["interrupted"]) for i in cut_parts]
+    # The step the merged ramp was cut in: the next one planned, when a cut part is the one that ran fewest.
+    plan = first["config"].get("steps")
+    cut_short = any(len(parts[i]) == n for i in cut_parts)
+    cut_at = float(plan[n]) if cut_short and isinstance(plan, list) and n < len(plan) else None
     result = analysis.ramp_result(
         steps=steps,
         slo_p99_ms=first["slo_p99_ms"],
@@ -634,6 +644,7 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         knee_threshold=thresholds[0],
         min_success_rate=rates[0],
         timeline=None,
+        cut_at_qps=cut_at,
     )
     if any(r.get("balancer") for r in results):
         from wok.clients.balancer import merge_stats
@@ -654,12 +665,6 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
     probes = {name: r["host_probe"] for r, name in zip(results, names) if r.get("host_probe") is not None}
     if probes:  # each part probed its own machine: kept side by side, never averaged
         result["host_probes"] = probes
-    # A part cut short in its ramp ran fewer steps, and only the steps every part ran are merged: the
-    # merged verdicts then stop where that part stopped, not where the server failed, as a cut ramp's
-    # do (bench/compare.py leaves such a result out). A cut in a refinement or a soak leaves the ramp's
-    # steps whole (those steps are not merged), so the merged ramp is not cut.
-    cut = [(name, r["interrupted"]) for r, name in zip(results, names) if r.get("interrupted")]
-    cut = [(name, c) for name, c in cut if _cut_phase(c) == "ramp"]
     result["interrupted"] = (
         {
             "reason": "; ".join(f"{name}: {c['reason']}" for name, c in cut),

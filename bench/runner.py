@@ -122,7 +122,7 @@ class RampConfig:
     # Several generators in step (the Kubernetes Indexed Job): Unix seconds at which step 1's t = 0
     # falls; step k's falls step_period_s later each. None: each step starts when the last ended.
     start_at: float | None = None
-    step_gap_s: float = 2.0  # with start_at: from one step's last send to the next step's t = 0
+    step_gap_s: float = 2.0  # with start_at: from one step's end (warm-up + duration) to the next step's t = 0
 
     def __post_init__(self) -> None:
         if self.start_at is not None:
@@ -376,6 +376,9 @@ class Ramp:
         # A signal (KeyboardInterrupt's text) that came as the workers stopped after the ramp: `run`
         # keeps the result; a caller stops what it meant to do next (the CLI's host probe).
         self.late_signal: str | None = None
+        # A signal that came while a whole step held to its planned end (`_hold_to`): raised as the
+        # next step would start, so that the step is kept and the cut falls between the two.
+        self._held: KeyboardInterrupt | None = None
 
     def started(self, clock0: float) -> None:
         """Called once, as the first step is handed out: `clock0` (time.monotonic()) is the timeline's 0."""
@@ -404,10 +407,12 @@ class Ramp:
         steps: list[dict] = []
         interrupted = None
         cut_phase = None
+        cut_at_qps = None  # the --steps value of the step a cut in the ramp stopped
         by_signal = False
         try:
             for i, qps in enumerate(cfg.steps):
                 try:
+                    self._raise_held()
                     step = self.run_step(workers, qps, f"step {i + 1}/{len(cfg.steps)}", slot=i)
                 except (Exception, KeyboardInterrupt) as exc:
                     if not steps and not (self.keeps_cut_step and self.timeline):
@@ -415,6 +420,7 @@ class Ramp:
                     # Keep what was measured: the steps done so far are still a result.
                     interrupted = f"ramp ended early at {qps:g} QPS: {type(exc).__name__}: {exc}"
                     cut_phase = "ramp"
+                    cut_at_qps = qps
                     by_signal = isinstance(exc, KeyboardInterrupt)
                     self.say(interrupted)
                     break
@@ -444,6 +450,7 @@ class Ramp:
                         def refine_at(q: float) -> dict:
                             nonlocal at_qps
                             at_qps = q
+                            self._raise_held()
                             step = self.run_step(workers, q, "refine")
                             step["phase"] = "refine"
                             extra.append(step)
@@ -458,6 +465,11 @@ class Ramp:
                             by_signal = isinstance(exc, KeyboardInterrupt)
                             self.say(interrupted)
                         steps = sorted(steps + extra, key=lambda s: s["offered_qps"])
+            if self._held is not None:
+                # After the last step, as it held to its end: every step run is whole.
+                self.late_signal = f"{type(self._held).__name__}: {self._held}"
+                self._held = None
+                self.say(f"{self.late_signal} after the last step: the steps run are the result")
         finally:
             try:
                 workers.close()
@@ -477,6 +489,7 @@ class Ramp:
             config=config,
             knee_threshold=cfg.knee_threshold,
             timeline=self._timeline(),
+            cut_at_qps=cut_at_qps,
         )
         result["balancer"] = workers.balancer_stats()
         result["payloads"] = [s.info() for s in self.slices]
@@ -592,7 +605,35 @@ class Ramp:
             self.say(f"{label}: {_timing_line(timing)}")
         for warning in analysis.check_precision(step, cfg.slo_p99_ms):
             self.say(f"warning: {warning}")
+        if cfg.start_at is None:
+            # With --start-at each step waits for its own slot, warm-up + duration + gap after the last one's:
+            # holding too would make a step after a gap under the 0.2 s lead late.
+            self._hold_to(start_at + total, label)
         return step
+
+    def _hold_to(self, end: float, label: str) -> None:
+        """Once a step's answers are in, wait for its planned end, `end` (time.monotonic()).
+
+        Open loop: the schedule sets time, not the answers. A step whose last answer comes before
+        its end (a sparse trace, a low rate) still lasts its warm-up + duration, as the plan says:
+        otherwise the next step started early, and parts of a merged run without --start-at, each
+        ending its steps at its own last answer, drifted apart. A signal meanwhile leaves the step
+        whole: it is kept (`_held`), and raised as the next step would start (`_raise_held`)."""
+        wait = end - time.monotonic()
+        if wait <= 0:
+            return
+        if wait >= 1.0:
+            self.say(f"{label}: every answer is in; waiting {wait:.1f} s for the step's end (its schedule ended early)")
+        try:
+            time.sleep(wait)
+        except KeyboardInterrupt as exc:
+            self._held = exc
+
+    def _raise_held(self) -> None:
+        """Raise the signal that came as the last step held to its end (`_hold_to`), if one did."""
+        held, self._held = self._held, None
+        if held is not None:
+            raise held
 
     def schedule_step(self, qps: float):
         """A step at `qps`: its arrival process, the intended send times, and each request's payload

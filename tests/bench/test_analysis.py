@@ -648,6 +648,22 @@ def test_ramp_result_knee_and_edge_warnings():
         ramp_result(steps=[], slo_p99_ms=200, config={"source": "elsewhere"})
 
 
+def test_a_ramp_cut_after_steps_that_all_met_the_slo_says_its_maximum_is_a_lower_bound():
+    # It said "every step met the SLO … add higher steps", though a higher step was planned and cut.
+    steps = [fake_step(100, p99=10), fake_step(200, p99=20)]
+    r = ramp_result(steps=steps, slo_p99_ms=200, config={}, cut_at_qps=400)
+    assert r["max_qps_under_slo"] == 200
+    assert r["warnings"] == [
+        "the ramp was cut in its 400 QPS step, and every step before it met the SLO: the maximum is at least "
+        "200 QPS, a lower bound; run the ramp again to find it"
+    ]
+    # A step that missed it before the cut sets the maximum: nothing to add. Nor when the lowest missed it.
+    r = ramp_result(steps=slo_curve([(100, 10), (200, 300)]), slo_p99_ms=200, config={}, cut_at_qps=400)
+    assert r["max_qps_under_slo"] == 100 and r["warnings"] == []
+    r = ramp_result(steps=slo_curve([(100, 300)]), slo_p99_ms=200, config={}, cut_at_qps=200)
+    assert r["warnings"] == ["the lowest step (100 QPS) already misses the SLO"]
+
+
 def test_ramp_result_checks_the_timeline():
     tl = {"t_s": [0, 1, 2], "offered": [10, 10, 10], "achieved": [10, 9, 10], "p99_ms": [5.0, None, 6.0]}
     r = ramp_result(steps=[fake_step(10)], slo_p99_ms=200, config={}, timeline=tl)

@@ -458,8 +458,91 @@ def test_a_ramp_cut_by_a_signal_says_so_in_its_result(bench_server):
         "phase": "ramp",
     }
     assert result["interrupted"]["reason"] in result["warnings"]
+    # Its one step met the SLO: "add higher steps" was said, though 100 QPS was planned and cut.
+    assert result["max_qps_under_slo"] == 50
+    assert not any("add higher steps" in w for w in result["warnings"])
+    assert (
+        "the ramp was cut in its 100 QPS step, and every step before it met the SLO: the maximum is at least "
+        "50 QPS, a lower bound; run the ramp again to find it"
+    ) in result["warnings"]
     cfg.steps = [50]
     assert Ramp(cfg, progress=lambda _: None).run()["interrupted"] is None
+
+
+class _Stamped(Ramp):
+    """A Ramp that notes time.monotonic() as each step returns."""
+
+    def run_step(self, workers, qps, label, slot=None):
+        step = super().run_step(workers, qps, label, slot)
+        self.returned = [*getattr(self, "returned", []), time.monotonic()]
+        return step
+
+
+def test_a_step_whose_schedule_ends_early_lasts_its_planned_duration(bench_server, tmp_path):
+    """Open loop: the schedule sets time, not the answers. A step ended at its last answer, so a
+    sparse one (here a trace whose arrivals stop 0.3 s into a 1.2 s step) started the next step ~0.9 s
+    early: other parts of a merged run (no --start-at) kept their own pace, and the timeline put the
+    next step's load in this one's window."""
+    trace = tmp_path / "sparse.csv"
+    # Four arrivals at 0 … 0.3 s, then one at 20 s, past the 0.2 s + 1 s step: the replay cuts it.
+    trace.write_text("timestamp\n0\n0.1\n0.2\n0.3\n20\n")
+    cfg = mlp_ramp(
+        bench_server.target, steps=[10, 10], step_duration_s=1.0, warmup_s=0.2, arrival=f"trace:{trace}", workers=1
+    )
+    ramp = _Stamped(cfg, progress=lambda _: None)
+    result = ramp.run()
+    # Each step: the arrivals at 0.2 and 0.3 s are in its window (0.2 s on), 2 in 1 s.
+    for step in result["steps"]:
+        assert (step["requests"], step["ok"], step["offered_qps"], step["achieved_qps"]) == (2, 2, 2.0, 2.0)
+    # Step 2's t = 0, from step 1's: step 1's 0.2 s + 1 s, then the 0.2 s lead that hands out its
+    # shares; before, 0.3 s (its last send) + an answer's few ms + the lead.
+    first = [entry[0].min() for entry in ramp.timeline]
+    assert first[0] == 0.0
+    assert 1.4 <= first[1] < 1.4 + 0.5, first
+    # Each step returned at its planned end or after, the last one's too.
+    for t0, returned in zip(first, ramp.returned):
+        assert returned - ramp._clock0 >= t0 + 1.2
+    assert result["timeline"]["offered"][0] == 4  # step 1's alone in the first second
+
+
+class _SignalledAsItHolds(Ramp):
+    """A Ramp that gets a signal 0.2 s into its first step's wait for its end (~0.9 s: `sparse_trace`)."""
+
+    def _hold_to(self, end, label):
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        super()._hold_to(end, label)
+
+
+@pytest.mark.parametrize("steps", [[10, 20], [10]])
+def test_a_signal_as_a_whole_step_waits_for_its_end_keeps_it(bench_server, tmp_path, steps):
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt("SIGTERM")  # as the CLI's handler raises it (cli._signals_interrupt)
+
+    trace = tmp_path / "sparse.csv"
+    trace.write_text("timestamp\n0\n0.1\n0.2\n0.3\n20\n")
+    cfg = mlp_ramp(
+        bench_server.target, steps=steps, step_duration_s=1.0, warmup_s=0.2, arrival=f"trace:{trace}", workers=1
+    )
+    ramp = _SignalledAsItHolds(cfg, progress=lambda _: None)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        result = ramp.run()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert [(s["nominal_qps"], s["ok"]) for s in result["steps"]] == [(10, 2)]
+    assert len(ramp.timeline) == 1  # the next step sent nothing
+    if len(steps) == 1:
+        assert result["interrupted"] is None and ramp.late_signal == "KeyboardInterrupt: SIGTERM"
+        return
+    # Cut between the two steps: as a signal just before the next step's first send is.
+    assert result["interrupted"] == {
+        "reason": "ramp ended early at 20 QPS: KeyboardInterrupt: SIGTERM",
+        "by_signal": True,
+        "phase": "ramp",
+    }
+    assert ramp.late_signal is None
+    assert any(w.startswith("the ramp was cut in its 20 QPS step") for w in result["warnings"])
 
 
 class _WorkersSlowToStop(Ramp):
