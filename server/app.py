@@ -44,6 +44,7 @@ from .http import MetricsHTTPServer
 from .loopmon import LoopLagMonitor
 from .metrics import ModelMetrics, WokMetrics
 from .ports import bind_error, bind_refusal, check_ports
+from .reflection import ReflectionServicer
 from .repository import ModelRepository
 from .servable import Servable
 from .service import InferenceService, add_to_server, add_tolerant_service
@@ -137,6 +138,7 @@ class WokServer:
         self._started = False
         self._grpc: grpc.aio.Server | None = None
         self._health: HealthServicer | None = None
+        self._reflection: ReflectionServicer | None = None
         self._background: set[asyncio.Task] = set()  # held until done (the loop keeps weak refs)
         self._health_grpc: grpc.aio.Server | None = None
         self._token_interceptor: BearerTokenInterceptor | None = None
@@ -250,7 +252,7 @@ class WokServer:
             # Health and reflection parse as the V2 service does: bytes that are not their request
             # get INVALID_ARGUMENT, not UNKNOWN and an ERROR with a traceback in the log per call.
             add_tolerant_service(self._grpc, health_pb2, "Health", self._health)
-            reflector = reflection.aio.ReflectionServicer(
+            self._reflection = reflector = ReflectionServicer(
                 [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
                 pool=_reflection_pool(),
             )
@@ -465,6 +467,9 @@ class WokServer:
         if self._health is not None:
             # Watchers have had NOT_SERVING since stage 1; an open Watch would hold gRPC's stop.
             await self._health.end_watches()
+        if self._reflection is not None:
+            # Idle between requests, an open one (grpcurl, grpcui) would hold gRPC's stop for its grace too.
+            self._reflection.end_streams()
         if self._grpc is not None:
             if self.service is not None:
                 self.service.cutting = True  # the calls gRPC's stop ends, its clients see UNAVAILABLE

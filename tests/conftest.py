@@ -442,6 +442,13 @@ async def cancel_after(start, steps: int) -> bool:
     return finished
 
 
+def core_servers() -> int:
+    """gRPC core servers alive in this process, as channelz lists them (created, not yet destroyed)."""
+    from grpc._cython import cygrpc  # channelz: the core servers alive, which no public API lists
+
+    return len(json.loads(cygrpc.channelz_get_servers(0)).get("server", []))
+
+
 def write_python_model(folder: Path, model_py: str, max_batch_size: int | None = 4, **config) -> Path:
     """`folder` (made, with its parents) holding `model_py` as model.py and
     `python_model_config(max_batch_size, **config)` as config.toml."""

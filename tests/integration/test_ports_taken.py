@@ -9,7 +9,6 @@ leave neither (`wok serve` loads the models; a WokServer, given them loaded, war
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 import subprocess
@@ -20,14 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from grpc._cython import cygrpc  # channelz: the core servers alive, which no public API lists
 
 from wok.app import WokServer
 from wok.config import server_settings
 from wok.ports import bind_error
 from wok.repository import ModelRepository
 
-from ..conftest import cancel_after, write_python_model
+from ..conftest import cancel_after, core_servers, write_python_model
 
 MARKS_ITS_BUILD = textwrap.dedent(
     """
@@ -156,11 +154,6 @@ TAKES_A_PORT = textwrap.dedent(
 )
 
 
-def _core_servers() -> int:
-    """gRPC core servers alive in this process, as channelz lists them (created, not yet destroyed)."""
-    return len(json.loads(cygrpc.channelz_get_servers(0)).get("server", []))
-
-
 @pytest.mark.parametrize("taken", ["gRPC port", "health port", "metrics port"])
 async def test_a_port_taken_after_the_check_leaves_none_of_the_ports_opened_before_it_bound(
     tmp_path, monkeypatch, taken
@@ -177,7 +170,7 @@ async def test_a_port_taken_after_the_check_leaves_none_of_the_ports_opened_befo
     ports = {"grpc_port": 0, "health_port": 0, "metrics_port": 0, taken.lower().replace(" ", "_"): port}
     repository = ModelRepository.from_directory(tmp_path / "repo")
     server = WokServer(server_settings(**ports, model_repository=tmp_path / "repo"), repository)
-    alive = _core_servers()
+    alive = core_servers()
     try:
         with pytest.raises(OSError, match=f"cannot bind the {taken} to 127.0.0.1:{port}: the port is in use"):
             await server.start()
@@ -191,7 +184,7 @@ async def test_a_port_taken_after_the_check_leaves_none_of_the_ports_opened_befo
     for what, at in opened.items():
         if at:
             assert bind_error("127.0.0.1", at) is None, f"the {what} ({at}) is still bound after the stop"
-    assert _core_servers() == alive, f"a gRPC server of the failed start is still alive after its stop ({taken} taken)"
+    assert core_servers() == alive, f"a gRPC server of the failed start is still alive after its stop ({taken} taken)"
 
 
 async def test_a_start_cancelled_at_any_step_once_its_grpc_port_is_bound_leaves_nothing_after_the_stop(tmp_path):
@@ -208,7 +201,7 @@ async def test_a_start_cancelled_at_any_step_once_its_grpc_port_is_bound_leaves_
     steps, started = 0, False
     while not started:  # cancelled 0, 1, 2... loop iterations after the bind, until a start finishes first
         server = WokServer(settings, repository)
-        alive = _core_servers()
+        alive = core_servers()
         start = asyncio.ensure_future(server.start())
         while not server.port and not start.done():
             await asyncio.sleep(0)
@@ -218,5 +211,5 @@ async def test_a_start_cancelled_at_any_step_once_its_grpc_port_is_bound_leaves_
         for what, at in opened.items():
             if at:
                 assert bind_error("127.0.0.1", at) is None, f"cancelled {steps} step(s) after the bind: {what} bound"
-        assert _core_servers() == alive, f"cancelled {steps} step(s) after the bind: a gRPC server is still alive"
+        assert core_servers() == alive, f"cancelled {steps} step(s) after the bind: a gRPC server is still alive"
         steps += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import grpc
 import pytest
 import torch
 import uvloop
@@ -12,6 +13,7 @@ from torch import nn
 
 from wok.config import model_config_from_dict
 from wok.executor import Executor
+from wok.health import ENDED
 from wok.servable import Servable
 
 
@@ -135,6 +137,14 @@ async def until(condition, tries: int = 10_000) -> None:
             return
         await asyncio.sleep(0.001)
     raise AssertionError("the batcher never got there")
+
+
+async def ends_with_the_stop(call, read_s: float = 5.0) -> None:
+    """The server's stop ended the open stream `call` (health Watch, reflection) itself: UNAVAILABLE
+    "server is shutting down", not gRPC's "Cancelling all calls" after its own stop's grace."""
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await asyncio.wait_for(call.read(), read_s)
+    assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNAVAILABLE, ENDED)
 
 
 @pytest.fixture

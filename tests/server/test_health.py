@@ -9,7 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from wok.health import ENDED
+from .conftest import ends_with_the_stop
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -27,12 +27,6 @@ async def _watchers(server, n: int) -> None:
             await asyncio.sleep(0.005)
 
     await asyncio.wait_for(settled(), READ_S)
-
-
-async def _ends_with_the_stop(watch) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await asyncio.wait_for(watch.read(), READ_S)
-    assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNAVAILABLE, ENDED)
 
 
 async def test_a_watcher_sees_the_drain_after_another_watcher_of_its_service_left(serve):
@@ -53,7 +47,7 @@ async def test_a_watcher_sees_the_drain_after_another_watcher_of_its_service_lef
                 assert (await asyncio.wait_for(watch.read(), READ_S)).status == NOT_SERVING
             # And the streams end, rather than hold gRPC's stop for its grace.
             for watch in (staying, other):
-                await _ends_with_the_stop(watch)
+                await ends_with_the_stop(watch)
             await stopping
             assert server._health.watching == 0
 
@@ -65,7 +59,7 @@ async def test_watches_on_the_health_port_end_with_the_stop_too(serve):
             assert (await asyncio.wait_for(watch.read(), READ_S)).status == SERVING
             stopping = asyncio.ensure_future(server.stop(grace=5))
             assert (await asyncio.wait_for(watch.read(), READ_S)).status == NOT_SERVING
-            await _ends_with_the_stop(watch)
+            await ends_with_the_stop(watch)
             await stopping
 
 
@@ -80,7 +74,7 @@ async def test_an_unknown_service_is_not_found_by_check_and_unknown_to_watch(ser
             assert (await asyncio.wait_for(watch.read(), READ_S)).status == SERVICE_UNKNOWN
             stopping = asyncio.ensure_future(server.stop(grace=5))
             # Its status never changes, yet its stream ends with the rest.
-            await _ends_with_the_stop(watch)
+            await ends_with_the_stop(watch)
             await stopping
 
 

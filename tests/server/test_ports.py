@@ -10,6 +10,8 @@ import grpc
 
 from wok.ports import bind_cause, bind_error, bind_refusal
 
+from ..conftest import core_servers
+
 
 def test_a_privileged_port_refused_says_what_would_take_it():
     exc = PermissionError(errno.EACCES, "Permission denied")
@@ -39,15 +41,17 @@ async def test_a_port_in_time_wait_is_refused_only_where_grpc_refuses_it():
                 conn, _ = server.accept()
                 conn.close()
         probed = bind_error("127.0.0.1", port) is None  # first: its socket is closed at once, gRPC's maybe not
+        alive = core_servers()
         grpc_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         try:
             grpc_port = grpc_server.add_insecure_port(f"127.0.0.1:{port}")
         except RuntimeError:
             grpc_port = 0
-        if grpc_port:
-            # grpc.aio's stop does nothing to a server never started: its port stayed bound until the process ended.
-            await grpc_server.start()
+        # Started even with no port, as wok's _release_unstarted does: grpc.aio's stop does nothing to a server never
+        # started, whose core server (and port, if bound) then lived until the process ended.
+        await grpc_server.start()
         await grpc_server.stop(None)
         assert probed == (grpc_port == port) == reuse, (reuse, grpc_port)
         if grpc_port:
             assert bind_error("127.0.0.1", port) is None, "gRPC's port is still bound after its stop"
+        assert core_servers() == alive, f"the gRPC server is still alive after its stop (port {grpc_port or 'refused'})"

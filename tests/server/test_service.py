@@ -19,8 +19,11 @@ from wok.faults import Fault
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
+from .conftest import ends_with_the_stop, until
+
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+READ_S = 5.0
 
 
 async def test_health_is_served_overall_per_service_and_per_model(serve):
@@ -76,6 +79,35 @@ async def test_reflection_and_health_answers_stay_well_within_what_http2_sends_u
     largest = max(answers, key=lambda a: a.ByteSize())
     assert largest.ByteSize() < limit, (largest.ByteSize(), largest.original_request)
     assert max(c.ByteSize() for c in checks) <= 2, checks
+
+
+async def test_an_open_reflection_stream_ends_with_the_stop_rather_than_hold_it(serve):
+    # grpcurl, grpcui and Postman keep one open between their requests.
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            call = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo()
+            await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+            assert (await asyncio.wait_for(call.read(), READ_S)).HasField("list_services_response")
+            await server.stop(grace=5)
+            await ends_with_the_stop(call)
+            assert server._reflection.open_streams == 0
+
+
+async def test_a_reflection_request_read_before_the_stop_gets_its_answer_then_the_end(serve):
+    # Its answer, the request's echo, is past what gRPC's flow control lets through before the client
+    # reads (3 MiB: below the client's 4 MiB limit): the stop comes while it is being written.
+    symbol = "x" * (3 << 20)
+    async with serve(models=("mlp",)) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            call = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo()
+            await call.write(reflection_pb2.ServerReflectionRequest(file_containing_symbol=symbol))
+            await until(lambda: server._reflection.requests_read == 1)
+            stopping = asyncio.ensure_future(server.stop(grace=5))
+            answer = await asyncio.wait_for(call.read(), READ_S)
+            assert answer.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0], answer.error_response
+            assert answer.original_request.file_containing_symbol == symbol
+            await ends_with_the_stop(call)
+            await stopping
 
 
 async def test_stop_turns_health_not_serving_refuses_new_calls_and_finishes_accepted_ones(serve, slow_repository):
