@@ -275,7 +275,7 @@ class WokServer:
         self.metrics.grpc_port = self.port  # wok_server_info: whose /metrics a scraper reads
         # Nothing that can fail goes between the bind and the start: grpc.aio's stop does nothing to a server
         # never started, whose port then stays bound until the process ends (grpcio 1.85).
-        await self._grpc.start()
+        await _start_grpc(self._grpc)
         # Unary inference only: a stream is accepted once and then carries many requests.
         infer = f"/{SERVICE_NAME}/ModelInfer"
         self.accept = AcceptTasks(self._grpc, {infer: handlers[infer]}, self.settings.accept_tasks, interceptors)
@@ -366,7 +366,7 @@ class WokServer:
         if self.health_port == 0:
             await _release_unstarted(self._health_grpc)
             self._bind_failed("health port", self._health_host, self.settings.health_port)
-        await self._health_grpc.start()
+        await _start_grpc(self._health_grpc)
 
     @staticmethod
     def _bind_failed(what: str, host: str, port: int) -> None:
@@ -525,8 +525,25 @@ async def _release_unstarted(server: grpc.aio.Server) -> None:
     grpc.aio's stop does nothing to a server never started, and its core server (and gRPC's init
     count with it) then lived until the process ended (grpcio 1.85: only the stop of a started one
     destroys it). Started with no port, it serves nothing, and its stop destroys it."""
-    await server.start()
+    await _start_grpc(server)
     await server.stop(None)
+
+
+async def _start_grpc(server: grpc.aio.Server) -> None:
+    """`server.start()`, to its end even when the caller is cancelled meanwhile (then raised after it).
+
+    grpc.aio's start waits for its serving task to report that the core server started: cancelled in that
+    wait (a signal as `wok serve` starts), the report failed, and with it the serving task (ERROR "invalid
+    state"), whose crash handler's stop failed in turn ("Task exception was never retrieved"). The wait is
+    one loop iteration."""
+    start = asyncio.ensure_future(server.start())
+    try:
+        await asyncio.shield(start)
+    except asyncio.CancelledError:
+        await asyncio.wait({start})  # a second cancellation ends this wait, not the start
+        if not start.cancelled():
+            start.exception()  # read: the cancellation is what the caller gets
+        raise
 
 
 def _shutdown_on_own_thread(

@@ -9,7 +9,6 @@ side: each open one held the server's stop for gRPC's whole stop grace, then got
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterable, AsyncIterator
 
 import grpc
@@ -63,9 +62,10 @@ class _Requests:
                 await asyncio.wait((read, end), return_when=asyncio.FIRST_COMPLETED)
                 if not read.done():
                     read.cancel()
-                    # Cancelled, or the call's own end meanwhile: either way no request to answer.
-                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, grpc.RpcError):
-                        await read
+                    # Cancelled, or the call's own end meanwhile: either way no request to answer. Not `await
+                    # read` with its CancelledError suppressed: a cancellation of this task meanwhile (the call
+                    # ended) was taken for the read's and dropped.
+                    await asyncio.wait((read,))
                     break
                 try:
                     request = read.result()
@@ -78,3 +78,10 @@ class _Requests:
             end.cancel()
             if read is not None:
                 read.cancel()  # the call cancelled by its client, or gRPC's stop, mid-read
+                read.add_done_callback(_outcome_read)  # its error (the call's end) is no one's to raise
+
+
+def _outcome_read(read: asyncio.Future) -> None:
+    """Read a done read's outcome, so that asyncio never logs its error as never retrieved."""
+    if not read.cancelled():
+        read.exception()

@@ -9,6 +9,8 @@ leave neither (`wok serve` loads the models; a WokServer, given them loaded, war
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import os
 import socket
 import subprocess
@@ -187,10 +189,14 @@ async def test_a_port_taken_after_the_check_leaves_none_of_the_ports_opened_befo
     assert core_servers() == alive, f"a gRPC server of the failed start is still alive after its stop ({taken} taken)"
 
 
-async def test_a_start_cancelled_at_any_step_once_its_grpc_port_is_bound_leaves_nothing_after_the_stop(tmp_path):
+async def test_a_start_cancelled_at_any_step_once_its_grpc_port_is_bound_leaves_nothing_after_the_stop(
+    tmp_path, caplog
+):
     # `wok serve` cancels the start at a signal that comes once the gRPC port serves, then stops the server
     # (the health and metrics ports open after it). A metrics port whose start was cancelled in its last
     # step stayed bound: asyncio's start_server serves, then yields once, before it returns the server.
+    # And a gRPC server's start cancelled while it waited for its serving task failed that task
+    # (InvalidStateError, an ERROR), whose crash handler's stop failed too ("never retrieved").
     write_python_model(tmp_path / "repo" / "same", "from torch import nn\n\n\ndef build():\n    return nn.Identity()\n")
     repository = ModelRepository.from_directory(tmp_path / "repo")
     with socket.socket() as probe:  # a port of its own: one whose listener was lost is not known to the server
@@ -212,4 +218,7 @@ async def test_a_start_cancelled_at_any_step_once_its_grpc_port_is_bound_leaves_
             if at:
                 assert bind_error("127.0.0.1", at) is None, f"cancelled {steps} step(s) after the bind: {what} bound"
         assert core_servers() == alive, f"cancelled {steps} step(s) after the bind: a gRPC server is still alive"
+        gc.collect()  # a task's error never retrieved is logged as the task goes
+        errors = [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not errors, f"cancelled {steps} step(s) after the bind: {errors}"
         steps += 1
