@@ -9,6 +9,7 @@ not trust.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
 import json
@@ -671,16 +672,25 @@ def _request_of_size(size: int) -> bytes:
 
 
 # -- loopback by default ------------------------------------------------------------------------
-def _listening(port: int) -> list[str]:
-    """Local addresses with a TCP socket listening on `port`, from /proc/net/tcp{,6}."""
+def _listening(port: int, pid: int) -> list[str]:
+    """Local addresses on which process `pid` has a TCP socket listening on `port`, from /proc/net/tcp{,6}.
+    Its own sockets only: another process on this shared machine listening on that port number at another
+    address (127.0.0.1 beside the server's ::1) failed the test."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # closed since the listing
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
     out = []
     for name, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
         with open(name) as f:
             next(f)
             for line in f:
-                local, state = line.split()[1], line.split()[3]
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
                 addr_hex, port_hex = local.split(":")
-                if state == "0A" and int(port_hex, 16) == port:
+                if state == "0A" and int(port_hex, 16) == port and inode in inodes:
                     raw = bytes.fromhex(addr_hex)
                     # The kernel prints each 32-bit word in host (little-endian) order.
                     words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
@@ -696,7 +706,7 @@ def test_grpc_and_metrics_listen_on_loopback_unless_told_otherwise(servers):
     metrics = next(line for line in sp.log if "wok: metrics on http://" in line)
     metrics_port = int(metrics.rsplit(":", 1)[1].split("/")[0])
     for port in (sp.port, metrics_port):
-        addresses = _listening(port)
+        addresses = _listening(port, sp.proc.pid)
         assert addresses, f"nothing listens on port {port}"
         assert all(ipaddress.ip_address(a).is_loopback for a in addresses), (port, addresses)
     assert any("wok: gRPC security: plaintext, no token" in line for line in sp.log)
@@ -710,7 +720,7 @@ def test_ipv6_loopback_serves_grpc_health_and_metrics_and_prints_bracketed_addre
 
     sp = servers["ipv6"]
     assert sp.host == "[::1]", sp.log
-    assert _listening(sp.port) == ["::1"]
+    assert _listening(sp.port, sp.proc.pid) == ["::1"]
     metrics = next(line for line in sp.log if "wok: metrics on http://" in line).split(" on ", 1)[1]
     assert metrics.startswith("http://[::1]:"), metrics  # a URL a browser or curl takes as it is
     assert "wok_batch_size" in urllib.request.urlopen(metrics, timeout=10).read().decode()
