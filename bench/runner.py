@@ -448,19 +448,27 @@ class Ramp:
                         extra: list[dict] = []
 
                         def refine_at(q: float) -> dict:
-                            nonlocal at_qps
+                            nonlocal at_qps, started
                             at_qps = q
                             self._raise_held()
+                            started = True
                             step = self.run_step(workers, q, "refine")
                             step["phase"] = "refine"
                             extra.append(step)
                             return step
 
                         at_qps = passed
+                        started = False  # whether a refinement step began: a signal held may come first
                         try:
                             analysis.bisect_max_qps(refine_at, passed, failed, cfg.slo_p99_ms, cfg.refine)
                         except (Exception, KeyboardInterrupt) as exc:
-                            interrupted = f"refinement ended early at {at_qps:g} QPS: {type(exc).__name__}: {exc}"
+                            why = f"{type(exc).__name__}: {exc}"
+                            if started:
+                                interrupted = f"refinement ended early at {at_qps:g} QPS: {why}"
+                            else:  # a signal held as the ramp's last step waited for its end (`_hold_to`)
+                                interrupted = (
+                                    f"refinement not started (its first step, at {at_qps:g} QPS, not run): {why}"
+                                )
                             cut_phase = "refine"
                             by_signal = isinstance(exc, KeyboardInterrupt)
                             self.say(interrupted)
@@ -549,7 +557,9 @@ class Ramp:
                 self.step_cut(workers, shares, start_at, exc)
             raise
         if scraper is not None:
-            scraper.join()
+            # It scrapes as the window ends: waiting for it is the step's wait for its end, where a
+            # signal lost the step whose answers were all in (a soak's: all it measured, exit 130).
+            self._hold_to(start_at + total, label, scraper.join)
         before, after = scrapes.get("before"), scrapes.get("after")
         intended = np.concatenate([s.times for s in shares])
         sent = np.concatenate([o.sent for o in outcomes])
@@ -605,29 +615,38 @@ class Ramp:
             self.say(f"{label}: {_timing_line(timing)}")
         for warning in analysis.check_precision(step, cfg.slo_p99_ms):
             self.say(f"warning: {warning}")
-        if cfg.start_at is None:
+        if cfg.start_at is None and self._held is None:
             # With --start-at each step waits for its own slot, warm-up + duration + gap after the last one's:
             # holding too would make a step after a gap under the 0.2 s lead late.
             self._hold_to(start_at + total, label)
         return step
 
-    def _hold_to(self, end: float, label: str) -> None:
-        """Once a step's answers are in, wait for its planned end, `end` (time.monotonic()).
+    def _hold_to(self, end: float, label: str, wait_for: Callable[[], None] | None = None) -> None:
+        """Once a step's answers are in, wait for its planned end, `end` (time.monotonic()); or for
+        `wait_for` (the join of the scrape made at `end`), which lasts as long.
 
         Open loop: the schedule sets time, not the answers. A step whose last answer comes before
         its end (a sparse trace, a low rate) still lasts its warm-up + duration, as the plan says:
         otherwise the next step started early, and parts of a merged run without --start-at, each
-        ending its steps at its own last answer, drifted apart. A signal meanwhile leaves the step
-        whole: it is kept (`_held`), and raised as the next step would start (`_raise_held`)."""
-        wait = end - time.monotonic()
-        if wait <= 0:
-            return
-        if wait >= 1.0:
-            self.say(f"{label}: every answer is in; waiting {wait:.1f} s for the step's end (its schedule ended early)")
+        ending its steps at its own last answer, drifted apart. A signal meanwhile, as the wait is
+        said too, leaves the step whole: it is kept (`_hold`), and raised as the next step would
+        start (`_raise_held`)."""
         try:
-            time.sleep(wait)
+            wait = end - time.monotonic()
+            if wait >= 1.0:
+                self.say(
+                    f"{label}: every answer is in; waiting {wait:.1f} s for the step's end (its schedule ended early)"
+                )
+            if wait_for is not None:
+                wait_for()
+            elif wait > 0:
+                time.sleep(wait)
         except KeyboardInterrupt as exc:
-            self._held = exc
+            self._hold(exc)
+
+    def _hold(self, exc: KeyboardInterrupt) -> None:
+        """Keep a signal that came as a step, its answers all in, waited for its end (`_hold_to`)."""
+        self._held = exc
 
     def _raise_held(self) -> None:
         """Raise the signal that came as the last step held to its end (`_hold_to`), if one did."""

@@ -180,6 +180,14 @@ class SoakRamp(Ramp):
         }
         self.cut_by = exc
 
+    def _hold(self, exc: KeyboardInterrupt) -> None:
+        # Its answers are all in, but the soak's time is its RSS watch's too, which ends here, short
+        # of `duration_s`: a cut, as one before the last answer, that left no request out.
+        super()._hold(exc)
+        at = round(time.monotonic() - self._clock0, 3)
+        self.cut = {"at_s": at, "in_flight": 0, "sent_after": 0, "workers_lost": 0}
+        self.cut_by = exc
+
     def run(self) -> dict:
         try:
             return super().run()
@@ -298,9 +306,11 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
     """Capacity (measured or given), then the soak; the soak step's wok.bench/2 result with `soak` added.
 
     Without a soak, the capacity ramp's result with `soak` null: when that ramp was cut short
-    (`interrupted` set; the soak is not started), found no step under the SLO, or the soak step
-    was cut short before its first send (`interrupted` then says so). A soak step cut later keeps
-    what it measured: no `steps` (none finished), its `soak` section up to the cut, with `cut`.
+    (`interrupted` set; the soak is not started), or whole but for a signal after its last step
+    (`Ramp.late_signal`: `soak not started`), found no step under the SLO, or the soak step was cut
+    short before its first send (`interrupted` then says so). A soak step cut later keeps what it
+    measured: no `steps` (none finished), its `soak` section up to the cut, with `cut`; one cut as
+    it waited for its end, its answers all in (`SoakRamp._hold`), keeps its whole step too.
     """
     from . import faults
 
@@ -317,40 +327,40 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
             capacity, source = args.capacity, "given"
         else:
             say("measuring the capacity: the highest step under the SLO")
-            capacity_result = Ramp(cfg, say).run()
+            capacity_ramp = Ramp(cfg, say)
+            capacity_result = capacity_ramp.run()
             capacity, source = capacity_result["max_qps_under_slo"], "measured"
             if capacity_result["interrupted"] is not None:
                 # Its highest step under the SLO is the last one reached, not the capacity: a
                 # soak at a share of it would load the server at a rate nobody chose.
                 say("the capacity ramp was cut short: no soak")
                 return _without_soak(capacity_result)
+            if capacity_ramp.late_signal is not None:
+                # A signal as its last step waited for its end, or as its workers stopped: the ramp is
+                # whole, but the soak (minutes) is what the signal said not to start.
+                return _soak_not_run(capacity_result, f"soak not started: {capacity_ramp.late_signal}", True, say)
             if capacity is None:  # the command line says so, and exits with its status
                 capacity_result["warnings"].append(NO_CAPACITY)
                 return _without_soak(capacity_result)
-        load = share * capacity
-        # The capacity is an offered rate; a burst or a sawtooth offers another rate than the
-        # step rate that makes it, so the soak's step rate is solved for, not scaled.
-        nominal = nominal_for(cfg.arrival, load, duration)
-        shown = "" if math.isclose(nominal, load, rel_tol=1e-9) else f" offered (step rate {nominal:.4g})"
-        say(f"soak: {load:g} QPS{shown} ({100 * share:g}% of {capacity:g}) for {duration:g} s")
-        soak_cfg = replace(cfg, steps=[nominal], step_duration_s=duration, warmup_s=0.0, refine=0, stop_factor=math.inf)
-        sampler = RssSampler(urls, every)
-        ramp = SoakRamp(soak_cfg, sampler, say)
-        try:
+        try:  # its start too (the payload pool, the metadata: seconds), where a signal lost the capacity ramp
+            load = share * capacity
+            # The capacity is an offered rate; a burst or a sawtooth offers another rate than the
+            # step rate that makes it, so the soak's step rate is solved for, not scaled.
+            nominal = nominal_for(cfg.arrival, load, duration)
+            shown = "" if math.isclose(nominal, load, rel_tol=1e-9) else f" offered (step rate {nominal:.4g})"
+            say(f"soak: {load:g} QPS{shown} ({100 * share:g}% of {capacity:g}) for {duration:g} s")
+            soak_cfg = replace(
+                cfg, steps=[nominal], step_duration_s=duration, warmup_s=0.0, refine=0, stop_factor=math.inf
+            )
+            sampler = RssSampler(urls, every)
+            ramp = SoakRamp(soak_cfg, sampler, say)
             result = ramp.run()
         except (Exception, KeyboardInterrupt) as exc:
             if capacity_result is None:
                 raise  # nothing measured: as a ramp cut in its first step
             # The soak is one step, so nothing of it is kept; the capacity ramp still is a result.
             reason = f"soak ended early: {type(exc).__name__}: {exc}"
-            say(reason)
-            capacity_result["interrupted"] = {
-                "reason": reason,
-                "by_signal": isinstance(exc, KeyboardInterrupt),
-                "phase": "soak",
-            }
-            capacity_result["warnings"].append(reason)
-            return _without_soak(capacity_result)
+            return _soak_not_run(capacity_result, reason, isinstance(exc, KeyboardInterrupt), say)
     finally:
         if replicas is not None:
             replicas.close()
@@ -359,7 +369,9 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
         exc = ramp.cut_by
         reason = f"soak ended early: {type(exc).__name__}: {exc}"
         say(f"{reason}; the soak's {ramp.cut['at_s']:g} s measured are kept")
-        cut_warning = result["interrupted"]["reason"]  # the ramp's own words for the one step
+        # The ramp's own words for its one step; none when the cut came as the step, its answers all
+        # in, waited for its end (SoakRamp._hold): the step is whole, and kept.
+        cut_warning = (result["interrupted"] or {}).get("reason")
         result["warnings"] = [w for w in result["warnings"] if w != cut_warning] + [reason]
         result["interrupted"] = {"reason": reason, "by_signal": isinstance(exc, KeyboardInterrupt), "phase": "soak"}
     if ramp.timeline:
@@ -454,6 +466,14 @@ def _check_arrivals(args, cfg: RampConfig, share: float, duration: float) -> Non
             f"--soak {args.soak} at {100 * share:g}% of {whose}: at most {MAX_ARRIVALS_PER_STEP:.0e} arrivals in "
             f"the soak; got {expected:.3g} expected (give a shorter --soak or a lower load)"
         )
+
+
+def _soak_not_run(capacity_result: dict, reason: str, by_signal: bool, say: Callable[[str], None]) -> dict:
+    """The capacity ramp's result as the run's, for a soak cut before its first send (`reason`)."""
+    say(reason)
+    capacity_result["interrupted"] = {"reason": reason, "by_signal": by_signal, "phase": "soak"}
+    capacity_result["warnings"].append(reason)
+    return _without_soak(capacity_result)
 
 
 def _without_soak(capacity_result: dict) -> dict:

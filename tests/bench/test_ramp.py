@@ -505,31 +505,42 @@ def test_a_step_whose_schedule_ends_early_lasts_its_planned_duration(bench_serve
     assert result["timeline"]["offered"][0] == 4  # step 1's alone in the first second
 
 
+def _sparse(tmp_path) -> str:
+    """A trace whose arrivals stop 0.3 s into a step (its last, at 20 s, falls past it): `--arrival`."""
+    trace = tmp_path / "sparse.csv"
+    trace.write_text("timestamp\n0\n0.1\n0.2\n0.3\n20\n")
+    return f"trace:{trace}"
+
+
+def _sigterm(_signum, _frame):
+    raise KeyboardInterrupt("SIGTERM")  # as the CLI's handler raises it (cli._signals_interrupt)
+
+
+def _run_alarmed(ramp: Ramp) -> dict:
+    """`ramp.run()` with SIGALRM (the ramp's own setitimer) raised as the CLI raises SIGTERM."""
+    previous = signal.signal(signal.SIGALRM, _sigterm)
+    try:
+        return ramp.run()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 class _SignalledAsItHolds(Ramp):
     """A Ramp that gets a signal 0.2 s into its first step's wait for its end (~0.9 s: `sparse_trace`)."""
 
-    def _hold_to(self, end, label):
+    def _hold_to(self, end, label, wait_for=None):
         signal.setitimer(signal.ITIMER_REAL, 0.2)
-        super()._hold_to(end, label)
+        super()._hold_to(end, label, wait_for)
 
 
 @pytest.mark.parametrize("steps", [[10, 20], [10]])
 def test_a_signal_as_a_whole_step_waits_for_its_end_keeps_it(bench_server, tmp_path, steps):
-    def interrupt(_signum, _frame):
-        raise KeyboardInterrupt("SIGTERM")  # as the CLI's handler raises it (cli._signals_interrupt)
-
-    trace = tmp_path / "sparse.csv"
-    trace.write_text("timestamp\n0\n0.1\n0.2\n0.3\n20\n")
     cfg = mlp_ramp(
-        bench_server.target, steps=steps, step_duration_s=1.0, warmup_s=0.2, arrival=f"trace:{trace}", workers=1
+        bench_server.target, steps=steps, step_duration_s=1.0, warmup_s=0.2, arrival=_sparse(tmp_path), workers=1
     )
     ramp = _SignalledAsItHolds(cfg, progress=lambda _: None)
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    try:
-        result = ramp.run()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    result = _run_alarmed(ramp)
     assert [(s["nominal_qps"], s["ok"]) for s in result["steps"]] == [(10, 2)]
     assert len(ramp.timeline) == 1  # the next step sent nothing
     if len(steps) == 1:
@@ -543,6 +554,62 @@ def test_a_signal_as_a_whole_step_waits_for_its_end_keeps_it(bench_server, tmp_p
     }
     assert ramp.late_signal is None
     assert any(w.startswith("the ramp was cut in its 20 QPS step") for w in result["warnings"])
+
+
+class _SignalledOnceAnswered(Ramp):
+    """A Ramp that gets a signal 0.2 s after its first step's last answer, as it waits for its end."""
+
+    def _collect(self, workers, start):
+        outcomes = super()._collect(workers, start)
+        if not self.timeline:
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+        return outcomes
+
+
+def test_a_signal_as_a_step_waits_for_its_window_end_scrape_keeps_it(bench_server, metrics_url, tmp_path):
+    """With --metrics-url a step waits for its end in the scrape made there, not in `_hold_to`: a
+    signal in that wait lost the step, its answers all in, and with it (the first) the whole ramp."""
+    cfg = mlp_ramp(
+        bench_server.target,
+        steps=[10, 20],
+        step_duration_s=1.0,
+        warmup_s=0.2,
+        arrival=_sparse(tmp_path),
+        workers=1,
+        metrics_url=metrics_url,
+    )
+    ramp = _SignalledOnceAnswered(cfg, progress=lambda _: None)
+    try:
+        result = _run_alarmed(ramp)
+    except KeyboardInterrupt:
+        pytest.fail("a signal as the step waited for its window-end scrape lost the ramp")
+    assert [(s["nominal_qps"], s["ok"]) for s in result["steps"]] == [(10, 2)]
+    assert len(ramp.timeline) == 1  # the next step sent nothing
+    assert result["interrupted"] == {
+        "reason": "ramp ended early at 20 QPS: KeyboardInterrupt: SIGTERM",
+        "by_signal": True,
+        "phase": "ramp",
+    }
+
+
+def test_a_signal_as_the_wait_for_a_steps_end_is_said_keeps_the_step(bench_server, tmp_path):
+    """The wait was said before it began: a signal as the line was written (a Ctrl-C at the sight
+    of it) lost the step, its answers all in, and with it (the first) the whole ramp."""
+
+    def progress(line: str) -> None:
+        if "every answer is in; waiting" in line:
+            raise KeyboardInterrupt("SIGINT")  # as the CLI's handler raises it, inside the print
+
+    cfg = mlp_ramp(
+        bench_server.target, steps=[10], step_duration_s=1.5, warmup_s=0.2, arrival=_sparse(tmp_path), workers=1
+    )
+    ramp = Ramp(cfg, progress=progress)
+    try:
+        result = ramp.run()
+    except KeyboardInterrupt:
+        pytest.fail("a signal as the wait for the step's end was said lost the ramp")
+    assert [(s["nominal_qps"], s["ok"]) for s in result["steps"]] == [(10, 2)]
+    assert result["interrupted"] is None and ramp.late_signal == "KeyboardInterrupt: SIGINT"
 
 
 class _WorkersSlowToStop(Ramp):
@@ -654,6 +721,36 @@ def test_ctrl_c_in_the_refinement_keeps_the_ramp_and_the_refine_steps_run(bench_
         "phase": "refine",
     }
     assert result["interrupted"]["reason"] in result["warnings"]
+
+
+class _HeldAtTheRampsEnd(_DoubleOffer):
+    """_DoubleOffer whose 2,000 QPS step, where the ramp stops, gets a signal as it waits for its end."""
+
+    def run_step(self, workers, qps, label, slot=None):
+        step = super().run_step(workers, qps, label, slot)
+        if label != "refine" and qps == 2000:
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            self._hold_to(time.monotonic() + 10.0, label)
+        return step
+
+
+def test_a_signal_held_before_the_refinement_says_it_never_started(bench_server):
+    """It said "refinement ended early at 1500 QPS", a step that never ran."""
+    cfg = mlp_ramp(
+        bench_server.target, steps=[1000, 2000, 4000], step_duration_s=1.0, refine=2, slo_p99_ms=50.0, workers=1
+    )
+    cfg.stop_factor = 5.0  # 2,000 (4,000 offered: P99 500 ms) ends the ramp, 4,000 never runs
+    ramp = _HeldAtTheRampsEnd(cfg, progress=lambda _: None)
+    ramp.ran = []
+    result = _run_alarmed(ramp)
+    assert ramp.ran == [1000, 2000]
+    assert [(s["nominal_qps"], s["phase"]) for s in result["steps"]] == [(1000, "ramp"), (2000, "ramp")]
+    assert result["interrupted"] == {
+        "reason": "refinement not started (its first step, at 1500 QPS, not run): KeyboardInterrupt: SIGTERM",
+        "by_signal": True,
+        "phase": "refine",
+    }
+    assert result["interrupted"]["reason"] in result["warnings"] and ramp.late_signal is None
 
 
 def test_the_pool_is_built_through_the_balancer_the_workers_use(bench_server, v6_server):

@@ -287,6 +287,57 @@ def test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp(soak_server, tmp_path):
     assert reason in result["warnings"]
 
 
+def test_a_signal_as_the_capacity_ramps_last_step_waits_for_its_end_starts_no_soak(soak_server, tmp_path):
+    """The ramp is whole then (`Ramp.late_signal`), but the soak, minutes long, started all the same:
+    a whole soak, `interrupted` null, exit 0, the signal said on stderr alone."""
+    args = ["--arrival", "constant", "--steps", "0.5", "--step-duration", "3s", "--soak", "60s"]
+    proc, out = _soak_child(soak_server, tmp_path, *args)
+    # Sends at 0 and 2 s of its 3.2 s: once both are answered, it waits ~1.2 s for its end.
+    err = _interrupt_at(proc, "step 1/1: every answer is in")
+    assert proc.returncode == 0, err[-3000:]
+    assert "\nsoak: " not in err and "soak not started: KeyboardInterrupt: SIGINT" in err, err[-3000:]
+    result = json.loads(out.read_text())
+    assert result["soak"] is None and [(s["nominal_qps"], s["ok"]) for s in result["steps"]] == [(0.5, 1)]
+    assert result["max_qps_under_slo"] == result["steps"][0]["offered_qps"]
+    reason = "soak not started: KeyboardInterrupt: SIGINT"
+    assert result["interrupted"] == {"reason": reason, "by_signal": True, "phase": "soak"}
+    assert reason in result["warnings"]
+
+
+@pytest.mark.parametrize("scraped", [False, True], ids=["no-metrics", "metrics"])
+def test_a_signal_as_the_soak_waits_for_its_end_cuts_it_there(soak_server, tmp_path, scraped):
+    """Every answer in, the soak waits for its end (its schedule ended early): in `Ramp._hold_to`, or
+    with --metrics-url in the scrape at its end. A signal there wrote a whole soak (`interrupted` null,
+    `cut` null) though its RSS watch ended short of its duration, the signal said on stderr alone; with
+    --metrics-url it ended the run with exit 130 and nothing written."""
+    if scraped:
+        metrics = next(line.split("metrics on ")[1] for line in soak_server.log if "metrics on http://" in line)
+    else:
+        metrics = "none"
+    args = ["--arrival", "constant", "--capacity", "0.4", "--soak-load", "100%", "--soak", "4s"]
+    args += ["--soak-window", "1s", "--rss-every", "0.2s", "--metrics-url", metrics]
+    proc, out = _soak_child(soak_server, tmp_path, *args)
+    # Sends at 0 and 2.5 s of the 4 s: once both are answered, it waits ~1.5 s for its end.
+    err = _interrupt_at(proc, "step 1/1: every answer is in")
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.read_text())
+    reason = "soak ended early: KeyboardInterrupt: SIGINT"
+    assert result["interrupted"] == {"reason": reason, "by_signal": True, "phase": "soak"}
+    assert result["warnings"].count(reason) == 1
+    soak = result["soak"]
+    cut = soak["cut"]
+    # Nothing was in flight or sent after it: the cut leaves only the RSS watch's end out.
+    assert (cut["in_flight"], cut["sent_after"], cut["workers_lost"]) == (0, 0, 0)
+    assert 0 < cut["at_s"] < 4.0 and soak["requests"] == {"sent": 2, "ok": 2, "errors": 0}
+    windows = soak["windows"]
+    assert len(windows) == math.ceil(cut["at_s"]) and windows[-1]["length_s"] < 1.0
+    assert all(t <= cut["at_s"] for t, _ in soak["rss"]["samples"])
+    if scraped:
+        assert soak["rss"]["first_mib"] > 50
+    # The soak step itself is whole (every answer in, over its planned window): kept.
+    assert [(s["nominal_qps"], s["ok"]) for s in result["steps"]] == [(soak["capacity"]["load_nominal_qps"], 2)]
+
+
 def test_a_soak_without_capacity_writes_the_capacity_ramp_and_exits_3(runs):
     """No step meets a 1 µs SLO. It used to exit 1 (kept for a failed target or worker) and write nothing."""
     status, _, err, out = _finished(runs, "no_capacity")
