@@ -23,7 +23,9 @@ within 1 ns above.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from fractions import Fraction
 
 import numpy as np
 
@@ -31,6 +33,10 @@ SUB_BUCKET_BITS = 7
 NS_PER_MS = 1_000_000
 QUANTILES = {"p50": (1, 2), "p90": (9, 10), "p95": (19, 20), "p99": (99, 100), "p999": (999, 1000)}
 KEYS = ("mean", "p50", "p90", "p95", "p99", "p999", "max")
+# Below 2^53 ns (104 days) the float product x · 10^6 is within 1 of v and v ± 1 are exact floats; past it
+# `ms_to_ns` works in integers. Nanoseconds are int64: past 2^63 − 1 ns (292 years) a latency is refused.
+_FLOAT_EXACT_NS = 2.0**53
+MAX_NS = 2**63 - 1
 
 
 def relative_error(sub_bucket_bits: int = SUB_BUCKET_BITS) -> float:
@@ -46,12 +52,38 @@ def ms_to_ns(ms: np.ndarray) -> np.ndarray:
     0.001, exactly, a shade above 1000 ns.
     What the histogram hands back is v / 10^6 in floats, compared with the samples' own floats, so
     that is the test: from the float product's floor (within 1 of v), one step up where its ms
-    fall short of x, then one down where the nanosecond below is enough too."""
+    fall short of x, then one down where the nanosecond below is enough too. That holds while the product
+    is below 2^53; past it (104 days) the float steps of v are 2 ns or more, and v is worked out in integers
+    (`_ns_in_integers`). Raises ValueError for a latency past `MAX_NS`, which int64 nanoseconds cannot hold."""
     a = np.asarray(ms, dtype=np.float64)
-    v = np.floor(a * NS_PER_MS)
+    with np.errstate(over="ignore"):  # a product past a float's range is taken in integers below
+        product = a * NS_PER_MS
+    v = np.floor(product)
     v = np.where(v / NS_PER_MS < a, v + 1, v)
     v = np.where((v >= 1) & ((v - 1) / NS_PER_MS >= a), v - 1, v)
-    return v.astype(np.int64)
+    big = product >= _FLOAT_EXACT_NS
+    if not big.any():
+        return v.astype(np.int64)
+    ns = np.where(big, 0, v).astype(np.int64)
+    ns[big] = [_ns_in_integers(x) for x in a[big].tolist()]
+    return ns
+
+
+def _ns_in_integers(x: float) -> int:
+    """`ms_to_ns` of one latency past 2^53 ns, exactly. The float v / 10^6 is not below x for every v above
+    m · 10^6, m halfway from the float below x to x (and at m itself, where m rounds to x), and for no v
+    below: so v is ⌈m · 10^6⌉, or one more where that is m · 10^6 and rounds down. Python's int / int is
+    correctly rounded, as the histogram's own ns / NS_PER_MS that hands v back."""
+    m = (Fraction(x) + Fraction(math.nextafter(x, 0.0))) / 2
+    v = math.ceil(m * NS_PER_MS)
+    if v / NS_PER_MS < x:
+        v += 1
+    if v > MAX_NS:
+        raise ValueError(
+            f"latency {x!r} ms: expected at most 2^63 − 1 ns ({MAX_NS / NS_PER_MS:.6f} ms, 292 years), what the "
+            "histogram's int64 nanoseconds hold"
+        )
+    return v
 
 
 def bucket_index(ns: np.ndarray, bits: int = SUB_BUCKET_BITS) -> np.ndarray:
@@ -114,8 +146,9 @@ class LatencyHistogram:
         for i, c in zip(idx.tolist(), n.tolist()):
             self.counts[i] = self.counts.get(i, 0) + c
         self.count += int(ns.size)
-        self.sum_ns += int(ns.sum(dtype=np.int64))
         lo, hi = int(ns.min()), int(ns.max())
+        # In Python's integers where an int64 sum could wrap (latencies of days, or very many of hours).
+        self.sum_ns += int(ns.sum(dtype=np.int64)) if hi <= MAX_NS // ns.size else sum(ns.tolist())
         self.min_ns = lo if self.min_ns is None else min(self.min_ns, lo)
         self.max_ns = hi if self.max_ns is None else max(self.max_ns, hi)
 

@@ -84,6 +84,42 @@ def test_whole_nanoseconds_up_to_3_ms_are_kept_and_other_latencies_round_up_by_u
         assert (v - 1) / 1e6 < x <= v / 1e6, (x, v)
 
 
+def _fewest_ns_by_definition(v: int, x: float) -> bool:
+    # Python's int / int is correctly rounded, as the histogram's own ns / NS_PER_MS is.
+    return v / 10**6 >= x and (v == 0 or (v - 1) / 10**6 < x)
+
+
+def test_latencies_past_2_53_ns_and_subnormal_ones_become_the_fewest_whole_nanoseconds_not_below_them():
+    # Past 2^53 ns (104 days) the float product and v ± 1 are no longer exact: 16294988442.886961 ms
+    # became 16294988442886960 ns, whose ms are below it (1 ns low), and 13928645467.002977 ms one too many.
+    rng = np.random.default_rng(11)
+    whole = [*rng.integers(2**53, 2**63 - 2**20, 3000, dtype=np.int64).tolist(), 2**53 - 1, 2**53, 2**53 + 1]
+    big = np.array([v / 10**6 for v in whole])
+    subnormal = rng.integers(1, 2**52, 1000, dtype=np.int64).view(np.float64)
+    for xs in (big, np.nextafter(big, 0), np.nextafter(big, np.inf), subnormal, [5e-324, 2.2250738585072014e-308]):
+        for x in np.asarray(xs, dtype=np.float64).tolist():
+            v = LatencyHistogram.from_ms([x]).max_ns
+            assert _fewest_ns_by_definition(v, x), (x, v)
+    assert LatencyHistogram.from_ms([16294988442.886961]).max_ns == 16294988442886961
+    assert LatencyHistogram.from_ms([13928645467.002977]).max_ns == 13928645467002977
+
+
+@pytest.mark.parametrize("ms", [9223372036854.777, 1e13, 1e300, 1.7976931348623157e308])
+def test_a_latency_past_the_histograms_whole_nanoseconds_is_refused_by_its_value(ms):
+    # Its nanoseconds overflowed int64 to −2^63, refused as "latencies must be >= 0", though none was.
+    with pytest.raises(ValueError, match=rf"latency {re.escape(repr(ms))} ms: expected at most 2\^63 − 1 ns"):
+        LatencyHistogram.from_ms([1.0, ms])
+    assert LatencyHistogram.from_ms([9223372036854.775]).max_ns <= 2**63 - 1
+
+
+def test_a_sum_past_2_63_ns_is_kept_exactly():
+    # The sum of whole nanoseconds wrapped in int64: two 5e12 ms latencies had a negative mean.
+    one = LatencyHistogram.from_ms([5e12])
+    two = LatencyHistogram.from_ms([5e12, 5e12])
+    assert two.sum_ns == 2 * one.sum_ns > 2**63
+    assert two.summary()["mean"] == one.summary()["mean"] >= 5e12
+
+
 def test_percentiles_are_never_below_exact_and_at_most_the_relative_error_above():
     rng = np.random.default_rng(7)
     ms = np.concatenate([rng.lognormal(1.0, 1.2, 20000), rng.uniform(0.05, 0.3, 300)])
