@@ -555,7 +555,8 @@ def batch_from_ramp(path: Path, *, names: Mapping[str, str] | None = None) -> Ba
     if not stages or n is None or stages.get("compute") is None:
         raise ValueError(
             f"{where}: no server-side batch figures (mean_batch_size, stages_ms): the ramp did not scrape the "
-            "server's /metrics, or it is a simulation"
+            "server's /metrics (--metrics-url auto looks only at port 8002 of the target's host: rerun the ramp "
+            "with --metrics-url http://HOST:PORT/metrics, the port of wok serve --metrics-port), or it is a simulation"
         )
     parts = {s: exact(stages[s], f"{where}: stages_ms.{s}") for s in BATCH_STAGES if stages.get(s) is not None}
     t = sum(parts.values(), Fraction(0)) / 1000

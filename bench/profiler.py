@@ -250,7 +250,9 @@ def count_work(servable: Servable, device: torch.device, requests: Sequence[dict
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with torch.inference_mode(), _WorkMode(_parameter_storages(module), work), counter:
+        # no_grad, not inference_mode: under inference_mode and FlopCounterMode TorchScript's aten::numel
+        # raises a RuntimeError with no message (torch 2.13), and nn.EmbeddingBag's forward reads numel().
+        with torch.no_grad(), _WorkMode(_parameter_storages(module), work), counter:
             servable.forward(module, tensors)
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)

@@ -190,6 +190,14 @@ def _check_model_file(path: Path, cfg: ModelConfig) -> None:
     except (zipfile.BadZipFile, OSError):
         names = None  # for torchscript, torch.jit.load names what is wrong with it
     export = names is not None and any(n == "archive_format" or n.endswith("/archive_format") for n in names)
+    script = names is not None and any(n.endswith("constants.pkl") or "/code/__torch__" in n for n in names)
+    # torch.save(model) or torch.save(state_dict), the usual way to keep a trained model: torch.jit.load
+    # calls it a corrupted checkpoint ("failed locating file constants.pkl"), which says nothing of the fix.
+    pickled = names is not None and not export and not script and any(n.endswith("/data.pkl") for n in names)
+    saved = (
+        "it is a torch.save file (a pickled module or state dict), not a {what}: save the model with {how}, or "
+        'serve its nn.Module with platform = "python", a factory and weights = its state dict'
+    )
     where = f"{_source(cfg)}: model_file {cfg.model_file!r}"
     if cfg.platform != "torch_export":
         if export:
@@ -197,13 +205,21 @@ def _check_model_file(path: Path, cfg: ModelConfig) -> None:
                 f"{where}: cannot load torchscript file {path}: it is a torch.export program, not a "
                 'TorchScript file; set platform = "torch_export"'
             )
+        if pickled:
+            how = "torch.jit.script(model).save(path) or torch.jit.trace(model, example_inputs).save(path)"
+            raise ConfigError(
+                f"{where}: cannot load torchscript file {path}: " + saved.format(what="TorchScript file", how=how)
+            )
         return
     if export:
         return
     if names is None:
         reason = "it is not a zip archive, as torch.export.save writes"
-    elif any(n.endswith("constants.pkl") or "/code/__torch__/" in n for n in names):
+    elif script:
         reason = 'it is a TorchScript file, not a torch.export program; set platform = "torchscript"'
+    elif pickled:
+        how = "torch.export.save(torch.export.export(model, example_inputs), path)"
+        reason = saved.format(what="torch.export program", how=how)
     else:
         reason = "it holds no archive_format record, as torch.export.save writes"
     raise ConfigError(f"{where}: cannot load torch_export file {path}: {reason}")

@@ -622,7 +622,9 @@ def test_from_ramp_refuses_results_without_an_answer(tmp_path):
     doc = json.loads(_ramp(tmp_path).read_text())
     doc["steps"][1]["stages_ms"] = None
     (tmp_path / "bare.json").write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match="no server-side batch figures"):
+    # A server whose metrics port was not 8002 left --metrics-url auto nothing to scrape: the message says how
+    # to rerun the ramp, not only what is missing.
+    with pytest.raises(ValueError, match=r"no server-side batch figures .* rerun the ramp with --metrics-url http"):
         plan.batch_from_ramp(tmp_path / "bare.json")
     # A mix's server figures are its models' summed (bench/scrape.py): no one model's batch time.
     doc = json.loads(_ramp(tmp_path).read_text())

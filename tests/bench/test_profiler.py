@@ -27,6 +27,7 @@ from wok.bench.roofline import Roofline, measure_bandwidth, measure_peak_flops, 
 from wok.config import model_config_from_dict
 from wok.models import build_demo
 from wok.models.encoder import length_bucket
+from wok.repository import load_servable
 from wok.servable import HostBuffers, Servable
 
 from ..conftest import write_python_model
@@ -352,6 +353,34 @@ def test_a_repository_model_with_a_variable_dimension_profiles(tmp_path):
         mean_length = b["bytes"] / (8 * b["batch_size"])
         assert 2 <= mean_length <= 6 and b["counted_batches"] <= 5, b
         assert b["flops"] == 0 and "keys_left_out" not in b
+
+
+class _Bags(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag = torch.nn.EmbeddingBag(10, 4, mode="sum")
+
+    def forward(self, ids):
+        return self.bag(ids)
+
+
+def test_a_torchscript_embedding_bag_model_is_counted(tmp_path):
+    """Counted under inference_mode, TorchScript's aten::numel, which nn.EmbeddingBag's forward calls on a 2-D
+    input, raised a RuntimeError with no message under FlopCounterMode (torch 2.13): `wok profile` of such a
+    model (recsys saved with torch.jit.script) crashed with a traceback ending "RuntimeError: ". Two bags of
+    three ids, summed: 6 rows read, (3 - 1)·4 adds per bag."""
+    folder = tmp_path / "bags"
+    folder.mkdir()
+    torch.jit.script(_Bags().eval()).save(str(folder / "model.pt"))
+    (folder / "config.toml").write_text(
+        'platform = "torchscript"\nmodel_file = "model.pt"\nmax_batch_size = 4\n\n'
+        '[[inputs]]\nname = "ids"\ndatatype = "INT64"\ndims = [-1]\n\n'
+        '[[outputs]]\nname = "out"\ndatatype = "FP32"\ndims = [4]\n'
+    )
+    servable = load_servable(folder)
+    work = count_work(servable, CPU, [{"ids": np.array([[1, 2, 3]])}, {"ids": np.array([[4, 5, 6]])}])
+    assert work.embedding_rows == 6
+    assert work.flops_added == {"embedding_bag": 2 * 2 * 4}
 
 
 def test_representatives_by_hand():

@@ -194,6 +194,31 @@ def test_a_torch_export_file_given_as_torchscript_is_named_in_one_line(tmp_path)
     )
 
 
+@pytest.mark.parametrize("platform", ["torchscript", "torch_export"])
+@pytest.mark.parametrize("saved", ["module", "state_dict"])
+def test_a_torch_save_file_is_named_with_how_to_save_the_platforms_file(tmp_path, platform, saved):
+    """torch.save(model), the usual way to keep a trained model, given as a model file: torch.jit.load called
+    it a corrupted checkpoint ("failed locating file constants.pkl ... your checkpoint file is corrupted"),
+    torch_export said only that it held no archive_format record."""
+    d = model_dir(tmp_path, "saved", platform, extra='model_file = "model.pt"')
+    module = reference_linear()
+    torch.save(module if saved == "module" else module.state_dict(), d / "model.pt")
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    what, how = {
+        "torchscript": (
+            "TorchScript file",
+            "torch.jit.script(model).save(path) or torch.jit.trace(model, example_inputs).save(path)",
+        ),
+        "torch_export": ("torch.export program", "torch.export.save(torch.export.export(model, example_inputs), path)"),
+    }[platform]
+    assert str(info.value) == (
+        f"{d / 'config.toml'}: model_file 'model.pt': cannot load {platform} file {d / 'model.pt'}: it is a "
+        f"torch.save file (a pickled module or state dict), not a {what}: save the model with {how}, or serve its "
+        'nn.Module with platform = "python", a factory and weights = its state dict'
+    )
+
+
 @pytest.mark.parametrize(
     ("zipped", "reason"),
     [(False, "it is not a zip archive"), (True, "it holds no archive_format record")],
