@@ -164,12 +164,21 @@ class WokServer:
     def runtime(self, name: str, version: str = "") -> ModelRuntime:
         return self.runtimes[self.repository.get(name, version).name]
 
-    def _log_cpu_linear(self, name: str, executor: Executor) -> None:
+    def _log_cpu_linear(self, name: str, executor: Executor, platform: str) -> None:
         cpu = [inst for inst in executor.instances if not inst.cuda]
         if not cpu or self.settings.cpu_linear != "onednn":
             return
         first = cpu[0]
-        if first.onednn_ran[0]:
+        if platform in ("torchscript", "torch_export"):
+            # Without a word an operator took the line's absence for a model that has no linear layers, or for a
+            # failure: a ScriptModule is kept as it is, and an exported graph calls aten.linear with no nn.Linear.
+            log.info(
+                "%s: oneDNN not used: a %s model runs torch's own linear layers; to run them through oneDNN, serve "
+                'its nn.Module with platform = "python" (a factory and weights = its state dict)',
+                name,
+                platform,
+            )
+        elif first.onednn_ran[0]:
             log.info(
                 "%s: %d linear layer(s) per CPU instance run through oneDNN (%d with their ReLU)",
                 name,
@@ -215,7 +224,7 @@ class WokServer:
             )
             try:
                 await loop.run_in_executor(None, executor.warmup)
-                self._log_cpu_linear(name, executor)
+                self._log_cpu_linear(name, executor, servable.platform_label)
                 db = cfg.dynamic_batching
                 policy = BatchingPolicy(
                     cfg.max_batch_size, db.max_queue_delay_ms / 1e3, db.preferred_batch_sizes, db.max_queue_size

@@ -7,6 +7,7 @@ the files were made from, so a loader that silently drops weights or shapes is c
 
 from __future__ import annotations
 
+import logging
 import pickle
 import textwrap
 import zipfile
@@ -107,6 +108,22 @@ def test_torchscript_loads_and_matches(tmp_path):
     assert s.name == "ts" and s.platform_label == "torchscript"
     x = torch.randn(5, 4)
     torch.testing.assert_close(run(s, x), ref(x).detach())
+
+
+@pytest.mark.parametrize("platform", ["torchscript", "torch_export"])
+async def test_a_torchscript_or_export_model_is_said_to_run_torchs_linear_layers(tmp_path, serve, caplog, platform):
+    # Only a python model's nn.Linear modules run through oneDNN: the start-up said nothing for the others.
+    repo = tmp_path / "repo"
+    (write_torchscript if platform == "torchscript" else write_exported)(repo)
+    name = "ts" if platform == "torchscript" else next(p.name for p in repo.iterdir())
+    caplog.set_level(logging.INFO, logger="wok")
+    async with serve(repository=repo):
+        pass
+    said = [r.getMessage() for r in caplog.records if r.name == "wok" and "oneDNN" in r.getMessage()]
+    assert said == [
+        f"{name}: oneDNN not used: a {platform} model runs torch's own linear layers; to run them through oneDNN, "
+        'serve its nn.Module with platform = "python" (a factory and weights = its state dict)'
+    ], said
 
 
 async def test_torchscript_round_trip_through_server(tmp_path, serve):
