@@ -10,9 +10,10 @@ instance's worker reads it once per batch (server/executor.py):
 - `off`: back to normal.
 
 A fault may carry an expiry (`until`, Unix time): past it, the fault is gone without anyone
-turning it off. The state is one immutable `Fault` swapped under the GIL, so the worker's read
-needs no lock. Requests to change it are checked by `parse_fault_request`, which names the
-field, what it expected and what it got.
+turning it off. The state is one immutable `Fault` swapped under the GIL, written on the event
+loop alone (the worker leaves an ended one in place), so the worker's read needs no lock.
+Requests to change it are checked by `parse_fault_request`, which names the field, what it
+expected and what it got.
 """
 
 from __future__ import annotations
@@ -58,11 +59,17 @@ class InstanceFault:
     def set(self, fault: Fault | None) -> None:
         self._fault = fault
 
-    def current(self, now: float | None = None) -> Fault | None:
-        """The active fault, or None (none set, or its time is up)."""
+    def current(self, now: float | None = None, *, forget: bool = False) -> Fault | None:
+        """The active fault, or None (none set, or its time is up).
+
+        `forget`: an ended fault is dropped, which only the event loop, where `set` runs, may ask
+        (left, a wall clock stepped back would revive it). The worker's thread reads alone: its
+        write of None could land after a fault the admin set meanwhile, and wipe that one.
+        """
         f = self._fault
         if f is not None and f.until is not None and (time.time() if now is None else now) >= f.until:
-            self._fault = None
+            if forget:
+                self._fault = None
             return None
         return f
 
@@ -80,7 +87,7 @@ class InstanceFault:
         return f.delay_ms / 1e3
 
     def describe(self, now: float | None = None) -> dict | None:
-        f = self.current(now)
+        f = self.current(now, forget=True)
         if f is None:
             return None
         return {
@@ -254,6 +261,6 @@ class FaultBoard:
         now = time.time()
         for lst in self.states.values():
             for s in lst:
-                f = s.current(now)
+                f = s.current(now, forget=True)
                 out.extend((s.model, s.instance, m, int(f is not None and f.mode == m)) for m in ACTIVE_MODES)
         return out

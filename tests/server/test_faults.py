@@ -152,3 +152,29 @@ async def test_set_policy_takes_effect_on_the_next_decision(gated):
         assert module.batch_sizes[-1] == 3
     finally:
         await b.stop()
+
+
+class _SetsAFaultAsItIsCompared(float):
+    """A clock reading whose comparison sets `fault` on `state` first: the admin's POST on the event
+    loop landing while the worker's thread is between its read of the expired fault and its verdict."""
+
+    def __new__(cls, value: float, state: InstanceFault, fault: Fault):
+        self = super().__new__(cls, value)
+        self.state, self.fault = state, fault
+        return self
+
+    def __ge__(self, other):
+        self.state.set(self.fault)
+        return float(self) >= other
+
+
+def test_a_fault_set_while_an_expired_one_is_read_is_kept():
+    # The worker's read of an expired fault wrote None back: a fault the admin set meanwhile was
+    # wiped, though its POST had answered 200 with it active.
+    state = InstanceFault("mlp", 0)
+    state.set(Fault("slow", 10.0, until=100.0))
+    new = Fault("fail")
+    assert state.current(_SetsAFaultAsItIsCompared(200.0, state, new)) is None  # the read saw the old one, ended
+    assert state.current() is new
+    with pytest.raises(ModelExecutionError, match="failing by fault injection"):
+        state.before_forward()
