@@ -356,6 +356,8 @@ class Instance:
         # had not taken (the future's `withdraw`, see submit); whatever is still pending here then
         # (a prewarm read) is cancelled rather than run for nobody. The running one cannot be
         # interrupted, and wait=True waits for it: the server bounds that wait and exits hard past it.
+        # A batch in an injected slow fault's pause can: it ends now rather than hold the thread.
+        self.fault.stop()
         self._worker.shutdown(wait=True, cancel_futures=True)
         if self._waiter is not None:
             self._waiter.shutdown(wait=True, cancel_futures=True)
@@ -378,7 +380,7 @@ class Instance:
             try:
                 out = self._forward_cpu(host)
                 if slow_s:
-                    time.sleep(slow_s)
+                    self.fault.pause()
                 t2 = time.perf_counter()
                 per_request = self._split_cpu(out, rows, samples, slot)
             except ModelExecutionError as exc:
@@ -614,7 +616,7 @@ class Instance:
                     s.check_shapes({k: v.shape for k, v in out.items()}, sum(rows))
                     if slow_s:  # after the forward, before its end event: counted in compute
                         self.compute_stream.synchronize()
-                        time.sleep(slow_s)
+                        self.fault.pause()
                     ev[3].record()
                 self.d2h_stream.wait_event(ev[3])
                 with torch.cuda.stream(self.d2h_stream):

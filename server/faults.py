@@ -4,7 +4,8 @@ Each model instance owns one `InstanceFault`; the admin API (server/http.py) set
 instance's worker reads it once per batch (server/executor.py):
 
 - `slow`: the worker sleeps `delay_ms` after the forward, so the batch's compute stage (and
-  the instance's busy time) grows by that much;
+  the instance's busy time) grows by that much; a change of the fault, or the instance's
+  shutdown, ends a sleep already begun early (`InstanceFault.pause`);
 - `fail`: the worker raises ModelExecutionError before the forward, so every request of the
   batch ends with INTERNAL and the message below;
 - `off`: back to normal.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -49,15 +51,47 @@ class Fault:
 class InstanceFault:
     """The fault state of one model instance, read by its worker once per batch."""
 
-    __slots__ = ("_fault", "instance", "model")
+    __slots__ = ("_fault", "_stopped", "_wake", "instance", "model")
 
     def __init__(self, model: str, instance: int) -> None:
         self.model = model
         self.instance = instance
         self._fault: Fault | None = None
+        self._stopped = False
+        # Set by every change and by stop(): a batch in `pause` re-reads the fault then. Only the
+        # slow path touches it; the worker's read of the fault stays a plain attribute read.
+        self._wake = threading.Event()
 
     def set(self, fault: Fault | None) -> None:
         self._fault = fault
+        self._wake.set()
+
+    def stop(self) -> None:
+        """End a pause under way and any later one at once: the instance shuts down, and a slow fault
+        of up to MAX_DELAY_MS would hold its worker thread past the stop's grace period."""
+        self._stopped = True
+        self._wake.set()
+
+    def pause(self) -> None:
+        """The worker's sleep after a `slow` batch's forward (before_forward gave a delay above 0).
+
+        It lasts the delay of the fault in force, counted from the pause's start, so that turning
+        the fault off or to `fail`, its expiry, or a shorter delay ends it early (a 60 s batch
+        otherwise held its requests for the whole delay after `off`); stop() ends it at once.
+        """
+        start = time.monotonic()
+        while not self._stopped:
+            # Cleared before the fault is read: a set() after this read wakes the wait below.
+            self._wake.clear()
+            f = self.current()
+            if f is None or f.mode != "slow":
+                return
+            left = start + f.delay_ms / 1e3 - time.monotonic()
+            if f.until is not None:
+                left = min(left, f.until - time.time())
+            if left <= 0:
+                return
+            self._wake.wait(left)
 
     def current(self, now: float | None = None, *, forget: bool = False) -> Fault | None:
         """The active fault, or None (none set, or its time is up).
