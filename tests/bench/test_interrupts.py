@@ -177,7 +177,9 @@ def test_sigterm_in_the_host_probe_after_the_ramp_keeps_the_result(bench_server,
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", bench_server.target, "--metrics-url", "none"]
     cmd += ["--steps", "20", "--step-duration", "0.5s", "--warmup", "0.1s", "--workers", "1"]
-    cmd += ["--host-probe", "4s", "--json", str(out)]  # before the ramp too: 4 s each
+    # 1 s before the ramp too (4 s cost 3 s more there). The signal goes as soon as the probe after the ramp
+    # is said and has that probe's whole second to land in; it takes a few ms.
+    cmd += ["--host-probe", "1s", "--json", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen = []
     try:

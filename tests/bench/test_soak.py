@@ -162,11 +162,23 @@ def test_rss_sampler_reads_a_real_server(soak_server):
 
 
 class _SlowScrapes(RssSampler):
-    """A sampler whose every scrape takes 0.2 s, recording when each of its own thread's began."""
+    """A sampler whose every scrape takes 0.2 s, recording when each of its own thread's began, and what
+    each of its thread's waits aimed at: the moment it asked to wake, as now + timeout (from clock0)."""
 
     def __init__(self, every_s: float):
         super().__init__([], every_s)
         self.began: list[float] = []
+        self.aims: list[tuple[float, float]] = []  # (asked at, aimed at)
+        sampler = self
+
+        class AimedStop(threading.Event):
+            def wait(self, timeout: float | None = None) -> bool:
+                if threading.current_thread().name == "wok-rss" and timeout is not None:
+                    now = time.monotonic() - sampler._clock0
+                    sampler.aims.append((now, now + timeout))
+                return super().wait(timeout)
+
+        self._stop = AimedStop()
 
     def sample(self) -> None:
         if threading.current_thread().name == "wok-rss":
@@ -178,15 +190,24 @@ class _SlowScrapes(RssSampler):
 def test_rss_samples_keep_their_grid_however_long_a_scrape_takes():
     # It waited every_s after each scrape ended: 0.2 s scrapes every 0.4 s began at 0, 0.6, 1.2 s,
     # the cadence stretched by half (the soak's e2e test, 0.2 s cadence, got 7 samples of 2 s on a
-    # host slow to scrape). On the grid they begin at 0, 0.4, 0.8, 1.2 s, give or take the host.
-    sampler = _SlowScrapes(every_s=0.4)
+    # host slow to scrape). On the grid they begin at 0, 0.4, 0.8, 1.2 s. When each scrape began
+    # is the host's to say (a loaded one woke the thread 0.15 s late): what each wait after a scrape
+    # aimed at is the sampler's, a tick of the grid, the first after the scrape ended.
+    every = 0.4
+    sampler = _SlowScrapes(every_s=every)
     sampler.start(time.monotonic())
     while len(sampler.began) < 4:
         time.sleep(0.01)
     sampler.stop()
-    ticks = [round(t / 0.4) for t in sampler.began]
-    assert ticks == list(range(len(ticks))), sampler.began
-    assert all(t - 0.4 * k < 0.15 for k, t in enumerate(sampler.began)), sampler.began
+    waits = sampler.aims[1 : len(sampler.began)]  # the first is the wait for clock0, before any scrape
+    assert len(waits) == len(sampler.began) - 1, (sampler.aims, sampler.began)
+    ticks = [round(aim / every) for _, aim in waits]
+    # The slack is only for the host between the sampler's reading of the clock and the wait's.
+    assert all(abs(aim - every * tick) < 0.05 for (_, aim), tick in zip(waits, ticks)), waits
+    assert all(0 < aim - asked <= every + 1e-9 for asked, aim in waits), waits  # the first tick after the scrape
+    assert ticks == sorted(set(ticks)), waits  # ticks a slow scrape overran skipped, not made up
+    # Each scrape waited for its tick (a wait's slack: its clock read before it woke).
+    assert all(began >= aim - 0.005 for began, (_, aim) in zip(sampler.began[1:], waits)), (sampler.began, waits)
 
 
 def test_soak_end_to_end(runs):

@@ -192,8 +192,9 @@ async def closing(dns, name, **client_args):
     for thread in threading.enumerate():
         if thread.name == "wok-channel-target":
             await asyncio.to_thread(thread.join, 20)
-    await asyncio.sleep(0)  # (a result handed to the loop by the thread: call_soon_threadsafe)
-    await asyncio.sleep(0)
+            assert not thread.is_alive(), f"the lookup of {name} still running 20 s after its answer"
+    # No wait for the loop past the joins: the thread handed its result to the loop (call_soon_threadsafe,
+    # from the future's set_result) before it ended, so ahead of the join's own result, which resumes this.
     return out
 
 
