@@ -369,17 +369,22 @@ def parse_args(argv=None) -> argparse.Namespace:
             args.fixed = (read_int(size), delay)
         except ValueError:
             p.error(f"--fixed: expected MAX_BATCH_SIZE_IN_REQUESTS,DELAY like 8,5ms; got {quoted_name(args.fixed)}")
-    try:
-        args.slo_ms = 1e3 * parse_duration(args.slo)
-        args.server_slo_ms = 1e3 * parse_duration(args.server_slo) if args.server_slo else args.slo_ms
-        args.duration = parse_duration(args.duration)
-        args.warmup = parse_duration(args.warmup)
-        args.client_timeout = parse_duration(args.client_timeout)
-        args.delays_ms = [1e3 * parse_duration(x) for x in args.delays.split(",")]
-        if args.fixed:
-            args.fixed = (args.fixed[0], 1e3 * parse_duration(args.fixed[1]))
-    except ValueError as exc:
-        p.error(str(exc))
+
+    def duration(option: str, text: str) -> float:
+        # Each refusal names its option: "invalid duration 'xs'" alone left the user to guess which of six.
+        try:
+            return parse_duration(text)
+        except ValueError as exc:
+            p.error(f"{option}: {exc}")
+
+    args.slo_ms = 1e3 * duration("--slo", args.slo)
+    args.server_slo_ms = 1e3 * duration("--server-slo", args.server_slo) if args.server_slo else args.slo_ms
+    args.duration = duration("--duration", args.duration)
+    args.warmup = duration("--warmup", args.warmup)
+    args.client_timeout = duration("--client-timeout", args.client_timeout)
+    args.delays_ms = [1e3 * duration("--delays", x) for x in args.delays.split(",")]
+    if args.fixed:
+        args.fixed = (args.fixed[0], 1e3 * duration("--fixed", args.fixed[1]))
     if args.rows < 1 or args.reps < 1 or args.base_qps <= 0:
         p.error("--rows, --reps and --base-qps must be positive")
     # The input files, read here: a missing or wrong one found after the profile and tuning costs them.

@@ -112,6 +112,10 @@ CASES = [
     ("cold_batch", ["--sizes", "١"], "--sizes: expected positive integers, comma-separated; got '١'"),
     ("slo_compare", ["--request-sizes", "١,٢"], "--request-sizes: expected whole numbers like 1,2,4,8; got '١,٢'"),
     ("slo_compare", ["--fixed", "٤,5ms"], "--fixed: expected MAX_BATCH_SIZE_IN_REQUESTS,DELAY like 8,5ms; got '٤,5ms'"),
+    # A duration's refusal named no option ("invalid duration 'xs'"): which of six?
+    ("slo_compare", ["--warmup", "xs"], "--warmup: invalid duration 'xs'"),
+    ("slo_compare", ["--delays", "1ms,x"], "--delays: invalid duration 'x'"),
+    ("slo_compare", ["--fixed", "8,x"], "--fixed: invalid duration 'x'"),
 ]
 
 
