@@ -10,9 +10,11 @@ instance's worker reads it once per batch (server/executor.py):
   batch ends with INTERNAL and the message below;
 - `off`: back to normal.
 
-A fault may carry an expiry (`until`, Unix time): past it, the fault is gone without anyone
-turning it off. The state is one immutable `Fault` swapped under the GIL, written on the event
-loop alone (the worker leaves an ended one in place), so the worker's read needs no lock.
+A fault may carry an expiry: past it, the fault is gone without anyone turning it off. It is shown
+as `until`, Unix time, but decided by `deadline`, time.monotonic(): a step of the wall clock (NTP,
+a VM resumed) stretched or cut a fault's `duration_s`. Every `now` below is a monotonic instant.
+The state is one immutable `Fault` swapped under the GIL, written on the event loop alone (the worker
+leaves an ended one in place), so the worker's read needs no lock.
 Requests to change it are checked by `parse_fault_request`, which names the field, what it
 expected and what it got.
 """
@@ -35,6 +37,10 @@ MAX_DELAY_MS = 60_000.0
 # admin API's change of it and the demo's simulator's. Here, not in config: that module loads
 # pydantic and numpy (0.35 s), which the admin's routes and the demo's simulator do not.
 MAX_QUEUE_DELAY_MS = 60_000
+# A fault's shortest and longest `duration_s`: a shorter one (1e-300) ended at once, yet was answered
+# and logged as a change made.
+MIN_DURATION_S = 1e-3
+MAX_DURATION_S = 86_400.0
 
 
 class AdminRequestError(ValueError):
@@ -45,7 +51,15 @@ class AdminRequestError(ValueError):
 class Fault:
     mode: str  # "slow" or "fail"
     delay_ms: float = 0.0
-    until: float | None = None  # Unix time it ends; None: until turned off
+    until: float | None = None  # Unix time it ends, as shown; None: until turned off
+    deadline: float | None = None  # time.monotonic() it ends, what decides; None: until turned off
+
+    def __post_init__(self) -> None:
+        # One without the other was a fault shown to end that never did, or the reverse.
+        if (self.until is None) != (self.deadline is None):
+            raise ValueError(
+                f"Fault: expected until and deadline both set or both None, got {self.until=}, {self.deadline=}"
+            )
 
 
 class InstanceFault:
@@ -87,8 +101,8 @@ class InstanceFault:
             if f is None or f.mode != "slow":
                 return
             left = start + f.delay_ms / 1e3 - time.monotonic()
-            if f.until is not None:
-                left = min(left, f.until - time.time())
+            if f.deadline is not None:
+                left = min(left, f.deadline - time.monotonic())
             if left <= 0:
                 return
             self._wake.wait(left)
@@ -96,12 +110,12 @@ class InstanceFault:
     def current(self, now: float | None = None, *, forget: bool = False) -> Fault | None:
         """The active fault, or None (none set, or its time is up).
 
-        `forget`: an ended fault is dropped, which only the event loop, where `set` runs, may ask
-        (left, a wall clock stepped back would revive it). The worker's thread reads alone: its
-        write of None could land after a fault the admin set meanwhile, and wipe that one.
+        `now`: a time.monotonic() instant. `forget`: an ended fault is dropped, which only the event
+        loop, where `set` runs, may ask. The worker's thread reads alone: its write of None could land
+        after a fault the admin set meanwhile, and wipe that one.
         """
         f = self._fault
-        if f is not None and f.until is not None and (time.time() if now is None else now) >= f.until:
+        if f is not None and f.deadline is not None and (time.monotonic() if now is None else now) >= f.deadline:
             if forget:
                 self._fault = None
             return None
@@ -251,9 +265,7 @@ def parse_fault_request(body, instances: dict[str, int]) -> FaultRequest:
     if body.get("duration_s") is not None:
         if mode == "off":
             raise _bad("duration_s", "no duration_s for mode 'off'", body["duration_s"])
-        duration_s = _number(body, "duration_s", 0.0, 86_400.0)
-        if duration_s <= 0:
-            raise _bad("duration_s", "a duration above 0 seconds", body["duration_s"])
+        duration_s = _number(body, "duration_s", MIN_DURATION_S, MAX_DURATION_S)
     return FaultRequest(model, instance, mode, delay_ms, duration_s)
 
 
@@ -271,13 +283,20 @@ class FaultBoard:
     def instances(self) -> dict[str, int]:
         return {m: len(lst) for m, lst in self.states.items()}
 
-    def apply(self, req: FaultRequest, now: float | None = None) -> list[dict]:
-        """Set (or clear) the fault of the instances the request names; returns the new state."""
-        now = time.time() if now is None else now
+    def apply(self, req: FaultRequest, now: float | None = None, *, wall: float | None = None) -> list[dict]:
+        """Set (or clear) the fault of the instances the request names; returns the new state.
+
+        `now`: the time.monotonic() instant its deadline counts from; `wall`: the Unix time its shown
+        `until` counts from.
+        """
+        now = time.monotonic() if now is None else now
         fault = None
         if req.mode != "off":
-            until = None if req.duration_s is None else now + req.duration_s
-            fault = Fault(req.mode, req.delay_ms, until)
+            until = deadline = None
+            if req.duration_s is not None:
+                until = (time.time() if wall is None else wall) + req.duration_s
+                deadline = now + req.duration_s
+            fault = Fault(req.mode, req.delay_ms, until, deadline)
         targets: Sequence[InstanceFault] = self.states[req.model]
         if req.instance is not None:
             targets = [targets[req.instance]]
@@ -286,13 +305,13 @@ class FaultBoard:
         return self.active(now)
 
     def active(self, now: float | None = None) -> list[dict]:
-        now = time.time() if now is None else now
+        now = time.monotonic() if now is None else now
         return [d for lst in self.states.values() for s in lst if (d := s.describe(now)) is not None]
 
     def gauge(self) -> list[tuple[str, int, str, int]]:
         """(model, instance, mode, 1 if active else 0) for every instance and fault mode."""
         out = []
-        now = time.time()
+        now = time.monotonic()
         for lst in self.states.values():
             for s in lst:
                 f = s.current(now, forget=True)

@@ -16,6 +16,7 @@ import pytest
 from wok.app import WokServer
 from wok.config import server_settings
 from wok.errors import ShuttingDown
+from wok.faults import FaultBoard, InstanceFault, parse_fault_request
 from wok.repository import ModelRepository
 
 DELAY_MS = 30_000.0
@@ -86,3 +87,41 @@ async def test_a_stop_past_its_grace_ends_the_pause_and_abandons_no_work(gated_m
     assert not server.abandoned_work
     assert took < grace + 5, f"the stop took {took:.1f} s"
     assert isinstance(pending.future.exception(), ShuttingDown), pending.future.exception()
+
+
+def _paused_for(state, timeout: float = 10.0) -> float:
+    """Seconds `state.pause()` lasted, run in a thread; stop() ends it past `timeout`."""
+    took = []
+
+    def run():
+        t0 = time.monotonic()
+        state.pause()
+        took.append(time.monotonic() - t0)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    state.stop()
+    t.join(10)
+    assert took, "the pause did not end after stop()"
+    return took[0]
+
+
+def test_a_wall_clock_stepped_ahead_does_not_cut_a_pause(monkeypatch):
+    # The pause's expiry was on time.time(): a step a day ahead ended a 60 s fault's 300 ms pause at once.
+    board = FaultBoard([InstanceFault("m", 0)])
+    board.apply(parse_fault_request({"model": "m", "mode": "slow", "delay_ms": 300, "duration_s": 60}, {"m": 1}))
+    wall = time.time()
+    monkeypatch.setattr(time, "time", lambda: wall + 86_400.0)
+    assert _paused_for(board.states["m"][0]) >= 0.3
+
+
+def test_a_wall_clock_stepped_back_does_not_stretch_a_pause(monkeypatch):
+    # A step a day back held a 200 ms fault's pause for its whole 30 s delay.
+    board = FaultBoard([InstanceFault("m", 0)])
+    body = {"model": "m", "mode": "slow", "delay_ms": DELAY_MS, "duration_s": 0.2}
+    board.apply(parse_fault_request(body, {"m": 1}))
+    wall = time.time()
+    monkeypatch.setattr(time, "time", lambda: wall - 86_400.0)
+    took = _paused_for(board.states["m"][0])
+    assert took < 10, took

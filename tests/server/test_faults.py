@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -36,6 +37,9 @@ INSTANCES = {"mlp": 2, "recsys": 1}
         ({"model": "mlp", "mode": "slow", "delay_ms": 10**300}, "delay_ms", "1" + "0" * 300),  # a float's range
         ({"model": "mlp", "mode": "fail", "delay_ms": 5}, "delay_ms", "5"),
         ({"model": "mlp", "mode": "fail", "duration_s": 0}, "duration_s", "0"),
+        # Ended at once, yet answered and logged as a change made.
+        ({"model": "mlp", "mode": "fail", "duration_s": 1e-300}, "duration_s", "1e-300"),
+        ({"model": "mlp", "mode": "fail", "duration_s": 0.0009}, "duration_s", "0.0009"),
         ({"model": "mlp", "mode": "off", "duration_s": 3}, "duration_s", "3"),
         ({"model": "mlp", "mode": "off", "colour": "red"}, "colour", "'red'"),
     ],
@@ -53,6 +57,7 @@ def test_good_requests_parse():
     assert (r.model, r.instance, r.mode, r.delay_ms, r.duration_s) == ("mlp", 1, "slow", 50.0, 10.0)
     r = parse_fault_request({"model": "recsys", "mode": "fail"}, INSTANCES)
     assert (r.instance, r.delay_ms, r.duration_s) == (None, 0.0, None)
+    assert parse_fault_request({"model": "mlp", "mode": "fail", "duration_s": 0.001}, INSTANCES).duration_s == 0.001
 
 
 def _board() -> FaultBoard:
@@ -62,7 +67,8 @@ def _board() -> FaultBoard:
 def test_board_sets_one_or_all_instances_and_expires_faults():
     board = _board()
     assert board.instances == INSTANCES
-    state = board.apply(parse_fault_request({"model": "mlp", "mode": "fail", "duration_s": 10}, INSTANCES), now=100.0)
+    req = parse_fault_request({"model": "mlp", "mode": "fail", "duration_s": 10}, INSTANCES)
+    state = board.apply(req, now=100.0, wall=100.0)
     assert state == [
         {"model": "mlp", "instance": 0, "mode": "fail", "delay_ms": None, "until": 110.0},
         {"model": "mlp", "instance": 1, "mode": "fail", "delay_ms": None, "until": 110.0},
@@ -76,6 +82,30 @@ def test_board_sets_one_or_all_instances_and_expires_faults():
     # Past its end the fail fault is gone; the slow one has no end.
     assert [(d["instance"], d["mode"]) for d in board.active(now=110.0)] == [(1, "slow")]
     assert board.apply(parse_fault_request({"model": "mlp", "mode": "off"}, INSTANCES), now=111.0) == []
+
+
+def test_a_wall_clock_step_neither_ends_nor_stretches_a_fault(monkeypatch):
+    # Expiry was decided on time.time(): a step of the wall clock a day ahead ended a 10 s fault at once.
+    board = _board()
+    wall = time.time()
+    board.apply(parse_fault_request({"model": "mlp", "instance": 0, "mode": "fail", "duration_s": 10}, INSTANCES))
+    state = board.states["mlp"][0]
+    monkeypatch.setattr(time, "time", lambda: wall + 86_400.0)
+    assert [(d["instance"], d["mode"]) for d in board.active()] == [(0, "fail")]
+    assert ("mlp", 0, "fail", 1) in board.gauge()
+    f = state.current()
+    assert f is not None and wall + 10 <= f.until < wall + 20, f  # still shown as Unix time
+    # A day back: it still ends at its monotonic deadline, not a day later.
+    monkeypatch.setattr(time, "time", lambda: wall - 86_400.0)
+    assert board.active(now=f.deadline - 1e-3) != []
+    assert board.active(now=f.deadline) == [] and state.current() is None
+
+
+def test_a_fault_needs_both_its_shown_end_and_its_deadline_or_neither():
+    with pytest.raises(ValueError, match="expected until and deadline both set or both None"):
+        Fault("fail", until=1.0)
+    with pytest.raises(ValueError, match="expected until and deadline both set or both None"):
+        Fault("fail", deadline=1.0)
 
 
 def test_gauge_has_every_instance_and_mode():
@@ -99,7 +129,7 @@ def test_before_forward_raises_for_fail_and_returns_the_delay_for_slow():
     f.set(Fault("fail"))
     with pytest.raises(ModelExecutionError, match=r"^model 'mlp' instance 3: failing by fault injection$"):
         f.before_forward()
-    f.set(Fault("fail", until=1.0))  # ended long ago
+    f.set(Fault("fail", until=1.0, deadline=time.monotonic()))  # ended
     assert f.before_forward() == 0.0 and f.current() is None
 
 
@@ -172,7 +202,7 @@ def test_a_fault_set_while_an_expired_one_is_read_is_kept():
     # The worker's read of an expired fault wrote None back: a fault the admin set meanwhile was
     # wiped, though its POST had answered 200 with it active.
     state = InstanceFault("mlp", 0)
-    state.set(Fault("slow", 10.0, until=100.0))
+    state.set(Fault("slow", 10.0, until=100.0, deadline=100.0))
     new = Fault("fail")
     assert state.current(_SetsAFaultAsItIsCompared(200.0, state, new)) is None  # the read saw the old one, ended
     assert state.current() is new
