@@ -33,7 +33,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..numerals import digits_note, read_float
+from ..numerals import ascii_digits, digits_note, read_float
 
 
 def _quoted(text: str) -> str:
@@ -559,7 +559,7 @@ def _brief(text: str, width: int = 60) -> str:
 def _size(value: object, where: str) -> int:
     if isinstance(value, str):
         value = value.strip()
-        if re.fullmatch(r"[0-9]+", value):
+        if ascii_digits(value):
             return int(value)
     elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value

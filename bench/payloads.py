@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from wok.datatypes import datatype
-from wok.numerals import read_float
+from wok.numerals import ascii_digits, read_float
 
 # The bound of integer inputs when none is given: every wok demo model accepts ids below it. A
 # server's KServe metadata does not say a model's id range, so the bench cannot find a better one;
@@ -187,7 +187,7 @@ def _read_sizes(path: Path) -> np.ndarray:
             if not isinstance(obj, dict) or obj.get("size") is None:
                 raise ValueError(f'{path}:{i}: expected an object with a "size" field')
             values.append((i, obj["size"]))
-    elif re.fullmatch(r"[0-9]+", first):
+    elif ascii_digits(first):
         values = lines
     else:
         reader = csv.DictReader(text.splitlines())
@@ -199,7 +199,7 @@ def _read_sizes(path: Path) -> np.ndarray:
     out = []
     for i, v in values:
         text_v = str(v).strip()
-        if isinstance(v, bool) or not re.fullmatch(r"[0-9]+", text_v):
+        if isinstance(v, bool) or not ascii_digits(text_v):
             raise ValueError(f"{path}:{i}: size {v!r} is not an integer >= 0")
         out.append(int(text_v))
     return np.asarray(out, dtype=np.int64)
@@ -214,10 +214,10 @@ def parse_sizes(spec: str) -> Sizes:
     kind = kind.strip().lower()
     rest = rest.strip()
     try:
-        if re.fullmatch(r"[0-9]+", kind) and not rest:
+        if ascii_digits(kind) and not rest:
             return Fixed(int(kind))
         if kind == "fixed":
-            if not re.fullmatch(r"[0-9]+", rest):
+            if not ascii_digits(rest):
                 raise ValueError(f"expected fixed:N with N an integer >= 0; got {_quoted(rest)}")
             return Fixed(int(rest))
         if kind == "uniform":
@@ -239,7 +239,7 @@ def parse_sizes(spec: str) -> Sizes:
                 median, sigma = read_float(opts["median"]), read_float(opts["sigma"])
             except ValueError:
                 raise ValueError("lognormal median and sigma must be numbers") from None
-            if not re.fullmatch(r"[0-9]+", opts["max"]):
+            if not ascii_digits(opts["max"]):
                 raise ValueError(f"lognormal max must be an integer >= 1; got {_quoted(opts['max'])}")
             return LogNormal(median, sigma, int(opts["max"]))
         if kind == "empirical":

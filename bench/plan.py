@@ -213,7 +213,17 @@ def device_word(batch_in: Mapping) -> str:
     `devices`, `inputs.batch.ramp.device`), else 'GPU' (every other source, and a ramp that recorded none).
     A plan's views read its `inputs.unit` (`plan_word`); this is for plans written before it."""
     device = (batch_in.get("profile") or batch_in.get("ramp") or {}).get("device")
-    return "CPU" if isinstance(device, str) and device.lower().startswith("cpu") else "GPU"
+    return (_unit_of(device) or "gpu").upper()
+
+
+def _unit_of(device) -> str | None:
+    """'cpu' or 'gpu' for a recorded device ("cpu", "cuda:0", a ramp's "gpu"), None for none recorded."""
+    return None if not isinstance(device, str) else "cpu" if device.lower().startswith("cpu") else "gpu"
+
+
+def _unit_option(names: Mapping[str, str] | None) -> str:
+    """The caller's name for the `unit` input (`--unit` for the CLI), as its errors and warnings name it."""
+    return (names or {}).get("unit", "unit")
 
 
 def plan_word(plan: Mapping) -> str:
@@ -231,11 +241,11 @@ def plan_unit(batch: BatchTime, given: str | None, names: Mapping[str, str] | No
     """What the plan counts ('cpu' or 'gpu') and where that came from: the device the batch input records (source
     'profile' or 'ramp'), else `given` ('given'), else 'gpu' ('default'). A `given` unit that contradicts the
     recorded device is refused: the batch time was measured on the one, and would size a fleet of the other."""
-    option = (names or {}).get("unit", "unit")
+    option = _unit_option(names)
     if given is not None and given not in UNITS:
         raise ValueError(f"{option}: expected one of {', '.join(map(repr, UNITS))}; got {shown_value(given)}")
     device = batch.detail.get("device") if batch.source in ("profile", "ramp") else None
-    recorded = None if not isinstance(device, str) else "cpu" if device.lower().startswith("cpu") else "gpu"
+    recorded = _unit_of(device)
     if recorded is None:
         return (given, "given") if given is not None else ("gpu", "default")
     if given is not None and given != recorded:
@@ -812,7 +822,7 @@ def _build_plan(
         warnings.append(
             f"the ramp {batch.detail['path']} records no device for its model (its `devices`: absent in ramps "
             "written before 2026-12-05, null where the server's ModelConfig named none), so the plan counts GPUs; "
-            f"if that server ran the model on the CPU, give {(names or {}).get('unit', 'unit')} cpu"
+            f"if that server ran the model on the CPU, give {_unit_option(names)} cpu"
         )
     lo, hi = TARGET_UTIL_ADVISED
     if not lo <= target_util <= hi:

@@ -738,7 +738,7 @@ def check_replica_args(words: Sequence[str], fixed: Mapping[str, str]) -> None:
 
 async def _until_stop(step, stop: asyncio.Event) -> bool:
     """Await `step` unless a signal comes first; True if it finished, False if the signal won (the
-    step is then left running: the caller exits without it)."""
+    step is then left running: the caller exits without it, or cancels it)."""
     task = asyncio.ensure_future(step)
     waiter = asyncio.ensure_future(stop.wait())
     try:

@@ -326,7 +326,10 @@ class WokServer:
         for warning in security_warnings(self.settings):
             log.warning("%s", warning)
         if self.announce and self._health_grpc is not None:
-            log.info("health (plaintext, grpc.health.v1 only) on %s", host_port(self._health_host, self.health_port))
+            log.info(
+                "health (plaintext, grpc.health.v1 only) on %s",
+                host_port(self.settings.health_bind_host, self.health_port),
+            )
         if self.announce and self.http is not None:
             http = host_port(self.settings.metrics_host, self.http.port)
             if self.settings.metrics:
@@ -356,10 +359,6 @@ class WokServer:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    @property
-    def _health_host(self) -> str:
-        return self.settings.health_bind_host
-
     async def _start_health_port(self) -> None:
         # The kubelet's gRPC probe speaks plaintext only and presents no client certificate,
         # so with TLS on the main port it cannot probe there. This port carries the same
@@ -367,14 +366,14 @@ class WokServer:
         # nothing else: no inference, no reflection, no token needed (health is exempt anyway).
         self._health_grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         add_tolerant_service(self._health_grpc, health_pb2, "Health", self._health)
-        address = host_port(self._health_host, self.settings.health_port)
+        address = host_port(self.settings.health_bind_host, self.settings.health_port)
         try:
             self.health_port = self._health_grpc.add_insecure_port(address)
         except RuntimeError:
             self.health_port = 0
         if self.health_port == 0:
             await _release_unstarted(self._health_grpc)
-            self._bind_failed("health port", self._health_host, self.settings.health_port)
+            self._bind_failed("health port", self.settings.health_bind_host, self.settings.health_port)
         await _start_grpc(self._health_grpc)
 
     @staticmethod

@@ -97,12 +97,13 @@ class InstanceFault:
         while not self._stopped:
             # Cleared before the fault is read: a set() after this read wakes the wait below.
             self._wake.clear()
-            f = self.current()
+            now = time.monotonic()
+            f = self.current(now)
             if f is None or f.mode != "slow":
                 return
-            left = start + f.delay_ms / 1e3 - time.monotonic()
+            left = start + f.delay_ms / 1e3 - now
             if f.deadline is not None:
-                left = min(left, f.deadline - time.monotonic())
+                left = min(left, f.deadline - now)
             if left <= 0:
                 return
             self._wake.wait(left)
