@@ -359,16 +359,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     # --log-dir: the servers' logs, first written after the profile and the tuning.
     refuse_unwritable(p, args, "--json", "--plot", "--log-dir")
     # int()'s own refusal named neither the option nor what it takes ("invalid literal for int()").
+    # A size of 0 or below started servers before failing (or served max_batch_size 0): refused here.
     try:
-        args.request_sizes = [read_int(x) for x in args.request_sizes.split(",")]
+        sizes = [read_int(x) for x in args.request_sizes.split(",")]
+        if min(sizes) < 1:
+            raise ValueError
+        args.request_sizes = sizes
     except ValueError:
-        p.error(f"--request-sizes: expected whole numbers like 1,2,4,8; got {quoted_name(args.request_sizes)}")
+        p.error(f"--request-sizes: expected whole numbers >= 1 like 1,2,4,8; got {quoted_name(args.request_sizes)}")
     if args.fixed:
-        size, _, delay = args.fixed.partition(",")
+        fields = args.fixed.split(",")
         try:
-            args.fixed = (read_int(size), delay)
+            if len(fields) != 2 or read_int(fields[0]) < 1:
+                raise ValueError
         except ValueError:
-            p.error(f"--fixed: expected MAX_BATCH_SIZE_IN_REQUESTS,DELAY like 8,5ms; got {quoted_name(args.fixed)}")
+            p.error(
+                "--fixed: expected MAX_BATCH_SIZE_IN_REQUESTS,DELAY, a whole number >= 1 and a duration, like "
+                f"8,5ms; got {quoted_name(args.fixed)}"
+            )
+        args.fixed = (read_int(fields[0]), fields[1])
 
     def duration(option: str, text: str) -> float:
         # Each refusal names its option: "invalid duration 'xs'" alone left the user to guess which of six.
@@ -385,8 +394,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.delays_ms = [1e3 * duration("--delays", x) for x in args.delays.split(",")]
     if args.fixed:
         args.fixed = (args.fixed[0], 1e3 * duration("--fixed", args.fixed[1]))
-    if args.rows < 1 or args.reps < 1 or args.base_qps <= 0:
-        p.error("--rows, --reps and --base-qps must be positive")
+    for option, value in (("--rows", args.rows), ("--reps", args.reps), ("--base-qps", args.base_qps)):
+        if value <= 0:
+            p.error(f"{option}: expected a number > 0, got {value:g}")
     # The input files, read here: a missing or wrong one found after the profile and tuning costs them.
     if args.replot:
         try:
