@@ -56,8 +56,14 @@ def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json")
-    if args.reps < 1 or args.gap_ms < 0 or args.threads < 1 or args.max_rows_rss < 4:
-        p.error("--reps and --threads must be >= 1, --gap-ms >= 0, --max-rows-rss >= 4")
+    for option, value, least in (
+        ("--reps", args.reps, 1),
+        ("--threads", args.threads, 1),
+        ("--gap-ms", args.gap_ms, 0),
+        ("--max-rows-rss", args.max_rows_rss, 4),
+    ):
+        if value < least:
+            p.error(f"{option}: expected a number >= {least}, got {value:g}")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 

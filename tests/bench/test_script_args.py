@@ -121,6 +121,10 @@ CASES = [
     ("slo_compare", ["--request-sizes=-1,2"], "got '-1,2'"),
     ("slo_compare", ["--rows", "0"], "--rows: expected a number > 0, got 0"),
     ("slo_compare", ["--base-qps=-1.5"], "--base-qps: expected a number > 0, got -1.5"),
+    # One message named all four limits whichever was wrong, and not the value.
+    ("linear_kernels", ["--reps", "0"], "--reps: expected a number >= 1, got 0"),
+    ("linear_kernels", ["--gap-ms=-1"], "--gap-ms: expected a number >= 0, got -1"),
+    ("linear_kernels", ["--max-rows-rss", "3"], "--max-rows-rss: expected a number >= 4, got 3"),
     # A duration's refusal named no option ("invalid duration 'xs'"): which of six?
     ("slo_compare", ["--warmup", "xs"], "--warmup: invalid duration 'xs'"),
     ("slo_compare", ["--delays", "1ms,x"], "--delays: invalid duration 'x'"),
