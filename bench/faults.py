@@ -47,7 +47,7 @@ import numpy as np
 
 from ..children import die_with_parent
 from ..errors import quoted_name
-from ..faults import MAX_DELAY_MS
+from ..faults import MAX_DELAY_MS, MAX_DURATION_S
 from ..numerals import ascii_digits, read_float
 from .analysis import latency_summary
 from .arrivals import parse_duration
@@ -63,7 +63,6 @@ MAX_ERROR_RATE = 0.01  # a window with more errors than this is not good
 # A server-side fault is posted with an expiry this long past its planned end, so that a bench
 # killed outright (no `off` sent) leaves no fault behind; the `off` at the end still ends it.
 EXPIRY_MARGIN_S = 3.0
-MAX_EXPIRY_S = 86_400.0  # the server's bound on duration_s
 # A run cut short (a signal, a failed worker) waits at most this long for a replica still
 # restarting: the bench stops that replica with the others, and a second Ctrl-C is deferred
 # until the result is written, so the full start timeout (minutes) would hold the user for nothing.
@@ -616,7 +615,7 @@ class FaultSchedule:
             # An expiry, so that a bench killed outright (no `off` at the end, no stop()) leaves
             # nothing on: the fault's planned rest, plus a margin for the `off` to come first.
             left = self._clock0 + planned_end - time.monotonic()
-            duration_s = min(max(left, 0.0) + margin, MAX_EXPIRY_S)
+            duration_s = min(max(left, 0.0) + margin, MAX_DURATION_S)  # the server refuses longer
             with self._lock:  # before the POST: one that fails may still have reached the server
                 self._server_faults[i] = (url, off)
             post_fault(url, body | {"duration_s": round(duration_s, 3)})

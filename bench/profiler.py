@@ -7,7 +7,9 @@ For each batch size the batch time is the worker's time for one batch
 (`BatchResult.finished - started`); sizes are visited round robin, one batch each per
 round, so that a slow spell of a shared machine spreads over every size instead of
 bending the curve. T(n) = α + β·n is fitted by least squares on the per-size medians
-(`wok.bench.tune.fit_medians`, as `wok tune` fits the profiles it writes itself).
+(`wok.bench.tune.fit_medians`, as `wok tune` fits the profiles it writes itself); where a size's
+batches are of several keys, on each key's median weighted by its share: their mean, the time a
+batch costs in `wok plan` and `wok simulate`, which the mixture's median is not.
 
 The work of a batch is counted on the model itself, with one forward pass under two
 dispatch modes (see docs/profile.md for the full rules); where the payloads' sizes vary, the
@@ -66,6 +68,8 @@ COUNTED_BATCHES = 8
 # draw in 193, took 5,900 draws to hold 32 requests). FILL_CHUNK: the draws made at once.
 FILL_DRAWS = 1 << 16
 FILL_CHUNK = 256
+# What the fit is on when some size timed batches of several keys (`fit_medians`).
+KEYED_FIT_ON = "per-size medians of each batching key, weighted by its share of the batches"
 # The executor's stages (wok.executor.StageTimes); on the CPU h2d is 0 and d2h is the split.
 STAGES = ("assemble", "h2d", "compute", "d2h")
 
@@ -450,12 +454,24 @@ class KeyedPool:
     groups: dict[Hashable, list[int]]  # key -> the indices of its requests in `requests`, in the order drawn
     extra_draws: int = 0  # requests drawn beyond the pool's own to fill keys, kept or not
     _allowed: dict[int, list[int]] = field(default_factory=dict, repr=False, compare=False)
+    _key_of: dict[int, Hashable] = field(default_factory=dict, repr=False, compare=False)
 
     def allowed(self, n: int) -> list[int]:
         """The pool's own draws whose key has n requests or more: a batch of n takes its key from one of them."""
         if n not in self._allowed:
             self._allowed[n] = [i for i, key in enumerate(self.keys) if len(self.groups[key]) >= n]
         return self._allowed[n]
+
+    @property
+    def most(self) -> int:
+        """The most requests any key has: no batch is larger."""
+        return max(len(members) for members in self.groups.values())
+
+    def key_of(self, batch: Sequence[int]) -> Hashable:
+        """The key of a batch (`batch`'s indices in `requests`, all of one key)."""
+        if not self._key_of:
+            self._key_of.update((i, key) for key, members in self.groups.items() for i in members)
+        return self._key_of[batch[0]]
 
     def short(self, n: int) -> tuple[int, float]:
         """How many keys of the pool have fewer than n requests, and the share of its own draws that are theirs."""
@@ -465,8 +481,7 @@ class KeyedPool:
     def _allowed_or_raise(self, n: int) -> list[int]:
         allowed = self.allowed(n)
         if not allowed:
-            most = max(len(members) for members in self.groups.values())
-            raise ValueError(f"KeyedPool: a batch of {n} needs a key with {n} requests; the most any has: {most}")
+            raise ValueError(f"KeyedPool: a batch of {n} needs a key with {n} requests; the most any has: {self.most}")
         return allowed
 
     def plan(self, rng: np.random.Generator, n: int, count: int) -> list[Hashable] | None:
@@ -597,11 +612,10 @@ def profile(
     pool = keyed_pool(servable, cfg, max(256, 4 * max(sizes)), max(sizes))
     never = [n for n in sizes if not pool.allowed(n)]
     if never:
-        most = max(len(members) for members in pool.groups.values())
         raise ValueError(
             f"model '{servable.name}': the server batches only requests of one batching key, and none of the "
             f"{len(pool.groups)} keys of the {len(pool.keys)} requests drawn with --sizes {cfg.sizes} had "
-            f"{never[0]} requests after {pool.extra_draws} draws more (the most: {most}): batches of {never[0]} "
+            f"{never[0]} requests after {pool.extra_draws} draws more (the most: {pool.most}): batches of {never[0]} "
             "would hardly ever form; give smaller --batch-sizes, or --sizes with fewer distinct sizes"
         )
     roof = roofline_of(device)
@@ -613,16 +627,19 @@ def profile(
         raise ValueError(
             f"the inputs made with --sizes {cfg.sizes} and --int-high {cfg.int_high or id_range(servable)}: {exc}"
         ) from None
-    # The fit `wok tune` makes of a profile's raw times too (tune_check's in-process profile): one α, β.
-    by_size, (alpha, beta, r2) = fit_medians({n: times[n]["batch"] for n in sizes})
-    medians, fit = [by_size[n] for n in sizes], Fit(alpha, beta, r2)
+    # The fit `wok tune` makes of a profile's raw times too (tune_check's in-process profile): one α, β; with
+    # several keys on each key's median, weighted by its share of the batches (`fit_medians`).
+    keys = {n: [pool.key_of(b) for b in times[n]["requests"]] for n in sizes}
+    keyed = any(len(set(k)) > 1 for k in keys.values())
+    by_size, (alpha, beta, r2) = fit_medians({n: times[n]["batch"] for n in sizes}, keys)
+    fit = Fit(alpha, beta, r2)
     batches = []
     uncounted: set[str] = set()
     added: set[str] = set()
     # With one shape of request every batch of n holds the same work: one pass counts it. Otherwise the
     # timed batches differ (a sequence model's padded length, a bag's ids): their mean, from a few of them.
     vary = sizes_vary(servable, cfg.sizes)
-    for n, median in zip(sizes, medians):
+    for n in sizes:
         counted = None
         if vary:
             work, counted = count_timed(servable, device, pool.requests, times[n]["requests"])
@@ -631,6 +648,7 @@ def profile(
         uncounted |= work.uncounted_ops
         added |= set(work.flops_added)
         summary = latency_summary(np.asarray(times[n]["batch"]))
+        median = summary["p50"]
         forward = _median(times[n]["compute"])
         intensity = work.flops / work.bytes if work.bytes else math.nan
         predicted = roof.predicted_s(work.flops, work.bytes)
@@ -641,6 +659,7 @@ def profile(
                 "p99_s": summary["p99"],
                 "mean_s": summary["mean"],
                 "max_s": summary["max"],
+                "fitted_on_s": by_size[n],
                 "fit_s": fit.time_s(n),
                 "throughput_qps": n / median,
                 "fit_throughput_qps": fit.throughput(n),
@@ -688,7 +707,7 @@ def profile(
             "alpha_s": fit.alpha_s,
             "beta_s": fit.beta_s,
             "r2": fit.r2,
-            "on": "per-size medians",
+            "on": KEYED_FIT_ON if keyed else "per-size medians",
             "ceiling_qps": fit.ceiling,
         },
         "counting": {

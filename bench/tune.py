@@ -34,7 +34,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -115,18 +115,33 @@ def fit_linear(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[float,
     return alpha, beta, r2
 
 
-def fit_medians(samples: Mapping[int, Sequence[float]]) -> tuple[dict[int, float], tuple[float, float, float]]:
+def fit_medians(
+    samples: Mapping[int, Sequence[float]], keys: Mapping[int, Sequence[Hashable]] | None = None
+) -> tuple[dict[int, float], tuple[float, float, float]]:
     """The profile's fit: T(n) = α + β·n by least squares on each batch size's median time (nearest-rank), one
     point per size. `wok profile` and `profile_document` both fit so, so that one set of batch times gives
     one α, β wherever it is fitted: a median is not moved by the odd batch a busy machine preempted, and a
-    size timed more often does not outweigh the others. Returns ({size: median}, in `samples`' order, and
-    (α, β, R²)); the fit takes the sizes in ascending order, whatever that order."""
+    size timed more often does not outweigh the others. With `keys` (per size, the batching key of each of
+    its samples), a size's point is each key's median weighted by that key's share of the size's samples:
+    what plan and simulate charge a batch is its mean time (an instance's busy time is their sum), and the
+    median of a mixture of keys is the time of the key whose cumulative share crosses one half, not their
+    mean. With one key, the median. Returns ({size: point}, in `samples`' order, and (α, β, R²)); the fit
+    takes the sizes in ascending order, whatever that order."""
     empty = next((n for n, t in samples.items() if not len(t)), None)
     if empty is not None:
         raise ValueError(f"batch size {empty}: expected at least one batch time to take its median of; got none")
-    medians = {n: analysis.latency_summary(np.asarray(t, dtype=np.float64))["p50"] for n, t in samples.items()}
-    sizes = sorted(medians)
-    return medians, fit_linear(sizes, [medians[n] for n in sizes])
+    points = {}
+    for n, times in samples.items():
+        t = np.asarray(times, dtype=np.float64)
+        of = [None] * len(t) if keys is None else list(keys[n])
+        if len(of) != len(t):
+            raise ValueError(f"batch size {n}: expected a batching key per batch time ({len(t)}); got {len(of)}")
+        by_key: dict[Hashable, list[int]] = {}
+        for i, key in enumerate(of):
+            by_key.setdefault(key, []).append(i)
+        points[n] = sum(len(i) / len(t) * analysis.latency_summary(t[i])["p50"] for i in by_key.values())
+    sizes = sorted(points)
+    return points, fit_linear(sizes, [points[n] for n in sizes])
 
 
 def profile_document(samples: dict[int, Sequence[float]], source: str, model: str = "") -> dict:

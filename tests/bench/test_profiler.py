@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from wok.__main__ import main
-from wok.bench import profiler
+from wok.bench import analysis, profiler
 from wok.bench.profiler import (
     Fit,
     ProfileConfig,
@@ -306,6 +307,65 @@ def test_a_key_short_of_requests_gets_more_drawn_and_else_none_of_its_batches(mo
     assert doc["batches"][1]["keys_left_out"] == {"keys": len(few), "share": bare.short(4)[1], "draws": 256}
     profiler.print_table(doc)
     assert f"n = 4: {len(few)} (" in capsys.readouterr().out
+
+
+def test_a_tiny_pools_counts_by_hand():
+    """Five own draws of keys a, b, a, c, a, and two requests of the extra draws kept (one a, one b) out of 9:
+    a has 4 requests, b 2, c 1. A batch of 2 takes its key from the draws of a or b (4 of 5), c's one draw (1/5)
+    left out; of 3, a's alone (b and c left out, 2/5 of the draws); of 5, none, and the most any key has is 4.
+    Planned over 4 batches of 2, a is the key of 3 and b of 1, as their 3 and 1 draws among the 4 allowed."""
+    groups = {"a": [0, 2, 4, 5], "b": [1, 6], "c": [3]}
+    pool = profiler.KeyedPool([{}] * 7, ["a", "b", "a", "c", "a"], groups, extra_draws=9)
+    assert pool.most == 4
+    assert (pool.allowed(2), pool.short(2)) == ([0, 1, 2, 4], (1, pytest.approx(1 / 5)))
+    assert (pool.allowed(3), pool.short(3)) == ([0, 2, 4], (2, pytest.approx(2 / 5)))
+    assert pool.short(5) == (3, 1.0)
+    with pytest.raises(ValueError, match=r"a batch of 5 needs a key with 5 requests; the most any has: 4"):
+        pool.batch(np.random.default_rng(0), 5)
+    assert sorted(pool.plan(np.random.default_rng(0), 2, 4)) == ["a", "a", "a", "b"]
+    assert [pool.key_of(m) for m in ([5, 0], [6], [3])] == ["a", "b", "c"]
+
+
+class SleepyBuckets(BucketedLinear):
+    """A batch of n of bucket 8 (sequences of 3) takes 5·n ms and one of bucket 16 (of 12) 20·n ms, slept, beside
+    a forward of microseconds."""
+
+    def forward(self, module, tensors):
+        x = tensors["x"]
+        time.sleep(1e-3 * x.shape[0] * (5 if x.shape[1] <= 8 else 20))
+        return super().forward(module, tensors)
+
+
+def test_with_two_keys_the_fit_is_on_the_mean_of_their_medians_not_the_mixtures_median(tmp_path):
+    """Sequences of 3 twice as likely as of 12 (the sizes file lists 3 twice): batches of n of the two buckets
+    take 5·n and 20·n ms (and the executor's overhead), about 2/3 and 1/3 of them. Their mean, what an
+    instance's busy time counts, is (10/3 + 20/3)·n = 10·n ms: β = 10 ms. The mixture's median is the bucket
+    of 3's, 5·n ms: β = 5 ms, the fit the profile made before. By hand from the document's own samples and the
+    keys the profile timed (the same seed's pool and plan): a key's share q and median m, per size
+    q·m₈ + (1 − q)·m₁₆."""
+    sizes = tmp_path / "sizes.txt"
+    sizes.write_text("3\n3\n12\n")
+    model = SleepyBuckets()
+    cfg = ProfileConfig(batch_sizes=[1, 3], warmup=1, repeats=15, sizes=f"empirical:{sizes}")
+    doc = profiler.profile(model, cfg, lambda device: roofline_for(device, 1e12, 1e11))
+    rng = np.random.default_rng(cfg.seed)
+    pool = profiler.keyed_pool(model, cfg, 256, 3)
+    plans = {n: pool.plan(rng, n, cfg.repeats) for n in cfg.batch_sizes}  # as time_batches plans, before all else
+    points = []
+    for b in doc["batches"]:
+        n, t = b["batch_size"], np.asarray(b["samples_s"])
+        fast = np.asarray(plans[n]) == 8
+        q = fast.mean()
+        assert 0.4 < q < 0.9, (n, q)  # both keys timed, the bucket of 3 the more often
+        point = q * analysis.latency_summary(t[fast])["p50"] + (1 - q) * analysis.latency_summary(t[~fast])["p50"]
+        assert b["fitted_on_s"] == pytest.approx(point, rel=1e-12)
+        assert b["median_s"] <= t[fast].max()  # the mixture's median: a batch of 3s
+        points.append(point)
+    line = fit_linear([1, 3], points)
+    assert (doc["fit"]["alpha_s"], doc["fit"]["beta_s"]) == (pytest.approx(line.alpha_s), pytest.approx(line.beta_s))
+    assert doc["fit"]["on"] == profiler.KEYED_FIT_ON
+    # β nearer the mean's 10 ms than the median's 5 ms (the shares are the pool's, near 2/3).
+    assert doc["fit"]["beta_s"] > 7.5e-3
 
 
 class KeyedByValue(PaddedLinear):
@@ -626,6 +686,7 @@ DOCUMENTED_BATCH_KEYS = (
     "mean_s",
     "max_s",
     "samples_s",
+    "fitted_on_s",
     "fit_s",
     "fit_throughput_qps",
     "throughput_qps",

@@ -154,7 +154,7 @@ SHAPES = {
 }
 
 
-def _integral(up: np.ndarray, down: np.ndarray, *, ups_first: bool) -> tuple[float, int]:
+def integral(up: np.ndarray, down: np.ndarray, *, ups_first: bool) -> tuple[float, int]:
     """∫ N(t) dt and max N(t), N the count of `up` times passed less `down` times passed, by a sweep over
     the events. At equal times the simulator's order: a request joins the queue before the batch that takes
     it leaves (`ups_first`); a batch ends before the next starts on its instance."""
@@ -181,9 +181,9 @@ def test_littles_law_and_the_queue_bound_hold_in_every_arrival_shape(shape, tmp_
     assert np.isfinite(d).all() and (s >= a).all() and (d > s).all()
     end = float(d.max())
     lam = ok.sum() / end
-    in_queue, most_queued = _integral(a, s, ups_first=True)
-    in_system, _ = _integral(a, d, ups_first=False)
-    in_service, most_served = _integral(s, d, ups_first=False)
+    in_queue, most_queued = integral(a, s, ups_first=True)
+    in_system, _ = integral(a, d, ups_first=False)
+    in_service, most_served = integral(s, d, ups_first=False)
     assert in_queue / end == pytest.approx(lam * (s - a).mean(), rel=1e-9)
     assert in_system / end == pytest.approx(lam * (d - a).mean(), rel=1e-9)
     assert in_service / end == pytest.approx(lam * (d - s).mean(), rel=1e-9)
