@@ -11,7 +11,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import sys
-import threading
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
@@ -35,6 +34,7 @@ from .channel import (
     close_ending_watches,
     looks_up,
     names_looked_up,
+    on_thread,
     open_channel,
     retrieved,
     target_list,
@@ -104,7 +104,7 @@ class AsyncClient:
         if balancer == "grpc":
             if looks_up(target) and _loop_running():
                 # The lookup and the probe would stall every task of the loop meanwhile.
-                self._target_lookup = _on_thread(channel_target, target)
+                self._target_lookup = on_thread("wok-channel-target", channel_target, target)
             else:
                 self._target = channel_target(target)
         self._options = channel_options(options, retries=retries)
@@ -128,10 +128,14 @@ class AsyncClient:
     @property
     def target(self) -> str | Sequence[str]:
         """The gRPC target URI of the channel (`channel_target`); the targets as given with
-        balancer="wok". Read before the first call of a client built inside a running loop, it waits
-        for the lookup (blocking) and raises its error."""
-        if self._target_lookup is not None:
-            return self._target_lookup.result()
+        balancer="wok". A client built inside a running loop looks its targets up on a thread: until that
+        lookup has ended this is the targets as given, and once it failed it raises its error, as the calls do.
+        It never waits: read on the loop, a wait for the lookup stalled every task of the loop, up to the
+        resolver's timeout, after close() too."""
+        lookup = self._target_lookup
+        if lookup is not None:
+            # done() first: result() of a pending future blocks.
+            return lookup.result() if lookup.done() else self._targets
         return self._target
 
     @property
@@ -315,10 +319,18 @@ class AsyncClient:
         return max(0.0, timeout - (loop.time() - start))
 
     async def _read_limit(self, timeout: float) -> bool:
-        """The look-up itself; whether it ran out of time (DEADLINE_EXCEEDED)."""
+        """The look-up itself, the client's setup it waits for included, within `timeout`; whether it ran out of
+        time (DEADLINE_EXCEEDED, or the setup still going)."""
         release = None
         try:
-            await self._setup()  # its callers wait for it at most their timeout (_look_up_limit)
+            # Its callers `_open` first, which raises the setup's errors as theirs, so the setup is done here and
+            # this is the closed client's RuntimeError. Bounded all the same: a caller that did not, unbounded, left
+            # this task waiting for a hung lookup past every caller's timeout, and its own ServerMetadata deadline
+            # began only after that.
+            try:
+                timeout = await self._setup(timeout)
+            except _SetupTimeout:
+                return True
             if self._balancer is None:
                 stub = self._stub
             else:  # the balancer's calls give no metadata: one replica's channel, as a stream takes
@@ -544,26 +556,6 @@ def _loop_running() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def _on_thread(fn, *args) -> concurrent.futures.Future:
-    """`fn(*args)` on a thread of its own, as a future any loop can await (`asyncio.wrap_future`).
-
-    Not the loop's default executor: its future would belong to the loop that built the client,
-    and asyncio.run waits for its threads at the end, a blocking name lookup's included."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    # Running from the start: a first call cancelled before the thread ran would otherwise cancel
-    # it through asyncio.wrap_future, and every later call would raise CancelledError.
-    future.set_running_or_notify_cancel()
-
-    def run() -> None:
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:  # the caller's to get, at its first call
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="wok-channel-target", daemon=True).start()
-    return future
 
 
 class _SetupTimeout(Exception):

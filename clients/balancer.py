@@ -10,7 +10,7 @@ still says SERVING. gRPC core's client has no hedging and no outlier detection o
 This module does both, above gRPC:
 
 Replicas. `target` is "host:port", several of them ("a:p,b:p" or a list), or "dns:///name:port".
-Every address a name resolves to (`loop.getaddrinfo`) is one replica, of one family: when a
+Every address a name resolves to (`system_resolver`) is one replica, of one family: when a
 name has both (`localhost`: 127.0.0.1 and ::1), those its server accepts TCP connections on,
 probed at each lookup (`probing`), as gRPC reaches one name over either family; IPv4 when it
 accepts on both, so a dual-stack server is one replica, not two; when on neither, the family
@@ -181,6 +181,7 @@ from .channel import (
     channel_options,
     close_ending_watches,
     family_of,
+    on_thread,
     open_channel,
     preferred_families,
     probe,
@@ -258,8 +259,8 @@ class BalancerSettings:
     name keeps its replicas; the lookup is left running, and the name's next lookup,
     `resolve_every_s` later, waits for it again rather than start another. (The system resolver
     gives up on a silent name server after 5 s × 2 tries by default: resolv.conf's `timeout` and
-    `attempts`; its lookup holds a thread of the loop's default executor until then, cancelled
-    or not: one per name, not one more at each period.)
+    `attempts`; its lookup holds a daemon thread of its own until then, cancelled or not, and neither
+    stop() nor the program's exit waits for it: one per name, not one more at each period.)
     """
 
     max_attempts: int = 3
@@ -410,9 +411,14 @@ def _answer(name: str, found: Any) -> list[str]:
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
-    """The addresses of `host` as "ip:port" or "[v6]:port", IPv4 first, by `loop.getaddrinfo`;
-    the balancer keeps one family of them (`Balancer`, `probing`)."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    """The addresses of `host` as "ip:port" or "[v6]:port", IPv4 first, by `socket.getaddrinfo` on a daemon
+    thread of its own (`on_thread`); the balancer keeps one family of them (`Balancer`, `probing`).
+
+    Not `loop.getaddrinfo`: that runs on the loop's default executor, and a lookup that hangs held asyncio.run's
+    end and the interpreter's exit (both join that executor's threads) until the system resolver gave up, long
+    after stop() (30 s with resolv.conf's defaults)."""
+    found = on_thread("wok-balancer-lookup", socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    infos = await asyncio.wrap_future(found)
     v4 = [i[4][0] for i in infos if i[0] == socket.AF_INET]
     v6 = [i[4][0] for i in infos if i[0] == socket.AF_INET6]
     return [_address(ip, port) for ip in dict.fromkeys(v4 + v6)]
@@ -720,10 +726,10 @@ class Balancer:
 
         A lookup past `resolve_timeout_s` is not cancelled but left running, and the name's next
         lookup waits for it again (up to `resolve_timeout_s`), taking its answer, rather than start
-        another: cancelled, the system resolver's getaddrinfo went on in a thread of the loop's
-        default executor until the system gave up, and each period started one more; a name that
-        hung filled the executor (6 threads on 2 cores), and every `asyncio.to_thread` of the
-        process, the family probes included, queued behind them. stop() cancels it."""
+        another: cancelled, the system resolver's getaddrinfo went on in its thread until the system
+        gave up, and each period started one more; a name that hung piled up threads (when they were
+        the loop's default executor's, it filled, 6 threads on 2 cores, and every `asyncio.to_thread`
+        of the process, the family probes included, queued behind them). stop() cancels it."""
         timeout = self.settings.resolve_timeout_s
         name = f"{host}:{port}"
         lookup = self._lookups.get(name)
@@ -1277,8 +1283,10 @@ class Balancer:
         # is out: a retry sleeping in its backoff counted for nothing, so a lookup that dropped the
         # address closed the channel "as idle", and the retry woke to it closed (UNAVAILABLE, "Channel
         # is closed"). (A callback, not the task's `finally`: a task cancelled before it ran runs none.)
-        a.replica.launched += 1
+        # Counted once the task exists (it runs no sooner than the next turn of the loop): a create_task
+        # that raised (a closed loop) left the count up for good, and the channel never closed as idle.
         a.task = self._loop.create_task(self._attempt(a, key, request, deadline, metadata, delay))
+        a.replica.launched += 1
         self._tasks.add(a.task)
         a.task.add_done_callback(self._tasks.discard)
         a.task.add_done_callback(lambda _: self._attempt_ended(a.replica))

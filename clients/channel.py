@@ -71,6 +71,7 @@ too, where it can be read on the way: use it with TLS beyond loopback).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import enum
 import errno
@@ -83,6 +84,7 @@ import selectors
 import socket
 import ssl
 import tempfile
+import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -589,6 +591,30 @@ def retrieved(future: asyncio.Future) -> None:
     logs its exception as never retrieved."""
     if not future.cancelled():
         future.exception()
+
+
+def on_thread(name: str, fn, *args, **kwargs) -> concurrent.futures.Future:
+    """`fn(*args, **kwargs)` on a daemon thread of its own named `name`, as a future any loop can await
+    (`asyncio.wrap_future`): for a blocking name lookup, which nothing can stop.
+
+    Not the loop's default executor: its future would belong to the loop that made it, and a lookup that
+    hangs (a DNS server that never answers: resolv.conf's timeout × attempts, 30 s by default) kept one of
+    its threads, which asyncio.run's end (shutdown_default_executor) and the interpreter's exit both wait
+    for, long after the client was closed. Awaited through wrap_future, a cancel ends the wait at once and
+    the thread's late result is dropped (wrap_future skips a cancelled future, or a closed loop)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    # Running from the start: a first call cancelled before the thread ran would otherwise cancel
+    # it through asyncio.wrap_future, and every later call would raise CancelledError.
+    future.set_running_or_notify_cancel()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # the awaiting caller's to get
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 NAME_OPTIONS = ("grpc.default_authority", "grpc.ssl_target_name_override")

@@ -4,6 +4,7 @@ ValueError of an answer they cannot read (`read_answer`)."""
 from __future__ import annotations
 
 import re
+import threading
 
 import grpc
 import numpy as np
@@ -108,13 +109,18 @@ class Answers:
     say nothing of the server's serving again): the reason the server gave is carried to the
     failures that follow it."""
 
-    __slots__ = ("answered", "drained", "drains", "plaintext")
+    __slots__ = ("_lock", "answered", "drained", "drains", "plaintext")
 
     def __init__(self, plaintext: bool) -> None:
         self.plaintext = plaintext
         self.answered = False
         self.drained = False  # a call failed for NOT_SERVING, and none sent since was answered OK
         self.drains = 0  # calls failed for NOT_SERVING so far
+        # A sync Client's threads share this: an answer's check-and-clear of `drained` and a failure's set-and-count
+        # go one at a time, so an answer sent before a NOT_SERVING failure never clears what that failure set, and
+        # no count is lost. (CPython's GIL switches threads at no point inside either today, so no test fails
+        # without it; a free-threaded build does not hold them together.)
+        self._lock = threading.Lock()
 
     def sent(self) -> int:
         """What a call notes as it goes out, for `ok()`."""
@@ -124,8 +130,12 @@ class Answers:
         """A call was answered OK (or a stream ended OK); `sent` is what `sent()` gave as it went out.
         Sent after the last NOT_SERVING failure, its answer shows the server serves again."""
         self.answered = True
-        if sent == self.drains:
-            self.drained = False
+        # Nothing to clear, the usual case, takes no lock: a failure counted meanwhile comes after `sent`, and
+        # stays set, as it should.
+        if self.drained:
+            with self._lock:
+                if sent == self.drains:
+                    self.drained = False
 
     def error(self, exc: grpc.RpcError) -> InferError:
         # The InferError, raised `from None`, still holds `exc` as its context: without its
@@ -136,8 +146,9 @@ class Answers:
         if err.code not in _NO_ANSWER:
             self.answered = True
         if err.code == grpc.StatusCode.UNAVAILABLE and UNHEALTHY in err.details:
-            self.drained = True
-            self.drains += 1
+            with self._lock:
+                self.drained = True
+                self.drains += 1
             return InferError(err.code, err.details, DRAINING_HINT)
         if err.code == grpc.StatusCode.UNAVAILABLE and self.drained:
             return InferError(err.code, err.details, DRAINED_HINT)

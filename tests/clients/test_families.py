@@ -111,18 +111,17 @@ async def test_a_dual_stack_server_is_one_replica_on_ipv4(stub_at):
 
 async def test_the_system_resolver_gives_the_balancer_both_families(stub_at, monkeypatch):
     """The system resolver itself dropped a name's IPv6 addresses when it had IPv4 ones."""
-    loop = asyncio.get_running_loop()
-    real = loop.getaddrinfo
+    real = socket.getaddrinfo
 
-    async def getaddrinfo(host, port, **kw):
+    def getaddrinfo(host, port, *args, **kw):
         if host != "box":
-            return await real(host, port, **kw)
+            return real(host, port, *args, **kw)
         return [
             (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
             (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
         ]
 
-    monkeypatch.setattr(loop, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     with v6_port() as port:
         async with stub_at("a", "[::1]", port), Balancer(f"box:{port}") as bal:
             assert list(bal.replicas) == [f"[::1]:{port}"]
@@ -403,7 +402,11 @@ async def test_a_first_call_waiting_for_the_lookup_ends_as_calls_in_flight_do(mo
         first.cancel()
         await asyncio.gather(first, return_exceptions=True)
         release.set()
-        assert await asyncio.to_thread(lambda: client.target) == "ipv4:127.0.0.1:1,127.0.0.1:2"
+        # Its thread sets the lookup's result, then ends: `target` does not wait for it (it never blocks).
+        for thread in threading.enumerate():
+            if thread.name == "wok-channel-target":
+                await asyncio.to_thread(thread.join, 10)
+        assert client.target == "ipv4:127.0.0.1:1,127.0.0.1:2"
         await client.close()
     finally:
         release.set()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -147,6 +148,11 @@ async def scenario(dns, port, name, **client_args):
     out["request_limit"] = await outcome(lambda: client.request_limit(timeout=TIMEOUT))
     out["stream_infer"] = await outcome(stream)
     out["wait_ready"] = await outcome(lambda: client.wait_ready(timeout=TIMEOUT))
+    # The request limit's look-up, started by a caller that did not wait for the setup first (the client's own
+    # `_open` first): it ends within its caller's timeout, not once the setup has.
+    await client._look_up_limit(TIMEOUT)
+    await asyncio.wait([client._lookup], timeout=GUARD_S)
+    out["limit_lookup_ended"] = client._lookup.done()
     out["patient_waits"] = not patient.done()
     dns.release(name)
     try:
@@ -250,21 +256,28 @@ def _namespaces_work() -> bool:
     return done.returncode == 0
 
 
-@pytest.fixture(scope="module")
-def hung_lookups(tmp_path_factory) -> dict:
-    """The child's outcomes, by scenario ("grpc": several targets, one a name; "wok": the balancer) and call."""
+def _run_child(tmp_path_factory, child: str, resolv_conf: str) -> dict:
+    """`child`'s last line of output (JSON), run in namespaces of its own with `resolv_conf`; "stderr" its
+    stderr, "exited_at" the wall-clock time (time.time(), as the child can tell it) once it has exited."""
     if sys.platform != "linux" or not _namespaces_work():
         pytest.skip("needs `unshare -rmn` (namespaces of its own) and `ip`")
     conf = tmp_path_factory.mktemp("resolver") / "resolv.conf"
-    conf.write_text(RESOLV_CONF)
-    command = ["unshare", "-rmn", "sh", "-c", SETUP, "sh", str(conf), sys.executable, "-c", CHILD]
+    conf.write_text(resolv_conf)
+    command = ["unshare", "-rmn", "sh", "-c", SETUP, "sh", str(conf), sys.executable, "-c", child]
     done = subprocess.run(command, capture_output=True, text=True, timeout=100)
+    exited_at = time.time()
     assert done.returncode == 0, done.stderr
     results = json.loads(done.stdout.splitlines()[-1])
     if "skip" in results:
         pytest.skip(results["skip"])
-    results["stderr"] = done.stderr
+    results["stderr"], results["exited_at"] = done.stderr, exited_at
     return results
+
+
+@pytest.fixture(scope="module")
+def hung_lookups(tmp_path_factory) -> dict:
+    """The child's outcomes, by scenario ("grpc": several targets, one a name; "wok": the balancer) and call."""
+    return _run_child(tmp_path_factory, CHILD, RESOLV_CONF)
 
 
 @pytest.mark.parametrize("path", ["grpc", "wok"])
@@ -299,6 +312,13 @@ def test_a_call_out_of_time_leaves_the_lookup_to_the_others(hung_lookups, path):
     assert results["after"]["kind"] == "ok", results
 
 
+@pytest.mark.parametrize("path", ["grpc", "wok"])
+def test_the_request_limits_look_up_is_bounded_by_its_timeout_while_the_setup_hangs(hung_lookups, path):
+    """The look-up awaited the client's setup without a bound: started before the setup ended, it ran on past its
+    caller's timeout, for as long as the lookup hung. It now takes the caller's deadline for the setup too."""
+    assert hung_lookups[path]["limit_lookup_ended"], hung_lookups[path]
+
+
 def test_request_limit_past_its_timeout_in_the_lookup_raises_not_none(hung_lookups):
     """request_limit's look-up waited for the setup unbounded, and past the caller's timeout it gave None, as a
     server that publishes no limit: the caller could not tell "not looked up" from "no limit"."""
@@ -329,3 +349,91 @@ def test_wait_ready_quotes_the_callers_timeout_when_the_balancers_start_took_par
     assert 1.0 <= got["took"] < 2.0, got
     waited = "the balancer's start (the lookup of 'ready.wok-test')"
     assert f"not connected (no replica READY) within 1.0 s, of which {waited} took 0." in got["text"], got
+
+
+# A DNS server that never answers (a UDP socket nobody reads but to note what came), and lookups that end with
+# the client: a property read, and asyncio.run's end and the process's exit after close().
+SILENT_CHILD = r"""
+import asyncio, json, socket, sys, threading, time
+
+from wok.clients import AsyncClient
+from wok.clients.balancer import BalancerSettings
+
+silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+silent.bind(("127.0.0.1", 53))
+asked = threading.Event()
+
+
+def note() -> None:
+    while True:
+        silent.recvfrom(512)
+        asked.set()
+
+
+threading.Thread(target=note, daemon=True).start()
+
+
+def timed(read):
+    t0 = time.monotonic()
+    try:
+        value = read()
+    except Exception as exc:
+        value = f"{type(exc).__name__}: {exc}"
+    return value, round(time.monotonic() - t0, 3)
+
+
+async def target_read():
+    targets = ["held.wok-test:1", "127.0.0.1:1"]
+    client = AsyncClient(targets)
+    if not await asyncio.to_thread(asked.wait, 20):
+        print(json.dumps({"skip": "the system resolver never asked this resolv.conf's server"}))
+        sys.exit(0)
+    out = {"given": targets}
+    out["open"], out["open_s"] = timed(lambda: client.target)
+    await client.close()
+    out["closed"], out["closed_s"] = timed(lambda: client.target)
+    return out
+
+
+async def balancer_closed():
+    settings = BalancerSettings(resolve_timeout_s=0.3)
+    client = AsyncClient("held2.wok-test:1", balancer="wok", balancer_settings=settings)
+    try:
+        await client.wait_ready(timeout=5)
+        started = "ok"
+    except ValueError as exc:  # the name did not resolve in resolve_timeout_s
+        started = str(exc)
+    await client.close()
+    return started, time.monotonic(), time.time()
+
+
+results = {"target": asyncio.run(target_read())}
+results["started"], closed, results["closed_at"] = asyncio.run(balancer_closed())
+results["run_ended_s"] = round(time.monotonic() - closed, 3)
+print(json.dumps(results), flush=True)
+"""
+# glibc waits this long for the silent server: what a read, asyncio.run or the exit waited, without the fixes.
+SILENT_CONF = "nameserver 127.0.0.1\noptions timeout:10 attempts:1\n"
+
+
+@pytest.fixture(scope="module")
+def silent_lookups(tmp_path_factory) -> dict:
+    return _run_child(tmp_path_factory, SILENT_CHILD, SILENT_CONF)
+
+
+def test_target_read_during_the_first_lookup_does_not_block_the_loop(silent_lookups):
+    """AsyncClient.target waited for the first lookup's thread (blocking the loop) until the resolver gave up, 10 s
+    here, then raised its error, after close() too: it returns the targets as given until the lookup has ended."""
+    got = silent_lookups["target"]
+    assert got["open"] == got["given"] and got["closed"] == got["given"], got
+    assert got["open_s"] < 1.0 and got["closed_s"] < 1.0, got
+
+
+def test_a_balancers_hung_lookup_holds_neither_asyncio_run_nor_the_exit(silent_lookups):
+    """The wok balancer's getaddrinfo ran on the loop's default executor: after close(), asyncio.run's end
+    (shutdown_default_executor) and the interpreter's exit waited for its thread until the resolver gave up
+    (10 s here). Its lookup is now a daemon thread of its own, waited for by neither."""
+    assert "the resolver gave no answer within 0.3 s" in silent_lookups["started"], silent_lookups
+    assert silent_lookups["run_ended_s"] < 2.0, silent_lookups
+    assert silent_lookups["exited_at"] - silent_lookups["closed_at"] < 5.0, silent_lookups
+    assert "Traceback" not in silent_lookups["stderr"], silent_lookups["stderr"]
