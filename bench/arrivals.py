@@ -33,7 +33,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..numerals import ascii_digits, digits_note, read_float
+from ..numerals import SPACES, ascii_digits, digits_note, read_float
 
 
 def _quoted(text: str) -> str:
@@ -530,7 +530,7 @@ def _timestamp(value: object, where: str) -> tuple[float, bool]:
         else:
             return _finite(seconds, value, where), True
         try:
-            when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+            when = datetime.fromisoformat(value.strip(SPACES).replace("Z", "+00:00"))
         except ValueError:
             pass
         else:
@@ -558,7 +558,7 @@ def _brief(text: str, width: int = 60) -> str:
 
 def _size(value: object, where: str) -> int:
     if isinstance(value, str):
-        value = value.strip()
+        value = value.strip(SPACES)
         if ascii_digits(value):
             return int(value)
     elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -619,7 +619,7 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
         for row in reader:
             where = f"{path}:{reader.line_num}"
             stamp(row["timestamp"], where)
-            size = (row.get("size") or "").strip()
+            size = (row.get("size") or "").strip(SPACES)
             sizes.append(_size(size, where) if size else None)
             wheres.append(where)
     if not stamps:
@@ -645,8 +645,9 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
 
 
 # -- parsing ---------------------------------------------------------------------------------
-# [0-9], not \d: \d takes every script's digits ("٣"), and float() reads them (3).
-DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([-+]?[0-9]+))?\s*(ms|s|m|h)?\s*")
+# [0-9], not \d: \d takes every script's digits ("٣"), and float() reads them (3). [ \t], not \s, for
+# the same reason: \s takes every script's spaces ("\xa0"), and a line end.
+DURATION = re.compile(r"[ \t]*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([-+]?[0-9]+))?[ \t]*(ms|s|m|h)?[ \t]*")
 _UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
@@ -680,11 +681,11 @@ def parse_steps(spec: str) -> list[float]:
     `stop` itself is the last step when the sequence hits it (to within 1e-9, so that
     "0.1:0.8:2" ends on 0.8 despite binary rounding).
     """
-    text = spec.strip()
+    text = spec.strip(SPACES)
     if not text:
         raise ValueError("QPS steps '': expected a list like '50,100,200' or a range start:stop:factor like '50:800:2'")
     if ":" in text:
-        parts = [p.strip() for p in text.split(":")]
+        parts = [p.strip(SPACES) for p in text.split(":")]
         if len(parts) != 3:
             raise ValueError(
                 f"QPS range {_quoted(spec)}: expected start:stop:factor (e.g. '50:800:2'), got {len(parts)} parts"
@@ -709,7 +710,7 @@ def parse_steps(spec: str) -> list[float]:
         return steps
     steps = []
     for item in text.split(","):
-        item = item.strip()
+        item = item.strip(SPACES)
         value = _number(item)
         if value is None:
             raise ValueError(f"QPS steps {_quoted(spec)}: {_quoted(item)} is not a number{digits_note(item)}")
@@ -734,11 +735,11 @@ def _options(spec: str, kind: str, items: list[str]) -> dict[str, str]:
     allowed = _OPTIONS[kind]
     out: dict[str, str] = {}
     for item in items:
-        key, eq, value = (x.strip() for x in item.partition("="))
+        key, eq, value = (x.strip(SPACES) for x in item.partition("="))
         if not allowed:
-            raise ValueError(f"arrivals {_quoted(spec)}: {kind} takes no options; got {_quoted(item.strip())}")
+            raise ValueError(f"arrivals {_quoted(spec)}: {kind} takes no options; got {_quoted(item.strip(SPACES))}")
         if not eq or not key or not value:
-            raise ValueError(f"arrivals {_quoted(spec)}: expected key=value; got {_quoted(item.strip())}")
+            raise ValueError(f"arrivals {_quoted(spec)}: expected key=value; got {_quoted(item.strip(SPACES))}")
         if key not in allowed:
             raise ValueError(
                 f"arrivals {_quoted(spec)}: unknown option {_quoted(key)} for {kind}; expected {', '.join(allowed)}"
@@ -798,23 +799,23 @@ def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) ->
     faster, or with scale=auto at whatever pace makes its mean rate qps.
     """
     qps = _check_rate("qps", qps)
-    kind, _, rest = spec.strip().partition(":")
-    kind = kind.strip().lower()
+    kind, _, rest = spec.strip(SPACES).partition(":")
+    kind = kind.strip(SPACES).lower()
     if kind not in _OPTIONS:
         raise ValueError(
             f"arrivals {_quoted(spec)}: unknown process {_quoted(kind)}; expected constant, poisson, burst, sawtooth "
             "or trace:PATH"
         )
-    items = rest.split(",") if rest.strip() else []
+    items = rest.split(",") if rest.strip(SPACES) else []
     if kind == "trace":
-        if not items or not items[0].strip():
+        if not items or not items[0].strip(SPACES):
             raise ValueError(f"arrivals {_quoted(spec)}: expected trace:PATH[,scale=N], got no PATH")
         # A path may hold commas ("calls,2026.csv" was the file "calls" and an option "2026.csv"):
         # the options are the trailing items with an "=", the rest is the path.
         cut = len(items)
         while cut > 1 and "=" in items[cut - 1]:
             cut -= 1
-        path, items = ",".join(items[:cut]).strip(), items[cut:]
+        path, items = ",".join(items[:cut]).strip(SPACES), items[cut:]
     opts = _options(spec, kind, items)
     if kind == "constant":
         return Constant(qps)

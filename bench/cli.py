@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import quoted_name
-from ..numerals import read_float, read_int
+from ..numerals import SPACES, read_float, read_int
 from .outputs import check_outputs as _check_outputs
 from .outputs import keep_elsewhere as _keep_elsewhere
 from .outputs import result_text as _result_text
@@ -774,7 +774,7 @@ def _seconds(args, option: str, positive: bool = False) -> float:
 
 # A bare number is seconds to parse_duration: right for --step-duration 30, a trap for a latency
 # ("--slo-p99 50" was a 50 s objective every step passed).
-_BARE_NUMBER = re.compile(r"\s*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*")
+_BARE_NUMBER = re.compile(r"[ \t]*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?[ \t]*")
 
 
 def _with_unit(option: str, text: str) -> str:
@@ -782,14 +782,14 @@ def _with_unit(option: str, text: str) -> str:
     # 0 is 0 in any unit (`--max-queue-delay 0`, `--overhead 0`): only another number is ambiguous.
     if _BARE_NUMBER.fullmatch(text) and math.isfinite(value := float(text)) and value != 0:
         raise ValueError(
-            f"{option} {quoted_name(text.strip())}: give a unit, e.g. {value:g}ms or {value / 1e3:g}s (a bare number "
-            "would be seconds)"
+            f"{option} {quoted_name(text.strip(SPACES))}: give a unit, e.g. {value:g}ms or {value / 1e3:g}s (a bare "
+            "number would be seconds)"
         )
     return text
 
 
-# [0-9], not \d: float() reads other scripts' digits ("٣%" was 3 %).
-_PERCENT = re.compile(r"\s*([0-9]+\.?[0-9]*|\.[0-9]+)\s*%\s*")
+# [0-9], not \d: float() reads other scripts' digits ("٣%" was 3 %); [ \t], not \s: their spaces too.
+_PERCENT = re.compile(r"[ \t]*([0-9]+\.?[0-9]*|\.[0-9]+)[ \t]*%[ \t]*")
 
 
 def _warmup(text: str | None, duration: float) -> float:
@@ -1515,15 +1515,15 @@ def run_tune(args) -> int:
 
     def ints(spec: str, what: str) -> list[int]:
         try:
-            return [read_int(x) for x in spec.split(",") if x.strip()]
+            return [read_int(x) for x in spec.split(",") if x.strip(SPACES)]
         except ValueError:
             raise ValueError(f"{what} {quoted_name(spec)}: expected whole numbers like 4,8,16") from None
 
     sizes = ints(args.max_batch_sizes, "--max-batch-sizes")
     delays = [
-        _named("--delays", parse_duration, _with_unit("--delays", x.strip()))
+        _named("--delays", parse_duration, _with_unit("--delays", x.strip(SPACES)))
         for x in args.delays.split(",")
-        if x.strip()
+        if x.strip(SPACES)
     ]
     if not all(math.isfinite(d) for d in delays):  # else refused only after simulating the others
         raise ValueError(f"--delays: expected finite durations; got {quoted_name(args.delays)}")
@@ -1535,14 +1535,14 @@ def run_tune(args) -> int:
                 f"--default {quoted_name(args.default)}: expected MAX_BATCH_SIZE,DELAY like 32,5ms, or none"
             )
         try:
-            default = (ints(n, "--default")[0], parse_duration(d.strip()))
+            default = (ints(n, "--default")[0], parse_duration(d.strip(SPACES)))
         except (ValueError, IndexError):
             default = None
         if default is not None:
             try:
                 _with_unit("DELAY", d)  # a queue delay, as --delays
             except ValueError:  # refused with the whole setting: "--default '5'" hid the size it came with
-                n, value = n.strip(), float(d)
+                n, value = n.strip(SPACES), float(d)
                 raise ValueError(
                     f"--default {quoted_name(args.default)}: give DELAY a unit, e.g. {n},{value:g}ms or "
                     f"{n},{value / 1e3:g}s "

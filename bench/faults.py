@@ -48,7 +48,7 @@ import numpy as np
 from ..children import die_with_parent
 from ..errors import quoted_name
 from ..faults import MAX_DELAY_MS, MAX_DURATION_S
-from ..numerals import ascii_digits, read_float
+from ..numerals import SPACES, ascii_digits, read_float
 from .analysis import latency_summary
 from .arrivals import parse_duration
 from .runner import Ramp, RampConfig, status_name
@@ -99,7 +99,7 @@ class At:
 
 
 def parse_at(text: str, what: str) -> At:
-    text = text.strip()
+    text = text.strip(SPACES)
     if text.endswith("%"):
         try:
             value = read_float(text[:-1]) / 100
@@ -135,13 +135,13 @@ class FaultSpec:
 def parse_fault(spec: str) -> FaultSpec:
     """`kind:key=value,...` (see the module's doc); ValueError naming what is wrong."""
     kind, _, rest = spec.partition(":")
-    kind = kind.strip()
+    kind = kind.strip(SPACES)
     if kind not in _KEYS:
         raise ValueError(
             f"--fault {quoted_name(spec)}: expected kill:, pause:, slow: or fail:; got {quoted_name(kind)}"
         )
     values: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
+    for item in filter(None, (part.strip(SPACES) for part in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or key not in _KEYS[kind]:
             raise ValueError(
@@ -150,7 +150,7 @@ def parse_fault(spec: str) -> FaultSpec:
             )
         if key in values:
             raise ValueError(f"--fault {quoted_name(spec)}: {key} given twice")
-        values[key] = value.strip()
+        values[key] = value.strip(SPACES)
     if "at" not in values:
         raise ValueError(f"--fault {quoted_name(spec)}: at=... is required (e.g. at=30%)")
     if len(values.keys() & {"until", "restart", "resume"}) > 1:
@@ -1175,7 +1175,7 @@ def add_arguments(p) -> None:
 
 def parse_hedge_after(text: str) -> float | str | None:
     """`--hedge-after`: "auto", "off" (None) or a duration in seconds ("30ms"); ValueError otherwise."""
-    text = text.strip()
+    text = text.strip(SPACES)
     if text in ("auto", "off"):
         return None if text == "off" else "auto"
     try:

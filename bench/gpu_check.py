@@ -32,7 +32,7 @@ import torch
 
 from wok.bench.analysis import latency_summary
 from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
-from wok.config import InstanceConfig
+from wok.config import InstanceConfig, check_device
 from wok.executor import Executor
 from wok.models import build_demo
 
@@ -148,6 +148,10 @@ def main(argv=None) -> int:
         value = getattr(args, option.removeprefix("--"))
         if value < least:
             ap.error(f"{option}: expected an integer >= {least}{why}, got {value}")
+    try:
+        check_device(args.device)  # else refused by InstanceConfig with a traceback, once the model is built
+    except ValueError as exc:
+        ap.error(f"--device: {exc}")
     refuse_unwritable(ap, args, "--json")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"gpu_check: no CUDA device; run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)", file=sys.stderr)

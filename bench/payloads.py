@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from wok.datatypes import datatype
-from wok.numerals import ascii_digits, read_float
+from wok.numerals import SPACES, ascii_digits, read_float
 
 # The bound of integer inputs when none is given: every wok demo model accepts ids below it. A
 # server's KServe metadata does not say a model's id range, so the bench cannot find a better one;
@@ -172,7 +172,7 @@ class Empirical:
 def _read_sizes(path: Path) -> np.ndarray:
     """Sizes from one integer a line, a CSV with a `size` column, or JSONL objects with "size"."""
     text = path.read_text()
-    lines = [(i, line.strip()) for i, line in enumerate(text.splitlines(), 1)]
+    lines = [(i, line.strip(SPACES)) for i, line in enumerate(text.splitlines(), 1)]
     lines = [(i, line) for i, line in lines if line and not line.startswith("#")]
     if not lines:
         raise ValueError(f"{path}: no sizes")
@@ -198,7 +198,7 @@ def _read_sizes(path: Path) -> np.ndarray:
         values = [(reader.line_num, row["size"]) for row in reader]
     out = []
     for i, v in values:
-        text_v = str(v).strip()
+        text_v = str(v).strip(SPACES)
         if isinstance(v, bool) or not ascii_digits(text_v):
             raise ValueError(f"{path}:{i}: size {v!r} is not an integer >= 0")
         out.append(int(text_v))
@@ -210,9 +210,9 @@ _SIZES_HELP = "expected fixed:N, uniform:LO:HI, lognormal:median=M,sigma=S,max=N
 
 def parse_sizes(spec: str) -> Sizes:
     """ "fixed:16" (or just "16"), "uniform:1:64", "lognormal:median=20,sigma=0.8,max=256", "empirical:PATH"."""
-    kind, _, rest = spec.strip().partition(":")
-    kind = kind.strip().lower()
-    rest = rest.strip()
+    kind, _, rest = spec.strip(SPACES).partition(":")
+    kind = kind.strip(SPACES).lower()
+    rest = rest.strip(SPACES)
     try:
         if ascii_digits(kind) and not rest:
             return Fixed(int(kind))
@@ -221,16 +221,16 @@ def parse_sizes(spec: str) -> Sizes:
                 raise ValueError(f"expected fixed:N with N an integer >= 0; got {_quoted(rest)}")
             return Fixed(int(rest))
         if kind == "uniform":
-            m = re.fullmatch(r"([0-9]+)\s*:\s*([0-9]+)", rest)
+            m = re.fullmatch(r"([0-9]+)[ \t]*:[ \t]*([0-9]+)", rest)
             if m is None:
                 raise ValueError(f"expected uniform:LO:HI with integers 0 <= LO <= HI; got {_quoted(rest)}")
             return Uniform(int(m.group(1)), int(m.group(2)))
         if kind == "lognormal":
             opts: dict[str, str] = {}
             for item in rest.split(",") if rest else []:
-                key, eq, value = (x.strip() for x in item.partition("="))
+                key, eq, value = (x.strip(SPACES) for x in item.partition("="))
                 if not eq or key not in ("median", "sigma", "max") or key in opts or not value:
-                    raise ValueError(f"expected median=M,sigma=S,max=N, each once; got {_quoted(item.strip())}")
+                    raise ValueError(f"expected median=M,sigma=S,max=N, each once; got {_quoted(item.strip(SPACES))}")
                 opts[key] = value
             missing = [k for k in ("median", "sigma", "max") if k not in opts]
             if missing:
@@ -556,13 +556,13 @@ def parse_mix(spec: str) -> list[tuple[str, float]]:
 
     Weights are given for every model or for none ("mlp,encoder" mixes equally).
     """
-    items = [item.strip() for item in spec.split(",")]
-    if not spec.strip() or any(not item for item in items):
+    items = [item.strip(SPACES) for item in spec.split(",")]
+    if not spec.strip(SPACES) or any(not item for item in items):
         raise ValueError(f"model mix {_quoted(spec)}: expected NAME[:WEIGHT],... (e.g. 'mlp:0.7,encoder:0.3')")
     names: list[str] = []
     weights: list[float | None] = []
     for item in items:
-        name, colon, weight = (x.strip() for x in item.rpartition(":")) if ":" in item else (item, "", "")
+        name, colon, weight = (x.strip(SPACES) for x in item.rpartition(":")) if ":" in item else (item, "", "")
         if not name:
             raise ValueError(f"model mix {_quoted(spec)}: {_quoted(item)} has no model name")
         if name in names:

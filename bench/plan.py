@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from ..errors import quoted_name, shown_value
-from ..numerals import read_decimal
+from ..numerals import SPACES, read_decimal
 from .arrivals import DURATION, parse_duration
 from .outputs import json_text, replacing
 
@@ -131,7 +131,7 @@ def exact(value, what: str) -> Fraction:
     if isinstance(value, Decimal):
         d = value
     else:
-        text = str(value).strip()
+        text = str(value).strip(SPACES)
         try:
             d = read_decimal(text)
         except ValueError:
@@ -168,7 +168,7 @@ def exact_duration(text: str, what: str) -> Fraction:
         raise ValueError(f"{what}: {exc}") from None
     m = DURATION.fullmatch(text)
     if m.group(3) is None:
-        bare = text.strip()
+        bare = text.strip(SPACES)
         raise ValueError(f"{what}: {quoted_name(text)} has no unit; write {bare}ms or {bare}s")
     number = Fraction(Decimal(m.group(1) + (f"e{m.group(2)}" if m.group(2) else "")))
     return _in_float_range(number * _UNIT[m.group(3)], what, text)
@@ -320,7 +320,7 @@ def parse_burst(spec: str, option: str = "--burst") -> Burst:
     opts: dict[str, str] = {}
     where = f"{option} {quoted_name(spec)}"
     for item in spec.split(","):
-        key, eq, value = (x.strip() for x in item.partition("="))
+        key, eq, value = (x.strip(SPACES) for x in item.partition("="))
         if not eq or not key or not value:
             raise ValueError(f"{where}: expected key=value items like base=1000,amplitude=4000,sigma=30s")
         if key not in ("base", "amplitude", "sigma", "t0"):
@@ -355,7 +355,7 @@ _TEAM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 def parse_team(spec: str, option: str = "--team") -> tuple[str, Fraction]:
     """'search=3000': a team name and its peak QPS. Refusals start with `option` and the spec."""
-    name, eq, value = (x.strip() for x in spec.partition("="))
+    name, eq, value = (x.strip(SPACES) for x in spec.partition("="))
     where = f"{option} {quoted_name(spec)}"
     if not eq or not _TEAM.fullmatch(name):
         raise ValueError(f"{where}: expected NAME=PEAK_QPS like search=3000")

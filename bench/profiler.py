@@ -32,7 +32,6 @@ predicted time, max(FLOPs/peak, bytes/bandwidth), compared with the forward time
 from __future__ import annotations
 
 import math
-import re
 import sys
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -42,7 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
 
-from wok.config import InstanceConfig
+from wok.config import InstanceConfig, check_device
 from wok.errors import ModelExecutionError
 from wok.executor import Executor, resolve_devices
 from wok.servable import HostBuffers, Servable
@@ -384,8 +383,10 @@ class ProfileConfig:
             raise ValueError(f"--int-high must be >= 1; got {self.int_high}")
         if self.seed < 0:  # numpy's own refusal names no option: "expected non-negative integer"
             raise ValueError(f"--seed must be >= 0; got {self.seed}")
-        if re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device) is None:
-            raise ValueError(f"--device {quoted_name(self.device)}: expected auto, cpu, cuda or cuda:N")
+        try:
+            check_device(self.device)
+        except ValueError as exc:
+            raise ValueError(f"--device: {exc}") from None
         if self.cpu_linear not in ("onednn", "torch"):
             raise ValueError(f"--cpu-linear {quoted_name(self.cpu_linear)}: expected onednn or torch")
 

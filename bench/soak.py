@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..errors import quoted_name
-from ..numerals import read_float
+from ..numerals import SPACES, read_float
 from .analysis import latency_summary
 from .arrivals import nominal_for
 from .runner import Ramp, RampConfig, status_name
@@ -42,7 +42,7 @@ CUT_WAIT_S = 10.0
 
 def parse_fraction(text: str) -> float:
     """ "80%" or "0.8" as 0.8; ValueError outside (0, 1]."""
-    t = text.strip()
+    t = text.strip(SPACES)
     try:
         value = read_float(t[:-1]) / 100 if t.endswith("%") else read_float(t)
     except ValueError:

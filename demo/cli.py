@@ -29,7 +29,7 @@ import yaml
 
 from ..bench.arrivals import parse_duration
 from ..children import die_with_parent
-from ..config import bind_address, host_port
+from ..config import bind_address, check_device, host_port
 from ..errors import quoted_name
 from ..faults import MAX_QUEUE_DELAY_MS, shown
 from .load import MAX_RATE, LoadControl, LoadGenerator
@@ -96,8 +96,10 @@ def run_demo(args) -> int:
         raise ValueError(f"--rate: expected requests per second from 0 to {MAX_RATE:g}, got {args.rate:g}")
     if args.torch_threads < 1:
         raise ValueError(f"--torch-threads: expected 1 or more, got {args.torch_threads}")
-    if re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", args.device) is None:
-        raise ValueError(f"--device: expected auto, cpu, cuda or cuda:N, got {quoted_name(args.device)}")
+    try:
+        check_device(args.device)
+    except ValueError as exc:
+        raise ValueError(f"--device: {exc}") from None
     host = check_host(args.host)
     delay_s = duration("--max-queue-delay", args.max_queue_delay)
     if delay_s > MAX_QUEUE_DELAY_S:

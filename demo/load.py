@@ -92,7 +92,7 @@ class LoadControl:
 def check_rate(field: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_RATE:
         raise ValueError(f"field '{field}': expected requests per second from 0 to {MAX_RATE:g}, got {shown(value)}")
-    return float(value)
+    return float(value) + 0.0  # -0.0 as 0.0, as the admin API's delays (faults.check_max_queue_delay_ms)
 
 
 class Rolling:

@@ -103,8 +103,7 @@ class SimBackend:
             changes["max_batch_size"] = v
         if "max_queue_delay_ms" in body:
             v = body["max_queue_delay_ms"]
-            check_max_queue_delay_ms(v)  # in the admin API's words, to its bound
-            changes["max_queue_delay_s"] = float(v) / 1e3
+            changes["max_queue_delay_s"] = check_max_queue_delay_ms(v) / 1e3  # in the admin API's words, to its bound
         fields = {k: getattr(self.model, k) for k in self.model.__dataclass_fields__}
         self.model = BatcherModel(**{**fields, **changes})
         return self.batching()

@@ -68,6 +68,8 @@ from ..http import (
     cross_site_refusal,
     expect_refusal,
     header_field,
+    json_charset_refusal,
+    json_encoding_refusal,
     quoted,
     read_head,
     request_line,
@@ -443,6 +445,9 @@ class DemoWeb:
             # A page of any site may POST text/plain or a form here without asking; JSON makes the
             # browser ask first (a CORS preflight), which this server never grants.
             raise Refused(415, f"Content-Type: expected application/json for a POST, got {quoted(ctype or 'none')}")
+        refusal = json_charset_refusal(headers["content-type"])
+        if refusal is not None:
+            raise Refused(415, refusal)
         if size > MAX_BODY:  # 413, as the metrics port refuses it (RFC 9110 15.5.14); it got 400
             raise Refused(413, f"Content-Length: expected at most {MAX_BODY} bytes, got {quoted(length)}")
         if expects and size:
@@ -452,6 +457,9 @@ class DemoWeb:
             writer.write(CONTINUE)
             await writer.drain()
         raw = await asyncio.wait_for(reader.readexactly(size), 10)
+        refusal = json_encoding_refusal(raw)
+        if refusal is not None:
+            raise Refused(415, refusal)
         try:
             body = json.loads(raw or b"null")
         except ValueError as exc:

@@ -50,7 +50,10 @@ from .numerals import digits_note, read_float, read_int
 _DEFAULT_DEMO_MODELS = "mlp,recsys,encoder"
 
 
-# A word that begins as a negative number does, as newer argparse matches them ("-\.?\d").
+# A word that begins as a negative number does, as newer argparse matches them ("-\.?\d"). \d, not
+# [0-9] as numbers are read (numerals.py): this only tells a value from an option, and "-٣ms" is no
+# option; taken as the value, the option's own check refuses it saying numbers are read in ASCII,
+# where [0-9] left it to argparse as an option: "--slo: expected one argument".
 _DASH_NUMBER = re.compile(r"-\.?\d")
 
 

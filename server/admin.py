@@ -247,8 +247,7 @@ class Admin:
                     f"field 'max_queue_delay_ms': expected no max_queue_delay_ms for model '{model}', whose "
                     f"batching policy is '{_policy_name(rt)}' (only 'fixed' uses a delay window), got {shown(v)}"
                 )
-            check_max_queue_delay_ms(v)
-            changes["max_queue_delay_s"] = float(v) / 1e3
+            changes["max_queue_delay_s"] = check_max_queue_delay_ms(v) / 1e3
         rt.batcher.set_policy(replace(policy, **changes))  # within the configured maximum, checked above
         return self._policy(model, rt)
 

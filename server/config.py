@@ -53,6 +53,13 @@ class _Strict(BaseModel):
     # refused as "should be <= 60000 (got nan)", as though a smaller nan would do.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @field_validator("*")
+    @classmethod
+    def _no_negative_zero(cls, v):
+        # -0.0 passes ge=0, as -0 does (an int: 0), and was shown as -0.0 wherever the value is
+        # (GET /admin/batching's max_queue_delay_ms): taken as the 0 it equals.
+        return v + 0.0 if isinstance(v, float) and v == 0 else v
+
 
 class TensorConfig(_Strict):
     """One input or output of a model."""
@@ -227,8 +234,8 @@ class InstanceConfig(_Strict):
     count: StrictInt = Field(1, ge=1, le=64, description="Model instances; each runs one batch at a time.")
     devices: tuple[str, ...] = Field(
         ("auto",),
-        description="Devices the instances are spread over, round robin: 'cpu', 'cuda', 'cuda:N', "
-        "or 'auto' (cuda:0 when a CUDA device is present, else cpu).",
+        description="Devices the instances are spread over, round robin: 'cpu', 'cuda', 'cuda:N' (N from 0 to 127, "
+        "no leading zero), or 'auto' (cuda:0 when a CUDA device is present, else cpu).",
     )
     pipeline_depth: StrictInt | None = Field(
         None,
@@ -244,10 +251,28 @@ class InstanceConfig(_Strict):
         if not v:
             raise ValueError("at least one device is needed")
         for d in v:
-            head, _, idx = d.partition(":")
-            if head not in {"auto", "cpu", "cuda"} or (idx and (head != "cuda" or not ascii_digits(idx))):
-                raise ValueError(f"device {quoted_name(d)} is not one of 'auto', 'cpu', 'cuda', 'cuda:N'")
+            check_device(d)
         return v
+
+
+# torch.device() keeps an index in 8 signed bits: "cuda:128" is cuda:-128 and "cuda:255" plain "cuda",
+# and executor.resolve_devices' count check passes both. It refuses "cuda:" and "cuda:01".
+MAX_DEVICE_INDEX = 127
+DEVICE_FORMS = f"auto, cpu, cuda or cuda:N (N from 0 to {MAX_DEVICE_INDEX}, no leading zero)"
+
+
+def check_device(text: str) -> str:
+    """`text` if it names a device as the server's config, `wok demo --device` and `wok profile --device`
+    take one (DEVICE_FORMS, each of which torch.device() reads as written); else ValueError naming it
+    and the forms taken."""
+    head, colon, index = text.partition(":")
+    if not colon and head in ("auto", "cpu", "cuda"):
+        return text
+    if head == "cuda" and ascii_digits(index) and len(index) <= 3:  # length first: int() refuses 4,301 digits
+        n = int(index)
+        if n <= MAX_DEVICE_INDEX and str(n) == index:  # no leading zero, as torch
+            return text
+    raise ValueError(f"expected {DEVICE_FORMS}, got {quoted_name(text)}")
 
 
 # A model's name goes unescaped into V2 HTTP paths (/v2/models/NAME).

@@ -192,13 +192,14 @@ def check_max_batch_size(v, limit: int) -> None:
         )
 
 
-def check_max_queue_delay_ms(v) -> None:
-    """AdminRequestError unless `v` is a number from 0 to MAX_QUEUE_DELAY_MS, the bound a model's
-    config is held to: the admin API and the demo's simulator refuse one in the same words."""
+def check_max_queue_delay_ms(v) -> float:
+    """`v` as a float if it is a number from 0 to MAX_QUEUE_DELAY_MS, the bound a model's config is
+    held to, else AdminRequestError: the admin API and the demo's simulator refuse one in the same words."""
     if not is_number(v) or not 0 <= v <= MAX_QUEUE_DELAY_MS:
         raise AdminRequestError(
             f"field 'max_queue_delay_ms': expected a number from 0 to {MAX_QUEUE_DELAY_MS}, got {shown(v)}"
         )
+    return float(v) + 0.0  # -0.0 as 0.0, as -0 (an int) is 0: GET /admin/batching answered -0.0
 
 
 def shown(v) -> str:
@@ -234,7 +235,7 @@ def _number(body: dict, field: str, lo: float, hi: float) -> float:
     v = body[field]
     if not is_number(v) or not lo <= v <= hi:
         raise _bad(field, f"a number from {lo:g} to {hi:g}", v)
-    return float(v)
+    return float(v) + 0.0  # -0.0 as 0.0, as check_max_queue_delay_ms
 
 
 def parse_fault_request(body, instances: dict[str, int]) -> FaultRequest:

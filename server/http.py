@@ -721,6 +721,10 @@ class MetricsHTTPServer:
             error = f"a POST body must be Content-Type application/json, got {quoted(ctype) if ctype else 'none'}"
             await self._json(writer, 415, {"error": error}, close=True)
             return False
+        error = json_charset_refusal(headers["content-type"])
+        if error is not None:
+            await self._json(writer, 415, {"error": error}, close=True)
+            return False
         length = headers.get("content-length")  # digits alone, or absent: _requests refused the rest
         if length is None:
             await self._json(writer, 411, {"error": "a POST needs a Content-Length"}, close=True)
@@ -758,6 +762,10 @@ class MetricsHTTPServer:
             # Closed as its body came (to make room, or reset): applied, the change would have
             # no answer, and its client would not know that it took.
             return False
+        error = json_encoding_refusal(raw)
+        if error is not None:
+            await self._json(writer, 415, {"error": error}, close)
+            return not close
         try:
             body = json.loads(raw)
         except ValueError as exc:
@@ -1388,6 +1396,30 @@ def _local_name(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def json_charset_refusal(content_type: str) -> str | None:
+    """Why a POST whose Content-Type is `content_type` (application/json, checked by the caller) is
+    refused for its charset parameter, None if it has none or utf-8: JSON between systems is UTF-8
+    (RFC 8259 8.1), and `charset=utf-16` was ignored, its body read as whatever json.loads guessed."""
+    for param in split_unquoted(content_type, ";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip(" \t").lower() == "charset":
+            charset = unquoted(value.strip(" \t"))
+            if charset.lower() != "utf-8":
+                return f"Content-Type charset: expected utf-8 (JSON is UTF-8, RFC 8259), got {quoted(charset)}"
+    return None
+
+
+def json_encoding_refusal(raw: bytes) -> str | None:
+    """Why a JSON body `raw` is refused for its encoding, None for UTF-8 (with or without a byte-order
+    mark, which RFC 8259 8.1 lets a reader ignore). json.loads() of bytes reads UTF-16 and UTF-32 too,
+    told by the NULs among the first bytes (json.detect_encoding), which a JSON text between systems
+    is not written in (RFC 8259 8.1): a UTF-16 body was taken."""
+    encoding = json.detect_encoding(raw)
+    if encoding in ("utf-8", "utf-8-sig"):
+        return None
+    return f"body: expected JSON in UTF-8 (RFC 8259), got {encoding.upper()} text"
 
 
 def cross_site_refusal(headers: dict, authority: str | None = None) -> str | None:

@@ -55,3 +55,16 @@ def test_stage_medians_are_nearest_rank():
     results = [SimpleNamespace(times=SimpleNamespace(assemble=s, h2d=s / 2, compute=2 * s, d2h=s)) for s in seconds]
     assert stage_medians(results) == pytest.approx({"assemble": 2.0, "h2d": 1.0, "compute": 4.0, "d2h": 2.0})
     assert stage_medians(results[:3]) == pytest.approx({"assemble": 3.0, "h2d": 1.5, "compute": 6.0, "d2h": 3.0})
+
+
+@pytest.mark.parametrize("device", ["bogus", "cuda:128"])
+def test_a_device_the_server_would_refuse_is_refused_before_the_model_is_built(device, capsys):
+    """A pydantic traceback came from InstanceConfig once the model was built ("bogus"), or torch's
+    cuda:-128 ("cuda:128") went on to the executor."""
+    from wok.bench import gpu_check
+    from wok.config import DEVICE_FORMS
+
+    with pytest.raises(SystemExit) as info:
+        gpu_check.main(["--device", device])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.endswith(f"--device: expected {DEVICE_FORMS}, got '{device}'\n")

@@ -25,7 +25,7 @@ from wok.bench.profiler import (
     request_pool,
 )
 from wok.bench.roofline import Roofline, measure_bandwidth, measure_peak_flops, parse_rate, roofline_for
-from wok.config import model_config_from_dict
+from wok.config import DEVICE_FORMS, model_config_from_dict
 from wok.models import build_demo
 from wok.models.encoder import length_bucket
 from wok.repository import load_servable
@@ -770,9 +770,11 @@ def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
         (["profile", "mlp", "--batch-sizes", "1,x"], "--batch-sizes '1,x': 'x' is not a number"),
         (["profile", "mlp", "--peak-flops", "lots"], "--peak-flops 'lots'"),
         (["profile", "nope"], "unknown demo model"),
-        (["profile", "mlp", "--device", "tpu"], "expected auto, cpu, cuda or cuda:N"),
+        (["profile", "mlp", "--device", "tpu"], f"--device: expected {DEVICE_FORMS}, got 'tpu'"),
         # \d took every script's digits: "cuda:٣" passed, as the server's config refuses it.
-        (["profile", "mlp", "--device", "cuda:٣"], "--device 'cuda:٣': expected auto, cpu, cuda or cuda:N"),
+        (["profile", "mlp", "--device", "cuda:٣"], f"--device: expected {DEVICE_FORMS}, got 'cuda:٣'"),
+        # Passed, and torch read it as cuda:-128, which resolve_devices' count check let by.
+        (["profile", "mlp", "--device", "cuda:128"], f"--device: expected {DEVICE_FORMS}, got 'cuda:128'"),
         (["profile", "mlp", "--device", "cuda:99"], "--device: device 'cuda:99' requested but"),
         (["profile", "mlp", "--seed", "-1"], "--seed must be >= 0; got -1"),
         (["profile", "mlp", "--batch-sizes", ""], "--batch-sizes '': expected a list"),

@@ -109,6 +109,21 @@ async def test_a_batching_body_that_changes_nothing_is_refused_as_the_admin_api_
     assert (await config(port))["batching"] == before
 
 
+async def test_a_body_not_in_utf8_is_refused_as_the_admin_api_refuses_it(sim_page):
+    """json.loads() of bytes read UTF-16 and UTF-32, and a charset parameter was ignored: JSON is UTF-8
+    (RFC 8259 8.1), and the admin API the live page relays to refuses both in the same words."""
+    port = sim_page.port
+    rate = '{"rate": 5000}'
+    status, answer = await exchange(port, post(port, "/api/load", rate.encode("utf-16")))
+    assert (status, answer) == (415, {"error": "body: expected JSON in UTF-8 (RFC 8259), got UTF-16 text"})
+    charset = post(port, "/api/load", rate.encode(), ctype="application/json; charset=iso-8859-1")
+    error = "Content-Type charset: expected utf-8 (JSON is UTF-8, RFC 8259), got 'iso-8859-1'"
+    assert await exchange(port, charset) == (415, {"error": error})
+    assert (await config(port))["load"]["rate"] == 100
+    taken = post(port, "/api/load", b'{"rate": 40}', ctype="application/json; charset=utf-8")
+    assert (await exchange(port, taken))[0] == 200
+
+
 async def test_cross_site_posts_are_refused_and_change_nothing(sim_page):
     port = sim_page.port
     rate = b'{"rate": 5000}'

@@ -23,6 +23,7 @@ import pytest
 
 import wok.demo.cli
 from wok.bench.simulate import BatcherModel
+from wok.config import DEVICE_FORMS
 from wok.demo.cli import LiveDemo, SimulatedDemo
 from wok.demo.load import LoadControl
 from wok.demo.sim import SimBackend
@@ -297,7 +298,7 @@ LONG_SHOWN = f"'{'x' * 200}'… (100,000 characters in all)"
     ("option", "value", "refusal"),
     [
         # Shown as repr does, whole: one_line cut the 100 KB message at 4,096 characters.
-        ("--device", LONG, f"--device: expected auto, cpu, cuda or cuda:N, got {LONG_SHOWN}"),
+        ("--device", LONG, f"--device: expected {DEVICE_FORMS}, got {LONG_SHOWN}"),
         # IDNA's refusal, naming no option: "encoding with 'idna' codec failed (UnicodeError: label too long)".
         ("--host", LONG, f"--host: expected an address or a host name of this machine, got {LONG_SHOWN}"),
         ("--host", "a b", "--host: expected an address or a host name of this machine, got 'a b'"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import urllib.error
 import urllib.request
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from wok.bench.simulate import BatcherModel, simulate
+from wok.config import DEVICE_FORMS
 from wok.demo import sim as sim_module
 from wok.demo.cli import SimulatedDemo
 from wok.demo.load import WINDOW_S, LoadControl, LoadGenerator, Rolling
@@ -70,6 +72,8 @@ def test_load_control_checks_and_bursts():
         c.set({"burst_rate": 500})
     with pytest.raises(ValueError, match=r"field 'speed'"):
         c.set({"speed": 2})
+    # -0.0 passes `0 <= v` as -0 does, and came back -0.0: taken as 0.
+    assert math.copysign(1, c.set({"rate": -0.0})["rate"]) == 1
     state = c.set({"rate": 50, "burst_rate": 800, "burst_s": 5})
     assert state["rate"] == 50 and state["current_rate"] == 800 and 4 < state["burst_left_s"] <= 5
     rng = np.random.default_rng(0)
@@ -107,6 +111,8 @@ def test_simulated_batches_by_hand():
     # The window comes back as sent (ms → s → ms once missed 1001 by an ulp), as the server's does.
     for ms in (1001, 1003, 0.1, 2.7, 12.345678):
         assert sim.set_batching({"max_queue_delay_ms": ms})["max_queue_delay_ms"] == ms
+    # -0.0 passes `0 <= v` as -0 does, and came back -0.0: taken as 0.
+    assert math.copysign(1, sim.set_batching({"max_queue_delay_ms": -0.0})["max_queue_delay_ms"]) == 1
 
 
 def test_the_simulator_holds_max_queue_delay_ms_to_the_servers_one_bound(monkeypatch):
@@ -304,9 +310,12 @@ def test_wok_demo_simulate_serves_the_page_and_labels_itself(start_demo):
         (["--max-queue-delay", "100s"], "wok demo: --max-queue-delay: expected at most 60s, got 100s\n"),
         (["--slo", "0ms"], "wok demo: --slo: expected a duration above 0, got 0ms\n"),
         (["--torch-threads", "0"], "wok demo: --torch-threads: expected 1 or more, got 0\n"),
-        (["--device", "bogus"], "wok demo: --device: expected auto, cpu, cuda or cuda:N, got 'bogus'\n"),
+        (["--device", "bogus"], f"wok demo: --device: expected {DEVICE_FORMS}, got 'bogus'\n"),
         # \d took every script's digits: "cuda:٣" passed, as the server's config refuses it.
-        (["--device", "cuda:٣"], "wok demo: --device: expected auto, cpu, cuda or cuda:N, got 'cuda:٣'\n"),
+        (["--device", "cuda:٣"], f"wok demo: --device: expected {DEVICE_FORMS}, got 'cuda:٣'\n"),
+        # Passed, as the server's config refused them not: torch refuses the first, reads the second as cuda:-128.
+        (["--device", "cuda:01"], f"wok demo: --device: expected {DEVICE_FORMS}, got 'cuda:01'\n"),
+        (["--device", "cuda:128"], f"wok demo: --device: expected {DEVICE_FORMS}, got 'cuda:128'\n"),
         (["--host", "no-such-host.invalid"], "wok demo: --host: expected an address of this machine, got "),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import math
 import re
 import urllib.error
 import urllib.request
@@ -166,6 +167,17 @@ FAULT = b'{"model": "mlp", "mode": "fail", "duration_s": 60}'
         ("Content-Type: application/json\r\nHost: evil.example", 403, "Host 'evil.example' is not an IP address"),
         # Not a number of bytes: refused as the head is read, in plain text as other framing errors.
         ("Content-Type: application/json\r\nContent-Length: \xb2", 400, "expected a number of bytes, got '\\xb2'"),
+        # JSON is UTF-8 (RFC 8259 8.1): a charset that says otherwise was ignored, and the body read as UTF-8.
+        (
+            "Content-Type: application/json; charset=utf-16",
+            415,
+            "Content-Type charset: expected utf-8 (JSON is UTF-8, RFC 8259), got 'utf-16'",
+        ),
+        (
+            'Content-Type: application/json; charset="latin1"',
+            415,
+            "expected utf-8 (JSON is UTF-8, RFC 8259), got 'latin1'",
+        ),
     ],
 )
 async def test_admin_posts_a_browser_page_could_send_are_refused_and_change_nothing(
@@ -184,6 +196,40 @@ async def test_admin_posts_a_browser_page_could_send_are_refused_and_change_noth
     top, body = answer.split(b"\r\n\r\n", 1)
     assert says in (json.loads(body)["error"] if b"Content-Type: application/json" in top else body.decode("latin-1"))
     assert (await ahttp(base + "/admin/faults"))[1] == {"faults": []}  # nothing was applied
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le"])
+async def test_a_body_in_utf16_or_utf32_is_refused_and_changes_nothing(admin_server, raw_http, encoding):
+    """json.loads() of bytes guesses UTF-16 and UTF-32 from the NULs of the first bytes: such a fault was
+    applied, where JSON between systems is UTF-8 alone (RFC 8259 8.1)."""
+    server, base, _ = admin_server
+    port = server.http.port
+    body = FAULT.decode().encode(encoding)
+    head = (
+        f"POST /admin/faults HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    answer = await raw_http(port, head.encode() + body)
+    assert answer.startswith(b"HTTP/1.1 415 "), answer[:200]
+    got = json.detect_encoding(body).upper()
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {
+        "error": f"body: expected JSON in UTF-8 (RFC 8259), got {got} text"
+    }
+    assert (await ahttp(base + "/admin/faults"))[1] == {"faults": []}
+
+
+async def test_a_utf8_body_with_a_byte_order_mark_or_charset_utf8_is_taken(admin_server, raw_http):
+    """RFC 8259 8.1 lets a reader ignore a byte-order mark; charset=utf-8 (any case, quoted or not) is what JSON is."""
+    server, base, _ = admin_server
+    port = server.http.port
+    for charset, body in (("", b"\xef\xbb\xbf" + FAULT), ('; charset="UTF-8"', FAULT), ("; Charset=utf-8", FAULT)):
+        head = (
+            f"POST /admin/faults HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json{charset}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        answer = await raw_http(port, head.encode() + body)
+        assert answer.startswith(b"HTTP/1.1 200 "), (charset, answer[:200])
+        await ahttp(base + "/admin/faults", {"model": "mlp", "mode": "off"})
 
 
 async def test_a_same_origin_post_is_taken(admin_server, raw_http):
@@ -235,6 +281,17 @@ async def test_the_window_comes_back_as_sent(admin_server):
         assert (status, policy["max_queue_delay_ms"]) == (200, ms)
         assert server.runtimes["mlp"].batcher.policy.max_queue_delay_s == ms / 1e3
         assert (await ahttp(base + "/admin/batching"))[1]["models"] == [policy]
+
+
+async def test_a_negative_zero_is_taken_and_answered_as_zero(admin_server):
+    """-0.0 passes `0 <= v` as -0 does, and was kept: a window and a slow fault's delay answered as -0.0."""
+    server, base, _ = admin_server
+    status, policy = await ahttp(base + "/admin/batching", {"model": "mlp", "max_queue_delay_ms": -0.0})
+    assert status == 200 and math.copysign(1, policy["max_queue_delay_ms"]) == 1
+    assert math.copysign(1, server.runtimes["mlp"].batcher.policy.max_queue_delay_s) == 1
+    status, state = await ahttp(base + "/admin/faults", {"model": "mlp", "mode": "slow", "delay_ms": -0.0})
+    assert status == 200 and [math.copysign(1, f["delay_ms"]) for f in state["faults"]] == [1.0]
+    await ahttp(base + "/admin/faults", {"model": "mlp", "mode": "off"})
 
 
 async def test_slo_models_refuse_a_window_they_would_not_use_and_say_their_policy(serve, slow_repository):

@@ -7,13 +7,22 @@ takes, so the file name in the message is the one a user would have to open.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from wok.config import ModelConfig, load_model_config, model_config_from_dict, server_settings
+from wok.config import (
+    DEVICE_FORMS,
+    ModelConfig,
+    check_device,
+    load_model_config,
+    model_config_from_dict,
+    server_settings,
+)
 from wok.errors import ConfigError, quoted_name
 
 from ..conftest import python_model_config
@@ -225,13 +234,13 @@ def test_bad_device_string(tmp_path):
     msg, path = load_error(tmp_path, changed(instances={"devices": ["cpu", "gpu:0"]}))
     assert msg.startswith(f"{path}: ")
     assert "instances.devices" in msg
-    assert "device 'gpu:0'" in msg
+    assert msg.endswith(f"expected {DEVICE_FORMS}, got 'gpu:0'")
 
 
 @pytest.mark.parametrize("device", ["cuda:x", "cpu:0", ""])
 def test_other_bad_devices(tmp_path, device):
     msg, _ = load_error(tmp_path, changed(instances={"devices": [device]}))
-    assert f"device {device!r}" in msg
+    assert msg.endswith(f"expected {DEVICE_FORMS}, got {device!r}")
 
 
 def test_bad_toml_syntax(tmp_path):
@@ -856,7 +865,7 @@ SPACED = "X" * 1000 + " "
         (
             {"instances": {"devices": ["it's"]}},
             "instances.devices",
-            "device 'it's' is not one of 'auto', 'cpu', 'cuda', 'cuda:N'",
+            f"expected {DEVICE_FORMS}, got 'it's'",
         ),
         (
             {"max_batch_size": "9" * 1000},
@@ -887,7 +896,42 @@ def test_text_from_a_config_is_shown_quoted_cut_and_escaped(tmp_path, change, wh
 def test_a_cuda_index_of_other_digits_is_refused(tmp_path, index):
     """isdigit() takes "²" (int() refuses it) and "٣" (int() reads 3): "cuda:²" passed the config's check."""
     msg, path = load_error(tmp_path, changed(instances={"devices": [f"cuda:{index}"]}))
-    assert msg == f"{path}: instances.devices: device 'cuda:{index}' is not one of 'auto', 'cpu', 'cuda', 'cuda:N'"
+    assert msg == f"{path}: instances.devices: expected {DEVICE_FORMS}, got 'cuda:{index}'"
+
+
+# torch.device() refuses the first two, and reads an index in 8 signed bits: "cuda:128" was cuda:-128, which
+# passed executor.resolve_devices' count check as every negative index does, "cuda:255" plain cuda.
+TORCH_MISREADS = ["cuda:", "cuda:01", "cuda:128", "cuda:255", "cuda:" + "1" * 5000]
+
+
+@pytest.mark.parametrize("device", TORCH_MISREADS, ids=["empty", "leading-zero", "128", "255", "5000-digits"])
+def test_a_device_torch_refuses_or_misreads_is_refused(tmp_path, device):
+    """The config took "cuda:" (an empty index) and any digits, where `wok demo` and `wok profile` refused
+    the first: one rule now (config.check_device), for all three."""
+    msg, path = load_error(tmp_path, changed(instances={"devices": ["cpu", device]}))
+    assert msg == f"{path}: instances.devices: expected {DEVICE_FORMS}, got {quoted_name(device)}"
+    try:
+        read = str(torch.device(device))
+    except RuntimeError:
+        read = None
+    assert read != device
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0", "cuda:7", "cuda:10", "cuda:127"])
+def test_a_device_the_config_takes_is_read_by_torch_as_written(device):
+    assert check_device(device) == device
+    assert str(torch.device(device)) == device
+
+
+def test_a_negative_zero_is_taken_as_zero(tmp_path):
+    """-0.0 passes ge=0 as -0 (an int: 0) does, and was kept: GET /admin/batching answered a window of -0.0."""
+    d = write_model(tmp_path, changed(dynamic_batching={"max_queue_delay_ms": -0.0, "default_timeout_ms": -0.0}))
+    assert "max_queue_delay_ms = -0.0" in (d / "config.toml").read_text()
+    batching = load_model_config(d).dynamic_batching
+    settings = server_settings(grace_period_s=-0.0, max_connection_age_s=60.0, max_connection_age_grace_s=-0.0)
+    values = [batching.max_queue_delay_ms, batching.default_timeout_ms]
+    values += [settings.grace_period_s, settings.max_connection_age_grace_s]
+    assert [math.copysign(1, v) for v in values] == [1.0] * 4
 
 
 def test_a_folder_key_or_path_from_a_config_is_shown_quoted_as_names_are(tmp_path):

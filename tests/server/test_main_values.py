@@ -44,8 +44,24 @@ def wok(wok_cli):
         (("serve", "--port", "-5x"), "wok serve: --port: expected an integer; got '-5x'"),
         (("serve", "--grace-period", "-.5s"), "wok serve: --grace-period: expected a number; got '-.5s'"),
         (("simulate", "--arrival", "-1x"), "wok simulate: --arrival: arrivals '-1x': unknown process '-1x'"),
+        # Another script's digit is still a number's beginning, not an option's: refused by the option's
+        # check, which says why ("expected one argument" with _DASH_NUMBER's \d made ASCII alone).
+        (
+            ("serve", "--grace-period", "-\N{ARABIC-INDIC DIGIT THREE}ms"),
+            "wok serve: --grace-period: expected a number; got '-\N{ARABIC-INDIC DIGIT THREE}ms' (numbers are read "
+            "in ASCII: the digits 0-9)",
+        ),
     ],
-    ids=["demo-slo", "demo-delay", "demo-alpha", "demo-abbreviated", "serve-port", "serve-float", "simulate"],
+    ids=[
+        "demo-slo",
+        "demo-delay",
+        "demo-alpha",
+        "demo-abbreviated",
+        "serve-port",
+        "serve-float",
+        "simulate",
+        "serve-other-digits",
+    ],
 )
 def test_a_value_beginning_with_a_dash_is_refused_as_the_same_value_after_an_equals_sign(argv, refusal, wok):
     *command, option, value = argv

@@ -9,27 +9,42 @@ import pytest
 
 from wok.numerals import ascii_digits, digits_note, read_decimal, read_float, read_int
 
-# Each read as 3 (or 3.5) by int()/float()/Decimal(): Arabic-Indic, fullwidth, Devanagari digits,
-# a no-break space and an em space around ASCII ones.
-NOT_ASCII = ["٣", "３", "३", "\u00a03", "3\u2003", "-٣", "1_٠٠٠"]
-NOT_ASCII_FLOATS = ["٣.٥", "３.５", "٣e٢", "\u00a03.5"]
+# Each read as 3 (or 3.5) by int()/float()/Decimal(): Arabic-Indic, fullwidth, Devanagari digits.
+NOT_ASCII = ["٣", "３", "३", "-٣", "1_٠٠٠"]
+NOT_ASCII_FLOATS = ["٣.٥", "３.５", "٣e٢"]
+# Each read as 3 (or 3.5) too: a no-break space, an em space, a line end or a vertical tab around ASCII digits.
+OTHER_SPACES = ["\u00a03", "3\u2003", "\u00a03.5", "3\n", "\r3", " 3\x0b"]
 
 
 @pytest.mark.parametrize("text", NOT_ASCII)
-def test_an_integer_in_other_digits_or_spaces_is_refused(text):
+def test_an_integer_in_other_digits_is_refused(text):
     with pytest.raises(ValueError, match="expected an integer in the digits 0-9; got "):
         read_int(text)
 
 
 @pytest.mark.parametrize("text", NOT_ASCII + NOT_ASCII_FLOATS)
-def test_a_number_in_other_digits_or_spaces_is_refused(text):
+def test_a_number_in_other_digits_is_refused(text):
     with pytest.raises(ValueError, match="expected a number in the digits 0-9; got "):
         read_float(text)
     with pytest.raises(ValueError, match="expected a number in the digits 0-9; got "):
         read_decimal(text)
 
 
-@pytest.mark.parametrize(("text", "number"), [("3", 3), (" -3 ", -3), ("+3", 3), ("1_000", 1000), ("007", 7)], ids=repr)
+@pytest.mark.parametrize("text", OTHER_SPACES, ids=ascii)
+def test_a_number_with_other_white_space_around_it_is_refused_showing_it(text):
+    """Spaces and tabs alone (numerals.SPACES) are trimmed: "\u00a03" was 3 (int() strips every Unicode
+    space), and "3\n" too, where the refusal of the same text in any other field names the character."""
+    for read, kind in ((read_int, "an integer"), (read_float, "a number"), (read_decimal, "a number")):
+        if read is read_int and "." in text:
+            continue
+        with pytest.raises(ValueError) as info:
+            read(text)
+        assert str(info.value) == f"expected {kind} with nothing but spaces or tabs around it; got {text!r}"
+
+
+@pytest.mark.parametrize(
+    ("text", "number"), [("3", 3), (" -3 ", -3), ("\t3\t", 3), ("+3", 3), ("1_000", 1000), ("007", 7)], ids=repr
+)
 def test_ascii_integers_read_as_int_reads_them(text, number):
     assert read_int(text) == number
 
