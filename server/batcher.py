@@ -662,14 +662,16 @@ class Batcher:
             heapq.heappop(heap)
         return heap[0][0] if heap else math.inf
 
-    def withdraw(self, p: Pending) -> None:
+    def withdraw(self, p: Pending) -> bool:
         """The caller gave up (cancelled): leave the queue if still queued, or its batch if that still
-        waits at a busy instance's worker (the worker leaves it out as it starts the batch)."""
+        waits at a busy instance's worker (the worker leaves it out as it starts the batch). True if it
+        left either before it ran, as the requests whose deadline passes there are refused (`deadline`)."""
         if p.state == QUEUED:
             self._forget(p)
             p.state = WITHDRAWN
             p.inputs = None  # its entries stay until they reach a front; its caller is gone
-        elif p.state == RUNNING and p.batch is not None:
+            return True
+        if p.state == RUNNING and p.batch is not None:
             batch = p.batch
             if batch.ahead is not None and not batch.ahead.done():
                 # Not started: the worker starts it only after the batch ahead is done, and reads
@@ -678,6 +680,8 @@ class Batcher:
                 # then runs for nobody, as it did before, and is answered nothing more.
                 batch.deadlines[batch.requests.index(p)] = -math.inf
                 p.state = WITHDRAWN
+                return True
+        return False
 
     def _forget(self, p: Pending) -> None:
         q = self._queues[p.key]

@@ -77,6 +77,15 @@ STREAM_LINGER_S = 0.2
 STREAM_STALL_S = 1.0
 # Put on a stream's queue of answers to make it look again at its reader and the server's stop.
 _WAKE = object()
+# A client whose deadline passes cancels its call (RST_STREAM CANCEL, as a cancel by hand), and that
+# cancel reaches the server before the server's own deadline: gRPC sends the time left as `grpc-timeout`
+# rounded up to three significant figures (10 ms from 1 s, 100 ms from 10 s, 1 s from 100 s: up to 1 % of
+# it; measured, a 2.5 s deadline ended 9 ms later on the server, a 30 s one 99 ms), and the server's clock
+# starts when the request comes. A cancel that comes within this share of the call's timeout, plus
+# DEADLINE_SLACK_S for the ways in and back and gRPC's millisecond clock, counts as the deadline its client
+# saw: with a deadline of 1 s or more, nearly every call that expired counted CANCELLED.
+DEADLINE_SLACK_SHARE = 0.01
+DEADLINE_SLACK_S = 0.002
 _DRAINING = "server is shutting down and accepts no new requests"
 _STARTING = "server is not ready: it is still starting"
 REJECTION_REASON = {
@@ -197,6 +206,16 @@ def _deadline_passed(time_left: Callable[[], float | None] | None) -> bool:
     """Whether a call's deadline has passed, by its context's time_remaining (None: it has none)."""
     left = time_left() if time_left is not None else None
     return left is not None and left <= 0
+
+
+def _ended_by_deadline(time_left: Callable[[], float | None] | None, timeout: float | None) -> bool:
+    """Whether a call that ended before its answer (gRPC cancelled its handler) ended by its client's
+    deadline: the server's own passed, or comes within the slack of `timeout`, the call's time left as
+    its handler began (DEADLINE_SLACK_SHARE: the client's deadline is earlier by up to that much)."""
+    left = time_left() if time_left is not None else None
+    if left is None:
+        return False
+    return left <= DEADLINE_SLACK_S + DEADLINE_SLACK_SHARE * (timeout or 0.0)
 
 
 class Unparsed:
@@ -463,6 +482,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         counted: bool = False,
         stream: bool = False,
         time_left: Callable[[], float | None] | None = None,
+        call_timeout: float | None = None,
     ) -> pb.ModelInferResponse:
         """Run one request through its model's batcher; raises WokError on failure. With `timing` (a
         list), its stage times are appended to it as a `server-timing` value (`server_timing`).
@@ -472,6 +492,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         not here, except a cancellation's.
         `time_left`: the call's context.time_remaining, asked when the request is cancelled: a call
         ended by its deadline counts DEADLINE_EXCEEDED, as its client sees it, not CANCELLED.
+        `call_timeout`: the call's time left as its handler began (a stream's, for its request), from which
+        the slack of that decision is taken (`_ended_by_deadline`); `time_remaining` when None.
         ModelStatistics counts a unary request's answer here, in success or fail (an error of any
         code its caller gets); a stream's once it is written (`_count_answer`)."""
         arrival = time.perf_counter()
@@ -487,10 +509,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 self._refuse_unmodeled(exc, time_left)
             raise
         m = rt.metrics
+        timeout = time_remaining if call_timeout is None else call_timeout
         if not counted:
             self._begin()
         try:
-            resp = await self._run(rt, request, time_remaining, arrival, timing, stream, time_left)
+            resp = await self._run(rt, request, time_remaining, arrival, timing, stream, time_left, timeout)
         except WokError as exc:
             reason = REJECTION_REASON.get(type(exc))
             if reason is not None:
@@ -510,7 +533,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except asyncio.CancelledError:
             # gRPC cancels the handler both when the client cancels and when the call's deadline
             # passes (after its batch was dispatched: before, the batcher drops it as `deadline`).
-            m.record_status(self._ended_code(time_left, stream))
+            m.record_status(self._ended_code(time_left, stream, timeout))
             raise
         except Exception:
             if not stream:
@@ -533,6 +556,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         timing=None,
         stream=False,
         time_left: Callable[[], float | None] | None = None,
+        call_timeout: float | None = None,
     ):
         server = self.server
         servable = rt.servable
@@ -566,7 +590,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 # histograms (its caller was still there), so the end-to-end one counts it too.
                 now = time.perf_counter()
                 rt.metrics.record_response(p.arrival - arrival, now - p.finished, 0.0, now - arrival)
-            rt.batcher.withdraw(p)
+            # The batcher refused it at its deadline, and gRPC's cancel for that deadline came before this
+            # handler resumed to raise the refusal, which `infer` would have counted.
+            refused = p.future.done() and not p.future.cancelled() and type(p.future.exception()) is DeadlineExceeded
+            if (rt.batcher.withdraw(p) and _ended_by_deadline(time_left, call_timeout)) or refused:
+                # Its client's deadline passed before it ran (queued, or its batch held at a busy worker):
+                # refused as `deadline`, as the batcher refuses one at the server's deadline, which a
+                # client's cancel comes before (_ended_by_deadline).
+                rt.metrics.record_rejection("deadline")
             raise
         if time_left is not None and not stream and time_left() == 0:
             # The call's deadline passed as its batch ran, and gRPC has not cancelled this handler
@@ -647,12 +678,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         st = _Stream()
         results = st.results
         tasks: dict[asyncio.Task, pb.ModelInferRequest] = {}  # each request's, until it ends
+        timeout = context.time_remaining()  # the stream's, as it began: see _ended_by_deadline
 
         async def one(req: pb.ModelInferRequest) -> None:
             begun = time.perf_counter()
             try:
                 resp = await self.infer(
-                    req, context.time_remaining(), counted=True, stream=True, time_left=context.time_remaining
+                    req,
+                    context.time_remaining(),
+                    counted=True,
+                    stream=True,
+                    time_left=context.time_remaining,
+                    call_timeout=timeout,
                 )
                 # With its time for ModelStatistics' success (or fail, below), counted once it is written.
                 answer = pb.ModelStreamInferResponse(infer_response=resp)
@@ -770,7 +807,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 if item is not _WAKE:
                     unsent.append(item)
             if tasks or unsent:
-                code = "UNAVAILABLE" if closed else self._ended_code(context.time_remaining, stream=True)
+                code = "UNAVAILABLE" if closed else self._ended_code(context.time_remaining, True, timeout)
                 # Answers the stream's end kept from the client count as it sees them end.
                 for _, req, _, _ in unsent:
                     self._count_answer(req, code)
@@ -790,13 +827,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             raise asyncio.CancelledError(f"the caller's deadline passed: {exc}") from None
         self.server.metrics.record_unmodeled(exc.code.name)
 
-    def _ended_code(self, time_left: Callable[[], float | None] | None, stream: bool) -> str:
+    def _ended_code(
+        self, time_left: Callable[[], float | None] | None, stream: bool, timeout: float | None = None
+    ) -> str:
         """The code a call's client sees when the call ends before its answer: UNAVAILABLE for a
-        stream gRPC's stop cut (`cutting`), DEADLINE_EXCEEDED once its deadline has passed (gRPC
-        cancels the handler for both a client's cancel and a deadline), else CANCELLED."""
+        stream gRPC's stop cut (`cutting`), DEADLINE_EXCEEDED once its client's deadline has passed
+        (`_ended_by_deadline`, of the call's `timeout` as it began; gRPC cancels the handler for both
+        a client's cancel and a deadline), else CANCELLED."""
         if stream and self.cutting:
             return "UNAVAILABLE"
-        return "DEADLINE_EXCEEDED" if _deadline_passed(time_left) else "CANCELLED"
+        return "DEADLINE_EXCEEDED" if _ended_by_deadline(time_left, timeout) else "CANCELLED"
 
     def _count_answer(self, req: pb.ModelInferRequest | None, code: str, took: float | None = None) -> None:
         """Count `code` in wok_responses_total for a stream's request: as its answer is written, or as

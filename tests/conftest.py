@@ -449,6 +449,15 @@ def core_servers() -> int:
     return len(json.loads(cygrpc.channelz_get_servers(0)).get("server", []))
 
 
+def core_calls_started() -> int:
+    """Calls the gRPC core servers alive in this process have started (channelz's callsStarted): the calls
+    that reached a server, which a client whose deadline passed before it sent its call's headers did not."""
+    from grpc._cython import cygrpc
+
+    servers = json.loads(cygrpc.channelz_get_servers(0)).get("server", [])
+    return sum(int(s.get("data", {}).get("callsStarted", 0)) for s in servers)
+
+
 def write_python_model(folder: Path, model_py: str, max_batch_size: int | None = 4, **config) -> Path:
     """`folder` (made, with its parents) holding `model_py` as model.py and
     `python_model_config(max_batch_size, **config)` as config.toml."""

@@ -396,6 +396,89 @@ async def test_a_client_deadline_that_passes_while_its_batch_runs_counts_deadlin
     assert reasons == {}, reasons
 
 
+# A deadline of seconds: gRPC sends the time left rounded up to 10 ms (1.0025 s leaves about 1.002 s as
+# the header is written, sent as 1010 ms), so the server's deadline is about 7 ms after the client's.
+SECONDS_TIMEOUT = 1.0025
+
+
+async def test_a_client_deadline_of_seconds_counts_deadline_exceeded_and_refused_before_it_ran(
+    serve_in_thread, slow_repository
+):
+    """A client whose deadline passes cancels its call, and with a deadline of 1 s or more that cancel
+    comes before the server's own deadline: every such call counted CANCELLED, its client saw
+    DEADLINE_EXCEEDED, and those still waiting to run counted no `deadline` refusal, where a deadline under
+    1 s (sent to the ms, cut) counted both. Three unary calls, one running, one in a batch held at its busy
+    worker, one queued; then a stream of two, one running, one held. The server runs on a loop of its own,
+    as `wok serve` does: on the client's loop it saw the cancel late, after its own deadline."""
+    srv = serve_in_thread(repository=slow_repository(sleep_ms=1500, max_batch_size=1, delay_ms=0))
+    batcher = srv.server.runtimes["slow"].batcher
+    x = {"INPUT0": np.ones((1, 4), np.float32)}
+
+    async def counted(n: int) -> tuple[dict[str, float], dict[str, float]]:
+        while True:  # a scrape renders at most every 0.25 s
+            codes, reasons = await asyncio.to_thread(_scrape_counts, srv.server.http.port)
+            if sum(codes.values()) >= n:
+                return codes, reasons
+
+    async with grpc.aio.insecure_channel(srv.target) as ch:
+        stub = pb_grpc.GRPCInferenceServiceStub(ch)
+        calls = [stub.ModelInfer(encode_request("slow", x), timeout=SECONDS_TIMEOUT) for _ in range(3)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert [r.code() for r in results] == [grpc.StatusCode.DEADLINE_EXCEEDED] * 3, results
+        unary = await asyncio.wait_for(counted(3), 10)
+        await until(lambda: not batcher.inflight, tries=5_000)  # the batch that ran for nobody
+        requests = [encode_request("slow", x, request_id=str(i)) for i in range(2)]
+        call = stub.ModelStreamInfer(iter(requests), timeout=SECONDS_TIMEOUT)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            _ = [a async for a in call]
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        streamed = await asyncio.wait_for(counted(5), 10)
+    assert unary == ({"DEADLINE_EXCEEDED": 3}, {"deadline": 2})
+    assert streamed == ({"DEADLINE_EXCEEDED": 5}, {"deadline": 3})
+
+
+async def test_a_request_the_batcher_refused_at_its_deadline_counts_deadline_when_grpcs_cancel_comes_first(
+    serve, gated_model
+):
+    """The server's deadline passes with the request queued: the batcher refuses it (DeadlineExceeded on its
+    future) and gRPC cancels the handler for the same deadline. When that cancel comes before the handler
+    resumes, the handler sees CancelledError, not the refusal, and the `deadline` rejection went uncounted
+    (about one run in six of the test above). The order is forced: the refusal cancels the handler."""
+    from wok.app import WokServer
+    from wok.config import server_settings
+    from wok.repository import ModelRepository
+
+    s, module = gated_model(max_batch_size=1, delay_ms=0, depth=1, name="slow")
+    server = WokServer(server_settings(grpc_port=0, metrics_port=0), ModelRepository([s], "test"))
+    await server.start()
+    try:
+        rt = server.runtimes["slow"]
+        x = {"INPUT0": np.ones((1, 4), np.float32)}
+        module.gate.clear()
+        running = asyncio.ensure_future(server.service.infer(encode_request("slow", x), None))
+        await until(lambda: module.entered.is_set())
+        end = time.perf_counter() + 0.05
+        queued = asyncio.ensure_future(
+            server.service.infer(encode_request("slow", x), 0.05, time_left=lambda: max(0.0, end - time.perf_counter()))
+        )
+        expire = rt.batcher._expire
+
+        def expire_then_cancel(p, *args) -> None:
+            expire(p, *args)
+            queued.cancel()  # gRPC's cancel for the same deadline, before the handler resumes
+
+        rt.batcher._expire = expire_then_cancel
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert rt.metrics.responses == {"DEADLINE_EXCEEDED": 1}
+        assert rt.metrics.rejections["deadline"] == 1
+        module.gate.set()
+        await running
+    finally:
+        module.gate.set()
+        await server.stop(grace=5)
+
+
 class _EndedCall:
     """What the stream handler asks of its context once the call has ended: the time left (none set)."""
 
