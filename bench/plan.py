@@ -1426,12 +1426,18 @@ def _ramp_check(
         f"{dev}s",
     )
     if served < per_replica_target:
+        # N's rounding up can leave each replica no more at the peak than the ramp saw it serve: then the two agree.
+        sized = (
+            f"would take {_many(n_ramp, dev)}, not {n_gpu}"
+            if n_ramp != n_gpu
+            else f"takes the same {_many(n_ramp, dev)} ({_d(lam)} / {n_gpu} = {decimal_text(lam / n_gpu, 1)} QPS "
+            "each at the peak)"
+        )
         warnings.append(
             f"one replica met the SLO only up to {_d(served)} QPS in the ramp, below the "
             f"{decimal_text(per_replica_target, 1)} QPS per replica this plan puts on it at U_target (its "
             f"batches kept the instance only {100 * float(step_busy):.0f}% busy there): something besides "
-            f"the batch time limits it (CPU, the event loop, the network), and sizing by the ramp would take "
-            f"{_many(n_ramp, dev)}, not {n_gpu}"
+            f"the batch time limits it (CPU, the event loop, the network), and sizing by the ramp {sized}"
         )
     if batch.detail.get("highest_step"):
         warnings.append(

@@ -640,9 +640,15 @@ def _verdict_lines(result: dict) -> list[str]:
     if merged:
         errs = [_num(_get(s, "latency_histogram", "relative_error")) for s in _steps(result)]
         err = max((e for e in errs if math.isfinite(e)), default=0.0)
+        source = merged.get("server_view_from")
+        # The first part's scrapes are the only server view; a part that reached no /metrics has none to give.
+        if any(s.get("server") for s in _steps(result)):
+            server = f"server columns from {source}"
+        else:
+            server = f"no server columns: {source}, the part they come from, scraped none"
         lines.append(
             f"merged from {len(merged['parts'])} results: percentiles from the merged histograms "
-            f"(at most {100 * err:.2g}% above exact), server columns from {merged.get('server_view_from')}"
+            f"(at most {100 * err:.2g}% above exact), {server}"
         )
     # The document's warnings (a verdict's bound, a step that measured the generator, a merge's
     # parts): a run printed without --json or --html would lose them.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -554,6 +555,20 @@ def test_wok_bench_merge_writes_the_merged_result_and_prints_the_table(split_ram
     assert "merged from 3 results: percentiles from the merged histograms (at most 0.78% above exact)" in printed
     assert wok_main(["bench", "merge", str(tmp_path / "missing.json")]) == 2
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_the_merge_line_says_when_the_part_the_server_columns_come_from_has_none(split_ramp):
+    # Parts whose ramps reached no /metrics (--metrics-url auto against a server on another port) printed
+    # "server columns from a.json" under a table of `-`.
+    _, parts = split_ramp
+    printed = io.StringIO()
+    report.print_table(merge_results(parts, ["a.json", "b.json", "c.json"]), file=printed)
+    assert "no server columns: a.json, the part they come from, scraped none" in printed.getvalue()
+    assert "server columns from" not in printed.getvalue()
+    parts[0]["steps"][0]["server"] = {"requests": 1000}
+    printed = io.StringIO()
+    report.print_table(merge_results(parts, ["a.json", "b.json", "c.json"]), file=printed)
+    assert "(at most 0.78% above exact), server columns from a.json" in printed.getvalue()
 
 
 def test_a_file_that_is_not_a_result_is_refused_by_its_name(tmp_path, capsys):

@@ -604,6 +604,17 @@ def test_from_ramp_warns_when_the_replica_was_limited_by_something_else(tmp_path
     assert any("would take 3 GPUs, not 2" in w for w in p["warnings"])
 
 
+def test_from_ramp_says_when_the_ramp_sizes_the_fleet_as_the_plan_does(tmp_path):
+    # compute 3 ms: T = 4 ms, 12.5 / 0.004 × 0.65 = 2031.25 QPS a replica at U_target, above the 2000 it served; but
+    # N = ⌈5000 × 0.004 / 12.5 / 0.65⌉ = ⌈2.46⌉ = 3 = ⌈5000 / 2000⌉: the rounding up already covers it, and the
+    # warning said "would take 3 GPUs, not 3".
+    p = make(batch=plan.batch_from_ramp(_ramp(tmp_path, compute_ms="3.0")), peak_qps=F(5000))
+    assert (p["result"]["gpus"], p["cross_check"]["replicas_at_measured_max"]) == (3, 3)
+    (said,) = [w for w in p["warnings"] if "met the SLO only up to 2000 QPS" in w]
+    assert "not 3" not in said
+    assert said.endswith("sizing by the ramp takes the same 3 GPUs (5000 / 3 = 1666.7… QPS each at the peak)"), said
+
+
 def test_from_ramp_says_when_the_ramp_never_found_the_limit(tmp_path):
     doc = json.loads(_ramp(tmp_path).read_text())
     del doc["steps"][2]  # only the two passing steps: the 2000 QPS one is the highest run
