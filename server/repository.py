@@ -23,11 +23,12 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.export.graph_signature import InputKind, TensorArgument
 
 from .config import CONFIG_NAMES, ModelConfig, inside_model_dir, load_model_config
-from .errors import ConfigError, InvalidVersion, ModelNotFound, quoted_name
+from .errors import ConfigError, InvalidVersion, ModelNotFound, error_line, quoted_name
 from .numerals import ascii_digits
-from .servable import Servable
+from .servable import Servable, forward_order
 
 VERSION = "1"
 # The most digits a version of at most 2**63-1 takes, leading zeros left out: longer, it is refused before
@@ -225,6 +226,71 @@ def _check_model_file(path: Path, cfg: ModelConfig) -> None:
     raise ConfigError(f"{where}: cannot load torch_export file {path}: {reason}")
 
 
+def _takes_flat_tensors(program, n: int) -> bool:
+    """Whether `program` is called as wok calls a model: `n` tensors by position, no keywords."""
+    try:
+        spec = program.call_spec.in_spec
+        args, kwargs = spec.children()
+        tensors = [s for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    except (AttributeError, TypeError, ValueError):  # another torch's layout: its checks stay
+        return False
+    return (
+        spec.type is tuple
+        and args.type is tuple
+        and args.num_children == n
+        and all(c.is_leaf() for c in args.children())
+        and kwargs.type is dict
+        and kwargs.num_children == 0
+        and len(tensors) == n
+        and all(isinstance(s.arg, TensorArgument) for s in tensors)
+    )
+
+
+def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> nn.Module:
+    """The module a torch.export program is served as: `checked` (program.module(), which checks every
+    call's inputs against the program's shape guards), or the same graph without those checks where
+    every batch wok can send passes them.
+
+    The checks run in Python on every forward: a pre-hook that flattens the call's arguments to compare
+    their structure with the program's, then the guards, one assert per dim. For the demo mlp on one row
+    they were 1.3 × its forward's time (docs/performance.md). wok sends each input as rows (1 to
+    max_batch_size) of the dims its config declares, and refuses a request of any other shape before it
+    is queued: where those dims are fixed (no -1), there are max_batch_size shapes in all, and each is
+    run through the program's guards here, once. Any that fails keeps the checks, with a warning: such a
+    batch would fail. torch has no public switch for the pre-hook: `validate_inputs` is the attribute it
+    reads (torch.export's own _swap sets it), and `_guards_fn` the guards' module; where either is gone,
+    the checks stay."""
+    names = [t.name for t in cfg.inputs]
+    guards = getattr(checked, "_guards_fn", None)
+    if any(t.variable for t in cfg.inputs) or guards is None or not _takes_flat_tensors(program, len(names)):
+        return checked
+    dims = {t.name: t.dims for t in cfg.inputs}
+    order = forward_order(checked, names)
+    for rows in range(1, cfg.max_batch_size + 1):
+        # No memory per row: the guards read sizes only.
+        batch = [torch.empty_strided((rows, *dims[n]), (0,) * (len(dims[n]) + 1)) for n in order]
+        try:
+            guards(*batch)
+        except Exception as exc:
+            shapes = ", ".join(f"{n} {[rows, *dims[n]]}" for n in order)
+            log.warning(
+                "model '%s': its torch.export program refuses a batch of %d row(s) (%s): %s; max_batch_size %d "
+                "lets such batches through, and they will fail: export it with a batch Dim up to max_batch_size, "
+                "or lower max_batch_size",
+                cfg.name,
+                rows,
+                shapes,
+                error_line(exc),
+                cfg.max_batch_size,
+            )
+            return checked
+    fast = program.module(check_guards=False)
+    if not hasattr(fast, "validate_inputs"):
+        return checked
+    fast.validate_inputs = False
+    return fast
+
+
 def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
     """Build the Servable for the model in `model_dir`."""
     cfg = cfg or load_model_config(model_dir)
@@ -269,7 +335,8 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
             if cfg.platform == "torchscript":
                 module = torch.jit.load(str(path), map_location="cpu")
             else:
-                module = torch.export.load(str(path)).module()
+                program = torch.export.load(str(path))
+                module = _exported_module(program, program.module(), cfg)
                 # torch makes train()/eval() raise on this module (its mode was fixed at
                 # export), but Servable calls eval() on every module: drop those overrides.
                 for attr in ("train", "eval"):

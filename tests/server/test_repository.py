@@ -187,6 +187,67 @@ async def test_torch_export_round_trip_through_server(tmp_path, serve):
                 np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_torch_export_model_runs_without_torchs_per_call_checks_where_every_batch_passes_them(tmp_path):
+    # The program takes 1-64 rows of 4; the config lets 1-8 rows of 4 through. Those 8 shapes are run
+    # through the program's guards at load; per batch, torch's pre-hook and guards (1.3 x the demo mlp's
+    # one-row forward) no longer run: a batch the guards would refuse, which wok never sends, runs.
+    d, ref = write_exported(tmp_path)
+    s = load_servable(d)
+    for rows in (1, 8, 65):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(run(s, x), ref(x).detach())
+
+
+def test_a_torch_export_program_that_refuses_a_batch_the_config_allows_keeps_its_checks(tmp_path, caplog):
+    ref = reference_linear(2)
+    batch = torch.export.Dim("batch", min=1, max=4)
+    ep = torch.export.export(ref, (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
+    d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"')
+    torch.export.save(ep, str(d / "model.pt2"))
+    caplog.set_level(logging.WARNING, logger="wok")
+    s = load_servable(d)
+    assert [r.getMessage() for r in caplog.records if r.name == "wok"] == [
+        "model 'exported': its torch.export program refuses a batch of 5 row(s) (INPUT0 [5, 4]): AssertionError: "
+        "Guard failed: input.size()[0] <= 4; max_batch_size 8 lets such batches through, and they will fail: "
+        "export it with a batch Dim up to max_batch_size, or lower max_batch_size"
+    ]
+    x = torch.randn(4, 4)
+    torch.testing.assert_close(run(s, x), ref(x).detach())
+    with pytest.raises(AssertionError, match=r"^Guard failed: input.size\(\)\[0\] <= 4$"):
+        run(s, torch.randn(5, 4))
+
+
+def test_a_torch_export_model_with_a_variable_dim_keeps_its_checks(tmp_path):
+    # wok lets any size through a -1 dim: only the program's own check refuses the sizes it cannot take.
+    ref = reference_linear(2)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    ep = torch.export.export(ref, (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
+    d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"', in_dims="[-1]")
+    torch.export.save(ep, str(d / "model.pt2"))
+    s = load_servable(d)
+    with pytest.raises(AssertionError, match=r"^Guard failed: input.size\(\)\[1\] == 4$"):
+        run(s, torch.randn(2, 5))
+
+
+async def test_a_wrong_shaped_input_to_a_torch_export_model_is_refused_naming_it(tmp_path, serve):
+    # Without torch's per-call checks, wok's own check of the request is what refuses a shape the program
+    # cannot take: INVALID_ARGUMENT, before the request is queued, naming the input.
+    repo = tmp_path / "repo"
+    write_exported(repo)
+    async with serve(repository=repo) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            for shape, said in (
+                ((2, 5), "input 'INPUT0': expected shape [-1, 4] (batch first, -1 = any), got [2, 5]"),
+                ((9, 4), "input 'INPUT0': 9 rows exceed max_batch_size 8 of model 'exported'"),
+            ):
+                x = np.zeros(shape, np.float32)
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.ModelInfer(encode_request("exported", {"INPUT0": x}), timeout=30)
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert info.value.details() == said
+
+
 def test_a_torchscript_file_given_as_torch_export_is_named_in_one_line(tmp_path):
     d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt"')
     torch.jit.trace(reference_linear(), torch.zeros(1, 4)).save(str(d / "model.pt"))
