@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 
 import grpc
@@ -131,12 +132,17 @@ def gated():
 
 
 async def until(condition, tries: int = 10_000) -> None:
-    """Yield to the loop (1 ms at a time) until `condition()` holds; fail after `tries`."""
+    """Yield to the loop (1 ms at a time) until `condition()` holds; fail after `tries`, quoting the condition
+    (its source line: "the batcher never got there" was said whatever the test waited for)."""
     for _ in range(tries):
         if condition():
             return
         await asyncio.sleep(0.001)
-    raise AssertionError("the batcher never got there")
+    try:
+        said = inspect.getsource(condition).strip()
+    except (OSError, TypeError):  # no source (a builtin, or made by exec)
+        said = repr(condition)
+    raise AssertionError(f"{said}: did not hold after {tries} tries, 1 ms apart")
 
 
 async def ends_with_the_stop(call, read_s: float = 5.0) -> None:
