@@ -44,6 +44,21 @@ def _quoted(text: str) -> str:
     return quoted_name(text)
 
 
+def csv_columns(names: Sequence[str] | None, known: Sequence[str], path: Path) -> list[str]:
+    """A CSV header's column names, trimmed of SPACES alone, as numbers are (wok.numerals): a name that is one of
+    `known` but for other white space around it ('timestamp\xa0') is refused, naming it. str.strip() read it as
+    `known` unseen, and trimmed of SPACES alone it would be a column of another name: an optional one dropped
+    without a word."""
+    fields = [f.strip(SPACES) for f in names or []]
+    for name in fields:
+        if name not in known and name.strip() in known:
+            raise ValueError(
+                f"{path}: CSV header column {_quoted(name)}: expected {_quoted(name.strip())}, with no white space "
+                "around it but spaces and tabs"
+            )
+    return fields
+
+
 def _shown(value: object) -> str:
     """A trace file's cell (a CSV field, a JSON value) as a refusal shows it: text as `_quoted`, an
     array or object cut (wok.faults.shown, as the admin API shows a body's values); imported here for
@@ -611,7 +626,7 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
             wheres.append(where)
     else:
         reader = csv.DictReader(text.splitlines())
-        fields = [f.strip() for f in reader.fieldnames or []]
+        fields = csv_columns(reader.fieldnames, ("timestamp", "size"), path)
         if "timestamp" not in fields:
             got = ", ".join(map(_quoted, fields[:20])) + (f" and {len(fields) - 20} more" if len(fields) > 20 else "")
             raise ValueError(f"{path}: CSV header must have a 'timestamp' column; got {got or 'none'}")
@@ -759,7 +774,7 @@ def _rate_option(spec: str, key: str, value: str, qps: float) -> float:
     number = _number(value[:-1] if multiple else value)
     if number is None or number < 0:
         raise ValueError(
-            f"arrivals {_quoted(spec)}: {key}={value} is neither a multiple of the step's rate like '4x' "
+            f"arrivals {_quoted(spec)}: {key}={_quoted(value)} is neither a multiple of the step's rate like '4x' "
             "nor a rate >= 0 like '200'"
         )
     return number * qps if multiple else number
@@ -770,10 +785,10 @@ def _time_option(spec: str, key: str, value: str, duration_s: float | None) -> f
     if value.endswith("%"):
         fraction = _number(value[:-1])
         if fraction is None or fraction < 0:
-            raise ValueError(f"arrivals {_quoted(spec)}: {key}={value} is not a percentage >= 0 of the step")
+            raise ValueError(f"arrivals {_quoted(spec)}: {key}={_quoted(value)} is not a percentage >= 0 of the step")
         if duration_s is None:
             raise ValueError(
-                f"arrivals {_quoted(spec)}: {key}={value} is a fraction of the step; parse_arrivals needs "
+                f"arrivals {_quoted(spec)}: {key}={_quoted(value)} is a fraction of the step; parse_arrivals needs "
                 "duration_s, got None"
             )
         return fraction / 100.0 * duration_s
@@ -781,7 +796,7 @@ def _time_option(spec: str, key: str, value: str, duration_s: float | None) -> f
         return parse_duration(value)
     except ValueError:
         raise ValueError(
-            f"arrivals {_quoted(spec)}: {key}={value} is neither a duration like '30s', '500ms', '2m' "
+            f"arrivals {_quoted(spec)}: {key}={_quoted(value)} is neither a duration like '30s', '500ms', '2m' "
             "nor a fraction of the step like '50%'"
         ) from None
 
@@ -848,5 +863,5 @@ def parse_arrivals(spec: str, qps: float, *, duration_s: float | None = None) ->
         return TraceReplay(trace.timestamps_s, trace.sizes, qps / trace.mean_rate)
     factor = _number(scale)
     if factor is None or factor <= 0:
-        raise ValueError(f"arrivals {_quoted(spec)}: scale={scale} is neither a number > 0 nor 'auto'")
+        raise ValueError(f"arrivals {_quoted(spec)}: scale={_quoted(scale)} is neither a number > 0 nor 'auto'")
     return TraceReplay(trace.timestamps_s, trace.sizes, factor)

@@ -2,7 +2,7 @@
 
     python bench/gpu_check.py [--json gpu_check.json] [--batches 60]
 
-What it checks, on cuda:0:
+What it checks, on --device (default cuda:0; `auto` as the server reads it):
   * pinned host buffers: every slot's input and output buffers are page-locked;
   * overlap: with pipeline_depth 2, the copy-in of batch k+1 runs while batch k computes
     (read from the batches' own CUDA events, on one time base), and throughput against
@@ -45,6 +45,23 @@ from wok.models import build_demo
 CPU_DRY_RUN = "--device cpu --hidden 512 --layers 1 --rows 64 --batches 10"
 MIN_BATCHES = 2
 OVERLAP_MODEL = dict(in_features=8192, hidden=8192, out_features=256, layers=4, max_batch_size=1024)
+
+
+def resolve_device(spec: str, cuda_available: bool) -> str:
+    """The device `spec` (a `check_device` form) names, as the server resolves it (`wok.executor.resolve_devices`):
+    `auto` is cuda:0 where CUDA is present, else the CPU; a bare `cuda` is cuda:0. The report's device, its
+    CUDA-only checks and the executor's device then agree: `auto` was reported and checked as the CPU while the
+    executor ran it on the GPU."""
+    if spec == "auto":
+        return "cuda:0" if cuda_available else "cpu"
+    return "cuda:0" if spec == "cuda" else spec
+
+
+def cuda_index(device: str) -> int | None:
+    """The CUDA index of a resolved device (`resolve_device`), None for the CPU: the GPU whose name the report
+    gives (cuda:1 reported GPU 0's)."""
+    head, _, index = device.partition(":")
+    return int(index) if head == "cuda" else None
 
 
 def drive(executor: Executor, batches: list[list[dict]], depth: int) -> tuple[float, list]:
@@ -125,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     ap = ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--device", default="cuda:0", help="cuda:N, cuda, auto or cpu (default %(default)s)")
     ap.add_argument("--batches", type=int, default=60)
     ap.add_argument("--rows", type=int, default=1024, help="rows per batch of the copy-heavy model")
     ap.add_argument("--hidden", type=int, default=OVERLAP_MODEL["hidden"], help="width of the hidden layers")
@@ -153,8 +170,16 @@ def main(argv=None) -> int:
     except ValueError as exc:
         ap.error(f"--device: {exc}")
     refuse_unwritable(ap, args, "--json")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
+    args.device = resolve_device(args.device, torch.cuda.is_available())
+    index = cuda_index(args.device)
+    if index is not None and not torch.cuda.is_available():
         print(f"gpu_check: no CUDA device; run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)", file=sys.stderr)
+        return 2
+    if index is not None and index >= torch.cuda.device_count():
+        # Else the executor's refusal, a traceback, once the model is built.
+        count = torch.cuda.device_count()
+        print(f"gpu_check: --device {args.device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}",
+              file=sys.stderr)  # fmt: skip
         return 2
 
     model = {**OVERLAP_MODEL, "hidden": args.hidden, "layers": args.layers}
@@ -184,7 +209,7 @@ def main(argv=None) -> int:
     hits, pairs = runs[2][-1]["overlap"]
     report = {
         "schema": "wok.gpu_check/2",
-        "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
+        "device": "cpu" if index is None else torch.cuda.get_device_name(index),
         "torch": torch.__version__,
         "overlap_model": model,
         "rows_per_batch": args.rows,
@@ -198,7 +223,7 @@ def main(argv=None) -> int:
         "stages_ms_depth2": runs[2][-1]["stages_ms"],
         "server": served,
     }
-    cuda = args.device.startswith("cuda")
+    cuda = index is not None
     # None: not applicable on a CPU dry run (no pinning, no streams).
     checks = {
         "pinned host buffers": report["pinned_buffers"] if cuda else None,

@@ -9,7 +9,8 @@ are pre-made in a pool (`plan_pool`): one per size the distribution can draw whe
 under a byte cap, so that each request's size, drawn when its step is scheduled, has its
 payload, the tail included; the send loop only picks one by index.
 
-numpy and wok.datatypes only: bench worker processes import this and must start fast.
+numpy, wok.datatypes and wok.bench.arrivals (numpy only) alone: bench worker processes import this and must start
+fast.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from wok.bench.arrivals import csv_columns
 from wok.datatypes import datatype
 from wok.numerals import SPACES, ascii_digits, read_float
 
@@ -191,7 +193,7 @@ def _read_sizes(path: Path) -> np.ndarray:
         values = lines
     else:
         reader = csv.DictReader(text.splitlines())
-        fields = [f.strip() for f in reader.fieldnames or []]
+        fields = csv_columns(reader.fieldnames, ("size",), path)
         if "size" not in fields:
             raise ValueError(f"{path}: expected one integer a line, or a CSV header with a 'size' column")
         reader.fieldnames = fields

@@ -915,13 +915,7 @@ def tune(
             "T = α + β·n does not hold at small batches; α is taken as 0, T(n) = β·n (as wok plan takes it)"
         )
     if passed_over is not None:
-        n = passed_over["max_batch_size"]
-        warnings.append(
-            f"max_batch_size {n}, delay {passed_over['max_queue_delay_ms']:g} ms predicts "
-            f"{passed_over['max_qps']:,.0f} QPS, more than the chosen {chosen['max_qps']:,.0f}, but on batch times "
-            f"extrapolated past the measured sizes ({_size_text(smallest)} to {_size_text(largest)}): not chosen; "
-            f"measure batches of {n} to check it, or pass --allow-extrapolated to choose it"
-        )
+        warnings.append(_passed_over_warning(passed_over, chosen, smallest, largest, source))
     toml = None
     if chosen is not None:
         n, delay_s = chosen["max_batch_size"], 1e-3 * chosen["max_queue_delay_ms"]
@@ -1018,6 +1012,52 @@ def _extrapolated_comment(row: dict, smallest: float, largest: float, source: st
     return what + (f"profiled from {smallest}" if at < smallest else f"profiled to {largest}")
 
 
+def _calibration_range(smallest: float, largest: float) -> str:
+    """What a calibration's batch time was measured on, as the messages name it."""
+    span = f"{_size_text(smallest)} to {_size_text(largest)}"
+    return f"the mean batch sizes the CPU calibration's batch time was fitted on ({span})"
+
+
+def _check_advice(row: dict, below: bool, source: str) -> str:
+    """How to measure the batch time an extrapolated setting ran on: with a profile, batches of the sizes it forms;
+    with a calibration's batch time, a calibration whose loads' mean batches reach its mean (its max_batch_size when
+    only that is outside), which profiling does not change: the calibration's fit replaces the profile's."""
+    n, mean = row["max_batch_size"], row["mean_batch_size"]
+    if source == "server":
+        size = mean if row["mean_batch_extrapolated"] else n
+        if below:
+            return (
+                f"calibrate at a load whose mean batch is about {_mean_text(size)} to check it (bench/tune_check.py: "
+                "a lower --cpu-steps)"
+            )
+        # A load's mean batch grows with its rate, up to the calibration server's max_batch_size (its --default).
+        return (
+            f"calibrate at loads whose mean batch reaches about {_mean_text(size)} to check it (bench/tune_check.py: "
+            f"higher --cpu-steps, with a --default max_batch_size of {math.ceil(size)} or more)"
+        )
+    # Past: the setting's batches reach n; below: the small batches its mean is made of.
+    return f"profile batches of {max(1, math.floor(mean)) if below else n} to check it"
+
+
+def _passed_over_warning(row: dict, chosen: dict, smallest: float, largest: float, source: str) -> str:
+    """The warning of the setting *Measured first* passed over: its simulated mean batch is outside the measured
+    sizes (`on_measured_times`), and the advice is to measure there."""
+    below = row["mean_batch_size"] < smallest
+    side = "below" if below else "past"
+    if source == "server":
+        on = (
+            f"its simulated batches average {_mean_text(row['mean_batch_size'])} requests, {side} "
+            f"{_calibration_range(smallest, largest)}, on batch times extrapolated"
+        )
+    else:
+        on = f"on batch times extrapolated {side} the measured sizes ({_size_text(smallest)} to {_size_text(largest)})"
+    return (
+        f"max_batch_size {row['max_batch_size']}, delay {row['max_queue_delay_ms']:g} ms predicts "
+        f"{row['max_qps']:,.0f} QPS, more than the chosen {chosen['max_qps']:,.0f}, but {on}: not chosen; "
+        f"{_check_advice(row, below, source)}, or pass --allow-extrapolated to choose it"
+    )
+
+
 def _extrapolated_warning(row: dict, smallest: float, largest: float, source: str, batch_time) -> str:
     """The warning of a chosen setting whose simulated batches average outside the measured sizes (its
     max_batch_size the context), or whose max_batch_size alone is past them; `batch_time` is the setting's
@@ -1028,15 +1068,12 @@ def _extrapolated_warning(row: dict, smallest: float, largest: float, source: st
     below = by_mean and mean < smallest
     side = "below" if below else "past"
     if source == "server":
-        span = f"{_size_text(smallest)} to {_size_text(largest)}"
         # Fitted on loads' mean batches, not on batches of one size: the simulated mean is what compares with them.
-        where = f"the mean batch sizes the CPU calibration's batch time was fitted on ({span})"
-        check = f"calibrate at a load whose mean batch is about {_mean_text(mean) if by_mean else n} to check it"
+        where = _calibration_range(smallest, largest)
     else:
         where = f"the smallest batch the profile measured ({smallest})" if below else (
             f"the largest batch the profile measured ({largest})")  # fmt: skip
-        # Past: the setting's batches reach n; below: the small batches its mean is made of.
-        check = f"profile batches of {max(1, math.floor(mean)) if below else n} to check it"
+    check = _check_advice(row, below, source)
     if by_mean:
         return (
             f"the chosen setting's simulated batches average {_mean_text(mean)} requests (max_batch_size {n}), "

@@ -920,20 +920,48 @@ def build_parser() -> argparse.ArgumentParser:
     from wok.cliargs import ArgumentParser  # argparse's, its refusals in wok's words
 
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--slo-p99", default="50ms")
+    p.add_argument("--slo-p99", default="50ms", help="the P99 latency the search tunes for (default %(default)s)")
     p.add_argument("--profile", type=Path, help="a wok.profile/1 document; default: measure in-process")
-    p.add_argument("--profile-sizes", default="1,2,4,8,16,32,64")
-    p.add_argument("--profile-reps", type=int, default=200)
-    p.add_argument("--calibration-qps", type=float, default=100.0)
-    p.add_argument("--calibration-duration", default="6s")
-    p.add_argument("--cpu-steps", default="300,1200,2400", help="loads of the CPU stage's metered calibration ramp")
-    p.add_argument("--cpu-calibration-duration", default="4s", help="measured length of each of those steps")
-    p.add_argument("--cores", type=float, default=float(os.cpu_count() or 1), help="cores the server shares")
+    p.add_argument(
+        "--profile-sizes",
+        default="1,2,4,8,16,32,64",
+        help="batch sizes the in-process profile times (default %(default)s)",
+    )
+    p.add_argument(
+        "--profile-reps", type=int, default=200, help="batches timed per profiled size (default %(default)s)"
+    )
+    p.add_argument(
+        "--calibration-qps", type=float, default=100.0,
+        help="the overhead calibration's load, requests/s (default %(default)g)",
+    )  # fmt: skip
+    p.add_argument(
+        "--calibration-duration", default="6s",
+        help="measured length of the overhead calibration, one per repetition (default %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--cpu-steps", default="300,1200,2400",
+        help="loads of the CPU stage's metered calibration ramp, requests/s (default %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--cpu-calibration-duration", default="4s", help="measured length of each of those steps (default %(default)s)"
+    )
+    p.add_argument(
+        "--cores", type=float, default=float(os.cpu_count() or 1),
+        help="cores the server shares, in the CPU stage (default: this machine's, %(default)g)",
+    )  # fmt: skip
     p.add_argument("--no-cpu-stage", action="store_true", help="predict and tune without the CPU stage")
     p.add_argument("--save-cpu", type=Path, help="write the CPU stage (wok.cpustage/1) here")
-    p.add_argument("--max-batch-sizes", default="4,8,16,32,64")
-    p.add_argument("--delays", default="0ms,1ms,2ms,5ms,10ms")
-    p.add_argument("--default", default="32,5ms", help="the default setting: MAX_BATCH_SIZE,DELAY")
+    p.add_argument(
+        "--max-batch-sizes", default="4,8,16,32,64", help="the search's max_batch_size values (default %(default)s)"
+    )
+    p.add_argument(
+        "--delays", default="0ms,1ms,2ms,5ms,10ms", help="the search's max_queue_delay values (default %(default)s)"
+    )
+    p.add_argument(
+        "--default", default="32,5ms",
+        help="the default setting, searched and validated beside the tuned one: MAX_BATCH_SIZE,DELAY "
+        "(default %(default)s)",
+    )  # fmt: skip
     p.add_argument(
         "--tuned",
         help="validate this setting, not the tuner's choice (the search still runs, for its table): "
@@ -945,36 +973,94 @@ def build_parser() -> argparse.ArgumentParser:
         help="as wok tune's: choose a setting whose batches run past the profiled sizes even when a measured one "
         "meets the SLO (default: measured first; docs/tune.md)",
     )
-    p.add_argument("--sim-duration", default="10s", help="simulated seconds per tuning evaluation")
-    p.add_argument("--steps", default=DEFAULT_STEPS)
-    p.add_argument("--step-duration", default="4s")
-    p.add_argument("--warmup", default="1s")
-    p.add_argument("--arrival", default="poisson")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--stop-factor", type=float, default=10.0)
-    p.add_argument("--torch-threads", type=int, help="passed to wok serve")
+    p.add_argument(
+        "--sim-duration", default="10s",
+        help="simulated length of each of the search's steps, after its warm-up (default %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--steps", default=DEFAULT_STEPS,
+        help="offered loads of each validation ramp, requests/s: a list, or start:stop:factor (default %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--step-duration", default="4s", help="measured length of each validation step (default %(default)s)"
+    )
+    p.add_argument(
+        "--warmup", default="1s", help="uncounted start of every step, the calibrations' too (default %(default)s)"
+    )
+    p.add_argument(
+        "--arrival", default="poisson", help="the arrival process of the ramps and the search (default %(default)s)"
+    )
+    p.add_argument("--workers", type=int, default=2, help="load-generator processes (default %(default)s)")
+    p.add_argument(
+        "--reps", type=int, default=2,
+        help="repetitions: each an overhead calibration and a ramp of each setting (default %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--stop-factor", type=float, default=10.0,
+        help="end a ramp after a step whose P99 exceeds this × the SLO (default %(default)g)",
+    )  # fmt: skip
+    p.add_argument(
+        "--torch-threads", type=int, help="torch's threads in the profile and the servers (default: torch's own)"
+    )
     p.add_argument(
         "--device-like",
         dest="device_like_spec",
         metavar="ALPHA,BETA",
         help="serve a model whose batch sleeps α + β·n (a device's batch, no host CPU) instead of mlp, e.g. 5ms,1ms",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path)
-    p.add_argument("--plot", type=Path)
+    p.add_argument("--seed", type=int, default=0, help="the load's and the search's random seed (default %(default)s)")
+    p.add_argument("--json", type=Path, help=f"write the run ({SCHEMA}) here")
+    p.add_argument("--plot", type=Path, help="draw each ramp's measured and predicted P99 here")
     p.add_argument("--plots", dest="plot", type=Path, help=argparse.SUPPRESS)  # the `wok` commands' old spelling
     p.add_argument("--save-profile", type=Path, help="write the measured profile here")
     p.add_argument(
         "--save-overhead", type=Path,
         help="write the first calibration's overhead samples (wok.overhead/1) here (beside the CPU stage if any)",
     )  # fmt: skip
-    p.add_argument("--log-dir", type=Path, default=Path("/tmp/wok-tune-check"))
+    p.add_argument(
+        "--log-dir", type=Path, default=Path("/tmp/wok-tune-check"), help="the servers' logs (default %(default)s)"
+    )
     p.add_argument("--markdown", type=Path, help="print a finished run's tables (for docs/tune.md) and exit")
     p.add_argument(
         "--refresh", action="store_true", help="with --markdown: add the batcher-only columns to an older run's file"
     )
+    p.epilog = run_length_text(p)
     return p
+
+
+def measured_seconds(args) -> dict[str, float]:
+    """The seconds of load a run offers, by part, from its options (`args` as parse_args leaves them, or the
+    parser's defaults): an upper bound, as a validation ramp ends at the first step past --stop-factor × the SLO."""
+    cpu = 0.0
+    if not (args.no_cpu_stage or args.device_like_spec):
+        cpu = len(args.cpu_steps_list) * (args.warmup + args.cpu_calibration_duration)
+    return {
+        "cpu calibration": cpu,
+        "overhead calibrations": args.reps * (args.warmup + args.calibration_duration),
+        "validation": args.reps * 2 * len(args.steps_list) * (args.warmup + args.step_duration),
+    }
+
+
+def run_length_text(p: argparse.ArgumentParser) -> str:
+    """--help's account of how long a run takes, from the parser's defaults."""
+    from wok.bench.arrivals import parse_steps
+
+    d = p.parse_args([])
+    for attr in ("warmup", "step_duration", "calibration_duration", "cpu_calibration_duration"):
+        setattr(d, attr, _seconds(getattr(d, attr)))
+    d.steps_list, d.cpu_steps_list = parse_steps(d.steps), parse_steps(d.cpu_steps)
+    parts = measured_seconds(d)
+    return (
+        "How long a run takes: the load it offers is, at most, the CPU calibration's --cpu-steps × (--warmup + "
+        f"--cpu-calibration-duration) ({parts['cpu calibration']:g} s with the defaults; none with --no-cpu-stage "
+        f"or --device-like), --reps overhead calibrations of --warmup + --calibration-duration "
+        f"({parts['overhead calibrations']:g} s), and --reps × 2 settings × --steps × (--warmup + --step-duration) "
+        f"of validation ({parts['validation']:g} s; a ramp ends at the first step whose P99 passes --stop-factor × "
+        "the SLO); besides, a start of a few seconds per server (3 × --reps + 1), the in-process profile "
+        "(--profile-sizes × --profile-reps batches; none with --profile), and the search (a simulated --sim-duration "
+        "per evaluation, --max-batch-sizes × --delays settings). On the 2-core development machine docs/tune.md's "
+        "command (these loads, a 4 × 4 grid, --sim-duration 5s) took 270 to 281 s (runs 6 to 13's wall_s)."
+    )
 
 
 def parse_args(argv=None):

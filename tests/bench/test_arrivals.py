@@ -414,15 +414,15 @@ def test_parse_arrivals_happy_paths(tmp_path):
             "zigzag",
             "arrivals 'zigzag': unknown process 'zigzag'; expected constant, poisson, burst, sawtooth or trace:PATH",
         ),
-        ("burst", "arrivals 'burst': t0=50% is a fraction of the step; parse_arrivals needs duration_s, got None"),
+        ("burst", "arrivals 'burst': t0='50%' is a fraction of the step; parse_arrivals needs duration_s, got None"),
         (
             "burst:amplitude=4y,t0=1s,sigma=1s",
-            "arrivals 'burst:amplitude=4y,t0=1s,sigma=1s': amplitude=4y is neither a multiple of the step's rate "
+            "arrivals 'burst:amplitude=4y,t0=1s,sigma=1s': amplitude='4y' is neither a multiple of the step's rate "
             "like '4x' nor a rate >= 0 like '200'",
         ),
         (
             "burst:t0=soon,sigma=1s",
-            "arrivals 'burst:t0=soon,sigma=1s': t0=soon is neither a duration like '30s', '500ms', '2m' "
+            "arrivals 'burst:t0=soon,sigma=1s': t0='soon' is neither a duration like '30s', '500ms', '2m' "
             "nor a fraction of the step like '50%'",
         ),
         ("burst:peak=3x", "arrivals 'burst:peak=3x': unknown option 'peak' for burst; expected amplitude, t0, sigma"),
@@ -549,7 +549,7 @@ def test_trace_file_errors_name_the_file_and_line(tmp_path):
 def test_parse_arrivals_bad_trace_scale(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("timestamp\n0\n1\n")
-    with pytest.raises(ValueError, match=r"scale=fast is neither a number > 0 nor 'auto'"):
+    with pytest.raises(ValueError, match=r"scale='fast' is neither a number > 0 nor 'auto'"):
         parse_arrivals(f"trace:{trace},scale=fast", 100)
     with pytest.raises(ValueError) as e:
         parse_arrivals(f"trace:{trace},scale=auto", 0)
@@ -563,7 +563,7 @@ def test_a_trace_path_may_hold_commas(tmp_path):
     # Three arrivals a second apart, then the wrap-around gap of their mean gap: 1 QPS recorded.
     assert parse_arrivals(f"trace:{trace}", 100).mean_rate == pytest.approx(1.0)
     assert parse_arrivals(f"trace:{trace},scale=2", 100).mean_rate == pytest.approx(2.0)
-    with pytest.raises(ValueError, match=r"scale=fast is neither a number > 0 nor 'auto'"):
+    with pytest.raises(ValueError, match=r"scale='fast' is neither a number > 0 nor 'auto'"):
         parse_arrivals(f"trace:{trace},scale=fast", 100)
 
 
@@ -688,9 +688,9 @@ def test_steps_in_digits_other_than_ascii_are_refused(spec, refusal):
 @pytest.mark.parametrize(
     ("spec", "refusal"),
     [
-        ("burst:amplitude=٤x", "amplitude=٤x is neither a multiple of the step's rate"),
-        ("sawtooth:high=٢٠٠", "high=٢٠٠ is neither a multiple of the step's rate"),
-        ("burst:t0=٥٠%", "t0=٥٠% is not a percentage >= 0 of the step"),
+        ("burst:amplitude=٤x", "amplitude='٤x' is neither a multiple of the step's rate"),
+        ("sawtooth:high=٢٠٠", "high='٢٠٠' is neither a multiple of the step's rate"),
+        ("burst:t0=٥٠%", "t0='٥٠%' is not a percentage >= 0 of the step"),
     ],
     ids=["rate-multiple", "rate", "percentage"],
 )
@@ -709,5 +709,41 @@ def test_a_trace_in_digits_other_than_ascii_is_refused(tmp_path):
     with pytest.raises(ValueError, match="timestamp '１' is neither seconds nor an ISO 8601 time"):
         load_trace(jsonl_path)
     csv_path.write_text("timestamp\n0\n1\n")
-    with pytest.raises(ValueError, match="scale=٢ is neither a number > 0 nor 'auto'"):
+    with pytest.raises(ValueError, match="scale='٢' is neither a number > 0 nor 'auto'"):
         parse_arrivals(f"trace:{csv_path},scale=٢", 1.0)
+
+
+@pytest.mark.parametrize(
+    ("spec", "shown"),
+    [
+        ("burst:amplitude=4x\xa0", "amplitude='4x\\xa0' is neither a multiple of the step's rate"),
+        ("sawtooth:high=200\u2003", "high='200\\u2003' is neither a multiple of the step's rate"),
+        ("burst:t0=50%\xa0", "t0='50%\\xa0' is neither a duration"),
+        ("burst:t0=5s\u200b", "t0='5s\\u200b' is neither a duration"),
+    ],
+    ids=["rate-multiple", "rate", "percentage", "duration"],
+)
+def test_an_arrival_options_refusal_shows_its_value_quoted_and_escaped(spec, shown):
+    """The value was written bare: 'amplitude=4x  is neither a multiple …', its no-break space unseen (options
+    trim spaces and tabs alone since 0a657b6)."""
+    with pytest.raises(ValueError) as e:
+        parse_arrivals(spec, 10.0, duration_s=10.0)
+    assert shown in str(e.value)
+
+
+@pytest.mark.parametrize("header", ["timestamp\xa0,size", "timestamp,\u2003size", "timestamp,size\u3000"])
+def test_a_trace_header_name_with_white_space_other_than_spaces_is_refused_naming_it(tmp_path, header):
+    """str.strip() read 'timestamp\\xa0' as 'timestamp' unseen, where numbers trim spaces and tabs alone; trimmed so, a
+    'size\\xa0' column would have been dropped without a word. Spaces and tabs around a name are still taken."""
+    name = next(n for n in header.split(",") if n.strip(" \t") != n.strip())
+    trace = tmp_path / "t.csv"
+    trace.write_text(f"{header}\n0,1\n1,2\n", encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        load_trace(trace)
+    shown = name.encode("unicode_escape").decode()
+    assert str(e.value) == (
+        f"{trace}: CSV header column '{shown}': expected '{name.strip()}', with no white space around it but spaces "
+        "and tabs"
+    )
+    trace.write_text(" timestamp\t, size \n0,1\n1,2\n")
+    assert load_trace(trace).sizes.tolist() == [1, 2]

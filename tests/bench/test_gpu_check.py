@@ -68,3 +68,26 @@ def test_a_device_the_server_would_refuse_is_refused_before_the_model_is_built(d
         gpu_check.main(["--device", device])
     assert info.value.code == 2
     assert capsys.readouterr().err.endswith(f"--device: expected {DEVICE_FORMS}, got '{device}'\n")
+
+
+@pytest.mark.parametrize(
+    ("spec", "cuda_available", "device", "index"),
+    [
+        ("auto", True, "cuda:0", 0),  # was reported and checked as the CPU while the executor ran it on the GPU
+        ("auto", False, "cpu", None),
+        ("cuda", True, "cuda:0", 0),
+        ("cuda:1", True, "cuda:1", 1),  # its report named GPU 0
+        ("cuda:12", True, "cuda:12", 12),
+        ("cpu", True, "cpu", None),
+    ],
+)
+def test_the_device_reported_is_the_one_the_server_resolves(spec, cuda_available, device, index):
+    import torch
+
+    from wok.bench.gpu_check import cuda_index, resolve_device
+    from wok.executor import resolve_devices
+
+    assert resolve_device(spec, cuda_available) == device
+    assert cuda_index(device) == index
+    if cuda_available == torch.cuda.is_available() and (index is None or index < torch.cuda.device_count()):
+        assert str(resolve_devices([spec])[0]) == device  # the server's own reading, where this machine has it

@@ -1195,7 +1195,8 @@ def test_the_cpu_calibrations_batch_time_is_judged_by_its_loads_mean_batches(tmp
         "the chosen max_batch_size 16 is past the mean batch sizes the CPU calibration's batch time was fitted on "
         f"(2.6 to 14.7): its simulated batches average {round(result['chosen']['mean_batch_size'], 2):g} requests, "
         "within the measured range, but its larger batches and its ceiling run on the fit α + β·n extrapolated (a "
-        "batch of 16: 3 ms); calibrate at a load whose mean batch is about 16 to check it"
+        "batch of 16: 3 ms); calibrate at loads whose mean batch reaches about 16 to check it (bench/tune_check.py: "
+        "higher --cpu-steps, with a --default max_batch_size of 16 or more)"
     ]
     comment = "# written by wok tune; max_batch_size 16 extrapolated: calibrated at mean batches 2.6-14.7"
     assert result["config_toml"].splitlines()[0] == comment
@@ -1258,7 +1259,7 @@ def test_a_measured_setting_is_chosen_before_an_extrapolated_one():
     assert result["warnings"] == [
         f"max_batch_size 64, delay 0 ms predicts {passed['max_qps']:,.0f} QPS, more than the chosen "
         f"{chosen['max_qps']:,.0f}, but on batch times extrapolated past the measured sizes (1 to 32): not chosen; "
-        "measure batches of 64 to check it, or pass --allow-extrapolated to choose it"
+        "profile batches of 64 to check it, or pass --allow-extrapolated to choose it"
     ]
     allowed = tune(profile, CLOSER, [32, 64], [0.0], default=None, allow_extrapolated=True)
     assert allowed["chosen"]["max_batch_size"] == 64 and allowed["passed_over"] is None
@@ -1267,6 +1268,30 @@ def test_a_measured_setting_is_chosen_before_an_extrapolated_one():
     alone = tune(profile, CLOSER, [64], [0.0], default=None)
     assert alone["chosen"]["max_batch_size"] == 64 and alone["passed_over"] is None
     assert alone["warnings"][0].startswith("the chosen setting's simulated batches average")
+
+
+def test_a_setting_passed_over_on_a_calibrations_batch_time_says_to_calibrate_there(tmp_path):
+    """With a CPU calibration's batch time the passed-over warning cited the calibration's loads' mean batches (2.6
+    to 14.7) as "the measured sizes" and said "measure batches of 64": the profile may have measured 64 already, and
+    its times are not the ones simulated. What is outside is the setting's mean batch; a calibration reaching it
+    checks it."""
+    from wok.bench.tune import load_cpu
+
+    profile = profile_from_document(profile_document(README_PROFILED, "test"), "profile.json")
+    stage = load_cpu(_calibration(tmp_path, [14.72, 2.57, 7.84]))
+    result = tune(profile, CLOSER, [8, 64], [0.0], default=None, cpu=stage)
+    chosen, passed = result["chosen"], result["passed_over"]
+    assert chosen["max_batch_size"] == 8 and passed["max_batch_size"] == 64
+    mean = round(passed["mean_batch_size"], 2)
+    assert mean > 32  # past the profile's 32 as well: profiling 64 would not have been the check either
+    assert result["warnings"] == [
+        f"max_batch_size 64, delay 0 ms predicts {passed['max_qps']:,.0f} QPS, more than the chosen "
+        f"{chosen['max_qps']:,.0f}, but its simulated batches average {mean:g} requests, past the mean batch sizes "
+        "the CPU calibration's batch time was fitted on (2.6 to 14.7), on batch times extrapolated: not chosen; "
+        f"calibrate at loads whose mean batch reaches about {mean:g} to check it (bench/tune_check.py: higher "
+        f"--cpu-steps, with a --default max_batch_size of {math.ceil(mean)} or more), or pass --allow-extrapolated "
+        "to choose it"
+    ]
 
 
 def test_the_cli_chooses_measured_unless_allowed_and_says_what_it_wrote(tmp_path, wok_cli):

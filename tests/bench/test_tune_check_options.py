@@ -291,3 +291,29 @@ def test_the_setting_validated_is_the_one_wok_tune_chooses(allow, tmp_path, meas
     assert doc["tuned_setting"] == {"max_batch_size": 64 if allow else 8, "max_queue_delay_ms": 0.0}
     assert (doc["tune"]["passed_over"] is None) is allow
     assert measured == ["overhead calibration", "server 8,0", "ramp", f"server {64 if allow else 8},0", "ramp"]
+
+
+def test_help_gives_every_option_a_help_with_its_default_and_the_runs_length():
+    """Most options had no help and --help showed no default: how long a run would take could not be told from it."""
+    import argparse
+
+    parser = tune_check.build_parser()
+    text = parser.format_help()
+    for action in parser._actions:
+        if action.help == argparse.SUPPRESS or action.dest == "help":
+            continue
+        assert action.help, f"{action.option_strings[0]} has no help"
+        if action.default not in (None, False):
+            shown = f"{action.default:g}" if isinstance(action.default, float) else str(action.default)
+            assert shown in action.help % {"default": action.default}, action.option_strings[0]
+    # The load a default run offers, at most: 3 CPU steps of 1 + 4 s, 2 overhead calibrations of 1 + 6 s,
+    # 2 repetitions × 2 settings × 10 steps of 1 + 4 s.
+    prose = " ".join(text.split())
+    for part in ("(15 s with the defaults;", "--calibration-duration (14 s)", "of validation (200 s;"):
+        assert part in prose
+    args = tune_check.parse_args(["--reps", "3", "--no-cpu-stage", "--steps", "100,200", "--step-duration", "2s"])
+    assert tune_check.measured_seconds(args) == {
+        "cpu calibration": 0.0,
+        "overhead calibrations": 3 * (1 + 6),
+        "validation": 3 * 2 * 2 * (1 + 2),
+    }
