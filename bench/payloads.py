@@ -173,7 +173,12 @@ class Empirical:
 
 def _read_sizes(path: Path) -> np.ndarray:
     """Sizes from one integer a line, a CSV with a `size` column, or JSONL objects with "size"."""
-    text = path.read_text()
+    # utf-8-sig, as load_trace: a spreadsheet's "CSV UTF-8" begins with a byte-order mark, which made the
+    # header '\ufeffsize' and the file refused.
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     lines = [(i, line.strip(SPACES)) for i, line in enumerate(text.splitlines(), 1)]
     lines = [(i, line) for i, line in lines if line and not line.startswith("#")]
     if not lines:

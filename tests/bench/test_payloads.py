@@ -191,6 +191,20 @@ def test_empirical_from_files(tmp_path):
     assert parse_sizes(f"empirical:{trace_jsonl}").values.tolist() == [7, 0]
 
 
+def test_an_empirical_sizes_file_saved_with_a_byte_order_mark_is_read(tmp_path):
+    # A spreadsheet's "CSV UTF-8" begins with one: the header read '\ufeffsize' and the file was refused.
+    csv_file = tmp_path / "sizes.csv"
+    csv_file.write_text("size\n12\n40\n", encoding="utf-8-sig")
+    assert parse_sizes(f"empirical:{csv_file}").values.tolist() == [12, 40]
+    lines = tmp_path / "sizes.txt"
+    lines.write_text("3\n5\n", encoding="utf-8-sig")
+    assert sorted(parse_sizes(f"empirical:{lines}").values.tolist()) == [3, 5]
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"size\n\xe9\n")
+    with pytest.raises(ValueError, match=r"latin.txt: not UTF-8 text \(invalid continuation byte at byte 5\)"):
+        parse_sizes(f"empirical:{latin}")
+
+
 def test_parse_sizes():
     assert parse_sizes("fixed:16") == Fixed(16)
     assert parse_sizes("16") == Fixed(16)
