@@ -158,12 +158,14 @@ then).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import ipaddress
 import logging
 import math
 import numbers
 import random
 import socket
+import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -259,8 +261,9 @@ class BalancerSettings:
     name keeps its replicas; the lookup is left running, and the name's next lookup,
     `resolve_every_s` later, waits for it again rather than start another. (The system resolver
     gives up on a silent name server after 5 s × 2 tries by default: resolv.conf's `timeout` and
-    `attempts`; its lookup holds a daemon thread of its own until then, cancelled or not, and neither
-    stop() nor the program's exit waits for it: one per name, not one more at each period.)
+    `attempts`; its lookup holds a daemon thread until then, cancelled or not, and neither stop() nor the
+    program's exit waits for it: one per name in the process, shared by every balancer that looks it up meanwhile,
+    not one more at each period or each start().)
     """
 
     max_attempts: int = 3
@@ -410,6 +413,34 @@ def _answer(name: str, found: Any) -> list[str]:
     return out
 
 
+# The system resolver's lookups in flight, one per (host, port) in the process. A lookup that hangs holds its
+# thread until the resolver gives up (30 s with resolv.conf's defaults), and nothing can stop it: a start()
+# retried after a name failed, or a balancer made per job, started one more thread each time (50 failed starts
+# left 50 threads). They all wait for that one lookup now.
+_LOOKUPS: dict[tuple[str, int], concurrent.futures.Future] = {}
+_LOOKUPS_LOCK = threading.Lock()
+
+
+def _system_lookup(host: str, port: int) -> concurrent.futures.Future:
+    """`socket.getaddrinfo(host, port)` on a daemon thread (`on_thread`), shared with every caller that asks for
+    the same name while it runs."""
+    key = (host, port)
+    with _LOOKUPS_LOCK:
+        found = _LOOKUPS.get(key)
+        if found is not None:
+            return found
+        found = on_thread("wok-balancer-lookup", socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+        _LOOKUPS[key] = found
+
+    def forget(done: concurrent.futures.Future) -> None:
+        with _LOOKUPS_LOCK:
+            if _LOOKUPS.get(key) is done:
+                del _LOOKUPS[key]
+
+    found.add_done_callback(forget)  # (outside the lock: a lookup done already calls it at once)
+    return found
+
+
 async def system_resolver(host: str, port: int) -> list[str]:
     """The addresses of `host` as "ip:port" or "[v6]:port", IPv4 first, by `socket.getaddrinfo` on a daemon
     thread of its own (`on_thread`); the balancer keeps one family of them (`Balancer`, `probing`).
@@ -417,8 +448,7 @@ async def system_resolver(host: str, port: int) -> list[str]:
     Not `loop.getaddrinfo`: that runs on the loop's default executor, and a lookup that hangs held asyncio.run's
     end and the interpreter's exit (both join that executor's threads) until the system resolver gave up, long
     after stop() (30 s with resolv.conf's defaults)."""
-    found = on_thread("wok-balancer-lookup", socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
-    infos = await asyncio.wrap_future(found)
+    infos = await asyncio.wrap_future(_system_lookup(host, port))
     v4 = [i[4][0] for i in infos if i[0] == socket.AF_INET]
     v6 = [i[4][0] for i in infos if i[0] == socket.AF_INET6]
     return [_address(ip, port) for ip in dict.fromkeys(v4 + v6)]

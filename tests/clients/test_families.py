@@ -16,6 +16,7 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 
 import grpc
 import pytest
@@ -551,3 +552,35 @@ def test_a_connect_out_of_memory_raises_rather_than_count_a_refusal(monkeypatch,
     assert raised.value.errno == answer
     answer = errno.ENETUNREACH
     assert probe(["127.0.0.1:1"]) == {"127.0.0.1:1": Probe.REFUSED}
+
+
+async def test_a_hung_system_lookup_is_one_thread_however_often_the_balancer_starts(monkeypatch):
+    """Each start() that failed for a name whose lookup hung left one more thread blocked in getaddrinfo until
+    the system resolver gave up (nothing can stop it): a start() retried, or a balancer made per job, piled them
+    up. The lookups of one name in flight are one, shared."""
+    real = socket.getaddrinfo
+    release = threading.Event()
+    asked = []
+
+    def getaddrinfo(host, port, *args, **kw):
+        if host != "hung.wok-test":
+            return real(host, port, *args, **kw)
+        asked.append(host)
+        release.wait(30)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    settings = BalancerSettings(resolve_timeout_s=0.05)
+    try:
+        for _ in range(5):
+            with pytest.raises(ValueError, match=r"the resolver gave no answer within 0\.05 s"):
+                await Balancer("hung.wok-test:1", settings=settings).start()
+        threads = [t for t in threading.enumerate() if t.name == "wok-balancer-lookup"]
+        assert (len(asked), len(threads)) == (1, 1), (asked, threads)
+    finally:
+        release.set()
+    await asyncio.to_thread(threads[0].join, 10)
+    # Its answer came: the next start looks the name up anew, and takes that answer.
+    assert not threads[0].is_alive()
+    async with Balancer("hung.wok-test:1", settings=settings) as bal:
+        assert list(bal.replicas) == ["127.0.0.1:1"] and len(asked) == 2
