@@ -774,7 +774,7 @@ def _seconds(args, option: str, positive: bool = False) -> float:
 
 # A bare number is seconds to parse_duration: right for --step-duration 30, a trap for a latency
 # ("--slo-p99 50" was a 50 s objective every step passed).
-_BARE_NUMBER = re.compile(r"[ \t]*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?[ \t]*")
+_BARE_NUMBER = re.compile(r"\s*([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*", re.ASCII)
 
 
 def _with_unit(option: str, text: str) -> str:
@@ -788,8 +788,8 @@ def _with_unit(option: str, text: str) -> str:
     return text
 
 
-# [0-9], not \d: float() reads other scripts' digits ("٣%" was 3 %); [ \t], not \s: their spaces too.
-_PERCENT = re.compile(r"[ \t]*([0-9]+\.?[0-9]*|\.[0-9]+)[ \t]*%[ \t]*")
+# [0-9], not \d: float() reads other scripts' digits ("٣%" was 3 %); \s under re.ASCII: not their spaces either.
+_PERCENT = re.compile(r"\s*([0-9]+\.?[0-9]*|\.[0-9]+)\s*%\s*", re.ASCII)
 
 
 def _warmup(text: str | None, duration: float) -> float:

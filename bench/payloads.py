@@ -228,7 +228,7 @@ def parse_sizes(spec: str) -> Sizes:
                 raise ValueError(f"expected fixed:N with N an integer >= 0; got {_quoted(rest)}")
             return Fixed(int(rest))
         if kind == "uniform":
-            m = re.fullmatch(r"([0-9]+)[ \t]*:[ \t]*([0-9]+)", rest)
+            m = re.fullmatch(r"([0-9]+)\s*:\s*([0-9]+)", rest, re.ASCII)
             if m is None:
                 raise ValueError(f"expected uniform:LO:HI with integers 0 <= LO <= HI; got {_quoted(rest)}")
             return Uniform(int(m.group(1)), int(m.group(2)))

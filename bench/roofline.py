@@ -31,8 +31,8 @@ CUDA_COPY_BYTES = 1 << 30
 BUDGET_S = 1.0  # seconds each micro-benchmark may keep trying for a faster run
 MAX_RUNS = 200
 
-# [ \t], not \s: \s takes every script's spaces ("\xa0") and a line end, which a refusal should show.
-_RATE = re.compile(r"[ \t]*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)[ \t]*([kKMGTP]?)[ \t]*")
+# \s under re.ASCII: alone it takes every script's spaces ("\xa0"), which a refusal should show.
+_RATE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKMGTP]?)\s*", re.ASCII)
 _PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
 

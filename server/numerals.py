@@ -4,8 +4,8 @@ Python's int(), float() and Decimal() read every script's digits and spaces: int
 float("３.５") is 3.5, int("\\u00a03") is 3, so `--steps ٣,٤` ramped at 3 and 4 QPS where a
 refusal was due. Here such text is refused; ASCII text is read as int() and float() read it
 (a sign, "1_000", float's "1e3" and "inf"), which is what wok's options took before, with
-spaces and tabs (SPACES) around it and no other white space: a parser that trims a number's
-text trims SPACES alone, as str.strip() would drop a no-break space unseen. Standard library
+ASCII white space (SPACES) around it and no other: a parser that trims a number's text trims
+SPACES alone, as str.strip() would drop a no-break space unseen. Standard library
 alone, unlike wok.errors (gRPC): the bench's worker processes and its outputs import it."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from decimal import Decimal, InvalidOperation
 
 # What a refusal of a number adds when its text is not ASCII: its writer reads "٣" as a digit.
 NOT_ASCII_NOTE = " (numbers are read in ASCII: the digits 0-9)"
-# The white space a number's text may have around it. str.strip(), int() and float() take every
-# Unicode space as well ("\xa0", "\u2003"), and a line end: text a user sees as a space, or
-# does not see at all, was read as if it were not there.
-SPACES = " \t"
+# The white space a number's text may have around it: ASCII's, as int() and float() take it, line
+# ends included (a value from `$(cat file)` of a CRLF file ends in "\r", a Kubernetes ConfigMap's made
+# --from-file in "\n"). str.strip(), int() and float() take every Unicode space as well ("\xa0",
+# "\u2003"): text a user sees as a space, or does not see at all, was read as if it were not there.
+SPACES = " \t\n\r\f\v"
 
 
 def ascii_digits(text: str) -> bool:
@@ -35,7 +36,7 @@ def digits_note(text: str) -> str:
 def _ascii(text: str, kind: str) -> str:
     bare = text.strip(SPACES)
     if bare != bare.strip():
-        raise ValueError(f"expected {kind} with nothing but spaces or tabs around it; got {text!r}")
+        raise ValueError(f"expected {kind} with no white space around it but ASCII's; got {text!r}")
     if not text.isascii():
         raise ValueError(f"expected {kind} in the digits 0-9; got {text!r}")
     return text

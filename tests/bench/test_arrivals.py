@@ -725,7 +725,7 @@ def test_a_trace_in_digits_other_than_ascii_is_refused(tmp_path):
 )
 def test_an_arrival_options_refusal_shows_its_value_quoted_and_escaped(spec, shown):
     """The value was written bare: 'amplitude=4x  is neither a multiple …', its no-break space unseen (options
-    trim spaces and tabs alone since 0a657b6)."""
+    trim ASCII white space alone since 0a657b6)."""
     with pytest.raises(ValueError) as e:
         parse_arrivals(spec, 10.0, duration_s=10.0)
     assert shown in str(e.value)
@@ -733,8 +733,8 @@ def test_an_arrival_options_refusal_shows_its_value_quoted_and_escaped(spec, sho
 
 @pytest.mark.parametrize("header", ["timestamp\xa0,size", "timestamp,\u2003size", "timestamp,size\u3000"])
 def test_a_trace_header_name_with_white_space_other_than_spaces_is_refused_naming_it(tmp_path, header):
-    """str.strip() read 'timestamp\\xa0' as 'timestamp' unseen, where numbers trim spaces and tabs alone; trimmed so, a
-    'size\\xa0' column would have been dropped without a word. Spaces and tabs around a name are still taken."""
+    """str.strip() read 'timestamp\\xa0' as 'timestamp' unseen, where numbers trim ASCII white space alone;
+    trimmed so, a 'size\\xa0' column would have been dropped without a word. ASCII's around a name is taken."""
     name = next(n for n in header.split(",") if n.strip(" \t") != n.strip())
     trace = tmp_path / "t.csv"
     trace.write_text(f"{header}\n0,1\n1,2\n", encoding="utf-8")
@@ -742,8 +742,7 @@ def test_a_trace_header_name_with_white_space_other_than_spaces_is_refused_namin
         load_trace(trace)
     shown = name.encode("unicode_escape").decode()
     assert str(e.value) == (
-        f"{trace}: CSV header column '{shown}': expected '{name.strip()}', with no white space around it but spaces "
-        "and tabs"
+        f"{trace}: CSV header column '{shown}': expected '{name.strip()}', with no white space around it but ASCII's"
     )
     trace.write_text(" timestamp\t, size \n0,1\n1,2\n")
     assert load_trace(trace).sizes.tolist() == [1, 2]

@@ -332,7 +332,7 @@ def test_numbers_in_digits_other_than_ascii_are_refused(parse, spec, refusal):
 
 
 def test_an_empirical_size_column_named_with_other_white_space_is_refused_naming_it(tmp_path):
-    """str.strip() read the header 'size\\xa0' as 'size' unseen, where the sizes themselves trim spaces and tabs
+    """str.strip() read the header 'size\\xa0' as 'size' unseen, where the sizes themselves trim ASCII white space
     alone; now, as a trace's header, it is refused naming the column. Spaces and tabs around it are still taken."""
     sizes = tmp_path / "sizes.csv"
     sizes.write_text("size\xa0\n3\n4\n", encoding="utf-8")
@@ -340,7 +340,7 @@ def test_an_empirical_size_column_named_with_other_white_space_is_refused_naming
         parse_sizes(f"empirical:{sizes}")
     assert str(e.value) == (
         f"sizes 'empirical:{sizes}': {sizes}: CSV header column 'size\\xa0': expected 'size', with no white space "
-        "around it but spaces and tabs"
+        "around it but ASCII's"
     )
     sizes.write_text(" size\t\n3\n4\n")
     assert sorted(set(parse_sizes(f"empirical:{sizes}").values.tolist())) == [3, 4]
