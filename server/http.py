@@ -39,6 +39,7 @@ weighs it above the Prometheus text format (RFC 9110 12.5.1), else the text form
 from __future__ import annotations
 
 import asyncio
+import codecs
 import functools
 import ipaddress
 import json
@@ -1406,7 +1407,11 @@ def json_charset_refusal(content_type: str) -> str | None:
         name, _, value = param.partition("=")
         if name.strip(" \t").lower() == "charset":
             charset = unquoted(value.strip(" \t"))
-            if charset.lower() != "utf-8":
+            try:  # by the codec it names: "utf8" and "UTF8", as common as "utf-8", were refused
+                utf8 = codecs.lookup(charset).name == "utf-8"
+            except LookupError:
+                utf8 = False
+            if not utf8:
                 return f"Content-Type charset: expected utf-8 (JSON is UTF-8, RFC 8259), got {quoted(charset)}"
     return None
 

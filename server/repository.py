@@ -275,7 +275,7 @@ def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> nn.Module
             shapes = ", ".join(f"{n} {[rows, *dims[n]]}" for n in order)
             log.warning(
                 "model '%s': its torch.export program refuses a batch of %d row(s) (%s): %s; max_batch_size %d "
-                "lets such batches through, and they will fail: export it with a batch Dim up to max_batch_size, "
+                "lets such batches through, and they will fail: export it with a batch Dim from 1 to max_batch_size, "
                 "or lower max_batch_size",
                 cfg.name,
                 rows,
@@ -284,7 +284,10 @@ def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> nn.Module
                 cfg.max_batch_size,
             )
             return checked
-    fast = program.module(check_guards=False)
+    try:
+        fast = program.module(check_guards=False)
+    except TypeError:  # a torch whose module() has no such keyword: its checks stay
+        return checked
     if not hasattr(fast, "validate_inputs"):
         return checked
     fast.validate_inputs = False

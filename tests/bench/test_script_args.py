@@ -121,6 +121,7 @@ CASES = [
     ("slo_compare", ["--request-sizes=-1,2"], "got '-1,2'"),
     ("slo_compare", ["--rows", "0"], "--rows: expected a number > 0, got 0"),
     ("slo_compare", ["--base-qps=-1.5"], "--base-qps: expected a number > 0, got -1.5"),
+    ("slo_compare", ["--base-qps", "nan"], "--base-qps: expected a number > 0, got nan"),
     # One message named all four limits whichever was wrong, and not the value.
     ("linear_kernels", ["--reps", "0"], "--reps: expected a number >= 1, got 0"),
     ("linear_kernels", ["--gap-ms=-1"], "--gap-ms: expected a number >= 0, got -1"),

@@ -222,7 +222,12 @@ async def test_a_utf8_body_with_a_byte_order_mark_or_charset_utf8_is_taken(admin
     """RFC 8259 8.1 lets a reader ignore a byte-order mark; charset=utf-8 (any case, quoted or not) is what JSON is."""
     server, base, _ = admin_server
     port = server.http.port
-    for charset, body in (("", b"\xef\xbb\xbf" + FAULT), ('; charset="UTF-8"', FAULT), ("; Charset=utf-8", FAULT)):
+    for charset, body in (
+        ("", b"\xef\xbb\xbf" + FAULT),
+        ('; charset="UTF-8"', FAULT),
+        ("; Charset=utf-8", FAULT),
+        ("; charset=utf8", FAULT),
+    ):
         head = (
             f"POST /admin/faults HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json{charset}\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"

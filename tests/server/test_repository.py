@@ -209,7 +209,7 @@ def test_a_torch_export_program_that_refuses_a_batch_the_config_allows_keeps_its
     assert [r.getMessage() for r in caplog.records if r.name == "wok"] == [
         "model 'exported': its torch.export program refuses a batch of 5 row(s) (INPUT0 [5, 4]): AssertionError: "
         "Guard failed: input.size()[0] <= 4; max_batch_size 8 lets such batches through, and they will fail: "
-        "export it with a batch Dim up to max_batch_size, or lower max_batch_size"
+        "export it with a batch Dim from 1 to max_batch_size, or lower max_batch_size"
     ]
     x = torch.randn(4, 4)
     torch.testing.assert_close(run(s, x), ref(x).detach())

@@ -790,3 +790,15 @@ async def test_a_failed_batch_counts_in_fail_only_for_a_caller_still_waiting(ser
         assert (rt.stats.fail.count, rt.stats.success.count) == (1, 0)
         assert rt.metrics.responses == {"DEADLINE_EXCEEDED": 1, "INTERNAL": 1}
         assert server.service.active == 0
+
+
+@pytest.mark.parametrize(
+    ("timeout", "unit"),
+    [(0.5, 0.001), (1.0025, 0.01), (9.99, 0.01), (30.0, 0.1), (3600.0, 10.0), (None, 0.0), (0.0, 0.0)],
+)
+def test_the_deadline_slack_is_grpcs_rounding_unit_not_a_share_of_the_timeout(timeout, unit):
+    # gRPC sends 1.0025 s as 1010 ms and 30 s to 100 ms: a unit of the third significant figure. 1 % of an
+    # hour-long stream's timeout took a client's close in its last 36 s for its deadline; the unit, 10 s.
+    from wok.service import grpc_timeout_unit
+
+    assert grpc_timeout_unit(timeout) == pytest.approx(unit)
