@@ -198,9 +198,28 @@ def short_details(details: str, budget: int = _DETAILS_BYTES) -> str:
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException):
     code, details = to_status(exc)
     details = short_details(details)
-    if isinstance(exc, DeadlineUnmeetable):  # the hint of an admission refusal (slo policy), as its message says
-        await context.abort(code, details, trailing_metadata=(("retry-after-ms", str(exc.retry_after_ms)),))
-    await context.abort(code, details)
+    try:
+        if isinstance(exc, DeadlineUnmeetable):  # the hint of an admission refusal (slo policy), as its message says
+            await context.abort(code, details, trailing_metadata=(("retry-after-ms", str(exc.retry_after_ms)),))
+        await context.abort(code, details)
+    except BaseException as aborted:
+        # grpc.aio keeps the abort's error in the call's state, which the context (a local of the handler's
+        # frames, held by the tracebacks) and its done callbacks refer back to: a cycle holding the request,
+        # its decoded inputs and its batch, which only a collection of the oldest generation freed, and a
+        # server holding torch's objects runs one rarely (58.6 MiB refusals grew an idle server by 2.8 GiB
+        # in 56 calls). Without the tracebacks, reference counting frees the frames as the call ends.
+        context.add_done_callback(functools.partial(_drop_tracebacks, aborted))
+        raise
+
+
+def _drop_tracebacks(error: BaseException | None, _context) -> None:
+    """At the call's end, the tracebacks of `error` and of the errors it chains, and so their frames, let go.
+    Not frame.clear(): a traceback can reach the frame of a coroutine still suspended, which it would close."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
 
 
 def _deadline_passed(time_left: Callable[[], float | None] | None) -> bool:
