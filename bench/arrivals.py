@@ -21,6 +21,7 @@ numpy only: bench worker processes import this and must start fast (no torch).
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 import math
@@ -54,7 +55,7 @@ def csv_columns(names: Sequence[str] | None, known: Sequence[str], path: Path) -
         if name not in known and name.strip() in known:
             raise ValueError(
                 f"{path}: CSV header column {_quoted(name)}: expected {_quoted(name.strip())}, with no white space "
-                "around it but ASCII's"
+                "around it but spaces, tabs and line ends"
             )
     return fields
 
@@ -583,6 +584,18 @@ def _size(value: object, where: str) -> int:
     raise ValueError(f"{where}: size {_shown(value)} is not an integer >= 0")
 
 
+def read_utf8(path: Path) -> str:
+    """The text of `path`, UTF-8 with or without a byte-order mark (spreadsheets save "CSV UTF-8" with one,
+    which would become part of the first column's name); ValueError naming the file offset of a byte that
+    is not UTF-8 (utf-8-sig counts from after the mark)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        at = exc.start + (len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0)
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {at})") from None
+
+
 def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
     """A TraceReplay from a CSV (header with `timestamp`, optional `size`) or JSONL file.
 
@@ -591,12 +604,7 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
     seconds (any origin, e.g. Unix time) or ISO 8601 strings. Sizes are all or none.
     """
     path = Path(path)
-    # utf-8-sig: spreadsheets save "CSV UTF-8" with a byte-order mark, which would become
-    # part of the first column's name.
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    text = read_utf8(path)
     stripped = text.lstrip()
     stamps: list[float] = []
     raw: list[object] = []

@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from wok.bench.arrivals import csv_columns
+from wok.bench.arrivals import csv_columns, read_utf8
 from wok.datatypes import datatype
 from wok.numerals import SPACES, ascii_digits, read_float
 
@@ -173,12 +173,9 @@ class Empirical:
 
 def _read_sizes(path: Path) -> np.ndarray:
     """Sizes from one integer a line, a CSV with a `size` column, or JSONL objects with "size"."""
-    # utf-8-sig, as load_trace: a spreadsheet's "CSV UTF-8" begins with a byte-order mark, which made the
-    # header '\ufeffsize' and the file refused.
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    # With or without a byte-order mark, as load_trace reads traces: a spreadsheet's made the header
+    # '\ufeffsize' and the file refused.
+    text = read_utf8(path)
     lines = [(i, line.strip(SPACES)) for i, line in enumerate(text.splitlines(), 1)]
     lines = [(i, line) for i, line in lines if line and not line.startswith("#")]
     if not lines:

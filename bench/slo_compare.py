@@ -397,7 +397,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.fixed = (args.fixed[0], 1e3 * duration("--fixed", args.fixed[1]))
     for option, value in (("--rows", args.rows), ("--reps", args.reps), ("--base-qps", args.base_qps)):
         if not (math.isfinite(value) and value > 0):  # nan > 0 and nan <= 0 are both False
-            p.error(f"{option}: expected a number > 0, got {value:g}")
+            p.error(f"{option}: expected a finite number > 0, got {value:g}")
     # The input files, read here: a missing or wrong one found after the profile and tuning costs them.
     if args.replot:
         try:

@@ -1059,7 +1059,8 @@ def run_length_text(p: argparse.ArgumentParser) -> str:
         "the SLO); besides, a start of a few seconds per server (3 × --reps + 1), the in-process profile "
         "(--profile-sizes × --profile-reps batches; none with --profile), and the search (a simulated --sim-duration "
         "per evaluation, --max-batch-sizes × --delays settings). On the 2-core development machine docs/tune.md's "
-        "command (these loads, a 4 × 4 grid, --sim-duration 5s) took 270 to 281 s (runs 6 to 13's wall_s)."
+        "command (these loads, a 4 × 4 grid, --sim-duration 5s) took 270 to 281 s (the wall_s of runs 6, 7 and "
+        "10 to 13)."
     )
 
 

@@ -163,6 +163,7 @@ import ipaddress
 import logging
 import math
 import numbers
+import os
 import random
 import socket
 import threading
@@ -419,6 +420,17 @@ def _answer(name: str, found: Any) -> list[str]:
 # left 50 threads). They all wait for that one lookup now.
 _LOOKUPS: dict[tuple[str, int], concurrent.futures.Future] = {}
 _LOOKUPS_LOCK = threading.Lock()
+
+
+def _forget_lookups_in_child() -> None:
+    # A child of fork() has none of its parent's threads: a lookup it inherited would never end.
+    global _LOOKUPS_LOCK
+    _LOOKUPS_LOCK = threading.Lock()
+    _LOOKUPS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_lookups_in_child)
 
 
 def _system_lookup(host: str, port: int) -> concurrent.futures.Future:

@@ -36,7 +36,7 @@ def digits_note(text: str) -> str:
 def _ascii(text: str, kind: str) -> str:
     bare = text.strip(SPACES)
     if bare != bare.strip():
-        raise ValueError(f"expected {kind} with no white space around it but ASCII's; got {text!r}")
+        raise ValueError(f"expected {kind} with no white space around it but spaces, tabs and line ends; got {text!r}")
     if not text.isascii():
         raise ValueError(f"expected {kind} in the digits 0-9; got {text!r}")
     return text

@@ -284,10 +284,9 @@ def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> nn.Module
                 cfg.max_batch_size,
             )
             return checked
-    try:
-        fast = program.module(check_guards=False)
-    except TypeError:  # a torch whose module() has no such keyword: its checks stay
+    if "check_guards" not in inspect.signature(program.module).parameters:  # a torch without it: checks stay
         return checked
+    fast = program.module(check_guards=False)
     if not hasattr(fast, "validate_inputs"):
         return checked
     fast.validate_inputs = False

@@ -742,7 +742,8 @@ def test_a_trace_header_name_with_white_space_other_than_spaces_is_refused_namin
         load_trace(trace)
     shown = name.encode("unicode_escape").decode()
     assert str(e.value) == (
-        f"{trace}: CSV header column '{shown}': expected '{name.strip()}', with no white space around it but ASCII's"
+        f"{trace}: CSV header column '{shown}': expected '{name.strip()}', with no white space around it but "
+        "spaces, tabs and line ends"
     )
     trace.write_text(" timestamp\t, size \n0,1\n1,2\n")
     assert load_trace(trace).sizes.tolist() == [1, 2]

@@ -203,6 +203,10 @@ def test_an_empirical_sizes_file_saved_with_a_byte_order_mark_is_read(tmp_path):
     latin.write_bytes(b"size\n\xe9\n")
     with pytest.raises(ValueError, match=r"latin.txt: not UTF-8 text \(invalid continuation byte at byte 5\)"):
         parse_sizes(f"empirical:{latin}")
+    # The file's offset, the mark counted (utf-8-sig counts from after it: byte 5 was said for byte 8).
+    latin.write_bytes(b"\xef\xbb\xbfsize\n\xe9\n")
+    with pytest.raises(ValueError, match=r"latin.txt: not UTF-8 text \(invalid continuation byte at byte 8\)"):
+        parse_sizes(f"empirical:{latin}")
 
 
 def test_parse_sizes():
@@ -340,7 +344,7 @@ def test_an_empirical_size_column_named_with_other_white_space_is_refused_naming
         parse_sizes(f"empirical:{sizes}")
     assert str(e.value) == (
         f"sizes 'empirical:{sizes}': {sizes}: CSV header column 'size\\xa0': expected 'size', with no white space "
-        "around it but ASCII's"
+        "around it but spaces, tabs and line ends"
     )
     sizes.write_text(" size\t\n3\n4\n")
     assert sorted(set(parse_sizes(f"empirical:{sizes}").values.tolist())) == [3, 4]

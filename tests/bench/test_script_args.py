@@ -119,9 +119,9 @@ CASES = [
     ("slo_compare", ["--fixed", "8"], "got '8'"),
     ("slo_compare", ["--request-sizes", "0,1"], "--request-sizes: expected whole numbers >= 1 like 1,2,4,8; got '0,1'"),
     ("slo_compare", ["--request-sizes=-1,2"], "got '-1,2'"),
-    ("slo_compare", ["--rows", "0"], "--rows: expected a number > 0, got 0"),
-    ("slo_compare", ["--base-qps=-1.5"], "--base-qps: expected a number > 0, got -1.5"),
-    ("slo_compare", ["--base-qps", "nan"], "--base-qps: expected a number > 0, got nan"),
+    ("slo_compare", ["--rows", "0"], "--rows: expected a finite number > 0, got 0"),
+    ("slo_compare", ["--base-qps=-1.5"], "--base-qps: expected a finite number > 0, got -1.5"),
+    ("slo_compare", ["--base-qps", "nan"], "--base-qps: expected a finite number > 0, got nan"),
     # One message named all four limits whichever was wrong, and not the value.
     ("linear_kernels", ["--reps", "0"], "--reps: expected a number >= 1, got 0"),
     ("linear_kernels", ["--gap-ms=-1"], "--gap-ms: expected a number >= 0, got -1"),

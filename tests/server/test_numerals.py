@@ -39,7 +39,10 @@ def test_a_number_with_other_white_space_around_it_is_refused_showing_it(text):
             continue
         with pytest.raises(ValueError) as info:
             read(text)
-        assert str(info.value) == f"expected {kind} with no white space around it but ASCII's; got {text!r}"
+        assert (
+            str(info.value)
+            == f"expected {kind} with no white space around it but spaces, tabs and line ends; got {text!r}"
+        )
 
 
 @pytest.mark.parametrize(

@@ -794,7 +794,17 @@ async def test_a_failed_batch_counts_in_fail_only_for_a_caller_still_waiting(ser
 
 @pytest.mark.parametrize(
     ("timeout", "unit"),
-    [(0.5, 0.001), (1.0025, 0.01), (9.99, 0.01), (30.0, 0.1), (3600.0, 10.0), (None, 0.0), (0.0, 0.0)],
+    [
+        (0.05, 0.001),  # gRPC's least unit: 1 ms
+        (0.5, 0.001),
+        (1.0025, 0.01),
+        (9.0, 0.01),
+        (9.99, 0.1),  # a handler that began late reads below the 10.1 s a 10.001 s deadline was sent as
+        (30.0, 0.1),
+        (3600.0, 10.0),
+        (None, 0.0),
+        (0.0, 0.0),
+    ],
 )
 def test_the_deadline_slack_is_grpcs_rounding_unit_not_a_share_of_the_timeout(timeout, unit):
     # gRPC sends 1.0025 s as 1010 ms and 30 s to 100 ms: a unit of the third significant figure. 1 % of an
