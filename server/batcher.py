@@ -120,6 +120,9 @@ class Pending:
     # Its batch while that waits at a busy instance's worker, behind the batch ahead of it
     # (`Batcher._dispatch`); None otherwise, and once its batch is back.
     batch: Batch | None = None
+    # Refused at its deadline here (`_expire`, `_answer_left_out`), its caller waiting or not: a caller whose
+    # cancel came first finds its future cancelled, not the refusal, and still counts it (the service).
+    expired: bool = False
 
 
 @dataclass(slots=True)
@@ -879,6 +882,7 @@ class Batcher:
 
     def _answer_left_out(self, p: Pending, at: float) -> None:
         """Fail a request of a batch sent to a busy instance whose deadline passed before it could run."""
+        p.expired = True
         exc = DeadlineExceeded(
             f"request to model '{self.name}' waited {1e3 * (at - p.arrival):.1f} ms and its deadline passed "
             f"before it could run (its batch was waiting for a busy instance)"
@@ -1251,6 +1255,7 @@ class Batcher:
         `predicted` long from `start`, finished."""
         p.state = DONE
         p.inputs = None
+        p.expired = True
         if p.future.done():
             return
         if now >= p.deadline:

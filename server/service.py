@@ -623,10 +623,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 # histograms (its caller was still there), so the end-to-end one counts it too.
                 now = time.perf_counter()
                 rt.metrics.record_response(p.arrival - arrival, now - p.finished, 0.0, now - arrival)
-            # The batcher refused it at its deadline, and gRPC's cancel for that deadline came before this
-            # handler resumed to raise the refusal, which `infer` would have counted.
-            refused = p.future.done() and not p.future.cancelled() and type(p.future.exception()) is DeadlineExceeded
-            if (rt.batcher.withdraw(p) and _ended_by_deadline(time_left, call_timeout)) or refused:
+            # The batcher refused it at its deadline (`Pending.expired`), and gRPC's cancel for that deadline
+            # came before this handler resumed to raise the refusal, which `infer` would have counted: before
+            # the refusal (its future cancelled, the refusal then finding it done) or after it.
+            if (rt.batcher.withdraw(p) and _ended_by_deadline(time_left, call_timeout)) or p.expired:
                 # Its client's deadline passed before it ran (queued, or its batch held at a busy worker):
                 # refused as `deadline`, as the batcher refuses one at the server's deadline, which a
                 # client's cancel comes before (_ended_by_deadline).

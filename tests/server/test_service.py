@@ -437,8 +437,9 @@ async def test_a_client_deadline_of_seconds_counts_deadline_exceeded_and_refused
     assert streamed == ({"DEADLINE_EXCEEDED": 5}, {"deadline": 3})
 
 
+@pytest.mark.parametrize("cancel_first", [False, True], ids=["refused-then-cancelled", "cancelled-then-refused"])
 async def test_a_request_the_batcher_refused_at_its_deadline_counts_deadline_when_grpcs_cancel_comes_first(
-    serve, gated_model
+    serve, gated_model, cancel_first
 ):
     """The server's deadline passes with the request queued: the batcher refuses it (DeadlineExceeded on its
     future) and gRPC cancels the handler for the same deadline. When that cancel comes before the handler
@@ -464,8 +465,12 @@ async def test_a_request_the_batcher_refused_at_its_deadline_counts_deadline_whe
         expire = rt.batcher._expire
 
         def expire_then_cancel(p, *args) -> None:
-            expire(p, *args)
-            queued.cancel()  # gRPC's cancel for the same deadline, before the handler resumes
+            if cancel_first:  # the cancel cancels the handler's future: the refusal then finds it done
+                queued.cancel()
+                expire(p, *args)
+            else:
+                expire(p, *args)
+                queued.cancel()  # gRPC's cancel for the same deadline, before the handler resumes
 
         rt.batcher._expire = expire_then_cancel
         with pytest.raises(asyncio.CancelledError):
