@@ -371,14 +371,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.fixed:
         fields = args.fixed.split(",")
         try:
-            if len(fields) != 2 or read_int(fields[0]) < 1:
+            if len(fields) != 2 or (size := read_int(fields[0])) < 1:
                 raise ValueError
         except ValueError:
             p.error(
                 "--fixed: expected MAX_BATCH_SIZE_IN_REQUESTS,DELAY, a whole number >= 1 and a duration, like "
                 f"8,5ms; got {quoted_name(args.fixed)}"
             )
-        args.fixed = (read_int(fields[0]), fields[1])
+        args.fixed = (size, fields[1])
 
     def duration(option: str, text: str) -> float:
         # Each refusal names its option: "invalid duration 'xs'" alone left the user to guess which of six.

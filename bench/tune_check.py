@@ -1041,12 +1041,20 @@ def measured_seconds(args) -> dict[str, float]:
     }
 
 
+# The load's durations, converted to seconds on the parsed args (parse_args, and run_length_text's defaults).
+LOAD_DURATIONS = ("--step-duration", "--warmup", "--calibration-duration", "--cpu-calibration-duration")
+
+
+def _attr(option: str) -> str:
+    return option.removeprefix("--").replace("-", "_")
+
+
 def run_length_text(p: argparse.ArgumentParser) -> str:
     """--help's account of how long a run takes, from the parser's defaults."""
     from wok.bench.arrivals import parse_steps
 
     d = p.parse_args([])
-    for attr in ("warmup", "step_duration", "calibration_duration", "cpu_calibration_duration"):
+    for attr in map(_attr, LOAD_DURATIONS):
         setattr(d, attr, _seconds(getattr(d, attr)))
     d.steps_list, d.cpu_steps_list = parse_steps(d.steps), parse_steps(d.cpu_steps)
     parts = measured_seconds(d)
@@ -1086,9 +1094,8 @@ def parse_args(argv=None):
         parse_arrivals(args.arrival, 1.0, duration_s=1.0)  # checked only: the search and the ramps parse it
         option = "--steps"
         args.steps_list = parse_steps(args.steps)
-        for option in ("--step-duration", "--warmup", "--calibration-duration", "--cpu-calibration-duration"):
-            attr = option.removeprefix("--").replace("-", "_")
-            setattr(args, attr, _seconds(getattr(args, attr)))
+        for option in LOAD_DURATIONS:
+            setattr(args, _attr(option), _seconds(getattr(args, _attr(option))))
         option = "--sim-duration"
         sim_duration = _seconds(args.sim_duration)  # checked only: the run's config keeps the text given
         option = "--cpu-steps"

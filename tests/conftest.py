@@ -442,20 +442,33 @@ async def cancel_after(start, steps: int) -> bool:
     return finished
 
 
+async def until(condition, what: str, tries: int = 10_000) -> None:
+    """Yield to the loop (1 ms at a time) until `condition()` holds; fail after `tries`, saying `what`."""
+    import asyncio
+
+    for _ in range(tries):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"never: {what}")
+
+
+def _channelz_servers() -> list[dict]:
+    """The gRPC core servers alive in this process (created, not yet destroyed), as channelz lists them."""
+    from grpc._cython import cygrpc  # channelz: no public API lists them
+
+    return json.loads(cygrpc.channelz_get_servers(0)).get("server", [])
+
+
 def core_servers() -> int:
     """gRPC core servers alive in this process, as channelz lists them (created, not yet destroyed)."""
-    from grpc._cython import cygrpc  # channelz: the core servers alive, which no public API lists
-
-    return len(json.loads(cygrpc.channelz_get_servers(0)).get("server", []))
+    return len(_channelz_servers())
 
 
 def core_calls_started() -> int:
     """Calls the gRPC core servers alive in this process have started (channelz's callsStarted): the calls
     that reached a server, which a client whose deadline passed before it sent its call's headers did not."""
-    from grpc._cython import cygrpc
-
-    servers = json.loads(cygrpc.channelz_get_servers(0)).get("server", [])
-    return sum(int(s.get("data", {}).get("callsStarted", 0)) for s in servers)
+    return sum(int(s.get("data", {}).get("callsStarted", 0)) for s in _channelz_servers())
 
 
 def write_python_model(folder: Path, model_py: str, max_batch_size: int | None = 4, **config) -> Path:

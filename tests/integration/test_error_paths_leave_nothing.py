@@ -29,6 +29,8 @@ from wok.service import _Stream
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
+from ..conftest import until
+
 MAX_REQUEST_BYTES = 64 * 1024  # gRPC's own message limit is then 4 x this + 1 MiB
 WINDOW = 8  # --stream-window: a stream never read stops being read past it
 SETTLE_S = 15.0
@@ -58,14 +60,6 @@ def malformed() -> list[pb.ModelInferRequest]:
         mlp(80),  # past --max-request-bytes: wok refuses it
         mlp(1600),  # past gRPC's message limit: its core refuses it before the handler
     ]
-
-
-async def until(condition, what: str) -> None:
-    for _ in range(10_000):
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"never: {what}")
 
 
 async def http(port: int, raw: bytes, *, read_until: bytes | None = None) -> None:

@@ -17,6 +17,8 @@ from wok.codec import encode_request
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
+from ..conftest import until
+
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 X = {"INPUT0": np.ones((1, 256), np.float32)}
 TOKEN = "tok-A-1b0c4ee6a1f94c8a8d1e"
@@ -32,15 +34,6 @@ def unhandled_in(text: str) -> float | None:
 def scraped(server) -> float | None:
     """A scrape of the in-loop server's registry (its collector runs on this, the server's, loop)."""
     return unhandled_in(generate_latest(server.registry).decode())
-
-
-async def until(condition, what: str, tries: int = 10_000) -> None:
-    """Yield to the loop (1 ms at a time) until `condition()` holds; fail after `tries`."""
-    for _ in range(tries):
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"never: {what}")
 
 
 def messageless(channel: grpc.aio.Channel):
