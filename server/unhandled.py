@@ -84,6 +84,9 @@ class UnhandledCalls(grpc.aio.ServerInterceptor):
     def started(self) -> None:
         """Called first thing by a watched method's handler, inside the call's task."""
         self._waiting.pop(_CALL.get(), None)
+        # The task's own context held the task: without this each handled call's task would be a
+        # reference cycle, freed by the cyclic collector rather than when grpc.aio drops it.
+        _CALL.set(None)
 
     def sweep(self) -> int:
         """Count each kept call whose task has ended (its handler never started); returns how many."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
+import weakref
 from types import SimpleNamespace
 
 import pytest
@@ -37,6 +39,20 @@ async def test_the_kept_calls_are_swept_without_a_scrape_when_they_reach_the_thr
     for _ in range(4):  # the 4th call's interceptor sweeps the 3 ended before it
         await asyncio.get_running_loop().create_task(_call(u, INFER, False))
     assert counted == [INFER] * 3 and u.waiting == 1
+
+
+async def test_a_handled_calls_task_is_freed_without_the_cyclic_collector():
+    u = UnhandledCalls((INFER,), print)
+    task = asyncio.get_running_loop().create_task(_call(u, INFER, True))
+    await task
+    await asyncio.sleep(0)  # the awaiting task's wakeup handle, which holds it, runs
+    gone = weakref.ref(task)
+    gc.disable()
+    try:
+        del task
+        assert gone() is None  # its context no longer holds it
+    finally:
+        gc.enable()
 
 
 async def test_method_names_are_checked():
