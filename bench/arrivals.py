@@ -26,6 +26,7 @@ import csv
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -49,13 +50,23 @@ def csv_columns(names: Sequence[str] | None, known: Sequence[str], path: Path) -
     """A CSV header's column names, trimmed of SPACES alone, as numbers are (wok.numerals): a name that is one of
     `known` but for other white space around it ('timestamp\xa0') is refused, naming it. str.strip() read it as
     `known` unseen, and trimmed of SPACES alone it would be a column of another name: an optional one dropped
-    without a word."""
+    without a word. A name with a character that is not printable anywhere in it (a format character, category Cf,
+    as 'size\u200b' or a second byte-order mark; a control; other white space) is refused, naming its column and the
+    character: it shows as the name it is not, and matched no known one, so its column was dropped unseen."""
     fields = [f.strip(SPACES) for f in names or []]
     for name in fields:
         if name not in known and name.strip() in known:
             raise ValueError(
                 f"{path}: CSV header column {_quoted(name)}: expected {_quoted(name.strip())}, with no white space "
                 "around it but spaces, tabs and line ends"
+            )
+    for column, name in enumerate(fields, 1):
+        hidden = next((c for c in name if not c.isprintable()), None)
+        if hidden is not None:
+            called = unicodedata.name(hidden, "")  # a control has none
+            raise ValueError(
+                f"{path}: CSV header column {column}, {_quoted(name)}: expected printable characters alone, got "
+                f"U+{ord(hidden):04X}{' ' + called if called else ''} (category {unicodedata.category(hidden)})"
             )
     return fields
 

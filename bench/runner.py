@@ -376,6 +376,9 @@ class Ramp:
         # A signal (KeyboardInterrupt's text) that came as the workers stopped after the ramp: `run`
         # keeps the result; a caller stops what it meant to do next (the CLI's host probe).
         self.late_signal: str | None = None
+        # False where the caller says such a signal in its own words (a soak's capacity ramp: "soak not started"):
+        # said here too, it was two lines for one signal.
+        self.says_late_signal = True
         # A signal that came while a whole step held to its planned end (`_hold_to`): raised as the
         # next step would start, so that the step is kept and the cut falls between the two.
         self._held: KeyboardInterrupt | None = None
@@ -477,7 +480,8 @@ class Ramp:
                 # After the last step, as it held to its end: every step run is whole.
                 self.late_signal = f"{type(self._held).__name__}: {self._held}"
                 self._held = None
-                self.say(f"{self.late_signal} after the last step: the steps run are the result")
+                if self.says_late_signal:
+                    self.say(f"{self.late_signal} after the last step: the steps run are the result")
         finally:
             try:
                 workers.close()
@@ -487,7 +491,8 @@ class Ramp:
                 if not steps and not (self.keeps_cut_step and self.timeline):
                     raise
                 self.late_signal = f"{type(exc).__name__}: {exc}"
-                self.say(f"{self.late_signal} as the workers stopped: the steps run are the result")
+                if self.says_late_signal:
+                    self.say(f"{self.late_signal} as the workers stopped: the steps run are the result")
         # Key material and the token never reach the result; only which kind of security was used.
         config = {**asdict(self.cfg), "source": "bench", "tls": tls_mode(cfg.tls), "token": cfg.token is not None}
         config["balancer"] = workers.balancer

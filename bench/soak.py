@@ -182,8 +182,9 @@ class SoakRamp(Ramp):
 
     def _hold(self, exc: KeyboardInterrupt) -> None:
         # Its answers are all in, but the soak's time is its RSS watch's too, which ends here, short
-        # of `duration_s`: a cut, as one before the last answer, that left no request out.
-        super()._hold(exc)
+        # of `duration_s`: a cut, as one before the last answer, that left no request out. Not held for
+        # Ramp.run (super()._hold): a soak is one step, with none after it for the signal to stop, and
+        # run_soak says the cut; Ramp.run said it too, as a signal "after the last step".
         at = round(time.monotonic() - self._clock0, 3)
         self.cut = {"at_s": at, "in_flight": 0, "sent_after": 0, "workers_lost": 0}
         self.cut_by = exc
@@ -328,6 +329,7 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
         else:
             say("measuring the capacity: the highest step under the SLO")
             capacity_ramp = Ramp(cfg, say)
+            capacity_ramp.says_late_signal = False  # "soak not started", below, says it
             capacity_result = capacity_ramp.run()
             capacity, source = capacity_result["max_qps_under_slo"], "measured"
             if capacity_result["interrupted"] is not None:

@@ -1072,6 +1072,21 @@ def run_length_text(p: argparse.ArgumentParser) -> str:
     )
 
 
+def planned_text(args) -> str:
+    """What a run will take, said as it starts (as `wok bench` says its plan): --help alone gave it, from the
+    defaults, and a run of other options said nothing of its length but each stage's start."""
+    from wok.bench.cli import _duration_text
+
+    parts = measured_seconds(args)
+    shown = ", ".join(f"{_duration_text(s)} of {part.replace('cpu', 'CPU')}" for part, s in parts.items() if s)
+    besides = "the search" if args.profile else "the in-process profile, the search"
+    servers = 3 * args.reps + (1 if parts["cpu calibration"] else 0)  # a calibration's each, 2 a repetition's
+    return (
+        f"planned: at most {_duration_text(sum(parts.values()))} of load ({shown}; less if a step ends a ramp: "
+        f"--stop-factor), besides {besides} and the starts of {servers} servers, a few seconds each"
+    )
+
+
 def parse_args(argv=None):
     from wok.bench.arrivals import parse_arrivals, parse_steps
 
@@ -1217,6 +1232,7 @@ def main(argv=None) -> int:
                 return 1
         sys.stdout.write(markdown(doc))
         return 0
+    say(planned_text(args))
     t0 = time.monotonic()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     loadavg_start = os.getloadavg()

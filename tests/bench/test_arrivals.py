@@ -747,3 +747,37 @@ def test_a_trace_header_name_with_white_space_other_than_spaces_is_refused_namin
     )
     trace.write_text(" timestamp\t, size \n0,1\n1,2\n")
     assert load_trace(trace).sizes.tolist() == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("header", "column", "shown", "got"),
+    [
+        ("timestamp,size\u200b", 2, "size\\u200b", "U+200B ZERO WIDTH SPACE (category Cf)"),
+        ("timestamp\u2060,size", 1, "timestamp\\u2060", "U+2060 WORD JOINER (category Cf)"),
+        ("timestamp,\ufeffsize", 2, "\\ufeffsize", "U+FEFF ZERO WIDTH NO-BREAK SPACE (category Cf)"),
+        ("timestamp,note,si\x07ze", 3, "si\\x07ze", "U+0007 (category Cc)"),
+    ],
+    ids=["zero-width-space", "word-joiner", "inner-bom", "control"],
+)
+def test_a_trace_header_name_with_a_character_not_printable_is_refused_naming_column_and_code_point(
+    tmp_path, header, column, shown, got
+):
+    """'size\\u200b' is no white space, so neither trimmed nor refused: shown as 'size', it was another column, and
+    the trace's sizes were dropped without a word ('timestamp\\u2060' was refused as missing, its column unnamed)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(f"{header}\n0,1,2\n1,2,3\n", encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        load_trace(trace)
+    expected = f"{trace}: CSV header column {column}, '{shown}': expected printable characters alone, got {got}"
+    assert str(e.value) == expected
+
+
+def test_a_trace_header_name_is_matched_exactly_case_included_as_docs_bench_md_says(tmp_path):
+    """docs/bench.md: names are trimmed of spaces and tabs alone, then matched exactly, case included, in any
+    order; a column of another name (`Size` among them) is ignored."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("note,Size,\t timestamp \n" + "x,7,0\nx,8,1\n")
+    assert load_trace(trace).sizes is None
+    trace.write_text("Timestamp,size\n0,1\n")
+    with pytest.raises(ValueError, match="CSV header must have a 'timestamp' column; got 'Timestamp', 'size'"):
+        load_trace(trace)

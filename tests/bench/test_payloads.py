@@ -335,16 +335,31 @@ def test_numbers_in_digits_other_than_ascii_are_refused(parse, spec, refusal):
         parse(spec)
 
 
-def test_an_empirical_size_column_named_with_other_white_space_is_refused_naming_it(tmp_path):
+@pytest.mark.parametrize(
+    ("header", "refusal"),
+    [
+        (
+            "size\xa0",
+            "column 'size\\xa0': expected 'size', with no white space around it but spaces, tabs and line ends",
+        ),
+        (
+            "n,size\u200b",
+            "column 2, 'size\\u200b': expected printable characters alone, got U+200B ZERO WIDTH SPACE (category Cf)",
+        ),
+    ],
+    ids=["other-white-space", "not-printable"],
+)
+def test_an_empirical_size_column_named_with_other_white_space_or_not_printable_is_refused_naming_it(
+    tmp_path, header, refusal
+):
     """str.strip() read the header 'size\\xa0' as 'size' unseen, where the sizes themselves trim ASCII white space
-    alone; now, as a trace's header, it is refused naming the column. Spaces and tabs around it are still taken."""
+    alone; now, as a trace's header, it is refused naming the column. 'size\\u200b', no white space, shows as
+    'size': the file was refused as having no 'size' column, the column it has not named. Spaces and tabs around
+    a name are still taken."""
     sizes = tmp_path / "sizes.csv"
-    sizes.write_text("size\xa0\n3\n4\n", encoding="utf-8")
+    sizes.write_text(f"{header}\n3\n4\n", encoding="utf-8")
     with pytest.raises(ValueError) as e:
         parse_sizes(f"empirical:{sizes}")
-    assert str(e.value) == (
-        f"sizes 'empirical:{sizes}': {sizes}: CSV header column 'size\\xa0': expected 'size', with no white space "
-        "around it but spaces, tabs and line ends"
-    )
+    assert str(e.value) == f"sizes 'empirical:{sizes}': {sizes}: CSV header {refusal}"
     sizes.write_text(" size\t\n3\n4\n")
     assert sorted(set(parse_sizes(f"empirical:{sizes}").values.tolist())) == [3, 4]

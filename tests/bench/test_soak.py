@@ -317,6 +317,8 @@ def test_a_signal_as_the_capacity_ramps_last_step_waits_for_its_end_starts_no_so
     err = _interrupt_at(proc, "step 1/1: every answer is in")
     assert proc.returncode == 0, err[-3000:]
     assert "\nsoak: " not in err and "soak not started: KeyboardInterrupt: SIGINT" in err, err[-3000:]
+    # One line for the one signal: the ramp's own "... after the last step: the steps run are the result" came too.
+    assert [line for line in err.splitlines() if "SIGINT" in line] == ["soak not started: KeyboardInterrupt: SIGINT"]
     result = json.loads(out.read_text())
     assert result["soak"] is None and [(s["nominal_qps"], s["ok"]) for s in result["steps"]] == [(0.5, 1)]
     assert result["max_qps_under_slo"] == result["steps"][0]["offered_qps"]
@@ -347,6 +349,9 @@ def test_a_signal_as_the_soak_waits_for_its_end_cuts_it_there(soak_server, tmp_p
     assert result["warnings"].count(reason) == 1
     soak = result["soak"]
     cut = soak["cut"]
+    # One line for the cut: the base ramp's "... after the last step: the steps run are the result" came first.
+    said = [line for line in err.splitlines() if "SIGINT" in line]
+    assert said == [f"{reason}; the soak's {cut['at_s']:g} s measured are kept"], err[-3000:]
     # Nothing was in flight or sent after it: the cut leaves only the RSS watch's end out.
     assert (cut["in_flight"], cut["sent_after"], cut["workers_lost"]) == (0, 0, 0)
     assert 0 < cut["at_s"] < 4.0 and soak["requests"] == {"sent": 2, "ok": 2, "errors": 0}

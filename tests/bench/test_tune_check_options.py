@@ -317,3 +317,31 @@ def test_help_gives_every_option_a_help_with_its_default_and_the_runs_length():
         "overhead calibrations": 3 * (1 + 6),
         "validation": 3 * 2 * 2 * (1 + 2),
     }
+
+
+@pytest.mark.parametrize(
+    ("extra", "planned"),
+    [
+        (
+            ["--no-cpu-stage"],
+            "planned: at most 19 s of load (7 s of overhead calibrations, 12 s of validation; less if a step ends a "
+            "ramp: --stop-factor), besides the in-process profile, the search and the starts of 3 servers, a few "
+            "seconds each",
+        ),
+        (
+            ["--cpu-steps", "300,600"],
+            "planned: at most 29 s of load (10 s of CPU calibration, 7 s of overhead calibrations, 12 s of "
+            "validation; less if a step ends a ramp: --stop-factor), besides the in-process profile, the search and "
+            "the starts of 4 servers, a few seconds each",
+        ),
+    ],
+    ids=["no-cpu-stage", "cpu-stage"],
+)
+def test_a_run_says_how_long_it_will_take_as_it_starts(tmp_path, measured, capsys, extra, planned):
+    """--help alone said it, from the defaults: a run of other options said nothing of its length but each
+    stage's start, minutes apart."""
+    argv = _argv(tmp_path, *extra, "--steps", "100,200", "--step-duration", "2s", "--sim-duration", TOO_LONG)
+    assert _main(argv) == 2  # stopped at the search's check, after the profile: the plan was said before it
+    first, second = capsys.readouterr().err.splitlines()[:2]
+    assert first.endswith(f"] {planned}"), first
+    assert "profiling mlp in-process" in second
