@@ -33,7 +33,8 @@ import torch
 from wok.bench.analysis import latency_summary
 from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
 from wok.config import InstanceConfig, check_device
-from wok.executor import Executor
+from wok.errors import ModelExecutionError
+from wok.executor import Executor, resolve_devices
 from wok.models import build_demo
 
 # Overlap can only show when a batch's compute outlasts the host's work on the next one
@@ -47,21 +48,19 @@ MIN_BATCHES = 2
 OVERLAP_MODEL = dict(in_features=8192, hidden=8192, out_features=256, layers=4, max_batch_size=1024)
 
 
-def resolve_device(spec: str, cuda_available: bool) -> str:
-    """The device `spec` (a `check_device` form) names, as the server resolves it (`wok.executor.resolve_devices`):
-    `auto` is cuda:0 where CUDA is present, else the CPU; a bare `cuda` is cuda:0. The report's device, its
-    CUDA-only checks and the executor's device then agree: `auto` was reported and checked as the CPU while the
-    executor ran it on the GPU."""
-    if spec == "auto":
-        return "cuda:0" if cuda_available else "cpu"
-    return "cuda:0" if spec == "cuda" else spec
-
-
-def cuda_index(device: str) -> int | None:
-    """The CUDA index of a resolved device (`resolve_device`), None for the CPU: the GPU whose name the report
-    gives (cuda:1 reported GPU 0's)."""
-    head, _, index = device.partition(":")
-    return int(index) if head == "cuda" else None
+def resolve_device(spec: str) -> torch.device:
+    """The device `spec` (a `check_device` form) names, as the server resolves it (`wok.executor.resolve_devices`,
+    called here: `auto` was reported and checked as the CPU while the executor ran it on the GPU, and cuda:1 reported
+    GPU 0's name). Raises ValueError, in this script's words, for a device this machine does not have."""
+    try:
+        return resolve_devices([spec])[0]
+    except ModelExecutionError as exc:
+        if not torch.cuda.is_available():
+            raise ValueError(f"no CUDA device; run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)") from exc
+        count = torch.cuda.device_count()
+        raise ValueError(
+            f"--device {spec}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+        ) from exc
 
 
 def drive(executor: Executor, batches: list[list[dict]], depth: int) -> tuple[float, list]:
@@ -170,17 +169,13 @@ def main(argv=None) -> int:
     except ValueError as exc:
         ap.error(f"--device: {exc}")
     refuse_unwritable(ap, args, "--json")
-    args.device = resolve_device(args.device, torch.cuda.is_available())
-    index = cuda_index(args.device)
-    if index is not None and not torch.cuda.is_available():
-        print(f"gpu_check: no CUDA device; run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)", file=sys.stderr)
+    try:
+        device = resolve_device(args.device)  # else the executor's refusal, a traceback, once the model is built
+    except ValueError as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
         return 2
-    if index is not None and index >= torch.cuda.device_count():
-        # Else the executor's refusal, a traceback, once the model is built.
-        count = torch.cuda.device_count()
-        print(f"gpu_check: --device {args.device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}",
-              file=sys.stderr)  # fmt: skip
-        return 2
+    args.device = str(device)
+    index = device.index if device.type == "cuda" else None
 
     model = {**OVERLAP_MODEL, "hidden": args.hidden, "layers": args.layers}
     s = build_demo("mlp", **model)
@@ -210,6 +205,7 @@ def main(argv=None) -> int:
     report = {
         "schema": "wok.gpu_check/2",
         "device": "cpu" if index is None else torch.cuda.get_device_name(index),
+        "device_index": index,
         "torch": torch.__version__,
         "overlap_model": model,
         "rows_per_batch": args.rows,

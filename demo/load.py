@@ -19,7 +19,7 @@ import numpy as np
 
 from ..bench.arrivals import Poisson
 from ..errors import quoted_name
-from ..faults import shown
+from ..faults import check_number, shown
 
 WINDOW_S = 0.05  # arrivals are drawn this far ahead; a rate change applies within it
 ROLLING_S = 2.0  # the page's throughput and percentiles cover the last this many seconds
@@ -90,9 +90,8 @@ class LoadControl:
 
 
 def check_rate(field: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_RATE:
-        raise ValueError(f"field '{field}': expected requests per second from 0 to {MAX_RATE:g}, got {shown(value)}")
-    return float(value) + 0.0  # -0.0 as 0.0, as the admin API's delays (faults.check_max_queue_delay_ms)
+    """`value` as a float of requests per second from 0 to MAX_RATE, else ValueError (AdminRequestError)."""
+    return check_number(field, value, 0, MAX_RATE, "requests per second")
 
 
 class Rolling:

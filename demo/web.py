@@ -68,7 +68,7 @@ from ..http import (
     cross_site_refusal,
     expect_refusal,
     header_field,
-    json_charset_refusal,
+    json_content_type_refusal,
     json_encoding_refusal,
     quoted,
     read_head,
@@ -440,12 +440,10 @@ class DemoWeb:
             if size:  # its bytes would be read as the next request
                 raise Refused(400, f"{method}: expected no body, got Content-Length {quoted(length)}")
             return path, None, close
-        ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if ctype != "application/json":
-            # A page of any site may POST text/plain or a form here without asking; JSON makes the
-            # browser ask first (a CORS preflight), which this server never grants.
-            raise Refused(415, f"Content-Type: expected application/json for a POST, got {quoted(ctype or 'none')}")
-        refusal = json_charset_refusal(headers["content-type"])
+        refusal = json_content_type_refusal(
+            headers.get("content-type", ""),
+            lambda got: f"Content-Type: expected application/json for a POST, got {quoted(got or 'none')}",
+        )
         if refusal is not None:
             raise Refused(415, refusal)
         if size > MAX_BODY:  # 413, as the metrics port refuses it (RFC 9110 15.5.14); it got 400

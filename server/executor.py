@@ -376,10 +376,10 @@ class Instance:
             host = s.assemble(inputs, samples, slot.inputs)
             self._size_threads(samples)
             t1 = time.perf_counter()
-            slow_s = self.fault.before_forward()  # an injected fault: raises, or a delay to add
+            slowed = self.fault.before_forward()  # an injected fault: raises, or says to pause after the forward
             try:
                 out = self._forward_cpu(host)
-                if slow_s:
+                if slowed:
                     self.fault.pause()
                 t2 = time.perf_counter()
                 per_request = self._split_cpu(out, rows, samples, slot)
@@ -595,7 +595,7 @@ class Instance:
         host = s.assemble(inputs, sum(rows), slot.inputs)
         assemble = time.perf_counter() - t0
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
-        slow_s = self.fault.before_forward()  # an injected fault: raises, or a delay to add
+        slowed = self.fault.before_forward()  # an injected fault: raises, or says to pause after the forward
         try:
             with torch.cuda.device(self.device):
                 with torch.cuda.stream(self.h2d_stream):
@@ -614,7 +614,7 @@ class Instance:
                     # a batch failing as it is launched is rerun in parts, as on the CPU, so that a
                     # model answering another row count for one request's values fails that one alone.
                     s.check_shapes({k: v.shape for k, v in out.items()}, sum(rows))
-                    if slow_s:  # after the forward, before its end event: counted in compute
+                    if slowed:  # after the forward, before its end event: counted in compute
                         self.compute_stream.synchronize()
                         self.fault.pause()
                     ev[3].record()

@@ -87,7 +87,7 @@ class InstanceFault:
         self._wake.set()
 
     def pause(self) -> None:
-        """The worker's sleep after a `slow` batch's forward (before_forward gave a delay above 0).
+        """The worker's sleep after a `slow` batch's forward (where before_forward said so).
 
         It lasts the delay of the fault in force, counted from the pause's start, so that turning
         the fault off or to `fail`, its expiry, or a shorter delay ends it early (a 60 s batch
@@ -122,18 +122,19 @@ class InstanceFault:
             return None
         return f
 
-    def before_forward(self) -> float:
-        """Called by the worker before a batch's forward: raises for `fail`; returns the seconds
-        to sleep after the forward for `slow` (0.0 when there is no fault)."""
+    def before_forward(self) -> bool:
+        """Called by the worker before a batch's forward: raises for `fail`; whether to `pause` after
+        the forward, true for a `slow` fault of a delay above 0. The pause reads the delay itself, as the
+        fault may change during the forward."""
         f = self._fault
         if f is None:
-            return 0.0
+            return False
         f = self.current()
         if f is None:
-            return 0.0
+            return False
         if f.mode == "fail":
             raise ModelExecutionError(f"model '{self.model}' instance {self.instance}: failing by fault injection")
-        return f.delay_ms / 1e3
+        return f.delay_ms > 0
 
     def describe(self, now: float | None = None) -> dict | None:
         f = self.current(now, forget=True)
@@ -195,11 +196,7 @@ def check_max_batch_size(v, limit: int) -> None:
 def check_max_queue_delay_ms(v) -> float:
     """`v` as a float if it is a number from 0 to MAX_QUEUE_DELAY_MS, the bound a model's config is
     held to, else AdminRequestError: the admin API and the demo's simulator refuse one in the same words."""
-    if not is_number(v) or not 0 <= v <= MAX_QUEUE_DELAY_MS:
-        raise AdminRequestError(
-            f"field 'max_queue_delay_ms': expected a number from 0 to {MAX_QUEUE_DELAY_MS}, got {shown(v)}"
-        )
-    return float(v) + 0.0  # -0.0 as 0.0, as -0 (an int) is 0: GET /admin/batching answered -0.0
+    return check_number("max_queue_delay_ms", v, 0, MAX_QUEUE_DELAY_MS)
 
 
 def shown(v) -> str:
@@ -231,11 +228,12 @@ def _bad(field: str, expected: str, got) -> AdminRequestError:
     return AdminRequestError(f"field {quoted_name(field)}: expected {expected}, got {shown(got)}")
 
 
-def _number(body: dict, field: str, lo: float, hi: float) -> float:
-    v = body[field]
+def check_number(field: str, v, lo: float, hi: float, what: str = "a number") -> float:
+    """`v` as a float if it is a number (`is_number`) from `lo` to `hi`, else AdminRequestError naming
+    `field` and `what` it expected: the admin API's numbers and the demo's rates."""
     if not is_number(v) or not lo <= v <= hi:
-        raise _bad(field, f"a number from {lo:g} to {hi:g}", v)
-    return float(v) + 0.0  # -0.0 as 0.0, as check_max_queue_delay_ms
+        raise _bad(field, f"{what} from {lo:g} to {hi:g}", v)
+    return float(v) + 0.0  # -0.0 as 0.0, as -0 (an int) is 0: GET /admin/batching answered -0.0
 
 
 def parse_fault_request(body, instances: dict[str, int]) -> FaultRequest:
@@ -260,14 +258,14 @@ def parse_fault_request(body, instances: dict[str, int]) -> FaultRequest:
     if mode == "slow":
         if "delay_ms" not in body:
             raise _bad("delay_ms", f"a number from 0 to {MAX_DELAY_MS:g} for mode 'slow'", None)
-        delay_ms = _number(body, "delay_ms", 0.0, MAX_DELAY_MS)
+        delay_ms = check_number("delay_ms", body["delay_ms"], 0.0, MAX_DELAY_MS)
     elif "delay_ms" in body:
         raise _bad("delay_ms", "no delay_ms except for mode 'slow'", body["delay_ms"])
     duration_s = None
     if body.get("duration_s") is not None:
         if mode == "off":
             raise _bad("duration_s", "no duration_s for mode 'off'", body["duration_s"])
-        duration_s = _number(body, "duration_s", MIN_DURATION_S, MAX_DURATION_S)
+        duration_s = check_number("duration_s", body["duration_s"], MIN_DURATION_S, MAX_DURATION_S)
     return FaultRequest(model, instance, mode, delay_ms, duration_s)
 
 

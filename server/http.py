@@ -715,14 +715,10 @@ class MetricsHTTPServer:
         if self._stopping:  # the drain is over: nothing left to change; the body is not read
             await self._refuse_stopping(writer, path)
             return False
-        ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if ctype != "application/json":
-            # A page on any site may POST text/plain or a form to loopback without asking; JSON
-            # makes a browser ask first (a CORS preflight, which this server refuses).
-            error = f"a POST body must be Content-Type application/json, got {quoted(ctype) if ctype else 'none'}"
-            await self._json(writer, 415, {"error": error}, close=True)
-            return False
-        error = json_charset_refusal(headers["content-type"])
+        error = json_content_type_refusal(
+            headers.get("content-type", ""),
+            lambda got: f"a POST body must be Content-Type application/json, got {quoted(got) if got else 'none'}",
+        )
         if error is not None:
             await self._json(writer, 415, {"error": error}, close=True)
             return False
@@ -1399,10 +1395,16 @@ def _local_name(host: str) -> bool:
     return True
 
 
-def json_charset_refusal(content_type: str) -> str | None:
-    """Why a POST whose Content-Type is `content_type` (application/json, checked by the caller) is
-    refused for its charset parameter, None if it has none or utf-8: JSON between systems is UTF-8
-    (RFC 8259 8.1), and `charset=utf-16` was ignored, its body read as whatever json.loads guessed."""
+def json_content_type_refusal(content_type: str, not_json: Callable[[str], str]) -> str | None:
+    """Why a POST whose Content-Type is `content_type` ("" when it has none) is refused (415), None for
+    application/json with no charset or utf-8: `not_json(media type)` (lowercased, "" for none) for another
+    media type, in its server's words. The admin API and the demo's page take JSON alone: a page on any site
+    may POST text/plain or a form to loopback without asking; JSON makes a browser ask first (a CORS
+    preflight, which neither server grants). JSON between systems is UTF-8 (RFC 8259 8.1), and
+    `charset=utf-16` was ignored, its body read as whatever json.loads guessed."""
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        return not_json(media_type)
     for param in split_unquoted(content_type, ";")[1:]:
         name, _, value = param.partition("=")
         if name.strip(" \t").lower() == "charset":

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+CPU_DRY_RUN = "--device cpu --hidden 512 --layers 1 --rows 64 --batches 10"
 
 
 def test_gpu_check_dry_run_on_cpu_writes_its_figures(tmp_path):
@@ -20,6 +21,7 @@ def test_gpu_check_dry_run_on_cpu_writes_its_figures(tmp_path):
     assert mod.main([*args, "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["schema"] == "wok.gpu_check/2"
+    assert report["device"] == "cpu" and report["device_index"] is None
     assert report["server"]["equal_to_cpu"] is True
     assert report["server"]["mean_batch_size"] > 1
     assert report["checks"]["pinned host buffers"] is None  # not applicable without CUDA
@@ -39,9 +41,8 @@ def test_without_cuda_the_hint_names_a_cpu_dry_run_that_takes_seconds(monkeypatc
 
     monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
     assert gpu_check.main(["--device", "cuda:0"]) == 2
-    small = "--device cpu --hidden 512 --layers 1 --rows 64 --batches 10"
-    assert small in capsys.readouterr().err
-    assert small in gpu_check.__doc__
+    assert CPU_DRY_RUN in capsys.readouterr().err
+    assert CPU_DRY_RUN in gpu_check.__doc__
 
 
 def test_stage_medians_are_nearest_rank():
@@ -71,23 +72,46 @@ def test_a_device_the_server_would_refuse_is_refused_before_the_model_is_built(d
 
 
 @pytest.mark.parametrize(
-    ("spec", "cuda_available", "device", "index"),
+    ("spec", "cuda_available", "device"),
     [
-        ("auto", True, "cuda:0", 0),  # was reported and checked as the CPU while the executor ran it on the GPU
-        ("auto", False, "cpu", None),
-        ("cuda", True, "cuda:0", 0),
-        ("cuda:1", True, "cuda:1", 1),  # its report named GPU 0
-        ("cuda:12", True, "cuda:12", 12),
-        ("cpu", True, "cpu", None),
+        ("auto", True, "cuda:0"),  # was reported and checked as the CPU while the executor ran it on the GPU
+        ("auto", False, "cpu"),
+        ("cuda", True, "cuda:0"),
+        ("cuda:1", True, "cuda:1"),  # its report named GPU 0
+        ("cpu", True, "cpu"),
+        ("cpu", False, "cpu"),
     ],
 )
-def test_the_device_reported_is_the_one_the_server_resolves(spec, cuda_available, device, index):
-    import torch
-
-    from wok.bench.gpu_check import cuda_index, resolve_device
+def test_the_device_reported_is_the_one_the_server_resolves(spec, cuda_available, device, monkeypatch):
+    # This machine's CUDA, as torch reports it, is what both readings consult: two devices, or none.
+    from wok.bench import gpu_check
     from wok.executor import resolve_devices
 
-    assert resolve_device(spec, cuda_available) == device
-    assert cuda_index(device) == index
-    if cuda_available == torch.cuda.is_available() and (index is None or index < torch.cuda.device_count()):
-        assert str(resolve_devices([spec])[0]) == device  # the server's own reading, where this machine has it
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: cuda_available)
+    monkeypatch.setattr(gpu_check.torch.cuda, "device_count", lambda: 2 if cuda_available else 0)
+    assert str(gpu_check.resolve_device(spec)) == device
+    assert gpu_check.resolve_device(spec) == resolve_devices([spec])[0]
+
+
+@pytest.mark.parametrize(
+    ("spec", "cuda_available", "message"),
+    [
+        ("cuda:0", False, f"no CUDA device; run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)"),
+        ("cuda", False, f"no CUDA device; run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)"),
+        ("cuda:2", True, "--device cuda:2: this machine has 2 CUDA device(s), cuda:0 to cuda:1"),
+        ("cuda:12", True, "--device cuda:12: this machine has 2 CUDA device(s), cuda:0 to cuda:1"),
+    ],
+)
+def test_a_device_this_machine_lacks_is_refused_in_the_scripts_words(
+    spec, cuda_available, message, monkeypatch, capsys
+):
+    # The executor refuses them too (resolve_devices), in its words, but only once the model is built.
+    from wok.bench import gpu_check
+
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: cuda_available)
+    monkeypatch.setattr(gpu_check.torch.cuda, "device_count", lambda: 2 if cuda_available else 0)
+    with pytest.raises(ValueError) as info:
+        gpu_check.resolve_device(spec)
+    assert str(info.value) == message
+    assert gpu_check.main(["--device", spec]) == 2
+    assert capsys.readouterr().err == f"gpu_check: {message}\n"

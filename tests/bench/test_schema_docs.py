@@ -19,6 +19,7 @@ SCRIPTS = {
     "ceiling": "wok.ceiling/1",
     "chaos": "wok.chaos/1",
     "cold_batch": "wok.cold_batch/1",
+    "gpu_check": "wok.gpu_check/2",
     "latency_breakdown": "wok.latency_breakdown/1",
     "linear_kernels": "wok.linear_kernels/1",
     "metrics_overhead": "wok.metrics_overhead/1",

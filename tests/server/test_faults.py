@@ -121,16 +121,18 @@ def test_gauge_has_every_instance_and_mode():
     ]
 
 
-def test_before_forward_raises_for_fail_and_returns_the_delay_for_slow():
+def test_before_forward_raises_for_fail_and_says_to_pause_for_slow():
     f = InstanceFault("mlp", 3)
-    assert f.before_forward() == 0.0
+    assert f.before_forward() is False
     f.set(Fault("slow", 25.0))
-    assert f.before_forward() == 0.025
+    assert f.before_forward() is True
+    f.set(Fault("slow", 0.0))  # nothing to pause for
+    assert f.before_forward() is False
     f.set(Fault("fail"))
     with pytest.raises(ModelExecutionError, match=r"^model 'mlp' instance 3: failing by fault injection$"):
         f.before_forward()
     f.set(Fault("fail", until=1.0, deadline=time.monotonic()))  # ended
-    assert f.before_forward() == 0.0 and f.current() is None
+    assert f.before_forward() is False and f.current() is None
 
 
 def _run(executor, rows=2):

@@ -11,7 +11,6 @@ threads sized per batch as the worker sizes them. Beside them, `export_checked`:
 The ways alternate within each round; medians (nearest-rank) in µs, and each way's ratio to python's.
 """
 
-import math
 import os
 import sys
 import tempfile
@@ -24,6 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `wok serve` sets it, b
 import torch
 from safetensors.torch import save_file
 
+from wok.bench.analysis import latency_summary
 from wok.config import load_model_config
 from wok.executor import Instance
 from wok.models.mlp import MLP, SEED
@@ -93,7 +93,7 @@ def main(root: Path) -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads at most; µs per forward, medians of {ROUNDS}")
     print(f"{'rows':>4} " + " ".join(f"{k:>22}" for k in ways))
     for rows in ROWS:
-        med = {k: sorted(samples[(k, rows)])[math.ceil(ROUNDS / 2) - 1] * 1e6 for k in ways}
+        med = {k: latency_summary(samples[(k, rows)])["p50"] * 1e6 for k in ways}
         print(f"{rows:>4} " + " ".join(f"{med[k]:9.1f} ({med[k] / med['python']:.2f} ×)".rjust(22) for k in ways))
 
 

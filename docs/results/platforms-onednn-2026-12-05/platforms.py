@@ -12,7 +12,6 @@ round: torch's own layers, wok's oneDNN view, the scripted module after torch.ji
 """
 
 import io
-import math
 import os
 import tempfile
 import time
@@ -22,6 +21,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `wok serve` sets it, b
 
 import torch
 
+from wok.bench.analysis import latency_summary
 from wok.cpulinear import with_onednn_linear
 from wok.models import build_demo
 
@@ -47,7 +47,7 @@ def loaded(plain: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 
 def median_us(samples: list[float]) -> float:
-    return sorted(samples)[math.ceil(len(samples) / 2) - 1] * 1e6
+    return latency_summary(samples)["p50"] * 1e6  # nearest-rank, as the bench's
 
 
 def main() -> None:
