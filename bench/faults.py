@@ -1049,30 +1049,30 @@ def _planned_start(fault: dict, section: dict) -> float:
     return parse_fault(fault["fault"]).at.seconds(section["planned_s"])
 
 
-def print_faults(result: dict, file=None) -> None:
-    """The fault table, and the timeline around the faults."""
-    from rich.table import Table
+FAULT_HEAD = ("fault", "start s", "end s", "P99 before", "during", "after", "lost", "errors during", "recovery s")
+TIMELINE_HEAD = ("t s", "sent", "ok", "errors", "lost", "P99 ms", "up", "window", "events")
 
-    section, console = section_console(result, "faults", file)
-    if section is None:
-        return
+
+def requests_summary(result: dict) -> tuple[str, str, str]:
+    """The line over the fault table in three parts, the middle one (the requests lost) the one to stress:
+    the text and the HTML report say the same."""
+    section = result["faults"]
     req = section["requests"]
     # The label tells the setting from its effect; results before `retries_requested` held the
     # setting in `retries`.
     requested = section.get("retries_requested", section.get("retries", True))
     unsent = f"({req['not_sent']} never sent, in no figure) " if req.get("not_sent") else ""
-    console.print(
-        f"requests: {req['sent']} sent, {req['ok']} ok, {req['errors']} errors, [bold]{req['lost']} lost[/bold] "
-        f"{unsent}({retries_label(requested, (result.get('config') or {}).get('rpc'))}, "
-        f"balancer {section.get('balancer') or 'grpc'}); "
-        "not OK by code: "
-        f"{section['errors_by_code'] or '-'}"
+    tail = (
+        f" {unsent}({retries_label(requested, (result.get('config') or {}).get('rpc'))}, "
+        f"balancer {section.get('balancer') or 'grpc'}); not OK by code: {section['errors_by_code'] or '-'}"
     )
-    table = Table(title=f"faults (SLO P99 {section['definitions']['slo_p99_ms']:g} ms)")
-    for head in ("fault", "start s", "end s", "P99 before", "during", "after", "lost", "errors during", "recovery s"):
-        table.add_column(head)
-    for f in section["faults"]:
-        table.add_row(
+    return f"requests: {req['sent']} sent, {req['ok']} ok, {req['errors']} errors, ", f"{req['lost']} lost", tail
+
+
+def fault_rows(section: dict) -> list[list[str]]:
+    """The fault table's rows (FAULT_HEAD), one per fault."""
+    return [
+        [
             f["fault"],
             fmt(f.get("start_s")),
             fmt(f.get("end_s")),
@@ -1082,15 +1082,27 @@ def print_faults(result: dict, file=None) -> None:
             str(f.get("lost_during", "-")),
             ", ".join(f"{k} {v}" for k, v in f.get("errors_during", {}).items()) or "-",
             "never" if f.get("start_s") is not None and f.get("recovery_s") is None else fmt(f.get("recovery_s")),
-        )
-    console.print(table)
-    for f, problem in zip(section["faults"], not_in_effect(section)):
-        if problem is not None:
-            console.print(f"[bold]fault {quoted_name(f['fault'])} {problem}[/bold]", markup=True, highlight=False)
+        ]
+        for f in section["faults"]
+    ]
+
+
+def problem_lines(section: dict) -> list[str]:
+    """A line per fault that did not run as asked (`not_in_effect`), as the result's warnings word it."""
+    return [
+        f"fault {quoted_name(f['fault'])} {problem}"
+        for f, problem in zip(section["faults"], not_in_effect(section))
+        if problem is not None
+    ]
+
+
+def timeline_rows(section: dict) -> list[list[str]]:
+    """The timeline's rows (TIMELINE_HEAD) around the faults: its windows from 2 s before the first
+    start to 3 s after the last recovery or end; none when no fault took effect."""
     tl = section["timeline"]
     starts = [f["start_s"] for f in section["faults"] if f.get("start_s") is not None]
     if not starts:
-        return
+        return []
     stops = [
         (f["start_s"] + (f["recovery_s"] or 0.0), f.get("end_s") or f["start_s"])
         for f in section["faults"]
@@ -1101,14 +1113,9 @@ def print_faults(result: dict, file=None) -> None:
     w = section["definitions"]["window_s"]
     for e in section["events"]:
         events.setdefault(int(e["t_s"] // w), []).append(f"{e['action']} r{e.get('replica', '')}")
-    table = Table(title="timeline (by send time)")
-    for head in ("t s", "sent", "ok", "errors", "lost", "P99 ms", "up", "window", "events"):
-        table.add_column(head)
     up = tl.get("replicas_up")
-    for k, t in enumerate(tl["t_s"]):
-        if not lo <= t <= hi:
-            continue
-        table.add_row(
+    return [
+        [
             f"{t:.1f}",
             str(tl["sent"][k]),
             str(tl["ok"][k]),
@@ -1118,7 +1125,37 @@ def print_faults(result: dict, file=None) -> None:
             "-" if up is None else str(up[k]),
             "bad" if tl["good"][k] is False else "",
             ", ".join(events.get(k, [])),
-        )
+        ]
+        for k, t in enumerate(tl["t_s"])
+        if lo <= t <= hi
+    ]
+
+
+def print_faults(result: dict, file=None) -> None:
+    """The fault table, and the timeline around the faults."""
+    from rich.table import Table
+
+    section, console = section_console(result, "faults", file)
+    if section is None:
+        return
+    head, lost, tail = requests_summary(result)
+    console.print(f"{head}[bold]{lost}[/bold]{tail}")
+    table = Table(title=f"faults (SLO P99 {section['definitions']['slo_p99_ms']:g} ms)")
+    for name in FAULT_HEAD:
+        table.add_column(name)
+    for row in fault_rows(section):
+        table.add_row(*row)
+    console.print(table)
+    for line in problem_lines(section):
+        console.print(f"[bold]{line}[/bold]", markup=True, highlight=False)
+    rows = timeline_rows(section)
+    if not rows:
+        return
+    table = Table(title="timeline (by send time)")
+    for name in TIMELINE_HEAD:
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
 
 

@@ -744,6 +744,10 @@ table.config td { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font
 h3 { font-size: 15px; margin: 22px 0 8px; }
 .verdict-note { color: var(--muted); margin: 10px 0 0; }
 table.soak-drift, table.soak-windows { font-size: 12.5px; margin: 8px 0; }
+table.faults, table.fault-windows, table.replicas { font-size: 12.5px; margin: 8px 0; }
+table.faults tr > :first-child { text-align: left; }
+table.faults td:first-child { font-family: ui-monospace, "DejaVu Sans Mono", monospace; }
+p.problem { color: var(--fail); font-weight: 600; }
 """
 
 
@@ -898,6 +902,83 @@ def _soak_html(result: dict) -> str:
     return "".join(out)
 
 
+def _table(cls: str, head: Sequence[str], rows: Sequence[Sequence[str]], wrap: str = "wrap") -> str:
+    out = [f'<div class="{wrap}"><table class="{cls}"><thead><tr>']
+    out += [f"<th>{_e(h)}</th>" for h in head]
+    out.append("</tr></thead><tbody>")
+    out += ["<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows]
+    out.append("</tbody></table></div>")
+    return "".join(out)
+
+
+BALANCER_COUNTS = ("attempts", "ok", "failures", "slow", "hedges", "retries", "ejections")
+
+
+def _replicas_html(result: dict) -> str:
+    """Each replica's answers, by the wok balancer's counters (`balancer`), beside what the bench
+    started (`faults.replicas`: how many processes it took); nothing with neither."""
+    balancer = result.get("balancer") or {}
+    started = (result.get("faults") or {}).get("replicas") or []
+    if not balancer and not started:
+        return ""
+    out = ["<h3>Replicas</h3>"]
+    if balancer:
+        hedge = balancer.get("hedge_after_ms")
+        hedge_text = "-" if not hedge else ", ".join(f"{_num(h):.3g}" for h in hedge)
+        totals = ", ".join(
+            f"{balancer.get(k, 0)} {k.replace('_', ' ')}"
+            for k in ("calls", "ok", "attempts", "hedges", "retries", "budget_refusals", "ejections")
+        )
+        line = f"wok balancer, over the workers and the whole run: {totals}; hedge after (per worker) {hedge_text} ms."
+        out.append(f"<p>{_e(line)}</p>")
+    # The bench's replicas by the address they serve on; the balancer's, by the one it called.
+    counted = {r.get("target"): r for r in balancer.get("replicas") or []}
+    keys = BALANCER_COUNTS if balancer else ()
+    rows = []
+    for r in started:
+        c = counted.pop(r.get("target"), None) or {}
+        rows.append([str(r.get("replica", "-")), str(r.get("target", "-")), str(len(r.get("pids") or []) or "-")]
+                    + [str(c.get(k, "-")) for k in keys])  # fmt: skip
+    for target, c in counted.items():  # a replica the bench did not start (--target a,b with --admin-url)
+        rows.append(["-", str(target), "-"] + [str(c.get(k, "-")) for k in keys])
+    out.append(_table("replicas", ["replica", "target", "processes (1 + restarts)", *keys], rows))
+    if not balancer:
+        out.append(
+            '<p class="meta">No balancer counters in this result: round robin (grpc) counts nothing per replica.</p>'
+        )
+    return "".join(out)
+
+
+def _faults_html(result: dict) -> str:
+    """A fault run's section (docs/reliability.md): what the text prints after the steps (the
+    requests, the fault table, the timeline around the faults), faults.png, and each replica's answers."""
+    section = result.get("faults")
+    if not section:
+        return ""
+    from .faults import FAULT_HEAD, TIMELINE_HEAD, fault_rows, problem_lines, requests_summary, timeline_rows
+
+    head, lost, tail = requests_summary(result)
+    out = ["<h2>Faults</h2>", f"<p>{_e(head)}<strong>{_e(lost)}</strong>{_e(tail)}</p>"]
+    out.append(f"<h3>Faults (SLO P99 {_e(format(section['definitions']['slo_p99_ms'], 'g'))} ms)</h3>")
+    out.append(_table("faults", FAULT_HEAD, fault_rows(section)))
+    out += [f'<p class="problem">{_e(line)}</p>' for line in problem_lines(section)]
+    w = section["definitions"]["window_s"]
+    out.append(
+        _img(
+            fault_timeline_figure(result),
+            "Requests per second, P99 and replicas up per window, with each fault's events",
+            f"Per {w:g} s window of send time, every request of the ramp (warm-ups included): what faults.png "
+            "draws. Dash-dot lines are the faults' events, solid ones where each recovered below the SLO.",
+        )
+    )
+    rows = timeline_rows(section)
+    if rows:
+        out.append(f"<h3>Timeline around the faults ({w:g} s windows, by send time)</h3>")
+        out.append(_table("fault-windows", TIMELINE_HEAD, rows, wrap="wrap tall"))
+    out.append(_replicas_html(result))
+    return "".join(out)
+
+
 def _config_table(result: dict) -> str:
     rows = [("schema", result.get("schema")), ("created", result.get("created"))]
     rows += list((result.get("config") or {}).items())
@@ -1000,7 +1081,7 @@ def render_html(result: dict, *, title: str | None = None) -> str:
 {"".join(figures)}
 <h2>Steps</h2>
 {_steps_table(result)}
-{_soak_html(result)}
+{_faults_html(result)}{_soak_html(result)}
 <h2>Configuration</h2>
 {_config_table(result)}
 </main>
@@ -1010,7 +1091,8 @@ def render_html(result: dict, *, title: str | None = None) -> str:
 
 
 def write_html(result: dict, path, *, title: str | None = None) -> None:
-    """One self-contained HTML file: verdicts, warnings, the plots inline, the step table, a soak's, the config."""
+    """One self-contained HTML file: verdicts, warnings, the plots inline, the step table, a fault run's and a
+    soak's sections, the config."""
     # backslashreplace: the same escape as _e, for a lone surrogate in any text that did not pass through it.
     Path(path).write_text(render_html(result, title=title), encoding="utf-8", errors="backslashreplace")
 

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from wok.bench import faults as bench_faults
+from wok.bench import report
 from wok.bench.faults import (
     EXPIRY_MARGIN_S,
     Action,
@@ -467,15 +468,22 @@ def test_ramp_with_server_faults_counts_errors_not_losses(admin_server, tmp_path
     cmd = [sys.executable, "-m", "wok", "bench", "ramp", "--target", server.target, "--metrics-url", "none"]
     cmd += ["--steps", "50", "--step-duration", "3s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
     cmd += ["--admin-url", server.http_url(), "--fault", "slow:model=mlp,delay=60ms,at=10%,until=40%"]
-    cmd += ["--fault", "fail:model=mlp,at=60%,until=80%"]
+    cmd += ["--fault", "fail:model=mlp,at=60%,until=80%", "--html", str(tmp_path / "r.html")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    faults = json.loads(out.read_text())["faults"]
+    result = json.loads(out.read_text())
+    faults = result["faults"]
     slow, fail = faults["faults"]
     assert slow["p99_during_ms"] >= 60 and slow["errors_during"] == {}
     assert fail["errors_during"].get("INTERNAL", 0) > 10 and fail["lost_during"] == 0
     assert faults["requests"]["lost"] == 0 and faults["errors_by_code"] == {"INTERNAL": faults["requests"]["errors"]}
     assert [e["action"] for e in faults["events"]] == ["slow", "off", "fail", "off"]
+    # --html draws the fault section of the JSON (tests/bench/test_report.py reads it figure by figure).
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert page == report.render_html(result)
+    section = page[page.index("<h2>Faults</h2>") : page.index("<h2>Configuration</h2>")]
+    assert f"{faults['requests']['errors']} errors, <strong>0 lost</strong>" in section
+    assert "<td>slow:model=mlp,delay=60ms,at=10%,until=40%</td>" in section and "<td>fail r0</td>" in section
 
 
 # -- the command line ---------------------------------------------------------------------

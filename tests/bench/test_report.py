@@ -798,6 +798,88 @@ def test_html_of_a_soak_with_a_given_capacity_or_no_rss():
     assert "<h2>Soak</h2>" not in report.render_html({**doc, "soak": None})
 
 
+FAULT_RUN = ROOT / "docs" / "results" / "faults-server-wok-2026-11-29.json"  # slow, then fail; 3 replicas, wok
+
+
+def _cells(table: str) -> list[list[str]]:
+    """Each body row's cells of one HTML table."""
+    return [re.findall(r"<td>([^<]*)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table) if "<td>" in row]
+
+
+def _html_table(text: str, cls: str) -> str:
+    start = text.index(f'<table class="{cls}">')
+    return text[start : text.index("</table>", start)]
+
+
+def test_html_of_a_fault_run_has_the_fault_section_the_table_and_faults_png_show(html, result):
+    """The HTML report drew no fault section (docs/reliability.md, "What is not covered"): a fault run's page had
+    its steps and nothing of the faults the text table, the JSON and faults.png hold."""
+    doc = report.read_json_object(FAULT_RUN)
+    text = report.render_html(doc)
+    faults = text[text.index("<h2>Faults</h2>") : text.index("<h2>Configuration</h2>")]
+    assert text.index("<h2>Steps</h2>") < text.index("<h2>Faults</h2>")
+    assert (
+        "<p>requests: 13268 sent, 13238 ok, 30 errors, <strong>0 lost</strong> (retries on, balancer wok); "
+        "not OK by code: {&#x27;INTERNAL&#x27;: 30}</p>"
+    ) in faults
+    assert "<h3>Faults (SLO P99 100 ms)</h3>" in faults
+    assert _cells(_html_table(faults, "faults")) == [
+        ["slow:model=mlp,replica=0,delay=50ms,at=20%,until=40%", "8.8", "17.6", "9.6", "26.3", "10.1", "0", "-",
+         "never"],
+        ["fail:model=mlp,replica=2,at=60%,until=80%", "26.4", "35.2", "9.7", "10.1", "10.5", "0", "INTERNAL 30", "6.6"],
+    ]  # fmt: skip
+    # faults.png, as --plot writes it, inline: the page's fourth image.
+    (png,) = _PNG_DATA.findall(faults)
+    assert base64.b64decode(png) == report._png(report.fault_timeline_figure(doc))
+    assert len(_PNG_DATA.findall(text)) == 4
+    # The windows around the faults, 2 s before the first start to 3 s past the last end (35.2 s).
+    windows = _cells(_html_table(faults, "fault-windows"))
+    assert [w[0] for w in (windows[0], windows[-1])] == ["7.0", "38.0"] and len(windows) == 63
+    by_t = {w[0]: w for w in windows}
+    assert by_t["8.5"][-1] == "slow r0" and by_t["17.5"][-1] == "off r0"
+    assert by_t["26.0"] == ["26.0", "197", "191", "6", "0", "10.5", "3", "bad", "fail r2"]
+    assert by_t["27.0"] == ["27.0", "227", "227", "0", "0", "10.1", "3", "", ""]
+    # Each replica's answers, by the balancer's counters.
+    totals = "13268 calls, 13238 ok, 13299 attempts, 31 hedges, 0 retries, 0 budget refusals, 12 ejections"
+    assert f"{totals}; hedge after (per worker) 20, 20 ms." in faults
+    assert _cells(_html_table(faults, "replicas")) == [
+        ["0", "127.0.0.1:46619", "1", "4403", "4372", "0", "31", "0", "0", "6"],
+        ["1", "127.0.0.1:44353", "1", "5717", "5717", "0", "0", "18", "0", "0"],
+        ["2", "127.0.0.1:38279", "1", "3179", "3149", "30", "0", "13", "0", "6"],
+    ]
+    # The text says the same.
+    from wok.bench.faults import print_faults
+
+    out = io.StringIO()
+    print_faults(doc, out)
+    printed = " ".join(out.getvalue().split())
+    assert "requests: 13268 sent, 13238 ok, 30 errors, 0 lost (retries on, balancer wok)" in printed
+    assert "INTERNAL 30" in printed and "fail r2" in printed
+    # A run without faults has no such section, nor for the balancer's counters alone (a ramp over several
+    # targets): they go with the faults.
+    assert "<h2>Faults</h2>" not in html and "Replicas" not in html
+    assert "<h2>Faults</h2>" not in report.render_html({**result, "balancer": doc["balancer"], "faults": None})
+
+
+def test_html_of_a_fault_run_names_a_fault_that_did_not_run_and_a_replica_restarted_behind_round_robin():
+    doc = report.read_json_object(ROOT / "docs" / "results" / "faults-kill-grpc-2026-11-29.json")
+    text = report.render_html(doc)
+    faults = text[text.index("<h2>Faults</h2>") : text.index("<h2>Configuration</h2>")]
+    # A kill and its restart: replica 1 ran as two processes; round robin counted nothing per replica.
+    rows = _cells(_html_table(faults, "replicas"))
+    assert [r[0] for r in rows] == ["0", "1", "2"] and [r[2] for r in rows] == ["1", "2", "1"]
+    assert all(len(r) == 3 for r in rows) and "round robin (grpc) counts nothing per replica" in faults
+    # A fault that never took effect: named in red under the table, no recovery, and no windows to show.
+    doc["faults"]["faults"][0].update(start_s=None, end_s=None, recovery_s=None)
+    faults = report.render_html(doc).split("<h2>Faults</h2>")[1]
+    assert (
+        '<p class="problem">fault &#x27;kill:replica=1,at=30%,restart=60%&#x27; did not take effect: '
+        "the ramp ended before its time</p>"
+    ) in faults
+    assert _cells(_html_table(faults, "faults"))[0][1:3] == ["-", "-"]
+    assert "fault-windows" not in faults
+
+
 def _verdict_step(offered: float, p99: float, success: float = 1.0) -> dict:
     """A step with just the figures the table and the verdicts read."""
     lat = dict.fromkeys(LATENCY_KEYS, p99 / 2)
