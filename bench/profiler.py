@@ -51,8 +51,8 @@ from .analysis import latency_summary
 from .analysis import ms_text as _ms
 from .payloads import DEFAULT_INT_HIGH, PayloadGenerator, TensorSpec, parse_sizes, support_of
 from .roofline import Roofline
+from .tune import KEYED_FIT_ON, fit_medians
 from .tune import fit_linear as fit_linear_tuple
-from .tune import fit_medians
 
 SCHEMA = "wok.profile/1"
 COMPUTE_BOUND = 10.0  # FLOP/byte above which a batch is compute-bound
@@ -67,8 +67,6 @@ COUNTED_BATCHES = 8
 # draw in 193, took 5,900 draws to hold 32 requests). FILL_CHUNK: the draws made at once.
 FILL_DRAWS = 1 << 16
 FILL_CHUNK = 256
-# What the fit is on when some size timed batches of several keys (`fit_medians`).
-KEYED_FIT_ON = "per-size medians of each batching key, weighted by its share of the batches"
 # The executor's stages (wok.executor.StageTimes); on the CPU h2d is 0 and d2h is the split.
 STAGES = ("assemble", "h2d", "compute", "d2h")
 
@@ -631,8 +629,7 @@ def profile(
     # The fit `wok tune` makes of a profile's raw times too (tune_check's in-process profile): one α, β; with
     # several keys on each key's median, weighted by its share of the batches (`fit_medians`).
     keys = {n: [pool.key_of(b) for b in times[n]["requests"]] for n in sizes}
-    keyed = any(len(set(k)) > 1 for k in keys.values())
-    by_size, (alpha, beta, r2) = fit_medians({n: times[n]["batch"] for n in sizes}, keys)
+    by_size, (alpha, beta, r2), fit_on = fit_medians({n: times[n]["batch"] for n in sizes}, keys)
     fit = Fit(alpha, beta, r2)
     batches = []
     uncounted: set[str] = set()
@@ -663,6 +660,7 @@ def profile(
                 "fitted_on_s": by_size[n],
                 "fit_s": fit.time_s(n),
                 "throughput_qps": n / median,
+                "fitted_on_throughput_qps": n / by_size[n],
                 "fit_throughput_qps": fit.throughput(n),
                 "stages_median_s": {k: _median(times[n][k]) for k in STAGES},
                 "flops": work.flops,
@@ -708,7 +706,7 @@ def profile(
             "alpha_s": fit.alpha_s,
             "beta_s": fit.beta_s,
             "r2": fit.r2,
-            "on": KEYED_FIT_ON if keyed else "per-size medians",
+            "on": fit_on,
             "ceiling_qps": fit.ceiling,
         },
         "counting": {
@@ -749,17 +747,23 @@ def _pct(x: float | None) -> str:
 
 
 def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["batch", "median ms", "p99 ms", "fit ms", "QPS", "fit QPS", "forward ms", "predicted ms", "attained"]
-    head += ["FLOP/inf", "bytes/batch", "I FLOP/B", "class", "roof"]
+    """With several batching keys the fit is not on the median of a size's batches but on `fitted_on_s`: the
+    table shows it beside the fit, and QPS is n over it (with one key the two are the median)."""
+    keyed = result["fit"]["on"] == KEYED_FIT_ON
+    head = ["batch", "median ms", "p99 ms", *(["fitted on ms"] if keyed else []), "fit ms", "QPS", "fit QPS"]
+    head += ["forward ms", "predicted ms", "attained", "FLOP/inf", "bytes/batch", "I FLOP/B", "class", "roof"]
     rows = []
     for b in result["batches"]:
+        # Files written before fitted_on_s were fitted on median_s (and keyed files were written with it).
+        point = b["fitted_on_s"] if keyed else b["median_s"]
         rows.append(
             [
                 str(b["batch_size"]),
                 _ms(b["median_s"]),
                 _ms(b["p99_s"]),
+                *([_ms(point)] if keyed else []),
                 _ms(b["fit_s"]),
-                f"{b['throughput_qps']:.0f}",
+                f"{b['batch_size'] / point:.0f}",
                 "-" if not math.isfinite(b["fit_throughput_qps"]) else f"{b['fit_throughput_qps']:.0f}",
                 _ms(b["stages_median_s"]["compute"]),
                 _ms(b["predicted_s"]),
@@ -794,6 +798,12 @@ def summary_lines(result: dict) -> list[str]:
         "I lies between it and a threshold",
         "attained = predicted / measured forward time",
     ]
+    if f["on"] == KEYED_FIT_ON:
+        lines.append(
+            "fitted on ms: each batching key's median weighted by its share of the batches of n, the point the fit "
+            "is on and QPS is n over; median ms and p99 ms are of all the batches of n together (their median is "
+            "one key's time, not the mean an instance's busy time counts)"
+        )
     if f["alpha_s"] < 0:
         # As `wok plan` and `wok tune` say when they take such an α as 0. With α < 0 every n/(α + β·n)
         # is above 1/β: the "ceiling" is then exceeded by the fit at every size.
@@ -872,6 +882,9 @@ def profile_figure(result: dict):
     med = np.array([b["median_s"] for b in bs]) * 1e3
     p99 = np.array([b["p99_s"] for b in bs]) * 1e3
     curve.plot(n, med, "o", color="#4c72b0", label="median batch time")
+    if f["on"] == KEYED_FIT_ON:
+        fitted = np.array([b["fitted_on_s"] for b in bs]) * 1e3
+        curve.plot(n, fitted, "s", color="#55a868", label="fitted on: keys' medians by their share")
     curve.plot(n, p99, "v", color="#c44e52", label="p99 batch time")
     line = np.linspace(0, n.max(), 50)
     curve.plot(line, 1e3 * (f["alpha_s"] + f["beta_s"] * line), color="#333333",

@@ -115,9 +115,14 @@ def fit_linear(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[float,
     return alpha, beta, r2
 
 
+# What a profile's fit is on (its `fit.on`): with one batching key per size, or with several in some size.
+FIT_ON = "per-size medians"
+KEYED_FIT_ON = "per-size medians of each batching key, weighted by its share of the batches"
+
+
 def fit_medians(
     samples: Mapping[int, Sequence[float]], keys: Mapping[int, Sequence[Hashable]] | None = None
-) -> tuple[dict[int, float], tuple[float, float, float]]:
+) -> tuple[dict[int, float], tuple[float, float, float], str]:
     """The profile's fit: T(n) = α + β·n by least squares on each batch size's median time (nearest-rank), one
     point per size. `wok profile` and `profile_document` both fit so, so that one set of batch times gives
     one α, β wherever it is fitted: a median is not moved by the odd batch a busy machine preempted, and a
@@ -125,12 +130,14 @@ def fit_medians(
     its samples), a size's point is each key's median weighted by that key's share of the size's samples:
     what plan and simulate charge a batch is its mean time (an instance's busy time is their sum), and the
     median of a mixture of keys is the time of the key whose cumulative share crosses one half, not their
-    mean. With one key, the median. Returns ({size: point}, in `samples`' order, and (α, β, R²)); the fit
-    takes the sizes in ascending order, whatever that order."""
+    mean. With one key, the median. Returns ({size: point}, in `samples`' order, (α, β, R²), and what the fit
+    is on: KEYED_FIT_ON where some size's samples were of several keys, else FIT_ON); the fit takes the sizes in
+    ascending order, whatever that order."""
     empty = next((n for n, t in samples.items() if not len(t)), None)
     if empty is not None:
         raise ValueError(f"batch size {empty}: expected at least one batch time to take its median of; got none")
     points = {}
+    on = FIT_ON
     for n, times in samples.items():
         t = np.asarray(times, dtype=np.float64)
         of = [None] * len(t) if keys is None else list(keys[n])
@@ -140,8 +147,10 @@ def fit_medians(
         for i, key in enumerate(of):
             by_key.setdefault(key, []).append(i)
         points[n] = sum(len(i) / len(t) * analysis.latency_summary(t[i])["p50"] for i in by_key.values())
+        if len(by_key) > 1:
+            on = KEYED_FIT_ON
     sizes = sorted(points)
-    return points, fit_linear(sizes, [points[n] for n in sizes])
+    return points, fit_linear(sizes, [points[n] for n in sizes]), on
 
 
 def profile_document(samples: dict[int, Sequence[float]], source: str, model: str = "") -> dict:
@@ -150,7 +159,7 @@ def profile_document(samples: dict[int, Sequence[float]], source: str, model: st
     if not samples:
         raise ValueError("no batch times")
     sizes = sorted(samples)
-    medians, (alpha, beta, r2) = fit_medians({n: samples[n] for n in sizes})
+    medians, (alpha, beta, r2), on = fit_medians({n: samples[n] for n in sizes})
     batches = []
     for n in sizes:
         a = np.sort(np.asarray(samples[n], dtype=np.float64))
@@ -168,7 +177,7 @@ def profile_document(samples: dict[int, Sequence[float]], source: str, model: st
         "schema": PROFILE_SCHEMA,
         "model": model,
         "source": source,
-        "fit": {"alpha_s": alpha, "beta_s": beta, "r2": r2, "on": "per-size medians"},
+        "fit": {"alpha_s": alpha, "beta_s": beta, "r2": r2, "on": on},
         "batches": batches,
     }
 

@@ -366,6 +366,15 @@ def test_with_two_keys_the_fit_is_on_the_mean_of_their_medians_not_the_mixtures_
     assert doc["fit"]["on"] == profiler.KEYED_FIT_ON
     # β nearer the mean's 10 ms than the median's 5 ms (the shares are the pool's, near 2/3).
     assert doc["fit"]["beta_s"] > 7.5e-3
+    # The table's residuals and QPS are against the point the fit is on, not the mixture's median (a bucket-of-3
+    # time, whose QPS the table showed: above what an instance keeps up), and the document has that QPS too.
+    head, rows = profiler.table_rows(doc)
+    assert head[1:7] == ["median ms", "p99 ms", "fitted on ms", "fit ms", "QPS", "fit QPS"]
+    for b, row in zip(doc["batches"], rows, strict=True):
+        assert b["fitted_on_throughput_qps"] == b["batch_size"] / b["fitted_on_s"]
+        assert row[3] == profiler._ms(b["fitted_on_s"]) and row[5] == f"{b['fitted_on_throughput_qps']:.0f}"
+        assert b["throughput_qps"] == b["batch_size"] / b["median_s"] > b["fitted_on_throughput_qps"]
+    assert any(line.startswith("fitted on ms: each batching key's median") for line in profiler.summary_lines(doc))
 
 
 class KeyedByValue(PaddedLinear):
@@ -381,6 +390,25 @@ def test_sizes_that_give_no_key_a_batch_are_refused():
         ValueError, match=r"none of the 256 keys .* had 2 requests after 65536 draws more \(the most: 1\)"
     ):
         profiler.profile(KeyedByValue(), cfg, lambda device: roofline_for(device, 1e12, 1e11))
+
+
+def test_the_extra_draws_counted_are_the_draws_made(monkeypatch):
+    """`extra_draws` (the refusal's "draws more", `keys_left_out.draws`) counts every request drawn past the pool's
+    own, kept or not: drawn FILL_CHUNK at a time, the chunk that fills the last key is drawn whole (its rest dropped),
+    and the last chunk is cut to `most_draws`. Counted against the generator's own calls."""
+    from wok.bench.payloads import PayloadGenerator
+
+    made = []
+    pool = PayloadGenerator.pool
+    monkeypatch.setattr(PayloadGenerator, "pool", lambda self, n, rng=None: made.append(n) or pool(self, n, rng))
+    filled = profiler.keyed_pool(PaddedLinear(), ProfileConfig(batch_sizes=[1, 4], sizes="uniform:1:40"), 256, 4)
+    assert made[0] == 256 and filled.extra_draws == sum(made[1:]) == profiler.FILL_CHUNK * len(made[1:]) > 0
+    assert filled.short(4) == (0, 0.0) and len(filled.requests) - 256 < filled.extra_draws
+    made.clear()
+    cfg = ProfileConfig(batch_sizes=[1, 2], sizes="fixed:2")
+    never = profiler.keyed_pool(KeyedByValue(), cfg, 256, 2, most_draws=300)
+    assert made == [256, profiler.FILL_CHUNK, 300 - profiler.FILL_CHUNK] and never.extra_draws == 300
+    assert len(never.requests) == 256  # no draw had a key of the pool's
 
 
 VARIABLE_DOUBLE = """
@@ -687,6 +715,7 @@ DOCUMENTED_BATCH_KEYS = (
     "max_s",
     "samples_s",
     "fitted_on_s",
+    "fitted_on_throughput_qps",
     "fit_s",
     "fit_throughput_qps",
     "throughput_qps",
@@ -725,6 +754,8 @@ def test_cli_writes_the_documented_json(tmp_path, capsys):
         assert len(samples) == 3
         assert b["median_s"] == samples[1]  # nearest rank: the ⌈0.5·3⌉ = 2nd smallest
         assert b["p99_s"] == samples[2]
+        # One batching key: the fit is on the median, and n over it is the one QPS.
+        assert b["fitted_on_s"] == b["median_s"] and b["fitted_on_throughput_qps"] == b["throughput_qps"]
         n = b["batch_size"]
         assert b["flops"] == 2 * n * (256 * 1024 + 1024 * 1024 + 1024 * 256)
         assert b["predicted_s"] == pytest.approx(max(b["flops"] / 1e11, b["bytes"] / 2e10))

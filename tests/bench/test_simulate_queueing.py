@@ -30,6 +30,21 @@ def batch_means(x: np.ndarray) -> tuple[float, float]:
     return float(x.mean()), float(means.std(ddof=1) / np.sqrt(BATCHES))
 
 
+def quantile_interval(x: np.ndarray, p: float) -> tuple[float, float, float]:
+    """The nearest-rank p-quantile of `x` (the ⌈p·n⌉-th smallest) and the order statistics of ranks ⌈(p ∓ Z·s)·n⌉
+    around it: the true quantile q lies between them when the share of `x` at most q is within Z·s of p. s is that
+    share's standard error, by batch means of the indicator x ≤ the sample quantile: consecutive waits are
+    correlated, and the binomial √(p(1 − p) / n) of independent draws is less than half of it at ρ = 0.5."""
+    xs = np.sort(x)
+    n = len(xs)
+
+    def rank(share: float) -> float:
+        return float(xs[min(max(int(np.ceil(share * n)), 1), n) - 1])
+
+    _, s = batch_means((x <= rank(p)).astype(np.float64))
+    return rank(p), rank(p - Z * s), rank(p + Z * s)
+
+
 def poisson_run(rho: float, instances: int, count: int, seed: int):
     """Batches of one, no window, T = D, Poisson λ = ρ·c / D: an M/D/c queue. Its arrivals and run."""
     lam = rho * instances / D

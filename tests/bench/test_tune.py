@@ -1113,8 +1113,9 @@ def test_a_profile_document_is_fitted_on_the_per_size_medians_as_wok_profile_fit
     assert fit["on"] == "per-size medians"
     from wok.bench.tune import fit_medians  # the one fit, `wok profile`'s too
 
-    medians, line = fit_medians(samples)
+    medians, line, on = fit_medians(samples)
     assert medians == {1: 2e-3, 2: 3e-3, 4: 5e-3} and line == (fit["alpha_s"], fit["beta_s"], fit["r2"])
+    assert on == "per-size medians"
 
 
 def test_wok_profiles_own_samples_written_again_give_its_fit_exactly():
