@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
 
 import grpc
 import pytest
@@ -32,8 +33,11 @@ class GatedDouble(nn.Module):
         self.entered = threading.Event()
         self.enter_when_closed = enter_when_closed
         self.batch_sizes: list[int] = []
+        # (entered, returning) per batch that returned, time.perf_counter(): within its worker's (started, finished).
+        self.ran: list[tuple[float, float]] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        entered = time.perf_counter()
         self.batch_sizes.append(int(x.shape[0]))
         if not self.enter_when_closed or not self.gate.is_set():
             self.entered.set()
@@ -44,7 +48,9 @@ class GatedDouble(nn.Module):
             raise RuntimeError("test gate never opened")
         if torch.isnan(x).any():
             raise ValueError("NaN in batch")
-        return x * 2
+        out = x * 2
+        self.ran.append((entered, time.perf_counter()))
+        return out
 
 
 def four_wide_config(name: str, max_batch_size: int = 8):
