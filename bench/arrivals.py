@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import codecs
 import csv
+import io
 import json
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -47,18 +48,36 @@ def _quoted(text: str) -> str:
 
 
 def csv_columns(names: Sequence[str] | None, known: Sequence[str], path: Path) -> list[str]:
-    """A CSV header's column names, trimmed of SPACES alone, as numbers are (wok.numerals): a name that is one of
-    `known` but for other white space around it ('timestamp\xa0') is refused, naming it. str.strip() read it as
-    `known` unseen, and trimmed of SPACES alone it would be a column of another name: an optional one dropped
-    without a word. A name with a character that is not printable anywhere in it (a format character, category Cf,
-    as 'size\u200b' or a second byte-order mark; a control; other white space) is refused, naming its column and the
-    character: it shows as the name it is not, and matched no known one, so its column was dropped unseen."""
+    """A CSV header's column names, trimmed of SPACES alone, as numbers are (wok.numerals), and matched exactly: a
+    name that is one of `known` but for what shows little or not at all is refused, naming it and the spelling
+    expected, where it was a column of another name, an optional one dropped without a word. That is a name with
+    other white space around it ('timestamp\xa0': str.strip() read it as `known` unseen), one in quotes not read as
+    quoting (a tab before the opening one: the csv module reads a quote as quoting only first in its field, or
+    after spaces with skipinitialspace), and one in other case ('Size'). A name with a character that is not
+    printable anywhere in it (a format character, category Cf, as 'size\u200b' or a second byte-order mark; a
+    control; other white space) is refused, naming its column and the character: it shows as the name it is not,
+    and matched no known one, so its column was dropped unseen."""
     fields = [f.strip(SPACES) for f in names or []]
     for name in fields:
         if name not in known and name.strip() in known:
             raise ValueError(
                 f"{path}: CSV header column {_quoted(name)}: expected {_quoted(name.strip())}, with no white space "
                 "around it but spaces, tabs and line ends"
+            )
+    by_case = {k.casefold(): k for k in known}
+    for column, name in enumerate(fields, 1):
+        if name in known:
+            continue
+        unquoted = name[1:-1].strip(SPACES) if len(name) > 1 and name[0] == name[-1] == '"' else None
+        if unquoted in known:
+            raise ValueError(
+                f"{path}: CSV header column {column}, {_quoted(name)}: expected {_quoted(unquoted)}, not in quotes "
+                "read as part of the name: a quote opens quoting only first in its field or after spaces"
+            )
+        if name.casefold() in by_case:
+            raise ValueError(
+                f"{path}: CSV header column {column}, {_quoted(name)}: expected {_quoted(by_case[name.casefold()])}, "
+                "in that case: names are matched case included"
             )
     for column, name in enumerate(fields, 1):
         hidden = next((c for c in name if not c.isprintable()), None)
@@ -69,6 +88,41 @@ def csv_columns(names: Sequence[str] | None, known: Sequence[str], path: Path) -
                 f"U+{ord(hidden):04X}{' ' + called if called else ''} (category {unicodedata.category(hidden)})"
             )
     return fields
+
+
+def text_lines(text: str) -> Iterator[tuple[int, str]]:
+    """`text`'s lines, numbered from 1, each with its line end, split at CSV's line ends alone, \\n, \\r\\n and \\r
+    (as the csv module reads a file opened with newline=""): str.splitlines() also split at \\v, \\f, \\x1c to
+    \\x1e, \\x85, \\u2028 and \\u2029, so one of them in a cell made two rows of one, unseen; now it stays in its
+    cell, whose number refuses it."""
+    return enumerate(io.StringIO(text, newline=""), 1)
+
+
+def is_note(line: str) -> bool:
+    """Whether a trace's or sizes file's line is skipped, in any of their formats: blank (SPACES alone) or a comment,
+    its first character past spaces `#` (a sizes file of one integer a line took comments; a CSV's first made
+    its header, refused)."""
+    content = line.strip(SPACES)
+    return not content or content.startswith("#")
+
+
+def csv_rows(text: str, known: Sequence[str], path: Path) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
+    """A CSV's header names (csv_columns: its first line that is not a note) and, as read, its rows each with its
+    line number in `text` (a row's last, where a quoted cell spans lines), notes skipped (is_note). Spaces before
+    a quote are skipped, so that `timestamp, "size"` names a `size` column, not '"size"', one ignored."""
+    at = 0
+
+    def lines() -> Iterator[str]:
+        nonlocal at
+        for lineno, line in text_lines(text):
+            if not is_note(line):
+                at = lineno
+                yield line
+
+    reader = csv.DictReader(lines(), skipinitialspace=True)
+    fields = csv_columns(reader.fieldnames, known, path)
+    reader.fieldnames = fields
+    return fields, ((at, row) for row in reader)
 
 
 def _shown(value: object) -> str:
@@ -611,12 +665,15 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
     """A TraceReplay from a CSV (header with `timestamp`, optional `size`) or JSONL file.
 
     JSONL has one object per line, `{"timestamp": ..., "size": ...}`; a `.jsonl` or
-    `.ndjson` name, or a first line starting with `{`, selects it. Timestamps are
-    seconds (any origin, e.g. Unix time) or ISO 8601 strings. Sizes are all or none.
+    `.ndjson` name, or a first line that is not a note (is_note) starting with `{`, selects
+    it. Timestamps are seconds (any origin, e.g. Unix time) or ISO 8601 strings. Sizes are
+    all or none. Blank and `#` comment lines are skipped in either format.
     """
     path = Path(path)
     text = read_utf8(path)
-    stripped = text.lstrip()
+    # Its first line past notes says its format, as a sizes file's does: a JSONL trace with a comment first was
+    # read as CSV.
+    first = next((line.strip(SPACES) for _, line in text_lines(text) if not is_note(line)), "")
     stamps: list[float] = []
     raw: list[object] = []
     kinds: list[bool] = []  # in seconds, not ISO 8601
@@ -629,9 +686,9 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
 
     sizes: list[int | None] = []
     wheres: list[str] = []
-    if path.suffix.lower() in (".jsonl", ".ndjson") or stripped.startswith("{"):
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
+    if path.suffix.lower() in (".jsonl", ".ndjson") or first.startswith("{"):
+        for lineno, line in text_lines(text):
+            if is_note(line):
                 continue
             where = f"{path}:{lineno}"
             try:
@@ -644,14 +701,12 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
             sizes.append(_size(obj["size"], where) if obj.get("size") is not None else None)
             wheres.append(where)
     else:
-        reader = csv.DictReader(text.splitlines())
-        fields = csv_columns(reader.fieldnames, ("timestamp", "size"), path)
+        fields, rows = csv_rows(text, ("timestamp", "size"), path)
         if "timestamp" not in fields:
             got = ", ".join(map(_quoted, fields[:20])) + (f" and {len(fields) - 20} more" if len(fields) > 20 else "")
             raise ValueError(f"{path}: CSV header must have a 'timestamp' column; got {got or 'none'}")
-        reader.fieldnames = fields
-        for row in reader:
-            where = f"{path}:{reader.line_num}"
+        for lineno, row in rows:
+            where = f"{path}:{lineno}"
             stamp(row["timestamp"], where)
             size = (row.get("size") or "").strip(SPACES)
             sizes.append(_size(size, where) if size else None)

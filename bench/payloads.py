@@ -15,7 +15,6 @@ fast.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -26,7 +25,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from wok.bench.arrivals import csv_columns, read_utf8
+from wok.bench.arrivals import csv_rows, is_note, read_utf8, text_lines
 from wok.datatypes import datatype
 from wok.numerals import SPACES, ascii_digits, read_float
 
@@ -176,8 +175,7 @@ def _read_sizes(path: Path) -> np.ndarray:
     # With or without a byte-order mark, as load_trace reads traces: a spreadsheet's made the header
     # '\ufeffsize' and the file refused.
     text = read_utf8(path)
-    lines = [(i, line.strip(SPACES)) for i, line in enumerate(text.splitlines(), 1)]
-    lines = [(i, line) for i, line in lines if line and not line.startswith("#")]
+    lines = [(i, line.strip(SPACES)) for i, line in text_lines(text) if not is_note(line)]
     if not lines:
         raise ValueError(f"{path}: no sizes")
     values = []
@@ -194,12 +192,10 @@ def _read_sizes(path: Path) -> np.ndarray:
     elif ascii_digits(first):
         values = lines
     else:
-        reader = csv.DictReader(text.splitlines())
-        fields = csv_columns(reader.fieldnames, ("size",), path)
+        fields, rows = csv_rows(text, ("size",), path)
         if "size" not in fields:
             raise ValueError(f"{path}: expected one integer a line, or a CSV header with a 'size' column")
-        reader.fieldnames = fields
-        values = [(reader.line_num, row["size"]) for row in reader]
+        values = [(i, row["size"]) for i, row in rows]
     out = []
     for i, v in values:
         text_v = str(v).strip(SPACES)

@@ -1058,18 +1058,27 @@ def run_length_text(p: argparse.ArgumentParser) -> str:
         setattr(d, attr, _seconds(getattr(d, attr)))
     d.steps_list, d.cpu_steps_list = parse_steps(d.steps), parse_steps(d.cpu_steps)
     parts = measured_seconds(d)
+    without_cpu = argparse.Namespace(**{**vars(d), "no_cpu_stage": True})
     return (
         "How long a run takes: the load it offers is, at most, the CPU calibration's --cpu-steps × (--warmup + "
         f"--cpu-calibration-duration) ({parts['cpu calibration']:g} s with the defaults; none with --no-cpu-stage "
         f"or --device-like), --reps overhead calibrations of --warmup + --calibration-duration "
         f"({parts['overhead calibrations']:g} s), and --reps × 2 settings × --steps × (--warmup + --step-duration) "
         f"of validation ({parts['validation']:g} s; a ramp ends at the first step whose P99 passes --stop-factor × "
-        "the SLO); besides, a start of a few seconds per server (3 × --reps + 1), the in-process profile "
+        "the SLO); besides, a start of a few seconds per server (3 × --reps + 1, "
+        f"{servers_started(d)} with the defaults; 3 × --reps, {servers_started(without_cpu)}, with --no-cpu-stage or "
+        "--device-like), the in-process profile "
         "(--profile-sizes × --profile-reps batches; none with --profile), and the search (a simulated --sim-duration "
         "per evaluation, --max-batch-sizes × --delays settings). On the 2-core development machine docs/tune.md's "
         "command (these loads, a 4 × 4 grid, --sim-duration 5s) took 270 to 281 s (the wall_s of runs 6, 7 and "
         "10 to 13)."
     )
+
+
+def servers_started(args) -> int:
+    """The servers a run starts: the CPU calibration's one, where it has that stage, and per repetition the
+    overhead calibration's and each validated setting's (2)."""
+    return 3 * args.reps + (1 if measured_seconds(args)["cpu calibration"] else 0)
 
 
 def planned_text(args) -> str:
@@ -1080,10 +1089,9 @@ def planned_text(args) -> str:
     parts = measured_seconds(args)
     shown = ", ".join(f"{_duration_text(s)} of {part.replace('cpu', 'CPU')}" for part, s in parts.items() if s)
     besides = "the search" if args.profile else "the in-process profile, the search"
-    servers = 3 * args.reps + (1 if parts["cpu calibration"] else 0)  # a calibration's each, 2 a repetition's
     return (
         f"planned: at most {_duration_text(sum(parts.values()))} of load ({shown}; less if a step ends a ramp: "
-        f"--stop-factor), besides {besides} and the starts of {servers} servers, a few seconds each"
+        f"--stop-factor), besides {besides} and the starts of {servers_started(args)} servers, a few seconds each"
     )
 
 

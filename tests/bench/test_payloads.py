@@ -346,16 +346,22 @@ def test_numbers_in_digits_other_than_ascii_are_refused(parse, spec, refusal):
             "n,size\u200b",
             "column 2, 'size\\u200b': expected printable characters alone, got U+200B ZERO WIDTH SPACE (category Cf)",
         ),
+        ("n,Size", "column 2, 'Size': expected 'size', in that case: names are matched case included"),
+        (
+            'n,\t"size"',
+            "column 2, '\"size\"': expected 'size', not in quotes read as part of the name: a quote opens quoting only "
+            "first in its field or after spaces",
+        ),
     ],
-    ids=["other-white-space", "not-printable"],
+    ids=["other-white-space", "not-printable", "other-case", "quoted-after-a-tab"],
 )
 def test_an_empirical_size_column_named_with_other_white_space_or_not_printable_is_refused_naming_it(
     tmp_path, header, refusal
 ):
     """str.strip() read the header 'size\\xa0' as 'size' unseen, where the sizes themselves trim ASCII white space
     alone; now, as a trace's header, it is refused naming the column. 'size\\u200b', no white space, shows as
-    'size': the file was refused as having no 'size' column, the column it has not named. Spaces and tabs around
-    a name are still taken."""
+    'size': the file was refused as having no 'size' column, the column it has not named, as were 'Size' and
+    '"size"' (its quotes after a tab not read as quoting). Spaces and tabs around a name are still taken."""
     sizes = tmp_path / "sizes.csv"
     sizes.write_text(f"{header}\n3\n4\n", encoding="utf-8")
     with pytest.raises(ValueError) as e:
@@ -363,3 +369,38 @@ def test_an_empirical_size_column_named_with_other_white_space_or_not_printable_
     assert str(e.value) == f"sizes 'empirical:{sizes}': {sizes}: CSV header {refusal}"
     sizes.write_text(" size\t\n3\n4\n")
     assert sorted(set(parse_sizes(f"empirical:{sizes}").values.tolist())) == [3, 4]
+
+
+@pytest.mark.parametrize("char", ["\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"])
+@pytest.mark.parametrize(("header", "line"), [("", 2), ("n,size\n0,", 3)], ids=["one-a-line", "csv"])
+def test_an_empirical_size_with_a_character_str_splitlines_breaks_at_is_refused_on_its_line(
+    tmp_path, char, header, line
+):
+    """str.splitlines() broke at these too, so '1<char>2' was read as two sizes, 1 and 2, without a word; the
+    lines are now CSV's, split at \\n, \\r\\n and \\r alone, and the size '1<char>2' is refused on its line."""
+    sizes = tmp_path / "sizes.csv"
+    sizes.write_text(f"3\n{header}1{char}2\n4\n" if not header else f"{header}3\n1,1{char}2\n", encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        parse_sizes(f"empirical:{sizes}")
+    assert (
+        str(e.value) == f"sizes 'empirical:{sizes}': {sizes}:{line}: size {'1' + char + '2'!r} is not an integer >= 0"
+    )
+
+
+def test_an_empirical_csv_skips_comment_and_blank_lines_as_one_integer_a_line_does(tmp_path):
+    """A file of one integer a line took `#` comments, and a CSV's first line decided it was one, but the CSV was
+    read from its first line: '# observed' was its header, and the file refused as having no 'size' column."""
+    sizes = tmp_path / "sizes.csv"
+    sizes.write_text("# observed 2026-12-06\n\nn, size\n0,3\n # more\n1,4\n")
+    assert parse_sizes(f"empirical:{sizes}").values.tolist() == [3, 4]
+    sizes.write_text("# observed 2026-12-06\nn,size\n0,3\n# more\n1,x\n")
+    with pytest.raises(ValueError) as e:
+        parse_sizes(f"empirical:{sizes}")
+    assert str(e.value) == f"sizes 'empirical:{sizes}': {sizes}:5: size 'x' is not an integer >= 0"
+
+
+def test_an_empirical_size_column_quoted_after_spaces_is_read(tmp_path):
+    """'n, "size"' kept the quotes in the name: no 'size' column, the file refused."""
+    sizes = tmp_path / "sizes.csv"
+    sizes.write_text('n, "size"\n0, "3"\n1,4\n')
+    assert parse_sizes(f"empirical:{sizes}").values.tolist() == [3, 4]

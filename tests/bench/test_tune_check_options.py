@@ -311,6 +311,9 @@ def test_help_gives_every_option_a_help_with_its_default_and_the_runs_length():
     prose = " ".join(text.split())
     for part in ("(15 s with the defaults;", "--calibration-duration (14 s)", "of validation (200 s;"):
         assert part in prose
+    # A server started per repetition's overhead calibration and its 2 settings, and the CPU calibration's where it
+    # runs: --help said 3 × --reps + 1 with --no-cpu-stage and --device-like too, where a run starts and says 6.
+    assert "server (3 × --reps + 1, 7 with the defaults; 3 × --reps, 6, with --no-cpu-stage or --device-like)" in prose
     args = tune_check.parse_args(["--reps", "3", "--no-cpu-stage", "--steps", "100,200", "--step-duration", "2s"])
     assert tune_check.measured_seconds(args) == {
         "cpu calibration": 0.0,
