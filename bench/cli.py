@@ -331,10 +331,14 @@ def _result_outputs(args) -> list:
 def _write_outputs(result: dict, args, command: str = "wok bench") -> None:
     from . import report
 
-    _show_after(
-        lambda: _write_or_raise(result, _result_outputs(args), command, folders=_RESULT_FOLDERS),
-        lambda: report.print_table(result),
-    )
+    def show() -> None:
+        from . import faults
+
+        report.print_table(result)
+        report.print_replicas(result)  # a merge of parts behind the wok balancer: their counters added up
+        faults.print_faults(result)  # a merge of one fault run keeps its section
+
+    _show_after(lambda: _write_or_raise(result, _result_outputs(args), command, folders=_RESULT_FOLDERS), show)
 
 
 def _show_after(write, show):
@@ -1078,6 +1082,7 @@ def run(args) -> int:
             lambda: report.print_table(result),
         ):
             return 1
+        report.print_replicas(result)
         soak.print_soak(result)
         _print_host_probe(result.get("host_probe"))
         if "faults" in result:

@@ -1003,11 +1003,17 @@ def loss_warning(section: dict, retries: bool, rpc: str | None) -> str | None:
     lost = section["requests"]["lost"]
     if not lost or not retries_in_effect(retries, rpc):
         return None
-    return f"{lost} request(s) lost with retries on: {section['lost_by_code']}"
+    return f"{lost} request(s) lost with retries on: {by_code(section['lost_by_code'])}"
 
 
 def fmt(v, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
+
+
+def by_code(counts: dict | None, none: str = "-") -> str:
+    """Counts by status name as the text and the HTML report say them, `INTERNAL 30, UNAVAILABLE 2`
+    (a dict's repr was printed); `none` for none."""
+    return ", ".join(f"{code} {n}" for code, n in (counts or {}).items()) or none
 
 
 def section_console(result: dict, key: str, file=None):
@@ -1064,7 +1070,7 @@ def requests_summary(result: dict) -> tuple[str, str, str]:
     unsent = f"({req['not_sent']} never sent, in no figure) " if req.get("not_sent") else ""
     tail = (
         f" {unsent}({retries_label(requested, (result.get('config') or {}).get('rpc'))}, "
-        f"balancer {section.get('balancer') or 'grpc'}); not OK by code: {section['errors_by_code'] or '-'}"
+        f"balancer {section.get('balancer') or 'grpc'}); not OK by code: {by_code(section['errors_by_code'])}"
     )
     return f"requests: {req['sent']} sent, {req['ok']} ok, {req['errors']} errors, ", f"{req['lost']} lost", tail
 
@@ -1080,7 +1086,7 @@ def fault_rows(section: dict) -> list[list[str]]:
             fmt(f.get("p99_during_ms")),
             fmt(f.get("p99_after_ms")),
             str(f.get("lost_during", "-")),
-            ", ".join(f"{k} {v}" for k, v in f.get("errors_during", {}).items()) or "-",
+            by_code(f.get("errors_during")),
             "never" if f.get("start_s") is not None and f.get("recovery_s") is None else fmt(f.get("recovery_s")),
         ]
         for f in section["faults"]
@@ -1131,32 +1137,32 @@ def timeline_rows(section: dict) -> list[list[str]]:
     ]
 
 
-def print_faults(result: dict, file=None) -> None:
-    """The fault table, and the timeline around the faults."""
+def print_rows(console, title: str, head: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A titled table of text cells: the fault table, the timeline, the replicas (bench/report.py)."""
     from rich.table import Table
 
+    table = Table(title=title)
+    for name in head:
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def print_faults(result: dict, file=None) -> None:
+    """The fault table, and the timeline around the faults."""
     section, console = section_console(result, "faults", file)
     if section is None:
         return
     head, lost, tail = requests_summary(result)
     console.print(f"{head}[bold]{lost}[/bold]{tail}")
-    table = Table(title=f"faults (SLO P99 {section['definitions']['slo_p99_ms']:g} ms)")
-    for name in FAULT_HEAD:
-        table.add_column(name)
-    for row in fault_rows(section):
-        table.add_row(*row)
-    console.print(table)
+    title = f"faults (SLO P99 {section['definitions']['slo_p99_ms']:g} ms)"
+    print_rows(console, title, FAULT_HEAD, fault_rows(section))
     for line in problem_lines(section):
         console.print(f"[bold]{line}[/bold]", markup=True, highlight=False)
     rows = timeline_rows(section)
-    if not rows:
-        return
-    table = Table(title="timeline (by send time)")
-    for name in TIMELINE_HEAD:
-        table.add_column(name)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+    if rows:
+        print_rows(console, "timeline (by send time)", TIMELINE_HEAD, rows)
 
 
 # -- the command line ---------------------------------------------------------------------

@@ -43,6 +43,9 @@ refinement steps are left out (each process bisected on its own):
   and a warning names the part;
 * the parts' host probes (`host_probe`, `wok bench ramp --host-probe`) are kept by part in
   `host_probes`: each read its own machine's speed, so they are not combined;
+* a fault run's and a soak's sections (`faults`, `soak`) are left out, with a warning naming the parts
+  that had one: their P99 per window (and a fault's recovery, read off it) cannot be rebuilt from the
+  parts'; but for one part's fault section, which is the whole run's and kept as it is;
 * the server's view (`server`, `queue_ms`, …) is taken from the first result given: every
   process scraped the same server over the same window, so each scrape already counts all
   the processes' requests; adding them would count the server N times. So is the models'
@@ -602,6 +605,17 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
             f"{without} ran without --server-timing: the merged steps carry no server_timing split (it needs "
             "every part's)"
         )
+    # A fault run's and a soak's sections judge P99 per window (a fault's recovery too, read off its windows),
+    # from each part's own clock and, with --replicas, its own servers: the parts' P99s do not add up into
+    # the merged one's, so the merge leaves the sections out, and says so. One part's fault section is the
+    # whole run's, and kept (a soak's verdicts are its capacity ramp's, which the merged steps are not).
+    for key, what in (("faults", "fault"), ("soak", "soak")):
+        having = [name for r, name in zip(results, names) if r.get(key)]
+        if having and not (key == "faults" and len(results) == 1):
+            warnings.append(
+                f"{', '.join(having)}: the {what} section (`{key}`) is left out of the merged result: its P99 "
+                "per window cannot be rebuilt from the parts' (each part's file keeps its own)"
+            )
     starts = {r["config"].get("start_at") for r in results}
     if len(results) > 1 and (None in starts or len(starts) > 1):
         warnings.append(
@@ -662,6 +676,8 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         result["payloads_by_part"] = {name: p for p, name in zip(pools, names) if p is not None}
     if "devices" in first:  # the server's, as its view is: the first part's
         result["devices"] = first["devices"]
+    if len(results) == 1 and first.get("faults"):  # a job of one process: its fault section is the run's
+        result["faults"] = first["faults"]
     probes = {name: r["host_probe"] for r, name in zip(results, names) if r.get("host_probe") is not None}
     if probes:  # each part probed its own machine: kept side by side, never averaged
         result["host_probes"] = probes

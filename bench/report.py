@@ -847,7 +847,9 @@ def _soak_html(result: dict) -> str:
     nominal = _num(cap.get("load_nominal_qps"))
     if math.isfinite(nominal) and not math.isclose(nominal, _num(cap.get("load_qps")), rel_tol=1e-9):
         held += f" (step rate {nominal:.4g})"
-    errors = ", ".join(f"{k}: {v}" for k, v in (s.get("errors_by_code") or {}).items()) or "none"
+    from .faults import by_code
+
+    errors = by_code(s.get("errors_by_code"), "none")
     cut = s.get("cut")
     ran = f"for {_fmt(s.get('duration_s'), 'g')} s"
     if cut:  # a soak cut short: what it measured, up to the cut
@@ -912,37 +914,65 @@ def _table(cls: str, head: Sequence[str], rows: Sequence[Sequence[str]], wrap: s
 
 
 BALANCER_COUNTS = ("attempts", "ok", "failures", "slow", "hedges", "retries", "ejections")
+BALANCER_TOTALS = ("calls", "ok", "attempts", "hedges", "retries", "budget_refusals", "ejections")
 
 
-def _replicas_html(result: dict) -> str:
-    """Each replica's answers, by the wok balancer's counters (`balancer`), beside what the bench
-    started (`faults.replicas`: how many processes it took); nothing with neither."""
+def balancer_line(result: dict) -> str | None:
+    """The wok balancer's totals (`balancer`) as the Replicas table's line; None without its counters."""
+    balancer = result.get("balancer")
+    if not balancer:
+        return None
+    hedge = balancer.get("hedge_after_ms")
+    hedge_text = "-" if not hedge else ", ".join(f"{_num(h):.3g}" for h in hedge)
+    totals = ", ".join(f"{balancer.get(k, 0)} {k.replace('_', ' ')}" for k in BALANCER_TOTALS)
+    return f"wok balancer, over the workers and the whole run: {totals}; hedge after (per worker) {hedge_text} ms."
+
+
+def replica_rows(result: dict) -> tuple[list[str], list[list[str]]]:
+    """The Replicas table (head, rows): each replica the bench started (`faults.replicas`, how many
+    processes it ran as) beside the wok balancer's counters (`balancer.replicas`) for its address, then
+    each address only the balancer counted (`--target a,b`, or a fault run's `--admin-url` fleet). No rows
+    with neither; no counter columns behind round robin (grpc), which counts nothing per replica."""
     balancer = result.get("balancer") or {}
     started = (result.get("faults") or {}).get("replicas") or []
-    if not balancer and not started:
-        return ""
-    out = ["<h3>Replicas</h3>"]
-    if balancer:
-        hedge = balancer.get("hedge_after_ms")
-        hedge_text = "-" if not hedge else ", ".join(f"{_num(h):.3g}" for h in hedge)
-        totals = ", ".join(
-            f"{balancer.get(k, 0)} {k.replace('_', ' ')}"
-            for k in ("calls", "ok", "attempts", "hedges", "retries", "budget_refusals", "ejections")
-        )
-        line = f"wok balancer, over the workers and the whole run: {totals}; hedge after (per worker) {hedge_text} ms."
-        out.append(f"<p>{_e(line)}</p>")
-    # The bench's replicas by the address they serve on; the balancer's, by the one it called.
-    counted = {r.get("target"): r for r in balancer.get("replicas") or []}
-    keys = BALANCER_COUNTS if balancer else ()
+    # Per address, not per target: behind a `dns:` name one target is several addresses.
+    counted = {r.get("address", r.get("target")): r for r in balancer.get("replicas") or []}
+    keys = list(BALANCER_COUNTS) if balancer else []
     rows = []
-    for r in started:
+    for r in started:  # the bench's replicas by the address they serve on
         c = counted.pop(r.get("target"), None) or {}
         rows.append([str(r.get("replica", "-")), str(r.get("target", "-")), str(len(r.get("pids") or []) or "-")]
                     + [str(c.get(k, "-")) for k in keys])  # fmt: skip
-    for target, c in counted.items():  # a replica the bench did not start (--target a,b with --admin-url)
-        rows.append(["-", str(target), "-"] + [str(c.get(k, "-")) for k in keys])
-    out.append(_table("replicas", ["replica", "target", "processes (1 + restarts)", *keys], rows))
-    if not balancer:
+    if started:
+        rows += [["-", str(address), "-"] + [str(c.get(k, "-")) for k in keys] for address, c in counted.items()]
+        return ["replica", "address", "processes (1 + restarts)", *keys], rows
+    return ["address", *keys], [[str(address)] + [str(c.get(k, "-")) for k in keys] for address, c in counted.items()]
+
+
+def print_replicas(result: dict, file=None) -> None:
+    """The Replicas table after the steps, as the HTML report draws it: only with the wok balancer's
+    counters (a run behind round robin has none to print)."""
+    from .faults import print_rows, section_console
+
+    _, console = section_console(result, "balancer", file)
+    if console is None:
+        return
+    console.print(balancer_line(result), markup=False, highlight=False)
+    print_rows(console, "replicas", *replica_rows(result))
+
+
+def _replicas_html(result: dict) -> str:
+    """The Replicas section after the steps: the wok balancer's counters per replica, beside what a fault
+    run's bench started (`faults.replicas`: how many processes each took); nothing with neither."""
+    line = balancer_line(result)
+    head, rows = replica_rows(result)
+    if not rows and line is None:
+        return ""
+    out = ["<h2>Replicas</h2>"]
+    if line is not None:
+        out.append(f"<p>{_e(line)}</p>")
+    out.append(_table("replicas", head, rows))
+    if line is None:
         out.append(
             '<p class="meta">No balancer counters in this result: round robin (grpc) counts nothing per replica.</p>'
         )
@@ -951,7 +981,8 @@ def _replicas_html(result: dict) -> str:
 
 def _faults_html(result: dict) -> str:
     """A fault run's section (docs/reliability.md): what the text prints after the steps (the
-    requests, the fault table, the timeline around the faults), faults.png, and each replica's answers."""
+    requests, the fault table, the timeline around the faults) and faults.png. Each replica's answers
+    are the Replicas section's, before it."""
     section = result.get("faults")
     if not section:
         return ""
@@ -975,7 +1006,6 @@ def _faults_html(result: dict) -> str:
     if rows:
         out.append(f"<h3>Timeline around the faults ({w:g} s windows, by send time)</h3>")
         out.append(_table("fault-windows", TIMELINE_HEAD, rows, wrap="wrap tall"))
-    out.append(_replicas_html(result))
     return "".join(out)
 
 
@@ -1081,7 +1111,7 @@ def render_html(result: dict, *, title: str | None = None) -> str:
 {"".join(figures)}
 <h2>Steps</h2>
 {_steps_table(result)}
-{_faults_html(result)}{_soak_html(result)}
+{_replicas_html(result)}{_faults_html(result)}{_soak_html(result)}
 <h2>Configuration</h2>
 {_config_table(result)}
 </main>
@@ -1091,8 +1121,8 @@ def render_html(result: dict, *, title: str | None = None) -> str:
 
 
 def write_html(result: dict, path, *, title: str | None = None) -> None:
-    """One self-contained HTML file: verdicts, warnings, the plots inline, the step table, a fault run's and a
-    soak's sections, the config."""
+    """One self-contained HTML file: verdicts, warnings, the plots inline, the step table, the replicas' (the
+    wok balancer's counters), a fault run's and a soak's sections, the config."""
     # backslashreplace: the same escape as _e, for a lone surrogate in any text that did not pass through it.
     Path(path).write_text(render_html(result, title=title), encoding="utf-8", errors="backslashreplace")
 

@@ -487,8 +487,8 @@ def _without_soak(capacity_result: dict) -> dict:
 def print_soak(result: dict, file=None) -> None:
     from rich.table import Table
 
+    from .faults import by_code, section_console
     from .faults import fmt as _f
-    from .faults import section_console
 
     s, console = section_console(result, "soak", file)
     if s is None:
@@ -517,7 +517,7 @@ def print_soak(result: dict, file=None) -> None:
         f"P99: first window {_f(p.get('first_ms'))} ms, last {_f(p.get('last_ms'))} ms (drift "
         f"{_f(p.get('drift_ms'), '+.1f')} ms, {_f(p.get('drift_pct'), '+.1f')}%), slope "
         f"{_f(p.get('slope_ms_per_min'), '+.2f')} ms/min, worst window {_f(p.get('max_ms'))} ms; "
-        f"errors {s['errors_by_code'] or 'none'} of {s['requests']['sent']}"
+        f"errors {by_code(s['errors_by_code'], 'none')} of {s['requests']['sent']}"
     )
     if cut is not None:
         from .report import soak_cut_note

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from wok.bench.histogram import LatencyHistogram, bucket_bounds, bucket_index, r
 from wok.bench.merge import merge_results
 
 ERR = relative_error()
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- the histogram --------------------------------------------------------------------------------------
@@ -555,6 +557,34 @@ def test_wok_bench_merge_writes_the_merged_result_and_prints_the_table(split_ram
     assert "merged from 3 results: percentiles from the merged histograms (at most 0.78% above exact)" in printed
     assert wok_main(["bench", "merge", str(tmp_path / "missing.json")]) == 2
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_a_merge_of_fault_runs_says_it_leaves_their_fault_sections_out_and_prints_the_balancers_counters(
+    tmp_path, capsys
+):
+    """The merge dropped `faults` without a word: its P99 per window (and each fault's recovery, read off it)
+    cannot be rebuilt from the parts'. One part's section is the whole run's, and kept."""
+    stored = json.loads((ROOT / "docs" / "results" / "faults-server-wok-2026-11-29.json").read_text())
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for seed, path in enumerate(paths, 1):
+        path.write_text(json.dumps({**stored, "config": {**stored["config"], "seed": seed}}))
+    out = tmp_path / "merged.json"
+    assert wok_main(["bench", "merge", *map(str, paths), "--json", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert "faults" not in merged and merged["balancer"]["calls"] == 2 * stored["balancer"]["calls"]
+    said = f"{paths[0]}, {paths[1]}: the fault section (`faults`) is left out of the merged result"
+    assert [w for w in merged["warnings"] if "section" in w] == [
+        f"{said}: its P99 per window cannot be rebuilt from the parts' (each part's file keeps its own)"
+    ]
+    printed = capsys.readouterr().out
+    assert f"warning: {said}" in printed
+    # The balancer's counters, added up, after the steps (bench/report.py's print_replicas).
+    assert re.search(r"│ 127\.0\.0\.1:44353 +│ 11434 +│ 11434 +│", printed)
+    (one,) = paths[:1]
+    assert wok_main(["bench", "merge", str(one), "--json", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["faults"] == stored["faults"] and not [w for w in merged["warnings"] if "section" in w]
+    assert "requests: 13268 sent, 13238 ok, 30 errors, 0 lost" in capsys.readouterr().out
 
 
 def test_the_merge_line_says_when_the_part_the_server_columns_come_from_has_none(split_ramp):

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from wok.bench import analysis
+from wok.bench import analysis, report
 from wok.bench.runner import (
     Ramp,
     RampConfig,
@@ -382,8 +382,6 @@ def test_a_ramp_past_capacity_finds_a_knee(bench_server, metrics_url, tmp_path):
     assert result["knee_qps"] is not None, [(s["offered_qps"], s["achieved_qps"]) for s in steps]
     assert result["knee_qps"] == analysis.find_knee(steps, cfg.knee_threshold)
     assert max(s["achieved_qps"] for s in steps) < 8000 * 0.9  # this machine cannot serve 8000
-    from wok.bench import report
-
     report.write_html(result, tmp_path / "ramp.html")
     assert (tmp_path / "ramp.html").stat().st_size > 20_000
 
@@ -770,6 +768,33 @@ def test_the_pool_is_built_through_the_balancer_the_workers_use(bench_server, v6
     assert result["config"]["balancer"] == "grpc" and result["config"]["rpc"] == "stream"
     (step,) = result["steps"]
     assert step["success_rate"] == 1.0
+
+
+def test_a_ramp_over_two_targets_prints_and_draws_the_balancers_counters_after_the_steps(
+    bench_server, v6_server, tmp_path, wok_cli
+):
+    """The wok balancer's counters per replica (`balancer`) were in the JSON alone for a ramp without faults:
+    the text never printed them and the HTML drew them only in a fault run's section."""
+    import json
+
+    out = tmp_path / "r"
+    argv = [
+        "bench", "ramp", "--target", f"{bench_server.target},{v6_server.target}", "--model", "mlp",
+        "--workers", "1", "--steps", "40", "--step-duration", "0.5s", "--warmup", "0.1s", "--metrics-url", "none",
+        "--json", f"{out}.json", "--html", f"{out}.html",
+    ]  # fmt: skip
+    status, stdout, stderr = wok_cli(*argv)
+    assert status == 0, stderr
+    result = json.loads(out.with_suffix(".json").read_text())
+    counted = {r["address"]: r for r in result["balancer"]["replicas"]}
+    assert len(counted) == 2 and "faults" not in result
+    after = stdout[stdout.index("max QPS under SLO") :]
+    assert f"wok balancer, over the workers and the whole run: {result['balancer']['calls']} calls," in after
+    for address, r in counted.items():
+        assert re.search(rf"│ {re.escape(address)} +│ {r['attempts']} +│ {r['ok']} +│", after), after
+    page = out.with_suffix(".html").read_text()
+    replicas = page[page.index("<h2>Replicas</h2>") : page.index("<h2>Configuration</h2>")]
+    assert all(f"<td>{report._e(address)}</td>" in replicas for address in counted)
 
 
 class _Clocked(Ramp):

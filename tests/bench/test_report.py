@@ -706,7 +706,12 @@ def test_html_of_a_soak_shows_its_windows_drift_and_where_the_verdicts_come_from
     # The soak section: the load held, the drift figures, one row per window.
     soak = text[text.index("<h2>Soak</h2>") : text.index("<h2>Configuration</h2>")]
     assert "50 QPS offered = 50% of the capacity, 100 QPS (measured)" in soak
-    assert "150 sent, 149 ok; errors UNAVAILABLE: 1" in soak
+    assert "150 sent, 149 ok; errors UNAVAILABLE 1." in soak
+    from wok.bench.soak import print_soak
+
+    out = io.StringIO()
+    print_soak(doc, out)  # as the HTML words it: the line printed a dict's repr ({'UNAVAILABLE': 1})
+    assert "errors UNAVAILABLE 1 of 150" in " ".join(out.getvalue().split())
     drift = soak[soak.index('<table class="soak-drift">') : soak.index("</table>")]
     rss_row, p99_row = re.findall(r'<tr><th class="l">.*?</tr>', drift)
     cells = lambda row: re.findall(r"<td>([^<]*)</td>", row)  # noqa: E731
@@ -818,9 +823,10 @@ def test_html_of_a_fault_run_has_the_fault_section_the_table_and_faults_png_show
     text = report.render_html(doc)
     faults = text[text.index("<h2>Faults</h2>") : text.index("<h2>Configuration</h2>")]
     assert text.index("<h2>Steps</h2>") < text.index("<h2>Faults</h2>")
+    # Errors by code as the table words them: the line printed a dict's repr ({'INTERNAL': 30}).
     assert (
         "<p>requests: 13268 sent, 13238 ok, 30 errors, <strong>0 lost</strong> (retries on, balancer wok); "
-        "not OK by code: {&#x27;INTERNAL&#x27;: 30}</p>"
+        "not OK by code: INTERNAL 30</p>"
     ) in faults
     assert "<h3>Faults (SLO P99 100 ms)</h3>" in faults
     assert _cells(_html_table(faults, "faults")) == [
@@ -839,10 +845,12 @@ def test_html_of_a_fault_run_has_the_fault_section_the_table_and_faults_png_show
     assert by_t["8.5"][-1] == "slow r0" and by_t["17.5"][-1] == "off r0"
     assert by_t["26.0"] == ["26.0", "197", "191", "6", "0", "10.5", "3", "bad", "fail r2"]
     assert by_t["27.0"] == ["27.0", "227", "227", "0", "0", "10.1", "3", "", ""]
-    # Each replica's answers, by the balancer's counters.
+    # Each replica's answers, by the balancer's counters: once, in the Replicas section before the faults.
+    replicas = text[text.index("<h2>Replicas</h2>") : text.index("<h2>Faults</h2>")]
+    assert text.index("<h2>Steps</h2>") < text.index("<h2>Replicas</h2>") and "Replicas" not in faults
     totals = "13268 calls, 13238 ok, 13299 attempts, 31 hedges, 0 retries, 0 budget refusals, 12 ejections"
-    assert f"{totals}; hedge after (per worker) 20, 20 ms." in faults
-    assert _cells(_html_table(faults, "replicas")) == [
+    assert f"{totals}; hedge after (per worker) 20, 20 ms." in replicas
+    assert _cells(_html_table(replicas, "replicas")) == [
         ["0", "127.0.0.1:46619", "1", "4403", "4372", "0", "31", "0", "0", "6"],
         ["1", "127.0.0.1:44353", "1", "5717", "5717", "0", "0", "18", "0", "0"],
         ["2", "127.0.0.1:38279", "1", "3179", "3149", "30", "0", "13", "0", "6"],
@@ -853,22 +861,31 @@ def test_html_of_a_fault_run_has_the_fault_section_the_table_and_faults_png_show
     out = io.StringIO()
     print_faults(doc, out)
     printed = " ".join(out.getvalue().split())
-    assert "requests: 13268 sent, 13238 ok, 30 errors, 0 lost (retries on, balancer wok)" in printed
-    assert "INTERNAL 30" in printed and "fail r2" in printed
-    # A run without faults has no such section, nor for the balancer's counters alone (a ramp over several
-    # targets): they go with the faults.
+    assert (
+        "requests: 13268 sent, 13238 ok, 30 errors, 0 lost (retries on, balancer wok); not OK by code: INTERNAL 30"
+    ) in printed
+    assert "fail r2" in printed
+    out = io.StringIO()
+    report.print_replicas(doc, out)
+    printed = out.getvalue()
+    assert f"{totals}; hedge after (per worker) 20, 20 ms." in " ".join(printed.split())
+    assert re.search(r"│ 2 +│ 127\.0\.0\.1:38279 +│ 1 +│ 3179 +│ 3149 +│ 30 +│ 0 +│ 13 +│ 0 +│ 6 +│", printed)
+    # A run without faults has no such section.
     assert "<h2>Faults</h2>" not in html and "Replicas" not in html
-    assert "<h2>Faults</h2>" not in report.render_html({**result, "balancer": doc["balancer"], "faults": None})
 
 
 def test_html_of_a_fault_run_names_a_fault_that_did_not_run_and_a_replica_restarted_behind_round_robin():
     doc = report.read_json_object(ROOT / "docs" / "results" / "faults-kill-grpc-2026-11-29.json")
     text = report.render_html(doc)
-    faults = text[text.index("<h2>Faults</h2>") : text.index("<h2>Configuration</h2>")]
     # A kill and its restart: replica 1 ran as two processes; round robin counted nothing per replica.
-    rows = _cells(_html_table(faults, "replicas"))
+    replicas = text[text.index("<h2>Replicas</h2>") : text.index("<h2>Faults</h2>")]
+    rows = _cells(_html_table(replicas, "replicas"))
     assert [r[0] for r in rows] == ["0", "1", "2"] and [r[2] for r in rows] == ["1", "2", "1"]
-    assert all(len(r) == 3 for r in rows) and "round robin (grpc) counts nothing per replica" in faults
+    assert all(len(r) == 3 for r in rows) and "round robin (grpc) counts nothing per replica" in replicas
+    # The text prints the table for the balancer's counters alone: behind round robin, nothing.
+    out = io.StringIO()
+    report.print_replicas(doc, out)
+    assert out.getvalue() == ""
     # A fault that never took effect: named in red under the table, no recovery, and no windows to show.
     doc["faults"]["faults"][0].update(start_s=None, end_s=None, recovery_s=None)
     faults = report.render_html(doc).split("<h2>Faults</h2>")[1]
@@ -878,6 +895,41 @@ def test_html_of_a_fault_run_names_a_fault_that_did_not_run_and_a_replica_restar
     ) in faults
     assert _cells(_html_table(faults, "faults"))[0][1:3] == ["-", "-"]
     assert "fault-windows" not in faults
+
+
+def test_the_balancers_counters_of_a_ramp_without_faults_are_shown_after_the_steps_in_html_and_text():
+    """A ramp over several targets behind the wok balancer (`--target a,b`) records its counters per replica in
+    `balancer`; the HTML drew them only inside a fault run's section and the text never printed them."""
+    doc = report.read_json_object(FAULT_RUN)
+    del doc["faults"]  # as `--target a,b` writes it: the counters, no bench-started replicas
+    text = report.render_html(doc)
+    assert "<h2>Faults</h2>" not in text
+    replicas = text[text.index("<h2>Replicas</h2>") : text.index("<h2>Configuration</h2>")]
+    assert text.index("</table>", text.index("<h2>Steps</h2>")) < text.index("<h2>Replicas</h2>")
+    assert "<p>wok balancer, over the workers and the whole run: 13268 calls, 13238 ok," in replicas
+    head = re.findall(r"<th>([^<]*)</th>", _html_table(replicas, "replicas"))
+    assert head == ["address", "attempts", "ok", "failures", "slow", "hedges", "retries", "ejections"]
+    assert _cells(_html_table(replicas, "replicas")) == [
+        ["127.0.0.1:46619", "4403", "4372", "0", "31", "0", "0", "6"],
+        ["127.0.0.1:44353", "5717", "5717", "0", "0", "18", "0", "0"],
+        ["127.0.0.1:38279", "3179", "3149", "30", "0", "13", "0", "6"],
+    ]
+    out = io.StringIO()
+    report.print_replicas(doc, out)
+    lines = [" ".join(re.sub("[│┃]", " ", line).split()) for line in out.getvalue().splitlines()]
+    assert lines[0].startswith("wok balancer, over the workers and the whole run: 13268 calls, 13238 ok,")
+    assert "address attempts ok failures slow hedges retries ejections" in lines
+    assert "127.0.0.1:44353 5717 5717 0 0 18 0 0" in lines
+    # A `dns:` name is one target of several addresses: a row per address, not one per target.
+    for r in doc["balancer"]["replicas"]:
+        r["target"] = "dns:///wok:8001"
+    assert len(_cells(_html_table(report.render_html(doc), "replicas"))) == 3
+    # Behind round robin (`balancer` null) there is nothing to show, in either.
+    doc["balancer"] = None
+    assert "Replicas" not in report.render_html(doc)
+    out = io.StringIO()
+    report.print_replicas(doc, out)
+    assert out.getvalue() == ""
 
 
 def _verdict_step(offered: float, p99: float, success: float = 1.0) -> dict:
