@@ -33,18 +33,15 @@ from .channel import (
     channel_target,
     close_ending_watches,
     looks_up,
+    loop_future,
     names_looked_up,
     on_thread,
     open_channel,
     retrieved,
-    target_list,
 )
-from .errors import Answers, InferError, read_answer
+from .errors import CLOSED_EARLY, Answers, InferError, SetupTimeout, read_answer
 from .limits import RequestLimit, check_time_left, estimate, item_estimate, learn_from_error, lookup_timeout
 from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, output_names, stream_request, stream_result
-
-# What a call that waited for the client's first lookup (or its balancer's start) gets when close() came first.
-CLOSED_EARLY = "the client was closed before its first call went out"
 
 
 class AsyncClient:
@@ -167,9 +164,9 @@ class AsyncClient:
         lookup = self._target_lookup
         if lookup is not None:
             if self._target_wait is None:
-                # One future for every call: a wrap_future of each call's own, left pending past its caller's
+                # One future for every call: a future of each call's own, left pending past its caller's
                 # timeout, had the lookup's error logged as never retrieved.
-                self._target_wait = asyncio.wrap_future(lookup)
+                self._target_wait = loop_future(lookup)
                 self._target_wait.add_done_callback(retrieved)
             timeout = await _within(self._target_wait, timeout, self._waited_for)
             # Closed while the lookup ran (close() cancels the wait, not the thread): as a call in flight at
@@ -185,7 +182,7 @@ class AsyncClient:
 
     async def _setup(self, timeout: float | None = None) -> float | None:
         """Make the channel, or start the balancer once (concurrent first calls wait for the one lookup or
-        start), waiting at most `timeout` (_SetupTimeout past it; it goes on for the others); what is left of
+        start), waiting at most `timeout` (SetupTimeout past it; it goes on for the others); what is left of
         `timeout`, all of it when nothing was waited for."""
         if self._closed:
             raise RuntimeError("this AsyncClient is closed")
@@ -210,11 +207,8 @@ class AsyncClient:
         waited for and the call's timeout, then `unsent`."""
         try:
             return await self._setup(timeout)
-        except _SetupTimeout as exc:
-            raise InferError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"CLIENT: {exc.what} did not end within the call's timeout of {timeout} s, so {unsent}",
-            ) from None
+        except SetupTimeout as exc:
+            raise exc.call_error(timeout, unsent) from None
 
     async def __aenter__(self) -> AsyncClient:
         await self._setup()
@@ -230,7 +224,7 @@ class AsyncClient:
         if self._target_wait is not None:
             # Its calls waited for the lookup's thread, which nothing can stop: until the resolver answered (or
             # gave up on a DNS server that does not), or to their own timeout. Cancelled, the wait wakes them now,
-            # and the thread's result is dropped when it comes (asyncio.wrap_future skips a cancelled future).
+            # and the thread's result is dropped when it comes (`loop_future`), on a closed loop too.
             self._target_wait.cancel()
         channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
@@ -247,11 +241,8 @@ class AsyncClient:
         starting = self._balancer is not None and (self._balancer_start is None or not self._balancer_start.done())
         try:
             left = await self._setup(timeout)
-        except _SetupTimeout as exc:
-            shown = quoted_name(",".join(target_list(self._targets)))
-            raise TimeoutError(
-                f"{shown}: not connected within {timeout} s: {exc.what} did not end in that time"
-            ) from None
+        except SetupTimeout as exc:
+            raise exc.ready_error(self._targets, timeout) from None
         if self._balancer is not None:
             # The balancer's TimeoutError quoted what was left of `timeout` once its start had taken the rest.
             took = None if left is None or not starting else timeout - left
@@ -329,7 +320,7 @@ class AsyncClient:
             # began only after that.
             try:
                 timeout = await self._setup(timeout)
-            except _SetupTimeout:
+            except SetupTimeout:
                 return True
             if self._balancer is None:
                 stub = self._stub
@@ -558,18 +549,10 @@ def _loop_running() -> bool:
     return True
 
 
-class _SetupTimeout(Exception):
-    """A call's timeout ran out while it waited for the client's setup; `what` names it."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(what)
-        self.what = what
-
-
 async def _within(setup: asyncio.Future, timeout: float | None, waited_for) -> float | None:
     """Wait for `setup` at most `timeout` s, without cancelling it: other calls wait for it too, and one
     caller's short timeout must not end it for them. What is left of `timeout`, all of it when `setup` is
-    done; _SetupTimeout naming `waited_for()` when it is not done in time."""
+    done; SetupTimeout naming `waited_for()` when it is not done in time."""
     if setup.done():
         return timeout
     if timeout is None:
@@ -579,7 +562,7 @@ async def _within(setup: asyncio.Future, timeout: float | None, waited_for) -> f
     start = loop.time()
     await asyncio.wait([setup], timeout=max(0.0, timeout))
     if not setup.done():
-        raise _SetupTimeout(waited_for())
+        raise SetupTimeout(waited_for())
     return max(0.0, timeout - (loop.time() - start))
 
 

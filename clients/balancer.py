@@ -184,6 +184,7 @@ from .channel import (
     channel_options,
     close_ending_watches,
     family_of,
+    loop_future,
     on_thread,
     open_channel,
     preferred_families,
@@ -460,7 +461,7 @@ async def system_resolver(host: str, port: int) -> list[str]:
     Not `loop.getaddrinfo`: that runs on the loop's default executor, and a lookup that hangs held asyncio.run's
     end and the interpreter's exit (both join that executor's threads) until the system resolver gave up, long
     after stop() (30 s with resolv.conf's defaults)."""
-    infos = await asyncio.wrap_future(_system_lookup(host, port))
+    infos = await loop_future(_system_lookup(host, port))
     v4 = [i[4][0] for i in infos if i[0] == socket.AF_INET]
     v6 = [i[4][0] for i in infos if i[0] == socket.AF_INET6]
     return [_address(ip, port) for ip in dict.fromkeys(v4 + v6)]
@@ -1327,7 +1328,15 @@ class Balancer:
         # is closed"). (A callback, not the task's `finally`: a task cancelled before it ran runs none.)
         # Counted once the task exists (it runs no sooner than the next turn of the loop): a create_task
         # that raised (a closed loop) left the count up for good, and the channel never closed as idle.
-        a.task = self._loop.create_task(self._attempt(a, key, request, deadline, metadata, delay))
+        attempt = self._attempt(a, key, request, deadline, metadata, delay)
+        try:
+            a.task = self._loop.create_task(attempt)
+        except BaseException:
+            # (A closed loop: a balancer started on a loop that has ended.) The coroutine never ran, and left so
+            # it warned "coroutine 'Balancer._attempt' was never awaited" once collected; the error is the
+            # caller's, as grpc.aio's own call raises it on such a loop.
+            attempt.close()
+            raise
         a.replica.launched += 1
         self._tasks.add(a.task)
         a.task.add_done_callback(self._tasks.discard)

@@ -600,8 +600,8 @@ def on_thread(name: str, fn, *args, **kwargs) -> concurrent.futures.Future:
     Not the loop's default executor: its future would belong to the loop that made it, and a lookup that
     hangs (a DNS server that never answers: resolv.conf's timeout × attempts, 30 s by default) kept one of
     its threads, which asyncio.run's end (shutdown_default_executor) and the interpreter's exit both wait
-    for, long after the client was closed. Awaited through wrap_future, a cancel ends the wait at once and
-    the thread's late result is dropped (wrap_future skips a cancelled future, or a closed loop)."""
+    for, long after the client was closed. Awaited through `loop_future`, a cancel ends the wait at once and
+    the thread's late result is dropped, quietly on a closed loop too."""
     future: concurrent.futures.Future = concurrent.futures.Future()
     # Running from the start: a first call cancelled before the thread ran would otherwise cancel
     # it through asyncio.wrap_future, and every later call would raise CancelledError.
@@ -615,6 +615,39 @@ def on_thread(name: str, fn, *args, **kwargs) -> concurrent.futures.Future:
 
     threading.Thread(target=run, name=name, daemon=True).start()
     return future
+
+
+def loop_future(future: concurrent.futures.Future) -> asyncio.Future:
+    """`future` (an `on_thread` one) as a future of the running loop, as `asyncio.wrap_future` makes it, whose
+    outcome, coming once the loop has closed, is dropped quietly: whoever awaited it went with the loop.
+
+    Not wrap_future: its hand-over checks that the loop is open, then calls its call_soon_threadsafe from the
+    thread that ended `future`; a loop closed between the two (asyncio.run ending as a lookup's answer came)
+    raised there, and concurrent.futures logged "exception calling callback for <Future ...>" with the loop's
+    RuntimeError. Cancelling the loop's future does not cancel `future` (wrap_future tries to: an `on_thread`
+    future runs from the start and cannot be)."""
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def copy(done: concurrent.futures.Future) -> None:  # on the loop
+        if waiter.done():  # its waiter cancelled (a call's timeout, close())
+            return
+        if done.cancelled():
+            waiter.cancel()
+        elif done.exception() is not None:
+            waiter.set_exception(done.exception())
+        else:
+            waiter.set_result(done.result())
+
+    def hand_over(done: concurrent.futures.Future) -> None:  # on the thread that ended `future`
+        try:
+            loop.call_soon_threadsafe(copy, done)
+        except RuntimeError:
+            if not loop.is_closed():
+                raise
+
+    future.add_done_callback(hand_over)
+    return waiter
 
 
 NAME_OPTIONS = ("grpc.default_authority", "grpc.ssl_target_name_override")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Sequence
 
 import grpc
 import numpy as np
@@ -12,6 +13,33 @@ import numpy as np
 from wok.codec import decode_response
 from wok.errors import quoted_name
 from wok.v2pb import grpc_service_pb2 as pb
+
+from .channel import target_list
+
+# What a call that waited for the client's first lookup (or its balancer's start) gets when close() came first.
+CLOSED_EARLY = "the client was closed before its first call went out"
+
+
+class SetupTimeout(Exception):
+    """A call's timeout ran out while it waited for the client's setup (its first lookup, the wok balancer's
+    start); `what` names it. The clients' own: a call raises InferError DEADLINE_EXCEEDED for it."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+    def call_error(self, timeout: float | None, unsent: str) -> InferError:
+        """A call's error for it, as a late call gets: what it waited for and the call's timeout, then `unsent`."""
+        return InferError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"CLIENT: {self.what} did not end within the call's timeout of {timeout} s, so {unsent}",
+        )
+
+    def ready_error(self, targets: str | Sequence[str], timeout: float | None) -> TimeoutError:
+        """wait_ready's error for it, naming the client's `targets` and wait_ready's `timeout`."""
+        shown = quoted_name(",".join(target_list(targets)))
+        return TimeoutError(f"{shown}: not connected within {timeout} s: {self.what} did not end in that time")
+
 
 # What gRPC's details say of a connection the server closed before HTTP/2 began: a TLS-only port
 # closes a plaintext client's connection so, "... last error: UNAVAILABLE: ipv4:127.0.0.1:8001:

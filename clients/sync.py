@@ -5,6 +5,7 @@ The channel is thread-safe, so one Client can serve many threads.
 
 from __future__ import annotations
 
+import concurrent.futures
 import queue
 import threading
 import time
@@ -27,9 +28,12 @@ from .channel import (
     channel_credentials,
     channel_options,
     channel_target,
+    looks_up,
+    names_looked_up,
+    on_thread,
     open_channel,
 )
-from .errors import Answers, read_answer
+from .errors import CLOSED_EARLY, Answers, InferError, SetupTimeout, read_answer
 from .limits import RequestLimit, check_time_left, estimate, item_estimate, learn_from_error, lookup_timeout
 from .messages import ModelInfo, StreamIds, StreamItem, StreamResult, output_names, stream_request, stream_result
 
@@ -40,6 +44,13 @@ class Client:
     `target`, `options`, `tls`, `token` and `retries` are as for AsyncClient. Use as `with Client(...) as client:`
     or call `close()`. Every failed call raises InferError; the metadata calls return the
     protocol's response messages as they are, except `model_metadata`.
+
+    Several targets naming hosts are looked up (and probed, `channel_target`) on a thread, as an AsyncClient made
+    in a running loop does: the constructor returns at once, and each call waits for that lookup at most its
+    `timeout` (then InferError DEADLINE_EXCEEDED naming the lookup; wait_ready its TimeoutError), and raises the
+    lookup's error (a name that does not resolve: ValueError). close() ends the calls waiting for it, with
+    InferError CANCELLED (wait_ready: RuntimeError). (Not in the constructor: it waited there past any timeout,
+    up to the system resolver's own limit, 30 s with resolv.conf's defaults, for a DNS server that does not answer.)
     """
 
     def __init__(
@@ -51,25 +62,74 @@ class Client:
         token: str | None = None,
         retries: bool = True,
     ) -> None:
-        self.target = channel_target(target)
+        self._targets = target
+        looked_up = looks_up(target)  # (a malformed list's ValueError, here, with no lookup)
         self._metadata = auth_metadata(token)
-        credentials = channel_credentials(tls)
-        self._answers = Answers(plaintext=credentials is None)
-        self._channel = open_channel(
-            grpc,
-            self.target,
-            credentials,
-            channel_options(options, retries=retries),
-            channel_authority(target),
-        )
-        self._stub = GRPCInferenceServiceStub(self._channel)
+        self._credentials = channel_credentials(tls)
+        self._options = channel_options(options, retries=retries)
+        self._answers = Answers(plaintext=self._credentials is None)
         self._closed = False
+        self._channel: grpc.Channel | None = None
+        self._stub: GRPCInferenceServiceStub | None = None
+        self._target: str | None = None
+        self._target_lookup: concurrent.futures.Future[str] | None = None
+        # Set once the calls need not wait: the channel is open, the lookup has ended, or close() came.
+        self._settled = threading.Event()
+        if looked_up:
+            self._target_lookup = on_thread("wok-channel-target", channel_target, target)
+            self._target_lookup.add_done_callback(lambda _: self._settled.set())
+        else:
+            self._target = channel_target(target)
+            self._open_channel()
+            self._settled.set()
         # wait_ready's pending futures: close() cancels them, else a wait without a timeout never ended.
         self._waits: set[grpc.Future] = set()
         self._lock = threading.Lock()
         self._limit = RequestLimit()  # the server's request limit, looked up once (wok.clients.limits)
         self._lookup_lock = threading.Lock()  # one look-up at a time; those waiting for it find it done
         self._lookups_ended = 0  # look-ups ended, whatever their outcome (under _lookup_lock)
+
+    @property
+    def target(self) -> str | Sequence[str]:
+        """The gRPC target URI of the channel (`channel_target`). While the lookup of several targets' names runs,
+        the targets as given; once it has failed, its error, as the calls raise it. It never waits."""
+        lookup = self._target_lookup
+        if lookup is None:
+            return self._target
+        return lookup.result() if lookup.done() else self._targets
+
+    def _open_channel(self) -> None:
+        self._channel = open_channel(
+            grpc, self.target, self._credentials, self._options, channel_authority(self._targets)
+        )
+        self._stub = GRPCInferenceServiceStub(self._channel)
+
+    def _setup(self, timeout: float | None) -> float | None:
+        """Wait at most `timeout` for the targets' lookup, if it runs, and open the channel once it has ended; what
+        is left of `timeout`. SetupTimeout past it, the lookup's error (every caller's), InferError CANCELLED for
+        a close() that came meanwhile, RuntimeError once closed."""
+        if self._stub is not None:
+            return timeout
+        if self._closed:
+            raise RuntimeError("this Client is closed")
+        start = time.monotonic()
+        if not self._settled.wait(timeout):
+            raise SetupTimeout(f"the lookup of {', '.join(map(quoted_name, names_looked_up(self._targets)))}")
+        with self._lock:
+            if self._closed:
+                # The lookup's thread cannot be stopped: as a call in flight at close() ends, its result dropped.
+                raise InferError(grpc.StatusCode.CANCELLED, CLOSED_EARLY)
+            if self._stub is None:  # the first to get here opens the channel; the lookup's error is everyone's
+                self._open_channel()
+        return None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+
+    def _open(self, timeout: float | None, unsent: str = "the request was not sent") -> float | None:
+        """`_setup` for a call: out of time, InferError DEADLINE_EXCEEDED, as a late call gets, naming what it
+        waited for and the call's timeout, then `unsent`."""
+        try:
+            return self._setup(timeout)
+        except SetupTimeout as exc:
+            raise exc.call_error(timeout, unsent) from None
 
     def __enter__(self) -> Client:
         return self
@@ -82,18 +142,28 @@ class Client:
         with self._lock:
             self._closed = True
             waits, self._waits = self._waits, set()
+            channel = self._channel
+        self._settled.set()  # the calls waiting for the lookup end (`_setup`)
         for ready in waits:
             ready.cancel()
-        _await_poller_end(self._channel)
-        self._channel.close()
+        if channel is not None:
+            _await_poller_end(channel)
+            channel.close()
 
     def _closed_error(self, exc: ValueError) -> Exception:
         # grpc's own words for a call on a closed channel are a ValueError; AsyncClient says this.
         return RuntimeError("this Client is closed") if self._closed else exc
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Wait until the channel is connected (to at least one server); TimeoutError if not in time,
-        RuntimeError if the client is closed (before, or while it waits)."""
+        """Wait until the channel is connected (to at least one server); TimeoutError if not in time, the targets'
+        lookup included (it goes on, for the calls), RuntimeError if the client is closed (before, or while it
+        waits)."""
+        try:
+            timeout_left = self._setup(timeout)
+        except SetupTimeout as exc:
+            raise exc.ready_error(self._targets, timeout) from None
+        except InferError:  # CANCELLED: closed while it waited for the lookup
+            raise RuntimeError("this Client is closed") from None
         with self._lock:
             # On a closed channel grpc's watch thread dies of a ValueError, and the wait never ends.
             if self._closed:
@@ -101,7 +171,7 @@ class Client:
             ready = grpc.channel_ready_future(self._channel)
             self._waits.add(ready)
         try:
-            ready.result(timeout=timeout)
+            ready.result(timeout=timeout_left)
         except grpc.FutureTimeoutError:
             # Left running, it would stay subscribed to the channel's state until it connects.
             ready.cancel()
@@ -113,6 +183,7 @@ class Client:
                 self._waits.discard(ready)
 
     def _unary(self, method: str, request, timeout: float | None):
+        timeout = self._open(timeout)
         sent = self._answers.sent()
         try:
             response = getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
@@ -178,8 +249,8 @@ class Client:
     def request_limit(self, *, timeout: float | None = None) -> tuple[int, int] | None:
         """The server's published request limit in bytes, (its --max-request-bytes, its gRPC receive
         limit), looked up once (wok.clients.limits); None when it publishes none (not a wok server, an
-        older one) or the look-up failed."""
-        self._look_up_limit(timeout)
+        older one) or the look-up failed. The targets' lookup it waits for first fails as any call's does."""
+        self._look_up_limit(self._open(timeout, "the server's request limit was not looked up"))
         return self._limit.published()
 
     def model_metadata(self, name: str, *, timeout: float | None = None) -> ModelInfo:
@@ -215,7 +286,8 @@ class Client:
         est = estimate(inputs)
         request = encode_request(model, inputs, output_names(outputs), request_id, server_timeout_us, datatypes)
         if self._limit.needs_lookup(est):
-            left = self._look_up_limit(timeout)
+            # The targets' lookup first, out of time with its own error: the look-up's would blame ServerMetadata.
+            left = self._look_up_limit(self._open(timeout))
             check_time_left(left, timeout)
             timeout = left
         self._limit.check(request, est)
@@ -227,6 +299,7 @@ class Client:
         Nothing is sent until the first result is asked for. Leaving early (closing the
         generator, or dropping it) cancels the stream.
         """
+        timeout = self._open(timeout, "the stream was not opened")
         failure: list[BaseException] = []
         sent = self._answers.sent()
         # The requests sent and answered, and the results of those the client refused (over the

@@ -19,6 +19,7 @@ import random
 import re
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 import threading
@@ -424,6 +425,45 @@ def test_stop_ends_the_connectivity_watches_before_its_loop_closes(on_a_loop_the
 
     left = on_a_loop_then_closed(use_and_stop)
     assert not left, left[0]
+
+
+# A balancer left running when its loop ended, called on a later loop: its own process, since its channels stay
+# open in gRPC's core for the closed loop (their completions would reach a later test's loop).
+CALLED_ON_A_LATER_LOOP = textwrap.dedent(
+    """
+    import asyncio, gc, json, warnings
+    from wok.clients.balancer import Balancer
+
+    async def start():
+        bal = Balancer("127.0.0.1:1")  # nothing listens: no call goes out
+        await bal.start()
+        return bal
+
+    method = asyncio.run(start()).unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+    async def call():
+        try:
+            await method(b"", timeout=5)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "answered"
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        raised = asyncio.run(call())
+        gc.collect()  # a coroutine never awaited warns as it goes
+    print(json.dumps({"raised": raised, "warnings": [str(w.message) for w in caught]}))
+    """
+)
+
+
+def test_a_call_on_a_closed_loop_raises_its_error_and_leaves_no_coroutine_unawaited():
+    """`create_task` of an attempt raised on the balancer's closed loop, and the attempt's coroutine, never run,
+    warned "coroutine 'Balancer._attempt' was never awaited" as it went: it is closed, the error raised."""
+    done = subprocess.run([sys.executable, "-c", CALLED_ON_A_LATER_LOOP], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got == {"raised": "RuntimeError: Event loop is closed", "warnings": []}, got
 
 
 async def test_cancelling_the_caller_cancels_its_attempts(stub):

@@ -21,20 +21,8 @@ import pytest
 
 pytestmark = pytest.mark.timeout(120)
 
-CHILD = r"""
-import asyncio, gc, json, logging, socket, struct, sys, threading, time
-
-import grpc
-import numpy as np
-
-from wok.clients import AsyncClient, InferError
-from wok.v2pb import grpc_service_pb2 as pb
-from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
-
-TIMEOUT = 0.3
-GUARD_S = 3.0  # a call still waiting past this overran: without the fix it waits for the resolver (30 s)
-
-
+# What the children share: the record of what is logged (`LOGGED.lines`), and a DNS answer's bytes.
+COMMON = r"""
 class Logged(logging.Handler):
     # Every record of WARNING and up, the child's whole life: asyncio's "never retrieved", a callback's error.
 
@@ -49,6 +37,42 @@ class Logged(logging.Handler):
 LOGGED = Logged()
 logging.getLogger().addHandler(LOGGED)
 
+
+def parsed(query):
+    # The name a DNS query asks for, and its question section.
+    labels, i = [], 12
+    while query[i]:
+        labels.append(query[i + 1 : i + 1 + query[i]].decode())
+        i += 1 + query[i]
+    return ".".join(labels), query[12 : i + 5]
+
+
+def answer_to(query, question, missing=False):
+    # A 127.0.0.1 and no other record; for a `missing` name, that there is no such name (NXDOMAIN).
+    a = struct.unpack("!H", question[-4:-2])[0] == 1 and not missing
+    header = query[:2] + struct.pack("!HHHHH", 0x8183 if missing else 0x8180, 1, int(a), 0, 0)
+    record = struct.pack("!HHHIH", 0xC00C, 1, 1, 60, 4) + bytes([127, 0, 0, 1]) if a else b""
+    return header + question + record
+"""
+
+CHILD = (
+    r"""
+import asyncio, gc, json, logging, socket, struct, sys, threading, time
+
+import grpc
+import numpy as np
+
+from wok.clients import AsyncClient, InferError
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+TIMEOUT = 0.3
+GUARD_S = 3.0  # a call still waiting past this overran: without the fix it waits for the resolver (30 s)
+
+
+"""
+    + COMMON
+    + r"""
 
 class Server(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
@@ -75,11 +99,7 @@ class Dns(asyncio.DatagramProtocol):
         return self.arrived.setdefault(name, asyncio.Event())
 
     def datagram_received(self, data, addr):
-        labels, i = [], 12
-        while data[i]:
-            labels.append(data[i + 1 : i + 1 + data[i]].decode())
-            i += 1 + data[i]
-        name, question = ".".join(labels), data[12 : i + 5]
+        name, question = parsed(data)
         self.event(name).set()
         if name in self.released:
             self.answer(data, question, addr)
@@ -87,10 +107,7 @@ class Dns(asyncio.DatagramProtocol):
             self.held.setdefault(name, []).append((data, question, addr))
 
     def answer(self, data, question, addr):
-        a = struct.unpack("!H", question[-4:-2])[0] == 1
-        header = data[:2] + struct.pack("!HHHHH", 0x8180, 1, int(a), 0, 0)
-        record = struct.pack("!HHHIH", 0xC00C, 1, 1, 60, 4) + bytes([127, 0, 0, 1]) if a else b""
-        self.transport.sendto(header + question + record, addr)
+        self.transport.sendto(answer_to(data, question), addr)
 
     def release(self, name):
         self.released.add(name)
@@ -242,6 +259,7 @@ gc.collect()  # a future left with its error unread says so as it goes
 results["logged"] = LOGGED.lines
 print(json.dumps(results))
 """
+)
 
 # The child's namespaces: its loopback up, its resolv.conf the test's (glibc waits 30 s for an answer).
 SETUP = 'ip link set lo up && mount --bind "$1" /etc/resolv.conf && shift && exec "$@"'
@@ -437,3 +455,400 @@ def test_a_balancers_hung_lookup_holds_neither_asyncio_run_nor_the_exit(silent_l
     assert silent_lookups["run_ended_s"] < 2.0, silent_lookups
     assert silent_lookups["exited_at"] - silent_lookups["closed_at"] < 5.0, silent_lookups
     assert "Traceback" not in silent_lookups["stderr"], silent_lookups["stderr"]
+
+
+# A DNS server on a thread of the child's own (`Dns`), after COMMON.
+THREADED_DNS = (
+    COMMON
+    + r"""
+class Dns:
+    # On a thread (the loops here end): holds each name's queries until `release(name)`, then answers A 127.0.0.1,
+    # or for a name in `missing`, that it has no such name (NXDOMAIN).
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 53))
+        self.lock = threading.Lock()
+        self.arrived, self.released, self.held, self.missing = {}, set(), {}, set()
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def asked(self, name):
+        with self.lock:
+            return self.arrived.setdefault(name, threading.Event())
+
+    def serve(self):
+        while True:
+            data, addr = self.sock.recvfrom(512)
+            name, question = parsed(data)
+            self.asked(name).set()
+            with self.lock:
+                if name not in self.released and name not in self.missing:
+                    self.held.setdefault(name, []).append((data, question, addr))
+                    continue
+            self.answer(data, question, addr, name in self.missing)
+
+    def answer(self, data, question, addr, missing=False):
+        self.sock.sendto(answer_to(data, question, missing), addr)
+
+    def release(self, name):
+        with self.lock:
+            self.released.add(name)
+            held = self.held.pop(name, [])
+        for query in held:
+            self.answer(*query)
+"""
+)
+
+# A lookup's answer that comes as its loop closes: the thread that ends the lookup hands its result to the loop
+# (call_soon_threadsafe) just as the loop closes. The loop here holds such a hand-over until it is closed, so the
+# answer comes after the check that the loop is open and before the hand-over, every run.
+LATE_CHILD = (
+    r"""
+import asyncio, json, logging, socket, struct, threading
+
+from wok.clients import AsyncClient
+from wok.clients.balancer import system_resolver
+
+
+"""
+    + THREADED_DNS
+    + r"""
+
+class ClosingLoop(asyncio.SelectorEventLoop):
+    # Once `hold` is set, a call_soon_threadsafe from another thread waits until the loop is closed.
+
+    def __init__(self):
+        super().__init__()
+        self.owner = threading.get_ident()
+        self.hold, self.handing_over, self.closed = threading.Event(), threading.Event(), threading.Event()
+
+    def call_soon_threadsafe(self, *args, **kwargs):
+        if self.hold.is_set() and threading.get_ident() != self.owner:
+            self.handing_over.set()
+            self.closed.wait(20)
+        return super().call_soon_threadsafe(*args, **kwargs)
+
+    def close(self):
+        super().close()
+        self.closed.set()
+
+
+def answered_as_the_loop_closes(dns, name, thread_name, begin):
+    # `begin()` (a coroutine) starts the awaited lookup of `name` and returns what ends its caller; the answer then
+    # comes for a loop that is closing. Whether the hand-over came, and the lookup's thread ended.
+    loop = ClosingLoop()
+    try:
+        async def first():
+            end = await begin()
+            if not dns.asked(name).wait(20):
+                return None
+            await end()  # the caller gone
+            return True
+
+        if loop.run_until_complete(first()) is None:
+            return {"skip": "the system resolver never asked this resolv.conf's server"}
+        loop.hold.set()
+        dns.release(name)
+        handed = loop.handing_over.wait(20)
+        threads = [t for t in threading.enumerate() if t.name == thread_name]  # (held there, if handed)
+    finally:
+        loop.close()
+    for thread in threads:
+        thread.join(20)
+    return {"handed_over": handed, "threads": len(threads), "alive": any(t.is_alive() for t in threads)}
+
+
+def balancer_lookup():
+    async def begin():
+        task = asyncio.ensure_future(system_resolver("bal.wok-test", 1))
+        await asyncio.sleep(0)  # its first step: the lookup started and awaited
+
+        async def end():
+            task.cancel()
+            await asyncio.wait([task])
+
+        return end
+
+    return begin
+
+
+def client_lookup():
+    async def begin():
+        client = AsyncClient(["cli.wok-test:1", "127.0.0.1:1"])
+        call = asyncio.ensure_future(client.server_live(timeout=20))
+        await asyncio.sleep(0)  # its first step: waiting for the lookup
+
+        async def end():
+            await client.close()
+            await asyncio.wait([call])
+            call.exception()
+
+        return end
+
+    return begin
+
+
+dns = Dns()
+results = {
+    "balancer": answered_as_the_loop_closes(dns, "bal.wok-test", "wok-balancer-lookup", balancer_lookup()),
+    "client": answered_as_the_loop_closes(dns, "cli.wok-test", "wok-channel-target", client_lookup()),
+}
+for got in results.values():
+    if "skip" in got:
+        print(json.dumps(got))
+        raise SystemExit(0)
+results["logged"] = LOGGED.lines
+print(json.dumps(results))
+"""
+)
+
+
+def test_a_lookups_answer_as_its_loop_closes_is_dropped_quietly(tmp_path_factory):
+    """The thread of a lookup whose caller had gone (cancelled, the client closed) handed its answer to the loop
+    through asyncio.wrap_future: a loop that closed between its check and its hand-over raised in that thread, and
+    concurrent.futures logged "exception calling callback for <Future ...>: RuntimeError: Event loop is closed".
+    The answer is dropped quietly now, on the balancer's lookups and the client's first one alike."""
+    got = _run_child(tmp_path_factory, LATE_CHILD, RESOLV_CONF)
+    for path in ("balancer", "client"):
+        assert got[path] == {"handed_over": True, "threads": 1, "alive": False}, got
+    assert got["logged"] == [], got["logged"]
+    assert "Traceback" not in got["stderr"], got["stderr"]
+
+
+# The blocking Client's lookup of several targets, one a name whose DNS answer is held.
+SYNC_CHILD = (
+    r"""
+import json, logging, socket, struct, sys, threading, time
+from concurrent import futures
+
+import grpc
+import numpy as np
+
+from wok.clients import Client, InferError
+from wok.v2pb import grpc_service_pb2 as pb
+from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+TIMEOUT = 0.3
+GUARD_S = 3.0  # a call (or the constructor) still waiting past this overran: it waits for the resolver (30 s)
+X = {"INPUT0": np.zeros((1, 4), np.float32)}
+LARGE = {"INPUT0": np.zeros((1, 300_000), np.float32)}  # needs the server's request limit first
+
+
+"""
+    + THREADED_DNS
+    + r"""
+
+class Server(pb_grpc.GRPCInferenceServiceServicer):
+    def ModelInfer(self, request, context):
+        return pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+
+    def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    def ServerMetadata(self, request, context):  # (no request limit published)
+        return pb.ServerMetadataResponse(name="child")
+
+    def ModelStreamInfer(self, request_iterator, context):
+        for request in request_iterator:
+            yield pb.ModelStreamInferResponse(infer_response=pb.ModelInferResponse(model_name=request.model_name))
+
+
+def described(exc):
+    if isinstance(exc, InferError):
+        return exc.code.name, exc.details
+    return type(exc).__name__, str(exc)
+
+
+def started(call):
+    # `call()` on a thread of its own; its outcome in the dict it fills once it ends.
+    out = {}
+
+    def run():
+        t0 = time.monotonic()
+        try:
+            out["value"] = call()
+            out["kind"], out["text"] = "ok", ""
+        except Exception as exc:
+            out["kind"], out["text"] = described(exc)
+        out["took"], out["ended"] = round(time.monotonic() - t0, 3), time.monotonic()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def outcome(call):
+    # What `call()` gives and how long it took; "overran" past GUARD_S (left running).
+    thread, out = started(call)
+    thread.join(GUARD_S)
+    if thread.is_alive():
+        return {"kind": "overran", "text": "", "took": GUARD_S}
+    return {k: out[k] for k in ("kind", "text", "took")}
+
+
+def asked(dns, name):
+    if not dns.asked(name).wait(20):
+        print(json.dumps({"skip": "the system resolver never asked this resolv.conf's server"}))
+        sys.exit(0)
+
+
+def waiting_for_the_lookup(thread):
+    # Whether `thread` waits in the client's wait for its lookup (Event.wait called from Client._setup).
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None and frame.f_back is not None:
+        if frame.f_code.co_name == "wait" and frame.f_back.f_code.co_name == "_setup":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def scenario(dns, port):
+    name = "sync.wok-test"
+    targets = [f"{name}:{port}", f"127.0.0.1:{port}"]
+    thread, made = started(lambda: Client(targets))
+    thread.join(GUARD_S)
+    out = {"made": "overran" if thread.is_alive() else {"kind": made["kind"], "took": made["took"]}}
+    if thread.is_alive():  # (it waits for the resolver's answer)
+        dns.release(name)
+        thread.join(20)
+        made["value"].close()
+        return out
+    client = made["value"]
+    asked(dns, name)
+    out["given"], out["target_while_looked_up"] = targets, client.target
+    patient, patient_out = started(lambda: client.server_live())  # no timeout: it waits for the lookup
+    out["infer"] = outcome(lambda: client.infer("m", X, timeout=TIMEOUT))
+    out["large_infer"] = outcome(lambda: client.infer("m", LARGE, timeout=TIMEOUT))
+    out["server_live"] = outcome(lambda: client.server_live(timeout=TIMEOUT))
+    out["request_limit"] = outcome(lambda: client.request_limit(timeout=TIMEOUT))
+    out["stream_infer"] = outcome(lambda: list(client.stream_infer([("m", X)], timeout=TIMEOUT)))
+    out["wait_ready"] = outcome(lambda: client.wait_ready(timeout=TIMEOUT))
+    out["patient_waits"] = patient.is_alive()
+    dns.release(name)
+    patient.join(20)
+    out["patient"] = {k: patient_out.get(k) for k in ("kind", "text", "value")}
+    out["after"] = outcome(lambda: client.infer("m", X, timeout=5))
+    out["target"] = client.target
+    client.close()
+    return out
+
+
+def closing(dns, port):
+    # Calls waiting for the lookup when the client is closed: how each ends, and how long after close().
+    name = "closing.wok-test"
+    client = Client([f"{name}:{port}", f"127.0.0.1:{port}"])
+    calls = {
+        "infer": lambda: client.infer("m", X, timeout=20),
+        "no_timeout": lambda: client.server_live(),
+        "stream_infer": lambda: next(client.stream_infer([("m", X)], timeout=20)),
+        "request_limit": lambda: client.request_limit(timeout=20),
+        "wait_ready": lambda: client.wait_ready(timeout=20),
+    }
+    running = {what: started(call) for what, call in calls.items()}
+    asked(dns, name)
+    deadline = time.monotonic() + 20
+    while not all(waiting_for_the_lookup(t) for t, _ in running.values()) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    closed = time.monotonic()
+    client.close()
+    out = {}
+    for what, (thread, got) in running.items():
+        thread.join(GUARD_S)
+        if thread.is_alive():
+            out[what] = {"kind": "overran", "text": "", "took": GUARD_S}
+        else:
+            out[what] = {"kind": got["kind"], "text": got["text"], "took": round(got["ended"] - closed, 3)}
+    dns.release(name)
+    for thread in threading.enumerate():
+        if thread.name == "wok-channel-target":
+            thread.join(20)
+            assert not thread.is_alive(), f"the lookup of {name} still running 20 s after its answer"
+    return out
+
+
+def missing(dns, port):
+    # A name that does not resolve: its error to every call, and to `target` once the lookup has ended.
+    name = "missing.wok-test"
+    dns.missing.add(name)
+    client = Client([f"{name}:{port}", f"127.0.0.1:{port}"])
+    out = [outcome(lambda: client.server_live(timeout=5)) for _ in range(2)]
+    out.append(outcome(lambda: client.target))
+    client.close()
+    return out
+
+
+dns = Dns()
+server = grpc.server(futures.ThreadPoolExecutor(4))
+pb_grpc.add_GRPCInferenceServiceServicer_to_server(Server(), server)
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+results = {"scenario": scenario(dns, port)}
+if results["scenario"]["made"] != "overran":
+    results["closing"] = closing(dns, port)
+    results["missing"] = missing(dns, port)
+server.stop(0)
+results["logged"] = LOGGED.lines
+print(json.dumps(results))
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def sync_lookups(tmp_path_factory) -> dict:
+    return _run_child(tmp_path_factory, SYNC_CHILD, RESOLV_CONF)
+
+
+def test_a_sync_clients_constructor_does_not_wait_for_the_lookup(sync_lookups):
+    """Client() looked its targets up in the constructor, which no timeout bounds: with a DNS server that does not
+    answer, up to the system resolver's limit (30 s here). It looks them up on a thread, as AsyncClient does."""
+    got = sync_lookups["scenario"]
+    assert got["made"] != "overran", "the constructor waited for the lookup"
+    assert got["made"]["kind"] == "ok" and got["made"]["took"] < 1.0, got["made"]
+    assert got["target_while_looked_up"] == got["given"], got  # (it never waits either)
+
+
+@pytest.mark.parametrize("call", ["infer", "large_infer", "server_live", "request_limit", "stream_infer"])
+def test_a_sync_first_call_past_its_timeout_in_the_lookup_ends_deadline_exceeded(sync_lookups, call):
+    got = sync_lookups["scenario"][call]
+    assert got["kind"] == "DEADLINE_EXCEEDED", got
+    assert 0.29 <= got["took"] < 2.0, got
+    assert got["text"].startswith(
+        "CLIENT: the lookup of 'sync.wok-test' did not end within the call's timeout of 0.3 s"
+    )
+    unsent = {
+        "request_limit": "the server's request limit was not looked up",
+        "stream_infer": "the stream was not opened",
+    }
+    assert got["text"].endswith(f"so {unsent.get(call, 'the request was not sent')}"), got
+
+
+def test_sync_wait_ready_past_its_timeout_in_the_lookup_raises_timeout_error(sync_lookups):
+    got = sync_lookups["scenario"]["wait_ready"]
+    assert got["kind"] == "TimeoutError", got
+    assert 0.29 <= got["took"] < 2.0, got
+    assert "not connected within 0.3 s: the lookup of 'sync.wok-test' did not end in that time" in got["text"], got
+
+
+def test_a_sync_call_out_of_time_leaves_the_lookup_to_the_others(sync_lookups):
+    got = sync_lookups["scenario"]
+    assert got["patient_waits"], got
+    assert got["patient"] == {"kind": "ok", "text": "", "value": True}, got
+    assert got["after"]["kind"] == "ok", got
+    assert got["target"].startswith("ipv4:127.0.0.1:"), got
+
+
+def test_sync_close_ends_the_calls_waiting_for_the_lookup_at_once(sync_lookups):
+    from wok.clients.errors import CLOSED_EARLY
+
+    for call, got in sync_lookups["closing"].items():
+        expected = ("RuntimeError", "this Client is closed") if call == "wait_ready" else ("CANCELLED", CLOSED_EARLY)
+        assert (got["kind"], got["text"]) == expected, (call, got)
+        assert got["took"] < 1.0, (call, got)
+    assert sync_lookups["logged"] == []
+    assert "Traceback" not in sync_lookups["stderr"], sync_lookups["stderr"]
+
+
+def test_a_sync_clients_failed_lookup_is_every_calls_error(sync_lookups):
+    for got in sync_lookups["missing"]:
+        assert got["kind"] == "ValueError", got
+        assert "cannot resolve 'missing.wok-test'" in got["text"], got
