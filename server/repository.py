@@ -246,27 +246,176 @@ def _takes_flat_tensors(program, n: int) -> bool:
     )
 
 
+def _batch_bounds(program, spec) -> tuple[int, int | None] | str | None:
+    """The row counts the input of `spec` was exported for, as (least, most; None for no most), or the
+    expression of a batch size derived from a Dim (2 * Dim); None where the program keeps no range for it."""
+    try:
+        node = next(n for n in program.graph.find_nodes(op="placeholder") if n.name == spec.arg.name)
+        dim = node.meta["val"].shape[0]
+        if isinstance(dim, int):
+            return dim, dim
+        expr = dim.node.expr
+        if not expr.is_Symbol:
+            return str(expr)
+        bounds = program.range_constraints[expr]
+    # Another torch's layout: the guards, run at each row count, are the check.
+    except (AttributeError, IndexError, KeyError, StopIteration, TypeError):
+        return None
+    return (
+        int(bounds.lower) if bounds.lower.is_Integer else 0,
+        int(bounds.upper) if bounds.upper.is_Integer else None,  # not: int_oo, a Dim with no max
+    )
+
+
+def _least_batch(program, cfg: ModelConfig, order: list[str]) -> tuple[int, list[str]]:
+    """The fewest rows a batch is padded to for the program (1: none padded), and the inputs that need it;
+    ConfigError where an input's batch dim, as the program was exported, leaves out a row count wok can send
+    it (1 to max_batch_size) that padding does not bring into its range. An input whose range cannot be
+    read is left to the guards, run at each row count.
+
+    The range is the program's own record of what it was traced for (`range_constraints`, from the batch
+    Dim's min and max; a dim exported without a Dim is that one size). torch checks a call against it only
+    in part: it asserts no lower bound of 2 (the bound a Dim with min=2, Dim.AUTO or Dim.DYNAMIC gets), so
+    a one-row batch would run outside what was traced (a branch on the batch's size took the other path),
+    and only the bounds of a derived size (an odd batch passes those of 2 * Dim). A batch below a least of
+    2 or more is padded to it (_PaddedBatch): wok's batching already takes each row's answer to be its own,
+    whatever else shares its batch."""
+    mbs = cfg.max_batch_size
+    specs = [s for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    export = f'export it with a batch Dim from 1, torch.export.Dim("batch", min=1, max={mbs})'
+    least, padded = 1, []
+    for name, spec in zip(order, specs, strict=True):
+        bounds = _batch_bounds(program, spec)
+        if bounds is None:
+            continue
+        if isinstance(bounds, str):
+            takes = f"{bounds} rows, a size derived from a Dim (as 2 * Dim)"
+            fix = f"torch checks only such a size's bounds, and a batch of another would run unchecked; {export}"
+        else:
+            lo, hi = bounds
+            if lo == hi and lo != 1:
+                takes = f"exactly {lo} row(s), exported with no batch Dim"
+                fix = f"a batch of any other size fails its guards; {export}"
+            elif lo == hi and mbs != 1:
+                takes = "exactly 1 row(s), exported with no batch Dim"
+                fix = f"a batch of any other size fails its guards; set max_batch_size = 1, or {export}"
+            elif hi is not None and hi < mbs:
+                takes = f"{lo} to {hi} rows"
+                fix = (
+                    f"a batch of more than {hi} rows fails its guards; set max_batch_size = {hi}, or export it with "
+                    f'a batch Dim up to {mbs}, torch.export.Dim("batch", min=1, max={mbs})'
+                )
+            elif lo > mbs:
+                takes = f"{lo} rows or more" if hi is None else f"{lo} to {hi} rows"
+                fix = (
+                    f"none is in its range, and wok pads a batch to max_batch_size rows at most; set max_batch_size = "
+                    f"{lo} (a batch of fewer rows is then padded to {lo}), or {export}"
+                )
+            else:
+                if lo > 1:
+                    least = max(least, lo)
+                    padded.append(name)
+                continue
+        raise ConfigError(
+            f"{_source(cfg)}: model_file {cfg.model_file!r}: input '{name}' of its torch.export program takes "
+            f"batches (its dim 0) of {takes}, but model '{cfg.name}' has max_batch_size {mbs}, so wok sends it "
+            f"batches of 1 to {mbs} rows: {fix}"
+        )
+    return least, padded
+
+
+class _PaddedBatch(nn.Module):
+    """A torch.export program's module (`program`) for a batch range from `rows` rows (2 or more): a batch
+    of fewer is padded to `rows` with copies of its first row, and each output's rows past the batch's (the
+    copies' answers) are dropped. Its inputs come in the config's order (its forward names none), and go
+    to the program in `take`'s (indices into them; None: the same)."""
+
+    def __init__(self, program: nn.Module, rows: int, take: list[int] | None) -> None:
+        super().__init__()
+        self.program = program
+        self.rows = rows
+        self.take = take
+
+    def forward(self, *inputs: torch.Tensor):
+        if self.take is not None:
+            inputs = tuple(inputs[i] for i in self.take)
+        n = inputs[0].shape[0]
+        if n >= self.rows:
+            return self.program(*inputs)
+        extra = self.rows - n
+        # expand: the copies are views of the first row, made into rows by the one cat.
+        result = self.program(*(torch.cat((x, x[:1].expand(extra, *x.shape[1:]))) for x in inputs))
+        return _first_rows(result, n, self.rows)
+
+
+def _first_rows(result, n: int, padded: int):
+    """`result` (a tensor, or a tuple, list or dict of them, as Servable takes a model's outputs) with each
+    tensor of `padded` rows cut to its first `n`; anything else as it is, for Servable to refuse by name."""
+
+    def cut(t):
+        return t[:n] if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == padded else t
+
+    if isinstance(result, dict):
+        return {k: cut(v) for k, v in result.items()}
+    if isinstance(result, (tuple, list)):
+        return type(result)(cut(t) for t in result)
+    return cut(result)
+
+
+def _without_mode_switch(module: nn.Module) -> nn.Module:
+    """`module`, a torch.export program's, with its train()/eval() torch's own again: torch makes them raise
+    (its mode was fixed at export), but Servable calls eval() on every module, through a _PaddedBatch too."""
+    for attr in ("train", "eval"):
+        module.__dict__.pop(attr, None)
+    return module
+
+
 def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> nn.Module:
     """The module a torch.export program is served as: `checked` (program.module(), which checks every
     call's inputs against the program's shape guards), or the same graph without those checks where
-    every batch wok can send passes them.
+    every batch wok can send passes them; either padded (_PaddedBatch) where the program's batch range
+    starts above 1 row.
 
     The checks run in Python on every forward: a pre-hook that flattens the call's arguments to compare
     their structure with the program's, then the guards, one assert per dim. For the demo mlp on one row
     they were 1.3 × its forward's time (docs/performance.md). wok sends each input as rows (1 to
-    max_batch_size) of the dims its config declares, and refuses a request of any other shape before it
-    is queued: where those dims are fixed (no -1), there are max_batch_size shapes in all, and each is
-    run through the program's guards here, once. Any that fails keeps the checks, with a warning: such a
-    batch would fail. torch has no public switch for the pre-hook: `validate_inputs` is the attribute it
-    reads (torch.export's own _swap sets it), and `_guards_fn` the guards' module; where either is gone,
-    the checks stay."""
+    max_batch_size, or from the program's least where it pads) of the dims its config declares, and refuses
+    a request of any other shape before it is queued: where those dims are fixed (no -1), there are at most
+    max_batch_size shapes in all, and each is run through the program's guards here, once. Any that fails
+    keeps the checks, with a warning: such a batch would fail. torch has no public switch for the pre-hook:
+    `validate_inputs` is the attribute it reads (torch.export's own _swap sets it), and `_guards_fn` the
+    guards' module; where either is gone, the checks stay. A program whose batch range leaves out a row
+    count wok sends, padded or not, is refused first, with or without the checks: they do not refuse every
+    such batch (_least_batch)."""
     names = [t.name for t in cfg.inputs]
+    if not _takes_flat_tensors(program, len(names)):
+        return _without_mode_switch(checked)
+    order = forward_order(checked, names)
+    least, padded = _least_batch(program, cfg, order)
+    module = _without_mode_switch(_unchecked_where_safe(program, checked, cfg, order, least))
+    if least == 1:
+        return module
+    log.info(
+        "model '%s': %s of its torch.export program takes batches of %d rows or more: batches of fewer "
+        "than %d rows are padded to %d, copies of their first row, the copies' answers dropped",
+        cfg.name,
+        ("input " if len(padded) == 1 else "inputs ") + ", ".join(f"'{n}'" for n in padded),
+        least,
+        least,
+        least,
+    )
+    take = [names.index(n) for n in order]
+    return _PaddedBatch(module, least, None if take == list(range(len(take))) else take)
+
+
+def _unchecked_where_safe(program, checked: nn.Module, cfg: ModelConfig, order: list[str], least: int) -> nn.Module:
+    """_exported_module's choice of `checked` or the graph without its checks, for batches of `least` to
+    max_batch_size rows."""
     guards = getattr(checked, "_guards_fn", None)
-    if any(t.variable for t in cfg.inputs) or guards is None or not _takes_flat_tensors(program, len(names)):
+    if any(t.variable for t in cfg.inputs) or guards is None:
         return checked
     dims = {t.name: t.dims for t in cfg.inputs}
-    order = forward_order(checked, names)
-    for rows in range(1, cfg.max_batch_size + 1):
+    for rows in range(least, cfg.max_batch_size + 1):
         # No memory per row: the guards read sizes only.
         batch = [torch.empty_strided((rows, *dims[n]), (0,) * (len(dims[n]) + 1)) for n in order]
         try:
@@ -274,14 +423,13 @@ def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> nn.Module
         except Exception as exc:
             shapes = ", ".join(f"{n} {[rows, *dims[n]]}" for n in order)
             log.warning(
-                "model '%s': its torch.export program refuses a batch of %d row(s) (%s): %s; max_batch_size %d "
-                "lets such batches through, and they will fail: export it with a batch Dim from 1 to max_batch_size, "
-                "or lower max_batch_size",
+                "model '%s': its torch.export program refuses a batch of %d row(s) (%s), which its config lets "
+                "through: %s; such batches will fail: give the config the dims the program was exported for, or "
+                "export it for the config's",
                 cfg.name,
                 rows,
                 shapes,
                 error_line(exc),
-                cfg.max_batch_size,
             )
             return checked
     if "check_guards" not in inspect.signature(program.module).parameters:  # a torch without it: checks stay
@@ -339,10 +487,8 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
             else:
                 program = torch.export.load(str(path))
                 module = _exported_module(program, program.module(), cfg)
-                # torch makes train()/eval() raise on this module (its mode was fixed at
-                # export), but Servable calls eval() on every module: drop those overrides.
-                for attr in ("train", "eval"):
-                    module.__dict__.pop(attr, None)
+        except ConfigError:
+            raise
         except Exception as exc:
             raise ConfigError(
                 f"{source}: model_file {cfg.model_file!r}: cannot load {cfg.platform} file {path}: {exc}"

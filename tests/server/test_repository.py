@@ -150,15 +150,29 @@ def test_corrupt_torchscript_file(tmp_path):
 
 
 # -- torch.export ----------------------------------------------------------------------
-def write_exported(root: Path) -> tuple[Path, nn.Module]:
+def write_exported(root: Path, batch=None) -> tuple[Path, nn.Module]:
+    """nn.Linear(4, 3) exported with `batch` as its batch dim (a Dim of 1-64 rows unless given)."""
     ref = reference_linear(2)
     # min=1 exports and runs fine with torch 2.13; the example batch must not be 1 or the
     # tracer would specialize the dim to a constant.
-    batch = torch.export.Dim("batch", min=1, max=64)
+    batch = torch.export.Dim("batch", min=1, max=64) if batch is None else batch
     ep = torch.export.export(ref, (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
     d = model_dir(root, "exported", "torch_export", extra='model_file = "model.pt2"')
     torch.export.save(ep, str(d / "model.pt2"))
     return d, ref
+
+
+def program_rows(servable: Servable) -> list[int]:
+    """The row counts of the batches the program's own module (under any wrapper) is called with, one per call
+    from now on."""
+    seen: list[int] = []
+    program_module(servable).register_forward_pre_hook(lambda _module, args: seen.append(args[0].shape[0]))
+    return seen
+
+
+def program_module(servable: Servable) -> torch.fx.GraphModule:
+    """The program's own module that `servable` runs on CPU, under any wrapper of wok's."""
+    return next(m for m in servable.module_for(CPU).modules() if isinstance(m, torch.fx.GraphModule))
 
 
 def test_torch_export_dynamic_batch(tmp_path):
@@ -172,11 +186,14 @@ def test_torch_export_dynamic_batch(tmp_path):
         torch.testing.assert_close(out, ref(x).detach())
 
 
-async def test_torch_export_round_trip_through_server(tmp_path, serve):
+# From 2 rows (Dim.AUTO), refused at load before: a one-row batch is padded to 2.
+@pytest.mark.parametrize(("batch", "ran"), [(None, [1, 5]), (torch.export.Dim.AUTO, [2, 5])], ids=["from-1", "auto"])
+async def test_torch_export_round_trip_through_server(tmp_path, serve, batch, ran):
     repo = tmp_path / "repo"
-    _, ref = write_exported(repo)
+    _, ref = write_exported(repo, batch)
     rng = np.random.default_rng(1)
     async with serve(repository=repo) as server:
+        seen = program_rows(server.repository.get("exported"))  # the module its one instance runs, warmed up
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
             for rows in (1, 5):
@@ -185,6 +202,7 @@ async def test_torch_export_round_trip_through_server(tmp_path, serve):
                 out = decode_response(resp)["OUTPUT0"]
                 want = ref(torch.from_numpy(x)).detach().numpy()
                 np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    assert seen == ran
 
 
 def test_a_torch_export_model_runs_without_torchs_per_call_checks_where_every_batch_passes_them(tmp_path):
@@ -198,23 +216,173 @@ def test_a_torch_export_model_runs_without_torchs_per_call_checks_where_every_ba
         torch.testing.assert_close(run(s, x), ref(x).detach())
 
 
-def test_a_torch_export_program_that_refuses_a_batch_the_config_allows_keeps_its_checks(tmp_path, caplog):
+@pytest.mark.parametrize("in_dims", ["[4]", "[-1]"], ids=["unchecked", "checked"])  # a -1 dim keeps torch's checks
+@pytest.mark.parametrize(
+    ("batch", "least"),
+    [
+        (torch.export.Dim.AUTO, 2),
+        (torch.export.Dim.DYNAMIC, 2),
+        (torch.export.Dim("batch", min=2, max=64), 2),
+        (torch.export.Dim("batch", min=3), 3),
+        (torch.export.Dim("batch", min=3, max=8), 3),
+    ],
+    ids=["auto", "dynamic", "min-2", "min-3", "min-3-max-8"],
+)
+def test_a_torch_export_program_whose_batches_start_above_one_row_runs_short_ones_padded(
+    tmp_path, caplog, batch, least, in_dims
+):
+    # Refused at load before; before that, a one-row batch ran outside the traced range (from 2) or failed
+    # its guards (from 3), as did a two-row one from 3.
     ref = reference_linear(2)
-    batch = torch.export.Dim("batch", min=1, max=4)
-    ep = torch.export.export(ref, (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
+    ep = torch.export.export(ref, (torch.randn(5, 4),), dynamic_shapes=({0: batch},))
+    d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"', in_dims=in_dims)
+    torch.export.save(ep, str(d / "model.pt2"))
+    caplog.set_level(logging.INFO, logger="wok")
+    s = load_servable(d)
+    assert [r.getMessage() for r in caplog.records if r.name == "wok"] == [
+        f"model 'exported': input 'INPUT0' of its torch.export program takes batches of {least} rows or more: "
+        f"batches of fewer than {least} rows are padded to {least}, copies of their first row, the copies' answers "
+        "dropped"
+    ]
+    seen = program_rows(s)
+    for rows in range(1, 9):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(run(s, x), ref(x).detach())
+    assert seen == [max(rows, least) for rows in range(1, 9)]
+    assert program_module(s).validate_inputs is (in_dims == "[-1]")  # the attribute torch's pre-hook reads
+
+
+class Returning(nn.Module):
+    """nn.Linear(4, 3), its answer returned as `kind` says: a tensor, or a tuple, list or dict of one."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.linear = reference_linear(2)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return {"tensor": y, "tuple": (y,), "list": [y], "dict": {"OUTPUT0": y}}[self.kind]
+
+
+@pytest.mark.parametrize("kind", ["tensor", "tuple", "list", "dict"])
+def test_a_padded_batchs_outputs_are_cut_to_its_rows_however_the_program_returns_them(tmp_path, kind):
+    model = Returning(kind).eval()
+    ep = torch.export.export(model, (torch.randn(5, 4),), dynamic_shapes=({0: torch.export.Dim.AUTO},))
     d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"')
+    torch.export.save(ep, str(d / "model.pt2"))
+    s = load_servable(d)
+    seen = program_rows(s)
+    x = torch.randn(1, 4)
+    torch.testing.assert_close(run(s, x), model.linear(x).detach())
+    assert seen == [2]
+
+
+def padded_to_more_than(rows: int) -> str:
+    return (
+        f"none is in its range, and wok pads a batch to max_batch_size rows at most; set max_batch_size = {rows} "
+        f"(a batch of fewer rows is then padded to {rows}), or export it with a batch Dim from 1, "
+        'torch.export.Dim("batch", min=1, max={mbs})'
+    )
+
+
+@pytest.mark.parametrize(
+    ("example_rows", "batch", "mbs", "said"),
+    [
+        # No batch wok sends is in range: padding to 3 would make batches of more than max_batch_size rows.
+        (5, torch.export.Dim("batch", min=3), 2, f"3 rows or more, {{but}}: {padded_to_more_than(3)}"),
+        (5, torch.export.Dim.AUTO, 1, f"2 rows or more, {{but}}: {padded_to_more_than(2)}"),
+        # The load warned and kept the checks; a batch of 5 to 8 rows failed (rerun in parts), a request so big too.
+        (
+            3,
+            torch.export.Dim("batch", min=1, max=4),
+            8,
+            "1 to 4 rows, {but}: a batch of more than 4 rows fails its guards; set max_batch_size = 4, or export "
+            'it with a batch Dim up to 8, torch.export.Dim("batch", min=1, max=8)',
+        ),
+        (
+            3,
+            torch.export.Dim("batch", min=2, max=4),
+            8,
+            "2 to 4 rows, {but}: a batch of more than 4 rows fails its guards; set max_batch_size = 4, or export "
+            'it with a batch Dim up to 8, torch.export.Dim("batch", min=1, max=8)',
+        ),
+        (
+            3,
+            None,
+            8,
+            "exactly 3 row(s), exported with no batch Dim, {but}: a batch of any other size fails its guards; "
+            'export it with a batch Dim from 1, torch.export.Dim("batch", min=1, max=8)',
+        ),
+        (
+            8,
+            None,
+            8,
+            "exactly 8 row(s), exported with no batch Dim, {but}: a batch of any other size fails its guards; "
+            'export it with a batch Dim from 1, torch.export.Dim("batch", min=1, max=8)',
+        ),
+        (
+            1,
+            None,
+            8,
+            "exactly 1 row(s), exported with no batch Dim, {but}: a batch of any other size fails its guards; set "
+            'max_batch_size = 1, or export it with a batch Dim from 1, torch.export.Dim("batch", min=1, max=8)',
+        ),
+        # torch checks 2 <= rows <= 16 only: a batch of 3 rows ran.
+        (
+            4,
+            2 * torch.export.Dim("half", min=1, max=8),
+            8,
+            "2*{sym} rows, a size derived from a Dim (as 2 * Dim), {but}: torch checks only such a size's bounds, "
+            'and a batch of another would run unchecked; export it with a batch Dim from 1, torch.export.Dim("batch", '
+            "min=1, max=8)",
+        ),
+    ],
+    ids=[
+        "min-3-above-max_batch_size",
+        "auto-above-max_batch_size",
+        "max-below-max_batch_size",
+        "min-2-max-below-max_batch_size",
+        "no-batch-dim",
+        "no-batch-dim-of-max_batch_size",
+        "no-batch-dim-of-1",
+        "derived",
+    ],
+)
+def test_a_torch_export_program_that_leaves_out_a_batch_size_the_config_allows_is_refused_at_load(
+    tmp_path, example_rows, batch, mbs, said
+):
+    ep = torch.export.export(
+        reference_linear(2), (torch.randn(example_rows, 4),), dynamic_shapes=None if batch is None else ({0: batch},)
+    )
+    d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"', mbs=mbs)
+    torch.export.save(ep, str(d / "model.pt2"))
+    sym = next((str(s) for s in ep.range_constraints if s.is_Symbol), None)  # torch's name for the Dim
+    but = f"but model 'exported' has max_batch_size {mbs}, so wok sends it batches of 1 to {mbs} rows"
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        f"{d / 'config.toml'}: model_file 'model.pt2': input 'INPUT0' of its torch.export program takes batches "
+        f"(its dim 0) of " + said.format(but=but, sym=sym, mbs=mbs)
+    )
+
+
+def test_a_torch_export_program_that_refuses_a_shape_the_config_allows_keeps_its_checks(tmp_path, caplog):
+    # Dims the program was not exported for (5 features, not 4): its guards, run at load, refuse them.
+    ep = torch.export.export(
+        reference_linear(2), (torch.randn(3, 4),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},)
+    )
+    d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"', in_dims="[5]")
     torch.export.save(ep, str(d / "model.pt2"))
     caplog.set_level(logging.WARNING, logger="wok")
     s = load_servable(d)
     assert [r.getMessage() for r in caplog.records if r.name == "wok"] == [
-        "model 'exported': its torch.export program refuses a batch of 5 row(s) (INPUT0 [5, 4]): AssertionError: "
-        "Guard failed: input.size()[0] <= 4; max_batch_size 8 lets such batches through, and they will fail: "
-        "export it with a batch Dim from 1 to max_batch_size, or lower max_batch_size"
+        "model 'exported': its torch.export program refuses a batch of 1 row(s) (INPUT0 [1, 5]), which its config "
+        "lets through: AssertionError: Guard failed: input.size()[1] == 4; such batches will fail: give the config "
+        "the dims the program was exported for, or export it for the config's"
     ]
-    x = torch.randn(4, 4)
-    torch.testing.assert_close(run(s, x), ref(x).detach())
-    with pytest.raises(AssertionError, match=r"^Guard failed: input.size\(\)\[0\] <= 4$"):
-        run(s, torch.randn(5, 4))
+    with pytest.raises(AssertionError, match=r"^Guard failed: input.size\(\)\[1\] == 4$"):
+        run(s, torch.randn(2, 5))
 
 
 def test_a_torch_export_model_with_a_variable_dim_keeps_its_checks(tmp_path):

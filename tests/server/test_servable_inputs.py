@@ -3,6 +3,7 @@ named exactly as the config's inputs, else by the config's order."""
 
 from __future__ import annotations
 
+import logging
 import textwrap
 from pathlib import Path
 
@@ -95,6 +96,26 @@ def test_a_torch_export_model_takes_its_inputs_by_name(tmp_path):
     torch.export.save(program, str(d / "sub.pt2"))
     s = load_servable(d)
     torch.testing.assert_close(answer(s, minuend=MINUEND, subtrahend=SUBTRAHEND), torch.tensor([[9.0, 8.0]]))
+
+
+@pytest.mark.parametrize("order", [["minuend", "subtrahend"], ["subtrahend", "minuend"]])
+def test_a_torch_export_model_whose_short_batches_are_padded_takes_its_inputs_by_name(tmp_path, caplog, order):
+    # From 2 rows (Dim.AUTO): a one-row batch is padded, the config's order put into the program's.
+    d = write_model(tmp_path, "", order, platform="torch_export", model_file="sub.pt2")
+    auto = torch.export.Dim.AUTO
+    program = torch.export.export(Sub(), (torch.ones(3, 2), torch.ones(3, 2)), dynamic_shapes=({0: auto}, {0: auto}))
+    torch.export.save(program, str(d / "sub.pt2"))
+    caplog.set_level(logging.INFO, logger="wok")
+    s = load_servable(d)
+    assert [r.getMessage() for r in caplog.records if r.name == "wok"] == [
+        "model 'sub': inputs 'minuend', 'subtrahend' of its torch.export program takes batches of 2 rows or more: "
+        "batches of fewer than 2 rows are padded to 2, copies of their first row, the copies' answers dropped"
+    ]
+    seen = []
+    program = next(m for m in s.module_for(CPU).modules() if isinstance(m, torch.fx.GraphModule))
+    program.register_forward_pre_hook(lambda _module, args: seen.append([list(a.shape) for a in args]))
+    torch.testing.assert_close(answer(s, minuend=MINUEND, subtrahend=SUBTRAHEND), torch.tensor([[9.0, 8.0]]))
+    assert seen == [[[2, 2], [2, 2]]]
 
 
 class Named(nn.Module):

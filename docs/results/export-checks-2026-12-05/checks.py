@@ -55,6 +55,29 @@ def instance(servable: Servable) -> Instance:
     return inst
 
 
+def medians(
+    ways: dict[str, Instance], rows: tuple[int, ...], ref: torch.nn.Module, rounds: int
+) -> dict[tuple[str, int], float]:
+    """Each way's forward of each row count (one input of 256, as the mlp takes), its answer checked against
+    `ref` after five to warm up, then timed in `rounds` rounds, the ways alternating within each: medians
+    (nearest-rank) in µs, by (way, rows)."""
+    inputs = {n: {"INPUT0": torch.randn(n, 256)} for n in rows}
+    for inst in ways.values():
+        for n in rows:
+            for _ in range(5):
+                got = inst._forward_cpu(inputs[n])["OUTPUT0"]
+            torch.testing.assert_close(got, ref(inputs[n]["INPUT0"]).detach())
+    samples = {(k, n): [] for k in ways for n in rows}
+    for _ in range(rounds):
+        for n in rows:
+            for k, inst in ways.items():
+                inst._size_threads(n)
+                t = time.perf_counter()
+                inst._forward_cpu(inputs[n])
+                samples[(k, n)].append(time.perf_counter() - t)
+    return {key: latency_summary(s)["p50"] * 1e6 for key, s in samples.items()}
+
+
 def main(root: Path) -> None:
     torch.manual_seed(SEED)
     ref = MLP(256, 1024, 256, 2).eval()
@@ -76,25 +99,12 @@ def main(root: Path) -> None:
         "export_checked": instance(Servable(load_model_config(d), checked)),
         "torch_export": instance(load_servable(d)),
     }
-    inputs = {rows: {"INPUT0": torch.randn(rows, 256)} for rows in ROWS}
-    for inst in ways.values():
-        for rows in ROWS:
-            for _ in range(5):
-                got = inst._forward_cpu(inputs[rows])["OUTPUT0"]
-            torch.testing.assert_close(got, ref(inputs[rows]["INPUT0"]).detach())
-    samples = {(k, rows): [] for k in ways for rows in ROWS}
-    for _ in range(ROUNDS):
-        for rows in ROWS:
-            for k, inst in ways.items():
-                inst._size_threads(rows)
-                t = time.perf_counter()
-                inst._forward_cpu(inputs[rows])
-                samples[(k, rows)].append(time.perf_counter() - t)
+    med = medians(ways, ROWS, ref, ROUNDS)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads at most; µs per forward, medians of {ROUNDS}")
     print(f"{'rows':>4} " + " ".join(f"{k:>22}" for k in ways))
     for rows in ROWS:
-        med = {k: latency_summary(samples[(k, rows)])["p50"] * 1e6 for k in ways}
-        print(f"{rows:>4} " + " ".join(f"{med[k]:9.1f} ({med[k] / med['python']:.2f} ×)".rjust(22) for k in ways))
+        line = " ".join(f"{med[k, rows]:9.1f} ({med[k, rows] / med['python', rows]:.2f} ×)".rjust(22) for k in ways)
+        print(f"{rows:>4} {line}")
 
 
 if __name__ == "__main__":
