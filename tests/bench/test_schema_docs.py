@@ -145,15 +145,20 @@ def fresh_sections(tmp_path_factory) -> dict[str, dict]:
     import sys
     from concurrent.futures import ThreadPoolExecutor
 
-    def run(key: str, args: list[str]) -> dict:
-        out = tmp_path_factory.mktemp(key) / "r.json"
+    def run(key: str, args: list[str], out: Path) -> dict:
         cmd = [sys.executable, "-m", "wok", "bench", "ramp", *args, "--json", str(out)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
         assert out.exists(), f"{key}: exit {proc.returncode}, no result:\n{proc.stderr[-3000:]}"
         return json.loads(out.read_text(encoding="utf-8"))[key]
 
     with ThreadPoolExecutor(2) as pool:
-        futures = {key: pool.submit(run, key, args) for key, args in (("faults", FAULT_RUN), ("soak", SOAK_RUN))}
+        # The folders made here, not in the threads: the first mktemp of a worker makes its base folder, and
+        # two at once raced (FileExistsError, where no test before in that worker had used tmp_path).
+        runs = {
+            key: (args, tmp_path_factory.mktemp(key) / "r.json")
+            for key, args in (("faults", FAULT_RUN), ("soak", SOAK_RUN))
+        }
+        futures = {key: pool.submit(run, key, args, out) for key, (args, out) in runs.items()}
         return {key: f.result() for key, f in futures.items()}
 
 
