@@ -44,10 +44,12 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ctypes
+import functools
 import logging
 import math
 import sys
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -291,12 +293,12 @@ class Instance:
             # The launch, not `done`: `done` is a plain future, which cancel() would mark cancelled
             # even while its batch runs on the device. A launch cancelled before the worker took
             # it cancels `done` (_after_launch); one launched is on the device's streams for good.
-            done.withdraw = launched.cancel
+            done.withdraw = _canceller(launched)
         else:
             done = self._worker.submit(self._run_cpu, inputs, rows, self.slots[slot], deadlines, left_out, ran)
             # The pool's future: cancel() succeeds only while it is pending, and the worker skips a
             # cancelled one (both under the future's lock: no batch is both cancelled and started).
-            done.withdraw = done.cancel
+            done.withdraw = _canceller(done)
         done.left_out = left_out
         done.ran = ran
         if self.observer is not None:
@@ -820,6 +822,20 @@ def _live(inputs, rows, deadlines, now: float):
     if len(kept) == len(rows):
         return inputs, rows, None
     return [inputs[i] for i in kept], [rows[i] for i in kept], kept
+
+
+def _cancel_referent(future: weakref.ref) -> bool:
+    live = future()
+    return live is not None and live.cancel()
+
+
+def _canceller(future: concurrent.futures.Future) -> Callable[[], bool]:
+    """`future.cancel`, holding `future` weakly: a batch's `withdraw`. The bound method, stored on the
+    batch's own future (or, on CUDA, the launch's, whose done callback holds the batch's), would make
+    that future a reference cycle, keeping the batcher's done callback and through it the Batch, its
+    requests and their answers until the cyclic collector runs: a cycle per batch. A future gone is
+    done: the worker took it, and cancel() would say False."""
+    return functools.partial(_cancel_referent, weakref.ref(future))
 
 
 def _after_launch(

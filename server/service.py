@@ -211,11 +211,23 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException):
         # its decoded inputs and its batch, which only a collection of the oldest generation freed, and a
         # server holding torch's objects runs one rarely (58.6 MiB refusals grew an idle server by 2.8 GiB
         # in 56 calls). Without the tracebacks, reference counting frees the frames as the call ends.
-        context.add_done_callback(functools.partial(_drop_tracebacks, aborted))
+        _at_call_end(functools.partial(_drop_tracebacks, aborted))
         raise
 
 
-def _drop_tracebacks(error: BaseException | None, _context) -> None:
+def _at_call_end(callback: Callable[[asyncio.Task], Any]) -> None:
+    """Have `callback(task)` called as the call whose handler calls this ends, once gRPC has written its
+    answer and status: grpc.aio runs each call's handler inside the call's task, and then writes what it
+    returned there (server/unhandled.py), so that task's done callbacks run with grpc.aio's own.
+
+    Not context.add_done_callback: grpc.aio keeps each callback, bound to the context, in the call's
+    state for good, and the context refers back to that state: each call that added one would be a
+    reference cycle, left with all it holds to the cyclic collector. A task lets go of its callbacks as
+    it ends."""
+    asyncio.current_task().add_done_callback(callback)
+
+
+def _drop_tracebacks(error: BaseException | None, _task) -> None:
     """At the call's end, the tracebacks of `error` and of the errors it chains, and so their frames, let go.
     Not frame.clear(): a traceback can reach the frame of a coroutine still suspended, which it would close."""
     seen: set[int] = set()
@@ -381,7 +393,7 @@ def _written_before_stop(method):
     @functools.wraps(method)
     async def counted(self: InferenceService, request, context):
         self.unwritten += 1
-        context.add_done_callback(self._answer_written)
+        _at_call_end(self._answer_written)
         return await method(self, request, context)
 
     return counted
@@ -464,7 +476,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if self.closing:
             self._changed.set()
 
-    def _answer_written(self, _context) -> None:
+    def _answer_written(self, _task) -> None:
         self.unwritten -= 1
         self._written.set()
 
@@ -481,8 +493,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         client gets UNAVAILABLE "Connection reset by peer" for answers the server had written
         (docs/reliability.md, "A graceful stop: what gRPC can lose"). Written before the stop begins,
         every answer is ahead of the GOAWAY and the ping on the connection.
-        A call counts as written when grpc.aio runs its done callbacks (`add_done_callback`, at the end
-        of the task that ran the handler and then wrote the message and the status); a slow reader
+        A call counts as written when the task that ran its handler and then wrote the message and the
+        status ends (`_at_call_end`, as grpc.aio runs a call's done callbacks); a slow reader
         completes an answer at least every STREAM_STALL_S and is waited for, as a stream's is."""
         while self.unwritten:
             self._written.clear()
@@ -688,7 +700,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if self._handler_started is not None:
             self._handler_started()
         self.unwritten += 1
-        context.add_done_callback(self._answer_written)
+        _at_call_end(self._answer_written)
         if isinstance(request, Unparsed):
             self.server.metrics.unparsed_requests += 1
             self._refuse_unmodeled(request.error, context.time_remaining)

@@ -664,6 +664,28 @@ async def test_a_dispatched_request_lets_go_of_its_inputs_so_an_answered_one_hol
     await finish(b)
 
 
+async def test_an_answered_request_and_its_batch_are_freed_without_the_cyclic_collector(gated):
+    # The executor's future of each batch was a reference cycle (executor's test of the same name), and
+    # the batcher's done callback on it holds the Batch, and through it its requests and their answers:
+    # all of it waited for the cyclic collector.
+    s, _, ex = gated(max_batch_size=2, delay_ms=0, depth=1)
+    b = make_batcher(s, ex)
+    await asyncio.wait_for(submit(b, 1.0).future, 10)  # the first batch: lazy setup
+    gc.collect()
+    gc.disable()
+    try:
+        p = submit(b, 2.0)
+        await asyncio.wait_for(p.future, 10)
+        gone = weakref.ref(p.future)  # a Pending takes no weak reference; its future is its alone
+        del p
+        # One more batch on the one worker: the first one's work is gone by then.
+        await asyncio.wait_for(submit(b, 1.0).future, 10)
+        assert gone() is None
+    finally:
+        gc.enable()
+    await finish(b)
+
+
 async def test_an_executor_that_refuses_work_fails_the_batch_and_the_batcher_lives_on(gated):
     s, _, ex = gated(max_batch_size=2, delay_ms=60_000)
     b = make_batcher(s, ex)

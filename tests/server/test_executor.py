@@ -7,8 +7,10 @@ bench/gpu_check.py is the script to run on a GPU host.
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import os
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -247,6 +249,33 @@ def test_a_batch_waiting_at_the_worker_can_be_withdrawn_and_never_runs(gated):
     inst.submit([{"INPUT0": np.ones((1, 4), np.float32)}], [1], 0).result(30)
     assert m.batch_sizes == [2, 1]
     assert waiting.ran == [] and waiting.left_out == []
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda:0", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA))]
+)
+def test_a_batchs_future_is_freed_without_the_cyclic_collector(device):
+    # Its `withdraw` was its own bound cancel (on CUDA, the launch's, whose done callback holds the
+    # batch's future): a cycle per batch, freed only by the cyclic collector, with all the batcher's
+    # done callback on it holds (the Batch, its requests and their answers).
+    s = build_demo("mlp")
+    ex = Executor(s, InstanceConfig(count=1, devices=(device,), pipeline_depth=1))
+    try:
+        reqs = mlp_requests(1, rows=2)
+        run(ex, reqs)  # the first batch: lazy setup
+        gc.collect()
+        gc.disable()
+        try:
+            future = ex.instances[0].submit(reqs, [2], 0)
+            future.result(30)
+            gone = weakref.ref(future)
+            del future
+            run(ex, reqs)  # one more batch on the one worker (and waiter): the first one's work is gone by then
+            assert gone() is None
+        finally:
+            gc.enable()
+    finally:
+        ex.shutdown()
 
 
 def run_x(ex, value):

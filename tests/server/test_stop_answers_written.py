@@ -7,9 +7,9 @@ connection as the last answer was written, with the client's acknowledgements of
 unread, and Linux sent a TCP reset that dropped what was still in the socket's send queue: on the
 code before `InferenceService.answers_written`, every such stop lost answers (40 of 40 runs of 8 calls,
 UNAVAILABLE "recvmsg:Connection reset by peer ... GOAWAY received"). The wait relies on grpc.aio running
-a call's done callbacks once its answer is written: a grpcio that ran them earlier fails the first test
-here (answers lost), one that ran them never fails it too (the stop warns). The stop waits the same
-way for the answers of the other methods that can be large (ModelStatistics, ModelConfig, ...).
+a call's handler in the call's task, which ends once the answer is written: a grpcio that ended it
+earlier fails the first test here (answers lost), one that never ended it fails it too (the stop warns).
+The stop waits the same way for the answers of the other methods that can be large (ModelStatistics, ModelConfig, ...).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ async def _stop_with_answers_in_flight(gated_model, pause: bool):
                 link.running.set()
             outcomes = await asyncio.gather(*calls, return_exceptions=True)
             await stopping
-        assert server.service.unwritten == 0, "a call's done callbacks never ran"
+        assert server.service.unwritten == 0, "a call task's done callbacks never ran"
         return outcomes, warned_after, warned.messages, link
     finally:
         logging.getLogger("wok").removeHandler(warned)
@@ -273,7 +273,7 @@ async def _stop_while_written(gated_model, method: str):
             assert await loop.run_in_executor(None, link.passed, 65536, 10), "no answer came"
             await server.stop(grace=GRACE_S)
             outcome = (await asyncio.gather(call, return_exceptions=True))[0]
-        assert server.service.unwritten == 0, "a call's done callbacks never ran"
+        assert server.service.unwritten == 0, "a call task's done callbacks never ran"
         return outcome, link
     finally:
         if not server.draining:
