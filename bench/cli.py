@@ -311,7 +311,8 @@ def _print_host_probe(record: dict | None) -> None:
 
 
 def _result_outputs(args) -> list:
-    """A ramp's (or merge's, simulate's) outputs for `write_outputs`, --json first."""
+    """A ramp's (or merge's, simulate's) outputs for `write_outputs`, --json first: one list, so that a
+    merge of one fault run writes what its ramp wrote."""
     from . import report
 
     def plots(result: dict, folder: Path) -> None:
@@ -319,6 +320,8 @@ def _result_outputs(args) -> list:
         report.plot_latency_vs_offered(result, folder / "latency_vs_offered.png")
         report.plot_throughput(result, folder / "throughput.png")
         report.plot_timeline(result, folder / "timeline.png")
+        if result.get("faults"):
+            report.plot_fault_timeline(result, folder / "faults.png")
 
     return [
         ("--json", args.json, report.write_json),
@@ -1070,15 +1073,8 @@ def run(args) -> int:
                 exc = f"{exc} ({_token_hint(args)})"
             print(f"wok bench: {exc}", file=sys.stderr)
             return 1
-        outputs = _result_outputs(args)
-        if "faults" in result:
-
-            def faults_png(r: dict, folder: Path) -> None:
-                report.plot_fault_timeline(r, folder / "faults.png")
-
-            outputs.append(("--plot", args.plot, faults_png))
         if _show_after(
-            lambda: _write_or_keep("wok bench", result, outputs, folders=_RESULT_FOLDERS),
+            lambda: _write_or_keep("wok bench", result, _result_outputs(args), folders=_RESULT_FOLDERS),
             lambda: report.print_table(result),
         ):
             return 1

@@ -45,7 +45,9 @@ refinement steps are left out (each process bisected on its own):
   `host_probes`: each read its own machine's speed, so they are not combined;
 * a fault run's and a soak's sections (`faults`, `soak`) are left out, with a warning naming the parts
   that had one: their P99 per window (and a fault's recovery, read off it) cannot be rebuilt from the
-  parts'; but for one part's fault section, which is the whole run's and kept as it is;
+  parts'; but for one part's fault section, which is the whole run's and kept as it is; several parts
+  of which one ran `--replicas` (`faults.replicas`) are refused: that part ramped servers of its own,
+  which no other part loaded, and the sum would be several fleets' loads read as one server's;
 * the server's view (`server`, `queue_ms`, …) is taken from the first result given: every
   process scraped the same server over the same window, so each scrape already counts all
   the processes' requests; adding them would count the server N times. So is the models'
@@ -453,6 +455,28 @@ def _same_rate(steps: Sequence[dict], names: Sequence[str], i: int) -> None:
         )
 
 
+def _same_servers(results: Sequence[dict], names: Sequence[str]) -> None:
+    """Refuse several parts of which any ran `--replicas` (its `faults.replicas`): such a part ramped the
+    servers it started itself, which no other part loaded, so the merged steps would add up the loads of
+    several fleets, each at its share of the rate, as if one server had taken them all (its knee and
+    capacity N fleets'), beside the server columns of the first part's fleet alone. One part merges: a job
+    of one process."""
+    if len(results) < 2:
+        return
+    own = []
+    for r, name in zip(results, names):
+        fleet = r["faults"].get("replicas") if isinstance(r.get("faults"), dict) else None
+        if isinstance(fleet, list) and fleet:
+            own.append(f"{name} ({len(fleet)} replica{'' if len(fleet) == 1 else 's'})")
+    if own:
+        raise ValueError(
+            f"{', '.join(own)}: each started the servers it ramped (--replicas, `faults.replicas`), which no other "
+            "part loaded: the merged steps would add up the loads of several fleets as one server's, with the "
+            "server columns of the first part's alone; only parts that ramped the same servers (one --target "
+            "for every part) merge, and a --replicas run alone"
+        )
+
+
 def _same_plan(results: Sequence[dict], names: Sequence[str]) -> None:
     """Refuse parts that planned other ramps (`config.steps`: the --steps values, in the order run).
     Only the steps every part ran are merged, and `_same_rate` compares only those: a part planned with
@@ -543,6 +567,7 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
             f"the parts are of different schema versions ({which}): their offered_qps and Little's-law "
             "figures may be defined differently (docs/bench-schema.md, Versions); merge parts of one version"
         )
+    _same_servers(results, names)
     _same(results, names, "the model mix", lambda r: _mix(r["config"].get("models", [])))
     _same(results, names, "the SLO", lambda r: r["slo_p99_ms"])
     # What each request carried: a merged step's request_sizes, payloads and config describe one load.
@@ -606,8 +631,8 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
             "every part's)"
         )
     # A fault run's and a soak's sections judge P99 per window (a fault's recovery too, read off its windows),
-    # from each part's own clock and, with --replicas, its own servers: the parts' P99s do not add up into
-    # the merged one's, so the merge leaves the sections out, and says so. One part's fault section is the
+    # from each part's own clock: the parts' P99s do not add up into the merged one's, so the merge leaves
+    # the sections out, and says so. One part's fault section is the
     # whole run's, and kept (a soak's verdicts are its capacity ramp's, which the merged steps are not).
     for key, what in (("faults", "fault"), ("soak", "soak")):
         having = [name for r, name in zip(results, names) if r.get(key)]

@@ -469,8 +469,17 @@ def test_ramp_with_server_faults_counts_errors_not_losses(admin_server, tmp_path
     cmd += ["--steps", "50", "--step-duration", "3s", "--warmup", "0s", "--workers", "1", "--json", str(out)]
     cmd += ["--admin-url", server.http_url(), "--fault", "slow:model=mlp,delay=60ms,at=10%,until=40%"]
     cmd += ["--fault", "fail:model=mlp,at=60%,until=80%", "--html", str(tmp_path / "r.html")]
+    cmd += ["--plot", str(tmp_path / "plots")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # faults.png is one of --plot's files (`wok bench merge` of this file writes the same), said once.
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "faults.png",
+        "latency_vs_offered.png",
+        "throughput.png",
+        "timeline.png",
+    ]
+    assert proc.stderr.count(f"wrote {tmp_path / 'plots'} (--plot)") == 1
     result = json.loads(out.read_text())
     faults = result["faults"]
     slow, fail = faults["faults"]

@@ -565,6 +565,9 @@ def test_a_merge_of_fault_runs_says_it_leaves_their_fault_sections_out_and_print
     """The merge dropped `faults` without a word: its P99 per window (and each fault's recovery, read off it)
     cannot be rebuilt from the parts'. One part's section is the whole run's, and kept."""
     stored = json.loads((ROOT / "docs" / "results" / "faults-server-wok-2026-11-29.json").read_text())
+    # As runs with --admin-url against servers they shared: parts that started their own (--replicas) are
+    # refused (test_parts_that_ran_their_own_replicas_are_refused).
+    stored["faults"] = {k: v for k, v in stored["faults"].items() if k != "replicas"}
     paths = [tmp_path / "a.json", tmp_path / "b.json"]
     for seed, path in enumerate(paths, 1):
         path.write_text(json.dumps({**stored, "config": {**stored["config"], "seed": seed}}))
@@ -1118,3 +1121,43 @@ def test_the_models_devices_are_the_first_parts_as_the_servers_view_is(split_ram
         r["devices"] = {"mlp": "cpu"}
     parts[1]["devices"] = {"mlp": None}  # its ModelConfig unanswered
     assert merge_results(parts)["devices"] == {"mlp": "cpu"}
+
+
+def test_a_merge_of_one_fault_run_plots_its_faults_as_the_ramp_does(tmp_path, capsys):
+    """`wok bench merge` of one fault run kept its `faults` section but --plot left out faults.png, which
+    `wok bench ramp --plot` writes for the same result: one list of outputs now serves both."""
+    stored = ROOT / "docs" / "results" / "faults-kill-wok-2026-11-29.json"
+    folder = tmp_path / "plots"
+    assert wok_main(["bench", "merge", str(stored), "--plot", str(folder)]) == 0
+    written = sorted(p.name for p in folder.iterdir())
+    assert written == ["faults.png", "latency_vs_offered.png", "throughput.png", "timeline.png"]
+    assert (folder / "faults.png").read_bytes().startswith(b"\x89PNG")
+    # Said once, as for any output: the fault plot is one of --plot's files, not an output of its own.
+    assert capsys.readouterr().err.count(f"wrote {folder} (--plot)") == 1
+
+
+def test_parts_that_ran_their_own_replicas_are_refused(tmp_path, capsys):
+    """Two `--replicas` runs merged with the fault section's warning alone: each ramped the servers it started,
+    so the sum read two fleets, each at its share of the rate, as one server at the whole rate (its capacity
+    theirs together), beside the first fleet's server columns. One such run still merges (a job of one)."""
+    stored = json.loads((ROOT / "docs" / "results" / "faults-kill-wok-2026-11-29.json").read_text())
+    shared = {**stored, "faults": {k: v for k, v in stored["faults"].items() if k != "replicas"}}
+    parts = [
+        {**stored, "config": {**stored["config"], "seed": 1}},
+        {**shared, "config": {**shared["config"], "seed": 2}},
+    ]
+    with pytest.raises(ValueError) as refused:
+        merge_results(parts, ["a.json", "b.json"])
+    assert str(refused.value) == (
+        "a.json (3 replicas): each started the servers it ramped (--replicas, `faults.replicas`), which no other "
+        "part loaded: the merged steps would add up the loads of several fleets as one server's, with the server "
+        "columns of the first part's alone; only parts that ramped the same servers (one --target for every part) "
+        "merge, and a --replicas run alone"
+    )
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for seed, path in enumerate(paths, 1):
+        path.write_text(json.dumps({**stored, "config": {**stored["config"], "seed": seed}}))
+    assert wok_main(["bench", "merge", *map(str, paths), "--json", str(tmp_path / "m.json")]) == 2
+    assert f"{paths[0]} (3 replicas), {paths[1]} (3 replicas): each started" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
+    assert merge_results(parts[:1], ["a.json"])["faults"] == stored["faults"]
