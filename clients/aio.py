@@ -63,11 +63,11 @@ class AsyncClient:
     that made the first one.
 
     Several targets naming hosts are looked up, and probed where a name has both address families
-    (`wok.clients.channel.channel_target`), which blocks up to a quarter of a second: built inside
-    a running event loop, the client does that on a thread, and its first call (or `async with`)
-    awaits it, so a lookup's error (a ValueError: a name that does not resolve, targets that need
-    both families) comes from that call, not from the constructor; built outside one, the
-    constructor does it.
+    (`wok.clients.channel.channel_target`), which blocks up to a quarter of a second: the client does
+    that on a thread, and its first call (or `async with`) awaits it, so a lookup's error (a ValueError:
+    a name that does not resolve, targets that need both families) comes from that call, not from the
+    constructor. (Built outside a running loop too, as the sync Client: the constructor waited there
+    past any call's timeout, up to the system resolver's own limit, for a DNS server that does not answer.)
 
     A call's `timeout` bounds all it waits for: that lookup, or the wok balancer's start (its lookups, each up
     to `BalancerSettings.resolve_timeout_s`), as well as the call itself. A first call out of time there raises
@@ -99,8 +99,9 @@ class AsyncClient:
         self._target_lookup: concurrent.futures.Future[str] | None = None
         self._target_wait: asyncio.Future[str] | None = None  # the lookup, as the calls of the loop await it
         if balancer == "grpc":
-            if looks_up(target) and _loop_running():
-                # The lookup and the probe would stall every task of the loop meanwhile.
+            if looks_up(target):
+                # In a loop, the lookup and the probe would stall every task of the loop meanwhile; outside one,
+                # the constructor, which no timeout bounds.
                 self._target_lookup = on_thread("wok-channel-target", channel_target, target)
             else:
                 self._target = channel_target(target)
@@ -125,7 +126,7 @@ class AsyncClient:
     @property
     def target(self) -> str | Sequence[str]:
         """The gRPC target URI of the channel (`channel_target`); the targets as given with
-        balancer="wok". A client built inside a running loop looks its targets up on a thread: until that
+        balancer="wok". The client looks several targets naming hosts up on a thread: until that
         lookup has ended this is the targets as given, and once it failed it raises its error, as the calls do.
         It never waits: read on the loop, a wait for the lookup stalled every task of the loop, up to the
         resolver's timeout, after close() too."""
@@ -539,14 +540,6 @@ class AsyncClient:
                 release()
         if error is not None:
             raise error
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 async def _within(setup: asyncio.Future, timeout: float | None, waited_for) -> float | None:

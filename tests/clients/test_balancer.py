@@ -458,12 +458,72 @@ CALLED_ON_A_LATER_LOOP = textwrap.dedent(
 
 
 def test_a_call_on_a_closed_loop_raises_its_error_and_leaves_no_coroutine_unawaited():
-    """`create_task` of an attempt raised on the balancer's closed loop, and the attempt's coroutine, never run,
-    warned "coroutine 'Balancer._attempt' was never awaited" as it went: it is closed, the error raised."""
+    """Refused at once, naming the closed loop (`_check_loop`). Before that check `create_task` of an attempt raised
+    "Event loop is closed", and the attempt's coroutine, never run, warned "coroutine 'Balancer._attempt' was never
+    awaited" as it went."""
     done = subprocess.run([sys.executable, "-c", CALLED_ON_A_LATER_LOOP], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.splitlines()[-1])
-    assert got == {"raised": "RuntimeError: Event loop is closed", "warnings": []}, got
+    assert got["warnings"] == [], got
+    assert re.fullmatch(
+        r"RuntimeError: targets '127\.0\.0\.1:1': the Balancer was called on a loop other .* which is closed; .*",
+        got["raised"],
+    ), got
+
+
+class _LoopThread:
+    """An event loop running on a thread of its own until close(); `run(coro)` runs a coroutine on it and waits."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+@pytest.mark.parametrize(
+    ("home", "state"),
+    [("stopped", "is open but not running"), ("running", "is running, on another thread")],
+)
+def test_a_call_on_a_loop_other_than_starts_is_refused_at_once_naming_that_loops_state(stub, home, state):
+    """start()'s loop open but not running (a Runner between runs): a call from another loop scheduled its attempts
+    there, where nothing ran them, and waited for them past its own timeout, for good. Refused at once, whatever
+    start()'s loop is doing, before an attempt is made; the balancer still serves its own loop. (Closed:
+    test_a_call_on_a_closed_loop_..., in a process of its own.)"""
+    server_loop = _LoopThread()
+    server = stub("a")
+    server_loop.run(server.__aenter__())
+    first = asyncio.Runner() if home != "running" else _LoopThread()
+    bal = Balancer(server.target, settings=settings(**NO_EJECTION))
+    call = bal.unary_unary(METHOD)
+    try:
+
+        async def started() -> str:
+            await bal.start()
+            return await name_of(call)
+
+        assert first.run(started()) == "a"
+
+        async def elsewhere() -> None:
+            # Bounded: unrefused, the call of a stopped loop never ended (its 1 s timeout included).
+            await asyncio.wait_for(call(REQUEST, timeout=1), 10)
+
+        with pytest.raises(RuntimeError, match=f"called on a loop other than the one it was started on, which {state}"):
+            asyncio.run(elsewhere())
+        assert (server.calls, bal.calls, bal.attempts) == (1, 1, 1)
+        assert first.run(name_of(call)) == "a"  # its own loop's calls go on
+    finally:
+        first.run(bal.stop())
+        first.close()
+        server_loop.run(server.__aexit__(None, None, None))
+        server_loop.close()
 
 
 async def test_cancelling_the_caller_cancels_its_attempts(stub):

@@ -618,13 +618,13 @@ def test_a_lookups_answer_as_its_loop_closes_is_dropped_quietly(tmp_path_factory
 # The blocking Client's lookup of several targets, one a name whose DNS answer is held.
 SYNC_CHILD = (
     r"""
-import json, logging, socket, struct, sys, threading, time
+import asyncio, json, logging, socket, struct, sys, threading, time
 from concurrent import futures
 
 import grpc
 import numpy as np
 
-from wok.clients import Client, InferError
+from wok.clients import AsyncClient, Client, InferError
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
@@ -777,6 +777,42 @@ def missing(dns, port):
     return out
 
 
+def async_made_outside_a_loop(dns, port):
+    # An AsyncClient made where no loop runs, then used in one: its constructor looked the targets up, as Client's did.
+    name = "outside.wok-test"
+    targets = [f"{name}:{port}", f"127.0.0.1:{port}"]
+    thread, made = started(lambda: AsyncClient(targets))
+    thread.join(GUARD_S)
+    if thread.is_alive():  # (it waits for the resolver's answer)
+        dns.release(name)
+        thread.join(20)
+        return {"made": "overran"}
+    client = made["value"]
+    asked(dns, name)
+
+    async def timed(call):
+        t0 = time.monotonic()
+        try:
+            await asyncio.wait_for(call(), GUARD_S)
+            kind, text = "ok", ""
+        except asyncio.TimeoutError:
+            kind, text = "overran", ""
+        except Exception as exc:
+            kind, text = described(exc)
+        return {"kind": kind, "text": text, "took": round(time.monotonic() - t0, 3)}
+
+    async def calls():
+        out = {"made": {"kind": made["kind"], "took": made["took"]}, "target_while_looked_up": client.target}
+        out["infer"] = await timed(lambda: client.infer("m", X, timeout=TIMEOUT))
+        dns.release(name)
+        out["after"] = await timed(lambda: client.infer("m", X, timeout=5))
+        out["target"] = client.target
+        await client.close()
+        return out
+
+    return {"given": targets, **asyncio.run(calls())}
+
+
 dns = Dns()
 server = grpc.server(futures.ThreadPoolExecutor(4))
 pb_grpc.add_GRPCInferenceServiceServicer_to_server(Server(), server)
@@ -786,6 +822,7 @@ results = {"scenario": scenario(dns, port)}
 if results["scenario"]["made"] != "overran":
     results["closing"] = closing(dns, port)
     results["missing"] = missing(dns, port)
+results["async_outside"] = async_made_outside_a_loop(dns, port)
 server.stop(0)
 results["logged"] = LOGGED.lines
 print(json.dumps(results))
@@ -852,3 +889,21 @@ def test_a_sync_clients_failed_lookup_is_every_calls_error(sync_lookups):
     for got in sync_lookups["missing"]:
         assert got["kind"] == "ValueError", got
         assert "cannot resolve 'missing.wok-test'" in got["text"], got
+
+
+def test_an_async_client_made_outside_a_loop_does_not_wait_for_the_lookup_either(sync_lookups):
+    """AsyncClient() made outside a running loop looked its targets up in its constructor, which no timeout bounds
+    (up to the system resolver's limit, 30 s here). It looks them up on a thread, as when made in a loop: its first
+    call, in a loop, waits for that lookup at most its timeout."""
+    got = sync_lookups["async_outside"]
+    assert got["made"] != "overran", "the constructor waited for the lookup"
+    assert got["made"]["kind"] == "ok" and got["made"]["took"] < 1.0, got["made"]
+    assert got["target_while_looked_up"] == got["given"], got
+    assert got["infer"]["kind"] == "DEADLINE_EXCEEDED", got
+    assert 0.29 <= got["infer"]["took"] < 2.0, got
+    assert got["infer"]["text"].startswith(
+        "CLIENT: the lookup of 'outside.wok-test' did not end within the call's timeout of 0.3 s"
+    ), got
+    assert got["after"]["kind"] == "ok", got
+    assert got["target"].startswith("ipv4:127.0.0.1:"), got
+    assert sync_lookups["logged"] == []
