@@ -33,6 +33,7 @@ from .channel import (
     channel_target,
     close_ending_watches,
     looks_up,
+    lookup_result,
     loop_future,
     names_looked_up,
     on_thread,
@@ -133,7 +134,7 @@ class AsyncClient:
         lookup = self._target_lookup
         if lookup is not None:
             # done() first: result() of a pending future blocks.
-            return lookup.result() if lookup.done() else self._targets
+            return lookup_result(lookup) if lookup.done() else self._targets
         return self._target
 
     @property
@@ -164,9 +165,11 @@ class AsyncClient:
         most `timeout` (`_within`); what is left of `timeout`. The lookup's error is raised to every call."""
         lookup = self._target_lookup
         if lookup is not None:
-            if self._target_wait is None:
+            if self._target_wait is None or self._target_wait.get_loop() is not asyncio.get_running_loop():
                 # One future for every call: a future of each call's own, left pending past its caller's
-                # timeout, had the lookup's error logged as never retrieved.
+                # timeout, had the lookup's error logged as never retrieved. One per loop: a client made outside
+                # a loop whose first call ran out of time in one asyncio.run waited in the next on the first
+                # loop's future, which that loop, ended, never completed (past any timeout, or for good).
                 self._target_wait = loop_future(lookup)
                 self._target_wait.add_done_callback(retrieved)
             timeout = await _within(self._target_wait, timeout, self._waited_for)

@@ -1332,9 +1332,8 @@ class Balancer:
         try:
             a.task = self._loop.create_task(attempt)
         except BaseException:
-            # (A closed loop: a balancer started on a loop that has ended.) The coroutine never ran, and left so
-            # it warned "coroutine 'Balancer._attempt' was never awaited" once collected; the error is the
-            # caller's, as grpc.aio's own call raises it on such a loop.
+            # Defensive, reached by no test since call()'s _check_loop refuses a closed loop first: a coroutine
+            # that never ran warned "coroutine 'Balancer._attempt' was never awaited" once collected.
             attempt.close()
             raise
         a.replica.launched += 1

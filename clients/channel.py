@@ -73,6 +73,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import copy
 import enum
 import errno
 import gc
@@ -615,6 +616,20 @@ def on_thread(name: str, fn, *args, **kwargs) -> concurrent.futures.Future:
 
     threading.Thread(target=run, name=name, daemon=True).start()
     return future
+
+
+def lookup_result(lookup: concurrent.futures.Future):
+    """A done lookup's result, or a copy of its error: Future.result() raises the one stored error each time, and
+    each raise added its frames, and their locals (a call's arrays), to that error's traceback, kept as long as
+    the client."""
+    error = lookup.exception()
+    if error is None:
+        return lookup.result()
+    try:
+        fresh = copy.copy(error)  # its type, args and attributes; no traceback, no chain
+    except Exception:  # an error that cannot be copied: this raise's frames kept, until the next
+        fresh = error.with_traceback(None)
+    raise fresh from None
 
 
 def loop_future(future: concurrent.futures.Future) -> asyncio.Future:

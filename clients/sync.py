@@ -29,6 +29,7 @@ from .channel import (
     channel_options,
     channel_target,
     looks_up,
+    lookup_result,
     names_looked_up,
     on_thread,
     open_channel,
@@ -96,7 +97,7 @@ class Client:
         lookup = self._target_lookup
         if lookup is None:
             return self._target
-        return lookup.result() if lookup.done() else self._targets
+        return lookup_result(lookup) if lookup.done() else self._targets
 
     def _open_channel(self) -> None:
         self._channel = open_channel(

@@ -357,6 +357,8 @@ def _first_rows(result, n: int, padded: int):
 
     if isinstance(result, dict):
         return {k: cut(v) for k, v in result.items()}
+    if isinstance(result, tuple) and hasattr(result, "_fields"):  # a namedtuple takes its fields one by one
+        return type(result)(*(cut(t) for t in result))
     if isinstance(result, (tuple, list)):
         return type(result)(cut(t) for t in result)
     return cut(result)
@@ -384,9 +386,9 @@ def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> nn.Module
     max_batch_size shapes in all, and each is run through the program's guards here, once. Any that fails
     keeps the checks, with a warning: such a batch would fail. torch has no public switch for the pre-hook:
     `validate_inputs` is the attribute it reads (torch.export's own _swap sets it), and `_guards_fn` the
-    guards' module; where either is gone, the checks stay. A program whose batch range leaves out a row
-    count wok sends, padded or not, is refused first, with or without the checks: they do not refuse every
-    such batch (_least_batch)."""
+    guards' module; where either is gone, the checks stay. A program called by position with tensors whose
+    batch range leaves out a row count wok sends, padded or not, is refused first, with or without the checks:
+    they do not refuse every such batch (_least_batch). (Any other program is served checked, its range unread.)"""
     names = [t.name for t in cfg.inputs]
     if not _takes_flat_tensors(program, len(names)):
         return _without_mode_switch(checked)

@@ -224,7 +224,10 @@ def _at_call_end(callback: Callable[[asyncio.Task], Any]) -> None:
     state for good, and the context refers back to that state: each call that added one would be a
     reference cycle, left with all it holds to the cyclic collector. A task lets go of its callbacks as
     it ends."""
-    asyncio.current_task().add_done_callback(callback)
+    task = asyncio.current_task()
+    if task is None:  # a handler run outside a task (not grpc.aio 1.85's way): nothing would call it
+        raise RuntimeError(f"expected the call's task to run its handler, got none for {callback!r}")
+    task.add_done_callback(callback)
 
 
 def _drop_tracebacks(error: BaseException | None, _task) -> None:
@@ -392,8 +395,8 @@ def _written_before_stop(method):
 
     @functools.wraps(method)
     async def counted(self: InferenceService, request, context):
+        _at_call_end(self._answer_written)  # first: had it raised, the count would have stayed up for good
         self.unwritten += 1
-        _at_call_end(self._answer_written)
         return await method(self, request, context)
 
     return counted
@@ -699,8 +702,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         if self._handler_started is not None:
             self._handler_started()
+        _at_call_end(self._answer_written)  # first: had it raised, the count would have stayed up for good
         self.unwritten += 1
-        _at_call_end(self._answer_written)
         if isinstance(request, Unparsed):
             self.server.metrics.unparsed_requests += 1
             self._refuse_unmodeled(request.error, context.time_remaining)

@@ -618,7 +618,7 @@ def test_a_lookups_answer_as_its_loop_closes_is_dropped_quietly(tmp_path_factory
 # The blocking Client's lookup of several targets, one a name whose DNS answer is held.
 SYNC_CHILD = (
     r"""
-import asyncio, json, logging, socket, struct, sys, threading, time
+import asyncio, gc, json, logging, socket, struct, sys, threading, time, weakref
 from concurrent import futures
 
 import grpc
@@ -773,6 +773,16 @@ def missing(dns, port):
     client = Client([f"{name}:{port}", f"127.0.0.1:{port}"])
     out = [outcome(lambda: client.server_live(timeout=5)) for _ in range(2)]
     out.append(outcome(lambda: client.target))
+    # Each call's inputs, let go once it has failed: the lookup's one stored error, raised again by each call,
+    # gathered each raise's frames (and their locals) in its traceback.
+    inputs = []
+    for _ in range(3):
+        x = np.ones((1, 4), np.float32)
+        inputs.append(weakref.ref(x))
+        outcome(lambda x=x: client.infer("m", {"x": x}, timeout=5))
+        del x
+    gc.collect()
+    out.append({"inputs_kept": sum(ref() is not None for ref in inputs)})
     client.close()
     return out
 
@@ -801,16 +811,22 @@ def async_made_outside_a_loop(dns, port):
             kind, text = described(exc)
         return {"kind": kind, "text": text, "took": round(time.monotonic() - t0, 3)}
 
-    async def calls():
+    async def first():
         out = {"made": {"kind": made["kind"], "took": made["took"]}, "target_while_looked_up": client.target}
         out["infer"] = await timed(lambda: client.infer("m", X, timeout=TIMEOUT))
-        dns.release(name)
-        out["after"] = await timed(lambda: client.infer("m", X, timeout=5))
+        return out
+
+    async def then():
+        # In a loop of its own (as a script's second asyncio.run): it waited on the first loop's wait for the
+        # lookup, which that loop, ended, never completed, past its timeout.
+        out = {"after": await timed(lambda: client.infer("m", X, timeout=2))}
         out["target"] = client.target
         await client.close()
         return out
 
-    return {"given": targets, **asyncio.run(calls())}
+    out = asyncio.run(first())
+    dns.release(name)
+    return {"given": targets, **out, **asyncio.run(then())}
 
 
 dns = Dns()
@@ -886,7 +902,9 @@ def test_sync_close_ends_the_calls_waiting_for_the_lookup_at_once(sync_lookups):
 
 
 def test_a_sync_clients_failed_lookup_is_every_calls_error(sync_lookups):
-    for got in sync_lookups["missing"]:
+    *errors, kept = sync_lookups["missing"]
+    assert kept == {"inputs_kept": 0}  # 3 of 3 before: each raise of the stored error kept its call's frames
+    for got in errors:
         assert got["kind"] == "ValueError", got
         assert "cannot resolve 'missing.wok-test'" in got["text"], got
 
