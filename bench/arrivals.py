@@ -53,10 +53,10 @@ def csv_columns(names: Sequence[str] | None, known: Sequence[str], path: Path) -
     expected, where it was a column of another name, an optional one dropped without a word. That is a name with
     other white space around it ('timestamp\xa0': str.strip() read it as `known` unseen), one in quotes not read as
     quoting (a tab before the opening one: the csv module reads a quote as quoting only first in its field, or
-    after spaces with skipinitialspace), and one in other case ('Size'). A name with a character that is not
-    printable anywhere in it (a format character, category Cf, as 'size\u200b' or a second byte-order mark; a
-    control; other white space) is refused, naming its column and the character: it shows as the name it is not,
-    and matched no known one, so its column was dropped unseen."""
+    after spaces with skipinitialspace), and one in other case ('Size', unless 'size' is there too). A name that
+    shows as a known one but has a character that is not printable in it (a format character, category Cf, as
+    'size\u200b' or a second byte-order mark; a control; other white space) is refused, naming its column and
+    the character: it shows as the name it is not, and matched no known one, so its column was dropped unseen."""
     fields = [f.strip(SPACES) for f in names or []]
     for name in fields:
         if name not in known and name.strip() in known:
@@ -74,14 +74,17 @@ def csv_columns(names: Sequence[str] | None, known: Sequence[str], path: Path) -
                 f"{path}: CSV header column {column}, {_quoted(name)}: expected {_quoted(unquoted)}, not in quotes "
                 "read as part of the name: a quote opens quoting only first in its field or after spaces"
             )
-        if name.casefold() in by_case:
+        # Beside 'size', 'Size' is another column.
+        if name.casefold() in by_case and by_case[name.casefold()] not in fields:
             raise ValueError(
                 f"{path}: CSV header column {column}, {_quoted(name)}: expected {_quoted(by_case[name.casefold()])}, "
                 "in that case: names are matched case included"
             )
     for column, name in enumerate(fields, 1):
         hidden = next((c for c in name if not c.isprintable()), None)
-        if hidden is not None:
+        # Only a name that shows as a known one: another column's ('Latency\r\n(ms)', 'Request\xa0ID', as
+        # spreadsheets export them) is ignored, as any other name is.
+        if hidden is not None and "".join(c for c in name if c.isprintable()).strip(SPACES) in known:
             called = unicodedata.name(hidden, "")  # a control has none
             raise ValueError(
                 f"{path}: CSV header column {column}, {_quoted(name)}: expected printable characters alone, got "
@@ -111,18 +114,31 @@ def csv_rows(text: str, known: Sequence[str], path: Path) -> tuple[list[str], It
     line number in `text` (a row's last, where a quoted cell spans lines), notes skipped (is_note). Spaces before
     a quote are skipped, so that `timestamp, "size"` names a `size` column, not '"size"', one ignored."""
     at = 0
+    within = False  # the reader asked for a line of a row begun: a quoted cell's, never a note
+    header = True  # before the header every note is one; after it a `#` line is only where no cell is '#…'
 
     def lines() -> Iterator[str]:
-        nonlocal at
+        nonlocal at, within
         for lineno, line in text_lines(text):
-            if not is_note(line):
-                at = lineno
-                yield line
+            if not within and (not line.strip(SPACES) or (is_note(line) and (header or first_known))):
+                continue
+            at, within = lineno, True
+            yield line
 
+    first_known = False
     reader = csv.DictReader(lines(), skipinitialspace=True)
     fields = csv_columns(reader.fieldnames, known, path)
     reader.fieldnames = fields
-    return fields, ((at, row) for row in reader)
+    # A first column of another name may hold '#1' (an id): its `#` lines are rows, as they were.
+    first_known, header, within = bool(fields) and fields[0] in known, False, False
+
+    def rows() -> Iterator[tuple[int, dict[str, str]]]:
+        nonlocal within
+        for row in reader:
+            within = False
+            yield at, row
+
+    return fields, rows()
 
 
 def _shown(value: object) -> str:

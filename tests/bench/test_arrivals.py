@@ -866,3 +866,28 @@ def test_a_trace_header_name_quoted_after_spaces_is_read(tmp_path, header):
     trace = tmp_path / "t.csv"
     trace.write_text(f'{header}\n0, "1"\n1,2\n')
     assert load_trace(trace).sizes.tolist() == [1, 2]
+
+
+def test_a_trace_keeps_rows_whose_first_cell_of_another_column_starts_with_a_hash(tmp_path):
+    """'#1' is an id where the first column is not `timestamp` or `size`: a `#` line among the rows is a row
+    there (comments before the header are still skipped); the rows were dropped without a word."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("# recorded\nid,timestamp,size\n#1,0,1\nx,1,2\n#3,2,3\n")
+    assert load_trace(trace).sizes.tolist() == [1, 2, 3]
+
+
+def test_a_quoted_cell_keeps_its_blank_and_hash_lines_and_the_rows_after_it(tmp_path):
+    """A quoted cell spanning lines is one row: its `# b` line was skipped as a comment, so the quote never closed
+    and swallowed every row after it, without a word."""
+    trace = tmp_path / "t.csv"
+    trace.write_text('timestamp,size,note\n0,1,"a\n\n# b"\n1,2,c\n2,3,d\n')
+    assert load_trace(trace).sizes.tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("other", ['"Latency\r\n(ms)"', "Request\xa0ID", '"a\tb"', "Size"])
+def test_a_trace_header_of_another_column_a_spreadsheet_writes_is_ignored(tmp_path, other):
+    """A name that does not show as `timestamp` or `size` is another column's, ignored, whatever it holds: a
+    spreadsheet's header cell with a line break or a no-break space was refused, and so was 'Size' beside 'size'."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(f"timestamp,size,{other}\r\n0,1,x\r\n1,2,y\r\n", encoding="utf-8")
+    assert load_trace(trace).sizes.tolist() == [1, 2]

@@ -391,9 +391,9 @@ def test_an_empirical_csv_skips_comment_and_blank_lines_as_one_integer_a_line_do
     """A file of one integer a line took `#` comments, and a CSV's first line decided it was one, but the CSV was
     read from its first line: '# observed' was its header, and the file refused as having no 'size' column."""
     sizes = tmp_path / "sizes.csv"
-    sizes.write_text("# observed 2026-12-06\n\nn, size\n0,3\n # more\n1,4\n")
+    sizes.write_text("# observed 2026-12-06\n\nsize, n\n3,0\n # more\n4,1\n")
     assert parse_sizes(f"empirical:{sizes}").values.tolist() == [3, 4]
-    sizes.write_text("# observed 2026-12-06\nn,size\n0,3\n# more\n1,x\n")
+    sizes.write_text("# observed 2026-12-06\nsize,n\n3,0\n# more\nx,1\n")
     with pytest.raises(ValueError) as e:
         parse_sizes(f"empirical:{sizes}")
     assert str(e.value) == f"sizes 'empirical:{sizes}': {sizes}:5: size 'x' is not an integer >= 0"
