@@ -115,22 +115,22 @@ def csv_rows(text: str, known: Sequence[str], path: Path) -> tuple[list[str], It
     a quote are skipped, so that `timestamp, "size"` names a `size` column, not '"size"', one ignored."""
     at = 0
     within = False  # the reader asked for a line of a row begun: a quoted cell's, never a note
-    header = True  # before the header every note is one; after it a `#` line is only where no cell is '#…'
+    # Whether a `#` line is a note: before the header, always; after it, where the first column is a known one
+    # (which refuses a '#…' cell): one of another name may hold '#1' (an id), and its `#` lines are rows, as they were.
+    comments = True
 
     def lines() -> Iterator[str]:
         nonlocal at, within
         for lineno, line in text_lines(text):
-            if not within and (not line.strip(SPACES) or (is_note(line) and (header or first_known))):
+            if not within and is_note(line) and (comments or not line.strip(SPACES)):
                 continue
             at, within = lineno, True
             yield line
 
-    first_known = False
     reader = csv.DictReader(lines(), skipinitialspace=True)
     fields = csv_columns(reader.fieldnames, known, path)
     reader.fieldnames = fields
-    # A first column of another name may hold '#1' (an id): its `#` lines are rows, as they were.
-    first_known, header, within = bool(fields) and fields[0] in known, False, False
+    comments, within = bool(fields) and fields[0] in known, False
 
     def rows() -> Iterator[tuple[int, dict[str, str]]]:
         nonlocal within

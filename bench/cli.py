@@ -331,15 +331,23 @@ def _result_outputs(args) -> list:
     ]
 
 
+def _print_sections(result: dict) -> None:
+    """What a result says after its steps' table: each section it has (a merge has no soak or host probe; its
+    replicas are parts' behind the wok balancer, their counters added up; one fault run's merge keeps its faults)."""
+    from . import faults, report, soak
+
+    report.print_replicas(result)
+    soak.print_soak(result)
+    _print_host_probe(result.get("host_probe"))
+    faults.print_faults(result)
+
+
 def _write_outputs(result: dict, args, command: str = "wok bench") -> None:
     from . import report
 
     def show() -> None:
-        from . import faults
-
         report.print_table(result)
-        report.print_replicas(result)  # a merge of parts behind the wok balancer: their counters added up
-        faults.print_faults(result)  # a merge of one fault run keeps its section
+        _print_sections(result)
 
     _show_after(lambda: _write_or_raise(result, _result_outputs(args), command, folders=_RESULT_FOLDERS), show)
 
@@ -1078,11 +1086,7 @@ def run(args) -> int:
             lambda: report.print_table(result),
         ):
             return 1
-        report.print_replicas(result)
-        soak.print_soak(result)
-        _print_host_probe(result.get("host_probe"))
-        if "faults" in result:
-            faults.print_faults(result)
+        _print_sections(result)
     finally:
         _restore_signals(previous)
     return _exit_status(result, args)

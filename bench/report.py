@@ -883,20 +883,22 @@ def _soak_html(result: dict) -> str:
     urls = rss.get("urls") or []
     sampled = f"RSS: process_resident_memory_bytes of {', '.join(urls)}" if urls else "RSS was not sampled"
     out.append(f'<p class="meta">{_e(" ".join([f"{sampled}.", *([s["note"]] if s.get("note") else [])]))}</p>')
-    out.append('<div class="wrap tall"><table class="soak-windows"><thead><tr>')
-    out += [f"<th>{_e(h)}</th>" for h in ("from s", "length s", "sent", "ok %", "P50 ms", "P99 ms", "RSS MiB")]
-    out.append("</tr></thead><tbody>")
+    rows = []
     for w in s.get("windows") or []:
         ok_pct = 100 * w["ok"] / w["sent"] if w.get("sent") else None
-        cells = [_fmt(w.get("t_s"), "g"), _fmt(w.get("length_s"), "g"), str(w.get("sent", "-"))]
-        cells += [
-            _fmt(ok_pct, ".2f"),
-            _fmt_ms(w.get("p50_ms")),
-            _fmt_ms(w.get("p99_ms")),
-            _fmt(w.get("rss_mib"), ".1f"),
-        ]
-        out.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
-    out.append("</tbody></table></div>")
+        rows.append(
+            [
+                _fmt(w.get("t_s"), "g"),
+                _fmt(w.get("length_s"), "g"),
+                str(w.get("sent", "-")),
+                _fmt(ok_pct, ".2f"),
+                _fmt_ms(w.get("p50_ms")),
+                _fmt_ms(w.get("p99_ms")),
+                _fmt(w.get("rss_mib"), ".1f"),
+            ]
+        )
+    windows_head = ("from s", "length s", "sent", "ok %", "P50 ms", "P99 ms", "RSS MiB")
+    out.append(_table("soak-windows", windows_head, rows, wrap="wrap tall"))
     if cap.get("steps"):
         # The steps the verdicts above were found on, which the result's own `steps` do not hold.
         out.append("<h3>Capacity ramp steps</h3>")

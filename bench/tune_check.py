@@ -1028,11 +1028,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def has_cpu_stage(args) -> bool:
+    """Whether a run calibrates on the CPU first (`args` as parse_args leaves them, or the parser's defaults)."""
+    return not (args.no_cpu_stage or args.device_like_spec)
+
+
 def measured_seconds(args) -> dict[str, float]:
     """The seconds of load a run offers, by part, from its options (`args` as parse_args leaves them, or the
     parser's defaults): an upper bound, as a validation ramp ends at the first step past --stop-factor × the SLO."""
     cpu = 0.0
-    if not (args.no_cpu_stage or args.device_like_spec):
+    if has_cpu_stage(args):
         cpu = len(args.cpu_steps_list) * (args.warmup + args.cpu_calibration_duration)
     return {
         "cpu calibration": cpu,
@@ -1058,7 +1063,6 @@ def run_length_text(p: argparse.ArgumentParser) -> str:
         setattr(d, attr, _seconds(getattr(d, attr)))
     d.steps_list, d.cpu_steps_list = parse_steps(d.steps), parse_steps(d.cpu_steps)
     parts = measured_seconds(d)
-    without_cpu = argparse.Namespace(**{**vars(d), "no_cpu_stage": True})
     return (
         "How long a run takes: the load it offers is, at most, the CPU calibration's --cpu-steps × (--warmup + "
         f"--cpu-calibration-duration) ({parts['cpu calibration']:g} s with the defaults; none with --no-cpu-stage "
@@ -1066,7 +1070,7 @@ def run_length_text(p: argparse.ArgumentParser) -> str:
         f"({parts['overhead calibrations']:g} s), and --reps × 2 settings × --steps × (--warmup + --step-duration) "
         f"of validation ({parts['validation']:g} s; a ramp ends at the first step whose P99 passes --stop-factor × "
         "the SLO); besides, a start of a few seconds per server (3 × --reps + 1, "
-        f"{servers_started(d)} with the defaults; 3 × --reps, {servers_started(without_cpu)}, with --no-cpu-stage or "
+        f"{servers_started(d)} with the defaults; 3 × --reps, {3 * d.reps}, with --no-cpu-stage or "
         "--device-like), the in-process profile "
         "(--profile-sizes × --profile-reps batches; none with --profile), and the search (a simulated --sim-duration "
         "per evaluation, --max-batch-sizes × --delays settings). On the 2-core development machine docs/tune.md's "
@@ -1078,7 +1082,7 @@ def run_length_text(p: argparse.ArgumentParser) -> str:
 def servers_started(args) -> int:
     """The servers a run starts: the CPU calibration's one, where it has that stage, and per repetition the
     overhead calibration's and each validated setting's (2)."""
-    return 3 * args.reps + (1 if measured_seconds(args)["cpu calibration"] else 0)
+    return 3 * args.reps + has_cpu_stage(args)
 
 
 def planned_text(args) -> str:

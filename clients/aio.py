@@ -32,13 +32,14 @@ from .channel import (
     channel_options,
     channel_target,
     close_ending_watches,
+    looked_up_target,
     looks_up,
-    lookup_result,
     loop_future,
     names_looked_up,
     on_thread,
     open_channel,
     retrieved,
+    shown_names,
 )
 from .errors import CLOSED_EARLY, Answers, InferError, SetupTimeout, read_answer
 from .limits import RequestLimit, check_time_left, estimate, item_estimate, learn_from_error, lookup_timeout
@@ -131,11 +132,7 @@ class AsyncClient:
         lookup has ended this is the targets as given, and once it failed it raises its error, as the calls do.
         It never waits: read on the loop, a wait for the lookup stalled every task of the loop, up to the
         resolver's timeout, after close() too."""
-        lookup = self._target_lookup
-        if lookup is not None:
-            # done() first: result() of a pending future blocks.
-            return lookup_result(lookup) if lookup.done() else self._targets
-        return self._target
+        return looked_up_target(self._target_lookup, self._target, self._targets)
 
     @property
     def balancer(self) -> Balancer | None:
@@ -145,9 +142,9 @@ class AsyncClient:
     def _waited_for(self) -> str:
         """What a first call waits for, as its timeout's error names it."""
         if self._balancer is None:
-            return f"the lookup of {_shown_names(names_looked_up(self._targets))}"
+            return f"the lookup of {shown_names(names_looked_up(self._targets))}"
         names = self._balancer.names
-        return "the balancer's start" + (f" (the lookup of {_shown_names(names)})" if names else "")
+        return "the balancer's start" + (f" (the lookup of {shown_names(names)})" if names else "")
 
     def _connect(self) -> GRPCInferenceServiceStub:
         if self._closed:
@@ -560,10 +557,6 @@ async def _within(setup: asyncio.Future, timeout: float | None, waited_for) -> f
     if not setup.done():
         raise SetupTimeout(waited_for())
     return max(0.0, timeout - (loop.time() - start))
-
-
-def _shown_names(names: Sequence[str]) -> str:
-    return ", ".join(map(quoted_name, names))
 
 
 def _serialize(message) -> bytes:

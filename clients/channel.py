@@ -618,6 +618,19 @@ def on_thread(name: str, fn, *args, **kwargs) -> concurrent.futures.Future:
     return future
 
 
+def shown_names(names: Sequence[str]) -> str:
+    """Host names as a first call's timeout names what it waited for: 'a', 'b'."""
+    return ", ".join(map(quoted_name, names))
+
+
+def looked_up_target(lookup: concurrent.futures.Future | None, target: str | None, given):
+    """A client's `target`: `target` where no lookup runs (or it has been taken), the targets as `given` while it
+    runs, then its result (or error, `lookup_result`). It never waits: result() of a pending future blocks."""
+    if lookup is None:
+        return target
+    return lookup_result(lookup) if lookup.done() else given
+
+
 def lookup_result(lookup: concurrent.futures.Future):
     """A done lookup's result, or a copy of its error: Future.result() raises the one stored error each time, and
     each raise added its frames, and their locals (a call's arrays), to that error's traceback, kept as long as
@@ -644,7 +657,7 @@ def loop_future(future: concurrent.futures.Future) -> asyncio.Future:
     loop = asyncio.get_running_loop()
     waiter = loop.create_future()
 
-    def copy(done: concurrent.futures.Future) -> None:  # on the loop
+    def settle(done: concurrent.futures.Future) -> None:  # on the loop
         if waiter.done():  # its waiter cancelled (a call's timeout, close())
             return
         if done.cancelled():
@@ -656,7 +669,7 @@ def loop_future(future: concurrent.futures.Future) -> asyncio.Future:
 
     def hand_over(done: concurrent.futures.Future) -> None:  # on the thread that ended `future`
         try:
-            loop.call_soon_threadsafe(copy, done)
+            loop.call_soon_threadsafe(settle, done)
         except RuntimeError:
             if not loop.is_closed():
                 raise

@@ -28,11 +28,12 @@ from .channel import (
     channel_credentials,
     channel_options,
     channel_target,
+    looked_up_target,
     looks_up,
-    lookup_result,
     names_looked_up,
     on_thread,
     open_channel,
+    shown_names,
 )
 from .errors import CLOSED_EARLY, Answers, InferError, SetupTimeout, read_answer
 from .limits import RequestLimit, check_time_left, estimate, item_estimate, learn_from_error, lookup_timeout
@@ -74,7 +75,8 @@ class Client:
         self._stub: GRPCInferenceServiceStub | None = None
         self._target: str | None = None
         self._target_lookup: concurrent.futures.Future[str] | None = None
-        # Set once the calls need not wait: the channel is open, the lookup has ended, or close() came.
+        # Set once the calls need not wait for the lookup: it has ended, or close() came. (With no lookup, the
+        # channel is opened here, and _setup returns before it would wait.)
         self._settled = threading.Event()
         if looked_up:
             self._target_lookup = on_thread("wok-channel-target", channel_target, target)
@@ -82,7 +84,6 @@ class Client:
         else:
             self._target = channel_target(target)
             self._open_channel()
-            self._settled.set()
         # wait_ready's pending futures: close() cancels them, else a wait without a timeout never ended.
         self._waits: set[grpc.Future] = set()
         self._lock = threading.Lock()
@@ -94,10 +95,7 @@ class Client:
     def target(self) -> str | Sequence[str]:
         """The gRPC target URI of the channel (`channel_target`). While the lookup of several targets' names runs,
         the targets as given; once it has failed, its error, as the calls raise it. It never waits."""
-        lookup = self._target_lookup
-        if lookup is None:
-            return self._target
-        return lookup_result(lookup) if lookup.done() else self._targets
+        return looked_up_target(self._target_lookup, self._target, self._targets)
 
     def _open_channel(self) -> None:
         self._channel = open_channel(
@@ -115,7 +113,7 @@ class Client:
             raise RuntimeError("this Client is closed")
         start = time.monotonic()
         if not self._settled.wait(timeout):
-            raise SetupTimeout(f"the lookup of {', '.join(map(quoted_name, names_looked_up(self._targets)))}")
+            raise SetupTimeout(f"the lookup of {shown_names(names_looked_up(self._targets))}")
         with self._lock:
             if self._closed:
                 # The lookup's thread cannot be stopped: as a call in flight at close() ends, its result dropped.

@@ -226,12 +226,17 @@ def _check_model_file(path: Path, cfg: ModelConfig) -> None:
     raise ConfigError(f"{where}: cannot load torch_export file {path}: {reason}")
 
 
+def _user_inputs(program) -> list:
+    """The input specs of `program`'s caller's inputs (not its parameters, buffers or constants), in order."""
+    return [s for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+
+
 def _takes_flat_tensors(program, n: int) -> bool:
     """Whether `program` is called as wok calls a model: `n` tensors by position, no keywords."""
     try:
         spec = program.call_spec.in_spec
         args, kwargs = spec.children()
-        tensors = [s for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+        tensors = _user_inputs(program)
     except (AttributeError, TypeError, ValueError):  # another torch's layout: its checks stay
         return False
     return (
@@ -281,7 +286,7 @@ def _least_batch(program, cfg: ModelConfig, order: list[str]) -> tuple[int, list
     2 or more is padded to it (_PaddedBatch): wok's batching already takes each row's answer to be its own,
     whatever else shares its batch."""
     mbs = cfg.max_batch_size
-    specs = [s for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    specs = _user_inputs(program)
     export = f'export it with a batch Dim from 1, torch.export.Dim("batch", min=1, max={mbs})'
     least, padded = 1, []
     for name, spec in zip(order, specs, strict=True):
@@ -293,12 +298,10 @@ def _least_batch(program, cfg: ModelConfig, order: list[str]) -> tuple[int, list
             fix = f"torch checks only such a size's bounds, and a batch of another would run unchecked; {export}"
         else:
             lo, hi = bounds
-            if lo == hi and lo != 1:
+            if lo == hi and (lo != 1 or mbs != 1):
                 takes = f"exactly {lo} row(s), exported with no batch Dim"
-                fix = f"a batch of any other size fails its guards; {export}"
-            elif lo == hi and mbs != 1:
-                takes = "exactly 1 row(s), exported with no batch Dim"
-                fix = f"a batch of any other size fails its guards; set max_batch_size = 1, or {export}"
+                fix = "a batch of any other size fails its guards; "
+                fix += f"set max_batch_size = 1, or {export}" if lo == 1 else export
             elif hi is not None and hi < mbs:
                 takes = f"{lo} to {hi} rows"
                 fix = (

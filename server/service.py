@@ -395,8 +395,7 @@ def _written_before_stop(method):
 
     @functools.wraps(method)
     async def counted(self: InferenceService, request, context):
-        _at_call_end(self._answer_written)  # first: had it raised, the count would have stayed up for good
-        self.unwritten += 1
+        self._count_unwritten()
         return await method(self, request, context)
 
     return counted
@@ -478,6 +477,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             self._idle.set()
         if self.closing:
             self._changed.set()
+
+    def _count_unwritten(self) -> None:
+        """Count the running call as unwritten until its end (_at_call_end): the stop waits for its answer."""
+        _at_call_end(self._answer_written)  # first: had it raised, the count would have stayed up for good
+        self.unwritten += 1
 
     def _answer_written(self, _task) -> None:
         self.unwritten -= 1
@@ -702,8 +706,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         if self._handler_started is not None:
             self._handler_started()
-        _at_call_end(self._answer_written)  # first: had it raised, the count would have stayed up for good
-        self.unwritten += 1
+        self._count_unwritten()
         if isinstance(request, Unparsed):
             self.server.metrics.unparsed_requests += 1
             self._refuse_unmodeled(request.error, context.time_remaining)

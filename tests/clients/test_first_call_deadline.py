@@ -702,19 +702,27 @@ def waiting_for_the_lookup(thread):
     return False
 
 
+def made_within(dns, name, make):
+    # `make()` (a client's constructor) on a thread, given GUARD_S: the client and what the constructor took, or
+    # "overran", once `name`'s answer let it end (it waited for the resolver's answer).
+    thread, made = started(make)
+    thread.join(GUARD_S)
+    if thread.is_alive():
+        dns.release(name)
+        thread.join(20)
+        return made["value"], "overran"
+    asked(dns, name)
+    return made["value"], {"kind": made["kind"], "took": made["took"]}
+
+
 def scenario(dns, port):
     name = "sync.wok-test"
     targets = [f"{name}:{port}", f"127.0.0.1:{port}"]
-    thread, made = started(lambda: Client(targets))
-    thread.join(GUARD_S)
-    out = {"made": "overran" if thread.is_alive() else {"kind": made["kind"], "took": made["took"]}}
-    if thread.is_alive():  # (it waits for the resolver's answer)
-        dns.release(name)
-        thread.join(20)
-        made["value"].close()
+    client, made = made_within(dns, name, lambda: Client(targets))
+    out = {"made": made}
+    if made == "overran":
+        client.close()
         return out
-    client = made["value"]
-    asked(dns, name)
     out["given"], out["target_while_looked_up"] = targets, client.target
     patient, patient_out = started(lambda: client.server_live())  # no timeout: it waits for the lookup
     out["infer"] = outcome(lambda: client.infer("m", X, timeout=TIMEOUT))
@@ -791,14 +799,9 @@ def async_made_outside_a_loop(dns, port):
     # An AsyncClient made where no loop runs, then used in one: its constructor looked the targets up, as Client's did.
     name = "outside.wok-test"
     targets = [f"{name}:{port}", f"127.0.0.1:{port}"]
-    thread, made = started(lambda: AsyncClient(targets))
-    thread.join(GUARD_S)
-    if thread.is_alive():  # (it waits for the resolver's answer)
-        dns.release(name)
-        thread.join(20)
+    client, made = made_within(dns, name, lambda: AsyncClient(targets))
+    if made == "overran":
         return {"made": "overran"}
-    client = made["value"]
-    asked(dns, name)
 
     async def timed(call):
         t0 = time.monotonic()
@@ -812,7 +815,7 @@ def async_made_outside_a_loop(dns, port):
         return {"kind": kind, "text": text, "took": round(time.monotonic() - t0, 3)}
 
     async def first():
-        out = {"made": {"kind": made["kind"], "took": made["took"]}, "target_while_looked_up": client.target}
+        out = {"made": made, "target_while_looked_up": client.target}
         out["infer"] = await timed(lambda: client.infer("m", X, timeout=TIMEOUT))
         return out
 

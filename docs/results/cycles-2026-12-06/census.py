@@ -177,26 +177,29 @@ def client_phases(target):
 
         asyncio.run(run())
 
-    def stream():
+    def streamed(request, refused: bool) -> None:
+        # N requests on one stream, each answered (or, `refused`, answered with an error message).
         async def run():
             async with grpc.aio.insecure_channel(target) as ch:
-                stub = pb_grpc.GRPCInferenceServiceStub(ch)
-                call = stub.ModelStreamInfer()
+                call = pb_grpc.GRPCInferenceServiceStub(ch).ModelStreamInfer()
 
                 async def w():
                     for _ in range(N):
-                        await call.write(req)
+                        await call.write(request)
                     await call.done_writing()
 
                 t = asyncio.create_task(w())
                 n = 0
                 async for a in call:
-                    assert not a.error_message, a.error_message
+                    assert bool(a.error_message) == refused, a.error_message
                     n += 1
                 await t
                 assert n == N
 
         asyncio.run(run())
+
+    def stream():
+        streamed(req, refused=False)
 
     bad = encode_request("mlp", {"INPUT0": np.ones((1, 256), np.int64)})
 
@@ -212,23 +215,7 @@ def client_phases(target):
                     raise AssertionError("answered")
 
     def invalid_stream():
-        async def run():
-            async with grpc.aio.insecure_channel(target) as ch:
-                call = pb_grpc.GRPCInferenceServiceStub(ch).ModelStreamInfer()
-
-                async def w():
-                    for _ in range(N):
-                        await call.write(bad)
-                    await call.done_writing()
-
-                t = asyncio.create_task(w())
-                n = 0
-                async for a in call:
-                    assert a.error_message
-                    n += 1
-                await t
-
-        asyncio.run(run())
+        streamed(bad, refused=True)
 
     def idle():
         import time
@@ -245,31 +232,35 @@ def client_phases(target):
     }
 
 
+def read(p: subprocess.Popen, prefix: str) -> str:
+    """The rest of the server child's next line that starts with `prefix`."""
+    while True:
+        line = p.stdout.readline()
+        if not line:
+            raise SystemExit("server died")
+        if line.startswith(prefix):
+            return line[len(prefix) :].strip()
+
+
+def ask(p: subprocess.Popen, command: str, answer: str) -> str:
+    """Send the server child `command`; the rest of its line that starts with `answer`."""
+    p.stdin.write(command + "\n")
+    p.stdin.flush()
+    return read(p, answer)
+
+
 def main():
     p = subprocess.Popen([sys.executable, __file__, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def read(prefix):
-        while True:
-            line = p.stdout.readline()
-            if not line:
-                raise SystemExit("server died")
-            if line.startswith(prefix):
-                return line[len(prefix) :].strip()
-
-    port = read("PORT ")
+    port = read(p, "PORT ")
     phases = client_phases(f"127.0.0.1:{port}")
     # warm up
     phases["sync_unary"]()
     phases["stream"]()
     only = sys.argv[1:] or list(phases)
     for name in only:
-        p.stdin.write("begin\n")
-        p.stdin.flush()
-        read("OK")
+        ask(p, "begin", "OK")
         phases[name]()
-        p.stdin.write("end\n")
-        p.stdin.flush()
-        res = json.loads(read("RES "))
+        res = json.loads(ask(p, "end", "RES "))
         print(f"=== {name}: N={N} garbage={res['garbage']} ({res['garbage'] / N:.2f}/req) in cycles={res['in_cycles']}")
         print("  by type:")
         for t, n in res["by_type"]:

@@ -83,32 +83,17 @@ def main():
             p = subprocess.Popen(
                 [sys.executable, __file__, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
             )
-
-            def read(prefix, p=p):
-                while True:
-                    line = p.stdout.readline()
-                    if not line:
-                        raise SystemExit("server died")
-                    if line.startswith(prefix):
-                        return line[len(prefix) :].strip()
-
-            port = read("PORT ")
+            port = census.read(p, "PORT ")
             census.N = 500
             phases = client_phases(f"127.0.0.1:{port}")
             phases["sync_unary"]()
             phases["stream"]()
             census.N = n
-            p.stdin.write("freeze\n")
-            p.stdin.flush()
-            read("OK")
+            census.ask(p, "freeze", "OK")
             for name in ("sync_unary", "concurrent_unary", "stream"):
-                p.stdin.write("begin\n")
-                p.stdin.flush()
-                read("OK")
+                census.ask(p, "begin", "OK")
                 phases[name]()
-                p.stdin.write("end\n")
-                p.stdin.flush()
-                res = json.loads(read("RES "))
+                res = json.loads(census.ask(p, "end", "RES "))
                 results.setdefault((v, name), []).append(res)
                 print(v, name, res, flush=True)
             p.stdin.write("quit\n")
