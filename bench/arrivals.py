@@ -47,7 +47,7 @@ def _quoted(text: str) -> str:
     return quoted_name(text)
 
 
-def csv_columns(names: Sequence[str] | None, known: Sequence[str], path: Path) -> list[str]:
+def csv_columns(names: Sequence[str] | None, known: Sequence[str], where: str) -> list[str]:
     """A CSV header's column names, trimmed of SPACES alone, as numbers are (wok.numerals), and matched exactly: a
     name that is one of `known` but for what shows little or not at all is refused, naming it and the spelling
     expected, where it was a column of another name, an optional one dropped without a word. That is a name with
@@ -56,13 +56,14 @@ def csv_columns(names: Sequence[str] | None, known: Sequence[str], path: Path) -
     after spaces with skipinitialspace), and one in other case ('Size', unless 'size' is there too). A name that
     shows as a known one but has a character that is not printable in it (a format character, category Cf, as
     'size\u200b' or a second byte-order mark; a control; other white space) is refused, naming its column and
-    the character: it shows as the name it is not, and matched no known one, so its column was dropped unseen."""
+    the character: it shows as the name it is not, and matched no known one, so its column was dropped unseen.
+    `where` is the file and the header's line, `path:line`, as a row's refusal names its own."""
     fields = [f.strip(SPACES) for f in names or []]
-    for name in fields:
+    for column, name in enumerate(fields, 1):
         if name not in known and name.strip() in known:
             raise ValueError(
-                f"{path}: CSV header column {_quoted(name)}: expected {_quoted(name.strip())}, with no white space "
-                "around it but spaces, tabs and line ends"
+                f"{where}: CSV header column {column}, {_quoted(name)}: expected {_quoted(name.strip())}, with no "
+                "white space around it but spaces, tabs and line ends"
             )
     by_case = {k.casefold(): k for k in known}
     for column, name in enumerate(fields, 1):
@@ -71,13 +72,13 @@ def csv_columns(names: Sequence[str] | None, known: Sequence[str], path: Path) -
         unquoted = name[1:-1].strip(SPACES) if len(name) > 1 and name[0] == name[-1] == '"' else None
         if unquoted in known:
             raise ValueError(
-                f"{path}: CSV header column {column}, {_quoted(name)}: expected {_quoted(unquoted)}, not in quotes "
+                f"{where}: CSV header column {column}, {_quoted(name)}: expected {_quoted(unquoted)}, not in quotes "
                 "read as part of the name: a quote opens quoting only first in its field or after spaces"
             )
         # Beside 'size', 'Size' is another column.
         if name.casefold() in by_case and by_case[name.casefold()] not in fields:
             raise ValueError(
-                f"{path}: CSV header column {column}, {_quoted(name)}: expected {_quoted(by_case[name.casefold()])}, "
+                f"{where}: CSV header column {column}, {_quoted(name)}: expected {_quoted(by_case[name.casefold()])}, "
                 "in that case: names are matched case included"
             )
     for column, name in enumerate(fields, 1):
@@ -87,7 +88,7 @@ def csv_columns(names: Sequence[str] | None, known: Sequence[str], path: Path) -
         if hidden is not None and "".join(c for c in name if c.isprintable()).strip(SPACES) in known:
             called = unicodedata.name(hidden, "")  # a control has none
             raise ValueError(
-                f"{path}: CSV header column {column}, {_quoted(name)}: expected printable characters alone, got "
+                f"{where}: CSV header column {column}, {_quoted(name)}: expected printable characters alone, got "
                 f"U+{ord(hidden):04X}{' ' + called if called else ''} (category {unicodedata.category(hidden)})"
             )
     return fields
@@ -109,28 +110,57 @@ def is_note(line: str) -> bool:
     return not content or content.startswith("#")
 
 
-def csv_rows(text: str, known: Sequence[str], path: Path) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
-    """A CSV's header names (csv_columns: its first line that is not a note) and, as read, its rows each with its
-    line number in `text` (a row's last, where a quoted cell spans lines), notes skipped (is_note). Spaces before
-    a quote are skipped, so that `timestamp, "size"` names a `size` column, not '"size"', one ignored."""
+def csv_rows(
+    text: str, known: Sequence[str], path: Path
+) -> tuple[list[str], int, Iterator[tuple[int, dict[str, str]]]]:
+    """A CSV's header names (csv_columns: its first line that is not a note), the header's line number (a row's
+    last, as for rows; 0 where there is none) and, as read, its rows each with its line number in `text` (a
+    row's last, where a quoted cell spans lines), notes skipped (is_note). Spaces before a quote are skipped, so
+    that `timestamp, "size"` names a `size` column, not '"size"', one ignored.
+
+    A header commented out, as some tools write it (`#timestamp,size`), is the header where the first line that
+    is not a note names none of `known` (a row, not a header: it was read as the header, and the file refused as
+    having no 'timestamp' column, naming the first row's cells): the last comment above that line that, its
+    first `#` dropped, names one of `known`. A file whose first line that is not a note names one is read as
+    before, whatever comments stand above it."""
     at = 0
     within = False  # the reader asked for a line of a row begun: a quoted cell's, never a note
     # Whether a `#` line is a note: before the header, always; after it, where the first column is a known one
     # (which refuses a '#…' cell): one of another name may hold '#1' (an id), and its `#` lines are rows, as they were.
     comments = True
+    commented = 0  # the last comment above the first row that, its `#` dropped, names a known column
+    header = 0  # a comment line read as the header, its `#` dropped
+
+    def uncommented(line: str) -> str:
+        return line.replace("#", "", 1)
 
     def lines() -> Iterator[str]:
-        nonlocal at, within
+        nonlocal at, within, commented
         for lineno, line in text_lines(text):
-            if not within and is_note(line) and (comments or not line.strip(SPACES)):
+            if lineno == header:
+                line = uncommented(line)
+            elif not within and is_note(line) and (comments or not line.strip(SPACES)):
+                # Above the first row alone (none read yet): a comment among the rows is never a header.
+                if at == 0 and not header and line.strip(SPACES):
+                    names = next(csv.reader([uncommented(line)], skipinitialspace=True), [])
+                    if {name.strip(SPACES) for name in names} & set(known):
+                        commented = lineno
                 continue
             at, within = lineno, True
             yield line
 
-    reader = csv.DictReader(lines(), skipinitialspace=True)
-    fields = csv_columns(reader.fieldnames, known, path)
-    reader.fieldnames = fields
-    comments, within = bool(fields) and fields[0] in known, False
+    def read() -> tuple[csv.DictReader, list[str]]:
+        nonlocal comments, within
+        reader = csv.DictReader(lines(), skipinitialspace=True)
+        fields = csv_columns(reader.fieldnames, known, f"{path}:{at}")
+        reader.fieldnames = fields
+        comments, within = bool(fields) and fields[0] in known, False
+        return reader, fields
+
+    reader, fields = read()
+    if commented and not set(fields) & set(known):
+        header, at, comments = commented, 0, True
+        reader, fields = read()
 
     def rows() -> Iterator[tuple[int, dict[str, str]]]:
         nonlocal within
@@ -138,7 +168,14 @@ def csv_rows(text: str, known: Sequence[str], path: Path) -> tuple[list[str], It
             within = False
             yield at, row
 
-    return fields, rows()
+    return fields, at if fields else 0, rows()
+
+
+def header_names(fields: Sequence[str]) -> str:
+    """A header's names as a refusal shows them: each quoted (`_quoted`), the first 20 and a count of the rest,
+    'none' where there is no header."""
+    got = ", ".join(map(_quoted, fields[:20])) + (f" and {len(fields) - 20} more" if len(fields) > 20 else "")
+    return got or "none"
 
 
 def _shown(value: object) -> str:
@@ -683,7 +720,8 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
     JSONL has one object per line, `{"timestamp": ..., "size": ...}`; a `.jsonl` or
     `.ndjson` name, or a first line that is not a note (is_note) starting with `{`, selects
     it. Timestamps are seconds (any origin, e.g. Unix time) or ISO 8601 strings. Sizes are
-    all or none. Blank and `#` comment lines are skipped in either format.
+    all or none. Blank and `#` comment lines are skipped in either format, but for a CSV header commented
+    out (csv_rows).
     """
     path = Path(path)
     text = read_utf8(path)
@@ -717,10 +755,10 @@ def load_trace(path: str | Path, time_scale: float = 1.0) -> TraceReplay:
             sizes.append(_size(obj["size"], where) if obj.get("size") is not None else None)
             wheres.append(where)
     else:
-        fields, rows = csv_rows(text, ("timestamp", "size"), path)
+        fields, header, rows = csv_rows(text, ("timestamp", "size"), path)
         if "timestamp" not in fields:
-            got = ", ".join(map(_quoted, fields[:20])) + (f" and {len(fields) - 20} more" if len(fields) > 20 else "")
-            raise ValueError(f"{path}: CSV header must have a 'timestamp' column; got {got or 'none'}")
+            where = f"{path}:{header}" if header else str(path)
+            raise ValueError(f"{where}: CSV header must have a 'timestamp' column; got {header_names(fields)}")
         for lineno, row in rows:
             where = f"{path}:{lineno}"
             stamp(row["timestamp"], where)

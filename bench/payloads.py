@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from wok.bench.arrivals import csv_rows, is_note, read_utf8, text_lines
+from wok.bench.arrivals import csv_rows, header_names, is_note, read_utf8, text_lines
 from wok.datatypes import datatype
 from wok.numerals import SPACES, ascii_digits, read_float
 
@@ -192,9 +192,12 @@ def _read_sizes(path: Path) -> np.ndarray:
     elif ascii_digits(first):
         values = lines
     else:
-        fields, rows = csv_rows(text, ("size",), path)
+        fields, header, rows = csv_rows(text, ("size",), path)
         if "size" not in fields:
-            raise ValueError(f"{path}: expected one integer a line, or a CSV header with a 'size' column")
+            raise ValueError(
+                f"{path}:{header}: expected one integer a line, or a CSV header with a 'size' column; got "
+                f"{header_names(fields)}"
+            )
         values = [(i, row["size"]) for i, row in rows]
     out = []
     for i, v in values:

@@ -58,16 +58,13 @@ class LoadControl:
         burst = "burst_rate" in body or "burst_s" in body
         if burst:
             burst_rate = check_rate("burst_rate", body.get("burst_rate"))
-            seconds = body.get("burst_s")
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_BURST_S:
-                raise ValueError(
-                    f"field 'burst_s': expected seconds above 0 up to {MAX_BURST_S:g}, got {shown(seconds)}"
-                )
+            # A burst of 0 s would be none: 0 itself refused, as it was.
+            seconds = check_number("burst_s", body.get("burst_s"), 0, MAX_BURST_S, "seconds", above=True)
         if rate is not None:
             self.state.rate = rate
         if burst:
             self.state.burst_rate = burst_rate
-            self.state.burst_until = time.monotonic() + float(seconds)
+            self.state.burst_until = time.monotonic() + seconds
         return self.describe()
 
     def describe(self) -> dict:

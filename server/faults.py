@@ -228,11 +228,11 @@ def _bad(field: str, expected: str, got) -> AdminRequestError:
     return AdminRequestError(f"field {quoted_name(field)}: expected {expected}, got {shown(got)}")
 
 
-def check_number(field: str, v, lo: float, hi: float, what: str = "a number") -> float:
-    """`v` as a float if it is a number (`is_number`) from `lo` to `hi`, else AdminRequestError naming
-    `field` and `what` it expected: the admin API's numbers and the demo's rates."""
-    if not is_number(v) or not lo <= v <= hi:
-        raise _bad(field, f"{what} from {lo:g} to {hi:g}", v)
+def check_number(field: str, v, lo: float, hi: float, what: str = "a number", *, above: bool = False) -> float:
+    """`v` as a float if it is a number (`is_number`) from `lo` to `hi` (`above`: `lo` itself excluded), else
+    AdminRequestError naming `field` and `what` it expected: the admin API's numbers and the demo's."""
+    if not is_number(v) or not (lo < v if above else lo <= v) or not v <= hi:
+        raise _bad(field, f"{what} above {lo:g} up to {hi:g}" if above else f"{what} from {lo:g} to {hi:g}", v)
     return float(v) + 0.0  # -0.0 as 0.0, as -0 (an int) is 0: GET /admin/batching answered -0.0
 
 

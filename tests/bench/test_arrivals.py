@@ -24,6 +24,7 @@ from wok.bench.arrivals import (
     Poisson,
     Sawtooth,
     TraceReplay,
+    csv_rows,
     load_trace,
     nominal_for,
     parse_arrivals,
@@ -492,11 +493,15 @@ LONG_SHOWN = f"'{'t' * 200}'… (100,000 characters in all)"
             f"t.jsonl:2: size {{'n': '{'t' * 159}… (100,009 characters in all) is not an integer >= 0",
         ),
         # A header's names as the file gives them, however many and however long.
-        ("t.csv", f"{LONG},size\n1,2\n", f"t.csv: CSV header must have a 'timestamp' column; got {LONG_SHOWN}, 'size'"),
+        (
+            "t.csv",
+            f"{LONG},size\n1,2\n",
+            f"t.csv:1: CSV header must have a 'timestamp' column; got {LONG_SHOWN}, 'size'",
+        ),
         (
             "t.csv",
             ",".join(f"c{i}" for i in range(1000)) + "\n" + ",".join(["1"] * 1000) + "\n",
-            "t.csv: CSV header must have a 'timestamp' column; got "
+            "t.csv:1: CSV header must have a 'timestamp' column; got "
             + ", ".join(f"'c{i}'" for i in range(20))
             + " and 980 more",
         ),
@@ -741,9 +746,10 @@ def test_a_trace_header_name_with_white_space_other_than_spaces_is_refused_namin
     with pytest.raises(ValueError) as e:
         load_trace(trace)
     shown = name.encode("unicode_escape").decode()
+    column = header.split(",").index(name) + 1
     assert str(e.value) == (
-        f"{trace}: CSV header column '{shown}': expected '{name.strip()}', with no white space around it but "
-        "spaces, tabs and line ends"
+        f"{trace}:1: CSV header column {column}, '{shown}': expected '{name.strip()}', with no white space around "
+        "it but spaces, tabs and line ends"
     )
     trace.write_text(" timestamp\t, size \n0,1\n1,2\n")
     assert load_trace(trace).sizes.tolist() == [1, 2]
@@ -768,7 +774,7 @@ def test_a_trace_header_name_with_a_character_not_printable_is_refused_naming_co
     trace.write_text(f"{header}\n0,1,2\n1,2,3\n", encoding="utf-8")
     with pytest.raises(ValueError) as e:
         load_trace(trace)
-    expected = f"{trace}: CSV header column {column}, '{shown}': expected printable characters alone, got {got}"
+    expected = f"{trace}:1: CSV header column {column}, '{shown}': expected printable characters alone, got {got}"
     assert str(e.value) == expected
 
 
@@ -796,7 +802,7 @@ def test_a_trace_header_name_known_but_for_case_or_quotes_is_refused_naming_it_a
     trace.write_text(f"{header}\n" + "0,1,2\n1,2,3\n")
     with pytest.raises(ValueError) as e:
         load_trace(trace)
-    assert str(e.value) == f"{trace}: CSV header {refusal}"
+    assert str(e.value) == f"{trace}:1: CSV header {refusal}"
     trace.write_text("note,Sizes,\t timestamp \n" + "x,7,0\nx,8,1\n")  # a name of another column is still ignored
     assert load_trace(trace).sizes is None
 
@@ -891,3 +897,75 @@ def test_a_trace_header_of_another_column_a_spreadsheet_writes_is_ignored(tmp_pa
     trace = tmp_path / "t.csv"
     trace.write_text(f"timestamp,size,{other}\r\n0,1,x\r\n1,2,y\r\n", encoding="utf-8")
     assert load_trace(trace).sizes.tolist() == [1, 2]
+
+
+def trace_refusal(trace, text: str) -> str:
+    """The refusal of a trace `text` written to `trace`."""
+    trace.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        load_trace(trace)
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "refusal"),
+    [
+        ("# recorded\n\n#\ntimestamp,Size\n0,1\n", f":4: CSV header column 2, 'Size': expected 'size', {CASE}"),
+        (
+            "\n# recorded\nnote,timestamp\xa0\nx,0\n",
+            ":3: CSV header column 2, 'timestamp\\xa0': expected 'timestamp', with no white space around it but "
+            "spaces, tabs and line ends",
+        ),
+        (
+            '# a\n"time\nof day",size\n0,1\n',
+            ":3: CSV header must have a 'timestamp' column; got 'time\\nof day', 'size'",
+        ),
+    ],
+    ids=["case-after-comments", "white-space-after-comments", "no-timestamp-spanning-lines"],
+)
+def test_a_trace_header_refusal_names_the_header_line_and_column(tmp_path, text, refusal):
+    """A header may follow comment and blank lines (since ad2f9c5), but its refusals named the file alone, where a
+    row's name its line; 'timestamp\\xa0' was refused without its column number, where the other names are. A
+    header whose quoted name spans lines is named by its last, as such a row is."""
+    trace = tmp_path / "t.csv"
+    assert trace_refusal(trace, text) == f"{trace}{refusal}"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "#timestamp,size\n0,1\n1,2\n",
+        "# recorded 2026-12-06\n# timestamp, size\n\n0,1\n# a pause\n1,2\n",
+        "\t#  timestamp ,size,note\n0,1,a\n1,2,b\n",
+    ],
+    ids=["bare", "after-a-comment-and-before-a-blank", "spaces-around"],
+)
+def test_a_trace_header_commented_out_is_its_header(tmp_path, text):
+    """Some tools write the header as a comment: it was skipped, the first row read as the header, and the trace
+    refused as having no 'timestamp' column ("got '0', '1'")."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(text)
+    replay = load_trace(trace)
+    assert (replay.offsets.tolist(), replay.sizes.tolist()) == ([0.0, 1.0], [1, 2])
+
+
+def test_a_trace_header_commented_out_is_read_as_a_header_is(tmp_path):
+    """Its refusals name its line, as a header's do; the rows after it keep their `#` lines in quoted cells and
+    their line numbers; a header below a comment that names the columns is the header, as before."""
+    trace = tmp_path / "t.csv"
+    refusal = trace_refusal(trace, "# a\n#Timestamp,size\n0,1\n")
+    assert refusal == f"{trace}:2: CSV header column 1, 'Timestamp': expected 'timestamp', {CASE}"
+    refusal = trace_refusal(trace, '#timestamp,size,note\n0,1,"a\n# b"\n# c\n1,x,d\n')
+    assert refusal == f"{trace}:5: size 'x' is not an integer >= 0"
+    fields, header, rows = csv_rows('#timestamp,size,note\n0,1,"a\n# b"\n', ("timestamp", "size"), trace)
+    assert (fields, header, list(rows)) == (
+        ["timestamp", "size", "note"],
+        1,
+        [(3, {"timestamp": "0", "size": "1", "note": "a\n# b"})],
+    )
+    trace.write_text("# timestamp,size\ntimestamp,size\n0,1\n1,2\n")
+    assert load_trace(trace).sizes.tolist() == [1, 2]
+    trace.write_text("# size,n\n#timestamp,size\n# recorded\n0,1\n1,2\n")  # the last comment naming a column
+    assert load_trace(trace).sizes.tolist() == [1, 2]
+    refusal = trace_refusal(trace, "# recorded\ntime,size\n0,1\n")  # a header of a known column is the header
+    assert refusal == f"{trace}:2: CSV header must have a 'timestamp' column; got 'time', 'size'"

@@ -274,7 +274,7 @@ def test_an_empirical_size_in_other_digits_than_0_to_9_is_refused(tmp_path, text
     expected = (
         f"{sizes}:{line}: size '٣' is not an integer >= 0"
         if line == 2
-        else f"{sizes}: expected one integer a line, or a CSV header with a 'size' column"
+        else f"{sizes}:1: expected one integer a line, or a CSV header with a 'size' column; got '٣'"
     )
     assert str(e.value) == f"sizes 'empirical:{sizes}': {expected}"
 
@@ -340,7 +340,7 @@ def test_numbers_in_digits_other_than_ascii_are_refused(parse, spec, refusal):
     [
         (
             "size\xa0",
-            "column 'size\\xa0': expected 'size', with no white space around it but spaces, tabs and line ends",
+            "column 1, 'size\\xa0': expected 'size', with no white space around it but spaces, tabs and line ends",
         ),
         (
             "n,size\u200b",
@@ -366,7 +366,7 @@ def test_an_empirical_size_column_named_with_other_white_space_or_not_printable_
     sizes.write_text(f"{header}\n3\n4\n", encoding="utf-8")
     with pytest.raises(ValueError) as e:
         parse_sizes(f"empirical:{sizes}")
-    assert str(e.value) == f"sizes 'empirical:{sizes}': {sizes}: CSV header {refusal}"
+    assert str(e.value) == f"sizes 'empirical:{sizes}': {sizes}:1: CSV header {refusal}"
     sizes.write_text(" size\t\n3\n4\n")
     assert sorted(set(parse_sizes(f"empirical:{sizes}").values.tolist())) == [3, 4]
 
@@ -403,4 +403,24 @@ def test_an_empirical_size_column_quoted_after_spaces_is_read(tmp_path):
     """'n, "size"' kept the quotes in the name: no 'size' column, the file refused."""
     sizes = tmp_path / "sizes.csv"
     sizes.write_text('n, "size"\n0, "3"\n1,4\n')
+    assert parse_sizes(f"empirical:{sizes}").values.tolist() == [3, 4]
+
+
+def test_an_empirical_csv_header_refusal_names_its_line_and_a_commented_header_is_read(tmp_path):
+    """A header after comments was refused naming the file alone, and a header commented out (`#size,n`, as some
+    tools write one) was skipped: the first row was read as the header, the file refused as having no 'size'
+    column."""
+    sizes = tmp_path / "sizes.csv"
+    refusals = []
+    for text in ("# observed\n\nn,size\xa0\n0,3\n", "# observed\nn,bytes\n0,3\n"):
+        sizes.write_text(text, encoding="utf-8")
+        with pytest.raises(ValueError) as e:
+            parse_sizes(f"empirical:{sizes}")
+        refusals.append(str(e.value).removeprefix(f"sizes 'empirical:{sizes}': {sizes}"))
+    assert refusals == [
+        ":3: CSV header column 2, 'size\\xa0': expected 'size', with no white space around it but spaces, tabs and "
+        "line ends",
+        ":2: expected one integer a line, or a CSV header with a 'size' column; got 'n', 'bytes'",
+    ]
+    sizes.write_text("# observed\n#size, n\n3,0\n# more\n4,1\n")
     assert parse_sizes(f"empirical:{sizes}").values.tolist() == [3, 4]

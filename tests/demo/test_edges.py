@@ -28,6 +28,7 @@ from wok.demo.cli import LiveDemo, SimulatedDemo
 from wok.demo.load import LoadControl
 from wok.demo.sim import SimBackend
 from wok.demo.web import DemoWeb, Hub
+from wok.faults import AdminRequestError
 
 from .conftest import ipv6_loopback
 
@@ -128,6 +129,17 @@ def test_a_refused_load_body_changes_nothing():
     with pytest.raises(ValueError, match=r"^field 'burst_rate': expected requests per second"):
         control.set({"rate": 777, "burst_rate": -1, "burst_s": 5})
     assert control.describe() == {"rate": 100.0, "current_rate": 100.0, "burst_rate": None, "burst_left_s": 0.0}
+
+
+@pytest.mark.parametrize(("seconds", "got"), [(0, "0"), (-0.0, "-0.0"), (30.5, "30.5"), (True, "True"), ("5", "'5'")])
+def test_a_burst_length_is_checked_as_the_rates_are(seconds, got):
+    """'burst_s' had a check of its own, raising a plain ValueError where its neighbours raise AdminRequestError
+    (faults.check_number), as the admin API's numbers do; its message is as it was."""
+    control = LoadControl(100)
+    with pytest.raises(AdminRequestError) as e:
+        control.set({"burst_rate": 500, "burst_s": seconds})
+    assert str(e.value) == f"field 'burst_s': expected seconds above 0 up to 30, got {got}"
+    assert control.set({"burst_rate": 500, "burst_s": 30})["current_rate"] == 500
 
 
 async def answer(port: int, request: bytes) -> tuple[int, dict]:
