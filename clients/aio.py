@@ -35,6 +35,7 @@ from .channel import (
     looked_up_target,
     looks_up,
     loop_future,
+    loop_state,
     names_looked_up,
     on_thread,
     open_channel,
@@ -62,7 +63,12 @@ class AsyncClient:
     tunes it; `retries=False` means one attempt); streams then go to one replica picked the
     same way, without hedging. Use as `async with AsyncClient(...) as client:` or call
     `close()`; a closed client cannot be used again. All calls must come from the loop
-    that made the first one.
+    that made the first one (its channel, or the balancer, belongs to that loop): a call from another loop, or
+    a close() from another while that one is open, raises RuntimeError at once, naming that loop's state (closed,
+    running on another thread, or open but not running). Only a client that holds nothing of a loop that has
+    closed moves to the next loop (a first call that ran out of time waiting for the lookup, or the balancer's
+    start, in one asyncio.run: the next run's calls wait for them again); close() from a later loop after its loop
+    closed closes the channels and nothing else.
 
     Several targets naming hosts are looked up, and probed where a name has both address families
     (`wok.clients.channel.channel_target`), which blocks up to a quarter of a second: the client does
@@ -116,11 +122,15 @@ class AsyncClient:
         self._closed = False
         self._watch: asyncio.Task | None = None  # wait_ready's, pending after its timeout
         self._balancer: Balancer | None = None
+        self._balancer_settings: BalancerSettings | None = None
+        self._options_given = options
         if balancer == "wok":
             s = balancer_settings or BalancerSettings()
             if not retries:
                 s = dataclasses.replace(s, max_attempts=1)
-            self._balancer = Balancer(target, options=options, credentials=self._credentials, settings=s)
+            self._balancer_settings = s
+            self._balancer = self._new_balancer()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first call, the client's own
         self._balancer_start: asyncio.Future | None = None
         self._limit = RequestLimit()  # the server's request limit, looked up once (wok.clients.limits)
         self._lookup: asyncio.Future | None = None  # the look-up in progress, shared by its callers
@@ -138,6 +148,53 @@ class AsyncClient:
     def balancer(self) -> Balancer | None:
         """The wok balancer (its `stats()`, its replicas) while the client is open; None with "grpc"."""
         return None if self._closed else self._balancer
+
+    def _new_balancer(self) -> Balancer:
+        return Balancer(
+            self._targets, options=self._options_given, credentials=self._credentials, settings=self._balancer_settings
+        )
+
+    def _check_loop(self) -> None:
+        """Make the running loop the client's at its first call; RuntimeError for a call from another loop,
+        unless the client's has closed holding nothing of it. grpc.aio refused a channel's call from another
+        loop with its own error ("Event loop is closed", "... attached to a different loop"), and a call waiting
+        for another loop's lookup or balancer start waited on that loop's future: past its timeout, or for good,
+        when that loop did not run, and a bare CancelledError once that loop's end had cancelled the start."""
+        loop = asyncio.get_running_loop()
+        home = self._loop
+        if home is loop:
+            return
+        if home is not None and not (home.is_closed() and self._holds_nothing()):
+            raise self._elsewhere(home)
+        self._loop = loop
+        if home is None:
+            return
+        # The closed loop's waits, pending for good: this loop's calls make their own.
+        self._target_wait = None
+        if self._lookup is not None and not self._lookup.done():
+            self._lookup = None
+        start = self._balancer_start
+        if start is not None and (not start.done() or start.cancelled()):
+            # Cancelled by asyncio.run's end (which stopped the balancer), or left pending by a loop closed without
+            # it: that Balancer was started, and a Balancer starts once.
+            self._balancer, self._balancer_start = self._new_balancer(), None
+
+    def _elsewhere(self, home: asyncio.AbstractEventLoop) -> RuntimeError:
+        given = self._targets
+        shown = quoted_name(given if isinstance(given, str) else ",".join(given))
+        return RuntimeError(
+            f"targets {shown}: the AsyncClient was called on a loop other than the one its first call ran on, which "
+            f"{loop_state(home)}; its channel, or its balancer, belongs to that loop: call it "
+            "there, or make an AsyncClient per loop"
+        )
+
+    def _holds_nothing(self) -> bool:
+        """Whether nothing of the client belongs to its loop: no channel, no balancer started (a start that failed
+        holds nothing either: its error is every call's, on any loop)."""
+        if self._balancer is None:
+            return self._channel is None
+        start = self._balancer_start
+        return start is None or not start.done() or start.cancelled() or start.exception() is not None
 
     def _waited_for(self) -> str:
         """What a first call waits for, as its timeout's error names it."""
@@ -162,19 +219,20 @@ class AsyncClient:
         most `timeout` (`_within`); what is left of `timeout`. The lookup's error is raised to every call."""
         lookup = self._target_lookup
         if lookup is not None:
-            if self._target_wait is None or self._target_wait.get_loop() is not asyncio.get_running_loop():
+            if self._target_wait is None:
                 # One future for every call: a future of each call's own, left pending past its caller's
                 # timeout, had the lookup's error logged as never retrieved. One per loop: a client made outside
                 # a loop whose first call ran out of time in one asyncio.run waited in the next on the first
-                # loop's future, which that loop, ended, never completed (past any timeout, or for good).
+                # loop's future, which that loop, ended, never completed (`_check_loop` drops it).
                 self._target_wait = loop_future(lookup)
                 self._target_wait.add_done_callback(retrieved)
-            timeout = await _within(self._target_wait, timeout, self._waited_for)
+            wait = self._target_wait
+            timeout = await _within(wait, timeout, self._waited_for)
             # Closed while the lookup ran (close() cancels the wait, not the thread): as a call in flight at
             # close() ends, its result or error dropped.
             if self._closed:
                 raise InferError(grpc.StatusCode.CANCELLED, CLOSED_EARLY)
-            self._target = self._target_wait.result()
+            self._target = wait.result()
             self._target_lookup = None
         # Concurrent first calls all waited for the lookup: the first to get here makes the channel.
         if self._stub is None:
@@ -187,6 +245,7 @@ class AsyncClient:
         `timeout`, all of it when nothing was waited for."""
         if self._closed:
             raise RuntimeError("this AsyncClient is closed")
+        self._check_loop()
         if self._balancer is None:
             return timeout if self._stub is not None else await self._first_connect(timeout)
         if self._balancer_start is None:
@@ -220,7 +279,20 @@ class AsyncClient:
 
     async def close(self) -> None:
         """Close the channel; calls still in flight, and those waiting for the first lookup or the balancer's
-        start, end with CANCELLED (InferError)."""
+        start, end with CANCELLED (InferError). From a loop other than the client's (`_check_loop`): RuntimeError
+        while that loop is open; once it has closed, the channels are closed, and nothing else: what else the client
+        had there (the waits of its calls, a `wait_ready`'s watch) went with it."""
+        home = self._loop
+        if home is not None and home is not asyncio.get_running_loop() and not self._closed:
+            if not home.is_closed():
+                raise self._elsewhere(home)
+            self._closed = True
+            channel, self._channel, self._stub = self._channel, None, None
+            if channel is not None:
+                await channel.close()
+            if self._balancer is not None:
+                await self._balancer.stop()
+            return
         self._closed = True
         if self._target_wait is not None:
             # Its calls waited for the lookup's thread, which nothing can stop: until the resolver answered (or
@@ -271,8 +343,8 @@ class AsyncClient:
 
     async def _unary(self, method: str, request, timeout: float | None):
         if self._balancer is None:
-            if self._stub is None:
-                timeout = await self._open(timeout)
+            if self._stub is None or self._loop is not asyncio.get_running_loop():
+                timeout = await self._open(timeout)  # (another loop's call: `_check_loop` refuses it)
             call = getattr(self._stub, method)
         else:
             timeout = await self._open(timeout)
@@ -449,7 +521,8 @@ class AsyncClient:
         """
         release = None
         sent = self._answers.sent()
-        if self._stub is None or self._balancer is not None:
+        loop = asyncio.get_running_loop()
+        if self._stub is None or self._balancer is not None or self._loop is not loop:
             timeout = await self._open(timeout, "the stream was not opened")
         if self._balancer is None:
             stub = self._stub
@@ -462,7 +535,6 @@ class AsyncClient:
         # Results of the requests the client refused (over the server's limit), not sent: yielded
         # as they come, between the server's answers; `wake` is set as one comes.
         refused: deque[StreamResult] = deque()
-        loop = asyncio.get_running_loop()
         wake = [loop.create_future()]
 
         async def check(request: pb.ModelInferRequest, est: int) -> bool:

@@ -185,6 +185,7 @@ from .channel import (
     close_ending_watches,
     family_of,
     loop_future,
+    loop_state,
     on_thread,
     open_channel,
     preferred_families,
@@ -633,8 +634,20 @@ class Balancer:
     async def stop(self) -> None:
         """Cancel the attempts in flight, start()'s lookups (that start() raises RuntimeError) and the
         resolver; close every channel, its watcher ending. A resolver's lookup still running
-        CANCEL_GRACE_S after its cancellation is left running, logged (`_end_lookup`)."""
+        CANCEL_GRACE_S after its cancellation is left running, logged (`_end_lookup`). From a loop other than
+        start()'s: RuntimeError while that loop is open (`_check_loop`'s); once it has closed (an asyncio.run that
+        ended without stop()), the channels are closed, and nothing else: the rest can neither run nor be cancelled."""
         if self._stopped:
+            return
+        if self._loop is not None and self._loop is not asyncio.get_running_loop():
+            if not self._loop.is_closed():
+                raise self._elsewhere()
+            # Its tasks and watchers were cancelled, or abandoned, with their loop; cancelling one now schedules on
+            # the closed loop (RuntimeError "Event loop is closed"). A channel's close is gRPC's core's, any loop's.
+            self._stopped = True
+            for r in self.replicas.values():
+                if r.channel is not None:
+                    await r.channel.close()
             return
         self._stopped = True
         # Until none is left: a caller woken by an attempt that ended just before stop() sees
@@ -1371,19 +1384,14 @@ class Balancer:
         Its attempts were scheduled there, and the call waited for them for good, past its timeout (only an attempt
         enforces it): start()'s loop, not running, never ran them; running on another thread, its tasks' ends
         never woke the caller's loop (asyncio's callbacks are not thread-safe). One check per call, ~0.1 us."""
-        loop = self._loop
-        if asyncio.get_running_loop() is loop:
-            return
-        if loop.is_closed():
-            state = "is closed"
-        elif loop.is_running():
-            state = "is running, on another thread"
-        else:
-            state = "is open but not running (a Runner or run_until_complete between its runs)"
-        raise RuntimeError(
+        if asyncio.get_running_loop() is not self._loop:
+            raise self._elsewhere()
+
+    def _elsewhere(self) -> RuntimeError:
+        return RuntimeError(
             f"targets {self._shown_targets}: the Balancer was called on a loop other than the one it was started "
-            f"on, which {state}; its channels and attempts belong to that loop: call it there, or make a Balancer "
-            "(an AsyncClient) per loop"
+            f"on, which {loop_state(self._loop)}; its channels and attempts belong to that loop: call it there, or "
+            "make a Balancer (an AsyncClient) per loop"
         )
 
     async def call(self, key, request, timeout: float | None, metadata):
@@ -1492,8 +1500,10 @@ class Balancer:
         stream), and the function to call once that call has ended: until then the channel stays
         open, as for the balancer's own attempts, should its address leave the name (closing it
         cancelled the stream under its caller, answers owed and all). RuntimeError, as `call` raises, before
-        start() or after stop(): it handed out a channel stop() had closed."""
+        start() or after stop() (it handed out a channel stop() had closed), or on a loop other than start()'s
+        (grpc.aio raised its own error as the stream began, "Event loop is closed" or another loop's)."""
         self._check_running()
+        self._check_loop()
         r = self.pick()
         if r is None:
             raise self._no_replica()

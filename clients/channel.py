@@ -678,6 +678,15 @@ def loop_future(future: concurrent.futures.Future) -> asyncio.Future:
     return waiter
 
 
+def loop_state(loop: asyncio.AbstractEventLoop) -> str:
+    """What `loop` (a loop other than the running one) is doing, as a refusal to use it from elsewhere names it."""
+    if loop.is_closed():
+        return "is closed"
+    if loop.is_running():
+        return "is running, on another thread"
+    return "is open but not running (a Runner or run_until_complete between its runs)"
+
+
 NAME_OPTIONS = ("grpc.default_authority", "grpc.ssl_target_name_override")
 
 

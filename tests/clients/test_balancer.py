@@ -35,7 +35,7 @@ from wok.clients.balancer import SETTLED_AFTER, Balancer, BalancerSettings, merg
 from wok.errors import CUT_NOTE
 from wok.v2pb import grpc_service_pb2 as pb
 
-from .conftest import Stub
+from .conftest import LoopThread, Stub
 
 pytestmark = pytest.mark.timeout(90)
 # ANSWERS_IN_TIME: the tests marked `serial` (run alone, after the parallel pass: tests/conftest.py)
@@ -471,23 +471,6 @@ def test_a_call_on_a_closed_loop_raises_its_error_and_leaves_no_coroutine_unawai
     ), got
 
 
-class _LoopThread:
-    """An event loop running on a thread of its own until close(); `run(coro)` runs a coroutine on it and waits."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout: float = 30.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        self.loop.close()
-
-
 @pytest.mark.parametrize(
     ("home", "state"),
     [("stopped", "is open but not running"), ("running", "is running, on another thread")],
@@ -497,10 +480,10 @@ def test_a_call_on_a_loop_other_than_starts_is_refused_at_once_naming_that_loops
     there, where nothing ran them, and waited for them past its own timeout, for good. Refused at once, whatever
     start()'s loop is doing, before an attempt is made; the balancer still serves its own loop. (Closed:
     test_a_call_on_a_closed_loop_..., in a process of its own.)"""
-    server_loop = _LoopThread()
+    server_loop = LoopThread()
     server = stub("a")
     server_loop.run(server.__aenter__())
-    first = asyncio.Runner() if home != "running" else _LoopThread()
+    first = asyncio.Runner() if home != "running" else LoopThread()
     bal = Balancer(server.target, settings=settings(**NO_EJECTION))
     call = bal.unary_unary(METHOD)
     try:
