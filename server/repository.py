@@ -18,12 +18,14 @@ import pickle
 import re
 import sys
 import zipfile
+from collections import OrderedDict, namedtuple
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
-from torch.export.graph_signature import InputKind, TensorArgument
+from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
 from .config import CONFIG_NAMES, ModelConfig, inside_model_dir, load_model_config
 from .errors import ConfigError, InvalidVersion, ModelNotFound, error_line, quoted_name
@@ -251,93 +253,186 @@ def _takes_flat_tensors(program, n: int) -> bool:
     )
 
 
-def _batch_bounds(program, spec) -> tuple[int, int | None] | str | None:
-    """The row counts the input of `spec` was exported for, as (least, most; None for no most), or the
-    expression of a batch size derived from a Dim (2 * Dim); None where the program keeps no range for it."""
+def _batch_bounds(program, spec):
+    """(the batch dim, dim 0, of the input of `spec` as the program was traced: an int where it was exported with
+    no Dim, else torch's expression for it, a symbol or one derived from symbols (2*s65); the least and most rows
+    it was traced for, None for no most: for a derived one, 0 and None, its expression being what is read), or
+    None where the program keeps no range for it."""
     try:
         node = next(n for n in program.graph.find_nodes(op="placeholder") if n.name == spec.arg.name)
         dim = node.meta["val"].shape[0]
         if isinstance(dim, int):
-            return dim, dim
+            return dim, dim, dim
         expr = dim.node.expr
         if not expr.is_Symbol:
-            return str(expr)
+            return expr, 0, None
         bounds = program.range_constraints[expr]
     # Another torch's layout: the guards, run at each row count, are the check.
     except (AttributeError, IndexError, KeyError, StopIteration, TypeError):
         return None
     return (
+        expr,
         int(bounds.lower) if bounds.lower.is_Integer else 0,
         int(bounds.upper) if bounds.upper.is_Integer else None,  # not: int_oo, a Dim with no max
     )
 
 
-def _least_batch(program, cfg: ModelConfig, order: list[str]) -> tuple[int, list[str]]:
-    """The fewest rows a batch is padded to for the program (1: none padded), and the inputs that need it;
-    ConfigError where an input's batch dim, as the program was exported, leaves out a row count wok can send
-    it (1 to max_batch_size) that padding does not bring into its range. An input whose range cannot be
-    read is left to the guards, run at each row count.
+def _shown_size(expr, names: dict) -> str:
+    """`expr`, a size torch derived from symbols (2*s65), with each symbol as `names` calls it (2 × Dim): torch's
+    names are its own, made at export, and no config or Dim says them."""
+    import sympy  # torch imports it for the program already
+
+    shown = str(expr.xreplace({s: sympy.Symbol(names[s]) for s in expr.free_symbols}))
+    return re.sub(r"(?<!\*)\*(?!\*)", " × ", shown)  # a product's *, not a power's **
+
+
+class _Padding(NamedTuple):
+    """How a torch.export program's batches are padded (_least_batch): to `rows` rows at least (1: none padded),
+    for `inputs`, which take batches of `takes` (as the start-up says it); `batch`: the inputs' batch dims as
+    traced (torch's symbols, or the sizes exported with no Dim), to tell the outputs that carry the batch."""
+
+    rows: int
+    inputs: list[str]
+    takes: str
+    batch: set
+
+
+def _least_batch(program, cfg: ModelConfig, order: list[str]) -> _Padding:
+    """The fewest rows a batch is padded to for the program, and what for; ConfigError where an input's batch
+    dim, as the program was exported, leaves out a row count wok can send it (1 to max_batch_size) that
+    padding does not bring into its range. An input whose range cannot be read is left to the guards, run at
+    each row count.
 
     The range is the program's own record of what it was traced for (`range_constraints`, from the batch
     Dim's min and max; a dim exported without a Dim is that one size). torch checks a call against it only
     in part: it asserts no lower bound of 2 (the bound a Dim with min=2, Dim.AUTO or Dim.DYNAMIC gets), so
     a one-row batch would run outside what was traced (a branch on the batch's size took the other path),
     and only the bounds of a derived size (an odd batch passes those of 2 * Dim). A batch below a least of
-    2 or more is padded to it (_PaddedBatch): wok's batching already takes each row's answer to be its own,
+    2 or more is padded to it (_PaddedBatch), and so is every batch below max_batch_size where that is the one
+    size a program exported with no Dim takes: wok's batching already takes each row's answer to be its own,
     whatever else shares its batch."""
     mbs = cfg.max_batch_size
-    specs = _user_inputs(program)
     export = f'export it with a batch Dim from 1, torch.export.Dim("batch", min=1, max={mbs})'
-    least, padded = 1, []
-    for name, spec in zip(order, specs, strict=True):
+    least, padded, takes, batch = 1, [], "", set()
+    for name, spec in zip(order, _user_inputs(program), strict=True):
         bounds = _batch_bounds(program, spec)
         if bounds is None:
             continue
-        if isinstance(bounds, str):
-            takes = f"{bounds} rows, a size derived from a Dim (as 2 * Dim)"
+        dim, lo, hi = bounds
+        if not isinstance(dim, int) and not dim.is_Symbol:
+            # Its Dim's range is left out: torch raises a min of 1 to 2 there, which the Dim said otherwise.
+            symbols = sorted(dim.free_symbols, key=str)
+            names = {s: "Dim" if len(symbols) == 1 else f"Dim{i}" for i, s in enumerate(symbols, 1)}
+            takes = f"{_shown_size(dim, names)} rows, a size derived from a Dim"
             fix = f"torch checks only such a size's bounds, and a batch of another would run unchecked; {export}"
-        else:
-            lo, hi = bounds
-            if lo == hi and (lo != 1 or mbs != 1):
-                takes = f"exactly {lo} row(s), exported with no batch Dim"
-                fix = "a batch of any other size fails its guards; "
-                fix += f"set max_batch_size = 1, or {export}" if lo == 1 else export
-            elif hi is not None and hi < mbs:
-                takes = f"{lo} to {hi} rows"
-                fix = (
-                    f"a batch of more than {hi} rows fails its guards; set max_batch_size = {hi}, or export it with "
-                    f'a batch Dim up to {mbs}, torch.export.Dim("batch", min=1, max={mbs})'
-                )
-            elif lo > mbs:
-                takes = f"{lo} rows or more" if hi is None else f"{lo} to {hi} rows"
-                fix = (
-                    f"none is in its range, and wok pads a batch to max_batch_size rows at most; set max_batch_size = "
-                    f"{lo} (a batch of fewer rows is then padded to {lo}), or {export}"
-                )
+        elif lo == hi and lo == mbs and lo > 1:
+            # One size, and the greatest wok sends: every batch is padded to it.
+            least, takes = lo, f"exactly {lo} rows (exported with no batch Dim)"
+            padded.append(name)
+            batch.add(dim)
+            continue
+        elif lo == hi and (lo != 1 or mbs != 1):
+            takes = f"exactly {lo} row(s), exported with no batch Dim"
+            fix = "a batch of any other size fails its guards; "
+            if lo == 1:
+                fix += f"set max_batch_size = 1, or {export}"
             else:
-                if lo > 1:
-                    least = max(least, lo)
-                    padded.append(name)
-                continue
+                fix += f"set max_batch_size = {lo} (a batch of fewer rows is then padded to {lo}), or {export}"
+        elif hi is not None and hi < mbs:
+            takes = f"{lo} to {hi} rows"
+            fix = (
+                f"a batch of more than {hi} rows fails its guards; set max_batch_size = {hi}, or export it with "
+                f'a batch Dim up to {mbs}, torch.export.Dim("batch", min=1, max={mbs})'
+            )
+        elif lo > mbs:
+            takes = f"{lo} rows or more" if hi is None else f"{lo} to {hi} rows"
+            fix = (
+                f"none is in its range, and wok pads a batch to max_batch_size rows at most; set max_batch_size = "
+                f"{lo} (a batch of fewer rows is then padded to {lo}), or {export}"
+            )
+        else:
+            batch.add(dim)
+            if lo > 1:
+                if lo > least:
+                    least, takes = lo, f"{lo} rows or more"
+                padded.append(name)
+            continue
         raise ConfigError(
             f"{_source(cfg)}: model_file {cfg.model_file!r}: input '{name}' of its torch.export program takes "
             f"batches (its dim 0) of {takes}, but model '{cfg.name}' has max_batch_size {mbs}, so wok sends it "
             f"batches of 1 to {mbs} rows: {fix}"
         )
-    return least, padded
+    return _Padding(least, padded, takes, batch)
+
+
+def _batch_outputs(program, cfg: ModelConfig, padding: _Padding) -> frozenset | None:
+    """Which outputs of the program carry the batch's rows in dim 0, as _first_rows cuts them: None for its one
+    tensor, else the positions (a tuple or list) or keys (a dict) of those that do. Read from the program's trace
+    of each output: an output whose dim 0 is an input's batch dim (torch's symbol for the batch Dim, or the size
+    exported with no Dim) carries the batch; one of another size (a table as long as the padded batch, say) does
+    not, and is left whole. ConfigError for one whose dim 0 is derived from the batch's (2 × it): no rows of it
+    are a padded row's alone to cut. Only the outputs Servable takes are read (a dict's other keys are dropped).
+
+    A program exported with no Dim traced its batch as a number like any other: there, every output of as many
+    rows carries the batch, as wok takes each row of a full batch's outputs to be its sample's."""
+    where = f"{_source(cfg)}: model_file {cfg.model_file!r}"
+    names = [t.name for t in cfg.outputs]
+    try:
+        node = next(iter(program.graph.find_nodes(op="output")))
+        signature = zip(node.args[0], program.graph_signature.output_specs, strict=True)
+        user = [a for a, s in signature if s.kind == OutputKind.USER_OUTPUT]
+        values = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in user]
+        spec = program.call_spec.out_spec
+        if spec.num_leaves != len(values):
+            raise ValueError(f"{spec.num_leaves} outputs in its call spec, {len(values)} in its graph")
+        if spec.is_leaf():
+            taken = {None: (names[0], values[0])}
+        else:
+            keyed = spec.type in (dict, OrderedDict)  # a namedtuple's type is `namedtuple` itself to torch's pytree
+            keys = spec.context if keyed else range(spec.num_children)
+            taken, leaf = {}, 0
+            for key, child in zip(keys, spec.children(), strict=True):
+                if child.is_leaf() and (key in names if keyed else spec.type in (tuple, list, namedtuple)):
+                    taken[key] = (key if keyed else names[key] if key < len(names) else f"#{key}", values[leaf])
+                leaf += child.num_leaves
+    except (AttributeError, IndexError, KeyError, StopIteration, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"{where}: which outputs of its torch.export program carry the batch cannot be read from it "
+            f"({error_line(exc)}), and padding its batches of fewer than {padding.rows} rows needs it: export it "
+            f'with a batch Dim from 1, torch.export.Dim("batch", min=1, max={cfg.max_batch_size})'
+        ) from None
+    batch = padding.batch
+    cut = set()
+    for key, (name, value) in taken.items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            continue
+        dim = value.shape[0]
+        dim = dim if isinstance(dim, int) else dim.node.expr
+        if dim in batch:
+            cut.add(key)
+        elif getattr(dim, "free_symbols", set()) & batch:
+            shown = _shown_size(dim, {s: "the batch's rows" if s in batch else str(s) for s in dim.free_symbols})
+            raise ConfigError(
+                f"{where}: output '{name}' of its torch.export program has a dim 0 of {shown}, where wok takes one "
+                f"row per sample: a batch of fewer than {padding.rows} rows, padded to {padding.rows}, cannot be "
+                "cut back to its own rows in it; return one row per sample as dim 0 of each output"
+            )
+    return None if None in cut else frozenset(cut)
 
 
 class _PaddedBatch(nn.Module):
-    """A torch.export program's module (`program`) for a batch range from `rows` rows (2 or more): a batch
-    of fewer is padded to `rows` with copies of its first row, and each output's rows past the batch's (the
-    copies' answers) are dropped. Its inputs come in the config's order (its forward names none), and go
-    to the program in `take`'s (indices into them; None: the same)."""
+    """A torch.export program's module (`program`) for batches of `rows` rows or more (2 or more): a batch of
+    fewer is padded to `rows` with copies of its first row, and the outputs that carry the batch (`parts`, as
+    _first_rows takes them) are cut back to its rows (the copies' answers dropped). Its inputs come in the
+    config's order (its forward names none), and go to the program in `take`'s (indices into them; None: the
+    same)."""
 
-    def __init__(self, program: nn.Module, rows: int, take: list[int] | None) -> None:
+    def __init__(self, program: nn.Module, rows: int, take: list[int] | None, parts: frozenset | None) -> None:
         super().__init__()
         self.program = program
         self.rows = rows
         self.take = take
+        self.parts = parts
 
     def forward(self, *inputs: torch.Tensor):
         if self.take is not None:
@@ -348,23 +443,22 @@ class _PaddedBatch(nn.Module):
         extra = self.rows - n
         # expand: the copies are views of the first row, made into rows by the one cat.
         result = self.program(*(torch.cat((x, x[:1].expand(extra, *x.shape[1:]))) for x in inputs))
-        return _first_rows(result, n, self.rows)
+        return _first_rows(result, n, self.parts)
 
 
-def _first_rows(result, n: int, padded: int):
-    """`result` (a tensor, or a tuple, list or dict of them, as Servable takes a model's outputs) with each
-    tensor of `padded` rows cut to its first `n`; anything else as it is, for Servable to refuse by name."""
-
-    def cut(t):
-        return t[:n] if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == padded else t
-
+def _first_rows(result, n: int, parts: frozenset | None):
+    """`result` (a tensor, or a tuple, list or dict of them, as Servable takes a model's outputs) with the
+    tensors `parts` names cut to their first `n` rows: None, `result` itself; else the positions (a tuple or
+    list) or keys (a dict) of those to cut."""
+    if parts is None:
+        return result[:n]
     if isinstance(result, dict):
-        return {k: cut(v) for k, v in result.items()}
+        return {k: (v[:n] if k in parts else v) for k, v in result.items()}
     if isinstance(result, tuple) and hasattr(result, "_fields"):  # a namedtuple takes its fields one by one
-        return type(result)(*(cut(t) for t in result))
+        return type(result)(*(t[:n] if i in parts else t for i, t in enumerate(result)))
     if isinstance(result, (tuple, list)):
-        return type(result)(cut(t) for t in result)
-    return cut(result)
+        return type(result)(t[:n] if i in parts else t for i, t in enumerate(result))
+    return result
 
 
 def _without_mode_switch(module: nn.Module) -> nn.Module:
@@ -379,15 +473,16 @@ def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> nn.Module
     """The module a torch.export program is served as: `checked` (program.module(), which checks every
     call's inputs against the program's shape guards), or the same graph without those checks where
     every batch wok can send passes them; either padded (_PaddedBatch) where the program's batch range
-    starts above 1 row.
+    starts above 1 row, or is one size only, max_batch_size.
 
     The checks run in Python on every forward: a pre-hook that flattens the call's arguments to compare
     their structure with the program's, then the guards, one assert per dim. For the demo mlp on one row
     they were 1.3 × its forward's time (docs/performance.md). wok sends each input as rows (1 to
     max_batch_size, or from the program's least where it pads) of the dims its config declares, and refuses
     a request of any other shape before it is queued: where those dims are fixed (no -1), there are at most
-    max_batch_size shapes in all, and each is run through the program's guards here, once. Any that fails
-    keeps the checks, with a warning: such a batch would fail. torch has no public switch for the pre-hook:
+    max_batch_size shapes in all, and each is run through the program's guards here, once. Where the fewest
+    rows fail, the load is refused (the start-up's warm-up would fail on them); where more fail, the checks
+    stay, with a warning: such a batch would fail. torch has no public switch for the pre-hook:
     `validate_inputs` is the attribute it reads (torch.export's own _swap sets it), and `_guards_fn` the
     guards' module; where either is gone, the checks stay. A program called by position with tensors whose
     batch range leaves out a row count wok sends, padded or not, is refused first, with or without the checks:
@@ -396,26 +491,27 @@ def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> nn.Module
     if not _takes_flat_tensors(program, len(names)):
         return _without_mode_switch(checked)
     order = forward_order(checked, names)
-    least, padded = _least_batch(program, cfg, order)
-    module = _without_mode_switch(_unchecked_where_safe(program, checked, cfg, order, least))
-    if least == 1:
+    padding = _least_batch(program, cfg, order)
+    module = _without_mode_switch(_unchecked_where_safe(program, checked, cfg, order, padding.rows))
+    if padding.rows == 1:
         return module
+    parts = _batch_outputs(program, cfg, padding)
     log.info(
-        "model '%s': %s of its torch.export program takes batches of %d rows or more: batches of fewer "
-        "than %d rows are padded to %d, copies of their first row, the copies' answers dropped",
+        "model '%s': %s of its torch.export program takes batches of %s: batches of fewer than %d rows are padded "
+        "to %d, copies of their first row, the copies' answers dropped",
         cfg.name,
-        ("input " if len(padded) == 1 else "inputs ") + ", ".join(f"'{n}'" for n in padded),
-        least,
-        least,
-        least,
+        ("input " if len(padding.inputs) == 1 else "inputs ") + ", ".join(f"'{n}'" for n in padding.inputs),
+        padding.takes,
+        padding.rows,
+        padding.rows,
     )
     take = [names.index(n) for n in order]
-    return _PaddedBatch(module, least, None if take == list(range(len(take))) else take)
+    return _PaddedBatch(module, padding.rows, None if take == list(range(len(take))) else take, parts)
 
 
 def _unchecked_where_safe(program, checked: nn.Module, cfg: ModelConfig, order: list[str], least: int) -> nn.Module:
     """_exported_module's choice of `checked` or the graph without its checks, for batches of `least` to
-    max_batch_size rows."""
+    max_batch_size rows; ConfigError where the guards refuse `least` rows."""
     guards = getattr(checked, "_guards_fn", None)
     if any(t.variable for t in cfg.inputs) or guards is None:
         return checked
@@ -427,14 +523,27 @@ def _unchecked_where_safe(program, checked: nn.Module, cfg: ModelConfig, order: 
             guards(*batch)
         except Exception as exc:
             shapes = ", ".join(f"{n} {[rows, *dims[n]]}" for n in order)
+            if rows == least:
+                # Dims the program was not exported for, or a guard on the batch's size its range does not say
+                # (x.shape[0] // 2 != 1): the warm-up's one row, padded to `least` or not, would fail the start.
+                said = "the fewest wok sends it" if least == 1 else "what wok pads a batch of fewer rows to"
+                raise ConfigError(
+                    f"{_source(cfg)}: model_file {cfg.model_file!r}: its torch.export program refuses a batch of "
+                    f"{rows} row(s) ({shapes}), {said}: {error_line(exc)}; every batch of {rows} row(s) or fewer, "
+                    "and the start-up's warm-up, would fail: give the config the dims the program was exported for, "
+                    "or export it for the config's, every batch size from 1 to max_batch_size"
+                ) from None
+            # Some batches pass (the warm-up's among them): the others fail, as the guards still say why.
             log.warning(
                 "model '%s': its torch.export program refuses a batch of %d row(s) (%s), which its config lets "
-                "through: %s; such batches will fail: give the config the dims the program was exported for, or "
-                "export it for the config's",
+                "through: %s; such batches will fail, and its checks stay on every batch: export it so that every "
+                "batch of 1 to %d rows passes them (no condition on the batch's size), or set max_batch_size = %d",
                 cfg.name,
                 rows,
                 shapes,
                 error_line(exc),
+                cfg.max_batch_size,
+                rows - 1,
             )
             return checked
     if "check_guards" not in inspect.signature(program.module).parameters:  # a torch without it: checks stay

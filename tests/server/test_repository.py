@@ -8,6 +8,7 @@ the files were made from, so a loader that silently drops weights or shapes is c
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 import textwrap
 import zipfile
@@ -150,16 +151,20 @@ def test_corrupt_torchscript_file(tmp_path):
 
 
 # -- torch.export ----------------------------------------------------------------------
-def write_exported(root: Path, batch=None) -> tuple[Path, nn.Module]:
-    """nn.Linear(4, 3) exported with `batch` as its batch dim (a Dim of 1-64 rows unless given)."""
-    ref = reference_linear(2)
+def write_exported(
+    root: Path, batch=None, *, module: nn.Module | None = None, rows: int = 3, static: bool = False, **config
+) -> tuple[Path, nn.Module]:
+    """`module` (nn.Linear(4, 3) unless given) exported from a batch of `rows` rows of 4 with `batch` as its batch
+    dim (a Dim of 1-64 rows unless given; none where `static`), into a model folder whose config takes `config`
+    (model_dir's keywords)."""
+    module = reference_linear(2) if module is None else module
     # min=1 exports and runs fine with torch 2.13; the example batch must not be 1 or the
     # tracer would specialize the dim to a constant.
     batch = torch.export.Dim("batch", min=1, max=64) if batch is None else batch
-    ep = torch.export.export(ref, (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
-    d = model_dir(root, "exported", "torch_export", extra='model_file = "model.pt2"')
+    ep = torch.export.export(module, (torch.randn(rows, 4),), dynamic_shapes=None if static else ({0: batch},))
+    d = model_dir(root, "exported", "torch_export", extra='model_file = "model.pt2"', **config)
     torch.export.save(ep, str(d / "model.pt2"))
-    return d, ref
+    return d, module
 
 
 def program_rows(servable: Servable) -> list[int]:
@@ -186,11 +191,16 @@ def test_torch_export_dynamic_batch(tmp_path):
         torch.testing.assert_close(out, ref(x).detach())
 
 
-# From 2 rows (Dim.AUTO), refused at load before: a one-row batch is padded to 2.
-@pytest.mark.parametrize(("batch", "ran"), [(None, [1, 5]), (torch.export.Dim.AUTO, [2, 5])], ids=["from-1", "auto"])
-async def test_torch_export_round_trip_through_server(tmp_path, serve, batch, ran):
+# From 2 rows (Dim.AUTO), refused at load before: a one-row batch is padded to 2. Of 8 rows only, max_batch_size
+# (no batch Dim), refused at load before: every batch is padded to 8.
+@pytest.mark.parametrize(
+    ("exported", "ran"),
+    [({}, [1, 5]), ({"batch": torch.export.Dim.AUTO}, [2, 5]), ({"rows": 8, "static": True}, [8, 8])],
+    ids=["from-1", "auto", "no-batch-dim-of-max_batch_size"],
+)
+async def test_torch_export_round_trip_through_server(tmp_path, serve, exported, ran):
     repo = tmp_path / "repo"
-    _, ref = write_exported(repo, batch)
+    _, ref = write_exported(repo, **exported)
     rng = np.random.default_rng(1)
     async with serve(repository=repo) as server:
         seen = program_rows(server.repository.get("exported"))  # the module its one instance runs, warmed up
@@ -233,10 +243,7 @@ def test_a_torch_export_program_whose_batches_start_above_one_row_runs_short_one
 ):
     # Refused at load before; before that, a one-row batch ran outside the traced range (from 2) or failed
     # its guards (from 3), as did a two-row one from 3.
-    ref = reference_linear(2)
-    ep = torch.export.export(ref, (torch.randn(5, 4),), dynamic_shapes=({0: batch},))
-    d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"', in_dims=in_dims)
-    torch.export.save(ep, str(d / "model.pt2"))
+    d, ref = write_exported(tmp_path, batch, rows=5, in_dims=in_dims)
     caplog.set_level(logging.INFO, logger="wok")
     s = load_servable(d)
     assert [r.getMessage() for r in caplog.records if r.name == "wok"] == [
@@ -252,8 +259,27 @@ def test_a_torch_export_program_whose_batches_start_above_one_row_runs_short_one
     assert program_module(s).validate_inputs is (in_dims == "[-1]")  # the attribute torch's pre-hook reads
 
 
+def test_a_torch_export_program_of_max_batch_size_rows_only_runs_every_batch_padded_to_it(tmp_path, caplog):
+    # Exported with no batch Dim from 4 rows, max_batch_size 4: refused at load before.
+    d, ref = write_exported(tmp_path, rows=4, static=True, mbs=4)
+    caplog.set_level(logging.INFO, logger="wok")
+    s = load_servable(d)
+    assert [r.getMessage() for r in caplog.records if r.name == "wok"] == [
+        "model 'exported': input 'INPUT0' of its torch.export program takes batches of exactly 4 rows (exported with "
+        "no batch Dim): batches of fewer than 4 rows are padded to 4, copies of their first row, the copies' answers "
+        "dropped"
+    ]
+    seen = program_rows(s)
+    for rows in range(1, 5):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(run(s, x), ref(x).detach())
+    assert seen == [4, 4, 4, 4]
+    assert program_module(s).validate_inputs is False  # its one shape passes its guards
+
+
 class Returning(nn.Module):
-    """nn.Linear(4, 3), its answer returned as `kind` says: a tensor, or a tuple, list or dict of one."""
+    """nn.Linear(4, 3), its answer returned as `kind` says: a tensor, or a tuple, list or dict of one; or twice
+    over in dim 0 (2 × the batch's rows), as its one output ("twice") or beside it in a dict ("dict-twice")."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
@@ -262,20 +288,75 @@ class Returning(nn.Module):
 
     def forward(self, x):
         y = self.linear(x)
+        if self.kind.endswith("twice"):
+            twice = torch.cat((y, y))
+            return twice if self.kind == "twice" else {"OUTPUT0": y, "TWICE": twice}
         return {"tensor": y, "tuple": (y,), "list": [y], "dict": {"OUTPUT0": y}}[self.kind]
 
 
 @pytest.mark.parametrize("kind", ["tensor", "tuple", "list", "dict"])
 def test_a_padded_batchs_outputs_are_cut_to_its_rows_however_the_program_returns_them(tmp_path, kind):
-    model = Returning(kind).eval()
-    ep = torch.export.export(model, (torch.randn(5, 4),), dynamic_shapes=({0: torch.export.Dim.AUTO},))
-    d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"')
-    torch.export.save(ep, str(d / "model.pt2"))
+    d, model = write_exported(tmp_path, torch.export.Dim.AUTO, module=Returning(kind).eval(), rows=5)
     s = load_servable(d)
     seen = program_rows(s)
     x = torch.randn(1, 4)
     torch.testing.assert_close(run(s, x), model.linear(x).detach())
     assert seen == [2]
+
+
+class WithTable(nn.Module):
+    """nn.Linear(4, 3)'s answer, and a table of `rows` rows of `dims` whatever the batch's."""
+
+    def __init__(self, rows: int, dims: tuple[int, ...]) -> None:
+        super().__init__()
+        self.linear = reference_linear(2)
+        self.register_buffer("table", torch.arange(float(rows * math.prod(dims))).reshape(rows, *dims))
+
+    def forward(self, x):
+        return self.linear(x), self.table * 1  # * 1: an output of the graph's own, not its buffer
+
+
+@pytest.mark.parametrize("dims", [(), (3,)], ids=["1d", "2d"])
+@pytest.mark.parametrize(
+    ("batch", "least"),
+    [(torch.export.Dim.AUTO, 2), (torch.export.Dim("batch", min=3), 3), (None, 1)],
+    ids=["auto", "min-3", "from-1"],
+)
+def test_a_padded_batch_cuts_only_the_outputs_that_carry_the_batch(tmp_path, batch, least, dims):
+    # A table of as many rows as the padded batch was cut to the batch's rows with the rest (its first row
+    # answered for a one-row batch); read from the program, its dim 0 is not the batch's. From 1 row: not padded.
+    d, model = write_exported(tmp_path, batch, module=WithTable(least, dims).eval(), rows=5)
+    s = load_servable(d)
+    module = s.module_for(CPU)
+    seen = program_rows(s)
+    for rows in range(1, 5):
+        x = torch.randn(rows, 4)
+        with torch.inference_mode():
+            got = module(x)
+        torch.testing.assert_close(got, model(x))
+    assert seen == [max(rows, least) for rows in range(1, 5)]
+
+
+def test_a_padded_program_with_an_output_of_a_size_derived_from_the_batch_is_refused_at_load(tmp_path):
+    # It loaded before, the output uncut (4 rows for a one-row batch padded to 2), and every batch failed.
+    d, _ = write_exported(tmp_path, torch.export.Dim.AUTO, module=Returning("twice").eval(), rows=5)
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        f"{d / 'config.toml'}: model_file 'model.pt2': output 'OUTPUT0' of its torch.export program has a dim 0 of "
+        "2 × the batch's rows, where wok takes one row per sample: a batch of fewer than 2 rows, padded to 2, cannot "
+        "be cut back to its own rows in it; return one row per sample as dim 0 of each output"
+    )
+
+
+@pytest.mark.parametrize("batch", [torch.export.Dim.AUTO, None], ids=["auto", "from-1"])
+def test_an_output_wok_does_not_take_is_not_read(tmp_path, batch):
+    # A dict's key that is none of the config's outputs is dropped: its size is no reason to refuse. From 1 row,
+    # not padded, its outputs are not read either.
+    d, model = write_exported(tmp_path, batch, module=Returning("dict-twice").eval(), rows=5)
+    s = load_servable(d)
+    x = torch.randn(1, 4)
+    torch.testing.assert_close(run(s, x), model.linear(x).detach())
 
 
 def padded_to_more_than(rows: int) -> str:
@@ -312,14 +393,8 @@ def padded_to_more_than(rows: int) -> str:
             None,
             8,
             "exactly 3 row(s), exported with no batch Dim, {but}: a batch of any other size fails its guards; "
-            'export it with a batch Dim from 1, torch.export.Dim("batch", min=1, max=8)',
-        ),
-        (
-            8,
-            None,
-            8,
-            "exactly 8 row(s), exported with no batch Dim, {but}: a batch of any other size fails its guards; "
-            'export it with a batch Dim from 1, torch.export.Dim("batch", min=1, max=8)',
+            "set max_batch_size = 3 (a batch of fewer rows is then padded to 3), or export it with a batch Dim from "
+            '1, torch.export.Dim("batch", min=1, max=8)',
         ),
         (
             1,
@@ -333,9 +408,9 @@ def padded_to_more_than(rows: int) -> str:
             4,
             2 * torch.export.Dim("half", min=1, max=8),
             8,
-            "2*{sym} rows, a size derived from a Dim (as 2 * Dim), {but}: torch checks only such a size's bounds, "
-            'and a batch of another would run unchecked; export it with a batch Dim from 1, torch.export.Dim("batch", '
-            "min=1, max=8)",
+            "2 × Dim rows, a size derived from a Dim, {but}: torch checks only such a size's bounds, and a batch "
+            'of another would run unchecked; export it with a batch Dim from 1, torch.export.Dim("batch", min=1, '
+            "max=8)",
         ),
     ],
     ids=[
@@ -344,7 +419,6 @@ def padded_to_more_than(rows: int) -> str:
         "max-below-max_batch_size",
         "min-2-max-below-max_batch_size",
         "no-batch-dim",
-        "no-batch-dim-of-max_batch_size",
         "no-batch-dim-of-1",
         "derived",
     ],
@@ -352,46 +426,81 @@ def padded_to_more_than(rows: int) -> str:
 def test_a_torch_export_program_that_leaves_out_a_batch_size_the_config_allows_is_refused_at_load(
     tmp_path, example_rows, batch, mbs, said
 ):
-    ep = torch.export.export(
-        reference_linear(2), (torch.randn(example_rows, 4),), dynamic_shapes=None if batch is None else ({0: batch},)
-    )
-    d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"', mbs=mbs)
-    torch.export.save(ep, str(d / "model.pt2"))
-    sym = next((str(s) for s in ep.range_constraints if s.is_Symbol), None)  # torch's name for the Dim
+    d, _ = write_exported(tmp_path, batch, rows=example_rows, static=batch is None, mbs=mbs)
     but = f"but model 'exported' has max_batch_size {mbs}, so wok sends it batches of 1 to {mbs} rows"
     with pytest.raises(ConfigError) as info:
         load_servable(d)
     assert str(info.value) == (
         f"{d / 'config.toml'}: model_file 'model.pt2': input 'INPUT0' of its torch.export program takes batches "
-        f"(its dim 0) of " + said.format(but=but, sym=sym, mbs=mbs)
+        f"(its dim 0) of " + said.format(but=but, mbs=mbs)
     )
 
 
-def test_a_torch_export_program_that_refuses_a_shape_the_config_allows_keeps_its_checks(tmp_path, caplog):
-    # Dims the program was not exported for (5 features, not 4): its guards, run at load, refuse them.
-    ep = torch.export.export(
-        reference_linear(2), (torch.randn(3, 4),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},)
+class Not2(nn.Module):
+    """x, doubled but for a batch of 2 rows: exported from more, its guards refuse 2 rows."""
+
+    def forward(self, x):
+        return x if x.shape[0] == 2 else x * 2
+
+
+class Even(nn.Module):
+    """x, doubled for a batch of even rows: exported from such a batch, its guards refuse an odd one."""
+
+    def forward(self, x):
+        return x * 2 if x.shape[0] % 2 == 0 else x
+
+
+@pytest.mark.parametrize(
+    ("exported", "said"),
+    [
+        # Dims the program was not exported for (5 features, not 4).
+        (
+            {"batch": torch.export.Dim("batch", min=1, max=8), "in_dims": "[5]"},
+            "1 row(s) (INPUT0 [1, 5]), the fewest wok sends it: AssertionError: Guard failed: input.size()[1] == 4; "
+            "every batch of 1 row(s) or fewer",
+        ),
+        # A guard on the batch's size that its range (from 2, Dim.AUTO) does not say: a one-row batch, padded to 2.
+        (
+            {"batch": torch.export.Dim.AUTO, "module": Not2(), "rows": 5, "out_dims": "[4]"},
+            "2 row(s) (INPUT0 [2, 4]), what wok pads a batch of fewer rows to: AssertionError: Guard failed: "
+            "x.size()[0] != 2; every batch of 2 row(s) or fewer",
+        ),
+    ],
+    ids=["dims", "padded-to-a-refused-size"],
+)
+def test_a_torch_export_program_that_refuses_the_fewest_rows_wok_sends_is_refused_at_load(tmp_path, exported, said):
+    # The load warned and kept the checks before, and the start-up's warm-up (one row) failed on it.
+    d, _ = write_exported(tmp_path, **exported)
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        f"{d / 'config.toml'}: model_file 'model.pt2': its torch.export program refuses a batch of {said}, and the "
+        "start-up's warm-up, would fail: give the config the dims the program was exported for, or export it for "
+        "the config's, every batch size from 1 to max_batch_size"
     )
-    d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"', in_dims="[5]")
-    torch.export.save(ep, str(d / "model.pt2"))
+
+
+def test_a_torch_export_program_that_refuses_a_batch_size_above_its_fewest_keeps_its_checks(tmp_path, caplog):
+    # Its guards pass 2 rows (and a one-row batch padded to 2, the warm-up's), and refuse 3: such batches fail.
+    d, _ = write_exported(tmp_path, torch.export.Dim.AUTO, module=Even(), rows=6, out_dims="[4]")
     caplog.set_level(logging.WARNING, logger="wok")
     s = load_servable(d)
     assert [r.getMessage() for r in caplog.records if r.name == "wok"] == [
-        "model 'exported': its torch.export program refuses a batch of 1 row(s) (INPUT0 [1, 5]), which its config "
-        "lets through: AssertionError: Guard failed: input.size()[1] == 4; such batches will fail: give the config "
-        "the dims the program was exported for, or export it for the config's"
+        "model 'exported': its torch.export program refuses a batch of 3 row(s) (INPUT0 [3, 4]), which its config "
+        "lets through: AssertionError: Guard failed: x.size()[0] % 2 == 0; such batches will fail, and its checks "
+        "stay on every batch: export it so that every batch of 1 to 8 rows passes them (no condition on the "
+        "batch's size), or set max_batch_size = 2"
     ]
-    with pytest.raises(AssertionError, match=r"^Guard failed: input.size\(\)\[1\] == 4$"):
-        run(s, torch.randn(2, 5))
+    for rows in (1, 2, 4):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(run(s, x), x * 2)
+    with pytest.raises(AssertionError, match=r"^Guard failed: x.size\(\)\[0\] % 2 == 0$"):
+        run(s, torch.randn(3, 4))
 
 
 def test_a_torch_export_model_with_a_variable_dim_keeps_its_checks(tmp_path):
     # wok lets any size through a -1 dim: only the program's own check refuses the sizes it cannot take.
-    ref = reference_linear(2)
-    batch = torch.export.Dim("batch", min=1, max=64)
-    ep = torch.export.export(ref, (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
-    d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"', in_dims="[-1]")
-    torch.export.save(ep, str(d / "model.pt2"))
+    d, _ = write_exported(tmp_path, in_dims="[-1]")
     s = load_servable(d)
     with pytest.raises(AssertionError, match=r"^Guard failed: input.size\(\)\[1\] == 4$"):
         run(s, torch.randn(2, 5))
