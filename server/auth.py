@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from .fieldvalues import OWS
 from .ratelog import WindowedWarning
 
 if TYPE_CHECKING:
@@ -206,8 +207,9 @@ class TokenCheck:
             return MISSING
         if len(values) > 1 or not isinstance(values[0], str):
             return MALFORMED
-        scheme, _, token = values[0].strip().partition(" ")
-        token = token.strip()
+        # OWS alone (RFC 9110 5.6.3): str.strip() also dropped a no-break space or \x1c-\x1f after the token.
+        scheme, _, token = values[0].strip(OWS).partition(" ")
+        token = token.strip(OWS)
         if scheme.lower() != "bearer" or not token:
             return MALFORMED
         return None if self.accepts(token) else REFUSED

@@ -138,10 +138,10 @@ class Batch:
     idle_from: float | None = None
     key: Hashable = None
     to_idle: bool = False  # its instance was idle when it was dispatched (the hop is measured on these)
-    # While it waits at a busy CPU instance's worker: the executor's future of the batch ahead of
-    # it there (the worker, one thread, starts this one only once that one is done) and the
-    # deadlines the worker reads as it starts it, one per request (a request withdrawn
-    # meanwhile gets -inf: the worker leaves it out). None when it went to an idle instance.
+    # While it waits at a busy CPU instance's worker: the executor's future of the batch (or prewarm
+    # read) ahead of it there (the worker, one thread, starts this one only once that one is done)
+    # and the deadlines the worker reads as it starts it, one per request (a request withdrawn
+    # meanwhile gets -inf: the worker leaves it out). None when nothing was ahead of it.
     ahead: concurrent.futures.Future | None = None
     deadlines: list[float | None] | None = None
     # Its executor future, once sent: withdrawn (`_fail_dispatched`) if the stop's grace period runs
@@ -319,10 +319,10 @@ class Batcher:
         self._queued = 0  # live queued requests
         self._inflight = 0  # batches in the executor
         self._dispatched: dict[int, Batch] = {}  # those batches, by id(): failed if the grace period runs out
-        # Each instance's last dispatched batch's executor future: the one a batch sent to its spare
-        # slot waits behind. And the batches waiting so with a request's deadline, as (their earliest
-        # such deadline, seq, batch), lazily pruned: a deadline that passes there is answered then
-        # (`_expire_held`), not when the batch ahead has run.
+        # Each instance's last dispatched batch's executor future, or its prewarm read's when that came
+        # later: the one a batch sent to it waits behind. And the batches waiting so with a request's
+        # deadline, as (their earliest such deadline, seq, batch), lazily pruned: a deadline that passes
+        # there is answered then (`_expire_held`), not when the batch ahead has run.
         self._last_sent: list[concurrent.futures.Future | None] = [None] * len(executor.instances)
         self._held: list[tuple[float, int, Batch]] = []
         self._free_slots = executor.slots()
@@ -667,8 +667,9 @@ class Batcher:
 
     def withdraw(self, p: Pending) -> bool:
         """The caller gave up (cancelled): leave the queue if still queued, or its batch if that still
-        waits at a busy instance's worker (the worker leaves it out as it starts the batch). True if it
-        left either before it ran, as the requests whose deadline passes there are refused (`deadline`)."""
+        waits at its instance's worker behind another batch or a prewarm read (the worker leaves it out
+        as it starts the batch). True if it left either before it ran, as the requests whose deadline
+        passes there are refused (`deadline`)."""
         if p.state == QUEUED:
             self._forget(p)
             p.state = WITHDRAWN
@@ -904,9 +905,13 @@ class Batcher:
         inst, _ = min(self._free_slots, key=lambda s: self._busy[s[0]])
         if self._busy[inst] == 0:
             try:
-                self.executor.instances[inst].prewarm()
+                read = self.executor.instances[inst].prewarm()
             except RuntimeError:  # the executor was shut down: the batch itself will fail and say so
-                pass
+                return
+            if read is not None:
+                # The batch sent next waits behind the read (one worker thread): a caller gone meanwhile
+                # is withdrawn from it (`withdraw`) rather than run for nobody.
+                self._last_sent[inst] = read
 
     def _pick(
         self, now: float, full_only: bool = False, start: float | None = None
@@ -1300,12 +1305,13 @@ class Batcher:
         self.metrics.record_flush(batch.reason)
         loop = self._loop
         instance = self.executor.instances[inst]
-        # To a busy CPU instance the batch waits at the worker until the batch ahead of it is done
-        # (its one thread runs them in order; a CUDA worker launches the next batch as soon as the
-        # last is launched, so no future of the executor's tells when it starts): meanwhile its
-        # requests can still be left out, their deadlines answered (`_expire_held`) and cancelled
-        # callers withdrawn (`withdraw`).
-        ahead = None if batch.to_idle or getattr(instance, "cuda", False) else self._last_sent[inst]
+        # To a busy CPU instance, or an idle one still reading its weights (`_prewarm_next`), the batch
+        # waits at the worker until the batch or read ahead of it is done (its one thread runs them in
+        # order; a CUDA worker launches the next batch as soon as the last is launched, so no future of
+        # the executor's tells when it starts): meanwhile its requests can still be left out, their
+        # deadlines answered (`_expire_held`) and cancelled callers withdrawn (`withdraw`). An idle
+        # instance's last batch is done: only a read can be ahead of it.
+        ahead = None if getattr(instance, "cuda", False) else self._last_sent[inst]
         if ahead is not None and ahead.done():
             ahead = None
         try:

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import re
 
+# Optional white space around and inside a field value (OWS, RFC 9110 5.6.3): spaces and tabs, no other.
+# str.strip() and str.split() without arguments take every Unicode space and the C0 separators \x1c-\x1f
+# as well: "application/json\xa0" read as application/json.
+OWS = " \t"
+
 
 def split_unquoted(value: str, separator: str) -> list[str]:
     """`value` split at each `separator` (a list's comma, a parameter's semicolon) outside a quoted

@@ -59,7 +59,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from .admin import Admin, dumps
 from .errors import CUT_NOTE, NAME_CHARS
 from .faults import AdminRequestError
-from .fieldvalues import split_unquoted, unquoted
+from .fieldvalues import OWS, split_unquoted, unquoted
 from .ports import bind_refusal
 from .ratelog import WindowedWarning
 
@@ -1025,7 +1025,7 @@ def connection_options(values) -> set[str]:
     of them all (RFC 9110 7.6.1, 5.3), split outside quoted strings as every list here is. Only
     the last line was read, so `Connection: close` then `Connection: TE` kept the connection; and a
     comma in a quoted string (`x="a,close"`) split an option out of it."""
-    return {o.strip(" \t").lower() for value in values for o in split_unquoted(value, ",")} - {""}
+    return {o.strip(OWS).lower() for value in values for o in split_unquoted(value, ",")} - {""}
 
 
 def transfer_coding_refusal(values, version: str) -> tuple[int, str]:
@@ -1046,10 +1046,10 @@ def transfer_coding_refusal(values, version: str) -> tuple[int, str]:
         return 400, f"Transfer-Encoding: expected none in an HTTP/1.0 request (RFC 9112 6.1), got {shown}"
     # Empty list elements are ignored (RFC 9110 5.6.1). Split at every comma, one in a quoted
     # parameter value (`gzip;q="a,b", chunked`) made a well-formed list malformed, a 400.
-    codings = [c.strip(" \t") for value in values for c in split_unquoted(value, ",") if c.strip(" \t")]
+    codings = [c.strip(OWS) for value in values for c in split_unquoted(value, ",") if c.strip(OWS)]
     if not all(CODING.fullmatch(c) for c in codings):
         return 400, f"Transfer-Encoding: expected a list of transfer codings (RFC 9112 7), got {shown}"
-    names = [c.split(";", 1)[0].rstrip(" \t").lower() for c in codings]
+    names = [c.split(";", 1)[0].rstrip(OWS).lower() for c in codings]
     if names.count("chunked") != 1 or names[-1] != "chunked":
         return 400, (
             f"Transfer-Encoding: expected chunked as the last coding, and once (RFC 9112 6.3: else where "
@@ -1113,14 +1113,14 @@ def _media_ranges(accept: str) -> tuple[MediaRange, ...]:
     ranges = []
     for media_range in split_unquoted(accept, ","):
         media, *params = split_unquoted(media_range, ";")
-        kind, slash, sub = media.strip(" \t").lower().partition("/")
+        kind, slash, sub = media.strip(OWS).lower().partition("/")
         if not (slash and TOKEN.fullmatch(kind) and TOKEN.fullmatch(sub)) or (kind == "*" and sub != "*"):
             continue
         weight = 1.0
         version = escaping = None
         for param in params:
             name, _, value = param.partition("=")
-            name, value = name.strip(" \t").lower(), value.strip(" \t")
+            name, value = name.strip(OWS).lower(), value.strip(OWS)
             if name == "q":
                 weight = float(value) if QVALUE.fullmatch(value) else -1.0
             elif name == "version":
@@ -1322,11 +1322,11 @@ def header_field(number: int, line: str) -> tuple[str, str]:
     name, sep, value = line.partition(":")
     if not sep:
         raise BadRequest(f"header line {number}: expected name: value, got no colon: {quoted(line)}")
-    if name != name.rstrip(" \t"):
+    if name != name.rstrip(OWS):
         raise BadRequest(f"header line {number}: expected no space before the colon, got {quoted(line)}")
     if not TOKEN.fullmatch(name):
         raise BadRequest(f"header line {number}: expected a field name (a token), got {quoted(line)}")
-    value = value.strip(" \t")
+    value = value.strip(OWS)
     if "\0" in value:
         raise BadRequest(f"header line {number}: expected no NUL in the value, got {quoted(line)}")
     return name.lower(), value
@@ -1402,15 +1402,18 @@ def json_content_type_refusal(content_type: str, not_json: Callable[[str], str])
     may POST text/plain or a form to loopback without asking; JSON makes a browser ask first (a CORS
     preflight, which neither server grants). JSON between systems is UTF-8 (RFC 8259 8.1), and
     `charset=utf-16` was ignored, its body read as whatever json.loads guessed."""
-    media_type = content_type.split(";", 1)[0].strip().lower()
+    # OWS alone (RFC 9110 8.3.1: media-type = type "/" subtype parameters): str.strip() also dropped a
+    # no-break space or a \x1c-\x1f after it, and "application/json\xa0" was taken as JSON.
+    media_type = content_type.split(";", 1)[0].strip(OWS).lower()
     if media_type != "application/json":
         return not_json(media_type)
     for param in split_unquoted(content_type, ";")[1:]:
         name, _, value = param.partition("=")
-        if name.strip(" \t").lower() == "charset":
-            charset = unquoted(value.strip(" \t"))
+        if name.strip(OWS).lower() == "charset":
+            charset = unquoted(value.strip(OWS))
             try:  # by the codec it names: "utf8" and "UTF8", as common as "utf-8", were refused
-                utf8 = codecs.lookup(charset).name == "utf-8"
+                # A token (RFC 9110 8.3.2): codecs.lookup() drops white space, "utf-8\xa0" was utf-8.
+                utf8 = TOKEN.fullmatch(charset) is not None and codecs.lookup(charset).name == "utf-8"
             except LookupError:
                 utf8 = False
             if not utf8:

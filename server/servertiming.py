@@ -9,7 +9,7 @@ fieldvalues and numerals (standard library alone): the bench's worker processes 
 
 from __future__ import annotations
 
-from .fieldvalues import split_unquoted, unquoted
+from .fieldvalues import OWS, split_unquoted, unquoted
 from .numerals import ascii_digits, read_float
 
 SERVER_TIMING = "server-timing"
@@ -27,9 +27,6 @@ TIMING_PARTS = TIMING_STAGES + BATCH_PARTS
 TIMING_COUNTS = ("batch_requests", "batch_samples")
 # The columns of the bench's per-request rows (bench/workers.py): the parts, then the counts.
 TIMING_COLUMNS = TIMING_PARTS + TIMING_COUNTS
-
-# Optional white space in an HTTP field value (OWS, RFC 9110 5.6.3): spaces and tabs.
-_OWS = " \t"
 
 
 def server_timing(
@@ -75,16 +72,16 @@ def parse_server_timing(value: str) -> dict[str, float]:
     # Split outside quoted strings (RFC 9110 5.6.1, 5.6.4): at every comma and semicolon, another
     # server's `cache;desc="hit, miss";dur=1` made a metric `miss"` of 1 ms and lost `cache`.
     for metric in split_unquoted(value, ","):
-        # _OWS: the white space HTTP allows around them (RFC 9110 5.6.3).
-        name, *params = (part.strip(_OWS) for part in split_unquoted(metric, ";"))
+        # OWS: the white space HTTP allows around them (RFC 9110 5.6.3).
+        name, *params = (part.strip(OWS) for part in split_unquoted(metric, ";"))
         if not name:
             continue
         want = "desc" if name in TIMING_COUNTS else "dur"
         for param in params:
             key, _, given = param.partition("=")
-            if key.strip(_OWS) != want:
+            if key.strip(OWS) != want:
                 continue
-            given = given.strip(_OWS)
+            given = given.strip(OWS)
             if want == "desc":
                 count = unquoted(given)
                 if not ascii_digits(count):

@@ -605,10 +605,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         request,
         time_remaining: float | None,
         arrival: float,
-        timing=None,
-        stream=False,
-        time_left: Callable[[], float | None] | None = None,
-        call_timeout: float | None = None,
+        timing: list[str] | None,
+        stream: bool,
+        time_left: Callable[[], float | None] | None,
+        call_timeout: float | None,
     ):
         server = self.server
         servable = rt.servable

@@ -178,6 +178,17 @@ FAULT = b'{"model": "mlp", "mode": "fail", "duration_s": 60}'
             415,
             "expected utf-8 (JSON is UTF-8, RFC 8259), got 'latin1'",
         ),
+        # Only spaces and tabs are white space around a media type (OWS, RFC 9110 5.6.3, 8.3.1): a no-break
+        # space or a C0 separator after it, which str.strip() dropped unseen, makes it another type.
+        ("Content-Type: application/json\xa0", 415, "Content-Type application/json, got 'application/json\\xa0'"),
+        ("Content-Type: application/json\x1f", 415, "Content-Type application/json, got 'application/json\\x1f'"),
+        ("Content-Type: application/json\x0b; charset=utf-8", 415, "got 'application/json\\x0b'"),
+        # A charset is a token (RFC 9110 8.3.2): codecs.lookup() read 'utf-8\xa0' as utf-8.
+        (
+            "Content-Type: application/json; charset=utf-8\xa0",
+            415,
+            "expected utf-8 (JSON is UTF-8, RFC 8259), got 'utf-8\\xa0'",
+        ),
     ],
 )
 async def test_admin_posts_a_browser_page_could_send_are_refused_and_change_nothing(
@@ -227,6 +238,8 @@ async def test_a_utf8_body_with_a_byte_order_mark_or_charset_utf8_is_taken(admin
         ('; charset="UTF-8"', FAULT),
         ("; Charset=utf-8", FAULT),
         ("; charset=utf8", FAULT),
+        # OWS before a parameter's semicolon (RFC 9110 5.6.6), in spaces and tabs.
+        (" \t; charset=utf-8", FAULT),
     ):
         head = (
             f"POST /admin/faults HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json{charset}\r\n"

@@ -152,6 +152,12 @@ def test_token_check_accepts_only_a_bearer_token_it_knows():
     assert check.refusal([("authorization", f"Basic {TOKEN_A}")]) == MALFORMED
     assert check.refusal([("authorization", "Bearer ")]) == MALFORMED
     assert check.refusal([("authorization", TOKEN_A)]) == MALFORMED
+    # Spaces and tabs alone are white space around a field value (RFC 9110 5.6.3): str.strip() also took a
+    # no-break space or a \x1c-\x1f, and a token with one after it was the token.
+    assert check.refusal([("authorization", f" Bearer {TOKEN_A}\t")]) is None
+    for other in ("\xa0", "\x1f", "\x0b", "\u2003"):
+        assert check.refusal([("authorization", f"Bearer {TOKEN_A}{other}")]) == REFUSED, repr(other)
+        assert check.refusal([("authorization", f"{other}Bearer {TOKEN_A}")]) == MALFORMED, repr(other)
     two = [("authorization", f"Bearer {TOKEN_A}"), ("authorization", f"Bearer {TOKEN_B}")]
     assert check.refusal(two) == MALFORMED
     for details in (MISSING, MALFORMED, REFUSED):

@@ -815,3 +815,59 @@ def test_the_deadline_slack_is_grpcs_rounding_unit_not_a_share_of_the_timeout(ti
     from wok.service import grpc_timeout_unit
 
     assert grpc_timeout_unit(timeout) == pytest.approx(unit)
+
+
+async def test_a_call_cancelled_as_its_batch_waits_behind_a_prewarm_read_is_withdrawn_unrun(gated_model, monkeypatch):
+    """A delay flush to an idle instance follows the instance's prewarm read (its weights read back into
+    the caches) on the worker thread; a call cancelled while its batch waits behind that read was still
+    run, for nobody: a forward of its rows. The read counts as the work ahead of the batch, as a busy
+    instance's batch does: the cancelled request is left out, and its one-request batch runs no forward."""
+    import threading
+
+    import torch
+    from torch import nn
+
+    from wok.app import WokServer
+    from wok.config import server_settings
+    from wok.repository import ModelRepository
+
+    s, module = gated_model(max_batch_size=4, delay_ms=20, depth=1)
+    module.weight = nn.Parameter(torch.zeros(4))  # something to prewarm (read at the executor's start)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=0), ModelRepository([s], "test"))
+    await server.start()
+    reading, release = threading.Event(), threading.Event()
+    try:
+        rt = server.runtimes["gated"]
+        inst = rt.executor.instances[0]
+        assert inst.can_prewarm
+        read_weights = inst._read_weights
+
+        def slow_read() -> int:
+            reading.set()
+            release.wait(10)
+            return read_weights()
+
+        monkeypatch.setattr(inst, "_read_weights", slow_read)
+        warmed = len(module.batch_sizes)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            x = {"INPUT0": np.ones((1, 4), np.float32)}
+            call = stub.ModelInfer(encode_request("gated", x), timeout=30)
+            # The read holds the worker, and the batch is sent to the idle instance behind it.
+            await until(lambda: reading.is_set() and rt.batcher.inflight == 1)
+            call.cancel()
+            assert await call.code() == grpc.StatusCode.CANCELLED
+            await until(lambda: rt.metrics.responses == {"CANCELLED": 1})  # the handler withdrew it, then counted
+            release.set()
+            await until(lambda: rt.batcher.inflight == 0)
+            assert module.batch_sizes[warmed:] == []  # no forward: its one request was left out
+            assert inst.prewarms == 1
+            answer = await stub.ModelInfer(encode_request("gated", x), timeout=30)  # the instance goes on
+        np.testing.assert_array_equal(decode_response(answer)["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+        assert module.batch_sizes[warmed:] == [1]
+        assert (rt.stats.execution_count, rt.stats.inference_count, rt.stats.fail.count) == (1, 1, 0)
+        assert not any(rt.metrics.rejections.values())  # withdrawn by its caller, not refused at a deadline
+        assert rt.metrics.responses == {"CANCELLED": 1, "OK": 1}
+    finally:
+        release.set()
+        await server.stop(grace=5)
