@@ -548,9 +548,8 @@ def _metrics_url(spec: str, target: str, *, replicas: bool = False, say=_warn) -
     if spec == "none":
         return None
     if replicas:
-        # The replicas do not run yet, and with several there is no one /metrics (bench/faults.py).
+        # The replicas do not run yet: each one's own /metrics is taken once they serve (faults.start_replicas).
         if spec == "auto":
-            say(f"--metrics-url auto: the replicas started have no one /metrics; {_NOT_SCRAPED}")
             return None
         say(f"server-side columns from {spec} (as given)")
         return spec

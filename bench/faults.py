@@ -968,7 +968,8 @@ class FaultRamp(Ramp):
         # A signal ends the run when the user chose: faults planned from then on were not due.
         section["cut_s"] = self.schedule.stopped_s if interrupted and interrupted["by_signal"] else None
         if self.replicas is not None:
-            section["replicas"] = self.replicas.describe()
+            # Again after the schedule stopped: a restart it waited for started a process.
+            result["replicas"] = section["replicas"] = self.replicas.describe()
         result["faults"] = section
         for f, problem in zip(section["faults"], not_in_effect(section)):
             if problem is not None:
@@ -1257,9 +1258,15 @@ def start_replicas(args, cfg: RampConfig, say: Callable[[str], None], *, admin: 
     say(f"starting {args.replicas} replica(s): wok serve {' '.join(serve_args)}")
     replicas = ReplicaSet(args.replicas, serve_args, admin=admin, host=replica_host(args.replica_host))
     say(f"replicas serving on {replicas.target}")
-    # Several servers have no one /metrics: the server's view is left out unless a URL is given.
-    metrics_url = None if args.metrics_url == "auto" else cfg.metrics_url
-    return replicas, replace(cfg, target=replicas.target, metrics_url=metrics_url)
+    if args.metrics_url != "auto":  # none, or a URL scraped as given (a Prometheus of the fleet's)
+        return replicas, replace(cfg, target=replicas.target)
+    if "--no-metrics" in serve_args:
+        say("--metrics-url auto: the replicas run --no-metrics; server-side columns `-`")
+        return replicas, replace(cfg, target=replicas.target, metrics_url=None)
+    # Each replica's own /metrics, its figures summed over them at each step (scrape.Fleet).
+    urls = [f"{r.admin_url}/metrics" for r in replicas]
+    say(f"server-side columns summed over the replicas' /metrics: {', '.join(urls)}")
+    return replicas, replace(cfg, target=replicas.target, metrics_url=None, replica_metrics=urls)
 
 
 def check_options(args, cfg: RampConfig) -> list[FaultSpec]:

@@ -46,7 +46,7 @@ refinement steps are left out (each process bisected on its own):
 * a fault run's and a soak's sections (`faults`, `soak`) are left out, with a warning naming the parts
   that had one: their P99 per window (and a fault's recovery, read off it) cannot be rebuilt from the
   parts'; but for one part's fault section, which is the whole run's and kept as it is; several parts
-  of which one ran `--replicas` (`faults.replicas`) are refused: that part ramped servers of its own,
+  of which one ran `--replicas` (`replicas`; a soak's too) are refused: that part ramped servers of its own,
   which no other part loaded, and the sum would be several fleets' loads read as one server's;
 * the server's view (`server`, `queue_ms`, …) is taken from the first result given: every
   process scraped the same server over the same window, so each scrape already counts all
@@ -456,7 +456,8 @@ def _same_rate(steps: Sequence[dict], names: Sequence[str], i: int) -> None:
 
 
 def _same_servers(results: Sequence[dict], names: Sequence[str]) -> None:
-    """Refuse several parts of which any ran `--replicas` (its `faults.replicas`): such a part ramped the
+    """Refuse several parts of which any ran `--replicas` (its `replicas`, or `faults.replicas` in a fault run
+    written before the first, and a soak's never): such a part ramped the
     servers it started itself, which no other part loaded, so the merged steps would add up the loads of
     several fleets, each at its share of the rate, as if one server had taken them all (its knee and
     capacity N fleets'), beside the server columns of the first part's fleet alone. One part merges: a job
@@ -465,12 +466,12 @@ def _same_servers(results: Sequence[dict], names: Sequence[str]) -> None:
         return
     own = []
     for r, name in zip(results, names):
-        fleet = r["faults"].get("replicas") if isinstance(r.get("faults"), dict) else None
+        fleet = r.get("replicas") or (r["faults"].get("replicas") if isinstance(r.get("faults"), dict) else None)
         if isinstance(fleet, list) and fleet:
             own.append(f"{name} ({len(fleet)} replica{'' if len(fleet) == 1 else 's'})")
     if own:
         raise ValueError(
-            f"{', '.join(own)}: each started the servers it ramped (--replicas, `faults.replicas`), which no other "
+            f"{', '.join(own)}: each started the servers it ramped (--replicas: `replicas`), which no other "
             "part loaded: the merged steps would add up the loads of several fleets as one server's, with the "
             "server columns of the first part's alone; only parts that ramped the same servers (one --target "
             "for every part) merge, and a --replicas run alone"
@@ -703,6 +704,8 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         result["devices"] = first["devices"]
     if len(results) == 1 and first.get("faults"):  # a job of one process: its fault section is the run's
         result["faults"] = first["faults"]
+    if len(results) == 1 and first.get("replicas"):  # ... and its replicas, which no other part can have
+        result["replicas"] = first["replicas"]
     probes = {name: r["host_probe"] for r, name in zip(results, names) if r.get("host_probe") is not None}
     if probes:  # each part probed its own machine: kept side by side, never averaged
         result["host_probes"] = probes

@@ -919,15 +919,24 @@ BALANCER_COUNTS = ("attempts", "ok", "failures", "slow", "hedges", "retries", "e
 BALANCER_TOTALS = ("calls", "ok", "attempts", "hedges", "retries", "budget_refusals", "ejections")
 
 
-def balancer_line(result: dict) -> str | None:
-    """The wok balancer's totals (`balancer`) as the Replicas table's line; None without its counters."""
+TEXT_WIDTH = 100  # the text report's lines after the steps, as a terminal shows them unwrapped
+
+
+def _balancer_phrases(result: dict) -> list[str]:
+    """The wok balancer's totals (`balancer`) in the phrases a line may break between; none without them."""
     balancer = result.get("balancer")
     if not balancer:
-        return None
+        return []
     hedge = balancer.get("hedge_after_ms")
     hedge_text = "-" if not hedge else ", ".join(f"{_num(h):.3g}" for h in hedge)
-    totals = ", ".join(f"{balancer.get(k, 0)} {k.replace('_', ' ')}" for k in BALANCER_TOTALS)
-    return f"wok balancer, over the workers and the whole run: {totals}; hedge after (per worker) {hedge_text} ms."
+    totals = [f"{balancer.get(k, 0)} {k.replace('_', ' ')}," for k in BALANCER_TOTALS]
+    totals[-1] = totals[-1][:-1] + ";"
+    return ["wok balancer, over the workers and the whole run:", *totals, f"hedge after (per worker) {hedge_text} ms."]
+
+
+def balancer_line(result: dict) -> str | None:
+    """The wok balancer's totals (`balancer`) as the Replicas table's line; None without its counters."""
+    return " ".join(_balancer_phrases(result)) or None
 
 
 def replica_rows(result: dict) -> tuple[list[str], list[list[str]]]:
@@ -959,7 +968,16 @@ def print_replicas(result: dict, file=None) -> None:
     _, console = section_console(result, "balancer", file)
     if console is None:
         return
-    console.print(balancer_line(result), markup=False, highlight=False)
+    # Broken between its phrases into lines of TEXT_WIDTH at most: on one line it ran to ~180 columns,
+    # wrapped by the console at 160 inside a phrase ("(per" ending the line).
+    lines: list[str] = []
+    for phrase in _balancer_phrases(result):
+        if lines and len(lines[-1]) + 1 + len(phrase) <= TEXT_WIDTH:
+            lines[-1] += " " + phrase
+        else:
+            lines.append(phrase if not lines else "  " + phrase)
+    for line in lines:
+        console.print(line, markup=False, highlight=False)
     print_rows(console, "replicas", *replica_rows(result))
 
 

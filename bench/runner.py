@@ -32,7 +32,7 @@ from .payloads import (
     parse_sizes,
     plan_pool,
 )
-from .scrape import scrape, server_view
+from .scrape import Fleet, scrape, server_view
 from .workers import NOT_SENT, OK, Share, WorkerPool, merge_details, pick_balancer
 
 # Off a terminal, a step's progress line comes every tenth of the step, but no oftener than this
@@ -105,6 +105,9 @@ class RampConfig:
     workers: int = 2
     timeout_s: float = 30.0
     metrics_url: str | None = None
+    # Each replica's /metrics (`--replicas` with `--metrics-url auto`): scraped at each step and summed
+    # (scrape.Fleet) into the server view, in place of metrics_url's.
+    replica_metrics: list[str] | None = None
     seed: int = 0
     stop_factor: float = 10.0
     refine: int = 0
@@ -382,6 +385,9 @@ class Ramp:
         # A signal that came while a whole step held to its planned end (`_hold_to`): raised as the
         # next step would start, so that the step is kept and the cut falls between the two.
         self._held: KeyboardInterrupt | None = None
+        self.fleet = Fleet(cfg.replica_metrics, self.say) if cfg.replica_metrics else None
+        # The ReplicaSet the bench started and ramps (`--replicas`): the result's `replicas`.
+        self.replicas = None
 
     def started(self, clock0: float) -> None:
         """Called once, as the first step is handed out: `clock0` (time.monotonic()) is the timeline's 0."""
@@ -508,6 +514,10 @@ class Ramp:
         result["payloads"] = [s.info() for s in self.slices]
         result["devices"] = self.devices
         result["warnings"] += self.setup_warnings
+        if self.fleet is not None:
+            result["warnings"] += self.fleet.warnings()
+        if self.replicas is not None:
+            result["replicas"] = self.replicas.describe()
         result["warnings"] += [_pool_warning(cfg, s.plan) for s in self.slices if s.plan.note]
         # Null for a ramp that ran every step it meant to (or stopped early by its own rule);
         # else why it ended, and whether a signal (Ctrl-C, SIGTERM) ended it.
@@ -544,13 +554,13 @@ class Ramp:
         workers.start(shares)
         scrapes: dict[str, object] = {}
         scraper = None
-        if cfg.metrics_url:
+        if cfg.metrics_url or self.fleet is not None:
             # Scraped as the warm-up ends and as the window ends, so the server's figures
             # cover the measured window (the requests it completed in it).
             def scrape_window() -> None:
                 for key, at in (("before", start_at + cfg.warmup_s), ("after", start_at + total)):
                     time.sleep(max(0.0, at - time.monotonic()))
-                    scrapes[key] = scrape(cfg.metrics_url)
+                    scrapes[key] = self.fleet.scrape() if self.fleet is not None else scrape(cfg.metrics_url)
 
             scraper = threading.Thread(target=scrape_window, daemon=True)
             scraper.start()
@@ -582,7 +592,10 @@ class Ramp:
         inflight_total = _mean_inflight([o.inflight for o in outcomes], w, total)
         # A mix's server view sums its models' series (queue, batches, stages); loop lag and GPU are the server's.
         names = [name for name, _ in cfg.models]
-        server = server_view(before, after, names[0] if len(names) == 1 else names)
+        model = names[0] if len(names) == 1 else names
+        server = (
+            server_view(before, after, model) if self.fleet is None else self.fleet.view(before, after, model, label)
+        )
         in_window = (codes == OK) & (done >= w) & (done < total)
         step = analysis.step_result(
             offered_qps=window_rate(arrivals, w, total),

@@ -7,9 +7,11 @@ MLServer) or cannot be reached simply yields no server figures.
 from __future__ import annotations
 
 import math
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,6 +29,13 @@ GPU = (
     "wok_gpu_memory_total_bytes",
     "wok_gpu_temperature_celsius",
 )
+# Of several replicas' gauges, these add up to the fleet's (requests waiting, batches running); any
+# other gauge is the largest replica's (the GPU gauges: replicas on one host read the same devices).
+SUMMED_GAUGES = ("wok_queue_depth", "wok_inflight_batches")
+# A restart shows here first: a counter's fall is seen only when the new process has not caught up yet.
+START_TIME = "process_start_time_seconds"
+# The families whose samples only grow while the process lives, and the part of them that does not.
+CUMULATIVE = ("counter", "histogram", "summary")
 
 
 @dataclass
@@ -34,6 +43,9 @@ class Snapshot:
     """Cumulative series of one scrape, keyed by (sample name, sorted label items)."""
 
     values: dict[tuple[str, tuple], float] = field(default_factory=dict)
+    # The sample names of counters, histograms and summaries (their `_created` left out): those
+    # that only grow while the process lives; every other sample is a gauge's.
+    cumulative: set[str] = field(default_factory=set)
 
     def get(self, name: str, **labels) -> float:
         return self.values.get((name, tuple(sorted(labels.items()))), 0.0)
@@ -82,6 +94,8 @@ def parse_exposition(body: str) -> Snapshot:
     for family in text_string_to_metric_families(body):
         for s in family.samples:
             snap.values[(s.name, tuple(sorted(s.labels.items())))] = s.value
+            if family.type in CUMULATIVE and not s.name.endswith("_created"):
+                snap.cumulative.add(s.name)
     return snap
 
 
@@ -231,3 +245,111 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str | Se
     if gpu:
         out["gpu"] = gpu
     return out
+
+
+def grew(before: Snapshot, after: Snapshot) -> tuple[dict[tuple[str, tuple], float], bool]:
+    """One server's counters and histogram buckets over a window: what each grew by, and whether the
+    server reset between the two scrapes (restarted: its process start time changed, or a series fell or
+    went). A reset's growth is its value after, as Prometheus' increase() takes it: what the server
+    counted in the window before its reset died with the process, and is in no figure."""
+    now = {k: v for k, v in after.values.items() if k[0] in after.cumulative}
+    then = {k: v for k, v in before.values.items() if k[0] in before.cumulative}
+    started = [s.values.get((START_TIME, ())) for s in (before, after)]
+    reset = (None not in started and started[0] != started[1]) or any(now.get(k, 0.0) < v for k, v in then.items())
+    if reset:
+        return now, True
+    return {k: v - then.get(k, 0.0) for k, v in now.items()}, False
+
+
+def fleet_window(pairs: Sequence[tuple[Snapshot, Snapshot]]) -> tuple[Snapshot, list[int]]:
+    """Several servers' windows, each from its two scrapes (before, after), as one Snapshot of what they
+    grew by together (for `server_view` against an empty Snapshot), and the servers (indices) that reset in
+    theirs. Counters and buckets add up (`grew`); of the gauges at the end, SUMMED_GAUGES add up and any
+    other is the largest server's."""
+    growth: dict[tuple[str, tuple], float] = {}
+    gauges: dict[tuple[str, tuple], float] = {}
+    reset = []
+    for i, (before, after) in enumerate(pairs):
+        counted, was_reset = grew(before, after)
+        for k, v in counted.items():
+            growth[k] = growth.get(k, 0.0) + v
+        for k, v in after.values.items():
+            if k[0] not in after.cumulative and not k[0].endswith("_created"):
+                gauges[k] = gauges.get(k, 0.0) + v if k[0] in SUMMED_GAUGES else max(gauges.get(k, v), v)
+        if was_reset:
+            reset.append(i)
+    return Snapshot({**gauges, **growth}, {name for name, _ in growth}), reset
+
+
+class Fleet:
+    """The server view of the replicas a bench started (`--replicas` with `--metrics-url auto`), each with
+    its own /metrics: all scraped at once at both edges of a step's window (`scrape`), and their windows
+    summed into one view (`view`). Counters and histogram buckets add up exactly; a replica restarted in
+    the window counts from its restart (`grew`); of the gauges, SUMMED_GAUGES add up and the others are the
+    largest replica's. A step in which a replica could not be scraped has no view (its server columns
+    `-`), never the others' sum shown as the fleet's; `warnings` names those replicas, and the resets."""
+
+    def __init__(self, urls: Sequence[str], say: Callable[[str], None], timeout: float = 5.0) -> None:
+        self.urls = list(urls)
+        self.say = say
+        self.timeout = timeout
+        self.unread: dict[int, list[str]] = {}  # replica → the steps it could not be scraped in
+        self.resets: dict[int, list[str]] = {}  # replica → the steps its counters reset in
+
+    def scrape(self) -> tuple[float, list[Snapshot | str]]:
+        """When it began (Unix time), and each replica's Snapshot or why there is none (`read_metrics`),
+        scraped in parallel: a paused replica's timeout must not make the others' scrapes late, nor the sum
+        span several windows."""
+        at = time.time()
+        with ThreadPoolExecutor(len(self.urls)) as pool:
+            return at, list(pool.map(lambda url: read_metrics(url, self.timeout), self.urls))
+
+    def view(self, before: tuple | None, after: tuple | None, model: str | Sequence[str], step: str) -> dict | None:
+        """`server_view` of the fleet over the step named `step`, from its two `scrape`s (None: not made),
+        with `replicas` (those summed: all) and `resets` (those restarted in the window) added."""
+        unread = [NO_ANSWER] * len(self.urls)
+        opened, befores = before or (math.inf, unread)
+        pairs, missed, fresh = [], [], set()
+        for i, (b, a) in enumerate(zip(befores, (after or (0.0, unread))[1])):
+            if not isinstance(b, Snapshot) and isinstance(a, Snapshot) and a.get(START_TIME) >= opened:
+                # Down as the window opened (killed), and its process started after: all it counted is the
+                # window's. The start time errs early (the kernel's boot time is whole seconds): never late.
+                b = Snapshot()
+                fresh.add(i)
+            why = next((s for s in (b, a) if not isinstance(s, Snapshot)), None)
+            if why is not None:
+                missed.append(f"replica {i} ({self.urls[i]}: {why})")
+                self.unread.setdefault(i, []).append(step)
+            pairs.append((b, a))
+        if missed:
+            self.say(f"{step}: no server view: {', '.join(missed)} not scraped; the step's server columns are `-`")
+            return None
+        window, reset = fleet_window(pairs)
+        reset = sorted(fresh.union(reset))
+        for i in reset:
+            if not self.resets:
+                self.say(
+                    f"{step}: replica {i}'s counters reset in the window (it restarted): its server figures "
+                    "there count from its restart, as Prometheus' increase() does; what it completed before "
+                    "is in none (said once; the result's warnings list every reset)"
+                )
+            self.resets.setdefault(i, []).append(step)
+        view = server_view(Snapshot(), window, model)
+        if view is not None:
+            view["replicas"] = list(range(len(self.urls)))
+            view["resets"] = reset
+        return view
+
+    def warnings(self) -> list[str]:
+        """The result's words for the steps a replica was not scraped in and the windows it reset in."""
+        out = [
+            f"replica {i}'s /metrics ({self.urls[i]}) could not be scraped in {', '.join(steps)}: no server view "
+            "there (the server columns `-`), since the other replicas' figures alone are not the fleet's"
+            for i, steps in sorted(self.unread.items())
+        ]
+        out += [
+            f"replica {i} restarted in the window of {', '.join(steps)}: its server figures there count from its "
+            "restart (what it completed before, in that window, is in none)"
+            for i, steps in sorted(self.resets.items())
+        ]
+        return out

@@ -329,6 +329,7 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
         else:
             say("measuring the capacity: the highest step under the SLO")
             capacity_ramp = Ramp(cfg, say)
+            capacity_ramp.replicas = replicas  # its result, the run's when no soak follows, names them
             capacity_ramp.says_late_signal = False  # "soak not started", below, says it
             capacity_result = capacity_ramp.run()
             capacity, source = capacity_result["max_qps_under_slo"], "measured"
@@ -356,6 +357,7 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
             )
             sampler = RssSampler(urls, every)
             ramp = SoakRamp(soak_cfg, sampler, say)
+            ramp.replicas = replicas
             result = ramp.run()
         except (Exception, KeyboardInterrupt) as exc:
             if capacity_result is None:

@@ -1149,7 +1149,7 @@ def test_parts_that_ran_their_own_replicas_are_refused(tmp_path, capsys):
     with pytest.raises(ValueError) as refused:
         merge_results(parts, ["a.json", "b.json"])
     assert str(refused.value) == (
-        "a.json (3 replicas): each started the servers it ramped (--replicas, `faults.replicas`), which no other "
+        "a.json (3 replicas): each started the servers it ramped (--replicas: `replicas`), which no other "
         "part loaded: the merged steps would add up the loads of several fleets as one server's, with the server "
         "columns of the first part's alone; only parts that ramped the same servers (one --target for every part) "
         "merge, and a --replicas run alone"

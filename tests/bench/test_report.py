@@ -918,6 +918,10 @@ def test_the_balancers_counters_of_a_ramp_without_faults_are_shown_after_the_ste
     report.print_replicas(doc, out)
     lines = [" ".join(re.sub("[│┃]", " ", line).split()) for line in out.getvalue().splitlines()]
     assert lines[0].startswith("wok balancer, over the workers and the whole run: 13268 calls, 13238 ok,")
+    # The totals fit 100 columns, broken between their phrases: on one line they ran to 177, the console
+    # wrapping them at 160 inside "(per worker)".
+    totals = out.getvalue().splitlines()[:2]
+    assert all(len(line) <= 100 for line in totals) and " ".join(totals).split() == report.balancer_line(doc).split()
     assert "address attempts ok failures slow hedges retries ejections" in lines
     assert "127.0.0.1:44353 5717 5717 0 0 18 0 0" in lines
     # A `dns:` name is one target of several addresses: a row per address, not one per target.
