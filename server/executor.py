@@ -4,7 +4,8 @@ Each instance owns one worker thread that assembles a batch into reusable host b
 and launches its work, and (on CUDA) a second thread that waits for the batch's CUDA
 event, so the event loop never blocks on the device. On CUDA the three stages run on
 three streams of the instance (copy in, compute, copy out), ordered by events, and with
-`pipeline_depth` >= 2 the copy of batch k+1 overlaps the compute of batch k. Host
+`pipeline_depth` >= 2 the copy in of batch k+1 overlaps the compute of batch k (its compute
+waits for batch k's copy out, which may read storage the model writes again). Host
 buffers are page-locked so that `non_blocking` copies are truly asynchronous. On the CPU
 the stages run in order on the worker thread, timed with clocks; there is no copy in (h2d is
 metrics.NOT_RUN), and d2h is taking the outputs to NumPy and splitting them per request: views of a
@@ -253,11 +254,18 @@ class Instance:
             if self.cuda
             else None
         )
+        # The last batch's copy-out end (CUDA; read and written on the worker thread only): see _launch_live.
+        self._last_d2h: torch.cuda.Event | None = None
         if self.cuda:
             with torch.cuda.device(device):
                 self.h2d_stream = torch.cuda.Stream(device)
                 self.compute_stream = torch.cuda.Stream(device)
                 self.d2h_stream = torch.cuda.Stream(device)
+                # The module's weights were made, cast (precision) or copied (a later instance's buffers) on the
+                # default stream, whose work torch's pool streams do not wait for: a forward on the compute
+                # stream could read them before those kernels wrote them (torch's CUDA semantics: "sum() may
+                # start execution before normal_() finishes"). Once, before any batch.
+                torch.cuda.synchronize(device)
 
     def submit(
         self,
@@ -605,6 +613,12 @@ class Instance:
                     dev_in = {k: v.to(self.device, non_blocking=True) for k, v in host.items()}
                     ev[1].record()
                 self.compute_stream.wait_event(ev[1])
+                if self._last_d2h is not None:
+                    # The batch before may still be copying out an output in storage the model keeps (a
+                    # buffer it writes and returns, a CUDA graph's static output): this forward would write
+                    # it under that copy, handing the batch before this one's rows. Only the copy-out waits;
+                    # the copy-in still runs during the compute before.
+                    self.compute_stream.wait_event(self._last_d2h)
                 with torch.cuda.stream(self.compute_stream):
                     for t in dev_in.values():
                         # Allocated on the copy stream, used on this one: tell the allocator.
@@ -629,6 +643,7 @@ class Instance:
                         dst.copy_(v, non_blocking=True)
                         host_out[k] = dst
                     ev[4].record()
+                self._last_d2h = ev[4]
         except BaseException as exc:  # a BaseException too: see _model_failed
             failure = exc if isinstance(exc, ModelExecutionError) else _model_failed(s.name, exc)
             # A device-side error (of this batch, or of the one before it, met at a sync in this
@@ -656,6 +671,8 @@ class Instance:
                 # The failed batch's copy in may still be reading the slot's buffers, which its parts reuse.
                 self.h2d_stream.synchronize()
                 host = s.assemble(inputs, sum(rows), slot.inputs)
+                if self._last_d2h is not None:  # as in _launch_live: the failed batch may have met its error before it
+                    self.compute_stream.wait_event(self._last_d2h)
                 with torch.cuda.stream(self.compute_stream):
                     dev_in = {k: v.to(self.device) for k, v in host.items()}
                     with torch.inference_mode():

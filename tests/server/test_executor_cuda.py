@@ -201,3 +201,55 @@ def test_cuda_a_torchscript_modules_later_instance_holds_weights_of_its_own_logg
         "the instances there hold them once each"
     ]
     assert_each_answers_as((first, second), twin)
+
+
+# About 0.5 s of a GPU's clock (torch.cuda._sleep spins this many cycles): far longer than the worker takes
+# to launch a second batch.
+SLEEP_CYCLES = 1_000_000_000
+
+
+class KeepsItsOutput(nn.Module):
+    """Writes each batch's answer, twice its input, into a buffer it keeps and returns a view of it, as a CUDA
+    graph's static output is returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("out", torch.zeros(8, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        self.out[:n].copy_(x * 2.0)
+        return self.out[:n]
+
+
+def test_cuda_an_output_the_model_keeps_is_copied_out_before_the_next_batch_writes_it(cuda_executor):
+    """Depth 2: batch b's forward waits for batch a's copy out (Instance._launch_live). The copy-out stream is
+    held behind a sleep, so that without that wait b's forward writes the kept buffer before a's copy reads
+    it, and a's caller gets b's rows (10, not 2). Both slots ran a batch first, so that no pinned or device
+    allocation (which the driver may synchronise) falls between the two."""
+    inst = cuda_executor(Servable(four_wide_config("keeps"), KeepsItsOutput())).instances[0]
+    for slot in (0, 1):
+        inst.submit([{"INPUT0": np.zeros((2, 4), np.float32)}], [2], slot).result(30)
+    with torch.cuda.device(inst.device), torch.cuda.stream(inst.d2h_stream):
+        torch.cuda._sleep(SLEEP_CYCLES)
+    fa = inst.submit([{"INPUT0": np.full((2, 4), 1.0, np.float32)}], [2], 0)
+    fb = inst.submit([{"INPUT0": np.full((2, 4), 5.0, np.float32)}], [2], 1)
+    np.testing.assert_array_equal(fa.result(30).outputs[0]["OUTPUT0"], np.full((2, 4), 2.0, np.float32))
+    np.testing.assert_array_equal(fb.result(30).outputs[0]["OUTPUT0"], np.full((2, 4), 10.0, np.float32))
+
+
+def test_cuda_weights_written_on_the_default_stream_are_what_the_first_batch_reads(cuda_executor):
+    """The module's buffer is written on the default stream behind a sleep, as a factory's or a precision cast's
+    kernels may still run when the instance starts; the instance's streams are torch's non-blocking pool
+    streams, which do not wait for the default stream, so the instance synchronises the device once as it is
+    made. Without that, the first forward reads the buffer as it was (2, not 3) unless the driver's implicit
+    synchronisation at the batch's first allocations happens to order them."""
+    module = Scaled().cuda()
+    nn.init.eye_(module.linear.weight)
+    nn.init.zeros_(module.linear.bias)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SLEEP_CYCLES)  # on the default stream, as every write below
+    module.scale.fill_(3.0)
+    inst = cuda_executor(Servable(four_wide_config("m"), module)).instances[0]
+    (got,) = inst.submit([{"INPUT0": np.ones((1, 4), np.float32)}], [1], 0).result(30).outputs
+    np.testing.assert_array_equal(got["OUTPUT0"], np.full((1, 4), 3.0, np.float32))
