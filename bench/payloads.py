@@ -177,7 +177,17 @@ def _read_sizes(path: Path) -> np.ndarray:
     text = read_utf8(path)
     lines = [(i, line.strip(SPACES)) for i, line in text_lines(text) if not is_note(line)]
     if not lines:
-        raise ValueError(f"{path}: no sizes")
+        read = [line for _, line in text_lines(text)]
+        if not read:
+            got = "an empty file"
+        elif any(line.strip(SPACES) for line in read):
+            got = f"only comments and blank lines ({len(read)} line{'s' if len(read) > 1 else ''})"
+        else:
+            got = f"only blank lines ({len(read)})"
+        raise ValueError(
+            f"{path}: expected sizes, one integer a line, a CSV with a 'size' column or JSONL objects with \"size\"; "
+            f"got {got}"
+        )
     values = []
     first = lines[0][1]
     if path.suffix.lower() in (".jsonl", ".ndjson") or first.startswith("{"):

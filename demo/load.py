@@ -19,7 +19,7 @@ import numpy as np
 
 from ..bench.arrivals import Poisson
 from ..errors import quoted_name
-from ..faults import check_number, shown
+from ..faults import AdminRequestError, check_number, shown
 
 WINDOW_S = 0.05  # arrivals are drawn this far ahead; a rate change applies within it
 ROLLING_S = 2.0  # the page's throughput and percentiles cover the last this many seconds
@@ -44,13 +44,14 @@ class LoadControl:
         self.state = LoadState(check_rate("rate", rate))
 
     def set(self, body) -> dict:
-        """Apply a POST /api/load body: {"rate"} and/or {"burst_rate", "burst_s"}; raises ValueError."""
+        """Apply a POST /api/load body: {"rate"} and/or {"burst_rate", "burst_s"}; raises AdminRequestError, as
+        its fields' checks do (a ValueError: the page's server answers 400)."""
         if not isinstance(body, dict):
             # As the admin API shows a value (wok.faults.shown): a body of 64 KiB made a 400 as long.
-            raise ValueError(f"body: expected a JSON object, got {shown(body)}")
+            raise AdminRequestError(f"body: expected a JSON object, got {shown(body)}")
         extra = sorted(set(body) - {"rate", "burst_rate", "burst_s"})
         if extra:
-            raise ValueError(
+            raise AdminRequestError(
                 f"field {quoted_name(extra[0])}: expected only rate, burst_rate, burst_s, got {shown(body[extra[0]])}"
             )
         # Every field checked before any applies: a refused body changes nothing.

@@ -56,6 +56,26 @@ def _wrong_shape(name: str, want: Sequence[int], got: Sequence[int]) -> InvalidI
     )
 
 
+def size_range(least: int, most: int | None) -> str:
+    if most is None:
+        return f"{least} or more"
+    return f"exactly {least}" if least == most else f"{least} to {most}"
+
+
+def _check_ranges(
+    name: str, ranges: tuple[tuple[int, int, int | None], ...], shape: tuple[int, ...], model: str
+) -> None:
+    """The sizes of a request's variable dims that its model takes (Servable.dim_ranges): InvalidInput for one
+    outside them, which the model was not exported for."""
+    for i, least, most in ranges:
+        got = shape[i]
+        if got < least or (most is not None and got > most):
+            raise InvalidInput(
+                f"input '{name}': expected dim {i} of {size_range(least, most)} (the sizes model '{model}' was "
+                f"exported for), got {got} in shape {_shape_str(shape)}"
+            )
+
+
 # The least urgent priority level a request or a model's default may name. Each level a queue
 # holds is a FIFO of its own: the bound keeps a client from spreading requests over billions.
 MAX_PRIORITY_LEVEL = 1_000_000
@@ -438,6 +458,7 @@ def decode_request(
     arrays: dict[str, np.ndarray] = {}
     pending = []
     rows = None
+    dim_ranges = servable.dim_ranges
     for tcfg in cfg.inputs:
         i = seen[tcfg.name]
         t = req.inputs[i]
@@ -458,6 +479,8 @@ def decode_request(
                     f"in the expected shape {_shape_str(want)} of the model's metadata"
                 )
             raise _wrong_shape(name, want, shape)
+        if dim_ranges and name in dim_ranges:
+            _check_ranges(name, dim_ranges[name], shape, model)
         n = shape[0]
         if n < 1:
             raise InvalidInput(f"input '{name}': batch dimension is 0; send at least one row")

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
+from .codec import size_range
 from .config import CONFIG_NAMES, ModelConfig, inside_model_dir, load_model_config
 from .errors import ConfigError, InvalidVersion, ModelNotFound, error_line, quoted_name
 from .numerals import ascii_digits
@@ -253,14 +254,14 @@ def _takes_flat_tensors(program, n: int) -> bool:
     )
 
 
-def _batch_bounds(program, spec):
-    """(the batch dim, dim 0, of the input of `spec` as the program was traced: an int where it was exported with
-    no Dim, else torch's expression for it, a symbol or one derived from symbols (2*s65); the least and most rows
-    it was traced for, None for no most: for a derived one, 0 and None, its expression being what is read), or
-    None where the program keeps no range for it."""
+def _dim_bounds(program, spec, index: int):
+    """(dim `index` of the input of `spec` as the program was traced: an int where it was exported with no Dim, else
+    torch's expression for it, a symbol or one derived from symbols (2*s65); the least and most sizes it was traced
+    for, None for no most: for a derived one, 0 and None, its expression being what is read), or None where the
+    program keeps no range for it."""
     try:
         node = next(n for n in program.graph.find_nodes(op="placeholder") if n.name == spec.arg.name)
-        dim = node.meta["val"].shape[0]
+        dim = node.meta["val"].shape[index]
         if isinstance(dim, int):
             return dim, dim, dim
         expr = dim.node.expr
@@ -315,7 +316,7 @@ def _least_batch(program, cfg: ModelConfig, order: list[str]) -> _Padding:
     export = f'export it with a batch Dim from 1, torch.export.Dim("batch", min=1, max={mbs})'
     least, padded, takes, batch = 1, [], "", set()
     for name, spec in zip(order, _user_inputs(program), strict=True):
-        bounds = _batch_bounds(program, spec)
+        bounds = _dim_bounds(program, spec, 0)
         if bounds is None:
             continue
         dim, lo, hi = bounds
@@ -363,6 +364,58 @@ def _least_batch(program, cfg: ModelConfig, order: list[str]) -> _Padding:
             f"batches of 1 to {mbs} rows: {fix}"
         )
     return _Padding(least, padded, takes, batch)
+
+
+def _dim_ranges(program, cfg: ModelConfig, order: list[str]) -> dict[str, tuple[tuple[int, int, int | None], ...]]:
+    """By input, the sizes the program was exported for in each of its variable (-1) dims, for wok to hold each
+    request to (Servable.dim_ranges): as (the dim's index in a request's shape, least, most or None for no most);
+    ConfigError where a fixed dim of the config lies outside the program's range for it.
+
+    The range is the program's record of what it was traced for, as for the batch dim (_least_batch), and torch
+    checks a call against it only in part: its guards assert no least of 2 (the least of a Dim of min=2,
+    Dim.AUTO or Dim.DYNAMIC), and the tracer took the dim to be 2 or more (torch's 0/1 specialisation), so a
+    dim of 1 ran outside what was traced, unrefused: a branch on that size took the other path. Unlike the
+    batch's, such a dim cannot be padded. A dim exported with no Dim is that one size: a fixed dim of another
+    fails the guards, run at load (_unchecked_where_safe). A size derived from a Dim (2 × Dim) is left to the
+    guards, which check only its bounds (an odd size passes those of 2 × Dim)."""
+    tensors = {t.name: t for t in cfg.inputs}
+    ranges = {}
+    for name, spec in zip(order, _user_inputs(program), strict=True):
+        dims = tensors[name].dims
+        held = []
+        for i, size in enumerate(dims, 1):
+            bounds = _dim_bounds(program, spec, i)
+            if bounds is None or not (isinstance(bounds[0], int) or bounds[0].is_Symbol):
+                continue
+            dim, lo, hi = bounds
+            if size == -1:
+                held.append((i, lo, hi))
+                continue
+            if isinstance(dim, int) or (lo <= size and (hi is None or size <= hi)):
+                continue
+            if lo == 2 and size < lo:
+                why = (
+                    f"torch's guards let a dim of {size} through (they check no least of 2), and it would run outside "
+                    "what was traced, the tracer having taken the dim to be 2 or more (a branch on that size takes "
+                    "the other path)"
+                )
+            else:
+                why = "every batch would fail its guards"
+            fix = f"export it with no Dim on that dim, from an example whose dim {i} is {size} (the config fixes it)"
+            if size == 1:
+                # Not a Dim of min=1: its range would take 1, but torch traces a Dim from 2 all the same.
+                fix += ": a Dim of min=1 would let 1 through, traced from 2 all the same"
+            else:
+                wide = f"min={min(lo, size)}" + ("" if hi is None else f", max={max(hi, size)}")
+                fix += f', or with a Dim that takes {size}, torch.export.Dim("dim{i}", {wide})'
+            raise ConfigError(
+                f"{_source(cfg)}: model_file {cfg.model_file!r}: input '{name}' of its torch.export program takes a "
+                f"dim {i} of {size_range(lo, hi)}, but model '{cfg.name}' fixes it at {size} (shape {[-1, *dims]}, "
+                f"batch first): {why}; {fix}"
+            )
+        if held:
+            ranges[name] = tuple(held)
+    return ranges
 
 
 def _batch_outputs(program, cfg: ModelConfig, padding: _Padding) -> frozenset | None:
@@ -469,11 +522,12 @@ def _without_mode_switch(module: nn.Module) -> nn.Module:
     return module
 
 
-def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> nn.Module:
-    """The module a torch.export program is served as: `checked` (program.module(), which checks every
-    call's inputs against the program's shape guards), or the same graph without those checks where
-    every batch wok can send passes them; either padded (_PaddedBatch) where the program's batch range
-    starts above 1 row, or is one size only, max_batch_size.
+def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> tuple[nn.Module, dict]:
+    """The module a torch.export program is served as, and the sizes of its variable dims for wok to hold each
+    request to (_dim_ranges). The module: `checked` (program.module(), which checks every call's inputs against
+    the program's shape guards), or the same graph without those checks where every batch wok can send passes
+    them; either padded (_PaddedBatch) where the program's batch range starts above 1 row, or is one size only,
+    max_batch_size.
 
     The checks run in Python on every forward: a pre-hook that flattens the call's arguments to compare
     their structure with the program's, then the guards, one assert per dim. For the demo mlp on one row
@@ -486,15 +540,17 @@ def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> nn.Module
     `validate_inputs` is the attribute it reads (torch.export's own _swap sets it), and `_guards_fn` the
     guards' module; where either is gone, the checks stay. A program called by position with tensors whose
     batch range leaves out a row count wok sends, padded or not, is refused first, with or without the checks:
-    they do not refuse every such batch (_least_batch). (Any other program is served checked, its range unread.)"""
+    they do not refuse every such batch (_least_batch), as is one whose range for a fixed dim leaves out the
+    config's size (_dim_ranges). (Any other program is served checked, its ranges unread.)"""
     names = [t.name for t in cfg.inputs]
     if not _takes_flat_tensors(program, len(names)):
-        return _without_mode_switch(checked)
+        return _without_mode_switch(checked), {}
     order = forward_order(checked, names)
     padding = _least_batch(program, cfg, order)
+    ranges = _dim_ranges(program, cfg, order)
     module = _without_mode_switch(_unchecked_where_safe(program, checked, cfg, order, padding.rows))
     if padding.rows == 1:
-        return module
+        return module, ranges
     parts = _batch_outputs(program, cfg, padding)
     log.info(
         "model '%s': %s of its torch.export program takes batches of %s: batches of fewer than %d rows are padded "
@@ -506,7 +562,7 @@ def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> nn.Module
         padding.rows,
     )
     take = [names.index(n) for n in order]
-    return _PaddedBatch(module, padding.rows, None if take == list(range(len(take))) else take, parts)
+    return _PaddedBatch(module, padding.rows, None if take == list(range(len(take))) else take, parts), ranges
 
 
 def _unchecked_where_safe(program, checked: nn.Module, cfg: ModelConfig, order: list[str], least: int) -> nn.Module:
@@ -570,6 +626,7 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
                     "(INT64) or raw bytes as UINT8"
                 )
     imported: dict[str, object] = {}
+    dim_ranges: dict = {}
     if cfg.platform == "python":
         factory = _load_callable(cfg, model_dir, "factory", imported)
         try:
@@ -600,7 +657,7 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
                 module = torch.jit.load(str(path), map_location="cpu")
             else:
                 program = torch.export.load(str(path))
-                module = _exported_module(program, program.module(), cfg)
+                module, dim_ranges = _exported_module(program, program.module(), cfg)
         except ConfigError:
             raise
         except Exception as exc:
@@ -610,7 +667,7 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
     if cfg.weights:
         _load_weights(module, inside_model_dir(model_dir, cfg.weights, source, "weights"), cfg)
     check = _load_callable(cfg, model_dir, "check", imported) if cfg.check else None
-    return Servable(cfg, module, check=check)
+    return Servable(cfg, module, check=check, dim_ranges=dim_ranges)
 
 
 class ModelRepository:

@@ -138,9 +138,13 @@ class Servable:
         *,
         platform_label: str | None = None,
         check: Callable[[Mapping[str, np.ndarray]], object] | None = None,
+        dim_ranges: Mapping[str, tuple[tuple[int, int, int | None], ...]] | None = None,
     ) -> None:
-        """`check`: the config's `check` callable (repository.load_servable); see `check`."""
+        """`check`: the config's `check` callable (repository.load_servable); see `check`. `dim_ranges`: by
+        input, the sizes its variable (-1) dims take, each as (its index in a request's shape, least, most or
+        None for no most), that decode_request holds each request to (a torch.export program's)."""
         self.config = config
+        self.dim_ranges = MappingProxyType(dict(dim_ranges or {}))
         if check is not None:
             # Bound here, not tested per request: a model without one keeps the no-op method.
             self._user_check = check

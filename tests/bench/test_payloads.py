@@ -191,6 +191,28 @@ def test_empirical_from_files(tmp_path):
     assert parse_sizes(f"empirical:{trace_jsonl}").values.tolist() == [7, 0]
 
 
+@pytest.mark.parametrize(
+    ("text", "got"),
+    [
+        ("", "an empty file"),
+        ("\ufeff", "an empty file"),
+        ("# sizes\n\n", "only comments and blank lines (2 lines)"),
+        (" \n\n", "only blank lines (2)"),
+    ],
+    ids=["empty", "byte-order-mark", "comments", "blank"],
+)
+def test_an_empirical_sizes_file_of_no_sizes_says_what_it_holds(tmp_path, text, got):
+    # It said "no sizes", nothing of what was read.
+    path = tmp_path / "sizes.txt"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError) as info:
+        parse_sizes(f"empirical:{path}")
+    assert str(info.value) == (
+        f"sizes 'empirical:{path}': {path}: expected sizes, one integer a line, a CSV with a 'size' column or JSONL "
+        f'objects with "size"; got {got}'
+    )
+
+
 def test_an_empirical_sizes_file_saved_with_a_byte_order_mark_is_read(tmp_path):
     # A spreadsheet's "CSV UTF-8" begins with one: the header read '\ufeffsize' and the file was refused.
     csv_file = tmp_path / "sizes.csv"

@@ -368,6 +368,13 @@ async def test_the_page_holds_a_slow_fault_to_the_admins_one_bound(monkeypatch):
 BIG_BODY = [0] * 30_000  # 90 KB as repr writes it; the page's server takes 64 KiB of JSON, 2 bytes a zero
 
 
+@pytest.mark.parametrize("body", [[], {"rate": 1, "x": 2}, {"rate": -1}], ids=["no-object", "extra", "field"])
+def test_a_refused_load_body_is_an_admin_request_error(body):
+    # As its fields' own checks raise it: a body that was no object, or held another field, was a plain ValueError.
+    with pytest.raises(AdminRequestError):
+        LoadControl(100).set(body)
+
+
 async def test_a_refused_body_is_shown_cut_not_whole():
     """A body that is no object, or a field's value, was shown as repr writes it, whole: a 400 of up
     to the body's 64 KiB (and more: repr's spaces), and a field not allowed by its name, unquoted."""

@@ -32,7 +32,7 @@ CPU = torch.device("cpu")
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")
 
 
-def config_toml(platform: str, *, extra: str = "", in_dims="[4]", out_dims="[3]", mbs=8) -> str:
+def config_toml(platform: str, *, extra: str = "", in_dims="[4]", out_dims="[3]", mbs=8, warmup_dims="") -> str:
     return textwrap.dedent(
         f"""
         platform = "{platform}"
@@ -43,6 +43,7 @@ def config_toml(platform: str, *, extra: str = "", in_dims="[4]", out_dims="[3]"
         name = "INPUT0"
         datatype = "FP32"
         dims = {in_dims}
+        {warmup_dims and f"warmup_dims = {warmup_dims}"}
 
         [[outputs]]
         name = "OUTPUT0"
@@ -152,16 +153,25 @@ def test_corrupt_torchscript_file(tmp_path):
 
 # -- torch.export ----------------------------------------------------------------------
 def write_exported(
-    root: Path, batch=None, *, module: nn.Module | None = None, rows: int = 3, static: bool = False, **config
+    root: Path,
+    batch=None,
+    *,
+    module: nn.Module | None = None,
+    rows: int = 3,
+    static: bool = False,
+    cols: int = 4,
+    cols_dim=None,
+    **config,
 ) -> tuple[Path, nn.Module]:
-    """`module` (nn.Linear(4, 3) unless given) exported from a batch of `rows` rows of 4 with `batch` as its batch
-    dim (a Dim of 1-64 rows unless given; none where `static`), into a model folder whose config takes `config`
-    (model_dir's keywords)."""
+    """`module` (nn.Linear(4, 3) unless given) exported from a batch of `rows` rows of `cols` with `batch` as its
+    batch dim (a Dim of 1-64 rows unless given; none where `static`) and `cols_dim` as its dim 1 (none unless
+    given), into a model folder whose config takes `config` (model_dir's keywords)."""
     module = reference_linear(2) if module is None else module
     # min=1 exports and runs fine with torch 2.13; the example batch must not be 1 or the
     # tracer would specialize the dim to a constant.
     batch = torch.export.Dim("batch", min=1, max=64) if batch is None else batch
-    ep = torch.export.export(module, (torch.randn(rows, 4),), dynamic_shapes=None if static else ({0: batch},))
+    dims = {0: batch} if cols_dim is None else {0: batch, 1: cols_dim}
+    ep = torch.export.export(module, (torch.randn(rows, cols),), dynamic_shapes=None if static else (dims,))
     d = model_dir(root, "exported", "torch_export", extra='model_file = "model.pt2"', **config)
     torch.export.save(ep, str(d / "model.pt2"))
     return d, module
@@ -504,6 +514,119 @@ def test_a_torch_export_model_with_a_variable_dim_keeps_its_checks(tmp_path):
     s = load_servable(d)
     with pytest.raises(AssertionError, match=r"^Guard failed: input.size\(\)\[1\] == 4$"):
         run(s, torch.randn(2, 5))
+
+
+class Cols1(nn.Module):
+    """Each row doubled where it holds one column, else summed: exported from more columns, the program sums."""
+
+    def forward(self, x):
+        return x * 2 if x.shape[1] == 1 else x.sum(1, keepdim=True)
+
+
+def fix_dim_1(size: int, wide: str = "") -> str:
+    fix = f"export it with no Dim on that dim, from an example whose dim 1 is {size} (the config fixes it)"
+    if not wide:
+        return fix + ": a Dim of min=1 would let 1 through, traced from 2 all the same"
+    return fix + f', or with a Dim that takes {size}, torch.export.Dim("dim1", {wide})'
+
+
+@pytest.mark.parametrize(
+    ("cols_dim", "size", "said"),
+    [
+        # Loaded before, and answered a one-column row summed (the program's path for 2 or more), not doubled.
+        (
+            torch.export.Dim.AUTO,
+            1,
+            "2 or more, but model 'exported' fixes it at 1 (shape [-1, 1], batch first): torch's guards let a dim of "
+            "1 through (they check no least of 2), and it would run outside what was traced, the tracer having taken "
+            f"the dim to be 2 or more (a branch on that size takes the other path); {fix_dim_1(1)}",
+        ),
+        (
+            torch.export.Dim("cols", min=2, max=8),
+            1,
+            "2 to 8, but model 'exported' fixes it at 1 (shape [-1, 1], batch first): torch's guards let a dim of "
+            "1 through (they check no least of 2), and it would run outside what was traced, the tracer having taken "
+            f"the dim to be 2 or more (a branch on that size takes the other path); {fix_dim_1(1)}",
+        ),
+        # Refused before by its guards, run at load, in words that named no range, no dim and no Dim.
+        (
+            torch.export.Dim("cols", min=3),
+            2,
+            "3 or more, but model 'exported' fixes it at 2 (shape [-1, 2], batch first): every batch would fail its "
+            f"guards; {fix_dim_1(2, 'min=2')}",
+        ),
+        (
+            torch.export.Dim("cols", min=1, max=8),
+            16,
+            "1 to 8, but model 'exported' fixes it at 16 (shape [-1, 16], batch first): every batch would fail its "
+            f"guards; {fix_dim_1(16, 'min=1, max=16')}",
+        ),
+    ],
+    ids=["auto", "min-2", "min-3", "max-8"],
+)
+def test_a_torch_export_program_whose_range_leaves_out_a_fixed_dim_of_the_config_is_refused_at_load(
+    tmp_path, cols_dim, size, said
+):
+    d, _ = write_exported(tmp_path, module=Cols1(), cols=5, cols_dim=cols_dim, in_dims=f"[{size}]", out_dims="[1]")
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        f"{d / 'config.toml'}: model_file 'model.pt2': input 'INPUT0' of its torch.export program takes a dim 1 of "
+        + said
+    )
+
+
+# A dim of 1 exported with no Dim, from an example of 1 (as the refusal above says to): traced at 1, it doubles.
+@pytest.mark.parametrize(("cols", "cols_dim"), [(3, torch.export.Dim.AUTO), (1, None)], ids=["auto", "one"])
+def test_a_torch_export_program_whose_range_holds_a_fixed_dim_of_the_config_runs_it_unchecked(tmp_path, cols, cols_dim):
+    d, _ = write_exported(
+        tmp_path, module=Cols1(), cols=5 if cols_dim else cols, cols_dim=cols_dim, in_dims=f"[{cols}]", out_dims="[1]"
+    )
+    s = load_servable(d)
+    x = torch.randn(2, cols)
+    torch.testing.assert_close(run(s, x), Cols1()(x))
+    assert program_module(s).validate_inputs is False
+    assert s.dim_ranges == {}
+
+
+@pytest.mark.parametrize(
+    ("cols_dim", "sizes", "refused", "said"),
+    [
+        # Answered before, summed (the program's path for 2 or more columns), not doubled.
+        (torch.export.Dim.AUTO, (2, 5), 1, "2 or more"),
+        # Failed before as the batch ran (torch's guards), INTERNAL, after it was queued.
+        (torch.export.Dim("cols", min=3, max=8), (3, 8), 9, "3 to 8"),
+        (torch.export.Dim("cols", min=3, max=8), (3, 8), 2, "3 to 8"),
+        (None, (5,), 4, "exactly 5"),  # exported with no Dim there, the config's -1 notwithstanding
+        # Its range says 1 column, but torch traced it as 2 or more all the same (a branch on 1 took the other
+        # path): none is sent here. An empty dim passed its guards before.
+        (torch.export.Dim("cols", min=1), (2, 3), 0, "1 or more"),
+    ],
+    ids=["auto", "above-max", "below-min-3", "no-dim", "min-1-empty"],
+)
+async def test_a_variable_dim_outside_a_torch_export_programs_range_is_refused_naming_it(
+    tmp_path, serve, cols_dim, sizes, refused, said
+):
+    repo = tmp_path / "repo"
+    # warmup_dims: the warm-up's one column (a -1 dim's default) fails the guards of a Dim of min=3.
+    write_exported(
+        repo, module=Cols1(), cols=5, cols_dim=cols_dim, in_dims="[-1]", out_dims="[1]", warmup_dims=f"[{sizes[0]}]"
+    )
+    async with serve(repository=repo) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            for cols in sizes:
+                x = np.arange(3 * cols, dtype=np.float32).reshape(3, cols)
+                resp = await stub.ModelInfer(encode_request("exported", {"INPUT0": x}), timeout=30)
+                np.testing.assert_allclose(decode_response(resp)["OUTPUT0"], Cols1()(torch.from_numpy(x)).numpy())
+            x = np.ones((3, refused), np.float32)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(encode_request("exported", {"INPUT0": x}), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        f"input 'INPUT0': expected dim 1 of {said} (the sizes model 'exported' was exported for), got {refused} in "
+        f"shape [3, {refused}]"
+    )
 
 
 async def test_a_wrong_shaped_input_to_a_torch_export_model_is_refused_naming_it(tmp_path, serve):

@@ -1,0 +1,46 @@
+"""decode_request's time a request (one row of 4 FP32), medians of `repeat` runs of `number` calls: a model of fixed
+dims, and one of a -1 dim whose range is held (Servable.dim_ranges, where the checkout has it). Run alternately
+against two checkouts (PYTHONPATH to a folder whose `wok` links to each one's server/) for before and after."""
+
+import statistics
+import sys
+import timeit
+
+import numpy as np
+import torch
+
+from wok.codec import decode_request, encode_request
+from wok.config import model_config_from_dict
+from wok.servable import Servable
+
+
+def config(dims: list[int]):
+    tensor = {"datatype": "FP32", "dims": dims}
+    return model_config_from_dict(
+        {
+            "name": "m",
+            "platform": "python",
+            "factory": "x:y",
+            "inputs": [{"name": "X", **tensor}],
+            "outputs": [{"name": "Y", **tensor}],
+            "max_batch_size": 8,
+        },
+        "decode.py",
+    )
+
+
+def main(number: int, repeat: int) -> None:
+    request = encode_request("m", {"X": np.ones((1, 4), np.float32)})
+    try:
+        held = Servable(config([-1]), torch.nn.Identity(), dim_ranges={"X": ((1, 2, None),)})
+        variable = "variable [-1], range held"
+    except TypeError:  # a checkout before dim_ranges
+        held, variable = Servable(config([-1]), torch.nn.Identity()), "variable [-1]"
+    for label, servable in (("fixed [4]", Servable(config([4]), torch.nn.Identity())), (variable, held)):
+        runs = timeit.repeat(lambda s=servable: decode_request(request, s), number=number, repeat=repeat)
+        times = [t / number * 1e9 for t in runs]
+        print(f"{label}: median {statistics.median(times):.0f} ns, min {min(times):.0f} ns")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
