@@ -2,7 +2,7 @@
 
     python bench/gpu_check.py [--json gpu_check.json] [--batches 60]
 
-What it checks, on --device (default cuda:0; `auto` as the server reads it):
+What it checks, on --device (default cuda:0; `auto` as the server reads it, refused without CUDA):
   * pinned host buffers: every slot's input and output buffers are page-locked;
   * overlap: with pipeline_depth 2, the copy-in of batch k+1 runs while batch k computes
     (read from the batches' own CUDA events, on one time base), and throughput against
@@ -51,9 +51,11 @@ OVERLAP_MODEL = dict(in_features=8192, hidden=8192, out_features=256, layers=4, 
 def resolve_device(spec: str) -> torch.device:
     """The device `spec` (a `check_device` form) names, as the server resolves it (`wok.executor.resolve_devices`,
     called here: `auto` was reported and checked as the CPU while the executor ran it on the GPU, and cuda:1 reported
-    GPU 0's name). Raises ValueError, in this script's words, for a device this machine does not have."""
+    GPU 0's name). Raises ValueError, in this script's words, for a device this machine does not have, and for `auto`
+    where it would be the CPU: this script checks the CUDA path, and at its default sizes a CPU takes half an hour (a
+    dry run names the CPU, and small sizes, itself)."""
     try:
-        return resolve_devices([spec])[0]
+        device = resolve_devices([spec])[0]
     except ModelExecutionError as exc:
         if not torch.cuda.is_available():
             raise ValueError(f"no CUDA device; run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)") from exc
@@ -61,6 +63,12 @@ def resolve_device(spec: str) -> torch.device:
         raise ValueError(
             f"--device {spec}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
         ) from exc
+    if spec == "auto" and device.type != "cuda":
+        raise ValueError(
+            "--device auto: no CUDA device (torch.cuda.is_available() is False); this script checks the CUDA path: "
+            f"run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)"
+        )
+    return device
 
 
 def drive(executor: Executor, batches: list[list[dict]], depth: int) -> tuple[float, list]:

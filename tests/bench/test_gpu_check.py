@@ -7,9 +7,16 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_DRY_RUN = "--device cpu --hidden 512 --layers 1 --rows 64 --batches 10"
+# `auto` resolved to the CPU started the GPU's sizes there: half an hour, checking no CUDA path. (A constant: in a
+# test's marks, the words torch's check is called by would mark it a CUDA test for tests/deploy/test_setup_docs.py.)
+AUTO_WITHOUT_CUDA = (
+    "--device auto: no CUDA device (torch.cuda.is_available() is False); this script checks the CUDA path: "
+    f"run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)"
+)
 
 
 def test_gpu_check_dry_run_on_cpu_writes_its_figures(tmp_path):
@@ -75,7 +82,6 @@ def test_a_device_the_server_would_refuse_is_refused_before_the_model_is_built(d
     ("spec", "cuda_available", "device"),
     [
         ("auto", True, "cuda:0"),  # was reported and checked as the CPU while the executor ran it on the GPU
-        ("auto", False, "cpu"),
         ("cuda", True, "cuda:0"),
         ("cuda:1", True, "cuda:1"),  # its report named GPU 0
         ("cpu", True, "cpu"),
@@ -98,6 +104,7 @@ def test_the_device_reported_is_the_one_the_server_resolves(spec, cuda_available
     [
         ("cuda:0", False, f"no CUDA device; run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)"),
         ("cuda", False, f"no CUDA device; run it on a GPU machine (or `{CPU_DRY_RUN}` for a dry run)"),
+        ("auto", False, AUTO_WITHOUT_CUDA),
         ("cuda:2", True, "--device cuda:2: this machine has 2 CUDA device(s), cuda:0 to cuda:1"),
         ("cuda:12", True, "--device cuda:12: this machine has 2 CUDA device(s), cuda:0 to cuda:1"),
     ],
@@ -115,3 +122,25 @@ def test_a_device_this_machine_lacks_is_refused_in_the_scripts_words(
     assert str(info.value) == message
     assert gpu_check.main(["--device", spec]) == 2
     assert capsys.readouterr().err == f"gpu_check: {message}\n"
+
+
+def test_the_sessions_mlp_repository_is_the_demo_model_on_the_device_it_names(tmp_path):
+    """bench/gpu_session.sh served `--models mlp` on `auto`, the CPU where CUDA is broken: it now serves the demo's
+    mlp from a repository naming the device, which must stay the demo's model (config, weights) as the demo changes."""
+    import subprocess
+    import sys
+
+    from wok.models import build_demo
+    from wok.repository import load_servable
+
+    session = (ROOT / "bench" / "gpu_session.sh").read_text()
+    writer = session.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    subprocess.run([sys.executable, "-c", writer, str(tmp_path), "cuda"], check=True, timeout=120)
+    served = load_servable(tmp_path / "mlp")
+    demo = build_demo("mlp")
+    assert served.config.instances.devices == ("cuda",)
+    left = {"factory", "parameters", "weights", "instances", "source"}
+    assert served.config.model_dump(exclude=left) == demo.config.model_dump(exclude=left)
+    x = torch.randn(3, 256)
+    cpu = torch.device("cpu")
+    assert torch.equal(served.module_for(cpu)(x), demo.module_for(cpu)(x))

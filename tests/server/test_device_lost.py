@@ -438,6 +438,43 @@ def test_an_error_not_the_devices_is_named_the_models(error):
     assert str(executor._model_failed("m", error)) == f"model 'm' failed: {error_line(error)}"
 
 
+# What torch raises when memory runs out, as it words it: C10_CUDA_CHECK's message for a failed cudaHostAlloc (a pinned
+# buffer growing) or a cudaMalloc outside the caching allocator (an AcceleratorError whose error_code is
+# cudaErrorMemoryAllocation; a RuntimeError before torch had AcceleratorError), and the caching allocator's own.
+CHECK_SUFFIX = (
+    "\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be "
+    "incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable "
+    "device-side assertions.\n"
+)
+
+
+def out_of_memory_errors() -> list[BaseException]:
+    errors: list[BaseException] = [
+        RuntimeError(f"CUDA error: out of memory{CHECK_SUFFIX}"),
+        torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a total capacity of 79.19 GiB of which "
+            "512.00 MiB is free. Of the allocated memory 77.90 GiB is allocated by PyTorch"
+        ),
+    ]
+    accelerator = getattr(torch, "AcceleratorError", None)
+    if isinstance(accelerator, type):
+        errors.append(accelerator(f"CUDA error: out of memory{CHECK_SUFFIX}"))
+        coded = accelerator("")  # a torch built with STRIP_ERROR_MESSAGES: its error_code alone tells
+        coded.error_code = 2
+        errors.append(coded)
+    return errors
+
+
+@pytest.mark.parametrize(
+    "error", out_of_memory_errors(), ids=["RuntimeError", "OutOfMemoryError", "AcceleratorError", "error_code"]
+)
+def test_memory_running_out_fails_the_batch_not_the_device(error):
+    """A failed pinned allocation was taken for a device-side error: the device was marked lost, its model refused
+    every request until a restart, though cudaErrorMemoryAllocation leaves the CUDA context usable."""
+    assert not executor._is_device_error(error)
+    assert str(executor._model_failed("m", error)) == f"model 'm' failed: {error_line(error)}"
+
+
 class RaisesDeviceError(torch.nn.Module):
     def forward(self, x):
         raise RuntimeError("CUDA error: device-side assert triggered")
