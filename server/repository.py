@@ -670,6 +670,27 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
     return Servable(cfg, module, check=check, dim_ranges=dim_ranges)
 
 
+def _has_config(root: Path, folder: Path) -> bool:
+    """Whether `folder` holds a config; where not, a warning names it, as a misnamed config (config.tml, a Triton
+    config.pbtxt) or a folder this user may not read would otherwise skip a model unseen."""
+    names = " or ".join(CONFIG_NAMES)
+    try:
+        if any((folder / n).is_file() for n in CONFIG_NAMES):
+            return True
+        triton = (folder / "config.pbtxt").is_file()
+    except OSError as exc:
+        # A folder this user may not search (a volume's root-owned lost+found, under a server not run as root):
+        # is_file raises where it cannot look, and the start ended in a traceback.
+        why = exc.strerror or error_line(exc)
+        log.warning("model repository %s: folder %s cannot be read (%s); it is not served", root, folder.name, why)
+        return False
+    # A Triton user's first repository: the one config it has is named, and what to write in its place.
+    pbtxt = " (its config.pbtxt is Triton's format, which wok does not read: write config.toml, as README.md shows)"
+    told = pbtxt if triton else ""
+    log.warning("model repository %s: folder %s has no %s%s; it is not served", root, folder.name, names, told)
+    return False
+
+
 class ModelRepository:
     """The models a server serves, by name (one version each, "1")."""
 
@@ -696,11 +717,7 @@ class ModelRepository:
             folders = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
         except OSError as exc:  # a name too long for the file system, a folder that cannot be listed
             raise ConfigError(f"model repository {root} cannot be read: {exc.strerror or exc}") from None
-        dirs = [d for d in folders if any((d / n).is_file() for n in CONFIG_NAMES)]
-        for d in folders:
-            if d not in dirs:  # a misnamed config (config.tml, a Triton config.pbtxt) would skip a model unseen
-                names = " or ".join(CONFIG_NAMES)
-                log.warning("model repository %s: folder %s has no %s; it is not served", root, d.name, names)
+        dirs = [d for d in folders if _has_config(root, d)]
         if not dirs:
             if any((root / n).is_file() for n in CONFIG_NAMES):
                 raise ConfigError(

@@ -103,6 +103,15 @@ def forward_order(module: nn.Module, input_names: list[str]) -> list[str]:
     return list(input_names)
 
 
+def astray_inputs(module: nn.Module, order: list[str]) -> list[tuple[str, str]]:
+    """(input, parameter) for each input of `order` (forward_order's) that reaches a parameter of `module`'s
+    forward of another name, where forward has one of its own name: a config naming some inputs as forward's
+    parameters but not all (a typo in one) sends them by position, the named ones into others' places."""
+    params = forward_parameter_names(module)
+    names = [name for name, _ in params or []]
+    return [(i, p) for i, p in zip(order, names) if i != p and i in names]
+
+
 class HostBuffers:
     """Reusable host tensors for one in-flight batch slot, page-locked when `pinned`.
 
@@ -168,6 +177,19 @@ class Servable:
         # The inputs in the order forward takes them, decided once: by forward's parameter names
         # where they are exactly the config's input names, else the config's order.
         self._input_order = forward_order(module, [t.name for t in config.inputs])
+        astray = astray_inputs(module, self._input_order)
+        if astray:
+            # As documented, but a model answering from swapped inputs fails nothing: said once, at load.
+            taken = ", ".join(name for name, _ in forward_parameter_names(module) or [])
+            log.warning(
+                "model '%s': %s, by the config's order: inputs reach forward by name only where its first "
+                "parameters are named exactly as the config's inputs and any after them have defaults (forward "
+                "takes %s); name the inputs as forward's parameters, or list them in its order%s",
+                self.name,
+                ", ".join(f"input '{i}' goes to forward's parameter '{p}'" for i, p in astray),
+                taken,
+                f" (config: {config.source})" if config.source else "",
+            )
 
     @property
     def name(self) -> str:

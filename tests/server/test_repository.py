@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
 import textwrap
 import zipfile
 from pathlib import Path
@@ -1168,6 +1173,65 @@ def test_a_folder_without_a_config_is_named_in_a_warning(tmp_path, caplog):
     assert warnings == [
         f"model repository {tmp_path}: folder typo has no config.toml or config.yaml or config.yml; it is not served"
     ]
+
+
+def test_a_folder_with_a_triton_config_pbtxt_is_told_to_write_config_toml(tmp_path, caplog):
+    write_torchscript(tmp_path, "good")
+    (tmp_path / "triton" / "1").mkdir(parents=True)  # Triton's layout: config.pbtxt beside a version folder
+    (tmp_path / "triton" / "config.pbtxt").write_text('platform: "pytorch_libtorch"\nmax_batch_size: 8\n')
+    with caplog.at_level("WARNING", logger="wok"):
+        repo = ModelRepository.from_directory(tmp_path)
+    assert list(repo.models) == ["good"]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"model repository {tmp_path}: folder triton has no config.toml or config.yaml or config.yml (its "
+        "config.pbtxt is Triton's format, which wok does not read: write config.toml, as README.md shows); it is "
+        "not served"
+    ]
+
+
+# Loads the repository given and prints its models, its log lines on stdout.
+LOAD_AS_CHILD = """
+import logging, sys
+from wok.repository import ModelRepository
+logging.basicConfig(format="%(levelname)s %(message)s", stream=sys.stdout)
+print(sorted(ModelRepository.from_directory(sys.argv[1]).models))
+"""
+
+
+def test_a_folder_the_server_may_not_read_is_named_in_a_warning_and_the_others_are_served():
+    # A volume's root-owned lost+found under a server not run as root: is_file raised, and the start ended
+    # in a traceback. Root reads a folder whatever its mode, so as root the loading child runs as nobody.
+    prefix = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("as root, which reads any folder, with no setpriv to run the load as nobody")
+        prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    # Not under tmp_path, whose parent is closed to other users.
+    root = Path(tempfile.mkdtemp(prefix="wok-unreadable-"))
+    try:
+        root.chmod(0o755)
+        env = {**os.environ, "HOME": str(root)}
+        if subprocess.run([*prefix, sys.executable, "-c", "import wok"], env=env, capture_output=True).returncode:
+            pytest.skip("nobody cannot import wok from this checkout")
+        write_torchscript(root, "good")
+        (root / "lost+found").mkdir()
+        (root / "lost+found").chmod(0)
+        child = subprocess.run(
+            [*prefix, sys.executable, "-c", LOAD_AS_CHILD, str(root)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (child.returncode, child.stderr) == (0, "")
+        assert child.stdout.splitlines() == [
+            f"WARNING model repository {root}: folder lost+found cannot be read (Permission denied); it is not served",
+            "['good']",
+        ]
+    finally:
+        (root / "lost+found").chmod(0o700)
+        shutil.rmtree(root)
 
 
 def test_torchscript_model_file_missing(tmp_path):

@@ -175,3 +175,30 @@ def test_inputs_named_otherwise_than_forward_s_parameters_go_in_config_order():
     s = Servable(model_config_from_dict(config(["SECOND", "FIRST"]), "test"), Named())
     # a = SECOND, b = FIRST: the config's order, whatever the names.
     torch.testing.assert_close(answer(s, SECOND=MINUEND, FIRST=SUBTRAHEND), torch.tensor([[9.0, 8.0]]))
+
+
+def test_an_input_named_as_another_of_forward_s_parameters_is_warned_of(tmp_path, caplog):
+    # forward(minuend, subtrahend), a typo in the config's second input: inputs go by position, the config's
+    # 'subtrahend' into minuend, and the model answers minus the difference with no error at all.
+    d = write_model(tmp_path, "", ["subtrahend", "minuends"], platform="torchscript", model_file="sub.pt")
+    torch.jit.script(Sub()).save(str(d / "sub.pt"))
+    caplog.set_level(logging.WARNING, logger="wok")
+    s = load_servable(d)
+    assert [r.getMessage() for r in caplog.records if r.name == "wok"] == [
+        "model 'sub': input 'subtrahend' goes to forward's parameter 'minuend', by the config's order: inputs "
+        "reach forward by name only where its first parameters are named exactly as the config's inputs and any "
+        "after them have defaults (forward takes minuend, subtrahend); name the inputs as forward's parameters, "
+        f"or list them in its order (config: {d / 'config.toml'})"
+    ]
+    # Served as documented, all the same.
+    torch.testing.assert_close(answer(s, subtrahend=SUBTRAHEND, minuends=MINUEND), SUBTRAHEND - MINUEND)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [["subtrahend", "minuend"], ["INPUT0", "INPUT1"], ["minuend", "INPUT1"]],  # by name; none named; in its place
+)
+def test_inputs_by_name_or_each_in_its_parameter_s_place_are_not_warned_of(names, caplog):
+    caplog.set_level(logging.WARNING, logger="wok")
+    Servable(model_config_from_dict(config(names), "test"), Sub())
+    assert [r.getMessage() for r in caplog.records if r.name == "wok"] == []
