@@ -336,6 +336,9 @@ async def test_an_idle_model_lets_a_probe_through_so_an_inflated_estimate_recove
     # long dropped the first in the queue, and the next request found the model idle (a probe).
     s, m, ex = gated(max_batch_size=8)
     b = make_batcher(s, ex, policy(1000, 8, alpha_ms=10_000, beta_ms=0))
+    observed = []  # (n, seconds) of each batch, as the batcher hands them to the fit
+    observe = b.slo.observe_batch
+    b.slo.observe_batch = lambda key, n, seconds: observed.append((n, seconds)) or observe(key, n, seconds)
     m.gate.clear()
     probe = submit(b)
     await wait_entered(m)
@@ -348,7 +351,15 @@ async def test_an_idle_model_lets_a_probe_through_so_an_inflated_estimate_recove
         p = submit(b)
         assert p.probe  # idle again each time
         await p.future
-    assert b.slo.times.predict(None, 1) < 0.050  # the seed has left the fit
+    # The seed has left the fit: 16 batches, all of 1, so β is the seed's (0: one size does not identify it) and α the
+    # decay-weighted mean of their times, the last weighing most; no residual counts yet (only those of a fit that
+    # already had 16 batches). With the seed's pseudo-batches (weight 4 at 10 s) still in it is 1.3 s, with equal
+    # weights (here) 2 % off; a wall-time bound (< 50 ms, as this had) fails once the first probe, timed with the gate
+    # shut, is held 0.8 s.
+    ns, seconds = zip(*observed, strict=True)
+    weights = b.slo.times.decay ** np.arange(len(seconds) - 1, -1, -1)
+    assert ns == (1,) * 16 and b.slo.times.batches() == 16
+    assert b.slo.times.predict(None, 1) == pytest.approx(np.dot(weights, seconds) / weights.sum(), rel=1e-9)
     m.gate.clear()
     first = submit(b)
     await wait_entered(m)
