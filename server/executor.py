@@ -747,12 +747,18 @@ def _is_device_error(exc: BaseException) -> bool:
     """Whether `exc` is an error of the CUDA device, which leaves its context unusable: torch's
     AcceleratorError, or (torch before it, which pyproject allows) a RuntimeError "CUDA error: ...";
     not an allocation that failed, which fails its batch alone."""
-    if getattr(exc, "error_code", None) == _CUDA_OUT_OF_MEMORY or str(exc).startswith("CUDA error: out of memory"):
+    if not isinstance(exc, (RuntimeError, *_DEVICE_ERRORS)):
+        return False  # (and a model's own error, whose str() may raise, is never read here)
+    try:
+        text, code = str(exc), getattr(exc, "error_code", None)
+    except Exception:  # a RuntimeError of the model's own whose str() raised: not torch's
+        return False
+    if code == _CUDA_OUT_OF_MEMORY or text.startswith("CUDA error: out of memory"):
         # A failed cudaHostAlloc (a pinned buffer growing) or a cudaMalloc outside torch's caching allocator
         # (whose own failure is torch.OutOfMemoryError, "CUDA out of memory. ..."): C10_CUDA_CHECK raises it as
         # AcceleratorError (a RuntimeError before torch had it), yet the error is not sticky: the context still works.
         return False
-    return isinstance(exc, _DEVICE_ERRORS) or (isinstance(exc, RuntimeError) and str(exc).startswith("CUDA error"))
+    return isinstance(exc, _DEVICE_ERRORS) or text.startswith("CUDA error")
 
 
 def failure_line(name: str, exc: BaseException) -> str:
