@@ -121,21 +121,22 @@ def csv_rows(
     A header commented out, as some tools write it (`#timestamp,size`), is the header where the first line that
     is not a note names none of `known` (a row, not a header: it was read as the header, and the file refused as
     having no 'timestamp' column, naming the first row's cells): the last comment above that line that, its
-    first `#` dropped, names one of `known`. A file whose first line that is not a note names one is read as
-    before, whatever comments stand above it."""
+    first `#` dropped, names one of `known`, if it has as many cells as that line. A file whose first line that
+    is not a note names one is read as before, whatever comments stand above it."""
     at = 0
     within = False  # the reader asked for a line of a row begun: a quoted cell's, never a note
     # Whether a `#` line is a note: before the header, always; after it, where the first column is a known one
     # (which refuses a '#…' cell): one of another name may hold '#1' (an id), and its `#` lines are rows, as they were.
     comments = True
     commented = 0  # the last comment above the first row that, its `#` dropped, names a known column
+    commented_cells = 0  # its cell count: a header of another count would shift or drop the rows' cells
     header = 0  # a comment line read as the header, its `#` dropped
 
     def uncommented(line: str) -> str:
         return line.replace("#", "", 1)
 
     def lines() -> Iterator[str]:
-        nonlocal at, within, commented
+        nonlocal at, within, commented, commented_cells
         for lineno, line in text_lines(text):
             if lineno == header:
                 line = uncommented(line)
@@ -144,7 +145,7 @@ def csv_rows(
                 if at == 0 and not header and line.strip(SPACES):
                     names = next(csv.reader([uncommented(line)], skipinitialspace=True), [])
                     if {name.strip(SPACES) for name in names} & set(known):
-                        commented = lineno
+                        commented, commented_cells = lineno, len(names)
                 continue
             at, within = lineno, True
             yield line
@@ -158,7 +159,9 @@ def csv_rows(
         return reader, fields
 
     reader, fields = read()
-    if commented and not set(fields) & set(known):
+    # Prose naming a column ('# recorded 2024, timestamp, size' above '0.1,4') is no header: its cells do not
+    # line up with the first row's, which a header's would (else 'timestamp' read the sizes, unseen).
+    if commented and not set(fields) & set(known) and commented_cells == len(fields):
         header, at, comments = commented, 0, True
         reader, fields = read()
 

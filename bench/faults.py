@@ -282,6 +282,9 @@ class Replica:
     # Where its HTTP port (metrics, admin API) is reached, read from the address it printed: a
     # `--metrics-host` in its arguments binds it there, not on `host`. None until it printed one.
     metrics_host: str | None = None
+    # Whether it said "metrics on" (before its serving line): off by --no-metrics or --metrics-port -1 in
+    # --serve-args, in any form argparse takes (an abbreviation, a later value winning), it has no /metrics.
+    metrics_on: bool = False
 
     @property
     def target(self) -> str:
@@ -320,6 +323,7 @@ class Replica:
             m = METRICS.search(line)
             if m:
                 self.metrics_host, self.metrics_port = reachable(m.group(1)), int(m.group(2))
+            self.metrics_on = self.metrics_on or line.startswith("wok: metrics on ")
             m = READY.search(line)
             if m:
                 self.port = int(m.group(3))
@@ -1260,8 +1264,14 @@ def start_replicas(args, cfg: RampConfig, say: Callable[[str], None], *, admin: 
     say(f"replicas serving on {replicas.target}")
     if args.metrics_url != "auto":  # none, or a URL scraped as given (a Prometheus of the fleet's)
         return replicas, replace(cfg, target=replicas.target)
-    if "--no-metrics" in serve_args:
-        say("--metrics-url auto: the replicas run --no-metrics; server-side columns `-`")
+    off = [str(r.index) for r in replicas if not r.metrics_on]
+    if off:
+        # As each said at its start, not as --serve-args reads: "--no-metr" or a later "--metrics-port -1"
+        # also turn them off, and each step would have warned that the replicas "could not be scraped".
+        say(
+            f"--metrics-url auto: replica(s) {', '.join(off)} serve no /metrics (metrics off in --serve-args); "
+            "server-side columns `-`"
+        )
         return replicas, replace(cfg, target=replicas.target, metrics_url=None)
     # Each replica's own /metrics, its figures summed over them at each step (scrape.Fleet).
     urls = [f"{r.admin_url}/metrics" for r in replicas]

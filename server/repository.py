@@ -390,6 +390,22 @@ def _dim_ranges(program, cfg: ModelConfig, order: list[str]) -> dict[str, tuple[
             dim, lo, hi = bounds
             if size == -1:
                 held.append((i, lo, hi))
+                if lo >= 2:
+                    # Said once at load: a client's request of a size below it is refused (decode_request), and
+                    # Dim.AUTO and Dim.DYNAMIC, the common exports, start at 2.
+                    log.warning(
+                        "model '%s': input '%s' of its torch.export program takes a dim %d of %s: a request whose "
+                        "dim %d is outside it is refused (INVALID_ARGUMENT), being outside what was traced%s",
+                        cfg.name,
+                        name,
+                        i,
+                        size_range(lo, hi),
+                        i,
+                        "; a Dim of min=1 takes 1 (traced from 2 all the same: right unless the model branches on "
+                        "that size)"
+                        if lo == 2
+                        else "",
+                    )
                 continue
             if isinstance(dim, int) or (lo <= size and (hi is None or size <= hi)):
                 continue

@@ -969,3 +969,14 @@ def test_a_trace_header_commented_out_is_read_as_a_header_is(tmp_path):
     assert load_trace(trace).sizes.tolist() == [1, 2]
     refusal = trace_refusal(trace, "# recorded\ntime,size\n0,1\n")  # a header of a known column is the header
     assert refusal == f"{trace}:2: CSV header must have a 'timestamp' column; got 'time', 'size'"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["# recorded 2026-12-06, timestamp, size\n0.1,4\n0.2,8\n", "# timestamp\n0.1,4\n0.2,8\n"],
+    ids=["3-of-2", "1-of-2"],
+)
+def test_a_comment_of_another_cell_count_than_the_first_row_is_no_header(tmp_path, text):
+    """Prose naming a column is no header: read as one, the sizes were the timestamps, or dropped, unseen."""
+    trace = tmp_path / "t.csv"
+    assert trace_refusal(trace, text) == f"{trace}:2: CSV header must have a 'timestamp' column; got '0.1', '4'"

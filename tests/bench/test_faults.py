@@ -763,6 +763,7 @@ def test_a_restarted_replica_is_forked_by_a_thread_that_outlives_the_restart(pro
     thread would get SIGTERM as that thread ends. Each replica's parent is the set's thread."""
     replicas = replica_set
     try:
+        assert replicas[0].metrics_on, list(replicas[0].log)  # it said "metrics on" (start_replicas sums its /metrics)
         restart = threading.Thread(target=replicas.restart, args=(0,))
         restart.start()
         restart.join()
@@ -880,6 +881,9 @@ def test_a_replica_serving_without_metrics_is_found_on_its_admin_port(replica_wi
     replica = replica_without_metrics  # launched and waited for by the module's `replicas`
     try:
         assert replica.metrics_port != 0, list(replica.log)
+        # Read from its line, as `start_replicas` decides on it: --serve-args may turn metrics off in a form
+        # its text does not show ("--no-metr", a later "--metrics-port -1").
+        assert not replica.metrics_on
         with urllib.request.urlopen(replica.admin_url + "/admin/faults", timeout=10) as answer:
             assert answer.status == 200
     finally:

@@ -261,7 +261,12 @@ def test_a_torch_export_program_whose_batches_start_above_one_row_runs_short_one
     d, ref = write_exported(tmp_path, batch, rows=5, in_dims=in_dims)
     caplog.set_level(logging.INFO, logger="wok")
     s = load_servable(d)
-    assert [r.getMessage() for r in caplog.records if r.name == "wok"] == [
+    # A -1 dim the program was exported for at 4 alone (no Dim on it): requests of another size refused, said.
+    fixed = (
+        "model 'exported': input 'INPUT0' of its torch.export program takes a dim 1 of exactly 4: a request whose "
+        "dim 1 is outside it is refused (INVALID_ARGUMENT), being outside what was traced"
+    )
+    assert [r.getMessage() for r in caplog.records if r.name == "wok"] == [fixed] * (in_dims == "[-1]") + [
         f"model 'exported': input 'INPUT0' of its torch.export program takes batches of {least} rows or more: "
         f"batches of fewer than {least} rows are padded to {least}, copies of their first row, the copies' answers "
         "dropped"
@@ -610,8 +615,9 @@ def test_a_torch_export_program_whose_range_holds_a_fixed_dim_of_the_config_runs
     ids=["auto", "above-max", "below-min-3", "no-dim", "min-1-empty"],
 )
 async def test_a_variable_dim_outside_a_torch_export_programs_range_is_refused_naming_it(
-    tmp_path, serve, cols_dim, sizes, refused, said
+    tmp_path, serve, cols_dim, sizes, refused, said, caplog
 ):
+    caplog.set_level(logging.WARNING, logger="wok")
     repo = tmp_path / "repo"
     # warmup_dims: the warm-up's one column (a -1 dim's default) fails the guards of a Dim of min=3.
     write_exported(
@@ -631,6 +637,22 @@ async def test_a_variable_dim_outside_a_torch_export_programs_range_is_refused_n
     assert info.value.details() == (
         f"input 'INPUT0': expected dim 1 of {said} (the sizes model 'exported' was exported for), got {refused} in "
         f"shape [3, {refused}]"
+    )
+    # Said once at load where the range starts above 1 (requests of one column refused); not for min=1.
+    warned = [r.getMessage() for r in caplog.records if "is refused (INVALID_ARGUMENT)" in r.getMessage()]
+    least = 1 if said == "1 or more" else sizes[0]
+    assert warned == (
+        []
+        if least == 1
+        else [
+            f"model 'exported': input 'INPUT0' of its torch.export program takes a dim 1 of {said}: a request whose "
+            "dim 1 is outside it is refused (INVALID_ARGUMENT), being outside what was traced"
+            + (
+                "; a Dim of min=1 takes 1 (traced from 2 all the same: right unless the model branches on that size)"
+                if least == 2
+                else ""
+            )
+        ]
     )
 
 
