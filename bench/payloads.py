@@ -209,6 +209,12 @@ def _read_sizes(path: Path) -> np.ndarray:
                 f"{header_names(fields)}"
             )
         values = [(i, row["size"]) for i, row in rows]
+        if not values:
+            # Empirical's own refusal said "empirical sizes: no values", naming neither the file nor what it held.
+            raise ValueError(
+                f"{path}:{header}: expected sizes, a row each under the CSV header's 'size' column; got the header "
+                f"({header_names(fields)}) and no rows"
+            )
     out = []
     for i, v in values:
         text_v = str(v).strip(SPACES)

@@ -31,7 +31,7 @@ from ..bench.arrivals import parse_duration
 from ..children import die_with_parent
 from ..config import bind_address, check_device, host_port
 from ..errors import quoted_name
-from ..faults import MAX_QUEUE_DELAY_MS, shown
+from ..faults import MAX_QUEUE_DELAY_MS, AdminRequestError, shown
 from .load import MAX_RATE, LoadControl, LoadGenerator
 
 if TYPE_CHECKING:
@@ -626,9 +626,9 @@ class LiveDemo:
         passed on (the body's "model" went over the demo's) or overridden (its change would then
         be made to the demo's model, which it did not ask for)."""
         if not isinstance(body, dict):
-            raise ValueError(f"body: expected a JSON object, got {shown(body)}")
+            raise AdminRequestError(f"body: expected a JSON object, got {shown(body)}")
         if "model" in body and body["model"] != MODEL:
-            raise ValueError(
+            raise AdminRequestError(
                 f"field 'model': expected '{MODEL}' (the demo's model) or none, got {shown(body['model'])}"
             )
         if self.admin[1] == 0:
@@ -651,7 +651,7 @@ class LiveDemo:
             v = body.get("delay_ms")
             if not is_number(v) or not 0 < v <= MAX_DELAY_MS:
                 expected = f"a number above 0 up to {MAX_DELAY_MS:g} for mode 'slow'"
-                raise ValueError(f"field 'delay_ms': expected {expected}, got {shown(v)}")
+                raise AdminRequestError(f"field 'delay_ms': expected {expected}, got {shown(v)}")
         return await self._admin("/admin/faults", body)
 
     def load_summary(self) -> dict:

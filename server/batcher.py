@@ -882,11 +882,14 @@ class Batcher:
                 self.stats.fail.add(now - p.arrival)
 
     def _answer_left_out(self, p: Pending, at: float) -> None:
-        """Fail a request of a batch sent to a busy instance whose deadline passed before it could run."""
+        """Fail a request whose deadline passed while its batch waited at its instance's worker, before it ran."""
         p.expired = True
+        # The work ahead may be no batch: an idle instance's prewarm read (`_prewarm_next`) holds the worker too,
+        # and "a busy instance" sent the reader looking for load that was not there.
         exc = DeadlineExceeded(
             f"request to model '{self.name}' waited {1e3 * (at - p.arrival):.1f} ms and its deadline passed "
-            f"before it could run (its batch was waiting for a busy instance)"
+            f"before it could run (its batch was waiting behind its instance's earlier work: a batch, or a prewarm "
+            f"read of the weights)"
         )
         self._fail(p, exc, at)
 

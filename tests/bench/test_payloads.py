@@ -203,13 +203,32 @@ def test_empirical_from_files(tmp_path):
 )
 def test_an_empirical_sizes_file_of_no_sizes_says_what_it_holds(tmp_path, text, got):
     # It said "no sizes", nothing of what was read.
-    path = tmp_path / "sizes.txt"
+    path, refusal = _sizes_refusal(tmp_path / "sizes.txt", text)
+    assert refusal == (
+        f"sizes 'empirical:{path}': {path}: expected sizes, one integer a line, a CSV with a 'size' column or JSONL "
+        f'objects with "size"; got {got}'
+    )
+
+
+def _sizes_refusal(path, text: str) -> tuple:
+    """`path`, `text` written to it, and parse_sizes' refusal of it as an empirical sizes file."""
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ValueError) as info:
         parse_sizes(f"empirical:{path}")
-    assert str(info.value) == (
-        f"sizes 'empirical:{path}': {path}: expected sizes, one integer a line, a CSV with a 'size' column or JSONL "
-        f'objects with "size"; got {got}'
+    return path, str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "names"),
+    [("size\n", 1, "'size'"), ("# from the trace\ntimestamp,size\n\n", 2, "'timestamp', 'size'")],
+    ids=["header", "header-and-notes"],
+)
+def test_an_empirical_sizes_csv_of_its_header_only_names_the_file_and_what_it_held(tmp_path, text, line, names):
+    # It said "empirical sizes: no values": no path, nothing of what was read.
+    path, refusal = _sizes_refusal(tmp_path / "sizes.csv", text)
+    assert refusal == (
+        f"sizes 'empirical:{path}': {path}:{line}: expected sizes, a row each under the CSV header's 'size' column; "
+        f"got the header ({names}) and no rows"
     )
 
 

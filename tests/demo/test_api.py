@@ -291,6 +291,31 @@ async def test_simulator_refuses_another_model_or_an_unknown_field_and_changes_n
     assert status == 200 and answer["max_batch_size"] == 4, answer
 
 
+async def test_a_body_the_demo_refuses_itself_is_answered_400_with_its_message(sim_page):
+    # The refusals raised as AdminRequestError, a ValueError, are answered as before: 400 and the message, simulated
+    # or live (refused before any call to the admin port, here one where nothing listens).
+    live, backend = await live_page(_closed_port())
+    no_object = (b"[]", "body: expected a JSON object, got []")
+    try:
+        for port, path, (body, error) in [
+            (sim_page.port, "/api/batching", no_object),
+            (live.port, "/api/batching", no_object),
+            (live.port, "/api/faults", no_object),
+            (
+                live.port,
+                "/api/faults",
+                (
+                    b'{"mode": "slow", "delay_ms": 0}',
+                    "field 'delay_ms': expected a number above 0 up to 60000 for mode 'slow', got 0",
+                ),
+            ),
+        ]:
+            assert await exchange(port, post(port, path, body)) == (400, {"error": error}), (port, path, body)
+    finally:
+        await live.stop()
+        await backend.close()
+
+
 async def test_the_live_demo_refuses_another_model_itself_and_sends_its_own():
     """The body's "model" went over the demo's ({"model": MODEL, **body}): sent on to the server,
     which the page does not choose. The demo's model is the one the page controls: a body that

@@ -375,6 +375,25 @@ def test_a_refused_load_body_is_an_admin_request_error(body):
         LoadControl(100).set(body)
 
 
+async def test_a_body_the_demo_refuses_itself_is_an_admin_request_error():
+    # As the fields' checks it shares with the admin API raise it: a body that was no object or named another model
+    # (simulated or live), or a live slow fault above the admin's bound, was a plain ValueError.
+    model = BatcherModel(alpha_s=2.5e-4, beta_s=4.4e-5, max_batch_size=32, max_queue_delay_s=0.005)
+    sim = SimBackend(LoadControl(100), model)
+    args = argparse.Namespace(instances=2, max_batch_size=32, device="cpu", torch_threads=1)
+    live = LiveDemo(LoadControl(0), args, delay_s=0.005, slo_s=0.05)
+    try:
+        for body in ([], {"model": "encoder", "max_batch_size": 4}):
+            with pytest.raises(AdminRequestError):
+                sim.set_batching(body)
+            with pytest.raises(AdminRequestError):
+                await live.set_batching(body)
+        with pytest.raises(AdminRequestError):
+            await live.set_faults({"mode": "slow", "delay_ms": 0})
+    finally:
+        await live.close()
+
+
 async def test_a_refused_body_is_shown_cut_not_whole():
     """A body that is no object, or a field's value, was shown as repr writes it, whole: a 400 of up
     to the body's 64 KiB (and more: repr's spaces), and a field not allowed by its name, unquoted."""

@@ -784,7 +784,7 @@ async def test_a_deadline_passing_while_a_full_batch_waits_in_the_spare_slot_fai
     await asyncio.sleep(0.03)  # not a gate: the short deadline passes while the batch waits
     m.gate.set()
     await first.future
-    with pytest.raises(DeadlineExceeded, match="waiting for a busy instance"):
+    with pytest.raises(DeadlineExceeded, match="waiting behind its instance's earlier work"):
         await short.future
     out = await patient.future
     np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 4.0, dtype=np.float32))

@@ -117,7 +117,7 @@ async def test_a_request_whose_deadline_passed_as_its_batch_waited_is_not_failed
     short = submit(b, 1.0, deadline=time.perf_counter() + 0.01)
     ran = [submit(b, 2.0), submit(b, 3.0)]
     await spare_slot_taken(b)
-    with pytest.raises(DeadlineExceeded, match="waiting for a busy instance"):
+    with pytest.raises(DeadlineExceeded, match="waiting behind its instance's earlier work"):
         await asyncio.wait_for(short.future, 10)
     assert b.stats.fail.count == 1
     m.gate.set()
