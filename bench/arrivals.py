@@ -128,24 +128,25 @@ def csv_rows(
     # Whether a `#` line is a note: before the header, always; after it, where the first column is a known one
     # (which refuses a '#…' cell): one of another name may hold '#1' (an id), and its `#` lines are rows, as they were.
     comments = True
-    commented = 0  # the last comment above the first row that, its `#` dropped, names a known column
-    commented_cells = 0  # its cell count: a header of another count would shift or drop the rows' cells
+    # The last comment above the first row that, its `#` dropped, names a known column: (its line, its cell count; a
+    # header of another count would shift or drop the rows' cells).
+    commented = (0, 0)
     header = 0  # a comment line read as the header, its `#` dropped
 
     def uncommented(line: str) -> str:
         return line.replace("#", "", 1)
 
     def lines() -> Iterator[str]:
-        nonlocal at, within, commented, commented_cells
+        nonlocal at, within, commented
         for lineno, line in text_lines(text):
             if lineno == header:
                 line = uncommented(line)
             elif not within and is_note(line) and (comments or not line.strip(SPACES)):
                 # Above the first row alone (none read yet): a comment among the rows is never a header.
-                if at == 0 and not header and line.strip(SPACES):
+                if at == 0 and line.strip(SPACES):
                     names = next(csv.reader([uncommented(line)], skipinitialspace=True), [])
                     if {name.strip(SPACES) for name in names} & set(known):
-                        commented, commented_cells = lineno, len(names)
+                        commented = (lineno, len(names))
                 continue
             at, within = lineno, True
             yield line
@@ -161,8 +162,8 @@ def csv_rows(
     reader, fields = read()
     # Prose naming a column ('# recorded 2024, timestamp, size' above '0.1,4') is no header: its cells do not
     # line up with the first row's, which a header's would (else 'timestamp' read the sizes, unseen).
-    if commented and not set(fields) & set(known) and commented_cells == len(fields):
-        header, at, comments = commented, 0, True
+    if commented[0] and not set(fields) & set(known) and commented[1] == len(fields):
+        header, at, comments = commented[0], 0, True
         reader, fields = read()
 
     def rows() -> Iterator[tuple[int, dict[str, str]]]:

@@ -769,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
                 metrics_url = args.metrics_url or f"http://{target.rsplit(':', 1)[0]}:8002/metrics"
             else:
                 replicas = ReplicaSet(1, ["--model-repository", str(write_repository(Path(tmp)))])
-                target, metrics_url = replicas.target, f"{replicas[0].admin_url}/metrics"
+                target, metrics_url = replicas.target, replicas[0].metrics_url
             try:
                 before = _scrape(metrics_url)
             except (OSError, ValueError) as exc:  # URLError, a URL urllib cannot take: the audit needs them

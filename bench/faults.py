@@ -298,6 +298,10 @@ class Replica:
 
         return f"http://{host_port(self.metrics_host or self.host, self.metrics_port)}"
 
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.admin_url}/metrics"
+
     def launch(self) -> None:
         """Start `wok serve` (on the ports it had, after the first start); wait_ready() waits for it."""
         cmd = [sys.executable, "-m", "wok", "serve", "--host", self.host, "--port", str(self.port)]
@@ -323,7 +327,7 @@ class Replica:
             m = METRICS.search(line)
             if m:
                 self.metrics_host, self.metrics_port = reachable(m.group(1)), int(m.group(2))
-            self.metrics_on = self.metrics_on or line.startswith("wok: metrics on ")
+                self.metrics_on = m.group(0).startswith("wok: metrics on ")
             m = READY.search(line)
             if m:
                 self.port = int(m.group(3))
@@ -1274,7 +1278,7 @@ def start_replicas(args, cfg: RampConfig, say: Callable[[str], None], *, admin: 
         )
         return replicas, replace(cfg, target=replicas.target, metrics_url=None)
     # Each replica's own /metrics, its figures summed over them at each step (scrape.Fleet).
-    urls = [f"{r.admin_url}/metrics" for r in replicas]
+    urls = [r.metrics_url for r in replicas]
     say(f"server-side columns summed over the replicas' /metrics: {', '.join(urls)}")
     return replicas, replace(cfg, target=replicas.target, metrics_url=None, replica_metrics=urls)
 

@@ -318,10 +318,7 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
     say = say or faults.say
     duration, window, every, share = soak_values(args, cfg)
     replicas, cfg = faults.start_replicas(args, cfg, say)
-    if replicas is not None:
-        urls = [f"{r.admin_url}/metrics" for r in replicas]
-    else:
-        urls = [cfg.metrics_url] if cfg.metrics_url else []
+    urls = [r.metrics_url for r in replicas] if replicas is not None else [cfg.metrics_url] if cfg.metrics_url else []
     try:
         capacity_result = None
         if args.capacity is not None:

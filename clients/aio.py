@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import sys
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
@@ -122,13 +123,14 @@ class AsyncClient:
         self._closed = False
         self._watch: asyncio.Task | None = None  # wait_ready's, pending after its timeout
         self._balancer: Balancer | None = None
-        self._balancer_settings: BalancerSettings | None = None
-        self._options_given = options
         if balancer == "wok":
             s = balancer_settings or BalancerSettings()
             if not retries:
                 s = dataclasses.replace(s, max_attempts=1)
-            self._balancer_settings = s
+            # Kept: a start cancelled by its loop's end leaves a Balancer that cannot start again (_check_loop).
+            self._new_balancer = functools.partial(
+                Balancer, target, options=options, credentials=self._credentials, settings=s
+            )
             self._balancer = self._new_balancer()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first call, the client's own
         self._balancer_start: asyncio.Future | None = None
@@ -148,11 +150,6 @@ class AsyncClient:
     def balancer(self) -> Balancer | None:
         """The wok balancer (its `stats()`, its replicas) while the client is open; None with "grpc"."""
         return None if self._closed else self._balancer
-
-    def _new_balancer(self) -> Balancer:
-        return Balancer(
-            self._targets, options=self._options_given, credentials=self._credentials, settings=self._balancer_settings
-        )
 
     def _check_loop(self) -> None:
         """Make the running loop the client's at its first call; RuntimeError for a call from another loop,

@@ -747,7 +747,7 @@ def _is_device_error(exc: BaseException) -> bool:
     """Whether `exc` is an error of the CUDA device, which leaves its context unusable: torch's
     AcceleratorError, or (torch before it, which pyproject allows) a RuntimeError "CUDA error: ...";
     not an allocation that failed, which fails its batch alone."""
-    if not isinstance(exc, (RuntimeError, *_DEVICE_ERRORS)):
+    if not isinstance(exc, RuntimeError):  # torch's AcceleratorError is one
         return False  # (and a model's own error, whose str() may raise, is never read here)
     try:
         text, code = str(exc), getattr(exc, "error_code", None)

@@ -298,6 +298,11 @@ class _Padding(NamedTuple):
     batch: set
 
 
+def _derived(dim) -> bool:
+    """Whether a dim's size is one torch derived from its symbols (`2*s65`): no range of its own is kept for it."""
+    return not isinstance(dim, int) and not dim.is_Symbol
+
+
 def _least_batch(program, cfg: ModelConfig, order: list[str]) -> _Padding:
     """The fewest rows a batch is padded to for the program, and what for; ConfigError where an input's batch
     dim, as the program was exported, leaves out a row count wok can send it (1 to max_batch_size) that
@@ -320,7 +325,7 @@ def _least_batch(program, cfg: ModelConfig, order: list[str]) -> _Padding:
         if bounds is None:
             continue
         dim, lo, hi = bounds
-        if not isinstance(dim, int) and not dim.is_Symbol:
+        if _derived(dim):
             # Its Dim's range is left out: torch raises a min of 1 to 2 there, which the Dim said otherwise.
             symbols = sorted(dim.free_symbols, key=str)
             names = {s: "Dim" if len(symbols) == 1 else f"Dim{i}" for i, s in enumerate(symbols, 1)}
@@ -340,7 +345,7 @@ def _least_batch(program, cfg: ModelConfig, order: list[str]) -> _Padding:
             else:
                 fix += f"set max_batch_size = {lo} (a batch of fewer rows is then padded to {lo}), or {export}"
         elif hi is not None and hi < mbs:
-            takes = f"{lo} to {hi} rows"
+            takes = f"{size_range(lo, hi)} rows"
             fix = (
                 f"a batch of more than {hi} rows fails its guards; set max_batch_size = {hi}, or export it with "
                 f'a batch Dim up to {mbs}, torch.export.Dim("batch", min=1, max={mbs})'
@@ -385,7 +390,7 @@ def _dim_ranges(program, cfg: ModelConfig, order: list[str]) -> dict[str, tuple[
         held = []
         for i, size in enumerate(dims, 1):
             bounds = _dim_bounds(program, spec, i)
-            if bounds is None or not (isinstance(bounds[0], int) or bounds[0].is_Symbol):
+            if bounds is None or _derived(bounds[0]):
                 continue
             dim, lo, hi = bounds
             if size == -1:
