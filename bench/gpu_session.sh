@@ -21,10 +21,13 @@ set -u
 OUT=${OUT:-/tmp/wok-gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-# wok itself is built from this working tree, so what runs is what is checked out.
+# wok itself is built from this working tree, so what runs is what is checked out. Into a folder of this run's
+# own (a fixed /tmp/wok-site was two sessions' at once), not under $OUT, whose files a lent machine sends back.
+site=${WOK_SITE:-$(mktemp -d /tmp/wok-site.XXXXXX)} || exit 1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
-    --target /tmp/wok-site $([ -d .whl ] && echo .whl/*.whl) . || exit 1
-export PYTHONPATH=/tmp/wok-site
+    --target "$site" $([ -d .whl ] && echo .whl/*.whl) . || exit 1
+export PYTHONPATH=$site
+echo "wok installed in $site: PYTHONPATH=$site python3 bench/gpu_check.py runs the check alone"
 dev=${WOK_GPU_DEVICE:-cuda}  # cpu: a dry run of this script on a machine without a GPU
 failed=0
 step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.txt
@@ -40,14 +43,20 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.tx
 # Kept with the results: the driver and versions a run's figures belong to.
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv
-    python3 -c "import sys, torch, grpc, google.protobuf as pb; print(sys.version.split()[0], 'torch', torch.__version__, \
-'cuda', torch.version.cuda, 'grpc', grpc.__version__, 'protobuf', pb.__version__, 'nproc', __import__('os').cpu_count())"
+    python3 -c "import os, sys, torch, grpc, google.protobuf as pb; print(sys.version.split()[0], \
+'torch', torch.__version__, 'cuda', torch.version.cuda, 'grpc', grpc.__version__, 'protobuf', pb.__version__, \
+'nproc', os.cpu_count())"
 } 2>&1 | tee "$OUT/device.txt"
 
 small=()  # the dry run's model: the GPU one would take the CPU minutes per batch
 [ "$dev" = cpu ] && small=(--hidden 512 --layers 1 --rows 64 --batches 10)
 step gpu_check 180 python3 bench/gpu_check.py --device "$dev" "${small[@]}" --json "$OUT/gpu_check.json"
-step cuda_tests 120 python3 -m pytest -q -p no:cacheprovider -o addopts=--import-mode=importlib tests/server/test_executor.py tests/server/test_executor_isolate.py tests/server/test_executor_cuda.py tests/server/test_device_lost.py tests/server/test_forward_base_exceptions.py -k cuda -rA
+cuda_files=(  # tests/deploy/test_setup_docs.py checks that every CUDA test is in one of these and named for -k cuda
+    tests/server/test_executor.py tests/server/test_executor_isolate.py tests/server/test_executor_cuda.py
+    tests/server/test_device_lost.py tests/server/test_forward_base_exceptions.py
+)
+step cuda_tests 120 python3 -m pytest -q -p no:cacheprovider -o addopts=--import-mode=importlib "${cuda_files[@]}" \
+    -k cuda -rA
 step profile_mlp 120 python3 -m wok profile mlp --device "$dev" --repeats 50 \
     --json "$OUT/profile_mlp.json" --plot "$OUT/profile_mlp.png"
 step profile_recsys 120 python3 -m wok profile recsys --device "$dev" --repeats 50 --json "$OUT/profile_recsys.json"
@@ -93,7 +102,10 @@ serve() {  # serve LOG PORT METRICS_PORT [OPTION...]: wok serve $repo in the bac
     failed=$((failed + 1))
     return 1
 }
-scrape() { python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())"; }
+scrape() {
+    python3 -c "import urllib.request as u
+print(u.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())"
+}
 steps=${WOK_GPU_STEPS:-1000,2000,4000,6000,8000,12000}
 
 serving_steps() {
@@ -105,7 +117,10 @@ serving_steps() {
     step ramp_stream 90 python3 -m wok bench ramp --target 127.0.0.1:8001 --model mlp --steps "$steps" \
         --step-duration 5s --workers 4 --rpc stream --json "$OUT/ramp_stream.json"
     scrape >"$OUT/metrics.txt" 2>&1
-    grep -E "^wok_gpu_" "$OUT/metrics_load.txt" && grep -E "^wok_gpu_" "$OUT/metrics.txt" || { echo "!! no wok_gpu_ gauges in /metrics"; failed=$((failed + 1)); }
+    if ! { grep -E "^wok_gpu_" "$OUT/metrics_load.txt" && grep -E "^wok_gpu_" "$OUT/metrics.txt"; }; then
+        echo "!! no wok_gpu_ gauges in /metrics"
+        failed=$((failed + 1))
+    fi
     kill -INT $server
     wait $server
     echo "server exit $? (log: $OUT/serve.log)"

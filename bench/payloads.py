@@ -159,8 +159,17 @@ class Empirical:
         raw = np.asarray(values).reshape(-1)
         if raw.size == 0:
             raise ValueError("empirical sizes: no values")
-        if raw.dtype.kind not in "iuf" or np.any(raw != np.floor(raw)) or np.any(raw < 0):
-            raise ValueError("empirical sizes must be integers >= 0")
+        expected = "empirical sizes must be integers 0 <= n < 2**63"
+        if raw.dtype.kind not in "iuf":
+            raise ValueError(f"{expected}; got values of dtype {raw.dtype}")
+        # An infinite float is its own floor, and a uint64 or float from 2**63 up passed as well: each was cast to
+        # int64's minimum, a negative size.
+        bad = (raw < 0) | (raw >= 2**63)
+        if raw.dtype.kind == "f":
+            bad |= ~np.isfinite(raw) | (raw != np.floor(raw))
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            raise ValueError(f"{expected}; got {raw[i].item()!r} at index {i}")
         self.values = raw.astype(np.int64)
 
     def __repr__(self) -> str:
@@ -220,6 +229,9 @@ def _read_sizes(path: Path) -> np.ndarray:
         text_v = str(v).strip(SPACES)
         if isinstance(v, bool) or not ascii_digits(text_v):
             raise ValueError(f"{path}:{i}: size {v!r} is not an integer >= 0")
+        if int(text_v) >= 2**63:
+            # It left as an OverflowError from numpy, naming neither the file nor the line.
+            raise ValueError(f"{path}:{i}: size {v!r} is not below 2**63")
         out.append(int(text_v))
     return np.asarray(out, dtype=np.int64)
 

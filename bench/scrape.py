@@ -34,6 +34,9 @@ GPU = (
 SUMMED_GAUGES = ("wok_queue_depth", "wok_inflight_batches")
 # A restart shows here first: a counter's fall is seen only when the new process has not caught up yet.
 START_TIME = "process_start_time_seconds"
+# How early a wok's START_TIME reads (USER_HZ, the clock tick /proc counts a process's start in: 100 a second
+# on every Linux). A process forked within it before a window opened cannot have answered anything before.
+START_TIME_TICK = 0.01
 # The families whose samples only grow while the process lives, and the part of them that does not.
 CUMULATIVE = ("counter", "histogram", "summary")
 
@@ -247,14 +250,37 @@ def server_view(before: Snapshot | None, after: Snapshot | None, model: str | Se
     return out
 
 
+class SeriesGone(ValueError):
+    """A server's counter or histogram series went between two scrapes while its process ran on."""
+
+
+def series_name(key: tuple[str, tuple]) -> str:
+    """A Snapshot key as Prometheus writes the series: name{label="value",...}."""
+    name, items = key
+    return name + ("{" + ",".join(f'{k}="{v}"' for k, v in items) + "}" if items else "")
+
+
 def grew(before: Snapshot, after: Snapshot) -> tuple[dict[tuple[str, tuple], float], bool]:
     """One server's counters and histogram buckets over a window: what each grew by, and whether the
-    server reset between the two scrapes (restarted: its process start time changed, or a series fell or
-    went). A reset's growth is its value after, as Prometheus' increase() takes it: what the server
-    counted in the window before its reset died with the process, and is in no figure."""
+    server reset between the two scrapes (restarted: its process start time changed, or a series fell or,
+    without a start time to tell, went). A reset's growth is its value after, as Prometheus' increase()
+    takes it: what the server counted in the window before its reset died with the process, and is in no
+    figure.
+
+    A series that went while the start time stayed the same raises SeriesGone, naming it: wok's series
+    never go while its process lives (it loads and unloads no model at run time), so the /metrics read is
+    not one process's own (a proxy's, whose upstreams change), and taking it as a restart counted every
+    other series' whole total since its start as the window's."""
     now = {k: v for k, v in after.values.items() if k[0] in after.cumulative}
     then = {k: v for k, v in before.values.items() if k[0] in before.cumulative}
     started = [s.values.get((START_TIME, ())) for s in (before, after)]
+    gone = [k for k in then if k not in now]
+    if gone and None not in started and started[0] == started[1]:
+        more = f" (and {len(gone) - 1} more)" if len(gone) > 1 else ""
+        raise SeriesGone(
+            f"{series_name(gone[0])}{more} went between the scrapes while its process ran on (start time "
+            f"{started[0]:.2f} at both): what it grew by is unknown, and a wok's series never go (a proxy's /metrics?)"
+        )
     reset = (None not in started and started[0] != started[1]) or any(now.get(k, 0.0) < v for k, v in then.items())
     if reset:
         return now, True
@@ -265,12 +291,15 @@ def fleet_window(pairs: Sequence[tuple[Snapshot, Snapshot]]) -> tuple[Snapshot, 
     """Several servers' windows, each from its two scrapes (before, after), as one Snapshot of what they
     grew by together (for `server_view` against an empty Snapshot), and the servers (indices) that reset in
     theirs. Counters and buckets add up (`grew`); of the gauges at the end, SUMMED_GAUGES add up and any
-    other is the largest server's."""
+    other is the largest server's. SeriesGone from `grew` is raised naming the server (its index)."""
     growth: dict[tuple[str, tuple], float] = {}
     gauges: dict[tuple[str, tuple], float] = {}
     reset = []
     for i, (before, after) in enumerate(pairs):
-        counted, was_reset = grew(before, after)
+        try:
+            counted, was_reset = grew(before, after)
+        except SeriesGone as exc:
+            raise SeriesGone(f"replica {i}: {exc}") from None
         for k, v in counted.items():
             growth[k] = growth.get(k, 0.0) + v
         for k, v in after.values.items():
@@ -286,14 +315,16 @@ class Fleet:
     its own /metrics: all scraped at once at both edges of a step's window (`scrape`), and their windows
     summed into one view (`view`). Counters and histogram buckets add up exactly; a replica restarted in
     the window counts from its restart (`grew`); of the gauges, SUMMED_GAUGES add up and the others are the
-    largest replica's. A step in which a replica could not be scraped has no view (its server columns
-    `-`), never the others' sum shown as the fleet's; `warnings` names those replicas, and the resets."""
+    largest replica's. A step in which a replica could not be scraped, or lost a series without a restart
+    (`grew`'s SeriesGone), has no view (its server columns `-`), never the others' sum shown as the
+    fleet's; `warnings` names those replicas and series, and the resets."""
 
     def __init__(self, urls: Sequence[str], say: Callable[[str], None], timeout: float = 5.0) -> None:
         self.urls = list(urls)
         self.say = say
         self.timeout = timeout
         self.unread: dict[int, list[str]] = {}  # replica → the steps it could not be scraped in
+        self.gone: dict[str, list[str]] = {}  # SeriesGone's words → the steps they were said in
         self.resets: dict[int, list[str]] = {}  # replica → the steps its counters reset in
 
     def scrape(self) -> tuple[float, list[Snapshot | str]]:
@@ -311,9 +342,14 @@ class Fleet:
         opened, befores = before or (math.inf, unread)
         pairs, missed, fresh = [], [], set()
         for i, (b, a) in enumerate(zip(befores, (after or (0.0, unread))[1])):
-            if not isinstance(b, Snapshot) and isinstance(a, Snapshot) and a.get(START_TIME) >= opened:
+            if (
+                not isinstance(b, Snapshot)
+                and isinstance(a, Snapshot)
+                and a.get(START_TIME) >= opened - START_TIME_TICK
+            ):
                 # Down as the window opened (killed), and its process started after: all it counted is the
-                # window's. The start time errs early (the kernel's boot time is whole seconds): never late.
+                # window's. The start time errs early, never late: by a tick (wok's), or up to 1 s (a wok from
+                # before 2026-12-06, or another server, that reads the kernel's boot time in whole seconds).
                 b = Snapshot()
                 fresh.add(i)
             why = next((s for s in (b, a) if not isinstance(s, Snapshot)), None)
@@ -324,7 +360,12 @@ class Fleet:
         if missed:
             self.say(f"{step}: no server view: {', '.join(missed)} not scraped; the step's server columns are `-`")
             return None
-        window, reset = fleet_window(pairs)
+        try:
+            window, reset = fleet_window(pairs)
+        except SeriesGone as exc:
+            self.say(f"{step}: no server view: {exc}; the step's server columns are `-`")
+            self.gone.setdefault(str(exc), []).append(step)
+            return None
         reset = sorted(fresh.union(reset))
         for i in reset:
             if not self.resets:
@@ -347,6 +388,7 @@ class Fleet:
             "there (the server columns `-`), since the other replicas' figures alone are not the fleet's"
             for i, steps in sorted(self.unread.items())
         ]
+        out += [f"no server view in {', '.join(steps)}: {why}" for why, steps in self.gone.items()]
         out += [
             f"replica {i} restarted in the window of {', '.join(steps)}: its server figures there count from its "
             "restart (what it completed before, in that window, is in none)"

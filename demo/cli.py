@@ -31,7 +31,8 @@ from ..bench.arrivals import parse_duration
 from ..children import die_with_parent
 from ..config import bind_address, check_device, host_port
 from ..errors import quoted_name
-from ..faults import MAX_QUEUE_DELAY_MS, AdminRequestError, shown
+from ..faults import MAX_QUEUE_DELAY_MS, AdminRequestError, check_number, shown
+from ..models.limits import MAX_QUEUE_SIZE  # the built-in demo models' queue bound (wok.models imports no torch)
 from .load import MAX_RATE, LoadControl, LoadGenerator
 
 if TYPE_CHECKING:
@@ -40,9 +41,6 @@ if TYPE_CHECKING:
 METRICS = re.compile(r"wok: metrics on http://(\S+):(\d+)/metrics")
 SERVING = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
 MODEL = "mlp"
-# The built-in demo models' queue bound (wok/models/limits.py: past it, RESOURCE_EXHAUSTED). Not
-# imported from there: that imports torch, seconds of start-up this process has no use for.
-MAX_QUEUE_SIZE = 4096
 # The callers waiting at most: above the server's queue bound and the batches in hand, so that
 # an overload shows as the server's own refusals; the cap only guards this process's memory.
 MAX_IN_FLIGHT = 2 * MAX_QUEUE_SIZE
@@ -645,13 +643,10 @@ class LiveDemo:
     async def set_faults(self, body) -> tuple[int, dict | bytes]:
         # The admin API takes a 0 ms slow fault (a no-op); from the page it is an emptied field. Read
         # here, not at import: the admin's one bound, as `check_max_queue_delay_ms` reads its own.
-        from ..faults import MAX_DELAY_MS, is_number
+        from ..faults import MAX_DELAY_MS
 
         if isinstance(body, dict) and body.get("mode") == "slow":
-            v = body.get("delay_ms")
-            if not is_number(v) or not 0 < v <= MAX_DELAY_MS:
-                expected = f"a number above 0 up to {MAX_DELAY_MS:g} for mode 'slow'"
-                raise AdminRequestError(f"field 'delay_ms': expected {expected}, got {shown(v)}")
+            check_number("delay_ms", body.get("delay_ms"), 0, MAX_DELAY_MS, above=True, when="for mode 'slow'")
         return await self._admin("/admin/faults", body)
 
     def load_summary(self) -> dict:

@@ -228,11 +228,15 @@ def _bad(field: str, expected: str, got) -> AdminRequestError:
     return AdminRequestError(f"field {quoted_name(field)}: expected {expected}, got {shown(got)}")
 
 
-def check_number(field: str, v, lo: float, hi: float, what: str = "a number", *, above: bool = False) -> float:
+def check_number(
+    field: str, v, lo: float, hi: float, what: str = "a number", *, above: bool = False, when: str = ""
+) -> float:
     """`v` as a float if it is a number (`is_number`) from `lo` to `hi` (`above`: `lo` itself excluded), else
-    AdminRequestError naming `field` and `what` it expected: the admin API's numbers and the demo's."""
+    AdminRequestError naming `field` and `what` it expected (`when`, e.g. "for mode 'slow'", after the
+    range): the admin API's numbers and the demo's."""
     if not is_number(v) or not (lo < v if above else lo <= v) or not v <= hi:
-        raise _bad(field, f"{what} above {lo:g} up to {hi:g}" if above else f"{what} from {lo:g} to {hi:g}", v)
+        expected = f"{what} above {lo:g} up to {hi:g}" if above else f"{what} from {lo:g} to {hi:g}"
+        raise _bad(field, f"{expected} {when}" if when else expected, v)
     return float(v) + 0.0  # -0.0 as 0.0, as -0 (an int) is 0: GET /admin/batching answered -0.0
 
 

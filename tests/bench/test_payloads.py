@@ -178,6 +178,32 @@ def test_empirical_resamples_the_observed_values():
     assert np.mean(x == 8) == pytest.approx(0.25, abs=0.015)
 
 
+@pytest.mark.parametrize(
+    ("values", "got"),
+    [
+        ([3, 1.5], "1.5 at index 1"),
+        ([2, -1], "-1 at index 1"),
+        # Each was its own floor and >= 0: kept, and cast to int64's minimum.
+        ([np.inf], "inf at index 0"),
+        (np.array([2**63], dtype=np.uint64), "9223372036854775808 at index 0"),
+        ([float("nan")], "nan at index 0"),
+        (["3"], "values of dtype <U1"),
+    ],
+    ids=["fraction", "negative", "infinite", "past-int64", "nan", "text"],
+)
+def test_empirical_refuses_a_value_that_is_not_a_size_and_names_it(values, got):
+    # It said "empirical sizes must be integers >= 0" and no more.
+    with pytest.raises(ValueError) as info:
+        Empirical(values)
+    assert str(info.value) == f"empirical sizes must be integers 0 <= n < 2**63; got {got}"
+
+
+def test_an_empirical_sizes_file_of_a_size_past_int64_names_the_line(tmp_path):
+    # numpy's OverflowError left parse_sizes, naming neither the file nor the line.
+    path, refusal = _sizes_refusal(tmp_path / "sizes.txt", "3\n99999999999999999999\n")
+    assert refusal == f"sizes 'empirical:{path}': {path}:2: size '99999999999999999999' is not below 2**63"
+
+
 def test_empirical_from_files(tmp_path):
     lines = tmp_path / "sizes.txt"
     lines.write_text("# observed lengths\n3\n5\n\n5\n")

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import socket
+import subprocess
+import time
 import urllib.request
 
 import grpc
@@ -14,6 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
+from wok.app import TickProcessCollector, default_registry
 from wok.batcher import Batcher, BatchingPolicy
 from wok.codec import encode_request
 from wok.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS, NOT_RUN, STAGES, WeightedHistogram, WokMetrics
@@ -78,6 +82,31 @@ def test_an_injected_registry_holds_the_series_and_close_removes_them():
     ) == pytest.approx(0.004)
     metrics.close()
     assert registry.get_sample_value("wok_batch_size_count", {"model": "mlp"}) is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="the process collector reads /proc")
+def test_a_process_start_time_is_true_to_the_clock_tick():
+    # It read up to 1 s early (/proc/stat's boot time is whole seconds): a bench could not tell a replica
+    # back within a second of a window's start from one started before it.
+    before = time.time()
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        after = time.time()
+        registry = CollectorRegistry()
+        TickProcessCollector(registry=registry, pid=lambda: child.pid)
+        started = registry.get_sample_value("process_start_time_seconds")
+    finally:
+        child.kill()
+        child.wait()
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    assert before - tick <= started <= after, (before, started, after)
+    # The server's registry reads its own start so.
+    own = CollectorRegistry()
+    TickProcessCollector(registry=own)
+    # (The boot time is read from two clocks, a few microseconds apart.)
+    assert default_registry().get_sample_value("process_start_time_seconds") == pytest.approx(
+        own.get_sample_value("process_start_time_seconds"), abs=1e-3
+    )
 
 
 def stage_count(registry: CollectorRegistry, model: str, stage: str) -> float | None:
