@@ -36,7 +36,7 @@ from .batcher import Batcher, BatchingPolicy
 from .codec import transport_limit
 from .config import ServerSettings, host_port
 from .cpulatency import CpuWakeupLatency, read_constraint
-from .cpulinear import onednn_available
+from .cpulinear import onednn_available, torch_linear_layers
 from .errors import DeviceLost
 from .executor import Executor
 from .health import HealthServicer
@@ -188,6 +188,9 @@ class WokServer:
         if platform in ("torchscript", "torch_export"):
             # Without a word an operator took the line's absence for a model that has no linear layers, or for a
             # failure: a ScriptModule is kept as it is, and an exported graph calls aten.linear with no nn.Linear.
+            # One with no nn.Linear gains nothing served as an nn.Module: nothing to say (the line said it had some).
+            if not torch_linear_layers(first.module):
+                return
             log.info(
                 "%s: oneDNN not used: a %s model runs torch's own linear layers; to run them through oneDNN, serve "
                 'its nn.Module with platform = "python" (a factory and weights = its state dict)',

@@ -47,7 +47,11 @@ EXEMPT_SERVICES: tuple[str, ...] = ("grpc.health.v1.Health",)
 MIN_TOKEN_CHARS = 16
 # RFC 6750's b64token: what may follow "Bearer " in an HTTP/2 header.
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
-_SPLIT = re.compile(r"[\s,]+")
+# Between a token file's tokens on a line: commas and OWS (' ', '\t'), the white space the bearer header's token is
+# trimmed of (TokenCheck); its lines end at '\n', a '\r' before it dropped. str.splitlines() and a \s split also
+# took every Unicode space and line break (\xa0, \u2028, \x1c-\x1f): a token holding one became its halves, each
+# accepted (and shorter). Any other character stays in its token, for the check to refuse, naming the line.
+_SPLIT = re.compile(r"[ \t,]+")
 DENIED_LOG_EVERY_S = 10.0  # at most one warning per this many seconds about refused calls
 
 MISSING = "this server requires a bearer token: send the metadata 'authorization: Bearer <token>'"
@@ -139,32 +143,42 @@ def server_credentials(settings: ServerSettings) -> grpc.ServerCredentials | Non
 
 
 # -- tokens --------------------------------------------------------------------------------
-def split_tokens(text: str) -> list[str]:
-    """The tokens of a token file, in order, unchecked: separated by newlines, spaces or commas;
-    lines starting with '#' are comments. (`wok bench --token-file` sends the first.)"""
-    tokens: list[str] = []
-    for line in text.splitlines():
-        line = line.strip()
+def _lines_and_tokens(text: str) -> list[tuple[int, str]]:
+    """(line number, token) for each token of a token file, in order (`split_tokens`)."""
+    found: list[tuple[int, str]] = []
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r").strip(OWS)
         if line and not line.startswith("#"):
-            tokens.extend(t for t in _SPLIT.split(line) if t)
-    return tokens
+            found.extend((number, t) for t in _SPLIT.split(line) if t)
+    return found
+
+
+def split_tokens(text: str) -> list[str]:
+    """The tokens of a token file, in order, unchecked: separated by newlines, spaces, tabs or commas;
+    lines starting with '#' are comments. (`wok bench --token-file` sends the first.)"""
+    return [token for _, token in _lines_and_tokens(text)]
 
 
 def parse_tokens(text: str, source: str) -> tuple[str, ...]:
     """The tokens in `text` (`split_tokens`), each checked as the server accepts it. ValueError
-    naming `source` and the token's position, never its text."""
-    tokens = split_tokens(text)
+    naming `source`, the token's position and its line, never its text (a character it cannot hold
+    is named: no accepted token holds it)."""
+    tokens = _lines_and_tokens(text)
     if not tokens:
         raise ValueError(f"{source} holds no token")
-    for i, token in enumerate(tokens, 1):
+    for i, (line, token) in enumerate(tokens, 1):
         if not _TOKEN_CHARS.fullmatch(token):
+            bad = next((c for c in token if not _TOKEN_CHARS.fullmatch(c) and c != "="), None)
+            what = f"U+{ord(bad):04X}" if bad is not None else "'=' before its end"
             raise ValueError(
-                f"{source}: token {i} has characters a bearer token cannot hold (allowed: A-Z a-z 0-9 - . _ ~ + / "
-                "and trailing =)"
+                f"{source}: token {i} (line {line}) holds {what}, which a bearer token cannot (allowed: A-Z a-z 0-9 "
+                "- . _ ~ + / and trailing =; tokens are separated by newlines, spaces, tabs or commas)"
             )
         if len(token) < MIN_TOKEN_CHARS:
-            raise ValueError(f"{source}: token {i} is {len(token)} characters; at least {MIN_TOKEN_CHARS} are needed")
-    return tuple(dict.fromkeys(tokens))
+            raise ValueError(
+                f"{source}: token {i} (line {line}) is {len(token)} characters; at least {MIN_TOKEN_CHARS} are needed"
+            )
+    return tuple(dict.fromkeys(t for _, t in tokens))
 
 
 def load_tokens(auth_token_file: Path | None = None, auth_token_env: str | None = None) -> tuple[str, ...]:

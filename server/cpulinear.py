@@ -25,6 +25,7 @@ already differ between batch sizes, NaN included: a NaN stays NaN through a ReLU
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Sequence
 
 import torch
@@ -335,3 +336,32 @@ def with_onednn_linear(module: nn.Module, min_rows: int = MIN_ROWS) -> tuple[nn.
         return module, 0, 0
     view = OneDNNLinear.of(module, min_rows) if _eligible(module) else _rewrite(module, min_rows)
     return (view, *onednn_counts(view)) if view is not module else (module, 0, 0)
+
+
+# A TorchScript module's type for a scripted nn.Linear: "__torch__.torch.nn.modules.linear.Linear", with a
+# "___torch_mangle_N." before the class where one process scripted several (a subclass is named for itself).
+_SCRIPTED_LINEAR = re.compile(r"__torch__\.torch\.nn\.modules\.linear\.(?:___torch_mangle_\d+\.)?Linear")
+# The type a torch.export graph's node records for the nn.Linear that called it (its nn_module_stack's last).
+_EXPORTED_LINEAR = "torch.nn.modules.linear.Linear"
+
+
+def torch_linear_layers(module: nn.Module) -> int:
+    """The plain `nn.Linear` layers a TorchScript module, or a torch.export graph (under any wrapper), holds or
+    called as it was exported: with_onednn_linear leaves these to torch, where the same layers served as an
+    nn.Module would run through oneDNN. A linear computed otherwise (F.linear, a matmul) is not one: served
+    as an nn.Module it runs as torch's too."""
+    layers = 0
+    for m in module.modules():
+        if isinstance(m, torch.jit.ScriptModule):
+            layers += _SCRIPTED_LINEAR.fullmatch(m._c._type().qualified_name()) is not None
+        elif isinstance(m, torch.fx.GraphModule):
+            # A layer called twice is one: counted by its path in the module exported.
+            called = set()
+            for node in m.graph.nodes:
+                stack = node.meta.get("nn_module_stack")
+                if node.op == "call_function" and stack:
+                    path, kind = list(stack.values())[-1]
+                    if kind == _EXPORTED_LINEAR:
+                        called.add(path)
+            layers += len(called)
+    return layers

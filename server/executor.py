@@ -376,18 +376,18 @@ class Instance:
     def _run_cpu(
         self, inputs, rows, slot: _Slot, deadlines=None, left_out: list | None = None, ran: list | None = None
     ) -> BatchResult:
-        s = self.servable
         t0 = time.perf_counter()
         inputs, rows, kept = _live(inputs, rows, deadlines, t0)
         if not rows:
             return BatchResult([], StageTimes(), self.index, t0, t0, kept=kept)
         samples = sum(rows)
         try:
-            host = s.assemble(inputs, samples, slot.inputs)
-            self._size_threads(samples)
-            t1 = time.perf_counter()
             slowed = self.fault.before_forward()  # an injected fault: raises, or says to pause after the forward
+            t1 = t0
             try:
+                host = self._assemble(inputs, samples, slot)
+                self._size_threads(samples)
+                t1 = time.perf_counter()
                 out = self._forward_cpu(host)
                 if slowed:
                     self.fault.pause()
@@ -424,9 +424,25 @@ class Instance:
         Copied: the next part may run before these are sent, and a model that keeps its output
         (noted only at a batch larger than any before) would write it again."""
         samples = sum(rows)
-        host = self.servable.assemble(inputs, samples, slot.inputs)
+        host = self._assemble(inputs, samples, slot)
         self._size_threads(samples)
         return self._split_cpu(self._forward_cpu(host), rows, samples, slot, copy=True)
+
+    def _assemble(self, inputs, samples: int, slot: _Slot) -> dict[str, torch.Tensor]:
+        """The batch's inputs copied into its slot's host buffers, which grow to the largest batch yet. What fails
+        there fails as the model's forward does, ModelExecutionError, so that the batch is rerun in parts (_isolate):
+        buffers that cannot grow for the batch (host or pinned memory refused) fit its parts, and a request too large
+        alone fails alone, as does one whose values a servable's own assemble refuses. Raised as it was, it failed
+        the whole batch. A device-side error met there is raised as it is, for the caller to mark the device lost
+        (_note_device_error): no part could run."""
+        try:
+            return self.servable.assemble(inputs, samples, slot.inputs)
+        except ModelExecutionError:
+            raise
+        except Exception as exc:
+            if _is_device_error(exc):
+                raise
+            raise _model_failed(self.servable.name, exc) from exc
 
     def _split_cpu(
         self, out: dict[str, torch.Tensor], rows, samples: int, slot: _Slot, copy: bool = False
@@ -602,11 +618,12 @@ class Instance:
     def _launch_live(self, inputs, rows, slot: _Slot, kept, t0: float):
         """_launch_cuda's batch of the requests its worker kept."""
         s = self.servable
-        host = s.assemble(inputs, sum(rows), slot.inputs)
-        assemble = time.perf_counter() - t0
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
         slowed = self.fault.before_forward()  # an injected fault: raises, or says to pause after the forward
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
+        assemble = 0.0
         try:
+            host = self._assemble(inputs, sum(rows), slot)
+            assemble = time.perf_counter() - t0
             with torch.cuda.device(self.device):
                 with torch.cuda.stream(self.h2d_stream):
                     ev[0].record()
@@ -670,7 +687,7 @@ class Instance:
             with torch.cuda.device(self.device):
                 # The failed batch's copy in may still be reading the slot's buffers, which its parts reuse.
                 self.h2d_stream.synchronize()
-                host = s.assemble(inputs, sum(rows), slot.inputs)
+                host = self._assemble(inputs, sum(rows), slot)
                 if self._last_d2h is not None:  # as in _launch_live: the failed batch may have met its error before it
                     self.compute_stream.wait_event(self._last_d2h)
                 with torch.cuda.stream(self.compute_stream):

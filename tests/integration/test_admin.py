@@ -189,6 +189,10 @@ FAULT = b'{"model": "mlp", "mode": "fail", "duration_s": 60}'
             415,
             "expected utf-8 (JSON is UTF-8, RFC 8259), got 'utf-8\\xa0'",
         ),
+        # A charset is one of its registered names (RFC 9110 8.3.2), not what Python's codecs.lookup() reads as
+        # UTF-8 ("UTF_8", "u8", "utf--8", "cp65001", all of which were taken).
+        ("Content-Type: application/json; charset=UTF_8", 415, "expected utf-8 (JSON is UTF-8, RFC 8259), got 'UTF_8'"),
+        ("Content-Type: application/json; charset=utf--8", 415, "got 'utf--8'"),
     ],
 )
 async def test_admin_posts_a_browser_page_could_send_are_refused_and_change_nothing(
@@ -238,6 +242,8 @@ async def test_a_utf8_body_with_a_byte_order_mark_or_charset_utf8_is_taken(admin
         ('; charset="UTF-8"', FAULT),
         ("; Charset=utf-8", FAULT),
         ("; charset=utf8", FAULT),
+        ("; charset=UTF8", FAULT),
+        ("; charset=csUTF8", FAULT),  # IANA's alias
         # OWS before a parameter's semicolon (RFC 9110 5.6.6), in spaces and tabs.
         (" \t; charset=utf-8", FAULT),
     ):

@@ -133,11 +133,24 @@ def test_token_file_format_and_its_errors_never_show_a_token():
     short = "short-token-123"  # 15 characters
     with pytest.raises(ValueError) as info:
         parse_tokens(f"{TOKEN_A}\n{short}\n", "f")
-    assert str(info.value) == "f: token 2 is 15 characters; at least 16 are needed"
+    assert str(info.value) == "f: token 2 (line 2) is 15 characters; at least 16 are needed"
     with pytest.raises(ValueError) as info:
         parse_tokens('tok"en-with-a-quote-1234', "f")
-    assert str(info.value).startswith("f: token 1 has characters a bearer token cannot hold")
+    assert str(info.value).startswith("f: token 1 (line 1) holds U+0022, which a bearer token cannot (allowed: ")
     assert "quote" not in str(info.value)
+    # Lines end at LF, a CR before it dropped; tabs separate as spaces and commas do.
+    assert parse_tokens(f"# comment\r\n{TOKEN_A}\t{TOKEN_B}\r\n", "f") == (TOKEN_A, TOKEN_B)
+
+
+@pytest.mark.parametrize("space", ["\xa0", "\u2028", "\u3000", "\x1c", "\x0b"])
+def test_a_token_holding_another_space_is_refused_naming_its_file_and_line_not_split_in_two(tmp_path, space):
+    # Split on every Unicode space and line break, the token's halves were accepted, each a token (and shorter):
+    # the bearer header's token is trimmed of ' ' and '\t' alone (fieldvalues.OWS), and so is a token file's.
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# the tokens\n{TOKEN_A}\n{TOKEN_B}{space}{TOKEN_A}\n", encoding="utf-8")
+    msg = settings_error(auth_token_file=tokens)
+    assert f"{tokens}: token 2 (line 3) holds U+{ord(space):04X}, which a bearer token cannot" in msg, msg
+    assert TOKEN_B not in msg
 
 
 def test_token_check_accepts_only_a_bearer_token_it_knows():
@@ -239,7 +252,7 @@ def test_token_settings_name_each_mistake(pki, tmp_path, monkeypatch):
     )
     monkeypatch.setenv("WOK_TEST_TOKENS", "tooshort")
     msg = settings_error(auth_token_env="WOK_TEST_TOKENS")
-    assert "environment variable WOK_TEST_TOKENS: token 1 is 8 characters" in msg and "tooshort" not in msg
+    assert "environment variable WOK_TEST_TOKENS: token 1 (line 1) is 8 characters" in msg and "tooshort" not in msg
     assert "String should match pattern" in settings_error(auth_token_env="NOT-A-NAME")
     monkeypatch.setenv("WOK_TEST_TOKENS", f"{TOKEN_A},{TOKEN_B}")
     assert server_settings(auth_token_env="WOK_TEST_TOKENS", auth_token_file=pki.path("tokens")).auth_token_env

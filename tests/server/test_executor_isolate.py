@@ -169,6 +169,43 @@ def test_requests_of_several_rows_are_rerun_whole_never_split_between_parts(cpu_
     np.testing.assert_array_equal(result.outputs[2]["OUTPUT0"], np.full((3, 4), 6.0, np.float32))
 
 
+# Rows of one request whose batch no allocator gives buffers for (16 TiB of float32 x 4): its input is a view of one
+# value (no memory of its own), as no decoded request could be, so that the allocation refused is the batch's.
+HUGE_ROWS = 1 << 40
+
+
+CUDA = pytest.param("cuda:0", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("where", [0, 1, 2])
+def test_a_batch_whose_buffers_cannot_grow_is_rerun_in_parts_and_the_request_too_large_fails_alone(
+    cpu_executor, device, where
+):
+    """The host buffers a batch is assembled in (pinned on CUDA) grow to the largest batch yet; one they cannot grow
+    for (its memory refused) failed whole, every request with the allocator's error, where the requests that fit
+    were answerable: rerun in parts as for a model's failure, the parts fit the buffers there are, and the request
+    too large alone fails alone."""
+    ex, m = cpu_executor(device=device)
+    reqs = requests([1.0, 2.0])
+    reqs.insert(where, {"INPUT0": np.broadcast_to(np.float32(3.0), (HUGE_ROWS, 4))})
+    rows = [1, 1]
+    rows.insert(where, HUGE_ROWS)
+    values: list[float | None] = [1.0, 2.0]
+    values.insert(where, None)
+    result = ex.instances[0].submit(reqs, rows, 0).result(30)
+    assert isinstance(result.failure, ModelExecutionError)
+    for out, v in zip(result.outputs, values, strict=True):
+        if v is None:
+            assert isinstance(out, ModelExecutionError), out
+            assert str(out).startswith("model 'gated' failed: "), out  # the allocator's error, as the batch's was
+            assert str(out).endswith("(on this request alone)"), out
+            assert isinstance(out.__cause__, (MemoryError, RuntimeError))  # the allocator's, for the log's traceback
+        else:
+            np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2 * v, np.float32))
+    assert sum(m.batch_sizes) == 2  # each request that fits ran once, the one too large never
+
+
 class KeepsItsOutput(nn.Module):
     """Doubles into a tensor it keeps, made anew only when the batch size changes; raises on a NaN."""
 

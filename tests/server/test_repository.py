@@ -133,6 +133,45 @@ async def test_a_torchscript_or_export_model_is_said_to_run_torchs_linear_layers
     ], said
 
 
+class Doubles(nn.Module):
+    """No linear layer at all."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+class FunctionalLinear(nn.Module):
+    """A linear computed with F.linear, no nn.Linear: served as an nn.Module it runs as torch's too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.eye(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight)
+
+
+@pytest.mark.parametrize("module", [Doubles, FunctionalLinear])
+@pytest.mark.parametrize("platform", ["torchscript", "torch_export"])
+async def test_a_torchscript_or_export_model_without_linear_layers_is_said_nothing_of_onednn(
+    tmp_path, serve, caplog, platform, module
+):
+    # The line above was said of every such model: "runs torch's own linear layers" of one that has none, and
+    # advice to serve it as an nn.Module, whose run would be the same.
+    repo = tmp_path / "repo"
+    if platform == "torchscript":
+        d = model_dir(repo, "ts", platform, extra='model_file = "model.pt"', out_dims="[4]")
+        torch.jit.script(module()).save(str(d / "model.pt"))
+    else:
+        write_exported(repo, module=module(), out_dims="[4]")
+    caplog.set_level(logging.INFO, logger="wok")
+    async with serve(repository=repo):
+        pass
+    assert any(r.getMessage().startswith("wok serving ") for r in caplog.records)  # its start was logged
+    said = [r.getMessage() for r in caplog.records if "oneDNN" in r.getMessage()]
+    assert said == [], said
+
+
 async def test_torchscript_round_trip_through_server(tmp_path, serve):
     repo = tmp_path / "repo"
     _, ref = write_torchscript(repo)

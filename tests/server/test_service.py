@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
@@ -817,13 +820,43 @@ def test_the_deadline_slack_is_grpcs_rounding_unit_not_a_share_of_the_timeout(ti
     assert grpc_timeout_unit(timeout) == pytest.approx(unit)
 
 
-async def test_a_call_cancelled_as_its_batch_waits_behind_a_prewarm_read_is_withdrawn_unrun(gated_model, monkeypatch):
-    """A delay flush to an idle instance follows the instance's prewarm read (its weights read back into
-    the caches) on the worker thread; a call cancelled while its batch waits behind that read was still
-    run, for nobody: a forward of its rows. The read counts as the work ahead of the batch, as a busy
-    instance's batch does: the cancelled request is left out, and its one-request batch runs no forward."""
-    import threading
+X1 = {"INPUT0": np.ones((1, 4), np.float32)}
 
+
+@dataclass
+class HeldRead:
+    """A server of the gated model whose instance's prewarm read holds its worker until `release` is set
+    (`reading` once it began, `read` once it ended), and the model's forwards since it started (`ran`)."""
+
+    server: object
+    rt: object
+    inst: object
+    module: object
+    warmed: int
+    reading: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+    read: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def ran(self) -> list[int]:
+        return self.module.batch_sizes[self.warmed :]
+
+    async def released_and_going_on(self, stub) -> None:
+        """Release the read: the batch behind it runs no forward (its one request was left out), and the instance
+        answers the next call."""
+        self.release.set()
+        await until(lambda: self.rt.batcher.inflight == 0)
+        assert self.ran == []
+        assert self.inst.prewarms == 1
+        answer = await stub.ModelInfer(encode_request("gated", X1), timeout=30)
+        np.testing.assert_array_equal(decode_response(answer)["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
+        assert self.ran == [1]
+
+
+@asynccontextmanager
+async def prewarm_read_held(gated_model, monkeypatch):
+    """A delay flush (20 ms) to the idle instance follows its prewarm read (its weights read back into the
+    caches) on the worker thread: the read is held, its batch sent behind it, until the test releases it."""
     import torch
     from torch import nn
 
@@ -835,39 +868,67 @@ async def test_a_call_cancelled_as_its_batch_waits_behind_a_prewarm_read_is_with
     module.weight = nn.Parameter(torch.zeros(4))  # something to prewarm (read at the executor's start)
     server = WokServer(server_settings(grpc_port=0, metrics_port=0), ModelRepository([s], "test"))
     await server.start()
-    reading, release = threading.Event(), threading.Event()
+    rt = server.runtimes["gated"]
+    held = HeldRead(server, rt, rt.executor.instances[0], module, len(module.batch_sizes))
     try:
-        rt = server.runtimes["gated"]
-        inst = rt.executor.instances[0]
-        assert inst.can_prewarm
-        read_weights = inst._read_weights
+        assert held.inst.can_prewarm
+        read_weights = held.inst._read_weights
 
         def slow_read() -> int:
-            reading.set()
-            release.wait(10)
+            held.reading.set()
+            held.release.wait(10)
+            held.read.set()
             return read_weights()
 
-        monkeypatch.setattr(inst, "_read_weights", slow_read)
-        warmed = len(module.batch_sizes)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        monkeypatch.setattr(held.inst, "_read_weights", slow_read)
+        yield held
+    finally:
+        held.release.set()
+        await server.stop(grace=5)
+
+
+async def test_a_call_cancelled_as_its_batch_waits_behind_a_prewarm_read_is_withdrawn_unrun(gated_model, monkeypatch):
+    """A call cancelled while its batch waits behind the instance's prewarm read was still run, for nobody:
+    a forward of its rows. The read counts as the work ahead of the batch, as a busy instance's batch does:
+    the cancelled request is left out, and its one-request batch runs no forward."""
+    async with prewarm_read_held(gated_model, monkeypatch) as held:
+        rt = held.rt
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{held.server.port}") as ch:
             stub = pb_grpc.GRPCInferenceServiceStub(ch)
-            x = {"INPUT0": np.ones((1, 4), np.float32)}
-            call = stub.ModelInfer(encode_request("gated", x), timeout=30)
+            call = stub.ModelInfer(encode_request("gated", X1), timeout=30)
             # The read holds the worker, and the batch is sent to the idle instance behind it.
-            await until(lambda: reading.is_set() and rt.batcher.inflight == 1)
+            await until(lambda: held.reading.is_set() and rt.batcher.inflight == 1)
             call.cancel()
             assert await call.code() == grpc.StatusCode.CANCELLED
             await until(lambda: rt.metrics.responses == {"CANCELLED": 1})  # the handler withdrew it, then counted
-            release.set()
-            await until(lambda: rt.batcher.inflight == 0)
-            assert module.batch_sizes[warmed:] == []  # no forward: its one request was left out
-            assert inst.prewarms == 1
-            answer = await stub.ModelInfer(encode_request("gated", x), timeout=30)  # the instance goes on
-        np.testing.assert_array_equal(decode_response(answer)["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
-        assert module.batch_sizes[warmed:] == [1]
+            await held.released_and_going_on(stub)
         assert (rt.stats.execution_count, rt.stats.inference_count, rt.stats.fail.count) == (1, 1, 0)
         assert not any(rt.metrics.rejections.values())  # withdrawn by its caller, not refused at a deadline
         assert rt.metrics.responses == {"CANCELLED": 1, "OK": 1}
-    finally:
-        release.set()
-        await server.stop(grace=5)
+
+
+async def test_a_deadline_passing_as_its_batch_waits_behind_a_prewarm_read_is_answered_once_before_the_read_ends(
+    gated_model, monkeypatch
+):
+    """As for a cancel (above), a request whose deadline passes while its batch waits behind the instance's
+    prewarm read is answered then, DEADLINE_EXCEEDED naming the wait, not once the read is done; the worker
+    then leaves it out (no forward), and it is answered and counted once. The deadline is the request's own
+    timeout parameter, short of the call's: the server's answer reaches the client, not gRPC's own."""
+    async with prewarm_read_held(gated_model, monkeypatch) as held:
+        rt = held.rt
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{held.server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            # Flushed at 20 ms behind the read, well before its deadline: it passes as the batch waits there.
+            call = stub.ModelInfer(encode_request("gated", X1, timeout_us=500_000), timeout=30)
+            await until(lambda: held.reading.is_set() and rt.batcher.inflight == 1)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call
+            assert not held.read.is_set()  # answered while the read still held the worker, not once it was done
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "waiting behind its instance's earlier work: a batch, or a prewarm read" in info.value.details()
+            assert rt.metrics.responses == {"DEADLINE_EXCEEDED": 1}
+            assert rt.metrics.rejections["deadline"] == 1
+            await held.released_and_going_on(stub)
+        assert (rt.stats.execution_count, rt.stats.inference_count, rt.stats.fail.count) == (1, 1, 1)
+        assert rt.metrics.responses == {"DEADLINE_EXCEEDED": 1, "OK": 1}  # answered once
+        assert rt.metrics.rejections["deadline"] == 1
