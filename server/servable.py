@@ -72,7 +72,8 @@ def forward_parameter_names(module: nn.Module) -> list[tuple[str, bool]] | None:
     (a call by position cannot give it)."""
     if isinstance(module, torch.jit.ScriptModule):
         try:
-            args = [a for a in module.forward.schema.arguments if a.name != "self"]
+            # A method's schema starts with the module itself, under whatever name forward gave it.
+            args = module.forward.schema.arguments[1:]
         except (AttributeError, RuntimeError):
             return None
         if any(a.kwarg_only and not a.has_default_value() for a in args):

@@ -471,6 +471,35 @@ def test_a_torchscript_embedding_bag_model_is_counted(tmp_path):
     assert work.flops_added == {"embedding_bag": 2 * 2 * 4}
 
 
+@pytest.mark.parametrize("platform", ["torchscript", "torch_export"])
+def test_ids_stay_within_a_saved_models_table(tmp_path, platform):
+    """The default --int-high is the smallest embedding table's rows; it was found in an nn.Module only, so a
+    TorchScript or torch.export model's 10-row table got ids up to 50, and `wok profile` of it failed
+    ("index out of range in self") where the same model as platform python ran."""
+    folder = tmp_path / "repo" / "bags"
+    folder.mkdir(parents=True)
+    if platform == "torchscript":
+        model_file = "model.pt"
+        torch.jit.script(_Bags().eval()).save(str(folder / model_file))
+    else:
+        model_file = "model.pt2"
+        batch = torch.export.Dim("batch", min=1, max=4)
+        program = torch.export.export(
+            _Bags().eval(), (torch.zeros(2, 3, dtype=torch.long),), dynamic_shapes=({0: batch},)
+        )
+        torch.export.save(program, str(folder / model_file))
+    (folder / "config.toml").write_text(
+        f'platform = "{platform}"\nmodel_file = "{model_file}"\nmax_batch_size = 4\n\n'
+        '[[inputs]]\nname = "ids"\ndatatype = "INT64"\ndims = [3]\n\n'
+        '[[outputs]]\nname = "out"\ndatatype = "FP32"\ndims = [4]\n'
+    )
+    assert profiler.id_range(load_servable(folder)) == 10
+    out = tmp_path / "bags.json"
+    argv = ["profile", "bags", "--model-repository", str(folder.parent), "--batch-sizes", "1,4", "--repeats", "3"]
+    assert main([*argv, "--warmup", "0", "--peak-flops", "1T", "--bandwidth", "1T", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["config"]["int_high"] == 10
+
+
 def test_representatives_by_hand():
     keys = [3, 1, 3, 2, 1, 3]
     # Three distinct keys: each once, at its first batch, weighted by its count.

@@ -145,6 +145,13 @@ class Required(nn.Module):
         return minuend - subtrahend
 
 
+class ScriptedThis(nn.Module):
+    """forward's first parameter, the module, named otherwise than self: TorchScript's schema keeps the name."""
+
+    def forward(this, minuend, subtrahend):
+        return minuend - subtrahend
+
+
 class Star(nn.Module):
     def forward(self, *tensors):
         return tensors[0] - tensors[1]
@@ -160,6 +167,8 @@ class Star(nn.Module):
         (Named(), ["b", "x"], ["b", "x"]),  # only some names match: the config's order
         (Defaults(), ["subtrahend", "minuend"], ["minuend", "subtrahend"]),  # the rest have defaults
         (torch.jit.script(ScriptedDefaults()), ["subtrahend", "minuend"], ["minuend", "subtrahend"]),
+        # The schema's module argument was dropped only when named self: `this` took the first name's place.
+        (torch.jit.script(ScriptedThis()), ["subtrahend", "minuend"], ["minuend", "subtrahend"]),
         (Required(), ["subtrahend", "minuend"], ["subtrahend", "minuend"]),
         (Star(), ["subtrahend", "minuend"], ["subtrahend", "minuend"]),  # no names at all
         (nn.Identity(), ["input"], ["input"]),
