@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -274,11 +275,88 @@ def _interrupt_at(proc: subprocess.Popen, starts: str) -> str:
     return "".join(seen) + rest
 
 
-def test_ctrl_c_in_the_capacity_ramp_starts_no_soak(soak_server, tmp_path):
+def _cut_soak_args(scraped: bool):
+    """test_a_signal_as_the_soak_waits_for_its_end_cuts_it_there's run: its arguments, given the server."""
+
+    def args(server) -> list[str]:
+        if scraped:
+            metrics = next(line.split("metrics on ")[1] for line in server.log if "metrics on http://" in line)
+        else:
+            metrics = "none"
+        args = ["--arrival", "constant", "--capacity", "0.4", "--soak-load", "100%", "--soak", "4s"]
+        return [*args, "--soak-window", "1s", "--rss-every", "0.2s", "--metrics-url", metrics]
+
+    return args
+
+
+# The signal tests' runs: (test, parameter id) → the run's arguments (given the server), and the start of
+# the stderr line at which it gets SIGINT.
+SIGNALLED = {
+    ("test_ctrl_c_in_the_capacity_ramp_starts_no_soak", None): (
+        lambda server: ["--steps", "20,40,80", "--step-duration", "0.5s", "--soak", "60s"],
+        "step 2/3:",
+    ),
+    # The soak's one step, after the capacity ramp's two.
+    ("test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp", None): (
+        lambda server: ["--steps", "20,40", "--step-duration", "0.5s", "--soak", "60s"],
+        "step 1/1:",
+    ),
+    # Sends at 0 and 2 s of its 3.2 s: once both are answered, it waits ~1.2 s for its end.
+    ("test_a_signal_as_the_capacity_ramps_last_step_waits_for_its_end_starts_no_soak", None): (
+        lambda server: ["--arrival", "constant", "--steps", "0.5", "--step-duration", "3s", "--soak", "60s"],
+        "step 1/1: every answer is in",
+    ),
+    # Sends at 0 and 2.5 s of the 4 s: once both are answered, it waits ~1.5 s for its end.
+    **{
+        ("test_a_signal_as_the_soak_waits_for_its_end_cuts_it_there", case): (
+            _cut_soak_args(case == "metrics"),
+            "step 1/1: every answer is in",
+        )
+        for case in ("no-metrics", "metrics")
+    },
+}
+
+
+def _key(item) -> tuple[str, str | None]:
+    callspec = getattr(item, "callspec", None)
+    return item.originalname, callspec.id if callspec else None
+
+
+@pytest.fixture(scope="module")
+def signalled(request, tmp_path_factory, soak_server):
+    """{(test, parameter id): a future of (the run's process, its result's path, its stderr)} for the
+    selected signal tests, their runs all started at once, each interrupted by a thread of its own at
+    its line (a test reading the line later would signal the run past the point it tests). Each run is
+    mostly waiting (imports, planned steps, its own ~1.5 s hold for its end), and their loads (at most
+    80 QPS) are a small part of the server's capacity. Not autouse: made by the first signal test, after
+    the module's runs (`runs`) are judged, so that their ramps share the host with none of these."""
+    selected = {_key(item) for item in request.session.items if getattr(item, "module", None) is request.module}
+    wanted = {key: spec for key, spec in SIGNALLED.items() if key in selected}
+    started: list[subprocess.Popen] = []
+
+    def run(args, starts: str) -> tuple[subprocess.Popen, Path, str]:
+        proc, out = _soak_child(soak_server, tmp_path_factory.mktemp("signalled"), *args(soak_server))
+        started.append(proc)
+        return proc, out, _interrupt_at(proc, starts)
+
+    pool = ThreadPoolExecutor(max(len(wanted), 1))
+    try:
+        yield {key: pool.submit(run, args, starts) for key, (args, starts) in wanted.items()}
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+        pool.shutdown(wait=True)
+
+
+def _signalled_run(signalled: dict, request) -> tuple[subprocess.Popen, Path, str]:
+    """The test's run, once interrupted and ended: its process, its result's path and its stderr."""
+    return signalled[_key(request.node)].result(timeout=100)
+
+
+def test_ctrl_c_in_the_capacity_ramp_starts_no_soak(signalled, request):
     """It used to soak at 80 % of the steps reached so far (exit 0, `interrupted` null)."""
-    server = soak_server
-    proc, out = _soak_child(server, tmp_path, "--steps", "20,40,80", "--step-duration", "0.5s", "--soak", "60s")
-    err = _interrupt_at(proc, "step 2/3:")
+    proc, out, err = _signalled_run(signalled, request)
     assert proc.returncode == 0, err[-3000:]
     assert "\nsoak: " not in err and "the capacity ramp was cut short: no soak" in err
     result = json.loads(out.read_text())
@@ -287,11 +365,9 @@ def test_ctrl_c_in_the_capacity_ramp_starts_no_soak(soak_server, tmp_path):
     assert result["interrupted"]["reason"].startswith("ramp ended early at 40 QPS: KeyboardInterrupt")
 
 
-def test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp(soak_server, tmp_path):
+def test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp(signalled, request):
     """It used to exit 130 with nothing written, the capacity ramp's steps lost."""
-    server = soak_server
-    proc, out = _soak_child(server, tmp_path, "--steps", "20,40", "--step-duration", "0.5s", "--soak", "60s")
-    err = _interrupt_at(proc, "step 1/1:")  # the soak's one step, after the capacity ramp's two
+    proc, out, err = _signalled_run(signalled, request)
     assert proc.returncode == 0, err[-3000:]
     result = json.loads(out.read_text())
     # Cut before the soak's first send (about 0.2 s after its progress line): no soak section;
@@ -308,13 +384,10 @@ def test_ctrl_c_in_the_soak_step_keeps_the_capacity_ramp(soak_server, tmp_path):
     assert reason in result["warnings"]
 
 
-def test_a_signal_as_the_capacity_ramps_last_step_waits_for_its_end_starts_no_soak(soak_server, tmp_path):
+def test_a_signal_as_the_capacity_ramps_last_step_waits_for_its_end_starts_no_soak(signalled, request):
     """The ramp is whole then (`Ramp.late_signal`), but the soak, minutes long, started all the same:
     a whole soak, `interrupted` null, exit 0, the signal said on stderr alone."""
-    args = ["--arrival", "constant", "--steps", "0.5", "--step-duration", "3s", "--soak", "60s"]
-    proc, out = _soak_child(soak_server, tmp_path, *args)
-    # Sends at 0 and 2 s of its 3.2 s: once both are answered, it waits ~1.2 s for its end.
-    err = _interrupt_at(proc, "step 1/1: every answer is in")
+    proc, out, err = _signalled_run(signalled, request)
     assert proc.returncode == 0, err[-3000:]
     assert "\nsoak: " not in err and "soak not started: KeyboardInterrupt: SIGINT" in err, err[-3000:]
     # One line for the one signal: the ramp's own "... after the last step: the steps run are the result" came too.
@@ -328,20 +401,12 @@ def test_a_signal_as_the_capacity_ramps_last_step_waits_for_its_end_starts_no_so
 
 
 @pytest.mark.parametrize("scraped", [False, True], ids=["no-metrics", "metrics"])
-def test_a_signal_as_the_soak_waits_for_its_end_cuts_it_there(soak_server, tmp_path, scraped):
+def test_a_signal_as_the_soak_waits_for_its_end_cuts_it_there(signalled, request, scraped):
     """Every answer in, the soak waits for its end (its schedule ended early): in `Ramp._hold_to`, or
     with --metrics-url in the scrape at its end. A signal there wrote a whole soak (`interrupted` null,
     `cut` null) though its RSS watch ended short of its duration, the signal said on stderr alone; with
     --metrics-url it ended the run with exit 130 and nothing written."""
-    if scraped:
-        metrics = next(line.split("metrics on ")[1] for line in soak_server.log if "metrics on http://" in line)
-    else:
-        metrics = "none"
-    args = ["--arrival", "constant", "--capacity", "0.4", "--soak-load", "100%", "--soak", "4s"]
-    args += ["--soak-window", "1s", "--rss-every", "0.2s", "--metrics-url", metrics]
-    proc, out = _soak_child(soak_server, tmp_path, *args)
-    # Sends at 0 and 2.5 s of the 4 s: once both are answered, it waits ~1.5 s for its end.
-    err = _interrupt_at(proc, "step 1/1: every answer is in")
+    proc, out, err = _signalled_run(signalled, request)
     assert proc.returncode == 0, err[-3000:]
     result = json.loads(out.read_text())
     reason = "soak ended early: KeyboardInterrupt: SIGINT"
