@@ -56,22 +56,29 @@ def _wrong_shape(name: str, want: Sequence[int], got: Sequence[int]) -> InvalidI
     )
 
 
-def size_range(least: int, most: int | None) -> str:
-    if most is None:
-        return f"{least} or more"
-    return f"exactly {least}" if least == most else f"{least} to {most}"
+def size_range(least: int, most: int | None, step: int = 1) -> str:
+    """The sizes from `least` to `most` (None: no most), every `step`th from `least` where `step` > 1 (a size a
+    torch.export program derived from a Dim, 2 × Dim: an even one)."""
+    if most is not None and least == most:
+        return f"exactly {least}"
+    sizes = f"{least} or more" if most is None else f"{least} to {most}"
+    if step == 1:
+        return sizes
+    if step == 2:
+        return f"an {'odd' if least % 2 else 'even'} size of {sizes}"
+    return f"a size of {sizes} in steps of {step}"
 
 
 def _check_ranges(
-    name: str, ranges: tuple[tuple[int, int, int | None], ...], shape: tuple[int, ...], model: str
+    name: str, ranges: tuple[tuple[int, int, int | None, int], ...], shape: tuple[int, ...], model: str
 ) -> None:
     """The sizes of a request's variable dims that its model takes (Servable.dim_ranges): InvalidInput for one
     outside them, which the model was not exported for."""
-    for i, least, most in ranges:
+    for i, least, most, step in ranges:
         got = shape[i]
-        if got < least or (most is not None and got > most):
+        if got < least or (most is not None and got > most) or (step != 1 and (got - least) % step):
             raise InvalidInput(
-                f"input '{name}': expected dim {i} of {size_range(least, most)} (the sizes model '{model}' was "
+                f"input '{name}': expected dim {i} of {size_range(least, most, step)} (the sizes model '{model}' was "
                 f"exported for), got {got} in shape {_shape_str(shape)}"
             )
 

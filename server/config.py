@@ -72,7 +72,8 @@ class TensorConfig(_Strict):
     warmup_dims: tuple[StrictInt, ...] | None = Field(
         None,
         description="Inputs only: the sample shape the start-up warm-up runs the model on, `dims` with each -1 "
-        "replaced by a size >= 1; None: each -1 as 1. For a model that refuses size 1 (a convolution's kernel).",
+        "replaced by a size >= 1; None: each -1 as 1, or as the least size the model takes there where that is "
+        "known (a torch.export program's range). For a model that refuses size 1 (a convolution's kernel).",
     )
 
     @field_validator("name")
@@ -122,9 +123,14 @@ class TensorConfig(_Strict):
             )
         return self
 
-    def warmup_shape(self) -> tuple[int, ...]:
-        """One sample's shape in the start-up warm-up: `warmup_dims`, else `dims` with each -1 as 1."""
-        return self.warmup_dims or tuple(d if d > 0 else 1 for d in self.dims)
+    def warmup_shape(self, least: Mapping[int, int] | None = None) -> tuple[int, ...]:
+        """One sample's shape in the start-up warm-up: `warmup_dims`, else `dims` with each -1 as the size `least`
+        gives it (by its index in a request's shape, batch first: the least its model takes there, where that is
+        known), else 1."""
+        if self.warmup_dims:
+            return self.warmup_dims
+        least = least or {}
+        return tuple(d if d > 0 else least.get(i, 1) for i, d in enumerate(self.dims, 1))
 
     @property
     def variable(self) -> bool:

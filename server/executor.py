@@ -981,7 +981,7 @@ class Executor:
         s = self.instances[0].servable
         sample = {}
         for t in s.config.inputs:
-            shape = (1, *t.warmup_shape())
+            shape = (1, *s.warmup_shape(t))
             try:
                 sample[t.name] = np.zeros(shape, dtype=s.input_types[t.name].numpy)
             except (MemoryError, ValueError) as exc:  # dims no host can hold (numpy: too many elements)

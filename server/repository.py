@@ -257,15 +257,15 @@ def _takes_flat_tensors(program, n: int) -> bool:
 def _dim_bounds(program, spec, index: int):
     """(dim `index` of the input of `spec` as the program was traced: an int where it was exported with no Dim, else
     torch's expression for it, a symbol or one derived from symbols (2*s65); the least and most sizes it was traced
-    for, None for no most: for a derived one, 0 and None, its expression being what is read), or None where the
-    program keeps no range for it."""
+    for, None for no most: for a derived one whose range the program does not keep beside its symbols', 0 and None),
+    or None where the program keeps no range for a symbol."""
     try:
         node = next(n for n in program.graph.find_nodes(op="placeholder") if n.name == spec.arg.name)
         dim = node.meta["val"].shape[index]
         if isinstance(dim, int):
             return dim, dim, dim
         expr = dim.node.expr
-        if not expr.is_Symbol:
+        if not expr.is_Symbol and expr not in program.range_constraints:
             return expr, 0, None
         bounds = program.range_constraints[expr]
     # Another torch's layout: the guards, run at each row count, are the check.
@@ -287,19 +287,48 @@ def _shown_size(expr, names: dict) -> str:
     return re.sub(r"(?<!\*)\*(?!\*)", " × ", shown)  # a product's *, not a power's **
 
 
+def _steps(expr) -> tuple[int, int] | None:
+    """(step, offset) where `expr`, a size torch derived from one symbol, is step × it + offset (2 × Dim: (2, 0)):
+    the sizes it takes are offset plus a multiple of step; None for a size of another form."""
+    if len(expr.free_symbols) != 1:
+        return None
+    poly = expr.as_poly(*expr.free_symbols)
+    if poly is None or poly.degree() != 1:
+        return None
+    step, offset = poly.all_coeffs()
+    if not (step.is_Integer and offset.is_Integer and step > 0):
+        return None
+    return int(step), int(offset)
+
+
 class _Padding(NamedTuple):
     """How a torch.export program's batches are padded (_least_batch): to `rows` rows at least (1: none padded),
-    for `inputs`, which take batches of `takes` (as the start-up says it); `batch`: the inputs' batch dims as
+    for `inputs`, by name the batches each takes (as the start-up says it); `batch`: the inputs' batch dims as
     traced (torch's symbols, or the sizes exported with no Dim), to tell the outputs that carry the batch."""
 
     rows: int
-    inputs: list[str]
-    takes: str
+    inputs: dict[str, str]
     batch: set
+
+    def said(self) -> str:
+        """The padded inputs and what each takes, those that take the same together: "input 'a' of its torch.export
+        program takes batches of 2 rows or more, input 'b' batches of 3 rows or more"."""
+        by_takes: dict[str, list[str]] = {}
+        for name, takes in self.inputs.items():
+            by_takes.setdefault(takes, []).append(name)
+        parts = []
+        for takes, names in by_takes.items():
+            inputs = ("input " if len(names) == 1 else "inputs ") + ", ".join(f"'{n}'" for n in names)
+            if not parts:
+                verb = "takes" if len(names) == 1 else "take"
+                parts.append(f"{inputs} of its torch.export program {verb} batches of {takes}")
+            else:
+                parts.append(f"{inputs} batches of {takes}")
+        return ", ".join(parts)
 
 
 def _derived(dim) -> bool:
-    """Whether a dim's size is one torch derived from its symbols (`2*s65`): no range of its own is kept for it."""
+    """Whether a dim's size is one torch derived from its symbols (`2*s65`): its guards check only its bounds."""
     return not isinstance(dim, int) and not dim.is_Symbol
 
 
@@ -319,7 +348,7 @@ def _least_batch(program, cfg: ModelConfig, order: list[str]) -> _Padding:
     whatever else shares its batch."""
     mbs = cfg.max_batch_size
     export = f'export it with a batch Dim from 1, torch.export.Dim("batch", min=1, max={mbs})'
-    least, padded, takes, batch = 1, [], "", set()
+    least, padded, batch = 1, {}, set()
     for name, spec in zip(order, _user_inputs(program), strict=True):
         bounds = _dim_bounds(program, spec, 0)
         if bounds is None:
@@ -333,8 +362,7 @@ def _least_batch(program, cfg: ModelConfig, order: list[str]) -> _Padding:
             fix = f"torch checks only such a size's bounds, and a batch of another would run unchecked; {export}"
         elif lo == hi and lo == mbs and lo > 1:
             # One size, and the greatest wok sends: every batch is padded to it.
-            least, takes = lo, f"exactly {lo} rows (exported with no batch Dim)"
-            padded.append(name)
+            least, padded[name] = lo, f"exactly {lo} rows (exported with no batch Dim)"
             batch.add(dim)
             continue
         elif lo == hi and (lo != 1 or mbs != 1):
@@ -359,66 +387,92 @@ def _least_batch(program, cfg: ModelConfig, order: list[str]) -> _Padding:
         else:
             batch.add(dim)
             if lo > 1:
-                if lo > least:
-                    least, takes = lo, f"{lo} rows or more"
-                padded.append(name)
+                least, padded[name] = max(least, lo), f"{lo} rows or more"
             continue
         raise ConfigError(
             f"{_source(cfg)}: model_file {cfg.model_file!r}: input '{name}' of its torch.export program takes "
             f"batches (its dim 0) of {takes}, but model '{cfg.name}' has max_batch_size {mbs}, so wok sends it "
             f"batches of 1 to {mbs} rows: {fix}"
         )
-    return _Padding(least, padded, takes, batch)
+    return _Padding(least, padded, batch)
 
 
-def _dim_ranges(program, cfg: ModelConfig, order: list[str]) -> dict[str, tuple[tuple[int, int, int | None], ...]]:
+def _dim_ranges(program, cfg: ModelConfig, order: list[str]) -> dict[str, tuple[tuple[int, int, int | None, int], ...]]:
     """By input, the sizes the program was exported for in each of its variable (-1) dims, for wok to hold each
-    request to (Servable.dim_ranges): as (the dim's index in a request's shape, least, most or None for no most);
-    ConfigError where a fixed dim of the config lies outside the program's range for it.
+    request to, and to run the start-up's warm-up on the least of (Servable.dim_ranges): as (the dim's index in a
+    request's shape, least, most or None for no most, step: every step-th size from least); ConfigError where a
+    fixed dim of the config, or a -1 dim's warmup_dims, lies outside the program's range for it.
 
     The range is the program's record of what it was traced for, as for the batch dim (_least_batch), and torch
     checks a call against it only in part: its guards assert no least of 2 (the least of a Dim of min=2,
     Dim.AUTO or Dim.DYNAMIC), and the tracer took the dim to be 2 or more (torch's 0/1 specialisation), so a
     dim of 1 ran outside what was traced, unrefused: a branch on that size took the other path. Unlike the
     batch's, such a dim cannot be padded. A dim exported with no Dim is that one size: a fixed dim of another
-    fails the guards, run at load (_unchecked_where_safe). A size derived from a Dim (2 × Dim) is left to the
-    guards, which check only its bounds (an odd size passes those of 2 × Dim)."""
+    fails the guards, run at load (_unchecked_where_safe). A size derived from a Dim (2 × Dim) has a range of its
+    own, and its guards check only that: an odd size passed those of 2 × Dim, and ran as no size the program was
+    traced for; its step (2) and offset are read from its expression (_steps)."""
     tensors = {t.name: t for t in cfg.inputs}
     ranges = {}
     for name, spec in zip(order, _user_inputs(program), strict=True):
         dims = tensors[name].dims
+        warmup = tensors[name].warmup_dims
         held = []
         for i, size in enumerate(dims, 1):
             bounds = _dim_bounds(program, spec, i)
-            if bounds is None or _derived(bounds[0]):
+            if bounds is None:
                 continue
             dim, lo, hi = bounds
+            step = 1
+            if _derived(dim):
+                steps = _steps(dim)
+                if steps is None:  # torch 2.13 derives a × Dim + b alone: another form is left to its guards
+                    continue
+                step, offset = steps
+                # Where the program keeps no range for it (0 and None), from the first size of its form.
+                lo += (offset - lo) % step
+                hi = None if hi is None else hi - (hi - offset) % step
+            where = f"{_source(cfg)}: model_file {cfg.model_file!r}: input '{name}' of its torch.export program takes"
+            takes = size_range(lo, hi, step)
             if size == -1:
-                held.append((i, lo, hi))
-                if lo >= 2:
-                    # Said once at load: a client's request of a size below it is refused (decode_request), and
-                    # Dim.AUTO and Dim.DYNAMIC, the common exports, start at 2.
+                held.append((i, lo, hi, step))
+                if warmup is not None and not _in_range(warmup[i - 1], lo, hi, step):
+                    # The warm-up is sent what no request may be (decode_request refuses it): outside what was
+                    # traced, or failing the guards, which the start would say less of.
+                    raise ConfigError(
+                        f"{where} a dim {i} of {takes}, but its warmup_dims {list(warmup)} run the start-up's warm-up "
+                        f"on {warmup[i - 1]} there, outside what was traced (a request of that size is refused): set "
+                        f"warmup_dims to sizes in its range, or leave them out (the warm-up then takes the least)"
+                    )
+                if lo >= 2 or step > 1:
+                    # Said once at load: a client's request of a size below it (or between its steps) is refused
+                    # (decode_request), and Dim.AUTO and Dim.DYNAMIC, the common exports, start at 2.
                     log.warning(
                         "model '%s': input '%s' of its torch.export program takes a dim %d of %s: a request whose "
                         "dim %d is outside it is refused (INVALID_ARGUMENT), being outside what was traced%s",
                         cfg.name,
                         name,
                         i,
-                        size_range(lo, hi),
+                        takes,
                         i,
                         "; a Dim of min=1 takes 1 (traced from 2 all the same: right unless the model branches on "
                         "that size)"
-                        if lo == 2
+                        if lo == 2 and not _derived(dim)
                         else "",
                     )
                 continue
-            if isinstance(dim, int) or (lo <= size and (hi is None or size <= hi)):
+            if isinstance(dim, int) or _in_range(size, lo, hi, step):
                 continue
             if lo == 2 and size < lo:
                 why = (
                     f"torch's guards let a dim of {size} through (they check no least of 2), and it would run outside "
                     "what was traced, the tracer having taken the dim to be 2 or more (a branch on that size takes "
                     "the other path)"
+                )
+            elif lo <= size and (hi is None or size <= hi):
+                symbols = sorted(dim.free_symbols, key=str)
+                why = (
+                    f"torch's guards let it through (they check only the bounds of a size derived from a Dim, "
+                    f"{_shown_size(dim, {symbols[0]: 'Dim'})}), and it would run as no size the program was traced for"
                 )
             else:
                 why = "every batch would fail its guards"
@@ -430,13 +484,16 @@ def _dim_ranges(program, cfg: ModelConfig, order: list[str]) -> dict[str, tuple[
                 wide = f"min={min(lo, size)}" + ("" if hi is None else f", max={max(hi, size)}")
                 fix += f', or with a Dim that takes {size}, torch.export.Dim("dim{i}", {wide})'
             raise ConfigError(
-                f"{_source(cfg)}: model_file {cfg.model_file!r}: input '{name}' of its torch.export program takes a "
-                f"dim {i} of {size_range(lo, hi)}, but model '{cfg.name}' fixes it at {size} (shape {[-1, *dims]}, "
+                f"{where} a dim {i} of {takes}, but model '{cfg.name}' fixes it at {size} (shape {[-1, *dims]}, "
                 f"batch first): {why}; {fix}"
             )
         if held:
             ranges[name] = tuple(held)
     return ranges
+
+
+def _in_range(size: int, lo: int, hi: int | None, step: int) -> bool:
+    return lo <= size and (hi is None or size <= hi) and (size - lo) % step == 0
 
 
 def _batch_outputs(program, cfg: ModelConfig, padding: _Padding) -> frozenset | None:
@@ -574,11 +631,10 @@ def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> tuple[nn.
         return module, ranges
     parts = _batch_outputs(program, cfg, padding)
     log.info(
-        "model '%s': %s of its torch.export program takes batches of %s: batches of fewer than %d rows are padded "
-        "to %d, copies of their first row, the copies' answers dropped",
+        "model '%s': %s: batches of fewer than %d rows are padded to %d, copies of their first row, the copies' "
+        "answers dropped",
         cfg.name,
-        ("input " if len(padding.inputs) == 1 else "inputs ") + ", ".join(f"'{n}'" for n in padding.inputs),
-        padding.takes,
+        padding.said(),
         padding.rows,
         padding.rows,
     )

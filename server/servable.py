@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import ModelConfig
+from .config import ModelConfig, TensorConfig
 from .datatypes import Datatype, datatype
 from .errors import (
     NAME_CHARS,
@@ -148,11 +148,12 @@ class Servable:
         *,
         platform_label: str | None = None,
         check: Callable[[Mapping[str, np.ndarray]], object] | None = None,
-        dim_ranges: Mapping[str, tuple[tuple[int, int, int | None], ...]] | None = None,
+        dim_ranges: Mapping[str, tuple[tuple[int, int, int | None, int], ...]] | None = None,
     ) -> None:
         """`check`: the config's `check` callable (repository.load_servable); see `check`. `dim_ranges`: by
         input, the sizes its variable (-1) dims take, each as (its index in a request's shape, least, most or
-        None for no most), that decode_request holds each request to (a torch.export program's)."""
+        None for no most, step: every step-th size from least, 1 for each), that decode_request holds each
+        request to, and the start-up warm-up runs the model on the least of (a torch.export program's)."""
         self.config = config
         self.dim_ranges = MappingProxyType(dict(dim_ranges or {}))
         if check is not None:
@@ -195,6 +196,16 @@ class Servable:
     @property
     def name(self) -> str:
         return self.config.name
+
+    def warmup_shape(self, tensor: TensorConfig) -> tuple[int, ...]:
+        """One sample's shape of input `tensor` in the start-up warm-up: its config's (TensorConfig.warmup_shape),
+        each -1 dim held to a range (dim_ranges) as the least size from 1 in it: a size the model was not
+        exported for would run outside what was traced (Dim.AUTO's range starts at 2), or fail its guards."""
+        least = {}
+        for i, lo, _, step in self.dim_ranges.get(tensor.name, ()):
+            size = max(lo, 1)
+            least[i] = size + (lo - size) % step  # 2 for an even size of 0 or more
+        return tensor.warmup_shape(least)
 
     # -- instances -----------------------------------------------------------------
     def module_for(self, device: torch.device) -> nn.Module:

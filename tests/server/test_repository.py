@@ -28,6 +28,7 @@ from torch import nn
 
 from wok.codec import decode_response, encode_request
 from wok.errors import ConfigError, ModelNotFound, quoted_name
+from wok.executor import Executor
 from wok.repository import ModelRepository, load_servable
 from wok.servable import Servable
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -638,6 +639,30 @@ def test_a_torch_export_program_whose_range_holds_a_fixed_dim_of_the_config_runs
     assert s.dim_ranges == {}
 
 
+async def refusal_after_answers(serve, repo: Path, sizes: tuple[int, ...], refused: int) -> str:
+    """The details of the INVALID_ARGUMENT that `repo`'s model 'exported' (Cols1) answers to a request of 3 rows of
+    `refused` columns, once it has answered one of each of `sizes` columns as Cols1 does."""
+    async with serve(repository=repo) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.GRPCInferenceServiceStub(ch)
+            for cols in sizes:
+                x = np.arange(3 * cols, dtype=np.float32).reshape(3, cols)
+                resp = await stub.ModelInfer(encode_request("exported", {"INPUT0": x}), timeout=30)
+                np.testing.assert_allclose(decode_response(resp)["OUTPUT0"], Cols1()(torch.from_numpy(x)).numpy())
+            x = np.ones((3, refused), np.float32)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ModelInfer(encode_request("exported", {"INPUT0": x}), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    return info.value.details()
+
+
+def refusal(said: str, refused: int) -> str:
+    return (
+        f"input 'INPUT0': expected dim 1 of {said} (the sizes model 'exported' was exported for), got {refused} in "
+        f"shape [3, {refused}]"
+    )
+
+
 @pytest.mark.parametrize(
     ("cols_dim", "sizes", "refused", "said"),
     [
@@ -658,25 +683,9 @@ async def test_a_variable_dim_outside_a_torch_export_programs_range_is_refused_n
 ):
     caplog.set_level(logging.WARNING, logger="wok")
     repo = tmp_path / "repo"
-    # warmup_dims: the warm-up's one column (a -1 dim's default) fails the guards of a Dim of min=3.
-    write_exported(
-        repo, module=Cols1(), cols=5, cols_dim=cols_dim, in_dims="[-1]", out_dims="[1]", warmup_dims=f"[{sizes[0]}]"
-    )
-    async with serve(repository=repo) as server:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-            stub = pb_grpc.GRPCInferenceServiceStub(ch)
-            for cols in sizes:
-                x = np.arange(3 * cols, dtype=np.float32).reshape(3, cols)
-                resp = await stub.ModelInfer(encode_request("exported", {"INPUT0": x}), timeout=30)
-                np.testing.assert_allclose(decode_response(resp)["OUTPUT0"], Cols1()(torch.from_numpy(x)).numpy())
-            x = np.ones((3, refused), np.float32)
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.ModelInfer(encode_request("exported", {"INPUT0": x}), timeout=30)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == (
-        f"input 'INPUT0': expected dim 1 of {said} (the sizes model 'exported' was exported for), got {refused} in "
-        f"shape [3, {refused}]"
-    )
+    # No warmup_dims: the warm-up runs on the range's least (it ran on 1 column, failing the guards of min=3).
+    write_exported(repo, module=Cols1(), cols=5, cols_dim=cols_dim, in_dims="[-1]", out_dims="[1]")
+    assert await refusal_after_answers(serve, repo, sizes, refused) == refusal(said, refused)
     # Said once at load where the range starts above 1 (requests of one column refused); not for min=1.
     warned = [r.getMessage() for r in caplog.records if "is refused (INVALID_ARGUMENT)" in r.getMessage()]
     least = 1 if said == "1 or more" else sizes[0]
@@ -693,6 +702,160 @@ async def test_a_variable_dim_outside_a_torch_export_programs_range_is_refused_n
             )
         ]
     )
+
+
+def warmed_shapes(servable: Servable) -> list[tuple[int, ...]]:
+    """The input shapes the program's own module is called with in `servable`'s start-up warm-up."""
+    seen: list[tuple[int, ...]] = []
+    program_module(servable).register_forward_pre_hook(lambda _module, args: seen.append(tuple(args[0].shape)))
+    ex = Executor(servable, servable.config.instances)
+    try:
+        ex.warmup()
+    finally:
+        ex.shutdown()
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("cols_dim", "cols", "warmup_dims", "warmed"),
+    [
+        # Warmed on 1 column before: outside what was traced (from 2), unrefused, and a size no request may send.
+        (torch.export.Dim.AUTO, 5, "", 2),
+        (torch.export.Dim.DYNAMIC, 5, "", 2),
+        # Failed the start before: the guards refuse 1 column (warmup_dims had to say 3).
+        (torch.export.Dim("cols", min=3), 5, "", 3),
+        # 1 before, no size of 2 × Dim or 3 × Dim + 1, which the guards let through (they check its bounds).
+        (2 * torch.export.Dim("half", min=1, max=8), 6, "", 2),
+        (2 * torch.export.Dim("half"), 6, "", 2),  # an even size of 0 or more: the least from 1
+        (3 * torch.export.Dim("third", min=2, max=8) + 1, 7, "", 7),
+        # Its range takes 1, and warmup_dims are the config's own.
+        (torch.export.Dim("cols", min=1), 5, "", 1),
+        (torch.export.Dim.AUTO, 5, "[4]", 4),
+    ],
+    ids=["auto", "dynamic", "min-3", "2-dim", "2-dim-from-0", "3-dim-plus-1", "min-1", "warmup_dims"],
+)
+def test_the_warm_up_runs_a_torch_export_program_on_the_least_size_of_its_range_for_a_variable_dim(
+    tmp_path, cols_dim, cols, warmup_dims, warmed
+):
+    d, _ = write_exported(
+        tmp_path, module=Cols1(), cols=cols, cols_dim=cols_dim, in_dims="[-1]", out_dims="[1]", warmup_dims=warmup_dims
+    )
+    assert warmed_shapes(load_servable(d)) == [(1, warmed)]
+
+
+@pytest.mark.parametrize(
+    ("cols_dim", "cols", "warmup", "said"),
+    [
+        # Loaded before, and warmed on 1 column, outside what was traced; a request of 1 column is refused.
+        (torch.export.Dim.AUTO, 5, 1, "2 or more"),
+        # Loaded before, and warmed on 3 columns, no size of 2 × Dim (its guards check only its bounds).
+        (2 * torch.export.Dim("half", min=1, max=8), 6, 3, "an even size of 2 to 16"),
+    ],
+    ids=["auto", "2-dim"],
+)
+def test_warmup_dims_outside_a_torch_export_programs_range_are_refused_at_load(tmp_path, cols_dim, cols, warmup, said):
+    d, _ = write_exported(
+        tmp_path,
+        module=Cols1(),
+        cols=cols,
+        cols_dim=cols_dim,
+        in_dims="[-1]",
+        out_dims="[1]",
+        warmup_dims=f"[{warmup}]",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        f"{d / 'config.toml'}: model_file 'model.pt2': input 'INPUT0' of its torch.export program takes a dim 1 of "
+        f"{said}, but its warmup_dims [{warmup}] run the start-up's warm-up on {warmup} there, outside what was "
+        "traced (a request of that size is refused): set warmup_dims to sizes in its range, or leave them out (the "
+        "warm-up then takes the least)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("cols_dim", "cols", "sizes", "refused", "said"),
+    [
+        (2 * torch.export.Dim("half", min=1, max=8), 6, (2, 16), 5, "an even size of 2 to 16"),
+        (2 * torch.export.Dim("half", min=1, max=8) + 1, 7, (3, 17), 4, "an odd size of 3 to 17"),
+        (3 * torch.export.Dim("third", min=2, max=8) + 1, 7, (7, 25), 9, "a size of 7 to 25 in steps of 3"),
+    ],
+    ids=["2-dim", "2-dim-plus-1", "3-dim-plus-1"],
+)
+async def test_a_variable_dim_between_the_sizes_of_a_derived_dim_is_refused_naming_them(
+    tmp_path, serve, caplog, cols_dim, cols, sizes, refused, said
+):
+    # Answered before: torch's guards check only such a size's bounds, and the program ran on a size it was not
+    # traced for (5 columns of 2 × Dim).
+    caplog.set_level(logging.WARNING, logger="wok")
+    repo = tmp_path / "repo"
+    write_exported(repo, module=Cols1(), cols=cols, cols_dim=cols_dim, in_dims="[-1]", out_dims="[1]")
+    assert await refusal_after_answers(serve, repo, sizes, refused) == refusal(said, refused)
+    assert [r.getMessage() for r in caplog.records if "is refused (INVALID_ARGUMENT)" in r.getMessage()] == [
+        f"model 'exported': input 'INPUT0' of its torch.export program takes a dim 1 of {said}: a request whose dim 1 "
+        "is outside it is refused (INVALID_ARGUMENT), being outside what was traced"
+    ]
+
+
+def test_a_fixed_dim_between_the_sizes_of_a_derived_dim_is_refused_at_load_and_one_of_them_runs_unchecked(tmp_path):
+    # Loaded before, and ran unchecked: the guards, run at load, check only the bounds of 2 × Dim.
+    half = torch.export.Dim("half", min=1, max=8)
+    d, _ = write_exported(tmp_path / "odd", module=Cols1(), cols=6, cols_dim=2 * half, in_dims="[5]", out_dims="[1]")
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == (
+        f"{d / 'config.toml'}: model_file 'model.pt2': input 'INPUT0' of its torch.export program takes a dim 1 of "
+        "an even size of 2 to 16, but model 'exported' fixes it at 5 (shape [-1, 5], batch first): torch's guards "
+        "let it through (they check only the bounds of a size derived from a Dim, 2 × Dim), and it would run as no "
+        f"size the program was traced for; {fix_dim_1(5, 'min=2, max=16')}"
+    )
+    d, _ = write_exported(tmp_path / "even", module=Cols1(), cols=6, cols_dim=2 * half, in_dims="[4]", out_dims="[1]")
+    s = load_servable(d)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(run(s, x), Cols1()(x))
+    assert program_module(s).validate_inputs is False
+    assert s.dim_ranges == {}
+
+
+class FirstTimesSecond(nn.Module):
+    """x, times the mean of y: y's batch is traced apart from x's, its Dim's range its own."""
+
+    def forward(self, x, y):
+        return x * y.mean()
+
+
+@pytest.mark.parametrize(
+    ("mins", "said"),
+    [
+        # Both said to take 3 rows or more before, the range of the one that pads most.
+        (
+            (2, 3),
+            "input 'INPUT0' of its torch.export program takes batches of 2 rows or more, input 'INPUT1' batches of 3 "
+            "rows or more: batches of fewer than 3 rows are padded to 3",
+        ),
+        (
+            (3, 3),
+            "inputs 'INPUT0', 'INPUT1' of its torch.export program take batches of 3 rows or more: batches of fewer "
+            "than 3 rows are padded to 3",
+        ),
+    ],
+    ids=["each-its-own", "one-range"],
+)
+def test_each_padded_input_of_a_torch_export_program_is_said_with_its_own_range(tmp_path, caplog, mins, said):
+    batch = [{0: torch.export.Dim(f"batch{i}", min=m, max=64)} for i, m in enumerate(mins)]
+    ep = torch.export.export(FirstTimesSecond(), (torch.randn(5, 4), torch.randn(5, 4)), dynamic_shapes=tuple(batch))
+    d = model_dir(tmp_path, "two", "torch_export", extra='model_file = "model.pt2"', out_dims="[4]")
+    torch.export.save(ep, str(d / "model.pt2"))
+    with (d / "config.toml").open("a") as config:  # a second [[inputs]] table, after the others
+        config.write('[[inputs]]\nname = "INPUT1"\ndatatype = "FP32"\ndims = [4]\n')
+    caplog.set_level(logging.INFO, logger="wok")
+    s = load_servable(d)
+    assert [r.getMessage() for r in caplog.records if r.name == "wok"] == [
+        f"model 'two': {said}, copies of their first row, the copies' answers dropped"
+    ]
+    x, y = torch.randn(1, 4), torch.randn(1, 4)
+    with torch.inference_mode():
+        torch.testing.assert_close(s.module_for(CPU)(x, y), x * torch.cat((y, y, y)).mean())
 
 
 async def test_a_wrong_shaped_input_to_a_torch_export_model_is_refused_naming_it(tmp_path, serve):

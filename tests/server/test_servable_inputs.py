@@ -108,7 +108,7 @@ def test_a_torch_export_model_whose_short_batches_are_padded_takes_its_inputs_by
     caplog.set_level(logging.INFO, logger="wok")
     s = load_servable(d)
     assert [r.getMessage() for r in caplog.records if r.name == "wok"] == [
-        "model 'sub': inputs 'minuend', 'subtrahend' of its torch.export program takes batches of 2 rows or more: "
+        "model 'sub': inputs 'minuend', 'subtrahend' of its torch.export program take batches of 2 rows or more: "
         "batches of fewer than 2 rows are padded to 2, copies of their first row, the copies' answers dropped"
     ]
     seen = []
