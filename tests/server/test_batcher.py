@@ -8,6 +8,7 @@ import gc
 import logging
 import math
 import statistics
+import sys
 import time
 import weakref
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from wok.batcher import QUEUED, Batcher, BatchingPolicy, FailureLog
+from wok.bench.workers import RunQueueClock
 from wok.errors import DeadlineExceeded, InvalidInput, ModelExecutionError, QueueFull, ShuttingDown
 from wok.executor import Executor
 from wok.stats import ModelStats
@@ -794,6 +796,8 @@ async def test_a_deadline_passing_while_a_full_batch_waits_in_the_spare_slot_fai
 
 
 FLUSH_LATE_MEDIAN_S = 0.5e-3  # the stated tolerance (docs/performance.md): half the loops' 1 ms timer grain
+JUDGED_FLUSHES = 15  # the lateness median is taken over this many flushes that had their CPU
+MAX_FLUSHES = 300  # a bound on the flushes sent to find them, should the host never leave the loop a CPU
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
@@ -802,38 +806,55 @@ def test_a_delay_flush_is_armed_for_the_heads_exact_instant_and_never_leaves_ear
     to the loop's millisecond, and the batch leaves at or after that instant, within the tolerance
     (a median over 15 flushes, read on perf_counter, the clock the batcher and its timer use).
 
-    The tolerance is judged on the best of up to three rounds of 15: a timer rounded to the
-    millisecond is late in every round, while a busy shared host delays whole rounds at random
-    (one CI run read a median of 0.84 ms in a round where the code was right)."""
+    Every arming of the flush timer is recorded (a wrapper around the batcher's own timer's `arm`),
+    not read back after some yields: a head already due at the batcher's first pass after its
+    arrival (the loop's thread kept from a CPU for the whole delay) leaves at once, unarmed.
+    The lateness median is judged on flushes during which the loop's thread never waited for a CPU
+    (its run-queue time, /proc/thread-self/schedstat, did not grow): beside busy processes a thread
+    woken by its timer waits out their time slice (3-12 ms read beside two busy loops on 2 cores),
+    which made the median of every round of 15 late on a busy host however right the timer. A timer
+    that fires late sleeps too long in the loop's poll, which is no run-queue time: its flushes are
+    judged, and late. Where the kernel does not report it (NaN), every flush is judged."""
     delay = 0.0037  # off the millisecond grid
 
     async def scenario():
         s, _, ex = gated(max_batch_size=8, delay_ms=1e3 * delay)
         b = make_batcher(s, ex)
-        armed, rounds = [], []
-        for _ in range(3):
-            late = []
-            for i in range(15):
-                p = submit(b, float(i))
-                for _ in range(100):  # let the batcher's task run (yields, not a timed wait)
-                    if b._timer.armed_at != math.inf:
-                        break
-                    await asyncio.sleep(0)
-                armed.append(b._timer.armed_at - (p.arrival + delay))
-                await p.future
-                late.append(p.dispatched - p.arrival - delay)
-            rounds.append(late)
-            if statistics.median(late) <= FLUSH_LATE_MEDIAN_S:
-                break
+        precise = b._timer.precise
+        runq = RunQueueClock()  # this thread's, the loop's
+        arms: list[float] = []
+        at_dispatch: list[float] = []  # the run-queue clock as each batch was sent, its requests' `dispatched` read
+        arm, dispatch = b._timer.arm, b._dispatch
+        b._timer.arm = lambda at: arms.append(at) or arm(at)
+        b._dispatch = lambda *args: at_dispatch.append(runq()) or dispatch(*args)
+        flushes = []  # per flush: (its due instant, the arms meanwhile, how late it left, waited for a CPU)
+        try:
+            while len(flushes) < MAX_FLUSHES and sum(not f[3] for f in flushes) < JUDGED_FLUSHES:
+                arms.clear()
+                at_dispatch.clear()
+                before = runq()
+                p = submit(b, float(len(flushes) % 8))
+                await asyncio.wait_for(p.future, 5)
+                due = p.arrival + delay
+                flushes.append((due, list(arms), p.dispatched - due, any(t > before for t in at_dispatch)))
+        finally:
+            runq.close()
         await finish(b)
-        return armed, rounds
+        return precise, flushes
 
-    armed, rounds = run_on(loop, scenario())
-    assert all(abs(a) < 1e-9 for a in armed), armed
-    every = [x for late in rounds for x in late]
-    assert min(every) >= 0, f"a flush left {-1e3 * min(every):.3f} ms early"
-    best = min(statistics.median(late) for late in rounds)
-    assert best <= FLUSH_LATE_MEDIAN_S, [[f"{1e3 * x:.3f}" for x in late] for late in rounds]
+    precise, flushes = run_on(loop, scenario())
+    # The loop's own timer (the fallback) is late by a median of 0.45-0.49 ms here, within the tolerance as often
+    # as not: that the batcher's timer is the timerfd is checked, not left to chance.
+    assert precise == (sys.platform == "linux")
+    wrong = [(f"{1e3 * (at - due):+.6f} ms", n) for n, (due, arms, _, _) in enumerate(flushes) for at in arms]
+    assert all(abs(at - due) < 1e-9 for due, arms, _, _ in flushes for at in arms), wrong
+    assert any(arms for _, arms, _, _ in flushes), "the flush timer was never armed"
+    late = [x for _, _, x, _ in flushes]
+    assert min(late) >= 0, f"a flush left {-1e3 * min(late):.3f} ms early"
+    judged = [x for _, _, x, waited in flushes if not waited]
+    if len(judged) < JUDGED_FLUSHES:  # no 0.5 ms lateness can be judged on such a host
+        pytest.skip(f"the loop's thread waited for a CPU in {len(flushes) - len(judged)} of {len(flushes)} flushes")
+    assert statistics.median(judged) <= FLUSH_LATE_MEDIAN_S, [f"{1e3 * x:.3f}" for x in judged]
 
 
 async def test_a_delay_flush_to_an_idle_instance_is_prewarmed_once_and_a_size_flush_is_not(gated):

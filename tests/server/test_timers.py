@@ -2,8 +2,11 @@
 
 Each wait gates on the callback's own event; times are read with time.perf_counter(), the
 clock the timer is armed on. The lateness bound (a median over many firings, so one scheduling
-hiccup of a busy machine does not decide it) is the tolerance docs/performance.md states. The
-`loop.call_at` fallback (no timerfd) is held to "never early" only: its lateness is the loop's.
+hiccup of a busy machine does not decide it) is the tolerance docs/performance.md states, judged on
+the firings during which the loop's thread never waited for a CPU (its run-queue time did not grow):
+beside busy processes a thread woken at its instant waits out their time slice, milliseconds that
+are the host's, not the timer's. The `loop.call_at` fallback (no timerfd) is held to "never early"
+only: its lateness is the loop's.
 """
 
 from __future__ import annotations
@@ -17,53 +20,71 @@ from collections.abc import Callable
 import pytest
 
 import wok.timers
+from wok.bench.workers import RunQueueClock
 from wok.timers import PreciseSleeper, PreciseTimer
 
 LOOPS = ("asyncio", "uvloop")
 LATE_MEDIAN_S = 0.5e-3  # the stated tolerance: half the loops' own 1 ms timer granularity
 
 
-async def _fire_many(n: int, precise: bool) -> tuple[list[float], list[float], bool]:
+async def _fire_many(n: int, precise: bool, had_cpu: int = 0) -> tuple[list[float], list[float], list[bool], bool]:
+    """Arm and await the timer `n` times, or (`had_cpu`) until that many firings had their CPU, at most 10 × n:
+    (armed instants, firing times, whether the loop's thread waited for a CPU between each arming and its
+    callback (False where the kernel does not say), precise)."""
     loop = asyncio.get_running_loop()
+    runq = RunQueueClock()  # this thread's, the loop's
     fired: list[float] = []
+    at_fire: list[float] = []
     event = asyncio.Event()
 
     def callback() -> None:
         fired.append(time.perf_counter())
+        at_fire.append(runq())
         event.set()
 
     timer = PreciseTimer(loop, callback, precise=precise)
-    armed = []
+    armed: list[float] = []
+    waited: list[bool] = []
     precise = timer.precise
     try:
-        for i in range(n):
+        for i in range(10 * n if had_cpu else n):
+            if had_cpu and waited.count(False) >= had_cpu:
+                break
             event.clear()
+            before = runq()
             # Instants off the millisecond grid: 1.3, 2.6, 3.9 ms ahead, …
             at = time.perf_counter() + 1e-3 * (1 + (i % 7) * 1.3)
             armed.append(at)
             timer.arm(at)
             await asyncio.wait_for(event.wait(), 5)
+            waited.append(at_fire[-1] > before)
     finally:
         timer.close()
-    return armed, fired, precise
+        runq.close()
+    return armed, fired, waited, precise
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the timerfd is Linux's")
 @pytest.mark.parametrize("loop", LOOPS)
 def test_the_timer_fires_once_per_arming_never_before_its_instant_and_within_the_tolerance(run_on, loop):
-    armed, fired, precise = run_on(loop, _fire_many(40, precise=True))
+    armed, fired, waited, precise = run_on(loop, _fire_many(40, precise=True, had_cpu=40))
     assert precise
-    assert len(fired) == 40
+    assert len(fired) == len(armed)
     late = [f - a for a, f in zip(armed, fired)]
     assert min(late) >= 0, f"fired {-1e3 * min(late):.3f} ms before its instant"
-    assert statistics.median(late) <= LATE_MEDIAN_S, f"median lateness {1e3 * statistics.median(late):.3f} ms"
+    judged = [x for x, w in zip(late, waited) if not w]
+    if len(judged) < 40:
+        pytest.skip(
+            f"the loop's thread waited for a CPU in {waited.count(True)} of {len(waited)} firings: too busy a host"
+        )
+    assert statistics.median(judged) <= LATE_MEDIAN_S, f"median lateness {1e3 * statistics.median(judged):.3f} ms"
 
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_the_call_at_fallback_fires_once_per_arming_never_before_its_instant(run_on, loop):
     """uvloop's own timer runs up to about 1 ms early (whole ms on a cached ms clock); the
     fallback waits out the rest rather than calling back early."""
-    armed, fired, precise = run_on(loop, _fire_many(40, precise=False))
+    armed, fired, _, precise = run_on(loop, _fire_many(40, precise=False))
     assert not precise
     assert len(fired) == 40
     late = [f - a for a, f in zip(armed, fired)]
@@ -115,8 +136,10 @@ def test_rearming_replaces_the_instant_and_disarming_cancels_it(run_on, loop, pr
             now = time.perf_counter()
             timer.arm(now + 0.002)
             timer.disarm()
-            timer.arm(now + 0.050)
-            timer.arm(now + 0.004)  # replaces 50 ms
+            # Replaced by 4 ms: a full second, so that a loop kept from a CPU for 50 ms (one read 1 in 1,700 runs
+            # beside two busy loops) is not taken for the first instant kept.
+            timer.arm(now + 1.0)
+            timer.arm(now + 0.004)
             await asyncio.wait_for(event.wait(), 5)
             first = list(calls)
             # Disarmed before its instant: never fires. A later arming, gated on, proves time passed.
@@ -131,7 +154,7 @@ def test_rearming_replaces_the_instant_and_disarming_cancels_it(run_on, loop, pr
         return now, first, calls, after
 
     now, first, calls, after = run_on(loop, scenario())
-    assert len(first) == 1 and now + 0.004 <= first[0] < now + 0.050
+    assert len(first) == 1 and now + 0.004 <= first[0] < now + 1.0
     assert len(calls) == 2 and calls[1] >= after
 
 
@@ -151,28 +174,45 @@ def test_an_instant_already_past_fires_on_the_next_pass(run_on, loop, precise):
     run_on(loop, scenario())
 
 
+SLEEPS_JUDGED = 29  # the sleeper's lateness median is taken over this many sleeps
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_the_sleeper_returns_at_or_after_each_instant(run_on, loop):
+    """On a schedule 0.7 ms apart, as the bench paces its sends. Every return is at or after its
+    instant; the lateness median is judged on the sleeps that slept (their instant still ahead when
+    called: one already past returns at once, late by whatever held the caller) and during which the
+    loop's thread never waited for a CPU (its run-queue time did not grow). A busy host's time slice
+    made a sleep, and the dozen past instants behind it, milliseconds late whatever the sleeper did."""
+
     async def scenario():
         sleeper = PreciseSleeper()
         precise = sleeper.precise
-        woke = []
+        runq = RunQueueClock()  # this thread's, the loop's
+        targets, woke, judged = [], [], []
         try:
             start = time.perf_counter()
-            targets = [start + 1e-3 * k * 0.7 for k in range(1, 30)]
-            for at in targets:
+            while judged.count(True) < SLEEPS_JUDGED and len(targets) < 30 * SLEEPS_JUDGED:
+                at = start + 1e-3 * (len(targets) + 1) * 0.7
+                targets.append(at)
+                before, ahead = runq(), at > time.perf_counter()
                 await sleeper.until(at)
                 woke.append(time.perf_counter())
+                judged.append(ahead and not runq() > before)  # NaN (not reported): judged
             await sleeper.until(start)  # past: returns at once
         finally:
             sleeper.close()
-        return targets, woke, precise
+            runq.close()
+        return targets, woke, judged, precise
 
-    targets, woke, precise = run_on(loop, scenario())
+    targets, woke, judged, precise = run_on(loop, scenario())
     late = [w - t for t, w in zip(targets, woke)]
     assert precise == (sys.platform == "linux")
     assert min(late) >= 0 or not precise
-    assert statistics.median(late) <= LATE_MEDIAN_S or not precise
+    slept = [x for x, j in zip(late, judged) if j]
+    if len(slept) < SLEEPS_JUDGED:
+        pytest.skip(f"{len(slept)} of {len(late)} sleeps slept on the timer with their CPU: too busy a host")
+    assert statistics.median(slept) <= LATE_MEDIAN_S or not precise, [f"{1e3 * x:.3f}" for x in slept]
 
 
 class _EarlyLoop(asyncio.SelectorEventLoop):
@@ -224,11 +264,19 @@ def test_the_fallback_on_an_early_loop_fires_once_after_its_instant_and_disarm_r
         loop.on_call_at = on_call_at
         result = {}
         try:
-            # Fires once, at or after its instant, though every loop timer under it ran early.
-            at = time.perf_counter() + 0.020
-            timer.arm(at)
-            await asyncio.wait_for(fired.wait(), 5)
-            assert len(calls) == 1 and calls[0] >= at, f"fired {1e3 * (at - calls[0]):.3f} ms before its instant"
+            # Fires once, at or after its instant, though every loop timer under it ran early. A loop kept
+            # from a CPU past the instant (10 ms after its early timer) runs that timer late, not early,
+            # and nothing is re-armed: then it is armed again, each arming held to the same.
+            for _ in range(20):
+                calls.clear()
+                fired.clear()
+                schedulings = 0
+                at = time.perf_counter() + 0.020
+                timer.arm(at)
+                await asyncio.wait_for(fired.wait(), 5)
+                assert len(calls) == 1 and calls[0] >= at, f"fired {1e3 * (at - calls[0]):.3f} ms before its instant"
+                if schedulings >= 2:
+                    break
             assert schedulings >= 2  # the loop did run its timer early, and the rest was re-armed
 
             # Disarmed: never fires; a later arming, gated on, proves its instant passed.
