@@ -36,7 +36,7 @@ from .batcher import Batcher, BatchingPolicy
 from .codec import transport_limit
 from .config import ServerSettings, host_port
 from .cpulatency import CpuWakeupLatency, read_constraint
-from .cpulinear import onednn_available, torch_linear_layers
+from .cpulinear import onednn_available, plain_linear_layers, torch_linear_layers
 from .errors import DeviceLost
 from .executor import Executor
 from .health import HealthServicer
@@ -212,7 +212,8 @@ class WokServer:
                 name,
                 first.onednn_layers,
             )
-        elif not onednn_available():
+        elif not onednn_available() and plain_linear_layers(first.module):
+            # Only where oneDNN would run some: a model with no nn.Linear (or an F.linear) runs the same on any build.
             log.warning("%s: this torch build cannot run linear layers through oneDNN; torch runs them", name)
 
     async def start(self) -> None:

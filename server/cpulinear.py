@@ -338,6 +338,13 @@ def with_onednn_linear(module: nn.Module, min_rows: int = MIN_ROWS) -> tuple[nn.
     return (view, *onednn_counts(view)) if view is not module else (module, 0, 0)
 
 
+def plain_linear_layers(module: nn.Module) -> int:
+    """The nn.Linear layers of an nn.Module that with_onednn_linear runs through oneDNN where the torch build has
+    it (plain fp32 CPU ones with no hooks): what a build without it leaves to torch, that a model with none would
+    run no differently."""
+    return sum(_eligible(m) for m in module.modules())
+
+
 # A TorchScript module's type for a scripted nn.Linear: "__torch__.torch.nn.modules.linear.Linear", with a
 # "___torch_mangle_N." before the class where one process scripted several (a subclass is named for itself).
 _SCRIPTED_LINEAR = re.compile(r"__torch__\.torch\.nn\.modules\.linear\.(?:___torch_mangle_\d+\.)?Linear")

@@ -90,8 +90,8 @@ LOST_ALONE = "(its error alone, met as the device was lost: maybe the loss's, no
 
 
 class OwnFailureLog:
-    """wok's own errors met rerunning a failed batch's parts (Instance._isolate: a MemoryError taking a part's
-    answers to the host, a bug) at WARNING in the server's log, with their traceback: the first at once, then
+    """wok's own errors met rerunning a failed batch's parts (Instance._isolate: a bug in wok's work on a part's
+    answers) at WARNING in the server's log, with their traceback: the first at once, then
     at most one per `every_s`, saying how many were not logged in between.
 
     The batcher's FailureLog shows the batch's first error, the model's; this one, which the requests not
@@ -467,11 +467,17 @@ class Instance:
             a = to_numpy_view(v.detach())
             # A 0-d output stays 0-d (np.ascontiguousarray would make it 1-d), so that split
             # refuses it here as on CUDA: it is not one row per sample.
-            if copy or held or a.ndim == 0 or v._is_view() or ptr in reused or ptr in owned:
-                arrays[k] = a.copy()
-                self.output_copies += 1
-            else:
-                arrays[k] = np.ascontiguousarray(a)
+            try:
+                if copy or held or a.ndim == 0 or v._is_view() or ptr in reused or ptr in owned:
+                    arrays[k] = a.copy()
+                    self.output_copies += 1
+                else:
+                    arrays[k] = np.ascontiguousarray(a)
+            except MemoryError as exc:
+                # Host memory refused for the answers fails as the model's forward does, so that the batch is rerun
+                # in parts (_isolate), which copy less: a request whose answer is too large alone fails alone. Raised
+                # as it was, it failed the whole batch, or stopped a failed batch's parts not yet run.
+                raise _model_failed(s.name, exc) from exc
         return s.split(arrays, rows)
 
     # -- a failed batch, rerun in parts ---------------------------------------------------
@@ -496,9 +502,10 @@ class Instance:
         is lost gives its requests its error, marked LOST_IN_PART, and those not rerun yet get the loss
         (DeviceLost, UNAVAILABLE: to be retried elsewhere) without running; rerun on a device that can
         run nothing more, each failed again, as if on its own values. They stop too at an error that is
-        not the model failing a part (a MemoryError taking its answers to the host, a bug), which every
-        request not answered gets: raised out of here, it failed the whole batch, answered parts too. It is
-        logged at WARNING with its traceback (OwnFailureLog): the batcher's line shows the model's error.
+        not the model failing a part (a bug in wok's own work on it; host memory refused for its answers
+        fails the part as its model does: _split_cpu), which every request not answered gets: raised out
+        of here, it failed the whole batch, answered parts too. It is logged at WARNING with its traceback
+        (OwnFailureLog): the batcher's line shows the model's error.
         A request rerun alone that fails as the device is lost is marked LOST_ALONE: the loss, not its
         values, may have failed it.
         """

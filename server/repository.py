@@ -254,6 +254,31 @@ def _takes_flat_tensors(program, n: int) -> bool:
     )
 
 
+def _check_ranks(program, cfg: ModelConfig, order: list[str]) -> None:
+    """ConfigError for an input whose config's dims, the batch's before them, make another rank than the program
+    was traced for: dims written Triton's way, the batch dim among them, loaded (a Linear takes any rank) to fail
+    the warm-up on its output's shape, or serve requests of one dim more; a fixed one failed the guards in words
+    that said nothing of the batch. Read from the program's own placeholders: left to the guards where not kept."""
+    tensors = {t.name: t for t in cfg.inputs}
+    for name, spec in zip(order, _user_inputs(program), strict=True):
+        try:
+            node = next(n for n in program.graph.find_nodes(op="placeholder") if n.name == spec.arg.name)
+            shape = node.meta["val"].shape
+        except (AttributeError, KeyError, StopIteration, TypeError):  # another torch's layout
+            continue
+        dims = tensors[name].dims
+        if len(shape) == len(dims) + 1 or len(shape) == 0:  # a 0-d input has no batch dim for any dims to fit
+            continue
+        own = [d if isinstance(d, int) else -1 for d in shape[1:]]
+        raise ConfigError(
+            f"{_source(cfg)}: model_file {cfg.model_file!r}: input '{name}' of its torch.export program takes tensors "
+            f"of {len(shape)} dims, batch first, but model '{cfg.name}' declares dims {list(dims)}, which wok sends "
+            f"as {len(dims) + 1} dims (shape {[-1, *dims]}, batch first): dims exclude the batch dim, as Triton's do "
+            f"where max_batch_size > 0; write dims = {own}, the program's after its batch dim"
+            + (" (-1 = any size)" if -1 in own else "")
+        )
+
+
 def _dim_bounds(program, spec, index: int):
     """(dim `index` of the input of `spec` as the program was traced: an int where it was exported with no Dim, else
     torch's expression for it, a symbol or one derived from symbols (2*s65); the least and most sizes it was traced
@@ -624,6 +649,7 @@ def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> tuple[nn.
     if not _takes_flat_tensors(program, len(names)):
         return _without_mode_switch(checked), {}
     order = forward_order(checked, names)
+    _check_ranks(program, cfg, order)
     padding = _least_batch(program, cfg, order)
     ranges = _dim_ranges(program, cfg, order)
     module = _without_mode_switch(_unchecked_where_safe(program, checked, cfg, order, padding.rows))

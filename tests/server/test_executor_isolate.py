@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from wok.config import InstanceConfig
+from wok.config import InstanceConfig, model_config_from_dict
 from wok.errors import ModelExecutionError, WarmupError
 from wok.executor import NOT_RERUN, PROBE_AFTER, Executor
 from wok.servable import Servable
@@ -204,6 +204,64 @@ def test_a_batch_whose_buffers_cannot_grow_is_rerun_in_parts_and_the_request_too
         else:
             np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2 * v, np.float32))
     assert sum(m.batch_sizes) == 2  # each request that fits ran once, the one too large never
+
+
+class HugeAnswerOnThree(nn.Module):
+    """Doubles; raises on a batch holding a NaN; a batch holding a 3 gets an answer no allocator gives memory for
+    (its rows of HUGE_ROWS values, a view of one value each): refused as it is copied to the host, as a request's
+    too large answer is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_sizes: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.batch_sizes.append(int(x.shape[0]))
+        if torch.isnan(x).any():
+            raise ValueError("NaN in batch")
+        if (x == 3.0).any():
+            return (2 * x[:, :1]).expand(x.shape[0], HUGE_ROWS)
+        return 2 * x
+
+
+@pytest.mark.parametrize(
+    ("values", "sizes"), [([1.0, 3.0, 2.0], [3, 1, 2, 1, 1]), ([1.0, np.nan, 3.0, 4.0], [4, 2, 1, 1, 2, 1, 1])]
+)
+def test_a_part_whose_answers_cannot_be_copied_out_is_rerun_in_parts_and_the_request_too_large_fails_alone(
+    values, sizes
+):
+    """A batch's answers copied to the host (a copy refused: MemoryError) failed the whole batch, and a part's of a
+    failed batch every part not yet run, where smaller parts copy less: rerun in parts as for a model's failure,
+    the request whose answer is too large alone fails alone, the others are answered."""
+    cfg = model_config_from_dict(
+        {
+            "name": "huge",
+            "platform": "python",
+            "factory": "tests:unused",
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "dims": [4]}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [-1]}],
+            "max_batch_size": 8,
+        },
+        "test",
+    )
+    m = HugeAnswerOnThree()
+    ex = Executor(Servable(cfg, m), InstanceConfig(count=1, devices=("cpu",), pipeline_depth=1))
+    try:
+        result = run(ex, requests(values))
+    finally:
+        ex.shutdown()
+    assert isinstance(result.failure, ModelExecutionError)
+    for out, v in zip(result.outputs, values, strict=True):
+        if np.isnan(v):
+            assert str(out) == "model 'huge' failed: ValueError: NaN in batch (on this request alone)", out
+        elif v == 3.0:
+            assert isinstance(out, ModelExecutionError), out
+            assert str(out).startswith("model 'huge' failed: "), out  # the allocator's error, as the batch's was
+            assert str(out).endswith("(on this request alone)"), out
+            assert isinstance(out.__cause__, MemoryError)  # numpy's, for the log's traceback
+        else:
+            np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2 * v, np.float32))
+    assert m.batch_sizes == sizes
 
 
 class KeepsItsOutput(nn.Module):

@@ -1,6 +1,7 @@
 """A failed batch rerun in parts (server/executor.py, Instance._isolate) whose reruns are cut short: the
 device lost as they run (a part's device-side error, or another instance's on the device), or an error
-that is not the model's failing a request (a MemoryError taking an answer to the host, a bug). The parts
+that is not the model's failing a request (a bug in wok's work on a part's answers, which a MemoryError
+raised viewing an answer stands for: one copying it is the part's failing, rerun smaller). The parts
 answered keep their answers; the requests not answered get one error each, and nothing more runs.
 """
 
@@ -34,7 +35,7 @@ DEVICE_FAILED = "model 'fails' failed on the device: RuntimeError: CUDA error: d
 
 
 class Unreadable(torch.Tensor):
-    """An output whose rows cannot be taken to the host: no memory for its array."""
+    """An output whose numpy view fails (an error of wok's own work: no copy is refused there)."""
 
     def numpy(self, *args, **kwargs):
         raise MemoryError("no memory for the answer")

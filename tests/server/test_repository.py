@@ -173,6 +173,54 @@ async def test_a_torchscript_or_export_model_without_linear_layers_is_said_nothi
     assert said == [], said
 
 
+PYTHON_MODELS = {
+    "doubles": "return x * 2",
+    "functional": "return nn.functional.linear(x, torch.eye(4))",
+    "linear": "return self.fc(x)",
+}
+
+
+@pytest.mark.parametrize(("body", "warned"), [("doubles", False), ("functional", False), ("linear", True)])
+async def test_a_python_model_on_a_torch_build_without_onednn_is_warned_only_if_it_has_linear_layers(
+    tmp_path, serve, caplog, monkeypatch, body, warned
+):
+    # The warning was said of every python model there: of one with no nn.Linear, which oneDNN would not run either.
+    from wok import app, cpulinear
+
+    for where in (app, cpulinear):  # a torch build without oneDNN's linear kernel, as this one may not be
+        monkeypatch.setattr(where, "onednn_available", lambda: False)
+    d = model_dir(tmp_path / "repo", body, "python", extra='factory = "model:build"', out_dims="[4]")
+    (d / "model.py").write_text(
+        textwrap.dedent(
+            f"""
+            import torch
+            from torch import nn
+
+
+            class M(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = nn.Linear(4, 4) if {body == "linear"} else None
+
+                def forward(self, x):
+                    {PYTHON_MODELS[body]}
+
+
+            def build():
+                return M()
+            """
+        )
+    )
+    caplog.set_level(logging.INFO, logger="wok")
+    async with serve(repository=tmp_path / "repo"):
+        pass
+    assert any(r.getMessage().startswith("wok serving ") for r in caplog.records)  # its start was logged
+    said = [r.getMessage() for r in caplog.records if "oneDNN" in r.getMessage()]
+    assert said == ([f"{body}: this torch build cannot run linear layers through oneDNN; torch runs them"] * warned), (
+        said
+    )
+
+
 async def test_torchscript_round_trip_through_server(tmp_path, serve):
     repo = tmp_path / "repo"
     _, ref = write_torchscript(repo)
@@ -624,6 +672,48 @@ def test_a_torch_export_program_whose_range_leaves_out_a_fixed_dim_of_the_config
         f"{d / 'config.toml'}: model_file 'model.pt2': input 'INPUT0' of its torch.export program takes a dim 1 of "
         + said
     )
+
+
+class Sum2(nn.Module):
+    """Sums dim 2 of its input, which has 3 dims: (batch, 2, 4) -> (batch, 2)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum(2)
+
+
+@pytest.mark.parametrize(
+    ("in_dims", "ranks", "own"),
+    [
+        # Triton's way, the batch in dims: it loaded, and its warm-up ran a batch of [1, 4, 4] (Linear takes any
+        # rank), failing the start on the output's shape; with out_dims [-1, 3] it served 3-d requests.
+        ("[-1, 4]", "3 dims (shape [-1, -1, 4]", "[4]"),
+        # Refused by its guards, run at load, in words that said nothing of the batch: "Guard failed: ...[1] == 4".
+        ("[8, 4]", "3 dims (shape [-1, 8, 4]", "[4]"),
+        ("[4]", "2 dims (shape [-1, 4]", "[2, 4]"),
+    ],
+    ids=["triton-variable", "triton-fixed", "too-few"],
+)
+def test_dims_that_do_not_make_a_torch_export_programs_rank_are_refused_at_load_saying_dims_exclude_the_batch(
+    tmp_path, in_dims, ranks, own
+):
+    if own == "[2, 4]":
+        module = Sum2()
+        ep = torch.export.export(module, (torch.randn(3, 2, 4),), dynamic_shapes=({0: torch.export.Dim("batch")},))
+        d = model_dir(tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"', in_dims=in_dims)
+        torch.export.save(ep, str(d / "model.pt2"))
+        program = 3
+    else:
+        d, _ = write_exported(tmp_path, in_dims=in_dims)
+        program = 2
+    said = (
+        f"{d / 'config.toml'}: model_file 'model.pt2': input 'INPUT0' of its torch.export program takes tensors of "
+        f"{program} dims, batch first, but model 'exported' declares dims {in_dims}, which wok sends as {ranks}, "
+        "batch first): dims exclude the batch dim, as Triton's do where max_batch_size > 0; write "
+        f"dims = {own}, the program's after its batch dim"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_servable(d)
+    assert str(info.value) == said
 
 
 # A dim of 1 exported with no Dim, from an example of 1 (as the refusal above says to): traced at 1, it doubles.
