@@ -114,7 +114,15 @@ class TickProcessCollector(ProcessCollector):
         whole = super()._boot_time()  # OSError without /proc: the collector then exports nothing, as before
         if not whole or not hasattr(time, "CLOCK_BOOTTIME"):
             return whole
-        return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        # Of three readings, the one whose two boot-clock reads lie closest around the wall clock's: a thread
+        # preempted between the reads would put the boot time early by the stall.
+        readings = []
+        for _ in range(3):
+            first = time.clock_gettime(time.CLOCK_BOOTTIME)
+            wall = time.time()
+            last = time.clock_gettime(time.CLOCK_BOOTTIME)
+            readings.append((last - first, wall - (first + last) / 2))
+        return min(readings)[1]
 
 
 def default_registry() -> CollectorRegistry:

@@ -836,6 +836,9 @@ def test_a_delay_flush_is_armed_for_the_heads_exact_instant_and_never_leaves_ear
                 p = submit(b, float(len(flushes) % 8))
                 await asyncio.wait_for(p.future, 5)
                 due = p.arrival + delay
+                # Read by the wrapper of _dispatch, which the batcher looks up at each batch: should it ever hold
+                # the method itself, no flush would be read as having waited, unsaid.
+                assert at_dispatch, "the batch left without going through Batcher._dispatch"
                 flushes.append((due, list(arms), p.dispatched - due, any(t > before for t in at_dispatch)))
         finally:
             runq.close()

@@ -169,9 +169,11 @@ def test_requests_of_several_rows_are_rerun_whole_never_split_between_parts(cpu_
     np.testing.assert_array_equal(result.outputs[2]["OUTPUT0"], np.full((3, 4), 6.0, np.float32))
 
 
-# Rows of one request whose batch no allocator gives buffers for (16 TiB of float32 x 4): its input is a view of one
-# value (no memory of its own), as no decoded request could be, so that the allocation refused is the batch's.
-HUGE_ROWS = 1 << 40
+# Rows of one request whose batch no allocator gives buffers for (2**60 B of float32 x 4: past any address space, so
+# refused where the kernel grants every allocation too, overcommit_memory=1, which would grant 16 TiB, then have it
+# written): its input is a view of one value (no memory of its own), as no decoded request could be, so that the
+# allocation refused is the batch's.
+HUGE_ROWS = 1 << 56
 
 
 CUDA = pytest.param("cuda:0", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA))
