@@ -492,6 +492,17 @@ def refused_as_bad(step: dict) -> str | None:
     return "; ".join(f"{code}: {details[code]}" if details.get(code) else code for code in errors)
 
 
+def failed_by_model(step: dict) -> str | None:
+    """When every request of `step` failed INTERNAL (the model raised on each, none refused for load): the
+    server's first message ("INTERNAL: ..."); else None. An id past an embedding table fails so in a
+    TorchScript or torch.export model (IndexError), which no metadata lets the bench foresee."""
+    errors = step.get("errors") or {}
+    if not step.get("requests") or step.get("ok") or list(errors) != ["INTERNAL"]:
+        return None
+    detail = (step.get("error_details") or {}).get("INTERNAL")
+    return f"INTERNAL: {detail}" if detail else "INTERNAL"
+
+
 def ms_text(seconds: float) -> str:
     """Seconds as ms for a table: 3 decimals from 1 ms up, 3 significant digits below (a µs-scale
     figure read 0.000 or 0.0022 at fixed decimals), so that 0.000 only ever means 0; "-" when not

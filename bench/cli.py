@@ -1127,7 +1127,7 @@ def _write_or_keep(command: str, result: dict, outputs, folders=()) -> bool:
 def _exit_status(result: dict, args) -> int:
     """The status of a ramp whose result is written (docs/bench.md, "Exit status"); why on stderr."""
     from . import faults, soak
-    from .analysis import refused_as_bad
+    from .analysis import failed_by_model, refused_as_bad
 
     for step in result.get("steps") or ():
         refused = refused_as_bad(step)
@@ -1136,6 +1136,16 @@ def _exit_status(result: dict, args) -> int:
             print(
                 f"wok bench: the server refused every request at {step['offered_qps']:g} QPS as a bad request "
                 f"({refused}); check --model, --rows, --sizes and --int-high against the model",
+                file=sys.stderr,
+            )
+            return BAD_REQUESTS
+        failed = failed_by_model(step)
+        if failed is not None:
+            # Exit 0 read as a capacity of nothing ("knee: at or below" the first step) for a model that never ran.
+            print(
+                f"wok bench: the model failed every request at {step['offered_qps']:g} QPS ({failed}); not a "
+                f"capacity result: check the model, and --int-high (default {DEFAULT_INT_HIGH}) against its "
+                "embedding tables",
                 file=sys.stderr,
             )
             return BAD_REQUESTS

@@ -569,7 +569,15 @@ def _legend_lines(result_or_steps, head: list[str], rows: list[list[str]]) -> li
     legend = SIMULATED_LEGEND if _simulated(result_or_steps) else LEGEND
     entries = [legend[h] for h in head if h in legend]
     if any(cell == "-" for row in rows for cell in row):
-        entries.append("-: no figure")
+        steps = result_or_steps["steps"] if isinstance(result_or_steps, dict) else result_or_steps
+        unread = not _simulated(result_or_steps) and "queue p99" in head and steps
+        if unread and all(s.get(k) is None for s in steps for k in ("queue_ms", "loop_lag_ms", "mean_batch_size")):
+            # Said once before the first step, minutes up the scroll: the table alone read as a server that ran nothing.
+            entries.append(
+                "-: no figure (queue p99, loop p99, batch: the server's /metrics was not read: give --metrics-url)"
+            )
+        else:
+            entries.append("-: no figure")
     lines: list[str] = []
     for entry in entries:
         if lines and len(lines[-1]) + 2 + len(entry) <= LEGEND_WIDTH:

@@ -149,3 +149,25 @@ def test_the_table_prints_each_codes_message_under_it(capsys):
     steps = [_step(["OK", "INVALID_ARGUMENT"], {"INVALID_ARGUMENT": "too many rows"}), _step(["INVALID_ARGUMENT"], {})]
     report.print_table({"steps": steps, "slo_p99_ms": 200.0, "max_qps_under_slo": None, "knee_qps": None})
     assert capsys.readouterr().out.endswith("\nerrors: 2 × INVALID_ARGUMENT: too many rows\n")
+
+
+def test_a_step_the_model_failed_on_every_request_fails_the_ramp_naming_int_high(capsys):
+    """A torch.export model with a 10-row nn.Embedding, ramped with the default --int-high 50: every request
+    came back INTERNAL (IndexError), and the ramp exited 0 with a knee 'at or below 20 QPS', a capacity verdict
+    on a model that never ran."""
+    import argparse
+
+    from wok.bench.cli import BAD_REQUESTS, _exit_status
+
+    detail = "model 'tok' failed: IndexError: index out of range in self"
+    step = _step(["INTERNAL"] * 3, {"INTERNAL": detail})
+    args = argparse.Namespace(soak=None, require_qps=None)
+    assert _exit_status({"steps": [step], "max_qps_under_slo": None}, args) == BAD_REQUESTS
+    assert capsys.readouterr().err == (
+        f"wok bench: the model failed every request at 3 QPS (INTERNAL: {detail}); not a capacity result: check "
+        "the model, and --int-high (default 50) against its embedding tables\n"
+    )
+    assert analysis.failed_by_model(step) == f"INTERNAL: {detail}"
+    # One request answered, or one refused for load: the server ran the model, so the step is measured.
+    assert analysis.failed_by_model(_step(["INTERNAL", "OK"], {"INTERNAL": detail})) is None
+    assert analysis.failed_by_model(_step(["INTERNAL", "UNAVAILABLE"], {"INTERNAL": detail})) is None

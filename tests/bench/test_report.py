@@ -988,3 +988,18 @@ def test_offered_rates_print_in_full_in_the_table_the_verdicts_and_the_warnings(
     assert [line.split()[0] for line in text.splitlines() if line.endswith("pass")] == ["0.25", "1048576"]
     assert "max QPS under SLO (P99 ≤ 200 ms): 1048576" in text
     assert any("at least 1048576 QPS" in w for w in doc["warnings"])
+
+
+def test_the_legend_says_why_the_servers_columns_are_blank_when_no_metrics_were_read():
+    """A ramp with no /metrics reachable said so once, before its first step; under the table only "-: no
+    figure", as for a figure missing from one step, though the server's three columns were blank in every row."""
+    done = np.arange(20, dtype=float) * 0.05
+    step = step_result(
+        offered_qps=20, duration_s=1.0, intended_s=done, sent_s=done, done_s=done + 0.008, codes=np.zeros(20)
+    )
+    buf = io.StringIO()
+    report.print_table(ramp_result(steps=[step], slo_p99_ms=SLO_MS, config={}), file=buf)
+    entries = "; ".join(buf.getvalue().splitlines()).split("; ")
+    assert "-: no figure (queue p99, loop p99, batch: the server's /metrics was not read: give --metrics-url)" in (
+        entries
+    )
