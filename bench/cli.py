@@ -960,6 +960,7 @@ def _check_arrival(spec: str, steps: list[float], step_s: float) -> None:
 
 def run(args) -> int:
     from ..clients import InferError
+    from ..clients.errors import PLAINTEXT_HINT
     from . import faults, hostprobe, report, soak
     from .arrivals import parse_duration, parse_steps
     from .payloads import parse_mix, parse_sizes
@@ -1069,7 +1070,9 @@ def run(args) -> int:
                 # the first step: a bad option, as a step whose every request comes back NOT_FOUND.
                 print(f"wok bench: --model {quoted_name(args.model)}: {exc}", file=sys.stderr)
                 return BAD_REQUESTS
-            if isinstance(exc, InferError) and exc.hint:  # a plaintext client's connection closed unanswered
+            # A plaintext client's connection closed unanswered; the clients' other hints (a server draining) are
+            # their own words, which the TLS advice replaced.
+            if isinstance(exc, InferError) and exc.hint == PLAINTEXT_HINT:
                 exc = (
                     f"{exc.code.name}: {exc.details} (the server closed the connection before gRPC began: a "
                     "TLS-only server (the bench connected in plaintext: give --tls-ca PATH, or --tls to trust "

@@ -45,6 +45,9 @@ class SetupTimeout(Exception):
 # closes a plaintext client's connection so, "... last error: UNAVAILABLE: ipv4:127.0.0.1:8001:
 # Socket closed" (grpc 1.85). A port where nothing listens says "Connection refused" instead.
 SOCKET_CLOSED = "Socket closed"
+# A call whose HTTP/2 stream was open when the socket closed ("Stream removed (Socket closed)": a server killed with
+# the call in flight) had got past where a TLS-only port closes the connection, so it gets no PLAINTEXT_HINT.
+STREAM_REMOVED = "Stream removed"
 PLAINTEXT_HINT = (
     "the server closed the connection before gRPC began: a TLS-only server (this client is plaintext: pass tls=, "
     "a wok.clients.TLS with its CA, or True), or no gRPC server behind the port"
@@ -128,7 +131,7 @@ class Answers:
     of a failed call, with PLAINTEXT_HINT where the client is plaintext, nothing was answered on its
     channel yet (no call succeeded, none got a status only a server gives) and the call failed
     UNAVAILABLE with the socket closed (not refused: nothing listening gets no hint). A server that
-    answered once and then went away gets none either.
+    answered once and then went away gets none either, nor one that went away with the call's stream open.
 
     A drain's UNAVAILABLE never reaches a client that health-checks: gRPC stops sending at
     NOT_SERVING and says "backend unhealthy", then "Connection refused" once the server is gone. So
@@ -185,6 +188,7 @@ class Answers:
             and not self.answered
             and err.code == grpc.StatusCode.UNAVAILABLE
             and SOCKET_CLOSED in err.details
+            and not err.details.startswith(STREAM_REMOVED)
         ):
             return InferError(err.code, err.details, PLAINTEXT_HINT)
         if err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and (hint := over_limit_hint(err.details)):

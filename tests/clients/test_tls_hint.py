@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import pickle
+import signal
 import socket
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -20,7 +25,7 @@ import numpy as np
 import pytest
 
 from wok.clients import AsyncClient, Client, InferError
-from wok.clients.errors import PLAINTEXT_HINT, Answers
+from wok.clients.errors import DRAINING_HINT, PLAINTEXT_HINT, Answers
 
 _spec = importlib.util.spec_from_file_location(
     "wok_tls_hint_security", Path(__file__).parents[1] / "integration" / "test_security.py"
@@ -140,8 +145,9 @@ class _Failed(grpc.RpcError):
 
 
 def test_the_hint_is_only_for_a_plaintext_channel_that_never_had_an_answer():
-    # A server killed with a call in flight closes the socket too ("Stream removed (Socket closed)").
-    dropped = _Failed(CODE.UNAVAILABLE, "Stream removed (Socket closed)")
+    # As a TLS-only port closes a plaintext client's connection (closed()); a server killed with a call in flight
+    # says "Stream removed (Socket closed)" instead, and gets no hint (the test below).
+    dropped = _Failed(CODE.UNAVAILABLE, closed(8001))
     assert Answers(plaintext=True).error(dropped).hint == PLAINTEXT_HINT
     assert Answers(plaintext=False).error(dropped).hint == ""  # a TLS client
     answered = Answers(plaintext=True)
@@ -158,6 +164,64 @@ def test_the_hint_is_only_for_a_plaintext_channel_that_never_had_an_answer():
     for details in ("failed to connect: Connection refused", "mlp is draining"):
         assert Answers(plaintext=True).error(_Failed(CODE.UNAVAILABLE, details)).hint == ""
     err = Answers(plaintext=True).error(dropped)
-    assert str(err) == f"UNAVAILABLE: Stream removed (Socket closed) ({PLAINTEXT_HINT})"
+    assert str(err) == f"UNAVAILABLE: {closed(8001)} ({PLAINTEXT_HINT})"
+    assert Answers(plaintext=True).error(_Failed(CODE.UNAVAILABLE, "Stream removed (Socket closed)")).hint == ""
     back = pickle.loads(pickle.dumps(err))  # load generators hand errors between processes
     assert (back.code, back.details, back.hint, str(back)) == (err.code, err.details, err.hint, str(err))
+
+
+def _admin_fault(url: str, **fault) -> None:
+    body = json.dumps({"model": "mlp", **fault}).encode()
+    urllib.request.urlopen(urllib.request.Request(f"{url}/admin/faults", body, {"Content-Type": "application/json"}))
+
+
+def _slow_call_in_flight(server, call) -> tuple[str, threading.Thread]:
+    """`call()` on a thread of its own, once a slow fault of 60 s holds `server`'s mlp, returned when its batch
+    runs: the server's metrics URL and the thread."""
+    url = server.http_url()
+    _admin_fault(url, mode="slow", delay_ms=60000)
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + CALL_S
+    while 'wok_inflight_batches{model="mlp"} 1.0' not in urllib.request.urlopen(f"{url}/metrics").read().decode():
+        assert time.monotonic() < deadline, "the call's batch never ran"
+        time.sleep(0.05)
+    return url, caller
+
+
+def test_a_server_killed_with_a_first_call_in_flight_gets_no_tls_hint(start_server):
+    # The call's stream was open, so gRPC had begun: the socket closed under it ("Stream removed (Socket closed)")
+    # says the server went away, not that it speaks TLS; a fresh client (a script's one call) got the TLS hint.
+    server = start_server("--models", "mlp", "--torch-threads", "1", "--admin")
+    errors: list[InferError] = []
+    target = f"127.0.0.1:{server.port}"
+    _, caller = _slow_call_in_flight(
+        server, lambda: errors.append(sync_error(target, lambda c: c.infer("mlp", {"INPUT0": X}), retries=False))
+    )
+    server.proc.kill()
+    caller.join(CALL_S)
+    [err] = errors
+    assert (err.code, err.details, err.hint) == (CODE.UNAVAILABLE, "Stream removed (Socket closed)", "")
+
+
+def test_a_ramp_at_a_draining_server_says_it_drains_not_that_it_may_speak_tls(start_server, capsys):
+    from wok.__main__ import main
+
+    server = start_server("--models", "mlp", "--torch-threads", "1", "--admin", "--grace-period", "60")
+    answers = []
+
+    def call() -> None:
+        with Client(f"127.0.0.1:{server.port}", retries=False) as c:
+            answers.append(c.infer("mlp", {"INPUT0": X}, timeout=CALL_S))
+
+    url, caller = _slow_call_in_flight(server, call)  # holds the drain open
+    server.proc.send_signal(signal.SIGTERM)
+    with server.lines:  # health says NOT_SERVING from the drain's first moment, which this line follows
+        assert server.lines.wait_for(lambda: any("wok: stopping: draining" in line for line in server.log), CALL_S)
+    argv = ["bench", "ramp", "--target", f"127.0.0.1:{server.port}", "--model", "mlp", "--steps", "20"]
+    assert main([*argv, "--step-duration", "0.5s", "--warmup", "0.1s", "--workers", "1", "--metrics-url", "none"]) == 1
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.endswith(f"backend unhealthy ({DRAINING_HINT})"), last
+    _admin_fault(url, mode="off")  # taken through the drain, which then ends
+    caller.join(CALL_S)
+    assert len(answers) == 1 and server.proc.wait(CALL_S) == 0
