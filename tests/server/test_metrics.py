@@ -19,7 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from wok.app import TickProcessCollector, default_registry
 from wok.batcher import Batcher, BatchingPolicy
+from wok.bench.scrape import histogram_quantile
 from wok.codec import encode_request
+from wok.config import DynamicBatchingConfig
 from wok.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS, NOT_RUN, STAGES, WeightedHistogram, WokMetrics
 from wok.stats import ModelStats
 from wok.v2pb import grpc_service_pb2 as pb
@@ -469,3 +471,44 @@ async def test_an_answer_refused_as_too_large_is_counted_end_to_end_as_in_the_st
         for stage in STAGES
     }
     assert counts == observed(server, "expand", 2)
+
+
+# A delay flush sends its batch when the oldest request has waited the delay, plus the event
+# loop timer's lateness (~0.1 ms): at low rates every queue time is the delay plus a fraction
+# of a millisecond, and the end-to-end is that plus the model's time.
+@pytest.mark.parametrize(
+    ("series", "above_ms", "within_ms"),
+    [
+        # Queue times just over the default delay: the bucket (5, 5.5] ms holds them, so
+        # histogram_quantile's interpolation reads them within its width. With 5 and 7.5 ms
+        # neighbours the P99 of 5.0-5.2 ms read as 7.47 ms, at every rate.
+        ("queue", (0.0, 0.2), 0.5),
+        ("queue", (0.0, 0.5), 0.5),  # a loop late by up to 0.5 ms
+        # End-to-end at low load: the delay plus a small model's 0.3-0.8 ms, in (5.5, 6.5] ms, 1 ms wide.
+        ("e2e", (0.3, 0.8), 1.0),
+    ],
+)
+def test_quantiles_of_times_just_over_the_default_delay_read_close_to_the_truth(series, above_ms, within_ms):
+    delay = DynamicBatchingConfig().max_queue_delay_ms / 1e3
+    times = delay + np.linspace(*above_ms, 201) / 1e3
+    registry = CollectorRegistry()
+    m = WokMetrics(registry, gpu=False).model("mlp", instances=1)
+    for t in times:
+        if series == "queue":
+            m.record_batch(0, requests=1, samples=1, queue_waits=[t], assemble=0, h2d=0, compute=0, d2h=0, busy=0)
+        else:
+            m.record_response(decode=0, respond=0, encode=0, total=t)
+    name, labels = (
+        ("wok_request_stage_duration_seconds", {"stage": "queue"})
+        if series == "queue"
+        else ("wok_request_duration_seconds", {})
+    )
+    buckets = [
+        (float(s.labels["le"]), s.value)
+        for f in registry.collect()
+        for s in f.samples
+        if s.name == name + "_bucket" and s.labels["model"] == "mlp" and labels.items() <= s.labels.items()
+    ]
+    for q in (0.5, 0.99):
+        read, truth = histogram_quantile(q, buckets), float(np.quantile(times, q))
+        assert abs(read - truth) <= within_ms / 1e3, (series, q, read * 1e3, truth * 1e3)
