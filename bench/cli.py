@@ -248,9 +248,14 @@ def _security(args):
     # it accepts (length): the target may be another server.
     if args.token_file:
         try:
-            text = args.token_file.read_text()
+            raw = args.token_file.read_bytes()
         except OSError as exc:
             raise ValueError(f"--token-file {args.token_file}: {exc.strerror or exc}") from None
+        try:
+            # As the server reads it (auth.load_tokens): not in the locale's encoding, nor with a BOM as a character.
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise ValueError(f"--token-file {args.token_file} is not UTF-8 text") from None
         tokens = split_tokens(text)
         if not tokens:
             raise ValueError(f"--token-file {args.token_file} holds no token")

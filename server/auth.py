@@ -169,7 +169,10 @@ def parse_tokens(text: str, source: str) -> tuple[str, ...]:
     for i, (line, token) in enumerate(tokens, 1):
         if not _TOKEN_CHARS.fullmatch(token):
             bad = next((c for c in token if not _TOKEN_CHARS.fullmatch(c) and c != "="), None)
-            what = f"U+{ord(bad):04X}" if bad is not None else "'=' before its end"
+            if bad is not None:
+                what = f"U+{ord(bad):04X}"
+            else:  # '=' pads a token's end: one of '=' alone has no character before it to pad
+                what = "no character before its '='" if not token.strip("=") else "'=' before its end"
             raise ValueError(
                 f"{source}: token {i} (line {line}) holds {what}, which a bearer token cannot (allowed: A-Z a-z 0-9 "
                 "- . _ ~ + / and trailing =; tokens are separated by newlines, spaces, tabs or commas)"
@@ -187,7 +190,9 @@ def load_tokens(auth_token_file: Path | None = None, auth_token_env: str | None 
     if auth_token_file is not None:
         raw = read_secret_file(auth_token_file)
         try:
-            text = raw.decode("utf-8")
+            # "-sig": PowerShell 5's Out-File and Set-Content -Encoding UTF8 begin the file with a BOM, which
+            # was its first token's U+FEFF (refused) or kept a first line's '#' from starting a comment.
+            text = raw.decode("utf-8-sig")
         except UnicodeDecodeError:
             raise ValueError(f"{auth_token_file} is not UTF-8 text") from None
         tokens.extend(parse_tokens(text, str(auth_token_file)))

@@ -1397,7 +1397,9 @@ class Batcher:
             if left_out and not failed_at_stop:
                 # The requests its worker left out did not run: answered as left out, not with its error.
                 self._expire_left_out(batch, *left_out[0])
-            if not isinstance(exc, (ModelExecutionError, ShuttingDown, DeviceLost)):
+            # A request's values refused as its batch (of it alone: more are rerun in parts) was assembled: the
+            # client's error (INVALID_ARGUMENT), not the model's.
+            if not isinstance(exc, (ModelExecutionError, ShuttingDown, DeviceLost, InvalidInput)):
                 # One line for the callers; the whole error, as the cause, for FailureLog's traceback.
                 cause, exc = exc, ModelExecutionError(f"model '{self.name}' failed: {error_line(exc)}")
                 exc.__cause__ = cause

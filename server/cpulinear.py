@@ -356,11 +356,17 @@ def torch_linear_layers(module: nn.Module) -> int:
     """The plain `nn.Linear` layers a TorchScript module, or a torch.export graph (under any wrapper), holds or
     called as it was exported: with_onednn_linear leaves these to torch, where the same layers served as an
     nn.Module would run through oneDNN. A linear computed otherwise (F.linear, a matmul) is not one: served
-    as an nn.Module it runs as torch's too."""
+    as an nn.Module it runs as torch's too, except in a frozen TorchScript module, whose linears are all alike.
+    Only fp32 ones count, as for plain_linear_layers: served as an nn.Module, one of another dtype would run as
+    torch's all the same."""
     layers = 0
     for m in module.modules():
         if isinstance(m, torch.jit.ScriptModule):
-            layers += _SCRIPTED_LINEAR.fullmatch(m._c._type().qualified_name()) is not None
+            weight = getattr(m, "weight", None)  # none once frozen: a constant of its graph
+            if _SCRIPTED_LINEAR.fullmatch(m._c._type().qualified_name()) is not None and weight is not None:
+                layers += weight.dtype is torch.float32
+            elif next(m.children(), None) is None:
+                layers += _frozen_linears(m)
         elif isinstance(m, torch.fx.GraphModule):
             # A layer called twice is one: counted by its path in the module exported.
             called = set()
@@ -372,3 +378,17 @@ def torch_linear_layers(module: nn.Module) -> int:
                         called.add(path)
             layers += len(called)
     return layers
+
+
+def _frozen_linears(m: torch.jit.ScriptModule) -> int:
+    """The fp32 linears of a TorchScript module frozen as it is shipped (torch.jit.freeze): its submodules are
+    inlined, none left to count, so its graph's aten::linear calls on a weight frozen into a constant. One of a
+    module not frozen reads its weight from an attribute (an F.linear of its own, no nn.Linear): not counted.
+    torch.jit.optimize_for_inference leaves no aten::linear (this torch's: an aten::matmul on the transposed
+    weight, then aten::add), which a model's own matmul is too: not counted."""
+    count = 0
+    graph = m.inlined_graph  # held: its nodes are invalidated once the graph is freed
+    for node in graph.findAllNodes("aten::linear"):
+        weight = node.inputsAt(1).toIValue()  # None where not a constant
+        count += isinstance(weight, torch.Tensor) and weight.dtype is torch.float32
+    return count

@@ -59,7 +59,16 @@ import torch
 
 from .config import InstanceConfig
 from .cpulinear import MIN_ROWS, onednn_counts, padded_rows, with_onednn_linear
-from .errors import ConfigError, DeviceLost, ModelExecutionError, WarmupError, cut_message, error_line
+from .errors import (
+    ConfigError,
+    DeviceLost,
+    InvalidInput,
+    ModelExecutionError,
+    WarmupError,
+    WokError,
+    cut_message,
+    error_line,
+)
 from .faults import InstanceFault
 from .metrics import NOT_RUN
 from .ratelog import Throttle
@@ -80,6 +89,9 @@ PROBE_AFTER = 2
 # Ends the message of a request the probing left undecided: a client (and the chaos audit) can
 # tell the batch's error given to it from one its own request earned ("(on this request alone)").
 NOT_RERUN = "(its batch's error: not rerun alone, the model having failed every request of its last batches)"
+# What a batch, or a part of one, fails with that reruns it in parts (Instance._isolate): the model's failure, and a
+# request's values that a servable's own assemble refuses, which fails its request alone as it was raised.
+_PART_FAILURES = (ModelExecutionError, InvalidInput)
 # Ends the message of the requests of a part that failed as the device was lost: its halves were not rerun
 # on a device that can run nothing more, so the error may be any one's of them.
 LOST_IN_PART = "(its part's error, met as the device was lost: not rerun alone)"
@@ -383,17 +395,18 @@ class Instance:
         samples = sum(rows)
         try:
             slowed = self.fault.before_forward()  # an injected fault: raises, or says to pause after the forward
-            t1 = t0
             try:
-                host = self._assemble(inputs, samples, slot)
-                self._size_threads(samples)
-                t1 = time.perf_counter()
+                try:
+                    host = self._assemble(inputs, samples, slot)
+                    self._size_threads(samples)
+                finally:  # a failed assembly's too: its time was counted as compute (the reruns'), no forward's
+                    t1 = time.perf_counter()
                 out = self._forward_cpu(host)
                 if slowed:
                     self.fault.pause()
                 t2 = time.perf_counter()
                 per_request = self._split_cpu(out, rows, samples, slot)
-            except ModelExecutionError as exc:
+            except _PART_FAILURES as exc:
                 if not self._may_isolate(rows):
                     raise
                 outcomes, reruns = self._isolate(exc, lambda i, r: self._cpu_batch(i, r, slot), inputs, rows)
@@ -433,11 +446,13 @@ class Instance:
         there fails as the model's forward does, ModelExecutionError, so that the batch is rerun in parts (_isolate):
         buffers that cannot grow for the batch (host or pinned memory refused) fit its parts, and a request too large
         alone fails alone, as does one whose values a servable's own assemble refuses. Raised as it was, it failed
-        the whole batch. A device-side error met there is raised as it is, for the caller to mark the device lost
+        the whole batch. wok's own errors are raised as they are: an InvalidInput of a servable's assemble is the
+        client's (INVALID_ARGUMENT, not the model's INTERNAL), and reruns the batch in parts all the same
+        (_PART_FAILURES). A device-side error met there is raised as it is, for the caller to mark the device lost
         (_note_device_error): no part could run."""
         try:
             return self.servable.assemble(inputs, samples, slot.inputs)
-        except ModelExecutionError:
+        except WokError:
             raise
         except Exception as exc:
             if _is_device_error(exc):
@@ -484,7 +499,7 @@ class Instance:
     def _may_isolate(self, rows) -> bool:
         return len(rows) > 1
 
-    def _isolate(self, failure: ModelExecutionError, run, inputs, rows) -> tuple[list, int]:
+    def _isolate(self, failure: ModelExecutionError | InvalidInput, run, inputs, rows) -> tuple[list, int]:
         """Rerun a failed batch's requests in halves, splitting each half that fails again, down to
         single requests: (per request, its answers or the error it fails with alone; forwards run).
 
@@ -503,11 +518,14 @@ class Instance:
         (DeviceLost, UNAVAILABLE: to be retried elsewhere) without running; rerun on a device that can
         run nothing more, each failed again, as if on its own values. They stop too at an error that is
         not the model failing a part (a bug in wok's own work on it; host memory refused for its answers
-        fails the part as its model does: _split_cpu), which every request not answered gets: raised out
-        of here, it failed the whole batch, answered parts too. It is logged at WARNING with its traceback
-        (OwnFailureLog): the batcher's line shows the model's error.
+        fails the part as its model does: _split_cpu, _cuda_batch), which every request not answered
+        gets: raised out of here, it failed the whole batch, answered parts too. It is logged at WARNING
+        with its traceback (OwnFailureLog): the batcher's line shows the model's error.
         A request rerun alone that fails as the device is lost is marked LOST_ALONE: the loss, not its
-        values, may have failed it.
+        values, may have failed it. A whole batch whose answers' copy to the host is refused is rerun in
+        parts on the CPU path only (_split_cpu): a CUDA batch's copy out of its pinned buffers, refused,
+        fails it whole (_finish_cuda), where a rerun would race its worker, running the next batch.
+        A request whose values a servable's own assemble refuses (InvalidInput) gets that error as raised.
         """
         n = len(rows)
         outcomes: list = [None] * n
@@ -534,6 +552,14 @@ class Instance:
             reruns += 1
             try:
                 answers = run(inputs[lo:hi], rows[lo:hi])
+            except InvalidInput as exc:  # a request's values refused as its part was assembled: its own, not lost's
+                if hi - lo == 1:
+                    outcomes[lo] = exc
+                else:
+                    mid = (lo + hi) // 2
+                    part(lo, mid)
+                    part(mid, hi)
+                return
             except ModelExecutionError as exc:
                 if self.lost is not None:  # lost during this run (not before it: read above)
                     outcomes[lo:hi] = [marked(exc, LOST_ALONE if hi - lo == 1 else LOST_IN_PART)] * (hi - lo)
@@ -627,10 +653,11 @@ class Instance:
         s = self.servable
         slowed = self.fault.before_forward()  # an injected fault: raises, or says to pause after the forward
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
-        assemble = 0.0
         try:
-            host = self._assemble(inputs, sum(rows), slot)
-            assemble = time.perf_counter() - t0
+            try:
+                host = self._assemble(inputs, sum(rows), slot)
+            finally:  # a failed assembly's too: its time was counted as compute (the reruns'), no forward's
+                assemble = time.perf_counter() - t0
             with torch.cuda.device(self.device):
                 with torch.cuda.stream(self.h2d_stream):
                     ev[0].record()
@@ -669,7 +696,7 @@ class Instance:
                     ev[4].record()
                 self._last_d2h = ev[4]
         except BaseException as exc:  # a BaseException too: see _model_failed
-            failure = exc if isinstance(exc, ModelExecutionError) else _model_failed(s.name, exc)
+            failure = exc if isinstance(exc, _PART_FAILURES) else _model_failed(s.name, exc)
             # A device-side error (of this batch, or of the one before it, met at a sync in this
             # forward) leaves the CUDA context unusable: its parts would fail for nothing of theirs.
             if self._note_device_error(exc) or not self._may_isolate(rows):
@@ -702,7 +729,7 @@ class Instance:
                     with torch.inference_mode():
                         out = s.forward(self.module, s.prepare(dev_in))
                     arrays = {k: to_numpy_view(v.detach().cpu()) for k, v in out.items()}
-        except ModelExecutionError:
+        except _PART_FAILURES:
             raise
         except BaseException as exc:  # a BaseException too: see _model_failed
             self._note_device_error(exc)
@@ -727,8 +754,13 @@ class Instance:
                 ev[2].elapsed_time(ev[3]) / 1e3,
                 ev[3].elapsed_time(ev[4]) / 1e3,
             )
-            # The pinned output buffers belong to the slot and will be reused: copy out.
-            arrays = {k: to_numpy_view(v).copy() for k, v in host_out.items()}
+            # The pinned output buffers belong to the slot and will be reused: copy out. Host memory refused fails
+            # the batch as its model does (one line, as on the CPU), not as a bare MemoryError; not rerun in parts
+            # here, on the waiter's thread, which would race the worker, already launching the next batch.
+            try:
+                arrays = {k: to_numpy_view(v).copy() for k, v in host_out.items()}
+            except MemoryError as exc:
+                raise _model_failed(self.servable.name, exc) from exc
             per_request = self.servable.split(arrays, rows)
         except BaseException:
             _note_left_out(left_out, kept, started)

@@ -258,7 +258,8 @@ def _check_ranks(program, cfg: ModelConfig, order: list[str]) -> None:
     """ConfigError for an input whose config's dims, the batch's before them, make another rank than the program
     was traced for: dims written Triton's way, the batch dim among them, loaded (a Linear takes any rank) to fail
     the warm-up on its output's shape, or serve requests of one dim more; a fixed one failed the guards in words
-    that said nothing of the batch. Read from the program's own placeholders: left to the guards where not kept."""
+    that said nothing of the batch. Read from the program's own placeholders: left to the guards where not kept.
+    Run only for a program taking flat tensors (_takes_flat_tensors): one of other inputs is left to the warm-up."""
     tensors = {t.name: t for t in cfg.inputs}
     for name, spec in zip(order, _user_inputs(program), strict=True):
         try:
@@ -296,8 +297,12 @@ def _dim_bounds(program, spec, index: int):
     # Another torch's layout: the guards, run at each row count, are the check.
     except (AttributeError, IndexError, KeyError, StopIteration, TypeError):
         return None
+    return (expr, *_least_most(bounds))
+
+
+def _least_most(bounds) -> tuple[int, int | None]:
+    """The least and most sizes of a range of the program's `range_constraints`, None for no most."""
     return (
-        expr,
         int(bounds.lower) if bounds.lower.is_Integer else 0,
         int(bounds.upper) if bounds.upper.is_Integer else None,  # not: int_oo, a Dim with no max
     )
@@ -453,7 +458,14 @@ def _dim_ranges(program, cfg: ModelConfig, order: list[str]) -> dict[str, tuple[
                 if steps is None:  # torch 2.13 derives a × Dim + b alone: another form is left to its guards
                     continue
                 step, offset = steps
-                # Where the program keeps no range for it (0 and None), from the first size of its form.
+                if dim not in program.range_constraints:
+                    # Its symbol's range is kept where its own is not: from 0 and None, the first size of its form,
+                    # a 2 × Dim + 1 of min=2 was held to odd sizes from 1 and warmed on 1, outside what was traced.
+                    try:
+                        least, most = _least_most(program.range_constraints[next(iter(dim.free_symbols))])
+                    except (AttributeError, KeyError, TypeError):  # another torch's layout: left to its guards
+                        continue
+                    lo, hi = step * least + offset, None if most is None else step * most + offset
                 lo += (offset - lo) % step
                 hi = None if hi is None else hi - (hi - offset) % step
             where = f"{_source(cfg)}: model_file {cfg.model_file!r}: input '{name}' of its torch.export program takes"

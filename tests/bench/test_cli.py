@@ -857,3 +857,30 @@ def test_one_default_bound_for_integer_inputs_and_profiles_own_is_explained():
     assert profiler.DEFAULT_INT_HIGH is payloads.DEFAULT_INT_HIGH
     helped = profile._get_formatter()._expand_help(_option(profile, "--int-high"))
     assert f"wok bench ramp's is {payloads.DEFAULT_INT_HIGH}, as a server's metadata does not say the table" in helped
+
+
+@pytest.mark.parametrize(
+    ("raw", "sent"),
+    [
+        # PowerShell 5's Out-File / Set-Content -Encoding UTF8: a BOM, CRLF. Its first line was no comment, and the
+        # bench sent "\ufeff#" (read in the locale's encoding, the server refusing the file for its U+FEFF).
+        ("\ufeff# the rotation: new, old\r\ntok-A-1b0c4ee6a1f94c8a8d1e,tok-B-9f21d7c3e5a64b0f9c2a\r\n", "tok-A"),
+        ("\ufefftok-B-9f21d7c3e5a64b0f9c2a\n", "tok-B"),
+    ],
+    ids=["bom-comment", "bom-token"],
+)
+def test_token_file_is_read_as_the_server_reads_it(tmp_path, raw, sent):
+    import argparse
+
+    from wok.auth import load_tokens
+    from wok.bench.cli import _security
+
+    tokens = tmp_path / "tokens"
+    tokens.write_bytes(raw.encode("utf-8"))
+    args = argparse.Namespace(tls_ca=None, tls_cert=None, tls_key=None, tls=False, token_file=tokens, token_env=None)
+    _, token = _security(args)
+    assert token.startswith(sent) and token == load_tokens(tokens)[0]
+    tokens.write_bytes(b"tok-\xff-not-utf-8-text\n")
+    with pytest.raises(ValueError) as info:
+        _security(args)
+    assert str(info.value) == f"--token-file {tokens} is not UTF-8 text"

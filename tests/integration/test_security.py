@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from wok.auth import MALFORMED, MISSING, REFUSED, TokenCheck, parse_tokens, security_warnings
+from wok.auth import MALFORMED, MISSING, REFUSED, TokenCheck, load_tokens, parse_tokens, security_warnings
 from wok.clients import TLS, AsyncClient, Client, InferError
 from wok.clients.channel import auth_metadata, tls_mode
 from wok.codec import encode_request
@@ -140,6 +140,26 @@ def test_token_file_format_and_its_errors_never_show_a_token():
     assert "quote" not in str(info.value)
     # Lines end at LF, a CR before it dropped; tabs separate as spaces and commas do.
     assert parse_tokens(f"# comment\r\n{TOKEN_A}\t{TOKEN_B}\r\n", "f") == (TOKEN_A, TOKEN_B)
+
+
+def test_a_token_file_beginning_with_a_bom_is_read_as_without_it(tmp_path):
+    # PowerShell 5's Out-File and Set-Content -Encoding UTF8 write one: refused, "holds U+FEFF", its first line's
+    # '#' starting no comment.
+    tokens = tmp_path / "tokens"
+    tokens.write_bytes(f"\ufeff# the tokens\r\n{TOKEN_A}\r\n{TOKEN_B}\r\n".encode())
+    assert load_tokens(tokens) == (TOKEN_A, TOKEN_B)
+    tokens.write_bytes(f"\ufeff{TOKEN_A}\n".encode())
+    assert load_tokens(tokens) == (TOKEN_A,)
+
+
+def test_a_token_of_padding_alone_is_said_to_hold_nothing_before_it():
+    # It was said to hold "'=' before its end", which it has none of.
+    with pytest.raises(ValueError) as info:
+        parse_tokens(f"{TOKEN_A}\n{'=' * 20}\n", "f")
+    assert str(info.value).startswith("f: token 2 (line 2) holds no character before its '=', which a bearer token ")
+    with pytest.raises(ValueError) as info:
+        parse_tokens("tok=en-with-a-pad-1234", "f")
+    assert str(info.value).startswith("f: token 1 (line 1) holds '=' before its end, which a bearer token cannot")
 
 
 @pytest.mark.parametrize("space", ["\xa0", "\u2028", "\u3000", "\x1c", "\x0b"])

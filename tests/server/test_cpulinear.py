@@ -23,6 +23,7 @@ from wok.cpulinear import (
     onednn_available,
     onednn_counts,
     padded_rows,
+    torch_linear_layers,
     with_onednn_linear,
 )
 from wok.errors import ConfigError
@@ -547,3 +548,17 @@ def test_the_setting_names_its_choices():
     assert server_settings(cpu_linear="torch").cpu_linear == "torch"
     with pytest.raises(ConfigError, match=re.escape("cpu_linear: Input should be 'onednn' or 'torch' (got 'mkl')")):
         server_settings(cpu_linear="mkl")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit's
+def test_torchscripts_fp32_linear_layers_are_counted_frozen_too_and_those_of_another_dtype_not():
+    # A frozen module (torch.jit.freeze, as one is shipped) has no submodules left and counted 0, so the start-up
+    # said nothing of oneDNN for it; a scripted fp16 Linear counted, and was advised onto a path that leaves it to
+    # torch (not fp32).
+    mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    assert torch_linear_layers(torch.jit.script(mlp)) == 2
+    assert torch_linear_layers(torch.jit.freeze(torch.jit.script(mlp))) == 2
+    assert torch_linear_layers(torch.jit.freeze(torch.jit.trace(mlp, torch.randn(2, 4)))) == 2
+    assert torch_linear_layers(torch.jit.freeze(torch.jit.script(nn.Linear(4, 2).eval()))) == 1
+    assert torch_linear_layers(torch.jit.script(nn.Linear(4, 2).half())) == 0
+    assert torch_linear_layers(torch.jit.freeze(torch.jit.script(nn.Linear(4, 2).half().eval()))) == 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import textwrap
+import time
 import types
 
 import grpc
@@ -21,6 +22,7 @@ import torch
 
 from wok.codec import decode_response, encode_request
 from wok.config import model_config_from_dict
+from wok.errors import InvalidInput
 from wok.executor import Executor
 from wok.models import build_demo
 from wok.servable import Servable
@@ -432,6 +434,65 @@ async def test_a_torchscript_error_of_a_batching_hook_reaches_the_client_in_one_
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.ModelInfer(encode_request("hook", {"X": np.full((1, 2), -1.0, np.float32)}), timeout=30)
     assert info.value.details() == "model 'hook' failed: ValueError: negative input"
+
+
+class RefusesNegativeOnAssembly(Servable):
+    """A servable whose own assemble refuses a request's values (InvalidInput, INVALID_ARGUMENT), noting how long
+    each refusing call took: a batch holding a negative value is refused."""
+
+    refusals: list[float]
+
+    def assemble(self, requests, rows, buffers):
+        start = time.perf_counter()
+        out = super().assemble(requests, rows, buffers)
+        if bool((out["X"] < 0).any()):
+            self.refusals.append(time.perf_counter() - start)
+            raise InvalidInput("model 'refuse': input 'X' holds a negative value; expected 0 or more")
+        return out
+
+
+def _refusing() -> RefusesNegativeOnAssembly:
+    s = _servable(torch.nn.Identity(), "refuse")
+    s.__class__ = RefusesNegativeOnAssembly
+    s.refusals = []
+    return s
+
+
+def test_a_request_a_servables_assemble_refuses_fails_alone_as_invalid_input_and_the_rest_is_answered():
+    # It failed as the model's error (INTERNAL, "model 'refuse' failed: InvalidInput: ..."): before the batch was
+    # rerun in parts, an INVALID_ARGUMENT for the whole batch.
+    s = _refusing()
+    ex = Executor(s, s.config.instances)
+    try:
+        reqs = [{"X": np.full((1, 2), v, np.float32)} for v in (1.0, -1.0, 2.0)]
+        result = ex.instances[0].submit(reqs, [1] * 3, 0).result(30)
+    finally:
+        ex.shutdown()
+    np.testing.assert_array_equal(result.outputs[0]["Y"], np.full((1, 2), 1.0, np.float32))
+    assert type(result.outputs[1]) is InvalidInput
+    assert str(result.outputs[1]) == "model 'refuse': input 'X' holds a negative value; expected 0 or more"
+    np.testing.assert_array_equal(result.outputs[2]["Y"], np.full((1, 2), 2.0, np.float32))
+
+
+def test_a_failed_assembly_is_timed_as_the_batchs_assembly_not_its_compute():
+    # Its time was counted as compute, the assembly's as 0: t1 was taken only once it had succeeded.
+    s = _refusing()
+    ex = Executor(s, s.config.instances)
+    try:
+        result = run_x(ex, -1.0)
+    finally:
+        ex.shutdown()
+    assert result.times.assemble >= s.refusals[0] > 0  # the whole batch's, the first refused
+    assert result.times.compute <= result.finished - result.started - s.refusals[0]
+    assert all(type(o) is InvalidInput for o in result.outputs)
+
+
+async def test_a_request_a_servables_assemble_refuses_is_answered_invalid_argument(serve_servables):
+    async with serve_servables(_refusing()) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.ModelInfer(encode_request("refuse", {"X": np.full((1, 2), -1.0, np.float32)}), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == "model 'refuse': input 'X' holds a negative value; expected 0 or more"
 
 
 @pytest.fixture

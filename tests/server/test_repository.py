@@ -118,11 +118,18 @@ def test_torchscript_loads_and_matches(tmp_path):
     torch.testing.assert_close(run(s, x), ref(x).detach())
 
 
-@pytest.mark.parametrize("platform", ["torchscript", "torch_export"])
+@pytest.mark.parametrize("platform", ["torchscript", "frozen", "torch_export"])
 async def test_a_torchscript_or_export_model_is_said_to_run_torchs_linear_layers(tmp_path, serve, caplog, platform):
-    # Only a python model's nn.Linear modules run through oneDNN: the start-up said nothing for the others.
+    # Only a python model's nn.Linear modules run through oneDNN: the start-up said nothing for the others, nor
+    # (its Linear inlined, no submodule left) for a TorchScript model saved frozen, as one is shipped.
     repo = tmp_path / "repo"
-    (write_torchscript if platform == "torchscript" else write_exported)(repo)
+    if platform == "frozen":
+        platform = "torchscript"
+        d = model_dir(repo, "ts", platform, extra='model_file = "model.pt"')
+        mlp = nn.Sequential(reference_linear(1), nn.ReLU()).eval()  # not a Linear alone, whose type freezing keeps
+        torch.jit.freeze(torch.jit.script(mlp)).save(str(d / "model.pt"))
+    else:
+        (write_torchscript if platform == "torchscript" else write_exported)(repo)
     name = "ts" if platform == "torchscript" else next(p.name for p in repo.iterdir())
     caplog.set_level(logging.INFO, logger="wok")
     async with serve(repository=repo):
@@ -831,6 +838,26 @@ def test_the_warm_up_runs_a_torch_export_program_on_the_least_size_of_its_range_
         tmp_path, module=Cols1(), cols=cols, cols_dim=cols_dim, in_dims="[-1]", out_dims="[1]", warmup_dims=warmup_dims
     )
     assert warmed_shapes(load_servable(d)) == [(1, warmed)]
+
+
+@pytest.mark.parametrize(("most", "held"), [(8, ((1, 5, 17, 2),)), (None, ((1, 5, None, 2),))], ids=["max-8", "no-max"])
+def test_a_derived_dim_whose_own_range_the_program_does_not_keep_is_held_to_its_symbols(tmp_path, most, held):
+    # torch 2.13 keeps 2*s + 1's range beside s's, so the program is saved with it deleted, as a torch that keeps
+    # only its symbols' would: it was held to odd sizes from 1 (0 and None, with no range read) and warmed on 1,
+    # outside what was traced (from 2 × 2 + 1).
+    half = torch.export.Dim("half", min=2) if most is None else torch.export.Dim("half", min=2, max=most)
+    dims = {0: torch.export.Dim("batch", min=1, max=64), 1: 2 * half + 1}
+    ep = torch.export.export(Cols1(), (torch.randn(3, 7),), dynamic_shapes=(dims,))
+    for expr in [e for e in ep.range_constraints if not e.is_Symbol]:
+        del ep.range_constraints[expr]
+    assert all(e.is_Symbol for e in ep.range_constraints)
+    d = model_dir(
+        tmp_path, "exported", "torch_export", extra='model_file = "model.pt2"', in_dims="[-1]", out_dims="[1]"
+    )
+    torch.export.save(ep, str(d / "model.pt2"))
+    s = load_servable(d)
+    assert s.dim_ranges == {"INPUT0": held}
+    assert warmed_shapes(s) == [(1, 5)]
 
 
 @pytest.mark.parametrize(
