@@ -1137,6 +1137,7 @@ def _exit_status(result: dict, args) -> int:
     from . import faults, soak
     from .analysis import failed_by_model, refused_as_bad
 
+    fail_faults = any(f["fault"].startswith("fail:") for f in (result.get("faults") or {}).get("faults", ()))
     for step in result.get("steps") or ():
         refused = refused_as_bad(step)
         if refused is not None:
@@ -1147,13 +1148,14 @@ def _exit_status(result: dict, args) -> int:
                 file=sys.stderr,
             )
             return BAD_REQUESTS
-        failed = failed_by_model(step)
+        # A fail: fault fails every request of a step it spans: what it is run for, no broken model.
+        failed = None if fail_faults else failed_by_model(step)
         if failed is not None:
             # Exit 0 read as a capacity of nothing ("knee: at or below" the first step) for a model that never ran.
             print(
                 f"wok bench: the model failed every request at {step['offered_qps']:g} QPS ({failed}); not a "
-                f"capacity result: check the model, and --int-high (default {DEFAULT_INT_HIGH}) against its "
-                "embedding tables",
+                f"capacity result: check the model, and --int-high ({args.int_high}; default {DEFAULT_INT_HIGH}) "
+                "against its embedding tables",
                 file=sys.stderr,
             )
             return BAD_REQUESTS

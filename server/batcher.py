@@ -1403,7 +1403,10 @@ class Batcher:
                 # One line for the callers; the whole error, as the cause, for FailureLog's traceback.
                 cause, exc = exc, ModelExecutionError(f"model '{self.name}' failed: {error_line(exc)}")
                 exc.__cause__ = cause
-            if not isinstance(exc, ShuttingDown):
+            # A client's values refused (InvalidInput) are no failed batch of the model's, for the log's one line a
+            # throttle period, which a client's bad requests would take from the model's real failures: counted
+            # as refused (reason invalid), as those refused as they are decoded.
+            if not isinstance(exc, (ShuttingDown, InvalidInput)):
                 self.failures.batch_failed(exc, len(batch.requests), batch.samples)
             for p in batch.requests:
                 # Answered (its deadline passed, or at the stop: `_fail_dispatched`) or withdrawn while it waited.
@@ -1523,9 +1526,13 @@ class Batcher:
         stage histograms, as for a batch that succeeded); its time is no model's batch time, so
         the slo policy does not learn from it."""
         failed = [isinstance(out, BaseException) for out in result.outputs]
-        self.failures.batch_failed(
-            result.failure, len(batch.requests), batch.samples, failed=sum(failed), reruns=result.reruns
-        )
+        # Not where only clients' values were refused (as in _complete).
+        if not all(isinstance(out, InvalidInput) for out, bad in zip(result.outputs, failed) if bad) or not isinstance(
+            result.failure, InvalidInput
+        ):
+            self.failures.batch_failed(
+                result.failure, len(batch.requests), batch.samples, failed=sum(failed), reruns=result.reruns
+            )
         self.metrics.record_reruns(result.reruns)
         answered = []
         size = (len(batch.requests), batch.samples)

@@ -357,15 +357,17 @@ def torch_linear_layers(module: nn.Module) -> int:
     called as it was exported: with_onednn_linear leaves these to torch, where the same layers served as an
     nn.Module would run through oneDNN. A linear computed otherwise (F.linear, a matmul) is not one: served
     as an nn.Module it runs as torch's too, except in a frozen TorchScript module, whose linears are all alike.
-    Only fp32 ones count, as for plain_linear_layers: served as an nn.Module, one of another dtype would run as
-    torch's all the same."""
+    Of TorchScript's, only fp32 ones count, as for plain_linear_layers: served as an nn.Module, one of another
+    dtype would run as torch's all the same (a torch.export graph's are counted whatever their dtype)."""
     layers = 0
     for m in module.modules():
         if isinstance(m, torch.jit.ScriptModule):
             weight = getattr(m, "weight", None)  # none once frozen: a constant of its graph
             if _SCRIPTED_LINEAR.fullmatch(m._c._type().qualified_name()) is not None and weight is not None:
                 layers += weight.dtype is torch.float32
-            elif next(m.children(), None) is None:
+            elif next(m.children(), None) is None and m._c._has_method("forward"):
+                # A leaf without a forward of its own (a ParameterList, an empty ModuleList, a traced submodule
+                # its parent never calls) has no graph: reading one raised, and failed the server's start.
                 layers += _frozen_linears(m)
         elif isinstance(m, torch.fx.GraphModule):
             # A layer called twice is one: counted by its path in the module exported.

@@ -65,7 +65,6 @@ from .errors import (
     InvalidInput,
     ModelExecutionError,
     WarmupError,
-    WokError,
     cut_message,
     error_line,
 )
@@ -92,6 +91,15 @@ NOT_RERUN = "(its batch's error: not rerun alone, the model having failed every 
 # What a batch, or a part of one, fails with that reruns it in parts (Instance._isolate): the model's failure, and a
 # request's values that a servable's own assemble refuses, which fails its request alone as it was raised.
 _PART_FAILURES = (ModelExecutionError, InvalidInput)
+
+
+def _part_failure(exc: BaseException, assembling: bool) -> bool:
+    """Whether `exc` fails a CUDA batch (or part) as _PART_FAILURES do: an InvalidInput only as it was assembled
+    (_assemble); raised later, by a python model's own forward, it is the model's failure, as on the CPU, whose
+    _forward_cpu makes every error of the forward one."""
+    return isinstance(exc, ModelExecutionError) or (assembling and isinstance(exc, InvalidInput))
+
+
 # Ends the message of the requests of a part that failed as the device was lost: its halves were not rerun
 # on a device that can run nothing more, so the error may be any one's of them.
 LOST_IN_PART = "(its part's error, met as the device was lost: not rerun alone)"
@@ -446,13 +454,13 @@ class Instance:
         there fails as the model's forward does, ModelExecutionError, so that the batch is rerun in parts (_isolate):
         buffers that cannot grow for the batch (host or pinned memory refused) fit its parts, and a request too large
         alone fails alone, as does one whose values a servable's own assemble refuses. Raised as it was, it failed
-        the whole batch. wok's own errors are raised as they are: an InvalidInput of a servable's assemble is the
+        the whole batch. An InvalidInput of a servable's assemble is raised as it is: the
         client's (INVALID_ARGUMENT, not the model's INTERNAL), and reruns the batch in parts all the same
         (_PART_FAILURES). A device-side error met there is raised as it is, for the caller to mark the device lost
         (_note_device_error): no part could run."""
         try:
             return self.servable.assemble(inputs, samples, slot.inputs)
-        except WokError:
+        except _PART_FAILURES:  # raised as they are; wok's other errors (NotSupported, ...) are the model's, below
             raise
         except Exception as exc:
             if _is_device_error(exc):
@@ -582,7 +590,11 @@ class Instance:
             part(0, 1)
             part(n - 1, n)
             if n > 2:
-                if isinstance(outcomes[0], ModelExecutionError) and isinstance(outcomes[-1], ModelExecutionError):
+                # Only for a model failing (an InvalidInput is one client's values: its text, marked NOT_RERUN, would
+                # reach others as the model's).
+                if isinstance(failure, ModelExecutionError) and all(
+                    isinstance(o, ModelExecutionError) for o in (outcomes[0], outcomes[-1])
+                ):
                     # Finding one bad request among the m = n - 2 between: the part of m, then both
                     # halves of each failing part, down to one: 1 + 2·ceil(log2 m) forwards.
                     budget = reruns + 1 + 2 * math.ceil(math.log2(n - 2))
@@ -595,7 +607,9 @@ class Instance:
         failed = sum(isinstance(o, BaseException) for o in outcomes)
         if failed < n:
             self.all_failed_runs = 0
-        elif stop is None and self.lost is None:  # not cut short: every request failed alone (or was left undecided)
+        # Not cut short: every request failed alone (or was left undecided), the model on each: a batch of clients'
+        # values refused (InvalidInput) is not the model failing every input, which turns the probing on.
+        elif stop is None and self.lost is None and all(isinstance(o, ModelExecutionError) for o in outcomes):
             self.all_failed_runs += 1
         log.debug(
             "model '%s': a failed batch of %d requests, rerun in parts (%d forwards): %d failed alone",
@@ -653,6 +667,7 @@ class Instance:
         s = self.servable
         slowed = self.fault.before_forward()  # an injected fault: raises, or says to pause after the forward
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
+        host = None  # set once assembled: an InvalidInput after it (a python model's forward) is the model's failure
         try:
             try:
                 host = self._assemble(inputs, sum(rows), slot)
@@ -696,7 +711,7 @@ class Instance:
                     ev[4].record()
                 self._last_d2h = ev[4]
         except BaseException as exc:  # a BaseException too: see _model_failed
-            failure = exc if isinstance(exc, _PART_FAILURES) else _model_failed(s.name, exc)
+            failure = exc if _part_failure(exc, host is None) else _model_failed(s.name, exc)
             # A device-side error (of this batch, or of the one before it, met at a sync in this
             # forward) leaves the CUDA context unusable: its parts would fail for nothing of theirs.
             if self._note_device_error(exc) or not self._may_isolate(rows):
@@ -717,6 +732,7 @@ class Instance:
         ModelExecutionError. A device-side error (found only as the batch is waited for) makes the
         CUDA context unusable, so only a batch that failed as it was launched is rerun."""
         s = self.servable
+        host = None
         try:
             with torch.cuda.device(self.device):
                 # The failed batch's copy in may still be reading the slot's buffers, which its parts reuse.
@@ -729,9 +745,9 @@ class Instance:
                     with torch.inference_mode():
                         out = s.forward(self.module, s.prepare(dev_in))
                     arrays = {k: to_numpy_view(v.detach().cpu()) for k, v in out.items()}
-        except _PART_FAILURES:
-            raise
         except BaseException as exc:  # a BaseException too: see _model_failed
+            if _part_failure(exc, host is None):
+                raise
             self._note_device_error(exc)
             raise _model_failed(s.name, exc) from exc
         return s.split(arrays, rows)

@@ -161,13 +161,28 @@ def test_a_step_the_model_failed_on_every_request_fails_the_ramp_naming_int_high
 
     detail = "model 'tok' failed: IndexError: index out of range in self"
     step = _step(["INTERNAL"] * 3, {"INTERNAL": detail})
-    args = argparse.Namespace(soak=None, require_qps=None)
+    args = argparse.Namespace(soak=None, require_qps=None, int_high=50)
     assert _exit_status({"steps": [step], "max_qps_under_slo": None}, args) == BAD_REQUESTS
     assert capsys.readouterr().err == (
         f"wok bench: the model failed every request at 3 QPS (INTERNAL: {detail}); not a capacity result: check "
-        "the model, and --int-high (default 50) against its embedding tables\n"
+        "the model, and --int-high (50; default 50) against its embedding tables\n"
     )
     assert analysis.failed_by_model(step) == f"INTERNAL: {detail}"
     # One request answered, or one refused for load: the server ran the model, so the step is measured.
     assert analysis.failed_by_model(_step(["INTERNAL", "OK"], {"INTERNAL": detail})) is None
     assert analysis.failed_by_model(_step(["INTERNAL", "UNAVAILABLE"], {"INTERNAL": detail})) is None
+
+
+def test_a_step_a_fail_fault_failed_on_every_request_is_measured_not_a_broken_model(capsys):
+    """A fault run whose `fail:` fault spans a whole step fails every request of it INTERNAL ("failing by fault
+    injection"): what the fault is for; it exited 2, blaming --int-high, and hid the fault's own status."""
+    import argparse
+
+    from wok.bench.cli import _exit_status
+
+    step = _step(["INTERNAL"] * 3, {"INTERNAL": "model 'mlp' instance 0: failing by fault injection"})
+    faults = {"faults": [{"fault": "fail:model=mlp,at=20%,until=60%", "start_s": 1.0, "end_s": 3.0}], "events": []}
+    args = argparse.Namespace(soak=None, require_qps=None, int_high=50)
+    result = {"steps": [step], "max_qps_under_slo": None, "faults": faults}
+    assert _exit_status(result, args) == 0
+    assert capsys.readouterr().err == ""

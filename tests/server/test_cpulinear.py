@@ -562,3 +562,30 @@ def test_torchscripts_fp32_linear_layers_are_counted_frozen_too_and_those_of_ano
     assert torch_linear_layers(torch.jit.freeze(torch.jit.script(nn.Linear(4, 2).eval()))) == 1
     assert torch_linear_layers(torch.jit.script(nn.Linear(4, 2).half())) == 0
     assert torch_linear_layers(torch.jit.freeze(torch.jit.script(nn.Linear(4, 2).half().eval()))) == 0
+
+
+class _WithParameterList(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.scales = nn.ParameterList([nn.Parameter(torch.ones(2))])
+
+    def forward(self, x):
+        return self.linear(x) * self.scales[0]
+
+
+class _WithUnusedLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.unused = nn.ReLU()
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+def test_a_torchscript_leaf_without_a_forward_is_no_frozen_graph_to_read():
+    # A ParameterList, or a traced submodule its parent never calls, is a leaf with no forward: reading its graph
+    # raised AttributeError, which ended the server's start over a log line.
+    assert torch_linear_layers(torch.jit.script(_WithParameterList().eval())) == 1
+    assert torch_linear_layers(torch.jit.trace(_WithUnusedLayer().eval(), torch.randn(2, 4))) == 1

@@ -23,7 +23,7 @@ import torch
 from wok.codec import decode_response, encode_request
 from wok.config import model_config_from_dict
 from wok.errors import InvalidInput
-from wok.executor import Executor
+from wok.executor import PROBE_AFTER, Executor
 from wok.models import build_demo
 from wok.servable import Servable
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -472,6 +472,31 @@ def test_a_request_a_servables_assemble_refuses_fails_alone_as_invalid_input_and
     assert type(result.outputs[1]) is InvalidInput
     assert str(result.outputs[1]) == "model 'refuse': input 'X' holds a negative value; expected 0 or more"
     np.testing.assert_array_equal(result.outputs[2]["Y"], np.full((1, 2), 2.0, np.float32))
+
+
+def test_batches_of_clients_values_refused_are_not_the_model_failing_every_input():
+    # Two batches whose every request a servable's assemble refused counted as the model failing every input
+    # (all_failed_runs), which turns on the probing meant for a broken model (PROBE_AFTER).
+    s = _refusing()
+    ex = Executor(s, s.config.instances)
+    try:
+        for _ in range(PROBE_AFTER + 1):
+            reqs = [{"X": np.full((1, 2), -1.0, np.float32)} for _ in range(3)]
+            result = ex.instances[0].submit(reqs, [1] * 3, 0).result(30)
+            assert all(type(o) is InvalidInput for o in result.outputs)
+        assert ex.instances[0].all_failed_runs == 0
+    finally:
+        ex.shutdown()
+
+
+async def test_a_batch_of_clients_values_refused_logs_no_failed_batch(serve_servables, caplog):
+    # It was logged at WARNING as the model's failed batch, taking the throttled line from the model's own.
+    caplog.set_level(logging.WARNING)
+    async with serve_servables(_refusing()) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.ModelInfer(encode_request("refuse", {"X": np.full((1, 2), -1.0, np.float32)}), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert not [r.getMessage() for r in caplog.records if "negative value" in r.getMessage()]
 
 
 def test_a_failed_assembly_is_timed_as_the_batchs_assembly_not_its_compute():
