@@ -241,7 +241,7 @@ def _security(args):
     token = None
     if args.token_file is not None and args.token_env is not None:
         raise ValueError("give --token-file or --token-env, not both")
-    from ..auth import split_tokens
+    from ..auth import decode_token_file, split_tokens
 
     # The server's own file or variable may list several tokens (a rotation): any of them is
     # accepted, and the first is the one to send. Not held to wok's server's rules for the tokens
@@ -251,12 +251,8 @@ def _security(args):
             raw = args.token_file.read_bytes()
         except OSError as exc:
             raise ValueError(f"--token-file {args.token_file}: {exc.strerror or exc}") from None
-        try:
-            # As the server reads it (auth.load_tokens): not in the locale's encoding, nor with a BOM as a character.
-            text = raw.decode("utf-8-sig")
-        except UnicodeDecodeError:
-            raise ValueError(f"--token-file {args.token_file} is not UTF-8 text") from None
-        tokens = split_tokens(text)
+        # As the server reads it: not in the locale's encoding, nor with a BOM as a character.
+        tokens = split_tokens(decode_token_file(raw, f"--token-file {args.token_file}"))
         if not tokens:
             raise ValueError(f"--token-file {args.token_file} holds no token")
         token = tokens[0]
@@ -1137,7 +1133,7 @@ def _exit_status(result: dict, args) -> int:
     from . import faults, soak
     from .analysis import failed_by_model, refused_as_bad
 
-    fail_faults = any(f["fault"].startswith("fail:") for f in (result.get("faults") or {}).get("faults", ()))
+    fail_faults = any(f["kind"] == "fail" for f in (result.get("faults") or {}).get("faults", ()))
     for step in result.get("steps") or ():
         refused = refused_as_bad(step)
         if refused is not None:

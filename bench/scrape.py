@@ -275,13 +275,14 @@ def grew(before: Snapshot, after: Snapshot) -> tuple[dict[tuple[str, tuple], flo
     then = {k: v for k, v in before.values.items() if k[0] in before.cumulative}
     started = [s.values.get((START_TIME, ())) for s in (before, after)]
     gone = [k for k in then if k not in now]
-    if gone and None not in started and started[0] == started[1]:
+    same = None not in started and started[0] == started[1]  # one process at both scrapes, by its start time
+    if gone and same:
         more = f" (and {len(gone) - 1} more)" if len(gone) > 1 else ""
         raise SeriesGone(
             f"{series_name(gone[0])}{more} went between the scrapes while its process ran on (start time "
             f"{started[0]:.2f} at both): what it grew by is unknown, and a wok's series never go (a proxy's /metrics?)"
         )
-    reset = (None not in started and started[0] != started[1]) or any(now.get(k, 0.0) < v for k, v in then.items())
+    reset = (None not in started and not same) or any(now.get(k, 0.0) < v for k, v in then.items())
     if reset:
         return now, True
     return {k: v - then.get(k, 0.0) for k, v in now.items()}, False

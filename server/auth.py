@@ -184,17 +184,21 @@ def parse_tokens(text: str, source: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(t for _, t in tokens))
 
 
+def decode_token_file(raw: bytes, source: str) -> str:
+    """A token file's text, for the server and the bench alike. "-sig": PowerShell 5's Out-File and Set-Content
+    -Encoding UTF8 begin the file with a BOM, which was its first token's U+FEFF (refused) or kept a first line's
+    '#' from starting a comment. ValueError naming `source` where it is not UTF-8."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError(f"{source} is not UTF-8 text") from None
+
+
 def load_tokens(auth_token_file: Path | None = None, auth_token_env: str | None = None) -> tuple[str, ...]:
     """Every accepted token from the file and the environment variable (either may be None)."""
     tokens: list[str] = []
     if auth_token_file is not None:
-        raw = read_secret_file(auth_token_file)
-        try:
-            # "-sig": PowerShell 5's Out-File and Set-Content -Encoding UTF8 begin the file with a BOM, which
-            # was its first token's U+FEFF (refused) or kept a first line's '#' from starting a comment.
-            text = raw.decode("utf-8-sig")
-        except UnicodeDecodeError:
-            raise ValueError(f"{auth_token_file} is not UTF-8 text") from None
+        text = decode_token_file(read_secret_file(auth_token_file), str(auth_token_file))
         tokens.extend(parse_tokens(text, str(auth_token_file)))
     if auth_token_env is not None:
         value = os.environ.get(auth_token_env)

@@ -1527,9 +1527,10 @@ class Batcher:
         the slo policy does not learn from it."""
         failed = [isinstance(out, BaseException) for out in result.outputs]
         # Not where only clients' values were refused (as in _complete).
-        if not all(isinstance(out, InvalidInput) for out, bad in zip(result.outputs, failed) if bad) or not isinstance(
-            result.failure, InvalidInput
-        ):
+        refused_only = isinstance(result.failure, InvalidInput) and all(
+            isinstance(out, InvalidInput) for out, bad in zip(result.outputs, failed) if bad
+        )
+        if not refused_only:
             self.failures.batch_failed(
                 result.failure, len(batch.requests), batch.samples, failed=sum(failed), reruns=result.reruns
             )

@@ -69,6 +69,11 @@ def size_range(least: int, most: int | None, step: int = 1) -> str:
     return f"a size of {sizes} in steps of {step}"
 
 
+def in_size_range(size: int, least: int, most: int | None, step: int = 1) -> bool:
+    """Whether `size` is one of size_range(least, most, step)'s sizes."""
+    return least <= size and (most is None or size <= most) and (size - least) % step == 0
+
+
 def _check_ranges(
     name: str, ranges: tuple[tuple[int, int, int | None, int], ...], shape: tuple[int, ...], model: str
 ) -> None:
@@ -76,6 +81,7 @@ def _check_ranges(
     outside them, which the model was not exported for."""
     for i, least, most, step in ranges:
         got = shape[i]
+        # in_size_range's test, written out: a call per ranged dim of every request is its cost again.
         if got < least or (most is not None and got > most) or (step != 1 and (got - least) % step):
             raise InvalidInput(
                 f"input '{name}': expected dim {i} of {size_range(least, most, step)} (the sizes model '{model}' was "

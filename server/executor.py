@@ -560,19 +560,13 @@ class Instance:
             reruns += 1
             try:
                 answers = run(inputs[lo:hi], rows[lo:hi])
-            except InvalidInput as exc:  # a request's values refused as its part was assembled: its own, not lost's
-                if hi - lo == 1:
-                    outcomes[lo] = exc
-                else:
-                    mid = (lo + hi) // 2
-                    part(lo, mid)
-                    part(mid, hi)
-                return
-            except ModelExecutionError as exc:
-                if self.lost is not None:  # lost during this run (not before it: read above)
+            except _PART_FAILURES as exc:
+                # An InvalidInput: a request's values refused as its part was assembled, its own and as raised.
+                refused = isinstance(exc, InvalidInput)
+                if not refused and self.lost is not None:  # lost during this run (not before it: read above)
                     outcomes[lo:hi] = [marked(exc, LOST_ALONE if hi - lo == 1 else LOST_IN_PART)] * (hi - lo)
                 elif hi - lo == 1:
-                    outcomes[lo] = marked(exc, "(on this request alone)")
+                    outcomes[lo] = exc if refused else marked(exc, "(on this request alone)")
                 else:
                     mid = (lo + hi) // 2
                     part(lo, mid)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
-from .codec import size_range
+from .codec import in_size_range, size_range
 from .config import CONFIG_NAMES, ModelConfig, inside_model_dir, load_model_config
 from .errors import ConfigError, InvalidVersion, ModelNotFound, error_line, quoted_name
 from .numerals import ascii_digits
@@ -254,6 +254,12 @@ def _takes_flat_tensors(program, n: int) -> bool:
     )
 
 
+def _traced_shape(program, spec):
+    """The shape the input of `spec` was traced with, from the program's placeholder for it (raises where another
+    torch lays the program out otherwise: the callers' except clauses)."""
+    return next(n for n in program.graph.find_nodes(op="placeholder") if n.name == spec.arg.name).meta["val"].shape
+
+
 def _check_ranks(program, cfg: ModelConfig, order: list[str]) -> None:
     """ConfigError for an input whose config's dims, the batch's before them, make another rank than the program
     was traced for: dims written Triton's way, the batch dim among them, loaded (a Linear takes any rank) to fail
@@ -263,8 +269,7 @@ def _check_ranks(program, cfg: ModelConfig, order: list[str]) -> None:
     tensors = {t.name: t for t in cfg.inputs}
     for name, spec in zip(order, _user_inputs(program), strict=True):
         try:
-            node = next(n for n in program.graph.find_nodes(op="placeholder") if n.name == spec.arg.name)
-            shape = node.meta["val"].shape
+            shape = _traced_shape(program, spec)
         except (AttributeError, KeyError, StopIteration, TypeError):  # another torch's layout
             continue
         dims = tensors[name].dims
@@ -286,8 +291,7 @@ def _dim_bounds(program, spec, index: int):
     for, None for no most: for a derived one whose range the program does not keep beside its symbols', 0 and None),
     or None where the program keeps no range for a symbol."""
     try:
-        node = next(n for n in program.graph.find_nodes(op="placeholder") if n.name == spec.arg.name)
-        dim = node.meta["val"].shape[index]
+        dim = _traced_shape(program, spec)[index]
         if isinstance(dim, int):
             return dim, dim, dim
         expr = dim.node.expr
@@ -472,7 +476,7 @@ def _dim_ranges(program, cfg: ModelConfig, order: list[str]) -> dict[str, tuple[
             takes = size_range(lo, hi, step)
             if size == -1:
                 held.append((i, lo, hi, step))
-                if warmup is not None and not _in_range(warmup[i - 1], lo, hi, step):
+                if warmup is not None and not in_size_range(warmup[i - 1], lo, hi, step):
                     # The warm-up is sent what no request may be (decode_request refuses it): outside what was
                     # traced, or failing the guards, which the start would say less of.
                     raise ConfigError(
@@ -497,7 +501,7 @@ def _dim_ranges(program, cfg: ModelConfig, order: list[str]) -> dict[str, tuple[
                         else "",
                     )
                 continue
-            if isinstance(dim, int) or _in_range(size, lo, hi, step):
+            if isinstance(dim, int) or in_size_range(size, lo, hi, step):
                 continue
             if lo == 2 and size < lo:
                 why = (
@@ -527,10 +531,6 @@ def _dim_ranges(program, cfg: ModelConfig, order: list[str]) -> dict[str, tuple[
         if held:
             ranges[name] = tuple(held)
     return ranges
-
-
-def _in_range(size: int, lo: int, hi: int | None, step: int) -> bool:
-    return lo <= size and (hi is None or size <= hi) and (size - lo) % step == 0
 
 
 def _batch_outputs(program, cfg: ModelConfig, padding: _Padding) -> frozenset | None:

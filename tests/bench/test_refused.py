@@ -181,7 +181,10 @@ def test_a_step_a_fail_fault_failed_on_every_request_is_measured_not_a_broken_mo
     from wok.bench.cli import _exit_status
 
     step = _step(["INTERNAL"] * 3, {"INTERNAL": "model 'mlp' instance 0: failing by fault injection"})
-    faults = {"faults": [{"fault": "fail:model=mlp,at=20%,until=60%", "start_s": 1.0, "end_s": 3.0}], "events": []}
+    faults = {
+        "faults": [{"fault": "fail:model=mlp,at=20%,until=60%", "kind": "fail", "start_s": 1.0, "end_s": 3.0}],
+        "events": [],
+    }
     args = argparse.Namespace(soak=None, require_qps=None, int_high=50)
     result = {"steps": [step], "max_qps_under_slo": None, "faults": faults}
     assert _exit_status(result, args) == 0
