@@ -79,10 +79,11 @@ Retries: UNAVAILABLE (connection refused or reset, server draining) is sent agai
 another replica; only when every replica has been tried (or the others are down) does an
 attempt go back to one already tried, after a random backoff of up to 50 ms × 2ⁿ (at most 1 s);
 with none left but failing ones, or a backoff that would end at or past the call's deadline,
-the call ends with the UNAVAILABLE. Nothing else is retried or hedged once it comes back:
-INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED (the fleet is full: more attempts would feed
-the overload), DEADLINE_EXCEEDED, INTERNAL (the model failed; it is the call's answer) and the
-rest are the call's answer.
+the call ends with the UNAVAILABLE: the last attempt's, naming the last earlier one that said
+something else (`BEFORE`), such as a drained server's "grace period over". Nothing else is
+retried or hedged once it comes back: INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED (the fleet
+is full: more attempts would feed the overload), DEADLINE_EXCEEDED, INTERNAL (the model failed; it
+is the call's answer) and the rest are the call's answer.
 
 Budget (like gRPC's retryThrottling): `budget_tokens` (100) tokens; every retry or hedge
 takes one (given back if it never goes out: cancelled in its backoff because another attempt
@@ -544,6 +545,12 @@ class _Attempt:
         self.late = False  # reached hedge_after without an answer
         self.counts = True  # its failure counts towards ejection: its channel was READY or IDLE
         self.task: asyncio.Task | None = None
+
+
+# The attribute of a call's final error that holds, as "CODE: details", the last error of an earlier attempt of it
+# that said something else: a drained server's "grace period over: ...", retried on a replica gone since, ended
+# the call with "Connection refused" alone. The client's InferError shows it (`Answers.error`).
+BEFORE = "wok_before"
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -1410,6 +1417,7 @@ class Balancer:
         sent = 1
         backoffs = 0
         last_error: grpc.aio.AioRpcError | None = None
+        before: grpc.aio.AioRpcError | None = None  # the last earlier error unlike last_error: see BEFORE
         self._launch(pending, _Attempt(first), key, request, deadline, metadata)
         last_launch = loop.time()
         try:
@@ -1456,6 +1464,8 @@ class Balancer:
                 for code, _, error in answers:
                     if code not in RETRYABLE:
                         raise error
+                    if last_error is not None and last_error.details() != error.details():
+                        before = last_error
                     last_error = error
                     retry += 1
                 if hedge_s is not None:
@@ -1490,6 +1500,8 @@ class Balancer:
                     self._launch(pending, _Attempt(r, kind), key, request, deadline, metadata, delay)
                     last_launch = now
                     self._notify()
+            if last_error is not None and before is not None and before.details() != last_error.details():
+                setattr(last_error, BEFORE, f"{before.code().name}: {before.details()}")
             raise last_error or rpc_error(CODE.UNAVAILABLE, "no attempt could be made")
         finally:
             for task in pending:

@@ -14,6 +14,7 @@ from wok.codec import decode_response
 from wok.errors import quoted_name
 from wok.v2pb import grpc_service_pb2 as pb
 
+from .balancer import BEFORE
 from .channel import target_list
 
 # What a call that waited for the client's first lookup (or its balancer's start) gets when close() came first.
@@ -104,7 +105,8 @@ class InferError(Exception):
     NOT_SERVING (a wok server draining); DRAINED_HINT for an UNAVAILABLE call after that, with no
     call answered OK in between (the server that drained is gone); for a request gRPC refused as
     over the server's message limit, its size, the limit and the --max-request-bytes it means on
-    a wok server (`over_limit_hint`); else "".
+    a wok server (`over_limit_hint`); else "". A call the wok balancer retried has, after its
+    details, " (before: CODE: details)": the last earlier attempt's error that said something else.
     """
 
     def __init__(self, code: grpc.StatusCode, details: str, hint: str = "") -> None:
@@ -173,7 +175,15 @@ class Answers:
         # traceback, whose grpc.aio frame holds the call, and the call its channel open in
         # gRPC's core past close() for as long as the caller keeps the error.
         exc.with_traceback(None)
-        err = InferError.from_rpc_error(exc)
+        err = self._error(InferError.from_rpc_error(exc))
+        # An earlier attempt's other error (the wok balancer's retries: balancer.BEFORE), after what the hints were
+        # read from: the final error's own details say what this call's end was.
+        before = getattr(exc, BEFORE, None)
+        if before:
+            return InferError(err.code, f"{err.details} (before: {before})", err.hint)
+        return err
+
+    def _error(self, err: InferError) -> InferError:
         if err.code not in _NO_ANSWER:
             self.answered = True
         if err.code == grpc.StatusCode.UNAVAILABLE and UNHEALTHY in err.details:

@@ -830,6 +830,9 @@ def _say_serving(server, settings) -> None:
         http = host_port(settings.metrics_host, server.http.port)
         if settings.metrics:
             print(f"wok: metrics on http://{http}/metrics", file=sys.stderr, flush=True)
+            if settings.admin:
+                # Off loopback a warning names it (security_warnings); on loopback nothing said it was served.
+                print(f"wok: admin API on http://{http} (/admin/*, /events)", file=sys.stderr, flush=True)
         else:
             print(
                 f"wok: metrics off (--no-metrics); admin API on http://{http} (/metrics answers 404)",

@@ -362,6 +362,8 @@ class WokServer:
             http = host_port(self.settings.metrics_host, self.http.port)
             if self.settings.metrics:
                 log.info("metrics on http://%s/metrics", http)
+                if self.http.admin:
+                    log.info("admin API on http://%s (/admin/*, /events)", http)
             else:
                 log.info(
                     "metrics off: http://%s/metrics answers 404%s", http, "; admin API there" if self.http.admin else ""

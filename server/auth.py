@@ -19,6 +19,7 @@ gRPC probes cannot send metadata; it tells only whether the server is serving.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import hashlib
 import hmac
 import ipaddress
@@ -187,11 +188,15 @@ def parse_tokens(text: str, source: str) -> tuple[str, ...]:
 def decode_token_file(raw: bytes, source: str) -> str:
     """A token file's text, for the server and the bench alike. "-sig": PowerShell 5's Out-File and Set-Content
     -Encoding UTF8 begin the file with a BOM, which was its first token's U+FEFF (refused) or kept a first line's
-    '#' from starting a comment. ValueError naming `source` where it is not UTF-8."""
+    '#' from starting a comment. ValueError naming `source`, and the file offset and line of the first byte that is
+    not UTF-8, where there is one: without them a file of many tokens was searched by hand. Not the byte's value:
+    it is part of a secret."""
     try:
         return raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise ValueError(f"{source} is not UTF-8 text") from None
+    except UnicodeDecodeError as exc:
+        at = exc.start + (len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0)  # -sig counts after it
+        line = raw.count(b"\n", 0, at) + 1
+        raise ValueError(f"{source} is not UTF-8 text ({exc.reason} at byte {at}, line {line})") from None
 
 
 def load_tokens(auth_token_file: Path | None = None, auth_token_env: str | None = None) -> tuple[str, ...]:

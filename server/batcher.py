@@ -223,11 +223,48 @@ class FailureLog:
     (or a fault injected on purpose) fails each of its batches. The error is cut to
     LOG_MESSAGE_CHARS in the line; the model's own exception follows it, with its traceback, as
     the record's exc_info.
+
+    Those held within a window are told in the next failure's line or, once `start`ed on the batcher's
+    loop, at the window's end if none came (a timer: failures that stopped were never told) and at `stop`.
     """
 
     def __init__(self, model: str, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
         self._throttle = Throttle(every_s, clock)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._window_end: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Tell the held failures at each window's end from now on, by a timer on `loop` (the batcher's)."""
+        self._loop = loop
+
+    def stop(self) -> None:
+        """Tell what is held now, and leave no timer on the loop."""
+        if self._window_end is not None:
+            self._window_end.cancel()
+            self._window_end = None
+        self._loop = None
+        held, self._throttle.held = self._throttle.held, 0
+        if held:
+            log.warning(
+                "model '%s': %d more failed batches since the last logged, as its batcher stops", self.model, held
+            )
+
+    def _tell_held(self) -> None:
+        self._window_end = None
+        if not self._throttle.held or self._loop is None:
+            return
+        left = self._throttle.left()
+        if left > 0:  # the loop's clock ran ahead of the throttle's
+            self._window_end = self._loop.call_later(left, self._tell_held)
+            return
+        held = self._throttle.due()
+        log.warning(
+            "model '%s': %d more failed batches in the %g s since the last logged",
+            self.model,
+            held,
+            self._throttle.every_s,
+        )
 
     def batch_failed(
         self, exc: BaseException, requests: int, samples: int, failed: int | None = None, reruns: int = 0
@@ -237,6 +274,8 @@ class FailureLog:
         for one that failed whole without a rerun."""
         held = self._throttle.due()
         if held is None:
+            if self._window_end is None and self._loop is not None:
+                self._window_end = self._loop.call_later(self._throttle.left(), self._tell_held)
             return
         more = f" ({held} more failed batches since the last logged)" if held else ""
         parts = ""
@@ -366,6 +405,7 @@ class Batcher:
         if self._prewarm:
             self._prewarm_timer = PreciseTimer(self._loop, self._prewarm_next)
         self._task = self._loop.create_task(self._run(), name=f"wok-batcher-{self.name}")
+        self.failures.start(self._loop)
 
     async def stop(self) -> None:
         """Refuse new requests, run everything queued and in flight, then end the task.
@@ -387,6 +427,9 @@ class Batcher:
             except asyncio.CancelledError:
                 pass
             raise
+        finally:
+            # After the task: the drain's batches may fail too.
+            self.failures.stop()
 
     def set_policy(self, policy: BatchingPolicy) -> None:
         """Replace the batching policy live (the admin API); every later decision reads the new one.

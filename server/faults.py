@@ -21,6 +21,7 @@ expected and what it got.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import threading
@@ -29,6 +30,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .errors import NAME_CHARS, ModelExecutionError, cut_message, quoted_name
+
+log = logging.getLogger("wok.faults")
 
 MODES = ("slow", "fail", "off")
 ACTIVE_MODES = ("slow", "fail")
@@ -53,6 +56,7 @@ class Fault:
     delay_ms: float = 0.0
     until: float | None = None  # Unix time it ends, as shown; None: until turned off
     deadline: float | None = None  # time.monotonic() it ends, what decides; None: until turned off
+    duration_s: float | None = None  # as asked for, for the line that says it ended; None: not known
 
     def __post_init__(self) -> None:
         # One without the other was a fault shown to end that never did, or the reverse.
@@ -116,11 +120,30 @@ class InstanceFault:
         after a fault the admin set meanwhile, and wipe that one.
         """
         f = self._fault
-        if f is not None and f.deadline is not None and (time.monotonic() if now is None else now) >= f.deadline:
-            if forget:
-                self._fault = None
-            return None
-        return f
+        if f is None or f.deadline is None:
+            return f
+        now = time.monotonic() if now is None else now
+        if not now >= f.deadline:
+            return f
+        if forget:
+            self._fault = None
+            self._say_ended(f, now)
+        return None
+
+    def _say_ended(self, f: Fault, now: float) -> None:
+        # Its start was logged (the admin API's POST) but its end came unannounced: an operator reading the log
+        # took the model as still slowed or failing. Dropped only as something reads the state (a GET, a tick of
+        # /events, a scrape), so the line also says how long ago it ended.
+        ran = f"its duration_s of {f.duration_s:g} s" if f.duration_s is not None else "to its end"
+        log.info(
+            "fault injection: model '%s' instance %d: mode '%s'%s ended after %s, %.3f s ago",
+            self.model,
+            self.instance,
+            f.mode,
+            f" (delay_ms {f.delay_ms:g})" if f.mode == "slow" else "",
+            ran,
+            now - f.deadline,
+        )
 
     def before_forward(self) -> bool:
         """Called by the worker before a batch's forward: raises for `fail`; whether to `pause` after
@@ -298,7 +321,7 @@ class FaultBoard:
             if req.duration_s is not None:
                 until = (time.time() if wall is None else wall) + req.duration_s
                 deadline = now + req.duration_s
-            fault = Fault(req.mode, req.delay_ms, until, deadline)
+            fault = Fault(req.mode, req.delay_ms, until, deadline, req.duration_s)
         targets: Sequence[InstanceFault] = self.states[req.model]
         if req.instance is not None:
             targets = [targets[req.instance]]

@@ -32,6 +32,10 @@ class Throttle:
         held, self.held = self.held, 0
         return held
 
+    def left(self) -> float:
+        """Seconds until a line is due again (0 when one is now)."""
+        return max(0.0, self._next - self.clock())
+
 
 class WindowedWarning:
     """`count` is raised by the caller as refusals happen; `due()` logs what is new now, or arms a

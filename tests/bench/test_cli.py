@@ -883,4 +883,4 @@ def test_token_file_is_read_as_the_server_reads_it(tmp_path, raw, sent):
     tokens.write_bytes(b"tok-\xff-not-utf-8-text\n")
     with pytest.raises(ValueError) as info:
         _security(args)
-    assert str(info.value) == f"--token-file {tokens} is not UTF-8 text"
+    assert str(info.value) == f"--token-file {tokens} is not UTF-8 text (invalid start byte at byte 4, line 1)"

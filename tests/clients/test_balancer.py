@@ -32,6 +32,7 @@ from grpc_health.v1 import health_pb2
 
 from wok.clients import TLS, AsyncClient, InferError, aio, balancer
 from wok.clients.balancer import SETTLED_AFTER, Balancer, BalancerSettings, merge_stats, split_targets
+from wok.clients.errors import Answers
 from wok.errors import CUT_NOTE
 from wok.v2pb import grpc_service_pb2 as pb
 
@@ -258,6 +259,22 @@ async def test_the_deadline_bounds_every_attempt(stub):
             assert bal.attempts == 2 and bal.hedges == 1 and a.calls == b.calls == 1
             await a.wait_until(lambda: a.cancelled == a.calls)
             await b.wait_until(lambda: b.cancelled == b.calls)
+
+
+async def test_a_retried_calls_error_names_the_earlier_attempts_other_reason(stub):
+    # The last attempt's error alone reached the caller: a drained server's "grace period over: ...", retried on a
+    # replica gone since, read "Connection refused", the reason the server gave hidden.
+    async with stub("a", fail_first=1 << 30) as a, stub("b", fail_first=1 << 30) as b:
+        async with Balancer([a.target, b.target], settings=settings(max_attempts=2, **NO_EJECTION)) as bal:
+            await bal.wait_for(lambda: all(r.state is STATE.READY for r in bal.replicas.values()), 10, "all READY")
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await bal.unary_unary(METHOD)(REQUEST, timeout=10)
+    assert bal.retries == 1 and a.calls == b.calls == 1  # the retry went to the other
+    last = info.value.details()
+    first = "b" if last.startswith("a:") else "a"
+    err = Answers(plaintext=True).error(info.value)
+    assert err.code is CODE.UNAVAILABLE and err.hint == ""
+    assert str(err) == f"UNAVAILABLE: {last} (before: UNAVAILABLE: {first}: failing call 1)"
 
 
 async def test_a_failing_replica_is_ejected_after_k_failures(stub):

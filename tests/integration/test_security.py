@@ -9,6 +9,7 @@ not trust.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import datetime
 import ipaddress
@@ -150,6 +151,25 @@ def test_a_token_file_beginning_with_a_bom_is_read_as_without_it(tmp_path):
     assert load_tokens(tokens) == (TOKEN_A, TOKEN_B)
     tokens.write_bytes(f"\ufeff{TOKEN_A}\n".encode())
     assert load_tokens(tokens) == (TOKEN_A,)
+
+
+@pytest.mark.parametrize(
+    ("raw", "where"),
+    [
+        (b"tok-\xff-not-utf-8\n", "invalid start byte at byte 4, line 1"),
+        (b"# tokens\n\n" + b"t" * 20 + b"\ntok-\xc3(\n", "invalid continuation byte at byte 35, line 4"),
+        # The offset is the file's: the BOM the decoding skips is counted.
+        (codecs.BOM_UTF8 + b"# x\n\n\x80", "invalid start byte at byte 8, line 3"),
+    ],
+    ids=["first-line", "fourth-line", "after-bom"],
+)
+def test_a_token_file_that_is_not_utf8_is_named_with_the_bytes_offset_and_line(tmp_path, raw, where):
+    # "is not UTF-8 text" alone: a file of many tokens was searched by hand.
+    tokens = tmp_path / "tokens"
+    tokens.write_bytes(raw)
+    with pytest.raises(ValueError) as info:
+        load_tokens(tokens)
+    assert str(info.value) == f"{tokens} is not UTF-8 text ({where})"
 
 
 def test_a_token_of_padding_alone_is_said_to_hold_nothing_before_it():

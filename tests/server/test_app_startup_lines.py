@@ -15,6 +15,8 @@ import pytest
     ("args", "metrics_line"),
     [
         (("--health-port", "0"), "wok: metrics on http://{http}/metrics"),
+        # With metrics on, nothing said the admin API was served: off loopback only a warning named it.
+        (("--admin",), "wok: metrics on http://{http}/metrics\nwok: admin API on http://{http} (/admin/*, /events)"),
         (
             ("--no-metrics", "--admin"),
             "wok: metrics off (--no-metrics); admin API on http://{http} (/metrics answers 404)",
@@ -28,7 +30,7 @@ def test_wok_serve_shows_each_start_up_fact_once(start_server, args, metrics_lin
         lines = list(sp.log)
     http = next(line for line in lines if line.startswith("wok: metrics ")).split("http://")[1].split()[0]
     http = http.removesuffix("/metrics")
-    expected = [metrics_line.format(http=http), f"wok: serving mlp on {sp.target}"]
+    expected = [*metrics_line.format(http=http).split("\n"), f"wok: serving mlp on {sp.target}"]
     if "--health-port" in args:
         health = sp.wait_for_line("wok: health (plaintext) on ").rsplit(" ", 1)[1]
         expected.append(f"wok: health (plaintext) on {health}")
@@ -55,3 +57,13 @@ async def test_a_library_caller_gets_the_start_up_facts_logged(serve, caplog):
         assert "gRPC security: plaintext, no token" in logged
         assert f"health (plaintext, grpc.health.v1 only) on 127.0.0.1:{server.health_port}" in logged
         assert f"metrics on http://{http}/metrics" in logged
+
+
+async def test_a_library_caller_gets_the_admin_apis_address_logged_with_metrics_on(serve, caplog):
+    caplog.set_level(logging.INFO, logger="wok")
+    async with serve(models=("mlp",), admin=True) as server:
+        logged = [r.getMessage() for r in caplog.records if r.name == "wok"]
+        http = f"127.0.0.1:{server.http.port}"
+        assert logged[logged.index(f"metrics on http://{http}/metrics") + 1] == (
+            f"admin API on http://{http} (/admin/*, /events)"
+        )

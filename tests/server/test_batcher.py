@@ -906,3 +906,52 @@ def test_failed_batches_are_logged_at_most_once_per_interval_counting_the_rest(c
         "last logged)",
     ]
     assert all(r.exc_info is None or r.exc_info[0] is None for r in caplog.records)  # no cause: no traceback
+
+
+class _Said(logging.Handler):
+    """Sets `said` at the first record of `logger` whose message holds `text`."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.said = text, asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.said.set()
+
+
+async def test_failed_batches_held_in_a_window_are_told_at_its_end_when_no_more_come(caplog):
+    # Held failures were told only with the next failure's line: a model that stopped failing never had them told.
+    failures = FailureLog("m", every_s=0.05)
+    said = _Said("more failed batches")
+    logging.getLogger("wok.batcher").addHandler(said)
+    try:
+        with caplog.at_level(logging.WARNING, logger="wok.batcher"):
+            failures.start(asyncio.get_running_loop())
+            for _ in range(3):
+                failures.batch_failed(ModelExecutionError("model 'm' failed"), 1, 1)
+            await asyncio.wait_for(said.said.wait(), 10)
+            failures.stop()  # nothing held any more: it says nothing
+    finally:
+        logging.getLogger("wok.batcher").removeHandler(said)
+    assert [r.getMessage() for r in caplog.records] == [
+        "model 'm': a batch of 1 request(s), 1 sample(s), failed: model 'm' failed",
+        "model 'm': 2 more failed batches in the 0.05 s since the last logged",
+    ]
+
+
+async def test_failed_batches_held_at_the_batchers_stop_are_told_then(gated, caplog):
+    s, _, ex = gated(max_batch_size=1, delay_ms=0)
+    cfg = s.config
+    b = Batcher(cfg.name, ex, BatchingPolicy(1, 0.0), ModelStats(cfg.name))
+    b.failures = FailureLog(cfg.name, every_s=600.0)  # its window never ends within the test
+    b.start()
+    with caplog.at_level(logging.WARNING, logger="wok.batcher"):
+        for _ in range(3):
+            with pytest.raises(ModelExecutionError, match="NaN in batch"):
+                await submit(b, float("nan")).future
+        await finish(b)
+    assert [r.getMessage() for r in caplog.records if r.name == "wok.batcher"] == [
+        "model 'gated': a batch of 1 request(s), 1 sample(s), failed: model 'gated' failed: ValueError: NaN in batch",
+        "model 'gated': 2 more failed batches since the last logged, as its batcher stops",
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import numpy as np
@@ -91,6 +92,33 @@ def test_board_sets_one_or_all_instances_and_expires_faults():
     # Past its end the fail fault is gone; the slow one has no end.
     assert [(d["instance"], d["mode"]) for d in board.active(now=110.0)] == [(1, "slow")]
     assert board.apply(parse_fault_request({"model": "mlp", "mode": "off"}, INSTANCES), now=111.0) == []
+
+
+def test_an_expired_fault_dropped_is_logged_once_with_how_long_it_ran(caplog):
+    # Its setting was logged (the admin API's POST), its end never: the log read as a model still failing.
+    board = _board()
+    board.apply(
+        parse_fault_request({"model": "mlp", "instance": 1, "mode": "fail", "duration_s": 10}, INSTANCES), 100.0
+    )
+    body = {"model": "recsys", "mode": "slow", "delay_ms": 50, "duration_s": 2.5}
+    board.apply(parse_fault_request(body, INSTANCES), now=100.0)
+    with caplog.at_level(logging.INFO, logger="wok.faults"):
+        assert len(board.active(now=102.0)) == 2
+        assert board.states["mlp"][1].current(now=111.0) is None  # the worker's read forgets nothing, says nothing
+        assert caplog.records == []
+        assert [(d["model"], d["mode"]) for d in board.active(now=103.0)] == [("mlp", "fail")]
+        assert board.active(now=111.0) == [] and board.active(now=120.0) == [] and board.gauge()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        (
+            "INFO",
+            "fault injection: model 'recsys' instance 0: mode 'slow' (delay_ms 50) ended after its duration_s "
+            "of 2.5 s, 0.500 s ago",
+        ),
+        (
+            "INFO",
+            "fault injection: model 'mlp' instance 1: mode 'fail' ended after its duration_s of 10 s, 1.000 s ago",
+        ),
+    ]
 
 
 def test_a_wall_clock_step_neither_ends_nor_stretches_a_fault(monkeypatch):
