@@ -447,8 +447,13 @@ def add_simulate_parser(sub) -> None:
         description="Simulate wok's batcher (flush on size or queue delay, batch time α + β·n) at each step's "
         "offered load, and report the bench's per-step table and JSON schema, plus utilization.",
     )
-    p.add_argument("--alpha", default="0ms", help="fixed time per batch (default 0ms)")
-    p.add_argument("--beta", default="1ms", help="time per sample in a batch (default 1ms)")
+    p.add_argument("--alpha", help="fixed time per batch (default 0ms; not with --profile)")
+    p.add_argument("--beta", help="time per sample in a batch (default 1ms; not with --profile)")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        help="α and β from a `wok profile --json` file (wok.profile/1), as `wok tune --profile` reads it",
+    )
     p.add_argument(
         "--max-batch-size", type=int, default=1, help="most samples per batch (default 1: no batching unless given)"
     )
@@ -498,7 +503,7 @@ def run_simulate(args) -> int:
         value = getattr(args, option.removeprefix("--").replace("-", "_"))
         if value < low:
             raise ValueError(f"{option} must be >= {low}; got {value}")
-    alpha, beta = _batch_time(args)
+    alpha, beta, notes = _simulated_batch_time(args)
     steps = _named("--steps", parse_steps, args.steps)
     duration = seconds("--step-duration", positive=True)
     # The ramp's rule: each simulated step starts from an empty queue, as each of the bench's starts drained, and
@@ -522,14 +527,50 @@ def run_simulate(args) -> int:
         arrival=args.arrival,
         slo_p99_ms=1e3 * _latency(args, "--slo-p99", positive=True),
         seed=args.seed,
+        profile=None if args.profile is None else str(args.profile),
     )
     result = simulate_ramp(cfg)
+    result["warnings"] = [*notes, *result["warnings"]]
     _write_outputs(result, args, "wok simulate")
     print(
         "utilization per step: "
         + ", ".join(f"{s['offered_qps']:g} QPS {100 * s['utilization']:.0f}%" for s in result["steps"])
     )
     return 0
+
+
+def _simulated_batch_time(args) -> tuple[float, float, list[str]]:
+    """`wok simulate`'s (α, β) and the warnings the profile's fit calls for. From --profile read as `wok tune` reads
+    it (α below 0 taken as 0); with it, --alpha and --beta are refused, as by `wok plan` and `wok tune`: which of
+    the two a run meant cannot be told."""
+    if args.profile is None:
+        args.alpha = "0ms" if args.alpha is None else args.alpha
+        args.beta = "1ms" if args.beta is None else args.beta
+        return *_batch_time(args), []
+    from .tune import load_profile
+
+    given = [option for option in ("--alpha", "--beta") if getattr(args, option[2:]) is not None]
+    if given:
+        raise ValueError(f"give --profile or --alpha/--beta, not both; got --profile and {' and '.join(given)}")
+    where = f"--profile {args.profile}"
+    profile = load_profile(args.profile, where=where)
+    if profile.alpha_s + profile.beta_s == 0:
+        raise ValueError(f"{where}: fit.alpha_s and fit.beta_s: a batch needs a time, α + β > 0; got both 0")
+    notes = []
+    if profile.fitted_alpha_s is not None:
+        notes.append(
+            f"the profile's fitted α = {1e3 * profile.fitted_alpha_s:.4g} ms is negative: the linear fit "
+            "T = α + β·n does not hold at small batches; α is taken as 0, T(n) = β·n (as wok plan and wok tune "
+            "take it)"
+        )
+    largest = max(profile.profiled_sizes, default=None)
+    if largest is not None and args.max_batch_size > largest:
+        notes.append(
+            f"--max-batch-size {args.max_batch_size} is past the largest batch the profile measured ({largest}): "
+            f"batches of more than {largest} run on the fit α + β·n extrapolated; profile batches of "
+            f"{args.max_batch_size} to check it"
+        )
+    return profile.alpha_s, profile.beta_s, notes
 
 
 AUTO_METRICS_PORT = 8002  # `wok serve`'s default --metrics-port, where --metrics-url auto looks

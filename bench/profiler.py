@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
 
 from wok.config import InstanceConfig, check_device
+from wok.cpulinear import onednn_counts
 from wok.errors import ModelExecutionError
 from wok.executor import Executor, resolve_devices
 from wok.servable import HostBuffers, Servable
@@ -436,8 +437,140 @@ def _table_rows(module: torch.nn.Module) -> list[int]:
 
 def id_range(servable: Servable) -> int:
     """Ids valid for every embedding table of the model (its smallest one), else 50."""
-    tables = [rows for m in servable.module_for(torch.device("cpu")).modules() for rows in _table_rows(m)]
-    return min(tables) if tables else DEFAULT_INT_HIGH
+    module = servable.module_for(torch.device("cpu"))
+    tables = [rows for m in module.modules() for rows in _table_rows(m)]
+    return min(tables + _indexed_tables(module), default=DEFAULT_INT_HIGH)
+
+
+# Ops that gather rows of their first argument by ids, beyond those of nn.Embedding and nn.EmbeddingBag's class.
+_GATHERS = (*sorted(_EMBEDDING_SCHEMAS), "aten::index_select", "aten::index")
+# Ops whose output holds their first argument's values, moved or cast but not computed on (a view, a copy, a `.long()`,
+# a row or a column): ids passed through them are still the input's. Any other (ids + 1, ids % rows, a hash) makes
+# other ids, which the input's range does not bound.
+_KEEPS_VALUES = frozenset(
+    f"aten::{op}"
+    for op in ("view", "reshape", "_unsafe_view", "flatten", "squeeze", "unsqueeze", "clone", "contiguous", "_to_copy",
+               "to", "alias", "detach", "t", "transpose", "permute", "select", "slice", "expand")
+)  # fmt: skip
+
+
+def _indexed_tables(module: torch.nn.Module) -> list[int]:
+    """The rows of each table a TorchScript or torch.export graph gathers rows of by a model input (`_GATHERS`:
+    F.embedding of a parameter, `table.index_select(0, ids)`, `table[ids]`), the table a parameter or buffer (a
+    constant, once frozen) and the ids a graph input through `_KEEPS_VALUES` ops alone. Only the outermost graphs:
+    a submodule's inputs may be computed (positions), not the model's."""
+    graphs = [m for m in module.modules() if isinstance(m, (torch.jit.ScriptModule, torch.fx.GraphModule))]
+    inner = {id(sub) for m in graphs for sub in m.modules() if sub is not m}
+    rows = []
+    for m in graphs:
+        if id(m) in inner:
+            continue
+        if isinstance(m, torch.fx.GraphModule):
+            rows += _exported_tables(m)
+        elif m._c._has_method("forward"):  # a ParameterList has no graph to read
+            rows += _scripted_tables(m)
+    return rows
+
+
+def _from_input(value, made_of, is_input) -> bool:
+    """Whether `value` is a graph input, through `_KEEPS_VALUES` ops only; `made_of(value)` is (op, the values it
+    came from) of the op that made it, or None: one value, its first argument, or for a branch (TorchScript's
+    prim::If, as F.embedding's inlined `input.contiguous()` where max_norm is given) each branch's, all of which
+    must be."""
+    todo = [value]
+    for _ in range(256):  # a chain of views is short; branches within branches could double it at each level
+        if not todo:
+            return True
+        value = todo.pop()
+        if is_input(value):
+            continue
+        made = made_of(value)
+        if made is None or (made[0] not in _KEEPS_VALUES and made[0] != "prim::If"):
+            return False
+        todo += made[1]
+    return False
+
+
+def _exported_tables(module: torch.fx.GraphModule) -> list[int]:
+    def made_of(node):
+        if getattr(node, "op", None) != "call_function" or not node.args:
+            return None
+        return getattr(getattr(node.target, "_schema", None), "name", None), node.args[:1]
+
+    def is_input(node) -> bool:
+        return getattr(node, "op", None) == "placeholder"
+
+    rows = []
+    for node in module.graph.nodes:
+        op = made_of(node)
+        if op is None or op[0] not in _GATHERS or len(node.args) < 2:
+            continue
+        table = node.args[0]
+        if getattr(table, "op", None) != "get_attr" or (shape := _shape(table.meta.get("val"))) is None:
+            continue
+        if op[0] == "aten::index_select":
+            ids = node.args[2] if len(node.args) > 2 and node.args[1] == 0 else None
+        elif op[0] == "aten::index":
+            # table[ids]: one index, along the rows.
+            index = node.args[1]
+            ids = index[0] if isinstance(index, (list, tuple)) and len(index) == 1 else None
+        else:
+            ids = node.args[1]
+        if ids is not None and _from_input(ids, made_of, is_input):
+            rows.append(shape[0])
+    return rows
+
+
+def _scripted_tables(module: torch.jit.ScriptModule) -> list[int]:
+    graph = module.inlined_graph  # held: its nodes are invalidated once the graph is freed
+    this = next(graph.inputs()).unique()  # `self`
+
+    def made_of(value):
+        node = value.node()
+        if node.kind() == "prim::If":
+            return node.kind(), [list(block.outputs())[value.offset()] for block in node.blocks()]
+        return None if node.kind() == "prim::Param" or not node.inputsSize() else (node.kind(), [node.inputsAt(0)])
+
+    def is_input(value) -> bool:
+        return value.node().kind() == "prim::Param" and value.unique() != this
+
+    def table_of(value):
+        # self.a.b.table: a chain of attributes from `self`; or, frozen, the tensor itself.
+        names = []
+        while value.node().kind() == "prim::GetAttr":
+            names.append(value.node().s("name"))
+            value = value.node().inputsAt(0)
+        if value.node().kind() == "prim::Constant":
+            return None if names else value.toIValue()
+        if value.unique() != this:
+            return None
+        found = module
+        for name in reversed(names):
+            found = getattr(found, name, None)
+        return found
+
+    rows = []
+    for kind in _GATHERS:
+        for node in graph.findAllNodes(kind):
+            if (shape := _shape(table_of(node.inputsAt(0)))) is None:
+                continue
+            if kind == "aten::index_select":
+                ids = node.inputsAt(2) if node.inputsAt(1).toIValue() == 0 else None
+            elif kind == "aten::index":
+                listed = node.inputsAt(1).node()
+                ids = (
+                    listed.inputsAt(0) if listed.kind() == "prim::ListConstruct" and listed.inputsSize() == 1 else None
+                )
+            else:
+                ids = node.inputsAt(1)
+            if ids is not None and _from_input(ids, made_of, is_input):
+                rows.append(shape[0])
+    return rows
+
+
+def _shape(table) -> tuple[int, ...] | None:
+    """A table's shape: a 2-D tensor's (rows, width), else None."""
+    return tuple(table.shape) if isinstance(table, torch.Tensor) and table.dim() == 2 else None
 
 
 def _generator(servable: Servable, cfg: ProfileConfig) -> PayloadGenerator:
@@ -567,9 +700,18 @@ def keyed_pool(
 Progress = Callable[[int], None]  # called with the number of batches just run
 
 
+class BatchTimes(dict):
+    """`time_batches`' per-size times, and `cpu_linear`: how the instance ran the model's linear layers."""
+
+    # "onednn" where some of them ran through oneDNN, else "torch": the executor leaves a TorchScript or torch.export
+    # model's, a model's on CUDA or not in fp32, and all with --cpu-linear torch, to torch (server/cpulinear.py), and a
+    # layer the forward routes around (a fused transformer kernel) or a batch of under 4 rows runs as torch's too.
+    cpu_linear: str = "torch"
+
+
 def time_batches(
     servable: Servable, device: torch.device, cfg: ProfileConfig, pool: KeyedPool, progress: Progress | None = None
-) -> dict[int, dict[str, list]]:
+) -> BatchTimes:
     """Per batch size: the batch times and stage times (seconds) of `repeats` batches, and under "requests" the
     indices in `pool.requests` of each batch's n requests (`KeyedPool.batch`: all of one batching key; the keys of
     the timed batches of each size in proportion to the pool's draws, `KeyedPool.plan`)."""
@@ -577,7 +719,7 @@ def time_batches(
     instance = executor.instances[0]
     rng = np.random.default_rng(cfg.seed)
     sizes = list(dict.fromkeys(cfg.batch_sizes))
-    out = {n: {k: [] for k in ("batch", *STAGES, "requests")} for n in sizes}
+    out = BatchTimes({n: {k: [] for k in ("batch", *STAGES, "requests")} for n in sizes})
 
     plans = {n: pool.plan(rng, n, cfg.repeats) for n in sizes}
 
@@ -600,6 +742,8 @@ def time_batches(
                     out[n][k].append(getattr(r.times, k))
                 if progress:
                     progress(1)
+        # What ran, not what was asked: a torch.export model was recorded as onednn, which it never reaches.
+        out.cpu_linear = "onednn" if onednn_counts(instance.module, ran=True)[0] else "torch"
     finally:
         executor.shutdown()
     return out
@@ -710,6 +854,7 @@ def profile(
             batches[-1]["keys_left_out"] = {"keys": keys, "share": share, "draws": len(pool.keys) + pool.extra_draws}
     cfg_out = asdict(cfg)
     cfg_out["int_high"] = cfg.int_high or id_range(servable)
+    cfg_out["cpu_linear"] = times.cpu_linear
     return {
         "schema": SCHEMA,
         "model": {

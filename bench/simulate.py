@@ -380,6 +380,9 @@ class SimConfig:
     slo_p99_ms: float = 200.0
     seed: int = 0
     knee_threshold: float = 0.5
+    # The wok.profile/1 file α and β were read from (`wok simulate --profile`), recorded as `wok tune` records its
+    # own; None: given (--alpha/--beta or their defaults).
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.step_duration_s) and self.step_duration_s > 0):

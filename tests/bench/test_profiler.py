@@ -26,6 +26,7 @@ from wok.bench.profiler import (
 )
 from wok.bench.roofline import Roofline, measure_bandwidth, measure_peak_flops, parse_rate, roofline_for
 from wok.config import DEVICE_FORMS, model_config_from_dict
+from wok.cpulinear import onednn_available
 from wok.models import build_demo
 from wok.models.encoder import length_bucket
 from wok.repository import load_servable
@@ -477,27 +478,147 @@ def test_ids_stay_within_a_saved_models_table(tmp_path, platform):
     TorchScript or torch.export model's 10-row table got ids up to 50, and `wok profile` of it failed
     ("index out of range in self") where the same model as platform python ran."""
     folder = tmp_path / "repo" / "bags"
+    _save_model(folder, _Bags(), platform, torch.zeros(2, 3, dtype=torch.long), IDS, ("out", "FP32", [4]))
+    assert profiler.id_range(load_servable(folder)) == 10
+    assert _profiled(folder)["config"]["int_high"] == 10
+
+
+IDS = ("ids", "INT64", [3])
+
+
+def _save_model(folder: Path, module, platform: str, example, input_, output, *, decompose: bool = False) -> None:
+    """`module` saved in `folder` as `platform` (torchscript, or torch_export traced on `example`, after
+    run_decompositions with `decompose`) for batches of 1 to 4, with a config of one input and one output, each
+    (name, datatype, dims)."""
     folder.mkdir(parents=True)
     if platform == "torchscript":
         model_file = "model.pt"
-        torch.jit.script(_Bags().eval()).save(str(folder / model_file))
+        torch.jit.script(module.eval()).save(str(folder / model_file))
     else:
         model_file = "model.pt2"
         batch = torch.export.Dim("batch", min=1, max=4)
-        program = torch.export.export(
-            _Bags().eval(), (torch.zeros(2, 3, dtype=torch.long),), dynamic_shapes=({0: batch},)
-        )
-        torch.export.save(program, str(folder / model_file))
-    (folder / "config.toml").write_text(
-        f'platform = "{platform}"\nmodel_file = "{model_file}"\nmax_batch_size = 4\n\n'
-        '[[inputs]]\nname = "ids"\ndatatype = "INT64"\ndims = [3]\n\n'
-        '[[outputs]]\nname = "out"\ndatatype = "FP32"\ndims = [4]\n'
-    )
-    assert profiler.id_range(load_servable(folder)) == 10
-    out = tmp_path / "bags.json"
-    argv = ["profile", "bags", "--model-repository", str(folder.parent), "--batch-sizes", "1,4", "--repeats", "3"]
-    assert main([*argv, "--warmup", "0", "--peak-flops", "1T", "--bandwidth", "1T", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["config"]["int_high"] == 10
+        program = torch.export.export(module.eval(), (example,), dynamic_shapes=({0: batch},))
+        torch.export.save(program.run_decompositions() if decompose else program, str(folder / model_file))
+    text = f'platform = "{platform}"\nmodel_file = "{model_file}"\nmax_batch_size = 4\n'
+    for table, (name, datatype, dims) in (("inputs", input_), ("outputs", output)):
+        text += f'\n[[{table}]]\nname = "{name}"\ndatatype = "{datatype}"\ndims = {dims}\n'
+    (folder / "config.toml").write_text(text)
+
+
+def _profiled(folder: Path, *options: str) -> dict:
+    """The document of `wok profile` of the model in `folder`: batches of 1 and 4 (or as `options` say), 2 each."""
+    out = folder.parent.parent / f"{folder.name}.json"
+    argv = ["profile", folder.name, "--model-repository", str(folder.parent), "--batch-sizes", "1,4", "--repeats", "2"]
+    assert main([*argv, "--warmup", "0", "--peak-flops", "1T", "--bandwidth", "1T", *options, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+LINEAR_MODEL = """
+from torch import nn
+
+
+def build(**parameters):
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+"""
+
+
+def _saved_linear(folder: Path, platform: str) -> None:
+    """A Linear(4, 4) and its ReLU on one FP32 input of 4 values, as `platform` serves it, in `folder`."""
+    if platform == "python":
+        write_python_model(folder, LINEAR_MODEL, 4)
+        return
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    _save_model(folder, module, platform, torch.zeros(2, 4), ("INPUT0", "FP32", [4]), ("OUTPUT0", "FP32", [4]))
+
+
+@pytest.mark.parametrize(
+    ("platform", "cpu_linear", "ran"),
+    [
+        pytest.param(
+            "python", "onednn", "onednn", marks=pytest.mark.skipif(not onednn_available(), reason="no oneDNN")
+        ),
+        ("python", "torch", "torch"),
+        ("torchscript", "onednn", "torch"),
+        ("torch_export", "onednn", "torch"),
+    ],
+)
+def test_the_profile_records_how_the_linear_layers_ran(tmp_path, platform, cpu_linear, ran):
+    """`config.cpu_linear` said `onednn` (the option's default) for a TorchScript or torch.export model, whose
+    layers the server leaves to torch whatever --cpu-linear says (server/cpulinear.py, `with_onednn_linear`): a
+    reader took its times for oneDNN's. The same Linear and ReLU, served as an nn.Module, does run through
+    oneDNN at the batch of 4 rows."""
+    _saved_linear(tmp_path / "repo" / "lin", platform)
+    doc = _profiled(tmp_path / "repo" / "lin", "--cpu-linear", cpu_linear)
+    assert (doc["model"]["platform"], doc["config"]["cpu_linear"]) == (platform, ran)
+
+
+def test_a_profile_of_batches_under_4_rows_records_torchs_layers(tmp_path):
+    """oneDNN takes a batch from 4 rows (`cpulinear.MIN_ROWS`): batches of 1 and 2 ran torch's layers."""
+    write_python_model(tmp_path / "repo" / "lin", LINEAR_MODEL, 4)
+    assert _profiled(tmp_path / "repo" / "lin", "--batch-sizes", "1,2")["config"]["cpu_linear"] == "torch"
+
+
+class _ScriptedTable(torch.nn.Module):
+    """Ids looked up in a parameter with F.embedding, no nn.Embedding; and a table of positions, indexed by
+    arange, not by the ids: its 5 rows bound no id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(9, 4))
+        self.pos = torch.nn.Parameter(torch.randn(5, 4))
+
+    def forward(self, ids):
+        return F.embedding(ids, self.table).sum(1) + F.embedding(torch.arange(ids.shape[1]), self.pos).sum(0)
+
+
+class _SelectedRows(torch.nn.Module):
+    """The same lookups as index_select of buffers, the ids flattened first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(9, 4))
+        self.register_buffer("pos", torch.randn(5, 4))
+
+    def forward(self, ids):
+        rows = self.table.index_select(0, ids.reshape(-1)).view(ids.shape[0], -1, 4)
+        return rows.sum(1) + self.pos.index_select(0, torch.arange(ids.shape[1])).sum(0)
+
+
+class _IndexedRows(torch.nn.Module):
+    """The same lookup as `table[ids]`, the ids cast first; and a table of 5 rows indexed by ids % 5, which any
+    ids stay within."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(9, 4))
+        self.register_buffer("hashed", torch.randn(5, 4))
+
+    def forward(self, ids):
+        return self.table[ids.long()].sum(1) + self.hashed[ids % 5].sum(1)
+
+
+@pytest.mark.parametrize(
+    ("platform", "model", "decompose"),
+    [
+        ("torchscript", _ScriptedTable, False),
+        ("torchscript", _SelectedRows, False),
+        ("torchscript", _IndexedRows, False),
+        ("torch_export", _SelectedRows, False),
+        ("torch_export", _IndexedRows, False),
+        ("torch_export", _SelectedRows, True),
+        ("torch_export", _IndexedRows, True),
+    ],
+)
+def test_ids_stay_within_a_table_a_saved_model_gathers_from_without_nn_embedding(tmp_path, platform, model, decompose):
+    """The default --int-high: a table that is no nn.Embedding, a scripted F.embedding of a parameter or an
+    index_select or `table[ids]` of a buffer (in a torch.export program, core ATen's after run_decompositions too),
+    was not found, and the ids went up to 50 where the table has 9 rows: `wok profile` of it failed ("index out of
+    range in self"). A table indexed by other ids than the input's (positions, ids % 5) bounds no id."""
+    folder = tmp_path / "repo" / "gather"
+    example = torch.zeros(2, 3, dtype=torch.long)
+    _save_model(folder, model(), platform, example, IDS, ("out", "FP32", [4]), decompose=decompose)
+    assert profiler.id_range(load_servable(folder)) == 9
+    assert _profiled(folder)["config"]["int_high"] == 9
 
 
 def test_representatives_by_hand():

@@ -4,6 +4,7 @@ simulation (and the library refuses what the command line would have let through
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -207,3 +208,102 @@ def test_the_files_written_are_named_on_stderr(tmp_path, wok_cli):
         f"wok simulate: wrote {csv} (--csv)",
         f"wok simulate: wrote {html} (--html)",
     ]
+
+
+PROFILE_MLP = Path(__file__).resolve().parents[2] / "docs" / "results" / "profile-mlp.json"
+
+
+def test_a_profile_gives_alpha_and_beta_and_the_utilisation_follows_from_them(tmp_path, capsys):
+    """`wok simulate --profile` (docs/profile.md says simulate reads α and β from a profile; it had no such option):
+    α and β are the file's fit, and with batches that leave only full (a window of 10⁴ s), arrivals evenly spaced,
+    the instance is busy λ·T(n)/n of the window, T(n) = α + β·n, but for the batch either end of the window cuts.
+    The default batch time (0 + 1 ms·n) would keep it busy all through: 1000 QPS × 32 ms / 32."""
+    import json
+
+    from wok.__main__ import main
+
+    fit = json.loads(PROFILE_MLP.read_text())["fit"]
+    alpha, beta = fit["alpha_s"], fit["beta_s"]
+    path = tmp_path / "sim.json"
+    argv = ["--steps", "1000", "--step-duration", "10s", "--warmup", "1s", "--arrival", "constant"]
+    argv += ["--max-batch-size", "32", "--max-queue-delay", "10000s", "--profile", str(PROFILE_MLP)]
+    assert main(["simulate", *argv, "--json", str(path)]) == 0, capsys.readouterr().err
+    result = json.loads(path.read_text())
+    assert (result["config"]["model"]["alpha_s"], result["config"]["model"]["beta_s"]) == (alpha, beta)
+    assert result["config"]["profile"] == str(PROFILE_MLP)
+    step = result["steps"][0]
+    assert step["mean_batch_size"] == 32.0, step
+    t32 = alpha + beta * 32  # 1.666 ms: U = 1000 × 1.666 ms / 32 = 0.052
+    assert abs(step["utilization"] - 1000 * t32 / 32) <= t32 / 10.0, step["utilization"]
+    # 32 is the profile's largest batch: nothing extrapolated, nothing to warn of.
+    assert not [w for w in result["warnings"] if "profile" in w], result["warnings"]
+
+
+def test_without_a_profile_the_result_says_alpha_and_beta_were_given(tmp_path):
+    import json
+
+    from wok.__main__ import main
+
+    path = tmp_path / "sim.json"
+    assert main(["simulate", *BASE, "--json", str(path)]) == 0
+    config = json.loads(path.read_text())["config"]
+    assert (config["profile"], config["model"]["alpha_s"], config["model"]["beta_s"]) == (None, 0.0, 1e-3)
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [(["--alpha", "1ms"], "--alpha"), (["--beta", "1ms"], "--beta"), (["--alpha", "0ms", "--beta", "1ms"], None)],
+)
+def test_a_profile_and_alpha_or_beta_are_refused_together(given, named, capsys):
+    """As `wok plan` and `wok tune` refuse them: which batch time the run meant cannot be told. --beta's former
+    default (1ms) was given even when not asked for, so the refusal must tell a given one from it."""
+    from wok.__main__ import main
+
+    assert main(["simulate", *BASE, "--profile", str(PROFILE_MLP), *given]) == 2
+    got = named or "--alpha and --beta"
+    assert (
+        capsys.readouterr().err
+        == f"wok simulate: give --profile or --alpha/--beta, not both; got --profile and {got}\n"
+    )
+
+
+def test_a_profiles_negative_alpha_and_a_batch_past_its_sizes_are_warned_of(tmp_path, capsys):
+    """As `wok tune` and `wok plan` warn of both: α below 0 taken as 0, and batches larger than any the profile
+    measured, which run on the fit extrapolated."""
+    import json
+
+    from wok.__main__ import main
+
+    profile = tmp_path / "profile.json"
+    doc = {"schema": "wok.profile/1", "fit": {"alpha_s": -0.001, "beta_s": 0.001}, "batches": [{"batch_size": 8}]}
+    profile.write_text(json.dumps(doc))
+    path = tmp_path / "sim.json"
+    argv = [*BASE, "--profile", str(profile), "--max-batch-size", "16", "--json", str(path)]
+    assert main(["simulate", *argv]) == 0, capsys.readouterr().err
+    result = json.loads(path.read_text())
+    assert (result["config"]["model"]["alpha_s"], result["config"]["model"]["beta_s"]) == (0.0, 0.001)
+    assert result["warnings"][:2] == [
+        "the profile's fitted α = -1 ms is negative: the linear fit T = α + β·n does not hold at small batches; "
+        "α is taken as 0, T(n) = β·n (as wok plan and wok tune take it)",
+        "--max-batch-size 16 is past the largest batch the profile measured (8): batches of more than 8 run on the "
+        "fit α + β·n extrapolated; profile batches of 16 to check it",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"schema": "wok.bench/2"}, "schema is 'wok.bench/2', expected 'wok.profile/1'"),
+        ({"schema": "wok.profile/1", "fit": {"alpha_s": 0, "beta_s": 0}}, "fit.alpha_s and fit.beta_s: a batch needs"),
+    ],
+)
+def test_a_profile_that_cannot_give_a_batch_time_is_refused_naming_it(doc, message, tmp_path, capsys):
+    import json
+
+    from wok.__main__ import main
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(doc))
+    assert main(["simulate", *BASE, "--profile", str(profile)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"wok simulate: --profile {profile}: {message}"), err
