@@ -41,6 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
 
+from wok import tables
 from wok.config import InstanceConfig, check_device
 from wok.cpulinear import onednn_counts
 from wok.errors import ModelExecutionError
@@ -411,39 +412,15 @@ def parse_batch_sizes(spec: str) -> list[int]:
     return [int(v) for v in values]
 
 
-# The aten ops that gather rows of their first argument, a table, as a torch.export graph calls them.
-_EMBEDDING_SCHEMAS = frozenset({"aten::embedding", "aten::embedding_bag", "aten::_embedding_bag"})
-
-
-def _table_rows(module: torch.nn.Module) -> list[int]:
-    """The row counts of the tables `module` itself looks ids up in: an nn.Embedding or nn.EmbeddingBag keeps
-    its class only in an nn.Module; TorchScript keeps the name (`original_name`) and torch.export only the op."""
-    if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
-        return [module.num_embeddings]
-    if isinstance(module, torch.jit.ScriptModule):
-        # A model's own class may be named Embedding too: only a table of rows counts.
-        weight = getattr(module, "weight", None) if module.original_name in ("Embedding", "EmbeddingBag") else None
-        return [weight.shape[0]] if isinstance(weight, torch.Tensor) and weight.dim() == 2 else []
-    if not isinstance(module, torch.fx.GraphModule):
-        return []
-    return [
-        node.args[0].meta["val"].shape[0]
-        for node in module.graph.nodes
-        if node.op == "call_function"
-        and getattr(getattr(node.target, "_schema", None), "name", None) in _EMBEDDING_SCHEMAS
-        and "val" in getattr(node.args[0], "meta", {})
-    ]
-
-
 def id_range(servable: Servable) -> int:
     """Ids valid for every embedding table of the model (its smallest one), else 50."""
     module = servable.module_for(torch.device("cpu"))
-    tables = [rows for m in module.modules() for rows in _table_rows(m)]
-    return min(tables + _indexed_tables(module), default=DEFAULT_INT_HIGH)
+    found = [rows for m in module.modules() for rows in tables.table_rows(m)]
+    return min(found + _indexed_tables(module), default=DEFAULT_INT_HIGH)
 
 
 # Ops that gather rows of their first argument by ids, beyond those of nn.Embedding and nn.EmbeddingBag's class.
-_GATHERS = (*sorted(_EMBEDDING_SCHEMAS), "aten::index_select", "aten::index")
+_GATHERS = (*sorted(tables.EMBEDDING_SCHEMAS), "aten::index_select", "aten::index")
 # Ops whose output holds their first argument's values, moved or cast but not computed on (a view, a copy, a `.long()`,
 # a row or a column): ids passed through them are still the input's. Any other (ids + 1, ids % rows, a hash) makes
 # other ids, which the input's range does not bound.

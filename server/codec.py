@@ -89,6 +89,22 @@ def _check_ranges(
             )
 
 
+def check_ids(id_ranges: Mapping[str, int], arrays: Mapping[str, np.ndarray], model: str) -> None:
+    """InvalidInput for a request holding an id outside [0, rows) of the embedding table an input's ids reach
+    (Servable.id_ranges): the model would fail on it, with its batch (on a GPU, losing the device)."""
+    for name, rows in id_ranges.items():
+        a = arrays[name]
+        if a.size == 0:
+            continue
+        # One min and one max per input: the check's whole cost on every request.
+        lo, hi = a.min(), a.max()
+        if lo < 0 or hi >= rows:
+            raise InvalidInput(
+                f"input '{name}': expected ids in [0, {rows}) (the rows of the embedding table model '{model}' looks "
+                f"them up in), got values from {lo} to {hi}"
+            )
+
+
 # The least urgent priority level a request or a model's default may name. Each level a queue
 # holds is a FIFO of its own: the bound keeps a client from spreading requests over billions.
 MAX_PRIORITY_LEVEL = 1_000_000
@@ -428,6 +444,8 @@ async def finish_decoding(dec: DecodedRequest, servable, refuse: Callable[[], No
                 dec.inputs[name] = done.value
                 break
     dec.pending = None
+    if servable.id_ranges:
+        check_ids(servable.id_ranges, dec.inputs, servable.name)
     servable.check(dec.inputs)
 
 
@@ -605,6 +623,8 @@ def decode_request(
         # of range past the first chunk is refused after a bad parameter either way.
         for name, steps in pending:
             arrays[name] = _finish(steps)
+    if servable.id_ranges:
+        check_ids(servable.id_ranges, arrays, model)
     servable.check(arrays)
     return DecodedRequest(arrays, rows, outputs, timeout_s, priority)
 

@@ -29,9 +29,12 @@ from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
 from .codec import in_size_range, size_range
 from .config import CONFIG_NAMES, ModelConfig, inside_model_dir, load_model_config
+from .datatypes import datatype
 from .errors import ConfigError, InvalidVersion, ModelNotFound, error_line, quoted_name
 from .numerals import ascii_digits
 from .servable import Servable, forward_order
+from .tables import id_ranges
+from .tensors import torch_dtype
 
 VERSION = "1"
 # The most digits a version of at most 2**63-1 takes, leading zeros left out: longer, it is refused before
@@ -772,7 +775,8 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
                 module = torch.jit.load(str(path), map_location="cpu")
             else:
                 program = torch.export.load(str(path))
-                module, dim_ranges = _exported_module(program, program.module(), cfg)
+                checked = program.module()
+                module, dim_ranges = _exported_module(program, checked, cfg)
         except ConfigError:
             raise
         except Exception as exc:
@@ -782,7 +786,40 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
     if cfg.weights:
         _load_weights(module, inside_model_dir(model_dir, cfg.weights, source, "weights"), cfg)
     check = _load_callable(cfg, model_dir, "check", imported) if cfg.check else None
-    return Servable(cfg, module, check=check, dim_ranges=dim_ranges)
+    if cfg.platform != "torch_export":
+        ids = _id_ranges(cfg, module, forward_order(module, [t.name for t in cfg.inputs]))
+    elif _takes_flat_tensors(program, len(cfg.inputs)):
+        ids = _id_ranges(cfg, program, forward_order(checked, [t.name for t in cfg.inputs]))
+    else:  # called with other structures than wok's tensors by position: which input is which is not read
+        ids = {}
+    return Servable(cfg, module, check=check, dim_ranges=dim_ranges, id_ranges=ids)
+
+
+def _id_ranges(cfg: ModelConfig, model, order: list[str]) -> dict[str, int]:
+    """By integer input of the model, the rows of the smallest embedding table its ids reach (tables.id_ranges),
+    said at the start with the inputs that reach one in a way not followed, which are not checked."""
+    dtypes = {t.name: torch_dtype(datatype(t.datatype)) for t in cfg.inputs}
+    dtypes = {n: dt for n, dt in dtypes.items() if not dt.is_floating_point and dt != torch.bool}
+    if not dtypes:
+        return {}
+    try:
+        found = id_ranges(model, order, dtypes)
+    except Exception as exc:  # a graph laid out otherwise than read: no check, not a failed start
+        log.info(
+            "model '%s': its inputs' ids are not checked against its embedding tables: its graph could not "
+            "be read (%s)",
+            cfg.name,
+            error_line(exc),
+        )
+        return {}
+    if found.rows or found.unclear:
+        log.info(
+            "model '%s': integer inputs that reach embedding tables (a request with an id outside its input's "
+            "range is refused, INVALID_ARGUMENT): %s",
+            cfg.name,
+            found.said(),
+        )
+    return found.rows
 
 
 def _has_config(root: Path, folder: Path) -> bool:
