@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 # The aten ops that gather rows of their first argument, a table, as a torch.export graph calls them.
-_EMBEDDING_SCHEMAS = frozenset({"aten::embedding", "aten::embedding_bag", "aten::_embedding_bag"})
+EMBEDDING_SCHEMAS = frozenset({"aten::embedding", "aten::embedding_bag", "aten::_embedding_bag"})
 _INDEX_SELECT = "aten::index_select"
 # Ops whose result holds the values of their first argument and no others (a new shape, a copy): ids through
 # them are still ids. A cast is among them only where it loses no value (_keeps_values).
@@ -73,7 +73,7 @@ def _schema_name(target) -> str | None:
 def _looked_up_rows(node) -> int | None:
     """The rows of the table an fx node of a torch.export graph gathers from, where it is an embedding op whose
     table's shape the trace kept."""
-    if node.op != "call_function" or _schema_name(node.target) not in _EMBEDDING_SCHEMAS:
+    if node.op != "call_function" or _schema_name(node.target) not in EMBEDDING_SCHEMAS:
         return None
     val = getattr(node.args[0], "meta", {}).get("val")
     return val.shape[0] if isinstance(val, torch.Tensor) else None
@@ -186,7 +186,7 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
             continue
         op = _schema_name(node.target) or getattr(node.target, "__name__", str(node.target))
         ins = [a for a in node.all_input_nodes]
-        if op in _EMBEDDING_SCHEMAS and len(node.args) > 1:
+        if op in EMBEDDING_SCHEMAS and len(node.args) > 1:
             walk.lookup(node.args[1], _looked_up_rows(node), op)
             walk.derive([node], [a for a in ins if a is not node.args[1]], op)
         elif op == _INDEX_SELECT and len(node.args) == 3:
@@ -242,7 +242,7 @@ def _walk_script(walk: _Walk, module, nodes, objects: dict, conditional: str, de
                 _walk_script(walk, module, block.nodes(), objects, conditional or kind, depth)
             inner = [v for block in blocks for n in block.nodes() for v in [*n.inputs(), *n.outputs()]]
             walk.derive(outs, ins + inner, kind, restate=True)
-        elif kind in _EMBEDDING_SCHEMAS:
+        elif kind in EMBEDDING_SCHEMAS:
             walk.lookup(ins[1], _rows_of(_script_object(ins[0], objects)), kind, conditional)
         elif kind == _INDEX_SELECT:
             dim = ins[1].toIValue() if ins[1].node().kind() == "prim::Constant" else None
