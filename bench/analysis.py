@@ -482,11 +482,25 @@ def stop_reason(step: dict, slo_p99_ms: float, factor: float) -> str | None:
 BAD_REQUEST_CODES = ("INVALID_ARGUMENT", "NOT_FOUND")
 
 
+def _all_failed(step: dict) -> dict[str, int]:
+    """`step`'s errors by code when it sent requests and none of them succeeded; else {}."""
+    errors = step.get("errors") or {}
+    return errors if step.get("requests") and not step.get("ok") else {}
+
+
+def none_ok(step: dict) -> str | None:
+    """When `step` sent requests and not one succeeded, whatever the codes: each code with its count
+    ("120 × INTERNAL, 3 × UNAVAILABLE"); else None. `refused_as_bad` and `failed_by_model` are the cases
+    whose cause is known (the requests, the model)."""
+    errors = _all_failed(step)
+    return ", ".join(f"{n} × {code}" for code, n in errors.items()) if errors else None
+
+
 def refused_as_bad(step: dict) -> str | None:
     """When every request of `step` was refused with one of BAD_REQUEST_CODES: the codes and the
     server's first message for each ("INVALID_ARGUMENT: ..."); else None."""
-    errors = step.get("errors") or {}
-    if not step.get("requests") or step.get("ok") or not errors or any(c not in BAD_REQUEST_CODES for c in errors):
+    errors = _all_failed(step)
+    if not errors or any(c not in BAD_REQUEST_CODES for c in errors):
         return None
     details = step.get("error_details") or {}
     return "; ".join(f"{code}: {details[code]}" if details.get(code) else code for code in errors)
@@ -496,8 +510,7 @@ def failed_by_model(step: dict) -> str | None:
     """When every request of `step` failed INTERNAL (the model raised on each, none refused for load): the
     server's first message ("INTERNAL: ..."); else None. An id past an embedding table fails so in a
     TorchScript or torch.export model (IndexError), which no metadata lets the bench foresee."""
-    errors = step.get("errors") or {}
-    if not step.get("requests") or step.get("ok") or list(errors) != ["INTERNAL"]:
+    if list(_all_failed(step)) != ["INTERNAL"]:
         return None
     detail = (step.get("error_details") or {}).get("INTERNAL")
     return f"INTERNAL: {detail}" if detail else "INTERNAL"

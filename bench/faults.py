@@ -929,6 +929,8 @@ def planned_s(cfg: RampConfig) -> float:
 class FaultRamp(Ramp):
     """A Ramp that runs a FaultSchedule from its first step's start and adds `result["faults"]`."""
 
+    stops_when_none_ok = False
+
     def __init__(
         self,
         cfg: RampConfig,

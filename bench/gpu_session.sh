@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything a lent GPU machine is asked, in one call (one start, a few minutes of device time):
 #
-#   bash bench/gpu_session.sh          # figures and logs under $OUT (default /tmp/wok-gpu)
+#   bash bench/gpu_session.sh          # figures and logs under $OUT (default: a new /tmp/wok-gpu.XXXXXX, printed)
 #
 # 1. bench/gpu_check.py: pinned buffers, copy/compute overlap, per-stage CUDA-event times,
 #    a served batch equal to the CPU's answer;
@@ -16,23 +16,45 @@
 #    "predicted P99 within 20 % below the knee" that the shared 2-core machine cannot decide
 #    (docs/tune.md, "Run 9" and "Against the acceptance criteria").
 # A step that fails is reported and the rest still run; the exit status counts failed steps.
+# WOK_GPU_ONLY="NAME ...": only the steps named (a rerun of failed ones on a lent machine; unset: every step).
 # Wheels the device image lacks travel in .whl (docs/gpu.md says which).
 set -u
-OUT=${OUT:-/tmp/wok-gpu}
-mkdir -p "$OUT"
+# A folder of this run's own where none is given: a fixed /tmp/wok-gpu mixed two runs' files.
+if [ -z "${OUT:-}" ]; then OUT=$(mktemp -d /tmp/wok-gpu.XXXXXX) || exit 1; fi
+mkdir -p "$OUT" || exit 1
+echo "figures and logs under $OUT"
 export PYTHONUNBUFFERED=1
 # wok itself is built from this working tree, so what runs is what is checked out. Into a folder of this run's
-# own (a fixed /tmp/wok-site was two sessions' at once), not under $OUT, whose files a lent machine sends back.
-site=${WOK_SITE:-$(mktemp -d /tmp/wok-site.XXXXXX)} || exit 1
+# own (a fixed /tmp/wok-site was two sessions' at once), not under $OUT, whose files a lent machine sends back;
+# removed at the end (a signal's too), unless it is $WOK_SITE, given to be kept.
+if [ -n "${WOK_SITE:-}" ]; then
+    site=$WOK_SITE
+else
+    site=$(mktemp -d /tmp/wok-site.XXXXXX) || exit 1
+    trap 'rm -rf "$site"' EXIT
+fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
     --target "$site" $([ -d .whl ] && echo .whl/*.whl) . || exit 1
 export PYTHONPATH=$site
-echo "wok installed in $site: PYTHONPATH=$site python3 bench/gpu_check.py runs the check alone"
+if [ -n "${WOK_SITE:-}" ]; then
+    echo "wok installed in $site: PYTHONPATH=$site python3 bench/gpu_check.py runs the check alone"
+else
+    echo "wok installed in $site, removed at the end (WOK_SITE=DIR keeps one)"
+fi
 dev=${WOK_GPU_DEVICE:-cuda}  # cpu: a dry run of this script on a machine without a GPU
 failed=0
+wanted() {  # wanted NAME...: whether WOK_GPU_ONLY (unset: every step) names one of them
+    [ -z "${WOK_GPU_ONLY+set}" ] && return 0
+    local name
+    for name; do
+        [[ " $WOK_GPU_ONLY " == *" $name "* ]] && return 0
+    done
+    return 1
+}
 step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.txt
     local name=$1 limit=$2
     shift 2
+    wanted "$name" || return 0
     echo "== $name"
     timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
     local rc=$?
@@ -85,10 +107,21 @@ torch.save(demo.module_for(torch.device("cpu")).state_dict(), root / "mlp" / "we
 (root / "mlp" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 EOF
 }
-serve() {  # serve LOG PORT METRICS_PORT [OPTION...]: wok serve $repo in the background ($server); 1 if it never serves
-    local log=$1 port=$2 metrics=$3
-    shift 3
-    python3 -m wok serve --model-repository "$repo" --port "$port" --metrics-port "$metrics" "$@" >"$log" 2>&1 &
+serve() {  # serve LOG [OPTION...]: wok serve $repo in the background ($server) on free ports ($port, $metrics_port)
+    local log=$1
+    shift
+    # Free loopback ports, both held until both are had so that they differ: fixed ones (8001, 8002) could be
+    # another server's on a shared machine. wok serve checks its ports before it loads the model.
+    read -r port metrics_port < <(python3 -c 'import socket
+held = [socket.socket() for _ in range(2)]
+for s in held:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in held))') || {
+        echo "!! no free ports for wok serve"
+        failed=$((failed + 1))
+        return 1
+    }
+    python3 -m wok serve --model-repository "$repo" --port "$port" --metrics-port "$metrics_port" "$@" >"$log" 2>&1 &
     server=$!
     for _ in $(seq 120); do
         grep -q "wok: serving" "$log" && return 0
@@ -104,47 +137,57 @@ serve() {  # serve LOG PORT METRICS_PORT [OPTION...]: wok serve $repo in the bac
 }
 scrape() {
     python3 -c "import urllib.request as u
-print(u.urlopen('http://127.0.0.1:8002/metrics', timeout=5).read().decode())"
+print(u.urlopen('http://127.0.0.1:$metrics_port/metrics', timeout=5).read().decode())"
 }
 steps=${WOK_GPU_STEPS:-1000,2000,4000,6000,8000,12000}
 
 serving_steps() {
-    serve "$OUT/serve.log" 8001 8002 || return
-    step ramp_unary 90 python3 -m wok bench ramp --target 127.0.0.1:8001 --model mlp --steps "$steps" \
-        --step-duration 5s --workers 4 --json "$OUT/ramp_unary.json"
-    # Scraped again during the stream ramp's third step (4,000 QPS by default), for the gauges under load.
-    (sleep 14; scrape >"$OUT/metrics_load.txt" 2>&1) &
-    step ramp_stream 90 python3 -m wok bench ramp --target 127.0.0.1:8001 --model mlp --steps "$steps" \
-        --step-duration 5s --workers 4 --rpc stream --json "$OUT/ramp_stream.json"
-    scrape >"$OUT/metrics.txt" 2>&1
-    if ! { grep -E "^wok_gpu_" "$OUT/metrics_load.txt" && grep -E "^wok_gpu_" "$OUT/metrics.txt"; }; then
-        echo "!! no wok_gpu_ gauges in /metrics"
-        failed=$((failed + 1))
+    if wanted ramp_unary ramp_stream; then
+        serve "$OUT/serve.log" || return  # a device it cannot serve on: the variants would fail alike
+        # --metrics-url named: `auto` looks at port 8002 alone.
+        step ramp_unary 90 python3 -m wok bench ramp --target "127.0.0.1:$port" --model mlp --steps "$steps" \
+            --step-duration 5s --workers 4 --metrics-url "http://127.0.0.1:$metrics_port/metrics" \
+            --json "$OUT/ramp_unary.json"
+        if wanted ramp_stream; then
+            # Scraped again during the stream ramp's third step (4,000 QPS by default), for the gauges under load.
+            (sleep 14; scrape >"$OUT/metrics_load.txt" 2>&1) &
+            step ramp_stream 90 python3 -m wok bench ramp --target "127.0.0.1:$port" --model mlp --steps "$steps" \
+                --step-duration 5s --workers 4 --rpc stream --metrics-url "http://127.0.0.1:$metrics_port/metrics" \
+                --json "$OUT/ramp_stream.json"
+            scrape >"$OUT/metrics.txt" 2>&1
+            if ! { grep -E "^wok_gpu_" "$OUT/metrics_load.txt" && grep -E "^wok_gpu_" "$OUT/metrics.txt"; }; then
+                echo "!! no wok_gpu_ gauges in /metrics"
+                failed=$((failed + 1))
+            fi
+        fi
+        kill -INT $server
+        wait $server
+        echo "server exit $? (log: $OUT/serve.log)"
+        tail -n 5 "$OUT/serve.log"
     fi
-    kill -INT $server
-    wait $server
-    echo "server exit $? (log: $OUT/serve.log)"
-    tail -n 5 "$OUT/serve.log"
 
     local variant name
     for variant in "accept0 --accept-tasks 0" "drain --wakeup-drain"; do
         set -- $variant
         name=$1
         shift
-        serve "$OUT/serve_$name.log" 8011 8012 "$@" || continue
-        step "ramp_unary_$name" 90 python3 -m wok bench ramp --target 127.0.0.1:8011 --model mlp --steps "$steps" \
-            --step-duration 5s --workers 4 --metrics-url http://127.0.0.1:8012/metrics \
+        wanted "ramp_unary_$name" || continue
+        serve "$OUT/serve_$name.log" "$@" || continue
+        step "ramp_unary_$name" 90 python3 -m wok bench ramp --target "127.0.0.1:$port" --model mlp --steps "$steps" \
+            --step-duration 5s --workers 4 --metrics-url "http://127.0.0.1:$metrics_port/metrics" \
             --json "$OUT/ramp_unary_$name.json"
         kill -INT $server
         wait $server
     done
 }
-echo "== serve mlp on $dev (model repository $repo)"
-if mlp_repository; then
-    serving_steps
-else
-    echo "!! repo: cannot write the mlp repository under $repo; the serving steps are not run"
-    failed=$((failed + 1))
+if wanted ramp_unary ramp_stream ramp_unary_accept0 ramp_unary_drain; then
+    echo "== serve mlp on $dev (model repository $repo)"
+    if mlp_repository; then
+        serving_steps
+    else
+        echo "!! repo: cannot write the mlp repository under $repo; the serving steps are not run"
+        failed=$((failed + 1))
+    fi
 fi
 
 if [ "${WOK_GPU_TUNE_CHECK:-0}" = 1 ]; then

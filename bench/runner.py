@@ -360,6 +360,9 @@ def _pool_warning(cfg: RampConfig, plan: PoolPlan) -> str:
 class Ramp:
     # Whether a step cut short hands what its workers measured to `step_cut` (a stoppable pool).
     keeps_cut_step = False
+    # Whether a step with no request answered OK ends the ramp, even with --stop-factor inf. A fault run
+    # (FaultRamp) goes on: its faults fail whole steps by design, and stopping would skip their end.
+    stops_when_none_ok = True
 
     def __init__(self, cfg: RampConfig, progress: Callable[[str], None] | None = None) -> None:
         self.cfg = cfg
@@ -439,6 +442,12 @@ class Ramp:
                     self.say(
                         f"stopping early: the server refused every request of the step ({', '.join(step['errors'])})"
                     )
+                    break
+                failed = analysis.none_ok(step) if self.stops_when_none_ok else None
+                if failed is not None:
+                    # Not one answer, whatever --stop-factor says: higher rates would measure the same
+                    # failures (a model failing every input, a server gone), not more of the server.
+                    self.say(f"stopping early: no request of the step succeeded ({failed})")
                     break
                 why = analysis.stop_reason(step, cfg.slo_p99_ms, cfg.stop_factor)
                 if why is not None:

@@ -495,6 +495,35 @@ def test_ramp_with_server_faults_counts_errors_not_losses(admin_server, tmp_path
     assert "<td>slow:model=mlp,delay=60ms,at=10%,until=40%</td>" in section and "<td>fail r0</td>" in section
 
 
+def test_a_model_failing_every_request_ends_even_an_inf_ramp_and_a_fail_faults_ramp_runs_on(
+    admin_server, tmp_path, wok_cli
+):
+    """A model failing every input (the admin API's fail mode, set by hand as a broken model would fail): with
+    --stop-factor inf the ramp went on to its higher steps, measuring the same INTERNAL. A `fail:` fault fails
+    whole steps by design: that ramp runs every step, and its all-failed step is no broken model (exit 0)."""
+    server = admin_server
+    url = server.http_url()
+    argv = ["bench", "ramp", "--target", server.target, "--metrics-url", "none", "--steps", "20,40,60"]
+    argv += ["--step-duration", "0.5s", "--warmup", "0s", "--workers", "1", "--stop-factor", "inf"]
+    post_fault(url, {"model": "mlp", "mode": "fail", "duration_s": 30})
+    try:
+        status, _, err = wok_cli(*argv, "--json", str(tmp_path / "broken.json"))
+    finally:
+        post_fault(url, {"model": "mlp", "mode": "off"})
+    (step,) = json.loads((tmp_path / "broken.json").read_text())["steps"]
+    n = step["errors"]["INTERNAL"]
+    assert (step["ok"], step["errors"]) == (0, {"INTERNAL": n})
+    assert f"stopping early: no request of the step succeeded ({n} × INTERNAL)\n" in err
+    assert status == 2 and "the model failed every request at 20 QPS" in err, err
+    status, _, err = wok_cli(
+        *argv, "--admin-url", url, "--fault", "fail:model=mlp,at=0s", "--json", str(tmp_path / "f.json")
+    )
+    steps = json.loads((tmp_path / "f.json").read_text())["steps"]
+    # The fault's POST may race the first step's first requests: the second step is wholly the fault's.
+    assert len(steps) == 3 and steps[1]["ok"] == 0 and steps[1]["requests"] > 0, err
+    assert status == 0 and "stopping early" not in err, err
+
+
 # -- the command line ---------------------------------------------------------------------
 
 

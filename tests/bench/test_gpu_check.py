@@ -42,6 +42,54 @@ def test_gpu_session_script_parses():
     subprocess.run(["bash", "-n", str(ROOT / "bench" / "gpu_session.sh")], check=True)
 
 
+@pytest.mark.timeout(240)
+def test_the_gpu_session_serves_on_free_ports_into_a_folder_of_its_own_and_removes_its_copy_of_wok():
+    """bench/gpu_session.sh served on fixed ports (8011 and 8012 for this variant: held here, as by another server on
+    the machine), wrote under a fixed /tmp/wok-gpu, and left its mktemp'd copy of wok behind. Its one serving step
+    WOK_GPU_ONLY names, on the CPU: about 30 s."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    held = []
+    for port in (8011, 8012):
+        sock = socket.socket()
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+            held.append(sock)
+        except OSError:  # taken already, by another process: as the test means it
+            sock.close()
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "WOK_SITE", "WOK_GPU_TUNE_CHECK")}
+    # The lent machine's python3 has wok's dependencies; here the environment's does.
+    env |= {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", "WOK_GPU_DEVICE": "cpu"}
+    env |= {"WOK_GPU_ONLY": "ramp_unary_accept0", "WOK_GPU_STEPS": "50"}
+    try:
+        run = subprocess.run(
+            ["bash", "bench/gpu_session.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=220
+        )
+    finally:
+        for sock in held:
+            sock.close()
+    said = dict(line.split(" under ", 1) for line in run.stdout.splitlines() if line.startswith("figures and logs"))
+    out = Path(said["figures and logs"])
+    try:
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+        assert out.parent == Path("/tmp") and out.name.startswith("wok-gpu.") and out.name != "wok-gpu.XXXXXX"
+        (site,) = (line.split()[3].rstrip(",") for line in run.stdout.splitlines() if line.startswith("wok installed"))
+        assert site.startswith("/tmp/wok-site.") and not Path(site).exists(), run.stdout
+        # Only the step named ran; its server's ports were free ones, its metrics scraped where they were.
+        assert sorted(p.name for p in out.iterdir() if p.suffix == ".json") == ["ramp_unary_accept0.json"]
+        config = json.loads((out / "ramp_unary_accept0.json").read_text())["config"]
+        grpc_port, metrics_port = int(config["target"].rsplit(":", 1)[1]), int(config["metrics_url"].split(":")[2][:-8])
+        assert {grpc_port, metrics_port}.isdisjoint({8011, 8012}) and grpc_port != metrics_port, config
+        assert config["metrics_url"] == f"http://127.0.0.1:{metrics_port}/metrics"
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def test_without_cuda_the_hint_names_a_cpu_dry_run_that_takes_seconds(monkeypatch, capsys):
     # The default sizes take over half an hour on a CPU: the hint gives the small ones.
     from wok.bench import gpu_check

@@ -145,6 +145,15 @@ def test_a_step_is_refused_as_malformed_only_when_every_request_got_a_bad_reques
     assert "error_details" not in _step(["RESOURCE_EXHAUSTED"], None)
 
 
+def test_a_step_with_no_request_ok_names_each_code_with_its_count_whatever_the_codes():
+    # What ends a ramp even with --stop-factor inf (a test against a real server: tests/bench/test_faults.py).
+    step = _step(["INTERNAL", "UNAVAILABLE", "INTERNAL"], {"INTERNAL": "boom"})
+    assert analysis.none_ok(step) == "2 × INTERNAL, 1 × UNAVAILABLE"
+    assert analysis.none_ok(_step(["DEADLINE_EXCEEDED"], None)) == "1 × DEADLINE_EXCEEDED"
+    assert analysis.none_ok(_step(["INTERNAL", "OK"], {})) is None
+    assert analysis.none_ok(_step([], {})) is None  # no request: stop_reason's own case
+
+
 def test_the_table_prints_each_codes_message_under_it(capsys):
     steps = [_step(["OK", "INVALID_ARGUMENT"], {"INVALID_ARGUMENT": "too many rows"}), _step(["INVALID_ARGUMENT"], {})]
     report.print_table({"steps": steps, "slo_p99_ms": 200.0, "max_qps_under_slo": None, "knee_qps": None})
