@@ -50,6 +50,7 @@ import logging
 import math
 import sys
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -91,6 +92,22 @@ NOT_RERUN = "(its batch's error: not rerun alone, the model having failed every 
 # What a batch, or a part of one, fails with that reruns it in parts (Instance._isolate): the model's failure, and a
 # request's values that a servable's own assemble refuses, which fails its request alone as it was raised.
 _PART_FAILURES = (ModelExecutionError, InvalidInput)
+
+
+def _clear_frames(*errors: BaseException | None) -> None:
+    """Clear the local variables of the finished frames in the tracebacks of `errors` and of the errors they chain
+    (cause, context). A failed forward's frames hold what it made before it raised, its activations (on CUDA, device
+    memory): held by its error while the batch is rerun in parts, they left the parts less memory than the batch had,
+    and a batch that ran out of it failed again in every part. The tracebacks keep their lines for the log; a frame
+    still running (the caller's) is left as it is."""
+    todo, seen = list(errors), set()
+    while todo:
+        exc = todo.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        todo += (exc.__cause__, exc.__context__)
 
 
 def _part_failure(exc: BaseException, assembling: bool) -> bool:
@@ -417,6 +434,7 @@ class Instance:
             except _PART_FAILURES as exc:
                 if not self._may_isolate(rows):
                     raise
+                _clear_frames(exc)
                 outcomes, reruns = self._isolate(exc, lambda i, r: self._cpu_batch(i, r, slot), inputs, rows)
                 t2 = time.perf_counter()
                 times = StageTimes(t1 - t0, NOT_RUN, t2 - t1, 0.0)
@@ -561,6 +579,8 @@ class Instance:
             try:
                 answers = run(inputs[lo:hi], rows[lo:hi])
             except _PART_FAILURES as exc:
+                if self.lost is None:  # what its forward made goes before the next part runs (none runs on a lost one)
+                    _clear_frames(exc)
                 # An InvalidInput: a request's values refused as its part was assembled, its own and as raised.
                 refused = isinstance(exc, InvalidInput)
                 if not refused and self.lost is not None:  # lost during this run (not before it: read above)
@@ -698,9 +718,14 @@ class Instance:
                 with torch.cuda.stream(self.d2h_stream):
                     host_out = {}
                     for k, v in out.items():
-                        v.record_stream(self.d2h_stream)
+                        # An output not on this device is copied at once, not recorded: record_stream has no CPU
+                        # kernel (a CPU output failed every batch), and one on another GPU is copied on that
+                        # device's stream, which ev[4] does not follow.
+                        here = v.device == self.device
+                        if here:
+                            v.record_stream(self.d2h_stream)
                         dst = slot.outputs.get(k, v.shape, v.dtype)
-                        dst.copy_(v, non_blocking=True)
+                        dst.copy_(v, non_blocking=here)
                         host_out[k] = dst
                     ev[4].record()
                 self._last_d2h = ev[4]
@@ -714,6 +739,11 @@ class Instance:
                 raise failure from exc
             if failure is not exc:
                 failure.__cause__ = exc
+            # The failed batch's device tensors, here and in its forward's frames, go before its parts run: a batch
+            # that ran out of device memory left them none. Not on a lost device (raised above), where freeing a
+            # tensor used on two streams records an event, which may fail there, inside the free.
+            dev_in = out = host_out = None
+            _clear_frames(exc)
             # Parts run one at a time, each waited for: the failure path, not the pipelined one.
             outcomes, reruns = self._isolate(failure, lambda i, r: self._cuda_batch(i, r, slot), inputs, rows)
             t2 = time.perf_counter()
@@ -738,7 +768,8 @@ class Instance:
                     dev_in = {k: v.to(self.device) for k, v in host.items()}
                     with torch.inference_mode():
                         out = s.forward(self.module, s.prepare(dev_in))
-                    arrays = {k: to_numpy_view(v.detach().cpu()) for k, v in out.items()}
+                    # A copy even of an output on the host, which .cpu() returns as it is: the next part may write it.
+                    arrays = {k: to_numpy_view(v.detach().to("cpu", copy=True)) for k, v in out.items()}
         except BaseException as exc:  # a BaseException too: see _model_failed
             if _part_failure(exc, host is None):
                 raise

@@ -1,6 +1,7 @@
 """The CUDA path's bookkeeping on a real device: requests left out at their deadline, a failed batch's
-`ran` and `left_out`, the instance serving on after a failed batch. Each is the CUDA twin of a CPU
-test (test_executor.py, test_batcher.py) whose stand-in cannot reach _launch_cuda/_finish_cuda.
+`ran` and `left_out`, the instance serving on after a failed batch; what a model may return and run out of. Most
+are the CUDA twin of a CPU test (test_executor.py, test_batcher.py) whose stand-in cannot reach
+_launch_cuda/_finish_cuda.
 
 These skip without a CUDA device; bench/gpu_session.sh runs them on a lent GPU.
 """
@@ -253,3 +254,61 @@ def test_cuda_weights_written_on_the_default_stream_are_what_the_first_batch_rea
     inst = cuda_executor(Servable(four_wide_config("m"), module)).instances[0]
     (got,) = inst.submit([{"INPUT0": np.ones((1, 4), np.float32)}], [1], 0).result(30).outputs
     np.testing.assert_array_equal(got["OUTPUT0"], np.full((1, 4), 3.0, np.float32))
+
+
+class AnswersOnTheHost(nn.Module):
+    """Doubles on the device and returns its answer on the host (.cpu()), as a model ending on the host does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (2 * x).cpu()
+
+
+def test_cuda_an_answer_the_model_returns_on_the_host_is_answered(cuda_executor):
+    """Every output was record_stream'ed for the copy-out stream, an op with no CPU kernel: each batch failed as it was
+    launched (NotImplementedError), the warm-up's and any other of one request whole, one of several rerun in parts
+    (answered, each part through .cpu()). An output on the host is copied as it is, not recorded."""
+    ex = cuda_executor(Servable(four_wide_config("host"), AnswersOnTheHost()))
+    ex.warmup()
+    inst = ex.instances[0]
+    for slot, n in ((0, 1), (1, 3), (0, 2)):
+        x = np.arange(4 * n, dtype=np.float32).reshape(n, 4)
+        result = inst.submit([{"INPUT0": x[i : i + 1]} for i in range(n)], [1] * n, slot).result(30)
+        assert result.failure is None and result.events is not None
+        for i, out in enumerate(result.outputs):
+            np.testing.assert_array_equal(out["OUTPUT0"], 2 * x[i : i + 1])
+
+
+class NeedsRowsOfMemory(nn.Module):
+    """Makes a block of `unit` bytes on the device for each row of its batch before it answers, as its activations:
+    a batch of four rows runs out of device memory as it makes its fourth."""
+
+    def __init__(self, unit: int) -> None:
+        super().__init__()
+        self.unit = unit
+        self.batch_sizes: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.batch_sizes.append(int(x.shape[0]))
+        blocks = []  # a local of this frame (a comprehension's list may not be), held by the error's traceback
+        for _ in range(x.shape[0]):
+            blocks.append(torch.empty(self.unit, dtype=torch.uint8, device=x.device))
+        return 2 * x
+
+
+def test_cuda_a_batch_that_ran_out_of_device_memory_is_answered_in_parts_that_fit(cuda_executor):
+    """Its halves were run while its error's traceback held the forward's frame, and so the three blocks it had made:
+    each half of two rows ran out of memory too, and so did each row alone; every request failed. Freed first, the
+    halves fit."""
+    torch.cuda.empty_cache()  # what the allocator keeps is not free to the driver, yet given before it runs out
+    free, _ = torch.cuda.mem_get_info()
+    m = NeedsRowsOfMemory(int(free * 0.3))
+    inst = cuda_executor(Servable(four_wide_config("rows"), m), depth=1).instances[0]
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    try:
+        result = inst.submit([{"INPUT0": x[i : i + 1]} for i in range(4)], [1] * 4, 0).result(60)
+    finally:
+        torch.cuda.empty_cache()  # the blocks the allocator keeps, for the tests after this one
+    assert str(result.failure).startswith("model 'rows' failed: OutOfMemoryError: CUDA out of memory."), result.failure
+    assert m.batch_sizes == [4, 2, 2]
+    for i, out in enumerate(result.outputs):
+        np.testing.assert_array_equal(out["OUTPUT0"], 2 * x[i : i + 1])

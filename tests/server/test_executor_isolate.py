@@ -7,13 +7,15 @@ a value one request carries (an id past an embedding's table).
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from wok.config import InstanceConfig, model_config_from_dict
-from wok.errors import ModelExecutionError, WarmupError
+from wok.errors import InvalidInput, ModelExecutionError, WarmupError
 from wok.executor import NOT_RERUN, PROBE_AFTER, Executor
 from wok.servable import Servable
 
@@ -226,15 +228,17 @@ class HugeAnswerOnThree(nn.Module):
         return 2 * x
 
 
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize(
     ("values", "sizes"), [([1.0, 3.0, 2.0], [3, 1, 2, 1, 1]), ([1.0, np.nan, 3.0, 4.0], [4, 2, 1, 1, 2, 1, 1])]
 )
 def test_a_part_whose_answers_cannot_be_copied_out_is_rerun_in_parts_and_the_request_too_large_fails_alone(
-    values, sizes
+    values, sizes, device
 ):
     """A batch's answers copied to the host (a copy refused: MemoryError) failed the whole batch, and a part's of a
     failed batch every part not yet run, where smaller parts copy less: rerun in parts as for a model's failure,
-    the request whose answer is too large alone fails alone, the others are answered."""
+    the request whose answer is too large alone fails alone, the others are answered. On CUDA the slot's pinned
+    buffer for the answers is refused as the batch is launched, and a part's copy (.cpu()) as it is run."""
     cfg = model_config_from_dict(
         {
             "name": "huge",
@@ -247,7 +251,7 @@ def test_a_part_whose_answers_cannot_be_copied_out_is_rerun_in_parts_and_the_req
         "test",
     )
     m = HugeAnswerOnThree()
-    ex = Executor(Servable(cfg, m), InstanceConfig(count=1, devices=("cpu",), pipeline_depth=1))
+    ex = Executor(Servable(cfg, m), InstanceConfig(count=1, devices=(device,), pipeline_depth=1))
     try:
         result = run(ex, requests(values))
     finally:
@@ -260,7 +264,8 @@ def test_a_part_whose_answers_cannot_be_copied_out_is_rerun_in_parts_and_the_req
             assert isinstance(out, ModelExecutionError), out
             assert str(out).startswith("model 'huge' failed: "), out  # the allocator's error, as the batch's was
             assert str(out).endswith("(on this request alone)"), out
-            assert isinstance(out.__cause__, MemoryError)  # numpy's, for the log's traceback
+            # numpy's (torch's allocators' on CUDA), for the log's traceback
+            assert isinstance(out.__cause__, MemoryError if device == "cpu" else (MemoryError, RuntimeError))
         else:
             np.testing.assert_array_equal(out["OUTPUT0"], np.full((1, 4), 2 * v, np.float32))
     assert m.batch_sizes == sizes
@@ -373,3 +378,82 @@ def test_a_device_error_is_told_by_its_type_or_by_older_torchs_message():
     assert not _is_device_error(ValueError("CUDA error: not a RuntimeError"))
     if hasattr(torch, "AcceleratorError"):
         assert _is_device_error(torch.AcceleratorError("an illegal memory access was encountered"))
+
+
+class MakesThenFails(nn.Module):
+    """Doubles; a batch holding a NaN makes a tensor on its device before it raises, as a forward that runs out of
+    memory has made its activations. `made`: a weak reference to each such tensor; `alive`: how many of them were
+    alive as each batch or part began."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[weakref.ref] = []
+        self.alive: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.alive.append(sum(r() is not None for r in self.made))
+        if torch.isnan(x).any():
+            activations = torch.empty(1 << 16, device=x.device)
+            self.made.append(weakref.ref(activations))
+            raise ValueError("NaN in batch")
+        return 2 * x
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_what_a_failed_forward_made_is_freed_before_its_parts_run(device):
+    """Its error's traceback held the failed forward's frames, and so what it had made, while its parts ran: a batch
+    that ran out of memory left its halves less memory than it had, and they failed too (on CUDA the batch's device
+    inputs were held as well)."""
+    m = MakesThenFails()
+    ex = Executor(Servable(four_wide_config("makes"), m), InstanceConfig(count=1, devices=(device,), pipeline_depth=1))
+    try:
+        values = [1.0, np.nan, 2.0, 3.0]
+        result = run(ex, requests(values))
+    finally:
+        ex.shutdown()
+    assert str(result.outputs[1]) == "model 'makes' failed: ValueError: NaN in batch (on this request alone)"
+    assert len(m.made) == 3  # the batch, its half [1, nan], the nan alone
+    assert m.alive == [0] * 5, m.alive  # the batch, [1, nan], [1], [nan], [2, 3]
+
+
+class RefusesNegative(Servable):
+    """A servable whose own assemble refuses a request holding a negative value (InvalidInput: the client's)."""
+
+    def assemble(self, requests, rows, buffers):
+        if any(bool((r["INPUT0"] < 0).any()) for r in requests):
+            raise InvalidInput("model 'refuse': input 'INPUT0' holds a negative value; expected 0 or more")
+        return super().assemble(requests, rows, buffers)
+
+
+class RaisesInvalidInput(nn.Module):
+    """A python model whose forward raises wok's InvalidInput on a negative value: the model's failure, not a
+    refusal of the client's values (those are refused before a batch forms, or by a servable's assemble)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x < 0).any()):
+            raise InvalidInput("negative value")
+        return 2 * x
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_an_invalid_input_of_assemble_is_the_clients_and_one_of_a_forward_the_models(device):
+    """On CUDA as on the CPU (d241c8a, f782fa3): a request a servable's assemble refuses fails alone with that
+    InvalidInput (INVALID_ARGUMENT), the rest answered; an InvalidInput a forward raises is the model's failure."""
+    values = [1.0, -1.0, 2.0]
+    refusing = RefusesNegative(four_wide_config("refuse"), nn.Identity())
+    raising = Servable(four_wide_config("raises"), RaisesInvalidInput())
+    results = []
+    for s in (refusing, raising):
+        ex = Executor(s, InstanceConfig(count=1, devices=(device,), pipeline_depth=1))
+        try:
+            results.append(run(ex, requests(values)))
+        finally:
+            ex.shutdown()
+    refused, raised = results
+    assert type(refused.outputs[1]) is InvalidInput
+    assert str(refused.outputs[1]) == "model 'refuse': input 'INPUT0' holds a negative value; expected 0 or more"
+    assert type(raised.outputs[1]) is ModelExecutionError
+    assert str(raised.outputs[1]) == "model 'raises' failed: InvalidInput: negative value (on this request alone)"
+    for result, factor in ((refused, 1.0), (raised, 2.0)):
+        for i in (0, 2):
+            np.testing.assert_array_equal(result.outputs[i]["OUTPUT0"], np.full((1, 4), factor * values[i], np.float32))
