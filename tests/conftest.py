@@ -15,8 +15,8 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,9 +201,32 @@ def start_server_process(*args: str, timeout: float = 120.0, sighup_ignored: boo
 
 
 @pytest.fixture(scope="session")
-def server_process() -> Iterator[ServerProcess]:
+def server_process_start() -> Iterator[Callable[[], Future]]:
+    """`server_process_start()`: the start of the session's server (`server_process`) as a future, begun
+    at the first call. A module fixture that starts servers of its own begins it beside them: each
+    start is seconds, mostly imports, and two overlap on two CPUs. Killed at the session's end if no
+    test took it (those that did stop it through `server_process`)."""
+    begun: list[Future] = []
+    lock = threading.Lock()
+
+    def start() -> Future:
+        with lock:
+            if not begun:
+                pool = ThreadPoolExecutor(1)
+                begun.append(pool.submit(start_server_process, *SMALL_DEMO))
+                pool.shutdown(wait=False)
+            return begun[0]
+
+    yield start
+    if begun and begun[0].exception() is None and begun[0].result().proc.poll() is None:
+        begun[0].result().proc.kill()
+        begun[0].result().proc.wait()
+
+
+@pytest.fixture(scope="session")
+def server_process(server_process_start) -> Iterator[ServerProcess]:
     """One `wok serve` process with the three demo models, shared by the session."""
-    sp = start_server_process(*SMALL_DEMO)
+    sp = server_process_start().result()
     yield sp
     code = sp.terminate()
     assert code == 0, "\n".join(sp.log[-40:])

@@ -257,16 +257,26 @@ def test_a_bursts_progress_line_says_the_rate_it_offers(server_process, tmp_path
     assert line in stdout + err
 
 
-def test_token_file_sends_the_first_token_of_the_servers_own_file(start_server, tmp_path, capsys, monkeypatch):
+FIRST_TOKEN, SECOND_TOKEN = "tok-A-1b0c4ee6a1f94c8a8d1e", "tok-B-9f21d7c3e5a64b0f9c2a"
+
+
+@pytest.fixture(scope="module")
+def token_server(start_server_module, tmp_path_factory):
+    """A server whose token file lists two tokens on a line (a rotation), and that file: the token
+    tests' one server (each start is seconds); they only send it calls, and change nothing in it."""
+    tokens = tmp_path_factory.mktemp("tokens") / "tokens"
+    tokens.write_text(f"# the rotation: new, old\n{FIRST_TOKEN},{SECOND_TOKEN}\n")
+    return start_server_module("--models", "mlp", "--torch-threads", "1", "--auth-token-file", str(tokens)), tokens
+
+
+def test_token_file_sends_the_first_token_of_the_servers_own_file(token_server, tmp_path, capsys, monkeypatch):
     """The server's token file may list several tokens on a line (a rotation); the bench sent the
     whole line "A,B" as one token, and the server refused it (exit 1). Likewise the server's own
     variable, with --token-env."""
     from wok.__main__ import main
 
-    first, second = "tok-A-1b0c4ee6a1f94c8a8d1e", "tok-B-9f21d7c3e5a64b0f9c2a"
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"# the rotation: new, old\n{first},{second}\n")
-    server = start_server("--models", "mlp", "--torch-threads", "1", "--auth-token-file", str(tokens))
+    first, second = FIRST_TOKEN, SECOND_TOKEN
+    server, tokens = token_server
     out = tmp_path / "r.json"
     argv = ["bench", "ramp", "--target", server.target, "--steps", "20", "--step-duration", "0.5s", "--warmup", "0.1s"]
     argv += ["--workers", "1", "--metrics-url", "none", "--token-file", str(tokens), "--json", str(out)]
@@ -284,17 +294,15 @@ def test_token_file_sends_the_first_token_of_the_servers_own_file(start_server, 
     assert f"--token-file {empty} holds no token" in capsys.readouterr().err
 
 
-def test_a_token_refused_names_the_bench_option_that_sends_one(start_server, tmp_path, capsys, monkeypatch):
+def test_a_token_refused_names_the_bench_option_that_sends_one(token_server, tmp_path, capsys, monkeypatch):
     """The server's UNAUTHENTICATED names the metadata to send ('authorization: Bearer <token>'),
     which a bench user cannot send but through --token-file or --token-env: the line says which
     option sent the token refused, or that none was given."""
     from wok.__main__ import main
 
-    tokens = tmp_path / "tokens"
-    tokens.write_text("tok-A-1b0c4ee6a1f94c8a8d1e\n")
     wrong = tmp_path / "wrong"
-    wrong.write_text("tok-W-70d2a9c4b8e14f6a9d3b\n")
-    server = start_server("--models", "mlp", "--torch-threads", "1", "--auth-token-file", str(tokens))
+    wrong.write_text("tok-W-70d2a9c4b8e14f6a9d3b\n")  # neither of the server's two
+    server, _ = token_server
     argv = ["bench", "ramp", "--target", server.target, "--steps", "20", "--step-duration", "0.5s", "--warmup", "0.1s"]
     argv += ["--workers", "1", "--metrics-url", "none"]
     monkeypatch.setenv("WOK_TEST_WRONG_TOKEN", "tok-W-70d2a9c4b8e14f6a9d3b")

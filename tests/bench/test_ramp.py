@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import pytest
@@ -32,16 +32,24 @@ from wok.metrics import LATENCY_BUCKETS
 
 
 @pytest.fixture(scope="module")
-def _own_servers(start_server_module):
+def _own_servers(request, start_server_module, server_process_start):
     """This module's own servers, started at once (each start is seconds, mostly imports): the one
-    its tests drive, which one SIGSTOPs, so not the session's; and an mlp server on ::1 for the
-    balancer test. Futures: a server that failed to start fails only the tests that use it."""
-    with ThreadPoolExecutor(2) as pool:
+    its tests drive, which one SIGSTOPs, so not the session's; an mlp server on ::1 for the balancer
+    test; and an mlp server that one test kills. The session's server, which one test uses, is begun
+    beside them where that test is selected. All are waited for before the first test, whose timing
+    no start may share the CPUs with. Futures: a server that failed to start fails only the tests
+    that use it."""
+    items = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    uses = {name for item in items for name in item.fixturenames}
+    with ThreadPoolExecutor(3) as pool:
         main = pool.submit(start_server_module, "--models", "mlp,encoder")
         v6 = pool.submit(start_server_module, "--models", "mlp", "--host", "::1", "--torch-threads", "1")
-    yield main, v6
-    # Both stopped at once (start_server_module's cleanup would stop one after the other).
-    started = [f.result() for f in (main, v6) if f.exception() is None]
+        killed = pool.submit(start_server_module, "--models", "mlp") if "killed_server" in uses else None
+        if "server_process" in uses:
+            wait([server_process_start()])
+    yield main, v6, killed
+    # All stopped at once (start_server_module's cleanup would stop one after the other).
+    started = [f.result() for f in (main, v6, killed) if f is not None and f.exception() is None]
     for sp in started:
         if sp.proc.poll() is None:
             sp.proc.send_signal(signal.SIGTERM)
@@ -58,6 +66,12 @@ def bench_server(_own_servers):
 @pytest.fixture
 def v6_server(_own_servers):
     return _own_servers[1].result()
+
+
+@pytest.fixture
+def killed_server(_own_servers):
+    """Its one test's own: that test kills it."""
+    return _own_servers[2].result()
 
 
 def mlp_ramp(target: str, **fields) -> RampConfig:
@@ -316,10 +330,10 @@ def test_a_stalled_server_delays_every_request_scheduled_during_the_stall(bench_
     assert late[math.inf] - late[0.25] - (early[math.inf] - early[0.25]) >= 1, (early, late)
 
 
-def test_a_server_killed_mid_step_leaves_every_request_of_the_step_counted_once(start_server):
+def test_a_server_killed_mid_step_leaves_every_request_of_the_step_counted_once(killed_server):
     """Each request the step scheduled ends once: answered OK, or failed with its code when the server
     died (those in flight, and those sent after), none left out, none counted twice."""
-    sp = start_server("--models", "mlp")
+    sp = killed_server
     url = next(m.group(1) for m in map(re.compile(r"wok: metrics on (http://\S+/metrics)").search, sp.log) if m)
 
     def answered() -> float:
