@@ -547,6 +547,7 @@ def _simulated_batch_time(args) -> tuple[float, float, list[str]]:
         args.alpha = "0ms" if args.alpha is None else args.alpha
         args.beta = "1ms" if args.beta is None else args.beta
         return *_batch_time(args), []
+    from .plan import past_model_max
     from .tune import load_profile
 
     given = [option for option in ("--alpha", "--beta") if getattr(args, option[2:]) is not None]
@@ -564,6 +565,9 @@ def _simulated_batch_time(args) -> tuple[float, float, list[str]]:
             "take it)"
         )
     largest = max(profile.profiled_sizes, default=None)
+    limit = profile.model_max_batch_size
+    if limit is not None and args.max_batch_size > limit:
+        notes.append(past_model_max("--max-batch-size", [args.max_batch_size], limit, where))
     if largest is not None and args.max_batch_size > largest:
         notes.append(
             f"--max-batch-size {args.max_batch_size} is past the largest batch the profile measured ({largest}): "
@@ -909,9 +913,18 @@ def _planned_text(args, cfg) -> str:
     if args.soak is not None:
         parts.append(f"a soak of {_duration_text(soak.soak_values(args, cfg)[0])}")
     text = f"planned: {', then '.join(parts)}"
-    if ramps and math.isfinite(cfg.stop_factor):
-        text += " (less if a step ends the ramp: --stop-factor)"
+    if ramps:
+        text += f" (less if a step ends the ramp: {ramp_ends_text(cfg.stop_factor, faulted=bool(args.fault))})"
     return text
+
+
+def ramp_ends_text(stop_factor: float, *, faulted: bool = False) -> str:
+    """What may end a ramp before its last step (Ramp.run), for a planned line: with --stop-factor inf it said
+    nothing, though a step with no request OK ends a ramp whatever the factor. A --fault run goes on through both
+    (faults.run_faults, FaultRamp) but for a step that sent nothing or had every request refused as malformed."""
+    if faulted:
+        return "no request sent, or every request refused as malformed"
+    return "--stop-factor, or no request OK" if math.isfinite(stop_factor) else "no request OK"
 
 
 def _check_target(text: str) -> str:
@@ -1541,6 +1554,7 @@ def add_tune_parser(sub) -> None:
 def run_tune(args) -> int:
     from . import report
     from .arrivals import parse_duration
+    from .plan import past_model_max
     from .tune import (
         MAX_ITERATIONS,
         Profile,
@@ -1685,6 +1699,14 @@ def run_tune(args) -> int:
         names=names,
         allow_extrapolated=args.allow_extrapolated,
     )
+    limit = profile.model_max_batch_size
+    past = sorted({n for n in sizes if limit is not None and n > limit})
+    if past:
+        result["warnings"].insert(0, past_model_max("--max-batch-sizes", past, limit, f"--profile {args.profile}"))
+    if default is not None and limit is not None and default[0] > limit and default[0] not in past:
+        result["warnings"].insert(
+            0, past_model_max("--default's max_batch_size", [default[0]], limit, f"--profile {args.profile}")
+        )
     config = args.write_config if result["config_toml"] is not None else None
     outputs = [
         ("--json", args.json, report.write_json),

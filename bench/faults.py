@@ -929,8 +929,6 @@ def planned_s(cfg: RampConfig) -> float:
 class FaultRamp(Ramp):
     """A Ramp that runs a FaultSchedule from its first step's start and adds `result["faults"]`."""
 
-    stops_when_none_ok = False
-
     def __init__(
         self,
         cfg: RampConfig,
@@ -941,6 +939,9 @@ class FaultRamp(Ramp):
         progress: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(cfg, progress)
+        # Only faults fail whole steps by design: --replicas alone ran on through steps with no request OK, which
+        # end a ramp without faults.
+        self.stops_when_none_ok = not specs
         self.replicas = replicas
         self.schedule = FaultSchedule(specs, planned_s(cfg), replicas=replicas, admin_urls=admin_urls, say=self.say)
 

@@ -27,19 +27,56 @@ export PYTHONUNBUFFERED=1
 # wok itself is built from this working tree, so what runs is what is checked out. Into a folder of this run's
 # own (a fixed /tmp/wok-site was two sessions' at once), not under $OUT, whose files a lent machine sends back;
 # removed at the end (a signal's too), unless it is $WOK_SITE, given to be kept.
+# What runs in the background is stopped at the end too, a signal's included: a SIGTERM mid-step (a lent machine's
+# limit) ended the script and left its wok serve running, and the step's ramp (timeout gives it a process group of
+# its own). Traps run between commands, so a step and the server are waited for with `wait`, which a signal ends.
+server=""   # the background wok serve's pid, while one runs
+step_pid="" # the running step's timeout's pid (it passes a TERM on to the step)
+scraper=""  # the background scrape under load
+site=""     # the copy of wok to remove at the end; none when it is $WOK_SITE
+stop_server() {  # stop_server: SIGINT the background wok serve (it drains) and wait for it; its exit status
+    [ -n "$server" ] || return 0
+    kill -INT "$server" 2>/dev/null
+    wait "$server"
+    local rc=$?
+    server=""
+    return $rc
+}
+finish() {
+    trap '' HUP INT TERM # a second signal would end the script halfway through this
+    if [ -n "$step_pid" ]; then
+        kill -TERM "$step_pid" 2>/dev/null
+        wait "$step_pid"
+        # timeout leads a process group of its own, the step's: the ramp's worker processes may still be ending.
+        local i
+        for i in $(seq 100); do
+            kill -0 -- -"$step_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL -- -"$step_pid" 2>/dev/null
+    fi
+    [ -z "$scraper" ] || kill "$scraper" 2>/dev/null
+    stop_server
+    [ -z "$site" ] || rm -rf "$site"
+}
+trap finish EXIT
+# `exit` in a signal's trap runs the EXIT trap; the status is the signal's, as if the script had died of it.
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
 if [ -n "${WOK_SITE:-}" ]; then
-    site=$WOK_SITE
+    kept=$WOK_SITE
 else
     site=$(mktemp -d /tmp/wok-site.XXXXXX) || exit 1
-    trap 'rm -rf "$site"' EXIT
+    kept=$site
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
-    --target "$site" $([ -d .whl ] && echo .whl/*.whl) . || exit 1
-export PYTHONPATH=$site
+    --target "$kept" $([ -d .whl ] && echo .whl/*.whl) . || exit 1
+export PYTHONPATH=$kept
 if [ -n "${WOK_SITE:-}" ]; then
-    echo "wok installed in $site: PYTHONPATH=$site python3 bench/gpu_check.py runs the check alone"
+    echo "wok installed in $kept: PYTHONPATH=$kept python3 bench/gpu_check.py runs the check alone"
 else
-    echo "wok installed in $site, removed at the end (WOK_SITE=DIR keeps one)"
+    echo "wok installed in $kept, removed at the end (WOK_SITE=DIR keeps one)"
 fi
 dev=${WOK_GPU_DEVICE:-cuda}  # cpu: a dry run of this script on a machine without a GPU
 failed=0
@@ -56,8 +93,11 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.tx
     shift 2
     wanted "$name" || return 0
     echo "== $name"
-    timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
+    timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1 &
+    step_pid=$!
+    wait "$step_pid"
     local rc=$?
+    step_pid=""
     tail -n 25 "$OUT/$name.txt"
     [ $rc -eq 0 ] || { echo "!! $name: exit $rc"; failed=$((failed + 1)); }
 }
@@ -124,14 +164,16 @@ print(*(s.getsockname()[1] for s in held))') || {
     python3 -m wok serve --model-repository "$repo" --port "$port" --metrics-port "$metrics_port" "$@" >"$log" 2>&1 &
     server=$!
     for _ in $(seq 120); do
-        grep -q "wok: serving" "$log" && return 0
+        if grep -q "wok: serving" "$log"; then
+            echo "wok serve (pid $server) serving on 127.0.0.1:$port"
+            return 0
+        fi
         kill -0 $server 2>/dev/null || break
         sleep 0.5
     done
     echo "!! wok serve on $dev: not serving (log: $log); the serving steps are not run"
     tail -n 5 "$log"
-    kill -INT $server 2>/dev/null
-    wait $server
+    stop_server
     failed=$((failed + 1))
     return 1
 }
@@ -151,17 +193,19 @@ serving_steps() {
         if wanted ramp_stream; then
             # Scraped again during the stream ramp's third step (4,000 QPS by default), for the gauges under load.
             (sleep 14; scrape >"$OUT/metrics_load.txt" 2>&1) &
+            scraper=$!
             step ramp_stream 90 python3 -m wok bench ramp --target "127.0.0.1:$port" --model mlp --steps "$steps" \
                 --step-duration 5s --workers 4 --rpc stream --metrics-url "http://127.0.0.1:$metrics_port/metrics" \
                 --json "$OUT/ramp_stream.json"
+            wait "$scraper"
+            scraper=""
             scrape >"$OUT/metrics.txt" 2>&1
             if ! { grep -E "^wok_gpu_" "$OUT/metrics_load.txt" && grep -E "^wok_gpu_" "$OUT/metrics.txt"; }; then
                 echo "!! no wok_gpu_ gauges in /metrics"
                 failed=$((failed + 1))
             fi
         fi
-        kill -INT $server
-        wait $server
+        stop_server
         echo "server exit $? (log: $OUT/serve.log)"
         tail -n 5 "$OUT/serve.log"
     fi
@@ -176,8 +220,7 @@ serving_steps() {
         step "ramp_unary_$name" 90 python3 -m wok bench ramp --target "127.0.0.1:$port" --model mlp --steps "$steps" \
             --step-duration 5s --workers 4 --metrics-url "http://127.0.0.1:$metrics_port/metrics" \
             --json "$OUT/ramp_unary_$name.json"
-        kill -INT $server
-        wait $server
+        stop_server
     done
 }
 if wanted ramp_unary ramp_stream ramp_unary_accept0 ramp_unary_drain; then

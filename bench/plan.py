@@ -385,6 +385,22 @@ class BatchTime:
     # extrapolated.
     profiled_min_batch: Fraction | None = None
     profiled_max_batch: Fraction | None = None
+    # Warnings of the source, for the plan's: a profile's n past its model's max_batch_size (`past_model_max`).
+    notes: tuple[str, ...] = ()
+
+
+def past_model_max(option: str, sizes, limit, profile: str) -> str:
+    """The warning of `wok plan`, `wok tune` and `wok simulate` for batch sizes (`option`'s `sizes`) above the
+    max_batch_size of the model a profile (`profile`: its option and path) measured. Warned of, not refused: that
+    max_batch_size is the profiled server's config, which a setting past it raises (`wok tune` searches 64 on a
+    profile of the demo mlp's 32, bench/tune_check.py serves it), so a plan of it is asked for; that its time is the
+    fit extrapolated is the warning of a size past the largest measured, which each command gives as well."""
+    shown = ", ".join(decimal_text(Fraction(n)) for n in sizes)
+    return (
+        f"{option} {shown} {'is' if len(sizes) == 1 else 'are'} past the profiled model's max_batch_size ({limit}, "
+        f"{profile}): the server as profiled forms no batch that large; its config's max_batch_size must be raised "
+        "to serve one"
+    )
 
 
 def alpha_is_rounding(alpha_s, smallest_time_s) -> bool:
@@ -480,11 +496,11 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
     beta = exact(fit["beta_s"], f"{option} {path}: fit.beta_s")
     model = doc.get("model")
     limit = model.get("max_batch_size") if isinstance(model, dict) else None
+    notes = ()
     if limit is not None and batch_size > exact(limit, f"{option} {path}: model.max_batch_size"):
-        # T(n) there is an extrapolation to batches the server never forms (wok profile refuses them too).
-        raise ValueError(
-            f"--batch-size {decimal_text(batch_size)} exceeds the profiled model's max_batch_size ({limit}): "
-            "the server never forms such batches"
+        # Refused up to 2026-12-06: the plan of a setting `wok tune` chose past the profile's config was not to be had.
+        notes = (
+            past_model_max((names or {}).get("batch_size", "--batch-size"), [batch_size], limit, f"{option} {path}"),
         )
     detail = {"path": str(path), "model": model.get("name") if isinstance(model, dict) else model}
     # The device the batches ran on (`config.device`: cpu, cuda, cuda:1): the plan names what it counts by it.
@@ -510,6 +526,7 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
     batch = batch_from_alpha_beta(
         alpha, beta, batch_size, names={**(names or {}), **fields}, smallest_time_s=smallest, **detail
     )
+    batch = replace(batch, notes=notes)
     return replace(batch, profiled_min_batch=min(whole), profiled_max_batch=max(whole)) if whole else batch
 
 
@@ -843,6 +860,7 @@ def _build_plan(
             f"batches; α is taken as 0 (as wok tune takes it), so T_batch at n = {_d(n)} is β·n = {_d(t)} s, "
             f"not {_d(batch.given_alpha_s + batch.beta_s * n)} s"
         )
+    warnings.extend(batch.notes)
     extrapolation = _extrapolation(batch)
     if extrapolation is not None and extrapolation["extrapolated"]:
         least, most = batch.profiled_min_batch, batch.profiled_max_batch

@@ -85,6 +85,9 @@ class Profile:
     # The batch sizes the profile measured (its `batches[].batch_size`, with or without samples): a larger
     # max_batch_size runs on T(n) extrapolated past them. Empty: not known (--alpha/--beta).
     profiled_sizes: tuple[int, ...] = ()
+    # The profiled model's max_batch_size (its `model.max_batch_size`): a larger setting is past the server as
+    # profiled (plan.past_model_max). None: not known.
+    model_max_batch_size: int | None = None
 
 
 def fit_linear(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float, float]:
@@ -262,6 +265,9 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
     if r2 is not None and not math.isfinite(r2):
         r2 = None  # strict JSON writes it as null all the same
     samples_out = tuple((n, t) for _, n, t in samples)
+    model = doc.get("model")
+    limit = model.get("max_batch_size") if isinstance(model, dict) else None
+    limit = None if limit is None else _batch_size(limit, where, "model.max_batch_size")
     return Profile(
         max(alpha, 0.0),
         beta,
@@ -270,6 +276,7 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
         where if source is None else source,
         fitted_alpha_s=fitted,
         profiled_sizes=tuple(sorted(sizes)),
+        model_max_batch_size=limit,
     )
 
 

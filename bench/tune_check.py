@@ -1088,14 +1088,15 @@ def servers_started(args) -> int:
 def planned_text(args) -> str:
     """What a run will take, said as it starts (as `wok bench` says its plan): --help alone gave it, from the
     defaults, and a run of other options said nothing of its length but each stage's start."""
-    from wok.bench.cli import _duration_text
+    from wok.bench.cli import _duration_text, ramp_ends_text
 
     parts = measured_seconds(args)
     shown = ", ".join(f"{_duration_text(s)} of {part.replace('cpu', 'CPU')}" for part, s in parts.items() if s)
     besides = "the search" if args.profile else "the in-process profile, the search"
     return (
         f"planned: at most {_duration_text(sum(parts.values()))} of load ({shown}; less if a step ends a ramp: "
-        f"--stop-factor), besides {besides} and the starts of {servers_started(args)} servers, a few seconds each"
+        f"{ramp_ends_text(args.stop_factor)}), besides {besides} and the starts of {servers_started(args)} servers, a "
+        "few seconds each"
     )
 
 

@@ -515,6 +515,8 @@ def test_a_model_failing_every_request_ends_even_an_inf_ramp_and_a_fail_faults_r
     assert (step["ok"], step["errors"]) == (0, {"INTERNAL": n})
     assert f"stopping early: no request of the step succeeded ({n} × INTERNAL)\n" in err
     assert status == 2 and "the model failed every request at 20 QPS" in err, err
+    # The plan said so: with --stop-factor inf it named no early end, though this one ended the ramp.
+    assert "wok bench: planned: 3 steps × (0.5 s) = 1.5 s (less if a step ends the ramp: no request OK)\n" in err
     status, _, err = wok_cli(
         *argv, "--admin-url", url, "--fault", "fail:model=mlp,at=0s", "--json", str(tmp_path / "f.json")
     )
@@ -522,6 +524,20 @@ def test_a_model_failing_every_request_ends_even_an_inf_ramp_and_a_fail_faults_r
     # The fault's POST may race the first step's first requests: the second step is wholly the fault's.
     assert len(steps) == 3 and steps[1]["ok"] == 0 and steps[1]["requests"] > 0, err
     assert status == 0 and "stopping early" not in err, err
+    ends = "no request sent, or every request refused as malformed"
+    assert f"wok bench: planned: 3 steps × (0.5 s) = 1.5 s (less if a step ends the ramp: {ends})\n" in err, err
+
+
+def test_replicas_without_a_fault_end_the_ramp_at_a_step_with_no_request_ok(tmp_path, wok_cli):
+    """--replicas alone ran as a fault run, on through steps in which no request succeeded (here each request's
+    deadline, 1 µs, passes before any answer): only faults fail whole steps by design."""
+    argv = ["bench", "ramp", "--replicas", "1", "--serve-args", "--models mlp", "--metrics-url", "none"]
+    argv += ["--steps", "20,40", "--step-duration", "0.5s", "--warmup", "0s", "--workers", "1", "--stop-factor", "inf"]
+    status, _, err = wok_cli(*argv, "--timeout", "1e-6s", "--json", str(tmp_path / "r.json"))
+    (step,) = json.loads((tmp_path / "r.json").read_text())["steps"]
+    assert step["ok"] == 0 and list(step["errors"]) == ["DEADLINE_EXCEEDED"], err
+    assert f"stopping early: no request of the step succeeded ({step['errors']['DEADLINE_EXCEEDED']} × " in err, err
+    assert status == 0, err
 
 
 # -- the command line ---------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 from pathlib import Path
@@ -88,6 +89,81 @@ def test_the_gpu_session_serves_on_free_ports_into_a_folder_of_its_own_and_remov
         assert config["metrics_url"] == f"http://127.0.0.1:{metrics_port}/metrics"
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _naming(text: str) -> list[int]:
+    """The processes whose command line holds `text` (zombies have none: only the living)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            pass
+    return pids
+
+
+@pytest.mark.timeout(240)
+def test_a_gpu_session_terminated_mid_step_stops_the_server_and_the_step_it_started():
+    """A SIGTERM in a serving step (a lent machine's limit, a Ctrl-C's kill) ended the script and left its background
+    `wok serve` running, and the step's ramp with it (timeout runs it in a process group of its own): the EXIT trap
+    removed the copy of wok alone. The script's output says when the server serves and the step starts; the signal
+    goes to the script alone, as a limit's kill sends it."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "WOK_SITE", "WOK_GPU_TUNE_CHECK")}
+    env |= {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", "WOK_GPU_DEVICE": "cpu"}
+    # Steps enough that the ramp is still running when the signal comes: 10 × 5 s.
+    env |= {"WOK_GPU_ONLY": "ramp_unary_accept0", "WOK_GPU_STEPS": ",".join(["20"] * 10)}
+    proc = subprocess.Popen(
+        ["bash", "bench/gpu_session.sh"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    said, out = [], None
+    try:
+        for line in proc.stdout:
+            said.append(line)
+            if line.startswith("figures and logs under "):
+                out = line.split(" under ", 1)[1].strip()
+            if line.startswith("== ramp_unary_accept0"):
+                break
+        assert out is not None and said[-1].startswith("== ramp_unary_accept0"), "".join(said)
+        # "wok serve (pid N) serving on 127.0.0.1:PORT", said once it serves, before the step's line.
+        (server,) = (int(line.split()[3].rstrip(")")) for line in said if line.startswith("wok serve (pid "))
+        assert _naming(f"{out}/repo") == [server], "".join(said)
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=120)
+        said.append(rest)
+        # Nothing that names this run's folder lives on: the server (its repository) nor the ramp (its --json).
+        left = _naming(out)
+        assert left == [], "".join(said)
+        with pytest.raises(ProcessLookupError):
+            os.kill(server, 0)
+        assert proc.returncode == 143, "".join(said)
+        with pytest.raises(ProcessLookupError):  # the script's own group: the server's, the steps' helpers
+            os.killpg(proc.pid, 0)
+    finally:
+        if proc.poll() is None:  # a failure before the signal: the script's trap stops what it started
+            proc.terminate()
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if out is not None:
+            for pid in _naming(out):  # a failure's leftovers: this run's folder names them
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(out, ignore_errors=True)
 
 
 def test_without_cuda_the_hint_names_a_cpu_dry_run_that_takes_seconds(monkeypatch, capsys):

@@ -666,11 +666,55 @@ def test_from_profile_reads_the_fit(tmp_path):
     assert p["inputs"]["batch"]["profile"] == {"path": str(path), "model": "mlp", "r2": 0.999, "device": None}
     assert p["result"]["gpus"] == 10
     assert plan.batch_from_profile(path, F(32)).t_batch_s == F(2, 1000) + 32 * F(9, 8000)
-    with pytest.raises(ValueError, match=r"--batch-size 33 exceeds the profiled model's max_batch_size \(32\)"):
-        plan.batch_from_profile(path, F(33))
+    assert plan.batch_from_profile(path, F(33)).notes == (  # planned, warned of: test_past_the_profiled_models_max
+        f"--batch-size 33 is past the profiled model's max_batch_size (32, --profile {path}): the server as profiled "
+        "forms no batch that large; its config's max_batch_size must be raised to serve one",
+    )
     path.write_text(json.dumps({"schema": "wok.profile/1", "fit": {}}))
     with pytest.raises(ValueError, match=r"no fit\.alpha_s"):
         plan.batch_from_profile(path, F(16))
+
+
+def test_past_the_profiled_models_max_batch_size_plan_tune_and_simulate_warn_alike(tmp_path, wok_cli):
+    """`wok plan` refused a --batch-size above the profile's model.max_batch_size, `wok tune` said nothing of its
+    grid's, `wok simulate` warned only that the size was past the largest profiled. That max_batch_size is the
+    profiled server's config, which a setting past it raises (`wok tune` searches 64 on the demo mlp's profile of 32,
+    and bench/tune_check.py serves it): the plan of wok tune's choice was refused. All three now run and warn, naming
+    the option, the profile's max_batch_size and its file; the size past the largest profiled is warned of too."""
+    path, out = _profiled(tmp_path, sizes=(1, 8, 32)), tmp_path / "out.json"
+    doc = json.loads(path.read_text())
+    doc["model"]["max_batch_size"] = 32
+    path.write_text(json.dumps(doc))
+    said = "past the profiled model's max_batch_size (32, --profile {}): the server as profiled forms no batch that "
+    said = said.format(path) + "large; its config's max_batch_size must be raised to serve one"
+    argv = ["plan", "--peak-qps", "5000", "--profile", str(path), "--json", str(out)]
+    status, stdout, err = wok_cli(*argv, "--batch-size", "64")
+    assert status == 0, err
+    warnings = json.loads(out.read_text())["warnings"]
+    assert f"--batch-size 64 is {said}" in warnings and "n = 64 is past the largest batch the profile" in stdout
+    assert wok_cli(*argv, "--batch-size", "32")[0] == 0
+    assert not any("max_batch_size (32" in w for w in json.loads(out.read_text())["warnings"])
+    sim = ["simulate", "--profile", str(path), "--steps", "100", "--step-duration", "1s", "--json", str(out)]
+    status, _, err = wok_cli(*sim, "--max-batch-size", "64")
+    assert status == 0, err
+    warnings = json.loads(out.read_text())["warnings"]
+    assert f"--max-batch-size 64 is {said}" in warnings and any("largest batch the profile" in w for w in warnings)
+    status, _, err = wok_cli(*sim, "--max-batch-size", "32")
+    assert not any("max_batch_size (32" in w for w in json.loads(out.read_text())["warnings"]), err
+    tune = ["tune", "--slo-p99", "50ms", "--profile", str(path), "--delays", "1ms", "--sim-duration", "1s"]
+    tune += ["--iterations", "2", "--json", str(out)]
+    status, stdout, err = wok_cli(*tune, "--max-batch-sizes", "16,64,128", "--default", "48,5ms")
+    assert status == 0, err
+    warnings = json.loads(out.read_text())["warnings"]
+    assert warnings[:2] == [f"--default's max_batch_size 48 is {said}", f"--max-batch-sizes 64, 128 are {said}"]
+    assert "warning: --max-batch-sizes 64, 128 are past the profiled model's max_batch_size (32" in stdout, stdout
+    status, _, err = wok_cli(*tune, "--max-batch-sizes", "16,32", "--default", "32,5ms")
+    assert status in (0, 1) and not any("max_batch_size (32" in w for w in json.loads(out.read_text())["warnings"])
+    # A max_batch_size tune cannot read is refused naming the field, as wok plan refuses it.
+    doc["model"]["max_batch_size"] = "32"
+    path.write_text(json.dumps(doc))
+    status, _, err = wok_cli(*tune, "--max-batch-sizes", "16")
+    assert status == 2 and f"--profile {path}: model.max_batch_size: expected a whole number" in err, err
 
 
 def test_a_batch_size_past_the_profiled_ones_is_warned_of_as_tune_warns(tmp_path):

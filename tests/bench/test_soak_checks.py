@@ -178,7 +178,8 @@ def test_rows_unchecked_for_a_server_without_model_config_is_said_and_the_ramp_r
     status, _, err = _bench(tmp_path, bare_target, *args, "--warmup", "0.1s", "--json", str(out))
     assert status == 0, err
     assert err.startswith(
-        "wok bench: planned: 1 step × (0.1 s warm-up + 0.3 s) = 0.4 s (less if a step ends the ramp: --stop-factor)\n"
+        "wok bench: planned: 1 step × (0.1 s warm-up + 0.3 s) = 0.4 s (less if a step ends the ramp: --stop-factor, "
+        "or no request OK)\n"
         "--rows 40: not checked against model 'mlp''s max_batch_size (the server answers ModelConfig "
         "UNIMPLEMENTED); above it, the first step's requests are refused\n"
     ), err

@@ -328,17 +328,24 @@ def test_help_gives_every_option_a_help_with_its_default_and_the_runs_length():
         (
             ["--no-cpu-stage"],
             "planned: at most 19 s of load (7 s of overhead calibrations, 12 s of validation; less if a step ends a "
-            "ramp: --stop-factor), besides the in-process profile, the search and the starts of 3 servers, a few "
-            "seconds each",
+            "ramp: --stop-factor, or no request OK), besides the in-process profile, the search and the starts of 3 "
+            "servers, a few seconds each",
         ),
         (
             ["--cpu-steps", "300,600"],
             "planned: at most 29 s of load (10 s of CPU calibration, 7 s of overhead calibrations, 12 s of "
-            "validation; less if a step ends a ramp: --stop-factor), besides the in-process profile, the search and "
-            "the starts of 4 servers, a few seconds each",
+            "validation; less if a step ends a ramp: --stop-factor, or no request OK), besides the in-process "
+            "profile, the search and the starts of 4 servers, a few seconds each",
+        ),
+        (
+            # A step with no request OK ends a ramp whatever --stop-factor: with inf the line named no end at all.
+            ["--no-cpu-stage", "--stop-factor", "inf"],
+            "planned: at most 19 s of load (7 s of overhead calibrations, 12 s of validation; less if a step ends a "
+            "ramp: no request OK), besides the in-process profile, the search and the starts of 3 servers, a few "
+            "seconds each",
         ),
     ],
-    ids=["no-cpu-stage", "cpu-stage"],
+    ids=["no-cpu-stage", "cpu-stage", "stop-factor-inf"],
 )
 def test_a_run_says_how_long_it_will_take_as_it_starts(tmp_path, measured, capsys, extra, planned):
     """--help alone said it, from the defaults: a run of other options said nothing of its length but each
