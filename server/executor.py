@@ -836,26 +836,54 @@ _DEVICE_ERRORS: tuple[type[BaseException], ...] = tuple(
 )
 
 
-# cudaErrorMemoryAllocation, torch's AcceleratorError.error_code for "CUDA error: out of memory".
-_CUDA_OUT_OF_MEMORY = 2
+# The CUDA errors that leave the context usable, by cudaError_t code (AcceleratorError.error_code, set by torch's
+# _new_accelerator_error_object from the code c10_cuda_check_implementation was given) and by cudaGetErrorString's
+# text, which that check puts after "CUDA error: " (torch before AcceleratorError gave the text alone). Each is an
+# API call refused as made, returned by that call (a launch's to C10_CUDA_KERNEL_LAUNCH_CHECK's cudaGetLastError;
+# the check's own cudaGetLastError then resets the thread's error to cudaSuccess), never found later on the device:
+# a launch's grid, block or shared memory too large for the device (what one request's sizes can ask for), memory
+# refused, a kernel not built for the device. The CUDA runtime API's cudaError enum says of the others met on the device
+# (cudaErrorIllegalAddress 700, LaunchTimeout 702, Assert 710, HardwareStackError 714, IllegalInstruction 715,
+# MisalignedAddress 716, InvalidAddressSpace 717, InvalidPc 718, LaunchFailure 719) "This leaves the process in an
+# inconsistent state and any further CUDA work will return the same error. To continue using CUDA, the process must
+# be terminated and relaunched"; torch (c10/cuda/CUDAMiscFunctions.cpp, get_cuda_async_error_suffix) marks 700, 710,
+# 715, 716 and 719 as reported asynchronously. Those, an uncorrectable ECC (214) or NVLink (220) error, and any code
+# or text not listed here lose the device: a context wrongly taken for usable fails every later batch anyway.
+# https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html (enum cudaError), group__CUDART__ERROR.html
+_USABLE_AFTER: dict[int, str] = {
+    1: "invalid argument",  # cudaErrorInvalidValue
+    2: "out of memory",  # cudaErrorMemoryAllocation: a cudaHostAlloc or a cudaMalloc outside torch's caching allocator
+    9: "invalid configuration argument",  # cudaErrorInvalidConfiguration: too many threads or blocks, shared memory
+    98: "invalid device function",  # cudaErrorInvalidDeviceFunction
+    101: "invalid device ordinal",  # cudaErrorInvalidDevice
+    209: "no kernel image is available for execution on the device",  # cudaErrorNoKernelImageForDevice
+    701: "too many resources requested for launch",  # cudaErrorLaunchOutOfResources: registers for the block size
+    720: "too many blocks in cooperative launch",  # cudaErrorCooperativeLaunchTooLarge
+    912: "a kernel launch error has occurred due to cluster misconfiguration",  # cudaErrorInvalidClusterSize
+}
+_USABLE_AFTER_TEXT = frozenset(_USABLE_AFTER.values())
 
 
 def _is_device_error(exc: BaseException) -> bool:
-    """Whether `exc` is an error of the CUDA device, which leaves its context unusable: torch's
-    AcceleratorError, or (torch before it, which pyproject allows) a RuntimeError "CUDA error: ...";
-    not an allocation that failed, which fails its batch alone."""
+    """Whether `exc` is an error of the CUDA device that leaves its context unusable (sticky): torch's
+    AcceleratorError, or (torch before it, which pyproject allows) a RuntimeError "CUDA error: ...", other than
+    the errors of _USABLE_AFTER, an API call refused (memory, a launch's configuration), which fail their batch
+    alone (rerun in parts: the other requests answered), as the model's failure. torch's own allocator running
+    out (torch.OutOfMemoryError, "CUDA out of memory. ...") is neither."""
     if not isinstance(exc, RuntimeError):  # torch's AcceleratorError is one
         return False  # (and a model's own error, whose str() may raise, is never read here)
     try:
         text, code = str(exc), getattr(exc, "error_code", None)
     except Exception:  # a RuntimeError of the model's own whose str() raised: not torch's
         return False
-    if code == _CUDA_OUT_OF_MEMORY or text.startswith("CUDA error: out of memory"):
-        # A failed cudaHostAlloc (a pinned buffer growing) or a cudaMalloc outside torch's caching allocator
-        # (whose own failure is torch.OutOfMemoryError, "CUDA out of memory. ..."): C10_CUDA_CHECK raises it as
-        # AcceleratorError (a RuntimeError before torch had it), yet the error is not sticky: the context still works.
+    torchs = isinstance(exc, _DEVICE_ERRORS)
+    if torchs and isinstance(code, int) and not isinstance(code, bool):
+        # The code, where torch gave one: its text may be stripped (STRIP_ERROR_MESSAGES) or worded otherwise.
+        # Only torch's: another library's RuntimeError may carry an error_code of its own.
+        return code not in _USABLE_AFTER
+    if text.startswith("CUDA error: ") and text[len("CUDA error: ") :].split("\n", 1)[0] in _USABLE_AFTER_TEXT:
         return False
-    return isinstance(exc, _DEVICE_ERRORS) or text.startswith("CUDA error")
+    return torchs or text.startswith("CUDA error")
 
 
 def failure_line(name: str, exc: BaseException) -> str:

@@ -429,10 +429,22 @@ def test_a_device_side_error_is_named_so_by_the_message_every_path_gives(error):
     assert str(executor._model_failed("m", error)) == f"model 'm' failed on the device: {error_line(error)}"
 
 
+def coded_runtime_error() -> RuntimeError:
+    """Another library's RuntimeError carrying an error_code of its own (the code of CUDA's illegal address)."""
+    error = RuntimeError("the library's own failure")
+    error.error_code = 700
+    return error
+
+
 @pytest.mark.parametrize(
     "error",
-    [ValueError("NaN in batch"), RuntimeError("index out of range in self"), RuntimeError("not a CUDA error: x")],
-    ids=["ValueError", "RuntimeError", "RuntimeError-naming-CUDA"],
+    [
+        ValueError("NaN in batch"),
+        RuntimeError("index out of range in self"),
+        RuntimeError("not a CUDA error: x"),
+        coded_runtime_error(),
+    ],
+    ids=["ValueError", "RuntimeError", "RuntimeError-naming-CUDA", "RuntimeError-with-error_code"],
 )
 def test_an_error_not_the_devices_is_named_the_models(error):
     assert str(executor._model_failed("m", error)) == f"model 'm' failed: {error_line(error)}"
@@ -495,3 +507,199 @@ def test_a_batch_and_a_warm_up_meeting_a_device_side_error_name_it_so():
         assert str(warm.value).startswith(f"{error}; in the start-up warm-up, on a batch of zeros"), warm.value
     finally:
         ex.shutdown()
+
+
+# CUDA errors as torch 2.13's C10_CUDA_CHECK raises them (c10_cuda_check_implementation): an AcceleratorError whose
+# error_code is the cudaError_t, its text "CUDA error: " + cudaGetErrorString, get_cuda_error_help's line (naming the
+# code's cudaGetErrorName), get_cuda_async_error_suffix's (asynchronous for 700, 710, 715, 716, 719) and the line of
+# device-side assertions; torch before AcceleratorError raised a RuntimeError of the text alone (CHECK_SUFFIX).
+# code, cudaGetErrorName, cudaGetErrorString. 999: not known to leave the context usable, so lost. 0: a kernel's
+# failure in the device-side assertion registry (TORCH_USE_CUDA_DSA), whose check is given cudaSuccess.
+CUDA_ERRORS = {
+    int(code): (name, text)
+    for code, name, text in (
+        line.split(" ", 2)
+        for line in """
+700 cudaErrorIllegalAddress an illegal memory access was encountered
+702 cudaErrorLaunchTimeout the launch timed out and was terminated
+710 cudaErrorAssert device-side assert triggered
+714 cudaErrorHardwareStackError hardware stack error
+715 cudaErrorIllegalInstruction an illegal instruction was encountered
+716 cudaErrorMisalignedAddress misaligned address
+719 cudaErrorLaunchFailure unspecified launch failure
+214 cudaErrorECCUncorrectable uncorrectable ECC error encountered
+999 cudaErrorUnknown unknown error
+0 cudaSuccess no error
+1 cudaErrorInvalidValue invalid argument
+9 cudaErrorInvalidConfiguration invalid configuration argument
+98 cudaErrorInvalidDeviceFunction invalid device function
+101 cudaErrorInvalidDevice invalid device ordinal
+209 cudaErrorNoKernelImageForDevice no kernel image is available for execution on the device
+701 cudaErrorLaunchOutOfResources too many resources requested for launch
+720 cudaErrorCooperativeLaunchTooLarge too many blocks in cooperative launch
+912 cudaErrorInvalidClusterSize a kernel launch error has occurred due to cluster misconfiguration
+""".strip().splitlines()
+    )
+}
+STICKY_CUDA_ERRORS = [700, 702, 710, 714, 715, 716, 719, 214, 999, 0]
+USABLE_CUDA_ERRORS = [1, 9, 98, 101, 209, 701, 720, 912]
+ASYNC_CUDA_ERRORS = {700, 710, 715, 716, 719}  # torch's get_cuda_async_error_suffix
+ASYNC_SUFFIX = (
+    "\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be "
+    "incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1"
+)
+
+
+ACCELERATOR_ERROR = getattr(torch, "AcceleratorError", None)  # torch 2.8 on; pyproject allows torch before it
+
+
+def torch_cuda_error(code: int) -> BaseException:
+    """The error torch raises for `code`: from 2.13 an AcceleratorError as its Python binding makes it (error_code
+    set); before AcceleratorError, a RuntimeError of the text alone."""
+    name, text = CUDA_ERRORS[code]
+    if not isinstance(ACCELERATOR_ERROR, type):
+        return RuntimeError(f"CUDA error: {text}{CHECK_SUFFIX}")
+    help_line = (
+        "\nGPU device may be out of range, do you have enough GPUs?"
+        if code == 101
+        else f"\nSearch for `{name}' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for "
+        "more information."
+    )
+    suffix = (
+        ASYNC_SUFFIX
+        if code in ASYNC_CUDA_ERRORS
+        else "\nFor more detailed error information, run with CUDA_LOG_FILE=stderr"
+    )
+    exc = ACCELERATOR_ERROR(
+        f"CUDA error: {text}{help_line}{suffix}\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+    )
+    exc.error_code = code
+    return exc
+
+
+def cuda_error_forms(codes) -> list:
+    """Each code's error as torch 2.13 raises it, with its text stripped (STRIP_ERROR_MESSAGES: the code alone tells),
+    and as torch before AcceleratorError raised it (the text alone)."""
+    forms = []
+    for code in codes:
+        name, text = CUDA_ERRORS[code]
+        forms.append(pytest.param(RuntimeError(f"CUDA error: {text}{CHECK_SUFFIX}"), id=f"{name}-RuntimeError"))
+        if isinstance(ACCELERATOR_ERROR, type):
+            stripped = ACCELERATOR_ERROR("")
+            stripped.error_code = code
+            forms += [
+                pytest.param(torch_cuda_error(code), id=f"{name}-AcceleratorError"),
+                pytest.param(stripped, id=f"{name}-error_code"),
+            ]
+    return forms
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        *cuda_error_forms(STICKY_CUDA_ERRORS),
+        pytest.param(RuntimeError("CUDA error: an error a later CUDA adds"), id="unknown-text"),
+    ],
+)
+def test_a_cuda_error_that_leaves_the_context_unusable_or_is_unknown_loses_the_device(error):
+    assert executor._is_device_error(error)
+    assert str(executor._model_failed("m", error)) == f"model 'm' failed on the device: {error_line(error)}"
+
+
+@pytest.mark.parametrize("error", cuda_error_forms(USABLE_CUDA_ERRORS))
+def test_a_cuda_error_refused_as_its_call_was_made_fails_the_batch_not_the_device(error):
+    """Every "CUDA error: ..." was taken for the device lost: a launch configuration one request's sizes made invalid
+    (a grid too large for a huge batch) stopped the server on that device until a restart, where the call refused
+    left the context usable and only that request could not be run."""
+    assert not executor._is_device_error(error)
+    assert str(executor._model_failed("m", error)) == f"model 'm' failed: {error_line(error)}"
+
+
+class FailsOnFifty(torch.nn.Module):
+    """Raises a fresh `make()` for a batch holding a request whose first value is 50; adds 1 otherwise."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def forward(self, x):
+        if bool((x[:, 0] == 50).any()):
+            raise self.make()
+        return x + 1
+
+
+@pytest.mark.parametrize(
+    ("code", "where"),
+    [(9, ""), (710, " on the device")],
+    ids=["invalid-configuration", "device-side-assert"],
+)
+def test_the_cpu_path_names_a_cuda_error_of_a_forward_as_the_cuda_path_classifies_it(code, where):
+    # The CPU path never marks its device lost; a batch failing is rerun in parts there whatever the error, and
+    # its message says "on the device" for the errors that lose a CUDA device only (it did for every CUDA error).
+    ex = executor.Executor(
+        Servable(four_wide_config("m"), FailsOnFifty(lambda: torch_cuda_error(code))), InstanceConfig(count=1)
+    )
+    try:
+        rows = [{"INPUT0": np.full((1, 4), v, np.float32)} for v in (1.0, 50.0, 2.0)]
+        outputs = ex.instances[0].submit(rows, [1, 1, 1], 0).result(30).outputs
+        np.testing.assert_array_equal(outputs[0]["OUTPUT0"], np.full((1, 4), 2.0))
+        np.testing.assert_array_equal(outputs[2]["OUTPUT0"], np.full((1, 4), 3.0))
+        assert isinstance(outputs[1], ModelExecutionError)
+        text = error_line(torch_cuda_error(code))
+        assert str(outputs[1]) == f"model 'm' failed{where}: {text} (on this request alone)"
+        assert ex.lost is None
+    finally:
+        ex.shutdown()
+
+
+# LOOKUP_MODEL, where a request's first value makes a CUDA error that leaves the context usable, raised by torch's
+# own check as the call is refused: 50, cudaSetDevice given an ordinal past the devices ("invalid device ordinal");
+# 60, memory-efficient attention over 65536 heads, whose grid.y (a head each) is past CUDA's 65535 ("invalid
+# configuration argument", pytorch/pytorch#142228), unless this torch splits the heads: then its rows are -1.
+USABLE_ERROR_MODEL = LOOKUP_MODEL.replace(
+    "from torch import nn\n", "from torch import nn\nfrom torch.nn.attention import SDPBackend, sdpa_kernel\n"
+).replace(
+    "    def forward(self, x):\n",
+    """    def forward(self, x):
+        if bool((x[:, 0] == 50).any()):
+            torch.cuda.set_device(torch.cuda.device_count())
+        if bool((x[:, 0] == 60).any()):
+            q = torch.rand(1, 65536, 1, 16, device=x.device)
+            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+                nn.functional.scaled_dot_product_attention(q, q, q)
+            return torch.full((x.shape[0], 4), -1.0, device=x.device)
+""",
+)
+
+USABLE_ERROR_SCRIPT = (
+    EXECUTOR_HEAD
+    + """
+outcome("ordinal", inst.submit([req(1), req(50), req(2)], [1, 1, 1], 0))
+outcome("grid", inst.submit([req(60), req(3)], [1, 1], 0))
+outcome("later", inst.submit([req(3)], [1], 0))
+out["lost"] = str(ex.lost)
+print(json.dumps(out), flush=True)
+os._exit(0)
+"""
+)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_cuda_an_error_that_leaves_the_context_usable_fails_its_request_alone_and_keeps_the_device():
+    assert "set_device" in USABLE_ERROR_MODEL and "import SDPBackend" in USABLE_ERROR_MODEL
+    out = run_executor_script(USABLE_ERROR_SCRIPT, USABLE_ERROR_MODEL)
+    failed = "model 'lookup' failed: AcceleratorError: CUDA error: {} (on this request alone)"
+    assert out["ordinal"] == [
+        "ok",
+        [
+            [[4.0, 5.0, 6.0, 7.0]],
+            repr(ModelExecutionError(failed.format("invalid device ordinal"))),
+            [[8.0, 9.0, 10.0, 11.0]],
+        ],
+    ], out
+    status, answers = out["grid"]
+    assert status == "ok" and answers[1] in ([[12.0, 13.0, 14.0, 15.0]], [[-1.0] * 4]), out
+    if "invalid configuration argument" in str(answers[0]):  # this torch still launches the grid: CUDA refuses it
+        assert answers[0] == repr(ModelExecutionError(failed.format("invalid configuration argument"))), out
+    assert out["later"] == ["ok", [[[12.0, 13.0, 14.0, 15.0]]]]
+    assert out["lost"] == "None"
