@@ -1251,8 +1251,9 @@ def add_profile_parser(sub) -> None:
     p.add_argument(
         "--int-high",
         type=int,
-        help=f"integer inputs uniform in [0, N) (default: the model's smallest embedding table, else "
-        f"{DEFAULT_INT_HIGH}; wok bench ramp's is {DEFAULT_INT_HIGH}, as a server's metadata does not say the table)",
+        help=f"integer inputs uniform in [0, N), every one (default: each input below the smallest embedding table "
+        f"its ids reach, another below the model's smallest table, else {DEFAULT_INT_HIGH}; wok bench ramp's is "
+        f"{DEFAULT_INT_HIGH}, as a server's metadata does not say the table)",
     )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")

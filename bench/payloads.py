@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -304,9 +304,9 @@ class PayloadGenerator:
     The first dimension is the batch: -1 there becomes `rows` (a fixed first dimension,
     from a model that does not batch, is kept). Every other -1 becomes the request's
     size: the one given to make(), or one drawn from `sizes`, shared by all variable
-    dimensions of the request. Values: integers uniform in [0, int_high) (capped at the
-    type's maximum; every wok demo model accepts ids below 50), floats standard normal
-    in the declared type (BF16 as the uint16 words of truncated float32), BOOL fair
+    dimensions of the request. Values: integers uniform in [0, int_high) (an input named in
+    `int_highs`, below its own; capped at the type's maximum; every wok demo model accepts ids
+    below 50), floats standard normal in the declared type (BF16 as the uint16 words of truncated float32), BOOL fair
     coin flips, BYTES short random lowercase strings.
 
     `rng` may be None in make() and pool(): the generator's own, seeded with `seed`.
@@ -320,6 +320,7 @@ class PayloadGenerator:
         rows: int = 1,
         seed: int = 0,
         int_high: int = DEFAULT_INT_HIGH,
+        int_highs: Mapping[str, int] | None = None,
     ) -> None:
         # Any object with name, datatype and shape will do (a client's TensorInfo, a protobuf).
         self.inputs = tuple(
@@ -331,6 +332,7 @@ class PayloadGenerator:
         self.sizes = sizes
         self.rows = _int(rows, "rows", 1)
         self.int_high = _int(int_high, "int_high", 1)
+        self.int_highs = {name: _int(high, f"int_highs[{name!r}]", 1) for name, high in (int_highs or {}).items()}
         self.rng = np.random.default_rng(seed)
 
     @property
@@ -385,7 +387,7 @@ class PayloadGenerator:
                 return rng.standard_normal(shape, dtype=dt.numpy)
             return rng.standard_normal(shape, dtype=np.float32).astype(dt.numpy)
         if kind in "iu":
-            high = min(self.int_high, int(np.iinfo(dt.numpy).max) + 1)
+            high = min(self.int_highs.get(spec.name, self.int_high), int(np.iinfo(dt.numpy).max) + 1)
             return rng.integers(0, high, shape, dtype=dt.numpy)
         if kind == "b":
             return rng.random(shape) < 0.5

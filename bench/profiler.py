@@ -367,7 +367,7 @@ class ProfileConfig:
     warmup: int = 5  # batches per size before timing
     repeats: int = 100  # timed batches per size
     sizes: str = "fixed:16"  # length of variable dims, as `wok bench ramp --sizes`
-    int_high: int | None = None  # integer inputs uniform in [0, int_high); None: the smallest embedding table
+    int_high: int | None = None  # integer inputs uniform in [0, int_high); None: by input (`_int_highs`)
     device: str = "auto"
     seed: int = 0
     cpu_linear: str = "onednn"  # how a CPU instance runs nn.Linear, as `wok serve --cpu-linear`
@@ -413,144 +413,32 @@ def parse_batch_sizes(spec: str) -> list[int]:
 
 
 def id_range(servable: Servable) -> int:
-    """Ids valid for every embedding table of the model (its smallest one), else 50."""
+    """Ids valid for every embedding table of the model (its smallest one), else DEFAULT_INT_HIGH: the bound of
+    the integer inputs `id_highs` has none for. The tables: those its modules are (nn.Embedding, nn.EmbeddingBag,
+    alike in a TorchScript module and a torch.export program's graph), and those the load found its inputs'
+    ids gathered from in its graph (Servable.id_bounds: F.embedding of a parameter, index_select, `table[ids]`)."""
     module = servable.module_for(torch.device("cpu"))
     found = [rows for m in module.modules() for rows in tables.table_rows(m)]
-    return min(found + _indexed_tables(module), default=DEFAULT_INT_HIGH)
+    return min(found + list(servable.id_bounds.values()), default=DEFAULT_INT_HIGH)
 
 
-# Ops that gather rows of their first argument by ids, beyond those of nn.Embedding and nn.EmbeddingBag's class.
-_GATHERS = (*sorted(tables.EMBEDDING_SCHEMAS), "aten::index_select", "aten::index")
-# Ops whose output holds their first argument's values, moved or cast but not computed on (a view, a copy, a `.long()`,
-# a row or a column): ids passed through them are still the input's. Any other (ids + 1, ids % rows, a hash) makes
-# other ids, which the input's range does not bound.
-_KEEPS_VALUES = frozenset(
-    f"aten::{op}"
-    for op in ("view", "reshape", "_unsafe_view", "flatten", "squeeze", "unsqueeze", "clone", "contiguous", "_to_copy",
-               "to", "alias", "detach", "t", "transpose", "permute", "select", "slice", "expand")
-)  # fmt: skip
+def id_highs(servable: Servable) -> dict[str, int]:
+    """By integer input whose ids the load followed to tables (tables.IdRanges.bounds, Servable.id_bounds: through
+    ops that keep their values, or some of them), the rows of the smallest: ids drawn below it reach no table past
+    its rows. A demo model's inputs reach its module through its own forward, and have none."""
+    return {name: max(rows, 1) for name, rows in servable.id_bounds.items()}
 
 
-def _indexed_tables(module: torch.nn.Module) -> list[int]:
-    """The rows of each table a TorchScript or torch.export graph gathers rows of by a model input (`_GATHERS`:
-    F.embedding of a parameter, `table.index_select(0, ids)`, `table[ids]`), the table a parameter or buffer (a
-    constant, once frozen) and the ids a graph input through `_KEEPS_VALUES` ops alone. Only the outermost graphs:
-    a submodule's inputs may be computed (positions), not the model's."""
-    graphs = [m for m in module.modules() if isinstance(m, (torch.jit.ScriptModule, torch.fx.GraphModule))]
-    inner = {id(sub) for m in graphs for sub in m.modules() if sub is not m}
-    rows = []
-    for m in graphs:
-        if id(m) in inner:
-            continue
-        if isinstance(m, torch.fx.GraphModule):
-            rows += _exported_tables(m)
-        elif m._c._has_method("forward"):  # a ParameterList has no graph to read
-            rows += _scripted_tables(m)
-    return rows
-
-
-def _from_input(value, made_of, is_input) -> bool:
-    """Whether `value` is a graph input, through `_KEEPS_VALUES` ops only; `made_of(value)` is (op, the values it
-    came from) of the op that made it, or None: one value, its first argument, or for a branch (TorchScript's
-    prim::If, as F.embedding's inlined `input.contiguous()` where max_norm is given) each branch's, all of which
-    must be."""
-    todo = [value]
-    for _ in range(256):  # a chain of views is short; branches within branches could double it at each level
-        if not todo:
-            return True
-        value = todo.pop()
-        if is_input(value):
-            continue
-        made = made_of(value)
-        if made is None or (made[0] not in _KEEPS_VALUES and made[0] != "prim::If"):
-            return False
-        todo += made[1]
-    return False
-
-
-def _exported_tables(module: torch.fx.GraphModule) -> list[int]:
-    def made_of(node):
-        if getattr(node, "op", None) != "call_function" or not node.args:
-            return None
-        return getattr(getattr(node.target, "_schema", None), "name", None), node.args[:1]
-
-    def is_input(node) -> bool:
-        return getattr(node, "op", None) == "placeholder"
-
-    rows = []
-    for node in module.graph.nodes:
-        op = made_of(node)
-        if op is None or op[0] not in _GATHERS or len(node.args) < 2:
-            continue
-        table = node.args[0]
-        if getattr(table, "op", None) != "get_attr" or (shape := _shape(table.meta.get("val"))) is None:
-            continue
-        if op[0] == "aten::index_select":
-            ids = node.args[2] if len(node.args) > 2 and node.args[1] == 0 else None
-        elif op[0] == "aten::index":
-            # table[ids]: one index, along the rows.
-            index = node.args[1]
-            ids = index[0] if isinstance(index, (list, tuple)) and len(index) == 1 else None
-        else:
-            ids = node.args[1]
-        if ids is not None and _from_input(ids, made_of, is_input):
-            rows.append(shape[0])
-    return rows
-
-
-def _scripted_tables(module: torch.jit.ScriptModule) -> list[int]:
-    graph = module.inlined_graph  # held: its nodes are invalidated once the graph is freed
-    this = next(graph.inputs()).unique()  # `self`
-
-    def made_of(value):
-        node = value.node()
-        if node.kind() == "prim::If":
-            return node.kind(), [list(block.outputs())[value.offset()] for block in node.blocks()]
-        return None if node.kind() == "prim::Param" or not node.inputsSize() else (node.kind(), [node.inputsAt(0)])
-
-    def is_input(value) -> bool:
-        return value.node().kind() == "prim::Param" and value.unique() != this
-
-    def table_of(value):
-        # self.a.b.table: a chain of attributes from `self`; or, frozen, the tensor itself.
-        names = []
-        while value.node().kind() == "prim::GetAttr":
-            names.append(value.node().s("name"))
-            value = value.node().inputsAt(0)
-        if value.node().kind() == "prim::Constant":
-            return None if names else value.toIValue()
-        if value.unique() != this:
-            return None
-        found = module
-        for name in reversed(names):
-            found = getattr(found, name, None)
-        return found
-
-    rows = []
-    for kind in _GATHERS:
-        for node in graph.findAllNodes(kind):
-            if (shape := _shape(table_of(node.inputsAt(0)))) is None:
-                continue
-            if kind == "aten::index_select":
-                ids = node.inputsAt(2) if node.inputsAt(1).toIValue() == 0 else None
-            elif kind == "aten::index":
-                listed = node.inputsAt(1).node()
-                ids = (
-                    listed.inputsAt(0) if listed.kind() == "prim::ListConstruct" and listed.inputsSize() == 1 else None
-                )
-            else:
-                ids = node.inputsAt(1)
-            if ids is not None and _from_input(ids, made_of, is_input):
-                rows.append(shape[0])
-    return rows
-
-
-def _shape(table) -> tuple[int, ...] | None:
-    """A table's shape: a 2-D tensor's (rows, width), else None."""
-    return tuple(table.shape) if isinstance(table, torch.Tensor) and table.dim() == 2 else None
+def _int_highs(servable: Servable, cfg: ProfileConfig) -> tuple[int, dict[str, int]]:
+    """The bound of integer inputs (--int-high, else `id_range`), and by input the bounds `id_highs` has, which
+    --int-high overrides."""
+    if cfg.int_high:
+        return cfg.int_high, {}
+    return id_range(servable), id_highs(servable)
 
 
 def _generator(servable: Servable, cfg: ProfileConfig) -> PayloadGenerator:
+    high, by_input = _int_highs(servable, cfg)
     specs = [TensorSpec(t.name, t.datatype, (-1, *t.dims)) for t in servable.config.inputs]
     return PayloadGenerator(
         servable.name,
@@ -558,7 +446,8 @@ def _generator(servable: Servable, cfg: ProfileConfig) -> PayloadGenerator:
         sizes=parse_sizes(cfg.sizes),
         rows=1,
         seed=cfg.seed,
-        int_high=cfg.int_high or id_range(servable),
+        int_high=high,
+        int_highs=by_input,
     )
 
 
@@ -764,9 +653,9 @@ def profile(
     except ModelExecutionError as exc:
         # The model refused the inputs made for it (ids past a table, a sequence longer than it
         # takes): the options that made them are the error, not a traceback.
-        raise ValueError(
-            f"the inputs made with --sizes {cfg.sizes} and --int-high {cfg.int_high or id_range(servable)}: {exc}"
-        ) from None
+        high, by_input = _int_highs(servable, cfg)
+        own = "".join(f", input '{name}' below {rows}" for name, rows in by_input.items())
+        raise ValueError(f"the inputs made with --sizes {cfg.sizes} and --int-high {high}{own}: {exc}") from None
     # The fit `wok tune` makes of a profile's raw times too (tune_check's in-process profile): one α, β; with
     # several keys on each key's median, weighted by its share of the batches (`fit_medians`).
     keys = {n: [pool.key_of(b) for b in times[n]["requests"]] for n in sizes}
@@ -830,7 +719,7 @@ def profile(
         if keys:
             batches[-1]["keys_left_out"] = {"keys": keys, "share": share, "draws": len(pool.keys) + pool.extra_draws}
     cfg_out = asdict(cfg)
-    cfg_out["int_high"] = cfg.int_high or id_range(servable)
+    cfg_out["int_high"], cfg_out["int_high_by_input"] = _int_highs(servable, cfg)
     cfg_out["cpu_linear"] = times.cpu_linear
     return {
         "schema": SCHEMA,

@@ -89,19 +89,24 @@ def _check_ranges(
             )
 
 
-def check_ids(id_ranges: Mapping[str, int], arrays: Mapping[str, np.ndarray], model: str) -> None:
+def check_ids(
+    id_ranges: Mapping[str, int], arrays: Mapping[str, np.ndarray], model: str, least: Mapping[str, int] | None = None
+) -> None:
     """InvalidInput for a request holding an id outside [0, rows) of the embedding table an input's ids reach
-    (Servable.id_ranges): the model would fail on it, with its batch (on a GPU, losing the device)."""
+    (Servable.id_ranges), or [least, rows) where its tables count a negative id from their end (Servable.id_least):
+    the model would fail on it, with its batch (on a GPU, losing the device)."""
     for name, rows in id_ranges.items():
         a = arrays[name]
         if a.size == 0:
             continue
         # One min and one max per input: the check's whole cost on every request.
         lo, hi = a.min(), a.max()
-        if lo < 0 or hi >= rows:
+        low = least.get(name, 0) if least else 0
+        if lo < low or hi >= rows:
+            ends = ", a negative id counted from its end" if low < 0 else ""
             raise InvalidInput(
-                f"input '{name}': expected ids in [0, {rows}) (the rows of the embedding table model '{model}' looks "
-                f"them up in), got values from {lo} to {hi}"
+                f"input '{name}': expected ids in [{low}, {rows}) (the rows of the embedding table model '{model}' "
+                f"looks them up in{ends}), got values from {lo} to {hi}"
             )
 
 
@@ -445,7 +450,7 @@ async def finish_decoding(dec: DecodedRequest, servable, refuse: Callable[[], No
                 break
     dec.pending = None
     if servable.id_ranges:
-        check_ids(servable.id_ranges, dec.inputs, servable.name)
+        check_ids(servable.id_ranges, dec.inputs, servable.name, servable.id_least)
     servable.check(dec.inputs)
 
 
@@ -624,7 +629,7 @@ def decode_request(
         for name, steps in pending:
             arrays[name] = _finish(steps)
     if servable.id_ranges:
-        check_ids(servable.id_ranges, arrays, model)
+        check_ids(servable.id_ranges, arrays, model, servable.id_least)
     servable.check(arrays)
     return DecodedRequest(arrays, rows, outputs, timeout_s, priority)
 

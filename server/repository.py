@@ -33,7 +33,7 @@ from .datatypes import datatype
 from .errors import ConfigError, InvalidVersion, ModelNotFound, error_line, quoted_name
 from .numerals import ascii_digits
 from .servable import Servable, forward_order
-from .tables import id_ranges
+from .tables import IdRanges, id_ranges
 from .tensors import torch_dtype
 
 VERSION = "1"
@@ -791,17 +791,26 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
     elif _takes_flat_tensors(program, len(cfg.inputs)):
         ids = _id_ranges(cfg, program, forward_order(checked, [t.name for t in cfg.inputs]))
     else:  # called with other structures than wok's tensors by position: which input is which is not read
-        ids = {}
-    return Servable(cfg, module, check=check, dim_ranges=dim_ranges, id_ranges=ids)
+        ids = IdRanges()
+    return Servable(
+        cfg,
+        module,
+        check=check,
+        dim_ranges=dim_ranges,
+        id_ranges=ids.rows,
+        id_least={n: least for n, least in ids.least.items() if least < 0},
+        id_bounds=ids.bounds,
+    )
 
 
-def _id_ranges(cfg: ModelConfig, model, order: list[str]) -> dict[str, int]:
-    """By integer input of the model, the rows of the smallest embedding table its ids reach (tables.id_ranges),
-    said at the start with the inputs that reach one in a way not followed, which are not checked."""
+def _id_ranges(cfg: ModelConfig, model, order: list[str]) -> IdRanges:
+    """The embedding tables the model's integer inputs reach (tables.id_ranges), said at the start with the
+    inputs that reach one in a way not followed, which are not checked. A model with no integer input is not read
+    (a python model's forward is not traced)."""
     dtypes = {t.name: torch_dtype(datatype(t.datatype)) for t in cfg.inputs}
     dtypes = {n: dt for n, dt in dtypes.items() if not dt.is_floating_point and dt != torch.bool}
     if not dtypes:
-        return {}
+        return IdRanges()
     try:
         found = id_ranges(model, order, dtypes)
     except Exception as exc:  # a graph laid out otherwise than read: no check, not a failed start
@@ -811,7 +820,7 @@ def _id_ranges(cfg: ModelConfig, model, order: list[str]) -> dict[str, int]:
             cfg.name,
             error_line(exc),
         )
-        return {}
+        return IdRanges()
     if found.rows or found.unclear:
         log.info(
             "model '%s': integer inputs that reach embedding tables (a request with an id outside its input's "
@@ -819,7 +828,7 @@ def _id_ranges(cfg: ModelConfig, model, order: list[str]) -> dict[str, int]:
             cfg.name,
             found.said(),
         )
-    return found.rows
+    return found
 
 
 def _has_config(root: Path, folder: Path) -> bool:

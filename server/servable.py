@@ -150,16 +150,23 @@ class Servable:
         check: Callable[[Mapping[str, np.ndarray]], object] | None = None,
         dim_ranges: Mapping[str, tuple[tuple[int, int, int | None, int], ...]] | None = None,
         id_ranges: Mapping[str, int] | None = None,
+        id_least: Mapping[str, int] | None = None,
+        id_bounds: Mapping[str, int] | None = None,
     ) -> None:
         """`check`: the config's `check` callable (repository.load_servable); see `check`. `dim_ranges`: by
         input, the sizes its variable (-1) dims take, each as (its index in a request's shape, least, most or
         None for no most, step: every step-th size from least, 1 for each), that decode_request holds each
         request to, and the start-up warm-up runs the model on the least of (a torch.export program's). `id_ranges`:
-        by integer input, the rows of the smallest embedding table its ids reach (tables.id_ranges): decode_request
-        refuses a request holding an id outside [0, rows)."""
+        by integer input, the rows of the smallest embedding table its every id reaches (tables.id_ranges):
+        decode_request refuses a request holding an id outside [0, rows), or [`id_least`, rows) for an input in
+        `id_least` (its tables all indexed as `table[ids]`, which counts a negative id from the end). `id_bounds`:
+        by integer input, the rows of the smallest table some of its ids reach (tables.IdRanges.bounds), below
+        which `wok profile` draws its ids."""
         self.config = config
         self.dim_ranges = MappingProxyType(dict(dim_ranges or {}))
         self.id_ranges = MappingProxyType(dict(id_ranges or {}))
+        self.id_least = MappingProxyType(dict(id_least or {}))
+        self.id_bounds = MappingProxyType(dict(id_bounds or {}))
         if check is not None:
             # Bound here, not tested per request: a model without one keeps the no-op method.
             self._user_check = check

@@ -1,19 +1,28 @@
 """The embedding tables a model looks ids up in, read from its module or graph at load.
 
-`table_rows` sizes the tables one module holds itself (`wok profile`'s default --int-high). `id_ranges` follows
-each integer input of a model through its graph (a TorchScript module's, a torch.export program's, a python
-module's as torch.fx traces it) to the tables it reaches unchanged: through ops that keep every value (reshape,
-view, flatten, a cast that loses none) into the ids of an nn.Embedding, nn.EmbeddingBag, F.embedding or
-index_select on dim 0 of a parameter. Such an input's ids must lie in [0, rows) of its smallest table, which
-decode_request holds each request to, so that a client's bad id is refused alone (INVALID_ARGUMENT) before it is
-batched, not failed in its batch (on a GPU, a device-side assert that takes the device). Where an input reaches a
-table any other way (arithmetic on it, a slice, a branch), nothing is guessed: it is not checked, and `unclear`
-says why.
+`table_rows` sizes the tables one module holds itself. `id_ranges` follows each integer input of a model through
+its graph (a TorchScript module's inlined graph, a torch.export program's, a python module's as torch.fx traces it)
+to the tables it reaches: nn.Embedding, nn.EmbeddingBag, F.embedding, index_select on dim 0 and `table[ids]` of a
+parameter or buffer (a constant, once frozen). It finds two things per input, for two readers:
+
+* `rows` (and `least`), the server's: where every id of a request reaches a table unchanged and on every request,
+  an id outside [least, rows) of its smallest table fails the model, so decode_request refuses it alone
+  (INVALID_ARGUMENT) before it is batched, not failed in its batch (on a GPU, a device-side assert that takes the
+  device). Unchanged: through ops that keep every value (reshape, view, flatten, a transpose, a cast that loses
+  none, a TorchScript branch each of whose ways does). `least` is 0 but where every table is indexed as
+  `table[ids]`, which takes a negative id as counted from its end.
+* `bounds`, `wok profile`'s: ids in [0, bound) reach no table outside its rows. Ops that pass on only some of the
+  ids (a slice, a row, an expand) and lookups under a condition count here, as the ids drawn below the bound stay
+  below it; they do not for `rows`, where an id the model never looks up would be refused.
+
+Where an input reaches a table any other way (arithmetic on it, a narrowing cast, an op not known), nothing is
+guessed: it is not checked, and `unclear` says why.
 """
 
 from __future__ import annotations
 
 import copy
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -21,30 +30,28 @@ import torch
 # The aten ops that gather rows of their first argument, a table, as a torch.export graph calls them.
 EMBEDDING_SCHEMAS = frozenset({"aten::embedding", "aten::embedding_bag", "aten::_embedding_bag"})
 _INDEX_SELECT = "aten::index_select"
-# Ops whose result holds the values of their first argument and no others (a new shape, a copy): ids through
-# them are still ids. A cast is among them only where it loses no value (_keeps_values).
+_INDEX = "aten::index"
+# Ops whose result holds every value of their first argument and no others (a new shape, a new order, a copy):
+# ids through them are still all the ids. A cast is among them only where it loses no value (_keeps_values).
 _KEEPS = frozenset(
-    {
-        "aten::reshape",
-        "aten::view",
-        "aten::_unsafe_view",
-        "aten::flatten",
-        "aten::contiguous",
-        "aten::clone",
-        "aten::detach",
-        "aten::alias",
-        "aten::squeeze",
-        "aten::unsqueeze",
-    }
-)
+    f"aten::{op}"
+    for op in ("reshape", "view", "_unsafe_view", "flatten", "contiguous", "clone", "detach", "alias", "squeeze",
+               "unsqueeze", "t", "transpose", "permute")
+)  # fmt: skip
+# Ops whose result holds some values of their first argument and no others: a slice, a row, an expand (which may
+# make none). Ids through them stay below any bound of the input's (`bounds`), but not every id is looked up.
+_PARTS = frozenset(f"aten::{op}" for op in ("slice", "select", "narrow", "expand", "expand_as"))
 _CASTS = frozenset({"aten::to", "aten::_to_copy", "aten::long"})
 # TorchScript's ScalarType codes of the integer dtypes (c10/core/ScalarType.h), the ones a cast of ids may name.
 _SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64}
+# Index tensors `table[index]` takes as a mask, not as rows.
+_MASKS = (torch.bool, torch.uint8)
 # The same ops as torch.fx sees a python module call them (methods of a tensor, or functions of torch).
-_FX_KEEPS = frozenset({"reshape", "view", "flatten", "contiguous", "clone", "detach", "squeeze", "unsqueeze"})
+_FX_KEEPS = frozenset(op.removeprefix("aten::") for op in _KEEPS)
+# `x[i]`: a tensor's __getitem__ method, or operator.getitem.
+_FX_INDEX = frozenset({"__getitem__", "getitem"})
+_FX_PARTS = frozenset({*(op.removeprefix("aten::") for op in _PARTS), *_FX_INDEX, "index_select"})
 _FX_CASTS = {"long": torch.int64, "int": torch.int32, "to": None}
-# The most levels of submodules followed in a TorchScript module's graph.
-_DEPTH = 8
 
 
 def table_rows(module: torch.nn.Module) -> list[int]:
@@ -88,24 +95,36 @@ def _keeps_values(have: torch.dtype, want: torch.dtype | None) -> bool:
     return torch.iinfo(want).min <= torch.iinfo(have).min and torch.iinfo(have).max <= torch.iinfo(want).max
 
 
+def _rows_of(table, embedding: bool = True) -> int | None:
+    """The rows of a table: a 2-D tensor's for an embedding op, any tensor's first dim for an index."""
+    if not isinstance(table, torch.Tensor) or table.dim() < 1 or (embedding and table.dim() != 2):
+        return None
+    return table.shape[0]
+
+
 @dataclass
 class IdRanges:
-    """What `id_ranges` found: by input, the rows of the smallest table its ids reach unchanged (its ids must be
-    in [0, rows)), and by input not checked, why: the first way found it reaches a table that is not understood."""
+    """What `id_ranges` found (module docstring). `rows`: by input whose every id reaches a table unchanged, the
+    rows of its smallest table; `least`: the least id those tables take, 0 or (`table[ids]` alone) -rows; `bounds`:
+    by input whose ids reach a table through ops that keep values or some of them, the rows of its smallest such
+    table; `unclear`: by input reaching a table otherwise, why its ids are not checked (the first way found)."""
 
     rows: dict[str, int] = field(default_factory=dict)
+    least: dict[str, int] = field(default_factory=dict)
     unclear: dict[str, str] = field(default_factory=dict)
+    bounds: dict[str, int] = field(default_factory=dict)
 
     def said(self) -> str:
         """The start-up's words for it: "input 'ids' in [0, 1000); input 'b' not checked: ..."."""
-        parts = [f"input '{n}' in [0, {r})" for n, r in self.rows.items()]
+        parts = [f"input '{n}' in [{self.least.get(n, 0)}, {r})" for n, r in self.rows.items()]
         parts += [f"input '{n}' not checked: {why}" for n, why in self.unclear.items() if n not in self.rows]
         return "; ".join(parts)
 
 
 class _Walk:
-    """The values of one graph that hold an input's ids unchanged (`ids`: value → (input, dtype)), and those
-    derived from an input otherwise (`mixed`: value → {input: the op that changed it}), and what reached a table."""
+    """The values of one graph that hold an input's ids (`ids`: value → (input, dtype, the op that passed on only
+    some of them, '' where none did)), those derived from an input otherwise (`mixed`: value → {input: the op that
+    changed it}), and what reached a table."""
 
     def __init__(self) -> None:
         self.ids: dict = {}
@@ -113,10 +132,13 @@ class _Walk:
         self.found = IdRanges()
 
     def inputs_of(self, value) -> dict[str, str]:
-        """The inputs `value` is derived from, each with how ('' where it holds the ids unchanged)."""
+        """The inputs `value` is derived from, each with how ('' where it holds the ids, all or some)."""
         if value in self.ids:
             return {self.ids[value][0]: ""}
         return self.mixed.get(value, {})
+
+    def dtype_of(self, value) -> torch.dtype | None:
+        return self.ids[value][1] if value in self.ids else None
 
     def derive(self, outs, ins, via: str, restate: bool = False) -> None:
         """`outs`, made by op `via` from `ins`: derived from each input any of `ins` is, not as ids (`restate`:
@@ -129,24 +151,41 @@ class _Walk:
             for o in outs:
                 self.mixed[o] = merged
 
-    def keep(self, out, src, want: torch.dtype | None = None, via: str = "") -> None:
-        """`out` holds `src`'s values: ids stay ids, where a cast to `want` loses none of them."""
+    def keep(self, out, src, want: torch.dtype | None = None, via: str = "", part: bool = False) -> None:
+        """`out` holds `src`'s values (`part`: some of them): ids stay ids, where a cast to `want` loses none."""
         if src in self.ids and _keeps_values(self.ids[src][1], want):
-            self.ids[out] = (self.ids[src][0], want or self.ids[src][1])
+            name, have, taken = self.ids[src]
+            self.ids[out] = (name, want or have, taken or (via if part else ""))
         else:
             self.derive([out], [src], via)
 
-    def lookup(self, index, rows: int | None, what: str, conditional: str = "") -> None:
-        """Ids `index` looked up in a table of `rows` rows (None: not known) by op `what`."""
+    def alias(self, out, src) -> None:
+        """`out` is `src` (a branch always taken returns it)."""
+        if src in self.ids:
+            self.ids[out] = self.ids[src]
+        elif src in self.mixed:
+            self.mixed[out] = self.mixed[src]
+
+    def lookup(self, index, rows: int | None, what: str, conditional: str = "", wraps: bool = False) -> None:
+        """Ids `index` looked up in a table of `rows` rows (None: not known) by op `what`; `wraps`: as `table[ids]`,
+        which counts a negative id from the table's end."""
         for name, how in self.inputs_of(index).items():
+            taken = self.ids[index][2] if index in self.ids else ""
             if how:
                 self.found.unclear.setdefault(name, f"it reaches {what} through {how}, which wok does not follow")
+                continue
+            if rows is None:
+                self.found.unclear.setdefault(name, f"it reaches {what}, whose table's rows cannot be read")
+                continue
+            self.found.bounds[name] = min(rows, self.found.bounds.get(name, rows))
+            if taken:
+                self.found.unclear.setdefault(name, f"it reaches {what} through {taken}, which passes on only some ids")
             elif conditional:
                 self.found.unclear.setdefault(name, f"it reaches {what} under a condition ({conditional})")
-            elif rows is None:
-                self.found.unclear.setdefault(name, f"it reaches {what}, whose table's rows cannot be read")
             else:
                 self.found.rows[name] = min(rows, self.found.rows.get(name, rows))
+                low = -rows if wraps else 0
+                self.found.least[name] = max(low, self.found.least.get(name, low))
 
 
 def id_ranges(model, order: list[str], dtypes: dict[str, torch.dtype]) -> IdRanges:
@@ -158,11 +197,7 @@ def id_ranges(model, order: list[str], dtypes: dict[str, torch.dtype]) -> IdRang
     if isinstance(model, torch.export.ExportedProgram):
         _walk_program(walk, model, order, dtypes)
     elif isinstance(model, torch.jit.ScriptModule):
-        graph = model.graph
-        for name, value in zip(order, list(graph.inputs())[1:]):
-            if name in dtypes:
-                walk.ids[value] = (name, dtypes[name])
-        _walk_script(walk, model, graph.nodes(), {next(iter(graph.inputs())): model}, "", 0)
+        _walk_script(walk, model, order, dtypes)
     else:
         _walk_python(walk, model, order, dtypes)
     return walk.found
@@ -176,11 +211,16 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
     user = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     names = dict(zip(user, order))
     tables = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+
+    def table(node) -> torch.Tensor | None:
+        val = getattr(node, "meta", {}).get("val")
+        return val if kinds.get(getattr(node, "name", None)) in tables and isinstance(val, torch.Tensor) else None
+
     for node in program.graph.nodes:
         if node.op == "placeholder":
             name = names.get(node.name)
             if name in dtypes:
-                walk.ids[node] = (name, dtypes[name])
+                walk.ids[node] = (name, dtypes[name], "")
             continue
         if node.op != "call_function":
             continue
@@ -189,16 +229,23 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
         if op in EMBEDDING_SCHEMAS and len(node.args) > 1:
             walk.lookup(node.args[1], _looked_up_rows(node), op)
             walk.derive([node], [a for a in ins if a is not node.args[1]], op)
-        elif op == _INDEX_SELECT and len(node.args) == 3:
-            table, dim, index = node.args
-            val = getattr(table, "meta", {}).get("val")
-            sized = kinds.get(getattr(table, "name", None)) in tables and isinstance(val, torch.Tensor)
-            if dim == 0 and sized:
-                walk.lookup(index, val.shape[0], f"{op} of a parameter")
-                ins = [a for a in ins if a is not index]
-            walk.derive([node], ins, op)
+        elif op == _INDEX_SELECT and len(node.args) == 3 and node.args[1] == 0 and table(node.args[0]) is not None:
+            walk.lookup(node.args[2], _rows_of(table(node.args[0]), embedding=False), f"{op} of a parameter")
+            walk.derive([node], [a for a in ins if a is not node.args[2]], op)
+        elif op == _INDEX and len(node.args) == 2 and table(node.args[0]) is not None and _one_index(node.args[1]):
+            index = node.args[1][0]
+            val = index.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.dtype in _MASKS:
+                walk.derive([node], ins, op)
+                continue
+            rows = _rows_of(table(node.args[0]), embedding=False)
+            walk.lookup(index, rows, f"{op} (table[ids]) of a parameter", wraps=True)
+            walk.derive([node], [a for a in ins if a is not index], op)
         elif op in _KEEPS and node.args:
             walk.keep(node, node.args[0], via=op)
+            walk.derive([node], ins[1:], op)
+        elif (op in _PARTS or op in (_INDEX, _INDEX_SELECT)) and node.args:
+            walk.keep(node, node.args[0], via=op, part=True)
             walk.derive([node], ins[1:], op)
         elif op in _CASTS and node.args:
             val = node.meta.get("val")
@@ -207,63 +254,177 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
             walk.derive([node], ins, op)
 
 
+def _one_index(indices) -> bool:
+    """Whether aten::index's indices are one tensor, along the rows: `table[ids]`."""
+    return isinstance(indices, (list, tuple)) and len(indices) == 1 and isinstance(indices[0], torch.fx.Node)
+
+
 # -- TorchScript -------------------------------------------------------------------------------------------------
-def _script_object(value, objects: dict):
-    """The module or tensor a TorchScript value is: an attribute read (prim::GetAttr) off a module known in
-    `objects`, or a constant tensor (a frozen module's weights); else None."""
-    if value in objects:
-        return objects[value]
-    node = value.node()
-    if node.kind() == "prim::GetAttr":
-        owner = _script_object(node.inputsAt(0), objects)
-        return getattr(owner, node.s("name"), None) if owner is not None else None
-    if node.kind() == "prim::Constant" and isinstance(value.type(), torch._C.TensorType):
-        try:
-            held = value.toIValue()
-        except RuntimeError:
-            return None
-        return held if isinstance(held, torch.Tensor) else None
-    return None
+_UNKNOWN = object()
+# The ops on constants a TorchScript branch's condition is made of where it is known before a request comes: the
+# `max_norm is not None` of F.embedding's code, F.embedding_bag's swap of a float input with a long weight.
+_FOLDS = {
+    "aten::__not__": lambda a: not a,
+    "aten::__and__": lambda a, b: a and b,
+    "aten::__or__": lambda a, b: a or b,
+    "aten::eq": operator.eq,
+    "aten::ne": operator.ne,
+}
 
 
-def _rows_of(table) -> int | None:
-    return table.shape[0] if isinstance(table, torch.Tensor) and table.dim() == 2 else None
+class _Script:
+    """A TorchScript module's inlined graph walked: `objects`, the modules and tensors values are (self, its
+    attributes, a frozen module's constants); `known`, the values known before a request comes."""
 
+    def __init__(self, walk: _Walk, module: torch.jit.ScriptModule) -> None:
+        self.walk = walk
+        self.graph = module.inlined_graph  # held: its nodes are invalidated once the graph is freed
+        self.objects: dict = {next(iter(self.graph.inputs())): module}
+        self.known: dict = {}
 
-def _walk_script(walk: _Walk, module, nodes, objects: dict, conditional: str, depth: int) -> None:
-    for node in nodes:
+    def object(self, value):
+        """The module or tensor a value is: an attribute read (prim::GetAttr) off one known, or a constant tensor
+        (a frozen module's weights); else None."""
+        if value in self.objects:
+            return self.objects[value]
+        node = value.node()
+        if node.kind() == "prim::GetAttr":
+            owner = self.object(node.inputsAt(0))
+            return getattr(owner, node.s("name"), None) if owner is not None else None
+        if node.kind() == "prim::Constant" and isinstance(value.type(), torch._C.TensorType):
+            try:
+                held = value.toIValue()
+            except RuntimeError:
+                return None
+            return held if isinstance(held, torch.Tensor) else None
+        return None
+
+    def constant(self, value):
+        """The value `value` always has (None, a bool, a number, a string), else _UNKNOWN."""
+        if value not in self.known:
+            self.known[value] = self._constant(value)
+        return self.known[value]
+
+    def _constant(self, value):
+        node = value.node()
         kind = node.kind()
-        ins = list(node.inputs())
-        outs = list(node.outputs())
+        if kind == "prim::Constant":
+            if isinstance(value.type(), torch._C.TensorType):
+                return _UNKNOWN
+            try:
+                return value.toIValue()
+            except RuntimeError:
+                return _UNKNOWN
+        if kind in ("aten::__is__", "aten::__isnot__"):
+            a, b = (self.constant(v) for v in node.inputs())
+            # `is` of constants is known only against None: two equal ints may be two objects.
+            if _UNKNOWN in (a, b) or (a is not None and b is not None):
+                return _UNKNOWN
+            return (a is b) == (kind == "aten::__is__")
+        if kind == "aten::is_floating_point":
+            dtype = self.walk.dtype_of(node.inputsAt(0))
+            held = self.object(node.inputsAt(0))
+            dtype = held.dtype if dtype is None and isinstance(held, torch.Tensor) else dtype
+            return _UNKNOWN if dtype is None else dtype.is_floating_point
+        if kind == "prim::If":
+            cond = self.constant(node.inputsAt(0))
+            blocks = list(node.blocks())
+            taken = blocks if cond is _UNKNOWN else [blocks[0] if cond else blocks[1]]
+            got = {repr(self.constant(list(b.outputs())[value.offset()])) for b in taken}
+            return self.constant(list(taken[0].outputs())[value.offset()]) if len(got) == 1 else _UNKNOWN
+        fold = _FOLDS.get(kind)
+        if fold is None:
+            return _UNKNOWN
+        args = [self.constant(v) for v in node.inputs()]
+        if _UNKNOWN in args or any(isinstance(a, torch.Tensor) for a in args):
+            return _UNKNOWN
+        try:
+            return fold(*args)
+        except TypeError:  # an arity or a type other than expected
+            return _UNKNOWN
+
+    def nodes(self, nodes, conditional: str) -> None:
+        walk = self.walk
+        for node in nodes:
+            kind = node.kind()
+            ins = list(node.inputs())
+            outs = list(node.outputs())
+            if kind == "prim::If":
+                self.branch(node, ins, outs, conditional)
+            elif list(node.blocks()):
+                # A loop: what it looks up runs only on some requests, and what it returns is not followed.
+                blocks = list(node.blocks())
+                for block in blocks:
+                    self.nodes(block.nodes(), conditional or kind)
+                walk.derive(outs, ins + _inner(blocks), kind, restate=True)
+            elif kind in EMBEDDING_SCHEMAS:
+                walk.lookup(ins[1], _rows_of(self.object(ins[0])), kind, conditional)
+                walk.derive(outs, ins[2:], kind)
+            elif kind == _INDEX_SELECT and self.constant(ins[1]) == 0 and isinstance(self.object(ins[0]), torch.Tensor):
+                rows = _rows_of(self.object(ins[0]), embedding=False)
+                walk.lookup(ins[2], rows, f"{kind} of a parameter", conditional)
+                walk.derive(outs, ins[:2], kind)
+            elif kind == _INDEX and isinstance(self.object(ins[0]), torch.Tensor) and self._one_index(ins[1]):
+                index = ins[1].node().inputsAt(0)
+                if walk.dtype_of(index) in _MASKS:
+                    walk.derive(outs, ins, kind)
+                    continue
+                rows = _rows_of(self.object(ins[0]), embedding=False)
+                walk.lookup(index, rows, f"{kind} (table[ids]) of a parameter", conditional, wraps=True)
+            elif kind in _KEEPS:
+                walk.keep(outs[0], ins[0], via=kind)
+            elif kind in _PARTS or kind in (_INDEX, _INDEX_SELECT):
+                walk.keep(outs[0], ins[0], via=kind, part=True)
+                walk.derive(outs, ins[1:], kind)
+            elif kind in _CASTS:
+                walk.keep(outs[0], ins[0], _script_dtype(node), kind)
+            else:
+                walk.derive(outs, ins, kind)
+
+    @staticmethod
+    def _one_index(indices) -> bool:
+        listed = indices.node()
+        return listed.kind() == "prim::ListConstruct" and listed.inputsSize() == 1
+
+    def branch(self, node, ins, outs, conditional: str) -> None:
+        """prim::If: where its condition is known (`constant`), the way it always takes, as if inline; else each
+        way under the condition, and an output that holds ids of one input whichever way is taken holds them."""
+        walk = self.walk
         blocks = list(node.blocks())
-        if blocks:
-            # A branch or loop: what it looks up runs only on some requests, and what it returns is not followed.
-            for block in blocks:
-                _walk_script(walk, module, block.nodes(), objects, conditional or kind, depth)
-            inner = [v for block in blocks for n in block.nodes() for v in [*n.inputs(), *n.outputs()]]
-            walk.derive(outs, ins + inner, kind, restate=True)
-        elif kind in EMBEDDING_SCHEMAS:
-            walk.lookup(ins[1], _rows_of(_script_object(ins[0], objects)), kind, conditional)
-        elif kind == _INDEX_SELECT:
-            dim = ins[1].toIValue() if ins[1].node().kind() == "prim::Constant" else None
-            table = _script_object(ins[0], objects)
-            if dim == 0 and isinstance(table, torch.Tensor):
-                walk.lookup(ins[2], table.shape[0], f"{kind} of a parameter", conditional)
-            walk.derive(outs, ins, kind)
-        elif kind in _KEEPS:
-            walk.keep(outs[0], ins[0], via=kind)
-        elif kind in _CASTS:
-            walk.keep(outs[0], ins[0], _script_dtype(node), kind)
-        elif kind == "prim::CallMethod":
-            _script_call(walk, node, objects, conditional, depth)
-        elif kind == "prim::CallFunction":
-            called = str(ins[0].type())
-            if called.endswith("torch.nn.functional.embedding") or called.endswith("functional.embedding_bag"):
-                what = called.rpartition(".")[2]
-                walk.lookup(ins[1], _rows_of(_script_object(ins[2], objects)), f"F.{what}", conditional)
-            walk.derive(outs, ins[1:], called.rpartition(".")[2])
-        else:
-            walk.derive(outs, ins, kind)
+        cond = self.constant(ins[0])
+        if cond is not _UNKNOWN:
+            block = blocks[0] if cond else blocks[1]
+            self.nodes(block.nodes(), conditional)
+            for out, value in zip(outs, block.outputs()):
+                walk.alias(out, value)
+                held = self.object(value)
+                if held is not None:
+                    self.objects[out] = held
+            return
+        for block in blocks:
+            self.nodes(block.nodes(), conditional or "prim::If")
+        inner = _inner(blocks)
+        for i, out in enumerate(outs):
+            ways = [walk.ids.get(list(b.outputs())[i]) for b in blocks]
+            if all(w is not None for w in ways) and len({w[:2] for w in ways}) == 1:
+                walk.ids[out] = (*ways[0][:2], next((w[2] for w in ways if w[2]), ""))
+            else:
+                walk.derive([out], ins + inner, "prim::If", restate=True)
+
+
+def _inner(blocks) -> list:
+    return [v for block in blocks for n in block.nodes() for v in [*n.inputs(), *n.outputs()]]
+
+
+def _walk_script(walk: _Walk, module: torch.jit.ScriptModule, order: list[str], dtypes: dict) -> None:
+    """The module's inlined graph: every submodule's method and scripted function called, in place. An
+    nn.Embedding or nn.EmbeddingBag is its F.embedding's code there, whose branches are on settings known at load
+    (its max_norm, the types of its table and ids) or keep the ids whichever way they go."""
+    script = _Script(walk, module)
+    for name, value in zip(order, list(script.graph.inputs())[1:]):
+        if name in dtypes:
+            walk.ids[value] = (name, dtypes[name], "")
+    script.nodes(script.graph.nodes(), "")
 
 
 def _script_dtype(node) -> torch.dtype | None:
@@ -281,34 +442,12 @@ def _script_dtype(node) -> torch.dtype | None:
     return None if code is None else _SCALAR_TYPES.get(code, torch.float32)
 
 
-def _script_call(walk: _Walk, node, objects: dict, conditional: str, depth: int) -> None:
-    """A submodule's method called: an embedding's forward is a lookup; another module's method is followed into
-    its graph, its arguments its parameters (to _DEPTH levels); what it returns is derived from all of them."""
-    ins = list(node.inputs())
-    outs = list(node.outputs())
-    sub = _script_object(ins[0], objects)
-    method = node.s("name")
-    if isinstance(sub, torch.jit.ScriptModule) and method == "forward" and _script_table(sub) is not None:
-        walk.lookup(ins[1], _script_table(sub), f"the {sub.original_name} module", conditional)
-        walk.derive(outs, ins[2:], sub.original_name)
-        return
-    graph = getattr(getattr(sub, method, None), "graph", None)
-    if graph is not None and depth < _DEPTH:
-        params = list(graph.inputs())
-        for arg, param in zip(ins[1:], params[1:]):
-            if arg in walk.ids:
-                walk.ids[param] = walk.ids[arg]
-            elif arg in walk.mixed:
-                walk.mixed[param] = walk.mixed[arg]
-        _walk_script(walk, sub, graph.nodes(), {params[0]: sub}, conditional, depth + 1)
-    walk.derive(outs, ins[1:], f"{getattr(sub, 'original_name', 'a module')}.{method}")
-
-
 # -- python nn.Module (torch.fx) ---------------------------------------------------------------------------------
 def _walk_python(walk: _Walk, module: torch.nn.Module, order: list[str], dtypes: dict[str, torch.dtype]) -> None:
     """A python module's forward as torch.fx traces it, on a copy (the trace runs forward on proxies: what it
-    writes to its module goes to the copy). Where it cannot be traced (a branch on an input's values, a module
-    that cannot be copied), its inputs are not checked; said where it holds an nn.Embedding or nn.EmbeddingBag."""
+    writes to its module goes to the copy; what it does outside it, to a global or a file, is done once). Where
+    it cannot be traced (a branch on an input's values, a module that cannot be copied), its inputs are not
+    checked; said where it holds an nn.Embedding or nn.EmbeddingBag."""
     try:
         traced = _traced_copy(module)
     except _NotTraced as exc:
@@ -319,7 +458,7 @@ def _walk_python(walk: _Walk, module: torch.nn.Module, order: list[str], dtypes:
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     for name, node in zip(order, placeholders):
         if name in dtypes:
-            walk.ids[node] = (name, dtypes[name])
+            walk.ids[node] = (name, dtypes[name], "")
     for node in traced.graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
@@ -337,20 +476,34 @@ def _walk_python(walk: _Walk, module: torch.nn.Module, order: list[str], dtypes:
         if node.op == "get_attr":
             continue
         name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+        args = node.args
         if name in ("embedding", "embedding_bag") and getattr(target, "__module__", "") == "torch.nn.functional":
-            index = node.args[0] if node.args else node.kwargs.get("input")
-            table = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+            index = args[0] if args else node.kwargs.get("input")
+            table = args[1] if len(args) > 1 else node.kwargs.get("weight")
             walk.lookup(index, _rows_of(_fx_tensor(traced, table)), f"F.{name}")
             walk.derive([node], [a for a in ins if a is not index], name)
-        elif name == "index_select" and len(node.args) == 3 and node.args[1] == 0:
-            table = _fx_tensor(traced, node.args[0])
-            if isinstance(table, torch.Tensor):
-                walk.lookup(node.args[2], table.shape[0], "index_select of a parameter")
-            walk.derive([node], ins, name)
-        elif name in _FX_KEEPS and node.args:
-            walk.keep(node, node.args[0], via=name)
-        elif node.op == "call_method" and name in _FX_CASTS and node.args:
-            walk.keep(node, node.args[0], _fx_dtype(node, _FX_CASTS[name]), name)
+        elif name == "index_select" and len(args) == 3 and args[1] == 0 and _fx_tensor(traced, args[0]) is not None:
+            walk.lookup(args[2], _rows_of(_fx_tensor(traced, args[0]), embedding=False), "index_select of a parameter")
+            walk.derive([node], [a for a in ins if a is not args[2]], name)
+        elif (
+            name in _FX_INDEX
+            and len(args) == 2
+            and _fx_tensor(traced, args[0]) is not None
+            and isinstance(args[1], torch.fx.Node)
+        ):
+            if walk.dtype_of(args[1]) in _MASKS:
+                walk.derive([node], ins, name)
+                continue
+            table = _fx_tensor(traced, args[0])
+            walk.lookup(args[1], _rows_of(table, embedding=False), "table[ids] of a parameter", wraps=True)
+        elif name in _FX_KEEPS and args:
+            walk.keep(node, args[0], via=name)
+            walk.derive([node], ins[1:], name)
+        elif name in _FX_PARTS and args:
+            walk.keep(node, args[0], via=name, part=True)
+            walk.derive([node], ins[1:], name)
+        elif node.op == "call_method" and name in _FX_CASTS and args:
+            walk.keep(node, args[0], _fx_dtype(node, _FX_CASTS[name]), name)
         else:
             walk.derive([node], ins, name)
 

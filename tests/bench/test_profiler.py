@@ -1016,3 +1016,111 @@ def test_the_plot_draws_a_model_with_no_flops_counted(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     doc["batches"][0]["intensity_flop_per_byte"] = math.nan  # no bytes counted either: 0 / 0
     profiler.plot_profile(doc, out)
+
+
+class _TwoTables(torch.nn.Module):
+    """Two integer inputs, each gathering from a table of its own: `a` from 9 rows, `b` from 5 (`table[ids]`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(9, 4))
+        self.register_buffer("small", torch.randn(5, 4))
+
+    def forward(self, a, b):
+        return F.embedding(a, self.table).sum(1) + self.small[b].sum(1)
+
+
+def _two_inputs_config(folder: Path, platform: str, source: str) -> None:
+    text = f'platform = "{platform}"\n{source}\nmax_batch_size = 4\n'
+    for name in ("a", "b"):
+        text += f'\n[[inputs]]\nname = "{name}"\ndatatype = "INT64"\ndims = [3]\n'
+    (folder / "config.toml").write_text(text + '\n[[outputs]]\nname = "out"\ndatatype = "FP32"\ndims = [4]\n')
+
+
+def test_each_integer_input_is_drawn_below_its_own_table(tmp_path):
+    """Every integer input was drawn below the model's smallest table: `a`, looked up in 9 rows, got ids below 5
+    alone (the rows of `b`'s table), and a profile of recsys-like lookups read a part of its table. Each input
+    known to reach tables now has its own bound (config.int_high_by_input); --int-high still sets every one."""
+    folder = tmp_path / "repo" / "two"
+    folder.mkdir(parents=True)
+    torch.jit.script(_TwoTables().eval()).save(str(folder / "model.pt"))
+    _two_inputs_config(folder, "torchscript", 'model_file = "model.pt"')
+    servable = load_servable(folder)
+    pool = profiler.request_pool(servable, ProfileConfig(batch_sizes=[1, 4]), 256)
+    assert max(int(r["a"].max()) for r in pool) == 8 and max(int(r["b"].max()) for r in pool) == 4
+    config = _profiled(folder)["config"]
+    assert (config["int_high"], config["int_high_by_input"]) == (5, {"a": 9, "b": 5})
+    config = _profiled(folder, "--int-high", "3")["config"]
+    assert (config["int_high"], config["int_high_by_input"]) == (3, {})
+
+
+PYTHON_TABLE = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Table(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(9, 4))
+
+    def forward(self, ids):
+        return F.embedding(ids, self.table).sum(1)
+"""
+
+
+class _ScriptedBag(torch.nn.Module):
+    """F.embedding_bag of a parameter, no nn.EmbeddingBag: its inlined code swaps ids and table in a branch taken
+    only for a long table and float ids, which the old finder could not rule out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(9, 4))
+
+    def forward(self, ids):
+        return F.embedding_bag(ids, self.table, mode="sum")
+
+
+@pytest.mark.parametrize("platform", ["python", "torchscript"])
+def test_ids_stay_within_a_table_the_server_finds(tmp_path, platform):
+    """Tables the server's finder found and wok profile's did not: a python model's F.embedding of a parameter
+    (only nn.Embedding modules were read in a python model), a TorchScript module's own F.embedding_bag of a
+    parameter (not frozen). The ids went up to 50 where the table has 9 rows: the profile failed."""
+    folder = tmp_path / "repo" / "table"
+    if platform == "python":
+        folder.mkdir(parents=True)
+        (folder / "model.py").write_text(PYTHON_TABLE)
+        text = 'platform = "python"\nfactory = "model:Table"\nmax_batch_size = 4\n'
+        for table, (name, datatype, dims) in (("inputs", IDS), ("outputs", ("out", "FP32", [4]))):
+            text += f'\n[[{table}]]\nname = "{name}"\ndatatype = "{datatype}"\ndims = {dims}\n'
+        (folder / "config.toml").write_text(text)
+    else:
+        _save_model(folder, _ScriptedBag(), platform, None, IDS, ("out", "FP32", [4]))
+    servable = load_servable(folder)
+    assert profiler.id_range(servable) == 9
+    assert profiler.id_highs(servable) == {"ids": 9}
+    assert _profiled(folder)["config"]["int_high"] == 9
+
+
+class _NarrowedIds(torch.nn.Module):
+    """Ids cast to int8 before a lookup in 300 rows: ids from 128 on become negative ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(300, 4))
+
+    def forward(self, ids):
+        return F.embedding(ids.to(torch.int8).long(), self.table).sum(1)
+
+
+def test_a_cast_that_loses_values_bounds_no_input(tmp_path):
+    """wok profile took any cast as keeping the ids: ids up to 300 were drawn, those from 128 wrapped to negative
+    ones and the profile failed ("index out of range in self"). The cast bounds nothing now, and the ids are
+    drawn below 50 (DEFAULT_INT_HIGH), which it keeps."""
+    folder = tmp_path / "repo" / "narrowed"
+    _save_model(folder, _NarrowedIds(), "torchscript", None, IDS, ("out", "FP32", [4]))
+    servable = load_servable(folder)
+    assert profiler.id_range(servable) == 50
+    assert profiler.id_highs(servable) == {}
+    assert _profiled(folder)["config"]["int_high"] == 50

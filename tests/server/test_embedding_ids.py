@@ -231,3 +231,169 @@ def test_a_python_model_that_torch_fx_cannot_trace_is_not_checked_and_the_start_
     decode_request(req, plain)
     with pytest.raises(InvalidInput, match=r"input 'ids': expected ids in \[0, 10\) .*got values from 1 to 12"):
         decode_request(encode_request("Plain", {"ids": np.array([[1, 12, 3]], np.int32)}), plain)
+
+
+def _gather(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    # Scripted with the module that calls it, a function of its own (prim::CallFunction).
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    return F.embedding(ids, table)
+
+
+class BranchedLookup(Lookup):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return _gather(ids, self.table.weight).sum(1)
+
+
+class IndexedRows(Lookup):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table.weight[ids].sum(1)
+
+
+INDEXED_ROWS = f"""
+import torch
+from torch import nn
+
+
+class IndexedRows(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.arange({ROWS * 4}, dtype=torch.float32).reshape({ROWS}, 4))
+
+    def forward(self, ids):
+        return self.table[ids].sum(1)
+"""
+
+
+def write_module(root: Path, name: str, module: nn.Module | None, platform: str, mbs: int = 4) -> None:
+    """`module` in `root / name` as `platform` serves it (python: model.py's IndexedRows), with config_text's
+    config."""
+    d = root / name
+    d.mkdir(parents=True)
+    if platform == "python":
+        (d / "model.py").write_text(INDEXED_ROWS)
+        (d / "config.toml").write_text(config_text(platform, 'factory = "model:IndexedRows"', mbs))
+        return
+    if platform == "torchscript":
+        torch.jit.script(module.eval()).save(str(d / "model.pt"))
+    else:
+        batch = torch.export.Dim("batch", min=1, max=mbs)
+        example = (torch.zeros(2, 3, dtype=torch.int64),)
+        program = torch.export.export(module.eval(), example, dynamic_shapes={"ids": {0: batch}})
+        torch.export.save(program, str(d / "model.pt2"))
+    model_file = "model.pt" if platform == "torchscript" else "model.pt2"
+    (d / "config.toml").write_text(config_text(platform, f'model_file = "{model_file}"', mbs))
+
+
+async def _sent(server, name: str, sent: list[np.ndarray]) -> list:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        calls = [stub.ModelInfer(encode_request(name, {"ids": ids.astype(np.int64)})) for ids in sent]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+
+async def test_ids_through_a_scripted_function_and_a_branch_that_keeps_them_are_checked(tmp_path, serve):
+    """A scripted function's F.embedding, its ids through a branch whose every way keeps them (`if ids.dim() == 1:
+    ids = ids.unsqueeze(0)`): TorchScript's graph called the function (prim::CallFunction) and the server did not
+    step in; the id past the table failed its batch INTERNAL ("index out of range in self") and the batch ran again
+    in parts. Read in the inlined graph (as `wok profile` read it), the branch keeps the ids."""
+    write_module(tmp_path / "repo", "branched", BranchedLookup(), "torchscript")
+    sent = [np.array([[0, 1, 2]]), np.array([[3, ROWS, 4]]), np.array([[9, 8, 7]])]
+    async with serve(models=(), repository=tmp_path / "repo") as server:
+        assert server.runtime("branched").servable.id_ranges == {"ids": ROWS}
+        results = await _sent(server, "branched", sent)
+        metrics = server.metrics.models["branched"]
+    assert isinstance(results[1], grpc.aio.AioRpcError) and results[1].code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"expected ids in [0, {ROWS})" in results[1].details()
+    for i in (0, 2):
+        np.testing.assert_array_equal(decode_response(results[i])["out"], expected(sent[i]))
+    assert (metrics.reruns, metrics.rejections["invalid"]) == (0, 1)
+
+
+@pytest.mark.parametrize("platform", ["torchscript", "torch_export", "python"])
+async def test_table_indexed_by_ids_refuses_ids_past_either_end_and_takes_negative_ones(tmp_path, serve, platform):
+    """`table[ids]` (aten::index) was not followed: an id past the table failed its batch INTERNAL. It counts a
+    negative id from the table's end, so -1 is answered (its last row), and only ids below -rows are refused with
+    those at or past rows."""
+    write_module(tmp_path / "repo", "indexed", IndexedRows(), platform)
+    sent = [np.array([[0, 1, 2]]), np.array([[3, ROWS, 4]]), np.array([[-1, -ROWS, 5]]), np.array([[-ROWS - 1, 0, 1]])]
+    async with serve(models=(), repository=tmp_path / "repo") as server:
+        servable = server.runtime("indexed").servable
+        assert servable.id_ranges == {"ids": ROWS}
+        assert servable.id_least == {"ids": -ROWS}
+        results = await _sent(server, "indexed", sent)
+        metrics = server.metrics.models["indexed"]
+    refused = {1: f"from 3 to {ROWS}", 3: f"from {-ROWS - 1} to 1"}
+    for i, (ids, r) in enumerate(zip(sent, results)):
+        if i in refused:
+            assert isinstance(r, grpc.aio.AioRpcError) and r.code() == grpc.StatusCode.INVALID_ARGUMENT, r
+            assert r.details() == (
+                f"input 'ids': expected ids in [{-ROWS}, {ROWS}) (the rows of the embedding table model 'indexed' "
+                f"looks them up in, a negative id counted from its end), got values {refused[i]}"
+            )
+        else:
+            np.testing.assert_array_equal(decode_response(r)["out"], expected(ids))
+    assert (metrics.reruns, metrics.rejections["invalid"]) == (0, 2)
+
+
+def test_what_the_profile_may_draw_is_found_where_the_server_checks_nothing():
+    """`bounds`, wok profile's: ids below it reach no table past its rows, also through a slice (only some ids are
+    looked up: the server refuses none of them) and under a branch; a cast that loses values bounds nothing (the
+    profile took it, and drew ids that wrapped to negative ones)."""
+
+    class Parts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.small = nn.Parameter(torch.randn(7, 4))
+            self.wide = nn.Parameter(torch.randn(300, 4))
+
+        def forward(self, a, b, c, d):
+            out = self.emb(a[:, 0]) + self.emb(b.t()).sum(0) + F.embedding(c.to(torch.int8).long(), self.wide).sum(1)
+            return out + F.embedding(d.expand(2, -1, -1), self.small).sum((0, 1))
+
+    module = Parts().eval()
+    order = list("abcd")
+    example = tuple(torch.zeros(2, 2, dtype=torch.int64) for _ in order)
+    for kind, model in {
+        "python": module,
+        "scripted": torch.jit.script(module),
+        "exported": torch.export.export(module, example),
+    }.items():
+        found = id_ranges(model, order, {n: torch.int64 for n in order})
+        assert found.bounds == {"a": 10, "b": 10, "d": 7}, kind
+        assert found.rows == {"b": 10}, kind
+        assert set(found.unclear) == {"a", "c", "d"}, kind
+
+
+MARKED = """
+from torch import nn
+
+
+class Marked(nn.Module):
+    def __init__(self, marker):
+        super().__init__()
+        self.marker = marker
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, ids):
+        with open(self.marker, "a") as out:  # outside the module: the trace on a copy does it too
+            out.write("forward\\n")
+        return self.emb(ids.long()).sum(1)
+"""
+
+
+@pytest.mark.parametrize(("datatype", "traced"), [("FP32", 0), ("INT64", 1)])
+def test_a_python_models_forward_is_traced_at_load_only_with_an_integer_input(tmp_path, datatype, traced):
+    """As README says: the load traces a python model's forward once, with torch.fx, to find its tables, and what
+    forward does outside its module (here a file written) is done then; a model with no integer input has no ids
+    to check, and is not traced."""
+    d = tmp_path / "marked"
+    d.mkdir()
+    (d / "model.py").write_text(MARKED)
+    marker = tmp_path / "calls.txt"
+    source = f'factory = "model:Marked"\nparameters = {{ marker = "{marker}" }}'
+    (d / "config.toml").write_text(config_text("python", source, datatype=datatype))
+    servable = load_servable(d)
+    assert (marker.read_text().count("forward") if marker.exists() else 0) == traced
+    assert servable.id_ranges == ({"ids": 10} if traced else {})
