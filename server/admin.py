@@ -162,7 +162,9 @@ class Admin:
     def __init__(self, server: WokServer) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
-        self.faults = FaultBoard(inst.fault for rt in server.runtimes.values() for inst in rt.executor.instances)
+        self.faults = FaultBoard(
+            (inst.fault for rt in server.runtimes.values() for inst in rt.executor.instances), self.loop
+        )
         server.metrics.faults = self.faults.gauge
         self.subscribers: set[Subscriber] = set()
         self.metrics = server.settings.metrics  # off: ticks leave UNAVAILABLE_WITHOUT_METRICS null
@@ -184,6 +186,7 @@ class Admin:
                 await self._ticker
             except asyncio.CancelledError:
                 pass
+        self.faults.close()
         for rt in self.server.runtimes.values():
             for inst in rt.executor.instances:
                 inst.observer = None

@@ -14,7 +14,9 @@ A fault may carry an expiry: past it, the fault is gone without anyone turning i
 as `until`, Unix time, but decided by `deadline`, time.monotonic(): a step of the wall clock (NTP,
 a VM resumed) stretched or cut a fault's `duration_s`. Every `now` below is a monotonic instant.
 The state is one immutable `Fault` swapped under the GIL, written on the event loop alone (the worker
-leaves an ended one in place), so the worker's read needs no lock.
+leaves an ended one in place), so the worker's read needs no lock. On a `FaultBoard` given the loop, a
+fault with a duration is dropped, and its end logged, by a timer at its deadline; every read on the loop
+drops an ended one too.
 Requests to change it are checked by `parse_fault_request`, which names the field, what it
 expected and what it got.
 """
@@ -28,8 +30,12 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import NAME_CHARS, ModelExecutionError, cut_message, quoted_name
+
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger("wok.faults")
 
@@ -132,8 +138,9 @@ class InstanceFault:
 
     def _say_ended(self, f: Fault, now: float) -> None:
         # Its start was logged (the admin API's POST) but its end came unannounced: an operator reading the log
-        # took the model as still slowed or failing. Dropped only as something reads the state (a GET, a tick of
-        # /events, a scrape), so the line also says how long ago it ended.
+        # took the model as still slowed or failing. Dropped at its end by the board's timer, or by a read on the loop
+        # that came first (a GET, a tick of /events, a scrape; the only way on a board with no loop), so the line
+        # says how long ago it ended.
         ran = f"its duration_s of {f.duration_s:g} s" if f.duration_s is not None else "to its end"
         log.info(
             "fault injection: model '%s' instance %d: mode '%s'%s ended after %s, %.3f s ago",
@@ -297,12 +304,17 @@ def parse_fault_request(body, instances: dict[str, int]) -> FaultRequest:
 class FaultBoard:
     """Every instance's fault state, by model: what the admin API reads and writes."""
 
-    def __init__(self, states: Iterable[InstanceFault]) -> None:
+    def __init__(self, states: Iterable[InstanceFault], loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """`loop`: the one `apply` runs on (the admin API's), where a timer drops each fault with a duration at
+        its end and logs it; None: dropped only as a read on the loop finds it ended, maybe never (no GET,
+        no /events, no scrape), its end then never logged."""
         self.states: dict[str, list[InstanceFault]] = {}
         for s in states:
             self.states.setdefault(s.model, []).append(s)
         for lst in self.states.values():
             lst.sort(key=lambda s: s.instance)
+        self._loop = loop
+        self._ends: dict[InstanceFault, asyncio.TimerHandle] = {}  # by instance: the timer at its fault's end
 
     @property
     def instances(self) -> dict[str, int]:
@@ -327,7 +339,29 @@ class FaultBoard:
             targets = [targets[req.instance]]
         for s in targets:
             s.set(fault)
+            # The replaced fault's: left, it stayed on the loop (up to MAX_DURATION_S) for a fault long gone.
+            end = self._ends.pop(s, None)
+            if end is not None:
+                end.cancel()
+            if fault is not None and fault.deadline is not None and self._loop is not None:
+                self._arm(s, fault)
         return self.active(now)
+
+    def close(self) -> None:
+        """Cancel every timer at a fault's end, and arm none from now on: the server stops, and nothing it
+        scheduled may be left on its loop."""
+        self._loop = None
+        for end in self._ends.values():
+            end.cancel()
+        self._ends.clear()
+
+    def _arm(self, s: InstanceFault, fault: Fault) -> None:
+        self._ends[s] = self._loop.call_later(max(0.0, fault.deadline - time.monotonic()), self._end, s, fault)
+
+    def _end(self, s: InstanceFault, fault: Fault) -> None:
+        del self._ends[s]
+        if s.current(forget=True) is fault:  # the loop's clock ran ahead (uvloop's fires up to 1 ms early)
+            self._arm(s, fault)
 
     def active(self, now: float | None = None) -> list[dict]:
         now = time.monotonic() if now is None else now

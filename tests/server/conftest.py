@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import logging
 import threading
 import time
 
@@ -135,6 +137,36 @@ def gated():
 
     yield build
     open_and_shut_down(made)
+
+
+class Said(logging.Handler):
+    """Sets `said` once `count` records hold `text` (a test waits on it, not on a sleep); `seen`: how many have."""
+
+    def __init__(self, text: str, count: int = 1) -> None:
+        super().__init__()
+        self.text, self.count, self.seen, self.said = text, count, 0, asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen += 1
+            if self.seen >= self.count:
+                self.said.set()
+
+
+@contextlib.contextmanager
+def saying(name: str, text: str, count: int = 1):
+    """A `Said` on logger `name` for the block's length, which logs at INFO at least meanwhile."""
+    said = Said(text, count)
+    logger = logging.getLogger(name)
+    level = logger.level
+    if not logger.isEnabledFor(logging.INFO):
+        logger.setLevel(logging.INFO)
+    logger.addHandler(said)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(said)
+        logger.setLevel(level)
 
 
 async def until(condition, tries: int = 10_000) -> None:

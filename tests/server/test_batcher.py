@@ -22,6 +22,8 @@ from wok.errors import DeadlineExceeded, InvalidInput, ModelExecutionError, Queu
 from wok.executor import Executor
 from wok.stats import ModelStats
 
+from .conftest import saying
+
 
 def make_batcher(servable, executor) -> Batcher:
     cfg = servable.config
@@ -908,32 +910,15 @@ def test_failed_batches_are_logged_at_most_once_per_interval_counting_the_rest(c
     assert all(r.exc_info is None or r.exc_info[0] is None for r in caplog.records)  # no cause: no traceback
 
 
-class _Said(logging.Handler):
-    """Sets `said` at the first record of `logger` whose message holds `text`."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text, self.said = text, asyncio.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.text in record.getMessage():
-            self.said.set()
-
-
 async def test_failed_batches_held_in_a_window_are_told_at_its_end_when_no_more_come(caplog):
     # Held failures were told only with the next failure's line: a model that stopped failing never had them told.
     failures = FailureLog("m", every_s=0.05)
-    said = _Said("more failed batches")
-    logging.getLogger("wok.batcher").addHandler(said)
-    try:
-        with caplog.at_level(logging.WARNING, logger="wok.batcher"):
-            failures.start(asyncio.get_running_loop())
-            for _ in range(3):
-                failures.batch_failed(ModelExecutionError("model 'm' failed"), 1, 1)
-            await asyncio.wait_for(said.said.wait(), 10)
-            failures.stop()  # nothing held any more: it says nothing
-    finally:
-        logging.getLogger("wok.batcher").removeHandler(said)
+    with saying("wok.batcher", "more failed batches") as said, caplog.at_level(logging.WARNING, logger="wok.batcher"):
+        failures.start(asyncio.get_running_loop())
+        for _ in range(3):
+            failures.batch_failed(ModelExecutionError("model 'm' failed"), 1, 1)
+        await asyncio.wait_for(said.said.wait(), 10)
+        failures.stop()  # nothing held any more: it says nothing
     assert [r.getMessage() for r in caplog.records] == [
         "model 'm': a batch of 1 request(s), 1 sample(s), failed: model 'm' failed",
         "model 'm': 2 more failed batches in the 0.05 s since the last logged",
@@ -955,3 +940,32 @@ async def test_failed_batches_held_at_the_batchers_stop_are_told_then(gated, cap
         "model 'gated': a batch of 1 request(s), 1 sample(s), failed: model 'gated' failed: ValueError: NaN in batch",
         "model 'gated': 2 more failed batches since the last logged, as its batcher stops",
     ]
+
+
+async def test_a_batch_failing_after_a_stop_past_its_grace_period_is_told_at_once(gated, caplog):
+    # The batch still in the model as the grace period ran out failed after the stop's line: within the
+    # window, it was held with no timer to tell it, for good.
+    # `entered` only by a batch meeting the closed gate: set by the first one too, it let the stop come before the
+    # second was in the model, which then withdrew it (never run, never failed).
+    s, m, ex = gated(max_batch_size=1, delay_ms=0, depth=1, enter_when_closed=True)
+    cfg = s.config
+    b = Batcher(cfg.name, ex, BatchingPolicy(1, 0.0), ModelStats(cfg.name))
+    b.failures = FailureLog(cfg.name, every_s=600.0)  # its window never ends within the test
+    b.start()
+    with saying("wok.batcher", "NaN in batch", count=2) as said, caplog.at_level(logging.WARNING, logger="wok.batcher"):
+        with pytest.raises(ModelExecutionError, match="NaN in batch"):
+            await submit(b, float("nan")).future
+        m.gate.clear()
+        running = submit(b, float("nan"))
+        await wait_entered(m)
+        stopping = asyncio.ensure_future(b.stop())
+        await asyncio.sleep(0)
+        stopping.cancel()  # the grace period ran out
+        with pytest.raises(asyncio.CancelledError):
+            await stopping
+        with pytest.raises(ShuttingDown, match="grace period over"):
+            await running.future
+        m.gate.set()  # the batch in the model fails now, after the stop
+        await asyncio.wait_for(said.said.wait(), 10)
+    line = "model 'gated': a batch of 1 request(s), 1 sample(s), failed: model 'gated' failed: ValueError: NaN in batch"
+    assert [r.getMessage() for r in caplog.records if r.name == "wok.batcher"] == [line, line]

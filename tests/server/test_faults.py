@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 
 import numpy as np
@@ -13,6 +14,8 @@ from wok.batcher import Batcher, BatchingPolicy
 from wok.errors import ModelExecutionError
 from wok.faults import AdminRequestError, Fault, FaultBoard, InstanceFault, parse_fault_request
 from wok.stats import ModelStats
+
+from .conftest import saying
 
 INSTANCES = {"mlp": 2, "recsys": 1}
 
@@ -119,6 +122,61 @@ def test_an_expired_fault_dropped_is_logged_once_with_how_long_it_ran(caplog):
             "fault injection: model 'mlp' instance 1: mode 'fail' ended after its duration_s of 10 s, 1.000 s ago",
         ),
     ]
+
+
+ENDED = re.compile(
+    r"fault injection: model 'mlp' instance (\d+): mode 'fail' ended after its duration_s of 0\.0105 s, "
+    r"\d+\.\d{3} s ago"
+)
+
+
+async def _all_end_unread(count: int) -> FaultBoard:
+    board = FaultBoard([InstanceFault("mlp", i) for i in range(count)], asyncio.get_running_loop())
+    with saying("wok.faults", "ended after", count) as said:
+        # Off the loop's ms grid: uvloop's timer fires up to 1 ms before it, when the fault has not ended yet.
+        board.apply(parse_fault_request({"model": "mlp", "mode": "fail", "duration_s": 0.0105}, {"mlp": count}))
+        await asyncio.wait_for(said.said.wait(), 10)
+    return board
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_fault_s_end_is_logged_at_its_deadline_with_no_read_of_the_state(run_on, loop, caplog):
+    # Dropped, and its end logged, only as something read the state (a GET, an /events tick, a scrape): late or never.
+    with caplog.at_level(logging.INFO, logger="wok.faults"):
+        board = run_on(loop, _all_end_unread(12))
+    said = [ENDED.fullmatch(r.getMessage()) for r in caplog.records]
+    assert all(said) and sorted(int(m.group(1)) for m in said) == list(range(12)), caplog.messages
+    assert board._ends == {} and all(s._fault is None for s in board.states["mlp"])
+
+
+async def test_a_replaced_or_turned_off_fault_s_timer_is_cancelled_and_says_nothing(caplog):
+    states = [InstanceFault("mlp", 0), InstanceFault("mlp", 1), InstanceFault("recsys", 0)]
+    board = FaultBoard(states, asyncio.get_running_loop())
+    replaced, turned_off = board.states["mlp"]
+    with saying("wok.faults", "ended after") as said, caplog.at_level(logging.INFO, logger="wok.faults"):
+        board.apply(parse_fault_request({"model": "mlp", "mode": "fail", "duration_s": 0.02}, INSTANCES))
+        ends = dict(board._ends)
+        assert set(ends) == {replaced, turned_off}
+        board.apply(parse_fault_request({"model": "mlp", "instance": 0, "mode": "slow", "delay_ms": 5}, INSTANCES))
+        board.apply(parse_fault_request({"model": "mlp", "instance": 1, "mode": "off"}, INSTANCES))
+        assert ends[replaced].cancelled() and ends[turned_off].cancelled() and board._ends == {}
+        # Ends after the replaced ones would have: its line is the first said.
+        board.apply(parse_fault_request({"model": "recsys", "mode": "fail", "duration_s": 0.04}, INSTANCES))
+        await asyncio.wait_for(said.said.wait(), 10)
+    assert [m.split(":")[1] for m in caplog.messages] == [" model 'recsys' instance 0"], caplog.messages
+    assert replaced.current() == Fault("slow", 5.0) and turned_off.current() is None
+
+
+async def test_closing_the_board_cancels_its_timers_and_arms_none_after():
+    board = FaultBoard([InstanceFault("mlp", 1), InstanceFault("mlp", 0)], asyncio.get_running_loop())
+    board.apply(parse_fault_request({"model": "mlp", "mode": "slow", "delay_ms": 5, "duration_s": 60}, INSTANCES))
+    ends = list(board._ends.values())
+    assert len(ends) == 2
+    board.close()
+    assert all(end.cancelled() for end in ends) and board._ends == {}
+    board.apply(parse_fault_request({"model": "mlp", "mode": "fail", "duration_s": 60}, INSTANCES))
+    assert board._ends == {}
+    assert [d["mode"] for d in board.active()] == ["fail", "fail"]  # still set: a read still drops it at its end
 
 
 def test_a_wall_clock_step_neither_ends_nor_stretches_a_fault(monkeypatch):

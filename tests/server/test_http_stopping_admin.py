@@ -19,6 +19,8 @@ from wok.app import WokServer
 from wok.config import server_settings
 from wok.repository import ModelRepository
 
+from .conftest import saying
+
 
 class Client:
     """One keep-alive connection (http.client, as an operator's script), used from a thread."""
@@ -223,3 +225,25 @@ async def test_a_post_whose_headers_came_before_the_stop_and_body_after_is_refus
         if stopping is not None:
             await stopping
         writer.close()
+
+
+async def test_a_posted_fault_s_end_is_logged_unread_and_the_stop_leaves_no_timer(served):
+    # Its end was logged only as something read the faults (a GET, an /events tick, a scrape): here, never.
+    server, _ = served
+    board = server.http.admin.faults
+    client = Client(server.http.port)
+    try:
+        with saying("wok.faults", "model 'gated' instance 0: mode 'fail' ended after its duration_s of 0.05 s") as said:
+            status, _, body = await client.ask(
+                "POST", "/admin/faults", {"model": "gated", "mode": "fail", "duration_s": 0.05}
+            )
+            assert status == 200, body
+            await asyncio.wait_for(said.said.wait(), 10)
+        slow = {"model": "gated", "mode": "slow", "delay_ms": 1, "duration_s": 3600}
+        status, _, body = await client.ask("POST", "/admin/faults", slow)
+        assert status == 200, body
+        (end,) = board._ends.values()
+    finally:
+        client.close()
+    await server.stop(grace=5.0)
+    assert end.cancelled() and board._ends == {}
