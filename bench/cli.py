@@ -547,7 +547,7 @@ def _simulated_batch_time(args) -> tuple[float, float, list[str]]:
         args.alpha = "0ms" if args.alpha is None else args.alpha
         args.beta = "1ms" if args.beta is None else args.beta
         return *_batch_time(args), []
-    from .plan import past_model_max
+    from .plan import past_model_max, profile_advice
     from .tune import load_profile
 
     given = [option for option in ("--alpha", "--beta") if getattr(args, option[2:]) is not None]
@@ -571,8 +571,8 @@ def _simulated_batch_time(args) -> tuple[float, float, list[str]]:
     if largest is not None and args.max_batch_size > largest:
         notes.append(
             f"--max-batch-size {args.max_batch_size} is past the largest batch the profile measured ({largest}): "
-            f"batches of more than {largest} run on the fit α + β·n extrapolated; profile batches of "
-            f"{args.max_batch_size} to check it"
+            f"batches of more than {largest} run on the fit α + β·n extrapolated; "
+            f"{profile_advice(args.max_batch_size, limit)}"
         )
     return profile.alpha_s, profile.beta_s, notes
 
@@ -1191,10 +1191,12 @@ def _exit_status(result: dict, args) -> int:
     for step in result.get("steps") or ():
         refused = refused_as_bad(step)
         if refused is not None:
-            # Not a server overloaded: the requests are wrong for it (--model, --rows, --sizes, --int-high).
+            # Not a server overloaded: the requests are wrong for it (--model, --rows, --sizes, --int-high). The values
+            # sent are named: a server's refusal of ids past a table says its rows, not that the ramp sent the default.
             print(
                 f"wok bench: the server refused every request at {step['offered_qps']:g} QPS as a bad request "
-                f"({refused}); check --model, --rows, --sizes and --int-high against the model",
+                f"({refused}); check --model, --rows ({args.rows}), --sizes ({quoted_name(args.sizes)}) and "
+                f"--int-high ({args.int_high}; default {DEFAULT_INT_HIGH}) against the model",
                 file=sys.stderr,
             )
             return BAD_REQUESTS

@@ -387,6 +387,8 @@ class BatchTime:
     profiled_max_batch: Fraction | None = None
     # Warnings of the source, for the plan's: a profile's n past its model's max_batch_size (`past_model_max`).
     notes: tuple[str, ...] = ()
+    # The profile's model.max_batch_size, past which `wok profile` times no batch (`profile_advice`).
+    profiled_model_max: Fraction | None = None
 
 
 def past_model_max(option: str, sizes, limit, profile: str) -> str:
@@ -400,6 +402,19 @@ def past_model_max(option: str, sizes, limit, profile: str) -> str:
         f"{option} {shown} {'is' if len(sizes) == 1 else 'are'} past the profiled model's max_batch_size ({limit}, "
         f"{profile}): the server as profiled forms no batch that large; its config's max_batch_size must be raised "
         "to serve one"
+    )
+
+
+def profile_advice(n, limit) -> str:
+    """The advice of `wok plan`, `wok tune` and `wok simulate` to measure a batch time extrapolated to batches of
+    `n`. Past the profiled model's max_batch_size (`limit`; None: not known) `wok profile` refuses such batches
+    ("--batch-sizes [64] exceed model 'm''s max_batch_size (32)"): the advice alone could not be followed."""
+    shown, most = decimal_text(Fraction(n)), None if limit is None else decimal_text(Fraction(limit))
+    if limit is None or n <= limit:
+        return f"profile batches of {shown} to check it"
+    return (
+        f"profile batches of {shown} to check it, with the model's max_batch_size raised from {most} to {shown} or "
+        "more in its config first (wok profile refuses batches past it)"
     )
 
 
@@ -497,7 +512,8 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
     model = doc.get("model")
     limit = model.get("max_batch_size") if isinstance(model, dict) else None
     notes = ()
-    if limit is not None and batch_size > exact(limit, f"{option} {path}: model.max_batch_size"):
+    most = None if limit is None else exact(limit, f"{option} {path}: model.max_batch_size")
+    if most is not None and batch_size > most:
         # Refused up to 2026-12-06: the plan of a setting `wok tune` chose past the profile's config was not to be had.
         notes = (
             past_model_max((names or {}).get("batch_size", "--batch-size"), [batch_size], limit, f"{option} {path}"),
@@ -526,7 +542,7 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
     batch = batch_from_alpha_beta(
         alpha, beta, batch_size, names={**(names or {}), **fields}, smallest_time_s=smallest, **detail
     )
-    batch = replace(batch, notes=notes)
+    batch = replace(batch, notes=notes, profiled_model_max=most)
     return replace(batch, profiled_min_batch=min(whole), profiled_max_batch=max(whole)) if whole else batch
 
 
@@ -871,7 +887,7 @@ def _build_plan(
             far = f", a factor of {decimal_text(ratio, 2)} outside it (far: more than {FAR_EXTRAPOLATION})"
         warnings.append(
             f"n = {_d(n)} is {side} the {end} batch the profile measured ({_d(size)}){far}: T_batch = α + β·n = "
-            f"{_d(t)} s is the fit extrapolated, not measured; profile batches of {_d(n)} to check it"
+            f"{_d(t)} s is the fit extrapolated, not measured; {profile_advice(n, batch.profiled_model_max)}"
         )
     steps: list[dict] = []
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -44,6 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_c
 from wok import tables
 from wok.config import InstanceConfig, check_device
 from wok.cpulinear import onednn_counts
+from wok.datatypes import datatype
 from wok.errors import ModelExecutionError
 from wok.executor import Executor, resolve_devices
 from wok.servable import HostBuffers, Servable
@@ -417,9 +418,15 @@ def id_range(servable: Servable) -> int:
     the integer inputs `id_highs` has none for. The tables: those its modules are (nn.Embedding, nn.EmbeddingBag,
     alike in a TorchScript module and a torch.export program's graph), and those the load found its inputs'
     ids gathered from in its graph (Servable.id_bounds: F.embedding of a parameter, index_select, `table[ids]`)."""
+    rows = smallest_table(servable)
+    return DEFAULT_INT_HIGH if rows is None else rows
+
+
+def smallest_table(servable: Servable) -> int | None:
+    """The rows of the model's smallest embedding table (`id_range`'s tables), or None where none is found."""
     module = servable.module_for(torch.device("cpu"))
     found = [rows for m in module.modules() for rows in tables.table_rows(m)]
-    return min(found + list(servable.id_bounds.values()), default=DEFAULT_INT_HIGH)
+    return min(found + list(servable.id_bounds.values()), default=None)
 
 
 def id_highs(servable: Servable) -> dict[str, int]:
@@ -435,6 +442,25 @@ def _int_highs(servable: Servable, cfg: ProfileConfig) -> tuple[int, dict[str, i
     if cfg.int_high:
         return cfg.int_high, {}
     return id_range(servable), id_highs(servable)
+
+
+def int_high_source(servable: Servable, cfg: ProfileConfig, by_input: Mapping[str, int]) -> str | None:
+    """Where `config.int_high` came from: `given` (--int-high), `table` (the model's smallest embedding table) or
+    `default` (none found: DEFAULT_INT_HIGH); None where no integer input is drawn below it: the model has none, or
+    each has its own bound in `by_input` (`_int_highs`)."""
+    names = [t.name for t in servable.config.inputs if _is_integer(t.datatype)]
+    if not [name for name in names if name not in by_input]:
+        return None
+    if cfg.int_high:
+        return "given"
+    return "default" if smallest_table(servable) is None else "table"
+
+
+def _is_integer(name: str) -> bool:
+    """Whether PayloadGenerator draws an input of datatype `name` below an int_high: BF16 travels as uint16 words
+    of floats drawn as such, BOOL and BYTES are not numbers."""
+    dt = datatype(name)
+    return dt.name != "BF16" and dt.numpy.kind in "iu"
 
 
 def _generator(servable: Servable, cfg: ProfileConfig) -> PayloadGenerator:
@@ -720,6 +746,7 @@ def profile(
             batches[-1]["keys_left_out"] = {"keys": keys, "share": share, "draws": len(pool.keys) + pool.extra_draws}
     cfg_out = asdict(cfg)
     cfg_out["int_high"], cfg_out["int_high_by_input"] = _int_highs(servable, cfg)
+    cfg_out["int_high_source"] = int_high_source(servable, cfg, cfg_out["int_high_by_input"])
     cfg_out["cpu_linear"] = times.cpu_linear
     return {
         "schema": SCHEMA,
@@ -850,9 +877,49 @@ def summary_lines(result: dict) -> list[str]:
             f"batching keys with fewer than n requests in {left_out[0][1]['draws']} draws, left out of the batches "
             f"of n (the server forms a batch of n of a key only when n of its requests wait at once): {each}"
         )
+    drawn = int_high_line(result["config"])
+    if drawn is not None:
+        lines.append(drawn)
     if result["counting"]["uncounted_ops"]:
         lines.append("ops with no FLOPs counted: " + ", ".join(result["counting"]["uncounted_ops"]))
     return lines
+
+
+_INT_HIGH_WHY = {
+    "given": "given by --int-high",
+    "table": "the rows of the model's smallest embedding table",
+    "default": "the default: no embedding table was found in the model",
+}
+
+
+def int_high_line(config: dict) -> str | None:
+    """Which ids the profile drew, and the `wok bench ramp --int-high` that sends the same where one can; None for a
+    model with no integer input, or a document written before `int_high_source`. The ids set which rows the gathers
+    touch, so the batch time, and the ramp draws below its own 50 unless told: the JSON alone said the bound."""
+    if "int_high_source" not in config:
+        return None
+    source, high, by_input = config["int_high_source"], config["int_high"], config.get("int_high_by_input") or {}
+    if source is None and not by_input:
+        return None
+    if not by_input:
+        text = f"integer inputs uniform in [0, {high}): {_INT_HIGH_WHY[source]}"
+    else:
+        each = ", ".join(f"input {quoted_name(name)} in [0, {rows})" for name, rows in by_input.items())
+        whose = "its" if len(by_input) == 1 else "each one's"
+        text = f"integer inputs uniform by input: {each}, the rows of the smallest embedding table {whose} ids reach"
+        if source is not None:
+            text += f"; the others in [0, {high}): {_INT_HIGH_WHY[source]}"
+    if source != "given":
+        text += " (--int-high to change)"
+    highs = {*by_input.values(), *([high] if source is not None else [])}
+    if len(highs) > 1:
+        # The ramp has one --int-high for every integer input: the smallest keeps each one's ids in its tables.
+        return (
+            f"{text}; wok bench ramp draws every integer input below one --int-high: --int-high {min(highs)}, the "
+            "smallest, keeps each within its tables"
+        )
+    (only,) = highs
+    return text if only == DEFAULT_INT_HIGH else f"{text}; to send the same, give wok bench ramp --int-high {only}"
 
 
 def print_table(result: dict, file=None) -> None:

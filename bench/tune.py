@@ -44,7 +44,7 @@ import numpy as np
 from ..errors import quoted_name
 from . import analysis
 from .analysis import ms_text as _ms
-from .plan import alpha_is_rounding, json_kind
+from .plan import alpha_is_rounding, json_kind, profile_advice
 from .simulate import (
     CPU_FIELDS,
     MAX_ARRIVALS_PER_STEP,
@@ -931,7 +931,7 @@ def tune(
             "T = α + β·n does not hold at small batches; α is taken as 0, T(n) = β·n (as wok plan takes it)"
         )
     if passed_over is not None:
-        warnings.append(_passed_over_warning(passed_over, chosen, smallest, largest, source))
+        warnings.append(_passed_over_warning(passed_over, chosen, smallest, largest, source, profile))
     toml = None
     if chosen is not None:
         n, delay_s = chosen["max_batch_size"], 1e-3 * chosen["max_queue_delay_ms"]
@@ -939,7 +939,7 @@ def tune(
         if chosen["mean_batch_extrapolated"] or chosen["extrapolated"]:
             model = model_for(profile, n, delay_s, sampled=sampled, cpu=cpu)
             comment += "; " + _extrapolated_comment(chosen, smallest, largest, source)
-            warnings.append(_extrapolated_warning(chosen, smallest, largest, source, model.mean_batch_time))
+            warnings.append(_extrapolated_warning(chosen, smallest, largest, source, model.mean_batch_time, profile))
         toml = config_toml(n, delay_s, comment)
     return {
         "schema": SCHEMA,
@@ -1034,10 +1034,11 @@ def _calibration_range(smallest: float, largest: float) -> str:
     return f"the mean batch sizes the CPU calibration's batch time was fitted on ({span})"
 
 
-def _check_advice(row: dict, below: bool, source: str) -> str:
+def _check_advice(row: dict, below: bool, source: str, limit: int | None) -> str:
     """How to measure the batch time an extrapolated setting ran on: with a profile, batches of the sizes it forms;
     with a calibration's batch time, a calibration whose loads' mean batches reach its mean (its max_batch_size when
-    only that is outside), which profiling does not change: the calibration's fit replaces the profile's."""
+    only that is outside), which profiling does not change: the calibration's fit replaces the profile's. `limit`:
+    the profile's model.max_batch_size (`profile_advice`)."""
     n, mean = row["max_batch_size"], row["mean_batch_size"]
     if source == "server":
         size = mean if row["mean_batch_extrapolated"] else n
@@ -1052,10 +1053,12 @@ def _check_advice(row: dict, below: bool, source: str) -> str:
             f"higher --cpu-steps, with a --default max_batch_size of {math.ceil(size)} or more)"
         )
     # Past: the setting's batches reach n; below: the small batches its mean is made of.
-    return f"profile batches of {max(1, math.floor(mean)) if below else n} to check it"
+    return profile_advice(max(1, math.floor(mean)) if below else n, limit)
 
 
-def _passed_over_warning(row: dict, chosen: dict, smallest: float, largest: float, source: str) -> str:
+def _passed_over_warning(
+    row: dict, chosen: dict, smallest: float, largest: float, source: str, profile: Profile
+) -> str:
     """The warning of the setting *Measured first* passed over: its simulated mean batch is outside the measured
     sizes (`on_measured_times`), and the advice is to measure there."""
     below = row["mean_batch_size"] < smallest
@@ -1070,11 +1073,11 @@ def _passed_over_warning(row: dict, chosen: dict, smallest: float, largest: floa
     return (
         f"max_batch_size {row['max_batch_size']}, delay {row['max_queue_delay_ms']:g} ms predicts "
         f"{row['max_qps']:,.0f} QPS, more than the chosen {chosen['max_qps']:,.0f}, but {on}: not chosen; "
-        f"{_check_advice(row, below, source)}, or pass --allow-extrapolated to choose it"
+        f"{_check_advice(row, below, source, profile.model_max_batch_size)}, or pass --allow-extrapolated to choose it"
     )
 
 
-def _extrapolated_warning(row: dict, smallest: float, largest: float, source: str, batch_time) -> str:
+def _extrapolated_warning(row: dict, smallest: float, largest: float, source: str, batch_time, profile: Profile) -> str:
     """The warning of a chosen setting whose simulated batches average outside the measured sizes (its
     max_batch_size the context), or whose max_batch_size alone is past them; `batch_time` is the setting's
     mean batch time as a function of the batch size."""
@@ -1089,7 +1092,7 @@ def _extrapolated_warning(row: dict, smallest: float, largest: float, source: st
     else:
         where = f"the smallest batch the profile measured ({smallest})" if below else (
             f"the largest batch the profile measured ({largest})")  # fmt: skip
-    check = _check_advice(row, below, source)
+    check = _check_advice(row, below, source, profile.model_max_batch_size)
     if by_mean:
         return (
             f"the chosen setting's simulated batches average {_mean_text(mean)} requests (max_batch_size {n}), "

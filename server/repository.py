@@ -822,12 +822,10 @@ def _id_ranges(cfg: ModelConfig, model, order: list[str]) -> IdRanges:
         )
         return IdRanges()
     if found.rows or found.unclear:
-        log.info(
-            "model '%s': integer inputs that reach embedding tables (a request with an id outside its input's "
-            "range is refused, INVALID_ARGUMENT): %s",
-            cfg.name,
-            found.said(),
-        )
+        # Said only where some input is checked: of a model whose every input is "not checked", the line promised
+        # refusals that never come.
+        refused = " (a request with an id outside its input's range is refused, INVALID_ARGUMENT)" if found.rows else ""
+        log.info("model '%s': integer inputs that reach embedding tables%s: %s", cfg.name, refused, found.said())
     return found
 
 

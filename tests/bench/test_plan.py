@@ -717,6 +717,30 @@ def test_past_the_profiled_models_max_batch_size_plan_tune_and_simulate_warn_ali
     assert status == 2 and f"--profile {path}: model.max_batch_size: expected a whole number" in err, err
 
 
+def test_past_the_profiled_models_max_batch_size_the_advice_is_one_wok_profile_takes(tmp_path, wok_cli):
+    """Past a profile's largest batch, plan, tune and simulate each advised "profile batches of 64 to check it"; past
+    the profiled model's max_batch_size (32) `wok profile` refuses those ("--batch-sizes [64] exceed model ...").
+    All three now say to raise it first there, and give the plain advice where the model's max allows the size."""
+    path, out = _profiled(tmp_path, sizes=(1, 8, 32)), tmp_path / "out.json"
+    doc = json.loads(path.read_text())
+    plan_argv = ["plan", "--peak-qps", "5000", "--profile", str(path), "--batch-size", "64", "--json", str(out)]
+    sim = ["simulate", "--profile", str(path), "--steps", "100", "--step-duration", "1s", "--max-batch-size", "64"]
+    tune = ["tune", "--slo-p99", "50ms", "--profile", str(path), "--delays", "1ms", "--sim-duration", "1s"]
+    tune += ["--iterations", "2", "--max-batch-sizes", "64", "--default", "none"]
+    for limit, advice in (
+        (32, "profile batches of 64 to check it, with the model's max_batch_size raised from 32 to 64 or more in its "
+         "config first (wok profile refuses batches past it)"),
+        (64, "profile batches of 64 to check it"),
+    ):  # fmt: skip
+        doc["model"]["max_batch_size"] = limit
+        path.write_text(json.dumps(doc))
+        for argv in (plan_argv, [*sim, "--json", str(out)], [*tune, "--json", str(out)]):
+            status, _, err = wok_cli(*argv)
+            assert status == 0, err
+            said = [w for w in json.loads(out.read_text())["warnings"] if "extrapolated" in w and "profile" in w]
+            assert len(said) == 1 and said[0].endswith(advice), (argv[0], said)
+
+
 def test_a_batch_size_past_the_profiled_ones_is_warned_of_as_tune_warns(tmp_path):
     """A profile of batches 1 to 4 of a model whose max_batch_size is 32: n = 16 is allowed (the server forms
     such batches), but T(16) = 2 ms + 16 × 1.125 ms = 20 ms is the line through batches of 1 to 4 carried to

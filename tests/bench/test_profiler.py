@@ -1054,6 +1054,65 @@ def test_each_integer_input_is_drawn_below_its_own_table(tmp_path):
     assert (config["int_high"], config["int_high_by_input"]) == (3, {})
 
 
+class _Counted(torch.nn.Module):
+    def forward(self, ids):
+        return ids.float().sum(1, keepdim=True).expand(-1, 4)
+
+
+class _TableAndHashed(torch.nn.Module):
+    """`a` looked up in 9 rows; `b` hashed into an nn.Embedding of 12 (arithmetic: bounded by no table of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(9, 4))
+        self.hashed = torch.nn.Embedding(12, 4)
+
+    def forward(self, a, b):
+        return F.embedding(a, self.table).sum(1) + self.hashed(b % 12).sum(1)
+
+
+def _int_high_line(doc: dict) -> list[str]:
+    return [line for line in profiler.summary_lines(doc) if line.startswith("integer inputs")]
+
+
+def test_the_summary_says_which_ids_the_profile_drew_and_why(tmp_path):
+    """`wok profile` of a model with a 10-row table drew ids below 10 and said so in its JSON alone: the printed
+    table gave no bound, and the ramp's default of 50, past that table, was nowhere said to differ. Each input's own
+    bound is said, and the one --int-high of the ramp that keeps every id within its tables where they differ."""
+    example = torch.zeros(2, 3, dtype=torch.long)
+    bags, counted, linear = tmp_path / "a" / "bags", tmp_path / "b" / "counted", tmp_path / "c" / "lin"
+    _save_model(bags, _Bags(), "torchscript", example, IDS, ("out", "FP32", [4]))
+    _save_model(counted, _Counted(), "torchscript", example, IDS, ("out", "FP32", [4]))
+    _saved_linear(linear, "torchscript")
+    two, mixed = tmp_path / "d" / "two", tmp_path / "e" / "mixed"
+    for folder, module in ((two, _TwoTables()), (mixed, _TableAndHashed())):
+        folder.mkdir(parents=True)
+        torch.jit.script(module.eval()).save(str(folder / "model.pt"))
+        _two_inputs_config(folder, "torchscript", 'model_file = "model.pt"')
+    change, own = " (--int-high to change)", "the rows of the smallest embedding table"
+    cases = [
+        (bags, (), 10, None, f"by input: input 'ids' in [0, 10), {own} its ids reach{change}; to send the same, "
+         "give wok bench ramp --int-high 10"),
+        (bags, ("--int-high", "7"), 7, "given", "in [0, 7): given by --int-high; to send the same, give wok bench "
+         "ramp --int-high 7"),
+        (counted, (), 50, "default", f"in [0, 50): the default: no embedding table was found in the model{change}"),
+        # A model of float inputs alone draws no integer: nothing is said, and the source is null.
+        (linear, (), 50, None, None),
+        (two, (), 5, None, f"by input: input 'a' in [0, 9), input 'b' in [0, 5), {own} each one's ids reach{change}; "
+         "wok bench ramp draws every integer input below one --int-high: --int-high 5, the smallest, keeps each "
+         "within its tables"),
+        (mixed, (), 9, "table", f"by input: input 'a' in [0, 9), {own} its ids reach; the others in [0, 9): the rows "
+         f"of the model's smallest embedding table{change}; to send the same, give wok bench ramp --int-high 9"),
+    ]  # fmt: skip
+    for folder, options, high, source, said in cases:
+        doc = _profiled(folder, *options)
+        assert (doc["config"]["int_high"], doc["config"]["int_high_source"]) == (high, source), folder
+        assert _int_high_line(doc) == ([] if said is None else [f"integer inputs uniform {said}"]), folder
+    # A document written before int_high_source says nothing it cannot know.
+    del doc["config"]["int_high_source"]
+    assert _int_high_line(doc) == []
+
+
 PYTHON_TABLE = """
 import torch
 import torch.nn.functional as F

@@ -26,7 +26,8 @@ def _ramp(target: str, out, *extra: str) -> list[str]:
 
 def test_a_step_refused_as_malformed_ends_the_ramp_with_exit_2_and_the_servers_message(bench_server, tmp_path, wok_cli):
     """Every request INVALID_ARGUMENT. The ramp exited 0,
-    ran its higher steps, and said only "0.0% ok" and an error count, never the server's words."""
+    ran its higher steps, and said only "0.0% ok" and an error count, never the server's words. Its hint names the
+    values it sent (a refusal of ids past a table names the table's rows, not the ramp's --int-high)."""
     out = tmp_path / "r.json"
     status, stdout, err = wok_cli(*_ramp(bench_server.target, out, "--model", "encoder", "--sizes", "fixed:257"))
     assert status == 2, err
@@ -41,7 +42,7 @@ def test_a_step_refused_as_malformed_ends_the_ramp_with_exit_2_and_the_servers_m
     assert f"\nerrors: {n} × INVALID_ARGUMENT: {TOO_LONG}\n" in stdout
     assert err.endswith(
         f"wok bench: the server refused every request at 20 QPS as a bad request (INVALID_ARGUMENT: {TOO_LONG}); "
-        "check --model, --rows, --sizes and --int-high against the model\n"
+        "check --model, --rows (1), --sizes ('fixed:257') and --int-high (50; default 50) against the model\n"
     )
 
 
