@@ -488,12 +488,21 @@ def _all_failed(step: dict) -> dict[str, int]:
     return errors if step.get("requests") and not step.get("ok") else {}
 
 
+# Codes an overloaded server's requests fail with (a deadline passed, a full queue): a step failed by them measured
+# the server past its capacity, the overload curve a ramp with --stop-factor inf is run to draw.
+LOAD_CODES = ("DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
+
+
 def none_ok(step: dict) -> str | None:
-    """When `step` sent requests and not one succeeded, whatever the codes: each code with its count
-    ("120 × INTERNAL, 3 × UNAVAILABLE"); else None. `refused_as_bad` and `failed_by_model` are the cases
-    whose cause is known (the requests, the model)."""
+    """When `step` sent requests, not one succeeded, and none failed by load (LOAD_CODES): each code with its
+    count ("120 × INTERNAL, 3 × UNAVAILABLE"); else None. `refused_as_bad` and `failed_by_model` are the cases
+    whose cause is known (the requests, the model). A step with a load code among them is left to `stop_reason`
+    (under half OK), which --stop-factor inf turns off: a server that died in it fails the next step with
+    UNAVAILABLE alone, which ends the ramp."""
     errors = _all_failed(step)
-    return ", ".join(f"{n} × {code}" for code, n in errors.items()) if errors else None
+    if not errors or any(code in LOAD_CODES for code in errors):
+        return None
+    return ", ".join(f"{n} × {code}" for code, n in errors.items())
 
 
 def refused_as_bad(step: dict) -> str | None:

@@ -136,7 +136,7 @@ def add_parser(sub) -> None:
         type=float,
         default=10.0,
         help="stop after a step whose P99 exceeds this × the SLO, or with under half its requests ok; inf: never "
-        "(a step with none ok still stops a ramp without --fault) (default %(default)g)",
+        "(a step with none ok, none failed by load, still stops a ramp without --fault) (default %(default)g)",
     )
     p.add_argument(
         "--refine",

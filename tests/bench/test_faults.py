@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import urllib.request
@@ -45,6 +46,8 @@ from wok.bench.faults import (
 )
 from wok.bench.runner import status_name
 from wok.ports import bind_error
+
+from ..conftest import write_python_model
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -528,16 +531,55 @@ def test_a_model_failing_every_request_ends_even_an_inf_ramp_and_a_fail_faults_r
     assert f"wok bench: planned: 3 steps × (0.5 s) = 1.5 s (less if a step ends the ramp: {ends})\n" in err, err
 
 
+# A model that answers the start-up's warm-up (a batch of zeros) and fails every request of a ramp (normal values).
+BROKEN_MODEL = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class Broken(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if (x != 0).any():
+                raise ValueError("broken on every input but zeros")
+            return x
+
+
+    def build() -> nn.Module:
+        return Broken()
+    """
+)
+
+
 def test_replicas_without_a_fault_end_the_ramp_at_a_step_with_no_request_ok(tmp_path, wok_cli):
-    """--replicas alone ran as a fault run, on through steps in which no request succeeded (here each request's
-    deadline, 1 µs, passes before any answer): only faults fail whole steps by design."""
-    argv = ["bench", "ramp", "--replicas", "1", "--serve-args", "--models mlp", "--metrics-url", "none"]
-    argv += ["--steps", "20,40", "--step-duration", "0.5s", "--warmup", "0s", "--workers", "1", "--stop-factor", "inf"]
-    status, _, err = wok_cli(*argv, "--timeout", "1e-6s", "--json", str(tmp_path / "r.json"))
+    """--replicas alone ran as a fault run, on through steps in which no request succeeded (here a model failing
+    every request, INTERNAL): only faults fail whole steps by design."""
+    repo = tmp_path / "repo"
+    write_python_model(repo / "broken", BROKEN_MODEL, 4)
+    argv = ["bench", "ramp", "--replicas", "1", "--serve-args", f"--model-repository {repo} --torch-threads 1"]
+    argv += ["--model", "broken", "--metrics-url", "none", "--steps", "20,40", "--step-duration", "0.5s"]
+    argv += ["--warmup", "0s", "--workers", "1", "--stop-factor", "inf"]
+    status, _, err = wok_cli(*argv, "--json", str(tmp_path / "r.json"))
     (step,) = json.loads((tmp_path / "r.json").read_text())["steps"]
-    assert step["ok"] == 0 and list(step["errors"]) == ["DEADLINE_EXCEEDED"], err
-    assert f"stopping early: no request of the step succeeded ({step['errors']['DEADLINE_EXCEEDED']} × " in err, err
-    assert status == 0, err
+    assert step["ok"] == 0 and list(step["errors"]) == ["INTERNAL"], err
+    assert f"stopping early: no request of the step succeeded ({step['errors']['INTERNAL']} × INTERNAL)\n" in err, err
+    assert status == 2 and "the model failed every request at 20 QPS" in err, err
+
+
+def test_an_inf_ramp_runs_on_through_steps_failed_by_load(plain_server, tmp_path, wok_cli):
+    """Each request's deadline (1 µs) passes before any answer, DEADLINE_EXCEEDED, as an overloaded server fails
+    requests. --stop-factor inf asks for every step (an overload curve, a ramp run high to low): a step failed by
+    load measured the server, and ended such a ramp since a step with no request OK ended every ramp. A finite
+    --stop-factor still ends the ramp there (under half OK)."""
+    argv = ["bench", "ramp", "--target", plain_server.target, "--metrics-url", "none", "--steps", "20,40"]
+    argv += ["--step-duration", "0.5s", "--warmup", "0s", "--workers", "1", "--timeout", "1e-6s"]
+    status, _, err = wok_cli(*argv, "--stop-factor", "inf", "--json", str(tmp_path / "inf.json"))
+    steps = json.loads((tmp_path / "inf.json").read_text())["steps"]
+    assert [(s["ok"], list(s["errors"])) for s in steps] == [(0, ["DEADLINE_EXCEEDED"])] * 2, err
+    assert status == 0 and "stopping early" not in err, err
+    status, _, err = wok_cli(*argv, "--json", str(tmp_path / "ten.json"))
+    assert len(json.loads((tmp_path / "ten.json").read_text())["steps"]) == 1, err
+    assert status == 0 and "stopping early: fewer than half of the step's requests succeeded (0.0% ok)\n" in err, err
 
 
 # -- the command line ---------------------------------------------------------------------
