@@ -58,7 +58,10 @@ def table_rows(module: torch.nn.Module) -> list[int]:
     """The row counts of the tables `module` itself looks ids up in: an nn.Embedding or nn.EmbeddingBag keeps
     its class only in an nn.Module; TorchScript keeps the name (`original_name`) and torch.export only the op."""
     if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
-        return [module.num_embeddings]
+        # Its weight's, not num_embeddings: a weight replaced after it was built (`emb.weight.data = pretrained`)
+        # is what forward looks ids up in, and num_embeddings then names rows it no longer has.
+        rows = _rows_of(module.weight)
+        return [] if rows is None else [rows]
     if isinstance(module, torch.jit.ScriptModule):
         rows = _script_table(module)
         return [] if rows is None else [rows]
@@ -281,6 +284,8 @@ class _Script:
         self.graph = module.inlined_graph  # held: its nodes are invalidated once the graph is freed
         self.objects: dict = {next(iter(self.graph.inputs())): module}
         self.known: dict = {}
+        # The attributes forward sets (a table built at its first call): read at load, they are not what it reads.
+        self.set_by_forward = {n.s("name") for n in self.graph.findAllNodes("prim::SetAttr", recurse=True)}
 
     def object(self, value):
         """The module or tensor a value is: an attribute read (prim::GetAttr) off one known, or a constant tensor
@@ -289,6 +294,8 @@ class _Script:
             return self.objects[value]
         node = value.node()
         if node.kind() == "prim::GetAttr":
+            if node.s("name") in self.set_by_forward:
+                return None
             owner = self.object(node.inputsAt(0))
             return getattr(owner, node.s("name"), None) if owner is not None else None
         if node.kind() == "prim::Constant" and isinstance(value.type(), torch._C.TensorType):
@@ -444,10 +451,11 @@ def _script_dtype(node) -> torch.dtype | None:
 
 # -- python nn.Module (torch.fx) ---------------------------------------------------------------------------------
 def _walk_python(walk: _Walk, module: torch.nn.Module, order: list[str], dtypes: dict[str, torch.dtype]) -> None:
-    """A python module's forward as torch.fx traces it, on a copy (the trace runs forward on proxies: what it
-    writes to its module goes to the copy; what it does outside it, to a global or a file, is done once). Where
-    it cannot be traced (a branch on an input's values, a module that cannot be copied), its inputs are not
-    checked; said where it holds an nn.Embedding or nn.EmbeddingBag."""
+    """A python module's forward as torch.fx traces it, on a copy in eval mode, as Servable serves it (the trace
+    runs forward on proxies: what it writes to its module goes to the copy; what it does outside it, to a global or
+    a file, is done once). Where it cannot be traced (a branch on an input's values, a module that cannot be copied),
+    its inputs are not checked; said where it holds an nn.Embedding or nn.EmbeddingBag. Inputs sent into
+    forward's *args are not followed: torch.fx has one placeholder for them all."""
     try:
         traced = _traced_copy(module)
     except _NotTraced as exc:
@@ -457,6 +465,8 @@ def _walk_python(walk: _Walk, module: torch.nn.Module, order: list[str], dtypes:
         return
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     for name, node in zip(order, placeholders):
+        if node.target.startswith("*"):  # *args (or **kwargs): this input and those after it share it
+            break
         if name in dtypes:
             walk.ids[node] = (name, dtypes[name], "")
     for node in traced.graph.nodes:
@@ -518,6 +528,9 @@ def _traced_copy(module: torch.nn.Module) -> torch.fx.GraphModule:
         copied = copy.deepcopy(module, {id(p): p for p in module.parameters()})
     except Exception as exc:  # a lock, a handle: whatever deepcopy refuses
         raise _NotTraced(f"be copied to be traced ({type(exc).__name__})") from exc
+    # Servable serves it in eval mode, after this: traced in the training mode a factory's module comes in, the
+    # way of an `if self.training` was read, and an id the served way takes (clamped, hashed) refused.
+    copied.eval()
     try:
         return torch.fx.symbolic_trace(copied)
     except Exception as exc:  # a branch on its inputs' values, an op torch.fx cannot take: whatever it raises

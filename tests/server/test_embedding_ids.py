@@ -397,3 +397,87 @@ def test_a_python_models_forward_is_traced_at_load_only_with_an_integer_input(tm
     servable = load_servable(d)
     assert (marker.read_text().count("forward") if marker.exists() else 0) == traced
     assert servable.id_ranges == ({"ids": 10} if traced else {})
+
+
+SERVED_CLAMPED = """
+import torch
+from torch import nn
+
+
+class ServedClamped(nn.Module):
+    # Trained on ids in range; served, an id past the vocabulary goes to its last row (out of vocabulary).
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, ids):
+        if not self.training:
+            ids = ids.clamp(0, 9)
+        return self.emb(ids).sum(1)
+
+
+class Widened(nn.Module):
+    # Built for 10 ids, its table then replaced by one of 100 rows (pretrained vectors): num_embeddings says 10.
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.emb.weight.data = torch.ones(100, 4)
+
+    def forward(self, ids):
+        return self.emb(ids).sum(1)
+"""
+
+
+@pytest.mark.parametrize(("factory", "rows"), [("ServedClamped", None), ("Widened", 100)])
+def test_a_python_model_is_read_as_it_is_served(tmp_path, factory, rows):
+    """A factory's module comes in training mode and is served in eval mode (Servable): traced as it came, the
+    `if not self.training` way was left out, and an id the served model clamps was refused. A table's rows are its
+    weight's, not the num_embeddings it was built with: an id its replaced table holds was refused."""
+    d = tmp_path / factory
+    d.mkdir()
+    (d / "model.py").write_text(SERVED_CLAMPED)
+    (d / "config.toml").write_text(config_text("python", f'factory = "model:{factory}"'))
+    servable = load_servable(d)
+    assert servable.id_ranges == ({} if rows is None else {"ids": rows})
+    sent = np.array([[1, 50, 2]], np.int64)
+    decode_request(encode_request(factory, {"ids": sent}), servable)
+    with torch.no_grad():
+        assert servable._module(torch.from_numpy(sent)).shape == (1, 4)  # the model answers it
+
+
+class LazyTable(nn.Module):
+    """Builds its table at the first call (an attribute set by forward): the load sees it empty."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.zeros(0, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.table.size(0) == 0:
+            self.table = torch.arange(400, dtype=torch.float32).reshape(100, 4)
+        return self.table[ids].sum(1)
+
+
+def test_a_table_forward_sets_is_not_read_at_load():
+    """TorchScript: `self.table` read after forward's prim::SetAttr of it is not the tensor the load sees; read
+    there, its 0 rows refused every id of every request."""
+    scripted = torch.jit.script(LazyTable())
+    found = id_ranges(scripted, ["ids"], {"ids": torch.int64})
+    assert found.rows == {} and found.bounds == {}
+    assert scripted(torch.tensor([[1, 50, 2]])).shape == (1, 4)  # the model answers it
+
+
+def test_inputs_sent_into_a_python_forwards_varargs_are_not_taken_for_others():
+    """`forward(self, *xs)`: torch.fx has one placeholder for all of them, which was taken for the first input, so
+    `xs[1]`'s table bounded input 'a' (which reaches another) and input 'b' went unbounded."""
+
+    class Varargs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.big, self.small = nn.Embedding(100, 4), nn.Embedding(10, 4)
+
+        def forward(self, *xs):
+            return self.big(xs[0]).sum(1) + self.small(xs[1]).sum(1)
+
+    found = id_ranges(Varargs().eval(), ["a", "b"], {"a": torch.int64, "b": torch.int64})
+    assert (found.rows, found.bounds, found.unclear) == ({}, {}, {})
