@@ -281,6 +281,9 @@ async def test_a_failing_replica_is_ejected_after_k_failures(stub):
     async with stub("a", fail_first=1 << 30, code=CODE.INTERNAL) as a, stub("b") as b:
         s = settings(consecutive_failures=3, base_ejection_s=60, max_ejection_s=60)
         async with Balancer([a.target, b.target], settings=s) as bal:
+            # Both READY first: with b still connecting (a slow host), ejected a, READY, is picked before it and
+            # takes a fourth call (as in the next test).
+            await bal.wait_for(lambda: all(r.state is STATE.READY for r in bal.replicas.values()), 10, "all READY")
             call = bal.unary_unary(METHOD)
             codes = [await code_of(call) for _ in range(60)]
             # INTERNAL is the call's answer (not retried), three times; then a is out of the rotation.
