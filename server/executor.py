@@ -46,11 +46,11 @@ import concurrent.futures
 import contextlib
 import ctypes
 import functools
+import inspect
 import logging
 import math
 import sys
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -94,19 +94,35 @@ NOT_RERUN = "(its batch's error: not rerun alone, the model having failed every 
 _PART_FAILURES = (ModelExecutionError, InvalidInput)
 
 
+# Code whose frame may be suspended: a generator's or a coroutine's. frame.clear() refuses a suspended frame
+# (RuntimeError) from Python 3.13; before, it closes its generator.
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+_CLEARS_SUSPENDED_SAFELY = sys.version_info >= (3, 13)
+
+
 def _clear_frames(*errors: BaseException | None) -> None:
     """Clear the local variables of the finished frames in the tracebacks of `errors` and of the errors they chain
     (cause, context). A failed forward's frames hold what it made before it raised, its activations (on CUDA, device
     memory): held by its error while the batch is rerun in parts, they left the parts less memory than the batch had,
     and a batch that ran out of it failed again in every part. The tracebacks keep their lines for the log; a frame
-    still running (the caller's) is left as it is."""
+    still running (the caller's) is left as it is. So is a generator's or coroutine's before Python 3.13, where
+    clearing one suspended closes it (3.13 refuses, as for a running one) and nothing tells a suspended one from a
+    finished one: a generator the model keeps, which caught an error the model then raised, was closed, and every
+    part failed on it (StopIteration)."""
     todo, seen = list(errors), set()
     while todo:
         exc = todo.pop()
         if exc is None or id(exc) in seen:
             continue
         seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)
+        tb = exc.__traceback__
+        while tb is not None:
+            if _CLEARS_SUSPENDED_SAFELY or not tb.tb_frame.f_code.co_flags & _SUSPENDABLE:
+                try:
+                    tb.tb_frame.clear()
+                except RuntimeError:  # running (the caller's), or suspended (3.13 on)
+                    pass
+            tb = tb.tb_next
         todo += (exc.__cause__, exc.__context__)
 
 
@@ -434,6 +450,8 @@ class Instance:
             except _PART_FAILURES as exc:
                 if not self._may_isolate(rows):
                     raise
+                # The batch's outputs (answers whose copy was refused) go before its parts run, as its forward's frames.
+                out = None
                 _clear_frames(exc)
                 outcomes, reruns = self._isolate(exc, lambda i, r: self._cpu_batch(i, r, slot), inputs, rows)
                 t2 = time.perf_counter()

@@ -380,21 +380,40 @@ def test_a_device_error_is_told_by_its_type_or_by_older_torchs_message():
         assert _is_device_error(torch.AcceleratorError("an illegal memory access was encountered"))
 
 
-class MakesThenFails(nn.Module):
-    """Doubles; a batch holding a NaN makes a tensor on its device before it raises, as a forward that runs out of
-    memory has made its activations. `made`: a weak reference to each such tensor; `alive`: how many of them were
-    alive as each batch or part began."""
+def run_alone(m: nn.Module, name: str, values, device: str = "cpu"):
+    """`values`' requests run as one batch by a model of `m` on `device`, on an executor of its own."""
+    ex = Executor(Servable(four_wide_config(name), m), InstanceConfig(count=1, devices=(device,), pipeline_depth=1))
+    try:
+        return run(ex, requests(values))
+    finally:
+        ex.shutdown()
+
+
+class CountsAlive(nn.Module):
+    """`made`: a weak reference to each tensor `noted`; `alive`: how many of them were alive as each batch or part
+    `began`."""
 
     def __init__(self) -> None:
         super().__init__()
         self.made: list[weakref.ref] = []
         self.alive: list[int] = []
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def began(self) -> None:
         self.alive.append(sum(r() is not None for r in self.made))
+
+    def noted(self, t: torch.Tensor) -> torch.Tensor:
+        self.made.append(weakref.ref(t))
+        return t
+
+
+class MakesThenFails(CountsAlive):
+    """Doubles; a batch holding a NaN makes a tensor on its device before it raises, as a forward that runs out of
+    memory has made its activations (`made`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.began()
         if torch.isnan(x).any():
-            activations = torch.empty(1 << 16, device=x.device)
-            self.made.append(weakref.ref(activations))
+            activations = self.noted(torch.empty(1 << 16, device=x.device))  # noqa: F841 (held by this frame)
             raise ValueError("NaN in batch")
         return 2 * x
 
@@ -405,12 +424,7 @@ def test_what_a_failed_forward_made_is_freed_before_its_parts_run(device):
     that ran out of memory left its halves less memory than it had, and they failed too (on CUDA the batch's device
     inputs were held as well)."""
     m = MakesThenFails()
-    ex = Executor(Servable(four_wide_config("makes"), m), InstanceConfig(count=1, devices=(device,), pipeline_depth=1))
-    try:
-        values = [1.0, np.nan, 2.0, 3.0]
-        result = run(ex, requests(values))
-    finally:
-        ex.shutdown()
+    result = run_alone(m, "makes", [1.0, np.nan, 2.0, 3.0], device)
     assert str(result.outputs[1]) == "model 'makes' failed: ValueError: NaN in batch (on this request alone)"
     assert len(m.made) == 3  # the batch, its half [1, nan], the nan alone
     assert m.alive == [0] * 5, m.alive  # the batch, [1, nan], [1], [nan], [2, 3]
@@ -457,3 +471,63 @@ def test_an_invalid_input_of_assemble_is_the_clients_and_one_of_a_forward_the_mo
     for result, factor in ((refused, 1.0), (raised, 2.0)):
         for i in (0, 2):
             np.testing.assert_array_equal(result.outputs[i]["OUTPUT0"], np.full((1, 4), factor * values[i], np.float32))
+
+
+class ChecksThroughAGenerator(nn.Module):
+    """Doubles; its values checked by a generator it keeps for its life, which catches the error it finds and yields
+    it for forward to raise: that error's traceback runs through the generator's frame, suspended at its yield."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checks = self._checks()
+        next(self.checks)
+
+    @staticmethod
+    def _checks():
+        x = yield None
+        while True:
+            try:
+                if torch.isnan(x).any():
+                    raise ValueError("NaN in batch")
+                found = None
+            except ValueError as exc:
+                found = exc
+            x = yield found
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        found = self.checks.send(x)
+        if found is not None:
+            raise found
+        return 2 * x
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_a_generator_the_model_keeps_is_not_closed_as_its_failed_batchs_frames_are_cleared(device):
+    """Clearing the failed batch's frames cleared its error's suspended generator frame too, which (Python before
+    3.13) closed the generator: every part then failed on it (StopIteration), the requests it would have answered
+    too."""
+    m = ChecksThroughAGenerator()
+    values = [1.0, np.nan, 2.0, 3.0]
+    result = run_alone(m, "checks", values, device)
+    assert str(result.outputs[1]) == "model 'checks' failed: ValueError: NaN in batch (on this request alone)"
+    for i in (0, 2, 3):
+        np.testing.assert_array_equal(result.outputs[i]["OUTPUT0"], np.full((1, 4), 2 * values[i], np.float32))
+    assert m.checks.gi_frame is not None  # still open
+
+
+class KeepsItsAnswers(CountsAlive):
+    """Doubles; a batch holding a 3 gets an answer no allocator gives memory for (HugeAnswerOnThree), refused as it
+    is copied to the host. Each answer is `made`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.began()
+        return self.noted((2 * x[:, :1]).expand(x.shape[0], HUGE_ROWS) if (x == 3.0).any() else 2 * x)
+
+
+def test_a_batchs_answers_refused_their_copy_are_freed_before_its_parts_run():
+    """The batch's answers, whose copy to the host was refused, stayed referred to while its parts ran, which then
+    had less host memory than the batch had."""
+    m = KeepsItsAnswers()
+    result = run_alone(m, "keeps", [1.0, 3.0, 2.0])
+    assert str(result.outputs[1]).endswith("(on this request alone)"), result.outputs[1]
+    assert m.alive == [0] * 5, m.alive  # the batch, [1], [3, 2], [3], [2]
