@@ -457,6 +457,10 @@ def should_stop_early(step: dict, slo_p99_ms: float, factor: float) -> bool:
     return stop_reason(step, slo_p99_ms, factor) is not None
 
 
+# `stop_reason`'s words for a step with no request at all, which ends a ramp whatever its factor.
+NONE_SENT = "the step sent no request"
+
+
 def stop_reason(step: dict, slo_p99_ms: float, factor: float) -> str | None:
     """Why a ramp ends after `step` (None: it goes on): its P99 beyond factor × SLO, or most of its
     requests failed. An infinite factor turns both off, for a curve run to its last step.
@@ -466,7 +470,7 @@ def stop_reason(step: dict, slo_p99_ms: float, factor: float) -> str | None:
     """
     rate = step["success_rate"]
     if not _finite(rate):
-        return "the step sent no request"
+        return NONE_SENT
     if math.isinf(factor):
         return None
     if rate < 0.5:

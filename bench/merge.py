@@ -396,6 +396,26 @@ def _run_order(result: dict, steps: list[dict]) -> list[dict]:
     return [step for _, step in sorted(ranked, key=lambda r: r[0])]
 
 
+def _stopped_early(
+    results: Sequence[dict], names: Sequence[str], parts: list[list[dict]], n: int, steps: list[dict]
+) -> dict | None:
+    """The merged ramp's `stopped_early`: null unless a part that ran the fewest steps (`n`, the merged ones)
+    stopped early by a rule; then its reason after its name (and any other such part's), the first such part's
+    rule and plan (the parts planned one ramp: `_same_plan`), and the merged last step's offer."""
+    stopped = [
+        (name, r["stopped_early"]) for r, name, p in zip(results, names, parts) if r["stopped_early"] and len(p) == n
+    ]
+    if not stopped or not steps:
+        return None
+    return {
+        "reason": "; ".join(f"{name}: {s['reason']}" for name, s in stopped),
+        "rule": stopped[0][1]["rule"],
+        "at_qps": steps[-1]["offered_qps"],
+        "steps_run": n,
+        "steps_planned": stopped[0][1]["steps_planned"],
+    }
+
+
 def _cut_phase(interrupted: dict) -> str:
     """Where a part was cut: its `phase`, or for a file written before it, the phase its reason names."""
     phase = interrupted.get("phase")
@@ -718,6 +738,8 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
         if cut
         else None
     )
+    if all("stopped_early" in r for r in results):  # a part written before it may have stopped, unsaid
+        result["stopped_early"] = _stopped_early(results, names, parts, n, steps)
     result["warnings"] = warnings + result["warnings"]
     result["warnings"] += [f"{name}: {w}" for r, name in zip(results, names) for w in r.get("warnings", [])]
     # The merged steps' figures are the parts' added up, so they mean what the parts' meant.

@@ -633,6 +633,19 @@ def _soak_verdict_note(result: dict, where: str) -> str | None:
     return f"(from the soak step {where}: the capacity, {_fmt_qps(cap['qps'])} QPS, was given, not measured)"
 
 
+def stopped_early_note(result: dict) -> str | None:
+    """Which step a stop rule ended the ramp at, of how many planned, and why (`stopped_early`): under the verdicts,
+    in text and HTML alike; None for a ramp that ran every step planned (or a file written before the key)."""
+    stop = result.get("stopped_early")
+    if not stop:
+        return None
+    ramp = "the capacity ramp" if _verdicts_from_capacity_ramp(result) else "the ramp"
+    return (
+        f"{ramp} stopped early, after step {stop['steps_run']} of {stop['steps_planned']} "
+        f"({_fmt_qps(stop['at_qps'])} QPS offered): {stop['reason']}"
+    )
+
+
 def _verdict_lines(result: dict) -> list[str]:
     slo = _num(result.get("slo_p99_ms"))
     best = result.get("max_qps_under_slo")
@@ -640,9 +653,7 @@ def _verdict_lines(result: dict) -> list[str]:
         f"max QPS under SLO (P99 ≤ {slo:g} ms): {'none (no step met it)' if best is None else _fmt_qps(best)}",
         f"knee: {_knee_text(result)}",
     ]
-    note = _soak_verdict_note(result, "above")
-    if note:
-        lines.append(note)
+    lines += [n for n in (_soak_verdict_note(result, "above"), stopped_early_note(result)) if n]
     lines += _error_lines(_steps(result))
     merged = (result.get("config") or {}).get("merged")
     if merged:
@@ -1078,8 +1089,8 @@ def render_html(result: dict, *, title: str | None = None) -> str:
             "peak achieved", f"{_fmt_qps(round(peak, 1)) if math.isfinite(peak) else '-'} QPS", "successful requests"
         ),
     ]
-    note = _soak_verdict_note(result, "below")
-    verdict_note = f'<p class="verdict-note">{_e(note)}</p>' if note else ""
+    notes = [n for n in (_soak_verdict_note(result, "below"), stopped_early_note(result)) if n]
+    verdict_note = "".join(f'<p class="verdict-note">{_e(n)}</p>' for n in notes)
     warnings = result.get("warnings") or []
     if warnings:
         warn = '<div class="warnings"><strong>Warnings</strong><ul>' + "".join(f"<li>{_e(w)}</li>" for w in warnings)

@@ -421,6 +421,7 @@ class Ramp:
         cut_phase = None
         cut_at_qps = None  # the --steps value of the step a cut in the ramp stopped
         by_signal = False
+        stopped_early = None  # the result's `stopped_early`: a stop rule that skipped planned steps
         try:
             for i, qps in enumerate(cfg.steps):
                 try:
@@ -437,21 +438,19 @@ class Ramp:
                     self.say(interrupted)
                     break
                 steps.append(step)
-                if analysis.refused_as_bad(step) is not None:
-                    # Every request refused for what it is: higher rates would measure the same refusals.
-                    self.say(
-                        f"stopping early: the server refused every request of the step ({', '.join(step['errors'])})"
-                    )
-                    break
-                failed = analysis.none_ok(step) if self.stops_when_none_ok else None
-                if failed is not None:
-                    # Not one answer, whatever --stop-factor says: higher rates would measure the same
-                    # failures (a model failing every input, a server gone), not more of the server.
-                    self.say(f"stopping early: no request of the step succeeded ({failed})")
-                    break
-                why = analysis.stop_reason(step, cfg.slo_p99_ms, cfg.stop_factor)
-                if why is not None:
+                stop = self._stop_rule(step)
+                if stop is not None:
+                    rule, why = stop
                     self.say(f"stopping early: {why}")
+                    if i + 1 < len(cfg.steps):
+                        # Said on the last step too, but only a step skipped makes the ramp shorter than planned.
+                        stopped_early = {
+                            "reason": why,
+                            "rule": rule,
+                            "at_qps": step["offered_qps"],
+                            "steps_run": i + 1,
+                            "steps_planned": len(cfg.steps),
+                        }
                     break
             if cfg.refine and interrupted is None:
                 lo = analysis.max_qps_under_slo(steps, cfg.slo_p99_ms)
@@ -536,7 +535,26 @@ class Ramp:
         )
         if interrupted:
             result["warnings"].append(interrupted)
+        # Null for a ramp that ran every step planned, or was cut (`interrupted`); else the rule that ended it.
+        result["stopped_early"] = stopped_early
         return result
+
+    def _stop_rule(self, step: dict) -> tuple[str, str] | None:
+        """The rule that ends the ramp after `step` and why, in the words said ("stopping early: …"); None: it goes on.
+        The rule is the result's `stopped_early.rule`."""
+        if analysis.refused_as_bad(step) is not None:
+            # Every request refused for what it is: higher rates would measure the same refusals.
+            return "refused_as_bad", f"the server refused every request of the step ({', '.join(step['errors'])})"
+        failed = analysis.none_ok(step) if self.stops_when_none_ok else None
+        if failed is not None:
+            # Not one answer, whatever --stop-factor says: higher rates would measure the same
+            # failures (a model failing every input, a server gone), not more of the server.
+            return "none_ok", f"no request of the step succeeded ({failed})"
+        why = analysis.stop_reason(step, self.cfg.slo_p99_ms, self.cfg.stop_factor)
+        if why is None:
+            return None
+        # A step that sent nothing ends any ramp, --stop-factor inf too: the generator is not working.
+        return ("none_sent" if why == analysis.NONE_SENT else "stop_factor"), why
 
     def run_step(self, workers: WorkerPool, qps: float, label: str, slot: int | None = None) -> dict:
         """Run one step; with `cfg.start_at`, `slot` k starts at start_at + k × step_period_s."""

@@ -397,6 +397,8 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
         result["max_qps_under_slo"] = capacity_result["max_qps_under_slo"]
         result["knee_qps"] = capacity_result["knee_qps"]
         result["knee_at_or_below_first_step"] = capacity_result["knee_at_or_below_first_step"]
+        # The soak step is a ramp of one step, which skips none: the run's ramp is the capacity ramp.
+        result["stopped_early"] = capacity_result["stopped_early"]
         result["warnings"] = [f"capacity ramp: {w}" for w in capacity_result["warnings"]] + result["warnings"]
     else:  # nothing measured a maximum: the soak step's own verdict is what there is
         result["knee_qps"] = None

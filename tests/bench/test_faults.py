@@ -513,20 +513,29 @@ def test_a_model_failing_every_request_ends_even_an_inf_ramp_and_a_fail_faults_r
         status, _, err = wok_cli(*argv, "--json", str(tmp_path / "broken.json"))
     finally:
         post_fault(url, {"model": "mlp", "mode": "off"})
-    (step,) = json.loads((tmp_path / "broken.json").read_text())["steps"]
+    broken = json.loads((tmp_path / "broken.json").read_text())
+    (step,) = broken["steps"]
     n = step["errors"]["INTERNAL"]
     assert (step["ok"], step["errors"]) == (0, {"INTERNAL": n})
     assert f"stopping early: no request of the step succeeded ({n} × INTERNAL)\n" in err
+    assert broken["stopped_early"] == {
+        "reason": f"no request of the step succeeded ({n} × INTERNAL)",
+        "rule": "none_ok",
+        "at_qps": step["offered_qps"],
+        "steps_run": 1,
+        "steps_planned": 3,
+    }
     assert status == 2 and "the model failed every request at 20 QPS" in err, err
     # The plan said so: with --stop-factor inf it named no early end, though this one ended the ramp.
     assert "wok bench: planned: 3 steps × (0.5 s) = 1.5 s (less if a step ends the ramp: no request OK)\n" in err
     status, _, err = wok_cli(
         *argv, "--admin-url", url, "--fault", "fail:model=mlp,at=0s", "--json", str(tmp_path / "f.json")
     )
-    steps = json.loads((tmp_path / "f.json").read_text())["steps"]
+    faulted = json.loads((tmp_path / "f.json").read_text())
+    steps = faulted["steps"]
     # The fault's POST may race the first step's first requests: the second step is wholly the fault's.
     assert len(steps) == 3 and steps[1]["ok"] == 0 and steps[1]["requests"] > 0, err
-    assert status == 0 and "stopping early" not in err, err
+    assert status == 0 and "stopping early" not in err and faulted["stopped_early"] is None, err
     ends = "no request sent, or every request refused as malformed"
     assert f"wok bench: planned: 3 steps × (0.5 s) = 1.5 s (less if a step ends the ramp: {ends})\n" in err, err
 
@@ -560,9 +569,12 @@ def test_replicas_without_a_fault_end_the_ramp_at_a_step_with_no_request_ok(tmp_
     argv += ["--model", "broken", "--metrics-url", "none", "--steps", "20,40", "--step-duration", "0.5s"]
     argv += ["--warmup", "0s", "--workers", "1", "--stop-factor", "inf"]
     status, _, err = wok_cli(*argv, "--json", str(tmp_path / "r.json"))
-    (step,) = json.loads((tmp_path / "r.json").read_text())["steps"]
+    result = json.loads((tmp_path / "r.json").read_text())
+    (step,) = result["steps"]
     assert step["ok"] == 0 and list(step["errors"]) == ["INTERNAL"], err
     assert f"stopping early: no request of the step succeeded ({step['errors']['INTERNAL']} × INTERNAL)\n" in err, err
+    stop = result["stopped_early"]
+    assert (stop["rule"], stop["steps_run"], stop["steps_planned"]) == ("none_ok", 1, 2), stop
     assert status == 2 and "the model failed every request at 20 QPS" in err, err
 
 
@@ -574,12 +586,22 @@ def test_an_inf_ramp_runs_on_through_steps_failed_by_load(plain_server, tmp_path
     argv = ["bench", "ramp", "--target", plain_server.target, "--metrics-url", "none", "--steps", "20,40"]
     argv += ["--step-duration", "0.5s", "--warmup", "0s", "--workers", "1", "--timeout", "1e-6s"]
     status, _, err = wok_cli(*argv, "--stop-factor", "inf", "--json", str(tmp_path / "inf.json"))
-    steps = json.loads((tmp_path / "inf.json").read_text())["steps"]
+    inf = json.loads((tmp_path / "inf.json").read_text())
+    steps = inf["steps"]
     assert [(s["ok"], list(s["errors"])) for s in steps] == [(0, ["DEADLINE_EXCEEDED"])] * 2, err
-    assert status == 0 and "stopping early" not in err, err
+    assert status == 0 and "stopping early" not in err and inf["stopped_early"] is None, err
     status, _, err = wok_cli(*argv, "--json", str(tmp_path / "ten.json"))
-    assert len(json.loads((tmp_path / "ten.json").read_text())["steps"]) == 1, err
-    assert status == 0 and "stopping early: fewer than half of the step's requests succeeded (0.0% ok)\n" in err, err
+    ten = json.loads((tmp_path / "ten.json").read_text())
+    assert len(ten["steps"]) == 1, err
+    why = "fewer than half of the step's requests succeeded (0.0% ok)"
+    assert status == 0 and f"stopping early: {why}\n" in err, err
+    assert ten["stopped_early"] == {
+        "reason": why,
+        "rule": "stop_factor",
+        "at_qps": ten["steps"][0]["offered_qps"],
+        "steps_run": 1,
+        "steps_planned": 2,
+    }
 
 
 # -- the command line ---------------------------------------------------------------------

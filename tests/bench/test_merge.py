@@ -382,10 +382,21 @@ def test_steps_run_high_to_low_merge_by_the_order_they_ran_when_a_part_stopped_e
         "the parts ran different numbers of steps (a.json: 3, b.json: 3, c.json: 1): only the first 1 they ran "
         "are merged" in merged["warnings"]
     )
+    assert "stopped_early" not in merged  # parts written before it: whether c stopped by a rule is unknown
+    # c's rule ended the merged ramp where it ended c: said after its name, at the merged step's offer.
+    why = "the step's P99 80 ms is over 1.5 × the SLO (50 ms)"
+    stop = {"reason": why, "rule": "stop_factor", "at_qps": 200.0, "steps_run": 1, "steps_planned": 3}
+    stopped = [{**p, "stopped_early": None} for p in stopped[:2]] + [{**stopped[2], "stopped_early": stop}]
+    assert merge_results(stopped, ["a.json", "b.json", "c.json"])["stopped_early"] == {
+        **stop,
+        "reason": f"c.json: {why}",
+        "at_qps": pytest.approx(600.0),
+    }
     # Every part whole: each step with its own, listed by offered rate; config.steps in the order run.
-    merged = merge_results(parts)
+    merged = merge_results([{**p, "stopped_early": None} for p in parts])
     assert [s["requests"] for s in merged["steps"]] == [s["requests"] for s in whole["steps"]]
     assert merged["config"]["steps"] == [pytest.approx(q) for q in (600.0, 300.0, 150.0)]
+    assert merged["stopped_early"] is None
 
 
 def test_parts_planned_with_other_steps_do_not_merge_even_where_the_steps_all_ran_agree(split_ramp):

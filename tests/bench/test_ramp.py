@@ -484,8 +484,10 @@ def test_a_ramp_cut_by_a_signal_says_so_in_its_result(bench_server):
         "the ramp was cut in its 100 QPS step, and every step before it met the SLO: the maximum is at least "
         "50 QPS, a lower bound; run the ramp again to find it"
     ) in result["warnings"]
+    assert result["stopped_early"] is None  # cut, not stopped by a rule
     cfg.steps = [50]
-    assert Ramp(cfg, progress=lambda _: None).run()["interrupted"] is None
+    whole = Ramp(cfg, progress=lambda _: None).run()
+    assert (whole["interrupted"], whole["stopped_early"]) == (None, None)
 
 
 class _Stamped(Ramp):
@@ -770,6 +772,25 @@ def test_a_signal_held_before_the_refinement_says_it_never_started(bench_server)
         "phase": "refine",
     }
     assert result["interrupted"]["reason"] in result["warnings"] and ramp.late_signal is None
+    # The stop rule's end of the ramp, before the refinement the signal cut: both said, each in its key.
+    assert result["stopped_early"] == {
+        "reason": "the step's P99 500 ms is over 5 × the SLO (50 ms)",
+        "rule": "stop_factor",
+        "at_qps": 4000.0,
+        "steps_run": 2,
+        "steps_planned": 3,
+    }
+
+
+def test_a_stop_rule_met_by_the_last_step_planned_leaves_stopped_early_null(bench_server):
+    """The ramp says "stopping early" after the last step too, but no step was skipped: the ramp ran all it planned."""
+    ramp = refining(_DoubleOffer, bench_server.target, refine=0)
+    ramp.cfg.stop_factor = 5.0  # 2,000 (4,000 offered: P99 500 ms), the last step, meets it
+    said = []
+    ramp.say = said.append
+    result = ramp.run()
+    assert ramp.ran == [1000, 2000] and "stopping early: the step's P99 500 ms is over 5 × the SLO (50 ms)" in said
+    assert (result["interrupted"], result["stopped_early"]) == (None, None)
 
 
 def test_the_pool_is_built_through_the_balancer_the_workers_use(bench_server, v6_server):

@@ -31,8 +31,16 @@ def test_a_step_refused_as_malformed_ends_the_ramp_with_exit_2_and_the_servers_m
     out = tmp_path / "r.json"
     status, stdout, err = wok_cli(*_ramp(bench_server.target, out, "--model", "encoder", "--sizes", "fixed:257"))
     assert status == 2, err
-    (step,) = json.loads(out.read_text())["steps"]  # stopped after the first step
+    result = json.loads(out.read_text())
+    (step,) = result["steps"]  # stopped after the first step
     n = step["errors"]["INVALID_ARGUMENT"]
+    # The file said nothing of the stop: `interrupted` (a signal's or an error's cut) stayed null.
+    why = "the server refused every request of the step (INVALID_ARGUMENT)"
+    assert (result["interrupted"], result["stopped_early"]) == (
+        None,
+        {"reason": why, "rule": "refused_as_bad", "at_qps": step["offered_qps"], "steps_run": 1, "steps_planned": 2},
+    )
+    assert f"stopping early: {why}\n" in err
     assert (step["ok"], step["errors"], step["error_details"]) == (
         0,
         {"INVALID_ARGUMENT": n},

@@ -563,6 +563,24 @@ def test_table_lists_the_results_warnings_under_its_verdicts(result):
     assert "warning" not in buf.getvalue()
 
 
+def test_a_ramp_stopped_early_by_a_rule_says_at_which_step_of_how_many_and_why(result):
+    """The result's `stopped_early`, under the verdicts in text and HTML alike: the file said nothing of it."""
+    stop = {"reason": "the step's P99 2001 ms is over 10 × the SLO (200 ms)", "rule": "stop_factor"}
+    doc = {**result, "stopped_early": {**stop, "at_qps": 800.0, "steps_run": 3, "steps_planned": 8}}
+    line = "the ramp stopped early, after step 3 of 8 (800 QPS offered): " + stop["reason"]
+    buf = io.StringIO()
+    report.print_table(doc, file=buf)
+    assert line in buf.getvalue().splitlines()
+    assert f'<p class="verdict-note">{report._e(line)}</p>' in report.render_html(doc)
+    for whole in ({**result, "stopped_early": None}, result):  # null, or a file written before the key
+        buf = io.StringIO()
+        report.print_table(whole, file=buf)
+        assert "stopped early" not in buf.getvalue() and "stopped early" not in report.render_html(whole)
+    # A soak run's verdicts, and so its stop, are its capacity ramp's.
+    soak = {**soak_document(), "stopped_early": {**stop, "at_qps": 100.0, "steps_run": 2, "steps_planned": 3}}
+    assert report.stopped_early_note(soak).startswith("the capacity ramp stopped early, after step 2 of 3 (100 QPS")
+
+
 def test_table_of_bare_steps_has_no_verdicts(result):
     buf = io.StringIO()
     report.print_table(result["steps"], file=buf)

@@ -242,6 +242,7 @@ def test_a_burst_soak_holds_its_share_of_the_offered_capacity_and_reports_the_ca
     # A whole burst step (no warm-up) offers 1 + 0.4·√(2π) times its step rate.
     assert step["nominal_qps"] == pytest.approx(capacity / 2 / (1 + 0.4 * math.sqrt(2 * math.pi)), rel=1e-3)
     assert result["max_qps_under_slo"] == capacity and result["soak"]["verdict_from"] == "capacity ramp"
+    assert result["stopped_early"] is None  # the capacity ramp's: it ran both steps
     # The knee and its flag are the capacity ramp's both (both steps kept up: none).
     assert result["knee_qps"] is None and result["knee_at_or_below_first_step"] is False
     assert not any(w.startswith("every step met") for w in result["warnings"])
@@ -437,6 +438,8 @@ def test_a_soak_without_capacity_writes_the_capacity_ramp_and_exits_3(runs):
     result = json.loads(out.read_text())
     assert result["soak"] is None and result["max_qps_under_slo"] is None and len(result["steps"]) == 1
     assert result["interrupted"] is None and any("no capacity to soak at" in w for w in result["warnings"])
+    # Its one step met the stop rule (P99 over 10 × 1 µs), and was the last planned: no step skipped.
+    assert "stopping early: the step's P99" in err and result["stopped_early"] is None
 
 
 @pytest.mark.parametrize(
