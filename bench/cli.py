@@ -920,11 +920,12 @@ def _planned_text(args, cfg) -> str:
 
 def ramp_ends_text(stop_factor: float, *, faulted: bool = False) -> str:
     """What may end a ramp before its last step (Ramp.run), for a planned line: with --stop-factor inf it said
-    nothing, though a step with no request OK ends a ramp whatever the factor. A --fault run goes on through both
+    nothing, though a step with no request OK ends a ramp whatever the factor, unless some of its requests failed by
+    load (analysis.none_ok), which only a finite factor stops. A --fault run goes on through both
     (faults.run_faults, FaultRamp) but for a step that sent nothing or had every request refused as malformed."""
     if faulted:
         return "no request sent, or every request refused as malformed"
-    return "--stop-factor, or no request OK" if math.isfinite(stop_factor) else "no request OK"
+    return "--stop-factor, or no request OK" if math.isfinite(stop_factor) else "no request OK, none failed by load"
 
 
 def _check_target(text: str) -> str:

@@ -456,6 +456,18 @@ def int_high_source(servable: Servable, cfg: ProfileConfig, by_input: Mapping[st
     return "default" if smallest_table(servable) is None else "table"
 
 
+def _type_capped(servable: Servable, high: int, by_input: Mapping[str, int]) -> dict[str, int]:
+    """By integer input whose datatype holds no id up to its bound (`by_input`'s, else `high`), the bound it is drawn
+    below instead: the type's largest value + 1, as PayloadGenerator caps it (an INT8 input's ids reach 127)."""
+    out = {}
+    for t in servable.config.inputs:
+        if _is_integer(t.datatype):
+            cap = int(np.iinfo(datatype(t.datatype).numpy).max) + 1
+            if cap < by_input.get(t.name, high):
+                out[t.name] = cap
+    return out
+
+
 def _is_integer(name: str) -> bool:
     """Whether PayloadGenerator draws an input of datatype `name` below an int_high: BF16 travels as uint16 words
     of floats drawn as such, BOOL and BYTES are not numbers."""
@@ -747,6 +759,7 @@ def profile(
     cfg_out = asdict(cfg)
     cfg_out["int_high"], cfg_out["int_high_by_input"] = _int_highs(servable, cfg)
     cfg_out["int_high_source"] = int_high_source(servable, cfg, cfg_out["int_high_by_input"])
+    cfg_out["int_high_capped"] = _type_capped(servable, cfg_out["int_high"], cfg_out["int_high_by_input"])
     cfg_out["cpu_linear"] = times.cpu_linear
     return {
         "schema": SCHEMA,
@@ -911,6 +924,12 @@ def int_high_line(config: dict) -> str | None:
             text += f"; the others in [0, {high}): {_INT_HIGH_WHY[source]}"
     if source != "given":
         text += " (--int-high to change)"
+    capped = config.get("int_high_capped") or {}
+    if capped:
+        # The ramp's payloads cap the same way, so its hint below still sends what the profile drew.
+        each = ", ".join(f"input {quoted_name(name)} in [0, {cap})" for name, cap in capped.items())
+        text += f"; but {each}: " + ("its datatype holds" if len(capped) == 1 else "their datatypes hold")
+        text += " no larger id" if len(capped) == 1 else " no larger ids"
     highs = {*by_input.values(), *([high] if source is not None else [])}
     if len(highs) > 1:
         # The ramp has one --int-high for every integer input: the smallest keeps each one's ids in its tables.

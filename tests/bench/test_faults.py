@@ -527,7 +527,8 @@ def test_a_model_failing_every_request_ends_even_an_inf_ramp_and_a_fail_faults_r
     }
     assert status == 2 and "the model failed every request at 20 QPS" in err, err
     # The plan said so: with --stop-factor inf it named no early end, though this one ended the ramp.
-    assert "wok bench: planned: 3 steps × (0.5 s) = 1.5 s (less if a step ends the ramp: no request OK)\n" in err
+    ends = "no request OK, none failed by load"
+    assert f"wok bench: planned: 3 steps × (0.5 s) = 1.5 s (less if a step ends the ramp: {ends})\n" in err, err
     status, _, err = wok_cli(
         *argv, "--admin-url", url, "--fault", "fail:model=mlp,at=0s", "--json", str(tmp_path / "f.json")
     )
@@ -590,6 +591,9 @@ def test_an_inf_ramp_runs_on_through_steps_failed_by_load(plain_server, tmp_path
     steps = inf["steps"]
     assert [(s["ok"], list(s["errors"])) for s in steps] == [(0, ["DEADLINE_EXCEEDED"])] * 2, err
     assert status == 0 and "stopping early" not in err and inf["stopped_early"] is None, err
+    # The plan named "no request OK" as an end of this ramp, which ran on through two such steps.
+    ends = "no request OK, none failed by load"
+    assert f"wok bench: planned: 2 steps × (0.5 s) = 1 s (less if a step ends the ramp: {ends})\n" in err, err
     status, _, err = wok_cli(*argv, "--json", str(tmp_path / "ten.json"))
     ten = json.loads((tmp_path / "ten.json").read_text())
     assert len(ten["steps"]) == 1, err

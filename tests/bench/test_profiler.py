@@ -1183,3 +1183,32 @@ def test_a_cast_that_loses_values_bounds_no_input(tmp_path):
     assert profiler.id_range(servable) == 50
     assert profiler.id_highs(servable) == {}
     assert _profiled(folder)["config"]["int_high"] == 50
+
+
+class _WidenedIds(torch.nn.Module):
+    """Ids of a narrow integer input, widened (a cast that keeps them) before a lookup in 300 rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(300, 4))
+
+    def forward(self, ids):
+        return F.embedding(ids.long(), self.table).sum(1)
+
+
+@pytest.mark.parametrize(("datatype", "cap"), [("INT8", 128), ("UINT8", 256)])
+def test_the_summary_says_where_an_inputs_datatype_caps_its_ids(tmp_path, datatype, cap):
+    """The payloads draw an integer input below its datatype's largest value + 1 whatever its bound: an INT8 input
+    whose ids reach 300 rows drew ids below 128, and the line said `input 'ids' in [0, 300)`."""
+    folder = tmp_path / "repo" / "narrow"
+    _save_model(folder, _WidenedIds(), "torchscript", None, ("ids", datatype, [3]), ("out", "FP32", [4]))
+    doc = _profiled(folder)
+    assert (doc["config"]["int_high_by_input"], doc["config"]["int_high_capped"]) == ({"ids": 300}, {"ids": cap})
+    assert _int_high_line(doc) == [
+        "integer inputs uniform by input: input 'ids' in [0, 300), the rows of the smallest embedding table its ids "
+        f"reach (--int-high to change); but input 'ids' in [0, {cap}): its datatype holds no larger id; to send the "
+        "same, give wok bench ramp --int-high 300"
+    ]
+    # --int-high past the type's range alike; one within it caps nothing.
+    assert _profiled(folder, "--int-high", "1000")["config"]["int_high_capped"] == {"ids": cap}
+    assert _profiled(folder, "--int-high", "100")["config"]["int_high_capped"] == {}

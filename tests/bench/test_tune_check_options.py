@@ -338,11 +338,12 @@ def test_help_gives_every_option_a_help_with_its_default_and_the_runs_length():
             "profile, the search and the starts of 4 servers, a few seconds each",
         ),
         (
-            # A step with no request OK ends a ramp whatever --stop-factor: with inf the line named no end at all.
+            # A step with no request OK, none failed by load, ends a ramp whatever --stop-factor: with inf the
+            # line named no end at all.
             ["--no-cpu-stage", "--stop-factor", "inf"],
             "planned: at most 19 s of load (7 s of overhead calibrations, 12 s of validation; less if a step ends a "
-            "ramp: no request OK), besides the in-process profile, the search and the starts of 3 servers, a few "
-            "seconds each",
+            "ramp: no request OK, none failed by load), besides the in-process profile, the search and the starts "
+            "of 3 servers, a few seconds each",
         ),
     ],
     ids=["no-cpu-stage", "cpu-stage", "stop-factor-inf"],
