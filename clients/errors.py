@@ -105,8 +105,8 @@ class InferError(Exception):
     NOT_SERVING (a wok server draining); DRAINED_HINT for an UNAVAILABLE call after that, with no
     call answered OK in between (the server that drained is gone); for a request gRPC refused as
     over the server's message limit, its size, the limit and the --max-request-bytes it means on
-    a wok server (`over_limit_hint`); else "". A call the wok balancer retried has, after its
-    details, " (before: CODE: details)": the last earlier attempt's error that said something else.
+    a wok server (`over_limit_hint`); else "". A call the wok balancer retried that ends UNAVAILABLE has,
+    after its details, " (before: CODE: details)": the last earlier attempt's error that said something else.
     """
 
     def __init__(self, code: grpc.StatusCode, details: str, hint: str = "") -> None:
