@@ -463,7 +463,8 @@ NONE_SENT = "the step sent no request"
 
 def stop_reason(step: dict, slo_p99_ms: float, factor: float) -> str | None:
     """Why a ramp ends after `step` (None: it goes on): its P99 beyond factor × SLO, or most of its
-    requests failed. An infinite factor turns both off, for a curve run to its last step.
+    requests failed. An infinite factor turns both off, for a curve run to its last step (but for the ramp's other
+    rules: a step with no request OK, none failed by load, ends any ramp but a fault run's: Ramp._stop_rule).
 
     A step with no requests at all (success rate NaN) stops whatever the factor: the generator
     is not working.

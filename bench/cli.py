@@ -782,7 +782,7 @@ def _check_aim(args) -> None:
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1; got {args.workers}")
     if not args.stop_factor > 0:  # NaN too
-        raise ValueError(f"--stop-factor must be > 0 (inf: never stop early); got {args.stop_factor:g}")
+        raise ValueError(f"--stop-factor must be > 0 (inf: no stop by P99 or success rate); got {args.stop_factor:g}")
     if args.refine < 0:  # taken as 0 before, without a word
         raise ValueError(f"--refine: expected an integer >= 0; got {args.refine}")
     # NaN compares false: a NaN threshold found no knee, and wrote NaN into the JSON; a NaN
