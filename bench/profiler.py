@@ -686,12 +686,12 @@ def profile(
             "would hardly ever form; give smaller --batch-sizes, or --sizes with fewer distinct sizes"
         )
     roof = roofline_of(device)
+    high, by_input = _int_highs(servable, cfg)  # the bounds the pool was drawn below (`_generator`)
     try:
         times = time_batches(servable, device, cfg, pool, progress)
     except ModelExecutionError as exc:
         # The model refused the inputs made for it (ids past a table, a sequence longer than it
         # takes): the options that made them are the error, not a traceback.
-        high, by_input = _int_highs(servable, cfg)
         own = "".join(f", input '{name}' below {rows}" for name, rows in by_input.items())
         raise ValueError(f"the inputs made with --sizes {cfg.sizes} and --int-high {high}{own}: {exc}") from None
     # The fit `wok tune` makes of a profile's raw times too (tune_check's in-process profile): one α, β; with
@@ -757,9 +757,9 @@ def profile(
         if keys:
             batches[-1]["keys_left_out"] = {"keys": keys, "share": share, "draws": len(pool.keys) + pool.extra_draws}
     cfg_out = asdict(cfg)
-    cfg_out["int_high"], cfg_out["int_high_by_input"] = _int_highs(servable, cfg)
-    cfg_out["int_high_source"] = int_high_source(servable, cfg, cfg_out["int_high_by_input"])
-    cfg_out["int_high_capped"] = _type_capped(servable, cfg_out["int_high"], cfg_out["int_high_by_input"])
+    cfg_out["int_high"], cfg_out["int_high_by_input"] = high, by_input
+    cfg_out["int_high_source"] = int_high_source(servable, cfg, by_input)
+    cfg_out["int_high_capped"] = _type_capped(servable, high, by_input)
     cfg_out["cpu_linear"] = times.cpu_linear
     return {
         "schema": SCHEMA,

@@ -1500,7 +1500,7 @@ class Balancer:
                     self._launch(pending, _Attempt(r, kind), key, request, deadline, metadata, delay)
                     last_launch = now
                     self._notify()
-            if last_error is not None and before is not None and before.details() != last_error.details():
+            if before is not None:  # set only beside a later last_error that said something else
                 setattr(last_error, BEFORE, f"{before.code().name}: {before.details()}")
             raise last_error or rpc_error(CODE.UNAVAILABLE, "no attempt could be made")
         finally:
