@@ -12,17 +12,19 @@ parameter or buffer (a constant, once frozen). It finds two things per input, fo
   none, a TorchScript branch each of whose ways does). `least` is 0 but where every table is indexed as
   `table[ids]`, which takes a negative id as counted from its end.
 * `bounds`, `wok profile`'s: ids in [0, bound) reach no table outside its rows. Ops that pass on only some of the
-  ids (a slice, a row, an expand) and lookups under a condition count here, as the ids drawn below the bound stay
-  below it; they do not for `rows`, where an id the model never looks up would be refused.
+  ids (a slice, a row, an expand, an embedding bag with include_last_offset) and lookups under a condition count
+  here, as the ids drawn below the bound stay below it; they do not for `rows`, where an id the model never looks
+  up would be refused.
 
-Where an input reaches a table any other way (arithmetic on it, a narrowing cast, an op not known), nothing is
-guessed: it is not checked, and `unclear` says why.
+Where an input reaches a table any other way (arithmetic on it, a narrowing cast, an op not known, a function of the
+model's own whatever its name), nothing is guessed: it is not checked, and `unclear` says why.
 """
 
 from __future__ import annotations
 
 import copy
 import operator
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -52,6 +54,8 @@ _FX_KEEPS = frozenset(op.removeprefix("aten::") for op in _KEEPS)
 _FX_INDEX = frozenset({"__getitem__", "getitem"})
 _FX_PARTS = frozenset({*(op.removeprefix("aten::") for op in _PARTS), *_FX_INDEX, "index_select"})
 _FX_CASTS = {"long": torch.int64, "int": torch.int32, "to": None}
+# Why an embedding bag may look up only some ids (include_last_offset: those after the last offset are not read).
+_LAST_OFFSET = "which reads no id after its last offset (include_last_offset)"
 
 
 def table_rows(module: torch.nn.Module) -> list[int]:
@@ -169,9 +173,11 @@ class _Walk:
         elif src in self.mixed:
             self.mixed[out] = self.mixed[src]
 
-    def lookup(self, index, rows: int | None, what: str, conditional: str = "", wraps: bool = False) -> None:
+    def lookup(
+        self, index, rows: int | None, what: str, conditional: str = "", wraps: bool = False, partial: str = ""
+    ) -> None:
         """Ids `index` looked up in a table of `rows` rows (None: not known) by op `what`; `wraps`: as `table[ids]`,
-        which counts a negative id from the table's end."""
+        which counts a negative id from the table's end; `partial`: why `what` may read only some of the ids."""
         for name, how in self.inputs_of(index).items():
             taken = self.ids[index][2] if index in self.ids else ""
             if how:
@@ -183,6 +189,8 @@ class _Walk:
             self.found.bounds[name] = min(rows, self.found.bounds.get(name, rows))
             if taken:
                 self.found.unclear.setdefault(name, f"it reaches {what} through {taken}, which passes on only some ids")
+            elif partial:
+                self.found.unclear.setdefault(name, f"it reaches {what}, {partial}")
             elif conditional:
                 self.found.unclear.setdefault(name, f"it reaches {what} under a condition ({conditional})")
             else:
@@ -230,7 +238,8 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
         op = _schema_name(node.target) or getattr(node.target, "__name__", str(node.target))
         ins = [a for a in node.all_input_nodes]
         if op in EMBEDDING_SCHEMAS and len(node.args) > 1:
-            walk.lookup(node.args[1], _looked_up_rows(node), op)
+            partial = "" if _schema_arg(node, "include_last_offset") in (None, False) else _LAST_OFFSET
+            walk.lookup(node.args[1], _looked_up_rows(node), op, partial=partial)
             walk.derive([node], [a for a in ins if a is not node.args[1]], op)
         elif op == _INDEX_SELECT and len(node.args) == 3 and node.args[1] == 0 and table(node.args[0]) is not None:
             walk.lookup(node.args[2], _rows_of(table(node.args[0]), embedding=False), f"{op} of a parameter")
@@ -255,6 +264,15 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
             walk.keep(node, node.args[0], val.dtype if isinstance(val, torch.Tensor) else torch.float32, op)
         else:
             walk.derive([node], ins, op)
+
+
+def _schema_arg(node, name: str):
+    """The value a node of a torch.export graph gives its aten op's argument `name` (by position, by keyword, else
+    the schema's default); None where the op has no such argument."""
+    for i, arg in enumerate(node.target._schema.arguments):
+        if arg.name == name:
+            return node.args[i] if i < len(node.args) else node.kwargs.get(name, arg.default_value)
+    return None
 
 
 def _one_index(indices) -> bool:
@@ -365,7 +383,8 @@ class _Script:
                     self.nodes(block.nodes(), conditional or kind)
                 walk.derive(outs, ins + _inner(blocks), kind, restate=True)
             elif kind in EMBEDDING_SCHEMAS:
-                walk.lookup(ins[1], _rows_of(self.object(ins[0])), kind, conditional)
+                partial = "" if self.last_offset(node) is False else _LAST_OFFSET
+                walk.lookup(ins[1], _rows_of(self.object(ins[0])), kind, conditional, partial=partial)
                 walk.derive(outs, ins[2:], kind)
             elif kind == _INDEX_SELECT and self.constant(ins[1]) == 0 and isinstance(self.object(ins[0]), torch.Tensor):
                 rows = _rows_of(self.object(ins[0]), embedding=False)
@@ -387,6 +406,15 @@ class _Script:
                 walk.keep(outs[0], ins[0], _script_dtype(node), kind)
             else:
                 walk.derive(outs, ins, kind)
+
+    def last_offset(self, node):
+        """An embedding op's include_last_offset: False where it has none; _UNKNOWN where not known at load
+        (F.embedding_bag's code passes a module's True for 1-D ids alone, whose dims come with the request)."""
+        try:
+            value = node.namedInput("include_last_offset")
+        except RuntimeError:  # aten::embedding: no such argument
+            return False
+        return self.constant(value)
 
     @staticmethod
     def _one_index(indices) -> bool:
@@ -455,7 +483,8 @@ def _walk_python(walk: _Walk, module: torch.nn.Module, order: list[str], dtypes:
     runs forward on proxies: what it writes to its module goes to the copy; what it does outside it, to a global or
     a file, is done once). Where it cannot be traced (a branch on an input's values, a module that cannot be copied),
     its inputs are not checked; said where it holds an nn.Embedding or nn.EmbeddingBag. Inputs sent into
-    forward's *args are not followed: torch.fx has one placeholder for them all."""
+    forward's *args are not followed: torch.fx has one placeholder for them all. A TorchScript submodule is not
+    traced into (torch.fx cannot) but walked as a TorchScript model is."""
     try:
         traced = _traced_copy(module)
     except _NotTraced as exc:
@@ -469,76 +498,170 @@ def _walk_python(walk: _Walk, module: torch.nn.Module, order: list[str], dtypes:
             break
         if name in dtypes:
             walk.ids[node] = (name, dtypes[name], "")
+    scripts: list[_Script] = []  # held to the end: their graphs' values are keys of walk's dicts
     for node in traced.graph.nodes:
-        if node.op in ("placeholder", "output"):
+        if node.op in ("placeholder", "output", "get_attr"):
             continue
-        ins = list(node.all_input_nodes)
-        target = node.target
         if node.op == "call_module":
-            sub = traced.get_submodule(target)
-            rows = table_rows(sub) if isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag)) else []
-            if rows and node.args:
-                walk.lookup(node.args[0], rows[0], f"the {type(sub).__name__} module")
-                walk.derive([node], ins[1:], type(sub).__name__)
-            else:
-                walk.derive([node], ins, type(sub).__name__)
+            _fx_module_call(walk, traced, node, scripts)
             continue
-        if node.op == "get_attr":
-            continue
-        name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
-        args = node.args
-        if name in ("embedding", "embedding_bag") and getattr(target, "__module__", "") == "torch.nn.functional":
-            index = args[0] if args else node.kwargs.get("input")
-            table = args[1] if len(args) > 1 else node.kwargs.get("weight")
-            walk.lookup(index, _rows_of(_fx_tensor(traced, table)), f"F.{name}")
-            walk.derive([node], [a for a in ins if a is not index], name)
-        elif name == "index_select" and len(args) == 3 and args[1] == 0 and _fx_tensor(traced, args[0]) is not None:
-            walk.lookup(args[2], _rows_of(_fx_tensor(traced, args[0]), embedding=False), "index_select of a parameter")
-            walk.derive([node], [a for a in ins if a is not args[2]], name)
-        elif (
-            name in _FX_INDEX
-            and len(args) == 2
-            and _fx_tensor(traced, args[0]) is not None
-            and isinstance(args[1], torch.fx.Node)
-        ):
-            if walk.dtype_of(args[1]) in _MASKS:
-                walk.derive([node], ins, name)
-                continue
-            table = _fx_tensor(traced, args[0])
-            walk.lookup(args[1], _rows_of(table, embedding=False), "table[ids] of a parameter", wraps=True)
-        elif name in _FX_KEEPS and args:
-            walk.keep(node, args[0], via=name)
-            walk.derive([node], ins[1:], name)
-        elif name in _FX_PARTS and args:
-            walk.keep(node, args[0], via=name, part=True)
-            walk.derive([node], ins[1:], name)
-        elif node.op == "call_method" and name in _FX_CASTS and args:
-            walk.keep(node, args[0], _fx_dtype(node, _FX_CASTS[name]), name)
-        else:
+        _fx_call(walk, traced, node)
+
+
+def _fx_module_call(walk: _Walk, traced: torch.fx.GraphModule, node, scripts: list) -> None:
+    """A call_module node: an nn.Embedding or nn.EmbeddingBag (its ids by position or as `input=`), or a
+    TorchScript submodule (its graph walked); any other leaf's output is derived from its inputs."""
+    ins = list(node.all_input_nodes)
+    sub = traced.get_submodule(node.target)
+    if isinstance(sub, torch.jit.ScriptModule):
+        script = _Script(walk, sub)
+        scripts.append(script)
+        values = list(script.graph.inputs())[1:]
+        names = [a.name for a in sub.forward.schema.arguments][1:]
+        for arg, value in [
+            *zip(node.args, values),
+            *((node.kwargs[n], v) for n, v in zip(names, values) if n in node.kwargs),
+        ]:
+            walk.alias(value, arg)
+        script.nodes(script.graph.nodes(), "")
+        out = next(iter(script.graph.outputs()))
+        walk.alias(node, out)
+        if node not in walk.ids and node not in walk.mixed:
+            walk.derive([node], ins, type(sub).__name__)
+        return
+    rows = table_rows(sub) if isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag)) else []
+    index = node.args[0] if node.args else node.kwargs.get("input")
+    if rows and index is not None:
+        partial = _LAST_OFFSET if getattr(sub, "include_last_offset", False) else ""
+        walk.lookup(index, rows[0], f"the {type(sub).__name__} module", partial=partial)
+        walk.derive([node], [a for a in ins if a is not index], type(sub).__name__)
+    else:
+        walk.derive([node], ins, type(sub).__name__)
+
+
+def _fx_op(node) -> str | None:
+    """The name of the op an fx node calls where it is torch's own: a method (of a tensor, the values followed
+    being tensors), a function of torch or of torch.Tensor, or operator.getitem; None for any other function
+    (a user's, torch.fx.wrap'ped, whatever its name)."""
+    if node.op == "call_method":
+        return node.target
+    if node.target is operator.getitem:
+        return "getitem"
+    name = getattr(node.target, "__name__", None)
+    if isinstance(name, str) and any(getattr(ns, name, None) is node.target for ns in (torch, torch.Tensor)):
+        return name
+    return None
+
+
+def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
+    """A call_function or call_method node."""
+    ins = list(node.all_input_nodes)
+    target = node.target
+    shown = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+    name = _fx_op(node)
+    args = node.args
+    if target is torch.nn.functional.embedding or target is torch.nn.functional.embedding_bag:
+        index = args[0] if args else node.kwargs.get("input")
+        table = args[1] if len(args) > 1 else node.kwargs.get("weight")
+        partial = ""
+        if target is torch.nn.functional.embedding_bag:
+            # F.embedding_bag's 10th parameter; anything but False (a value computed in forward) may leave ids out.
+            last = args[9] if len(args) > 9 else node.kwargs.get("include_last_offset", False)
+            partial = "" if last is False else _LAST_OFFSET
+        walk.lookup(index, _rows_of(_fx_tensor(traced, table)), f"F.{shown}", partial=partial)
+        walk.derive([node], [a for a in ins if a is not index], shown)
+    elif name == "index_select" and len(args) == 3 and args[1] == 0 and _fx_tensor(traced, args[0]) is not None:
+        walk.lookup(args[2], _rows_of(_fx_tensor(traced, args[0]), embedding=False), "index_select of a parameter")
+        walk.derive([node], [a for a in ins if a is not args[2]], name)
+    elif (
+        name in _FX_INDEX
+        and len(args) == 2
+        and _fx_tensor(traced, args[0]) is not None
+        and isinstance(args[1], torch.fx.Node)
+    ):
+        if walk.dtype_of(args[1]) in _MASKS:
             walk.derive([node], ins, name)
+            return
+        table = _fx_tensor(traced, args[0])
+        walk.lookup(args[1], _rows_of(table, embedding=False), "table[ids] of a parameter", wraps=True)
+    elif name in _FX_KEEPS and args:
+        walk.keep(node, args[0], via=name)
+        walk.derive([node], ins[1:], name)
+    elif name in _FX_PARTS and args:
+        walk.keep(node, args[0], via=name, part=True)
+        walk.derive([node], ins[1:], name)
+    elif node.op == "call_method" and name in _FX_CASTS and args:
+        walk.keep(node, args[0], _fx_dtype(node, _FX_CASTS[name]), name)
+    else:
+        walk.derive([node], ins, shown)
 
 
 class _NotTraced(Exception):
     """A python module torch.fx cannot trace; its message, what could not be done."""
 
 
+class _OwnThreadTracer(torch.fx.Tracer):
+    """torch.fx's Tracer, for its own thread alone. Its trace replaces nn.Module.__call__ and __getattr__ for the
+    whole process while it runs, so another thread's module call (another model's batch, a TorchScript one too) went
+    to this trace and failed ("module is not installed as a submodule"): here such a call, or attribute read, runs
+    as if nothing were patched. Two things of the trace still reach every thread while it runs: the functions it
+    wraps (math's, those of torch.fx.wrap) answer as before for values that are not its proxies, and
+    torch.fx's is_fx_tracing() is True (torch.nested.nested_tensor_from_jagged refuses; a torch.compile'd function
+    runs uncompiled). A TorchScript submodule is a leaf: torch.fx cannot trace into it; `_fx_module_call` walks it."""
+
+    def __init__(self) -> None:
+        self._thread = threading.get_ident()
+        super().__init__()
+
+    # Read by the patched nn.Module.__call__ of whatever thread calls a module: another thread's call must wrap no
+    # function of its module's globals (with this trace's patcher, which may be gone by then, left wrapped).
+    @property
+    def _autowrap_function_ids(self) -> set[int]:
+        return self._own_autowrap_ids if threading.get_ident() == self._thread else set()
+
+    @_autowrap_function_ids.setter
+    def _autowrap_function_ids(self, ids: set[int]) -> None:
+        self._own_autowrap_ids = ids
+
+    def call_module(self, m, forward, args, kwargs):
+        if threading.get_ident() != self._thread:
+            return forward(*args, **kwargs)
+        return super().call_module(m, forward, args, kwargs)
+
+    def getattr(self, attr, attr_val, parameter_proxy_cache):
+        if threading.get_ident() != self._thread:
+            return attr_val
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, torch.jit.ScriptModule) or super().is_leaf_module(m, module_qualified_name)
+
+
 def _traced_copy(module: torch.nn.Module) -> torch.fx.GraphModule:
-    """torch.fx's trace of a copy of `module` sharing its parameters; _NotTraced where it cannot be made."""
+    """torch.fx's trace of a copy of `module`; _NotTraced where it cannot be made. The copy shares the module's
+    parameters and TorchScript submodules (the trace writes to neither: it reads a parameter as a proxy, and calls
+    no TorchScript) and holds each buffer as a meta tensor of its shape and dtype: a table's rows are read from its
+    shape, and a buffer of a GB is not copied at load. What forward writes to a buffer outside the graph (`+= 1`)
+    goes to the meta copy; a forward that reads a buffer's values at trace (`.item()`) cannot be traced."""
+    memo: dict[int, object] = {id(p): p for p in module.parameters()}
+    memo.update((id(m), m) for m in module.modules() if isinstance(m, torch.jit.ScriptModule) and m is not module)
+    memo.update((id(b), torch.empty_like(b, device="meta")) for b in module.buffers())
     try:
-        copied = copy.deepcopy(module, {id(p): p for p in module.parameters()})
+        copied = copy.deepcopy(module, memo)
     except Exception as exc:  # a lock, a handle: whatever deepcopy refuses
         raise _NotTraced(f"be copied to be traced ({type(exc).__name__})") from exc
     # Servable serves it in eval mode, after this: traced in the training mode a factory's module comes in, the
     # way of an `if self.training` was read, and an id the served way takes (clamped, hashed) refused.
     copied.eval()
     try:
-        return torch.fx.symbolic_trace(copied)
+        graph = _OwnThreadTracer().trace(copied)
+        return torch.fx.GraphModule(copied, graph, copied.__class__.__name__)
     except Exception as exc:  # a branch on its inputs' values, an op torch.fx cannot take: whatever it raises
         raise _NotTraced(f"be traced by torch.fx ({type(exc).__name__})") from exc
 
 
 def _fx_tensor(traced: torch.fx.GraphModule, node) -> torch.Tensor | None:
-    """The parameter or buffer an fx node reads (get_attr), else None."""
+    """The parameter or buffer (a meta tensor: `_traced_copy`) an fx node reads (get_attr), else None."""
     if getattr(node, "op", None) != "get_attr":
         return None
     try:
