@@ -549,7 +549,8 @@ class _Attempt:
 
 # The attribute of a call's final error that holds, as "CODE: details", the last error of an earlier attempt of it
 # that said something else: a drained server's "grace period over: ...", retried on a replica gone since, ended
-# the call with "Connection refused" alone. The client's InferError shows it (`Answers.error`).
+# the call with "Connection refused" alone. The client's InferError shows it (`Answers.error`). Cut as a model's
+# message is (errors.cut_message).
 BEFORE = "wok_before"
 
 
@@ -1501,7 +1502,9 @@ class Balancer:
                     last_launch = now
                     self._notify()
             if before is not None:  # set only beside a later last_error that said something else
-                setattr(last_error, BEFORE, f"{before.code().name}: {before.details()}")
+                # Cut (errors.MESSAGE_BYTES): whole, it about doubled the final error's text, the earlier details
+                # being as long as a server's details may be.
+                setattr(last_error, BEFORE, cut_message(f"{before.code().name}: {before.details()}"))
             raise last_error or rpc_error(CODE.UNAVAILABLE, "no attempt could be made")
         finally:
             for task in pending:

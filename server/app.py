@@ -17,6 +17,7 @@ request gets exactly one response either way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
@@ -467,74 +468,110 @@ class WokServer:
             log.info("stopped")
 
     async def _stop_stages(self, left) -> None:
-        """Stages 1-4 of the stop (the module's docstring); `left()`: seconds of grace left."""
+        """Stages 1-4 of the stop (the module's docstring); `left()`: seconds of grace left.
+
+        A step that raises is logged, with its traceback, and the stop goes on: one that failed (a port's stop, a
+        health update) left every later one undone, the metrics port's, its admin's fault timers and events ticker
+        and the executors' threads among them. The first failure is raised once every step has run."""
+        failures: list[Exception] = []
+
+        @contextlib.contextmanager
+        def step(what: str):
+            try:
+                yield
+            except Exception as exc:
+                log.error("stopping: %s failed; the stop goes on", what, exc_info=True)
+                failures.append(exc)
+
         if self._health is not None:
-            for service in ("", SERVICE_NAME, *self.runtimes):
-                await self._health.set(service, _NOT_SERVING)
+            with step("health's NOT_SERVING"):
+                for service in ("", SERVICE_NAME, *self.runtimes):
+                    await self._health.set(service, _NOT_SERVING)
         drains = {asyncio.ensure_future(rt.batcher.stop()): rt for rt in self.runtimes.values()}
         if drains:
-            _, pending = await asyncio.wait(drains, timeout=left())
-            # Read before the cancellation fails what is left.
-            late = [drains[d].batcher for d in pending]
-            # Only what held work: with no grace at all (a failed start) every drain is still pending.
-            left_over = [(b.name, b.queued, b.inflight) for b in late if b.queued or b.inflight]
-            for d in pending:
-                d.cancel()
-            await asyncio.gather(*drains, return_exceptions=True)
-            if left_over:
-                log.warning(
-                    "grace period over: %s",
-                    "; ".join(f"model '{m}': {q} request(s) queued, {b} batch(es) running" for m, q, b in left_over),
-                )
+            with step("the batchers' drain"):
+                _, pending = await asyncio.wait(drains, timeout=left())
+                # Read before the cancellation fails what is left.
+                late = [drains[d].batcher for d in pending]
+                # Only what held work: with no grace at all (a failed start) every drain is still pending.
+                left_over = [(b.name, b.queued, b.inflight) for b in late if b.queued or b.inflight]
+                for d in pending:
+                    d.cancel()
+                await asyncio.gather(*drains, return_exceptions=True)
+                if left_over:
+                    log.warning(
+                        "grace period over: %s",
+                        "; ".join(
+                            f"model '{m}': {q} request(s) queued, {b} batch(es) running" for m, q, b in left_over
+                        ),
+                    )
         if self.service is not None:
-            # Every accepted request has its result: let the handlers hand them to gRPC, and the
-            # open streams write theirs and end (UNAVAILABLE) rather than be cut by gRPC's stop.
-            # Past the grace period this still gets ANSWER_WINDOW_S.
-            self.service.close_streams()
-            # One window for both: the answers handed to gRPC, then written by it.
-            window_end = time.monotonic() + max(left(), ANSWER_WINDOW_S)
+            with step("the answers' window"):
+                # Every accepted request has its result: let the handlers hand them to gRPC, and the
+                # open streams write theirs and end (UNAVAILABLE) rather than be cut by gRPC's stop.
+                # Past the grace period this still gets ANSWER_WINDOW_S.
+                self.service.close_streams()
+                # One window for both: the answers handed to gRPC, then written by it.
+                window_end = time.monotonic() + max(left(), ANSWER_WINDOW_S)
 
-            def window() -> float:
-                return max(0.0, window_end - time.monotonic())
+                def window() -> float:
+                    return max(0.0, window_end - time.monotonic())
 
-            try:
-                await asyncio.wait_for(self.service.idle(), timeout=window())
-            except asyncio.TimeoutError:
-                log.warning("grace period over with %d request(s) still being answered", self.service.active)
-            await self.service.answers_written(window)
+                try:
+                    await asyncio.wait_for(self.service.idle(), timeout=window())
+                except asyncio.TimeoutError:
+                    log.warning("grace period over with %d request(s) still being answered", self.service.active)
+                await self.service.answers_written(window)
         if self._health is not None:
-            # Watchers have had NOT_SERVING since stage 1; an open Watch would hold gRPC's stop.
-            await self._health.end_watches()
+            with step("ending health's Watch streams"):
+                # Watchers have had NOT_SERVING since stage 1; an open Watch would hold gRPC's stop.
+                await self._health.end_watches()
         if self._reflection is not None:
-            # Idle between requests, an open one (grpcurl, grpcui) would hold gRPC's stop for its grace too.
-            self._reflection.end_streams()
+            with step("ending reflection's streams"):
+                # Idle between requests, an open one (grpcurl, grpcui) would hold gRPC's stop for its grace too.
+                self._reflection.end_streams()
         if self._grpc is not None:
-            if self.service is not None:
-                self.service.cutting = True  # the calls gRPC's stop ends, its clients see UNAVAILABLE
-            # Only idle streams and responses on the wire remain: a short grace, not the rest.
-            await self._grpc.stop(min(1.0, max(0.1, left())))
+            with step("the gRPC port's stop"):
+                if self.service is not None:
+                    self.service.cutting = True  # the calls gRPC's stop ends, its clients see UNAVAILABLE
+                # Only idle streams and responses on the wire remain: a short grace, not the rest.
+                await self._grpc.stop(min(1.0, max(0.1, left())))
         if self.accept is not None:
-            await self.accept.stop()
+            with step("the accept tasks' stop"):
+                await self.accept.stop()
         if self.unhandled is not None:
-            # Every call has ended: those gRPC's stop ended before their handler count now, for the last scrape.
-            self.unhandled.sweep()
+            with step("the unhandled calls' sweep"):
+                # Every call has ended: those gRPC's stop ended before their handler count now, for the last scrape.
+                self.unhandled.sweep()
         if self._token_interceptor is not None:
-            # No call is refused any more: the last refusals are logged now, not at their window's end.
-            self._token_interceptor.close()
+            with step("the token interceptor's close"):
+                # No call is refused any more: the last refusals are logged now, not at their window's end.
+                self._token_interceptor.close()
         if self.wakeup_drain is not None:
-            self.wakeup_drain.uninstall()
+            with step("the wake-up drain's removal"):
+                self.wakeup_drain.uninstall()
         if self._health_grpc is not None:
-            # Last of the ports: probes read NOT_SERVING through the whole drain. A short grace, as the
-            # main port's: its Watch streams, ended above, may not have written their NOT_SERVING yet
-            # (a drain with nothing to wait for comes here at once), and stop(0) cut them with
-            # "Cancelling all calls" before it (CI at ed42cb6, a starved host).
-            await self._health_grpc.stop(min(1.0, max(0.1, left())))
+            with step("the health port's stop"):
+                # Last of the ports: probes read NOT_SERVING through the whole drain. A short grace, as the
+                # main port's: its Watch streams, ended above, may not have written their NOT_SERVING yet
+                # (a drain with nothing to wait for comes here at once), and stop(0) cut them with
+                # "Cancelling all calls" before it (CI at ed42cb6, a starved host).
+                await self._health_grpc.stop(min(1.0, max(0.1, left())))
         # Metrics stay up through the drain, so the last scrape sees it.
         if self.http is not None:
-            await self.http.stop()
+            with step("the metrics port's stop"):
+                await self.http.stop()
         if self.loop_lag is not None:
-            self.loop_lag.stop()
-        self.metrics.close()
+            with step("the loop lag monitor's stop"):
+                self.loop_lag.stop()
+        with step("the metrics' close"):
+            self.metrics.close()
+        with step("the executors' shutdown"):
+            await self._shutdown_executors(left)
+        if failures:
+            raise failures[0]
+
+    async def _shutdown_executors(self, left) -> None:
         # All at once under one deadline: one at a time, each stuck model would add its own second.
         loop = asyncio.get_running_loop()
         ends = {}

@@ -268,15 +268,15 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
 
     @property
     def log_every_s(self) -> float:
-        return self._warning.every_s
+        return self._warning.throttle.every_s
 
     @log_every_s.setter
     def log_every_s(self, seconds: float) -> None:
-        self._warning.every_s = seconds
+        self._warning.throttle.every_s = seconds
 
     @property
     def _flush(self) -> asyncio.TimerHandle | None:
-        return self._warning.flush
+        return self._warning.throttle.window_end
 
     async def intercept_service(self, continuation, handler_call_details):
         service = handler_call_details.method.lstrip("/").rpartition("/")[0]

@@ -225,68 +225,64 @@ class FailureLog:
     the record's exc_info.
 
     Those held within a window are told in the next failure's line or, once `start`ed on the batcher's
-    loop, at the window's end if none came (a timer: failures that stopped were never told) and at `stop`.
-    After `stop` each is told at once: no timer would tell it.
+    loop, at the window's end if none came (the throttle's timer: failures that stopped were never told) and at
+    `stop`. After `stop` each is told at once: no timer would tell it.
     """
 
     def __init__(self, model: str, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
         self._throttle = Throttle(every_s, clock)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._window_end: asyncio.TimerHandle | None = None
         self._stopped = False
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Tell the held failures at each window's end from now on, by a timer on `loop` (the batcher's)."""
-        self._loop = loop
+        self._throttle.arm(loop, self._tell_held)
         self._stopped = False
 
     def stop(self) -> None:
         """Tell what is held now, leave no timer on the loop, and hold none from now on."""
-        if self._window_end is not None:
-            self._window_end.cancel()
-            self._window_end = None
-        self._loop = None
         self._stopped = True
-        held, self._throttle.held = self._throttle.held, 0
+        held = self._throttle.disarm()
         if held:
             log.warning(
                 "model '%s': %d more failed batches since the last logged, as its batcher stops", self.model, held
             )
 
-    def _tell_held(self) -> None:
-        self._window_end = None
-        if not self._throttle.held or self._loop is None:
-            return
-        left = self._throttle.left()
-        if left > 0:  # the loop's clock ran ahead of the throttle's
-            self._window_end = self._loop.call_later(left, self._tell_held)
-            return
-        held = self._throttle.due()
+    def _tell_held(self, held: int) -> bool:
         log.warning(
             "model '%s': %d more failed batches in the %g s since the last logged",
             self.model,
             held,
             self._throttle.every_s,
         )
+        return True
 
     def batch_failed(
-        self, exc: BaseException, requests: int, samples: int, failed: int | None = None, reruns: int = 0
+        self,
+        exc: BaseException,
+        requests: int,
+        samples: int,
+        failed: int | None = None,
+        reruns: int = 0,
+        *,
+        past_grace: bool = False,
     ) -> None:
         """`failed`: for a batch rerun in parts (`reruns` forwards), how many of its requests
         failed (alone, or all of them when its probes failed: executor's Instance._isolate); None
-        for one that failed whole without a rerun."""
+        for one that failed whole without a rerun. `past_grace`: it failed after the stop's grace period ran
+        out, its callers answered UNAVAILABLE then (`Batcher._fail_dispatched`), not with this error."""
         # A batch still in the model as the stop's grace period ran out (`_fail_dispatched`) fails after `stop`,
         # where a failure held within the window was never told. Those come few (one a slot), each told whole.
         held = 0 if self._stopped else self._throttle.due()
         if held is None:
-            if self._window_end is None and self._loop is not None:
-                self._window_end = self._loop.call_later(self._throttle.left(), self._tell_held)
             return
         more = f" ({held} more failed batches since the last logged)" if held else ""
         parts = ""
         if failed is not None:
             parts = f"; rerun in parts ({reruns} forwards): {failed} request(s) failed, {requests - failed} answered"
+        if past_grace:
+            # Else the line read as the callers' answer, while they had the stop's UNAVAILABLE.
+            parts += "; after the stop's grace period ran out: its callers had been answered UNAVAILABLE"
         message = cut_message(message_of(exc), LOG_MESSAGE_CHARS)
         # The model's own exception, with its traceback, when the error wraps one.
         log.warning(
@@ -1456,7 +1452,7 @@ class Batcher:
             # throttle period, which a client's bad requests would take from the model's real failures: counted
             # as refused (reason invalid), as those refused as they are decoded.
             if not isinstance(exc, (ShuttingDown, InvalidInput)):
-                self.failures.batch_failed(exc, len(batch.requests), batch.samples)
+                self.failures.batch_failed(exc, len(batch.requests), batch.samples, past_grace=failed_at_stop)
             for p in batch.requests:
                 # Answered (its deadline passed, or at the stop: `_fail_dispatched`) or withdrawn while it waited.
                 if p.state != RUNNING:

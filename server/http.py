@@ -259,6 +259,11 @@ class MetricsHTTPServer:
 
     async def stop(self) -> None:
         if self._server is None:
+            # The port never bound (start raised): nothing served, but the admin, built before the start, is
+            # closed all the same (its observers on the model instances, its fault timers).
+            self._stopping = True
+            if self.admin is not None:
+                await self.admin.close()
             return
         # From here no connection is served: one the loop accepted just before the close, whose
         # callback runs later, is closed at once (_accept); else its /events stream, subscribed

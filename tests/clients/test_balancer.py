@@ -33,7 +33,7 @@ from grpc_health.v1 import health_pb2
 from wok.clients import TLS, AsyncClient, InferError, aio, balancer
 from wok.clients.balancer import SETTLED_AFTER, Balancer, BalancerSettings, merge_stats, split_targets
 from wok.clients.errors import Answers
-from wok.errors import CUT_NOTE
+from wok.errors import CUT_NOTE, MESSAGE_BYTES, cut_message
 from wok.v2pb import grpc_service_pb2 as pb
 
 from .conftest import LoopThread, Stub
@@ -275,6 +275,22 @@ async def test_a_retried_calls_error_names_the_earlier_attempts_other_reason(stu
     err = Answers(plaintext=True).error(info.value)
     assert err.code is CODE.UNAVAILABLE and err.hint == ""
     assert str(err) == f"UNAVAILABLE: {last} (before: UNAVAILABLE: {first}: failing call 1)"
+
+
+async def test_a_retried_calls_earlier_error_is_cut_in_its_final_error(stub):
+    # The earlier attempt's details went whole into the final error's "(before: ...)": twice the text of a long one.
+    long = "x" * (2 * MESSAGE_BYTES)
+    async with stub("a" + long, fail_first=1 << 30) as a, stub("b" + long, fail_first=1 << 30) as b:
+        async with Balancer([a.target, b.target], settings=settings(max_attempts=2, **NO_EJECTION)) as bal:
+            await bal.wait_for(lambda: all(r.state is STATE.READY for r in bal.replicas.values()), 10, "all READY")
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await bal.unary_unary(METHOD)(REQUEST, timeout=10)
+    assert bal.retries == 1 and a.calls == b.calls == 1
+    first = "b" if info.value.details().startswith("a") else "a"
+    whole = f"UNAVAILABLE: {first}{long}: failing call 1"
+    before = getattr(info.value, balancer.BEFORE)
+    assert before == cut_message(whole) and len(before.encode()) <= MESSAGE_BYTES, len(before)
+    assert before.endswith(CUT_NOTE.format(len(whole)))
 
 
 async def test_a_failing_replica_is_ejected_after_k_failures(stub):

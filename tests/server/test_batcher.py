@@ -968,4 +968,6 @@ async def test_a_batch_failing_after_a_stop_past_its_grace_period_is_told_at_onc
         m.gate.set()  # the batch in the model fails now, after the stop
         await asyncio.wait_for(said.said.wait(), 10)
     line = "model 'gated': a batch of 1 request(s), 1 sample(s), failed: model 'gated' failed: ValueError: NaN in batch"
-    assert [r.getMessage() for r in caplog.records if r.name == "wok.batcher"] == [line, line]
+    # And it says it came after the stop: read as the callers' answer, it hid the UNAVAILABLE they had.
+    late = f"{line}; after the stop's grace period ran out: its callers had been answered UNAVAILABLE"
+    assert [r.getMessage() for r in caplog.records if r.name == "wok.batcher"] == [line, late]

@@ -1,0 +1,53 @@
+"""server/ratelog.py: one mechanism for every line logged at most once a window. The Throttle, armed on a loop,
+tells what it held at the window's end (the batcher's FailureLog had a timer of its own for this, beside
+WindowedWarning's); WindowedWarning, the refusals' count, is a Throttle armed on the running loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+from wok.ratelog import Throttle, WindowedWarning
+
+from .conftest import until
+
+
+async def test_an_armed_throttle_tells_what_it_held_at_the_windows_end_and_disarm_hands_back_the_rest():
+    told: list[int] = []
+    ended = asyncio.Event()
+
+    def tell(held: int) -> bool:
+        told.append(held)
+        ended.set()
+        return True
+
+    throttle = Throttle(0.05)
+    throttle.arm(asyncio.get_running_loop(), tell)
+    assert [throttle.due(), throttle.due(), throttle.due()] == [0, None, None]
+    await asyncio.wait_for(ended.wait(), 10)
+    assert told == [2] and throttle.held == 0 and throttle.window_end is None
+    # The line told at the window's end began the next window; read live, a longer one holds this one.
+    throttle.every_s = 600.0
+    assert throttle.due() is None and throttle.window_end is not None
+    timer = throttle.window_end
+    assert throttle.disarm() == 1 and timer.cancelled() and throttle.window_end is None
+    assert throttle.due() is None and throttle.window_end is None  # disarmed: held for the next line alone
+    assert told == [2]
+
+
+async def test_a_warnings_window_end_with_nothing_new_begins_no_window():
+    # The token interceptor counts a refusal as the call comes and asks for its line as it is denied: a line may
+    # have told a refusal whose own ask comes later, within the window, and its window's end then says nothing.
+    said: list[int] = []
+    warning = WindowedWarning(said.append, 0.05)
+    warning.count = 2
+    warning.due()
+    assert said == [2]
+    warning.due()  # the second refusal's: told already
+    assert warning.throttle.window_end is not None
+    await until(lambda: warning.throttle.window_end is None)
+    assert said == [2]
+    warning.count += 1
+    warning.due()
+    assert said == [2, 1]  # at once: the window's end that said nothing began no window
+    warning.close()
+    assert said == [2, 1] and warning.throttle.window_end is None
