@@ -461,6 +461,22 @@ def should_stop_early(step: dict, slo_p99_ms: float, factor: float) -> bool:
 NONE_SENT = "the step sent no request"
 
 
+def stop_rule(step: dict, slo_p99_ms: float, factor: float) -> tuple[str, str] | None:
+    """The rule that ends a ramp after `step` and why (`stop_reason`), as a result's `stopped_early` names it:
+    `none_sent` (a step with no request at all, whatever the factor) or `stop_factor`; None: it goes on."""
+    rate = step["success_rate"]
+    if not _finite(rate):
+        return "none_sent", NONE_SENT
+    if math.isinf(factor):
+        return None
+    if rate < 0.5:
+        return "stop_factor", f"fewer than half of the step's requests succeeded ({100 * rate:.1f}% ok)"
+    p99 = step["latency_ms"]["p99"]
+    if _finite(p99) and p99 > factor * slo_p99_ms:
+        return "stop_factor", f"the step's P99 {p99:.4g} ms is over {factor:g} × the SLO ({slo_p99_ms:g} ms)"
+    return None
+
+
 def stop_reason(step: dict, slo_p99_ms: float, factor: float) -> str | None:
     """Why a ramp ends after `step` (None: it goes on): its P99 beyond factor × SLO, or most of its
     requests failed. An infinite factor turns both off, for a curve run to its last step (but for the ramp's other
@@ -469,17 +485,8 @@ def stop_reason(step: dict, slo_p99_ms: float, factor: float) -> str | None:
     A step with no requests at all (success rate NaN) stops whatever the factor: the generator
     is not working.
     """
-    rate = step["success_rate"]
-    if not _finite(rate):
-        return NONE_SENT
-    if math.isinf(factor):
-        return None
-    if rate < 0.5:
-        return f"fewer than half of the step's requests succeeded ({100 * rate:.1f}% ok)"
-    p99 = step["latency_ms"]["p99"]
-    if _finite(p99) and p99 > factor * slo_p99_ms:
-        return f"the step's P99 {p99:.4g} ms is over {factor:g} × the SLO ({slo_p99_ms:g} ms)"
-    return None
+    stop = stop_rule(step, slo_p99_ms, factor)
+    return None if stop is None else stop[1]
 
 
 # Codes that refuse the request itself (its model, shape or values), whatever the load: a step

@@ -455,7 +455,10 @@ def add_simulate_parser(sub) -> None:
         help="α and β from a `wok profile --json` file (wok.profile/1), as `wok tune --profile` reads it",
     )
     p.add_argument(
-        "--max-batch-size", type=int, default=1, help="most samples per batch (default 1: no batching unless given)"
+        "--max-batch-size",
+        type=int,
+        help="most samples per batch (default: with --profile, its model's max_batch_size, as profiled; else 1: "
+        "no batching unless given)",
     )
     p.add_argument("--max-queue-delay", default="0ms", help="longest wait of the oldest queued request (default 0ms)")
     p.add_argument("--instances", type=int, default=1, help="model instances, each running one batch (default 1)")
@@ -501,9 +504,9 @@ def run_simulate(args) -> int:
     least = {"--max-batch-size": 1, "--instances": 1, "--max-queue-size": 0, "--seed": 0}
     for option, low in least.items():
         value = getattr(args, option.removeprefix("--").replace("-", "_"))
-        if value < low:
+        if value is not None and value < low:
             raise ValueError(f"{option} must be >= {low}; got {value}")
-    alpha, beta, notes = _simulated_batch_time(args)
+    alpha, beta, notes, batch_size_source = _simulated_batch_time(args)
     steps = _named("--steps", parse_steps, args.steps)
     duration = seconds("--step-duration", positive=True)
     # The ramp's rule: each simulated step starts from an empty queue, as each of the bench's starts drained, and
@@ -528,10 +531,21 @@ def run_simulate(args) -> int:
         slo_p99_ms=1e3 * _latency(args, "--slo-p99", positive=True),
         seed=args.seed,
         profile=None if args.profile is None else str(args.profile),
+        max_batch_size_source=batch_size_source,
     )
     result = simulate_ramp(cfg)
     result["warnings"] = [*notes, *result["warnings"]]
     _write_outputs(result, args, "wok simulate")
+    if args.profile is not None and batch_size_source != "given":
+        # Not the command line's: the table does not show the batcher's settings.
+        why = (
+            "the profile's model.max_batch_size"
+            if batch_size_source == "profile"
+            else "the profile names no model.max_batch_size"
+        )
+        print(
+            f"wok simulate: max_batch_size {args.max_batch_size}: {why} (--max-batch-size to change)", file=sys.stderr
+        )
     print(
         "utilization per step: "
         + ", ".join(f"{s['offered_qps']:g} QPS {100 * s['utilization']:.0f}%" for s in result["steps"])
@@ -539,16 +553,20 @@ def run_simulate(args) -> int:
     return 0
 
 
-def _simulated_batch_time(args) -> tuple[float, float, list[str]]:
-    """`wok simulate`'s (α, β) and the warnings the profile's fit calls for. From --profile read as `wok tune` reads
-    it (α below 0 taken as 0); with it, --alpha and --beta are refused, as by `wok plan` and `wok tune`: which of
-    the two a run meant cannot be told."""
+def _simulated_batch_time(args) -> tuple[float, float, list[str], str]:
+    """`wok simulate`'s (α, β), the warnings the profile's fit calls for, and where `args.max_batch_size` came from
+    (`config.max_batch_size_source`: given, profile, default; set here when not given). From --profile read as
+    `wok tune` reads it (α below 0 taken as 0); with it, --alpha and --beta are refused, as by `wok plan` and `wok
+    tune`: which of the two a run meant cannot be told. Without --max-batch-size, the profile's model.max_batch_size:
+    a simulation of the model profiled batches as its server did, where 1 simulated no batching at all."""
+    source = "given" if args.max_batch_size is not None else "default"
     if args.profile is None:
         args.alpha = "0ms" if args.alpha is None else args.alpha
         args.beta = "1ms" if args.beta is None else args.beta
-        return *_batch_time(args), []
-    from .plan import past_model_max, profile_advice
-    from .tune import load_profile
+        args.max_batch_size = 1 if args.max_batch_size is None else args.max_batch_size
+        return *_batch_time(args), [], source
+    from .plan import outside_profiled, past_model_max, profile_advice
+    from .tune import load_profile, negative_alpha_warning
 
     given = [option for option in ("--alpha", "--beta") if getattr(args, option[2:]) is not None]
     if given:
@@ -559,22 +577,21 @@ def _simulated_batch_time(args) -> tuple[float, float, list[str]]:
         raise ValueError(f"{where}: fit.alpha_s and fit.beta_s: a batch needs a time, α + β > 0; got both 0")
     notes = []
     if profile.fitted_alpha_s is not None:
-        notes.append(
-            f"the profile's fitted α = {1e3 * profile.fitted_alpha_s:.4g} ms is negative: the linear fit "
-            "T = α + β·n does not hold at small batches; α is taken as 0, T(n) = β·n (as wok plan and wok tune "
-            "take it)"
-        )
-    largest = max(profile.profiled_sizes, default=None)
+        notes.append(negative_alpha_warning(profile.fitted_alpha_s, "wok plan and wok tune take it"))
     limit = profile.model_max_batch_size
-    if limit is not None and args.max_batch_size > limit:
-        notes.append(past_model_max("--max-batch-size", [args.max_batch_size], limit, where))
-    if largest is not None and args.max_batch_size > largest:
-        notes.append(
-            f"--max-batch-size {args.max_batch_size} is past the largest batch the profile measured ({largest}): "
-            f"batches of more than {largest} run on the fit α + β·n extrapolated; "
-            f"{profile_advice(args.max_batch_size, limit)}"
-        )
-    return profile.alpha_s, profile.beta_s, notes
+    n = args.max_batch_size
+    if n is None:
+        n = args.max_batch_size = 1 if limit is None else limit
+        source = "default" if limit is None else "profile"
+    elif limit is not None and n > limit:
+        notes.append(past_model_max("--max-batch-size", [n], limit, where))
+    least, most = min(profile.profiled_sizes, default=None), max(profile.profiled_sizes, default=None)
+    outside = outside_profiled(n, least, most)
+    if outside is not None:
+        what = f"--max-batch-size {n}" if source == "given" else f"max_batch_size {n}"
+        extrapolated = "every batch runs" if n < least else f"batches of more than {most} run"
+        notes.append(f"{what} is {outside}: {extrapolated} on the fit α + β·n extrapolated; {profile_advice(n, limit)}")
+    return profile.alpha_s, profile.beta_s, notes, source
 
 
 AUTO_METRICS_PORT = 8002  # `wok serve`'s default --metrics-port, where --metrics-url auto looks
@@ -1019,7 +1036,7 @@ def run(args) -> int:
     from ..clients.errors import PLAINTEXT_HINT
     from . import faults, hostprobe, report, soak
     from .arrivals import parse_duration, parse_steps
-    from .payloads import parse_mix, parse_sizes
+    from .payloads import check_int_high, parse_mix, parse_sizes
     from .runner import Ramp, RampConfig
     from .workers import pick_balancer
 
@@ -1037,11 +1054,11 @@ def run(args) -> int:
         # Else numpy refuses it after connecting (building the payload pool), in no option's name:
         # "expected non-negative integer".
         raise ValueError(f"--seed: expected an integer >= 0; got {args.seed}")
-    for option, value in (("--rows", args.rows), ("--int-high", args.int_high)):
-        if value < 1:
-            # Else refused by the payload generator after connecting (exit 1 with the connection's
-            # error when nothing answers, or after --replicas started), in no option's name.
-            raise ValueError(f"{option}: expected an integer >= 1; got {value}")
+    # Else refused by the payload generator after connecting (exit 1 with the connection's error when nothing
+    # answers, or after --replicas started), in no option's name.
+    if args.rows < 1:
+        raise ValueError(f"--rows: expected an integer >= 1; got {args.rows}")
+    check_int_high(args.int_high)
     _with_unit("--slo-p99", args.slo_p99)
     cfg = RampConfig(
         target=target,

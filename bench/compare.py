@@ -588,6 +588,8 @@ def summarize_run(result: dict) -> dict:
         "max_qps_capped": {f"{slo:g}": capped(result["steps"], slo) for slo in SLOS_MS},
         "steps": steps,
         "warnings": result.get("warnings", []),
+        # The ramp's stop rule ending it before its last planned step: a max QPS of fewer steps than asked.
+        "stopped_early": result.get("stopped_early"),
     }
 
 

@@ -44,6 +44,8 @@ __all__ = [
     "Sizes",
     "TensorSpec",
     "Uniform",
+    "check_int_high",
+    "integer_cap",
     "parse_mix",
     "parse_sizes",
     "plan_pool",
@@ -68,6 +70,23 @@ def _int(value: object, what: str, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{what} must be an integer >= {minimum}; got {value}")
     return value
+
+
+def check_int_high(value: int) -> int:
+    """`--int-high` (`wok bench ramp`'s, `wok profile`'s), refused below 1 in one wording wherever it is given."""
+    if value < 1:
+        raise ValueError(f"--int-high: expected an integer >= 1; got {value}")
+    return value
+
+
+def integer_cap(name: str) -> int | None:
+    """The bound PayloadGenerator draws an input of datatype `name` below, whatever its int_high: the type's largest
+    value + 1 (128 for INT8); None for a datatype not drawn as integers (BF16 travels as uint16 words of floats
+    drawn as such, BOOL and BYTES are not numbers)."""
+    dt = datatype(name)
+    if dt.name == "BF16" or dt.numpy.kind not in "iu":
+        return None
+    return int(np.iinfo(dt.numpy).max) + 1
 
 
 @dataclass(frozen=True)
@@ -386,8 +405,9 @@ class PayloadGenerator:
             if dt.numpy == np.float32 or dt.numpy == np.float64:
                 return rng.standard_normal(shape, dtype=dt.numpy)
             return rng.standard_normal(shape, dtype=np.float32).astype(dt.numpy)
-        if kind in "iu":
-            high = min(self.int_highs.get(spec.name, self.int_high), int(np.iinfo(dt.numpy).max) + 1)
+        cap = integer_cap(spec.datatype)
+        if cap is not None:
+            high = min(self.int_highs.get(spec.name, self.int_high), cap)
             return rng.integers(0, high, shape, dtype=dt.numpy)
         if kind == "b":
             return rng.random(shape) < 0.5

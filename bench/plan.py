@@ -405,6 +405,30 @@ def past_model_max(option: str, sizes, limit, profile: str) -> str:
     )
 
 
+def profiled_model_max(doc: dict, where: str) -> int | None:
+    """A `wok.profile/1` document's `model.max_batch_size`, the profiled server's (`past_model_max`), as `wok plan`,
+    `wok tune` and `wok simulate` read it: None where the document has none, else a whole number ≥ 1 (a float or a
+    Decimal of one too: `wok plan` reads its numbers as Decimal), or refused naming `where` and the field."""
+    model = doc.get("model")
+    limit = model.get("max_batch_size") if isinstance(model, dict) else None
+    if limit is None:
+        return None
+    number = isinstance(limit, (int, float, Decimal)) and not isinstance(limit, bool)
+    if not (number and math.isfinite(limit) and limit == int(limit) and limit >= 1):
+        raise ValueError(f"{where}: model.max_batch_size: expected a whole number ≥ 1; got {json_kind(limit)}")
+    return int(limit)
+
+
+def outside_profiled(n, least, most) -> str | None:
+    """Where a batch size `n` lies outside the sizes a profile measured (`least` to `most`), as the warnings of
+    `wok plan`, `wok tune` and `wok simulate` say it: `below the smallest batch the profile measured (2)` or `past
+    the largest batch the profile measured (32)`; None within them, or where they are not known."""
+    if least is None or most is None or least <= n <= most:
+        return None
+    side, end, size = ("below", "smallest", least) if n < least else ("past", "largest", most)
+    return f"{side} the {end} batch the profile measured ({decimal_text(Fraction(size))})"
+
+
 def profile_advice(n, limit) -> str:
     """The advice of `wok plan`, `wok tune` and `wok simulate` to measure a batch time extrapolated to batches of
     `n`. Past the profiled model's max_batch_size (`limit`; None: not known) `wok profile` refuses such batches
@@ -510,9 +534,9 @@ def batch_from_profile(path: Path, batch_size: Fraction, *, names: Mapping[str, 
     alpha = exact(fit["alpha_s"], f"{option} {path}: fit.alpha_s")
     beta = exact(fit["beta_s"], f"{option} {path}: fit.beta_s")
     model = doc.get("model")
-    limit = model.get("max_batch_size") if isinstance(model, dict) else None
+    limit = profiled_model_max(doc, f"{option} {path}")
     notes = ()
-    most = None if limit is None else exact(limit, f"{option} {path}: model.max_batch_size")
+    most = None if limit is None else Fraction(limit)
     if most is not None and batch_size > most:
         # Refused up to 2026-12-06: the plan of a setting `wok tune` chose past the profile's config was not to be had.
         notes = (
@@ -880,13 +904,12 @@ def _build_plan(
     extrapolation = _extrapolation(batch)
     if extrapolation is not None and extrapolation["extrapolated"]:
         least, most = batch.profiled_min_batch, batch.profiled_max_batch
-        side, end, size = ("below", "smallest", least) if n < least else ("past", "largest", most)
         far = ""
         if extrapolation["far"]:
             ratio = n / most if n > most else least / n
             far = f", a factor of {decimal_text(ratio, 2)} outside it (far: more than {FAR_EXTRAPOLATION})"
         warnings.append(
-            f"n = {_d(n)} is {side} the {end} batch the profile measured ({_d(size)}){far}: T_batch = α + β·n = "
+            f"n = {_d(n)} is {outside_profiled(n, least, most)}{far}: T_batch = α + β·n = "
             f"{_d(t)} s is the fit extrapolated, not measured; {profile_advice(n, batch.profiled_model_max)}"
         )
     steps: list[dict] = []

@@ -44,7 +44,6 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_c
 from wok import tables
 from wok.config import InstanceConfig, check_device
 from wok.cpulinear import onednn_counts
-from wok.datatypes import datatype
 from wok.errors import ModelExecutionError
 from wok.executor import Executor, resolve_devices
 from wok.servable import HostBuffers, Servable
@@ -52,7 +51,15 @@ from wok.servable import HostBuffers, Servable
 from ..errors import quoted_name
 from .analysis import latency_summary
 from .analysis import ms_text as _ms
-from .payloads import DEFAULT_INT_HIGH, PayloadGenerator, TensorSpec, parse_sizes, support_of
+from .payloads import (
+    DEFAULT_INT_HIGH,
+    PayloadGenerator,
+    TensorSpec,
+    check_int_high,
+    integer_cap,
+    parse_sizes,
+    support_of,
+)
 from .roofline import Roofline
 from .tune import KEYED_FIT_ON, fit_medians
 from .tune import fit_linear as fit_linear_tuple
@@ -380,8 +387,8 @@ class ProfileConfig:
             raise ValueError(f"--batch-sizes: sizes must be >= 1; got {self.batch_sizes}")
         if self.warmup < 0 or self.repeats < 1:
             raise ValueError(f"--warmup must be >= 0 and --repeats >= 1; got {self.warmup} and {self.repeats}")
-        if self.int_high is not None and self.int_high < 1:
-            raise ValueError(f"--int-high must be >= 1; got {self.int_high}")
+        if self.int_high is not None:
+            check_int_high(self.int_high)
         if self.seed < 0:  # numpy's own refusal names no option: "expected non-negative integer"
             raise ValueError(f"--seed must be >= 0; got {self.seed}")
         try:
@@ -448,7 +455,7 @@ def int_high_source(servable: Servable, cfg: ProfileConfig, by_input: Mapping[st
     """Where `config.int_high` came from: `given` (--int-high), `table` (the model's smallest embedding table) or
     `default` (none found: DEFAULT_INT_HIGH); None where no integer input is drawn below it: the model has none, or
     each has its own bound in `by_input` (`_int_highs`)."""
-    names = [t.name for t in servable.config.inputs if _is_integer(t.datatype)]
+    names = [t.name for t in servable.config.inputs if integer_cap(t.datatype) is not None]
     if not [name for name in names if name not in by_input]:
         return None
     if cfg.int_high:
@@ -461,18 +468,10 @@ def _type_capped(servable: Servable, high: int, by_input: Mapping[str, int]) -> 
     below instead: the type's largest value + 1, as PayloadGenerator caps it (an INT8 input's ids reach 127)."""
     out = {}
     for t in servable.config.inputs:
-        if _is_integer(t.datatype):
-            cap = int(np.iinfo(datatype(t.datatype).numpy).max) + 1
-            if cap < by_input.get(t.name, high):
-                out[t.name] = cap
+        cap = integer_cap(t.datatype)
+        if cap is not None and cap < by_input.get(t.name, high):
+            out[t.name] = cap
     return out
-
-
-def _is_integer(name: str) -> bool:
-    """Whether PayloadGenerator draws an input of datatype `name` below an int_high: BF16 travels as uint16 words
-    of floats drawn as such, BOOL and BYTES are not numbers."""
-    dt = datatype(name)
-    return dt.name != "BF16" and dt.numpy.kind in "iu"
 
 
 def _generator(servable: Servable, cfg: ProfileConfig) -> PayloadGenerator:
@@ -687,12 +686,19 @@ def profile(
         )
     roof = roofline_of(device)
     high, by_input = _int_highs(servable, cfg)  # the bounds the pool was drawn below (`_generator`)
+    capped = _type_capped(servable, high, by_input)
     try:
         times = time_batches(servable, device, cfg, pool, progress)
     except ModelExecutionError as exc:
         # The model refused the inputs made for it (ids past a table, a sequence longer than it
-        # takes): the options that made them are the error, not a traceback.
-        own = "".join(f", input '{name}' below {rows}" for name, rows in by_input.items())
+        # takes): the options that made them are the error, not a traceback. A datatype's cap is said: an INT8
+        # input drew below 128, whatever --int-high said.
+        bounds = {**by_input, **capped}
+        own = "".join(
+            f", input {quoted_name(name)} below {rows}"
+            + (" (its datatype holds no larger id)" if name in capped else "")
+            for name, rows in bounds.items()
+        )
         raise ValueError(f"the inputs made with --sizes {cfg.sizes} and --int-high {high}{own}: {exc}") from None
     # The fit `wok tune` makes of a profile's raw times too (tune_check's in-process profile): one α, β; with
     # several keys on each key's median, weighted by its share of the batches (`fit_medians`).
@@ -759,7 +765,7 @@ def profile(
     cfg_out = asdict(cfg)
     cfg_out["int_high"], cfg_out["int_high_by_input"] = high, by_input
     cfg_out["int_high_source"] = int_high_source(servable, cfg, by_input)
-    cfg_out["int_high_capped"] = _type_capped(servable, high, by_input)
+    cfg_out["int_high_capped"] = capped
     cfg_out["cpu_linear"] = times.cpu_linear
     return {
         "schema": SCHEMA,
@@ -930,15 +936,27 @@ def int_high_line(config: dict) -> str | None:
         each = ", ".join(f"input {quoted_name(name)} in [0, {cap})" for name, cap in capped.items())
         text += f"; but {each}: " + ("its datatype holds" if len(capped) == 1 else "their datatypes hold")
         text += " no larger id" if len(capped) == 1 else " no larger ids"
-    highs = {*by_input.values(), *([high] if source is not None else [])}
-    if len(highs) > 1:
-        # The ramp has one --int-high for every integer input: the smallest keeps each one's ids in its tables.
-        return (
-            f"{text}; wok bench ramp draws every integer input below one --int-high: --int-high {min(highs)}, the "
-            "smallest, keeps each within its tables"
-        )
-    (only,) = highs
-    return text if only == DEFAULT_INT_HIGH else f"{text}; to send the same, give wok bench ramp --int-high {only}"
+    # The ramp draws every integer input below one --int-high, capped by its datatype as here: it sends what the
+    # profile drew where that is the bound of each input no cap lowered, and no smaller than a cap that lowered one.
+    # The inputs drawn below `high` are not named in the document: `high` counts as uncapped, which it stays for any.
+    need = {rows for name, rows in by_input.items() if name not in capped} | ({high} if source is not None else set())
+    floor = max(capped.values(), default=0)
+
+    def sends_same(h: int) -> bool:
+        return need <= {h} and h >= floor
+
+    if sends_same(DEFAULT_INT_HIGH):
+        return text
+    same = [h for h in sorted({*need, *by_input.values()}) if sends_same(h)]
+    if same:
+        return f"{text}; to send the same, give wok bench ramp --int-high {same[0]}"
+    # None does: the smallest bound no cap lowered keeps each input's ids within its tables (a capped input's
+    # are within them whatever --int-high).
+    smallest = ", the smallest," if len(need) > 1 else ""
+    return (
+        f"{text}; wok bench ramp draws every integer input below one --int-high: --int-high {min(need)}{smallest} "
+        "keeps each within its tables"
+    )
 
 
 def print_table(result: dict, file=None) -> None:

@@ -439,18 +439,18 @@ class Ramp:
                     break
                 steps.append(step)
                 stop = self._stop_rule(step)
-                if stop is not None:
+                if stop is not None and i + 1 < len(cfg.steps):
+                    # Only a step skipped makes the ramp shorter than planned: the last step meeting a rule
+                    # stops nothing early, and is said as the result says it (`stopped_early` null).
                     rule, why = stop
                     self.say(f"stopping early: {why}")
-                    if i + 1 < len(cfg.steps):
-                        # Said on the last step too, but only a step skipped makes the ramp shorter than planned.
-                        stopped_early = {
-                            "reason": why,
-                            "rule": rule,
-                            "at_qps": step["offered_qps"],
-                            "steps_run": i + 1,
-                            "steps_planned": len(cfg.steps),
-                        }
+                    stopped_early = {
+                        "reason": why,
+                        "rule": rule,
+                        "at_qps": step["offered_qps"],
+                        "steps_run": i + 1,
+                        "steps_planned": len(cfg.steps),
+                    }
                     break
             if cfg.refine and interrupted is None:
                 lo = analysis.max_qps_under_slo(steps, cfg.slo_p99_ms)
@@ -550,11 +550,8 @@ class Ramp:
             # Not one answer, whatever --stop-factor says: higher rates would measure the same
             # failures (a model failing every input, a server gone), not more of the server.
             return "none_ok", f"no request of the step succeeded ({failed})"
-        why = analysis.stop_reason(step, self.cfg.slo_p99_ms, self.cfg.stop_factor)
-        if why is None:
-            return None
         # A step that sent nothing ends any ramp, --stop-factor inf too: the generator is not working.
-        return ("none_sent" if why == analysis.NONE_SENT else "stop_factor"), why
+        return analysis.stop_rule(step, self.cfg.slo_p99_ms, self.cfg.stop_factor)
 
     def run_step(self, workers: WorkerPool, qps: float, label: str, slot: int | None = None) -> dict:
         """Run one step; with `cfg.start_at`, `slot` k starts at start_at + k × step_period_s."""

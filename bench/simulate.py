@@ -383,6 +383,9 @@ class SimConfig:
     # The wok.profile/1 file α and β were read from (`wok simulate --profile`), recorded as `wok tune` records its
     # own; None: given (--alpha/--beta or their defaults).
     profile: str | None = None
+    # Where model.max_batch_size came from (`wok simulate`): "given" (--max-batch-size), "profile" (the --profile
+    # document's model.max_batch_size) or "default" (1); None: not said (a config built in code, `wok tune`'s).
+    max_batch_size_source: str | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.step_duration_s) and self.step_duration_s > 0):

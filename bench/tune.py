@@ -44,7 +44,7 @@ import numpy as np
 from ..errors import quoted_name
 from . import analysis
 from .analysis import ms_text as _ms
-from .plan import alpha_is_rounding, json_kind, profile_advice
+from .plan import alpha_is_rounding, json_kind, outside_profiled, profile_advice, profiled_model_max
 from .simulate import (
     CPU_FIELDS,
     MAX_ARRIVALS_PER_STEP,
@@ -265,9 +265,6 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
     if r2 is not None and not math.isfinite(r2):
         r2 = None  # strict JSON writes it as null all the same
     samples_out = tuple((n, t) for _, n, t in samples)
-    model = doc.get("model")
-    limit = model.get("max_batch_size") if isinstance(model, dict) else None
-    limit = None if limit is None else _batch_size(limit, where, "model.max_batch_size")
     return Profile(
         max(alpha, 0.0),
         beta,
@@ -276,7 +273,16 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
         where if source is None else source,
         fitted_alpha_s=fitted,
         profiled_sizes=tuple(sorted(sizes)),
-        model_max_batch_size=limit,
+        model_max_batch_size=profiled_model_max(doc, where),
+    )
+
+
+def negative_alpha_warning(fitted_alpha_s: float, others: str) -> str:
+    """The warning of `wok tune` and `wok simulate` for a profile whose fitted α is below 0, taken as 0 (`others`:
+    the commands that take it so too, "wok plan takes it")."""
+    return (
+        f"the profile's fitted α = {1e3 * fitted_alpha_s:.4g} ms is negative: the linear fit T = α + β·n does not "
+        f"hold at small batches; α is taken as 0, T(n) = β·n (as {others})"
     )
 
 
@@ -926,10 +932,7 @@ def tune(
     o_ms = analysis.latency_summary(1e3 * o)  # nearest-rank, as the simulated steps' own percentiles
     warnings = []
     if profile.fitted_alpha_s is not None and source != "server":
-        warnings.append(
-            f"the profile's fitted α = {1e3 * profile.fitted_alpha_s:.4g} ms is negative: the linear fit "
-            "T = α + β·n does not hold at small batches; α is taken as 0, T(n) = β·n (as wok plan takes it)"
-        )
+        warnings.append(negative_alpha_warning(profile.fitted_alpha_s, "wok plan takes it"))
     if passed_over is not None:
         warnings.append(_passed_over_warning(passed_over, chosen, smallest, largest, source, profile))
     toml = None
@@ -1085,18 +1088,16 @@ def _extrapolated_warning(row: dict, smallest: float, largest: float, source: st
     by_mean = row["mean_batch_extrapolated"]
     # Below the smallest only the mean can be: a max_batch_size below it has every batch, so the mean, below too.
     below = by_mean and mean < smallest
-    side = "below" if below else "past"
     if source == "server":
         # Fitted on loads' mean batches, not on batches of one size: the simulated mean is what compares with them.
-        where = _calibration_range(smallest, largest)
+        outside = f"{'below' if below else 'past'} {_calibration_range(smallest, largest)}"
     else:
-        where = f"the smallest batch the profile measured ({smallest})" if below else (
-            f"the largest batch the profile measured ({largest})")  # fmt: skip
+        outside = outside_profiled(mean if by_mean else n, smallest, largest)
     check = _check_advice(row, below, source, profile.model_max_batch_size)
     if by_mean:
         return (
             f"the chosen setting's simulated batches average {_mean_text(mean)} requests (max_batch_size {n}), "
-            f"{side} {where}: their mean batch time, {1e3 * batch_time(mean):.3g} ms, is the fit α + β·n "
+            f"{outside}: their mean batch time, {1e3 * batch_time(mean):.3g} ms, is the fit α + β·n "
             f"extrapolated; {check}"
         )
     # A step without a batch in its window has no mean (null): only the max_batch_size is known outside then.
@@ -1106,7 +1107,7 @@ def _extrapolated_warning(row: dict, smallest: float, largest: float, source: st
         else f"its simulated batches average {_mean_text(mean)} requests, within the measured range, but "
     )
     return (
-        f"the chosen max_batch_size {n} is past {where}: {within}its larger batches and its ceiling run on the fit "
+        f"the chosen max_batch_size {n} is {outside}: {within}its larger batches and its ceiling run on the fit "
         f"α + β·n extrapolated (a batch of {n}: {1e3 * batch_time(n):.3g} ms); {check}"
     )
 

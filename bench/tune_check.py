@@ -432,6 +432,8 @@ def calibrate_cpu(args) -> dict:
         f"{1e3 * stage.batch_alpha_s:.3f} ms + {1e3 * stage.batch_beta_s:.4f} ms·n; background "
         f"{stage.background_cores:.2f} cores + {1e6 * stage.background_cpu_s:.0f} µs per request; {stage.cores:g} cores"
     )
+    # The ramp's stop rule ending it before its last load: the stage is fitted on fewer loads than asked.
+    details["stopped_early"] = result.get("stopped_early")
     return cpu_document(stage, f"bench/tune_check.py: metered ramp at {args.cpu_steps_list} QPS, max_batch_size {n}, "
                         f"delay {d:g} ms", setting={"max_batch_size": n, "max_queue_delay_ms": d},
                         **details)  # fmt: skip

@@ -21,6 +21,7 @@ from wok.bench.analysis import (
     should_stop_early,
     step_result,
     stop_reason,
+    stop_rule,
 )
 
 # ---------------------------------------------------------------------------- latency_summary
@@ -518,6 +519,15 @@ def test_the_reason_to_stop_names_its_cause_and_an_infinite_factor_runs_every_st
     # No request at all: the generator is not working, whatever the factor.
     assert stop_reason(fake_step(100, p99=math.nan, success=math.nan, requests=0), 200, math.inf) == (
         "the step sent no request"
+    )
+    # The rule comes with its words (the result's stopped_early.rule): the ramp told none_sent by comparing them.
+    assert stop_rule(fake_step(100, p99=math.nan, success=math.nan, requests=0), 200, 10) == (
+        "none_sent",
+        "the step sent no request",
+    )
+    assert stop_rule(fake_step(100, p99=2001), 200, 10) == (
+        "stop_factor",
+        "the step's P99 2001 ms is over 10 × the SLO (200 ms)",
     )
 
 

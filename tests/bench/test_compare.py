@@ -171,6 +171,22 @@ def test_a_probe_that_fails_is_recorded_and_keeps_the_run(tmp_path, monkeypatch)
     assert f"bare_server.py {port}" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
+def test_a_run_carries_its_ramps_stop_rule(tmp_path):
+    """A ramp its stop rule ended before its last step said so in its result (`stopped_early`), which the run's
+    record left out: its max QPS read as that of every step asked for."""
+    kwargs = {"steps": [50.0, 100.0], "step_duration_s": 0.5, "warmup_s": 0.2, "arrival": "poisson",
+              "slo_p99_ms": 1e-3, "workers": 1, "stop_factor": 1.0, "seed": 5}  # fmt: skip
+    try:
+        record = compare.run_one(compare.PEERS["bare"], 1, kwargs, tmp_path)
+    finally:
+        compare.stop_all()
+    assert record["error"] is None and len(record["steps"]) == 1
+    stop = record["stopped_early"]
+    assert (stop["rule"], stop["steps_run"], stop["steps_planned"]) == ("stop_factor", 1, 2), stop
+    assert stop["at_qps"] == record["steps"][0]["offered_qps"]
+    assert stop["reason"].startswith("the step's P99 ")
+
+
 def _compare_here(argv: list[str], capsys) -> tuple[int, str, str]:
     """bench/compare.py's main in this process, which has its imports done: (status, stdout, stderr).
     The script's own entry point is run as a child by the refusal test below."""

@@ -715,6 +715,13 @@ def test_past_the_profiled_models_max_batch_size_plan_tune_and_simulate_warn_ali
     path.write_text(json.dumps(doc))
     status, _, err = wok_cli(*tune, "--max-batch-sizes", "16")
     assert status == 2 and f"--profile {path}: model.max_batch_size: expected a whole number" in err, err
+    # wok plan reads it with the same code, and refuses it in the same words: it took "32", and 2.5, as a size.
+    for bad, got in (("32", "a string ('32')"), (2.5, "2.5")):
+        doc["model"]["max_batch_size"] = bad
+        path.write_text(json.dumps(doc))
+        status, _, err = wok_cli(*argv, "--batch-size", "16")
+        assert status == 2, err
+        assert f"--profile {path}: model.max_batch_size: expected a whole number ≥ 1; got {got}" in err, err
 
 
 def test_past_the_profiled_models_max_batch_size_the_advice_is_one_wok_profile_takes(tmp_path, wok_cli):

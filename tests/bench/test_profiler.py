@@ -958,6 +958,8 @@ def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
         (["profile", "mlp", "--device", "cuda:128"], f"--device: expected {DEVICE_FORMS}, got 'cuda:128'"),
         (["profile", "mlp", "--device", "cuda:99"], "--device: device 'cuda:99' requested but"),
         (["profile", "mlp", "--seed", "-1"], "--seed must be >= 0; got -1"),
+        # `wok bench ramp --int-high 0` says it in these words (one check): this said "--int-high must be >= 1".
+        (["profile", "mlp", "--int-high", "0"], "--int-high: expected an integer >= 1; got 0"),
         (["profile", "mlp", "--batch-sizes", ""], "--batch-sizes '': expected a list"),
         (["profile", "recsys", "--sizes", "bogus"], "--sizes: sizes 'bogus': unknown distribution"),
     ],
@@ -1186,11 +1188,11 @@ def test_a_cast_that_loses_values_bounds_no_input(tmp_path):
 
 
 class _WidenedIds(torch.nn.Module):
-    """Ids of a narrow integer input, widened (a cast that keeps them) before a lookup in 300 rows."""
+    """Ids of a narrow integer input, widened (a cast that keeps them) before a lookup in `rows` rows."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int = 300) -> None:
         super().__init__()
-        self.table = torch.nn.Parameter(torch.randn(300, 4))
+        self.table = torch.nn.Parameter(torch.randn(rows, 4))
 
     def forward(self, ids):
         return F.embedding(ids.long(), self.table).sum(1)
@@ -1212,3 +1214,58 @@ def test_the_summary_says_where_an_inputs_datatype_caps_its_ids(tmp_path, dataty
     # --int-high past the type's range alike; one within it caps nothing.
     assert _profiled(folder, "--int-high", "1000")["config"]["int_high_capped"] == {"ids": cap}
     assert _profiled(folder, "--int-high", "100")["config"]["int_high_capped"] == {}
+
+
+def test_inputs_refused_past_a_table_say_where_a_datatype_capped_them(tmp_path, capsys):
+    """--int-high 1000 on an INT8 input drew its ids below 128, the type's cap, and ids from 100 on were refused:
+    the message said `--int-high 1000` alone, a bound no id came near."""
+    folder = tmp_path / "repo" / "short"
+    # A lookup in 100 rows: the INT8 input's ids up to 127 pass it.
+    _save_model(folder, _WidenedIds(100), "torchscript", None, ("ids", "INT8", [3]), ("out", "FP32", [4]))
+    fast = ["--batch-sizes", "1,4", "--warmup", "0", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    argv = ["profile", "short", "--model-repository", str(folder.parent), "--int-high", "1000", *fast]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    said = "--int-high 1000, input 'ids' below 128 (its datatype holds no larger id): model 'short' failed"
+    assert said in err, err
+
+
+class _WideAndNarrow(torch.nn.Module):
+    """`a` (INT64) gathers from 200 rows; `b` (INT8), widened, from 300: its ids stop at 127, its datatype's cap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(200, 4))
+        self.wide = torch.nn.Parameter(torch.randn(300, 4))
+
+    def forward(self, a, b):
+        return F.embedding(a, self.table).sum(1) + F.embedding(b.long(), self.wide).sum(1)
+
+
+def test_the_ramps_int_high_is_one_that_sends_the_same_where_a_datatype_caps_an_input(tmp_path):
+    """Bounds 200 and 300, the 300 capped at 128 by INT8: --int-high 200 sends what the profile drew (b's ids stop
+    at 127 either way), but the line said the ramp draws every input below one --int-high, as if none could."""
+    folder = tmp_path / "repo" / "mixed"
+    folder.mkdir(parents=True)
+    torch.jit.script(_WideAndNarrow().eval()).save(str(folder / "model.pt"))
+    text = 'platform = "torchscript"\nmodel_file = "model.pt"\nmax_batch_size = 4\n'
+    for name, datatype in (("a", "INT64"), ("b", "INT8")):
+        text += f'\n[[inputs]]\nname = "{name}"\ndatatype = "{datatype}"\ndims = [3]\n'
+    (folder / "config.toml").write_text(text + '\n[[outputs]]\nname = "out"\ndatatype = "FP32"\ndims = [4]\n')
+    doc = _profiled(folder)
+    assert (doc["config"]["int_high_by_input"], doc["config"]["int_high_capped"]) == ({"a": 200, "b": 300}, {"b": 128})
+    assert _int_high_line(doc) == [
+        "integer inputs uniform by input: input 'a' in [0, 200), input 'b' in [0, 300), the rows of the smallest "
+        "embedding table each one's ids reach (--int-high to change); but input 'b' in [0, 128): its datatype holds "
+        "no larger id; to send the same, give wok bench ramp --int-high 200"
+    ]
+    line = profiler.int_high_line  # the document's cases no model here has
+    config = {"int_high": 50, "int_high_source": None, "int_high_by_input": {"a": 300, "b": 200}}
+    # Both capped at 128: any --int-high from 128 on sends it; the smallest bound the profile drew below is one.
+    assert line({**config, "int_high_capped": {"a": 128, "b": 128}}).endswith(
+        "; to send the same, give wok bench ramp --int-high 200"
+    )
+    # 9 and the cap 128 want different --int-high: none sends the same, 9 keeps every id within its table.
+    assert line({**config, "int_high_by_input": {"a": 9, "b": 300}, "int_high_capped": {"b": 128}}).endswith(
+        "; wok bench ramp draws every integer input below one --int-high: --int-high 9 keeps each within its tables"
+    )

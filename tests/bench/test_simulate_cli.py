@@ -290,6 +290,48 @@ def test_a_profiles_negative_alpha_and_a_batch_past_its_sizes_are_warned_of(tmp_
     ]
 
 
+def test_without_max_batch_size_a_profile_gives_its_models_and_a_size_below_its_batches_is_warned_of(tmp_path, capsys):
+    """`wok simulate --profile` simulated max_batch_size 1, no batching, for a model profiled at 32, unless told;
+    and a --max-batch-size below the smallest batch the profile measured, whose batches all run on the fit
+    extrapolated, went unsaid where one past the largest was warned of (`wok tune` and `wok plan` warn of both)."""
+    import json
+
+    from wok.__main__ import main
+
+    path = tmp_path / "sim.json"
+    assert main(["simulate", *BASE, "--profile", str(PROFILE_MLP), "--json", str(path)]) == 0
+    err = capsys.readouterr().err
+    result = json.loads(path.read_text())
+    limit = json.loads(PROFILE_MLP.read_text())["model"]["max_batch_size"]
+    config = result["config"]
+    assert (config["model"]["max_batch_size"], config["max_batch_size_source"]) == (limit, "profile")
+    assert (
+        f"wok simulate: max_batch_size {limit}: the profile's model.max_batch_size (--max-batch-size to change)" in err
+    )
+    assert not [w for w in result["warnings"] if "profile" in w], result["warnings"]
+    # Given, it is the command line's, and the profile's sizes (2 and 8 here) bound it on both sides.
+    profile = tmp_path / "profile.json"
+    doc = {"schema": "wok.profile/1", "fit": {"alpha_s": 0.001, "beta_s": 0.001}, "batches": [{"batch_size": 2}]}
+    doc["batches"].append({"batch_size": 8})
+    profile.write_text(json.dumps(doc))
+    assert main(["simulate", *BASE, "--profile", str(profile), "--max-batch-size", "1", "--json", str(path)]) == 0
+    assert "max_batch_size 1:" not in capsys.readouterr().err
+    result = json.loads(path.read_text())
+    assert result["config"]["max_batch_size_source"] == "given"
+    assert result["warnings"][0] == (
+        "--max-batch-size 1 is below the smallest batch the profile measured (2): every batch runs on the fit "
+        "α + β·n extrapolated; profile batches of 1 to check it"
+    )
+    # A profile that names no model.max_batch_size (this one): 1, as without a profile, and said.
+    assert main(["simulate", *BASE, "--profile", str(profile), "--json", str(path)]) == 0
+    assert "wok simulate: max_batch_size 1: the profile names no model.max_batch_size (--max-batch-size to change)" in (
+        capsys.readouterr().err
+    )
+    result = json.loads(path.read_text())
+    assert (result["config"]["model"]["max_batch_size"], result["config"]["max_batch_size_source"]) == (1, "default")
+    assert result["warnings"][0].startswith("max_batch_size 1 is below the smallest batch the profile measured (2)")
+
+
 @pytest.mark.parametrize(
     ("doc", "message"),
     [

@@ -381,6 +381,21 @@ def test_a_cpu_calibration_cut_short_is_not_used(cut, gone, why, tmp_path, monke
     assert (doc["cpu_stage"], doc["overhead"], doc["runs"]) == (None, None, [])
 
 
+def test_the_cpu_calibration_and_each_validation_ramp_carry_their_stop_rule(tmp_path, monkeypatch, capsys):
+    """The CPU calibration's ramp, ended by its stop rule before its last load, was fitted on the loads it ran and
+    nothing in the document said so: its `stopped_early` is the calibration's (`cpu_stage.stopped_early`), as each
+    validation ramp's is in its `measured`."""
+    stop = {"reason": "the step's P99 900 ms is over 10 × the SLO (50 ms)", "rule": "stop_factor", "at_qps": 1200.0,
+            "steps_run": 2, "steps_planned": 3}  # fmt: skip
+    validation = {**WHOLE, "stopped_early": {**stop, "at_qps": 40.0, "steps_run": 1, "steps_planned": 2}}
+    results = iter([{"steps": CPU_STEPS, "interrupted": None, "stopped_early": stop}])  # the CPU calibration's
+    argv = _canned(tmp_path, monkeypatch, lambda server: next(results, validation), cpu_stage=True)
+    tune_check.main(argv)
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert doc["cpu_stage"]["stopped_early"] == stop, (doc["error"], capsys.readouterr().err[-2000:])
+    assert [run["measured"]["stopped_early"] for run in doc["runs"]] == [validation["stopped_early"]] * 4
+
+
 def test_a_cpu_calibration_cut_by_a_signal_stops_the_run(tmp_path, monkeypatch):
     """The ramp caught the Ctrl-C after its first step and the run went on with the steps before it."""
     cut = {"reason": "ramp ended early at 2400 QPS: KeyboardInterrupt", "by_signal": True}
