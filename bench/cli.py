@@ -84,10 +84,10 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--int-high",
         type=int,
-        default=DEFAULT_INT_HIGH,
-        help="integer inputs uniform in [0, N) (default %(default)s, which every demo model accepts: a server's "
-        "metadata does not say a model's id range; give recsys its table size, e.g. 200000, so that its gathers "
-        "spread over the table)",
+        help=f"integer inputs uniform in [0, N), every one (default: an input whose server publishes the bound of its "
+        f"ids, a wok server's found at load in the model's embedding tables, below it, said before the first step; "
+        f"the others below {DEFAULT_INT_HIGH}, which every demo model accepts: give recsys its table size, e.g. "
+        f"200000, so that its gathers spread over the table)",
     )
     p.add_argument(
         "--slo-p99", default="200ms", help="P99 latency objective, with its unit: 50ms, 0.05s (default 200ms)"
@@ -1058,7 +1058,8 @@ def run(args) -> int:
     # answers, or after --replicas started), in no option's name.
     if args.rows < 1:
         raise ValueError(f"--rows: expected an integer >= 1; got {args.rows}")
-    check_int_high(args.int_high)
+    if args.int_high is not None:
+        check_int_high(args.int_high)
     _with_unit("--slo-p99", args.slo_p99)
     cfg = RampConfig(
         target=target,
@@ -1069,7 +1070,8 @@ def run(args) -> int:
         arrival=args.arrival,
         sizes=args.sizes,
         rows=args.rows,
-        int_high=args.int_high,
+        int_high=DEFAULT_INT_HIGH if args.int_high is None else args.int_high,
+        int_high_given=args.int_high is not None,
         slo_p99_ms=1e3 * _seconds(args, "--slo-p99", positive=True),
         workers=args.workers,
         timeout_s=_seconds(args, "--timeout", positive=True),
@@ -1214,7 +1216,7 @@ def _exit_status(result: dict, args) -> int:
             print(
                 f"wok bench: the server refused every request at {step['offered_qps']:g} QPS as a bad request "
                 f"({refused}); check --model, --rows ({args.rows}), --sizes ({quoted_name(args.sizes)}) and "
-                f"--int-high ({args.int_high}; default {DEFAULT_INT_HIGH}) against the model",
+                f"--int-high ({_int_high_text(args)}) against the model",
                 file=sys.stderr,
             )
             return BAD_REQUESTS
@@ -1224,7 +1226,7 @@ def _exit_status(result: dict, args) -> int:
             # Exit 0 read as a capacity of nothing ("knee: at or below" the first step) for a model that never ran.
             print(
                 f"wok bench: the model failed every request at {step['offered_qps']:g} QPS ({failed}); not a "
-                f"capacity result: check the model, and --int-high ({args.int_high}; default {DEFAULT_INT_HIGH}) "
+                f"capacity result: check the model, and --int-high ({_int_high_text(args)}) "
                 "against its embedding tables",
                 file=sys.stderr,
             )
@@ -1252,6 +1254,13 @@ def _exit_status(result: dict, args) -> int:
     return 0
 
 
+def _int_high_text(args) -> str:
+    """The ids a ramp sent, for its refusals: the --int-high given, or the default's bounds."""
+    if args.int_high is not None:
+        return f"{args.int_high}; default {DEFAULT_INT_HIGH}"
+    return f"not given: {DEFAULT_INT_HIGH}, or an input's id bound the server publishes"
+
+
 def add_profile_parser(sub) -> None:
     p = sub.add_parser(
         "profile",
@@ -1272,8 +1281,9 @@ def add_profile_parser(sub) -> None:
         "--int-high",
         type=int,
         help=f"integer inputs uniform in [0, N), every one (default: each input below the smallest embedding table "
-        f"its ids reach, another below the model's smallest table, else {DEFAULT_INT_HIGH}; wok bench ramp's is "
-        f"{DEFAULT_INT_HIGH}, as a server's metadata does not say the table)",
+        f"its ids reach, another below the model's smallest table, else {DEFAULT_INT_HIGH}; wok bench ramp's: "
+        f"each input below the bound its server publishes, its own tables' as here, the others below "
+        f"{DEFAULT_INT_HIGH})",
     )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: torch's choice)")

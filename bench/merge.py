@@ -55,7 +55,8 @@ refinement steps are left out (each process bisected on its own):
 
 Verdicts (knee, max QPS under the SLO) and precision warnings are recomputed on the merged
 steps, with the parts' knee threshold and least success rate (parts that differ in either are
-refused, as are parts that sent other requests: other --sizes, --rows or --int-high, or measured
+refused, as are parts that sent other requests: other --sizes, --rows or --int-high (or ids drawn below
+other bounds their servers published), or measured
 otherwise: other --warmup, --timeout, --rpc/--streams, --arrival, or --step-gap with --start-at, or
 ran a merged step at other rates, or planned other steps: other --steps, or the same in another order,
 or more or fewer of them); the parts' own warnings are kept, prefixed with the part's name.
@@ -595,6 +596,9 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
     _same(results, names, "the payload sizes (--sizes)", lambda r: r["config"].get("sizes"))
     _same(results, names, "the rows per request (--rows)", lambda r: r["config"].get("rows"))
     _same(results, names, "the integer inputs' bound (--int-high)", lambda r: r["config"].get("int_high"))
+    # Absent (written before it) as none: those parts drew every integer input below int_high.
+    published = "the integer inputs drawn below the bounds their server publishes (int_high_published)"
+    _same(results, names, published, lambda r: r["config"].get("int_high_published") or {})
     _same(results, names, "the step duration", lambda r: r["config"].get("step_duration_s"))
     # When a window opens, and how long a request may take before it counts as failed: parts that
     # differ measured windows that do not line up, or successes of other definitions.

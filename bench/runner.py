@@ -29,6 +29,7 @@ from .payloads import (
     PayloadGenerator,
     PoolPlan,
     TensorSpec,
+    integer_cap,
     parse_sizes,
     plan_pool,
 )
@@ -100,7 +101,9 @@ class RampConfig:
     arrival: str = "poisson"
     sizes: str = "fixed:16"
     rows: int = 1
-    int_high: int = DEFAULT_INT_HIGH  # integer inputs uniform in [0, int_high)
+    int_high: int = DEFAULT_INT_HIGH  # integer inputs uniform in [0, int_high), but those with a published bound
+    # --int-high given: every integer input below int_high, the bounds the server publishes unread (`published_bounds`)
+    int_high_given: bool = False
     slo_p99_ms: float = 200.0
     workers: int = 2
     timeout_s: float = 30.0
@@ -155,13 +158,15 @@ def _metadata(
     say: Callable[[str], None] = _stderr,
     notes: list[str] | None = None,
     devices: dict[str, str | None] | None = None,
+    bounds: dict[str, dict[str, int]] | None = None,
 ) -> tuple[list, tuple[int, int] | None]:
     """Each model's metadata, fetched through the balancer the workers will use: a target that
     only the wok balancer reaches (TLS checked per server, mixed address families) must not
     fail here before any worker tries it. `--rows` is checked against each model's config; a
     server without ModelConfig is said (`say`, and added to `notes`) to leave it unchecked.
     With them, the server's published request limit (Client.request_limit; None: none published).
-    `devices` gets each model's device by its config (`instance_device`; None without ModelConfig)."""
+    `devices` gets each model's device by its config (`instance_device`; None without ModelConfig), `bounds` its
+    inputs' published id bounds (`published_bounds`)."""
     from wok.clients import Client, InferError
     from wok.clients.channel import target_list
 
@@ -179,7 +184,7 @@ def _metadata(
                     if exc.code.name != "UNIMPLEMENTED":  # a server without ModelConfig: nothing to check
                         raise
                     config = None
-                _checked(cfg.rows, name, config, say, notes, devices)
+                _checked(cfg.rows, name, config, say, notes, devices, bounds)
             return infos, client.request_limit(timeout=30)
     import asyncio
 
@@ -195,7 +200,7 @@ def _metadata(
                     if exc.code.name != "UNIMPLEMENTED":
                         raise
                     config = None
-                _checked(cfg.rows, name, config, say, notes, devices)
+                _checked(cfg.rows, name, config, say, notes, devices, bounds)
             return infos, await client.request_limit(timeout=30)
 
     return asyncio.run(fetch())
@@ -225,15 +230,46 @@ def _over_limit(name: str, payloads: list[bytes], limit: tuple[int, int], rpc: s
     return line + " (raise the server's --max-request-bytes, or send smaller --sizes)"
 
 
-def _checked(rows: int, name: str, config, say, notes: list[str] | None, devices: dict | None) -> None:
+def _checked(
+    rows: int, name: str, config, say, notes: list[str] | None, devices: dict | None, bounds: dict | None = None
+) -> None:
     """`rows` checked against model `name`'s ModelConfig `config` (None: the server answers none, which
-    leaves it unchecked, `_rows_unchecked`), and the model's device recorded in `devices`."""
+    leaves it unchecked, `_rows_unchecked`), the model's device recorded in `devices`, and its inputs' published id
+    bounds in `bounds`."""
     if config is None:
         _rows_unchecked(rows, name, say, notes)
     else:
         _check_rows(rows, name, config.max_batch_size)
     if devices is not None:
         devices[name] = None if config is None else instance_device(config)
+    if bounds is not None:
+        bounds[name] = {} if config is None else published_bounds(config, name, say, notes)
+
+
+def published_bounds(config, model: str, say: Callable[[str], None], notes: list[str] | None = None) -> dict[str, int]:
+    """By input, the bound of its ids that a wok server publishes in the model's ModelConfig parameters
+    (`wok.ids_bound.<input>`, codec.IDS_BOUND_PREFIX): ids below it reach no embedding table past its rows. A value
+    that is not a whole number (no wok server's) is said and left out; 0 (a table of no rows) is taken as 1, as
+    `wok profile` takes it: no id is then good, and the requests' refusals say so."""
+    from wok.codec import IDS_BOUND_PREFIX
+    from wok.errors import quoted_name
+
+    out = {}
+    for key, value in config.parameters.items():
+        if not key.startswith(IDS_BOUND_PREFIX):
+            continue
+        name, text = key[len(IDS_BOUND_PREFIX) :], value.string_value
+        if not (text.isascii() and text.isdigit()):
+            line = (
+                f"model '{model}': parameter {quoted_name(key)} of its ModelConfig: expected the whole number of its "
+                f"input's id bound, got {quoted_name(text)}; the input is drawn below --int-high"
+            )
+            say(f"warning: {line}")
+            if notes is not None:
+                notes.append(line)
+            continue
+        out[name] = max(int(text), 1)
+    return out
 
 
 def instance_device(config) -> str | None:
@@ -313,13 +349,15 @@ def build_pool(
     say: Callable[[str], None] = _stderr,
     notes: list[str] | None = None,
     devices: dict[str, str | None] | None = None,
+    drawn: dict[str, dict[str, int]] | None = None,
 ) -> tuple[list[bytes], list[ModelSlice], Mix]:
     """Serialized requests for every model of the mix; each model's slice of them (`ModelSlice`).
 
     A model's slice holds a payload of every size its `--sizes` can draw (`payloads.plan_pool`), its
     share of POOL_CAP_BYTES allowing; over it, a pool of draws, which is said (`say`) and in the result.
     What the models' checks leave unchecked is said and added to `notes`, and each model's device put
-    in `devices` (_metadata).
+    in `devices` (_metadata). An integer input whose server publishes the bound of its ids (`published_bounds`) is
+    drawn below it, unless --int-high was given (`cfg.int_high_given`); said, and put in `drawn` by model.
     """
     from wok.codec import encode_request
 
@@ -331,11 +369,21 @@ def build_pool(
     cap_text = f"{POOL_CAP_BYTES / 2**20:g} MiB" + (
         f" ({budget / 2**20:g} MiB for each of the mix's {len(cfg.models)} models)" if len(cfg.models) > 1 else ""
     )
-    infos, limit = _metadata(cfg, say, notes, devices)
+    bounds: dict[str, dict[str, int]] = {}
+    infos, limit = _metadata(cfg, say, notes, devices, bounds)
     for (name, weight), info in zip(cfg.models, infos):
         specs = [TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in info.inputs.values()]
+        own = _drawn_below(cfg, name, specs, bounds.get(name, {}), say, notes)
+        if drawn is not None:
+            drawn[name] = own
         gen = PayloadGenerator(
-            name, specs, sizes=parse_sizes(cfg.sizes), rows=cfg.rows, seed=cfg.seed, int_high=cfg.int_high
+            name,
+            specs,
+            sizes=parse_sizes(cfg.sizes),
+            rows=cfg.rows,
+            seed=cfg.seed,
+            int_high=cfg.int_high,
+            int_highs=own,
         )
         plan = plan_pool(gen, budget, rng, cap_text=cap_text)
         if plan.note:
@@ -350,6 +398,36 @@ def build_pool(
                 notes.append(line)
         gens.append((gen, weight))
     return pool, slices, Mix(gens)
+
+
+def _drawn_below(
+    cfg: RampConfig, model: str, specs: list[TensorSpec], bounds: dict[str, int], say, notes: list[str] | None
+) -> dict[str, int]:
+    """By integer input of `model` with a published bound (`bounds`), the bound it is drawn below: that one, said,
+    or none with --int-high, which is then said where it passes one (its requests may be refused)."""
+    from wok.errors import quoted_name
+
+    integers = [t.name for t in specs if integer_cap(t.datatype) is not None and t.name in bounds]
+    if not integers:
+        return {}
+    each = ", ".join(f"input {quoted_name(n)} in [0, {bounds[n]})" for n in integers)
+    if not cfg.int_high_given:
+        say(
+            f"model '{model}': integer inputs drawn below the bounds of their ids the server publishes "
+            f"(wok.ids_bound.<input>): {each}; --int-high to draw every one below one bound"
+        )
+        return {n: bounds[n] for n in integers}
+    past = [n for n in integers if bounds[n] < cfg.int_high]
+    if past:
+        line = (
+            f"--int-high {cfg.int_high}: the server of model '{model}' publishes smaller bounds of ids: "
+            + ", ".join(f"input {quoted_name(n)} in [0, {bounds[n]})" for n in past)
+            + "; a request holding an id past one may be refused INVALID_ARGUMENT, or fail its model"
+        )
+        say(f"warning: {line}")
+        if notes is not None:
+            notes.append(line)
+    return {}
 
 
 def _pool_warning(cfg: RampConfig, plan: PoolPlan) -> str:
@@ -370,7 +448,11 @@ class Ramp:
         self.rng = np.random.default_rng(cfg.seed + 1)
         self.setup_warnings: list[str] = []  # what the pool's build said (an unchecked --rows)
         self.devices: dict[str, str | None] = {}  # each model's, by the server's ModelConfig: the result's `devices`
-        self.pool, self.slices, self.mix = build_pool(cfg, self.say, self.setup_warnings, self.devices)
+        # By model, the integer inputs drawn below their published bounds: the result's `config.int_high_published`.
+        self.int_high_published: dict[str, dict[str, int]] = {}
+        self.pool, self.slices, self.mix = build_pool(
+            cfg, self.say, self.setup_warnings, self.devices, self.int_high_published
+        )
         # Each payload's size, -1 where the model has no variable dimension: the step's `request_sizes`.
         self.pool_sizes = np.full(len(self.pool), -1, dtype=np.int64)
         for s in self.slices:
@@ -510,6 +592,7 @@ class Ramp:
         # Key material and the token never reach the result; only which kind of security was used.
         config = {**asdict(self.cfg), "source": "bench", "tls": tls_mode(cfg.tls), "token": cfg.token is not None}
         config["balancer"] = workers.balancer
+        config["int_high_published"] = self.int_high_published
         result = analysis.ramp_result(
             steps=steps,
             slo_p99_ms=cfg.slo_p99_ms,

@@ -36,6 +36,13 @@ def transport_limit(max_request_bytes: int) -> int:
 MAX_REQUEST_KEY = "wok-max-request-bytes"
 MAX_MESSAGE_KEY = "wok-max-message-bytes"
 
+# ModelConfig's `parameters` key, before an input's name, under which a wok server publishes the bound of that
+# integer input's ids (tables.IdRanges.bounds, Servable.id_bounds): ids in [0, N) reach no embedding table past its
+# rows, so a request of them is never refused for its ids (check_ids). KServe's ModelMetadataResponse has no field
+# for it, nor Triton's ModelInput; a Triton client reads the parameters map as any model's. `wok bench ramp` draws
+# such an input below it unless given --int-high. A config's own parameters may not start with "wok." (config.py).
+IDS_BOUND_PREFIX = "wok.ids_bound."
+
 
 # A shape is written out in a message up to this many dims. A request's shape may have millions
 # (a 64 MiB request holds 60 million one-byte dims): written out whole, one took 6 s of the event
@@ -94,7 +101,8 @@ def check_ids(
 ) -> None:
     """InvalidInput for a request holding an id outside [0, rows) of the embedding table an input's ids reach
     (Servable.id_ranges), or [least, rows) where its tables count a negative id from their end (Servable.id_least):
-    the model would fail on it, with its batch (on a GPU, losing the device)."""
+    the model would fail on it, with its batch (on a GPU, losing the device). An input read in chunks is checked as
+    they are read instead (`_ChunkIds`)."""
     for name, rows in id_ranges.items():
         a = arrays[name]
         if a.size == 0:
@@ -103,11 +111,40 @@ def check_ids(
         lo, hi = a.min(), a.max()
         low = least.get(name, 0) if least else 0
         if lo < low or hi >= rows:
-            ends = ", a negative id counted from its end" if low < 0 else ""
-            raise InvalidInput(
-                f"input '{name}': expected ids in [{low}, {rows}) (the rows of the embedding table model '{model}' "
-                f"looks them up in{ends}), got values from {lo} to {hi}"
-            )
+            raise _ids_refused(name, low, rows, model, lo, hi)
+
+
+def _ids_refused(name: str, low: int, rows: int, model: str, lo, hi, read: int = 0, count: int = 0) -> InvalidInput:
+    """check_ids' refusal; `read` of `count`: where the values from `lo` to `hi` are those of a chunked input's
+    first chunks, read before the one that held the id outside the table (`_ChunkIds`)."""
+    ends = ", a negative id counted from its end" if low < 0 else ""
+    where = f" in its first {read:,} of {count:,} values (the rest not read)" if read < count else ""
+    return InvalidInput(
+        f"input '{name}': expected ids in [{low}, {rows}) (the rows of the embedding table model '{model}' "
+        f"looks them up in{ends}), got values from {lo} to {hi}{where}"
+    )
+
+
+class _ChunkIds:
+    """check_ids of one input read in chunks (`_values_in_steps`): a min and a max of each chunk as it is read, so
+    that no turn of the event loop reduces the whole input at once (~20 ms for 160 MiB of ids, docs/performance.md),
+    and a request is refused at the chunk holding an id outside the table, its later chunks unread."""
+
+    __slots__ = ("count", "hi", "lo", "low", "model", "name", "read", "rows")
+
+    def __init__(self, name: str, rows: int, low: int, model: str, count: int) -> None:
+        self.name, self.rows, self.low, self.model, self.count = name, rows, low, model, count
+        self.read = 0
+        self.lo = self.hi = None
+
+    def __call__(self, chunk: np.ndarray) -> None:
+        lo, hi = chunk.min(), chunk.max()
+        if self.read:
+            lo, hi = min(lo, self.lo), max(hi, self.hi)
+        self.lo, self.hi = lo, hi
+        self.read += chunk.size
+        if lo < self.low or hi >= self.rows:
+            raise _ids_refused(self.name, self.low, self.rows, self.model, lo, hi, self.read, self.count)
 
 
 # The least urgent priority level a request or a model's default may name. Each level a queue
@@ -276,9 +313,15 @@ def array_from_contents(
 
 
 def _contents_in_steps(
-    contents: pb.InferTensorContents, dt: Datatype, shape: tuple[int, ...], name: str, side: _Side = INPUT
+    contents: pb.InferTensorContents,
+    dt: Datatype,
+    shape: tuple[int, ...],
+    name: str,
+    side: _Side = INPUT,
+    check: Callable[[np.ndarray], None] | None = None,
 ) -> Generator[None, None, np.ndarray]:
-    """array_from_contents, yielding between chunks of CONTENTS_CHUNK values."""
+    """array_from_contents, yielding between chunks of CONTENTS_CHUNK values; `check` (_ChunkIds) called on each
+    chunk of more than one (`_values_in_steps`)."""
     if dt.contents_field is None:
         # Name what was sent: "0 values" or a guess at the field would not tell the client the
         # protocol has no field for FP16 or BF16 at all.
@@ -305,7 +348,7 @@ def _contents_in_steps(
         a = _packed_values(contents, dt, count)
         if a is not None:
             return a.reshape(shape)
-    a = yield from _values_in_steps(values, dt, count, name, side)
+    a = yield from _values_in_steps(values, dt, count, name, side, check)
     return a.reshape(shape)
 
 
@@ -359,9 +402,12 @@ def _packed_values(contents: pb.InferTensorContents, dt: Datatype, count: int) -
     return np.frombuffer(data, dtype=dt.numpy.newbyteorder("<"), count=count, offset=pos).astype(dt.numpy)
 
 
-def _values_in_steps(values, dt: Datatype, count: int, name: str, side: _Side) -> Generator[None, None, np.ndarray]:
+def _values_in_steps(
+    values, dt: Datatype, count: int, name: str, side: _Side, check: Callable[[np.ndarray], None] | None = None
+) -> Generator[None, None, np.ndarray]:
     """Typed values into an array, CONTENTS_CHUNK at a time, yielding between chunks. BYTES too: an
-    object array filled with the field's bytes objects (numpy would make a list of them an 'S' array)."""
+    object array filled with the field's bytes objects (numpy would make a list of them an 'S' array).
+    `check`: called on each chunk, where there are several (one alone is the whole, left to check_ids)."""
     if count <= CONTENTS_CHUNK:
         # The common request: no array to copy a chunk into (~1 µs of a small one's decode).
         return _chunk(iter(values), dt, count, 0, name, side)
@@ -372,6 +418,10 @@ def _values_in_steps(values, dt: Datatype, count: int, name: str, side: _Side) -
         out[start : start + n] = _chunk(it, dt, n, start, name, side)
         if start + n < count:
             yield
+        if check is not None:
+            # After the turn: the first chunk is read in decode_request's loop over the inputs, and the refusals of
+            # the later inputs, the outputs and the parameters come before any of the ids', read in steps or whole.
+            check(out[start : start + n])
     return out
 
 
@@ -434,10 +484,22 @@ class DecodedRequest:
     pending: list[tuple[str, Generator[None, None, np.ndarray]]] | None = None
 
 
+def _check_whole_ids(servable, arrays: Mapping[str, np.ndarray], pending) -> None:
+    """check_ids of the inputs read whole: those left `pending` are checked as they are read (_ChunkIds)."""
+    ranges = servable.id_ranges
+    if ranges and pending:
+        chunked = {name for name, _ in pending}
+        ranges = {name: rows for name, rows in ranges.items() if name not in chunked}
+    if ranges:
+        check_ids(ranges, arrays, servable.name, servable.id_least)
+
+
 async def finish_decoding(dec: DecodedRequest, servable, refuse: Callable[[], None] | None = None) -> None:
     """Read what decode_request(in_steps=True) left pending, a chunk per turn of the event loop (the
     requests around it go on meanwhile), then run the model's value checks. `refuse`, called before
-    each chunk, ends the read with what it raises."""
+    each chunk, ends the read with what it raises. The ids of the inputs read whole are checked first
+    (check_ids), those of the pending ones chunk by chunk as they are read (_ChunkIds)."""
+    _check_whole_ids(servable, dec.inputs, dec.pending)
     for name, steps in dec.pending or ():
         while True:
             await asyncio.sleep(0)
@@ -449,8 +511,6 @@ async def finish_decoding(dec: DecodedRequest, servable, refuse: Callable[[], No
                 dec.inputs[name] = done.value
                 break
     dec.pending = None
-    if servable.id_ranges:
-        check_ids(servable.id_ranges, dec.inputs, servable.name, servable.id_least)
     servable.check(dec.inputs)
 
 
@@ -495,6 +555,7 @@ def decode_request(
     pending = []
     rows = None
     dim_ranges = servable.dim_ranges
+    id_ranges = servable.id_ranges
     for tcfg in cfg.inputs:
         i = seen[tcfg.name]
         t = req.inputs[i]
@@ -547,7 +608,11 @@ def decode_request(
                 )
             arrays[name] = array_from_raw(raw[i], dt, shape, name)
         else:
-            steps = _contents_in_steps(t.contents, dt, shape, name)
+            check = None
+            if id_ranges and name in id_ranges:
+                low = servable.id_least.get(name, 0)
+                check = _ChunkIds(name, id_ranges[name], low, model, math.prod(shape))
+            steps = _contents_in_steps(t.contents, dt, shape, name, check=check)
             try:
                 next(steps)
             except StopIteration as done:
@@ -625,11 +690,12 @@ def decode_request(
         if in_steps:
             return DecodedRequest(arrays, rows, outputs, timeout_s, priority, pending)
         # Read after the outputs and parameters are checked, as finish_decoding reads them: a value out
-        # of range past the first chunk is refused after a bad parameter either way.
+        # of range past the first chunk is refused after a bad parameter either way, and so is an id.
+        _check_whole_ids(servable, arrays, pending)
         for name, steps in pending:
             arrays[name] = _finish(steps)
-    if servable.id_ranges:
-        check_ids(servable.id_ranges, arrays, model, servable.id_least)
+    elif id_ranges:
+        check_ids(id_ranges, arrays, model, servable.id_least)
     servable.check(arrays)
     return DecodedRequest(arrays, rows, outputs, timeout_s, priority)
 

@@ -33,7 +33,7 @@ from pydantic import (
 )
 
 from .auth import check_tls_files, load_tokens, read_secret_file
-from .codec import MAX_PRIORITY_LEVEL
+from .codec import IDS_BOUND_PREFIX, MAX_PRIORITY_LEVEL
 from .datatypes import DATATYPES
 from .errors import NAME_CHARS, ConfigError, cut_message, quoted_name, shown_value
 from .faults import MAX_QUEUE_DELAY_MS
@@ -358,6 +358,19 @@ class ModelConfig(_Strict):
             raise ValueError(
                 f"{info.field_name} must be 'module:callable' with a dotted module name, such as 'model:{attr}' or "
                 f"'pkg.models:{attr}'; relative names and paths are not accepted"
+            )
+        return v
+
+    @field_validator("parameters")
+    @classmethod
+    def _not_the_servers(cls, v: dict) -> dict:
+        ours = [k for k in v if k.startswith("wok.")]
+        if ours:
+            # The ModelConfig answer lists these parameters beside the server's own (IDS_BOUND_PREFIX), which
+            # one of them would have overwritten unseen.
+            raise ValueError(
+                f"keys starting with 'wok.' are kept for what the server publishes in its ModelConfig answer "
+                f"({IDS_BOUND_PREFIX}<input>); expected other keys, got {_shown(ours)}"
             )
         return v
 

@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 from . import __version__
 from .codec import (
     CONTENTS_CHUNK,
+    IDS_BOUND_PREFIX,
     MAX_MESSAGE_KEY,
     MAX_REQUEST_KEY,
     decode_request,
@@ -1121,4 +1122,6 @@ def model_config_proto(rt: ModelRuntime) -> mc.ModelConfig:
             g.kind = mc.ModelInstanceGroup.KIND_CPU
     for k, v in cfg.parameters.items():
         out.parameters[k].string_value = str(v)
+    for name, bound in s.id_bounds.items():
+        out.parameters[IDS_BOUND_PREFIX + name].string_value = str(bound)
     return out

@@ -105,7 +105,9 @@ def no_target(monkeypatch):
     """A Ramp built without a server: its request pool is not fetched (its run is the test's)."""
     from wok.bench import runner
 
-    monkeypatch.setattr(runner, "build_pool", lambda cfg, say=None, notes=None, devices=None: ([], [], None))
+    monkeypatch.setattr(
+        runner, "build_pool", lambda cfg, say=None, notes=None, devices=None, drawn=None: ([], [], None)
+    )
     return runner.Ramp
 
 

@@ -1020,6 +1020,12 @@ def test_parts_that_sent_other_requests_do_not_merge_and_other_pools_are_kept_by
         other[2]["config"][key] = value
         with pytest.raises(ValueError, match=rf"differ in .*\({what}\) .*c\.json: {value}"):
             merge_results(other, ["a.json", "b.json", "c.json"])
+    # Ids drawn below a bound one part's server published (absent in files written before it: none).
+    other = [json.loads(json.dumps(r)) for r in parts]
+    other[0]["config"]["int_high_published"] = {"mlp": {}}
+    other[2]["config"]["int_high_published"] = {"mlp": {"ids": 10}}
+    with pytest.raises(ValueError, match=r"differ in .*\(int_high_published\) .*c\.json: \{'mlp': \{'ids': 10\}\}"):
+        merge_results(other, ["a.json", "b.json", "c.json"])
     parts[1]["payloads"] = [{"model": "mlp", "pool": "draws", "payloads": 300, "distinct_sizes": 40}]
     merged = merge_results(parts, ["a.json", "b.json", "c.json"])
     assert "payloads" not in merged

@@ -50,7 +50,8 @@ def test_a_step_refused_as_malformed_ends_the_ramp_with_exit_2_and_the_servers_m
     assert f"\nerrors: {n} × INVALID_ARGUMENT: {TOO_LONG}\n" in stdout
     assert err.endswith(
         f"wok bench: the server refused every request at 20 QPS as a bad request (INVALID_ARGUMENT: {TOO_LONG}); "
-        "check --model, --rows (1), --sizes ('fixed:257') and --int-high (50; default 50) against the model\n"
+        "check --model, --rows (1), --sizes ('fixed:257') and --int-high (not given: 50, or an input's id bound the "
+        "server publishes) against the model\n"
     )
 
 

@@ -139,6 +139,17 @@ def test_a_parameter_of_another_type_is_one_error_not_one_per_accepted_type(tmp_
     assert msg == f"{path}: parameters.classes: expected a string, number or boolean; got {got}"
 
 
+def test_a_parameter_named_as_the_servers_published_ones_is_refused(tmp_path):
+    # The ModelConfig answer lists the config's parameters beside the server's wok.ids_bound.<input>: a config's own
+    # would have been overwritten unseen, or read by `wok bench ramp` as a bound the server found.
+    # YAML: TOML reads the dotted key unquoted as tables (refused as a table, not a number).
+    msg, path = load_error(tmp_path, changed(parameters={"wok.ids_bound.x": 5, "hidden": 16}), "config.yaml")
+    assert msg == (
+        f"{path}: parameters: keys starting with 'wok.' are kept for what the server publishes in its ModelConfig "
+        "answer (wok.ids_bound.<input>); expected other keys, got ['wok.ids_bound.x']"
+    )
+
+
 def test_preferred_batch_size_above_max(tmp_path):
     msg, path = load_error(tmp_path, changed(dynamic_batching={"preferred_batch_sizes": [4, 16]}))
     assert msg.startswith(f"{path}: ")

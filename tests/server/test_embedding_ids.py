@@ -481,3 +481,33 @@ def test_inputs_sent_into_a_python_forwards_varargs_are_not_taken_for_others():
 
     found = id_ranges(Varargs().eval(), ["a", "b"], {"a": torch.int64, "b": torch.int64})
     assert (found.rows, found.bounds, found.unclear) == ({}, {}, {})
+
+
+async def test_a_request_read_in_chunks_is_refused_at_the_chunk_holding_an_id_past_the_table(tmp_path, serve):
+    """Typed contents of more than CONTENTS_CHUNK ids, read a chunk per turn of the loop (codec.finish_decoding):
+    their ids are checked a chunk at a time, and the request refused at the first chunk holding one past the table,
+    INVALID_ARGUMENT, saying how much it read."""
+    from wok.codec import CONTENTS_CHUNK
+    from wok.v2pb import grpc_service_pb2 as pb
+
+    d = tmp_path / "repo" / "indexed"
+    d.mkdir(parents=True)
+    (d / "model.py").write_text(INDEXED_ROWS)
+    config = config_text("python", 'factory = "model:IndexedRows"', 1).replace("dims = [3]", "dims = [-1]")
+    (d / "config.toml").write_text(config)
+    n = 2 * CONTENTS_CHUNK + 5
+    ids = np.arange(n) % ROWS
+    ids[CONTENTS_CHUNK + 3] = ROWS
+    req = pb.ModelInferRequest(model_name="indexed")
+    req.inputs.add(name="ids", datatype="INT64", shape=[1, n]).contents.int64_contents.extend(ids.tolist())
+    async with serve(models=(), repository=tmp_path / "repo") as server:
+        assert server.runtime("indexed").servable.id_ranges == {"ids": ROWS}
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(req)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        f"input 'ids': expected ids in [{-ROWS}, {ROWS}) (the rows of the embedding table model 'indexed' looks them "
+        f"up in, a negative id counted from its end), got values from 0 to {ROWS} in its first {2 * CONTENTS_CHUNK:,} "
+        f"of {n:,} values (the rest not read)"
+    )
