@@ -34,7 +34,7 @@ from .payloads import (
     plan_pool,
 )
 from .scrape import Fleet, scrape, server_view
-from .workers import NOT_SENT, OK, Share, WorkerPool, merge_details, pick_balancer
+from .workers import NOT_SENT, OK, Share, WorkerPool, WorkerProcesses, merge_details, pick_balancer
 
 # Off a terminal, a step's progress line comes every tenth of the step, but no oftener than this
 # (a short step prints none) and no rarer than that.
@@ -442,9 +442,17 @@ class Ramp:
     # (FaultRamp) goes on: its faults fail whole steps by design, and stopping would skip their end.
     stops_when_none_ok = True
 
-    def __init__(self, cfg: RampConfig, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RampConfig,
+        progress: Callable[[str], None] | None = None,
+        *,
+        processes: WorkerProcesses | None = None,
+    ) -> None:
         self.cfg = cfg
         self.say = progress or _stderr
+        # The caller's started WorkerProcesses, to run on workers kept from its last ramp; None: this ramp's own.
+        self.processes = processes
         self.rng = np.random.default_rng(cfg.seed + 1)
         self.setup_warnings: list[str] = []  # what the pool's build said (an unchecked --rows)
         self.devices: dict[str, str | None] = {}  # each model's, by the server's ModelConfig: the result's `devices`
@@ -497,6 +505,7 @@ class Ramp:
             streams=cfg.streams,
             server_timing=cfg.server_timing,
             stoppable=self.keeps_cut_step,
+            processes=self.processes,
         )
         steps: list[dict] = []
         interrupted = None

@@ -405,7 +405,7 @@ def _orphaned() -> None:
     os._exit(1)  # nobody is left to report to, and nothing of the worker's needs flushing
 
 
-def _main(conn, target: str, how: Channel, stop=None, index: int = 0) -> None:
+def _main(conn, stop) -> None:
     # Ctrl-C reaches the whole process group; the coordinator decides what it means. Ignored, a
     # Ctrl-C held back since the start (_start_held: blocked, as inherited) is dropped; SIGTERM and
     # SIGHUP take their default again.
@@ -413,19 +413,28 @@ def _main(conn, target: str, how: Channel, stop=None, index: int = 0) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
     # The worker's own collector pauses would show up as dispatch lag; it allocates little.
     gc.disable()
-    # The pool comes on the pipe once this worker runs, not with its spawn data (WorkerPool).
-    try:
-        conn.send(STARTED)
-        pool = conn.recv()
-    except (EOFError, OSError):
-        return  # the bench stopped, or gave up on this worker, before handing it the pool
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_serve(conn, target, pool, how, stop, index))
+    try:
+        conn.send(STARTED)
+    except OSError:
+        return
+    # One ramp per job (WorkerProcesses keeps a worker for the next): what it sends to and the pool come on
+    # the pipe, not with the spawn data (WorkerPool); its channel and loop are the ramp's own. None: stop.
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return  # the bench stopped, or gave up on this worker, before handing it a ramp
+        if job is None:
+            return
+        target, how, index, stoppable, pool = job
+        asyncio.run(_serve(conn, target, pool, how, stop if stoppable else None, index))
+        del pool, job  # up to 64 MiB, not held while the worker waits for the next ramp
 
 
 # The signals the bench stops on (cli._signals_interrupt), held back while a worker starts.
@@ -487,8 +496,119 @@ def _from_worker(conn, process, stage: str) -> object:
         raise _died(process, stage) from None
 
 
+class WorkerProcesses:
+    """Bench worker processes kept from one ramp to the next: each start is a spawned interpreter's
+    imports (a few tenths of a second per ramp), which a process running many ramps (compare, tune_check,
+    the tests) paid for every one. Started and stopped by its owner (`start`/`stop`, or `with`); a
+    WorkerPool given it takes its workers from it for one ramp. A worker that died or was terminated
+    (a step cut short) is replaced at the next ramp; `stop` leaves none running."""
+
+    def __init__(self) -> None:
+        self._ctx = mp.get_context("spawn")  # gRPC does not survive fork
+        self._stop = None  # the cut signal (WorkerPool.cut), one for all: only one pool holds them at a time
+        self._procs: list = []
+        self._conns: list = []
+        self._lent = False
+
+    def __enter__(self) -> WorkerProcesses:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> WorkerProcesses:
+        if self._stop is None:
+            self._stop = self._ctx.Event()
+        return self
+
+    def __len__(self) -> int:
+        return len(self._procs)
+
+    def take(self, n: int) -> tuple[list, list, object]:
+        """`n` live workers, each waiting for a ramp (pipes, processes), and the cut signal; started here
+        where fewer are left. Theirs until `give_back`."""
+        if self._stop is None:
+            raise RuntimeError("WorkerProcesses.take: not started; call start() or use it in a with block")
+        if self._lent:
+            raise RuntimeError("WorkerProcesses.take: its workers are still lent to a pool not closed")
+        for c, p in [(c, p) for c, p in zip(self._conns, self._procs) if not p.is_alive()]:
+            p.join(0)
+            c.close()
+            self._conns.remove(c)
+            self._procs.remove(p)
+        new_conns, new_procs = [], []
+        try:
+            for _ in range(n - len(self._procs)):
+                parent, child = self._ctx.Pipe()
+                # The pool (up to 64 MiB) is not in the spawn data: the bench writes that with its stop
+                # signals held (_start_held), and a worker that died before reading it all (a script
+                # without the main guard, which each worker runs again and fails in; an OOM kill)
+                # left the write blocked for good (multiprocessing keeps the worker's end of that pipe
+                # open while it writes), Ctrl-C and SIGTERM held with it: only SIGKILL ended the bench.
+                p = self._ctx.Process(target=_main, args=(child, self._stop), daemon=True)
+                new_procs.append(p)
+                _start_held(p)
+                child.close()  # the worker's end: with it closed here, a dead worker reads as EOF
+                new_conns.append(parent)
+            for c, p in zip(new_conns, new_procs):
+                if (word := _from_worker(c, p, "start")) != STARTED:
+                    raise RuntimeError(f"bench worker {p.pid} said {word!r} as it started; expected {STARTED!r}")
+        except BaseException:
+            _end(new_procs, terminate=True)
+            raise
+        self._conns += new_conns
+        self._procs += new_procs
+        self._lent = True
+        return self._conns[:n], self._procs[:n], self._stop
+
+    def give_back(self) -> None:
+        self._lent = False
+
+    def stop(self) -> None:
+        """Stop every worker and wait for them (as WorkerPool.close)."""
+        procs, self._procs = self._procs, []
+        conns, self._conns = self._conns, []
+        if self._lent:
+            # A pool not closed: its workers may be mid-step, and would read the stop only after their share.
+            for p in procs:
+                p.terminate()
+            self._lent = False
+        for c in conns:
+            try:
+                c.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        _end(procs)
+        for c in conns:
+            c.close()
+
+
+def _end(procs: list, terminate: bool = False) -> None:
+    """Wait for `procs` to exit (started ones; with `terminate`, terminated first), killing one that takes
+    over 10 s. A signal meanwhile (Ctrl-C, raised in a join as the workers exit) is raised once those left
+    are killed: not left to send, or to exit on their own while the bench has stopped waiting (nothing of
+    theirs needs flushing: `_orphaned`)."""
+    procs = [p for p in procs if p.pid is not None]
+    try:
+        if terminate:
+            for p in procs:
+                p.terminate()
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    except BaseException:
+        for p in procs:
+            if p.is_alive():
+                p.kill()  # not terminate(): a stopped worker (SIGSTOP, a debugger) holds SIGTERM pending
+        for p in procs:
+            p.join(10)
+        raise
+
+
 class WorkerPool:
-    """N worker processes, started once per ramp, each with the same request pool.
+    """N worker processes for one ramp, each with the same request pool: taken from `processes` (a
+    started WorkerProcesses, kept for the next ramp), or started for this ramp alone and stopped by `close`.
 
     `tls` (a wok.clients.TLS, or True), `token` and `retries` are as for the clients; they
     reach the workers through the spawn pipe, never their command line. `balancer` is
@@ -511,6 +631,7 @@ class WorkerPool:
         streams: int = 4,
         server_timing: bool = False,
         stoppable: bool = False,
+        processes: WorkerProcesses | None = None,
     ) -> None:
         balancer = pick_balancer(balancer, rpc, target)
         if balancer not in ("grpc", "wok"):
@@ -527,38 +648,25 @@ class WorkerPool:
         self._stats: list[dict | None] = [None] * n
         self._running = False  # a step handed out and its outcomes not yet collected
         self._got: list[Outcome | None] = [None] * n  # the outcomes of that step received so far
-        ctx = mp.get_context("spawn")  # gRPC does not survive fork
-        self._stop = ctx.Event() if stoppable else None
-        self._conns = []
-        self._procs = []
+        self._own = processes is None
+        self._processes = WorkerProcesses().start() if processes is None else processes
+        self._stoppable = stoppable
+        self._conns, self._procs = [], []
         try:
-            for index in range(n):
-                parent, child = ctx.Pipe()
-                # The pool (up to 64 MiB) is not in the spawn data: the bench writes that with its stop
-                # signals held (_start_held), and a worker that died before reading it all (a script
-                # without the main guard, which each worker runs again and fails in; an OOM kill)
-                # left the write blocked for good (multiprocessing keeps the worker's end of that pipe
-                # open while it writes), Ctrl-C and SIGTERM held with it: only SIGKILL ended the bench.
-                p = ctx.Process(target=_main, args=(child, target, how, self._stop, index), daemon=True)
-                self._procs.append(p)
-                _start_held(p)
-                child.close()  # the worker's end: with it closed here, a dead worker reads as EOF
-                self._conns.append(parent)
-            for c, p in zip(self._conns, self._procs):
-                _from_worker(c, p, "start")
+            self._conns, self._procs, self._stop = self._processes.take(n)
+            for index, (c, p) in enumerate(zip(self._conns, self._procs)):
                 try:
-                    c.send(pool)
+                    c.send((target, how, index, stoppable, pool))
                 except OSError:  # a broken pipe: the worker died as it read it
                     raise _died(p, "start") from None
             for c, p in zip(self._conns, self._procs):
                 _from_worker(c, p, "connect")
         except BaseException:
-            for p in self._procs:
-                if p.pid is not None:  # started
-                    p.terminate()
-            for p in self._procs:
-                if p.pid is not None:
-                    p.join(10)
+            # Terminated, not handed back as they are: a worker may be connecting, its "ready" not yet read.
+            _end(self._procs, terminate=True)
+            self._processes.give_back()
+            if self._own:
+                self._processes.stop()
             raise
 
     def __len__(self) -> int:
@@ -571,7 +679,7 @@ class WorkerPool:
 
     def start(self, shares: list[Share]) -> None:
         """Hand each worker its share; they send on schedule from `Share.start_at`."""
-        if self._stop is not None:
+        if self._stoppable:
             self._stop.clear()  # before the shares: a worker reads them only after
         self._got = [None] * len(self._conns)
         self._running = True
@@ -614,7 +722,7 @@ class WorkerPool:
         """Stop the step started last: each worker stops sending, cancels its calls in flight and
         hands back what it measured. Per worker, its Outcome, or None when it died or did not
         answer within `wait_s` (`close` then terminates it)."""
-        if self._stop is None:
+        if not self._stoppable:
             raise RuntimeError("WorkerPool.cut: the pool was not made with stoppable=True")
         if not self._running:
             return list(self._got)
@@ -638,28 +746,20 @@ class WorkerPool:
         return merge_stats(self._stats)
 
     def close(self) -> None:
-        """Stop the workers and wait for them. A signal meanwhile (Ctrl-C, raised in a join as the
-        workers exit) is raised once those left are killed: not left to send, or to exit on their own
-        while the bench has stopped waiting (nothing of theirs needs flushing: `_orphaned`)."""
+        """End the ramp: its workers go back to `processes` (a step cut short: terminated there, replaced at
+        the next ramp's start), or are stopped with the pool's own, waited for (WorkerProcesses.stop)."""
         try:
             if self._running:
                 # A step cut short (Ctrl-C, an error): its workers would send to the end of their
                 # share before reading the pipe again, and nobody waits for what they measure.
-                for p in self._procs:
-                    p.terminate()
-            for c in self._conns:
-                try:
-                    c.send(None)
-                except (BrokenPipeError, OSError):
-                    pass
-            for p in self._procs:
-                p.join(10)
-                if p.is_alive():
-                    p.kill()
-        except BaseException:
-            for p in self._procs:
-                if p.is_alive():
-                    p.kill()  # not terminate(): a stopped worker (SIGSTOP, a debugger) holds SIGTERM pending
-            for p in self._procs:
-                p.join(10)
-            raise
+                _end(self._procs, terminate=True)
+            else:
+                for c in self._conns:
+                    try:
+                        c.send(None)  # the ramp's end: the worker closes its channel and waits for the next
+                    except (BrokenPipeError, OSError):
+                        pass
+        finally:
+            self._processes.give_back()
+            if self._own:
+                self._processes.stop()

@@ -10,6 +10,7 @@ cut caught in flight, kept the code their array started with, 0: OK to anyone co
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 from wok.bench.faults import post_fault
 from wok.bench.runner import RampConfig, build_pool, status_name
 from wok.bench.scrape import scrape
-from wok.bench.workers import OK, Share, WorkerPool
+from wok.bench.workers import OK, Share, WorkerPool, WorkerProcesses
 
 STEP_S = 20.0  # planned step length: far longer than any of these tests may take
 QPS = 50  # per worker: light, so the loaded machine keeps up
@@ -50,6 +51,40 @@ def _pool(bench_server, n: int, **kwargs) -> WorkerPool:
     cfg = RampConfig(target=bench_server.target, models=[("mlp", 1.0)], steps=[QPS], step_duration_s=1)
     pool, _, _ = build_pool(cfg)
     return WorkerPool(cfg.target, pool, n, **kwargs)
+
+
+def _short_step(workers: WorkerPool, n_workers: int, requests: int = 5) -> list:
+    times = np.arange(requests) * 0.01
+    shares = [Share(time.monotonic() + 0.05, times, np.zeros(requests, dtype=np.int64), 5.0)] * n_workers
+    return workers.run(shares)
+
+
+def test_kept_workers_run_each_ramp_afresh_and_a_dead_one_is_replaced(bench_server):
+    """WorkerProcesses keeps the workers from one ramp to the next: each ramp's pool and channel are its
+    own (sent with each), a worker that died between ramps or was terminated with a step cut short is
+    replaced, and `stop` leaves none running."""
+    with WorkerProcesses() as processes:
+        first = _pool(bench_server, 2, processes=processes)
+        pids = [p.pid for p in first._procs]
+        assert all(o.codes.tolist() == [OK] * 5 for o in _short_step(first, 2))
+        with pytest.raises(RuntimeError, match="still lent"):
+            WorkerPool(bench_server.target, [b""], 1, processes=processes)
+        first.close()
+        os.kill(pids[1], signal.SIGKILL)
+        first._procs[1].join(10)  # dead before the next ramp takes its workers
+        second = _pool(bench_server, 2, processes=processes, stoppable=True)
+        assert second._procs[0].pid == pids[0] and second._procs[1].pid not in pids
+        assert all(o.codes.tolist() == [OK] * 5 for o in _short_step(second, 2))
+        second.start(_shares(2, time.monotonic()))  # a 20 s step, left running: close terminates its workers
+        second.close()
+        third = _pool(bench_server, 1, processes=processes)
+        assert third._procs[0].pid not in pids + [p.pid for p in second._procs]
+        (outcome,) = _short_step(third, 1)
+        assert outcome.codes.tolist() == [OK] * 5
+        third.close()
+        kept = list(processes._procs)
+    assert kept and not any(p.is_alive() for p in kept)
+    assert not [c for c in multiprocessing.active_children() if c in kept]
 
 
 def test_a_worker_killed_mid_step_raises_at_once_not_at_the_end_of_the_step(bench_server, metrics_url):
