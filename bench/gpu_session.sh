@@ -32,46 +32,78 @@ export PYTHONUNBUFFERED=1
 # its own). Traps run between commands, so a step and the server are waited for with `wait`, which a signal ends.
 server=""   # the background wok serve's pid, while one runs
 step_pid="" # the running step's timeout's pid (it passes a TERM on to the step)
-scraper=""  # the background scrape under load
+scraper=""  # the background scrape under load (one process: see SCRAPE)
 site=""     # the copy of wok to remove at the end; none when it is $WOK_SITE
-stop_server() {  # stop_server: SIGINT the background wok serve (it drains) and wait for it; its exit status
+held=""     # the exit status of a signal held by hold_signals, until release_signals
+# wok serve's drain at a stop: nothing is in flight then (a step's ramp has ended, or was stopped first), so a few
+# seconds are its grace; what it still runs after DRAIN_S is killed. Unbounded, a server that did not stop (a hung
+# device) held the script, past a lent machine's limit.
+GRACE_S=5
+DRAIN_S=15
+stop_server() {  # stop_server: SIGINT the background wok serve (it drains), KILL it after $DRAIN_S; its exit status
     [ -n "$server" ] || return 0
     kill -INT "$server" 2>/dev/null
+    local _
+    for _ in $(seq $((DRAIN_S * 10))); do
+        kill -0 "$server" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -0 "$server" 2>/dev/null && echo "!! wok serve (pid $server): still running $DRAIN_S s after SIGINT, killed"
+    kill -KILL "$server" 2>/dev/null
     wait "$server"
     local rc=$?
     server=""
     return $rc
 }
+# shellcheck disable=SC2329  # run by the EXIT trap
 finish() {
     trap '' HUP INT TERM # a second signal would end the script halfway through this
     if [ -n "$step_pid" ]; then
         kill -TERM "$step_pid" 2>/dev/null
         wait "$step_pid"
         # timeout leads a process group of its own, the step's: the ramp's worker processes may still be ending.
-        local i
-        for i in $(seq 100); do
+        local _
+        for _ in $(seq 100); do
             kill -0 -- -"$step_pid" 2>/dev/null || break
             sleep 0.1
         done
         kill -KILL -- -"$step_pid" 2>/dev/null
     fi
-    [ -z "$scraper" ] || kill "$scraper" 2>/dev/null
+    if [ -n "$scraper" ]; then
+        kill "$scraper" 2>/dev/null
+        wait "$scraper"
+    fi
     stop_server
     [ -z "$site" ] || rm -rf "$site"
 }
 trap finish EXIT
+# A signal's trap runs between two commands: one landing between `cmd &` and `pid=$!` exited before the pid was
+# kept, and finish left that process running. Around each such pair a signal is held (noted), then acted on.
+hold_signals() {
+    trap 'held=129' HUP
+    trap 'held=130' INT
+    trap 'held=143' TERM
+}
 # `exit` in a signal's trap runs the EXIT trap; the status is the signal's, as if the script had died of it.
-trap 'exit 129' HUP
-trap 'exit 130' INT
-trap 'exit 143' TERM
+release_signals() {
+    trap 'exit 129' HUP
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    [ -z "$held" ] || exit "$held"
+}
+release_signals
 if [ -n "${WOK_SITE:-}" ]; then
     kept=$WOK_SITE
 else
     site=$(mktemp -d /tmp/wok-site.XXXXXX) || exit 1
     kept=$site
 fi
+wheels=()
+for wheel in .whl/*.whl; do
+    [ -f "$wheel" ] && wheels+=("$wheel")
+done
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
-    --target "$kept" $([ -d .whl ] && echo .whl/*.whl) . || exit 1
+    --target "$kept" "${wheels[@]}" . || exit 1
 export PYTHONPATH=$kept
 if [ -n "${WOK_SITE:-}" ]; then
     echo "wok installed in $kept: PYTHONPATH=$kept python3 bench/gpu_check.py runs the check alone"
@@ -93,8 +125,10 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.tx
     shift 2
     wanted "$name" || return 0
     echo "== $name"
+    hold_signals
     timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1 &
     step_pid=$!
+    release_signals
     wait "$step_pid"
     local rc=$?
     step_pid=""
@@ -148,27 +182,29 @@ torch.save(demo.module_for(torch.device("cpu")).state_dict(), root / "mlp" / "we
 EOF
 }
 serve() {  # serve LOG [OPTION...]: wok serve $repo in the background ($server) on free ports ($port, $metrics_port)
-    local log=$1
+    local log=$1 line
     shift
-    # Free loopback ports, both held until both are had so that they differ: fixed ones (8001, 8002) could be
-    # another server's on a shared machine. wok serve checks its ports before it loads the model.
-    read -r port metrics_port < <(python3 -c 'import socket
-held = [socket.socket() for _ in range(2)]
-for s in held:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in held))') || {
-        echo "!! no free ports for wok serve"
-        failed=$((failed + 1))
-        return 1
-    }
-    python3 -m wok serve --model-repository "$repo" --port "$port" --metrics-port "$metrics_port" "$@" >"$log" 2>&1 &
+    # Ports the server picks as it binds them (0), read from the lines it says them in: fixed ones (8001, 8002)
+    # could be another server's on a shared machine, and free ones found here were released before wok serve
+    # bound them, for another process to take first.
+    hold_signals
+    python3 -m wok serve --model-repository "$repo" --port 0 --metrics-port 0 --grace-period "$GRACE_S" "$@" \
+        >"$log" 2>&1 &
     server=$!
+    release_signals
     for _ in $(seq 120); do
-        if grep -q "wok: serving" "$log"; then
-            echo "wok serve (pid $server) serving on 127.0.0.1:$port"
-            return 0
+        if line=$(grep -m 1 "^wok: serving .* on 127\.0\.0\.1:[0-9]*$" "$log"); then
+            port=${line##*:}
+            # Said before the serving line.
+            metrics_port=$(sed -n 's|^wok: metrics on http://127\.0\.0\.1:\([0-9]*\)/metrics$|\1|p' "$log")
+            if [ -n "$metrics_port" ]; then
+                echo "wok serve (pid $server) serving on 127.0.0.1:$port"
+                return 0
+            fi
+            echo "!! wok serve: serving, but no line 'wok: metrics on http://127.0.0.1:PORT/metrics' in $log"
+            break
         fi
-        kill -0 $server 2>/dev/null || break
+        kill -0 "$server" 2>/dev/null || break
         sleep 0.5
     done
     echo "!! wok serve on $dev: not serving (log: $log); the serving steps are not run"
@@ -177,10 +213,11 @@ print(*(s.getsockname()[1] for s in held))') || {
     failed=$((failed + 1))
     return 1
 }
-scrape() {
-    python3 -c "import urllib.request as u
-print(u.urlopen('http://127.0.0.1:$metrics_port/metrics', timeout=5).read().decode())"
-}
+# The server's /metrics (port argv[1]) after argv[2] seconds: one process, the wait its own, so that a kill of the
+# background one ends it; a subshell's `sleep 14` and scrape outlived a kill of the subshell (up to 19 s).
+SCRAPE='import sys, time, urllib.request as u
+time.sleep(float(sys.argv[2]))
+print(u.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode())'
 steps=${WOK_GPU_STEPS:-1000,2000,4000,6000,8000,12000}
 
 serving_steps() {
@@ -192,14 +229,16 @@ serving_steps() {
             --json "$OUT/ramp_unary.json"
         if wanted ramp_stream; then
             # Scraped again during the stream ramp's third step (4,000 QPS by default), for the gauges under load.
-            (sleep 14; scrape >"$OUT/metrics_load.txt" 2>&1) &
+            hold_signals
+            python3 -c "$SCRAPE" "$metrics_port" 14 >"$OUT/metrics_load.txt" 2>&1 &
             scraper=$!
+            release_signals
             step ramp_stream 90 python3 -m wok bench ramp --target "127.0.0.1:$port" --model mlp --steps "$steps" \
                 --step-duration 5s --workers 4 --rpc stream --metrics-url "http://127.0.0.1:$metrics_port/metrics" \
                 --json "$OUT/ramp_stream.json"
             wait "$scraper"
             scraper=""
-            scrape >"$OUT/metrics.txt" 2>&1
+            python3 -c "$SCRAPE" "$metrics_port" 0 >"$OUT/metrics.txt" 2>&1
             if ! { grep -E "^wok_gpu_" "$OUT/metrics_load.txt" && grep -E "^wok_gpu_" "$OUT/metrics.txt"; }; then
                 echo "!! no wok_gpu_ gauges in /metrics"
                 failed=$((failed + 1))
@@ -210,13 +249,12 @@ serving_steps() {
         tail -n 5 "$OUT/serve.log"
     fi
 
-    local variant name
+    local variant words name
     for variant in "accept0 --accept-tasks 0" "drain --wakeup-drain"; do
-        set -- $variant
-        name=$1
-        shift
+        read -ra words <<<"$variant"
+        name=${words[0]}
         wanted "ramp_unary_$name" || continue
-        serve "$OUT/serve_$name.log" "$@" || continue
+        serve "$OUT/serve_$name.log" "${words[@]:1}" || continue
         step "ramp_unary_$name" 90 python3 -m wok bench ramp --target "127.0.0.1:$port" --model mlp --steps "$steps" \
             --step-duration 5s --workers 4 --metrics-url "http://127.0.0.1:$metrics_port/metrics" \
             --json "$OUT/ramp_unary_$name.json"

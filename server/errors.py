@@ -129,9 +129,35 @@ class WarmupError(ModelExecutionError):
         self.device_lost = device_lost
 
 
-# The last line of a TorchScript interpreter's error: "RuntimeError: ...", or "builtins.ValueError: ..." for
-# an exception the script raised itself.
+# The line of a TorchScript interpreter's error that names the error: "RuntimeError: ...", or "builtins.ValueError: ..."
+# for an exception the script raised itself.
 _NAMED_LINE = re.compile(r"(?:builtins\.)?([A-Za-z_][\w.]*(?:Error|Exception)): (.*)")
+_SCRIPT_TRACEBACK = "Traceback of TorchScript"
+
+
+def script_error(text: str) -> tuple[str, str] | None:
+    """(type's name, message) of the error that a TorchScript interpreter's message reports; None for any other.
+
+    The interpreter (torch/csrc/jit/runtime/interpreter.cpp, handleError) raises a RuntimeError of its own for an
+    op's error, torch's code (AcceleratorError.error_code) and type lost: its traceback of the script, then
+    "Type: message" at a line's start, the message as the op's error gave it, which may go on for lines (CUDA's
+    advice after "CUDA error: ..."; a Python op's error's own "At: ..." traceback). The script's source lines in
+    the traceback are indented (a function's body, serialized code), so the first line not indented that names
+    an error is it. A Python op's error is named twice ("RuntimeError: AcceleratorError: CUDA error: ..."): the
+    innermost is given."""
+    if _SCRIPT_TRACEBACK not in text:
+        return None
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if _SCRIPT_TRACEBACK in line)
+    for i in range(start + 1, len(lines)):
+        named = _NAMED_LINE.fullmatch(lines[i])
+        if named is None:
+            continue
+        name, first = named[1], named[2]
+        while (inner := _NAMED_LINE.fullmatch(first)) is not None:
+            name, first = inner[1], inner[2]
+        return name.rpartition(".")[2], "\n".join([first, *lines[i + 1 :]])
+    return None
 
 
 def message_of(exc: BaseException) -> str:
@@ -158,20 +184,22 @@ def error_line(exc: BaseException) -> str:
     """'Type: message' in one line, for a client: the full message (TorchScript's traceback, CUDA's
     advice) belongs in the server's log. Never raises (`message_of`).
 
-    A TorchScript error's message is the script's traceback, its last line the error itself (named
-    there: "RuntimeError: index out of range in self" is given as it is, not under a second
-    "RuntimeError: "); any other message gives its first line.
+    A TorchScript error's message is the script's traceback, then the error itself (script_error), whose first
+    line is given as the error names it there ("RuntimeError: index out of range in self", not under a second
+    "RuntimeError: "); it gave the message's last line, CUDA's advice for a CUDA error ("Compile with
+    `TORCH_USE_CUDA_DSA` ..."). Any other message gives its first line.
     """
     name = type(exc).__name__
     text = message_of(exc)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not lines:
         return f"{name}: (no message)"
-    if "Traceback of TorchScript" not in text:
+    if _SCRIPT_TRACEBACK not in text:
         return f"{name}: {lines[0]}"
-    named = _NAMED_LINE.fullmatch(lines[-1])
-    if named:
-        return f"{named[1].rpartition('.')[2]}: {named[2]}"
+    embedded = script_error(text)
+    if embedded is not None:
+        first = embedded[1].partition("\n")[0].strip()
+        return f"{embedded[0]}: {first or '(no message)'}"
     return f"{name}: {lines[-1]}"
 
 

@@ -68,6 +68,7 @@ from .errors import (
     WarmupError,
     cut_message,
     error_line,
+    script_error,
 )
 from .faults import InstanceFault
 from .metrics import NOT_RUN
@@ -92,6 +93,13 @@ NOT_RERUN = "(its batch's error: not rerun alone, the model having failed every 
 # What a batch, or a part of one, fails with that reruns it in parts (Instance._isolate): the model's failure, and a
 # request's values that a servable's own assemble refuses, which fails its request alone as it was raised.
 _PART_FAILURES = (ModelExecutionError, InvalidInput)
+
+
+def _part_failure(exc: BaseException, assembling: bool) -> bool:
+    """Whether `exc` fails a CUDA batch (or part) as _PART_FAILURES do: an InvalidInput only as it was assembled
+    (_assemble); raised later, by a python model's own forward, it is the model's failure, as on the CPU, whose
+    _forward_cpu makes every error of the forward one."""
+    return isinstance(exc, _PART_FAILURES) and (assembling or not isinstance(exc, InvalidInput))
 
 
 # Code whose frame may be suspended: a generator's or a coroutine's. frame.clear() refuses a suspended frame
@@ -124,13 +132,6 @@ def _clear_frames(*errors: BaseException | None) -> None:
                     pass
             tb = tb.tb_next
         todo += (exc.__cause__, exc.__context__)
-
-
-def _part_failure(exc: BaseException, assembling: bool) -> bool:
-    """Whether `exc` fails a CUDA batch (or part) as _PART_FAILURES do: an InvalidInput only as it was assembled
-    (_assemble); raised later, by a python model's own forward, it is the model's failure, as on the CPU, whose
-    _forward_cpu makes every error of the forward one."""
-    return isinstance(exc, ModelExecutionError) or (assembling and isinstance(exc, InvalidInput))
 
 
 # Ends the message of the requests of a part that failed as the device was lost: its halves were not rerun
@@ -698,14 +699,18 @@ class Instance:
         """_launch_cuda's batch of the requests its worker kept."""
         s = self.servable
         slowed = self.fault.before_forward()  # an injected fault: raises, or says to pause after the forward
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
         host = None  # set once assembled: an InvalidInput after it (a python model's forward) is the model's failure
+        assemble = 0.0  # the device not entered: no assembly
         try:
-            try:
-                host = self._assemble(inputs, sum(rows), slot)
-            finally:  # a failed assembly's too: its time was counted as compute (the reruns'), no forward's
-                assemble = time.perf_counter() - t0
+            # Everything under the instance's device, the assembly too: a pinned buffer growing (cudaHostAlloc) or a
+            # servable's own assemble, made on the worker thread's current device, cuda:0, made a CUDA context there
+            # (hundreds of MiB) for an instance only on cuda:1.
             with torch.cuda.device(self.device):
+                ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
+                try:
+                    host = self._assemble(inputs, sum(rows), slot)
+                finally:  # a failed assembly's too: its time was counted as compute (the reruns'), no forward's
+                    assemble = time.perf_counter() - t0
                 with torch.cuda.stream(self.h2d_stream):
                     ev[0].record()
                     dev_in = {k: v.to(self.device, non_blocking=True) for k, v in host.items()}
@@ -803,16 +808,19 @@ class Instance:
             return BatchResult([], StageTimes(), self.index, started, started, kept=kept)
         try:
             try:
-                ev[4].synchronize()
+                # On the instance's device, as the launch: the waiter thread's current device is cuda:0, where the
+                # CUDA runtime makes a context for a call that needs one (the wait), for an instance only on cuda:1.
+                with torch.cuda.device(self.device):
+                    ev[4].synchronize()
+                    times = StageTimes(
+                        assemble,
+                        ev[0].elapsed_time(ev[1]) / 1e3,
+                        ev[2].elapsed_time(ev[3]) / 1e3,
+                        ev[3].elapsed_time(ev[4]) / 1e3,
+                    )
             except Exception as exc:
                 self._note_device_error(exc)
                 raise _model_failed(self.servable.name, exc) from exc
-            times = StageTimes(
-                assemble,
-                ev[0].elapsed_time(ev[1]) / 1e3,
-                ev[2].elapsed_time(ev[3]) / 1e3,
-                ev[3].elapsed_time(ev[4]) / 1e3,
-            )
             # The pinned output buffers belong to the slot and will be reused: copy out. Host memory refused fails
             # the batch as its model does (one line, as on the CPU), not as a bare MemoryError; not rerun in parts
             # here, on the waiter's thread, which would race the worker, already launching the next batch.
@@ -887,7 +895,13 @@ def _is_device_error(exc: BaseException) -> bool:
     AcceleratorError, or (torch before it, which pyproject allows) a RuntimeError "CUDA error: ...", other than
     the errors of _USABLE_AFTER, an API call refused (memory, a launch's configuration), which fail their batch
     alone (rerun in parts: the other requests answered), as the model's failure. torch's own allocator running
-    out (torch.OutOfMemoryError, "CUDA out of memory. ...") is neither."""
+    out (torch.OutOfMemoryError, "CUDA out of memory. ...") is neither.
+
+    An op's error in a TorchScript model arrives as the interpreter's RuntimeError, torch's code and type lost:
+    the error it embeds (errors.script_error) is read by its name and text as that error would be. Read whole
+    (it starts "The following operation failed in the TorchScript interpreter."), it was never a device's: a
+    device lost under a script went on being used. A script's own `raise` is a torch.jit.Error, no RuntimeError:
+    the model's, as a Python model's ValueError is."""
     if not isinstance(exc, RuntimeError):  # torch's AcceleratorError is one
         return False  # (and a model's own error, whose str() may raise, is never read here)
     try:
@@ -895,6 +909,12 @@ def _is_device_error(exc: BaseException) -> bool:
     except Exception:  # a RuntimeError of the model's own whose str() raised: not torch's
         return False
     torchs = isinstance(exc, _DEVICE_ERRORS)
+    embedded = script_error(text)
+    if embedded is not None:
+        name, text = embedded
+        if name not in ("RuntimeError", "AcceleratorError"):  # a Python op's own ValueError, ...: the model's
+            return False
+        torchs = name == "AcceleratorError"  # a Python op's AcceleratorError (the interpreter's own has no code)
     if torchs and isinstance(code, int) and not isinstance(code, bool):
         # The code, where torch gave one: its text may be stripped (STRIP_ERROR_MESSAGES) or worded otherwise.
         # Only torch's: another library's RuntimeError may carry an error_code of its own.

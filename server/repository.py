@@ -640,12 +640,13 @@ def _without_mode_switch(module: nn.Module) -> nn.Module:
     return module
 
 
-def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> tuple[nn.Module, dict]:
-    """The module a torch.export program is served as, and the sizes of its variable dims for wok to hold each
-    request to (_dim_ranges). The module: `checked` (program.module(), which checks every call's inputs against
-    the program's shape guards), or the same graph without those checks where every batch wok can send passes
-    them; either padded (_PaddedBatch) where the program's batch range starts above 1 row, or is one size only,
-    max_batch_size.
+def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> tuple[nn.Module, dict, list[str] | None]:
+    """The module a torch.export program is served as, the sizes of its variable dims for wok to hold each
+    request to (_dim_ranges), and the order its forward takes the inputs in (forward_order; None where it is not
+    called by position with tensors, _takes_flat_tensors: which input is which is not read). The module:
+    `checked` (program.module(), which checks every call's inputs against the program's shape guards), or the
+    same graph without those checks where every batch wok can send passes them; either padded (_PaddedBatch)
+    where the program's batch range starts above 1 row, or is one size only, max_batch_size.
 
     The checks run in Python on every forward: a pre-hook that flattens the call's arguments to compare
     their structure with the program's, then the guards, one assert per dim. For the demo mlp on one row
@@ -662,14 +663,14 @@ def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> tuple[nn.
     config's size (_dim_ranges). (Any other program is served checked, its ranges unread.)"""
     names = [t.name for t in cfg.inputs]
     if not _takes_flat_tensors(program, len(names)):
-        return _without_mode_switch(checked), {}
+        return _without_mode_switch(checked), {}, None
     order = forward_order(checked, names)
     _check_ranks(program, cfg, order)
     padding = _least_batch(program, cfg, order)
     ranges = _dim_ranges(program, cfg, order)
     module = _without_mode_switch(_unchecked_where_safe(program, checked, cfg, order, padding.rows))
     if padding.rows == 1:
-        return module, ranges
+        return module, ranges, order
     parts = _batch_outputs(program, cfg, padding)
     log.info(
         "model '%s': %s: batches of fewer than %d rows are padded to %d, copies of their first row, the copies' "
@@ -680,7 +681,7 @@ def _exported_module(program, checked: nn.Module, cfg: ModelConfig) -> tuple[nn.
         padding.rows,
     )
     take = [names.index(n) for n in order]
-    return _PaddedBatch(module, padding.rows, None if take == list(range(len(take))) else take, parts), ranges
+    return _PaddedBatch(module, padding.rows, None if take == list(range(len(take))) else take, parts), ranges, order
 
 
 def _unchecked_where_safe(program, checked: nn.Module, cfg: ModelConfig, order: list[str], least: int) -> nn.Module:
@@ -775,8 +776,7 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
                 module = torch.jit.load(str(path), map_location="cpu")
             else:
                 program = torch.export.load(str(path))
-                checked = program.module()
-                module, dim_ranges = _exported_module(program, checked, cfg)
+                module, dim_ranges, order = _exported_module(program, program.module(), cfg)
         except ConfigError:
             raise
         except Exception as exc:
@@ -788,8 +788,8 @@ def load_servable(model_dir: Path, cfg: ModelConfig | None = None) -> Servable:
     check = _load_callable(cfg, model_dir, "check", imported) if cfg.check else None
     if cfg.platform != "torch_export":
         ids = _id_ranges(cfg, module, forward_order(module, [t.name for t in cfg.inputs]))
-    elif _takes_flat_tensors(program, len(cfg.inputs)):
-        ids = _id_ranges(cfg, program, forward_order(checked, [t.name for t in cfg.inputs]))
+    elif order is not None:
+        ids = _id_ranges(cfg, program, order)
     else:  # called with other structures than wok's tensors by position: which input is which is not read
         ids = IdRanges()
     return Servable(

@@ -104,11 +104,13 @@ def _naming(text: str) -> list[int]:
 
 
 @pytest.mark.timeout(240)
-def test_a_gpu_session_terminated_mid_step_stops_the_server_and_the_step_it_started():
+@pytest.mark.parametrize("step", ["ramp_unary_accept0", "ramp_stream"])
+def test_a_gpu_session_terminated_mid_step_stops_the_server_and_the_step_it_started(step):
     """A SIGTERM in a serving step (a lent machine's limit, a Ctrl-C's kill) ended the script and left its background
     `wok serve` running, and the step's ramp with it (timeout runs it in a process group of its own): the EXIT trap
-    removed the copy of wok alone. The script's output says when the server serves and the step starts; the signal
-    goes to the script alone, as a limit's kill sends it."""
+    removed the copy of wok alone. The stream step's scrape under load (a subshell's `sleep 14`, then the scrape)
+    outlived the kill of its subshell. The script's output says when the server serves and the step starts; the
+    signal goes to the script alone, as a limit's kill sends it."""
     import os
     import shutil
     import signal
@@ -118,7 +120,7 @@ def test_a_gpu_session_terminated_mid_step_stops_the_server_and_the_step_it_star
     env = {k: v for k, v in os.environ.items() if k not in ("OUT", "WOK_SITE", "WOK_GPU_TUNE_CHECK")}
     env |= {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", "WOK_GPU_DEVICE": "cpu"}
     # Steps enough that the ramp is still running when the signal comes: 10 × 5 s.
-    env |= {"WOK_GPU_ONLY": "ramp_unary_accept0", "WOK_GPU_STEPS": ",".join(["20"] * 10)}
+    env |= {"WOK_GPU_ONLY": step, "WOK_GPU_STEPS": ",".join(["20"] * 10)}
     proc = subprocess.Popen(
         ["bash", "bench/gpu_session.sh"],
         cwd=ROOT,
@@ -134,23 +136,28 @@ def test_a_gpu_session_terminated_mid_step_stops_the_server_and_the_step_it_star
             said.append(line)
             if line.startswith("figures and logs under "):
                 out = line.split(" under ", 1)[1].strip()
-            if line.startswith("== ramp_unary_accept0"):
+            if line.startswith(f"== {step}"):
                 break
-        assert out is not None and said[-1].startswith("== ramp_unary_accept0"), "".join(said)
+        assert out is not None and said[-1].startswith(f"== {step}"), "".join(said)
         # "wok serve (pid N) serving on 127.0.0.1:PORT", said once it serves, before the step's line.
         (server,) = (int(line.split()[3].rstrip(")")) for line in said if line.startswith("wok serve (pid "))
         assert _naming(f"{out}/repo") == [server], "".join(said)
+        # Its ports are the ones it binds (0: a free one, said in its log): free ones found first and released
+        # before it started could be taken by then.
+        words = Path(f"/proc/{server}/cmdline").read_bytes().split(b"\0")
+        assert words[words.index(b"--port") + 1] == b"0" and words[words.index(b"--metrics-port") + 1] == b"0"
         proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=120)
+        assert proc.wait(timeout=120) == 143
+        # As the script ends, before its output's end, which a process of its group left holds open.
+        with pytest.raises(ProcessLookupError):  # the script's own group: the server's, the steps' helpers
+            os.killpg(proc.pid, 0)
+        rest, _ = proc.communicate(timeout=60)
         said.append(rest)
         # Nothing that names this run's folder lives on: the server (its repository) nor the ramp (its --json).
         left = _naming(out)
         assert left == [], "".join(said)
         with pytest.raises(ProcessLookupError):
             os.kill(server, 0)
-        assert proc.returncode == 143, "".join(said)
-        with pytest.raises(ProcessLookupError):  # the script's own group: the server's, the steps' helpers
-            os.killpg(proc.pid, 0)
     finally:
         if proc.poll() is None:  # a failure before the signal: the script's trap stops what it started
             proc.terminate()
@@ -164,6 +171,61 @@ def test_a_gpu_session_terminated_mid_step_stops_the_server_and_the_step_it_star
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             shutil.rmtree(out, ignore_errors=True)
+
+
+def test_the_gpu_sessions_stop_of_its_server_is_bounded(tmp_path):
+    """stop_server waited for wok serve's drain without a bound: a server that did not stop (a hung device) held the
+    script past a lent machine's limit, its finish too. A process that ignores SIGINT stands for it here, run by the
+    script's own stop_server: killed once DRAIN_S (1 s here) has passed."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    session = (ROOT / "bench" / "gpu_session.sh").read_text()
+    (stop,) = re.findall(r"^stop_server\(\) \{.*?^\}$", session, re.MULTILINE | re.DOTALL)
+    ready = tmp_path / "ready"
+    hung = (
+        f"import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); open({str(ready)!r}, 'w'); time.sleep(600)"
+    )
+    script = f"""set -u
+DRAIN_S=1
+{stop}
+{sys.executable} -c "{hung}" &
+server=$!
+until [ -e {ready} ]; do sleep 0.05; done
+echo "pid $server"
+stop_server
+echo "exit $? [$server]"
+"""
+    proc = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        said, _ = proc.communicate(timeout=60)
+    finally:  # a stop that never ends (as it did) leaves the stand-in: its group goes
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = said.splitlines()
+    pid = int(lines[0].split()[1])
+    assert lines[1:] == [f"!! wok serve (pid {pid}): still running 1 s after SIGINT, killed", "exit 137 []"], lines
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_every_background_process_of_the_gpu_session_is_started_with_the_signals_held():
+    """A signal's trap runs between two commands: one landing between `cmd &` and `pid=$!` ran `exit` before the
+    pid was kept, and finish left that process (a step's timeout, wok serve, the scrape) running. Each is started
+    between hold_signals and release_signals, its pid kept before the release."""
+    import re
+
+    lines = (ROOT / "bench" / "gpu_session.sh").read_text().replace("\\\n", " ").splitlines()
+    started = [i for i, line in enumerate(lines) if re.search(r"[^&]&$", line.strip())]
+    assert len(started) == 3, started  # a step, wok serve, the scrape under load
+    for i in started:
+        held = [line.strip() for line in (lines[i - 1], lines[i + 1], lines[i + 2])]
+        assert held[0] == "hold_signals" and re.fullmatch(r"\w+=\$!", held[1]) and held[2] == "release_signals", lines[
+            i - 1 : i + 3
+        ]
 
 
 def test_without_cuda_the_hint_names_a_cpu_dry_run_that_takes_seconds(monkeypatch, capsys):

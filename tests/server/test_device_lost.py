@@ -264,6 +264,41 @@ def test_cuda_a_device_side_error_fails_its_batch_and_every_later_one_is_refused
     assert out["lost"] == lost_message("lookup", "cuda:0")
 
 
+class ScriptedLookup(torch.nn.Module):
+    """LOOKUP_MODEL's lookup as a TorchScript model that reads its answer inside the script (a NaN check): the
+    device-side assert of an index past the table is raised there, by an op of the script, so that it reaches the
+    executor as the interpreter's RuntimeError."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.arange(40, dtype=torch.float32).reshape(10, 4), requires_grad=False)
+
+    def forward(self, x):
+        y = torch.nn.functional.embedding(x[:, 0].long(), self.table)
+        if bool(torch.isnan(y).any()):
+            y = torch.nan_to_num(y)
+        return y
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_cuda_a_device_side_error_in_a_torchscript_model_loses_the_device(tmp_path):
+    """It was read as the script's traceback, never a CUDA error: the batch was rerun in parts on the dead context,
+    the device never marked lost, and every later batch failed on it as the model's failure."""
+    path = tmp_path / "lookup.pt"
+    torch.jit.script(ScriptedLookup()).save(str(path))
+    out = run_executor_script(
+        EXECUTOR_SCRIPT, f"import torch\n\ndef build():\n    return torch.jit.load({str(path)!r})\n"
+    )
+    why = "RuntimeError: CUDA error: device-side assert triggered"
+    assert out["good"] == ["ok", [[[4.0, 5.0, 6.0, 7.0]], [[8.0, 9.0, 10.0, 11.0]]]]
+    assert out["bad"] == ["ModelExecutionError", f"model 'lookup' failed on the device: {why}"]
+    assert out["bad_ran"] == 1
+    assert out["behind"][0] in ("ModelExecutionError", "DeviceLost"), out["behind"]
+    assert out["later"] == ["DeviceLost", lost_message("lookup", "cuda:0", why)]
+    assert out["later_ran"] == 0
+    assert out["lost"] == lost_message("lookup", "cuda:0", why)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
 def test_cuda_wok_serve_after_a_device_side_error_refuses_turns_not_serving_and_exits_1(tmp_path, start_server):
     write_python_model(tmp_path / "lookup", LOOKUP_MODEL, devices=("cuda:0",))
@@ -615,6 +650,105 @@ def test_a_cuda_error_refused_as_its_call_was_made_fails_the_batch_not_the_devic
     assert str(executor._model_failed("m", error)) == f"model 'm' failed: {error_line(error)}"
 
 
+@torch.jit.ignore
+def _raise_cuda_error(x, code):
+    # type: (torch.Tensor, int) -> torch.Tensor
+    # (A comment: this module's annotations are strings, which TorchScript cannot resolve for an ignored function.)
+    raise torch_cuda_error(code)
+
+
+class ScriptedFailsOnFifty(torch.nn.Module):
+    """FailsOnFifty's TorchScript twin, for `code`'s CUDA error: raised by an op of the script, a Python one (no op
+    of torch's raises a CUDA error on the CPU), it reaches the caller as the interpreter's RuntimeError."""
+
+    def __init__(self, code: int):
+        super().__init__()
+        self.code = code
+
+    def forward(self, x):
+        if bool((x[:, 0] == 50).any()):
+            return _raise_cuda_error(x, self.code)
+        return x + 1
+
+
+class ScriptedMatmul(torch.nn.Module):
+    def forward(self, x):
+        return torch.mm(x, x)
+
+
+def script_wrapped(code: int, form: str) -> RuntimeError:
+    """`code`'s CUDA error raised in a TorchScript model, as the interpreter gives it (torch/csrc/jit/runtime/
+    interpreter.cpp, handleError): "The following operation failed in the TorchScript interpreter.", the script's
+    traceback, then the error named. "python-op": a Python op's, as torch makes it here ("RuntimeError:
+    AcceleratorError: CUDA error: ..."). "op": one of torch's own ops' (a c10 error, named "RuntimeError: "),
+    which only a GPU raises for CUDA: a real one of an op failing on the CPU, the CUDA error's text in place of
+    its own."""
+    if form == "python-op":
+        model, x = torch.jit.script(ScriptedFailsOnFifty(code)), torch.full((1, 4), 50.0)
+    else:
+        model, x = torch.jit.script(ScriptedMatmul()), torch.ones(2)
+    with pytest.raises(RuntimeError) as info:
+        model(x)
+    error = info.value
+    assert type(error) is RuntimeError and str(error).startswith(
+        "The following operation failed in the TorchScript interpreter.\nTraceback of TorchScript"
+    ), str(error)
+    if form == "python-op":
+        return error
+    assert "\nRuntimeError: self must be a matrix\n" in str(error), str(error)
+    return RuntimeError(str(error).replace("self must be a matrix", str(torch_cuda_error(code)), 1))
+
+
+def script_error_line(code: int, form: str) -> str:
+    """How `code`'s error raised in a script is told: as the error itself is, named as the script's traceback names
+    it (a c10 error "RuntimeError")."""
+    named = "RuntimeError" if form == "op" else type(torch_cuda_error(code)).__name__
+    return f"{named}: CUDA error: {CUDA_ERRORS[code][1]}"
+
+
+@pytest.mark.parametrize("form", ["op", "python-op"])
+@pytest.mark.parametrize("code", STICKY_CUDA_ERRORS)
+def test_a_cuda_error_in_a_torchscript_model_that_leaves_the_context_unusable_loses_the_device(code, form):
+    """An op's error in a TorchScript model is the interpreter's RuntimeError, its text the script's traceback
+    before the error's: never read as a CUDA error, a device lost under a script was used on, every later batch
+    failing on it, and the client was told the message's last line (CUDA's "Compile with `TORCH_USE_CUDA_DSA`",
+    or a Python op's traceback's last frame)."""
+    error = script_wrapped(code, form)
+    assert executor._is_device_error(error)
+    assert error_line(error) == script_error_line(code, form)
+    assert str(executor._model_failed("m", error)) == f"model 'm' failed on the device: {error_line(error)}"
+
+
+@pytest.mark.parametrize("form", ["op", "python-op"])
+@pytest.mark.parametrize("code", USABLE_CUDA_ERRORS)
+def test_a_cuda_error_in_a_torchscript_model_refused_as_its_call_was_made_fails_the_batch_not_the_device(code, form):
+    error = script_wrapped(code, form)
+    assert not executor._is_device_error(error)
+    assert str(executor._model_failed("m", error)) == f"model 'm' failed: {script_error_line(code, form)}"
+
+
+class RaisesInScript(torch.nn.Module):
+    def forward(self, x):
+        if bool((x[:, 0] == 50).any()):
+            raise RuntimeError(
+                "CUDA error: an illegal memory access was encountered\nFor debugging consider passing "
+                "CUDA_LAUNCH_BLOCKING=1"
+            )
+        return x + 1
+
+
+def test_a_cuda_error_a_script_raises_itself_is_the_models_and_told_by_its_first_line():
+    """A script's own `raise` is a torch.jit.Error (no RuntimeError, unlike an op's error): the model's, as a Python
+    model's ValueError is; a real CUDA error never arrives so. It was told by its message's last line."""
+    with pytest.raises(torch.jit.Error) as info:
+        torch.jit.script(RaisesInScript())(torch.full((1, 4), 50.0))
+    error = info.value
+    assert not isinstance(error, RuntimeError) and not executor._is_device_error(error)
+    assert str(executor._model_failed("m", error)) == (
+        "model 'm' failed: RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
+
+
 class FailsOnFifty(torch.nn.Module):
     """Raises a fresh `make()` for a batch holding a request whose first value is 50; adds 1 otherwise."""
 
@@ -628,17 +762,18 @@ class FailsOnFifty(torch.nn.Module):
         return x + 1
 
 
+@pytest.mark.parametrize("scripted", [False, True], ids=["python", "torchscript"])
 @pytest.mark.parametrize(
     ("code", "where"),
     [(9, ""), (710, " on the device")],
     ids=["invalid-configuration", "device-side-assert"],
 )
-def test_the_cpu_path_names_a_cuda_error_of_a_forward_as_the_cuda_path_classifies_it(code, where):
+def test_the_cpu_path_names_a_cuda_error_of_a_forward_as_the_cuda_path_classifies_it(code, where, scripted):
     # The CPU path never marks its device lost; a batch failing is rerun in parts there whatever the error, and
-    # its message says "on the device" for the errors that lose a CUDA device only (it did for every CUDA error).
-    ex = executor.Executor(
-        Servable(four_wide_config("m"), FailsOnFifty(lambda: torch_cuda_error(code))), InstanceConfig(count=1)
-    )
+    # its message says "on the device" for the errors that lose a CUDA device only (it did for every CUDA error;
+    # for one raised in a TorchScript model, never).
+    model = torch.jit.script(ScriptedFailsOnFifty(code)) if scripted else FailsOnFifty(lambda: torch_cuda_error(code))
+    ex = executor.Executor(Servable(four_wide_config("m"), model), InstanceConfig(count=1))
     try:
         rows = [{"INPUT0": np.full((1, 4), v, np.float32)} for v in (1.0, 50.0, 2.0)]
         outputs = ex.instances[0].submit(rows, [1, 1, 1], 0).result(30).outputs

@@ -511,3 +511,33 @@ def test_a_model_raising_a_base_exception_in_the_warm_up_fails_it_as_a_warm_up_e
         "batch of zeros with input shapes X [1, 2] on cpu (config: test)"
     )
     assert info.value.__cause__ is exc
+
+
+# What a batch on CUDA calls that may reach the CUDA runtime (a servable's assemble grows pinned buffers).
+CUDA_CALLS = {"_assemble", "Event", "stream", "record", "wait_event", "record_stream", "to", "forward", "copy_"}
+CUDA_CALLS |= {"synchronize", "elapsed_time"}
+
+
+def test_every_cuda_call_of_a_batch_is_made_under_its_instances_device():
+    """An instance only on cuda:1 made a CUDA context on cuda:0 too (hundreds of MiB of a GPU it was not given):
+    its batch was assembled, a pinned buffer growing (cudaHostAlloc), before the launch entered the instance's
+    device, and waited for on the waiter thread, whose current device is cuda:0. Read from the code, as no machine
+    here has two GPUs (test_executor_cuda.py runs it where one has): every such call of the methods that run a
+    batch on CUDA is inside `with torch.cuda.device(self.device)`."""
+    import ast
+    import inspect
+    import textwrap
+
+    from wok.executor import Instance
+
+    def outside(node: ast.AST, guarded: bool = False) -> list[str]:
+        if isinstance(node, ast.With):
+            guarded |= any(ast.unparse(i.context_expr) == "torch.cuda.device(self.device)" for i in node.items)
+        called = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CUDA_CALLS
+        found = [ast.unparse(node)] if called and not guarded else []
+        return found + [call for child in ast.iter_child_nodes(node) for call in outside(child, guarded)]
+
+    for method in (Instance._launch_live, Instance._cuda_batch, Instance._finish_cuda):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", None) in CUDA_CALLS]
+        assert calls and outside(tree) == [], method.__name__

@@ -312,3 +312,35 @@ def test_cuda_a_batch_that_ran_out_of_device_memory_is_answered_in_parts_that_fi
     assert m.batch_sizes == [4, 2, 2]
     for i, out in enumerate(result.outputs):
         np.testing.assert_array_equal(out["OUTPUT0"], 2 * x[i : i + 1])
+
+
+# An executor on the last of two or more GPUs runs batches, then says which devices have a CUDA context: a process of
+# its own, as this one has one on cuda:0.
+ON_ANOTHER_DEVICE = """
+import numpy as np, torch
+from wok.config import InstanceConfig
+from wok.executor import Executor
+from wok.models import build_demo
+
+last = torch.cuda.device_count() - 1
+ex = Executor(build_demo("mlp"), InstanceConfig(count=1, devices=(f"cuda:{last}",), pipeline_depth=2))
+reqs = [{"INPUT0": np.ones((rows, 256), np.float32)} for rows in (1, 3, 8)]  # the buffers grow: cudaHostAlloc
+for slot in (0, 1, 0, 1):
+    ex.instances[0].submit(reqs, [1, 3, 8], slot).result(60)
+ex.shutdown()
+print([torch._C._cuda_hasPrimaryContext(i) for i in range(last + 1)])
+"""
+
+
+@pytest.mark.skipif(0 < torch.cuda.device_count() < 2, reason="needs two CUDA devices; one here")
+def test_cuda_an_instance_on_another_device_makes_no_context_on_cuda_0():
+    """Its batches were assembled (pinned buffers growing) before the launch entered the instance's device, and
+    waited for on a thread whose device is cuda:0: a context there, hundreds of MiB of a GPU it was not given.
+    (test_executor.py checks the code's structure where no machine has two GPUs.)"""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", ON_ANOTHER_DEVICE], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    contexts = proc.stdout.strip().splitlines()[-1]
+    assert contexts == repr([False] * (torch.cuda.device_count() - 1) + [True]), contexts
