@@ -433,6 +433,14 @@ def _same(results: Sequence[dict], names: Sequence[str], what: str, get) -> None
         raise ValueError(f"the results differ in {what} ({shown}); only runs of the same ramp merge")
 
 
+def _published(result: dict) -> dict:
+    """A part's `config.int_high_published` as compared: only the models with an input drawn below a published bound."""
+    published = result["config"].get("int_high_published") or {}
+    if not isinstance(published, dict):
+        return published  # not a ramp's: compared as it is
+    return {model: bounds for model, bounds in published.items() if bounds}
+
+
 def _knee_threshold(result: dict, name: str) -> float:
     """A part's `knee_threshold` (0.5 where absent, as in files written before it); ValueError naming
     the part and the value unless it is a number in (0, 1], as `wok bench ramp --knee-threshold` takes:
@@ -596,9 +604,10 @@ def merge_results(results: Sequence[dict], names: Sequence[str] | None = None) -
     _same(results, names, "the payload sizes (--sizes)", lambda r: r["config"].get("sizes"))
     _same(results, names, "the rows per request (--rows)", lambda r: r["config"].get("rows"))
     _same(results, names, "the integer inputs' bound (--int-high)", lambda r: r["config"].get("int_high"))
-    # Absent (written before it) as none: those parts drew every integer input below int_high.
+    # Absent (written before it) as none: those parts drew every integer input below int_high, as a model with no
+    # bound published ({}) does; compared without such models, an older part merges with a newer one of the same ids.
     published = "the integer inputs drawn below the bounds their server publishes (int_high_published)"
-    _same(results, names, published, lambda r: r["config"].get("int_high_published") or {})
+    _same(results, names, published, _published)
     _same(results, names, "the step duration", lambda r: r["config"].get("step_duration_s"))
     # When a window opens, and how long a request may take before it counts as failed: parts that
     # differ measured windows that do not line up, or successes of other definitions.

@@ -407,17 +407,28 @@ def _drawn_below(
     or none with --int-high, which is then said where it passes one (its requests may be refused)."""
     from wok.errors import quoted_name
 
-    integers = [t.name for t in specs if integer_cap(t.datatype) is not None and t.name in bounds]
+    caps = {t.name: integer_cap(t.datatype) for t in specs}
+    integers = [n for n, cap in caps.items() if cap is not None and n in bounds]
     if not integers:
         return {}
-    each = ", ".join(f"input {quoted_name(n)} in [0, {bounds[n]})" for n in integers)
+
+    def drawn(n: str) -> str:
+        # PayloadGenerator caps a bound past the datatype's ids (an INT8 input's 300-row table): ids below 128.
+        if caps[n] >= bounds[n]:
+            return f"input {quoted_name(n)} in [0, {bounds[n]})"
+        return (
+            f"input {quoted_name(n)} in [0, {caps[n]}) (its datatype holds no larger id, the server publishes "
+            f"{bounds[n]})"
+        )
+
+    each = ", ".join(drawn(n) for n in integers)
     if not cfg.int_high_given:
         say(
             f"model '{model}': integer inputs drawn below the bounds of their ids the server publishes "
             f"(wok.ids_bound.<input>): {each}; --int-high to draw every one below one bound"
         )
         return {n: bounds[n] for n in integers}
-    past = [n for n in integers if bounds[n] < cfg.int_high]
+    past = [n for n in integers if bounds[n] < min(cfg.int_high, caps[n])]
     if past:
         line = (
             f"--int-high {cfg.int_high}: the server of model '{model}' publishes smaller bounds of ids: "

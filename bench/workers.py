@@ -652,8 +652,10 @@ class WorkerPool:
         self._processes = WorkerProcesses().start() if processes is None else processes
         self._stoppable = stoppable
         self._conns, self._procs = [], []
+        taken = False  # handed back on a failure only if taken: a refused take leaves them lent to their pool
         try:
             self._conns, self._procs, self._stop = self._processes.take(n)
+            taken = True
             for index, (c, p) in enumerate(zip(self._conns, self._procs)):
                 try:
                     c.send((target, how, index, stoppable, pool))
@@ -664,7 +666,8 @@ class WorkerPool:
         except BaseException:
             # Terminated, not handed back as they are: a worker may be connecting, its "ready" not yet read.
             _end(self._procs, terminate=True)
-            self._processes.give_back()
+            if taken:
+                self._processes.give_back()
             if self._own:
                 self._processes.stop()
             raise

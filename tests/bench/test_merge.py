@@ -1026,6 +1026,9 @@ def test_parts_that_sent_other_requests_do_not_merge_and_other_pools_are_kept_by
     other[2]["config"]["int_high_published"] = {"mlp": {"ids": 10}}
     with pytest.raises(ValueError, match=r"differ in .*\(int_high_published\) .*c\.json: \{'mlp': \{'ids': 10\}\}"):
         merge_results(other, ["a.json", "b.json", "c.json"])
+    # A model with no bound published ({}) drew as a part written before the key did: below int_high.
+    other[2]["config"]["int_high_published"] = {"mlp": {}}
+    merge_results(other, ["a.json", "b.json", "c.json"])
     parts[1]["payloads"] = [{"model": "mlp", "pool": "draws", "payloads": 300, "distinct_sizes": 40}]
     merged = merge_results(parts, ["a.json", "b.json", "c.json"])
     assert "payloads" not in merged

@@ -56,10 +56,15 @@ dims = [4]
 def ten_rows(tmp_path, serve_in_thread):
     """A server of one model, `lookup`, whose input 'ids' (16 a row) reaches a table of ROWS rows: a request of ids
     drawn below 50 holds one past it but once in 0.2**-16."""
+    return _lookup(tmp_path, serve_in_thread, MODEL, CONFIG)
+
+
+def _lookup(tmp_path, serve_in_thread, model: str, config: str):
+    """A server of one python model, `lookup`, of `model` (model.py) and `config` (config.toml)."""
     d = tmp_path / "repo" / "lookup"
     d.mkdir(parents=True)
-    (d / "model.py").write_text(MODEL)
-    (d / "config.toml").write_text(CONFIG)
+    (d / "model.py").write_text(model)
+    (d / "config.toml").write_text(config)
     return serve_in_thread(models=(), repository=tmp_path / "repo")
 
 
@@ -136,3 +141,50 @@ def test_a_published_bound_that_is_no_whole_number_is_said_and_left_out():
         "bound, got '1e3'; the input is drawn below --int-high"
     )
     assert (said, notes) == ([f"warning: {line}"], [line])
+
+
+WIDE = 300  # the INT8 input's table: more rows than its datatype has ids
+
+INT8_MODEL = f"""
+import torch
+from torch import nn
+
+
+class Lookup(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding({WIDE}, 4)
+
+    def forward(self, ids):
+        return self.table(ids.long()).sum(1)
+"""
+
+DENSE = """
+[[inputs]]
+name = "dense"
+datatype = "FP32"
+dims = [4]
+"""
+# CONFIG's model of ids alone, INT8 ones.
+INT8_CONFIG = CONFIG.replace(DENSE, "").replace('datatype = "INT64"', 'datatype = "INT8"')
+
+
+@pytest.fixture
+def int8_ids(tmp_path, serve_in_thread):
+    """A server of `lookup`, whose INT8 input 'ids' reaches a table of WIDE rows: its published bound, which the
+    payloads cap at 128 (INT8's largest id + 1)."""
+    assert "dense" not in INT8_CONFIG and "INT8" in INT8_CONFIG, INT8_CONFIG
+    return _lookup(tmp_path, serve_in_thread, INT8_MODEL, INT8_CONFIG)
+
+
+def test_an_int8_input_is_said_drawn_below_its_datatypes_cap_not_past_it(int8_ids, tmp_path, capsys):
+    assert _ramp(int8_ids.target, tmp_path / "r.json") == 0
+    err = capsys.readouterr().err
+    assert (
+        "(wok.ids_bound.<input>): input 'ids' in [0, 128) (its datatype holds no larger id, the server publishes "
+        f"{WIDE}); --int-high"
+    ) in err
+    assert json.loads((tmp_path / "r.json").read_text())["config"]["int_high_published"] == {"lookup": {"ids": WIDE}}
+    # --int-high past the bound draws below 128 all the same: no id reaches past the table, and no warning says so.
+    assert _ramp(int8_ids.target, tmp_path / "r.json", "--int-high", "1000") == 0
+    assert "publishes smaller bounds" not in capsys.readouterr().err
