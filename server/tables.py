@@ -611,6 +611,7 @@ class _OwnThreadTracer(torch.fx.Tracer):
 
     def __init__(self) -> None:
         self._thread = threading.get_ident()
+        self._wrapped: set[int] = set()  # the globals `_wrap_globals` has been through
         super().__init__()
 
     # Read by the patched nn.Module.__call__ of whatever thread calls a module: another thread's call must wrap no
@@ -626,7 +627,22 @@ class _OwnThreadTracer(torch.fx.Tracer):
     def call_module(self, m, forward, args, kwargs):
         if threading.get_ident() != self._thread:
             return forward(*args, **kwargs)
+        self._wrap_globals(m)
         return super().call_module(m, forward, args, kwargs)
+
+    def _wrap_globals(self, m: torch.nn.Module) -> None:
+        """Wrap the functions of `m`'s code's globals that the trace wraps (math's): another thread's call of a
+        module of the same file, wrapping none of them (above), has marked those globals visited for the trace,
+        which then wrapped none either, and `sqrt(ids.size(-1))` of a `from math import sqrt` failed the trace
+        (TypeError: a proxy is no number), the model's inputs left unchecked."""
+        patcher = torch.fx._symbolic_trace.CURRENT_PATCHER
+        frame = getattr(getattr(m, "forward", m), "__globals__", None)
+        if patcher is None or not isinstance(frame, dict) or id(frame) in self._wrapped:
+            return
+        self._wrapped.add(id(frame))
+        for name, value in list(frame.items()):
+            if not name.startswith("_") and callable(value) and id(value) in self._own_autowrap_ids:
+                patcher.patch(frame, name, torch.fx._symbolic_trace._create_wrapped_func(value))
 
     def getattr(self, attr, attr_val, parameter_proxy_cache):
         if threading.get_ident() != self._thread:
@@ -640,12 +656,17 @@ class _OwnThreadTracer(torch.fx.Tracer):
 def _traced_copy(module: torch.nn.Module) -> torch.fx.GraphModule:
     """torch.fx's trace of a copy of `module`; _NotTraced where it cannot be made. The copy shares the module's
     parameters and TorchScript submodules (the trace writes to neither: it reads a parameter as a proxy, and calls
-    no TorchScript) and holds each buffer as a meta tensor of its shape and dtype: a table's rows are read from its
-    shape, and a buffer of a GB is not copied at load. What forward writes to a buffer outside the graph (`+= 1`)
-    goes to the meta copy; a forward that reads a buffer's values at trace (`.item()`) cannot be traced."""
+    no TorchScript) and holds each buffer as a meta tensor of its shape and dtype (one with no meta form, a quantized
+    one, a copy): a table's rows are read from its shape, and a buffer of a GB is not copied at load. What forward
+    writes to a buffer outside the graph (`+= 1`) goes to the meta copy; a forward that reads a buffer's values at
+    trace (`.item()`) cannot be traced."""
     memo: dict[int, object] = {id(p): p for p in module.parameters()}
     memo.update((id(m), m) for m in module.modules() if isinstance(m, torch.jit.ScriptModule) and m is not module)
-    memo.update((id(b), torch.empty_like(b, device="meta")) for b in module.buffers())
+    for b in module.buffers():
+        try:
+            memo[id(b)] = torch.empty_like(b, device="meta")
+        except (NotImplementedError, RuntimeError):  # a quantized buffer has no meta form: copied, as before
+            pass
     try:
         copied = copy.deepcopy(module, memo)
     except Exception as exc:  # a lock, a handle: whatever deepcopy refuses

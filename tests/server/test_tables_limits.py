@@ -3,6 +3,7 @@ trace of a python model leaves alone (other threads' modules, the module's buffe
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 
 import pytest
@@ -214,3 +215,72 @@ def test_the_trace_copies_no_buffer_and_shares_the_parameters():
     found = id_ranges(module, ["ids", "other"], {"ids": torch.int64, "other": torch.int64})
     assert (found.rows, found.least) == ({"ids": 10, "other": 7}, {"ids": -10, "other": 0})
     assert int(module.calls) == 0
+
+
+class QuantizedBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scales", torch.quantize_per_tensor(torch.rand(3), 0.1, 0, torch.quint8))
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, ids):
+        # Not proxied (torch.fx proxies parameters alone): run at trace, on the copy's buffer, which must hold values.
+        return self.emb(ids).sum(1) * self.scales.dequantize().sum()
+
+
+def test_a_buffer_with_no_meta_form_is_copied_for_the_trace_as_before():
+    """A quantized buffer has no meta tensor (NotImplementedError, raised before the trace's own try): the whole
+    finder raised, and the model's inputs went unchecked ("its graph could not be read"). Such a buffer is copied."""
+    found = id_ranges(QuantizedBuffer().eval(), ["ids"], I64)
+    assert (found.rows, found.unclear) == ({"ids": 10}, {})
+
+
+SCALED = """
+from math import sqrt
+
+from torch import nn
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, ids):
+        return self.emb(ids) / sqrt(ids.size(-1))
+"""
+
+
+def test_another_threads_module_of_a_file_the_trace_has_yet_to_enter_leaves_its_math_wrapped(tmp_path):
+    """torch.fx wraps a file's math functions (`from math import sqrt`) as the trace first calls one of its modules,
+    once per file: another thread's module of that file, called first, marked the file done with nothing wrapped,
+    and the trace then failed on `sqrt(proxy)` (TypeError), the model's inputs unchecked."""
+    path = tmp_path / "wok_scaled_for_test.py"
+    path.write_text(SCALED)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    scaled = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaled)
+    tracing, served = threading.Event(), threading.Event()
+
+    class Root(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = scaled.Scaled()
+
+        def forward(self, ids):
+            tracing.set()
+            if not served.wait(30):
+                raise TimeoutError("the other thread's module did not run in 30 s")
+            return self.inner(ids).sum(1)
+
+    found = {}
+    tracer = threading.Thread(target=lambda: found.update(ranges=id_ranges(Root().eval(), ["ids"], I64)))
+    tracer.start()
+    try:
+        assert tracing.wait(30)
+        with torch.no_grad():
+            scaled.Scaled().eval()(torch.tensor([[1, 2]]))
+    finally:
+        served.set()
+        tracer.join(30)
+    assert (found["ranges"].rows, found["ranges"].unclear) == ({"ids": 10}, {})
