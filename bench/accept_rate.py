@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from wok.bench.outputs import finish_json, refuse_unwritable
+from wok.bench.payloads import integer_refusal
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.acceptrate/2"
@@ -220,8 +221,8 @@ def _settings(p: argparse.ArgumentParser, args) -> list[tuple[int, float, int, i
     if not (args.warmup >= 0 and math.isfinite(args.warmup)):
         p.error(f"--warmup: expected seconds >= 0, got {args.warmup:g}")
     for option, value in (("--channels", args.channels), ("--inflight", args.inflight), ("--reps", args.reps)):
-        if value < 1:
-            p.error(f"{option}: expected an integer >= 1, got {value}")
+        if (refusal := integer_refusal(option, value, 1)) is not None:
+            p.error(refusal)
 
     def values(option: str, text: str, kind, ok, expected: str) -> list:
         from wok.errors import quoted_name

@@ -384,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from wok.bench.outputs import refuse_unwritable
+    from wok.bench.payloads import integer_refusal
     from wok.errors import quoted_name
 
     p = build_parser()
@@ -394,8 +395,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if twice:
         p.error(f"--rev: expected each revision once, got {', '.join(twice)} more than once")
     for option, value in (("--reps", args.reps), ("--n", args.n), ("--warmup", args.warmup)):
-        if value < 1:
-            p.error(f"{option}: expected an integer >= 1, got {value}")
+        if (refusal := integer_refusal(option, value, 1)) is not None:
+            p.error(refusal)
     args.case_list = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in args.case_list if c not in CASES]
     if unknown or not args.case_list:

@@ -65,6 +65,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.payloads import integer_refusal
 from wok.bench.report import write_json
 from wok.bench.scrape import parse_exposition, whole
 from wok.numerals import ascii_digits
@@ -163,8 +164,8 @@ class Plan:
             raise ValueError(f"--seconds: expected a number > 0, got {self.seconds:g}")
         if not self.rate > 0:
             raise ValueError(f"--rate: expected requests/s > 0, got {self.rate:g}")
-        if self.streams < 0:
-            raise ValueError(f"--streams: expected an integer >= 0, got {self.streams}")
+        if (refusal := integer_refusal("--streams", self.streams, 0)) is not None:
+            raise ValueError(refusal)
 
 
 @dataclass

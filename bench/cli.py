@@ -17,7 +17,7 @@ from .outputs import keep_elsewhere as _keep_elsewhere
 from .outputs import result_text as _result_text
 from .outputs import write_outputs as _write_outputs_in_order
 from .outputs import writing as _writing
-from .payloads import DEFAULT_INT_HIGH
+from .payloads import DEFAULT_INT_HIGH, integer_refusal
 
 REQUIRE_QPS_NOT_MET = 3
 # A soak that found no capacity to soak at: the same verdict as a capacity below --require-qps.
@@ -796,12 +796,12 @@ def _check_aim(args) -> None:
     from . import soak
 
     soak.check_options(args)
-    if args.workers < 1:
-        raise ValueError(f"--workers must be at least 1; got {args.workers}")
+    if (refusal := integer_refusal("--workers", args.workers, 1)) is not None:
+        raise ValueError(refusal)
     if not args.stop_factor > 0:  # NaN too
         raise ValueError(f"--stop-factor must be > 0 (inf: no stop by P99 or success rate); got {args.stop_factor:g}")
-    if args.refine < 0:  # taken as 0 before, without a word
-        raise ValueError(f"--refine: expected an integer >= 0; got {args.refine}")
+    if (refusal := integer_refusal("--refine", args.refine, 0)) is not None:  # taken as 0 before, without a word
+        raise ValueError(refusal)
     # NaN compares false: a NaN threshold found no knee, and wrote NaN into the JSON; a NaN
     # --require-qps let every run pass.
     if args.require_qps is not None and not math.isfinite(args.require_qps):
@@ -1050,14 +1050,14 @@ def run(args) -> int:
     steps = _named("--steps", parse_steps, args.steps)
     _check_arrival(args.arrival, steps, warmup + duration)
     _named("--sizes", parse_sizes, args.sizes)  # else refused after connecting, in no option's name
-    if args.seed < 0:
-        # Else numpy refuses it after connecting (building the payload pool), in no option's name:
-        # "expected non-negative integer".
-        raise ValueError(f"--seed: expected an integer >= 0; got {args.seed}")
+    # Else numpy refuses it after connecting (building the payload pool), in no option's name:
+    # "expected non-negative integer".
+    if (refusal := integer_refusal("--seed", args.seed, 0)) is not None:
+        raise ValueError(refusal)
     # Else refused by the payload generator after connecting (exit 1 with the connection's error when nothing
     # answers, or after --replicas started), in no option's name.
-    if args.rows < 1:
-        raise ValueError(f"--rows: expected an integer >= 1; got {args.rows}")
+    if (refusal := integer_refusal("--rows", args.rows, 1)) is not None:
+        raise ValueError(refusal)
     if args.int_high is not None:
         check_int_high(args.int_high)
     _with_unit("--slo-p99", args.slo_p99)
@@ -1099,8 +1099,8 @@ def run(args) -> int:
         raise ValueError("--host-probe is for plain ramps; not with --soak, --fault or --replicas")
     if cfg.start_at is not None and not plain:
         raise ValueError("--start-at is for plain ramps of several generators; not with --soak, --fault or --replicas")
-    if args.streams < 1:
-        raise ValueError(f"--streams must be at least 1; got {args.streams}")
+    if (refusal := integer_refusal("--streams", args.streams, 1)) is not None:
+        raise ValueError(refusal)
     # The balancer the workers will use (as WorkerPool picks it): several replicas are several targets.
     balancer = pick_balancer(args.balancer, args.rpc, target, replicas=args.replicas or 0)
     if args.rpc == "stream" and balancer != "grpc":
@@ -1659,17 +1659,18 @@ def run_tune(args) -> int:
                 f"--default {quoted_name(args.default)}: expected MAX_BATCH_SIZE ≥ 1 and a finite DELAY ≥ 0, like "
                 "32,5ms, or none"
             )
-    if args.instances < 1:
-        raise ValueError(f"--instances: expected an integer ≥ 1; got {args.instances}")
-    if args.iterations < 0:
-        raise ValueError(f"--iterations: expected an integer ≥ 0; got {args.iterations}")
+    if (refusal := integer_refusal("--instances", args.instances, 1)) is not None:
+        raise ValueError(refusal)
+    if (refusal := integer_refusal("--iterations", args.iterations, 0)) is not None:
+        raise ValueError(refusal)
     if args.iterations > MAX_ITERATIONS:
         raise ValueError(
             f"--iterations: expected an integer ≤ {MAX_ITERATIONS} (past it the bisection's interval holds no "
             f"double between its ends); got {args.iterations}"
         )
-    if args.seed < 0:  # else refused at the first simulated step, in the simulator's words ("seed must be")
-        raise ValueError(f"--seed: expected an integer ≥ 0; got {args.seed}")
+    # Else refused at the first simulated step, in the simulator's words ("seed must be").
+    if (refusal := integer_refusal("--seed", args.seed, 0)) is not None:
+        raise ValueError(refusal)
     if not 0 <= args.tie < 1:  # NaN too
         raise ValueError(f"--tie: expected a number in [0, 1); got {args.tie:g}")
     if args.overhead_samples and args.overhead is not None:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
+from wok.bench.payloads import integer_refusal
 from wok.bench.report import bench_header
 
 SCHEMA = "wok.cold_batch/1"
@@ -93,10 +94,10 @@ def main(argv=None) -> int:
         sizes = []
     if not sizes or min(sizes) < 1:
         p.error(f"--sizes: expected positive integers, comma-separated; got {quoted_name(args.sizes)}")
-    if args.batches < 1:
-        p.error(f"--batches: expected an integer >= 1, got {args.batches}")
-    if args.torch_threads is not None and args.torch_threads < 1:
-        p.error(f"--torch-threads: expected an integer >= 1, got {args.torch_threads}")
+    if (refusal := integer_refusal("--batches", args.batches, 1)) is not None:
+        p.error(refusal)
+    if args.torch_threads is not None and (refusal := integer_refusal("--torch-threads", args.torch_threads, 1)):
+        p.error(refusal)
     if args.model not in DEMO_MODELS:
         p.error(f"--model: expected a demo model with one FP32 input (mlp), got {quoted_name(args.model)}")
     if args.torch_threads:

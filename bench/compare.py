@@ -38,6 +38,7 @@ from pathlib import Path
 
 from wok.bench.arrivals import parse_arrivals, parse_duration, parse_steps
 from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
+from wok.bench.payloads import integer_refusal
 
 SCHEMA = "wok.compare/1"
 ROOT = Path(__file__).resolve().parent.parent
@@ -544,8 +545,9 @@ def stop_all() -> None:
 # --------------------------------------------------------------------------- one ramp
 
 
-def metered_ramp(server: Server, cfg, progress: Callable[[str], None]) -> dict:
-    """wok's ramp, with the server tree's CPU read before and after each step."""
+def metered_ramp(server: Server, cfg, progress: Callable[[str], None], processes=None) -> dict:
+    """wok's ramp, with the server tree's CPU read before and after each step; on the workers of `processes` (a
+    started WorkerProcesses, kept for the next ramp), else on its own."""
     import numpy as np
 
     from wok.bench.runner import Ramp
@@ -572,7 +574,7 @@ def metered_ramp(server: Server, cfg, progress: Callable[[str], None]) -> dict:
                 self.say(f"warning: other processes used {step['host_cpu']['other_cores']:.2f} cores during this step")
             return step
 
-    return MeteredRamp(cfg, progress=progress).run()
+    return MeteredRamp(cfg, progress=progress, processes=processes).run()
 
 
 def summarize_run(result: dict) -> dict:
@@ -841,8 +843,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--host-probe: expected seconds >= 0 (0: off), got {args.host_probe:g}")
     # Every value checked here: a bad one found once the first server is up costs its start.
     for option, value in (("--reps", args.reps), ("--workers", args.workers)):
-        if value < 1:
-            p.error(f"{option}: expected an integer >= 1, got {value}")
+        if (refusal := integer_refusal(option, value, 1)) is not None:
+            p.error(refusal)
     if not (args.stop_factor > 0 and math.isfinite(args.stop_factor)):
         p.error(f"--stop-factor: expected a number > 0, got {args.stop_factor:g}")
     try:
@@ -882,7 +884,7 @@ def rep_seed(args: argparse.Namespace, rep: int) -> int:
     return args.seed + (rep - 1 if args.seeds == "per-rep" else 0)
 
 
-def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path, probe_s: float = 0.0) -> dict:
+def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path, probe_s: float = 0.0, processes=None) -> dict:
     from wok.bench import hostprobe
     from wok.bench.runner import RampConfig
 
@@ -902,7 +904,7 @@ def run_one(peer: Peer, rep: int, cfg_kwargs: dict, log_dir: Path, probe_s: floa
         cfg = RampConfig(target=server.target, models=[("mlp", 1.0)], metrics_url=metrics, rpc=rpc, **cfg_kwargs)
         before = hostprobe.try_probe(probe_s, say)
         with RssSampler(server.pid) as rss:
-            result = metered_ramp(server, cfg, progress=lambda m: say(f"rep {rep} {peer.name}: {m}"))
+            result = metered_ramp(server, cfg, lambda m: say(f"rep {rep} {peer.name}: {m}"), processes)
         record.update(summarize_run(result))
         cut = result.get("interrupted")
         if cut:
@@ -972,6 +974,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _compare(args: argparse.Namespace, peers: list[Peer]) -> int:
+    from wok.bench.workers import WorkerProcesses
+
     cfg_kwargs = {
         "steps": args.step_list,
         "step_duration_s": args.step_duration_s,
@@ -994,18 +998,23 @@ def _compare(args: argparse.Namespace, peers: list[Peer]) -> int:
     for s in previous:
         signal.signal(s, on_signal)
     interrupted = False
+    # Every ramp on the same --workers load-generator processes, started once (each start is a spawned
+    # interpreter's imports, a few tenths of a second a ramp): the host each server's ramp runs beside is the same.
+    processes = WorkerProcesses().start()
     try:
         for rep in range(1, args.reps + 1):
             k = (rep - 1) % len(peers)
             order = peers[k:] + peers[:k]
             orders.append([p.name for p in order])
             for peer in order:
-                runs.append(run_one(peer, rep, {**cfg_kwargs, "seed": rep_seed(args, rep)}, log_dir, args.host_probe))
+                kwargs = {**cfg_kwargs, "seed": rep_seed(args, rep)}
+                runs.append(run_one(peer, rep, kwargs, log_dir, args.host_probe, processes))
     except KeyboardInterrupt:
         interrupted = True
         say("interrupted: stopping servers and writing what was measured")
     finally:
         stop_all()
+        processes.stop()
         for s, h in previous.items():
             signal.signal(s, h)
     config = {

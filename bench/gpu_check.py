@@ -32,6 +32,7 @@ import torch
 
 from wok.bench.analysis import latency_summary
 from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
+from wok.bench.payloads import integer_refusal
 from wok.config import InstanceConfig, check_device
 from wok.errors import ModelExecutionError
 from wok.executor import Executor, resolve_devices
@@ -170,8 +171,8 @@ def main(argv=None) -> int:
         ("--layers", 1, ""),
     ):
         value = getattr(args, option.removeprefix("--"))
-        if value < least:
-            ap.error(f"{option}: expected an integer >= {least}{why}, got {value}")
+        if (refusal := integer_refusal(option, value, least, why)) is not None:
+            ap.error(refusal)
     try:
         check_device(args.device)  # else refused by InstanceConfig with a traceback, once the model is built
     except ValueError as exc:

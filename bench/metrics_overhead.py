@@ -25,6 +25,7 @@ import grpc
 import numpy as np
 
 from wok.bench.outputs import refuse_unwritable, write_final, write_json_text
+from wok.bench.payloads import integer_refusal
 from wok.codec import encode_request
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
 
@@ -100,8 +101,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
     for option, value in (("--reps", args.reps), ("--concurrency", args.concurrency)):
-        if value < 1:
-            ap.error(f"{option}: expected an integer >= 1, got {value}")
+        if (refusal := integer_refusal(option, value, 1)) is not None:
+            ap.error(refusal)
     if not (args.seconds > 0 and math.isfinite(args.seconds)):
         ap.error(f"--seconds: expected a number > 0, got {args.seconds:g}")
     gc.disable()  # the load generator's own pauses would cap both runs alike, and add noise

@@ -46,6 +46,7 @@ __all__ = [
     "Uniform",
     "check_int_high",
     "integer_cap",
+    "integer_refusal",
     "parse_mix",
     "parse_sizes",
     "plan_pool",
@@ -72,10 +73,17 @@ def _int(value: object, what: str, minimum: int) -> int:
     return value
 
 
+def integer_refusal(option: str, value: int, least: int, why: str = "") -> str | None:
+    """The refusal of an integer option below `least`, in the one wording of every bench command and script
+    (`--reps: expected an integer >= 1; got 0`; `why`, said after the bound, the reason for it); None where `value`
+    is not below it."""
+    return None if value >= least else f"{option}: expected an integer >= {least}{why}; got {value}"
+
+
 def check_int_high(value: int) -> int:
     """`--int-high` (`wok bench ramp`'s, `wok profile`'s), refused below 1 in one wording wherever it is given."""
-    if value < 1:
-        raise ValueError(f"--int-high: expected an integer >= 1; got {value}")
+    if (refusal := integer_refusal("--int-high", value, 1)) is not None:
+        raise ValueError(refusal)
     return value
 
 

@@ -442,6 +442,19 @@ def profile_advice(n, limit) -> str:
     )
 
 
+def negative_alpha_warning(
+    alpha_s, others: str, *, whose: str = "the profile's fitted α", shown: str = "", at: str = ""
+) -> str:
+    """The warning of `wok plan`, `wok tune` and `wok simulate` for an α below 0, taken as 0: `whose` it is, `shown`
+    its value as the command shows it (default: in ms, 4 digits), `others` the commands that take it so too ("wok
+    plan takes it"), `at` what that changes, said after ("at n = 16, β·n = 0.024 s, not 0.023 s")."""
+    shown = shown or f"{1e3 * float(alpha_s):.4g} ms"
+    return (
+        f"{whose} = {shown} is negative: the linear fit T = α + β·n does not hold at small batches; α is taken as 0, "
+        f"T(n) = β·n (as {others})" + (f": {at}" if at else "")
+    )
+
+
 def alpha_is_rounding(alpha_s, smallest_time_s) -> bool:
     """Whether a fitted α is 0 but for the fit's rounding: |α| within `ALPHA_ROUNDING` of the smallest batch time
     measured (`smallest_time_s`, None when no time is known: then only an α of exactly 0 is)."""
@@ -895,11 +908,9 @@ def _build_plan(
 
     t, n, u, k = batch.t_batch_s, batch.batch_size, target_util, redundancy
     if batch.given_alpha_s is not None:
-        warnings.append(
-            f"α = {_d(batch.given_alpha_s)} s is negative: the linear fit T = α + β·n does not hold at small "
-            f"batches; α is taken as 0 (as wok tune takes it), so T_batch at n = {_d(n)} is β·n = {_d(t)} s, "
-            f"not {_d(batch.given_alpha_s + batch.beta_s * n)} s"
-        )
+        alpha = batch.given_alpha_s
+        at = f"T_batch at n = {_d(n)} is β·n = {_d(t)} s, not {_d(alpha + batch.beta_s * n)} s"
+        warnings.append(negative_alpha_warning(alpha, "wok tune takes it", whose="α", shown=f"{_d(alpha)} s", at=at))
     warnings.extend(batch.notes)
     extrapolation = _extrapolation(batch)
     if extrapolation is not None and extrapolation["extrapolated"]:

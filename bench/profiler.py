@@ -699,7 +699,15 @@ def profile(
             + (" (its datatype holds no larger id)" if name in capped else "")
             for name, rows in bounds.items()
         )
-        raise ValueError(f"the inputs made with --sizes {cfg.sizes} and --int-high {high}{own}: {exc}") from None
+        # --int-high named only where the user gave it: a table's rows or the default is said as such.
+        source = int_high_source(servable, cfg, by_input)
+        if source is None:
+            drawn = ""
+        elif source == "given":
+            drawn = f" and --int-high {high}"
+        else:
+            drawn = f" and ids below {high} ({_INT_HIGH_WHY[source]}; --int-high to change)"
+        raise ValueError(f"the inputs made with --sizes {cfg.sizes}{drawn}{own}: {exc}") from None
     # The fit `wok tune` makes of a profile's raw times too (tune_check's in-process profile): one α, β; with
     # several keys on each key's median, weighted by its share of the batches (`fit_medians`).
     keys = {n: [pool.key_of(b) for b in times[n]["requests"]] for n in sizes}
@@ -904,6 +912,11 @@ def summary_lines(result: dict) -> list[str]:
     return lines
 
 
+# The hint of a profile whose ids a ramp with no --int-high draws alike (`int_high_line`).
+SAME_WITHOUT_INT_HIGH = (
+    "wok bench ramp with no --int-high sends the same: it draws each below the bound its server publishes"
+)
+
 _INT_HIGH_WHY = {
     "given": "given by --int-high",
     "table": "the rows of the model's smallest embedding table",
@@ -945,6 +958,12 @@ def int_high_line(config: dict) -> str | None:
     def sends_same(h: int) -> bool:
         return need <= {h} and h >= floor
 
+    # Without --int-high the ramp draws each input with a bound the server publishes (ModelConfig parameter
+    # wok.ids_bound.<input>) below it, capped as here, and the others below DEFAULT_INT_HIGH. The server publishes
+    # what `int_high_by_input` holds, found by the same load (Servable.id_bounds, slices and branches included): the
+    # ramp sends the same where the profile drew the others below DEFAULT_INT_HIGH too, or had none.
+    if by_input and (source is None or high == DEFAULT_INT_HIGH):
+        return f"{text}; {SAME_WITHOUT_INT_HIGH}"
     if sends_same(DEFAULT_INT_HIGH):
         return text
     same = [h for h in sorted({*need, *by_input.values()}) if sends_same(h)]

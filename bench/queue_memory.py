@@ -24,6 +24,7 @@ import numpy as np
 from wok.bench.compare import local_wok, tree_usage
 from wok.bench.faults import post_fault
 from wok.bench.outputs import finish_json, refuse_unwritable
+from wok.bench.payloads import integer_refusal
 from wok.bench.scrape import scrape
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -110,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
-    if args.requests < 1:
-        ap.error(f"--requests: expected an integer >= 1, got {args.requests}")
+    if (refusal := integer_refusal("--requests", args.requests, 1)) is not None:
+        ap.error(refusal)
     if any(bound < 0 for bound in args.max_queue_size or ()):
         ap.error(f"--max-queue-size: expected integers >= 0 (0: none), got {args.max_queue_size}")
     runs = []

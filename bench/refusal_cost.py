@@ -30,6 +30,7 @@ import numpy as np
 from wok.bench.compare import REV_PEER, TEMPLATES, free_port, local_wok, tree_usage, wok_at_rev
 from wok.bench.faults import post_fault
 from wok.bench.outputs import finish_json, refuse_unwritable
+from wok.bench.payloads import integer_refusal
 from wok.bench.scrape import scrape
 from wok.v2pb import grpc_service_pb2 as pb
 from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
@@ -176,8 +177,8 @@ def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
     if min(rows_list) < 1:
         ap.error(f"--rows: expected positive integers, comma-separated; got {quoted_name(args.rows)}")
     for option, value in (("--calls", args.calls), ("--concurrency", args.concurrency), ("--reps", args.reps)):
-        if value < 1:
-            ap.error(f"{option}: expected an integer >= 1, got {value}")
+        if (refusal := integer_refusal(option, value, 1)) is not None:
+            ap.error(refusal)
     return revs, rows_list
 
 

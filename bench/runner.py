@@ -459,19 +459,29 @@ class Ramp:
         progress: Callable[[str], None] | None = None,
         *,
         processes: WorkerProcesses | None = None,
+        pool_of: Ramp | None = None,
     ) -> None:
         self.cfg = cfg
         self.say = progress or _stderr
         # The caller's started WorkerProcesses, to run on workers kept from its last ramp; None: this ramp's own.
         self.processes = processes
         self.rng = np.random.default_rng(cfg.seed + 1)
-        self.setup_warnings: list[str] = []  # what the pool's build said (an unchecked --rows)
-        self.devices: dict[str, str | None] = {}  # each model's, by the server's ModelConfig: the result's `devices`
-        # By model, the integer inputs drawn below their published bounds: the result's `config.int_high_published`.
-        self.int_high_published: dict[str, dict[str, int]] = {}
-        self.pool, self.slices, self.mix = build_pool(
-            cfg, self.say, self.setup_warnings, self.devices, self.int_high_published
-        )
+        if pool_of is not None:
+            # An earlier ramp of the same server, models and pool options (a soak's capacity ramp): its pool and what
+            # its build found, as they are. Built again, its lines were said twice, and its metadata read twice.
+            self.setup_warnings = list(pool_of.setup_warnings)
+            self.devices = dict(pool_of.devices)
+            self.int_high_published = dict(pool_of.int_high_published)
+            self.pool, self.slices, self.mix = pool_of.pool, pool_of.slices, pool_of.mix
+        else:
+            self.setup_warnings: list[str] = []  # what the pool's build said (an unchecked --rows)
+            # Each model's, by the server's ModelConfig: the result's `devices`.
+            self.devices: dict[str, str | None] = {}
+            # By model, the integer inputs drawn below their published bounds: the result's `config.int_high_published`.
+            self.int_high_published: dict[str, dict[str, int]] = {}
+            self.pool, self.slices, self.mix = build_pool(
+                cfg, self.say, self.setup_warnings, self.devices, self.int_high_published
+            )
         # Each payload's size, -1 where the model has no variable dimension: the step's `request_sizes`.
         self.pool_sizes = np.full(len(self.pool), -1, dtype=np.int64)
         for s in self.slices:

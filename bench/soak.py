@@ -135,8 +135,15 @@ class SoakRamp(Ramp):
 
     keeps_cut_step = True
 
-    def __init__(self, cfg: RampConfig, sampler: RssSampler, progress: Callable[[str], None] | None = None):
-        super().__init__(cfg, progress)
+    def __init__(
+        self,
+        cfg: RampConfig,
+        sampler: RssSampler,
+        progress: Callable[[str], None] | None = None,
+        *,
+        pool_of: Ramp | None = None,
+    ):
+        super().__init__(cfg, progress, pool_of=pool_of)
         self.sampler = sampler
         # Set when the soak step was cut after its first send: `at_s` (from the first send),
         # `in_flight` (sent, unanswered at the cut: left out), `sent_after` (sent after the cut, before
@@ -320,7 +327,7 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
     replicas, cfg = faults.start_replicas(args, cfg, say)
     urls = [r.metrics_url for r in replicas] if replicas is not None else [cfg.metrics_url] if cfg.metrics_url else []
     try:
-        capacity_result = None
+        capacity_result = capacity_ramp = None
         if args.capacity is not None:
             capacity, source = args.capacity, "given"
         else:
@@ -353,7 +360,8 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
                 cfg, steps=[nominal], step_duration_s=duration, warmup_s=0.0, refine=0, stop_factor=math.inf
             )
             sampler = RssSampler(urls, every)
-            ramp = SoakRamp(soak_cfg, sampler, say)
+            # The capacity ramp's pool: the soak's config differs from its in the steps' rates and times alone.
+            ramp = SoakRamp(soak_cfg, sampler, say, pool_of=capacity_ramp)
             ramp.replicas = replicas
             result = ramp.run()
         except (Exception, KeyboardInterrupt) as exc:

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from wok.bench.outputs import refuse_unwritable, write_final
+from wok.bench.payloads import integer_refusal
 
 SCHEMA = "wok.thread_sizing/1"
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -52,8 +53,8 @@ def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     refuse_unwritable(p, args, "--json", parents_made=True)
-    if args.reps < 1:
-        p.error(f"--reps: expected an integer >= 1, got {args.reps}")
+    if (refusal := integer_refusal("--reps", args.reps, 1)) is not None:
+        p.error(refusal)
     if not (args.gap_ms >= 0 and math.isfinite(args.gap_ms)):
         p.error(f"--gap-ms: expected milliseconds >= 0, got {args.gap_ms:g}")
     # The touch series sleeps gap - lead before its read: a lead past the gap cannot be slept.

@@ -44,7 +44,14 @@ import numpy as np
 from ..errors import quoted_name
 from . import analysis
 from .analysis import ms_text as _ms
-from .plan import alpha_is_rounding, json_kind, outside_profiled, profile_advice, profiled_model_max
+from .plan import (
+    alpha_is_rounding,
+    json_kind,
+    negative_alpha_warning,
+    outside_profiled,
+    profile_advice,
+    profiled_model_max,
+)
 from .simulate import (
     CPU_FIELDS,
     MAX_ARRIVALS_PER_STEP,
@@ -274,15 +281,6 @@ def profile_from_document(doc: dict, where: str = "profile", *, source: str | No
         fitted_alpha_s=fitted,
         profiled_sizes=tuple(sorted(sizes)),
         model_max_batch_size=profiled_model_max(doc, where),
-    )
-
-
-def negative_alpha_warning(fitted_alpha_s: float, others: str) -> str:
-    """The warning of `wok tune` and `wok simulate` for a profile whose fitted α is below 0, taken as 0 (`others`:
-    the commands that take it so too, "wok plan takes it")."""
-    return (
-        f"the profile's fitted α = {1e3 * fitted_alpha_s:.4g} ms is negative: the linear fit T = α + β·n does not "
-        f"hold at small batches; α is taken as 0, T(n) = β·n (as {others})"
     )
 
 
@@ -1072,7 +1070,8 @@ def _passed_over_warning(
             f"{_calibration_range(smallest, largest)}, on batch times extrapolated"
         )
     else:
-        on = f"on batch times extrapolated {side} the measured sizes ({_size_text(smallest)} to {_size_text(largest)})"
+        # Passed over for its mean batch outside the measured sizes (`mean_batch_extrapolated`): said as the plan's.
+        on = f"on batch times extrapolated {outside_profiled(row['mean_batch_size'], smallest, largest)}"
     return (
         f"max_batch_size {row['max_batch_size']}, delay {row['max_queue_delay_ms']:g} ms predicts "
         f"{row['max_qps']:,.0f} QPS, more than the chosen {chosen['max_qps']:,.0f}, but {on}: not chosen; "

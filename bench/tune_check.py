@@ -88,6 +88,7 @@ import numpy as np
 
 from wok.bench.analysis import latency_summary
 from wok.bench.outputs import WriteFailed, refuse_unwritable, replacing, write_final, writing
+from wok.bench.payloads import integer_refusal
 from wok.bench.report import read_json_object
 from wok.bench.tune import SearchTooLarge  # the search's refusal (`check_search`), the library's own
 
@@ -98,7 +99,9 @@ READ_SCHEMAS = ("wok.tunecheck/1", "wok.tunecheck/2", SCHEMA)
 DEFAULT_STEPS = "250,500,1000,1500,2000,2500,3000,3500,4000,5000"
 TOLERANCE = 0.20
 # Arguments left out of a run's `config`: the outputs, and --profile's document (kept whole as `profile`).
-NOT_CONFIG = ("json", "plot", "save_profile", "save_overhead", "save_cpu", "log_dir", "profile_doc", "profile_fit")
+NOT_CONFIG = (
+    "json", "plot", "save_profile", "save_overhead", "save_cpu", "log_dir", "profile_doc", "profile_fit", "processes",
+)  # fmt: skip
 # A step during which processes other than the server and the load generator used more than
 # this many cores (of the machine's) measured the machine, not the server (as in bench/compare.py).
 QUIET_CORES = 0.25
@@ -274,7 +277,7 @@ def run_ramp(server, steps: list[float], args, slo_ms: float) -> tuple[dict, lis
     from wok.bench.runner import Ramp
     from wok.bench.workers import OK
 
-    ramp = Ramp(ramp_config(server, steps, args, slo_ms), progress=say)
+    ramp = Ramp(ramp_config(server, steps, args, slo_ms), progress=say, processes=args.processes)
     result = ramp.run()
     latencies = []
     for intended, _done, lat, codes in ramp.timeline:
@@ -407,7 +410,7 @@ def calibrate_cpu(args) -> dict:
     try:
         cal_args = argparse.Namespace(**{**vars(args), "step_duration": args.cpu_calibration_duration})
         cfg = ramp_config(server, args.cpu_steps_list, cal_args, args.slo_ms, server_timing=True)
-        result = metered_ramp(server, cfg, say)
+        result = metered_ramp(server, cfg, say, args.processes)
         whole_calibration(server, result)
     finally:
         server.stop()
@@ -1107,6 +1110,7 @@ def parse_args(argv=None):
 
     p = build_parser()
     args = p.parse_args(argv)
+    args.processes = None  # main's WorkerProcesses, which its ramps run on (none: each ramp its own workers)
     # --log-dir: the servers' logs (and the device-like model's repository), first written after
     # the profile.
     refuse_unwritable(p, args, "--json", "--plot", "--save-profile", "--save-overhead", "--save-cpu", "--log-dir")
@@ -1155,10 +1159,11 @@ def parse_args(argv=None):
         if value <= 0:
             p.error(f"{name}: expected a duration > 0, got {value:g} s")
     for name, value in (("--reps", args.reps), ("--workers", args.workers), ("--profile-reps", args.profile_reps)):
-        if value < 1:
-            p.error(f"{name}: expected an integer >= 1, got {value}")
-    if args.seed < 0:  # else refused by the search's SearchConfig, after the profile and the calibrations
-        p.error(f"--seed: expected an integer >= 0, got {args.seed}")
+        if (refusal := integer_refusal(name, value, 1)) is not None:
+            p.error(refusal)
+    # Else refused by the search's SearchConfig, after the profile and the calibrations.
+    if (refusal := integer_refusal("--seed", args.seed, 0)) is not None:
+        p.error(refusal)
     if not (args.calibration_qps > 0 and np.isfinite(args.calibration_qps)):
         p.error(f"--calibration-qps: expected a rate > 0, got {args.calibration_qps:g}")
     if not (args.cores > 0 and np.isfinite(args.cores)):
@@ -1233,6 +1238,7 @@ def main(argv=None) -> int:
         profile_from_document,
         tune,
     )
+    from wok.bench.workers import WorkerProcesses
 
     args = parse_args(argv)
     if args.markdown:
@@ -1261,6 +1267,9 @@ def main(argv=None) -> int:
     stopped = None
     refused = False  # the search refused (SearchTooLarge): exit 2, an option to change
     phase = "the profile"
+    # Every ramp (the calibrations', the validation's) on the same --workers load-generator processes, started at the
+    # first ramp and kept (each start is a spawned interpreter's imports, a few tenths of a second a ramp).
+    args.processes = WorkerProcesses().start()
     try:
         # 1. profile
         if args.profile:
@@ -1360,7 +1369,7 @@ def main(argv=None) -> int:
                     # generator work per request as there, and each step's time outside the server.
                     server = start_server(n, d, args.log_dir, args.torch_threads, args.device_like, server_timing=True)
                     cfg = ramp_config(server, args.steps_list, args, args.slo_ms, server_timing=True)
-                    measured = metered_ramp(server, cfg, say)
+                    measured = metered_ramp(server, cfg, say, args.processes)
                     cut = measured.get("interrupted")
                     if cut and cut["by_signal"]:
                         # As bench/compare.py does: a cut ramp's max QPS is the last step it reached, not
@@ -1437,6 +1446,7 @@ def main(argv=None) -> int:
         refused = isinstance(exc, SearchTooLarge)
     finally:
         stop_all()
+        args.processes.stop()
 
     doc = {
         "schema": SCHEMA,

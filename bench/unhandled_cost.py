@@ -25,6 +25,7 @@ import sys
 import time
 
 from wok.bench.outputs import finish_json, refuse_unwritable
+from wok.bench.payloads import integer_refusal
 
 SCHEMA = "wok.unhandled_cost/1"
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -136,8 +137,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     refuse_unwritable(ap, args, "--json")
     for option, value in (("--calls", args.calls), ("--reps", args.reps)):
-        if value < 1:
-            ap.error(f"{option}: expected an integer >= 1, got {value}")
+        if (refusal := integer_refusal(option, value, 1)) is not None:
+            ap.error(refusal)
 
     import uvloop
 

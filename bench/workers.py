@@ -432,6 +432,12 @@ def _main(conn, stop) -> None:
             return  # the bench stopped, or gave up on this worker, before handing it a ramp
         if job is None:
             return
+        if job == PING:
+            try:
+                conn.send(PING)  # alive, and waiting for a ramp (WorkerProcesses.take)
+            except OSError:
+                return
+            continue
         target, how, index, stoppable, pool = job
         asyncio.run(_serve(conn, target, pool, how, stop if stoppable else None, index))
         del pool, job  # up to 64 MiB, not held while the worker waits for the next ramp
@@ -443,6 +449,11 @@ _HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STARTED = "started"
 # How long a worker may take to start (its imports), and then to connect, before the bench gives up.
 START_TIMEOUT_S = 60.0
+# A kept worker's answer to this, as a ramp takes it (WorkerProcesses.take), says it still reads its pipe.
+PING = "ping"
+# How long a kept worker may take to answer PING before it is killed and replaced: one idle in its pipe's read
+# answers in well under a millisecond, a stopped one (SIGSTOP, a debugger) never; a few seconds cover a loaded host.
+PING_TIMEOUT_S = 5.0
 
 
 def _start_held(process) -> None:
@@ -531,11 +542,7 @@ class WorkerProcesses:
             raise RuntimeError("WorkerProcesses.take: not started; call start() or use it in a with block")
         if self._lent:
             raise RuntimeError("WorkerProcesses.take: its workers are still lent to a pool not closed")
-        for c, p in [(c, p) for c, p in zip(self._conns, self._procs) if not p.is_alive()]:
-            p.join(0)
-            c.close()
-            self._conns.remove(c)
-            self._procs.remove(p)
+        self._drop_unanswering()
         new_conns, new_procs = [], []
         try:
             for _ in range(n - len(self._procs)):
@@ -560,6 +567,38 @@ class WorkerProcesses:
         self._procs += new_procs
         self._lent = True
         return self._conns[:n], self._procs[:n], self._stop
+
+    def _drop_unanswering(self) -> None:
+        """Kill and forget each kept worker that does not answer PING within PING_TIMEOUT_S: one that died (a
+        death as it was asked reads as EOF: `is_alive` alone let one that died just after it through, and the
+        ramp failed as that worker "died as it tried to start") or was stopped between ramps (it never answers:
+        the ramp waited START_TIMEOUT_S for it to connect, then failed). All asked at once."""
+        asked = []
+        for c, p in zip(self._conns, self._procs):
+            if not p.is_alive():
+                continue
+            try:
+                c.send(PING)
+                asked.append(c)
+            except OSError:  # its end closed: dead
+                pass
+        answered = set()
+        deadline = time.monotonic() + PING_TIMEOUT_S
+        waiting = set(asked)
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            for c in mp_connection.wait(list(waiting), left):
+                waiting.discard(c)
+                try:
+                    if c.recv() == PING:
+                        answered.add(c)
+                except (EOFError, OSError):
+                    pass
+        for c, p in [(c, p) for c, p in zip(self._conns, self._procs) if c not in answered]:
+            p.kill()  # not terminate(): a stopped worker holds SIGTERM pending
+            p.join(10)
+            c.close()
+            self._conns.remove(c)
+            self._procs.remove(p)
 
     def give_back(self) -> None:
         self._lent = False

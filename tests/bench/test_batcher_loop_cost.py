@@ -106,7 +106,7 @@ def test_worktree_against_head_gives_finite_figures_full_batches_and_each_revisi
         ),
         (["--rev", "HEAD", "--rev", "HEAD"], "--rev: expected each revision once, got HEAD more than once"),
         (["--cases", "fixed_1key,nosuch"], "--cases: expected some of fixed_1key"),
-        (["--n", "0"], "--n: expected an integer >= 1, got 0"),
+        (["--n", "0"], "--n: expected an integer >= 1; got 0"),
     ],
 )
 def test_a_bad_option_exits_2_naming_it_before_any_process_starts(argv, message, capsys, monkeypatch):

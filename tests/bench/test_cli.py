@@ -55,7 +55,7 @@ def test_mistaken_options_exit_2_naming_the_option(extra, message, capsys):
         (["--serve-args", "--models mlp"], "--serve-args is for --replicas: without it no server is started"),
         (["--replica-host", "::1"], "--replica-host is for --replicas: without it no server is started"),
         (["--admin-url", "http://127.0.0.1:9"], "--admin-url is where --fault slow:/fail: go; no --fault"),
-        (["--workers", "0"], "--workers must be at least 1; got 0"),
+        (["--workers", "0"], "--workers: expected an integer >= 1; got 0"),
         (["--stop-factor", "0"], "--stop-factor must be > 0 (inf: no stop by P99 or success rate); got 0"),
         (["--stop-factor", "nan"], "--stop-factor must be > 0 (inf: no stop by P99 or success rate); got nan"),
         (["--hedge-after", "50ms"], "--hedge-after is the wok balancer's: it does nothing with --balancer grpc"),

@@ -15,7 +15,7 @@ def test_a_run_whose_server_exited_mid_ramp_is_left_out_of_the_summary(tmp_path,
     real = compare.metered_ramp
     killed = []
 
-    def metered_ramp(server, cfg, progress):
+    def metered_ramp(server, cfg, progress, processes=None):
         def said(line: str) -> None:
             progress(line)
             # Once its first step is done: step 2 then finds it gone.
@@ -24,7 +24,7 @@ def test_a_run_whose_server_exited_mid_ramp_is_left_out_of_the_summary(tmp_path,
                 server.proc.kill()
                 server.proc.wait()
 
-        return real(server, cfg, said)
+        return real(server, cfg, said, processes)
 
     monkeypatch.setattr(compare, "metered_ramp", metered_ramp)
     out = tmp_path / "c.json"
@@ -51,3 +51,28 @@ def test_a_run_whose_server_exited_mid_ramp_is_left_out_of_the_summary(tmp_path,
     assert summary["runs"] == 0
     assert summary["max_qps_p99_200ms"]["median"] is None  # not 20 QPS, where the server died
     assert status == 1
+
+
+def test_every_ramp_of_a_run_runs_on_the_same_load_generator_processes(tmp_path, monkeypatch, capsys):
+    """Each ramp started its --workers processes afresh, a spawned interpreter's imports each (0.25-0.7 s a ramp):
+    the run's ramps share one WorkerProcesses, its workers kept from one ramp to the next and stopped at the end."""
+    real = compare.metered_ramp
+    seen = []
+
+    def metered_ramp(server, cfg, progress, processes=None):
+        result = real(server, cfg, progress) if processes is None else real(server, cfg, progress, processes)
+        seen.append((processes, [p.pid for p in processes._procs] if processes is not None else None))
+        return result
+
+    monkeypatch.setattr(compare, "metered_ramp", metered_ramp)
+    argv = ["--servers", "bare", "--steps", "20", "--step-duration", "0.25s", "--warmup", "0.05s",
+            "--reps", "2", "--workers", "2", "--host-probe", "0", "--stop-factor", "1e9"]  # fmt: skip
+    try:
+        status = compare.main(argv)
+    finally:
+        compare.stop_all()
+    assert status == 0, capsys.readouterr().err[-2000:]
+    (first, pids), (second, again) = seen
+    assert first is second and first is not None
+    assert len(pids) == 2 and again == pids
+    assert not len(first)  # stopped with the run

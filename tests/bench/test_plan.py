@@ -123,8 +123,8 @@ def test_a_negative_alpha_is_taken_as_zero_with_a_warning_as_tune_takes_it():
     assert (batch["t_batch_exact"], batch["alpha_s"], batch["alpha_given_s"]) == ("3/125", 0, -0.001)
     assert p["steps"][0]["substituted"] == "0 ms + 1.5 ms × 16"
     assert p["warnings"] == [
-        "α = -0.001 s is negative: the linear fit T = α + β·n does not hold at small batches; α is taken as 0 "
-        "(as wok tune takes it), so T_batch at n = 16 is β·n = 0.024 s, not 0.023 s"
+        "α = -0.001 s is negative: the linear fit T = α + β·n does not hold at small batches; α is taken as 0, "
+        "T(n) = β·n (as wok tune takes it): T_batch at n = 16 is β·n = 0.024 s, not 0.023 s"
     ]
     # However negative α is, T = β·n stands; only β·n = 0 is refused.
     assert batch_from_alpha_beta(F(-1, 10), F(1, 1000), F(16)).t_batch_s == F(16, 1000)

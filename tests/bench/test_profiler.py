@@ -973,7 +973,11 @@ def test_cli_refuses_bad_options(argv, message, capsys):
     ("argv", "message"),
     [
         (["recsys", "--int-high", "2000000"], "--int-high 2000000: model 'recsys' failed: RuntimeError: Index"),
-        (["encoder", "--sizes", "fixed:300"], "--sizes fixed:300 and --int-high 256: model 'encoder' failed"),
+        (
+            ["encoder", "--sizes", "fixed:300"],
+            "--sizes fixed:300 and ids below 256 (the rows of the model's smallest embedding table; --int-high to "
+            "change): model 'encoder' failed",
+        ),
     ],
 )
 def test_inputs_the_model_refuses_are_the_options_error(argv, message, capsys):
@@ -1092,17 +1096,16 @@ def test_the_summary_says_which_ids_the_profile_drew_and_why(tmp_path):
         torch.jit.script(module.eval()).save(str(folder / "model.pt"))
         _two_inputs_config(folder, "torchscript", 'model_file = "model.pt"')
     change, own = " (--int-high to change)", "the rows of the smallest embedding table"
+    same = profiler.SAME_WITHOUT_INT_HIGH
     cases = [
-        (bags, (), 10, None, f"by input: input 'ids' in [0, 10), {own} its ids reach{change}; to send the same, "
-         "give wok bench ramp --int-high 10"),
+        (bags, (), 10, None, f"by input: input 'ids' in [0, 10), {own} its ids reach{change}; {same}"),
         (bags, ("--int-high", "7"), 7, "given", "in [0, 7): given by --int-high; to send the same, give wok bench "
          "ramp --int-high 7"),
         (counted, (), 50, "default", f"in [0, 50): the default: no embedding table was found in the model{change}"),
         # A model of float inputs alone draws no integer: nothing is said, and the source is null.
         (linear, (), 50, None, None),
         (two, (), 5, None, f"by input: input 'a' in [0, 9), input 'b' in [0, 5), {own} each one's ids reach{change}; "
-         "wok bench ramp draws every integer input below one --int-high: --int-high 5, the smallest, keeps each "
-         "within its tables"),
+         f"{same}"),
         (mixed, (), 9, "table", f"by input: input 'a' in [0, 9), {own} its ids reach; the others in [0, 9): the rows "
          f"of the model's smallest embedding table{change}; to send the same, give wok bench ramp --int-high 9"),
     ]  # fmt: skip
@@ -1113,6 +1116,27 @@ def test_the_summary_says_which_ids_the_profile_drew_and_why(tmp_path):
     # A document written before int_high_source says nothing it cannot know.
     del doc["config"]["int_high_source"]
     assert _int_high_line(doc) == []
+
+
+def test_a_ramp_with_no_int_high_draws_what_the_profile_drew_by_input(tmp_path, serve_in_thread):
+    """The line told a ramp to give --int-high to send what the profile drew, or that none could (tables of 9 and 5
+    rows): a ramp with no --int-high draws each input below the bound the server publishes, which are the profile's
+    bounds by input (an input hashed into a table, as `b` of the second model, in neither)."""
+    from wok.bench.runner import RampConfig, build_pool
+
+    repo = tmp_path / "repo"
+    for name, module in (("two", _TwoTables()), ("mixed", _TableAndHashed())):
+        (repo / name).mkdir(parents=True)
+        torch.jit.script(module.eval()).save(str(repo / name / "model.pt"))
+        _two_inputs_config(repo / name, "torchscript", 'model_file = "model.pt"')
+    docs = {name: _profiled(repo / name) for name in ("two", "mixed")}
+    assert _int_high_line(docs["two"])[0].endswith(f"; {profiler.SAME_WITHOUT_INT_HIGH}")
+    assert "--int-high 9" in _int_high_line(docs["mixed"])[0]  # `b` drawn below 9 by the profile, 50 by the ramp
+    server = serve_in_thread(models=(), repository=repo)
+    published: dict = {}
+    cfg = RampConfig(target=server.target, models=[("two", 1.0), ("mixed", 1.0)], steps=[10], step_duration_s=1)
+    build_pool(cfg, lambda _: None, None, None, published)
+    assert published == {name: doc["config"]["int_high_by_input"] for name, doc in docs.items()}
 
 
 PYTHON_TABLE = """
@@ -1208,8 +1232,8 @@ def test_the_summary_says_where_an_inputs_datatype_caps_its_ids(tmp_path, dataty
     assert (doc["config"]["int_high_by_input"], doc["config"]["int_high_capped"]) == ({"ids": 300}, {"ids": cap})
     assert _int_high_line(doc) == [
         "integer inputs uniform by input: input 'ids' in [0, 300), the rows of the smallest embedding table its ids "
-        f"reach (--int-high to change); but input 'ids' in [0, {cap}): its datatype holds no larger id; to send the "
-        "same, give wok bench ramp --int-high 300"
+        f"reach (--int-high to change); but input 'ids' in [0, {cap}): its datatype holds no larger id; "
+        f"{profiler.SAME_WITHOUT_INT_HIGH}"
     ]
     # --int-high past the type's range alike; one within it caps nothing.
     assert _profiled(folder, "--int-high", "1000")["config"]["int_high_capped"] == {"ids": cap}
@@ -1228,6 +1252,24 @@ def test_inputs_refused_past_a_table_say_where_a_datatype_capped_them(tmp_path, 
     err = capsys.readouterr().err
     said = "--int-high 1000, input 'ids' below 128 (its datatype holds no larger id): model 'short' failed"
     assert said in err, err
+
+
+class _UnseenTable(torch.nn.Module):
+    """Ids looked up in 10 rows made in forward, no parameter: no table the finder sees; ids drawn below 50."""
+
+    def forward(self, ids):
+        return torch.zeros(10, 4).index_select(0, ids.flatten()).reshape(ids.shape[0], -1)[:, :4]
+
+
+def test_inputs_refused_say_where_the_bound_came_from_when_not_from_int_high(tmp_path, capsys):
+    """The refusal said `--int-high 50`, an option nobody gave: the bound was the default (or a table's rows)."""
+    folder = tmp_path / "repo" / "unseen"
+    _save_model(folder, _UnseenTable(), "torchscript", None, IDS, ("out", "FP32", [4]))
+    fast = ["--batch-sizes", "1,4", "--warmup", "0", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    assert main(["profile", "unseen", "--model-repository", str(folder.parent), *fast]) == 2
+    err = capsys.readouterr().err
+    said = "and ids below 50 (the default: no embedding table was found in the model; --int-high to change): model"
+    assert said in err and "--int-high 50" not in err, err
 
 
 class _WideAndNarrow(torch.nn.Module):
@@ -1257,15 +1299,20 @@ def test_the_ramps_int_high_is_one_that_sends_the_same_where_a_datatype_caps_an_
     assert _int_high_line(doc) == [
         "integer inputs uniform by input: input 'a' in [0, 200), input 'b' in [0, 300), the rows of the smallest "
         "embedding table each one's ids reach (--int-high to change); but input 'b' in [0, 128): its datatype holds "
-        "no larger id; to send the same, give wok bench ramp --int-high 200"
+        f"no larger id; {profiler.SAME_WITHOUT_INT_HIGH}"
     ]
     line = profiler.int_high_line  # the document's cases no model here has
-    config = {"int_high": 50, "int_high_source": None, "int_high_by_input": {"a": 300, "b": 200}}
-    # Both capped at 128: any --int-high from 128 on sends it; the smallest bound the profile drew below is one.
+    # Other inputs drawn below the smallest table's 200 rows, which a ramp with no --int-high draws below 50: one
+    # --int-high is what sends the same. Both capped at 128: any from 128 on does; the bound 200 is one.
+    config = {"int_high": 200, "int_high_source": "table", "int_high_by_input": {"a": 300, "b": 200}}
     assert line({**config, "int_high_capped": {"a": 128, "b": 128}}).endswith(
         "; to send the same, give wok bench ramp --int-high 200"
     )
     # 9 and the cap 128 want different --int-high: none sends the same, 9 keeps every id within its table.
-    assert line({**config, "int_high_by_input": {"a": 9, "b": 300}, "int_high_capped": {"b": 128}}).endswith(
+    config = {**config, "int_high": 9, "int_high_by_input": {"a": 9, "b": 300}, "int_high_capped": {"b": 128}}
+    assert line(config).endswith(
         "; wok bench ramp draws every integer input below one --int-high: --int-high 9 keeps each within its tables"
     )
+    # The others drawn below 50, as the ramp draws them: it sends the same with no --int-high, as with none left.
+    assert line({**config, "int_high": 50}).endswith(f"; {profiler.SAME_WITHOUT_INT_HIGH}")
+    assert line({**config, "int_high_source": None}).endswith(f"; {profiler.SAME_WITHOUT_INT_HIGH}")

@@ -188,3 +188,16 @@ def test_an_int8_input_is_said_drawn_below_its_datatypes_cap_not_past_it(int8_id
     # --int-high past the bound draws below 128 all the same: no id reaches past the table, and no warning says so.
     assert _ramp(int8_ids.target, tmp_path / "r.json", "--int-high", "1000") == 0
     assert "publishes smaller bounds" not in capsys.readouterr().err
+
+
+def test_a_soak_says_the_bounds_it_draws_below_once(ten_rows, tmp_path, capsys):
+    """The capacity ramp and the soak step each built the pool: the line came twice, for one pool."""
+    assert _ramp(ten_rows.target, tmp_path / "r.json", "--soak", "1s", "--soak-window", "0.5s") == 0
+    err = capsys.readouterr().err
+    line = "model 'lookup': integer inputs drawn below the bounds of their ids the server publishes"
+    assert err.count(line) == 1, err
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["soak"]["capacity"]["source"] == "measured"
+    (step,) = doc["steps"]
+    assert step["success_rate"] == 1.0 and step["errors"] == {}, step["errors"]
+    assert doc["config"]["int_high_published"] == {"lookup": {"ids": ROWS}}

@@ -634,7 +634,7 @@ def test_the_device_like_model_takes_alpha_plus_beta_n_through_the_executor():
         (["--default", "32,1e400ms"], "--default: expected a finite duration, got '1e400ms'"),
         (["--tuned", "4,1e400ms"], "--tuned: expected a finite duration, got '1e400ms'"),
         # Refused by the search's SearchConfig (on HEAD: by the simulator), after the profile and calibrations.
-        (["--seed", "-1"], "--seed: expected an integer >= 0, got -1"),
+        (["--seed", "-1"], "--seed: expected an integer >= 0; got -1"),
     ],
 )
 def test_tune_check_refuses_a_bad_value_before_measuring(args, message, monkeypatch, capsys):
@@ -671,7 +671,7 @@ def test_tune_check_stops_at_a_ramp_cut_by_a_signal_and_leaves_it_out(tmp_path, 
     profile.write_text("{}")
     ramps = []
 
-    def ramp(server, cfg, progress):
+    def ramp(server, cfg, progress, processes=None):
         ramps.append(server)
         cut = {"reason": "ramp ended early at step 2 (200 QPS): KeyboardInterrupt", "by_signal": True}
         return {"max_qps_under_slo": 100.0, "knee_qps": None, "interrupted": cut}
@@ -1259,7 +1259,8 @@ def test_a_measured_setting_is_chosen_before_an_extrapolated_one():
     assert result["config_toml"].startswith("# written by wok tune\n")
     assert result["warnings"] == [
         f"max_batch_size 64, delay 0 ms predicts {passed['max_qps']:,.0f} QPS, more than the chosen "
-        f"{chosen['max_qps']:,.0f}, but on batch times extrapolated past the measured sizes (1 to 32): not chosen; "
+        f"{chosen['max_qps']:,.0f}, but on batch times extrapolated past the largest batch the profile measured (32): "
+        "not chosen; "
         "profile batches of 64 to check it, or pass --allow-extrapolated to choose it"
     ]
     allowed = tune(profile, CLOSER, [32, 64], [0.0], default=None, allow_extrapolated=True)

@@ -65,14 +65,14 @@ def _run(tmp_path, monkeypatch, capsys, kept, cut_when, cut) -> tuple[int, dict,
     real = compare.metered_ramp
     seen = []
 
-    def metered_ramp(server, cfg, progress):
+    def metered_ramp(server, cfg, progress, processes=None):
         def said(line: str) -> None:
             progress(line)
             if server.peer.name == TUNED_SERVER and cut_when(line) and not seen:
                 seen.append(line)
                 cut(server)
 
-        return real(server, cfg, said)
+        return real(server, cfg, said, processes)
 
     monkeypatch.setattr(compare, "metered_ramp", metered_ramp)
     out = tmp_path / "run.json"
@@ -125,6 +125,30 @@ def test_a_ramp_cut_by_an_error_is_left_out_of_the_verdict(tmp_path, monkeypatch
     )  # fmt: skip
     _check_left_out(status, doc, table, err, "ramp ended early at 40 QPS: ")
     assert [s["nominal_qps"] for s in doc["runs"][1]["measured"]["steps"]] == [20]
+
+
+def test_the_validation_ramps_run_on_the_same_load_generator_processes(tmp_path, monkeypatch, capsys, kept):
+    """Each ramp started its --workers processes afresh: the run's ramps share one WorkerProcesses (its main's), the
+    default setting's workers kept for the tuned one's ramp and stopped at the end."""
+    real = tune_check.ramp_config
+    handed = []
+
+    def ramp_config(server, steps, args, *rest, **kwargs):
+        processes = getattr(args, "processes", None)
+        handed.append((processes, None if processes is None else [p.pid for p in processes._procs]))
+        return real(server, steps, args, *rest, **kwargs)
+
+    monkeypatch.setattr(tune_check, "ramp_config", ramp_config)
+    during = []
+    status, doc, _, err = _run(
+        tmp_path, monkeypatch, capsys, kept, lambda line: line.startswith("step 1/2: achieved"),
+        lambda server: during.extend(p.pid for p in multiprocessing.active_children()),
+    )  # fmt: skip
+    assert status == 0 and [r["error"] for r in doc["runs"]] == [None, None], err[-2000:]
+    (first, before_default), (second, before_tuned) = handed
+    assert first is second and first is not None and "processes" not in doc["config"]
+    assert before_default == [] and len(before_tuned) == 1 and before_tuned[0] in during
+    assert not len(first)  # stopped with the run
 
 
 def test_a_ramp_whose_server_went_away_is_left_out_of_the_verdict(tmp_path, monkeypatch, capsys, kept):
@@ -244,7 +268,7 @@ def _canned(tmp_path, monkeypatch, ramps, *, calibrate=None, start_server=None, 
     monkeypatch.setattr(tune, "print_table", lambda doc: None)
     monkeypatch.setattr(tune_check, "start_server", start_server or _Stub)
     monkeypatch.setattr(tune_check, "ramp_config", lambda *args, **kwargs: None)
-    monkeypatch.setattr(compare, "metered_ramp", lambda server, cfg, progress: ramps(server))
+    monkeypatch.setattr(compare, "metered_ramp", lambda server, cfg, progress, processes=None: ramps(server))
     monkeypatch.setattr(compare, "stop_all", lambda: None)
     monkeypatch.setattr(tune_check, "predict", lambda *args, **kwargs: {"max_qps_under_slo": 1.0})
     monkeypatch.setattr(tune_check, "compare_steps", lambda *args: [])

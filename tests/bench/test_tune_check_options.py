@@ -55,7 +55,7 @@ def measured(monkeypatch) -> list[str]:
         calls.append(f"server {n},{d:g}")
         return _Stub(n, d, *args, **kwargs)
 
-    def metered_ramp(server, cfg, progress):
+    def metered_ramp(server, cfg, progress, processes=None):
         calls.append("ramp")
         return {"max_qps_under_slo": 100.0, "knee_qps": None, "interrupted": None, "steps": [], "slo_p99_ms": 50.0}
 

@@ -250,8 +250,8 @@ def test_the_searchs_lengths_keep_bare_seconds(monkeypatch, wok_cli):
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("--instances", "0", "--instances: expected an integer ≥ 1; got 0"),
-        ("--iterations", "-1", "--iterations: expected an integer ≥ 0; got -1"),
+        ("--instances", "0", "--instances: expected an integer >= 1; got 0"),
+        ("--iterations", "-1", "--iterations: expected an integer >= 0; got -1"),
         # Past 51 halvings the interval holds no double between its ends (tune.MAX_ITERATIONS).
         (
             "--iterations",
@@ -260,7 +260,7 @@ def test_the_searchs_lengths_keep_bare_seconds(monkeypatch, wok_cli):
             "double between its ends); got 52",
         ),
         # It was refused at the first simulated step, in the simulator's words: "seed must be >= 0; got -1".
-        ("--seed", "-1", "--seed: expected an integer ≥ 0; got -1"),
+        ("--seed", "-1", "--seed: expected an integer >= 0; got -1"),
         ("--tie", "2", "--tie: expected a number in [0, 1); got 2"),
         ("--tie", "-0.5", "--tie: expected a number in [0, 1); got -0.5"),
         ("--tie", "nan", "--tie: expected a number in [0, 1); got nan"),

@@ -33,4 +33,4 @@ def test_counts_below_one_are_refused(capsys):
             assert exc.code == 2
         else:
             raise AssertionError(f"{option} 0 was taken")
-        assert f"{option}: expected an integer >= 1, got 0" in capsys.readouterr().err
+        assert f"{option}: expected an integer >= 1; got 0" in capsys.readouterr().err

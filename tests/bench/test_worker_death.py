@@ -88,6 +88,64 @@ def test_kept_workers_run_each_ramp_afresh_and_a_dead_one_is_replaced(bench_serv
     assert not [c for c in multiprocessing.active_children() if c in kept]
 
 
+def test_a_kept_worker_that_dies_as_a_ramp_looks_at_it_is_replaced(bench_server):
+    """A worker killed just as `take` found it alive (its death not yet reaped) was handed the ramp, and the ramp
+    failed: "bench worker N died as it tried to start". Its pipe, asked, says it is gone: it is replaced."""
+    with WorkerProcesses() as processes:
+        first = _pool(bench_server, 2, processes=processes)
+        first.close()
+        victim = first._procs[1]
+        alive = victim.is_alive
+
+        def alive_then_killed() -> bool:
+            was = alive()
+            if was:
+                os.kill(victim.pid, signal.SIGKILL)  # the death lands right after the look
+            return was
+
+        victim.is_alive = alive_then_killed
+        second = _pool(bench_server, 2, processes=processes)
+        assert second._procs[0] is first._procs[0] and second._procs[1] is not victim
+        assert all(o.codes.tolist() == [OK] * 5 for o in _short_step(second, 2))
+        second.close()
+    assert not victim.is_alive()
+
+
+def test_a_kept_worker_stopped_between_ramps_is_replaced_within_the_ping_timeout(bench_server):
+    """A worker SIGSTOPped between ramps was taken as alive: the next ramp waited START_TIMEOUT_S (60 s) for it to
+    connect, then failed. It does not answer the ramp's ping: killed and replaced within its timeout (5 s)."""
+    with WorkerProcesses() as processes:
+        first = _pool(bench_server, 2, processes=processes)
+        first.close()
+        stopped = first._procs[0]
+        os.kill(stopped.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        second = _pool(bench_server, 2, processes=processes)
+        took = time.monotonic() - t0
+        assert stopped not in second._procs and first._procs[1] in second._procs
+        assert not stopped.is_alive()
+        assert took < 20, took  # the ping's wait, a worker's start and its connect
+        assert all(o.codes.tolist() == [OK] * 5 for o in _short_step(second, 2))
+        second.close()
+
+
+def test_a_ramp_of_fewer_or_more_workers_than_kept_takes_as_many_as_it_asks(bench_server):
+    """The count each ramp asks for is the count it runs on: fewer than kept lends the first ones (the others wait,
+    kept), more starts the difference; each sends its share."""
+    with WorkerProcesses() as processes:
+        two = _pool(bench_server, 2, processes=processes)
+        pids = [p.pid for p in two._procs]
+        two.close()
+        one = _pool(bench_server, 1, processes=processes)
+        assert [p.pid for p in one._procs] == pids[:1] and len(processes) == 2
+        assert [o.codes.tolist() for o in _short_step(one, 1)] == [[OK] * 5]
+        one.close()
+        three = _pool(bench_server, 3, processes=processes)
+        assert [p.pid for p in three._procs][:2] == pids and len(three) == 3
+        assert [o.codes.tolist() for o in _short_step(three, 3)] == [[OK] * 5] * 3
+        three.close()
+
+
 def test_a_worker_killed_mid_step_raises_at_once_not_at_the_end_of_the_step(bench_server, metrics_url):
     workers = _pool(bench_server, 2)
     try:
