@@ -42,7 +42,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from .cliargs import ArgumentParser, one_line
-from .errors import ConfigError, WarmupError, quoted_name
+from .errors import ConfigError, WarmupError, error_line, quoted_name
 from .numerals import digits_note, read_float, read_int
 
 # The demo models `wok serve` serves when --models is not given (server.models.DEMO_MODELS, without
@@ -799,7 +799,14 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
         _say_serving(server, settings)
         await stop.wait()
     _say(f"wok: {stop_signal.name()} received, stopping")
-    await server.stop()
+    status = 0
+    try:
+        await server.stop()
+    except Exception as exc:
+        # Every stage ran and each failure is logged with its traceback: one line here. Left to Python, it printed
+        # the traceback again and skipped the exits below, and a model thread still running then held the exit.
+        _say(f"wok: the stop failed: {one_line(error_line(exc))}")
+        status = 1
     stop_signal.drained = True
     if not serving:
         _say("wok: stopped by a signal before serving")
@@ -813,7 +820,7 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
         _say(f"wok: exiting without freeing the lost device's memory ({server.device_lost})")
         logging.shutdown()
         os._exit(1)
-    return 0
+    return status
 
 
 def _say_serving(server, settings) -> None:

@@ -178,18 +178,26 @@ class Admin:
         return round(perf + self._offset, 6)
 
     async def close(self) -> None:
-        # First: a subscribe() while the ticker's cancellation is awaited would start another.
+        """End the events ticker, the fault timers and the observers on the model instances. Idempotent: a later
+        close (the metrics port's stop after its failed bind, then the server's) returns at once.
+
+        All is undone before its one await, the ticker's end, so that nothing met there leaves it half done: a ticker
+        that had failed (its failure raised once the rest is undone) or a cancellation of the close (raised, where it
+        was swallowed and the close went on as if it had not come)."""
+        if self._closed:
+            return
+        # First: a subscribe() while the ticker's end is awaited would start another.
         self._closed = True
-        if self._ticker is not None:
-            self._ticker.cancel()
-            try:
-                await self._ticker
-            except asyncio.CancelledError:
-                pass
         self.faults.close()
         for rt in self.server.runtimes.values():
             for inst in rt.executor.instances:
                 inst.observer = None
+        ticker, self._ticker = self._ticker, None
+        if ticker is not None:
+            ticker.cancel()
+            await asyncio.wait({ticker})  # the ticker's own outcome is read below, not raised by the wait
+            if not ticker.cancelled() and ticker.exception() is not None:
+                raise ticker.exception()
 
     # -- faults -------------------------------------------------------------------------
     def get_faults(self) -> dict:

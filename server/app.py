@@ -490,14 +490,19 @@ class WokServer:
         drains = {asyncio.ensure_future(rt.batcher.stop()): rt for rt in self.runtimes.values()}
         if drains:
             with step("the batchers' drain"):
-                _, pending = await asyncio.wait(drains, timeout=left())
-                # Read before the cancellation fails what is left.
-                late = [drains[d].batcher for d in pending]
-                # Only what held work: with no grace at all (a failed start) every drain is still pending.
-                left_over = [(b.name, b.queued, b.inflight) for b in late if b.queued or b.inflight]
-                for d in pending:
-                    d.cancel()
-                await asyncio.gather(*drains, return_exceptions=True)
+                left_over = []
+                try:
+                    _, pending = await asyncio.wait(drains, timeout=left())
+                    # Read before the cancellation fails what is left.
+                    late = [drains[d].batcher for d in pending]
+                    # Only what held work: with no grace at all (a failed start) every drain is still pending.
+                    left_over = [(b.name, b.queued, b.inflight) for b in late if b.queued or b.inflight]
+                finally:
+                    # Past the grace period, and as well when this step fails or is cancelled partway: a drain left
+                    # running outlived the stop, its batcher draining on and its requests unanswered.
+                    for d in drains:
+                        d.cancel()
+                    await asyncio.gather(*drains, return_exceptions=True)
                 if left_over:
                     log.warning(
                         "grace period over: %s",

@@ -126,6 +126,8 @@ class ServerProcess:
     log: list[str] = field(default_factory=list)
     # Notified with each line appended to `log` (by the thread that reads the server's stderr).
     lines: threading.Condition = field(default_factory=threading.Condition)
+    # Set once that thread has read stderr to its end: `log` then holds every line the process wrote.
+    log_read: threading.Event = field(default_factory=threading.Event)
 
     @property
     def target(self) -> str:
@@ -180,6 +182,7 @@ def start_server_process(*args: str, timeout: float = 120.0, sighup_ignored: boo
     lines = threading.Condition()
     found: list[re.Match] = []
     ready = threading.Event()
+    log_read = threading.Event()
 
     def pump() -> None:
         for line in proc.stderr:
@@ -190,6 +193,7 @@ def start_server_process(*args: str, timeout: float = 120.0, sighup_ignored: boo
             if m and not found:
                 found.append(m)
                 ready.set()
+        log_read.set()
         ready.set()
 
     threading.Thread(target=pump, daemon=True).start()
@@ -197,7 +201,7 @@ def start_server_process(*args: str, timeout: float = 120.0, sighup_ignored: boo
         proc.kill()
         raise RuntimeError(f"server did not start: {' '.join(cmd)}\n" + "\n".join(log[-40:]))
     m = found[0]
-    return ServerProcess(proc, m.group(2), int(m.group(3)), m.group(1).split(", "), log, lines)
+    return ServerProcess(proc, m.group(2), int(m.group(3)), m.group(1).split(", "), log, lines, log_read)
 
 
 @pytest.fixture(scope="session")

@@ -5,17 +5,23 @@ a metrics port that never bound closes its admin at the stop (`MetricsHTTPServer
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
 from wok.admin import Admin
 from wok.app import WokServer
 from wok.config import server_settings
+from wok.errors import ShuttingDown
+from wok.faults import parse_fault_request
 from wok.http import MetricsHTTPServer
 from wok.repository import ModelRepository
+
+from .conftest import until
 
 FAILED = "failed; the stop goes on"
 
@@ -85,3 +91,95 @@ async def test_a_metrics_port_that_never_bound_closes_its_admin_at_the_stop(gate
         assert admin._closed and all(inst.observer is None for inst in instances(server))
     finally:
         await server.stop(grace=5.0)
+
+
+@pytest.fixture
+async def admin_served(gated_model):
+    """A started server of the gated model with the admin API on its metrics port; stopped at the end."""
+    servable, _ = gated_model(max_batch_size=2, delay_ms=1.0)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=0, admin=True), ModelRepository([servable], "test"))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(grace=5.0)
+
+
+async def test_the_admin_closes_once_what_it_undoes_undone_before_its_ticker_failure_is_raised(
+    admin_served, monkeypatch
+):
+    # The metrics port's stop after a failed bind, then the server's, may close it twice. A ticker that had failed
+    # raised at the first close before the fault timers and the observers were undone, and at every later one again.
+    server = admin_served
+    admin = server.http.admin
+    admin.post_faults({"model": "gated", "mode": "slow", "delay_ms": 1.0, "duration_s": 60.0})
+    assert admin.faults._ends  # the fault's end, a timer on the loop
+
+    def tick() -> dict:
+        raise RuntimeError("test: the tick failed")
+
+    monkeypatch.setattr(admin, "tick", tick)
+    admin.subscribe()
+    await asyncio.wait({admin._ticker})
+    with pytest.raises(RuntimeError, match=r"^test: the tick failed$"):
+        await admin.close()
+    assert not admin.faults._ends and all(inst.observer is None for inst in instances(server))
+    await admin.close()  # once closed, at once: nothing raised again
+    admin.faults.close()  # the fault board's too
+    admin.faults.apply(parse_fault_request({"model": "gated", "mode": "fail", "duration_s": 60.0}, {"gated": 1}))
+    assert not admin.faults._ends  # closed: no timer armed on a loop the server is leaving
+
+
+async def test_an_admin_close_cancelled_while_its_ticker_ends_raises_the_cancellation_with_the_rest_undone(
+    admin_served, monkeypatch
+):
+    server = admin_served
+    admin = server.http.admin
+    cancelled, release = asyncio.Event(), asyncio.Event()
+
+    async def ticks() -> None:  # a ticker slow to end once cancelled
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            await release.wait()
+            raise
+
+    monkeypatch.setattr(admin, "_tick_forever", ticks)
+    admin.subscribe()
+    ticker = admin._ticker
+    closing = asyncio.ensure_future(admin.close())
+    await cancelled.wait()
+    closing.cancel()
+    await asyncio.wait({closing})
+    # Swallowed, the caller's cancellation was lost: its close went on as if it had not come.
+    assert closing.cancelled()
+    assert all(inst.observer is None for inst in instances(server))
+    release.set()
+    await asyncio.wait({ticker})
+    assert ticker.cancelled()
+    await admin.close()  # once closed, at once
+
+
+async def test_a_stop_cancelled_in_the_drain_cancels_the_drains_it_started(gated_model):
+    # Cancellation ended the stop's wait for the drains and left them running: the batcher went on draining (its
+    # batch held in the model), its requests unanswered, past the stop.
+    servable, module = gated_model(max_batch_size=1, delay_ms=5.0, depth=None, enter_when_closed=True)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    await server.start()
+    batcher = server.runtime("gated").batcher
+    try:
+        module.gate.clear()
+        pending = batcher.submit({"INPUT0": np.ones((1, 4), np.float32)}, 1, None, None)
+        assert await asyncio.to_thread(module.entered.wait, 10), "the batch never reached the model"
+        stopping = asyncio.ensure_future(server.stop(grace=30.0))
+        await until(lambda: batcher._stopping)  # its drain has begun: the stop waits for it
+        stopping.cancel()
+        await asyncio.wait({stopping})
+        assert stopping.cancelled()
+        assert batcher._task.done() and pending.future.done()
+        assert isinstance(pending.future.exception(), ShuttingDown), pending.future.exception()
+    finally:
+        module.gate.set()
+        # The steps the cancelled stop left undone (the ports' stops, the executors' shutdown).
+        await server._stop_stages(lambda: 5.0)
