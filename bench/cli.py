@@ -1255,10 +1255,12 @@ def _exit_status(result: dict, args) -> int:
 
 
 def _int_high_text(args) -> str:
-    """The ids a ramp sent, for its refusals: the --int-high given, or the default's bounds."""
+    """The ids a ramp sent, for its refusals: the --int-high given, or the default's bounds. The default, said beside a
+    given one too, is no longer one number: an input whose server publishes a bound of its ids is drawn below it."""
+    default = f"{DEFAULT_INT_HIGH}, or an input's id bound the server publishes"
     if args.int_high is not None:
-        return f"{args.int_high}; default {DEFAULT_INT_HIGH}"
-    return f"not given: {DEFAULT_INT_HIGH}, or an input's id bound the server publishes"
+        return f"{args.int_high}; default {default}"
+    return f"not given: {default}"
 
 
 def add_profile_parser(sub) -> None:

@@ -248,7 +248,8 @@ def _checked(
 
 def published_bounds(config, model: str, say: Callable[[str], None], notes: list[str] | None = None) -> dict[str, int]:
     """By input, the bound of its ids that a wok server publishes in the model's ModelConfig parameters
-    (`wok.ids_bound.<input>`, codec.IDS_BOUND_PREFIX): ids below it reach no embedding table past its rows. A value
+    (`wok.ids_bound.<input>`, codec.IDS_BOUND_PREFIX): ids below it reach no embedding table past its rows (a wok
+    server publishes none for an input some of whose ids it did not follow). A value
     that is not a whole number (no wok server's) is said and left out; 0 (a table of no rows) is taken as 1, as
     `wok profile` takes it: no id is then good, and the requests' refusals say so."""
     from wok.codec import IDS_BOUND_PREFIX

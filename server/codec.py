@@ -38,9 +38,11 @@ MAX_MESSAGE_KEY = "wok-max-message-bytes"
 
 # ModelConfig's `parameters` key, before an input's name, under which a wok server publishes the bound of that
 # integer input's ids (tables.IdRanges.bounds, Servable.id_bounds): ids in [0, N) reach no embedding table past its
-# rows, so a request of them is never refused for its ids (check_ids). KServe's ModelMetadataResponse has no field
-# for it, nor Triton's ModelInput; a Triton client reads the parameters map as any model's. `wok bench ramp` draws
-# such an input below it unless given --int-high. A config's own parameters may not start with "wok." (config.py).
+# rows, so a request of them is never refused for its ids (check_ids). Published only for an input every use of whose
+# ids the load followed: one whose ids also reach a table through arithmetic (`b(ids * 2)`), or an op that may look
+# them up unread, has none, as the rows of the tables followed would not bound it. KServe's ModelMetadataResponse has
+# no field for it, nor Triton's ModelInput; a Triton client reads the parameters map as any model's. `wok bench ramp`
+# draws such an input below it unless given --int-high. A config's own parameters may not start with "wok." (config.py).
 IDS_BOUND_PREFIX = "wok.ids_bound."
 
 

@@ -160,8 +160,8 @@ class Servable:
         by integer input, the rows of the smallest embedding table its every id reaches (tables.id_ranges):
         decode_request refuses a request holding an id outside [0, rows), or [`id_least`, rows) for an input in
         `id_least` (its tables all indexed as `table[ids]`, which counts a negative id from the end). `id_bounds`:
-        by integer input, the rows of the smallest table some of its ids reach (tables.IdRanges.bounds), below
-        which `wok profile` draws its ids."""
+        by integer input every use of whose ids the load followed, the rows of the smallest table some of them reach
+        (tables.IdRanges.bounds), below which `wok profile` draws its ids, published in ModelConfig."""
         self.config = config
         self.dim_ranges = MappingProxyType(dict(dim_ranges or {}))
         self.id_ranges = MappingProxyType(dict(id_ranges or {}))

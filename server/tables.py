@@ -11,10 +11,14 @@ parameter or buffer (a constant, once frozen). It finds two things per input, fo
   device). Unchanged: through ops that keep every value (reshape, view, flatten, a transpose, a cast that loses
   none, a TorchScript branch each of whose ways does). `least` is 0 but where every table is indexed as
   `table[ids]`, which takes a negative id as counted from its end.
-* `bounds`, `wok profile`'s: ids in [0, bound) reach no table outside its rows. Ops that pass on only some of the
-  ids (a slice, a row, an expand, an embedding bag with include_last_offset) and lookups under a condition count
-  here, as the ids drawn below the bound stay below it; they do not for `rows`, where an id the model never looks
-  up would be refused.
+* `bounds`, `wok profile`'s and the one ModelConfig publishes: ids in [0, bound) reach no table outside its rows.
+  Ops that pass on only some of the ids (a slice, a row, an expand, an embedding bag with include_last_offset) and
+  lookups under a condition count here, as the ids drawn below the bound stay below it; they do not for `rows`,
+  where an id the model never looks up would be refused. An input has a bound only where every way it is used is
+  followed: where its ids, or values made of them, also reach a table any other way (below), a table whose rows
+  cannot be read, or an op that may read them as positions in something wok does not size (`_NO_LOOKUP` lists the
+  ops that cannot), the bound of the tables found would be a guess: `a(ids) + b(ids * 2)` holds ids below a's 100
+  rows past b's 150 from 75 on. `rows` stands there: every id still reaches its table, which fails past it.
 
 Where an input reaches a table any other way (arithmetic on it, a narrowing cast, an op not known, a function of the
 model's own whatever its name), nothing is guessed: it is not checked, and `unclear` says why.
@@ -23,6 +27,7 @@ model's own whatever its name), nothing is guessed: it is not checked, and `uncl
 from __future__ import annotations
 
 import copy
+import math
 import operator
 import threading
 from dataclasses import dataclass, field
@@ -54,6 +59,43 @@ _FX_KEEPS = frozenset(op.removeprefix("aten::") for op in _KEEPS)
 _FX_INDEX = frozenset({"__getitem__", "getitem"})
 _FX_PARTS = frozenset({*(op.removeprefix("aten::") for op in _PARTS), *_FX_INDEX, "index_select"})
 _FX_CASTS = {"long": torch.int64, "int": torch.int32, "to": None}
+# Ops that read no value of their inputs as a position in another tensor (arithmetic, comparisons, casts, reductions,
+# a size, a new tensor, a container), by their names in TorchScript and torch.export graphs (less aten::/prim::) and
+# as torch.fx sees them called (torch's and python's operators): values made of an input's ids through them are
+# followed to any table they reach (`_Walk.lookup`: not checked). Through any other op (a function of the model's
+# own, a custom op, a gather, a scatter, a computed tensor indexed by them) they may reach rows wok does not size,
+# and the input has no bound (`_Walk.unbounded`).
+_NO_LOOKUP = frozenset(
+    op
+    for ops in (
+        "add sub rsub mul div true_divide floor_divide remainder fmod pow neg negative abs sign",
+        "clamp clamp_min clamp_max clip minimum maximum floor ceil round trunc",
+        "sqrt rsqrt exp log log1p log2 reciprocal square",
+        "bitwise_and bitwise_or bitwise_xor bitwise_not bitwise_left_shift bitwise_right_shift",
+        "__and__ __or__ __xor__ __invert__ __lshift__ __rshift__ __not__ __iand__ __ior__ __ixor__",
+        "eq ne lt le gt ge logical_and logical_or logical_not logical_xor isin where masked_fill",
+        "sum mean max min amax amin argmax argmin prod any all count_nonzero cumsum",
+        "size sym_size sym_numel sym_stride sym_storage_offset numel dim len stride is_floating_point",
+        "dtype device layout shape Int Float Bool ScalarImplicit NumToTensor item",
+        "zeros_like ones_like full_like empty_like new_zeros new_ones new_full new_empty arange zeros ones full empty",
+        "to _to_copy long int float double half bfloat16 bool type_as cpu cuda",
+        "ListConstruct TupleConstruct ListUnpack TupleUnpack TupleIndex cat concat concatenate stack",
+        "float_power linear matmul mm bmm addmm relu sigmoid tanh softmax log_softmax",
+        "truediv floordiv mod and_ or_ xor invert getattr",
+        "slice select narrow expand expand_as getitem __getitem__",
+        "format str __is__ __isnot__ __contains__ RaiseException warn Uninitialized unchecked_cast isinstance",
+        "_assert _assert_async _assert_scalar _assert_tensor_metadata sym_constrain_range sym_constrain_range_for_size",
+    )
+    for op in ops.split()
+)  # fmt: skip
+# Ops that read an input's shape alone, not its ids: what they make (`arange(ids.size(1))`, positions) holds none.
+_SHAPES = frozenset({"size", "sym_size", "sym_numel", "sym_stride", "numel", "dim", "len", "stride", "dtype", "device"})
+# The attributes of a tensor that torch.fx reads with getattr and that hold none of its values.
+_FX_SHAPES = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout"})
+# Of _NO_LOOKUP's ops, those whose result is a mask (`table[mask]` takes no position from it).
+_COMPARES = frozenset(
+    {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor", "isin"}
+)
 # Why an embedding bag may look up only some ids (include_last_offset: those after the last offset are not read).
 _LAST_OFFSET = "which reads no id after its last offset (include_last_offset)"
 
@@ -102,6 +144,13 @@ def _keeps_values(have: torch.dtype, want: torch.dtype | None) -> bool:
     return torch.iinfo(want).min <= torch.iinfo(have).min and torch.iinfo(have).max <= torch.iinfo(want).max
 
 
+def _most(dtype: torch.dtype) -> int:
+    """The largest value of an integer dtype; -1 for any other, which holds no id."""
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return -1
+    return torch.iinfo(dtype).max
+
+
 def _rows_of(table, embedding: bool = True) -> int | None:
     """The rows of a table: a 2-D tensor's for an embedding op, any tensor's first dim for an index."""
     if not isinstance(table, torch.Tensor) or table.dim() < 1 or (embedding and table.dim() != 2):
@@ -128,15 +177,36 @@ class IdRanges:
         return "; ".join(parts)
 
 
+def _bare(op: str) -> str:
+    """An op's name as `_NO_LOOKUP` lists it: aten's and prim's without their namespace (another's, a custom op's,
+    kept, so that none is taken for torch's), an in-place op's without its trailing `_`."""
+    for space in ("aten::", "prim::"):
+        op = op.removeprefix(space)
+    if "::" in op:
+        return op
+    return op[:-1] if op.endswith("_") and not op.endswith("__") else op
+
+
 class _Walk:
     """The values of one graph that hold an input's ids (`ids`: value → (input, dtype, the op that passed on only
     some of them, '' where none did)), those derived from an input otherwise (`mixed`: value → {input: the op that
-    changed it}), and what reached a table."""
+    changed it}), the masks among them (`masks`), those in [0, n) whatever the ids (`within`: value → n, made by
+    `% n`), what reached a table, and the inputs whose bound is not known (`unbounded`: input → why, module
+    docstring)."""
 
     def __init__(self) -> None:
         self.ids: dict = {}
         self.mixed: dict = {}
+        self.masks: set = set()
+        self.within: dict = {}
+        self.unbounded: dict[str, str] = {}
         self.found = IdRanges()
+
+    def finished(self) -> IdRanges:
+        """What was found, `bounds` left without the inputs of `unbounded`: the one place that rule is kept."""
+        for name in self.unbounded:
+            self.found.bounds.pop(name, None)
+        return self.found
 
     def inputs_of(self, value) -> dict[str, str]:
         """The inputs `value` is derived from, each with how ('' where it holds the ids, all or some)."""
@@ -147,9 +217,13 @@ class _Walk:
     def dtype_of(self, value) -> torch.dtype | None:
         return self.ids[value][1] if value in self.ids else None
 
-    def derive(self, outs, ins, via: str, restate: bool = False) -> None:
+    def derive(self, outs, ins, via: str, restate: bool = False, reads: bool | None = None) -> None:
         """`outs`, made by op `via` from `ins`: derived from each input any of `ins` is, not as ids (`restate`:
-        said to be through `via`, not what made `ins`)."""
+        said to be through `via`, not what made `ins`). `reads`: whether `via` may read `ins`' values as positions
+        where wok does not follow them, which leaves their inputs without a bound; None: unless it is in
+        `_NO_LOOKUP`."""
+        if _bare(via) in _SHAPES:
+            return
         merged: dict[str, str] = {}
         for v in ins:
             for name, how in self.inputs_of(v).items():
@@ -157,6 +231,25 @@ class _Walk:
         if merged:
             for o in outs:
                 self.mixed[o] = merged
+            if _bare(via) in _COMPARES:
+                self.masks.update(outs)
+            if reads or (reads is None and _bare(via) not in _NO_LOOKUP):
+                for name in merged:
+                    self.unbounded.setdefault(name, f"its ids reach {via}, which wok does not follow")
+
+    def remainder(self, out, divisor) -> None:
+        """`out` is a value `% divisor`: in [0, divisor) whatever the ids, for a positive whole divisor (torch's
+        remainder takes the divisor's sign)."""
+        if isinstance(divisor, int) and not isinstance(divisor, bool) and divisor > 0:
+            self.within[out] = divisor
+
+    def positions(self, outs, index, via: str) -> None:
+        """`outs`, rows of a tensor wok does not size (a computed one, or along another dim) taken by op `via` at the
+        values `index`; a mask among them takes no position."""
+        self.derive(outs, index, via, reads=False)
+        for v in index:
+            if v not in self.masks and self.dtype_of(v) not in _MASKS:
+                self.derive([], [v], via, reads=True)
 
     def keep(self, out, src, want: torch.dtype | None = None, via: str = "", part: bool = False) -> None:
         """`out` holds `src`'s values (`part`: some of them): ids stay ids, where a cast to `want` loses none."""
@@ -164,7 +257,10 @@ class _Walk:
             name, have, taken = self.ids[src]
             self.ids[out] = (name, want or have, taken or (via if part else ""))
         else:
-            self.derive([out], [src], via)
+            self.derive([out], [src], via, reads=False)
+            n = self.within.get(src)
+            if n is not None and (want is None or n - 1 <= _most(want)):
+                self.within[out] = n
 
     def alias(self, out, src) -> None:
         """`out` is `src` (a branch always taken returns it)."""
@@ -181,10 +277,15 @@ class _Walk:
         for name, how in self.inputs_of(index).items():
             taken = self.ids[index][2] if index in self.ids else ""
             if how:
-                self.found.unclear.setdefault(name, f"it reaches {what} through {how}, which wok does not follow")
+                why = f"it reaches {what} through {how}, which wok does not follow"
+                self.found.unclear.setdefault(name, why)
+                if rows is None or self.within.get(index, rows + 1) > rows:  # `ids % n` stays within n rows
+                    self.unbounded.setdefault(name, why)
                 continue
             if rows is None:
-                self.found.unclear.setdefault(name, f"it reaches {what}, whose table's rows cannot be read")
+                why = f"it reaches {what}, whose table's rows cannot be read"
+                self.found.unclear.setdefault(name, why)
+                self.unbounded.setdefault(name, why)
                 continue
             self.found.bounds[name] = min(rows, self.found.bounds.get(name, rows))
             if taken:
@@ -211,7 +312,7 @@ def id_ranges(model, order: list[str], dtypes: dict[str, torch.dtype]) -> IdRang
         _walk_script(walk, model, order, dtypes)
     else:
         _walk_python(walk, model, order, dtypes)
-    return walk.found
+    return walk.finished()
 
 
 # -- torch.export ------------------------------------------------------------------------------------------------
@@ -240,30 +341,44 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
         if op in EMBEDDING_SCHEMAS and len(node.args) > 1:
             partial = "" if _schema_arg(node, "include_last_offset") in (None, False) else _LAST_OFFSET
             walk.lookup(node.args[1], _looked_up_rows(node), op, partial=partial)
-            walk.derive([node], [a for a in ins if a is not node.args[1]], op)
+            walk.derive([node], [a for a in ins if a is not node.args[1]], op, reads=False)
         elif op == _INDEX_SELECT and len(node.args) == 3 and node.args[1] == 0 and table(node.args[0]) is not None:
             walk.lookup(node.args[2], _rows_of(table(node.args[0]), embedding=False), f"{op} of a parameter")
-            walk.derive([node], [a for a in ins if a is not node.args[2]], op)
+            walk.derive([node], [a for a in ins if a is not node.args[2]], op, reads=False)
         elif op == _INDEX and len(node.args) == 2 and table(node.args[0]) is not None and _one_index(node.args[1]):
             index = node.args[1][0]
             val = index.meta.get("val")
             if isinstance(val, torch.Tensor) and val.dtype in _MASKS:
-                walk.derive([node], ins, op)
+                walk.derive([node], ins, op, reads=False)
                 continue
             rows = _rows_of(table(node.args[0]), embedding=False)
             walk.lookup(index, rows, f"{op} (table[ids]) of a parameter", wraps=True)
-            walk.derive([node], [a for a in ins if a is not index], op)
+            walk.derive([node], [a for a in ins if a is not index], op, reads=False)
         elif op in _KEEPS and node.args:
             walk.keep(node, node.args[0], via=op)
-            walk.derive([node], ins[1:], op)
-        elif (op in _PARTS or op in (_INDEX, _INDEX_SELECT)) and node.args:
+            walk.derive([node], ins[1:], op, reads=False)
+        elif op in (_INDEX, _INDEX_SELECT) and node.args:
             walk.keep(node, node.args[0], via=op, part=True)
-            walk.derive([node], ins[1:], op)
+            index = node.args[1] if op == _INDEX else node.args[2:3]
+            masks = [i for i in index if isinstance(i, torch.fx.Node) and _fx_val_dtype(i) in _MASKS]
+            walk.masks.update(masks)
+            walk.positions([node], [a for a in ins[1:] if a is not node.args[0]], op)
+        elif op in _PARTS and node.args:
+            walk.keep(node, node.args[0], via=op, part=True)
+            walk.derive([node], ins[1:], op, reads=False)
         elif op in _CASTS and node.args:
             val = node.meta.get("val")
             walk.keep(node, node.args[0], val.dtype if isinstance(val, torch.Tensor) else torch.float32, op)
         else:
             walk.derive([node], ins, op)
+            if op == "aten::remainder" and len(node.args) == 2:
+                walk.remainder(node, node.args[1])
+
+
+def _fx_val_dtype(node) -> torch.dtype | None:
+    """The dtype of a torch.export graph's value, where its trace kept it."""
+    val = getattr(node, "meta", {}).get("val")
+    return val.dtype if isinstance(val, torch.Tensor) else None
 
 
 def _schema_arg(node, name: str):
@@ -381,31 +496,39 @@ class _Script:
                 blocks = list(node.blocks())
                 for block in blocks:
                     self.nodes(block.nodes(), conditional or kind)
-                walk.derive(outs, ins + _inner(blocks), kind, restate=True)
+                walk.derive(outs, ins + _inner(blocks), kind, restate=True, reads=False)
             elif kind in EMBEDDING_SCHEMAS:
                 partial = "" if self.last_offset(node) is False else _LAST_OFFSET
                 walk.lookup(ins[1], _rows_of(self.object(ins[0])), kind, conditional, partial=partial)
-                walk.derive(outs, ins[2:], kind)
+                walk.derive(outs, ins[2:], kind, reads=False)
             elif kind == _INDEX_SELECT and self.constant(ins[1]) == 0 and isinstance(self.object(ins[0]), torch.Tensor):
                 rows = _rows_of(self.object(ins[0]), embedding=False)
                 walk.lookup(ins[2], rows, f"{kind} of a parameter", conditional)
-                walk.derive(outs, ins[:2], kind)
+                walk.derive(outs, ins[:2], kind, reads=False)
             elif kind == _INDEX and isinstance(self.object(ins[0]), torch.Tensor) and self._one_index(ins[1]):
                 index = ins[1].node().inputsAt(0)
                 if walk.dtype_of(index) in _MASKS:
-                    walk.derive(outs, ins, kind)
+                    walk.derive(outs, ins, kind, reads=False)
                     continue
                 rows = _rows_of(self.object(ins[0]), embedding=False)
                 walk.lookup(index, rows, f"{kind} (table[ids]) of a parameter", conditional, wraps=True)
             elif kind in _KEEPS:
                 walk.keep(outs[0], ins[0], via=kind)
-            elif kind in _PARTS or kind in (_INDEX, _INDEX_SELECT):
+            elif kind in (_INDEX, _INDEX_SELECT):
                 walk.keep(outs[0], ins[0], via=kind, part=True)
-                walk.derive(outs, ins[1:], kind)
+                listed = ins[1].node()
+                index = list(listed.inputs()) if listed.kind() == "prim::ListConstruct" else ins[1:]
+                walk.derive(outs, ins[1:], kind, reads=False)
+                walk.positions(outs, index, kind)
+            elif kind in _PARTS:
+                walk.keep(outs[0], ins[0], via=kind, part=True)
+                walk.derive(outs, ins[1:], kind, reads=False)
             elif kind in _CASTS:
                 walk.keep(outs[0], ins[0], _script_dtype(node), kind)
             else:
                 walk.derive(outs, ins, kind)
+                if kind == "aten::remainder" and len(ins) == 2:
+                    walk.remainder(outs[0], self.constant(ins[1]))
 
     def last_offset(self, node):
         """An embedding op's include_last_offset: False where it has none; _UNKNOWN where not known at load
@@ -444,7 +567,7 @@ class _Script:
             if all(w is not None for w in ways) and len({w[:2] for w in ways}) == 1:
                 walk.ids[out] = (*ways[0][:2], next((w[2] for w in ways if w[2]), ""))
             else:
-                walk.derive([out], ins + inner, "prim::If", restate=True)
+                walk.derive([out], ins + inner, "prim::If", restate=True, reads=False)
 
 
 def _inner(blocks) -> list:
@@ -527,16 +650,17 @@ def _fx_module_call(walk: _Walk, traced: torch.fx.GraphModule, node, scripts: li
         out = next(iter(script.graph.outputs()))
         walk.alias(node, out)
         if node not in walk.ids and node not in walk.mixed:
-            walk.derive([node], ins, type(sub).__name__)
+            walk.derive([node], ins, type(sub).__name__, reads=False)
         return
     rows = table_rows(sub) if isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag)) else []
     index = node.args[0] if node.args else node.kwargs.get("input")
     if rows and index is not None:
         partial = _LAST_OFFSET if getattr(sub, "include_last_offset", False) else ""
         walk.lookup(index, rows[0], f"the {type(sub).__name__} module", partial=partial)
-        walk.derive([node], [a for a in ins if a is not index], type(sub).__name__)
+        walk.derive([node], [a for a in ins if a is not index], type(sub).__name__, reads=False)
     else:
-        walk.derive([node], ins, type(sub).__name__)
+        # A leaf of torch.nn whose code is not read (a quantized embedding's): it may look its inputs up.
+        walk.derive([node], ins, type(sub).__name__, reads=True)
 
 
 def _fx_op(node) -> str | None:
@@ -569,10 +693,10 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
             last = args[9] if len(args) > 9 else node.kwargs.get("include_last_offset", False)
             partial = "" if last is False else _LAST_OFFSET
         walk.lookup(index, _rows_of(_fx_tensor(traced, table)), f"F.{shown}", partial=partial)
-        walk.derive([node], [a for a in ins if a is not index], shown)
+        walk.derive([node], [a for a in ins if a is not index], shown, reads=False)
     elif name == "index_select" and len(args) == 3 and args[1] == 0 and _fx_tensor(traced, args[0]) is not None:
         walk.lookup(args[2], _rows_of(_fx_tensor(traced, args[0]), embedding=False), "index_select of a parameter")
-        walk.derive([node], [a for a in ins if a is not args[2]], name)
+        walk.derive([node], [a for a in ins if a is not args[2]], name, reads=False)
     elif (
         name in _FX_INDEX
         and len(args) == 2
@@ -580,20 +704,44 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
         and isinstance(args[1], torch.fx.Node)
     ):
         if walk.dtype_of(args[1]) in _MASKS:
-            walk.derive([node], ins, name)
+            walk.derive([node], ins, name, reads=False)
             return
         table = _fx_tensor(traced, args[0])
         walk.lookup(args[1], _rows_of(table, embedding=False), "table[ids] of a parameter", wraps=True)
     elif name in _FX_KEEPS and args:
         walk.keep(node, args[0], via=name)
-        walk.derive([node], ins[1:], name)
+        walk.derive([node], ins[1:], name, reads=False)
     elif name in _FX_PARTS and args:
         walk.keep(node, args[0], via=name, part=True)
-        walk.derive([node], ins[1:], name)
+        walk.derive([node], ins[1:], name, reads=False)
+        if name in _FX_INDEX or name == "index_select":
+            walk.positions([node], _fx_positions(args[1] if name in _FX_INDEX else args[2:3]), name)
     elif node.op == "call_method" and name in _FX_CASTS and args:
         walk.keep(node, args[0], _fx_dtype(node, _FX_CASTS[name]), name)
+    elif target is getattr and len(args) == 2 and args[1] in _FX_SHAPES:
+        return  # `ids.shape`: none of its ids
     else:
-        walk.derive([node], ins, shown)
+        # A function not torch's nor python's operator (the model's own) is never taken for one of _NO_LOOKUP's.
+        known = name is not None or _py_operator(target)
+        walk.derive([node], ins, shown, reads=None if known else True)
+        if (target is operator.mod or name == "remainder") and len(args) == 2:
+            walk.remainder(node, args[1])
+
+
+def _py_operator(target) -> bool:
+    """Whether an fx node's function is python's own: an operator (`ids != 0`, `ids * 2`), getattr (`ids.shape`) or
+    one of math's, which torch.fx wraps (`sqrt(ids.size(-1))`)."""
+    name = getattr(target, "__name__", "")
+    return target is getattr or any(getattr(ns, name, None) is target for ns in (operator, math))
+
+
+def _fx_positions(index) -> list:
+    """The nodes `x[index]` takes positions at: the index itself, or a tuple's tensors (a slice's ends clamp)."""
+    if isinstance(index, torch.fx.Node):
+        return [index]
+    if isinstance(index, (tuple, list)):
+        return [i for i in index if isinstance(i, torch.fx.Node)]
+    return []
 
 
 class _NotTraced(Exception):
@@ -607,7 +755,9 @@ class _OwnThreadTracer(torch.fx.Tracer):
     as if nothing were patched. Two things of the trace still reach every thread while it runs: the functions it
     wraps (math's, those of torch.fx.wrap) answer as before for values that are not its proxies, and
     torch.fx's is_fx_tracing() is True (torch.nested.nested_tensor_from_jagged refuses; a torch.compile'd function
-    runs uncompiled). A TorchScript submodule is a leaf: torch.fx cannot trace into it; `_fx_module_call` walks it."""
+    runs uncompiled). A TorchScript submodule is a leaf: torch.fx cannot trace into it; `_fx_module_call` walks it.
+    Two traces at once in two threads are not kept apart: the second runs under the first's patched __call__, which
+    takes it for another thread's, and its model is left unchecked; wok loads its models one after another."""
 
     def __init__(self) -> None:
         self._thread = threading.get_ident()

@@ -118,9 +118,55 @@ def test_int_high_given_draws_below_it_said_where_it_passes_the_published_bound(
         "warning: --int-high 50: the server of model 'lookup' publishes smaller bounds of ids: input 'ids' in [0, "
         f"{ROWS}); a request holding an id past one may be refused INVALID_ARGUMENT, or fail its model"
     ) in err
-    assert "--int-high (50; default 50) against the model" in err
+    # The default is no longer 50 alone: the ramp draws an input below the bound its server publishes.
+    assert "--int-high (50; default 50, or an input's id bound the server publishes) against the model" in err
     doc = json.loads((tmp_path / "r.json").read_text())
     assert (doc["config"]["int_high_given"], doc["config"]["int_high_published"]) == (True, {"lookup": {}})
+
+
+TWO_TABLES_MODEL = """
+import torch
+from torch import nn
+
+
+class Lookup(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4)
+        self.b = nn.Embedding(150, 4)
+
+    def forward(self, ids, other):
+        return (self.a(ids) + self.b(ids * 2) + self.a(other)).sum(1)
+"""
+# CONFIG's model of two integer inputs, 'ids' and 'other'.
+TWO_TABLES_CONFIG = CONFIG.replace('name = "dense"\ndatatype = "FP32"', 'name = "other"\ndatatype = "INT64"').replace(
+    "dims = [4]", "dims = [16]", 1
+)
+
+
+def test_an_input_that_also_reaches_a_table_through_an_op_not_followed_has_no_published_bound(
+    tmp_path, serve_in_thread
+):
+    """'ids' reaches a table of 100 rows as it is and one of 150 doubled: 100 was published, and a ramp's ids from
+    75 on failed the model. 'other' reaches the first alone: its bound is published. A request's ids past 100 are
+    still refused (every id reaches that table)."""
+    import grpc
+    import numpy as np
+
+    from wok.codec import encode_request
+    from wok.v2pb import grpc_service_pb2 as pb
+    from wok.v2pb import grpc_service_pb2_grpc as pb_grpc
+
+    assert 'name = "other"' in TWO_TABLES_CONFIG and "dense" not in TWO_TABLES_CONFIG, TWO_TABLES_CONFIG
+    served = _lookup(tmp_path, serve_in_thread, TWO_TABLES_MODEL, TWO_TABLES_CONFIG)
+    with grpc.insecure_channel(served.target) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        config = stub.ModelConfig(pb.ModelConfigRequest(name="lookup"), timeout=30).config
+        assert {k: v.string_value for k, v in config.parameters.items()} == {"wok.ids_bound.other": "100"}
+        ids = np.full((1, 16), 100, np.int64)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(encode_request("lookup", {"ids": ids, "other": ids * 0}), timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
 
 
 def test_a_published_bound_that_is_no_whole_number_is_said_and_left_out():

@@ -187,7 +187,8 @@ def test_a_step_the_model_failed_on_every_request_fails_the_ramp_naming_int_high
     assert _exit_status({"steps": [step], "max_qps_under_slo": None}, args) == BAD_REQUESTS
     assert capsys.readouterr().err == (
         f"wok bench: the model failed every request at 3 QPS (INTERNAL: {detail}); not a capacity result: check "
-        "the model, and --int-high (50; default 50) against its embedding tables\n"
+        "the model, and --int-high (50; default 50, or an input's id bound the server publishes) against its "
+        "embedding tables\n"
     )
     assert analysis.failed_by_model(step) == f"INTERNAL: {detail}"
     # One request answered, or one refused for load: the server ran the model, so the step is measured.
