@@ -572,33 +572,39 @@ class WorkerProcesses:
         """Kill and forget each kept worker that does not answer PING within PING_TIMEOUT_S: one that died (a
         death as it was asked reads as EOF: `is_alive` alone let one that died just after it through, and the
         ramp failed as that worker "died as it tried to start") or was stopped between ramps (it never answers:
-        the ramp waited START_TIMEOUT_S for it to connect, then failed). All asked at once."""
-        asked = []
-        for c, p in zip(self._conns, self._procs):
-            if not p.is_alive():
-                continue
-            try:
-                c.send(PING)
-                asked.append(c)
-            except OSError:  # its end closed: dead
-                pass
+        the ramp waited START_TIMEOUT_S for it to connect, then failed). All asked at once.
+
+        However the wait ends (a Ctrl-C in it too), each one not answered goes: kept, its answer came later, unread,
+        and the next ramp's take read it for its own ping, the pool that ping's answer for the worker's "ready", and
+        the step the "ready" for its outcome."""
         answered = set()
-        deadline = time.monotonic() + PING_TIMEOUT_S
-        waiting = set(asked)
-        while waiting and (left := deadline - time.monotonic()) > 0:
-            for c in mp_connection.wait(list(waiting), left):
-                waiting.discard(c)
+        try:
+            asked = []
+            for c, p in zip(self._conns, self._procs):
+                if not p.is_alive():
+                    continue
                 try:
-                    if c.recv() == PING:
-                        answered.add(c)
-                except (EOFError, OSError):
+                    c.send(PING)
+                    asked.append(c)
+                except OSError:  # its end closed: dead
                     pass
-        for c, p in [(c, p) for c, p in zip(self._conns, self._procs) if c not in answered]:
-            p.kill()  # not terminate(): a stopped worker holds SIGTERM pending
-            p.join(10)
-            c.close()
-            self._conns.remove(c)
-            self._procs.remove(p)
+            deadline = time.monotonic() + PING_TIMEOUT_S
+            waiting = set(asked)
+            while waiting and (left := deadline - time.monotonic()) > 0:
+                for c in mp_connection.wait(list(waiting), left):
+                    waiting.discard(c)
+                    try:
+                        if c.recv() == PING:
+                            answered.add(c)
+                    except (EOFError, OSError):
+                        pass
+        finally:
+            for c, p in [(c, p) for c, p in zip(self._conns, self._procs) if c not in answered]:
+                p.kill()  # not terminate(): a stopped worker holds SIGTERM pending
+                p.join(10)
+                c.close()
+                self._conns.remove(c)
+                self._procs.remove(p)
 
     def give_back(self) -> None:
         self._lent = False

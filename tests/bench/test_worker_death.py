@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -126,6 +127,50 @@ def test_a_kept_worker_stopped_between_ramps_is_replaced_within_the_ping_timeout
         assert not stopped.is_alive()
         assert took < 20, took  # the ping's wait, a worker's start and its connect
         assert all(o.codes.tolist() == [OK] * 5 for o in _short_step(second, 2))
+        second.close()
+
+
+def _in_ping_wait(thread_id: int) -> bool:
+    """Whether thread `thread_id` waits for a kept worker's answer to its ping (`WorkerProcesses.take`)."""
+    frame, names = sys._current_frames().get(thread_id), set()
+    while frame is not None:
+        names.add(frame.f_code.co_name)
+        frame = frame.f_back
+    return {"_drop_unanswering", "wait"} <= names
+
+
+def test_a_take_cut_as_it_waits_for_a_ping_leaves_no_answer_for_the_next_ramp(bench_server):
+    """A Ctrl-C as `take` waited for a kept worker's answer left the worker kept and its answer unread: the next
+    ramp's take read that answer for its own ping, its pool the second answer for the worker's "ready", and the step
+    the "ready" for its outcome (AttributeError: 'str' object has no attribute 'balancer'). A worker whose answer
+    was not read is killed, however the wait ends."""
+    main = threading.main_thread().ident
+    with WorkerProcesses() as processes:
+        first = _pool(bench_server, 1, processes=processes)
+        first.close()
+        (slow,) = first._procs
+        os.kill(slow.pid, signal.SIGSTOP)  # it answers only once continued, after the take stopped waiting
+
+        def interrupt() -> None:
+            deadline = time.monotonic() + 30  # no ping wait seen: no signal, and pytest.raises fails
+            while not _in_ping_wait(main):
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.01)
+            signal.pthread_kill(main, signal.SIGINT)
+
+        interrupter = threading.Thread(target=interrupt)
+        interrupter.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                _pool(bench_server, 1, processes=processes)
+        finally:
+            interrupter.join()
+            if slow.is_alive():
+                os.kill(slow.pid, signal.SIGCONT)
+        second = _pool(bench_server, 1, processes=processes)
+        assert [o.codes.tolist() for o in _short_step(second, 1)] == [[OK] * 5]
+        assert second._procs[0] is not slow and not slow.is_alive()
         second.close()
 
 
