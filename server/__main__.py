@@ -788,10 +788,10 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
                 starting.result()  # what the start met before the cancellation landed
     except (ConfigError, WarmupError):
         # The message names the model's config file: a config error (exit 2), not a failed start.
-        await server.stop(grace=0)
+        await _stop_after_failed_start(server)
         raise
     except Exception as exc:
-        await server.stop(grace=0)
+        await _stop_after_failed_start(server)
         raise StartError(f"cannot start: {exc}") from exc
     # Not when the signal came during the start: it stops before the ready line.
     serving = not stop.is_set()
@@ -821,6 +821,16 @@ async def _serve(args, stop_signal: _StopSignal) -> int:
         logging.shutdown()
         os._exit(1)
     return status
+
+
+async def _stop_after_failed_start(server) -> None:
+    """Stop a server whose start failed; a failure of that stop is one line, the start's error staying the one
+    raised. Raised, the stop's error replaced it: the traceback of the stop's stage, logged already, printed again
+    by Python, and never the line saying why the start failed (nor its exit status 2 for a config error)."""
+    try:
+        await server.stop(grace=0)
+    except Exception as exc:
+        _say(f"wok: the stop failed: {one_line(error_line(exc))}")
 
 
 def _say_serving(server, settings) -> None:

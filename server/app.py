@@ -17,8 +17,8 @@ request gets exactly one response either way.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
+import inspect
 import logging
 import threading
 import time
@@ -170,6 +170,11 @@ class WokServer:
         # Counts the ModelInfer calls that end before their handler runs (metrics on only).
         self.unhandled: UnhandledCalls | None = None
         self._stopped: asyncio.Event | None = None
+        # One stop runs the steps at a time; those it ran to their end (or failure), and its failures: a stop
+        # cancelled partway leaves the others to the next (_stop_stages).
+        self._stop_lock = asyncio.Lock()
+        self._stop_done: set[str] = set()
+        self._stop_failures: list[Exception] = []
         self.loop_lag: LoopLagMonitor | None = None
         self.accept: AcceptTasks | None = None
         self.wakeup_drain: WakeupDrain | None = None
@@ -437,142 +442,173 @@ class WokServer:
         return options
 
     async def stop(self, grace: float | None = None) -> None:
-        """Stop in stages within `grace` seconds (the settings' grace period by default)."""
+        """Stop in stages within `grace` seconds (the settings' grace period by default).
+
+        A stop cancelled partway (its drain then fails what is left, as past the grace period) leaves the steps it
+        did not finish to the next stop(), which runs them within its own grace; one called meanwhile waits for it,
+        and takes over if it is cancelled. Once a stop has returned or raised, a later one returns at once."""
         if self._stopped is None:
             self._stopped = asyncio.Event()
-        if self.draining:
-            await self._stopped.wait()
-            return
-        grace = self.settings.grace_period_s if grace is None else grace
-        deadline = time.monotonic() + grace
+        async with self._stop_lock:
+            if self._stopped.is_set():
+                return
+            grace = self.settings.grace_period_s if grace is None else grace
+            deadline = time.monotonic() + grace
 
-        def left() -> float:
-            return max(0.0, deadline - time.monotonic())
+            def left() -> float:
+                return max(0.0, deadline - time.monotonic())
 
-        self.draining = True
-        # Not for a start that failed before any model loaded (a port it cannot have): nothing to drain,
-        # and its error is the line to read.
-        told = self._started or bool(self.runtimes)
-        if told:
-            log.info("stopping: draining %d model(s) within %.1f s", len(self.runtimes), grace)
-        try:
-            await self._stop_stages(left)
-        finally:
-            # Even when a stage raised: the bound must not outlive the server, and a second
-            # stop() waits on _stopped.
-            if self.cpu_latency is not None:
-                # Last: the drain's answers are latency-sensitive too.
-                self.cpu_latency.release()
-            self._stopped.set()
-        if told:
-            log.info("stopped")
+            resumed = self.draining
+            self.draining = True
+            # Not for a start that failed before any model loaded (a port it cannot have): nothing to drain,
+            # and its error is the line to read.
+            told = self._started or bool(self.runtimes)
+            if told and resumed:
+                log.info("stopping: finishing a stop that was cancelled, within %.1f s", grace)
+            elif told:
+                log.info("stopping: draining %d model(s) within %.1f s", len(self.runtimes), grace)
+            cancelled = False
+            try:
+                await self._stop_stages(left)
+            except asyncio.CancelledError:
+                cancelled = True
+                raise
+            finally:
+                # Even when a step raised: the bound must not outlive the server, and a later stop() returns at once.
+                # Not when cancelled: the next stop() finishes the steps left, the drain's answers among them.
+                if not cancelled:
+                    if self.cpu_latency is not None:
+                        # Last: the drain's answers are latency-sensitive too.
+                        self.cpu_latency.release()
+                    self._stopped.set()
+            if told:
+                log.info("stopped")
 
     async def _stop_stages(self, left) -> None:
         """Stages 1-4 of the stop (the module's docstring); `left()`: seconds of grace left.
 
         A step that raises is logged, with its traceback, and the stop goes on: one that failed (a port's stop, a
         health update) left every later one undone, the metrics port's, its admin's fault timers and events ticker
-        and the executors' threads among them. The first failure is raised once every step has run."""
-        failures: list[Exception] = []
+        and the executors' threads among them. The first failure is raised once every step has run.
 
-        @contextlib.contextmanager
-        def step(what: str):
+        A step cancelled partway is not done: the next call runs it and those after it (the ones done are skipped).
+        A stop cancelled in its drain left the ports bound and the executors' threads running, and the next stop()
+        returned at once."""
+        failures = self._stop_failures
+        steps = []
+
+        def failed(what: str, exc: Exception) -> None:
+            log.error("stopping: %s failed; the stop goes on", what, exc_info=exc)
+            failures.append(exc)
+
+        def step(what: str, needed: bool = True, run=None):
+            """If `needed`, `run` is the stop's next step (a function, its awaitable awaited); without it, the
+            function decorated."""
+
+            def add(run):
+                if needed:
+                    steps.append((what, run))
+                return run
+
+            return add if run is None else add(run)
+
+        @step("health's NOT_SERVING", self._health is not None)
+        async def not_serving() -> None:
+            for service in ("", SERVICE_NAME, *self.runtimes):
+                await self._health.set(service, _NOT_SERVING)
+
+        @step("the batchers' drain", bool(self.runtimes))
+        async def drain() -> None:
+            # A batching task that failed while serving was logged then and its model turned NOT_SERVING: its
+            # stop raising that failure again is no failure of the stop.
+            known = {name: rt.batcher.failed for name, rt in self.runtimes.items()}
+            drains = {asyncio.ensure_future(rt.batcher.stop()): name for name, rt in self.runtimes.items()}
+            left_over = []
             try:
-                yield
-            except Exception as exc:
-                log.error("stopping: %s failed; the stop goes on", what, exc_info=True)
-                failures.append(exc)
+                _, pending = await asyncio.wait(drains, timeout=left())
+                # Read before the cancellation fails what is left.
+                late = [self.runtimes[drains[d]].batcher for d in pending]
+                # Only what held work: with no grace at all (a failed start) every drain is still pending.
+                left_over = [(b.name, b.queued, b.inflight) for b in late if b.queued or b.inflight]
+            finally:
+                # Past the grace period, and as well when this step fails or is cancelled partway: a drain left
+                # running outlived the stop, its batcher draining on and its requests unanswered.
+                for d in drains:
+                    d.cancel()
+                ends = await asyncio.gather(*drains, return_exceptions=True)
+                # One a batcher's stop raised (its failure log's stop, say): gathered, it was dropped unsaid.
+                for name, end in zip(drains.values(), ends):
+                    if isinstance(end, Exception) and end is not known[name]:
+                        failed(f"the drain of model '{name}'", end)
+            if left_over:
+                log.warning(
+                    "grace period over: %s",
+                    "; ".join(f"model '{m}': {q} request(s) queued, {b} batch(es) running" for m, q, b in left_over),
+                )
 
-        if self._health is not None:
-            with step("health's NOT_SERVING"):
-                for service in ("", SERVICE_NAME, *self.runtimes):
-                    await self._health.set(service, _NOT_SERVING)
-        drains = {asyncio.ensure_future(rt.batcher.stop()): rt for rt in self.runtimes.values()}
-        if drains:
-            with step("the batchers' drain"):
-                left_over = []
-                try:
-                    _, pending = await asyncio.wait(drains, timeout=left())
-                    # Read before the cancellation fails what is left.
-                    late = [drains[d].batcher for d in pending]
-                    # Only what held work: with no grace at all (a failed start) every drain is still pending.
-                    left_over = [(b.name, b.queued, b.inflight) for b in late if b.queued or b.inflight]
-                finally:
-                    # Past the grace period, and as well when this step fails or is cancelled partway: a drain left
-                    # running outlived the stop, its batcher draining on and its requests unanswered.
-                    for d in drains:
-                        d.cancel()
-                    await asyncio.gather(*drains, return_exceptions=True)
-                if left_over:
-                    log.warning(
-                        "grace period over: %s",
-                        "; ".join(
-                            f"model '{m}': {q} request(s) queued, {b} batch(es) running" for m, q, b in left_over
-                        ),
-                    )
-        if self.service is not None:
-            with step("the answers' window"):
-                # Every accepted request has its result: let the handlers hand them to gRPC, and the
-                # open streams write theirs and end (UNAVAILABLE) rather than be cut by gRPC's stop.
-                # Past the grace period this still gets ANSWER_WINDOW_S.
-                self.service.close_streams()
-                # One window for both: the answers handed to gRPC, then written by it.
-                window_end = time.monotonic() + max(left(), ANSWER_WINDOW_S)
+        @step("the answers' window", self.service is not None)
+        async def answers() -> None:
+            # Every accepted request has its result: let the handlers hand them to gRPC, and the
+            # open streams write theirs and end (UNAVAILABLE) rather than be cut by gRPC's stop.
+            # Past the grace period this still gets ANSWER_WINDOW_S.
+            self.service.close_streams()
+            # One window for both: the answers handed to gRPC, then written by it.
+            window_end = time.monotonic() + max(left(), ANSWER_WINDOW_S)
 
-                def window() -> float:
-                    return max(0.0, window_end - time.monotonic())
+            def window() -> float:
+                return max(0.0, window_end - time.monotonic())
 
-                try:
-                    await asyncio.wait_for(self.service.idle(), timeout=window())
-                except asyncio.TimeoutError:
-                    log.warning("grace period over with %d request(s) still being answered", self.service.active)
-                await self.service.answers_written(window)
-        if self._health is not None:
-            with step("ending health's Watch streams"):
-                # Watchers have had NOT_SERVING since stage 1; an open Watch would hold gRPC's stop.
-                await self._health.end_watches()
-        if self._reflection is not None:
-            with step("ending reflection's streams"):
-                # Idle between requests, an open one (grpcurl, grpcui) would hold gRPC's stop for its grace too.
-                self._reflection.end_streams()
-        if self._grpc is not None:
-            with step("the gRPC port's stop"):
-                if self.service is not None:
-                    self.service.cutting = True  # the calls gRPC's stop ends, its clients see UNAVAILABLE
-                # Only idle streams and responses on the wire remain: a short grace, not the rest.
-                await self._grpc.stop(min(1.0, max(0.1, left())))
-        if self.accept is not None:
-            with step("the accept tasks' stop"):
-                await self.accept.stop()
-        if self.unhandled is not None:
-            with step("the unhandled calls' sweep"):
-                # Every call has ended: those gRPC's stop ended before their handler count now, for the last scrape.
-                self.unhandled.sweep()
-        if self._token_interceptor is not None:
-            with step("the token interceptor's close"):
-                # No call is refused any more: the last refusals are logged now, not at their window's end.
-                self._token_interceptor.close()
-        if self.wakeup_drain is not None:
-            with step("the wake-up drain's removal"):
-                self.wakeup_drain.uninstall()
-        if self._health_grpc is not None:
-            with step("the health port's stop"):
-                # Last of the ports: probes read NOT_SERVING through the whole drain. A short grace, as the
-                # main port's: its Watch streams, ended above, may not have written their NOT_SERVING yet
-                # (a drain with nothing to wait for comes here at once), and stop(0) cut them with
-                # "Cancelling all calls" before it (CI at ed42cb6, a starved host).
-                await self._health_grpc.stop(min(1.0, max(0.1, left())))
+            try:
+                await asyncio.wait_for(self.service.idle(), timeout=window())
+            except asyncio.TimeoutError:
+                log.warning("grace period over with %d request(s) still being answered", self.service.active)
+            await self.service.answers_written(window)
+
+        # Watchers have had NOT_SERVING since stage 1; an open Watch would hold gRPC's stop.
+        step("ending health's Watch streams", self._health is not None, lambda: self._health.end_watches())
+        # Idle between requests, an open one (grpcurl, grpcui) would hold gRPC's stop for its grace too.
+        step("ending reflection's streams", self._reflection is not None, lambda: self._reflection.end_streams())
+
+        @step("the gRPC port's stop", self._grpc is not None)
+        async def grpc_stop() -> None:
+            if self.service is not None:
+                self.service.cutting = True  # the calls gRPC's stop ends, its clients see UNAVAILABLE
+            # Only idle streams and responses on the wire remain: a short grace, not the rest.
+            await self._grpc.stop(min(1.0, max(0.1, left())))
+
+        step("the accept tasks' stop", self.accept is not None, lambda: self.accept.stop())
+        # Every call has ended: those gRPC's stop ended before their handler count now, for the last scrape.
+        step("the unhandled calls' sweep", self.unhandled is not None, lambda: self.unhandled.sweep())
+        # No call is refused any more: the last refusals are logged now, not at their window's end.
+        token = self._token_interceptor
+        step("the token interceptor's close", token is not None, lambda: token.close())
+        step("the wake-up drain's removal", self.wakeup_drain is not None, lambda: self.wakeup_drain.uninstall())
+
+        @step("the health port's stop", self._health_grpc is not None)
+        async def health_stop() -> None:
+            # Last of the ports: probes read NOT_SERVING through the whole drain. A short grace, as the
+            # main port's: its Watch streams, ended above, may not have written their NOT_SERVING yet
+            # (a drain with nothing to wait for comes here at once), and stop(0) cut them with
+            # "Cancelling all calls" before it (CI at ed42cb6, a starved host).
+            await self._health_grpc.stop(min(1.0, max(0.1, left())))
+
         # Metrics stay up through the drain, so the last scrape sees it.
-        if self.http is not None:
-            with step("the metrics port's stop"):
-                await self.http.stop()
-        if self.loop_lag is not None:
-            with step("the loop lag monitor's stop"):
-                self.loop_lag.stop()
-        with step("the metrics' close"):
-            self.metrics.close()
-        with step("the executors' shutdown"):
-            await self._shutdown_executors(left)
+        step("the metrics port's stop", self.http is not None, lambda: self.http.stop())
+        step("the loop lag monitor's stop", self.loop_lag is not None, lambda: self.loop_lag.stop())
+        step("the metrics' close", True, lambda: self.metrics.close())
+        step("the executors' shutdown", True, lambda: self._shutdown_executors(left))
+
+        for what, run in steps:
+            if what in self._stop_done:
+                continue
+            try:
+                ran = run()
+                if inspect.isawaitable(ran):
+                    await ran
+            except Exception as exc:
+                failed(what, exc)
+            # Not reached when cancelled (a BaseException): the step is the next call's to run.
+            self._stop_done.add(what)
         if failures:
             raise failures[0]
 

@@ -1,10 +1,15 @@
 """`wok serve` whose stop fails (a stage raised: `WokServer._stop_stages` logs it and raises the first once all ran):
 one line `wok: the stop failed: ...`, exit status 1, and the exit checks after the stop still run. Uncaught, Python
-printed the logged traceback a second time, and a model thread still running held the exit until its batch ended."""
+printed the logged traceback a second time, and a model thread still running held the exit until its batch ended.
+A start that failed, its stop failing too, says the start's error and exits with its status all the same."""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
+import subprocess
+import sys
 
 import grpc
 import numpy as np
@@ -99,3 +104,64 @@ def test_a_failed_stop_with_a_model_still_running_exits_at_once(servers):
     assert code == 1, log
     assert STOP_FAILED in log, log
     assert "wok: a model was still running after the grace period; exiting" in log, log
+
+
+# As FAILING_STOP_MODEL's, the metrics' close raises; and the start fails: in the model's warm-up, or on the metrics
+# port, which the warm-up takes after the server checked it (as another process would meanwhile).
+FAILING_START_MODEL = """
+import os
+import socket
+
+from torch import nn
+
+import wok.metrics
+
+
+def _refuse(self):
+    raise RuntimeError("test: the metrics' close failed")
+
+
+wok.metrics.WokMetrics.close = _refuse
+
+
+class Fails(nn.Module):
+    held = None
+
+    def forward(self, x):
+        if os.environ["WOK_TEST_FAIL"] == "warm-up":
+            raise RuntimeError("test: the warm-up failed")
+        if self.held is None:
+            self.held = socket.create_server(("127.0.0.1", int(os.environ["WOK_TEST_TAKE_PORT"])))
+        return x
+
+
+def build():
+    return Fails()
+"""
+
+
+@pytest.mark.parametrize(
+    ("fail", "code", "said"),
+    [
+        ("warm-up", 2, "wok: model 'fails' failed: RuntimeError: test: the warm-up failed; in the start-up warm-up"),
+        ("metrics port", 1, "wok: cannot start: cannot bind the metrics port to 127.0.0.1:{port}: the port is in use"),
+    ],
+    ids=["warm-up", "metrics port"],
+)
+def test_a_failed_start_whose_stop_fails_too_says_the_start_error_and_exits_with_its_status(tmp_path, fail, code, said):
+    # The stop after the failed start raised its own error in place of the start's: Python's traceback of the
+    # metrics' close and exit 1, never the line saying why the start failed.
+    write_python_model(tmp_path / "repo" / "fails", FAILING_START_MODEL, devices=None)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "WOK_TEST_FAIL": fail, "WOK_TEST_TAKE_PORT": str(port)}
+    cmd = [sys.executable, "-m", "wok", "serve", "--model-repository", str(tmp_path / "repo"), "--port", "0"]
+    done = subprocess.run([*cmd, "--metrics-port", str(port)], capture_output=True, text=True, timeout=120, env=env)
+    lines = done.stderr.splitlines()
+    assert done.returncode == code, done.stderr
+    assert any(line.startswith(said.format(port=port)) for line in lines), done.stderr
+    assert lines.count(STOP_FAILED) == 1, done.stderr
+    assert "stopping: the metrics' close failed; the stop goes on" in done.stderr, done.stderr
+    # The stage's traceback, logged once: not printed again by Python with the error out of the CLI.
+    assert done.stderr.count("""raise RuntimeError("test: the metrics' close failed")""") == 1, done.stderr

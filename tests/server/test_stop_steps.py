@@ -1,7 +1,8 @@
 """A stop whose step raises runs the steps after it all the same (`WokServer._stop_stages`): one that raised left
 the later ones undone, the metrics port and its admin (observers on the model instances, fault timers, the events
 ticker) and the executors' threads among them. Each failure is logged, the first raised once all have run. And
-a metrics port that never bound closes its admin at the stop (`MetricsHTTPServer.stop`)."""
+a metrics port that never bound closes its admin at the stop (`MetricsHTTPServer.stop`). A stop cancelled partway
+leaves the steps it did not finish to the next stop, which runs them."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from wok.config import server_settings
 from wok.errors import ShuttingDown
 from wok.faults import parse_fault_request
 from wok.http import MetricsHTTPServer
+from wok.ports import bind_error
 from wok.repository import ModelRepository
 
 from .conftest import until
@@ -182,4 +184,64 @@ async def test_a_stop_cancelled_in_the_drain_cancels_the_drains_it_started(gated
     finally:
         module.gate.set()
         # The steps the cancelled stop left undone (the ports' stops, the executors' shutdown).
-        await server._stop_stages(lambda: 5.0)
+        await server.stop(grace=5.0)
+
+
+async def test_a_batchers_stop_that_raises_fails_the_stop_once_the_later_steps_ran(gated_model, monkeypatch, caplog):
+    # The drain gathered the batchers' stops with return_exceptions and dropped what they raised: the stop
+    # returned as if it had gone well, and nothing said a batcher's had not.
+    servable, _ = gated_model(max_batch_size=2, delay_ms=1.0)
+    server = WokServer(server_settings(grpc_port=0, metrics_port=None), ModelRepository([servable], "test"))
+    await server.start()
+    port = server.port
+
+    def refuse() -> None:
+        raise RuntimeError("test: the failure log's stop failed")
+
+    monkeypatch.setattr(server.runtime("gated").batcher.failures, "stop", refuse)
+    caplog.set_level(logging.ERROR, logger="wok")
+    with pytest.raises(RuntimeError, match=r"^test: the failure log's stop failed$"):
+        await server.stop(grace=5.0)
+    failed = [r for r in caplog.records if FAILED in r.getMessage()]
+    assert [r.getMessage() for r in failed] == [f"stopping: the drain of model 'gated' {FAILED}"]
+    assert str(failed[0].exc_info[1]) == "test: the failure log's stop failed"  # with its traceback
+    assert bind_error("127.0.0.1", port) is None, "the gRPC port is still bound after the stop"
+    assert all(executor_ended(inst) for inst in instances(server))
+
+
+@pytest.mark.parametrize("second", ["after", "meanwhile"])
+async def test_a_stop_cancelled_in_its_drain_is_finished_by_the_next_stop(gated_model, second):
+    # The cancelled stop marked the server stopped: a later stop returned at once, and one waiting meanwhile
+    # too, with the ports bound, the executors' threads running and nothing left that could end them.
+    servable, module = gated_model(max_batch_size=1, delay_ms=5.0, depth=None, enter_when_closed=True)
+    settings = server_settings(grpc_port=0, health_port=0, metrics_port=0)
+    server = WokServer(settings, ModelRepository([servable], "test"))
+    await server.start()
+    ports = {"gRPC": server.port, "health": server.health_port, "metrics": server.http.port}
+    batcher = server.runtime("gated").batcher
+    try:
+        module.gate.clear()
+        x = {"INPUT0": np.ones((1, 4), np.float32)}
+        # One in the model, held at its gate; the others queued behind it.
+        pending = [batcher.submit(x, 1, None, None) for _ in range(3)]
+        assert await asyncio.to_thread(module.entered.wait, 10), "the batch never reached the model"
+        first = asyncio.ensure_future(server.stop(grace=30.0))
+        await until(lambda: batcher._stopping)  # its drain has begun: the stop waits for it
+        waiting = asyncio.ensure_future(server.stop(grace=5.0)) if second == "meanwhile" else None
+        first.cancel()
+        await asyncio.wait({first})
+        assert first.cancelled()
+    finally:
+        module.gate.set()
+    if waiting is None:
+        await asyncio.wait_for(server.stop(grace=5.0), 30)
+    else:
+        await asyncio.wait_for(waiting, 30)
+    assert all(p.future.done() for p in pending)
+    assert isinstance(pending[-1].future.exception(), ShuttingDown), pending[-1].future.exception()
+    assert (batcher.queued, batcher.inflight) == (0, 0)
+    for what, at in ports.items():
+        assert bind_error("127.0.0.1", at) is None, f"the {what} port ({at}) is still bound after the stop"
+    assert all(executor_ended(inst) for inst in instances(server))
+    assert not server.abandoned_work
+    await server.stop()  # stopped: at once
