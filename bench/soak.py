@@ -27,7 +27,7 @@ from .analysis import latency_summary
 from .arrivals import nominal_for
 from .runner import Ramp, RampConfig, status_name
 from .scrape import NO_ANSWER, read_metrics
-from .workers import NOT_SENT, OK, Share, WorkerPool
+from .workers import NOT_SENT, OK, Share, WorkerPool, WorkerProcesses
 
 SCHEMA = "wok.soak/1"
 # The options' defaults with --soak; None in argparse, so that one given without --soak is seen.
@@ -142,8 +142,9 @@ class SoakRamp(Ramp):
         progress: Callable[[str], None] | None = None,
         *,
         pool_of: Ramp | None = None,
+        processes: WorkerProcesses | None = None,
     ):
-        super().__init__(cfg, progress, pool_of=pool_of)
+        super().__init__(cfg, progress, pool_of=pool_of, processes=processes)
         self.sampler = sampler
         # Set when the soak step was cut after its first send: `at_s` (from the first send),
         # `in_flight` (sent, unanswered at the cut: left out), `sent_after` (sent after the cut, before
@@ -323,6 +324,26 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
     from . import faults
 
     say = say or faults.say
+    # Both ramps on the same --workers load-generator processes: the soak's own were a second start of each (a spawned
+    # interpreter's imports, a few tenths of a second), as the capacity ramp's were stopped.
+    processes = WorkerProcesses().start()
+    try:
+        result = _capacity_then_soak(args, cfg, say, processes)
+    except BaseException:
+        processes.stop()
+        raise
+    try:
+        processes.stop()
+    except KeyboardInterrupt as exc:
+        # As a ramp's own workers stopping (Ramp.run): a signal after the last step, what was measured is whole.
+        say(f"{type(exc).__name__}: {exc} as the workers stopped: the result is kept")
+    return result
+
+
+def _capacity_then_soak(args, cfg: RampConfig, say: Callable[[str], None], processes: WorkerProcesses) -> dict:
+    """`run_soak`'s ramps, on `processes` (started; stopped by the caller)."""
+    from . import faults
+
     duration, window, every, share = soak_values(args, cfg)
     replicas, cfg = faults.start_replicas(args, cfg, say)
     urls = [r.metrics_url for r in replicas] if replicas is not None else [cfg.metrics_url] if cfg.metrics_url else []
@@ -332,7 +353,7 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
             capacity, source = args.capacity, "given"
         else:
             say("measuring the capacity: the highest step under the SLO")
-            capacity_ramp = Ramp(cfg, say)
+            capacity_ramp = Ramp(cfg, say, processes=processes)
             capacity_ramp.replicas = replicas  # its result, the run's when no soak follows, names them
             capacity_ramp.says_late_signal = False  # "soak not started", below, says it
             capacity_result = capacity_ramp.run()
@@ -361,7 +382,7 @@ def run_soak(args, cfg: RampConfig, *, say: Callable[[str], None] | None = None)
             )
             sampler = RssSampler(urls, every)
             # The capacity ramp's pool: the soak's config differs from its in the steps' rates and times alone.
-            ramp = SoakRamp(soak_cfg, sampler, say, pool_of=capacity_ramp)
+            ramp = SoakRamp(soak_cfg, sampler, say, pool_of=capacity_ramp, processes=processes)
             ramp.replicas = replicas
             result = ramp.run()
         except (Exception, KeyboardInterrupt) as exc:

@@ -163,7 +163,7 @@ class SendHostShare:
 
 
 async def _run_share(call, pool: list[bytes], share: Share, metadata=None, timing: bool = False, stop=None) -> Outcome:
-    """Send the share open loop; with `stop` (a multiprocessing Event) set, stop sending and cancel
+    """Send the share open loop; with `stop` (a CutFlag) set, stop sending and cancel
     the calls in flight: their `done` is NaN and their code CANCELLED, so that only answers count;
     the requests never sent keep NOT_SENT."""
     n = len(share.times)
@@ -275,7 +275,7 @@ def merge_details(outcomes) -> dict[int, str]:
 
 
 async def until_stopped(sending, stop) -> bool:
-    """Await `sending` unless `stop` (a multiprocessing Event) is set first; then cancel it.
+    """Await `sending` unless `stop` (a CutFlag) is set first; then cancel it.
     Whether it was stopped; an error of `sending` is raised."""
     task = asyncio.ensure_future(sending)
     try:
@@ -441,6 +441,9 @@ def _main(conn, stop) -> None:
         target, how, index, stoppable, pool = job
         asyncio.run(_serve(conn, target, pool, how, stop if stoppable else None, index))
         del pool, job  # up to 64 MiB, not held while the worker waits for the next ramp
+        # Its collector is off for good (above), and the ramp's loop, channel and calls left reference cycles
+        # (about 0.3 MB a ramp, kept for the worker's life): freed here, between ramps, where a pause costs nothing.
+        gc.collect()
 
 
 # The signals the bench stops on (cli._signals_interrupt), held back while a worker starts.
@@ -507,6 +510,24 @@ def _from_worker(conn, process, stage: str) -> object:
         raise _died(process, stage) from None
 
 
+class CutFlag:
+    """The cut signal every worker of a WorkerProcesses reads (WorkerPool.cut): one shared byte, with no lock. A
+    multiprocessing.Event holds a lock as it is read, and a worker terminated as it read one (a step cut short)
+    left that lock held: the next ramp's clear() then waited for good."""
+
+    def __init__(self, ctx) -> None:
+        self._byte = ctx.RawValue("b", 0)
+
+    def is_set(self) -> bool:
+        return bool(self._byte.value)
+
+    def set(self) -> None:
+        self._byte.value = 1
+
+    def clear(self) -> None:
+        self._byte.value = 0
+
+
 class WorkerProcesses:
     """Bench worker processes kept from one ramp to the next: each start is a spawned interpreter's
     imports (a few tenths of a second per ramp), which a process running many ramps (compare, tune_check,
@@ -529,7 +550,7 @@ class WorkerProcesses:
 
     def start(self) -> WorkerProcesses:
         if self._stop is None:
-            self._stop = self._ctx.Event()
+            self._stop = CutFlag(self._ctx)
         return self
 
     def __len__(self) -> int:
@@ -629,15 +650,23 @@ class WorkerProcesses:
 
 
 def _end(procs: list, terminate: bool = False) -> None:
-    """Wait for `procs` to exit (started ones; with `terminate`, terminated first), killing one that takes
-    over 10 s. A signal meanwhile (Ctrl-C, raised in a join as the workers exit) is raised once those left
-    are killed: not left to send, or to exit on their own while the bench has stopped waiting (nothing of
+    """Wait for `procs` to exit (started ones; with `terminate`, terminated first; a stopped one continued), killing
+    one that takes over 10 s. A signal meanwhile (Ctrl-C, raised in a join as the workers exit) is raised once those
+    left are killed: not left to send, or to exit on their own while the bench has stopped waiting (nothing of
     theirs needs flushing: `_orphaned`)."""
     procs = [p for p in procs if p.pid is not None]
     try:
         if terminate:
             for p in procs:
                 p.terminate()
+        # A worker stopped (SIGSTOP, Ctrl-Z to it alone) neither reads its stop nor takes SIGTERM: each cost a 10 s
+        # join before its kill. Continued, it does either at once.
+        for p in procs:
+            if p.exitcode is None:  # not one reaped already: its pid may be another process's by now
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
         for p in procs:
             p.join(10)
             if p.is_alive():
@@ -707,7 +736,9 @@ class WorkerPool:
                 except OSError:  # a broken pipe: the worker died as it read it
                     raise _died(p, "start") from None
             for c, p in zip(self._conns, self._procs):
-                _from_worker(c, p, "connect")
+                if (word := _from_worker(c, p, "connect")) != "ready":
+                    # Else read as a step's outcome, an AttributeError far from its cause.
+                    raise RuntimeError(f"bench worker {p.pid} said {word!r} as it connected; expected 'ready'")
         except BaseException:
             # Terminated, not handed back as they are: a worker may be connecting, its "ready" not yet read.
             _end(self._procs, terminate=True)
@@ -794,19 +825,26 @@ class WorkerPool:
         return merge_stats(self._stats)
 
     def close(self) -> None:
-        """End the ramp: its workers go back to `processes` (a step cut short: terminated there, replaced at
-        the next ramp's start), or are stopped with the pool's own, waited for (WorkerProcesses.stop)."""
+        """End the ramp: its workers go back to `processes` (a step cut short, or a signal as they are told the ramp
+        ended: terminated there, replaced at the next ramp's start), or are stopped with the pool's own, waited for
+        (WorkerProcesses.stop)."""
         try:
             if self._running:
                 # A step cut short (Ctrl-C, an error): its workers would send to the end of their
                 # share before reading the pipe again, and nobody waits for what they measure.
                 _end(self._procs, terminate=True)
             else:
-                for c in self._conns:
-                    try:
-                        c.send(None)  # the ramp's end: the worker closes its channel and waits for the next
-                    except (BrokenPipeError, OSError):
-                        pass
+                try:
+                    for c in self._conns:
+                        try:
+                            c.send(None)  # the ramp's end: the worker closes its channel and waits for the next
+                        except (BrokenPipeError, OSError):
+                            pass
+                except BaseException:
+                    # A Ctrl-C between two sends: a worker not yet sent its None still waits for a share, and would
+                    # read the next ramp's job as one (and crash). Terminated, all: the next take replaces them.
+                    _end(self._procs, terminate=True)
+                    raise
         finally:
             self._processes.give_back()
             if self._own:

@@ -657,16 +657,24 @@ def test_a_signal_as_the_wait_for_a_steps_end_is_said_keeps_the_step(bench_serve
     assert result["interrupted"] is None and ramp.late_signal == "KeyboardInterrupt: SIGINT"
 
 
-class _WorkersSlowToStop(Ramp):
-    """A Ramp whose workers are stopped (SIGSTOP) once its last step is measured: `WorkerPool.close`
-    then waits for them, and a signal 0.5 s later lands there, as a Ctrl-C in the ~0.1 s every ramp's
-    workers take to exit does."""
+class _SignalAsTheWorkersExit(Ramp):
+    """A Ramp whose workers' exit, once its last step is measured, meets a signal: the first wait for one of them
+    (`_end`'s join in `WorkerPool.close`) is preceded by a SIGALRM to this process, as a Ctrl-C in the ~0.1 s every
+    ramp's workers take to exit would be. (The workers were SIGSTOPped, for a 0.5 s timer to land in that wait: `_end`
+    continues a stopped worker now, and the wait is as short as any.)"""
 
     def run_step(self, workers, qps, label, slot=None):
         step = super().run_step(workers, qps, label, slot)
-        for child in multiprocessing.active_children():
-            os.kill(child.pid, signal.SIGSTOP)
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        signalled: list[int] = []
+        for p in workers._procs:
+
+            def signal_then_join(timeout=None, join=p.join) -> None:
+                if not signalled:
+                    signalled.append(os.getpid())
+                    os.kill(os.getpid(), signal.SIGALRM)
+                join(timeout)
+
+            p.join = signal_then_join
         return step
 
 
@@ -680,22 +688,21 @@ def test_a_signal_as_the_workers_stop_keeps_the_steps_measured(bench_server, wor
     previous = signal.signal(signal.SIGALRM, interrupt)
     try:
         cfg = mlp_ramp(bench_server.target, steps=[50], step_duration_s=0.3, warmup_s=0.1, workers=2)
-        ramp = _WorkersSlowToStop(cfg, progress=lambda _: None)
+        ramp = _SignalAsTheWorkersExit(cfg, progress=lambda _: None)
         try:
             result = ramp.run()
         except KeyboardInterrupt:
             pytest.fail("a signal as the workers stopped, after the last step, lost the ramp's result")
         left = multiprocessing.active_children()
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        for child in multiprocessing.active_children():  # stopped, before the fix: not to outlive the test
+        for child in multiprocessing.active_children():  # left running by a failure: not to outlive the test
             child.kill()
             child.join(10)
     assert [s["nominal_qps"] for s in result["steps"]] == [50] and result["steps"][0]["ok"] > 0
     assert result["interrupted"] is None  # every step ran whole
     assert ramp.late_signal == "KeyboardInterrupt: SIGTERM"
-    assert left == []  # the stopped workers were killed, not left behind
+    assert left == []  # the workers left were killed and waited for, not left behind
 
 
 class _DoubleOffer(Ramp):

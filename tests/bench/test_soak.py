@@ -3,8 +3,10 @@ against a real server's /metrics, and a short `wok bench ramp --soak` end to end
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import multiprocessing
 import signal
 import subprocess
 import sys
@@ -16,7 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wok.bench.soak import RssSampler, parse_fraction, soak_report
+from wok.bench.cli import _restore_signals, _signals_interrupt
+from wok.bench.runner import RampConfig
+from wok.bench.soak import RssSampler, parse_fraction, run_soak, soak_report
+from wok.bench.workers import WorkerProcesses
 
 pytestmark = pytest.mark.timeout(120)
 MIB = float(1 << 20)
@@ -209,6 +214,55 @@ def test_rss_samples_keep_their_grid_however_long_a_scrape_takes():
     assert ticks == sorted(set(ticks)), waits  # ticks a slow scrape overran skipped, not made up
     # Each scrape waited for its tick (a wait's slack: its clock read before it woke).
     assert all(began >= aim - 0.005 for began, (_, aim) in zip(sampler.began[1:], waits)), (sampler.began, waits)
+
+
+def _short_soak(server, say) -> dict:
+    """`run_soak` in this process: a capacity ramp of one 0.5 s step on 2 workers, then a 1 s soak."""
+    args = argparse.Namespace(
+        capacity=None, soak="1s", soak_window=None, rss_every=None, soak_load="50%", replicas=None
+    )
+    cfg = RampConfig(target=server.target, models=[("mlp", 1.0)], steps=[20], step_duration_s=0.5, warmup_s=0.2)
+    return run_soak(args, cfg, say=say)
+
+
+def test_the_soak_runs_on_the_capacity_ramps_worker_processes(soak_server):
+    """The soak's ramp started --workers processes of its own (each a spawned interpreter's imports) as the
+    capacity ramp's were stopped: it runs on those (WorkerProcesses), stopped once, after it."""
+    before = set(multiprocessing.active_children())
+    workers: list[tuple[str, set[int]]] = []  # per line said, the bench's worker processes alive then
+
+    def say(line: str) -> None:
+        workers.append((line, {p.pid for p in set(multiprocessing.active_children()) - before}))
+
+    result = _short_soak(soak_server, say)
+    assert result["interrupted"] is None and result["soak"]["requests"]["errors"] == 0
+    soak_at = next(i for i, (line, _) in enumerate(workers) if line.startswith("soak: "))
+    # The capacity ramp's step (its end said), the soak's line, the soak's step (as it starts, and its end).
+    capacity = [alive for line, alive in workers[:soak_at] if line.startswith("step 1/1: achieved")]
+    soak = [alive for line, alive in workers[soak_at + 1 :] if line.startswith("step 1/1: ")]
+    assert len(capacity) == 1 and len(capacity[0]) == 2 and len(soak) == 2, workers
+    assert workers[soak_at][1] == soak[0] == soak[1] == capacity[0], workers
+    assert not set(multiprocessing.active_children()) - before
+
+
+def test_a_ctrl_c_as_the_soaks_workers_stop_keeps_the_soak(soak_server, monkeypatch):
+    """The workers are stopped once both ramps are done: a signal then (a real SIGINT, raised as the stop returns)
+    comes after everything was measured, and is said, not raised (as a ramp's own workers stopping, Ramp.run)."""
+    stop = WorkerProcesses.stop
+
+    def stop_then_ctrl_c(self) -> None:
+        stop(self)
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(WorkerProcesses, "stop", stop_then_ctrl_c)
+    said: list[str] = []
+    previous = _signals_interrupt()  # the CLI's handlers: the signal read as `wok bench ramp --soak` reads it
+    try:
+        result = _short_soak(soak_server, said.append)
+    finally:
+        _restore_signals(previous)
+    assert result["interrupted"] is None and result["soak"]["requests"]["errors"] == 0
+    assert said[-1] == "KeyboardInterrupt: SIGINT as the workers stopped: the result is kept", said
 
 
 def test_soak_end_to_end(runs):

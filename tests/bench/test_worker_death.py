@@ -191,6 +191,66 @@ def test_a_ramp_of_fewer_or_more_workers_than_kept_takes_as_many_as_it_asks(benc
         three.close()
 
 
+class _CtrlCAfterSend:
+    """A worker's pipe whose every send is followed by a Ctrl-C to the bench (a real SIGINT, raised in this
+    thread as the terminal's would be): one that lands between two of `close`'s sends."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+
+    def send(self, obj) -> None:
+        self._conn.send(obj)
+        signal.raise_signal(signal.SIGINT)
+
+    def __getattr__(self, name: str):
+        return getattr(self._conn, name)
+
+
+def test_a_ctrl_c_between_the_ramp_end_sends_leaves_no_kept_worker_waiting_for_a_share(bench_server):
+    """`close` sends each kept worker its ramp's end in turn. A Ctrl-C after the first left the second still waiting
+    for a share, alive: the next ramp's ping read as one killed it (a traceback on the terminal). The pool's workers
+    are terminated now, and the next ramp replaces them."""
+    with WorkerProcesses() as processes:
+        first = _pool(bench_server, 2, processes=processes)
+        assert all(o.codes.tolist() == [OK] * 5 for o in _short_step(first, 2))
+        borrowed = list(first._procs)
+        first._conns[0] = _CtrlCAfterSend(first._conns[0])
+        with pytest.raises(KeyboardInterrupt):
+            first.close()
+        assert [p.exitcode for p in borrowed] == [-signal.SIGTERM] * 2
+        second = _pool(bench_server, 2, processes=processes)
+        assert not set(second._procs) & set(borrowed)
+        assert all(o.codes.tolist() == [OK] * 5 for o in _short_step(second, 2))
+        second.close()
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (/proc/PID/stat: R, S, T for stopped, ...)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_stop_continues_a_kept_worker_left_stopped_which_then_exits_on_its_own(bench_server):
+    """A worker SIGSTOPped between ramps reads no stop and takes no signal but SIGKILL: `stop` waited 10 s for it,
+    then killed it. Continued first, it reads its stop and exits at once, as the others do (exit code 0)."""
+    processes = WorkerProcesses().start()
+    try:
+        first = _pool(bench_server, 2, processes=processes)
+        first.close()
+        stopped, running = first._procs
+        os.kill(stopped.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while _state(stopped.pid) != "T":
+            assert time.monotonic() < deadline, f"worker {stopped.pid} not stopped: state {_state(stopped.pid)}"
+            time.sleep(0.01)
+    finally:
+        t0 = time.monotonic()
+        processes.stop()
+        took = time.monotonic() - t0
+    assert (stopped.exitcode, running.exitcode) == (0, 0)
+    assert took < 5, took  # the join of one that exits on its own; 10 s and a kill before
+
+
 def test_a_worker_killed_mid_step_raises_at_once_not_at_the_end_of_the_step(bench_server, metrics_url):
     workers = _pool(bench_server, 2)
     try:
@@ -318,3 +378,48 @@ def test_the_workers_of_a_bench_killed_outright_stop_sending(bench_server, metri
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert not left, f"bench workers {left} outlived the bench that was killed"
+
+
+SPIN_ON_THE_CUT_SIGNAL = """
+import multiprocessing as mp, os, signal, sys, threading
+
+from wok.bench.workers import WorkerProcesses
+
+
+def spin(stop, ready):
+    ready.set()
+    while True:
+        stop.is_set()  # a worker's poll (until_stopped), as often as it can be
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    with WorkerProcesses() as processes:
+        _, _, stop = processes.take(1)
+        hung = 0
+        for _ in range(5):
+            ready = ctx.Event()
+            p = ctx.Process(target=spin, args=(stop, ready))
+            p.start()
+            ready.wait(60)
+            os.kill(p.pid, signal.SIGKILL)  # as close() terminates a worker that did not answer a cut
+            p.join()
+            clearing = threading.Thread(target=stop.clear, daemon=True)  # the next stoppable ramp's start
+            clearing.start()
+            clearing.join(5)
+            hung += clearing.is_alive()
+        processes.give_back()
+        print("hung", hung)
+        sys.stdout.flush()
+        if hung:
+            os._exit(0)  # a clear() still waits on the lock the killed process held
+"""
+
+
+def test_a_worker_killed_as_it_reads_the_cut_signal_leaves_the_next_ramps_clear_free(tmp_path):
+    """A multiprocessing.Event holds a lock while it is read: a process killed there left it held, and the next
+    stoppable ramp's clear() on the same WorkerProcesses waited for good (3 of 5 tries hung, with an Event)."""
+    script = tmp_path / "spin.py"
+    script.write_text(SPIN_ON_THE_CUT_SIGNAL)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0 and done.stdout.strip() == "hung 0", (done.stdout, done.stderr)
