@@ -21,7 +21,9 @@ parameter or buffer (a constant, once frozen). It finds two things per input, fo
   rows past b's 150 from 75 on. `rows` stands there: every id still reaches its table, which fails past it.
 
 Where an input reaches a table any other way (arithmetic on it, a narrowing cast, an op not known, a function of the
-model's own whatever its name), nothing is guessed: it is not checked, and `unclear` says why.
+model's own whatever its name), nothing is guessed: it is not checked, and `unclear` says why. Nor is one whose ids
+are changed in place (`ids.sub_(1)`, `ids[ids >= n] = 0`): neither `rows` nor `bounds`, as the graphs of TorchScript
+and torch.fx go on reading the changed value as the ids the request sent (`_Walk.in_place`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ _KEEPS = frozenset(
 # Ops whose result holds some values of their first argument and no others: a slice, a row, an expand (which may
 # make none). Ids through them stay below any bound of the input's (`bounds`), but not every id is looked up.
 _PARTS = frozenset(f"aten::{op}" for op in ("slice", "select", "narrow", "expand", "expand_as"))
+# Of _PARTS, those whose other arguments are positions in their tensor that fail past its size (a slice's clamp):
+# `x.select(0, i)` of an `i` made of ids looks it up as `x[i]` does.
+_POSITIONED = frozenset({"aten::select", "aten::narrow"})
 _CASTS = frozenset({"aten::to", "aten::_to_copy", "aten::long"})
 # TorchScript's ScalarType codes of the integer dtypes (c10/core/ScalarType.h), the ones a cast of ids may name.
 _SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64}
@@ -64,7 +69,8 @@ _FX_CASTS = {"long": torch.int64, "int": torch.int32, "to": None}
 # as torch.fx sees them called (torch's and python's operators): values made of an input's ids through them are
 # followed to any table they reach (`_Walk.lookup`: not checked). Through any other op (a function of the model's
 # own, a custom op, a gather, a scatter, a computed tensor indexed by them) they may reach rows wok does not size,
-# and the input has no bound (`_Walk.unbounded`).
+# and the input has no bound (`_Walk.unbounded`). The positions that ops taking rows (a tensor's, a list's, a dict's)
+# are given are read before this list: `_Walk.positions`, `_POSITIONED`.
 _NO_LOOKUP = frozenset(
     op
     for ops in (
@@ -95,6 +101,12 @@ _FX_SHAPES = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout"}
 # Of _NO_LOOKUP's ops, those whose result is a mask (`table[mask]` takes no position from it).
 _COMPARES = frozenset(
     {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor", "isin"}
+)
+# In-place ops that change no value (autograd's flags; a new shape in place is one of _KEEPS): ids stay the ids.
+_KEEPS_IN_PLACE = frozenset({"requires_grad", "retain_grad", "share_memory", "record_stream"})
+# Python's in-place operators as torch.fx records them (`ids += 1` changes `ids` and any view of it).
+_PY_IN_PLACE = frozenset(
+    {"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior", "ixor", "ilshift", "irshift"}
 )
 # Why an embedding bag may look up only some ids (include_last_offset: those after the last offset are not read).
 _LAST_OFFSET = "which reads no id after its last offset (include_last_offset)"
@@ -200,13 +212,26 @@ class _Walk:
         self.masks: set = set()
         self.within: dict = {}
         self.unbounded: dict[str, str] = {}
+        self.changed: dict[str, str] = {}
         self.found = IdRanges()
 
     def finished(self) -> IdRanges:
-        """What was found, `bounds` left without the inputs of `unbounded`: the one place that rule is kept."""
+        """What was found, `bounds` left without the inputs of `unbounded`, and nothing of those in `changed`: the
+        one place those rules are kept."""
+        for name, why in self.changed.items():
+            for found in (self.found.rows, self.found.least, self.found.bounds):
+                found.pop(name, None)
+            self.found.unclear.setdefault(name, why)
         for name in self.unbounded:
             self.found.bounds.pop(name, None)
         return self.found
+
+    def in_place(self, target, via: str) -> None:
+        """`target` changed in place by op `via`. A graph goes on reading the value it changed as the ids it held
+        (`ids.sub_(1); emb(ids)`: TorchScript's, torch.fx's), so no table found says which ids fail: `ids.clamp_(0,
+        99)` takes ids past a 100-row table's rows, `ids.sub_(1)` fails at 0."""
+        if target in self.ids and _bare(via) not in _KEEPS_IN_PLACE:
+            self.changed.setdefault(self.ids[target][0], f"{via} changes its ids in place, which wok does not follow")
 
     def inputs_of(self, value) -> dict[str, str]:
         """The inputs `value` is derived from, each with how ('' where it holds the ids, all or some)."""
@@ -354,7 +379,7 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
             rows = _rows_of(table(node.args[0]), embedding=False)
             walk.lookup(index, rows, f"{op} (table[ids]) of a parameter", wraps=True)
             walk.derive([node], [a for a in ins if a is not index], op, reads=False)
-        elif op in _KEEPS and node.args:
+        elif op.removesuffix("_") in _KEEPS and node.args:  # `mask.unsqueeze_(-1)` as well
             walk.keep(node, node.args[0], via=op)
             walk.derive([node], ins[1:], op, reads=False)
         elif op in (_INDEX, _INDEX_SELECT) and node.args:
@@ -366,6 +391,8 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
         elif op in _PARTS and node.args:
             walk.keep(node, node.args[0], via=op, part=True)
             walk.derive([node], ins[1:], op, reads=False)
+            if op in _POSITIONED:
+                walk.positions([], [a for a in ins if a is not node.args[0]], op)
         elif op in _CASTS and node.args:
             val = node.meta.get("val")
             walk.keep(node, node.args[0], val.dtype if isinstance(val, torch.Tensor) else torch.float32, op)
@@ -512,7 +539,7 @@ class _Script:
                     continue
                 rows = _rows_of(self.object(ins[0]), embedding=False)
                 walk.lookup(index, rows, f"{kind} (table[ids]) of a parameter", conditional, wraps=True)
-            elif kind in _KEEPS:
+            elif kind.removesuffix("_") in _KEEPS:
                 walk.keep(outs[0], ins[0], via=kind)
             elif kind in (_INDEX, _INDEX_SELECT):
                 walk.keep(outs[0], ins[0], via=kind, part=True)
@@ -523,12 +550,21 @@ class _Script:
             elif kind in _PARTS:
                 walk.keep(outs[0], ins[0], via=kind, part=True)
                 walk.derive(outs, ins[1:], kind, reads=False)
+                if kind in _POSITIONED:
+                    walk.positions([], ins[1:], kind)
+            elif kind in ("aten::__getitem__", "prim::TupleIndex"):
+                # A list's, a tuple's or a dict's item at an index or key made of ids: past its end, or not among
+                # its keys, it fails.
+                walk.derive(outs, ins[:1], kind, reads=False)
+                walk.positions(outs, ins[1:], kind)
             elif kind in _CASTS:
                 walk.keep(outs[0], ins[0], _script_dtype(node), kind)
             else:
                 walk.derive(outs, ins, kind)
                 if kind == "aten::remainder" and len(ins) == 2:
                     walk.remainder(outs[0], self.constant(ins[1]))
+                if kind.endswith("_") and not kind.endswith("__") and ins:
+                    walk.in_place(ins[0], kind)
 
     def last_offset(self, node):
         """An embedding op's include_last_offset: False where it has none; _UNKNOWN where not known at load
@@ -694,9 +730,15 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
             partial = "" if last is False else _LAST_OFFSET
         walk.lookup(index, _rows_of(_fx_tensor(traced, table)), f"F.{shown}", partial=partial)
         walk.derive([node], [a for a in ins if a is not index], shown, reads=False)
-    elif name == "index_select" and len(args) == 3 and args[1] == 0 and _fx_tensor(traced, args[0]) is not None:
-        walk.lookup(args[2], _rows_of(_fx_tensor(traced, args[0]), embedding=False), "index_select of a parameter")
-        walk.derive([node], [a for a in ins if a is not args[2]], name, reads=False)
+    elif (
+        name == "index_select"
+        and _fx_arg(node, 1, "dim") == 0
+        and _fx_tensor(traced, args[0] if args else node.kwargs.get("input")) is not None
+    ):
+        index = _fx_arg(node, 2, "index")
+        table = _fx_tensor(traced, args[0] if args else node.kwargs.get("input"))
+        walk.lookup(index, _rows_of(table, embedding=False), "index_select of a parameter")
+        walk.derive([node], [a for a in ins if a is not index], name, reads=False)
     elif (
         name in _FX_INDEX
         and len(args) == 2
@@ -708,14 +750,18 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
             return
         table = _fx_tensor(traced, args[0])
         walk.lookup(args[1], _rows_of(table, embedding=False), "table[ids] of a parameter", wraps=True)
-    elif name in _FX_KEEPS and args:
+    elif name is not None and name.removesuffix("_") in _FX_KEEPS and args:
         walk.keep(node, args[0], via=name)
         walk.derive([node], ins[1:], name, reads=False)
     elif name in _FX_PARTS and args:
         walk.keep(node, args[0], via=name, part=True)
         walk.derive([node], ins[1:], name, reads=False)
-        if name in _FX_INDEX or name == "index_select":
-            walk.positions([node], _fx_positions(args[1] if name in _FX_INDEX else args[2:3]), name)
+        if name in _FX_INDEX:
+            walk.positions([node], _fx_positions(args[1]), name)
+        elif name == "index_select":
+            walk.positions([node], _fx_positions(_fx_arg(node, 2, "index")), name)
+        elif name in ("select", "narrow"):
+            walk.positions([], [a for a in ins if a is not args[0]], name)
     elif node.op == "call_method" and name in _FX_CASTS and args:
         walk.keep(node, args[0], _fx_dtype(node, _FX_CASTS[name]), name)
     elif target is getattr and len(args) == 2 and args[1] in _FX_SHAPES:
@@ -726,6 +772,9 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
         walk.derive([node], ins, shown, reads=None if known else True)
         if (target is operator.mod or name == "remainder") and len(args) == 2:
             walk.remainder(node, args[1])
+        in_place = name is not None and name.endswith("_") and not name.endswith("__")
+        if args and (in_place or target is operator.setitem or (_py_operator(target) and shown in _PY_IN_PLACE)):
+            walk.in_place(args[0], shown)
 
 
 def _py_operator(target) -> bool:
@@ -733,6 +782,11 @@ def _py_operator(target) -> bool:
     one of math's, which torch.fx wraps (`sqrt(ids.size(-1))`)."""
     name = getattr(target, "__name__", "")
     return target is getattr or any(getattr(ns, name, None) is target for ns in (operator, math))
+
+
+def _fx_arg(node, i: int, name: str):
+    """An fx node's argument, given by position `i` or as keyword `name` (`torch.index_select(t, 0, index=ids)`)."""
+    return node.args[i] if len(node.args) > i else node.kwargs.get(name)
 
 
 def _fx_positions(index) -> list:

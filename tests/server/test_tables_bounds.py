@@ -114,3 +114,125 @@ def test_ids_that_reach_an_op_that_may_look_them_up_unread_have_no_bound():
     for kind, model in {"python": Masked().eval(), "scripted": torch.jit.script(Masked().eval())}.items():
         found = id_ranges(model, ["ids"], {"ids": torch.int64})
         assert (found.bounds, found.rows) == ({"ids": 100}, {"ids": 100}), kind
+
+
+class Picked(nn.Module):
+    """`ids` reaches a (100 rows), and its first id picks a row of `small` (10 rows) as a position, not through a
+    table op: ids from 10 on, below a's rows, fail it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4)
+        self.small = nn.Parameter(torch.randn(10, 4))
+        self.scale = {0: 1.0, 1: 2.0}
+
+
+class Selected(Picked):  # as torch.fx traces it: `.item()`, no `int()`
+    def forward(self, ids):
+        return self.a(ids) + self.small.select(0, ids[0, 0].item())
+
+
+class Narrowed(Picked):
+    def forward(self, ids):
+        return self.a(ids) + self.small.narrow(0, ids[0, 0].item(), 1)
+
+
+class SelectedExported(Picked):
+    def forward(self, ids):
+        first = ids[0, 0].item()
+        torch._check(first >= 0)  # torch.export takes a data-dependent position only said within the tensor
+        torch._check(first < 10)
+        return self.a(ids) + self.small.select(0, first) + self.small.narrow(0, first, 1)
+
+
+class SelectedScripted(Picked):
+    def forward(self, ids):
+        return self.a(ids) + self.small.select(0, int(ids[0, 0]))
+
+
+class NarrowedScripted(Picked):
+    def forward(self, ids):
+        return self.a(ids) + self.small.narrow(0, int(ids[0, 0]), 1)
+
+
+class Indexed(Picked):
+    def forward(self, ids):
+        first: int = int(ids[0, 0])
+        return self.a(ids) + self.small[first]
+
+
+class Keyed(Picked):
+    def forward(self, ids):
+        return self.a(ids) * self.scale[int(ids[0, 0])]
+
+
+def test_ids_read_as_a_position_in_select_narrow_or_a_container_have_no_bound():
+    below = torch.full((2, 3), 50)
+    forms = {
+        "python select": Selected().eval(),
+        "python narrow": Narrowed().eval(),
+        "exported": torch.export.export(SelectedExported().eval(), (torch.zeros(2, 3, dtype=torch.long),)),
+    }
+    for cls in (SelectedScripted, NarrowedScripted, Indexed, Keyed):
+        forms[f"scripted {cls.__name__}"] = torch.jit.script(cls().eval())
+    for kind, model in forms.items():
+        with pytest.raises((IndexError, KeyError, RuntimeError)):
+            model(below) if kind != "exported" else model.module()(below)  # 50 < 100, the bound once published
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows) == ({}, {"ids": 100}), kind
+
+
+class SelectedByKeyword(Picked):
+    def forward(self, ids):
+        return self.a(ids) + torch.index_select(self.small, 0, index=ids.flatten()).sum()
+
+
+def test_index_select_of_a_parameter_given_its_index_by_keyword_is_a_lookup():
+    with pytest.raises(IndexError):
+        SelectedByKeyword().eval()(torch.full((1, 3), 50))
+    found = id_ranges(SelectedByKeyword().eval(), ["ids"], {"ids": torch.int64})
+    # Read as the table it is: ids past small's 10 rows refused, not only those past a's 100.
+    assert (found.bounds, found.rows) == ({"ids": 10}, {"ids": 10})
+
+
+class Unknown(nn.Module):
+    """Ids past a's 100 rows mapped to 0 in place: the graph goes on reading `ids` as if it were the request's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4)
+
+    def forward(self, ids):
+        ids.masked_fill_(ids >= 100, 0)
+        return self.a(ids)
+
+
+class OneBased(Unknown):
+    def forward(self, ids):
+        ids.sub_(1)
+        return self.a(ids)
+
+
+class ReshapedInPlace(Unknown):
+    """A mask of the ids reshaped in place: it reads no id as a position, and changes no id."""
+
+    def forward(self, ids):
+        keep = (ids != 0).unsqueeze_(-1)
+        ids.unsqueeze_(-1).squeeze_(-1)
+        return self.a(ids) * keep
+
+
+def test_ids_changed_in_place_are_not_checked():
+    assert Unknown().eval()(torch.tensor([[150]])).shape == (1, 1, 4)  # once refused: past a's 100 rows
+    assert OneBased().eval()(torch.tensor([[100]])).shape == (1, 1, 4)  # once refused
+    with pytest.raises(IndexError):
+        OneBased().eval()(torch.tensor([[0]]))  # once let through, below the bound published
+    example = (torch.zeros(2, 3, dtype=torch.long),)
+    for cls in (Unknown, OneBased):
+        for kind, model in _forms(cls(), example).items():
+            found = id_ranges(model, ["ids"], {"ids": torch.int64})
+            assert (found.bounds, found.rows, found.least) == ({}, {}, {}), (cls.__name__, kind)
+            assert "ids" in found.unclear, (cls.__name__, kind)
+    for kind, model in _forms(ReshapedInPlace(), example).items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows) == ({"ids": 100}, {"ids": 100}), kind
