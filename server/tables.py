@@ -689,7 +689,7 @@ def _fx_module_call(walk: _Walk, traced: torch.fx.GraphModule, node, scripts: li
             walk.derive([node], ins, type(sub).__name__, reads=False)
         return
     rows = table_rows(sub) if isinstance(sub, (torch.nn.Embedding, torch.nn.EmbeddingBag)) else []
-    index = node.args[0] if node.args else node.kwargs.get("input")
+    index = _fx_arg(node, 0, "input")
     if rows and index is not None:
         partial = _LAST_OFFSET if getattr(sub, "include_last_offset", False) else ""
         walk.lookup(index, rows[0], f"the {type(sub).__name__} module", partial=partial)
@@ -721,8 +721,8 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
     name = _fx_op(node)
     args = node.args
     if target is torch.nn.functional.embedding or target is torch.nn.functional.embedding_bag:
-        index = args[0] if args else node.kwargs.get("input")
-        table = args[1] if len(args) > 1 else node.kwargs.get("weight")
+        index = _fx_arg(node, 0, "input")
+        table = _fx_arg(node, 1, "weight")
         partial = ""
         if target is torch.nn.functional.embedding_bag:
             # F.embedding_bag's 10th parameter; anything but False (a value computed in forward) may leave ids out.
@@ -733,10 +733,9 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
     elif (
         name == "index_select"
         and _fx_arg(node, 1, "dim") == 0
-        and _fx_tensor(traced, args[0] if args else node.kwargs.get("input")) is not None
+        and (table := _fx_tensor(traced, _fx_arg(node, 0, "input"))) is not None
     ):
         index = _fx_arg(node, 2, "index")
-        table = _fx_tensor(traced, args[0] if args else node.kwargs.get("input"))
         walk.lookup(index, _rows_of(table, embedding=False), "index_select of a parameter")
         walk.derive([node], [a for a in ins if a is not index], name, reads=False)
     elif (
