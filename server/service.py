@@ -29,6 +29,7 @@ from .codec import (
     decode_request,
     encode_response,
     finish_decoding,
+    parse_infer_request,
     transport_limit,
     typed_values,
 )
@@ -282,6 +283,8 @@ def tolerant_parser(request_cls, method: str) -> Callable[[bytes], Any]:
     instead of raising: a deserializer that raises makes grpc.aio answer UNKNOWN and log an ERROR
     with a traceback for every such call, before any handler runs, and end a whole stream."""
     name, from_string = request_cls.DESCRIPTOR.full_name, request_cls.FromString
+    if request_cls is pb.ModelInferRequest:
+        from_string = parse_infer_request  # a large one's raw tensors read in place (ReceivedRequest)
 
     def parse(data: bytes):
         try:
