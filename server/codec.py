@@ -578,7 +578,7 @@ def _split_raw_inputs(data: bytes) -> tuple[bytes, list[memoryview]] | None:
     """The fields of a serialized ModelInferRequest other than raw_input_contents (in their order, as bytes to
     parse), and views of its raw_input_contents entries; None where the walk of its top-level fields meets
     what it leaves to protobuf: more than _MAX_WALKED_FIELDS of them, a group, a bad wire type or field number,
-    a varint of over 10 bytes, or a field past the end."""
+    a tag of over 5 bytes or a varint of over 10, or a field past the end."""
     view = memoryview(data)
     end = len(data)
     pos = kept = 0  # kept: where the run of fields kept for the message began
@@ -590,6 +590,8 @@ def _split_raw_inputs(data: bytes) -> tuple[bytes, list[memoryview]] | None:
             return b"".join(rest), raw
         at = pos
         key, pos = _varint(data, pos)
+        if pos - at > 5:
+            return None  # protobuf reads a tag as a varint of 5 bytes at most, and refuses a longer one
         kind = key & 7
         if kind == 2:
             length, pos = _varint(data, pos)

@@ -167,6 +167,8 @@ def test_a_large_request_is_refused_as_protobufs_message_is(fault, max_bytes):
         pytest.param(lambda d: d + b"\x02\x00", id="field_0"),
         pytest.param(lambda d: d + b"\x0f", id="wire_type_7"),
         pytest.param(lambda d: d + b"\x3a" + b"\xff" * 11, id="length_of_11_bytes"),
+        # raw_input_contents' tag (58) in 6 bytes: protobuf reads a tag as a varint of at most 5
+        pytest.param(lambda d: d + b"\xba" + b"\x80" * 4 + b"\x00" + b"\x01x", id="raw_tag_of_6_bytes"),
         pytest.param(lambda d: d + _field(5, b"\xff"), id="bad_input_message"),
         pytest.param(lambda d: d + _field(1, b"\xff"), id="model_name_not_utf8"),
     ],
