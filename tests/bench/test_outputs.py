@@ -28,6 +28,7 @@ SCRIPTS = {
     "cold_batch": [],
     "compare": ["--servers", "wok"],
     "fuzz": [],
+    "large_decode": [],
     "gpu_check": [],
     "latency_breakdown": [],
     "linear_kernels": [],

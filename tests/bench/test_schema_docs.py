@@ -28,6 +28,7 @@ SCRIPTS = {
     "stream_vs_unary": "wok.stream_vs_unary/1",
     "thread_sizing": "wok.thread_sizing/1",
     "unhandled_cost": "wok.unhandled_cost/1",
+    "large_decode": "wok.large_decode/1",
 }
 
 
