@@ -868,8 +868,8 @@ def _traced_copy(module: torch.nn.Module) -> torch.fx.GraphModule:
     for b in module.buffers():
         try:
             memo[id(b)] = torch.empty_like(b, device="meta")
-        except (NotImplementedError, RuntimeError):  # a quantized buffer has no meta form: copied, as before
-            pass
+        except (NotImplementedError, RuntimeError):
+            pass  # no meta form (a quantized buffer): deepcopy below copies it, its memory held twice while tracing
     try:
         copied = copy.deepcopy(module, memo)
     except Exception as exc:  # a lock, a handle: whatever deepcopy refuses

@@ -229,8 +229,9 @@ class QuantizedBuffer(nn.Module):
 
 
 def test_a_buffer_with_no_meta_form_is_copied_for_the_trace_as_before():
-    """A quantized buffer has no meta tensor (NotImplementedError, raised before the trace's own try): the whole
-    finder raised, and the model's inputs went unchecked ("its graph could not be read"). Such a buffer is copied."""
+    """A quantized buffer has no meta tensor: empty_like(device="meta") raised NotImplementedError outside the
+    trace's own try, the whole finder failed and the model's inputs went unchecked ("its graph could not be read").
+    Such a buffer is deep-copied for the trace instead."""
     found = id_ranges(QuantizedBuffer().eval(), ["ids"], I64)
     assert (found.rows, found.unclear) == ({"ids": 10}, {})
 
