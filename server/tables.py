@@ -40,6 +40,8 @@ import torch
 EMBEDDING_SCHEMAS = frozenset({"aten::embedding", "aten::embedding_bag", "aten::_embedding_bag"})
 _INDEX_SELECT = "aten::index_select"
 _INDEX = "aten::index"
+# F.embedding's max_norm as torch.export writes it: `embedding_renorm_(weight, ids, ...)` renorms the rows at ids.
+_RENORMS = frozenset({"aten::embedding_renorm_", "aten::embedding_renorm"})
 # Ops whose result holds every value of their first argument and no others (a new shape, a new order, a copy):
 # ids through them are still all the ids. A cast is among them only where it loses no value (_keeps_values).
 _KEEPS = frozenset(
@@ -87,7 +89,7 @@ _NO_LOOKUP = frozenset(
         "to _to_copy long int float double half bfloat16 bool type_as cpu cuda",
         "ListConstruct TupleConstruct ListUnpack TupleUnpack TupleIndex cat concat concatenate stack",
         "float_power linear matmul mm bmm addmm relu sigmoid tanh softmax log_softmax",
-        "truediv floordiv mod and_ or_ xor invert getattr",
+        "truediv floordiv mod and_ or_ xor invert lshift rshift getattr",
         "slice select narrow expand expand_as getitem __getitem__",
         "format str __is__ __isnot__ __contains__ RaiseException warn Uninitialized unchecked_cast isinstance",
         "_assert _assert_async _assert_scalar _assert_tensor_metadata sym_constrain_range sym_constrain_range_for_size",
@@ -101,6 +103,17 @@ _FX_SHAPES = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout"}
 # Of _NO_LOOKUP's ops, those whose result is a mask (`table[mask]` takes no position from it).
 _COMPARES = frozenset(
     {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "logical_xor", "isin"}
+)
+# Of _NO_LOOKUP's ops, those whose result has the dtype of their tensor arguments where those are integers of one
+# dtype and the rest python ints (`ids * 31 + 7`): a `% n` of it is an integer one, in [0, n) (`_Walk.remainder`).
+_INTEGER_CLOSED = frozenset(
+    op
+    for ops in (
+        "add sub rsub mul remainder floor_divide neg negative",
+        "bitwise_and bitwise_or bitwise_xor bitwise_not __and__ __or__ __xor__ __invert__ __lshift__ __rshift__",
+        "mod floordiv and_ or_ xor invert lshift rshift",
+    )
+    for op in ops.split()
 )
 # In-place ops that change no value (autograd's flags; a new shape in place is one of _KEEPS): ids stay the ids.
 _KEEPS_IN_PLACE = frozenset({"requires_grad", "retain_grad", "share_memory", "record_stream"})
@@ -175,16 +188,24 @@ class IdRanges:
     """What `id_ranges` found (module docstring). `rows`: by input whose every id reaches a table unchanged, the
     rows of its smallest table; `least`: the least id those tables take, 0 or (`table[ids]` alone) -rows; `bounds`:
     by input whose ids reach a table through ops that keep values or some of them, the rows of its smallest such
-    table; `unclear`: by input reaching a table otherwise, why its ids are not checked (the first way found)."""
+    table; `unclear`: by input reaching a table otherwise, why its ids are not checked (the first way found);
+    `unpublished`: by input of `rows` that has no bound, why (a use of its ids not followed)."""
 
     rows: dict[str, int] = field(default_factory=dict)
     least: dict[str, int] = field(default_factory=dict)
     unclear: dict[str, str] = field(default_factory=dict)
     bounds: dict[str, int] = field(default_factory=dict)
+    unpublished: dict[str, str] = field(default_factory=dict)
 
     def said(self) -> str:
-        """The start-up's words for it: "input 'ids' in [0, 1000); input 'b' not checked: ..."."""
-        parts = [f"input '{n}' in [{self.least.get(n, 0)}, {r})" for n, r in self.rows.items()]
+        """The start-up's words for it: "input 'ids' in [0, 1000); input 'b' not checked: ...", and why an input
+        that is checked has no published bound: "input 'c' in [0, 100) (checked per request; no bound published:
+        ...)"."""
+        parts = [
+            f"input '{n}' in [{self.least.get(n, 0)}, {r})"
+            + (f" (checked per request; no bound published: {self.unpublished[n]})" if n in self.unpublished else "")
+            for n, r in self.rows.items()
+        ]
         parts += [f"input '{n}' not checked: {why}" for n, why in self.unclear.items() if n not in self.rows]
         return "; ".join(parts)
 
@@ -194,7 +215,7 @@ def _bare(op: str) -> str:
     kept, so that none is taken for torch's), an in-place op's without its trailing `_`."""
     for space in ("aten::", "prim::"):
         op = op.removeprefix(space)
-    if "::" in op:
+    if "::" in op or op in _NO_LOOKUP:  # python's `&` and `|` are operator.and_ and or_, not in-place ops
         return op
     return op[:-1] if op.endswith("_") and not op.endswith("__") else op
 
@@ -202,15 +223,16 @@ def _bare(op: str) -> str:
 class _Walk:
     """The values of one graph that hold an input's ids (`ids`: value → (input, dtype, the op that passed on only
     some of them, '' where none did)), those derived from an input otherwise (`mixed`: value → {input: the op that
-    changed it}), the masks among them (`masks`), those in [0, n) whatever the ids (`within`: value → n, made by
-    `% n`), what reached a table, and the inputs whose bound is not known (`unbounded`: input → why, module
-    docstring)."""
+    changed it}), the masks among them (`masks`), the integer dtype of those known to hold one (`integer`), those
+    in [0, n) whatever the ids (`within`: value → n, made by an integer `% n`), what reached a table, and the inputs
+    whose bound is not known (`unbounded`: input → why, module docstring)."""
 
     def __init__(self) -> None:
         self.ids: dict = {}
         self.mixed: dict = {}
         self.masks: set = set()
         self.within: dict = {}
+        self.integer: dict = {}
         self.unbounded: dict[str, str] = {}
         self.changed: dict[str, str] = {}
         self.found = IdRanges()
@@ -222,8 +244,10 @@ class _Walk:
             for found in (self.found.rows, self.found.least, self.found.bounds):
                 found.pop(name, None)
             self.found.unclear.setdefault(name, why)
-        for name in self.unbounded:
+        for name, why in self.unbounded.items():
             self.found.bounds.pop(name, None)
+            if name in self.found.rows:
+                self.found.unpublished[name] = why
         return self.found
 
     def in_place(self, target, via: str) -> None:
@@ -241,6 +265,22 @@ class _Walk:
 
     def dtype_of(self, value) -> torch.dtype | None:
         return self.ids[value][1] if value in self.ids else None
+
+    def integer_of(self, value) -> torch.dtype | None:
+        """The integer dtype a value made of inputs is known to have (every input's ids are integers); else None."""
+        return self.ids[value][1] if value in self.ids else self.integer.get(value)
+
+    def mask(self, value) -> bool:
+        """Whether a value is a mask, which `table[value]` takes no position from."""
+        return value in self.masks or self.dtype_of(value) in _MASKS
+
+    def integer_op(self, out, via: str, args: list) -> None:
+        """`out`, made by op `via` of `args`: each an argument's integer dtype where it is a tensor made of inputs
+        known to hold one, `int` for a python int, else None. Of one dtype where `via` keeps it (`_INTEGER_CLOSED`):
+        tensors all of that dtype (no promotion: a 0-dim one of another dtype would not promote), python ints."""
+        dtypes = {a for a in args if a is not int}
+        if _bare(via) in _INTEGER_CLOSED and len(dtypes) == 1 and None not in dtypes:
+            self.integer[out] = dtypes.pop()
 
     def derive(self, outs, ins, via: str, restate: bool = False, reads: bool | None = None) -> None:
         """`outs`, made by op `via` from `ins`: derived from each input any of `ins` is, not as ids (`restate`:
@@ -262,10 +302,17 @@ class _Walk:
                 for name in merged:
                     self.unbounded.setdefault(name, f"its ids reach {via}, which wok does not follow")
 
-    def remainder(self, out, divisor) -> None:
-        """`out` is a value `% divisor`: in [0, divisor) whatever the ids, for a positive whole divisor (torch's
-        remainder takes the divisor's sign)."""
-        if isinstance(divisor, int) and not isinstance(divisor, bool) and divisor > 0:
+    def remainder(self, out, divisor, dtype: torch.dtype | None) -> None:
+        """`out` is a value of `dtype` (None: not known to be an integer one) `% divisor`: in [0, divisor) whatever
+        the ids, for a positive whole divisor (torch's remainder takes the divisor's sign) that the dtype holds. Not
+        for a float: `(ids.half() % 1000).long()` is garbage from id 65,520 (inf), and a float's remainder may round
+        up to the divisor; nor past the dtype, which wraps the divisor: an int8's `% 200` is `% -56`, in (-56, 0]."""
+        if (
+            dtype is not None
+            and isinstance(divisor, int)
+            and not isinstance(divisor, bool)
+            and 0 < divisor <= _most(dtype)
+        ):
             self.within[out] = divisor
 
     def positions(self, outs, index, via: str) -> None:
@@ -273,7 +320,7 @@ class _Walk:
         values `index`; a mask among them takes no position."""
         self.derive(outs, index, via, reads=False)
         for v in index:
-            if v not in self.masks and self.dtype_of(v) not in _MASKS:
+            if not self.mask(v):
                 self.derive([], [v], via, reads=True)
 
     def keep(self, out, src, want: torch.dtype | None = None, via: str = "", part: bool = False) -> None:
@@ -286,6 +333,9 @@ class _Walk:
             n = self.within.get(src)
             if n is not None and (want is None or n - 1 <= _most(want)):
                 self.within[out] = n
+            dtype = self.integer_of(src) if want is None else want
+            if dtype is not None and _most(dtype) >= 0:
+                self.integer[out] = dtype
 
     def alias(self, out, src) -> None:
         """`out` is `src` (a branch always taken returns it)."""
@@ -396,10 +446,15 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
         elif op in _CASTS and node.args:
             val = node.meta.get("val")
             walk.keep(node, node.args[0], val.dtype if isinstance(val, torch.Tensor) else torch.float32, op)
+        elif op in _RENORMS and len(node.args) > 1:
+            # max_norm's renorm of the rows the ids name, in place, before F.embedding looks them up: the same rows.
+            walk.lookup(node.args[1], _rows_of(getattr(node.args[0], "meta", {}).get("val")), op)
+            walk.derive([node], [a for a in ins if a is not node.args[1]], op, reads=False)
         else:
             walk.derive([node], ins, op)
             if op == "aten::remainder" and len(node.args) == 2:
-                walk.remainder(node, node.args[1])
+                # The trace's dtypes are the graph's own: a float's `% n` is not within n (`_Walk.remainder`).
+                walk.remainder(node, node.args[1], _fx_val_dtype(node.args[0]))
 
 
 def _fx_val_dtype(node) -> torch.dtype | None:
@@ -534,7 +589,7 @@ class _Script:
                 walk.derive(outs, ins[:2], kind, reads=False)
             elif kind == _INDEX and isinstance(self.object(ins[0]), torch.Tensor) and self._one_index(ins[1]):
                 index = ins[1].node().inputsAt(0)
-                if walk.dtype_of(index) in _MASKS:
+                if walk.mask(index):
                     walk.derive(outs, ins, kind, reads=False)
                     continue
                 rows = _rows_of(self.object(ins[0]), embedding=False)
@@ -561,10 +616,19 @@ class _Script:
                 walk.keep(outs[0], ins[0], _script_dtype(node), kind)
             else:
                 walk.derive(outs, ins, kind)
+                if outs:
+                    walk.integer_op(outs[0], kind, [self.integer_arg(v) for v in ins])
                 if kind == "aten::remainder" and len(ins) == 2:
-                    walk.remainder(outs[0], self.constant(ins[1]))
+                    walk.remainder(outs[0], self.constant(ins[1]), walk.integer_of(ins[0]))
                 if kind.endswith("_") and not kind.endswith("__") and ins:
                     walk.in_place(ins[0], kind)
+
+    def integer_arg(self, value):
+        """An op's argument as `_Walk.integer_op` takes it: a tensor's integer dtype, `int` for an int constant."""
+        if isinstance(value.type(), torch._C.TensorType):
+            return self.walk.integer_of(value)
+        held = self.constant(value)
+        return int if isinstance(held, int) and not isinstance(held, bool) else None
 
     def last_offset(self, node):
         """An embedding op's include_last_offset: False where it has none; _UNKNOWN where not known at load
@@ -744,7 +808,7 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
         and _fx_tensor(traced, args[0]) is not None
         and isinstance(args[1], torch.fx.Node)
     ):
-        if walk.dtype_of(args[1]) in _MASKS:
+        if walk.mask(args[1]):
             walk.derive([node], ins, name, reads=False)
             return
         table = _fx_tensor(traced, args[0])
@@ -769,8 +833,10 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
         # A function not torch's nor python's operator (the model's own) is never taken for one of _NO_LOOKUP's.
         known = name is not None or _py_operator(target)
         walk.derive([node], ins, shown, reads=None if known else True)
+        if known:
+            walk.integer_op(node, name or shown, [_fx_integer(walk, a) for a in (*args, *node.kwargs.values())])
         if (target is operator.mod or name == "remainder") and len(args) == 2:
-            walk.remainder(node, args[1])
+            walk.remainder(node, args[1], walk.integer_of(args[0]))
         in_place = name is not None and name.endswith("_") and not name.endswith("__")
         if args and (in_place or target is operator.setitem or (_py_operator(target) and shown in _PY_IN_PLACE)):
             walk.in_place(args[0], shown)
@@ -781,6 +847,13 @@ def _py_operator(target) -> bool:
     one of math's, which torch.fx wraps (`sqrt(ids.size(-1))`)."""
     name = getattr(target, "__name__", "")
     return target is getattr or any(getattr(ns, name, None) is target for ns in (operator, math))
+
+
+def _fx_integer(walk: _Walk, arg):
+    """An fx node's argument as `_Walk.integer_op` takes it: a node's integer dtype, `int` for a python int."""
+    if isinstance(arg, torch.fx.Node):
+        return walk.integer_of(arg)
+    return int if isinstance(arg, int) and not isinstance(arg, bool) else None
 
 
 def _fx_arg(node, i: int, name: str):

@@ -233,6 +233,39 @@ def test_a_python_model_that_torch_fx_cannot_trace_is_not_checked_and_the_start_
         decode_request(encode_request("Plain", {"ids": np.array([[1, 12, 3]], np.int32)}), plain)
 
 
+def test_the_start_says_why_a_checked_input_publishes_no_bound(tmp_path, caplog):
+    """An input refused past a table every id reaches, with no bound (a use of its ids not followed): the start-up
+    line said only its range, not why `wok.ids_bound.ids` is missing."""
+    source = textwrap.dedent(
+        """
+        from torch import nn
+
+
+        class Doubled(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.a = nn.Embedding(10, 4)
+                self.b = nn.Embedding(15, 4)
+
+            def forward(self, ids):
+                return (self.a(ids) + self.b(ids * 2)).sum(1)
+        """
+    )
+    d = tmp_path / "doubled"
+    d.mkdir()
+    (d / "model.py").write_text(source)
+    (d / "config.toml").write_text(config_text("python", 'factory = "model:Doubled"'))
+    with caplog.at_level(logging.INFO, logger="wok"):
+        servable = load_servable(d)
+    assert (servable.id_ranges, dict(servable.id_bounds)) == ({"ids": 10}, {})
+    lines = [r.getMessage() for r in caplog.records if "embedding tables" in r.getMessage()]
+    assert lines == [
+        "model 'doubled': integer inputs that reach embedding tables (a request with an id outside its input's range "
+        "is refused, INVALID_ARGUMENT): input 'ids' in [0, 10) (checked per request; no bound published: it reaches "
+        "the Embedding module through mul, which wok does not follow)"
+    ]
+
+
 def _gather(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     # Scripted with the module that calls it, a function of its own (prim::CallFunction).
     if ids.dim() == 1:

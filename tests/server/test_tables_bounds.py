@@ -236,3 +236,114 @@ def test_ids_changed_in_place_are_not_checked():
     for kind, model in _forms(ReshapedInPlace(), example).items():
         found = id_ranges(model, ["ids"], {"ids": torch.int64})
         assert (found.bounds, found.rows) == ({"ids": 100}, {"ids": 100}), kind
+
+
+class HalfRemainder(nn.Module):
+    """`% n` of ids made half floats: from id 65,520 on they are inf, whose remainder is NaN, a garbage long."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(70_000, 2)
+        self.b = nn.Embedding(1000, 2)
+
+    def forward(self, ids):
+        return self.a(ids) + self.b((ids.half() % 1000).long())
+
+
+class RoundedRemainder(HalfRemainder):
+    """A float32's remainder rounds up to its divisor: id 0 makes -1e-5, whose `% 1000` is 1000.0."""
+
+    def forward(self, ids):
+        return self.a(ids) + self.b(((ids.float() - 1) * 1e-5 % 1000).long())
+
+
+class NarrowRemainder(nn.Module):
+    """Int8 ids: their `% 200` is `% -56` (200 wrapped to int8), in (-56, 0]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 2)
+        self.b = nn.Embedding(200, 2)
+
+    def forward(self, ids):
+        return self.a(ids.long()) + self.b((ids % 200).long())
+
+
+class IntegerRemainders(NarrowRemainder):
+    """Integer arithmetic before `% 200`, and a float made a long again: each within b's 200 rows. (A python
+    model's `&`, operator.and_, was read as an in-place `and`, and its `<<` was not followed: it had no bound.)"""
+
+    def forward(self, ids):
+        wide = ids.long()
+        hashed = self.b((wide * 31 + 7) % 200) + self.b((wide & 0xFFFF | 1) % 200) + self.b((wide << 3 >> 1) % 200)
+        return self.a(wide) + hashed + self.b(((wide * 3).float() / 2).long() % 200)
+
+
+def test_a_remainder_of_floats_or_past_its_dtype_keeps_no_id_within_its_divisor():
+    """`(ids.half() % n).long()` was taken as within n: a's 70,000 rows were published, and ids from 65,520 on
+    failed b."""
+    for cls, dtype, failing, rows in (
+        (HalfRemainder, torch.int64, 65_520, 70_000),
+        (RoundedRemainder, torch.int64, 0, 70_000),
+        (NarrowRemainder, torch.int8, 5, 100),
+    ):
+        module = cls().eval()
+        with pytest.raises(IndexError, match="index out of range"):
+            module(torch.full((1, 3), failing, dtype=dtype))  # below a's rows, the bound once published
+        for kind, model in _forms(module, (torch.zeros(2, 3, dtype=dtype),)).items():
+            found = id_ranges(model, ["ids"], {"ids": dtype})
+            assert (found.bounds, found.rows) == ({}, {"ids": rows}), (cls.__name__, kind)
+    module = IntegerRemainders().eval()
+    module(torch.arange(100, dtype=torch.int8).reshape(1, -1))  # every id below the bound is served
+    for kind, model in _forms(module, (torch.zeros(2, 3, dtype=torch.int8),)).items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int8})
+        assert (found.bounds, found.rows) == ({"ids": 100}, {"ids": 100}), kind
+
+
+def test_the_start_up_says_why_an_input_checked_per_request_has_no_bound():
+    """`ids` is refused past a's rows but published no bound: the line said only `in [0, 100)`."""
+    example = (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long))
+    ways = {"python": "the Embedding module through mul", "scripted": "aten::embedding through aten::mul"}
+    ways["exported"] = ways["scripted"]
+    for kind, model in _forms(TwoTables(), example).items():
+        found = id_ranges(model, ["ids", "other"], {"ids": torch.int64, "other": torch.int64})
+        assert found.said() == (
+            f"input 'ids' in [0, 100) (checked per request; no bound published: it reaches {ways[kind]}, which wok "
+            "does not follow); input 'other' in [0, 100)"
+        ), kind
+
+
+class Renormed(nn.Module):
+    """max_norm: torch.export writes `embedding_renorm_(weight, ids, ...)` before the lookup, on the same rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4, max_norm=1.0)
+
+    def forward(self, ids):
+        return self.a(ids)
+
+
+class MaskOfParameter(nn.Module):
+    """`table[ids != 0]` of a parameter takes a mask, no id as a row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4)
+        self.small = nn.Parameter(torch.randn(2, 3))
+
+    def forward(self, ids):
+        return self.a(ids).sum() + self.small[ids != 0].sum()
+
+
+def test_a_max_norm_embedding_and_a_mask_of_a_parameter_keep_the_bound():
+    """The exported max_norm embedding, and the python and scripted masks, had no bound (over-strict)."""
+    example = (torch.zeros(2, 3, dtype=torch.long),)
+    for cls in (Renormed, MaskOfParameter):
+        module = cls().eval()
+        module(torch.tensor([[0, 99, 5], [99, 0, 1]]))  # ids below the bound are served
+        with pytest.raises(IndexError):
+            module(torch.tensor([[0, 100, 5], [99, 0, 1]]))
+        for kind, model in _forms(module, example).items():
+            found = id_ranges(model, ["ids"], {"ids": torch.int64})
+            assert (found.bounds, found.rows) == ({"ids": 100}, {"ids": 100}), (cls.__name__, kind)
