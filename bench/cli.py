@@ -504,8 +504,8 @@ def run_simulate(args) -> int:
     least = {"--max-batch-size": 1, "--instances": 1, "--max-queue-size": 0, "--seed": 0}
     for option, low in least.items():
         value = getattr(args, option.removeprefix("--").replace("-", "_"))
-        if value is not None and value < low:
-            raise ValueError(f"{option} must be >= {low}; got {value}")
+        if value is not None and (refusal := integer_refusal(option, value, low)) is not None:
+            raise ValueError(refusal)
     alpha, beta, notes, batch_size_source = _simulated_batch_time(args)
     steps = _named("--steps", parse_steps, args.steps)
     duration = seconds("--step-duration", positive=True)
@@ -813,8 +813,8 @@ def _check_aim(args) -> None:
             f"--knee-threshold: expected a ratio Δachieved/Δoffered above 0 and at most 1; got {args.knee_threshold:g}"
         )
     if args.replicas is not None:
-        if args.replicas < 1:
-            raise ValueError(f"--replicas must be >= 1; got {args.replicas}")
+        if (refusal := integer_refusal("--replicas", args.replicas, 1)) is not None:
+            raise ValueError(refusal)
         if args.target is not None:
             raise ValueError("--target with --replicas: the bench ramps the replicas it starts; give one of them")
         if args.admin_url:
@@ -1316,8 +1316,8 @@ def run_profile(args) -> int:
 
     _check_outputs(args, "--json", "--plot")
     if args.torch_threads is not None:
-        if args.torch_threads < 1:
-            raise ValueError(f"--torch-threads must be >= 1; got {args.torch_threads}")
+        if (refusal := integer_refusal("--torch-threads", args.torch_threads, 1)) is not None:
+            raise ValueError(refusal)
         torch.set_num_threads(args.torch_threads)
     try:
         if args.model_repository is None:
@@ -1663,14 +1663,10 @@ def run_tune(args) -> int:
             )
     if (refusal := integer_refusal("--instances", args.instances, 1)) is not None:
         raise ValueError(refusal)
-    if (refusal := integer_refusal("--iterations", args.iterations, 0)) is not None:
+    past = f" (past {MAX_ITERATIONS} the bisection's interval holds no double between its ends)"
+    if (refusal := integer_refusal("--iterations", args.iterations, 0, past, most=MAX_ITERATIONS)) is not None:
         raise ValueError(refusal)
-    if args.iterations > MAX_ITERATIONS:
-        raise ValueError(
-            f"--iterations: expected an integer ≤ {MAX_ITERATIONS} (past it the bisection's interval holds no "
-            f"double between its ends); got {args.iterations}"
-        )
-    # Else refused at the first simulated step, in the simulator's words ("seed must be").
+    # Else refused at the first simulated step, in the simulator's words ("seed: expected").
     if (refusal := integer_refusal("--seed", args.seed, 0)) is not None:
         raise ValueError(refusal)
     if not 0 <= args.tie < 1:  # NaN too

@@ -96,7 +96,10 @@ def main(argv=None) -> int:
         p.error(f"--sizes: expected positive integers, comma-separated; got {quoted_name(args.sizes)}")
     if (refusal := integer_refusal("--batches", args.batches, 1)) is not None:
         p.error(refusal)
-    if args.torch_threads is not None and (refusal := integer_refusal("--torch-threads", args.torch_threads, 1)):
+    if (
+        args.torch_threads is not None
+        and (refusal := integer_refusal("--torch-threads", args.torch_threads, 1)) is not None
+    ):
         p.error(refusal)
     if args.model not in DEMO_MODELS:
         p.error(f"--model: expected a demo model with one FP32 input (mlp), got {quoted_name(args.model)}")

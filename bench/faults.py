@@ -51,6 +51,7 @@ from ..faults import MAX_DELAY_MS, MAX_DURATION_S
 from ..numerals import SPACES, ascii_digits, read_float
 from .analysis import latency_summary
 from .arrivals import parse_duration
+from .payloads import integer_refusal
 from .runner import Ramp, RampConfig, status_name
 from .workers import NOT_SENT, OK
 
@@ -393,8 +394,8 @@ class ReplicaSet:
         start_timeout: float = 180.0,
         host: str = REPLICA_HOST,
     ):
-        if n < 1:
-            raise ValueError(f"--replicas must be >= 1; got {n}")
+        if (refusal := integer_refusal("--replicas", n, 1)) is not None:
+            raise ValueError(refusal)
         args = list(serve_args) + (["--admin"] if admin and "--admin" not in serve_args else [])
         self.start_timeout = start_timeout
         self.forker = Forker()
@@ -1263,8 +1264,8 @@ def start_replicas(args, cfg: RampConfig, say: Callable[[str], None], *, admin: 
     """(ReplicaSet, cfg aimed at it) for `--replicas N`; (None, cfg) without it."""
     if args.replicas is None:
         return None, cfg
-    if args.replicas < 1:
-        raise ValueError(f"--replicas must be >= 1; got {args.replicas}")
+    if (refusal := integer_refusal("--replicas", args.replicas, 1)) is not None:
+        raise ValueError(refusal)
     serve_args = serve_args_of(args, cfg)
     say(f"starting {args.replicas} replica(s): wok serve {' '.join(serve_args)}")
     replicas = ReplicaSet(args.replicas, serve_args, admin=admin, host=replica_host(args.replica_host))
@@ -1292,8 +1293,8 @@ def check_options(args, cfg: RampConfig) -> list[FaultSpec]:
     ValueError naming the option."""
     specs = [parse_fault(s) for s in args.fault]
     if args.replicas is not None:
-        if args.replicas < 1:
-            raise ValueError(f"--replicas must be >= 1; got {args.replicas}")
+        if (refusal := integer_refusal("--replicas", args.replicas, 1)) is not None:
+            raise ValueError(refusal)
         for s in specs:
             if s.replica is not None and s.replica >= args.replicas:
                 raise ValueError(f"--fault {quoted_name(s.text)}: replica={s.replica}, but --replicas {args.replicas}")

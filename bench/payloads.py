@@ -63,21 +63,26 @@ def _quoted(text: str) -> str:
 
 
 def _int(value: object, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer, float)):
-        raise ValueError(f"{what} must be an integer >= {minimum}; got {value!r}")
-    if isinstance(value, float) and not value.is_integer():
-        raise ValueError(f"{what} must be an integer >= {minimum}; got {value!r}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{what} must be an integer >= {minimum}; got {value}")
-    return value
+    # A whole float passes (a size read from JSON may be 4.0); integer_refusal says why anything else does not.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if (refusal := integer_refusal(what, value, minimum)) is not None:
+        raise ValueError(refusal)
+    return int(value)
 
 
-def integer_refusal(option: str, value: int, least: int, why: str = "") -> str | None:
-    """The refusal of an integer option below `least`, in the one wording of every bench command and script
-    (`--reps: expected an integer >= 1; got 0`; `why`, said after the bound, the reason for it); None where `value`
-    is not below it."""
-    return None if value >= least else f"{option}: expected an integer >= {least}{why}; got {value}"
+def integer_refusal(option: str, value: object, least: int, why: str = "", most: int | None = None) -> str | None:
+    """The refusal of an integer option below `least` (or above `most`), or of a value that is no integer, in the one
+    wording of every bench command and script (`--reps: expected an integer >= 1; got 0`; with `most`, `expected an
+    integer from 0 to 51`; `why`, said after the bound, the reason for it); None where `value` is within it."""
+    bound = f">= {least}" if most is None else f"from {least} to {most}"
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        got = repr(value)
+    elif least <= value and (most is None or value <= most):
+        return None
+    else:
+        got = str(int(value))  # np.int64(3) said as 3
+    return f"{option}: expected an integer {bound}{why}; got {got}"
 
 
 def check_int_high(value: int) -> int:
@@ -298,7 +303,7 @@ def parse_sizes(spec: str) -> Sizes:
             except ValueError:
                 raise ValueError("lognormal median and sigma must be numbers") from None
             if not ascii_digits(opts["max"]):
-                raise ValueError(f"lognormal max must be an integer >= 1; got {_quoted(opts['max'])}")
+                raise ValueError(f"lognormal max: expected an integer >= 1; got {_quoted(opts['max'])}")
             return LogNormal(median, sigma, int(opts["max"]))
         if kind == "empirical":
             if not rest:

@@ -45,7 +45,7 @@ from wok import tables
 from wok.config import InstanceConfig, check_device
 from wok.cpulinear import onednn_counts
 from wok.errors import ModelExecutionError
-from wok.executor import Executor, resolve_devices
+from wok.executor import Executor, failure_line, resolve_devices
 from wok.servable import HostBuffers, Servable
 
 from ..errors import quoted_name
@@ -57,6 +57,7 @@ from .payloads import (
     TensorSpec,
     check_int_high,
     integer_cap,
+    integer_refusal,
     parse_sizes,
     support_of,
 )
@@ -165,10 +166,16 @@ class _WorkMode(TorchDispatchMode):
         self.params = params  # storage pointer -> bytes, for parameters and buffers
         self.seen: set[int] = set()
         self.work = work
+        # An op's error as raised here: a TorchScript model's RuntimeError then holds no message of it.
+        self.failed: Exception | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except Exception as exc:
+            self.failed = exc
+            raise
         packet = func._overloadpacket
         # An `out=` tensor is written, not read; a shape-only argument is not read at all.
         named = _named_args(func, args, kwargs)
@@ -263,8 +270,12 @@ def count_work(servable: Servable, device: torch.device, requests: Sequence[dict
     try:
         # no_grad, not inference_mode: under inference_mode and FlopCounterMode TorchScript's aten::numel
         # raises a RuntimeError with no message (torch 2.13), and nn.EmbeddingBag's forward reads numel().
-        with torch.no_grad(), _WorkMode(_parameter_storages(module), work), counter:
-            servable.forward(module, tensors)
+        mode = _WorkMode(_parameter_storages(module), work)
+        with torch.no_grad(), mode, counter:
+            try:
+                servable.forward(module, tensors)
+            except Exception as exc:  # the requests may be none the timing ran: told as the executor tells it
+                raise ModelExecutionError(failure_line(servable.name, mode.failed or exc)) from exc
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
     work.flops_counter = int(counter.get_total_flops())
@@ -385,12 +396,16 @@ class ProfileConfig:
             raise ValueError(f"--batch-sizes: need two or more different sizes to fit α and β; got {self.batch_sizes}")
         if any(n < 1 for n in self.batch_sizes):
             raise ValueError(f"--batch-sizes: sizes must be >= 1; got {self.batch_sizes}")
-        if self.warmup < 0 or self.repeats < 1:
-            raise ValueError(f"--warmup must be >= 0 and --repeats >= 1; got {self.warmup} and {self.repeats}")
+        # --seed: numpy's own refusal names no option ("expected non-negative integer").
+        for option, value, least in (
+            ("--warmup", self.warmup, 0),
+            ("--repeats", self.repeats, 1),
+            ("--seed", self.seed, 0),
+        ):
+            if (refusal := integer_refusal(option, value, least)) is not None:
+                raise ValueError(refusal)
         if self.int_high is not None:
             check_int_high(self.int_high)
-        if self.seed < 0:  # numpy's own refusal names no option: "expected non-negative integer"
-            raise ValueError(f"--seed must be >= 0; got {self.seed}")
         try:
             check_device(self.device)
         except ValueError as exc:
@@ -639,6 +654,10 @@ def time_batches(
         for repeat in range(cfg.repeats):
             for n in sizes:
                 batch, r = run(n, None if plans[n] is None else plans[n][repeat])
+                if r.failure is not None:
+                    # The executor reran the failed batch in parts, as it does for the server's callers, and its
+                    # time was the reruns': the model failed these inputs, whose time is no batch's.
+                    raise r.failure
                 out[n]["requests"].append(batch)
                 out[n]["batch"].append(r.finished - r.started)
                 for k in STAGES:
@@ -650,6 +669,46 @@ def time_batches(
     finally:
         executor.shutdown()
     return out
+
+
+def _inputs_refused(
+    servable: Servable,
+    cfg: ProfileConfig,
+    drawn_below: tuple[int, Mapping[str, int], Mapping[str, int]],
+    exc: ModelExecutionError,
+) -> str:
+    """The refusal of a profile whose model failed the inputs made for it (ids past a table, a sequence longer than
+    it takes): the options that made them are the error, not a traceback. `drawn_below`: the bound of the integer
+    inputs, those by input (`_int_highs`) and the datatypes' caps (`_type_capped`). A cap is said (an INT8 input
+    drew below 128, whatever --int-high said), and so are the inputs drawn below the bound of those with none of
+    their own, by name: the model's smallest table keeps the ids that reach a table unchanged within it, not ids
+    the model changes first (`a(ids) + b(ids * 2)`), which only a lower --int-high draws lower."""
+    high, by_input, capped = drawn_below
+    bounds = {**by_input, **capped}
+    own = "".join(
+        f", input {quoted_name(name)} below {rows}" + (" (its datatype holds no larger id)" if name in capped else "")
+        for name, rows in bounds.items()
+    )
+    # --int-high named only where the user gave it: a table's rows or the default is said as such.
+    source = int_high_source(servable, cfg, by_input)
+    others = [t.name for t in servable.config.inputs if integer_cap(t.datatype) is not None and t.name not in bounds]
+    if source == "given":
+        return f"the inputs made with --sizes {cfg.sizes} and --int-high {high}{own}: {exc}"
+    drawn = ""
+    if others:  # drawn below `high`: so `source` is "table" or "default"
+        names = ", ".join(quoted_name(name) for name in others)
+        which = f"input {names}" if len(others) == 1 else f"inputs {names}"
+        why = _INT_HIGH_WHY[source]
+        if source == "table":
+            # --int-high also replaces the inputs' own bounds: with any, every integer input is drawn below it.
+            lower = "them" if not by_input else "every integer input"
+            whose = "it has no id bound of its own" if len(others) == 1 else "they have no id bound of their own"
+            why = f"{whose}: {why}; where the model changes ids before a lookup, --int-high below {high} draws {lower}"
+            why += " lower"
+        else:
+            why += "; --int-high to change"
+        drawn = f" and {which} below {high} ({why})"
+    return f"the inputs made with --sizes {cfg.sizes}{drawn}{own}: {exc}"
 
 
 def _median(values: Sequence[float]) -> float:
@@ -690,24 +749,7 @@ def profile(
     try:
         times = time_batches(servable, device, cfg, pool, progress)
     except ModelExecutionError as exc:
-        # The model refused the inputs made for it (ids past a table, a sequence longer than it
-        # takes): the options that made them are the error, not a traceback. A datatype's cap is said: an INT8
-        # input drew below 128, whatever --int-high said.
-        bounds = {**by_input, **capped}
-        own = "".join(
-            f", input {quoted_name(name)} below {rows}"
-            + (" (its datatype holds no larger id)" if name in capped else "")
-            for name, rows in bounds.items()
-        )
-        # --int-high named only where the user gave it: a table's rows or the default is said as such.
-        source = int_high_source(servable, cfg, by_input)
-        if source is None:
-            drawn = ""
-        elif source == "given":
-            drawn = f" and --int-high {high}"
-        else:
-            drawn = f" and ids below {high} ({_INT_HIGH_WHY[source]}; --int-high to change)"
-        raise ValueError(f"the inputs made with --sizes {cfg.sizes}{drawn}{own}: {exc}") from None
+        raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), exc)) from None
     # The fit `wok tune` makes of a profile's raw times too (tune_check's in-process profile): one α, β; with
     # several keys on each key's median, weighted by its share of the batches (`fit_medians`).
     keys = {n: [pool.key_of(b) for b in times[n]["requests"]] for n in sizes}
@@ -721,10 +763,13 @@ def profile(
     vary = sizes_vary(servable, cfg.sizes)
     for n in sizes:
         counted = None
-        if vary:
-            work, counted = count_timed(servable, device, pool.requests, times[n]["requests"])
-        else:
-            work = count_work(servable, device, pool.requests[:n])
+        try:
+            if vary:
+                work, counted = count_timed(servable, device, pool.requests, times[n]["requests"])
+            else:  # requests the timing may not have run
+                work = count_work(servable, device, pool.requests[:n])
+        except ModelExecutionError as exc:
+            raise ValueError(_inputs_refused(servable, cfg, (high, by_input, capped), exc)) from None
         uncounted |= work.uncounted_ops
         added |= set(work.flops_added)
         summary = latency_summary(np.asarray(times[n]["batch"]))

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if (refusal := integer_refusal("--requests", args.requests, 1)) is not None:
         ap.error(refusal)
     if any(bound < 0 for bound in args.max_queue_size or ()):
-        ap.error(f"--max-queue-size: expected integers >= 0 (0: none), got {args.max_queue_size}")
+        ap.error(f"--max-queue-size: expected integers >= 0 (0: none); got {args.max_queue_size}")
     runs = []
     for bound in args.max_queue_size or [0, 4096]:
         print(f"[queue_memory] {args.requests} calls, max_queue_size {bound} …", file=sys.stderr, flush=True)

@@ -39,6 +39,7 @@ import numpy as np
 
 from . import analysis
 from .arrivals import parse_arrivals, window_rate
+from .payloads import integer_refusal
 
 REJECTED = "RESOURCE_EXHAUSTED"
 
@@ -394,8 +395,8 @@ class SimConfig:
             raise ValueError(f"warmup_s must be finite and >= 0; got {self.warmup_s}")
         if not (math.isfinite(self.slo_p99_ms) and self.slo_p99_ms > 0):
             raise ValueError(f"slo_p99_ms must be finite and > 0; got {self.slo_p99_ms}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0; got {self.seed}")
+        if (refusal := integer_refusal("seed", self.seed, 0)) is not None:
+            raise ValueError(refusal)
         seconds = self.warmup_s + self.step_duration_s
         # The busiest step's process, kept for `simulate_step`: a trace file is read once, not
         # once here and again per step (`wok tune` builds a config per simulated step). Not a

@@ -44,6 +44,7 @@ import numpy as np
 from ..errors import quoted_name
 from . import analysis
 from .analysis import ms_text as _ms
+from .payloads import integer_refusal
 from .plan import (
     alpha_is_rounding,
     json_kind,
@@ -472,12 +473,12 @@ class SearchConfig:
     def __post_init__(self) -> None:
         # The simulator checks the rest when the search starts; these it never sees, or sees only there
         # in its own words (a NaN tie left `choose` no row within it: "min() arg is an empty sequence").
-        if isinstance(self.iterations, bool) or not isinstance(self.iterations, int):
-            raise ValueError(f"iterations: expected an integer; got {self.iterations!r}")
-        if not 0 <= self.iterations <= MAX_ITERATIONS:
-            raise ValueError(f"iterations: expected an integer from 0 to {MAX_ITERATIONS}; got {self.iterations}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed: expected an integer ≥ 0; got {self.seed!r}")
+        for refusal in (
+            integer_refusal("iterations", self.iterations, 0, most=MAX_ITERATIONS),
+            integer_refusal("seed", self.seed, 0),
+        ):
+            if refusal is not None:
+                raise ValueError(refusal)
         if not 0 <= self.tie < 1:  # NaN too
             raise ValueError(f"tie: expected a number in [0, 1); got {self.tie!r}")
 

@@ -617,7 +617,7 @@ def test_an_inf_ramp_runs_on_through_steps_failed_by_load(plain_server, tmp_path
         (["--fault", "kill:at=30%"], "need --replicas"),
         (["--fault", "slow:model=mlp,delay=5ms,at=30%"], "need --replicas or --admin-url"),
         (["--replicas", "2", "--fault", "kill:replica=2,at=30%"], "replica=2, but --replicas 2"),
-        (["--replicas", "0"], "--replicas must be >= 1"),
+        (["--replicas", "0"], "--replicas: expected an integer >= 1; got 0"),
         (["--replicas", "1", "--fault", "boom"], "expected kill:, pause:, slow: or fail:"),
     ],
 )

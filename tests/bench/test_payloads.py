@@ -24,6 +24,7 @@ from wok.bench.payloads import (
     Sizes,
     TensorSpec,
     Uniform,
+    integer_refusal,
     parse_mix,
     parse_sizes,
 )
@@ -308,7 +309,7 @@ def test_parse_sizes():
         ("uniform:1:٣", "sizes 'uniform:1:٣': expected uniform:LO:HI with integers 0 <= LO <= HI; got '1:٣'"),
         (
             "lognormal:median=2,sigma=1,max=٣",
-            "sizes 'lognormal:median=2,sigma=1,max=٣': lognormal max must be an integer >= 1; got '٣'",
+            "sizes 'lognormal:median=2,sigma=1,max=٣': lognormal max: expected an integer >= 1; got '٣'",
         ),
         (
             "lognormal:median=300,sigma=1,max=256",
@@ -320,6 +321,38 @@ def test_parse_sizes_errors(spec, message):
     with pytest.raises(ValueError) as e:
         parse_sizes(spec)
     assert str(e.value) == message
+
+
+IDS_SPEC = TensorSpec("ids", "INT64", (-1, 3))
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        # Each said "X must be an integer >= N; got V", beside every option's "X: expected an integer >= N; got V".
+        (lambda: Fixed(-1), "fixed size: expected an integer >= 0; got -1"),
+        (lambda: Uniform(0, 2.5), "uniform hi: expected an integer >= 0; got 2.5"),
+        (lambda: LogNormal(2.0, 1.0, 0.0), "lognormal max: expected an integer >= 1; got 0"),
+        (lambda: PayloadGenerator("m", [IDS_SPEC], rows=0), "rows: expected an integer >= 1; got 0"),
+        (
+            lambda: PayloadGenerator("m", [IDS_SPEC], int_highs={"ids": "9"}),
+            "int_highs['ids']: expected an integer >= 1; got '9'",
+        ),
+        (lambda: PayloadGenerator("m", [IDS_SPEC], int_high=True), "int_high: expected an integer >= 1; got True"),
+    ],
+)
+def test_a_payload_parameter_is_refused_in_the_options_wording(make, message):
+    with pytest.raises(ValueError) as refused:
+        make()
+    assert str(refused.value) == message
+
+
+def test_integer_refusal_says_the_range_and_what_was_given():
+    assert integer_refusal("--n", 0, 0) is None and integer_refusal("--n", np.int64(51), 0, most=51) is None
+    assert integer_refusal("--n", np.int64(-1), 0) == "--n: expected an integer >= 0; got -1"
+    assert integer_refusal("--n", 52, 0, " (why)", most=51) == "--n: expected an integer from 0 to 51 (why); got 52"
+    assert integer_refusal("--n", 1.0, 0) == "--n: expected an integer >= 0; got 1.0"
+    assert integer_refusal("--n", False, 0) == "--n: expected an integer >= 0; got False"
 
 
 def test_parse_sizes_empirical_file_errors(tmp_path):

@@ -957,7 +957,11 @@ def test_cli_profiles_a_repository_model(tmp_path, slow_repository):
         # Passed, and torch read it as cuda:-128, which resolve_devices' count check let by.
         (["profile", "mlp", "--device", "cuda:128"], f"--device: expected {DEVICE_FORMS}, got 'cuda:128'"),
         (["profile", "mlp", "--device", "cuda:99"], "--device: device 'cuda:99' requested but"),
-        (["profile", "mlp", "--seed", "-1"], "--seed must be >= 0; got -1"),
+        (["profile", "mlp", "--seed", "-1"], "--seed: expected an integer >= 0; got -1"),
+        # These said "--warmup must be >= 0 and --repeats >= 1; got -1 and 2", and "--torch-threads must be >= 1".
+        (["profile", "mlp", "--warmup", "-1"], "--warmup: expected an integer >= 0; got -1"),
+        (["profile", "mlp", "--repeats", "0"], "--repeats: expected an integer >= 1; got 0"),
+        (["profile", "mlp", "--torch-threads", "0"], "--torch-threads: expected an integer >= 1; got 0"),
         # `wok bench ramp --int-high 0` says it in these words (one check): this said "--int-high must be >= 1".
         (["profile", "mlp", "--int-high", "0"], "--int-high: expected an integer >= 1; got 0"),
         (["profile", "mlp", "--batch-sizes", ""], "--batch-sizes '': expected a list"),
@@ -975,8 +979,9 @@ def test_cli_refuses_bad_options(argv, message, capsys):
         (["recsys", "--int-high", "2000000"], "--int-high 2000000: model 'recsys' failed: RuntimeError: Index"),
         (
             ["encoder", "--sizes", "fixed:300"],
-            "--sizes fixed:300 and ids below 256 (the rows of the model's smallest embedding table; --int-high to "
-            "change): model 'encoder' failed",
+            "--sizes fixed:300 and input 'tokens' below 256 (it has no id bound of its own: the rows of the model's "
+            "smallest embedding table; where the model changes ids before a lookup, --int-high below 256 draws them "
+            "lower): model 'encoder' failed",
         ),
     ],
 )
@@ -1240,16 +1245,20 @@ def test_the_summary_says_where_an_inputs_datatype_caps_its_ids(tmp_path, dataty
     assert _profiled(folder, "--int-high", "100")["config"]["int_high_capped"] == {}
 
 
+def _refused(folder: Path, capsys, *options: str) -> str:
+    """What `wok profile` of the model in `folder` (batches of 1 and 4, 2 each) printed as it refused (exit 2)."""
+    fast = ["--batch-sizes", "1,4", "--warmup", "0", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
+    assert main(["profile", folder.name, "--model-repository", str(folder.parent), *fast, *options]) == 2
+    return capsys.readouterr().err
+
+
 def test_inputs_refused_past_a_table_say_where_a_datatype_capped_them(tmp_path, capsys):
     """--int-high 1000 on an INT8 input drew its ids below 128, the type's cap, and ids from 100 on were refused:
     the message said `--int-high 1000` alone, a bound no id came near."""
     folder = tmp_path / "repo" / "short"
     # A lookup in 100 rows: the INT8 input's ids up to 127 pass it.
     _save_model(folder, _WidenedIds(100), "torchscript", None, ("ids", "INT8", [3]), ("out", "FP32", [4]))
-    fast = ["--batch-sizes", "1,4", "--warmup", "0", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
-    argv = ["profile", "short", "--model-repository", str(folder.parent), "--int-high", "1000", *fast]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
+    err = _refused(folder, capsys, "--int-high", "1000")
     said = "--int-high 1000, input 'ids' below 128 (its datatype holds no larger id): model 'short' failed"
     assert said in err, err
 
@@ -1265,11 +1274,79 @@ def test_inputs_refused_say_where_the_bound_came_from_when_not_from_int_high(tmp
     """The refusal said `--int-high 50`, an option nobody gave: the bound was the default (or a table's rows)."""
     folder = tmp_path / "repo" / "unseen"
     _save_model(folder, _UnseenTable(), "torchscript", None, IDS, ("out", "FP32", [4]))
-    fast = ["--batch-sizes", "1,4", "--warmup", "0", "--repeats", "2", "--peak-flops", "1T", "--bandwidth", "1T"]
-    assert main(["profile", "unseen", "--model-repository", str(folder.parent), *fast]) == 2
-    err = capsys.readouterr().err
-    said = "and ids below 50 (the default: no embedding table was found in the model; --int-high to change): model"
+    err = _refused(folder, capsys)
+    said = (
+        "and input 'ids' below 50 (the default: no embedding table was found in the model; --int-high to change): "
+        "model 'unseen' failed"
+    )
     assert said in err and "--int-high 50" not in err, err
+
+
+class _DoubledIds(torch.nn.Module):
+    """`ids` reaches `a` (100 rows) as it is and `b` (150) doubled: the load finds no bound of its own, so it is
+    drawn below the smallest table's 100, and its ids from 75 on fail `b`. `other` reaches `a` alone: bound 100."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Embedding(100, 4)
+        self.b = torch.nn.Embedding(150, 4)
+
+    def forward(self, ids, other):
+        return (self.a(ids) + self.b(ids * 2) + self.a(other)).sum(1)
+
+
+def _doubled_ids(tmp_path: Path) -> Path:
+    folder = tmp_path / "repo" / "doubled"
+    _save_model(folder, _DoubledIds(), "torchscript", None, IDS, ("out", "FP32", [4]))
+    other = '[[inputs]]\nname = "other"\ndatatype = "INT64"\ndims = [3]\n\n[[outputs]]'
+    (folder / "config.toml").write_text((folder / "config.toml").read_text().replace("[[outputs]]", other))
+    assert load_servable(folder).id_bounds == {"other": 100}
+    return folder
+
+
+def test_inputs_refused_past_the_smallest_table_name_the_input_and_what_to_give(tmp_path, capsys):
+    """The smallest table's rows, the bound of an input with none of its own, fail a model that doubles its ids:
+    the refusal said "and ids below 100 (the rows of the model's smallest embedding table; --int-high to change)",
+    as if of every input ('other' has its own), naming none and not which way to change it (before that the
+    timing took the failed batches' reruns for their time, and the counting ended in a traceback)."""
+    folder = _doubled_ids(tmp_path)
+    err = _refused(folder, capsys)
+    said = (
+        "the inputs made with --sizes fixed:16 and input 'ids' below 100 (it has no id bound of its own: the rows "
+        "of the model's smallest embedding table; where the model changes ids before a lookup, --int-high below "
+        "100 draws every integer input lower), input 'other' below 100: model 'doubled' failed: RuntimeError: "
+        "index out of range in self"
+    )
+    assert said in err and "Traceback" not in err, err
+    # What it says to do does it: ids below 75, doubled, stay within b's 150 rows.
+    assert _profiled(folder, "--int-high", "75")["config"]["int_high"] == 75
+
+
+def test_a_batch_the_model_failed_is_no_timed_batch(tmp_path):
+    """The executor reruns a failed batch of two or more in parts, as it does for the server's callers, and answers
+    each request; the profile took that for the batch's time, and went on to fit the reruns."""
+    from wok.errors import ModelExecutionError
+
+    servable = load_servable(_doubled_ids(tmp_path))
+    cfg = ProfileConfig(batch_sizes=[2, 4], warmup=0, repeats=2, int_high=100)
+    pool = profiler.keyed_pool(servable, cfg, 256, 4)
+    failing = [r for r in pool.requests if r["ids"].max() >= 75]
+    assert failing and len(failing) < len(pool.requests)  # a timed batch of 2 holds one, most likely
+    with pytest.raises(ModelExecutionError) as refused:
+        profiler.time_batches(servable, CPU, cfg, pool)
+    assert str(refused.value) == "model 'doubled' failed: RuntimeError: index out of range in self"
+
+
+def test_counting_requests_the_model_fails_is_told_as_the_models_failure(tmp_path):
+    """The counting pass runs requests the timing may not have run: the model's error came out as a traceback, and
+    its line, under the counting's dispatch mode, had no message ("RuntimeError: ")."""
+    from wok.errors import ModelExecutionError
+
+    servable = load_servable(_doubled_ids(tmp_path))
+    ids = np.array([[99, 0, 0]], np.int64)
+    with pytest.raises(ModelExecutionError) as refused:
+        profiler.count_work(servable, CPU, [{"ids": ids, "other": ids * 0}])
+    assert str(refused.value) == "model 'doubled' failed: IndexError: index out of range in self"
 
 
 class _WideAndNarrow(torch.nn.Module):

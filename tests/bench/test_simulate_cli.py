@@ -23,12 +23,12 @@ BASE = ["--steps", "100", "--step-duration", "1s"]
             "--warmup: expected a finite duration or a percentage of --step-duration; got '1e400s'",
         ),
         (["--warmup", "-1s"], "--warmup: invalid duration '-1s': expected a number >= 0"),
-        (["--seed=-1"], "--seed must be >= 0; got -1"),
+        (["--seed=-1"], "--seed: expected an integer >= 0; got -1"),
         (["--alpha", "1e400s"], "--alpha: expected a finite duration; got '1e400s'"),
         (["--beta", "1e400s"], "--beta: expected a finite duration; got '1e400s'"),
         (["--max-queue-delay", "1e400s"], "--max-queue-delay: expected a finite duration; got '1e400s'"),
         (["--slo-p99", "0ms"], "--slo-p99: expected a finite duration > 0; got '0ms'"),
-        (["--max-batch-size", "0"], "--max-batch-size must be >= 1; got 0"),
+        (["--max-batch-size", "0"], "--max-batch-size: expected an integer >= 1; got 0"),
         (["--alpha", "0ms", "--beta", "0ms"], "--alpha and --beta: a batch needs a time"),
         # 10⁹ QPS × 100 s = 10¹¹ arrivals: a slip, refused before it runs out of memory.
         (

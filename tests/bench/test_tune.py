@@ -179,9 +179,10 @@ def test_the_bisection_stops_where_doubles_run_out(alpha_s, wasted, monkeypatch)
         ("tie", float("nan"), "tie: expected a number in [0, 1); got nan"),
         ("tie", 1.0, "tie: expected a number in [0, 1); got 1.0"),
         ("iterations", -1, "iterations: expected an integer from 0 to 51; got -1"),
-        ("iterations", 2.0, "iterations: expected an integer; got 2.0"),
-        # Refused by the simulator at the first step, in its words ("seed must be >= 0").
-        ("seed", -1, "seed: expected an integer ≥ 0; got -1"),
+        ("iterations", 2.0, "iterations: expected an integer from 0 to 51; got 2.0"),
+        # Refused by the simulator at the first step, in its words ("seed must be >= 0"); then as "≥ 0", alone.
+        ("seed", -1, "seed: expected an integer >= 0; got -1"),
+        ("seed", True, "seed: expected an integer >= 0; got True"),
     ],
 )
 def test_the_library_refuses_a_search_it_cannot_run_in_its_parameters_names(field, value, message):
