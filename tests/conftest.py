@@ -98,6 +98,31 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return True if not serial and "mark.serial" not in collection_path.read_text(encoding="utf-8") else None
 
 
+def _utf8_safe(value):
+    """`value` with each string that UTF-8 cannot encode (a lone surrogate) in backslash escapes."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {_utf8_safe(k): _utf8_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_utf8_safe(v) for v in value)
+    return value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(config: pytest.Config, report) -> dict:
+    """A pytest-xdist worker sends each test's report, captured output and log included, through
+    execnet, which refuses a string that is not UTF-8 ("DumpError: strings must be utf-8 encodable"):
+    a test whose server logged a name of undecodable bytes (os.fsdecode's lone surrogate) crashed
+    its worker, an INTERNALERROR that ended the whole run. Such text is sent escaped, as the
+    messages wok writes show it."""
+    return _utf8_safe((yield))
+
+
 READY = re.compile(r"wok: serving (.+) on (\S+):(\d+)")
 # Small demo sizes keep start-up fast; the defaults are what `wok serve` uses.
 SMALL_DEMO = ["--demo-option", "recsys.num_embeddings=20000"]

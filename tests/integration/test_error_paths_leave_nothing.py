@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import gc
 import os
 
@@ -81,6 +82,24 @@ async def admin(port: int, body: str) -> None:
     await http(port, f"{head}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}".encode())
 
 
+@contextlib.asynccontextmanager
+async def slowed(port: int):
+    """mlp's instance slowed for the block, until its end (a stream's cancellation or its channel's close)
+    has been sent. A stream stops being read at its window only while WINDOW of its requests are owed at
+    once; a model answering as they are read (a loaded host, reading slower) kept it below, and the wait
+    for it failed ("never: a stream at its window"). Slowed, no answer is made, so the stream's reader
+    stops at the window, as a client that never reads leaves it once its transport is full."""
+    await admin(port, '{"model": "mlp", "mode": "slow", "delay_ms": 60000}')
+    try:
+        yield
+    finally:
+        await admin(port, '{"model": "mlp", "mode": "off"}')
+
+
+def at_window(srv) -> bool:
+    return any(st.owed >= WINDOW for st in srv.server.service._streams)
+
+
 async def ended(call) -> None:
     try:
         await call
@@ -130,11 +149,12 @@ async def one_round(srv) -> None:
             await stream.write(r)
         await stream.done_writing()
         assert len([a async for a in stream]) == 7
-        stream = stub.ModelStreamInfer()
-        for _ in range(2 * WINDOW):
-            await stream.write(mlp())
-        await until(lambda: any(st.owed >= WINDOW for st in srv.server.service._streams), "a stream at its window")
-        stream.cancel()
+        async with slowed(mport):
+            stream = stub.ModelStreamInfer()
+            for _ in range(2 * WINDOW):
+                await stream.write(mlp())
+            await until(lambda: at_window(srv), "a stream at its window")
+            stream.cancel()
 
         health = health_pb2_grpc.HealthStub(ch)
         watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
@@ -146,7 +166,7 @@ async def one_round(srv) -> None:
         reflect.cancel()
 
     # Streams left open, unread, as their channel closes.
-    async with grpc.aio.insecure_channel(target) as ch:
+    async with slowed(mport), grpc.aio.insecure_channel(target) as ch:
         stream = pb_grpc.GRPCInferenceServiceStub(ch).ModelStreamInfer()
         for _ in range(2 * WINDOW):
             await stream.write(mlp())
@@ -154,8 +174,7 @@ async def one_round(srv) -> None:
         await watch.read()
         reflect = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo()
         await reflect.write(reflection_pb2.ServerReflectionRequest(list_services=""))
-        service = srv.server.service
-        await until(lambda: any(st.owed >= WINDOW for st in service._streams), "the unread stream at its window")
+        await until(lambda: at_window(srv), "the unread stream at its window")
 
     host = b"Host: 127.0.0.1\r\n"
     await http(mport, b"GET /events HTTP/1.1\r\n" + host + b"\r\n", read_until=b"data: ")  # dropped mid-stream

@@ -371,10 +371,8 @@ SURROGATE_CASES = {
 }
 
 
-# Serial: run outside pytest-xdist. The server logs the model's failure, lone surrogate and all, into
-# the test's captured log, and xdist's execnet cannot carry that text back from its worker ("DumpError:
-# strings must be utf-8 encodable"): the worker crashed, ending the parallel pass (CI at a07f29f).
-@pytest.mark.serial
+# The server logs the model's failure, lone surrogate and all, into the test's captured log: under
+# pytest-xdist it reaches the controller escaped (tests/conftest.py, pytest_report_to_serializable).
 @pytest.mark.parametrize("call", ["unary", "stream"])
 async def test_a_message_holding_a_lone_surrogate_is_answered_escaped(serve, repository, caplog, call):
     # Neither a status's details nor a protobuf string can carry a lone surrogate: the unary call's
