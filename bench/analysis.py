@@ -452,18 +452,16 @@ def bisect_max_qps(
     return lo, extra
 
 
-def should_stop_early(step: dict, slo_p99_ms: float, factor: float) -> bool:
-    """True when higher steps can tell nothing more (`stop_reason`)."""
-    return stop_reason(step, slo_p99_ms, factor) is not None
-
-
-# `stop_reason`'s words for a step with no request at all, which ends a ramp whatever its factor.
+# `stop_rule`'s words for a step with no request at all, which ends a ramp whatever its factor.
 NONE_SENT = "the step sent no request"
 
 
 def stop_rule(step: dict, slo_p99_ms: float, factor: float) -> tuple[str, str] | None:
-    """The rule that ends a ramp after `step` and why (`stop_reason`), as a result's `stopped_early` names it:
-    `none_sent` (a step with no request at all, whatever the factor) or `stop_factor`; None: it goes on."""
+    """The rule that ends a ramp after `step` and why, as a result's `stopped_early` names it; None: it goes on.
+    `stop_factor`: its P99 beyond factor × SLO, or most of its requests failed. An infinite factor turns both off, for
+    a curve run to its last step (but for the ramp's other rules: a step with no request OK, none failed by load, ends
+    any ramp but a fault run's: Ramp._stop_rule). `none_sent`: a step with no requests at all (success rate NaN)
+    stops whatever the factor: the generator is not working."""
     rate = step["success_rate"]
     if not _finite(rate):
         return "none_sent", NONE_SENT
@@ -475,18 +473,6 @@ def stop_rule(step: dict, slo_p99_ms: float, factor: float) -> tuple[str, str] |
     if _finite(p99) and p99 > factor * slo_p99_ms:
         return "stop_factor", f"the step's P99 {p99:.4g} ms is over {factor:g} × the SLO ({slo_p99_ms:g} ms)"
     return None
-
-
-def stop_reason(step: dict, slo_p99_ms: float, factor: float) -> str | None:
-    """Why a ramp ends after `step` (None: it goes on): its P99 beyond factor × SLO, or most of its
-    requests failed. An infinite factor turns both off, for a curve run to its last step (but for the ramp's other
-    rules: a step with no request OK, none failed by load, ends any ramp but a fault run's: Ramp._stop_rule).
-
-    A step with no requests at all (success rate NaN) stops whatever the factor: the generator
-    is not working.
-    """
-    stop = stop_rule(step, slo_p99_ms, factor)
-    return None if stop is None else stop[1]
 
 
 # Codes that refuse the request itself (its model, shape or values), whatever the load: a step
@@ -508,7 +494,7 @@ LOAD_CODES = ("DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
 def none_ok(step: dict) -> str | None:
     """When `step` sent requests, not one succeeded, and none failed by load (LOAD_CODES): each code with its
     count ("120 × INTERNAL, 3 × UNAVAILABLE"); else None. `refused_as_bad` and `failed_by_model` are the cases
-    whose cause is known (the requests, the model). A step with a load code among them is left to `stop_reason`
+    whose cause is known (the requests, the model). A step with a load code among them is left to `stop_rule`
     (under half OK), which --stop-factor inf turns off: a server that died in it fails the next step with
     UNAVAILABLE alone, which ends the ramp."""
     errors = _all_failed(step)

@@ -640,7 +640,7 @@ class Ramp:
             result["warnings"] += self.fleet.warnings()
         if self.replicas is not None:
             result["replicas"] = self.replicas.describe()
-        result["warnings"] += [_pool_warning(cfg, s.plan) for s in self.slices if s.plan.note]
+        result["warnings"] += self.plan_notes()
         # Null for a ramp that ran every step it meant to (or stopped early by its own rule);
         # else why it ended, and whether a signal (Ctrl-C, SIGTERM) ended it.
         # `phase`: where it was cut, "ramp" or "refine" (a refinement cut leaves the ramp's steps whole).
@@ -652,6 +652,10 @@ class Ramp:
         # Null for a ramp that ran every step planned, or was cut (`interrupted`); else the rule that ended it.
         result["stopped_early"] = stopped_early
         return result
+
+    def plan_notes(self) -> list[str]:
+        """The pool plans' notes as the result's warnings word them (a pool cut to its cap)."""
+        return [_pool_warning(self.cfg, s.plan) for s in self.slices if s.plan.note]
 
     def _stop_rule(self, step: dict) -> tuple[str, str] | None:
         """The rule that ends the ramp after `step` and why, in the words said ("stopping early: …"); None: it goes on.

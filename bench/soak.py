@@ -428,7 +428,11 @@ def _capacity_then_soak(args, cfg: RampConfig, say: Callable[[str], None], proce
         result["knee_at_or_below_first_step"] = capacity_result["knee_at_or_below_first_step"]
         # The soak step is a ramp of one step, which skips none: the run's ramp is the capacity ramp.
         result["stopped_early"] = capacity_result["stopped_early"]
-        result["warnings"] = [f"capacity ramp: {w}" for w in capacity_result["warnings"]] + result["warnings"]
+        # The soak ran on the capacity ramp's pool (`pool_of`): what that pool's build said is in both results, kept
+        # once, unprefixed (it is the run's, not the capacity ramp's alone).
+        pool = set(ramp.setup_warnings + ramp.plan_notes())
+        own = [f"capacity ramp: {w}" for w in capacity_result["warnings"] if w not in pool]
+        result["warnings"] = own + result["warnings"]
     else:  # nothing measured a maximum: the soak step's own verdict is what there is
         result["knee_qps"] = None
         result["knee_at_or_below_first_step"] = False

@@ -452,6 +452,8 @@ _HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STARTED = "started"
 # How long a worker may take to start (its imports), and then to connect, before the bench gives up.
 START_TIMEOUT_S = 60.0
+# How long a worker may take to exit, told to stop or terminated, before it is killed.
+END_WAIT_S = 10.0
 # A kept worker's answer to this, as a ramp takes it (WorkerProcesses.take), says it still reads its pipe.
 PING = "ping"
 # How long a kept worker may take to answer PING before it is killed and replaced: one idle in its pipe's read
@@ -636,24 +638,24 @@ class WorkerProcesses:
         conns, self._conns = self._conns, []
         if self._lent:
             # A pool not closed: its workers may be mid-step, and would read the stop only after their share.
-            for p in procs:
-                p.terminate()
             self._lent = False
-        for c in conns:
-            try:
-                c.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-        _end(procs)
+            _end(procs, terminate=True)
+        else:
+            for c in conns:
+                try:
+                    c.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+            _end(procs)
         for c in conns:
             c.close()
 
 
 def _end(procs: list, terminate: bool = False) -> None:
     """Wait for `procs` to exit (started ones; with `terminate`, terminated first; a stopped one continued), killing
-    one that takes over 10 s. A signal meanwhile (Ctrl-C, raised in a join as the workers exit) is raised once those
-    left are killed: not left to send, or to exit on their own while the bench has stopped waiting (nothing of
-    theirs needs flushing: `_orphaned`)."""
+    one that takes over END_WAIT_S; each has ended (reaped, its exit code set) when this returns. A signal meanwhile
+    (Ctrl-C, raised in a join as the workers exit) is raised once those left are killed: not left to send, or to exit
+    on their own while the bench has stopped waiting (nothing of theirs needs flushing: `_orphaned`)."""
     procs = [p for p in procs if p.pid is not None]
     try:
         if terminate:
@@ -668,16 +670,15 @@ def _end(procs: list, terminate: bool = False) -> None:
                 except ProcessLookupError:
                     pass
         for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-    except BaseException:
+            p.join(END_WAIT_S)
+    finally:
+        # Those past their wait, or every one left where a signal cut it short. Waited for after the kill too: its
+        # exit code read None just after, the worker not yet reaped.
         for p in procs:
             if p.is_alive():
                 p.kill()  # not terminate(): a stopped worker (SIGSTOP, a debugger) holds SIGTERM pending
         for p in procs:
-            p.join(10)
-        raise
+            p.join(END_WAIT_S)
 
 
 class WorkerPool:

@@ -18,9 +18,7 @@ from wok.bench.analysis import (
     max_qps_under_slo,
     ramp_result,
     refine_points,
-    should_stop_early,
     step_result,
-    stop_reason,
     stop_rule,
 )
 
@@ -502,32 +500,33 @@ def test_bisect_needs_an_ordered_bracket():
 
 
 def test_stop_early():
-    assert not should_stop_early(fake_step(100, p99=1999), 200, 10)
-    assert should_stop_early(fake_step(100, p99=2001), 200, 10)
-    assert should_stop_early(fake_step(100, p99=10, success=0.49), 200, 10)
-    assert should_stop_early(fake_step(100, p99=math.nan, success=math.nan, requests=0), 200, 10)
+    assert stop_rule(fake_step(100, p99=1999), 200, 10) is None
+    assert stop_rule(fake_step(100, p99=2001), 200, 10) is not None
+    assert stop_rule(fake_step(100, p99=10, success=0.49), 200, 10) is not None
+    assert stop_rule(fake_step(100, p99=math.nan, success=math.nan, requests=0), 200, 10) is not None
 
 
 def test_the_reason_to_stop_names_its_cause_and_an_infinite_factor_runs_every_step():
-    assert stop_reason(fake_step(100, p99=2001), 200, 10) == "the step's P99 2001 ms is over 10 × the SLO (200 ms)"
-    assert stop_reason(fake_step(100, p99=10, success=0.396), 200, 10) == (
-        "fewer than half of the step's requests succeeded (39.6% ok)"
+    assert stop_rule(fake_step(100, p99=2001), 200, 10) == (
+        "stop_factor",
+        "the step's P99 2001 ms is over 10 × the SLO (200 ms)",
+    )
+    assert stop_rule(fake_step(100, p99=10, success=0.396), 200, 10) == (
+        "stop_factor",
+        "fewer than half of the step's requests succeeded (39.6% ok)",
     )
     # Once meant as "never stop", a huge factor still let the success rule stop; inf turns both off.
-    assert stop_reason(fake_step(100, p99=10, success=0.396), 200, 1e9) is not None
-    assert stop_reason(fake_step(100, p99=1e6, success=0.01), 200, math.inf) is None
+    assert stop_rule(fake_step(100, p99=10, success=0.396), 200, 1e9) is not None
+    assert stop_rule(fake_step(100, p99=1e6, success=0.01), 200, math.inf) is None
     # No request at all: the generator is not working, whatever the factor.
-    assert stop_reason(fake_step(100, p99=math.nan, success=math.nan, requests=0), 200, math.inf) == (
-        "the step sent no request"
+    assert stop_rule(fake_step(100, p99=math.nan, success=math.nan, requests=0), 200, math.inf) == (
+        "none_sent",
+        "the step sent no request",
     )
     # The rule comes with its words (the result's stopped_early.rule): the ramp told none_sent by comparing them.
     assert stop_rule(fake_step(100, p99=math.nan, success=math.nan, requests=0), 200, 10) == (
         "none_sent",
         "the step sent no request",
-    )
-    assert stop_rule(fake_step(100, p99=2001), 200, 10) == (
-        "stop_factor",
-        "the step's P99 2001 ms is over 10 × the SLO (200 ms)",
     )
 
 

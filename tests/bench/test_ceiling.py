@@ -77,7 +77,7 @@ def test_the_overloaded_step_neither_stops_early_nor_blames_the_generator():
 
     cfg = ceiling.ramp_config("127.0.0.1:1", 1125.0, ceiling.parse_args([]))
     slow = _overloaded_step(p99_ms=7590.0)  # requests queue for seconds: the server is the limit
-    assert not analysis.should_stop_early(slow, cfg.slo_p99_ms, cfg.stop_factor)
+    assert analysis.stop_rule(slow, cfg.slo_p99_ms, cfg.stop_factor) is None
     assert not [w for w in analysis.check_precision(slow, cfg.slo_p99_ms) if "under-delivered" in w]
     # A shortfall with quick answers is still the generator's, and still said.
     quick = _overloaded_step(p99_ms=5.0)

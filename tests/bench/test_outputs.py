@@ -28,6 +28,7 @@ SCRIPTS = {
     "cold_batch": [],
     "compare": ["--servers", "wok"],
     "fuzz": [],
+    "id_check_chunks": [],
     "large_decode": [],
     "gpu_check": [],
     "latency_breakdown": [],

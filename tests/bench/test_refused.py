@@ -164,7 +164,7 @@ def test_a_step_with_no_request_ok_names_each_code_with_its_count_whatever_the_c
     assert analysis.none_ok(_step(["DEADLINE_EXCEEDED"], None)) is None
     assert analysis.none_ok(_step(["RESOURCE_EXHAUSTED", "UNAVAILABLE"], None)) is None
     assert analysis.none_ok(_step(["INTERNAL", "OK"], {})) is None
-    assert analysis.none_ok(_step([], {})) is None  # no request: stop_reason's own case
+    assert analysis.none_ok(_step([], {})) is None  # no request: stop_rule's own case
 
 
 def test_the_table_prints_each_codes_message_under_it(capsys):

@@ -29,6 +29,7 @@ SCRIPTS = {
     "thread_sizing": "wok.thread_sizing/1",
     "unhandled_cost": "wok.unhandled_cost/1",
     "large_decode": "wok.large_decode/1",
+    "id_check_chunks": "wok.id_check_chunks/1",
 }
 
 

@@ -265,6 +265,26 @@ def test_a_ctrl_c_as_the_soaks_workers_stop_keeps_the_soak(soak_server, monkeypa
     assert said[-1] == "KeyboardInterrupt: SIGINT as the workers stopped: the result is kept", said
 
 
+def test_a_soak_has_each_warning_of_its_pool_once(soak_server, monkeypatch):
+    """The soak step runs on the capacity ramp's pool (`pool_of`), so what the pool's build said was in both ramps'
+    results: the run's warnings (its JSON, and the table's `warning:` lines) held each twice, once prefixed "capacity
+    ramp: ". A pool cap of 4 KiB holds 3 of the mlp's requests (1 KiB and a header), not 256: a real plan note."""
+    from wok.bench import runner
+    from wok.bench.report import _verdict_lines
+
+    monkeypatch.setattr(runner, "POOL_CAP_BYTES", 4 << 10)
+    result = _short_soak(soak_server, lambda line: None)
+    assert result["interrupted"] is None and result["soak"]["requests"]["errors"] == 0
+    about_pool = [w for w in result["warnings"] if "fit in the pool's cap" in w]
+    assert about_pool == [
+        "model 'mlp': its requests are 1.0 KiB each, so 3 of them fit in the pool's cap of 0.00390625 "
+        "MiB, not 256: the values sent repeat every 3 requests"
+    ], result["warnings"]
+    assert [line for line in _verdict_lines(result) if "fit in the pool's cap" in line] == [f"warning: {about_pool[0]}"]
+    # The capacity ramp's own warnings keep their prefix.
+    assert any(w.startswith("capacity ramp: every step met the SLO") for w in result["warnings"]), result["warnings"]
+
+
 def test_soak_end_to_end(runs):
     status, stdout, stderr, out = _finished(runs, "e2e")
     assert status == 0, stderr[-3000:]

@@ -423,3 +423,27 @@ def test_a_worker_killed_as_it_reads_the_cut_signal_leaves_the_next_ramps_clear_
     script.write_text(SPIN_ON_THE_CUT_SIGNAL)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0 and done.stdout.strip() == "hung 0", (done.stdout, done.stderr)
+
+
+def test_a_worker_killed_as_it_would_not_exit_has_ended_when_the_end_returns(monkeypatch):
+    """`_end` killed a worker still alive after its join's wait and returned at once: the worker's exit code read None
+    just after (it had not been reaped), and it could still be running. Kept workers waiting for a ramp, never told to
+    stop, outlast a short wait; each is killed and reaped before `_end` returns."""
+    from wok.bench import workers
+
+    monkeypatch.setattr(workers, "END_WAIT_S", 0.2)
+    with WorkerProcesses() as processes:
+        _, procs, _ = processes.take(4)
+        processes.give_back()
+        workers._end(procs)
+        assert [p.exitcode for p in procs] == [-signal.SIGKILL] * 4
+
+
+def test_stop_terminates_workers_still_lent_and_has_each_ended():
+    """Workers lent to a pool never closed may be mid-step, and would read a stop only after their share: `stop`
+    terminates them, and each has ended (exit code set) when it returns."""
+    processes = WorkerProcesses().start()
+    _, procs, _ = processes.take(2)
+    processes.stop()
+    assert [p.exitcode for p in procs] == [-signal.SIGTERM] * 2
+    assert len(processes) == 0
