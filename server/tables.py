@@ -22,8 +22,9 @@ parameter or buffer (a constant, once frozen). It finds two things per input, fo
 
 Where an input reaches a table any other way (arithmetic on it, a narrowing cast, an op not known, a function of the
 model's own whatever its name), nothing is guessed: it is not checked, and `unclear` says why. Nor is one whose ids
-are changed in place (`ids.sub_(1)`, `ids[ids >= n] = 0`): neither `rows` nor `bounds`, as the graphs of TorchScript
-and torch.fx go on reading the changed value as the ids the request sent (`_Walk.in_place`).
+are changed in place (`ids.sub_(1)`, `ids[ids >= n] = 0`): neither `rows` nor `bounds`, as the graphs of TorchScript,
+torch.fx and torch.export (through a view) go on reading the changed value as the ids the request sent
+(`_Walk.in_place`).
 """
 
 from __future__ import annotations
@@ -220,12 +221,18 @@ def _bare(op: str) -> str:
     return op[:-1] if op.endswith("_") and not op.endswith("__") else op
 
 
+def _is_in_place(op: str) -> bool:
+    """Whether an op is an in-place one (`ne_`), by its name: not python's `and_` (`&`), nor a custom op."""
+    return _bare(op) != op.removeprefix("aten::").removeprefix("prim::")
+
+
 class _Walk:
     """The values of one graph that hold an input's ids (`ids`: value → (input, dtype, the op that passed on only
     some of them, '' where none did)), those derived from an input otherwise (`mixed`: value → {input: the op that
     changed it}), the masks among them (`masks`), the integer dtype of those known to hold one (`integer`), those
-    in [0, n) whatever the ids (`within`: value → n, made by an integer `% n`), what reached a table, and the inputs
-    whose bound is not known (`unbounded`: input → why, module docstring)."""
+    in [0, n) whatever the ids (`within`: value → n, made by an integer `% n`), the value whose memory each value made
+    by a view, a cast or a copy may share (`base`: an in-place change of one changes the others), what reached a
+    table, and the inputs whose bound is not known (`unbounded`: input → why, module docstring)."""
 
     def __init__(self) -> None:
         self.ids: dict = {}
@@ -233,6 +240,7 @@ class _Walk:
         self.masks: set = set()
         self.within: dict = {}
         self.integer: dict = {}
+        self.base: dict = {}
         self.unbounded: dict[str, str] = {}
         self.changed: dict[str, str] = {}
         self.found = IdRanges()
@@ -251,11 +259,23 @@ class _Walk:
         return self.found
 
     def in_place(self, target, via: str) -> None:
-        """`target` changed in place by op `via`. A graph goes on reading the value it changed as the ids it held
-        (`ids.sub_(1); emb(ids)`: TorchScript's, torch.fx's), so no table found says which ids fail: `ids.clamp_(0,
-        99)` takes ids past a 100-row table's rows, `ids.sub_(1)` fails at 0."""
-        if target in self.ids and _bare(via) not in _KEEPS_IN_PLACE:
-            self.changed.setdefault(self.ids[target][0], f"{via} changes its ids in place, which wok does not follow")
+        """`target` changed in place by op `via`. A graph goes on reading the value it changed, and any view of it, as
+        the ids it held (`ids.sub_(1); emb(ids)`; `ids.view(-1).sub_(1)` of a torch.export program too), so no table
+        found says which ids fail: `ids.clamp_(0, 99)` takes ids past a 100-row table's rows, `ids.sub_(1)` fails at
+        0. Nor is a `% n` made of the same inputs still known within n (`y = ids % 200; y.view(-1).add_(150)`): a
+        value may share memory with it by ways not followed (a list's item), so none is."""
+        if _bare(via) in _KEEPS_IN_PLACE:
+            return
+        root = self.base.get(target, target)
+        shared = [v for v, b in self.base.items() if b == root] + [root, target]
+        touched = set(self.inputs_of(target))
+        for v in shared:
+            if v in self.ids:
+                name = self.ids[v][0]
+                touched.add(name)
+                self.changed.setdefault(name, f"{via} changes its ids in place, which wok does not follow")
+        for v in [v for v in self.within if touched & set(self.inputs_of(v))]:
+            del self.within[v]
 
     def inputs_of(self, value) -> dict[str, str]:
         """The inputs `value` is derived from, each with how ('' where it holds the ids, all or some)."""
@@ -296,7 +316,7 @@ class _Walk:
         if merged:
             for o in outs:
                 self.mixed[o] = merged
-            if _bare(via) in _COMPARES:
+            if _bare(via) in _COMPARES and not _is_in_place(via):  # `x.ne_(0)` of integers holds integers
                 self.masks.update(outs)
             if reads or (reads is None and _bare(via) not in _NO_LOOKUP):
                 for name in merged:
@@ -325,6 +345,7 @@ class _Walk:
 
     def keep(self, out, src, want: torch.dtype | None = None, via: str = "", part: bool = False) -> None:
         """`out` holds `src`'s values (`part`: some of them): ids stay ids, where a cast to `want` loses none."""
+        self.base[out] = self.base.get(src, src)
         if src in self.ids and _keeps_values(self.ids[src][1], want):
             name, have, taken = self.ids[src]
             self.ids[out] = (name, want or have, taken or (via if part else ""))
@@ -337,8 +358,17 @@ class _Walk:
             if dtype is not None and _most(dtype) >= 0:
                 self.integer[out] = dtype
 
+    def reinterpret(self, out, src, dtype: torch.dtype, via: str) -> None:
+        """`out` is `src`'s memory read as `dtype` (`ids.view(torch.int8)`): its bytes, none of its values (id 200
+        is -56, 0, ...; an int8's `% 100` read as int64, ids past any table)."""
+        self.derive([out], [src], via, reads=False)
+        self.base[out] = self.base.get(src, src)
+        if _most(dtype) >= 0:
+            self.integer[out] = dtype
+
     def alias(self, out, src) -> None:
         """`out` is `src` (a branch always taken returns it)."""
+        self.base[out] = self.base.get(src, src)
         if src in self.ids:
             self.ids[out] = self.ids[src]
         elif src in self.mixed:
@@ -429,6 +459,8 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
             rows = _rows_of(table(node.args[0]), embedding=False)
             walk.lookup(index, rows, f"{op} (table[ids]) of a parameter", wraps=True)
             walk.derive([node], [a for a in ins if a is not index], op, reads=False)
+        elif op == "aten::view" and len(node.args) > 1 and isinstance(node.args[1], torch.dtype):
+            walk.reinterpret(node, node.args[0], node.args[1], op)
         elif op.removesuffix("_") in _KEEPS and node.args:  # `mask.unsqueeze_(-1)` as well
             walk.keep(node, node.args[0], via=op)
             walk.derive([node], ins[1:], op, reads=False)
@@ -455,6 +487,8 @@ def _walk_program(walk: _Walk, program, order: list[str], dtypes: dict[str, torc
             if op == "aten::remainder" and len(node.args) == 2:
                 # The trace's dtypes are the graph's own: a float's `% n` is not within n (`_Walk.remainder`).
                 walk.remainder(node, node.args[1], _fx_val_dtype(node.args[0]))
+            if _is_in_place(op) and node.args:  # kept in place by torch.export on a view (`ids.view(-1).sub_(1)`)
+                walk.in_place(node.args[0], op)
 
 
 def _fx_val_dtype(node) -> torch.dtype | None:
@@ -813,6 +847,8 @@ def _fx_call(walk: _Walk, traced: torch.fx.GraphModule, node) -> None:
             return
         table = _fx_tensor(traced, args[0])
         walk.lookup(args[1], _rows_of(table, embedding=False), "table[ids] of a parameter", wraps=True)
+    elif name == "view" and args and (dtype := _fx_view_dtype(node)) is not None:
+        walk.reinterpret(node, args[0], dtype, name)
     elif name is not None and name.removesuffix("_") in _FX_KEEPS and args:
         walk.keep(node, args[0], via=name)
         walk.derive([node], ins[1:], name, reads=False)
@@ -854,6 +890,12 @@ def _fx_integer(walk: _Walk, arg):
     if isinstance(arg, torch.fx.Node):
         return walk.integer_of(arg)
     return int if isinstance(arg, int) and not isinstance(arg, bool) else None
+
+
+def _fx_view_dtype(node) -> torch.dtype | None:
+    """The dtype `x.view(dtype)` reads its tensor's memory as; None for a view of a new shape."""
+    given = [a for a in (*node.args[1:], *node.kwargs.values()) if isinstance(a, torch.dtype)]
+    return given[0] if given else None
 
 
 def _fx_arg(node, i: int, name: str):

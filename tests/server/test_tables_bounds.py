@@ -347,3 +347,113 @@ def test_a_max_norm_embedding_and_a_mask_of_a_parameter_keep_the_bound():
         for kind, model in _forms(module, example).items():
             found = id_ranges(model, ["ids"], {"ids": torch.int64})
             assert (found.bounds, found.rows) == ({"ids": 100}, {"ids": 100}), (cls.__name__, kind)
+
+
+class InPlaceCompare(nn.Module):
+    """`x.ne_(0)` of integers writes 0/1 into them, which `small[...]` takes as rows, not as a mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(100, 4)
+        self.small = nn.Parameter(torch.randn(1, 3))
+
+    def forward(self, ids):
+        return self.a(ids).sum() + self.small[(ids * 1).ne_(0)].sum()
+
+
+def test_an_in_place_comparison_of_integers_is_no_mask():
+    """It was taken as one (`table[mask]` of a parameter, TABLES56): bound 100, and id 1 failed `small`'s one row."""
+    module = InPlaceCompare().eval()
+    module(torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(IndexError):
+        module(torch.ones(1, 3, dtype=torch.long))  # below the bound once published
+    for kind, model in _forms(module, (torch.zeros(1, 3, dtype=torch.long),)).items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        assert (found.bounds, found.rows) == ({}, {"ids": 100}), kind
+
+
+class RemainderChangedThroughAView(NarrowRemainder):
+    """`y = ids % 200` changed in place through a view of it: y's ids reach b past its 200 rows from id 50 on."""
+
+    def forward(self, ids):
+        y = ids % 200
+        y.view(-1).add_(150)
+        return self.a(ids) + self.b(y)
+
+
+class RemainderChangedInPart(NarrowRemainder):
+    def forward(self, ids):
+        y = ids % 200
+        y[:, 0:1].add_(150)
+        return self.a(ids) + self.b(y)
+
+
+class RemainderFilledInPlace(NarrowRemainder):
+    def forward(self, ids):
+        y = ids % 200
+        y.masked_fill_(y > 50, 250)
+        return self.a(ids) + self.b(y)
+
+
+def test_a_remainder_changed_in_place_keeps_no_id_within_its_divisor():
+    """Each was published a's bound of 100 (the exported view form too); ids from 50 on fail b."""
+    example = (torch.zeros(1, 3, dtype=torch.long),)
+    for cls in (RemainderChangedThroughAView, RemainderChangedInPart, RemainderFilledInPlace):
+        module = cls().eval()
+        with pytest.raises(IndexError, match="index out of range"):
+            module(torch.full((1, 3), 60))
+        for kind, model in _forms(module, example).items():
+            found = id_ranges(model, ["ids"], {"ids": torch.int64})
+            assert (found.bounds, found.rows) == ({}, {"ids": 100}), (cls.__name__, kind)
+
+
+class OneBasedThroughAView(Unknown):
+    def forward(self, ids):
+        ids.view(-1).sub_(1)
+        return self.a(ids)
+
+
+def test_ids_changed_in_place_through_a_view_are_not_checked_in_an_exported_program():
+    """torch.export keeps `sub_` on the view: the program's ids were read as the request's, bound and range 100
+    (id 0 passed the check and failed the model, 100 was refused though served)."""
+    module = OneBasedThroughAView().eval()
+    program = torch.export.export(module, (torch.zeros(1, 3, dtype=torch.long),))
+    assert program.module()(torch.full((1, 3), 100)).shape == (1, 3, 4)
+    with pytest.raises(IndexError):
+        program.module()(torch.zeros(1, 3, dtype=torch.long))
+    for kind, model in _forms(module, (torch.zeros(1, 3, dtype=torch.long),)).items():
+        found = id_ranges(model, ["ids"], {"ids": torch.int64})
+        op = "sub_" if kind == "python" else "aten::sub_"
+        why = f"{op} changes its ids in place, which wok does not follow"
+        assert (found.bounds, found.rows, found.unclear) == ({}, {}, {"ids": why}), kind
+
+
+class ViewedAsBytes(nn.Module):
+    """`ids.view(torch.int8)`: the ids' bytes (id 200 is -56, 0, ...), not the ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Embedding(300, 2)
+        self.b = nn.Embedding(300, 2)
+
+    def forward(self, ids):
+        return self.a(ids) + self.b(ids.view(torch.int8).long()).sum(1, keepdim=True)
+
+
+class BytesRemainder(ViewedAsBytes):
+    def forward(self, ids):
+        return self.a(ids) + self.b((ids.view(torch.int8) % 200).long()).sum(1, keepdim=True)
+
+
+def test_ids_viewed_as_another_dtype_are_not_the_ids():
+    """Read as a reshape, both were bound and checked below a's and b's 300 rows; id 128 failed b (and an int8's
+    `% 200` was taken as within 200, TABLES56). TorchScript has no `view(dtype)`: it scripts `view(torch.int8)` as
+    `view([1])`, a reshape, so the python and exported forms alone."""
+    example = (torch.zeros(1, 3, dtype=torch.long),)
+    for cls in (ViewedAsBytes, BytesRemainder):
+        module = cls().eval()
+        with pytest.raises(IndexError, match="index out of range"):
+            module(torch.full((1, 3), 128))
+        for model in (module, torch.export.export(module, example)):
+            found = id_ranges(model, ["ids"], {"ids": torch.int64})
+            assert (found.bounds, found.rows) == ({}, {"ids": 300}), (cls.__name__, type(model).__name__)
